@@ -1,0 +1,41 @@
+"""The running lab hosts (`make lab-up`), read from the lab's state file.
+
+Each host is a Debian 12 container booted with systemd, reached over real SSH as root with the
+lab's key and known_hosts (strict host key checking). Hosts join the group ``lab`` and the
+group of their GPU profile (a100, h100, cmp170hx, none), so group_vars/<profile>.yml applies.
+"""
+
+import json as _json
+import os as _os
+from pathlib import Path as _Path
+
+from roles.config import all_group as _all_group
+from roles.config import group_vars as _group_vars
+
+_STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab")) / "lab.json"
+_lab = _json.loads(_STATE.read_text()) if _STATE.exists() else {"hosts": []}
+
+
+def _host(h):
+    return (h["name"], {
+        "ssh_hostname": h["address"],
+        "ssh_user": "root",
+        "ssh_key": _lab["ssh_key"],
+        "ssh_known_hosts_file": _lab["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+    })
+
+
+def _profile_group(profile):
+    return ([_host(h) for h in _lab["hosts"] if h["profile"] == profile], _group_vars(profile))
+
+
+lab = ([_host(h) for h in _lab["hosts"]], _group_vars("lab"))
+a100 = _profile_group("a100")
+h100 = _profile_group("h100")
+cmp170hx = _profile_group("cmp170hx")
+none = _profile_group("none")
+
+all = _all_group(lab)

@@ -1,0 +1,261 @@
+"""rigup's configuration: role defaults, YAML group_vars, and their validation.
+
+Precedence, lowest first (what an Ansible user expects):
+    roles/*/defaults.yml < group_vars/all.yml < group_vars/<group>.yml < inventory host data < --data
+
+Inventory files build their groups with :func:`group_vars` so that pyinfra's own layering
+applies and ``pyinfra INVENTORY debug-inventory`` shows the result. Every variable is declared
+once, in its role's ``defaults.yml``, with a comment above it that ends in its form in brackets::
+
+    # Port llama-server listens on. [int 1..65535]
+    llama_port: 8080
+
+Forms: ``bool``, ``int``, ``float``, ``str``, ``path`` (absolute), ``list``, ``map``, ``any``;
+``int A..B`` / ``float A..B`` (either end may be left out); ``one of a|b|c``; ``list of T``;
+and a trailing ``or null``. :func:`check_host` validates a host's merged data against them and
+raises :class:`ConfigError` naming the file, the key and the expected form.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pyinfra.api.exceptions import PyinfraError
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLES_DIR = ROOT / "roles"
+GROUP_VARS_DIR = ROOT / "group_vars"
+
+# Host data that belongs to pyinfra and its connectors, not to rigup's roles.
+CONNECTOR_PREFIXES = ("_", "ssh_", "vagrant_", "docker_", "podman_", "chroot_", "local_",
+                      "fake_", "terraform_", "winrm_", "dockerssh_")
+
+
+class ConfigError(PyinfraError):
+    """A configuration value is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Form:
+    """The expected form of a variable, parsed from ``[...]`` in its comment."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    item: Form | None = None
+    nullable: bool = False
+    text: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` does not have this form, or None when it does."""
+        if value is None:
+            return None if self.nullable else "null is not allowed"
+        kind_ok = {
+            "any": True,
+            "bool": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "str": isinstance(value, str),
+            "path": isinstance(value, str) and value.startswith("/"),
+            "list": isinstance(value, list),
+            "map": isinstance(value, dict),
+        }[self.kind]
+        if not kind_ok:
+            return f"got {value!r} ({type(value).__name__})"
+        if self.choices and value not in self.choices:
+            return f"got {value!r}"
+        if self.low is not None and value < self.low or self.high is not None and value > self.high:
+            return f"got {value!r}, out of range"
+        if self.item is not None:
+            for i, element in enumerate(value):
+                why = self.item.problem(element)
+                if why:
+                    return f"item {i}: {why}"
+        return None
+
+
+_FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
+_KINDS = ("bool", "int", "float", "str", "path", "list", "map", "any")
+
+
+def parse_form(text: str) -> Form:
+    """Parse a form such as ``int 1..65535 or null``; raise ValueError when it is not one."""
+    spec = text.strip()
+    nullable = spec.endswith(" or null")
+    if nullable:
+        spec = spec[: -len(" or null")].strip()
+    if spec.startswith("one of "):
+        choices = tuple(c.strip() for c in spec[len("one of "):].split("|"))
+        return Form("str", choices=choices, nullable=nullable, text=text.strip())
+    if spec.startswith("list of "):
+        item = parse_form(spec[len("list of "):])
+        return Form("list", item=item, nullable=nullable, text=text.strip())
+    kind, _, bounds = spec.partition(" ")
+    if kind not in _KINDS:
+        raise ValueError(f"unknown form {text!r}")
+    low = high = None
+    if bounds:
+        if kind not in ("int", "float") or ".." not in bounds:
+            raise ValueError(f"unknown form {text!r}")
+        lo, hi = bounds.split("..")
+        low = float(lo) if lo.strip() else None
+        high = float(hi) if hi.strip() else None
+    return Form(kind, low, high, nullable=nullable, text=text.strip())
+
+
+@dataclass(frozen=True)
+class Var:
+    """One variable, as declared in a role's defaults.yml."""
+
+    name: str
+    default: Any
+    form: Form
+    doc: str
+    file: str
+
+
+def rel(path: Path) -> str:
+    """A path as users see it in messages: relative to the project when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_yaml(path: Path) -> dict:
+    """A YAML mapping from ``path``; a ConfigError naming the file and line otherwise."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{rel(path)}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{rel(path)}: expected a mapping of variable names to values, "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def _declarations(path: Path) -> dict[str, Var]:
+    """The variables of one defaults.yml, each with its form and doc from the comment above."""
+    values = load_yaml(path)
+    found: dict[str, Var] = {}
+    comment: list[str] = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("#"):
+            comment.append(line.lstrip("#").strip())
+            continue
+        key = re.match(r"([A-Za-z_][A-Za-z0-9_]*):", line)
+        if key and key.group(1) in values:
+            name = key.group(1)
+            doc = " ".join(comment)
+            form = _FORM_RE.search(doc)
+            if not form:
+                raise ConfigError(f"{rel(path)}:{lineno}: {name}: the comment above it must end "
+                                  "with its form in brackets, e.g. [int 1..65535]")
+            try:
+                parsed = parse_form(form.group(1))
+            except ValueError as e:
+                raise ConfigError(f"{rel(path)}:{lineno}: {name}: {e}") from None
+            found[name] = Var(name, values[name], parsed, doc[: form.start()].strip(), rel(path))
+        if not line.startswith((" ", "-")):
+            comment = []
+    return found
+
+
+@lru_cache(maxsize=None)
+def declared() -> dict[str, Var]:
+    """Every variable of every role, by name."""
+    out: dict[str, Var] = {}
+    for path in sorted(ROLES_DIR.glob("*/defaults.yml")):
+        for name, var in _declarations(path).items():
+            if name in out:
+                raise ConfigError(f"{var.file}: {name} is already declared in {out[name].file}")
+            out[name] = var
+    return out
+
+
+def role_defaults(role: str) -> dict[str, Any]:
+    """The defaults of one role (for ``@deploy(data_defaults=...)``)."""
+    path = ROLES_DIR / role / "defaults.yml"
+    return {name: var.default for name, var in _declarations(path).items()}
+
+
+def group_vars(name: str) -> dict[str, Any]:
+    """Group data for inventory files: ``group_vars/<name>.yml``; for ``all``, on top of every
+    role's defaults."""
+    path = GROUP_VARS_DIR / f"{name}.yml"
+    data = load_yaml(path) if path.exists() else {}
+    if name == "all":
+        data = {**{n: v.default for n, v in declared().items()}, **data}
+    return data
+
+
+def _source(host, key: str) -> str:
+    """Which file or layer gave ``host`` its value of ``key`` (for messages)."""
+    inventory = host.inventory
+    if key in (inventory.get_override_data() or {}):
+        return "--data"
+    if key in inventory.get_host_data(host.name):
+        return f"inventory host data of {host.name}"
+    for group in reversed(host.groups):
+        if key in inventory.get_group_data(group):
+            path = GROUP_VARS_DIR / f"{group}.yml"
+            if path.exists() and key in load_yaml(path):
+                return rel(path)
+            return f"inventory group {group}"
+    path = GROUP_VARS_DIR / "all.yml"
+    if path.exists() and key in load_yaml(path):
+        return rel(path)
+    var = declared().get(key)
+    return var.file if var else "inventory data"
+
+
+def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for every unknown key and every value not of its declared form."""
+    found = []
+    variables = declared()
+    for key, value in data.items():
+        if key.startswith(CONNECTOR_PREFIXES):
+            continue
+        var = variables.get(key)
+        if var is None:
+            close = difflib.get_close_matches(key, variables, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            found.append((key, f"unknown key {key!r}{hint}; rigup's variables are declared in "
+                               "roles/*/defaults.yml"))
+            continue
+        why = var.form.problem(value)
+        if why:
+            found.append((key, f"{key}: expected {var.form.text}, {why}"))
+    return found
+
+
+def check_host(host) -> None:
+    """Validate ``host``'s merged data; raise ConfigError listing every problem with its file."""
+    found = problems(host.data.dict())
+    if found:
+        lines = [f"{_source(host, key)}: {message}" for key, message in found]
+        raise ConfigError(f"invalid configuration for host {host.name}:\n  " + "\n  ".join(lines))
+
+
+def all_group(*groups) -> tuple[list[str], dict[str, Any]]:
+    """The ``all`` group of an inventory file: every host of ``groups`` (each a list of hosts or
+    a ``(hosts, data)`` tuple, as pyinfra takes them), with the data of ``group_vars/all.yml``."""
+    names: list[str] = []
+    for group in groups:
+        hosts = group[0] if isinstance(group, tuple) else group
+        for entry in hosts:
+            name = entry[0] if isinstance(entry, tuple) else entry
+            if name not in names:
+                names.append(name)
+    return names, group_vars("all")

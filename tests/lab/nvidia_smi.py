@@ -1,0 +1,481 @@
+#!/usr/bin/python3
+"""Simulated ``nvidia-smi`` for GPU-less lab hosts (stdlib only).
+
+Installed as /usr/bin/nvidia-smi (and symlinked as /usr/local/bin/rigup-gpu-sim)
+on lab containers.  The cards come from a profile (one entry of
+tests/lab/gpu_profiles.json) at /etc/rigup-lab/gpu-profile.json, or the file
+named by $RIGUP_GPU_SIM_PROFILE.  Runtime state (power limits, persistence,
+clock locks, draw, temperature, lost cards) lives in
+$RIGUP_GPU_SIM_RUN (default /run/rigup-gpu-sim) so a reboot resets it like a
+real GPU; $RIGUP_GPU_SIM_LIB (default /var/lib/rigup-gpu-sim) holds what
+survives reboots: the file ``unlocked`` unlocks CMP 170HX cards.
+
+Output texts and exit codes follow the real tool (see the nvidia-smi(1)
+RETURN VALUE section): 0 ok, 2 invalid argument/field, 6 no such device,
+9 driver not loaded, 15 GPU fallen off the bus.
+
+Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
+              [--memory-used MIB] [--lost|--found];  sim lock|unlock|show|reset
+(or the same arguments to ``rigup-gpu-sim``).
+"""
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+
+PROFILE = os.environ.get("RIGUP_GPU_SIM_PROFILE", "/etc/rigup-lab/gpu-profile.json")
+RUN_DIR = os.environ.get("RIGUP_GPU_SIM_RUN", "/run/rigup-gpu-sim")
+LIB_DIR = os.environ.get("RIGUP_GPU_SIM_LIB", "/var/lib/rigup-gpu-sim")
+
+EXIT_INVALID_ARG, EXIT_NOT_FOUND, EXIT_NO_DRIVER, EXIT_GPU_LOST = 2, 6, 9, 15
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
+BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+
+
+class Exit(Exception):
+    def __init__(self, code, text=""):
+        super().__init__(text)
+        self.code, self.text = code, text
+
+
+# ---------------------------------------------------------------- profile / state
+def load_profile():
+    try:
+        with open(PROFILE) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"profile": "none", "bus_ids": [], "card": {}}
+
+
+def unlocked():
+    return os.path.exists(os.path.join(LIB_DIR, "unlocked"))
+
+
+def build_cards(prof):
+    """Static description of each card, template merged with per-card overrides."""
+    tmpl = prof.get("card", {})
+    extra = prof.get("cards") or [{"bus_id": b} for b in prof.get("bus_ids", [])]
+    cards = []
+    for i, over in enumerate(extra):
+        c = dict(tmpl, **over, index=i)
+        if c.get("unlockable") and unlocked():
+            c.update(c.get("unlocked", {}))
+        c.setdefault("bus_id", "00000000:%02X:00.0" % (7 + 3 * i))
+        h = hashlib.sha1(("%s:%d:%s" % (prof.get("profile", "?"), i, c["bus_id"])).encode()).hexdigest()
+        c.setdefault("uuid", "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:32]))
+        cards.append(c)
+    return cards
+
+
+def defaults(c):
+    i = c["index"]
+    return {"power_limit": float(c.get("power_default_w", 0)), "persistence": False,
+            "clocks_lock": None, "lost": False, "memory_used": int(c.get("memory_used_idle_mib", 0)),
+            "draw": round(float(c.get("idle_draw_w", 60.0)) + (i * 37 % 50) / 10.0, 2),
+            "temp": int(c.get("idle_temp_c", 35)) + i * 3 % 5}
+
+
+@contextlib.contextmanager
+def state(write=False):
+    """Yields {index: runtime state}; saved back (atomically) when write=True."""
+    path = os.path.join(RUN_DIR, "state.json")
+    if write:
+        os.makedirs(RUN_DIR, exist_ok=True)
+    lock = None
+    if os.path.isdir(RUN_DIR):
+        lock = open(os.path.join(RUN_DIR, "state.lock"), "a")
+        fcntl.flock(lock, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+    try:
+        try:
+            with open(path) as f:
+                raw = json.load(f).get("cards", {})
+        except (OSError, ValueError):
+            raw = {}
+        st = {c["index"]: dict(defaults(c), **raw.get(str(c["index"]), {})) for c in CARDS}
+        yield st
+        if write:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"cards": {str(k): v for k, v in st.items()}}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+    finally:
+        if lock:
+            lock.close()
+
+
+# ---------------------------------------------------------------- helpers
+def lost_msg(c):
+    return "Unable to determine the device handle for GPU%s: Unknown Error" % c["bus_id"][-12:]
+
+
+def norm_bus(b):
+    b = b.upper()
+    return b.split(":", 1)[1] if b.count(":") == 2 else b   # drop the domain
+
+
+def select(spec):
+    """Cards named by -i (index, UUID or PCI bus id, comma separated); all when None."""
+    if spec is None:
+        return list(CARDS)
+    out = []
+    for tok in spec.split(","):
+        tok = tok.strip()
+        hit = [c for c in CARDS if tok == str(c["index"]) or tok.upper() == c["uuid"].upper()
+               or (":" in tok and norm_bus(tok) == norm_bus(c["bus_id"]))]
+        if not hit:
+            raise Exit(EXIT_NOT_FOUND, "No devices were found")
+        out += [c for c in hit if c not in out]
+    return out
+
+
+def check_lost(cards, st):
+    lost = [c for c in cards if st[c["index"]]["lost"]]
+    if lost:
+        raise Exit(EXIT_GPU_LOST, "\n".join(lost_msg(c) for c in lost))
+
+
+def watts(x):
+    return "%.2f W" % x
+
+
+# ---------------------------------------------------------------- --query-gpu
+def _fields():
+    W, M, H = "W", "MiB", "MHz"
+    f = {
+        "index": (None, lambda c, s: str(c["index"])),
+        "uuid": (None, lambda c, s: c["uuid"]),
+        "pci.bus_id": (None, lambda c, s: c["bus_id"]),
+        "pci.device_id": (None, lambda c, s: c.get("pci_device_id")),
+        "name": (None, lambda c, s: c.get("name")),
+        "compute_cap": (None, lambda c, s: c.get("compute_cap")),
+        "driver_version": (None, lambda c, s: PROF.get("driver_version")),
+        "count": (None, lambda c, s: str(len(CARDS))),
+        "memory.total": (M, lambda c, s: c.get("memory_total_mib")),
+        "memory.used": (M, lambda c, s: s["memory_used"]),
+        "memory.free": (M, lambda c, s: c.get("memory_total_mib", 0) - s["memory_used"]),
+        "power.limit": (W, lambda c, s: s["power_limit"]),
+        "enforced.power.limit": (W, lambda c, s: s["power_limit"]),
+        "power.default_limit": (W, lambda c, s: c.get("power_default_w")),
+        "power.min_limit": (W, lambda c, s: c.get("power_min_w")),
+        "power.max_limit": (W, lambda c, s: c.get("power_max_w")),
+        "power.draw": (W, lambda c, s: min(s["draw"], s["power_limit"])),
+        "temperature.gpu": (None, lambda c, s: s["temp"]),
+        "persistence_mode": (None, lambda c, s: "Enabled" if s["persistence"] else "Disabled"),
+        "pcie.link.gen.current": (None, lambda c, s: c.get("pcie_gen")),
+        "pcie.link.gen.max": (None, lambda c, s: c.get("pcie_gen")),
+        "pcie.link.width.current": (None, lambda c, s: c.get("pcie_width")),
+        "pcie.link.width.max": (None, lambda c, s: c.get("pcie_width")),
+        "clocks.current.sm": (H, lambda c, s: s["clocks_lock"][1] if s["clocks_lock"]
+                              else c.get("sm_clock_idle_mhz")),
+        "clocks.max.sm": (H, lambda c, s: c.get("sm_clock_max_mhz")),
+    }
+    f["clocks.current.graphics"] = f["clocks.current.sm"]
+    f["clocks.max.graphics"] = f["clocks.max.sm"]
+    return f
+
+
+FIELDS = _fields()
+ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id", "clocks.sm": "clocks.current.sm",
+           "clocks.gr": "clocks.current.graphics", "clocks.max.gr": "clocks.max.graphics"}
+
+
+def query_gpu(spec, fmt, ids):
+    names = [ALIASES.get(n.strip(), n.strip()) for n in spec.split(",") if n.strip()]
+    for n in names:
+        if n not in FIELDS:
+            raise Exit(EXIT_INVALID_ARG, 'Field "%s" is not a valid field to query.\n' % n)
+    opts = [o.strip() for o in (fmt or "").split(",")]
+    if "csv" not in opts or set(opts) - {"csv", "noheader", "nounits"}:
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    cards = select(ids)
+    lines = [] if "noheader" in opts else [
+        ", ".join(n + (" [%s]" % FIELDS[n][0] if FIELDS[n][0] else "") for n in names)]
+    rc = 0
+    with state() as st:
+        for c in cards:
+            s = st[c["index"]]
+            if s["lost"]:
+                lines.append(lost_msg(c))
+                rc = EXIT_GPU_LOST
+                continue
+            vals = []
+            for n in names:
+                unit, get = FIELDS[n]
+                v = get(c, s)
+                if v is None:
+                    vals.append("[N/A]")
+                    continue
+                if unit == "W":
+                    v = "%.2f" % float(v)
+                v = str(v)
+                vals.append(v if (unit is None or "nounits" in opts) else "%s %s" % (v, unit))
+            lines.append(", ".join(vals))
+    print("\n".join(lines))
+    return rc
+
+
+# ---------------------------------------------------------------- other commands
+def list_gpus(ids):
+    with state() as st:
+        cards = select(ids)
+        out, rc = [], 0
+        for c in cards:
+            if st[c["index"]]["lost"]:
+                out.append(lost_msg(c))
+                rc = EXIT_GPU_LOST
+            else:
+                out.append("GPU %d: %s (UUID: %s)" % (c["index"], c["name"], c["uuid"]))
+    print("\n".join(out))
+    return rc
+
+
+def set_power_limit(value, ids):
+    try:
+        w = float(value)
+    except (TypeError, ValueError):
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    cards = select(ids)
+    with state(write=True) as st:
+        check_lost(cards, st)
+        for c in cards:           # validate every target before touching any
+            lo, hi = float(c["power_min_w"]), float(c["power_max_w"])
+            if not lo <= w <= hi:
+                raise Exit(EXIT_INVALID_ARG,
+                           "Provided power limit %.2f W is not a valid power limit which should be between "
+                           "%.2f W and %.2f W for GPU %s\nTerminating early due to previous errors."
+                           % (w, lo, hi, c["bus_id"]))
+        for c in cards:
+            s = st[c["index"]]
+            print("Power limit for GPU %s was set to %.2f W from %.2f W." % (c["bus_id"], w, s["power_limit"]))
+            s["power_limit"] = w
+    print("All done.")
+    return 0
+
+
+def set_persistence(value, ids):
+    v = {"0": False, "1": True, "DISABLED": False, "ENABLED": True}.get(str(value).upper())
+    if v is None:
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    word = "Enabled" if v else "Disabled"
+    cards = select(ids)
+    with state(write=True) as st:
+        check_lost(cards, st)
+        for c in cards:
+            s = st[c["index"]]
+            if s["persistence"] == v:
+                print("Persistence mode is already %s for GPU %s." % (word, c["bus_id"]))
+            else:
+                print("%s persistence mode for GPU %s." % (word, c["bus_id"]))
+                s["persistence"] = v
+    print("All done.")
+    return 0
+
+
+def lock_clocks(value, ids):
+    try:
+        lo, hi = (int(x) for x in str(value).split(","))
+    except ValueError:
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    cards = select(ids)
+    with state(write=True) as st:
+        check_lost(cards, st)
+        for c in cards:
+            hi_c = min(hi, int(c.get("sm_clock_max_mhz", hi)))
+            st[c["index"]]["clocks_lock"] = [min(lo, hi_c), hi_c]
+            print('GPU clocks set to "(gpuClkMin %d, gpuClkMax %d)" for GPU %s' % (lo, hi, c["bus_id"]))
+    print("All done.")
+    return 0
+
+
+def reset_clocks(ids):
+    cards = select(ids)
+    with state(write=True) as st:
+        check_lost(cards, st)
+        for c in cards:
+            st[c["index"]]["clocks_lock"] = None
+    print("All done.")
+    return 0
+
+
+def header():
+    return ["", "==============NVSMI LOG==============", "",
+            "%-55s: %s" % ("Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+            "%-55s: %s" % ("Driver Version", PROF.get("driver_version")),
+            "%-55s: %s" % ("CUDA Version", PROF.get("cuda_version")), "",
+            "%-55s: %d" % ("Attached GPUs", len(CARDS))]
+
+
+def query(display, ids):
+    cards = select(ids)
+    sections = [d.strip().upper() for d in (display or "").split(",") if d.strip()]
+    out = header()
+    with state() as st:
+        check_lost(cards, st)
+        for c in cards:
+            s = st[c["index"]]
+            kv = lambda k, v, ind=4: out.append("%-55s: %s" % (" " * ind + k, v))
+            out.append("GPU %s" % c["bus_id"])
+            if not sections:
+                kv("Product Name", c["name"])
+                kv("Persistence Mode", "Enabled" if s["persistence"] else "Disabled")
+                kv("GPU UUID", c["uuid"])
+                kv("Minor Number", c["index"])
+            if not sections or "POWER" in sections:
+                out.append("    GPU Power Readings")
+                draw = watts(min(s["draw"], s["power_limit"]))
+                kv("Average Power Draw", draw, 8)
+                kv("Instantaneous Power Draw", draw, 8)
+                kv("Current Power Limit", watts(s["power_limit"]), 8)
+                kv("Requested Power Limit", watts(s["power_limit"]), 8)
+                kv("Default Power Limit", watts(c["power_default_w"]), 8)
+                kv("Min Power Limit", watts(c["power_min_w"]), 8)
+                kv("Max Power Limit", watts(c["power_max_w"]), 8)
+            out.append("")
+    print("\n".join(out))
+    return 0
+
+
+def summary(ids):
+    cards = select(ids)
+    bar = "+" + "-" * 89 + "+"
+    out = [time.strftime("%a %b %d %H:%M:%S %Y"), bar,
+           "| NVIDIA-SMI %-21s Driver Version: %-14s CUDA Version: %-9s|"
+           % (PROF.get("driver_version"), PROF.get("driver_version"), PROF.get("cuda_version")), bar,
+           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Temp  Pwr:Usage/Cap  Memory |"]
+    with state() as st:
+        check_lost(cards, st)
+        for c in cards:
+            s = st[c["index"]]
+            row = "| %3d  %-24s %-3s | %-16s Off | %3dC %4dW / %4dW %6dMiB/%dMiB" % (
+                c["index"], c["name"][:24], "On" if s["persistence"] else "Off", c["bus_id"], s["temp"],
+                min(s["draw"], s["power_limit"]), s["power_limit"], s["memory_used"], c["memory_total_mib"])
+            out.append(row)
+    out.append(bar)
+    print("\n".join(out))
+    return 0
+
+
+# ---------------------------------------------------------------- sim helper
+def sim(args):
+    cmd = args[0] if args else "show"
+    if cmd in ("lock", "unlock"):
+        path = os.path.join(LIB_DIR, "unlocked")
+        if cmd == "unlock":
+            os.makedirs(LIB_DIR, exist_ok=True)
+            open(path, "w").close()
+        elif os.path.exists(path):
+            os.remove(path)
+        return 0
+    if cmd == "show":
+        with state() as st:
+            doc = {"profile": PROF.get("profile"), "unlocked": unlocked(), "run_dir": RUN_DIR,
+                   "cards": [dict(index=c["index"], name=c.get("name"), uuid=c["uuid"], bus_id=c["bus_id"],
+                                  **st[c["index"]]) for c in CARDS]}
+        print(json.dumps(doc, indent=2))
+        return 0
+    if cmd not in ("set", "reset"):
+        raise Exit(EXIT_INVALID_ARG, "usage: rigup-gpu-sim set|reset|show|lock|unlock ...")
+    if not CARDS:
+        raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
+    ids, changes, rest = None, {}, list(args[1:])
+    keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int)}
+    while rest:
+        a = rest.pop(0)
+        if a in ("-i", "--id") and rest:
+            ids = rest.pop(0)
+        elif a in keys and rest:
+            k, conv = keys[a]
+            changes[k] = conv(rest.pop(0))
+        elif a in ("--lost", "--found"):
+            changes["lost"] = a == "--lost"
+        else:
+            raise Exit(EXIT_INVALID_ARG, "rigup-gpu-sim: bad argument %r" % a)
+    cards = list(CARDS) if ids in (None, "all") else select(ids)
+    with state(write=True) as st:
+        for c in cards:
+            st[c["index"]].update(defaults(c) if cmd == "reset" else changes)
+    return 0
+
+
+# ---------------------------------------------------------------- main
+SHORT = {"-i": "id", "--id": "id", "-pl": "power-limit", "--power-limit": "power-limit",
+         "-pm": "persistence-mode", "--persistence-mode": "persistence-mode", "-lgc": "lock-gpu-clocks",
+         "--lock-gpu-clocks": "lock-gpu-clocks", "-d": "display", "--display": "display",
+         "--query-gpu": "query-gpu", "--format": "format"}
+FLAGS = {"-L": "list", "--list-gpus": "list", "-q": "query", "--query": "query", "-rgc": "reset-gpu-clocks",
+         "--reset-gpu-clocks": "reset-gpu-clocks", "-h": "help", "--help": "help"}
+
+
+def parse(argv):
+    opts, rest = {}, list(argv)
+    while rest:
+        a = rest.pop(0)
+        name, eq, val = a.partition("=")
+        if name in SHORT:
+            if not eq:
+                if not rest:
+                    raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+                val = rest.pop(0)
+            opts[SHORT[name]] = val
+        elif a in FLAGS:
+            opts[FLAGS[a]] = True
+        else:
+            raise Exit(EXIT_INVALID_ARG, "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h'." % a)
+    return opts
+
+
+def run(argv):
+    global PROF, CARDS
+    PROF = load_profile()
+    CARDS = build_cards(PROF)
+    if argv[:1] == ["sim"]:
+        return sim(argv[1:])
+    opts = parse(argv)
+    if opts.get("help"):
+        print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)
+        return 0
+    if not CARDS:
+        raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
+    ids = opts.get("id")
+    actions = [k for k in ("query-gpu", "list", "power-limit", "persistence-mode", "lock-gpu-clocks",
+                           "reset-gpu-clocks", "query") if k in opts]
+    if len(actions) > 1 or ("format" in opts and actions != ["query-gpu"]):
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    act = actions[0] if actions else None
+    if act == "query-gpu":
+        return query_gpu(opts["query-gpu"], opts.get("format"), ids)
+    if act == "list":
+        return list_gpus(ids)
+    if act == "power-limit":
+        return set_power_limit(opts["power-limit"], ids)
+    if act == "persistence-mode":
+        return set_persistence(opts["persistence-mode"], ids)
+    if act == "lock-gpu-clocks":
+        return lock_clocks(opts["lock-gpu-clocks"], ids)
+    if act == "reset-gpu-clocks":
+        return reset_clocks(ids)
+    if act == "query":
+        return query(opts.get("display"), ids)
+    if "display" in opts:
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    return summary(ids)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.path.basename(sys.argv[0]) == "rigup-gpu-sim":
+        argv = ["sim"] + argv
+    try:
+        return run(argv)
+    except Exit as e:
+        if e.text:
+            print(e.text)
+        return e.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

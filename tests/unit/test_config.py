@@ -1,0 +1,209 @@
+"""Configuration: the merge order users expect, and a clear error for every bad value."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Inventory
+
+from roles import config
+from roles.config import ConfigError, Form, check_host, parse_form
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def host_with(all_data=None, group_data=None, host_data=None, override=None, groups=("a100",)):
+    """A pyinfra host whose data layers are the given dicts (no connection is made)."""
+    inventory = Inventory(
+        (["h1"], dict(all_data or {})),
+        override_data=dict(override or {}),
+        **{g: ([("h1", dict(host_data or {}))], dict(group_data or {})) for g in groups},
+    )
+    return inventory.get_host("h1")
+
+
+# --- forms -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, good, bad", [
+    ("int 1..65535", [1, 8080], [0, 70000, "8080", True, 1.5, None]),
+    ("float 0..1", [0, 0.9, 1], [1.1, "0.9"]),
+    ("int 100.. or null", [100, None, 9999], [99, "x"]),
+    ("bool", [True, False], [1, "yes", None]),
+    ("one of nvidia|distro|present", ["nvidia", "present"], ["apt", 1]),
+    ("list of str", [[], ["a", "b"]], ["a", [1], None]),
+    ("path", ["/opt/x"], ["opt/x", 3]),
+    ("map or null", [{}, None], [[]]),
+])
+def test_forms_accept_and_refuse(text, good, bad):
+    form = parse_form(text)
+    for value in good:
+        assert form.problem(value) is None, (text, value)
+    for value in bad:
+        assert form.problem(value), (text, value)
+
+
+def test_unknown_form_is_refused():
+    with pytest.raises(ValueError):
+        parse_form("integer")
+
+
+def test_every_declared_default_has_its_own_form():
+    variables = config.declared()
+    assert variables, "no role declares any variable"
+    for var in variables.values():
+        assert var.form.problem(var.default) is None, f"{var.file}: {var.name}"
+        assert var.doc, f"{var.file}: {var.name} has no comment"
+
+
+def test_a_variable_without_a_form_names_file_and_line(tmp_path, monkeypatch):
+    role = tmp_path / "roles" / "demo"
+    role.mkdir(parents=True)
+    (role / "defaults.yml").write_text("# a port\ndemo_port: 1\n")
+    monkeypatch.setattr(config, "ROLES_DIR", tmp_path / "roles")
+    monkeypatch.setattr(config, "ROOT", tmp_path)
+    config.declared.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"roles/demo/defaults.yml:2: demo_port"):
+            config.declared()
+    finally:
+        config.declared.cache_clear()
+
+
+def test_broken_yaml_names_file_and_line(tmp_path):
+    bad = tmp_path / "x.yml"
+    bad.write_text("a: 1\nb: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"x.yml:\d+: not valid YAML"):
+        config.load_yaml(bad)
+
+
+def test_a_list_at_top_level_is_refused(tmp_path):
+    bad = tmp_path / "x.yml"
+    bad.write_text("- a\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        config.load_yaml(bad)
+
+
+# --- precedence --------------------------------------------------------------------------------
+
+def test_precedence_defaults_all_group_host_data():
+    defaults = config.group_vars("all")
+    assert defaults["rigup_user"] == "rigup"  # from roles/base/defaults.yml
+    h = host_with(all_data={**defaults, "apt_lock_timeout": 1})
+    assert h.data.apt_lock_timeout == 1 and h.data.rigup_user == "rigup"
+    h = host_with(all_data={"apt_lock_timeout": 1}, group_data={"apt_lock_timeout": 2})
+    assert h.data.apt_lock_timeout == 2
+    h = host_with(all_data={"apt_lock_timeout": 1}, group_data={"apt_lock_timeout": 2},
+                  host_data={"apt_lock_timeout": 3})
+    assert h.data.apt_lock_timeout == 3
+    h = host_with(group_data={"apt_lock_timeout": 2}, host_data={"apt_lock_timeout": 3},
+                  override={"apt_lock_timeout": 4})
+    assert h.data.apt_lock_timeout == 4
+
+
+def test_group_vars_all_sits_on_top_of_role_defaults():
+    merged = config.group_vars("all")
+    own = config.load_yaml(ROOT / "group_vars" / "all.yml")
+    for key, value in own.items():
+        assert merged[key] == value
+    assert set(config.declared()) <= set(merged)
+
+
+def test_every_group_vars_file_is_valid():
+    for path in sorted((ROOT / "group_vars").glob("*.yml")):
+        assert config.problems(config.load_yaml(path)) == [], path
+
+
+# --- check_host: messages name the file, the key and the form ----------------------------------
+
+def test_a_good_host_passes():
+    check_host(host_with(all_data=config.group_vars("all"), host_data={"ssh_user": "ubuntu",
+                                                                       "_sudo": True}))
+
+
+def test_typo_in_group_vars_names_file_key_and_suggestion():
+    h = host_with(group_data={"apt_lock_timout": 5})
+    with pytest.raises(ConfigError) as e:
+        check_host(h)
+    msg = str(e.value)
+    assert "host h1" in msg
+    assert "group_vars/a100.yml" in msg or "inventory group a100" in msg
+    assert "'apt_lock_timout'" in msg and "did you mean 'apt_lock_timeout'" in msg
+
+
+def test_wrong_type_in_host_data_names_host_and_form():
+    h = host_with(host_data={"base_persistent_journal": "yes"})
+    with pytest.raises(ConfigError, match=r"inventory host data of h1: base_persistent_journal: "
+                                          r"expected bool, got 'yes' \(str\)"):
+        check_host(h)
+
+
+def test_out_of_range_from_cli_data_says_so():
+    h = host_with(override={"apt_lock_timeout": 99999})
+    with pytest.raises(ConfigError, match=r"--data: apt_lock_timeout: expected int 0..3600, "
+                                          r"got 99999, out of range"):
+        check_host(h)
+
+
+def test_relative_path_is_refused():
+    h = host_with(host_data={"rigup_prefix": "opt/rigup"})
+    with pytest.raises(ConfigError, match="rigup_prefix: expected path"):
+        check_host(h)
+
+
+def test_every_problem_is_listed_at_once():
+    h = host_with(host_data={"rigup_prefix": 1, "nope": 2})
+    with pytest.raises(ConfigError) as e:
+        check_host(h)
+    assert "rigup_prefix" in str(e.value) and "'nope'" in str(e.value)
+
+
+# --- through the pyinfra CLI: the run stops before any operation -------------------------------
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project whose group_vars a test may break."""
+    for part in ("roles", "group_vars", "templates", "deploy.py"):
+        src = ROOT / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "a100.py").write_text(
+        "from roles.config import all_group as _a, group_vars as _g\n"
+        "a100 = (['@local'], _g('a100'))\nall = _a(a100)\n")
+    return tmp_path
+
+
+def run_pyinfra(project, *args):
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), "-y", "--dry", "inventory/a100.py",
+         "deploy.py", *args],
+        cwd=project, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_typo_in_group_vars_stops_the_run(project):
+    (project / "group_vars" / "a100.yml").write_text("base_extra_pakages: [htop]\n")
+    result = run_pyinfra(project)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "group_vars/a100.yml: unknown key 'base_extra_pakages'" in out
+    assert "did you mean 'base_extra_packages'" in out
+    assert "Starting operation" not in out
+
+
+def test_cli_bad_data_names_data(project):
+    result = run_pyinfra(project, "--data", "apt_lock_timeout=forever")
+    assert result.returncode != 0
+    assert "--data: apt_lock_timeout: expected int 0..3600, got 'forever'" in (
+        result.stdout + result.stderr)
+
+
+def test_cli_debug_inventory_shows_the_merge(project):
+    (project / "group_vars" / "a100.yml").write_text("apt_lock_timeout: 42\n")
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), "inventory/a100.py", "debug-inventory"],
+        cwd=project, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert '"apt_lock_timeout": 42' in out
+    assert '"rigup_user": "rigup"' in out
