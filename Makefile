@@ -1,0 +1,48 @@
+# rigup's entry points. Run as root on a Debian/Ubuntu machine (the lab boots containers).
+#   make demo   a throwaway lab host, provisioned by deploy.py
+#   make test   unit tests, then the lab tests (converge, converge again, verify, destroy)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYINFRA:= $(VENV)/bin/pyinfra
+N      ?= 1
+PROFILE?= a100
+
+.PHONY: venv demo test unit lab-up lab-down lab-list bench-lab clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && rm -rf $(VENV) && \
+	  $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $@
+
+demo: venv
+	$(PY) -m tests.lab up -n 1 --profile $(PROFILE)
+	$(PYINFRA) -y inventory/lab.py deploy.py
+	@echo "The lab host is up: $(PY) -m tests.lab list; remove it with: make lab-down"
+
+test: venv
+	$(PY) -m pytest
+
+unit: venv
+	$(PY) -m pytest -m "not lab"
+
+lab-up: venv
+	$(PY) -m tests.lab up -n $(N) --profile $(PROFILE)
+
+lab-down: venv
+	$(PY) -m tests.lab down
+
+lab-list: venv
+	$(PY) -m tests.lab list
+
+bench-lab: venv
+	$(PY) -m tests.bench_lab
+
+clean: lab-down
+	rm -rf $(VENV)
