@@ -11,8 +11,9 @@ real GPU; $RIGUP_GPU_SIM_LIB (default /var/lib/rigup-gpu-sim) holds what
 survives reboots: the file ``unlocked`` unlocks CMP 170HX cards.
 
 Output texts and exit codes follow the real tool (see the nvidia-smi(1)
-RETURN VALUE section): 0 ok, 2 invalid argument/field, 6 no such device,
-9 driver not loaded, 15 GPU fallen off the bus.
+RETURN VALUE section): 0 ok, 2 invalid argument/field (also an out-of-range
+-pl: not verified on hardware), 4 no permission (a non-root caller changing a
+setting), 6 no such device, 9 driver not loaded, 15 GPU fallen off the bus.
 
 Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               [--memory-used MIB] [--lost|--found];  sim lock|unlock|show|reset
@@ -30,7 +31,8 @@ PROFILE = os.environ.get("RIGUP_GPU_SIM_PROFILE", "/etc/rigup-lab/gpu-profile.js
 RUN_DIR = os.environ.get("RIGUP_GPU_SIM_RUN", "/run/rigup-gpu-sim")
 LIB_DIR = os.environ.get("RIGUP_GPU_SIM_LIB", "/var/lib/rigup-gpu-sim")
 
-EXIT_INVALID_ARG, EXIT_NOT_FOUND, EXIT_NO_DRIVER, EXIT_GPU_LOST = 2, 6, 9, 15
+EXIT_INVALID_ARG, EXIT_NO_PERMISSION, EXIT_NOT_FOUND, EXIT_NO_DRIVER, EXIT_GPU_LOST = 2, 4, 6, 9, 15
+NO_PERMISSION = "Insufficient Permissions\nTerminating early due to previous errors."
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.")
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
@@ -83,12 +85,17 @@ def defaults(c):
 def state(write=False):
     """Yields {index: runtime state}; saved back (atomically) when write=True."""
     path = os.path.join(RUN_DIR, "state.json")
-    if write:
-        os.makedirs(RUN_DIR, exist_ok=True)
     lock = None
-    if os.path.isdir(RUN_DIR):
-        lock = open(os.path.join(RUN_DIR, "state.lock"), "a")
+    try:   # readers (maybe non-root) need only a read-only handle for a shared lock
+        if write:
+            os.makedirs(RUN_DIR, exist_ok=True)
+        lock = open(os.path.join(RUN_DIR, "state.lock"), "a" if write else "r")
         fcntl.flock(lock, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+    except FileNotFoundError:
+        pass                       # nothing written since boot: all defaults
+    except PermissionError:
+        if write:
+            raise Exit(EXIT_NO_PERMISSION, NO_PERMISSION)
     try:
         try:
             with open(path) as f:
@@ -98,7 +105,7 @@ def state(write=False):
         st = {c["index"]: dict(defaults(c), **raw.get(str(c["index"]), {})) for c in CARDS}
         yield st
         if write:
-            tmp = path + ".tmp"
+            tmp = "%s.%d.tmp" % (path, os.getpid())
             with open(tmp, "w") as f:
                 json.dump({"cards": {str(k): v for k, v in st.items()}}, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
@@ -340,21 +347,29 @@ def query(display, ids):
 
 
 def summary(ids):
+    """The plain ``nvidia-smi`` table (layout of the 5xx drivers; need not be exact)."""
     cards = select(ids)
-    bar = "+" + "-" * 89 + "+"
-    out = [time.strftime("%a %b %d %H:%M:%S %Y"), bar,
-           "| NVIDIA-SMI %-21s Driver Version: %-14s CUDA Version: %-9s|"
-           % (PROF.get("driver_version"), PROF.get("driver_version"), PROF.get("cuda_version")), bar,
-           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Temp  Pwr:Usage/Cap  Memory |"]
+    wide, cut = "+" + "-" * 89 + "+", "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+    dv, cv = PROF.get("driver_version"), PROF.get("cuda_version")
+    out = [time.strftime("%a %b %d %H:%M:%S %Y"), wide,
+           "|" + (" NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %s" % (dv, dv, cv)).ljust(89) + "|",
+           cut, "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+           "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|"]
     with state() as st:
         check_lost(cards, st)
         for c in cards:
             s = st[c["index"]]
-            row = "| %3d  %-24s %-3s | %-16s Off | %3dC %4dW / %4dW %6dMiB/%dMiB" % (
-                c["index"], c["name"][:24], "On" if s["persistence"] else "Off", c["bus_id"], s["temp"],
-                min(s["draw"], s["power_limit"]), s["power_limit"], s["memory_used"], c["memory_total_mib"])
-            out.append(row)
-    out.append(bar)
+            out.append("|%4d  %-29.29s%4s  |%19s Off |%21s |" % (
+                c["index"], c.get("name"), "On" if s["persistence"] else "Off", c["bus_id"], "0"))
+            out.append("|%4s%5dC%6s%15dW / %4dW |%8dMiB / %6dMiB |%8s%13s |" % (
+                "N/A", s["temp"], "P0", min(s["draw"], s["power_limit"]), s["power_limit"],
+                s["memory_used"], c.get("memory_total_mib", 0), "0%", "Default"))
+            out.append(cut)
+    out += ["", wide, "| Processes:".ljust(90) + "|",
+            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+            "|        ID   ID                                                               Usage      |",
+            "|" + "=" * 89 + "|", "|  No running processes found".ljust(90) + "|", wide]
     print("\n".join(out))
     return 0
 
@@ -475,6 +490,9 @@ def main(argv=None):
         if e.text:
             print(e.text)
         return e.code
+    except BrokenPipeError:      # e.g. `nvidia-smi ... | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
