@@ -1,0 +1,1 @@
+"""GPU knowledge shared by roles: facts, catalogue, plan."""

@@ -1,0 +1,128 @@
+"""The GPU catalogue (roles/gpu/catalogue.yml) and lookups in it.
+
+:func:`card_for` takes one card of the ``NvidiaGpus`` fact and finds its catalogue entry by PCI
+id first, then by compute capability (its family), never by name: a locked CMP 170HX reports
+"NVIDIA Graphics Device". Entries are plain dicts::
+
+    {"key": "cmp170hx-8gb", "class": "cmp170hx", "name": "NVIDIA CMP 170HX",
+     "pci_ids": ["10de:20c2"], "compute_capability": (8, 0), "cmake_arch": "80",
+     "min_cuda": "11.0", "power_w": {"min": 100, "default": 250, "max": 250},
+     "vram_mib": 65536, "vram_locked_mib": 8192, "pcie": {"gen": 1, "width": 4},
+     "quirks": {"fp8": False, "fma_throttled": True, "needs_unlock": True},
+     "matched_by": "pci_id"}           # or "compute_capability", when found by family
+
+``vram_mib`` is the memory the card has once usable (unlocked), ``vram_locked_mib`` what a
+locked card shows (None for cards without a lock).
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOGUE_FILE = Path(__file__).resolve().with_name("catalogue.yml")
+QUIRKS = ("fp8", "fma_throttled", "needs_unlock")
+
+
+def parse_cc(value: Any) -> tuple[int, int] | None:
+    """``"12.0"``, ``(12, 0)`` or ``[12, 0]`` -> ``(12, 0)``; None when it is none of those."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    if isinstance(value, str):
+        major, dot, minor = value.strip().partition(".")
+        if dot and major.isdigit() and minor.isdigit():
+            return int(major), int(minor)
+    return None
+
+
+def cuda_version(text: str | None) -> tuple[int, ...]:
+    """``"12.8"`` -> ``(12, 8)``, for comparing toolkit versions; ``()`` for None."""
+    return tuple(int(x) for x in text.split(".")) if text else ()
+
+
+def _entry(key: str, raw: dict, cc: tuple[int, int]) -> dict:
+    vram = raw.get("vram_mib")
+    locked = None
+    if isinstance(vram, dict):
+        vram, locked = vram.get("unlocked"), vram.get("locked")
+    quirks = {q: False for q in QUIRKS}
+    quirks["fp8"] = cc >= (8, 9)
+    quirks.update(raw.get("quirks") or {})
+    return {
+        "key": key,
+        "class": raw.get("class", key),
+        "name": raw.get("name"),
+        "pci_ids": [p.lower() for p in raw.get("pci_ids", [])],
+        "compute_capability": cc,
+        "cmake_arch": str(raw["cmake_arch"]),
+        "min_cuda": str(raw["min_cuda"]) if raw.get("min_cuda") is not None else None,
+        "power_w": dict(raw.get("power_w") or {}),
+        "vram_mib": vram,
+        "vram_locked_mib": locked,
+        "pcie": dict(raw.get("pcie") or {}),
+        "quirks": quirks,
+    }
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> tuple[dict[str, dict], dict[tuple[int, int], dict]]:
+    doc = yaml.safe_load(Path(path).read_text())
+    cards = {}
+    for key, raw in doc["cards"].items():
+        cc = parse_cc(raw["compute_capability"])
+        if cc is None:
+            raise ValueError(f"{path}: {key}: compute_capability {raw['compute_capability']!r} is not 'major.minor'")
+        cards[key] = _entry(key, raw, cc)
+    families = {}
+    for cc_text, raw in (doc.get("families") or {}).items():
+        cc = parse_cc(str(cc_text))
+        families[cc] = _entry(f"sm{raw['cmake_arch']}", raw, cc)
+    return cards, families
+
+
+def cards(path: Path = CATALOGUE_FILE) -> dict[str, dict]:
+    """Every catalogue card by key (copies: change them freely)."""
+    return copy.deepcopy(_load(str(path))[0])
+
+
+def card_by_pci_id(pci_id: str | None, path: Path = CATALOGUE_FILE) -> dict | None:
+    """The card with PCI id ``pci_id`` ("10de:20c2"), or None."""
+    if not pci_id:
+        return None
+    pci_id = pci_id.lower()
+    for card in _load(str(path))[0].values():
+        if pci_id in card["pci_ids"]:
+            return dict(copy.deepcopy(card), matched_by="pci_id")
+    return None
+
+
+def family_for(cc: Any, path: Path = CATALOGUE_FILE) -> dict | None:
+    """The family entry for compute capability ``cc``; for a capability the catalogue does not
+    list, a generic one (arch from the capability, min_cuda None). None when ``cc`` is unreadable."""
+    cc = parse_cc(cc)
+    if cc is None:
+        return None
+    fam = _load(str(path))[1].get(cc)
+    if fam is None:
+        arch = f"{cc[0]}{cc[1]}"
+        fam = _entry(f"sm{arch}", {"class": f"sm{arch}", "cmake_arch": arch, "min_cuda": None}, cc)
+    return dict(copy.deepcopy(fam), matched_by="compute_capability")
+
+
+def card_for(gpu: dict, path: Path = CATALOGUE_FILE) -> dict | None:
+    """The catalogue entry for one card of the ``NvidiaGpus`` fact: by ``pci_device_id`` first,
+    then by ``compute_capability`` (family fallback). Never by name. None when neither is known
+    (a lost card)."""
+    return card_by_pci_id(gpu.get("pci_device_id"), path) or family_for(gpu.get("compute_capability"), path)
+
+
+def is_locked(gpu: dict, card: dict | None) -> bool:
+    """Whether ``gpu`` (an ``NvidiaGpus`` card) still shows only its locked memory."""
+    if not card or not card["quirks"].get("needs_unlock") or card.get("vram_locked_mib") is None:
+        return False
+    total = gpu.get("memory_total_mib")
+    return total is not None and total <= card["vram_locked_mib"]

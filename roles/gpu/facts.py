@@ -1,0 +1,440 @@
+"""Read-only facts about a GPU host, one shell command (one round trip) each.
+
+Each fact returns an empty value (its ``default``) when its tool is missing, and never fails
+the host: ``nvidia-smi`` exits non-zero without a driver (9) or with a card off the bus (15),
+so its commands end in ``|| true`` and the parsers skip the error lines.
+
+Parsing lives in the module-level ``parse_*`` functions, which the unit tests call on captured
+text (tests/fixtures/). :class:`HardwareFacts` runs every command below in one round trip, for
+preflight, and reuses the same parsers.
+
+From the CLI, in the repo root: ``pyinfra @local fact roles.gpu.facts.NvidiaGpus``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from roles.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
+
+# ----------------------------------------------------------------------------- nvidia-smi
+# (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.
+GPU_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("index", "index", "int"),
+    ("uuid", "uuid", "str"),
+    ("pci.bus_id", "bus_id", "str"),
+    ("pci.device_id", "pci_device_id", "pci"),
+    ("name", "name", "str"),
+    ("compute_cap", "compute_capability", "cc"),
+    ("memory.total", "memory_total_mib", "int"),
+    ("memory.used", "memory_used_mib", "int"),
+    ("power.limit", "power_limit_w", "float"),
+    ("power.min_limit", "power_min_w", "float"),
+    ("power.max_limit", "power_max_w", "float"),
+    ("power.default_limit", "power_default_w", "float"),
+    ("power.draw", "power_draw_w", "float"),
+    ("temperature.gpu", "temperature_c", "int"),
+    ("persistence_mode", "persistence", "bool"),
+    ("pcie.link.gen.current", "pcie_gen", "int"),
+    ("pcie.link.width.current", "pcie_width", "int"),
+    ("driver_version", "driver_version", "str"),
+)
+GPU_QUERY = ",".join(field for field, _, _ in GPU_FIELDS)
+GPU_COMMAND = f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1 || true"
+
+_LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
+
+
+def parse_pci_id(text: str | None) -> str | None:
+    """``"0x233510DE"`` (device then vendor) -> ``"10de:2335"`` (vendor:device, lowercase)."""
+    m = re.fullmatch(r"\s*(?:0x)?([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})\s*", text or "")
+    return f"{m.group(2)}:{m.group(1)}".lower() if m else None
+
+
+def normalise_bus_id(text: str) -> str:
+    """PCI bus id with the 8-digit domain nvidia-smi's CSV uses: ``0000:47:00.0`` -> ``00000000:47:00.0``."""
+    domain, _, rest = text.strip().upper().partition(":")
+    return f"{domain.zfill(8)}:{rest}" if rest else domain
+
+
+def _value(kind: str, text: str) -> Any:
+    text = text.strip()
+    if not text or text.startswith("[") or text in ("N/A", "Unknown Error", "Not Supported"):
+        return None  # [N/A], [Unknown Error], [Not Supported], [Insufficient Permissions]...
+    try:
+        if kind == "int":
+            return int(float(text))
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        return None
+    if kind == "bool":
+        return {"enabled": True, "disabled": False}.get(text.lower())
+    if kind == "cc":
+        return parse_cc(text)
+    if kind == "pci":
+        return parse_pci_id(text)
+    return text
+
+
+def parse_gpus(lines: list[str]) -> list[dict]:
+    """Lines of ``nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits`` -> one dict per card.
+
+    A card that fell off the bus ("Unable to determine the device handle for GPU0000:47:00.0:
+    Unknown Error") becomes ``{"lost": True, "bus_id": "00000000:47:00.0"}``; other cards carry
+    ``"lost": False``. Error texts (no driver, bad field) and blank lines are skipped.
+    """
+    gpus = []
+    for line in lines:
+        lost = _LOST.search(line)
+        if lost:
+            gpus.append({"lost": True, "bus_id": normalise_bus_id(lost.group(1))})
+            continue
+        cells = line.split(",")
+        if len(cells) != len(GPU_FIELDS) or not cells[0].strip().isdigit():
+            continue
+        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(GPU_FIELDS, cells)}
+        gpu["lost"] = False
+        gpus.append(gpu)
+    return gpus
+
+
+class NvidiaGpus(FactBase):
+    """One dict per GPU, [] when nvidia-smi is missing or the driver is not loaded::
+
+        [{"index": 0, "uuid": "GPU-46c2...", "bus_id": "00000000:00:06.0",
+          "pci_device_id": "10de:2335", "name": "NVIDIA H200", "compute_capability": (9, 0),
+          "memory_total_mib": 143771, "memory_used_mib": 0, "power_limit_w": 700.0,
+          "power_min_w": 200.0, "power_max_w": 700.0, "power_default_w": 700.0,
+          "power_draw_w": 124.0, "temperature_c": 35, "persistence": True, "pcie_gen": 5,
+          "pcie_width": 16, "driver_version": "580.159.04", "lost": False},
+         {"lost": True, "bus_id": "00000000:47:00.0"}]       # a card fallen off the bus
+
+    Fields nvidia-smi reports as [N/A] (or [Not Supported], ...) are None.
+    """
+
+    default = list
+
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
+    def command(self) -> str:
+        return GPU_COMMAND
+
+    def process(self, output: list[str]) -> list[dict]:
+        return parse_gpus(output)
+
+
+def present_gpus(gpus: list[dict]) -> list[dict]:
+    """The cards of an :class:`NvidiaGpus` value that answered (not lost)."""
+    return [g for g in gpus if not g.get("lost")]
+
+
+# ----------------------------------------------------------------------------- helpers
+def _sections(lines: list[str], prefix: str) -> dict[str, list[str]]:
+    """Split ``lines`` at marker lines ``<prefix><name>``; what precedes the first marker is dropped."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        if line.startswith(prefix):
+            current = line[len(prefix):].strip()
+            out.setdefault(current, [])
+        elif current is not None:
+            out[current].append(line)
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+DRIVER_COMMAND = (
+    "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null; "
+    "echo '--- smi'; if command -v nvidia-smi >/dev/null 2>&1; then "
+    "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1; fi; true"
+)
+_PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (Open )?.*?Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def parse_driver(lines: list[str]) -> dict:
+    """``DRIVER_COMMAND``'s output -> ``{"version", "kernel_module", "loaded"}``.
+
+    ``kernel_module`` is "open" (NVIDIA UNIX Open Kernel Module), "proprietary" (NVIDIA UNIX
+    x86_64 Kernel Module) or None (no /proc/driver/nvidia/version). ``loaded`` is True when the
+    kernel module answers: /proc/driver/nvidia/version exists, or nvidia-smi printed a version.
+    """
+    sec = _sections(lines, "--- ")
+    version = module = None
+    for line in sec.get("proc", []):
+        m = _PROC_VERSION.search(line)
+        if m:
+            version, module = m.group(2), "open" if m.group(1) else "proprietary"
+            break
+    smi = next((ln.strip() for ln in sec.get("smi", []) if re.fullmatch(r"\s*\d+(\.\d+)+\s*", ln)), None)
+    return {"version": version or smi, "kernel_module": module, "loaded": bool(version or smi)}
+
+
+def _no_driver() -> dict:
+    return {"version": None, "kernel_module": None, "loaded": False}
+
+
+class NvidiaDriver(FactBase):
+    """The NVIDIA kernel driver::
+
+        {"version": "580.159.04", "kernel_module": "open" | "proprietary" | None, "loaded": True}
+
+    ``{"version": None, "kernel_module": None, "loaded": False}`` without a loaded driver.
+    """
+
+    default = staticmethod(_no_driver)
+
+    def command(self) -> str:
+        return DRIVER_COMMAND
+
+    def process(self, output: list[str]) -> dict:
+        return parse_driver(output)
+
+
+# ----------------------------------------------------------------------------- CUDA toolkits
+CUDA_COMMAND = (
+    "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
+    '[ -x "$n" ] || continue; echo "--- $n $(readlink -f "$n")"; "$n" --version 2>/dev/null; '
+    "done; true"
+)
+_NVCC_RELEASE = re.compile(r"release (\d+\.\d+), V(\d+(?:\.\d+)*)")
+
+
+def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
+    """``CUDA_COMMAND``'s output -> ``[{"version": "12.8", "full_version": "12.8.93",
+    "path": "/usr/local/cuda-12.8/bin/nvcc", "seen_as": [...]}]``, one per real nvcc (deduped by
+    realpath, ``path`` is the realpath), sorted by version."""
+    found: dict[str, dict] = {}
+    for header, body in _sections(lines, "--- ").items():
+        seen, _, real = header.partition(" ")
+        real = real.strip() or seen
+        m = next((m for m in map(_NVCC_RELEASE.search, body) if m), None)
+        if not m:
+            continue
+        entry = found.setdefault(real, {"version": m.group(1), "full_version": m.group(2),
+                                        "path": real, "seen_as": []})
+        if seen not in entry["seen_as"]:
+            entry["seen_as"].append(seen)
+    return sorted(found.values(), key=lambda t: (tuple(map(int, t["version"].split("."))), t["path"]))
+
+
+class CudaToolkits(FactBase):
+    """Installed CUDA toolkits (each /usr/local/cuda*/bin/nvcc and the nvcc on PATH)::
+
+        [{"version": "12.8", "full_version": "12.8.93", "path": "/usr/local/cuda-12.8/bin/nvcc",
+          "seen_as": ["/usr/local/cuda/bin/nvcc", "/usr/local/cuda-12.8/bin/nvcc"]}]
+    """
+
+    default = list
+
+    def command(self) -> str:
+        return CUDA_COMMAND
+
+    def process(self, output: list[str]) -> list[dict]:
+        return parse_cuda_toolkits(output)
+
+
+# ----------------------------------------------------------------------------- disk
+def free_disk_command(path: str) -> str:
+    return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
+            "df -B1 --output=avail \"$p\" 2>/dev/null | tail -n 1; true")
+
+
+def parse_free_disk(lines: list[str]) -> int | None:
+    """The last number in ``df -B1 --output=avail``'s output (bytes), or None."""
+    for line in reversed(lines):
+        if line.strip().isdigit():
+            return int(line.strip())
+    return None
+
+
+class FreeDisk(FactBase):
+    """Free bytes (for an unprivileged user, like ``df``) on the filesystem that holds ``path``,
+    or its nearest existing parent: ``68702195712``. None when df cannot tell."""
+
+    def command(self, path: str = "/") -> str:
+        return free_disk_command(path)
+
+    def process(self, output: list[str]) -> int | None:
+        return parse_free_disk(output)
+
+
+# ----------------------------------------------------------------------------- ports
+PORTS_COMMAND = "ss -Hltnp 2>/dev/null || true"
+_SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
+
+
+def parse_listening_ports(lines: list[str]) -> dict[int, str | None]:
+    """``ss -Hltnp`` -> ``{22: "sshd", 8080: "llama-server"}``; the name is None when ss could not
+    see the process (run without root)."""
+    ports: dict[int, str | None] = {}
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 4 or cols[0] != "LISTEN":
+            continue
+        port = cols[3].rpartition(":")[2]
+        if not port.isdigit():
+            continue
+        proc = _SS_PROCESS.search(line)
+        if ports.get(int(port)) is None:
+            ports[int(port)] = proc.group(1) if proc else None
+    return ports
+
+
+class ListeningPorts(FactBase):
+    """TCP ports something listens on, with the process name: ``{22: "sshd", 8080: None}``.
+    {} when ``ss`` (iproute2) is missing."""
+
+    default = dict
+
+    def requires_command(self) -> str:
+        return "ss"
+
+    def command(self) -> str:
+        return PORTS_COMMAND
+
+    def process(self, output: list[str]) -> dict[int, str | None]:
+        return parse_listening_ports(output)
+
+
+# ----------------------------------------------------------------------------- Secure Boot
+SECURE_BOOT_COMMAND = (
+    "if command -v mokutil >/dev/null 2>&1; then echo '--- mokutil'; mokutil --sb-state 2>&1; fi; "
+    "for f in /sys/firmware/efi/efivars/SecureBoot-*; do [ -e \"$f\" ] || continue; "
+    "echo '--- efivar'; od -An -t u1 \"$f\"; done; true"
+)
+
+
+def parse_secure_boot(lines: list[str]) -> bool | None:
+    """True/False when mokutil or the EFI variable says so, None when unknown (no EFI, no tool)."""
+    sec = _sections(lines, "--- ")
+    for line in sec.get("mokutil", []):
+        low = line.lower()
+        if "secureboot enabled" in low:
+            return True
+        if "secureboot disabled" in low:
+            return False
+    values = " ".join(sec.get("efivar", [])).split()
+    if len(values) >= 5 and values[-1] in ("0", "1"):  # 4 attribute bytes, then the value
+        return values[-1] == "1"
+    return None
+
+
+class SecureBoot(FactBase):
+    """Whether UEFI Secure Boot is on (unsigned kernel modules will not load): True, False, or
+    None when unknown (BIOS boot, a container, no mokutil and no efivars)."""
+
+    def command(self) -> str:
+        return SECURE_BOOT_COMMAND
+
+    def process(self, output: list[str]) -> bool | None:
+        return parse_secure_boot(output)
+
+
+# ----------------------------------------------------------------------------- kernel, init
+KERNEL_COMMAND = ('r=$(uname -r); echo "$r"; '
+                  'if [ -e "/lib/modules/$r/build" ]; then echo headers=yes; else echo headers=no; fi')
+
+
+def parse_kernel(lines: list[str]) -> dict:
+    """``{"release": "6.8.0-45-generic", "headers": True}`` (headers: /lib/modules/<release>/build exists)."""
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    if not lines:
+        return {"release": None, "headers": False}
+    return {"release": lines[0] if not lines[0].startswith("headers=") else None,
+            "headers": "headers=yes" in lines}
+
+
+class KernelInfo(FactBase):
+    """The running kernel and whether its headers (needed to build DKMS modules) are installed::
+
+        {"release": "6.8.0-45-generic", "headers": True}
+    """
+
+    default = staticmethod(lambda: {"release": None, "headers": False})
+
+    def command(self) -> str:
+        return KERNEL_COMMAND
+
+    def process(self, output: list[str]) -> dict:
+        return parse_kernel(output)
+
+
+SYSTEMD_COMMAND = "if [ -d /run/systemd/system ]; then echo yes; else echo no; fi"
+
+
+def parse_systemd(lines: list[str]) -> bool:
+    return any(ln.strip() == "yes" for ln in lines)
+
+
+class Systemd(FactBase):
+    """True when systemd is PID 1 (``/run/systemd/system`` exists), so units can be installed."""
+
+    default = bool
+
+    def command(self) -> str:
+        return SYSTEMD_COMMAND
+
+    def process(self, output: list[str]) -> bool:
+        return parse_systemd(output)
+
+
+# ----------------------------------------------------------------------------- all at once
+MARK = "##rigup:"
+
+
+def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
+    parts = [
+        f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi",
+        f"echo '{MARK}driver'; {{ {DRIVER_COMMAND}; }}",
+        f"echo '{MARK}cuda'; {{ {CUDA_COMMAND}; }}",
+        f"echo '{MARK}ports'; if command -v ss >/dev/null 2>&1; then {PORTS_COMMAND}; fi",
+        f"echo '{MARK}secure_boot'; {{ {SECURE_BOOT_COMMAND}; }}",
+        f"echo '{MARK}kernel'; {KERNEL_COMMAND}",
+        f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",
+    ]
+    for path in paths:
+        parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")
+    return "; ".join(parts) + "; true"
+
+
+def parse_hardware(lines: list[str]) -> dict:
+    """``hardware_command(paths)``'s output -> the value of :class:`HardwareFacts`."""
+    sec = _sections(lines, MARK)
+    return {
+        "gpus": parse_gpus(sec.get("gpus", [])),
+        "driver": parse_driver(sec.get("driver", [])),
+        "cuda_toolkits": parse_cuda_toolkits(sec.get("cuda", [])),
+        "listening_ports": parse_listening_ports(sec.get("ports", [])),
+        "secure_boot": parse_secure_boot(sec.get("secure_boot", [])),
+        "kernel": parse_kernel(sec.get("kernel", [])),
+        "systemd": parse_systemd(sec.get("systemd", [])),
+        "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
+    }
+
+
+class HardwareFacts(FactBase):
+    """Every fact above in one round trip, for preflight::
+
+        {"gpus": [...NvidiaGpus...], "driver": {...NvidiaDriver...},
+         "cuda_toolkits": [...CudaToolkits...], "listening_ports": {22: "sshd"},
+         "secure_boot": None, "kernel": {"release": ..., "headers": ...}, "systemd": True,
+         "free_disk": {"/": 68702195712}}
+
+    ``host.get_fact(HardwareFacts, paths=["/", "/var/lib/rigup"])`` sizes ``free_disk``.
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return parse_hardware([])
+
+    def command(self, paths: list[str] | tuple[str, ...] = ("/",)) -> str:
+        return hardware_command(paths)
+
+    def process(self, output: list[str]) -> dict:
+        return parse_hardware(output)

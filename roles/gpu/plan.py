@@ -1,0 +1,166 @@
+"""What a host's hardware calls for: pure functions of its facts and the catalogue.
+
+No pyinfra host access here: :func:`hardware_plan` takes the values of the ``NvidiaGpus``,
+``NvidiaDriver`` and ``CudaToolkits`` facts (roles/gpu/facts.py) and returns a plain,
+JSON-serialisable dict that preflight, the roles and a dry run all read::
+
+    {"cpu_only": False, "why_cpu_only": None,
+     "gpu_count": 8, "lost_cards": [],                      # bus ids of cards off the bus
+     "cards": [{"index": 0, "bus_id": "00000000:07:00.0", "class": "a100",
+                "key": "a100-sxm4-80gb", "matched_by": "pci_id", "compute_capability": [8, 0],
+                "cmake_arch": "80", "min_cuda": "11.0", "vram_mib": 81920,
+                "vram_unlocked_mib": 81920, "locked": False,
+                "power_w": {"min": 100.0, "default": 400.0, "max": 400.0, "limit": 400.0}}, ...],
+     "card_classes": ["a100"],
+     "cuda_archs": ["80"],                                  # CMAKE_CUDA_ARCHITECTURES, never "native"
+     "min_cuda": "11.0",                                    # the newest of the cards' minimums
+     "cuda_toolkit": {"needed": "11.0", "found": "12.8", "path": "/usr/local/cuda-12.8/bin/nvcc"},
+     "driver": {"version": "580.105.08", "loaded": True, "kernel_module": "open"},
+     "vram_mib": {"total": 655360, "per_card": [81920, ...]},
+     "vram_unlocked_mib": {"total": 655360, "per_card": [81920, ...]},   # after cmpunlocker
+     "needs_unlock": False,
+     "quirks": {"fp8": False, "fma_throttled": False},
+     "engines": {"llama.cpp": {"ok": True, "backend": "cuda"},
+                 "vllm": {"ok": False, "why": "...", "patched_build": True}},
+     "warnings": []}
+"""
+
+from __future__ import annotations
+
+from roles.gpu.catalogue import card_for, cuda_version, is_locked
+
+VLLM_MIN_CC = (9, 0)
+VLLM_WHY = ("stock vLLM's recipes for the seed models need compute capability >= 9.0 kernels "
+            "(sparse MLA, FP8); {cards} only run vLLM from a patched build")
+
+
+def _card_plan(gpu: dict) -> dict:
+    card = card_for(gpu)
+    cc = gpu.get("compute_capability") or (card["compute_capability"] if card else None)
+    locked = is_locked(gpu, card)
+    vram = gpu.get("memory_total_mib")
+    if vram is None and card:
+        vram = card["vram_locked_mib"] if card["quirks"].get("needs_unlock") else card["vram_mib"]
+    unlocked = card["vram_mib"] if locked and card else vram
+    power = {k: gpu.get(f"power_{k}_w") for k in ("min", "default", "max", "limit")}
+    for k in ("min", "default", "max"):
+        if power[k] is None and card and card["power_w"].get(k) is not None:
+            power[k] = float(card["power_w"][k])
+    return {
+        "index": gpu.get("index"),
+        "bus_id": gpu.get("bus_id"),
+        "class": card["class"] if card else "unknown",
+        "key": card["key"] if card else None,
+        "matched_by": card["matched_by"] if card else None,
+        "compute_capability": list(cc) if cc else None,
+        "cmake_arch": card["cmake_arch"] if card else None,
+        "min_cuda": card["min_cuda"] if card else None,
+        "vram_mib": vram,
+        "vram_unlocked_mib": unlocked,
+        "locked": locked,
+        "power_w": power,
+        "quirks": dict(card["quirks"]) if card else {},
+    }
+
+
+def _pick_toolkit(toolkits: list[dict], needed: str | None) -> dict | None:
+    """The newest toolkit at least ``needed`` (any, when ``needed`` is None)."""
+    ok = [t for t in toolkits or [] if cuda_version(t.get("version")) >= cuda_version(needed)]
+    return max(ok, key=lambda t: cuda_version(t.get("version")), default=None)
+
+
+def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[dict] | None = None) -> dict:
+    """The plan for a host with these ``NvidiaGpus`` / ``NvidiaDriver`` / ``CudaToolkits`` values
+    (see the module docstring for its shape)."""
+    driver = driver or {}
+    lost = [g.get("bus_id") for g in gpus or [] if g.get("lost")]
+    cards = [_card_plan(g) for g in gpus or [] if not g.get("lost")]
+    warnings = [f"GPU {b} fell off the bus (nvidia-smi cannot reach it): reseat or reboot" for b in lost]
+
+    archs = sorted({c["cmake_arch"] for c in cards if c["cmake_arch"]}, key=int)
+    minimums = [c["min_cuda"] for c in cards if c["min_cuda"]]
+    min_cuda = max(minimums, key=cuda_version) if minimums else None
+    toolkit = _pick_toolkit(toolkits or [], min_cuda) if cards else None
+    unknown = [c for c in cards if c["cmake_arch"] is None]
+    for c in unknown:
+        warnings.append(f"GPU {c['index']} ({c['bus_id']}): neither its PCI id nor its compute "
+                        "capability is known: no CUDA architecture for it")
+    if any(c["matched_by"] == "compute_capability" for c in cards):
+        warnings.append("some cards are not in roles/gpu/catalogue.yml; planned by compute capability")
+
+    why_cpu = None
+    if not cards:
+        if lost:
+            why_cpu = "every GPU fell off the bus"
+        elif gpus is None or not driver.get("loaded"):
+            why_cpu = "no NVIDIA GPU answers: nvidia-smi is missing or the driver is not loaded"
+        else:
+            why_cpu = "the NVIDIA driver is loaded but reports no GPU"
+
+    per_card = [c["vram_mib"] or 0 for c in cards]
+    per_card_unlocked = [c["vram_unlocked_mib"] or 0 for c in cards]
+    below_vllm = sorted({c["class"] for c in cards
+                         if not c["compute_capability"] or tuple(c["compute_capability"]) < VLLM_MIN_CC})
+    if not cards:
+        vllm = {"ok": False, "why": f"CPU only: {why_cpu}", "patched_build": False}
+    elif below_vllm:
+        vllm = {"ok": False, "why": VLLM_WHY.format(cards=", ".join(below_vllm) + " cards (cc < 9.0)"),
+                "patched_build": True}
+    else:
+        vllm = {"ok": True}
+
+    return {
+        "cpu_only": not cards,
+        "why_cpu_only": why_cpu,
+        "gpu_count": len(cards),
+        "lost_cards": lost,
+        "cards": cards,
+        "card_classes": sorted({c["class"] for c in cards}),
+        "cuda_archs": archs,
+        "min_cuda": min_cuda,
+        "cuda_toolkit": {"needed": min_cuda, "found": toolkit["version"] if toolkit else None,
+                         "path": toolkit["path"] if toolkit else None},
+        "driver": {k: driver.get(k) for k in ("version", "loaded", "kernel_module")},
+        "vram_mib": {"total": sum(per_card), "per_card": per_card},
+        "vram_unlocked_mib": {"total": sum(per_card_unlocked), "per_card": per_card_unlocked},
+        "needs_unlock": any(c["locked"] for c in cards),
+        "quirks": {"fp8": bool(cards) and all(c["quirks"].get("fp8") for c in cards),
+                   "fma_throttled": any(c["quirks"].get("fma_throttled") for c in cards)},
+        "engines": {"llama.cpp": {"ok": True, "backend": "cuda" if cards else "cpu"}, "vllm": vllm},
+        "warnings": warnings,
+    }
+
+
+def _vram(per_card: list[int]) -> str:
+    if not per_card:
+        return "0 MiB"
+    if len(set(per_card)) == 1:
+        return f"{len(per_card)} x {per_card[0]} MiB = {sum(per_card)} MiB"
+    return " + ".join(map(str, per_card)) + f" = {sum(per_card)} MiB"
+
+
+def format_plan(plan: dict) -> str:
+    """A few readable lines: cards, archs, toolkit, VRAM, engines, warnings."""
+    if plan["cpu_only"]:
+        lines = [f"cards:     none (CPU only: {plan['why_cpu_only']})"]
+    else:
+        counts: dict[str, int] = {}
+        for c in plan["cards"]:
+            counts[c["class"]] = counts.get(c["class"], 0) + 1
+        lines = ["cards:     " + ", ".join(f"{n} x {k}" for k, n in counts.items())
+                 + (f" (+{len(plan['lost_cards'])} lost)" if plan["lost_cards"] else "")]
+        lines.append("archs:     " + (";".join(plan["cuda_archs"]) or "-"))
+        tk = plan["cuda_toolkit"]
+        found = f"found {tk['found']} ({tk['path']})" if tk["found"] else "none installed that is new enough"
+        lines.append(f"toolkit:   CUDA >= {tk['needed']}, {found}")
+        vram = _vram(plan["vram_mib"]["per_card"])
+        if plan["needs_unlock"]:
+            vram += f" (locked; {_vram(plan['vram_unlocked_mib']['per_card'])} after unlock)"
+        lines.append("vram:      " + vram)
+    engines = []
+    for name, e in plan["engines"].items():
+        engines.append(f"{name} yes" + (f" ({e['backend']})" if e.get("backend") else "")
+                       if e["ok"] else f"{name} no: {e['why']}")
+    lines.append("engines:   " + "; ".join(engines))
+    lines += [f"warning:   {w}" for w in plan["warnings"]]
+    return "\n".join(lines)
