@@ -1,0 +1,13 @@
+"""Preflight alone: check the configuration, print each host's hardware plan, refuse what
+cannot work. Changes nothing.
+
+    pyinfra inventory/lab.py preflight.py
+"""
+
+from pyinfra import host
+
+from roles import preflight
+from roles.config import check_host
+
+check_host(host)
+preflight.run()

@@ -1,0 +1,42 @@
+"""`make bench-lab`: how long the lab takes to boot, and a first and a second converge take.
+
+Prints one table, measured in one run on this machine (the base root is built first if it is
+not cached, and that time is printed apart). Tears the lab down at the end.
+"""
+
+import time
+
+from tests.converge import converge
+from tests.lab import lab
+
+
+def timed(fn, *args):
+    start = time.monotonic()
+    fn(*args)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    rows = []
+    lab.down()
+    try:
+        rows.append(("base root (cached after its first build)", timed(lab.ensure_base)))
+        rows.append(("lab-up, 1 host", timed(lab.up, 1, "a100")))
+        lab.down()
+        rows.append(("lab-up, 4 hosts", timed(lab.up, 4, "a100")))
+        first = converge()
+        rows.append(("first converge, 4 hosts", first.seconds))
+        second = converge()
+        rows.append((f"second converge, 4 hosts ({second.totals['changed']} changed ops)",
+                     second.seconds))
+        rows.append(("second converge, per host", second.seconds / 4))
+    finally:
+        rows.append(("lab-down, 4 hosts", timed(lab.down)))
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'what':<{width}}  seconds")
+    for what, seconds in rows:
+        print(f"{what:<{width}}  {seconds:7.1f}")
+
+
+if __name__ == "__main__":
+    main()

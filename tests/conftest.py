@@ -1,0 +1,47 @@
+"""Shared fixtures. The lab is booted once per test run, converged once, and always destroyed.
+
+Lab tests take over the machine's lab: a lab left by `make demo` is removed first.
+"""
+
+import os
+
+import pytest
+
+from tests.converge import converge
+
+LAB_HOSTS = 2
+LAB_PROFILE = "a100"
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The lab module, with LAB_HOSTS hosts of LAB_PROFILE running; torn down at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (systemd-nspawn, network namespaces)")
+    from tests.lab import lab as lab_module
+
+    lab_module.down()
+    try:
+        lab_module.up(LAB_HOSTS, LAB_PROFILE)
+        yield lab_module
+    finally:
+        lab_module.down()
+
+
+@pytest.fixture(scope="session")
+def first_converge(lab):
+    """deploy.py applied once to every lab host (the slow part, shared by every role's tests)."""
+    return converge()
+
+
+@pytest.fixture(scope="session")
+def second_converge(first_converge):
+    """deploy.py applied again: idempotence is judged on this run."""
+    return converge()
+
+
+def on_host(lab, name: str, command: str) -> str:
+    """stdout of ``command`` run over SSH on lab host ``name``; fails the test if it fails."""
+    result = lab.ssh(name, command)
+    assert result.returncode == 0, f"{name}: {command!r} failed:\n{result.stdout}{result.stderr}"
+    return result.stdout
