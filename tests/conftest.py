@@ -26,6 +26,25 @@ def lab():
         yield lab_module
     finally:
         lab_module.down()
+    assert_nothing_left(lab_module)
+
+
+def assert_nothing_left(lab_module):
+    """After `down`: no lab namespace, link, mount or process; the base root stays cached."""
+    import subprocess
+    from pathlib import Path
+
+    assert not lab_module.STATE_FILE.exists() and lab_module.hosts() == []
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert "rigup-" not in netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "rl-" not in links and lab_module.BRIDGE not in links
+    assert str(lab_module.STATE) not in Path("/proc/self/mountinfo").read_text()
+    leftovers = [argv for _, argv in lab_module.processes()
+                 if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")
+                 and str(lab_module.STATE) in " ".join(argv)]
+    assert leftovers == []
+    assert lab_module.base_is_cached()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,46 @@
+"""Command line of the lab: `python -m tests.lab up|down|list|reboot|ssh` (as root)."""
+import argparse
+import sys
+import time
+
+from . import lab
+
+
+def main(argv=None):
+    """Parse the command line, run the command, return the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m tests.lab", description=lab.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="boot hosts lab1..labN (keeps running ones)")
+    p_up.add_argument("-n", type=int, default=1, help="number of hosts (default 1)")
+    p_up.add_argument("--profile", choices=lab.PROFILES, default="none", help="simulated GPU")
+    sub.add_parser("down", help="remove every lab host, the bridge and the proxy")
+    sub.add_parser("list", help="print the running hosts")
+    p_reboot = sub.add_parser("reboot", help="reboot a host and wait until it is back")
+    p_reboot.add_argument("name")
+    p_ssh = sub.add_parser("ssh", help="run a command on a host: ssh NAME -- CMD...")
+    p_ssh.add_argument("name")
+    p_ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    try:
+        if args.command == "up":
+            lab.up(args.n, args.profile)
+        elif args.command == "down":
+            lab.down()
+        elif args.command == "list":
+            for h in lab.hosts():
+                print(f"{h['name']}\t{h['address']}\t{h['profile']}")
+        elif args.command == "reboot":
+            print(f"{args.name}: {lab.reboot(args.name)}")
+        else:
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            return lab.ssh(args.name, " ".join(cmd), capture=False).returncode
+    except lab.LabError as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 1
+    if args.command in ("up", "down", "reboot"):
+        print(f"{args.command} took {time.monotonic() - start:.1f} s")
+    return 0
+
+
+sys.exit(main())

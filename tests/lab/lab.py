@@ -1,0 +1,498 @@
+"""Lab of throwaway systemd test hosts, booted with systemd-nspawn on this machine.
+
+Each host is a copy-on-write overlay of one cached debootstrap root, runs a full systemd in its
+own network namespace on a lab bridge, is reached over SSH with a lab key, and gets packages only
+through a lab-owned tinyproxy on the bridge. Needs root. Standard library only.
+"""
+import concurrent.futures
+import contextlib
+import fcntl
+import functools
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab"))
+SUBNET = ipaddress.ip_network(os.environ.get("RIGUP_LAB_SUBNET", "10.213.0.0/24"))
+GATEWAY = SUBNET[1]
+PROXY = f"http://{GATEWAY}:8888"
+BRIDGE = "rigupbr0"
+SUITE = "bookworm"
+INCLUDE = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo",
+           "ca-certificates", "iproute2", "procps", "less", "curl")
+BASE_RECIPE = {"suite": SUITE, "variant": "minbase", "include": list(INCLUDE)}  # recorded in its stamp
+PROFILES = ("a100", "h100", "cmp170hx", "none")
+BOOT_TIMEOUT = 180
+
+BASE = STATE / "base"
+BASE_STAMP = ".rigup-lab-base.json"
+HOSTS = STATE / "hosts"
+KEY = STATE / "ssh" / "id_ed25519"
+KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
+STATE_FILE = STATE / "lab.json"
+PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "pid", "log"))
+
+HERE = Path(__file__).resolve().parent
+GPU_SIM = HERE / "nvidia_smi.py"
+GPU_PROFILES = HERE / "gpu_profiles.json"
+# command -> Debian package that provides it
+TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "tinyproxy": "tinyproxy",
+         "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client"}
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message says what and shows the evidence."""
+
+
+def run(*args, check=True, **kw):
+    """Run a command (text mode, output captured unless told otherwise); raise LabError on failure."""
+    kw.setdefault("capture_output", "stdout" not in kw)
+    proc = subprocess.run([str(a) for a in args], text=True, **kw)
+    if check and proc.returncode:
+        raise LabError(f"{shlex.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr or ''}")
+    return proc
+
+
+def write(path, data, mode=0o644):
+    """Write a file atomically (replacing any symlink there), creating parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data if isinstance(data, bytes) else data.encode())
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked():
+    """Hold the lab lock so that two `up`/`down` runs don't interleave."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_tools():
+    """Install the Debian packages of any missing tool; keep Debian's own tinyproxy service stopped."""
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if not shutil.which(tool)})
+    if not missing:
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run("apt-get", "update", env=env)
+    run("apt-get", "install", "-y", *missing, env=env)
+    if "tinyproxy" in missing and shutil.which("service"):  # it may start on 0.0.0.0:8888, in our way
+        run("service", "tinyproxy", "stop", check=False)
+
+
+def apt_source_files():
+    """The controller's apt source files (path, text); registry hosts are never hard-coded."""
+    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    return [(p, p.read_text()) for p in files if p.is_file() and p.suffix in (".list", ".sources")]
+
+
+def debian_mirror():
+    """The controller's Debian mirror for SUITE, read from its apt sources."""
+    for _, text in apt_source_files():
+        for stanza in re.split(r"\n\s*\n", text):  # deb822 stanzas
+            fields = dict(re.findall(r"^([\w-]+):\s*(.*)$", stanza, re.M))
+            if SUITE in fields.get("Suites", "").split() and fields.get("URIs"):
+                return fields["URIs"].split()[0]
+        for m in re.finditer(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+(\S+)", text, re.M):  # one-line style
+            if m.group(2) == SUITE:
+                return m.group(1)
+    raise LabError(f"no apt source for {SUITE} on this machine to take the Debian mirror from")
+
+
+@functools.cache
+def pip_index_url():
+    """The controller's pip index-url if it sets an http(s) one, else None (pip's default applies)."""
+    urls = [os.environ.get("PIP_INDEX_URL", "")]
+    proc = run(sys.executable, "-m", "pip", "config", "list", check=False)
+    urls += [v.strip("'\"") for k, v in re.findall(r"^(\S+?)=(.*)$", proc.stdout or "", re.M)
+             if k.endswith(".index-url")]
+    return next((u for u in urls if u.startswith(("http://", "https://"))), None)
+
+
+def base_is_cached():
+    """True if the base root exists and was built from the current recipe."""
+    stamp = BASE / BASE_STAMP
+    return stamp.exists() and all(json.loads(stamp.read_text()).get(k) == v for k, v in BASE_RECIPE.items())
+
+
+def build_base():
+    """Build the cached base root once (atomically); return seconds taken, or None if cached."""
+    if base_is_cached():
+        return None
+    recipe = dict(BASE_RECIPE)
+    if HOSTS.exists() and any(HOSTS.iterdir()):
+        raise LabError("the base root must be rebuilt, but lab hosts use it: run `down` first")
+    start = time.monotonic()
+    for stale in [*STATE.glob("base.*"), BASE]:  # a half-built or outdated root
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix="base.", dir=STATE))
+    with open(STATE / "base-build.log", "w") as log:
+        proc = run("debootstrap", "--variant=minbase", "--include=" + ",".join(INCLUDE), SUITE, tmp,
+                   debian_mirror(), check=False, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        shutil.rmtree(tmp)
+        tail = (STATE / "base-build.log").read_text()[-3000:]
+        raise LabError(f"debootstrap failed ({proc.returncode}); see {STATE}/base-build.log:\n{tail}")
+    prepare_base(tmp)
+    recipe["built_s"] = round(time.monotonic() - start, 1)
+    write(tmp / BASE_STAMP, json.dumps(recipe, indent=1))
+    tmp.chmod(0o755)
+    tmp.rename(BASE)
+    return recipe["built_s"]
+
+
+def prepare_base(root):
+    """Make a fresh debootstrap root fit to be shared by many hosts."""
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # every host gets its own
+    write(root / "etc/machine-id", "")  # empty: systemd makes one at first boot
+    (root / "var/lib/dbus/machine-id").unlink(missing_ok=True)
+    (root / "var/lib/dbus/machine-id").symlink_to("/etc/machine-id")
+    (root / "etc/apt/sources.list").unlink(missing_ok=True)  # hosts get the controller's sources
+    write(root / "etc/ssh/sshd_config.d/rigup-lab.conf",
+          "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+          "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    units = root / "etc/systemd/system"
+    (units / "multi-user.target.wants").mkdir(parents=True, exist_ok=True)
+    links = {"multi-user.target.wants/ssh.service": "/lib/systemd/system/ssh.service",
+             # firstboot would prompt on the console for a root password; apt timers would take apt's lock
+             "systemd-firstboot.service": "/dev/null", "apt-daily.timer": "/dev/null",
+             "apt-daily-upgrade.timer": "/dev/null"}
+    for unit, target in links.items():
+        (units / unit).unlink(missing_ok=True)
+        (units / unit).symlink_to(target)
+
+
+def address(name):
+    """The LAN address of host `labN`."""
+    return str(SUBNET[10 + int(name.removeprefix("lab"))])
+
+
+def load_state():
+    """The lab state (lab.json), or an empty one."""
+    if STATE_FILE.exists():
+        return json.loads(STATE_FILE.read_text())
+    return {"hosts": []}
+
+
+def save_state(hosts_):
+    """Write lab.json atomically; inventory/lab.py reads it."""
+    write(STATE_FILE, json.dumps({
+        "subnet": str(SUBNET), "gateway": str(GATEWAY), "proxy": PROXY, "ssh_key": str(KEY),
+        "known_hosts": str(KNOWN_HOSTS), "hosts": hosts_}, indent=2) + "\n")
+
+
+def session(name):
+    """The tmux session that runs host `name`."""
+    return f"rigup-lab-{name}"
+
+
+def is_running(name):
+    """True while the boot loop of host `name` runs (its tmux pane is alive)."""
+    proc = run("tmux", "display-message", "-p", "-t", session(name), "#{pane_dead}", check=False)
+    return proc.returncode == 0 and proc.stdout.strip() == "0"
+
+
+def console(name):
+    """The last lines of host `name`'s console (its tmux pane)."""
+    proc = run("tmux", "capture-pane", "-p", "-S", "-60", "-t", session(name), check=False)
+    return proc.stdout.rstrip() if proc.returncode == 0 else f"(no tmux session {session(name)})"
+
+
+def hosts():
+    """The running lab hosts: [{"name", "address", "profile"}, ...]."""
+    return [h for h in load_state()["hosts"] if is_running(h["name"])]
+
+
+def ensure_bridge_and_proxy():
+    """Create the lab bridge and start the lab's own tinyproxy on it, unless already there."""
+    if run("ip", "link", "show", BRIDGE, check=False).returncode:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+    if str(GATEWAY) not in run("ip", "-4", "addr", "show", BRIDGE).stdout:
+        run("ip", "addr", "add", f"{GATEWAY}/{SUBNET.prefixlen}", "dev", BRIDGE)
+    run("ip", "link", "set", BRIDGE, "up")
+    if lab_pids("tinyproxy"):
+        return
+    write(PROXY_CONF, f"User nobody\nGroup nogroup\nListen {GATEWAY}\nPort 8888\nTimeout 600\n"
+                      f"MaxClients 100\nAllow {SUBNET}\nConnectPort 443\nConnectPort 80\nLogLevel Info\n")
+    with open(PROXY_LOG, "a") as log:
+        pid = subprocess.Popen(["tinyproxy", "-d", "-c", str(PROXY_CONF)], stdin=subprocess.DEVNULL,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True).pid
+    write(PROXY_PID, f"{pid}\n")
+    for _ in range(50):
+        with contextlib.suppress(OSError), socket.create_connection((str(GATEWAY), 8888), timeout=1):
+            return
+        time.sleep(0.1)
+    raise LabError(f"tinyproxy did not listen on {GATEWAY}:8888:\n{PROXY_LOG.read_text()[-2000:]}")
+
+
+def processes():
+    """(pid, argv) of every process on the machine."""
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit():
+                yield int(d.name), (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+
+
+def lab_pids(program):
+    """PIDs of the lab's `program` processes: systemd-nspawn of a lab host, or the lab's tinyproxy."""
+    return [pid for pid, argv in processes() if Path(argv[0]).name == program
+            and any(a == str(PROXY_CONF) or a.startswith(f"--directory={HOSTS}/") for a in argv)]
+
+
+def create_host(name, profile):
+    """Lay out, configure and network host `name` (not yet booted)."""
+    d = HOSTS / name
+    for sub in ("upper", "work", "root"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    run("mount", "-t", "overlay", "overlay", "-o",
+        f"lowerdir={BASE},upperdir={d / 'upper'},workdir={d / 'work'}", d / "root")
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", d / "ssh_host_ed25519_key")
+    configure_root(d / "root", name, profile, d / "ssh_host_ed25519_key")
+    netns, veth = f"rigup-{name}", f"rl-{name}"
+    run("ip", "netns", "add", netns)
+    run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+    run("ip", "link", "set", veth, "master", BRIDGE, "up")
+    run("ip", "-n", netns, "addr", "add", f"{address(name)}/{SUBNET.prefixlen}", "dev", "eth0")
+    run("ip", "-n", netns, "link", "set", "lo", "up")
+    run("ip", "-n", netns, "link", "set", "eth0", "up")  # no default route: only the LAN is reachable
+
+
+def configure_root(root, name, profile, host_key):
+    """Write the per-host files into the host's overlay (they land in its upper layer)."""
+    write(root / "etc/hostname", f"{name}\n")
+    write(root / "etc/resolv.conf", "# lab hosts resolve nothing themselves: all traffic goes via the proxy\n")
+    write(root / "root/.ssh/authorized_keys", KEY.with_suffix(".pub").read_text(), 0o600)
+    (root / "root/.ssh").chmod(0o700)
+    write(root / "etc/ssh/ssh_host_ed25519_key", host_key.read_bytes(), 0o600)
+    write(root / "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_bytes())
+    write(root / "etc/apt/apt.conf.d/01rigup-lab-proxy",
+          f'Acquire::http::Proxy "{PROXY}";\nAcquire::https::Proxy "{PROXY}";\n')
+    for path, text in apt_source_files():  # skip sources whose keyring the host lacks
+        keyrings = re.findall(r"(?:Signed-By:|signed-by=)\s*(/\S+?)(?=[\s\]]|$)", text, re.I)
+        if all((root / k.lstrip("/")).exists() for k in keyrings):
+            write(root / str(path).lstrip("/"), text)
+    write(root / "etc/rigup-lab/ca.crt", Path("/etc/ssl/certs/ca-certificates.crt").read_bytes())
+    index = pip_index_url()
+    write(root / "etc/pip.conf", f"[global]\nproxy = {PROXY}\ncert = /etc/rigup-lab/ca.crt\n"
+          + (f"index-url = {index}\n" if index else ""))
+    no_proxy = f"localhost,127.0.0.1,::1,{SUBNET}"
+    write(root / "etc/environment", "".join(
+        f"{k}={v}\n{k.upper()}={v}\n" for k, v in
+        (("http_proxy", PROXY), ("https_proxy", PROXY), ("no_proxy", no_proxy))))
+    write(root / "etc/rigup-lab/profile", f"{profile}\n")
+    if GPU_SIM.exists() and profile != "none":
+        write(root / "usr/bin/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
+        link = root / "usr/local/bin/rigup-gpu-sim"
+        link.unlink(missing_ok=True)
+        link.symlink_to("/usr/bin/nvidia-smi")
+        write(root / "etc/rigup-lab/gpu-profile.json",
+              json.dumps(json.loads(GPU_PROFILES.read_text())[profile], indent=2) + "\n")
+
+
+def write_etc_hosts(all_hosts):
+    """Let every host resolve every lab host by name (rewritten on each `up`)."""
+    lab = "".join(f"{h['address']}\t{h['name']}\n" for h in all_hosts)
+    for h in all_hosts:
+        write(HOSTS / h["name"] / "root/etc/hosts",
+              f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{lab}")
+
+
+def cgroups(name=""):
+    """Host `name`'s cgroups (or the lab's parent ones): one per hierarchy that systemd uses."""
+    roots = []
+    for line in open("/proc/self/mountinfo"):
+        mount, fs = line.split(" - ")
+        fstype, _, options = fs.split()[:3]
+        if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
+            roots.append(Path(mount.split()[4]) / "rigup-lab" / name)
+    return roots
+
+
+def remove_cgroups(name=""):
+    """Remove host `name`'s (empty) cgroups, or all of the lab's, bottom-up."""
+    for top in cgroups(name):
+        for d, _, _ in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+
+def boot(name):
+    """Start host `name` in its tmux session; the loop turns nspawn's 133 (reboot) into a reboot.
+
+    The loop first moves itself into the host's own cgroups: nspawn --keep-unit boots the host in
+    the cgroup it starts in, and hosts sharing one would clash over their systemd's units there.
+    """
+    enter = "".join(f"mkdir -p {shlex.quote(str(c))} && echo $$ > {shlex.quote(str(c / 'cgroup.procs'))} && "
+                    for c in cgroups(name))
+    nspawn = shlex.join(["systemd-nspawn", "-q", f"--directory={HOSTS / name / 'root'}", "-b",
+                         "--register=no", "--keep-unit", f"--machine={name}", "--resolv-conf=off",
+                         "--link-journal=no", f"--network-namespace-path=/run/netns/rigup-{name}"])
+    loop = f'{enter}while :; do {nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
+    run("tmux", "new-session", "-d", "-x", "200", "-y", "50", "-s", session(name))
+    run("tmux", "set-option", "-t", session(name), "remain-on-exit", "on")  # keep a failed console
+    run("tmux", "respawn-pane", "-k", "-t", session(name), "sh", "-c", loop)
+
+
+def ssh_argv(name):
+    """The ssh command line (lab key, strict host key checking) for host `name`."""
+    return ["ssh", "-F", "/dev/null", "-i", str(KEY), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
+            "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"root@{address(name)}"]
+
+
+def ssh(name, cmd, timeout=None, capture=True):
+    """Run `cmd` (a shell string, or argv that gets quoted) on host `name`; return CompletedProcess."""
+    cmd = cmd if isinstance(cmd, str) else shlex.join(cmd)
+    try:
+        return subprocess.run(ssh_argv(name) + ["--", cmd], text=True, capture_output=capture,
+                              timeout=timeout, stdin=subprocess.DEVNULL if capture else None)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(e.cmd, 124, "", f"ssh {name}: timed out after {timeout} s")
+
+
+def wait_ready(name, timeout=BOOT_TIMEOUT):
+    """Wait until host `name` answers SSH and systemd says running/degraded; return that state."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not is_running(name):
+            raise LabError(f"{name} stopped while booting; console:\n{console(name)}")
+        proc = ssh(name, "systemctl is-system-running --wait", timeout=max(left, 1))
+        if proc.stdout.strip() in ("running", "degraded"):
+            return proc.stdout.strip()
+        time.sleep(1)
+    raise LabError(f"{name} ({address(name)}) not ready after {timeout} s; console:\n{console(name)}")
+
+
+def reboot(name, timeout=BOOT_TIMEOUT):
+    """Reboot host `name` with `systemctl reboot` and wait until it is back; return systemd's state."""
+    boot_mark = "cut -d' ' -f22 /proc/1/stat"  # start time of PID 1: new on every boot
+    before = ssh(name, boot_mark, timeout=30).stdout.strip()
+    ssh(name, "systemctl reboot", timeout=15)
+    deadline = time.monotonic() + timeout
+    while ssh(name, boot_mark, timeout=10).stdout.strip() in ("", before):
+        if time.monotonic() > deadline or not is_running(name):
+            raise LabError(f"{name} did not come back from reboot; console:\n{console(name)}")
+        time.sleep(1)
+    return wait_ready(name, max(deadline - time.monotonic(), 1))
+
+
+def up(n, profile):
+    """Boot hosts lab1..labN with `profile` (keeping running ones); return all running hosts."""
+    if profile not in PROFILES or n < 1:
+        raise LabError(f"need n >= 1 and a profile of {', '.join(PROFILES)}, not {n}, {profile!r}")
+    ensure_tools()
+    with locked():
+        running = hosts()
+        for h in running:
+            if int(h["name"][3:]) <= n and h["profile"] != profile:
+                raise LabError(f"{h['name']} runs profile {h['profile']}, not {profile}: `down` first")
+        if profile != "none" and GPU_SIM.exists() and profile not in json.loads(GPU_PROFILES.read_text()):
+            raise LabError(f"profile {profile} is not in {GPU_PROFILES}")
+        built = build_base()
+        if built is not None:
+            print(f"base root built in {built} s", flush=True)
+        if not KEY.exists():
+            KEY.parent.mkdir(parents=True, exist_ok=True)
+            run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigup-lab", "-f", KEY)
+        ensure_bridge_and_proxy()
+        names = {h["name"] for h in running}
+        new = [{"name": f"lab{i}", "address": address(f"lab{i}"), "profile": profile}
+               for i in range(1, n + 1) if f"lab{i}" not in names]
+        for h in new:
+            remove_host(h["name"])  # leftovers of a host that stopped or half-started
+            create_host(h["name"], profile)
+        all_hosts = sorted(running + new, key=lambda h: int(h["name"][3:]))
+        keys = {h["name"]: (HOSTS / h["name"] / "ssh_host_ed25519_key.pub").read_text() for h in all_hosts}
+        write(KNOWN_HOSTS, "".join(f"{h['address']} {keys[h['name']]}" for h in all_hosts))
+        save_state(all_hosts)
+        write_etc_hosts(all_hosts)
+        start = time.monotonic()
+        for h in new:
+            boot(h["name"])
+        with concurrent.futures.ThreadPoolExecutor(len(all_hosts)) as pool:
+            for h, state in zip(all_hosts, pool.map(lambda h: wait_ready(h["name"]), all_hosts)):
+                print(f"{h['name']} {h['address']} {h['profile']}: {state} after "
+                      f"{time.monotonic() - start:.1f} s", flush=True)
+        return all_hosts
+
+
+def stop_processes(pids, timeout):
+    """SIGTERM `pids`, wait up to `timeout` s for them to exit, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while pids := [p for p in pids if alive(p)]:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        else:
+            return
+
+
+def alive(pid):
+    """True while `pid` runs; reaps it if it is our own exited child (the proxy)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def lab_mounts():
+    """Mount points under the state dir, deepest first."""
+    points = [line.split()[4].encode().decode("unicode_escape") for line in open("/proc/self/mountinfo")]
+    return sorted((p for p in points if p.startswith(f"{STATE}/")), key=len, reverse=True)
+
+
+def remove_host(name):
+    """Remove every trace of host `name`: processes, session, mount, netns, veth, files."""
+    netns = f"rigup-{name}"
+    if Path(f"/run/netns/{netns}").exists():  # what survives of a container (its PID 1 is in there)
+        pids = run("ip", "netns", "pids", netns, check=False).stdout.split()
+        stop_processes([int(p) for p in pids], 5)
+    run("tmux", "kill-session", "-t", session(name), check=False)
+    for point in lab_mounts():
+        if point.startswith(f"{HOSTS / name}/") and run("umount", point, check=False).returncode:
+            run("umount", "-l", point)
+    run("ip", "netns", "del", netns, check=False)
+    run("ip", "link", "del", f"rl-{name}", check=False)
+    remove_cgroups(name)
+    shutil.rmtree(HOSTS / name, ignore_errors=True)
+
+
+def down():
+    """Remove every lab host, the bridge and the proxy (idempotent); keep the cached base root."""
+    ensure_tools()
+    with locked():
+        stop_processes(lab_pids("systemd-nspawn"), 30)  # nspawn turns SIGTERM into a clean poweroff of its host
+        names = {h["name"] for h in load_state()["hosts"]}
+        names |= {p.name for p in HOSTS.glob("*")}
+        names |= {p.name.removeprefix("rigup-") for p in Path("/run/netns").glob("rigup-*")}
+        tmux = run("tmux", "list-sessions", "-F", "#{session_name}", check=False).stdout.split()
+        names |= {s.removeprefix("rigup-lab-") for s in tmux if s.startswith("rigup-lab-")}
+        for name in sorted(names):
+            remove_host(name)
+        run("ip", "link", "del", BRIDGE, check=False)
+        remove_cgroups()
+        stop_processes(lab_pids("tinyproxy"), 5)
+        for path in (PROXY_PID, STATE_FILE, KNOWN_HOSTS):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(HOSTS, ignore_errors=True)
