@@ -5,9 +5,11 @@
 
 from pyinfra import host
 
-from roles import base, preflight
+from roles import base, cuda_toolkit, llama_cpp, preflight
 from roles.config import check_host
 
 check_host(host)
-preflight.run()
+plan = preflight.run()
 base.apply()
+cuda_toolkit.apply(plan)
+llama_cpp.apply(plan)

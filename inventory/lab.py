@@ -1,8 +1,9 @@
 """The running lab hosts (`make lab-up`), read from the lab's state file.
 
 Each host is a Debian 12 container booted with systemd, reached over real SSH as root with the
-lab's key and known_hosts (strict host key checking). Hosts join the group ``lab`` and the
-group of their GPU profile (a100, h100, cmp170hx, none), so group_vars/<profile>.yml applies.
+lab's key and known_hosts (strict host key checking). Hosts join the group of their GPU profile
+(a100, h100, cmp170hx, none), so group_vars/<profile>.yml applies, and then the group ``lab``,
+whose settings (group_vars/lab.yml, and the lab's own source mirror) win over the profile's.
 """
 
 import json as _json
@@ -32,10 +33,14 @@ def _profile_group(profile):
     return ([_host(h) for h in _lab["hosts"] if h["profile"] == profile], _group_vars(profile))
 
 
-lab = ([_host(h) for h in _lab["hosts"]], _group_vars("lab"))
 a100 = _profile_group("a100")
 h100 = _profile_group("h100")
 cmp170hx = _profile_group("cmp170hx")
 none = _profile_group("none")
+# Defined last, so it wins: the lab's file server on its gateway (tests/lab/sources.py).
+lab = ([_host(h) for h in _lab["hosts"]], {
+    "llama_cpp_source": f"http://{_lab.get('gateway')}:8000/llama.cpp.git",
+    **_group_vars("lab"),
+})
 
 all = _all_group(lab)

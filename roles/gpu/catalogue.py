@@ -126,3 +126,80 @@ def is_locked(gpu: dict, card: dict | None) -> bool:
         return False
     total = gpu.get("memory_total_mib")
     return total is not None and total <= card["vram_locked_mib"]
+
+
+# ----------------------------------------------------------------------------- drivers for CUDA
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """``"570.124.06"`` or ``"12.8"`` -> ``(570, 124, 6)`` / ``(12, 8)``; None when not dotted digits."""
+    parts = str(text).strip().split(".") if text is not None else []
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+@lru_cache(maxsize=None)
+def _cuda_min_driver(path: str) -> tuple[tuple[tuple[int, ...], str, str], ...]:
+    doc = yaml.safe_load(Path(path).read_text())
+    table = [(version_tuple(str(v)), str(v), str(d)) for v, d in (doc.get("cuda_min_driver") or {}).items()]
+    return tuple(sorted(table))
+
+
+def min_driver_for_cuda(version: str, path: Path = CATALOGUE_FILE) -> tuple[str, str] | None:
+    """``(listed_version, min_driver)`` for CUDA ``version`` ("12.8" -> ("12.8", "570.26")): the
+    entry for it, or for the nearest lower version listed (a lower bound); None when ``version``
+    is below the table or not "major.minor"."""
+    wanted = version_tuple(version)
+    if wanted is None:
+        return None
+    below = [(listed, driver) for vt, listed, driver in _cuda_min_driver(str(path)) if vt <= wanted]
+    return below[-1] if below else None
+
+
+def newest_cuda_for_driver(driver: str, path: Path = CATALOGUE_FILE) -> str | None:
+    """The newest CUDA version listed whose minimum driver ``driver`` meets ("580.105.08" -> "13.0")."""
+    have = version_tuple(driver)
+    ok = [listed for _, listed, need in _cuda_min_driver(str(path))
+          if have is not None and version_tuple(need) <= have]
+    return ok[-1] if ok else None
+
+
+# ----------------------------------------------------------------------------- model families
+MODELS_FILE = CATALOGUE_FILE.with_name("models.yml")
+
+
+@lru_cache(maxsize=None)
+def _families(path: str) -> dict[str, dict]:
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    out = {}
+    for key, raw in (doc.get("families") or {}).items():
+        cc = raw.get("vllm_min_cc")
+        out[key] = {
+            "key": key,
+            "name": raw.get("name", key),
+            "match": [m.lower() for m in raw.get("match", [])],
+            "kv_gib_per_1k_tokens": raw.get("kv_gib_per_1k_tokens"),
+            "vllm_min_cc": parse_cc(cc) if cc is not None else None,
+            "split_mode_row_fails": bool(raw.get("split_mode_row_fails", False)),
+            "split_mode_row_error": raw.get("split_mode_row_error"),
+            "sources": list(raw.get("sources", [])),
+        }
+    return out
+
+
+def model_families(path: Path = MODELS_FILE) -> dict[str, dict]:
+    """The model-family catalogue (roles/gpu/models.yml) by key (copies)."""
+    return copy.deepcopy(_families(str(path)))
+
+
+def family_of(model: dict, path: Path = MODELS_FILE) -> dict | None:
+    """The family of one entry of ``models``: its ``family`` key, or else the first family whose
+    ``match`` strings occur in its ``repo`` (lowercase); None when neither names one."""
+    families = _families(str(path))
+    if model.get("family"):
+        fam = families.get(model["family"])
+        return copy.deepcopy(fam) if fam else None
+    repo = str(model.get("repo") or "").lower()
+    for fam in families.values():
+        if any(m in repo for m in fam["match"]):
+            return copy.deepcopy(fam)
+    return None

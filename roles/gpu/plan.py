@@ -164,3 +164,12 @@ def format_plan(plan: dict) -> str:
     lines.append("engines:   " + "; ".join(engines))
     lines += [f"warning:   {w}" for w in plan["warnings"]]
     return "\n".join(lines)
+
+
+def build_backend(plan: dict, data: dict) -> str:
+    """``cuda`` or ``cpu``: what ``llama_cpp_backend`` (auto|cuda|cpu) means for this plan; auto is
+    cuda when the host has NVIDIA GPUs and ``gpu_enabled`` is true."""
+    chosen = data.get("llama_cpp_backend", "auto")
+    if chosen == "auto":
+        return "cuda" if data.get("gpu_enabled", True) and not plan["cpu_only"] else "cpu"
+    return chosen

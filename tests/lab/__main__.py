@@ -13,6 +13,10 @@ def main(argv=None):
     p_up = sub.add_parser("up", help="boot hosts lab1..labN (keeps running ones)")
     p_up.add_argument("-n", type=int, default=1, help="number of hosts (default 1)")
     p_up.add_argument("--profile", choices=lab.PROFILES, default="none", help="simulated GPU")
+    p_up.add_argument("--first", type=int, default=1,
+                      help="number of the first host (default 1): --first 3 -n 2 boots lab3, lab4")
+    p_rm = sub.add_parser("remove", help="remove one host; the others keep running")
+    p_rm.add_argument("name")
     sub.add_parser("down", help="remove every lab host, the bridge and the proxy")
     sub.add_parser("list", help="print the running hosts")
     p_reboot = sub.add_parser("reboot", help="reboot a host and wait until it is back")
@@ -24,7 +28,9 @@ def main(argv=None):
     start = time.monotonic()
     try:
         if args.command == "up":
-            lab.up(args.n, args.profile)
+            lab.up(args.n, args.profile, args.first)
+        elif args.command == "remove":
+            lab.remove(args.name)
         elif args.command == "down":
             lab.down()
         elif args.command == "list":
@@ -38,7 +44,7 @@ def main(argv=None):
     except lab.LabError as e:
         print(f"lab: {e}", file=sys.stderr)
         return 1
-    if args.command in ("up", "down", "reboot"):
+    if args.command in ("up", "down", "reboot", "remove"):
         print(f"{args.command} took {time.monotonic() - start:.1f} s")
     return 0
 

@@ -391,16 +391,21 @@ def reboot(name, timeout=BOOT_TIMEOUT):
     return wait_ready(name, max(deadline - time.monotonic(), 1))
 
 
-def up(n, profile):
-    """Boot hosts lab1..labN with `profile` (keeping running ones); return all running hosts."""
-    if profile not in PROFILES or n < 1:
-        raise LabError(f"need n >= 1 and a profile of {', '.join(PROFILES)}, not {n}, {profile!r}")
+def up(n, profile, first=1):
+    """Boot hosts lab<first>..lab<first+n-1> with `profile` (keeping running ones); return all
+    running hosts. Hosts of other profiles may run next to them: `up(1, "h100", first=3)` adds
+    lab3 to a running a100 lab1..lab2."""
+    if profile not in PROFILES or n < 1 or first < 1:
+        raise LabError(f"need n >= 1, first >= 1 and a profile of {', '.join(PROFILES)}, "
+                       f"not {n}, {first}, {profile!r}")
+    wanted = [f"lab{i}" for i in range(first, first + n)]
     ensure_tools()
     with locked():
         running = hosts()
         for h in running:
-            if int(h["name"][3:]) <= n and h["profile"] != profile:
-                raise LabError(f"{h['name']} runs profile {h['profile']}, not {profile}: `down` first")
+            if h["name"] in wanted and h["profile"] != profile:
+                raise LabError(f"{h['name']} runs profile {h['profile']}, not {profile}: "
+                               f"`remove {h['name']}` or `down` first")
         if profile != "none" and GPU_SIM.exists() and profile not in json.loads(GPU_PROFILES.read_text()):
             raise LabError(f"profile {profile} is not in {GPU_PROFILES}")
         built = build_base()
@@ -411,16 +416,13 @@ def up(n, profile):
             run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigup-lab", "-f", KEY)
         ensure_bridge_and_proxy()
         names = {h["name"] for h in running}
-        new = [{"name": f"lab{i}", "address": address(f"lab{i}"), "profile": profile}
-               for i in range(1, n + 1) if f"lab{i}" not in names]
+        new = [{"name": name, "address": address(name), "profile": profile}
+               for name in wanted if name not in names]
         for h in new:
             remove_host(h["name"])  # leftovers of a host that stopped or half-started
             create_host(h["name"], profile)
         all_hosts = sorted(running + new, key=lambda h: int(h["name"][3:]))
-        keys = {h["name"]: (HOSTS / h["name"] / "ssh_host_ed25519_key.pub").read_text() for h in all_hosts}
-        write(KNOWN_HOSTS, "".join(f"{h['address']} {keys[h['name']]}" for h in all_hosts))
-        save_state(all_hosts)
-        write_etc_hosts(all_hosts)
+        publish(all_hosts)
         start = time.monotonic()
         for h in new:
             boot(h["name"])
@@ -429,6 +431,27 @@ def up(n, profile):
                 print(f"{h['name']} {h['address']} {h['profile']}: {state} after "
                       f"{time.monotonic() - start:.1f} s", flush=True)
         return all_hosts
+
+
+def publish(all_hosts):
+    """Write known_hosts, lab.json (inventory/lab.py reads it) and every host's /etc/hosts."""
+    keys = {h["name"]: (HOSTS / h["name"] / "ssh_host_ed25519_key.pub").read_text() for h in all_hosts}
+    write(KNOWN_HOSTS, "".join(f"{h['address']} {keys[h['name']]}" for h in all_hosts))
+    save_state(all_hosts)
+    write_etc_hosts(all_hosts)
+
+
+def remove(name):
+    """Remove one host (e.g. one a test added with `up(..., first=N)`); the others keep running."""
+    ensure_tools()
+    with locked():
+        mine = f"--directory={HOSTS / name / 'root'}"
+        stop_processes([pid for pid, argv in processes()
+                        if Path(argv[0]).name == "systemd-nspawn" and mine in argv], 30)  # clean poweroff
+        remove_host(name)
+        rest = [h for h in hosts() if h["name"] != name]
+        publish(rest)
+        return rest
 
 
 def stop_processes(pids, timeout):

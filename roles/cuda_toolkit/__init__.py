@@ -1,0 +1,106 @@
+"""roles/cuda_toolkit: the CUDA compiler and libraries that llama.cpp and vLLM build against.
+
+What it does to a host (only when it builds for CUDA: GPUs present, gpu_enabled, and
+llama_cpp_backend not cpu):
+- ``cuda_source: nvidia``: NVIDIA's apt repository through cuda-keyring (ubuntu2204,
+  ubuntu2404, debian12), then ``cuda-toolkit-X-Y`` only, never a driver package;
+- ``distro``: Debian's or Ubuntu's ``nvidia-cuda-toolkit`` (enables Debian's non-free component);
+- ``present``: installs nothing, and fails when ``nvcc`` of ``cuda_version`` is not there;
+- PATH and LD_LIBRARY_PATH for login shells (/etc/profile.d/rigup-cuda.sh) and for rigup's
+  units (/etc/rigup/cuda.env).
+apt waits on the dpkg lock (roles/base) and transient failures are retried. The right version
+already present changes nothing.
+
+Variables (roles/cuda_toolkit/defaults.yml): cuda_source, cuda_version.
+"""
+
+from pyinfra import host
+from pyinfra.api import OperationError, deploy, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import files
+
+from roles.common import apt, template
+from roles.config import role_defaults
+from roles.gpu.facts import CudaToolkits
+from roles.gpu.plan import build_backend
+
+KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
+REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
+
+
+def nvcc_path(plan: dict, data: dict) -> str:
+    """Where this host's nvcc of ``cuda_version`` is, or will be once the role ran."""
+    source, version = data["cuda_source"], data["cuda_version"]
+    if source == "nvidia":
+        return f"/usr/local/cuda-{version}/bin/nvcc"
+    if source == "distro":
+        return "/usr/bin/nvcc"
+    return plan["cuda_toolkit"]["path"] or "nvcc"
+
+
+def _home(data: dict) -> str:
+    return f"/usr/local/cuda-{data['cuda_version']}" if data["cuda_source"] == "nvidia" else "/usr"
+
+
+@operation()
+def keyring(repo: str):
+    """NVIDIA's cuda-keyring package (the apt source and its key), unless installed."""
+    if "cuda-keyring" in host.get_fact(DebPackages):
+        host.noop("cuda-keyring is installed")
+        return
+    url = KEYRING_URL.format(repo=repo)
+    yield f"curl -fsSL --retry 3 -o /tmp/cuda-keyring.deb {url} && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb && apt-get update"
+
+
+@operation()
+def debian_component(component: str):
+    """Add ``component`` (non-free) to the Debian sources that lack it, in deb822 or one-line files."""
+    yield (f"for f in /etc/apt/sources.list.d/*.sources; do grep -Eq '^Components:(.* )?{component}( |$)' $f || "
+           f"sed -i 's/^Components: .*/& {component}/' $f; done; "
+           f"[ ! -s /etc/apt/sources.list ] || grep -Eq '^deb .* {component}( |$)' /etc/apt/sources.list || "
+           f"sed -Ei 's/^(deb .*)$/\\1 {component}/' /etc/apt/sources.list; apt-get update")
+
+
+@operation()
+def version_present(version: str):
+    """Fail unless an nvcc of ``version`` is installed (cuda_source: present)."""
+    found = [t["version"] for t in host.get_fact(CudaToolkits)]
+    if version not in found:
+        raise OperationError(f"cuda_source is present but no nvcc {version} is installed "
+                             f"(found: {', '.join(found) or 'none'}); install it or set cuda_source")
+    host.noop(f"nvcc {version} is installed")
+    return
+    yield
+
+
+@deploy("cuda_toolkit", data_defaults=role_defaults("cuda_toolkit"))
+def apply(plan: dict):
+    data = host.data.dict()
+    if build_backend(plan, data) != "cuda":
+        return
+    source, version = data["cuda_source"], data["cuda_version"]
+    if source == "present":
+        version_present(name=f"CUDA {version} is installed", version=version)
+    elif source == "nvidia":
+        distro = host.get_fact(LinuxDistribution)
+        repo = REPOS.get((distro["release_meta"].get("ID"), distro["major"]))
+        if not repo:
+            raise OperationError(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
+                                 f"debian 12, not {distro['name']} {distro['major']}; use distro")
+        keyring(name="NVIDIA's CUDA apt repository", repo=repo)
+        apt.installed(name=f"Install cuda-toolkit {version}", packages=[f"cuda-toolkit-{version.replace('.', '-')}"],
+                      cache_seconds=0, _retries=2, _retry_delay=30)
+    else:
+        if host.get_fact(LinuxDistribution)["release_meta"].get("ID") == "debian":
+            debian_component(name="Debian non-free component", component="non-free",
+                             _if=lambda: "nvidia-cuda-toolkit" not in host.get_fact(DebPackages))
+        apt.installed(name="Install nvidia-cuda-toolkit", packages=["nvidia-cuda-toolkit"],
+                      cache_seconds=0, _retries=2, _retry_delay=30)
+    home = _home(data)
+    paths = {"version": version, "bin_dir": f"{home}/bin",
+             "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}
+    files.template(name="CUDA on login shells' PATH", src=template("cuda_toolkit-profile.sh.j2"),
+                   dest="/etc/profile.d/rigup-cuda.sh", **paths)
+    files.template(name="CUDA for rigup's units", src=template("cuda_toolkit.env.j2"),
+                   dest="/etc/rigup/cuda.env", **paths)

@@ -1,0 +1,46 @@
+"""What is built on a host, read in one round trip."""
+
+import json
+
+from pyinfra.api import FactBase
+
+BUILD_UNIT = "rigup-llama-build.service"
+
+
+def parse_state(lines: list[str]) -> dict:
+    """``{current, previous, builds: {id: stamp}, building: bool, systemd: bool}``."""
+    state = {"current": None, "previous": None, "builds": {}, "building": False, "systemd": False}
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key in ("current", "previous"):
+            state[key] = value or None
+        elif key == "build":
+            try:
+                stamp = json.loads(value)
+                state["builds"][stamp["id"]] = stamp
+            except (ValueError, KeyError):
+                pass  # a half-written stamp is no build
+        elif key == "building":
+            state["building"] = value == "active"
+        elif key == "systemd":
+            state["systemd"] = value == "1"
+    return state
+
+
+class LlamaCppState(FactBase):
+    """The builds under ``dir`` (their stamps), the ``current`` and ``previous`` links, whether a
+    build unit runs now, and whether the host runs systemd."""
+
+    default = dict
+
+    def command(self, dir: str) -> str:
+        return (
+            f"d={dir}; echo current=$(readlink $d/current 2>/dev/null); "
+            "echo previous=$(readlink $d/previous 2>/dev/null); "
+            "for f in $d/builds/*/rigup-build.json; do [ -e $f ] && echo build=$(cat $f); done; "
+            f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
+            "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        return parse_state(output)

@@ -1,0 +1,123 @@
+"""Sources the lab serves to its hosts over the lab network, made from registry packages.
+
+- A git mirror of llama.cpp, made from the tree that the llama-cpp-python sdist on PyPI vendors
+  (vendor/llama.cpp), with three tags the tests build: ``lab-base`` (the vendored tree as is),
+  ``lab-bump`` (one source file touched: a ref bump that ccache and make mostly reuse) and
+  ``lab-broken`` (a syntax error: a ref that does not compile).
+- A static file server (Python's http.server, git's dumb HTTP protocol) on the lab gateway,
+  serving STATE/srv, so hosts clone ``http://GATEWAY:8000/llama.cpp.git`` with no proxy.
+
+    python -m tests.lab sources      # make the mirror (cached) and start the server
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from tests.lab import lab
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+SRV = lab.STATE / "srv"
+SRV_PORT = 8000
+SRV_PID = lab.STATE / "srv.pid"
+CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab"))
+MIRROR = SRV / "llama.cpp.git"
+TAGS = ("lab-base", "lab-bump", "lab-broken")
+BUMP_FILE = "tools/server/server.cpp"
+
+
+def url(path: str = "") -> str:
+    """The URL lab hosts use for ``path`` under the served folder."""
+    return f"http://{lab.GATEWAY}:{SRV_PORT}/{path}"
+
+
+def sdist() -> Path:
+    """The llama-cpp-python sdist, downloaded once from PyPI into the cache."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    found = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        lab.run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                "-d", CACHE, LLAMA_CPP_PYTHON)
+        found = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    return found[-1]
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "rigup lab", "GIT_AUTHOR_EMAIL": "lab@rigup.invalid",
+           "GIT_COMMITTER_NAME": "rigup lab", "GIT_COMMITTER_EMAIL": "lab@rigup.invalid",
+           "GIT_AUTHOR_DATE": "2026-11-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-11-01T00:00:00Z"}
+    return lab.run("git", "-C", repo, *args, env=env).stdout.strip()
+
+
+def llama_cpp_mirror() -> Path:
+    """The bare git mirror with the three lab tags; made once, kept across labs."""
+    if MIRROR.exists() and lab.run("git", "-C", MIRROR, "rev-parse", "-q", "--verify",
+                                   f"refs/tags/{TAGS[-1]}", check=False).returncode == 0:
+        return MIRROR
+    with tempfile.TemporaryDirectory(dir=lab.STATE) as tmp:
+        work = Path(tmp) / "llama.cpp"
+        with tarfile.open(sdist()) as tar:
+            prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            keep = [m for m in members if m.name and m.name.split("/")[0] != ".git"]
+            tar.extractall(work, members=keep, filter="data")
+        lab.run("git", "init", "-q", "-b", "main", work)
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "-m", f"llama.cpp as vendored by {LLAMA_CPP_PYTHON}")
+        _git(work, "tag", TAGS[0])
+        source = work / BUMP_FILE
+        source.write_text(source.read_text() + "\n// rigup lab: a ref bump\n")
+        _git(work, "commit", "-qam", "ref bump")
+        _git(work, "tag", TAGS[1])
+        source.write_text(source.read_text() + "\nthis does not compile;\n")
+        _git(work, "commit", "-qam", "broken ref")
+        _git(work, "tag", TAGS[2])
+        staging = Path(tmp) / "llama.cpp.git"
+        lab.run("git", "clone", "-q", "--bare", work, staging)
+        _git(staging, "update-server-info")
+        SRV.mkdir(parents=True, exist_ok=True)
+        staging.rename(MIRROR)
+    return MIRROR
+
+
+def _serving() -> bool:
+    try:
+        os.kill(int(SRV_PID.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def serve() -> str:
+    """Start the file server on the gateway (the lab bridge must be up); return its base URL."""
+    SRV.mkdir(parents=True, exist_ok=True)
+    if not _serving():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", str(lab.GATEWAY), "--directory", SRV,
+             str(SRV_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        SRV_PID.write_text(str(proc.pid))
+    return url()
+
+
+def stop() -> None:
+    """Stop the file server, if it runs."""
+    if _serving():
+        pid = int(SRV_PID.read_text())
+        os.kill(pid, signal.SIGTERM)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    SRV_PID.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    print(llama_cpp_mirror())
+    print(serve())
