@@ -23,6 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 demo: venv
 	$(PY) -m tests.lab up -n 1 --profile $(PROFILE)
+	$(PY) -m tests.lab.sources
 	$(PYINFRA) -y inventory/lab.py deploy.py
 	@echo "The lab host is up: $(PY) -m tests.lab list; remove it with: make lab-down"
 
@@ -34,6 +35,7 @@ unit: venv
 
 lab-up: venv
 	$(PY) -m tests.lab up -n $(N) --profile $(PROFILE)
+	$(PY) -m tests.lab.sources
 
 lab-down: venv
 	$(PY) -m tests.lab down

@@ -68,7 +68,10 @@ class Form:
             "map": isinstance(value, dict),
         }[self.kind]
         if not kind_ok:
-            return f"got {value!r} ({type(value).__name__})"
+            hint = ""
+            if self.kind in ("str", "path") and isinstance(value, (int, float)):
+                hint = ' (a number: quote it, e.g. --data \'key="12.8"\' on the command line)'
+            return f"got {value!r} ({type(value).__name__}){hint}"
         if self.choices and value not in self.choices:
             return f"got {value!r}"
         if self.low is not None and value < self.low or self.high is not None and value > self.high:

@@ -7,7 +7,7 @@ not cached, and that time is printed apart). Tears the lab down at the end.
 import time
 
 from tests.converge import converge
-from tests.lab import lab
+from tests.lab import lab, sources
 
 
 def timed(fn, *args):
@@ -24,8 +24,12 @@ def main() -> None:
         rows.append(("lab-up, 1 host", timed(lab.up, 1, "a100")))
         lab.down()
         rows.append(("lab-up, 4 hosts", timed(lab.up, 4, "a100")))
+        sources.llama_cpp_mirror()
+        sources.serve()
+        alone = converge("inventory/lab.py", "--limit", "lab1")
+        rows.append(("first converge, lab1 alone (llama.cpp cold or from ccache)", alone.seconds))
         first = converge()
-        rows.append(("first converge, 4 hosts", first.seconds))
+        rows.append(("first converge, the 3 others (shared ccache)", first.seconds))
         second = converge()
         rows.append((f"second converge, 4 hosts ({second.totals['changed']} changed ops)",
                      second.seconds))

@@ -20,9 +20,13 @@ def lab():
         pytest.skip("the lab needs root (systemd-nspawn, network namespaces)")
     from tests.lab import lab as lab_module
 
+    from tests.lab import sources
+
     lab_module.down()
     try:
         lab_module.up(LAB_HOSTS, LAB_PROFILE)
+        sources.llama_cpp_mirror()
+        sources.serve()
         yield lab_module
     finally:
         lab_module.down()
@@ -43,14 +47,19 @@ def assert_nothing_left(lab_module):
     leftovers = [argv for _, argv in lab_module.processes()
                  if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")
                  and str(lab_module.STATE) in " ".join(argv)]
-    assert leftovers == []
+    assert leftovers == [] and lab_module.file_server_pids() == []
     assert lab_module.base_is_cached()
 
 
 @pytest.fixture(scope="session")
 def first_converge(lab):
-    """deploy.py applied once to every lab host (the slow part, shared by every role's tests)."""
-    return converge()
+    """deploy.py applied once to every lab host (the slow part, shared by every role's tests).
+    The first host goes alone, so the others find its compiled objects in the lab's shared
+    ccache instead of compiling the same files at the same time."""
+    first = converge("inventory/lab.py", "--limit", lab.hosts()[0]["name"])
+    rest = converge()
+    rest.seconds += first.seconds
+    return rest
 
 
 @pytest.fixture(scope="session")

@@ -254,6 +254,11 @@ def lab_pids(program):
             and any(a == str(PROXY_CONF) or a.startswith(f"--directory={HOSTS}/") for a in argv)]
 
 
+def file_server_pids():
+    """PIDs of the lab's file server (tests/lab/sources.py: http.server serving STATE/srv)."""
+    return [pid for pid, argv in processes() if "http.server" in argv and str(STATE / "srv") in argv]
+
+
 def create_host(name, profile):
     """Lay out, configure and network host `name` (not yet booted)."""
     d = HOSTS / name
@@ -331,6 +336,17 @@ def remove_cgroups(name=""):
                 os.rmdir(d)
 
 
+def shared_caches():
+    """(controller dir, host dir) pairs every host mounts: apt's downloaded packages and ccache,
+    so a test run fetches each package and compiles each file once for all its hosts (and the
+    next run on this machine reuses them). Both tools lock their caches for concurrent users."""
+    pairs = [(STATE / "cache" / "apt", "/var/cache/apt/archives"),
+             (STATE / "cache" / "ccache", "/var/cache/rigup/ccache")]
+    for src, _ in pairs:
+        (src / "partial").mkdir(parents=True, exist_ok=True)
+    return pairs
+
+
 def boot(name):
     """Start host `name` in its tmux session; the loop turns nspawn's 133 (reboot) into a reboot.
 
@@ -341,7 +357,8 @@ def boot(name):
                     for c in cgroups(name))
     nspawn = shlex.join(["systemd-nspawn", "-q", f"--directory={HOSTS / name / 'root'}", "-b",
                          "--register=no", "--keep-unit", f"--machine={name}", "--resolv-conf=off",
-                         "--link-journal=no", f"--network-namespace-path=/run/netns/rigup-{name}"])
+                         "--link-journal=no", f"--network-namespace-path=/run/netns/rigup-{name}",
+                         *(f"--bind={src}:{dest}" for src, dest in shared_caches())])
     loop = f'{enter}while :; do {nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
     run("tmux", "new-session", "-d", "-x", "200", "-y", "50", "-s", session(name))
     run("tmux", "set-option", "-t", session(name), "remain-on-exit", "on")  # keep a failed console
@@ -516,6 +533,7 @@ def down():
         run("ip", "link", "del", BRIDGE, check=False)
         remove_cgroups()
         stop_processes(lab_pids("tinyproxy"), 5)
-        for path in (PROXY_PID, STATE_FILE, KNOWN_HOSTS):
+        stop_processes(file_server_pids(), 5)
+        for path in (PROXY_PID, STATE / "srv.pid", STATE_FILE, KNOWN_HOSTS):
             path.unlink(missing_ok=True)
         shutil.rmtree(HOSTS, ignore_errors=True)

@@ -8,12 +8,6 @@ from tests.converge import pyinfra
 pytestmark = pytest.mark.lab
 
 
-def test_second_converge_changes_nothing(second_converge):
-    totals = second_converge.totals
-    assert totals["changed"] == 0, second_converge.changed_operations()
-    assert totals["errors"] == 0
-
-
 def test_packages_user_and_directories(lab, first_converge):
     for h in lab.hosts():
         name = h["name"]

@@ -1,0 +1,29 @@
+"""The llama.cpp build a hardware plan asks for (pure: no host)."""
+from roles.config import group_vars
+from roles.gpu.plan import hardware_plan as _plan
+from roles.llama_cpp import build_id, cmake_options, render_build_script
+
+
+def _gpu(cc, pci):
+    return {"index": 0, "uuid": "GPU-x", "bus_id": "00000000:07:00.0", "pci_device_id": pci,
+            "name": "x", "compute_capability": cc, "memory_total_mib": 81920}
+
+
+def test_cuda_build_names_the_archs_never_native():
+    data = {**group_vars("all"), "llama_cpp_backend": "auto", "gpu_enabled": True}
+    driver = {"version": "580.105.08", "loaded": True, "kernel_module": "open"}
+    for cc, pci, arch in (((8, 0), "10de:20b2", "80"), ((9, 0), "10de:2330", "90")):
+        options = cmake_options(_plan([_gpu(cc, pci)], driver, []), data)
+        assert "GGML_CUDA=ON" in options and f"CMAKE_CUDA_ARCHITECTURES={arch}" in options
+        script = render_build_script(data, options)
+        assert f"-DCMAKE_CUDA_ARCHITECTURES={arch}" in script and "native" not in script
+    mixed = _plan([_gpu((8, 0), "10de:20b2"), {**_gpu((9, 0), "10de:2330"), "index": 1}], driver, [])
+    assert "CMAKE_CUDA_ARCHITECTURES=80;90" in cmake_options(mixed, data)
+
+
+def test_build_id_changes_with_ref_and_options_only():
+    data = group_vars("all")
+    a = build_id(data, ["X=1"])
+    assert a == build_id(data, ["X=1"])
+    assert a != build_id(data, ["X=2"])
+    assert build_id({**data, "llama_cpp_ref": "b9000"}, ["X=1"]).startswith("b9000-")
