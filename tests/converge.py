@@ -33,10 +33,12 @@ class Run:
         return [name for name, success in rows if name != "Grand total"]
 
 
-def pyinfra(*args: str, timeout: int = 1800, env: dict | None = None) -> Run:
-    """``pyinfra -y ARGS`` from the project root; returns code, output and wall time."""
+def pyinfra(*args: str, timeout: int = 1800, env: dict | None = None, yes: bool = True) -> Run:
+    """``pyinfra -y ARGS`` from the project root; returns code, output and wall time. With
+    ``yes=False`` (for ``--dry``, which never prompts) pyinfra detects and lists the changes."""
     start = time.monotonic()
-    result = subprocess.run([PYINFRA, "-y", *args], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([PYINFRA, *(["-y"] if yes else []), *args], cwd=ROOT,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL,
                             timeout=timeout, env={**os.environ, **(env or {})})
     return Run(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
 

@@ -4,7 +4,8 @@ What it does to a host (only when it builds for CUDA: GPUs present, gpu_enabled,
 llama_cpp_backend not cpu):
 - ``cuda_source: nvidia``: NVIDIA's apt repository through cuda-keyring (ubuntu2204,
   ubuntu2404, debian12), then ``cuda-toolkit-X-Y`` only, never a driver package;
-- ``distro``: Debian's or Ubuntu's ``nvidia-cuda-toolkit`` (enables Debian's non-free component);
+- ``distro``: Debian's or Ubuntu's ``nvidia-cuda-toolkit`` (enables Debian's contrib and non-free
+  components; Debian's toolkit brings the driver's user-space libraries, not a kernel module);
 - ``present``: installs nothing, and fails when ``nvcc`` of ``cuda_version`` is not there;
 - PATH and LD_LIBRARY_PATH for login shells (/etc/profile.d/rigup-cuda.sh) and for rigup's
   units (/etc/rigup/cuda.env).
@@ -93,8 +94,9 @@ def apply(plan: dict):
                       cache_seconds=0, _retries=2, _retry_delay=30)
     else:
         if host.get_fact(LinuxDistribution)["release_meta"].get("ID") == "debian":
-            debian_component(name="Debian non-free component", component="non-free",
-                             _if=lambda: "nvidia-cuda-toolkit" not in host.get_fact(DebPackages))
+            for component in ("contrib", "non-free"):  # libcuda1 needs nvidia-support (contrib)
+                debian_component(name=f"Debian {component} component", component=component,
+                                 _if=lambda: "nvidia-cuda-toolkit" not in host.get_fact(DebPackages))
         apt.installed(name="Install nvidia-cuda-toolkit", packages=["nvidia-cuda-toolkit"],
                       cache_seconds=0, _retries=2, _retry_delay=30)
     home = _home(data)

@@ -122,6 +122,6 @@ def test_a_build_outlives_its_ssh_session(lab, host):
 
 def test_dry_run_shows_the_cuda_archs_of_the_host(lab):
     run = pyinfra("inventory/lab.py", "deploy.py", "--dry", "--data", "llama_cpp_backend=cuda",
-                  "--data", "cuda_source=distro")
+                  "--data", "cuda_source=distro", yes=False)
     assert run.returncode == 0, run.output[-3000:]
     assert "Build llama.cpp lab-base for CUDA 80 " in run.output

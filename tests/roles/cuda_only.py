@@ -1,0 +1,11 @@
+"""A play for the CUDA-without-a-GPU test: deploy.py's roles up to cuda_toolkit, no build."""
+
+from pyinfra import host
+
+from roles import base, cuda_toolkit, preflight
+from roles.config import check_host
+
+check_host(host)
+plan = preflight.run()
+base.apply()
+cuda_toolkit.apply(plan)

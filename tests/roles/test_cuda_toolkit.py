@@ -1,0 +1,66 @@
+"""roles/cuda_toolkit without a GPU: Debian's toolkit in a lab host (cuda_source: distro), then
+the proof that llama.cpp configures for CUDA with the host's arch and that nvcc compiles a
+kernel for sm_80 and sm_90. The full CUDA build is proven on real silicon (tests/gpu/)."""
+
+import shlex
+
+import pytest
+
+from roles.config import group_vars
+from roles.gpu.facts import GPU_COMMAND, parse_gpus
+from roles.gpu.plan import hardware_plan
+from roles.llama_cpp import cmake_options
+from tests.conftest import on_host
+from tests.converge import pyinfra
+from tests.lab import sources
+
+pytestmark = pytest.mark.lab
+CUDA = ("--data", "llama_cpp_backend=cuda", "--data", "cuda_source=distro")
+KERNEL = "__global__ void add(float *a, const float *b) { a[threadIdx.x] += b[threadIdx.x]; }\n"
+
+
+@pytest.fixture(scope="module")
+def host(lab, second_converge):
+    """The last lab host, with the toolkit installed by the role (twice: idempotence)."""
+    name = lab.hosts()[-1]["name"]
+    first = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--limit", name, *CUDA)
+    assert first.returncode == 0, first.output[-4000:]
+    again = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--limit", name, *CUDA)
+    assert again.returncode == 0, again.output[-4000:]
+    print(f"\ncuda_toolkit (distro) install: {first.seconds:.0f} s; again: {again.seconds:.1f} s")
+    return name, again
+
+
+def test_second_run_changes_nothing(host):
+    _, again = host
+    assert again.totals["changed"] == 0, again.changed_operations()
+
+
+def test_nvcc_on_the_path_of_login_shells(lab, host):
+    name, _ = host
+    assert "release 11.8" in on_host(lab, name, "bash -lc 'nvcc --version'")
+    assert "PATH=/usr/bin:" in on_host(lab, name, "cat /etc/rigup/cuda.env")
+
+
+def test_nvcc_compiles_a_kernel_for_sm80_and_sm90(lab, host):
+    name, _ = host
+    on_host(lab, name, f"printf %s {shlex.quote(KERNEL)} > /tmp/k.cu")
+    for arch in ("80", "90"):
+        elf = on_host(lab, name, f"cd /tmp && nvcc -arch=sm_{arch} -c k.cu -o k{arch}.o && "
+                                 f"cuobjdump --list-elf k{arch}.o")
+        assert f"sm_{arch}.cubin" in elf
+
+
+def test_llama_cpp_configures_for_cuda_with_the_hosts_arch(lab, host):
+    """CMake with exactly the options the role gives this host's plan (from its own nvidia-smi)."""
+    name, _ = host
+    plan = hardware_plan(parse_gpus(on_host(lab, name, GPU_COMMAND).splitlines()),
+                         {"loaded": True}, [])
+    data = {**group_vars("all"), **group_vars("lab"), "llama_cpp_backend": "cuda",
+            "cuda_source": "distro"}
+    options = " ".join(shlex.quote(f"-D{o}") for o in cmake_options(plan, data))
+    log = on_host(lab, name, f"rm -rf /tmp/l && git clone -q {sources.url('llama.cpp.git')} /tmp/l"
+                             f" && git -C /tmp/l checkout -q lab-base && cmake -S /tmp/l -B /tmp/l/b {options}")
+    assert "Using CMAKE_CUDA_ARCHITECTURES=80 " in log and "Including CUDA backend" in log
+    cache = on_host(lab, name, "grep -E '^(GGML_CUDA|CMAKE_CUDA_ARCHITECTURES)' /tmp/l/b/CMakeCache.txt")
+    assert "GGML_CUDA:BOOL=ON" in cache and "CMAKE_CUDA_ARCHITECTURES:UNINITIALIZED=80" in cache
