@@ -13,7 +13,8 @@ from pathlib import Path as _Path
 from roles.config import all_group as _all_group
 from roles.config import group_vars as _group_vars
 
-_STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab")) / "lab.json"
+# The same default as tests/lab/lab.py: RIGUP_LAB_ID names a second lab on the same machine.
+_STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab" + _os.environ.get("RIGUP_LAB_ID", ""))) / "lab.json"
 _lab = _json.loads(_STATE.read_text()) if _STATE.exists() else {"hosts": []}
 
 

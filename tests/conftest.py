@@ -40,9 +40,9 @@ def assert_nothing_left(lab_module):
 
     assert not lab_module.STATE_FILE.exists() and lab_module.hosts() == []
     netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
-    assert "rigup-" not in netns
+    assert lab_module.NETNS not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert "rl-" not in links and lab_module.BRIDGE not in links
+    assert f" {lab_module.VETH}" not in links and lab_module.BRIDGE not in links
     assert str(lab_module.STATE) not in Path("/proc/self/mountinfo").read_text()
     leftovers = [argv for _, argv in lab_module.processes()
                  if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")

@@ -26,6 +26,7 @@ import re
 import shlex
 from pathlib import Path
 
+import click
 import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
@@ -112,8 +113,8 @@ def apply(plan: dict):
         files.put(name="Upload the llama.cpp source archive", src=data["llama_cpp_archive"],
                   dest=archive)
     ident = build_id(data, options)
-    what = "CUDA " + ";".join(plan["cuda_archs"]) if build_backend(plan, data) == "cuda" else "CPU"
-    built(name=f"Build llama.cpp {data['llama_cpp_ref']} for {what} ({ident})", dir=dir,
+    click.echo(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options), err=True)
+    built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
           build_id=ident, script=render_build_script(data, options, archive),
           _timeout=data["llama_cpp_build_timeout"])
     switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}")

@@ -22,11 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-STATE = Path(os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab"))
-SUBNET = ipaddress.ip_network(os.environ.get("RIGUP_LAB_SUBNET", "10.213.0.0/24"))
+# RIGUP_LAB_ID (a number, default none) gives a second lab on the same machine its own names,
+# subnet and state, so that two test runs can each have one at the same time.
+LAB_ID = os.environ.get("RIGUP_LAB_ID", "")
+STATE = Path(os.environ.get("RIGUP_LAB_DIR", f"/var/lib/rigup-lab{LAB_ID}"))
+SUBNET = ipaddress.ip_network(os.environ.get("RIGUP_LAB_SUBNET", f"10.213.{int(LAB_ID or 0)}.0/24"))
 GATEWAY = SUBNET[1]
 PROXY = f"http://{GATEWAY}:8888"
-BRIDGE = "rigupbr0"
+BRIDGE = f"rigupbr{LAB_ID or 0}"
+NETNS, VETH, TMUX, CGROUP = f"rigup{LAB_ID}-", f"rl{LAB_ID}-", f"rigup{LAB_ID}-lab-", f"rigup-lab{LAB_ID}"
 SUITE = "bookworm"
 INCLUDE = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo",
            "ca-certificates", "iproute2", "procps", "less", "curl")
@@ -198,7 +202,7 @@ def save_state(hosts_):
 
 def session(name):
     """The tmux session that runs host `name`."""
-    return f"rigup-lab-{name}"
+    return f"{TMUX}{name}"
 
 
 def is_running(name):
@@ -268,7 +272,7 @@ def create_host(name, profile):
         f"lowerdir={BASE},upperdir={d / 'upper'},workdir={d / 'work'}", d / "root")
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", d / "ssh_host_ed25519_key")
     configure_root(d / "root", name, profile, d / "ssh_host_ed25519_key")
-    netns, veth = f"rigup-{name}", f"rl-{name}"
+    netns, veth = f"{NETNS}{name}", f"{VETH}{name}"
     run("ip", "netns", "add", netns)
     run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
     run("ip", "link", "set", veth, "master", BRIDGE, "up")
@@ -324,7 +328,7 @@ def cgroups(name=""):
         mount, fs = line.split(" - ")
         fstype, _, options = fs.split()[:3]
         if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
-            roots.append(Path(mount.split()[4]) / "rigup-lab" / name)
+            roots.append(Path(mount.split()[4]) / CGROUP / name)
     return roots
 
 
@@ -357,7 +361,7 @@ def boot(name):
                     for c in cgroups(name))
     nspawn = shlex.join(["systemd-nspawn", "-q", f"--directory={HOSTS / name / 'root'}", "-b",
                          "--register=no", "--keep-unit", f"--machine={name}", "--resolv-conf=off",
-                         "--link-journal=no", f"--network-namespace-path=/run/netns/rigup-{name}",
+                         "--link-journal=no", f"--network-namespace-path=/run/netns/{NETNS}{name}",
                          *(f"--bind={src}:{dest}" for src, dest in shared_caches())])
     loop = f'{enter}while :; do {nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
     run("tmux", "new-session", "-d", "-x", "200", "-y", "50", "-s", session(name))
@@ -504,7 +508,7 @@ def lab_mounts():
 
 def remove_host(name):
     """Remove every trace of host `name`: processes, session, mount, netns, veth, files."""
-    netns = f"rigup-{name}"
+    netns = f"{NETNS}{name}"
     if Path(f"/run/netns/{netns}").exists():  # what survives of a container (its PID 1 is in there)
         pids = run("ip", "netns", "pids", netns, check=False).stdout.split()
         stop_processes([int(p) for p in pids], 5)
@@ -513,7 +517,7 @@ def remove_host(name):
         if point.startswith(f"{HOSTS / name}/") and run("umount", point, check=False).returncode:
             run("umount", "-l", point)
     run("ip", "netns", "del", netns, check=False)
-    run("ip", "link", "del", f"rl-{name}", check=False)
+    run("ip", "link", "del", f"{VETH}{name}", check=False)
     remove_cgroups(name)
     shutil.rmtree(HOSTS / name, ignore_errors=True)
 
@@ -525,9 +529,9 @@ def down():
         stop_processes(lab_pids("systemd-nspawn"), 30)  # nspawn turns SIGTERM into a clean poweroff of its host
         names = {h["name"] for h in load_state()["hosts"]}
         names |= {p.name for p in HOSTS.glob("*")}
-        names |= {p.name.removeprefix("rigup-") for p in Path("/run/netns").glob("rigup-*")}
+        names |= {p.name.removeprefix(NETNS) for p in Path("/run/netns").glob(f"{NETNS}*")}
         tmux = run("tmux", "list-sessions", "-F", "#{session_name}", check=False).stdout.split()
-        names |= {s.removeprefix("rigup-lab-") for s in tmux if s.startswith("rigup-lab-")}
+        names |= {s.removeprefix(TMUX) for s in tmux if s.startswith(TMUX)}
         for name in sorted(names):
             remove_host(name)
         run("ip", "link", "del", BRIDGE, check=False)

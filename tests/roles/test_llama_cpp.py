@@ -61,7 +61,7 @@ def test_unchanged_rerun_builds_nothing(second_converge):
 def test_ref_bump_rebuilds_and_switches(lab, host):
     before = current(lab, host)
     run = converge_one(host, "llama_cpp_ref=lab-bump")
-    assert any("Build llama.cpp lab-bump" in op for op in run.changed_operations())
+    assert any("Build llama.cpp" in op for op in run.changed_operations())
     assert current(lab, host).startswith("builds/lab-bump-")
     assert previous(lab, host) == before
     print(f"\nref bump converge (incremental build, ccache): {run.seconds:.1f} s")
@@ -120,8 +120,16 @@ def test_a_build_outlives_its_ssh_session(lab, host):
     assert run.returncode == 0
 
 
-def test_dry_run_shows_the_cuda_archs_of_the_host(lab):
-    run = pyinfra("inventory/lab.py", "deploy.py", "--dry", "--data", "llama_cpp_backend=cuda",
-                  "--data", "cuda_source=distro", yes=False)
+def test_dry_run_shows_the_cuda_archs_of_each_host(lab):
+    """An a100 host builds for 80 and an h100 host for 90: what `--dry` says the role would run."""
+    extra = f"lab{len(lab.hosts()) + 1}"
+    lab.up(1, "h100", first=len(lab.hosts()) + 1)
+    try:
+        run = pyinfra("inventory/lab.py", "deploy.py", "--dry", "--data", "llama_cpp_backend=cuda",
+                      "--data", "cuda_source=distro", yes=False)
+    finally:
+        lab.remove(extra)
     assert run.returncode == 0, run.output[-3000:]
-    assert "Build llama.cpp lab-base for CUDA 80 " in run.output
+    for host, arch in (("lab1", "80"), (extra, "90")):
+        line = re.search(rf"\[{host}\] llama.cpp lab-base-\w+: cmake (.*)", run.output).group(1)
+        assert f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch} " in line and "native" not in line
