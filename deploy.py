@@ -5,7 +5,7 @@
 
 from pyinfra import host
 
-from roles import base, cuda_toolkit, llama_cpp, preflight
+from roles import base, cuda_toolkit, llama_cpp, llama_server, preflight
 from roles.config import check_host
 
 check_host(host)
@@ -13,3 +13,4 @@ plan = preflight.run()
 base.apply()
 cuda_toolkit.apply(plan)
 llama_cpp.apply(plan)
+llama_server.apply(plan)

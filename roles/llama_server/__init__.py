@@ -1,5 +1,191 @@
-"""roles/llama_server: one llama-server systemd unit per instance, health-checked.
+"""roles/llama_server: llama.cpp's OpenAI-compatible server, one systemd unit per instance.
 
-Implemented by issue 6; preflight reads its variables (roles/llama_server/defaults.yml):
-llama_server_instances. The form of each instance is roles/preflight/schema.py LLAMA_INSTANCE.
+What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
+- the template unit ``rigup-llama@.service``: runs as ``rigup_user``, SIGINT to stop,
+  TimeoutStartSec >= 600, Restart=on-failure with a start limit, after the driver and
+  rigup-gpu-power, HOME and caches set, hardened (ProtectSystem=strict, DevicePolicy with
+  /dev/nvidia* allowed, ...), kept down while the GPU guard is tripped;
+- a drop-in per instance with its ExecStart: the first GGUF shard of its model (from the model's
+  completion marker, roles/model_fetch), ``-ngl -fa -c --parallel --host --port --jinja
+  --metrics -sm -ts``, ``--api-key-file`` and extra args;
+- with ``api_key: true``, a random key made on the host (never seen by pyinfra or argv) in
+  /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace;
+- starts an instance only once its model is complete; restarts it only when its unit, drop-in
+  (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
+  completion, and shows the unit's journal when that fails. On a GPU build it also fails when
+  llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
+
+Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
+llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
+llama_cpp_dir (roles/llama_cpp). Instance form: roles/preflight/schema.py LLAMA_INSTANCE.
 """
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from io import StringIO
+
+import jinja2
+from pyinfra import host
+from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.operations import files, python
+from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
+
+from roles.common import TEMPLATES
+from roles.config import role_defaults
+from roles.gpu.plan import build_backend
+from roles.llama_cpp import build_id, cmake_options
+from roles.llama_server.facts import DROPIN, KEY, LlamaServerState
+from roles.preflight.schema import serving_config
+
+UNIT = "/etc/systemd/system/rigup-llama@.service"
+GUARD_FILE = "/var/lib/rigup/gpu-guard.tripped"
+MARKER = ".rigup-complete.json"
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def first_gguf(files: list[str]) -> str | None:
+    """The file llama-server is pointed at: the first shard of a split set, or the only GGUF."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    firsts = [f for f in ggufs if (m := _SHARD.search(f)) and m.group(1) == "00001"]
+    if firsts:
+        return firsts[0]
+    singles = [f for f in ggufs if not _SHARD.search(f)]
+    return singles[0] if len(singles) == 1 else None
+
+
+def _systemd_quote(arg: str) -> str:
+    arg = str(arg).replace("%", "%%").replace("$", "$$")
+    if arg and not re.search(r"[\s\"'\\;]", arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
+    """llama-server's command line for one instance (every flag explicit, --port always)."""
+    args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
+            "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
+            "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
+            "--jinja" if inst["jinja"] else "--no-jinja"]
+    if inst["tensor_split"]:
+        args += ["-ts", inst["tensor_split"]]
+    if inst["metrics"]:
+        args.append("--metrics")
+    if inst["api_key"]:
+        args += ["--api-key-file", KEY.format(name)]
+    return [str(a) for a in args + list(inst["extra_args"])]
+
+
+def _render(template_name: str, **values) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    return env.get_template(template_name).render(**values)
+
+
+@operation()
+def instance(instance_name: str, inst: dict, marker_path: str, binary: str, build: str, unit_sha: str,
+             user: str):
+    """Instance ``name``: its key, its drop-in, and its unit enabled and running; restarted only
+    when the drop-in or the key changed. Waits (changes nothing) while its model is incomplete."""
+    name = instance_name
+    state = host.get_fact(LlamaServerState, instances={name: marker_path}).get(name, {})
+    marker = state.get("marker")
+    if not marker:
+        host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
+        return
+    model_file = first_gguf(marker.get("files", []))
+    if not model_file:
+        raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
+                             f"{marker_path}: {', '.join(marker.get('files', [])) or 'none'}")
+    model_path = marker_path.rsplit("/", 1)[0] + "/" + model_file
+    text = _render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
+                   model_revision=marker.get("revision"), model_path=_systemd_quote(model_path),
+                   argv=[_systemd_quote(a) for a in argv(name, inst, binary, model_path)])
+    changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
+    unit = f"rigup-llama@{name}.service"
+    if inst["api_key"] and not state.get("key"):
+        key = KEY.format(name)
+        yield StringCommand(  # made on the host: the key never passes through pyinfra or an argv
+            f"install -d -m 0750 -g {user} /etc/rigup/llama-server && umask 027 && "
+            f"python3 -c 'import secrets; print(secrets.token_hex(32), end=\"\")' > {key}.new && "
+            f"chown root:{user} {key}.new && chmod 0640 {key}.new && mv {key}.new {key}")
+        changed = True
+    if changed:
+        yield from files.put._inner(src=StringIO(text), dest=DROPIN.format(name), mode="644")
+        yield "systemctl daemon-reload"
+        yield f"systemctl enable {unit} && systemctl restart {unit}"
+    elif state.get("active") != "active" or state.get("enabled") != "enabled":
+        yield f"systemctl enable {unit} && systemctl start {unit}"
+    else:
+        host.noop(f"{name} runs with its current drop-in and key")
+
+
+def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str, gpu: bool) -> None:
+    """/health 200, then one real chat completion, retried with tenacity until ``timeout``."""
+    unit = f"rigup-llama@{name}.service"
+    base = f"http://127.0.0.1:{inst['port']}"
+    auth = (f"-H @<(printf 'Authorization: Bearer %s' \"$(cat {KEY.format(name)})\")"
+            if inst["api_key"] else "")
+
+    def shell(command: str) -> str:
+        ok, output = host.run_shell_command(StringCommand("bash", "-c", shlex.quote(command)),
+                                            print_output=False, print_input=False)
+        return output.stdout if ok else ""
+
+    def journal() -> str:
+        return shell(f"journalctl -u {unit} -n 30 --no-pager -o cat")
+
+    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(1), retry=retry_if_result(lambda r: r != "200"))
+    def health() -> str:
+        if shell(f"systemctl is-failed -q {unit} && echo failed") == "failed":
+            return "failed"
+        return shell(f"curl -s -o /dev/null -w '%{{http_code}}' {base}/health")
+
+    try:
+        code = health()
+    except RetryError:
+        code = "timeout"
+    if code != "200":
+        raise OperationError(f"{name}: /health did not answer 200 within {timeout} s ({code}); "
+                             f"last journal lines of {unit}:\n{journal()}")
+    body = json.dumps({"model": name, "max_tokens": 16,
+                       "messages": [{"role": "user", "content": prompt}]})
+    answer = shell(f"curl -s -m {timeout} {auth} -H 'Content-Type: application/json' "
+                   f"-d {shlex.quote(body)} {base}/v1/chat/completions")
+    try:
+        text = json.loads(answer)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise OperationError(f"{name}: the health completion failed: {answer[:300]!r}; "
+                             f"last journal lines of {unit}:\n{journal()}") from None
+    if gpu and "no usable GPU found" in journal():
+        raise OperationError(f"{name}: llama-server found no usable GPU and runs on the CPU; "
+                             f"last journal lines of {unit}:\n{journal()}")
+    host.noop(f"{name} answered: {text!r}")
+
+
+@deploy("llama_server", data_defaults=role_defaults("llama_server"))
+def apply(plan: dict):
+    data = host.data.dict()
+    config, problems = serving_config(data)
+    if problems or not config["llama_server_instances"]:
+        return  # preflight refused the problems; nothing to serve is nothing to do
+    user = data["rigup_user"]
+    unit_text = _render("llama_server-unit.service.j2", user=user, guard_file=GUARD_FILE,
+                        start_timeout=max(600, data["llama_server_health_timeout"]))
+    files.put(name="llama-server template unit", src=StringIO(unit_text), dest=UNIT, mode="644")
+    unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
+    build = "rollback" if data["llama_cpp_rollback"] else build_id(data, cmake_options(plan, data))
+    binary = f"{data['llama_cpp_dir']}/current/bin/llama-server"
+    gpu = build_backend(plan, data) == "cuda"
+    for name, inst in sorted(config["llama_server_instances"].items()):
+        marker = f"{config['models'][inst['model']]['dest']}/{MARKER}"
+        started = instance(name=f"llama-server {name} on {inst['host']}:{inst['port']}",
+                           instance_name=name, inst=inst,
+                           marker_path=marker, binary=binary, build=build, unit_sha=unit_sha,
+                           user=user)
+        python.call(_gate, name, inst, data["llama_server_health_timeout"],
+                    data["llama_server_health_prompt"], gpu,
+                    name=f"llama-server {name} answers", _if=started.did_change)

@@ -21,6 +21,7 @@ the unit tests call them on hand-made values.
     13 check_cmpunlocker_driver     cmpunlocker on a driver not on its supported list
     14 check_cmpunlocker_cards      cmpunlocker on cards that are not CMP 170HX (by PCI id)
     -  check_config                 the nested maps (models, instances, overrides), by key path
+    -  check_open_without_key       a serving instance bound beyond loopback without an API key
 
 Nested-map problems are refusals, not a ConfigError that stops every host: an entry names host
 things (a model on this host, a port, this host's GPU count), one host's mistake should not stop
@@ -517,7 +518,21 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
                                "roles/*/defaults.yml documents each key", "config") for path, why in problems]
 
 
-CHECKS = (check_config, check_gpu_host, check_power_range, check_power_override_targets,
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """A llama-server bound beyond loopback must check an API key (llama-server checks none by
+    default: anyone on the network could use the GPUs)."""
+    config, _ = _config(plan, data)
+    return [Refusal(f"llama_server_instances.{name}.host is {inst['host']} without an API key",
+                    "a non-loopback address serves anyone who can reach it",
+                    f"set llama_server_instances.{name}.api_key: true, or host: 127.0.0.1", "open_without_key")
+            for name, inst in config["llama_server_instances"].items()
+            if inst["host"] not in LOOPBACK and not inst["api_key"]]
+
+
+CHECKS = (check_config, check_open_without_key, check_gpu_host, check_power_range, check_power_override_targets,
           check_driver_for_cuda, check_cuda_for_archs, check_ports, check_disk, check_vram,
           check_vllm_cc, check_split_mode_row, check_cmpunlocker_secure_boot,
           check_cmpunlocker_headers, check_cmpunlocker_driver, check_cmpunlocker_cards)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import on_host
 from tests.converge import PYINFRA, ROOT, pyinfra
+from tests.lab import sources
 
 pytestmark = pytest.mark.lab
 DIR = "/opt/rigup/llama.cpp"
@@ -118,6 +119,20 @@ def test_a_build_outlives_its_ssh_session(lab, host):
     assert current(lab, host) != ""
     converge_one(host)  # back to the default build for the tests after this one
     assert run.returncode == 0
+
+
+def test_an_offline_archive_builds_without_git(lab, host, tmp_path):
+    """llama_cpp_archive: a .tar.gz on the controller is uploaded and built; no git involved."""
+    archive = tmp_path / "llama.cpp.tar.gz"
+    subprocess.run(f"git -C {sources.llama_cpp_mirror()} archive --prefix=llama.cpp/ lab-base"
+                   f" | gzip -1 > {archive}", shell=True, check=True)
+    run = converge_one(host, f"llama_cpp_archive={archive}")
+    assert any("Build llama.cpp" in op for op in run.changed_operations())
+    stamp = on_host(lab, host, f"cat {DIR}/current/rigup-build.json")
+    assert '"commit": "archive"' in stamp
+    on_host(lab, host, f"{DIR}/current/bin/llama-server --version")
+    print(f"\narchive build (ccache warm): {run.seconds:.0f} s")
+    converge_one(host)  # back to the default build
 
 
 def test_dry_run_shows_the_cuda_archs_of_each_host(lab):
