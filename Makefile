@@ -22,10 +22,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@touch $@
 
 demo: venv
-	$(PY) -m tests.lab up -n 1 --profile $(PROFILE)
-	$(PY) -m tests.lab.sources
-	$(PYINFRA) -y inventory/lab.py deploy.py
-	@echo "The lab host is up: $(PY) -m tests.lab list; remove it with: make lab-down"
+	$(PY) -m tests.demo
 
 test: venv
 	$(PY) -m pytest

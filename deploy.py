@@ -5,7 +5,8 @@
 
 from pyinfra import host
 
-from roles import base, cuda_toolkit, llama_cpp, llama_server, preflight
+from roles import (base, cmpunlocker, cuda_toolkit, gpu_guard, gpu_power, llama_cpp, llama_server, model_fetch,
+                   preflight)
 from roles.config import check_host
 
 check_host(host)
@@ -13,4 +14,8 @@ plan = preflight.run()
 base.apply()
 cuda_toolkit.apply(plan)
 llama_cpp.apply(plan)
+model_fetch.apply(plan)
+gpu_power.apply(plan)
+gpu_guard.apply(plan)
+cmpunlocker.apply(plan)
 llama_server.apply(plan)

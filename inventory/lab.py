@@ -38,9 +38,11 @@ a100 = _profile_group("a100")
 h100 = _profile_group("h100")
 cmp170hx = _profile_group("cmp170hx")
 none = _profile_group("none")
-# Defined last, so it wins: the lab's file server on its gateway (tests/lab/sources.py).
+# Defined last, so it wins: the lab's file server and model hub on its gateway
+# (tests/lab/sources.py, tests/lab/hub.py).
 lab = ([_host(h) for h in _lab["hosts"]], {
     "llama_cpp_source": f"http://{_lab.get('gateway')}:8000/llama.cpp.git",
+    "hf_endpoint": f"http://{_lab.get('gateway')}:8090",
     **_group_vars("lab"),
 })
 

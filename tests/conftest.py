@@ -20,13 +20,15 @@ def lab():
         pytest.skip("the lab needs root (systemd-nspawn, network namespaces)")
     from tests.lab import lab as lab_module
 
-    from tests.lab import sources
+    from tests.lab import hub, models, sources
 
     lab_module.down()
     try:
         lab_module.up(LAB_HOSTS, LAB_PROFILE)
         sources.llama_cpp_mirror()
         sources.serve()
+        hub.serve()
+        models.publish_gemma()
         yield lab_module
     finally:
         lab_module.down()
@@ -43,10 +45,10 @@ def assert_nothing_left(lab_module):
     assert lab_module.NETNS not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {lab_module.VETH}" not in links and lab_module.BRIDGE not in links
-    assert str(lab_module.STATE) not in Path("/proc/self/mountinfo").read_text()
+    assert f"{lab_module.STATE}/" not in Path("/proc/self/mountinfo").read_text()
     leftovers = [argv for _, argv in lab_module.processes()
                  if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")
-                 and str(lab_module.STATE) in " ".join(argv)]
+                 and f"{lab_module.STATE}/" in " ".join(argv)]
     assert leftovers == [] and lab_module.file_server_pids() == []
     assert lab_module.base_is_cached()
 

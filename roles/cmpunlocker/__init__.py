@@ -1,5 +1,132 @@
-"""roles/cmpunlocker: build and install cmpunlocker's patched open NVIDIA kernel modules.
+"""roles/cmpunlocker: unlock CMP 170HX memory with cmpunlocker's patched open NVIDIA modules.
 
-Implemented by issue 7; preflight reads its variables (roles/cmpunlocker/defaults.yml):
-cmpunlocker_enabled, cmpunlocker_profile, cmpunlocker_supported_drivers.
+What it does to a host with ``cmpunlocker_enabled: true`` (preflight first refuses Secure Boot
+on, missing kernel headers, a driver not in ``cmpunlocker_supported_drivers`` and any card that
+is not a CMP 170HX by PCI id: checks 11-14; this role refuses a source that is not pinned):
+- fetches cmpunlocker from ``cmpunlocker_source`` at the full commit ``cmpunlocker_version``
+  (checked after checkout), or uploads ``cmpunlocker_archive`` and checks its sha256 on the host,
+  into ``cmpunlocker_dir/src-<id>``;
+- backs up what the installer changes (/etc/default/grub, /etc/modprobe.d) once, then runs
+  ``install.sh --profile=8gb|10gb [--no-iommu] [--no-gen2-service]`` as the transient unit
+  rigup-cmpunlocker-install (it outlives SSH); on failure it restores the backup and removes the
+  half-installed modules, and shows the installer's last lines;
+- installs the kernel post-install hook /etc/kernel/postinst.d/zz-rigup-cmpunlocker (rebuilds
+  the modules for a new kernel: DKMS is gone);
+- writes its state marker ``rigup_state_dir/cmpunlocker.json`` and reports "cold power-off
+  required": it never power-cycles a host;
+- on a later converge, once the cards are unlocked, verifies memory.total (65536 MiB for
+  10de:20c2, 40960 MiB for 10de:2082), the loaded module's path (``cmpunlocker_module_probe``:
+  cmpunlocker's, not a stock or DKMS one) and the PCIe link (Gen2 with the Gen2 service);
+- ``cmpunlocker_rollback: true`` restores the stock modules (and the backup), marker
+  "rolled-back"; a cold power-off returns the cards to stock, which the next converge records.
+Each step is decided by roles/cmpunlocker/steps.py from the marker and the cards.
+
+Variables (roles/cmpunlocker/defaults.yml): cmpunlocker_enabled, cmpunlocker_profile,
+cmpunlocker_supported_drivers, cmpunlocker_source, cmpunlocker_version, cmpunlocker_archive,
+cmpunlocker_archive_sha256, cmpunlocker_iommu, cmpunlocker_gen2_service, cmpunlocker_dir,
+cmpunlocker_rollback, cmpunlocker_install_timeout, cmpunlocker_module_probe; rigup_state_dir.
 """
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import click
+import jinja2
+from pyinfra import host
+from pyinfra.api import OperationError, deploy, operation
+from pyinfra.operations import files
+
+from roles.common import TEMPLATES
+from roles.config import ConfigError, _source, role_defaults
+from roles.cmpunlocker.facts import CmpUnlockerState
+from roles.cmpunlocker.steps import config_problems, installer_args, next_step, source_id
+
+INSTALL_UNIT = "rigup-cmpunlocker-install"
+HOOK = "/etc/kernel/postinst.d/zz-rigup-cmpunlocker"
+CHANGED_BY_INSTALLER = ("/etc/default/grub", "/etc/modprobe.d")
+
+
+def stamp_path(data: dict) -> str:
+    return f"{data['rigup_state_dir']}/cmpunlocker.json"
+
+
+def src_dir(data: dict) -> str:
+    ident = source_id(data).replace("sha256:", "")[:40]
+    return f"{data['cmpunlocker_dir']}/src-{ident}"
+
+
+def render(name: str, **values) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    env.filters["quote"] = lambda v: shlex.quote(str(v))
+    return env.get_template(name).render(**values)
+
+
+def _write_stamp(path: str, stamp: dict) -> str:
+    text = shlex.quote(json.dumps(stamp, sort_keys=True))
+    return f"mkdir -p $(dirname {path}) && printf '%s\\n' {text} > {path}.tmp && mv {path}.tmp {path}"
+
+
+def rollback_commands(data: dict) -> str:
+    backup = f"{data['cmpunlocker_dir']}/backup"
+    return render("cmpunlocker-rollback.sh.j2", backup=backup, hook=HOOK)
+
+
+@operation()
+def unlock_step(data: dict):
+    """The next step of the unlock (steps.py): install, verify, roll back, or nothing."""
+    state = host.get_fact(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
+    step, why = next_step(state, data)
+    stamp = stamp_path(data)
+    base = {"source": source_id(data), "args": installer_args(data), "boot_id": state["boot_id"],
+            "profile": data["cmpunlocker_profile"]}
+    if step in ("nothing", "pending", "rollback-pending"):
+        host.noop(why)
+        return
+    if step == "verify-failed":
+        raise OperationError(f"cmpunlocker on {host.name}: the unlock did not verify: {why}")
+    if step == "verified-now":
+        yield _write_stamp(stamp, {**(state["stamp"] or {}), "state": "verified"})
+        return
+    if step == "stock-now":
+        yield _write_stamp(stamp, {**(state["stamp"] or {}), "state": "stock", "boot_id": state["boot_id"]})
+        return
+    if step == "rollback":
+        yield rollback_commands(data)
+        yield _write_stamp(stamp, {**(state["stamp"] or {}), "state": "rolled-back", "boot_id": state["boot_id"]})
+        return
+    # install
+    d, src = data["cmpunlocker_dir"], src_dir(data)
+    archive = None
+    if data["cmpunlocker_archive"]:
+        archive = f"{d}/cmpunlocker-{data['cmpunlocker_archive_sha256'][:16]}.tar.gz"
+        yield from files.put._inner(src=data["cmpunlocker_archive"], dest=archive)
+    yield render("cmpunlocker-install.sh.j2", dir=d, src=src, archive=archive,
+                 sha256=data["cmpunlocker_archive_sha256"], source=data["cmpunlocker_source"],
+                 commit=data["cmpunlocker_version"], args=installer_args(data), unit=INSTALL_UNIT,
+                 systemd=state["systemd"], backup=f"{d}/backup", backed_up=CHANGED_BY_INSTALLER,
+                 rollback=rollback_commands(data), timeout=data["cmpunlocker_install_timeout"])
+    hook = render("cmpunlocker-postinst.sh.j2", src=src, args=installer_args(data), log=f"{d}/postinst.log")
+    yield f"printf '%s' {shlex.quote(hook)} > {HOOK} && chmod 755 {HOOK}"
+    yield _write_stamp(stamp, {**base, "state": "installed"})
+    yield "echo 'cmpunlocker installed: cold power-off required (shutdown -h now, then power on)'"
+
+
+@deploy("cmpunlocker", data_defaults=role_defaults("cmpunlocker"))
+def apply(plan: dict):
+    data = host.data.dict()
+    if not data["cmpunlocker_enabled"] and not data["cmpunlocker_rollback"]:
+        return
+    found = config_problems(data)
+    if found:
+        raise ConfigError(f"invalid configuration for host {host.name}:\n  "
+                          + "\n  ".join(f"{_source(host, key)}: {key}: {why}" for key, why in found))
+    state = host.get_fact(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
+    step, why = next_step(state, data)
+    if step == "install":
+        why += "; then a cold power-off is required (rigup never power-cycles)"
+    click.echo(f"    [{host.name}] cmpunlocker: {why}", err=True)
+    unlock_step(name=f"cmpunlocker: {step if step != 'nothing' else 'check'}", data=data,
+                _timeout=data["cmpunlocker_install_timeout"] + 300)

@@ -1,5 +1,66 @@
-"""roles/gpu_power: per-card power limits, applied by a boot unit and verified live.
+"""roles/gpu_power: per-card power limits that survive reboots, applied by UUID and verified live.
 
-Implemented by issue 7; preflight reads its variables (roles/gpu_power/defaults.yml):
-gpu_power_watts, gpu_power_overrides.
+What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled false):
+- writes ``/etc/rigup/gpu-power.conf``: one line per card, by UUID (never by index, which
+  reorders between boots): its watts (``gpu_power_overrides`` by UUID or PCI bus id, else
+  ``gpu_power_watts``; ``-`` leaves the card's limit alone), its clock lock (``gpu_power_clocks``
+  by card class) and persistence mode (``gpu_power_persistence``);
+- installs ``rigup_prefix/bin/rigup-gpu-power``, which applies that file card by card with
+  ``nvidia-smi -i <UUID>`` (never a bare ``-pl``), only where a card differs, reads each value
+  back and fails on a mismatch; and ``rigup-gpu-power.service`` (oneshot, After=
+  nvidia-persistenced, before multi-user.target; serving units order After= it), enabled, which
+  runs it at every boot, plus a udev rule that runs it again when the nvidia module is reloaded;
+- when a card differs from the policy, restarts that unit (so converge and boot share one path);
+  when every card matches, changes nothing.
+Every value is checked against each card's own power.min_limit..max_limit before any change
+(preflight refuses it first, checks 1 and 2; the operation checks again on the live cards).
+``power_plan.py`` shows the same plan and changes nothing (:func:`show_plan`).
+
+Variables (roles/gpu_power/defaults.yml): gpu_power_watts, gpu_power_overrides,
+gpu_power_persistence, gpu_power_clocks; gpu_enabled (roles/preflight), rigup_prefix (roles/base).
 """
+
+from __future__ import annotations
+
+import click
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from roles.common import template
+from roles.config import role_defaults
+from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
+from roles.gpu_power.policy import format_plan
+from roles.gpu_power.power import limits_applied, plan_for
+
+UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
+
+
+def applies(plan: dict, data) -> bool:
+    return bool(data.get("gpu_enabled", True)) and not plan.get("cpu_only", True)
+
+
+def show_plan() -> dict:
+    """Print each card of this host, its limits and what the policy would change (reads only)."""
+    data = host.data.dict()
+    plan = plan_for(host.get_fact(GpuPowerState), data)
+    for line in format_plan(plan).splitlines():
+        click.echo(f"    [{host.name}] power: {line}", err=True)
+    return plan
+
+
+@deploy("gpu_power", data_defaults=role_defaults("gpu_power"))
+def apply(plan: dict):
+    data = host.data.dict()
+    if not applies(plan, data):
+        return
+    script = f"{data['rigup_prefix']}/bin/rigup-gpu-power"
+    files.template(name="gpu_power: the boot script", src=template("gpu_power-apply.sh.j2"),
+                   dest=script, mode="755", conf=CONF, stamp=APPLIED)
+    unit = files.template(name=f"gpu_power: {UNIT}", src=template("gpu_power-unit.service.j2"),
+                          dest=f"/etc/systemd/system/{UNIT}", script=script, conf=CONF, stamp=APPLIED)
+    files.template(name="gpu_power: apply again when the nvidia module reloads",
+                   src=template("gpu_power-udev.rules.j2"), dest=UDEV_RULE, unit=UNIT)
+    systemd.daemon_reload(name="gpu_power: systemd daemon-reload", _if=unit.did_change)
+    limits_applied(name="GPU power limits by UUID (set what differs, read back)", data=data, script=script)
+    systemd.service(name=f"gpu_power: enable {UNIT}", service=UNIT, running=True, enabled=True)

@@ -138,10 +138,12 @@ def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str, gpu: bo
     def journal() -> str:
         return shell(f"journalctl -u {unit} -n 30 --no-pager -o cat")
 
-    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(1), retry=retry_if_result(lambda r: r != "200"))
+    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(1),
+           retry=retry_if_result(lambda r: r not in ("200", "the unit failed")))
     def health() -> str:
-        if shell(f"systemctl is-failed -q {unit} && echo failed") == "failed":
-            return "failed"
+        state = shell(f"systemctl show -p ActiveState -p SubState --value {unit}").split()
+        if "failed" in state or "auto-restart" in state:  # it exited: waiting longer is no use
+            return "the unit failed"
         return shell(f"curl -s -o /dev/null -w '%{{http_code}}' {base}/health")
 
     try:

@@ -1,5 +1,289 @@
-"""roles/model_fetch: download pinned model weights (hf download --revision --include).
+"""roles/model_fetch: pinned model weights from the hub (or a peer), fetched in the background,
+resumed after any kill, verified file by file, then marked complete.
 
-Implemented by issue 5; preflight reads its variables (roles/model_fetch/defaults.yml):
-models_dir, models. The form of each entry of `models` is roles/preflight/schema.py MODEL.
+What it does to a host:
+- reads every model's state in one round trip (roles/model_fetch/facts.py ModelFetchState): the
+  marker ``<dest>/.rigup-complete.json``, the job's progress, and for a model not complete the
+  hub's file list (sizes, sha256 or git blob ids) and the free disk; prints a progress line per
+  model (bytes, %, rate, ETA);
+- refuses, before any byte and before any other role changes the host, an unknown repo or
+  revision, an include pattern that matches nothing, an incomplete GGUF shard set, a download
+  larger than the free disk (with the numbers), and a ``fetch_from`` peer that does not hold
+  the model; each line names the host, the key path and the file the value came from;
+- installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
+  puts ``model_fetch_hf_token_src`` at ``/etc/rigup/hf-token`` (root, 0600) when set;
+- starts one job per model that is not complete: the transient unit ``rigup-fetch-<name>``
+  (``systemd-run --collect``, as ``rigup_user``, the token passed as a systemd credential), or
+  the tmux session of that name on hosts without systemd. The job outlives SSH and pyinfra;
+  a job already running is left alone (a changed plan stops it and starts the new one). It
+  resumes partial files with HTTP ranges, checks each file's size and hash, fetches a bad one
+  again, checks GGUF shard sets, and writes the marker last. A completed model whose files
+  changed since they were verified (size or mtime) is checked again and repaired;
+- ``fetch_from: <peer>``: the job copies the model from the peer's share server
+  (``rigup-share``, port ``model_fetch_share_port``; the peer starts it when a host of the
+  inventory names it), after the peer completes it, and verifies it against the hub's hashes;
+- ``wait: true``: the converge blocks until the model is complete, printing a progress line per
+  host every ``model_fetch_wait_interval`` seconds.
+A converge while a job runs, or after it completed, changes nothing. ``status.py`` prints the
+progress lines alone.
+
+Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: roles/preflight/
+schema.py MODEL, with fetch_from and wait), hf_endpoint, model_fetch_hf_token_src,
+model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_wait_timeout,
+model_fetch_wait_interval; rigup_user and rigup_prefix (roles/base).
 """
+
+from __future__ import annotations
+
+import atexit
+import json
+import shlex
+import time
+from io import StringIO
+
+import click
+from pyinfra import host
+from pyinfra.api import OperationError, deploy, operation
+from pyinfra.operations import files, python
+
+from roles.config import _source, role_defaults
+from roles.model_fetch.facts import SCRIPT, SHARE_UNIT, ModelFetchState, first_gguf, probe_command, parse_probe, unit_name
+from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
+from roles.preflight.schema import serving_config
+
+__all__ = ["apply", "status", "first_gguf", "ModelFetchState"]
+
+TOKEN_PATH = "/etc/rigup/hf-token"
+SHARE_CONFIG = "/etc/rigup/share.json"
+_refused: dict[str, int] = {}
+
+
+def _summary() -> None:
+    if _refused:
+        names = ", ".join(sorted(_refused))
+        click.echo(click.style(f"--> model_fetch refused {len(_refused)} host(s): {names}", fg="red"), err=True)
+
+
+atexit.register(_summary)
+
+
+def _models(data: dict) -> dict:
+    config, _ = serving_config(data)  # entries with problems were refused by preflight already
+    return config["models"]
+
+
+def _peer_address(name: str) -> str | None:
+    peer = host.inventory.get_host(name, None)
+    if peer is None:
+        return None
+    return peer.data.get("ssh_hostname") or name
+
+
+def _requests_for_me() -> list[tuple[str, str]]:
+    """(repo, revision) of the models other hosts of the inventory copy from this host."""
+    wanted = []
+    for other in host.inventory:
+        if other.name == host.name:
+            continue
+        for entry in _models(other.data.dict()).values():
+            if entry.get("fetch_from") == host.name:
+                wanted.append((entry["repo"], entry["revision"]))
+    return wanted
+
+
+def _specs(data: dict, models: dict) -> list[dict]:
+    return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
+             "include": m["include"], "endpoint": data["hf_endpoint"]} for name, m in models.items()]
+
+
+def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
+    plans = []
+    for name, entry in models.items():
+        state = facts["models"].get(name) or {"probe_error": "no answer from the probe"}
+        peer = entry.get("fetch_from")
+        source = data["hf_endpoint"]
+        extra = []
+        if peer:
+            address = _peer_address(peer)
+            if peer == host.name:
+                extra.append((f"models.{name}.fetch_from", f"names this host itself; fix: name a peer or remove it"))
+            elif address is None:
+                extra.append((f"models.{name}.fetch_from", f"{peer!r} is not a host of this inventory; "
+                                                           "fix: name a host of the inventory"))
+            else:
+                theirs = _models(host.inventory.get_host(peer).data.dict()).values()
+                if not any(m["repo"] == entry["repo"] and m["revision"] == entry["revision"] for m in theirs):
+                    extra.append((f"models.{name}.fetch_from", f"{peer} does not declare {entry['repo']} at "
+                                                               f"{entry['revision'][:12]} in its models; fix: add it "
+                                                               "there, or fetch from the hub"))
+                source = f"http://{address}:{host.inventory.get_host(peer).data.get('model_fetch_share_port', data['model_fetch_share_port'])}"
+        plan = plan_model(name, entry, state, endpoint=data["hf_endpoint"], source=source,
+                          peer=peer if peer else None, workers=data["model_fetch_workers"],
+                          peer_wait=data["model_fetch_peer_wait"])
+        if extra:
+            plan.action, plan.problems = "refused", extra + plan.problems
+        plans.append(plan)
+    return plans
+
+
+def _print(plans: list[ModelPlan]) -> None:
+    for plan in plans:
+        click.echo(f"    [{host.name}] {plan.line}", err=True)
+
+
+def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
+    """Start the job of ``plan`` unless it runs: a transient unit, or a tmux session."""
+    unit = unit_name(plan.name)
+    work = f"{plan.job['dest']}/.rigup-fetch"
+    script = f"{data['rigup_prefix']}/bin/rigup-fetch"
+    env = {"HF_ENDPOINT": data["hf_endpoint"], "HF_XET_HIGH_PERFORMANCE": "1", "PYTHONUNBUFFERED": "1"}
+    q = shlex.quote
+    if systemd:
+        setenv = " ".join(f"--setenv={k}={q(v)}" for k, v in env.items())
+        return (f"cred=; [ -f {TOKEN_PATH} ] && cred=--property=LoadCredential=hf-token:{TOKEN_PATH}; "
+                f"systemctl is-active -q {unit} || {{ systemctl reset-failed {unit} 2>/dev/null; "
+                f"systemd-run --unit={unit} --collect --quiet --property=User={q(data['rigup_user'])} "
+                f"--property=Group={q(data['rigup_user'])} --property=Nice=5 $cred {setenv} "
+                f"--description={q('rigup: fetch model ' + plan.name)} "
+                f"/usr/bin/python3 {script} fetch {q(work + '/job.json')}; }}")
+    envs = " ".join(f"{k}={q(v)}" for k, v in env.items())
+    job = f"env {envs} python3 {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
+    return (f"if command -v tmux >/dev/null; then tmux has-session -t {unit} 2>/dev/null || "
+            f"tmux new-session -d -s {unit} {q(job)}; "
+            f"else setsid nohup sh -c {q(job)} >/dev/null 2>&1 </dev/null & fi")
+
+
+@operation()
+def fetched(plan: ModelPlan, data: dict, systemd: bool):
+    """Start ``plan``'s download job, unless the model is complete or its job runs already."""
+    if plan.action in ("complete", "running"):
+        host.noop(plan.line)
+        return
+    unit = unit_name(plan.name)
+    dest, user = plan.job["dest"], data["rigup_user"]
+    q = shlex.quote
+    if plan.action == "restart":  # the plan changed under a running job: stop it, start the new one
+        yield (f"systemctl stop {unit} 2>/dev/null; tmux kill-session -t {unit} 2>/dev/null; "
+               f"while [ -e {q(dest + '/.rigup-fetch/lock')} ] && ! flock -n {q(dest + '/.rigup-fetch/lock')} true; "
+               "do sleep 1; done; true")
+    yield (f"mkdir -p {q(dest + '/.rigup-fetch')} && chown -R {q(user)}: {q(dest)}" if systemd
+           else f"mkdir -p {q(dest + '/.rigup-fetch')}")
+    job = json.dumps(plan.job, indent=1, sort_keys=True) + "\n"
+    yield from files.put._inner(src=StringIO(job), dest=f"{dest}/.rigup-fetch/job.json", mode="644")
+    yield _start_command(plan, data, systemd)
+
+
+@operation()
+def shared(dests: list[str], data: dict, systemd: bool, active: bool):
+    """Serve the completed models in ``dests`` to peers (unit ``rigup-share``) unless it runs."""
+    config = json.dumps({"port": data["model_fetch_share_port"], "dests": sorted(dests)}, indent=1) + "\n"
+    yield from files.put._inner(src=StringIO(config), dest=SHARE_CONFIG, mode="644")
+    if active:
+        return  # it reads its config on every request
+    script = f"{data['rigup_prefix']}/bin/rigup-fetch"
+    if systemd:
+        yield (f"systemctl is-active -q {SHARE_UNIT} || {{ systemctl reset-failed {SHARE_UNIT} 2>/dev/null; "
+               f"systemd-run --unit={SHARE_UNIT} --collect --quiet --property=User={shlex.quote(data['rigup_user'])} "
+               f"--description='rigup: serve completed models to peers' /usr/bin/python3 {script} share {SHARE_CONFIG}; }}")
+    else:
+        yield (f"tmux has-session -t {SHARE_UNIT} 2>/dev/null || "
+               f"tmux new-session -d -s {SHARE_UNIT} 'python3 {script} share {SHARE_CONFIG}'")
+
+
+def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
+    """Block until every model of ``plans`` is complete, printing a progress line per host."""
+    me = host  # python.call runs this in the host's context
+    command = probe_command([dict(s, no_hub=True) for s in specs])
+    deadline = time.monotonic() + data["model_fetch_wait_timeout"]
+    names = {p.name for p in plans}
+    first = True
+    while True:
+        if not first:
+            time.sleep(data["model_fetch_wait_interval"])
+        first = False
+        ok, output = me.run_shell_command(command=command, print_output=False, print_input=False)
+        if not ok:
+            raise OperationError(f"cannot read the progress of {', '.join(sorted(names))}")
+        models = parse_probe(list(output.stdout_lines))["models"]
+        left = []
+        for name in sorted(names):
+            state = models.get(name, {})
+            click.echo(f"    [{me.name}] {progress_line(name, state)}", err=True)
+            if state.get("complete"):
+                continue
+            progress = state.get("progress") or {}
+            if not state.get("running") and progress.get("state") == "failed":
+                raise OperationError(f"model {name}: the download failed: {progress.get('error')}")
+            if not state.get("running") and progress.get("state") != "complete":
+                # not started yet (a unit being set up) or stopped: give it one more round
+                pass
+            left.append(name)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise OperationError(f"models {', '.join(left)} not complete after "
+                                 f"{data['model_fetch_wait_timeout']} s (model_fetch_wait_timeout); "
+                                 "their jobs go on")
+
+
+def status() -> list[ModelPlan]:
+    """Print each model's progress line on this host (status.py); change nothing."""
+    data = host.data.dict()
+    models = _models(data)
+    if not models:
+        click.echo(f"    [{host.name}] no models", err=True)
+        return []
+    facts = host.get_fact(ModelFetchState, specs=[dict(s, no_hub=True) for s in _specs(data, models)])
+    plans = []
+    for name in models:
+        state = facts["models"].get(name, {})
+        plans.append(ModelPlan(name, "complete" if state.get("complete") else "status",
+                               line=progress_line(name, state)))
+    _print(plans)
+    return plans
+
+
+@deploy("model_fetch", data_defaults=role_defaults("model_fetch"))
+def apply(plan: dict | None = None):
+    data = host.data.dict()
+    models = _models(data)
+    share_for = _requests_for_me()
+    if not models and not share_for:
+        return
+    facts = host.get_fact(ModelFetchState, specs=_specs(data, models))
+    if not facts.get("python", True):
+        plans = [ModelPlan(n, "refused", problems=[(f"models.{n}", "python3 is missing on the host; fix: "
+                                                                    "install python3 (roles/base does)")], line="")
+                 for n in models]
+    else:
+        plans = _plans(data, models, facts)
+    _print([p for p in plans if p.line])
+    refused = [(p, key, why) for p in plans for key, why in p.problems]
+    if refused:
+        origin = _source(host, "models")
+        for _, key, why in refused:
+            click.echo(click.style(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red"), err=True)
+        _refused[host.name] = len(refused)
+        host.state.fail_hosts({host})
+        return
+    prefix = data["rigup_prefix"]
+    files.directory(name=f"Directory {prefix}/bin", path=f"{prefix}/bin", user="root", group="root", mode="755")
+    files.put(name="Install rigup-fetch", src=str(SCRIPT), dest=f"{prefix}/bin/rigup-fetch", mode="755")
+    if data["model_fetch_hf_token_src"] or share_for:
+        files.directory(name="Directory /etc/rigup", path="/etc/rigup", user="root", group="root", mode="755")
+    if data["model_fetch_hf_token_src"]:
+        files.put(name=f"Hub token {TOKEN_PATH}", src=data["model_fetch_hf_token_src"], dest=TOKEN_PATH,
+                  user="root", group="root", mode="600")
+    for p in plans:
+        fetched(name=f"Fetch model {p.name}" + (f" from {p.job['peer']}" if p.job and p.job.get("peer") else ""),
+                plan=p, data=data, systemd=facts["systemd"])
+    if share_for:
+        dests = [m["dest"] for m in models.values() if (m["repo"], m["revision"]) in share_for]
+        if dests:
+            shared(name="Serve completed models to peers", dests=dests, data=data, systemd=facts["systemd"],
+                   active=facts["share_active"])
+    waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
+    if waiting:
+        specs = [s for s in _specs(data, models) if s["name"] in {p.name for p in waiting}]
+        python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
+                    plans=waiting, specs=specs, data=data)

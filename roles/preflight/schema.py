@@ -28,6 +28,8 @@ MODEL: dict[str, tuple[str, Any]] = {
     "dest": ("path or null", None),        # None: models_dir/<name>
     "size_gib": ("float 0.. or null", None),
     "family": ("str or null", None),      # None: matched from repo (roles/gpu/models.yml)
+    "fetch_from": ("str or null", None),  # a peer host of the inventory (roles/model_fetch)
+    "wait": ("bool", False),              # block the converge until complete (roles/model_fetch)
 }
 LLAMA_INSTANCE: dict[str, tuple[str, Any]] = {
     "model": ("str", REQUIRED),

@@ -263,6 +263,11 @@ def file_server_pids():
     return [pid for pid, argv in processes() if "http.server" in argv and str(STATE / "srv") in argv]
 
 
+def hub_pids():
+    """PIDs of the lab's model hub (tests/lab/hub.py: serving STATE/hub)."""
+    return [pid for pid, argv in processes() if "tests.lab.hub" in argv and str(STATE / "hub") in argv]
+
+
 def create_host(name, profile):
     """Lay out, configure and network host `name` (not yet booted)."""
     d = HOSTS / name
@@ -412,6 +417,29 @@ def reboot(name, timeout=BOOT_TIMEOUT):
     return wait_ready(name, max(deadline - time.monotonic(), 1))
 
 
+def cold_boot(name, timeout=BOOT_TIMEOUT):
+    """Power host `name` off (`systemctl poweroff`), power-cycle its simulated GPUs while it is off
+    (tests/lab/nvidia_smi.py ``power_cycle``: what a warm reboot never does, e.g. bring up
+    CMP 170HX cards unlocked once the unlocker's module is installed), then boot it again and wait
+    until it is ready. Distinct from `reboot`; returns systemd's state."""
+    ssh(name, "systemctl poweroff", timeout=15)
+    deadline = time.monotonic() + timeout
+    while is_running(name):
+        if time.monotonic() > deadline:
+            raise LabError(f"{name} did not power off; console:\n{console(name)}")
+        time.sleep(0.5)
+    if GPU_SIM.exists():
+        sys.path.insert(0, str(HERE))
+        try:
+            import nvidia_smi
+        finally:
+            sys.path.remove(str(HERE))
+        nvidia_smi.power_cycle(str(HOSTS / name / "root"))
+    run("tmux", "kill-session", "-t", session(name), check=False)
+    boot(name)
+    return wait_ready(name, max(deadline - time.monotonic(), 1))
+
+
 def up(n, profile, first=1):
     """Boot hosts lab<first>..lab<first+n-1> with `profile` (keeping running ones); return all
     running hosts. Hosts of other profiles may run next to them: `up(1, "h100", first=3)` adds
@@ -538,6 +566,7 @@ def down():
         remove_cgroups()
         stop_processes(lab_pids("tinyproxy"), 5)
         stop_processes(file_server_pids(), 5)
-        for path in (PROXY_PID, STATE / "srv.pid", STATE_FILE, KNOWN_HOSTS):
+        stop_processes(hub_pids(), 5)
+        for path in (PROXY_PID, STATE / "srv.pid", STATE / "hub.pid", STATE / "hub.url", STATE_FILE, KNOWN_HOSTS):
             path.unlink(missing_ok=True)
         shutil.rmtree(HOSTS, ignore_errors=True)

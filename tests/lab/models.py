@@ -54,3 +54,17 @@ def gemma_270m() -> Path:
 
 if __name__ == "__main__":
     print(gemma_270m())
+
+
+GEMMA_REPO = "rigup-lab/gemma-3-270m-GGUF"
+
+
+def publish_gemma() -> str:
+    """Gemma on the lab hub (tests/lab/hub.py), published once: the first commit of a repo is
+    the same on every machine, so group_vars/lab.yml pins it."""
+    from tests.lab import hub
+
+    repo = hub.MODELS / GEMMA_REPO
+    if (repo / ".git").exists():
+        return lab.run("git", "-C", repo, "rev-parse", "HEAD").stdout.strip()
+    return hub.publish(GEMMA_REPO, {GEMMA_FILE: gemma_270m()})

@@ -17,7 +17,19 @@ setting), 6 no such device, 9 driver not loaded, 15 GPU fallen off the bus.
 
 Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               [--memory-used MIB] [--lost|--found];  sim lock|unlock|show|reset
+              sim calls (every nvidia-smi argv so far);  sim module (the loaded
+              kernel module's path, as ``modinfo -n nvidia`` would print it)
 (or the same arguments to ``rigup-gpu-sim``).
+
+Every invocation's argv is appended (JSON, one line) to $LIB_DIR/calls.log, so that tests can
+check how the tools drove the cards (e.g. that no ``-pl`` ever ran without ``-i``).
+
+The kernel side of a CMP 170HX unlock: the patched driver is the file
+/lib/modules/<release>/updates/cmpunlocker/nvidia.ko. The cards' unlock state changes only at a
+COLD power cycle (tests/lab/lab.py ``cold_boot`` calls :func:`power_cycle` on the host's root
+while it is off): with that module present they come up unlocked (PCIe Gen2 when
+/etc/modprobe.d/cmp-pcie-gen2.conf is there too), without it locked. A warm reboot keeps the
+state (stale GSP state, as on real cards). ``sim module`` prints the module loaded at this boot.
 """
 import contextlib
 import fcntl
@@ -53,8 +65,72 @@ def load_profile():
         return {"profile": "none", "bus_ids": [], "card": {}}
 
 
+UNLOCKER_MODULE = "updates/cmpunlocker/nvidia.ko"      # under /lib/modules/<release>/
+STOCK_MODULE = "updates/dkms/nvidia.ko"                # what the stock DKMS driver installs
+GEN2_CONF = "etc/modprobe.d/cmp-pcie-gen2.conf"
+
+
 def unlocked():
     return os.path.exists(os.path.join(LIB_DIR, "unlocked"))
+
+
+def unlock_extra():
+    """What the last cold boot's unlock recorded (e.g. {"pcie_gen": 2}); {} for a plain unlock."""
+    try:
+        with open(os.path.join(LIB_DIR, "unlocked")) as f:
+            return json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def log_call(argv):
+    """Append this invocation's argv to LIB_DIR/calls.log (readers without write access skip it)."""
+    try:
+        os.makedirs(LIB_DIR, exist_ok=True)
+        with open(os.path.join(LIB_DIR, "calls.log"), "a") as f:
+            f.write(json.dumps({"t": round(time.time(), 3), "uid": os.getuid(), "argv": argv}) + "\n")
+    except OSError:
+        pass
+
+
+def loaded_module(root="/"):
+    """The nvidia.ko the driver loaded at this boot: fixed at the first call after boot."""
+    path = os.path.join(RUN_DIR, "module")
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        pass
+    release = os.uname().release
+    base = os.path.join("/lib/modules", release)
+    mod = os.path.join(base, UNLOCKER_MODULE)
+    if not os.path.exists(os.path.join(root, mod.lstrip("/"))):
+        mod = os.path.join(base, STOCK_MODULE)
+    try:
+        os.makedirs(RUN_DIR, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(mod + "\n")
+    except OSError:
+        pass
+    return mod
+
+
+def power_cycle(root):
+    """A cold power-off and on of the host whose root file system is ``root`` (called by the lab
+    while the host is off): the cards come up unlocked when the unlocker's module is installed
+    (Gen2 with its modprobe option), locked otherwise. Returns the new state."""
+    lib = os.path.join(root, LIB_DIR.lstrip("/"))
+    os.makedirs(lib, exist_ok=True)
+    mods = os.path.join(root, "lib/modules", os.uname().release, UNLOCKER_MODULE)
+    flag = os.path.join(lib, "unlocked")
+    if os.path.exists(mods):
+        extra = {"pcie_gen": 2} if os.path.exists(os.path.join(root, GEN2_CONF)) else {}
+        with open(flag, "w") as f:
+            f.write(json.dumps(extra))
+        return dict(extra, unlocked=True)
+    if os.path.exists(flag):
+        os.remove(flag)
+    return {"unlocked": False}
 
 
 def build_cards(prof):
@@ -66,6 +142,7 @@ def build_cards(prof):
         c = dict(tmpl, **over, index=i)
         if c.get("unlockable") and unlocked():
             c.update(c.get("unlocked", {}))
+            c.update(unlock_extra())
         c.setdefault("bus_id", "00000000:%02X:00.0" % (7 + 3 * i))
         h = hashlib.sha1(("%s:%d:%s" % (prof.get("profile", "?"), i, c["bus_id"])).encode()).hexdigest()
         c.setdefault("uuid", "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:32]))
@@ -385,6 +462,18 @@ def sim(args):
         elif os.path.exists(path):
             os.remove(path)
         return 0
+    if cmd == "calls":
+        try:
+            with open(os.path.join(LIB_DIR, "calls.log")) as f:
+                sys.stdout.write(f.read())
+        except OSError:
+            pass
+        return 0
+    if cmd == "module":
+        if not CARDS:
+            raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
+        print(loaded_module())
+        return 0
     if cmd == "show":
         with state() as st:
             doc = {"profile": PROF.get("profile"), "unlocked": unlocked(), "run_dir": RUN_DIR,
@@ -449,6 +538,7 @@ def run(argv):
     CARDS = build_cards(PROF)
     if argv[:1] == ["sim"]:
         return sim(argv[1:])
+    log_call(argv)
     opts = parse(argv)
     if opts.get("help"):
         print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)

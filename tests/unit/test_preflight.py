@@ -476,7 +476,7 @@ def test_model_families_catalogue():
 
 
 def test_checks_are_pure_and_all_listed():
-    assert len(checks.CHECKS) == 15
+    assert len(checks.CHECKS) == 16
     plan, facts = host("a100")
     before = repr((plan, facts))
     refusals(plan, facts, data(**glm_llama(split_mode="row"), gpu_power_watts=900, cmpunlocker_enabled=True))
@@ -503,3 +503,13 @@ def test_group_vars_examples_are_valid_and_pass_on_their_cards(group):
     assert problems(example) == []
     plan, facts = host(group)
     assert refusals(plan, facts, data(**example)) == []
+
+
+def test_an_instance_open_to_the_network_needs_an_api_key():
+    plan, facts = host("a100")
+    open_ = glm_llama(host="0.0.0.0")
+    found = [r for r in refusals(plan, facts, data(**open_)) if r.check == "open_without_key"]
+    assert found and "without an API key" in found[0].what and "api_key: true" in found[0].fix
+    inst = open_["llama_server_instances"]
+    keyed = {**open_, "llama_server_instances": {k: {**v, "api_key": True} for k, v in inst.items()}}
+    assert not [r for r in refusals(plan, facts, data(**keyed)) if r.check == "open_without_key"]

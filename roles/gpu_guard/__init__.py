@@ -1,0 +1,133 @@
+"""roles/gpu_guard: a power and thermal guard that stops serving, and stays tripped until cleared.
+
+What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled false):
+- installs ``rigup_prefix/bin/rigup-gpu-guard`` (roles/gpu_guard/guard.py, standard library) and
+  ``/etc/rigup/gpu-guard.json``: the window, the serving units, and the thresholds of every card
+  the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
+  ``gpu_guard_thresholds``);
+- runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. It trips on a card's
+  average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above ``temp_c``, or
+  lost telemetry; then it logs the reason (journal, priority crit), writes it to
+  :data:`TRIPPED` and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
+  ``ConditionPathExists=!/var/lib/rigup/gpu-guard.tripped``, so they do not start while it
+  exists, also after a reboot;
+- ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
+With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
+
+Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
+gpu_guard_window_s, gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
+rigup_prefix and rigup_state_dir (roles/base).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from io import StringIO
+from pathlib import Path
+
+import yaml
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files, systemd
+
+from roles.common import template
+from roles.config import ConfigError, _source, role_defaults
+from roles.gpu.catalogue import cards as catalogue_cards
+
+HERE = Path(__file__).resolve().parent
+TRIPPED = "gpu-guard.tripped"            # under rigup_state_dir: /var/lib/rigup/gpu-guard.tripped
+CONFIG = "/etc/rigup/gpu-guard.json"
+SAMPLES = "/run/rigup/gpu-guard-samples.json"
+SERVICE, TIMER = "rigup-gpu-guard.service", "rigup-gpu-guard.timer"
+SERVING_UNITS = ["rigup-llama@*", "rigup-vllm@*"]
+KEYS = ("draw_w", "temp_c")
+
+
+@lru_cache(maxsize=None)
+def class_thresholds() -> dict:
+    return yaml.safe_load((HERE / "thresholds.yml").read_text())
+
+
+def threshold_problems(overrides: dict) -> list[str]:
+    """What is wrong with ``gpu_guard_thresholds`` (key paths), [] when nothing."""
+    classes = sorted({c["class"] for c in catalogue_cards().values()})
+    found = []
+    for cls, entry in (overrides or {}).items():
+        if cls not in classes:
+            found.append(f"gpu_guard_thresholds.{cls}: not a card class of roles/gpu/catalogue.yml "
+                         f"(its classes: {', '.join(classes)})")
+            continue
+        if not isinstance(entry, dict):
+            found.append(f"gpu_guard_thresholds.{cls}: expected a map of {', '.join(KEYS)}, got {entry!r}")
+            continue
+        for key, value in entry.items():
+            if key not in KEYS:
+                found.append(f"gpu_guard_thresholds.{cls}.{key}: unknown key; known keys: {', '.join(KEYS)}")
+            elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                        or not 0 < value <= 2000):
+                found.append(f"gpu_guard_thresholds.{cls}.{key}: expected a number 0..2000 or null, got {value!r}")
+    return found
+
+
+def guard_config(data: dict) -> dict:
+    """The guard's configuration file (pure: data in)."""
+    table = class_thresholds()
+    by_pci = {}
+    for card in catalogue_cards().values():
+        cls = card["class"]
+        limits = dict(table.get("default") or {})
+        if card["power_w"].get("max"):
+            limits["draw_w"] = round(card["power_w"]["max"] * 1.05)
+        limits.update((table.get("classes") or {}).get(cls) or {})
+        limits.update((data.get("gpu_guard_thresholds") or {}).get(cls) or {})
+        for pci in card["pci_ids"]:
+            by_pci[pci] = {"class": cls, **limits}
+    return {
+        "window_s": data["gpu_guard_window_s"],
+        "units": SERVING_UNITS,
+        "tripped_file": f"{data['rigup_state_dir']}/{TRIPPED}",
+        "samples_file": SAMPLES,
+        "default": dict(table.get("default") or {}),
+        "by_pci_id": by_pci,
+    }
+
+
+@operation()
+def cleared(tripped_file: str, script: str):
+    """Clear a tripped guard (logs who cleared it and the old reason); nothing when not tripped."""
+    if not host.get_fact(File, path=tripped_file):
+        host.noop("the guard is not tripped")
+        return
+    yield f"{script} clear"
+
+
+@deploy("gpu_guard", data_defaults=role_defaults("gpu_guard"))
+def apply(plan: dict):
+    data = host.data.dict()
+    if not data.get("gpu_enabled", True) or plan.get("cpu_only", True):
+        return
+    problems = threshold_problems(data.get("gpu_guard_thresholds"))
+    if problems:
+        where = _source(host, "gpu_guard_thresholds")
+        raise ConfigError(f"invalid configuration for host {host.name}:\n  "
+                          + "\n  ".join(f"{where}: {p}" for p in problems))
+    if not data["gpu_guard_enabled"]:
+        systemd.service(name=f"gpu_guard: stop {TIMER}", service=TIMER, running=False, enabled=False)
+        return
+    script = f"{data['rigup_prefix']}/bin/rigup-gpu-guard"
+    files.put(name="gpu_guard: the guard", src=str(HERE / "guard.py"), dest=script, mode="755")
+    files.put(name=f"gpu_guard: {CONFIG}", src=StringIO(json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n"),
+              dest=CONFIG, mode="644")
+    service = files.template(name=f"gpu_guard: {SERVICE}", src=template("gpu_guard-service.j2"),
+                             dest=f"/etc/systemd/system/{SERVICE}", script=script, config=CONFIG)
+    timer = files.template(name=f"gpu_guard: {TIMER}", src=template("gpu_guard-timer.j2"),
+                           dest=f"/etc/systemd/system/{TIMER}", interval=data["gpu_guard_interval_s"])
+    systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
+    if data["gpu_guard_clear"]:
+        cleared(name="gpu_guard: clear the tripped guard", tripped_file=f"{data['rigup_state_dir']}/{TRIPPED}",
+                script=script)
+    systemd.service(name=f"gpu_guard: run {TIMER}", service=TIMER, running=True, enabled=True)
+    systemd.service(name=f"gpu_guard: restart {TIMER} (new period)", service=TIMER, restarted=True,
+                    _if=timer.did_change)

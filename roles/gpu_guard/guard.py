@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""rigup-gpu-guard: trip on sustained power draw, temperature or lost telemetry; stop serving.
+
+Installed by rigup (roles/gpu_guard) as RIGUP_PREFIX/bin/rigup-gpu-guard and run by
+rigup-gpu-guard.timer every few seconds (``check``). Standard library only.
+
+Each check samples every card (nvidia-smi --query-gpu), keeps the samples of the last
+``window_s`` seconds, and trips when, for any card:
+- its AVERAGE draw over the window is above its class's ``draw_w`` (instant peaks of twice the
+  cap are normal on these cards, so single samples never trip), once the samples span at least
+  half the window;
+- its temperature is above its class's ``temp_c``;
+- its telemetry is lost: nvidia-smi fails, a card fell off the bus, or reads [N/A] / [Unknown Error].
+On a trip it writes the reason to the journal (priority crit), records it in the TRIPPED file and
+stops the serving units (rigup-llama@*, rigup-vllm@*). While the file exists, every check stops
+them again, and the serving units do not start (ConditionPathExists=!TRIPPED). The file is on
+disk: a reboot does not clear it. ``rigup-gpu-guard clear`` does, and ``status`` shows it.
+
+    rigup-gpu-guard [--config /etc/rigup/gpu-guard.json] check|status|clear
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIG = "/etc/rigup/gpu-guard.json"
+QUERY = "index,uuid,pci.bus_id,pci.device_id,power.draw,power.limit,temperature.gpu"
+NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
+
+
+def pci_id(text: str) -> str | None:
+    """"0x20C210DE" -> "10de:20c2" (as roles/gpu/facts.py parse_pci_id)."""
+    t = text.strip().lower().removeprefix("0x")
+    return f"{t[4:]}:{t[:4]}" if len(t) == 8 else None
+
+
+def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
+    """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems)."""
+    cards, lost = [], []
+    for line in lines:
+        if "Unable to determine the device handle" in line:
+            lost.append(line.strip())
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 7 or not cells[0].isdigit():
+            if line.strip():
+                lost.append(line.strip())
+            continue
+        card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
+        for key, cell in zip(("draw", "limit", "temp"), cells[4:]):
+            try:
+                card[key] = None if cell in NO_VALUE else float(cell)
+            except ValueError:
+                card[key] = None
+        if card["draw"] is None or card["temp"] is None:
+            lost.append(f"GPU {card['index']} ({card['uuid']}, {card['bus_id']}) reads power.draw "
+                        f"{cells[4]}, temperature.gpu {cells[6]}")
+        cards.append(card)
+    if rc != 0 and not lost:
+        lost.append(f"nvidia-smi exited {rc}: " + (" ".join(ln.strip() for ln in lines if ln.strip()) or "no output"))
+    if rc == 0 and not cards and not lost:
+        lost.append("nvidia-smi reports no GPU")
+    return cards, lost
+
+
+def thresholds_for(card: dict, config: dict) -> dict:
+    """The thresholds of a card: its PCI id's, else the default ones."""
+    return {**config.get("default", {}), **config.get("by_pci_id", {}).get(card.get("pci_id") or "", {})}
+
+
+def evaluate(history: list[dict], config: dict, now: float) -> str | None:
+    """Why to trip, or None. ``history``: [{"t": time, "cards": [...], "lost": [...]}], newest last,
+    already cut to the window."""
+    if not history:
+        return None
+    newest = history[-1]
+    if newest["lost"]:
+        return "telemetry lost: " + "; ".join(newest["lost"])
+    window = float(config.get("window_s", 60))
+    reasons = []
+    for card in newest["cards"]:
+        limits = thresholds_for(card, config)
+        name = f"GPU {card['index']} ({card['uuid']}, {card['bus_id']}, {limits.get('class', 'unknown class')})"
+        temp = limits.get("temp_c")
+        if temp is not None and card["temp"] is not None and card["temp"] > temp:
+            reasons.append(f"{name}: temperature {card['temp']:g} C > {temp:g} C")
+        draw = limits.get("draw_w")
+        points = [(s["t"], c["draw"]) for s in history for c in s["cards"]
+                  if c["uuid"] == card["uuid"] and c["draw"] is not None]
+        span = points[-1][0] - points[0][0] if points else 0
+        if draw is not None and len(points) >= 2 and span >= window / 2:
+            average = sum(d for _, d in points) / len(points)
+            if average > draw:
+                reasons.append(f"{name}: average draw {average:.1f} W over {span:.0f} s "
+                               f"({len(points)} samples) > {draw:g} W")
+    return "; ".join(reasons) or None
+
+
+def load(path: str, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def save(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+def log(priority: int, text: str) -> None:
+    """A journal line with its syslog priority (systemd reads the <N> prefix)."""
+    print(f"<{priority}>{text}", flush=True)
+
+
+def stop_serving(config: dict) -> str:
+    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+    active = subprocess.run(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
+                             "--no-legend", *units], capture_output=True, text=True).stdout.split()
+    running = [u for u in active if u.endswith(".service")]
+    if running:
+        subprocess.run(["systemctl", "stop", *units], check=False)
+    return ", ".join(running)
+
+
+def check(config: dict) -> int:
+    tripped = config["tripped_file"]
+    if os.path.exists(tripped):
+        stopped = stop_serving(config)
+        if stopped:
+            log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
+        return 0
+    now = time.time()
+    proc = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True)
+    cards, lost = parse_sample((proc.stdout + proc.stderr).splitlines(), proc.returncode)
+    window = float(config.get("window_s", 60))
+    history = [s for s in load(config["samples_file"], []) if now - s["t"] <= window]
+    history.append({"t": now, "cards": cards, "lost": lost})
+    save(config["samples_file"], history)
+    reason = evaluate(history, config, now)
+    if reason is None:
+        return 0
+    save(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": reason})
+    stopped = stop_serving(config)
+    log(2, f"rigup-gpu-guard: TRIPPED: {reason}; stopped serving units: {stopped or 'none running'}; "
+           f"they stay stopped until an operator runs rigup-gpu-guard clear")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    path = CONFIG
+    if argv[:1] == ["--config"]:
+        path, argv = argv[1], argv[2:]
+    config = load(path, None)
+    if config is None:
+        print(f"rigup-gpu-guard: cannot read {path}", file=sys.stderr)
+        return 1
+    command = argv[0] if argv else "check"
+    if command == "check":
+        return check(config)
+    if command == "status":
+        state = load(config["tripped_file"], None)
+        print(f"tripped at {state.get('time')}: {state.get('reason')}" if state else "not tripped")
+        return 3 if state else 0
+    if command == "clear":
+        state = load(config["tripped_file"], None)
+        for f in (config["tripped_file"], config["samples_file"]):
+            if os.path.exists(f):
+                os.remove(f)
+        text = "rigup-gpu-guard: cleared by an operator" + (f" (was: {state.get('reason')})" if state else
+                                                             " (was not tripped)")
+        print(text)
+        subprocess.run(["logger", "-t", "rigup-gpu-guard", "-p", "user.notice", text], check=False)
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

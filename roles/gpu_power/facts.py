@@ -1,0 +1,55 @@
+"""What the gpu_power role reads on a host, in one round trip."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+from roles.gpu.facts import GPU_COMMAND, _sections, parse_gpus
+
+CONF = "/etc/rigup/gpu-power.conf"
+APPLIED = "/run/rigup/gpu-power.applied"   # written by the boot script after a run that verified
+UNIT = "rigup-gpu-power.service"
+MARK = "##rigup-power:"
+
+
+def parse_applied_clocks(text: str) -> dict[str, str]:
+    """The clock locks of an applied configuration: {uuid: "MIN,MAX"} (clocks cannot be queried
+    back from nvidia-smi, so the boot script's stamp in /run says what it locked at this boot)."""
+    out = {}
+    for line in (text or "").splitlines():
+        cols = line.split()
+        if len(cols) >= 3 and not line.startswith("#") and cols[2] != "-":
+            out[cols[0]] = cols[2]
+    return out
+
+
+def parse_power_state(lines: list[str]) -> dict:
+    sec = _sections(lines, MARK)
+    return {
+        "gpus": parse_gpus(sec.get("gpus", [])),
+        "conf": "".join(f"{ln}\n" for ln in sec.get("conf", [])),
+        "applied": "".join(f"{ln}\n" for ln in sec.get("applied", [])),
+        "enabled": (sec.get("enabled") or [""])[0].strip(),
+        "systemd": (sec.get("systemd") or ["no"])[0].strip() == "yes",
+    }
+
+
+class GpuPowerState(FactBase):
+    """The cards (``NvidiaGpus``), the boot configuration, what the boot script applied at this
+    boot, whether its unit is enabled and whether systemd runs::
+
+        {"gpus": [...], "conf": "...", "applied": "...", "enabled": "enabled", "systemd": True}
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return parse_power_state([])
+
+    def command(self) -> str:
+        return (f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi; "
+                f"echo '{MARK}conf'; cat {CONF} 2>/dev/null; echo '{MARK}applied'; cat {APPLIED} 2>/dev/null; "
+                f"echo '{MARK}enabled'; systemctl is-enabled {UNIT} 2>/dev/null; "
+                f"echo '{MARK}systemd'; [ -d /run/systemd/system ] && echo yes || echo no; true")
+
+    def process(self, output: list[str]) -> dict:
+        return parse_power_state(output)

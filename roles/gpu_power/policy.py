@@ -1,0 +1,159 @@
+"""The power policy of a host's cards: pure functions, no pyinfra, no YAML.
+
+:func:`power_plan` takes the cards as ``roles.gpu.facts.parse_gpus`` reads them (one dict per
+card) and the policy (``gpu_power_watts``, ``gpu_power_overrides``, ``gpu_power_clocks``,
+``gpu_power_persistence``), and returns one row per card: what it has, what it should have, and
+whether it differs. :func:`config_lines` turns the rows into the boot unit's configuration
+(``/etc/rigup/gpu-power.conf``, one card per line, by UUID), :func:`format_plan` into the lines
+plan mode prints. tests/gpu/power_plan.py runs them on a real GPU machine without pyinfra.
+
+Cards are named by UUID or PCI bus id, never by index: indexes reorder between boots.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CLOCKS = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
+
+
+def bus_tail(bus_id: str) -> str:
+    """A PCI bus id without its domain, upper case: "0000:c3:00.0" and "00000000:C3:00.0" -> "C3:00.0"."""
+    text = str(bus_id).strip().upper()
+    return text.split(":", 1)[1] if text.count(":") == 2 else text
+
+
+def card_named(key: str, gpus: list[dict]) -> dict | None:
+    """The card that ``key`` (a UUID "GPU-..." or a PCI bus id) names, or None (an index names none)."""
+    text = str(key).strip()
+    for gpu in gpus:
+        if gpu.get("uuid") and text.upper() == gpu["uuid"].upper():
+            return gpu
+        if ":" in text and gpu.get("bus_id") and bus_tail(text) == bus_tail(gpu["bus_id"]):
+            return gpu
+    return None
+
+
+def parse_clocks(text) -> tuple[int, int] | None:
+    """"1410,1410" -> (1410, 1410); None when it is not "MIN,MAX" MHz with MIN <= MAX."""
+    m = _CLOCKS.match(str(text)) if text is not None else None
+    if not m or int(m.group(1)) > int(m.group(2)):
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+def _w(value) -> str:
+    return "?" if value is None else f"{float(value):g}"
+
+
+def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = None,
+               clocks: dict | None = None, persistence: bool = True,
+               class_of=lambda gpu: None, applied_clocks: dict | None = None) -> dict:
+    """What the policy asks of each card, and what differs::
+
+        {"cards": [{"index", "uuid", "bus_id", "class", "limit", "min", "max", "default",
+                    "persistence", "want_watts", "source", "want_clocks", "change": [...]}],
+         "lost": ["00000000:47:00.0"], "problems": ["..."]}
+
+    ``change`` lists what would be done to the card ("power limit 250 -> 180 W", ...); an empty
+    list means the card is as the policy wants. ``problems`` are reasons not to change anything:
+    an override naming no card, a value outside a card's min..max, a bad clock pair.
+    ``class_of(gpu)`` gives the card class (for ``clocks``, keyed by class); ``applied_clocks``
+    ({uuid: "MIN,MAX"}) is what the boot script locked at this boot (clocks cannot be queried).
+    """
+    overrides = overrides or {}
+    clocks = clocks or {}
+    applied_clocks = applied_clocks or {}
+    present = [g for g in gpus if not g.get("lost")]
+    problems: list[str] = []
+    by_uuid: dict[str, tuple[int, str]] = {}
+    for key, value in overrides.items():
+        gpu = card_named(key, present)
+        if str(key).strip().isdigit():
+            problems.append(f"gpu_power_overrides.{key}: keyed by a GPU index; key it by UUID or PCI bus id")
+        elif gpu is None:
+            problems.append(f"gpu_power_overrides.{key}: no card on this host has that UUID or PCI bus id")
+        else:
+            by_uuid[gpu["uuid"]] = (value, f"gpu_power_overrides.{key}")
+    for cls, pair in clocks.items():
+        if pair is not None and parse_clocks(pair) is None:
+            problems.append(f"gpu_power_clocks.{cls}: expected \"MIN,MAX\" MHz with MIN <= MAX, got {pair!r}")
+    rows = []
+    for gpu in present:
+        want, source = by_uuid.get(gpu.get("uuid"), (watts, "gpu_power_watts" if watts is not None else None))
+        cls = class_of(gpu)
+        pair = parse_clocks(clocks.get(cls)) if cls else None
+        row = {
+            "index": gpu.get("index"), "uuid": gpu.get("uuid"), "bus_id": gpu.get("bus_id"), "class": cls,
+            "limit": gpu.get("power_limit_w"), "min": gpu.get("power_min_w"), "max": gpu.get("power_max_w"),
+            "default": gpu.get("power_default_w"), "persistence": gpu.get("persistence"),
+            "want_watts": want, "source": source,
+            "want_clocks": f"{pair[0]},{pair[1]}" if pair else None, "change": [],
+        }
+        if want is not None:
+            low, high = row["min"], row["max"]
+            if low is None or high is None:
+                problems.append(f"{source}: GPU {row['index']} ({row['uuid']}, {row['bus_id']}) does not report "
+                                "its power range (power.min_limit/max_limit), so no limit can be checked")
+            elif not low <= want <= high:
+                problems.append(f"{source}: {want} W is outside GPU {row['index']} ({row['uuid']}, {row['bus_id']}) "
+                                f"range {_w(low)}-{_w(high)} W")
+            elif row["limit"] is None or abs(float(row["limit"]) - float(want)) > 0.005:
+                row["change"].append(f"power limit {_w(row['limit'])} -> {_w(want)} W")
+        if persistence and row["persistence"] is not True:
+            row["change"].append("persistence mode -> on")
+        if row["want_clocks"] and applied_clocks.get(row["uuid"]) != row["want_clocks"]:
+            row["change"].append(f"lock GPU clocks {row['want_clocks']} MHz")
+        rows.append(row)
+    return {"cards": rows, "lost": [g.get("bus_id") for g in gpus if g.get("lost")], "problems": problems}
+
+
+def config_lines(plan: dict, persistence: bool = True) -> str:
+    """The boot unit's configuration: ``UUID WATTS|- CLOCKS|- PERSISTENCE`` per card, sorted by
+    UUID (stable across boots whatever the indexes). Cards the policy leaves alone are left out."""
+    out = ["# rigup gpu_power: UUID  watts|-  clocks MIN,MAX|-  persistence 1|0  (written by rigup)"]
+    for row in sorted(plan["cards"], key=lambda r: r["uuid"] or ""):
+        if row["want_watts"] is None and not row["want_clocks"] and not persistence:
+            continue
+        watts = "-" if row["want_watts"] is None else str(int(row["want_watts"]))
+        out.append(f"{row['uuid']} {watts} {row['want_clocks'] or '-'} {1 if persistence else 0}")
+    return "\n".join(out) + "\n"
+
+
+def commands(plan: dict) -> list[list[str]]:
+    """The nvidia-smi calls that would bring the cards to the policy, each with ``-i <UUID>``
+    (never a bare -pl, which would set every card): for plan mode to show."""
+    out = []
+    for row in plan["cards"]:
+        for change in row["change"]:
+            if change.startswith("persistence"):
+                out.append(["nvidia-smi", "-i", row["uuid"], "-pm", "1"])
+            elif change.startswith("power limit"):
+                out.append(["nvidia-smi", "-i", row["uuid"], "-pl", str(int(row["want_watts"]))])
+            elif change.startswith("lock GPU clocks"):
+                out.append(["nvidia-smi", "-i", row["uuid"], "-lgc", row["want_clocks"]])
+    return out
+
+
+def format_plan(plan: dict) -> str:
+    """Each card, its limits, and what would change; then the problems."""
+    lines = []
+    for row in plan["cards"]:
+        cls = f" {row['class']}" if row["class"] else ""
+        pm = {True: "on", False: "off"}.get(row["persistence"], "?")
+        lines.append(f"GPU {row['index']} {row['uuid']} {row['bus_id']}{cls}: limit {_w(row['limit'])} W "
+                     f"(min {_w(row['min'])}, max {_w(row['max'])}, default {_w(row['default'])}), "
+                     f"persistence {pm}")
+        want = (f"{_w(row['want_watts'])} W from {row['source']}" if row["want_watts"] is not None
+                else "leave the limit as it is (gpu_power_watts is null)")
+        todo = "; ".join(row["change"]) if row["change"] else "no change"
+        lines.append(f"    policy: {want}" + (f", clocks {row['want_clocks']}" if row["want_clocks"] else "")
+                     + f" -> {todo}")
+    for bus in plan["lost"]:
+        lines.append(f"GPU {bus}: fell off the bus (nvidia-smi cannot reach it); nothing can be set on it")
+    if not plan["cards"] and not plan["lost"]:
+        lines.append("no NVIDIA GPU answers on this host")
+    lines += [f"refused: {p}" for p in plan["problems"]]
+    changes = sum(len(r["change"]) for r in plan["cards"])
+    lines.append(f"{changes} change(s) would be made" + (" (none, while refused)" if plan["problems"] else ""))
+    return "\n".join(lines)

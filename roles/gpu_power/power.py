@@ -1,0 +1,51 @@
+"""The operation that brings a host's cards to its power policy."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import OperationError, operation
+from pyinfra.operations import files
+
+from roles.gpu.catalogue import card_for
+from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied_clocks
+from roles.gpu_power.policy import config_lines, power_plan
+
+
+def card_class(gpu: dict) -> str | None:
+    card = card_for(gpu)
+    return card["class"] if card else None
+
+
+def plan_for(state: dict, data: dict) -> dict:
+    """The power plan of this host's live cards under its data (gpu_power_* variables)."""
+    return power_plan(state["gpus"], data["gpu_power_watts"], data["gpu_power_overrides"],
+                      data["gpu_power_clocks"], data["gpu_power_persistence"], card_class,
+                      parse_applied_clocks(state["applied"]))
+
+
+@operation()
+def limits_applied(data: dict, script: str):
+    """Write the boot configuration (by UUID) and run the boot unit when a card differs from the
+    policy: it sets only the cards that differ, each with ``-i <UUID>``, and reads every value
+    back, failing on a mismatch. Every value is checked against the card's own min..max first:
+    an out-of-range value or an override naming no card raises before anything changes."""
+    state = host.get_fact(GpuPowerState)
+    plan = plan_for(state, data)
+    if plan["problems"]:
+        raise OperationError(f"gpu_power on {host.name}: " + "; ".join(plan["problems"]))
+    conf = config_lines(plan, data["gpu_power_persistence"])
+    changes = [f"GPU {r['index']} {r['uuid']}: {c}" for r in plan["cards"] for c in r["change"]]
+    if conf == state["conf"] and not changes:
+        host.noop("every card is as the policy wants")
+        return
+    if conf != state["conf"]:
+        yield from files.put._inner(src=StringIO(conf), dest=CONF, mode="644")
+    if not changes:
+        return
+    if state["systemd"]:
+        yield (f"systemctl restart {UNIT} || {{ echo 'rigup-gpu-power failed:'; "
+               f"journalctl -u {UNIT} -n 20 --no-pager -o cat; exit 1; }}")
+    else:
+        yield f"{script} {CONF} {APPLIED}"

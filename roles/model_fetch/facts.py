@@ -1,0 +1,88 @@
+"""What the model downloads on a host are at, read in one round trip; and helpers other roles use.
+
+:class:`ModelFetchState` runs ``rigup-fetch probe`` (roles/model_fetch/fetcher.py, sent inline:
+the host needs only python3) for every model at once. For each model it reads the completion
+marker, the job's progress and whether a job holds the model's lock; for a model not complete it
+also asks the hub for the file list (sizes, hashes) and reads the free disk where the model goes.
+The hub token, when there is one, is read on the host from its root-only file, never sent.
+
+Other roles: :func:`first_gguf` picks the file llama-server loads from a marker's ``files``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+from pyinfra.api import FactBase
+
+MARKER = ".rigup-complete.json"
+SCRIPT = Path(__file__).with_name("fetcher.py")
+UNIT_PREFIX = "rigup-fetch-"
+SHARE_UNIT = "rigup-share"
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def first_gguf(files: list[str]) -> str | None:
+    """The GGUF file llama-server is given for a model whose marker lists ``files``: the first
+    shard of a split model (``…-00001-of-0000N.gguf``; the others are found by llama.cpp), else
+    the single ``.gguf`` (mmproj files, vision projectors, are not the model). With several
+    unsplit GGUFs (quants side by side) the first by name; None without any."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    firsts = [f for f in ggufs if (m := _SHARD.search(f)) and int(m.group(1)) == 1]
+    if firsts:
+        return firsts[0]
+    whole = [f for f in ggufs if not _SHARD.search(f) and "mmproj" not in f.rsplit("/", 1)[-1].lower()]
+    return whole[0] if whole else None
+
+
+def unit_name(model: str) -> str:
+    """The transient unit (and tmux session) of ``model``'s download job."""
+    return UNIT_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", model)
+
+
+def probe_command(specs: list[dict]) -> str:
+    """One shell command: the probe of every model in ``specs``, and the share server's state."""
+    blob = base64.b64encode(json.dumps(specs, separators=(",", ":")).encode()).decode()
+    return (
+        "[ -d /run/systemd/system ] && echo '##rigup-systemd 1' || echo '##rigup-systemd 0'; "
+        f"echo \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
+        f"(tmux has-session -t {SHARE_UNIT} 2>/dev/null && echo active))\"; "
+        "command -v python3 >/dev/null || { echo '##rigup-nopython'; exit 0; }; "
+        f"python3 - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
+    )
+
+
+def parse_probe(lines: list[str]) -> dict:
+    """``{"systemd": bool, "python": bool, "share_active": bool, "models": {name: state}}``."""
+    out = {"systemd": False, "python": True, "share_active": False, "models": {}}
+    for line in lines:
+        if line.startswith("##rigup-systemd "):
+            out["systemd"] = line.split()[1] == "1"
+        elif line.startswith("##rigup-share"):
+            out["share_active"] = line.split()[-1] == "active"
+        elif line.startswith("##rigup-nopython"):
+            out["python"] = False
+        elif line.startswith("##rigup-model "):
+            try:
+                state = json.loads(line[len("##rigup-model "):])
+            except ValueError:
+                continue
+            out["models"][state.get("name")] = state
+    return out
+
+
+class ModelFetchState(FactBase):
+    """Per model (``specs``: [{name, dest, repo, revision, include, endpoint, no_hub}]): marker,
+    progress, running, damaged files, and for one not complete the hub's files, the bytes here
+    and the free disk. Also whether the host runs systemd and the share server runs."""
+
+    default = dict
+
+    def command(self, specs: list[dict]) -> str:
+        return probe_command(specs)
+
+    def process(self, output: list[str]) -> dict:
+        return parse_probe(output)

@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""rigup-fetch: the host side of roles/model_fetch. Python 3 standard library only, so it runs on
+any host with python3; the role installs it as ``/opt/rigup/bin/rigup-fetch`` and also sends it
+inline as the fact that reads every model's state (``probe``).
+
+    rigup-fetch probe SPEC_JSON     state of each model (marker, progress, lock) and, for a model
+                                    not complete, the hub's file list and the free disk: one JSON
+                                    line per model (the role's fact, one round trip)
+    rigup-fetch fetch JOB_JSON      the download job of one model (a transient systemd unit)
+    rigup-fetch share CONFIG_JSON   serve completed models to peers (fetch_from)
+
+Layout under a model's dest::
+
+    <files at their repo paths>
+    .rigup-complete.json            {"repo","revision","files","bytes"}: written last, after every
+                                    file was verified; removed when a job starts
+    .rigup-fetch/job.json           what to fetch: repo, revision, source, files with size + hash
+    .rigup-fetch/state.json         files verified: path -> [size, mtime_ns, hash]
+    .rigup-fetch/progress.json      bytes, total, rate, eta, state, error (rewritten each second)
+    .rigup-fetch/parts/<path>       partial downloads (a prefix of the file); resumed with Range
+    .rigup-fetch/lock               flock held by the running job: one job per model
+
+Resume: a part is a prefix of its file, so a new job asks for ``Range: bytes=<size>-``. After a
+reboot (another boot id) the part is cut back to its last fsync'ed checkpoint, since the page
+cache may not have reached the disk (zero-filled tails). Every file is checked for its size and
+its hash (sha256 for LFS files, else git's blob sha1, both from the hub's tree listing) before
+it moves into place; a file that fails is fetched again from zero, once more, then the job fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import fnmatch
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import socketserver
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+MARKER = ".rigup-complete.json"
+WORK = ".rigup-fetch"
+TOKEN_FILE = "/etc/rigup/hf-token"
+CHUNK = 1 << 20
+CHECKPOINT = 256 << 20
+SHARD_RE = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
+USER_AGENT = "rigup-fetch/1"
+
+
+# ---------------------------------------------------------------- helpers (also used by the role)
+
+def shard_problems(paths) -> list[str]:
+    """Incomplete GGUF shard sets among ``paths``: one line per set that lacks a shard."""
+    sets: dict[tuple[str, int], set[int]] = {}
+    for p in paths:
+        m = SHARD_RE.match(p)
+        if m:
+            sets.setdefault((m.group(1), int(m.group(3))), set()).add(int(m.group(2)))
+    out = []
+    for (prefix, count), have in sorted(sets.items()):
+        missing = sorted(set(range(1, count + 1)) - have)
+        if missing:
+            out.append(f"{prefix}-*-of-{count:05d}.gguf lacks shard(s) "
+                       + ", ".join(f"{i:05d}" for i in missing))
+    return out
+
+
+def select(files: list[dict], include: list[str]) -> tuple[list[dict], list[str]]:
+    """The files matching any pattern of ``include`` (all files when it is empty), and the
+    patterns that matched nothing."""
+    if not include:
+        return list(files), []
+    chosen = [f for f in files if any(fnmatch.fnmatchcase(f["path"], p) for p in include)]
+    unmatched = [p for p in include if not any(fnmatch.fnmatchcase(f["path"], p) for f in files)]
+    return chosen, unmatched
+
+
+def git_blob_sha1(size: int):
+    h = hashlib.sha1()
+    h.update(b"blob %d\0" % size)
+    return h
+
+
+def hasher(entry: dict):
+    """A hash object for ``entry``'s expected hash: sha256 when the hub gave one, else git's."""
+    return hashlib.sha256() if entry.get("sha256") else git_blob_sha1(entry["size"])
+
+
+def expected_hash(entry: dict) -> str | None:
+    return entry.get("sha256") or entry.get("oid")
+
+
+def read_token() -> str | None:
+    """The hub token: the unit's credential (LoadCredential) or the root-only file."""
+    for path in (os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "/nonexistent"), "hf-token"),
+                 TOKEN_FILE):
+        try:
+            with open(path) as fh:
+                token = fh.read().strip()
+            if token:
+                return token
+        except OSError:
+            pass
+    return None
+
+
+class HubError(Exception):
+    """The hub refused a request; ``code`` is its X-Error-Code (RepoNotFound, RevisionNotFound)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _request(url: str, token: str | None, headers: dict | None = None, timeout: float = 30):
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
+    if token:
+        req.add_unredirected_header("Authorization", f"Bearer {token}")  # never to a CDN redirect
+    # the job's environment is the unit's: no proxy unless HTTPS_PROXY is set for it
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> list[dict]:
+    """Every file of ``repo`` at ``revision``: [{path, size, oid, sha256}], from the hub's tree API
+    (``/api/models/{repo}/tree/{revision}?recursive=true``, following its Link pages)."""
+    url = (f"{endpoint.rstrip('/')}/api/models/{repo}/tree/{urllib.parse.quote(revision, safe='')}"
+           "?recursive=true&expand=false")
+    out = []
+    while url:
+        try:
+            with _request(url, token) as resp:
+                items = json.loads(resp.read())
+                link = resp.headers.get("Link") or ""
+        except urllib.error.HTTPError as e:
+            code = e.headers.get("X-Error-Code") or ""
+            body = e.read()[:300].decode(errors="replace")
+            raise HubError(e.code, code, f"HTTP {e.code} {code or e.reason}: {body}".strip()) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise HubError(0, "Unreachable", f"cannot reach {endpoint}: {getattr(e, 'reason', e)}") from None
+        for item in items:
+            if item.get("type") == "file":
+                lfs = item.get("lfs") or {}
+                out.append({"path": item["path"], "size": int(item["size"]), "oid": item.get("oid"),
+                            "sha256": lfs.get("oid") or None})
+        m = re.search(r'<([^>]+)>;\s*rel="next"', link)
+        url = m.group(1) if m else None
+    return out
+
+
+def disk_free(path: str) -> int:
+    """Free bytes for an unprivileged writer on the filesystem that holds (or will hold) ``path``."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path) or "/"
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def read_json(path: str, default=None):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path: str, value, fsync: bool = False) -> None:
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "w") as fh:
+        json.dump(value, fh, separators=(",", ":"))
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def lock_held(dest: str) -> bool:
+    """True while a job holds ``dest``'s lock."""
+    path = os.path.join(dest, WORK, "lock")
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def verified_ok(dest: str, state: dict, path: str) -> bool:
+    """``path`` is as it was when it was verified (same size and mtime)."""
+    rec = state.get(path)
+    try:
+        st = os.stat(os.path.join(dest, path))
+    except OSError:
+        return False
+    return bool(rec) and rec[0] == st.st_size and rec[1] == st.st_mtime_ns
+
+
+# ---------------------------------------------------------------------------------- probe (fact)
+
+def probe_one(spec: dict, token: str | None) -> dict:
+    dest = spec["dest"]
+    work = os.path.join(dest, WORK)
+    out = {"name": spec["name"], "dest": dest, "running": lock_held(dest),
+           "marker": read_json(os.path.join(dest, MARKER)),
+           "progress": read_json(os.path.join(work, "progress.json")),
+           "job": read_json(os.path.join(work, "job.json")), "damaged": []}
+    job, marker = out["job"] or {}, out["marker"]
+    same = (marker and marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"]
+            and job.get("include") == spec["include"])
+    if same:
+        state = read_json(os.path.join(work, "state.json"), {})
+        out["damaged"] = [p for p in marker.get("files", []) if not verified_ok(dest, state, p)]
+        if not out["damaged"]:
+            out["complete"] = True
+            return out
+    out["complete"] = False
+    # bytes already here: verified files, and parts of the files the job is fetching
+    have = 0
+    for entry in job.get("files", []):
+        for path in (os.path.join(dest, entry["path"]), os.path.join(work, "parts", entry["path"])):
+            try:
+                have += min(os.path.getsize(path), entry["size"])
+                break
+            except OSError:
+                pass
+    out["have_bytes"] = have
+    out["free_bytes"] = disk_free(dest)
+    if spec.get("no_hub"):
+        return out
+    try:
+        out["hub_files"] = hub_files(spec["endpoint"], spec["repo"], spec["revision"], token)
+    except HubError as e:
+        out["hub_error"] = {"status": e.status, "code": e.code, "message": str(e)}
+    return out
+
+
+def probe(spec_b64: str) -> int:
+    specs = json.loads(base64.b64decode(spec_b64))
+    token = read_token()
+    for spec in specs:
+        try:
+            result = probe_one(spec, token)
+        except Exception as e:  # one model's surprise must not hide the others
+            result = {"name": spec.get("name"), "probe_error": f"{type(e).__name__}: {e}"}
+        print("##rigup-model " + json.dumps(result, separators=(",", ":")))
+    return 0
+
+
+# ---------------------------------------------------------------------------------- fetch (job)
+
+class Progress:
+    """Bytes done, rate over the last 20 s, ETA; written to progress.json each second."""
+
+    def __init__(self, path: str, total: int, done: int, source: str):
+        self.path, self.total, self.done, self.source = path, total, done, source
+        self.fetched = 0          # bytes over the network in this job
+        self.samples = [(time.monotonic(), done)]
+        self.state, self.error, self.detail = "running", None, ""
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.started = time.time()
+
+    def add(self, n: int, network: bool = True) -> None:
+        with self.lock:
+            self.done += n
+            if network:
+                self.fetched += n
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        with self.lock:
+            self.samples.append((now, self.done))
+            self.samples = [s for s in self.samples if now - s[0] <= 20] or self.samples[-1:]
+            t0, b0 = self.samples[0]
+            rate = (self.done - b0) / (now - t0) if now > t0 else 0.0
+            left = max(self.total - self.done, 0)
+            return {"state": self.state, "bytes": self.done, "total": self.total,
+                    "rate": round(rate), "eta": round(left / rate) if rate > 0 and left else None,
+                    "fetched": self.fetched, "source": self.source, "error": self.error,
+                    "detail": self.detail, "started": self.started, "updated": time.time(),
+                    "pid": os.getpid()}
+
+    def write(self) -> None:
+        write_json(self.path, self.snapshot())
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.write()
+
+
+def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str | None) -> str:
+    """Download ``entry`` into its part, verify it, move it into place; return its hash."""
+    path = entry["path"]
+    part = os.path.join(dest, WORK, "parts", path)
+    ckpt_path = part + ".ckpt"
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    url = (f"{job['source'].rstrip('/')}/{job['repo']}/resolve/"
+           f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
+    for attempt in (1, 2):
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        ckpt = read_json(ckpt_path, {})
+        if have and ckpt.get("boot") != boot_id():  # rebooted: trust only what was fsync'ed
+            have = min(have, int(ckpt.get("bytes", 0)))
+            os.truncate(part, have)
+        have = min(have, entry["size"])
+        write_json(ckpt_path, {"boot": boot_id(), "bytes": min(have, int(ckpt.get("bytes", 0)))}, fsync=True)
+        h = hasher(entry)
+        with open(part, "ab+") as fh:
+            fh.truncate(have)
+            fh.seek(0)
+            left = have
+            while left:
+                block = fh.read(min(CHUNK, left))
+                if not block:
+                    break
+                h.update(block)
+                left -= len(block)
+            progress.add(have, network=False)
+            written = have
+            if have < entry["size"]:
+                headers = {"Range": f"bytes={have}-"} if have else {}
+                with _request(url, token, headers, timeout=60) as resp:
+                    if have and resp.status != 206:  # the server ignored Range: start again
+                        progress.add(-have, network=False)
+                        fh.truncate(0)
+                        h, written = hasher(entry), 0
+                    fh.seek(written)
+                    next_ckpt = written + CHECKPOINT
+                    while True:
+                        block = resp.read(CHUNK)
+                        if not block:
+                            break
+                        fh.write(block)
+                        h.update(block)
+                        written += len(block)
+                        progress.add(len(block))
+                        if written >= next_ckpt:
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                            write_json(ckpt_path, {"boot": boot_id(), "bytes": written})
+                            next_ckpt = written + CHECKPOINT
+                fh.flush()
+                os.fsync(fh.fileno())
+        digest = h.hexdigest()
+        want = expected_hash(entry)
+        if written == entry["size"] and (want is None or digest == want):
+            final = os.path.join(dest, path)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(part, final)
+            with _suppress():
+                os.unlink(ckpt_path)
+            return digest
+        why = (f"size {written} != {entry['size']}" if written != entry["size"]
+               else f"hash {digest} != {want}")
+        progress.detail = f"{path}: {why}; fetched again from zero"
+        progress.add(-written, network=False)
+        os.unlink(part)
+        with _suppress():
+            os.unlink(ckpt_path)
+    raise RuntimeError(f"{path}: fetched twice and still wrong ({why})")
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def hash_file(path: str, entry: dict) -> str:
+    h = hasher(entry)
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def wait_for_peer(job: dict, progress: Progress, token) -> None:
+    """A peer serves a model only once it is complete there: wait for its marker."""
+    url = f"{job['source'].rstrip('/')}/rigup/complete/{job['repo']}/{job['revision']}"
+    deadline = time.monotonic() + job.get("peer_wait", 86400)
+    while True:
+        try:
+            with _request(url, None, timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"peer {job['source']} did not have {job['repo']}@{job['revision'][:12]} "
+                               f"complete within {job.get('peer_wait')} s")
+        progress.state, progress.detail = "waiting", f"waiting for peer {job['source']} to complete"
+        progress.write()
+        time.sleep(5)
+
+
+def fetch(job_path: str) -> int:
+    job = read_json(job_path)
+    dest = job["dest"]
+    work = os.path.join(dest, WORK)
+    os.makedirs(os.path.join(work, "parts"), exist_ok=True)
+    lock = open(os.path.join(work, "lock"), "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"another job fetches {dest}; this one stops", file=sys.stderr)
+        return 0
+    token = read_token() if not job.get("peer") else None
+    files = job["files"]
+    total = sum(f["size"] for f in files)
+    with _suppress():
+        os.unlink(os.path.join(dest, MARKER))
+    progress = Progress(os.path.join(work, "progress.json"), total, 0, job["source"])
+    ticker = threading.Thread(target=progress.run, daemon=True)
+    ticker.start()
+    try:
+        # orphans: parts of files not in this job, and huggingface_hub's own leftovers
+        wanted = {f["path"] for f in files}
+        parts = os.path.join(work, "parts")
+        for root, _, names in os.walk(parts):
+            for n in names:
+                rel = os.path.relpath(os.path.join(root, n), parts)
+                if rel.removesuffix(".ckpt") not in wanted:
+                    os.unlink(os.path.join(root, n))
+        shutil.rmtree(os.path.join(dest, ".cache", "huggingface", "download"), ignore_errors=True)
+        state_path = os.path.join(work, "state.json")
+        state = read_json(state_path, {})
+        state = {p: r for p, r in state.items() if p in wanted}
+        todo = []
+        progress.state, progress.detail = "verifying", "checking files already here"
+        for entry in files:
+            final = os.path.join(dest, entry["path"])
+            if verified_ok(dest, state, entry["path"]) and state[entry["path"]][2] == expected_hash(entry):
+                progress.add(entry["size"], network=False)
+                continue
+            state.pop(entry["path"], None)
+            if os.path.exists(final):
+                if os.path.getsize(final) == entry["size"] and hash_file(final, entry) == expected_hash(entry):
+                    st = os.stat(final)
+                    state[entry["path"]] = [st.st_size, st.st_mtime_ns, expected_hash(entry)]
+                    progress.add(entry["size"], network=False)
+                    continue
+                os.unlink(final)  # corrupt or truncated: fetched again
+            todo.append(entry)
+        write_json(state_path, state, fsync=True)
+        if todo and job.get("peer"):
+            wait_for_peer(job, progress, token)
+        progress.state, progress.detail = "running", ""
+        progress.write()
+        state_lock = threading.Lock()
+
+        def one(entry):
+            digest = fetch_file(job, entry, dest, progress, token)
+            st = os.stat(os.path.join(dest, entry["path"]))
+            with state_lock:
+                state[entry["path"]] = [st.st_size, st.st_mtime_ns, digest]
+                write_json(state_path, state)
+
+        todo.sort(key=lambda e: -e["size"])
+        with ThreadPoolExecutor(max(1, int(job.get("workers", 4)))) as pool:
+            for result in [pool.submit(one, e) for e in todo]:
+                result.result()
+        missing = shard_problems(wanted)
+        if missing:
+            raise RuntimeError("incomplete GGUF shard set: " + "; ".join(missing))
+        for entry in files:
+            if entry["path"].endswith(".gguf"):
+                with open(os.path.join(dest, entry["path"]), "rb") as fh:
+                    if fh.read(4) != b"GGUF":
+                        raise RuntimeError(f"{entry['path']}: not a GGUF file (no GGUF magic)")
+        write_json(state_path, state, fsync=True)
+        write_json(os.path.join(dest, MARKER), {
+            "repo": job["repo"], "revision": job["revision"], "files": sorted(wanted), "bytes": total},
+            fsync=True)
+        progress.state, progress.detail = "complete", ""
+        return 0
+    except Exception as e:
+        progress.state, progress.error = "failed", f"{type(e).__name__}: {e}"
+        print(f"rigup-fetch {dest}: {progress.error}", file=sys.stderr)
+        return 1
+    finally:
+        progress.stop.set()
+        progress.write()
+
+
+# ------------------------------------------------------------------------------ share (fetch_from)
+
+class ShareHandler(http.server.BaseHTTPRequestHandler):
+    """Serves completed models (their marker's files only) with Range, for peers' jobs."""
+
+    protocol_version = "HTTP/1.1"
+    config_path = ""
+
+    def log_message(self, fmt, *args):  # journal: one line per request
+        sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))
+
+    def _models(self):
+        config = read_json(self.config_path, {})
+        out = {}
+        for dest in config.get("dests", []):
+            marker = read_json(os.path.join(dest, MARKER))
+            if marker and not lock_held(dest):
+                out[(marker["repo"], marker["revision"])] = (dest, set(marker["files"]))
+        return out
+
+    def _send(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        models = self._models()
+        m = re.match(r"^/rigup/complete/(.+)/([0-9a-f]{40})$", path)
+        if m:
+            return self._send(200 if (m.group(1), m.group(2)) in models else 404)
+        m = re.match(r"^/(.+?/.+?)/resolve/([0-9a-f]{40})/(.+)$", path)
+        if not m or (m.group(1), m.group(2)) not in models:
+            return self._send(404, b"not here\n")
+        dest, files = models[(m.group(1), m.group(2))]
+        if m.group(3) not in files:
+            return self._send(404, b"no such file\n")
+        full = os.path.join(dest, m.group(3))
+        size = os.path.getsize(full)
+        start = 0
+        r = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
+        if r:
+            start = int(r.group(1))
+            if start >= size:
+                return self._send(416, headers={"Content-Range": f"bytes */{size}"})
+        self.send_response(206 if r else 200)
+        if r:
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.send_header("Content-Length", str(size - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with open(full, "rb") as fh:
+            os.sendfile(self.wfile.fileno(), fh.fileno(), start, size - start) if hasattr(os, "sendfile") \
+                else shutil.copyfileobj(fh, self.wfile)
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def share(config_path: str) -> int:
+    config = read_json(config_path)
+    ShareHandler.config_path = config_path
+    server = _Server((config.get("bind", "0.0.0.0"), int(config["port"])), ShareHandler)
+    server.serve_forever()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "probe":
+        return probe(argv[1])
+    if len(argv) == 2 and argv[0] == "fetch":
+        return fetch(argv[1])
+    if len(argv) == 2 and argv[0] == "share":
+        return share(argv[1])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,120 @@
+"""Pure decisions of roles/model_fetch: what each model's job fetches, what is refused, and the
+progress lines. No pyinfra here: tested on plain data (tests/unit/test_model_fetch.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from roles.model_fetch.fetcher import select, shard_problems
+
+MiB = 1 << 20
+
+
+def human(n: float) -> str:
+    """Bytes as people read them: 512 B, 3.4 MiB, 1.35 TiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+@dataclass
+class ModelPlan:
+    """One model on one host: ``action`` is complete | running | start | restart | refused."""
+
+    name: str
+    action: str
+    job: dict | None = None
+    problems: list[tuple[str, str]] = field(default_factory=list)   # (key path, why; fix)
+    line: str = ""
+
+
+def progress_line(name: str, state: dict) -> str:
+    """``model big: 120.0 MiB / 256.0 MiB (46.9%), 40.0 MiB/s, ETA 3s (running)``."""
+    marker = state.get("marker")
+    if state.get("complete"):
+        return (f"model {name}: complete, {len(marker['files'])} file(s), {human(marker['bytes'])} "
+                f"at {state['dest']}")
+    p = state.get("progress") or {}
+    total = p.get("total") or 0
+    done = p.get("bytes") or state.get("have_bytes") or 0
+    pct = f" ({100 * done / total:.1f}%)" if total else ""
+    if state.get("running"):
+        what = p.get("state") or "running"
+        extra = f"; {p['detail']}" if p.get("detail") else ""
+        return (f"model {name}: {human(done)} / {human(total)}{pct}, {human(p.get('rate') or 0)}/s, "
+                f"ETA {duration(p.get('eta'))} ({what}{extra})")
+    if state.get("damaged"):
+        return f"model {name}: damaged since verified: {', '.join(state['damaged'][:5])}; fetched again"
+    if p.get("state") == "failed":
+        return f"model {name}: the last job failed: {p.get('error')}; started again"
+    if p:
+        return f"model {name}: stopped at {human(done)} / {human(total)}{pct}; resumed"
+    return f"model {name}: not here yet"
+
+
+def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
+               workers: int, peer_wait: int) -> ModelPlan:
+    """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
+    where = f"models.{name}"
+    line = progress_line(name, state) if state else f"model {name}: not probed"
+    if "probe_error" in state:
+        return ModelPlan(name, "refused", problems=[(where, f"the probe failed on the host: {state['probe_error']}")],
+                         line=line)
+    if state.get("complete"):
+        return ModelPlan(name, "complete", line=line)
+    err = state.get("hub_error")
+    repo, rev = entry["repo"], entry["revision"]
+    if err:
+        code = err.get("code")
+        if code == "RevisionNotFound":
+            why = (f"{rev} is not a commit of {repo} at {endpoint} ({err['message'][:200]}); "
+                   "fix: pin a commit the repo has (its history on the hub lists them)")
+            return ModelPlan(name, "refused", problems=[(f"{where}.revision", why)], line=line)
+        if code in ("RepoNotFound", "GatedRepo") or err.get("status") in (401, 403, 404):
+            why = (f"repo {repo!r} not found at {endpoint} ({err['message'][:200]}); fix: check the "
+                   "name, or put a token with access in /etc/rigup/hf-token (model_fetch_hf_token_src)")
+            return ModelPlan(name, "refused", problems=[(f"{where}.repo", why)], line=line)
+        why = f"cannot list {repo}@{rev[:12]} at {endpoint}: {err['message'][:300]}; fix: check hf_endpoint"
+        return ModelPlan(name, "refused", problems=[(where, why)], line=line)
+    files = state.get("hub_files") or []
+    chosen, unmatched = select(files, entry["include"])
+    problems = []
+    sample = ", ".join(f["path"] for f in files[:6]) + (", ..." if len(files) > 6 else "")
+    for pattern in unmatched:
+        problems.append((f"{where}.include", f"pattern {pattern!r} matches no file of {repo}@{rev[:12]} "
+                                             f"({len(files)} files: {sample}); fix: correct or remove it"))
+    if not chosen and not unmatched:
+        problems.append((where, f"{repo}@{rev[:12]} has no files"))
+    for gap in shard_problems([f["path"] for f in chosen]):
+        problems.append((f"{where}.include", f"selects an incomplete GGUF shard set: {gap}; fix: include "
+                                             "every shard (e.g. 'name-*-of-0000N.gguf')"))
+    total = sum(f["size"] for f in chosen)
+    have = min(state.get("have_bytes") or 0, total)
+    free = state.get("free_bytes")
+    if not problems and free is not None and total - have > free:
+        problems.append((f"{where}.dest", f"not enough free disk at {entry['dest']}: the download needs "
+                                          f"{human(total - have)} more ({human(total)} in all, {human(have)} "
+                                          f"already here, {total - have} bytes), {human(free)} free ({free} "
+                                          f"bytes); fix: free {human(total - have - free)} there, or set "
+                                          f"{where}.dest (or models_dir) to a filesystem with room"))
+    if problems:
+        return ModelPlan(name, "refused", problems=problems, line=line)
+    job = {"name": name, "dest": entry["dest"], "repo": repo, "revision": rev, "include": entry["include"],
+           "endpoint": endpoint, "source": source, "peer": peer, "peer_wait": peer_wait, "workers": workers,
+           "files": [{"path": f["path"], "size": f["size"], "oid": f.get("oid"), "sha256": f.get("sha256")}
+                     for f in sorted(chosen, key=lambda f: f["path"])],
+           "bytes": total}
+    if state.get("running"):
+        old = state.get("job") or {}
+        same = all(old.get(k) == job[k] for k in ("repo", "revision", "include", "source", "files"))
+        return ModelPlan(name, "running" if same else "restart", job=job, line=line)
+    return ModelPlan(name, "start", job=job, line=line)

@@ -1,0 +1,85 @@
+"""gpu_power's plan mode on a real NVIDIA machine with only python3 and nvidia-smi (no pyinfra,
+no network, no YAML needed): print the cards, their power limits and what a policy would change,
+with rigup's own parser (roles.gpu.facts.parse_gpus) and policy (roles.gpu_power.policy).
+
+It only reads: the one nvidia-smi call is roles.gpu.facts.GPU_COMMAND (--query-gpu). It never
+runs -pl, -pm or -lgc, and prints the calls that a converge would make instead.
+
+    python3 tests/gpu/power_plan.py [--watts W] [--override UUID|BUS=W ...] [--clocks CLASS=MIN,MAX ...]
+                                    [--no-persistence] [--from FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+try:
+    import pyinfra.api  # noqa: F401  (present on a controller; absent on a bare GPU machine)
+except ImportError:
+    # roles/gpu/facts.py defines pyinfra facts next to its parsers; only the parsers run here.
+    pyinfra = types.ModuleType("pyinfra")
+    api = types.ModuleType("pyinfra.api")
+    api.FactBase = type("FactBase", (), {})
+    pyinfra.api = api
+    sys.modules.update({"pyinfra": pyinfra, "pyinfra.api": api})
+try:
+    import yaml  # noqa: F401
+    HAVE_YAML = True
+except ImportError:
+    # roles/gpu/catalogue.py reads catalogue.yml with PyYAML; without it, cards have no class
+    # (clock locks by class are then not planned) but everything else works.
+    sys.modules["yaml"] = types.ModuleType("yaml")
+    HAVE_YAML = False
+
+from roles.gpu.facts import GPU_COMMAND, parse_gpus  # noqa: E402
+
+# roles/gpu_power/policy.py by its path: the package's __init__ is the pyinfra role.
+_spec = importlib.util.spec_from_file_location("rigup_gpu_power_policy", ROOT / "roles/gpu_power/policy.py")
+policy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(policy)
+commands, format_plan, power_plan = policy.commands, policy.format_plan, policy.power_plan
+
+
+def class_of(gpu: dict):
+    if not HAVE_YAML:
+        return None
+    from roles.gpu.catalogue import card_for
+    card = card_for(gpu)
+    return card["class"] if card else None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--watts", type=int, default=None, help="gpu_power_watts (default: null)")
+    p.add_argument("--override", action="append", default=[], help="UUID-or-bus-id=WATTS")
+    p.add_argument("--clocks", action="append", default=[], help="CLASS=MIN,MAX")
+    p.add_argument("--no-persistence", action="store_true")
+    p.add_argument("--from", dest="source", help="read the nvidia-smi output from this file")
+    args = p.parse_args(argv)
+    if args.source:
+        lines = Path(args.source).read_text().splitlines()
+    else:
+        print(f"$ {GPU_COMMAND}")
+        lines = subprocess.run(["sh", "-c", GPU_COMMAND], capture_output=True, text=True).stdout.splitlines()
+    overrides = {k: int(v) for k, _, v in (o.rpartition("=") for o in args.override)}
+    clocks = dict(c.split("=", 1) for c in args.clocks)
+    plan = power_plan(parse_gpus(lines), args.watts, overrides, clocks, not args.no_persistence, class_of)
+    print(format_plan(plan))
+    todo = commands(plan)
+    print("a converge would run (rigup-gpu-power, per card):" if todo else "a converge would run nothing")
+    for argv_ in todo:
+        print("    " + shlex.join(argv_))
+    return 1 if plan["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

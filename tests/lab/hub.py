@@ -1,0 +1,547 @@
+"""The lab's model hub: a local Hugging Face-compatible endpoint that lab hosts (and
+huggingface_hub / `hf download` on the controller) fetch models from, serving git repos the
+tests make. Standard library only.
+
+    python -m tests.lab.hub serve        # on the lab gateway, port 8090 (the lab bridge must be up)
+
+Repos live under ``STATE/hub/models/<org>/<repo>``: git work trees laid out as the hub keeps
+them, with large files in git LFS (a pointer in git, the object under ``.git/lfs/objects``), so
+the tree API gives an LFS file's sha256 and a small file's git blob id, as the real hub does.
+It answers what rigup and huggingface_hub ask:
+
+- ``GET /api/models/{repo}/tree/{rev}[/{path}]?recursive=true`` (404 with ``X-Error-Code:
+  RepoNotFound`` or ``RevisionNotFound``), ``POST /api/models/{repo}/paths-info/{rev}``,
+  ``GET /api/models/{repo}[/revision/{rev}]`` (sha, siblings);
+- ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` with ``Range``, ``X-Repo-Commit``, ``ETag``,
+  ``X-Linked-Etag`` and ``X-Linked-Size``;
+- for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
+  /_lab/tokens`` (bearer tokens seen, by client), ``POST
+  /_lab/reset``, ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 = none: a WAN link).
+
+Why not olah (PyPI), which the issue suggests: olah 0.5.4's local-mirror mode
+(server_file_routes.file_get_common -> mirror/repos.py get_file) ignores ``Range`` and sends the
+whole blob read into memory in 4 KiB chunks, so no client can resume from it, and its throughput
+caps every figure measured against it.
+
+From Python: ``hub.publish(repo_id, {path_in_repo: local_path})`` commits those files (the repo's
+whole content at that commit) and returns the commit id; ``hub.serve()``, ``hub.stop()``,
+``hub.url()``, ``hub.bytes_served(address=None)``, ``hub.tokens_seen(address)``, ``hub.reset()``,
+``hub.rate(bps)``.
+``lab.down()`` stops the server (``lab.hub_pids()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.lab import lab
+
+ROOT = lab.STATE / "hub"
+MODELS = ROOT / "models"
+PORT = int(os.environ.get("RIGUP_LAB_HUB_PORT", "8090"))
+PID = lab.STATE / "hub.pid"
+URL_FILE = lab.STATE / "hub.url"
+LOG = ROOT / "access.log"
+LFS_MIN = 1 << 20        # files this large go to LFS (the hub's own rule is about 10 MB or binary)
+GIT_ENV = {"GIT_AUTHOR_NAME": "rigup lab", "GIT_AUTHOR_EMAIL": "lab@rigup.invalid",
+           "GIT_COMMITTER_NAME": "rigup lab", "GIT_COMMITTER_EMAIL": "lab@rigup.invalid",
+           "GIT_AUTHOR_DATE": "2026-11-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-11-01T00:00:00Z"}
+
+
+def url(host: str | None = None) -> str:
+    """The endpoint lab hosts use (HF_ENDPOINT / hf_endpoint): on the gateway, or where
+    ``serve(bind)`` put it."""
+    if host is None and URL_FILE.exists():
+        return URL_FILE.read_text().strip()
+    return f"http://{host or lab.GATEWAY}:{PORT}"
+
+
+# ------------------------------------------------------------------------------ the mirror tree
+
+def _git(repo: Path, *args: str, input: bytes | None = None) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True,
+                          env={**os.environ, **GIT_ENV})
+    if proc.returncode:
+        raise lab.LabError(f"git {' '.join(args)} in {repo}: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout.decode().strip()
+
+
+def _sha256(path: Path) -> str:
+    """sha256 of a file, remembered next to it in the cache (keyed by size and mtime)."""
+    st = path.stat()
+    memo = path.with_name(f".{path.name}.sha256")
+    key = f"{st.st_size}:{st.st_mtime_ns}"
+    if memo.exists() and memo.read_text().startswith(key + " "):
+        return memo.read_text().split()[1]
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    try:
+        memo.write_text(f"{key} {h.hexdigest()}\n")
+    except OSError:
+        pass
+    return h.hexdigest()
+
+
+def publish(repo_id: str, files: dict[str, Path]) -> str:
+    """Make ``files`` ({path in repo: local file}) the content of ``repo_id`` (``org/name``) in a
+    new commit of the lab hub's mirror tree; return the commit id (a 40-hex revision to pin).
+    Commits have a fixed author and date, so the same files give the same revision on every
+    machine; publishing what the repo already holds adds no commit and returns the same id.
+    Files of 1 MiB or more are stored as git LFS (hard-linked into ``.git/lfs/objects`` when on
+    the same filesystem, else copied), so the hub lists their sha256 as the real hub does. The
+    server need not be restarted: it reads the tree on each request."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+", repo_id):
+        raise lab.LabError(f"repo id {repo_id!r}: expected org/name")
+    repo = MODELS / repo_id
+    if not (repo / ".git").exists():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git(repo, "init", "-q", "-b", "main")
+    for old in _git(repo, "ls-files", "-z").split("\0"):
+        if old:
+            (repo / old).unlink(missing_ok=True)
+    for rel, src in files.items():
+        src = Path(src)
+        target = repo / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size = src.stat().st_size
+        if size >= LFS_MIN:
+            oid = _sha256(src)
+            obj = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
+            if not obj.exists():
+                obj.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(src, obj)
+                except OSError:
+                    shutil.copyfile(src, obj)
+            target.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n")
+        else:
+            shutil.copyfile(src, target)
+    _git(repo, "add", "-A")
+    has_head = subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", "HEAD"],
+                              capture_output=True).returncode == 0
+    if has_head and subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--quiet"]).returncode == 0:
+        return _git(repo, "rev-parse", "HEAD")  # the same content: the same revision
+    _git(repo, "commit", "-q", "-m", f"publish {len(files)} file(s)")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+_LFS_RE = re.compile(rb"^version https://git-lfs\.github\.com/spec/v1\noid sha256:([0-9a-f]{64})\nsize (\d+)\n$")
+_cache: dict[tuple[str, str], list[dict] | None] = {}
+_cache_lock = threading.Lock()
+
+
+def listing(repo_id: str, rev: str) -> tuple[str, list[dict]]:
+    """(commit id, [{path, size, oid, lfs}]) of ``repo_id`` at ``rev``; LookupError(code)."""
+    repo = MODELS / repo_id
+    if not (repo / ".git").is_dir():
+        raise LookupError("RepoNotFound")
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", f"{rev}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise LookupError("RevisionNotFound")
+    sha = proc.stdout.strip()
+    with _cache_lock:
+        if (repo_id, sha) in _cache:
+            return sha, _cache[(repo_id, sha)]
+    out = []
+    for line in _git(repo, "ls-tree", "-r", "-l", "-z", sha).split("\0"):
+        if not line:
+            continue
+        meta, path = line.split("\t", 1)
+        _, kind, oid, size = meta.split()
+        entry = {"path": path, "size": int(size), "oid": oid, "lfs": None}
+        if int(size) < 200:
+            blob = subprocess.run(["git", "-C", str(repo), "cat-file", "blob", oid], capture_output=True).stdout
+            m = _LFS_RE.match(blob)
+            if m:
+                entry["lfs"] = {"oid": m.group(1).decode(), "size": int(m.group(2)), "pointerSize": int(size)}
+                entry["size"] = int(m.group(2))
+        out.append(entry)
+    with _cache_lock:
+        _cache[(repo_id, sha)] = out
+    return sha, out
+
+
+# ------------------------------------------------------------------------------ test repo files
+
+CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab")) / "hub-files"
+
+
+def random_file(name: str, size: int, seed: int = 5) -> Path:
+    """A file of ``size`` pseudo-random bytes (the same for the same seed), made once and kept
+    in the lab cache (for the resume tests: a file the hub cannot compress or guess)."""
+    import random
+
+    path = CACHE / name
+    if path.exists() and path.stat().st_size == size:
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(f"{seed}:{size}")
+    tmp = path.with_name(f".{name}.tmp")
+    with open(tmp, "wb") as fh:
+        left = size
+        while left:
+            n = min(left, 8 << 20)
+            fh.write(rng.randbytes(n))
+            left -= n
+    os.replace(tmp, path)
+    return path
+
+
+def _gguf_str(s: str) -> bytes:
+    import struct
+
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_bytes(kv: dict, tensors: dict[str, bytes]) -> bytes:
+    """A GGUF v3 file: ``kv`` (str, int as uint32/uint16 by name, or float) and F32 tensors
+    (1-D, raw bytes), 32-byte aligned, as llama.cpp's gguf-py writes it."""
+    import struct
+
+    out = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(kv))]
+    for key, value in kv.items():
+        out.append(_gguf_str(key))
+        if isinstance(value, str):
+            out += [struct.pack("<I", 8), _gguf_str(value)]
+        elif key in ("split.no", "split.count"):
+            out.append(struct.pack("<IH", 2, value))
+        elif isinstance(value, int):
+            out.append(struct.pack("<Ii", 5, value))
+        else:
+            out.append(struct.pack("<If", 6, value))
+    offset = 0
+    for name, data in tensors.items():
+        out += [_gguf_str(name), struct.pack("<IQIQ", 1, len(data) // 4, 0, offset)]
+        offset += (len(data) + 31) // 32 * 32
+    head = b"".join(out)
+    head += b"\0" * (-len(head) % 32)
+    body = b"".join(d + b"\0" * (-len(d) % 32) for d in tensors.values())
+    return head + body
+
+
+def gguf_shards(name: str, count: int = 3, tensor_bytes: int = 2 << 20) -> dict[str, Path]:
+    """A small model split into ``count`` GGUF shards (``NAME-0000k-of-0000N.gguf``), one F32
+    tensor of ``tensor_bytes`` each, with llama.cpp's split keys; made once in the lab cache.
+    Returns {file name: path}."""
+    import random
+
+    out = {}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for k in range(1, count + 1):
+        fname = f"{name}-{k:05d}-of-{count:05d}.gguf"
+        path = CACHE / fname
+        if not path.exists():
+            rng = random.Random(f"{name}:{k}")
+            kv = {"general.architecture": "llama", "general.name": name, "split.no": k - 1,
+                  "split.count": count, "split.tensors.count": count}
+            data = gguf_bytes(kv, {f"blk.{k - 1}.weight": rng.randbytes(tensor_bytes // 4 * 4)})
+            lab.write(path, data)
+        out[fname] = path
+    return out
+
+
+# ------------------------------------------------------------------------------------ the server
+
+class Stats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.bytes: dict[str, int] = {}
+        self.tokens: dict[str, list[str]] = {}   # client -> bearer tokens it sent (the tests' own)
+        self.bps = 0
+
+    def add(self, who: str, n: int) -> None:
+        with self.lock:
+            self.bytes[who] = self.bytes.get(who, 0) + n
+
+
+STATS = Stats()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "rigup-lab-hub/1"
+
+    def log_message(self, fmt, *args):
+        with open(LOG, "a") as log:
+            log.write(f"{time.strftime('%H:%M:%S')} {self.client_address[0]} {fmt % args}\n")
+
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype="application/json"):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, value, status=200):
+        self._send(status, json.dumps(value).encode())
+
+    def _error(self, code: str, message: str, status=404):
+        self._send(status, json.dumps({"error": message}).encode(), {"X-Error-Code": code})
+
+    def do_POST(self):
+        parts = urllib.parse.urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if parts.path == "/_lab/reset":
+            with STATS.lock:
+                STATS.bytes.clear()
+                STATS.tokens.clear()
+            return self._json({})
+        if parts.path == "/_lab/rate":
+            STATS.bps = int(urllib.parse.parse_qs(parts.query).get("bps", ["0"])[0])
+            return self._json({"bps": STATS.bps})
+        m = re.match(r"^/api/models/([^/]+/[^/]+)/paths-info/([^/]+)$", parts.path)
+        if m:
+            form = urllib.parse.parse_qs(body.decode())
+            if not form and body.startswith(b"{"):
+                form = json.loads(body)
+            wanted = form.get("paths", [])
+            try:
+                _, files = listing(m.group(1), urllib.parse.unquote(m.group(2)))
+            except LookupError as e:
+                return self._error(str(e), f"{e}: {m.group(1)}@{m.group(2)}")
+            return self._json([self._item(f) for f in files if f["path"] in wanted])
+        self._error("EntryNotFound", "no such route")
+
+    @staticmethod
+    def _item(f: dict) -> dict:
+        item = {"type": "file", "oid": f["oid"], "size": f["size"], "path": f["path"]}
+        if f["lfs"]:
+            item["lfs"] = f["lfs"]
+        return item
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        parts = urllib.parse.urlsplit(self.path)
+        path = urllib.parse.unquote(parts.path)
+        query = urllib.parse.parse_qs(parts.query)
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            with STATS.lock:
+                seen = STATS.tokens.setdefault(self.client_address[0], [])
+                if auth[7:] not in seen:
+                    seen.append(auth[7:])
+        if path == "/_lab/bytes":
+            with STATS.lock:
+                return self._json(dict(STATS.bytes))
+        if path == "/_lab/tokens":
+            with STATS.lock:
+                return self._json(dict(STATS.tokens))
+        m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
+        if m:
+            try:
+                _, files = listing(m.group(1), m.group(2))
+            except LookupError as e:
+                return self._error(str(e), f"{e}: {m.group(1)}@{m.group(2)}")
+            prefix = (m.group(3) or "").strip("/")
+            recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+            items, dirs = [], set()
+            for f in files:
+                if prefix and not f["path"].startswith(prefix + "/"):
+                    continue
+                rest = f["path"][len(prefix) + 1:] if prefix else f["path"]
+                parents = rest.split("/")[:-1]
+                for i in range(len(parents)):
+                    d = "/".join(filter(None, [prefix, *parents[: i + 1]]))
+                    if (recursive or i == 0) and d not in dirs:
+                        dirs.add(d)
+                        items.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": d})
+                if recursive or not parents:
+                    items.append(self._item(f))
+            return self._json(items)
+        m = re.match(r"^/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?$", path)
+        if m:
+            try:
+                sha, files = listing(m.group(1), m.group(2) or "main")
+            except LookupError as e:
+                return self._error(str(e), f"{e}: {m.group(1)}", 401 if str(e) == "RepoNotFound" else 404)
+            return self._json({"id": m.group(1), "modelId": m.group(1), "sha": sha, "private": False,
+                               "gated": False, "disabled": False, "tags": [], "downloads": 0, "likes": 0,
+                               "siblings": [{"rfilename": f["path"]} for f in files]})
+        m = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+        if m:
+            return self._resolve(*m.groups())
+        self._error("EntryNotFound", "no such route")
+
+    def _resolve(self, repo_id: str, rev: str, file: str):
+        try:
+            sha, files = listing(repo_id, rev)
+        except LookupError as e:
+            return self._error(str(e), f"{e}: {repo_id}@{rev}")
+        entry = next((f for f in files if f["path"] == file), None)
+        if entry is None:
+            return self._error("EntryNotFound", f"{file} is not in {repo_id}@{rev}")
+        repo = MODELS / repo_id
+        size = entry["size"]
+        headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
+        if entry["lfs"]:
+            oid = entry["lfs"]["oid"]
+            headers.update({"ETag": f'"{oid}"', "X-Linked-Etag": f'"{oid}"', "X-Linked-Size": str(size)})
+            source = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
+        else:
+            headers["ETag"] = f'"{entry["oid"]}"'
+            source = None
+        start = 0
+        r = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        end = size - 1
+        if r:
+            start = int(r.group(1))
+            end = min(int(r.group(2)), size - 1) if r.group(2) else size - 1
+            if start >= size:
+                return self._send(416, headers={**headers, "Content-Range": f"bytes */{size}"})
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        self.send_response(206 if r else 200)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if source is not None:
+            fh = open(source, "rb")
+        else:
+            fh = subprocess.Popen(["git", "-C", str(repo), "cat-file", "blob", entry["oid"]],
+                                  stdout=subprocess.PIPE).stdout
+            fh.read(start)
+        who = self.client_address[0]
+        t0, sent, left = time.monotonic(), 0, end - start + 1
+        try:
+            if source is not None:
+                fh.seek(start)
+            while left > 0:
+                block = fh.read(min(1 << 20, left))
+                if not block:
+                    break
+                self.wfile.write(block)
+                STATS.add(who, len(block))
+                sent += len(block)
+                left -= len(block)
+                if STATS.bps:
+                    ahead = sent / STATS.bps - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            fh.close()
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main_serve(bind: str, port: int) -> None:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    Server((bind, port), Handler).serve_forever()
+
+
+# ------------------------------------------------------------------------ process management
+
+def _serving() -> bool:
+    try:
+        os.kill(int(PID.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def serve(bind: str | None = None) -> str:
+    """Start the hub on the lab gateway (or ``bind``), unless it runs; return its URL."""
+    MODELS.mkdir(parents=True, exist_ok=True)
+    if not _serving():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lab.hub", "serve", "--bind", str(bind or lab.GATEWAY),
+             "--port", str(PORT), "--root", str(ROOT)], cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.DEVNULL, stderr=open(ROOT / "server.log", "a"), stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        PID.write_text(str(proc.pid))
+        URL_FILE.write_text(url(str(bind or lab.GATEWAY)) + "\n")
+        for _ in range(100):
+            try:
+                _OPENER.open(f"{url(bind)}/_lab/bytes", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise lab.LabError(f"the lab hub did not answer on {url(bind)}: {(ROOT / 'server.log').read_text()[-2000:]}")
+    return url(bind)
+
+
+def stop() -> None:
+    """Stop the hub, if it runs."""
+    if _serving():
+        pid = int(PID.read_text())
+        os.kill(pid, signal.SIGTERM)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    PID.unlink(missing_ok=True)
+    URL_FILE.unlink(missing_ok=True)
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the gateway is local
+
+
+def _call(path: str, method: str = "GET", host: str | None = None):
+    req = urllib.request.Request(f"{url(host)}{path}", method=method, data=b"" if method == "POST" else None)
+    with _OPENER.open(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def bytes_served(address: str | None = None, host: str | None = None) -> int:
+    """File bytes the hub sent (to ``address``, or to everyone) since the last ``reset()``."""
+    counts = _call("/_lab/bytes", host=host)
+    return counts.get(address, 0) if address else sum(counts.values())
+
+
+def tokens_seen(address: str, host: str | None = None) -> list[str]:
+    """Bearer tokens ``address`` sent since the last ``reset()`` (tests of token handling)."""
+    return _call("/_lab/tokens", host=host).get(address, [])
+
+
+def reset(host: str | None = None) -> None:
+    _call("/_lab/reset", "POST", host)
+
+
+def rate(bps: int, host: str | None = None) -> None:
+    """Limit each download stream to ``bps`` bytes/s (0: no limit)."""
+    _call(f"/_lab/rate?bps={int(bps)}", "POST", host)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.lab.hub")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve")
+    p.add_argument("--bind", default=str(lab.GATEWAY))
+    p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--root", default=str(ROOT))  # names the lab in the process list (lab.hub_pids)
+    args = parser.parse_args()
+    main_serve(args.bind, args.port)

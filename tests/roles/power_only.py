@@ -1,0 +1,14 @@
+"""A play for the gpu_power, gpu_guard and cmpunlocker tests: deploy.py's preflight and base,
+then those three roles in deploy.py's order (no CUDA, no llama.cpp build, no serving)."""
+
+from pyinfra import host
+
+from roles import base, cmpunlocker, gpu_guard, gpu_power, preflight
+from roles.config import check_host
+
+check_host(host)
+plan = preflight.run()
+base.apply()
+gpu_power.apply(plan)
+gpu_guard.apply(plan)
+cmpunlocker.apply(plan)

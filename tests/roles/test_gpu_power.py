@@ -1,0 +1,109 @@
+"""roles/gpu_power on the lab's a100 hosts: limits by UUID and bus id, refused values, the boot
+unit before serving after a reboot, never a bare -pl, and plan mode."""
+
+import re
+
+import pytest
+
+from tests.conftest import on_host
+from tests.roles.power_lab import calls, cards, data, install_serving_unit, play
+
+pytestmark = pytest.mark.lab
+SETTERS = ("-pl", "--power-limit", "-pm", "--persistence-mode", "-lgc", "--lock-gpu-clocks")
+
+
+@pytest.fixture(scope="module")
+def host(lab):
+    name = lab.hosts()[0]["name"]
+    first = play(name)        # base, and the power unit with no cap (persistence only)
+    assert "GPU power limits by UUID" in first.output
+    install_serving_unit(lab, name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def policy(lab, host):
+    """gpu_power_watts 200 for the group, card 3 by UUID at 150 W, card 5 by bus id at 120 W."""
+    c = cards(lab, host)
+    bus = "0000:" + c[5]["bus_id"].split(":", 1)[1].lower()          # short domain, lower case
+    return {"gpu_power_watts": 200, "gpu_power_overrides": {c[3]["uuid"]: 150, bus: 120},
+            "expected": {**{x["uuid"]: "200.00" for x in c}, c[3]["uuid"]: "150.00", c[5]["uuid"]: "120.00"}}
+
+
+def snapshot(lab, host):
+    return on_host(lab, host, "nvidia-smi --query-gpu=uuid,power.limit,persistence_mode --format=csv,noheader; "
+                              "cat /etc/rigup/gpu-power.conf 2>&1")
+
+
+def test_out_of_range_watts_are_refused_and_nothing_changes(lab, host):
+    before, n_calls = snapshot(lab, host), len(calls(lab, host))
+    run = play(host, *data(gpu_power_watts=450), check=False)
+    assert run.returncode != 0
+    assert f"[{host}] refused: gpu_power_watts 450 W is outside the power range of this host's cards: " \
+           "GPU 0-7 (a100) accept 100-400 W" in run.output
+    c = cards(lab, host)
+    run = play(host, *data(gpu_power_overrides={c[2]["uuid"]: 60}), check=False)
+    assert run.returncode != 0 and f"gpu_power_overrides.{c[2]['uuid']} 60 W is outside its card's power range" \
+        in run.output
+    assert snapshot(lab, host) == before
+    setters = [a for a in calls(lab, host)[n_calls:] if set(a) & set(SETTERS)]
+    assert setters == []
+
+
+def test_policy_by_uuid_and_bus_id_applies_and_reads_back(lab, host, policy):
+    run = play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
+    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()
+    got = {c["uuid"]: c["limit"] for c in cards(lab, host)}
+    assert got == policy["expected"]
+    assert all(c["persistence"] == "Enabled" for c in cards(lab, host))
+    journal = on_host(lab, host, "journalctl -u rigup-gpu-power -o cat --no-pager")
+    assert "rigup-gpu-power: applied: 8 card(s) verified" in journal
+    again = play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
+    assert again.totals["changed"] == 0, again.changed_operations()
+
+
+def test_only_cards_that_differ_are_set(lab, host, policy):
+    c = cards(lab, host)
+    overrides = {**policy["gpu_power_overrides"], c[3]["uuid"]: 175}
+    n = len(calls(lab, host))
+    play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=overrides))
+    set_pl = [a for a in calls(lab, host)[n:] if "-pl" in a]
+    assert set_pl == [["-i", c[3]["uuid"], "-pl", "175"]]
+    play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
+
+
+def test_after_a_reboot_limits_are_applied_before_the_serving_unit_starts(lab, host, policy):
+    lab.reboot(host)
+    assert {c["uuid"]: c["limit"] for c in cards(lab, host)} == policy["expected"]   # the driver forgot them
+    journal = on_host(lab, host, "journalctl -b -o short-monotonic --no-pager "
+                                 "-u rigup-gpu-power.service -u rigup-llama@test.service").splitlines()
+    applied = next(i for i, ln in enumerate(journal) if "rigup-gpu-power: applied: 8 card(s) verified" in ln)
+    serving = next(i for i, ln in enumerate(journal) if "serving starts; limits:" in ln)
+    assert applied < serving, "\n".join(journal)
+    assert "400.00" not in journal[serving] and "150.00" in journal[serving]
+    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
+
+
+def test_no_bare_power_limit_ever(lab, host):
+    for h in [host]:
+        setters = [a for a in calls(lab, h) if set(a) & set(SETTERS)]
+        assert setters, "the tests set limits, so the log has setters"
+        for argv in setters:
+            assert argv[0] in ("-i", "--id") and re.fullmatch(r"GPU-[0-9a-f-]{36}", argv[1]), argv
+
+
+def test_plan_mode_shows_the_diff_and_changes_nothing(lab, host, policy):
+    before, n = snapshot(lab, host), len(calls(lab, host))
+    run = play(host, *data(gpu_power_watts=300, gpu_power_overrides=policy["gpu_power_overrides"]),
+               file="power_plan.py")
+    c = cards(lab, host)
+    out = run.output
+    assert f"[{host}] power: GPU 0 {c[0]['uuid']} {c[0]['bus_id']} a100: limit 200 W (min 100, max 400, " \
+           "default 400), persistence on" in out
+    assert f"[{host}] power:     policy: 300 W from gpu_power_watts -> power limit 200 -> 300 W" in out
+    assert f"[{host}] power:     policy: 150 W from gpu_power_overrides.{c[3]['uuid']} -> no change" in out
+    assert f"[{host}] power: 6 change(s) would be made" in out
+    refused = play(host, *data(gpu_power_watts=450), file="power_plan.py")
+    assert f"[{host}] power: refused: gpu_power_watts: 450 W is outside GPU 0" in refused.output
+    assert snapshot(lab, host) == before
+    assert [a for a in calls(lab, host)[n:] if set(a) & set(SETTERS)] == []

@@ -1,0 +1,135 @@
+"""roles/llama_server on the lab: Gemma 3 270M served by llama-server under systemd."""
+
+import json
+import re
+import time
+
+import pytest
+
+from roles import config
+from tests.conftest import on_host
+from tests.converge import pyinfra
+
+pytestmark = pytest.mark.lab
+UNIT = "rigup-llama@gemma.service"
+GROUP_VARS = config.GROUP_VARS_DIR / "lab.yml"
+ASK = ("curl -s -o /tmp/answer -w '%{http_code}' http://127.0.0.1:8081/v1/chat/completions "
+       "-H 'Content-Type: application/json' "
+       "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}],"
+       "\"max_tokens\":24,\"temperature\":0}'")
+
+
+@pytest.fixture(scope="module")
+def host(lab, second_converge):
+    return lab.hosts()[0]["name"]
+
+
+def started_at(lab, host):
+    return on_host(lab, host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {UNIT}").strip()
+
+
+def converge_one(host, *data):
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, *[a for d in data for a in ("--data", d)])
+    assert run.returncode == 0, run.output[-5000:]
+    return run
+
+
+def wait_for(lab, host, command, expect, seconds=60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        out = lab.ssh(host, command).stdout.strip()
+        if out == expect:
+            return
+        time.sleep(1)
+    pytest.fail(f"{command!r} on {host} did not print {expect!r} within {seconds} s (last: {out!r})")
+
+
+def test_every_host_serves_and_answers(lab, second_converge):
+    for h in lab.hosts():
+        assert on_host(lab, h["name"], f"systemctl is-active {UNIT}").strip() == "active"
+        assert on_host(lab, h["name"], ASK) == "200"
+        answer = json.loads(on_host(lab, h["name"], "cat /tmp/answer"))
+        assert answer["choices"][0]["message"]["content"].strip()  # a 270M model: any real text
+        assert answer["usage"]["completion_tokens"] > 0 and answer["timings"]["predicted_per_second"] > 0
+
+
+def test_runs_as_the_service_user_with_explicit_flags(lab, host):
+    line = on_host(lab, host, "ps -eo user:16,args | grep [l]lama-server")
+    assert line.startswith("rigup ")
+    for flag in ("--port 8081", "--host 127.0.0.1", "-c 4096", "--parallel 2", "-ngl 0", "-fa auto",
+                 "-m /srv/models/gemma-270m/gemma-3-270m-q4_k_m.gguf"):
+        assert flag in line
+
+
+def test_hardening_exposure_at_most_5(lab, host):
+    out = on_host(lab, host, f"systemd-analyze security {UNIT} | tail -1")
+    exposure = float(re.search(r"exposure level for \S+: ([\d.]+)", out).group(1))
+    assert exposure <= 5.0, out
+    on_host(lab, host, f"systemd-analyze verify {UNIT}")
+
+
+def test_restarts_only_on_change(lab, host):
+    before = started_at(lab, host)
+    converge_one(host)
+    assert started_at(lab, host) == before  # nothing changed: no restart
+    run = converge_one(host, 'llama_server_instances={"gemma": {"model": "gemma-270m", "port": 8081, '
+                             '"ctx": 2048, "parallel": 2, "ngl": 0}}')
+    assert started_at(lab, host) != before  # a flag changed: restarted, and gated again
+    assert "llama-server gemma answers" in " ".join(run.changed_operations())
+    assert "-c 2048" in on_host(lab, host, "ps -eo args | grep [l]lama-server")
+    converge_one(host)  # back to group_vars/lab.yml's recipe
+
+
+def test_systemd_brings_a_killed_server_back(lab, host):
+    on_host(lab, host, "pkill -9 -x llama-server")
+    time.sleep(12)  # RestartSec=10
+    wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200")
+
+
+def test_api_key_is_enforced_and_never_shown(lab, host):
+    recipe = ('llama_server_instances={"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 4096, '
+              '"parallel": 2, "ngl": 0, "api_key": true}}')
+    run = converge_one(host, recipe)
+    key = on_host(lab, host, "cat /etc/rigup/llama-server/gemma.key")
+    assert re.fullmatch(r"[0-9a-f]{64}", key)  # no newline, no CR: llama-server does not trim
+    assert on_host(lab, host, "stat -c '%U:%G %a' /etc/rigup/llama-server/gemma.key").strip() == "root:rigup 640"
+    assert on_host(lab, host, ASK) == "401"
+    authed = ASK.replace("curl -s", f"curl -s -H 'Authorization: Bearer {key}'")
+    assert on_host(lab, host, authed) == "200"
+    assert key not in run.output
+    assert key not in on_host(lab, host, "ps -eo args")
+    assert key not in on_host(lab, host, f"systemctl cat {UNIT}")
+    assert key not in on_host(lab, host, "journalctl --no-pager -o cat | tail -n 2000")
+    converge_one(host)  # back to no key
+
+
+def test_a_wrong_model_is_a_clear_error_before_any_change(lab, host):
+    """An instance naming a model that is not declared: preflight names the key path and the
+    models there are, and the running instance is left alone."""
+    before = started_at(lab, host)
+    instances = {**config.load_yaml(GROUP_VARS)["llama_server_instances"],
+                 "broken": {"model": "gemma-207m", "port": 8090, "ngl": 0}}
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host,
+                  "--data", f"llama_server_instances={json.dumps(instances)}")
+    assert run.returncode != 0
+    assert ("llama_server_instances.broken.model: 'gemma-207m' is not a key of models "
+            "(its keys: gemma-270m; did you mean 'gemma-270m'?)") in run.output
+    assert "Starting operation" not in run.output
+    assert started_at(lab, host) == before
+    on_host(lab, host, "test ! -e /etc/systemd/system/rigup-llama@broken.service.d")
+
+
+def test_a_model_file_gone_from_disk_shows_in_the_journal(lab, host):
+    """The unit checks its model before starting: a file removed behind rigup's back fails the
+    start with the path in the journal instead of a llama-server crash loop."""
+    model = "/srv/models/gemma-270m/gemma-3-270m-q4_k_m.gguf"
+    on_host(lab, host, f"mv {model} {model}.away && systemctl restart {UNIT} || true")
+    log = on_host(lab, host, f"journalctl -u {UNIT} -n 20 --no-pager -o cat")
+    on_host(lab, host, f"mv {model}.away {model} && systemctl reset-failed {UNIT}; systemctl restart {UNIT}")
+    assert "ExecStartPre=/usr/bin/test" in log or "Control process exited" in log or "failed" in log
+    wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200")
+
+
+def test_a_reboot_brings_the_endpoint_back(lab, host):
+    lab.reboot(host)
+    wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200", 120)

@@ -1,0 +1,204 @@
+"""roles/model_fetch without a lab: the pure plan (refusals, progress lines, shard sets,
+first_gguf), the probe's parsing, and the host-side fetcher against the lab hub's server run on
+loopback (real HTTP: resume with Range after a kill, a corrupt file fetched again)."""
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.model_fetch import fetcher
+from roles.model_fetch.facts import first_gguf, parse_probe, unit_name
+from roles.model_fetch.plan import human, plan_model, progress_line
+
+REV = "a" * 40
+FILES = [{"path": "m-00001-of-00002.gguf", "size": 600, "oid": "1" * 40, "sha256": "b" * 64},
+         {"path": "m-00002-of-00002.gguf", "size": 400, "oid": "2" * 40, "sha256": "c" * 64},
+         {"path": "config.json", "size": 10, "oid": "3" * 40, "sha256": None}]
+ENTRY = {"repo": "org/m", "revision": REV, "include": [], "dest": "/srv/models/m"}
+
+
+def plan(state, **entry):
+    return plan_model("m", {**ENTRY, **entry}, state, endpoint="http://hub", source="http://hub", peer=None,
+                      workers=4, peer_wait=60)
+
+
+def test_first_gguf():
+    assert first_gguf(["a/x-00002-of-00003.gguf", "a/x-00001-of-00003.gguf", "config.json"]) == "a/x-00001-of-00003.gguf"
+    assert first_gguf(["model-Q4_K_M.gguf", "mmproj-model-f16.gguf"]) == "model-Q4_K_M.gguf"
+    assert first_gguf(["config.json", "model.safetensors"]) is None
+    assert first_gguf([]) is None
+
+
+def test_shard_sets_and_include():
+    assert fetcher.shard_problems(["m-00001-of-00003.gguf", "m-00003-of-00003.gguf"]) == [
+        "m-*-of-00003.gguf lacks shard(s) 00002"]
+    assert fetcher.shard_problems([f["path"] for f in FILES]) == []
+    chosen, unmatched = fetcher.select(FILES, ["*.gguf", "*.safetensors"])
+    assert [f["path"] for f in chosen] == ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    assert unmatched == ["*.safetensors"]
+
+
+def test_plan_starts_a_job_with_every_file_and_its_hash():
+    p = plan({"hub_files": FILES, "free_bytes": 10_000, "have_bytes": 0})
+    assert p.action == "start" and p.problems == []
+    assert p.job["bytes"] == 1010 and [f["path"] for f in p.job["files"]] == sorted(f["path"] for f in FILES)
+    assert p.job["files"][1]["sha256"] == "b" * 64
+
+
+def test_plan_refusals_name_the_key_and_the_numbers():
+    disk = plan({"hub_files": FILES, "free_bytes": 500, "have_bytes": 100})
+    assert disk.action == "refused"
+    key, why = disk.problems[0]
+    assert key == "models.m.dest" and "910 bytes" in why and "(500 bytes)" in why and "fix:" in why
+    inc = plan({"hub_files": FILES, "free_bytes": 10_000}, include=["*.bin"])
+    assert inc.problems[0][0] == "models.m.include" and "'*.bin' matches no file of org/m" in inc.problems[0][1]
+    half = plan({"hub_files": FILES, "free_bytes": 10_000}, include=["m-00001*"])
+    assert "lacks shard(s) 00002" in half.problems[0][1]
+    rev = plan({"hub_error": {"status": 404, "code": "RevisionNotFound", "message": "HTTP 404"}})
+    assert rev.problems[0][0] == "models.m.revision" and f"{REV} is not a commit of org/m" in rev.problems[0][1]
+    repo = plan({"hub_error": {"status": 404, "code": "RepoNotFound", "message": "HTTP 404"}})
+    assert repo.problems[0][0] == "models.m.repo"
+    down = plan({"hub_error": {"status": 0, "code": "Unreachable", "message": "cannot reach http://hub"}})
+    assert down.problems[0][0] == "models.m" and "cannot reach" in down.problems[0][1]
+
+
+def test_plan_leaves_a_running_job_alone_and_restarts_a_changed_one():
+    job = plan({"hub_files": FILES, "free_bytes": 10_000}).job
+    assert plan({"hub_files": FILES, "free_bytes": 10_000, "running": True, "job": job}).action == "running"
+    other = dict(job, include=["*.gguf"])
+    assert plan({"hub_files": FILES, "free_bytes": 10_000, "running": True, "job": other}).action == "restart"
+    done = {"complete": True, "dest": "/srv/models/m", "marker": {"files": ["a"], "bytes": 3 << 30}}
+    assert plan(done).action == "complete"
+    assert progress_line("m", done) == "model m: complete, 1 file(s), 3.0 GiB at /srv/models/m"
+
+
+def test_progress_lines():
+    running = {"running": True, "progress": {"bytes": 50 << 20, "total": 100 << 20, "rate": 10 << 20, "eta": 5,
+                                              "state": "running"}}
+    assert progress_line("m", running) == "model m: 50.0 MiB / 100.0 MiB (50.0%), 10.0 MiB/s, ETA 5s (running)"
+    stopped = {"progress": {"bytes": 50 << 20, "total": 100 << 20, "state": "running"}}
+    assert "stopped at 50.0 MiB / 100.0 MiB (50.0%); resumed" in progress_line("m", stopped)
+    assert human(1.35 * (1 << 40)) == "1.4 TiB"
+
+
+def test_parse_probe_and_unit_names():
+    lines = ["##rigup-systemd 1", "##rigup-share active", '##rigup-model {"name": "m", "complete": true}', "noise"]
+    assert parse_probe(lines) == {"systemd": True, "python": True, "share_active": True,
+                                  "models": {"m": {"name": "m", "complete": True}}}
+    assert parse_probe(["##rigup-systemd 0", "##rigup-share ", "##rigup-nopython"])["python"] is False
+    assert unit_name("glm 4.5/q4") == "rigup-fetch-glm_4.5_q4"
+
+
+# ------------------------------------------------------------------ the fetcher over loopback HTTP
+
+@pytest.fixture(scope="module")
+def local_hub(tmp_path_factory):
+    from tests.lab import hub
+
+    root = tmp_path_factory.mktemp("hub")
+    saved = hub.MODELS, hub.LOG
+    hub.MODELS, hub.LOG = root / "models", root / "access.log"
+    src = root / "src"
+    src.mkdir()
+    big = src / "big.bin"
+    big.write_bytes(os.urandom(24 << 20))
+    (src / "config.json").write_text('{"a": 1}\n')
+    shards = {}
+    for k in (1, 2):
+        p = src / f"m-0000{k}-of-00002.gguf"
+        p.write_bytes(hub.gguf_bytes({"split.no": k - 1, "split.count": 2}, {"t": os.urandom(1 << 16)}))
+        shards[p.name] = p
+    rev = hub.publish("org/m", {"big.bin": big, "config.json": src / "config.json", **shards})
+    server = hub.Server(("127.0.0.1", 0), hub.Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", rev, hub
+    server.shutdown()
+    hub.MODELS, hub.LOG = saved
+
+
+def job_for(dest, endpoint, rev):
+    files = fetcher.hub_files(endpoint, "org/m", rev, None)
+    job = {"dest": str(dest), "repo": "org/m", "revision": rev, "source": endpoint, "files": files,
+           "include": [], "workers": 2}
+    (dest / ".rigup-fetch").mkdir(parents=True, exist_ok=True)
+    (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
+    return job
+
+
+def run_fetch(dest):
+    return subprocess.run([sys.executable, fetcher.__file__, "fetch", str(dest / ".rigup-fetch/job.json")],
+                          capture_output=True, text=True)
+
+
+def test_hub_lists_sizes_and_hashes_and_refuses_unknowns(local_hub):
+    endpoint, rev, _ = local_hub
+    files = {f["path"]: f for f in fetcher.hub_files(endpoint, "org/m", rev, None)}
+    assert files["big.bin"]["size"] == 24 << 20 and len(files["big.bin"]["sha256"]) == 64
+    assert files["config.json"]["sha256"] is None and len(files["config.json"]["oid"]) == 40
+    with pytest.raises(fetcher.HubError) as e:
+        fetcher.hub_files(endpoint, "org/m", "f" * 40, None)
+    assert e.value.code == "RevisionNotFound"
+    with pytest.raises(fetcher.HubError) as e:
+        fetcher.hub_files(endpoint, "org/none", rev, None)
+    assert e.value.code == "RepoNotFound"
+
+
+def test_fetch_verifies_and_marks_complete(local_hub, tmp_path):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "m"
+    job_for(dest, endpoint, rev)
+    result = run_fetch(dest)
+    assert result.returncode == 0, result.stderr
+    marker = json.loads((dest / ".rigup-complete.json").read_text())
+    assert marker == {"repo": "org/m", "revision": rev, "bytes": sum(f.stat().st_size for f in dest.iterdir() if f.is_file() and not f.name.startswith(".")),
+                      "files": ["big.bin", "config.json", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]}
+    # the probe finds it complete without asking the hub
+    spec = base64.b64encode(json.dumps([{"name": "m", "dest": str(dest), "repo": "org/m", "revision": rev,
+                                         "include": [], "endpoint": "http://127.0.0.1:9"}]).encode()).decode()
+    out = subprocess.run([sys.executable, fetcher.__file__, "probe", spec], capture_output=True, text=True).stdout
+    state = parse_probe(out.splitlines())["models"]["m"]
+    assert state["complete"] and "hub_files" not in state and "hub_error" not in state
+    # a shard changed on disk (same size): damaged, checked again, that shard fetched again
+    shard = dest / "m-00002-of-00002.gguf"
+    data = bytearray(shard.read_bytes())
+    data[-1000:-990] = b"\0" * 10
+    shard.write_bytes(bytes(data))
+    state = parse_probe(subprocess.run([sys.executable, fetcher.__file__, "probe", spec], capture_output=True,
+                                       text=True).stdout.splitlines())["models"]["m"]
+    assert state["damaged"] == ["m-00002-of-00002.gguf"] and not state["complete"]
+    assert run_fetch(dest).returncode == 0
+    assert (dest / ".rigup-complete.json").exists() and shard.read_bytes() != bytes(data)
+
+
+def test_kill_9_then_resume_fetches_only_the_rest(local_hub, tmp_path):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "m"
+    job = job_for(dest, endpoint, rev)
+    job["files"] = [f for f in job["files"] if f["path"] == "big.bin"]
+    (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
+    hub.STATS.bps = 8 << 20
+    with hub.STATS.lock:
+        hub.STATS.bytes.clear()
+    proc = subprocess.Popen([sys.executable, fetcher.__file__, "fetch", str(dest / ".rigup-fetch/job.json")])
+    part = dest / ".rigup-fetch/parts/big.bin"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not part.exists() or part.stat().st_size < (12 << 20)):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    hub.STATS.bps = 0
+    have = part.stat().st_size
+    assert 0 < have < 24 << 20
+    with hub.STATS.lock:
+        hub.STATS.bytes.clear()
+    assert run_fetch(dest).returncode == 0
+    assert sum(hub.STATS.bytes.values()) == (24 << 20) - have
+    assert not part.exists() and (dest / ".rigup-complete.json").exists()
