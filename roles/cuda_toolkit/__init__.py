@@ -30,16 +30,6 @@ KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
 
 
-def nvcc_path(plan: dict, data: dict) -> str:
-    """Where this host's nvcc of ``cuda_version`` is, or will be once the role ran."""
-    source, version = data["cuda_source"], data["cuda_version"]
-    if source == "nvidia":
-        return f"/usr/local/cuda-{version}/bin/nvcc"
-    if source == "distro":
-        return "/usr/bin/nvcc"
-    return plan["cuda_toolkit"]["path"] or "nvcc"
-
-
 def _home(data: dict) -> str:
     return f"/usr/local/cuda-{data['cuda_version']}" if data["cuda_source"] == "nvidia" else "/usr"
 

@@ -173,3 +173,13 @@ def build_backend(plan: dict, data: dict) -> str:
     if chosen == "auto":
         return "cuda" if data.get("gpu_enabled", True) and not plan["cpu_only"] else "cpu"
     return chosen
+
+
+def nvcc_path(plan: dict, data: dict) -> str:
+    """Where this host's nvcc of ``cuda_version`` is, or will be once roles/cuda_toolkit ran."""
+    source, version = data["cuda_source"], data["cuda_version"]
+    if source == "nvidia":
+        return f"/usr/local/cuda-{version}/bin/nvcc"
+    if source == "distro":
+        return "/usr/bin/nvcc"
+    return plan["cuda_toolkit"]["path"] or "nvcc"

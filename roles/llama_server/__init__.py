@@ -24,65 +24,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 from io import StringIO
 
-import jinja2
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, python
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
-from roles.common import TEMPLATES
 from roles.config import role_defaults
 from roles.gpu.plan import build_backend
-from roles.llama_cpp import build_id, cmake_options
-from roles.llama_server.facts import DROPIN, KEY, LlamaServerState
+from roles.llama_cpp.script import build_id, cmake_options
+from roles.llama_server.command import KEY, dropin_text, render
+from roles.llama_server.facts import DROPIN, LlamaServerState
+from roles.model_fetch.facts import first_gguf
 from roles.preflight.schema import serving_config
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 GUARD_FILE = "/var/lib/rigup/gpu-guard.tripped"
 MARKER = ".rigup-complete.json"
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
-def first_gguf(files: list[str]) -> str | None:
-    """The file llama-server is pointed at: the first shard of a split set, or the only GGUF."""
-    ggufs = sorted(f for f in files if f.endswith(".gguf"))
-    firsts = [f for f in ggufs if (m := _SHARD.search(f)) and m.group(1) == "00001"]
-    if firsts:
-        return firsts[0]
-    singles = [f for f in ggufs if not _SHARD.search(f)]
-    return singles[0] if len(singles) == 1 else None
-
-
-def _systemd_quote(arg: str) -> str:
-    arg = str(arg).replace("%", "%%").replace("$", "$$")
-    if arg and not re.search(r"[\s\"'\\;]", arg):
-        return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
-    """llama-server's command line for one instance (every flag explicit, --port always)."""
-    args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
-            "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
-            "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
-            "--jinja" if inst["jinja"] else "--no-jinja"]
-    if inst["tensor_split"]:
-        args += ["-ts", inst["tensor_split"]]
-    if inst["metrics"]:
-        args.append("--metrics")
-    if inst["api_key"]:
-        args += ["--api-key-file", KEY.format(name)]
-    return [str(a) for a in args + list(inst["extra_args"])]
-
-
-def _render(template_name: str, **values) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    return env.get_template(template_name).render(**values)
 
 
 @operation()
@@ -101,9 +61,7 @@ def instance(instance_name: str, inst: dict, marker_path: str, binary: str, buil
         raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
                              f"{marker_path}: {', '.join(marker.get('files', [])) or 'none'}")
     model_path = marker_path.rsplit("/", 1)[0] + "/" + model_file
-    text = _render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
-                   model_revision=marker.get("revision"), model_path=_systemd_quote(model_path),
-                   argv=[_systemd_quote(a) for a in argv(name, inst, binary, model_path)])
+    text = dropin_text(name, inst, binary, model_path, build, unit_sha, marker.get("revision"))
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     unit = f"rigup-llama@{name}.service"
     if inst["api_key"] and not state.get("key"):
@@ -175,7 +133,7 @@ def apply(plan: dict):
     if problems or not config["llama_server_instances"]:
         return  # preflight refused the problems; nothing to serve is nothing to do
     user = data["rigup_user"]
-    unit_text = _render("llama_server-unit.service.j2", user=user, guard_file=GUARD_FILE,
+    unit_text = render("llama_server-unit.service.j2", user=user, guard_file=GUARD_FILE,
                         start_timeout=max(600, data["llama_server_health_timeout"]))
     files.put(name="llama-server template unit", src=StringIO(unit_text), dest=UNIT, mode="644")
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]

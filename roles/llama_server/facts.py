@@ -5,8 +5,9 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from roles.llama_server.command import KEY
+
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
-KEY = "/etc/rigup/llama-server/{}.key"
 
 
 class LlamaServerState(FactBase):

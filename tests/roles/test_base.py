@@ -8,7 +8,7 @@ from tests.converge import pyinfra
 pytestmark = pytest.mark.lab
 
 
-def test_packages_user_and_directories(lab, first_converge):
+def test_packages_user_and_directories(lab, second_converge):
     for h in lab.hosts():
         name = h["name"]
         on_host(lab, name, "dpkg -s jq git tmux python3-venv >/dev/null")
@@ -18,7 +18,7 @@ def test_packages_user_and_directories(lab, first_converge):
         assert "DPkg::Lock::Timeout" in on_host(lab, name, "cat /etc/apt/apt.conf.d/80rigup")
 
 
-def test_journal_is_persistent(lab, first_converge):
+def test_journal_is_persistent(lab, second_converge):
     for h in lab.hosts():
         files = on_host(lab, h["name"], "journalctl --header | grep 'File path'")
         assert "/var/log/journal/" in files

@@ -15,11 +15,16 @@ FAST = data(gpu_guard_interval_s=2, gpu_guard_window_s=6, gpu_guard_thresholds={
 
 @pytest.fixture(scope="module")
 def host(lab):
-    name = lab.hosts()[-1]["name"]
-    play(name, *FAST)
-    install_serving_unit(lab, name)
-    yield name
-    on_host(lab, name, f"rigup-gpu-sim reset; rm -f {TRIPPED}")
+    """A host of its own (a trip stops every serving unit of a host), removed afterwards."""
+    first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
+    name = f"lab{first}"
+    lab.up(1, "a100", first=first)
+    try:
+        play(name, *FAST)
+        install_serving_unit(lab, name)
+        yield name
+    finally:
+        lab.remove(name)
 
 
 def active(lab, host, unit="rigup-llama@test.service"):

@@ -42,7 +42,10 @@ def preflight(*args: str):
 
 
 def data(**values) -> list[str]:
-    """--data arguments, values as JSON (so that "12.8" stays a string)."""
+    """--data arguments, values as JSON (so that "12.8" stays a string). Models given without
+    instances replace the lab's serving instances too (group_vars/lab.yml's serve its model)."""
+    if "models" in values:
+        values.setdefault("llama_server_instances", {})
     out = []
     for key, value in values.items():
         out += ["--data", f"{key}={json.dumps(value)}"]

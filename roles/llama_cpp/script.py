@@ -1,0 +1,72 @@
+"""The llama.cpp build a host's plan asks for, as pure functions: its CMake options, its id,
+and its build script. roles/llama_cpp runs the script on hosts; tests/gpu/check.py runs the same
+script on a real GPU machine without pyinfra."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from pathlib import Path
+
+import jinja2
+
+from roles.common import TEMPLATES
+from roles.gpu.plan import build_backend, nvcc_path
+
+
+def cmake_options(plan: dict, data: dict) -> list[str]:
+    """The CMake cache entries of a build on a host with this plan."""
+    options = [
+        "CMAKE_BUILD_TYPE=Release",
+        "BUILD_SHARED_LIBS=OFF",
+        "LLAMA_BUILD_TESTS=OFF",
+        "LLAMA_BUILD_EXAMPLES=OFF",
+        "LLAMA_OPENSSL=OFF",
+        "GGML_RPC=ON",
+        f"LLAMA_USE_PREBUILT_UI={'ON' if data['llama_cpp_prebuilt_ui'] else 'OFF'}",
+    ]
+    launchers = ["C", "CXX"]
+    if build_backend(plan, data) == "cuda":
+        options += [
+            "GGML_CUDA=ON",
+            "CMAKE_CUDA_ARCHITECTURES=" + ";".join(plan["cuda_archs"]),
+            f"CMAKE_CUDA_COMPILER={nvcc_path(plan, data)}",
+        ]
+        launchers.append("CUDA")
+        if plan["quirks"].get("fma_throttled"):  # CMP 170HX: FP32 FMA is cut in firmware
+            options.append("CMAKE_CUDA_FLAGS=-fmad=false")
+    else:
+        options.append("GGML_CUDA=OFF")
+    if data.get("llama_cpp_ccache", True):
+        options += [f"CMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in launchers]
+    return options + list(data["llama_cpp_cmake_options"])
+
+
+def build_id(data: dict, options: list[str]) -> str:
+    """``<ref>-<hash>``: the same source, ref, options and targets give the same id."""
+    archive = data["llama_cpp_archive"]
+    source = hashlib.sha256(Path(archive).read_bytes()).hexdigest() if archive else data["llama_cpp_source"]
+    key = json.dumps([source, data["llama_cpp_ref"], options, data["llama_cpp_targets"]])
+    ref = re.sub(r"[^A-Za-z0-9._-]", "_", data["llama_cpp_ref"])[:40]
+    return f"{ref}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def render_build_script(data: dict, options: list[str], archive_on_host: str | None = None) -> str:
+    """The build script for these inputs (also run alone by tests/gpu/check.sh)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    env.filters["quote"] = lambda v: shlex.quote(str(v))
+    return env.get_template("llama_cpp-build.sh.j2").render(
+        dir=data["llama_cpp_dir"],
+        build_id=build_id(data, options),
+        options_id=hashlib.sha256(json.dumps(options).encode()).hexdigest()[:10],
+        archive=archive_on_host,
+        source=data["llama_cpp_source"],
+        ref=data["llama_cpp_ref"],
+        targets=data["llama_cpp_targets"],
+        ccache_dir=data["llama_cpp_ccache_dir"],
+        cmake_options=options,
+        jobs=data["llama_cpp_jobs"] or "$(nproc)",
+    )
