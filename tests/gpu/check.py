@@ -223,9 +223,11 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict
         proc.wait(timeout=60)
     text = log.read_text()
     offload = [line.strip() for line in text.splitlines() if "offloaded" in line]
+    model = Path(argv[argv.index("-m") + 1])
     return {"label": label, "argv": argv[1:], "ready_s": round(ready, 1), "vram_used_mib": int(vram),
             "offload": offload[-1] if offload else None, "no_gpu": "no usable GPU found" in text,
-            "runs": runs}
+            # llama-server's default log level no longer prints "offloaded N/N layers": VRAM tells
+            "weights_in_vram": int(vram) * 2**20 > model.stat().st_size, "runs": runs}
 
 
 def cmd_serve(args) -> None:
@@ -258,7 +260,8 @@ def cmd_serve(args) -> None:
         "date": time.strftime("%Y-%m-%d"), "gpu": plan["cards"][0]["class"] if plan["cards"] else None,
         "gpu_name": facts["gpus"][0]["name"] if facts["gpus"] else None,
         "driver": facts["driver"].get("version"), "build": build,
-        "llama_cpp_version": sh(f"{server} --version 2>&1").strip(), "model": {"file": model.name, **SHAPE},
+        "llama_cpp_version": sh(f"{server} --version 2>&1").strip(), "source": source_note(args.archive),
+        "model": {"file": model.name, "bytes": model.stat().st_size, **SHAPE},
         "llama_bench": [{k: r[k] for k in ("n_prompt", "n_gen", "avg_ts", "stddev_ts")} for r in bench_json],
         "servers": servers, "gpu_settings_before": before, "gpu_settings_after": after,
     }
@@ -270,8 +273,16 @@ def cmd_serve(args) -> None:
         sys.exit("GPU settings changed")
 
 
+def source_note(archive: Path) -> str:
+    """What the archive holds, from SOURCE beside it (the build of a tree without .git reports
+    "commit unknown")."""
+    note = archive.with_name("SOURCE")
+    return note.read_text().strip() if note.exists() else str(archive.name)
+
+
 def markdown(r: dict) -> str:
     lines = [f"# rigup on {r['gpu_name']} ({r['date']})", "",
+             f"Source: {r.get('source', '?')}.", "",
              f"Driver {r['driver']}; {r['llama_cpp_version'].splitlines()[0]}; build for archs "
              f"{';'.join(r['build']['archs'])} took {r['build']['seconds']:.0f} s. Model: random-weight "
              f"llama, {r['model']['n_layer']} layers x {r['model']['n_embd']}, F16 (tokens/s depend on shape).",
@@ -279,11 +290,12 @@ def markdown(r: dict) -> str:
     for b in r["llama_bench"]:
         test = f"pp{b['n_prompt']}" if b["n_prompt"] else f"tg{b['n_gen']}"
         lines.append(f"| {test} | {b['avg_ts']:.1f} ± {b['stddev_ts']:.1f} |")
-    lines += ["", "| server | ready s | VRAM MiB | 1: total tok/s | 4: total | 8: total | 8: per request |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| server | ready s | VRAM MiB | weights in VRAM | 1: total tok/s | 4: total | 8: total | 8: per request |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in r["servers"]:
         t = {run["concurrent"]: run for run in s["runs"]}
-        lines.append(f"| {s['label']} | {s['ready_s']} | {s['vram_used_mib']} | {t[1]['total_tps']} | "
+        lines.append(f"| {s['label']} | {s['ready_s']} | {s['vram_used_mib']} | "
+                     f"{'yes' if s.get('weights_in_vram') else 'no'} | {t[1]['total_tps']} | "
                      f"{t[4]['total_tps']} | {t[8]['total_tps']} | {t[8]['per_request_tps']} |")
     rigup, hand = r["servers"][0], r["servers"][1:]
     for n in (1, 8):
