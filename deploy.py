@@ -6,7 +6,7 @@
 from pyinfra import host
 
 from roles import (base, cmpunlocker, cuda_toolkit, gpu_guard, gpu_power, llama_cpp, llama_server, model_fetch,
-                   preflight)
+                   preflight, vllm)
 from roles.config import check_host
 
 check_host(host)
@@ -19,3 +19,4 @@ gpu_power.apply(plan)
 gpu_guard.apply(plan)
 cmpunlocker.apply(plan)
 llama_server.apply(plan)
+vllm.apply(plan)

@@ -21,7 +21,9 @@ import time
 from tests.converge import PYINFRA, ROOT
 from tests.lab import hub, lab, models, sources
 
-QUESTION = "In one sentence: what is the capital of France, and what river runs through it?"
+# Gemma 3 270M is a base model: it answers best as a text to continue (OpenAI's /v1/completions)
+QUESTION = "What is the capital of France?"
+PROMPT = f"Question: {QUESTION}\nAnswer:"
 
 
 def step(text: str) -> None:
@@ -48,15 +50,17 @@ def main() -> int:
         return result.returncode
     converge = time.monotonic() - converge
     step(f"ask: {QUESTION}")
-    body = json.dumps({"model": "gemma", "max_tokens": 64, "temperature": 0,
-                       "messages": [{"role": "user", "content": QUESTION}]})
-    answer = lab.ssh("lab1", "curl -s http://127.0.0.1:8081/v1/chat/completions -H 'Content-Type: "
-                             f"application/json' -d {shlex.quote(body)}")
-    reply = json.loads(answer.stdout)
-    print("    " + reply["choices"][0]["message"]["content"].strip().replace("\n", "\n    "))
-    timings = reply["timings"]
+    def complete(**params) -> dict:
+        body = json.dumps({"model": "gemma", "temperature": 0, "prompt": PROMPT, **params})
+        answer = lab.ssh("lab1", "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: "
+                                 f"application/json' -d {shlex.quote(body)}")
+        return json.loads(answer.stdout)
+
+    reply = complete(max_tokens=32, stop=["\n"])
+    print("    " + reply["choices"][0]["text"].strip())
+    timings = complete(max_tokens=128, ignore_eos=True)["timings"]  # a longer run, for the speed
     print(f"\n    {timings['predicted_n']} tokens at {timings['predicted_per_second']:.1f} tokens/s "
-          f"(prompt {timings['prompt_per_second']:.1f} tokens/s)")
+          f"(prompt {timings['prompt_per_second']:.1f} tokens/s), on this machine's CPU")
     print(f"\ndemo took {time.monotonic() - start:.0f} s (converge {converge:.0f} s). "
           "The host stays up: `make lab-down` removes it.")
     return 0

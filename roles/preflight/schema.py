@@ -54,6 +54,10 @@ VLLM_INSTANCE: dict[str, tuple[str, Any]] = {
     "pp": ("int 1..", 1),
     "pp_partition": ("str or null", None),
     "gpu_memory_utilization": ("float 0.05..1", 0.9),
+    "served_model_name": ("str or null", None),  # None: the instance's name
+    "layers": ("int 1.. or null", None),          # num_hidden_layers: pp_partition must sum to it
+    "gpus": ("str or null", None),                # CUDA_VISIBLE_DEVICES, e.g. "0,1,2,3"; None: all
+    "env": ("map", {}),                           # more environment for this instance
     "extra_args": ("list of str", []),
 }
 SCHEMAS = {"models": MODEL, "llama_server_instances": LLAMA_INSTANCE, "vllm_instances": VLLM_INSTANCE}
@@ -92,6 +96,19 @@ def normalise(entry: Any, schema: dict[str, tuple[str, Any]], where: str) -> tup
         else:
             out[key] = list(default) if isinstance(default, list) else default
     return out, problems
+
+
+def _family_layers(model: dict | None, families: dict) -> int | None:
+    """The layer count roles/gpu/models.yml gives the model's family (``num_hidden_layers``), if any."""
+    if not model:
+        return None
+    from roles.gpu.catalogue import family_of
+    try:
+        family = family_of(model)
+    except Exception:  # noqa: BLE001 -- an unknown family is preflight's to report
+        return None
+    value = (family or {}).get("num_hidden_layers")
+    return int(value) if isinstance(value, int) else None
 
 
 def serving_config(data: dict, gpu_count: int | None = None) -> tuple[dict, list[tuple[str, str]]]:
@@ -150,6 +167,28 @@ def serving_config(data: dict, gpu_count: int | None = None) -> tuple[dict, list
                     elif len(parts.split(",")) != entry["pp"]:
                         found.append((f"{where}.pp_partition", f"{len(parts.split(','))} stages in "
                                                                f"{partition!r}, but pp is {entry['pp']}"))
+                    elif any(int(n) == 0 for n in parts.split(",")):
+                        found.append((f"{where}.pp_partition", f"a stage of {partition!r} has no layers"))
+                    else:
+                        layers = entry.get("layers") or _family_layers(models.get(model), families)
+                        total = sum(int(n) for n in parts.split(","))
+                        if layers is not None and total != layers:
+                            found.append((f"{where}.pp_partition", f"{partition!r} sums to {total} layers, "
+                                                                   f"but the model has {layers}"))
+                elif entry.get("layers") is not None and entry["pp"] > entry["layers"]:
+                    found.append((f"{where}.pp", f"pp {entry['pp']} stages for {entry['layers']} layers"))
+                if entry.get("gpus") is not None:
+                    gpus = entry["gpus"].replace(" ", "")
+                    if not _INTS.fullmatch(gpus):
+                        found.append((f"{where}.gpus", f"expected GPU indices separated by commas "
+                                                       f"(e.g. '0,1'), got {entry['gpus']!r}"))
+                    elif len(gpus.split(",")) != entry["tp"] * entry["pp"]:
+                        found.append((f"{where}.gpus", f"{len(gpus.split(','))} GPUs for tp {entry['tp']} x "
+                                                       f"pp {entry['pp']} = {entry['tp'] * entry['pp']}"))
+                for key, value in (entry.get("env") or {}).items():
+                    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)) or isinstance(value, (dict, list)) \
+                            or "\n" in str(value):
+                        found.append((f"{where}.env.{key}", "expected NAME: a one-line string, number or bool"))
             problems += found
             if not found and model in models:
                 result[var][name] = entry

@@ -1,5 +1,199 @@
-"""roles/vllm: one vLLM server systemd unit per instance, health-checked.
+"""roles/vllm: vLLM's OpenAI-compatible server, one systemd unit per instance, health-gated.
 
-Implemented by issue 6; preflight reads its variables (roles/vllm/defaults.yml): vllm_instances.
-The form of each instance is roles/preflight/schema.py VLLM_INSTANCE.
+What it does to a host with ``vllm_instances`` (name -> recipe; form: roles/preflight/schema.py
+VLLM_INSTANCE):
+- a virtualenv per pin, ``<vllm_dir>/<pin-id>/venv``: vLLM from PyPI at an exact version
+  (``vllm_pip_version``, pin-id ``pip-VERSION``) or from git at a full 40-hex commit
+  (``vllm_git_url`` + ``vllm_git_commit``, pin-id ``git-<12 hex>``, checkout in ``.../src``);
+  anything else is refused before any host changes, with the key named;
+- an ordered patch series (``vllm_patches``, files on the controller) for git pins: each file
+  checked on the controller against the sha256 manifest ``vllm_patch_manifest`` (a mismatch
+  stops the run before any host changes), copied to ``<vllm_dir>/patches/<sha256>.patch``, then
+  applied in a staging checkout in order, ``git apply --check`` before each ``git apply``; a
+  patch that does not apply stops the install before the live checkout, venv or stamp change;
+- a stamp, ``<pin-dir>/.rigup-stamp.json`` (pin, patch names and sha256s, pip args, install
+  env): unchanged, nothing is reinstalled (re-applying the series is a no-op); changed, the venv
+  is made again from scratch (a pin bump over an old venv fails at start) and the instances
+  restart;
+- per instance an environment file ``/etc/rigup/vllm/NAME.env`` (root:rigup 0640): HOME, HF_HOME
+  and the vLLM/Triton/inductor caches under /var/lib|/var/cache/rigup/vllm/NAME (vLLM breaks with
+  an unwritable HOME), ``VLLM_PP_LAYER_PARTITION`` checked (one entry per pp stage, summing to
+  the instance's ``layers`` when given), CUDA_VISIBLE_DEVICES from ``gpus``, the NCCL/Gloo knobs
+  (``NCCL_P2P_DISABLE=1`` on CMP 170HX hosts unless ``vllm_nccl_p2p_disable`` says otherwise,
+  ``NCCL_NVLS_ENABLE=0``, IB, socket interface), ``vllm_env``, then the instance's ``env``;
+- the template unit ``rigup-vllm@.service``: runs as ``rigup_user``, KillMode=control-group,
+  KillSignal=SIGINT, TimeoutStartSec >= 900, TimeoutStopSec, Restart=on-failure with
+  RestartSec=30 and a start limit, after rigup-gpu-power, kept down while the GPU guard is tripped
+  (``ConditionPathExists=!/var/lib/rigup/gpu-guard.tripped``), hardened like llama_server's
+  (less ``ProcSubset=pid`` and ``~@resources``: torch reads /proc/meminfo and sets affinities);
+- a drop-in per instance: the environment file, ``ExecStartPre`` checks the model's completion
+  marker and waits (``<vllm_dir>/bin/rigup-vllm-wait-vram``, ``nvidia-smi
+  --query-gpu=memory.used``) until its cards' VRAM is free, then ``vllm serve <model dest>
+  --host --port --tensor-parallel-size --pipeline-parallel-size --gpu-memory-utilization
+  --served-model-name NAME`` and extra args;
+- starts an instance only once its model is complete (``<dest>/.rigup-complete.json``,
+  roles/model_fetch); restarts it only when its unit, install stamp, environment or model
+  changed; then gates: vLLM refuses connections while it loads, so /health is polled until 200
+  (or the unit fails), then one real chat completion; on failure the unit's journal is shown.
+
+Security: vLLM binds every interface unless ``--host`` is given (rigup always gives it; default
+127.0.0.1), and its ``--api-key`` (or VLLM_API_KEY) covers only /v1, /v2, /inference and
+/cohere paths: /health, /metrics, /load and /invocations stay open. Keep instances on 127.0.0.1
+or behind a firewall or an authenticating proxy.
+
+Multi-host with Ray (``vllm_ray_role``, ``vllm_ray_head_address``, ``vllm_ray_port``,
+``vllm_host_ip``) is declared, not implemented: the role says so and installs no Ray unit yet.
+
+Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
+vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
+vllm_python, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable,
+vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout,
+vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
+rigup_user (roles/base).
 """
+
+from __future__ import annotations
+
+import json
+import shlex
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.operations import files, python
+from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
+
+from roles.config import role_defaults
+from roles.preflight.schema import serving_config
+from roles.vllm import command as cmd
+from roles.vllm.facts import VllmState
+
+GUARD_FILE = "/var/lib/rigup/gpu-guard.tripped"
+MARKER = ".rigup-complete.json"
+
+
+@operation()
+def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str):
+    """The pin's virtualenv, made again only when the stamp differs."""
+    state = host.get_fact(VllmState, pin_dir=pin_dir, instances={})
+    if state.get("stamp") == stamp:
+        host.noop(f"{pin_dir}/venv is installed from its pin and patches")
+        return
+    yield f"install -d -m 0755 {shlex.quote(pin_dir)} {shlex.quote(patch_dir)}"
+    for p in series:
+        yield from files.put._inner(src=StringIO(p["text"]), dest=f"{patch_dir}/{p['sha256']}.patch", mode="644")
+    yield from files.put._inner(src=StringIO(script), dest=f"{pin_dir}/install.sh", mode="700")
+    yield f"bash {shlex.quote(pin_dir)}/install.sh 2>&1"
+
+
+@operation()
+def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
+             unit_sha: str, stamp_sha: str, wait: list, user: str):
+    """Instance ``name``: its environment file, drop-in, and unit enabled and running; restarted
+    only when the drop-in changed (it names the unit, stamp, environment and model revision).
+    Waits (changes nothing) while its model is incomplete."""
+    name = instance_name
+    state = host.get_fact(VllmState, pin_dir=pin_dir, instances={name: marker_path})["instances"].get(name, {})
+    marker = state.get("marker")
+    if not marker:
+        host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
+        return
+    model_path = marker_path.rsplit("/", 1)[0]
+    text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
+                           marker.get("revision"), wait)
+    unit = f"rigup-vllm@{name}.service"
+    if cmd.sha(env) != state.get("env"):
+        yield f"install -d -m 0750 -g {user} /etc/rigup/vllm"
+        yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
+                                    mode="640")
+    if cmd.sha(text) != state.get("dropin"):
+        yield from files.put._inner(src=StringIO(text), dest=cmd.DROPIN.format(name), mode="644")
+        yield "systemctl daemon-reload"
+        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
+    elif state.get("active") != "active" or state.get("enabled") != "enabled":
+        yield f"systemctl enable {unit} && systemctl start {unit}"
+    else:
+        host.noop(f"{name} runs with its current install, environment and drop-in")
+
+
+def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str) -> None:
+    """/health 200 (connection refused while vLLM loads), then one real chat completion."""
+    unit = f"rigup-vllm@{name}.service"
+    base = f"http://127.0.0.1:{inst['port']}"
+
+    def shell(command: str) -> str:
+        ok, output = host.run_shell_command(StringCommand("bash", "-c", shlex.quote(command)),
+                                            print_output=False, print_input=False)
+        return output.stdout if ok else ""
+
+    def journal() -> str:
+        return shell(f"journalctl -u {unit} -n 40 --no-pager -o cat")
+
+    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(2),
+           retry=retry_if_result(lambda r: r not in ("200", "the unit failed")))
+    def health() -> str:
+        states = shell(f"systemctl show -p ActiveState -p SubState --value {unit}").split()
+        if "failed" in states or "auto-restart" in states or "inactive" in states:
+            return "the unit failed"
+        return shell(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' {base}/health || true")
+
+    try:
+        code = health()
+    except RetryError:
+        code = "timeout"
+    if code != "200":
+        raise OperationError(f"{name}: /health did not answer 200 within {timeout} s ({code}); "
+                             f"last journal lines of {unit}:\n{journal()}")
+    served = inst.get("served_model_name") or name
+    body = json.dumps({"model": served, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]})
+    answer = shell(f"curl -s -m {timeout} -H 'Content-Type: application/json' "
+                   f"-d {shlex.quote(body)} {base}/v1/chat/completions")
+    try:
+        text = json.loads(answer)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise OperationError(f"{name}: the health completion failed: {answer[:300]!r}; "
+                             f"last journal lines of {unit}:\n{journal()}") from None
+    host.noop(f"{name} answered: {text!r}")
+
+
+@deploy("vllm", data_defaults=role_defaults("vllm"))
+def apply(plan: dict):
+    data = host.data.dict()
+    config, problems = serving_config(data)
+    if problems or not config["vllm_instances"]:
+        return  # preflight refused the problems; nothing to serve is nothing to do
+    the_pin = cmd.pin(data)               # refused here, before any host changes
+    series = cmd.patches(data)            # sha256 manifest checked on the controller
+    envs = {name: cmd.env_text(name, cmd.env_vars(name, {**inst, "_name": name}, data, plan))
+            for name, inst in config["vllm_instances"].items()}
+    user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
+    pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
+    stamp = cmd.stamp(the_pin, series, data)
+    label = (f"vllm {the_pin['git']} at {the_pin['commit']}" if "git" in the_pin
+             else f"vllm=={the_pin['pip']} from PyPI")
+    script = cmd.render("vllm-install.sh.j2", pin_dir=pin_dir, pin_label=label, git=the_pin.get("git"),
+                        commit=the_pin.get("commit"), version=the_pin.get("pip"), patches=series,
+                        patch_dir=patch_dir, pip_args=data["vllm_pip_args"], python=data["vllm_python"],
+                        install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
+                        stamp=stamp, stamp_name=cmd.STAMP)
+    wait_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram"
+    files.put(name="vllm VRAM wait script", src=StringIO(cmd.render("vllm-wait-vram.sh.j2")),
+              dest=wait_script, mode="755")
+    install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
+            patch_dir=patch_dir, series=series, script=script, stamp=stamp)
+    if data["vllm_ray_role"]:
+        logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
+                       "declared, not implemented yet; no Ray unit installed")
+    unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=GUARD_FILE,
+                           start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
+    files.put(name="vllm template unit", src=StringIO(unit_text), dest=cmd.UNIT, mode="644")
+    for name, inst in sorted(config["vllm_instances"].items()):
+        marker = f"{config['models'][inst['model']]['dest']}/{MARKER}"
+        wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
+        if inst.get("gpus"):
+            wait += ["-i", inst["gpus"].replace(" ", "")]
+        started = instance(name=f"vllm {name} on {inst['host']}:{inst['port']}", instance_name=name, inst=inst,
+                           marker_path=marker, pin_dir=pin_dir, venv=f"{pin_dir}/venv", env=envs[name],
+                           unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user)
+        python.call(_gate, name, inst, data["vllm_health_timeout"], data["vllm_health_prompt"],
+                    name=f"vllm {name} answers", _if=started.did_change)

@@ -1,0 +1,205 @@
+"""vLLM's pin, patch series, environment file, command line and drop-in, as pure functions
+(roles/vllm installs them; tests/unit/test_vllm*.py checks them without a host)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import shlex
+
+import jinja2
+
+from roles.common import TEMPLATES
+from roles.config import ROOT, ConfigError
+from roles.llama_server.command import systemd_quote
+
+ENV_FILE = "/etc/rigup/vllm/{}.env"
+DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
+UNIT = "/etc/systemd/system/rigup-vllm@.service"
+STAMP = ".rigup-stamp.json"
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def render(template_name: str, **values) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env.get_template(template_name).render(**values)
+
+
+def pin(data: dict) -> dict:
+    """The pin: ``{"pip": VERSION}`` or ``{"git": URL, "commit": SHA}``, with its ``id`` (the
+    virtualenv's directory name); raises ConfigError naming the key when it is not one."""
+    url, commit, version = data.get("vllm_git_url"), data.get("vllm_git_commit"), data.get("vllm_pip_version")
+    if url:
+        if version:
+            raise ConfigError(f"vllm_pip_version: {version!r} and vllm_git_url are both set; set one")
+        if not commit or not _HEX40.fullmatch(str(commit)):
+            raise ConfigError(f"vllm_git_commit: expected the full 40-hex commit of {url}, got {commit!r} "
+                              "(a branch, tag or short id moves or is ambiguous; pin the commit)")
+        return {"git": str(url), "commit": str(commit), "id": f"git-{commit[:12]}"}
+    if commit:
+        raise ConfigError(f"vllm_git_commit: {commit!r} is set but vllm_git_url is null")
+    if not version:
+        raise ConfigError("vllm_pip_version: null, and vllm_git_url is null: pin vLLM with an exact "
+                          "version (e.g. \"0.33.0\") or a git URL and a full commit")
+    if not _VERSION.fullmatch(str(version)) or str(version).lower() == "latest":
+        raise ConfigError(f"vllm_pip_version: expected an exact version such as \"0.33.0\", got {version!r} "
+                          "(no ranges, no 'latest': a pin must not move)")
+    return {"pip": str(version), "id": f"pip-{version}"}
+
+
+def read_manifest(text: str) -> dict[str, str]:
+    """``sha256sum`` output (``HEX  NAME`` or ``HEX *NAME``) as name -> hex."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([0-9a-fA-F]{64})\s+\*?(.+)", line)
+        if not match:
+            raise ConfigError(f"vllm_patch_manifest: not a sha256sum line: {line!r}")
+        out[Path(match.group(2).strip()).name] = match.group(1).lower()
+    return out
+
+
+def patches(data: dict, root: Path = ROOT) -> list[dict]:
+    """The patch series in order: ``[{"name", "sha256", "text"}]``, each checked against the
+    manifest on the controller (before any host changes); raises ConfigError naming the key."""
+    listed = data.get("vllm_patches") or []
+    if not listed:
+        return []
+    if not data.get("vllm_git_url"):
+        raise ConfigError("vllm_patches: a patch series needs a git checkout to apply to: set vllm_git_url "
+                          "and vllm_git_commit (a pip install has no source tree)")
+    manifest_path = data.get("vllm_patch_manifest")
+    if not manifest_path:
+        raise ConfigError("vllm_patch_manifest: required with vllm_patches (a sha256sum file of the patches)")
+    manifest_file = Path(manifest_path) if Path(manifest_path).is_absolute() else root / manifest_path
+    try:
+        manifest = read_manifest(manifest_file.read_text())
+    except OSError as e:
+        raise ConfigError(f"vllm_patch_manifest: cannot read {manifest_file}: {e.strerror}") from None
+    out, seen = [], set()
+    for i, item in enumerate(listed):
+        path = Path(item) if Path(item).is_absolute() else root / item
+        name = path.name
+        if name in seen:
+            raise ConfigError(f"vllm_patches[{i}]: {name} is listed twice")
+        seen.add(name)
+        try:
+            body = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"vllm_patches[{i}]: cannot read {path}: {e.strerror}") from None
+        digest = hashlib.sha256(body).hexdigest()
+        if name not in manifest:
+            raise ConfigError(f"vllm_patches[{i}]: {name} is not in the manifest {manifest_file}")
+        if manifest[name] != digest:
+            raise ConfigError(f"vllm_patches[{i}]: {name} has sha256 {digest}, but the manifest "
+                              f"{manifest_file} says {manifest[name]}: refused, nothing changed")
+        out.append({"name": name, "sha256": digest, "text": body.decode()})
+    return out
+
+
+def stamp(the_pin: dict, series: list[dict], data: dict) -> str:
+    """What the virtualenv was made from; a change reinstalls it (and restarts its instances)."""
+    return json.dumps({"pin": {k: v for k, v in the_pin.items() if k != "id"},
+                       "patches": [[p["name"], p["sha256"]] for p in series],
+                       "pip_args": list(data.get("vllm_pip_args") or []),
+                       "install_env": {str(k): str(v) for k, v in sorted((data.get("vllm_install_env") or {}).items())},
+                       "python": data.get("vllm_python", "python3")}, sort_keys=True)
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def env_vars(name: str, inst: dict, data: dict, plan: dict) -> dict[str, str]:
+    """The instance's environment, in the order written: HOME and caches, the layer partition,
+    NCCL/Gloo knobs, then vllm_env and the instance's env (which win)."""
+    state, cache = f"/var/lib/rigup/vllm/{name}", f"/var/cache/rigup/vllm/{name}"
+    env = {"HOME": state, "XDG_CACHE_HOME": cache, "HF_HOME": f"{cache}/hf", "HF_HUB_OFFLINE": "1",
+           "VLLM_CACHE_ROOT": f"{cache}/vllm", "TRITON_CACHE_DIR": f"{cache}/triton",
+           "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if inst.get("pp_partition"):
+        env["VLLM_PP_LAYER_PARTITION"] = partition(inst)
+    if inst.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = inst["gpus"].replace(" ", "")
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    p2p = data.get("vllm_nccl_p2p_disable")
+    if p2p is None:
+        p2p = "cmp170hx" in (plan or {}).get("card_classes", [])
+    if p2p:
+        env["NCCL_P2P_DISABLE"] = "1"
+    env["NCCL_NVLS_ENABLE"] = _value(bool(data.get("vllm_nccl_nvls_enable")))
+    if data.get("vllm_nccl_ib_disable") is not None:
+        env["NCCL_IB_DISABLE"] = _value(bool(data["vllm_nccl_ib_disable"]))
+    if data.get("vllm_socket_ifname"):
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = data["vllm_socket_ifname"]
+    if data.get("vllm_host_ip"):
+        env["VLLM_HOST_IP"] = data["vllm_host_ip"]
+    for where, extra in (("vllm_env", data.get("vllm_env") or {}),
+                         (f"vllm_instances.{name}.env", inst.get("env") or {})):
+        for key, value in extra.items():
+            text = _value(value)
+            if not _ENV_NAME.fullmatch(str(key)) or "\n" in text or isinstance(value, (dict, list)):
+                raise ConfigError(f"{where}.{key}: expected NAME: a one-line string, number or bool")
+            env[str(key)] = text
+    return env
+
+
+def partition(inst: dict) -> str:
+    """VLLM_PP_LAYER_PARTITION, checked again here (preflight checks it first): one entry per
+    pipeline stage, each > 0, summing to ``layers`` when known; raises ConfigError."""
+    where = "vllm_instances." + str(inst.get("_name", "?")) + ".pp_partition"
+    text = str(inst["pp_partition"]).replace(" ", "")
+    if not re.fullmatch(r"\d+(,\d+)*", text):
+        raise ConfigError(f"{where}: expected layer counts separated by commas, got {inst['pp_partition']!r}")
+    parts = [int(n) for n in text.split(",")]
+    if len(parts) != inst.get("pp", 1):
+        raise ConfigError(f"{where}: {len(parts)} stages in {text!r}, but pp is {inst.get('pp', 1)}")
+    if 0 in parts:
+        raise ConfigError(f"{where}: a stage of {text!r} has no layers")
+    if inst.get("layers") is not None and sum(parts) != inst["layers"]:
+        raise ConfigError(f"{where}: {text!r} sums to {sum(parts)} layers, but the model has {inst['layers']}")
+    return text
+
+
+def env_text(name: str, env: dict[str, str]) -> str:
+    """The EnvironmentFile (systemd's syntax: double quotes, backslash escapes, no expansion)."""
+    lines = [f"# Installed by rigup (roles/vllm) for instance {name}."]
+    for key, value in env.items():
+        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{key}="{quoted}"')
+    return "\n".join(lines) + "\n"
+
+
+def argv(name: str, inst: dict, venv: str, model_path: str) -> list[str]:
+    """``vllm serve`` for one instance: --host and --port always explicit (vLLM binds every
+    interface by default), parallel sizes, memory fraction and the served name."""
+    args = [f"{venv}/bin/vllm", "serve", model_path, "--host", inst["host"], "--port", inst["port"],
+            "--tensor-parallel-size", inst["tp"], "--pipeline-parallel-size", inst["pp"],
+            "--gpu-memory-utilization", inst["gpu_memory_utilization"],
+            "--served-model-name", inst.get("served_model_name") or name]
+    return [str(a) for a in args + list(inst["extra_args"])]
+
+
+def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, unit_sha: str,
+                stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str]) -> str:
+    """The drop-in rigup-vllm@NAME.service.d/rigup.conf; its comment names what restarts the
+    instance when it changes (unit, install stamp, environment file, model revision)."""
+    return render("vllm-dropin.conf.j2", name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
+                  model_revision=model_revision, marker=systemd_quote(marker), env_file=ENV_FILE.format(name),
+                  wait=[systemd_quote(a) for a in wait],
+                  argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path)])
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

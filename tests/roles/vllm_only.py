@@ -1,0 +1,11 @@
+"""A play for the vllm lab tests: preflight, base and vllm only (no llama.cpp build, no fetch)."""
+
+from pyinfra import host
+
+from roles import base, preflight, vllm
+from roles.config import check_host
+
+check_host(host)
+plan = preflight.run()
+base.apply()
+vllm.apply(plan)
