@@ -48,7 +48,7 @@ from pyinfra.operations import files, python
 
 from roles.config import _source, role_defaults
 from roles.model_fetch.facts import SCRIPT, SHARE_UNIT, ModelFetchState, first_gguf, probe_command, parse_probe, unit_name
-from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
+from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
 from roles.preflight.schema import serving_config
 
 __all__ = ["apply", "status", "first_gguf", "ModelFetchState"]
@@ -106,7 +106,7 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
         if peer:
             address = _peer_address(peer)
             if peer == host.name:
-                extra.append((f"models.{name}.fetch_from", f"names this host itself; fix: name a peer or remove it"))
+                extra.append((f"models.{name}.fetch_from", "names this host itself; fix: name a peer or remove it"))
             elif address is None:
                 extra.append((f"models.{name}.fetch_from", f"{peer!r} is not a host of this inventory; "
                                                            "fix: name a host of the inventory"))

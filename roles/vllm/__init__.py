@@ -54,15 +54,14 @@ rigup_user (roles/base).
 
 from __future__ import annotations
 
-import json
 import shlex
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
-from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
+from roles.common.gate import gate
 from roles.config import role_defaults
 from roles.preflight.schema import serving_config
 from roles.vllm import command as cmd
@@ -118,41 +117,8 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
 
 def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str) -> None:
     """/health 200 (connection refused while vLLM loads), then one real chat completion."""
-    unit = f"rigup-vllm@{name}.service"
-    base = f"http://127.0.0.1:{inst['port']}"
-
-    def shell(command: str) -> str:
-        ok, output = host.run_shell_command(StringCommand("bash", "-c", shlex.quote(command)),
-                                            print_output=False, print_input=False)
-        return output.stdout if ok else ""
-
-    def journal() -> str:
-        return shell(f"journalctl -u {unit} -n 40 --no-pager -o cat")
-
-    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(2),
-           retry=retry_if_result(lambda r: r not in ("200", "the unit failed")))
-    def health() -> str:
-        states = shell(f"systemctl show -p ActiveState -p SubState --value {unit}").split()
-        if "failed" in states or "auto-restart" in states or "inactive" in states:
-            return "the unit failed"
-        return shell(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' {base}/health || true")
-
-    try:
-        code = health()
-    except RetryError:
-        code = "timeout"
-    if code != "200":
-        raise OperationError(f"{name}: /health did not answer 200 within {timeout} s ({code}); "
-                             f"last journal lines of {unit}:\n{journal()}")
-    served = inst.get("served_model_name") or name
-    body = json.dumps({"model": served, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]})
-    answer = shell(f"curl -s -m {timeout} -H 'Content-Type: application/json' "
-                   f"-d {shlex.quote(body)} {base}/v1/chat/completions")
-    try:
-        text = json.loads(answer)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise OperationError(f"{name}: the health completion failed: {answer[:300]!r}; "
-                             f"last journal lines of {unit}:\n{journal()}") from None
+    text = gate(host, f"rigup-vllm@{name}.service", inst["port"], inst.get("served_model_name") or name,
+                prompt, timeout, poll=2)
     host.noop(f"{name} answered: {text!r}")
 
 

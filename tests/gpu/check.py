@@ -27,7 +27,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import types
 import urllib.request

@@ -9,7 +9,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from roles import config
-from roles.config import ConfigError, Form, check_host, parse_form
+from roles.config import ConfigError, check_host, parse_form
 
 ROOT = Path(__file__).resolve().parents[2]
 

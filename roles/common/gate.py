@@ -1,0 +1,56 @@
+"""The health gate of a serving unit (llama_server, vllm): /health 200, then one real chat
+completion; on failure, the unit's last journal lines. Runs on the controller at execution time
+(``python.call``), one SSH command per probe, retried with tenacity."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import OperationError, StringCommand
+from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
+
+FAILED = "the unit failed"
+
+
+def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth: str = "",
+         poll: float = 1, fail_on_log: str | None = None) -> str:
+    """The text of one completion from the unit's endpoint, or OperationError with the journal.
+    ``auth`` is curl arguments read on the host (a key never passes through here);
+    ``fail_on_log`` fails the gate when the journal has that text even though it answered."""
+    base = f"http://127.0.0.1:{port}"
+
+    def shell(command: str) -> str:
+        ok, output = host.run_shell_command(StringCommand("bash", "-c", shlex.quote(command)),
+                                            print_output=False, print_input=False)
+        return output.stdout if ok else ""
+
+    def journal() -> str:
+        return shell(f"journalctl -u {unit} -n 40 --no-pager -o cat")
+
+    @retry(stop=stop_after_delay(timeout), wait=wait_fixed(poll),
+           retry=retry_if_result(lambda r: r not in ("200", FAILED)))
+    def health() -> str:
+        states = shell(f"systemctl show -p ActiveState -p SubState --value {unit}").split()
+        if {"failed", "auto-restart", "inactive"} & set(states):  # it exited: waiting is no use
+            return FAILED
+        return shell(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' {base}/health || true")
+
+    try:
+        code = health()
+    except RetryError:
+        code = "timeout"
+    if code != "200":
+        raise OperationError(f"{unit}: /health did not answer 200 within {timeout} s ({code}); "
+                             f"last journal lines:\n{journal()}")
+    body = json.dumps({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]})
+    answer = shell(f"curl -s -m {timeout} {auth} -H 'Content-Type: application/json' "
+                   f"-d {shlex.quote(body)} {base}/v1/chat/completions")
+    try:
+        text = json.loads(answer)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise OperationError(f"{unit}: the health completion failed: {answer[:300]!r}; "
+                             f"last journal lines:\n{journal()}") from None
+    if fail_on_log and fail_on_log in journal():
+        raise OperationError(f"{unit}: its log says {fail_on_log!r}; last journal lines:\n{journal()}")
+    return text
