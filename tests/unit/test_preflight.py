@@ -313,6 +313,14 @@ def test_9_vllm_for_glm_on_ampere_is_refused():
     assert "llama_server_instances" in r.fix
 
 
+def test_9_a_patched_vllm_on_ampere_is_the_operators_call():
+    plan, facts = host("a100")
+    d = {"models": {"glm": dict(GLM, repo="zai-org/GLM-5.3-Flash", size_gib=306.0)},
+         "vllm_instances": {"glm": {"model": "glm", "port": 8000, "tp": 8}},
+         "vllm_git_commit": REV, "vllm_patches": ["patches/0001-sm80.patch"]}
+    assert [r for r in refusals(plan, facts, data(**d)) if r.check == "vllm_cc"] == []
+
+
 def test_9_the_same_recipe_on_hopper_passes():
     plan, facts = host("h100")
     d = {"models": {"ds": {"repo": "deepseek-ai/DeepSeek-V4.1-Flash-1017", "revision": REV, "size_gib": 100.0}},
