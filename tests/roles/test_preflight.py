@@ -260,7 +260,7 @@ def test_9_vllm_recipe_needing_hopper_on_ampere(lab, hosts):
         f"[{a100}] refused: vllm_instances.glm needs compute capability >= 9.0 for GLM-5.3 Flash (Z.ai, 321B MoE, "
         "18B active, sparse MLA): stock vLLM's kernels for glm-5.3-flash run only on cc >= 9.0 (roles/gpu/models.yml, "
         "from 000_5bdf47c995ca0741.txt, 001_62f01b4e828dcb29.txt); this host's a100 cards are cc 8.0; fix: serve it "
-        "with llama.cpp on this host (llama_server_instances), or run vLLM on Hopper or newer"]},
+        "with llama.cpp on this host (llama_server_instances), run vLLM on Hopper or newer"]},
         went_on=[h100])
 
 
