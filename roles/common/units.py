@@ -1,0 +1,41 @@
+"""One round trip for the state of a serving role's instances (llama_server, vllm): per instance
+the sha256 of its files, its unit's state and its model's completion marker."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+
+def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, extra: str = "") -> str:
+    """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
+    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``extra``."""
+    q = shlex.quote
+    lines = [f'echo "@@ {name}"']
+    lines += [f"echo {key}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for key, path in files.items()]
+    lines += [extra] if extra else []
+    lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
+              f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
+              f"echo marker=$(cat {q(marker)} 2>/dev/null | tr -d '\\n')"]
+    return "; ".join(lines)
+
+
+def parse_instances(lines: list[str]) -> tuple[dict, dict]:
+    """(``key=value`` lines before the first section, {name: {key: value}}); an empty value is
+    None, and ``marker`` is the decoded JSON (None when absent or half-written)."""
+    head: dict = {}
+    instances: dict = {}
+    current = head
+    for line in lines:
+        if line.startswith("@@ "):
+            current = instances.setdefault(line[3:].strip(), {})
+            continue
+        key, _, value = line.partition("=")
+        if key == "marker":
+            try:
+                current[key] = json.loads(value) if value else None
+            except ValueError:
+                current[key] = None
+        else:
+            current[key] = value or None
+    return head, instances
