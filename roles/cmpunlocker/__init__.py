@@ -8,8 +8,10 @@ is not a CMP 170HX by PCI id: checks 11-14; this role refuses a source that is n
   into ``cmpunlocker_dir/src-<id>``;
 - backs up what the installer changes (/etc/default/grub, /etc/modprobe.d) once, then runs
   ``install.sh --profile=8gb|10gb [--no-iommu] [--no-gen2-service]`` as the transient unit
-  rigup-cmpunlocker-install (it outlives SSH); on failure it restores the backup and removes the
-  half-installed modules, and shows the installer's last lines;
+  rigup-cmpunlocker-install (it outlives SSH); on failure it puts back what the run may have
+  changed as it was before (the modules under updates/cmpunlocker, /etc/default/grub,
+  /etc/modprobe.d: a failed upgrade keeps the working unlock, a failed first install the stock
+  modules) and shows the installer's last lines;
 - installs the kernel post-install hook /etc/kernel/postinst.d/zz-rigup-cmpunlocker (rebuilds
   the modules for a new kernel: DKMS is gone);
 - writes its state marker ``rigup_state_dir/cmpunlocker.json`` and reports "cold power-off
@@ -107,7 +109,7 @@ def unlock_step(data: dict):
                  sha256=data["cmpunlocker_archive_sha256"], source=data["cmpunlocker_source"],
                  commit=data["cmpunlocker_version"], args=installer_args(data), unit=INSTALL_UNIT,
                  systemd=state["systemd"], backup=f"{d}/backup", backed_up=CHANGED_BY_INSTALLER,
-                 rollback=rollback_commands(data), timeout=data["cmpunlocker_install_timeout"])
+                 timeout=data["cmpunlocker_install_timeout"])
     hook = render("cmpunlocker-postinst.sh.j2", src=src, args=installer_args(data), log=f"{d}/postinst.log")
     yield f"printf '%s' {shlex.quote(hook)} > {HOOK} && chmod 755 {HOOK}"
     yield _write_stamp(stamp, {**base, "state": "installed"})

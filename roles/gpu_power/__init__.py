@@ -7,7 +7,8 @@ What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled
   by card class) and persistence mode (``gpu_power_persistence``);
 - installs ``rigup_prefix/bin/rigup-gpu-power``, which applies that file card by card with
   ``nvidia-smi -i <UUID>`` (never a bare ``-pl``), only where a card differs, reads each value
-  back and fails on a mismatch; and ``rigup-gpu-power.service`` (oneshot, After=
+  back and fails on a mismatch, and releases (``-rgc``) clock locks the policy no longer has;
+  and ``rigup-gpu-power.service`` (oneshot, After=
   nvidia-persistenced, before multi-user.target; serving units order After= it), enabled, which
   runs it at every boot, plus a udev rule that runs it again when the nvidia module is reloaded;
 - when a card differs from the policy, restarts that unit (so converge and boot share one path);

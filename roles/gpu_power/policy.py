@@ -102,8 +102,11 @@ def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = Non
                 row["change"].append(f"power limit {_w(row['limit'])} -> {_w(want)} W")
         if persistence and row["persistence"] is not True:
             row["change"].append("persistence mode -> on")
-        if row["want_clocks"] and applied_clocks.get(row["uuid"]) != row["want_clocks"]:
+        locked = applied_clocks.get(row["uuid"])
+        if row["want_clocks"] and locked != row["want_clocks"]:
             row["change"].append(f"lock GPU clocks {row['want_clocks']} MHz")
+        elif not row["want_clocks"] and locked:
+            row["change"].append(f"reset GPU clocks (locked at {locked} MHz, no longer in the policy)")
         rows.append(row)
     return {"cards": rows, "lost": [g.get("bus_id") for g in gpus if g.get("lost")], "problems": problems}
 
@@ -132,6 +135,8 @@ def commands(plan: dict) -> list[list[str]]:
                 out.append(["nvidia-smi", "-i", row["uuid"], "-pl", str(int(row["want_watts"]))])
             elif change.startswith("lock GPU clocks"):
                 out.append(["nvidia-smi", "-i", row["uuid"], "-lgc", row["want_clocks"]])
+            elif change.startswith("reset GPU clocks"):
+                out.append(["nvidia-smi", "-i", row["uuid"], "-rgc"])
     return out
 
 

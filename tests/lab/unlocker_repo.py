@@ -9,8 +9,8 @@ Boot on, a driver not in driver/VERSION), and installs what the real one install
 ``nvidia.ko`` under /lib/modules/$(uname -r)/updates/cmpunlocker/, the Gen2 modprobe options
 and the iommu=pt GRUB change. It never touches the cards: the simulated cards come up unlocked
 at the next COLD boot (``lab.cold_boot``) because that module is there (tests/lab/nvidia_smi.py
-``power_cycle``). ``STANDIN_FAIL=1`` in driver/FAIL makes it fail halfway, after installing the
-module, as a broken build would.
+``power_cycle``). A file driver/FAIL (``make(fail=True)``) makes it fail halfway, after
+overwriting the module with a half-built one, as a broken build would.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ release=${KERNELRELEASE:-$(uname -r)}
 echo "building open-gpu-kernel-modules $driver with $(ls patches | wc -l) patches for $release"
 mkdir -p "/lib/modules/$release/updates/cmpunlocker"
 echo "stand-in patched nvidia.ko $driver $profile" > "/lib/modules/$release/updates/cmpunlocker/nvidia.ko"
-if [ -e driver/FAIL ]; then echo "make: *** [modules] Error 2 (stand-in failure)"; exit 2; fi
+if [ -e driver/FAIL ]; then
+    echo "stand-in half-built nvidia.ko" > "/lib/modules/$release/updates/cmpunlocker/nvidia.ko"
+    echo "make: *** [modules] Error 2 (stand-in failure)"; exit 2
+fi
 echo "removing nvidia DKMS"
 if [ "$gen2" = 1 ]; then
     mkdir -p /etc/modprobe.d

@@ -111,6 +111,18 @@ def test_whole_flow_install_cold_boot_verify_rollback(lab, repo, cmp):
     assert json.loads(on_host(lab, cmp, f"cat {STAMP}"))["state"] == "verified"
     assert play(cmp, *enabled(repo)).totals["changed"] == 0
 
+    # an upgrade whose installer fails keeps the working unlock: its module, GRUB, modprobe options, marker
+    before = on_host(lab, cmp, f"cat /lib/modules/*/updates/cmpunlocker/nvidia.ko /etc/default/grub "
+                               f"/etc/modprobe.d/cmp-pcie-gen2.conf {STAMP}")
+    broken = unlocker_repo.make(fail=True)
+    failed = play(cmp, *data(cmpunlocker_enabled=True, cmpunlocker_source=broken["url"],
+                             cmpunlocker_version=broken["commit"], **PROBE), check=False)
+    assert failed.returncode != 0 and "stand-in failure" in failed.output
+    assert "the previous modules and files are restored" in failed.output
+    assert on_host(lab, cmp, f"cat /lib/modules/*/updates/cmpunlocker/nvidia.ko /etc/default/grub "
+                             f"/etc/modprobe.d/cmp-pcie-gen2.conf {STAMP}") == before
+    assert "unlocked and verified" in play(cmp, *enabled(repo)).output
+
     # every converge verifies again: a stock or DKMS module shadowing the unlocker's fails it
     shadow = play(cmp, *enabled(repo, cmpunlocker_module_probe="echo /lib/modules/x/updates/dkms/nvidia.ko"),
                   check=False)
@@ -129,3 +141,24 @@ def test_whole_flow_install_cold_boot_verify_rollback(lab, repo, cmp):
     assert "the cards are back to stock (locked) after the cold power-off" in stock.output
     assert json.loads(on_host(lab, cmp, f"cat {STAMP}"))["state"] == "stock"
     assert play(cmp, *data(cmpunlocker_rollback=True, **PROBE)).totals["changed"] == 0
+
+
+def test_offline_archive_install_and_verify(lab, repo, cmp):
+    """From the tarball (sha256-pinned) instead of git: uploaded, checked on the host, unpacked,
+    installed; then the cold boot and the verify, as from git."""
+    archived = data(cmpunlocker_enabled=True, cmpunlocker_archive=repo["archive"],
+                    cmpunlocker_archive_sha256=repo["sha256"], **PROBE)
+    run = play(cmp, *archived)
+    assert f"[{cmp}] cmpunlocker: install cmpunlocker sha256:{repo['sha256']} (--profile=8gb)" in run.output
+    assert on_host(lab, cmp, "cat /var/lib/cmpunlocker-standin/calls.log").splitlines()[-1] == "install.sh --profile=8gb"
+    uploaded = f"/opt/rigup/cmpunlocker/cmpunlocker-{repo['sha256'][:16]}.tar.gz"
+    assert on_host(lab, cmp, f"sha256sum {uploaded}").split()[0] == repo["sha256"]
+    src = f"/opt/rigup/cmpunlocker/src-{repo['sha256'][:40]}"
+    assert on_host(lab, cmp, f"ls {src}").split() == ["driver", "install.sh", "patches"]
+    assert f"cd {src} " in on_host(lab, cmp, "cat /etc/kernel/postinst.d/zz-rigup-cmpunlocker")
+    stamp = json.loads(on_host(lab, cmp, f"cat {STAMP}"))
+    assert stamp["state"] == "installed" and stamp["source"] == f"sha256:{repo['sha256']}"
+    assert play(cmp, *archived).totals["changed"] == 0
+    lab.cold_boot(cmp)
+    assert "unlocked: memory.total, module path and PCIe gen verified" in play(cmp, *archived).output
+    assert json.loads(on_host(lab, cmp, f"cat {STAMP}"))["state"] == "verified"

@@ -9,7 +9,8 @@ from tests.conftest import on_host
 from tests.roles.power_lab import calls, cards, data, install_serving_unit, play
 
 pytestmark = pytest.mark.lab
-SETTERS = ("-pl", "--power-limit", "-pm", "--persistence-mode", "-lgc", "--lock-gpu-clocks")
+SETTERS = ("-pl", "--power-limit", "-pm", "--persistence-mode", "-lgc", "--lock-gpu-clocks", "-rgc",
+           "--reset-gpu-clocks")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,36 @@ def test_only_cards_that_differ_are_set(lab, host, policy):
     set_pl = [a for a in calls(lab, host)[n:] if "-pl" in a]
     assert set_pl == [["-i", c[3]["uuid"], "-pl", "175"]]
     play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
+
+
+def sm_clocks(lab, host):
+    return on_host(lab, host, "nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits").split()
+
+
+def test_clock_locks_by_class_hold_through_a_reboot_and_are_released(lab, host, policy):
+    limits = {"gpu_power_watts": policy["gpu_power_watts"], "gpu_power_overrides": policy["gpu_power_overrides"]}
+    locked = data(**limits, gpu_power_clocks={"a100": "1200,1275"})
+    uuids = sorted(c["uuid"] for c in cards(lab, host))
+    n = len(calls(lab, host))
+    run = play(host, *locked)
+    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()
+    assert sorted(a for a in calls(lab, host)[n:] if "-lgc" in a) == [["-i", u, "-lgc", "1200,1275"] for u in uuids]
+    assert [a for a in calls(lab, host)[n:] if "-pl" in a] == []           # the limits were right already
+    assert sm_clocks(lab, host) == ["1275"] * 8
+    assert play(host, *locked).totals["changed"] == 0
+
+    lab.reboot(host)                                                        # the driver forgets the locks
+    assert sm_clocks(lab, host) == ["1275"] * 8                             # the boot unit locked them again
+    assert "GPU clocks locked at 1200,1275 MHz" in on_host(lab, host, "journalctl -b -u rigup-gpu-power -o cat")
+    assert play(host, *locked).totals["changed"] == 0
+
+    n = len(calls(lab, host))
+    released = play(host, *data(**limits))                                 # the lock leaves the policy
+    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in released.changed_operations()
+    assert sorted(a for a in calls(lab, host)[n:] if "-rgc" in a) == [["-i", u, "-rgc"] for u in uuids]
+    assert sm_clocks(lab, host) == ["210"] * 8
+    assert "GPU clocks reset (were locked at 1200,1275 MHz)" in on_host(lab, host, "journalctl -u rigup-gpu-power -o cat")
+    assert play(host, *data(**limits)).totals["changed"] == 0
 
 
 def test_after_a_reboot_limits_are_applied_before_the_serving_unit_starts(lab, host, policy):

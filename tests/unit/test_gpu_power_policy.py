@@ -57,6 +57,10 @@ def test_config_lines_by_uuid_and_clock_locks_by_class():
     again = power_plan([dict(g, power_limit_w=180.0, persistence=True) for g in CMP_LOCKED], 180, {},
                        {"cmp170hx": "1410,1410"}, True, lambda g: "cmp170hx", applied)
     assert all(r["change"] == [] for r in again["cards"])
+    released = power_plan(CMP_LOCKED, None, {}, {}, False, lambda g: "cmp170hx", applied)
+    assert all(r["change"] == ["reset GPU clocks (locked at 1410,1410 MHz, no longer in the policy)"]
+               for r in released["cards"])
+    assert commands(released)[0] == ["nvidia-smi", "-i", CMP_LOCKED[0]["uuid"], "-rgc"]
     assert parse_clocks("1410,210") is None
     assert "gpu_power_clocks.cmp170hx" in power_plan(CMP_LOCKED, None, {}, {"cmp170hx": "fast"})["problems"][0]
 
