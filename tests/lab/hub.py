@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socketserver
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from tests.lab import lab
+from tests.lab import lab, sources
 
 ROOT = lab.STATE / "hub"
 MODELS = ROOT / "models"
@@ -462,18 +461,10 @@ def main_serve(bind: str, port: int) -> None:
 
 # ------------------------------------------------------------------------ process management
 
-def _serving() -> bool:
-    try:
-        os.kill(int(PID.read_text()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def serve(bind: str | None = None) -> str:
     """Start the hub on the lab gateway (or ``bind``), unless it runs; return its URL."""
     MODELS.mkdir(parents=True, exist_ok=True)
-    if not _serving():
+    if not sources.pid_alive(PID):
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.lab.hub", "serve", "--bind", str(bind or lab.GATEWAY),
              "--port", str(PORT), "--root", str(ROOT)], cwd=Path(__file__).resolve().parents[2],
@@ -494,14 +485,7 @@ def serve(bind: str | None = None) -> str:
 
 def stop() -> None:
     """Stop the hub, if it runs."""
-    if _serving():
-        pid = int(PID.read_text())
-        os.kill(pid, signal.SIGTERM)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    PID.unlink(missing_ok=True)
+    sources.stop_pid(PID)
     URL_FILE.unlink(missing_ok=True)
 
 

@@ -86,18 +86,31 @@ def llama_cpp_mirror() -> Path:
     return MIRROR
 
 
-def _serving() -> bool:
+def pid_alive(pid_file: Path) -> bool:
+    """True while the process whose pid ``pid_file`` holds runs (the lab's servers)."""
     try:
-        os.kill(int(SRV_PID.read_text()), 0)
+        os.kill(int(pid_file.read_text()), 0)
         return True
     except (OSError, ValueError):
         return False
 
 
+def stop_pid(pid_file: Path) -> None:
+    """Stop the process whose pid ``pid_file`` holds, if it runs, and remove the file."""
+    if pid_alive(pid_file):
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    pid_file.unlink(missing_ok=True)
+
+
 def serve() -> str:
     """Start the file server on the gateway (the lab bridge must be up); return its base URL."""
     SRV.mkdir(parents=True, exist_ok=True)
-    if not _serving():
+    if not pid_alive(SRV_PID):
         proc = subprocess.Popen(
             [sys.executable, "-m", "http.server", "--bind", str(lab.GATEWAY), "--directory", SRV,
              str(SRV_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -108,14 +121,7 @@ def serve() -> str:
 
 def stop() -> None:
     """Stop the file server, if it runs."""
-    if _serving():
-        pid = int(SRV_PID.read_text())
-        os.kill(pid, signal.SIGTERM)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    SRV_PID.unlink(missing_ok=True)
+    stop_pid(SRV_PID)
 
 
 if __name__ == "__main__":
