@@ -7,10 +7,10 @@ What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled
   by card class) and persistence mode (``gpu_power_persistence``);
 - installs ``rigup_prefix/bin/rigup-gpu-power``, which applies that file card by card with
   ``nvidia-smi -i <UUID>`` (never a bare ``-pl``), only where a card differs, reads each value
-  back and fails on a mismatch, and releases (``-rgc``) clock locks the policy no longer has;
-  and ``rigup-gpu-power.service`` (oneshot, After=
-  nvidia-persistenced, before multi-user.target; serving units order After= it), enabled, which
-  runs it at every boot, plus a udev rule that runs it again when the nvidia module is reloaded;
+  back and fails on a mismatch; a cap or clock lock it set that the policy no longer has goes
+  back to the card's default (``power.default_limit``, ``-rgc``): no stale pin until reboot;
+  and ``rigup-gpu-power.service`` (oneshot, After=nvidia-persistenced, before
+  multi-user.target; serving units order After= it), enabled, which runs it at every boot, plus a udev rule that runs it again when the nvidia module is reloaded;
 - when a card differs from the policy, restarts that unit (so converge and boot share one path);
   when every card matches, changes nothing.
 Every value is checked against each card's own power.min_limit..max_limit before any change

@@ -12,14 +12,15 @@ UNIT = "rigup-gpu-power.service"
 MARK = "##rigup-power:"
 
 
-def parse_applied_clocks(text: str) -> dict[str, str]:
-    """The clock locks of an applied configuration: {uuid: "MIN,MAX"} (clocks cannot be queried
-    back from nvidia-smi, so the boot script's stamp in /run says what it locked at this boot)."""
+def parse_applied(text: str) -> dict[str, dict]:
+    """What the boot script applied at this boot, per card: {uuid: {"watts": "180" or None,
+    "clocks": "MIN,MAX" or None}} (its stamp in /run; clock locks cannot be queried back from
+    nvidia-smi, and a cap the policy drops must go back to the card's default)."""
     out = {}
     for line in (text or "").splitlines():
         cols = line.split()
-        if len(cols) >= 3 and not line.startswith("#") and cols[2] != "-":
-            out[cols[0]] = cols[2]
+        if len(cols) >= 3 and not line.startswith("#"):
+            out[cols[0]] = {"watts": None if cols[1] == "-" else cols[1], "clocks": None if cols[2] == "-" else cols[2]}
     return out
 
 

@@ -42,13 +42,17 @@ def parse_clocks(text) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
+def _same(watts, want) -> bool:
+    return watts is not None and want is not None and abs(float(watts) - float(want)) <= 0.005
+
+
 def _w(value) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
 def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = None,
                clocks: dict | None = None, persistence: bool = True,
-               class_of=lambda gpu: None, applied_clocks: dict | None = None) -> dict:
+               class_of=lambda gpu: None, applied: dict | None = None) -> dict:
     """What the policy asks of each card, and what differs::
 
         {"cards": [{"index", "uuid", "bus_id", "class", "limit", "min", "max", "default",
@@ -58,12 +62,13 @@ def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = Non
     ``change`` lists what would be done to the card ("power limit 250 -> 180 W", ...); an empty
     list means the card is as the policy wants. ``problems`` are reasons not to change anything:
     an override naming no card, a value outside a card's min..max, a bad clock pair.
-    ``class_of(gpu)`` gives the card class (for ``clocks``, keyed by class); ``applied_clocks``
-    ({uuid: "MIN,MAX"}) is what the boot script locked at this boot (clocks cannot be queried).
+    ``class_of(gpu)`` gives the card class (for ``clocks``, keyed by class); ``applied``
+    ({uuid: {"watts", "clocks"}}, ``facts.parse_applied``) is what the boot script set at this
+    boot: a clock lock or a cap the policy no longer has is released (clocks cannot be queried).
     """
     overrides = overrides or {}
     clocks = clocks or {}
-    applied_clocks = applied_clocks or {}
+    applied = applied or {}
     present = [g for g in gpus if not g.get("lost")]
     problems: list[str] = []
     by_uuid: dict[str, tuple[int, str]] = {}
@@ -98,11 +103,15 @@ def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = Non
             elif not low <= want <= high:
                 problems.append(f"{source}: {want} W is outside GPU {row['index']} ({row['uuid']}, {row['bus_id']}) "
                                 f"range {_w(low)}-{_w(high)} W")
-            elif row["limit"] is None or abs(float(row["limit"]) - float(want)) > 0.005:
+            elif not _same(row["limit"], want):
                 row["change"].append(f"power limit {_w(row['limit'])} -> {_w(want)} W")
+        elif (applied.get(row["uuid"], {}).get("watts") and row["default"] is not None
+              and not _same(row["limit"], row["default"])):
+            row["change"].append(f"power limit {_w(row['limit'])} -> default {_w(row['default'])} W "
+                                 "(no longer in the policy)")
         if persistence and row["persistence"] is not True:
             row["change"].append("persistence mode -> on")
-        locked = applied_clocks.get(row["uuid"])
+        locked = applied.get(row["uuid"], {}).get("clocks")
         if row["want_clocks"] and locked != row["want_clocks"]:
             row["change"].append(f"lock GPU clocks {row['want_clocks']} MHz")
         elif not row["want_clocks"] and locked:
@@ -132,7 +141,8 @@ def commands(plan: dict) -> list[list[str]]:
             if change.startswith("persistence"):
                 out.append(["nvidia-smi", "-i", row["uuid"], "-pm", "1"])
             elif change.startswith("power limit"):
-                out.append(["nvidia-smi", "-i", row["uuid"], "-pl", str(int(row["want_watts"]))])
+                watts = row["default"] if row["want_watts"] is None else row["want_watts"]
+                out.append(["nvidia-smi", "-i", row["uuid"], "-pl", f"{float(watts):g}"])
             elif change.startswith("lock GPU clocks"):
                 out.append(["nvidia-smi", "-i", row["uuid"], "-lgc", row["want_clocks"]])
             elif change.startswith("reset GPU clocks"):

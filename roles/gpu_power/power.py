@@ -9,7 +9,7 @@ from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
 from roles.gpu.catalogue import card_for
-from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied_clocks
+from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
 
 
@@ -22,7 +22,7 @@ def plan_for(state: dict, data: dict) -> dict:
     """The power plan of this host's live cards under its data (gpu_power_* variables)."""
     return power_plan(state["gpus"], data["gpu_power_watts"], data["gpu_power_overrides"],
                       data["gpu_power_clocks"], data["gpu_power_persistence"], card_class,
-                      parse_applied_clocks(state["applied"]))
+                      parse_applied(state["applied"]))
 
 
 @operation()

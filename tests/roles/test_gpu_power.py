@@ -103,6 +103,21 @@ def test_clock_locks_by_class_hold_through_a_reboot_and_are_released(lab, host, 
     assert play(host, *data(**limits)).totals["changed"] == 0
 
 
+def test_a_cap_that_leaves_the_policy_goes_back_to_the_card_default(lab, host, policy):
+    c = cards(lab, host)
+    bus5 = next(k for k in policy["gpu_power_overrides"] if ":" in k)
+    only5 = data(gpu_power_overrides={bus5: 120})                          # no group cap, no card-3 override
+    run = play(host, *only5)
+    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()
+    assert {x["uuid"]: x["limit"] for x in cards(lab, host)} == {**{x["uuid"]: "400.00" for x in c},
+                                                                 c[5]["uuid"]: "120.00"}
+    journal = on_host(lab, host, "journalctl -u rigup-gpu-power -o cat --no-pager")
+    assert f"{c[3]['uuid']}: power limit 150.00 -> default 400 W (no longer in the policy)" in journal
+    assert play(host, *only5).totals["changed"] == 0
+    play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
+    assert {x["uuid"]: x["limit"] for x in cards(lab, host)} == policy["expected"]
+
+
 def test_after_a_reboot_limits_are_applied_before_the_serving_unit_starts(lab, host, policy):
     lab.reboot(host)
     assert {c["uuid"]: c["limit"] for c in cards(lab, host)} == policy["expected"]   # the driver forgot them

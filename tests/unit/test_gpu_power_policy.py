@@ -9,7 +9,7 @@ from roles.cmpunlocker.steps import config_problems, installer_args, next_step, 
 from roles.gpu.facts import parse_gpus
 from roles.gpu_guard import guard_config, threshold_problems
 from roles.gpu_guard.guard import evaluate, parse_sample
-from roles.gpu_power.facts import parse_applied_clocks
+from roles.gpu_power.facts import parse_applied
 from roles.gpu_power.policy import card_named, commands, config_lines, format_plan, parse_clocks, power_plan
 from roles.config import group_vars
 
@@ -53,14 +53,20 @@ def test_config_lines_by_uuid_and_clock_locks_by_class():
     lines = [ln for ln in conf.splitlines() if not ln.startswith("#")]
     assert len(lines) == 6 and all(ln.endswith(" 180 1410,1410 1") for ln in lines)
     assert lines == sorted(lines)
-    applied = parse_applied_clocks(conf)
+    applied = parse_applied(conf)
     again = power_plan([dict(g, power_limit_w=180.0, persistence=True) for g in CMP_LOCKED], 180, {},
                        {"cmp170hx": "1410,1410"}, True, lambda g: "cmp170hx", applied)
     assert all(r["change"] == [] for r in again["cards"])
-    released = power_plan(CMP_LOCKED, None, {}, {}, False, lambda g: "cmp170hx", applied)
-    assert all(r["change"] == ["reset GPU clocks (locked at 1410,1410 MHz, no longer in the policy)"]
+    capped = [dict(g, power_limit_w=180.0) for g in CMP_LOCKED]
+    released = power_plan(capped, None, {}, {}, False, lambda g: "cmp170hx", applied)
+    default = CMP_LOCKED[0]["power_default_w"]
+    assert all(r["change"] == [f"power limit 180 -> default {default:g} W (no longer in the policy)",
+                               "reset GPU clocks (locked at 1410,1410 MHz, no longer in the policy)"]
                for r in released["cards"])
-    assert commands(released)[0] == ["nvidia-smi", "-i", CMP_LOCKED[0]["uuid"], "-rgc"]
+    assert commands(released)[:2] == [["nvidia-smi", "-i", CMP_LOCKED[0]["uuid"], "-pl", f"{default:g}"],
+                                      ["nvidia-smi", "-i", CMP_LOCKED[0]["uuid"], "-rgc"]]
+    at_default = [dict(g, power_limit_w=g["power_default_w"]) for g in CMP_LOCKED]
+    assert all(r["change"] == [] for r in power_plan(at_default, None, {}, {}, False, lambda g: "cmp170hx")["cards"])
     assert parse_clocks("1410,210") is None
     assert "gpu_power_clocks.cmp170hx" in power_plan(CMP_LOCKED, None, {}, {"cmp170hx": "fast"})["problems"][0]
 
