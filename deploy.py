@@ -11,7 +11,7 @@ from roles.config import check_host
 
 check_host(host)
 plan = preflight.run()
-base.apply()
+base.apply(plan)
 cuda_toolkit.apply(plan)
 llama_cpp.apply(plan)
 model_fetch.apply(plan)

@@ -6,7 +6,8 @@ What it does to a host:
 - the ``rigup_user`` system user (no login shell, home in ``rigup_state_dir``);
 - ``rigup_prefix`` (software, root-owned) and ``rigup_state_dir`` (state, owned by the user);
 - a persistent journal when ``base_persistent_journal`` is true (journald restarted only when
-  its drop-in changed).
+  its drop-in changed), on hosts that run systemd (``plan["systemd"]``, from preflight, or read
+  here when called without a plan): a rental container without it gets none.
 
 Variables (roles/base/defaults.yml): base_packages, base_extra_packages, rigup_user,
 rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_cache_seconds.
@@ -18,10 +19,11 @@ from pyinfra.operations import files, server, systemd
 
 from roles.common import apt, template
 from roles.config import role_defaults
+from roles.gpu.facts import Systemd
 
 
 @deploy("base", data_defaults=role_defaults("base"))
-def apply():
+def apply(plan: dict | None = None):
     d = host.data
     files.template(
         name="apt: wait for the dpkg lock",
@@ -48,6 +50,8 @@ def apply():
                     user="root", group="root", mode="755")
     files.directory(name=f"Directory {d.rigup_state_dir}", path=d.rigup_state_dir,
                     user=d.rigup_user, group=d.rigup_user, mode="750")
+    if not (plan["systemd"] if plan else host.get_fact(Systemd)):  # preflight's plan saves a round trip
+        return
     journald = files.template(
         name="journald: keep the journal across reboots",
         src=template("base-journald.conf.j2"),

@@ -13,12 +13,13 @@ What it does to a host:
 - installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
   puts ``model_fetch_hf_token_src`` at ``/etc/rigup/hf-token`` (root, 0600) when set;
 - starts one job per model that is not complete: the transient unit ``rigup-fetch-<name>``
-  (``systemd-run --collect``, as ``rigup_user``, the token passed as a systemd credential), or
-  the tmux session of that name on hosts without systemd. The job outlives SSH and pyinfra;
-  a job already running is left alone (a changed plan stops it and starts the new one). It
-  resumes partial files with HTTP ranges, checks each file's size and hash, fetches a bad one
-  again, checks GGUF shard sets, and writes the marker last. A completed model whose files
-  changed since they were verified (size or mtime) is checked again and repaired;
+  (``systemd-run --collect``, as ``rigup_user``, the token passed as a systemd credential), or,
+  on hosts without systemd (rental containers), as root in the tmux session of that name, or
+  with ``setsid`` where tmux is missing (log: ``<dest>/.rigup-fetch/job.log``). The job outlives
+  SSH and pyinfra; a job already running is left alone (a changed plan stops it and starts the
+  new one). It resumes partial files with HTTP ranges, checks each file's size and hash, fetches
+  a bad one again, checks GGUF shard sets, and writes the marker last. A completed model whose
+  files changed since they were verified (size or mtime) is checked again and repaired;
 - ``fetch_from: <peer>``: the job copies the model from the peer's share server
   (``rigup-share``, port ``model_fetch_share_port``; the peer starts it when a host of the
   inventory names it), after the peer completes it, and verifies it against the hub's hashes;
@@ -47,7 +48,8 @@ from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files, python
 
 from roles.config import _source, role_defaults
-from roles.model_fetch.facts import SCRIPT, SHARE_UNIT, ModelFetchState, first_gguf, probe_command, parse_probe, unit_name
+from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, first_gguf, parse_probe,
+                                     probe_command, unit_name)
 from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
 from roles.preflight.schema import serving_config
 
@@ -131,8 +133,19 @@ def _print(plans: list[ModelPlan]) -> None:
         click.echo(f"    [{host.name}] {plan.line}", err=True)
 
 
+def _background(name: str, command: str) -> str:
+    """Run the shell ``command`` in tmux session ``name`` unless that session exists, or with
+    setsid where tmux is missing (callers run this only when their probe found nothing running):
+    either way it outlives the SSH session."""
+    q = shlex.quote
+    return (f"if command -v tmux >/dev/null; then tmux has-session -t ={name} 2>/dev/null || "
+            f"tmux new-session -d -s {name} {q(command)}; "
+            f"else setsid nohup sh -c {q(command)} >/dev/null 2>&1 </dev/null & fi")
+
+
 def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
-    """Start the job of ``plan`` unless it runs: a transient unit, or a tmux session."""
+    """Start the job of ``plan`` unless it runs: a transient unit, or (without systemd, as root)
+    a tmux session or a setsid process."""
     unit = unit_name(plan.name)
     work = f"{plan.job['dest']}/.rigup-fetch"
     script = f"{data['rigup_prefix']}/bin/rigup-fetch"
@@ -148,9 +161,7 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
                 f"/usr/bin/python3 {script} fetch {q(work + '/job.json')}; }}")
     envs = " ".join(f"{k}={q(v)}" for k, v in env.items())
     job = f"env {envs} python3 {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
-    return (f"if command -v tmux >/dev/null; then tmux has-session -t {unit} 2>/dev/null || "
-            f"tmux new-session -d -s {unit} {q(job)}; "
-            f"else setsid nohup sh -c {q(job)} >/dev/null 2>&1 </dev/null & fi")
+    return _background(unit, job)
 
 
 @operation()
@@ -163,9 +174,9 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
     dest, user = plan.job["dest"], data["rigup_user"]
     q = shlex.quote
     if plan.action == "restart":  # the plan changed under a running job: stop it, start the new one
-        yield (f"systemctl stop {unit} 2>/dev/null; tmux kill-session -t {unit} 2>/dev/null; "
-               f"while [ -e {q(dest + '/.rigup-fetch/lock')} ] && ! flock -n {q(dest + '/.rigup-fetch/lock')} true; "
-               "do sleep 1; done; true")
+        lock = q(dest + "/.rigup-fetch/lock")  # the job writes its pid there
+        yield (f"systemctl stop {unit} 2>/dev/null; flock -n {lock} true || kill $(cat {lock}) 2>/dev/null; "
+               f"while [ -e {lock} ] && ! flock -n {lock} true; do sleep 1; done; true")
     yield (f"mkdir -p {q(dest + '/.rigup-fetch')} && chown -R {q(user)}: {q(dest)}" if systemd
            else f"mkdir -p {q(dest + '/.rigup-fetch')}")
     job = json.dumps(plan.job, indent=1, sort_keys=True) + "\n"
@@ -175,7 +186,8 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
 
 @operation()
 def shared(dests: list[str], data: dict, systemd: bool, active: bool):
-    """Serve the completed models in ``dests`` to peers (unit ``rigup-share``) unless it runs."""
+    """Serve the completed models in ``dests`` to peers (unit ``rigup-share``; without systemd a
+    tmux session or a setsid process holding SHARE_LOCK) unless it runs."""
     config = json.dumps({"port": data["model_fetch_share_port"], "dests": sorted(dests)}, indent=1) + "\n"
     yield from files.put._inner(src=StringIO(config), dest=SHARE_CONFIG, mode="644")
     if active:
@@ -186,8 +198,7 @@ def shared(dests: list[str], data: dict, systemd: bool, active: bool):
                f"systemd-run --unit={SHARE_UNIT} --collect --quiet --property=User={shlex.quote(data['rigup_user'])} "
                f"--description='rigup: serve completed models to peers' /usr/bin/python3 {script} share {SHARE_CONFIG}; }}")
     else:
-        yield (f"tmux has-session -t {SHARE_UNIT} 2>/dev/null || "
-               f"tmux new-session -d -s {SHARE_UNIT} 'python3 {script} share {SHARE_CONFIG}'")
+        yield _background(SHARE_UNIT, f"flock -n {SHARE_LOCK} python3 {script} share {SHARE_CONFIG}")
 
 
 def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:

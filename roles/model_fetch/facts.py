@@ -22,6 +22,7 @@ MARKER = ".rigup-complete.json"
 SCRIPT = Path(__file__).with_name("fetcher.py")
 UNIT_PREFIX = "rigup-fetch-"
 SHARE_UNIT = "rigup-share"
+SHARE_LOCK = "/run/rigup-share.lock"  # held by the share server on a host without systemd
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
@@ -49,7 +50,7 @@ def probe_command(specs: list[dict]) -> str:
     return (
         "[ -d /run/systemd/system ] && echo '##rigup-systemd 1' || echo '##rigup-systemd 0'; "
         f"echo \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
-        f"(tmux has-session -t {SHARE_UNIT} 2>/dev/null && echo active))\"; "
+        f"{{ [ -e {SHARE_LOCK} ] && ! flock -n {SHARE_LOCK} true; }} 2>/dev/null && echo active)\"; "
         "command -v python3 >/dev/null || { echo '##rigup-nopython'; exit 0; }; "
         f"python3 - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
     )

@@ -18,7 +18,7 @@ Layout under a model's dest::
     .rigup-fetch/state.json         files verified: path -> [size, mtime_ns, hash]
     .rigup-fetch/progress.json      bytes, total, rate, eta, state, error (rewritten each second)
     .rigup-fetch/parts/<path>       partial downloads (a prefix of the file); resumed with Range
-    .rigup-fetch/lock               flock held by the running job: one job per model
+    .rigup-fetch/lock               flock held by the running job (one job per model); holds its pid
 
 Resume: a part is a prefix of its file, so a new job asks for ``Range: bytes=<size>-``. After a
 reboot (another boot id) the part is cut back to its last fsync'ed checkpoint, since the page
@@ -427,6 +427,9 @@ def fetch(job_path: str) -> int:
     except OSError:
         print(f"another job fetches {dest}; this one stops", file=sys.stderr)
         return 0
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")  # what the role kills to stop a job that is not a systemd unit
+    lock.flush()
     token = read_token() if not job.get("peer") else None
     files = job["files"]
     total = sum(f["size"] for f in files)

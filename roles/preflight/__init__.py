@@ -46,12 +46,13 @@ def model_paths(data: dict) -> list[str]:
 
 
 def run() -> dict:
-    """Print this host's plan and take the host out of the run when it is refused."""
+    """Print this host's plan and take the host out of the run when it is refused. Returns the
+    plan, with ``systemd`` (whether systemd is PID 1) added for the roles."""
     data = host.data.dict()
     dests = model_paths(data)
     facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
     facts["model_bytes"] = host.get_fact(PathBytes, paths=dests) if dests else {}
-    plan = hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"])
+    plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"])
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
     found = refusals(plan, facts, data)

@@ -15,6 +15,8 @@ def main(argv=None):
     p_up.add_argument("--profile", choices=lab.PROFILES, default="none", help="simulated GPU")
     p_up.add_argument("--first", type=int, default=1,
                       help="number of the first host (default 1): --first 3 -n 2 boots lab3, lab4")
+    p_up.add_argument("--no-init", dest="init", action="store_false",
+                      help="run sshd alone, without systemd, as a docker-style rental container does")
     p_rm = sub.add_parser("remove", help="remove one host; the others keep running")
     p_rm.add_argument("name")
     sub.add_parser("down", help="remove every lab host, the bridge and the proxy")
@@ -28,14 +30,14 @@ def main(argv=None):
     start = time.monotonic()
     try:
         if args.command == "up":
-            lab.up(args.n, args.profile, args.first)
+            lab.up(args.n, args.profile, args.first, args.init)
         elif args.command == "remove":
             lab.remove(args.name)
         elif args.command == "down":
             lab.down()
         elif args.command == "list":
             for h in lab.hosts():
-                print(f"{h['name']}\t{h['address']}\t{h['profile']}")
+                print(f"{h['name']}\t{h['address']}\t{lab.kind(h['profile'], h.get('init', True))}")
         elif args.command == "reboot":
             print(f"{args.name}: {lab.reboot(args.name)}")
         else:

@@ -2,7 +2,9 @@
 
 Each host is a copy-on-write overlay of one cached debootstrap root, runs a full systemd in its
 own network namespace on a lab bridge, is reached over SSH with a lab key, and gets packages only
-through a lab-owned tinyproxy on the bridge. Needs root. Standard library only.
+through a lab-owned tinyproxy on the bridge. A host booted with ``init=False`` runs no systemd:
+sshd alone under nspawn's stub init, as a docker-style rental container runs its entrypoint.
+Needs root. Standard library only.
 """
 import concurrent.futures
 import contextlib
@@ -37,6 +39,8 @@ INCLUDE = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "pyth
 BASE_RECIPE = {"suite": SUITE, "variant": "minbase", "include": list(INCLUDE)}  # recorded in its stamp
 PROFILES = ("a100", "h100", "cmp170hx", "none")
 BOOT_TIMEOUT = 180
+# What a host booted without systemd runs (as PID 2, under nspawn's stub init): sshd alone.
+NO_INIT_COMMAND = ("/bin/sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e")
 
 BASE = STATE / "base"
 BASE_STAMP = ".rigup-lab-base.json"
@@ -218,8 +222,21 @@ def console(name):
 
 
 def hosts():
-    """The running lab hosts: [{"name", "address", "profile"}, ...]."""
+    """The running lab hosts: [{"name", "address", "profile"}, ...]; a host booted without
+    systemd also has ``"init": False``."""
     return [h for h in load_state()["hosts"] if is_running(h["name"])]
+
+
+def has_init(name):
+    """False for host `name` if lab.json says it was booted without systemd (``up(..., init=False)``)."""
+    return next((h.get("init", True) for h in load_state()["hosts"] if h["name"] == name), True)
+
+
+def require_init(name, what):
+    """Refuse `what` on host `name` when it runs without systemd."""
+    if not has_init(name):
+        raise LabError(f"{name} runs without systemd (booted with init=False): it cannot {what}; "
+                       f"`remove {name}` and `up` it again instead")
 
 
 def ensure_bridge_and_proxy():
@@ -359,15 +376,20 @@ def shared_caches():
 def boot(name):
     """Start host `name` in its tmux session; the loop turns nspawn's 133 (reboot) into a reboot.
 
+    A host lab.json marks ``"init": false`` runs NO_INIT_COMMAND (sshd) instead of systemd
+    (`--as-pid2` instead of `-b`); nspawn kills it on SIGTERM.
     The loop first moves itself into the host's own cgroups: nspawn --keep-unit boots the host in
     the cgroup it starts in, and hosts sharing one would clash over their systemd's units there.
     """
     enter = "".join(f"mkdir -p {shlex.quote(str(c))} && echo $$ > {shlex.quote(str(c / 'cgroup.procs'))} && "
                     for c in cgroups(name))
-    nspawn = shlex.join(["systemd-nspawn", "-q", f"--directory={HOSTS / name / 'root'}", "-b",
+    init = has_init(name)
+    nspawn = shlex.join(["systemd-nspawn", "-q", f"--directory={HOSTS / name / 'root'}",
+                         "-b" if init else "--as-pid2",
                          "--register=no", "--keep-unit", f"--machine={name}", "--resolv-conf=off",
                          "--link-journal=no", f"--network-namespace-path=/run/netns/{NETNS}{name}",
-                         *(f"--bind={src}:{dest}" for src, dest in shared_caches())])
+                         *(f"--bind={src}:{dest}" for src, dest in shared_caches()),
+                         *(() if init else NO_INIT_COMMAND)])
     loop = f'{enter}while :; do {nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
     run("tmux", "new-session", "-d", "-x", "200", "-y", "50", "-s", session(name))
     run("tmux", "set-option", "-t", session(name), "remain-on-exit", "on")  # keep a failed console
@@ -392,13 +414,16 @@ def ssh(name, cmd, timeout=None, capture=True):
 
 
 def wait_ready(name, timeout=BOOT_TIMEOUT):
-    """Wait until host `name` answers SSH and systemd says running/degraded; return that state."""
+    """Wait until host `name` answers SSH and systemd says running/degraded; return that state
+    ("no init" for a host without systemd, once SSH answers)."""
     deadline = time.monotonic() + timeout
+    check, ready = ("systemctl is-system-running --wait", ("running", "degraded")) if has_init(name) \
+        else ("echo no init", ("no init",))
     while (left := deadline - time.monotonic()) > 0:
         if not is_running(name):
             raise LabError(f"{name} stopped while booting; console:\n{console(name)}")
-        proc = ssh(name, "systemctl is-system-running --wait", timeout=max(left, 1))
-        if proc.stdout.strip() in ("running", "degraded"):
+        proc = ssh(name, check, timeout=max(left, 1))
+        if proc.stdout.strip() in ready:
             return proc.stdout.strip()
         time.sleep(1)
     raise LabError(f"{name} ({address(name)}) not ready after {timeout} s; console:\n{console(name)}")
@@ -406,6 +431,7 @@ def wait_ready(name, timeout=BOOT_TIMEOUT):
 
 def reboot(name, timeout=BOOT_TIMEOUT):
     """Reboot host `name` with `systemctl reboot` and wait until it is back; return systemd's state."""
+    require_init(name, "reboot")
     boot_mark = "cut -d' ' -f22 /proc/1/stat"  # start time of PID 1: new on every boot
     before = ssh(name, boot_mark, timeout=30).stdout.strip()
     ssh(name, "systemctl reboot", timeout=15)
@@ -422,6 +448,7 @@ def cold_boot(name, timeout=BOOT_TIMEOUT):
     (tests/lab/nvidia_smi.py ``power_cycle``: what a warm reboot never does, e.g. bring up
     CMP 170HX cards unlocked once the unlocker's module is installed), then boot it again and wait
     until it is ready. Distinct from `reboot`; returns systemd's state."""
+    require_init(name, "be powered off and on")
     ssh(name, "systemctl poweroff", timeout=15)
     deadline = time.monotonic() + timeout
     while is_running(name):
@@ -440,10 +467,16 @@ def cold_boot(name, timeout=BOOT_TIMEOUT):
     return wait_ready(name, max(deadline - time.monotonic(), 1))
 
 
-def up(n, profile, first=1):
+def kind(profile, init):
+    """A host's profile as messages name it: "a100", or "none without systemd"."""
+    return profile + ("" if init else " without systemd")
+
+
+def up(n, profile, first=1, init=True):
     """Boot hosts lab<first>..lab<first+n-1> with `profile` (keeping running ones); return all
     running hosts. Hosts of other profiles may run next to them: `up(1, "h100", first=3)` adds
-    lab3 to a running a100 lab1..lab2."""
+    lab3 to a running a100 lab1..lab2. With `init=False` the new hosts run sshd without systemd
+    (recorded as ``"init": false`` in lab.json); `reboot` and `cold_boot` refuse them."""
     if profile not in PROFILES or n < 1 or first < 1:
         raise LabError(f"need n >= 1, first >= 1 and a profile of {', '.join(PROFILES)}, "
                        f"not {n}, {first}, {profile!r}")
@@ -452,9 +485,9 @@ def up(n, profile, first=1):
     with locked():
         running = hosts()
         for h in running:
-            if h["name"] in wanted and h["profile"] != profile:
-                raise LabError(f"{h['name']} runs profile {h['profile']}, not {profile}: "
-                               f"`remove {h['name']}` or `down` first")
+            if h["name"] in wanted and kind(h["profile"], h.get("init", True)) != kind(profile, init):
+                raise LabError(f"{h['name']} runs profile {kind(h['profile'], h.get('init', True))}, not "
+                               f"{kind(profile, init)}: `remove {h['name']}` or `down` first")
         if profile != "none" and GPU_SIM.exists() and profile not in json.loads(GPU_PROFILES.read_text()):
             raise LabError(f"profile {profile} is not in {GPU_PROFILES}")
         built = build_base()
@@ -465,7 +498,7 @@ def up(n, profile, first=1):
             run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigup-lab", "-f", KEY)
         ensure_bridge_and_proxy()
         names = {h["name"] for h in running}
-        new = [{"name": name, "address": address(name), "profile": profile}
+        new = [{"name": name, "address": address(name), "profile": profile, **({} if init else {"init": False})}
                for name in wanted if name not in names]
         for h in new:
             remove_host(h["name"])  # leftovers of a host that stopped or half-started
@@ -495,8 +528,8 @@ def remove(name):
     ensure_tools()
     with locked():
         mine = f"--directory={HOSTS / name / 'root'}"
-        stop_processes([pid for pid, argv in processes()
-                        if Path(argv[0]).name == "systemd-nspawn" and mine in argv], 30)  # clean poweroff
+        stop_processes([pid for pid, argv in processes()  # a clean poweroff; a host without systemd is killed
+                        if Path(argv[0]).name == "systemd-nspawn" and mine in argv], 30)
         remove_host(name)
         rest = [h for h in hosts() if h["name"] != name]
         publish(rest)
@@ -554,7 +587,7 @@ def down():
     """Remove every lab host, the bridge and the proxy (idempotent); keep the cached base root."""
     ensure_tools()
     with locked():
-        stop_processes(lab_pids("systemd-nspawn"), 30)  # nspawn turns SIGTERM into a clean poweroff of its host
+        stop_processes(lab_pids("systemd-nspawn"), 30)  # SIGTERM: a clean poweroff (a host without systemd: killed)
         names = {h["name"] for h in load_state()["hosts"]}
         names |= {p.name for p in HOSTS.glob("*")}
         names |= {p.name.removeprefix(NETNS) for p in Path("/run/netns").glob(f"{NETNS}*")}

@@ -25,7 +25,7 @@ from roles import base, model_fetch, preflight
 from roles.config import check_host
 check_host(host)
 plan = preflight.run()
-base.apply()
+base.apply(plan)
 model_fetch.apply(plan)
 """
 INVENTORY = """import json as _json, runpy as _runpy
@@ -35,6 +35,7 @@ def _with(group):
     hosts, data = group
     return ([(n, {{**d, **_extra.get(n, {{}})}}) for n, d in hosts], data)
 a100 = _with(_base["a100"])
+none = _with(_base["none"])
 lab = _with(_base["lab"])
 all = _base["all"]
 """
