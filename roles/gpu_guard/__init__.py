@@ -1,6 +1,7 @@
 """roles/gpu_guard: a power and thermal guard that stops serving, and stays tripped until cleared.
 
-What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled false):
+What it does to a host with GPUs and systemd (nothing on a CPU-only host, with gpu_enabled false,
+or without systemd, where there are no serving units to stop):
 - installs ``rigup_prefix/bin/rigup-gpu-guard`` (roles/gpu_guard/guard.py, standard library) and
   ``/etc/rigup/gpu-guard.json``: the window, the serving units, and the thresholds of every card
   the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
@@ -106,8 +107,8 @@ def cleared(tripped_file: str, script: str):
 @deploy("gpu_guard", data_defaults=role_defaults("gpu_guard"))
 def apply(plan: dict):
     data = host.data.dict()
-    if not data.get("gpu_enabled", True) or plan.get("cpu_only", True):
-        return
+    if not data.get("gpu_enabled", True) or plan.get("cpu_only", True) or not plan.get("systemd", True):
+        return    # without systemd there are no serving units to stop (preflight refuses them)
     problems = threshold_problems(data.get("gpu_guard_thresholds"))
     if problems:
         where = _source(host, "gpu_guard_thresholds")

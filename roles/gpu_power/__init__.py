@@ -1,6 +1,7 @@
 """roles/gpu_power: per-card power limits that survive reboots, applied by UUID and verified live.
 
-What it does to a host with GPUs (nothing on a CPU-only host or with gpu_enabled false):
+What it does to a host with GPUs (nothing on a CPU-only host, with gpu_enabled false, or on a
+host without systemd, where preflight refuses a cap):
 - writes ``/etc/rigup/gpu-power.conf``: one line per card, by UUID (never by index, which
   reorders between boots): its watts (``gpu_power_overrides`` by UUID or PCI bus id, else
   ``gpu_power_watts``; ``-`` leaves the card's limit alone), its clock lock (``gpu_power_clocks``
@@ -38,7 +39,8 @@ UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
 
 
 def applies(plan: dict, data) -> bool:
-    return bool(data.get("gpu_enabled", True)) and not plan.get("cpu_only", True)
+    """GPUs, and systemd to keep the policy at boot (preflight refuses a cap without systemd)."""
+    return bool(data.get("gpu_enabled", True)) and not plan.get("cpu_only", True) and plan.get("systemd", True)
 
 
 def show_plan() -> dict:

@@ -22,6 +22,7 @@ the unit tests call them on hand-made values.
     14 check_cmpunlocker_cards      cmpunlocker on cards that are not CMP 170HX (by PCI id)
     -  check_config                 the nested maps (models, instances, overrides), by key path
     -  check_open_without_key       a serving instance bound beyond loopback without an API key
+    -  check_systemd                serving, power caps or cmpunlocker where systemd is not PID 1
 
 Nested-map problems are refusals, not a ConfigError that stops every host: an entry names host
 things (a model on this host, a port, this host's GPU count), one host's mistake should not stop
@@ -534,7 +535,28 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
             if inst["host"] not in LOOPBACK and not inst["api_key"]]
 
 
-CHECKS = (check_config, check_open_without_key, check_gpu_host, check_power_range, check_power_override_targets,
+def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """What only works with systemd, on a host where it is not PID 1 (a docker-style rental
+    container): serving instances (systemd units), power caps and clock locks (kept by a boot unit)
+    and cmpunlocker. The build and model downloads work there; gpu_power's persistence and the
+    guard are skipped (there is nothing to guard without serving units)."""
+    if facts.get("systemd", True):
+        return []
+    config, _ = _config(plan, data)
+    needs = [f"{var} ({', '.join(sorted(config[var]))})"
+             for var in ("llama_server_instances", "vllm_instances") if config[var]]
+    needs += [key for key in ("gpu_power_watts", "gpu_power_overrides", "gpu_power_clocks", "cmpunlocker_enabled")
+              if data.get(key) not in (None, {}, False)]
+    if not needs:
+        return []
+    return [Refusal(f"{', '.join(needs)} on a host without systemd",
+                    "they run as systemd units (serving, the boot unit that keeps power limits, the unlock) "
+                    "and systemd is not PID 1 here (a container?)",
+                    "use a host booted with systemd, or unset them for this host (model downloads and the "
+                    "llama.cpp build work without systemd)", "systemd")]
+
+
+CHECKS = (check_config, check_open_without_key, check_systemd, check_gpu_host, check_power_range, check_power_override_targets,
           check_driver_for_cuda, check_cuda_for_archs, check_ports, check_disk, check_vram,
           check_vllm_cc, check_split_mode_row, check_cmpunlocker_secure_boot,
           check_cmpunlocker_headers, check_cmpunlocker_driver, check_cmpunlocker_cards)

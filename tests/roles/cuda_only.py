@@ -7,5 +7,5 @@ from roles.config import check_host
 
 check_host(host)
 plan = preflight.run()
-base.apply()
+base.apply(plan)
 cuda_toolkit.apply(plan)

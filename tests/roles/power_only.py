@@ -8,7 +8,7 @@ from roles.config import check_host
 
 check_host(host)
 plan = preflight.run()
-base.apply()
+base.apply(plan)
 gpu_power.apply(plan)
 gpu_guard.apply(plan)
 cmpunlocker.apply(plan)

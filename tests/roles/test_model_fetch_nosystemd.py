@@ -179,3 +179,14 @@ def test_a_peer_copies_from_its_share_server_started_with_setsid(lab, hub, play,
     again = converge(play, tmp_path, data)
     assert again.totals["changed"] == 0, again.changed_operations()
     assert jobs(lab, bare, "rigup-fetch share") == 1
+
+
+def test_serving_and_power_caps_are_refused_before_anything_changes(lab, hub, play, bare, tmp_path):
+    hub_module, revs = hub
+    on_host(lab, bare, "touch /tmp/before-refusal")
+    wanted = {**big(revs), "llama_server_instances": {"chat": {"model": "big", "port": 8081}}, "gpu_power_watts": 300}
+    run = converge(play, tmp_path, {bare: wanted}, check=False)
+    assert run.returncode != 0
+    assert f"[{bare}] refused: llama_server_instances (chat), gpu_power_watts on a host without systemd: " \
+           "they run as systemd units" in run.output
+    assert on_host(lab, bare, "find /etc /opt /srv /var/lib/rigup -newer /tmp/before-refusal | head -5") == ""

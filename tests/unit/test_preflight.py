@@ -484,7 +484,7 @@ def test_model_families_catalogue():
 
 
 def test_checks_are_pure_and_all_listed():
-    assert len(checks.CHECKS) == 16
+    assert len(checks.CHECKS) == 17
     plan, facts = host("a100")
     before = repr((plan, facts))
     refusals(plan, facts, data(**glm_llama(split_mode="row"), gpu_power_watts=900, cmpunlocker_enabled=True))
@@ -521,3 +521,13 @@ def test_an_instance_open_to_the_network_needs_an_api_key():
     inst = open_["llama_server_instances"]
     keyed = {**open_, "llama_server_instances": {k: {**v, "api_key": True} for k, v in inst.items()}}
     assert not [r for r in refusals(plan, facts, data(**keyed)) if r.check == "open_without_key"]
+
+
+def test_what_needs_systemd_is_refused_where_it_is_not_pid_1():
+    plan, facts = host("a100", systemd=False)
+    assert refusals(plan, facts, data()) == []          # downloads and the build need no systemd
+    found = only(refusals(plan, facts, data(gpu_power_watts=300, **glm_llama())), "systemd")
+    assert found[0].what == "llama_server_instances (glm), gpu_power_watts on a host without systemd"
+    assert "systemd is not PID 1 here" in found[0].why and "model downloads" in found[0].fix
+    plan, facts = host("a100")
+    assert refusals(plan, facts, data(gpu_power_watts=300, **glm_llama())) == []
