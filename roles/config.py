@@ -244,11 +244,18 @@ def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def check_host(host) -> None:
-    """Validate ``host``'s merged data; raise ConfigError listing every problem with its file."""
-    found = problems(host.data.dict())
+    """Validate ``host``'s merged data; raise ConfigError listing every problem with its file.
+    Then give the host the default of every variable its data lacks: an inventory that does not
+    use :func:`all_group` (``@local``, a user's own file) has no role defaults outside the roles'
+    own ``@deploy``, and preflight and the plan modes read every role's variables."""
+    data = host.data.dict()
+    found = problems(data)
     if found:
         lines = [f"{_source(host, key)}: {message}" for key, message in found]
         raise ConfigError(f"invalid configuration for host {host.name}:\n  " + "\n  ".join(lines))
+    for name, var in declared().items():
+        if name not in data:
+            setattr(host.data, name, var.default)
 
 
 def all_group(*groups) -> tuple[list[str], dict[str, Any]]:

@@ -122,6 +122,13 @@ def test_a_good_host_passes():
                                                                        "_sudo": True}))
 
 
+def test_a_host_of_an_inventory_without_the_all_group_gets_every_default():
+    """``pyinfra @local preflight.py`` or a user's own inventory: no role defaults in its data."""
+    h = host_with(host_data={"gpu_power_watts": 180}, groups=("mine",))
+    check_host(h)
+    assert h.data.cuda_version == "12.8" and h.data.gpu_power_clocks == {} and h.data.gpu_power_watts == 180
+
+
 def test_typo_in_group_vars_names_file_key_and_suggestion():
     h = host_with(group_data={"apt_lock_timout": 5})
     with pytest.raises(ConfigError) as e:
