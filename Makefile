@@ -9,7 +9,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit lab-up lab-down lab-list bench-lab clean
+.PHONY: venv demo test unit lab-up lab-down lab-list bench-lab bench-ansible clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,9 @@ lab-list: venv
 
 bench-lab: venv
 	$(PY) -m tests.bench_lab
+
+bench-ansible: venv
+	$(PY) -m tests.bench_ansible
 
 clean: lab-down
 	rm -rf $(VENV)
