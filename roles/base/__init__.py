@@ -14,23 +14,45 @@ rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_ca
 """
 
 from pyinfra import host
-from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.operations import systemd
 
-from roles.common import apt, template
+from roles.common import apt, files, read_once, render
 from roles.config import role_defaults
 from roles.gpu.facts import Systemd
+
+
+class PasswdEntry(FactBase):
+    """``{"home", "shell"}`` of user ``user`` (``getent passwd``), or None."""
+
+    def command(self, user: str) -> str:
+        return f"getent passwd {user} || true"
+
+    def process(self, output: list[str]) -> dict | None:
+        cols = output[0].split(":") if output and output[0] else []
+        return {"home": cols[5], "shell": cols[6]} if len(cols) == 7 else None
+
+
+@operation()
+def system_user(user_name: str, home: str, shell: str = "/usr/sbin/nologin"):
+    """A system user ``user_name`` with its own group, home ``home`` (not created) and ``shell``."""
+    entry = read_once(PasswdEntry, user=user_name)
+    if entry == {"home": home, "shell": shell}:
+        host.noop(f"user {user_name} exists")
+    elif entry is None:
+        yield f"useradd --system --user-group --no-create-home --home-dir {home} --shell {shell} {user_name}"
+    else:
+        yield f"usermod --home {home} --shell {shell} {user_name}"
 
 
 @deploy("base", data_defaults=role_defaults("base"))
 def apply(plan: dict | None = None):
     d = host.data
-    files.template(
-        name="apt: wait for the dpkg lock",
-        src=template("base-apt.conf.j2"),
-        dest="/etc/apt/apt.conf.d/80rigup",
-        lock_timeout=d.apt_lock_timeout,
-    )
+    with_systemd = plan["systemd"] if plan else host.get_fact(Systemd)  # preflight's plan saves a round trip
+    apt_conf, journald_conf = "/etc/apt/apt.conf.d/80rigup", "/etc/systemd/journald.conf.d/rigup.conf"
+    paths = [apt_conf, d.rigup_prefix, d.rigup_state_dir] + ([journald_conf] if with_systemd else [])
+    files.managed(name="apt: wait for the dpkg lock", dest=apt_conf, paths=paths,
+                  text=render("base-apt.conf.j2", lock_timeout=d.apt_lock_timeout))
     apt.installed(
         name="Install base packages",
         packages=d.base_packages + d.base_extra_packages,
@@ -38,26 +60,15 @@ def apply(plan: dict | None = None):
         _retries=2,
         _retry_delay=10,
     )
-    server.user(
-        name=f"System user {d.rigup_user}",
-        user=d.rigup_user,
-        system=True,
-        home=d.rigup_state_dir,
-        shell="/usr/sbin/nologin",
-        create_home=False,
-    )
-    files.directory(name=f"Directory {d.rigup_prefix}", path=d.rigup_prefix,
-                    user="root", group="root", mode="755")
-    files.directory(name=f"Directory {d.rigup_state_dir}", path=d.rigup_state_dir,
+    system_user(name=f"System user {d.rigup_user}", user_name=d.rigup_user, home=d.rigup_state_dir)
+    files.directory(name=f"Directory {d.rigup_prefix}", path=d.rigup_prefix, paths=paths)
+    files.directory(name=f"Directory {d.rigup_state_dir}", path=d.rigup_state_dir, paths=paths,
                     user=d.rigup_user, group=d.rigup_user, mode="750")
-    if not (plan["systemd"] if plan else host.get_fact(Systemd)):  # preflight's plan saves a round trip
+    if not with_systemd:
         return
-    journald = files.template(
-        name="journald: keep the journal across reboots",
-        src=template("base-journald.conf.j2"),
-        dest="/etc/systemd/journald.conf.d/rigup.conf",
-        storage="persistent" if d.base_persistent_journal else "auto",
-    )
+    journald = files.managed(name="journald: keep the journal across reboots", dest=journald_conf, paths=paths,
+                             text=render("base-journald.conf.j2",
+                                         storage="persistent" if d.base_persistent_journal else "auto"))
     systemd.service(
         name="Restart journald",
         service="systemd-journald",

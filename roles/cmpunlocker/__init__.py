@@ -35,12 +35,11 @@ import json
 import shlex
 
 import click
-import jinja2
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files
 
-from roles.common import TEMPLATES
+from roles.common import read_once, render
 from roles.config import ConfigError, _source, role_defaults
 from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.steps import config_problems, installer_args, next_step, source_id
@@ -59,13 +58,6 @@ def src_dir(data: dict) -> str:
     return f"{data['cmpunlocker_dir']}/src-{ident}"
 
 
-def render(name: str, **values) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    env.filters["quote"] = lambda v: shlex.quote(str(v))
-    return env.get_template(name).render(**values)
-
-
 def _write_stamp(path: str, stamp: dict) -> str:
     text = shlex.quote(json.dumps(stamp, sort_keys=True))
     return f"mkdir -p $(dirname {path}) && printf '%s\\n' {text} > {path}.tmp && mv {path}.tmp {path}"
@@ -79,7 +71,7 @@ def rollback_commands(data: dict) -> str:
 @operation()
 def unlock_step(data: dict):
     """The next step of the unlock (steps.py): install, verify, roll back, or nothing."""
-    state = host.get_fact(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
+    state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
     step, why = next_step(state, data)
     stamp = stamp_path(data)
     base = {"source": source_id(data), "args": installer_args(data), "boot_id": state["boot_id"],
@@ -125,7 +117,7 @@ def apply(plan: dict):
     if found:
         raise ConfigError(f"invalid configuration for host {host.name}:\n  "
                           + "\n  ".join(f"{_source(host, key)}: {key}: {why}" for key, why in found))
-    state = host.get_fact(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
+    state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
     step, why = next_step(state, data)
     if step == "install":
         why += "; then a cold power-off is required (rigup never power-cycles)"

@@ -5,6 +5,8 @@ from pyinfra.api import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt
 
+from roles.common import read_once
+
 
 @operation()
 def installed(packages: list[str], cache_seconds: int = 86400):
@@ -14,7 +16,7 @@ def installed(packages: list[str], cache_seconds: int = 86400):
 
     The host's apt waits on the dpkg lock through roles/base's apt.conf drop-in.
     """
-    present = host.get_fact(DebPackages)
+    present = read_once(DebPackages)
     missing = [p for p in packages if p not in present]
     if not missing:
         host.noop(f"{len(packages)} packages already installed")

@@ -19,9 +19,9 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import files
 
-from roles.common import apt, template
+from roles.common import apt, read_once, render
+from roles.common.files import managed
 from roles.config import role_defaults
 from roles.gpu.facts import CudaToolkits
 from roles.gpu.plan import build_backend
@@ -37,7 +37,7 @@ def _home(data: dict) -> str:
 @operation()
 def keyring(repo: str):
     """NVIDIA's cuda-keyring package (the apt source and its key), unless installed."""
-    if "cuda-keyring" in host.get_fact(DebPackages):
+    if "cuda-keyring" in read_once(DebPackages):
         host.noop("cuda-keyring is installed")
         return
     url = KEYRING_URL.format(repo=repo)
@@ -56,7 +56,7 @@ def debian_component(component: str):
 @operation()
 def version_present(version: str):
     """Fail unless an nvcc of ``version`` is installed (cuda_source: present)."""
-    found = [t["version"] for t in host.get_fact(CudaToolkits)]
+    found = [t["version"] for t in read_once(CudaToolkits)]
     if version not in found:
         raise OperationError(f"cuda_source is present but no nvcc {version} is installed "
                              f"(found: {', '.join(found) or 'none'}); install it or set cuda_source")
@@ -74,7 +74,7 @@ def apply(plan: dict):
     if source == "present":
         version_present(name=f"CUDA {version} is installed", version=version)
     elif source == "nvidia":
-        distro = host.get_fact(LinuxDistribution)
+        distro = read_once(LinuxDistribution)
         repo = REPOS.get((distro["release_meta"].get("ID"), distro["major"]))
         if not repo:
             raise OperationError(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
@@ -83,16 +83,16 @@ def apply(plan: dict):
         apt.installed(name=f"Install cuda-toolkit {version}", packages=[f"cuda-toolkit-{version.replace('.', '-')}"],
                       cache_seconds=0, _retries=2, _retry_delay=30)
     else:
-        if host.get_fact(LinuxDistribution)["release_meta"].get("ID") == "debian":
+        if read_once(LinuxDistribution)["release_meta"].get("ID") == "debian":
             for component in ("contrib", "non-free"):  # libcuda1 needs nvidia-support (contrib)
                 debian_component(name=f"Debian {component} component", component=component,
-                                 _if=lambda: "nvidia-cuda-toolkit" not in host.get_fact(DebPackages))
+                                 _if=lambda: "nvidia-cuda-toolkit" not in read_once(DebPackages))
         apt.installed(name="Install nvidia-cuda-toolkit", packages=["nvidia-cuda-toolkit"],
                       cache_seconds=0, _retries=2, _retry_delay=30)
     home = _home(data)
     paths = {"version": version, "bin_dir": f"{home}/bin",
              "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}
-    files.template(name="CUDA on login shells' PATH", src=template("cuda_toolkit-profile.sh.j2"),
-                   dest="/etc/profile.d/rigup-cuda.sh", **paths)
-    files.template(name="CUDA for rigup's units", src=template("cuda_toolkit.env.j2"),
-                   dest="/etc/rigup/cuda.env", **paths)
+    both = ["/etc/profile.d/rigup-cuda.sh", "/etc/rigup/cuda.env"]
+    managed(name="CUDA on login shells' PATH", dest=both[0], paths=both,
+            text=render("cuda_toolkit-profile.sh.j2", **paths))
+    managed(name="CUDA for rigup's units", dest=both[1], paths=both, text=render("cuda_toolkit.env.j2", **paths))

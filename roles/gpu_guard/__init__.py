@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from io import StringIO
 from pathlib import Path
 
 import yaml
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
-from roles.common import template
+from roles.common import files, render
 from roles.config import ConfigError, _source, role_defaults
 from roles.gpu.catalogue import cards as catalogue_cards
 
@@ -118,13 +117,16 @@ def apply(plan: dict):
         systemd.service(name=f"gpu_guard: stop {TIMER}", service=TIMER, running=False, enabled=False)
         return
     script = f"{data['rigup_prefix']}/bin/rigup-gpu-guard"
-    files.put(name="gpu_guard: the guard", src=str(HERE / "guard.py"), dest=script, mode="755")
-    files.put(name=f"gpu_guard: {CONFIG}", src=StringIO(json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n"),
-              dest=CONFIG, mode="644")
-    service = files.template(name=f"gpu_guard: {SERVICE}", src=template("gpu_guard-service.j2"),
-                             dest=f"/etc/systemd/system/{SERVICE}", script=script, config=CONFIG)
-    timer = files.template(name=f"gpu_guard: {TIMER}", src=template("gpu_guard-timer.j2"),
-                           dest=f"/etc/systemd/system/{TIMER}", interval=data["gpu_guard_interval_s"])
+    service_path, timer_path = f"/etc/systemd/system/{SERVICE}", f"/etc/systemd/system/{TIMER}"
+    paths = [script, CONFIG, service_path, timer_path]
+    files.managed(name="gpu_guard: the guard", dest=script, paths=paths, mode="755",
+                  text=(HERE / "guard.py").read_text())
+    files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
+                  text=json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n")
+    service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,
+                            text=render("gpu_guard-service.j2", script=script, config=CONFIG))
+    timer = files.managed(name=f"gpu_guard: {TIMER}", dest=timer_path, paths=paths,
+                          text=render("gpu_guard-timer.j2", interval=data["gpu_guard_interval_s"]))
     systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=f"{data['rigup_state_dir']}/{TRIPPED}",

@@ -27,9 +27,9 @@ from __future__ import annotations
 import click
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
-from roles.common import template
+from roles.common import files, read_once, render
 from roles.config import role_defaults
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
 from roles.gpu_power.policy import format_plan
@@ -46,7 +46,7 @@ def applies(plan: dict, data) -> bool:
 def show_plan() -> dict:
     """Print each card of this host, its limits and what the policy would change (reads only)."""
     data = host.data.dict()
-    plan = plan_for(host.get_fact(GpuPowerState), data)
+    plan = plan_for(read_once(GpuPowerState), data)
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] power: {line}", err=True)
     return plan
@@ -57,13 +57,14 @@ def apply(plan: dict):
     data = host.data.dict()
     if not applies(plan, data):
         return
-    script = f"{data['rigup_prefix']}/bin/rigup-gpu-power"
-    files.template(name="gpu_power: the boot script", src=template("gpu_power-apply.sh.j2"),
-                   dest=script, mode="755", conf=CONF, stamp=APPLIED)
-    unit = files.template(name=f"gpu_power: {UNIT}", src=template("gpu_power-unit.service.j2"),
-                          dest=f"/etc/systemd/system/{UNIT}", script=script, conf=CONF, stamp=APPLIED)
-    files.template(name="gpu_power: apply again when the nvidia module reloads",
-                   src=template("gpu_power-udev.rules.j2"), dest=UDEV_RULE, unit=UNIT)
+    script, unit_path = f"{data['rigup_prefix']}/bin/rigup-gpu-power", f"/etc/systemd/system/{UNIT}"
+    paths = [script, unit_path, UDEV_RULE]
+    files.managed(name="gpu_power: the boot script", dest=script, paths=paths, mode="755",
+                  text=render("gpu_power-apply.sh.j2", conf=CONF, stamp=APPLIED))
+    unit = files.managed(name=f"gpu_power: {UNIT}", dest=unit_path, paths=paths,
+                         text=render("gpu_power-unit.service.j2", script=script, conf=CONF, stamp=APPLIED))
+    files.managed(name="gpu_power: apply again when the nvidia module reloads", dest=UDEV_RULE, paths=paths,
+                  text=render("gpu_power-udev.rules.j2", unit=UNIT))
     systemd.daemon_reload(name="gpu_power: systemd daemon-reload", _if=unit.did_change)
     limits_applied(name="GPU power limits by UUID (set what differs, read back)", data=data, script=script)
     systemd.service(name=f"gpu_power: enable {UNIT}", service=UNIT, running=True, enabled=True)

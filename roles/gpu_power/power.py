@@ -8,6 +8,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
+from roles.common import read_once
 from roles.gpu.catalogue import card_for
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
@@ -31,7 +32,7 @@ def limits_applied(data: dict, script: str):
     policy: it sets only the cards that differ, each with ``-i <UUID>``, and reads every value
     back, failing on a mismatch. Every value is checked against the card's own min..max first:
     an out-of-range value or an override naming no card raises before anything changes."""
-    state = host.get_fact(GpuPowerState)
+    state = read_once(GpuPowerState)
     plan = plan_for(state, data)
     if plan["problems"]:
         raise OperationError(f"gpu_power on {host.name}: " + "; ".join(plan["problems"]))

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
+from roles.common import read_once
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 
 
@@ -14,7 +15,7 @@ def built(dir: str, build_id: str, script: str):
     """Build ``build_id`` with ``script`` unless its stamp exists. The build runs as the transient
     unit rigup-llama-build (it outlives the SSH session; a converge that finds it running waits
     for it), or directly on hosts without systemd. A failure shows the build log's last lines."""
-    state = host.get_fact(LlamaCppState, dir=dir)
+    state = read_once(LlamaCppState, dir=dir)
     if build_id in state["builds"]:
         host.noop(f"llama.cpp {build_id} is built")
         return
@@ -36,7 +37,7 @@ def switched(dir: str, target: str):
     """Point ``dir/current`` at ``target`` (``builds/<id>``) unless it already does; the build it
     pointed at becomes ``previous``. ``target="previous"`` rolls back: current goes to the
     previous build, which stays recorded as previous (so a second run changes nothing)."""
-    state = host.get_fact(LlamaCppState, dir=dir)
+    state = read_once(LlamaCppState, dir=dir)
     rollback = target == "previous"
     if rollback:
         target = state["previous"]

@@ -29,6 +29,8 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, python
 
+from roles.common import read_once
+from roles.common.files import managed
 from roles.common.gate import gate
 from roles.config import role_defaults
 from roles.gpu.plan import build_backend
@@ -49,7 +51,7 @@ def instance(instance_name: str, inst: dict, marker_path: str, binary: str, buil
     """Instance ``name``: its key, its drop-in, and its unit enabled and running; restarted only
     when the drop-in or the key changed. Waits (changes nothing) while its model is incomplete."""
     name = instance_name
-    state = host.get_fact(LlamaServerState, instances={name: marker_path}).get(name, {})
+    state = read_once(LlamaServerState, instances={name: marker_path}).get(name, {})
     marker = state.get("marker")
     if not marker:
         host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
@@ -98,7 +100,7 @@ def apply(plan: dict):
     user = data["rigup_user"]
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=GUARD_FILE,
                         start_timeout=max(600, data["llama_server_health_timeout"]))
-    files.put(name="llama-server template unit", src=StringIO(unit_text), dest=UNIT, mode="644")
+    managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     build = "rollback" if data["llama_cpp_rollback"] else build_id(data, cmake_options(plan, data))
     binary = f"{data['llama_cpp_dir']}/current/bin/llama-server"

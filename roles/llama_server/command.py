@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
-import jinja2
 
-from roles.common import TEMPLATES
+from roles.common import render
 
 KEY = "/etc/rigup/llama-server/{}.key"
 
@@ -33,12 +32,6 @@ def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
     if inst["api_key"]:
         args += ["--api-key-file", KEY.format(name)]
     return [str(a) for a in args + list(inst["extra_args"])]
-
-
-def render(template_name: str, **values) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    return env.get_template(template_name).render(**values)
 
 
 def dropin_text(name: str, inst: dict, binary: str, model_path: str, build: str, unit_sha: str,

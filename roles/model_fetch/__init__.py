@@ -47,6 +47,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files, python
 
+from roles.common import files as managed
 from roles.config import _source, role_defaults
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, first_gguf, parse_probe,
                                      probe_command, unit_name)
@@ -277,11 +278,14 @@ def apply(plan: dict | None = None):
         _refused[host.name] = len(refused)
         host.state.fail_hosts({host})
         return
-    prefix = data["rigup_prefix"]
-    files.directory(name=f"Directory {prefix}/bin", path=f"{prefix}/bin", user="root", group="root", mode="755")
-    files.put(name="Install rigup-fetch", src=str(SCRIPT), dest=f"{prefix}/bin/rigup-fetch", mode="755")
-    if data["model_fetch_hf_token_src"] or share_for:
-        files.directory(name="Directory /etc/rigup", path="/etc/rigup", user="root", group="root", mode="755")
+    bin_dir = f"{data['rigup_prefix']}/bin"
+    etc = data["model_fetch_hf_token_src"] or share_for
+    paths = [bin_dir, f"{bin_dir}/rigup-fetch"] + (["/etc/rigup"] if etc else [])
+    managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
+    managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
+                    text=SCRIPT.read_text())
+    if etc:
+        managed.directory(name="Directory /etc/rigup", path="/etc/rigup", paths=paths)
     if data["model_fetch_hf_token_src"]:
         files.put(name=f"Hub token {TOKEN_PATH}", src=data["model_fetch_hf_token_src"], dest=TOKEN_PATH,
                   user="root", group="root", mode="600")

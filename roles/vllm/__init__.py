@@ -61,6 +61,8 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
+from roles.common import read_once
+from roles.common.files import managed
 from roles.common.gate import gate
 from roles.config import role_defaults
 from roles.preflight.schema import serving_config
@@ -74,7 +76,7 @@ MARKER = ".rigup-complete.json"
 @operation()
 def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str):
     """The pin's virtualenv, made again only when the stamp differs."""
-    state = host.get_fact(VllmState, pin_dir=pin_dir, instances={})
+    state = read_once(VllmState, pin_dir=pin_dir, instances={})
     if state.get("stamp") == stamp:
         host.noop(f"{pin_dir}/venv is installed from its pin and patches")
         return
@@ -92,7 +94,7 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
     only when the drop-in changed (it names the unit, stamp, environment and model revision).
     Waits (changes nothing) while its model is incomplete."""
     name = instance_name
-    state = host.get_fact(VllmState, pin_dir=pin_dir, instances={name: marker_path})["instances"].get(name, {})
+    state = read_once(VllmState, pin_dir=pin_dir, instances={name: marker_path})["instances"].get(name, {})
     marker = state.get("marker")
     if not marker:
         host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
@@ -143,8 +145,9 @@ def apply(plan: dict):
                         install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
                         stamp=stamp, stamp_name=cmd.STAMP)
     wait_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram"
-    files.put(name="vllm VRAM wait script", src=StringIO(cmd.render("vllm-wait-vram.sh.j2")),
-              dest=wait_script, mode="755")
+    paths = [wait_script, cmd.UNIT]
+    managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",
+            text=cmd.render("vllm-wait-vram.sh.j2"))
     install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
             patch_dir=patch_dir, series=series, script=script, stamp=stamp)
     if data["vllm_ray_role"]:
@@ -152,7 +155,7 @@ def apply(plan: dict):
                        "declared, not implemented yet; no Ray unit installed")
     unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=GUARD_FILE,
                            start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
-    files.put(name="vllm template unit", src=StringIO(unit_text), dest=cmd.UNIT, mode="644")
+    managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
     for name, inst in sorted(config["vllm_instances"].items()):
         marker = f"{config['models'][inst['model']]['dest']}/{MARKER}"
         wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]

@@ -8,11 +8,9 @@ import json
 import re
 from pathlib import Path
 
-import shlex
 
-import jinja2
 
-from roles.common import TEMPLATES
+from roles.common import render
 from roles.config import ROOT, ConfigError
 from roles.llama_server.command import systemd_quote
 
@@ -23,13 +21,6 @@ STAMP = ".rigup-stamp.json"
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def render(template_name: str, **values) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    return env.get_template(template_name).render(**values)
 
 
 def pin(data: dict) -> dict:
