@@ -1,7 +1,8 @@
 #!/bin/sh
 # rigup's read-only plays through pyinfra itself (@local connector) on a real NVIDIA machine with
-# no network: preflight.py, power_plan.py (gpu_power's plan mode) and deploy.py --dry. Needs the
-# pinned wheels in .gpu/wheels (pip download -r requirements.txt for the machine's Python).
+# no network: preflight.py and power_plan.py (gpu_power's plan mode), which have no operation
+# that changes anything; never deploy.py, not even with --dry, on a machine we may only read.
+# Needs the pinned wheels in .gpu/wheels (pip download -r requirements.txt for the machine's Python).
 # Only reads GPU settings: checks that power limits, persistence mode and the application clocks
 # are the same before and after.      sh tests/gpu/pyinfra_plan.sh   (from the repository root)
 set -u
@@ -18,7 +19,6 @@ run preflight.py
 run power_plan.py --data gpu_power_watts="$min" --data "gpu_power_overrides={\"$uuid\": $((min + 50))}"
 run power_plan.py --data gpu_power_watts=1000
 run preflight.py --data gpu_power_watts="$min"
-run deploy.py --dry
 after=$($q)
 if [ "$before" = "$after" ]; then echo "OK: nothing changed ($after)"; else
     printf 'FAIL: the cards changed\nbefore: %s\nafter:  %s\n' "$before" "$after"; exit 1; fi
