@@ -7,7 +7,7 @@ from pyinfra import host
 
 from roles import (base, cmpunlocker, cuda_toolkit, gpu_guard, gpu_power, llama_cpp, llama_server, model_fetch,
                    preflight, vllm)
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 plan = preflight.run()

@@ -8,7 +8,7 @@ Changes nothing: it only reads (nvidia-smi --query-gpu), never -pl, -pm or -lgc.
 from pyinfra import host
 
 from roles import gpu_power
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 gpu_power.show_plan()

@@ -7,7 +7,7 @@ cannot work. Changes nothing.
 from pyinfra import host
 
 from roles import preflight
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 preflight.run()

@@ -6,7 +6,7 @@
 from pyinfra import host
 
 from roles import model_fetch
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 model_fetch.status()

@@ -5,8 +5,8 @@ Data precedence: roles/*/defaults.yml < group_vars/all.yml < group_vars/cmp170hx
 host data below < --data. See it merged with: pyinfra inventory/cmp170hx.py debug-inventory
 """
 
-from roles.config import all_group as _all_group
-from roles.config import group_vars as _group_vars
+from rigup.config import all_group as _all_group
+from rigup.config import group_vars as _group_vars
 
 cmp170hx = (
     [

@@ -10,8 +10,8 @@ import json as _json
 import os as _os
 from pathlib import Path as _Path
 
-from roles.config import all_group as _all_group
-from roles.config import group_vars as _group_vars
+from rigup.config import all_group as _all_group
+from rigup.config import group_vars as _group_vars
 
 # The same default as tests/lab/lab.py: RIGUP_LAB_ID names a second lab on the same machine.
 _STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab" + _os.environ.get("RIGUP_LAB_ID", ""))) / "lab.json"

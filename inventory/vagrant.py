@@ -5,8 +5,8 @@
 The VMs have no GPU: GPU roles see none and skip, or refuse in preflight.
 """
 
-from roles.config import all_group as _all_group
-from roles.config import group_vars as _group_vars
+from rigup.config import all_group as _all_group
+from rigup.config import group_vars as _group_vars
 
 vagrant = (["@vagrant/rigup-vm1", "@vagrant/rigup-vm2"], {"_sudo": True, **_group_vars("vagrant")})
 

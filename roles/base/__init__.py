@@ -17,9 +17,11 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import systemd
 
-from roles.common import apt, files, read_once, render
-from roles.config import role_defaults
-from roles.gpu.facts import Systemd
+from rigup import apt, files
+from rigup.state import read_once
+from rigup.templates import render
+from rigup.config import role_defaults
+from rigup.gpu.facts import Systemd
 
 
 class PasswdEntry(FactBase):

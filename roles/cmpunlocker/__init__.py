@@ -39,8 +39,9 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files
 
-from roles.common import read_once, render
-from roles.config import ConfigError, _source, role_defaults
+from rigup.state import read_once
+from rigup.templates import render
+from rigup.config import ConfigError, role_defaults, source_of
 from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.steps import config_problems, installer_args, next_step, source_id
 
@@ -116,7 +117,7 @@ def apply(plan: dict):
     found = config_problems(data)
     if found:
         raise ConfigError(f"invalid configuration for host {host.name}:\n  "
-                          + "\n  ".join(f"{_source(host, key)}: {key}: {why}" for key, why in found))
+                          + "\n  ".join(f"{source_of(host, key)}: {key}: {why}" for key, why in found))
     state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
     step, why = next_step(state, data)
     if step == "install":

@@ -6,13 +6,13 @@ import json
 
 from pyinfra.api import FactBase
 
-from roles.gpu.facts import GPU_COMMAND, _sections, parse_gpus
+from rigup.gpu.facts import GPU_COMMAND, sections, parse_gpus
 
 MARK = "##rigup-cmp:"
 
 
 def parse_unlock_state(lines: list[str]) -> dict:
-    sec = _sections(lines, MARK)
+    sec = sections(lines, MARK)
     try:
         stamp = json.loads("".join(sec.get("stamp", [])) or "null")
     except ValueError:

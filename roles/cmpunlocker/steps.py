@@ -18,7 +18,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from roles.gpu.catalogue import card_by_pci_id
+from rigup.gpu.catalogue import card_by_pci_id
 
 UNLOCKER_MODULE_DIR = "/updates/cmpunlocker/"     # where its installer puts nvidia.ko
 _HEX40 = re.compile(r"[0-9a-f]{40}")

@@ -32,9 +32,10 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 
-from roles.common import files, render
-from roles.config import ConfigError, _source, role_defaults
-from roles.gpu.catalogue import cards as catalogue_cards
+from rigup import files
+from rigup.templates import render
+from rigup.config import ConfigError, role_defaults, source_of
+from rigup.gpu.catalogue import cards as catalogue_cards
 
 HERE = Path(__file__).resolve().parent
 TRIPPED = "gpu-guard.tripped"            # under rigup_state_dir: /var/lib/rigup/gpu-guard.tripped
@@ -56,7 +57,7 @@ def threshold_problems(overrides: dict) -> list[str]:
     found = []
     for cls, entry in (overrides or {}).items():
         if cls not in classes:
-            found.append(f"gpu_guard_thresholds.{cls}: not a card class of roles/gpu/catalogue.yml "
+            found.append(f"gpu_guard_thresholds.{cls}: not a card class of rigup/gpu/catalogue.yml "
                          f"(its classes: {', '.join(classes)})")
             continue
         if not isinstance(entry, dict):
@@ -110,7 +111,7 @@ def apply(plan: dict):
         return    # without systemd there are no serving units to stop (preflight refuses them)
     problems = threshold_problems(data.get("gpu_guard_thresholds"))
     if problems:
-        where = _source(host, "gpu_guard_thresholds")
+        where = source_of(host, "gpu_guard_thresholds")
         raise ConfigError(f"invalid configuration for host {host.name}:\n  "
                           + "\n  ".join(f"{where}: {p}" for p in problems))
     if not data["gpu_guard_enabled"]:

@@ -33,7 +33,7 @@ NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown E
 
 
 def pci_id(text: str) -> str | None:
-    """"0x20C210DE" -> "10de:20c2" (as roles/gpu/facts.py parse_pci_id)."""
+    """"0x20C210DE" -> "10de:20c2" (as rigup/gpu/facts.py parse_pci_id)."""
     t = text.strip().lower().removeprefix("0x")
     return f"{t[4:]}:{t[:4]}" if len(t) == 8 else None
 

@@ -29,8 +29,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from roles.common import files, read_once, render
-from roles.config import role_defaults
+from rigup import files
+from rigup.state import read_once
+from rigup.templates import render
+from rigup.config import role_defaults
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
 from roles.gpu_power.policy import format_plan
 from roles.gpu_power.power import limits_applied, plan_for

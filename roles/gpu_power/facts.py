@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from roles.gpu.facts import GPU_COMMAND, _sections, parse_gpus
+from rigup.gpu.facts import GPU_COMMAND, sections, parse_gpus
 
 CONF = "/etc/rigup/gpu-power.conf"
 APPLIED = "/run/rigup/gpu-power.applied"   # written by the boot script after a run that verified
@@ -25,7 +25,7 @@ def parse_applied(text: str) -> dict[str, dict]:
 
 
 def parse_power_state(lines: list[str]) -> dict:
-    sec = _sections(lines, MARK)
+    sec = sections(lines, MARK)
     return {
         "gpus": parse_gpus(sec.get("gpus", [])),
         "conf": "".join(f"{ln}\n" for ln in sec.get("conf", [])),

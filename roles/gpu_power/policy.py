@@ -1,6 +1,6 @@
 """The power policy of a host's cards: pure functions, no pyinfra, no YAML.
 
-:func:`power_plan` takes the cards as ``roles.gpu.facts.parse_gpus`` reads them (one dict per
+:func:`power_plan` takes the cards as ``rigup.gpu.facts.parse_gpus`` reads them (one dict per
 card) and the policy (``gpu_power_watts``, ``gpu_power_overrides``, ``gpu_power_clocks``,
 ``gpu_power_persistence``), and returns one row per card: what it has, what it should have, and
 whether it differs. :func:`config_lines` turns the rows into the boot unit's configuration

@@ -8,8 +8,8 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
-from roles.common import read_once
-from roles.gpu.catalogue import card_for
+from rigup.state import read_once
+from rigup.gpu.catalogue import card_for
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
 

@@ -25,9 +25,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
-from roles.common import apt
-from roles.config import role_defaults
-from roles.gpu.plan import build_backend
+from rigup import apt
+from rigup.config import role_defaults
+from rigup.gpu.plan import build_backend
 from roles.llama_cpp.build import built, switched
 from roles.llama_cpp.script import build_id, cmake_options, render_build_script
 

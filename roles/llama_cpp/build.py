@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
-from roles.common import read_once
+from rigup.state import read_once
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 
 

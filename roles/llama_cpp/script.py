@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jinja2
 
-from roles.common import TEMPLATES
-from roles.gpu.plan import build_backend, nvcc_path
+from rigup.templates import TEMPLATES
+from rigup.gpu.plan import build_backend, nvcc_path
 
 
 def cmake_options(plan: dict, data: dict) -> list[str]:

@@ -29,11 +29,11 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, python
 
-from roles.common import read_once
-from roles.common.files import managed
-from roles.common.gate import gate
-from roles.config import role_defaults
-from roles.gpu.plan import build_backend
+from rigup.state import read_once
+from rigup.files import managed
+from rigup.gate import gate
+from rigup.config import role_defaults
+from rigup.gpu.plan import build_backend
 from roles.llama_cpp.script import build_id, cmake_options
 from roles.llama_server.command import KEY, dropin_text, render
 from roles.llama_server.facts import DROPIN, LlamaServerState

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 
-from roles.common import render
+from rigup.templates import render
 
 KEY = "/etc/rigup/llama-server/{}.key"
 

@@ -47,8 +47,8 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files, python
 
-from roles.common import files as managed
-from roles.config import _source, role_defaults
+from rigup import files as managed
+from rigup.config import role_defaults, source_of
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, first_gguf, parse_probe,
                                      probe_command, unit_name)
 from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
@@ -272,7 +272,7 @@ def apply(plan: dict | None = None):
     _print([p for p in plans if p.line])
     refused = [(p, key, why) for p in plans for key, why in p.problems]
     if refused:
-        origin = _source(host, "models")
+        origin = source_of(host, "models")
         for _, key, why in refused:
             click.echo(click.style(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red"), err=True)
         _refused[host.name] = len(refused)

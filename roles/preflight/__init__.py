@@ -1,7 +1,7 @@
 """roles/preflight: read a host's hardware, print its plan, refuse a plan that cannot work.
 
-It changes nothing on a host. It reads every hardware fact in one round trip (roles.gpu.facts.
-HardwareFacts, with the free disk where each model goes), derives the plan (roles.gpu.plan),
+It changes nothing on a host. It reads every hardware fact in one round trip (rigup.gpu.facts.
+HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
 prints it, and checks plan, facts and data with the pure checks of roles/preflight/checks.py
 (the 14 refusals, and the nested maps by key path: roles/preflight/schema.py). A refused host
 is taken out of the run with one line per reason (host, what, why, how to fix); the other hosts
@@ -19,8 +19,8 @@ import atexit
 import click
 from pyinfra import host
 
-from roles.gpu.facts import HardwareFacts
-from roles.gpu.plan import format_plan, hardware_plan
+from rigup.gpu.facts import HardwareFacts
+from rigup.gpu.plan import format_plan, hardware_plan
 from roles.preflight.checks import Refusal, refusals
 from roles.preflight.facts import PathBytes
 from roles.preflight.schema import serving_config

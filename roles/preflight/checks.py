@@ -1,7 +1,7 @@
 """Preflight's refusals: pure functions of a host's plan, facts and data.
 
-Each ``check_*`` takes ``(plan, facts, data)``: the hardware plan (roles/gpu/plan.py), the
-value of ``HardwareFacts`` (roles/gpu/facts.py; ``model_bytes`` added by preflight) and the
+Each ``check_*`` takes ``(plan, facts, data)``: the hardware plan (rigup/gpu/plan.py), the
+value of ``HardwareFacts`` (rigup/gpu/facts.py; ``model_bytes`` added by preflight) and the
 host's merged data, and returns the :class:`Refusal` objects for what cannot work, each with
 what is wrong, why, and how to fix it. :func:`refusals` runs them all. No host access here:
 the unit tests call them on hand-made values.
@@ -34,8 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from roles.gpu.catalogue import cards as catalogue_cards
-from roles.gpu.catalogue import (cuda_version, family_of, min_driver_for_cuda, newest_cuda_for_driver,
+from rigup.gpu.catalogue import cards as catalogue_cards
+from rigup.gpu.catalogue import (cuda_version, family_of, min_driver_for_cuda, newest_cuda_for_driver,
                                  version_tuple)
 from roles.preflight.schema import serving_config
 
@@ -217,7 +217,7 @@ def check_driver_for_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return [Refusal(
         f"NVIDIA driver {driver} is too old for CUDA {wanted}",
         f"CUDA {wanted} needs driver >= {min_driver}{table} (CUDA release notes; "
-        "roles/gpu/catalogue.yml cuda_min_driver)",
+        "rigup/gpu/catalogue.yml cuda_min_driver)",
         (f"set cuda_version to {newest} or older (the newest this driver runs), or " if newest else "")
         + f"upgrade the NVIDIA driver to >= {min_driver}", "driver_for_cuda")]
 
@@ -236,7 +236,7 @@ def check_cuda_for_archs(plan: dict, facts: dict, data: dict) -> list[Refusal]:
             short[(card["class"], card.get("cmake_arch"), card["min_cuda"])] = True
     cards = "; ".join(f"{cls} cards (sm_{arch}) need CUDA >= {need}" for cls, arch, need in short)
     return [Refusal(f"CUDA {wanted} is too old for this host's cards",
-                    f"{cards}: nvcc {wanted} cannot build for them (roles/gpu/catalogue.yml min_cuda)",
+                    f"{cards}: nvcc {wanted} cannot build for them (rigup/gpu/catalogue.yml min_cuda)",
                     f"set cuda_version to {needed} or newer", "cuda_for_archs")]
 
 
@@ -340,7 +340,7 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
             if need <= total:
                 continue
             kv_text = (f"KV cache {kv:.1f} GiB ({inst['ctx']:,} tokens x {rate:g} GiB per 1k, "
-                       f"{family['key']} estimate from roles/gpu/models.yml)" if rate else
+                       f"{family['key']} estimate from rigup/gpu/models.yml)" if rate else
                        "KV cache not counted (model family unknown)")
             found.append(Refusal(
                 f"model {inst['model']} does not fit the VRAM of {where}",
@@ -366,7 +366,7 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 # ----------------------------------------------------------------------------- 9, 10
 def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """9: a vLLM instance whose model family needs kernels for a higher compute capability
-    (roles/gpu/models.yml vllm_min_cc) than the host's cards have. A patched vLLM (a git commit
+    (rigup/gpu/models.yml vllm_min_cc) than the host's cards have. A patched vLLM (a git commit
     with a patch series, as the CMP 170HX recipes of seeds 002/003 run) is the operator's claim
     that it carries those kernels: not refused."""
     if not _gpu_checks_apply(plan, data) or (data.get("vllm_git_commit") and data.get("vllm_patches")):
@@ -386,7 +386,7 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         found.append(Refusal(
             f"vllm_instances.{name} needs compute capability >= {floor[0]}.{floor[1]} for {family['name']}",
             f"stock vLLM's kernels for {family['key']} run only on cc >= {floor[0]}.{floor[1]} "
-            f"(roles/gpu/models.yml, from {', '.join(family['sources'])}); this host's {cards}",
+            f"(rigup/gpu/models.yml, from {', '.join(family['sources'])}); this host's {cards}",
             "serve it with llama.cpp on this host (llama_server_instances), run vLLM on Hopper or newer "
             "(H100, H200, B200), or declare a patched vLLM (vllm_git_commit with vllm_patches)", "vllm_cc"))
     return found
@@ -410,7 +410,7 @@ def check_split_mode_row(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         found.append(Refusal(
             f"llama_server_instances.{name} uses -sm row for {family['name']}",
             f"llama.cpp fails to load {family['key']} with row split: \"{error}\" "
-            f"(roles/gpu/models.yml, from {', '.join(family['sources'])})",
+            f"(rigup/gpu/models.yml, from {', '.join(family['sources'])})",
             f"set llama_server_instances.{name}.split_mode: layer (and drop -sm row from extra_args)",
             "split_mode_row"))
     return found

@@ -1,4 +1,4 @@
-"""Facts only preflight needs (the shared hardware facts are in roles/gpu/facts.py)."""
+"""Facts only preflight needs (the shared hardware facts are in rigup/gpu/facts.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``models`` (roles/model_fetch), ``llama_server_instances`` (roles/llama_server) and
 ``vllm_instances`` (roles/vllm) are declared ``[map]`` in their defaults.yml; the form of each
-entry is here, in the same form language as roles/config.py, with the default each key takes.
+entry is here, in the same form language as rigup/config.py, with the default each key takes.
 Preflight validates them; the roles read entries through :func:`normalise` so that they see the
 same defaults. Every problem names its key path::
 
@@ -15,8 +15,8 @@ import difflib
 import re
 from typing import Any
 
-from roles.config import parse_form
-from roles.gpu.catalogue import model_families
+from rigup.config import parse_form
+from rigup.gpu.catalogue import model_families
 
 REQUIRED = object()
 
@@ -27,7 +27,7 @@ MODEL: dict[str, tuple[str, Any]] = {
     "include": ("list of str", []),
     "dest": ("path or null", None),        # None: models_dir/<name>
     "size_gib": ("float 0.. or null", None),
-    "family": ("str or null", None),      # None: matched from repo (roles/gpu/models.yml)
+    "family": ("str or null", None),      # None: matched from repo (rigup/gpu/models.yml)
     "fetch_from": ("str or null", None),  # a peer host of the inventory (roles/model_fetch)
     "wait": ("bool", False),              # block the converge until complete (roles/model_fetch)
 }
@@ -99,10 +99,10 @@ def normalise(entry: Any, schema: dict[str, tuple[str, Any]], where: str) -> tup
 
 
 def _family_layers(model: dict | None, families: dict) -> int | None:
-    """The layer count roles/gpu/models.yml gives the model's family (``num_hidden_layers``), if any."""
+    """The layer count rigup/gpu/models.yml gives the model's family (``num_hidden_layers``), if any."""
     if not model:
         return None
-    from roles.gpu.catalogue import family_of
+    from rigup.gpu.catalogue import family_of
     try:
         family = family_of(model)
     except Exception:  # noqa: BLE001 -- an unknown family is preflight's to report
@@ -127,7 +127,7 @@ def serving_config(data: dict, gpu_count: int | None = None) -> tuple[dict, list
             found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
                                                "(a branch or tag moves; pin the commit)"))
         if entry.get("family") is not None and entry["family"] not in families:
-            found.append((f"{where}.family", f"{entry['family']!r} is not a family of roles/gpu/models.yml "
+            found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
                                              f"(its families: {', '.join(families)})"))
         problems += found
         if not found:

@@ -61,10 +61,10 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
-from roles.common import read_once
-from roles.common.files import managed
-from roles.common.gate import gate
-from roles.config import role_defaults
+from rigup.state import read_once
+from rigup.files import managed
+from rigup.gate import gate
+from rigup.config import role_defaults
 from roles.preflight.schema import serving_config
 from roles.vllm import command as cmd
 from roles.vllm.facts import VllmState

@@ -10,8 +10,8 @@ from pathlib import Path
 
 
 
-from roles.common import render
-from roles.config import ROOT, ConfigError
+from rigup.templates import render
+from rigup.config import ROOT, ConfigError
 from roles.llama_server.command import systemd_quote
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"

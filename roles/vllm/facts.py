@@ -4,7 +4,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.common.units import instance_probe, parse_instances
+from rigup.units import instance_probe, parse_instances
 from roles.vllm.command import DROPIN, ENV_FILE, STAMP
 
 

@@ -44,9 +44,9 @@ except ImportError:  # the facts module defines pyinfra facts next to its parser
     sys.modules.update({"pyinfra": types.ModuleType("pyinfra"), "pyinfra.api": _api,
                         "pyinfra.api.exceptions": _api.exceptions})
 
-from roles.config import role_defaults  # noqa: E402
-from roles.gpu.facts import hardware_command, parse_hardware  # noqa: E402
-from roles.gpu.plan import format_plan, hardware_plan  # noqa: E402
+from rigup.config import role_defaults  # noqa: E402
+from rigup.gpu.facts import hardware_command, parse_hardware  # noqa: E402
+from rigup.gpu.plan import format_plan, hardware_plan  # noqa: E402
 
 
 def load(path: str):

@@ -1,8 +1,8 @@
 """gpu_power's plan mode on a real NVIDIA machine with only python3 and nvidia-smi (no pyinfra,
 no network, no YAML needed): print the cards, their power limits and what a policy would change,
-with rigup's own parser (roles.gpu.facts.parse_gpus) and policy (roles.gpu_power.policy).
+with rigup's own parser (rigup.gpu.facts.parse_gpus) and policy (roles.gpu_power.policy).
 
-It only reads: the one nvidia-smi call is roles.gpu.facts.GPU_COMMAND (--query-gpu). It never
+It only reads: the one nvidia-smi call is rigup.gpu.facts.GPU_COMMAND (--query-gpu). It never
 runs -pl, -pm or -lgc, and prints the calls that a converge would make instead.
 
     python3 tests/gpu/power_plan.py [--watts W] [--override UUID|BUS=W ...] [--clocks CLASS=MIN,MAX ...]
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 try:
     import pyinfra.api  # noqa: F401  (present on a controller; absent on a bare GPU machine)
 except ImportError:
-    # roles/gpu/facts.py defines pyinfra facts next to its parsers; only the parsers run here.
+    # rigup/gpu/facts.py defines pyinfra facts next to its parsers; only the parsers run here.
     pyinfra = types.ModuleType("pyinfra")
     api = types.ModuleType("pyinfra.api")
     api.FactBase = type("FactBase", (), {})
@@ -35,12 +35,12 @@ try:
     import yaml  # noqa: F401
     HAVE_YAML = True
 except ImportError:
-    # roles/gpu/catalogue.py reads catalogue.yml with PyYAML; without it, cards have no class
+    # rigup/gpu/catalogue.py reads catalogue.yml with PyYAML; without it, cards have no class
     # (clock locks by class are then not planned) but everything else works.
     sys.modules["yaml"] = types.ModuleType("yaml")
     HAVE_YAML = False
 
-from roles.gpu.facts import GPU_COMMAND, parse_gpus  # noqa: E402
+from rigup.gpu.facts import GPU_COMMAND, parse_gpus  # noqa: E402
 
 # roles/gpu_power/policy.py by its path: the package's __init__ is the pyinfra role.
 _spec = importlib.util.spec_from_file_location("rigup_gpu_power_policy", ROOT / "roles/gpu_power/policy.py")
@@ -52,7 +52,7 @@ commands, format_plan, power_plan = policy.commands, policy.format_plan, policy.
 def class_of(gpu: dict):
     if not HAVE_YAML:
         return None
-    from roles.gpu.catalogue import card_for
+    from rigup.gpu.catalogue import card_for
     card = card_for(gpu)
     return card["class"] if card else None
 

@@ -3,7 +3,7 @@
 from pyinfra import host
 
 from roles import base, cuda_toolkit, preflight
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 plan = preflight.run()

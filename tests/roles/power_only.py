@@ -4,7 +4,7 @@ then those three roles in deploy.py's order (no CUDA, no llama.cpp build, no ser
 from pyinfra import host
 
 from roles import base, cmpunlocker, gpu_guard, gpu_power, preflight
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 plan = preflight.run()

@@ -6,9 +6,9 @@ import shlex
 
 import pytest
 
-from roles.config import group_vars
-from roles.gpu.facts import GPU_COMMAND, parse_gpus
-from roles.gpu.plan import hardware_plan
+from rigup.config import group_vars
+from rigup.gpu.facts import GPU_COMMAND, parse_gpus
+from rigup.gpu.plan import hardware_plan
 from roles.llama_cpp import cmake_options
 from tests.conftest import on_host
 from tests.converge import pyinfra

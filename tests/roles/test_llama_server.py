@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from roles import config
+from rigup import config
 from tests.conftest import on_host
 from tests.converge import pyinfra
 

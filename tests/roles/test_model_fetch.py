@@ -22,7 +22,7 @@ pytestmark = pytest.mark.lab
 
 PLAY = """from pyinfra import host
 from roles import base, model_fetch, preflight
-from roles.config import check_host
+from rigup.config import check_host
 check_host(host)
 plan = preflight.run()
 base.apply(plan)

@@ -182,7 +182,7 @@ def test_4_driver_older_than_the_cuda_toolkit_needs(lab, hosts):
     with unchanged(lab, a100, h100):
         run = preflight(*data(cuda_version="13.1"))
     line = ("refused: NVIDIA driver 580.105.08 is too old for CUDA 13.1: CUDA 13.1 needs driver >= 590.44.01 "
-            "(CUDA release notes; roles/gpu/catalogue.yml cuda_min_driver); fix: set cuda_version to 13.0 or "
+            "(CUDA release notes; rigup/gpu/catalogue.yml cuda_min_driver); fix: set cuda_version to 13.0 or "
             "older (the newest this driver runs), or upgrade the NVIDIA driver to >= 590.44.01")
     assert_refused(run, {a100: [line], hosts["a100-2"]: [line], h100: [line]},
                    went_on=[cmp, hosts["none"]])  # the CMP host runs driver 610.43.02
@@ -194,7 +194,7 @@ def test_5_cuda_toolkit_too_old_for_the_hosts_archs(lab, hosts):
         run = preflight(*data(cuda_version="11.4"))
     assert_refused(run, {h100: [
         f"[{h100}] refused: CUDA 11.4 is too old for this host's cards: h100 cards (sm_90) need CUDA >= 11.8: "
-        "nvcc 11.4 cannot build for them (roles/gpu/catalogue.yml min_cuda); fix: set cuda_version to 11.8 or newer"]},
+        "nvcc 11.4 cannot build for them (rigup/gpu/catalogue.yml min_cuda); fix: set cuda_version to 11.8 or newer"]},
         went_on=[hosts["a100"], hosts["a100-2"], hosts["cmp170hx"], hosts["none"]])
 
 
@@ -242,7 +242,7 @@ def test_8_model_plus_kv_cache_beyond_the_vram_gives_the_figures(lab, hosts):
     vram = [ln for ln in lines if "does not fit the VRAM" in ln]
     assert vram == [
         f"[{h100}] refused: model glm does not fit the VRAM of llama_server_instances.glm: weights 186.0 GiB + "
-        "KV cache 150.0 GiB (5,000,000 tokens x 0.03 GiB per 1k, glm-5.3-flash estimate from roles/gpu/models.yml) "
+        "KV cache 150.0 GiB (5,000,000 tokens x 0.03 GiB per 1k, glm-5.3-flash estimate from rigup/gpu/models.yml) "
         "+ 4.0 GiB overhead (1 GiB per GPU) = 340.0 GiB > 318.6 GiB of VRAM (4 x 79.6 GiB); fix: lower "
         "llama_server_instances.glm.ctx, pick a smaller quant, or lower ngl to keep layers on the CPU"]
     assert run.returncode != 0
@@ -258,7 +258,7 @@ def test_9_vllm_recipe_needing_hopper_on_ampere(lab, hosts):
                         *data(models=models, vllm_instances={"glm": {"model": "glm", "port": 8000, "tp": 4}}))
     assert_refused(run, {a100: [
         f"[{a100}] refused: vllm_instances.glm needs compute capability >= 9.0 for GLM-5.3 Flash (Z.ai, 321B MoE, "
-        "18B active, sparse MLA): stock vLLM's kernels for glm-5.3-flash run only on cc >= 9.0 (roles/gpu/models.yml, "
+        "18B active, sparse MLA): stock vLLM's kernels for glm-5.3-flash run only on cc >= 9.0 (rigup/gpu/models.yml, "
         "from 000_5bdf47c995ca0741.txt, 001_62f01b4e828dcb29.txt); this host's a100 cards are cc 8.0; fix: serve it "
         "with llama.cpp on this host (llama_server_instances), run vLLM on Hopper or newer"]},
         went_on=[h100])
@@ -272,7 +272,7 @@ def test_10_split_mode_row_for_glm(lab, hosts):
     assert_refused(run, {h100: [
         f"[{h100}] refused: llama_server_instances.glm uses -sm row for GLM-5.3 Flash (Z.ai, 321B MoE, 18B active, "
         "sparse MLA): llama.cpp fails to load glm-5.3-flash with row split: \"device CUDA0 does not support split "
-        "buffers\" (roles/gpu/models.yml, from 000_5bdf47c995ca0741.txt, 001_62f01b4e828dcb29.txt); fix: set "
+        "buffers\" (rigup/gpu/models.yml, from 000_5bdf47c995ca0741.txt, 001_62f01b4e828dcb29.txt); fix: set "
         "llama_server_instances.glm.split_mode: layer"]}, went_on=[])
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from roles import config
+from rigup import config
 from tests.conftest import on_host
 from tests.converge import pyinfra
 from tests.lab import vllm_stub

@@ -3,7 +3,7 @@
 from pyinfra import host
 
 from roles import base, preflight, vllm
-from roles.config import check_host
+from rigup.config import check_host
 
 check_host(host)
 plan = preflight.run()

@@ -1,7 +1,7 @@
-"""roles/common: the one-round-trip file states and the shared template renderer."""
+"""rigup: the one-round-trip file states and the shared template renderer."""
 
-from roles.common import render
-from roles.common.files import parse_file_states
+from rigup.templates import render
+from rigup.files import parse_file_states
 
 
 def test_file_states_one_line_per_path_in_order():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Inventory
 
-from roles import config
-from roles.config import ConfigError, check_host, parse_form
+from rigup import config
+from rigup.config import ConfigError, check_host, parse_form
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,12 +171,12 @@ def test_every_problem_is_listed_at_once():
 @pytest.fixture
 def project(tmp_path):
     """A copy of the project whose group_vars a test may break."""
-    for part in ("roles", "group_vars", "templates", "deploy.py"):
+    for part in ("rigup", "roles", "group_vars", "templates", "deploy.py"):
         src = ROOT / part
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
     (tmp_path / "inventory").mkdir()
     (tmp_path / "inventory" / "a100.py").write_text(
-        "from roles.config import all_group as _a, group_vars as _g\n"
+        "from rigup.config import all_group as _a, group_vars as _g\n"
         "a100 = (['@local'], _g('a100'))\nall = _a(a100)\n")
     return tmp_path
 

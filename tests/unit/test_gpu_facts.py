@@ -1,4 +1,4 @@
-"""roles/gpu/facts.py: the parsers on captured text, and the commands run by a real shell."""
+"""rigup/gpu/facts.py: the parsers on captured text, and the commands run by a real shell."""
 import json
 import os
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.gpu import facts
-from roles.gpu.facts import (
+from rigup.gpu import facts
+from rigup.gpu.facts import (
     CudaToolkits, FreeDisk, HardwareFacts, KernelInfo, ListeningPorts, NvidiaDriver, NvidiaGpus,
     SecureBoot, Systemd, parse_cuda_toolkits, parse_driver, parse_free_disk, parse_gpus,
     parse_hardware, parse_kernel, parse_listening_ports, parse_secure_boot, parse_systemd,

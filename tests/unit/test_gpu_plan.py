@@ -1,11 +1,11 @@
-"""roles/gpu/catalogue.py lookups and roles/gpu/plan.py's hardware plan, on fixtures."""
+"""rigup/gpu/catalogue.py lookups and rigup/gpu/plan.py's hardware plan, on fixtures."""
 import json
 from pathlib import Path
 
-from roles.gpu import catalogue
-from roles.gpu.catalogue import card_for, is_locked
-from roles.gpu.facts import parse_gpus
-from roles.gpu.plan import format_plan, hardware_plan
+from rigup.gpu import catalogue
+from rigup.gpu.catalogue import card_for, is_locked
+from rigup.gpu.facts import parse_gpus
+from rigup.gpu.plan import format_plan, hardware_plan
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 DRIVER = {"version": "580.105.08", "kernel_module": "open", "loaded": True}

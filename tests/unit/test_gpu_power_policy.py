@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 from roles.cmpunlocker.steps import config_problems, installer_args, next_step, verify
-from roles.gpu.facts import parse_gpus
+from rigup.gpu.facts import parse_gpus
 from roles.gpu_guard import guard_config, threshold_problems
 from roles.gpu_guard.guard import evaluate, parse_sample
 from roles.gpu_power.facts import parse_applied
 from roles.gpu_power.policy import card_named, commands, config_lines, format_plan, parse_clocks, power_plan
-from roles.config import group_vars
+from rigup.config import group_vars
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 A100 = parse_gpus((FIX / "facts/a100-query-nounits.csv").read_text().splitlines())
@@ -113,7 +113,7 @@ def test_guard_thresholds_by_class_with_group_overrides():
     assert conf["by_pci_id"]["10de:2335"]["draw_w"] == 735
     assert conf["tripped_file"] == "/var/lib/rigup/gpu-guard.tripped"
     assert threshold_problems({"cmp170": {}, "a100": {"watts": 1, "temp_c": "hot"}}) == [
-        "gpu_guard_thresholds.cmp170: not a card class of roles/gpu/catalogue.yml (its classes: "
+        "gpu_guard_thresholds.cmp170: not a card class of rigup/gpu/catalogue.yml (its classes: "
         + ", ".join(sorted({"a10", "a100", "b200", "cmp170hx", "h100", "h200", "l4", "rtx3090", "rtx4090",
                             "rtx5090"})) + ")",
         "gpu_guard_thresholds.a100.watts: unknown key; known keys: draw_w, temp_c",

@@ -1,6 +1,6 @@
 """The llama.cpp build a hardware plan asks for (pure: no host)."""
-from roles.config import group_vars
-from roles.gpu.plan import hardware_plan as _plan
+from rigup.config import group_vars
+from rigup.gpu.plan import hardware_plan as _plan
 from roles.llama_cpp import build_id, cmake_options, render_build_script
 
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from roles.config import declared
-from roles.gpu.catalogue import family_of, min_driver_for_cuda, model_families, newest_cuda_for_driver
-from roles.gpu.facts import parse_gpus
-from roles.gpu.plan import hardware_plan
+from rigup.config import declared
+from rigup.gpu.catalogue import family_of, min_driver_for_cuda, model_families, newest_cuda_for_driver
+from rigup.gpu.facts import parse_gpus
+from rigup.gpu.plan import hardware_plan
 from roles.preflight import checks, refusals
 from roles.preflight.facts import parse_path_bytes, path_bytes_command
 from roles.preflight.schema import serving_config
@@ -264,7 +264,7 @@ def test_8_model_plus_kv_cache_beyond_vram_gives_the_figures():
     (r,) = only(refusals(plan, facts, data(**glm_llama(ctx=5_000_000))), "vram")
     assert r.what == "model glm does not fit the VRAM of llama_server_instances.glm"
     assert ("weights 186.0 GiB + KV cache 150.0 GiB (5,000,000 tokens x 0.03 GiB per 1k, glm-5.3-flash estimate "
-            "from roles/gpu/models.yml) + 4.0 GiB overhead (1 GiB per GPU) = 340.0 GiB > 318.6 GiB of VRAM "
+            "from rigup/gpu/models.yml) + 4.0 GiB overhead (1 GiB per GPU) = 340.0 GiB > 318.6 GiB of VRAM "
             "(4 x 79.6 GiB)") in r.why
     assert "lower llama_server_instances.glm.ctx" in r.fix
     assert refusals(plan, facts, data(**glm_llama(ctx=4_000_000))) == []   # 186 + 120 + 4 = 310 fits
@@ -442,7 +442,7 @@ def test_config_model_problems():
     found = only(refusals(plan, facts, data(**d)), "config")
     paths = {r.what: r.why for r in found}
     assert "expected a full 40-hex commit id, got 'main'" in paths["models.glm.revision"]
-    assert "'glm5' is not a family of roles/gpu/models.yml" in paths["models.glm.family"]
+    assert "'glm5' is not a family of rigup/gpu/models.yml" in paths["models.glm.family"]
     assert paths["models.bad.repo"] == "required (str)"
 
 
@@ -507,7 +507,7 @@ def commented_example(group: str) -> dict:
 def test_group_vars_examples_are_valid_and_pass_on_their_cards(group):
     example = commented_example(group)
     assert example.get("models"), example
-    from roles.config import problems
+    from rigup.config import problems
     assert problems(example) == []
     plan, facts = host(group)
     assert refusals(plan, facts, data(**example)) == []

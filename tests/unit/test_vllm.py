@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from roles.config import ConfigError, group_vars, role_defaults
+from rigup.config import ConfigError, group_vars, role_defaults
 from roles.preflight.schema import serving_config
 from roles.vllm import command as cmd
 from roles.vllm.facts import parse_state

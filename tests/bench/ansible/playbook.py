@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from roles.gpu.facts import HardwareFacts
+from rigup.gpu.facts import HardwareFacts
 from roles.gpu_guard import CONFIG as GUARD_CONFIG
 from roles.gpu_guard import SERVICE as GUARD_SERVICE
 from roles.gpu_guard import TIMER as GUARD_TIMER

@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
-from roles.common import read_once
+from rigup.state import read_once
 
 
 def parse_file_states(paths: list[str], lines: list[str]) -> dict[str, dict | None]:

@@ -1,29 +1,9 @@
-"""Pieces shared by every role: templates, and reading a host's state once per run."""
+"""Reading a host's state once per run: pyinfra 3 caches no fact."""
 
-import shlex
-from pathlib import Path
-
-import jinja2
 from pyinfra import host
 from pyinfra.api.state import StateStage
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / "templates"
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True)
-_ENV.filters["quote"] = _ENV.filters["q"] = lambda v: shlex.quote(str(v))
 _read: dict[tuple, object] = {}
-
-
-def template(name: str) -> str:
-    """Absolute path of ``templates/<name>``: pyinfra resolves relative paths against the CWD."""
-    return str(TEMPLATES / name)
-
-
-def render(template_name: str, /, **values) -> str:
-    """``templates/<template_name>`` rendered (strict: an undefined value is an error; filters
-    ``quote`` and ``q`` shell-quote)."""
-    return _ENV.get_template(template_name).render(**values)
 
 
 def read_once(fact, **kwargs):

@@ -203,7 +203,7 @@ def group_vars(name: str) -> dict[str, Any]:
     return data
 
 
-def _source(host, key: str) -> str:
+def source_of(host, key: str) -> str:
     """Which file or layer gave ``host`` its value of ``key`` (for messages)."""
     inventory = host.inventory
     if key in (inventory.get_override_data() or {}):
@@ -251,7 +251,7 @@ def check_host(host) -> None:
     data = host.data.dict()
     found = problems(data)
     if found:
-        lines = [f"{_source(host, key)}: {message}" for key, message in found]
+        lines = [f"{source_of(host, key)}: {message}" for key, message in found]
         raise ConfigError(f"invalid configuration for host {host.name}:\n  " + "\n  ".join(lines))
     for name, var in declared().items():
         if name not in data:

@@ -1,7 +1,7 @@
 """What a host's hardware calls for: pure functions of its facts and the catalogue.
 
 No pyinfra host access here: :func:`hardware_plan` takes the values of the ``NvidiaGpus``,
-``NvidiaDriver`` and ``CudaToolkits`` facts (roles/gpu/facts.py) and returns a plain,
+``NvidiaDriver`` and ``CudaToolkits`` facts (rigup/gpu/facts.py) and returns a plain,
 JSON-serialisable dict that preflight, the roles and a dry run all read::
 
     {"cpu_only": False, "why_cpu_only": None,
@@ -27,7 +27,7 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
 
 from __future__ import annotations
 
-from roles.gpu.catalogue import card_for, cuda_version, is_locked
+from rigup.gpu.catalogue import card_for, cuda_version, is_locked
 
 VLLM_MIN_CC = (9, 0)
 VLLM_WHY = ("stock vLLM's recipes for the seed models need compute capability >= 9.0 kernels "
@@ -86,7 +86,7 @@ def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[d
         warnings.append(f"GPU {c['index']} ({c['bus_id']}): neither its PCI id nor its compute "
                         "capability is known: no CUDA architecture for it")
     if any(c["matched_by"] == "compute_capability" for c in cards):
-        warnings.append("some cards are not in roles/gpu/catalogue.yml; planned by compute capability")
+        warnings.append("some cards are not in rigup/gpu/catalogue.yml; planned by compute capability")
 
     why_cpu = None
     if not cards:

@@ -1,4 +1,4 @@
-"""The GPU catalogue (roles/gpu/catalogue.yml) and lookups in it.
+"""The GPU catalogue (rigup/gpu/catalogue.yml) and lookups in it.
 
 :func:`card_for` takes one card of the ``NvidiaGpus`` fact and finds its catalogue entry by PCI
 id first, then by compute capability (its family), never by name: a locked CMP 170HX reports
@@ -187,7 +187,7 @@ def _families(path: str) -> dict[str, dict]:
 
 
 def model_families(path: Path = MODELS_FILE) -> dict[str, dict]:
-    """The model-family catalogue (roles/gpu/models.yml) by key (copies)."""
+    """The model-family catalogue (rigup/gpu/models.yml) by key (copies)."""
     return copy.deepcopy(_families(str(path)))
 
 

@@ -5,7 +5,7 @@ from pyinfra.api import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt
 
-from roles.common import read_once
+from rigup.state import read_once
 
 
 @operation()

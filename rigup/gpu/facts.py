@@ -8,7 +8,7 @@ Parsing lives in the module-level ``parse_*`` functions, which the unit tests ca
 text (tests/fixtures/). :class:`HardwareFacts` runs every command below in one round trip, for
 preflight, and reuses the same parsers.
 
-From the CLI, in the repo root: ``pyinfra @local fact roles.gpu.facts.NvidiaGpus``.
+From the CLI, in the repo root: ``pyinfra @local fact rigup.gpu.facts.NvidiaGpus``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from roles.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
+from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
 
 # ----------------------------------------------------------------------------- nvidia-smi
 # (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.
@@ -135,7 +135,7 @@ def present_gpus(gpus: list[dict]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _sections(lines: list[str], prefix: str) -> dict[str, list[str]]:
+def sections(lines: list[str], prefix: str) -> dict[str, list[str]]:
     """Split ``lines`` at marker lines ``<prefix><name>``; what precedes the first marker is dropped."""
     out: dict[str, list[str]] = {}
     current = None
@@ -164,7 +164,7 @@ def parse_driver(lines: list[str]) -> dict:
     x86_64 Kernel Module) or None (no /proc/driver/nvidia/version). ``loaded`` is True when the
     kernel module answers: /proc/driver/nvidia/version exists, or nvidia-smi printed a version.
     """
-    sec = _sections(lines, "--- ")
+    sec = sections(lines, "--- ")
     version = module = None
     for line in sec.get("proc", []):
         m = _PROC_VERSION.search(line)
@@ -210,7 +210,7 @@ def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
     "path": "/usr/local/cuda-12.8/bin/nvcc", "seen_as": [...]}]``, one per real nvcc (deduped by
     realpath, ``path`` is the realpath), sorted by version."""
     found: dict[str, dict] = {}
-    for header, body in _sections(lines, "--- ").items():
+    for header, body in sections(lines, "--- ").items():
         seen, _, real = header.partition(" ")
         real = real.strip() or seen
         m = next((m for m in map(_NVCC_RELEASE.search, body) if m), None)
@@ -312,7 +312,7 @@ SECURE_BOOT_COMMAND = (
 
 def parse_secure_boot(lines: list[str]) -> bool | None:
     """True/False when mokutil or the EFI variable says so, None when unknown (no EFI, no tool)."""
-    sec = _sections(lines, "--- ")
+    sec = sections(lines, "--- ")
     for line in sec.get("mokutil", []):
         low = line.lower()
         if "secureboot enabled" in low:
@@ -405,7 +405,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
 
 def parse_hardware(lines: list[str]) -> dict:
     """``hardware_command(paths)``'s output -> the value of :class:`HardwareFacts`."""
-    sec = _sections(lines, MARK)
+    sec = sections(lines, MARK)
     return {
         "gpus": parse_gpus(sec.get("gpus", [])),
         "driver": parse_driver(sec.get("driver", [])),
