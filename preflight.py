@@ -6,8 +6,8 @@ cannot work. Changes nothing.
 
 from pyinfra import host
 
-from roles import preflight
 from rigup.config import check_host
+from roles import in_order, preflight
 
 check_host(host)
-preflight.run()
+preflight.run(in_order())

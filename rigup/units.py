@@ -1,10 +1,20 @@
-"""One round trip for the state of a serving role's instances (llama_server, vllm): per instance
-the sha256 of its files, its unit's state and its model's completion marker."""
+"""systemd units of the serving roles (llama_server, vllm): quoting for unit files, and one round
+trip for the state of their instances (per instance the sha256 of its files, its unit's state
+and its model's completion marker)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+
+
+def systemd_quote(arg: str) -> str:
+    """One argument as systemd's ExecStart= reads it (and as a POSIX shell would split it)."""
+    arg = str(arg).replace("%", "%%").replace("$", "$$")
+    if arg and not re.search(r"[\s\"'\\;]", arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, extra: str = "") -> str:

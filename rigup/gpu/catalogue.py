@@ -163,6 +163,12 @@ def newest_cuda_for_driver(driver: str, path: Path = CATALOGUE_FILE) -> str | No
     return ok[-1] if ok else None
 
 
+def class_problem(cls) -> str | None:
+    """Why ``cls`` is not a card class of the catalogue (e.g. "a100", "cmp170hx"), or None."""
+    classes = sorted({c["class"] for c in cards().values()})
+    return None if cls in classes else f"not a card class of rigup/gpu/catalogue.yml (its classes: {', '.join(classes)})"
+
+
 # ----------------------------------------------------------------------------- model families
 MODELS_FILE = CATALOGUE_FILE.with_name("models.yml")
 

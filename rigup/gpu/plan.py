@@ -27,10 +27,85 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
 
 from __future__ import annotations
 
-from rigup.gpu.catalogue import card_for, cuda_version, is_locked
+from typing import TypedDict
 
-VLLM_MIN_CC = (9, 0)
-VLLM_WHY = ("stock vLLM's recipes for the seed models need compute capability >= 9.0 kernels "
+from rigup.gpu.catalogue import card_for, cuda_version, is_locked, model_families
+
+
+class Card(TypedDict):
+    """One card of a plan (``plan["cards"]``)."""
+
+    index: int | None
+    bus_id: str | None
+    # also: "class" (card class, e.g. "a100"; a keyword, so not declared here)
+    key: str | None
+    matched_by: str | None
+    compute_capability: list[int] | None
+    cmake_arch: str | None
+    min_cuda: str | None
+    vram_mib: int | None
+    vram_unlocked_mib: int | None
+    locked: bool
+    power_w: dict[str, float | None]
+    quirks: dict[str, bool]
+
+
+class Plan(TypedDict, total=False):
+    """What :func:`hardware_plan` returns (see the module docstring for an example); preflight adds
+    ``systemd`` (whether systemd is PID 1)."""
+
+    cpu_only: bool
+    why_cpu_only: str | None
+    gpu_count: int
+    lost_cards: list[str]
+    cards: list[Card]
+    card_classes: list[str]
+    cuda_archs: list[str]
+    min_cuda: str | None
+    cuda_toolkit: dict[str, str | None]
+    driver: dict[str, object]
+    vram_mib: dict[str, object]
+    vram_unlocked_mib: dict[str, object]
+    needs_unlock: bool
+    quirks: dict[str, bool]
+    engines: dict[str, dict]
+    warnings: list[str]
+    systemd: bool
+
+
+def vllm_min_cc() -> tuple[int, int]:
+    """The compute capability stock vLLM needs for the catalogued families that need the most
+    (rigup/gpu/models.yml ``vllm_min_cc``)."""
+    return max((f["vllm_min_cc"] for f in model_families().values() if f["vllm_min_cc"]), default=(0, 0))
+
+
+def gpu_host(plan: dict, data: dict) -> bool:
+    """Whether this host's GPUs are rigup's to provision: ``gpu_enabled`` and a usable GPU."""
+    return bool(data.get("gpu_enabled", True)) and not plan.get("cpu_only", True)
+
+
+def gpu_count(plan: dict) -> int | None:
+    """How many usable GPUs the plan has, or None when that is not known (a CPU-only plan)."""
+    return None if plan.get("cpu_only", True) else plan.get("gpu_count")
+
+
+def vram_per_card_gib(plan: dict, data: dict) -> tuple[list[float], bool]:
+    """VRAM per card in GiB (after the unlock when ``cmpunlocker_enabled``), and whether locked
+    cards are counted at their locked size."""
+    unlock = bool(data.get("cmpunlocker_enabled"))
+    key = "vram_unlocked_mib" if unlock else "vram_mib"
+    per_card = [m / 1024 for m in (plan.get(key) or {}).get("per_card", [])]
+    return per_card, bool(plan.get("needs_unlock")) and not unlock
+
+
+def cards_gib_text(per_card: list[float]) -> str:
+    """[80.0, 80.0] -> "2 x 80.0 GiB"; mixed sizes one by one."""
+    if len(set(per_card)) == 1:
+        return f"{len(per_card)} x {per_card[0]:.1f} GiB"
+    return " + ".join(f"{v:.1f}" for v in per_card) + " GiB"
+
+
+VLLM_WHY = ("stock vLLM's recipes for the seed models need compute capability >= {cc} kernels "
             "(sparse MLA, FP8); {cards} only run vLLM from a patched build")
 
 
@@ -69,7 +144,7 @@ def _pick_toolkit(toolkits: list[dict], needed: str | None) -> dict | None:
     return max(ok, key=lambda t: cuda_version(t.get("version")), default=None)
 
 
-def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[dict] | None = None) -> dict:
+def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[dict] | None = None) -> Plan:
     """The plan for a host with these ``NvidiaGpus`` / ``NvidiaDriver`` / ``CudaToolkits`` values
     (see the module docstring for its shape)."""
     driver = driver or {}
@@ -99,12 +174,14 @@ def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[d
 
     per_card = [c["vram_mib"] or 0 for c in cards]
     per_card_unlocked = [c["vram_unlocked_mib"] or 0 for c in cards]
+    floor = vllm_min_cc()
+    cc_text = f"{floor[0]}.{floor[1]}"
     below_vllm = sorted({c["class"] for c in cards
-                         if not c["compute_capability"] or tuple(c["compute_capability"]) < VLLM_MIN_CC})
+                         if not c["compute_capability"] or tuple(c["compute_capability"]) < floor})
     if not cards:
         vllm = {"ok": False, "why": f"CPU only: {why_cpu}", "patched_build": False}
     elif below_vllm:
-        vllm = {"ok": False, "why": VLLM_WHY.format(cards=", ".join(below_vllm) + " cards (cc < 9.0)"),
+        vllm = {"ok": False, "why": VLLM_WHY.format(cc=cc_text, cards=", ".join(below_vllm) + f" cards (cc < {cc_text})"),
                 "patched_build": True}
     else:
         vllm = {"ok": True}
@@ -171,7 +248,7 @@ def build_backend(plan: dict, data: dict) -> str:
     cuda when the host has NVIDIA GPUs and ``gpu_enabled`` is true."""
     chosen = data.get("llama_cpp_backend", "auto")
     if chosen == "auto":
-        return "cuda" if data.get("gpu_enabled", True) and not plan["cpu_only"] else "cpu"
+        return "cuda" if gpu_host(plan, data) else "cpu"
     return chosen
 
 

@@ -41,9 +41,10 @@ from pyinfra.operations import files
 
 from rigup.state import read_once
 from rigup.templates import render
-from rigup.config import ConfigError, role_defaults, source_of
+from rigup.config import role_defaults
 from roles.cmpunlocker.facts import CmpUnlockerState
-from roles.cmpunlocker.steps import config_problems, installer_args, next_step, source_id
+from roles.cmpunlocker.checks import CHECKS
+from roles.cmpunlocker.steps import installer_args, next_step, source_id
 
 INSTALL_UNIT = "rigup-cmpunlocker-install"
 HOOK = "/etc/kernel/postinst.d/zz-rigup-cmpunlocker"
@@ -114,10 +115,6 @@ def apply(plan: dict):
     data = host.data.dict()
     if not data["cmpunlocker_enabled"] and not data["cmpunlocker_rollback"]:
         return
-    found = config_problems(data)
-    if found:
-        raise ConfigError(f"invalid configuration for host {host.name}:\n  "
-                          + "\n  ".join(f"{source_of(host, key)}: {key}: {why}" for key, why in found))
     state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
     step, why = next_step(state, data)
     if step == "install":

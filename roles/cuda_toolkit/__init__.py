@@ -21,12 +21,13 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 
 from rigup import apt
-from rigup.state import read_once
-from rigup.templates import render
-from rigup.files import managed
 from rigup.config import role_defaults
+from rigup.files import managed
 from rigup.gpu.facts import CudaToolkits
 from rigup.gpu.plan import build_backend
+from rigup.state import read_once
+from rigup.templates import render
+from roles.cuda_toolkit.checks import CHECKS
 
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}

@@ -9,8 +9,8 @@ or without systemd, where there are no serving units to stop):
 - runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. It trips on a card's
   average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above ``temp_c``, or
   lost telemetry; then it logs the reason (journal, priority crit), writes it to
-  :data:`TRIPPED` and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
-  ``ConditionPathExists=!/var/lib/rigup/gpu-guard.tripped``, so they do not start while it
+  the tripped file (rigup.names.guard_file: ``{rigup_state_dir}/gpu-guard.tripped``) and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
+  ``ConditionPathExists=!{rigup_state_dir}/gpu-guard.tripped``, so they do not start while it
   exists, also after a reboot;
 - ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
 With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
@@ -33,43 +33,23 @@ from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 
 from rigup import files
-from rigup.templates import render
-from rigup.config import ConfigError, role_defaults, source_of
+from rigup.config import role_defaults
 from rigup.gpu.catalogue import cards as catalogue_cards
+from rigup.gpu.plan import gpu_host
+from rigup.names import guard_file
+from rigup.templates import render
+from roles.gpu_guard.checks import CHECKS
 
 HERE = Path(__file__).resolve().parent
-TRIPPED = "gpu-guard.tripped"            # under rigup_state_dir: /var/lib/rigup/gpu-guard.tripped
 CONFIG = "/etc/rigup/gpu-guard.json"
 SAMPLES = "/run/rigup/gpu-guard-samples.json"
 SERVICE, TIMER = "rigup-gpu-guard.service", "rigup-gpu-guard.timer"
 SERVING_UNITS = ["rigup-llama@*", "rigup-vllm@*"]
-KEYS = ("draw_w", "temp_c")
 
 
 @lru_cache(maxsize=None)
 def class_thresholds() -> dict:
     return yaml.safe_load((HERE / "thresholds.yml").read_text())
-
-
-def threshold_problems(overrides: dict) -> list[str]:
-    """What is wrong with ``gpu_guard_thresholds`` (key paths), [] when nothing."""
-    classes = sorted({c["class"] for c in catalogue_cards().values()})
-    found = []
-    for cls, entry in (overrides or {}).items():
-        if cls not in classes:
-            found.append(f"gpu_guard_thresholds.{cls}: not a card class of rigup/gpu/catalogue.yml "
-                         f"(its classes: {', '.join(classes)})")
-            continue
-        if not isinstance(entry, dict):
-            found.append(f"gpu_guard_thresholds.{cls}: expected a map of {', '.join(KEYS)}, got {entry!r}")
-            continue
-        for key, value in entry.items():
-            if key not in KEYS:
-                found.append(f"gpu_guard_thresholds.{cls}.{key}: unknown key; known keys: {', '.join(KEYS)}")
-            elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                        or not 0 < value <= 2000):
-                found.append(f"gpu_guard_thresholds.{cls}.{key}: expected a number 0..2000 or null, got {value!r}")
-    return found
 
 
 def guard_config(data: dict) -> dict:
@@ -88,7 +68,7 @@ def guard_config(data: dict) -> dict:
     return {
         "window_s": data["gpu_guard_window_s"],
         "units": SERVING_UNITS,
-        "tripped_file": f"{data['rigup_state_dir']}/{TRIPPED}",
+        "tripped_file": guard_file(data),
         "samples_file": SAMPLES,
         "default": dict(table.get("default") or {}),
         "by_pci_id": by_pci,
@@ -107,13 +87,8 @@ def cleared(tripped_file: str, script: str):
 @deploy("gpu_guard", data_defaults=role_defaults("gpu_guard"))
 def apply(plan: dict):
     data = host.data.dict()
-    if not data.get("gpu_enabled", True) or plan.get("cpu_only", True) or not plan.get("systemd", True):
+    if not gpu_host(plan, data) or not plan.get("systemd", True):
         return    # without systemd there are no serving units to stop (preflight refuses them)
-    problems = threshold_problems(data.get("gpu_guard_thresholds"))
-    if problems:
-        where = source_of(host, "gpu_guard_thresholds")
-        raise ConfigError(f"invalid configuration for host {host.name}:\n  "
-                          + "\n  ".join(f"{where}: {p}" for p in problems))
     if not data["gpu_guard_enabled"]:
         systemd.service(name=f"gpu_guard: stop {TIMER}", service=TIMER, running=False, enabled=False)
         return
@@ -130,7 +105,7 @@ def apply(plan: dict):
                           text=render("gpu_guard-timer.j2", interval=data["gpu_guard_interval_s"]))
     systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
     if data["gpu_guard_clear"]:
-        cleared(name="gpu_guard: clear the tripped guard", tripped_file=f"{data['rigup_state_dir']}/{TRIPPED}",
+        cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
                 script=script)
     systemd.service(name=f"gpu_guard: run {TIMER}", service=TIMER, running=True, enabled=True)
     systemd.service(name=f"gpu_guard: restart {TIMER} (new period)", service=TIMER, restarted=True,

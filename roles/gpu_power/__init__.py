@@ -30,9 +30,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from rigup import files
+from rigup.config import role_defaults
+from rigup.gpu.plan import gpu_host
 from rigup.state import read_once
 from rigup.templates import render
-from rigup.config import role_defaults
+from roles.gpu_power.checks import CHECKS
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
 from roles.gpu_power.policy import format_plan
 from roles.gpu_power.power import limits_applied, plan_for
@@ -42,7 +44,7 @@ UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
 
 def applies(plan: dict, data) -> bool:
     """GPUs, and systemd to keep the policy at boot (preflight refuses a cap without systemd)."""
-    return bool(data.get("gpu_enabled", True)) and not plan.get("cpu_only", True) and plan.get("systemd", True)
+    return gpu_host(plan, data) and plan.get("systemd", True)
 
 
 def show_plan() -> dict:

@@ -6,7 +6,8 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   rigup-gpu-power, HOME and caches set, hardened (ProtectSystem=strict, DevicePolicy with
   /dev/nvidia* allowed, ...), kept down while the GPU guard is tripped;
 - a drop-in per instance with its ExecStart: the first GGUF shard of its model (from the model's
-  completion marker, roles/model_fetch), ``-ngl -fa -c --parallel --host --port --jinja
+  completion marker, roles/model_fetch), the llama.cpp build that ``current`` points to (read on
+  the host: roles/llama_cpp switches it), ``-ngl -fa -c --parallel --host --port --jinja
   --metrics -sm -ts``, ``--api-key-file`` and extra args;
 - with ``api_key: true``, a random key made on the host (never seen by pyinfra or argv) in
   /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace;
@@ -17,7 +18,8 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
 
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
-llama_cpp_dir (roles/llama_cpp). Instance form: roles/preflight/schema.py LLAMA_INSTANCE.
+llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
+roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 """
 
 from __future__ import annotations
@@ -29,39 +31,43 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, python
 
-from rigup.state import read_once
+from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import gate
-from rigup.config import role_defaults
 from rigup.gpu.plan import build_backend
-from roles.llama_cpp.script import build_id, cmake_options
+from rigup.models import first_gguf, models
+from rigup.names import guard_file, marker_path
+from rigup.state import read_once
+from roles.llama_server.checks import CHECKS, ports
 from roles.llama_server.command import KEY, dropin_text, render
 from roles.llama_server.facts import DROPIN, LlamaServerState
-from roles.model_fetch.facts import first_gguf
-from roles.preflight.schema import serving_config
+from roles.llama_server.schema import instances
+
+__all__ = ["apply", "CHECKS", "ports"]
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
-GUARD_FILE = "/var/lib/rigup/gpu-guard.tripped"
-MARKER = ".rigup-complete.json"
 
 
 @operation()
-def instance(instance_name: str, inst: dict, marker_path: str, binary: str, build: str, unit_sha: str,
+def instance(instance_name: str, inst: dict, marker: str, binary: str, build_link: str, unit_sha: str,
              user: str):
     """Instance ``name``: its key, its drop-in, and its unit enabled and running; restarted only
-    when the drop-in or the key changed. Waits (changes nothing) while its model is incomplete."""
+    when the drop-in (flags, the build ``build_link`` points to, the model) or the key changed.
+    Waits (changes nothing) while its model is incomplete."""
     name = instance_name
-    state = read_once(LlamaServerState, instances={name: marker_path}).get(name, {})
+    marker_file = marker
+    found = read_once(LlamaServerState, instances={name: marker_file}, build_link=build_link)
+    state = found["instances"].get(name, {})
     marker = state.get("marker")
     if not marker:
-        host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
+        host.noop(f"{name}: waiting for its model ({marker_file} does not exist yet)")
         return
     model_file = first_gguf(marker.get("files", []))
     if not model_file:
         raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
-                             f"{marker_path}: {', '.join(marker.get('files', [])) or 'none'}")
-    model_path = marker_path.rsplit("/", 1)[0] + "/" + model_file
-    text = dropin_text(name, inst, binary, model_path, build, unit_sha, marker.get("revision"))
+                             f"{marker_file}: {', '.join(marker.get('files', [])) or 'none'}")
+    model_path = marker_file.rsplit("/", 1)[0] + "/" + model_file
+    text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"))
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     unit = f"rigup-llama@{name}.service"
     if inst["api_key"] and not state.get("key"):
@@ -94,22 +100,21 @@ def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str, gpu: bo
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
 def apply(plan: dict):
     data = host.data.dict()
-    config, problems = serving_config(data)
-    if problems or not config["llama_server_instances"]:
+    wanted, problems = instances(data)
+    if problems or not wanted:
         return  # preflight refused the problems; nothing to serve is nothing to do
+    entries = models(data)[0]
     user = data["rigup_user"]
-    unit_text = render("llama_server-unit.service.j2", user=user, guard_file=GUARD_FILE,
+    unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
                         start_timeout=max(600, data["llama_server_health_timeout"]))
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
-    build = "rollback" if data["llama_cpp_rollback"] else build_id(data, cmake_options(plan, data))
     binary = f"{data['llama_cpp_dir']}/current/bin/llama-server"
     gpu = build_backend(plan, data) == "cuda"
-    for name, inst in sorted(config["llama_server_instances"].items()):
-        marker = f"{config['models'][inst['model']]['dest']}/{MARKER}"
+    for name, inst in sorted(wanted.items()):
         started = instance(name=f"llama-server {name} on {inst['host']}:{inst['port']}",
-                           instance_name=name, inst=inst,
-                           marker_path=marker, binary=binary, build=build, unit_sha=unit_sha,
+                           instance_name=name, inst=inst, marker=marker_path(entries[inst["model"]]["dest"]),
+                           binary=binary, build_link=f"{data['llama_cpp_dir']}/current", unit_sha=unit_sha,
                            user=user)
         python.call(_gate, name, inst, data["llama_server_health_timeout"],
                     data["llama_server_health_prompt"], gpu,

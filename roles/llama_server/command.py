@@ -3,20 +3,10 @@ roles/llama_server installs the drop-in; tests/gpu/check.py runs its ExecStart o
 
 from __future__ import annotations
 
-import re
-
-
 from rigup.templates import render
+from rigup.units import systemd_quote
 
 KEY = "/etc/rigup/llama-server/{}.key"
-
-
-def systemd_quote(arg: str) -> str:
-    """One argument as systemd's ExecStart= reads it (and as a POSIX shell would split it)."""
-    arg = str(arg).replace("%", "%%").replace("$", "$$")
-    if arg and not re.search(r"[\s\"'\\;]", arg):
-        return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:

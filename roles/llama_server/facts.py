@@ -11,21 +11,24 @@ DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 
 
 class LlamaServerState(FactBase):
-    """Per instance: the sha256 of its drop-in, whether its key exists, its unit's state, and its
-    model's completion marker (``<dest>/.rigup-complete.json``, written by roles/model_fetch)::
+    """The llama.cpp build that serves (the target of ``build_link``, llama_cpp's ``current``
+    link), and per instance: the sha256 of its drop-in, whether its key exists, its unit's state,
+    and its model's completion marker (rigup.names.marker_path, written by roles/model_fetch)::
 
-        {"glm": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
-                 "marker": {"repo": ..., "revision": ..., "files": [...], "bytes": ...}}}
+        {"build": "builds/b6123-3f2a...",
+         "instances": {"glm": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
+                               "marker": {"repo": ..., "revision": ..., "files": [...], "bytes": ...}}}}
     """
 
     default = dict
 
-    def command(self, instances: dict) -> str:
+    def command(self, instances: dict, build_link: str) -> str:
         key = "test -s {} && echo key=1 || echo key="
-        return "; ".join(
+        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + "; ".join(
             instance_probe(name, f"rigup-llama@{name}.service", {"dropin": DROPIN.format(name)}, marker,
                            extra=key.format(shlex.quote(KEY.format(name))))
             for name, marker in sorted(instances.items())) or "true"
 
     def process(self, output: list[str]) -> dict:
-        return parse_instances(output)[1]
+        head, instances = parse_instances(output)
+        return {"build": head.get("build"), "instances": instances}

@@ -28,8 +28,8 @@ What it does to a host:
 A converge while a job runs, or after it completed, changes nothing. ``status.py`` prints the
 progress lines alone.
 
-Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: roles/preflight/
-schema.py MODEL, with fetch_from and wait), hf_endpoint, model_fetch_hf_token_src,
+Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
+MODEL, shared with the serving roles),  hf_endpoint, model_fetch_hf_token_src,
 model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_wait_timeout,
 model_fetch_wait_interval; rigup_user and rigup_prefix (roles/base).
 """
@@ -49,14 +49,15 @@ from pyinfra.operations import files, python
 
 from rigup import files as managed
 from rigup.config import role_defaults, source_of
-from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, first_gguf, parse_probe,
-                                     probe_command, unit_name)
+from rigup.models import models as model_entries
+from rigup.names import HF_TOKEN as TOKEN_PATH
+from roles.model_fetch.checks import CHECKS
+from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
+                                     unit_name)
 from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
-from roles.preflight.schema import serving_config
 
-__all__ = ["apply", "status", "first_gguf", "ModelFetchState"]
+__all__ = ["apply", "status", "specs", "CHECKS", "ModelFetchState"]
 
-TOKEN_PATH = "/etc/rigup/hf-token"
 SHARE_CONFIG = "/etc/rigup/share.json"
 _refused: dict[str, int] = {}
 
@@ -71,8 +72,7 @@ atexit.register(_summary)
 
 
 def _models(data: dict) -> dict:
-    config, _ = serving_config(data)  # entries with problems were refused by preflight already
-    return config["models"]
+    return model_entries(data)[0]  # entries with problems were refused by preflight already
 
 
 def _peer_address(name: str) -> str | None:
@@ -94,7 +94,7 @@ def _requests_for_me() -> list[tuple[str, str]]:
     return wanted
 
 
-def _specs(data: dict, models: dict) -> list[dict]:
+def specs(data: dict, models: dict) -> list[dict]:
     return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
              "include": m["include"], "endpoint": data["hf_endpoint"]} for name, m in models.items()]
 
@@ -245,7 +245,7 @@ def status() -> list[ModelPlan]:
     if not models:
         click.echo(f"    [{host.name}] no models", err=True)
         return []
-    facts = host.get_fact(ModelFetchState, specs=[dict(s, no_hub=True) for s in _specs(data, models)])
+    facts = host.get_fact(ModelFetchState, specs=[dict(s, no_hub=True) for s in specs(data, models)])
     plans = []
     for name in models:
         state = facts["models"].get(name, {})
@@ -262,7 +262,7 @@ def apply(plan: dict | None = None):
     share_for = _requests_for_me()
     if not models and not share_for:
         return
-    facts = host.get_fact(ModelFetchState, specs=_specs(data, models))
+    facts = host.get_fact(ModelFetchState, specs=specs(data, models))
     if not facts.get("python", True):
         plans = [ModelPlan(n, "refused", problems=[(f"models.{n}", "python3 is missing on the host; fix: "
                                                                     "install python3 (roles/base does)")], line="")
@@ -299,6 +299,6 @@ def apply(plan: dict | None = None):
                    active=facts["share_active"])
     waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
     if waiting:
-        specs = [s for s in _specs(data, models) if s["name"] in {p.name for p in waiting}]
+        wanted = [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}]
         python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
-                    plans=waiting, specs=specs, data=data)
+                    plans=waiting, specs=wanted, data=data)

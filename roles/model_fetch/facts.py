@@ -1,42 +1,25 @@
-"""What the model downloads on a host are at, read in one round trip; and helpers other roles use.
+"""What the model downloads on a host are at, read in one round trip.
 
 :class:`ModelFetchState` runs ``rigup-fetch probe`` (roles/model_fetch/fetcher.py, sent inline:
 the host needs only python3) for every model at once. For each model it reads the completion
 marker, the job's progress and whether a job holds the model's lock; for a model not complete it
 also asks the hub for the file list (sizes, hashes) and reads the free disk where the model goes.
 The hub token, when there is one, is read on the host from its root-only file, never sent.
-
-Other roles: :func:`first_gguf` picks the file llama-server loads from a marker's ``files``.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import re
+import json
 from pathlib import Path
 
 from pyinfra.api import FactBase
 
-MARKER = ".rigup-complete.json"
 SCRIPT = Path(__file__).with_name("fetcher.py")
 UNIT_PREFIX = "rigup-fetch-"
 SHARE_UNIT = "rigup-share"
 SHARE_LOCK = "/run/rigup-share.lock"  # held by the share server on a host without systemd
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
-def first_gguf(files: list[str]) -> str | None:
-    """The GGUF file llama-server is given for a model whose marker lists ``files``: the first
-    shard of a split model (``…-00001-of-0000N.gguf``; the others are found by llama.cpp), else
-    the single ``.gguf`` (mmproj files, vision projectors, are not the model). With several
-    unsplit GGUFs (quants side by side) the first by name; None without any."""
-    ggufs = sorted(f for f in files if f.endswith(".gguf"))
-    firsts = [f for f in ggufs if (m := _SHARD.search(f)) and int(m.group(1)) == 1]
-    if firsts:
-        return firsts[0]
-    whole = [f for f in ggufs if not _SHARD.search(f) and "mmproj" not in f.rsplit("/", 1)[-1].lower()]
-    return whole[0] if whole else None
 
 
 def unit_name(model: str) -> str:

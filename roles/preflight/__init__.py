@@ -2,30 +2,32 @@
 
 It changes nothing on a host. It reads every hardware fact in one round trip (rigup.gpu.facts.
 HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
-prints it, and checks plan, facts and data with the pure checks of roles/preflight/checks.py
-(the 14 refusals, and the nested maps by key path: roles/preflight/schema.py). A refused host
-is taken out of the run with one line per reason (host, what, why, how to fix); the other hosts
-go on, pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
+prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles,
+and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
+units listen, their ports (``ports``). Preflight imports no role. A refused host is taken out
+of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
+pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
 
-Variables: gpu_enabled (roles/preflight/defaults.yml); it reads those of cuda_toolkit,
-gpu_power, model_fetch, llama_server, vllm and cmpunlocker.
+Variables: gpu_enabled (roles/preflight/defaults.yml).
 """
 
 from __future__ import annotations
 
 import atexit
+from types import ModuleType
 
 import click
 from pyinfra import host
 
 from rigup.gpu.facts import HardwareFacts
-from rigup.gpu.plan import format_plan, hardware_plan
-from roles.preflight.checks import Refusal, refusals
+from rigup.gpu.plan import Plan, format_plan, hardware_plan
+from rigup.models import model_dests
+from rigup.refusal import Refusal
+from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
-from roles.preflight.schema import serving_config
 
-__all__ = ["Refusal", "refusals", "run", "model_paths"]
+__all__ = ["run", "refusals"]
 
 _refused: dict[str, int] = {}
 
@@ -39,23 +41,28 @@ def _summary() -> None:
 atexit.register(_summary)
 
 
-def model_paths(data: dict) -> list[str]:
-    """Where this host's models go (their ``dest``), for the free-disk facts."""
-    config, _ = serving_config(data)
-    return sorted({m["dest"] for m in config["models"].values()})
+def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """Every reason this plan cannot work on this host (pure: plan, facts and data in): preflight's
+    own checks, each role's ``CHECKS``, and the ports of every role's ``ports``."""
+    found = check_gpu_host(plan, facts, data)
+    for role in roles:
+        for check in getattr(role, "CHECKS", ()):
+            found += check(plan, facts, data)
+    claims = [claim for role in roles if hasattr(role, "ports") for claim in role.ports(plan, data)]
+    return found + port_refusals(claims, facts)
 
 
-def run() -> dict:
-    """Print this host's plan and take the host out of the run when it is refused. Returns the
-    plan, with ``systemd`` (whether systemd is PID 1) added for the roles."""
+def run(roles: list[ModuleType]) -> Plan:
+    """Print this host's plan and take the host out of the run when any of ``roles`` refuses it.
+    Returns the plan, with ``systemd`` (whether systemd is PID 1) added for the roles."""
     data = host.data.dict()
-    dests = model_paths(data)
+    dests = model_dests(data)
     facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
     facts["model_bytes"] = host.get_fact(PathBytes, paths=dests) if dests else {}
-    plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"])
+    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"])
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
-    found = refusals(plan, facts, data)
+    found = refusals(roles, plan, facts, data)
     for refusal in found:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
     if found:

@@ -1,7 +1,7 @@
 """roles/vllm: vLLM's OpenAI-compatible server, one systemd unit per instance, health-gated.
 
-What it does to a host with ``vllm_instances`` (name -> recipe; form: roles/preflight/schema.py
-VLLM_INSTANCE):
+What it does to a host with ``vllm_instances`` (name -> recipe; form: roles/vllm/schema.py
+VLLM_INSTANCE; refusals: roles/vllm/checks.py):
 - a virtualenv per pin, ``<vllm_dir>/<pin-id>/venv``: vLLM from PyPI at an exact version
   (``vllm_pip_version``, pin-id ``pip-VERSION``) or from git at a full 40-hex commit
   (``vllm_git_url`` + ``vllm_git_commit``, pin-id ``git-<12 hex>``, checkout in ``.../src``);
@@ -24,7 +24,7 @@ VLLM_INSTANCE):
 - the template unit ``rigup-vllm@.service``: runs as ``rigup_user``, KillMode=control-group,
   KillSignal=SIGINT, TimeoutStartSec >= 900, TimeoutStopSec, Restart=on-failure with
   RestartSec=30 and a start limit, after rigup-gpu-power, kept down while the GPU guard is tripped
-  (``ConditionPathExists=!/var/lib/rigup/gpu-guard.tripped``), hardened like llama_server's
+  (``ConditionPathExists=!{rigup_state_dir}/gpu-guard.tripped``), hardened like llama_server's
   (less ``ProcSubset=pid`` and ``~@resources``: torch reads /proc/meminfo and sets affinities);
 - a drop-in per instance: the environment file, ``ExecStartPre`` checks the model's completion
   marker and waits (``<vllm_dir>/bin/rigup-vllm-wait-vram``, ``nvidia-smi
@@ -61,16 +61,18 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
-from rigup.state import read_once
+from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import gate
-from rigup.config import role_defaults
-from roles.preflight.schema import serving_config
+from rigup.models import models
+from rigup.names import guard_file, marker_path
+from rigup.state import read_once
 from roles.vllm import command as cmd
+from roles.vllm.checks import CHECKS, ports
 from roles.vllm.facts import VllmState
+from roles.vllm.schema import instances
 
-GUARD_FILE = "/var/lib/rigup/gpu-guard.tripped"
-MARKER = ".rigup-complete.json"
+__all__ = ["apply", "CHECKS", "ports"]
 
 
 @operation()
@@ -127,13 +129,14 @@ def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str) -> None
 @deploy("vllm", data_defaults=role_defaults("vllm"))
 def apply(plan: dict):
     data = host.data.dict()
-    config, problems = serving_config(data)
-    if problems or not config["vllm_instances"]:
+    wanted, problems = instances(data)
+    if problems or not wanted:
         return  # preflight refused the problems; nothing to serve is nothing to do
-    the_pin = cmd.pin(data)               # refused here, before any host changes
-    series = cmd.patches(data)            # sha256 manifest checked on the controller
+    entries = models(data)[0]
+    the_pin = cmd.pin(data)               # preflight refused a bad pin or patch series (checks.py)
+    series = cmd.patches(data)
     envs = {name: cmd.env_text(name, cmd.env_vars(name, {**inst, "_name": name}, data, plan))
-            for name, inst in config["vllm_instances"].items()}
+            for name, inst in wanted.items()}
     user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
     pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
     stamp = cmd.stamp(the_pin, series, data)
@@ -153,11 +156,11 @@ def apply(plan: dict):
     if data["vllm_ray_role"]:
         logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
                        "declared, not implemented yet; no Ray unit installed")
-    unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=GUARD_FILE,
+    unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),
                            start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
     managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
-    for name, inst in sorted(config["vllm_instances"].items()):
-        marker = f"{config['models'][inst['model']]['dest']}/{MARKER}"
+    for name, inst in sorted(wanted.items()):
+        marker = marker_path(entries[inst["model"]]["dest"])
         wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
         if inst.get("gpus"):
             wait += ["-i", inst["gpus"].replace(" ", "")]

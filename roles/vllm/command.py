@@ -8,11 +8,10 @@ import json
 import re
 from pathlib import Path
 
-
-
-from rigup.templates import render
 from rigup.config import ROOT, ConfigError
-from roles.llama_server.command import systemd_quote
+from rigup.templates import render
+from rigup.units import systemd_quote
+from roles.vllm.schema import env_problems, partition_problem
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
@@ -20,7 +19,6 @@ UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def pin(data: dict) -> dict:
@@ -138,29 +136,19 @@ def env_vars(name: str, inst: dict, data: dict, plan: dict) -> dict[str, str]:
         env["VLLM_HOST_IP"] = data["vllm_host_ip"]
     for where, extra in (("vllm_env", data.get("vllm_env") or {}),
                          (f"vllm_instances.{name}.env", inst.get("env") or {})):
-        for key, value in extra.items():
-            text = _value(value)
-            if not _ENV_NAME.fullmatch(str(key)) or "\n" in text or isinstance(value, (dict, list)):
-                raise ConfigError(f"{where}.{key}: expected NAME: a one-line string, number or bool")
-            env[str(key)] = text
+        for key, why in env_problems(extra, where):
+            raise ConfigError(f"{key}: {why}")
+        env.update((str(key), _value(value)) for key, value in extra.items())
     return env
 
 
 def partition(inst: dict) -> str:
-    """VLLM_PP_LAYER_PARTITION, checked again here (preflight checks it first): one entry per
-    pipeline stage, each > 0, summing to ``layers`` when known; raises ConfigError."""
-    where = "vllm_instances." + str(inst.get("_name", "?")) + ".pp_partition"
-    text = str(inst["pp_partition"]).replace(" ", "")
-    if not re.fullmatch(r"\d+(,\d+)*", text):
-        raise ConfigError(f"{where}: expected layer counts separated by commas, got {inst['pp_partition']!r}")
-    parts = [int(n) for n in text.split(",")]
-    if len(parts) != inst.get("pp", 1):
-        raise ConfigError(f"{where}: {len(parts)} stages in {text!r}, but pp is {inst.get('pp', 1)}")
-    if 0 in parts:
-        raise ConfigError(f"{where}: a stage of {text!r} has no layers")
-    if inst.get("layers") is not None and sum(parts) != inst["layers"]:
-        raise ConfigError(f"{where}: {text!r} sums to {sum(parts)} layers, but the model has {inst['layers']}")
-    return text
+    """VLLM_PP_LAYER_PARTITION, checked again here (preflight checks it first, with the same
+    rule: roles/vllm/schema.py); raises ConfigError."""
+    why = partition_problem(inst["pp_partition"], inst.get("pp", 1), inst.get("layers"))
+    if why:
+        raise ConfigError(f"vllm_instances.{inst.get('_name', '?')}.pp_partition: {why}")
+    return str(inst["pp_partition"]).replace(" ", "")
 
 
 def env_text(name: str, env: dict[str, str]) -> str:

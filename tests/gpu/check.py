@@ -214,7 +214,8 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict
         else:
             raise SystemExit(f"{label}: no /health 200 in 600 s:\n{log.read_text()[-3000:]}")
         ready = time.monotonic() - start
-        vram = sh("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits").strip()
+        used = sh("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits").split()
+        vram = sum(int(v) for v in used if v.isdigit())  # every GPU of the machine, however many
         chat(port, 16)  # warm-up
         runs = [concurrency(port, n) for n in (1, 4, 8)]
     finally:
@@ -223,10 +224,10 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict
     text = log.read_text()
     offload = [line.strip() for line in text.splitlines() if "offloaded" in line]
     model = Path(argv[argv.index("-m") + 1])
-    return {"label": label, "argv": argv[1:], "ready_s": round(ready, 1), "vram_used_mib": int(vram),
+    return {"label": label, "argv": argv[1:], "ready_s": round(ready, 1), "vram_used_mib": vram,
             "offload": offload[-1] if offload else None, "no_gpu": "no usable GPU found" in text,
             # llama-server's default log level no longer prints "offloaded N/N layers": VRAM tells
-            "weights_in_vram": int(vram) * 2**20 > model.stat().st_size, "runs": runs}
+            "weights_in_vram": vram * 2**20 > model.stat().st_size, "runs": runs}
 
 
 def cmd_serve(args) -> None:
@@ -306,14 +307,23 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cmd_plan(args) -> None:
+    """The plan, the cmake line and the serving drop-in, built and run nowhere (no GPU needed)."""
+    facts, plan = facts_and_plan()
+    print(format_plan(plan))
+    print("cmake " + " ".join(f"-D{o}" for o in cmake_options(plan, build_data(args.archive, args.work))))
+    print(dropin_text("bench", RECIPE, "/opt/llama-server", "/srv/model.gguf", build="plan", unit_sha="-",
+                      model_revision="-"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("build", "model", "serve"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/rigup-gpu-out")))
     args = parser.parse_args()
-    {"build": cmd_build, "model": cmd_model, "serve": cmd_serve}[args.step](args)
+    {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 from pyinfra import host
 
-from roles import base, cuda_toolkit, preflight
 from rigup.config import check_host
+from roles import base, cuda_toolkit, in_order, preflight
 
 check_host(host)
-plan = preflight.run()
+plan = preflight.run(in_order())
 base.apply(plan)
 cuda_toolkit.apply(plan)

@@ -3,11 +3,11 @@ then those three roles in deploy.py's order (no CUDA, no llama.cpp build, no ser
 
 from pyinfra import host
 
-from roles import base, cmpunlocker, gpu_guard, gpu_power, preflight
+from roles import base, cmpunlocker, gpu_guard, gpu_power, in_order, preflight
 from rigup.config import check_host
 
 check_host(host)
-plan = preflight.run()
+plan = preflight.run(in_order())
 base.apply(plan)
 gpu_power.apply(plan)
 gpu_guard.apply(plan)

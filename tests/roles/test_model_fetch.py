@@ -21,10 +21,10 @@ from tests.converge import PYINFRA, ROOT, pyinfra
 pytestmark = pytest.mark.lab
 
 PLAY = """from pyinfra import host
-from roles import base, model_fetch, preflight
+from roles import base, in_order, model_fetch, preflight
 from rigup.config import check_host
 check_host(host)
-plan = preflight.run()
+plan = preflight.run(in_order())
 base.apply(plan)
 model_fetch.apply(plan)
 """

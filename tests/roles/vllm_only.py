@@ -2,10 +2,10 @@
 
 from pyinfra import host
 
-from roles import base, preflight, vllm
+from roles import base, in_order, preflight, vllm
 from rigup.config import check_host
 
 check_host(host)
-plan = preflight.run()
+plan = preflight.run(in_order())
 base.apply(plan)
 vllm.apply(plan)

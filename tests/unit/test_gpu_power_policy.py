@@ -7,7 +7,8 @@ import pytest
 
 from roles.cmpunlocker.steps import config_problems, installer_args, next_step, verify
 from rigup.gpu.facts import parse_gpus
-from roles.gpu_guard import guard_config, threshold_problems
+from roles.gpu_guard import guard_config
+from roles.gpu_guard.checks import threshold_problems
 from roles.gpu_guard.guard import evaluate, parse_sample
 from roles.gpu_power.facts import parse_applied
 from roles.gpu_power.policy import card_named, commands, config_lines, format_plan, parse_clocks, power_plan
@@ -113,11 +114,11 @@ def test_guard_thresholds_by_class_with_group_overrides():
     assert conf["by_pci_id"]["10de:2335"]["draw_w"] == 735
     assert conf["tripped_file"] == "/var/lib/rigup/gpu-guard.tripped"
     assert threshold_problems({"cmp170": {}, "a100": {"watts": 1, "temp_c": "hot"}}) == [
-        "gpu_guard_thresholds.cmp170: not a card class of rigup/gpu/catalogue.yml (its classes: "
-        + ", ".join(sorted({"a10", "a100", "b200", "cmp170hx", "h100", "h200", "l4", "rtx3090", "rtx4090",
-                            "rtx5090"})) + ")",
-        "gpu_guard_thresholds.a100.watts: unknown key; known keys: draw_w, temp_c",
-        "gpu_guard_thresholds.a100.temp_c: expected a number 0..2000 or null, got 'hot'"]
+        ("gpu_guard_thresholds.cmp170", "not a card class of rigup/gpu/catalogue.yml (its classes: "
+         + ", ".join(sorted({"a10", "a100", "b200", "cmp170hx", "h100", "h200", "l4", "rtx3090", "rtx4090",
+                             "rtx5090"})) + ")"),
+        ("gpu_guard_thresholds.a100.watts", "unknown key; known keys: draw_w, temp_c"),
+        ("gpu_guard_thresholds.a100.temp_c", "expected a number 0..2000 or null, got 'hot'")]
 
 
 # ----------------------------------------------------------------------------- cmpunlocker

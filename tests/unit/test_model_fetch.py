@@ -14,7 +14,8 @@ import time
 import pytest
 
 from roles.model_fetch import fetcher
-from roles.model_fetch.facts import first_gguf, parse_probe, unit_name
+from rigup.models import first_gguf
+from roles.model_fetch.facts import parse_probe, unit_name
 from roles.model_fetch.plan import human, plan_model, progress_line
 
 REV = "a" * 40

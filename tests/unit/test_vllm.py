@@ -7,22 +7,22 @@ import re
 import pytest
 
 from rigup.config import ConfigError, group_vars, role_defaults
-from roles.preflight.schema import serving_config
 from roles.vllm import command as cmd
 from roles.vllm.facts import parse_state
+from roles.vllm.schema import instances
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 MODELS = {"glm": {"repo": "org/some-model", "revision": SHA}}
 
 
 def inst(**kw):
-    config, problems = serving_config({"models": MODELS, "vllm_instances": {"a": {"model": "glm", "port": 8000, **kw}}})
+    config, problems = instances({"models": MODELS, "vllm_instances": {"a": {"model": "glm", "port": 8000, **kw}}})
     assert problems == []
-    return config["vllm_instances"]["a"]
+    return config["a"]
 
 
 def problems_of(**kw):
-    _, problems = serving_config({"models": MODELS, "vllm_instances": {"a": {"model": "glm", "port": 8000, **kw}}})
+    _, problems = instances({"models": MODELS, "vllm_instances": {"a": {"model": "glm", "port": 8000, **kw}}})
     return problems
 
 

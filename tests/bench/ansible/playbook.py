@@ -38,14 +38,23 @@ from roles.gpu_power.facts import CONF as POWER_CONF
 from roles.gpu_power.facts import UNIT as POWER_UNIT
 from roles.gpu_power.facts import GpuPowerState
 from roles.llama_cpp import BUILD_PACKAGES
-from roles.llama_server import MARKER
+from rigup.models import model_dests as model_paths
+from rigup.models import models
+from rigup.names import MARKER
 from roles.llama_server import UNIT as LLAMA_UNIT
 from roles.llama_server.facts import DROPIN
-from roles.model_fetch import _specs
+from roles.llama_server.schema import instances as llama_instances
+from roles.model_fetch import specs as model_specs
 from roles.model_fetch.facts import ModelFetchState, unit_name
-from roles.preflight import model_paths
 from roles.preflight.facts import PathBytes
-from roles.preflight.schema import serving_config
+from roles.vllm.schema import instances as vllm_instances
+
+
+def serving_config(data: dict) -> tuple[dict, list]:
+    """The host's models and serving instances, normalised, and their problems."""
+    parts = {"models": models(data), "llama_server_instances": llama_instances(data),
+             "vllm_instances": vllm_instances(data)}
+    return {k: v[0] for k, v in parts.items()}, [p for v in parts.values() for p in v[1]]
 
 
 class Unsafe(str):
@@ -147,7 +156,7 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
         {"name": f"llama_cpp: llama.cpp current -> {build_id}", "ansible.builtin.file": {
             "path": f"{build_dir}/current", "src": f"builds/{build_id}", "state": "link"}},
         _fact("model_fetch: the models' state (ModelFetchState)",
-              ModelFetchState().command(specs=_specs(data, config["models"])), "models"),
+              ModelFetchState().command(specs=model_specs(data, config["models"])), "models"),
         {"name": f"model_fetch: Directory {prefix}/bin", "ansible.builtin.file": {
             "path": f"{prefix}/bin", "state": "directory", "owner": "root", "group": "root", "mode": "0755"}},
         copy[f"{prefix}/bin/rigup-fetch"],

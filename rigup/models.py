@@ -1,0 +1,107 @@
+"""The ``models`` map: the form of an entry, its defaults, and what the serving roles read of a
+model. roles/model_fetch fetches the models; roles/llama_server and roles/vllm serve them; each
+reads the entries through :func:`models` so that all see the same defaults and ``dest``.
+
+``models`` and ``models_dir`` are declared in roles/model_fetch/defaults.yml.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypedDict
+
+from rigup.entries import Key, normalise, unknown_reference
+from rigup.gpu.catalogue import model_families
+
+
+class ModelEntry(TypedDict):
+    """One entry of ``models``, normalised (every key present)."""
+
+    repo: str
+    revision: str
+    include: list[str]
+    dest: str
+    size_gib: float | None
+    family: str | None
+    fetch_from: str | None
+    wait: bool
+
+
+MODEL: dict[str, Key] = {
+    "repo": Key("str", doc="the hub repository, owner/name"),
+    "revision": Key("str", doc="a full 40-hex commit id (a branch or tag moves)"),
+    "include": Key("list of str", [], "glob patterns of the files to fetch (default: all files)"),
+    "dest": Key("path or null", None, "where the files go (default: models_dir/<name>)"),
+    "size_gib": Key("float 0.. or null", None, "GiB on disk, for preflight's disk and VRAM checks"),
+    "family": Key("str or null", None, "a family of rigup/gpu/models.yml (default: matched from repo)"),
+    "fetch_from": Key("str or null", None, "a host of the inventory to copy the completed model from"),
+    "wait": Key("bool", False, "block the converge until the model is complete"),
+}
+
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
+    """The host's ``models``, normalised with their ``dest``, and (key path, problem) for each
+    entry that is wrong; an entry with a problem is left out of the result."""
+    families = model_families()
+    models_dir = str(data.get("models_dir") or "/srv/models").rstrip("/")  # "/" -> "": dest "/<name>"
+    out: dict[str, ModelEntry] = {}
+    problems: list[tuple[str, str]] = []
+    for name, raw in (data.get("models") or {}).items():
+        where = f"models.{name}"
+        entry, found = normalise(raw, MODEL, where)
+        if "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
+            found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
+                                               "(a branch or tag moves; pin the commit)"))
+        if entry.get("family") is not None and entry["family"] not in families:
+            found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
+                                             f"(its families: {', '.join(families)})"))
+        problems += found
+        if not found:
+            entry["dest"] = entry["dest"] or f"{models_dir}/{name}"
+            out[name] = entry
+    return out, problems
+
+
+def model_dests(data: dict) -> list[str]:
+    """Where this host's models go (their ``dest``), for the free-disk facts."""
+    return sorted({m["dest"] for m in models(data)[0].values()})
+
+
+def first_gguf(files: list[str]) -> str | None:
+    """The GGUF file llama-server is given for a model whose marker lists ``files``: the first
+    shard of a split model (``…-00001-of-0000N.gguf``; the others are found by llama.cpp), else
+    the single ``.gguf`` (mmproj files, vision projectors, are not the model). With several
+    unsplit GGUFs (quants side by side) the first by name; None without any."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    firsts = [f for f in ggufs if (m := _SHARD.search(f)) and int(m.group(1)) == 1]
+    if firsts:
+        return firsts[0]
+    whole = [f for f in ggufs if not _SHARD.search(f) and "mmproj" not in f.rsplit("/", 1)[-1].lower()]
+    return whole[0] if whole else None
+
+
+def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None) -> tuple[dict, list[tuple[str, str]]]:
+    """The entries of the serving map ``var`` (``llama_server_instances``, ``vllm_instances``),
+    normalised against ``schema``, and (key path, problem) for each wrong one: an unknown or
+    mistyped key, a ``model`` that is not a key of ``models``, or what ``entry_problems(entry,
+    where, model)`` finds (the role's own rules; ``model`` is the valid entry of ``models`` or
+    None). An entry with a problem, or whose model has one, is left out of the result."""
+    valid, _ = models(data)
+    declared = data.get("models") or {}
+    out: dict = {}
+    problems: list[tuple[str, str]] = []
+    for name, raw in (data.get(var) or {}).items():
+        where = f"{var}.{name}"
+        entry, found = normalise(raw, schema, where)
+        model = entry.get("model")
+        if model is not None and model not in declared:
+            found.append((f"{where}.model", unknown_reference(model, declared, "models")))
+        if entry_problems is not None and not found:
+            found += entry_problems(entry, where, valid.get(model))
+        problems += found
+        if not found and model in valid:
+            out[name] = entry
+    return out, problems

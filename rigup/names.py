@@ -1,0 +1,26 @@
+"""Paths and names several roles agree on, each defined once.
+
+- the completion marker a model's download writes last (roles/model_fetch) and the serving roles
+  wait for: :func:`marker_path`
+- the GPU guard's tripped file (roles/gpu_guard writes it; the serving units do not start while
+  it exists): :func:`guard_file`
+- the hub token on a host (roles/model_fetch puts it there; its job reads it): :data:`HF_TOKEN`
+"""
+
+from __future__ import annotations
+
+MARKER = ".rigup-complete.json"
+HF_TOKEN = "/etc/rigup/hf-token"
+
+
+def marker_path(dest: str) -> str:
+    """The completion marker of the model downloaded to ``dest``."""
+    return f"{dest.rstrip('/')}/{MARKER}"
+
+
+def guard_file(data: dict) -> str:
+    """The GPU guard's tripped file: ``{rigup_state_dir}/gpu-guard.tripped``."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard.tripped"
+
+# Addresses that serve only this host: an instance bound to another needs a key or an allow-list.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -1,0 +1,76 @@
+"""The refusal: why a host cannot go on, as preflight prints it; and what checks are.
+
+Each role declares its refusals in ``roles/<role>/checks.py``: pure functions
+``check(plan, facts, data) -> list[Refusal]`` (plan: rigup.gpu.plan.hardware_plan; facts: the
+value of rigup.gpu.facts.HardwareFacts with ``model_bytes``; data: the host's merged data),
+gathered in its ``CHECKS``. A serving role also says which ports its instances take
+(``ports(plan, data) -> list[Port]``). The plays hand every role's checks to preflight, which
+imports no role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+FIX_CONFIG = ("correct it where it is set (group_vars, inventory host data or --data); "
+              "roles/*/defaults.yml and roles/*/schema.py document each key")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a host cannot go on: what is wrong, why it matters, and how to fix it."""
+
+    what: str
+    why: str
+    fix: str
+    check: str = ""
+
+    def line(self, host_name: str) -> str:
+        return f"[{host_name}] refused: {self.what}: {self.why}; fix: {self.fix}"
+
+
+class Port(NamedTuple):
+    """A port a role's unit will listen on: ``where`` names the setting (``llama_server_instances.glm``),
+    ``owners`` the process names that are that unit itself (a listener of theirs is no conflict)."""
+
+    port: int
+    where: str
+    owners: tuple[str, ...] = ()
+
+
+Check = Callable[[dict, dict, dict], "list[Refusal]"]
+
+
+def config_refusals(problems: list[tuple[str, str]]) -> list[Refusal]:
+    """(key path, why) problems of a nested map as refusals."""
+    return [Refusal(path, why, FIX_CONFIG, "config") for path, why in problems]
+
+
+def needs_systemd(facts: dict, needs: list[str]) -> list[Refusal]:
+    """A refusal when ``needs`` (settings that run as systemd units) is not empty on a host where
+    systemd is not PID 1 (a docker-style rental container)."""
+    if facts.get("systemd", True) or not needs:
+        return []
+    return [Refusal(f"{', '.join(needs)} on a host without systemd",
+                    "they run as systemd units (serving, the boot unit that keeps power limits, the unlock) "
+                    "and systemd is not PID 1 here (a container?)",
+                    "use a host booted with systemd, or unset them for this host (model downloads and the "
+                    "llama.cpp build work without systemd)", "systemd")]
+
+
+def gpus_text(indexes: list) -> str:
+    """[0, 1, 2, 3, 5] -> "GPU 0-3, 5"."""
+    nums = sorted(i for i in indexes if isinstance(i, int))
+    runs: list[list[int]] = []
+    for i in nums:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    return f"GPU {text}" if text else "GPUs"
+
+
+def watts_text(value: float | None) -> str:
+    return "?" if value is None else f"{float(value):g}"

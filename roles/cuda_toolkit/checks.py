@@ -1,0 +1,60 @@
+"""roles/cuda_toolkit's refusals: pure functions of a host's plan, facts and data (see
+rigup/refusal.py).
+
+    check_driver_for_cuda   a driver older than the chosen cuda_version needs
+    check_cuda_for_archs    a cuda_version too old for the host's cards
+"""
+
+from __future__ import annotations
+
+from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
+from rigup.gpu.plan import gpu_host
+from rigup.refusal import Refusal
+
+
+def check_driver_for_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """The loaded driver is older than the chosen cuda_version needs."""
+    if not gpu_host(plan, data):
+        return []
+    wanted = str(data.get("cuda_version") or "")
+    driver = (plan.get("driver") or {}).get("version")
+    if version_tuple(wanted) is None:
+        return [Refusal(f"cuda_version {wanted!r} is not a CUDA version",
+                        "it must be major.minor, e.g. \"12.8\"",
+                        "set cuda_version to a quoted major.minor (on the command line: "
+                        "--data 'cuda_version=\"12.8\"')", "driver_for_cuda")]
+    need = min_driver_for_cuda(wanted)
+    if not driver or need is None or version_tuple(driver) is None:
+        return []
+    listed, min_driver = need
+    if version_tuple(driver) >= version_tuple(min_driver):
+        return []
+    newest = newest_cuda_for_driver(driver)
+    table = "" if listed == wanted else f" (the minimum of CUDA {listed}, the nearest listed)"
+    return [Refusal(
+        f"NVIDIA driver {driver} is too old for CUDA {wanted}",
+        f"CUDA {wanted} needs driver >= {min_driver}{table} (CUDA release notes; "
+        "rigup/gpu/catalogue.yml cuda_min_driver)",
+        (f"set cuda_version to {newest} or older (the newest this driver runs), or " if newest else "")
+        + f"upgrade the NVIDIA driver to >= {min_driver}", "driver_for_cuda")]
+
+
+def check_cuda_for_archs(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """The chosen cuda_version is older than the host's cards need (plan min_cuda)."""
+    if not gpu_host(plan, data):
+        return []
+    wanted = str(data.get("cuda_version") or "")
+    needed = plan.get("min_cuda")
+    if version_tuple(wanted) is None or not needed or cuda_version(wanted) >= cuda_version(needed):
+        return []
+    short = {}
+    for card in plan.get("cards") or []:
+        if card.get("min_cuda") and cuda_version(card["min_cuda"]) > cuda_version(wanted):
+            short[(card["class"], card.get("cmake_arch"), card["min_cuda"])] = True
+    cards = "; ".join(f"{cls} cards (sm_{arch}) need CUDA >= {need}" for cls, arch, need in short)
+    return [Refusal(f"CUDA {wanted} is too old for this host's cards",
+                    f"{cards}: nvcc {wanted} cannot build for them (rigup/gpu/catalogue.yml min_cuda)",
+                    f"set cuda_version to {needed} or newer", "cuda_for_archs")]
+
+
+CHECKS = (check_driver_for_cuda, check_cuda_for_archs)

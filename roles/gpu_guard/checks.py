@@ -1,0 +1,39 @@
+"""roles/gpu_guard's refusals: pure functions of a host's plan, facts and data (see
+rigup/refusal.py).
+
+    check_thresholds    gpu_guard_thresholds: a class not in the catalogue, an unknown key, a value
+                        that is not a number 0..2000
+"""
+
+from __future__ import annotations
+
+from rigup.gpu.catalogue import class_problem
+from rigup.refusal import Refusal, config_refusals
+
+KEYS = ("draw_w", "temp_c")
+
+
+def threshold_problems(overrides: dict) -> list[tuple[str, str]]:
+    """(key path, why) for what is wrong with ``gpu_guard_thresholds``, [] when nothing."""
+    found = []
+    for cls, entry in (overrides or {}).items():
+        where = f"gpu_guard_thresholds.{cls}"
+        if class_problem(cls):
+            found.append((where, class_problem(cls)))
+        elif not isinstance(entry, dict):
+            found.append((where, f"expected a map of {', '.join(KEYS)}, got {entry!r}"))
+        else:
+            for key, value in entry.items():
+                if key not in KEYS:
+                    found.append((f"{where}.{key}", f"unknown key; known keys: {', '.join(KEYS)}"))
+                elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                            or not 0 < value <= 2000):
+                    found.append((f"{where}.{key}", f"expected a number 0..2000 or null, got {value!r}"))
+    return found
+
+
+def check_thresholds(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    return config_refusals(threshold_problems(data.get("gpu_guard_thresholds")))
+
+
+CHECKS = (check_thresholds,)

@@ -1,0 +1,66 @@
+"""The form of an entry of ``llama_server_instances`` (name -> instance), with each key's
+default and meaning; :func:`instances` reads them normalised, with problems by key path.
+
+Adding a llama-server flag: a key here, its argument in command.py (``argv``), a test.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypedDict
+
+from rigup.entries import Key
+from rigup.models import instances as _entries
+
+
+class LlamaInstance(TypedDict):
+    """One entry of ``llama_server_instances``, normalised (every key present)."""
+
+    model: str
+    port: int
+    host: str
+    ctx: int
+    parallel: int
+    ngl: int
+    flash_attn: str
+    split_mode: str
+    tensor_split: str | None
+    jinja: bool
+    metrics: bool
+    api_key: bool
+    extra_args: list[str]
+
+
+LLAMA_INSTANCE: dict[str, Key] = {
+    "model": Key("str", doc="a key of models"),
+    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
+    "host": Key("str", "127.0.0.1", "the address it binds (--host); beyond loopback it needs api_key"),
+    "ctx": Key("int 1..", 8192, "-c: total tokens of context, shared by the slots"),
+    "parallel": Key("int 1..", 1, "--parallel: slots, requests served at once"),
+    "ngl": Key("int -1..", 99, "-ngl: layers on the GPUs (99 or -1: all)"),
+    "flash_attn": Key("one of on|off|auto", "auto", "-fa"),
+    "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
+    "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
+    "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
+    "metrics": Key("bool", False, "--metrics: Prometheus metrics at /metrics"),
+    "api_key": Key("bool", False, "check a random key made on the host (/etc/rigup/llama-server/NAME.key)"),
+    "extra_args": Key("list of str", [], "more llama-server arguments, one per item"),
+}
+
+_NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
+
+
+def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
+    """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
+    entry; ``gpu_count`` (when known) bounds tensor_split."""
+    def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
+        if entry.get("tensor_split") is None:
+            return []
+        split = entry["tensor_split"].replace(" ", "")
+        if not _NUMBERS.fullmatch(split):
+            return [(f"{where}.tensor_split", "expected numbers separated by commas "
+                                              f"(e.g. '16,16,17,0'), got {entry['tensor_split']!r}")]
+        if gpu_count is not None and len(split.split(",")) > gpu_count:
+            return [(f"{where}.tensor_split", f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
+        return []
+    return _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems)

@@ -1,0 +1,46 @@
+"""roles/model_fetch's refusals: pure functions of a host's plan, facts and data (see
+rigup/refusal.py). What only the hub can tell (an unknown revision, a pattern that matches
+nothing, an incomplete shard set, a peer without the model) the role refuses itself, before
+any byte, from its own probe.
+
+    check_config    an entry of models that is wrong, by key path
+    check_disk      a model (size_gib) larger than the free disk where it goes
+"""
+
+from __future__ import annotations
+
+from rigup.models import models
+from rigup.refusal import Refusal, config_refusals
+
+GIB = 1024 ** 3
+
+
+def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    return config_refusals(models(data)[1])
+
+
+def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """A model (size_gib) larger than the free disk where it goes, net of what is there."""
+    free_disk = facts.get("free_disk") or {}
+    present = facts.get("model_bytes") or {}
+    found = []
+    for name, model in models(data)[0].items():
+        size = model.get("size_gib")
+        free = free_disk.get(model["dest"])
+        if size is None or free is None:
+            continue
+        have = (present.get(model["dest"]) or 0) / GIB
+        need = max(size - have, 0.0)
+        if need * GIB <= free:
+            continue
+        free_gib = free / GIB
+        found.append(Refusal(
+            f"not enough free disk for model {name}",
+            f"it needs {need:.1f} GiB more at {model['dest']} ({size:.1f} GiB in all, {have:.1f} GiB already "
+            f"there) and that filesystem has {free_gib:.1f} GiB free",
+            f"free {need - free_gib:.1f} GiB there, or set models.{name}.dest (or models_dir) to a "
+            "filesystem with room", "disk"))
+    return found
+
+
+CHECKS = (check_config, check_disk)

@@ -1,0 +1,106 @@
+"""roles/vllm's refusals: pure functions of a host's plan, facts and data (see rigup/refusal.py),
+and the ports its instances take.
+
+    check_config    an entry of vllm_instances that is wrong, by key path
+    check_pin       vLLM not pinned to an exact version or a full commit; a patch series that does
+                    not match its sha256 manifest on the controller
+    check_systemd   instances on a host where systemd is not PID 1
+    check_vram      weights that leave no room for the KV cache on the instance's cards
+    check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
+"""
+
+from __future__ import annotations
+
+from rigup.config import ConfigError
+from rigup.gpu.catalogue import family_of
+from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_per_card_gib
+from rigup.models import models
+from rigup.refusal import Port, Refusal, config_refusals, needs_systemd
+from roles.vllm import command
+from roles.vllm.schema import instances
+
+
+def _instances(plan: dict, data: dict) -> dict:
+    return instances(data, gpu_count(plan))[0]
+
+
+def ports(plan: dict, data: dict) -> list[Port]:
+    return [Port(inst["port"], f"vllm_instances.{name}", ("vllm",)) for name, inst in _instances(plan, data).items()]
+
+
+def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    return config_refusals(instances(data, gpu_count(plan))[1])
+
+
+def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """The pin and the patch series (read and checked on the controller), when there is an instance."""
+    if not _instances(plan, data):
+        return []
+    try:
+        command.pin(data)
+        command.patches(data)
+    except ConfigError as e:
+        key, _, why = str(e).partition(": ")
+        return [Refusal(key, why, "pin vLLM with vllm_pip_version (exact) or vllm_git_url with a full "
+                                  "vllm_git_commit; list patches in vllm_patch_manifest", "vllm_pin")]
+    return []
+
+
+def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    names = sorted(_instances(plan, data))
+    return needs_systemd(facts, [f"vllm_instances ({', '.join(names)})"] if names else [])
+
+
+def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """Weights (size_gib) at least gpu_memory_utilization x the VRAM of the tp x pp cards."""
+    if not gpu_host(plan, data):
+        return []
+    per_card, locked = vram_per_card_gib(plan, data)
+    unlock_hint = ", or enable cmpunlocker (these cards are still locked)" if locked else ""
+    entries = models(data)[0]
+    found = []
+    for name, inst in _instances(plan, data).items():
+        weights = entries[inst["model"]].get("size_gib")
+        cards = per_card[: inst["tp"] * inst["pp"]]
+        budget = inst["gpu_memory_utilization"] * sum(cards)
+        if weights is None or not per_card or weights < budget:
+            continue
+        found.append(Refusal(
+            f"model {inst['model']} does not fit the VRAM of vllm_instances.{name}",
+            f"weights {weights:.1f} GiB >= {budget:.1f} GiB usable (gpu_memory_utilization "
+            f"{inst['gpu_memory_utilization']:g} x {cards_gib_text(cards)} for tp {inst['tp']} x pp {inst['pp']}), "
+            "leaving nothing for the KV cache",
+            f"raise tp or pp (this host has {len(per_card)} GPUs), raise gpu_memory_utilization, or pick a "
+            f"smaller checkpoint{unlock_hint}", "vram"))
+    return found
+
+
+def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """A vLLM instance whose model family needs kernels for a higher compute capability
+    (rigup/gpu/models.yml vllm_min_cc) than the host's cards have. A patched vLLM (a git commit
+    with a patch series, as the CMP 170HX recipes of seeds 002/003 run) is the operator's claim
+    that it carries those kernels: not refused."""
+    if not gpu_host(plan, data) or (data.get("vllm_git_commit") and data.get("vllm_patches")):
+        return []
+    entries = models(data)[0]
+    found = []
+    for name, inst in _instances(plan, data).items():
+        family = family_of(entries[inst["model"]])
+        floor = family.get("vllm_min_cc") if family else None
+        if not floor:
+            continue
+        below = sorted({(c["class"], tuple(c["compute_capability"])) for c in plan.get("cards") or []
+                        if c.get("compute_capability") and tuple(c["compute_capability"]) < tuple(floor)})
+        if not below:
+            continue
+        cards = ", ".join(f"{cls} cards are cc {cc[0]}.{cc[1]}" for cls, cc in below)
+        found.append(Refusal(
+            f"vllm_instances.{name} needs compute capability >= {floor[0]}.{floor[1]} for {family['name']}",
+            f"stock vLLM's kernels for {family['key']} run only on cc >= {floor[0]}.{floor[1]} "
+            f"(rigup/gpu/models.yml, from {', '.join(family['sources'])}); this host's {cards}",
+            "serve it with llama.cpp on this host (llama_server_instances), run vLLM on Hopper or newer "
+            "(H100, H200, B200), or declare a patched vLLM (vllm_git_commit with vllm_patches)", "vllm_cc"))
+    return found
+
+
+CHECKS = (check_config, check_pin, check_systemd, check_vram, check_vllm_cc)

@@ -1,0 +1,101 @@
+"""The form of an entry of ``vllm_instances`` (name -> instance), with each key's default and
+meaning, and the rules its values follow (pipeline partition, GPU list, environment);
+:func:`instances` reads them normalised, with problems by key path."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypedDict
+
+from rigup.entries import Key
+from rigup.gpu.catalogue import family_of
+from rigup.models import instances as _entries
+
+
+class VllmInstance(TypedDict):
+    """One entry of ``vllm_instances``, normalised (every key present)."""
+
+    model: str
+    port: int
+    host: str
+    tp: int
+    pp: int
+    pp_partition: str | None
+    gpu_memory_utilization: float
+    served_model_name: str | None
+    layers: int | None
+    gpus: str | None
+    env: dict[str, Any]
+    extra_args: list[str]
+
+
+VLLM_INSTANCE: dict[str, Key] = {
+    "model": Key("str", doc="a key of models"),
+    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
+    "host": Key("str", "127.0.0.1", "the address it binds (--host; vLLM binds every interface without it)"),
+    "tp": Key("int 1..", 1, "--tensor-parallel-size"),
+    "pp": Key("int 1..", 1, "--pipeline-parallel-size"),
+    "pp_partition": Key("str or null", None, "VLLM_PP_LAYER_PARTITION: layers per stage, e.g. '13,11,11,10'"),
+    "gpu_memory_utilization": Key("float 0.05..1", 0.9, "--gpu-memory-utilization"),
+    "served_model_name": Key("str or null", None, "--served-model-name (default: the instance's name)"),
+    "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
+    "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
+    "env": Key("map", {}, "more environment for this instance"),
+    "extra_args": Key("list of str", [], "more vllm serve arguments, one per item"),
+}
+
+_INTS = re.compile(r"\d+(,\d+)*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def partition_problem(partition: str, pp: int, layers: int | None) -> str | None:
+    """Why ``partition`` (VLLM_PP_LAYER_PARTITION) does not fit ``pp`` stages of ``layers``."""
+    parts = str(partition).replace(" ", "")
+    if not _INTS.fullmatch(parts):
+        return f"expected layer counts separated by commas (e.g. '13,11,11,10'), got {partition!r}"
+    counts = [int(n) for n in parts.split(",")]
+    if len(counts) != pp:
+        return f"{len(counts)} stages in {partition!r}, but pp is {pp}"
+    if 0 in counts:
+        return f"a stage of {partition!r} has no layers"
+    if layers is not None and sum(counts) != layers:
+        return f"{partition!r} sums to {sum(counts)} layers, but the model has {layers}"
+    return None
+
+
+def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
+    """Each key of ``env`` that is not NAME: a one-line string, number or bool."""
+    return [(f"{where}.{key}", "expected NAME: a one-line string, number or bool") for key, value in env.items()
+            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value)]
+
+
+def _family_layers(model: dict | None) -> int | None:
+    """The layer count rigup/gpu/models.yml gives the model's family (``num_hidden_layers``), if any."""
+    value = (family_of(model) or {}).get("num_hidden_layers") if model else None
+    return int(value) if isinstance(value, int) else None
+
+
+def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
+    """The host's ``vllm_instances``, normalised, and (key path, problem) for each wrong entry;
+    ``gpu_count`` (when known) bounds tp x pp."""
+    def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
+        found = []
+        gpus_needed = entry["tp"] * entry["pp"]
+        if gpu_count is not None and gpus_needed > gpu_count:
+            found.append((f"{where}.tp", f"tp {entry['tp']} x pp {entry['pp']} = {gpus_needed} GPUs, "
+                                         f"but this host has {gpu_count}"))
+        if entry["pp_partition"] is not None:
+            why = partition_problem(entry["pp_partition"], entry["pp"], entry["layers"] or _family_layers(model))
+            found += [(f"{where}.pp_partition", why)] if why else []
+        elif entry["layers"] is not None and entry["pp"] > entry["layers"]:
+            found.append((f"{where}.pp", f"pp {entry['pp']} stages for {entry['layers']} layers"))
+        if entry["gpus"] is not None:
+            gpus = entry["gpus"].replace(" ", "")
+            if not _INTS.fullmatch(gpus):
+                found.append((f"{where}.gpus", f"expected GPU indices separated by commas (e.g. '0,1'), "
+                                               f"got {entry['gpus']!r}"))
+            elif len(gpus.split(",")) != gpus_needed:
+                found.append((f"{where}.gpus", f"{len(gpus.split(','))} GPUs for tp {entry['tp']} x "
+                                               f"pp {entry['pp']} = {gpus_needed}"))
+        return found + env_problems(entry["env"], f"{where}.env")
+    return _entries(data, "vllm_instances", VLLM_INSTANCE, problems)

@@ -1,0 +1,17 @@
+"""tests/gpu/check.py runs on a GPU machine that has no pyinfra: run it here with pyinfra made
+unimportable, so an import of a pyinfra-only module from a pure one cannot break it unseen."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKED = ("import runpy, sys; sys.modules['pyinfra'] = None; sys.argv = ['check.py', 'plan']; "
+           "runpy.run_path('tests/gpu/check.py', run_name='__main__')")
+
+
+def test_check_py_plans_without_pyinfra():
+    result = subprocess.run([sys.executable, "-c", BLOCKED], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "cards:" in result.stdout and "cmake -DCMAKE_BUILD_TYPE=Release" in result.stdout
+    assert "ExecStart=" in result.stdout and "--parallel 8" in result.stdout
