@@ -54,3 +54,10 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
     if fail_on_log and fail_on_log in journal():
         raise OperationError(f"{unit}: its log says {fail_on_log!r}; last journal lines:\n{journal()}")
     return text
+
+
+def answered(state, host, unit: str, port: int, model: str, prompt: str, timeout: int, **options) -> None:
+    """:func:`gate` as a ``python.call`` after a (re)start: the host fails with the reason and the
+    journal, or notes the answer."""
+    text = gate(host, unit, port, model, prompt, timeout, **options)
+    host.noop(f"{unit} answered: {text!r}")

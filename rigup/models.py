@@ -38,6 +38,23 @@ MODEL: dict[str, Key] = {
     "wait": Key("bool", False, "block the converge until the model is complete"),
 }
 
+class ServingInstance(TypedDict):
+    """What every entry of a serving map (llama_server_instances, vllm_instances) has."""
+
+    model: str
+    port: int
+    host: str
+    extra_args: list[str]
+
+
+# The keys every serving instance has; a serving role's schema adds its own.
+SERVING_KEYS: dict[str, Key] = {
+    "model": Key("str", doc="a key of models"),
+    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
+    "host": Key("str", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
+    "extra_args": Key("list of str", [], "more arguments of the server, one per item"),
+}
+
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
@@ -105,3 +122,10 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None)
         if not found and model in valid:
             out[name] = entry
     return out, problems
+
+
+def serving(data: dict, read) -> tuple[dict, dict[str, ModelEntry]]:
+    """(instances, models) for a serving role's ``apply``: ``read(data)`` is its schema's
+    ``instances``; nothing to serve when any entry has a problem (preflight refused the host)."""
+    wanted, problems = read(data)
+    return ({} if problems else wanted), models(data)[0]

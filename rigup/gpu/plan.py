@@ -98,6 +98,15 @@ def vram_per_card_gib(plan: dict, data: dict) -> tuple[list[float], bool]:
     return per_card, bool(plan.get("needs_unlock")) and not unlock
 
 
+def vram_cards(plan: dict, data: dict) -> tuple[list[float], str]:
+    """VRAM per card in GiB for the serving roles' VRAM checks ([] when the host's GPUs are not
+    rigup's), and the hint to add to a refusal when locked cards are counted locked."""
+    if not gpu_host(plan, data):
+        return [], ""
+    per_card, locked = vram_per_card_gib(plan, data)
+    return per_card, ", or enable cmpunlocker (these cards are still locked)" if locked else ""
+
+
 def cards_gib_text(per_card: list[float]) -> str:
     """[80.0, 80.0] -> "2 x 80.0 GiB"; mixed sizes one by one."""
     if len(set(per_card)) == 1:

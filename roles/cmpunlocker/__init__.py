@@ -46,6 +46,8 @@ from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.checks import CHECKS
 from roles.cmpunlocker.steps import installer_args, next_step, source_id
 
+__all__ = ["apply", "CHECKS"]
+
 INSTALL_UNIT = "rigup-cmpunlocker-install"
 HOOK = "/etc/kernel/postinst.d/zz-rigup-cmpunlocker"
 CHANGED_BY_INSTALLER = ("/etc/default/grub", "/etc/modprobe.d")

@@ -32,6 +32,8 @@ from roles.cuda_toolkit.checks import CHECKS
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
 
+__all__ = ["apply", "CHECKS"]
+
 
 def _home(data: dict) -> str:
     return f"/usr/local/cuda-{data['cuda_version']}" if data["cuda_source"] == "nvidia" else "/usr"

@@ -46,6 +46,8 @@ SAMPLES = "/run/rigup/gpu-guard-samples.json"
 SERVICE, TIMER = "rigup-gpu-guard.service", "rigup-gpu-guard.timer"
 SERVING_UNITS = ["rigup-llama@*", "rigup-vllm@*"]
 
+__all__ = ["apply", "CHECKS"]
+
 
 @lru_cache(maxsize=None)
 def class_thresholds() -> dict:

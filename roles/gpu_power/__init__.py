@@ -39,6 +39,8 @@ from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
 from roles.gpu_power.policy import format_plan
 from roles.gpu_power.power import limits_applied, plan_for
 
+__all__ = ["apply", "CHECKS", "show_plan"]
+
 UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
 
 

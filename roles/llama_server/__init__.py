@@ -25,18 +25,18 @@ roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 from __future__ import annotations
 
 import hashlib
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
-from pyinfra.operations import files, python
+from pyinfra.operations import python
 
 from rigup.config import role_defaults
 from rigup.files import managed
-from rigup.gate import gate
+from rigup.gate import answered
 from rigup.gpu.plan import build_backend
-from rigup.models import first_gguf, models
+from rigup.models import first_gguf, serving
 from rigup.names import guard_file, marker_path
+from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, ports
 from roles.llama_server.command import KEY, dropin_text, render
@@ -77,33 +77,16 @@ def instance(instance_name: str, inst: dict, marker: str, binary: str, build_lin
             f"python3 -c 'import secrets; print(secrets.token_hex(32), end=\"\")' > {key}.new && "
             f"chown root:{user} {key}.new && chmod 0640 {key}.new && mv {key}.new {key}")
         changed = True
-    if changed:
-        yield from files.put._inner(src=StringIO(text), dest=DROPIN.format(name), mode="644")
-        yield "systemctl daemon-reload"
-        yield f"systemctl enable {unit} && systemctl restart {unit}"
-    elif state.get("active") != "active" or state.get("enabled") != "enabled":
-        yield f"systemctl enable {unit} && systemctl start {unit}"
-    else:
-        host.noop(f"{name} runs with its current drop-in and key")
-
-
-def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str, gpu: bool) -> None:
-    """/health 200 and one real completion; on a GPU build, no "no usable GPU found" in the log
-    (llama-server would otherwise serve from the CPU without saying so)."""
-    auth = (f"-H @<(printf 'Authorization: Bearer %s' \"$(cat {KEY.format(name)})\")"
-            if inst["api_key"] else "")
-    text = gate(host, f"rigup-llama@{name}.service", inst["port"], name, prompt, timeout, auth=auth,
-                fail_on_log="no usable GPU found" if gpu else None)
-    host.noop(f"{name} answered: {text!r}")
+    yield from unit_running(unit, DROPIN.format(name), text, state, changed,
+                            f"{name} runs with its current drop-in and key")
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
 def apply(plan: dict):
     data = host.data.dict()
-    wanted, problems = instances(data)
-    if problems or not wanted:
-        return  # preflight refused the problems; nothing to serve is nothing to do
-    entries = models(data)[0]
+    wanted, entries = serving(data, instances)
+    if not wanted:
+        return
     user = data["rigup_user"]
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
                         start_timeout=max(600, data["llama_server_health_timeout"]))
@@ -116,6 +99,9 @@ def apply(plan: dict):
                            instance_name=name, inst=inst, marker=marker_path(entries[inst["model"]]["dest"]),
                            binary=binary, build_link=f"{data['llama_cpp_dir']}/current", unit_sha=unit_sha,
                            user=user)
-        python.call(_gate, name, inst, data["llama_server_health_timeout"],
-                    data["llama_server_health_prompt"], gpu,
+        auth = (f"-H @<(printf 'Authorization: Bearer %s' \"$(cat {KEY.format(name)})\")"  # read on the host
+                if inst["api_key"] else "")
+        python.call(answered, unit=f"rigup-llama@{name}.service", port=inst["port"], model=name,
+                    prompt=data["llama_server_health_prompt"], timeout=data["llama_server_health_timeout"],
+                    auth=auth, fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                     name=f"llama-server {name} answers", _if=started.did_change)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_per_card_gib
+from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
 from rigup.names import LOOPBACK
 from rigup.refusal import Port, Refusal, config_refusals, needs_systemd
@@ -50,10 +50,7 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
 def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An instance's weights (size_gib) plus its KV cache (ctx x the family's estimate) plus 1 GiB
     per card larger than the VRAM of the host's cards (all layers on the GPUs)."""
-    if not gpu_host(plan, data):
-        return []
-    per_card, locked = vram_per_card_gib(plan, data)
-    unlock_hint = ", or enable cmpunlocker (these cards are still locked)" if locked else ""
+    per_card, unlock_hint = vram_cards(plan, data)
     entries = models(data)[0]
     found = []
     for name, inst in _instances(plan, data).items():

@@ -7,18 +7,15 @@ Adding a llama-server flag: a key here, its argument in command.py (``argv``), a
 from __future__ import annotations
 
 import re
-from typing import TypedDict
 
 from rigup.entries import Key
+from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
 
 
-class LlamaInstance(TypedDict):
+class LlamaInstance(ServingInstance):
     """One entry of ``llama_server_instances``, normalised (every key present)."""
 
-    model: str
-    port: int
-    host: str
     ctx: int
     parallel: int
     ngl: int
@@ -28,13 +25,10 @@ class LlamaInstance(TypedDict):
     jinja: bool
     metrics: bool
     api_key: bool
-    extra_args: list[str]
 
 
 LLAMA_INSTANCE: dict[str, Key] = {
-    "model": Key("str", doc="a key of models"),
-    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
-    "host": Key("str", "127.0.0.1", "the address it binds (--host); beyond loopback it needs api_key"),
+    **SERVING_KEYS,
     "ctx": Key("int 1..", 8192, "-c: total tokens of context, shared by the slots"),
     "parallel": Key("int 1..", 1, "--parallel: slots, requests served at once"),
     "ngl": Key("int -1..", 99, "-ngl: layers on the GPUs (99 or -1: all)"),
@@ -44,7 +38,6 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
     "metrics": Key("bool", False, "--metrics: Prometheus metrics at /metrics"),
     "api_key": Key("bool", False, "check a random key made on the host (/etc/rigup/llama-server/NAME.key)"),
-    "extra_args": Key("list of str", [], "more llama-server arguments, one per item"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

@@ -63,9 +63,10 @@ from pyinfra.operations import files, python
 
 from rigup.config import role_defaults
 from rigup.files import managed
-from rigup.gate import gate
-from rigup.models import models
+from rigup.gate import answered
+from rigup.models import serving
 from rigup.names import guard_file, marker_path
+from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
 from roles.vllm.checks import CHECKS, ports
@@ -109,30 +110,16 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
         yield f"install -d -m 0750 -g {user} /etc/rigup/vllm"
         yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
                                     mode="640")
-    if cmd.sha(text) != state.get("dropin"):
-        yield from files.put._inner(src=StringIO(text), dest=cmd.DROPIN.format(name), mode="644")
-        yield "systemctl daemon-reload"
-        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
-    elif state.get("active") != "active" or state.get("enabled") != "enabled":
-        yield f"systemctl enable {unit} && systemctl start {unit}"
-    else:
-        host.noop(f"{name} runs with its current install, environment and drop-in")
-
-
-def _gate(state, host, name: str, inst: dict, timeout: int, prompt: str) -> None:
-    """/health 200 (connection refused while vLLM loads), then one real chat completion."""
-    text = gate(host, f"rigup-vllm@{name}.service", inst["port"], inst.get("served_model_name") or name,
-                prompt, timeout, poll=2)
-    host.noop(f"{name} answered: {text!r}")
+    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),
+                            f"{name} runs with its current install, environment and drop-in")
 
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
 def apply(plan: dict):
     data = host.data.dict()
-    wanted, problems = instances(data)
-    if problems or not wanted:
-        return  # preflight refused the problems; nothing to serve is nothing to do
-    entries = models(data)[0]
+    wanted, entries = serving(data, instances)
+    if not wanted:
+        return
     the_pin = cmd.pin(data)               # preflight refused a bad pin or patch series (checks.py)
     series = cmd.patches(data)
     envs = {name: cmd.env_text(name, cmd.env_vars(name, {**inst, "_name": name}, data, plan))
@@ -167,5 +154,7 @@ def apply(plan: dict):
         started = instance(name=f"vllm {name} on {inst['host']}:{inst['port']}", instance_name=name, inst=inst,
                            marker_path=marker, pin_dir=pin_dir, venv=f"{pin_dir}/venv", env=envs[name],
                            unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user)
-        python.call(_gate, name, inst, data["vllm_health_timeout"], data["vllm_health_prompt"],
+        python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"],
+                    model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
+                    timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
                     name=f"vllm {name} answers", _if=started.did_change)

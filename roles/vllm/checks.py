@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rigup.config import ConfigError
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_per_card_gib
+from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
 from rigup.models import models
 from rigup.refusal import Port, Refusal, config_refusals, needs_systemd
 from roles.vllm import command
@@ -53,10 +53,7 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """Weights (size_gib) at least gpu_memory_utilization x the VRAM of the tp x pp cards."""
-    if not gpu_host(plan, data):
-        return []
-    per_card, locked = vram_per_card_gib(plan, data)
-    unlock_hint = ", or enable cmpunlocker (these cards are still locked)" if locked else ""
+    per_card, unlock_hint = vram_cards(plan, data)
     entries = models(data)[0]
     found = []
     for name, inst in _instances(plan, data).items():

@@ -5,19 +5,17 @@ meaning, and the rules its values follow (pipeline partition, GPU list, environm
 from __future__ import annotations
 
 import re
-from typing import Any, TypedDict
+from typing import Any
 
 from rigup.entries import Key
 from rigup.gpu.catalogue import family_of
+from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
 
 
-class VllmInstance(TypedDict):
+class VllmInstance(ServingInstance):
     """One entry of ``vllm_instances``, normalised (every key present)."""
 
-    model: str
-    port: int
-    host: str
     tp: int
     pp: int
     pp_partition: str | None
@@ -26,13 +24,10 @@ class VllmInstance(TypedDict):
     layers: int | None
     gpus: str | None
     env: dict[str, Any]
-    extra_args: list[str]
 
 
 VLLM_INSTANCE: dict[str, Key] = {
-    "model": Key("str", doc="a key of models"),
-    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
-    "host": Key("str", "127.0.0.1", "the address it binds (--host; vLLM binds every interface without it)"),
+    **SERVING_KEYS,
     "tp": Key("int 1..", 1, "--tensor-parallel-size"),
     "pp": Key("int 1..", 1, "--pipeline-parallel-size"),
     "pp_partition": Key("str or null", None, "VLLM_PP_LAYER_PARTITION: layers per stage, e.g. '13,11,11,10'"),
@@ -41,7 +36,6 @@ VLLM_INSTANCE: dict[str, Key] = {
     "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
     "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
     "env": Key("map", {}, "more environment for this instance"),
-    "extra_args": Key("list of str", [], "more vllm serve arguments, one per item"),
 }
 
 _INTS = re.compile(r"\d+(,\d+)*")

@@ -3,7 +3,7 @@
 import pytest
 
 from roles.llama_server.schema import instances
-from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV, GLM
+from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV
 
 
 def test_8_model_plus_kv_cache_beyond_vram_gives_the_figures():

@@ -14,7 +14,6 @@ import time
 import pytest
 
 from roles.model_fetch import fetcher
-from rigup.models import first_gguf
 from roles.model_fetch.facts import parse_probe, unit_name
 from roles.model_fetch.plan import human, plan_model, progress_line
 
@@ -28,13 +27,6 @@ ENTRY = {"repo": "org/m", "revision": REV, "include": [], "dest": "/srv/models/m
 def plan(state, **entry):
     return plan_model("m", {**ENTRY, **entry}, state, endpoint="http://hub", source="http://hub", peer=None,
                       workers=4, peer_wait=60)
-
-
-def test_first_gguf():
-    assert first_gguf(["a/x-00002-of-00003.gguf", "a/x-00001-of-00003.gguf", "config.json"]) == "a/x-00001-of-00003.gguf"
-    assert first_gguf(["model-Q4_K_M.gguf", "mmproj-model-f16.gguf"]) == "model-Q4_K_M.gguf"
-    assert first_gguf(["config.json", "model.safetensors"]) is None
-    assert first_gguf([]) is None
 
 
 def test_shard_sets_and_include():

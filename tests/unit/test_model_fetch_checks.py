@@ -1,7 +1,7 @@
 """roles/model_fetch/checks.py and rigup/models.py: model entries and free disk (no hosts)."""
 
 from rigup.models import models
-from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV, GLM
+from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV
 
 
 def test_7_not_enough_disk_gives_both_sizes():

@@ -1,8 +1,7 @@
 """rigup/models.py and the model families of rigup/gpu/models.yml (no hosts)."""
 
-from rigup.gpu.catalogue import family_of
-from rigup.gpu.catalogue import model_families
-from tests.unit.hosts import GLM
+from rigup.gpu.catalogue import family_of, model_families
+from rigup.models import first_gguf
 
 
 def test_model_families_catalogue():
@@ -15,3 +14,10 @@ def test_model_families_catalogue():
     assert family_of({"repo": "unsloth/GLM-5.3-Flash-GGUF"})["key"] == "glm-5.3-flash"
     assert family_of({"repo": "x/y", "family": "qwen3.8-flash-next"})["key"] == "qwen3.8-flash-next"
     assert family_of({"repo": "x/y"}) is None
+
+
+def test_first_gguf():
+    assert first_gguf(["a/x-00002-of-00003.gguf", "a/x-00001-of-00003.gguf", "config.json"]) == "a/x-00001-of-00003.gguf"
+    assert first_gguf(["model-Q4_K_M.gguf", "mmproj-model-f16.gguf"]) == "model-Q4_K_M.gguf"
+    assert first_gguf(["config.json", "model.safetensors"]) is None
+    assert first_gguf([]) is None

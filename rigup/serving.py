@@ -1,0 +1,25 @@
+"""The systemd side of a serving instance (roles/llama_server, roles/vllm): its drop-in
+installed and its unit restarted when the drop-in changed, started when it is down, and nothing
+when it runs as it should."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.operations import files
+
+
+def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str):
+    """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
+    ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
+    reloads systemd and restarts the unit; a unit not active or not enabled is started; else
+    ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``)."""
+    if changed:
+        yield from files.put._inner(src=StringIO(text), dest=dropin, mode="644")
+        yield "systemctl daemon-reload"
+        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
+    elif state.get("active") != "active" or state.get("enabled") != "enabled":
+        yield f"systemctl enable {unit} && systemctl start {unit}"
+    else:
+        host.noop(noop)
