@@ -133,3 +133,31 @@ def test_a_model_file_gone_from_disk_shows_in_the_journal(lab, host):
 def test_a_reboot_brings_the_endpoint_back(lab, host):
     lab.reboot(host)
     wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200", 120)
+
+
+def test_a_tripped_guard_keeps_serving_down_under_another_state_dir(lab, second_converge):
+    """The guard writes ``{rigup_state_dir}/gpu-guard.tripped`` and the serving unit's condition
+    names the same file (rigup.names.guard_file): with a custom rigup_state_dir a trip stops the
+    instance, which stays down through a reboot until the guard is cleared."""
+    host = lab.hosts()[-1]["name"]
+    tripped = "/var/lib/rigup-alt/gpu-guard.tripped"
+    fast = ["rigup_state_dir=/var/lib/rigup-alt", "gpu_guard_interval_s=2", "gpu_guard_window_s=6",
+            'gpu_guard_thresholds={"a100": {"draw_w": 250}}']
+    converge_one(host, *fast)
+    assert f"ConditionPathExists=!{tripped}" in on_host(lab, host, "systemctl cat rigup-llama@.service")
+    assert on_host(lab, host, f"systemctl is-active {UNIT}").strip() == "active"
+    on_host(lab, host, "rigup-gpu-sim set -i 1 --draw 330")
+    start = time.monotonic()
+    while lab.ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active":
+        assert time.monotonic() - start < 60, "the guard did not stop the serving unit within 60 s"
+        time.sleep(1)
+    print(f"guard tripped and stopped {UNIT} {time.monotonic() - start:.1f} s after the draw rose")
+    assert "average draw" in on_host(lab, host, f"cat {tripped}")
+    lab.reboot(host)
+    lab.ssh(host, f"systemctl start {UNIT}")       # the condition keeps it down, even asked
+    state = lab.ssh(host, f"systemctl is-active {UNIT}").stdout.strip()
+    print(f"after a reboot with the guard tripped at {tripped}: {UNIT} is {state}")
+    assert state != "active"
+    on_host(lab, host, "rigup-gpu-sim set -i 1 --draw 70 && /opt/rigup/bin/rigup-gpu-guard clear")
+    converge_one(host)                              # back to the lab's own settings
+    wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200", 120)
