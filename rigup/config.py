@@ -10,15 +10,19 @@ once, in its role's ``defaults.yml``, with a comment above it that ends in its f
     # Port llama-server listens on. [int 1..65535]
     llama_port: 8080
 
-Forms: ``bool``, ``int``, ``float``, ``str``, ``path`` (absolute), ``list``, ``map``, ``any``;
+Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
+digits, ``_.-``), ``address`` (an IP address or host name), ``path`` (an absolute, normal directory on a host that is not a system
+directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
 ``int A..B`` / ``float A..B`` (either end may be left out); ``one of a|b|c``; ``list of T``;
-and a trailing ``or null``. :func:`check_host` validates a host's merged data against them and
+and a trailing ``or null``. No value holds a control character (a newline, NUL ...): values end
+up in units, env files and command lines. :func:`check_host` validates a host's merged data against them and
 raises :class:`ConfigError` naming the file, the key and the expected form.
 """
 
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -63,15 +67,29 @@ class Form:
             "int": isinstance(value, int) and not isinstance(value, bool),
             "float": isinstance(value, (int, float)) and not isinstance(value, bool),
             "str": isinstance(value, str),
+            "name": isinstance(value, str),
+            "address": isinstance(value, str),
             "path": isinstance(value, str) and value.startswith("/"),
+            "file": isinstance(value, str) and value.startswith("/"),
             "list": isinstance(value, list),
             "map": isinstance(value, dict),
         }[self.kind]
         if not kind_ok:
             hint = ""
-            if self.kind in ("str", "path") and isinstance(value, (int, float)):
+            if self.kind in ("str", "name", "path", "file") and isinstance(value, (int, float)):
                 hint = ' (a number: quote it, e.g. --data \'key="12.8"\' on the command line)'
             return f"got {value!r} ({type(value).__name__}){hint}"
+        control = control_character(value)
+        if control:
+            return control
+        if self.kind == "name" and not NAME.fullmatch(value):
+            return f"got {value!r}: a name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        if self.kind == "address" and not ADDRESS.fullmatch(value):
+            return f"got {value!r}: an IP address or a host name"
+        if self.kind == "path":
+            why = path_problem(value)
+            if why:
+                return f"got {value!r}: {why}"
         if self.choices and value not in self.choices:
             return f"got {value!r}"
         if self.low is not None and value < self.low or self.high is not None and value > self.high:
@@ -84,8 +102,55 @@ class Form:
         return None
 
 
+# A name that becomes a unit, file or directory name (a model's key, an instance's name, a user).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
+ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
+_PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Directories a rigup path must never be (chown -R, rm, installs there would break the host), and
+# trees it must never be under.
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+                         "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+                         "/usr/bin", "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/var", "/var/cache",
+                         "/var/lib", "/var/log", "/var/tmp"})
+SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/", "/sbin/", "/sys/",
+                "/usr/bin/", "/usr/lib/", "/usr/sbin/")
+
+
+def control_character(value: Any, where: str = "") -> str | None:
+    """Why ``value`` (a string, or any string inside a list or map, keys too) cannot be written
+    into a unit, env file or command line: it holds a newline, a carriage return, NUL or another
+    control character."""
+    if isinstance(value, str):
+        found = _CONTROL.search(value)
+        return (f"{where}holds the control character {found.group()!r} (newlines, NUL and the like cannot "
+                "go into a unit, an env file or a command line)") if found else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        why = control_character(key, "a key ") if isinstance(key, str) else None
+        why = why or control_character(item, f"{where or ''}[{key!r}] ")
+        if why:
+            return why
+    return None
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` is no directory for rigup to own on a host, or None. Its characters are those
+    unit files and shells take as they are (letters, digits, ``_.+@:-`` and ``/``)."""
+    if not _PATH_CHARS.fullmatch(path):
+        return "a host path is letters, digits and _ . + @ : - between slashes (no spaces or shell characters)"
+    if any(part == ".." for part in path.split("/")):
+        return "it holds '..'"
+    if posixpath.normpath(path) != path:
+        return f"write it as {posixpath.normpath(path)!r}"
+    if path in SYSTEM_DIRS or path.startswith(SYSTEM_TREES):
+        return "a system directory (or one under /etc, /usr, /dev, /proc, /sys, /boot ...) cannot be rigup's"
+    return None
+
+
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
-_KINDS = ("bool", "int", "float", "str", "path", "list", "map", "any")
+_KINDS = ("bool", "int", "float", "str", "name", "address", "path", "file", "list", "map", "any")
 
 
 def parse_form(text: str) -> Form:

@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from rigup.config import parse_form
+from rigup.config import NAME, parse_form
 
 REQUIRED = object()
 
@@ -27,9 +27,14 @@ class Key:
     doc: str = ""
 
 
-def normalise(entry: Any, schema: dict[str, Key], where: str) -> tuple[dict, list[tuple[str, str]]]:
+def normalise(entry: Any, schema: dict[str, Key], where: str, named: bool = False) -> tuple[dict, list[tuple[str, str]]]:
     """``entry`` with every default filled in, and (key path, problem) for each key that is
-    unknown, missing or not of its form."""
+    unknown, missing or not of its form; ``named``: the entry's own key (the last part of
+    ``where``) becomes a unit, file or directory name and must be a name (rigup.config.NAME)."""
+    name = where.rsplit(".", 1)[-1]
+    if named and not NAME.fullmatch(name):
+        return {}, [(where, f"{name!r} is not a name: 1-64 letters, digits, '_', '.' or '-', starting with a "
+                           "letter or digit (it becomes a unit, file or directory name)")]
     if not isinstance(entry, dict):
         return {}, [(where, f"expected a map of {', '.join(schema)}, got {entry!r}")]
     out: dict[str, Any] = {}

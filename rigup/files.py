@@ -60,7 +60,7 @@ def managed(dest: str, text: str, paths: list[str], mode: str = "644", user: str
         if _owner_mode(state, user, group, mode):
             host.noop(f"{dest} is as it should be")
             return
-        yield f"chown {user}:{group} {shlex.quote(dest)} && chmod {mode} {shlex.quote(dest)}"
+        yield f"chown {shlex.quote(f'{user}:{group}')} {shlex.quote(dest)} && chmod {shlex.quote(str(mode))} {shlex.quote(dest)}"
         return
     yield from files.put._inner(src=StringIO(text), dest=dest, mode=mode, user=user, group=group)
 
@@ -75,5 +75,6 @@ def directory(path: str, paths: list[str], mode: str | None = "755", user: str |
         host.noop(f"{path} is as it should be")
         return
     q = shlex.quote(path)
-    yield " && ".join([f"mkdir -p {q}"] + ([f"chown {user or ''}:{group or ''} {q}"] if user or group else [])
-                      + ([f"chmod {mode} {q}"] if mode else []))
+    owner = shlex.quote(f"{user or ''}:{group or ''}")
+    yield " && ".join([f"mkdir -p {q}"] + ([f"chown {owner} {q}"] if user or group else [])
+                      + ([f"chmod {shlex.quote(str(mode))} {q}"] if mode else []))

@@ -51,7 +51,7 @@ class ServingInstance(TypedDict):
 SERVING_KEYS: dict[str, Key] = {
     "model": Key("str", doc="a key of models"),
     "port": Key("int 1..65535", doc="the port it listens on (--port)"),
-    "host": Key("str", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
+    "host": Key("address", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
     "extra_args": Key("list of str", [], "more arguments of the server, one per item"),
 }
 
@@ -68,7 +68,7 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     problems: list[tuple[str, str]] = []
     for name, raw in (data.get("models") or {}).items():
         where = f"models.{name}"
-        entry, found = normalise(raw, MODEL, where)
+        entry, found = normalise(raw, MODEL, where, named=True)
         if "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
             found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
                                                "(a branch or tag moves; pin the commit)"))
@@ -112,7 +112,7 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None)
     problems: list[tuple[str, str]] = []
     for name, raw in (data.get(var) or {}).items():
         where = f"{var}.{name}"
-        entry, found = normalise(raw, schema, where)
+        entry, found = normalise(raw, schema, where, named=True)
         model = entry.get("model")
         if model is not None and model not in declared:
             found.append((f"{where}.model", unknown_reference(model, declared, "models")))

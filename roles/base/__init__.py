@@ -4,7 +4,7 @@ What it does to a host:
 - an apt drop-in that waits for the dpkg lock (unattended-upgrades) and retries downloads;
 - the packages in ``base_packages`` and ``base_extra_packages``;
 - the ``rigup_user`` system user (no login shell, home in ``rigup_state_dir``);
-- ``rigup_prefix`` (software, root-owned) and ``rigup_state_dir`` (state, owned by the user);
+- ``rigup_prefix`` (software, root-owned) and ``rigup_state_dir`` (root-written state, root:user 0750);
 - a persistent journal when ``base_persistent_journal`` is true (journald restarted only when
   its drop-in changed), on hosts that run systemd (``plan["systemd"]``, from preflight, or read
   here when called without a plan): a rental container without it gets none.
@@ -13,8 +13,10 @@ Variables (roles/base/defaults.yml): base_packages, base_extra_packages, rigup_u
 rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_cache_seconds.
 """
 
+import shlex
+
 from pyinfra import host
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import systemd
 
 from rigup import apt, files
@@ -28,7 +30,7 @@ class PasswdEntry(FactBase):
     """``{"home", "shell"}`` of user ``user`` (``getent passwd``), or None."""
 
     def command(self, user: str) -> str:
-        return f"getent passwd {user} || true"
+        return f"getent passwd {shlex.quote(user)} || true"
 
     def process(self, output: list[str]) -> dict | None:
         cols = output[0].split(":") if output and output[0] else []
@@ -42,9 +44,10 @@ def system_user(user_name: str, home: str, shell: str = "/usr/sbin/nologin"):
     if entry == {"home": home, "shell": shell}:
         host.noop(f"user {user_name} exists")
     elif entry is None:
-        yield f"useradd --system --user-group --no-create-home --home-dir {home} --shell {shell} {user_name}"
+        yield StringCommand("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", QuoteString(home),
+                            "--shell", QuoteString(shell), QuoteString(user_name))
     else:
-        yield f"usermod --home {home} --shell {shell} {user_name}"
+        yield StringCommand("usermod", "--home", QuoteString(home), "--shell", QuoteString(shell), QuoteString(user_name))
 
 
 @deploy("base", data_defaults=role_defaults("base"))
@@ -64,8 +67,10 @@ def apply(plan: dict | None = None):
     )
     system_user(name=f"System user {d.rigup_user}", user_name=d.rigup_user, home=d.rigup_state_dir)
     files.directory(name=f"Directory {d.rigup_prefix}", path=d.rigup_prefix, paths=paths)
+    # root's: root-written state (the guard's tripped file, cmpunlocker's stamp) lives here, and the
+    # service user may read it but not remove or replace it; services keep their own StateDirectory
     files.directory(name=f"Directory {d.rigup_state_dir}", path=d.rigup_state_dir, paths=paths,
-                    user=d.rigup_user, group=d.rigup_user, mode="750")
+                    user="root", group=d.rigup_user, mode="750")
     if not with_systemd:
         return
     journald = files.managed(name="journald: keep the journal across reboots", dest=journald_conf, paths=paths,

@@ -63,8 +63,9 @@ def src_dir(data: dict) -> str:
 
 
 def _write_stamp(path: str, stamp: dict) -> str:
-    text = shlex.quote(json.dumps(stamp, sort_keys=True))
-    return f"mkdir -p $(dirname {path}) && printf '%s\\n' {text} > {path}.tmp && mv {path}.tmp {path}"
+    q = shlex.quote
+    text, tmp = q(json.dumps(stamp, sort_keys=True)), q(path + ".tmp")
+    return f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf '%s\\n' {text} > {tmp} && mv {tmp} {q(path)}"
 
 
 def rollback_commands(data: dict) -> str:

@@ -23,6 +23,7 @@ rigup_prefix and rigup_state_dir (roles/base).
 from __future__ import annotations
 
 import json
+import shlex
 from functools import lru_cache
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def cleared(tripped_file: str, script: str):
     if not host.get_fact(File, path=tripped_file):
         host.noop("the guard is not tripped")
         return
-    yield f"{script} clear"
+    yield f"{shlex.quote(script)} clear"
 
 
 @deploy("gpu_guard", data_defaults=role_defaults("gpu_guard"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -49,4 +50,4 @@ def limits_applied(data: dict, script: str):
         yield (f"systemctl restart {UNIT} || {{ echo 'rigup-gpu-power failed:'; "
                f"journalctl -u {UNIT} -n 20 --no-pager -o cat; exit 1; }}")
     else:
-        yield f"{script} {CONF} {APPLIED}"
+        yield f"{shlex.quote(script)} {CONF} {APPLIED}"

@@ -1,5 +1,6 @@
 """Operations that build llama.cpp on a host and switch which build serves."""
 
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -19,17 +20,18 @@ def built(dir: str, build_id: str, script: str):
     if build_id in state["builds"]:
         host.noop(f"llama.cpp {build_id} is built")
         return
+    q = shlex.quote
     path = f"{dir}/build-{build_id}.sh"
     yield from files.put._inner(src=StringIO(script), dest=path, mode="755")
-    log = f"{dir}/builds/{build_id}.log"
-    on_failure = f"{{ echo 'llama.cpp build {build_id} failed; last lines of {log}:'; tail -n 30 {log}; exit 1; }}"
+    log = q(f"{dir}/builds/{build_id}.log")
+    on_failure = f"{{ echo {q(f'llama.cpp build {build_id} failed; last lines of its log:')}; tail -n 30 {log}; exit 1; }}"
     if state["systemd"]:
         yield (f"while systemctl is-active -q {BUILD_UNIT}; do sleep 5; done; "
-               f"[ -e {dir}/builds/{build_id}/rigup-build.json ] || "
+               f"[ -e {q(f'{dir}/builds/{build_id}/rigup-build.json')} ] || "
                f"systemd-run --unit={BUILD_UNIT} --collect --wait --quiet "
-               f"--property=Nice=10 {path} || {on_failure}")
+               f"--property=Nice=10 {q(path)} || {on_failure}")
     else:
-        yield f"{path} || {on_failure}"
+        yield f"{q(path)} || {on_failure}"
 
 
 @operation()
@@ -46,6 +48,7 @@ def switched(dir: str, target: str):
     if state["current"] == target:
         host.noop(f"current is {target}")
         return
+    q = shlex.quote
     if state["current"] and not rollback:
-        yield f"ln -sfn {state['current']} {dir}/previous"
-    yield f"ln -sfn {target} {dir}/current.new && mv -T {dir}/current.new {dir}/current"
+        yield f"ln -sfn {q(state['current'])} {q(dir + '/previous')}"
+    yield f"ln -sfn {q(target)} {q(dir + '/current.new')} && mv -T {q(dir + '/current.new')} {q(dir + '/current')}"

@@ -1,6 +1,7 @@
 """What is built on a host, read in one round trip."""
 
 import json
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -35,9 +36,9 @@ class LlamaCppState(FactBase):
 
     def command(self, dir: str) -> str:
         return (
-            f"d={dir}; echo current=$(readlink $d/current 2>/dev/null); "
-            "echo previous=$(readlink $d/previous 2>/dev/null); "
-            "for f in $d/builds/*/rigup-build.json; do [ -e $f ] && echo build=$(cat $f); done; "
+            f"d={shlex.quote(dir)}; echo current=$(readlink \"$d/current\" 2>/dev/null); "
+            'echo previous=$(readlink "$d/previous" 2>/dev/null); '
+            'for f in "$d"/builds/*/rigup-build.json; do [ -e "$f" ] && echo build=$(cat "$f"); done; '
             f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
             "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0"
         )

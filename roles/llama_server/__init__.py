@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host
-from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import python
 
 from rigup.config import role_defaults
@@ -36,6 +36,7 @@ from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.names import guard_file, marker_path
+from rigup.secrets import bearer, new_key
 from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, ports
@@ -71,11 +72,7 @@ def instance(instance_name: str, inst: dict, marker: str, binary: str, build_lin
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     unit = f"rigup-llama@{name}.service"
     if inst["api_key"] and not state.get("key"):
-        key = KEY.format(name)
-        yield StringCommand(  # made on the host: the key never passes through pyinfra or an argv
-            f"install -d -m 0750 -g {user} /etc/rigup/llama-server && umask 027 && "
-            f"python3 -c 'import secrets; print(secrets.token_hex(32), end=\"\")' > {key}.new && "
-            f"chown root:{user} {key}.new && chmod 0640 {key}.new && mv {key}.new {key}")
+        yield new_key(KEY.format(name), user)
         changed = True
     yield from unit_running(unit, DROPIN.format(name), text, state, changed,
                             f"{name} runs with its current drop-in and key")
@@ -99,8 +96,7 @@ def apply(plan: dict):
                            instance_name=name, inst=inst, marker=marker_path(entries[inst["model"]]["dest"]),
                            binary=binary, build_link=f"{data['llama_cpp_dir']}/current", unit_sha=unit_sha,
                            user=user)
-        auth = (f"-H @<(printf 'Authorization: Bearer %s' \"$(cat {KEY.format(name)})\")"  # read on the host
-                if inst["api_key"] else "")
+        auth = bearer(KEY.format(name)) if inst["api_key"] else ""
         python.call(answered, unit=f"rigup-llama@{name}.service", port=inst["port"], model=name,
                     prompt=data["llama_server_health_prompt"], timeout=data["llama_server_health_timeout"],
                     auth=auth, fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU

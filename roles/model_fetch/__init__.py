@@ -59,6 +59,10 @@ from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
 __all__ = ["apply", "status", "specs", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
+# Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
+# it only when that pid is a rigup-fetch job, never whatever process the file names.
+KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
+            'case "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null)" in *rigup-fetch*" fetch "*) kill "$pid";; esac')
 _refused: dict[str, int] = {}
 
 
@@ -176,9 +180,10 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
     q = shlex.quote
     if plan.action == "restart":  # the plan changed under a running job: stop it, start the new one
         lock = q(dest + "/.rigup-fetch/lock")  # the job writes its pid there
-        yield (f"systemctl stop {unit} 2>/dev/null; flock -n {lock} true || kill $(cat {lock}) 2>/dev/null; "
+        yield (f"systemctl stop {unit} 2>/dev/null; flock -n {lock} true || {KILL_JOB.format(lock=lock)}; "
                f"while [ -e {lock} ] && ! flock -n {lock} true; do sleep 1; done; true")
-    yield (f"mkdir -p {q(dest + '/.rigup-fetch')} && chown -R {q(user)}: {q(dest)}" if systemd
+    # the job's own directories only: never chown -R what was there before
+    yield (f"install -d -o {q(user)} -g {q(user)} {q(dest)} {q(dest + '/.rigup-fetch')}" if systemd
            else f"mkdir -p {q(dest + '/.rigup-fetch')}")
     job = json.dumps(plan.job, indent=1, sort_keys=True) + "\n"
     yield from files.put._inner(src=StringIO(job), dest=f"{dest}/.rigup-fetch/job.json", mode="644")

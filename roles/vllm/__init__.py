@@ -107,7 +107,7 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
                            marker.get("revision"), wait)
     unit = f"rigup-vllm@{name}.service"
     if cmd.sha(env) != state.get("env"):
-        yield f"install -d -m 0750 -g {user} /etc/rigup/vllm"
+        yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
         yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
                                     mode="640")
     yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),

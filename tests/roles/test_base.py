@@ -14,7 +14,7 @@ def test_packages_user_and_directories(lab, second_converge):
         on_host(lab, name, "dpkg -s jq git tmux python3-venv >/dev/null")
         assert on_host(lab, name, "getent passwd rigup").strip().endswith(":/usr/sbin/nologin")
         assert on_host(lab, name, "stat -c '%U %a' /opt/rigup").split() == ["root", "755"]
-        assert on_host(lab, name, "stat -c '%U %a' /var/lib/rigup").split() == ["rigup", "750"]
+        assert on_host(lab, name, "stat -c '%U %G %a' /var/lib/rigup").split() == ["root", "rigup", "750"]
         assert "DPkg::Lock::Timeout" in on_host(lab, name, "cat /etc/apt/apt.conf.d/80rigup")
 
 
