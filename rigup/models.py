@@ -44,6 +44,7 @@ class ServingInstance(TypedDict):
     model: str
     port: int
     host: str
+    api_key: bool
     extra_args: list[str]
 
 
@@ -52,6 +53,7 @@ SERVING_KEYS: dict[str, Key] = {
     "model": Key("str", doc="a key of models"),
     "port": Key("int 1..65535", doc="the port it listens on (--port)"),
     "host": Key("address", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
+    "api_key": Key("bool", False, "check a random key made on the host (read by the health gate there)"),
     "extra_args": Key("list of str", [], "more arguments of the server, one per item"),
 }
 

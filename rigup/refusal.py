@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from rigup.names import LOOPBACK
+
 FIX_CONFIG = ("correct it where it is set (group_vars, inventory host data or --data); "
               "roles/*/defaults.yml and roles/*/schema.py document each key")
 
@@ -57,6 +59,29 @@ def needs_systemd(facts: dict, needs: list[str]) -> list[Refusal]:
                     "and systemd is not PID 1 here (a container?)",
                     "use a host booted with systemd, or unset them for this host (model downloads and the "
                     "llama.cpp build work without systemd)", "systemd")]
+
+
+def serving_exposure(var: str, instances: dict) -> list[Refusal]:
+    """Refusals for serving instances (``var``: llama_server_instances, vllm_instances) bound
+    beyond loopback without an API key (``host``, or ``--host`` in extra_args: the servers check
+    no key by default, and anyone on the network could use the GPUs), or given a key on their
+    command line (it would land in argv and in the world-readable drop-in)."""
+    found = []
+    for name, inst in instances.items():
+        args = inst["extra_args"]
+        hosts = [inst["host"]] + [a.split("=", 1)[1] for a in args if a.startswith("--host=")]
+        hosts += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--host"]
+        where = f"{var}.{name}"
+        if not inst["api_key"] and any(h not in LOOPBACK for h in hosts):
+            found.append(Refusal(f"{where} listens on {', '.join(h for h in hosts if h not in LOOPBACK)} "
+                                 "without an API key", "a non-loopback address serves anyone who can reach it",
+                                 f"set {where}.api_key: true, or host: 127.0.0.1", "open_without_key"))
+        if any(a.split("=", 1)[0] in ("--api-key", "--api-key-file") for a in args):
+            found.append(Refusal(f"{where}.extra_args gives an API key", "a key on the command line is in every "
+                                 "process listing and in the unit's drop-in, which any user can read",
+                                 f"drop it from extra_args and set {where}.api_key: true (a key made on the host)",
+                                 "open_without_key"))
+    return found
 
 
 def gpus_text(indexes: list) -> str:

@@ -1,11 +1,17 @@
-"""API keys made on the host: a random key is written there by a root shell, never passing
-through pyinfra, an argv, a unit or a log; the health gate reads it there."""
+"""Secrets on a host: API keys made there by a root shell (never passing through pyinfra, an
+argv, a unit or a log; the health gate reads them there), and files from the controller sent on
+stdin (never through a temporary file)."""
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 
-from pyinfra.api import StringCommand
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from rigup.files import FileStates
+from rigup.state import read_once
 
 
 def new_key(path: str, group: str, prefix: str = "") -> StringCommand:
@@ -24,3 +30,26 @@ def bearer(path: str, prefix: str = "") -> str:
     token, read on the host: the key is never in an argv."""
     read = f"sed -n {shlex.quote(f's/^{prefix}//p')} {shlex.quote(path)}" if prefix else f"cat {shlex.quote(path)}"
     return f"-H @<(printf 'Authorization: Bearer %s' \"$({read})\")"
+
+
+@operation()
+def secret_file(dest: str, content: str, paths: list[str], group: str = "root", mode: str | None = None):
+    """``dest`` holds ``content`` (root:``group``; 0600, 0640 with a group, or ``mode``), sent on
+    the command's stdin: never through a temporary file (pyinfra's upload with sudo goes through a
+    world-readable one), an argv, ``--diff`` or a log. ``paths``: the role's paths, read together
+    (rigup.files.FileStates)."""
+    mode = mode or ("600" if group == "root" else "640")
+    state = read_once(FileStates, paths=paths)[dest]
+    if (state and state["kind"] == "f" and state["sha256"] == hashlib.sha256(content.encode()).hexdigest()
+            and (state["user"], state["group"], state["mode"]) == ("root", group, mode)):
+        host.noop(f"{dest} is as it should be")
+        return
+    yield written(dest, content, mode, group)
+
+
+def written(dest: str, content: str, mode: str = "600", group: str = "root") -> StringCommand:
+    """A command that writes ``content``, sent on its stdin, to ``dest`` (root:``group``, ``mode``)."""
+    q = shlex.quote
+    tmp = q(dest + ".new")
+    return StringCommand(f"umask 077 && cat > {tmp} && chown root:{q(group)} {tmp} && chmod {q(mode)} {tmp} && "
+                         f"mv {tmp} {q(dest)}", _stdin=content)

@@ -17,13 +17,14 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, extra: str = "") -> str:
+def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
-    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``extra``."""
+    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=1``
+    when the API key file ``key`` is there (never its content)."""
     q = shlex.quote
-    lines = [f'echo "@@ {name}"']
-    lines += [f"echo {key}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for key, path in files.items()]
-    lines += [extra] if extra else []
+    lines = [f"echo {q('@@ ' + name)}"]
+    lines += [f"echo {k}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for k, path in files.items()]
+    lines += [f"test -s {q(key)} && echo key=1 || echo key="] if key else []
     lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
               f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
               f"echo marker=$(cat {q(marker)} 2>/dev/null | tr -d '\\n')"]

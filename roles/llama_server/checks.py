@@ -15,8 +15,7 @@ import re
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
-from rigup.names import LOOPBACK
-from rigup.refusal import Port, Refusal, config_refusals, needs_systemd
+from rigup.refusal import Port, Refusal, config_refusals, needs_systemd, serving_exposure
 from roles.llama_server.schema import instances
 
 OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)
@@ -38,13 +37,7 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """llama-server checks no key by default: bound beyond loopback, anyone on the network could
-    use the GPUs."""
-    return [Refusal(f"llama_server_instances.{name}.host is {inst['host']} without an API key",
-                    "a non-loopback address serves anyone who can reach it",
-                    f"set llama_server_instances.{name}.api_key: true, or host: 127.0.0.1", "open_without_key")
-            for name, inst in _instances(plan, data).items()
-            if inst["host"] not in LOOPBACK and not inst["api_key"]]
+    return serving_exposure("llama_server_instances", _instances(plan, data))
 
 
 def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:

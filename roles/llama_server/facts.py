@@ -23,10 +23,9 @@ class LlamaServerState(FactBase):
     default = dict
 
     def command(self, instances: dict, build_link: str) -> str:
-        key = "test -s {} && echo key=1 || echo key="
         return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + "; ".join(
             instance_probe(name, f"rigup-llama@{name}.service", {"dropin": DROPIN.format(name)}, marker,
-                           extra=key.format(shlex.quote(KEY.format(name))))
+                           key=KEY.format(name))
             for name, marker in sorted(instances.items())) or "true"
 
     def process(self, output: list[str]) -> dict:

@@ -24,7 +24,6 @@ class LlamaInstance(ServingInstance):
     tensor_split: str | None
     jinja: bool
     metrics: bool
-    api_key: bool
 
 
 LLAMA_INSTANCE: dict[str, Key] = {
@@ -37,7 +36,6 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
     "metrics": Key("bool", False, "--metrics: Prometheus metrics at /metrics"),
-    "api_key": Key("bool", False, "check a random key made on the host (/etc/rigup/llama-server/NAME.key)"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

@@ -41,6 +41,7 @@ import json
 import shlex
 import time
 from io import StringIO
+from pathlib import Path
 
 import click
 from pyinfra import host
@@ -51,6 +52,7 @@ from rigup import files as managed
 from rigup.config import role_defaults, source_of
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
+from rigup.secrets import secret_file
 from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
@@ -285,15 +287,15 @@ def apply(plan: dict | None = None):
         return
     bin_dir = f"{data['rigup_prefix']}/bin"
     etc = data["model_fetch_hf_token_src"] or share_for
-    paths = [bin_dir, f"{bin_dir}/rigup-fetch"] + (["/etc/rigup"] if etc else [])
+    paths = [bin_dir, f"{bin_dir}/rigup-fetch"] + (["/etc/rigup", TOKEN_PATH] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
     managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
                     text=SCRIPT.read_text())
     if etc:
         managed.directory(name="Directory /etc/rigup", path="/etc/rigup", paths=paths)
     if data["model_fetch_hf_token_src"]:
-        files.put(name=f"Hub token {TOKEN_PATH}", src=data["model_fetch_hf_token_src"], dest=TOKEN_PATH,
-                  user="root", group="root", mode="600")
+        secret_file(name=f"Hub token {TOKEN_PATH}", content=Path(data["model_fetch_hf_token_src"]).read_text(),
+                    dest=TOKEN_PATH, paths=paths)
     for p in plans:
         fetched(name=f"Fetch model {p.name}" + (f" from {p.job['peer']}" if p.job and p.job.get("peer") else ""),
                 plan=p, data=data, systemd=facts["systemd"])

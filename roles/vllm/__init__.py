@@ -66,6 +66,7 @@ from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
 from rigup.names import guard_file, marker_path
+from rigup.secrets import bearer, new_key, written
 from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
@@ -86,7 +87,7 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str)
     yield f"install -d -m 0755 {shlex.quote(pin_dir)} {shlex.quote(patch_dir)}"
     for p in series:
         yield from files.put._inner(src=StringIO(p["text"]), dest=f"{patch_dir}/{p['sha256']}.patch", mode="644")
-    yield from files.put._inner(src=StringIO(script), dest=f"{pin_dir}/install.sh", mode="700")
+    yield written(f"{pin_dir}/install.sh", script, mode="700")  # it may hold vllm_install_env: no temp file
     yield f"bash {shlex.quote(pin_dir)}/install.sh 2>&1"
 
 
@@ -106,11 +107,15 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
                            marker.get("revision"), wait)
     unit = f"rigup-vllm@{name}.service"
+    changed = cmd.sha(text) != state.get("dropin")
+    if inst["api_key"] and not state.get("key"):
+        yield new_key(cmd.KEY_FILE.format(name), user, prefix=cmd.KEY_PREFIX)
+        changed = True
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
         yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
                                     mode="640")
-    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),
+    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, changed,
                             f"{name} runs with its current install, environment and drop-in")
 
 
@@ -157,4 +162,5 @@ def apply(plan: dict):
         python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"],
                     model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
                     timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
+                    auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
                     name=f"vllm {name} answers", _if=started.did_change)

@@ -2,6 +2,7 @@
 and the ports its instances take.
 
     check_config    an entry of vllm_instances that is wrong, by key path
+    check_open_without_key  bound beyond loopback without an API key, or a key on its command line
     check_pin       vLLM not pinned to an exact version or a full commit; a patch series that does
                     not match its sha256 manifest on the controller
     check_systemd   instances on a host where systemd is not PID 1
@@ -15,9 +16,9 @@ from rigup.config import ConfigError
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
 from rigup.models import models
-from rigup.refusal import Port, Refusal, config_refusals, needs_systemd
+from rigup.refusal import Port, Refusal, config_refusals, needs_systemd, serving_exposure
 from roles.vllm import command
-from roles.vllm.schema import instances
+from roles.vllm.schema import ENV_NAME, instances
 
 
 def _instances(plan: dict, data: dict) -> dict:
@@ -36,6 +37,9 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """The pin and the patch series (read and checked on the controller), when there is an instance."""
     if not _instances(plan, data):
         return []
+    bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
+    if bad:
+        return config_refusals([(f"vllm_install_env.{k}", "expected an environment variable name") for k in bad])
     try:
         command.pin(data)
         command.patches(data)
@@ -44,6 +48,17 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         return [Refusal(key, why, "pin vLLM with vllm_pip_version (exact) or vllm_git_url with a full "
                                   "vllm_git_commit; list patches in vllm_patch_manifest", "vllm_pin")]
     return []
+
+
+def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    found = serving_exposure("vllm_instances", _instances(plan, data))
+    for name, inst in _instances(plan, data).items():
+        if "VLLM_API_KEY" in inst["env"] or "VLLM_API_KEY" in (data.get("vllm_env") or {}):
+            found.append(Refusal(f"vllm_instances.{name}: VLLM_API_KEY in env", "a key typed into the configuration "
+                                 "passes through the controller and every run's output, and the gate cannot read it",
+                                 f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)",
+                                 "open_without_key"))
+    return found
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
@@ -100,4 +115,4 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_config, check_pin, check_systemd, check_vram, check_vllm_cc)
+CHECKS = (check_config, check_pin, check_open_without_key, check_systemd, check_vram, check_vllm_cc)

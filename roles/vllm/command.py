@@ -14,6 +14,8 @@ from rigup.units import systemd_quote
 from roles.vllm.schema import env_problems, partition_problem
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
+KEY_FILE = "/etc/rigup/vllm/{}.key"      # VLLM_API_KEY=<key>, made on the host (api_key: true)
+KEY_PREFIX = "VLLM_API_KEY="
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
 UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
@@ -99,8 +101,10 @@ def stamp(the_pin: dict, series: list[dict], data: dict) -> str:
     """What the virtualenv was made from; a change reinstalls it (and restarts its instances)."""
     return json.dumps({"pin": {k: v for k, v in the_pin.items() if k != "id"},
                        "patches": [[p["name"], p["sha256"]] for p in series],
-                       "pip_args": list(data.get("vllm_pip_args") or []),
-                       "install_env": {str(k): str(v) for k, v in sorted((data.get("vllm_install_env") or {}).items())},
+                       # digests, not values: an index URL with credentials must not land in a 0644 file
+                       "pip_args": sha(json.dumps(list(data.get("vllm_pip_args") or []))),
+                       "install_env": {str(k): sha(str(v))[:16]
+                                       for k, v in sorted((data.get("vllm_install_env") or {}).items())},
                        "python": data.get("vllm_python", "python3")}, sort_keys=True)
 
 
@@ -176,6 +180,7 @@ def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, 
     instance when it changes (unit, install stamp, environment file, model revision)."""
     return render("vllm-dropin.conf.j2", name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
                   model_revision=model_revision, marker=systemd_quote(marker), env_file=ENV_FILE.format(name),
+                  key_file=KEY_FILE.format(name) if inst.get("api_key") else None,
                   wait=[systemd_quote(a) for a in wait],
                   argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path)])
 

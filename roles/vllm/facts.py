@@ -5,7 +5,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.units import instance_probe, parse_instances
-from roles.vllm.command import DROPIN, ENV_FILE, STAMP
+from roles.vllm.command import DROPIN, ENV_FILE, KEY_FILE, STAMP
 
 
 class VllmState(FactBase):
@@ -14,7 +14,7 @@ class VllmState(FactBase):
 
         {"stamp": "{...}" or None,
          "instances": {"glm": {"dropin": "ab12...", "env": "cd34...", "active": "active",
-                               "enabled": "enabled", "marker": {...}}}}
+                               "enabled": "enabled", "key": "1" or None, "marker": {...}}}}
     """
 
     default = dict
@@ -23,7 +23,8 @@ class VllmState(FactBase):
         stamp = f"echo stamp=$(cat {shlex.quote(pin_dir + '/' + STAMP)} 2>/dev/null | tr -d '\\n')"
         return "; ".join([stamp] + [
             instance_probe(name, f"rigup-vllm@{name}.service",
-                           {"dropin": DROPIN.format(name), "env": ENV_FILE.format(name)}, marker)
+                           {"dropin": DROPIN.format(name), "env": ENV_FILE.format(name)}, marker,
+                           key=KEY_FILE.format(name))
             for name, marker in sorted(instances.items())])
 
     def process(self, output: list[str]) -> dict:

@@ -102,8 +102,9 @@ def main():
     print(f"vllm-stub {vllm.__version__} loading {args.model} (patch level {vllm.PATCH_LEVEL})", flush=True)
     time.sleep(float(os.environ.get("VLLM_STUB_LOAD_SECONDS", "2")))
     info = {"argv": sys.argv, "extra": extra, "served": served, "patch_level": vllm.PATCH_LEVEL,
-            "env": {k: v for k, v in os.environ.items()
+            "env": {k: ("(set)" if k == "VLLM_API_KEY" else v) for k, v in os.environ.items()
                     if k.startswith(("VLLM_", "NCCL_", "GLOO_", "CUDA_", "HF_", "XDG_")) or k == "HOME"}}
+    key = os.environ.get("VLLM_API_KEY")  # as vLLM: /v1 needs it, /health does not
 
     class Handler(BaseHTTPRequestHandler):
         def reply(self, code, doc):
@@ -114,7 +115,15 @@ def main():
             self.end_headers()
             self.wfile.write(body)
 
+        def denied(self):
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                self.reply(401, {"error": "Unauthorized"})
+                return True
+            return False
+
         def do_GET(self):
+            if self.path.startswith("/v1/") and self.denied():
+                return
             if self.path == "/health":
                 self.reply(200, {})
             elif self.path == "/v1/models":
@@ -128,6 +137,8 @@ def main():
             doc = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path != "/v1/chat/completions":
                 return self.reply(404, {"error": "not found"})
+            if self.denied():
+                return
             if doc.get("model") != served:
                 return self.reply(404, {"error": {"message": f"The model `{doc.get('model')}` does not exist."}})
             self.reply(200, {"object": "chat.completion", "model": served,

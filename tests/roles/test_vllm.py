@@ -259,3 +259,24 @@ def test_a_pip_pin_gets_its_own_venv(lab, host, stub):
     assert info["argv"][0].startswith("/opt/rigup/vllm/pip-0.0.1/venv/bin/") and info["patch_level"] == 0
     play(name, recipe(stub))  # back to the git pin and its series: its venv is still there
     assert stub_info(lab, name)["patch_level"] == 2
+
+
+def test_api_key_made_on_the_host_enforced_and_never_shown(lab, host, stub):
+    """api_key: true: VLLM_API_KEY made on the host in a root-only file read by systemd; /v1 needs
+    it, the gate sends it, and it is in no argv, drop-in or pyinfra output."""
+    name = host["name"]
+    values = recipe(stub)
+    values["vllm_instances"]["tiny"]["api_key"] = True
+    run = play(name, values)
+    key_file = "/etc/rigup/vllm/tiny.key"
+    assert on_host(lab, name, f"stat -c '%U %G %a' {key_file}").split() == ["root", "rigup", "640"]
+    key = on_host(lab, name, f"cat {key_file}").removeprefix("VLLM_API_KEY=")
+    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    assert key not in run.output and key not in on_host(lab, name, "ps -eo args")
+    assert key not in on_host(lab, name, f"cat /etc/systemd/system/{UNIT}.d/rigup.conf /etc/rigup/vllm/tiny.env")
+    ask = f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/v1/models"
+    assert on_host(lab, name, ask) == "401"
+    assert on_host(lab, name, ask.replace("curl ", f"curl -H 'Authorization: Bearer {key}' ")) == "200"
+    assert play(name, values).totals["changed"] == 0
+    play(name, recipe(stub))                  # back without the key
+    assert on_host(lab, name, ask) == "200"
