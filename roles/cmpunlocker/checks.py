@@ -19,10 +19,13 @@ from roles.cmpunlocker.steps import config_problems
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """The unlocker's source: a git URL with a full 40-hex commit, or a tarball whose sha256 matches
+    on the controller."""
     return config_refusals(config_problems(data))
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """cmpunlocker on a host where systemd is not PID 1."""
     return needs_systemd(facts, ["cmpunlocker_enabled"] if data.get("cmpunlocker_enabled") else [])
 
 

@@ -33,6 +33,8 @@ def threshold_problems(overrides: dict) -> list[tuple[str, str]]:
 
 
 def check_thresholds(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """gpu_guard_thresholds: a class not in the catalogue, an unknown key, a value that is not a
+    number 0..2000."""
     return config_refusals(threshold_problems(data.get("gpu_guard_thresholds")))
 
 

@@ -40,13 +40,15 @@ def _overrides(plan: dict, facts: dict, data: dict):
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """A gpu_power_overrides value that is not watts (int 50..1000)."""
     return config_refusals([(f"gpu_power_overrides.{key}", f"expected watts, {OVERRIDE_WATTS.text}, {why}")
                             for key, watts in (data.get("gpu_power_overrides") or {}).items()
                             if (why := OVERRIDE_WATTS.problem(watts))])
 
 
 def check_clocks(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """Each key of gpu_power_clocks is a card class of the catalogue; each value "MIN,MAX" MHz."""
+    """gpu_power_clocks: a key that is not a card class of the catalogue, or a value that is not
+    "MIN,MAX" MHz with MIN <= MAX (``1410-1410``, a typo'd class)."""
     found = []
     for cls, pair in (data.get("gpu_power_clocks") or {}).items():
         if class_problem(cls):
@@ -114,6 +116,7 @@ def check_override_targets(plan: dict, facts: dict, data: dict) -> list[Refusal]
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """Caps, overrides or clock locks on a host where systemd is not PID 1 (the boot unit keeps them)."""
     return needs_systemd(facts, [key for key in POLICY if data.get(key) not in (None, {}, False)])
 
 

@@ -29,7 +29,10 @@ from rigup import apt
 from rigup.config import role_defaults
 from rigup.gpu.plan import build_backend
 from roles.llama_cpp.build import built, switched
+from roles.llama_cpp.checks import CHECKS
 from roles.llama_cpp.script import build_id, cmake_options, render_build_script
+
+__all__ = ["apply", "CHECKS", "BUILD_PACKAGES"]
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "pkg-config"]
 

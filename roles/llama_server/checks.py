@@ -33,10 +33,14 @@ def ports(plan: dict, data: dict) -> list[Port]:
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a
+    model not in models, a bad tensor_split."""
     return config_refusals(instances(data, gpu_count(plan))[1])
 
 
 def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An instance bound beyond loopback (host, or --host in extra_args) without api_key, or an API
+    key in extra_args."""
     return serving_exposure("llama_server_instances", _instances(plan, data))
 
 
@@ -93,6 +97,7 @@ def check_split_mode_row(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """llama-server instances on a host where systemd is not PID 1."""
     names = sorted(_instances(plan, data))
     return needs_systemd(facts, [f"llama_server_instances ({', '.join(names)})"] if names else [])
 

@@ -4,19 +4,33 @@ nothing, an incomplete shard set, a peer without the model) the role refuses its
 any byte, from its own probe.
 
     check_config    an entry of models that is wrong, by key path
+    check_endpoint  hf_endpoint that is not an http(s) URL
     check_disk      a model (size_gib) larger than the free disk where it goes
 """
 
 from __future__ import annotations
 
+import re
+
 from rigup.models import models
 from rigup.refusal import Refusal, config_refusals
 
 GIB = 1024 ** 3
+ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An entry of models that is wrong: its name, an unknown or mistyped key, a revision that is
+    not a full commit, an unknown family."""
     return config_refusals(models(data)[1])
+
+
+def check_endpoint(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """hf_endpoint that is not an http(s) URL (the download job sends the hub token there)."""
+    endpoint = str(data.get("hf_endpoint", ""))
+    if ENDPOINT.fullmatch(endpoint):
+        return []
+    return config_refusals([("hf_endpoint", f"expected an http:// or https:// URL, got {endpoint!r}")])
 
 
 def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
@@ -43,4 +57,4 @@ def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_config, check_disk)
+CHECKS = (check_config, check_endpoint, check_disk)

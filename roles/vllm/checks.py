@@ -30,11 +30,14 @@ def ports(plan: dict, data: dict) -> list[Port]:
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An entry of vllm_instances that is wrong: its name, a key, a model not in models, tp x pp
+    beyond the GPUs, a pp_partition that does not fit, gpus, env."""
     return config_refusals(instances(data, gpu_count(plan))[1])
 
 
 def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """The pin and the patch series (read and checked on the controller), when there is an instance."""
+    """vLLM not pinned to an exact version or a full commit, a patch series that does not match its
+    sha256 manifest (read on the controller), or vllm_install_env keys that are not names."""
     if not _instances(plan, data):
         return []
     bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
@@ -51,6 +54,8 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An instance bound beyond loopback without api_key, an API key in extra_args, or VLLM_API_KEY
+    typed into env."""
     found = serving_exposure("vllm_instances", _instances(plan, data))
     for name, inst in _instances(plan, data).items():
         if "VLLM_API_KEY" in inst["env"] or "VLLM_API_KEY" in (data.get("vllm_env") or {}):
@@ -62,6 +67,7 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """vLLM instances on a host where systemd is not PID 1."""
     names = sorted(_instances(plan, data))
     return needs_systemd(facts, [f"vllm_instances ({', '.join(names)})"] if names else [])
 

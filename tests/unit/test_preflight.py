@@ -33,7 +33,7 @@ def test_every_line_names_host_what_why_and_fix():
 
 def test_3_gpu_roles_on_a_host_without_gpu_are_refused_with_a_fix():
     plan = hardware_plan([], NO_DRIVER, [])
-    (refusal,) = refusals(plan, {}, {"gpu_enabled": True})
+    (refusal,) = refusals(plan, {}, data(gpu_enabled=True))
     line = refusal.line("node-7")
     assert line.startswith("[node-7] refused: GPU roles enabled on a host without a usable NVIDIA GPU")
     assert "fix: install the NVIDIA driver, or set gpu_enabled: false" in line
@@ -41,7 +41,7 @@ def test_3_gpu_roles_on_a_host_without_gpu_are_refused_with_a_fix():
 
 def test_3_cpu_only_host_with_gpu_roles_off_passes():
     plan = hardware_plan([], NO_DRIVER, [])
-    assert refusals(plan, {}, {"gpu_enabled": False}) == []
+    assert refusals(plan, {}, data(gpu_enabled=False)) == []
 
 
 def test_3_a_gpu_less_host_gets_only_that_refusal_not_every_gpu_check():
@@ -87,7 +87,7 @@ def test_7_path_bytes_fact_parsing():
 
 def test_each_role_declares_its_checks_and_they_are_pure():
     counts = {role.__name__.split(".")[-1]: len(getattr(role, "CHECKS", ())) for role in in_order()}
-    assert counts == {"base": 0, "cuda_toolkit": 2, "llama_cpp": 0, "model_fetch": 2, "gpu_power": 5,
+    assert counts == {"base": 0, "cuda_toolkit": 2, "llama_cpp": 1, "model_fetch": 3, "gpu_power": 5,
                       "gpu_guard": 1, "cmpunlocker": 6, "llama_server": 5, "vllm": 6}
     assert [r.__name__.split(".")[-1] for r in in_order() if hasattr(r, "ports")] == ["llama_server", "vllm"]
     plan, facts = host("a100")
