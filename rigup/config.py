@@ -118,21 +118,30 @@ SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/
                 "/usr/bin/", "/usr/lib/", "/usr/sbin/")
 
 
-def control_character(value: Any, where: str = "") -> str | None:
-    """Why ``value`` (a string, or any string inside a list or map, keys too) cannot be written
-    into a unit, env file or command line: it holds a newline, a carriage return, NUL or another
-    control character."""
+def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(where, character) of the first control character (a newline, a carriage return, NUL ...)
+    in ``value``, a string or any string inside a list or map, keys too; ``where`` is the key
+    path below ``value`` (".glm.extra_args[0]"), or None when there is none."""
     if isinstance(value, str):
         found = _CONTROL.search(value)
-        return (f"{where}holds the control character {found.group()!r} (newlines, NUL and the like cannot "
-                "go into a unit, an env file or a command line)") if found else None
+        return (path, found.group()) if found else None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        why = control_character(key, "a key ") if isinstance(key, str) else None
-        why = why or control_character(item, f"{where or ''}[{key!r}] ")
-        if why:
-            return why
+        below = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}"
+        found = (control_at(key, below) if isinstance(key, str) else None) or control_at(item, below)
+        if found:
+            return found
     return None
+
+
+def control_character(value: Any) -> str | None:
+    """Why ``value`` cannot be written into a unit, env file or command line, or None."""
+    found = control_at(value)
+    if not found:
+        return None
+    where, char = found
+    return (f"{where.lstrip('.') + ' ' if where else ''}holds the control character {char!r} (newlines, NUL "
+            "and the like cannot go into a unit, an env file or a command line)")
 
 
 def path_problem(path: str) -> str | None:
@@ -296,6 +305,11 @@ def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         if key.startswith(CONNECTOR_PREFIXES):
             continue
         var = variables.get(key)
+        control = control_at(value)
+        if var is not None and control:
+            found.append((key, f"{key}{control[0]}: holds the control character {control[1]!r} (newlines, NUL and "
+                               "the like cannot go into a unit, an env file or a command line)"))
+            continue
         if var is None:
             close = difflib.get_close_matches(key, variables, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

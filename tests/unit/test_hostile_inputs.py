@@ -1,0 +1,44 @@
+"""Every bad input of tests/unit/hostile_inputs.yml is refused, before anything changes, with its
+key path; none crashes with a traceback. As on a real run: config validation of the host's data
+(rigup/config.py, which stops the run), then every role's preflight checks (which refuse the host)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigup.config import problems
+from tests.unit.hosts import REV, data, host, refusals
+
+CASES = yaml.safe_load((Path(__file__).with_name("hostile_inputs.yml")).read_text())
+MODEL = {"repo": "org/model-GGUF", "revision": REV}
+INSTANCE = {"model": "m", "port": 8081}
+
+
+def filled(case: dict) -> dict:
+    """The case's values, with ``M``/``I`` (and a model ``m`` for instances) filled in."""
+    values = {k: v for k, v in case.items() if k != "key"}
+    for var in ("models", "llama_server_instances", "vllm_instances"):
+        if var in values:
+            values[var] = {name: {"M": MODEL, "I": INSTANCE}.get(e, e) if isinstance(e, str) else e
+                           for name, e in values[var].items()}
+    if any(v in values for v in ("llama_server_instances", "vllm_instances")):
+        values.setdefault("models", {"m": MODEL})
+    return values
+
+
+def test_there_are_at_least_60():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("case", CASES, ids=[re.sub(r"\s", "_", c["key"])[:60] for c in CASES])
+def test_each_is_refused_naming_its_key(case):
+    values = filled(case)
+    found = [f"{key}: {why}" for key, why in problems(values)]
+    if not found:  # valid at the top level: the roles' checks must refuse it
+        plan, facts = host("a100")
+        found = [r.line("h") for r in refusals(plan, facts, data(**values))]
+    assert found, f"not refused: {values!r}"
+    assert any(case["key"] in line for line in found), found
+    print(f"{case['key']!r:48} -> {found[0][:150]}")
