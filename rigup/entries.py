@@ -27,12 +27,11 @@ class Key:
     doc: str = ""
 
 
-def normalise(entry: Any, schema: dict[str, Key], where: str, named: bool = False) -> tuple[dict, list[tuple[str, str]]]:
+def normalise(entry: Any, schema: dict[str, Key], where: str, name: str | None = None) -> tuple[dict, list[tuple[str, str]]]:
     """``entry`` with every default filled in, and (key path, problem) for each key that is
-    unknown, missing or not of its form; ``named``: the entry's own key (the last part of
-    ``where``) becomes a unit, file or directory name and must be a name (rigup.config.NAME)."""
-    name = where.rsplit(".", 1)[-1]
-    if named and not NAME.fullmatch(name):
+    unknown, missing or not of its form; ``name``: the entry's own key, when it becomes a unit,
+    file or directory name (it must be a name: rigup.config.NAME)."""
+    if name is not None and not NAME.fullmatch(str(name)):
         return {}, [(where, f"{name!r} is not a name: 1-64 letters, digits, '_', '.' or '-', starting with a "
                            "letter or digit (it becomes a unit, file or directory name)")]
     if not isinstance(entry, dict):

@@ -70,7 +70,7 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     problems: list[tuple[str, str]] = []
     for name, raw in (data.get("models") or {}).items():
         where = f"models.{name}"
-        entry, found = normalise(raw, MODEL, where, named=True)
+        entry, found = normalise(raw, MODEL, where, name=name)
         if "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
             found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
                                                "(a branch or tag moves; pin the commit)"))
@@ -114,7 +114,7 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None)
     problems: list[tuple[str, str]] = []
     for name, raw in (data.get(var) or {}).items():
         where = f"{var}.{name}"
-        entry, found = normalise(raw, schema, where, named=True)
+        entry, found = normalise(raw, schema, where, name=name)
         model = entry.get("model")
         if model is not None and model not in declared:
             found.append((f"{where}.model", unknown_reference(model, declared, "models")))
