@@ -265,16 +265,29 @@ class FreeDisk(FactBase):
 
 
 # ----------------------------------------------------------------------------- ports
-PORTS_COMMAND = "ss -Hltnp 2>/dev/null || true"
+# ss names the process; without ss (many rental containers) the kernel's own tables say which
+# ports listen (state 0A), without names; with neither, nothing can be told ("none").
+PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; ss -Hltnp 2>/dev/null; "
+                 "elif [ -r /proc/net/tcp ]; then echo proc; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
+                 "else echo none; fi")
 _SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
 
 
-def parse_listening_ports(lines: list[str]) -> dict[int, str | None]:
-    """``ss -Hltnp`` -> ``{22: "sshd", 8080: "llama-server"}``; the name is None when ss could not
-    see the process (run without root)."""
+def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
+    """``PORTS_COMMAND``'s output -> ``{22: "sshd", 8080: "llama-server"}``; a name is None when
+    it cannot be seen (ss run without root, or /proc/net/tcp, which names no process); None when
+    no source answered (nothing can be told about any port)."""
+    source, lines = (lines[0].strip(), lines[1:]) if lines and lines[0].strip() in ("ss", "proc", "none") \
+        else ("ss", lines)
+    if source == "none":
+        return None
     ports: dict[int, str | None] = {}
     for line in lines:
         cols = line.split()
+        if source == "proc":
+            if len(cols) > 3 and cols[3] == "0A" and ":" in cols[1]:   # 0A: TCP_LISTEN
+                ports.setdefault(int(cols[1].rpartition(":")[2], 16), None)
+            continue
         if len(cols) < 4 or cols[0] != "LISTEN":
             continue
         port = cols[3].rpartition(":")[2]
@@ -287,13 +300,8 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None]:
 
 
 class ListeningPorts(FactBase):
-    """TCP ports something listens on, with the process name: ``{22: "sshd", 8080: None}``.
-    {} when ``ss`` (iproute2) is missing."""
-
-    default = dict
-
-    def requires_command(self) -> str:
-        return "ss"
+    """TCP ports something listens on, with the process name: ``{22: "sshd", 8080: None}``
+    (from ss, else /proc/net/tcp); None when neither can be read."""
 
     def command(self) -> str:
         return PORTS_COMMAND
@@ -393,7 +401,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi",
         f"echo '{MARK}driver'; {{ {DRIVER_COMMAND}; }}",
         f"echo '{MARK}cuda'; {{ {CUDA_COMMAND}; }}",
-        f"echo '{MARK}ports'; if command -v ss >/dev/null 2>&1; then {PORTS_COMMAND}; fi",
+        f"echo '{MARK}ports'; {PORTS_COMMAND}",
         f"echo '{MARK}secure_boot'; {{ {SECURE_BOOT_COMMAND}; }}",
         f"echo '{MARK}kernel'; {KERNEL_COMMAND}",
         f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",

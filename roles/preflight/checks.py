@@ -20,7 +20,12 @@ def check_gpu_host(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 def port_refusals(claims: list[Port], facts: dict) -> list[Refusal]:
     """A port given to several units, or already held by a process that is not the unit's own
     (``owners``: a listener of theirs is the unit itself, which its role restarts)."""
-    listening = facts.get("listening_ports") or {}
+    listening = facts.get("listening_ports", {})
+    if listening is None:   # neither ss nor /proc/net/tcp answered: refuse rather than guess
+        return [Refusal(f"cannot tell whether port {claim.port} is free ({claim.where})",
+                        "neither ss nor /proc/net/tcp could be read on this host",
+                        "install iproute2 (ss), or check the port by hand and free it", "ports")
+                for claim in claims]
     found = []
     by_port: dict[int, list[str]] = {}
     for claim in claims:
@@ -36,7 +41,7 @@ def port_refusals(claims: list[Port], facts: dict) -> list[Refusal]:
             continue
         process = listening[claim.port]
         free = next((p for p in range(claim.port + 1, 65536) if p not in used), None)
-        who = f"process {process}" if process else "a process that ss cannot name (run as root to see it)"
+        who = f"process {process}" if process else "a process that cannot be named here (no ss, or not root)"
         stop = f"stop {process} " if process else "stop it "
         found.append(Refusal(
             f"port {claim.port} of {claim.where} is already taken",

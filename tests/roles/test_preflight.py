@@ -220,6 +220,25 @@ def test_6_serving_port_taken_names_the_process_and_our_own_server_is_not_refuse
         on_host(lab, h100, "systemctl stop fake-webui fake-llama; rm -f /usr/local/bin/llama-server")
 
 
+def test_6_a_listener_is_found_on_a_host_without_ss(lab, hosts):
+    """As on many rental containers (and the lent H200 machine): no ss. The ports come from
+    /proc/net/tcp, without process names, and a taken port is still refused, naming it."""
+    h100 = hosts["h100"]
+    on_host(lab, h100, "mv /usr/bin/ss /usr/bin/ss.away; systemd-run --unit=fake-webui python3 -m http.server 8080 "
+                       ">/dev/null 2>&1; for i in $(seq 50); do grep -q ':1F90 00000000:0000 0A' /proc/net/tcp* && break; "
+                       "sleep 0.1; done")
+    try:
+        with unchanged(lab, h100):
+            run = preflight("--limit", h100, *data(models={"glm": dict(GLM, size_gib=1)},
+                                                   llama_server_instances={"webui": {"model": "glm", "port": 8080}}))
+        assert_refused(run, {h100: [
+            f"[{h100}] refused: port 8080 of llama_server_instances.webui is already taken: a process that cannot be "
+            "named here (no ss, or not root) listens on it"]}, went_on=[])
+        print("without ss: port 8080 refused from /proc/net/tcp")
+    finally:
+        on_host(lab, h100, "systemctl stop fake-webui; mv /usr/bin/ss.away /usr/bin/ss")
+
+
 # ----------------------------------------------------------------------------- 7, 8
 def test_7_not_enough_free_disk_gives_both_sizes(lab, hosts):
     a100 = hosts["a100"]

@@ -142,7 +142,13 @@ def test_listening_ports():
     assert parse_listening_ports(lines("facts/ss-ltnp.txt")) == {
         22: "sshd", 53: "systemd-resolve", 8080: "llama-server", 631: None}
     assert parse_listening_ports([]) == {}
-    assert ListeningPorts().requires_command() == "ss" and ListeningPorts.default() == {}
+    proc = ["proc", "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
+            "   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1",
+            "   1: 0100007F:0016 0100007F:D2C4 01 00000000:00000000 00:00000000 00000000     0        0 2 1",
+            "   0: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A 0 0 0 0 0 3 1"]
+    assert parse_listening_ports(proc) == {8080: None, 80: None}     # 0A listens; 01 is a connection
+    assert parse_listening_ports(["none"]) is None                   # nothing to read: nothing can be told
+    assert ListeningPorts().command().startswith("if command -v ss") and ListeningPorts.default() == {}
 
 
 def test_secure_boot():

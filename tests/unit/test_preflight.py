@@ -64,10 +64,16 @@ def test_6_port_held_by_our_own_server_is_not_refused():
     assert refusals(plan, facts, data(**glm_llama(port=8081))) == []
 
 
+def test_6_ports_that_cannot_be_read_are_refused_not_passed():
+    plan, facts = host("h100", listening_ports=None)
+    (r,) = only(refusals(plan, facts, data(**glm_llama())), "ports")
+    assert r.what == "cannot tell whether port 8081 is free (llama_server_instances.glm)"
+
+
 def test_6_port_held_by_an_unnamed_process():
     plan, facts = host("h100", listening_ports={8081: None})
     (r,) = only(refusals(plan, facts, data(**glm_llama())), "ports")
-    assert "a process that ss cannot name" in r.why
+    assert "a process that cannot be named here" in r.why
 
 
 def test_6_two_instances_on_one_port():
