@@ -303,6 +303,8 @@ class ListeningPorts(FactBase):
     """TCP ports something listens on, with the process name: ``{22: "sshd", 8080: None}``
     (from ss, else /proc/net/tcp); None when neither can be read."""
 
+    default = dict
+
     def command(self) -> str:
         return PORTS_COMMAND
 
