@@ -8,9 +8,11 @@ nothing changes.
 
 from pyinfra import host
 
+from rigup import summary
 from rigup.config import check_host
 from roles import in_order, preflight
 
+summary.track(host.state)
 check_host(host)
 roles = in_order()
 plan = preflight.run(roles)

@@ -6,8 +6,10 @@ cannot work. Changes nothing.
 
 from pyinfra import host
 
+from rigup import summary
 from rigup.config import check_host
 from roles import in_order, preflight
 
+summary.track(host.state)
 check_host(host)
 preflight.run(in_order())

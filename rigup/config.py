@@ -339,7 +339,11 @@ def check_host(host) -> None:
 
 def all_group(*groups) -> tuple[list[str], dict[str, Any]]:
     """The ``all`` group of an inventory file: every host of ``groups`` (each a list of hosts or
-    a ``(hosts, data)`` tuple, as pyinfra takes them), with the data of ``group_vars/all.yml``."""
+    a ``(hosts, data)`` tuple, as pyinfra takes them), with the data of ``group_vars/all.yml``.
+    Loading an inventory this way also starts rigup's end-of-run summary (rigup.summary), which
+    must hear the connection errors."""
+    from rigup import summary
+    summary.watch()
     names: list[str] = []
     for group in groups:
         hosts = group[0] if isinstance(group, tuple) else group

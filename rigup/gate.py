@@ -7,18 +7,27 @@ from __future__ import annotations
 import json
 import shlex
 
+from pyinfra import logger
 from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
 FAILED = "the unit failed"
 
 
+def endpoint(bind: str, port: int) -> str:
+    """The URL a client on the host reaches a server bound to ``bind`` at: its own address, or
+    loopback for a wildcard bind; IPv6 in brackets."""
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1", "localhost": "127.0.0.1"}.get(bind, bind)
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
 def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth: str = "",
-         poll: float = 1, fail_on_log: str | None = None) -> str:
-    """The text of one completion from the unit's endpoint, or OperationError with the journal.
-    ``auth`` is curl arguments read on the host (a key never passes through here);
-    ``fail_on_log`` fails the gate when the journal has that text even though it answered."""
-    base = f"http://127.0.0.1:{port}"
+         poll: float = 1, fail_on_log: str | None = None, bind: str = "127.0.0.1") -> str:
+    """The text of one completion from the unit's endpoint (at ``bind``:``port``), or
+    OperationError with the journal. ``auth`` is curl arguments read on the host (a key never
+    passes through here); ``fail_on_log`` fails the gate when the journal has that text even
+    though it answered."""
+    base = endpoint(bind, port)
 
     def shell(command: str) -> str:
         ok, output = host.run_shell_command(StringCommand("bash", "-c", shlex.quote(command)),
@@ -48,16 +57,21 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
                    f"-d {shlex.quote(body)} {base}/v1/chat/completions")
     try:
         text = json.loads(answer)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise OperationError(f"{unit}: the health completion failed: {answer[:300]!r}; "
+    except (ValueError, KeyError, IndexError, TypeError):  # empty, not JSON, or not a completion
+        raise OperationError(f"{unit}: the health completion failed: {answer[:300] or 'no answer'!r}; "
                              f"last journal lines:\n{journal()}") from None
     if fail_on_log and fail_on_log in journal():
         raise OperationError(f"{unit}: its log says {fail_on_log!r}; last journal lines:\n{journal()}")
     return text
 
 
-def answered(state, host, unit: str, port: int, model: str, prompt: str, timeout: int, **options) -> None:
-    """:func:`gate` as a ``python.call`` after a (re)start: the host fails with the reason and the
-    journal, or notes the answer."""
-    text = gate(host, unit, port, model, prompt, timeout, **options)
+def answered(state, host, unit: str, port: int, model: str, prompt: str, timeout: int, **options) -> bool:
+    """:func:`gate` as a ``python.call`` after a (re)start: notes the answer, or logs the reason and
+    the journal and fails the host (a failed gate is a result, not a traceback)."""
+    try:
+        text = gate(host, unit, port, model, prompt, timeout, **options)
+    except OperationError as e:
+        host.log_styled(str(e), fg="red", log_func=logger.error)
+        return False
     host.noop(f"{unit} answered: {text!r}")
+    return True

@@ -97,7 +97,7 @@ def apply(plan: dict):
                            binary=binary, build_link=f"{data['llama_cpp_dir']}/current", unit_sha=unit_sha,
                            user=user)
         auth = bearer(KEY.format(name)) if inst["api_key"] else ""
-        python.call(answered, unit=f"rigup-llama@{name}.service", port=inst["port"], model=name,
+        python.call(answered, unit=f"rigup-llama@{name}.service", port=inst["port"], bind=inst["host"], model=name,
                     prompt=data["llama_server_health_prompt"], timeout=data["llama_server_health_timeout"],
                     auth=auth, fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                     name=f"llama-server {name} answers", _if=started.did_change)

@@ -20,6 +20,7 @@ from types import ModuleType
 import click
 from pyinfra import host
 
+from rigup import summary
 from rigup.gpu.facts import HardwareFacts
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests
@@ -67,5 +68,6 @@ def run(roles: list[ModuleType]) -> Plan:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
     if found:
         _refused[host.name] = len(found)
+        summary.refused(host.name, [f"{r.what}" for r in found])
         host.state.fail_hosts({host})
     return plan

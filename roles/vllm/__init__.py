@@ -159,7 +159,7 @@ def apply(plan: dict):
         started = instance(name=f"vllm {name} on {inst['host']}:{inst['port']}", instance_name=name, inst=inst,
                            marker_path=marker, pin_dir=pin_dir, venv=f"{pin_dir}/venv", env=envs[name],
                            unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user)
-        python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"],
+        python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"], bind=inst["host"],
                     model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
                     timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
                     auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",

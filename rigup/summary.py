@@ -1,0 +1,93 @@
+"""One line per host at the end of a play: converged (n changed), unchanged, failed (which
+operation, the last lines of its error), unreachable (why), refused (the reasons). pyinfra's own
+results table counts operations; this says what happened to each host, unreachable ones too.
+
+The inventory helpers (rigup.config.all_group) call :func:`watch` when pyinfra loads the
+inventory, before it connects, so that connection errors are heard; a play calls :func:`track`
+with its state. The lines print when the play exits (pyinfra exits non-zero when any host is
+not fine).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import re
+
+import click
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
+_heard: dict[str, list[str]] = {}
+_refused: dict[str, list[str]] = {}
+_state: list = []
+
+
+class _Recorder(logging.Handler):
+    """Keeps the warnings and errors pyinfra logs for each host (``[name] message``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _PREFIX.match(_ANSI.sub("", record.getMessage()))
+        if match and record.levelno >= logging.WARNING:
+            _heard.setdefault(match.group(1), []).append(match.group(2).strip())
+
+
+def watch() -> None:
+    """Listen to pyinfra's log from now on (once) and print the summary at exit."""
+    if not _state:
+        _state.append(None)
+        logging.getLogger("pyinfra").addHandler(_Recorder(logging.WARNING))
+        atexit.register(report)
+
+
+def track(state) -> None:
+    """The run whose hosts the summary reports."""
+    watch()
+    _state[0] = state
+
+
+def refused(host_name: str, reasons: list[str]) -> None:
+    """Preflight refused ``host_name`` for ``reasons``."""
+    _refused[host_name] = reasons
+
+
+def _last(host_name: str, n: int = 3) -> str:
+    lines = [ln for msg in _heard.get(host_name, []) for ln in msg.splitlines() if ln.strip()]
+    return " | ".join(lines[-n:]) or "no reason was logged"
+
+
+def host_line(state, host) -> str:
+    """What happened to ``host`` in this run, in one line."""
+    name = host.name
+    if name in _refused:
+        return f"[{name}] refused: {len(_refused[name])} reason(s): " + "; ".join(_refused[name])
+    if host not in state.activated_hosts:
+        return f"[{name}] unreachable: {_last(name, 1)}"
+    changed, failed = 0, None
+    for op_hash in state.get_op_order():
+        data = state.ops[host].get(op_hash)
+        if data is None or not data.operation_meta.is_complete():
+            continue
+        if data.operation_meta.did_error():
+            failed = failed or ", ".join(sorted(state.op_meta[op_hash].names))
+        elif data.operation_meta.did_change():
+            changed += 1
+    if failed or host in state.failed_hosts:
+        return f"[{name}] failed at {failed or 'a fact or the deploy code'}: {_last(name)}"
+    return f"[{name}] converged ({changed} changed)" if changed else f"[{name}] unchanged"
+
+
+def report() -> None:
+    """Print one line per host of the run (nothing for a run that executed nothing)."""
+    state = _state[0] if _state else None
+    if state is None:
+        return
+    hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
+    executed = any(d.operation_meta.is_complete() for h in hosts for d in state.ops.get(h, {}).values())
+    if not executed and not state.failed_hosts:
+        return
+    click.echo("--> rigup: what happened to each host", err=True)
+    for host in hosts:
+        line = host_line(state, host)
+        ok = line.endswith(("unchanged", "changed)"))
+        click.echo(click.style(f"    {line}", fg=None if ok else "red"), err=True)
