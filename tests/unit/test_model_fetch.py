@@ -333,3 +333,15 @@ def test_fetcher_refuses_a_hostile_job_before_any_byte(local_hub, faults, tmp_pa
     assert "refused: the hub listed '../../x'" in progress["error"]
     assert outside.read_text() == "keep me\n" and served(hub) == 0
     assert not (dest / ".rigup-fetch/parts/big.bin").exists()
+
+
+def test_wait_tells_a_dead_job_from_one_that_starts():
+    from roles.model_fetch import dead_job
+
+    assert dead_job("m", {"running": True, "progress": {"state": "running"}}, 100) is None
+    assert dead_job("m", {"complete": True}, 100) is None
+    assert dead_job("m", {}, 5) is None  # no progress yet: the unit may be starting
+    assert "did not start within 30 s" in dead_job("m", {}, 31)
+    failed = {"progress": {"state": "failed", "error": "hub answered 403 for big.bin", "bytes": 1 << 20, "total": 2 << 20}}
+    assert dead_job("m", failed, 1) == "the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB)"
+    assert "without completing or saying why (killed?)" in dead_job("m", {"progress": {"state": "running"}}, 1)
