@@ -502,7 +502,7 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
     jitter, up to RETRIES times in a row without a byte; a hub answer other than RETRY_STATUS
     fails at once. Written by hand where the project would use tenacity: this script runs on bare
     hosts with the standard library alone. Checkpoints every CHECKPOINT bytes or CHECKPOINT_S s,
-    and on the way out (a stop, a failure), after the connection is closed."""
+    and on the way out (a stop, a failure), after the connection is closed; fsyncs a whole file."""
     size, path = entry["size"], entry["path"]
     failures = 0
     next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
@@ -551,9 +551,13 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                              f"(retry {failures}/{RETRIES})")
             if STOP.wait(delay):
                 raise Stopped()
-    finally:
+    except BaseException:
         with _suppress(LocalError):
             checkpoint(fh, ckpt_path, written)
+        raise
+    with local():
+        fh.flush()
+        os.fsync(fh.fileno())
     return h, written
 
 
@@ -588,7 +592,8 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
         with open(part, "ab+") as fh:
             fh.truncate(have)
             h = hash_prefix(fh, have, hasher(entry))
-            checkpoint(fh, ckpt_path, have)  # what is here is on disk now: a reboot keeps it
+            if have or entry["size"] > CHECKPOINT:  # what is here is on disk, in this boot (a file
+                checkpoint(fh, ckpt_path, have)   # smaller than that is cheaper to fetch again)
             progress.add(have, network=False)
             h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall)
         digest = h.hexdigest()
