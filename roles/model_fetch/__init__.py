@@ -29,9 +29,9 @@ A converge while a job runs, or after it completed, changes nothing. ``status.py
 progress lines alone.
 
 Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
-MODEL, shared with the serving roles),  hf_endpoint, model_fetch_hf_token_src,
-model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_wait_timeout,
-model_fetch_wait_interval; rigup_user and rigup_prefix (roles/base).
+MODEL, shared with the serving roles), hf_endpoint, model_fetch_hf_token_src,
+model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_stall_timeout,
+model_fetch_wait_timeout, model_fetch_wait_interval; rigup_user and rigup_prefix (roles/base).
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ from rigup import files as managed
 from rigup.config import role_defaults, source_of
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
+from rigup.names import MARKER
 from rigup.secrets import secret_file
 from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
-from roles.model_fetch.plan import ModelPlan, plan_model, progress_line
+from roles.model_fetch.fetcher import PERMANENT
+from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
 __all__ = ["apply", "status", "specs", "CHECKS", "ModelFetchState"]
 
@@ -66,6 +68,12 @@ SHARE_CONFIG = "/etc/rigup/share.json"
 KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
             'case "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null)" in *rigup-fetch*" fetch "*) kill "$pid";; esac')
 _refused: dict[str, int] = {}
+# The job's unit restarts it after a failure a restart may mend (the hub unreachable past the
+# job's own retries, a crash, a kill -9), RESTART_S apart, at most START_BURST times in
+# START_WINDOW_S; not after one it cannot (exit status PERMANENT: no space, a hub refusal, an
+# unsafe listing), which it records in progress.json for the converge and status.py.
+RESTART_S, START_WINDOW_S, START_BURST = 30, 600, 5
+START_GRACE_S = 30  # a job that neither runs nor wrote progress this long after the start is dead
 
 
 def _summary() -> None:
@@ -102,7 +110,8 @@ def _requests_for_me() -> list[tuple[str, str]]:
 
 def specs(data: dict, models: dict) -> list[dict]:
     return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
-             "include": m["include"], "endpoint": data["hf_endpoint"]} for name, m in models.items()]
+             "include": m["include"], "endpoint": data["hf_endpoint"], "marker": MARKER, "token_file": TOKEN_PATH}
+            for name, m in models.items()]
 
 
 def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
@@ -128,7 +137,7 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
                 source = f"http://{address}:{host.inventory.get_host(peer).data.get('model_fetch_share_port', data['model_fetch_share_port'])}"
         plan = plan_model(name, entry, state, endpoint=data["hf_endpoint"], source=source,
                           peer=peer if peer else None, workers=data["model_fetch_workers"],
-                          peer_wait=data["model_fetch_peer_wait"])
+                          peer_wait=data["model_fetch_peer_wait"], stall_s=data["model_fetch_stall_timeout"])
         if extra:
             plan.action, plan.problems = "refused", extra + plan.problems
         plans.append(plan)
@@ -160,10 +169,15 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
     q = shlex.quote
     if systemd:
         setenv = " ".join(f"--setenv={k}={q(v)}" for k, v in env.items())
+        restart = (f"--property=Restart=on-failure --property=RestartSec={RESTART_S} "
+                   f"--property=RestartPreventExitStatus={PERMANENT} "
+                   f"--property=StartLimitIntervalSec={START_WINDOW_S} --property=StartLimitBurst={START_BURST}")
+        # a unit waiting to restart (auto-restart) is not active: stopped, then started anew
         return (f"cred=; [ -f {TOKEN_PATH} ] && cred=--property=LoadCredential=hf-token:{TOKEN_PATH}; "
-                f"systemctl is-active -q {unit} || {{ systemctl reset-failed {unit} 2>/dev/null; "
+                f"systemctl is-active -q {unit} || {{ systemctl stop {unit} 2>/dev/null; "
+                f"systemctl reset-failed {unit} 2>/dev/null; "
                 f"systemd-run --unit={unit} --collect --quiet --property=User={q(data['rigup_user'])} "
-                f"--property=Group={q(data['rigup_user'])} --property=Nice=5 $cred {setenv} "
+                f"--property=Group={q(data['rigup_user'])} --property=Nice=5 {restart} $cred {setenv} "
                 f"--description={q('rigup: fetch model ' + plan.name)} "
                 f"/usr/bin/python3 {script} fetch {q(work + '/job.json')}; }}")
     envs = " ".join(f"{k}={q(v)}" for k, v in env.items())
@@ -189,6 +203,8 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
            else f"mkdir -p {q(dest + '/.rigup-fetch')}")
     job = json.dumps(plan.job, indent=1, sort_keys=True) + "\n"
     yield from files.put._inner(src=StringIO(job), dest=f"{dest}/.rigup-fetch/job.json", mode="644")
+    # the last job's progress would pass for this one's until it writes its own (wait: true)
+    yield f"rm -f {q(dest + '/.rigup-fetch/progress.json')}"
     yield _start_command(plan, data, systemd)
 
 
@@ -196,7 +212,8 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
 def shared(dests: list[str], data: dict, systemd: bool, active: bool):
     """Serve the completed models in ``dests`` to peers (unit ``rigup-share``; without systemd a
     tmux session or a setsid process holding SHARE_LOCK) unless it runs."""
-    config = json.dumps({"port": data["model_fetch_share_port"], "dests": sorted(dests)}, indent=1) + "\n"
+    config = json.dumps({"port": data["model_fetch_share_port"], "dests": sorted(dests), "marker": MARKER,
+                         "token_file": TOKEN_PATH}, indent=1) + "\n"
     yield from files.put._inner(src=StringIO(config), dest=SHARE_CONFIG, mode="644")
     if active:
         return  # it reads its config on every request
@@ -209,11 +226,33 @@ def shared(dests: list[str], data: dict, systemd: bool, active: bool):
         yield _background(SHARE_UNIT, f"flock -n {SHARE_LOCK} python3 {script} share {SHARE_CONFIG}")
 
 
+def dead_job(name: str, state: dict, waited: float) -> str | None:
+    """Why model ``name``'s job is dead (it neither runs nor completed), or None while it runs,
+    completed, or may still be starting (no progress yet, within START_GRACE_S)."""
+    if state.get("complete") or state.get("running"):
+        return None
+    p = state.get("progress") or {}
+    done = f"at {human(p.get('bytes') or 0)} / {human(p.get('total') or 0)}"
+    if p.get("state") == "failed":
+        return f"the download failed: {p.get('error')} ({done})"
+    if p.get("state") == "stopped":
+        return f"the download was stopped {done} ({p.get('detail')}); a converge starts it again"
+    if p:
+        return (f"the download ended {done} without completing or saying why (killed?); see "
+                f"journalctl -u {unit_name(name)}; a converge resumes it")
+    if waited > START_GRACE_S:
+        return (f"the download job did not start within {START_GRACE_S} s; see journalctl -u "
+                f"{unit_name(name)} (or .rigup-fetch/job.log)")
+    return None
+
+
 def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
-    """Block until every model of ``plans`` is complete, printing a progress line per host."""
+    """Block until every model of ``plans`` is complete, printing a progress line per host; fail
+    at once, with the reason, when a job is dead."""
     me = host  # python.call runs this in the host's context
     command = probe_command([dict(s, no_hub=True) for s in specs])
-    deadline = time.monotonic() + data["model_fetch_wait_timeout"]
+    started = time.monotonic()
+    deadline = started + data["model_fetch_wait_timeout"]
     names = {p.name for p in plans}
     first = True
     while True:
@@ -230,12 +269,9 @@ def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
             click.echo(f"    [{me.name}] {progress_line(name, state)}", err=True)
             if state.get("complete"):
                 continue
-            progress = state.get("progress") or {}
-            if not state.get("running") and progress.get("state") == "failed":
-                raise OperationError(f"model {name}: the download failed: {progress.get('error')}")
-            if not state.get("running") and progress.get("state") != "complete":
-                # not started yet (a unit being set up) or stopped: give it one more round
-                pass
+            dead = dead_job(name, state, time.monotonic() - started)
+            if dead:
+                raise OperationError(f"model {name}: {dead}")
             left.append(name)
         if not left:
             return

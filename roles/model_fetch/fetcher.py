@@ -22,22 +22,35 @@ Layout under a model's dest::
 
 Resume: a part is a prefix of its file, so a new job asks for ``Range: bytes=<size>-``. After a
 reboot (another boot id) the part is cut back to its last fsync'ed checkpoint, since the page
-cache may not have reached the disk (zero-filled tails). Every file is checked for its size and
-its hash (sha256 for LFS files, else git's blob sha1, both from the hub's tree listing) before
-it moves into place; a file that fails is fetched again from zero, once more, then the job fails.
+cache may not have reached the disk (zero-filled tails). A checkpoint (fsync the part, then
+record its length) is taken every CHECKPOINT bytes or CHECKPOINT_S seconds and when the job is
+stopped (SIGTERM, SIGINT: ``systemctl stop``, a clean reboot), so a crash loses little and a
+clean stop nothing. Within a job, a stream that ends early, is reset, or stalls (no byte for
+``stall_s`` s, default STALL_S) is resumed with ``Range`` after a backoff. Every file is checked
+for its size and its hash (sha256 for LFS files, else git's blob sha1, both from the hub's tree
+listing) before it moves into place; a file that fails is fetched again from zero, once more,
+then the job fails. A failed job says why in progress.json's ``error`` (no space left, the hub's
+answer, an unsafe path) and exits PERMANENT when running it again cannot help.
+
+Hub listings are not trusted: a path that is absolute, has a ``..`` component, a backslash or a
+control character, or names rigup's own files is refused (the plan refuses the model, and this
+script checks again before every write, rename or delete that nothing lands outside ``dest``).
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
 import fnmatch
 import hashlib
 import http.server
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import socketserver
 import sys
 import threading
@@ -45,18 +58,80 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from http.client import HTTPException
 
-MARKER = ".rigup-complete.json"
 WORK = ".rigup-fetch"
-TOKEN_FILE = "/etc/rigup/hf-token"
+# The completion marker's file name and the hub token's path are defined once, in rigup/names.py:
+# the role passes them in every spec, job and share configuration (use_names).
+MARKER = TOKEN_FILE = ""
 CHUNK = 1 << 20
-CHECKPOINT = 256 << 20
+CHECKPOINT = 16 << 20      # a checkpoint every 16 MiB of a stream ...
+CHECKPOINT_S = 5.0         # ... or every 5 s, whichever comes first: what a crash may lose
+STALL_S = 60.0             # no byte for this long on a stream: reconnect (the job's stall_s)
+RETRIES = 10               # reconnects in a row without a byte between them before a stream fails
+BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
+RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # hub answers worth asking again
+PERMANENT = 3              # exit status of a failure that a restart cannot mend (RestartPreventExitStatus)
 SHARD_RE = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 USER_AGENT = "rigup-fetch/1"
 
 
 # ---------------------------------------------------------------- helpers (also used by the role)
+
+def human(n: float) -> str:
+    """Bytes as people read them: 512 B, 3.4 MiB, 1.35 TiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def unsafe_path(path) -> str | None:
+    """Why the hub-listed ``path`` may not be written under a model's dest, or None when it is a
+    plain relative path there. Lexical only (the plan has no filesystem): see :func:`inside`."""
+    if not isinstance(path, str) or not path:
+        return "an empty path"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "a control character in the path"
+    if "\\" in path:
+        return "a backslash in the path"
+    if path.startswith("/"):
+        return "an absolute path"
+    parts = path.split("/")
+    if ".." in parts:
+        return "a '..' component, which leads outside the model's directory"
+    if "" in parts or "." in parts:
+        return "an empty or '.' component"
+    if parts[0].startswith(".rigup-"):   # rigup's own: the job's work directory, the marker
+        return f"it would overwrite rigup's own {parts[0]}"
+    return None
+
+
+class UnsafePath(Exception):
+    """A hub-listed path would be written, renamed or deleted outside the model's dest."""
+
+
+def inside(root: str, path: str) -> str:
+    """``path`` itself, once checked that with its symlinks resolved it lies under ``root``; else
+    UnsafePath. Called before every write, rename or delete (defence in depth: the plan has
+    refused unsafe listings already)."""
+    top = os.path.realpath(root)
+    if os.path.commonpath([top, os.path.realpath(path)]) != top:
+        raise UnsafePath(f"{path} resolves outside {root}")
+    return path
+
+
+def safe_join(root: str, rel: str) -> str:
+    """``root/rel`` for the hub-listed ``rel``; UnsafePath when ``rel`` is unsafe (:func:`unsafe_path`)
+    or resolves outside ``root``."""
+    why = unsafe_path(rel)
+    if why:
+        raise UnsafePath(f"the hub listed {rel!r}: {why}")
+    return inside(root, os.path.join(root, rel))
+
 
 def shard_problems(paths) -> list[str]:
     """Incomplete GGUF shard sets among ``paths``: one line per set that lacks a shard."""
@@ -97,6 +172,12 @@ def hasher(entry: dict):
 
 def expected_hash(entry: dict) -> str | None:
     return entry.get("sha256") or entry.get("oid")
+
+
+def use_names(doc: dict) -> None:
+    """Take the marker's name and the token's path from the role's JSON (``marker``, ``token_file``)."""
+    global MARKER, TOKEN_FILE
+    MARKER, TOKEN_FILE = doc["marker"], doc["token_file"]
 
 
 def read_token() -> str | None:
@@ -173,13 +254,28 @@ def read_json(path: str, default=None):
 
 
 def write_json(path: str, value, fsync: bool = False) -> None:
+    """Replace ``path`` with ``value`` atomically; the temp file never outlives a failure (ENOSPC)."""
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh, separators=(",", ":"))
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(value, fh, separators=(",", ":"))
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with _suppress():
+            os.unlink(tmp)
+        raise
+
+
+def overwrite_json(path: str, value) -> None:
+    """Write ``value`` into the existing ``path`` in place, then cut it to length: the last word of
+    a job on a full disk, where a new file has no block to go to but an old one has its own."""
+    data = json.dumps(value, separators=(",", ":")).encode()
+    with open(path, "r+b") as fh:
+        fh.write(data)
+        fh.truncate(len(data))
 
 
 def boot_id() -> str:
@@ -257,6 +353,8 @@ def probe_one(spec: dict, token: str | None) -> dict:
 
 def probe(spec_b64: str) -> int:
     specs = json.loads(base64.b64decode(spec_b64))
+    if specs:
+        use_names(specs[0])
     token = read_token()
     for spec in specs:
         try:
@@ -269,12 +367,56 @@ def probe(spec_b64: str) -> int:
 
 # ---------------------------------------------------------------------------------- fetch (job)
 
+class Stopped(Exception):
+    """The job was told to stop (SIGTERM, SIGINT), or another stream failed: this stream closed
+    its connection, checkpointed its part and ended."""
+
+
+class JobFailed(Exception):
+    """A failure, said as people read it; ``permanent`` when running the job again cannot help."""
+
+    def __init__(self, message: str, permanent: bool = True):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class LocalError(Exception):
+    """An OSError of the local filesystem (its ``__cause__``) inside a stream, which the stream's
+    network retries must let pass (ENOSPC is no reason to reconnect)."""
+
+
+@contextmanager
+def local():
+    try:
+        yield
+    except OSError as e:
+        raise LocalError(str(e)) from e
+
+
+def log(message: str) -> None:
+    """A line to the journal (or job.log); never an error of its own (job.log on a full disk)."""
+    with _suppress():
+        print(message, file=sys.stderr)
+
+
+STOP = threading.Event()      # set by SIGTERM/SIGINT or by a stream's failure: every stream ends
+STOP_WHY: list[str] = []
+
+
+def on_signal(signum, _frame) -> None:
+    """SIGTERM/SIGINT (``systemctl stop``, a clean reboot, Ctrl-C): every stream checkpoints its
+    part and ends; the job exits 0."""
+    STOP_WHY.append(signal.Signals(signum).name)
+    STOP.set()
+
+
 class Progress:
     """Bytes done, rate over the last 20 s, ETA; written to progress.json each second."""
 
     def __init__(self, path: str, total: int, done: int, source: str):
         self.path, self.total, self.done, self.source = path, total, done, source
         self.fetched = 0          # bytes over the network in this job
+        self.resumes = 0          # streams resumed within this job (a cut, a reset, a stall)
         self.samples = [(time.monotonic(), done)]
         self.state, self.error, self.detail = "running", None, ""
         self.lock = threading.Lock()
@@ -287,6 +429,13 @@ class Progress:
             if network:
                 self.fetched += n
 
+    def resumed(self, detail: str) -> None:
+        """A stream is resumed within the job: count it, say why (progress line and journal)."""
+        with self.lock:
+            self.resumes += 1
+            self.detail = detail
+        log(f"rigup-fetch: {detail}")
+
     def snapshot(self) -> dict:
         now = time.monotonic()
         with self.lock:
@@ -297,77 +446,170 @@ class Progress:
             left = max(self.total - self.done, 0)
             return {"state": self.state, "bytes": self.done, "total": self.total,
                     "rate": round(rate), "eta": round(left / rate) if rate > 0 and left else None,
-                    "fetched": self.fetched, "source": self.source, "error": self.error,
-                    "detail": self.detail, "started": self.started, "updated": time.time(),
-                    "pid": os.getpid()}
+                    "fetched": self.fetched, "resumes": self.resumes, "source": self.source,
+                    "error": self.error, "detail": self.detail, "started": self.started,
+                    "updated": time.time(), "pid": os.getpid()}
 
     def write(self) -> None:
-        write_json(self.path, self.snapshot())
+        """progress.json; on a full disk, over the old one in place (:func:`overwrite_json`)."""
+        snap = self.snapshot()
+        try:
+            write_json(self.path, snap)
+        except OSError:
+            with _suppress():
+                overwrite_json(self.path, snap)
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
             self.write()
 
 
-def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str | None) -> str:
-    """Download ``entry`` into its part, verify it, move it into place; return its hash."""
-    path = entry["path"]
-    part = os.path.join(dest, WORK, "parts", path)
-    ckpt_path = part + ".ckpt"
-    os.makedirs(os.path.dirname(part), exist_ok=True)
-    url = (f"{job['source'].rstrip('/')}/{job['repo']}/resolve/"
-           f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
-    for attempt in (1, 2):
-        have = os.path.getsize(part) if os.path.exists(part) else 0
-        ckpt = read_json(ckpt_path, {})
-        if have and ckpt.get("boot") != boot_id():  # rebooted: trust only what was fsync'ed
-            have = min(have, int(ckpt.get("bytes", 0)))
-            os.truncate(part, have)
-        have = min(have, entry["size"])
-        write_json(ckpt_path, {"boot": boot_id(), "bytes": min(have, int(ckpt.get("bytes", 0)))}, fsync=True)
-        h = hasher(entry)
-        with open(part, "ab+") as fh:
-            fh.truncate(have)
-            fh.seek(0)
-            left = have
-            while left:
-                block = fh.read(min(CHUNK, left))
-                if not block:
-                    break
-                h.update(block)
-                left -= len(block)
-            progress.add(have, network=False)
-            written = have
-            if have < entry["size"]:
-                headers = {"Range": f"bytes={have}-"} if have else {}
-                with _request(url, token, headers, timeout=60) as resp:
-                    if have and resp.status != 206:  # the server ignored Range: start again
-                        progress.add(-have, network=False)
-                        fh.truncate(0)
+def checkpoint(fh, ckpt_path: str, written: int) -> None:
+    """fsync the part, then record (fsync'ed) that its first ``written`` bytes are on disk in
+    this boot: what a job after a reboot keeps."""
+    with local():
+        fh.flush()
+        os.fsync(fh.fileno())
+        write_json(ckpt_path, {"boot": boot_id(), "bytes": written}, fsync=True)
+
+
+def resume_point(part: str, ckpt_path: str, size: int) -> int:
+    """Bytes of ``part`` to keep: all of it in the boot that wrote it (a kill -9 loses only the
+    page cache's future, not its present), only the checkpointed ones after a reboot."""
+    try:
+        have = os.path.getsize(part)
+    except OSError:
+        return 0
+    ckpt = read_json(ckpt_path, {})
+    if have and ckpt.get("boot") != boot_id():
+        have = min(have, int(ckpt.get("bytes", 0)))
+    return min(have, size)
+
+
+def hub_answer(e: urllib.error.HTTPError, path: str) -> str:
+    code = (e.headers.get("X-Error-Code") if e.headers else "") or ""
+    return f"hub answered {e.code}{f' ({code})' if code else ''} for {path}"
+
+
+def net_reason(e: Exception, stall: float) -> str:
+    """A network error as people read it."""
+    if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+        return f"no byte for {stall:g} s (stalled)"
+    if isinstance(e, ConnectionResetError):
+        return "the connection was reset"
+    if isinstance(e, urllib.error.URLError):
+        return f"cannot reach the hub: {e.reason}"
+    return f"{type(e).__name__}: {e}"
+
+
+def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_path: str,
+            progress: Progress, stall: float):
+    """Append ``entry``'s bytes from ``written`` on to ``fh`` and ``h``; return (h, written).
+
+    A stream that ends early, is reset or cut, or stalls (no byte for ``stall`` s: the socket's
+    timeout) is asked again from where it stopped (``Range``) after an exponential backoff with
+    jitter, up to RETRIES times in a row without a byte; a hub answer other than RETRY_STATUS
+    fails at once. Written by hand where the project would use tenacity: this script runs on bare
+    hosts with the standard library alone. Checkpoints every CHECKPOINT bytes or CHECKPOINT_S s,
+    and on the way out (a stop, a failure), after the connection is closed; fsyncs a whole file."""
+    size, path = entry["size"], entry["path"]
+    failures = 0
+    next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
+    try:
+        while written < size:
+            try:
+                headers = {"Range": f"bytes={written}-"} if written else {}
+                with _request(url, token, headers, timeout=stall) as resp:
+                    if written and resp.status != 206:  # the server ignored Range: start again
+                        progress.add(-written, network=False)
+                        with local():
+                            fh.truncate(0)
                         h, written = hasher(entry), 0
-                    fh.seek(written)
-                    next_ckpt = written + CHECKPOINT
-                    while True:
-                        block = resp.read(CHUNK)
+                    with local():
+                        fh.seek(written)
+                    while written < size:
+                        if STOP.is_set():
+                            raise Stopped()
+                        block = resp.read(min(CHUNK, size - written))
                         if not block:
                             break
-                        fh.write(block)
+                        with local():
+                            fh.write(block)
                         h.update(block)
                         written += len(block)
                         progress.add(len(block))
-                        if written >= next_ckpt:
-                            fh.flush()
-                            os.fsync(fh.fileno())
-                            write_json(ckpt_path, {"boot": boot_id(), "bytes": written})
-                            next_ckpt = written + CHECKPOINT
-                fh.flush()
-                os.fsync(fh.fileno())
+                        failures = 0
+                        if written >= next_bytes or time.monotonic() >= next_time:
+                            checkpoint(fh, ckpt_path, written)
+                            next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
+                if written >= size:
+                    break
+                why = f"the stream ended at {human(written)} of {human(size)}"
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code not in RETRY_STATUS:
+                    raise JobFailed(hub_answer(e, path)) from None
+                why = f"the hub answered {e.code}"
+            except (OSError, HTTPException) as e:  # reset, refused, cut short, stalled (timeout)
+                why = net_reason(e, stall)
+            failures += 1
+            if failures > RETRIES:
+                raise JobFailed(f"{path}: {why}; {RETRIES} retries in a row failed", permanent=False)
+            delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+            progress.resumed(f"{path}: {why}; resumed from {human(written)} with Range in {delay:.1f} s "
+                             f"(retry {failures}/{RETRIES})")
+            if STOP.wait(delay):
+                raise Stopped()
+    except BaseException:
+        with _suppress(LocalError):
+            checkpoint(fh, ckpt_path, written)
+        raise
+    with local():
+        fh.flush()
+        os.fsync(fh.fileno())
+    return h, written
+
+
+def hash_prefix(fh, n: int, h):
+    """``h`` updated with the first ``n`` bytes of ``fh`` (a part being resumed)."""
+    fh.seek(0)
+    while n:
+        if STOP.is_set():
+            raise Stopped()
+        block = fh.read(min(CHUNK, n))
+        if not block:
+            break
+        h.update(block)
+        n -= len(block)
+    return h
+
+
+def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str | None) -> str:
+    """Download ``entry`` into its part, verify it, move it into place; return its hash."""
+    if STOP.is_set():
+        raise Stopped()
+    path = entry["path"]
+    parts = os.path.join(dest, WORK, "parts")
+    part, final = safe_join(parts, path), safe_join(dest, path)
+    ckpt_path = inside(parts, part + ".ckpt")
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    url = (f"{job['source'].rstrip('/')}/{job['repo']}/resolve/"
+           f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
+    stall = float(job.get("stall_s") or STALL_S)
+    for attempt in (1, 2):
+        have = resume_point(part, ckpt_path, entry["size"])
+        with open(part, "ab+") as fh:
+            fh.truncate(have)
+            h = hash_prefix(fh, have, hasher(entry))
+            if have or entry["size"] > CHECKPOINT:  # what is here is on disk, in this boot (a file
+                checkpoint(fh, ckpt_path, have)   # smaller than that is cheaper to fetch again)
+            progress.add(have, network=False)
+            h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall)
         digest = h.hexdigest()
         want = expected_hash(entry)
         if written == entry["size"] and (want is None or digest == want):
-            final = os.path.join(dest, path)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.replace(part, final)
+            os.replace(inside(parts, part), inside(dest, final))
             with _suppress():
                 os.unlink(ckpt_path)
             return digest
@@ -375,24 +617,31 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
                else f"hash {digest} != {want}")
         progress.detail = f"{path}: {why}; fetched again from zero"
         progress.add(-written, network=False)
-        os.unlink(part)
+        os.unlink(inside(parts, part))
         with _suppress():
             os.unlink(ckpt_path)
-    raise RuntimeError(f"{path}: fetched twice and still wrong ({why})")
+    raise JobFailed(f"{path}: fetched twice and still wrong ({why})")
 
 
 class _suppress:
+    """Suppress ``kinds`` of exceptions (default OSError)."""
+
+    def __init__(self, *kinds):
+        self.kinds = kinds or (OSError,)
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
+        return exc[0] is not None and issubclass(exc[0], self.kinds)
 
 
 def hash_file(path: str, entry: dict) -> str:
     h = hasher(entry)
     with open(path, "rb") as fh:
         while block := fh.read(CHUNK):
+            if STOP.is_set():
+                raise Stopped()
             h.update(block)
     return h.hexdigest()
 
@@ -409,17 +658,47 @@ def wait_for_peer(job: dict, progress: Progress, token) -> None:
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"peer {job['source']} did not have {job['repo']}@{job['revision'][:12]} "
-                               f"complete within {job.get('peer_wait')} s")
+            raise JobFailed(f"peer {job['source']} did not have {job['repo']}@{job['revision'][:12]} "
+                            f"complete within {job.get('peer_wait')} s", permanent=False)
         progress.state, progress.detail = "waiting", f"waiting for peer {job['source']} to complete"
         progress.write()
-        time.sleep(5)
+        if STOP.wait(5):
+            raise Stopped()
+
+
+def failure(e: Exception, dest: str, progress: Progress) -> tuple[str, bool]:
+    """(why the job failed, as progress.json's error says it; whether that is permanent)."""
+    err = e.__cause__ if isinstance(e, LocalError) else e
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        more = max(progress.total - progress.done - disk_free(dest), 0)
+        return f"no space left on device at {dest}, {human(more)} more needed", True
+    if isinstance(err, OSError):
+        return f"{err.strerror or err} at {err.filename or dest}", err.errno in (errno.EACCES, errno.EROFS)
+    if isinstance(err, UnsafePath):
+        return f"refused: {err}; nothing is written outside {dest}", True
+    if isinstance(err, JobFailed):
+        return str(err), err.permanent
+    return f"{type(err).__name__}: {err}", False
+
+
+def clean_work(work: str, wanted: set[str]) -> None:
+    """Remove what killed jobs leave: temp files of JSON writes, parts of files not in this job."""
+    for n in os.listdir(work):
+        if ".tmp" in n:
+            os.unlink(inside(work, os.path.join(work, n)))
+    parts = os.path.join(work, "parts")
+    for root, _, names in os.walk(parts):
+        for n in names:
+            full = os.path.join(root, n)
+            if os.path.relpath(full, parts).removesuffix(".ckpt") not in wanted:
+                os.unlink(inside(parts, full))
 
 
 def fetch(job_path: str) -> int:
     job = read_json(job_path)
+    use_names(job)
     dest = job["dest"]
-    work = os.path.join(dest, WORK)
+    work = inside(dest, os.path.join(dest, WORK))
     os.makedirs(os.path.join(work, "parts"), exist_ok=True)
     lock = open(os.path.join(work, "lock"), "a")
     try:
@@ -430,31 +709,32 @@ def fetch(job_path: str) -> int:
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")  # what the role kills to stop a job that is not a systemd unit
     lock.flush()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     token = read_token() if not job.get("peer") else None
     files = job["files"]
     total = sum(f["size"] for f in files)
-    with _suppress():
-        os.unlink(os.path.join(dest, MARKER))
     progress = Progress(os.path.join(work, "progress.json"), total, 0, job["source"])
+    progress.state = "verifying"
+    progress.write()  # at once: the converge's wait tells a job that starts from one that died
     ticker = threading.Thread(target=progress.run, daemon=True)
     ticker.start()
     try:
-        # orphans: parts of files not in this job, and huggingface_hub's own leftovers
+        for entry in files:  # the plan refused these already; a job.json made by hand is checked too
+            safe_join(dest, entry["path"])
         wanted = {f["path"] for f in files}
-        parts = os.path.join(work, "parts")
-        for root, _, names in os.walk(parts):
-            for n in names:
-                rel = os.path.relpath(os.path.join(root, n), parts)
-                if rel.removesuffix(".ckpt") not in wanted:
-                    os.unlink(os.path.join(root, n))
-        shutil.rmtree(os.path.join(dest, ".cache", "huggingface", "download"), ignore_errors=True)
+        with _suppress():
+            os.unlink(os.path.join(dest, MARKER))
+        clean_work(work, wanted)
+        # huggingface_hub's own leftovers
+        shutil.rmtree(inside(dest, os.path.join(dest, ".cache", "huggingface", "download")), ignore_errors=True)
         state_path = os.path.join(work, "state.json")
         state = read_json(state_path, {})
         state = {p: r for p, r in state.items() if p in wanted}
         todo = []
-        progress.state, progress.detail = "verifying", "checking files already here"
+        progress.detail = "checking files already here"
         for entry in files:
-            final = os.path.join(dest, entry["path"])
+            final = safe_join(dest, entry["path"])
             if verified_ok(dest, state, entry["path"]) and state[entry["path"]][2] == expected_hash(entry):
                 progress.add(entry["size"], network=False)
                 continue
@@ -482,27 +762,43 @@ def fetch(job_path: str) -> int:
                 write_json(state_path, state)
 
         todo.sort(key=lambda e: -e["size"])
+        first = None
         with ThreadPoolExecutor(max(1, int(job.get("workers", 4)))) as pool:
-            for result in [pool.submit(one, e) for e in todo]:
-                result.result()
+            for done in as_completed([pool.submit(one, e) for e in todo]):
+                try:
+                    done.result()
+                except Stopped:
+                    pass
+                except Exception as e:  # the others checkpoint and end; the first failure is the reason
+                    STOP.set()
+                    first = first or e
+        if first:
+            raise first
+        if STOP.is_set():
+            raise Stopped()
         missing = shard_problems(wanted)
         if missing:
-            raise RuntimeError("incomplete GGUF shard set: " + "; ".join(missing))
+            raise JobFailed("incomplete GGUF shard set: " + "; ".join(missing))
         for entry in files:
             if entry["path"].endswith(".gguf"):
                 with open(os.path.join(dest, entry["path"]), "rb") as fh:
                     if fh.read(4) != b"GGUF":
-                        raise RuntimeError(f"{entry['path']}: not a GGUF file (no GGUF magic)")
+                        raise JobFailed(f"{entry['path']}: not a GGUF file (no GGUF magic)")
         write_json(state_path, state, fsync=True)
         write_json(os.path.join(dest, MARKER), {
             "repo": job["repo"], "revision": job["revision"], "files": sorted(wanted), "bytes": total},
             fsync=True)
         progress.state, progress.detail = "complete", ""
         return 0
+    except Stopped:
+        progress.state = "stopped"
+        progress.detail = f"stopped by {STOP_WHY[0] if STOP_WHY else 'a signal'}; parts checkpointed"
+        return 0
     except Exception as e:
-        progress.state, progress.error = "failed", f"{type(e).__name__}: {e}"
-        print(f"rigup-fetch {dest}: {progress.error}", file=sys.stderr)
-        return 1
+        progress.error, permanent = failure(e, dest, progress)
+        progress.state, progress.detail = "failed", ""
+        log(f"rigup-fetch {dest}: failed: {progress.error}")
+        return PERMANENT if permanent else 1
     finally:
         progress.stop.set()
         progress.write()
@@ -580,6 +876,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 def share(config_path: str) -> int:
     config = read_json(config_path)
+    use_names(config)
     ShareHandler.config_path = config_path
     server = _Server((config.get("bind", "0.0.0.0"), int(config["port"])), ShareHandler)
     server.serve_forever()

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roles.model_fetch.fetcher import select, shard_problems
+from rigup.names import HF_TOKEN, MARKER
+from roles.model_fetch.fetcher import human, select, shard_problems, unsafe_path
+
+__all__ = ["human", "duration", "ModelPlan", "progress_line", "unsafe_files", "plan_model"]
 
 MiB = 1 << 20
-
-
-def human(n: float) -> str:
-    """Bytes as people read them: 512 B, 3.4 MiB, 1.35 TiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def duration(s: float | None) -> str:
@@ -55,14 +49,19 @@ def progress_line(name: str, state: dict) -> str:
     if state.get("damaged"):
         return f"model {name}: damaged since verified: {', '.join(state['damaged'][:5])}; fetched again"
     if p.get("state") == "failed":
-        return f"model {name}: the last job failed: {p.get('error')}; started again"
+        return f"model {name}: failed: {p.get('error')} (at {human(done)} / {human(total)}{pct})"
     if p:
         return f"model {name}: stopped at {human(done)} / {human(total)}{pct}; resumed"
     return f"model {name}: not here yet"
 
 
+def unsafe_files(files: list[dict]) -> list[tuple[str, str]]:
+    """(path, why) of each hub-listed file that may not be written under a model's dest."""
+    return [(f["path"], why) for f in files if (why := unsafe_path(f.get("path")))]
+
+
 def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
-               workers: int, peer_wait: int) -> ModelPlan:
+               workers: int, peer_wait: int, stall_s: int = 60) -> ModelPlan:
     """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
     where = f"models.{name}"
     line = progress_line(name, state) if state else f"model {name}: not probed"
@@ -86,6 +85,12 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
         why = f"cannot list {repo}@{rev[:12]} at {endpoint}: {err['message'][:300]}; fix: check hf_endpoint"
         return ModelPlan(name, "refused", problems=[(where, why)], line=line)
     files = state.get("hub_files") or []
+    hostile = unsafe_files(files)
+    if hostile:  # a hostile or broken hub: no byte of this model, whatever include selects
+        return ModelPlan(name, "refused", line=line, problems=[
+            (f"{where}.repo", f"the hub lists {path!r} in {repo}@{rev[:12]}: {why}; refused before any "
+                              f"byte, nothing is written outside {entry['dest']}; fix: check hf_endpoint "
+                              "(a mirror you trust) and the repo") for path, why in hostile])
     chosen, unmatched = select(files, entry["include"])
     problems = []
     sample = ", ".join(f["path"] for f in files[:6]) + (", ..." if len(files) > 6 else "")
@@ -110,6 +115,7 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
         return ModelPlan(name, "refused", problems=problems, line=line)
     job = {"name": name, "dest": entry["dest"], "repo": repo, "revision": rev, "include": entry["include"],
            "endpoint": endpoint, "source": source, "peer": peer, "peer_wait": peer_wait, "workers": workers,
+           "stall_s": stall_s, "marker": MARKER, "token_file": HF_TOKEN,
            "files": [{"path": f["path"], "size": f["size"], "oid": f.get("oid"), "sha256": f.get("sha256")}
                      for f in sorted(chosen, key=lambda f: f["path"])],
            "bytes": total}

@@ -16,7 +16,15 @@ It answers what rigup and huggingface_hub ask:
   ``X-Linked-Etag`` and ``X-Linked-Size``;
 - for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
   /_lab/tokens`` (bearer tokens seen, by client), ``POST
-  /_lab/reset``, ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 = none: a WAN link).
+  /_lab/reset`` (counters and faults), ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 =
+  none: a WAN link);
+- faults, for tests (cleared by reset): ``POST /_lab/cut?after=N&times=K&how=close|reset|stall``
+  ends a file's response after N body bytes, for the next K responses longer than that (0:
+  every one, so a client gets N bytes a connection): ``close`` shuts the connection (the client
+  reads a short body), ``reset`` sends a TCP RST, ``stall`` sends nothing more for ``secs`` s
+  (default 120) then closes; ``POST /_lab/hostile`` with ``{"repo": ..., "paths": [...]}``
+  adds files at those paths (``../../x``, ``/etc/cron.d/x``: what git cannot hold) to the
+  repo's tree listing, served if asked for, as a hostile or broken mirror would.
 
 Why not olah (PyPI), which the issue suggests: olah 0.5.4's local-mirror mode
 (server_file_routes.file_get_common -> mirror/repos.py get_file) ignores ``Range`` and sends the
@@ -26,7 +34,7 @@ caps every figure measured against it.
 From Python: ``hub.publish(repo_id, {path_in_repo: local_path})`` commits those files (the repo's
 whole content at that commit) and returns the commit id; ``hub.serve()``, ``hub.stop()``,
 ``hub.url()``, ``hub.bytes_served(address=None)``, ``hub.tokens_seen(address)``, ``hub.reset()``,
-``hub.rate(bps)``.
+``hub.rate(bps)``, ``hub.cut(after, times=1, how="close")``, ``hub.hostile(repo_id, paths)``.
 ``lab.down()`` stops the server (``lab.hub_pids()``).
 """
 
@@ -38,7 +46,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import socketserver
+import struct
 import subprocess
 import sys
 import threading
@@ -265,10 +275,25 @@ class Stats:
         self.bytes: dict[str, int] = {}
         self.tokens: dict[str, list[str]] = {}   # client -> bearer tokens it sent (the tests' own)
         self.bps = 0
+        self.clear_faults()
+
+    def clear_faults(self) -> None:
+        self.cut: dict = {}                      # {after, times (-1: every response), how, secs}
+        self.hostile: dict[str, list[str]] = {}  # repo -> extra paths in its listing
 
     def add(self, who: str, n: int) -> None:
         with self.lock:
             self.bytes[who] = self.bytes.get(who, 0) + n
+
+    def take_cut(self, length: int) -> dict | None:
+        """The cut for a response of ``length`` body bytes, if one is due (and count it)."""
+        with self.lock:
+            cut = self.cut
+            if not cut or cut["times"] == 0 or length <= cut["after"]:
+                return None
+            if cut["times"] > 0:
+                cut["times"] -= 1
+            return dict(cut)
 
 
 STATS = Stats()
@@ -306,7 +331,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with STATS.lock:
                 STATS.bytes.clear()
                 STATS.tokens.clear()
+                STATS.clear_faults()
             return self._json({})
+        if parts.path == "/_lab/cut":
+            q = {k: v[0] for k, v in urllib.parse.parse_qs(parts.query).items()}
+            times = int(q.get("times", 1))
+            with STATS.lock:
+                STATS.cut = {"after": int(q["after"]), "times": -1 if times == 0 else times,
+                             "how": q.get("how", "close"), "secs": float(q.get("secs", 120))}
+            return self._json(STATS.cut)
+        if parts.path == "/_lab/hostile":
+            wanted = json.loads(body)
+            with STATS.lock:
+                STATS.hostile[wanted["repo"]] = list(wanted["paths"])
+            return self._json(wanted)
         if parts.path == "/_lab/rate":
             STATS.bps = int(urllib.parse.parse_qs(parts.query).get("bps", ["0"])[0])
             return self._json({"bps": STATS.bps})
@@ -322,6 +360,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self._error(str(e), f"{e}: {m.group(1)}@{m.group(2)}")
             return self._json([self._item(f) for f in files if f["path"] in wanted])
         self._error("EntryNotFound", "no such route")
+
+    @staticmethod
+    def _files(repo_id: str, rev: str) -> list[dict]:
+        """The repo's files at ``rev`` (LookupError), with the hostile paths set for it."""
+        _, files = listing(repo_id, rev)
+        with STATS.lock:
+            extra = STATS.hostile.get(repo_id, [])
+        data = b"hostile\n"
+        oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        return files + [{"path": p, "size": len(data), "oid": oid, "lfs": None, "data": data} for p in extra]
 
     @staticmethod
     def _item(f: dict) -> dict:
@@ -352,7 +400,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             try:
-                _, files = listing(m.group(1), m.group(2))
+                files = self._files(m.group(1), m.group(2))
             except LookupError as e:
                 return self._error(str(e), f"{e}: {m.group(1)}@{m.group(2)}")
             prefix = (m.group(3) or "").strip("/")
@@ -387,12 +435,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _resolve(self, repo_id: str, rev: str, file: str):
         try:
-            sha, files = listing(repo_id, rev)
+            sha, _ = listing(repo_id, rev)
+            files = self._files(repo_id, rev)
         except LookupError as e:
             return self._error(str(e), f"{e}: {repo_id}@{rev}")
         entry = next((f for f in files if f["path"] == file), None)
         if entry is None:
             return self._error("EntryNotFound", f"{file} is not in {repo_id}@{rev}")
+        if "data" in entry:  # a hostile path: served, and counted, if a client asks for it
+            STATS.add(self.client_address[0], len(entry["data"]))
+            return self._send(200, entry["data"], ctype="application/octet-stream")
         repo = MODELS / repo_id
         size = entry["size"]
         headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
@@ -428,11 +480,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             fh.read(start)
         who = self.client_address[0]
         t0, sent, left = time.monotonic(), 0, end - start + 1
+        cut = STATS.take_cut(left)
         try:
             if source is not None:
                 fh.seek(start)
             while left > 0:
-                block = fh.read(min(1 << 20, left))
+                if cut and sent >= cut["after"]:
+                    return self._cut(cut)
+                block = fh.read(min(1 << 20, left, cut["after"] - sent if cut else left))
                 if not block:
                     break
                 self.wfile.write(block)
@@ -447,6 +502,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             fh.close()
+
+    def _cut(self, cut: dict) -> None:
+        """End this response early as ``cut["how"]`` says (a fault for the tests)."""
+        self.close_connection = True
+        sock = self.connection
+        if cut["how"] == "stall":
+            time.sleep(cut["secs"])
+        elif cut["how"] == "reset":  # close with a zero linger: the client gets a RST
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -516,6 +586,21 @@ def reset(host: str | None = None) -> None:
 def rate(bps: int, host: str | None = None) -> None:
     """Limit each download stream to ``bps`` bytes/s (0: no limit)."""
     _call(f"/_lab/rate?bps={int(bps)}", "POST", host)
+
+
+def cut(after: int, times: int = 1, how: str = "close", secs: float = 120, host: str | None = None) -> None:
+    """End the next ``times`` file responses (0: every one) after ``after`` body bytes: ``close``
+    (a short body), ``reset`` (TCP RST) or ``stall`` (silence for ``secs`` s). ``reset()`` ends it."""
+    query = urllib.parse.urlencode({"after": int(after), "times": int(times), "how": how, "secs": secs})
+    _call(f"/_lab/cut?{query}", "POST", host)
+
+
+def hostile(repo_id: str, paths: list[str], host: str | None = None) -> None:
+    """List files at ``paths`` (e.g. ``../../x``) in ``repo_id``'s tree too; ``reset()`` ends it."""
+    req = urllib.request.Request(f"{url(host)}/_lab/hostile", method="POST",
+                                 data=json.dumps({"repo": repo_id, "paths": paths}).encode())
+    with _OPENER.open(req, timeout=10) as resp:
+        resp.read()
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def test_completes_and_verifies(lab, hub, play, tmp_path):
     sizes = on_host(lab, name, "cd /srv/models/tiny && stat -c %s " + " ".join(got["files"]))
     assert got["bytes"] == sum(int(s) for s in sizes.split())
     assert hub_module.bytes_served(h["address"]) == got["bytes"]
-    from roles.model_fetch.facts import first_gguf
+    from rigup.models import first_gguf
 
     assert first_gguf(got["files"]) == "tiny-00001-of-00003.gguf"
     # the job ran as the service user, its unit is gone (--collect), no partial is left

@@ -13,9 +13,12 @@ import time
 
 import pytest
 
+from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch import fetcher
 from roles.model_fetch.facts import parse_probe, unit_name
 from roles.model_fetch.plan import human, plan_model, progress_line
+
+NAMES = {"marker": MARKER, "token_file": HF_TOKEN}  # what the role passes to every job and spec
 
 REV = "a" * 40
 FILES = [{"path": "m-00001-of-00002.gguf", "size": 600, "oid": "1" * 40, "sha256": "b" * 64},
@@ -119,7 +122,7 @@ def local_hub(tmp_path_factory):
 def job_for(dest, endpoint, rev):
     files = fetcher.hub_files(endpoint, "org/m", rev, None)
     job = {"dest": str(dest), "repo": "org/m", "revision": rev, "source": endpoint, "files": files,
-           "include": [], "workers": 2}
+           "include": [], "workers": 2, **NAMES}
     (dest / ".rigup-fetch").mkdir(parents=True, exist_ok=True)
     (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
     return job
@@ -154,7 +157,7 @@ def test_fetch_verifies_and_marks_complete(local_hub, tmp_path):
                       "files": ["big.bin", "config.json", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]}
     # the probe finds it complete without asking the hub
     spec = base64.b64encode(json.dumps([{"name": "m", "dest": str(dest), "repo": "org/m", "revision": rev,
-                                         "include": [], "endpoint": "http://127.0.0.1:9"}]).encode()).decode()
+                                         "include": [], "endpoint": "http://127.0.0.1:9", **NAMES}]).encode()).decode()
     out = subprocess.run([sys.executable, fetcher.__file__, "probe", spec], capture_output=True, text=True).stdout
     state = parse_probe(out.splitlines())["models"]["m"]
     assert state["complete"] and "hub_files" not in state and "hub_error" not in state
@@ -194,3 +197,147 @@ def test_kill_9_then_resume_fetches_only_the_rest(local_hub, tmp_path):
     assert run_fetch(dest).returncode == 0
     assert sum(hub.STATS.bytes.values()) == (24 << 20) - have
     assert not part.exists() and (dest / ".rigup-complete.json").exists()
+
+
+# ------------------------------------------------------------------ hostile listings, faults
+
+HOSTILE = ["../../x", "/etc/cron.d/x", "a/../../x", "a\\..\\x", "", "a//b", "./a", "a/\n", ".rigup-fetch/job.json",
+           ".rigup-complete.json"]
+
+
+def test_unsafe_paths_are_named_and_plain_ones_pass():
+    for path in HOSTILE:
+        assert fetcher.unsafe_path(path), path
+    assert "'..'" in fetcher.unsafe_path("a/../../x") and "absolute" in fetcher.unsafe_path("/etc/cron.d/x")
+    assert "backslash" in fetcher.unsafe_path("a\\..\\x")
+    for path in ("config.json", "sub/dir/m-00001-of-00002.gguf", "..hidden", "a..b/c", ".gitattributes"):
+        assert fetcher.unsafe_path(path) is None, path
+
+
+def test_safe_join_refuses_what_resolves_outside(tmp_path):
+    dest = tmp_path / "m"
+    dest.mkdir()
+    assert fetcher.safe_join(str(dest), "a/b.bin") == str(dest / "a/b.bin")
+    with pytest.raises(fetcher.UnsafePath, match=r"'\.\./x'"):
+        fetcher.safe_join(str(dest), "../x")
+    (dest / "link").symlink_to(tmp_path)  # a symlink planted in dest: what goes through it is outside
+    with pytest.raises(fetcher.UnsafePath, match="resolves outside"):
+        fetcher.safe_join(str(dest), "link/x")
+
+
+def test_plan_refuses_a_hostile_listing_naming_each_file():
+    listed = FILES + [{"path": p, "size": 8, "oid": "4" * 40, "sha256": None} for p in ("../../x", "/etc/cron.d/x")]
+    p = plan({"hub_files": listed, "free_bytes": 10_000}, include=["*.gguf"])  # include does not save it
+    assert p.action == "refused" and p.job is None
+    assert [k for k, _ in p.problems] == ["models.m.repo", "models.m.repo"]
+    assert "'../../x'" in p.problems[0][1] and "'/etc/cron.d/x'" in p.problems[1][1]
+    assert "before any byte" in p.problems[0][1]
+
+
+def test_failed_line_says_why():
+    failed = {"progress": {"bytes": 50 << 20, "total": 100 << 20, "state": "failed",
+                           "error": "no space left on device at /srv/models/m, 50.0 MiB more needed"}}
+    assert progress_line("m", failed) == ("model m: failed: no space left on device at /srv/models/m, 50.0 MiB "
+                                          "more needed (at 50.0 MiB / 100.0 MiB (50.0%))")
+
+
+def big_job(dest, endpoint, rev, **extra):
+    job = job_for(dest, endpoint, rev)
+    job.update(files=[f for f in job["files"] if f["path"] == "big.bin"], **extra)
+    (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
+    return job
+
+
+def served(hub):
+    with hub.STATS.lock:
+        return sum(hub.STATS.bytes.values())
+
+
+@pytest.fixture
+def faults(local_hub):
+    """The local hub's counters cleared, and its faults and rate limit off again afterwards."""
+    _, _, hub = local_hub
+    with hub.STATS.lock:
+        hub.STATS.bytes.clear()
+    yield hub
+    with hub.STATS.lock:
+        hub.STATS.clear_faults()
+    hub.STATS.bps = 0
+
+
+@pytest.mark.parametrize("how", ["close", "reset", "stall"])
+def test_a_cut_reset_or_stalled_stream_is_resumed_in_the_same_job(local_hub, faults, tmp_path, how):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "m"
+    big_job(dest, endpoint, rev, stall_s=1)
+    hub.STATS.cut = {"after": 10 << 20, "times": 2, "how": how, "secs": 4}
+    start = time.monotonic()
+    result = run_fetch(dest)
+    assert result.returncode == 0, result.stderr
+    progress = json.loads((dest / ".rigup-fetch/progress.json").read_text())
+    print(f"\n{how}: {progress['resumes']} resume(s) in one job, {served(hub)} bytes served for "
+          f"{24 << 20}, {time.monotonic() - start:.1f} s")
+    assert progress["resumes"] == 2 and progress["state"] == "complete"
+    # a RST drops what the socket buffers held, which is sent again; otherwise not a byte
+    assert served(hub) <= (24 << 20) + (2 * (4 << 20) if how == "reset" else 0)
+    assert ("stalled" if how == "stall" else "ended at" if how == "close" else "reset") in result.stderr
+
+
+def test_sigterm_checkpoints_every_byte_here(local_hub, faults, tmp_path):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "m"
+    big_job(dest, endpoint, rev)
+    hub.STATS.bps = 8 << 20
+    proc = subprocess.Popen([sys.executable, fetcher.__file__, "fetch", str(dest / ".rigup-fetch/job.json")])
+    part = dest / ".rigup-fetch/parts/big.bin"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not part.exists() or part.stat().st_size < (6 << 20)):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    have = part.stat().st_size
+    ckpt = json.loads((dest / ".rigup-fetch/parts/big.bin.ckpt").read_text())
+    progress = json.loads((dest / ".rigup-fetch/progress.json").read_text())
+    assert ckpt["bytes"] == have and 0 < have < 24 << 20  # what a job after a reboot keeps
+    assert progress["state"] == "stopped" and "SIGTERM" in progress["detail"]
+    assert not list((dest / ".rigup-fetch").glob("*.tmp*"))
+
+
+def test_a_hub_refusal_fails_the_job_with_its_answer(local_hub, faults, tmp_path):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "m"
+    job = big_job(dest, endpoint, rev)
+    job["repo"] = "org/gone"  # the hub answers 404 for its files
+    (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
+    result = run_fetch(dest)
+    assert result.returncode == fetcher.PERMANENT
+    progress = json.loads((dest / ".rigup-fetch/progress.json").read_text())
+    assert progress["state"] == "failed" and progress["error"] == "hub answered 404 (RepoNotFound) for big.bin"
+
+
+def test_fetcher_refuses_a_hostile_job_before_any_byte(local_hub, faults, tmp_path):
+    endpoint, rev, hub = local_hub
+    dest = tmp_path / "deep/m"
+    job = big_job(dest, endpoint, rev)
+    outside = tmp_path / "x"
+    outside.write_text("keep me\n")  # a wrong size: the fetcher would delete it as a corrupt file
+    job["files"].append({"path": "../../x", "size": 3, "oid": "0" * 40, "sha256": None})
+    (dest / ".rigup-fetch/job.json").write_text(json.dumps(job))
+    result = run_fetch(dest)
+    assert result.returncode == fetcher.PERMANENT
+    progress = json.loads((dest / ".rigup-fetch/progress.json").read_text())
+    assert "refused: the hub listed '../../x'" in progress["error"]
+    assert outside.read_text() == "keep me\n" and served(hub) == 0
+    assert not (dest / ".rigup-fetch/parts/big.bin").exists()
+
+
+def test_wait_tells_a_dead_job_from_one_that_starts():
+    from roles.model_fetch import dead_job
+
+    assert dead_job("m", {"running": True, "progress": {"state": "running"}}, 100) is None
+    assert dead_job("m", {"complete": True}, 100) is None
+    assert dead_job("m", {}, 5) is None  # no progress yet: the unit may be starting
+    assert "did not start within 30 s" in dead_job("m", {}, 31)
+    failed = {"progress": {"state": "failed", "error": "hub answered 403 for big.bin", "bytes": 1 << 20, "total": 2 << 20}}
+    assert dead_job("m", failed, 1) == "the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB)"
+    assert "without completing or saying why (killed?)" in dead_job("m", {"progress": {"state": "running"}}, 1)

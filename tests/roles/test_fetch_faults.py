@@ -1,0 +1,195 @@
+"""roles/model_fetch under faults made for real on the lab, with the play and helpers of
+test_model_fetch.py: a clean reboot mid-download, a kill -9, a connection the hub cuts mid-file,
+a filesystem that fills up mid-download, and a hub that lists paths outside the model's directory.
+
+Bytes are counted by the lab hub (tests/lab/hub.py), per lab host; each test prints its figures.
+"""
+
+import json
+import time
+
+import pytest
+
+from rigup.names import HF_TOKEN, MARKER
+from roles.model_fetch import fetcher
+from tests.conftest import on_host
+from tests.converge import ROOT, pyinfra
+from tests.roles.test_model_fetch import BIG, converge, marker, model, progress, wait_for
+from tests.roles.test_model_fetch import hub, play  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.lab
+DEST = "/srv/models/big"
+UNIT = "rigup-fetch-big"
+MID = 64 << 20
+FULL = "/mnt/full"   # a small tmpfs on the lab host, filled for real
+
+
+def big(revs, **kw):
+    return {"models": {"big": model(revs, "big", include=["big.bin"], **kw)}, "model_fetch_wait_interval": 1}
+
+
+def started(lab, hub_module, name, bps):
+    """No big.bin on ``name`` yet, the hub's counters at zero and its streams at ``bps``."""
+    on_host(lab, name, f"rm -rf {DEST}")
+    hub_module.reset()
+    hub_module.rate(bps)
+
+
+def report(what, served, size):
+    print(f"\n{what}: the hub sent {served} bytes for a {size}-byte model: {served / size:.4f}x")
+    return served / size
+
+
+def test_clean_reboot_mid_download_fetches_nothing_again(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name = h["name"]
+    started(lab, hub_module, name, 40 << 20)
+    try:
+        converge(play, tmp_path, {name: big(revs)})
+        wait_for(lambda: progress(lab, name, DEST).get("bytes", 0) >= BIG * 0.4, 120, "40% of the file")
+        lab.reboot(name)  # systemd stops the job with SIGTERM: it checkpoints every byte it has
+    finally:
+        hub_module.rate(0)
+    part = int(on_host(lab, name, f"stat -c %s {DEST}/.rigup-fetch/parts/big.bin"))
+    ckpt = json.loads(on_host(lab, name, f"cat {DEST}/.rigup-fetch/parts/big.bin.ckpt"))
+    stopped = progress(lab, name, DEST)
+    assert stopped["state"] == "stopped" and "SIGTERM" in stopped["detail"], stopped
+    assert ckpt["bytes"] == part and 0 < part < BIG
+    run = converge(play, tmp_path, {name: big(revs, wait=True)})
+    assert "stopped at" in run.output and marker(lab, name, DEST)["bytes"] == BIG
+    print(f"\nreboot at {100 * part / BIG:.0f}%: {part} bytes kept, checkpointed before the reboot")
+    assert report("clean reboot mid-download", hub_module.bytes_served(h["address"]), BIG) <= 1.01
+
+
+def test_kill_9_then_converge(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name = h["name"]
+    started(lab, hub_module, name, 40 << 20)
+    try:
+        converge(play, tmp_path, {name: big(revs)})
+        wait_for(lambda: progress(lab, name, DEST).get("bytes", 0) >= BIG * 0.4, 120, "40% of the file")
+        unit = on_host(lab, name, f"systemctl show -p Restart,RestartUSec,RestartPreventExitStatus {UNIT}")
+        assert "Restart=on-failure" in unit and "RestartUSec=30s" in unit, unit
+        on_host(lab, name, f"systemctl kill -s KILL {UNIT}; while [ \"$(systemctl show -p MainPID --value {UNIT})\" "
+                           "!= 0 ]; do sleep 0.1; done")
+    finally:
+        hub_module.rate(0)
+    part = int(on_host(lab, name, f"stat -c %s {DEST}/.rigup-fetch/parts/big.bin"))
+    converge(play, tmp_path, {name: big(revs, wait=True)})
+    assert marker(lab, name, DEST)["bytes"] == BIG
+    print(f"\nkill -9 at {100 * part / BIG:.0f}%")
+    assert report("kill -9 then converge", hub_module.bytes_served(h["address"]), BIG) <= 1.05
+
+
+def test_a_connection_cut_mid_file_is_resumed_in_the_same_job(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name = h["name"]
+    started(lab, hub_module, name, 64 << 20)
+    hub_module.cut(96 << 20, times=1, how="close")
+    try:
+        converge(play, tmp_path, {name: big(revs)})
+        pid = wait_for(lambda: progress(lab, name, DEST).get("pid"), 60, "the job to start")
+        got = wait_for(lambda: marker(lab, name, DEST), 120, "the marker")
+    finally:
+        hub_module.rate(0)
+    done = progress(lab, name, DEST)
+    restarts = on_host(lab, name, f"systemctl show -p NRestarts --value {UNIT} 2>/dev/null || true").strip()
+    print(f"\ncut at 96 MiB: pid {pid} before, {done['pid']} at the end, {done['resumes']} resume(s) in the job, "
+          f"systemd restarts: {restarts or 'none (unit collected)'}")
+    assert got["bytes"] == BIG and done["state"] == "complete"
+    assert done["pid"] == pid and done["resumes"] == 1
+    assert report("connection cut mid-file", hub_module.bytes_served(h["address"]), BIG) <= 1.05
+
+
+def status(tmp_path, name):
+    inventory = sorted(tmp_path.glob("inventory_*.py"))[-1]
+    return pyinfra(str(inventory), str(ROOT / "status.py"), "--limit", name)
+
+
+def test_disk_full_mid_download_says_why_and_completes_once_freed(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name, dest = h["name"], f"{FULL}/mid"
+    config = hub_module.CACHE / "tiny-config.json"
+    rev = hub_module.publish("lab/mid", {"mid.bin": hub_module.random_file("mid-64m.bin", MID), "config.json": config})
+    on_host(lab, name, f"mkdir -p {FULL} && (mountpoint -q {FULL} && umount {FULL}; true) && "
+                       f"mount -t tmpfs -o size=80m tmpfs {FULL}")
+    data = {name: {"models": {"mid": {"repo": "lab/mid", "revision": rev, "include": ["mid.bin"], "dest": dest,
+                                      "wait": True}}, "model_fetch_wait_interval": 1}}
+    hub_module.reset()
+    hub_module.rate(16 << 20)
+    try:
+        waiting = converge(play, tmp_path, data, popen=True)
+        wait_for(lambda: progress(lab, name, dest).get("bytes", 0) >= 8 << 20, 120, "8 MiB of the file")
+        # the rest of the filesystem taken by another writer, for real
+        on_host(lab, name, f"fallocate -l $(( $(df --output=avail -B1 {FULL} | tail -1) - (2 << 20) )) {FULL}/filler")
+        filled = time.monotonic()
+        out, _ = waiting.communicate(timeout=120)
+        failed_after = time.monotonic() - filled
+    finally:
+        hub_module.rate(0)
+    assert waiting.returncode != 0
+    assert f"model mid: the download failed: no space left on device at {dest}, " in out, out[-3000:]
+    print(f"\ndisk full: the converge waiting on it failed {failed_after:.1f} s after the disk filled")
+    shown = status(tmp_path, name)
+    line = next(ln for ln in shown.output.splitlines() if "model mid:" in ln)
+    print(f"status.py: {line.strip()}")
+    assert f"model mid: failed: no space left on device at {dest}, " in line and "more needed" in line
+    assert on_host(lab, name, f"find {FULL} -name '*.tmp*'") == ""  # no temp file left behind
+    assert on_host(lab, name, "systemctl is-active rigup-fetch-mid || true").strip() != "active"  # no restart
+    on_host(lab, name, f"rm {FULL}/filler")
+    converge(play, tmp_path, data)
+    assert marker(lab, name, dest)["bytes"] == MID
+    report("disk full, then freed and converged", hub_module.bytes_served(h["address"]), MID)
+    on_host(lab, name, f"umount {FULL}")
+
+
+HOSTILE = ["../../x", "/etc/cron.d/x", "a/../../x"]
+
+
+def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name, dest = h["name"], "/srv/models/evil"
+    config = hub_module.CACHE / "tiny-config.json"
+    rev = hub_module.publish("lab/evil", {"config.json": config})
+    hub_module.reset()
+    hub_module.hostile("lab/evil", HOSTILE)
+    # what those paths reach from dest, kept with a wrong size: a fetcher would "repair" them
+    sentinels = ["/srv/x", "/srv/models/x"]
+    on_host(lab, name, f"rm -rf {dest} /etc/cron.d/x; mkdir -p /srv/models; "
+                       + "; ".join(f"echo keep > {s}" for s in sentinels))
+    listed = [f["path"] for f in fetcher.hub_files(hub_module.url(), "lab/evil", rev, None)]
+    assert set(HOSTILE) <= set(listed)  # the hub does list them
+    models = {"evil": {"repo": "lab/evil", "revision": rev, "dest": dest}}
+    run = converge(play, tmp_path, {name: {"models": models}}, check=False)
+    assert run.returncode != 0
+    refused = [ln.strip() for ln in run.output.splitlines() if "refused: models.evil.repo" in ln]
+    print("\n" + "\n".join(refused))
+    for path in HOSTILE:
+        assert any(f"the hub lists {path!r}" in ln for ln in refused), path
+    assert hub_module.bytes_served(h["address"]) == 0
+    assert lab.ssh(name, f"test -e {dest}").returncode != 0
+
+    # defence in depth: the fetcher itself, run as root on a job.json made by hand with those paths
+    files = fetcher.hub_files(hub_module.url(), "lab/evil", rev, None)
+    job = {"dest": dest, "repo": "lab/evil", "revision": rev, "source": hub_module.url(), "files": files,
+           "include": [], "workers": 2, "marker": MARKER, "token_file": HF_TOKEN}
+    script = fetcher.__file__
+    result = lab.ssh(name, f"mkdir -p {dest}/.rigup-fetch && cat > {dest}/.rigup-fetch/job.json <<'RIGUP_EOF'\n"
+                           f"{json.dumps(job)}\nRIGUP_EOF\ncat > /tmp/rigup-fetch.py <<'RIGUP_EOF'\n"
+                           f"{open(script).read()}\nRIGUP_EOF\n"
+                           f"python3 /tmp/rigup-fetch.py fetch {dest}/.rigup-fetch/job.json")
+    assert result.returncode == fetcher.PERMANENT, result.stdout + result.stderr
+    error = progress(lab, name, dest)["error"]
+    print(f"fetcher on a hand-made job: exit {result.returncode}: {error}")
+    assert error.startswith("refused: the hub listed '../../x'")
+    for s in sentinels:
+        assert on_host(lab, name, f"cat {s}") == "keep\n"
+    assert lab.ssh(name, "test -e /etc/cron.d/x").returncode != 0
+    assert on_host(lab, name, f"find {dest} -type f ! -path '*/.rigup-fetch/*'") == ""
+    assert hub_module.bytes_served(h["address"]) == 0
+    on_host(lab, name, f"rm -rf {dest} " + " ".join(sentinels))
