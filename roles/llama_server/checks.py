@@ -87,12 +87,11 @@ def check_split_mode_row(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         if not row or not family or not family.get("split_mode_row_fails"):
             continue
         error = family.get("split_mode_row_error") or "it fails at load"
-        found.append(Refusal(
-            f"llama_server_instances.{name} uses -sm row for {family['name']}",
-            f"llama.cpp fails to load {family['key']} with row split: \"{error}\" "
-            f"(rigup/gpu/models.yml, from {', '.join(family['sources'])})",
-            f"set llama_server_instances.{name}.split_mode: layer (and drop -sm row from extra_args)",
-            "split_mode_row"))
+        sources = f"rigup/gpu/models.yml, from {', '.join(family['sources'])}"
+        why = f"llama.cpp fails to load {family['key']} with row split: \"{error}\" ({sources})"
+        fix = f"set llama_server_instances.{name}.split_mode: layer (and drop -sm row from extra_args)"
+        found.append(Refusal(f"llama_server_instances.{name} uses -sm row for {family['name']}", why, fix,
+                             "split_mode_row"))
     return found
 
 

@@ -59,10 +59,9 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
     found = serving_exposure("vllm_instances", _instances(plan, data))
     for name, inst in _instances(plan, data).items():
         if "VLLM_API_KEY" in inst["env"] or "VLLM_API_KEY" in (data.get("vllm_env") or {}):
-            found.append(Refusal(f"vllm_instances.{name}: VLLM_API_KEY in env", "a key typed into the configuration "
-                                 "passes through the controller and every run's output, and the gate cannot read it",
-                                 f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)",
-                                 "open_without_key"))
+            why = "a key typed into the configuration passes through every run's output, and the gate cannot read it"
+            fix = f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)"
+            found.append(Refusal(f"vllm_instances.{name}: VLLM_API_KEY in env", why, fix, "open_without_key"))
     return found
 
 
