@@ -9,12 +9,19 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.operations import files
 
+from rigup.secrets import new_key
 
-def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str):
+
+def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,
+                 key: tuple[str, str, str] | None = None):
     """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
     ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
     reloads systemd and restarts the unit; a unit not active or not enabled is started; else
-    ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``)."""
+    ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``, ``key``).
+    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart)."""
+    if key and not state.get("key"):
+        yield new_key(*key)
+        changed = True
     if changed:
         yield from files.put._inner(src=StringIO(text), dest=dropin, mode="644")
         yield "systemctl daemon-reload"

@@ -36,7 +36,7 @@ from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.names import guard_file, marker_path
-from rigup.secrets import bearer, new_key
+from rigup.secrets import bearer
 from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, ports
@@ -71,25 +71,22 @@ def instance(instance_name: str, inst: dict, marker: str, binary: str, build_lin
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"))
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     unit = f"rigup-llama@{name}.service"
-    if inst["api_key"] and not state.get("key"):
-        yield new_key(KEY.format(name), user)
-        changed = True
     yield from unit_running(unit, DROPIN.format(name), text, state, changed,
-                            f"{name} runs with its current drop-in and key")
+                            f"{name} runs with its current drop-in and key",
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None)
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
 def apply(plan: dict):
     data = host.data.dict()
+    user, binary = data["rigup_user"], f"{data['llama_cpp_dir']}/current/bin/llama-server"
     wanted, entries = serving(data, instances)
     if not wanted:
         return
-    user = data["rigup_user"]
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
                         start_timeout=max(600, data["llama_server_health_timeout"]))
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
-    binary = f"{data['llama_cpp_dir']}/current/bin/llama-server"
     gpu = build_backend(plan, data) == "cuda"
     for name, inst in sorted(wanted.items()):
         started = instance(name=f"llama-server {name} on {inst['host']}:{inst['port']}",

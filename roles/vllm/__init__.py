@@ -66,7 +66,7 @@ from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
 from rigup.names import guard_file, marker_path
-from rigup.secrets import bearer, new_key, written
+from rigup.secrets import bearer, written
 from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
@@ -107,16 +107,13 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
                            marker.get("revision"), wait)
     unit = f"rigup-vllm@{name}.service"
-    changed = cmd.sha(text) != state.get("dropin")
-    if inst["api_key"] and not state.get("key"):
-        yield new_key(cmd.KEY_FILE.format(name), user, prefix=cmd.KEY_PREFIX)
-        changed = True
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
         yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
                                     mode="640")
-    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, changed,
-                            f"{name} runs with its current install, environment and drop-in")
+    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),
+                            f"{name} runs with its current install, environment and drop-in",
+                            key=(cmd.KEY_FILE.format(name), user, cmd.KEY_PREFIX) if inst["api_key"] else None)
 
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
