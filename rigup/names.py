@@ -11,6 +11,7 @@ from __future__ import annotations
 
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
+SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
 
 
 def marker_path(dest: str) -> str:

@@ -4,7 +4,7 @@ Each role declares its refusals in ``roles/<role>/checks.py``: pure functions
 ``check(plan, facts, data) -> list[Refusal]`` (plan: rigup.gpu.plan.hardware_plan; facts: the
 value of rigup.gpu.facts.HardwareFacts with ``model_bytes``; data: the host's merged data),
 gathered in its ``CHECKS``. A serving role also says which ports its instances take
-(``ports(plan, data) -> list[Port]``). The plays hand every role's checks to preflight, which
+(``ports(plan, data, fleet) -> list[Port]``). The plays hand every role's checks to preflight, which
 imports no role.
 """
 
@@ -39,6 +39,14 @@ class Port(NamedTuple):
     port: int
     where: str
     owners: tuple[str, ...] = ()
+
+
+class Fleet(NamedTuple):
+    """The hosts of the run, for what one host's settings mean to another (a peer to share with):
+    ``me`` is the host being checked, ``hosts`` every host's data by name."""
+
+    me: str
+    hosts: dict
 
 
 Check = Callable[[dict, dict, dict], "list[Refusal]"]

@@ -27,7 +27,7 @@ def _instances(plan: dict, data: dict) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
-def ports(plan: dict, data: dict) -> list[Port]:
+def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return [Port(inst["port"], f"llama_server_instances.{name}", ("llama-server",))
             for name, inst in _instances(plan, data).items()]
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
+import secrets
 import shlex
 import time
 from io import StringIO
@@ -52,7 +54,8 @@ from rigup import files as managed
 from rigup.config import role_defaults, source_of
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
-from rigup.names import MARKER
+from rigup.names import MARKER, SHARE_TOKEN
+from rigup.refusal import Port
 from rigup.secrets import secret_file
 from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
@@ -60,7 +63,7 @@ from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchS
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
-__all__ = ["apply", "status", "specs", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "status", "specs", "ports", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
@@ -98,14 +101,7 @@ def _peer_address(name: str) -> str | None:
 
 def _requests_for_me() -> list[tuple[str, str]]:
     """(repo, revision) of the models other hosts of the inventory copy from this host."""
-    wanted = []
-    for other in host.inventory:
-        if other.name == host.name:
-            continue
-        for entry in _models(other.data.dict()).values():
-            if entry.get("fetch_from") == host.name:
-                wanted.append((entry["repo"], entry["revision"]))
-    return wanted
+    return requests_for(host.name, {other.name: other.data.dict() for other in host.inventory})
 
 
 def specs(data: dict, models: dict) -> list[dict]:
@@ -174,6 +170,7 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
                    f"--property=StartLimitIntervalSec={START_WINDOW_S} --property=StartLimitBurst={START_BURST}")
         # a unit waiting to restart (auto-restart) is not active: stopped, then started anew
         return (f"cred=; [ -f {TOKEN_PATH} ] && cred=--property=LoadCredential=hf-token:{TOKEN_PATH}; "
+                f"[ -f {SHARE_TOKEN} ] && cred=\"$cred --property=LoadCredential=share-token:{SHARE_TOKEN}\"; "
                 f"systemctl is-active -q {unit} || {{ systemctl stop {unit} 2>/dev/null; "
                 f"systemctl reset-failed {unit} 2>/dev/null; "
                 f"systemd-run --unit={unit} --collect --quiet --property=User={q(data['rigup_user'])} "
@@ -208,22 +205,69 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
     yield _start_command(plan, data, systemd)
 
 
+# The share server's unit: it reads the models and the fleet's token (a credential), nothing else.
+SHARE_HARDENING = ("ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
+                   "NoNewPrivileges=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
+                   "ProtectControlGroups=yes", "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+                   "RestrictNamespaces=yes", "LockPersonality=yes", "CapabilityBoundingSet=",
+                   "SystemCallFilter=@system-service", "MemoryDenyWriteExecute=yes")
+
+
 @operation()
-def shared(dests: list[str], data: dict, systemd: bool, active: bool):
-    """Serve the completed models in ``dests`` to peers (unit ``rigup-share``; without systemd a
-    tmux session or a setsid process holding SHARE_LOCK) unless it runs."""
-    config = json.dumps({"port": data["model_fetch_share_port"], "dests": sorted(dests), "marker": MARKER,
-                         "token_file": TOKEN_PATH}, indent=1) + "\n"
+def shared(dests: list[str], data: dict, bind: str, systemd: bool, active: bool):
+    """Serve the completed models in ``dests`` to the fleet's peers, on ``bind`` (this host's
+    inventory address) only, to requests with the fleet's token (unit ``rigup-share``, hardened;
+    without systemd a tmux session or a setsid process holding SHARE_LOCK) unless it runs."""
+    config = json.dumps({"port": data["model_fetch_share_port"], "bind": bind, "dests": sorted(dests),
+                         "marker": MARKER, "token_file": TOKEN_PATH, "share_token_file": SHARE_TOKEN},
+                        indent=1) + "\n"
     yield from files.put._inner(src=StringIO(config), dest=SHARE_CONFIG, mode="644")
     if active:
         return  # it reads its config on every request
-    script = f"{data['rigup_prefix']}/bin/rigup-fetch"
+    script = shlex.quote(f"{data['rigup_prefix']}/bin/rigup-share")  # its own name: ss shows it
     if systemd:
+        hardening = " ".join(f"--property={shlex.quote(p)}" for p in SHARE_HARDENING)
         yield (f"systemctl is-active -q {SHARE_UNIT} || {{ systemctl reset-failed {SHARE_UNIT} 2>/dev/null; "
                f"systemd-run --unit={SHARE_UNIT} --collect --quiet --property=User={shlex.quote(data['rigup_user'])} "
-               f"--description='rigup: serve completed models to peers' /usr/bin/python3 {script} share {SHARE_CONFIG}; }}")
+               f"--property=LoadCredential=share-token:{SHARE_TOKEN} {hardening} "
+               f"--description='rigup: serve completed models to peers' {script} share {SHARE_CONFIG}; }}")
     else:
-        yield _background(SHARE_UNIT, f"flock -n {SHARE_LOCK} python3 {script} share {SHARE_CONFIG}")
+        yield _background(SHARE_UNIT, f"flock -n {SHARE_LOCK} {script} share {SHARE_CONFIG}")
+
+
+@operation()
+def unshared(systemd: bool, script: str):
+    """Stop the share server: no peer of the inventory copies from this host any more."""
+    yield (f"systemctl stop {SHARE_UNIT}" if systemd else
+           f"tmux kill-session -t ={SHARE_UNIT} 2>/dev/null; pkill -f -- {shlex.quote(script + ' share ')}; true")
+
+
+def share_token(data: dict) -> str:
+    """The fleet's share token, kept on the controller (``model_fetch_share_token_src``, by default
+    ~/.config/rigup/share-token, made 0600 on first use): the same for every host and every run."""
+    path = Path(data["model_fetch_share_token_src"] or Path.home() / ".config" / "rigup" / "share-token")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, secrets.token_hex(32).encode())
+            os.close(fd)
+        except FileExistsError:
+            pass  # another host's greenlet made it first
+    return path.read_text().strip()
+
+
+def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
+    """(repo, revision) of the models the other hosts of ``fleet`` ({name: data}) copy from ``me``."""
+    return [(m["repo"], m["revision"]) for name, data in fleet.items() if name != me
+            for m in _models(data).values() if m.get("fetch_from") == me]
+
+
+def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+    """The share server's port, on a host that peers copy from."""
+    if fleet and requests_for(fleet.me, fleet.hosts):
+        return [Port(data["model_fetch_share_port"], "model_fetch_share_port", ("rigup-share",))]
+    return []
 
 
 def dead_job(name: str, state: dict, waited: float) -> str | None:
@@ -322,8 +366,10 @@ def apply(plan: dict | None = None):
         host.state.fail_hosts({host})
         return
     bin_dir = f"{data['rigup_prefix']}/bin"
-    etc = data["model_fetch_hf_token_src"] or share_for
-    paths = [bin_dir, f"{bin_dir}/rigup-fetch"] + (["/etc/rigup", TOKEN_PATH] if etc else [])
+    peers = share_for or any(m.get("fetch_from") for m in models.values())
+    etc = data["model_fetch_hf_token_src"] or peers
+    paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share"] + (
+        ["/etc/rigup", TOKEN_PATH, SHARE_TOKEN] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
     managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
                     text=SCRIPT.read_text())
@@ -332,14 +378,21 @@ def apply(plan: dict | None = None):
     if data["model_fetch_hf_token_src"]:
         secret_file(name=f"Hub token {TOKEN_PATH}", content=Path(data["model_fetch_hf_token_src"]).read_text(),
                     dest=TOKEN_PATH, paths=paths)
+    if peers:
+        secret_file(name=f"The fleet's share token {SHARE_TOKEN}", content=share_token(data), dest=SHARE_TOKEN,
+                    paths=paths)
     for p in plans:
         fetched(name=f"Fetch model {p.name}" + (f" from {p.job['peer']}" if p.job and p.job.get("peer") else ""),
                 plan=p, data=data, systemd=facts["systemd"])
-    if share_for:
-        dests = [m["dest"] for m in models.values() if (m["repo"], m["revision"]) in share_for]
-        if dests:
-            shared(name="Serve completed models to peers", dests=dests, data=data, systemd=facts["systemd"],
-                   active=facts["share_active"])
+    dests = [m["dest"] for m in models.values() if (m["repo"], m["revision"]) in share_for]
+    if dests:
+        managed.managed(name="Install rigup-share", dest=f"{bin_dir}/rigup-share", paths=paths, mode="755",
+                        text="#!/usr/bin/python3\n" + SCRIPT.read_text().split("\n", 1)[1])
+        shared(name="Serve completed models to peers", dests=dests, data=data, systemd=facts["systemd"],
+               bind=_peer_address(host.name), active=facts["share_active"])
+    elif facts["share_active"]:
+        unshared(name="Stop serving models to peers (no peer needs them)", systemd=facts["systemd"],
+                 script=f"{bin_dir}/rigup-share")
     waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
     if waiting:
         wanted = [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}]

@@ -44,6 +44,7 @@ import errno
 import fcntl
 import fnmatch
 import hashlib
+import hmac
 import http.server
 import json
 import os
@@ -65,7 +66,7 @@ from http.client import HTTPException
 WORK = ".rigup-fetch"
 # The completion marker's file name and the hub token's path are defined once, in rigup/names.py:
 # the role passes them in every spec, job and share configuration (use_names).
-MARKER = TOKEN_FILE = ""
+MARKER = TOKEN_FILE = SHARE_TOKEN_FILE = ""
 CHUNK = 1 << 20
 CHECKPOINT = 16 << 20      # a checkpoint every 16 MiB of a stream ...
 CHECKPOINT_S = 5.0         # ... or every 5 s, whichever comes first: what a crash may lose
@@ -176,14 +177,15 @@ def expected_hash(entry: dict) -> str | None:
 
 def use_names(doc: dict) -> None:
     """Take the marker's name and the token's path from the role's JSON (``marker``, ``token_file``)."""
-    global MARKER, TOKEN_FILE
-    MARKER, TOKEN_FILE = doc["marker"], doc["token_file"]
+    global MARKER, TOKEN_FILE, SHARE_TOKEN_FILE
+    MARKER, TOKEN_FILE, SHARE_TOKEN_FILE = doc["marker"], doc["token_file"], doc.get("share_token_file", "")
 
 
-def read_token() -> str | None:
-    """The hub token: the unit's credential (LoadCredential) or the root-only file."""
-    for path in (os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "/nonexistent"), "hf-token"),
-                 TOKEN_FILE):
+def read_token(name: str = "hf-token") -> str | None:
+    """A token: the unit's credential ``name`` (LoadCredential), or its root-only file (a job run
+    as root without systemd): the hub's (``hf-token``) or the fleet's share token (``share-token``)."""
+    own = TOKEN_FILE if name == "hf-token" else SHARE_TOKEN_FILE
+    for path in (os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "/nonexistent"), name), own):
         try:
             with open(path) as fh:
                 token = fh.read().strip()
@@ -233,8 +235,16 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
                 out.append({"path": item["path"], "size": int(item["size"]), "oid": item.get("oid"),
                             "sha256": lfs.get("oid") or None})
         m = re.search(r'<([^>]+)>;\s*rel="next"', link)
-        url = m.group(1) if m else None
+        url = urllib.parse.urljoin(url, m.group(1)) if m else None
+        if url and not same_origin(url, endpoint):   # the token goes to the hub, nowhere else
+            raise HubError(0, "ForeignPage", f"the hub's next page is on another host: {url}")
     return out
+
+
+def same_origin(url: str, endpoint: str) -> bool:
+    """Whether ``url`` has the scheme, host and port of ``endpoint``."""
+    a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(endpoint)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
 
 
 def disk_free(path: str) -> int:
@@ -711,7 +721,7 @@ def fetch(job_path: str) -> int:
     lock.flush()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    token = read_token() if not job.get("peer") else None
+    token = read_token("share-token" if job.get("peer") else "hf-token")  # a peer wants the fleet's token
     files = job["files"]
     total = sum(f["size"] for f in files)
     progress = Progress(os.path.join(work, "progress.json"), total, 0, job["source"])
@@ -837,6 +847,10 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self):
+        expected = read_token("share-token")
+        given = self.headers.get("Authorization", "")
+        if not expected or not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+            return self._send(401, b"a peer of this fleet sends its share token\n")
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         models = self._models()
         m = re.match(r"^/rigup/complete/(.+)/([0-9a-f]{40})$", path)
@@ -878,7 +892,7 @@ def share(config_path: str) -> int:
     config = read_json(config_path)
     use_names(config)
     ShareHandler.config_path = config_path
-    server = _Server((config.get("bind", "0.0.0.0"), int(config["port"])), ShareHandler)
+    server = _Server((config["bind"], int(config["port"])), ShareHandler)
     server.serve_forever()
     return 0
 

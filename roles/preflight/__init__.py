@@ -24,7 +24,7 @@ from rigup import summary
 from rigup.gpu.facts import HardwareFacts
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests
-from rigup.refusal import Refusal
+from rigup.refusal import Fleet, Refusal
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
 
@@ -42,14 +42,15 @@ def _summary() -> None:
 atexit.register(_summary)
 
 
-def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
     """Every reason this plan cannot work on this host (pure: plan, facts and data in): preflight's
-    own checks, each role's ``CHECKS``, and the ports of every role's ``ports``."""
+    own checks, each role's ``CHECKS``, and the ports of every role's ``ports`` (``fleet``: every
+    host's data, for a port one host opens for another)."""
     found = check_gpu_host(plan, facts, data)
     for role in roles:
         for check in getattr(role, "CHECKS", ()):
             found += check(plan, facts, data)
-    claims = [claim for role in roles if hasattr(role, "ports") for claim in role.ports(plan, data)]
+    claims = [claim for role in roles if hasattr(role, "ports") for claim in role.ports(plan, data, fleet)]
     return found + port_refusals(claims, facts)
 
 
@@ -63,7 +64,8 @@ def run(roles: list[ModuleType]) -> Plan:
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"])
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
-    found = refusals(roles, plan, facts, data)
+    fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})
+    found = refusals(roles, plan, facts, data, fleet)
     for refusal in found:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
     if found:

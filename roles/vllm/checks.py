@@ -25,7 +25,7 @@ def _instances(plan: dict, data: dict) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
-def ports(plan: dict, data: dict) -> list[Port]:
+def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return [Port(inst["port"], f"vllm_instances.{name}", ("vllm",)) for name, inst in _instances(plan, data).items()]
 
 

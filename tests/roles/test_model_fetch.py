@@ -267,6 +267,35 @@ def test_second_host_fetches_from_the_first(lab, hub, play, tmp_path):
     assert hub_module.bytes_served() <= model_bytes  # the fleet took it from the hub once at most
     again = converge(play, tmp_path, data)
     assert again.totals["changed"] == 0, again.changed_operations()
+    # the share server: on the first host's own address, for the fleet's token alone
+    listen = on_host(lab, first["name"], "ss -Hltnp 'sport = :8091'")
+    assert f"{first['address']}:8091" in listen and '"rigup-share"' in listen, listen
+    for h in (first, second):
+        assert on_host(lab, h["name"], "stat -c '%U %a' /etc/rigup/share-token").split() == ["root", "600"]
+    token = on_host(lab, first["name"], "cat /etc/rigup/share-token")
+    url = f"http://{first['address']}:8091/rigup/complete/lab/big/{revs['big']}"
+    outside = [urllib_status(url), urllib_status(url, "Bearer not-the-token"), urllib_status(url, f"Bearer {token}")]
+    print(f"\nshare server from outside the inventory: no token {outside[0]}, a wrong one {outside[1]}; "
+          f"the fleet's {outside[2]}")
+    assert outside == [401, 401, 200]
+    # no peer copies from the first host any more: its share server stops
+    for entry in data[second["name"]]["models"].values():
+        entry.pop("fetch_from")
+    stop = converge(play, tmp_path, data)
+    assert "Stop serving models to peers" in " ".join(stop.changed_operations())
+    assert lab.ssh(first["name"], "systemctl is-active rigup-share").stdout.strip() != "active"
+
+
+def urllib_status(url: str, auth: str | None = None) -> int:
+    """The HTTP status of a GET of ``url`` from this machine (outside the inventory)."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def test_token_reaches_the_hub_and_nothing_else(lab, hub, play, tmp_path):

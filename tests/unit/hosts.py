@@ -47,9 +47,9 @@ def glm_llama(**inst) -> dict:
             "llama_server_instances": {"glm": {"model": "glm", "port": 8081, **inst}}}
 
 
-def refusals(plan: dict, facts: dict, data: dict) -> list:
+def refusals(plan: dict, facts: dict, data: dict, fleet=None) -> list:
     """Every refusal of every role for this host (what deploy.py's preflight runs)."""
-    return preflight.refusals(in_order(), plan, facts, data)
+    return preflight.refusals(in_order(), plan, facts, data, fleet)
 
 
 def only(found, check: str):

@@ -1,7 +1,7 @@
 """roles/model_fetch/checks.py and rigup/models.py: model entries and free disk (no hosts)."""
 
 from rigup.models import models
-from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV
+from tests.unit.hosts import GIB, GLM, REV, data, glm_llama, host, only, refusals
 
 
 def test_7_not_enough_disk_gives_both_sizes():
@@ -36,3 +36,15 @@ def test_config_model_problems():
     assert "expected a full 40-hex commit id, got 'main'" in paths["models.glm.revision"]
     assert "'glm5' is not a family of rigup/gpu/models.yml" in paths["models.glm.family"]
     assert paths["models.bad.repo"] == "required (str)"
+
+
+def test_the_share_port_is_claimed_on_a_host_peers_copy_from():
+    from rigup.refusal import Fleet
+    from roles import model_fetch
+    peer = {"models": {"glm": {**GLM, "fetch_from": "rig-01"}}}
+    fleet = Fleet("rig-01", {"rig-01": data(models={"glm": GLM}), "rig-02": peer})
+    assert model_fetch.ports({}, data(), fleet) == [(8091, "model_fetch_share_port", ("rigup-share",))]
+    assert model_fetch.ports({}, data(), Fleet("rig-02", fleet.hosts)) == []
+    plan, facts = host("h100", listening_ports={8091: "python3"})
+    (r,) = refusals(plan, facts, data(models={"glm": GLM}), fleet)
+    assert r.what == "port 8091 of model_fetch_share_port is already taken"
