@@ -291,8 +291,9 @@ def urllib_status(url: str, auth: str | None = None) -> int:
     import urllib.error
     import urllib.request
     request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with direct.open(request, timeout=10) as response:
             return response.status
     except urllib.error.HTTPError as e:
         return e.code
