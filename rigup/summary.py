@@ -51,8 +51,13 @@ def refused(host_name: str, reasons: list[str]) -> None:
     _refused[host_name] = reasons
 
 
+# pyinfra's own words around a failure, which say nothing of its reason
+_GENERIC = re.compile(r"^(Error(: executed \d+/\d+ commands)?|Error in nested operation|Traceback)")
+
+
 def _last(host_name: str, n: int = 3) -> str:
-    lines = [ln for msg in _heard.get(host_name, []) for ln in msg.splitlines() if ln.strip()]
+    lines = [ln for msg in _heard.get(host_name, []) for ln in msg.splitlines()
+             if ln.strip() and not _GENERIC.match(ln.strip())]
     return " | ".join(lines[-n:]) or "no reason was logged"
 
 

@@ -1,5 +1,7 @@
 """The whole play on the lab: a converge that has nothing to do changes nothing, quickly."""
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.lab
@@ -10,3 +12,45 @@ def test_second_converge_changes_nothing(second_converge):
     assert totals["changed"] == 0, second_converge.changed_operations()
     assert totals["errors"] == 0
     print(f"\nsecond converge of the whole play: {second_converge.seconds:.1f} s")
+
+
+INVENTORY = """import json as _json, runpy as _runpy
+_base = _runpy.run_path({lab_inventory!r})
+_extra = _json.loads({extra!r})
+def _with(group):
+    hosts, data = group
+    return ([(n, {{**d, **_extra.get(n, {{}})}}) for n, d in hosts], data)
+a100 = _with(_base["a100"])
+lab = _with(_base["lab"])
+all = _base["all"]
+"""
+
+
+def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_path):
+    """4 hosts: two converged ones, one whose link is cut (unreachable) and one whose llama.cpp
+    build fails (a ref that does not exist). The two go on; the last lines name the other two
+    with their reasons; pyinfra exits non-zero."""
+    import json
+
+    from tests.converge import ROOT, pyinfra
+    good = [h["name"] for h in lab.hosts()[:2]]
+    first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
+    cut, broken = f"lab{first}", f"lab{first + 1}"
+    lab.up(2, "a100", first=first)
+    try:
+        lab.run("ip", "link", "set", f"{lab.VETH}{cut}", "down")
+        inventory = tmp_path / "fleet.py"
+        inventory.write_text(INVENTORY.format(lab_inventory=str(ROOT / "inventory/lab.py"),
+                                              extra=json.dumps({broken: {"llama_cpp_ref": "no-such-ref"}})))
+        run = pyinfra(str(inventory), "deploy.py", *(a for h in [*good, cut, broken] for a in ("--limit", h)),
+                      timeout=1500)
+        summary = run.output.split("--> rigup: what happened to each host", 1)[-1]
+        print(f"\nfleet run in {run.seconds:.0f} s, exit {run.returncode}:{summary}")
+        assert run.returncode != 0
+        for name in good:
+            assert f"[{name}] unchanged" in summary, summary
+        assert re.search(rf"\[{cut}\] unreachable: .*(timed out|No route|Unable to connect|refused)", summary), summary
+        assert re.search(rf"\[{broken}\] failed at .*llama.cpp.*no-such-ref", summary, re.S), summary
+    finally:
+        lab.remove(cut)
+        lab.remove(broken)
