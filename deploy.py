@@ -3,19 +3,22 @@
     pyinfra inventory/a100.py deploy.py
 
 A host that preflight refuses runs no role: nothing on it is read beyond preflight's facts, and
-nothing changes.
+nothing changes. A host another controller converges is refused, naming it (rigup/lock.py).
 """
 
 from pyinfra import host
 
-from rigup import summary
+from rigup import lock, summary
 from rigup.config import check_host
+from rigup.refusal import Refusal
 from roles import in_order, preflight
 
 summary.track(host.state)
 check_host(host)
 roles = in_order()
-plan = preflight.run(roles)
+holder = lock.hold(host)
+plan = preflight.run(roles, [Refusal("another controller converges this host", f"{holder} holds its lock",
+                                     "wait for that run to end, or stop it", "lock")] if holder else [])
 if host not in host.state.failed_hosts:
     for role in roles:
         role.apply(plan)

@@ -54,9 +54,10 @@ def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet
     return found + port_refusals(claims, facts)
 
 
-def run(roles: list[ModuleType]) -> Plan:
-    """Print this host's plan and take the host out of the run when any of ``roles`` refuses it.
-    Returns the plan, with ``systemd`` (whether systemd is PID 1) added for the roles."""
+def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
+    """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
+    (or the play has ``more`` refusals of its own). Returns the plan, with ``systemd`` (whether
+    systemd is PID 1) added for the roles."""
     data = host.data.dict()
     dests = model_dests(data)
     facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
@@ -65,7 +66,7 @@ def run(roles: list[ModuleType]) -> Plan:
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})
-    found = refusals(roles, plan, facts, data, fleet)
+    found = [*more, *refusals(roles, plan, facts, data, fleet)]
     for refusal in found:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
     if found:

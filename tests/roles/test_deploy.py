@@ -54,3 +54,29 @@ def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_p
     finally:
         lab.remove(cut)
         lab.remove(broken)
+
+
+def test_a_second_controller_is_refused_naming_the_first(lab, second_converge):
+    """Another controller's run holds the host's converge lock (its own SSH channel, as rigup/lock.py
+    takes it): a converge of that host is refused, naming it, and changes nothing; once that run's
+    connection is gone the lock is free (nothing stale)."""
+    import subprocess
+
+    from rigup.lock import holder_command
+    from tests.converge import converge, pyinfra
+    host = lab.hosts()[0]["name"]
+    other = subprocess.Popen(lab.ssh_argv(host) + ["--", holder_command("ops@other-controller (pid 4242)")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "locked"
+        run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host)
+        assert run.returncode != 0
+        assert (f"[{host}] refused: another controller converges this host: ops@other-controller (pid 4242) "
+                "holds its lock") in run.output, run.output[-3000:]
+        assert "Starting operation" not in run.output
+    finally:
+        other.stdin.close()          # that run ends: its channel closes, the lock is free
+        other.wait(timeout=30)
+    again = converge("inventory/lab.py", "--limit", host)
+    assert again.totals["changed"] == 0
+    print(f"\nrefused while another controller held the lock; {again.seconds:.1f} s converge after it let go")
