@@ -6,17 +6,22 @@ or without systemd, where there are no serving units to stop):
   ``/etc/rigup/gpu-guard.json``: the window, the serving units, and the thresholds of every card
   the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
   ``gpu_guard_thresholds``);
-- runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. It trips on a card's
-  average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above ``temp_c``, or
-  lost telemetry; then it logs the reason (journal, priority crit), writes it to
+- runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. A sample is bad on a
+  card's average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above
+  ``temp_c``, or lost telemetry (also an nvidia-smi that does not answer within
+  ``gpu_guard_smi_timeout``: it is killed with its process group). It trips when
+  ``gpu_guard_debounce_bad`` of the last ``gpu_guard_debounce_samples`` samples are bad (one
+  flaky [N/A] alone does not); then it logs the reason (journal, priority crit), writes it to
   :data:`TRIPPED` and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
   ``ConditionPathExists=!/var/lib/rigup/gpu-guard.tripped``, so they do not start while it
-  exists, also after a reboot;
+  exists, also after a reboot. The oneshot unit has a TimeoutStartSec derived from
+  ``gpu_guard_smi_timeout`` (guard.unit_timeout_s), so no hung call holds up the timer;
 - ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
 With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
 
 Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
-gpu_guard_window_s, gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
+gpu_guard_window_s, gpu_guard_smi_timeout, gpu_guard_debounce_bad, gpu_guard_debounce_samples,
+gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
 rigup_prefix and rigup_state_dir (roles/base).
 """
 
@@ -35,6 +40,7 @@ from pyinfra.operations import systemd
 from roles.common import files, render
 from roles.config import ConfigError, _source, role_defaults
 from roles.gpu.catalogue import cards as catalogue_cards
+from roles.gpu_guard.guard import unit_timeout_s
 
 HERE = Path(__file__).resolve().parent
 TRIPPED = "gpu-guard.tripped"            # under rigup_state_dir: /var/lib/rigup/gpu-guard.tripped
@@ -71,6 +77,14 @@ def threshold_problems(overrides: dict) -> list[str]:
     return found
 
 
+def debounce_problems(data: dict) -> list[str]:
+    """What is wrong with the debounce (a key path and why), [] when nothing."""
+    bad, of = data["gpu_guard_debounce_bad"], data["gpu_guard_debounce_samples"]
+    if bad > of:
+        return [f"gpu_guard_debounce_bad: expected at most gpu_guard_debounce_samples ({of}), got {bad}"]
+    return []
+
+
 def guard_config(data: dict) -> dict:
     """The guard's configuration file (pure: data in)."""
     table = class_thresholds()
@@ -86,6 +100,9 @@ def guard_config(data: dict) -> dict:
             by_pci[pci] = {"class": cls, **limits}
     return {
         "window_s": data["gpu_guard_window_s"],
+        "interval_s": data["gpu_guard_interval_s"],
+        "smi_timeout_s": data["gpu_guard_smi_timeout"],
+        "debounce": {"bad": data["gpu_guard_debounce_bad"], "of": data["gpu_guard_debounce_samples"]},
         "units": SERVING_UNITS,
         "tripped_file": f"{data['rigup_state_dir']}/{TRIPPED}",
         "samples_file": SAMPLES,
@@ -108,11 +125,12 @@ def apply(plan: dict):
     data = host.data.dict()
     if not data.get("gpu_enabled", True) or plan.get("cpu_only", True) or not plan.get("systemd", True):
         return    # without systemd there are no serving units to stop (preflight refuses them)
-    problems = threshold_problems(data.get("gpu_guard_thresholds"))
+    problems = [(_source(host, "gpu_guard_thresholds"), p)
+                for p in threshold_problems(data.get("gpu_guard_thresholds"))]
+    problems += [(_source(host, "gpu_guard_debounce_bad"), p) for p in debounce_problems(data)]
     if problems:
-        where = _source(host, "gpu_guard_thresholds")
         raise ConfigError(f"invalid configuration for host {host.name}:\n  "
-                          + "\n  ".join(f"{where}: {p}" for p in problems))
+                          + "\n  ".join(f"{where}: {p}" for where, p in problems))
     if not data["gpu_guard_enabled"]:
         systemd.service(name=f"gpu_guard: stop {TIMER}", service=TIMER, running=False, enabled=False)
         return
@@ -124,7 +142,8 @@ def apply(plan: dict):
     files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
                   text=json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,
-                            text=render("gpu_guard-service.j2", script=script, config=CONFIG))
+                            text=render("gpu_guard-service.j2", script=script, config=CONFIG,
+                                        timeout=unit_timeout_s(data["gpu_guard_smi_timeout"])))
     timer = files.managed(name=f"gpu_guard: {TIMER}", dest=timer_path, paths=paths,
                           text=render("gpu_guard-timer.j2", interval=data["gpu_guard_interval_s"]))
     systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
