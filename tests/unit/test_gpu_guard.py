@@ -60,7 +60,7 @@ def test_the_average_stays_over_the_window_while_history_covers_the_debounce():
     assert [s["t"] for s in history] == list(range(8, 30, 2))           # horizon max(10, 4 * (2 + 3)) = 20 s
     assert "average draw 230.0 W over 10 s (6 samples) > 200 W" in history[-1]["bad"]
     slow = {**CONFIG, "debounce": {"bad": 2, "of": 6}}                   # 7 periods of 5 s: 35 s kept
-    assert len(keep([{"t": t} for t in range(0, 60, 5)], slow, 60)) == 8
+    assert len(keep([{"t": t} for t in range(0, 65, 5)], slow, 60)) == 8
 
 
 def test_config_unit_timeout_and_debounce_checks():
