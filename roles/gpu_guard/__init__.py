@@ -36,6 +36,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
 
 from roles.common import files, render
 from roles.config import ConfigError, _source, role_defaults
@@ -146,7 +147,8 @@ def apply(plan: dict):
                                         timeout=unit_timeout_s(data["gpu_guard_smi_timeout"])))
     timer = files.managed(name=f"gpu_guard: {TIMER}", dest=timer_path, paths=paths,
                           text=render("gpu_guard-timer.j2", interval=data["gpu_guard_interval_s"]))
-    systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
+    # any_changed: a list given to _if means all of them (the unit alone changing reloaded nothing)
+    systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=any_changed(service, timer))
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=f"{data['rigup_state_dir']}/{TRIPPED}",
                 script=script)

@@ -164,6 +164,7 @@ def test_a_hung_nvidia_smi_trips_as_lost_telemetry_within_the_window(lab, host):
     play(host, *FAULTS)
     unit_file = on_host(lab, host, "cat /etc/systemd/system/rigup-gpu-guard.service")
     limit = int(re.search(r"^TimeoutStartSec=(\d+)$", unit_file, re.M)[1])
+    assert on_host(lab, host, "systemctl show -P TimeoutStartUSec rigup-gpu-guard.service").strip() == f"{limit}s"
     restart_serving(lab, host)
     since = time.time()
     on_host(lab, host, "rigup-gpu-sim set --hang 1")
