@@ -6,17 +6,22 @@ or without systemd, where there are no serving units to stop):
   ``/etc/rigup/gpu-guard.json``: the window, the serving units, and the thresholds of every card
   the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
   ``gpu_guard_thresholds``);
-- runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. It trips on a card's
-  average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above ``temp_c``, or
-  lost telemetry; then it logs the reason (journal, priority crit), writes it to
-  the tripped file (rigup.names.guard_file: ``{rigup_state_dir}/gpu-guard.tripped``) and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
+- runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. A sample is bad on a
+  card's average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above
+  ``temp_c``, or lost telemetry (also an nvidia-smi that does not answer within
+  ``gpu_guard_smi_timeout``: it is killed with its process group). It trips when
+  ``gpu_guard_debounce_bad`` of the last ``gpu_guard_debounce_samples`` samples are bad (one
+  flaky [N/A] alone does not); then it logs the reason (journal, priority crit), writes it to
+  the tripped file (rigup.names.guard_file) and stops ``rigup-llama@*`` and ``rigup-vllm@*``. Serving units carry
   ``ConditionPathExists=!{rigup_state_dir}/gpu-guard.tripped``, so they do not start while it
-  exists, also after a reboot;
+  exists, also after a reboot. The oneshot unit has a TimeoutStartSec derived from
+  ``gpu_guard_smi_timeout`` (guard.unit_timeout_s), so no hung call holds up the timer;
 - ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
 With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
 
 Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
-gpu_guard_window_s, gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
+gpu_guard_window_s, gpu_guard_smi_timeout, gpu_guard_debounce_bad, gpu_guard_debounce_samples,
+gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
 rigup_prefix and rigup_state_dir (roles/base).
 """
 
@@ -32,6 +37,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
 
 from rigup import files
 from rigup.config import role_defaults
@@ -40,6 +46,7 @@ from rigup.gpu.plan import gpu_host
 from rigup.names import guard_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
+from roles.gpu_guard.guard import unit_timeout_s
 
 HERE = Path(__file__).resolve().parent
 CONFIG = "/etc/rigup/gpu-guard.json"
@@ -70,6 +77,9 @@ def guard_config(data: dict) -> dict:
             by_pci[pci] = {"class": cls, **limits}
     return {
         "window_s": data["gpu_guard_window_s"],
+        "interval_s": data["gpu_guard_interval_s"],
+        "smi_timeout_s": data["gpu_guard_smi_timeout"],
+        "debounce": {"bad": data["gpu_guard_debounce_bad"], "of": data["gpu_guard_debounce_samples"]},
         "units": SERVING_UNITS,
         "tripped_file": guard_file(data),
         "samples_file": SAMPLES,
@@ -103,10 +113,12 @@ def apply(plan: dict):
     files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
                   text=json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,
-                            text=render("gpu_guard-service.j2", script=script, config=CONFIG))
+                            text=render("gpu_guard-service.j2", script=script, config=CONFIG,
+                                        timeout=unit_timeout_s(data["gpu_guard_smi_timeout"])))
     timer = files.managed(name=f"gpu_guard: {TIMER}", dest=timer_path, paths=paths,
                           text=render("gpu_guard-timer.j2", interval=data["gpu_guard_interval_s"]))
-    systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=[service.did_change, timer.did_change])
+    # any_changed: a list given to _if means all of them (the unit alone changing reloaded nothing)
+    systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=any_changed(service, timer))
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
                 script=script)

@@ -3,6 +3,7 @@ rigup/refusal.py).
 
     check_thresholds    gpu_guard_thresholds: a class not in the catalogue, an unknown key, a value
                         that is not a number 0..2000
+    check_debounce      more bad samples to trip than samples kept
 """
 
 from __future__ import annotations
@@ -32,10 +33,17 @@ def threshold_problems(overrides: dict) -> list[tuple[str, str]]:
     return found
 
 
+def check_debounce(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """gpu_guard_debounce_bad larger than gpu_guard_debounce_samples (it could never trip)."""
+    bad, of = data.get("gpu_guard_debounce_bad", 1), data.get("gpu_guard_debounce_samples", 1)
+    return config_refusals([("gpu_guard_debounce_bad", f"expected at most gpu_guard_debounce_samples ({of}), "
+                                                      f"got {bad}")] if bad > of else [])
+
+
 def check_thresholds(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """gpu_guard_thresholds: a class not in the catalogue, an unknown key, a value that is not a
     number 0..2000."""
     return config_refusals(threshold_problems(data.get("gpu_guard_thresholds")))
 
 
-CHECKS = (check_thresholds,)
+CHECKS = (check_thresholds, check_debounce)

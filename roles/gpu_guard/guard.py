@@ -4,15 +4,19 @@
 Installed by rigup (roles/gpu_guard) as RIGUP_PREFIX/bin/rigup-gpu-guard and run by
 rigup-gpu-guard.timer every few seconds (``check``). Standard library only.
 
-Each check samples every card (nvidia-smi --query-gpu), keeps the samples of the last
-``window_s`` seconds, and trips when, for any card:
+Each check samples every card (nvidia-smi --query-gpu, killed with its process group after
+``smi_timeout_s``), keeps the samples of the last ``window_s`` seconds (and enough for the
+debounce) in SAMPLES (/run/rigup, root's), and judges the new sample bad when, for any card:
 - its AVERAGE draw over the window is above its class's ``draw_w`` (instant peaks of twice the
-  cap are normal on these cards, so single samples never trip), once the samples span at least
+  cap are normal on these cards, so single samples never count), once the samples span at least
   half the window;
 - its temperature is above its class's ``temp_c``;
-- its telemetry is lost: nvidia-smi fails, a card fell off the bus, or reads [N/A] / [Unknown Error].
-On a trip it writes the reason to the journal (priority crit), records it in the TRIPPED file and
-stops the serving units (rigup-llama@*, rigup-vllm@*). While the file exists, every check stops
+- its telemetry is lost: nvidia-smi fails or does not answer in time, a card fell off the bus, or
+  reads [N/A] / [Unknown Error].
+It trips when ``debounce.bad`` of the last ``debounce.of`` samples are bad (one flaky [N/A] alone
+does not); a bad sample that does not trip is logged at priority warning. On a trip it writes the
+reason to the journal (priority crit), records it in the TRIPPED file and stops the serving units
+(rigup-llama@*, rigup-vllm@*). While the file exists, every check stops
 them again, and the serving units do not start (ConditionPathExists=!TRIPPED). The file is on
 disk: a reboot does not clear it. ``rigup-gpu-guard clear`` does, and ``status`` shows it.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +35,38 @@ import time
 CONFIG = "/etc/rigup/gpu-guard.json"
 QUERY = "index,uuid,pci.bus_id,pci.device_id,power.draw,power.limit,temperature.gpu"
 NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
+KILL_GRACE_S = 2            # how long a killed process group gets to go before the guard moves on
+SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
+SLACK_S = 10                # python start, reading and writing the state files
+
+
+def unit_timeout_s(smi_timeout_s: int) -> int:
+    """TimeoutStartSec of the guard's oneshot unit: the longest one check can take (an nvidia-smi
+    call and two systemctl calls, each bounded and then killed) plus slack. A process stuck in the
+    kernel past SIGKILL (a driver hung hard) is left to systemd, which ends the run at this limit."""
+    return smi_timeout_s + KILL_GRACE_S + 2 * (SYSTEMCTL_TIMEOUT_S + KILL_GRACE_S) + SLACK_S
+
+
+def run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """(exit status, stdout then stderr) of ``argv``; (None, output so far) when it ran past
+    ``timeout`` seconds, after killing its whole process group. subprocess.run(timeout=) kills
+    only the child and then waits for its pipes with no limit, which a grandchild (or a child
+    stuck in the driver) can hold open forever; hence a session of its own and killpg."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            out, err = proc.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:        # uninterruptible: systemd reaps it after the run
+            out, err = "", ""
+        return None, (out or "") + (err or "")
 
 
 def pci_id(text: str) -> str | None:
@@ -73,14 +110,15 @@ def thresholds_for(card: dict, config: dict) -> dict:
 
 
 def evaluate(history: list[dict], config: dict, now: float) -> str | None:
-    """Why to trip, or None. ``history``: [{"t": time, "cards": [...], "lost": [...]}], newest last,
-    already cut to the window."""
+    """Why the newest sample is bad, or None. ``history``: [{"t": time, "cards": [...],
+    "lost": [...]}], newest last; the average draw is taken over its samples of the window."""
     if not history:
         return None
     newest = history[-1]
     if newest["lost"]:
         return "telemetry lost: " + "; ".join(newest["lost"])
     window = float(config.get("window_s", 60))
+    history = [s for s in history if now - s["t"] <= window]
     reasons = []
     for card in newest["cards"]:
         limits = thresholds_for(card, config)
@@ -100,6 +138,45 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
     return "; ".join(reasons) or None
 
 
+def debounce_of(config: dict) -> tuple[int, int]:
+    """(bad, of): trip when ``bad`` of the last ``of`` samples are bad; (1, 1) when not configured."""
+    d = config.get("debounce") or {}
+    return int(d.get("bad", 1)), int(d.get("of", 1))
+
+
+def keep(history: list[dict], config: dict, now: float) -> list[dict]:
+    """The samples worth keeping at ``now``: those of the window, and of as long as the last
+    ``of`` samples can span (one period each, the interval or a timed-out call), not older."""
+    _, of = debounce_of(config)
+    period = float(config.get("interval_s", 10)) + float(config.get("smi_timeout_s", 10))
+    horizon = max(float(config.get("window_s", 60)), (of + 1) * period)
+    return [s for s in history if now - s["t"] <= horizon]
+
+
+def debounced(history: list[dict], config: dict) -> tuple[str | None, int]:
+    """(the newest bad sample's reason if the guard trips else None, bad samples among the last
+    ``of``). A sample's verdict is its "bad" (a reason or None)."""
+    bad, of = debounce_of(config)
+    reasons = [s["bad"] for s in history[-of:] if s.get("bad")]
+    return (reasons[-1] if len(reasons) >= bad else None), len(reasons)
+
+
+def read_cards(config: dict) -> tuple[list[dict], list[str]]:
+    """One sample of every card, as :func:`parse_sample`; a call that does not answer within
+    ``smi_timeout_s`` (a hung driver, a card fallen off the bus) is killed and is lost telemetry."""
+    timeout = config.get("smi_timeout_s", 10)
+    try:
+        rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+                                 timeout)
+    except OSError as e:
+        return [], [f"cannot run nvidia-smi: {e}"]
+    if rc is None:
+        text = f"nvidia-smi did not answer within {timeout} s"
+        log(4, f"rigup-gpu-guard: {text}; killed it and its process group; this sample counts as lost telemetry")
+        return [], [text]
+    return parse_sample(output.splitlines(), rc)
+
+
 def load(path: str, default):
     try:
         with open(path) as f:
@@ -109,7 +186,7 @@ def load(path: str, default):
 
 
 def save(path: str, value) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(value, f)
@@ -122,12 +199,13 @@ def log(priority: int, text: str) -> None:
 
 
 def stop_serving(config: dict) -> str:
+    """Stop the serving units; the ones that were running (all of them when systemctl did not say)."""
     units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
-    active = subprocess.run(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
-                             "--no-legend", *units], capture_output=True, text=True).stdout.split()
-    running = [u for u in active if u.endswith(".service")]
-    if running:
-        subprocess.run(["systemctl", "stop", *units], check=False)
+    rc, listed = run_bounded(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
+                              "--no-legend", *units], SYSTEMCTL_TIMEOUT_S)
+    running = [u for u in listed.split() if u.endswith(".service")] if rc is not None else list(units)
+    if running and run_bounded(["systemctl", "stop", *units], SYSTEMCTL_TIMEOUT_S)[0] is None:
+        return ", ".join(running) + f" (still stopping after {SYSTEMCTL_TIMEOUT_S} s; systemd goes on)"
     return ", ".join(running)
 
 
@@ -139,20 +217,23 @@ def check(config: dict) -> int:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
     now = time.time()
-    proc = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True)
-    cards, lost = parse_sample((proc.stdout + proc.stderr).splitlines(), proc.returncode)
-    window = float(config.get("window_s", 60))
-    history = [s for s in load(config["samples_file"], []) if now - s["t"] <= window]
+    cards, lost = read_cards(config)
+    history = keep(load(config["samples_file"], []), config, now)
     history.append({"t": now, "cards": cards, "lost": lost})
+    history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
-    reason = evaluate(history, config, now)
+    reason, count = debounced(history, config)
+    bad, of = debounce_of(config)
+    samples = f"{count} of the last {min(of, len(history))} samples bad"
     if reason is None:
+        if history[-1]["bad"]:
+            log(4, f"rigup-gpu-guard: bad sample ({samples}; trips at {bad} of {of}): {history[-1]['bad']}")
         return 0
-    save(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": reason})
+    save(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": reason,
+                   "samples": samples})
     stopped = stop_serving(config)
     log(2, f"rigup-gpu-guard: TRIPPED: {reason}; stopped serving units: {stopped or 'none running'}; "
-           f"they stay stopped until an operator runs rigup-gpu-guard clear")
+           f"{samples}; they stay stopped until an operator runs rigup-gpu-guard clear")
     return 0
 
 
@@ -169,7 +250,8 @@ def main(argv: list[str]) -> int:
         return check(config)
     if command == "status":
         state = load(config["tripped_file"], None)
-        print(f"tripped at {state.get('time')}: {state.get('reason')}" if state else "not tripped")
+        samples = f" ({state['samples']})" if state and state.get("samples") else ""
+        print(f"tripped at {state.get('time')}: {state.get('reason')}{samples}" if state else "not tripped")
         return 3 if state else 0
     if command == "clear":
         state = load(config["tripped_file"], None)

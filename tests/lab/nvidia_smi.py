@@ -16,10 +16,17 @@ RETURN VALUE section): 0 ok, 2 invalid argument/field (also an out-of-range
 setting), 6 no such device, 9 driver not loaded, 15 GPU fallen off the bus.
 
 Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
-              [--memory-used MIB] [--lost|--found];  sim lock|unlock|show|reset
+              [--memory-used MIB] [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
+              sim lock|unlock|show|reset
               sim calls (every nvidia-smi argv so far);  sim module (the loaded
               kernel module's path, as ``modinfo -n nvidia`` would print it)
 (or the same arguments to ``rigup-gpu-sim``).
+
+``--na power.draw`` makes --query-gpu answer ``[N/A]`` for those fields of the chosen cards
+(as flaky drivers do) until ``--na none``. ``--hang 1`` makes every later nvidia-smi call (not
+``sim``) hang as a wedged driver does: it never answers, and a child of its own holds its
+output open (so killing only the process does not free a reader); ``--hang 0`` ends that for
+later calls. Both are runtime state: a reboot clears them.
 
 Every invocation's argv is appended (JSON, one line) to $LIB_DIR/calls.log, so that tests can
 check how the tools drove the cards (e.g. that no ``-pl`` ever ran without ``-i``).
@@ -153,7 +160,7 @@ def build_cards(prof):
 def defaults(c):
     i = c["index"]
     return {"power_limit": float(c.get("power_default_w", 0)), "persistence": False,
-            "clocks_lock": None, "lost": False, "memory_used": int(c.get("memory_used_idle_mib", 0)),
+            "clocks_lock": None, "lost": False, "na": [], "memory_used": int(c.get("memory_used_idle_mib", 0)),
             "draw": round(float(c.get("idle_draw_w", 60.0)) + (i * 37 % 50) / 10.0, 2),
             "temp": int(c.get("idle_temp_c", 35)) + i * 3 % 5}
 
@@ -289,7 +296,7 @@ def query_gpu(spec, fmt, ids):
             vals = []
             for n in names:
                 unit, get = FIELDS[n]
-                v = get(c, s)
+                v = None if n in s["na"] else get(c, s)
                 if v is None:
                     vals.append("[N/A]")
                     continue
@@ -485,7 +492,7 @@ def sim(args):
         raise Exit(EXIT_INVALID_ARG, "usage: rigup-gpu-sim set|reset|show|lock|unlock ...")
     if not CARDS:
         raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
-    ids, changes, rest = None, {}, list(args[1:])
+    ids, changes, hang, rest = None, {}, None, list(args[1:])
     keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int)}
     while rest:
         a = rest.pop(0)
@@ -496,13 +503,53 @@ def sim(args):
             changes[k] = conv(rest.pop(0))
         elif a in ("--lost", "--found"):
             changes["lost"] = a == "--lost"
+        elif a == "--na" and rest:
+            changes["na"] = na_fields(rest.pop(0))
+        elif a == "--hang" and rest:
+            hang = rest.pop(0)
         else:
             raise Exit(EXIT_INVALID_ARG, "rigup-gpu-sim: bad argument %r" % a)
+    if hang is not None:
+        set_hang(hang)
     cards = list(CARDS) if ids in (None, "all") else select(ids)
     with state(write=True) as st:
         for c in cards:
             st[c["index"]].update(defaults(c) if cmd == "reset" else changes)
     return 0
+
+
+def na_fields(text):
+    """``--na`` value -> the fields to answer [N/A] for ("none" or "" -> none)."""
+    names = [ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip() and n.strip() != "none"]
+    bad = [n for n in names if n not in FIELDS]
+    if bad:
+        raise Exit(EXIT_INVALID_ARG, "rigup-gpu-sim: --na: unknown field(s) %s" % ", ".join(bad))
+    return names
+
+
+HANG = os.path.join(RUN_DIR, "hang")
+
+
+def set_hang(value):
+    """``--hang 1``: every later call hangs; ``--hang 0``: calls answer again."""
+    if value not in ("0", "1"):
+        raise Exit(EXIT_INVALID_ARG, "rigup-gpu-sim: --hang takes 1 or 0")
+    if value == "1":
+        os.makedirs(RUN_DIR, exist_ok=True)
+        open(HANG, "w").close()
+    elif os.path.exists(HANG):
+        os.remove(HANG)
+    return 0
+
+
+def hang_if_wedged():
+    """Never return while the hang flag is set, as a wedged driver's nvidia-smi: a child (of the
+    same process group) sleeps with our stdout and stderr, then we sleep too."""
+    if os.path.exists(HANG):
+        import subprocess
+        subprocess.Popen(["sleep", "86400"])
+        while True:
+            time.sleep(3600)
 
 
 # ---------------------------------------------------------------- main
@@ -539,6 +586,7 @@ def run(argv):
     if argv[:1] == ["sim"]:
         return sim(argv[1:])
     log_call(argv)
+    hang_if_wedged()
     opts = parse(argv)
     if opts.get("help"):
         print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)

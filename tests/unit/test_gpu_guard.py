@@ -1,0 +1,115 @@
+"""The guard's debounce, history and bounded nvidia-smi call (roles/gpu_guard/guard.py), on
+hand-made samples and the simulated nvidia-smi (tests/lab/nvidia_smi.py) run as a real process."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rigup.config import group_vars
+from roles.gpu_guard import guard_config
+from roles.gpu_guard.checks import check_debounce
+from roles.gpu_guard.guard import debounced, evaluate, keep, parse_sample, read_cards, run_bounded, unit_timeout_s
+
+LAB = Path(__file__).resolve().parents[1] / "lab"
+CONFIG = {"window_s": 10, "interval_s": 2, "smi_timeout_s": 3, "debounce": {"bad": 2, "of": 3},
+          "by_pci_id": {"10de:20c2": {"class": "cmp170hx", "draw_w": 200, "temp_c": 72}}, "default": {"temp_c": 85}}
+GOOD = "0, GPU-a, 00000000:07:00.0, 0x20C210DE, 100.00, 180.00, 40"
+NA = "0, GPU-a, 00000000:07:00.0, 0x20C210DE, [N/A], 180.00, 40"
+
+
+def judged(history: list[dict], t: float, *lines: str) -> list[dict]:
+    """``history`` with one more sample of ``lines`` at ``t``, judged as the guard does."""
+    cards, lost = parse_sample(list(lines))
+    history = keep(history, CONFIG, t) + [{"t": t, "cards": cards, "lost": lost}]
+    history[-1]["bad"] = evaluate(history, CONFIG, t)
+    return history
+
+
+def run(*samples: str) -> list[tuple[str | None, int]]:
+    """The debounce's answer after each of ``samples`` (one line each, 2 s apart)."""
+    history, out = [], []
+    for i, line in enumerate(samples):
+        history = judged(history, 2 * i, line)
+        out.append(debounced(history, CONFIG))
+    return out
+
+
+def test_one_na_sample_does_not_trip_two_of_three_do():
+    answers = run(GOOD, NA, GOOD, GOOD, NA, GOOD, NA)
+    assert [reason for reason, _ in answers][:6] == [None] * 6          # NA, GOOD, GOOD, NA: never 2 of 3
+    assert [count for _, count in answers] == [0, 1, 1, 1, 1, 1, 2]
+    assert answers[-1][0] == "telemetry lost: GPU 0 (GPU-a, 00000000:07:00.0) reads power.draw [N/A], temperature.gpu 40"
+
+
+def test_k_of_n_counts_every_kind_of_bad_sample():
+    hot = GOOD.replace(", 40", ", 80")
+    assert run(hot, NA)[-1] == ("telemetry lost: GPU 0 (GPU-a, 00000000:07:00.0) reads power.draw [N/A], "
+                                "temperature.gpu 40", 2)
+    assert "temperature 80 C > 72 C" in run(NA, GOOD, hot)[-1][0]
+    single = {**CONFIG, "debounce": {"bad": 1, "of": 1}}                 # the old behaviour: trips at once
+    assert debounced(judged([], 0, NA), single)[0].startswith("telemetry lost")
+
+
+def test_the_average_stays_over_the_window_while_history_covers_the_debounce():
+    history = []
+    for t in range(0, 30, 2):
+        history = judged(history, t, GOOD.replace("100.00", "230.00"))
+    assert [s["t"] for s in history] == list(range(8, 30, 2))           # horizon max(10, 4 * (2 + 3)) = 20 s
+    assert "average draw 230.0 W over 10 s (6 samples) > 200 W" in history[-1]["bad"]
+    slow = {**CONFIG, "debounce": {"bad": 2, "of": 6}}                   # 7 periods of 5 s: 35 s kept
+    assert len(keep([{"t": t} for t in range(0, 65, 5)], slow, 60)) == 8
+
+
+def test_config_unit_timeout_and_debounce_checks():
+    conf = guard_config({**group_vars("all"), "gpu_guard_smi_timeout": 7})
+    assert (conf["smi_timeout_s"], conf["interval_s"], conf["debounce"]) == (7, 10, {"bad": 2, "of": 3})
+    assert unit_timeout_s(7) == 7 + 2 + 2 * (20 + 2) + 10
+    assert check_debounce({}, {}, {"gpu_guard_debounce_bad": 3, "gpu_guard_debounce_samples": 3}) == []
+    (r,) = check_debounce({}, {}, {"gpu_guard_debounce_bad": 4, "gpu_guard_debounce_samples": 3})
+    assert (r.what, r.why) == ("gpu_guard_debounce_bad", "expected at most gpu_guard_debounce_samples (3), got 4")
+
+
+def test_run_bounded_kills_the_whole_process_group():
+    started = time.monotonic()
+    rc, out = run_bounded(["sh", "-c", "echo begun; sleep 300 & sleep 300"], 1)    # a child holds the pipe
+    took = time.monotonic() - started
+    print(f"a call with a pipe-holding child came back in {took:.2f} s (timeout 1 s)")
+    assert rc is None and out == "begun\n" and took < 3
+    assert run_bounded(["sh", "-c", "echo ok; exit 3"], 5) == (3, "ok\n")
+
+
+@pytest.fixture
+def smi(tmp_path, monkeypatch):
+    """The simulated nvidia-smi (a100 profile) first on PATH; returns its `sim` command."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(json.loads((LAB / "gpu_profiles.json").read_text())["a100"]))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(LAB / "nvidia_smi.py")
+    for key, value in (("RIGUP_GPU_SIM_PROFILE", profile), ("RIGUP_GPU_SIM_RUN", tmp_path / "run"),
+                       ("RIGUP_GPU_SIM_LIB", tmp_path / "lib"), ("PATH", f"{bin_dir}:{os.environ['PATH']}")):
+        monkeypatch.setenv(key, str(value))
+    return lambda *args: subprocess.run(["nvidia-smi", "sim", *args], check=True)
+
+
+def test_a_hung_nvidia_smi_is_lost_telemetry_and_leaves_nothing(smi, capsys):
+    smi("set", "-i", "3", "--na", "power.draw")
+    cards, lost = read_cards({"smi_timeout_s": 5})
+    assert len(cards) == 8 and lost == ["GPU 3 (%s, 00000000:4E:00.0) reads power.draw [N/A], temperature.gpu 39"
+                                        % cards[3]["uuid"]]
+    smi("set", "--hang", "1")
+    started = time.monotonic()
+    assert read_cards({"smi_timeout_s": 1}) == ([], ["nvidia-smi did not answer within 1 s"])
+    took = time.monotonic() - started
+    assert "<4>rigup-gpu-guard: nvidia-smi did not answer within 1 s; killed it and its process group" \
+        in capsys.readouterr().out
+    print(f"hung nvidia-smi: sample lost after {took:.2f} s (timeout 1 s)")
+    assert took < 3
+    leftovers = subprocess.run(["pgrep", "-f", "^sleep 86400$"], capture_output=True, text=True).stdout
+    assert leftovers == ""
+    smi("set", "--hang", "0", "-i", "3", "--na", "none")
+    assert read_cards({"smi_timeout_s": 5})[1] == []
