@@ -126,8 +126,8 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None)
     return out, problems
 
 
-def serving(data: dict, read) -> tuple[dict, dict[str, ModelEntry]]:
+def serving(data: dict, read) -> tuple[dict | None, dict[str, ModelEntry]]:
     """(instances, models) for a serving role's ``apply``: ``read(data)`` is its schema's
-    ``instances``; nothing to serve when any entry has a problem (preflight refused the host)."""
+    ``instances``; None when any entry has a problem (preflight refused the host: touch nothing)."""
     wanted, problems = read(data)
-    return ({} if problems else wanted), models(data)[0]
+    return (None if problems else wanted), models(data)[0]

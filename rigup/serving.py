@@ -1,12 +1,15 @@
 """The systemd side of a serving instance (roles/llama_server, roles/vllm): its drop-in
 installed and its unit restarted when the drop-in changed, started when it is down, and nothing
-when it runs as it should."""
+when it runs as it should; instances dropped from the configuration stopped and removed."""
 
 from __future__ import annotations
 
 from io import StringIO
 
+import shlex
+
 from pyinfra import host
+from pyinfra.api import operation
 from pyinfra.operations import files
 
 from rigup.secrets import new_key
@@ -30,3 +33,21 @@ def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, 
         yield f"systemctl enable {unit} && systemctl start {unit}"
     else:
         host.noop(noop)
+
+
+def stale_units(template: str, keep, plan: dict) -> list[str]:
+    """Instances of ``template`` (``rigup-llama``) installed on the host (preflight's plan:
+    ``serving_units``) whose names are not in ``keep``."""
+    return sorted(u.split("@", 1)[1] for u in plan.get("serving_units") or []
+                  if u.startswith(template + "@") and u.split("@", 1)[1] not in keep)
+
+
+@operation()
+def stale_removed(template: str, stale: list[str]):
+    """Instances ``stale`` of ``template``: stopped, disabled, their drop-in removed, systemd
+    reloaded (their keys and state stay, should they come back)."""
+    for name in stale:
+        unit = shlex.quote(f"{template}@{name}.service")
+        yield (f"systemctl disable --now {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null; "
+               f"rm -rf {shlex.quote(f'/etc/systemd/system/{template}@{name}.service.d')}")
+    yield "systemctl daemon-reload"

@@ -376,6 +376,9 @@ class KernelInfo(FactBase):
 
 
 SYSTEMD_COMMAND = "if [ -d /run/systemd/system ]; then echo yes; else echo no; fi"
+# The serving instances rigup installed (their drop-ins), so that one dropped from the
+# configuration is stopped and removed: "rigup-llama@glm", "rigup-vllm@q".
+SERVING_COMMAND = "ls /etc/systemd/system 2>/dev/null | sed -n 's/^\\(rigup-[a-z]*@.*\\)\\.service\\.d$/\\1/p'"
 
 
 def parse_systemd(lines: list[str]) -> bool:
@@ -407,6 +410,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}secure_boot'; {{ {SECURE_BOOT_COMMAND}; }}",
         f"echo '{MARK}kernel'; {KERNEL_COMMAND}",
         f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",
+        f"echo '{MARK}serving'; {SERVING_COMMAND}",
     ]
     for path in paths:
         parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")
@@ -424,6 +428,7 @@ def parse_hardware(lines: list[str]) -> dict:
         "secure_boot": parse_secure_boot(sec.get("secure_boot", [])),
         "kernel": parse_kernel(sec.get("kernel", [])),
         "systemd": parse_systemd(sec.get("systemd", [])),
+        "serving_units": sorted(line.strip() for line in sec.get("serving", []) if line.strip()),
         "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
     }
 

@@ -71,6 +71,7 @@ class Plan(TypedDict, total=False):
     engines: dict[str, dict]
     warnings: list[str]
     systemd: bool
+    serving_units: list[str]
 
 
 def vllm_min_cc() -> tuple[int, int]:

@@ -37,7 +37,7 @@ from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.names import guard_file, marker_path
 from rigup.secrets import bearer
-from rigup.serving import unit_running
+from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, ports
 from roles.llama_server.command import KEY, dropin_text, render
@@ -81,6 +81,12 @@ def apply(plan: dict):
     data = host.data.dict()
     user, binary = data["rigup_user"], f"{data['llama_cpp_dir']}/current/bin/llama-server"
     wanted, entries = serving(data, instances)
+    if wanted is None:
+        return
+    stale = stale_units("rigup-llama", wanted, plan)
+    if stale:
+        stale_removed(name=f"llama-server: stop and remove {', '.join(stale)} (no longer configured)",
+                      template="rigup-llama", stale=stale)
     if not wanted:
         return
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),

@@ -57,12 +57,13 @@ def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet
 def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
     (or the play has ``more`` refusals of its own). Returns the plan, with ``systemd`` (whether
-    systemd is PID 1) added for the roles."""
+    systemd is PID 1) and ``serving_units`` (the serving instances installed) added for the roles."""
     data = host.data.dict()
     dests = model_dests(data)
     facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
     facts["model_bytes"] = host.get_fact(PathBytes, paths=dests) if dests else {}
-    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"])
+    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
+                      serving_units=facts.get("serving_units", []))
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})

@@ -67,7 +67,7 @@ from rigup.gate import answered
 from rigup.models import serving
 from rigup.names import guard_file, marker_path
 from rigup.secrets import bearer, written
-from rigup.serving import unit_running
+from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
 from roles.vllm.checks import CHECKS, ports
@@ -120,6 +120,12 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
 def apply(plan: dict):
     data = host.data.dict()
     wanted, entries = serving(data, instances)
+    if wanted is None:
+        return
+    stale = stale_units("rigup-vllm", wanted, plan)
+    if stale:
+        stale_removed(name=f"vllm: stop and remove {', '.join(stale)} (no longer configured)",
+                      template="rigup-vllm", stale=stale)
     if not wanted:
         return
     the_pin = cmd.pin(data)               # preflight refused a bad pin or patch series (checks.py)

@@ -183,3 +183,17 @@ def test_a_tripped_guard_keeps_serving_down_under_another_state_dir(lab, second_
     on_host(lab, host, "rigup-gpu-sim set -i 1 --draw 70 && /opt/rigup/bin/rigup-gpu-guard clear")
     converge_one(host)                              # back to the lab's own settings
     wait_for(lab, host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health", "200", 120)
+
+
+def test_an_instance_dropped_from_the_configuration_is_stopped_and_removed(lab, host):
+    instances = config.load_yaml(GROUP_VARS)["llama_server_instances"]
+    extra = {**instances, "extra": {**instances["gemma"], "port": 8085}}
+    converge_one(host, f"llama_server_instances={json.dumps(extra)}")
+    assert on_host(lab, host, "systemctl is-active rigup-llama@extra.service").strip() == "active"
+    run = converge_one(host)
+    assert "llama-server: stop and remove extra (no longer configured)" in " ".join(run.changed_operations())
+    assert lab.ssh(host, "systemctl is-enabled rigup-llama@extra.service").stdout.strip() != "enabled"
+    assert lab.ssh(host, "systemctl is-active rigup-llama@extra.service").stdout.strip() != "active"
+    on_host(lab, host, "test ! -e /etc/systemd/system/rigup-llama@extra.service.d && ! ss -Hltn | grep -q ':8085 '")
+    assert on_host(lab, host, f"systemctl is-active {UNIT}").strip() == "active"
+    assert converge_one(host).totals["changed"] == 0
