@@ -11,7 +11,7 @@ from pyinfra import host
 from rigup import lock, summary
 from rigup.config import check_host
 from rigup.refusal import Refusal
-from roles import in_order, preflight
+from roles import in_order, preflight, steps
 
 summary.track(host.state)
 check_host(host)
@@ -20,5 +20,5 @@ holder = lock.hold(host)
 plan = preflight.run(roles, [Refusal("another controller converges this host", f"{holder} holds its lock",
                                      "wait for that run to end, or stop it", "lock")] if holder else [])
 if host not in host.state.failed_hosts:
-    for role in roles:
-        role.apply(plan)
+    for step in steps():
+        step(plan)

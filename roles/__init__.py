@@ -1,16 +1,26 @@
 """rigup's roles, one package each; none imports another (shared code is in rigup/).
 
-:data:`ORDER` is the order deploy.py runs them in; :func:`in_order` imports them (only the
-plays do: a pure module such as roles/llama_server/command.py imports no other role).
+:data:`ORDER` is the order of the roles (preflight runs their checks in it); :func:`in_order`
+imports them (only the plays do: a pure module such as roles/llama_server/command.py imports no
+other role). :data:`STEPS` is what deploy.py calls, in order: each role's ``apply``, and
+model_fetch's ``waited`` after the build, so that the downloads (started early, in the
+background) and the build run at the same time.
 """
 
 from importlib import import_module
 from types import ModuleType
 
-ORDER = ("base", "cuda_toolkit", "llama_cpp", "model_fetch", "gpu_power", "gpu_guard", "cmpunlocker",
+ORDER = ("base", "model_fetch", "cuda_toolkit", "llama_cpp", "gpu_power", "gpu_guard", "cmpunlocker",
          "llama_server", "vllm")
+STEPS = ("base.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
+         "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "llama_server.apply", "vllm.apply")
 
 
 def in_order() -> list[ModuleType]:
     """The role packages, in the order they run."""
     return [import_module(f"roles.{name}") for name in ORDER]
+
+
+def steps() -> list:
+    """The deploy functions of :data:`STEPS`, in order."""
+    return [getattr(import_module(f"roles.{step.split('.')[0]}"), step.split(".")[1]) for step in STEPS]

@@ -63,7 +63,7 @@ from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchS
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
-__all__ = ["apply", "status", "specs", "ports", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "status", "specs", "ports", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
@@ -71,6 +71,7 @@ SHARE_CONFIG = "/etc/rigup/share.json"
 KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
             'case "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null)" in *rigup-fetch*" fetch "*) kill "$pid";; esac')
 _refused: dict[str, int] = {}
+_waiting: dict[str, tuple[list, list]] = {}  # host -> (plans, specs) of the models waited() waits for
 # The job's unit restarts it after a failure a restart may mend (the hub unreachable past the
 # job's own retries, a crash, a kill -9), RESTART_S apart, at most START_BURST times in
 # START_WINDOW_S; not after one it cannot (exit status PERMANENT: no space, a hub refusal, an
@@ -395,6 +396,15 @@ def apply(plan: dict | None = None):
                  script=f"{bin_dir}/rigup-share")
     waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
     if waiting:
-        wanted = [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}]
-        python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
-                    plans=waiting, specs=wanted, data=data)
+        _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
+
+
+@deploy("model_fetch: wait", data_defaults=role_defaults("model_fetch"))
+def waited(plan: dict | None = None):
+    """Block until the models with ``wait: true`` are complete (their jobs were started by
+    :func:`apply`, before the build, so that downloads and the build overlap)."""
+    if host.name not in _waiting:
+        return
+    waiting, wanted = _waiting.pop(host.name)
+    python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
+                plans=waiting, specs=wanted, data=host.data.dict())
