@@ -15,12 +15,14 @@ Variables: gpu_enabled (roles/preflight/defaults.yml).
 from __future__ import annotations
 
 import atexit
+from dataclasses import replace
 from types import ModuleType
 
 import click
 from pyinfra import host
 
 from rigup import summary
+from rigup.config import source_of
 from rigup.gpu.facts import HardwareFacts
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests
@@ -54,6 +56,15 @@ def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet
     return found + port_refusals(claims, facts)
 
 
+def _sourced(refusal: Refusal) -> Refusal:
+    """A configuration refusal with the file or layer its value came from (``models.glm.dest
+    (group_vars/a100.yml)``)."""
+    if refusal.check != "config":
+        return refusal
+    key = refusal.what.split(".", 1)[0].split(":", 1)[0]
+    return replace(refusal, what=f"{refusal.what} ({source_of(host, key)})")
+
+
 def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
     (or the play has ``more`` refusals of its own). Returns the plan, with ``systemd`` (whether
@@ -67,7 +78,7 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] {line}", err=True)
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})
-    found = [*more, *refusals(roles, plan, facts, data, fleet)]
+    found = [_sourced(r) for r in [*more, *refusals(roles, plan, facts, data, fleet)]]
     for refusal in found:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
     if found:

@@ -65,8 +65,8 @@ def test_an_unpinned_source_is_refused_before_anything_changes(lab, repo, cmp):
     run = play(cmp, *data(cmpunlocker_enabled=True, cmpunlocker_source=repo["url"], cmpunlocker_version="main"),
                check=False)
     assert run.returncode != 0
-    assert f"invalid configuration for host {cmp}:" in run.output
-    assert "--data: cmpunlocker_version: expected a full 40-hex commit id, got 'main'" in run.output
+    assert (f"[{cmp}] refused: cmpunlocker_version (--data): expected a full 40-hex commit id, got 'main'"
+            in run.output), run.output[-3000:]
     run = play(cmp, *data(cmpunlocker_enabled=True, cmpunlocker_archive=repo["archive"],
                           cmpunlocker_archive_sha256="0" * 64), check=False)
     assert run.returncode != 0 and f"{repo['archive']} has sha256 {repo['sha256']}, not {'0' * 64}" in run.output
