@@ -16,5 +16,8 @@ a100 = (
     ],
     _group_vars("a100"),
 )
+# Prometheus on one of them, scraping every host here (roles/metrics; group_vars/monitoring.yml):
+# monitoring = ([("a100-01", {"ssh_hostname": "203.0.113.10", "ssh_user": "ubuntu", "_sudo": True})],
+#               _group_vars("monitoring"))
 
 all = _all_group(a100)

@@ -5,6 +5,8 @@
 - the GPU guard's tripped file (roles/gpu_guard writes it; the serving units do not start while
   it exists): :func:`guard_file`
 - the hub token on a host (roles/model_fetch puts it there; its job reads it): :data:`HF_TOKEN`
+- the node exporter's textfile directory (roles/metrics sets it) and the GPU metrics file the
+  guard writes there (roles/gpu_guard): :data:`TEXTFILE_DIR`, :data:`GPU_METRICS`
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collector.textfile.directory
+GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
 
 
 def marker_path(dest: str) -> str:

@@ -16,6 +16,9 @@ or without systemd, where there are no serving units to stop):
   ``ConditionPathExists=!{rigup_state_dir}/gpu-guard.tripped``, so they do not start while it
   exists, also after a reboot. The oneshot unit has a TimeoutStartSec derived from
   ``gpu_guard_smi_timeout`` (guard.unit_timeout_s), so no hung call holds up the timer;
+- each check also writes every card's power draw and limit, temperature, SM clock, utilisation,
+  VRAM used and PCIe link, the tripped state and lost telemetry to rigup.names.GPU_METRICS (atomically)
+  when the node exporter's textfile directory exists (roles/metrics);
 - ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
 With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
 
@@ -43,7 +46,7 @@ from rigup import files
 from rigup.config import role_defaults
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.plan import gpu_host
-from rigup.names import guard_file
+from rigup.names import GPU_METRICS, guard_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
 from roles.gpu_guard.guard import unit_timeout_s
@@ -83,6 +86,7 @@ def guard_config(data: dict) -> dict:
         "units": SERVING_UNITS,
         "tripped_file": guard_file(data),
         "samples_file": SAMPLES,
+        "metrics_file": GPU_METRICS,
         "default": dict(table.get("default") or {}),
         "by_pci_id": by_pci,
     }

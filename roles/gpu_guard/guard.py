@@ -34,6 +34,16 @@ import time
 
 CONFIG = "/etc/rigup/gpu-guard.json"
 QUERY = "index,uuid,pci.bus_id,pci.device_id,power.draw,power.limit,temperature.gpu"
+# Read in the same call for the metrics file only (never judged): a card lacking one reads [N/A].
+EXTRA = ("memory.used", "clocks.current.sm", "utilization.gpu", "pcie.link.gen.current", "pcie.link.width.current")
+# (metric, help, field, scale): the cards' gauges in the metrics file, in base units.
+GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts", "Power limit (W)", "limit", 1),
+          ("temperature_celsius", "Core temperature (C)", "temp", 1),
+          ("memory_used_bytes", "VRAM used", "memory.used", 2 ** 20),
+          ("sm_clock_hertz", "SM clock", "clocks.current.sm", 1e6),
+          ("utilization_ratio", "GPU utilisation (0..1)", "utilization.gpu", 0.01),
+          ("pcie_link_gen", "PCIe link generation", "pcie.link.gen.current", 1),
+          ("pcie_link_width", "PCIe link width (lanes)", "pcie.link.width.current", 1))
 NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
 KILL_GRACE_S = 2            # how long a killed process group gets to go before the guard moves on
 SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
@@ -83,12 +93,12 @@ def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
             lost.append(line.strip())
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 7 or not cells[0].isdigit():
+        if len(cells) not in (7, 7 + len(EXTRA)) or not cells[0].isdigit():
             if line.strip():
                 lost.append(line.strip())
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
-        for key, cell in zip(("draw", "limit", "temp"), cells[4:]):
+        for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             try:
                 card[key] = None if cell in NO_VALUE else float(cell)
             except ValueError:
@@ -166,8 +176,10 @@ def read_cards(config: dict) -> tuple[list[dict], list[str]]:
     ``smi_timeout_s`` (a hung driver, a card fallen off the bus) is killed and is lost telemetry."""
     timeout = config.get("smi_timeout_s", 10)
     try:
-        rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+        rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY},{','.join(EXTRA)}", "--format=csv,noheader,nounits"],
                                  timeout)
+        if rc == 2 and "is not a valid field" in output:     # a driver without one of EXTRA: judge without them
+            rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"], timeout)
     except OSError as e:
         return [], [f"cannot run nvidia-smi: {e}"]
     if rc is None:
@@ -193,6 +205,56 @@ def save(path: str, value) -> None:
     os.replace(tmp, path)
 
 
+def number(value: float) -> str:
+    """A sample value as the text format reads it, at full precision (a timestamp keeps its ms)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def escaped(value) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, config: dict, now: float) -> str:
+    """The guard's metrics file (Prometheus text format, for the node exporter's textfile
+    collector): each card's gauges (GAUGES) labelled gpu (index), uuid and class; whether the
+    last sample lost telemetry and how many cards answered (both left out when ``lost`` is None:
+    a tripped guard samples nothing); whether it is tripped; when it ran, and its period."""
+    lines = []
+    for metric, text, field, scale in GAUGES:
+        rows = [(c, c[field]) for c in cards if c.get(field) is not None]
+        lines += [f"# HELP rigup_gpu_{metric} {text}", f"# TYPE rigup_gpu_{metric} gauge"] if rows else []
+        lines += [f'rigup_gpu_{metric}{{gpu="{c["index"]}",uuid="{escaped(c["uuid"])}",'
+                  f'class="{escaped(thresholds_for(c, config).get("class", "unknown"))}"}} {number(v * scale)}'
+                  for c, v in rows]
+    host = [("guard_tripped", "1 while the guard is tripped (serving units stopped)", int(tripped)),
+            ("guard_last_run_timestamp_seconds", "When the guard last ran (epoch seconds)", round(now, 3)),
+            ("guard_interval_seconds", "The guard's period (s)", config.get("interval_s", 10))]
+    if lost is not None:
+        host += [("telemetry_lost", "1 when the last sample lost telemetry (a card or nvidia-smi)", int(bool(lost))),
+                 ("cards", "Cards that answered the last sample", len(cards))]
+    for metric, text, value in host:
+        lines += [f"# HELP rigup_gpu_{metric} {text}", f"# TYPE rigup_gpu_{metric} gauge",
+                  f"rigup_gpu_{metric} {number(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics(config: dict, text: str) -> None:
+    """Replace the metrics file atomically (a temp file the collector ignores, then rename), when
+    its directory exists (roles/metrics installs the node exporter); metrics never stop the guard."""
+    path = config.get("metrics_file")
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        log(4, f"rigup-gpu-guard: cannot write {path}: {e}")
+
+
 def log(priority: int, text: str) -> None:
     """A journal line with its syslog priority (systemd reads the <N> prefix)."""
     print(f"<{priority}>{text}", flush=True)
@@ -212,6 +274,7 @@ def stop_serving(config: dict) -> str:
 def check(config: dict) -> int:
     tripped = config["tripped_file"]
     if os.path.exists(tripped):
+        write_metrics(config, metrics_text([], None, True, config, time.time()))
         stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
@@ -223,6 +286,7 @@ def check(config: dict) -> int:
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
     reason, count = debounced(history, config)
+    write_metrics(config, metrics_text(cards, lost, reason is not None, config, now))
     bad, of = debounce_of(config)
     samples = f"{count} of the last {min(of, len(history))} samples bad"
     if reason is None:

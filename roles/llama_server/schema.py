@@ -35,7 +35,7 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
-    "metrics": Key("bool", False, "--metrics: Prometheus metrics at /metrics"),
+    "metrics": Key("bool", True, "--metrics: Prometheus metrics at /metrics"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

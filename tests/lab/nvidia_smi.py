@@ -255,6 +255,7 @@ def _fields():
         "power.max_limit": (W, lambda c, s: c.get("power_max_w")),
         "power.draw": (W, lambda c, s: min(s["draw"], s["power_limit"])),
         "temperature.gpu": (None, lambda c, s: s["temp"]),
+        "utilization.gpu": ("%", lambda c, s: s.get("utilization", 0)),
         "persistence_mode": (None, lambda c, s: "Enabled" if s["persistence"] else "Disabled"),
         "pcie.link.gen.current": (None, lambda c, s: c.get("pcie_gen")),
         "pcie.link.gen.max": (None, lambda c, s: c.get("pcie_gen")),

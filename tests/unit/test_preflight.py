@@ -66,8 +66,10 @@ def test_6_port_held_by_our_own_server_is_not_refused():
 
 def test_6_ports_that_cannot_be_read_are_refused_not_passed():
     plan, facts = host("h100", listening_ports=None)
-    (r,) = only(refusals(plan, facts, data(**glm_llama())), "ports")
-    assert r.what == "cannot tell whether port 8081 is free (llama_server_instances.glm)"
+    found = only(refusals(plan, facts, data(**glm_llama())), "ports")
+    assert [r.what for r in found] == ["cannot tell whether port 8081 is free (llama_server_instances.glm)",
+                                       "cannot tell whether port 9100 is free (metrics_node_exporter_port)",
+                                       "cannot tell whether port 9101 is free (metrics_relay_port)"]
 
 
 def test_6_port_held_by_an_unnamed_process():
@@ -94,8 +96,9 @@ def test_7_path_bytes_fact_parsing():
 def test_each_role_declares_its_checks_and_they_are_pure():
     counts = {role.__name__.split(".")[-1]: len(getattr(role, "CHECKS", ())) for role in in_order()}
     assert counts == {"base": 0, "cuda_toolkit": 2, "llama_cpp": 1, "model_fetch": 3, "gpu_power": 5,
-                      "gpu_guard": 2, "cmpunlocker": 6, "llama_server": 5, "vllm": 6}
-    assert [r.__name__.split(".")[-1] for r in in_order() if hasattr(r, "ports")] == ["model_fetch", "llama_server", "vllm"]
+                      "gpu_guard": 2, "cmpunlocker": 6, "llama_server": 5, "vllm": 6, "metrics": 2}
+    assert [r.__name__.split(".")[-1] for r in in_order() if hasattr(r, "ports")] == ["model_fetch", "llama_server", "vllm",
+                                                                                   "metrics"]
     plan, facts = host("a100")
     before = repr((plan, facts))
     refusals(plan, facts, data(**glm_llama(split_mode="row"), gpu_power_watts=900, cmpunlocker_enabled=True))

@@ -1,0 +1,143 @@
+"""roles/metrics: the node exporter and the serving metrics relay on every host, Prometheus with
+alert rules on the hosts of the ``monitoring`` group.
+
+What it does to a host with systemd (nothing without: preflight refuses Prometheus there):
+- with ``metrics_enabled``: Debian's ``prometheus-node-exporter`` (started by systemd), its
+  ARGS in /etc/default/prometheus-node-exporter (written before the package is installed, so it
+  never listens on every interface): ``metrics_address`` (null: the host's inventory address, or
+  127.0.0.1 when it has none) port ``metrics_node_exporter_port``, and its textfile directory
+  (rigup.names.TEXTFILE_DIR), where roles/gpu_guard's guard writes every card's metrics
+  (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library)
+  on the same address, port ``metrics_relay_port``: GET /metrics/NAME answers llama-server
+  instance NAME's /metrics, fetched on the host with its API key (which never leaves the host),
+  to loopback and the monitoring hosts only. Each restarts only when its files changed.
+- with ``prometheus_enabled`` (group_vars/monitoring.yml sets it for the ``monitoring`` group):
+  Debian's ``prometheus`` bound to ``prometheus_address`` (null: the inventory address) port
+  ``prometheus_port``, keeping ``prometheus_retention_days``; its configuration generated from
+  the inventory (roles/metrics/prometheus.py): jobs ``node`` and ``llama-server`` (file_sd
+  targets: every host of the inventory with metrics_enabled, and each of its llama-server
+  instances with ``metrics`` on, through its relay), every ``prometheus_scrape_interval_s``, and
+  alert rules with ``for:`` ``prometheus_alert_for_s`` (an instance down, a node exporter down,
+  the GPU guard tripped, lost GPU telemetry, a silent guard). A changed configuration is written
+  to /etc/prometheus/rigup-candidate first and replaces the live one only after ``promtool check
+  config`` and ``promtool check rules`` passed on it; then Prometheus reloads. A bad
+  configuration fails the host and leaves the working one running.
+
+Variables (roles/metrics/defaults.yml): metrics_enabled, metrics_address,
+metrics_node_exporter_port, metrics_relay_port, prometheus_enabled, prometheus_address,
+prometheus_port, prometheus_scrape_interval_s, prometheus_alert_for_s, prometheus_retention_days;
+llama_server_instances (roles/llama_server), rigup_user and rigup_prefix and apt_cache_seconds
+(roles/base), and every host's ssh_hostname (the inventory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
+
+from rigup import apt, files
+from rigup.config import role_defaults
+from rigup.files import FileStates
+from rigup.names import TEXTFILE_DIR
+from rigup.secrets import written
+from rigup.state import read_once
+from rigup.templates import render
+from roles.metrics.checks import CHECKS, ports
+from roles.metrics.prometheus import bind_address, config_files, relay_config, url_host
+
+__all__ = ["apply", "CHECKS", "ports"]
+
+HERE = Path(__file__).resolve().parent
+NODE_DEFAULT, PROM_DEFAULT = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
+RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", "rigup-metrics-relay.service"
+RELAY_UNIT = f"/etc/systemd/system/{RELAY}"
+LIVE, CANDIDATE = "/etc/prometheus", "/etc/prometheus/rigup-candidate"
+
+
+def listen(data: dict, key: str, port_key: str) -> str:
+    return f"{url_host(bind_address(host.name, data, key))}:{data[port_key]}"
+
+
+def promote_command(names: list[str]) -> str:
+    """Shell that checks the candidate configuration and, only when promtool passes it, copies
+    each file over the live one (a rename each) and reloads Prometheus."""
+    q = shlex.quote
+    copies = " && ".join(f"cp {q(f'{CANDIDATE}/{n}')} {q(f'{LIVE}/.{n}.new')} && mv {q(f'{LIVE}/.{n}.new')} "
+                         f"{q(f'{LIVE}/{n}')}" for n in names)
+    return (f"cd {q(CANDIDATE)} && promtool check config prometheus.yml && promtool check rules rigup-rules.yml && "
+            f"{copies} && systemctl reload-or-restart prometheus")
+
+
+@operation()
+def checked_config(texts: dict[str, str]):
+    """Prometheus's files (``texts``: name in /etc/prometheus -> text) written to the candidate
+    directory, checked by promtool, and only then made live; nothing when the live ones match."""
+    states = read_once(FileStates, paths=[f"{LIVE}/{n}" for n in sorted(texts)])
+    stale = [n for n, text in sorted(texts.items())
+             if (states.get(f"{LIVE}/{n}") or {}).get("sha256") != hashlib.sha256(text.encode()).hexdigest()]
+    if not stale:
+        host.noop("the live configuration is the checked one")
+        return
+    yield f"rm -rf {shlex.quote(CANDIDATE)} && mkdir -p {shlex.quote(CANDIDATE)}"
+    for name, text in sorted(texts.items()):
+        yield written(f"{CANDIDATE}/{name}", text, "644")
+    yield promote_command(sorted(texts))
+
+
+def exporters(data: dict, fleet: list[tuple[str, dict]]) -> None:
+    """The node exporter and the relay, each restarted only when its files changed."""
+    script = f"{data['rigup_prefix']}/bin/rigup-metrics-relay"
+    paths = [NODE_DEFAULT, TEXTFILE_DIR, script, RELAY_CONFIG, RELAY_UNIT]
+    args = files.managed(name=f"metrics: {NODE_DEFAULT}", dest=NODE_DEFAULT, paths=paths,
+                         text=render("metrics-node-exporter.default.j2", textfile_dir=TEXTFILE_DIR,
+                                     listen=listen(data, "metrics_address", "metrics_node_exporter_port")))
+    apt.installed(name="metrics: prometheus-node-exporter", packages=["prometheus-node-exporter"],
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+    files.directory(name=f"metrics: {TEXTFILE_DIR}", path=TEXTFILE_DIR, paths=paths, mode=None, user=None, group=None)
+    systemd.service(name="metrics: run prometheus-node-exporter", service="prometheus-node-exporter",
+                    running=True, enabled=True)
+    systemd.service(name="metrics: restart prometheus-node-exporter (new arguments)",
+                    service="prometheus-node-exporter", restarted=True, _if=args.did_change)
+    relay = [
+        files.managed(name="metrics: the relay", dest=script, paths=paths, mode="755", text=(HERE / "relay.py").read_text()),
+        files.managed(name=f"metrics: {RELAY_CONFIG}", dest=RELAY_CONFIG, paths=paths,
+                      text=json.dumps(relay_config(host.name, data, fleet), indent=1, sort_keys=True) + "\n"),
+        files.managed(name=f"metrics: {RELAY}", dest=RELAY_UNIT, paths=paths,
+                      text=render("metrics-relay.service.j2", user=data["rigup_user"], script=script,
+                                  config=RELAY_CONFIG))]
+    systemd.daemon_reload(name="metrics: systemd daemon-reload", _if=relay[2].did_change)
+    systemd.service(name=f"metrics: run {RELAY}", service=RELAY, running=True, enabled=True)
+    systemd.service(name=f"metrics: restart {RELAY} (changed)", service=RELAY, restarted=True, _if=any_changed(*relay))
+
+
+def prometheus(data: dict, fleet: list[tuple[str, dict]]) -> None:
+    """Prometheus, its configuration checked before it goes live, restarted on new arguments."""
+    args = files.managed(name=f"metrics: {PROM_DEFAULT}", dest=PROM_DEFAULT, paths=[PROM_DEFAULT],
+                         text=render("metrics-prometheus.default.j2", retention_days=data["prometheus_retention_days"],
+                                     listen=listen(data, "prometheus_address", "prometheus_port")))
+    apt.installed(name="metrics: prometheus", packages=["prometheus"], cache_seconds=data["apt_cache_seconds"],
+                  _retries=2, _retry_delay=10)
+    checked_config(name="metrics: Prometheus configuration (promtool checks it first)",
+                   texts=config_files(host.name, data, fleet))
+    systemd.service(name="metrics: run prometheus", service="prometheus", running=True, enabled=True)
+    systemd.service(name="metrics: restart prometheus (new arguments)", service="prometheus", restarted=True,
+                    _if=args.did_change)
+
+
+@deploy("metrics", data_defaults=role_defaults("metrics"))
+def apply(plan: dict):
+    data = host.data.dict()
+    if not plan.get("systemd", True):
+        return      # the Debian units need systemd (preflight refuses prometheus_enabled there)
+    fleet = [(h.name, h.data.dict()) for h in host.inventory]
+    if data["metrics_enabled"]:
+        exporters(data, fleet)
+    if data["prometheus_enabled"]:
+        prometheus(data, fleet)

@@ -1,0 +1,144 @@
+"""What roles/metrics writes, as pure functions of host data: the addresses it binds, the relay's
+configuration, Prometheus's configuration, its scrape targets (generated from the inventory) and
+its alert rules. No pyinfra here (unit tests call these with plain dicts).
+
+Every host of the inventory (``fleet``: (name, data) pairs) with ``metrics_enabled`` is scraped:
+job ``node`` (the node exporter, with the GPU guard's textfile metrics) and job ``llama-server``
+(each instance with ``metrics`` on, through the host's rigup-metrics-relay at /metrics/NAME: the
+instances bind loopback by default and may check an API key, and the relay reads both on the host,
+so no key leaves its host and no instance has to listen beyond loopback for its metrics).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import yaml
+
+from rigup.gate import endpoint
+
+WILDCARDS = ("0.0.0.0", "::", "[::]", "*")
+LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
+# Files Prometheus reads, by name (relative names in prometheus.yml: resolved against its directory,
+# so that a candidate set is checked in a directory of its own before it replaces the live one).
+RULES, NODE_TARGETS, LLAMA_TARGETS = "rigup-rules.yml", "rigup-node.json", "rigup-llama.json"
+
+
+def inventory_address(name: str, data: dict) -> str:
+    """The address other hosts reach ``name`` at: its ``ssh_hostname`` (or its inventory name),
+    127.0.0.1 for a host with no other (``@local``, ``localhost``)."""
+    address = str(data.get("ssh_hostname") or name)
+    if address.startswith("@") or address == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address                                   # a DNS name: resolved by whoever binds or scrapes
+
+
+def bind_address(name: str, data: dict, key: str) -> str:
+    """The address to bind for ``key`` (metrics_address, prometheus_address): its value, or the
+    inventory address when null."""
+    return data.get(key) or inventory_address(name, data)
+
+
+def url_host(address: str) -> str:
+    """``address`` as the host part of a URL or of ``host:port`` (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+def llama_instances(data: dict) -> dict[str, dict]:
+    """The host's llama-server instances whose /metrics is on, as the relay reaches them:
+    name -> {"url", "key"} (key: the API key file, or None). Read from the raw entries (a role
+    imports no other role; the defaults are roles/llama_server/schema.py's: host 127.0.0.1,
+    metrics true, api_key false)."""
+    out = {}
+    for name, inst in sorted((data.get("llama_server_instances") or {}).items()):
+        if isinstance(inst, dict) and inst.get("metrics", True) and isinstance(inst.get("port"), int):
+            out[name] = {"url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]),
+                         "key": LLAMA_KEY.format(name) if inst.get("api_key") else None}
+    return out
+
+
+def monitors(fleet: list[tuple[str, dict]]) -> list[str]:
+    """The addresses of the hosts that run Prometheus (the relay answers them, and its own host, only)."""
+    return sorted({inventory_address(name, data) for name, data in fleet if data.get("prometheus_enabled")})
+
+
+def relay_config(name: str, data: dict, fleet: list[tuple[str, dict]]) -> dict:
+    """rigup-metrics-relay's configuration on host ``name``."""
+    address = bind_address(name, data, "metrics_address")
+    return {"listen": [address, data["metrics_relay_port"]], "instances": llama_instances(data),
+            "allow": sorted({"127.0.0.1", "::1", address, *monitors(fleet)})}
+
+
+def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:
+    """The file_sd target groups of jobs node and llama-server for the Prometheus on host ``me``:
+    every host with metrics_enabled, labelled ``host``; a llama-server target also ``llama_instance``
+    and ``instance`` HOST/NAME. A host that binds loopback is scraped only by its own Prometheus."""
+    node, llama = [], []
+    for name, data in sorted(fleet):
+        if not data.get("metrics_enabled"):
+            continue
+        address = bind_address(name, data, "metrics_address")
+        ip = _ip(address)
+        if ip is not None and ip.is_loopback and name != me:
+            continue
+        host = url_host(address)
+        node.append({"targets": [f"{host}:{data['metrics_node_exporter_port']}"], "labels": {"host": name}})
+        llama += [{"targets": [f"{host}:{data['metrics_relay_port']}"],
+                   "labels": {"host": name, "llama_instance": inst, "instance": f"{name}/{inst}",
+                              "__metrics_path__": f"/metrics/{inst}"}} for inst in llama_instances(data)]
+    return {NODE_TARGETS: node, LLAMA_TARGETS: llama}
+
+
+def _ip(address: str):
+    try:
+        return ipaddress.ip_address(address)
+    except ValueError:
+        return None
+
+
+def prometheus_yml(data: dict) -> dict:
+    """prometheus.yml: the scrape and evaluation interval, the rules, jobs node and llama-server."""
+    every = f"{data['prometheus_scrape_interval_s']}s"
+    return {"global": {"scrape_interval": every, "evaluation_interval": every,
+                       "scrape_timeout": f"{min(10, data['prometheus_scrape_interval_s'])}s"},
+            "rule_files": [RULES],
+            "scrape_configs": [{"job_name": job, "file_sd_configs": [{"files": [f]}]}
+                               for job, f in (("node", NODE_TARGETS), ("llama-server", LLAMA_TARGETS))]}
+
+
+def rules(data: dict) -> dict:
+    """The alert rules: an instance or a node exporter down, the GPU guard tripped, lost GPU
+    telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting."""
+    hold = f"{data['prometheus_alert_for_s']}s"
+
+    def alert(name, expr, summary, hold_for=hold):
+        return {"alert": name, "expr": expr, "for": hold_for, "labels": {"severity": "critical"},
+                "annotations": {"summary": summary}}
+
+    return {"groups": [{"name": "rigup", "rules": [
+        alert("LlamaServerDown", 'up{job="llama-server"} == 0',
+              "llama-server {{ $labels.instance }} does not answer its /metrics (unit stopped, failed or hung)"),
+        alert("NodeExporterDown", 'up{job="node"} == 0', "the node exporter of {{ $labels.host }} does not answer"),
+        alert("GpuGuardTripped", "rigup_gpu_guard_tripped == 1",
+              "the GPU guard of {{ $labels.host }} tripped and stopped serving (rigup-gpu-guard status)", "0s"),
+        alert("GpuTelemetryLost", "rigup_gpu_telemetry_lost == 1",
+              "a GPU of {{ $labels.host }} is gone or nvidia-smi fails (journalctl -u rigup-gpu-guard)"),
+        alert("GpuGuardSilent",
+              "time() - rigup_gpu_guard_last_run_timestamp_seconds > 3 * rigup_gpu_guard_interval_seconds + 30",
+              "the GPU guard of {{ $labels.host }} has not reported for 3 periods"),
+    ]}]}
+
+
+def config_files(me: str, data: dict, fleet: list[tuple[str, dict]]) -> dict[str, str]:
+    """Every file of Prometheus's configuration (name in /etc/prometheus -> text)."""
+    files = {"prometheus.yml": _yaml(prometheus_yml(data)), RULES: _yaml(rules(data))}
+    files.update({f: json.dumps(groups, indent=1, sort_keys=True) + "\n" for f, groups in targets(me, fleet).items()})
+    return files
+
+
+def _yaml(value: dict) -> str:
+    return "# Installed by rigup (roles/metrics).\n" + yaml.safe_dump(value, sort_keys=False, width=200)

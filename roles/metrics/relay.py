@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""rigup-metrics-relay: each local llama-server instance's /metrics, for the fleet's Prometheus.
+
+Installed by rigup (roles/metrics) as RIGUP_PREFIX/bin/rigup-metrics-relay and run by
+rigup-metrics-relay.service as the service user (who may read the instances' API keys).
+Standard library only (it runs on bare hosts).
+
+``GET /metrics/NAME`` fetches instance NAME's /metrics at its own bind address (loopback by
+default), sending its API key as a bearer token when it has one (read from its key file at each
+request: the key never leaves the host), and answers with its body. An instance that does not
+answer gives 503 and one that answers an error gives 502, so Prometheus's ``up`` for the
+instance's target is 0 while it is down. Only the addresses in ``allow`` (loopback and the
+monitoring hosts) are answered; everything else gets 403, any other path 404.
+
+    rigup-metrics-relay [--config /etc/rigup/metrics-relay.json]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.server
+import ipaddress
+import json
+import socket
+import sys
+import urllib.error
+import urllib.request
+
+CONFIG = "/etc/rigup/metrics-relay.json"
+TIMEOUT_S = 10
+PR_SET_NAME = 15     # prctl: the process name ss and ps show (preflight tells the relay's port by it)
+
+
+def allowed(config: dict) -> set[str]:
+    """The client addresses answered: ``allow``, host names resolved now (IPv4-mapped too)."""
+    out = set()
+    for entry in config.get("allow", []):
+        try:
+            infos = socket.getaddrinfo(entry, None)
+        except OSError:
+            continue
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0].split("%")[0])
+            out |= {str(address), f"::ffff:{address}"} if address.version == 4 else {str(address)}
+    return out
+
+
+def bearer(path: str | None) -> dict:
+    """The Authorization header of the key in ``path`` (none without a key)."""
+    if not path:
+        return {}
+    with open(path) as f:
+        return {"Authorization": f"Bearer {f.read().strip()}"}
+
+
+def handler(config: dict, clients: set[str]):
+    class Relay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            name = self.path.removeprefix("/metrics/")
+            inst = config["instances"].get(name) if self.path.startswith("/metrics/") else None
+            if self.client_address[0] not in clients:
+                return self.answer(403, "forbidden\n")
+            if inst is None:
+                return self.answer(404, f"no instance {name!r} here\n")
+            try:
+                request = urllib.request.Request(inst["url"] + "/metrics", headers=bearer(inst.get("key")))
+                with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                    return self.answer(200, response.read(), response.headers.get("Content-Type"))
+            except urllib.error.HTTPError as e:
+                return self.answer(502, f"{name}: /metrics answered {e.code}\n")
+            except OSError as e:
+                return self.answer(503, f"{name}: /metrics did not answer: {e}\n")
+
+        def answer(self, code: int, body, content_type: str | None = None):
+            data = body if isinstance(body, bytes) else body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type or "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_request(self, code="-", size="-"):   # the journal: failures only (a scrape every few s)
+            if str(getattr(code, "value", code)) != "200":
+                super().log_request(code, size)
+
+        def log_message(self, fmt, *args):
+            print(f"{self.client_address[0]} {fmt % args}", flush=True)
+
+    return Relay
+
+
+def main(argv: list[str]) -> int:
+    path = argv[1] if argv[:1] == ["--config"] else CONFIG
+    with open(path) as f:
+        config = json.load(f)
+    address, port = config["listen"]
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_NAME, b"rigup-metrics", 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        daemon_threads = True
+
+    server = Server((address, port), handler(config, allowed(config)))
+    print(f"rigup-metrics-relay: {len(config['instances'])} instance(s) on {address}:{port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,137 @@
+"""roles/metrics on the lab: the session's 2 lab hosts (serving Gemma with llama-server) run the
+node exporter and the relay; the first is also in the group `monitoring` (tests/roles/lab_monitoring.py)
+and runs Prometheus, which scrapes both: the simulated GPUs' power draw per card (written by the
+GPU guard) and llama-server's token counters come back from its HTTP API; stopping a serving
+unit fires LlamaServerDown within its `for:`; a configuration promtool rejects never goes live;
+a second converge changes nothing."""
+
+import json
+import shlex
+import time
+
+import pytest
+
+from roles.metrics import promote_command
+from tests.conftest import on_host
+from tests.converge import converge
+
+pytestmark = pytest.mark.lab
+INVENTORY = "tests/roles/lab_monitoring.py"
+FOR_S, EVERY_S = 5, 2
+FAST = ["--data", f"prometheus_alert_for_s={FOR_S}", "--data", f"prometheus_scrape_interval_s={EVERY_S}"]
+UNIT = "rigup-llama@gemma.service"
+ASK = ("curl -sf http://127.0.0.1:8081/v1/chat/completions -H 'Content-Type: application/json' "
+       "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Count to five.\"}],\"max_tokens\":12}'")
+
+
+@pytest.fixture(scope="module")
+def hosts(lab, second_converge):
+    """(monitoring host, other host), converged twice with the monitoring inventory."""
+    first = converge(INVENTORY, *FAST)
+    again = converge(INVENTORY, *FAST)
+    print(f"\nmonitoring converge {first.seconds:.1f} s ({first.totals['changed']} changed); "
+          f"again {again.seconds:.1f} s: {again.totals['changed']} changed")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    names = [h["name"] for h in lab.hosts()]
+    return names[0], names[1]
+
+
+def api(lab, monitor: str, path: str, **params) -> dict:
+    """Prometheus's HTTP API on the monitoring host (bound to loopback there)."""
+    args = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
+    answer = json.loads(on_host(lab, monitor, f"curl -s -G {args} http://127.0.0.1:9090/api/v1/{path}"))
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def until(predicate, timeout: float = 60, poll: float = 0.5):
+    """The first true value of ``predicate()`` within ``timeout`` s, else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    return None
+
+
+def test_bound_to_the_inventory_address_never_every_interface(lab, hosts):
+    for h in lab.hosts():
+        listening = on_host(lab, h["name"], "ss -Hltn")
+        for port in (9100, 9101):
+            assert f"{h['address']}:{port} " in listening and f"0.0.0.0:{port} " not in listening
+    monitor, other = hosts
+    assert "127.0.0.1:9090 " in on_host(lab, monitor, "ss -Hltn")
+    # the relay answers its own host and the monitoring host, nobody else
+    relay = f"http://{lab.hosts()[0]['address']}:9101/metrics/gemma"
+    refused = on_host(lab, other, f"curl -s -o /dev/null -w '%{{http_code}}' {relay}")
+    print(f"relay of {monitor} asked by {other} (not a monitoring host): HTTP {refused}")
+    assert refused == "403"
+
+
+def test_prometheus_has_every_card_and_the_token_counters(lab, hosts):
+    monitor, other = hosts
+    on_host(lab, other, "rigup-gpu-sim set -i 0 --draw 180 --temp 70")
+    query = 'rigup_gpu_power_draw_watts{host="%s",gpu="0"} == 180' % other
+    started = time.monotonic()
+    assert until(lambda: api(lab, monitor, "query", query=query)["result"]), "180 W never reached Prometheus"
+    print(f"GPU 0 of {other} at 180 W seen through Prometheus after {time.monotonic() - started:.1f} s")
+    draws = api(lab, monitor, "query", query="rigup_gpu_power_draw_watts")["result"]
+    per_host = {}
+    for series in draws:
+        per_host.setdefault(series["metric"]["host"], {})[series["metric"]["gpu"]] = float(series["value"][1])
+    print("power draw per card (W): " + "; ".join(f"{h}: {sorted(c.items())}" for h, c in sorted(per_host.items())))
+    assert sorted(per_host) == sorted(hosts) and all(len(cards) == 8 for cards in per_host.values())
+    labels = draws[0]["metric"]
+    assert labels["class"] == "a100" and labels["uuid"].startswith("GPU-")
+    for name in ("temperature_celsius", "sm_clock_hertz", "memory_used_bytes", "pcie_link_width", "guard_tripped"):
+        assert api(lab, monitor, "query", query=f"rigup_gpu_{name}")["result"], name
+    for h in hosts:
+        on_host(lab, h, ASK)
+    tokens = until(lambda: (r := api(lab, monitor, "query", query="llamacpp:tokens_predicted_total > 0")["result"])
+                   and len(r) == 2 and r)
+    assert tokens, "llama-server's token counters of both hosts never reached Prometheus"
+    print("llamacpp:tokens_predicted_total: " + ", ".join(f"{t['metric']['instance']} {t['value'][1]}" for t in tokens))
+    on_host(lab, other, "rigup-gpu-sim set -i 0 --draw 60 --temp 35")
+
+
+def firing(lab, monitor: str, name: str, instance: str) -> bool:
+    return any(a["labels"]["alertname"] == name and a["labels"].get("instance") == instance and a["state"] == "firing"
+               for a in api(lab, monitor, "alerts")["alerts"])
+
+
+def test_a_stopped_instance_fires_llama_server_down_within_its_for(lab, hosts):
+    monitor, other = hosts
+    instance = f"{other}/gemma"
+    up = f'up{{job="llama-server",instance="{instance}"}} == 1'
+    assert until(lambda: api(lab, monitor, "query", query=up)["result"])
+    on_host(lab, other, f"systemctl stop {UNIT}")
+    stopped = time.monotonic()
+    try:
+        assert until(lambda: firing(lab, monitor, "LlamaServerDown", instance), timeout=60), "no alert within 60 s"
+        took = time.monotonic() - stopped
+        print(f"LlamaServerDown for {instance} fired {took:.1f} s after the unit stopped "
+              f"(for: {FOR_S} s, scrape and evaluation every {EVERY_S} s)")
+        assert took <= FOR_S + 3 * EVERY_S + 5
+        assert not firing(lab, monitor, "LlamaServerDown", f"{monitor}/gemma")
+    finally:
+        on_host(lab, other, f"systemctl start {UNIT}")
+    assert until(lambda: not firing(lab, monitor, "LlamaServerDown", instance), timeout=90)
+
+
+def test_a_configuration_promtool_rejects_never_goes_live(lab, hosts):
+    """The role's own promote command on a broken candidate: it stops at promtool, the live files
+    stay, Prometheus keeps running them."""
+    monitor, _ = hosts
+    live = on_host(lab, monitor, "sha256sum /etc/prometheus/rigup-rules.yml /etc/prometheus/prometheus.yml")
+    on_host(lab, monitor, "cp /etc/prometheus/*.yml /etc/prometheus/*.json /etc/prometheus/rigup-candidate/ && "
+                          "echo '  - alert: Broken' >> /etc/prometheus/rigup-candidate/rigup-rules.yml && "
+                          "echo '    expr: up ==' >> /etc/prometheus/rigup-candidate/rigup-rules.yml")
+    names = ["prometheus.yml", "rigup-llama.json", "rigup-node.json", "rigup-rules.yml"]
+    result = lab.ssh(monitor, promote_command(names))
+    print(f"promote with a broken rule: exit {result.returncode}: {(result.stdout + result.stderr).strip()[-200:]}")
+    assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr
+    assert on_host(lab, monitor, "sha256sum /etc/prometheus/rigup-rules.yml /etc/prometheus/prometheus.yml") == live
+    assert on_host(lab, monitor, "systemctl is-active prometheus").strip() == "active"
+    assert api(lab, monitor, "query", query="up")["result"]
+    assert converge(INVENTORY, *FAST).totals["changed"] == 0      # the live files are the checked ones

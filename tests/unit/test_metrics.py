@@ -1,0 +1,79 @@
+"""roles/metrics's pure parts (roles/metrics/prometheus.py, checks.py) and the guard's metrics
+file (roles/gpu_guard/guard.py metrics_text), on plain data."""
+
+import json
+
+import yaml
+
+from rigup.config import group_vars
+from roles.metrics import promote_command
+from roles.metrics.checks import check_addresses, check_systemd, ports
+from roles.metrics.prometheus import config_files, inventory_address, relay_config, targets
+from roles.gpu_guard.guard import metrics_text, parse_sample
+
+DATA = {**group_vars("all"), "llama_server_instances": {
+    "glm": {"model": "m", "port": 8081},
+    "quiet": {"model": "m", "port": 8082, "metrics": False},
+    "keyed": {"model": "m", "port": 8083, "host": "10.0.0.5", "api_key": True}}}
+FLEET = [("rig-1", {**DATA, "ssh_hostname": "10.0.0.5", "prometheus_enabled": True}),
+         ("rig-2", {**DATA, "ssh_hostname": "rig-2.example"}),
+         ("local", {**DATA, "ssh_hostname": "@local"}),
+         ("off", {**DATA, "ssh_hostname": "10.0.0.9", "metrics_enabled": False})]
+
+
+def test_addresses_come_from_the_inventory_or_loopback():
+    assert [inventory_address(n, d) for n, d in FLEET] == ["10.0.0.5", "rig-2.example", "127.0.0.1", "10.0.0.9"]
+
+
+def test_relay_reaches_each_instance_with_metrics_and_answers_monitors_only():
+    config = relay_config("rig-2", FLEET[1][1], FLEET)
+    assert config["listen"] == ["rig-2.example", 9101]
+    assert config["allow"] == ["10.0.0.5", "127.0.0.1", "::1", "rig-2.example"]
+    assert config["instances"] == {"glm": {"url": "http://127.0.0.1:8081", "key": None},
+                                   "keyed": {"url": "http://10.0.0.5:8083", "key": "/etc/rigup/llama-server/keyed.key"}}
+
+
+def test_targets_cover_every_host_with_metrics_except_others_loopback():
+    node, llama = targets("rig-1", FLEET).values()
+    assert [g["targets"] for g in node] == [["10.0.0.5:9100"], ["rig-2.example:9100"]]
+    assert [(g["labels"]["instance"], g["labels"]["__metrics_path__"], g["targets"][0]) for g in llama] == [
+        ("rig-1/glm", "/metrics/glm", "10.0.0.5:9101"), ("rig-1/keyed", "/metrics/keyed", "10.0.0.5:9101"),
+        ("rig-2/glm", "/metrics/glm", "rig-2.example:9101"), ("rig-2/keyed", "/metrics/keyed", "rig-2.example:9101")]
+    assert [g["labels"]["host"] for g in targets("local", FLEET)["rigup-node.json"]] == ["local", "rig-1", "rig-2"]
+
+
+def test_prometheus_files_are_relative_and_the_alerts_hold_for_the_setting():
+    files = config_files("rig-1", {**FLEET[0][1], "prometheus_alert_for_s": 7}, FLEET)
+    assert sorted(files) == ["prometheus.yml", "rigup-llama.json", "rigup-node.json", "rigup-rules.yml"]
+    conf = yaml.safe_load(files["prometheus.yml"])
+    assert conf["rule_files"] == ["rigup-rules.yml"] and conf["global"]["scrape_interval"] == "15s"
+    rules = {r["alert"]: r for r in yaml.safe_load(files["rigup-rules.yml"])["groups"][0]["rules"]}
+    assert rules["LlamaServerDown"] == {**rules["LlamaServerDown"], "expr": 'up{job="llama-server"} == 0', "for": "7s"}
+    assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent"}
+    assert json.loads(files["rigup-node.json"])[0]["labels"] == {"host": "rig-1"}
+    command = promote_command(sorted(files))
+    assert command.index("promtool check rules") < command.index("cp ") < command.index("reload-or-restart")
+
+
+def test_refusals_and_ports():
+    assert check_addresses({}, {}, {"metrics_address": "0.0.0.0", "prometheus_address": "127.0.0.1"})[0].what \
+        == "metrics_address is 0.0.0.0"
+    assert check_systemd({}, {"systemd": False}, {"prometheus_enabled": True})
+    assert not check_systemd({}, {"systemd": False}, {"prometheus_enabled": False})
+    assert [p.port for p in ports({"systemd": True}, FLEET[0][1])] == [9100, 9101, 9090]
+    assert ports({"systemd": False}, {**DATA, "prometheus_enabled": False}) == []
+
+
+def test_the_guard_metrics_file_labels_each_card():
+    cards, lost = parse_sample(["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 61.50, 400.00, 40, 1024, 1410, 45, 4, 16",
+                                "Unable to determine the device handle for GPU 0000:0A:00.0: Unknown Error"], 15)
+    config = {"by_pci_id": {"10de:20b2": {"class": "a100"}}, "interval_s": 10}
+    text = metrics_text(cards, lost, False, config, 1796030000.125)
+    assert 'rigup_gpu_power_draw_watts{gpu="0",uuid="GPU-a",class="a100"} 61.5' in text
+    assert 'rigup_gpu_memory_used_bytes{gpu="0",uuid="GPU-a",class="a100"} 1073741824' in text
+    assert 'rigup_gpu_sm_clock_hertz{gpu="0",uuid="GPU-a",class="a100"} 1410000000' in text
+    assert 'rigup_gpu_utilization_ratio{gpu="0",uuid="GPU-a",class="a100"} 0.45' in text
+    assert "rigup_gpu_telemetry_lost 1\n" in text and "rigup_gpu_guard_tripped 0\n" in text
+    assert "rigup_gpu_guard_last_run_timestamp_seconds 1796030000.125\n" in text
+    tripped = metrics_text([], None, True, config, 5)
+    assert "rigup_gpu_guard_tripped 1\n" in tripped and "telemetry_lost" not in tripped and "power" not in tripped
