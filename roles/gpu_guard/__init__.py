@@ -42,7 +42,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import files
+from rigup import files, services
 from rigup.config import role_defaults
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.plan import gpu_host
@@ -107,7 +107,7 @@ def apply(plan: dict):
     if not gpu_host(plan, data) or not plan.get("systemd", True):
         return    # without systemd there are no serving units to stop (preflight refuses them)
     if not data["gpu_guard_enabled"]:
-        systemd.service(name=f"gpu_guard: stop {TIMER}", service=TIMER, running=False, enabled=False)
+        services.running(name=f"gpu_guard: stop {TIMER}", unit=TIMER, units=[TIMER], enabled=False)
         return
     script = f"{data['rigup_prefix']}/bin/rigup-gpu-guard"
     service_path, timer_path = f"/etc/systemd/system/{SERVICE}", f"/etc/systemd/system/{TIMER}"
@@ -126,6 +126,6 @@ def apply(plan: dict):
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
                 script=script)
-    systemd.service(name=f"gpu_guard: run {TIMER}", service=TIMER, running=True, enabled=True)
+    services.running(name=f"gpu_guard: run {TIMER}", unit=TIMER, units=[TIMER])
     systemd.service(name=f"gpu_guard: restart {TIMER} (new period)", service=TIMER, restarted=True,
                     _if=timer.did_change)

@@ -29,7 +29,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from rigup import files
+from rigup import files, services
 from rigup.config import role_defaults
 from rigup.gpu.plan import gpu_host
 from rigup.state import read_once
@@ -73,4 +73,4 @@ def apply(plan: dict):
                   text=render("gpu_power-udev.rules.j2", unit=UNIT))
     systemd.daemon_reload(name="gpu_power: systemd daemon-reload", _if=unit.did_change)
     limits_applied(name="GPU power limits by UUID (set what differs, read back)", data=data, script=script)
-    systemd.service(name=f"gpu_power: enable {UNIT}", service=UNIT, running=True, enabled=True)
+    services.running(name=f"gpu_power: enable {UNIT}", unit=UNIT, units=[UNIT])

@@ -42,7 +42,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import apt, files
+from rigup import apt, files, services
 from rigup.config import role_defaults
 from rigup.files import FileStates
 from rigup.names import TEXTFILE_DIR
@@ -101,8 +101,8 @@ def exporters(data: dict, fleet: list[tuple[str, dict]]) -> None:
     apt.installed(name="metrics: prometheus-node-exporter", packages=["prometheus-node-exporter"],
                   cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
     files.directory(name=f"metrics: {TEXTFILE_DIR}", path=TEXTFILE_DIR, paths=paths, mode=None, user=None, group=None)
-    systemd.service(name="metrics: run prometheus-node-exporter", service="prometheus-node-exporter",
-                    running=True, enabled=True)
+    services.running(name="metrics: run prometheus-node-exporter", unit="prometheus-node-exporter",
+                     units=["prometheus-node-exporter", RELAY])
     systemd.service(name="metrics: restart prometheus-node-exporter (new arguments)",
                     service="prometheus-node-exporter", restarted=True, _if=args.did_change)
     relay = [
@@ -113,7 +113,7 @@ def exporters(data: dict, fleet: list[tuple[str, dict]]) -> None:
                       text=render("metrics-relay.service.j2", user=data["rigup_user"], script=script,
                                   config=RELAY_CONFIG))]
     systemd.daemon_reload(name="metrics: systemd daemon-reload", _if=relay[2].did_change)
-    systemd.service(name=f"metrics: run {RELAY}", service=RELAY, running=True, enabled=True)
+    services.running(name=f"metrics: run {RELAY}", unit=RELAY, units=["prometheus-node-exporter", RELAY])
     systemd.service(name=f"metrics: restart {RELAY} (changed)", service=RELAY, restarted=True, _if=any_changed(*relay))
 
 
@@ -126,7 +126,7 @@ def prometheus(data: dict, fleet: list[tuple[str, dict]]) -> None:
                   _retries=2, _retry_delay=10)
     checked_config(name="metrics: Prometheus configuration (promtool checks it first)",
                    texts=config_files(host.name, data, fleet))
-    systemd.service(name="metrics: run prometheus", service="prometheus", running=True, enabled=True)
+    services.running(name="metrics: run prometheus", unit="prometheus", units=["prometheus"])
     systemd.service(name="metrics: restart prometheus (new arguments)", service="prometheus", restarted=True,
                     _if=args.did_change)
 

@@ -1,0 +1,41 @@
+"""systemd services a role keeps running, read in one round trip per role.
+
+pyinfra's ``systemd.service`` reads two facts (status, enabled) and runs its body twice, so
+each call costs four round trips on a converge that has nothing to do; here a role names its
+units once and :func:`running` compares each with one :class:`ServiceStates` read (read_once).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+
+from rigup.state import read_once
+
+
+class ServiceStates(FactBase):
+    """``{unit: (active, enabled)}`` for ``units``: ``systemctl is-active`` and ``is-enabled``."""
+
+    def command(self, units: list[str]) -> str:
+        self.units = list(units)
+        return "; ".join(f"echo \"$(systemctl is-active {shlex.quote(u)} 2>/dev/null) "
+                         f"$(systemctl is-enabled {shlex.quote(u)} 2>/dev/null)\"" for u in units) or "true"
+
+    def process(self, output: list[str]) -> dict:
+        return {u: tuple((line.split() + ["", ""])[:2]) for u, line in zip(self.units, output)}
+
+
+@operation()
+def running(unit: str, units: list[str], enabled: bool = True):
+    """``unit`` is active (and enabled, or disabled and stopped with ``enabled=False``);
+    ``units``: the role's units, read together."""
+    active, is_enabled = read_once(ServiceStates, units=units).get(unit, ("", ""))
+    q = shlex.quote(unit)
+    if enabled and (active, is_enabled) == ("active", "enabled"):
+        host.noop(f"{unit} runs and is enabled")
+    elif not enabled and active != "active" and is_enabled != "enabled":
+        host.noop(f"{unit} is stopped and disabled")
+    else:
+        yield f"systemctl enable --now {q}" if enabled else f"systemctl disable --now {q}"
