@@ -243,6 +243,13 @@ def unshared(systemd: bool, script: str):
            f"tmux kill-session -t ={SHARE_UNIT} 2>/dev/null; pkill -f -- {shlex.quote(script + ' share ')}; true")
 
 
+@operation()
+def started():
+    """Nothing to do: an operation every host of the run has, so that pyinfra (which orders each
+    host's operations and merges the hosts') runs every share server before any host's wait."""
+    host.noop("jobs and share servers started")
+
+
 def share_token(data: dict) -> str:
     """The fleet's share token, kept on the controller (``model_fetch_share_token_src``, by default
     ~/.config/rigup/share-token, made 0600 on first use): the same for every host and every run."""
@@ -394,6 +401,7 @@ def apply(plan: dict | None = None):
     elif facts["share_active"]:
         unshared(name="Stop serving models to peers (no peer needs them)", systemd=facts["systemd"],
                  script=f"{bin_dir}/rigup-share")
+    started(name="model_fetch: jobs and share servers started")
     waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
     if waiting:
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
