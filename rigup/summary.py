@@ -65,7 +65,7 @@ def host_line(state, host) -> str:
     """What happened to ``host`` in this run, in one line."""
     name = host.name
     if name in _refused:
-        return f"[{name}] refused: {len(_refused[name])} reason(s): " + "; ".join(_refused[name])
+        return f"[{name}] refused ({len(_refused[name])} reason{'s' if len(_refused[name]) > 1 else ''}): " + "; ".join(_refused[name])
     if host not in state.activated_hosts:
         return f"[{name}] unreachable: {_last(name, 1)}"
     changed, failed = 0, None
