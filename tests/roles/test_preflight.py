@@ -274,7 +274,8 @@ def test_9_vllm_recipe_needing_hopper_on_ampere(lab, hosts):
     models = {"glm": dict(GLM, repo="zai-org/GLM-5.3-Flash", include=[], size_gib=1)}
     with unchanged(lab, a100, h100):
         run = preflight("--limit", a100, "--limit", h100,
-                        *data(models=models, vllm_instances={"glm": {"model": "glm", "port": 8000, "tp": 4}}))
+                        *data(models=models, vllm_pip_version="0.33.0",
+                               vllm_instances={"glm": {"model": "glm", "port": 8000, "tp": 4}}))
     assert_refused(run, {a100: [
         f"[{a100}] refused: vllm_instances.glm needs compute capability >= 9.0 for GLM-5.3 Flash (Z.ai, 321B MoE, "
         "18B active, sparse MLA): stock vLLM's kernels for glm-5.3-flash run only on cc >= 9.0 (rigup/gpu/models.yml, "
