@@ -37,6 +37,10 @@ def hosts(lab):
             lab.remove(names[profile])
 
 
+# what an enabled cmpunlocker needs pinned (its role refuses it unpinned)
+UNLOCKER = {"cmpunlocker_source": "https://example.invalid/cmpunlocker.git", "cmpunlocker_version": "0" * 40}
+
+
 def preflight(*args: str):
     return pyinfra("inventory/lab.py", "preflight.py", *args, timeout=300)
 
@@ -302,7 +306,7 @@ def test_11_to_14_cmpunlocker_prerequisites(lab, hosts):
     no_headers = "refused: cmpunlocker without kernel headers: it builds patched nvidia modules against the running kernel "
     # 12 on both hosts (lab hosts have no /lib/modules/$(uname -r)/build); 13 and 14 on the A100 host
     with unchanged(lab, a100, cmp):
-        run = preflight("--limit", a100, "--limit", cmp, *data(cmpunlocker_enabled=True))
+        run = preflight("--limit", a100, "--limit", cmp, *data(**UNLOCKER, cmpunlocker_enabled=True))
     assert_refused(run, {
         a100: [no_headers,
                f"[{a100}] refused: cmpunlocker on NVIDIA driver 580.105.08: its patches apply to exactly 610.43.02, "
@@ -320,7 +324,7 @@ def test_11_to_14_cmpunlocker_prerequisites(lab, hosts):
                       "chmod +x /usr/local/bin/mokutil")
     try:
         with unchanged(lab, cmp):
-            run = preflight("--limit", cmp, *data(cmpunlocker_enabled=True))           # 11
+            run = preflight("--limit", cmp, *data(**UNLOCKER, cmpunlocker_enabled=True))           # 11
         assert_refused(run, {cmp: [
             f"[{cmp}] refused: cmpunlocker with Secure Boot on: its patched NVIDIA kernel modules are unsigned, so "
             "the kernel would not load them (its installer aborts; mokutil --sb-state says SecureBoot enabled); fix: "
@@ -328,12 +332,12 @@ def test_11_to_14_cmpunlocker_prerequisites(lab, hosts):
 
         on_host(lab, cmp, "rm /usr/local/bin/mokutil")
         with unchanged(lab, cmp):
-            run = preflight("--limit", cmp, *data(cmpunlocker_enabled=True,                # 13
+            run = preflight("--limit", cmp, *data(**UNLOCKER, cmpunlocker_enabled=True,                # 13
                                                   cmpunlocker_supported_drivers=["610.57.04"]))
         assert_refused(run, {cmp: [f"[{cmp}] refused: cmpunlocker on NVIDIA driver 610.43.02: its patches apply "
                                    "to exactly 610.57.04"]}, went_on=[])
 
-        run = preflight("--limit", cmp, *data(cmpunlocker_enabled=True, gpu_power_watts=180))  # all met
+        run = preflight("--limit", cmp, *data(**UNLOCKER, cmpunlocker_enabled=True, gpu_power_watts=180))  # all met
         assert run.returncode == 0 and refusal_lines(run.output, cmp) == [], run.output[-2000:]
     finally:
         on_host(lab, cmp, f"rm -rf /lib/modules/{release}/build /usr/local/bin/mokutil")
