@@ -349,6 +349,6 @@ def test_instance_naming_an_unknown_model_is_refused_by_key_path(lab, hosts):
     instances = {"glm": {"model": "glm53", "port": 8081, "ctx": "big"}}
     run = preflight("--limit", h100, *data(models={"glm": dict(GLM, size_gib=1)}, llama_server_instances=instances))
     assert_refused(run, {h100: [
-        f"[{h100}] refused: llama_server_instances.glm.model: 'glm53' is not a key of models (its keys: glm; "
+        f"[{h100}] refused: llama_server_instances.glm.model (--data): 'glm53' is not a key of models (its keys: glm; "
         "did you mean 'glm'?)",
-        f"[{h100}] refused: llama_server_instances.glm.ctx: expected int 1.., got 'big' (str)"]}, went_on=[])
+        f"[{h100}] refused: llama_server_instances.glm.ctx (--data): expected int 1.., got 'big' (str)"]}, went_on=[])
