@@ -41,13 +41,15 @@ class PasswdEntry(FactBase):
 def system_user(user_name: str, home: str, shell: str = "/usr/sbin/nologin"):
     """A system user ``user_name`` with its own group, home ``home`` (not created) and ``shell``."""
     entry = read_once(PasswdEntry, user=user_name)
-    if entry == {"home": home, "shell": shell}:
+    if entry is not None and entry["shell"] == shell:
+        # its home is where it was made: usermod cannot move the home of a user whose services
+        # run, and the services keep their own state directories (StateDirectory=)
         host.noop(f"user {user_name} exists")
     elif entry is None:
         yield StringCommand("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", QuoteString(home),
                             "--shell", QuoteString(shell), QuoteString(user_name))
     else:
-        yield StringCommand("usermod", "--home", QuoteString(home), "--shell", QuoteString(shell), QuoteString(user_name))
+        yield StringCommand("usermod", "--shell", QuoteString(shell), QuoteString(user_name))
 
 
 @deploy("base", data_defaults=role_defaults("base"))
