@@ -8,7 +8,7 @@ from importlib import import_module
 from types import ModuleType
 
 ORDER = ("base", "cuda_toolkit", "llama_cpp", "model_fetch", "gpu_power", "gpu_guard", "cmpunlocker",
-         "llama_server", "vllm")
+         "llama_server", "vllm", "balancer")
 
 
 def in_order() -> list[ModuleType]:
