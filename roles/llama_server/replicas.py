@@ -111,7 +111,8 @@ def layout_text(name: str, lay: Layout) -> str:
     if not lay.gpu:
         return f"{name}: {lay.replicas} replica{'s' if lay.replicas > 1 else ''} on the CPU"
     per = len(lay.groups[0]) if lay.groups else 0
-    groups = ", ".join(gpus_text([c["index"] for c in g]).removeprefix("GPU ") for g in lay.groups)
+    groups = ", ".join(f"{g[0]['index']}-{g[-1]['index']}" if len(g) > 1 else str(g[0]["index"])
+                       for g in lay.groups if g)
     text = f"{name}: {lay.replicas} replica{'s' if lay.replicas > 1 else ''} x {per} GPUs (GPU {groups})"
     if lay.idle:
         text += f"; {gpus_text(lay.idle)} idle"
