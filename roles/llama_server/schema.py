@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from rigup.entries import Key
+from rigup.entries import Key, auto_or_count
 from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
 
@@ -43,13 +43,6 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "gpus_per_replica": Key("any", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
                                          "GPUs shared out evenly (one replica: all of them)"),
 }
-
-def auto_or_count(value, nullable: bool = False) -> bool:
-    """Whether ``value`` is ``auto``, an int >= 1 (or null, when ``nullable``)."""
-    if value is None:
-        return nullable
-    return value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
-
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 

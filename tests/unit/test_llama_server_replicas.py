@@ -113,3 +113,14 @@ def test_haproxy_config_and_gateway():
                  "http-check expect status 200", "server lab2 10.0.0.12:8081 check", "retry-on conn-failure",
                  "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock"):
         assert line in text, line
+
+
+def test_vllm_replicas_are_planned_and_refused_until_served():
+    from roles.vllm.checks import plan_lines as vllm_lines
+    plan, facts = host("h100")
+    d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
+             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto"}})
+    assert vllm_lines(plan, d) == ["vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
+    assert "not served yet" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+    d["vllm_instances"]["m"]["replicas"] = 3
+    assert "this host has 4" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
