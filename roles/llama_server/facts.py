@@ -31,10 +31,9 @@ class LlamaServerState(FactBase):
                   "| sed 's/^rigup-llama@//; s/[.]service[.]d$//'); "
                   f"echo backends=$(cd {shlex.quote(BALANCER_DIR)} 2>/dev/null && ls llama-*.json 2>/dev/null "
                   "| sed 's/[.]json$//'); ")
-        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + listed + "; ".join(
-            instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
-                           key=KEY.format(key_of))
-            for unit, (marker, key_of) in sorted(units.items())) + "; true"
+        probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
+                                 key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
+        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + listed + "; ".join(probes + ["true"])
 
     def process(self, output: list[str]) -> dict:
         head, instances = parse_instances(output)
