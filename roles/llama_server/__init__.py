@@ -16,6 +16,14 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   completion, and shows the unit's journal when that fails. On a GPU build it also fails when
   llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
 
+With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
+replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), on 127.0.0.1 at
+port + 1 + K, rejoining the balancer's pool once healthy and drained before it stops (ExecStartPost,
+ExecStop: roles/balancer's helper); the instance's host:port is the balancer's, told by a backends
+file (rigup.names.balancer_file). Servers no longer wanted (the single server replicas replace,
+replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
+same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
+
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
