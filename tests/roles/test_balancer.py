@@ -76,7 +76,7 @@ def test_units_config_and_loopback_admin(lab, replicated):
 def test_200_requests_spread_over_both_replicas(lab, replicated):
     host = replicated[0]
     before = stat(lab, host)
-    result = load(lab, host, ["http://127.0.0.1:8081"], 200, concurrency=2)
+    result = load(lab, host, ["http://127.0.0.1:8081"], 200, concurrency=2, max_tokens=4)
     after = stat(lab, host)
     spread = {s: after[s][1] - before[s][1] for s in after}
     print(f"200 requests through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
