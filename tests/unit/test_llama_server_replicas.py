@@ -124,3 +124,41 @@ def test_vllm_replicas_are_planned_and_refused_until_served():
     assert "not served yet" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
     d["vllm_instances"]["m"]["replicas"] = 3
     assert "this host has 4" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+
+
+PURE = """
+import importlib.util, json, sys
+sys.modules['pyinfra'] = None
+sys.path.insert(0, '.')
+def load(path):
+    spec = importlib.util.spec_from_file_location('m_' + path.rsplit('/', 1)[1][:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+from rigup.gpu.plan import hardware_plan
+replicas, command = load('roles/llama_server/replicas.py'), load('roles/llama_server/command.py')
+gpus = [{'index': i, 'uuid': f'GPU-{i}', 'bus_id': f'00000000:0{i}:00.0', 'pci_device_id': '0x233510DE',
+         'compute_capability': [9, 0], 'memory_total_mib': 143771} for i in range(2)]
+plan = hardware_plan(gpus, {'version': '580.159.04', 'loaded': True}, [])
+inst = {'model': 'bench', 'port': 8181, 'host': '127.0.0.1', 'ctx': 65536, 'parallel': 8, 'ngl': 99,
+        'flash_attn': 'on', 'split_mode': 'layer', 'tensor_split': None, 'jinja': True, 'metrics': True,
+        'api_key': False, 'extra_args': [], 'replicas': 'auto', 'gpus_per_replica': 'auto'}
+lay = replicas.layout(inst, {'repo': 'x/llama-8b', 'size_gib': 13.5}, plan, {'gpu_enabled': True})
+print(replicas.layout_text('bench', lay))
+print(json.dumps(command.replica_commands('bench', inst, lay, '/b/llama-server', '/m.gguf')))
+"""
+
+
+def test_replica_commands_for_a_2_gpu_plan_without_pyinfra():
+    """What the lead runs on a 2-GPU machine: both modules load by path with pyinfra unimportable."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=60,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.returncode == 0, out.stderr
+    line, runs = out.stdout.splitlines()[0], json.loads(out.stdout.splitlines()[1])
+    assert line == "bench: 2 replicas x 1 GPUs (GPU 0, 1)"
+    assert [(r["unit"], r["env"]["CUDA_VISIBLE_DEVICES"]) for r in runs] == [("bench-0", "GPU-0"), ("bench-1", "GPU-1")]
+    assert runs[1]["argv"][:7] == ["/b/llama-server", "-m", "/m.gguf", "--alias", "bench", "--host", "127.0.0.1"]
+    assert "--port" in runs[1]["argv"] and runs[1]["argv"][runs[1]["argv"].index("--port") + 1] == "8183"
