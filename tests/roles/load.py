@@ -18,7 +18,7 @@ def one(i: int):
     request = urllib.request.Request(urls[i % len(urls)] + "/v1/chat/completions", data=body, headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(request, timeout=120) as r:
+        with urllib.request.urlopen(request, timeout=900) as r:
             return json.load(r)["usage"]["completion_tokens"], None
     except Exception as e:  # noqa: BLE001 - every failure counts, whatever it is
         return None, f"{type(e).__name__}: {e}"
