@@ -46,4 +46,9 @@ lab = ([_host(h) for h in _lab["hosts"]], {
     **_group_vars("lab"),
 })
 
-all = _all_group(lab)
+# RIGUP_LAB_GATEWAYS=lab3 (names, comma-separated) puts lab hosts in the group `gateway`
+# (group_vars/gateway.yml: HAProxy over the other hosts' endpoints, roles/balancer).
+_gateways = _os.environ.get("RIGUP_LAB_GATEWAYS", "").split(",")
+gateway = ([_host(h) for h in _lab["hosts"] if h["name"] in _gateways], _group_vars("gateway"))
+
+all = _all_group(lab, gateway)

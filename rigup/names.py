@@ -29,3 +29,18 @@ def guard_file(data: dict) -> str:
 
 # Addresses that serve only this host: an instance bound to another needs a key or an allow-list.
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+# Backends a serving role puts behind the balancer (roles/balancer reads them): one JSON file per
+# replicated instance, {"bind", "port", "servers": [[name, address, port], ...]}.
+BALANCER_DIR = "/etc/rigup/balancer"
+
+
+def balancer_file(backend: str) -> str:
+    """The backends file of HAProxy backend ``backend`` (``llama-NAME``)."""
+    return f"{BALANCER_DIR}/{backend}.json"
+
+
+def balancer_drain(data: dict) -> str:
+    """The balancer's drain helper (roles/balancer installs it; replicas' units call it):
+    ``drain BACKEND SERVER`` before a stop, ``ready BACKEND SERVER PORT`` once started."""
+    return f"{str(data['rigup_prefix']).rstrip('/')}/bin/rigup-balancer-drain"

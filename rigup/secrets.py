@@ -51,5 +51,7 @@ def written(dest: str, content: str, mode: str = "600", group: str = "root") -> 
     """A command that writes ``content``, sent on its stdin, to ``dest`` (root:``group``, ``mode``)."""
     q = shlex.quote
     tmp = q(dest + ".new")
-    return StringCommand(f"umask 077 && cat > {tmp} && chown root:{q(group)} {tmp} && chmod {q(mode)} {tmp} && "
+    # pyinfra ends stdin with a newline when the content has none: take exactly the content's bytes
+    take = "cat" if content.endswith("\n") else f"head -c {len(content.encode())}"
+    return StringCommand(f"umask 077 && {take} > {tmp} && chown root:{q(group)} {tmp} && chmod {q(mode)} {tmp} && "
                          f"mv {tmp} {q(dest)}", _stdin=content)

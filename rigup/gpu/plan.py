@@ -6,7 +6,7 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
 
     {"cpu_only": False, "why_cpu_only": None,
      "gpu_count": 8, "lost_cards": [],                      # bus ids of cards off the bus
-     "cards": [{"index": 0, "bus_id": "00000000:07:00.0", "class": "a100",
+     "cards": [{"index": 0, "bus_id": "00000000:07:00.0", "uuid": "GPU-17a2...", "class": "a100",
                 "key": "a100-sxm4-80gb", "matched_by": "pci_id", "compute_capability": [8, 0],
                 "cmake_arch": "80", "min_cuda": "11.0", "vram_mib": 81920,
                 "vram_unlocked_mib": 81920, "locked": False,
@@ -37,6 +37,7 @@ class Card(TypedDict):
 
     index: int | None
     bus_id: str | None
+    uuid: str | None
     # also: "class" (card class, e.g. "a100"; a keyword, so not declared here)
     key: str | None
     matched_by: str | None
@@ -134,6 +135,7 @@ def _card_plan(gpu: dict) -> dict:
     return {
         "index": gpu.get("index"),
         "bus_id": gpu.get("bus_id"),
+        "uuid": gpu.get("uuid"),
         "class": card["class"] if card else "unknown",
         "key": card["key"] if card else None,
         "matched_by": card["matched_by"] if card else None,

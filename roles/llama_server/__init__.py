@@ -16,6 +16,14 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   completion, and shows the unit's journal when that fails. On a GPU build it also fails when
   llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
 
+With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
+replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), on 127.0.0.1 at
+port + 1 + K, rejoining the balancer's pool once healthy and drained before it stops (ExecStartPost,
+ExecStop: roles/balancer's helper); the instance's host:port is the balancer's, told by a backends
+file (rigup.names.balancer_file). Servers no longer wanted (the single server replicas replace,
+replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
+same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
+
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
@@ -25,55 +33,82 @@ roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import python
 
 from rigup.config import role_defaults
-from rigup.files import managed
+from rigup.files import directory, managed
 from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
-from rigup.names import guard_file, marker_path
+from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
 from rigup.secrets import bearer
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
-from roles.llama_server.checks import CHECKS, ports
-from roles.llama_server.command import KEY, dropin_text, render
+from roles.llama_server.checks import CHECKS, plan_lines, ports
+from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
+from roles.llama_server.replicas import layout
 from roles.llama_server.schema import instances
 
-__all__ = ["apply", "CHECKS", "ports"]
+__all__ = ["apply", "CHECKS", "plan_lines", "ports"]
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 
 @operation()
-def instance(instance_name: str, inst: dict, marker: str, binary: str, build_link: str, unit_sha: str,
-             user: str):
-    """Instance ``name``: its key, its drop-in, and its unit enabled and running; restarted only
-    when the drop-in (flags, the build ``build_link`` points to, the model) or the key changed.
-    Waits (changes nothing) while its model is incomplete."""
+def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
+             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None):
+    """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
+    drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
+    restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
+    key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
+    the role on the host (read together, once)."""
     name = instance_name
     marker_file = marker
-    found = read_once(LlamaServerState, instances={name: marker_file}, build_link=build_link)
-    state = found["instances"].get(name, {})
+    found = read_once(LlamaServerState, units=units, build_link=build_link)
+    state = found["instances"].get(unit_name, {})
     marker = state.get("marker")
     if not marker:
-        host.noop(f"{name}: waiting for its model ({marker_file} does not exist yet)")
+        host.noop(f"{unit_name}: waiting for its model ({marker_file} does not exist yet)")
         return
     model_file = first_gguf(marker.get("files", []))
     if not model_file:
         raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
                              f"{marker_file}: {', '.join(marker.get('files', [])) or 'none'}")
     model_path = marker_file.rsplit("/", 1)[0] + "/" + model_file
-    text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"))
+    text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
+                       env, balancer)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
-    unit = f"rigup-llama@{name}.service"
-    yield from unit_running(unit, DROPIN.format(name), text, state, changed,
-                            f"{name} runs with its current drop-in and key",
+    unit = f"rigup-llama@{unit_name}.service"
+    yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
+                            f"{unit_name} runs with its current drop-in and key",
                             key=(KEY.format(name), user, "") if inst["api_key"] else None)
+
+
+@operation()
+def retired(units: dict, build_link: str, wanted: list[str], names: list[str], backends: list[str]):
+    """Servers of the instances ``names`` that are no longer wanted (a single server replaced by
+    replicas, replicas beyond ``replicas``, replicas replaced by one server) stopped, disabled and
+    their drop-ins removed; backends files of llama instances not in ``backends`` removed (the
+    balancer then drops them). Other instances' units are left as they are."""
+    found = read_once(LlamaServerState, units=units, build_link=build_link)
+    ours = re.compile("|".join(re.escape(n) + r"(-\d+)?" for n in names) or "(?!)")
+    stale = [u for u in found["units"] if ours.fullmatch(u) and u not in wanted]
+    gone = [b for b in found["backends"] if b not in backends]
+    if not stale and not gone:
+        host.noop("no retired servers or backends")
+        return
+    for unit in stale:
+        q = shlex.quote(f"rigup-llama@{unit}.service")
+        yield f"systemctl disable --now {q}; rm -rf {shlex.quote(DROPIN.format(unit).rsplit('/', 1)[0])}"
+    yield from (f"rm -f {shlex.quote(balancer_file(b))}" for b in gone)
+    yield "systemctl daemon-reload"
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
@@ -94,13 +129,46 @@ def apply(plan: dict):
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"
-    for name, inst in sorted(wanted.items()):
-        started = instance(name=f"llama-server {name} on {inst['host']}:{inst['port']}",
-                           instance_name=name, inst=inst, marker=marker_path(entries[inst["model"]]["dest"]),
-                           binary=binary, build_link=f"{data['llama_cpp_dir']}/current", unit_sha=unit_sha,
-                           user=user)
-        auth = bearer(KEY.format(name)) if inst["api_key"] else ""
-        python.call(answered, unit=f"rigup-llama@{name}.service", port=inst["port"], bind=inst["host"], model=name,
-                    prompt=data["llama_server_health_prompt"], timeout=data["llama_server_health_timeout"],
-                    auth=auth, fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
-                    name=f"llama-server {name} answers", _if=started.did_change)
+    build_link = f"{data['llama_cpp_dir']}/current"
+    laid = {name: (inst, layout(inst, entries[inst["model"]], plan, data)) for name, inst in wanted.items()}
+    plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
+    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
+    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
+    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
+    retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
+            wanted=sorted(units), names=sorted(wanted), backends=[backend_name(n) for n in replicated])
+    for name, srv in sorted(plans.items()):
+        inst = wanted[name]
+        if len(srv) > 1:
+            backends_file(name, inst, srv, data)
+        for server in srv:
+            hooks = balancer_hooks(name, server, data) if len(srv) > 1 else None
+            started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
+                               unit_name=server["unit"], instance_name=name, inst=server["inst"],
+                               marker=markers[name], binary=binary, units=units, build_link=build_link,
+                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks)
+            auth = bearer(KEY.format(name)) if inst["api_key"] else ""
+            python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
+                        bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],
+                        timeout=data["llama_server_health_timeout"], auth=auth,
+                        fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
+                        name=f"llama-server {server['unit']} answers", _if=started.did_change)
+
+
+def balancer_hooks(name: str, server: dict, data: dict) -> dict:
+    """The replica's ExecStartPost/ExecStop: back in the balancer's pool once healthy, drained
+    before it stops (rigup.names.balancer_drain, installed by roles/balancer)."""
+    drain, backend = balancer_drain(data), backend_name(name)
+    return {"ready": [drain, "ready", backend, server["unit"], str(server["inst"]["port"])],
+            "drain": [drain, "drain", backend, server["unit"]]}
+
+
+def backends_file(name: str, inst: dict, srv: list[dict], data: dict) -> None:
+    """The balancer's backends file of a replicated instance (rigup.names.balancer_file): its public
+    bind and port, and each replica's loopback address."""
+    text = json.dumps({"bind": inst["host"], "port": inst["port"],
+                       "servers": [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv]},
+                      indent=2) + "\n"
+    dest = balancer_file(backend_name(name))
+    directory(name=f"Directory {BALANCER_DIR}", path=BALANCER_DIR, paths=[BALANCER_DIR, dest])
+    managed(name=f"Balancer backends of {name}", dest=dest, text=text, paths=[BALANCER_DIR, dest])

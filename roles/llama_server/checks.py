@@ -3,7 +3,8 @@ rigup/refusal.py), and the ports its instances take.
 
     check_config            an entry of llama_server_instances that is wrong, by key path
     check_open_without_key  an instance bound beyond loopback without an API key
-    check_vram              a model plus its KV cache larger than the VRAM of the host's cards
+    check_vram              a model plus its KV cache larger than the VRAM of its cards (a replica's)
+    check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken
     check_split_mode_row    -sm row for a model family known to fail with it
     check_systemd           instances on a host where systemd is not PID 1
 """
@@ -15,11 +16,11 @@ import re
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
-from rigup.refusal import Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.refusal import FIX_CONFIG, Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from roles.llama_server.command import replica_name, replica_port
+from roles.llama_server.replicas import layout, layout_text, need_gib
 from roles.llama_server.schema import instances
 
-OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)
-ALL_LAYERS_NGL = 99          # llama.cpp's "-ngl 99": every layer on the GPUs (or -1)
 _SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
 
 
@@ -27,9 +28,31 @@ def _instances(plan: dict, data: dict) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
+def layouts(plan: dict, data: dict) -> dict:
+    """{name: (instance, replicas.Layout)} of the host's valid instances."""
+    entries = models(data)[0]
+    return {name: (inst, layout(inst, entries[inst["model"]], plan, data))
+            for name, inst in _instances(plan, data).items()}
+
+
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``)."""
+    return [f"llama:     {layout_text(name, lay)}" for name, (inst, lay) in sorted(layouts(plan, data).items())]
+
+
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
-    return [Port(inst["port"], f"llama_server_instances.{name}", ("llama-server",))
-            for name, inst in _instances(plan, data).items()]
+    """Each instance's port (with replicas: its balancer's, which takes over the port of a single
+    server it replaces) and each replica's loopback port (port + 1 + K)."""
+    found = []
+    for name, (inst, lay) in layouts(plan, data).items():
+        where = f"llama_server_instances.{name}"
+        if lay.replicas == 1:
+            found.append(Port(inst["port"], where, ("llama-server",)))
+            continue
+        found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "llama-server")))
+        found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("llama-server",))
+                  for k in range(lay.replicas)]
+    return found
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
@@ -46,32 +69,45 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
 
 def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An instance's weights (size_gib) plus its KV cache (ctx x the family's estimate) plus 1 GiB
-    per card larger than the VRAM of the host's cards (all layers on the GPUs)."""
+    per card larger than the VRAM of its cards: all the host's, or one replica's group (all layers
+    on the GPUs)."""
     per_card, unlock_hint = vram_cards(plan, data)
-    entries = models(data)[0]
     found = []
-    for name, inst in _instances(plan, data).items():
-        model = entries[inst["model"]]
-        weights = model.get("size_gib")
-        if weights is None or not per_card or not (inst["ngl"] >= ALL_LAYERS_NGL or inst["ngl"] == -1):
+    for name, (inst, lay) in layouts(plan, data).items():
+        vram = {c["index"]: gib for c, gib in zip(plan.get("cards", []), per_card)}
+        group = [vram[c["index"]] for c in lay.groups[0]] if lay.gpu and lay.groups else per_card
+        need = need_gib(models(data)[0][inst["model"]], inst, len(group))
+        if need is None or not group or need.total <= sum(group):
             continue  # unsized, or layers left on the CPU: the split is llama.cpp's to make
-        family = family_of(model)
-        rate = family.get("kv_gib_per_1k_tokens") if family else None
-        kv = (rate or 0.0) * inst["ctx"] / 1000
-        overhead = OVERHEAD_GIB_PER_GPU * len(per_card)
-        need, total = weights + kv + overhead, sum(per_card)
-        if need <= total:
-            continue
         where = f"llama_server_instances.{name}"
-        kv_text = (f"KV cache {kv:.1f} GiB ({inst['ctx']:,} tokens x {rate:g} GiB per 1k, "
-                   f"{family['key']} estimate from rigup/gpu/models.yml)" if rate else
+        kv_text = (f"KV cache {need.kv:.1f} GiB ({inst['ctx']:,} tokens x {need.kv_rate:g} GiB per 1k, "
+                   f"{need.family['key']} estimate from rigup/gpu/models.yml)" if need.kv_rate else
                    "KV cache not counted (model family unknown)")
+        of = f" per replica ({lay.replicas} replicas)" if lay.replicas > 1 else ""
         found.append(Refusal(
             f"model {inst['model']} does not fit the VRAM of {where}",
-            f"weights {weights:.1f} GiB + {kv_text} + {overhead:.1f} GiB overhead (1 GiB per GPU) = "
-            f"{need:.1f} GiB > {total:.1f} GiB of VRAM ({cards_gib_text(per_card)})",
-            f"lower {where}.ctx, pick a smaller quant, or lower ngl to keep layers on the CPU{unlock_hint}",
-            "vram"))
+            f"weights {need.weights:.1f} GiB + {kv_text} + {need.overhead:.1f} GiB overhead (1 GiB per GPU) = "
+            f"{need.total:.1f} GiB > {sum(group):.1f} GiB of VRAM{of} ({cards_gib_text(group)})",
+            f"lower {where}.ctx, pick a smaller quant, give each replica more GPUs (gpus_per_replica: auto), "
+            f"or lower ngl to keep layers on the CPU{unlock_hint}", "vram"))
+    return found
+
+
+def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """More replicas x gpus_per_replica than the host has GPUs, or a replica whose unit name
+    (NAME-K) is another instance's."""
+    found = []
+    all_layouts = layouts(plan, data)
+    for name, (inst, lay) in all_layouts.items():
+        where = f"llama_server_instances.{name}"
+        if lay.problem:
+            found.append(Refusal(f"{where} cannot be laid out: {layout_text(name, lay)}", lay.problem,
+                                 f"lower {where}.replicas or gpus_per_replica, or set them to auto", "replicas"))
+        clash = sorted({replica_name(name, k) for k in range(lay.replicas)} & set(all_layouts)) \
+            if lay.replicas > 1 else []
+        if clash:
+            found.append(Refusal(f"{where}'s replicas would be the units of {', '.join(clash)}",
+                                 "each replica K runs as rigup-llama@NAME-K", FIX_CONFIG, "replicas"))
     return found
 
 
@@ -101,4 +137,4 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return needs_systemd(facts, [f"llama_server_instances ({', '.join(names)})"] if names else [])
 
 
-CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_split_mode_row)
+CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row)

@@ -1,12 +1,37 @@
 """llama-server's command line and its systemd drop-in for one instance, as pure functions:
-roles/llama_server installs the drop-in; tests/gpu/check.py runs its ExecStart on a GPU machine."""
+roles/llama_server installs the drop-in; tests/gpu/check.py runs its ExecStart on a GPU machine.
+:func:`replica_commands` gives each replica's argv and environment for a plan (no pyinfra: run
+it anywhere)."""
 
 from __future__ import annotations
 
 from rigup.templates import render
 from rigup.units import systemd_quote
-
 KEY = "/etc/rigup/llama-server/{}.key"
+REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
+
+
+def replica_name(name: str, k: int) -> str:
+    """The systemd instance name of replica ``k`` of ``name``."""
+    return f"{name}-{k}"
+
+
+def replica_port(inst: dict, k: int) -> int:
+    """The loopback port of replica ``k``: the instance's port + 1 + k."""
+    return int(inst["port"]) + 1 + k
+
+
+def replica_inst(inst: dict, k: int) -> dict:
+    """The instance as replica ``k`` runs it: its own loopback port, one server per group."""
+    return {**inst, "host": REPLICA_HOST, "port": replica_port(inst, k)}
+
+
+def visible_devices(group: list[dict]) -> str:
+    """CUDA_VISIBLE_DEVICES for a group of plan cards: their UUIDs (stable across reboots and
+    driver index changes), else their indexes."""
+    return ",".join(str(c.get("uuid") or c["index"]) for c in group)
+
+
 
 
 def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
@@ -24,10 +49,40 @@ def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
     return [str(a) for a in args + list(inst["extra_args"])]
 
 
+def backend_name(name: str) -> str:
+    """The HAProxy backend of a replicated instance (roles/balancer's config, the drain helper)."""
+    return f"llama-{name}"
+
+
+def servers(name: str, inst: dict, lay) -> list[dict]:
+    """Each server of the instance: ``unit`` (the systemd instance name: NAME, or NAME-K for a
+    replica), ``inst`` (as that server runs it: a replica on its loopback port) and ``env``
+    (CUDA_VISIBLE_DEVICES of its GPU group, by UUID, when pinned)."""
+    if lay.replicas == 1:   # one server (over every GPU, as before): nothing to pin
+        return [{"unit": name, "inst": inst, "env": {}}]
+    return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
+             "env": {"CUDA_VISIBLE_DEVICES": visible_devices(group)} if lay.gpu else {}}
+            for k, group in enumerate(lay.groups)]
+
+
+def replica_commands(name: str, inst: dict, lay, binary: str, model_path: str) -> list[dict]:
+    """Each server of a normalised instance of llama_server_instances laid out as ``lay``
+    (roles/llama_server/replicas.py ``layout(inst, model, plan, data)``): its ``unit``
+    (rigup-llama@UNIT), full ``argv`` (ExecStart) and ``env`` (what its drop-in sets), as the role
+    installs them. Both modules are pure: on a machine without pyinfra, load them by their paths
+    (as tests/gpu/check.py does) and call ``replica_commands(name, inst, replicas.layout(...), ...)``."""
+    return [{"unit": s["unit"], "argv": argv(name, s["inst"], binary, model_path), "env": s["env"]}
+            for s in servers(name, inst, lay)]
+
+
 def dropin_text(name: str, inst: dict, binary: str, model_path: str, build: str, unit_sha: str,
-                model_revision: str) -> str:
-    """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart, and in a comment what
-    restarts the instance when it changes (unit, llama.cpp build, model revision)."""
+                model_revision: str, env: dict | None = None, balancer: dict | None = None) -> str:
+    """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose
+    alias and key a replica shares), its ``env``, for a replica the balancer's hooks
+    (``balancer``: {"ready": argv, "drain": argv}), and in a comment what restarts it when it
+    changes (unit, llama.cpp build, model revision)."""
     return render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
                   model_revision=model_revision, model_path=systemd_quote(model_path),
+                  env=[systemd_quote(f"{k}={v}") for k, v in (env or {}).items()],
+                  balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path)])

@@ -4,6 +4,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.names import BALANCER_DIR
 from rigup.units import instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
@@ -12,22 +13,29 @@ DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 
 class LlamaServerState(FactBase):
     """The llama.cpp build that serves (the target of ``build_link``, llama_cpp's ``current``
-    link), and per instance: the sha256 of its drop-in, whether its key exists, its unit's state,
-    and its model's completion marker (rigup.names.marker_path, written by roles/model_fetch)::
+    link), the units rigup configured (``units``: names of their drop-in directories), the
+    balancer's backends files of llama instances (``backends``), and per unit (``units``: name ->
+    [marker, the instance whose key it uses]): the sha256 of its drop-in, whether its key exists,
+    its unit's state, and its model's completion marker (rigup.names.marker_path, written by
+    roles/model_fetch)::
 
-        {"build": "builds/b6123-3f2a...",
-         "instances": {"glm": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
-                               "marker": {"repo": ..., "revision": ..., "files": [...], "bytes": ...}}}}
+        {"build": "builds/b6123-3f2a...", "units": ["glm-0", "glm-1"], "backends": ["llama-glm"],
+         "instances": {"glm-0": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
+                                 "marker": {"repo": ..., "revision": ..., "files": [...], "bytes": ...}}}}
     """
 
     default = dict
 
-    def command(self, instances: dict, build_link: str) -> str:
-        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + "; ".join(
-            instance_probe(name, f"rigup-llama@{name}.service", {"dropin": DROPIN.format(name)}, marker,
-                           key=KEY.format(name))
-            for name, marker in sorted(instances.items())) or "true"
+    def command(self, units: dict, build_link: str) -> str:
+        listed = ("echo units=$(cd /etc/systemd/system && ls -d rigup-llama@*.service.d 2>/dev/null "
+                  "| sed 's/^rigup-llama@//; s/[.]service[.]d$//'); "
+                  f"echo backends=$(cd {shlex.quote(BALANCER_DIR)} 2>/dev/null && ls llama-*.json 2>/dev/null "
+                  "| sed 's/[.]json$//'); ")
+        probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
+                                 key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
+        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + listed + "; ".join(probes + ["true"])
 
     def process(self, output: list[str]) -> dict:
         head, instances = parse_instances(output)
-        return {"build": head.get("build"), "instances": instances}
+        return {"build": head.get("build"), "units": (head.get("units") or "").split(),
+                "backends": (head.get("backends") or "").split(), "instances": instances}

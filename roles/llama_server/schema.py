@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from rigup.entries import Key
+from rigup.entries import Key, auto_or_count
 from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
 
@@ -24,6 +24,8 @@ class LlamaInstance(ServingInstance):
     tensor_split: str | None
     jinja: bool
     metrics: bool
+    replicas: int | str
+    gpus_per_replica: int | str | None
 
 
 LLAMA_INSTANCE: dict[str, Key] = {
@@ -36,6 +38,10 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
     "metrics": Key("bool", True, "--metrics: Prometheus metrics at /metrics"),
+    "replicas": Key("any", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each "
+                              "its own unit rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
+    "gpus_per_replica": Key("any", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
+                                         "GPUs shared out evenly (one replica: all of them)"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
@@ -45,8 +51,10 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, Llama
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
     entry; ``gpu_count`` (when known) bounds tensor_split."""
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
-        if entry.get("tensor_split") is None:
-            return []
+        found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
+                 for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
+        if found or entry.get("tensor_split") is None:
+            return found
         split = entry["tensor_split"].replace(" ", "")
         if not _NUMBERS.fullmatch(split):
             return [(f"{where}.tensor_split", "expected numbers separated by commas "

@@ -4,7 +4,7 @@ It changes nothing on a host. It reads every hardware fact in one round trip (ri
 HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
 prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles,
 and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
-units listen, their ports (``ports``). Preflight imports no role. A refused host is taken out
+units listen, their ports (``ports``), and what it adds to the printed plan (``plan_lines``). Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
 pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
@@ -75,7 +75,9 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     facts["model_bytes"] = host.get_fact(PathBytes, paths=dests) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))
-    for line in format_plan(plan).splitlines():
+    lines = format_plan(plan).splitlines()
+    lines += [line for role in roles if hasattr(role, "plan_lines") for line in role.plan_lines(plan, data)]
+    for line in lines:
         click.echo(f"    [{host.name}] {line}", err=True)
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})
     found = [_sourced(r) for r in [*more, *refusals(roles, plan, facts, data, fleet)]]

@@ -70,11 +70,11 @@ from rigup.secrets import bearer, written
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
-from roles.vllm.checks import CHECKS, ports
+from roles.vllm.checks import CHECKS, plan_lines, ports
 from roles.vllm.facts import VllmState
 from roles.vllm.schema import instances
 
-__all__ = ["apply", "CHECKS", "ports"]
+__all__ = ["apply", "CHECKS", "plan_lines", "ports"]
 
 
 @operation()

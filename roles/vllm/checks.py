@@ -8,6 +8,7 @@ and the ports its instances take.
     check_systemd   instances on a host where systemd is not PID 1
     check_vram      weights that leave no room for the KV cache on the instance's cards
     check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
+    check_replicas  replicas x tp x pp beyond the host's GPUs, or replicas (planned, not served yet)
 """
 
 from __future__ import annotations
@@ -27,6 +28,47 @@ def _instances(plan: dict, data: dict) -> dict:
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return [Port(inst["port"], f"vllm_instances.{name}", ("vllm",)) for name, inst in _instances(plan, data).items()]
+
+
+def replica_groups(plan: dict, inst: dict) -> list[list[int]]:
+    """The GPU indexes of each replica of an instance: tp x pp GPUs each, ``replicas`` of them
+    (auto: as many as the host's GPUs allow, at least one); [] on a host without GPUs."""
+    cards = [c["index"] for c in plan.get("cards", [])] if gpu_count(plan) else []
+    per = inst["tp"] * inst["pp"]
+    count = max(1, len(cards) // per) if inst["replicas"] == "auto" else inst["replicas"]
+    if cards and count == 1 and inst["gpus"]:
+        return [[int(i) for i in inst["gpus"].replace(" ", "").split(",")]]
+    return [cards[k * per:(k + 1) * per] for k in range(count)] if cards else []
+
+
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """Preflight's plan lines: each instance's replicas, e.g. ``glm: 2 replicas x 4 GPUs (GPU 0-3, 4-7)``."""
+    lines = []
+    for name, inst in sorted(_instances(plan, data).items()):
+        groups = replica_groups(plan, inst)
+        if groups:
+            per = inst["tp"] * inst["pp"]
+            text = ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+            lines.append(f"vllm:      {name}: {len(groups)} replica{'s' if len(groups) > 1 else ''} x {per} GPUs "
+                         f"(GPU {text})")
+    return lines
+
+
+def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """Replicas x tp x pp beyond the host's GPUs, or more than one replica (vLLM replicas are
+    planned by preflight; rigup serves one vLLM server per instance so far)."""
+    found = []
+    for name, inst in _instances(plan, data).items():
+        groups, where = replica_groups(plan, inst), f"vllm_instances.{name}"
+        if any(len(g) < inst["tp"] * inst["pp"] for g in groups):
+            found.append(Refusal(f"{where} cannot be laid out", f"{len(groups)} replicas x tp {inst['tp']} x pp "
+                                 f"{inst['pp']} GPUs, but this host has {gpu_count(plan)}",
+                                 f"lower {where}.replicas, or set it to auto", "replicas"))
+        elif len(groups) > 1:
+            found.append(Refusal(f"{where} asks for {len(groups)} replicas", "vLLM replicas are planned (preflight "
+                                 "shows them) but not served yet: rigup runs one vLLM server per instance",
+                                 f"set {where}.replicas: 1, or serve the model with llama_server_instances", "replicas"))
+    return found
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
@@ -120,4 +162,5 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_config, check_pin, check_open_without_key, check_systemd, check_vram, check_vllm_cc)
+CHECKS = (check_config, check_pin, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
+          check_replicas)

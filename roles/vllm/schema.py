@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rigup.entries import Key
+from rigup.entries import Key, auto_or_count
 from rigup.gpu.catalogue import family_of
 from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
@@ -24,6 +24,8 @@ class VllmInstance(ServingInstance):
     layers: int | None
     gpus: str | None
     env: dict[str, Any]
+    replicas: int | str
+    gpus_per_replica: int | str | None
 
 
 VLLM_INSTANCE: dict[str, Key] = {
@@ -36,6 +38,8 @@ VLLM_INSTANCE: dict[str, Key] = {
     "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
     "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
     "env": Key("map", {}, "more environment for this instance"),
+    "replicas": Key("any", 1, "auto or N: planned (preflight shows the layout); served as one server so far"),
+    "gpus_per_replica": Key("any", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
 }
 
 _INTS = re.compile(r"\d+(,\d+)*")
@@ -73,8 +77,12 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmI
     """The host's ``vllm_instances``, normalised, and (key path, problem) for each wrong entry;
     ``gpu_count`` (when known) bounds tp x pp."""
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
-        found = []
         gpus_needed = entry["tp"] * entry["pp"]
+        found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
+                 for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
+        if isinstance(entry["gpus_per_replica"], int) and entry["gpus_per_replica"] != gpus_needed:
+            found.append((f"{where}.gpus_per_replica", f"{entry['gpus_per_replica']} GPUs, but a vLLM replica takes "
+                                                       f"tp {entry['tp']} x pp {entry['pp']} = {gpus_needed}"))
         if gpu_count is not None and gpus_needed > gpu_count:
             found.append((f"{where}.tp", f"tp {entry['tp']} x pp {entry['pp']} = {gpus_needed} GPUs, "
                                          f"but this host has {gpu_count}"))

@@ -96,13 +96,16 @@ def test_api_key_is_enforced_and_never_shown(lab, host, tmp_path):
     (tmp_path / "hf-token").write_text(token)
     recipe = ('llama_server_instances={"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 4096, '
               '"parallel": 2, "ngl": 0, "api_key": true}}')
-    sampler = lab.ssh_argv(host) + ["--", "for i in $(seq 600); do ps -eo args; sleep 0.1; done > /root/ps.log"]
+    sampler = lab.ssh_argv(host) + ["--", "echo $$ > /root/ps.pid; for i in $(seq 600); do ps -eo args; sleep 0.1; "
+                                          "done > /root/ps.log"]
     ps = subprocess.Popen(sampler, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         run = pyinfra("-vvv", "--diff", "inventory/lab.py", "deploy.py", "--limit", host, "--data", recipe,
                       "--data", f"model_fetch_hf_token_src={tmp_path / 'hf-token'}")
     finally:
         ps.terminate()
+        lab.ssh(host, "kill $(cat /root/ps.pid); rm -f /root/ps.pid")  # the remote loop outlives ssh: its
+        # samples must end with the converge, before this test's own curl puts the key in an argv
     assert run.returncode == 0, run.output[-5000:]
     key = on_host(lab, host, "cat /etc/rigup/llama-server/gemma.key")
     assert re.fullmatch(r"[0-9a-f]{64}", key)  # no newline, no CR: llama-server does not trim

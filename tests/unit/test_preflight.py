@@ -96,9 +96,10 @@ def test_7_path_bytes_fact_parsing():
 def test_each_role_declares_its_checks_and_they_are_pure():
     counts = {role.__name__.split(".")[-1]: len(getattr(role, "CHECKS", ())) for role in in_order()}
     assert counts == {"base": 0, "cuda_toolkit": 2, "llama_cpp": 1, "model_fetch": 3, "gpu_power": 5,
-                      "gpu_guard": 2, "cmpunlocker": 6, "llama_server": 5, "vllm": 6, "metrics": 2}
+                      "gpu_guard": 2, "cmpunlocker": 6, "llama_server": 6, "vllm": 7, "balancer": 2,
+                      "metrics": 2}
     assert [r.__name__.split(".")[-1] for r in in_order() if hasattr(r, "ports")] == ["model_fetch", "llama_server", "vllm",
-                                                                                   "metrics"]
+                                                                                   "balancer", "metrics"]
     plan, facts = host("a100")
     before = repr((plan, facts))
     refusals(plan, facts, data(**glm_llama(split_mode="row"), gpu_power_watts=900, cmpunlocker_enabled=True))

@@ -1,0 +1,129 @@
+"""roles/balancer: HAProxy (Debian's ``haproxy`` package, started by systemd) in front of
+replicated serving instances, and on gateway hosts in front of the fleet.
+
+What it does to a host:
+- reads the backends files the serving roles write for their replicated instances
+  (rigup.names.balancer_file: roles/llama_server, one per instance with ``replicas`` > 1) and,
+  with ``balancer_gateway`` (the inventory group ``gateway``, group_vars/gateway.yml), every other
+  inventory host's instances (their inventory address and port);
+- when there is anything to balance: installs haproxy and socat, the drain helper
+  ``{rigup_prefix}/bin/rigup-balancer-drain`` (the replicas' units drain themselves with it before
+  a stop and rejoin once healthy), and /etc/haproxy/haproxy.cfg (roles/balancer/config.py): per
+  instance a frontend on its host:port, ``balance leastconn``, health checks on ``/health`` (a
+  server out after 2 failed checks, back after 2 good ones), long timeouts for streamed
+  completions, retries and redispatch on connection failures only; a stats page and Prometheus
+  exporter on 127.0.0.1:balancer_stats_port, the runtime API on a unix socket. A new config is
+  checked with ``haproxy -c`` before it replaces the running one, then ``systemctl reload``
+  (established connections stay); a bad one never replaces it;
+- after a change, each frontend must answer /health 200.
+API keys stay the servers' to check: HAProxy passes Authorization through.
+
+Variables (roles/balancer/defaults.yml): balancer_gateway, balancer_gateway_bind,
+balancer_stats_port, balancer_timeout_s, balancer_check_interval_ms, balancer_health_timeout;
+rigup_prefix (roles/base). Refusals: roles/balancer/checks.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.operations import apt, python
+from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
+
+from rigup.config import role_defaults
+from rigup.gate import endpoint
+from rigup.names import balancer_drain
+from rigup.secrets import written
+from rigup.state import read_once
+from roles.balancer.checks import CHECKS, ports
+from roles.balancer.config import gateway_backends, haproxy_cfg, problems
+from roles.balancer.facts import CONFIG, BalancerState
+
+__all__ = ["apply", "CHECKS", "ports"]
+
+DRAIN_SOURCE = (Path(__file__).parent / "drain.py").read_text()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
+    """The host's backends: its replicated instances' (read on the host), then the gateway's."""
+    return [{"name": name, **b} for name, b in sorted(state.get("backends", {}).items())] + gateway
+
+
+@operation()
+def balanced(gateway: list[dict], drain: str, cache_seconds: int):
+    """HAProxy installed, configured for the host's backends and running, when it has any (or
+    its config is rigup's from before: it is then emptied of frontends; a config not rigup's is
+    left alone while there is nothing to balance)."""
+    state = read_once(BalancerState, drain=drain)
+    backends = wanted_backends(state, gateway)
+    if not backends and not state.get("ours"):
+        host.noop("nothing to balance")
+        return
+    bad = problems(backends)
+    if bad:
+        raise OperationError("balancer: refused to write haproxy.cfg: " + "; ".join(bad))
+    changed = False
+    if state.get("missing"):
+        yield from apt.update._inner(cache_time=cache_seconds)
+        yield from apt.packages._inner(packages=state["missing"], no_recommends=True)
+        changed = True
+    if state.get("drain") != _sha(DRAIN_SOURCE):
+        yield f"install -d -m 755 {shlex.quote(drain.rsplit('/', 1)[0])}"
+        yield written(drain, DRAIN_SOURCE, mode="755")
+    text = haproxy_cfg(backends, host.data.dict())
+    new = shlex.quote(CONFIG + ".rigup-new")
+    if changed or state.get("cfg") != _sha(text):
+        yield written(CONFIG + ".rigup-new", text, mode="644")
+        # a config HAProxy refuses never replaces the running one (it stays in .rigup-new to read)
+        yield StringCommand(f"haproxy -c -q -f {new} && mv {new} {CONFIG} && systemctl enable -q haproxy && "
+                            "systemctl reload-or-restart haproxy")
+    elif state.get("active") != "active" or state.get("enabled") != "enabled":
+        yield "systemctl enable -q haproxy && systemctl start haproxy"
+    else:
+        host.noop(f"haproxy serves {len(backends)} backend(s) with its current config")
+
+
+def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int) -> bool:
+    """Each frontend answers /health 200 within ``timeout`` s (a ``python.call`` after a change);
+    else the host fails with HAProxy's last journal lines."""
+    backends = wanted_backends(host.get_fact(BalancerState, drain=drain), gateway)
+
+    def code(url: str) -> str:
+        ok, out = host.run_shell_command(StringCommand("curl", "-s", "-m", "5", "-o", "/dev/null", "-w",
+                                                       "%{http_code}", url), print_output=False, print_input=False)
+        return out.stdout.strip() if ok else ""
+
+    for b in backends:
+        url = endpoint(b["bind"], b["port"]) + "/health"
+        try:
+            retry(stop=stop_after_delay(timeout), wait=wait_fixed(1),
+                  retry=retry_if_result(lambda c: c != "200"))(code)(url)
+        except RetryError:
+            _, out = host.run_shell_command("journalctl -u haproxy -n 20 --no-pager -o cat", print_output=False)
+            host.log_styled(f"balancer: {url} did not answer 200 within {timeout} s; haproxy's journal:\n"
+                            f"{out.stdout}", fg="red", log_func=logger.error)
+            return False
+        host.noop(f"balancer: {url} answers 200")
+    return True
+
+
+@deploy("balancer", data_defaults=role_defaults("balancer"))
+def apply(plan: dict):
+    data = host.data.dict()
+    gateway = []
+    if data["balancer_gateway"]:
+        gateway = gateway_backends(host.name, {h.name: h.data.dict() for h in host.inventory},
+                                   data["balancer_gateway_bind"])
+    drain = balancer_drain(data)
+    done = balanced(name="HAProxy in front of replicas" + (" and the fleet (gateway)" if gateway else ""),
+                    gateway=gateway, drain=drain, cache_seconds=data["apt_cache_seconds"])
+    python.call(frontends_answer, gateway=gateway, drain=drain, timeout=data["balancer_health_timeout"],
+                name="balancer frontends answer", _if=done.did_change)

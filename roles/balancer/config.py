@@ -1,0 +1,64 @@
+"""HAProxy's configuration for a host, as pure functions (no pyinfra): the backends of its
+replicated instances (the files roles/llama_server writes, rigup.names.balancer_file) and, on a
+gateway, one backend per instance name over every other host's endpoint."""
+
+from __future__ import annotations
+
+from rigup.config import ADDRESS, NAME
+from rigup.templates import render
+
+SERVING_MAPS = ("llama_server_instances", "vllm_instances")
+
+
+def gateway_backends(me: str, hosts: dict[str, dict], bind: str) -> list[dict]:
+    """A gateway's backends: per instance name served by the inventory's hosts that are not
+    gateways (``hosts``: name -> data), one server per host at its inventory address
+    (``ssh_hostname``, else its name) and that host's port of the instance; the frontend binds
+    ``bind`` on the port the most hosts use (the lowest of a tie)."""
+    found: dict[str, list] = {}
+    for host_name, data in sorted(hosts.items()):
+        if host_name == me or data.get("balancer_gateway"):
+            continue
+        address = data.get("ssh_hostname") or host_name
+        for var in SERVING_MAPS:
+            for name, inst in (data.get(var) or {}).items():
+                if isinstance(inst, dict) and isinstance(inst.get("port"), int):
+                    found.setdefault(str(name), []).append([host_name, address, inst["port"]])
+    out = []
+    for name, servers in sorted(found.items()):
+        ports = [s[2] for s in servers]
+        port = min(set(ports), key=lambda p: (-ports.count(p), p))
+        out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers})
+    return out
+
+
+def problems(backends: list[dict]) -> list[str]:
+    """Why a backend cannot go into haproxy.cfg as it is (a name, address or port that is not one):
+    the config is written from validated data, and checked again here before it reaches a file."""
+    found = []
+    for b in backends:
+        names = [b["name"]] + [s[0] for s in b["servers"]]
+        addresses = [b["bind"]] + [s[1] for s in b["servers"]]
+        ports = [b["port"]] + [s[2] for s in b["servers"]]
+        if not all(isinstance(n, str) and NAME.fullmatch(n) for n in names):
+            found.append(f"{b['name']!r}: a name is not a name: {names}")
+        if not all(isinstance(a, str) and ADDRESS.fullmatch(a) for a in addresses):
+            found.append(f"{b['name']!r}: an address is not one: {addresses}")
+        if not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+            found.append(f"{b['name']!r}: a port is not one: {ports}")
+    return found
+
+
+def bind_text(address: str, port: int) -> str:
+    """HAProxy's bind of ``address``:``port`` (``ipv6@`` for an IPv6 address)."""
+    return f"ipv6@[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def haproxy_cfg(backends: list[dict], data: dict) -> str:
+    """/etc/haproxy/haproxy.cfg: a loopback stats and Prometheus frontend, the admin socket, and
+    per backend a frontend on its bind:port, ``leastconn`` over its servers, health checks on
+    /health, retries and redispatch on connection failures only (a generation is never replayed)."""
+    rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
+                     servers=[[s[0], bind_text(s[1], s[2])] for s in b["servers"]]) for b in backends]
+    return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
+                  timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"])

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""rigup-balancer-drain: a replica leaves or rejoins its balancer's pool (installed by
+roles/balancer; the replicas' units of roles/llama_server call it with full privileges).
+
+    rigup-balancer-drain drain BACKEND SERVER       before a stop: no new requests go to SERVER,
+                                                    then wait (at most 50 s) for its running ones
+    rigup-balancer-drain ready BACKEND SERVER PORT  after a start: wait for 127.0.0.1:PORT/health
+                                                    200 (at most 600 s), then back in the pool
+
+Without HAProxy's admin socket it does nothing. Standard library only: it runs on bare hosts.
+"""
+
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SOCKET = "/run/haproxy/admin.sock"
+
+
+def admin(command: str) -> str:
+    """HAProxy's runtime API answer to ``command`` ("" without the socket)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(SOCKET)
+            s.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def in_flight(backend: str, server: str) -> int:
+    """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
+    for line in admin("show stat").splitlines():
+        cols = line.split(",")
+        if cols[:2] == [backend, server] and len(cols) > 4 and cols[4].isdigit():
+            return int(cols[4])
+    return 0
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def wait(predicate, seconds: float) -> bool:
+    """Poll ``predicate`` every 0.2 s for at most ``seconds`` (the project would use tenacity;
+    this runs on bare hosts)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def main(argv: list[str]) -> int:
+    action, backend, server = argv[:3]
+    if not admin("show info"):
+        return 0   # no balancer here (yet)
+    if action == "drain":
+        admin(f"set server {backend}/{server} state drain")
+        wait(lambda: in_flight(backend, server) == 0, 50)
+    elif action == "ready":
+        wait(lambda: healthy(int(argv[3])), 600)
+        admin(f"set server {backend}/{server} state ready")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

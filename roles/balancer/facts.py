@@ -1,0 +1,52 @@
+"""What a host has of the balancer, read in one round trip."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+from rigup.names import BALANCER_DIR
+
+CONFIG = "/etc/haproxy/haproxy.cfg"
+PACKAGES = ("haproxy", "socat")
+MARK = "Installed by rigup (roles/balancer)"   # the first line of the config it writes
+
+
+class BalancerState(FactBase):
+    """The sha256 of haproxy.cfg and of the drain helper, HAProxy's unit state, the packages
+    missing, and the backends files of the serving roles (rigup.names.balancer_file)::
+
+        {"cfg": "ab12...", "ours": "1", "drain": "cd34...", "active": "active", "enabled": "enabled",
+         "missing": ["socat"], "backends": {"llama-glm": {"bind": ..., "port": ..., "servers": [...]}}}
+    """
+
+    default = dict
+
+    def command(self, drain: str) -> str:
+        q = shlex.quote
+        return "; ".join([
+            f"echo cfg=$(sha256sum {CONFIG} 2>/dev/null | cut -c1-64)",
+            f"echo ours=$(grep -qF {q(MARK)} {CONFIG} 2>/dev/null && echo 1)",
+            f"echo drain=$(sha256sum {q(drain)} 2>/dev/null | cut -c1-64)",
+            "echo active=$(systemctl is-active haproxy 2>/dev/null)",
+            "echo enabled=$(systemctl is-enabled haproxy 2>/dev/null)",
+            "echo missing=$(for p in " + " ".join(PACKAGES) + "; do dpkg-query -W -f='${Status}\\n' $p 2>/dev/null "
+            "| grep -q 'ok installed' || echo $p; done)",
+            f"for f in {q(BALANCER_DIR)}/*.json; do [ -f \"$f\" ] && echo \"backend=$(basename \"$f\" .json) "
+            "$(tr -d '\\n' < \"$f\")\"; done; true"])
+
+    def process(self, output: list[str]) -> dict:
+        out: dict = {"backends": {}}
+        for line in output:
+            key, _, value = line.partition("=")
+            if key == "backend":
+                name, _, text = value.partition(" ")
+                try:
+                    out["backends"][name] = json.loads(text)
+                except ValueError:
+                    continue  # half-written: the next converge reads it whole
+            else:
+                out[key] = value.split() if key == "missing" else (value or None)
+        return out

@@ -1,0 +1,119 @@
+"""How an instance of llama_server_instances is laid out on a host's GPUs: pure functions of the
+instance, its model, the plan and the host's data (no pyinfra: tests/gpu and the lead's scripts
+import it on machines without it).
+
+- ``replicas: 1`` and ``gpus_per_replica: null`` (the defaults): one server over all the host's
+  GPUs, as before.
+- ``gpus_per_replica: auto``: the fewest GPUs whose VRAM holds the weights, the KV cache
+  (ctx x the family's estimate: llama.cpp's ``-c`` is the context of all slots together) and
+  1 GiB per GPU (:func:`need_gib`, the arithmetic check_vram refuses with).
+- ``replicas: auto``: as many replicas of that many GPUs as the host has; a model that needs more
+  than half the GPUs keeps today's single server split over all of them.
+- On a host whose llama.cpp is built for the CPU (or without GPUs): ``replicas: N`` servers, no
+  pinning.
+
+Replica K (0-based) of instance NAME is the unit ``rigup-llama@NAME-K``, bound to loopback on
+port ``port + 1 + K`` (roles/llama_server/command.py: ``replica_port``, ``servers``); the
+instance's own host:port is the balancer's (roles/balancer), which spreads requests over them.
+This module imports nothing of the role: load it by its path where pyinfra is missing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rigup.gpu.catalogue import family_of
+from rigup.gpu.plan import build_backend, vram_cards
+from rigup.refusal import gpus_text
+
+OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)
+ALL_LAYERS_NGL = 99          # llama.cpp's "-ngl 99": every layer on the GPUs (or -1)
+
+
+class Need(NamedTuple):
+    """What an instance needs in VRAM over ``cards`` GPUs, in GiB (``kv_rate``: GiB per 1k tokens
+    of the model's family, None when unknown)."""
+
+    total: float
+    weights: float
+    kv: float
+    overhead: float
+    kv_rate: float | None
+    family: dict | None
+
+
+class Layout(NamedTuple):
+    """Where an instance's servers go: ``groups`` (one list of cards per replica, each card a plan
+    card; ``[]`` per replica on the CPU), ``gpu`` (whether they are pinned to GPUs), ``idle`` (the
+    indexes of cards no replica takes) and ``problem`` (why this layout cannot be, or None)."""
+
+    groups: list[list[dict]]
+    gpu: bool
+    idle: list[int]
+    problem: str | None = None
+
+    @property
+    def replicas(self) -> int:
+        return len(self.groups)
+
+
+def need_gib(model: dict, inst: dict, cards: int) -> Need | None:
+    """VRAM the instance needs on ``cards`` GPUs; None when it cannot be told (the model has no
+    size_gib, or layers stay on the CPU: the split is llama.cpp's to make)."""
+    weights = model.get("size_gib")
+    if weights is None or not (inst["ngl"] >= ALL_LAYERS_NGL or inst["ngl"] == -1):
+        return None
+    family = family_of(model)
+    rate = family.get("kv_gib_per_1k_tokens") if family else None
+    kv = (rate or 0.0) * inst["ctx"] / 1000
+    overhead = OVERHEAD_GIB_PER_GPU * cards
+    return Need(weights + kv + overhead, weights, kv, overhead, rate, family)
+
+
+def fewest_gpus(model: dict, inst: dict, per_card: list[float]) -> int | None:
+    """The fewest of the host's cards (the smallest first, to be safe on a mixed host) whose VRAM
+    holds the instance; None when unknown or when even all of them do not."""
+    ordered = sorted(per_card)
+    for k in range(1, len(ordered) + 1):
+        need = need_gib(model, inst, k)
+        if need is None:
+            return None
+        if need.total <= k * ordered[0]:
+            return k
+    return None
+
+
+def layout(inst: dict, model: dict, plan: dict, data: dict) -> Layout:
+    """The instance's layout on this host (see the module docstring)."""
+    replicas, per = inst.get("replicas", 1), inst.get("gpus_per_replica")
+    per_card, _ = vram_cards(plan, data)
+    cards = list(plan.get("cards", [])) if per_card else []
+    if not cards or build_backend(plan, data) != "cuda":
+        return Layout([[] for _ in range(1 if replicas == "auto" else replicas)], False, [])
+    n, fixed = len(cards), isinstance(per, int)
+    if per == "auto" or (per is None and replicas == "auto"):
+        per = fewest_gpus(model, inst, per_card)   # None: unknown, or fits no group of the cards
+    if replicas == "auto":
+        replicas = n // per if per and n // per > 1 else 1
+    if replicas == 1 and not fixed:
+        per = n   # one server over every GPU, as before
+    elif per is None:
+        per = max(1, n // replicas)
+    groups = [cards[k * per:(k + 1) * per] for k in range(replicas)]
+    if replicas * per > n:
+        return Layout(groups, True, [], f"{replicas} replicas x {per} GPUs = {replicas * per} GPUs, "
+                                        f"but this host has {n}")
+    return Layout(groups, True, [c["index"] for c in cards[replicas * per:]])
+
+
+def layout_text(name: str, lay: Layout) -> str:
+    """One line for preflight's plan, e.g. ``glm: 4 replicas x 2 GPUs (GPU 0-1, 2-3, 4-5, 6-7)``."""
+    if not lay.gpu:
+        return f"{name}: {lay.replicas} replica{'s' if lay.replicas > 1 else ''} on the CPU"
+    per = len(lay.groups[0]) if lay.groups else 0
+    groups = ", ".join(f"{g[0]['index']}-{g[-1]['index']}" if len(g) > 1 else str(g[0]["index"])
+                       for g in lay.groups if g)
+    text = f"{name}: {lay.replicas} replica{'s' if lay.replicas > 1 else ''} x {per} GPUs (GPU {groups})"
+    if lay.idle:
+        text += f"; {gpus_text(lay.idle)} idle"
+    return text + (f"; cannot be: {lay.problem}" if lay.problem else "")

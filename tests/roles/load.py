@@ -1,0 +1,32 @@
+"""Chat completions against one or more base URLs (round robin), N requests at a concurrency C:
+prints {"ok", "failed", "errors", "tokens", "seconds"} as JSON. Copied to a lab host by
+tests/roles/test_balancer.py; standard library only (lab hosts have no packages for it)."""
+
+import concurrent.futures
+import json
+import sys
+import time
+import urllib.request
+
+urls, n, concurrency, max_tokens, key = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), \
+    int(sys.argv[4]), open(sys.argv[5]).read().strip()
+body = json.dumps({"messages": [{"role": "user", "content": "Count from one to twenty."}],
+                   "max_tokens": max_tokens, "temperature": 0}).encode()
+
+
+def one(i: int):
+    request = urllib.request.Request(urls[i % len(urls)] + "/v1/chat/completions", data=body, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=900) as r:
+            return json.load(r)["usage"]["completion_tokens"], None
+    except Exception as e:  # noqa: BLE001 - every failure counts, whatever it is
+        return None, f"{type(e).__name__}: {e}"
+
+
+start = time.monotonic()
+with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    results = list(pool.map(one, range(n)))
+errors = [e for _, e in results if e]
+print(json.dumps({"ok": n - len(errors), "failed": len(errors), "errors": errors[:5],
+                  "tokens": sum(t for t, _ in results if t), "seconds": round(time.monotonic() - start, 2)}))

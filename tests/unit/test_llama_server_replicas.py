@@ -1,0 +1,164 @@
+"""The pure replica planning of roles/llama_server (replicas.py), each replica's command line
+(command.py), the balancer's config (roles/balancer/config.py) and their refusals."""
+
+from rigup.gpu.plan import hardware_plan
+from roles.balancer.config import gateway_backends, haproxy_cfg
+from roles.llama_server.checks import plan_lines, ports
+from roles.llama_server.command import replica_commands
+from roles.llama_server.replicas import layout, layout_text
+from roles.llama_server.schema import instances
+from tests.unit.hosts import REV, data, host, only, refusals
+
+GEMMA = {"repo": "rigup-lab/gemma-3-270m-GGUF", "revision": REV, "size_gib": 0.25}
+
+
+def sized(gib: float, **inst) -> dict:
+    """A host's data with one instance ``m`` of a model of ``gib`` GiB (family unknown: no KV)."""
+    return data(models={"m": {"repo": "acme/m-GGUF", "revision": REV, "size_gib": gib}},
+                llama_server_instances={"m": {"model": "m", "port": 8081, **inst}})
+
+
+def laid(profile_or_plan, d: dict):
+    plan = host(profile_or_plan)[0] if isinstance(profile_or_plan, str) else profile_or_plan
+    inst = instances(d)[0]["m"]
+    return layout(inst, d["models"]["m"], plan, d)
+
+
+def test_a_model_that_fits_two_a100s_gives_4_replicas_of_2():
+    lay = laid("a100", sized(120, replicas="auto", gpus_per_replica="auto"))   # 120 + 2 > 80, <= 160
+    print(layout_text("glm", lay))
+    assert [[c["index"] for c in g] for g in lay.groups] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout_text("glm", lay) == "glm: 4 replicas x 2 GPUs (GPU 0-1, 2-3, 4-5, 6-7)"
+
+
+def test_a_model_that_fits_one_h100_gives_4_replicas_of_1():
+    lay = laid("h100", sized(30, replicas="auto"))
+    assert lay.replicas == 4 and [len(g) for g in lay.groups] == [1, 1, 1, 1] and not lay.problem
+    assert layout_text("q", lay) == "q: 4 replicas x 1 GPUs (GPU 0, 1, 2, 3)"
+
+
+def test_a_model_that_needs_more_than_half_keeps_one_server_over_every_gpu():
+    lay = laid("a100", sized(400, replicas="auto", gpus_per_replica="auto"))   # needs 6 of 8
+    assert lay.replicas == 1 and len(lay.groups[0]) == 8
+
+
+def test_defaults_are_todays_single_server():
+    lay = laid("a100", sized(120))
+    assert lay.replicas == 1 and len(lay.groups[0]) == 8
+    assert [p.port for p in ports(*host("a100")[:1], sized(120))] == [8081]
+
+
+def test_a_model_that_fits_nowhere_is_refused():
+    plan, facts = host("h100")
+    found = only([r for r in refusals(plan, facts, sized(400, replicas="auto", gpus_per_replica="auto"))
+                  if r.check != "ports"], "vram")
+    print(found[0].line("h100"))
+    assert "400.0 GiB" in found[0].why
+
+
+def test_a_replica_too_small_for_the_model_is_refused():
+    plan, facts = host("a100")
+    found = only(refusals(plan, facts, sized(120, replicas=8)), "vram")
+    assert "per replica (8 replicas)" in found[0].why and "1 x 80.0 GiB" in found[0].why
+
+
+def test_more_gpus_than_the_host_has_is_refused():
+    plan, facts = host("h100")
+    found = only(refusals(plan, facts, sized(10, replicas=3, gpus_per_replica=2)), "replicas")
+    assert "3 replicas x 2 GPUs = 6 GPUs, but this host has 4" in found[0].why
+
+
+def test_bad_values_are_refused_by_key_path():
+    plan, facts = host("h100")
+    found = only(refusals(plan, facts, sized(10, replicas=0, gpus_per_replica="many")), "config")
+    assert [r.what for r in found] == ["llama_server_instances.m.replicas", "llama_server_instances.m.gpus_per_replica"]
+
+
+def test_cpu_host_runs_n_replicas_without_pinning():
+    plan = hardware_plan([], {"loaded": False}, [])
+    d = sized(0.25, replicas=2, ngl=0)
+    d["gpu_enabled"] = False
+    lay = laid(plan, d)
+    assert lay.replicas == 2 and not lay.gpu
+    assert plan_lines(plan, d) == ["llama:     m: 2 replicas on the CPU"]
+    runs = replica_commands("m", instances(d)[0]["m"], lay, "/bin/llama-server", "/m.gguf")
+    assert [r["unit"] for r in runs] == ["m-0", "m-1"] and [r["env"] for r in runs] == [{}, {}]
+    assert "--port 8082" in " ".join(runs[0]["argv"]) and "--port 8083" in " ".join(runs[1]["argv"])
+    assert "--host 127.0.0.1" in " ".join(runs[1]["argv"]) and "--alias m" in " ".join(runs[1]["argv"])
+    assert [(p.port, p.owners) for p in ports(plan, d)] == [
+        (8081, ("haproxy", "llama-server")), (8082, ("llama-server",)), (8083, ("llama-server",))]
+
+
+def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
+    plan, facts = host("a100")
+    d = sized(120, replicas="auto", gpus_per_replica="auto", host="0.0.0.0", api_key=True)
+    runs = replica_commands("m", instances(d)[0]["m"], laid("a100", d), "/bin/llama-server", "/m.gguf")
+    uuids = [c["uuid"] for c in plan["cards"]]
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in runs] == [",".join(uuids[i:i + 2]) for i in (0, 2, 4, 6)]
+    assert "--api-key-file /etc/rigup/llama-server/m.key" in " ".join(runs[3]["argv"])
+    d["llama_server_instances"]["other"] = {"model": "m", "port": 8083}
+    found = [r for r in refusals(plan, facts, d) if r.check == "ports"]
+    assert found and "llama_server_instances.m (replica 1)" in found[0].why
+
+
+def test_haproxy_config_and_gateway():
+    hosts = {"gw": {"balancer_gateway": True},
+             "lab1": {"ssh_hostname": "10.0.0.11", "llama_server_instances": {"gemma": {"port": 8081}}},
+             "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"port": 8081}}}}
+    gateway = gateway_backends("gw", hosts, "0.0.0.0")
+    assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
+                        "servers": [["lab1", "10.0.0.11", 8081], ["lab2", "10.0.0.12", 8081]]}]
+    text = haproxy_cfg(gateway, data())
+    for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",
+                 "http-check expect status 200", "server lab2 10.0.0.12:8081 check", "retry-on conn-failure",
+                 "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock"):
+        assert line in text, line
+
+
+def test_vllm_replicas_are_planned_and_refused_until_served():
+    from roles.vllm.checks import plan_lines as vllm_lines
+    plan, facts = host("h100")
+    d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
+             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto"}})
+    assert vllm_lines(plan, d) == ["vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
+    assert "not served yet" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+    d["vllm_instances"]["m"]["replicas"] = 3
+    assert "this host has 4" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+
+
+PURE = """
+import importlib.util, json, sys
+sys.modules['pyinfra'] = None
+sys.path.insert(0, '.')
+def load(path):
+    spec = importlib.util.spec_from_file_location('m_' + path.rsplit('/', 1)[1][:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+from rigup.gpu.plan import hardware_plan
+replicas, command = load('roles/llama_server/replicas.py'), load('roles/llama_server/command.py')
+gpus = [{'index': i, 'uuid': f'GPU-{i}', 'bus_id': f'00000000:0{i}:00.0', 'pci_device_id': '0x233510DE',
+         'compute_capability': [9, 0], 'memory_total_mib': 143771} for i in range(2)]
+plan = hardware_plan(gpus, {'version': '580.159.04', 'loaded': True}, [])
+inst = {'model': 'bench', 'port': 8181, 'host': '127.0.0.1', 'ctx': 65536, 'parallel': 8, 'ngl': 99,
+        'flash_attn': 'on', 'split_mode': 'layer', 'tensor_split': None, 'jinja': True, 'metrics': True,
+        'api_key': False, 'extra_args': [], 'replicas': 'auto', 'gpus_per_replica': 'auto'}
+lay = replicas.layout(inst, {'repo': 'x/llama-8b', 'size_gib': 13.5}, plan, {'gpu_enabled': True})
+print(replicas.layout_text('bench', lay))
+print(json.dumps(command.replica_commands('bench', inst, lay, '/b/llama-server', '/m.gguf')))
+"""
+
+
+def test_replica_commands_for_a_2_gpu_plan_without_pyinfra():
+    """What the lead runs on a 2-GPU machine: both modules load by path with pyinfra unimportable."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=60,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.returncode == 0, out.stderr
+    line, runs = out.stdout.splitlines()[0], json.loads(out.stdout.splitlines()[1])
+    assert line == "bench: 2 replicas x 1 GPUs (GPU 0, 1)"
+    assert [(r["unit"], r["env"]["CUDA_VISIBLE_DEVICES"]) for r in runs] == [("bench-0", "GPU-0"), ("bench-1", "GPU-1")]
+    assert runs[1]["argv"][:7] == ["/b/llama-server", "-m", "/m.gguf", "--alias", "bench", "--host", "127.0.0.1"]
+    assert "--port" in runs[1]["argv"] and runs[1]["argv"][runs[1]["argv"].index("--port") + 1] == "8183"
