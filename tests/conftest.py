@@ -47,7 +47,7 @@ def assert_nothing_left(lab_module):
     assert f" {lab_module.VETH}" not in links and lab_module.BRIDGE not in links
     assert f"{lab_module.STATE}/" not in Path("/proc/self/mountinfo").read_text()
     leftovers = [argv for _, argv in lab_module.processes()
-                 if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")
+                 if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy", "apt-cacher-ng")
                  and f"{lab_module.STATE}/" in " ".join(argv)]
     assert leftovers == [] and lab_module.file_server_pids() == []
     assert lab_module.base_is_cached()
