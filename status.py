@@ -17,7 +17,7 @@ from rigup.config import check_host
 from rigup.models import models as model_entries
 from rigup.names import guard_file
 from roles.model_fetch import specs
-from roles.model_fetch.facts import parse_probe, probe_command
+from roles.model_fetch.facts import parse_progress, progress_command
 from roles.model_fetch.plan import short_progress
 
 check_host(host)
@@ -25,10 +25,11 @@ data = host.data.dict()
 models = model_entries(data)[0]
 parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
          "guard": fleet.guard_section(guard_file(data))}
-if models:
-    parts["fetch"] = probe_command([dict(s, no_hub=True) for s in specs(data, models)])
+fetches = specs(data, models)
+if fetches:
+    parts["fetch"] = progress_command(fetches)
 found = host.get_fact(fleet.FleetStatus, parts=parts)
-probed = parse_probe(found.get("fetch", []))["models"]
+probed = parse_progress(found.get("fetch", []), fetches)
 configured = {name: entry.get("model") for var in ("llama_server_instances", "vllm_instances")
               for name, entry in (data.get(var) or {}).items() if isinstance(entry, dict)}
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],

@@ -127,3 +127,27 @@ def test_apt_waits_while_a_lock_is_held(tmp_path):
     (tmp_path / "apt-get.n").write_text("-100")
     late = subprocess.run(["sh", "-c", waiting("apt-get update", 1)], capture_output=True, text=True, env=env)
     assert late.returncode == 100 and "still held after 1 s" in late.stdout
+
+
+def test_download_progress_read_by_a_real_shell(tmp_path):
+    """roles/model_fetch's progress_command (no python on the host) on real files: a complete
+    model, a failed one, one whose job holds its lock, one not started; names with spaces."""
+    import fcntl
+
+    from roles.model_fetch.facts import parse_progress, progress_command
+
+    rev = "a" * 40
+    specs = [{"name": n, "dest": str(tmp_path / f"m {n}"), "repo": "o/r", "revision": rev}
+             for n in ("done", "failed", "busy", "new")]
+    for spec in specs[:3]:
+        (Path(spec["dest"]) / ".rigup-fetch").mkdir(parents=True)
+    (Path(specs[0]["dest"]) / ".rigup-complete.json").write_text(json.dumps({"repo": "o/r", "revision": rev}))
+    (Path(specs[1]["dest"]) / ".rigup-fetch/progress.json").write_text(
+        json.dumps({"state": "failed", "error": "no space", "bytes": 1, "total": 4}, indent=1))
+    lock = open(Path(specs[2]["dest"]) / ".rigup-fetch/lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    out = subprocess.run(["sh", "-c", progress_command(specs)], capture_output=True, text=True)
+    lock.close()
+    states = parse_progress(out.stdout.splitlines(), specs)
+    assert [short_progress(n, states[n]) for n in ("done", "failed", "busy", "new")] == [
+        "done complete", "failed failed: no space (at 1 B / 4 B)", "busy 0 B running", "new not here yet"]
