@@ -55,6 +55,12 @@ PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "
 ACNG = STATE / "apt-cacher-ng"              # its acng.conf, pid, socket and logs
 ACNG_CACHE = STATE / "cache" / "apt-cacher-ng"
 ACNG_USER = "apt-cacher-ng"                 # made by Debian's package
+# Seconds apt-cacher-ng serves an index file (InRelease) it fetched without asking the mirror again
+# (Debian's default: 27). Seen once with the default, 8 hosts running apt-get update in the same
+# second: it refreshed one InRelease twice, the second refresh failed ("Failure to move file ... out
+# of the way ... File exists") and one host's apt-get hung on the truncated answer. Fewer refreshes
+# leave less room for that; a lab run takes minutes.
+ACNG_FRESH_S = 600
 
 HERE = Path(__file__).resolve().parent
 GPU_SIM = HERE / "nvidia_smi.py"
@@ -275,7 +281,7 @@ def start_apt_cacher():
         shutil.chown(d, ACNG_USER, ACNG_USER)
     write(ACNG / "acng.conf", f"CacheDir: {ACNG_CACHE}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
                               f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
-                              f"SocketPath: {ACNG}/socket\nExThreshold: 4\n")
+                              f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
     start_proxy("apt-cacher-ng", ["apt-cacher-ng", "-c", ACNG, "ForeGround=1"], ACNG / "console.log", 3142,
                 user=ACNG_USER)
 

@@ -36,7 +36,7 @@ def test_eight_fresh_hosts_converge_base_at_once(fleet):
     on_host(lab, holder, "systemd-run --unit rigup-test-apt-hold python3 -c " + shlex.quote(HOLD)
             + " /var/lib/apt/lists/lock /var/cache/apt/archives/lock")
     on_host(lab, holder, "for i in $(seq 50); do [ -e /run/rigup-test-held ] && exit 0; sleep 0.1; done; exit 1")
-    run = pyinfra("inventory/lab.py", "tests/roles/base_only.py", *limit(fleet))
+    run = pyinfra("inventory/lab.py", "tests/roles/base_only.py", *limit(fleet), timeout=900)
     fetched, served = (a - b for a, b in zip(acng_debs(), before))
     print(f"\nbase on {len(names)} fresh hosts at once: {run.seconds:.1f} s, exit {run.returncode}; "
           f"apt-cacher-ng: {fetched} .deb fetched from the mirror, {served} served to the hosts")
