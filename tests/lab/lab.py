@@ -55,12 +55,13 @@ PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "
 ACNG = STATE / "apt-cacher-ng"              # its acng.conf, pid, socket and logs
 ACNG_CACHE = STATE / "cache" / "apt-cacher-ng"
 ACNG_USER = "apt-cacher-ng"                 # made by Debian's package
-# Seconds apt-cacher-ng serves an index file (InRelease) it fetched without asking the mirror again
-# (Debian's default: 27). Seen once with the default, 8 hosts running apt-get update in the same
-# second: it refreshed one InRelease twice, the second refresh failed ("Failure to move file ... out
-# of the way ... File exists") and one host's apt-get hung on the truncated answer. Fewer refreshes
-# leave less room for that; a lab run takes minutes.
-ACNG_FRESH_S = 600
+# Seconds apt-cacher-ng serves an index file (InRelease, Packages) it fetched without asking the
+# mirror again (Debian's default: 27). apt-cacher-ng 3.7.4 fails when hosts running apt-get update
+# in the same second make it refresh an InRelease it holds twice ("Failure to move file ... out of
+# the way ... File exists") and one host's apt-get then hangs on the truncated answer (seen twice
+# with 8 hosts). So the lab never refreshes one: each start drops the cached index files (their
+# first fetch is shared safely), and they stay fresh for the lab's life.
+ACNG_FRESH_S = 86400
 
 HERE = Path(__file__).resolve().parent
 GPU_SIM = HERE / "nvidia_smi.py"
@@ -279,6 +280,8 @@ def start_apt_cacher():
     for d in (ACNG, ACNG_CACHE):
         d.mkdir(parents=True, exist_ok=True)
         shutil.chown(d, ACNG_USER, ACNG_USER)
+    for dists in [p for p in ACNG_CACHE.rglob("dists") if p.is_dir()]:  # index files (ACNG_FRESH_S)
+        shutil.rmtree(dists, ignore_errors=True)
     write(ACNG / "acng.conf", f"CacheDir: {ACNG_CACHE}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
                               f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
                               f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
