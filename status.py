@@ -1,12 +1,37 @@
-"""Where each host's model downloads are: bytes, %, rate, ETA, or complete. Changes nothing.
+"""The fleet in one table, one row per host, each read in one round trip; changes nothing.
 
-    pyinfra inventory/lab.py status.py
+    pyinfra inventory/lab.py status.py                       # a table, sorted by host name
+    pyinfra inventory/lab.py status.py --data status_format=json
+
+Per host: its cards (count x class), each card's draw / limit and temperature, VRAM used, the
+llama.cpp build that serves (llama_cpp_dir/current), each serving instance (rigup-llama@*,
+rigup-vllm@*: state, /health's code at its port, model@revision), the downloads (progress or
+failure, as roles/model_fetch reads them), the GPU guard (tripped or not) and rigup_maintenance.
+A host that cannot be reached is a row ``unreachable (reason)``, and the run ends non-zero.
 """
 
 from pyinfra import host
 
-from roles import model_fetch
+from rigup import fleet
 from rigup.config import check_host
+from rigup.models import models as model_entries
+from rigup.names import guard_file
+from roles.model_fetch import specs
+from roles.model_fetch.facts import parse_progress, progress_command
+from roles.model_fetch.plan import short_progress
 
 check_host(host)
-model_fetch.status()
+data = host.data.dict()
+models = model_entries(data)[0]
+parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
+         "guard": fleet.guard_section(guard_file(data))}
+fetches = specs(data, models)
+if fetches:
+    parts["fetch"] = progress_command(fetches)
+found = host.get_fact(fleet.FleetStatus, parts=parts)
+probed = parse_progress(found.get("fetch", []), fetches)
+configured = {name: entry.get("model") for var in ("llama_server_instances", "vllm_instances")
+              for name, entry in (data.get(var) or {}).items() if isinstance(entry, dict)}
+fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
+                                        maintenance=data["rigup_maintenance"], models=configured),
+             data["status_format"])

@@ -1,11 +1,52 @@
-"""apt operations that change nothing, and read nothing twice, when the packages are there."""
+"""apt operations that change nothing, and read nothing twice, when the packages are there; and
+apt commands that wait for every apt lock.
+
+apt (2.6, Debian 12) waits for dpkg's locks (``/var/lib/dpkg/lock-frontend`` and ``lock``) when
+told to (``DPkg::Lock::Timeout``, roles/base's apt.conf drop-in), but not for the others: ``apt-get
+update`` fails at once on ``/var/lib/apt/lists/lock`` and ``apt-get install`` on
+``/var/cache/apt/archives/lock`` while another apt (apt-daily, unattended-upgrades, a second
+controller) holds them. :func:`waiting` runs an apt command again while it fails on a lock, for up
+to ``apt_lock_timeout`` seconds: apt says which lock, and no tool has to guess it (lslocks, fuser
+and /proc/locks see fcntl locks differently across filesystems and containers).
+"""
+
+import shlex
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt
 
 from rigup.state import read_once
+
+# apt's words (LC_ALL=C) when a lock is held: lists, archives (Could not get lock / Unable to lock
+# directory) and dpkg's own past DPkg::Lock::Timeout (Unable to acquire the dpkg frontend lock).
+LOCK_WORDS = ("Could not get lock", "Unable to lock", "Unable to acquire the dpkg frontend lock")
+# $1: seconds to wait, $2: the apt command (shell). Runs $2 until it succeeds, fails for another
+# reason, or the time is up; says once which lock it waits for.
+_WAIT = (
+    'export LC_ALL=C; end=$(( $(date +%s) + $1 )); said=; '
+    'while :; do out=$(eval "$2" 2>&1); rc=$?; '
+    'if [ $rc -eq 0 ]; then printf "%s\\n" "$out"; exit 0; fi; '
+    'case $out in ' + "|".join(f'*"{w}"*' for w in LOCK_WORDS) + ') ;; *) printf "%s\\n" "$out"; exit $rc;; esac; '
+    'if [ "$(date +%s)" -ge "$end" ]; then printf "%s\\n" "$out" '
+    '"rigup: an apt lock was still held after $1 s (apt_lock_timeout)"; exit $rc; fi; '
+    '[ -n "$said" ] || { said=1; printf "%s\\n" "$out" | grep -m1 -e "lock" | sed "s/^/rigup: waiting: /"; }; '
+    'sleep 2; done'
+)
+
+
+def waiting(command: str, timeout: int) -> str:
+    """Shell that runs the apt ``command`` (shell text), again every 2 s while it fails because an
+    apt lock is held, for up to ``timeout`` seconds; its output is printed once it ends."""
+    return f"sh -c {shlex.quote(_WAIT)} rigup-apt {int(timeout)} {shlex.quote(command)}"
+
+
+def lock_timeout() -> int:
+    """This host's ``apt_lock_timeout`` (roles/base), 600 without one."""
+    value = host.data.get("apt_lock_timeout")
+    return 600 if value is None else int(value)
 
 
 @operation()
@@ -14,12 +55,15 @@ def installed(packages: list[str], cache_seconds: int = 86400):
     than ``cache_seconds``. With every package present it runs no apt command at all (pyinfra's
     ``apt.packages(update=True)`` would refresh the lists, a change, whenever they are stale).
 
-    The host's apt waits on the dpkg lock through roles/base's apt.conf drop-in.
+    Each apt command waits for every apt lock (:func:`waiting`, ``apt_lock_timeout``).
     """
     present = read_once(DebPackages)
     missing = [p for p in packages if p not in present]
     if not missing:
         host.noop(f"{len(packages)} packages already installed")
         return
-    yield from apt.update._inner(cache_time=cache_seconds)
-    yield from apt.packages._inner(packages=missing, no_recommends=True)
+    timeout = lock_timeout()
+    for command in apt.update._inner(cache_time=cache_seconds):
+        yield waiting(command, timeout) if str(command).startswith("apt-get") else command
+    install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in missing)
+    yield waiting(noninteractive_apt(install), timeout)

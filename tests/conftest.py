@@ -47,7 +47,7 @@ def assert_nothing_left(lab_module):
     assert f" {lab_module.VETH}" not in links and lab_module.BRIDGE not in links
     assert f"{lab_module.STATE}/" not in Path("/proc/self/mountinfo").read_text()
     leftovers = [argv for _, argv in lab_module.processes()
-                 if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy")
+                 if Path(argv[0]).name in ("systemd-nspawn", "tinyproxy", "apt-cacher-ng")
                  and f"{lab_module.STATE}/" in " ".join(argv)]
     assert leftovers == [] and lab_module.file_server_pids() == []
     assert lab_module.base_is_cached()
@@ -75,3 +75,31 @@ def on_host(lab, name: str, command: str) -> str:
     result = lab.ssh(name, command)
     assert result.returncode == 0, f"{name}: {command!r} failed:\n{result.stdout}{result.stderr}"
     return result.stdout
+
+
+FLEET_HOSTS, FLEET_FIRST = 8, 11
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """FLEET_HOSTS fresh a100 lab hosts lab11.., booted for one test module next to the session
+    lab's hosts (or alone), and removed after it; the whole lab goes when nothing else runs."""
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (systemd-nspawn, network namespaces)")
+    from tests.lab import lab as lab_module
+
+    names = [f"lab{i}" for i in range(FLEET_FIRST, FLEET_FIRST + FLEET_HOSTS)]
+    try:
+        lab_module.up(FLEET_HOSTS, "a100", first=FLEET_FIRST)
+        yield [h for h in lab_module.hosts() if h["name"] in names]
+    finally:
+        if {h["name"] for h in lab_module.hosts()} <= set(names):
+            lab_module.down()
+        else:
+            for name in names:
+                lab_module.remove(name)
+
+
+def limit(hosts) -> list[str]:
+    """pyinfra's ``--limit`` arguments for ``hosts`` (lab host dicts)."""
+    return [arg for h in hosts for arg in ("--limit", h["name"])]

@@ -1,7 +1,8 @@
 """roles/base: what every rigup host needs before any other role runs.
 
 What it does to a host:
-- an apt drop-in that waits for the dpkg lock (unattended-upgrades) and retries downloads;
+- an apt drop-in that waits for dpkg's locks (unattended-upgrades) and retries downloads; its apt
+  commands also wait for apt's other locks (lists, archives: rigup/apt.py ``waiting``);
 - the packages in ``base_packages`` and ``base_extra_packages``;
 - the ``rigup_user`` system user (no login shell, home in ``rigup_state_dir``);
 - ``rigup_prefix`` (software, root-owned) and ``rigup_state_dir`` (root-written state, root:user 0750);

@@ -25,8 +25,8 @@ What it does to a host:
   inventory names it), after the peer completes it, and verifies it against the hub's hashes;
 - ``wait: true``: the converge blocks until the model is complete, printing a progress line per
   host every ``model_fetch_wait_interval`` seconds.
-A converge while a job runs, or after it completed, changes nothing. ``status.py`` prints the
-progress lines alone.
+A converge while a job runs, or after it completed, changes nothing. ``status.py`` shows each
+model's state in its row (facts.py ``progress_command``: progress.json, the marker, the lock).
 
 Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
 MODEL, shared with the serving roles), hf_endpoint, model_fetch_hf_token_src,
@@ -63,7 +63,7 @@ from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchS
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
-__all__ = ["apply", "waited", "status", "specs", "ports", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "specs", "ports", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
@@ -331,23 +331,6 @@ def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
             raise OperationError(f"models {', '.join(left)} not complete after "
                                  f"{data['model_fetch_wait_timeout']} s (model_fetch_wait_timeout); "
                                  "their jobs go on")
-
-
-def status() -> list[ModelPlan]:
-    """Print each model's progress line on this host (status.py); change nothing."""
-    data = host.data.dict()
-    models = _models(data)
-    if not models:
-        click.echo(f"    [{host.name}] no models", err=True)
-        return []
-    facts = host.get_fact(ModelFetchState, specs=[dict(s, no_hub=True) for s in specs(data, models)])
-    plans = []
-    for name in models:
-        state = facts["models"].get(name, {})
-        plans.append(ModelPlan(name, "complete" if state.get("complete") else "status",
-                               line=progress_line(name, state)))
-    _print(plans)
-    return plans
 
 
 @deploy("model_fetch", data_defaults=role_defaults("model_fetch"))

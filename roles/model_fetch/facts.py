@@ -10,13 +10,18 @@ The hub token, when there is one, is read on the host from its root-only file, n
 from __future__ import annotations
 
 import base64
-import re
 import json
+import re
+import shlex
 from pathlib import Path
 
 from pyinfra.api import FactBase
 
+from rigup.names import marker_path
+from rigup.units import parse_instances
+
 SCRIPT = Path(__file__).with_name("fetcher.py")
+WORK = ".rigup-fetch"  # fetcher.py WORK: the job's files under a model's dest
 UNIT_PREFIX = "rigup-fetch-"
 SHARE_UNIT = "rigup-share"
 SHARE_LOCK = "/run/rigup-share.lock"  # held by the share server on a host without systemd
@@ -55,6 +60,41 @@ def parse_probe(lines: list[str]) -> dict:
             except ValueError:
                 continue
             out["models"][state.get("name")] = state
+    return out
+
+
+def progress_command(specs: list[dict]) -> str:
+    """Shell (no python needed) that prints, per model of ``specs``, ``@@ name`` then its marker
+    and its job's progress.json, each on one line, and ``running=1`` while a job holds its lock:
+    what status.py shows of the downloads, cheaper than the probe."""
+    q = shlex.quote
+    out = []
+    for spec in specs:
+        work = f"{spec['dest'].rstrip('/')}/{WORK}"
+        out += [f"echo {q('@@ ' + spec['name'])}",
+                f"echo \"marker=$(head -c 1048576 {q(marker_path(spec['dest']))} 2>/dev/null | tr -d '\\n')\"",
+                f"echo \"progress=$(head -c 65536 {q(work + '/progress.json')} 2>/dev/null | tr -d '\\n')\"",
+                f"if [ -e {q(work + '/lock')} ] && ! flock -n -s {q(work + '/lock')} true 2>/dev/null; then "
+                "echo running=1; fi"]
+    return "; ".join(out) + "; true"
+
+
+def parse_progress(lines: list[str], specs: list[dict]) -> dict[str, dict]:
+    """``progress_command(specs)``'s output -> {name: {"complete", "running", "progress"}}, the keys
+    roles/model_fetch/plan.py's progress lines read; complete: the marker names the pinned
+    revision (status.py shows it; a converge also checks each file)."""
+    _, found = parse_instances(lines)
+    out = {}
+    for spec in specs:
+        state = found.get(spec["name"], {})
+        marker = state.get("marker") or {}
+        try:
+            progress = json.loads(state.get("progress") or "null")
+        except ValueError:
+            progress = None
+        out[spec["name"]] = {"complete": marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"],
+                             "running": bool(state.get("running")), "dest": spec["dest"],
+                             "progress": progress if isinstance(progress, dict) else None}
     return out
 
 

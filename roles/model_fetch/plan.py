@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch.fetcher import human, select, shard_problems, unsafe_path
 
-__all__ = ["human", "duration", "ModelPlan", "progress_line", "unsafe_files", "plan_model"]
+__all__ = ["human", "duration", "ModelPlan", "progress_line", "short_progress", "unsafe_files", "plan_model"]
 
 MiB = 1 << 20
 
@@ -53,6 +53,21 @@ def progress_line(name: str, state: dict) -> str:
     if p:
         return f"model {name}: stopped at {human(done)} / {human(total)}{pct}; resumed"
     return f"model {name}: not here yet"
+
+
+def short_progress(name: str, state: dict) -> str:
+    """A model's state in a few words, for status.py's table: ``gemma complete``, ``big 46.9%
+    running``, ``big failed: No space left on device (at 12.0 MiB / 256.0 MiB)``."""
+    if state.get("complete"):
+        return f"{name} complete"
+    p = state.get("progress") or {}
+    total, done = p.get("total") or 0, p.get("bytes") or state.get("have_bytes") or 0
+    at = f"{100 * done / total:.1f}%" if total else human(done)
+    if state.get("running"):
+        return f"{name} {at} {p.get('state') or 'running'}"
+    if p.get("state") == "failed":
+        return f"{name} failed: {p.get('error')} (at {human(done)} / {human(total)})"
+    return f"{name} stopped at {at}" if p else f"{name} not here yet"
 
 
 def unsafe_files(files: list[dict]) -> list[tuple[str, str]]:

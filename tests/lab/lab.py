@@ -2,7 +2,9 @@
 
 Each host is a copy-on-write overlay of one cached debootstrap root, runs a full systemd in its
 own network namespace on a lab bridge, is reached over SSH with a lab key, and gets packages only
-through a lab-owned tinyproxy on the bridge. A host booted with ``init=False`` runs no systemd:
+through the lab's own proxies on the bridge: apt's http downloads through an apt-cacher-ng (each
+package fetched once for all hosts, while every host keeps its own apt cache and locks), the rest
+(pip, https) through a tinyproxy. A host booted with ``init=False`` runs no systemd:
 sshd alone under nspawn's stub init, as a docker-style rental container runs its entrypoint.
 Needs root. Standard library only.
 """
@@ -31,6 +33,7 @@ STATE = Path(os.environ.get("RIGUP_LAB_DIR", f"/var/lib/rigup-lab{LAB_ID}"))
 SUBNET = ipaddress.ip_network(os.environ.get("RIGUP_LAB_SUBNET", f"10.213.{int(LAB_ID or 0)}.0/24"))
 GATEWAY = SUBNET[1]
 PROXY = f"http://{GATEWAY}:8888"
+APT_PROXY = f"http://{GATEWAY}:3142"  # the lab's apt-cacher-ng: apt's http sources go through it
 BRIDGE = f"rigupbr{LAB_ID or 0}"
 NETNS, VETH, TMUX, CGROUP = f"rigup{LAB_ID}-", f"rl{LAB_ID}-", f"rigup{LAB_ID}-lab-", f"rigup-lab{LAB_ID}"
 SUITE = "bookworm"
@@ -49,13 +52,23 @@ KEY = STATE / "ssh" / "id_ed25519"
 KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
 STATE_FILE = STATE / "lab.json"
 PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "pid", "log"))
+ACNG = STATE / "apt-cacher-ng"              # its acng.conf, pid, socket and logs
+ACNG_CACHE = STATE / "cache" / "apt-cacher-ng"
+ACNG_USER = "apt-cacher-ng"                 # made by Debian's package
+# Seconds apt-cacher-ng serves an index file (InRelease, Packages) it fetched without asking the
+# mirror again (Debian's default: 27). apt-cacher-ng 3.7.4 fails when hosts running apt-get update
+# in the same second make it refresh an InRelease it holds twice ("Failure to move file ... out of
+# the way ... File exists") and one host's apt-get then hangs on the truncated answer (seen twice
+# with 8 hosts). So the lab never refreshes one: each start drops the cached index files (their
+# first fetch is shared safely), and they stay fresh for the lab's life.
+ACNG_FRESH_S = 86400
 
 HERE = Path(__file__).resolve().parent
 GPU_SIM = HERE / "nvidia_smi.py"
 GPU_PROFILES = HERE / "gpu_profiles.json"
 # command -> Debian package that provides it
 TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "tinyproxy": "tinyproxy",
-         "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client"}
+         "apt-cacher-ng": "apt-cacher-ng", "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client"}
 
 
 class LabError(RuntimeError):
@@ -91,15 +104,19 @@ def locked():
 
 
 def ensure_tools():
-    """Install the Debian packages of any missing tool; keep Debian's own tinyproxy service stopped."""
+    """Install the Debian packages of any missing tool; keep Debian's own tinyproxy and
+    apt-cacher-ng services stopped (they listen on every address, in the way of the lab's own)."""
     missing = sorted({pkg for tool, pkg in TOOLS.items() if not shutil.which(tool)})
     if not missing:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run("apt-get", "update", env=env)
     run("apt-get", "install", "-y", *missing, env=env)
-    if "tinyproxy" in missing and shutil.which("service"):  # it may start on 0.0.0.0:8888, in our way
-        run("service", "tinyproxy", "stop", check=False)
+    for service in sorted({"tinyproxy", "apt-cacher-ng"} & set(missing)):
+        if shutil.which("service"):
+            run("service", service, "stop", check=False)
+        if shutil.which("update-rc.d"):
+            run("update-rc.d", service, "disable", check=False)
 
 
 def apt_source_files():
@@ -240,25 +257,49 @@ def require_init(name, what):
 
 
 def ensure_bridge_and_proxy():
-    """Create the lab bridge and start the lab's own tinyproxy on it, unless already there."""
+    """Create the lab bridge and start the lab's own tinyproxy and apt-cacher-ng on it, unless
+    already there."""
     if run("ip", "link", "show", BRIDGE, check=False).returncode:
         run("ip", "link", "add", BRIDGE, "type", "bridge")
     if str(GATEWAY) not in run("ip", "-4", "addr", "show", BRIDGE).stdout:
         run("ip", "addr", "add", f"{GATEWAY}/{SUBNET.prefixlen}", "dev", BRIDGE)
     run("ip", "link", "set", BRIDGE, "up")
-    if lab_pids("tinyproxy"):
-        return
-    write(PROXY_CONF, f"User nobody\nGroup nogroup\nListen {GATEWAY}\nPort 8888\nTimeout 600\n"
-                      f"MaxClients 100\nAllow {SUBNET}\nConnectPort 443\nConnectPort 80\nLogLevel Info\n")
-    with open(PROXY_LOG, "a") as log:
-        pid = subprocess.Popen(["tinyproxy", "-d", "-c", str(PROXY_CONF)], stdin=subprocess.DEVNULL,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True).pid
-    write(PROXY_PID, f"{pid}\n")
+    if not lab_pids("tinyproxy"):
+        write(PROXY_CONF, f"User nobody\nGroup nogroup\nListen {GATEWAY}\nPort 8888\nTimeout 600\n"
+                          f"MaxClients 100\nAllow {SUBNET}\nConnectPort 443\nConnectPort 80\nLogLevel Info\n")
+        pid = start_proxy("tinyproxy", ["tinyproxy", "-d", "-c", PROXY_CONF], PROXY_LOG, 8888)
+        write(PROXY_PID, f"{pid}\n")
+    if not lab_pids("apt-cacher-ng"):
+        start_apt_cacher()
+
+
+def start_apt_cacher():
+    """The lab's apt-cacher-ng on the bridge address, as Debian's own user, with its cache in the
+    state dir (kept by `down`, like the base root). It reaches the registries as tinyproxy does,
+    straight from this machine, and fetches each package once for every host."""
+    for d in (ACNG, ACNG_CACHE):
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.chown(d, ACNG_USER, ACNG_USER)
+    for dists in [p for p in ACNG_CACHE.rglob("dists") if p.is_dir()]:  # index files (ACNG_FRESH_S)
+        shutil.rmtree(dists, ignore_errors=True)
+    write(ACNG / "acng.conf", f"CacheDir: {ACNG_CACHE}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
+                              f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
+                              f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
+    start_proxy("apt-cacher-ng", ["apt-cacher-ng", "-c", ACNG, "ForeGround=1"], ACNG / "console.log", 3142,
+                user=ACNG_USER)
+
+
+def start_proxy(what, argv, log_path, port, user=None):
+    """Start the lab's proxy `what` (argv) in the background as `user`, logging to `log_path`;
+    wait until it listens on the bridge address at `port`; return its pid."""
+    with open(log_path, "a") as log:
+        pid = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True, user=user, group=user).pid
     for _ in range(50):
-        with contextlib.suppress(OSError), socket.create_connection((str(GATEWAY), 8888), timeout=1):
-            return
+        with contextlib.suppress(OSError), socket.create_connection((str(GATEWAY), port), timeout=1):
+            return pid
         time.sleep(0.1)
-    raise LabError(f"tinyproxy did not listen on {GATEWAY}:8888:\n{PROXY_LOG.read_text()[-2000:]}")
+    raise LabError(f"{what} did not listen on {GATEWAY}:{port}:\n{Path(log_path).read_text()[-2000:]}")
 
 
 def processes():
@@ -270,9 +311,10 @@ def processes():
 
 
 def lab_pids(program):
-    """PIDs of the lab's `program` processes: systemd-nspawn of a lab host, or the lab's tinyproxy."""
+    """PIDs of the lab's `program` processes: systemd-nspawn of a lab host, or the lab's
+    tinyproxy or apt-cacher-ng."""
     return [pid for pid, argv in processes() if Path(argv[0]).name == program
-            and any(a == str(PROXY_CONF) or a.startswith(f"--directory={HOSTS}/") for a in argv)]
+            and any(a in (str(PROXY_CONF), str(ACNG)) or a.startswith(f"--directory={HOSTS}/") for a in argv)]
 
 
 def file_server_pids():
@@ -311,8 +353,11 @@ def configure_root(root, name, profile, host_key):
     (root / "root/.ssh").chmod(0o700)
     write(root / "etc/ssh/ssh_host_ed25519_key", host_key.read_bytes(), 0o600)
     write(root / "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_bytes())
+    # http sources through the apt-cacher-ng (which keeps the packages: the host needs no copy),
+    # https ones (tunnelled, so not cacheable) through tinyproxy
     write(root / "etc/apt/apt.conf.d/01rigup-lab-proxy",
-          f'Acquire::http::Proxy "{PROXY}";\nAcquire::https::Proxy "{PROXY}";\n')
+          f'Acquire::http::Proxy "{APT_PROXY}";\nAcquire::https::Proxy "{PROXY}";\n'
+          'APT::Keep-Downloaded-Packages "false";\n')
     for path, text in apt_source_files():  # skip sources whose keyring the host lacks
         keyrings = re.findall(r"(?:Signed-By:|signed-by=)\s*(/\S+?)(?=[\s\]]|$)", text, re.I)
         if all((root / k.lstrip("/")).exists() for k in keyrings):
@@ -363,11 +408,12 @@ def remove_cgroups(name=""):
 
 
 def shared_caches():
-    """(controller dir, host dir) pairs every host mounts: apt's downloaded packages and ccache,
-    so a test run fetches each package and compiles each file once for all its hosts (and the
-    next run on this machine reuses them). Both tools lock their caches for concurrent users."""
-    pairs = [(STATE / "cache" / "apt", "/var/cache/apt/archives"),
-             (STATE / "cache" / "ccache", "/var/cache/rigup/ccache")]
+    """(controller dir, host dir) pairs every host mounts: ccache, so a test run compiles each
+    file once for all its hosts (and the next run on this machine reuses it); ccache locks its
+    cache for concurrent users. apt's cache is not shared: its archive lock would be one lock for
+    every host, and hosts running apt at once failed on it. Each host has its own, and packages
+    are shared through the lab's apt-cacher-ng instead."""
+    pairs = [(STATE / "cache" / "ccache", "/var/cache/rigup/ccache")]
     for src, _ in pairs:
         (src / "partial").mkdir(parents=True, exist_ok=True)
     return pairs
@@ -598,6 +644,7 @@ def down():
         run("ip", "link", "del", BRIDGE, check=False)
         remove_cgroups()
         stop_processes(lab_pids("tinyproxy"), 5)
+        stop_processes(lab_pids("apt-cacher-ng"), 5)
         stop_processes(file_server_pids(), 5)
         stop_processes(hub_pids(), 5)
         for path in (PROXY_PID, STATE / "srv.pid", STATE / "hub.pid", STATE / "hub.url", STATE_FILE, KNOWN_HOSTS):

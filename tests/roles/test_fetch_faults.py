@@ -135,9 +135,9 @@ def test_disk_full_mid_download_says_why_and_completes_once_freed(lab, hub, play
     assert f"model mid: the download failed: no space left on device at {dest}, " in out, out[-3000:]
     print(f"\ndisk full: the converge waiting on it failed {failed_after:.1f} s after the disk filled")
     shown = status(tmp_path, name)
-    line = next(ln for ln in shown.output.splitlines() if "model mid:" in ln)
+    line = next(ln for ln in shown.output.splitlines() if "mid failed:" in ln)
     print(f"status.py: {line.strip()}")
-    assert f"model mid: failed: no space left on device at {dest}, " in line and "more needed" in line
+    assert f"mid failed: no space left on device at {dest}, " in line and "more needed" in line
     assert on_host(lab, name, f"find {FULL} -name '*.tmp*'") == ""  # no temp file left behind
     assert on_host(lab, name, "systemctl is-active rigup-fetch-mid || true").strip() != "active"  # no restart
     on_host(lab, name, f"rm {FULL}/filler")
