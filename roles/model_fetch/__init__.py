@@ -248,6 +248,7 @@ def started():
     """Nothing to do: an operation every host of the run has, so that pyinfra (which orders each
     host's operations and merges the hosts') runs every share server before any host's wait."""
     host.noop("jobs and share servers started")
+    yield from ()   # an operation is a generator, even one that never has anything to do
 
 
 def share_token(data: dict) -> str:
