@@ -30,12 +30,17 @@ def converge_in(tree: Path, host: str) -> Run:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", required=True)
+    parser.add_argument("--head", help="compare this revision instead of the working tree")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        other = Path(tmp) / "base"
+        other, mine = Path(tmp) / "base", ROOT
         subprocess.run(["git", "worktree", "add", "--detach", str(other), args.base], cwd=ROOT, check=True,
                        capture_output=True)
+        if args.head:
+            mine = Path(tmp) / "head"
+            subprocess.run(["git", "worktree", "add", "--detach", str(mine), args.head], cwd=ROOT, check=True,
+                           capture_output=True)
         try:
             lab.down()
             lab.up(2, "a100")
@@ -44,12 +49,12 @@ def main() -> None:
             hub.serve()
             models.publish_gemma()
             old_host, new_host = (h["name"] for h in lab.hosts()[:2])
-            for tree, host in ((other, old_host), (ROOT, new_host)):
+            for tree, host in ((other, old_host), (mine, new_host)):
                 first = converge_in(tree, host)
                 print(f"first converge of {host} by {tree.name}: {first.seconds:.0f} s")
             times = {"base": [], "this tree": []}
             for i in range(args.rounds):
-                for label, tree, host in (("base", other, old_host), ("this tree", ROOT, new_host)):
+                for label, tree, host in (("base", other, old_host), ("this tree", mine, new_host)):
                     run = converge_in(tree, host)
                     assert run.totals["changed"] == 0, (label, run.changed_operations())
                     times[label].append(run.seconds)
@@ -60,7 +65,8 @@ def main() -> None:
             print(f"this tree / base ({args.base}): {ratio:.2f}x")
         finally:
             lab.down()
-            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT, capture_output=True)
+            for tree in {other, mine} - {ROOT}:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
 if __name__ == "__main__":
