@@ -118,7 +118,11 @@ def apply(plan: dict):
     wanted, entries = serving(data, instances)
     if wanted is None:
         return
-    stale = stale_units("rigup-llama", wanted, plan)
+    laid = {name: (inst, layout(inst, entries[inst["model"]], plan, data)) for name, inst in wanted.items()}
+    plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
+    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
+    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
+    stale = stale_units("rigup-llama", units, plan)   # every server's unit: NAME, or NAME-K per replica
     if stale:
         stale_removed(name=f"llama-server: stop and remove {', '.join(stale)} (no longer configured)",
                       template="rigup-llama", stale=stale)
@@ -130,10 +134,6 @@ def apply(plan: dict):
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"
     build_link = f"{data['llama_cpp_dir']}/current"
-    laid = {name: (inst, layout(inst, entries[inst["model"]], plan, data)) for name, inst in wanted.items()}
-    plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
-    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
     replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
     retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
             wanted=sorted(units), names=sorted(wanted), backends=[backend_name(n) for n in replicated])
