@@ -137,7 +137,7 @@ def test_a_wrong_model_is_a_clear_error_before_any_change(lab, host):
     run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host,
                   "--data", f"llama_server_instances={json.dumps(instances)}")
     assert run.returncode != 0
-    assert ("llama_server_instances.broken.model: 'gemma-207m' is not a key of models "
+    assert ("llama_server_instances.broken.model (--data): 'gemma-207m' is not a key of models "
             "(its keys: gemma-270m; did you mean 'gemma-270m'?)") in run.output
     assert "Starting operation" not in run.output
     assert started_at(lab, host) == before
