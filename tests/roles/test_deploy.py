@@ -14,18 +14,6 @@ def test_second_converge_changes_nothing(second_converge):
     print(f"\nsecond converge of the whole play: {second_converge.seconds:.1f} s")
 
 
-INVENTORY = """import json as _json, runpy as _runpy
-_base = _runpy.run_path({lab_inventory!r})
-_extra = _json.loads({extra!r})
-def _with(group):
-    hosts, data = group
-    return ([(n, {{**d, **_extra.get(n, {{}})}}) for n, d in hosts], data)
-a100 = _with(_base["a100"])
-lab = _with(_base["lab"])
-all = _base["all"]
-"""
-
-
 def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_path):
     """4 hosts: two converged ones, one whose link is cut (unreachable) and one whose llama.cpp
     build fails (a ref that does not exist). The two go on; the last lines name the other two
@@ -33,6 +21,7 @@ def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_p
     import json
 
     from tests.converge import ROOT, pyinfra
+    from tests.roles.test_model_fetch import INVENTORY   # the lab's inventory with per-host data
     good = [h["name"] for h in lab.hosts()[:2]]
     first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
     cut, broken = f"lab{first}", f"lab{first + 1}"
