@@ -662,9 +662,13 @@ def wait_for_peer(job: dict, progress: Progress, token) -> None:
     deadline = time.monotonic() + job.get("peer_wait", 86400)
     while True:
         try:
-            with _request(url, None, timeout=10) as resp:
+            with _request(url, token, timeout=10) as resp:
                 if resp.status == 200:
                     return
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):  # waiting mends no token: say so at once
+                raise JobFailed(f"peer {job['source']} refused this host's share token (HTTP {e.code}); "
+                                "the fleet's hosts need the same model_fetch_share_token_src", permanent=True)
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:

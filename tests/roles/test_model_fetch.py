@@ -77,7 +77,10 @@ def converge(play, tmp_path, host_data: dict, *args, check=True, popen=False):
     """The play on the hosts of ``host_data`` ({host: {var: value}}), with the hub as endpoint."""
     from tests.lab import hub as hub_module
 
-    extra = {h: {"hf_endpoint": hub_module.url(), "llama_server_instances": {}, **d} for h, d in host_data.items()}
+    # a job that waits for ever fails the test in minutes, not at the run's 30 min limit
+    bounded = {"model_fetch_wait_timeout": 600, "model_fetch_peer_wait": 600}
+    extra = {h: {"hf_endpoint": hub_module.url(), "llama_server_instances": {}, **bounded, **d}
+             for h, d in host_data.items()}
     inventory = tmp_path / f"inventory_{int(time.monotonic() * 1000)}.py"
     inventory.write_text(INVENTORY.format(lab_inventory=str(ROOT / "inventory/lab.py"), extra=json.dumps(extra)))
     argv = [str(inventory), str(play), *(a for h in host_data for a in ("--limit", h)), *args]

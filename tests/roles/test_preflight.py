@@ -91,7 +91,9 @@ def assert_refused(run, refused: dict[str, list[str]], went_on: list[str]):
 SNAPSHOT = ("(nvidia-smi --query-gpu=index,power.limit,persistence_mode --format=csv,noheader || true) 2>&1; "
             "ls -la --full-time /opt/rigup /srv 2>&1 || true; "
             "find /etc /opt /srv /usr /var/lib /root -xdev -newer /run/rigup-preflight-mark "
-            "-not -path '/var/lib/systemd/*' 2>/dev/null || true")
+            "-not -path '/var/lib/systemd/*' -not -path '/var/lib/prometheus/*' 2>/dev/null || true")
+# /var/lib/prometheus: the time series a running Prometheus (tests/roles/test_metrics.py's monitoring
+# host) writes on its own, whatever preflight does
 
 
 @contextlib.contextmanager
