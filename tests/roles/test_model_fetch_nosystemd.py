@@ -45,8 +45,8 @@ def running(lab, host):
 
 
 def jobs(lab, host, what="rigup-fetch fetch"):
-    """How many python3 processes on ``host`` run ``what``."""
-    return int(on_host(lab, host, f"ps -C python3 -o args= | grep -c '{what}' || true"))
+    """How many python3 processes (or rigup-share, a script of its own name) on ``host`` run ``what``."""
+    return int(on_host(lab, host, f"ps -C python3,rigup-share -o args= | grep -c '{what}' || true"))
 
 
 def goes_on_without_ssh(lab, host):
@@ -175,10 +175,10 @@ def test_a_peer_copies_from_its_share_server_started_with_setsid(lab, hub, play,
     run = converge(play, tmp_path, data)
     assert "Serve completed models to peers" in run.output
     assert marker(lab, peer, "/srv/models/tiny-from-bare") == marker(lab, bare, "/srv/models/tiny-bare")
-    assert jobs(lab, bare, "rigup-fetch share") == 1
+    assert jobs(lab, bare, "rigup-share share") == 1
     again = converge(play, tmp_path, data)
     assert again.totals["changed"] == 0, again.changed_operations()
-    assert jobs(lab, bare, "rigup-fetch share") == 1
+    assert jobs(lab, bare, "rigup-share share") == 1
 
 
 def test_serving_and_power_caps_are_refused_before_anything_changes(lab, hub, play, bare, tmp_path):
