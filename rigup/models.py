@@ -12,6 +12,7 @@ from typing import TypedDict
 
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import model_families
+from rigup.names import revision_dir
 
 
 class ModelEntry(TypedDict):
@@ -87,6 +88,16 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
 def model_dests(data: dict) -> list[str]:
     """Where this host's models go (their ``dest``), for the free-disk facts."""
     return sorted({m["dest"] for m in models(data)[0].values()})
+
+
+def model_places(data: dict) -> list[tuple[str, str | None]]:
+    """Where each model's wanted revision may already lie, for the disk check: ``(dest,
+    revision)`` (counted only while dest holds that revision, or none yet) and the revision's own
+    directory next to it, where a revision change fetches (rigup.names.revision_dir)."""
+    entries = models(data)[0].values()
+    return sorted({p for m in entries for p in ((m["dest"], m["revision"]),
+                                                 (revision_dir(m["dest"], m["revision"]), None))},
+                  key=lambda p: p[0])
 
 
 def first_gguf(files: list[str]) -> str | None:

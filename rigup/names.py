@@ -23,6 +23,13 @@ def marker_path(dest: str) -> str:
     return f"{dest.rstrip('/')}/{MARKER}"
 
 
+def revision_dir(dest: str, revision: str) -> str:
+    """Where a revision change of the model at ``dest`` is fetched, next to it on the same
+    filesystem (``/srv/models/.glm@1a2b3c4d5e6f``); ``dest`` becomes a link to it once complete."""
+    parent, _, base = dest.rstrip("/").rpartition("/")
+    return f"{parent}/.{base}@{revision[:12]}"
+
+
 def guard_file(data: dict) -> str:
     """The GPU guard's tripped file: ``{rigup_state_dir}/gpu-guard.tripped``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard.tripped"

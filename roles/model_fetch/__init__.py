@@ -24,19 +24,27 @@ What it does to a host:
   (``rigup-share``, port ``model_fetch_share_port``; the peer starts it when a host of the
   inventory names it), after the peer completes it, and verifies it against the hub's hashes;
 - ``wait: true``: the converge blocks until the model is complete, printing a progress line per
-  host every ``model_fetch_wait_interval`` seconds.
+  host every ``model_fetch_wait_interval`` seconds;
+- a changed ``revision`` of a model that is complete (and may be serving): the job fetches into
+  the revision's own directory next to dest (rigup.names.revision_dir), hard-linking every file
+  the two revisions share; once it is complete and verified, after the waits, dest becomes a
+  link to it in one rename (the serving roles then restart their instances on the new
+  revision, a replica at a time behind the balancer); after the serving roles (``pruned``) the
+  old revision's directory is removed, or kept (the newest one) with ``models_keep_previous``.
 A converge while a job runs, or after it completed, changes nothing. ``status.py`` shows each
 model's state in its row (facts.py ``progress_command``: progress.json, the marker, the lock).
 
 Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
 MODEL, shared with the serving roles), hf_endpoint, model_fetch_hf_token_src,
 model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_stall_timeout,
-model_fetch_wait_timeout, model_fetch_wait_interval; rigup_user and rigup_prefix (roles/base).
+model_fetch_wait_timeout, model_fetch_wait_interval, models_keep_previous; rigup_user and
+rigup_prefix (roles/base).
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import os
 import secrets
@@ -54,16 +62,17 @@ from rigup import files as managed
 from rigup.config import role_defaults, source_of
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
-from rigup.names import MARKER, SHARE_TOKEN
+from rigup.names import MARKER, SHARE_TOKEN, revision_dir
 from rigup.refusal import Port
 from rigup.secrets import secret_file
+from rigup.state import read_once
 from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
-__all__ = ["apply", "waited", "specs", "ports", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "pruned", "specs", "ports", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
@@ -72,6 +81,8 @@ KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
             'case "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null)" in *rigup-fetch*" fetch "*) kill "$pid";; esac')
 _refused: dict[str, int] = {}
 _waiting: dict[str, tuple[list, list]] = {}  # host -> (plans, specs) of the models waited() waits for
+_staging: dict[str, list[dict]] = {}  # host -> specs of the models whose new revision waited() switches to
+_pruning: dict[str, list[dict]] = {}  # host -> specs of the models pruned() may have old revisions to remove
 # The job's unit restarts it after a failure a restart may mend (the hub unreachable past the
 # job's own retries, a crash, a kill -9), RESTART_S apart, at most START_BURST times in
 # START_WINDOW_S; not after one it cannot (exit status PERMANENT: no space, a hub refusal, an
@@ -107,7 +118,8 @@ def _requests_for_me() -> list[tuple[str, str]]:
 
 def specs(data: dict, models: dict) -> list[dict]:
     return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
-             "include": m["include"], "endpoint": data["hf_endpoint"], "marker": MARKER, "token_file": TOKEN_PATH}
+             "include": m["include"], "endpoint": data["hf_endpoint"], "marker": MARKER, "token_file": TOKEN_PATH,
+             "stage": revision_dir(m["dest"], m["revision"])}
             for name, m in models.items()]
 
 
@@ -186,7 +198,7 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
 @operation()
 def fetched(plan: ModelPlan, data: dict, systemd: bool):
     """Start ``plan``'s download job, unless the model is complete or its job runs already."""
-    if plan.action in ("complete", "running"):
+    if plan.action in ("complete", "running", "switch"):
         host.noop(plan.line)
         return
     unit = unit_name(plan.name)
@@ -282,7 +294,7 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
 def dead_job(name: str, state: dict, waited: float) -> str | None:
     """Why model ``name``'s job is dead (it neither runs nor completed), or None while it runs,
     completed, or may still be starting (no progress yet, within START_GRACE_S)."""
-    if state.get("complete") or state.get("running"):
+    if state.get("complete") or state.get("staged") or state.get("running"):
         return None
     p = state.get("progress") or {}
     done = f"at {human(p.get('bytes') or 0)} / {human(p.get('total') or 0)}"
@@ -320,7 +332,7 @@ def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
         for name in sorted(names):
             state = models.get(name, {})
             click.echo(f"    [{me.name}] {progress_line(name, state)}", err=True)
-            if state.get("complete"):
+            if state.get("complete") or state.get("staged"):
                 continue
             dead = dead_job(name, state, time.monotonic() - started)
             if dead:
@@ -386,17 +398,72 @@ def apply(plan: dict | None = None):
         unshared(name="Stop serving models to peers (no peer needs them)", systemd=facts["systemd"],
                  script=f"{bin_dir}/rigup-share")
     started(name="model_fetch: jobs and share servers started")
-    waiting = [p for p in plans if p.action != "complete" and models[p.name]["wait"]]
+    wanted = {s["name"]: s for s in specs(data, models)}
+    _staging[host.name] = [wanted[p.name] for p in plans
+                           if (facts["models"].get(p.name) or {}).get("where") == wanted[p.name]["stage"]]
+    keep = 1 if data["models_keep_previous"] else 0
+    _pruning[host.name] = _staging[host.name] + [
+        wanted[p.name] for p in plans if wanted[p.name] not in _staging[host.name]
+        and len((facts["models"].get(p.name) or {}).get("previous") or []) > keep]
+    waiting = [p for p in plans if p.action not in ("complete", "switch") and models[p.name]["wait"]]
     if waiting:
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
+
+
+def _now(spec: dict) -> dict:
+    """The model's state read now (at execution: after the waits), without asking the hub."""
+    return read_once(ModelFetchState, specs=[dict(spec, no_hub=True)])["models"].get(spec["name"]) or {}
+
+
+@operation()
+def switched(spec: dict, script: str):
+    """Serve model ``spec``'s new revision: once its directory holds it complete and verified,
+    dest becomes a link to it in one rename (``rigup-fetch switch``); before that, nothing."""
+    state = _now(spec)
+    if not state.get("staged"):
+        host.noop(f"model {spec['name']}: " + ("serves its revision" if state.get("complete") else
+                                               f"revision {spec['revision'][:12]} not complete yet; "
+                                               "a converge after it completes switches to it"))
+        return
+    serving = state.get("serving") or {}
+    previous = revision_dir(spec["dest"], serving["revision"]) if serving.get("revision") else None
+    blob = base64.b64encode(json.dumps({"dest": spec["dest"], "stage": spec["stage"],
+                                        "previous": previous}).encode()).decode()
+    yield f"python3 {shlex.quote(script)} switch {shlex.quote(blob)}"
+
+
+@operation()
+def pruned_revisions(spec: dict, script: str, keep: int):
+    """Remove model ``spec``'s revision directories beyond the ``keep`` newest (``rigup-fetch
+    prune``): what a revision change left once the instances serve the new one."""
+    old = _now(spec).get("previous") or []
+    if len(old) <= keep:
+        host.noop(f"model {spec['name']}: no old revision to remove")
+        return
+    blob = base64.b64encode(json.dumps(dict(spec, keep=keep)).encode()).decode()
+    yield f"python3 {shlex.quote(script)} prune {shlex.quote(blob)}"
 
 
 @deploy("model_fetch: wait", data_defaults=role_defaults("model_fetch"))
 def waited(plan: dict | None = None):
     """Block until the models with ``wait: true`` are complete (their jobs were started by
-    :func:`apply`, before the build, so that downloads and the build overlap)."""
-    if host.name not in _waiting:
-        return
-    waiting, wanted = _waiting.pop(host.name)
-    python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
-                plans=waiting, specs=wanted, data=host.data.dict())
+    :func:`apply`, before the build, so that downloads and the build overlap); then switch the
+    models whose new revision is complete to it."""
+    if host.name in _waiting:
+        waiting, wanted = _waiting.pop(host.name)
+        python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
+                    plans=waiting, specs=wanted, data=host.data.dict())
+    script = f"{host.data.dict()['rigup_prefix']}/bin/rigup-fetch"
+    for spec in _staging.pop(host.name, []):
+        switched(name=f"Model {spec['name']}: serve revision {spec['revision'][:12]}", spec=spec, script=script)
+
+
+@deploy("model_fetch: prune", data_defaults=role_defaults("model_fetch"))
+def pruned(plan: dict | None = None):
+    """After the serving roles restarted on a new revision: remove the old revisions' directories
+    (all, or all but the newest with ``models_keep_previous``)."""
+    data = host.data.dict()
+    keep = 1 if data["models_keep_previous"] else 0
+    for spec in _pruning.pop(host.name, []):
+        pruned_revisions(name=f"Model {spec['name']}: old revisions", spec=spec, keep=keep,
+                         script=f"{data['rigup_prefix']}/bin/rigup-fetch")

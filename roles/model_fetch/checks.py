@@ -5,7 +5,8 @@ any byte, from its own probe.
 
     check_config    an entry of models that is wrong, by key path
     check_endpoint  hf_endpoint that is not an http(s) URL
-    check_disk      a model (size_gib) larger than the free disk where it goes
+    check_disk      a model (size_gib) larger than the free disk where it goes; the files of
+                    another revision at dest do not count (a revision change fetches next to it)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 
 from rigup.models import models
+from rigup.names import revision_dir
 from rigup.refusal import Refusal, config_refusals
 
 GIB = 1024 ** 3
@@ -43,7 +45,8 @@ def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         free = free_disk.get(model["dest"])
         if size is None or free is None:
             continue
-        have = (present.get(model["dest"]) or 0) / GIB
+        stage = revision_dir(model["dest"], model["revision"])
+        have = ((present.get(model["dest"]) or 0) + (present.get(stage) or 0)) / GIB
         need = max(size - have, 0.0)
         if need * GIB <= free:
             continue

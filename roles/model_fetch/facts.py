@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
-from rigup.names import marker_path
+from rigup.names import MARKER, marker_path
 from rigup.units import parse_instances
 
 SCRIPT = Path(__file__).with_name("fetcher.py")
@@ -70,11 +70,17 @@ def progress_command(specs: list[dict]) -> str:
     q = shlex.quote
     out = []
     for spec in specs:
-        work = f"{spec['dest'].rstrip('/')}/{WORK}"
-        out += [f"echo {q('@@ ' + spec['name'])}",
-                f"echo \"marker=$(head -c 1048576 {q(marker_path(spec['dest']))} 2>/dev/null | tr -d '\\n')\"",
-                f"echo \"progress=$(head -c 65536 {q(work + '/progress.json')} 2>/dev/null | tr -d '\\n')\"",
-                f"if [ -e {q(work + '/lock')} ] && ! flock -n -s {q(work + '/lock')} true 2>/dev/null; then "
+        dest = spec["dest"].rstrip("/")
+        # a revision change in progress: its own directory (fetcher.py), while dest serves the old one
+        pick = f"d={q(dest)}"
+        if spec.get("stage"):
+            wanted = q('"revision":"' + spec["revision"] + '"')
+            pick += (f"; [ -d {q(spec['stage'])} ] && ! grep -qsF {wanted} {q(marker_path(dest))} "
+                     f"&& d={q(spec['stage'])}")
+        out += [f"echo {q('@@ ' + spec['name'])}", pick,
+                f"echo \"marker=$(head -c 1048576 \"$d/{MARKER}\" 2>/dev/null | tr -d '\\n')\"",
+                f"echo \"progress=$(head -c 65536 \"$d/{WORK}/progress.json\" 2>/dev/null | tr -d '\\n')\"",
+                f"if [ -e \"$d/{WORK}/lock\" ] && ! flock -n -s \"$d/{WORK}/lock\" true 2>/dev/null; then "
                 "echo running=1; fi"]
     return "; ".join(out) + "; true"
 

@@ -8,6 +8,8 @@ inline as the fact that reads every model's state (``probe``).
                                     line per model (the role's fact, one round trip)
     rigup-fetch fetch JOB_JSON      the download job of one model (a transient systemd unit)
     rigup-fetch share CONFIG_JSON   serve completed models to peers (fetch_from)
+    rigup-fetch switch SPEC_JSON    (root) point a model's dest at its complete revision directory
+    rigup-fetch prune SPEC_JSON     (root) remove a model's revision directories no longer wanted
 
 Layout under a model's dest::
 
@@ -19,6 +21,14 @@ Layout under a model's dest::
     .rigup-fetch/progress.json      bytes, total, rate, eta, state, error (rewritten each second)
     .rigup-fetch/parts/<path>       partial downloads (a prefix of the file); resumed with Range
     .rigup-fetch/lock               flock held by the running job (one job per model); holds its pid
+
+A revision change never touches the revision being served: the job fetches into a directory of
+its own next to dest (``.<name>@<revision[:12]>``, given as the probe spec's ``stage``), with
+every file the new revision shares with the current one hard-linked from it (no byte fetched,
+no disk used). Once it is complete and verified, ``switch`` makes dest a link to it in one
+rename (the first time, when dest is still a directory, the two are exchanged with
+renameat2(RENAME_EXCHANGE) and the old directory becomes its own revision directory); the
+converge then restarts the instances and ``prune`` removes the old revision.
 
 Resume: a part is a prefix of its file, so a new job asks for ``Range: bytes=<size>-``. After a
 reboot (another boot id) the part is cut back to its last fsync'ed checkpoint, since the page
@@ -324,41 +334,90 @@ def verified_ok(dest: str, state: dict, path: str) -> bool:
 
 # ---------------------------------------------------------------------------------- probe (fact)
 
+def revisions(spec: dict) -> list[str]:
+    """The model's revision directories next to its dest other than the one dest points to and
+    the one a revision change fetches into (``spec["stage"]``), newest first."""
+    dest, stage = spec["dest"].rstrip("/"), spec.get("stage")
+    if not stage:
+        return []
+    parent, prefix = os.path.dirname(stage), os.path.basename(stage).rsplit("@", 1)[0] + "@"
+    current = os.path.realpath(dest)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    found = [os.path.join(parent, n) for n in names if n.startswith(prefix)
+             and re.fullmatch(r"[0-9a-f]{12}", n[len(prefix):])]
+    found = [d for d in found if os.path.isdir(d) and not os.path.islink(d)
+             and d != stage and os.path.realpath(d) != current and not lock_held(d)]
+    return sorted(found, key=lambda d: -os.stat(d).st_mtime)
+
+
+def staged(spec: dict, marker) -> bool:
+    """Whether the model's job works in its revision directory: dest holds another complete
+    revision (one being served), or such a job began already."""
+    stage = spec.get("stage")
+    if not stage or os.path.realpath(spec["dest"]) == os.path.realpath(stage):
+        return False
+    other = marker and (marker.get("repo"), marker.get("revision")) != (spec["repo"], spec["revision"])
+    return bool(other) or os.path.isdir(stage)
+
+
 def probe_one(spec: dict, token: str | None) -> dict:
     dest = spec["dest"]
-    work = os.path.join(dest, WORK)
-    out = {"name": spec["name"], "dest": dest, "running": lock_held(dest),
-           "marker": read_json(os.path.join(dest, MARKER)),
+    current = read_json(os.path.join(dest, MARKER))
+    where = spec["stage"] if staged(spec, current) else dest
+    work = os.path.join(where, WORK)
+    out = {"name": spec["name"], "dest": dest, "where": where, "running": lock_held(where),
+           "marker": read_json(os.path.join(where, MARKER)),
            "progress": read_json(os.path.join(work, "progress.json")),
-           "job": read_json(os.path.join(work, "job.json")), "damaged": []}
+           "job": read_json(os.path.join(work, "job.json")), "damaged": [], "previous": revisions(spec)}
+    if where != dest:
+        out["serving"] = current
     job, marker = out["job"] or {}, out["marker"]
     same = (marker and marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"]
             and job.get("include") == spec["include"])
     if same:
         state = read_json(os.path.join(work, "state.json"), {})
-        out["damaged"] = [p for p in marker.get("files", []) if not verified_ok(dest, state, p)]
+        out["damaged"] = [p for p in marker.get("files", []) if not verified_ok(where, state, p)]
         if not out["damaged"]:
-            out["complete"] = True
+            out["complete"], out["staged"] = where == dest, where != dest
             return out
     out["complete"] = False
     # bytes already here: verified files, and parts of the files the job is fetching
     have = 0
     for entry in job.get("files", []):
-        for path in (os.path.join(dest, entry["path"]), os.path.join(work, "parts", entry["path"])):
+        for path in (os.path.join(where, entry["path"]), os.path.join(work, "parts", entry["path"])):
             try:
                 have += min(os.path.getsize(path), entry["size"])
                 break
             except OSError:
                 pass
     out["have_bytes"] = have
-    out["free_bytes"] = disk_free(dest)
+    out["free_bytes"] = disk_free(where if os.path.isdir(where) else dest)
     if spec.get("no_hub"):
         return out
     try:
         out["hub_files"] = hub_files(spec["endpoint"], spec["repo"], spec["revision"], token)
     except HubError as e:
         out["hub_error"] = {"status": e.status, "code": e.code, "message": str(e)}
+        return out
+    if where != dest:  # what the new revision takes from the one served: no byte, no disk
+        out["reusable"] = {f["path"]: f["size"] for f in out["hub_files"]
+                           if not os.path.exists(os.path.join(where, f["path"])) and reusable(dest, f)}
     return out
+
+
+def reusable(dest: str, entry: dict) -> str | None:
+    """The verified file of the revision at ``dest`` that ``entry`` (a file of another revision)
+    is, byte for byte (same size and hash), or None."""
+    if unsafe_path(entry.get("path")):
+        return None
+    state = read_json(os.path.join(dest, WORK, "state.json"), {})
+    rec = state.get(entry["path"])
+    if rec and rec[0] == entry["size"] and rec[2] == expected_hash(entry) and verified_ok(dest, state, entry["path"]):
+        return os.path.join(dest, entry["path"])
+    return None
 
 
 def probe(spec_b64: str) -> int:
@@ -680,6 +739,19 @@ def wait_for_peer(job: dict, progress: Progress, token) -> None:
             raise Stopped()
 
 
+def linked(reuse: str, entry: dict, final: str) -> bool:
+    """``final`` made a hard link to the same file of the revision at ``reuse``, when it has it."""
+    src = reusable(reuse, entry)
+    if not src:
+        return False
+    try:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.link(src, final)
+        return True
+    except OSError:  # another filesystem, or a link limit: fetched instead
+        return False
+
+
 def failure(e: Exception, dest: str, progress: Progress) -> tuple[str, bool]:
     """(why the job failed, as progress.json's error says it; whether that is permanent)."""
     err = e.__cause__ if isinstance(e, LocalError) else e
@@ -760,6 +832,11 @@ def fetch(job_path: str) -> int:
                     progress.add(entry["size"], network=False)
                     continue
                 os.unlink(final)  # corrupt or truncated: fetched again
+            if job.get("reuse") and linked(job["reuse"], entry, final):
+                st = os.stat(final)
+                state[entry["path"]] = [st.st_size, st.st_mtime_ns, expected_hash(entry)]
+                progress.add(entry["size"], network=False)
+                continue
             todo.append(entry)
         write_json(state_path, state, fsync=True)
         if todo and job.get("peer"):
@@ -901,6 +978,75 @@ def share(config_path: str) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- revisions (as root)
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap paths ``a`` and ``b`` in one step (renameat2 RENAME_EXCHANGE); False where the C
+    library or the filesystem cannot. By hand: Python's os module has no renameat2."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if call(at_fdcwd, a.encode(), at_fdcwd, b.encode(), RENAME_EXCHANGE) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), b)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def switch(spec_b64: str) -> int:
+    """Point ``dest`` at ``stage`` (complete: the role checked) in one rename: a link replaced by
+    a link; a directory exchanged with the link and kept as ``previous`` (its own revision's
+    directory)."""
+    spec = json.loads(base64.b64decode(spec_b64))
+    dest, stage, previous = spec["dest"].rstrip("/"), spec["stage"], spec.get("previous")
+    parent = os.path.dirname(dest)
+    if os.path.dirname(stage) != parent or (previous and os.path.dirname(previous) != parent):
+        raise SystemExit(f"rigup-fetch switch: {stage} and {previous} must be next to {dest}")
+    new = dest + ".rigup-new"
+    with _suppress(FileNotFoundError):
+        os.unlink(new)
+    os.symlink(os.path.basename(stage), new)
+    if os.path.islink(dest) or not os.path.lexists(dest):
+        os.rename(new, dest)
+    elif not previous or os.path.lexists(previous):
+        os.unlink(new)
+        raise SystemExit(f"rigup-fetch switch: {dest} is a directory and its revision's place "
+                         f"{previous} is taken (or unknown); move one of them away")
+    elif exchange(new, dest):
+        os.rename(new, previous)  # ``new`` is the old directory now
+    else:  # no RENAME_EXCHANGE here: a moment without dest, while the instances still run the old files
+        os.rename(dest, previous)
+        os.rename(new, dest)
+    fsync_dir(parent)
+    print(f"{dest} -> {os.path.basename(stage)}")
+    return 0
+
+
+def prune(spec_b64: str) -> int:
+    """Remove the model's revision directories beyond the ``keep`` newest (``revisions``)."""
+    spec = json.loads(base64.b64decode(spec_b64))
+    for old in revisions(spec)[int(spec.get("keep", 0)):]:
+        shutil.rmtree(old)
+        print(f"removed {old}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "probe":
         return probe(argv[1])
@@ -908,6 +1054,8 @@ def main(argv: list[str]) -> int:
         return fetch(argv[1])
     if len(argv) == 2 and argv[0] == "share":
         return share(argv[1])
+    if len(argv) == 2 and argv[0] in ("switch", "prune"):
+        return {"switch": switch, "prune": prune}[argv[0]](argv[1])
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -22,7 +22,8 @@ def duration(s: float | None) -> str:
 
 @dataclass
 class ModelPlan:
-    """One model on one host: ``action`` is complete | running | start | restart | refused."""
+    """One model on one host: ``action`` is complete | running | start | restart | refused |
+    switch (a new revision complete in its own directory, not served yet)."""
 
     name: str
     action: str
@@ -37,6 +38,12 @@ def progress_line(name: str, state: dict) -> str:
     if state.get("complete"):
         return (f"model {name}: complete, {len(marker['files'])} file(s), {human(marker['bytes'])} "
                 f"at {state['dest']}")
+    serving = state.get("serving") or {}
+    if state.get("staged"):
+        return (f"model {name}: revision {marker['revision'][:12]} complete at {state['where']}; "
+                f"{state['dest']} switches to it from {str(serving.get('revision'))[:12]}")
+    if serving:
+        name = f"{name} (serving {str(serving.get('revision'))[:12]} meanwhile)"
     p = state.get("progress") or {}
     total = p.get("total") or 0
     done = p.get("bytes") or state.get("have_bytes") or 0
@@ -85,6 +92,8 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
                          line=line)
     if state.get("complete"):
         return ModelPlan(name, "complete", line=line)
+    if state.get("staged"):  # complete in its revision's directory: switched to after the waits
+        return ModelPlan(name, "switch", line=line)
     err = state.get("hub_error")
     repo, rev = entry["repo"], entry["revision"]
     if err:
@@ -118,7 +127,8 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
         problems.append((f"{where}.include", f"selects an incomplete GGUF shard set: {gap}; fix: include "
                                              "every shard (e.g. 'name-*-of-0000N.gguf')"))
     total = sum(f["size"] for f in chosen)
-    have = min(state.get("have_bytes") or 0, total)
+    reused = state.get("reusable") or {}   # files of the revision served, hard-linked: no disk
+    have = min((state.get("have_bytes") or 0) + sum(reused.get(f["path"], 0) for f in chosen), total)
     free = state.get("free_bytes")
     if not problems and free is not None and total - have > free:
         problems.append((f"{where}.dest", f"not enough free disk at {entry['dest']}: the download needs "
@@ -128,12 +138,15 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
                                           f"{where}.dest (or models_dir) to a filesystem with room"))
     if problems:
         return ModelPlan(name, "refused", problems=problems, line=line)
-    job = {"name": name, "dest": entry["dest"], "repo": repo, "revision": rev, "include": entry["include"],
+    where = state.get("where") or entry["dest"]
+    job = {"name": name, "dest": where, "repo": repo, "revision": rev, "include": entry["include"],
            "endpoint": endpoint, "source": source, "peer": peer, "peer_wait": peer_wait, "workers": workers,
            "stall_s": stall_s, "marker": MARKER, "token_file": HF_TOKEN,
            "files": [{"path": f["path"], "size": f["size"], "oid": f.get("oid"), "sha256": f.get("sha256")}
                      for f in sorted(chosen, key=lambda f: f["path"])],
            "bytes": total}
+    if where != entry["dest"]:
+        job["reuse"] = entry["dest"]   # the revision served: its files the new one shares are linked
     if state.get("running"):
         old = state.get("job") or {}
         same = all(old.get(k) == job[k] for k in ("repo", "revision", "include", "source", "files"))

@@ -25,7 +25,8 @@ from rigup import summary
 from rigup.config import source_of
 from rigup.gpu.facts import HardwareFacts
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
-from rigup.models import model_dests
+from rigup.models import model_dests, model_places
+from rigup.names import MARKER
 from rigup.refusal import Fleet, Refusal
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
@@ -72,7 +73,7 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     data = host.data.dict()
     dests = model_dests(data)
     facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
-    facts["model_bytes"] = host.get_fact(PathBytes, paths=dests) if dests else {}
+    facts["model_bytes"] = host.get_fact(PathBytes, paths=model_places(data), marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))
     lines = format_plan(plan).splitlines()

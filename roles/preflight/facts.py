@@ -9,9 +9,19 @@ from pyinfra.api import FactBase
 MARK = "##rigup-bytes:"
 
 
-def path_bytes_command(paths: list[str] | tuple[str, ...]) -> str:
-    parts = [f"echo {shlex.quote(MARK + p)}; du -sb {shlex.quote(p)} 2>/dev/null | cut -f1"
-             for p in paths]
+def path_bytes_command(paths, marker: str = ".rigup-complete.json") -> str:
+    """Bytes under each path (a link given is followed); a path given as ``(path, revision)``
+    counts 0 while its completion ``marker`` names another revision (its files are not the
+    wanted revision's: a revision change fetches next to it)."""
+    q = shlex.quote
+    parts = []
+    for entry in paths:
+        path, revision = (entry, None) if isinstance(entry, str) else entry
+        du = f"du -sbD {q(path)} 2>/dev/null | cut -f1"
+        if revision:
+            other = f"[ -e {q(path + '/' + marker)} ] && ! grep -qF {q(chr(34) + 'revision' + chr(34) + ':' + chr(34) + revision + chr(34))} {q(path + '/' + marker)}"
+            du = f"if {other}; then echo 0; else {du}; fi"
+        parts.append(f"echo {q(MARK + path)}; {du}")
     return "; ".join(parts) + "; true" if parts else "true"
 
 
@@ -29,13 +39,13 @@ def parse_path_bytes(lines: list[str]) -> dict[str, int]:
 
 
 class PathBytes(FactBase):
-    """Bytes under each of ``paths`` (``du -sb``): what a model download already put there.
-    ``{"/srv/models/glm": 199715979264, "/srv/models/ds": 0}``."""
+    """Bytes under each of ``paths`` (``du -sbD``; see :func:`path_bytes_command`): what a model
+    download already put there. ``{"/srv/models/glm": 199715979264, "/srv/models/ds": 0}``."""
 
     default = dict
 
-    def command(self, paths: list[str] | tuple[str, ...] = ()) -> str:
-        return path_bytes_command(paths)
+    def command(self, paths=(), marker: str = ".rigup-complete.json") -> str:
+        return path_bytes_command(paths, marker)
 
     def process(self, output: list[str]) -> dict[str, int]:
         return parse_path_bytes(output)

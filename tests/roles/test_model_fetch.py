@@ -28,6 +28,7 @@ plan = preflight.run(in_order())
 base.apply(plan)
 model_fetch.apply(plan)
 model_fetch.waited(plan)
+model_fetch.pruned(plan)
 """
 INVENTORY = """import json as _json, runpy as _runpy
 _base = _runpy.run_path({lab_inventory!r})

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rigup.names import HF_TOKEN, MARKER
+from rigup.names import HF_TOKEN, MARKER, revision_dir
 from roles.model_fetch import fetcher
 from roles.model_fetch.facts import parse_probe, unit_name
 from roles.model_fetch.plan import human, plan_model, progress_line
@@ -341,3 +341,68 @@ def test_wait_tells_a_dead_job_from_one_that_starts():
     failed = {"progress": {"state": "failed", "error": "hub answered 403 for big.bin", "bytes": 1 << 20, "total": 2 << 20}}
     assert dead_job("m", failed, 1) == "the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB)"
     assert "without completing or saying why (killed?)" in dead_job("m", {"progress": {"state": "running"}}, 1)
+
+
+def probe_state(dest, rev, stage, endpoint="http://127.0.0.1:9"):
+    spec = [{"name": "m", "dest": str(dest), "repo": "org/m", "revision": rev, "include": [],
+             "endpoint": endpoint, "stage": str(stage), **NAMES}]
+    return parse_probe(subprocess.run([sys.executable, fetcher.__file__, "probe", blob(spec)], capture_output=True,
+                                      text=True).stdout.splitlines())["models"]["m"]
+
+
+def blob(value) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+def test_a_revision_change_fetches_beside_the_served_one_then_switches_in_one_rename(local_hub, tmp_path):
+    endpoint, rev1, hub = local_hub
+    dest = tmp_path / "m"
+    job_for(dest, endpoint, rev1)
+    assert run_fetch(dest).returncode == 0
+    new_config = tmp_path / "config.json"
+    new_config.write_text('{"a": 2}\n')
+    src = hub.MODELS / "org/m"
+    files = {p: src / p for p in ("big.bin", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf")}
+    keep = {p: tmp_path / ("keep-" + p) for p in files}
+    for p, f in files.items():  # publish() empties the repo's tree first
+        keep[p].write_bytes(f.read_bytes())
+    rev2 = hub.publish("org/m", {**keep, "config.json": new_config})
+    stage1, stage2 = revision_dir(str(dest), rev1), revision_dir(str(dest), rev2)
+    # the probe: the new revision goes to its own directory; every unchanged file is reusable
+    state = probe_state(dest, rev2, stage2, endpoint)
+    assert state["where"] == stage2 and state["serving"]["revision"] == rev1 and not state["complete"]
+    p = plan_model("m", {**ENTRY, "dest": str(dest), "revision": rev2}, state, endpoint=endpoint, source=endpoint,
+                   peer=None, workers=2, peer_wait=1)
+    assert p.action == "start", p.problems
+    assert p.job["dest"] == stage2 and p.job["reuse"] == str(dest)
+    assert sorted(state["reusable"]) == sorted(files)   # what the disk check counts as here
+    # the job: only config.json comes from the hub, the rest are hard links of the served files
+    os.makedirs(f"{stage2}/.rigup-fetch")
+    with open(f"{stage2}/.rigup-fetch/job.json", "w") as fh:
+        json.dump(dict(p.job, **NAMES), fh)
+    result = subprocess.run([sys.executable, fetcher.__file__, "fetch", f"{stage2}/.rigup-fetch/job.json"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    progress = json.loads(open(f"{stage2}/.rigup-fetch/progress.json").read())
+    print(f"\nrevision change: {progress['fetched']} bytes fetched of {progress['total']}; "
+          f"{progress['total'] - progress['fetched']} linked from the revision served")
+    assert progress["fetched"] == new_config.stat().st_size
+    assert os.stat(f"{stage2}/big.bin").st_ino == os.stat(dest / "big.bin").st_ino
+    assert json.loads((dest / MARKER).read_text())["revision"] == rev1  # still served meanwhile
+    assert probe_state(dest, rev2, stage2)["staged"]
+    # the switch: dest (a directory) exchanged with a link to the new revision's directory
+    assert fetcher.main(["switch", blob({"dest": str(dest), "stage": stage2, "previous": stage1})]) == 0
+    assert os.readlink(dest) == os.path.basename(stage2)
+    assert json.loads((dest / MARKER).read_text())["revision"] == rev2
+    assert json.loads(open(f"{stage1}/{MARKER}").read())["revision"] == rev1
+    state = probe_state(dest, rev2, stage2)
+    assert state["complete"] and state["previous"] == [stage1]
+    # back to rev1 (kept): nothing fetched, a link replaced by a link; then rev2's directory pruned
+    state = dict(probe_state(dest, rev1, stage1))
+    assert state["staged"] and not state["complete"]
+    assert fetcher.main(["switch", blob({"dest": str(dest), "stage": stage1, "previous": stage2})]) == 0
+    assert os.readlink(dest) == os.path.basename(stage1)
+    assert probe_state(dest, rev1, stage1)["previous"] == [stage2]
+    spec = {"dest": str(dest), "stage": stage1, "keep": 0}
+    assert fetcher.main(["prune", blob(spec)]) == 0
+    assert not os.path.exists(stage2) and probe_state(dest, rev1, stage1)["complete"]

@@ -88,7 +88,7 @@ def test_6_two_instances_on_one_port():
 
 
 def test_7_path_bytes_fact_parsing():
-    assert "du -sb '/srv/models/a b'" in path_bytes_command(["/srv/models/a b"])
+    assert "du -sbD '/srv/models/a b'" in path_bytes_command(["/srv/models/a b"])
     lines = ["##rigup-bytes:/srv/models/glm", "199715979264", "##rigup-bytes:/srv/models/ds"]
     assert parse_path_bytes(lines) == {"/srv/models/glm": 199715979264, "/srv/models/ds": 0}
 
