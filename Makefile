@@ -1,6 +1,7 @@
 # rigup's entry points. Run as root on a Debian/Ubuntu machine (the lab boots containers).
 #   make demo   a throwaway lab host, provisioned by deploy.py
 #   make test   unit tests, then the lab tests (converge, converge again, verify, destroy)
+#   make docs   regenerate docs/roles/*.md, docs/group_vars.schema.json and README's refusal table
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit lab-up lab-down lab-list bench-lab bench-ansible clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible clean
 
 venv: $(VENV)/.installed
 
@@ -29,6 +30,9 @@ test: venv
 
 unit: venv
 	$(PY) -m pytest -m "not lab"
+
+docs: venv
+	$(PY) -m tests.docs
 
 lab-up: venv
 	$(PY) -m tests.lab up -n $(N) --profile $(PROFILE)

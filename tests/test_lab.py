@@ -86,3 +86,15 @@ def test_reboot(host):
         assert float(on(host, POWER_LIMIT)) == default
     else:
         pytest.skip("tests/lab/nvidia_smi.py does not exist yet: power limit not checked")
+
+
+def test_pyinfra_server_reboot(host):
+    """pyinfra's own ``server.reboot`` waits until the host's uptime restarts: each boot of a lab
+    host gets a boot clock of its own (tests/lab/lab.py ``boot``), as a real machine's restarts."""
+    from tests.converge import pyinfra
+    before = float(on(host, "cut -d' ' -f1 /proc/uptime"))
+    run = pyinfra("inventory/lab.py", "server.reboot", "delay=2", "reboot_timeout=120", "--limit", host, timeout=300)
+    after = float(on(host, "cut -d' ' -f1 /proc/uptime"))
+    print(f"server.reboot: {run.seconds:.1f} s; uptime {before:.0f} s before, {after:.1f} s after")
+    assert run.returncode == 0, run.output[-3000:]
+    assert after < before and after < run.seconds

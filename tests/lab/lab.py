@@ -436,7 +436,10 @@ def boot(name):
                          "--link-journal=no", f"--network-namespace-path=/run/netns/{NETNS}{name}",
                          *(f"--bind={src}:{dest}" for src, dest in shared_caches()),
                          *(() if init else NO_INIT_COMMAND)])
-    loop = f'{enter}while :; do {nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
+    # Each boot runs in a new time namespace whose boot clock starts at 0, so the host's
+    # /proc/uptime restarts as a real machine's does (pyinfra's server.reboot waits for that).
+    fresh_clock = 'unshare --time --boottime "-$(cut -d. -f1 /proc/uptime)" '
+    loop = f'{enter}while :; do {fresh_clock}{nspawn}; rc=$?; [ $rc -eq 133 ] || break; done; echo "nspawn exited $rc"'
     run("tmux", "new-session", "-d", "-x", "200", "-y", "50", "-s", session(name))
     run("tmux", "set-option", "-t", session(name), "remain-on-exit", "on")  # keep a failed console
     run("tmux", "respawn-pane", "-k", "-t", session(name), "sh", "-c", loop)
@@ -478,7 +481,8 @@ def wait_ready(name, timeout=BOOT_TIMEOUT):
 def reboot(name, timeout=BOOT_TIMEOUT):
     """Reboot host `name` with `systemctl reboot` and wait until it is back; return systemd's state."""
     require_init(name, "reboot")
-    boot_mark = "cut -d' ' -f22 /proc/1/stat"  # start time of PID 1: new on every boot
+    # a token kept in /run, a tmpfs new on every boot (PID 1's start time repeats: uptime restarts)
+    boot_mark = "cat /run/rigup-lab-boot 2>/dev/null || cat /proc/sys/kernel/random/uuid | tee /run/rigup-lab-boot"
     before = ssh(name, boot_mark, timeout=30).stdout.strip()
     ssh(name, "systemctl reboot", timeout=15)
     deadline = time.monotonic() + timeout
