@@ -323,3 +323,43 @@ def test_token_reaches_the_hub_and_nothing_else(lab, hub, play, tmp_path):
     seen = on_host(lab, name, "journalctl -q --no-pager -u 'rigup-fetch-*' -o verbose; cat /run/systemd/transient/* "
                               f"2>/dev/null; cat {dest}/.rigup-fetch/*.json")
     assert token not in seen
+
+
+def test_a_revision_change_fetches_only_what_changed_then_switches_and_prunes(lab, hub, play, tmp_path):
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name, dest = h["name"], "/srv/models/revised"
+    shards = hub_module.gguf_shards("tiny", 3)
+    configs = []
+    for k in (1, 2):
+        configs.append(tmp_path / f"config-{k}.json")
+        configs[-1].write_text(f'{{"architectures": ["LlamaForCausalLM"], "rigup_lab_revision": {k}}}\n')
+    rev1 = hub_module.publish("lab/revised", {**shards, "config.json": configs[0]})
+    rev2 = hub_module.publish("lab/revised", {**shards, "config.json": configs[1]})
+
+    def entry(rev, **kw):
+        return {name: {"models": {"revised": {"repo": "lab/revised", "revision": rev, "dest": dest, "wait": True}},
+                       **kw}}
+
+    converge(play, tmp_path, entry(rev1))
+    hub_module.reset()
+    run = converge(play, tmp_path, entry(rev2))
+    fetched = hub_module.bytes_served(h["address"])
+    print(f"\nrevision change: {fetched} bytes from the hub (config.json is {configs[1].stat().st_size}); "
+          f"the 3 shards ({sum(p.stat().st_size for p in shards.values())} bytes) hard-linked from the revision served")
+    assert fetched == configs[1].stat().st_size
+    assert f"Model revised: serve revision {rev2[:12]}" in " ".join(run.changed_operations())
+    link = on_host(lab, name, f"readlink {dest}; ls -d /srv/models/.revised@* 2>/dev/null || true").split()
+    assert link == [f".revised@{rev2[:12]}", f"/srv/models/.revised@{rev2[:12]}"], link  # the old one pruned
+    assert marker(lab, name, dest)["revision"] == rev2
+    again = converge(play, tmp_path, entry(rev2))
+    assert again.totals["changed"] == 0, again.changed_operations()
+    # back to rev1 keeping rev2 beside it: rev1's config.json fetched, nothing else
+    hub_module.reset()
+    converge(play, tmp_path, entry(rev1, models_keep_previous=True))
+    assert hub_module.bytes_served(h["address"]) == configs[0].stat().st_size
+    kept = on_host(lab, name, f"readlink {dest}; ls -d /srv/models/.revised@*").split()
+    assert kept[0] == f".revised@{rev1[:12]}"
+    assert sorted(kept[1:]) == sorted(f"/srv/models/.revised@{r[:12]}" for r in (rev1, rev2))
+    status = on_host(lab, name, f"stat -c '%U %a' /srv/models/.revised@{rev1[:12]}").strip()
+    assert status.split()[0] == "rigup", status
