@@ -120,7 +120,7 @@ def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
             return facts
         chosen, _ = select(_files(endpoint, entry["repo"], commit, secret), entry["include"])
         facts["files"] = len(chosen)
-        facts["size_gib"] = round(sum(f["size"] for f in chosen) / GIB, 4) if chosen else None
+        facts["size_gib"] = sum(f["size"] for f in chosen) / GIB if chosen else None
         first = first_gguf([f["path"] for f in chosen]) if want_gguf else None
         if first:
             size = next(f["size"] for f in chosen if f["path"] == first)

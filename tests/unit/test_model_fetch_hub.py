@@ -128,3 +128,18 @@ def test_entries_that_need_no_hub_are_not_asked():
     hub_module.calls.clear()
     d = data(revision=COMMIT, size_gib=1.0, family="glm-5.3-flash")
     assert hub_module.resolve(d) == [] and hub_module.calls == []
+
+
+def test_token_from_the_hf_auth_login_store(tmp_path):
+    """Without a file or HF_TOKEN: the token `hf auth login` stored under HF_HOME (read at import,
+    so in a fresh controller process)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "token").write_text("hf_stored_by_login\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    out = subprocess.run([sys.executable, "-c", "from roles.model_fetch.hub import token; "
+                          "print(token({'model_fetch_hf_token_src': None}))"],
+                         env={**env, "HF_HOME": str(tmp_path)}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "hf_stored_by_login"
