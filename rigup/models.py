@@ -3,15 +3,20 @@ model. roles/model_fetch fetches the models; roles/llama_server and roles/vllm s
 reads the entries through :func:`models` so that all see the same defaults and ``dest``.
 
 ``models`` and ``models_dir`` are declared in roles/model_fetch/defaults.yml.
+
+What the hub says of an entry (a branch or tag's commit, the included files' size, the GGUF
+header's layers and KV size) is read on the controller by roles/model_fetch/hub.py, once per
+run, and recorded here (:func:`record_hub`), so that every role reads the same entry.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from rigup.entries import Key, normalise, unknown_reference
-from rigup.gpu.catalogue import model_families
+from rigup.gpu.catalogue import family_of, model_families
 from rigup.names import revision_dir
 
 
@@ -26,14 +31,18 @@ class ModelEntry(TypedDict):
     family: str | None
     fetch_from: str | None
     wait: bool
+    pinned_from: NotRequired[str]   # the branch or tag typed as revision (models_allow_unpinned)
+    gguf: NotRequired[dict]         # {"layers", "kv_gib_per_1k_tokens", "file"}: an unknown family's header
 
 
 MODEL: dict[str, Key] = {
     "repo": Key("str", doc="the hub repository, owner/name"),
-    "revision": Key("str", doc="a full 40-hex commit id (a branch or tag moves)"),
+    "revision": Key("str", doc="a full 40-hex commit id (a branch or tag moves: it is resolved and "
+                               "refused unless models_allow_unpinned)"),
     "include": Key("list of str", [], "glob patterns of the files to fetch (default: all files)"),
     "dest": Key("path or null", None, "where the files go (default: models_dir/<name>)"),
-    "size_gib": Key("float 0.. or null", None, "GiB on disk, for preflight's disk and VRAM checks"),
+    "size_gib": Key("float 0.. or null", None, "GiB on disk, for preflight's disk and VRAM checks "
+                                               "(default: the included files' sizes on the hub)"),
     "family": Key("str or null", None, "a family of rigup/gpu/models.yml (default: matched from repo)"),
     "fetch_from": Key("str or null", None, "a host of the inventory to copy the completed model from"),
     "wait": Key("bool", False, "block the converge until the model is complete"),
@@ -60,6 +69,47 @@ SERVING_KEYS: dict[str, Key] = {
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+# (endpoint, repo, revision as typed, include) -> what the hub said: {"commit", "size_gib",
+# "files", "gguf", "error"} (roles/model_fetch/hub.py fills it, once per run)
+_HUB: dict[tuple, dict] = {}
+
+
+def hub_endpoint(data: dict) -> str:
+    """The hub of this host's models: ``hf_endpoint``, else ``HF_ENDPOINT`` of the controller's
+    environment (as huggingface_hub reads it), else the Hugging Face hub."""
+    return str(data.get("hf_endpoint") or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_key(endpoint: str, entry: dict) -> tuple:
+    """The key of an entry's hub facts: the same repo, revision and include on the same hub."""
+    return endpoint, entry["repo"], entry["revision"], tuple(entry["include"])
+
+
+def record_hub(key: tuple, facts: dict) -> None:
+    """Record what the hub said of the entries of ``key`` (see :func:`hub_key`) for this run."""
+    _HUB[key] = facts
+
+
+def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str) -> list[tuple[str, str]]:
+    """Fill ``entry`` from the hub's ``facts``: the commit of a branch or tag (when
+    ``allow_unpinned``; else a problem that says the pin to write), the size when absent, and
+    the GGUF header's figures when the family is unknown."""
+    rev, commit = entry["revision"], facts.get("commit")
+    if not _HEX40.fullmatch(rev):
+        if not commit:
+            why = facts.get("error") or "the hub was not asked"
+            return [(f"{where}.revision", f"expected a full 40-hex commit id, got {rev!r}, which the hub could "
+                                          f"not resolve ({why})")]
+        if not allow_unpinned:
+            return [(f"{where}.revision", f"{rev} is {commit}; pin it (revision: {commit}): a branch or tag "
+                                          "moves; or --data models_allow_unpinned=true to fetch that commit")]
+        entry["pinned_from"], entry["revision"] = rev, commit
+    if entry.get("size_gib") is None and facts.get("size_gib") is not None:
+        entry["size_gib"] = facts["size_gib"]
+    if facts.get("gguf") and entry.get("family") is None and family_of(entry) is None:
+        entry["gguf"] = dict(facts["gguf"])
+    return []
 
 
 def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
@@ -72,12 +122,15 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     for name, raw in (data.get("models") or {}).items():
         where = f"models.{name}"
         entry, found = normalise(raw, MODEL, where, name=name)
-        if "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
-            found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
-                                               "(a branch or tag moves; pin the commit)"))
         if entry.get("family") is not None and entry["family"] not in families:
             found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
                                              f"(its families: {', '.join(families)})"))
+        facts = _HUB.get(hub_key(hub_endpoint(data), entry)) if not found else None
+        if facts is not None:
+            found += _with_hub(entry, facts, data.get("models_allow_unpinned") is True, where)
+        elif "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
+            found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
+                                               "(a branch or tag moves; pin the commit)"))
         problems += found
         if not found:
             entry["dest"] = entry["dest"] or f"{models_dir}/{name}"

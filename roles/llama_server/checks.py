@@ -80,8 +80,10 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         if need is None or not group or need.total <= sum(group):
             continue  # unsized, or layers left on the CPU: the split is llama.cpp's to make
         where = f"llama_server_instances.{name}"
+        source = (f"{need.family['key']} estimate from rigup/gpu/models.yml" if need.family else
+                  "f16 estimate from the model's GGUF header")
         kv_text = (f"KV cache {need.kv:.1f} GiB ({inst['ctx']:,} tokens x {need.kv_rate:g} GiB per 1k, "
-                   f"{need.family['key']} estimate from rigup/gpu/models.yml)" if need.kv_rate else
+                   f"{source})" if need.kv_rate else
                    "KV cache not counted (model family unknown)")
         of = f" per replica ({lay.replicas} replicas)" if lay.replicas > 1 else ""
         found.append(Refusal(

@@ -32,7 +32,7 @@ ALL_LAYERS_NGL = 99          # llama.cpp's "-ngl 99": every layer on the GPUs (o
 
 class Need(NamedTuple):
     """What an instance needs in VRAM over ``cards`` GPUs, in GiB (``kv_rate``: GiB per 1k tokens
-    of the model's family, None when unknown)."""
+    of the model's family, or of its GGUF header when the family is unknown; None when neither)."""
 
     total: float
     weights: float
@@ -63,8 +63,8 @@ def need_gib(model: dict, inst: dict, cards: int) -> Need | None:
     weights = model.get("size_gib")
     if weights is None or not (inst["ngl"] >= ALL_LAYERS_NGL or inst["ngl"] == -1):
         return None
-    family = family_of(model)
-    rate = family.get("kv_gib_per_1k_tokens") if family else None
+    family = family_of(model)   # else the GGUF header's figure, read on the controller (model_fetch)
+    rate = family.get("kv_gib_per_1k_tokens") if family else (model.get("gguf") or {}).get("kv_gib_per_1k_tokens")
     kv = (rate or 0.0) * inst["ctx"] / 1000
     overhead = OVERHEAD_GIB_PER_GPU * cards
     return Need(weights + kv + overhead, weights, kv, overhead, rate, family)

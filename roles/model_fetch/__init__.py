@@ -10,8 +10,14 @@ What it does to a host:
   revision, an include pattern that matches nothing, an incomplete GGUF shard set, a download
   larger than the free disk (with the numbers), and a ``fetch_from`` peer that does not hold
   the model; each line names the host, the key path and the file the value came from;
+- on the controller, before preflight's refusals (``plan_lines``, roles/model_fetch/hub.py, with
+  huggingface_hub): resolves a branch or tag typed as ``revision`` to its commit and prints the
+  pin to write (refused unless ``models_allow_unpinned``), takes ``size_gib`` from the hub's file
+  sizes when absent, and reads an unknown family's layers and KV size from its GGUF header, so
+  that the disk and VRAM checks of every role judge the model;
 - installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
-  puts ``model_fetch_hf_token_src`` at ``/etc/rigup/hf-token`` (root, 0600) when set;
+  puts the hub token at ``/etc/rigup/hf-token`` (root, 0600): ``model_fetch_hf_token_src``, else
+  ``HF_TOKEN`` or the ``hf auth login`` store of the controller;
 - starts one job per model that is not complete: the transient unit ``rigup-fetch-<name>``
   (``systemd-run --collect``, as ``rigup_user``, the token passed as a systemd credential), or,
   on hosts without systemd (rental containers), as root in the tmux session of that name, or
@@ -35,7 +41,8 @@ A converge while a job runs, or after it completed, changes nothing. ``status.py
 model's state in its row (facts.py ``progress_command``: progress.json, the marker, the lock).
 
 Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
-MODEL, shared with the serving roles), hf_endpoint, model_fetch_hf_token_src,
+MODEL, shared with the serving roles), models_allow_unpinned, hf_endpoint (else HF_ENDPOINT of
+the controller's environment), model_fetch_hf_token_src,
 model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_stall_timeout,
 model_fetch_wait_timeout, model_fetch_wait_interval, models_keep_previous; rigup_user and
 rigup_prefix (roles/base).
@@ -60,6 +67,7 @@ from pyinfra.operations import files, python
 
 from rigup import files as managed
 from rigup.config import role_defaults, source_of
+from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
 from rigup.names import MARKER, SHARE_TOKEN, revision_dir
@@ -70,9 +78,10 @@ from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
 from roles.model_fetch.fetcher import PERMANENT
+from roles.model_fetch.hub import resolve, token
 from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 
-__all__ = ["apply", "waited", "pruned", "specs", "ports", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_lines", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
@@ -118,7 +127,7 @@ def _requests_for_me() -> list[tuple[str, str]]:
 
 def specs(data: dict, models: dict) -> list[dict]:
     return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
-             "include": m["include"], "endpoint": data["hf_endpoint"], "marker": MARKER, "token_file": TOKEN_PATH,
+             "include": m["include"], "endpoint": hub_endpoint(data), "marker": MARKER, "token_file": TOKEN_PATH,
              "stage": revision_dir(m["dest"], m["revision"])}
             for name, m in models.items()]
 
@@ -128,7 +137,7 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
     for name, entry in models.items():
         state = facts["models"].get(name) or {"probe_error": "no answer from the probe"}
         peer = entry.get("fetch_from")
-        source = data["hf_endpoint"]
+        source = hub_endpoint(data)
         extra = []
         if peer:
             address = _peer_address(peer)
@@ -144,7 +153,7 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
                                                                f"{entry['revision'][:12]} in its models; fix: add it "
                                                                "there, or fetch from the hub"))
                 source = f"http://{address}:{host.inventory.get_host(peer).data.get('model_fetch_share_port', data['model_fetch_share_port'])}"
-        plan = plan_model(name, entry, state, endpoint=data["hf_endpoint"], source=source,
+        plan = plan_model(name, entry, state, endpoint=hub_endpoint(data), source=source,
                           peer=peer if peer else None, workers=data["model_fetch_workers"],
                           peer_wait=data["model_fetch_peer_wait"], stall_s=data["model_fetch_stall_timeout"])
         if extra:
@@ -174,7 +183,7 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
     unit = unit_name(plan.name)
     work = f"{plan.job['dest']}/.rigup-fetch"
     script = f"{data['rigup_prefix']}/bin/rigup-fetch"
-    env = {"HF_ENDPOINT": data["hf_endpoint"], "HF_XET_HIGH_PERFORMANCE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {"HF_ENDPOINT": hub_endpoint(data), "HF_XET_HIGH_PERFORMANCE": "1", "PYTHONUNBUFFERED": "1"}
     q = shlex.quote
     if systemd:
         setenv = " ".join(f"--setenv={k}={q(v)}" for k, v in env.items())
@@ -284,6 +293,12 @@ def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
             for m in _models(data).values() if m.get("fetch_from") == me]
 
 
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """Preflight's lines for the models (roles/model_fetch/hub.py ``resolve``: asks the hub on the
+    controller, once per run, what the entries leave out, before any role's refusals read them)."""
+    return resolve(data)
+
+
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     """The share server's port, on a host that peers copy from."""
     if fleet and requests_for(fleet.me, fleet.hosts):
@@ -371,7 +386,8 @@ def apply(plan: dict | None = None):
         return
     bin_dir = f"{data['rigup_prefix']}/bin"
     peers = share_for or any(m.get("fetch_from") for m in models.values())
-    etc = data["model_fetch_hf_token_src"] or peers
+    hub_token = token(data)
+    etc = hub_token or peers
     paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share"] + (
         ["/etc/rigup", TOKEN_PATH, SHARE_TOKEN] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
@@ -379,9 +395,8 @@ def apply(plan: dict | None = None):
                     text=SCRIPT.read_text())
     if etc:
         managed.directory(name="Directory /etc/rigup", path="/etc/rigup", paths=paths)
-    if data["model_fetch_hf_token_src"]:
-        secret_file(name=f"Hub token {TOKEN_PATH}", content=Path(data["model_fetch_hf_token_src"]).read_text(),
-                    dest=TOKEN_PATH, paths=paths)
+    if hub_token:
+        secret_file(name=f"Hub token {TOKEN_PATH}", content=hub_token, dest=TOKEN_PATH, paths=paths)
     if peers:
         secret_file(name=f"The fleet's share token {SHARE_TOKEN}", content=share_token(data), dest=SHARE_TOKEN,
                     paths=paths)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from rigup.models import models
+from rigup.models import hub_endpoint, models
 from rigup.names import revision_dir
 from rigup.refusal import Refusal, config_refusals
 
@@ -28,11 +28,14 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_endpoint(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """hf_endpoint that is not an http(s) URL (the download job sends the hub token there)."""
-    endpoint = str(data.get("hf_endpoint", ""))
+    """hf_endpoint that is not an http(s) URL (the download job sends the hub token there).
+
+    Without hf_endpoint, the controller's HF_ENDPOINT is judged (rigup.models.hub_endpoint)."""
+    endpoint = hub_endpoint(data)
     if ENDPOINT.fullmatch(endpoint):
         return []
-    return config_refusals([("hf_endpoint", f"expected an http:// or https:// URL, got {endpoint!r}")])
+    origin = "" if data.get("hf_endpoint") else " (from HF_ENDPOINT in the controller's environment)"
+    return config_refusals([("hf_endpoint", f"expected an http:// or https:// URL, got {endpoint!r}{origin}")])
 
 
 def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:

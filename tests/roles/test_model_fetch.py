@@ -74,8 +74,9 @@ def model(revs, name, **kw):
     return {"repo": repo, "revision": revs[name], **kw}
 
 
-def converge(play, tmp_path, host_data: dict, *args, check=True, popen=False):
-    """The play on the hosts of ``host_data`` ({host: {var: value}}), with the hub as endpoint."""
+def converge(play, tmp_path, host_data: dict, *args, check=True, popen=False, env=None):
+    """The play on the hosts of ``host_data`` ({host: {var: value}}), with the hub as endpoint
+    (``env``: more of the controller's environment)."""
     from tests.lab import hub as hub_module
 
     # a job that waits for ever fails the test in minutes, not at the run's 30 min limit
@@ -89,7 +90,7 @@ def converge(play, tmp_path, host_data: dict, *args, check=True, popen=False):
         return subprocess.Popen([PYINFRA, "-y", *argv], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                 start_new_session=True)
-    run = pyinfra(*argv)
+    run = pyinfra(*argv, env=env)
     if check:
         assert run.returncode == 0, run.output[-5000:]
     return run

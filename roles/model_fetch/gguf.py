@@ -1,0 +1,120 @@
+"""A GGUF file's header, read from its first bytes: the metadata preflight needs for a model
+whose family rigup/gpu/models.yml does not know (its layer count and its KV cache per token).
+Pure: tested on bytes (tests/unit/test_model_fetch_hub.py); roles/model_fetch/hub.py fetches the
+bytes with an HTTP Range request on the controller.
+
+The layout (llama.cpp ``ggml/src/gguf.cpp``, version 2 and 3): ``GGUF``, version u32, tensor
+count u64, key/value count u64, then each key (u64 length, UTF-8) with its value type (u32) and
+value; strings are a u64 length and bytes, arrays a type u32, a count u64 and the items.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["Incomplete", "metadata", "kv_figures"]
+
+# value type -> struct format of a scalar (8: string, 9: array are read apart)
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+GIB = 1 << 30
+F16_BYTES = 2   # llama.cpp's default KV cache type
+
+
+class Incomplete(Exception):
+    """The bytes end before the keys wanted: fetch more of the file."""
+
+
+class _Reader:
+    def __init__(self, buf: bytes):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise Incomplete(self.pos + size)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise Incomplete(self.pos + n)
+        self.pos += n
+        return self.buf[self.pos - n:self.pos].decode("utf-8", "replace")
+
+    def value(self, kind: int, keep: bool):
+        """A value of type ``kind``; an array's items only when ``keep`` (a tokenizer's 150k
+        strings are skipped, not built)."""
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.take("<I"), self.take("<Q")
+            items = [self.value(item, keep) for _ in range(count)] if keep or item == _STRING else None
+            if items is None:
+                self.pos += struct.calcsize(_SCALAR[item]) * count
+                if self.pos > len(self.buf):
+                    raise Incomplete(self.pos)
+            return items if keep else None
+        if kind not in _SCALAR:
+            raise ValueError(f"unknown GGUF value type {kind}")
+        return self.take(_SCALAR[kind])
+
+
+def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
+    """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; ValueError
+    when ``buf`` is not a GGUF file; :class:`Incomplete` when it ends before the last key, or
+    with ``partial`` the keys read until then (llama.cpp's writers put the architecture's keys
+    before the tokenizer's long arrays, so the first MiB holds them)."""
+    r = _Reader(buf)
+    if buf[:4] != b"GGUF":
+        if len(buf) < 4:
+            raise Incomplete(4)
+        raise ValueError("not a GGUF file (no GGUF magic)")
+    r.pos = 4
+    version = r.take("<I")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (rigup reads 2 and 3)")
+    r.take("<Q")
+    out = {}
+    try:
+        for _ in range(r.take("<Q")):
+            key = r.string()
+            keep = wanted(key)
+            value = r.value(r.take("<I"), keep)
+            if keep:
+                out[key] = value
+    except Incomplete:
+        if not partial:
+            raise
+    return out
+
+
+def _per_layer(value, layers: int) -> list[int]:
+    """A per-layer figure (an int, or an array of one per layer as hybrid models have)."""
+    return [int(v) for v in value][:layers] if isinstance(value, list) else [int(value)] * layers
+
+
+def kv_figures(meta: dict) -> dict:
+    """{"architecture", "layers", "kv_gib_per_1k_tokens"} from a header's ``meta``: the f16 K and V
+    of every layer's KV heads (``head_count_kv`` x ``key_length`` + ``value_length``, by default
+    ``embedding_length / head_count``) per token, an estimate (an MLA model caches less);
+    ``kv_gib_per_1k_tokens`` is None when the header lacks the figures."""
+    arch = meta.get("general.architecture")
+    get = (lambda k: meta.get(f"{arch}.{k}")) if arch else (lambda k: None)
+    layers = get("block_count")
+    out = {"architecture": arch, "layers": int(layers) if layers is not None else None, "kv_gib_per_1k_tokens": None}
+    heads, width = get("attention.head_count"), get("embedding_length")
+    if not layers or heads is None:
+        return out
+    heads_kv = _per_layer(get("attention.head_count_kv") if get("attention.head_count_kv") is not None else heads,
+                          int(layers))
+    first_heads = max(_per_layer(heads, int(layers))) or 1
+    k_len = get("attention.key_length") or (int(width) // first_heads if width else None)
+    v_len = get("attention.value_length") or k_len
+    if not k_len:
+        return out
+    per_token = sum(heads_kv) * (int(k_len) + int(v_len)) * F16_BYTES
+    out["kv_gib_per_1k_tokens"] = round(per_token * 1000 / GIB, 4)
+    return out

@@ -1,0 +1,171 @@
+"""roles/model_fetch on the controller: what the hub says of each entry of ``models``, asked with
+huggingface_hub (the project's chosen client; the host-side fetcher stays its own: huggingface_hub
+2.x does not resume a download across processes).
+
+- the hub token: ``model_fetch_hf_token_src``, else ``HF_TOKEN`` or the ``hf auth login`` store
+  (``huggingface_hub.get_token()``);
+- a branch or tag typed as ``revision``: its commit (``HfApi.model_info``);
+- ``size_gib`` when absent: the included files' sizes (``HfApi.list_repo_tree``);
+- a model whose family rigup/gpu/models.yml does not know: the layer count and KV size from the
+  GGUF header of its first shard (the first MiB, an HTTP Range request).
+
+Each answer is asked once per run (one listing per repo@commit, whatever the hosts) and recorded
+in rigup/models.py (``record_hub``), which every role reads the entries through. Entries that
+need nothing of the hub (a commit, size_gib and a known family typed) are not asked about.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rigup.entries import normalise
+from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key, record_hub
+from rigup.gpu.catalogue import family_of
+from roles.model_fetch.fetcher import select
+from roles.model_fetch.gguf import kv_figures, metadata
+
+__all__ = ["token", "resolve", "HEAD_BYTES"]
+
+GIB = 1 << 30
+HEAD_BYTES = (1 << 20, 16 << 20)   # the GGUF header is read from the first MiB, else the first 16 MiB
+TIMEOUT_S = 20
+_asked: dict[tuple, object] = {}   # (what, endpoint, repo, revision[, path]) -> answer or exception
+calls: list[tuple] = []            # what was asked of the hub this run, in order (for the tests)
+
+
+def token(data: dict) -> str | None:
+    """The hub token the hosts get: ``model_fetch_hf_token_src`` (a file on the controller), else
+    ``HF_TOKEN`` or the token ``hf auth login`` stored (huggingface_hub's own order)."""
+    if data.get("model_fetch_hf_token_src"):
+        return Path(data["model_fetch_hf_token_src"]).read_text()
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def _once(key: tuple, ask):
+    """``ask()``, asked once per run for ``key``; an exception is remembered and raised again."""
+    if key not in _asked:
+        calls.append(key)
+        try:
+            _asked[key] = ask()
+        except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
+            _asked[key] = e
+    if isinstance(_asked[key], Exception):
+        raise _asked[key]
+    return _asked[key]
+
+
+def _api(endpoint: str, secret: str | None):
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint, token=secret or False)
+
+
+def _commit(endpoint: str, repo: str, revision: str, secret: str | None) -> str:
+    return _once(("commit", endpoint, repo, revision),
+                 lambda: _api(endpoint, secret).model_info(repo, revision=revision, timeout=TIMEOUT_S).sha)
+
+
+def _files(endpoint: str, repo: str, commit: str, secret: str | None) -> list[dict]:
+    """[{path, size}] of ``repo`` at ``commit``: one listing per repo@commit per run."""
+    def ask():
+        tree = _api(endpoint, secret).list_repo_tree(repo, revision=commit, recursive=True)
+        from huggingface_hub.hf_api import RepoFile
+
+        return [{"path": f.path, "size": f.size} for f in tree if isinstance(f, RepoFile)]
+    return _once(("tree", endpoint, repo, commit), ask)
+
+
+def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, size: int) -> dict:
+    """The GGUF header figures of ``path`` (kv_figures), from its first bytes (a Range request)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    def ask():
+        url = hf_hub_url(repo, path, revision=commit, endpoint=endpoint)
+        for n in HEAD_BYTES:
+            headers = {**build_hf_headers(token=secret or False), "Range": f"bytes=0-{n - 1}"}
+            resp = get_session().get(url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S)
+            resp.raise_for_status()
+            body = resp.content[:n]   # a server that ignores Range sends it all: read n bytes of it
+            figures = kv_figures(metadata(body, lambda k: not k.startswith("tokenizer."), partial=True))
+            figures["read_bytes"] = len(body)
+            if figures["kv_gib_per_1k_tokens"] is not None or n >= size:
+                return figures
+        return figures
+    return _once(("gguf", endpoint, repo, commit, path), ask)
+
+
+def _why(e: Exception) -> str:
+    """One line of a hub failure: huggingface_hub's error class and its first line."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+
+
+def _needs(entry: dict) -> tuple[bool, bool, bool]:
+    """(commit, size, gguf): what the hub must say of ``entry``."""
+    return (not _HEX40.fullmatch(entry["revision"]), entry["size_gib"] is None,
+            entry["family"] is None and family_of(entry) is None)
+
+
+def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
+    """What the hub says of one normalised entry: {"commit", "size_gib", "files", "gguf", "error"}."""
+    want_commit, want_size, want_gguf = _needs(entry)
+    facts: dict = {}
+    try:
+        commit = _commit(endpoint, entry["repo"], entry["revision"], secret) if want_commit else entry["revision"]
+        facts["commit"] = commit
+        if not (want_size or want_gguf):
+            return facts
+        chosen, _ = select(_files(endpoint, entry["repo"], commit, secret), entry["include"])
+        facts["files"] = len(chosen)
+        facts["size_gib"] = sum(f["size"] for f in chosen) / GIB if chosen else None
+        first = first_gguf([f["path"] for f in chosen]) if want_gguf else None
+        if first:
+            size = next(f["size"] for f in chosen if f["path"] == first)
+            facts["gguf"] = dict(_head(endpoint, entry["repo"], commit, first, secret, size), file=first)
+    except Exception as e:  # noqa: BLE001 - shown on the plan's line and in the refusal
+        facts["error"] = f"{_why(e)} (at {endpoint})"
+    return facts
+
+
+def _line(name: str, entry: dict, facts: dict, allowed: bool) -> list[str]:
+    """The plan's lines for one entry: the pin to write, the size and the header's figures."""
+    where, lines = f"models.{name}", []
+    if facts.get("error"):
+        return [f"{where}: the hub did not answer what preflight needs: {facts['error']}"]
+    if facts.get("commit") and facts["commit"] != entry["revision"]:
+        lines.append(f"{where}.revision: {entry['revision']} is {facts['commit']}; pin it" +
+                     (" (models_allow_unpinned: fetching that commit)" if allowed else ""))
+    if entry["size_gib"] is None:
+        lines.append(f"{where}.size_gib: {facts['size_gib']:.3f} GiB from the hub ({facts['files']} file(s))"
+                     if facts.get("size_gib") is not None else f"{where}.size_gib: unknown (no file included); "
+                     "the disk and VRAM checks need it: set it")
+    gguf = facts.get("gguf")
+    if gguf:
+        kv = gguf["kv_gib_per_1k_tokens"]
+        lines.append(f"{where}: family unknown; GGUF header of {gguf['file']} ({gguf['architecture']}): "
+                     f"{gguf['layers']} layers, KV cache " +
+                     (f"{kv:g} GiB per 1k tokens (f16)" if kv is not None else "not in the header (not counted)"))
+    elif _needs(entry)[2] and facts.get("files") is not None:
+        lines.append(f"{where}: family unknown and no GGUF file included: KV cache not counted; set "
+                     f"{where}.family")
+    return lines
+
+
+def resolve(data: dict) -> list[str]:
+    """Ask the hub what this host's ``models`` need of it (see the module docstring), record it
+    for rigup/models.py, and return the lines preflight prints (the pin to write, sizes)."""
+    endpoint, secret, lines = hub_endpoint(data), None, []
+    allowed = data.get("models_allow_unpinned") is True
+    for name, raw in (data.get("models") or {}).items():
+        entry, problems = normalise(raw, MODEL, f"models.{name}", name=name)
+        if problems or not any(_needs(entry)):
+            continue   # a wrong entry is refused by check_config; a complete one needs no hub
+        if secret is None:
+            secret = (token(data) or "").strip()
+        facts = _ask(entry, endpoint, secret)
+        record_hub(hub_key(endpoint, entry), facts)
+        lines += _line(name, entry, facts, allowed)
+    return lines

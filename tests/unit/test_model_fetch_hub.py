@@ -1,0 +1,145 @@
+"""The pure parts of model_fetch's controller side: the GGUF header, the hub's answers applied to
+the ``models`` map (the pin to write, models_allow_unpinned, size_gib, an unknown family's KV
+size), the endpoint and the token. The hub itself: tests/roles/test_model_fetch_hub.py."""
+
+import struct
+
+import pytest
+
+from rigup import models as models_module
+from rigup.models import hub_endpoint, hub_key, models, record_hub
+from roles.llama_server.replicas import need_gib
+from roles.model_fetch import hub as hub_module
+from roles.model_fetch.gguf import Incomplete, kv_figures, metadata
+from tests.lab.hub import _gguf_str, gguf_bytes
+
+COMMIT = "1a2b" + "0" * 36
+LLAMA_KV = {"general.architecture": "llama", "llama.block_count": 22, "llama.embedding_length": 2048,
+            "llama.attention.head_count": 32, "llama.attention.head_count_kv": 4}
+
+
+@pytest.fixture(autouse=True)
+def no_hub_facts():
+    models_module._HUB.clear()
+    yield
+    models_module._HUB.clear()
+
+
+def with_tokens(count: int) -> bytes:
+    """A GGUF whose llama keys are followed by a tokenizer array of ``count`` strings."""
+    kvs = [_gguf_str(k) + (struct.pack("<I", 8) + _gguf_str(v) if isinstance(v, str) else struct.pack("<Ii", 5, v))
+           for k, v in LLAMA_KV.items()]
+    tokens = _gguf_str("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, count) + \
+        b"".join(_gguf_str(f"t{i}") for i in range(count))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs) + 1) + b"".join(kvs) + tokens
+
+
+def test_kv_figures_from_a_header():
+    meta = metadata(gguf_bytes(LLAMA_KV, {}))
+    figures = kv_figures(meta)
+    # 22 layers x 4 KV heads x (64 + 64) x 2 bytes = 22,528 bytes per token
+    assert figures == {"architecture": "llama", "layers": 22, "kv_gib_per_1k_tokens": round(22528 * 1000 / 2**30, 4)}
+    print("tinyllama-like header:", figures)
+
+
+def test_header_cut_short_reads_what_it_has():
+    whole = with_tokens(50_000)
+    part = whole[:4096]
+    with pytest.raises(Incomplete):
+        metadata(part)
+    meta = metadata(part, lambda k: not k.startswith("tokenizer."), partial=True)
+    assert kv_figures(meta)["layers"] == 22 and kv_figures(meta)["kv_gib_per_1k_tokens"] > 0
+    assert "tokenizer.ggml.tokens" not in metadata(whole, lambda k: not k.startswith("tokenizer."))
+
+
+def test_not_a_gguf():
+    with pytest.raises(ValueError, match="not a GGUF"):
+        metadata(b"PK\x03\x04" + b"\0" * 64)
+
+
+def test_header_without_kv_figures():
+    assert kv_figures({"general.architecture": "bert"}) == {"architecture": "bert", "layers": None,
+                                                            "kv_gib_per_1k_tokens": None}
+
+
+def test_per_layer_kv_heads():
+    meta = {**LLAMA_KV, "llama.block_count": 4, "llama.attention.head_count_kv": [4, 0, 4, 0]}
+    assert kv_figures(meta)["kv_gib_per_1k_tokens"] == round(8 * 128 * 2 * 1000 / 2**30, 4)
+
+
+def data(**entry):
+    return {"hf_endpoint": "http://hub.test", "models": {"x": {"repo": "org/x", "revision": "main", **entry}}}
+
+
+def record(d, **facts):
+    entry = {"repo": "org/x", "revision": d["models"]["x"]["revision"], "include": d["models"]["x"].get("include", [])}
+    record_hub(hub_key(hub_endpoint(d), entry), facts)
+
+
+def test_branch_refused_with_the_pin():
+    d = data()
+    assert models(d)[1][0][1].startswith("expected a full 40-hex commit id, got 'main'")
+    record(d, commit=COMMIT)
+    found, problems = models(d)
+    assert found == {} and problems == [("models.x.revision", f"main is {COMMIT}; pin it (revision: {COMMIT}): a "
+                                         "branch or tag moves; or --data models_allow_unpinned=true to fetch that commit")]
+    d["models_allow_unpinned"] = True
+    entry = models(d)[0]["x"]
+    assert entry["revision"] == COMMIT and entry["pinned_from"] == "main"
+
+
+def test_hub_error_in_the_refusal():
+    d = data()
+    record(d, error="RepositoryNotFoundError: 401 (at http://hub.test)")
+    assert "could not resolve (RepositoryNotFoundError: 401" in models(d)[1][0][1]
+
+
+def test_size_and_gguf_from_the_hub():
+    d = data(revision=COMMIT, include=["*.gguf"])
+    gguf = {"architecture": "llama", "layers": 22, "kv_gib_per_1k_tokens": 0.021, "file": "m.gguf"}
+    record(d, commit=COMMIT, size_gib=0.6, gguf=gguf)
+    entry = models(d)[0]["x"]
+    assert entry["size_gib"] == 0.6 and entry["gguf"] == gguf
+    need = need_gib(entry, {"ngl": 99, "ctx": 8000}, 1)
+    assert need.kv == pytest.approx(0.168) and need.total == pytest.approx(0.6 + 0.168 + 1)
+    typed = data(revision=COMMIT, include=["*.gguf"], size_gib=2.0, family="glm-5.3-flash")
+    record(typed, commit=COMMIT, size_gib=0.6, gguf=gguf)
+    entry = models(typed)[0]["x"]
+    assert entry["size_gib"] == 2.0 and "gguf" not in entry   # typed values win; a known family's estimate
+
+
+def test_endpoint_from_the_environment(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert hub_endpoint({"hf_endpoint": None}) == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://mirror.lan:8090/")
+    assert hub_endpoint({"hf_endpoint": None}) == "http://mirror.lan:8090"
+    assert hub_endpoint({"hf_endpoint": "http://other"}) == "http://other"
+
+
+def test_token_order(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert hub_module.token({"model_fetch_hf_token_src": None}) == "hf_from_env"
+    src = tmp_path / "token"
+    src.write_text("hf_from_file\n")
+    assert hub_module.token({"model_fetch_hf_token_src": str(src)}) == "hf_from_file\n"
+
+
+def test_entries_that_need_no_hub_are_not_asked():
+    hub_module.calls.clear()
+    d = data(revision=COMMIT, size_gib=1.0, family="glm-5.3-flash")
+    assert hub_module.resolve(d) == [] and hub_module.calls == []
+
+
+def test_token_from_the_hf_auth_login_store(tmp_path):
+    """Without a file or HF_TOKEN: the token `hf auth login` stored under HF_HOME (read at import,
+    so in a fresh controller process)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "token").write_text("hf_stored_by_login\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    out = subprocess.run([sys.executable, "-c", "from roles.model_fetch.hub import token; "
+                          "print(token({'model_fetch_hf_token_src': None}))"],
+                         env={**env, "HF_HOME": str(tmp_path)}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "hf_stored_by_login"
