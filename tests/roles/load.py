@@ -1,9 +1,11 @@
-"""Chat completions against one or more base URLs (round robin), N requests at a concurrency C:
+"""Chat completions against one or more base URLs (round robin), N requests at a concurrency C
+(with a 6th argument, a file: rounds of C requests go on until that file exists, N at least):
 prints {"ok", "failed", "errors", "tokens", "seconds"} as JSON. Copied to a lab host by
 tests/roles/test_balancer.py; standard library only (lab hosts have no packages for it)."""
 
 import concurrent.futures
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -24,9 +26,14 @@ def one(i: int):
         return None, f"{type(e).__name__}: {e}"
 
 
+until = sys.argv[6] if len(sys.argv) > 6 else None
 start = time.monotonic()
+results = []
 with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-    results = list(pool.map(one, range(n)))
+    results += pool.map(one, range(n))
+    while until and not os.path.exists(until):
+        results += pool.map(one, range(len(results), len(results) + concurrency))
+n = len(results)
 errors = [e for _, e in results if e]
 print(json.dumps({"ok": n - len(errors), "failed": len(errors), "errors": errors[:5],
                   "tokens": sum(t for t, _ in results if t), "seconds": round(time.monotonic() - start, 2)}))

@@ -154,3 +154,40 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
           f"{cut['seconds']} s, lab2 {down}; link restored: lab2 UP again after {back:.1f} s")
     assert both["failed"] == 0 and cut["failed"] == 0, cut["errors"]
     assert down != "UP"
+
+
+def test_a_revision_change_while_serving_fails_no_request(lab, replicated, tmp_path):
+    """gemma's model gets a new revision (a README added on the lab hub) while a client loops
+    through the balancer: the new revision is fetched beside the one served (the GGUF hard-linked),
+    switched to, and the replicas restart one at a time on it; then back to group_vars' revision."""
+    import yaml
+
+    from tests.lab import hub, models
+
+    host = lab.hosts()[0]
+    pinned = yaml.safe_load((ROOT / "group_vars/lab.yml").read_text())["models"]["gemma-270m"]
+    readme = tmp_path / "README.md"
+    readme.write_text("Gemma 3 270M Q4_K_M, the lab hub's second revision\n")
+    new = hub.publish(models.GEMMA_REPO, {models.GEMMA_FILE: models.gemma_270m(), "README.md": readme})
+    for rev, include in ((new, ["*.gguf", "README.md"]), (pinned["revision"], pinned["include"])):
+        entry = {"gemma-270m": {**pinned, "revision": rev, "include": include}}
+        on_host(lab, host["name"], "rm -f /root/stop")
+        loop = subprocess.Popen(lab.ssh_argv(host["name"]) + [
+            "--", f"python3 /root/load.py http://127.0.0.1:8081 10 2 8 {KEY} /root/stop"], stdout=subprocess.PIPE, text=True)
+        time.sleep(2)
+        hub.reset()
+        run = converge("inventory/lab.py", "--limit", host["name"], *DATA, "--data", f"models={json.dumps(entry)}")
+        on_host(lab, host["name"], "touch /root/stop")
+        result = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
+        maps = on_host(lab, host["name"], "for k in 0 1; do grep -m1 -o '/srv/models/[^ ]*[.]gguf' "
+                                          "/proc/$(systemctl show -p MainPID --value rigup-llama@gemma-$k)/maps; done")
+        dirs = on_host(lab, host["name"], "readlink /srv/models/gemma-270m; ls -d /srv/models/.gemma-270m@*").split()
+        print(f"\nrevision {rev[:12]}: converge {run.seconds:.1f} s, {hub.bytes_served(host['address'])} bytes from the "
+              f"hub; the loop through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
+              f"replicas map {maps.split()}; {dirs}")
+        assert result["failed"] == 0, result["errors"]
+        assert result["ok"] >= 10
+        assert [m.split("/")[3] for m in maps.split()] == [f".gemma-270m@{rev[:12]}"] * 2
+        assert dirs == [f".gemma-270m@{rev[:12]}", f"/srv/models/.gemma-270m@{rev[:12]}"]  # the old one pruned
+    again = converge("inventory/lab.py", "--limit", host["name"], *DATA)
+    assert again.totals["changed"] == 0, again.changed_operations()
