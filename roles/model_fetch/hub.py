@@ -16,6 +16,9 @@ need nothing of the hub (a commit, size_gib and a known family typed) are not as
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
 from rigup.entries import normalise
@@ -43,14 +46,36 @@ def token(data: dict) -> str | None:
     return get_token()
 
 
+def _kept(key: tuple) -> Path | None:
+    """Where the answer for ``key`` is kept between runs: only what is said of a commit (its
+    listing, a file's header), which never changes; a branch or tag's commit is asked each run.
+    ``RIGUP_CACHE_DIR``, else ~/.cache/rigup, then hub/."""
+    if key[0] == "commit" or not _HEX40.fullmatch(key[3]):
+        return None
+    root = Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "hub"
+    return root / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".json")
+
+
 def _once(key: tuple, ask):
-    """``ask()``, asked once per run for ``key``; an exception is remembered and raised again."""
+    """``ask()``, asked once per run for ``key`` (once ever for a commit's listing or header: a
+    no-op converge asks the hub nothing); an exception is remembered and raised again."""
+    kept = _kept(key)
+    if key not in _asked and kept and kept.exists():
+        try:
+            _asked[key] = json.loads(kept.read_text())
+        except ValueError:
+            pass
     if key not in _asked:
         calls.append(key)
         try:
             _asked[key] = ask()
         except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
             _asked[key] = e
+        if kept and not isinstance(_asked[key], Exception):
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(_asked[key]))
+            tmp.replace(kept)
     if isinstance(_asked[key], Exception):
         raise _asked[key]
     return _asked[key]

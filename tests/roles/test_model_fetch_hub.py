@@ -50,8 +50,9 @@ def hub():
 
 
 @pytest.fixture(autouse=True)
-def fresh_run():
-    """Each test is one controller run: nothing asked or recorded yet."""
+def fresh_run(monkeypatch, tmp_path):
+    """Each test is one controller run: nothing asked or recorded yet, nothing kept from before."""
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "cache"))
     for cache in (controller._asked, models_module._HUB):
         cache.clear()
     controller.calls.clear()
@@ -117,3 +118,20 @@ def test_endpoint_from_the_environment_and_unknown_repo(hub, monkeypatch):
                and lab_hub.url() in line for line in lines)
     problems = dict(models(data)[1])
     assert "could not resolve (RepositoryNotFoundError" in problems["models.gone.revision"]
+
+
+def test_what_a_commit_holds_is_asked_once_ever(hub):
+    """A second run (the in-run memory cleared) asks the hub nothing about a pinned commit: its
+    listing and its header are kept on the controller (RIGUP_CACHE_DIR), as a commit never changes."""
+    lab_hub, main, _ = hub
+    data = {"hf_endpoint": lab_hub.url(), "models": {"c": {"repo": REPO, "revision": main, "include": ["*.gguf"]}}}
+    first_lines = controller.resolve(data)
+    first = sorted(k[0] for k in controller.calls)
+    for cache in (controller._asked, models_module._HUB):
+        cache.clear()
+    controller.calls.clear()
+    lines = controller.resolve(data)
+    print(f"\nfirst run asked the hub {first}; the next run {controller.calls}")
+    assert first == ["gguf", "tree"] and controller.calls == [] and lines == first_lines
+    entries, problems = models(data)
+    assert problems == [] and entries["c"]["size_gib"] and entries["c"]["gguf"]["layers"] == 22
