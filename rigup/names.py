@@ -16,6 +16,8 @@ HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collector.textfile.directory
 GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
+FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's downloads
+WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
 
 
 def marker_path(dest: str) -> str:
