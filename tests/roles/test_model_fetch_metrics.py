@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tests.conftest import on_host
-from tests.roles.test_model_fetch import MID, progress, wait_for
+from tests.roles.test_fetch_faults import MID
+from tests.roles.test_model_fetch import progress, wait_for
 from tests.roles.watch_lab import api, play, until
 
 pytestmark = pytest.mark.lab

@@ -50,7 +50,7 @@ def test_prometheus_files_are_relative_and_the_alerts_hold_for_the_setting():
     rules = {r["alert"]: r for r in yaml.safe_load(files["rigup-rules.yml"])["groups"][0]["rules"]}
     assert rules["LlamaServerDown"] == {**rules["LlamaServerDown"], "expr": 'up{job="llama-server"} == 0', "for": "7s"}
     assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent",
-                          "ModelDownloadFailed", "ModelDownloadStalled"}
+                          "ThroughputBelowFloor", "ModelDownloadFailed", "ModelDownloadStalled"}
     assert rules["ModelDownloadFailed"]["for"] == "0s" and "failed" in rules["ModelDownloadFailed"]["expr"]
     assert json.loads(files["rigup-node.json"])[0]["labels"] == {"host": "rig-1"}
     command = promote_command(sorted(files))
