@@ -13,15 +13,18 @@ from pathlib import Path
 from tests.conftest import on_host
 from tests.converge import ROOT, pyinfra
 
+# Preflight judges base and the roles played (an engine stand-in holds a serving port here, which
+# llama_server's port check would rightly refuse: that role is not played).
 PLAY = """from pyinfra import host
-from roles import base, in_order, preflight
+from roles import base, preflight
 from rigup.config import check_host
 import importlib
 check_host(host)
-plan = preflight.run(in_order())
+roles = [importlib.import_module("roles." + name) for name in {roles!r}]
+plan = preflight.run([base, *roles])
 base.apply(plan)
-for name in {roles!r}:
-    importlib.import_module("roles." + name).apply(plan)
+for role in roles:
+    role.apply(plan)
 """
 INVENTORY = """import json as _json, runpy as _runpy
 from rigup.config import group_vars as _group_vars
