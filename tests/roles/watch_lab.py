@@ -48,13 +48,18 @@ def play(tmp_path: Path, roles: list[str], data: dict[str, dict], *args: str, mo
          check: bool = True):
     """preflight, base and ``roles`` on the hosts of ``data`` ({host: {var: value}}, over the lab
     group's), run as a user runs pyinfra; fails the test when it fails and ``check``."""
-    stamp = int(time.monotonic() * 1000)
-    deploy = tmp_path / f"play_{stamp}.py"
+    deploy = tmp_path / f"play_{int(time.monotonic() * 1000)}.py"
     deploy.write_text(PLAY.format(roles=roles))
-    inventory = tmp_path / f"inventory_{stamp}.py"
+    return run_play(tmp_path, str(deploy), data, *args, monitoring=monitoring, check=check)
+
+
+def run_play(tmp_path: Path, deploy: str, data: dict[str, dict], *args: str, monitoring: bool = False,
+             check: bool = True):
+    """pyinfra's ``deploy`` (a play: deploy.py, bench.py, ...) on the hosts of ``data``."""
+    inventory = tmp_path / f"inventory_{int(time.monotonic() * 1000)}.py"
     inventory.write_text(INVENTORY.format(lab_inventory=str(ROOT / "inventory/lab.py"), extra=json.dumps(data),
                                           monitoring=monitoring))
-    run = pyinfra(str(inventory), str(deploy), *(a for h in data for a in ("--limit", h)), *args)
+    run = pyinfra(str(inventory), deploy, *(a for h in data for a in ("--limit", h)), *args)
     if check:
         assert run.returncode == 0, run.output[-5000:]
     return run
@@ -79,13 +84,13 @@ def until(predicate, timeout: float = 60, poll: float = 0.5):
     return None
 
 
-def serve_stub(lab, name: str, instance: str, port: int, tps: float) -> None:
+def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int = 4) -> None:
     """The engine stand-in as ``rigup-llama@INSTANCE`` on ``name`` (127.0.0.1:PORT, ``tps`` tokens
     a second until it is told to slow down), running."""
     on_host(lab, name, f"mkdir -p /opt/rigup-lab && printf %s {shlex.quote(ENGINE.read_text())} "
                        "> /opt/rigup-lab/engine_stub.py")
     unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\n"
-            f"ExecStart=/usr/bin/python3 /opt/rigup-lab/engine_stub.py --port {port} --tps {tps}\n")
+            f"ExecStart=/usr/bin/python3 /opt/rigup-lab/engine_stub.py --port {port} --tps {tps} --slots {slots}\n")
     on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
                        f"systemctl daemon-reload && systemctl restart {UNIT.format(instance)}")
     ready = until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 30)
