@@ -106,9 +106,13 @@ def main(argv: list[str]) -> int:
     s.add_argument("--model")
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.levels.split(",") if n.strip()]
-    print(json.dumps({"url": args.url, "max_tokens": args.max_tokens, "levels": sweep(
-        args.url, levels, read_key(args.key_file), args.max_tokens, args.rounds, args.model)}))
-    return 0
+    doc = {"url": args.url, "max_tokens": args.max_tokens, "rounds": args.rounds}
+    try:
+        doc["levels"] = sweep(args.url, levels, read_key(args.key_file), args.max_tokens, args.rounds, args.model)
+    except (OSError, ValueError, KeyError) as e:     # the endpoint down, refusing, or not OpenAI's
+        doc["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(doc))
+    return 0 if "levels" in doc else 1
 
 
 if __name__ == "__main__":

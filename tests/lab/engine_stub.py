@@ -75,7 +75,11 @@ def main() -> None:
         def log_message(self, *a):
             pass
 
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128     # http.server's 5 drops the SYNs of a burst of clients (1 s retries)
+        daemon_threads = True
+
+    Server((args.host, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":
