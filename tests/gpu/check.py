@@ -241,10 +241,13 @@ def role_argv(bindir: Path, model: Path, build: dict) -> list[str]:
     return shlex.split(exec_start[len("ExecStart="):])
 
 
+REPEATS = 4
+
+
 def cmd_bench(args) -> None:
     """bench.py's measuring (rigup/throughput.py) against check.py's own, on one llama-server
     started from the role's ExecStart: at 1, 4 and 8 concurrent requests of 400 tokens, each
-    twice in turn (check.py, throughput.py, check.py, throughput.py); fails beyond 5%."""
+    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%."""
     from rigup import throughput
 
     build = json.loads((args.work / "build.json").read_text())
@@ -256,14 +259,17 @@ def cmd_bench(args) -> None:
         rows = []
         for n in (1, 4, 8):
             mine, theirs = [], []
-            for _ in range(2):
-                mine.append(concurrency(port, n))
-                theirs.append(throughput.level(f"http://127.0.0.1:{port}", n, max_tokens=400, rounds=1, timeout=600))
-            check_tps = sum(r["total_tps"] for r in mine) / 2
-            bench_tps = sum(r["total_tps"] for r in theirs) / 2
+            for i in range(REPEATS):   # alternated: the server's own drift (about 5% at 8) hits both alike
+                pair = [lambda: mine.append(concurrency(port, n)),
+                        lambda: theirs.append(throughput.level(f"http://127.0.0.1:{port}", n, max_tokens=400,
+                                                               rounds=1, timeout=600))]
+                for measure in pair if i % 2 == 0 else pair[::-1]:
+                    measure()
+            check_tps = sum(r["total_tps"] for r in mine) / REPEATS
+            bench_tps = sum(r["total_tps"] for r in theirs) / REPEATS
             rows.append({"concurrent": n, "check_total_tps": round(check_tps, 1), "bench_total_tps": round(bench_tps, 1),
-                         "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / 2, 1),
-                         "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / 2, 1),
+                         "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / REPEATS, 1),
+                         "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / REPEATS, 1),
                          "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs)})
             print(f"{n} concurrent: {rows[-1]}", flush=True)
         return rows
