@@ -22,10 +22,9 @@ import click
 from pyinfra.api import FactBase
 
 from rigup.gate import endpoint
+from rigup.names import LLAMA_KEY, VLLM_KEY
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
-LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
-VLLM_KEY = "/etc/rigup/vllm/{}.key"               # as roles/vllm/command.py KEY_FILE
 # The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 PLOT_SIZE_IN, PLOT_DPI = (10, 6), 100

@@ -36,14 +36,13 @@ from pyinfra.operations.util import any_changed
 from rigup import files, services
 from rigup.config import role_defaults
 from rigup.gate import endpoint
-from rigup.names import WATCHDOG_METRICS
+from rigup.names import LLAMA_KEY, WATCHDOG_METRICS
 from rigup.templates import render
 
 HERE = Path(__file__).resolve().parent
 THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
 CONFIG = "/etc/rigup/watchdog.json"
 SERVICE, TIMER = "rigup-watchdog.service", "rigup-watchdog.timer"
-LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
 
 __all__ = ["apply", "watchdog_config"]
 
