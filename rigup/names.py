@@ -6,7 +6,10 @@
   it exists): :func:`guard_file`
 - the hub token on a host (roles/model_fetch puts it there; its job reads it): :data:`HF_TOKEN`
 - the node exporter's textfile directory (roles/metrics sets it) and the GPU metrics file the
-  guard writes there (roles/gpu_guard): :data:`TEXTFILE_DIR`, :data:`GPU_METRICS`
+  guard writes there (roles/gpu_guard): :data:`TEXTFILE_DIR`, :data:`GPU_METRICS`; those of the
+  downloads (roles/model_fetch) and of the watchdog (roles/watchdog): :data:`FETCH_METRICS`,
+  :data:`WATCHDOG_METRICS`
+- the serving instances' API key files: :data:`LLAMA_KEY`, :data:`VLLM_KEY`
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collector.textfile.directory
 GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
+FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's downloads
+WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
+# API key files of serving instances (as roles/llama_server/command.py KEY, roles/vllm/command.py
+# KEY_FILE make them), read on the host by the watchdog and bench.py: .format(instance name).
+LLAMA_KEY, VLLM_KEY = "/etc/rigup/llama-server/{}.key", "/etc/rigup/vllm/{}.key"
 
 
 def marker_path(dest: str) -> str:

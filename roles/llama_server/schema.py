@@ -26,6 +26,7 @@ class LlamaInstance(ServingInstance):
     metrics: bool
     replicas: int | str
     gpus_per_replica: int | str | None
+    min_tokens_per_s: float | None
 
 
 LLAMA_INSTANCE: dict[str, Key] = {
@@ -42,6 +43,9 @@ LLAMA_INSTANCE: dict[str, Key] = {
                               "its own unit rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
     "gpus_per_replica": Key("any", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
                                          "GPUs shared out evenly (one replica: all of them)"),
+    "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
+                                                       "restarted after watchdog_bad_checks checks below it; null: "
+                                                       "not watched"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

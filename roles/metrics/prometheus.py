@@ -112,7 +112,10 @@ def prometheus_yml(data: dict) -> dict:
 
 def rules(data: dict) -> dict:
     """The alert rules: an instance or a node exporter down, the GPU guard tripped, lost GPU
-    telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting."""
+    telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting, an instance
+    below its throughput floor (roles/watchdog's rigup_watchdog_* metrics), a model's
+    download failed (roles/model_fetch's rigup_model_fetch_* metrics) or stalled (its job dead,
+    stopped, or running without a byte for 10 minutes)."""
     hold = f"{data['prometheus_alert_for_s']}s"
 
     def alert(name, expr, summary, hold_for=hold):
@@ -130,6 +133,17 @@ def rules(data: dict) -> dict:
         alert("GpuGuardSilent",
               "time() - rigup_gpu_guard_last_run_timestamp_seconds > 3 * rigup_gpu_guard_interval_seconds + 30",
               "the GPU guard of {{ $labels.host }} has not reported for 3 periods"),
+        alert("ThroughputBelowFloor", "rigup_watchdog_tokens_per_second < rigup_watchdog_floor_tokens_per_second",
+              "{{ $labels.llama_instance }} on {{ $labels.host }} runs below its min_tokens_per_s (the watchdog "
+              "restarts it after watchdog_bad_checks checks; journalctl -u rigup-watchdog)"),
+        alert("ModelDownloadFailed", 'rigup_model_fetch_state{state="failed"} == 1',
+              "the download of {{ $labels.model }} on {{ $labels.host }} failed (rigup_model_fetch_error_info, "
+              "status.py)", "0s"),
+        alert("ModelDownloadStalled",
+              '(rigup_model_fetch_state{state=~"dead|stopped"} == 1) or (rigup_model_fetch_state{state="running"} '
+              "== 1 and on (instance, model) changes(rigup_model_fetch_bytes[10m]) == 0)",
+              "the download of {{ $labels.model }} on {{ $labels.host }} is {{ $labels.state }} and incomplete "
+              "(journalctl -u rigup-fetch-*; a converge starts it again)"),
     ]}]}
 
 

@@ -63,15 +63,18 @@ from pathlib import Path
 import click
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
-from pyinfra.operations import files, python
+from pyinfra.operations import files, python, systemd
+from pyinfra.operations.util import any_changed
 
 from rigup import files as managed
+from rigup import services
 from rigup.config import role_defaults, source_of
 from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
-from rigup.names import MARKER, SHARE_TOKEN, revision_dir
+from rigup.names import FETCH_METRICS, MARKER, SHARE_TOKEN, revision_dir
 from rigup.refusal import Port
+from rigup.templates import render
 from rigup.secrets import secret_file
 from rigup.state import read_once
 from roles.model_fetch.checks import CHECKS
@@ -84,6 +87,10 @@ from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
 __all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_lines", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
+METRICS_CONFIG = "/etc/rigup/model-metrics.json"
+# Not rigup-fetch-*: that prefix is the download jobs' (a model may be called "metrics").
+METRICS_SERVICE, METRICS_TIMER = "rigup-model-metrics.service", "rigup-model-metrics.timer"
+METRICS_PATHS = [METRICS_CONFIG, f"/etc/systemd/system/{METRICS_SERVICE}", f"/etc/systemd/system/{METRICS_TIMER}"]
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
 # it only when that pid is a rigup-fetch job, never whatever process the file names.
 KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
@@ -387,9 +394,9 @@ def apply(plan: dict | None = None):
     bin_dir = f"{data['rigup_prefix']}/bin"
     peers = share_for or any(m.get("fetch_from") for m in models.values())
     hub_token = token(data)
-    etc = hub_token or peers
+    etc = hub_token or peers or facts["systemd"]    # systemd: the metrics' config
     paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share"] + (
-        ["/etc/rigup", TOKEN_PATH, SHARE_TOKEN] if etc else [])
+        ["/etc/rigup", TOKEN_PATH, SHARE_TOKEN, *METRICS_PATHS] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
     managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
                     text=SCRIPT.read_text())
@@ -412,6 +419,8 @@ def apply(plan: dict | None = None):
     elif facts["share_active"]:
         unshared(name="Stop serving models to peers (no peer needs them)", systemd=facts["systemd"],
                  script=f"{bin_dir}/rigup-share")
+    if facts["systemd"]:
+        exported(data, models, script=f"{bin_dir}/rigup-fetch", paths=paths)
     started(name="model_fetch: jobs and share servers started")
     wanted = {s["name"]: s for s in specs(data, models)}
     _staging[host.name] = [wanted[p.name] for p in plans
@@ -457,6 +466,29 @@ def pruned_revisions(spec: dict, script: str, keep: int):
         return
     blob = base64.b64encode(json.dumps(dict(spec, keep=keep)).encode()).decode()
     yield f"python3 {shlex.quote(script)} prune {shlex.quote(blob)}"
+
+
+def metrics_config(models: dict) -> dict:
+    """rigup-model-metrics's configuration: every model's dest, the metrics file (pure)."""
+    return {"models": [{"name": n, "dest": m["dest"]} for n, m in sorted(models.items())],
+            "metrics_file": FETCH_METRICS, "marker": MARKER, "token_file": TOKEN_PATH}
+
+
+def exported(data: dict, models: dict, script: str, paths: list[str]) -> None:
+    """The timer that writes every model's download state (rigup_model_fetch_*) to the node
+    exporter's textfile directory every model_fetch_metrics_interval_s, as root (the directory is
+    root's; the jobs run as rigup_user); it writes nothing while that directory is missing."""
+    managed.managed(name=f"model_fetch: {METRICS_CONFIG}", dest=METRICS_CONFIG, paths=paths,
+                    text=json.dumps(metrics_config(models), indent=1, sort_keys=True) + "\n")
+    units = [managed.managed(name=f"model_fetch: {unit}", dest=path, paths=paths,
+                             text=render(template, script=script, config=METRICS_CONFIG,
+                                         interval=data["model_fetch_metrics_interval_s"]))
+             for unit, path, template in zip((METRICS_SERVICE, METRICS_TIMER), METRICS_PATHS[1:],
+                                             ("model_fetch-metrics.service.j2", "model_fetch-metrics.timer.j2"))]
+    systemd.daemon_reload(name="model_fetch: systemd daemon-reload", _if=any_changed(*units))
+    services.running(name=f"model_fetch: run {METRICS_TIMER}", unit=METRICS_TIMER, units=[METRICS_TIMER])
+    systemd.service(name=f"model_fetch: restart {METRICS_TIMER} (new period)", service=METRICS_TIMER,
+                    restarted=True, _if=units[1].did_change)
 
 
 @deploy("model_fetch: wait", data_defaults=role_defaults("model_fetch"))

@@ -10,6 +10,8 @@ inline as the fact that reads every model's state (``probe``).
     rigup-fetch share CONFIG_JSON   serve completed models to peers (fetch_from)
     rigup-fetch switch SPEC_JSON    (root) point a model's dest at its complete revision directory
     rigup-fetch prune SPEC_JSON     (root) remove a model's revision directories no longer wanted
+    rigup-fetch metrics CONFIG_JSON every model's download state as rigup_model_fetch_* lines in the
+                                    node exporter's textfile directory (run by a root timer)
 
 Layout under a model's dest::
 
@@ -1047,6 +1049,78 @@ def prune(spec_b64: str) -> int:
     return 0
 
 
+# -------------------------------------------------------------------- metrics (the node exporter's)
+
+# A job's states (progress.json's, and: absent before any job; dead when progress says a job runs
+# but none holds the lock: a kill -9 that no unit restarted).
+FETCH_STATES = ("absent", "verifying", "waiting", "running", "complete", "stopped", "failed", "dead")
+
+
+def fetch_state(dest: str) -> dict:
+    """One model's download as the metrics say it: state, bytes, total, updated, error."""
+    if os.path.exists(os.path.join(dest, MARKER)):
+        marker = read_json(os.path.join(dest, MARKER), {})
+        return {"state": "complete", "bytes": marker.get("bytes", 0), "total": marker.get("bytes", 0)}
+    progress = read_json(os.path.join(dest, WORK, "progress.json"), {}) or {}
+    state = progress.get("state") if progress.get("state") in FETCH_STATES else "absent"
+    if state in ("verifying", "waiting", "running") and not lock_held(dest):
+        state = "dead"
+    return {"state": state, "bytes": progress.get("bytes", 0), "total": progress.get("total", 0),
+            "updated": progress.get("updated"), "error": progress.get("error")}
+
+
+def label(value) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(models: dict[str, dict], now: float) -> str:
+    """rigup_model_fetch_* in the text format: per model the state (one series per state, 1 for
+    the current one), bytes done and total, when progress was last written, the error of a failed
+    job (an info series); when this ran."""
+    head = [("state", "The model's download state (1: the current one)"),
+            ("bytes", "Bytes of the model on disk and verified or in parts"), ("total_bytes", "Bytes of the model"),
+            ("updated_timestamp_seconds", "When the job last wrote its progress (epoch seconds)"),
+            ("error_info", "Why the model's download failed (label error)")]
+    rows = {m: [] for m, _ in head}
+    for name, st in sorted(models.items()):
+        m = f'model="{label(name)}"'
+        rows["state"] += [f'rigup_model_fetch_state{{{m},state="{s}"}} {int(s == st["state"])}' for s in FETCH_STATES]
+        rows["bytes"].append(f"rigup_model_fetch_bytes{{{m}}} {int(st.get('bytes') or 0)}")
+        rows["total_bytes"].append(f"rigup_model_fetch_total_bytes{{{m}}} {int(st.get('total') or 0)}")
+        if st.get("updated"):
+            rows["updated_timestamp_seconds"].append(
+                f"rigup_model_fetch_updated_timestamp_seconds{{{m}}} {round(float(st['updated']), 3)}")
+        if st["state"] == "failed":
+            rows["error_info"].append(f'rigup_model_fetch_error_info{{{m},error="{label(st.get("error") or "")}"}} 1')
+    lines = []
+    for metric, text in head:
+        if rows[metric]:
+            lines += [f"# HELP rigup_model_fetch_{metric} {text}", f"# TYPE rigup_model_fetch_{metric} gauge"]
+            lines += rows[metric]
+    lines += ["# HELP rigup_model_fetch_last_run_timestamp_seconds When the metrics were last written",
+              "# TYPE rigup_model_fetch_last_run_timestamp_seconds gauge",
+              f"rigup_model_fetch_last_run_timestamp_seconds {round(now, 3)}"]
+    return "\n".join(lines) + "\n"
+
+
+def metrics(config_path: str) -> int:
+    """Write every model's state to the metrics file, atomically (a dot-file the collector ignores,
+    then a rename), when its directory exists (roles/metrics installs the node exporter)."""
+    config = read_json(config_path)
+    use_names(config)
+    path = config["metrics_file"]
+    if not os.path.isdir(os.path.dirname(path)):
+        return 0
+    text = metrics_text({m["name"]: fetch_state(m["dest"]) for m in config["models"]}, time.time())
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "probe":
         return probe(argv[1])
@@ -1056,6 +1130,8 @@ def main(argv: list[str]) -> int:
         return share(argv[1])
     if len(argv) == 2 and argv[0] in ("switch", "prune"):
         return {"switch": switch, "prune": prune}[argv[0]](argv[1])
+    if len(argv) == 2 and argv[0] == "metrics":
+        return metrics(argv[1])
     print(__doc__, file=sys.stderr)
     return 2
 

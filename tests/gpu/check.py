@@ -8,6 +8,7 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py build  --archive .gpu/llama.cpp.tar.gz --work /root/rigup-gpu
     python3 tests/gpu/check.py model  --work /root/rigup-gpu
     python3 tests/gpu/check.py serve  --work /root/rigup-gpu --out DIR
+    python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
@@ -198,7 +199,9 @@ def concurrency(port: int, n: int, tokens: int = 400) -> dict:
             "per_request_tps": round(sum(per_request) / len(per_request), 1)}
 
 
-def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict:
+def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None) -> dict:
+    """Start ``argv``, wait for /health, measure (``measure(port)``, default: check.py's 1, 4 and 8
+    concurrent chats), stop it."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -217,7 +220,7 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict
         used = sh("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits").split()
         vram = sum(int(v) for v in used if v.isdigit())  # every GPU of the machine, however many
         chat(port, 16)  # warm-up
-        runs = [concurrency(port, n) for n in (1, 4, 8)]
+        runs = measure(port) if measure else [concurrency(port, n) for n in (1, 4, 8)]
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
@@ -228,6 +231,61 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path) -> dict
             "offload": offload[-1] if offload else None, "no_gpu": "no usable GPU found" in text,
             # llama-server's default log level no longer prints "offloaded N/N layers": VRAM tells
             "weights_in_vram": vram * 2**20 > model.stat().st_size, "runs": runs}
+
+
+def role_argv(bindir: Path, model: Path, build: dict) -> list[str]:
+    """The flags of roles/llama_server, through the drop-in it installs: its ExecStart, run as is."""
+    unit = dropin_text("bench", RECIPE, str(bindir / "llama-server"), str(model), build=build["id"],
+                       unit_sha="-", model_revision="-")
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=") and line != "ExecStart="][0]
+    return shlex.split(exec_start[len("ExecStart="):])
+
+
+REPEATS = 4
+
+
+def cmd_bench(args) -> None:
+    """bench.py's measuring (rigup/throughput.py) against check.py's own, on one llama-server
+    started from the role's ExecStart: at 1, 4 and 8 concurrent requests of 400 tokens, each
+    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%."""
+    from rigup import throughput
+
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / "llama-8b-shape-f16.gguf"
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def both(port: int) -> list[dict]:
+        rows = []
+        for n in (1, 4, 8):
+            mine, theirs = [], []
+            for i in range(REPEATS):   # alternated: the server's own drift (about 5% at 8) hits both alike
+                pair = [lambda: mine.append(concurrency(port, n)),
+                        lambda: theirs.append(throughput.level(f"http://127.0.0.1:{port}", n, max_tokens=400,
+                                                               rounds=1, timeout=600))]
+                for measure in pair if i % 2 == 0 else pair[::-1]:
+                    measure()
+            check_tps = sum(r["total_tps"] for r in mine) / REPEATS
+            bench_tps = sum(r["total_tps"] for r in theirs) / REPEATS
+            rows.append({"concurrent": n, "check_total_tps": round(check_tps, 1), "bench_total_tps": round(bench_tps, 1),
+                         "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / REPEATS, 1),
+                         "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / REPEATS, 1),
+                         "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs)})
+            print(f"{n} concurrent: {rows[-1]}", flush=True)
+        return rows
+
+    result = serve_and_measure("rigup (roles/llama_server)", role_argv(bindir, model, build), RECIPE["port"],
+                               args.out / "bench-server.log", measure=both)
+    lines = ["| concurrent | check.py total tok/s | throughput.py total tok/s | ratio | check.py per request | "
+             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['bench_total_tps']} | {r['ratio']:.3f} | "
+              f"{r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
+    (args.out / "bench-compare.json").write_text(json.dumps(result, indent=2))
+    (args.out / "bench-compare.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    off = [r for r in result["runs"] if abs(r["ratio"] - 1) > 0.05 or r["failed"]]
+    if off:
+        sys.exit(f"throughput.py differs from check.py by more than 5%: {off}")
 
 
 def cmd_serve(args) -> None:
@@ -242,11 +300,7 @@ def cmd_serve(args) -> None:
                             "-p", "512,4096", "-n", "128", "-r", "3", "-o", "json"],
                            capture_output=True, text=True, check=True)
     bench_json = json.loads(bench.stdout)
-    # The flags of roles/llama_server, through the drop-in it installs: its ExecStart, run as is.
-    unit = dropin_text("bench", RECIPE, str(bindir / "llama-server"), str(model), build=build["id"],
-                       unit_sha="-", model_revision="-")
-    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=") and line != "ExecStart="][0]
-    rigup = shlex.split(exec_start[len("ExecStart="):])
+    rigup = role_argv(bindir, model, build)
     server = str(bindir / "llama-server")
     configs = [
         ("rigup (roles/llama_server)", rigup, RECIPE["port"]),
@@ -318,12 +372,12 @@ def cmd_plan(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("plan", "build", "model", "serve"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/rigup-gpu-out")))
     args = parser.parse_args()
-    {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve}[args.step](args)
+    {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench}[args.step](args)
 
 
 if __name__ == "__main__":

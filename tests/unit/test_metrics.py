@@ -49,7 +49,9 @@ def test_prometheus_files_are_relative_and_the_alerts_hold_for_the_setting():
     assert conf["rule_files"] == ["rigup-rules.yml"] and conf["global"]["scrape_interval"] == "15s"
     rules = {r["alert"]: r for r in yaml.safe_load(files["rigup-rules.yml"])["groups"][0]["rules"]}
     assert rules["LlamaServerDown"] == {**rules["LlamaServerDown"], "expr": 'up{job="llama-server"} == 0', "for": "7s"}
-    assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent"}
+    assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent",
+                          "ThroughputBelowFloor", "ModelDownloadFailed", "ModelDownloadStalled"}
+    assert rules["ModelDownloadFailed"]["for"] == "0s" and "failed" in rules["ModelDownloadFailed"]["expr"]
     assert json.loads(files["rigup-node.json"])[0]["labels"] == {"host": "rig-1"}
     command = promote_command(sorted(files))
     assert command.index("promtool check rules") < command.index("cp ") < command.index("reload-or-restart")

@@ -406,3 +406,43 @@ def test_a_revision_change_fetches_beside_the_served_one_then_switches_in_one_re
     spec = {"dest": str(dest), "stage": stage1, "keep": 0}
     assert fetcher.main(["prune", blob(spec)]) == 0
     assert not os.path.exists(stage2) and probe_state(dest, rev1, stage1)["complete"]
+
+
+def test_metrics_say_each_models_state_and_why_a_job_failed(tmp_path):
+    """``rigup-fetch metrics``: one series per state (1: the current one), bytes, a failed job's
+    error as a label (escaped), a job whose lock nobody holds as dead; written atomically, and
+    nothing at all while the textfile directory is missing."""
+    def model(name, marker=None, progress=None):
+        dest = tmp_path / name
+        (dest / ".rigup-fetch").mkdir(parents=True)
+        if marker:
+            (dest / MARKER).write_text(json.dumps(marker))
+        if progress:
+            (dest / ".rigup-fetch" / "progress.json").write_text(json.dumps(progress))
+        return {"name": name, "dest": str(dest)}
+
+    models = [model("done", marker={"bytes": 10}),
+              model("broke", progress={"state": "failed", "bytes": 4, "total": 10, "updated": 5.5,
+                                       "error": 'no space left on device at /x, "2 MiB" more needed'}),
+              model("killed", progress={"state": "running", "bytes": 1, "total": 10, "updated": 6}),
+              model("new")]
+    textfiles = tmp_path / "textfile"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"models": models, "metrics_file": str(textfiles / "rigup_model_fetch.prom"),
+                                  "marker": MARKER, "token_file": HF_TOKEN}))
+    assert fetcher.main(["metrics", str(config)]) == 0 and not textfiles.exists()
+    textfiles.mkdir()
+    assert fetcher.main(["metrics", str(config)]) == 0
+    assert os.listdir(textfiles) == ["rigup_model_fetch.prom"]
+    text = (textfiles / "rigup_model_fetch.prom").read_text()
+    print(text)
+    current = {ln.split("{")[1].split(",")[0]: ln.split('state="')[1].split('"')[0]
+               for ln in text.splitlines() if ln.startswith("rigup_model_fetch_state{") and ln.endswith(" 1")}
+    assert current == {'model="done"': "complete", 'model="broke"': "failed", 'model="killed"': "dead",
+                       'model="new"': "absent"}
+    assert sum(ln.startswith('rigup_model_fetch_state{model="broke"') for ln in text.splitlines()) == len(
+        fetcher.FETCH_STATES)
+    assert ('rigup_model_fetch_error_info{model="broke",error="no space left on device at /x, \\"2 MiB\\" more '
+            'needed"} 1') in text
+    assert 'rigup_model_fetch_bytes{model="broke"} 4' in text and 'rigup_model_fetch_total_bytes{model="done"} 10' in text
+    assert "rigup_model_fetch_updated_timestamp_seconds{model=\"broke\"} 5.5" in text

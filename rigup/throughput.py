@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Tokens per second of an OpenAI-compatible endpoint (llama-server, vLLM), measured with real
+completions. Python 3 standard library only, and no import of the rest of rigup: the throughput
+watchdog (roles/watchdog) installs this file on hosts as ``rigup_throughput.py`` next to its
+script, bench.py sends it to each host it measures, and tests/gpu/ runs it with a plain python3.
+
+    python3 throughput.py sweep URL [--levels 1,4,8,16] [--max-tokens 128] [--rounds 2]
+                                    [--key-file F] [--model M]     # one JSON line on stdout
+
+One completion's rate (:func:`completion`) is llama-server's own generation rate when it reports
+one (``timings.predicted_per_second``: decoding alone, as llama-bench's tg), else the completion
+tokens over the request's wall time. A concurrency level (:func:`level`) runs N clients at once,
+each sending ``rounds`` completions one after the other: total tok/s is every completion token
+over the level's wall time, per-request tok/s the mean of the requests' own rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import urllib.request
+
+PROMPT = "Write a long story about a lighthouse keeper, one sentence after another."
+
+
+def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
+               model: str | None = None) -> dict:
+    """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):
+    ``{"tokens", "seconds", "tps"}``; raises OSError (URLError, timeout) or ValueError (an answer
+    that is not a completion)."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": False, **({"model": model} if model else {})}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", json.dumps(body).encode(), headers)
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        doc = json.loads(answer.read())
+    seconds = time.monotonic() - started
+    tokens = int((doc.get("usage") or {})["completion_tokens"])
+    reported = (doc.get("timings") or {}).get("predicted_per_second")
+    tps = float(reported) if reported else tokens / seconds if seconds > 0 else 0.0
+    return {"tokens": tokens, "seconds": round(seconds, 4), "tps": round(tps, 2)}
+
+
+def level(url: str, concurrency: int, key: str | None = None, max_tokens: int = 128, rounds: int = 2,
+          timeout: float = 300, model: str | None = None) -> dict:
+    """``concurrency`` clients at once, ``rounds`` completions each: ``{"concurrency", "requests",
+    "failed", "tokens", "seconds", "total_tps", "per_request_tps"}``."""
+    results, failures, lock = [], [], threading.Lock()
+
+    def client():
+        for _ in range(rounds):
+            try:
+                one = completion(url, key, max_tokens, timeout, model)
+            except (OSError, ValueError, KeyError) as e:
+                one = None
+                with lock:
+                    failures.append(str(e))
+            if one:
+                with lock:
+                    results.append(one)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.monotonic() - started
+    tokens = sum(r["tokens"] for r in results)
+    return {"concurrency": concurrency, "requests": len(results), "failed": len(failures),
+            "errors": sorted(set(failures))[:3], "tokens": tokens, "seconds": round(seconds, 3),
+            "total_tps": round(tokens / seconds, 2) if seconds > 0 else 0.0,
+            "per_request_tps": round(sum(r["tps"] for r in results) / len(results), 2) if results else 0.0}
+
+
+def sweep(url: str, levels: list[int], key: str | None = None, max_tokens: int = 128, rounds: int = 2,
+          model: str | None = None) -> list[dict]:
+    """:func:`level` at each concurrency of ``levels``, in order, after one warm-up completion."""
+    completion(url, key, min(max_tokens, 8), 300, model)
+    return [level(url, n, key, max_tokens, rounds, model=model) for n in levels]
+
+
+def read_key(path: str | None) -> str | None:
+    """The API key in ``path`` (a llama-server key file: the key alone; vLLM's env file: the part
+    after ``VLLM_API_KEY=``), or None without a path."""
+    if not path:
+        return None
+    with open(path) as f:
+        text = f.read().strip()
+    return text.split("VLLM_API_KEY=", 1)[-1].strip()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="throughput", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sweep", help="tok/s at each concurrency level, as one JSON line")
+    s.add_argument("url")
+    s.add_argument("--levels", default="1,4,8,16")
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--key-file")
+    s.add_argument("--model")
+    args = parser.parse_args(argv)
+    levels = [int(n) for n in args.levels.split(",") if n.strip()]
+    doc = {"url": args.url, "max_tokens": args.max_tokens, "rounds": args.rounds}
+    try:
+        doc["levels"] = sweep(args.url, levels, read_key(args.key_file), args.max_tokens, args.rounds, args.model)
+    except (OSError, ValueError, KeyError) as e:     # the endpoint down, refusing, or not OpenAI's
+        doc["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(doc))
+    return 0 if "levels" in doc else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""An engine stand-in with a throughput: an OpenAI-compatible server (standard library) that
+answers /health, /v1/models, /metrics and /v1/chat/completions, generating ``max_tokens`` tokens
+at ``--tps`` tokens a second per request (requests run at once, each at that rate, up to
+``--slots``; more wait for a slot, as llama-server's --parallel). For the watchdog's and
+bench.py's tests (tests/roles/test_watchdog.py, test_bench.py, tests/unit/test_watchdog.py).
+
+    python3 engine_stub.py --port 8081 [--host 127.0.0.1] [--tps 200] [--slots 4]
+
+A wedged engine, for real: SIGUSR1 makes this process slow (``--slow-tps``, default 2 tok/s)
+until it restarts; SIGUSR2 makes it fast again. Its answer carries ``usage`` and, as
+llama-server's, ``timings.predicted_per_second``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--tps", type=float, default=200.0)
+    p.add_argument("--slow-tps", type=float, default=2.0)
+    p.add_argument("--slots", type=int, default=4)
+    args = p.parse_args()
+    rate = {"tps": args.tps}
+    slots = threading.Semaphore(args.slots)
+    served = {"tokens": 0}
+    signal.signal(signal.SIGUSR1, lambda *a: rate.update(tps=args.slow_tps))
+    signal.signal(signal.SIGUSR2, lambda *a: rate.update(tps=args.tps))
+
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self, code: int, body: bytes, kind: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.reply(200, b'{"status": "ok"}')
+            elif self.path == "/v1/models":
+                self.reply(200, json.dumps({"object": "list", "data": [{"id": "stub"}]}).encode())
+            elif self.path == "/metrics":
+                self.reply(200, f"llamacpp:tokens_predicted_total {served['tokens']}\n".encode(), "text/plain")
+            else:
+                self.reply(404, b'{"error": "not found"}')
+
+        def do_POST(self):
+            doc = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path != "/v1/chat/completions":
+                return self.reply(404, b'{"error": "not found"}')
+            tokens = int(doc.get("max_tokens") or 16)
+            with slots:
+                tps = rate["tps"]
+                started = time.monotonic()
+                time.sleep(tokens / tps)
+                seconds = time.monotonic() - started
+            served["tokens"] += tokens
+            self.reply(200, json.dumps({
+                "object": "chat.completion", "model": "stub",
+                "choices": [{"index": 0, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": "word " * tokens}}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens},
+                "timings": {"predicted_n": tokens, "predicted_per_second": round(tokens / seconds, 3)}}).encode())
+
+        def log_message(self, *a):
+            pass
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128     # http.server's 5 drops the SYNs of a burst of clients (1 s retries)
+        daemon_threads = True
+
+    Server((args.host, args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

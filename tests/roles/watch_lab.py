@@ -1,0 +1,103 @@
+"""Helpers of the "watch it run" lab tests (test_model_fetch_metrics.py, test_watchdog.py,
+test_bench.py): a play of a few roles, an inventory that wraps inventory/lab.py with per-host data
+(and the first host in the group `monitoring`), Prometheus's API on the monitoring host, and the
+engine stand-in (tests/lab/engine_stub.py) as a host's serving unit."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+from tests.conftest import on_host
+from tests.converge import ROOT, pyinfra
+
+# Preflight judges base and the roles played (an engine stand-in holds a serving port here, which
+# llama_server's port check would rightly refuse: that role is not played).
+PLAY = """from pyinfra import host
+from roles import base, preflight
+from rigup.config import check_host
+import importlib
+check_host(host)
+roles = [importlib.import_module("roles." + name) for name in {roles!r}]
+plan = preflight.run([base, *roles])
+base.apply(plan)
+for role in roles:
+    role.apply(plan)
+"""
+INVENTORY = """import json as _json, runpy as _runpy
+from rigup.config import group_vars as _group_vars
+_base = _runpy.run_path({lab_inventory!r})
+_extra = _json.loads({extra!r})
+def _with(group):
+    hosts, data = group
+    return ([(n, {{**d, **_extra.get(n, {{}})}}) for n, d in hosts], data)
+a100 = _with(_base["a100"])
+none = _with(_base["none"])
+lab = _with(_base["lab"])
+if {monitoring!r}:
+    monitoring = (lab[0][:1], _group_vars("monitoring"))
+all = _base["all"]
+"""
+ENGINE = ROOT / "tests/lab/engine_stub.py"
+UNIT = "rigup-llama@{}.service"
+
+
+def play(tmp_path: Path, roles: list[str], data: dict[str, dict], *args: str, monitoring: bool = False,
+         check: bool = True):
+    """preflight, base and ``roles`` on the hosts of ``data`` ({host: {var: value}}, over the lab
+    group's), run as a user runs pyinfra; fails the test when it fails and ``check``."""
+    deploy = tmp_path / f"play_{int(time.monotonic() * 1000)}.py"
+    deploy.write_text(PLAY.format(roles=roles))
+    return run_play(tmp_path, str(deploy), data, *args, monitoring=monitoring, check=check)
+
+
+def run_play(tmp_path: Path, deploy: str, data: dict[str, dict], *args: str, monitoring: bool = False,
+             check: bool = True):
+    """pyinfra's ``deploy`` (a play: deploy.py, bench.py, ...) on the hosts of ``data``."""
+    inventory = tmp_path / f"inventory_{int(time.monotonic() * 1000)}.py"
+    inventory.write_text(INVENTORY.format(lab_inventory=str(ROOT / "inventory/lab.py"), extra=json.dumps(data),
+                                          monitoring=monitoring))
+    run = pyinfra(str(inventory), deploy, *(a for h in data for a in ("--limit", h)), *args)
+    if check:
+        assert run.returncode == 0, run.output[-5000:]
+    return run
+
+
+def api(lab, monitor: str, path: str, **params) -> dict:
+    """Prometheus's HTTP API on the monitoring host (bound to loopback there)."""
+    args = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
+    answer = json.loads(on_host(lab, monitor, f"curl -s -G {args} http://127.0.0.1:9090/api/v1/{path}"))
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def until(predicate, timeout: float = 60, poll: float = 0.5):
+    """The first true value of ``predicate()`` within ``timeout`` s, else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    return None
+
+
+def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int = 4) -> None:
+    """The engine stand-in as ``rigup-llama@INSTANCE`` on ``name`` (127.0.0.1:PORT, ``tps`` tokens
+    a second until it is told to slow down), running."""
+    on_host(lab, name, f"mkdir -p /opt/rigup-lab && printf %s {shlex.quote(ENGINE.read_text())} "
+                       "> /opt/rigup-lab/engine_stub.py")
+    unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\n"
+            f"ExecStart=/usr/bin/python3 /opt/rigup-lab/engine_stub.py --port {port} --tps {tps} --slots {slots}\n")
+    on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
+                       f"systemctl daemon-reload && systemctl restart {UNIT.format(instance)}")
+    ready = until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 30)
+    assert ready, f"the engine stand-in on {name} never answered"
+
+
+def unserve_stub(lab, name: str, instance: str) -> None:
+    """The stand-in's unit stopped and removed."""
+    lab.ssh(name, f"systemctl stop {UNIT.format(instance)}; rm -f /etc/systemd/system/{UNIT.format(instance)}; "
+                  "systemctl daemon-reload")
