@@ -24,12 +24,15 @@ from rigup.state import read_once
 # directory) and dpkg's own past DPkg::Lock::Timeout (Unable to acquire the dpkg frontend lock).
 LOCK_WORDS = ("Could not get lock", "Unable to lock", "Unable to acquire the dpkg frontend lock")
 # $1: seconds to wait, $2: the apt command (shell). Runs $2 until it succeeds, fails for another
-# reason, or the time is up; says once which lock it waits for.
+# reason, or the time is up; says once which lock it waits for. A command that timed out (exit
+# 124 of ``timeout``: an ``apt-get update`` whose mirror or proxy stopped answering, seen as a
+# connection left in CLOSE-WAIT by apt's http method for ever) is run again too.
 _WAIT = (
     'export LC_ALL=C; end=$(( $(date +%s) + $1 )); said=; '
     'while :; do out=$(eval "$2" 2>&1); rc=$?; '
     'if [ $rc -eq 0 ]; then printf "%s\\n" "$out"; exit 0; fi; '
-    'case $out in ' + "|".join(f'*"{w}"*' for w in LOCK_WORDS) + ') ;; *) printf "%s\\n" "$out"; exit $rc;; esac; '
+    'if [ $rc -eq 124 ]; then echo "rigup: $2 timed out: run again"; '
+    'else case $out in ' + "|".join(f'*"{w}"*' for w in LOCK_WORDS) + ') ;; *) printf "%s\\n" "$out"; exit $rc;; esac; fi; '
     'if [ "$(date +%s)" -ge "$end" ]; then printf "%s\\n" "$out" '
     '"rigup: an apt lock was still held after $1 s (apt_lock_timeout)"; exit $rc; fi; '
     '[ -n "$said" ] || { said=1; printf "%s\\n" "$out" | grep -m1 -e "lock" | sed "s/^/rigup: waiting: /"; }; '
@@ -41,6 +44,15 @@ def waiting(command: str, timeout: int) -> str:
     """Shell that runs the apt ``command`` (shell text), again every 2 s while it fails because an
     apt lock is held, for up to ``timeout`` seconds; its output is printed once it ends."""
     return f"sh -c {shlex.quote(_WAIT)} rigup-apt {int(timeout)} {shlex.quote(command)}"
+
+
+UPDATE_TIMEOUT_S = 180  # an apt-get update (index files only) that takes longer hangs: run it again
+
+
+def updated(command: str = "apt-get update") -> str:
+    """``apt-get update`` bounded to UPDATE_TIMEOUT_S (then killed and, by :func:`waiting`, run
+    again): apt's http method can wait for ever on a connection its proxy closed."""
+    return f"timeout -k 10 {UPDATE_TIMEOUT_S} {command}"
 
 
 def lock_timeout() -> int:
@@ -64,6 +76,6 @@ def installed(packages: list[str], cache_seconds: int = 86400):
         return
     timeout = lock_timeout()
     for command in apt.update._inner(cache_time=cache_seconds):
-        yield waiting(command, timeout) if str(command).startswith("apt-get") else command
+        yield waiting(updated(command), timeout) if str(command).startswith("apt-get") else command
     install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in missing)
     yield waiting(noninteractive_apt(install), timeout)

@@ -46,7 +46,7 @@ def keyring(repo: str):
         host.noop("cuda-keyring is installed")
         return
     url = KEYRING_URL.format(repo=repo)
-    yield f"curl -fsSL --retry 3 -o /tmp/cuda-keyring.deb {url} && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb && " + apt.waiting("apt-get update", apt.lock_timeout())
+    yield f"curl -fsSL --retry 3 -o /tmp/cuda-keyring.deb {url} && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb && " + apt.waiting(apt.updated(), apt.lock_timeout())
 
 
 @operation()
@@ -55,7 +55,7 @@ def debian_component(component: str):
     yield (f"for f in /etc/apt/sources.list.d/*.sources; do grep -Eq '^Components:(.* )?{component}( |$)' $f || "
            f"sed -i 's/^Components: .*/& {component}/' $f; done; "
            f"[ ! -s /etc/apt/sources.list ] || grep -Eq '^deb .* {component}( |$)' /etc/apt/sources.list || "
-           f"sed -Ei 's/^(deb .*)$/\\1 {component}/' /etc/apt/sources.list; " + apt.waiting("apt-get update", apt.lock_timeout()))
+           f"sed -Ei 's/^(deb .*)$/\\1 {component}/' /etc/apt/sources.list; " + apt.waiting(apt.updated(), apt.lock_timeout()))
 
 
 @operation()

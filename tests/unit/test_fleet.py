@@ -3,10 +3,11 @@ and the status command run by a real shell on fake drop-ins and a fake tripped f
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 from rigup import fleet
-from rigup.apt import waiting
+from rigup.apt import UPDATE_TIMEOUT_S, updated, waiting
 from roles.model_fetch.plan import short_progress
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -151,3 +152,19 @@ def test_download_progress_read_by_a_real_shell(tmp_path):
     states = parse_progress(out.stdout.splitlines(), specs)
     assert [short_progress(n, states[n]) for n in ("done", "failed", "busy", "new")] == [
         "done complete", "failed failed: no space (at 1 B / 4 B)", "busy 0 B running", "new not here yet"]
+
+
+def test_a_hung_apt_update_is_killed_and_run_again(tmp_path):
+    """An apt-get update that never ends (apt's http method waiting on a connection its proxy
+    closed) is killed by its bound (rigup.apt.updated) and run again by waiting()."""
+    fake = tmp_path / "apt-get"
+    fake.write_text('#!/bin/sh\nn=$(cat "$0.n" 2>/dev/null || echo 0); echo $((n+1)) > "$0.n"\n'
+                    'if [ "$n" -lt 1 ]; then sleep 60; fi\necho "done $*"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    command = updated().replace(f" {UPDATE_TIMEOUT_S} ", " 1 ")
+    start = time.monotonic()
+    ok = subprocess.run(["sh", "-c", waiting(command, 30)], capture_output=True, text=True, env=env)
+    print(ok.stdout, f"{time.monotonic() - start:.1f} s")
+    assert ok.returncode == 0 and "timed out: run again" in ok.stdout and "done update" in ok.stdout
+    assert time.monotonic() - start < 15
