@@ -127,17 +127,22 @@ def test_refused_before_any_byte(lab, hub, play, tmp_path):
     on_host(lab, name, "mkdir -p /mnt/small && (mountpoint -q /mnt/small || mount -t tmpfs -o size=64m tmpfs /mnt/small)")
     hub_module.reset()
     models = {
-        "small": model(revs, "big", include=["big.bin"], dest="/mnt/small/big"),
         "noinc": model(revs, "tiny", include=["*.safetensors"]),
         "norev": {"repo": "lab/tiny-gguf", "revision": "0" * 40},
         "norepo": {"repo": "lab/nothing-here", "revision": revs["tiny"]},
         "halfset": model(revs, "tiny", include=["tiny-00001-of-00003.gguf", "tiny-00003-of-00003.gguf"]),
     }
+    # the size comes from the hub's listing on the controller: preflight refuses the host
+    small = converge(play, tmp_path, {name: {"models": {"small": model(revs, "big", include=["big.bin"],
+                                                                         dest="/mnt/small/big")}}}, check=False)
+    print("\n" + "\n".join(ln for ln in small.output.splitlines() if "refused" in ln or "size_gib" in ln))
+    assert small.returncode != 0
+    assert f"[{name}] refused: not enough free disk for model small" in small.output
+    assert "at /mnt/small/big" in small.output and "from the hub" in small.output
+    # what only the host's probe of the hub tells: refused by model_fetch, each with its key
     run = converge(play, tmp_path, {name: {"models": models}}, check=False)
     assert run.returncode != 0
     out = run.output
-    assert f"[{name}] refused: models.small.dest" in out and "not enough free disk at /mnt/small/big" in out
-    assert f"{BIG} bytes" in out and "64.0 MiB free" in out
     assert "models.noinc.include" in out and "'*.safetensors' matches no file of lab/tiny-gguf" in out
     assert "models.norev.revision" in out and f"{'0' * 40} is not a commit of lab/tiny-gguf" in out
     assert "models.norepo.repo" in out and "'lab/nothing-here' not found" in out

@@ -269,7 +269,8 @@ def test_8_model_plus_kv_cache_beyond_the_vram_gives_the_figures(lab, hosts):
         f"[{h100}] refused: model glm does not fit the VRAM of llama_server_instances.glm: weights 186.0 GiB + "
         "KV cache 150.0 GiB (5,000,000 tokens x 0.03 GiB per 1k, glm-5.3-flash estimate from rigup/gpu/models.yml) "
         "+ 4.0 GiB overhead (1 GiB per GPU) = 340.0 GiB > 318.6 GiB of VRAM (4 x 79.6 GiB); fix: lower "
-        "llama_server_instances.glm.ctx, pick a smaller quant, or lower ngl to keep layers on the CPU"]
+        "llama_server_instances.glm.ctx, pick a smaller quant, give each replica more GPUs (gpus_per_replica: auto), "
+        "or lower ngl to keep layers on the CPU"]
     assert run.returncode != 0
     assert all("not enough free disk" in ln for ln in lines if ln not in vram)  # this machine's disk may be small
 
