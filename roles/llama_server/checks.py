@@ -155,18 +155,19 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return needs_systemd(facts, [f"llama_server_instances ({', '.join(names)})"] if names else [])
 
 
-def _worker_problems(name: str, worker: str, fleet: Fleet, data: dict) -> list[str]:
-    """Why ``worker`` cannot be an RPC worker of this host's instance ``name``."""
+def _worker_problems(worker: str, fleet: Fleet, data: dict) -> list[tuple[str, str]]:
+    """(why, fix) for each reason ``worker`` cannot be an RPC worker of this host."""
     other = fleet.hosts.get(worker)
     if worker == fleet.me:
-        return [f"{worker} is this host itself"]
+        return [(f"{worker} is this host itself", "name other hosts of the inventory")]
     if other is None:
-        return [f"{worker!r} is not a host of this inventory"]
-    found = [ip_problem(h, d) for h, d in ((fleet.me, data), (worker, other))]
-    found.append(ref_problem(fleet.me, data, worker, other))
+        return [(f"{worker!r} is not a host of this inventory", "name a host of the inventory")]
+    found = [(ip_problem(h, d), "use IP addresses in the inventory") for h, d in ((fleet.me, data), (worker, other))]
+    found.append((ref_problem(fleet.me, data, worker, other), f"set the same llama_cpp_ref on {fleet.me} and {worker}"))
     if RPC_TARGET not in (other.get("llama_cpp_targets") or []):
-        found.append(f"{worker} does not build {RPC_TARGET} (its llama_cpp_targets), so it cannot run rigup-rpc")
-    return [p for p in found if p]
+        found.append((f"{worker} does not build {RPC_TARGET} (its llama_cpp_targets), so it cannot run rigup-rpc",
+                      f"add {RPC_TARGET} to llama_cpp_targets of {worker}"))
+    return [(why, fix) for why, fix in found if why]
 
 
 def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
@@ -182,9 +183,7 @@ def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
             found.append(Refusal(f"{where} with {lay.replicas} replicas", "RPC workers serve one server's layers",
                                  f"set llama_server_instances.{name}.replicas: 1, or drop rpc_workers", "rpc"))
         for worker in inst["rpc_workers"] if fleet else []:
-            found += [Refusal(f"{where}: {worker}", why, "name a host of the inventory that runs the same "
-                              "llama.cpp ref with ggml-rpc-server among its llama_cpp_targets", "rpc")
-                      for why in _worker_problems(name, worker, fleet, data)]
+            found += [Refusal(f"{where}: {worker}", why, fix, "rpc") for why, fix in _worker_problems(worker, fleet, data)]
     return found
 
 
