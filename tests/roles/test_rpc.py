@@ -108,7 +108,8 @@ def test_a_stopped_worker_fails_the_head_and_its_gate(lab, group):
     failed = run(HEAD, ok=False)
     assert failed.returncode != 0
     assert "/health did not answer 200" in failed.output and reason in failed.output
-    print(f"converge of {HEAD} alone failed in {failed.seconds:.0f} s naming the worker")
+    said = [ln.strip() for ln in failed.output.splitlines() if "/health did not answer" in ln or reason in ln]
+    print(f"converge of {HEAD} alone failed in {failed.seconds:.0f} s: {said}")
     healed = run(HEAD, WORKER)   # the worker comes back, and the head with it
     assert "Paris" in ask(lab)["choices"][0]["text"]
     print(f"converge of both healed it in {healed.seconds:.0f} s")
