@@ -16,21 +16,24 @@ from rigup.secrets import new_key
 
 
 def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,
-                 key: tuple[str, str, str] | None = None):
+                 key: tuple[str, str, str] | None = None, block: bool = True):
     """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
     ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
     reloads systemd and restarts the unit; a unit not active or not enabled is started; else
     ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``, ``key``).
-    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart)."""
+    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart).
+    ``block=False``: start or restart without waiting for the start job (the gate then waits, and
+    shows the journal when its ExecStartPre fails)."""
+    now = "" if block else " --no-block"
     if key and not state.get("key"):
         yield new_key(*key)
         changed = True
     if changed:
         yield from files.put._inner(src=StringIO(text), dest=dropin, mode="644")
         yield "systemctl daemon-reload"
-        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
+        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart{now} {unit}"
     elif state.get("active") != "active" or state.get("enabled") != "enabled":
-        yield f"systemctl enable {unit} && systemctl start {unit}"
+        yield f"systemctl enable {unit} && systemctl start{now} {unit}"
     else:
         host.noop(noop)
 

@@ -12,9 +12,9 @@ from importlib import import_module
 from types import ModuleType
 
 ORDER = ("base", "model_fetch", "cuda_toolkit", "llama_cpp", "gpu_power", "gpu_guard", "cmpunlocker",
-         "llama_server", "vllm", "balancer", "metrics", "watchdog")
+         "rpc_worker", "llama_server", "vllm", "balancer", "metrics", "watchdog")
 STEPS = ("base.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
-         "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "llama_server.apply", "vllm.apply",
+         "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply", "llama_server.apply", "vllm.apply",
          "balancer.apply", "metrics.apply", "watchdog.apply", "model_fetch.pruned")
 
 

@@ -24,8 +24,12 @@ file (rigup.names.balancer_file). Servers no longer wanted (the single server re
 replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
 same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
 
+With ``rpc_workers`` (hosts of the inventory running roles/rpc_worker): ``--rpc ADDRESS:PORT,...``
+(their inventory addresses and rpc_worker_port) and an ExecStartPre that waits
+``llama_server_rpc_wait`` s at most for each worker's port, failing with the worker's name.
+
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
-llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
+llama_server_health_prompt, llama_server_rpc_wait; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
 roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 """
@@ -46,29 +50,33 @@ from rigup.files import directory, managed
 from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
+from rigup.rpc import endpoint
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
 from rigup.secrets import bearer
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
-from roles.llama_server.checks import CHECKS, plan_lines, ports
+from roles.llama_server.checks import CHECKS, FLEET_CHECKS, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import layout
 from roles.llama_server.schema import instances
 
-__all__ = ["apply", "CHECKS", "plan_lines", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "ports"]
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
-             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None):
+             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
+             rpc: list[str], rpc_wait: int):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
-    the role on the host (read together, once)."""
+    the role on the host (read together, once). ``rpc``: its RPC workers' ADDRESS:PORT; such a
+    server is started without waiting for the start job, so that the gate shows why it failed
+    (a worker that does not answer) from the journal."""
     name = instance_name
     marker_file = marker
     found = read_once(LlamaServerState, units=units, build_link=build_link)
@@ -83,12 +91,12 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
                              f"{marker_file}: {', '.join(marker.get('files', [])) or 'none'}")
     model_path = marker_file.rsplit("/", 1)[0] + "/" + model_file
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
-                       env, balancer)
+                       env, balancer, rpc, rpc_wait)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
-                            key=(KEY.format(name), user, "") if inst["api_key"] else None)
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None, block=not rpc)
 
 
 @operation()
@@ -143,10 +151,12 @@ def apply(plan: dict):
             backends_file(name, inst, srv, data)
         for server in srv:
             hooks = balancer_hooks(name, server, data) if len(srv) > 1 else None
+            rpc = [endpoint(w, host.inventory.get_host(w).data.dict()) for w in inst["rpc_workers"]]
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
-                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks)
+                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
+                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"])
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
                         bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],

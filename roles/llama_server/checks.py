@@ -7,6 +7,10 @@ rigup/refusal.py), and the ports its instances take.
     check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken
     check_split_mode_row    -sm row for a model family known to fail with it
     check_systemd           instances on a host where systemd is not PID 1
+    check_rpc               (FLEET_CHECKS, with every host's data) an instance's rpc_workers that
+                            cannot serve it: not in the inventory, this host, no RPC server among
+                            its llama.cpp targets, another llama_cpp_ref, no IP address; or RPC
+                            with more than one replica
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import re
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
-from rigup.refusal import FIX_CONFIG, Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.refusal import FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from roles.llama_server.command import replica_name, replica_port
 from roles.llama_server.replicas import layout, layout_text, need_gib
 from roles.llama_server.schema import instances
@@ -36,8 +41,17 @@ def layouts(plan: dict, data: dict) -> dict:
 
 
 def plan_lines(plan: dict, data: dict) -> list[str]:
-    """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``)."""
-    return [f"llama:     {layout_text(name, lay)}" for name, (inst, lay) in sorted(layouts(plan, data).items())]
+    """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``),
+    and for one with rpc_workers its split over the hosts and what RPC costs."""
+    lines = []
+    for name, (inst, lay) in sorted(layouts(plan, data).items()):
+        lines.append(f"llama:     {layout_text(name, lay)}")
+        if inst["rpc_workers"]:
+            split = (f"shares {inst['tensor_split']} (tensor_split)" if inst["tensor_split"] else
+                     "in proportion to each device's free memory")
+            lines.append(f"llama:     {name}: -ngl {inst['ngl']} layers split over this host's devices and the RPC "
+                         f"workers {', '.join(inst['rpc_workers'])} ({split}); {RPC_COST}")
+    return lines
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
@@ -77,6 +91,8 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         vram = {c["index"]: gib for c, gib in zip(plan.get("cards", []), per_card)}
         group = [vram[c["index"]] for c in lay.groups[0]] if lay.gpu and lay.groups else per_card
         need = need_gib(models(data)[0][inst["model"]], inst, len(group))
+        if inst["rpc_workers"]:
+            continue  # layers go to the workers' devices too, which this host cannot see
         if need is None or not group or need.total <= sum(group):
             continue  # unsized, or layers left on the CPU: the split is llama.cpp's to make
         where = f"llama_server_instances.{name}"
@@ -139,4 +155,37 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return needs_systemd(facts, [f"llama_server_instances ({', '.join(names)})"] if names else [])
 
 
+def _worker_problems(worker: str, fleet: Fleet, data: dict) -> list[tuple[str, str]]:
+    """(why, fix) for each reason ``worker`` cannot be an RPC worker of this host."""
+    other = fleet.hosts.get(worker)
+    if worker == fleet.me:
+        return [(f"{worker} is this host itself", "name other hosts of the inventory")]
+    if other is None:
+        return [(f"{worker!r} is not a host of this inventory", "name a host of the inventory")]
+    found = [(ip_problem(h, d), "use IP addresses in the inventory") for h, d in ((fleet.me, data), (worker, other))]
+    found.append((ref_problem(fleet.me, data, worker, other), f"set the same llama_cpp_ref on {fleet.me} and {worker}"))
+    if RPC_TARGET not in (other.get("llama_cpp_targets") or []):
+        found.append((f"{worker} does not build {RPC_TARGET} (its llama_cpp_targets), so it cannot run rigup-rpc",
+                      f"add {RPC_TARGET} to llama_cpp_targets of {worker}"))
+    return [(why, fix) for why, fix in found if why]
+
+
+def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+    """An instance with rpc_workers that cannot work: a worker not in the inventory (``fleet``),
+    this host itself, one without the RPC server, with another llama_cpp_ref, or whose address
+    (or this host's) is no IP address; or RPC with more than one replica."""
+    found = []
+    for name, (inst, lay) in layouts(plan, data).items():
+        where = f"llama_server_instances.{name}.rpc_workers"
+        if not inst["rpc_workers"]:
+            continue
+        if lay.replicas > 1:
+            found.append(Refusal(f"{where} with {lay.replicas} replicas", "RPC workers serve one server's layers",
+                                 f"set llama_server_instances.{name}.replicas: 1, or drop rpc_workers", "rpc"))
+        for worker in inst["rpc_workers"] if fleet else []:
+            found += [Refusal(f"{where}: {worker}", why, fix, "rpc") for why, fix in _worker_problems(worker, fleet, data)]
+    return found
+
+
 CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row)
+FLEET_CHECKS = (check_rpc,)

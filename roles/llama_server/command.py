@@ -5,8 +5,10 @@ it anywhere)."""
 
 from __future__ import annotations
 
+from rigup.rpc import wait_argv
 from rigup.templates import render
 from rigup.units import systemd_quote
+
 KEY = "/etc/rigup/llama-server/{}.key"
 REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
 
@@ -34,8 +36,9 @@ def visible_devices(group: list[dict]) -> str:
 
 
 
-def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
-    """llama-server's command line for one instance (every flag explicit, --port always)."""
+def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
+    """llama-server's command line for one instance (every flag explicit, --port always); ``rpc``:
+    its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers."""
     args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
             "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
             "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
@@ -46,6 +49,8 @@ def argv(name: str, inst: dict, binary: str, model_path: str) -> list[str]:
         args.append("--metrics")
     if inst["api_key"]:
         args += ["--api-key-file", KEY.format(name)]
+    if rpc:
+        args += ["--rpc", ",".join(rpc)]
     return [str(a) for a in args + list(inst["extra_args"])]
 
 
@@ -76,13 +81,16 @@ def replica_commands(name: str, inst: dict, lay, binary: str, model_path: str) -
 
 
 def dropin_text(name: str, inst: dict, binary: str, model_path: str, build: str, unit_sha: str,
-                model_revision: str, env: dict | None = None, balancer: dict | None = None) -> str:
+                model_revision: str, env: dict | None = None, balancer: dict | None = None,
+                rpc: list[str] = (), rpc_wait: int = 120) -> str:
     """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose
     alias and key a replica shares), its ``env``, for a replica the balancer's hooks
-    (``balancer``: {"ready": argv, "drain": argv}), and in a comment what restarts it when it
-    changes (unit, llama.cpp build, model revision)."""
+    (``balancer``: {"ready": argv, "drain": argv}), with RPC workers (``rpc``: ADDRESS:PORT each)
+    an ExecStartPre that waits ``rpc_wait`` s at most for them, and in a comment what restarts it
+    when it changes (unit, llama.cpp build, model revision)."""
     return render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
                   model_revision=model_revision, model_path=systemd_quote(model_path),
                   env=[systemd_quote(f"{k}={v}") for k, v in (env or {}).items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
-                  argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path)])
+                  rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,
+                  argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path, rpc)])

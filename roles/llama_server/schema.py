@@ -27,6 +27,7 @@ class LlamaInstance(ServingInstance):
     replicas: int | str
     gpus_per_replica: int | str | None
     min_tokens_per_s: float | None
+    rpc_workers: list[str]
 
 
 LLAMA_INSTANCE: dict[str, Key] = {
@@ -46,6 +47,9 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
                                                        "restarted after watchdog_bad_checks checks below it; null: "
                                                        "not watched"),
+    "rpc_workers": Key("list of str", [], "hosts of the inventory whose llama.cpp RPC server (roles/rpc_worker) takes "
+                                          "layers of this instance: --rpc ADDRESS:PORT,...; for models that do not "
+                                          "fit one host (it costs tok/s and load time); one server (replicas 1)"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

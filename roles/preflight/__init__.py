@@ -47,12 +47,15 @@ atexit.register(_summary)
 
 def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
     """Every reason this plan cannot work on this host (pure: plan, facts and data in): preflight's
-    own checks, each role's ``CHECKS``, and the ports of every role's ``ports`` (``fleet``: every
-    host's data, for a port one host opens for another)."""
+    own checks, each role's ``CHECKS`` and ``FLEET_CHECKS`` (these also take ``fleet``: every
+    host's data, for what one host's settings mean to another), and the ports of every role's
+    ``ports``."""
     found = check_gpu_host(plan, facts, data)
     for role in roles:
         for check in getattr(role, "CHECKS", ()):
             found += check(plan, facts, data)
+        for check in getattr(role, "FLEET_CHECKS", ()):
+            found += check(plan, facts, data, fleet)
     claims = [claim for role in roles if hasattr(role, "ports") for claim in role.ports(plan, data, fleet)]
     return found + port_refusals(claims, facts)
 

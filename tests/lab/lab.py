@@ -434,6 +434,8 @@ def boot(name):
                          "-b" if init else "--as-pid2",
                          "--register=no", "--keep-unit", f"--machine={name}", "--resolv-conf=off",
                          "--link-journal=no", f"--network-namespace-path=/run/netns/{NETNS}{name}",
+                         # its own firewall (roles/rpc_worker's nftables), in its own network namespace
+                         "--capability=CAP_NET_ADMIN",
                          *(f"--bind={src}:{dest}" for src, dest in shared_caches()),
                          *(() if init else NO_INIT_COMMAND)])
     # Each boot runs in a new time namespace whose boot clock starts at 0, so the host's

@@ -1,0 +1,131 @@
+"""roles/rpc_worker: llama.cpp's RPC server (``ggml-rpc-server``) on the hosts that some host's
+llama-server instance names in ``rpc_workers`` (its heads), so that one model's layers span hosts.
+
+What it does to a worker host (a host no instance names gets nothing, and loses a worker it ran):
+- Debian's ``nftables``, and the table ``inet rigup_rpc`` (/etc/rigup/rpc.nft): only the heads'
+  inventory addresses reach the RPC port, others get a TCP reset (the protocol has no
+  authentication). The file is checked (``nft -c -f``) before it replaces the live one, and loaded
+  again on a change; rigup-rpc loads it (with full privileges) before it listens, at every boot;
+- ``rigup-rpc.service``: the llama.cpp build ``current`` points to (roles/llama_cpp), bound to
+  the host's inventory address (ssh_hostname), never a wildcard; hardened as the serving units;
+  restarted only when its unit (flags, heads, build) changed.
+The heads wait for their workers before they start (roles/llama_server), and preflight refuses a
+worker that builds another llama.cpp ref than its head (the protocol is version-bound).
+
+Variables (roles/rpc_worker/defaults.yml): rpc_worker_port, rpc_worker_cuda_devices; and
+llama_cpp_dir (roles/llama_cpp), rigup_user (roles/base), every host's llama_server_instances
+and ssh_hostname (the inventory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy, operation
+
+from rigup import apt
+from rigup.config import role_defaults
+from rigup.names import guard_file
+from rigup.rpc import RPC_UNIT, address, heads_of
+from rigup.secrets import written
+from rigup.state import read_once
+from roles.rpc_worker.checks import CHECKS, FLEET_CHECKS, ports
+from roles.rpc_worker.command import FIREWALL, TABLE, firewall_text, unit_text
+
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
+
+UNIT = f"/etc/systemd/system/{RPC_UNIT}"
+
+
+class RpcWorkerState(FactBase):
+    """The worker's files (sha256), whether the rigup table is loaded, its unit's state and the
+    build ``build_link`` points to::
+
+        {"unit": "ab12..", "firewall": "cd34..", "loaded": True, "active": "active",
+         "enabled": "enabled", "build": "builds/lab-base-1a2b.."}
+    """
+
+    default = dict
+
+    def command(self, build_link: str) -> str:
+        q = shlex.quote
+        return "; ".join([f"echo unit=$(sha256sum {q(UNIT)} 2>/dev/null | cut -c1-64)",
+                          f"echo firewall=$(sha256sum {q(FIREWALL)} 2>/dev/null | cut -c1-64)",
+                          f"nft list table {TABLE} >/dev/null 2>&1 && echo loaded=1 || echo loaded=",
+                          f"echo active=$(systemctl is-active {RPC_UNIT} 2>/dev/null)",
+                          f"echo enabled=$(systemctl is-enabled {RPC_UNIT} 2>/dev/null)",
+                          f"echo build=$(readlink {q(build_link)} 2>/dev/null)"])
+
+    def process(self, output: list[str]) -> dict:
+        found = dict(line.partition("=")[::2] for line in output if "=" in line)
+        return {**found, "loaded": found.get("loaded") == "1"}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@operation()
+def firewall(text: str, build_link: str):
+    """The allow-list ``text`` at /etc/rigup/rpc.nft and loaded: a new text is written beside it,
+    checked by ``nft -c -f``, and only then moved over the live file and loaded."""
+    state = read_once(RpcWorkerState, build_link=build_link)
+    if state.get("firewall") == _sha(text) and state["loaded"]:
+        host.noop(f"the RPC allow-list is loaded ({TABLE})")
+        return
+    q = shlex.quote
+    yield "mkdir -p /etc/rigup"
+    yield written(f"{FIREWALL}.candidate", text, "644")
+    yield (f"nft -c -f {q(FIREWALL + '.candidate')} && mv {q(FIREWALL + '.candidate')} {q(FIREWALL)} && "
+           f"nft -f {q(FIREWALL)}")
+
+
+@operation()
+def server(data: dict, heads: list[str], build_link: str):
+    """rigup-rpc.service with its current unit, enabled and running; restarted when the unit
+    (flags, heads, the build ``build_link`` points to) changed."""
+    state = read_once(RpcWorkerState, build_link=build_link)
+    text = unit_text(f"{build_link}/bin", address(host.name, data), int(data["rpc_worker_port"]), heads,
+                     data["rigup_user"], guard_file(data), state.get("build") or "none",
+                     data["rpc_worker_cuda_devices"])
+    if state.get("unit") != _sha(text):
+        yield written(UNIT, text, "644")
+        yield "systemctl daemon-reload"
+        yield f"systemctl reset-failed {RPC_UNIT} 2>/dev/null; systemctl enable {RPC_UNIT} && systemctl restart {RPC_UNIT}"
+    elif (state.get("active"), state.get("enabled")) != ("active", "enabled"):
+        yield f"systemctl enable {RPC_UNIT} && systemctl start {RPC_UNIT}"
+    else:
+        host.noop(f"{RPC_UNIT} runs for {', '.join(heads)}")
+
+
+@operation()
+def retired(build_link: str):
+    """A worker no instance names any more: its unit stopped and removed, its table deleted."""
+    state = read_once(RpcWorkerState, build_link=build_link)
+    if not state.get("unit") and not state.get("firewall") and not state["loaded"]:
+        host.noop("no RPC worker here")
+        return
+    yield (f"systemctl disable --now {RPC_UNIT} 2>/dev/null; rm -f {shlex.quote(UNIT)} {shlex.quote(FIREWALL)}; "
+           f"nft delete table {TABLE} 2>/dev/null; systemctl daemon-reload")
+
+
+@deploy("rpc_worker", data_defaults=role_defaults("rpc_worker"))
+def apply(plan: dict):
+    data = host.data.dict()
+    build_link = f"{data['llama_cpp_dir']}/current"
+    if not plan.get("systemd", True):
+        return      # preflight refuses a worker without systemd
+    fleet = {h.name: h.data.dict() for h in host.inventory}
+    heads = heads_of(host.name, fleet)
+    if not heads:
+        retired(name="rpc_worker: no instance names this host a worker", build_link=build_link)
+        return
+    apt.installed(name="rpc_worker: nftables", packages=["nftables"], cache_seconds=data["apt_cache_seconds"],
+                  _retries=2, _retry_delay=10)
+    firewall(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
+             text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]),
+             build_link=build_link)
+    server(name=f"rpc_worker: {RPC_UNIT} on {address(host.name, data)}:{data['rpc_worker_port']}", data=data,
+           heads=heads, build_link=build_link)

@@ -1,0 +1,37 @@
+"""The RPC worker's command line, unit and nftables allow-list, as pure functions:
+roles/rpc_worker installs them; a unit test renders them for a 2-GPU machine (loopback)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from rigup.rpc import RPC_TARGET
+from rigup.templates import render
+from rigup.units import systemd_quote
+
+FIREWALL = "/etc/rigup/rpc.nft"
+TABLE = "inet rigup_rpc"
+
+
+def argv(binary_dir: str, bind: str, port: int) -> list[str]:
+    """ggml-rpc-server bound to ``bind``:``port`` (every device it finds: GPUs, else the CPU)."""
+    return [f"{binary_dir}/{RPC_TARGET}", "-H", bind, "-p", str(port)]
+
+
+def firewall_text(port: int, heads: list[str]) -> str:
+    """The nftables table admitting only ``heads`` (IP addresses) to ``port``, rejecting the rest
+    with a TCP reset; loading it again replaces the table (never adds rules twice)."""
+    ips = [ipaddress.ip_address(h) for h in heads]
+    return render("rpc_worker-firewall.nft.j2", port=port,
+                  v4=sorted(str(a) for a in ips if a.version == 4), v6=sorted(str(a) for a in ips if a.version == 6))
+
+
+def unit_text(binary_dir: str, bind: str, port: int, heads: list[str], user: str, guard_file: str,
+              build: str, cuda_devices: str | None) -> str:
+    """rigup-rpc.service: the worker under ``user``, hardened as the serving units, its allow-list
+    loaded (with full privileges) before it listens; ``build`` (the llama.cpp build that ``current``
+    points to) is named in a comment so that a new build restarts it."""
+    env = [systemd_quote(f"CUDA_VISIBLE_DEVICES={cuda_devices}")] if cuda_devices else []
+    return render("rpc_worker-unit.service.j2", heads=", ".join(heads), build=build, firewall=FIREWALL,
+                  guard_file=guard_file, user=user, env=env,
+                  argv=[systemd_quote(a) for a in argv(binary_dir, bind, port)])
