@@ -15,7 +15,7 @@ batch. A host that failed stays out of the pools. More than ``rigup_max_fail`` f
 the roll: the hosts not started keep serving untouched. The last lines say which hosts are done,
 failed (why) and not started; the exit code is 0 only when every host is done. ``--dry`` converges
 nothing and touches no gateway (each batch's plan is printed). Gateways, and hosts that serve
-nothing, are not rolled: converge them with deploy.py.
+nothing, are not rolled: converge them with deploy.py; nor are hosts in maintenance.
 """
 
 from __future__ import annotations

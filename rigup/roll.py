@@ -16,8 +16,8 @@ _LINE = re.compile(r"^\s*\[([^\]]+)\] (failed at .*|unreachable: .*|refused .*|c
 
 def serving_hosts(hosts: dict[str, dict]) -> list[str]:
     """The hosts that roll (``hosts``: name -> data, inventory order): those serving an instance,
-    gateways excepted."""
-    return [name for name, data in hosts.items() if not data.get("balancer_gateway")
+    gateways and hosts in maintenance (rigup_maintenance) excepted."""
+    return [name for name, data in hosts.items() if not data.get("balancer_gateway") and not data.get("rigup_maintenance")
             and any(data.get(var) for var in SERVING_MAPS)]
 
 

@@ -73,7 +73,7 @@ def form_schema(form: Form) -> dict:
     if form.kind == "any":
         return {}
     if form.kind == "batch":
-        return {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": f"^(?:{BATCH.pattern})$"}]}
+        return {"type": ["integer", "string"], "minimum": 1, "pattern": f"^(?:{BATCH.pattern})$"}  # each for its type
     out: dict = {"enum": list(form.choices)} if form.choices else {"type": _TYPES[form.kind]}
     if not form.choices and form.kind in _PATTERNS:
         out["pattern"] = _PATTERNS[form.kind]

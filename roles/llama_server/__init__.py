@@ -63,12 +63,12 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
-             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None):
+             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None, maintenance: bool = False):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
-    the role on the host (read together, once)."""
+    the role on the host (read together, once). ``maintenance``: stopped, nothing else changes."""
     name = instance_name
     marker_file = marker
     found = read_once(LlamaServerState, units=units, build_link=build_link)
@@ -88,7 +88,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
-                            key=(KEY.format(name), user, "") if inst["api_key"] else None)
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None, maintenance=maintenance)
 
 
 @operation()
@@ -146,7 +146,10 @@ def apply(plan: dict):
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
-                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks)
+                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
+                               maintenance=data["rigup_maintenance"])
+            if data["rigup_maintenance"]:
+                continue
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
                         bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],

@@ -8,7 +8,8 @@ from rigup.config import declared
 
 def test_serving_hosts_in_inventory_order_without_gateways():
     hosts = {"rig-2": {"llama_server_instances": {"a": {}}}, "gw": {"balancer_gateway": True, "llama_server_instances": {"a": {}}},
-             "mon": {"llama_server_instances": {}}, "rig-1": {"vllm_instances": {"v": {}}}}
+             "mon": {"llama_server_instances": {}}, "rig-1": {"vllm_instances": {"v": {}}},
+             "rig-3": {"llama_server_instances": {"a": {}}, "rigup_maintenance": True}}
     assert roll.serving_hosts(hosts) == ["rig-2", "rig-1"]
 
 
