@@ -64,8 +64,9 @@ def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: l
                  if any(s[0] == name for s in b["servers"])]
         if not steps:
             continue
+        # one argument: pyinfra's exec joins its arguments with spaces into one shell command
         code, out = pyinfra("-y", "--limit", gateway, *[a for a in args if a != "-y"], inventory, "exec", "--",
-                            "sh", "-c", " && ".join(steps))
+                            " && ".join(steps))
         if code:
             return f"{action} at gateway {gateway} failed (pyinfra exited {code})"
     return None

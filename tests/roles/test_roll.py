@@ -2,6 +2,7 @@
 group_vars/lab.yml's model) behind a gateway host (lab5, HAProxy over the 4), while a client loops
 through the gateway. The gateway's `show stat` is sampled on it every 0.3 s during each roll."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -73,23 +74,37 @@ def rack(lab):
             lab.remove(name)
 
 
-def roll_under_load(lab, *args: str) -> dict:
-    """./roll.py with ``args`` while a client loops through the gateway and the gateway's pool is
-    sampled: the roll's exit code and output, the client's result, the samples."""
+@contextlib.contextmanager
+def client(lab):
+    """A client looping through the gateway, and the gateway's pool sampled, for the block; then
+    {"result": the client's counts, "out": per sample, the servers not UP}."""
     on_host(lab, GATEWAY, "rm -f /root/stop")
     loop = subprocess.Popen(lab.ssh_argv(GATEWAY) + ["--", f"python3 /root/load.py http://127.0.0.1:8081 2 1 8 {KEY} /root/stop"],
                             stdout=subprocess.PIPE, text=True)
     sampler = subprocess.Popen(lab.ssh_argv(GATEWAY) + ["--", SAMPLER], stdout=subprocess.PIPE, text=True)
     time.sleep(2)
-    start = time.monotonic()
-    run = subprocess.run([str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=1500, env={**os.environ, **ENV})
-    seconds = time.monotonic() - start
-    time.sleep(2)
-    on_host(lab, GATEWAY, "touch /root/stop")
-    result = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
-    samples = [dict(zip(s.split()[::2], s.split()[1::2])) for s in sampler.communicate(timeout=60)[0].splitlines() if s.strip()]
-    out_of_pool = [sorted(h for h, st in s.items() if st != "UP") for s in samples]
+    seen = {}
+    try:
+        yield seen
+    finally:
+        time.sleep(2)
+        on_host(lab, GATEWAY, "touch /root/stop")
+        seen["result"] = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
+        samples = [dict(zip(s.split()[::2], s.split()[1::2])) for s in sampler.communicate(timeout=60)[0].splitlines()
+                   if s.strip()]
+        seen["out"] = [sorted(h for h, st in s.items() if st != "UP") for s in samples]
+
+
+def roll_under_load(lab, *args: str) -> dict:
+    """./roll.py with ``args`` while a client loops through the gateway and the gateway's pool is
+    sampled: the roll's exit code and output, the client's result, the samples."""
+    with client(lab) as seen:
+        start = time.monotonic()
+        run = subprocess.run([str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=1500, env={**os.environ, **ENV})
+        seconds = time.monotonic() - start
+    result, out_of_pool = seen["result"], seen["out"]
+    samples = out_of_pool
     summary = run.stdout[run.stdout.rfind("--> rigup roll"):]
     print(f"\nroll.py {' '.join(a[:40] for a in args)}: exit {run.returncode} in {seconds:.1f} s\n{summary}"
           f"client through the gateway: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
@@ -127,7 +142,43 @@ def test_a_failed_gate_stops_the_roll_there(rack):
         assert served == {"lab1": "2048", "lab2": "2048", "lab3": "none", "lab4": "1024"}
         summary = rolled["summary"]
         assert "[lab1] done" in summary and "[lab2] done" in summary and "[lab4] not started" in summary
-        assert "[lab3] failed: failed at llama-server gemma answers" in summary and "/health did not answer" in summary
+        assert "[lab3] failed: failed at llama-server gemma answers" in summary
         assert pool(lab) == {"lab1": "UP", "lab2": "UP", "lab3": "MAINT", "lab4": "UP"}
-    finally:
-        on_host(lab, "lab3", f"rm -f {HANG} && systemctl daemon-reload")
+    finally:   # lab3 serves again and is back in the pool
+        on_host(lab, "lab3", f"rm -f {HANG} && systemctl daemon-reload && systemctl restart rigup-llama@gemma")
+        on_host(lab, GATEWAY, "/opt/rigup/bin/rigup-balancer-drain ready gateway-gemma lab3")
+
+
+def test_maintenance_takes_a_host_out_and_back(rack):
+    """lab4 in maintenance: the gateway's converge takes it out of the pool (disabled), its own
+    stops its server and pauses its guard (then again: 0 changes), status shows it; out of
+    maintenance: its server starts (gated), the gateway's converge puts it back; no request fails."""
+    lab = rack
+    maint = {**ENV, "RIGUP_LAB_MAINTENANCE": "lab4"}
+    units = "systemctl is-active rigup-llama@gemma rigup-gpu-guard.timer || true"
+    gateway = ("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY)
+    with client(lab) as seen:
+        out = pyinfra(*gateway, env=maint)
+        assert out.returncode == 0, out.output[-5000:]
+        pool_in = wait_pool(lab, {"lab1": "UP", "lab2": "UP", "lab3": "UP", "lab4": "MAINT"})
+        first = converge("inventory/lab.py", "--limit", "lab4", *data(1024), env=maint)
+        again = converge("inventory/lab.py", "--limit", "lab4", *data(1024), env=maint)
+        stopped = on_host(lab, "lab4", units).split()
+        dropin = on_host(lab, "lab4", "ls /etc/systemd/system/rigup-llama@gemma.service.d/").split()
+        shown = pyinfra("inventory/lab.py", "status.py", "--limit", "lab4", "--data", "status_format=json", env=maint)
+        back = converge("inventory/lab.py", "--limit", "lab4", *data(1024), env=ENV)
+        started = on_host(lab, "lab4", units).split()
+        out = pyinfra(*gateway, env=ENV)
+        assert out.returncode == 0, out.output[-5000:]
+        pool_out = wait_pool(lab, dict.fromkeys(SERVING, "UP"))
+    status = json.loads(shown.output[shown.output.index('{\n "hosts"'):shown.output.rindex("}") + 1])["hosts"][0]
+    print(f"\nmaintenance on lab4: gateway pool {pool_in}; its converge changed {first.changed_operations()}, "
+          f"again {again.totals}; units (server, guard timer) {stopped}, drop-ins kept {dropin}; status.py "
+          f"maintenance={status['maintenance']}; back: changed {back.changed_operations()}, units {started}, "
+          f"pool {pool_out}; client through the gateway: {seen['result']['ok']} ok, {seen['result']['failed']} failed")
+    assert first.totals["changed"] > 0 and again.totals["changed"] == 0, again.changed_operations()
+    assert stopped == ["inactive", "inactive"] and "rigup.conf" in dropin
+    assert status["host"] == "lab4" and status["maintenance"] is True
+    assert started == ["active", "active"]
+    assert seen["result"]["failed"] == 0, seen["result"]["errors"]
+    assert ctx_served(lab, "lab4") == "1024"
