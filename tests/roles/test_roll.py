@@ -19,9 +19,11 @@ LOAD = (ROOT / "tests/roles/load.py").read_text()
 ENV = {"RIGUP_LAB_GATEWAYS": "lab5"}
 GATEWAY, SERVING = "lab5", ["lab1", "lab2", "lab3", "lab4"]
 HANG = "/etc/systemd/system/rigup-llama@gemma.service.d/zz-test-hang.conf"
-# every 0.3 s until /root/stop: "lab1 UP lab2 MAINT ..." (servers of the gateway's backend gateway-gemma)
+# every 0.3 s until /root/stop: "lab1 UP lab2 MAINT lab3 DOWN_1/2 ..." (servers of the gateway's backend
+# gateway-gemma and their status; a server is in the pool when its status starts with UP)
 SAMPLER = ("while [ ! -e /root/stop ]; do echo 'show stat' | socat stdio /run/haproxy/admin.sock | "
-           "awk -F, '$1 == \"gateway-gemma\" && $2 ~ /^lab/ {printf \"%s %s \", $2, $18} END {print \"\"}'; sleep 0.3; done")
+           "awk -F, '$1 == \"gateway-gemma\" && $2 ~ /^lab/ {gsub(/ /, \"_\", $18); printf \"%s %s \", $2, $18} "
+           "END {print \"\"}'; sleep 0.3; done")
 
 
 def data(ctx: int) -> tuple[str, str]:
@@ -92,7 +94,7 @@ def client(lab):
         seen["result"] = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
         samples = [dict(zip(s.split()[::2], s.split()[1::2])) for s in sampler.communicate(timeout=60)[0].splitlines()
                    if s.strip()]
-        seen["out"] = [sorted(h for h, st in s.items() if st != "UP") for s in samples]
+        seen["out"] = [sorted(h for h, st in s.items() if not st.startswith("UP")) for s in samples]
 
 
 def roll_under_load(lab, *args: str) -> dict:
