@@ -24,8 +24,11 @@ file (rigup.names.balancer_file). Servers no longer wanted (the single server re
 replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
 same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
 
+With ``rigup_maintenance`` (roles/base) every server is stopped and nothing else changes (its
+drop-in, key and enablement stay); false again starts them, gated as after a restart.
+
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
-llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
+llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user, rigup_maintenance (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
 roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 """

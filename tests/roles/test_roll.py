@@ -144,7 +144,8 @@ def test_a_failed_gate_stops_the_roll_there(rack):
         assert served == {"lab1": "2048", "lab2": "2048", "lab3": "none", "lab4": "1024"}
         summary = rolled["summary"]
         assert "[lab1] done" in summary and "[lab2] done" in summary and "[lab4] not started" in summary
-        assert "[lab3] failed: failed at llama-server gemma answers" in summary
+        assert "[lab3] failed: failed at llama_server | llama-server gemma answers" in summary
+        assert "rigup-llama@gemma.service: /health did not answer 200 within 30 s" in summary
         assert pool(lab) == {"lab1": "UP", "lab2": "UP", "lab3": "MAINT", "lab4": "UP"}
     finally:   # lab3 serves again and is back in the pool
         on_host(lab, "lab3", f"rm -f {HANG} && systemctl daemon-reload && systemctl restart rigup-llama@gemma")
