@@ -55,4 +55,8 @@ lab = ([_host(h) for h in _lab["hosts"]], {
 _gateways = _os.environ.get("RIGUP_LAB_GATEWAYS", "").split(",")
 gateway = ([_host(h) for h in _lab["hosts"] if h["name"] in _gateways], _group_vars("gateway"))
 
-all = _all_group(lab, gateway)
+# RIGUP_LAB_MAINTENANCE=lab4 (names, comma-separated) puts lab hosts in maintenance (rigup_maintenance).
+_maintenance = _os.environ.get("RIGUP_LAB_MAINTENANCE", "").split(",")
+maintenance = ([_host(h) for h in _lab["hosts"] if h["name"] in _maintenance], {"rigup_maintenance": True})
+
+all = _all_group(lab, gateway, maintenance)

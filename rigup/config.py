@@ -11,7 +11,7 @@ once, in its role's ``defaults.yml``, with a comment above it that ends in its f
     llama_port: 8080
 
 Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
-digits, ``_.-``), ``address`` (an IP address or host name), ``path`` (an absolute, normal directory on a host that is not a system
+digits, ``_.-``), ``address`` (an IP address or host name), ``batch`` (a count >= 1 or a share, ``"25%"``), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
 ``int A..B`` / ``float A..B`` (either end may be left out); ``one of a|b|c``; ``list of T``;
 and a trailing ``or null``. No value holds a control character (a newline, NUL ...): values end
@@ -73,6 +73,8 @@ class Form:
             "file": isinstance(value, str) and value.startswith("/"),
             "list": isinstance(value, list),
             "map": isinstance(value, dict),
+            "batch": isinstance(value, str) and BATCH.fullmatch(value) is not None
+            or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
         }[self.kind]
         if not kind_ok:
             hint = ""
@@ -106,6 +108,8 @@ class Form:
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
 ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
+# A batch of hosts: a count (an int >= 1) or a share of them ("25%": 1% to 100%).
+BATCH = re.compile(r"([1-9][0-9]?|100)%")
 _PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Directories a rigup path must never be (chown -R, rm, installs there would break the host), and
@@ -159,7 +163,7 @@ def path_problem(path: str) -> str | None:
 
 
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
-_KINDS = ("bool", "int", "float", "str", "name", "address", "path", "file", "list", "map", "any")
+_KINDS = ("bool", "int", "float", "str", "name", "address", "path", "file", "list", "map", "any", "batch")
 
 
 def parse_form(text: str) -> Form:

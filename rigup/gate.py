@@ -71,7 +71,11 @@ def answered(state, host, unit: str, port: int, model: str, prompt: str, timeout
     try:
         text = gate(host, unit, port, model, prompt, timeout, **options)
     except OperationError as e:
-        host.log_styled(str(e), fg="red", log_func=logger.error)
+        # the journal first, the reason last: the run's summary (rigup.summary) quotes the last lines
+        reason, _, journal = str(e).partition("\n")
+        if journal:
+            host.log_styled(journal, fg="red", log_func=logger.error)
+        host.log_styled(reason, fg="red", log_func=logger.error)
         return False
     host.noop(f"{unit} answered: {text!r}")
     return True

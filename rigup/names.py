@@ -57,5 +57,6 @@ def balancer_file(backend: str) -> str:
 
 def balancer_drain(data: dict) -> str:
     """The balancer's drain helper (roles/balancer installs it; replicas' units call it):
-    ``drain BACKEND SERVER`` before a stop, ``ready BACKEND SERVER PORT`` once started."""
+    ``drain BACKEND SERVER`` before a stop, ``ready BACKEND SERVER PORT`` once started; ``maint`` and
+    ``ready`` without a port on a gateway (roll.py)."""
     return f"{str(data['rigup_prefix']).rstrip('/')}/bin/rigup-balancer-drain"

@@ -16,14 +16,22 @@ from rigup.secrets import new_key
 
 
 def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,
-                 key: tuple[str, str, str] | None = None, block: bool = True):
+                 key: tuple[str, str, str] | None = None, block: bool = True, maintenance: bool = False):
     """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
     ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
     reloads systemd and restarts the unit; a unit not active or not enabled is started; else
     ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``, ``key``).
     ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart).
     ``block=False``: start or restart without waiting for the start job (the gate then waits, and
-    shows the journal when its ExecStartPre fails)."""
+    shows the journal when its ExecStartPre fails). ``maintenance`` (rigup_maintenance): the unit is
+    stopped, and nothing else changes (its drop-in, key and enablement stay, to start as they were
+    when maintenance ends)."""
+    if maintenance:
+        if state.get("active") in ("active", "activating", "reloading"):
+            yield f"systemctl stop {unit}"
+        else:
+            host.noop(f"{unit} is stopped (rigup_maintenance)")
+        return
     now = "" if block else " --no-block"
     if key and not state.get("key"):
         yield new_key(*key)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from rigup.config import ADDRESS, CONNECTOR_PREFIXES, NAME, Form, Var, declared, parse_form, rel
+from rigup.config import ADDRESS, BATCH, CONNECTOR_PREFIXES, NAME, Form, Var, declared, parse_form, rel
 from rigup.entries import REQUIRED, Key
 from rigup.models import MODEL
 from roles import ORDER, in_order, preflight
@@ -72,6 +72,8 @@ def form_schema(form: Form) -> dict:
     what JSON Schema cannot say (a path that is a system directory) is left to rigup/config.py."""
     if form.kind == "any":
         return {}
+    if form.kind == "batch":
+        return {"type": ["integer", "string"], "minimum": 1, "pattern": f"^(?:{BATCH.pattern})$"}  # each for its type
     out: dict = {"enum": list(form.choices)} if form.choices else {"type": _TYPES[form.kind]}
     if not form.choices and form.kind in _PATTERNS:
         out["pattern"] = _PATTERNS[form.kind]

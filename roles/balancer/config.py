@@ -14,7 +14,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str) -> list[dict]:
     """A gateway's backends: per instance name served by the inventory's hosts that are not
     gateways (``hosts``: name -> data), one server per host at its inventory address
     (``ssh_hostname``, else its name) and that host's port of the instance; the frontend binds
-    ``bind`` on the port the most hosts use (the lowest of a tie)."""
+    ``bind`` on the port the most hosts use (the lowest of a tie). A server whose host has
+    ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``)."""
     found: dict[str, list] = {}
     for host_name, data in sorted(hosts.items()):
         if host_name == me or data.get("balancer_gateway"):
@@ -23,7 +24,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str) -> list[dict]:
         for var in SERVING_MAPS:
             for name, inst in (data.get(var) or {}).items():
                 if isinstance(inst, dict) and isinstance(inst.get("port"), int):
-                    found.setdefault(str(name), []).append([host_name, address, inst["port"]])
+                    found.setdefault(str(name), []).append([host_name, address, inst["port"],
+                                                            bool(data.get("rigup_maintenance"))])
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
@@ -59,6 +61,6 @@ def haproxy_cfg(backends: list[dict], data: dict) -> str:
     per backend a frontend on its bind:port, ``leastconn`` over its servers, health checks on
     /health, retries and redispatch on connection failures only (a generation is never replayed)."""
     rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
-                     servers=[[s[0], bind_text(s[1], s[2])] for s in b["servers"]]) for b in backends]
+                     servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3]] for s in b["servers"]]) for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"])

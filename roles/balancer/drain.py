@@ -6,6 +6,10 @@ roles/balancer; the replicas' units of roles/llama_server call it with full priv
                                                     then wait (at most 50 s) for its running ones
     rigup-balancer-drain ready BACKEND SERVER PORT  after a start: wait for 127.0.0.1:PORT/health
                                                     200 (at most 600 s), then back in the pool
+    rigup-balancer-drain maint BACKEND SERVER       drain, then out of the pool (maint) until ready
+    rigup-balancer-drain ready BACKEND SERVER       back in the pool now, then wait (at most 120 s)
+                                                    for its health checks to say UP; exit 1 if not
+(``maint`` and ``ready`` without a port: a gateway's side of ./roll.py, whose servers are other hosts.)
 
 Without HAProxy's admin socket it does nothing. Standard library only: it runs on bare hosts.
 """
@@ -34,13 +38,19 @@ def admin(command: str) -> str:
         return ""
 
 
-def in_flight(backend: str, server: str) -> int:
-    """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
+def stat(backend: str, server: str) -> list[str]:
+    """The server's row of ``show stat`` ([] when it is not listed)."""
     for line in admin("show stat").splitlines():
         cols = line.split(",")
-        if cols[:2] == [backend, server] and len(cols) > 4 and cols[4].isdigit():
-            return int(cols[4])
-    return 0
+        if cols[:2] == [backend, server] and len(cols) > 17:
+            return cols
+    return []
+
+
+def in_flight(backend: str, server: str) -> int:
+    """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
+    cols = stat(backend, server)
+    return int(cols[4]) if cols and cols[4].isdigit() else 0
 
 
 def healthy(port: int) -> bool:
@@ -66,12 +76,19 @@ def main(argv: list[str]) -> int:
     action, backend, server = argv[:3]
     if not admin("show info"):
         return 0   # no balancer here (yet)
-    if action == "drain":
+    if action in ("drain", "maint"):
         admin(f"set server {backend}/{server} state drain")
         wait(lambda: in_flight(backend, server) == 0, 50)
-    elif action == "ready":
+        if action == "maint":
+            admin(f"set server {backend}/{server} state maint")
+    elif action == "ready" and len(argv) > 3:
         wait(lambda: healthy(int(argv[3])), 600)
         admin(f"set server {backend}/{server} state ready")
+    elif action == "ready":
+        admin(f"set server {backend}/{server} state ready")
+        if not wait(lambda: stat(backend, server)[17:18] == ["UP"], 120):
+            print(f"{backend}/{server}: not UP 120 s after ready: {(stat(backend, server) or ['?'] * 18)[17]}")
+            return 1
     return 0
 
 

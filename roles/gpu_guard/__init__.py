@@ -20,7 +20,8 @@ or without systemd, where there are no serving units to stop):
   VRAM used and PCIe link, the tripped state and lost telemetry to rigup.names.GPU_METRICS (atomically)
   when the node exporter's textfile directory exists (roles/metrics);
 - ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
-With ``gpu_guard_enabled: false`` the timer is stopped and disabled.
+With ``gpu_guard_enabled: false`` the timer is stopped and disabled; with ``rigup_maintenance``
+(roles/base) it is paused the same way, its files kept.
 
 Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
 gpu_guard_window_s, gpu_guard_smi_timeout, gpu_guard_debounce_bad, gpu_guard_debounce_samples,
@@ -126,6 +127,9 @@ def apply(plan: dict):
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
                 script=script)
+    if data["rigup_maintenance"]:   # paused: its files stay, the timer runs again when maintenance ends
+        services.running(name=f"gpu_guard: pause {TIMER} (rigup_maintenance)", unit=TIMER, units=[TIMER], enabled=False)
+        return
     services.running(name=f"gpu_guard: run {TIMER}", unit=TIMER, units=[TIMER])
     systemd.service(name=f"gpu_guard: restart {TIMER} (new period)", service=TIMER, restarted=True,
                     _if=timer.did_change)

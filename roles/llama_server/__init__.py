@@ -28,8 +28,11 @@ With ``rpc_workers`` (hosts of the inventory running roles/rpc_worker): ``--rpc 
 (their inventory addresses and rpc_worker_port) and an ExecStartPre that waits
 ``llama_server_rpc_wait`` s at most for each worker's port, failing with the worker's name.
 
+With ``rigup_maintenance`` (roles/base) every server is stopped and nothing else changes (its
+drop-in, key and enablement stay); false again starts them, gated as after a restart.
+
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
-llama_server_health_prompt, llama_server_rpc_wait; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
+llama_server_health_prompt, llama_server_rpc_wait; and models / models_dir (roles/model_fetch), rigup_user, rigup_maintenance (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
 roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 """
@@ -69,14 +72,14 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
-             rpc: list[str], rpc_wait: int):
+             rpc: list[str], rpc_wait: int, maintenance: bool = False):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
     the role on the host (read together, once). ``rpc``: its RPC workers' ADDRESS:PORT; such a
     server is started without waiting for the start job, so that the gate shows why it failed
-    (a worker that does not answer) from the journal."""
+    (a worker that does not answer) from the journal. ``maintenance``: stopped, nothing else changes."""
     name = instance_name
     marker_file = marker
     found = read_once(LlamaServerState, units=units, build_link=build_link)
@@ -96,7 +99,8 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
-                            key=(KEY.format(name), user, "") if inst["api_key"] else None, block=not rpc)
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None, block=not rpc,
+                            maintenance=maintenance)
 
 
 @operation()
@@ -156,7 +160,10 @@ def apply(plan: dict):
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
                                unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
-                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"])
+                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"],
+                               maintenance=data["rigup_maintenance"])
+            if data["rigup_maintenance"]:
+                continue
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
                         bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],

@@ -104,13 +104,15 @@ def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
 def test_haproxy_config_and_gateway():
     hosts = {"gw": {"balancer_gateway": True},
              "lab1": {"ssh_hostname": "10.0.0.11", "llama_server_instances": {"gemma": {"port": 8081}}},
-             "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"port": 8081}}}}
+             "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"port": 8081}},
+                      "rigup_maintenance": True}}
     gateway = gateway_backends("gw", hosts, "0.0.0.0")
     assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
-                        "servers": [["lab1", "10.0.0.11", 8081], ["lab2", "10.0.0.12", 8081]]}]
+                        "servers": [["lab1", "10.0.0.11", 8081, False], ["lab2", "10.0.0.12", 8081, True]]}]
     text = haproxy_cfg(gateway, data())
     for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",
-                 "http-check expect status 200", "server lab2 10.0.0.12:8081 check", "retry-on conn-failure",
+                 "http-check expect status 200", "server lab1 10.0.0.11:8081 check\n",
+                 "server lab2 10.0.0.12:8081 check disabled\n", "retry-on conn-failure",
                  "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock"):
         assert line in text, line
 
