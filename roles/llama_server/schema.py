@@ -45,7 +45,8 @@ LLAMA_INSTANCE: dict[str, Key] = {
                                          "GPUs shared out evenly (one replica: all of them)"),
     "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
                                                        "restarted after watchdog_bad_checks checks below it; null: "
-                                                       "not watched"),
+                                                       "50% of the tok/s the health gate measured at the (re)start; "
+                                                       "0: not watched"),
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
