@@ -166,7 +166,7 @@ class LlamaBench(FactBase):
                         "-r", str(reps), "-o", "json", *llama_bench_args(test)]
                 mark = shlex.quote(f"##llama-bench {run['name']} {test}")
                 steps.append(f"echo {mark}; out=$({shlex.join(argv)} 2>/dev/null); rc=$?; "
-                             "printf %s \"$out\" | tr -d '\\n'; echo; echo \"##rc $rc\"")
+                             "printf %s \"$out\" | tr -d '\\n'; echo; " + f"echo \"##rc $rc {timeout}\"")
         return "; ".join(steps) or "true"
 
     def process(self, output: list[str]) -> dict[str, list[dict]]:
@@ -184,12 +184,13 @@ class LlamaBench(FactBase):
 
 def llama_bench_row(test: str, text: str, rc: str) -> dict:
     """One row of the report from llama-bench's JSON (a list of one result) and its exit status."""
-    if rc == "##rc 124":
-        return {"test": test, "skipped": "stopped: it took longer than bench_llama_timeout_s"}
+    code, limit = (rc.split() + ["", ""])[1:3]
+    if code == "124":
+        return {"test": test, "skipped": f"stopped after {limit} s (bench_llama_timeout_s)"}
     try:
         doc = json.loads(text)[0]
     except (ValueError, IndexError, KeyError):
-        return {"test": test, "error": f"llama-bench failed ({rc.replace('##rc ', 'exit ')})"}
+        return {"test": test, "error": f"llama-bench failed (exit {code})"}
     return {"test": test, "tps": round(doc["avg_ts"], 2), "stddev": round(doc["stddev_ts"], 2),
             "backend": doc.get("backends") or doc.get("backend"), "threads": doc.get("n_threads"),
             "build": doc.get("build_commit"), "model": doc.get("model_type")}

@@ -101,14 +101,14 @@ def test_llama_bench_runs_on_the_served_model_with_every_argument_quoted():
     assert "-m '/srv/models/m/x/m Q4-00001-of-00002.gguf' -ngl 0 -r 2 -o json -p 512 -n 0" in command
     rows = bench.LlamaBench().process([
         "##llama-bench glm pp512", '[{"avg_ts": 812.345, "stddev_ts": 3.1, "backends": "CPU", "n_threads": 2, '
-        '"build_commit": "abc1234", "model_type": "gemma3 270M Q4_K_M"}]', "##rc 0",
-        "##llama-bench glm pp4096", "##rc 124", "##llama-bench glm tg128", "##rc 1"])["glm"]
+        '"build_commit": "abc1234", "model_type": "gemma3 270M Q4_K_M"}]', "##rc 0 60",
+        "##llama-bench glm pp4096", "##rc 124 60", "##llama-bench glm tg128", "##rc 1 60"])["glm"]
     assert rows == [{"test": "pp512", "tps": 812.35, "stddev": 3.1, "backend": "CPU", "threads": 2, "build": "abc1234",
                      "model": "gemma3 270M Q4_K_M"},
-                    {"test": "pp4096", "skipped": "stopped: it took longer than bench_llama_timeout_s"},
+                    {"test": "pp4096", "skipped": "stopped after 60 s (bench_llama_timeout_s)"},
                     {"test": "tg128", "error": "llama-bench failed (exit 1)"}]
     md = bench.markdown("rig-1", result("rig-1", {"glm": {"engine": "llama-server", "url": "http://127.0.0.1:8081",
                                                           "llama_bench": rows, "levels": levels(10)}}))
     print("\n" + md)
     assert "| pp512 | 812.4 | 3.1 | CPU | 2 | abc1234 |" in md
-    assert "| pp4096 | stopped: it took longer than bench_llama_timeout_s | | | | |" in md
+    assert "| pp4096 | stopped after 60 s (bench_llama_timeout_s) | | | | |" in md
