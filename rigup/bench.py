@@ -133,7 +133,7 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
     for name, marker in model_markers(data).items():
         files = (seen["markers"].get(marker) or {}).get("files") or []
         gguf = first_gguf(files)
-        why = ("the serving build has no llama-bench (llama_cpp_targets)" if not seen["llama_bench"] else
+        why = ("no llama-bench in the build `current` points to (llama_cpp_targets)" if not seen["llama_bench"] else
                f"no model GGUF at {marker}" if not gguf else None)
         ngl = data["llama_server_instances"][name].get("ngl")
         runs.append({"name": name, "error": why} if why else

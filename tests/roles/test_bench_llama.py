@@ -1,7 +1,8 @@
 """bench.py's llama-bench on one lab host that serves Gemma 3 270M with llama-server (CPU build,
 deploy.py): llama-bench of the build ``current`` points to, on the instance's model, writes its
 rows (pp512, pp4096, tg128) into the host's Markdown and JSON beside the concurrency table. Each
-test may take 60 s (bench_llama_timeout_s); one stopped is a row that says so. The converge also
+test may take 150 s (bench_llama_timeout_s: the lab machine's 2 cores are shared, and tg128 has
+taken 55 to 85 s there); pp4096 on the CPU may take longer: then its row says it was stopped. The converge also
 shows the watchdog's default floor at work: the health gate recorded its tok/s on the host, and
 the watchdog (no min_tokens_per_s) judges against half of it."""
 
@@ -15,6 +16,7 @@ from tests.roles.watch_lab import run_play
 
 pytestmark = pytest.mark.lab
 TESTS = ["pp512", "pp4096", "tg128"]
+LIMIT_S = 150
 
 
 def test_bench_writes_llama_bench_rows(lab, tmp_path):
@@ -32,7 +34,7 @@ def test_bench_writes_llama_bench_rows(lab, tmp_path):
     assert float(floor) == pytest.approx(gated["tps"] / 2, abs=0.01)
     out = tmp_path / "out"
     settings = {"bench_levels": [1, 2], "bench_max_tokens": 16, "bench_rounds": 1, "bench_out": str(out),
-                "bench_llama_tests": TESTS, "bench_llama_reps": 1, "bench_llama_timeout_s": 60}
+                "bench_llama_tests": TESTS, "bench_llama_reps": 1, "bench_llama_timeout_s": LIMIT_S}
     run = run_play(tmp_path, "bench.py", {name: settings})
     progress = [ln.strip() for ln in run.output.splitlines() if "bench: " in ln]
     print("\n".join(progress) + f"\nbench.py: {run.seconds:.1f} s")
@@ -43,7 +45,7 @@ def test_bench_writes_llama_bench_rows(lab, tmp_path):
     print("llama-bench rows: " + "; ".join(json.dumps(r, sort_keys=True) for r in rows))
     assert [r["test"] for r in rows] == TESTS
     assert all(r["tps"] > 0 and r["backend"] == "CPU" for r in rows if r["test"] != "pp4096")
-    assert "tps" in rows[1] or rows[1]["skipped"] == "stopped after 60 s (bench_llama_timeout_s)"
+    assert "tps" in rows[1] or rows[1]["skipped"] == f"stopped after {LIMIT_S} s (bench_llama_timeout_s)"
     assert [lv["concurrency"] for lv in result["levels"]] == [1, 2] and result["levels"][0]["failed"] == 0
     md = (day / f"{name}.md").read_text()
     print(md)
