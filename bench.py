@@ -7,10 +7,15 @@ For each host (in parallel), each instance of llama_server_instances and vllm_in
 measured on the host itself (rigup/throughput.py, sent there and run with its python3: endpoints
 on loopback are reached, API keys are read where they live and never leave the host): one warm-up
 completion, then at each concurrency level of ``bench_levels`` that many clients sending
-``bench_rounds`` completions of ``bench_max_tokens`` tokens each; total and per-request tok/s. A
-progress line per host; at the end, on the controller, ``bench_out/<date>/<host>.md`` and
-``.json`` and ``fleet.png`` (tok/s against concurrency, one line per host and instance; rigup/bench.py).
-Nothing on the hosts changes but a temporary copy of the script, removed after the run.
+``bench_rounds`` completions of ``bench_max_tokens`` tokens each; total and per-request tok/s. An
+instance with replicas is measured through the balancer (its host:port) and each replica on its
+own. Then llama-bench of the build ``current`` points to (``llama_cpp_dir``) on each llama-server
+instance's model: ``bench_llama_tests`` (pp512, pp4096, tg128), ``bench_llama_reps`` repetitions,
+each test stopped after ``bench_llama_timeout_s`` (the report says so). It loads the model a second
+time beside the running server: mind the VRAM on a full card. A progress line per host; at the
+end, on the controller, ``bench_out/<date>/<host>.md`` and ``.json`` and ``fleet.png`` (tok/s
+against concurrency, one line per host and instance; rigup/bench.py). Nothing on the hosts
+changes but a temporary copy of the script, removed after the run.
 """
 
 import time
@@ -22,8 +27,14 @@ from rigup.config import check_host
 
 check_host(host)
 data = host.data.dict()
-targets = bench.targets(data)
+binary = f"{str(data['llama_cpp_dir']).rstrip('/')}/current/bin/llama-bench"
+seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary)
+targets = bench.targets(data, seen["units"])
+runs = bench.llama_runs(data, seen) if data["bench_llama_tests"] else []
 started = time.monotonic()
 measured = host.get_fact(bench.Throughput, targets=targets, levels=list(data["bench_levels"]),
                          max_tokens=data["bench_max_tokens"], rounds=data["bench_rounds"]) if targets else {}
-bench.record(host.name, data, measured, targets, time.monotonic() - started)
+ready = [r for r in runs if not r.get("error")]
+benched = host.get_fact(bench.LlamaBench, runs=ready, binary=binary, tests=list(data["bench_llama_tests"]),
+                        reps=data["bench_llama_reps"], timeout=data["bench_llama_timeout_s"]) if ready else {}
+bench.record(host.name, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched))

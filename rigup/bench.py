@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ import click
 from pyinfra.api import FactBase
 
 from rigup.gate import endpoint
-from rigup.names import LLAMA_KEY, VLLM_KEY
+from rigup.models import first_gguf, models
+from rigup.names import LLAMA_KEY, VLLM_KEY, marker_path
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
 # The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
@@ -31,19 +33,31 @@ PLOT_SIZE_IN, PLOT_DPI = (10, 6), 100
 SCRIPT_WORD = '"$t"'      # throughput.py's temporary copy on the host, in Throughput's command
 
 
-def targets(data: dict) -> list[dict]:
+def targets(data: dict, units: list[str] = ()) -> list[dict]:
     """The host's serving instances as bench.py reaches them on the host: name, engine, url, key
-    file (or None), model (vLLM checks the served name). Read from the raw entries, with the
-    roles' defaults (host 127.0.0.1 for llama-server; vLLM binds every interface: loopback then)."""
+    file (or None), model (vLLM checks the served name), via ("balancer" for an instance with
+    replicas, whose host:port is HAProxy's). Read from the raw entries, with the roles' defaults
+    (host 127.0.0.1 for llama-server; vLLM binds every interface: loopback then). Each replica of
+    the host's active ``units`` (``rigup-llama@NAME-K.service``) is measured too, on its own, at
+    127.0.0.1:port+1+K (roles/llama_server/schema.py ``replicas``)."""
     found = []
     for var, engine, key in (("llama_server_instances", "llama-server", LLAMA_KEY), ("vllm_instances", "vllm", VLLM_KEY)):
         for name, inst in sorted((data.get(var) or {}).items()):
             if isinstance(inst, dict) and isinstance(inst.get("port"), int):
-                found.append({"name": name, "engine": engine,
-                              "url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]),
-                              "key": key.format(name) if inst.get("api_key") else None,
-                              "model": (inst.get("served_model_name") or name) if engine == "vllm" else None})
+                base = {"engine": engine, "key": key.format(name) if inst.get("api_key") else None,
+                        "model": (inst.get("served_model_name") or name) if engine == "vllm" else None}
+                ks = replica_numbers(name, units) if engine == "llama-server" else []
+                found.append({"name": name, **base, "url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]),
+                              "via": "balancer" if ks else None})
+                found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",
+                           "via": "replica"} for k in ks]
     return found
+
+
+def replica_numbers(name: str, units: list[str]) -> list[int]:
+    """K of each active replica unit ``rigup-llama@NAME-K.service`` of instance ``name``."""
+    return sorted(int(m.group(1)) for u in units
+                  if (m := re.fullmatch(rf"rigup-llama@{re.escape(name)}-(\d+)\.service", u)))
 
 
 def sweep_command(target: dict, levels: list[int], max_tokens: int, rounds: int, script: str) -> str:
@@ -75,12 +89,135 @@ class Throughput(FactBase):
         return found
 
 
+class Serving(FactBase):
+    """What bench.py reads on a host before it measures: {"units": the active ``rigup-llama@``
+    units, "markers": {path: the model's completion marker (JSON) or None}, "llama_bench": whether
+    ``binary`` (the serving build's llama-bench) is there}."""
+
+    def command(self, markers: list[str], binary: str) -> str:
+        reads = "; ".join(f"echo {shlex.quote('##marker ' + m)}; tr -d '\\n' < {shlex.quote(m)} 2>/dev/null; echo"
+                          for m in markers)
+        return ("systemctl list-units --state=active --plain --no-legend 'rigup-llama@*' 2>/dev/null "
+                f"| sed 's/^/##unit /'; {reads or 'true'}; test -x {shlex.quote(binary)} && echo '##llama-bench'; true")
+
+    def process(self, output: list[str]) -> dict:
+        found, marker = {"units": [], "markers": {}, "llama_bench": False}, None
+        for line in output:
+            if line.startswith("##unit "):
+                found["units"].append(line.split()[1])
+            elif line.startswith("##marker "):
+                marker = line[len("##marker "):]
+                found["markers"][marker] = None
+            elif line == "##llama-bench":
+                found["llama_bench"] = True
+            elif marker and line.strip():
+                try:
+                    found["markers"][marker] = json.loads(line)
+                except ValueError:
+                    pass
+        return found
+
+
+def model_markers(data: dict) -> dict[str, str]:
+    """Each llama-server instance's model marker (rigup.names.marker_path of the model's dest)."""
+    entries = models(data)[0]
+    return {name: marker_path(entries[inst["model"]]["dest"])
+            for name, inst in sorted((data.get("llama_server_instances") or {}).items())
+            if isinstance(inst, dict) and inst.get("model") in entries}
+
+
+def llama_runs(data: dict, seen: dict) -> list[dict]:
+    """llama-bench's runs: per llama-server instance, {"name", "model" (the GGUF it serves), "ngl"}
+    or {"name", "error"} when it cannot run (no llama-bench in the build, the model incomplete)."""
+    runs = []
+    for name, marker in model_markers(data).items():
+        files = (seen["markers"].get(marker) or {}).get("files") or []
+        gguf = first_gguf(files)
+        why = ("no llama-bench in the build `current` points to (llama_cpp_targets)" if not seen["llama_bench"] else
+               f"no model GGUF at {marker}" if not gguf else None)
+        ngl = data["llama_server_instances"][name].get("ngl")
+        runs.append({"name": name, "error": why} if why else
+                    {"name": name, "model": f"{marker.rsplit('/', 1)[0]}/{gguf}", "ngl": 99 if ngl is None else ngl})
+    return runs
+
+
+def llama_results(runs: list[dict], benched: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """llama-bench's rows per instance: those measured, and one saying why for a run that could not."""
+    return {**{r["name"]: [{"test": "llama-bench", "error": r["error"]}] for r in runs if r.get("error")}, **benched}
+
+
+def llama_bench_args(test: str) -> list[str]:
+    """llama-bench's arguments for one test: ``pp512`` -> ``-p 512 -n 0``, ``tg128`` -> ``-p 0 -n 128``."""
+    m = re.fullmatch(r"(pp|tg)(\d+)", test)
+    if not m:
+        raise ValueError(f"bench_llama_tests: {test!r} is not ppN or tgN")
+    return ["-p", m.group(2), "-n", "0"] if m.group(1) == "pp" else ["-p", "0", "-n", m.group(2)]
+
+
+class LlamaBench(FactBase):
+    """``{instance: [row per test]}``: llama-bench's JSON per test (run one test at a time, each
+    stopped after ``timeout`` s: a row then says it was skipped)."""
+
+    def command(self, runs: list[dict], binary: str, tests: list[str], reps: int, timeout: int) -> str:
+        steps = []
+        for run in runs:
+            for test in tests:
+                argv = ["timeout", str(timeout), binary, "-m", run["model"], "-ngl", str(run["ngl"]),
+                        "-r", str(reps), "-o", "json", *llama_bench_args(test)]
+                mark = shlex.quote(f"##llama-bench {run['name']} {test}")
+                steps.append(f"echo {mark}; out=$({shlex.join(argv)} 2>/dev/null); rc=$?; "
+                             "printf %s \"$out\" | tr -d '\\n'; echo; " + f"echo \"##rc $rc {timeout}\"")
+        return "; ".join(steps) or "true"
+
+    def process(self, output: list[str]) -> dict[str, list[dict]]:
+        found, current, lines = {}, None, []
+        for line in output + ["##llama-bench"]:
+            if line.startswith("##llama-bench") and current:
+                name, test, rc, text = *current, lines[-1] if lines else "", " ".join(lines[:-1])
+                found.setdefault(name, []).append(llama_bench_row(test, text, rc))
+            if line.startswith("##llama-bench"):
+                current, lines = line.split()[1:3] if line != "##llama-bench" else None, []
+            elif current:
+                lines.append(line)
+        return found
+
+
+def llama_bench_row(test: str, text: str, rc: str) -> dict:
+    """One row of the report from llama-bench's JSON (a list of one result) and its exit status."""
+    code, limit = (rc.split() + ["", ""])[1:3]
+    if code == "124":
+        return {"test": test, "skipped": f"stopped after {limit} s (bench_llama_timeout_s)"}
+    try:
+        doc = json.loads(text)[0]
+    except (ValueError, IndexError, KeyError):
+        return {"test": test, "error": f"llama-bench failed (exit {code})"}
+    return {"test": test, "tps": round(doc["avg_ts"], 2), "stddev": round(doc["stddev_ts"], 2),
+            "backend": doc.get("backends") or doc.get("backend"), "threads": doc.get("n_threads"),
+            "build": doc.get("build_commit"), "model": doc.get("model_type")}
+
+
+def llama_markdown(rows: list[dict]) -> list[str]:
+    """The llama-bench table of an instance (pp: prompt processing, tg: generation)."""
+    lines = ["llama-bench (the serving build and model):", "",
+             "| test | tok/s | ± | backend | threads | build |", "| --- | ---: | ---: | --- | ---: | --- |"]
+    for row in rows:
+        if "tps" in row:
+            lines.append(f"| {row['test']} | {row['tps']:.1f} | {row['stddev']:.1f} | {row['backend']} | "
+                         f"{row['threads']} | {row['build']} |")
+        else:
+            lines.append(f"| {row['test']} | {row.get('skipped') or row.get('error')} | | | | |")
+    return lines + [""]
+
+
 def markdown(host: str, result: dict) -> str:
     """``<host>.md``: per instance, the table of the seeds' benchmarks."""
     lines = [f"# {host}: throughput", "", f"{result['date']}, {result['max_tokens']} tokens a request, "
              f"{result['rounds']} requests per client and level.", ""]
     for name, inst in sorted(result["instances"].items()):
-        lines += [f"## {name} ({inst['engine']}, {inst['url']})", ""]
+        via = {"balancer": ", through the balancer", "replica": ", one replica"}.get(inst.get("via"), "")
+        lines += [f"## {name} ({inst['engine']}, {inst['url']}{via})", ""]
+        if inst.get("llama_bench"):
+            lines += llama_markdown(inst["llama_bench"])
         if inst.get("error"):
             lines += [f"Not measured: {inst['error']}", ""]
             continue
@@ -141,18 +278,27 @@ _results: dict[str, dict] = {}
 _run: dict = {}
 
 
-def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds: float) -> None:
-    """Keep ``host``'s results for the reports written at exit, and print its progress line."""
+def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds: float,
+           llama: dict[str, list[dict]] | None = None) -> None:
+    """Keep ``host``'s results (the sweeps ``measured``, llama-bench's rows ``llama``) for the
+    reports written at exit, and print its progress line."""
     if not _run:
         atexit.register(report)
         _run["out"] = Path(data["bench_out"]) / datetime.date.today().isoformat()
-    instances = {t["name"]: {"engine": t["engine"], "url": t["url"], **measured.get(t["name"], {"error": "no answer"})}
+    llama = llama or {}
+    instances = {t["name"]: {"engine": t["engine"], "url": t["url"], "via": t.get("via"),
+                             **({"llama_bench": llama[t["name"]]} if t["name"] in llama else {}),
+                             **measured.get(t["name"], {"error": "no answer"})}
                  for t in targets_}
     _results[host] = {"host": host, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "max_tokens": data["bench_max_tokens"],
                       "rounds": data["bench_rounds"], "instances": instances}
     best = {n: max((lv["total_tps"] for lv in i.get("levels", [])), default=0) for n, i in instances.items()}
+    ran = "; ".join(f"{n} " + ", ".join(f"{r['test']} {r['tps']:.1f}" if "tps" in r else f"{r['test']} "
+                                        f"{r.get('skipped') or r.get('error')}" for r in rows)
+                    for n, rows in sorted(llama.items()))
     click.echo(f"    [{host}] bench: {len(instances)} instance(s) in {seconds:.1f} s; best total tok/s: "
-               + (", ".join(f"{n} {v:.1f}" for n, v in sorted(best.items())) or "none"), err=True)
+               + (", ".join(f"{n} {v:.1f}" for n, v in sorted(best.items())) or "none")
+               + (f"; llama-bench tok/s: {ran}" if ran else ""), err=True)
 
 
 def report() -> None:

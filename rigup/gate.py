@@ -1,11 +1,15 @@
 """The health gate of a serving unit (llama_server, vllm): /health 200, then one real chat
 completion; on failure, the unit's last journal lines. Runs on the controller at execution time
-(``python.call``), one SSH command per probe, retried with tenacity."""
+(``python.call``), one SSH command per probe, retried with tenacity. With ``record`` (a path,
+rigup.names.gate_record) the completion's tok/s (llama-server's ``timings.predicted_per_second``)
+is kept on the host, root-owned JSON written by the gate's own command: the throughput watchdog's
+default floor is half of it (roles/watchdog)."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import time
 
 from pyinfra import logger
 from pyinfra.api import OperationError, StringCommand
@@ -21,12 +25,27 @@ def endpoint(bind: str, port: int) -> str:
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
+def record_command(path: str, unit: str, tps: float, at: float) -> str:
+    """The shell command that keeps the gate's measured ``tps`` of ``unit`` in ``path`` on the
+    host (its directory 0755, the file 0644, replaced whole by a rename)."""
+    text = json.dumps({"unit": unit, "tps": round(tps, 3), "at": round(at, 3)}, sort_keys=True)
+    folder, tmp = path.rsplit("/", 1)[0], f"{path}.tmp"
+    return (f"install -d -m 0755 {shlex.quote(folder)} && printf '%s\\n' {shlex.quote(text)} > {shlex.quote(tmp)} "
+            f"&& chmod 0644 {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
+
+
+def measured_tps(answer: dict) -> float | None:
+    """The generation tok/s of a completion as llama-server reports it (vLLM does not: None)."""
+    tps = (answer.get("timings") or {}).get("predicted_per_second")
+    return float(tps) if isinstance(tps, (int, float)) and tps > 0 else None
+
+
 def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth: str = "",
-         poll: float = 1, fail_on_log: str | None = None, bind: str = "127.0.0.1") -> str:
+         poll: float = 1, fail_on_log: str | None = None, bind: str = "127.0.0.1", record: str | None = None) -> str:
     """The text of one completion from the unit's endpoint (at ``bind``:``port``), or
     OperationError with the journal. ``auth`` is curl arguments read on the host (a key never
     passes through here); ``fail_on_log`` fails the gate when the journal has that text even
-    though it answered."""
+    though it answered; ``record``: the host path that keeps the completion's tok/s."""
     base = endpoint(bind, port)
 
     def shell(command: str) -> str:
@@ -56,12 +75,16 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
     answer = shell(f"curl -s -m {timeout} {auth} -H 'Content-Type: application/json' "
                    f"-d {shlex.quote(body)} {base}/v1/chat/completions")
     try:
-        text = json.loads(answer)["choices"][0]["message"]["content"]
+        doc = json.loads(answer)
+        text = doc["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):  # empty, not JSON, or not a completion
         raise OperationError(f"{unit}: the health completion failed: {answer[:300] or 'no answer'!r}; "
                              f"last journal lines:\n{journal()}") from None
     if fail_on_log and fail_on_log in journal():
         raise OperationError(f"{unit}: its log says {fail_on_log!r}; last journal lines:\n{journal()}")
+    tps = measured_tps(doc)
+    if record and tps:
+        shell(record_command(record, unit, tps, time.time()))
     return text
 
 

@@ -10,6 +10,8 @@
   downloads (roles/model_fetch) and of the watchdog (roles/watchdog): :data:`FETCH_METRICS`,
   :data:`WATCHDOG_METRICS`
 - the serving instances' API key files: :data:`LLAMA_KEY`, :data:`VLLM_KEY`
+- the tok/s the health gate measured at a serving unit's (re)start (rigup/gate.py writes it, the
+  watchdog's default floor reads it): :func:`gate_record`
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def revision_dir(dest: str, revision: str) -> str:
     filesystem (``/srv/models/.glm@1a2b3c4d5e6f``); ``dest`` becomes a link to it once complete."""
     parent, _, base = dest.rstrip("/").rpartition("/")
     return f"{parent}/.{base}@{revision[:12]}"
+
+
+def gate_record(data: dict, unit: str) -> str:
+    """The health gate's record of ``unit`` (``rigup-llama@NAME.service``), root-owned JSON
+    ``{"unit", "tps", "at"}``: ``{rigup_state_dir}/gate/UNIT.json``."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/gate/{unit}.json"
 
 
 def guard_file(data: dict) -> str:

@@ -13,7 +13,8 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace;
 - starts an instance only once its model is complete; restarts it only when its unit, drop-in
   (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
-  completion, and shows the unit's journal when that fails. On a GPU build it also fails when
+  completion, and shows the unit's journal when that fails; the gate keeps that completion's tok/s
+  in ``rigup_state_dir/gate/UNIT.json`` (rigup.names.gate_record: the watchdog's default floor). On a GPU build it also fails when
   llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
 
 With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
@@ -54,7 +55,7 @@ from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.rpc import endpoint
-from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
+from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, gate_record, guard_file, marker_path
 from rigup.secrets import bearer
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
@@ -165,7 +166,8 @@ def apply(plan: dict):
             if data["rigup_maintenance"]:
                 continue
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
-            python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
+            unit = f"rigup-llama@{server['unit']}.service"
+            python.call(answered, unit=unit, port=server["inst"]["port"], record=gate_record(data, unit),
                         bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU

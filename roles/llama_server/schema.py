@@ -46,7 +46,8 @@ LLAMA_INSTANCE: dict[str, Key] = {
                                          "GPUs shared out evenly (one replica: all of them)"),
     "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
                                                        "restarted after watchdog_bad_checks checks below it; null: "
-                                                       "not watched"),
+                                                       "50% of the tok/s the health gate measured at the (re)start; "
+                                                       "0: not watched"),
     "rpc_workers": Key("list of str", [], "hosts of the inventory whose llama.cpp RPC server (roles/rpc_worker) takes "
                                           "layers of this instance: --rpc ADDRESS:PORT,...; for models that do not "
                                           "fit one host (it costs tok/s and load time); one server (replicas 1)"),

@@ -2,25 +2,33 @@
 
 /health stays 200 while an engine is wedged or silently running on the CPU; rigup gates every
 start on a real completion, and this keeps checking after the start. What it does to a host with
-systemd where an instance of ``llama_server_instances`` has ``min_tokens_per_s`` (nothing
-elsewhere; the timer is stopped and disabled once no instance has one, or with
-``watchdog_enabled: false``):
+systemd and ``llama_server_instances`` (nothing elsewhere; the timer is stopped and disabled once
+no instance is watched, or with ``watchdog_enabled: false``):
 - installs ``rigup_prefix/bin/rigup-watchdog`` (roles/watchdog/watchdog.py, standard library) and
   beside it ``rigup_throughput.py`` (rigup/throughput.py, the measuring bench.py also uses), and
-  ``/etc/rigup/watchdog.json``: each such instance's URL, key file and floor, the checks, and
-  ``rigup_maintenance``;
+  ``/etc/rigup/watchdog.json``: each watched instance's URL, key file and floor, the checks, the
+  reboot policy and ``rigup_maintenance``;
+- the floor of each server: the instance's ``min_tokens_per_s`` when set; when null, 50% of the
+  tok/s the health gate measured at the server's last (re)start by rigup (rigup.names.gate_record,
+  written by rigup/gate.py; a server without that record is not judged yet); ``0`` turns the
+  watchdog off for that instance;
 - runs it every ``watchdog_interval_s`` from ``rigup-watchdog.timer``: one completion of
   ``watchdog_max_tokens`` to each server of the instance (its unit, or each replica's), tok/s as
   llama-server reports it; below the floor, or no answer within ``watchdog_timeout_s``,
   ``watchdog_bad_checks`` times in a row: ``systemctl restart`` of that unit, with the reason in
   the journal (``journalctl -u rigup-watchdog``) and in its metrics file (rigup.names.WATCHDOG_METRICS,
   for the node exporter: ``rigup_watchdog_restarts_total{llama_instance}``, the last tok/s, the floor);
-- while ``rigup_maintenance`` is true: no check and no restart (the metrics say maintenance).
+- escalation: still below the floor for ``watchdog_bad_checks`` checks after that restart: the
+  reason in the journal (priority crit), ``rigup_watchdog_escalations_total{llama_instance}``, and
+  with ``rigup_watchdog_reboot: true`` a reboot of the host, at most ``rigup_watchdog_max_reboots``
+  a day (counted in ``rigup_state_dir/watchdog-reboots.json``, root-owned, kept across the reboot;
+  ``rigup_watchdog_reboots_today``); otherwise (or with the day's budget spent) another restart;
+- while ``rigup_maintenance`` is true: no check, no restart, no reboot (the metrics say maintenance).
 
 Variables (roles/watchdog/defaults.yml): watchdog_enabled, watchdog_interval_s,
-watchdog_bad_checks, watchdog_max_tokens, watchdog_timeout_s; llama_server_instances
-(roles/llama_server: port, host, api_key, min_tokens_per_s), rigup_maintenance, rigup_prefix and
-rigup_state_dir (roles/base).
+watchdog_bad_checks, watchdog_max_tokens, watchdog_timeout_s, rigup_watchdog_reboot,
+rigup_watchdog_max_reboots; llama_server_instances (roles/llama_server: port, host, api_key,
+min_tokens_per_s), rigup_maintenance, rigup_prefix and rigup_state_dir (roles/base).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from pyinfra.operations.util import any_changed
 from rigup import files, services
 from rigup.config import role_defaults
 from rigup.gate import endpoint
-from rigup.names import LLAMA_KEY, WATCHDOG_METRICS
+from rigup.names import LLAMA_KEY, WATCHDOG_METRICS, gate_record
 from rigup.templates import render
 
 HERE = Path(__file__).resolve().parent
@@ -48,23 +56,30 @@ __all__ = ["apply", "watchdog_config"]
 
 
 def watched(data: dict) -> dict[str, dict]:
-    """The llama-server instances with a floor, as the watchdog reaches them: name -> {"url",
-    "port", "key" (the key file, or None), "floor"}. Read from the raw entries (a role imports no
-    other role; the defaults are roles/llama_server/schema.py's: host 127.0.0.1, api_key false)."""
-    return {name: {"url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]), "port": inst["port"],
-                   "key": LLAMA_KEY.format(name) if inst.get("api_key") else None,
-                   "floor": float(inst["min_tokens_per_s"])}
-            for name, inst in sorted((data.get("llama_server_instances") or {}).items())
-            if isinstance(inst, dict) and inst.get("min_tokens_per_s") is not None and isinstance(inst.get("port"), int)}
+    """The llama-server instances the watchdog checks, as it reaches them: name -> {"url", "port",
+    "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
+    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off). Read from the raw
+    entries (a role imports no other role; the defaults are roles/llama_server/schema.py's: host
+    127.0.0.1, api_key false, min_tokens_per_s null)."""
+    found = {}
+    for name, inst in sorted((data.get("llama_server_instances") or {}).items()):
+        floor = inst.get("min_tokens_per_s") if isinstance(inst, dict) else 0
+        if floor != 0 and isinstance(inst.get("port"), int):
+            found[name] = {"url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]), "port": inst["port"],
+                           "key": LLAMA_KEY.format(name) if inst.get("api_key") else None,
+                           "floor": None if floor is None else float(floor)}
+    return found
 
 
 def watchdog_config(data: dict) -> dict:
     """/etc/rigup/watchdog.json (pure: data in)."""
+    state_dir = str(data["rigup_state_dir"]).rstrip("/")
     return {"instances": watched(data), "interval_s": data["watchdog_interval_s"],
             "bad_checks": data["watchdog_bad_checks"], "max_tokens": data["watchdog_max_tokens"],
             "timeout_s": data["watchdog_timeout_s"], "maintenance": bool(data["rigup_maintenance"]),
-            "state_file": f"{str(data['rigup_state_dir']).rstrip('/')}/watchdog.json",
-            "metrics_file": WATCHDOG_METRICS}
+            "state_file": f"{state_dir}/watchdog.json", "metrics_file": WATCHDOG_METRICS,
+            "gate_record": gate_record(data, "{}"), "reboot": bool(data["rigup_watchdog_reboot"]),
+            "max_reboots": data["rigup_watchdog_max_reboots"], "reboots_file": f"{state_dir}/watchdog-reboots.json"}
 
 
 def unit_timeout_s(config: dict) -> int:

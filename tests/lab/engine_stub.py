@@ -5,10 +5,11 @@ at ``--tps`` tokens a second per request (requests run at once, each at that rat
 ``--slots``; more wait for a slot, as llama-server's --parallel). For the watchdog's and
 bench.py's tests (tests/roles/test_watchdog.py, test_bench.py, tests/unit/test_watchdog.py).
 
-    python3 engine_stub.py --port 8081 [--host 127.0.0.1] [--tps 200] [--slots 4]
+    python3 engine_stub.py --port 8081 [--host 127.0.0.1] [--tps 200] [--slots 4] [--slow-file PATH]
 
 A wedged engine, for real: SIGUSR1 makes this process slow (``--slow-tps``, default 2 tok/s)
-until it restarts; SIGUSR2 makes it fast again. Its answer carries ``usage`` and, as
+until it restarts; SIGUSR2 makes it fast again. One that stays slow across restarts and reboots
+(a card gone bad): slow while ``--slow-file`` exists. Its answer carries ``usage`` and, as
 llama-server's, ``timings.predicted_per_second``.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 import time
@@ -29,6 +31,7 @@ def main() -> None:
     p.add_argument("--tps", type=float, default=200.0)
     p.add_argument("--slow-tps", type=float, default=2.0)
     p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--slow-file", default=None)
     args = p.parse_args()
     rate = {"tps": args.tps}
     slots = threading.Semaphore(args.slots)
@@ -60,7 +63,7 @@ def main() -> None:
                 return self.reply(404, b'{"error": "not found"}')
             tokens = int(doc.get("max_tokens") or 16)
             with slots:
-                tps = rate["tps"]
+                tps = args.slow_tps if args.slow_file and os.path.exists(args.slow_file) else rate["tps"]
                 started = time.monotonic()
                 time.sleep(tokens / tps)
                 seconds = time.monotonic() - started

@@ -84,20 +84,26 @@ def until(predicate, timeout: float = 60, poll: float = 0.5):
     return None
 
 
-def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int = 4) -> None:
+def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int = 4, extra: tuple = (),
+               enabled: bool = False) -> None:
     """The engine stand-in as ``rigup-llama@INSTANCE`` on ``name`` (127.0.0.1:PORT, ``tps`` tokens
-    a second until it is told to slow down), running."""
+    a second until it is told to slow down; ``extra`` arguments), running; ``enabled``: started
+    at boot too."""
     on_host(lab, name, f"mkdir -p /opt/rigup-lab && printf %s {shlex.quote(ENGINE.read_text())} "
                        "> /opt/rigup-lab/engine_stub.py")
-    unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\n"
-            f"ExecStart=/usr/bin/python3 /opt/rigup-lab/engine_stub.py --port {port} --tps {tps} --slots {slots}\n")
+    argv = ["/usr/bin/python3", "/opt/rigup-lab/engine_stub.py", "--port", str(port), "--tps", str(tps),
+            "--slots", str(slots), *extra]
+    unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\nExecStart={shlex.join(argv)}\n"
+            + ("[Install]\nWantedBy=multi-user.target\n" if enabled else ""))
     on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
-                       f"systemctl daemon-reload && systemctl restart {UNIT.format(instance)}")
+                       "systemctl daemon-reload && " + (f"systemctl enable -q {UNIT.format(instance)} && " if enabled else "")
+            + f"systemctl restart {UNIT.format(instance)}")
     ready = until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 30)
     assert ready, f"the engine stand-in on {name} never answered"
 
 
 def unserve_stub(lab, name: str, instance: str) -> None:
     """The stand-in's unit stopped and removed."""
-    lab.ssh(name, f"systemctl stop {UNIT.format(instance)}; rm -f /etc/systemd/system/{UNIT.format(instance)}; "
-                  "systemctl daemon-reload")
+    unit = UNIT.format(instance)
+    lab.ssh(name, f"systemctl stop {unit}; systemctl disable -q {unit} 2>/dev/null; "
+                  f"rm -f /etc/systemd/system/{unit}; systemctl daemon-reload")

@@ -70,3 +70,45 @@ def test_reports_markdown_json_and_a_plot_with_one_line_per_host(tmp_path):
     assert pixels.shape[:2] == (bench.PLOT_SIZE_IN[1] * bench.PLOT_DPI, bench.PLOT_SIZE_IN[0] * bench.PLOT_DPI)
     assert (pixels.sum(axis=2) < 600).mean() > 0.01                       # not blank
     assert counts[0] > 1000 and counts[1] > 1000 and counts[2] < 50      # two lines: rig-1/glm, rig-2/glm
+
+
+def test_replicas_are_measured_through_the_balancer_and_each_on_its_own():
+    units = ["rigup-llama@glm-0.service", "rigup-llama@glm-1.service", "rigup-llama@glm2.service"]
+    found = bench.targets(DATA, units)
+    assert [(t["name"], t["url"], t["via"]) for t in found if t["engine"] == "llama-server"] == [
+        ("glm", "http://127.0.0.1:8081", "balancer"), ("glm-0", "http://127.0.0.1:8082", "replica"),
+        ("glm-1", "http://127.0.0.1:8083", "replica"), ("keyed", "http://10.0.0.5:8082", None)]
+
+
+def test_llama_bench_runs_on_the_served_model_with_every_argument_quoted():
+    data = {"models_dir": "/srv/models", "models": {"m": {"repo": "o/m", "revision": "a" * 40}},
+            "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ngl": 0}, "keyed": {"model": "m", "port": 8082}}}
+    marker = "/srv/models/m/.rigup-complete.json"
+    assert bench.model_markers(data) == {"glm": marker, "keyed": marker}
+    seen = bench.Serving().process(["##unit rigup-llama@glm.service", f"##marker {marker}",
+                                    '{"files": ["x/m Q4-00001-of-00002.gguf", "x/m Q4-00002-of-00002.gguf"]}',
+                                    "##llama-bench"])
+    assert seen["units"] == ["rigup-llama@glm.service"] and seen["llama_bench"] is True
+    runs = bench.llama_runs(data, seen)
+    assert runs == [{"name": "glm", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf", "ngl": 0},
+                    {"name": "keyed", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf", "ngl": 99}]
+    assert bench.llama_runs(data, {**seen, "llama_bench": False})[0]["error"].startswith("no llama-bench in the build")
+    assert bench.llama_bench_args("pp4096") == ["-p", "4096", "-n", "0"]
+    assert bench.llama_bench_args("tg128") == ["-p", "0", "-n", "128"]
+    with pytest.raises(ValueError):
+        bench.llama_bench_args("pp")
+    command = bench.LlamaBench().command(runs[:1], "/opt/rigup/llama.cpp/current/bin/llama-bench", ["pp512"], 2, 60)
+    assert "-m '/srv/models/m/x/m Q4-00001-of-00002.gguf' -ngl 0 -r 2 -o json -p 512 -n 0" in command
+    rows = bench.LlamaBench().process([
+        "##llama-bench glm pp512", '[{"avg_ts": 812.345, "stddev_ts": 3.1, "backends": "CPU", "n_threads": 2, '
+        '"build_commit": "abc1234", "model_type": "gemma3 270M Q4_K_M"}]', "##rc 0 60",
+        "##llama-bench glm pp4096", "##rc 124 60", "##llama-bench glm tg128", "##rc 1 60"])["glm"]
+    assert rows == [{"test": "pp512", "tps": 812.35, "stddev": 3.1, "backend": "CPU", "threads": 2, "build": "abc1234",
+                     "model": "gemma3 270M Q4_K_M"},
+                    {"test": "pp4096", "skipped": "stopped after 60 s (bench_llama_timeout_s)"},
+                    {"test": "tg128", "error": "llama-bench failed (exit 1)"}]
+    md = bench.markdown("rig-1", result("rig-1", {"glm": {"engine": "llama-server", "url": "http://127.0.0.1:8081",
+                                                          "llama_bench": rows, "levels": levels(10)}}))
+    print("\n" + md)
+    assert "| pp512 | 812.4 | 3.1 | CPU | 2 | abc1234 |" in md
+    assert "| pp4096 | stopped after 60 s (bench_llama_timeout_s) | | | | |" in md
