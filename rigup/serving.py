@@ -4,25 +4,33 @@ when it runs as it should; instances dropped from the configuration stopped and 
 
 from __future__ import annotations
 
-from io import StringIO
-
+import hashlib
 import shlex
+from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.operations import files
 
-from rigup.secrets import new_key
+from rigup.secrets import new_key, written
 
 
 def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,
-                 key: tuple[str, str, str] | None = None):
+                 key: tuple[str, str, str] | None = None, fleet_key: str | None = None):
     """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
     ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
     reloads systemd and restarts the unit; a unit not active or not enabled is started; else
     ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``, ``key``).
-    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart)."""
-    if key and not state.get("key"):
+    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart);
+    ``fleet_key``: the fleet's key instead (rigup.secrets.fleet_api_key), written there, sent on
+    stdin, when the file differs (a restart)."""
+    if key and fleet_key:
+        path, group, prefix = key
+        if hashlib.sha256((prefix + fleet_key).encode()).hexdigest() != state.get("key"):
+            yield f"install -d -m 0750 -g {shlex.quote(group)} {shlex.quote(path.rsplit('/', 1)[0])}"
+            yield written(path, prefix + fleet_key, mode="640", group=group)
+            changed = True
+    elif key and not state.get("key"):
         yield new_key(*key)
         changed = True
     if changed:

@@ -19,12 +19,12 @@ def systemd_quote(arg: str) -> str:
 
 def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
-    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=1``
-    when the API key file ``key`` is there (never its content)."""
+    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=<sha256>``
+    of the API key file ``key`` when it is there and not empty (never its content)."""
     q = shlex.quote
     lines = [f"echo {q('@@ ' + name)}"]
     lines += [f"echo {k}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for k, path in files.items()]
-    lines += [f"test -s {q(key)} && echo key=1 || echo key="] if key else []
+    lines += [f"echo key=$(test -s {q(key)} && sha256sum {q(key)} | cut -c1-64)"] if key else []
     lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
               f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
               f"echo marker=$(cat {q(marker)} 2>/dev/null | tr -d '\\n')"]

@@ -16,9 +16,13 @@ What it does to a host:
   checked with ``haproxy -c`` before it replaces the running one, then ``systemctl reload``
   (established connections stay); a bad one never replaces it;
 - after a change, each frontend must answer /health 200.
-API keys stay the servers' to check: HAProxy passes Authorization through.
+API keys stay the servers' to check: HAProxy passes Authorization through. With
+``fleet_api_key`` (one key for the fleet, kept on the controller: rigup.secrets.fleet_api_key) a
+gateway also checks it, from a root-only file (config.GATEWAY_KEY), before a request crosses the
+rack network; the serving hosts, which get the same key, check it again.
 
-Variables (roles/balancer/defaults.yml): balancer_gateway, balancer_gateway_bind,
+Variables (roles/balancer/defaults.yml): balancer_gateway, balancer_gateway_bind, fleet_api_key,
+fleet_api_key_src,
 balancer_stats_port, balancer_timeout_s, balancer_check_interval_ms, balancer_health_timeout;
 rigup_prefix (roles/base). Refusals: roles/balancer/checks.py.
 """
@@ -37,10 +41,10 @@ from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_
 from rigup.config import role_defaults
 from rigup.gate import endpoint
 from rigup.names import balancer_drain
-from rigup.secrets import written
+from rigup.secrets import fleet_api_key, written
 from rigup.state import read_once
 from roles.balancer.checks import CHECKS, ports
-from roles.balancer.config import gateway_backends, haproxy_cfg, problems
+from roles.balancer.config import GATEWAY_KEY, gateway_backends, haproxy_cfg, problems
 from roles.balancer.facts import CONFIG, BalancerState
 
 __all__ = ["apply", "CHECKS", "ports"]
@@ -58,10 +62,11 @@ def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
 
 
 @operation()
-def balanced(gateway: list[dict], drain: str, cache_seconds: int):
+def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str | None = None):
     """HAProxy installed, configured for the host's backends and running, when it has any (or
     its config is rigup's from before: it is then emptied of frontends; a config not rigup's is
-    left alone while there is nothing to balance)."""
+    left alone while there is nothing to balance). ``fleet_key``: the fleet's API key, which a
+    gateway's frontends of keyed instances check (config.GATEWAY_KEY, sent on stdin)."""
     state = read_once(BalancerState, drain=drain)
     backends = wanted_backends(state, gateway)
     if not backends and not state.get("ours"):
@@ -78,6 +83,10 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int):
     if state.get("drain") != _sha(DRAIN_SOURCE):
         yield f"install -d -m 755 {shlex.quote(drain.rsplit('/', 1)[0])}"
         yield written(drain, DRAIN_SOURCE, mode="755")
+    key_line = f"Bearer {fleet_key}\n" if fleet_key and any(b.get("key") for b in backends) else None
+    if key_line and state.get("key") != _sha(key_line):
+        yield written(GATEWAY_KEY, key_line, mode="600")   # HAProxy reads it as root, before its chroot
+        changed = True
     text = haproxy_cfg(backends, host.data.dict())
     new = shlex.quote(CONFIG + ".rigup-new")
     if changed or state.get("cfg") != _sha(text):
@@ -121,9 +130,10 @@ def apply(plan: dict):
     gateway = []
     if data["balancer_gateway"]:
         gateway = gateway_backends(host.name, {h.name: h.data.dict() for h in host.inventory},
-                                   data["balancer_gateway_bind"])
+                                   data["balancer_gateway_bind"], bool(data["fleet_api_key"]))
     drain = balancer_drain(data)
     done = balanced(name="HAProxy in front of replicas" + (" and the fleet (gateway)" if gateway else ""),
-                    gateway=gateway, drain=drain, cache_seconds=data["apt_cache_seconds"])
+                    gateway=gateway, drain=drain, cache_seconds=data["apt_cache_seconds"],
+                    fleet_key=fleet_api_key(data) if gateway else None)
     python.call(frontends_answer, gateway=gateway, drain=drain, timeout=data["balancer_health_timeout"],
                 name="balancer frontends answer", _if=done.did_change)

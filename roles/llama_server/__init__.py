@@ -10,7 +10,9 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   the host: roles/llama_cpp switches it), ``-ngl -fa -c --parallel --host --port --jinja
   --metrics -sm -ts``, ``--api-key-file`` and extra args;
 - with ``api_key: true``, a random key made on the host (never seen by pyinfra or argv) in
-  /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace;
+  /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace; with
+  ``fleet_api_key: true`` (roles/balancer) the fleet's key from the controller there instead
+  (rigup.secrets.fleet_api_key, sent on stdin), so that a gateway's one URL takes one key;
 - starts an instance only once its model is complete; restarts it only when its unit, drop-in
   (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
   completion, and shows the unit's journal when that fails. On a GPU build it also fails when
@@ -47,7 +49,7 @@ from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
-from rigup.secrets import bearer
+from rigup.secrets import bearer, fleet_api_key
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, plan_lines, ports
@@ -63,12 +65,14 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
-             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None):
+             build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
+             fleet_key: str | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
-    the role on the host (read together, once)."""
+    the role on the host (read together, once); ``fleet_key``: the fleet's API key (else one made
+    on the host)."""
     name = instance_name
     marker_file = marker
     found = read_once(LlamaServerState, units=units, build_link=build_link)
@@ -88,7 +92,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
-                            key=(KEY.format(name), user, "") if inst["api_key"] else None)
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None, fleet_key=fleet_key)
 
 
 @operation()
@@ -146,7 +150,8 @@ def apply(plan: dict):
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
-                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks)
+                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
+                               fleet_key=fleet_api_key(data))
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             python.call(answered, unit=f"rigup-llama@{server['unit']}.service", port=server["inst"]["port"],
                         bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],

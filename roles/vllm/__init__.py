@@ -66,7 +66,7 @@ from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
 from rigup.names import guard_file, marker_path
-from rigup.secrets import bearer, written
+from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import stale_removed, stale_units, unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
@@ -93,9 +93,10 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str)
 
 @operation()
 def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
-             unit_sha: str, stamp_sha: str, wait: list, user: str):
+             unit_sha: str, stamp_sha: str, wait: list, user: str, fleet_key: str | None = None):
     """Instance ``name``: its environment file, drop-in, and unit enabled and running; restarted
-    only when the drop-in changed (it names the unit, stamp, environment and model revision).
+    only when the drop-in changed (it names the unit, stamp, environment and model revision) or
+    its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key; else made on the host).
     Waits (changes nothing) while its model is incomplete."""
     name = instance_name
     state = read_once(VllmState, pin_dir=pin_dir, instances={name: marker_path})["instances"].get(name, {})
@@ -113,7 +114,8 @@ def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, ven
                                     mode="640")
     yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),
                             f"{name} runs with its current install, environment and drop-in",
-                            key=(cmd.KEY_FILE.format(name), user, cmd.KEY_PREFIX) if inst["api_key"] else None)
+                            key=(cmd.KEY_FILE.format(name), user, cmd.KEY_PREFIX) if inst["api_key"] else None,
+                            fleet_key=fleet_key)
 
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
@@ -161,7 +163,8 @@ def apply(plan: dict):
             wait += ["-i", inst["gpus"].replace(" ", "")]
         started = instance(name=f"vllm {name} on {inst['host']}:{inst['port']}", instance_name=name, inst=inst,
                            marker_path=marker, pin_dir=pin_dir, venv=f"{pin_dir}/venv", env=envs[name],
-                           unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user)
+                           unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user,
+                           fleet_key=fleet_api_key(data))
         python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"], bind=inst["host"],
                     model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
                     timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads

@@ -107,12 +107,36 @@ def test_haproxy_config_and_gateway():
              "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"port": 8081}}}}
     gateway = gateway_backends("gw", hosts, "0.0.0.0")
     assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
-                        "servers": [["lab1", "10.0.0.11", 8081], ["lab2", "10.0.0.12", 8081]]}]
+                        "servers": [["lab1", "10.0.0.11", 8081], ["lab2", "10.0.0.12", 8081]], "key": False}]
     text = haproxy_cfg(gateway, data())
+    assert "rigup-fleet-key" not in text
     for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",
                  "http-check expect status 200", "server lab2 10.0.0.12:8081 check", "retry-on conn-failure",
                  "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock"):
         assert line in text, line
+
+
+def test_a_gateway_checks_the_fleet_key_of_keyed_instances_only():
+    hosts = {"gw": {"balancer_gateway": True},
+             "lab1": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}, "open": {"port": 8090}}},
+             "lab2": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}}}}
+    gateway = gateway_backends("gw", hosts, "0.0.0.0", fleet_key=True)
+    assert {b["name"]: b["key"] for b in gateway} == {"gateway-gemma": True, "gateway-open": False}
+    assert not any(b["key"] for b in gateway_backends("gw", hosts, "0.0.0.0"))   # per-host keys: forwarded only
+    text = haproxy_cfg(gateway, data())
+    gemma, open_ = text.split("frontend gateway-gemma")[1], text.split("frontend gateway-open")[1]
+    check = ("http-request deny deny_status 401 unless { path /health } || "
+             "{ req.hdr(authorization) -m str -f /etc/haproxy/rigup-fleet-key.lst }")
+    assert check in gemma.split("backend ")[0] and check not in open_
+
+
+def test_the_fleet_key_is_one_root_only_file_on_the_controller(tmp_path):
+    from rigup.secrets import fleet_api_key
+    src = tmp_path / "rigup" / "api-key"
+    assert fleet_api_key({"fleet_api_key": False, "fleet_api_key_src": str(src)}) is None and not src.exists()
+    key = fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert len(key) == 64 and oct(src.stat().st_mode & 0o777) == "0o600"
+    assert fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)}) == key
 
 
 def test_vllm_replicas_are_planned_and_refused_until_served():
