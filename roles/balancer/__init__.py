@@ -6,6 +6,8 @@ What it does to a host:
   (rigup.names.balancer_file: roles/llama_server, one per instance with ``replicas`` > 1) and,
   with ``balancer_gateway`` (the inventory group ``gateway``, group_vars/gateway.yml), every other
   inventory host's instances (their inventory address and port);
+- when nothing is left to balance (replicas gone back to one server), stops and disables the
+  HAProxy it started, its config emptied of frontends (one not rigup's is left alone);
 - when there is anything to balance: installs haproxy and socat, the drain helper
   ``{rigup_prefix}/bin/rigup-balancer-drain`` (the replicas' units drain themselves with it before
   a stop and rejoin once healthy), and /etc/haproxy/haproxy.cfg (roles/balancer/config.py): per
@@ -64,13 +66,13 @@ def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
 @operation()
 def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str | None = None):
     """HAProxy installed, configured for the host's backends and running, when it has any (or
-    its config is rigup's from before: it is then emptied of frontends; a config not rigup's is
+    its config is rigup's from before: it is then emptied of frontends, stopped and disabled; a config not rigup's is
     left alone while there is nothing to balance). ``fleet_key``: the fleet's API key, which a
     gateway's frontends of keyed instances check (config.GATEWAY_KEY, sent on stdin)."""
     state = read_once(BalancerState, drain=drain)
     backends = wanted_backends(state, gateway)
-    if not backends and not state.get("ours"):
-        host.noop("nothing to balance")
+    if not backends:
+        yield from idle(state, haproxy_cfg([], host.data.dict()))
         return
     bad = problems(backends)
     if bad:
@@ -98,6 +100,21 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str
         yield "systemctl enable -q haproxy && systemctl start haproxy"
     else:
         host.noop(f"haproxy serves {len(backends)} backend(s) with its current config")
+
+
+def idle(state: dict, text: str):
+    """Nothing to balance: rigup's HAProxy (its config marked) gets the config without frontends
+    and is stopped and disabled (the ports go back to the single servers that replace replicas);
+    an HAProxy not rigup's is left alone."""
+    if not state.get("ours"):
+        host.noop("nothing to balance")
+        return
+    if state.get("cfg") != _sha(text):
+        yield written(CONFIG, text, mode="644")
+    if state.get("active") == "active" or state.get("enabled") == "enabled":
+        yield "systemctl disable --now -q haproxy"
+    elif state.get("cfg") == _sha(text):
+        host.noop("nothing to balance: rigup's haproxy is stopped and disabled")
 
 
 def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int) -> bool:

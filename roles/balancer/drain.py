@@ -6,6 +6,9 @@ roles/balancer; the replicas' units of roles/llama_server call it with full priv
                                                     then wait (at most 50 s) for its running ones
     rigup-balancer-drain ready BACKEND SERVER PORT  after a start: wait for 127.0.0.1:PORT/health
                                                     200 (at most 600 s), then back in the pool
+    rigup-balancer-drain release BACKEND            the frontend BACKEND gives up its port at once
+                                                    (a single server takes it over; roles/balancer
+                                                    then drops the frontend from the config)
 
 Without HAProxy's admin socket it does nothing. Standard library only: it runs on bare hosts.
 """
@@ -63,9 +66,13 @@ def wait(predicate, seconds: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    action, backend, server = argv[:3]
+    action, backend = argv[:2]
     if not admin("show info"):
         return 0   # no balancer here (yet)
+    if action == "release":
+        admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)
+        return 0
+    server = argv[2]
     if action == "drain":
         admin(f"set server {backend}/{server} state drain")
         wait(lambda: in_flight(backend, server) == 0, 50)

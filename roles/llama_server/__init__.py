@@ -23,8 +23,10 @@ replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), 
 port + 1 + K, rejoining the balancer's pool once healthy and drained before it stops (ExecStartPost,
 ExecStop: roles/balancer's helper); the instance's host:port is the balancer's, told by a backends
 file (rigup.names.balancer_file). Servers no longer wanted (the single server replicas replace,
-replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
-same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
+replicas beyond the count, instances dropped) are stopped and removed. Going back from replicas to
+one server on the same port: the instance's frontend gives up the port before the server starts
+(roles/balancer's helper), then roles/balancer drops the frontend, or stops and disables the
+HAProxy it started when nothing is left to balance.
 
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt; and models / models_dir (roles/model_fetch), rigup_user (roles/base),
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 
 from pyinfra import host
@@ -50,7 +51,7 @@ from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
-from rigup.serving import stale_removed, stale_units, unit_running
+from rigup.serving import unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
@@ -96,22 +97,26 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
 
 
 @operation()
-def retired(units: dict, build_link: str, wanted: list[str], names: list[str], backends: list[str]):
-    """Servers of the instances ``names`` that are no longer wanted (a single server replaced by
-    replicas, replicas beyond ``replicas``, replicas replaced by one server) stopped, disabled and
-    their drop-ins removed; backends files of llama instances not in ``backends`` removed (the
-    balancer then drops them). Other instances' units are left as they are."""
+def retired(units: dict, build_link: str, wanted: list[str], backends: list[str], drain: str):
+    """Servers rigup configured on the host that are not ``wanted`` (an instance dropped, a single
+    server replaced by replicas, replicas beyond ``replicas``, replicas replaced by one server)
+    stopped, disabled and their drop-ins removed (their keys and state stay, should they come back);
+    backends files of llama instances not in ``backends`` removed, their frontends first giving up
+    their ports (``drain``: roles/balancer's helper, ``release``), so that a single server taking
+    over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
     found = read_once(LlamaServerState, units=units, build_link=build_link)
-    ours = re.compile("|".join(re.escape(n) + r"(-\d+)?" for n in names) or "(?!)")
-    stale = [u for u in found["units"] if ours.fullmatch(u) and u not in wanted]
+    stale = [u for u in found["units"] if u not in wanted]
     gone = [b for b in found["backends"] if b not in backends]
     if not stale and not gone:
         host.noop("no retired servers or backends")
         return
     for unit in stale:
         q = shlex.quote(f"rigup-llama@{unit}.service")
-        yield f"systemctl disable --now {q}; rm -rf {shlex.quote(DROPIN.format(unit).rsplit('/', 1)[0])}"
-    yield from (f"rm -f {shlex.quote(balancer_file(b))}" for b in gone)
+        yield (f"systemctl disable --now {q}; systemctl reset-failed {q} 2>/dev/null; "
+               f"rm -rf {shlex.quote(DROPIN.format(unit).rsplit('/', 1)[0])}")
+    for b in gone:
+        yield f"if [ -x {shlex.quote(drain)} ]; then {shlex.quote(drain)} release {shlex.quote(b)}; fi"
+        yield f"rm -f {shlex.quote(balancer_file(b))}"
     yield "systemctl daemon-reload"
 
 
@@ -126,10 +131,10 @@ def apply(plan: dict):
     plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
-    stale = stale_units("rigup-llama", units, plan)   # every server's unit: NAME, or NAME-K per replica
-    if stale:
-        stale_removed(name=f"llama-server: stop and remove {', '.join(stale)} (no longer configured)",
-                      template="rigup-llama", stale=stale)
+    build_link = f"{data['llama_cpp_dir']}/current"
+    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
+    retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
+            wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
     if not wanted:
         return
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
@@ -137,10 +142,6 @@ def apply(plan: dict):
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"
-    build_link = f"{data['llama_cpp_dir']}/current"
-    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
-    retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
-            wanted=sorted(units), names=sorted(wanted), backends=[backend_name(n) for n in replicated])
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
         if len(srv) > 1:

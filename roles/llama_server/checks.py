@@ -42,12 +42,15 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's, which takes over the port of a single
-    server it replaces) and each replica's loopback port (port + 1 + K)."""
+    server it replaces; a single server takes it back from the balancer of the replicas it
+    replaces: rigup-llama@NAME-K units on the host) and each replica's loopback port (port + 1 + K)."""
     found = []
     for name, (inst, lay) in layouts(plan, data).items():
         where = f"llama_server_instances.{name}"
         if lay.replicas == 1:
-            found.append(Port(inst["port"], where, ("llama-server",)))
+            had = re.compile(re.escape(f"rigup-llama@{name}-") + r"\d+")
+            balanced = any(had.fullmatch(u) for u in plan.get("serving_units") or [])
+            found.append(Port(inst["port"], where, ("llama-server", "haproxy") if balanced else ("llama-server",)))
             continue
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "llama-server")))
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("llama-server",))

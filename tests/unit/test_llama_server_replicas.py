@@ -89,6 +89,18 @@ def test_cpu_host_runs_n_replicas_without_pinning():
         (8081, ("haproxy", "llama-server")), (8082, ("llama-server",)), (8083, ("llama-server",))]
 
 
+def test_one_server_takes_its_port_back_from_the_balancer_of_its_replicas_only():
+    """replicas: 2 -> 1 on the same port: HAProxy holds it at preflight; rigup's (the host has
+    rigup-llama@m-K units) is no refusal, another HAProxy, or one with no replicas of m, is."""
+    plan, facts = host("a100")
+    d, held = sized(10), {**facts, "listening_ports": {8081: "haproxy"}}
+    assert only(refusals(plan, held, d), "ports")[0].what == "port 8081 of llama_server_instances.m is already taken"
+    had = {**plan, "serving_units": ["rigup-llama@m-0", "rigup-llama@m-1", "rigup-llama@mm-0"]}
+    assert [r for r in refusals(had, held, d) if r.check == "ports"] == []
+    other = {**plan, "serving_units": ["rigup-llama@mm-0"]}
+    assert only(refusals(other, held, d), "ports")
+
+
 def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
     plan, facts = host("a100")
     d = sized(120, replicas="auto", gpus_per_replica="auto", host="0.0.0.0", api_key=True)
