@@ -3,9 +3,9 @@ replicated serving instances, and on gateway hosts in front of the fleet.
 
 What it does to a host:
 - reads the backends files the serving roles write for their replicated instances
-  (rigup.names.balancer_file: roles/llama_server, one per instance with ``replicas`` > 1) and,
-  with ``balancer_gateway`` (the inventory group ``gateway``, group_vars/gateway.yml), every other
-  inventory host's instances (their inventory address and port);
+  (rigup.names.balancer_file: roles/llama_server and roles/vllm, one per instance with
+  ``replicas`` > 1) and, with ``balancer_gateway`` (the inventory group ``gateway``,
+  group_vars/gateway.yml), every other inventory host's instances (their inventory address and port);
 - when nothing is left to balance (replicas gone back to one server), stops and disables the
   HAProxy it started, its config emptied of frontends (one not rigup's is left alone);
 - when there is anything to balance: installs haproxy and socat, the drain helper

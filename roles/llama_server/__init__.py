@@ -37,21 +37,19 @@ roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 from __future__ import annotations
 
 import hashlib
-import json
-import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import python
 
 from rigup.config import role_defaults
-from rigup.files import directory, managed
+from rigup.files import managed
 from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
-from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, guard_file, marker_path
+from rigup.names import balancer_drain, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
-from rigup.serving import unit_running
+from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
@@ -110,14 +108,7 @@ def retired(units: dict, build_link: str, wanted: list[str], backends: list[str]
     if not stale and not gone:
         host.noop("no retired servers or backends")
         return
-    for unit in stale:
-        q = shlex.quote(f"rigup-llama@{unit}.service")
-        yield (f"systemctl disable --now {q}; systemctl reset-failed {q} 2>/dev/null; "
-               f"rm -rf {shlex.quote(DROPIN.format(unit).rsplit('/', 1)[0])}")
-    for b in gone:
-        yield f"if [ -x {shlex.quote(drain)} ]; then {shlex.quote(drain)} release {shlex.quote(b)}; fi"
-        yield f"rm -f {shlex.quote(balancer_file(b))}"
-    yield "systemctl daemon-reload"
+    yield from retirements("rigup-llama", stale, gone, drain)
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
@@ -133,8 +124,9 @@ def apply(plan: dict):
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
     build_link = f"{data['llama_cpp_dir']}/current"
     replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
-    retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
-            wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
+    if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
+        retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
+                wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
     if not wanted:
         return
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
@@ -145,9 +137,11 @@ def apply(plan: dict):
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
         if len(srv) > 1:
-            backends_file(name, inst, srv, data)
+            backends_file(backend_name(name), inst["host"], inst["port"],
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
         for server in srv:
-            hooks = balancer_hooks(name, server, data) if len(srv) > 1 else None
+            hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
+                if len(srv) > 1 else None
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
@@ -159,22 +153,3 @@ def apply(plan: dict):
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                         name=f"llama-server {server['unit']} answers", _if=started.did_change)
-
-
-def balancer_hooks(name: str, server: dict, data: dict) -> dict:
-    """The replica's ExecStartPost/ExecStop: back in the balancer's pool once healthy, drained
-    before it stops (rigup.names.balancer_drain, installed by roles/balancer)."""
-    drain, backend = balancer_drain(data), backend_name(name)
-    return {"ready": [drain, "ready", backend, server["unit"], str(server["inst"]["port"])],
-            "drain": [drain, "drain", backend, server["unit"]]}
-
-
-def backends_file(name: str, inst: dict, srv: list[dict], data: dict) -> None:
-    """The balancer's backends file of a replicated instance (rigup.names.balancer_file): its public
-    bind and port, and each replica's loopback address."""
-    text = json.dumps({"bind": inst["host"], "port": inst["port"],
-                       "servers": [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv]},
-                      indent=2) + "\n"
-    dest = balancer_file(backend_name(name))
-    directory(name=f"Directory {BALANCER_DIR}", path=BALANCER_DIR, paths=[BALANCER_DIR, dest])
-    managed(name=f"Balancer backends of {name}", dest=dest, text=text, paths=[BALANCER_DIR, dest])

@@ -17,7 +17,7 @@ from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
 from rigup.refusal import FIX_CONFIG, Port, Refusal, config_refusals, needs_systemd, serving_exposure
-from roles.llama_server.command import replica_name, replica_port
+from rigup.units import had_replicas, replica_name, replica_port
 from roles.llama_server.replicas import layout, layout_text, need_gib
 from roles.llama_server.schema import instances
 
@@ -48,8 +48,7 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     for name, (inst, lay) in layouts(plan, data).items():
         where = f"llama_server_instances.{name}"
         if lay.replicas == 1:
-            had = re.compile(re.escape(f"rigup-llama@{name}-") + r"\d+")
-            balanced = any(had.fullmatch(u) for u in plan.get("serving_units") or [])
+            balanced = had_replicas("rigup-llama", name, plan.get("serving_units") or [])
             found.append(Port(inst["port"], where, ("llama-server", "haproxy") if balanced else ("llama-server",)))
             continue
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "llama-server")))

@@ -151,13 +151,36 @@ def test_the_fleet_key_is_one_root_only_file_on_the_controller(tmp_path):
     assert fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)}) == key
 
 
-def test_vllm_replicas_are_planned_and_refused_until_served():
+def test_vllm_replicas_are_served_pinned_and_balanced():
+    from roles.vllm import command as vcmd
     from roles.vllm.checks import plan_lines as vllm_lines
+    from roles.vllm.checks import ports as vllm_ports
+    from roles.vllm.checks import replica_groups
+    from roles.vllm.schema import instances as vllm_instances
     plan, facts = host("h100")
     d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
-             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto"}})
+             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto", "api_key": True}})
     assert vllm_lines(plan, d) == ["vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
-    assert "not served yet" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+    assert [r for r in refusals(plan, facts, d) if r.check not in ("vllm_cc",)] == []
+    assert [(p.port, p.owners) for p in vllm_ports(plan, d)] == [
+        (8081, ("haproxy", "vllm")), (8082, ("vllm",)), (8083, ("vllm",))]
+    inst = vllm_instances(d)[0]["m"]
+    srv = vcmd.servers("m", inst, replica_groups(plan, inst), plan)
+    uuids = [c["uuid"] for c in plan["cards"]]
+    assert [(s["unit"], s["inst"]["host"], s["inst"]["port"], s["gpus"]) for s in srv] == [
+        ("m-0", "127.0.0.1", 8082, "0,1"), ("m-1", "127.0.0.1", 8083, "2,3")]
+    assert srv[1]["env"] == {"CUDA_VISIBLE_DEVICES": ",".join(uuids[2:4])}
+    hooks = {"ready": ["/opt/rigup/bin/rigup-balancer-drain", "ready", "vllm-m", "m-1", "8083"],
+             "drain": ["/opt/rigup/bin/rigup-balancer-drain", "drain", "vllm-m", "m-1"]}
+    text = vcmd.dropin_text("m", srv[1]["inst"], "/v", "/srv/m", "/srv/m/.rigup-complete.json", "u", "s", "e", "r",
+                            ["/w"], unit="m-1", balancer=hooks)
+    for line in ("EnvironmentFile=/etc/rigup/vllm/m-1.env", "EnvironmentFile=/etc/rigup/vllm/m.key",
+                 "--host 127.0.0.1 --port 8083", "--served-model-name m",
+                 "ExecStartPost=-+/opt/rigup/bin/rigup-balancer-drain ready vllm-m m-1 8083",
+                 "ExecStop=-+/opt/rigup/bin/rigup-balancer-drain drain vllm-m m-1"):
+        assert line in text, line
+    one = vcmd.dropin_text("m", inst, "/v", "/srv/m", "/srv/m/.rigup-complete.json", "u", "s", "e", "r", ["/w"])
+    assert "ExecStop" not in one and "EnvironmentFile=/etc/rigup/vllm/m.env" in one
     d["vllm_instances"]["m"]["replicas"] = 3
     assert "this host has 4" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
 
