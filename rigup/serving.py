@@ -64,9 +64,9 @@ def backends_file(backend: str, bind: str, port: int, servers: list[list]) -> No
 
 
 def retirements(template: str, stale: list[str], gone: list[str], drain: str):
-    """Commands (for an operation to ``yield from``; None when there is nothing to retire): the
-    instances ``stale`` of ``template`` stopped, disabled and their drop-ins removed (their keys
-    and state stay, should they come back); the backends files ``gone`` removed, their frontends
+    """Commands (for an operation to ``yield from``): the instances ``stale`` of ``template``
+    stopped, disabled and their drop-ins removed (their keys and state stay, should they come
+    back); the backends files ``gone`` removed, their frontends
     first giving up their ports (``drain``: roles/balancer's helper, ``release``), so that a single
     server taking over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
     q = shlex.quote

@@ -65,9 +65,8 @@ def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
 
 @operation()
 def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str | None = None):
-    """HAProxy installed, configured for the host's backends and running, when it has any (or
-    its config is rigup's from before: it is then emptied of frontends, stopped and disabled; a config not rigup's is
-    left alone while there is nothing to balance). ``fleet_key``: the fleet's API key, which a
+    """HAProxy installed, configured for the host's backends and running, when it has any (with
+    nothing to balance: :func:`idle`). ``fleet_key``: the fleet's API key, which a
     gateway's frontends of keyed instances check (config.GATEWAY_KEY, sent on stdin)."""
     state = read_once(BalancerState, drain=drain)
     backends = wanted_backends(state, gateway)

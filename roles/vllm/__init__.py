@@ -110,7 +110,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, p
     model revision) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key; else made
     on the host). Waits (changes nothing) while its model is incomplete. ``units``: every server
     of the role on the host (read together, once)."""
-    name, unit_name = instance_name, unit_name
+    name = instance_name
     state = read_once(VllmState, pin_dir=pin_dir, instances=units)["instances"].get(unit_name, {})
     marker = state.get("marker")
     if not marker:
