@@ -185,10 +185,12 @@ def apply(plan: dict):
     managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
-        base_env = cmd.env_vars(name, {**inst, "_name": name}, data, plan)
         if len(srv) > 1:
             backends_file(cmd.backend_name(name), inst["host"], inst["port"],
                           [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
+        # HOME and caches per server (the unit's own StateDirectory/CacheDirectory, %i), pinning last
+        envs = {s["unit"]: cmd.env_text(name, {**cmd.env_vars(s["unit"], {**inst, "_name": name}, data, plan),
+                                               **s["env"]}) for s in srv}
         for server in srv:
             wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
             wait += ["-i", server["gpus"]] if server["gpus"] else []
@@ -197,7 +199,7 @@ def apply(plan: dict):
             port, bind = server["inst"]["port"], server["inst"]["host"]
             started = instance(name=f"vllm {server['unit']} on {bind}:{port}", unit_name=server["unit"],
                                instance_name=name, inst=server["inst"], marker_path=markers[name], pin_dir=pin_dir,
-                               venv=f"{pin_dir}/venv", env=cmd.env_text(name, {**base_env, **server["env"]}),
+                               venv=f"{pin_dir}/venv", env=envs[server["unit"]],
                                unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait,
                                user=user, units=units, balancer=hooks, fleet_key=fleet_api_key(data))
             python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,
