@@ -16,9 +16,10 @@ from rigup.config import group_vars as _group_vars
 # The same default as tests/lab/lab.py: RIGUP_LAB_ID names a second lab on the same machine.
 _STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab" + _os.environ.get("RIGUP_LAB_ID", ""))) / "lab.json"
 _lab = _json.loads(_STATE.read_text()) if _STATE.exists() else {"hosts": []}
-# RIGUP_LAB_HOST_DATA='{"lab1": {...}}' (JSON): data of single lab hosts, over their groups' (a
-# test's RPC head, which no other host may share).
-_host_data = _json.loads(_os.environ.get("RIGUP_LAB_HOST_DATA") or "{}")
+# RIGUP_LAB_HOST_DATA='{"lab1": {...}}': host data of lab hosts (a lab test's recipe, which every
+# host of the run sees, e.g. a gateway reading the other hosts' instances; --data would set it on
+# the gateway too).
+_HOST_DATA = _json.loads(_os.environ.get("RIGUP_LAB_HOST_DATA") or "{}")
 
 
 def _host(h):
@@ -30,7 +31,7 @@ def _host(h):
         "ssh_strict_host_key_checking": "yes",
         "ssh_allow_agent": False,
         "ssh_look_for_keys": False,
-        **_host_data.get(h["name"], {}),
+        **_HOST_DATA.get(h["name"], {}),
     })
 
 

@@ -5,13 +5,39 @@ stdin (never through a temporary file)."""
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from rigup.files import FileStates
 from rigup.state import read_once
+
+
+def controller_token(path: Path) -> str:
+    """A token kept in ``path`` on the controller, made (0600, its directory 0700) on first use:
+    the same for every host and every run."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, secrets.token_hex(32).encode())
+            os.close(fd)
+        except FileExistsError:
+            pass  # another host's greenlet made it first
+    return path.read_text().strip()
+
+
+def fleet_api_key(data: dict) -> str | None:
+    """The fleet's API key (``fleet_api_key``: true; roles/balancer/defaults.yml), read on the
+    controller from ``fleet_api_key_src`` (null: ~/.config/rigup/api-key, made on first use); None
+    when each host makes its own keys."""
+    if not data.get("fleet_api_key"):
+        return None
+    return controller_token(Path(data.get("fleet_api_key_src") or Path.home() / ".config" / "rigup" / "api-key"))
 
 
 def new_key(path: str, group: str, prefix: str = "") -> StringCommand:

@@ -1,27 +1,33 @@
 """The systemd side of a serving instance (roles/llama_server, roles/vllm): its drop-in
 installed and its unit restarted when the drop-in changed, started when it is down, and nothing
-when it runs as it should; instances dropped from the configuration stopped and removed."""
+when it runs as it should; servers no longer wanted stopped and removed; replicas' hooks into the
+balancer (roles/balancer) and their backends file."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shlex
 from io import StringIO
 
-import shlex
-
 from pyinfra import host
-from pyinfra.api import operation
 from pyinfra.operations import files
 
-from rigup.secrets import new_key
+from rigup.files import directory, managed
+from rigup.names import BALANCER_DIR, balancer_drain, balancer_file
+from rigup.secrets import new_key, written
 
 
 def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,
-                 key: tuple[str, str, str] | None = None, block: bool = True, maintenance: bool = False):
+                 key: tuple[str, str, str] | None = None, fleet_key: str | None = None, block: bool = True,
+                 maintenance: bool = False):
     """Commands (for an operation to ``yield from``) that bring ``unit`` to run with the drop-in
     ``text`` at ``dropin``: ``changed`` (the drop-in or something it names differs) installs it,
     reloads systemd and restarts the unit; a unit not active or not enabled is started; else
     ``noop`` is noted. ``state``: the instance's probe (``active``, ``enabled``, ``key``).
-    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart).
+    ``key``: (path, group, prefix) of its API key, made on the host when missing (a restart);
+    ``fleet_key``: the fleet's key instead (rigup.secrets.fleet_api_key), written there, sent on
+    stdin, when the file differs (a restart).
     ``block=False``: start or restart without waiting for the start job (the gate then waits, and
     shows the journal when its ExecStartPre fails). ``maintenance`` (rigup_maintenance): the unit is
     stopped, and nothing else changes (its drop-in, key and enablement stay, to start as they were
@@ -33,7 +39,13 @@ def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, 
             host.noop(f"{unit} is stopped (rigup_maintenance)")
         return
     now = "" if block else " --no-block"
-    if key and not state.get("key"):
+    if key and fleet_key:
+        path, group, prefix = key
+        if hashlib.sha256((prefix + fleet_key).encode()).hexdigest() != state.get("key"):
+            yield f"install -d -m 0750 -g {shlex.quote(group)} {shlex.quote(path.rsplit('/', 1)[0])}"
+            yield written(path, prefix + fleet_key, mode="640", group=group)
+            changed = True
+    elif key and not state.get("key"):
         yield new_key(*key)
         changed = True
     if changed:
@@ -46,19 +58,35 @@ def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, 
         host.noop(noop)
 
 
-def stale_units(template: str, keep, plan: dict) -> list[str]:
-    """Instances of ``template`` (``rigup-llama``) installed on the host (preflight's plan:
-    ``serving_units``) whose names are not in ``keep``."""
-    return sorted(u.split("@", 1)[1] for u in plan.get("serving_units") or []
-                  if u.startswith(template + "@") and u.split("@", 1)[1] not in keep)
+def balancer_hooks(backend: str, unit: str, port: int, data: dict) -> dict:
+    """A replica's ExecStartPost/ExecStop argv: back in the balancer's pool (HAProxy backend
+    ``backend``, server ``unit``) once healthy on ``port``, drained before it stops
+    (rigup.names.balancer_drain, installed by roles/balancer)."""
+    drain = balancer_drain(data)
+    return {"ready": [drain, "ready", backend, unit, str(port)], "drain": [drain, "drain", backend, unit]}
 
 
-@operation()
-def stale_removed(template: str, stale: list[str]):
-    """Instances ``stale`` of ``template``: stopped, disabled, their drop-in removed, systemd
-    reloaded (their keys and state stay, should they come back)."""
+def backends_file(backend: str, bind: str, port: int, servers: list[list]) -> None:
+    """The balancer's backends file of a replicated instance (rigup.names.balancer_file): its public
+    ``bind`` and ``port``, and each replica's [unit, loopback address, port]."""
+    text = json.dumps({"bind": bind, "port": port, "servers": servers}, indent=2) + "\n"
+    dest = balancer_file(backend)
+    directory(name=f"Directory {BALANCER_DIR}", path=BALANCER_DIR, paths=[BALANCER_DIR, dest])
+    managed(name=f"Balancer backends {backend}", dest=dest, text=text, paths=[BALANCER_DIR, dest])
+
+
+def retirements(template: str, stale: list[str], gone: list[str], drain: str):
+    """Commands (for an operation to ``yield from``): the instances ``stale`` of ``template``
+    stopped, disabled and their drop-ins removed (their keys and state stay, should they come
+    back); the backends files ``gone`` removed, their frontends
+    first giving up their ports (``drain``: roles/balancer's helper, ``release``), so that a single
+    server taking over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
+    q = shlex.quote
     for name in stale:
-        unit = shlex.quote(f"{template}@{name}.service")
-        yield (f"systemctl disable --now {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null; "
-               f"rm -rf {shlex.quote(f'/etc/systemd/system/{template}@{name}.service.d')}")
+        unit = q(f"{template}@{name}.service")
+        yield (f"systemctl disable --now {unit}; systemctl reset-failed {unit} 2>/dev/null; "
+               f"rm -rf {q(f'/etc/systemd/system/{template}@{name}.service.d')}")
+    for backend in gone:
+        yield f"if [ -x {q(drain)} ]; then {q(drain)} release {q(backend)}; fi"
+        yield f"rm -f {q(balancer_file(backend))}"
     yield "systemctl daemon-reload"

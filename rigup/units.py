@@ -9,6 +9,46 @@ import re
 import shlex
 
 
+REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
+
+
+def replica_name(name: str, k: int) -> str:
+    """The systemd instance name of replica ``k`` of ``name``."""
+    return f"{name}-{k}"
+
+
+def replica_port(inst: dict, k: int) -> int:
+    """The loopback port of replica ``k``: the instance's port + 1 + k."""
+    return int(inst["port"]) + 1 + k
+
+
+def replica_inst(inst: dict, k: int) -> dict:
+    """The instance as replica ``k`` runs it: on loopback, on its own port."""
+    return {**inst, "host": REPLICA_HOST, "port": replica_port(inst, k)}
+
+
+def visible_devices(group: list[dict]) -> str:
+    """CUDA_VISIBLE_DEVICES for a group of plan cards: their UUIDs (stable across reboots and
+    driver index changes), else their indexes."""
+    return ",".join(str(c.get("uuid") or c["index"]) for c in group)
+
+
+def had_replicas(template: str, name: str, units: list[str]) -> bool:
+    """Whether ``units`` (preflight's ``serving_units``) hold replicas ``TEMPLATE@NAME-K``: a
+    single server of ``name`` then takes its port back from rigup's balancer."""
+    return any(re.fullmatch(re.escape(f"{template}@{name}-") + r"\d+", u) for u in units)
+
+
+def configured(template: str, backend_prefix: str, backends_dir: str) -> str:
+    """Shell that prints ``units=`` (the instances of ``template`` rigup configured: their drop-in
+    directories) and ``backends=`` (the balancer's backends files ``PREFIX-*.json`` in
+    ``backends_dir``)."""
+    return (f"echo units=$(cd /etc/systemd/system && ls -d {template}@*.service.d 2>/dev/null "
+            f"| sed 's/^{template}@//; s/[.]service[.]d$//'); "
+            f"echo backends=$(cd {shlex.quote(backends_dir)} 2>/dev/null && ls {backend_prefix}-*.json 2>/dev/null "
+            "| sed 's/[.]json$//')")
+
+
 def systemd_quote(arg: str) -> str:
     """One argument as systemd's ExecStart= reads it (and as a POSIX shell would split it)."""
     arg = str(arg).replace("%", "%%").replace("$", "$$")
@@ -19,12 +59,12 @@ def systemd_quote(arg: str) -> str:
 
 def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
-    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=1``
-    when the API key file ``key`` is there (never its content)."""
+    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=<sha256>``
+    of the API key file ``key`` when it is there and not empty (never its content)."""
     q = shlex.quote
     lines = [f"echo {q('@@ ' + name)}"]
     lines += [f"echo {k}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for k, path in files.items()]
-    lines += [f"test -s {q(key)} && echo key=1 || echo key="] if key else []
+    lines += [f"echo key=$(test -s {q(key)} && sha256sum {q(key)} | cut -c1-64)"] if key else []
     lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
               f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
               f"echo marker=$(cat {q(marker)} 2>/dev/null | tr -d '\\n')"]

@@ -3,9 +3,11 @@ replicated serving instances, and on gateway hosts in front of the fleet.
 
 What it does to a host:
 - reads the backends files the serving roles write for their replicated instances
-  (rigup.names.balancer_file: roles/llama_server, one per instance with ``replicas`` > 1) and,
-  with ``balancer_gateway`` (the inventory group ``gateway``, group_vars/gateway.yml), every other
-  inventory host's instances (their inventory address and port);
+  (rigup.names.balancer_file: roles/llama_server and roles/vllm, one per instance with
+  ``replicas`` > 1) and, with ``balancer_gateway`` (the inventory group ``gateway``,
+  group_vars/gateway.yml), every other inventory host's instances (their inventory address and port);
+- when nothing is left to balance (replicas gone back to one server), stops and disables the
+  HAProxy it started, its config emptied of frontends (one not rigup's is left alone);
 - when there is anything to balance: installs haproxy and socat, the drain helper
   ``{rigup_prefix}/bin/rigup-balancer-drain`` (the replicas' units drain themselves with it before
   a stop and rejoin once healthy), and /etc/haproxy/haproxy.cfg (roles/balancer/config.py): per
@@ -16,9 +18,13 @@ What it does to a host:
   checked with ``haproxy -c`` before it replaces the running one, then ``systemctl reload``
   (established connections stay); a bad one never replaces it;
 - after a change, each frontend must answer /health 200.
-API keys stay the servers' to check: HAProxy passes Authorization through.
+API keys stay the servers' to check: HAProxy passes Authorization through. With
+``fleet_api_key`` (one key for the fleet, kept on the controller: rigup.secrets.fleet_api_key) a
+gateway also checks it, from a root-only file (config.GATEWAY_KEY), before a request crosses the
+rack network; the serving hosts, which get the same key, check it again.
 
-Variables (roles/balancer/defaults.yml): balancer_gateway, balancer_gateway_bind,
+Variables (roles/balancer/defaults.yml): balancer_gateway, balancer_gateway_bind, fleet_api_key,
+fleet_api_key_src,
 balancer_stats_port, balancer_timeout_s, balancer_check_interval_ms, balancer_health_timeout;
 rigup_prefix (roles/base). Refusals: roles/balancer/checks.py.
 """
@@ -37,10 +43,10 @@ from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_
 from rigup.config import role_defaults
 from rigup.gate import endpoint
 from rigup.names import balancer_drain
-from rigup.secrets import written
+from rigup.secrets import fleet_api_key, written
 from rigup.state import read_once
 from roles.balancer.checks import CHECKS, ports
-from roles.balancer.config import gateway_backends, haproxy_cfg, problems
+from roles.balancer.config import GATEWAY_KEY, gateway_backends, haproxy_cfg, problems
 from roles.balancer.facts import CONFIG, BalancerState
 
 __all__ = ["apply", "CHECKS", "ports"]
@@ -58,14 +64,14 @@ def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
 
 
 @operation()
-def balanced(gateway: list[dict], drain: str, cache_seconds: int):
-    """HAProxy installed, configured for the host's backends and running, when it has any (or
-    its config is rigup's from before: it is then emptied of frontends; a config not rigup's is
-    left alone while there is nothing to balance)."""
+def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str | None = None):
+    """HAProxy installed, configured for the host's backends and running, when it has any (with
+    nothing to balance: :func:`idle`). ``fleet_key``: the fleet's API key, which a
+    gateway's frontends of keyed instances check (config.GATEWAY_KEY, sent on stdin)."""
     state = read_once(BalancerState, drain=drain)
     backends = wanted_backends(state, gateway)
-    if not backends and not state.get("ours"):
-        host.noop("nothing to balance")
+    if not backends:
+        yield from idle(state, haproxy_cfg([], host.data.dict()))
         return
     bad = problems(backends)
     if bad:
@@ -78,6 +84,10 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int):
     if state.get("drain") != _sha(DRAIN_SOURCE):
         yield f"install -d -m 755 {shlex.quote(drain.rsplit('/', 1)[0])}"
         yield written(drain, DRAIN_SOURCE, mode="755")
+    key_line = f"Bearer {fleet_key}\n" if fleet_key and any(b.get("key") for b in backends) else None
+    if key_line and state.get("key") != _sha(key_line):
+        yield written(GATEWAY_KEY, key_line, mode="600")   # HAProxy reads it as root, before its chroot
+        changed = True
     text = haproxy_cfg(backends, host.data.dict())
     new = shlex.quote(CONFIG + ".rigup-new")
     if changed or state.get("cfg") != _sha(text):
@@ -89,6 +99,21 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int):
         yield "systemctl enable -q haproxy && systemctl start haproxy"
     else:
         host.noop(f"haproxy serves {len(backends)} backend(s) with its current config")
+
+
+def idle(state: dict, text: str):
+    """Nothing to balance: rigup's HAProxy (its config marked) gets the config without frontends
+    and is stopped and disabled (the ports go back to the single servers that replace replicas);
+    an HAProxy not rigup's is left alone."""
+    if not state.get("ours"):
+        host.noop("nothing to balance")
+        return
+    if state.get("cfg") != _sha(text):
+        yield written(CONFIG, text, mode="644")
+    if state.get("active") == "active" or state.get("enabled") == "enabled":
+        yield "systemctl disable --now -q haproxy"
+    elif state.get("cfg") == _sha(text):
+        host.noop("nothing to balance: rigup's haproxy is stopped and disabled")
 
 
 def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int) -> bool:
@@ -121,9 +146,10 @@ def apply(plan: dict):
     gateway = []
     if data["balancer_gateway"]:
         gateway = gateway_backends(host.name, {h.name: h.data.dict() for h in host.inventory},
-                                   data["balancer_gateway_bind"])
+                                   data["balancer_gateway_bind"], bool(data["fleet_api_key"]))
     drain = balancer_drain(data)
     done = balanced(name="HAProxy in front of replicas" + (" and the fleet (gateway)" if gateway else ""),
-                    gateway=gateway, drain=drain, cache_seconds=data["apt_cache_seconds"])
+                    gateway=gateway, drain=drain, cache_seconds=data["apt_cache_seconds"],
+                    fleet_key=fleet_api_key(data) if gateway else None)
     python.call(frontends_answer, gateway=gateway, drain=drain, timeout=data["balancer_health_timeout"],
                 name="balancer frontends answer", _if=done.did_change)

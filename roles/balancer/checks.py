@@ -17,7 +17,7 @@ from roles.balancer.config import SERVING_MAPS, gateway_backends
 def _gateway(data: dict, fleet) -> list[dict]:
     if not data.get("balancer_gateway") or fleet is None:
         return []
-    return gateway_backends(fleet.me, fleet.hosts, data["balancer_gateway_bind"])
+    return gateway_backends(fleet.me, fleet.hosts, data["balancer_gateway_bind"], bool(data.get("fleet_api_key")))
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:

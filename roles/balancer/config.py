@@ -10,13 +10,19 @@ from rigup.templates import render
 SERVING_MAPS = ("llama_server_instances", "vllm_instances")
 
 
-def gateway_backends(me: str, hosts: dict[str, dict], bind: str) -> list[dict]:
+GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>", root-only
+
+
+def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool = False) -> list[dict]:
     """A gateway's backends: per instance name served by the inventory's hosts that are not
     gateways (``hosts``: name -> data), one server per host at its inventory address
     (``ssh_hostname``, else its name) and that host's port of the instance; the frontend binds
     ``bind`` on the port the most hosts use (the lowest of a tie). A server whose host has
-    ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``)."""
+    ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``).
+    ``key``: the frontend checks the fleet's key (``fleet_key``, and a host's instance of that name
+    has api_key)."""
     found: dict[str, list] = {}
+    keyed: set[str] = set()
     for host_name, data in sorted(hosts.items()):
         if host_name == me or data.get("balancer_gateway"):
             continue
@@ -26,11 +32,14 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str) -> list[dict]:
                 if isinstance(inst, dict) and isinstance(inst.get("port"), int):
                     found.setdefault(str(name), []).append([host_name, address, inst["port"],
                                                             bool(data.get("rigup_maintenance"))])
+                    if fleet_key and inst.get("api_key"):
+                        keyed.add(str(name))
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
         port = min(set(ports), key=lambda p: (-ports.count(p), p))
-        out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers})
+        out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers,
+                    "key": name in keyed})
     return out
 
 
@@ -58,9 +67,11 @@ def bind_text(address: str, port: int) -> str:
 
 def haproxy_cfg(backends: list[dict], data: dict) -> str:
     """/etc/haproxy/haproxy.cfg: a loopback stats and Prometheus frontend, the admin socket, and
-    per backend a frontend on its bind:port, ``leastconn`` over its servers, health checks on
+    per backend a frontend on its bind:port (on a gateway, refusing a request without the fleet's
+    key, /health aside, when the backend's ``key``), ``leastconn`` over its servers, health checks on
     /health, retries and redispatch on connection failures only (a generation is never replayed)."""
     rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
                      servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3]] for s in b["servers"]]) for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
+                  key_file=GATEWAY_KEY,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"])

@@ -10,6 +10,9 @@ roles/balancer; the replicas' units of roles/llama_server call it with full priv
     rigup-balancer-drain ready BACKEND SERVER       back in the pool now, then wait (at most 120 s)
                                                     for its health checks to say UP; exit 1 if not
 (``maint`` and ``ready`` without a port: a gateway's side of ./roll.py, whose servers are other hosts.)
+    rigup-balancer-drain release BACKEND            the frontend BACKEND gives up its port at once
+                                                    (a single server takes it over; roles/balancer
+                                                    then drops the frontend from the config)
 
 Without HAProxy's admin socket it does nothing. Standard library only: it runs on bare hosts.
 """
@@ -73,9 +76,13 @@ def wait(predicate, seconds: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    action, backend, server = argv[:3]
+    action, backend = argv[:2]
     if not admin("show info"):
         return 0   # no balancer here (yet)
+    if action == "release":
+        admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)
+        return 0
+    server = argv[2]
     if action in ("drain", "maint"):
         admin(f"set server {backend}/{server} state drain")
         wait(lambda: in_flight(backend, server) == 0, 50)

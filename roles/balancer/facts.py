@@ -8,6 +8,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
+from roles.balancer.config import GATEWAY_KEY
 
 CONFIG = "/etc/haproxy/haproxy.cfg"
 PACKAGES = ("haproxy", "socat")
@@ -15,10 +16,10 @@ MARK = "Installed by rigup (roles/balancer)"   # the first line of the config it
 
 
 class BalancerState(FactBase):
-    """The sha256 of haproxy.cfg and of the drain helper, HAProxy's unit state, the packages
+    """The sha256 of haproxy.cfg, of a gateway's key file and of the drain helper, HAProxy's unit state, the packages
     missing, and the backends files of the serving roles (rigup.names.balancer_file)::
 
-        {"cfg": "ab12...", "ours": "1", "drain": "cd34...", "active": "active", "enabled": "enabled",
+        {"cfg": "ab12...", "key": "ef56...", "ours": "1", "drain": "cd34...", "active": "active", "enabled": "enabled",
          "missing": ["socat"], "backends": {"llama-glm": {"bind": ..., "port": ..., "servers": [...]}}}
     """
 
@@ -28,6 +29,7 @@ class BalancerState(FactBase):
         q = shlex.quote
         return "; ".join([
             f"echo cfg=$(sha256sum {CONFIG} 2>/dev/null | cut -c1-64)",
+            f"echo key=$(sha256sum {GATEWAY_KEY} 2>/dev/null | cut -c1-64)",
             f"echo ours=$(grep -qF {q(MARK)} {CONFIG} 2>/dev/null && echo 1)",
             f"echo drain=$(sha256sum {q(drain)} 2>/dev/null | cut -c1-64)",
             "echo active=$(systemctl is-active haproxy 2>/dev/null)",

@@ -10,7 +10,9 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   the host: roles/llama_cpp switches it), ``-ngl -fa -c --parallel --host --port --jinja
   --metrics -sm -ts``, ``--api-key-file`` and extra args;
 - with ``api_key: true``, a random key made on the host (never seen by pyinfra or argv) in
-  /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace;
+  /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace; with
+  ``fleet_api_key: true`` (roles/balancer) the fleet's key from the controller there instead
+  (rigup.secrets.fleet_api_key, sent on stdin), so that a gateway's one URL takes one key;
 - starts an instance only once its model is complete; restarts it only when its unit, drop-in
   (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
   completion, and shows the unit's journal when that fails; the gate keeps that completion's tok/s
@@ -22,8 +24,10 @@ replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), 
 port + 1 + K, rejoining the balancer's pool once healthy and drained before it stops (ExecStartPost,
 ExecStop: roles/balancer's helper); the instance's host:port is the balancer's, told by a backends
 file (rigup.names.balancer_file). Servers no longer wanted (the single server replicas replace,
-replicas beyond the count) are stopped and removed. Going back from replicas to one server on the
-same port: preflight refuses while HAProxy holds the port (stop haproxy, or use another port).
+replicas beyond the count, instances dropped) are stopped and removed. Going back from replicas to
+one server on the same port: the instance's frontend gives up the port before the server starts
+(roles/balancer's helper), then roles/balancer drops the frontend, or stops and disables the
+HAProxy it started when nothing is left to balance.
 
 With ``rpc_workers`` (hosts of the inventory running roles/rpc_worker): ``--rpc ADDRESS:PORT,...``
 (their inventory addresses and rpc_worker_port) and an ExecStartPre that waits
@@ -41,23 +45,20 @@ roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
-import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import python
 
 from rigup.config import role_defaults
-from rigup.files import directory, managed
+from rigup.files import managed
 from rigup.gate import answered
 from rigup.gpu.plan import build_backend
 from rigup.models import first_gguf, serving
 from rigup.rpc import endpoint
-from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, gate_record, guard_file, marker_path
-from rigup.secrets import bearer
-from rigup.serving import stale_removed, stale_units, unit_running
+from rigup.names import balancer_drain, gate_record, guard_file, marker_path
+from rigup.secrets import bearer, fleet_api_key
+from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
 from rigup.state import read_once
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
@@ -73,14 +74,15 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
-             rpc: list[str], rpc_wait: int, maintenance: bool = False):
+             rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
     the role on the host (read together, once). ``rpc``: its RPC workers' ADDRESS:PORT; such a
     server is started without waiting for the start job, so that the gate shows why it failed
-    (a worker that does not answer) from the journal. ``maintenance``: stopped, nothing else changes."""
+    (a worker that does not answer) from the journal. ``fleet_key``: the fleet's API key (else one
+    made on the host). ``maintenance``: stopped, nothing else changes."""
     name = instance_name
     marker_file = marker
     found = read_once(LlamaServerState, units=units, build_link=build_link)
@@ -100,28 +102,25 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
-                            key=(KEY.format(name), user, "") if inst["api_key"] else None, block=not rpc,
-                            maintenance=maintenance)
+                            key=(KEY.format(name), user, "") if inst["api_key"] else None, fleet_key=fleet_key,
+                            block=not rpc, maintenance=maintenance)
 
 
 @operation()
-def retired(units: dict, build_link: str, wanted: list[str], names: list[str], backends: list[str]):
-    """Servers of the instances ``names`` that are no longer wanted (a single server replaced by
-    replicas, replicas beyond ``replicas``, replicas replaced by one server) stopped, disabled and
-    their drop-ins removed; backends files of llama instances not in ``backends`` removed (the
-    balancer then drops them). Other instances' units are left as they are."""
+def retired(units: dict, build_link: str, wanted: list[str], backends: list[str], drain: str):
+    """Servers rigup configured on the host that are not ``wanted`` (an instance dropped, a single
+    server replaced by replicas, replicas beyond ``replicas``, replicas replaced by one server)
+    stopped, disabled and their drop-ins removed (their keys and state stay, should they come back);
+    backends files of llama instances not in ``backends`` removed, their frontends first giving up
+    their ports (``drain``: roles/balancer's helper, ``release``), so that a single server taking
+    over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
     found = read_once(LlamaServerState, units=units, build_link=build_link)
-    ours = re.compile("|".join(re.escape(n) + r"(-\d+)?" for n in names) or "(?!)")
-    stale = [u for u in found["units"] if ours.fullmatch(u) and u not in wanted]
+    stale = [u for u in found["units"] if u not in wanted]
     gone = [b for b in found["backends"] if b not in backends]
     if not stale and not gone:
         host.noop("no retired servers or backends")
         return
-    for unit in stale:
-        q = shlex.quote(f"rigup-llama@{unit}.service")
-        yield f"systemctl disable --now {q}; rm -rf {shlex.quote(DROPIN.format(unit).rsplit('/', 1)[0])}"
-    yield from (f"rm -f {shlex.quote(balancer_file(b))}" for b in gone)
-    yield "systemctl daemon-reload"
+    yield from retirements("rigup-llama", stale, gone, drain)
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
@@ -135,10 +134,11 @@ def apply(plan: dict):
     plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
-    stale = stale_units("rigup-llama", units, plan)   # every server's unit: NAME, or NAME-K per replica
-    if stale:
-        stale_removed(name=f"llama-server: stop and remove {', '.join(stale)} (no longer configured)",
-                      template="rigup-llama", stale=stale)
+    build_link = f"{data['llama_cpp_dir']}/current"
+    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
+    if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
+        retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
+                wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
     if not wanted:
         return
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
@@ -146,22 +146,20 @@ def apply(plan: dict):
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"
-    build_link = f"{data['llama_cpp_dir']}/current"
-    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
-    retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
-            wanted=sorted(units), names=sorted(wanted), backends=[backend_name(n) for n in replicated])
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
         if len(srv) > 1:
-            backends_file(name, inst, srv, data)
+            backends_file(backend_name(name), inst["host"], inst["port"],
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
         for server in srv:
-            hooks = balancer_hooks(name, server, data) if len(srv) > 1 else None
+            hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
+                if len(srv) > 1 else None
             rpc = [endpoint(w, host.inventory.get_host(w).data.dict()) for w in inst["rpc_workers"]]
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
                                unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
-                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"],
+                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
                                maintenance=data["rigup_maintenance"])
             if data["rigup_maintenance"]:
                 continue
@@ -172,22 +170,3 @@ def apply(plan: dict):
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                         name=f"llama-server {server['unit']} answers", _if=started.did_change)
-
-
-def balancer_hooks(name: str, server: dict, data: dict) -> dict:
-    """The replica's ExecStartPost/ExecStop: back in the balancer's pool once healthy, drained
-    before it stops (rigup.names.balancer_drain, installed by roles/balancer)."""
-    drain, backend = balancer_drain(data), backend_name(name)
-    return {"ready": [drain, "ready", backend, server["unit"], str(server["inst"]["port"])],
-            "drain": [drain, "drain", backend, server["unit"]]}
-
-
-def backends_file(name: str, inst: dict, srv: list[dict], data: dict) -> None:
-    """The balancer's backends file of a replicated instance (rigup.names.balancer_file): its public
-    bind and port, and each replica's loopback address."""
-    text = json.dumps({"bind": inst["host"], "port": inst["port"],
-                       "servers": [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv]},
-                      indent=2) + "\n"
-    dest = balancer_file(backend_name(name))
-    directory(name=f"Directory {BALANCER_DIR}", path=BALANCER_DIR, paths=[BALANCER_DIR, dest])
-    managed(name=f"Balancer backends of {name}", dest=dest, text=text, paths=[BALANCER_DIR, dest])

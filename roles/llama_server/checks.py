@@ -22,7 +22,7 @@ from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
 from rigup.refusal import FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
-from roles.llama_server.command import replica_name, replica_port
+from rigup.units import had_replicas, replica_name, replica_port
 from roles.llama_server.replicas import layout, layout_text, need_gib
 from roles.llama_server.schema import instances
 
@@ -56,12 +56,14 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's, which takes over the port of a single
-    server it replaces) and each replica's loopback port (port + 1 + K)."""
+    server it replaces; a single server takes it back from the balancer of the replicas it
+    replaces: rigup-llama@NAME-K units on the host) and each replica's loopback port (port + 1 + K)."""
     found = []
     for name, (inst, lay) in layouts(plan, data).items():
         where = f"llama_server_instances.{name}"
         if lay.replicas == 1:
-            found.append(Port(inst["port"], where, ("llama-server",)))
+            balanced = had_replicas("rigup-llama", name, plan.get("serving_units") or [])
+            found.append(Port(inst["port"], where, ("llama-server", "haproxy") if balanced else ("llama-server",)))
             continue
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "llama-server")))
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("llama-server",))

@@ -7,33 +7,9 @@ from __future__ import annotations
 
 from rigup.rpc import wait_argv
 from rigup.templates import render
-from rigup.units import systemd_quote
+from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 
 KEY = "/etc/rigup/llama-server/{}.key"
-REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
-
-
-def replica_name(name: str, k: int) -> str:
-    """The systemd instance name of replica ``k`` of ``name``."""
-    return f"{name}-{k}"
-
-
-def replica_port(inst: dict, k: int) -> int:
-    """The loopback port of replica ``k``: the instance's port + 1 + k."""
-    return int(inst["port"]) + 1 + k
-
-
-def replica_inst(inst: dict, k: int) -> dict:
-    """The instance as replica ``k`` runs it: its own loopback port, one server per group."""
-    return {**inst, "host": REPLICA_HOST, "port": replica_port(inst, k)}
-
-
-def visible_devices(group: list[dict]) -> str:
-    """CUDA_VISIBLE_DEVICES for a group of plan cards: their UUIDs (stable across reboots and
-    driver index changes), else their indexes."""
-    return ",".join(str(c.get("uuid") or c["index"]) for c in group)
-
-
 
 
 def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:

@@ -5,7 +5,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
-from rigup.units import instance_probe, parse_instances
+from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
@@ -27,10 +27,7 @@ class LlamaServerState(FactBase):
     default = dict
 
     def command(self, units: dict, build_link: str) -> str:
-        listed = ("echo units=$(cd /etc/systemd/system && ls -d rigup-llama@*.service.d 2>/dev/null "
-                  "| sed 's/^rigup-llama@//; s/[.]service[.]d$//'); "
-                  f"echo backends=$(cd {shlex.quote(BALANCER_DIR)} 2>/dev/null && ls llama-*.json 2>/dev/null "
-                  "| sed 's/[.]json$//'); ")
+        listed = configured("rigup-llama", "llama", BALANCER_DIR) + "; "
         probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
                                  key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
         return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + listed + "; ".join(probes + ["true"])

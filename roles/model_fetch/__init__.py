@@ -53,8 +53,6 @@ from __future__ import annotations
 import atexit
 import base64
 import json
-import os
-import secrets
 import shlex
 import time
 from io import StringIO
@@ -75,7 +73,7 @@ from rigup.names import HF_TOKEN as TOKEN_PATH
 from rigup.names import FETCH_METRICS, MARKER, SHARE_TOKEN, revision_dir
 from rigup.refusal import Port
 from rigup.templates import render
-from rigup.secrets import secret_file
+from rigup.secrets import controller_token, secret_file
 from rigup.state import read_once
 from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
@@ -282,16 +280,7 @@ def started():
 def share_token(data: dict) -> str:
     """The fleet's share token, kept on the controller (``model_fetch_share_token_src``, by default
     ~/.config/rigup/share-token, made 0600 on first use): the same for every host and every run."""
-    path = Path(data["model_fetch_share_token_src"] or Path.home() / ".config" / "rigup" / "share-token")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, secrets.token_hex(32).encode())
-            os.close(fd)
-        except FileExistsError:
-            pass  # another host's greenlet made it first
-    return path.read_text().strip()
+    return controller_token(Path(data["model_fetch_share_token_src"] or Path.home() / ".config" / "rigup" / "share-token"))
 
 
 def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:

@@ -36,6 +36,14 @@ VLLM_INSTANCE; refusals: roles/vllm/checks.py):
   changed; then gates: vLLM refuses connections while it loads, so /health is polled until 200
   (or the unit fails), then one real chat completion; on failure the unit's journal is shown.
 
+With ``replicas`` (auto: as many groups of tp x pp GPUs as the host has; checks.replica_groups):
+one unit ``rigup-vllm@NAME-K`` per replica, with its own environment file (CUDA_VISIBLE_DEVICES:
+its cards' UUIDs) and the instance's key, on 127.0.0.1 at port + 1 + K, rejoining the balancer's
+pool once healthy and drained before it stops (rigup.serving.balancer_hooks); the instance's
+host:port is roles/balancer's, told by a backends file (rigup.names.balancer_file ``vllm-NAME``).
+Servers no longer wanted are retired (rigup.serving.retirements): back to one server, the frontend
+gives its port up first and roles/balancer stops the HAProxy it started when nothing is left.
+
 Security: vLLM binds every interface unless ``--host`` is given (rigup always gives it; default
 127.0.0.1), and its ``--api-key`` (or VLLM_API_KEY) covers only /v1, /v2, /inference and
 /cohere paths: /health, /metrics, /load and /invocations stay open. Keep instances on 127.0.0.1
@@ -65,12 +73,12 @@ from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
-from rigup.names import guard_file, marker_path
-from rigup.secrets import bearer, written
-from rigup.serving import stale_removed, stale_units, unit_running
+from rigup.names import balancer_drain, guard_file, marker_path
+from rigup.secrets import bearer, fleet_api_key, written
+from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
 from rigup.state import read_once
 from roles.vllm import command as cmd
-from roles.vllm.checks import CHECKS, plan_lines, ports
+from roles.vllm.checks import CHECKS, plan_lines, ports, replica_groups
 from roles.vllm.facts import VllmState
 from roles.vllm.schema import instances
 
@@ -78,9 +86,10 @@ __all__ = ["apply", "CHECKS", "plan_lines", "ports"]
 
 
 @operation()
-def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str):
-    """The pin's virtualenv, made again only when the stamp differs."""
-    state = read_once(VllmState, pin_dir=pin_dir, instances={})
+def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str, units: dict):
+    """The pin's virtualenv, made again only when the stamp differs (``units``: the role's
+    servers, read with it)."""
+    state = read_once(VllmState, pin_dir=pin_dir, instances=units)
     if state.get("stamp") == stamp:
         host.noop(f"{pin_dir}/venv is installed from its pin and patches")
         return
@@ -92,29 +101,47 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str)
 
 
 @operation()
-def instance(instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
-             unit_sha: str, stamp_sha: str, wait: list, user: str, maintenance: bool = False):
-    """Instance ``name``: its environment file, drop-in, and unit enabled and running; restarted
-    only when the drop-in changed (it names the unit, stamp, environment and model revision).
-    Waits (changes nothing) while its model is incomplete. ``maintenance``: stopped (rigup.serving)."""
+def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
+             unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
+             fleet_key: str | None = None, maintenance: bool = False):
+    """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its
+    environment file, drop-in (with the ``balancer`` hooks of a replica), and unit enabled and
+    running; restarted only when the drop-in changed (it names the unit, stamp, environment and
+    model revision) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key; else made
+    on the host). Waits (changes nothing) while its model is incomplete. ``units``: every server
+    of the role on the host (read together, once). ``maintenance``: stopped (rigup.serving)."""
     name = instance_name
-    state = read_once(VllmState, pin_dir=pin_dir, instances={name: marker_path})["instances"].get(name, {})
+    state = read_once(VllmState, pin_dir=pin_dir, instances=units)["instances"].get(unit_name, {})
     marker = state.get("marker")
     if not marker:
-        host.noop(f"{name}: waiting for its model ({marker_path} does not exist yet)")
+        host.noop(f"{unit_name}: waiting for its model ({marker_path} does not exist yet)")
         return
     model_path = marker_path.rsplit("/", 1)[0]
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
-                           marker.get("revision"), wait)
-    unit = f"rigup-vllm@{name}.service"
+                           marker.get("revision"), wait, unit=unit_name, balancer=balancer)
+    unit = f"rigup-vllm@{unit_name}.service"
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
-        yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(name), user="root", group=user,
-                                    mode="640")
-    yield from unit_running(unit, cmd.DROPIN.format(name), text, state, cmd.sha(text) != state.get("dropin"),
-                            f"{name} runs with its current install, environment and drop-in",
+        yield from files.put._inner(src=StringIO(env), dest=cmd.ENV_FILE.format(unit_name), user="root",
+                                    group=user, mode="640")
+    yield from unit_running(unit, cmd.DROPIN.format(unit_name), text, state, cmd.sha(text) != state.get("dropin"),
+                            f"{unit_name} runs with its current install, environment and drop-in",
                             key=(cmd.KEY_FILE.format(name), user, cmd.KEY_PREFIX) if inst["api_key"] else None,
-                            maintenance=maintenance)
+                            fleet_key=fleet_key, maintenance=maintenance)
+
+
+@operation()
+def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
+    """Servers rigup configured that are not in ``units`` (an instance dropped, one server replaced
+    by replicas or back, replicas beyond the count) and backends files of vLLM instances not in
+    ``backends`` retired (rigup.serving.retirements)."""
+    found = read_once(VllmState, pin_dir=pin_dir, instances=units)
+    stale = [u for u in found["units"] if u not in units]
+    gone = [b for b in found["backends"] if b not in backends]
+    if not stale and not gone:
+        host.noop("no retired vllm servers or backends")
+        return
+    yield from retirements("rigup-vllm", stale, gone, drain)
 
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
@@ -123,18 +150,19 @@ def apply(plan: dict):
     wanted, entries = serving(data, instances)
     if wanted is None:
         return
-    stale = stale_units("rigup-vllm", wanted, plan)
-    if stale:
-        stale_removed(name=f"vllm: stop and remove {', '.join(stale)} (no longer configured)",
-                      template="rigup-vllm", stale=stale)
-    if not wanted:
-        return
-    the_pin = cmd.pin(data)               # preflight refused a bad pin or patch series (checks.py)
-    series = cmd.patches(data)
-    envs = {name: cmd.env_text(name, cmd.env_vars(name, {**inst, "_name": name}, data, plan))
-            for name, inst in wanted.items()}
+    plans = {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
+    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
+    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
+    the_pin = cmd.pin(data) if wanted else {"id": "none"}   # preflight refused a bad pin (checks.py)
     user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
     pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
+    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
+    if wanted or any(u.startswith("rigup-vllm@") for u in plan.get("serving_units") or []):   # none: no read
+        retired(name="vllm: retire servers no longer wanted", pin_dir=pin_dir, units=units,
+                backends=[cmd.backend_name(n) for n in replicated], drain=balancer_drain(data))
+    if not wanted:
+        return
+    series = cmd.patches(data)
     stamp = cmd.stamp(the_pin, series, data)
     label = (f"vllm {the_pin['git']} at {the_pin['commit']}" if "git" in the_pin
              else f"vllm=={the_pin['pip']} from PyPI")
@@ -148,26 +176,37 @@ def apply(plan: dict):
     managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",
             text=cmd.render("vllm-wait-vram.sh.j2"))
     install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
-            patch_dir=patch_dir, series=series, script=script, stamp=stamp)
+            patch_dir=patch_dir, series=series, script=script, stamp=stamp, units=units)
     if data["vllm_ray_role"]:
         logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
                        "declared, not implemented yet; no Ray unit installed")
     unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),
                            start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
     managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
-    for name, inst in sorted(wanted.items()):
-        marker = marker_path(entries[inst["model"]]["dest"])
-        wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
-        if inst.get("gpus"):
-            wait += ["-i", inst["gpus"].replace(" ", "")]
-        started = instance(name=f"vllm {name} on {inst['host']}:{inst['port']}", instance_name=name, inst=inst,
-                           marker_path=marker, pin_dir=pin_dir, venv=f"{pin_dir}/venv", env=envs[name],
-                           unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait, user=user,
-                           maintenance=data["rigup_maintenance"])
-        if data["rigup_maintenance"]:
-            continue
-        python.call(answered, unit=f"rigup-vllm@{name}.service", port=inst["port"], bind=inst["host"],
-                    model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
-                    timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
-                    auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
-                    name=f"vllm {name} answers", _if=started.did_change)
+    for name, srv in sorted(plans.items()):
+        inst = wanted[name]
+        if len(srv) > 1:
+            backends_file(cmd.backend_name(name), inst["host"], inst["port"],
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
+        # HOME and caches per server (the unit's own StateDirectory/CacheDirectory, %i), pinning last
+        envs = {s["unit"]: cmd.env_text(name, {**cmd.env_vars(s["unit"], {**inst, "_name": name}, data, plan),
+                                               **s["env"]}) for s in srv}
+        for server in srv:
+            wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
+            wait += ["-i", server["gpus"]] if server["gpus"] else []
+            hooks = balancer_hooks(cmd.backend_name(name), server["unit"], server["inst"]["port"], data) \
+                if len(srv) > 1 else None
+            port, bind = server["inst"]["port"], server["inst"]["host"]
+            started = instance(name=f"vllm {server['unit']} on {bind}:{port}", unit_name=server["unit"],
+                               instance_name=name, inst=server["inst"], marker_path=markers[name], pin_dir=pin_dir,
+                               venv=f"{pin_dir}/venv", env=envs[server["unit"]],
+                               unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait,
+                               user=user, units=units, balancer=hooks, fleet_key=fleet_api_key(data),
+                               maintenance=data["rigup_maintenance"])
+            if data["rigup_maintenance"]:
+                continue
+            python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,
+                        model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
+                        timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
+                        auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
+                        name=f"vllm {server['unit']} answers", _if=started.did_change)

@@ -8,7 +8,7 @@ and the ports its instances take.
     check_systemd   instances on a host where systemd is not PID 1
     check_vram      weights that leave no room for the KV cache on the instance's cards
     check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
-    check_replicas  replicas x tp x pp beyond the host's GPUs, or replicas (planned, not served yet)
+    check_replicas  replicas x tp x pp beyond the host's GPUs
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
 from rigup.models import models
 from rigup.refusal import Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.schema import ENV_NAME, instances
 
@@ -27,7 +28,18 @@ def _instances(plan: dict, data: dict) -> dict:
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
-    return [Port(inst["port"], f"vllm_instances.{name}", ("vllm",)) for name, inst in _instances(plan, data).items()]
+    """Each instance's port (with replicas: its balancer's; a single server takes it back from the
+    balancer of the replicas it replaces) and each replica's loopback port (port + 1 + K)."""
+    found = []
+    for name, inst in _instances(plan, data).items():
+        where, count = f"vllm_instances.{name}", len(replica_groups(plan, inst))
+        if count <= 1:
+            balanced = had_replicas("rigup-vllm", name, plan.get("serving_units") or [])
+            found.append(Port(inst["port"], where, ("vllm", "haproxy") if balanced else ("vllm",)))
+            continue
+        found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "vllm")))
+        found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("vllm",)) for k in range(count)]
+    return found
 
 
 def replica_groups(plan: dict, inst: dict) -> list[list[int]]:
@@ -55,8 +67,8 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 
 def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """Replicas x tp x pp beyond the host's GPUs, or more than one replica (vLLM replicas are
-    planned by preflight; rigup serves one vLLM server per instance so far)."""
+    """Replicas x tp x pp beyond the host's GPUs, or replicas on a host without GPUs (each replica
+    is pinned to its tp x pp cards)."""
     found = []
     for name, inst in _instances(plan, data).items():
         groups, where = replica_groups(plan, inst), f"vllm_instances.{name}"
@@ -64,9 +76,9 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
             found.append(Refusal(f"{where} cannot be laid out", f"{len(groups)} replicas x tp {inst['tp']} x pp "
                                  f"{inst['pp']} GPUs, but this host has {gpu_count(plan)}",
                                  f"lower {where}.replicas, or set it to auto", "replicas"))
-        elif len(groups) > 1:
-            found.append(Refusal(f"{where} asks for {len(groups)} replicas", "vLLM replicas are planned (preflight "
-                                 "shows them) but not served yet: rigup runs one vLLM server per instance",
+        elif not groups and inst["replicas"] not in (1, "auto"):
+            found.append(Refusal(f"{where} asks for {inst['replicas']} replicas on a host without GPUs",
+                                 "each vLLM replica is pinned to its own tp x pp GPUs",
                                  f"set {where}.replicas: 1, or serve the model with llama_server_instances", "replicas"))
     return found
 

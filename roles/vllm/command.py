@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rigup.config import ROOT, ConfigError
 from rigup.templates import render
-from rigup.units import systemd_quote
+from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import env_problems, partition_problem
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
@@ -175,14 +175,38 @@ def argv(name: str, inst: dict, venv: str, model_path: str) -> list[str]:
 
 
 def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, unit_sha: str,
-                stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str]) -> str:
-    """The drop-in rigup-vllm@NAME.service.d/rigup.conf; its comment names what restarts the
-    instance when it changes (unit, install stamp, environment file, model revision)."""
+                stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str],
+                unit: str | None = None, balancer: dict | None = None) -> str:
+    """The drop-in rigup-vllm@UNIT.service.d/rigup.conf (``unit``: the instance ``name``, or one
+    of its replicas NAME-K, whose environment file is its own and whose served name and key are
+    the instance's); its comment names what restarts it when it changes (unit, install stamp,
+    environment file, model revision); for a replica, the balancer's hooks (``balancer``:
+    {"ready": argv, "drain": argv})."""
     return render("vllm-dropin.conf.j2", name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
-                  model_revision=model_revision, marker=systemd_quote(marker), env_file=ENV_FILE.format(name),
+                  model_revision=model_revision, marker=systemd_quote(marker),
+                  env_file=ENV_FILE.format(unit or name),
                   key_file=KEY_FILE.format(name) if inst.get("api_key") else None,
                   wait=[systemd_quote(a) for a in wait],
+                  balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path)])
+
+
+def backend_name(name: str) -> str:
+    """The HAProxy backend of a replicated vLLM instance (roles/balancer's config, the drain helper)."""
+    return f"vllm-{name}"
+
+
+def servers(name: str, inst: dict, groups: list[list[int]], plan: dict) -> list[dict]:
+    """Each server of the instance (``groups``: the GPU indexes of each replica, checks.replica_groups):
+    ``unit`` (NAME, or NAME-K per replica), ``inst`` (a replica on 127.0.0.1, port + 1 + K), ``env``
+    (a replica's CUDA_VISIBLE_DEVICES: its cards' UUIDs) and ``gpus`` (the indexes the VRAM wait
+    watches: ``gpus`` of the instance for one server)."""
+    if len(groups) <= 1:
+        return [{"unit": name, "inst": inst, "env": {}, "gpus": (inst.get("gpus") or "").replace(" ", "")}]
+    cards = {c["index"]: c for c in plan.get("cards", [])}
+    return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
+             "env": {"CUDA_VISIBLE_DEVICES": visible_devices([cards[i] for i in group])},
+             "gpus": ",".join(str(i) for i in group)} for k, group in enumerate(groups)]
 
 
 def sha(text: str) -> str:

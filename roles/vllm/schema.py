@@ -38,7 +38,7 @@ VLLM_INSTANCE: dict[str, Key] = {
     "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
     "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
     "env": Key("map", {}, "more environment for this instance"),
-    "replicas": Key("any", 1, "auto or N: planned (preflight shows the layout); served as one server so far"),
+    "replicas": Key("any", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
     "gpus_per_replica": Key("any", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
 }
 

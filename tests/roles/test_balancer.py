@@ -1,9 +1,14 @@
 """roles/balancer on the lab: Gemma 3 270M (CPU, as group_vars/lab.yml serves it) as 2 replicas
-behind HAProxy on each lab host, then a gateway host in front of both hosts."""
+behind HAProxy on each lab host with the fleet's one API key, then a gateway host in front of both
+hosts checking that key, then back to one server per host (HAProxy stopped by rigup)."""
 
+import hashlib
 import json
+import os
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +19,10 @@ pytestmark = pytest.mark.lab
 KEY = "/etc/rigup/llama-server/gemma.key"
 RECIPE = {"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 4096, "parallel": 2, "ngl": 0,
                     "replicas": 2, "host": "0.0.0.0", "api_key": True}}
-DATA = ("--data", f"llama_server_instances={json.dumps(RECIPE)}")
+# the fleet's key on the controller (rigup makes it on first use; a fresh one per run)
+KEY_SRC = Path(tempfile.gettempdir()) / f"rigup-lab{os.environ.get('RIGUP_LAB_ID', '')}-fleet-api-key"
+FLEET = ("--data", "fleet_api_key=true", "--data", f"fleet_api_key_src={KEY_SRC}")
+DATA = ("--data", f"llama_server_instances={json.dumps(RECIPE)}", *FLEET)
 LOAD = (ROOT / "tests/roles/load.py").read_text()
 
 
@@ -23,24 +31,25 @@ def replicated(lab):
     """Both lab hosts converged with gemma as 2 replicas (lab1 first: the others find its objects
     in the shared ccache), then converged again: nothing changes."""
     hosts = [h["name"] for h in lab.hosts()]
-    converge("inventory/lab.py", "--limit", hosts[0], *DATA)
-    converge("inventory/lab.py", *DATA)
+    KEY_SRC.unlink(missing_ok=True)
+    runs = [converge("inventory/lab.py", "--limit", hosts[0], *DATA), converge("inventory/lab.py", *DATA)]
     again = converge("inventory/lab.py", *DATA)
     print(f"second converge of {len(hosts)} hosts: {again.totals}, {again.seconds:.1f} s")
     assert again.totals["changed"] == 0, again.changed_operations()
+    key = KEY_SRC.read_text().strip()
+    assert oct(KEY_SRC.stat().st_mode & 0o777) == "0o600" and not any(key in r.output for r in runs + [again])
     for h in hosts:
         on_host(lab, h, f"cat > /root/load.py <<'EOF'\n{LOAD}\nEOF")
     yield hosts
-    # back towards group_vars/lab.yml for the next test file: the single server wants port 8081,
-    # which preflight refuses while HAProxy holds it; and no gateway host left in the lab
+    # only after a failure: the last test takes the hosts back to one server (rigup stops HAProxy)
     for h in hosts:
-        lab.ssh(h, "systemctl stop haproxy")
+        lab.ssh(h, "systemctl disable --now haproxy 2>/dev/null")
     if any(h["name"] == "lab3" for h in lab.hosts()):
         lab.remove("lab3")
 
 
-def load(lab, host, urls, n, concurrency=1, max_tokens=8):
-    out = on_host(lab, host, f"python3 /root/load.py {','.join(urls)} {n} {concurrency} {max_tokens} {KEY}")
+def load(lab, host, urls, n, concurrency=1, max_tokens=8, key=KEY):
+    out = on_host(lab, host, f"python3 /root/load.py {','.join(urls)} {n} {concurrency} {max_tokens} {key}")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -57,6 +66,19 @@ def wait_status(lab, host, server, status, seconds=30, backend="llama-gemma"):
         assert time.monotonic() - start < seconds, f"{server} not {status} after {seconds} s: {stat(lab, host, backend)}"
         time.sleep(0.5)
     return time.monotonic() - start
+
+
+def test_every_host_serves_the_fleet_key_never_shown(lab, replicated):
+    """fleet_api_key: the key file of each host is the controller's key (compared by sha256 on
+    the host), root:rigup 0640; it is in no argv, unit or journal."""
+    key = KEY_SRC.read_text().strip()
+    for h in replicated:
+        sha, mode = on_host(lab, h, f"sha256sum {KEY} | cut -c1-64; stat -c '%U:%G %a' {KEY}").split("\n")[:2]
+        assert sha == hashlib.sha256(key.encode()).hexdigest() and mode == "root:rigup 640", (h, mode)
+        seen = on_host(lab, h, "ps -eo args; systemctl cat 'rigup-llama@*' haproxy; journalctl --no-pager -o cat; true")
+        assert key not in seen
+    print(f"fleet key {KEY_SRC} (0600 on the controller) on {len(replicated)} hosts: same sha256, root:rigup 0640, "
+          "in no argv, unit, journal or pyinfra output")
 
 
 def test_units_config_and_loopback_admin(lab, replicated):
@@ -128,24 +150,28 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
     """lab3 in the inventory group `gateway` runs HAProxy over lab1's and lab2's gemma; lab2's link
     cut (its veth down on the controller side): the gateway keeps answering from lab1."""
     lab.up(1, "none", first=3)
-    env = {"RIGUP_LAB_GATEWAYS": "lab3"}
-    # rigup makes a key per host; a rack behind one URL needs one key: lab1's, copied to lab2
-    key = on_host(lab, replicated[0], f"cat {KEY}")
-    on_host(lab, replicated[1], f"printf %s {key} > {KEY} && systemctl restart rigup-llama@gemma-0 rigup-llama@gemma-1")
+    # the gateway reads the hosts' recipe (host data: --data would give the gateway instances too)
+    env = {"RIGUP_LAB_GATEWAYS": "lab3",
+           "RIGUP_LAB_HOST_DATA": json.dumps({h: {"llama_server_instances": RECIPE} for h in replicated})}
     for _ in range(2):
-        run = pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", "lab3", env=env)
+        run = pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", "lab3", *FLEET, env=env)
         assert run.returncode == 0, run.output[-5000:]
     print(f"gateway's second converge: {run.totals}")
     assert run.totals["changed"] == 0
-    on_host(lab, "lab3", f"install -d /etc/rigup/llama-server && printf %s {key} > {KEY}")
+    key = KEY_SRC.read_text().strip()
+    assert key not in run.output
+    assert on_host(lab, "lab3", "stat -c '%U:%G %a' /etc/haproxy/rigup-fleet-key.lst").strip() == "root:root 600"
+    # the client's copy of the key (what an operator hands to a user of the one URL)
+    on_host(lab, "lab3", f"umask 077 && printf %s {key} > /root/client.key")
     on_host(lab, "lab3", f"cat > /root/load.py <<'EOF'\n{LOAD}\nEOF")
     url = ["http://127.0.0.1:8081"]
     wait_status(lab, "lab3", "lab2", "UP", 60, "gateway-gemma")
-    both = load(lab, "lab3", url, 20, concurrency=2)
+    refused = gateway_refusals(lab)
+    both = load(lab, "lab3", url, 20, concurrency=2, key="/root/client.key")
     veth = f"{lab.VETH}lab2"
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
-        cut = load(lab, "lab3", url, 20, concurrency=2)
+        cut = load(lab, "lab3", url, 20, concurrency=2, key="/root/client.key")
         down = stat(lab, "lab3", "gateway-gemma")["lab2"][0]
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
@@ -154,6 +180,8 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
           f"{cut['seconds']} s, lab2 {down}; link restored: lab2 UP again after {back:.1f} s")
     assert both["failed"] == 0 and cut["failed"] == 0, cut["errors"]
     assert down != "UP"
+    print(f"gateway with the fleet key: {refused}")
+    lab.remove("lab3")
 
 
 def test_a_revision_change_while_serving_fails_no_request(lab, replicated, tmp_path):
@@ -191,3 +219,45 @@ def test_a_revision_change_while_serving_fails_no_request(lab, replicated, tmp_p
         assert dirs == [f".gemma-270m@{rev[:12]}", f"/srv/models/.gemma-270m@{rev[:12]}"]  # the old one pruned
     again = converge("inventory/lab.py", "--limit", host["name"], *DATA)
     assert again.totals["changed"] == 0, again.changed_operations()
+
+
+def gateway_refusals(lab) -> dict:
+    """Through the gateway: no key and a wrong key refused 401 by HAProxy (its own page: no
+    backend saw them), /health open; returns the codes seen."""
+    chat = ("curl -s -w ' %{http_code}' http://127.0.0.1:8081/v1/chat/completions -H 'Content-Type: application/json' "
+            "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}'")
+    before = stat(lab, "lab3", "gateway-gemma")
+    none = on_host(lab, "lab3", chat)
+    wrong = on_host(lab, "lab3", chat + " -H 'Authorization: Bearer 0123456789abcdef'")
+    after = stat(lab, "lab3", "gateway-gemma")
+    health = on_host(lab, "lab3", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/health")
+    good = on_host(lab, "lab3", chat + " -H @<(printf 'Authorization: Bearer %s' \"$(cat /root/client.key)\")")
+    reached = sum(after[s][1] - before[s][1] for s in after)
+    codes = {"no key": none[-3:], "wrong key": wrong[-3:], "/health": health, "the key": good[-3:],
+             "refused requests that reached a host": reached}
+    assert codes["no key"] == codes["wrong key"] == "401" and "401 Unauthorized" in none + wrong
+    assert health == "200" and codes["the key"] == "200" and reached == 0, codes
+    return codes
+
+
+def test_back_to_one_server_stops_rigups_haproxy(lab, replicated):
+    """replicas: 2 -> 1 on the same port: the replicas stop, HAProxy gives the port up and is
+    stopped and disabled by rigup, the single server answers with the fleet key; again: 0 changes."""
+    single = {"gemma": {k: v for k, v in RECIPE["gemma"].items() if k != "replicas"}}
+    data = ("--data", f"llama_server_instances={json.dumps(single)}", *FLEET)
+    limit = [a for h in replicated for a in ("--limit", h)]
+    first = converge("inventory/lab.py", *limit, *data)
+    again = converge("inventory/lab.py", *limit, *data)
+    print(f"replicas 2 -> 1 on {len(replicated)} hosts: {first.totals} in {first.seconds:.1f} s; "
+          f"again: {again.totals} in {again.seconds:.1f} s")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    for h in replicated:
+        states = on_host(lab, h, "systemctl is-active haproxy; systemctl is-enabled haproxy; "
+                                 "systemctl is-active rigup-llama@gemma; ls /etc/systemd/system; true").split()
+        assert states[:3] == ["inactive", "disabled", "active"], (h, states[:3])
+        assert not any(u.startswith("rigup-llama@gemma-") for u in states), states
+        assert "llama-server" in on_host(lab, h, "ss -ltnpH 'sport = :8081'")
+        result = load(lab, h, ["http://127.0.0.1:8081"], 10, concurrency=2)
+        print(f"{h}: haproxy {states[0]}/{states[1]}, rigup-llama@gemma {states[2]}, "
+              f"10 requests with the fleet key: {result['ok']} ok, {result['failed']} failed")
+        assert result["failed"] == 0, result["errors"]

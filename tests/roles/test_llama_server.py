@@ -194,7 +194,7 @@ def test_an_instance_dropped_from_the_configuration_is_stopped_and_removed(lab, 
     converge_one(host, f"llama_server_instances={json.dumps(extra)}")
     assert on_host(lab, host, "systemctl is-active rigup-llama@extra.service").strip() == "active"
     run = converge_one(host)
-    assert "llama-server: stop and remove extra (no longer configured)" in " ".join(run.changed_operations())
+    assert "llama-server: retire servers no longer wanted" in " ".join(run.changed_operations())
     assert lab.ssh(host, "systemctl is-enabled rigup-llama@extra.service").stdout.strip() != "enabled"
     assert lab.ssh(host, "systemctl is-active rigup-llama@extra.service").stdout.strip() != "active"
     on_host(lab, host, "test ! -e /etc/systemd/system/rigup-llama@extra.service.d && ! ss -Hltn | grep -q ':8085 '")

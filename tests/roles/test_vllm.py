@@ -97,7 +97,8 @@ def host(lab, stub):
     print(f"\nvllm (stub) first converge: {first.seconds:.1f} s; again: {again.seconds:.1f} s")
     yield {"name": name, "first": first, "again": again}
     # leave the host as the other modules expect it: no vLLM unit, no stub model
-    lab.ssh(name, "systemctl disable --now rigup-vllm@tiny.service rigup-vllm@other.service; "
+    lab.ssh(name, "systemctl disable --now rigup-vllm@tiny.service rigup-vllm@other.service "
+                  "rigup-vllm@tiny-0.service rigup-vllm@tiny-1.service haproxy 2>/dev/null; rm -f /etc/rigup/balancer/*; "
                   "rm -rf /etc/systemd/system/rigup-vllm@* /etc/rigup/vllm /root/vllm-stub "
                   f"{DEST}; systemctl daemon-reload")
 
@@ -280,3 +281,38 @@ def test_api_key_made_on_the_host_enforced_and_never_shown(lab, host, stub):
     assert play(name, values).totals["changed"] == 0
     play(name, recipe(stub))                  # back without the key
     assert on_host(lab, name, ask) == "200"
+
+
+def test_replicas_behind_the_balancer_and_back_to_one_server(lab, host, stub):
+    """replicas: 2 (pp 2: GPUs 0-1 and 2-3): units tiny-0 and tiny-1 pinned by UUID on 127.0.0.1
+    port + 1 + K, HAProxy (roles/balancer) on the instance's port spreading requests over both;
+    again: 0 changes; then replicas: 1 on the same port: the replicas retired, rigup's HAProxy
+    stopped and disabled, the single server answers; again: 0 changes."""
+    name, values = host["name"], recipe(stub)
+    values["vllm_instances"]["tiny"]["replicas"] = 2
+    first, again = play(name, values), play(name, values)
+    print(f"vllm replicas 2: first converge {first.seconds:.1f} s, again {again.totals}")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    uuids = on_host(lab, name, "nvidia-smi --query-gpu=uuid --format=csv,noheader").split()
+    for k in (0, 1):
+        info = json.loads(on_host(lab, name, f"curl -sf http://127.0.0.1:{PORT + 1 + k}/rigup-stub"))
+        assert info["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(uuids[2 * k:2 * k + 2])
+        assert " ".join(info["argv"][1:]).startswith(f"serve {DEST} --host 127.0.0.1 --port {PORT + 1 + k} ")
+    ask = (f"curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'Content-Type: application/json' -d "
+           f"'{{\"model\": \"tiny\", \"messages\": []}}' http://127.0.0.1:{PORT}/v1/chat/completions")
+    codes = on_host(lab, name, f"for i in $(seq 20); do {ask}; done").split()
+    rows = [r.split(",") for r in on_host(lab, name, "echo 'show stat' | socat stdio /run/haproxy/admin.sock")
+            .splitlines() if r.startswith("vllm-tiny,tiny-")]
+    spread = {r[1]: int(r[7]) for r in rows}
+    print(f"20 chat completions through HAProxy on :{PORT}: {codes.count('200')} answered 200; "
+          f"per replica (show stat stot): {spread}")
+    assert codes == ["200"] * 20 and sorted(spread) == ["tiny-0", "tiny-1"] and min(spread.values()) >= 5
+    single = recipe(stub)
+    back, again = play(name, single), play(name, single)
+    state = on_host(lab, name, "systemctl is-active haproxy; systemctl is-enabled haproxy; "
+                               f"systemctl is-active {UNIT}; ls /etc/systemd/system /etc/rigup/balancer; true").split()
+    print(f"vllm replicas 2 -> 1: {back.seconds:.1f} s; haproxy {state[0]}/{state[1]}, {UNIT} {state[2]}; "
+          f"again {again.totals}")
+    assert state[:3] == ["inactive", "disabled", "active"] and not any("tiny-" in s for s in state)
+    assert again.totals["changed"] == 0, again.changed_operations()
+    assert on_host(lab, name, f"for i in $(seq 3); do {ask}; done").split() == ["200"] * 3

@@ -89,6 +89,18 @@ def test_cpu_host_runs_n_replicas_without_pinning():
         (8081, ("haproxy", "llama-server")), (8082, ("llama-server",)), (8083, ("llama-server",))]
 
 
+def test_one_server_takes_its_port_back_from_the_balancer_of_its_replicas_only():
+    """replicas: 2 -> 1 on the same port: HAProxy holds it at preflight; rigup's (the host has
+    rigup-llama@m-K units) is no refusal, another HAProxy, or one with no replicas of m, is."""
+    plan, facts = host("a100")
+    d, held = sized(10), {**facts, "listening_ports": {8081: "haproxy"}}
+    assert only(refusals(plan, held, d), "ports")[0].what == "port 8081 of llama_server_instances.m is already taken"
+    had = {**plan, "serving_units": ["rigup-llama@m-0", "rigup-llama@m-1", "rigup-llama@mm-0"]}
+    assert [r for r in refusals(had, held, d) if r.check == "ports"] == []
+    other = {**plan, "serving_units": ["rigup-llama@mm-0"]}
+    assert only(refusals(other, held, d), "ports")
+
+
 def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
     plan, facts = host("a100")
     d = sized(120, replicas="auto", gpus_per_replica="auto", host="0.0.0.0", api_key=True)
@@ -108,8 +120,10 @@ def test_haproxy_config_and_gateway():
                       "rigup_maintenance": True}}
     gateway = gateway_backends("gw", hosts, "0.0.0.0")
     assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
-                        "servers": [["lab1", "10.0.0.11", 8081, False], ["lab2", "10.0.0.12", 8081, True]]}]
+                        "servers": [["lab1", "10.0.0.11", 8081, False], ["lab2", "10.0.0.12", 8081, True]],
+                        "key": False}]
     text = haproxy_cfg(gateway, data())
+    assert "rigup-fleet-key" not in text
     for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",
                  "http-check expect status 200", "server lab1 10.0.0.11:8081 check\n",
                  "server lab2 10.0.0.12:8081 check disabled\n", "retry-on conn-failure",
@@ -117,13 +131,59 @@ def test_haproxy_config_and_gateway():
         assert line in text, line
 
 
-def test_vllm_replicas_are_planned_and_refused_until_served():
+def test_a_gateway_checks_the_fleet_key_of_keyed_instances_only():
+    hosts = {"gw": {"balancer_gateway": True},
+             "lab1": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}, "open": {"port": 8090}}},
+             "lab2": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}}}}
+    gateway = gateway_backends("gw", hosts, "0.0.0.0", fleet_key=True)
+    assert {b["name"]: b["key"] for b in gateway} == {"gateway-gemma": True, "gateway-open": False}
+    assert not any(b["key"] for b in gateway_backends("gw", hosts, "0.0.0.0"))   # per-host keys: forwarded only
+    text = haproxy_cfg(gateway, data())
+    gemma, open_ = text.split("frontend gateway-gemma")[1], text.split("frontend gateway-open")[1]
+    check = ("http-request deny deny_status 401 unless { path /health } || "
+             "{ req.hdr(authorization) -m str -f /etc/haproxy/rigup-fleet-key.lst }")
+    assert check in gemma.split("backend ")[0] and check not in open_
+
+
+def test_the_fleet_key_is_one_root_only_file_on_the_controller(tmp_path):
+    from rigup.secrets import fleet_api_key
+    src = tmp_path / "rigup" / "api-key"
+    assert fleet_api_key({"fleet_api_key": False, "fleet_api_key_src": str(src)}) is None and not src.exists()
+    key = fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert len(key) == 64 and oct(src.stat().st_mode & 0o777) == "0o600"
+    assert fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)}) == key
+
+
+def test_vllm_replicas_are_served_pinned_and_balanced():
+    from roles.vllm import command as vcmd
     from roles.vllm.checks import plan_lines as vllm_lines
+    from roles.vllm.checks import ports as vllm_ports
+    from roles.vllm.checks import replica_groups
+    from roles.vllm.schema import instances as vllm_instances
     plan, facts = host("h100")
     d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
-             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto"}})
+             vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto", "api_key": True}})
     assert vllm_lines(plan, d) == ["vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
-    assert "not served yet" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
+    assert [r for r in refusals(plan, facts, d) if r.check not in ("vllm_cc",)] == []
+    assert [(p.port, p.owners) for p in vllm_ports(plan, d)] == [
+        (8081, ("haproxy", "vllm")), (8082, ("vllm",)), (8083, ("vllm",))]
+    inst = vllm_instances(d)[0]["m"]
+    srv = vcmd.servers("m", inst, replica_groups(plan, inst), plan)
+    uuids = [c["uuid"] for c in plan["cards"]]
+    assert [(s["unit"], s["inst"]["host"], s["inst"]["port"], s["gpus"]) for s in srv] == [
+        ("m-0", "127.0.0.1", 8082, "0,1"), ("m-1", "127.0.0.1", 8083, "2,3")]
+    assert srv[1]["env"] == {"CUDA_VISIBLE_DEVICES": ",".join(uuids[2:4])}
+    hooks = {"ready": ["/opt/rigup/bin/rigup-balancer-drain", "ready", "vllm-m", "m-1", "8083"],
+             "drain": ["/opt/rigup/bin/rigup-balancer-drain", "drain", "vllm-m", "m-1"]}
+    text = vcmd.dropin_text("m", srv[1]["inst"], "/v", "/srv/m", "/srv/m/.rigup-complete.json", "u", "s", "e", "r",
+                            ["/w"], unit="m-1", balancer=hooks)
+    for line in ("EnvironmentFile=/etc/rigup/vllm/m-1.env", "EnvironmentFile=/etc/rigup/vllm/m.key",
+                 "--host 127.0.0.1 --port 8083", "--served-model-name m",
+                 "ExecStartPost=-+/opt/rigup/bin/rigup-balancer-drain ready vllm-m m-1 8083",
+                 "ExecStop=-+/opt/rigup/bin/rigup-balancer-drain drain vllm-m m-1"):
+        assert line in text, line
+    one = vcmd.dropin_text("m", inst, "/v", "/srv/m", "/srv/m/.rigup-complete.json", "u", "s", "e", "r", ["/w"])
+    assert "ExecStop" not in one and "EnvironmentFile=/etc/rigup/vllm/m.env" in one
     d["vllm_instances"]["m"]["replicas"] = 3
     assert "this host has 4" in only([r for r in refusals(plan, facts, d) if r.check != "vllm_cc"], "replicas")[0].why
 

@@ -192,7 +192,7 @@ def test_install_script_checks_each_patch_before_applying(series):
 def test_state_parses():
     state = parse_state(['stamp={"pin": 1}', "@@ a", "dropin=ab", "env=", "active=active", "enabled=enabled",
                          'marker={"revision": "r"}'])
-    assert state == {"stamp": '{"pin": 1}', "instances": {"a": {"dropin": "ab", "env": None, "active": "active",
+    assert state == {"stamp": '{"pin": 1}', "units": [], "backends": [], "instances": {"a": {"dropin": "ab", "env": None, "active": "active",
                                                                 "enabled": "enabled", "marker": {"revision": "r"}}}}
 
 
