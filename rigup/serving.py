@@ -53,7 +53,8 @@ def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, 
         yield "systemctl daemon-reload"
         yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart{now} {unit}"
     elif state.get("active") != "active" or state.get("enabled") != "enabled":
-        yield f"systemctl enable {unit} && systemctl start{now} {unit}"
+        # a unit that hit its start limit (a worker or a model that was away) starts when told to
+        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl start{now} {unit}"
     else:
         host.noop(noop)
 

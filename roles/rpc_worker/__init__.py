@@ -121,11 +121,21 @@ def apply(plan: dict):
     heads = heads_of(host.name, fleet)
     if not heads:
         retired(name="rpc_worker: no instance names this host a worker", build_link=build_link)
-        return
-    apt.installed(name="rpc_worker: nftables", packages=["nftables"], cache_seconds=data["apt_cache_seconds"],
-                  _retries=2, _retry_delay=10)
-    firewall(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
-             text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]),
-             build_link=build_link)
-    server(name=f"rpc_worker: {RPC_UNIT} on {address(host.name, data)}:{data['rpc_worker_port']}", data=data,
-           heads=heads, build_link=build_link)
+    else:
+        apt.installed(name="rpc_worker: nftables", packages=["nftables"], cache_seconds=data["apt_cache_seconds"],
+                      _retries=2, _retry_delay=10)
+        firewall(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
+                 text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]),
+                 build_link=build_link)
+        server(name=f"rpc_worker: {RPC_UNIT} on {address(host.name, data)}:{data['rpc_worker_port']}", data=data,
+               heads=heads, build_link=build_link)
+    workers_started(name="rpc_worker: workers started")
+
+
+@operation()
+def workers_started():
+    """Nothing to do: an operation every host of the run has, so that pyinfra (which orders each
+    host's operations and merges the hosts') starts every worker before any head starts (a head
+    waits for its workers: started after them, it would wait for a worker not yet started)."""
+    host.noop("RPC workers started")
+    yield from ()

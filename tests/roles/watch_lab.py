@@ -95,6 +95,11 @@ def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int 
             "--slots", str(slots), *extra]
     unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\nExecStart={shlex.join(argv)}\n"
             + ("[Install]\nWantedBy=multi-user.target\n" if enabled else ""))
+    # an instance rigup serves there already (an earlier test's): its drop-in would replace the
+    # stand-in's ExecStart; kept aside until unserve_stub
+    dropins = f"/etc/systemd/system/{UNIT.format(instance)}.d"
+    on_host(lab, name, f"systemctl stop {UNIT.format(instance)} 2>/dev/null; if [ -d {dropins} ]; then "
+                       f"rm -rf {dropins}.lab-saved && mv {dropins} {dropins}.lab-saved; fi; true")
     on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
                        "systemctl daemon-reload && " + (f"systemctl enable -q {UNIT.format(instance)} && " if enabled else "")
             + f"systemctl restart {UNIT.format(instance)}")
@@ -103,7 +108,9 @@ def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int 
 
 
 def unserve_stub(lab, name: str, instance: str) -> None:
-    """The stand-in's unit stopped and removed."""
+    """The stand-in's unit stopped and removed; rigup's drop-in of that instance, if it had one, back."""
     unit = UNIT.format(instance)
+    dropins = f"/etc/systemd/system/{unit}.d"
     lab.ssh(name, f"systemctl stop {unit}; systemctl disable -q {unit} 2>/dev/null; "
-                  f"rm -f /etc/systemd/system/{unit}; systemctl daemon-reload")
+                  f"rm -f /etc/systemd/system/{unit}; if [ -d {dropins}.lab-saved ]; then "
+                  f"mv {dropins}.lab-saved {dropins}; fi; systemctl daemon-reload")
