@@ -60,8 +60,9 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
            retry=retry_if_result(lambda r: r not in ("200", FAILED)))
     def health() -> str:
         states = shell(f"systemctl show -p ActiveState -p SubState --value {unit}").split()
-        if {"failed", "auto-restart", "inactive"} & set(states):  # it exited: waiting is no use
-            return FAILED
+        if {"failed", "auto-restart", "inactive"} & set(states) \
+                and not shell(f"systemctl list-jobs --no-legend {unit}").strip():
+            return FAILED  # it exited and no start is queued (a start --no-block may not have begun): waiting is no use
         return shell(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' {base}/health || true")
 
     try:
