@@ -423,16 +423,18 @@ def apply(plan: dict | None = None):
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
 
 
-def _now(spec: dict) -> dict:
-    """The model's state read now (at execution: after the waits), without asking the hub."""
-    return read_once(ModelFetchState, specs=[dict(spec, no_hub=True)])["models"].get(spec["name"]) or {}
+def _now(spec: dict, together: list[dict]) -> dict:
+    """The model's state read now (at execution: after the waits), without asking the hub; the
+    models ``together`` are read in the same round trip (one probe for all, read once)."""
+    found = read_once(ModelFetchState, specs=[dict(s, no_hub=True) for s in together])["models"]
+    return found.get(spec["name"]) or {}
 
 
 @operation()
-def switched(spec: dict, script: str):
+def switched(spec: dict, script: str, together: list[dict]):
     """Serve model ``spec``'s new revision: once its directory holds it complete and verified,
     dest becomes a link to it in one rename (``rigup-fetch switch``); before that, nothing."""
-    state = _now(spec)
+    state = _now(spec, together)
     if not state.get("staged"):
         host.noop(f"model {spec['name']}: " + ("serves its revision" if state.get("complete") else
                                                f"revision {spec['revision'][:12]} not complete yet; "
@@ -446,10 +448,10 @@ def switched(spec: dict, script: str):
 
 
 @operation()
-def pruned_revisions(spec: dict, script: str, keep: int):
+def pruned_revisions(spec: dict, script: str, keep: int, together: list[dict]):
     """Remove model ``spec``'s revision directories beyond the ``keep`` newest (``rigup-fetch
     prune``): what a revision change left once the instances serve the new one."""
-    old = _now(spec).get("previous") or []
+    old = _now(spec, together).get("previous") or []
     if len(old) <= keep:
         host.noop(f"model {spec['name']}: no old revision to remove")
         return
@@ -490,8 +492,10 @@ def waited(plan: dict | None = None):
         python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
                     plans=waiting, specs=wanted, data=host.data.dict())
     script = f"{host.data.dict()['rigup_prefix']}/bin/rigup-fetch"
-    for spec in _staging.pop(host.name, []):
-        switched(name=f"Model {spec['name']}: serve revision {spec['revision'][:12]}", spec=spec, script=script)
+    staging = _staging.pop(host.name, [])
+    for spec in staging:
+        switched(name=f"Model {spec['name']}: serve revision {spec['revision'][:12]}", spec=spec, script=script,
+                 together=staging)
 
 
 @deploy("model_fetch: prune", data_defaults=role_defaults("model_fetch"))
@@ -500,6 +504,7 @@ def pruned(plan: dict | None = None):
     (all, or all but the newest with ``models_keep_previous``)."""
     data = host.data.dict()
     keep = 1 if data["models_keep_previous"] else 0
-    for spec in _pruning.pop(host.name, []):
+    pruning = _pruning.pop(host.name, [])
+    for spec in pruning:
         pruned_revisions(name=f"Model {spec['name']}: old revisions", spec=spec, keep=keep,
-                         script=f"{data['rigup_prefix']}/bin/rigup-fetch")
+                         script=f"{data['rigup_prefix']}/bin/rigup-fetch", together=pruning)

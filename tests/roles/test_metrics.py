@@ -5,8 +5,6 @@ GPU guard) and llama-server's token counters come back from its HTTP API; stoppi
 unit fires LlamaServerDown within its `for:`; a configuration promtool rejects never goes live;
 a second converge changes nothing."""
 
-import json
-import shlex
 import time
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from roles.metrics import promote_command
 from tests.conftest import on_host
 from tests.converge import converge
+from tests.roles.watch_lab import api, until  # one copy: the watch tests share them
 
 pytestmark = pytest.mark.lab
 INVENTORY = "tests/roles/lab_monitoring.py"
@@ -34,25 +33,6 @@ def hosts(lab, second_converge):
     assert again.totals["changed"] == 0, again.changed_operations()
     names = [h["name"] for h in lab.hosts()]
     return names[0], names[1]
-
-
-def api(lab, monitor: str, path: str, **params) -> dict:
-    """Prometheus's HTTP API on the monitoring host (bound to loopback there)."""
-    args = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
-    answer = json.loads(on_host(lab, monitor, f"curl -s -G {args} http://127.0.0.1:9090/api/v1/{path}"))
-    assert answer["status"] == "success", answer
-    return answer["data"]
-
-
-def until(predicate, timeout: float = 60, poll: float = 0.5):
-    """The first true value of ``predicate()`` within ``timeout`` s, else None."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    return None
 
 
 def test_bound_to_the_inventory_address_never_every_interface(lab, hosts):
