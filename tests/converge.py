@@ -32,6 +32,11 @@ class Run:
         rows = re.findall(r"^\s{4}(.+?)\s{2,}\d+\s+(\d+)\s+\S+\s+\S+\s*$", table, re.M)
         return [name for name, success in rows if name != "Grand total"]
 
+    def changed_on(self, host: str) -> list[str]:
+        """Names of the operations that changed ``host`` (pyinfra's "[HOST] Success" lines)."""
+        ops = re.split(r"^--> Starting operation: ", self.output, flags=re.M)[1:]
+        return [op.split("\n", 1)[0].strip() for op in ops if re.search(rf"^\s+\[{re.escape(host)}\] Success", op, re.M)]
+
 
 def pyinfra(*args: str, timeout: int = 1800, env: dict | None = None, yes: bool = True) -> Run:
     """``pyinfra -y ARGS`` from the project root; returns code, output and wall time. With

@@ -37,7 +37,7 @@ def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_p
         print(f"\nfleet run in {run.seconds:.0f} s, exit {run.returncode}:{summary}")
         assert run.returncode != 0
         for name in good:
-            assert f"[{name}] unchanged" in summary, summary
+            assert f"[{name}] unchanged" in summary, (summary, run.changed_on(name))
         assert re.search(rf"\[{cut}\] unreachable: .*(timed out|No route|Unable to connect|refused)", summary), summary
         assert re.search(rf"\[{broken}\] failed at .*llama.cpp.*no-such-ref", summary, re.S), summary
     finally:

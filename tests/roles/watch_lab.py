@@ -97,9 +97,12 @@ def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int 
             + ("[Install]\nWantedBy=multi-user.target\n" if enabled else ""))
     # an instance rigup serves there already (an earlier test's): its drop-in would replace the
     # stand-in's ExecStart; kept aside until unserve_stub
-    dropins = f"/etc/systemd/system/{UNIT.format(instance)}.d"
-    on_host(lab, name, f"systemctl stop {UNIT.format(instance)} 2>/dev/null; if [ -d {dropins} ]; then "
-                       f"rm -rf {dropins}.lab-saved && mv {dropins} {dropins}.lab-saved; fi; true")
+    # aside, with whether it was enabled and running, all of which unserve_stub puts back
+    unit, dropins = UNIT.format(instance), f"/etc/systemd/system/{UNIT.format(instance)}.d"
+    on_host(lab, name, f"if [ -d {dropins} ]; then rm -rf {dropins}.lab-saved && mkdir {dropins}.lab-saved && "
+                       f"{{ systemctl is-enabled -q {unit} && touch {dropins}.lab-saved/.enabled; "
+                       f"systemctl is-active -q {unit} && touch {dropins}.lab-saved/.active; "
+                       f"mv {dropins} {dropins}.lab-saved/dropins; }}; fi; systemctl stop {unit} 2>/dev/null; true")
     on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
                        "systemctl daemon-reload && " + (f"systemctl enable -q {UNIT.format(instance)} && " if enabled else "")
             + f"systemctl restart {UNIT.format(instance)}")
@@ -108,9 +111,12 @@ def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int 
 
 
 def unserve_stub(lab, name: str, instance: str) -> None:
-    """The stand-in's unit stopped and removed; rigup's drop-in of that instance, if it had one, back."""
+    """The stand-in's unit stopped and removed; rigup's drop-in of that instance, if it had one,
+    back, enabled and running as it was."""
     unit = UNIT.format(instance)
-    dropins = f"/etc/systemd/system/{unit}.d"
+    dropins, saved = f"/etc/systemd/system/{unit}.d", f"/etc/systemd/system/{unit}.d.lab-saved"
     lab.ssh(name, f"systemctl stop {unit}; systemctl disable -q {unit} 2>/dev/null; "
-                  f"rm -f /etc/systemd/system/{unit}; if [ -d {dropins}.lab-saved ]; then "
-                  f"mv {dropins}.lab-saved {dropins}; fi; systemctl daemon-reload")
+                  f"rm -f /etc/systemd/system/{unit}; systemctl daemon-reload; if [ -d {saved} ]; then "
+                  f"mv {saved}/dropins {dropins} && systemctl daemon-reload && "
+                  f"{{ [ ! -e {saved}/.enabled ] || systemctl enable -q {unit}; }} && "
+                  f"{{ [ ! -e {saved}/.active ] || systemctl start {unit}; }}; rm -rf {saved}; fi")
