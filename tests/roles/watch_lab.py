@@ -96,16 +96,15 @@ def serve_stub(lab, name: str, instance: str, port: int, tps: float, slots: int 
     unit = (f"[Unit]\nDescription=rigup lab: engine stand-in {instance}\n[Service]\nExecStart={shlex.join(argv)}\n"
             + ("[Install]\nWantedBy=multi-user.target\n" if enabled else ""))
     # an instance rigup serves there already (an earlier test's): its drop-in would replace the
-    # stand-in's ExecStart; kept aside until unserve_stub
-    # aside, with whether it was enabled and running, all of which unserve_stub puts back
-    unit, dropins = UNIT.format(instance), f"/etc/systemd/system/{UNIT.format(instance)}.d"
+    # stand-in's ExecStart; kept aside, with whether it was enabled and running, until unserve_stub
+    svc = UNIT.format(instance)
+    dropins = f"/etc/systemd/system/{svc}.d"
     on_host(lab, name, f"if [ -d {dropins} ]; then rm -rf {dropins}.lab-saved && mkdir {dropins}.lab-saved && "
-                       f"{{ systemctl is-enabled -q {unit} && touch {dropins}.lab-saved/.enabled; "
-                       f"systemctl is-active -q {unit} && touch {dropins}.lab-saved/.active; "
-                       f"mv {dropins} {dropins}.lab-saved/dropins; }}; fi; systemctl stop {unit} 2>/dev/null; true")
-    on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{UNIT.format(instance)} && "
-                       "systemctl daemon-reload && " + (f"systemctl enable -q {UNIT.format(instance)} && " if enabled else "")
-            + f"systemctl restart {UNIT.format(instance)}")
+                       f"{{ systemctl is-enabled -q {svc} && touch {dropins}.lab-saved/.enabled; "
+                       f"systemctl is-active -q {svc} && touch {dropins}.lab-saved/.active; "
+                       f"mv {dropins} {dropins}.lab-saved/dropins; }}; fi; systemctl stop {svc} 2>/dev/null; true")
+    on_host(lab, name, f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{svc} && systemctl daemon-reload && "
+                       + (f"systemctl enable -q {svc} && " if enabled else "") + f"systemctl restart {svc}")
     ready = until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 30)
     assert ready, f"the engine stand-in on {name} never answered"
 
