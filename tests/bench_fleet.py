@@ -17,6 +17,8 @@ import datetime
 import json
 import os
 import platform
+import shutil
+import stat
 import statistics
 import subprocess
 import tempfile
@@ -33,32 +35,44 @@ RESULTS = ROOT / "tests" / "bench" / "results"
 # /etc/hosts...) replaces the seeded link by a file of the new host's own (lab.write renames).
 NOT_SEEDED = ("etc/machine-id", "var/lib/dbus/machine-id", "var/log", "var/lib/systemd/random-seed",
               "run", "tmp", "var/tmp")
+LINKED_BYTES = 1 << 20
 GOALS = {8: 1.3, 32: 2.0}  # wall time of a no-op converge against 1 host (issue 16)
 
 
 @dataclass
 class Sample:
-    """One timed pyinfra run: wall and controller CPU seconds, peak RSS (MiB), its output."""
+    """One timed pyinfra run: wall and controller CPU seconds, peak RSS (MiB), the lab hosts' CPU
+    seconds meanwhile (they share the controller's cores), its output."""
 
     wall: float
     cpu: float
     rss_mib: float
+    hosts_cpu: float
     run: Run
+
+
+def hosts_cpu_s() -> float:
+    """CPU seconds used so far by every lab host (their parent cgroup v2's cpu.stat)."""
+    for group in lab.cgroups():
+        stat = group / "cpu.stat"
+        if stat.exists():
+            return int(stat.read_text().split()[1]) / 1e6
+    return 0.0
 
 
 def timed(*args: str, env: dict | None = None) -> Sample:
     """Run ``pyinfra -y ARGS`` from the project root; its own rusage comes from wait4."""
     with tempfile.TemporaryFile() as out:
-        start = time.monotonic()
+        hosts_before, start = hosts_cpu_s(), time.monotonic()
         proc = subprocess.Popen([PYINFRA, "-y", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - start
+        wall, hosts_cpu = time.monotonic() - start, hosts_cpu_s() - hosts_before
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         run = Run(proc.returncode, out.read().decode(errors="replace"), wall)
     assert run.returncode == 0, f"pyinfra {' '.join(args)} failed:\n{run.output[-6000:]}"
-    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, run)
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, hosts_cpu, run)
 
 
 def limit(names: list[str]) -> list[str]:
@@ -67,15 +81,24 @@ def limit(names: list[str]) -> list[str]:
 
 
 def seed_from(source: str):
-    """A create_host seed: hard-link host ``source``'s upper layer into the new host's, but NOT_SEEDED."""
+    """A create_host seed: host ``source``'s upper layer but NOT_SEEDED, its files of LINKED_BYTES
+    or more hard-linked (the build, the model, packages' binaries: one copy in the page cache for
+    the fleet), the smaller ones copied: pyinfra's put and rigup's edits write files in place, and
+    a host's own settings written through a shared link would land on every host."""
     upper = lab.HOSTS / source / "upper"
 
     def seed(dest: Path) -> None:
-        """Hard-link every top-level entry, then drop the ones that stay the new host's own."""
-        entries = [str(p) for p in upper.iterdir()]
-        lab.run("cp", "-al", *entries, str(dest))
+        """Hard-link every top-level entry, drop the ones that stay the new host's own, unshare the small files."""
+        lab.run("cp", "-al", *(str(p) for p in upper.iterdir()), str(dest))
         for rel in NOT_SEEDED:
             lab.run("rm", "-rf", str(dest / rel))
+        for path in dest.rglob("*"):
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and info.st_size < LINKED_BYTES:
+                tmp = path.with_name(f".{path.name}.seed")
+                shutil.copy2(path, tmp)
+                os.chown(tmp, info.st_uid, info.st_gid)
+                os.replace(tmp, path)
     return seed
 
 
@@ -117,9 +140,10 @@ def measure(sizes: list[int], rounds: int) -> dict:
             status = timed("inventory/lab.py", "status.py", *hosts)
             samples[size]["converge"].append(noop)
             samples[size]["status"].append(status)
-            print(f"round {r + 1}, {size:2} hosts: no-op converge {noop.wall:.2f} s ({noop.cpu:.2f} CPU s, "
-                  f"{noop.rss_mib:.0f} MiB), status.py {status.wall:.2f} s ({status.cpu:.2f} CPU s, "
-                  f"{status.rss_mib:.0f} MiB)", flush=True)
+            print(f"round {r + 1}, {size:2} hosts: " + "; ".join(
+                f"{play} {s.wall:.2f} s (controller {s.cpu:.2f} CPU s, {s.rss_mib:.0f} MiB; hosts "
+                f"{s.hosts_cpu:.2f} CPU s)" for play, s in (("no-op converge", noop), ("status.py", status))),
+                flush=True)
     return samples
 
 
@@ -135,6 +159,7 @@ def summary(samples: dict) -> dict:
                 "wall_s": [round(s.wall, 2) for s in runs], "median_s": round(median, 2),
                 "ratio": round(median / statistics.median(s.wall for s in samples[base][play]), 2),
                 "cpu_s_median": round(statistics.median(s.cpu for s in runs), 2),
+                "hosts_cpu_s_median": round(statistics.median(s.hosts_cpu for s in runs), 2),
                 "peak_rss_mib": round(max(s.rss_mib for s in runs)),
             }
     return out
@@ -153,13 +178,13 @@ def markdown(result: dict) -> str:
              f"Machine: {result['cpus']} cores, load average {result['load_before']} before and "
              f"{result['load_after']} after; memory available with all hosts up: "
              f"{result['memory_mib']['MemAvailable']} of {result['memory_mib']['MemTotal']} MiB.", "",
-             "| hosts | play | wall, s (rounds) | median | x 1 host | CPU s (median) | peak RSS, MiB |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| hosts | play | wall, s (rounds) | median | x 1 host | controller CPU s | peak RSS, MiB "
+             "| lab hosts' CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, plays in result["sizes"].items():
         for play, row in plays.items():
             lines.append(f"| {size} | {play} | {' '.join(f'{v:.2f}' for v in row['wall_s'])} | "
                          f"{row['median_s']:.2f} | {row['ratio']:.2f}x | {row['cpu_s_median']:.2f} | "
-                         f"{row['peak_rss_mib']} |")
+                         f"{row['peak_rss_mib']} | {row['hosts_cpu_s_median']:.2f} |")
     lines += ["", "Goals (no-op converge): " + ", ".join(
         f"{n} hosts <= {g}x: {result['sizes'][n]['converge']['ratio']:.2f}x "
         f"({'met' if result['sizes'][n]['converge']['ratio'] <= g else 'NOT met'})"
