@@ -165,6 +165,13 @@ def summary(samples: dict) -> dict:
     return out
 
 
+def idle_hosts_cpu(seconds: float = 10) -> float:
+    """CPU seconds per second the lab hosts use while no play runs (their timers, idle servers)."""
+    before = hosts_cpu_s()
+    time.sleep(seconds)
+    return round((hosts_cpu_s() - before) / seconds, 2)
+
+
 def memory_mib() -> dict:
     """The machine's total and available memory (MiB), from /proc/meminfo."""
     info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
@@ -177,7 +184,9 @@ def markdown(result: dict) -> str:
              f"`{result['command']}` at {result['commit']}: {result['what_ran']}", "",
              f"Machine: {result['cpus']} cores, load average {result['load_before']} before and "
              f"{result['load_after']} after; memory available with all hosts up: "
-             f"{result['memory_mib']['MemAvailable']} of {result['memory_mib']['MemTotal']} MiB.", "",
+             f"{result['memory_mib']['MemAvailable']} of {result['memory_mib']['MemTotal']} MiB. The lab "
+             f"hosts share these cores: with no play running they used {result['idle_hosts_cpu_s_per_s']} "
+             "CPU s per second (their timers, idle servers); the hosts' CPU column includes that.", "",
              "| hosts | play | wall, s (rounds) | median | x 1 host | controller CPU s | peak RSS, MiB "
              "| lab hosts' CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, plays in result["sizes"].items():
@@ -205,6 +214,7 @@ def main() -> None:
     try:
         first = first_converges(max(sizes))
         memory = memory_mib()
+        idle = idle_hosts_cpu()
         samples = measure(sizes, args.rounds)
     finally:
         load_after = [round(x, 2) for x in os.getloadavg()]
@@ -220,7 +230,7 @@ def main() -> None:
                     "the CPU, Gemma 3 270M served by llama-server on every host), a100 lab hosts; "
                     f"{args.rounds} alternating rounds, every no-op converge changed nothing",
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-        "memory_mib": memory, "first": first, "python": platform.python_version(),
+        "memory_mib": memory, "idle_hosts_cpu_s_per_s": idle, "first": first, "python": platform.python_version(),
         "sizes": summary(samples),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
