@@ -1,10 +1,13 @@
 """pyinfra's operation order from a plain walk of the call stack (``install()``: deploy.py).
 
 pyinfra (CLI mode) orders each operation call by the line numbers of the stack from the deploy
-file down, for every host: ``get_operation_order_from_stack`` gets them with ``inspect.stack()``,
-which also reads each frame's source lines and looks up its module. That was the largest part of
-the controller's CPU per host in a no-op converge (tests/bench_fleet.py). This reads the same
-filenames and line numbers from the frames themselves, with the same result.
+file down, for every host: ``get_operation_order_from_stack`` gets them with ``inspect.stack()``
+and ``getframeinfo`` on every frame, which read each frame's source lines and search
+``sys.modules`` for its module. With a deploy's ~720 modules loaded and the ~10 frames of an
+operation call in pyinfra's greenlets, that is 0.7 ms of the controller's CPU per operation and
+host (2.9 ms at 45 frames), about 0.04 s per host for the play's 55 operations; this walk takes
+0.01 ms and gives the same line numbers (tests/unit/test_opstack.py; measured for
+tests/bench/results/2026-11-30-fleet.md).
 """
 
 import sys

@@ -121,7 +121,7 @@ def first_converges(biggest: int) -> dict:
     start = time.monotonic()
     lab.up(biggest - 1, "a100", first=2, seed=seed_from("lab1"))
     booted = time.monotonic() - start
-    print(f"{biggest - 1} more hosts seeded from lab1 and booted in {booted:.0f} s", flush=True)
+    print(f"lab2..lab{biggest} up in {booted:.0f} s (those not running yet seeded from lab1 and booted)", flush=True)
     rest = timed("inventory/lab.py", "deploy.py", *limit(names(biggest)[1:]))
     changed = rest.run.changed_operations()
     print(f"first converge of lab2..lab{biggest}: {rest.wall:.0f} s; operations that changed: {changed}", flush=True)
@@ -212,16 +212,21 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="leave the lab running (default: down)")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    load_before = [round(x, 2) for x in os.getloadavg()]
     try:
-        first = first_converges(max(sizes))
-        memory = memory_mib()
-        idle = idle_hosts_cpu()
-        samples = measure(sizes, args.rounds)
+        write(args, sizes)
     finally:
-        load_after = [round(x, 2) for x in os.getloadavg()]
         if not args.keep:
             lab.down()
+
+
+def write(args, sizes: list[int]) -> None:
+    """Measure (the lab left up), then write and print the results."""
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    first = first_converges(max(sizes))
+    memory = memory_mib()
+    idle = idle_hosts_cpu()
+    samples = measure(sizes, args.rounds)
+    load_after = [round(x, 2) for x in os.getloadavg()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -241,7 +246,7 @@ def main() -> None:
     text = markdown(result)
     stem.with_suffix(".md").write_text(text)
     print(text)
-    print(f"written: {stem}.md, {stem}.json")
+    print(f"written: {stem}.md, {stem}.json", flush=True)
 
 
 if __name__ == "__main__":
