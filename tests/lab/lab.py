@@ -327,11 +327,14 @@ def hub_pids():
     return [pid for pid, argv in processes() if "tests.lab.hub" in argv and str(STATE / "hub") in argv]
 
 
-def create_host(name, profile):
-    """Lay out, configure and network host `name` (not yet booted)."""
+def create_host(name, profile, seed=None):
+    """Lay out, configure and network host `name` (not yet booted); `seed(upper)` may fill its
+    overlay's upper layer before it is mounted (e.g. tests/bench_fleet.py, from a converged host)."""
     d = HOSTS / name
     for sub in ("upper", "work", "root"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    if seed:
+        seed(d / "upper")
     run("mount", "-t", "overlay", "overlay", "-o",
         f"lowerdir={BASE},upperdir={d / 'upper'},workdir={d / 'work'}", d / "root")
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", d / "ssh_host_ed25519_key")
@@ -524,11 +527,12 @@ def kind(profile, init):
     return profile + ("" if init else " without systemd")
 
 
-def up(n, profile, first=1, init=True):
+def up(n, profile, first=1, init=True, seed=None):
     """Boot hosts lab<first>..lab<first+n-1> with `profile` (keeping running ones); return all
     running hosts. Hosts of other profiles may run next to them: `up(1, "h100", first=3)` adds
     lab3 to a running a100 lab1..lab2. With `init=False` the new hosts run sshd without systemd
-    (recorded as ``"init": false`` in lab.json); `reboot` and `cold_boot` refuse them."""
+    (recorded as ``"init": false`` in lab.json); `reboot` and `cold_boot` refuse them. `seed`: see
+    create_host."""
     if profile not in PROFILES or n < 1 or first < 1:
         raise LabError(f"need n >= 1, first >= 1 and a profile of {', '.join(PROFILES)}, "
                        f"not {n}, {first}, {profile!r}")
@@ -554,7 +558,7 @@ def up(n, profile, first=1, init=True):
                for name in wanted if name not in names]
         for h in new:
             remove_host(h["name"])  # leftovers of a host that stopped or half-started
-            create_host(h["name"], profile)
+            create_host(h["name"], profile, seed)
         all_hosts = sorted(running + new, key=lambda h: int(h["name"][3:]))
         publish(all_hosts)
         start = time.monotonic()
