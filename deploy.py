@@ -8,12 +8,11 @@ nothing changes. A host another controller converges is refused, naming it (rigu
 
 from pyinfra import host
 
-from rigup import lock, opstack, summary
+from rigup import lock, summary
 from rigup.config import check_host
 from rigup.refusal import Refusal
 from roles import in_order, preflight, steps
 
-opstack.install()
 summary.track(host.state)
 check_host(host)
 roles = in_order()
