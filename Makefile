@@ -10,7 +10,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-overlap clean
 
 venv: $(VENV)/.installed
 
@@ -49,6 +49,9 @@ bench-lab: venv
 
 bench-ansible: venv
 	$(PY) -m tests.bench_ansible
+
+bench-overlap: venv
+	$(PY) -m tests.bench_overlap
 
 clean: lab-down
 	rm -rf $(VENV)

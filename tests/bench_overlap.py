@@ -1,0 +1,131 @@
+"""`make bench-overlap`: downloads start before the llama.cpp build (roles/__init__.py STEPS), so
+bare host to serving takes about max(build, download) + the model's load, not their sum (issue 18).
+
+On fresh lab hosts (profile none: no GPU, a CPU build), one at a time, each from bare Debian:
+
+- warm-up (lab4): base and the build, so that the apt cache and the lab's shared ccache serve
+  every later host alike (a fresh host's build is then mostly ccache hits: the figure is the
+  overlap, not a cold compile);
+- (a) lab1: base and the llama.cpp build alone (tests/roles/steps_only.py); the hub is then
+  rate-limited (tests/lab/hub.py ``rate``) so that the model's download takes about the build's time;
+- (b) lab2: base and the download alone (model_fetch apply + waited);
+- (c) lab3: deploy.py, bare host to serving (its health gate passed);
+- load: llama-server restarted on lab3, until /health answers 200.
+
+Prints a table, asserts c <= 1.1 x (max(a, b) + load), prints a + b + load for contrast, and writes
+tests/bench/results/<date>-overlap.{md,json}. Tears the lab down.
+
+    RIGUP_LAB_ID=21 .venv/bin/python -m tests.bench_overlap
+
+Needs root (the lab).
+"""
+
+import json
+import re
+from datetime import date
+from pathlib import Path
+
+from tests.converge import ROOT, Run, pyinfra
+from tests.lab import hub, lab, models, sources
+
+RESULTS = ROOT / "tests" / "bench" / "results"
+PLAY = "tests/roles/steps_only.py"
+BUILD = "base.apply,llama_cpp.apply"
+FETCH = "base.apply,model_fetch.apply,model_fetch.waited"
+UNIT, PORT = "rigup-llama@gemma.service", 8081
+MARGIN = 1.1
+
+
+def converge(host: str, playbook: str, steps: str | None = None) -> Run:
+    """One converge of ``playbook`` on ``host`` alone; fails with its output."""
+    run = pyinfra("inventory/lab.py", playbook, "--limit", host, timeout=3600,
+                  env={"RIGUP_LAB_STEPS": steps} if steps else None)
+    if run.returncode:
+        raise RuntimeError(f"{host}: {playbook} {steps or ''} failed:\n{run.output[-4000:]}")
+    return run
+
+
+def build_seconds(run: Run, host: str) -> int:
+    """The build's own time, from its last progress line (rigup/progress.py ``done in``)."""
+    m = re.search(rf"\[{host}\] llama\.cpp build \S+: done in (\d+) s", run.output)
+    if not m:
+        raise RuntimeError(f"no build on {host}:\n{run.output[-3000:]}")
+    return int(m[1])
+
+
+def load_seconds(host: str) -> float:
+    """llama-server restarted: seconds until its /health answers 200 (the model loaded)."""
+    out = lab.ssh(host, f"s=$(date +%s.%N); systemctl restart {UNIT}; "
+                        f"until curl -sf -o /dev/null http://127.0.0.1:{PORT}/health; do sleep 0.2; done; "
+                        "e=$(date +%s.%N); python3 -c \"print($e - $s)\"", timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"{host}: llama-server did not come back: {out.stdout}{out.stderr}")
+    return float(out.stdout.strip())
+
+
+def write_results(figures: dict) -> Path:
+    """The figures as JSON and a Markdown table next to the other bench results."""
+    stem = RESULTS / f"{date.today().isoformat()}-overlap"
+    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    f = figures
+    rows = [("(a) bare host to llama.cpp built (base + build; build alone: "
+             f"{f['build_s']} s, mostly ccache hits)", f["a_s"]),
+            (f"(b) bare host to model downloaded (base + {f['model_mib']:.0f} MiB at {f['rate_kib_s']:.0f} KiB/s)",
+             f["b_s"]),
+            ("(c) bare host to serving, deploy.py (download and build overlap)", f["c_s"]),
+            ("load: llama-server restart to /health 200", f["load_s"]),
+            (f"max(a, b) + load (c must be <= {MARGIN} x this)", f["max_plus_load_s"]),
+            ("a + b + load (sequential, for contrast; a and b each include base)", f["sum_s"])]
+    width = max(len(r[0]) for r in rows)
+    table = "\n".join([f"| {'what':<{width}} | seconds |", f"|{'-' * (width + 2)}|---------|"]
+                      + [f"| {w:<{width}} | {s:7.1f} |" for w, s in rows])
+    stem.with_suffix(".md").write_text(
+        f"# Download and build overlap, bare host to serving ({date.today().isoformat()})\n\n"
+        "`make bench-overlap` (tests/bench_overlap.py), on lab hosts (profile none, CPU build of the\n"
+        "lab's llama.cpp mirror, Gemma 3 270M Q4_K_M from the lab hub) of a 2-core machine shared\n"
+        "with other work. Each figure is one fresh host, one at a time. A warm-up host filled the\n"
+        "apt cache and the lab's shared ccache first, so each build here is mostly ccache hits;\n"
+        "the hub was rate-limited per stream so that the download takes about as long as the build.\n\n"
+        f"{table}\n\n"
+        f"c / (max(a, b) + load) = {f['ratio']:.2f} (goal <= {MARGIN}); "
+        f"c / (a + b + load) = {f['c_s'] / f['sum_s']:.2f}.\n")
+    return stem
+
+
+def main() -> None:
+    lab.down()
+    try:
+        lab.up(4, "none")
+        sources.llama_cpp_mirror()
+        sources.serve()
+        hub.serve()
+        models.publish_gemma()
+        hub.rate(0)
+        warm = converge("lab4", PLAY, BUILD)
+        print(f"warm-up (lab4): {warm.seconds:.0f} s", flush=True)
+        a = converge("lab1", PLAY, BUILD)
+        build = build_seconds(a, "lab1")
+        size = models.gemma_270m().stat().st_size
+        bps = size / max(build, 1)
+        hub.rate(int(bps))
+        print(f"(a) {a.seconds:.0f} s (build {build} s); hub rate {bps / 1024:.0f} KiB/s", flush=True)
+        b = converge("lab2", PLAY, FETCH)
+        print(f"(b) {b.seconds:.0f} s", flush=True)
+        c = converge("lab3", "deploy.py")
+        print(f"(c) {c.seconds:.0f} s", flush=True)
+        load = load_seconds("lab3")
+    finally:
+        lab.down()
+    peak = max(a.seconds, b.seconds) + load
+    figures = {"a_s": round(a.seconds, 1), "build_s": build, "b_s": round(b.seconds, 1), "c_s": round(c.seconds, 1),
+               "load_s": round(load, 1), "warmup_s": round(warm.seconds, 1), "model_mib": size / 2**20,
+               "rate_kib_s": bps / 1024, "max_plus_load_s": round(peak, 1),
+               "sum_s": round(a.seconds + b.seconds + load, 1), "ratio": round(c.seconds / peak, 3)}
+    stem = write_results(figures)
+    print(stem.with_suffix(".md").read_text())
+    print(f"written: {stem}.md, {stem}.json")
+    assert c.seconds <= MARGIN * peak, f"c = {c.seconds:.0f} s > {MARGIN} x (max(a, b) + load) = {MARGIN * peak:.0f} s"
+
+
+if __name__ == "__main__":
+    main()
