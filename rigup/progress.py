@@ -44,12 +44,18 @@ def start_command(unit: str, command: str, log: str, systemd: bool, unless: str 
     return wait + (f"[ -e {q(unless)} ] || {{ {start}; }}" if unless else start)
 
 
+def exists(path: str) -> str:
+    """The shell test ``waited`` takes as ``done``: ``path`` exists."""
+    return f"[ -e {shlex.quote(path)} ]"
+
+
 def _probe(unit: str, log: str, done: str, systemd: bool) -> str:
-    """Shell text printing ``running=1|0``, ``done=1|0`` and the log's last progress line."""
+    """Shell text printing ``running=1|0``, ``done=1|0`` (the shell test ``done``) and the log's
+    last progress line."""
     q = shlex.quote
     running = (f"systemctl is-active -q {q(unit)}" if systemd
                else f"kill -0 \"$(cat {q(_pid_file(log))} 2>/dev/null)\" 2>/dev/null")
-    return (f"{running} && echo running=1 || echo running=0; [ -e {q(done)} ] && echo done=1 || echo done=0; "
+    return (f"{running} && echo running=1 || echo running=0; {{ {done}; }} && echo done=1 || echo done=0; "
             f"tail -c 262144 {q(log)} 2>/dev/null | tr '\\r' '\\n' | grep -E {q(PROGRESS)} | tail -n 1 | "
             "sed 's/^/line=/'")
 
@@ -82,7 +88,8 @@ def parse_probe(lines: list[str]) -> dict:
 def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: int,
            interval: float = INTERVAL_S) -> None:
     """Block until the job ``unit`` ends, printing ``[host] label: progress`` every ``interval``
-    seconds; it succeeded when the file ``done`` exists, else fail with the log's last lines.
+    seconds; it succeeded when the shell test ``done`` passes (e.g. ``exists(stamp)``), else fail
+    with the log's last lines.
     Run with ``python.call`` (in the host's context)."""
     me = host
     started = last = time.monotonic()

@@ -62,6 +62,6 @@ def apply(plan: dict):
                   _timeout=data["llama_cpp_build_timeout"])
     python.call(name=f"Wait for the llama.cpp build {ident}", function=progress.waited,
                 label=f"llama.cpp build {ident}", unit=BUILD_UNIT, log=build_log(dir, ident),
-                done=build_stamp(dir, ident), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
+                done=progress.exists(build_stamp(dir, ident)), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
                 timeout=data["llama_cpp_build_timeout"], _if=build.did_change)
     switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}")

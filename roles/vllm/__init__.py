@@ -101,9 +101,14 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str,
     for p in series:
         yield from files.put._inner(src=StringIO(p["text"]), dest=f"{patch_dir}/{p['sha256']}.patch", mode="644")
     yield written(f"{pin_dir}/install.sh", script, mode="700")  # it may hold vllm_install_env: no temp file
-    yield f"rm -f {shlex.quote(f'{pin_dir}/{cmd.STAMP}')}"
     yield progress.start_command(INSTALL_UNIT, f"bash {shlex.quote(pin_dir)}/install.sh", f"{pin_dir}/install.log",
                                  systemd=True)
+
+
+def installed_test(path: str, stamp: str) -> str:
+    """A shell test: the stamp file ``path`` holds ``stamp`` (a failed or refused install leaves
+    the old one), compared by digest."""
+    return f"printf '%s  %s\\n' {cmd.sha(stamp)} {shlex.quote(path)} | sha256sum -c --status -"
 
 
 @operation()
@@ -185,7 +190,8 @@ def apply(plan: dict):
                          patch_dir=patch_dir, series=series, script=script, stamp=stamp, units=units)
     python.call(name=f"Wait for the vllm install {the_pin['id']}", function=progress.waited,
                 label=f"vllm install {the_pin['id']}", unit=INSTALL_UNIT, log=f"{pin_dir}/install.log",
-                done=f"{pin_dir}/{cmd.STAMP}", systemd=True, timeout=data["vllm_install_timeout"],
+                done=installed_test(f"{pin_dir}/{cmd.STAMP}", stamp), systemd=True,
+                timeout=data["vllm_install_timeout"],
                 _if=installing.did_change)
     if data["vllm_ray_role"]:
         logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
