@@ -50,14 +50,14 @@ def exists(path: str) -> str:
 
 
 def _probe(unit: str, log: str, done: str, systemd: bool) -> str:
-    """Shell text printing ``running=1|0``, ``done=1|0`` (the shell test ``done``) and the log's
-    last progress line."""
+    """Shell text printing ``running=1|0``, ``done=1|0`` (the shell test ``done``), the log's
+    last progress line and its last line (before the first progress line: cloning, configuring)."""
     q = shlex.quote
     running = (f"systemctl is-active -q {q(unit)}" if systemd
                else f"kill -0 \"$(cat {q(_pid_file(log))} 2>/dev/null)\" 2>/dev/null")
     return (f"{running} && echo running=1 || echo running=0; {{ {done}; }} && echo done=1 || echo done=0; "
-            f"tail -c 262144 {q(log)} 2>/dev/null | tr '\\r' '\\n' | grep -E {q(PROGRESS)} | tail -n 1 | "
-            "sed 's/^/line=/'")
+            f"tail -c 262144 {q(log)} 2>/dev/null | tr '\\r' '\\n' | RIGUP_RE={q(PROGRESS)} awk "
+            "'$0 ~ ENVIRON[\"RIGUP_RE\"] {line = $0} NF {last = $0} END {print \"line=\" line; print \"last=\" last}'")
 
 
 def progress_text(line: str) -> str:
@@ -74,14 +74,14 @@ def progress_text(line: str) -> str:
 
 
 def parse_probe(lines: list[str]) -> dict:
-    """``{running, done, line}`` from the output of ``_probe``."""
-    state = {"running": False, "done": False, "line": ""}
+    """``{running, done, line, last}`` from the output of ``_probe``."""
+    state = {"running": False, "done": False, "line": "", "last": ""}
     for raw in lines:
         key, _, value = raw.partition("=")
         if key in ("running", "done"):
             state[key] = value.strip() == "1"
-        elif key == "line":
-            state["line"] = value
+        elif key in ("line", "last"):
+            state[key] = value
     return state
 
 
@@ -104,7 +104,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
         now = time.monotonic()
         if now - last >= interval:
             last = now
-            click.echo(f"    [{me.name}] {label}: {progress_text(state['line']) or 'starting'} "
+            click.echo(f"    [{me.name}] {label}: {progress_text(state['line'] or state['last']) or 'starting'} "
                        f"({now - started:.0f} s)", err=True)
         if now - started > timeout:
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")

@@ -22,8 +22,8 @@ def test_the_host_side_pattern_keeps_progress_lines_only():
 
 
 def test_probe_output_and_start_command():
-    assert parse_probe(["running=0", "done=1", "line=[ 99%] Linking"]) == \
-        {"running": False, "done": True, "line": "[ 99%] Linking"}
+    assert parse_probe(["running=0", "done=1", "line=[ 99%] Linking", "last=-- Configuring"]) == \
+        {"running": False, "done": True, "line": "[ 99%] Linking", "last": "-- Configuring"}
     text = start_command("rigup-x.service", "/opt/x.sh", "/opt/x log", systemd=True, unless="/opt/x.json")
     assert "systemd-run --unit=rigup-x.service" in text and "'/opt/x log'" in text
     assert text.startswith("while systemctl is-active -q rigup-x.service")
