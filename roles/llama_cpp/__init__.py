@@ -60,8 +60,9 @@ def apply(plan: dict):
     build = built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
                   build_id=ident, script=render_build_script(data, options, archive),
                   _timeout=data["llama_cpp_build_timeout"])
+    systemd = read_once(LlamaCppState, dir=dir)["systemd"]
     python.call(name=f"Wait for the llama.cpp build {ident}", function=progress.waited,
                 label=f"llama.cpp build {ident}", unit=BUILD_UNIT, log=build_log(dir, ident),
-                done=progress.exists(build_stamp(dir, ident)), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
+                done=progress.exists(build_stamp(dir, ident)), systemd=systemd,
                 timeout=data["llama_cpp_build_timeout"], _if=build.did_change)
     switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}")

@@ -29,6 +29,7 @@ def built(dir: str, build_id: str, script: str):
                           unless=build_stamp(dir, build_id))
     yield f"mkdir -p {q(dir + '/builds')} && {{ {start}; }}"
 
+
 def build_log(dir: str, build_id: str) -> str:
     """The log the build script writes."""
     return f"{dir}/builds/{build_id}.log"

@@ -54,9 +54,9 @@ Multi-host with Ray (``vllm_ray_role``, ``vllm_ray_head_address``, ``vllm_ray_po
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
-vllm_python, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable,
-vllm_socket_ifname, vllm_env, vllm_install_timeout, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout,
-vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
+vllm_python, vllm_install_timeout, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable,
+vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds,
+vllm_health_timeout, vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
 rigup_user (roles/base).
 """
 
@@ -101,8 +101,8 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str,
     for p in series:
         yield from files.put._inner(src=StringIO(p["text"]), dest=f"{patch_dir}/{p['sha256']}.patch", mode="644")
     yield written(f"{pin_dir}/install.sh", script, mode="700")  # it may hold vllm_install_env: no temp file
-    yield progress.start_command(INSTALL_UNIT, f"bash {shlex.quote(pin_dir)}/install.sh", f"{pin_dir}/install.log",
-                                 systemd=True)
+    yield progress.start_command(INSTALL_UNIT, f"bash {shlex.quote(pin_dir)}/install.sh",
+                                 f"{pin_dir}/install.log", systemd=True)
 
 
 def installed_test(path: str, stamp: str) -> str:
@@ -191,8 +191,7 @@ def apply(plan: dict):
     python.call(name=f"Wait for the vllm install {the_pin['id']}", function=progress.waited,
                 label=f"vllm install {the_pin['id']}", unit=INSTALL_UNIT, log=f"{pin_dir}/install.log",
                 done=installed_test(f"{pin_dir}/{cmd.STAMP}", stamp), systemd=True,
-                timeout=data["vllm_install_timeout"],
-                _if=installing.did_change)
+                timeout=data["vllm_install_timeout"], _if=installing.did_change)
     if data["vllm_ray_role"]:
         logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
                        "declared, not implemented yet; no Ray unit installed")
