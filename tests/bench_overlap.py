@@ -105,7 +105,7 @@ def main() -> None:
         hub.serve()
         models.publish_gemma()
         hub.rate(0)
-        a = converge("lab1", PLAY, BUILD, COLD)
+        a = converge("lab1", PLAY, BUILD, *COLD)
         build = build_seconds(a, "lab1")
         size = models.gemma_270m().stat().st_size
         bps = size / max(build, 1)
@@ -113,7 +113,7 @@ def main() -> None:
         print(f"(a) {a.seconds:.0f} s (build {build} s); hub rate {bps / 1024:.0f} KiB/s", flush=True)
         b = converge("lab1", PLAY, FETCH)
         print(f"(b) {b.seconds:.0f} s", flush=True)
-        c = converge("lab2", "deploy.py", None, COLD)
+        c = converge("lab2", "deploy.py", None, *COLD)
         print(f"(c) {c.seconds:.0f} s", flush=True)
         load = load_seconds("lab2")
     finally:
