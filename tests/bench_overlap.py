@@ -3,14 +3,14 @@ bare host to serving takes about max(build, download) + the model's load, not th
 
 On lab hosts of profile none (no GPU, a CPU build of the lab's llama.cpp mirror), one thing at a
 time, with ccache off (``llama_cpp_ccache=false``): with the lab's shared ccache a fresh host's
-build is all cache hits and takes about 25 s, less than the rest of a converge, so the overlap
-would not show:
+build is all cache hits and takes about 25 s, and the overlap would hardly show:
 
-- (a) lab1, bare: base and the llama.cpp build (tests/roles/steps_only.py); the hub is then
-  rate-limited (tests/lab/hub.py ``rate``, per stream) so that the model's download takes about
-  the build's own time;
-- (b) lab1 again: the download alone (model_fetch apply + waited);
-- (c) lab2, bare: deploy.py, bare host to serving (its health gate passed);
+- (a) lab1, bare: deploy.py without the model (``models`` and ``llama_server_instances`` empty):
+  base, the build tools, the llama.cpp build and every other role; the hub is then rate-limited
+  (tests/lab/hub.py ``rate``, per stream) so that the model's download takes about the build's own
+  time (its ``done in`` line, rigup/progress.py);
+- (b) lab1 again: the download alone (tests/roles/steps_only.py: model_fetch apply + waited);
+- (c) lab2, bare: deploy.py, bare host to serving (llama-server's health gate passed);
 - load: llama-server restarted on lab2, until /health answers 200.
 
 Prints a table, asserts c <= 1.1 x (max(a, b) + load), prints a + b + load for contrast, and writes
@@ -31,9 +31,9 @@ from tests.lab import hub, lab, models, sources
 
 RESULTS = ROOT / "tests" / "bench" / "results"
 PLAY = "tests/roles/steps_only.py"
-BUILD = "base.apply,llama_cpp.apply"
 FETCH = "model_fetch.apply,model_fetch.waited"
 COLD = ("--data", "llama_cpp_ccache=false")
+NO_MODEL = ("--data", "models={}", "--data", "llama_server_instances={}")
 UNIT, PORT = "rigup-llama@gemma.service", 8081
 MARGIN = 1.1
 
@@ -71,7 +71,8 @@ def write_results(figures: dict) -> Path:
     stem = RESULTS / f"{date.today().isoformat()}-overlap"
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
     f = figures
-    rows = [(f"(a) bare host to llama.cpp built (base, then the build: {f['build_s']} s, ccache off)", f["a_s"]),
+    rows = [(f"(a) bare host to converged without the model (the build alone: {f['build_s']} s, ccache off)",
+             f["a_s"]),
             (f"(b) the download alone ({f['model_mib']:.0f} MiB at {f['rate_kib_s']:.0f} KiB/s, one stream)",
              f["b_s"]),
             ("(c) bare host to serving, deploy.py (download and build overlap)", f["c_s"]),
@@ -85,11 +86,13 @@ def write_results(figures: dict) -> Path:
         f"# Download and build overlap, bare host to serving ({date.today().isoformat()})\n\n"
         "`make bench-overlap` (tests/bench_overlap.py), on lab hosts (profile none, CPU build of the\n"
         "lab's llama.cpp mirror, Gemma 3 270M Q4_K_M from the lab hub) of a 2-core machine shared\n"
-        "with other work; one run, one thing at a time. The builds ran with ccache off: with the lab's\n"
-        "shared ccache a fresh host's build is all cache hits (about 25 s, less than the rest of a\n"
-        "converge) and the overlap would not show. The hub was rate-limited per stream so that the\n"
-        "download takes about as long as the build. deploy.py starts the download (model_fetch.apply)\n"
-        "before the build and waits for it (model_fetch.waited) after.\n\n"
+        "with other work (its load average was high during the run); one run, one thing at a time.\n"
+        "(a) is deploy.py without the model (`models` and `llama_server_instances` empty), so the\n"
+        "roles other than the build are in (a) as in (c). The builds ran with ccache off: with the\n"
+        "lab's shared ccache a fresh host's build is all cache hits (about 25 s) and the overlap would\n"
+        "hardly show. The hub was rate-limited per stream so that the download takes about as long\n"
+        "as the build. deploy.py starts the download (model_fetch.apply) before the build and waits\n"
+        "for it (model_fetch.waited) after.\n\n"
         f"{table}\n\n"
         f"c / (max(a, b) + load) = {f['ratio']:.2f} (goal <= {MARGIN}); "
         f"c / (a + b + load) = {f['c_s'] / f['sum_s']:.2f}.\n")
@@ -105,7 +108,7 @@ def main() -> None:
         hub.serve()
         models.publish_gemma()
         hub.rate(0)
-        a = converge("lab1", PLAY, BUILD, *COLD)
+        a = converge("lab1", "deploy.py", None, *COLD, *NO_MODEL)
         build = build_seconds(a, "lab1")
         size = models.gemma_270m().stat().st_size
         bps = size / max(build, 1)
