@@ -22,11 +22,15 @@ Needs root (the lab).
 """
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import time
 from datetime import date
 from pathlib import Path
 
-from tests.converge import ROOT, Run, pyinfra
+from tests.converge import PYINFRA, ROOT, Run
 from tests.lab import hub, lab, models, sources
 
 RESULTS = ROOT / "tests" / "bench" / "results"
@@ -36,13 +40,21 @@ COLD = ("--data", "llama_cpp_ccache=false")
 NO_MODEL = ("--data", "models={}", "--data", "llama_server_instances={}")
 UNIT, PORT = "rigup-llama@gemma.service", 8081
 MARGIN = 1.1
+LOGS = Path("/tmp/bench-overlap")  # each converge's output, timed
 
 
 def converge(host: str, playbook: str, steps: str | None = None, *args: str) -> Run:
     """One converge of ``playbook`` on ``host`` alone (``args``: more of pyinfra's arguments);
-    fails with its output."""
-    run = pyinfra("inventory/lab.py", playbook, "--limit", host, *args, timeout=3600,
-                  env={"RIGUP_LAB_STEPS": steps} if steps else None)
+    fails with its output. Its output, each line with the seconds since the start, is kept in
+    LOGS (where the time of a converge went)."""
+    env = {**os.environ, **({"RIGUP_LAB_STEPS": steps} if steps else {})}
+    start = time.monotonic()
+    proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", playbook, "--limit", host, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    lines = [f"{time.monotonic() - start:7.1f} {line}" for line in proc.stdout]
+    run = Run(proc.wait(), "".join(line[8:] for line in lines), time.monotonic() - start)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / f"{host}-{len(list(LOGS.iterdir())):02d}.log").write_text("".join(lines))
     if run.returncode:
         raise RuntimeError(f"{host}: {playbook} {steps or ''} failed:\n{run.output[-4000:]}")
     return run
@@ -100,6 +112,7 @@ def write_results(figures: dict) -> Path:
 
 
 def main() -> None:
+    shutil.rmtree(LOGS, ignore_errors=True)
     lab.down()
     try:
         lab.up(2, "none")
