@@ -10,7 +10,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap clean
 
 venv: $(VENV)/.installed
 
@@ -52,6 +52,9 @@ bench-ansible: venv
 
 bench-fleet: venv
 	$(PY) -m tests.bench_fleet
+
+bench-overlap: venv
+	$(PY) -m tests.bench_overlap
 
 clean: lab-down
 	rm -rf $(VENV)

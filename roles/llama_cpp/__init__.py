@@ -23,13 +23,15 @@ from __future__ import annotations
 import click
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files
+from pyinfra.operations import files, python
 
-from rigup import apt
+from rigup import apt, progress
 from rigup.config import role_defaults
 from rigup.gpu.plan import build_backend
-from roles.llama_cpp.build import built, switched
+from rigup.state import read_once
+from roles.llama_cpp.build import build_log, build_stamp, built, switched
 from roles.llama_cpp.checks import CHECKS
+from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 from roles.llama_cpp.script import build_id, cmake_options, render_build_script
 
 __all__ = ["apply", "CHECKS", "BUILD_PACKAGES"]
@@ -55,7 +57,12 @@ def apply(plan: dict):
                   dest=archive)
     ident = build_id(data, options)
     click.echo(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options), err=True)
-    built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
-          build_id=ident, script=render_build_script(data, options, archive),
-          _timeout=data["llama_cpp_build_timeout"])
+    build = built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
+                  build_id=ident, script=render_build_script(data, options, archive),
+                  _timeout=data["llama_cpp_build_timeout"])
+    systemd = read_once(LlamaCppState, dir=dir)["systemd"]
+    python.call(name=f"Wait for the llama.cpp build {ident}", function=progress.waited,
+                label=f"llama.cpp build {ident}", unit=BUILD_UNIT, log=build_log(dir, ident),
+                done=progress.exists(build_stamp(dir, ident)), systemd=systemd,
+                timeout=data["llama_cpp_build_timeout"], _if=build.did_change)
     switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}")

@@ -7,15 +7,17 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
+from rigup.progress import start_command
 from rigup.state import read_once
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 
 
 @operation()
 def built(dir: str, build_id: str, script: str):
-    """Build ``build_id`` with ``script`` unless its stamp exists. The build runs as the transient
+    """Start the build of ``build_id`` with ``script`` unless its stamp exists: as the transient
     unit rigup-llama-build (it outlives the SSH session; a converge that finds it running waits
-    for it), or directly on hosts without systemd. A failure shows the build log's last lines."""
+    for it first), or as a setsid process on hosts without systemd. ``waited`` (rigup.progress)
+    then follows it to its end; a failure shows the build log's last lines."""
     state = read_once(LlamaCppState, dir=dir)
     if build_id in state["builds"]:
         host.noop(f"llama.cpp {build_id} is built")
@@ -23,15 +25,19 @@ def built(dir: str, build_id: str, script: str):
     q = shlex.quote
     path = f"{dir}/build-{build_id}.sh"
     yield from files.put._inner(src=StringIO(script), dest=path, mode="755")
-    log = q(f"{dir}/builds/{build_id}.log")
-    on_failure = f"{{ echo {q(f'llama.cpp build {build_id} failed; last lines of its log:')}; tail -n 30 {log}; exit 1; }}"
-    if state["systemd"]:
-        yield (f"while systemctl is-active -q {BUILD_UNIT}; do sleep 5; done; "
-               f"[ -e {q(f'{dir}/builds/{build_id}/rigup-build.json')} ] || "
-               f"systemd-run --unit={BUILD_UNIT} --collect --wait --quiet "
-               f"--property=Nice=10 {q(path)} || {on_failure}")
-    else:
-        yield f"{q(path)} || {on_failure}"
+    start = start_command(BUILD_UNIT, q(path), build_log(dir, build_id), state["systemd"],
+                          unless=build_stamp(dir, build_id))
+    yield f"mkdir -p {q(dir + '/builds')} && {{ {start}; }}"
+
+
+def build_log(dir: str, build_id: str) -> str:
+    """The log the build script writes."""
+    return f"{dir}/builds/{build_id}.log"
+
+
+def build_stamp(dir: str, build_id: str) -> str:
+    """The stamp a finished build leaves."""
+    return f"{dir}/builds/{build_id}/rigup-build.json"
 
 
 @operation()

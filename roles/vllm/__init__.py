@@ -54,9 +54,9 @@ Multi-host with Ray (``vllm_ray_role``, ``vllm_ray_head_address``, ``vllm_ray_po
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
-vllm_python, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable,
-vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout,
-vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
+vllm_python, vllm_install_timeout, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable,
+vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds,
+vllm_health_timeout, vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
 rigup_user (roles/base).
 """
 
@@ -69,6 +69,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
+from rigup import progress
 from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import answered
@@ -84,11 +85,14 @@ from roles.vllm.schema import instances
 
 __all__ = ["apply", "CHECKS", "plan_lines", "ports"]
 
+INSTALL_UNIT = "rigup-vllm-install.service"  # the install runs as this transient unit (rigup.progress)
+
 
 @operation()
 def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str, units: dict):
     """The pin's virtualenv, made again only when the stamp differs (``units``: the role's
-    servers, read with it)."""
+    servers, read with it): its install script is started as a background job (rigup.progress),
+    which the role then waits for, printing pip's progress."""
     state = read_once(VllmState, pin_dir=pin_dir, instances=units)
     if state.get("stamp") == stamp:
         host.noop(f"{pin_dir}/venv is installed from its pin and patches")
@@ -97,7 +101,14 @@ def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str,
     for p in series:
         yield from files.put._inner(src=StringIO(p["text"]), dest=f"{patch_dir}/{p['sha256']}.patch", mode="644")
     yield written(f"{pin_dir}/install.sh", script, mode="700")  # it may hold vllm_install_env: no temp file
-    yield f"bash {shlex.quote(pin_dir)}/install.sh 2>&1"
+    yield progress.start_command(INSTALL_UNIT, f"bash {shlex.quote(pin_dir)}/install.sh",
+                                 f"{pin_dir}/install.log", systemd=True)
+
+
+def installed_test(path: str, stamp: str) -> str:
+    """A shell test: the stamp file ``path`` holds ``stamp`` (a failed or refused install leaves
+    the old one), compared by digest."""
+    return f"printf '%s  %s\\n' {cmd.sha(stamp)} {shlex.quote(path)} | sha256sum -c --status -"
 
 
 @operation()
@@ -175,8 +186,12 @@ def apply(plan: dict):
     paths = [wait_script, cmd.UNIT]
     managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",
             text=cmd.render("vllm-wait-vram.sh.j2"))
-    install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
-            patch_dir=patch_dir, series=series, script=script, stamp=stamp, units=units)
+    installing = install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
+                         patch_dir=patch_dir, series=series, script=script, stamp=stamp, units=units)
+    python.call(name=f"Wait for the vllm install {the_pin['id']}", function=progress.waited,
+                label=f"vllm install {the_pin['id']}", unit=INSTALL_UNIT, log=f"{pin_dir}/install.log",
+                done=installed_test(f"{pin_dir}/{cmd.STAMP}", stamp), systemd=True,
+                timeout=data["vllm_install_timeout"], _if=installing.did_change)
     if data["vllm_ray_role"]:
         logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
                        "declared, not implemented yet; no Ray unit installed")
