@@ -204,6 +204,7 @@ def test_uv_installs_with_its_pinned_uv_and_pip_does_not():
     assert "uv=/opt/rigup/vllm/uv-0.9.7/bin/uv" in script and "rm -rf /opt/rigup/vllm/uv-0.9.7" in script
     assert ('"$uv" pip install --python "$pin_dir/venv/bin/python" -q --extra-index-url '
             "'https://x/simple?a b' \"$target\"") in script and "target=vllm==0.33.0" in script
+    assert 'export TMPDIR="$stage/tmp"' in script   # not a small tmpfs /tmp
     assert "venv/bin/pip\" install" not in script and script.index("-m venv \"$pin_dir/venv\"") < script.index('"$uv" pip')
     plain = pip_script()
     assert "uv" not in plain.replace("vllm", "")
