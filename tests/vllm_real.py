@@ -175,11 +175,12 @@ def write(rows: list[dict], src: dict, python: str) -> None:
              "|---|---:|---:|---:|---:|---|"]
     lines += [f"| {r['what']} | {r['converge_s']} | {r['again_s']} | {r['venv_bytes'] / gib:.2f} | "
               f"{r['cache_bytes'] / gib:.2f} | {r['vllm_version']} ({r['version_s']}) |" for r in rows]
-    lines += ["", f"Sources fetched on the host: sdist {src['sdist_bytes'] / 2**20:.0f} MiB and wheel "
-              f"{src['wheel_bytes'] / 2**20:.0f} MiB in {src['fetch_s']} s; git repository from the sdist "
-              f"{src['repo_bytes'] / 2**20:.0f} MiB.", ""]
+    if src:
+        lines += ["", f"Sources fetched on the host: sdist {src['sdist_bytes'] / 2**20:.0f} MiB and wheel "
+                  f"{src['wheel_bytes'] / 2**20:.0f} MiB in {src['fetch_s']} s; git repository from the sdist "
+                  f"{src['repo_bytes'] / 2**20:.0f} MiB.", ""]
     base.with_suffix(".md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
 
 
 def main() -> None:
@@ -191,13 +192,12 @@ def main() -> None:
         python = sh(host, "python3 --version").strip()
         for installer in ("pip", "uv"):
             rows.append(install(host, installer))
-            print(json.dumps(rows[-1]), flush=True)
+            write(rows, src, python)   # each row as it comes: a later step may fail
         best = min(rows, key=lambda r: r["converge_s"])["installer"]
         sh(host, f"rm -rf /opt/rigup/vllm/pip-{VERSION}")   # disk: one venv at a time
         src = sources(host)
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(patched(host, best, src, Path(tmp)))
-        print(json.dumps(rows[-1]), flush=True)
         write(rows, src, python)
     finally:
         lab.down()
