@@ -22,6 +22,7 @@ down at the end (run it with your RIGUP_LAB_ID).
 import hashlib
 import json
 import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,9 +79,10 @@ def du(host: str, *paths: str) -> int:
 
 
 def version_of(host: str, venv: str) -> dict:
-    """``vllm --version`` in the venv (no GPU on the host), timed."""
+    """vLLM's version, imported in the venv, timed (``vllm --version`` fails without a GPU in 0.33:
+    "RuntimeError: Failed to infer device type", from building its CLI)."""
     start = time.monotonic()
-    out = sh(host, f"{shlex.quote(venv)}/bin/vllm --version 2>/dev/null | tail -1")
+    out = sh(host, f"{shlex.quote(venv)}/bin/python -c 'import vllm; print(vllm.__version__)' 2>/dev/null | tail -1")
     return {"vllm_version": out.strip(), "version_s": round(time.monotonic() - start, 1)}
 
 
@@ -152,7 +154,7 @@ def patched(host: str, installer: str, src: dict, tmp: Path) -> dict:
            "venv_bytes": du(host, venv), "cache_bytes": du(host, "/root/.cache/pip", "/root/.cache/uv"),
            **version_of(host, venv),
            "patched_in_venv": sh(host, f"grep -c {shlex.quote(MARK)} {site}/vllm/envs.py").strip() == "1",
-           "compiled_from_wheel": sh(host, f"ls {site}/vllm | grep -c '^_C.*\\.so$' || true").strip(),
+           "compiled_so_files": int(sh(host, f"find {site}/vllm -name '*.so' | wc -l")),
            "stamp_is_the_roles": sh(host, f"cat {pin_dir}/{cmd.STAMP}") == want,
            "patch_sha256": digest}
     assert VERSION in row["vllm_version"] and row["patched_in_venv"] and row["stamp_is_the_roles"], row
@@ -190,7 +192,7 @@ def main() -> None:
         lab.up(1, "a100")
         host = lab.hosts()[0]["name"]
         python = sh(host, "python3 --version").strip()
-        for installer in ("pip", "uv"):
+        for installer in sys.argv[1:] or ("pip", "uv"):
             rows.append(install(host, installer))
             write(rows, src, python)   # each row as it comes: a later step may fail
         best = min(rows, key=lambda r: r["converge_s"])["installer"]
