@@ -173,7 +173,7 @@ def write(rows: list[dict], src: dict, python: str) -> None:
     lines = [f"# A real vLLM {VERSION} installed by roles/vllm on a lab host ({day}, `make vllm-real`)", "",
              f"{doc['host']}; this machine: 2 cores. Converge = the whole play (preflight, base, vllm) "
              "with pyinfra over SSH; the second converge of each changed nothing.", "",
-             "| install | converge s | again s | venv GiB | cache GiB | `vllm --version` (s) |",
+             "| install | converge s | again s | venv GiB | cache GiB | `import vllm`: version (s) |",
              "|---|---:|---:|---:|---:|---|"]
     lines += [f"| {r['what']} | {r['converge_s']} | {r['again_s']} | {r['venv_bytes'] / gib:.2f} | "
               f"{r['cache_bytes'] / gib:.2f} | {r['vllm_version']} ({r['version_s']}) |" for r in rows]
