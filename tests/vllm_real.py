@@ -162,12 +162,12 @@ def patched(host: str, installer: str, src: dict, tmp: Path) -> dict:
     return row
 
 
-def write(rows: list[dict], src: dict, python: str) -> None:
-    """The results, Markdown and JSON, under tests/bench/results."""
+def write(rows: list[dict], src: dict, python: str, notes: tuple = ()) -> None:
+    """The results, Markdown and JSON, under tests/bench/results (``notes``: paragraphs added)."""
     day = time.strftime("%Y-%m-%d")
     base = RESULTS / f"{day}-vllm-real-install"
     doc = {"vllm": VERSION, "uv": UV, "host": f"lab host (Debian 12, {python}, no GPU), PyPI via the lab's proxy",
-           "sources": {k: v for k, v in src.items() if k != "patch"}, "rows": rows}
+           "sources": {k: v for k, v in src.items() if k != "patch"}, "rows": rows, "notes": list(notes)}
     base.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     gib = 1024 ** 3
     lines = [f"# A real vLLM {VERSION} installed by roles/vllm on a lab host ({day}, `make vllm-real`)", "",
@@ -175,8 +175,11 @@ def write(rows: list[dict], src: dict, python: str) -> None:
              "with pyinfra over SSH; the second converge of each changed nothing.", "",
              "| install | converge s | again s | venv GiB | cache GiB | `import vllm`: version (s) |",
              "|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {r['what']} | {r['converge_s']} | {r['again_s']} | {r['venv_bytes'] / gib:.2f} | "
-              f"{r['cache_bytes'] / gib:.2f} | {r['vllm_version']} ({r['version_s']}) |" for r in rows]
+    def size(n):
+        return "?" if n is None else f"{n / gib:.2f}"
+    lines += [f"| {r['what']} | {r['converge_s']} | {r['again_s'] or '?'} | {size(r['venv_bytes'])} | "
+              f"{size(r['cache_bytes'])} | {r['vllm_version']} ({r['version_s'] or '?'}) |" for r in rows]
+    lines += [f"\n{n}" for n in doc.get("notes", [])]
     if src:
         lines += ["", f"Sources fetched on the host: sdist {src['sdist_bytes'] / 2**20:.0f} MiB and wheel "
                   f"{src['wheel_bytes'] / 2**20:.0f} MiB in {src['fetch_s']} s; git repository from the sdist "
