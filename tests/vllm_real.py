@@ -15,7 +15,8 @@ install runs, the instance waits, nothing is served):
    runs in the venv, the patched file is in it, the stamp is the role's, a second converge
    changes nothing.
 
-Prints a table and writes tests/bench/results/<date>-vllm-real-install.{md,json}. Tears the lab
+Prints a table and writes tests/bench/results/<date>-vllm-real-install.{md,json} (arguments: the
+installers to run, pip and/or uv; --no-patched: the installs alone, written apart). Tears the lab
 down at the end (run it with your RIGUP_LAB_ID).
 """
 
@@ -162,10 +163,11 @@ def patched(host: str, installer: str, src: dict, tmp: Path) -> dict:
     return row
 
 
-def write(rows: list[dict], src: dict, python: str, notes: tuple = ()) -> None:
-    """The results, Markdown and JSON, under tests/bench/results (``notes``: paragraphs added)."""
+def write(rows: list[dict], src: dict, python: str, notes: tuple = (), name: str = "") -> None:
+    """The results, Markdown and JSON, under tests/bench/results (``notes``: paragraphs added;
+    ``name``: a suffix, for the installs alone)."""
     day = time.strftime("%Y-%m-%d")
-    base = RESULTS / f"{day}-vllm-real-install"
+    base = RESULTS / f"{day}-vllm-real-install{'-' + name if name else ''}"
     doc = {"vllm": VERSION, "uv": UV, "host": f"lab host (Debian 12, {python}, no GPU), PyPI via the lab's proxy",
            "sources": {k: v for k, v in src.items() if k != "patch"}, "rows": rows, "notes": list(notes)}
     base.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -195,9 +197,12 @@ def main() -> None:
         lab.up(1, "a100")
         host = lab.hosts()[0]["name"]
         python = sh(host, "python3 --version").strip()
-        for installer in sys.argv[1:] or ("pip", "uv"):
+        installers = [a for a in sys.argv[1:] if a in ("pip", "uv")] or ["pip", "uv"]
+        for installer in installers:
             rows.append(install(host, installer))
-            write(rows, src, python)   # each row as it comes: a later step may fail
+            write(rows, src, python, name="-".join(installers))   # each row as it comes: a later step may fail
+        if "--no-patched" in sys.argv:
+            return
         best = min(rows, key=lambda r: r["converge_s"])["installer"]
         sh(host, f"rm -rf /opt/rigup/vllm/pip-{VERSION}")   # disk: one venv at a time
         src = sources(host)
