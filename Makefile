@@ -1,6 +1,7 @@
 # rigup's entry points. Run as root on a Debian/Ubuntu machine (the lab boots containers).
 #   make demo   a throwaway lab host, provisioned by deploy.py
 #   make test   unit tests, then the lab tests (converge, converge again, verify, destroy)
+#   make vllm-real  a real vLLM installed on a lab host, timed (pip, uv, patched git path)
 #   make docs   regenerate docs/roles/*.md, docs/group_vars.schema.json and README's refusal table
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap vllm-real clean
 
 venv: $(VENV)/.installed
 
@@ -55,6 +56,11 @@ bench-fleet: venv
 
 bench-overlap: venv
 	$(PY) -m tests.bench_overlap
+
+# a real vLLM from PyPI installed by roles/vllm on a lab host, pip against uv, then the patched
+# git path (several GB through the lab's proxy; not part of `make test`): tests/vllm_real.py
+vllm-real: venv
+	$(PY) -m tests.vllm_real
 
 clean: lab-down
 	rm -rf $(VENV)

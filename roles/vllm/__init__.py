@@ -11,8 +11,10 @@ VLLM_INSTANCE; refusals: roles/vllm/checks.py):
   stops the run before any host changes), copied to ``<vllm_dir>/patches/<sha256>.patch``, then
   applied in a staging checkout in order, ``git apply --check`` before each ``git apply``; a
   patch that does not apply stops the install before the live checkout, venv or stamp change;
+- the packages installed by pip, or by uv (``vllm_installer: uv``: uv pinned at
+  ``vllm_uv_version``, from PyPI into its own virtualenv ``<vllm_dir>/uv-VERSION``);
 - a stamp, ``<pin-dir>/.rigup-stamp.json`` (pin, patch names and sha256s, pip args, install
-  env): unchanged, nothing is reinstalled (re-applying the series is a no-op); changed, the venv
+  env, uv's version): unchanged, nothing is reinstalled (re-applying the series is a no-op); changed, the venv
   is made again from scratch (a pin bump over an old venv fails at start) and the instances
   restart;
 - per instance an environment file ``/etc/rigup/vllm/NAME.env`` (root:rigup 0640): HOME, HF_HOME
@@ -54,9 +56,10 @@ Multi-host with Ray (``vllm_ray_role``, ``vllm_ray_head_address``, ``vllm_ray_po
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
-vllm_python, vllm_install_timeout, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable,
-vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds,
-vllm_health_timeout, vllm_health_prompt, vllm_ray_*, vllm_host_ip; and models / models_dir (roles/model_fetch),
+vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout, vllm_nccl_p2p_disable,
+vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib,
+vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt, vllm_ray_*, vllm_host_ip; and
+models / models_dir (roles/model_fetch),
 rigup_user (roles/base).
 """
 
@@ -181,7 +184,7 @@ def apply(plan: dict):
                         commit=the_pin.get("commit"), version=the_pin.get("pip"), patches=series,
                         patch_dir=patch_dir, pip_args=data["vllm_pip_args"], python=data["vllm_python"],
                         install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
-                        stamp=stamp, stamp_name=cmd.STAMP)
+                        stamp=stamp, stamp_name=cmd.STAMP, uv=cmd.uv(data))
     wait_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram"
     paths = [wait_script, cmd.UNIT]
     managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",

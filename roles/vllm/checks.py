@@ -100,6 +100,7 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     try:
         command.pin(data)
         command.patches(data)
+        command.uv(data)
     except ConfigError as e:
         key, _, why = str(e).partition(": ")
         return [Refusal(key, why, "pin vLLM with vllm_pip_version (exact) or vllm_git_url with a full "

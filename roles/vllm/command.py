@@ -45,6 +45,17 @@ def pin(data: dict) -> dict:
     return {"pip": str(version), "id": f"pip-{version}"}
 
 
+def uv(data: dict) -> dict | None:
+    """With ``vllm_installer: uv``: ``{"version", "dir"}`` (uv pinned, in its own virtualenv under
+    vllm_dir), else None; raises ConfigError naming the key when the version is not exact."""
+    if data.get("vllm_installer", "pip") != "uv":
+        return None
+    version = str(data.get("vllm_uv_version") or "")
+    if not _VERSION.fullmatch(version):
+        raise ConfigError(f"vllm_uv_version: expected an exact version such as \"0.9.7\", got {version!r}")
+    return {"version": version, "dir": f"{str(data.get('vllm_dir', '/opt/rigup/vllm')).rstrip('/')}/uv-{version}"}
+
+
 def read_manifest(text: str) -> dict[str, str]:
     """``sha256sum`` output (``HEX  NAME`` or ``HEX *NAME``) as name -> hex."""
     out = {}
@@ -105,7 +116,9 @@ def stamp(the_pin: dict, series: list[dict], data: dict) -> str:
                        "pip_args": sha(json.dumps(list(data.get("vllm_pip_args") or []))),
                        "install_env": {str(k): sha(str(v))[:16]
                                        for k, v in sorted((data.get("vllm_install_env") or {}).items())},
-                       "python": data.get("vllm_python", "python3")}, sort_keys=True)
+                       "python": data.get("vllm_python", "python3"),
+                       # only for uv: a pip venv keeps the stamp (and the venv) it had before this key
+                       **({"installer": f"uv=={uv(data)['version']}"} if uv(data) else {})}, sort_keys=True)
 
 
 def _value(value) -> str:

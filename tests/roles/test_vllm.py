@@ -57,7 +57,7 @@ def recipe(stub, **over) -> dict:
         "vllm_instances": {"tiny": instance},
         "vllm_git_url": STUB_URL, "vllm_git_commit": stub["commit"],
         "vllm_patches": stub["series"], "vllm_patch_manifest": stub["manifest"],
-        "vllm_pip_args": ["--no-index", "--no-build-isolation"],
+        "vllm_pip_args": ["--no-index", "--no-build-isolation"], "vllm_installer": "pip",  # the stub, offline
         "vllm_health_timeout": 60,
     }
     values.update(over)

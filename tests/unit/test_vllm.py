@@ -184,9 +184,47 @@ def test_install_script_checks_each_patch_before_applying(series):
     script = cmd.render("vllm-install.sh.j2", pin_dir="/opt/rigup/vllm/x", pin_label="l", git="u", commit=SHA,
                         version=None, patches=got, patch_dir="/opt/rigup/vllm/patches", pip_args=["--no-index"],
                         python="python3", install_env={"VLLM_USE_PRECOMPILED": "1"},
-                        stamp=cmd.stamp(pin, got, series), stamp_name=cmd.STAMP)
+                        stamp=cmd.stamp(pin, got, series), stamp_name=cmd.STAMP, uv=None)
     assert script.index("apply --check") < script.index('rm -rf "$pin_dir/src"') < script.index("-m venv")
     assert script.count("apply --check \"$patch\"") == 2 and "export VLLM_USE_PRECOMPILED=1" in script
+
+
+def pip_script(**data):
+    """The install script of a PyPI pin with ``data`` (vllm_installer, vllm_uv_version...)."""
+    data = {"vllm_pip_version": "0.33.0", "vllm_dir": "/opt/rigup/vllm", **data}
+    return cmd.render("vllm-install.sh.j2", pin_dir="/opt/rigup/vllm/pip-0.33.0", pin_label="l", git=None,
+                      commit=None, version="0.33.0", patches=[], patch_dir="/opt/rigup/vllm/patches",
+                      pip_args=["--extra-index-url", "https://x/simple?a b"], python="python3", install_env={},
+                      stamp=cmd.stamp(cmd.pin(data), [], data), stamp_name=cmd.STAMP, uv=cmd.uv(data))
+
+
+def test_uv_installs_with_its_pinned_uv_and_pip_does_not():
+    script = pip_script(vllm_installer="uv", vllm_uv_version="0.9.7")
+    assert "install --disable-pip-version-check --no-input -q uv==0.9.7" in script
+    assert "uv=/opt/rigup/vllm/uv-0.9.7/bin/uv" in script and "rm -rf /opt/rigup/vllm/uv-0.9.7" in script
+    assert ('"$uv" pip install --python "$pin_dir/venv/bin/python" -q --extra-index-url '
+            "'https://x/simple?a b' \"$target\"") in script and "target=vllm==0.33.0" in script
+    assert 'export TMPDIR="$stage/tmp"' in script   # not a small tmpfs /tmp
+    assert "venv/bin/pip\" install" not in script and script.index("-m venv \"$pin_dir/venv\"") < script.index('"$uv" pip')
+    plain = pip_script()
+    assert "uv" not in plain.replace("vllm", "")
+    assert '"$pin_dir/venv/bin/pip" install --disable-pip-version-check --no-input -q --extra-index-url' in plain
+
+
+def test_the_stamp_names_uv_and_its_version_and_a_pip_stamp_is_as_before():
+    data = {"vllm_pip_version": "0.33.0"}
+    pip_stamp = json.loads(cmd.stamp(cmd.pin(data), [], data))
+    assert "installer" not in pip_stamp   # a pip venv made before the key keeps its stamp
+    uv_stamp = json.loads(cmd.stamp(cmd.pin(data), [], {**data, "vllm_installer": "uv", "vllm_uv_version": "0.9.7"}))
+    assert uv_stamp == {**pip_stamp, "installer": "uv==0.9.7"}
+    assert cmd.uv({"vllm_installer": "uv", "vllm_uv_version": "0.9.8", "vllm_dir": "/v/"}) == \
+        {"version": "0.9.8", "dir": "/v/uv-0.9.8"}
+
+
+@pytest.mark.parametrize("version", [None, "", ">=0.9", "latest 1"])
+def test_uv_must_be_pinned(version):
+    with pytest.raises(ConfigError, match="^vllm_uv_version: "):
+        cmd.uv({"vllm_installer": "uv", "vllm_uv_version": version})
 
 
 def test_state_parses():
