@@ -202,13 +202,13 @@ def test_uv_installs_with_its_pinned_uv_and_pip_does_not():
     script = pip_script(vllm_installer="uv", vllm_uv_version="0.9.7")
     assert "install --disable-pip-version-check --no-input -q uv==0.9.7" in script
     assert "uv=/opt/rigup/vllm/uv-0.9.7/bin/uv" in script and "rm -rf /opt/rigup/vllm/uv-0.9.7" in script
-    assert ('"$uv" pip install --python "$pin_dir/venv/bin/python" -q --extra-index-url '
+    assert ('"$uv" pip install --python "$pin_dir/venv/bin/python" --extra-index-url '
             "'https://x/simple?a b' \"$target\"") in script and "target=vllm==0.33.0" in script
     assert 'export TMPDIR="$stage/tmp"' in script   # not a small tmpfs /tmp
     assert "venv/bin/pip\" install" not in script and script.index("-m venv \"$pin_dir/venv\"") < script.index('"$uv" pip')
     plain = pip_script()
     assert "uv" not in plain.replace("vllm", "")
-    assert '"$pin_dir/venv/bin/pip" install --disable-pip-version-check --no-input -q --extra-index-url' in plain
+    assert '"$pin_dir/venv/bin/pip" install --disable-pip-version-check --no-input --progress-bar off --extra-index-url' in plain
 
 
 def test_the_stamp_names_uv_and_its_version_and_a_pip_stamp_is_as_before():
