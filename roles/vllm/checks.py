@@ -105,8 +105,9 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """vLLM not pinned to an exact version or a full commit, a patch series that does not match its
-    sha256 manifest (read on the controller), or vllm_install_env keys that are not names."""
-    if not _instances(plan, data):
+    sha256 manifest (read on the controller), or vllm_install_env keys that are not names (on a
+    host with instances, or a Ray node: a worker has the virtualenv too)."""
+    if not _instances(plan, data) and not data.get("vllm_ray_role"):
         return []
     bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
     if bad:

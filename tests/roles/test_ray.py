@@ -48,13 +48,14 @@ def run(commit: str, check: bool = True, **head_over):
     common = {"models": {**lab_vars["models"], "tiny": {"repo": "rigup-lab/tiny-stub", "revision": REV, "dest": DEST}},
               "vllm_git_url": STUB_URL, "vllm_git_commit": commit,
               "vllm_pip_args": ["--no-index", "--no-build-isolation"], "vllm_health_timeout": 120,
-              "vllm_ray_version": RAY_VERSION, "vllm_ray_wait_seconds": 120,
+              "vllm_ray_wait_seconds": 120,
               # small nodes: the lab's 2 cores and RAM are shared (Ray's default store is 30% of RAM)
               "vllm_ray_args": ["--num-cpus", "1", "--object-store-memory", "80000000"]}
     instance = {"model": "tiny", "port": PORT, "pp": 2, "pp_partition": "3,3", "layers": 6,
                 "gpu_memory_utilization": 0.5, "extra_args": ["--enforce-eager"]}
-    hosts = {HEAD: {"vllm_ray_role": "head", "vllm_instances": {"tiny": instance}, **head_over},
-             WORKER: {"vllm_ray_role": "worker", "vllm_ray_head": HEAD}}
+    hosts = {HEAD: {"vllm_ray_role": "head", "vllm_ray_version": RAY_VERSION, "vllm_instances": {"tiny": instance},
+                    **head_over},      # host data: --data would set it on every host, over this
+             WORKER: {"vllm_ray_role": "worker", "vllm_ray_head": HEAD, "vllm_ray_version": RAY_VERSION}}
     data = [a for k, v in common.items() for a in ("--data", f"{k}={json.dumps(v)}")]
     result = pyinfra("inventory/lab.py", PLAY, "--limit", HEAD, "--limit", WORKER, *data, timeout=900,
                      env={"RIGUP_LAB_HOST_DATA": json.dumps(hosts)})
@@ -137,7 +138,7 @@ def test_a_missing_worker_holds_the_head_instance_and_is_named(lab, ray):
         wait = on_host(lab, HEAD, f"systemctl show -p ExecStartPre --value {INSTANCE} | grep -o 'argv\\[\\]=[^;]*rigup-ray-wait[^;]*'")
         argv = wait.split("=", 1)[1].strip().split()
         argv[3] = "20"       # the same wait, bounded at 20 s
-        out = lab.ssh(HEAD, "sudo -u rigup " + " ".join(shlex.quote(a) for a in argv), timeout=300)
+        out = lab.ssh(HEAD, "runuser -u rigup -- " + " ".join(shlex.quote(a) for a in argv), timeout=300)
         print(f"\nrc {out.returncode}: {out.stderr.strip()}")
         assert out.returncode == 1 and f"lacks node(s) {ray['addresses'][WORKER]}" in out.stderr
     finally:
