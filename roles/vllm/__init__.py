@@ -168,6 +168,8 @@ def apply(plan: dict):
     wanted, entries = serving(data, instances)
     if wanted is None:
         return
+    if not data["vllm_ray_role"] and "rigup-ray" in (plan.get("serving_units") or []):
+        cluster.retired(name=f"vllm: {cluster.RAY_UNIT} retired (vllm_ray_role: null)")
     if data["vllm_ray_role"] == "head":   # its pp stages and tp ranks are Ray's to place over the hosts
         wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
                   for n, i in wanted.items()}

@@ -42,7 +42,7 @@ def stub(tmp_path_factory, lab):
     return commit
 
 
-def run(commit: str, check: bool = True, **head_over):
+def run(commit: str, check: bool = True, worker_over: dict | None = None, **head_over):
     """The play on lab1 (Ray head, the instance) and lab2 (its worker)."""
     lab_vars = config.load_yaml(config.GROUP_VARS_DIR / "lab.yml")
     common = {"models": {**lab_vars["models"], "tiny": {"repo": "rigup-lab/tiny-stub", "revision": REV, "dest": DEST}},
@@ -55,7 +55,8 @@ def run(commit: str, check: bool = True, **head_over):
                 "gpu_memory_utilization": 0.5, "extra_args": ["--enforce-eager"]}
     hosts = {HEAD: {"vllm_ray_role": "head", "vllm_ray_version": RAY_VERSION, "vllm_instances": {"tiny": instance},
                     **head_over},      # host data: --data would set it on every host, over this
-             WORKER: {"vllm_ray_role": "worker", "vllm_ray_head": HEAD, "vllm_ray_version": RAY_VERSION}}
+             WORKER: {"vllm_ray_role": "worker", "vllm_ray_head": HEAD, "vllm_ray_version": RAY_VERSION,
+                      **(worker_over or {})}}
     data = [a for k, v in common.items() for a in ("--data", f"{k}={json.dumps(v)}")]
     result = pyinfra("inventory/lab.py", PLAY, "--limit", HEAD, "--limit", WORKER, *data, timeout=900,
                      env={"RIGUP_LAB_HOST_DATA": json.dumps(hosts)})
@@ -143,3 +144,12 @@ def test_a_missing_worker_holds_the_head_instance_and_is_named(lab, ray):
         assert out.returncode == 1 and f"lacks node(s) {ray['addresses'][WORKER]}" in out.stderr
     finally:
         on_host(lab, WORKER, f"systemctl start {UNIT}")
+
+
+def test_a_node_no_longer_wanted_is_retired(lab, ray, stub):
+    result = run(stub, worker_over={"vllm_ray_role": None})
+    print(f"\nchanged: {result.changed_operations()}")
+    assert lab.ssh(WORKER, f"test -e /etc/systemd/system/{UNIT}").returncode == 1
+    assert lab.ssh(WORKER, "pgrep -f 'ray start'").returncode == 1
+    print(ray_status(lab, ray["addresses"]).split("Pending:")[0])   # the worker drops out once its heartbeats stop
+    assert on_host(lab, HEAD, f"systemctl is-active {INSTANCE}").strip() == "active"   # waits for the head alone
