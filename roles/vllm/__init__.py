@@ -54,14 +54,18 @@ PyPI in the pin's virtualenv and ``rigup-ray.service`` on every host of the clus
 no instance of its own, gets the virtualenv and its node only); the head's instances run with
 ``--distributed-executor-backend ray`` (``pp`` stages over the hosts' GPUs, with the checked
 ``VLLM_PP_LAYER_PARTITION``), ``RAY_ADDRESS`` of the head, and an ExecStartPre that waits at most
-``vllm_ray_wait_seconds`` for every expected node, naming those missing.
+``vllm_ray_wait_seconds`` for every expected node, naming those missing. Every port Ray opens is
+pinned (``vllm_ray_port``, ``vllm_ray_node_port`` +0..6, ``vllm_ray_worker_ports``) and an nftables
+table (``inet rigup_ray``, rigup/firewall.py) admits only the cluster's nodes to them: Ray has no
+authentication. Outside that list stay the NCCL/Gloo ports vLLM's own workers open (random
+ports): the cluster's network must be private.
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
 vllm_python, vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable,
 vllm_socket_ifname, vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout,
 vllm_health_prompt, vllm_ray_role, vllm_ray_head, vllm_ray_version, vllm_ray_port,
-vllm_ray_dashboard, vllm_ray_dashboard_port, vllm_ray_wait_seconds, vllm_ray_args, vllm_host_ip; and models / models_dir (roles/model_fetch),
+vllm_ray_node_port, vllm_ray_worker_ports, vllm_ray_dashboard, vllm_ray_dashboard_port, vllm_ray_wait_seconds, vllm_ray_args, vllm_host_ip; and models / models_dir (roles/model_fetch),
 rigup_user (roles/base).
 """
 
@@ -74,6 +78,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
+from rigup import apt, firewall
 from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import answered
@@ -159,6 +164,10 @@ def _ray_node(data: dict, plan: dict, fleet: dict, venv: str, script: str, paths
     ip = cluster.node_ip(host.name, data)
     env = cluster.node_env(cmd.env_vars("ray", {}, data, plan), ip)
     text = cluster.unit_text(host.name, fleet, venv, env, data["rigup_user"], guard_file(data), script)
+    apt.installed(name="vllm: nftables (Ray's allow-list)", packages=["nftables"],
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+    firewall.allowed(name=f"vllm: only the Ray cluster's nodes reach Ray's ports ({cluster.FIREWALL})",
+                     path=cluster.FIREWALL, table=cluster.TABLE, text=cluster.firewall_text(host.name, fleet))
     cluster.node(name=f"vllm: {cluster.RAY_UNIT} ({data['vllm_ray_role']}) on {ip}", venv=venv, text=text)
 
 

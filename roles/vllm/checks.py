@@ -196,8 +196,20 @@ def _same(me: str, data: dict, head: str, head_data: dict) -> list[tuple[str, st
                   "runs the same Ray and vLLM") for key in keys if data.get(key) != head_data.get(key)]
 
 
+def _ray_ports(data: dict) -> list[Refusal]:
+    """vllm_ray_worker_ports that is not a range [FIRST, LAST] clear of Ray's other pinned ports."""
+    span = data.get("vllm_ray_worker_ports")
+    base = int(data.get("vllm_ray_node_port") or 0)
+    pinned = {int(data.get("vllm_ray_port") or 0), *range(base, base + 7)}
+    if isinstance(span, list) and len(span) == 2 and span[0] <= span[1] and not pinned & set(range(span[0], span[1] + 1)):
+        return []
+    return [Refusal(f"vllm_ray_worker_ports: {span!r}", "not [FIRST, LAST] with FIRST <= LAST, clear of vllm_ray_port "
+                    f"and vllm_ray_node_port..+6 ({base}..{base + 6})", "set e.g. [10002, 10101]", "ray")]
+
+
 def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
-    """A Ray node (vllm_ray_role) that cannot join its cluster: no vllm_ray_version; a worker whose
+    """A Ray node (vllm_ray_role) that cannot join its cluster: no vllm_ray_version; a worker port
+    range that is not one or overlaps Ray's other ports; a worker whose
     vllm_ray_head is not a Ray head of the inventory, or that has instances of its own; another
     Ray or vLLM pin than its head's (both sides); no systemd."""
     role = data.get("vllm_ray_role")
@@ -208,6 +220,7 @@ def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
         found.append(Refusal("vllm_ray_version", "null, but this host is a Ray node: Ray from PyPI must be pinned",
                              "set vllm_ray_version to an exact version, e.g. \"2.52.1\", the same on every node",
                              "ray"))
+    found += _ray_ports(data)
     me, head = fleet.me, data.get("vllm_ray_head")
     if role == "worker":
         if head not in fleet.hosts or fleet.hosts[head].get("vllm_ray_role") != "head":

@@ -9,9 +9,14 @@ instances started only once every expected node has joined.
   otherwise: Ray refuses peers of another version).
 - Each node advertises its inventory address (``--node-ip-address``; ``vllm_host_ip`` when set),
   the dashboard is off unless ``vllm_ray_dashboard``, and then bound to that address
-  (``--dashboard-host``), never 0.0.0.0. Ray's own gRPC servers (GCS, raylet, object manager,
-  workers) listen on every interface whatever the flags say (Ray 2.52 has no bind option): keep
-  the cluster on a private network.
+  (``--dashboard-host``), never 0.0.0.0.
+- Ray's own servers (GCS, raylet, object manager, agents, workers) listen on every interface
+  whatever the flags say (Ray 2.52 has no bind option) and have no authentication: every port Ray
+  opens is pinned (``vllm_ray_port``; ``vllm_ray_node_port`` and the 6 after it; the worker range
+  ``vllm_ray_worker_ports``; the dashboard's when on), and the nftables table ``inet rigup_ray``
+  (/etc/rigup/ray.nft, rigup/firewall.py) admits only the cluster's node addresses (and loopback)
+  to them, others get a TCP reset; rigup-ray loads it before Ray starts. Outside the list: the
+  NCCL/Gloo ports vLLM's own workers open (random ports): the cluster network must be private.
 - The node's environment is the vLLM instances' (HOME, caches, NCCL/Gloo knobs, vllm_env) with
   ``VLLM_HOST_IP`` set to the node's address and ``RAY_TMPDIR`` under its state directory, where
   the head's vLLM instance (``RAY_ADDRESS``) finds the local node's sockets.
@@ -28,6 +33,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
+from rigup import firewall
 from rigup.rpc import address
 from rigup.secrets import written
 from rigup.state import read_once
@@ -38,6 +44,11 @@ from roles.vllm.command import RAY_DIR
 RAY_UNIT = "rigup-ray.service"
 UNIT = f"/etc/systemd/system/{RAY_UNIT}"
 WAIT_SCRIPT = Path(__file__).with_name("ray_wait.py")
+FIREWALL, TABLE = "/etc/rigup/ray.nft", "rigup_ray"
+# The `ray start` flags of the ports pinned at vllm_ray_node_port, +1, ... in this order.
+NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--ray-client-server-port",
+              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+              "--runtime-env-agent-port")
 
 
 def node_ip(name: str, data: dict) -> str:
@@ -72,12 +83,37 @@ def wait_argv(venv: str, script: str, gcs_address: str, seconds: int, nodes: lis
     return [f"{venv}/bin/python", script, gcs_address, str(seconds), *nodes]
 
 
+def port_flags(data: dict) -> list[str]:
+    """The `ray start` flags that pin every port of a node: ``vllm_ray_node_port`` and the ones
+    after it (:data:`NODE_PORTS`), and the workers' range ``vllm_ray_worker_ports``."""
+    base, (low, high) = int(data["vllm_ray_node_port"]), data["vllm_ray_worker_ports"]
+    flags = [a for i, flag in enumerate(NODE_PORTS) for a in (flag, str(base + i))]
+    return flags + ["--min-worker-port", str(int(low)), "--max-worker-port", str(int(high))]
+
+
+def node_ports(data: dict) -> list[int | tuple[int, int]]:
+    """Every TCP port a node with ``data`` opens for Ray: the GCS's, the pinned block, the
+    workers' range, and the dashboard's when it is on."""
+    base, (low, high) = int(data["vllm_ray_node_port"]), data["vllm_ray_worker_ports"]
+    found = [int(data["vllm_ray_port"]), (base, base + len(NODE_PORTS) - 1), (int(low), int(high))]
+    return found + ([int(data["vllm_ray_dashboard_port"])] if data.get("vllm_ray_dashboard") else [])
+
+
+def firewall_text(me: str, hosts: dict[str, dict]) -> str:
+    """Host ``me``'s allow-list: only its cluster's node addresses (and loopback) reach its Ray ports."""
+    head = head_of(me, hosts[me])
+    return firewall.text(TABLE, node_ports(hosts[me]), expected(head, hosts), "roles/vllm",
+                         f"the Ray nodes of {head}'s cluster", loopback=True)
+
+
 def argv(me: str, hosts: dict[str, dict], venv: str) -> list[str]:
     """``ray start --block`` for host ``me``: the head (GCS port, dashboard off or on its address)
-    or a worker of its head; the node's address given, usage stats off, then ``vllm_ray_args``."""
+    or a worker of its head; the node's address and every port given, usage stats off, then
+    ``vllm_ray_args``."""
     data = hosts[me]
     ip = node_ip(me, data)
-    args = [f"{venv}/bin/ray", "start", "--block", "--node-ip-address", ip, "--disable-usage-stats"]
+    args = [f"{venv}/bin/ray", "start", "--block", "--node-ip-address", ip, "--disable-usage-stats",
+            *port_flags(data)]
     if data["vllm_ray_role"] == "head":
         args += ["--head", "--port", str(int(data["vllm_ray_port"]))]
         if data["vllm_ray_dashboard"]:
@@ -99,7 +135,7 @@ def unit_text(me: str, hosts: dict[str, dict], venv: str, env: dict[str, str], u
     wait = (wait_argv(venv, script, gcs(head, hosts), int(data["vllm_ray_wait_seconds"]), [node_ip(head, hosts[head])])
             if head != me else None)
     return render("vllm-ray.service.j2", role=data["vllm_ray_role"], head=head, version=data["vllm_ray_version"],
-                  user=user, guard_file=guard_file,
+                  user=user, guard_file=guard_file, firewall=FIREWALL,
                   env=[systemd_quote(f"{k}={v}") for k, v in env.items()],
                   wait=[systemd_quote(a) for a in wait] if wait else None,
                   argv=[systemd_quote(a) for a in argv(me, hosts, venv)])
@@ -167,8 +203,9 @@ def node(venv: str, text: str):
 
 @operation()
 def retired():
-    """No Ray node wanted here (preflight saw its unit): rigup-ray stopped and its unit removed."""
-    yield f"systemctl disable --now {RAY_UNIT} 2>/dev/null; rm -f {shlex.quote(UNIT)}; systemctl daemon-reload"
+    """No Ray node wanted here (preflight saw its unit): rigup-ray stopped, its unit and allow-list removed."""
+    yield (f"systemctl disable --now {RAY_UNIT} 2>/dev/null; rm -f {shlex.quote(UNIT)}; "
+           f"{firewall.removed(FIREWALL, TABLE)}; systemctl daemon-reload")
 
 
 @operation()

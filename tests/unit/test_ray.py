@@ -7,6 +7,10 @@ from tests.unit.hosts import data, host, only, refusals
 
 VENV = "/opt/rigup/vllm/pip-0.33.0/venv"
 SCRIPT = "/opt/rigup/vllm/bin/rigup-ray-wait"
+NFT = "+/usr/sbin/nft -f /etc/rigup/ray.nft"     # the allow-list, loaded before Ray listens
+PORTS = ("--node-manager-port 6380 --object-manager-port 6381 --ray-client-server-port 6382 "
+         "--dashboard-agent-listen-port 6383 --dashboard-agent-grpc-port 6384 --metrics-export-port 6385 "
+         "--runtime-env-agent-port 6386 --min-worker-port 10002 --max-worker-port 10101")
 
 
 def ray_fleet(head: dict | None = None, worker: dict | None = None) -> dict:
@@ -28,15 +32,41 @@ def test_head_and_worker_units_bind_the_inventory_addresses():
     worker = cluster.unit_text("rig-02", hosts, VENV, env, "rigup", "/g", SCRIPT)
     print(exec_lines(head, "ExecStart="), exec_lines(worker, "ExecStart="), sep="\n")
     assert exec_lines(head, "ExecStart=") == [f"{VENV}/bin/ray start --block --node-ip-address 10.0.0.1 "
-                                              "--disable-usage-stats --head --port 6379 --include-dashboard=false"]
-    assert exec_lines(head, "ExecStartPre=") == []
+                                              f"--disable-usage-stats {PORTS} --head --port 6379 --include-dashboard=false"]
+    assert exec_lines(head, "ExecStartPre=") == [NFT]
     assert exec_lines(worker, "ExecStart=") == [f"{VENV}/bin/ray start --block --node-ip-address 10.0.0.2 "
-                                                "--disable-usage-stats --address 10.0.0.1:6379"]
-    assert exec_lines(worker, "ExecStartPre=") == [f"{VENV}/bin/python {SCRIPT} 10.0.0.1:6379 300 10.0.0.1"]
+                                                f"--disable-usage-stats {PORTS} --address 10.0.0.1:6379"]
+    assert exec_lines(worker, "ExecStartPre=") == [NFT, f"{VENV}/bin/python {SCRIPT} 10.0.0.1:6379 300 10.0.0.1"]
     assert "Environment=RAY_TMPDIR=/var/lib/rigup/vllm/ray" in head.splitlines()
     assert "Environment=NCCL_SOCKET_IFNAME=eth1" in head.splitlines() and "0.0.0.0" not in head + worker
     dash = cluster.argv("rig-01", ray_fleet({"vllm_ray_dashboard": True, "vllm_host_ip": "192.168.1.1"}), VENV)
     assert dash[dash.index("--dashboard-host") + 1] == "192.168.1.1" == dash[dash.index("--node-ip-address") + 1]
+
+
+def test_the_allow_list_admits_only_the_cluster_to_every_ray_port():
+    hosts = ray_fleet()
+    hosts["rig-03"] = data(ssh_hostname="fd00::3", vllm_ray_role="worker", vllm_ray_head="rig-01")
+    hosts["rig-09"] = data(ssh_hostname="10.0.0.9")      # not a Ray node: not admitted
+    text = cluster.firewall_text("rig-02", hosts)
+    print(text)
+    ports = "{ 6379, 6380-6386, 10002-10101 }"
+    assert f"tcp dport {ports} ip saddr {{ 10.0.0.1, 10.0.0.2 }} accept" in text
+    assert f"tcp dport {ports} ip6 saddr {{ fd00::3 }} accept" in text
+    assert f'iifname "lo" tcp dport {ports} accept' in text
+    assert text.rstrip().splitlines()[-3].strip() == f"tcp dport {ports} reject with tcp reset"
+    assert text.splitlines()[3:5] == ["table inet rigup_ray", "delete table inet rigup_ray"]   # load twice: one table
+    assert cluster.firewall_text("rig-01", hosts) == text     # the same list on every node
+    dash = cluster.firewall_text("rig-01", ray_fleet({"vllm_ray_dashboard": True}))
+    assert "tcp dport { 6379, 6380-6386, 10002-10101, 8265 } ip saddr { 10.0.0.1, 10.0.0.2 } accept" in dash
+
+
+def test_a_worker_port_range_that_is_not_one_is_refused():
+    plan, facts = host("h100")
+    for bad in ([10101, 10002], [6000, 6400], [10002]):
+        hosts = ray_fleet(worker={"vllm_ray_worker_ports": bad})
+        (refusal,) = only(refusals(plan, facts, hosts["rig-02"], Fleet("rig-02", hosts)), "ray")
+        print(refusal.line("rig-02"))
+        assert refusal.what.startswith("vllm_ray_worker_ports")
 
 
 def test_the_head_instance_waits_for_every_node():

@@ -60,8 +60,8 @@ def test_the_head_waits_for_its_workers_within_its_bound():
 
 def test_the_allow_list_admits_only_the_heads():
     text = firewall_text(50052, ["10.0.0.1", "fd00::1"])
-    assert "tcp dport 50052 ip saddr { 10.0.0.1 } accept" in text
-    assert "tcp dport 50052 ip6 saddr { fd00::1 } accept" in text
+    assert "tcp dport { 50052 } ip saddr { 10.0.0.1 } accept" in text
+    assert "tcp dport { 50052 } ip6 saddr { fd00::1 } accept" in text
     assert text.index("accept") < text.index("reject with tcp reset")
     assert text.splitlines()[3:5] == ["table inet rigup_rpc", "delete table inet rigup_rpc"]   # load twice: one table
 
