@@ -19,7 +19,7 @@ from tests.lab import vllm_stub
 
 pytestmark = pytest.mark.lab
 PLAY = "tests/roles/vllm_only.py"
-HEAD, WORKER = "lab1", "lab2"
+HEAD, WORKER, OTHER = "lab1", "lab2", "lab3"
 UNIT, INSTANCE = "rigup-ray.service", "rigup-vllm@tiny.service"
 DEST = "/srv/models/tiny-stub"
 REV = "1" * 40
@@ -79,6 +79,7 @@ def ray(lab, stub):
     finally:
         for name in (HEAD, WORKER):
             lab.ssh(name, f"systemctl disable --now {INSTANCE} {UNIT} 2>/dev/null; "
+                          "nft delete table inet rigup_ray 2>/dev/null; rm -f /etc/rigup/ray.nft; "
                           "rm -rf /etc/systemd/system/rigup-vllm@* /etc/systemd/system/rigup-ray.service /etc/rigup/vllm "
                           f"/root/vllm-stub /opt/rigup/vllm {DEST} /var/lib/rigup/vllm; systemctl daemon-reload")
 
@@ -125,6 +126,36 @@ def test_second_run_changes_nothing(ray):
     assert ray["again"].totals["changed"] == 0, ray["again"].changed_operations()
 
 
+def probe(lab, name: str, address: str, port: int) -> str:
+    """What host ``name`` gets connecting to ``address``:``port`` (``rc=0``: connected)."""
+    return on_host(lab, name, f"timeout 5 bash -c ': <>/dev/tcp/{address}/{port}' 2>&1; echo rc=$?").strip()
+
+
+def test_only_the_cluster_reaches_rays_ports(lab, ray):
+    """lab3, not a Ray node, gets a reset on the head's GCS port and a raylet port; the worker connects."""
+    lab.up(1, "none", first=3)
+    head = ray["addresses"][HEAD]
+    for port in (6379, 6380):      # the GCS; the raylet (vllm_ray_node_port)
+        outside, member = probe(lab, OTHER, head, port), probe(lab, WORKER, head, port)
+        print(f"\n{OTHER} -> {head}:{port}: {outside}\n{WORKER} -> {head}:{port}: {member}")
+        assert outside.endswith("rc=1") and "refused" in outside
+        assert member == "rc=0"
+    table = on_host(lab, HEAD, "nft list table inet rigup_ray")
+    print(table)
+    assert f"ip saddr {{ {head}, {ray['addresses'][WORKER]} }} accept" in table
+
+
+def test_every_port_ray_listens_on_is_pinned(lab, ray):
+    """Ray's listeners on the head (TCP, beyond loopback) all lie in the allow-list's ports."""
+    allowed = {6379, *range(6380, 6387), *range(10002, 10102)}
+    listening = on_host(lab, HEAD, "ss -ltnpH")
+    ray_lines = [ln for ln in listening.splitlines() if re.search(r'"(gcs_server|raylet|ray::|python|default_worker|'
+                                                                 r'agent|dashboard)', ln) and "127.0.0.1:" not in ln]
+    ports = sorted({int(ln.split()[3].rsplit(":", 1)[1]) for ln in ray_lines})
+    print(f"\nRay's listeners on {HEAD}: {ports}; outside the list: {sorted(set(ports) - allowed)}\n" + "\n".join(ray_lines))
+    assert ports and set(ports) <= allowed
+
+
 def test_another_ray_version_is_refused_naming_host_and_key(ray, stub):
     result = run(stub, check=False, vllm_ray_version="2.52.0")
     assert result.returncode != 0
@@ -151,5 +182,6 @@ def test_a_node_no_longer_wanted_is_retired(lab, ray, stub):
     print(f"\nchanged: {result.changed_operations()}")
     assert lab.ssh(WORKER, f"test -e /etc/systemd/system/{UNIT}").returncode == 1
     assert lab.ssh(WORKER, "pgrep -f 'ray start'").returncode == 1
+    assert lab.ssh(WORKER, "nft list table inet rigup_ray").returncode == 1     # its allow-list gone too
     print(ray_status(lab, ray["addresses"]).split("Pending:")[0])   # the worker drops out once its heartbeats stop
     assert on_host(lab, HEAD, f"systemctl is-active {INSTANCE}").strip() == "active"   # waits for the head alone
