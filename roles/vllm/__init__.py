@@ -55,7 +55,7 @@ no instance of its own, gets the virtualenv and its node only); the head's insta
 ``--distributed-executor-backend ray`` (``pp`` stages over the hosts' GPUs, with the checked
 ``VLLM_PP_LAYER_PARTITION``), ``RAY_ADDRESS`` of the head, and an ExecStartPre that waits at most
 ``vllm_ray_wait_seconds`` for every expected node, naming those missing. Every port Ray opens is
-pinned (``vllm_ray_port``, ``vllm_ray_node_port`` +0..6, ``vllm_ray_worker_ports``) and an nftables
+pinned (``vllm_ray_port``, ``vllm_ray_node_port`` +0..5, ``vllm_ray_worker_ports``) and an nftables
 table (``inet rigup_ray``, rigup/firewall.py) admits only the cluster's nodes to them: Ray has no
 authentication. Outside that list stay the NCCL/Gloo ports vLLM's own workers open (random
 ports): the cluster's network must be private.

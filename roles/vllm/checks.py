@@ -200,11 +200,11 @@ def _ray_ports(data: dict) -> list[Refusal]:
     """vllm_ray_worker_ports that is not a range [FIRST, LAST] clear of Ray's other pinned ports."""
     span = data.get("vllm_ray_worker_ports")
     base = int(data.get("vllm_ray_node_port") or 0)
-    pinned = {int(data.get("vllm_ray_port") or 0), *range(base, base + 7)}
+    pinned = {int(data.get("vllm_ray_port") or 0), *range(base, base + 6)}
     if isinstance(span, list) and len(span) == 2 and span[0] <= span[1] and not pinned & set(range(span[0], span[1] + 1)):
         return []
     return [Refusal(f"vllm_ray_worker_ports: {span!r}", "not [FIRST, LAST] with FIRST <= LAST, clear of vllm_ray_port "
-                    f"and vllm_ray_node_port..+6 ({base}..{base + 6})", "set e.g. [10002, 10101]", "ray")]
+                    f"and vllm_ray_node_port..+5 ({base}..{base + 5})", "set e.g. [10002, 10101]", "ray")]
 
 
 def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:

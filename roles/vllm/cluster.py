@@ -12,7 +12,7 @@ instances started only once every expected node has joined.
   (``--dashboard-host``), never 0.0.0.0.
 - Ray's own servers (GCS, raylet, object manager, agents, workers) listen on every interface
   whatever the flags say (Ray 2.52 has no bind option) and have no authentication: every port Ray
-  opens is pinned (``vllm_ray_port``; ``vllm_ray_node_port`` and the 6 after it; the worker range
+  opens is pinned (``vllm_ray_port``; ``vllm_ray_node_port`` and the 5 after it; the worker range
   ``vllm_ray_worker_ports``; the dashboard's when on), and the nftables table ``inet rigup_ray``
   (/etc/rigup/ray.nft, rigup/firewall.py) admits only the cluster's node addresses (and loopback)
   to them, others get a TCP reset; rigup-ray loads it before Ray starts. Outside the list: the
@@ -46,8 +46,9 @@ UNIT = f"/etc/systemd/system/{RAY_UNIT}"
 WAIT_SCRIPT = Path(__file__).with_name("ray_wait.py")
 FIREWALL, TABLE = "/etc/rigup/ray.nft", "rigup_ray"
 # The `ray start` flags of the ports pinned at vllm_ray_node_port, +1, ... in this order.
-NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--ray-client-server-port",
-              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+# No --ray-client-server-port: the Ray client server needs ray[client] (`ray start` refuses the
+# flag without it) and the minimal Ray installed here starts none.
+NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
               "--runtime-env-agent-port")
 
 

@@ -60,8 +60,10 @@ def run(commit: str, check: bool = True, worker_over: dict | None = None, **head
     data = [a for k, v in common.items() for a in ("--data", f"{k}={json.dumps(v)}")]
     result = pyinfra("inventory/lab.py", PLAY, "--limit", HEAD, "--limit", WORKER, *data, timeout=900,
                      env={"RIGUP_LAB_HOST_DATA": json.dumps(hosts)})
-    if check:
-        assert result.returncode == 0, result.output[-6000:]
+    if check and result.returncode != 0:
+        from tests.lab import lab
+        journals = {h: lab.ssh(h, f"journalctl -u {UNIT} --no-pager -o cat | tail -40").stdout for h in (HEAD, WORKER)}
+        raise AssertionError(f"{result.output[-4000:]}\n{json.dumps(journals, indent=1)}")
     return result
 
 
@@ -147,7 +149,7 @@ def test_only_the_cluster_reaches_rays_ports(lab, ray):
 
 def test_every_port_ray_listens_on_is_pinned(lab, ray):
     """Ray's listeners on the head (TCP, beyond loopback) all lie in the allow-list's ports."""
-    allowed = {6379, *range(6380, 6387), *range(10002, 10102)}
+    allowed = {6379, *range(6380, 6386), *range(10002, 10102)}
     listening = on_host(lab, HEAD, "ss -ltnpH")
     ray_lines = [ln for ln in listening.splitlines() if re.search(r'"(gcs_server|raylet|ray::|python|default_worker|'
                                                                  r'agent|dashboard)', ln) and "127.0.0.1:" not in ln]

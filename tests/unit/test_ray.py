@@ -8,9 +8,9 @@ from tests.unit.hosts import data, host, only, refusals
 VENV = "/opt/rigup/vllm/pip-0.33.0/venv"
 SCRIPT = "/opt/rigup/vllm/bin/rigup-ray-wait"
 NFT = "+/usr/sbin/nft -f /etc/rigup/ray.nft"     # the allow-list, loaded before Ray listens
-PORTS = ("--node-manager-port 6380 --object-manager-port 6381 --ray-client-server-port 6382 "
-         "--dashboard-agent-listen-port 6383 --dashboard-agent-grpc-port 6384 --metrics-export-port 6385 "
-         "--runtime-env-agent-port 6386 --min-worker-port 10002 --max-worker-port 10101")
+PORTS = ("--node-manager-port 6380 --object-manager-port 6381 --dashboard-agent-listen-port 6382 "
+         "--dashboard-agent-grpc-port 6383 --metrics-export-port 6384 --runtime-env-agent-port 6385 "
+         "--min-worker-port 10002 --max-worker-port 10101")
 
 
 def ray_fleet(head: dict | None = None, worker: dict | None = None) -> dict:
@@ -49,7 +49,7 @@ def test_the_allow_list_admits_only_the_cluster_to_every_ray_port():
     hosts["rig-09"] = data(ssh_hostname="10.0.0.9")      # not a Ray node: not admitted
     text = cluster.firewall_text("rig-02", hosts)
     print(text)
-    ports = "{ 6379, 6380-6386, 10002-10101 }"
+    ports = "{ 6379, 6380-6385, 10002-10101 }"
     assert f"tcp dport {ports} ip saddr {{ 10.0.0.1, 10.0.0.2 }} accept" in text
     assert f"tcp dport {ports} ip6 saddr {{ fd00::3 }} accept" in text
     assert f'iifname "lo" tcp dport {ports} accept' in text
@@ -57,7 +57,7 @@ def test_the_allow_list_admits_only_the_cluster_to_every_ray_port():
     assert text.splitlines()[3:5] == ["table inet rigup_ray", "delete table inet rigup_ray"]   # load twice: one table
     assert cluster.firewall_text("rig-01", hosts) == text     # the same list on every node
     dash = cluster.firewall_text("rig-01", ray_fleet({"vllm_ray_dashboard": True}))
-    assert "tcp dport { 6379, 6380-6386, 10002-10101, 8265 } ip saddr { 10.0.0.1, 10.0.0.2 } accept" in dash
+    assert "tcp dport { 6379, 6380-6385, 10002-10101, 8265 } ip saddr { 10.0.0.1, 10.0.0.2 } accept" in dash
 
 
 def test_a_worker_port_range_that_is_not_one_is_refused():
