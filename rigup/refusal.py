@@ -11,7 +11,7 @@ imports no role.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 from rigup.names import LOOPBACK
 
@@ -43,10 +43,13 @@ class Port(NamedTuple):
 
 class Fleet(NamedTuple):
     """The hosts of the run, for what one host's settings mean to another (a peer to share with):
-    ``me`` is the host being checked, ``hosts`` every host's data by name."""
+    ``me`` is the host being checked, ``hosts`` every host's data by name, ``plan_of`` another
+    host's hardware plan by name (read by preflight from that host's facts: an RPC group's VRAM),
+    None when it cannot be read."""
 
     me: str
     hosts: dict
+    plan_of: Optional[Callable[[str], "dict | None"]] = None
 
 
 Check = Callable[[dict, dict, dict], "list[Refusal]"]

@@ -377,8 +377,10 @@ class KernelInfo(FactBase):
 
 SYSTEMD_COMMAND = "if [ -d /run/systemd/system ]; then echo yes; else echo no; fi"
 # The serving instances rigup installed (their drop-ins), so that one dropped from the
-# configuration is stopped and removed: "rigup-llama@glm", "rigup-vllm@q".
-SERVING_COMMAND = "ls /etc/systemd/system 2>/dev/null | sed -n 's/^\\(rigup-[a-z]*@.*\\)\\.service\\.d$/\\1/p'"
+# configuration is stopped and removed: "rigup-llama@glm", "rigup-vllm@q"; and "rigup-ray" (a Ray
+# node of roles/vllm).
+SERVING_COMMAND = ("ls /etc/systemd/system 2>/dev/null | sed -n 's/^\\(rigup-[a-z]*@.*\\)\\.service\\.d$/\\1/p'; "
+                   "if [ -f /etc/systemd/system/rigup-ray.service ]; then echo rigup-ray; fi")
 
 
 def parse_systemd(lines: list[str]) -> bool:

@@ -60,13 +60,13 @@ from rigup.names import balancer_drain, gate_record, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
 from rigup.state import read_once
-from roles.llama_server.checks import CHECKS, FLEET_CHECKS, plan_lines, ports
+from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import layout
 from roles.llama_server.schema import instances
 
-__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports"]
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 

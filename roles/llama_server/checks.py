@@ -11,6 +11,8 @@ rigup/refusal.py), and the ports its instances take.
                             cannot serve it: not in the inventory, this host, no RPC server among
                             its llama.cpp targets, another llama_cpp_ref, no IP address; or RPC
                             with more than one replica
+    check_rpc_vram          (FLEET_CHECKS) an RPC group's weights + KV cache larger than the VRAM of
+                            the head's and its workers' GPUs (each worker's from its own facts)
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         group = [vram[c["index"]] for c in lay.groups[0]] if lay.gpu and lay.groups else per_card
         need = need_gib(models(data)[0][inst["model"]], inst, len(group))
         if inst["rpc_workers"]:
-            continue  # layers go to the workers' devices too, which this host cannot see
+            continue  # layers go to the workers' devices too: check_rpc_vram, with their plans
         if need is None or not group or need.total <= sum(group):
             continue  # unsized, or layers left on the CPU: the split is llama.cpp's to make
         where = f"llama_server_instances.{name}"
@@ -189,5 +191,87 @@ def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
     return found
 
 
+def _worker_cards(plan: dict, data: dict) -> list[float]:
+    """VRAM per card (GiB) a worker's RPC server uses: its cards, or those of
+    ``rpc_worker_cuda_devices`` (indexes or UUIDs)."""
+    per_card, _ = vram_cards(plan, data)
+    chosen = data.get("rpc_worker_cuda_devices")
+    if not chosen:
+        return per_card
+    wanted = {w.strip() for w in str(chosen).split(",")}
+    return [gib for card, gib in zip(plan.get("cards", []), per_card)
+            if str(card["index"]) in wanted or card.get("uuid") in wanted]
+
+
+def rpc_groups(plan: dict, data: dict, fleet: Fleet | None) -> list[dict]:
+    """Each instance with rpc_workers as a group: ``name``, ``need`` (replicas.need_gib over every
+    card of the group, or None: unsized, layers on the CPU, or a worker's GPUs unknown), ``parts``
+    ([(host, [GiB per card])], the head first) and ``unknown`` (workers whose plan cannot be read);
+    none without a fleet that reads plans."""
+    if not fleet or not fleet.plan_of:
+        return []
+    per_card, _ = vram_cards(plan, data)
+    entries = models(data)[0]
+    found = []
+    for name, (inst, lay) in sorted(layouts(plan, data).items()):
+        workers = [w for w in inst["rpc_workers"] if w in fleet.hosts and w != fleet.me]
+        if not inst["rpc_workers"] or len(workers) < len(inst["rpc_workers"]):
+            continue   # not a group, or check_rpc refuses the worker
+        parts, unknown = [(fleet.me, per_card)], []
+        for worker in workers:
+            wplan = fleet.plan_of(worker)
+            if wplan is None:
+                unknown.append(worker)
+            else:
+                parts.append((worker, _worker_cards(wplan, fleet.hosts[worker])))
+        cards = sum(len(p) for _, p in parts)
+        need = need_gib(entries[inst["model"]], inst, cards) if cards and not unknown else None
+        found.append({"name": name, "inst": inst, "need": need, "parts": parts, "unknown": unknown})
+    return found
+
+
+def _split_text(group: dict) -> str:
+    """``rig-01 2 x 8.0 GiB (~14.0 GiB) + rig-02 6 x 8.0 GiB (~42.0 GiB) = 64.0 GiB``: each host's
+    VRAM and its share of the need (llama.cpp splits in proportion to the devices' memory)."""
+    total = sum(sum(p) for _, p in group["parts"])
+    need = group["need"].total if group["need"] else 0.0
+    shares = [f"{h} {cards_gib_text(p) if p else 'no GPU'}"
+              + (f" (~{need * sum(p) / total:.1f} GiB)" if need and total else "") for h, p in group["parts"]]
+    return " + ".join(shares) + f" = {total:.1f} GiB"
+
+
+def fleet_plan_lines(plan: dict, data: dict, fleet: Fleet | None = None) -> list[str]:
+    """Preflight's lines for each RPC group: what it needs and how it splits over the hosts."""
+    lines = []
+    for g in rpc_groups(plan, data, fleet):
+        if g["unknown"]:
+            lines.append(f"llama:     {g['name']}: VRAM of RPC workers {', '.join(g['unknown'])} not known")
+        elif g["need"]:
+            need = g["need"]
+            lines.append(f"llama:     {g['name']}: RPC group needs {need.total:.1f} GiB (weights {need.weights:.1f} + "
+                         f"KV {need.kv:.1f} + overhead {need.overhead:.1f}) over {_split_text(g)}")
+    return lines
+
+
+def check_rpc_vram(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+    """An RPC group (an instance and its rpc_workers) whose weights + KV cache + 1 GiB per GPU is
+    more than the VRAM of the head's and the workers' GPUs, or a worker whose GPUs cannot be read."""
+    found = []
+    for g in rpc_groups(plan, data, fleet):
+        where = f"llama_server_instances.{g['name']}"
+        if g["unknown"]:
+            found.append(Refusal(f"{where}.rpc_workers: the VRAM of {', '.join(g['unknown'])} cannot be read",
+                                 "the group's VRAM plan needs each worker's GPUs (its facts)",
+                                 f"make {', '.join(g['unknown'])} reachable and in the run", "vram"))
+        elif g["need"] and g["need"].total > sum(sum(p) for _, p in g["parts"]):
+            need = g["need"]
+            found.append(Refusal(
+                f"model {g['inst']['model']} does not fit the VRAM of {where} and its RPC workers",
+                f"weights {need.weights:.1f} GiB + KV cache {need.kv:.1f} GiB + {need.overhead:.1f} GiB overhead "
+                f"(1 GiB per GPU) = {need.total:.1f} GiB > {_split_text(g)}",
+                f"add hosts to {where}.rpc_workers, lower {where}.ctx, or pick a smaller quant", "vram"))
+    return found
+
+
 CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row)
-FLEET_CHECKS = (check_rpc,)
+FLEET_CHECKS = (check_rpc, check_rpc_vram)

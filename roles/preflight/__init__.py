@@ -4,7 +4,8 @@ It changes nothing on a host. It reads every hardware fact in one round trip (ri
 HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
 prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles,
 and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
-units listen, their ports (``ports``), and what it adds to the printed plan (``plan_lines``). Preflight imports no role. A refused host is taken out
+units listen, their ports (``ports``), and what it adds to the printed plan (``plan_lines``; with
+the fleet: ``fleet_plan_lines``). Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
 pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
@@ -34,6 +35,21 @@ from roles.preflight.facts import PathBytes
 __all__ = ["run", "refusals"]
 
 _refused: dict[str, int] = {}
+_plans: dict[str, dict | None] = {}     # each host's hardware plan, read once in the run
+
+
+def plan_of(name: str) -> dict | None:
+    """Host ``name``'s hardware plan (an RPC head's VRAM plan needs its workers' GPUs): the one its
+    own preflight read, else read now from its facts (one round trip); None when it cannot be read."""
+    if name not in _plans:
+        try:
+            other = host.inventory.get_host(name)
+            facts = other.get_fact(HardwareFacts, paths=["/"])
+            _plans[name] = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]))
+        except Exception as e:      # unreachable: the head is refused, naming the worker
+            click.echo(f"    [{host.name}] cannot read the GPUs of {name}: {e}", err=True)
+            _plans[name] = None
+    return _plans[name]
 
 
 def _summary() -> None:
@@ -79,11 +95,14 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     facts["model_bytes"] = host.get_fact(PathBytes, paths=model_places(data), marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))
+    _plans[host.name] = plan
+    fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory}, plan_of)
     lines = format_plan(plan).splitlines()
     lines += [line for role in roles if hasattr(role, "plan_lines") for line in role.plan_lines(plan, data)]
+    lines += [line for role in roles if hasattr(role, "fleet_plan_lines")
+              for line in role.fleet_plan_lines(plan, data, fleet)]
     for line in lines:
         click.echo(f"    [{host.name}] {line}", err=True)
-    fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory})
     found = [_sourced(r) for r in [*more, *refusals(roles, plan, facts, data, fleet)]]
     for refusal in found:
         click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)

@@ -25,7 +25,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 
-from rigup import apt
+from rigup import apt, firewall
 from rigup.config import role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
@@ -53,7 +53,7 @@ class RpcWorkerState(FactBase):
         q = shlex.quote
         return "; ".join([f"echo unit=$(sha256sum {q(UNIT)} 2>/dev/null | cut -c1-64)",
                           f"echo firewall=$(sha256sum {q(FIREWALL)} 2>/dev/null | cut -c1-64)",
-                          f"nft list table {TABLE} >/dev/null 2>&1 && echo loaded=1 || echo loaded=",
+                          f"nft list table inet {TABLE} >/dev/null 2>&1 && echo loaded=1 || echo loaded=",
                           f"echo active=$(systemctl is-active {RPC_UNIT} 2>/dev/null)",
                           f"echo enabled=$(systemctl is-enabled {RPC_UNIT} 2>/dev/null)",
                           f"echo build=$(readlink {q(build_link)} 2>/dev/null)"])
@@ -65,21 +65,6 @@ class RpcWorkerState(FactBase):
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-@operation()
-def firewall(text: str, build_link: str):
-    """The allow-list ``text`` at /etc/rigup/rpc.nft and loaded: a new text is written beside it,
-    checked by ``nft -c -f``, and only then moved over the live file and loaded."""
-    state = read_once(RpcWorkerState, build_link=build_link)
-    if state.get("firewall") == _sha(text) and state["loaded"]:
-        host.noop(f"the RPC allow-list is loaded ({TABLE})")
-        return
-    q = shlex.quote
-    yield "mkdir -p /etc/rigup"
-    yield written(f"{FIREWALL}.candidate", text, "644")
-    yield (f"nft -c -f {q(FIREWALL + '.candidate')} && mv {q(FIREWALL + '.candidate')} {q(FIREWALL)} && "
-           f"nft -f {q(FIREWALL)}")
 
 
 @operation()
@@ -107,8 +92,8 @@ def retired(build_link: str):
     if not state.get("unit") and not state.get("firewall") and not state["loaded"]:
         host.noop("no RPC worker here")
         return
-    yield (f"systemctl disable --now {RPC_UNIT} 2>/dev/null; rm -f {shlex.quote(UNIT)} {shlex.quote(FIREWALL)}; "
-           f"nft delete table {TABLE} 2>/dev/null; systemctl daemon-reload")
+    yield (f"systemctl disable --now {RPC_UNIT} 2>/dev/null; rm -f {shlex.quote(UNIT)}; "
+           f"{firewall.removed(FIREWALL, TABLE)}; systemctl daemon-reload")
 
 
 @deploy("rpc_worker", data_defaults=role_defaults("rpc_worker"))
@@ -124,9 +109,9 @@ def apply(plan: dict):
     else:
         apt.installed(name="rpc_worker: nftables", packages=["nftables"], cache_seconds=data["apt_cache_seconds"],
                       _retries=2, _retry_delay=10)
-        firewall(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
-                 text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]),
-                 build_link=build_link)
+        firewall.allowed(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
+                         path=FIREWALL, table=TABLE,
+                         text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]))
         server(name=f"rpc_worker: {RPC_UNIT} on {address(host.name, data)}:{data['rpc_worker_port']}", data=data,
                heads=heads, build_link=build_link)
     workers_started(name="rpc_worker: workers started")

@@ -3,14 +3,13 @@ roles/rpc_worker installs them; a unit test renders them for a 2-GPU machine (lo
 
 from __future__ import annotations
 
-import ipaddress
-
+from rigup import firewall
 from rigup.rpc import RPC_TARGET
 from rigup.templates import render
 from rigup.units import systemd_quote
 
 FIREWALL = "/etc/rigup/rpc.nft"
-TABLE = "inet rigup_rpc"
+TABLE = "rigup_rpc"
 
 
 def argv(binary_dir: str, bind: str, port: int) -> list[str]:
@@ -21,9 +20,7 @@ def argv(binary_dir: str, bind: str, port: int) -> list[str]:
 def firewall_text(port: int, heads: list[str]) -> str:
     """The nftables table admitting only ``heads`` (IP addresses) to ``port``, rejecting the rest
     with a TCP reset; loading it again replaces the table (never adds rules twice)."""
-    ips = [ipaddress.ip_address(h) for h in heads]
-    return render("rpc_worker-firewall.nft.j2", port=port,
-                  v4=sorted(str(a) for a in ips if a.version == 4), v6=sorted(str(a) for a in ips if a.version == 6))
+    return firewall.text(TABLE, [port], heads, "roles/rpc_worker", "the heads")
 
 
 def unit_text(binary_dir: str, bind: str, port: int, heads: list[str], user: str, guard_file: str,

@@ -51,15 +51,25 @@ Security: vLLM binds every interface unless ``--host`` is given (rigup always gi
 /cohere paths: /health, /metrics, /load and /invocations stay open. Keep instances on 127.0.0.1
 or behind a firewall or an authenticating proxy.
 
-Multi-host with Ray (``vllm_ray_role``, ``vllm_ray_head_address``, ``vllm_ray_port``,
-``vllm_host_ip``) is declared, not implemented: the role says so and installs no Ray unit yet.
+Across hosts with Ray (``vllm_ray_role``: roles/vllm/cluster.py): Ray ``vllm_ray_version`` from
+PyPI in the pin's virtualenv and ``rigup-ray.service`` on every host of the cluster (a worker, with
+no instance of its own, gets the virtualenv and its node only); the head's instances run with
+``--distributed-executor-backend ray`` (``pp`` stages over the hosts' GPUs, with the checked
+``VLLM_PP_LAYER_PARTITION``), ``RAY_ADDRESS`` of the head, and an ExecStartPre that waits at most
+``vllm_ray_wait_seconds`` for every expected node, naming those missing. Every port Ray opens is
+pinned (``vllm_ray_port``, ``vllm_ray_node_port`` +0..5, ``vllm_ray_worker_ports``) and an nftables
+table (``inet rigup_ray``, rigup/firewall.py) admits only the cluster's nodes to them: Ray has no
+authentication. Outside that list stay the NCCL/Gloo ports vLLM's own workers open (random
+ports): the cluster's network must be private.
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
 vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout, vllm_nccl_p2p_disable,
 vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib,
-vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt, vllm_ray_*, vllm_host_ip; and
-models / models_dir (roles/model_fetch),
+vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt, vllm_ray_role, vllm_ray_head,
+vllm_ray_version, vllm_ray_port, vllm_ray_node_port, vllm_ray_worker_ports, vllm_ray_dashboard,
+vllm_ray_dashboard_port, vllm_ray_wait_seconds, vllm_ray_args, vllm_host_ip; and models /
+models_dir (roles/model_fetch),
 rigup_user (roles/base).
 """
 
@@ -68,11 +78,11 @@ from __future__ import annotations
 import shlex
 from io import StringIO
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
-from rigup import progress
+from rigup import apt, firewall, progress
 from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gate import answered
@@ -81,12 +91,13 @@ from rigup.names import balancer_drain, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
 from rigup.state import read_once
+from roles.vllm import cluster
 from roles.vllm import command as cmd
-from roles.vllm.checks import CHECKS, plan_lines, ports, replica_groups
+from roles.vllm.checks import CHECKS, FLEET_CHECKS, plan_lines, ports, replica_groups
 from roles.vllm.facts import VllmState
 from roles.vllm.schema import instances
 
-__all__ = ["apply", "CHECKS", "plan_lines", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "ports"]
 
 INSTALL_UNIT = "rigup-vllm-install.service"  # the install runs as this transient unit (rigup.progress)
 
@@ -117,13 +128,14 @@ def installed_test(path: str, stamp: str) -> str:
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
              unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
-             fleet_key: str | None = None, maintenance: bool = False):
+             fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its
     environment file, drop-in (with the ``balancer`` hooks of a replica), and unit enabled and
     running; restarted only when the drop-in changed (it names the unit, stamp, environment and
     model revision) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key; else made
     on the host). Waits (changes nothing) while its model is incomplete. ``units``: every server
-    of the role on the host (read together, once). ``maintenance``: stopped (rigup.serving)."""
+    of the role on the host (read together, once). ``maintenance``: stopped (rigup.serving).
+    ``ray_wait``: on a Ray head, the ExecStartPre that waits for every node (roles/vllm/cluster.py)."""
     name = instance_name
     state = read_once(VllmState, pin_dir=pin_dir, instances=units)["instances"].get(unit_name, {})
     marker = state.get("marker")
@@ -132,7 +144,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, p
         return
     model_path = marker_path.rsplit("/", 1)[0]
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
-                           marker.get("revision"), wait, unit=unit_name, balancer=balancer)
+                           marker.get("revision"), wait, unit=unit_name, balancer=balancer, ray_wait=ray_wait)
     unit = f"rigup-vllm@{unit_name}.service"
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
@@ -158,23 +170,44 @@ def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
     yield from retirements("rigup-vllm", stale, gone, drain)
 
 
+def _ray_node(data: dict, plan: dict, fleet: dict, venv: str, script: str, paths: list[str]):
+    """Ray in ``venv`` and this host's Ray node (roles/vllm/cluster.py), its wait ``script`` with it."""
+    managed(name="vllm Ray wait script", dest=script, paths=paths, mode="755", text=cluster.WAIT_SCRIPT.read_text())
+    cluster.installed(name=f"vllm: ray=={data['vllm_ray_version']} in {venv}", venv=venv,
+                      version=str(data["vllm_ray_version"]))
+    ip = cluster.node_ip(host.name, data)
+    env = cluster.node_env(cmd.env_vars("ray", {}, data, plan), ip)
+    text = cluster.unit_text(host.name, fleet, venv, env, data["rigup_user"], guard_file(data), script)
+    apt.installed(name="vllm: nftables (Ray's allow-list)", packages=["nftables"],
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+    firewall.allowed(name=f"vllm: only the Ray cluster's nodes reach Ray's ports ({cluster.FIREWALL})",
+                     path=cluster.FIREWALL, table=cluster.TABLE, text=cluster.firewall_text(host.name, fleet))
+    cluster.node(name=f"vllm: {cluster.RAY_UNIT} ({data['vllm_ray_role']}) on {ip}", venv=venv, text=text)
+
+
 @deploy("vllm", data_defaults=role_defaults("vllm"))
 def apply(plan: dict):
     data = host.data.dict()
     wanted, entries = serving(data, instances)
     if wanted is None:
         return
+    if not data["vllm_ray_role"] and "rigup-ray" in (plan.get("serving_units") or []):
+        cluster.retired(name=f"vllm: {cluster.RAY_UNIT} retired (vllm_ray_role: null)")
+    if data["vllm_ray_role"] == "head":   # its pp stages and tp ranks are Ray's to place over the hosts
+        wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
+                  for n, i in wanted.items()}
     plans = {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
-    the_pin = cmd.pin(data) if wanted else {"id": "none"}   # preflight refused a bad pin (checks.py)
+    ray_role = data["vllm_ray_role"]
+    the_pin = cmd.pin(data) if wanted or ray_role else {"id": "none"}   # preflight refused a bad pin (checks.py)
     user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
     pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
     replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
     if wanted or any(u.startswith("rigup-vllm@") for u in plan.get("serving_units") or []):   # none: no read
         retired(name="vllm: retire servers no longer wanted", pin_dir=pin_dir, units=units,
                 backends=[cmd.backend_name(n) for n in replicated], drain=balancer_drain(data))
-    if not wanted:
+    if not wanted and not ray_role:
         return
     series = cmd.patches(data)
     stamp = cmd.stamp(the_pin, series, data)
@@ -185,8 +218,8 @@ def apply(plan: dict):
                         patch_dir=patch_dir, pip_args=data["vllm_pip_args"], python=data["vllm_python"],
                         install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
                         stamp=stamp, stamp_name=cmd.STAMP, uv=cmd.uv(data))
-    wait_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram"
-    paths = [wait_script, cmd.UNIT]
+    wait_script, ray_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram", f"{vllm_dir}/bin/rigup-ray-wait"
+    paths = [wait_script, cmd.UNIT, ray_script]
     managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",
             text=cmd.render("vllm-wait-vram.sh.j2"))
     installing = install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
@@ -195,32 +228,37 @@ def apply(plan: dict):
                 label=f"vllm install {the_pin['id']}", unit=INSTALL_UNIT, log=f"{pin_dir}/install.log",
                 done=installed_test(f"{pin_dir}/{cmd.STAMP}", stamp), systemd=True,
                 timeout=data["vllm_install_timeout"], _if=installing.did_change)
-    if data["vllm_ray_role"]:
-        logger.warning(f"[{host.name}] vllm_ray_role {data['vllm_ray_role']!r}: Ray head/worker units are "
-                       "declared, not implemented yet; no Ray unit installed")
+    fleet = {h.name: h.data.dict() for h in host.inventory} if ray_role else {}
+    if ray_role:
+        _ray_node(data, plan, fleet, f"{pin_dir}/venv", ray_script, paths)
     unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),
                            start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
     managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
+    cluster.nodes_started(name="vllm: Ray nodes started")
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
         if len(srv) > 1:
             backends_file(cmd.backend_name(name), inst["host"], inst["port"],
                           [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
         # HOME and caches per server (the unit's own StateDirectory/CacheDirectory, %i), pinning last
+        ray_env = cluster.instance_env(host.name, fleet) if ray_role == "head" else {}
         envs = {s["unit"]: cmd.env_text(name, {**cmd.env_vars(s["unit"], {**inst, "_name": name}, data, plan),
-                                               **s["env"]}) for s in srv}
+                                               **ray_env, **s["env"]}) for s in srv}
         for server in srv:
             wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
             wait += ["-i", server["gpus"]] if server["gpus"] else []
             hooks = balancer_hooks(cmd.backend_name(name), server["unit"], server["inst"]["port"], data) \
                 if len(srv) > 1 else None
             port, bind = server["inst"]["port"], server["inst"]["host"]
+            ray_wait = (cluster.wait_argv(f"{pin_dir}/venv", ray_script, cluster.gcs(host.name, fleet),
+                                          int(data["vllm_ray_wait_seconds"]), cluster.expected(host.name, fleet))
+                        if ray_role == "head" else None)
             started = instance(name=f"vllm {server['unit']} on {bind}:{port}", unit_name=server["unit"],
                                instance_name=name, inst=server["inst"], marker_path=markers[name], pin_dir=pin_dir,
                                venv=f"{pin_dir}/venv", env=envs[server["unit"]],
                                unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait,
                                user=user, units=units, balancer=hooks, fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"])
+                               maintenance=data["rigup_maintenance"], ray_wait=ray_wait)
             if data["rigup_maintenance"]:
                 continue
             python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,

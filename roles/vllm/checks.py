@@ -9,6 +9,9 @@ and the ports its instances take.
     check_vram      weights that leave no room for the KV cache on the instance's cards
     check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
     check_replicas  replicas x tp x pp beyond the host's GPUs
+    check_ray       (FLEET_CHECKS, with every host's data) a Ray node that cannot join its cluster:
+                    no Ray version, no head or one that is no Ray head, another Ray or vLLM than
+                    its head's, instances on a worker, no systemd
 """
 
 from __future__ import annotations
@@ -17,14 +20,19 @@ from rigup.config import ConfigError
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
 from rigup.models import models
-from rigup.refusal import Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.schema import ENV_NAME, instances
 
 
+def _gpu_bound(plan: dict, data: dict) -> int | None:
+    """The GPUs that bound an instance's tp x pp: the host's, none on a Ray head (its cluster's)."""
+    return None if data.get("vllm_ray_role") == "head" else gpu_count(plan)
+
+
 def _instances(plan: dict, data: dict) -> dict:
-    return instances(data, gpu_count(plan))[0]
+    return instances(data, _gpu_bound(plan, data))[0]
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
@@ -39,6 +47,10 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
             continue
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "vllm")))
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("vllm",)) for k in range(count)]
+    if data.get("vllm_ray_role") == "head":
+        found.append(Port(int(data["vllm_ray_port"]), "vllm_ray_port (the Ray head)", ("gcs_server",)))
+        if data.get("vllm_ray_dashboard"):
+            found.append(Port(int(data["vllm_ray_dashboard_port"]), "vllm_ray_dashboard_port", ("python", "python3")))
     return found
 
 
@@ -72,6 +84,8 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     found = []
     for name, inst in _instances(plan, data).items():
         groups, where = replica_groups(plan, inst), f"vllm_instances.{name}"
+        if data.get("vllm_ray_role") == "head" and inst["replicas"] in (1, "auto"):
+            continue   # one server, its GPUs the cluster's (Ray places the ranks)
         if any(len(g) < inst["tp"] * inst["pp"] for g in groups):
             found.append(Refusal(f"{where} cannot be laid out", f"{len(groups)} replicas x tp {inst['tp']} x pp "
                                  f"{inst['pp']} GPUs, but this host has {gpu_count(plan)}",
@@ -86,13 +100,14 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of vllm_instances that is wrong: its name, a key, a model not in models, tp x pp
     beyond the GPUs, a pp_partition that does not fit, gpus, env."""
-    return config_refusals(instances(data, gpu_count(plan))[1])
+    return config_refusals(instances(data, _gpu_bound(plan, data))[1])
 
 
 def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """vLLM not pinned to an exact version or a full commit, a patch series that does not match its
-    sha256 manifest (read on the controller), or vllm_install_env keys that are not names."""
-    if not _instances(plan, data):
+    sha256 manifest (read on the controller), or vllm_install_env keys that are not names (on a
+    host with instances, or a Ray node: a worker has the virtualenv too)."""
+    if not _instances(plan, data) and not data.get("vllm_ray_role"):
         return []
     bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
     if bad:
@@ -175,5 +190,56 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
+def _same(me: str, data: dict, head: str, head_data: dict) -> list[tuple[str, str]]:
+    """(key, why) for each of Ray's and vLLM's pins where ``me`` and its ``head`` differ."""
+    keys = ("vllm_ray_version", "vllm_pip_version", "vllm_git_url", "vllm_git_commit")
+    return [(key, f"{me} has {data.get(key)!r} and {head} has {head_data.get(key)!r}: every node of a Ray cluster "
+                  "runs the same Ray and vLLM") for key in keys if data.get(key) != head_data.get(key)]
+
+
+def _ray_ports(data: dict) -> list[Refusal]:
+    """vllm_ray_worker_ports that is not a range [FIRST, LAST] clear of Ray's other pinned ports."""
+    span = data.get("vllm_ray_worker_ports")
+    base = int(data.get("vllm_ray_node_port") or 0)
+    pinned = {int(data.get("vllm_ray_port") or 0), *range(base, base + 6)}
+    if isinstance(span, list) and len(span) == 2 and span[0] <= span[1] and not pinned & set(range(span[0], span[1] + 1)):
+        return []
+    return [Refusal(f"vllm_ray_worker_ports: {span!r}", "not [FIRST, LAST] with FIRST <= LAST, clear of vllm_ray_port "
+                    f"and vllm_ray_node_port..+5 ({base}..{base + 5})", "set e.g. [10002, 10101]", "ray")]
+
+
+def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+    """A Ray node (vllm_ray_role) that cannot join its cluster: no vllm_ray_version; a worker port
+    range that is not one or overlaps Ray's other ports; a worker whose
+    vllm_ray_head is not a Ray head of the inventory, or that has instances of its own; another
+    Ray or vLLM pin than its head's (both sides); no systemd."""
+    role = data.get("vllm_ray_role")
+    if not role or not fleet:
+        return []
+    found = needs_systemd(facts, [f"vllm_ray_role {role} (rigup-ray.service)"])
+    if not data.get("vllm_ray_version"):
+        found.append(Refusal("vllm_ray_version", "null, but this host is a Ray node: Ray from PyPI must be pinned",
+                             "set vllm_ray_version to an exact version, e.g. \"2.52.1\", the same on every node",
+                             "ray"))
+    found += _ray_ports(data)
+    me, head = fleet.me, data.get("vllm_ray_head")
+    if role == "worker":
+        if head not in fleet.hosts or fleet.hosts[head].get("vllm_ray_role") != "head":
+            return found + [Refusal(f"vllm_ray_head: {head!r}", "a Ray worker's head must be a host of this inventory "
+                                    "with vllm_ray_role: head", "name the head host in vllm_ray_head", "ray")]
+        if data.get("vllm_instances"):
+            found.append(Refusal("vllm_instances on a Ray worker", f"its GPUs are the cluster's; the head {head} "
+                                 "serves", "move the instances to the head", "ray"))
+        pairs = [(head, fleet.hosts[head])]
+    else:
+        pairs = [(w, fleet.hosts[w]) for w in sorted(fleet.hosts) if w != me
+                 and fleet.hosts[w].get("vllm_ray_role") == "worker" and fleet.hosts[w].get("vllm_ray_head") == me]
+    for other, other_data in pairs:
+        found += [Refusal(f"{key} differs from Ray node {other}", why, f"set the same {key} on {me} and {other}", "ray")
+                  for key, why in _same(me, data, other, other_data)]
+    return found
+
+
 CHECKS = (check_config, check_pin, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
           check_replicas)
+FLEET_CHECKS = (check_ray,)

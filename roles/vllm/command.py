@@ -19,6 +19,7 @@ KEY_PREFIX = "VLLM_API_KEY="
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
 UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
+RAY_DIR = "/var/lib/rigup/vllm/ray"      # a Ray node's HOME and RAY_TMPDIR (roles/vllm/cluster.py)
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
 
@@ -189,13 +190,15 @@ def argv(name: str, inst: dict, venv: str, model_path: str) -> list[str]:
 
 def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, unit_sha: str,
                 stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str],
-                unit: str | None = None, balancer: dict | None = None) -> str:
+                unit: str | None = None, balancer: dict | None = None, ray_wait: list[str] | None = None) -> str:
     """The drop-in rigup-vllm@UNIT.service.d/rigup.conf (``unit``: the instance ``name``, or one
     of its replicas NAME-K, whose environment file is its own and whose served name and key are
     the instance's); its comment names what restarts it when it changes (unit, install stamp,
     environment file, model revision); for a replica, the balancer's hooks (``balancer``:
-    {"ready": argv, "drain": argv})."""
-    return render("vllm-dropin.conf.j2", name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
+    {"ready": argv, "drain": argv}); on a Ray head, ``ray_wait`` (the wait for every node, which
+    also lets it write Ray's session files: roles/vllm/cluster.py)."""
+    return render("vllm-dropin.conf.j2", ray_wait=[systemd_quote(a) for a in ray_wait] if ray_wait else None,
+                  ray_dir=RAY_DIR, name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
                   model_revision=model_revision, marker=systemd_quote(marker),
                   env_file=ENV_FILE.format(unit or name),
                   key_file=KEY_FILE.format(name) if inst.get("api_key") else None,

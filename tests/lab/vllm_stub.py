@@ -103,7 +103,7 @@ def main():
     time.sleep(float(os.environ.get("VLLM_STUB_LOAD_SECONDS", "2")))
     info = {"argv": sys.argv, "extra": extra, "served": served, "patch_level": vllm.PATCH_LEVEL,
             "env": {k: ("(set)" if k == "VLLM_API_KEY" else v) for k, v in os.environ.items()
-                    if k.startswith(("VLLM_", "NCCL_", "GLOO_", "CUDA_", "HF_", "XDG_")) or k == "HOME"}}
+                    if k.startswith(("VLLM_", "NCCL_", "GLOO_", "CUDA_", "HF_", "XDG_", "RAY_")) or k == "HOME"}}
     key = os.environ.get("VLLM_API_KEY")  # as vLLM: /v1 needs it, /health does not
 
     class Handler(BaseHTTPRequestHandler):

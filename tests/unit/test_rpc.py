@@ -60,8 +60,8 @@ def test_the_head_waits_for_its_workers_within_its_bound():
 
 def test_the_allow_list_admits_only_the_heads():
     text = firewall_text(50052, ["10.0.0.1", "fd00::1"])
-    assert "tcp dport 50052 ip saddr { 10.0.0.1 } accept" in text
-    assert "tcp dport 50052 ip6 saddr { fd00::1 } accept" in text
+    assert "tcp dport { 50052 } ip saddr { 10.0.0.1 } accept" in text
+    assert "tcp dport { 50052 } ip6 saddr { fd00::1 } accept" in text
     assert text.index("accept") < text.index("reject with tcp reset")
     assert text.splitlines()[3:5] == ["table inet rigup_rpc", "delete table inet rigup_rpc"]   # load twice: one table
 
@@ -124,3 +124,43 @@ def test_a_worker_takes_its_port_and_needs_systemd():
     found = refusals(plan, facts, fleet.hosts["rig-02"], Fleet("rig-02", fleet.hosts))
     assert sorted(r.check for r in found) == ["ports", "systemd"]
     assert any("rigup-rpc.service (the RPC worker of rig-01)" in r.what for r in found)
+
+
+def group_fleet(worker_profile: str | None, ctx: int, **worker) -> tuple[dict, dict, dict, Fleet]:
+    """An h100 head rig-01 (4 x 79.6 GiB) whose glm (186 GiB) has ``ctx`` and the RPC worker
+    rig-02, whose plan is that of ``worker_profile`` (None: its GPUs cannot be read)."""
+    plan, facts = host("h100")
+    head, fleet = rpc_fleet({"rpc_workers": ["rig-02"], "ctx": ctx}, **worker)
+    plans = {"rig-02": host(worker_profile)[0] if worker_profile else None}
+    return plan, facts, head, Fleet("rig-01", fleet.hosts, plans.get)
+
+
+def test_an_rpc_group_that_fits_over_both_hosts_passes_and_prints_the_split():
+    from roles.llama_server.checks import fleet_plan_lines
+    plan, facts, head, fleet = group_fleet("h100", 5_000_000)   # 186 + 150 + 8 = 344 > 318.6 alone
+    assert [r.check for r in refusals(plan, facts, head, Fleet("rig-01", fleet.hosts))] == []
+    assert refusals(plan, facts, head, fleet) == []
+    (line,) = fleet_plan_lines(plan, head, fleet)
+    print(line)
+    assert line == ("llama:     glm: RPC group needs 344.0 GiB (weights 186.0 + KV 150.0 + overhead 8.0) over "
+                    "rig-01 4 x 79.6 GiB (~172.0 GiB) + rig-02 4 x 79.6 GiB (~172.0 GiB) = 637.2 GiB")
+
+
+def test_an_rpc_group_that_does_not_fit_is_refused_naming_the_hosts_and_key():
+    plan, facts, head, fleet = group_fleet("h100", 20_000_000)   # 186 + 600 + 8 = 794 > 637.2
+    (r,) = only(refusals(plan, facts, head, fleet), "vram")
+    print(r.line("rig-01"))
+    assert r.what == "model glm does not fit the VRAM of llama_server_instances.glm and its RPC workers"
+    assert r.why.startswith("weights 186.0 GiB + KV cache 600.0 GiB + 8.0 GiB overhead (1 GiB per GPU) = 794.0 GiB > "
+                            "rig-01 4 x 79.6 GiB")
+    assert "rig-02 4 x 79.6 GiB" in r.why and "llama_server_instances.glm.rpc_workers" in r.fix
+
+
+def test_an_rpc_group_counts_only_the_worker_cards_it_uses_and_refuses_unknown_gpus():
+    plan, facts, head, fleet = group_fleet("h100", 7_000_000, rpc_worker_cuda_devices="0")
+    (r,) = only(refusals(plan, facts, head, fleet), "vram")   # 186 + 210 + 5 = 401 > 5 x 79.6 (all 4 of rig-02: fits)
+    assert "rig-02 1 x 79.6 GiB" in r.why and "= 398.2 GiB" in r.why
+    assert refusals(*group_fleet("h100", 7_000_000)[:3], group_fleet("h100", 7_000_000)[3]) == []
+    plan, facts, head, fleet = group_fleet(None, 8192)
+    (r,) = only(refusals(plan, facts, head, fleet), "vram")
+    assert r.what == "llama_server_instances.glm.rpc_workers: the VRAM of rig-02 cannot be read"
