@@ -17,6 +17,7 @@ import time
 
 LOCK = "/run/rigup/converge.flock"
 OWNER = "/run/rigup/converge.owner"
+GRACE_S = 5  # seconds a converge waits for the lock before it is refused
 _held: dict[str, object] = {}  # host name -> the open channel that holds its lock
 
 
@@ -25,8 +26,9 @@ def holder_command(owner: str, sudo: bool = False) -> str:
     prints ``busy`` and who holds it."""
     q = shlex.quote
     hold = f"printf '%s\\n' {q(owner)} > {OWNER}; echo locked; exec cat >/dev/null"
+    # a few seconds' grace: sshd may still be ending the channel of a run that just finished
     inner = (f"mkdir -p /run/rigup && exec 9>>{LOCK} && "
-             f"if flock -n 9; then {hold}; else echo busy; cat {OWNER} 2>/dev/null; fi")
+             f"if flock -w {GRACE_S} 9; then {hold}; else echo busy; cat {OWNER} 2>/dev/null; fi")
     return ("sudo -n " if sudo else "") + f"sh -c {q(inner)}"
 
 
@@ -52,8 +54,11 @@ def hold(host, timeout: float = 15) -> str | None:
         return None
     text = answer.decode(errors="replace")
     try:
-        while not channel.exit_status_ready():
-            text += channel.recv(1024).decode(errors="replace")
+        # to the end of its output: recv returns b"" at once from then on, and a loop waiting for
+        # the exit status would spin without ever letting paramiko's transport (a gevent greenlet
+        # under pyinfra) run, and so for ever
+        while chunk := channel.recv(1024):
+            text += chunk.decode(errors="replace")
     except OSError:
         pass
     channel.close()
