@@ -20,5 +20,8 @@ holder = lock.hold(host)
 plan = preflight.run(roles, [Refusal("another controller converges this host", f"{holder} holds its lock",
                                      "wait for that run to end, or stop it", "lock")] if holder else [])
 if host not in host.state.failed_hosts:
-    for step in steps():
+    # pyinfra knows an operation across hosts by the line numbers of its call stack: without the
+    # step's index (host.loop), two roles' operations on the same line of their own files would be
+    # one operation, and hosts running different roles an ordering cycle
+    for step in host.loop(steps()):
         step(plan)

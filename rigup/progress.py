@@ -6,6 +6,7 @@ build: make's ``[ 27%]`` or ninja's ``[123/456]``) and roles/vllm (pip's ``Downl
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import time
@@ -14,7 +15,8 @@ import click
 from pyinfra import host
 from pyinfra.api import OperationError
 
-INTERVAL_S = 15  # seconds between two progress lines of a host
+# seconds between two progress lines of a host (RIGUP_PROGRESS_INTERVAL_S in the controller's environment)
+INTERVAL_S = float(os.environ.get("RIGUP_PROGRESS_INTERVAL_S") or 15)
 # lines of a log that say how far a job is: make/ninja counters, pip's steps
 PROGRESS = r"^\[ *[0-9]+(/[0-9]+|%)\]|^ *(Collecting|Downloading|Building|Installing|Successfully|Processing) "
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -108,7 +110,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
                        f"({now - started:.0f} s)", err=True)
         if now - started > timeout:
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")
-        time.sleep(min(2.0, interval))
+        time.sleep(min(2.0, interval / 2))
     if state["done"]:
         click.echo(f"    [{me.name}] {label}: done in {time.monotonic() - started:.0f} s", err=True)
         return

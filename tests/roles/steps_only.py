@@ -17,6 +17,6 @@ if unknown:
     raise SystemExit(f"RIGUP_LAB_STEPS: not steps of roles.STEPS: {', '.join(unknown)}")
 plan = preflight.run(in_order())
 if host not in host.state.failed_hosts:
-    for name, step in zip(STEPS, steps()):
+    for name, step in host.loop(zip(STEPS, steps())):   # as deploy.py does
         if name in wanted:
             step(plan)
