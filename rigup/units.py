@@ -4,6 +4,7 @@ and its model's completion marker)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -90,3 +91,21 @@ def parse_instances(lines: list[str]) -> tuple[dict, dict]:
         else:
             current[key] = value or None
     return head, instances
+
+
+def service_commands(path: str, unit: str, text: str, state: dict, running: str):
+    """Inside an operation: the unit file ``path`` of the plain service ``unit`` with ``text``,
+    enabled and running; written and restarted when its sha256 differs from ``state["unit"]``,
+    started when ``state``'s active/enabled say it is not (``running``: the no-op's words)."""
+    from pyinfra import host
+
+    from rigup.secrets import written
+
+    if state.get("unit") != hashlib.sha256(text.encode()).hexdigest():
+        yield written(path, text, "644")
+        yield "systemctl daemon-reload"
+        yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
+    elif (state.get("active"), state.get("enabled")) != ("active", "enabled"):
+        yield f"systemctl enable {unit} && systemctl start {unit}"
+    else:
+        host.noop(running)

@@ -19,7 +19,6 @@ and ssh_hostname (the inventory).
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 
 from pyinfra import host
@@ -29,8 +28,8 @@ from rigup import apt, firewall
 from rigup.config import role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
-from rigup.secrets import written
 from rigup.state import read_once
+from rigup.units import service_commands
 from roles.rpc_worker.checks import CHECKS, FLEET_CHECKS, ports
 from roles.rpc_worker.command import FIREWALL, TABLE, firewall_text, unit_text
 
@@ -63,9 +62,6 @@ class RpcWorkerState(FactBase):
         return {**found, "loaded": found.get("loaded") == "1"}
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
 
 @operation()
 def server(data: dict, heads: list[str], build_link: str):
@@ -75,14 +71,7 @@ def server(data: dict, heads: list[str], build_link: str):
     text = unit_text(f"{build_link}/bin", address(host.name, data), int(data["rpc_worker_port"]), heads,
                      data["rigup_user"], guard_file(data), state.get("build") or "none",
                      data["rpc_worker_cuda_devices"])
-    if state.get("unit") != _sha(text):
-        yield written(UNIT, text, "644")
-        yield "systemctl daemon-reload"
-        yield f"systemctl reset-failed {RPC_UNIT} 2>/dev/null; systemctl enable {RPC_UNIT} && systemctl restart {RPC_UNIT}"
-    elif (state.get("active"), state.get("enabled")) != ("active", "enabled"):
-        yield f"systemctl enable {RPC_UNIT} && systemctl start {RPC_UNIT}"
-    else:
-        host.noop(f"{RPC_UNIT} runs for {', '.join(heads)}")
+    yield from service_commands(UNIT, RPC_UNIT, text, state, f"{RPC_UNIT} runs for {', '.join(heads)}")
 
 
 @operation()

@@ -26,7 +26,6 @@ instances started only once every expected node has joined.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from pathlib import Path
 
@@ -35,10 +34,9 @@ from pyinfra.api import FactBase, operation
 
 from rigup import firewall
 from rigup.rpc import address
-from rigup.secrets import written
 from rigup.state import read_once
 from rigup.templates import render
-from rigup.units import systemd_quote
+from rigup.units import service_commands, systemd_quote
 from roles.vllm.command import RAY_DIR
 
 RAY_UNIT = "rigup-ray.service"
@@ -173,9 +171,6 @@ class RayState(FactBase):
         return dict(line.partition("=")[::2] for line in output if "=" in line)
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
 
 @operation()
 def installed(venv: str, version: str):
@@ -192,14 +187,7 @@ def node(venv: str, text: str):
     """rigup-ray.service with ``text``, enabled and running; restarted when the unit (flags,
     cluster, Ray version, environment) changed."""
     state = read_once(RayState, venv=venv)
-    if state.get("unit") != _sha(text):
-        yield written(UNIT, text, "644")
-        yield "systemctl daemon-reload"
-        yield f"systemctl reset-failed {RAY_UNIT} 2>/dev/null; systemctl enable {RAY_UNIT} && systemctl restart {RAY_UNIT}"
-    elif (state.get("active"), state.get("enabled")) != ("active", "enabled"):
-        yield f"systemctl enable {RAY_UNIT} && systemctl start {RAY_UNIT}"
-    else:
-        host.noop(f"{RAY_UNIT} runs")
+    yield from service_commands(UNIT, RAY_UNIT, text, state, f"{RAY_UNIT} runs")
 
 
 @operation()
