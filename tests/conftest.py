@@ -14,7 +14,7 @@ LAB_PROFILE = "a100"
 
 
 @pytest.fixture(scope="session")
-def lab():
+def lab(request):
     """The lab module, with LAB_HOSTS hosts of LAB_PROFILE running; torn down at the end."""
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (systemd-nspawn, network namespaces)")
@@ -29,10 +29,24 @@ def lab():
         sources.serve()
         hub.serve()
         models.publish_gemma()
+        request.session.rigup_lab = lab_module
         yield lab_module
     finally:
         lab_module.down()
     assert_nothing_left(lab_module)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extra_hosts_removed(request):
+    """A host a module booted beyond lab1..lab<LAB_HOSTS> (a gateway, a bare neighbour) goes when the
+    module ends, so the next module boots the profile it asks for in its place."""
+    yield
+    lab_module = getattr(request.session, "rigup_lab", None)
+    base = {f"lab{i}" for i in range(1, LAB_HOSTS + 1)}
+    for host in lab_module.hosts() if lab_module else []:
+        if host["name"] not in base:
+            print(f"\n{request.module.__name__} left {host['name']} running: removed")
+            lab_module.remove(host["name"])
 
 
 def assert_nothing_left(lab_module):
