@@ -64,8 +64,8 @@ def recipe(stub, **over) -> dict:
     return values
 
 
-def play(host, values, check=True):
-    run = pyinfra("inventory/lab.py", PLAY, "--limit", host, *with_data(values), timeout=600)
+def play(host, values, check=True, env=None):
+    run = pyinfra("inventory/lab.py", PLAY, "--limit", host, *with_data(values), timeout=600, env=env)
     if check:
         assert run.returncode == 0, run.output[-5000:]
     return run
@@ -92,7 +92,7 @@ def host(lab, stub):
     marker = json.dumps({"repo": "rigup-lab/tiny-stub", "revision": REV, "files": ["config.json"], "bytes": 2})
     on_host(lab, name, f"mkdir -p {DEST} && echo '{{}}' > {DEST}/config.json && "
                        f"printf '%s' {shlex.quote(marker)} > {DEST}/.rigup-complete.json && chmod -R a+rX {DEST}")
-    first = play(name, recipe(stub))
+    first = play(name, recipe(stub), env={"RIGUP_PROGRESS_INTERVAL_S": "1"})  # a line a second
     again = play(name, recipe(stub))
     print(f"\nvllm (stub) first converge: {first.seconds:.1f} s; again: {again.seconds:.1f} s")
     yield {"name": name, "first": first, "again": again}
@@ -105,6 +105,15 @@ def host(lab, stub):
 
 def stub_info(lab, host):
     return json.loads(on_host(lab, host, f"curl -sf http://127.0.0.1:{PORT}/rigup-stub"))
+
+
+def test_the_install_prints_its_progress(host):
+    """The install runs as its own unit; the converge prints its state every second, then the end."""
+    lines = [ln.strip() for ln in host["first"].output.splitlines() if "] vllm install git-" in ln]
+    print("\n" + "\n".join(lines))
+    assert len(lines) >= 2 and lines[-1].split(": ", 1)[1].startswith("done in ")
+    assert all(ln.startswith(f"[{host['name']}] ") for ln in lines)
+    assert not any("] vllm install" in ln for ln in host["again"].output.splitlines())
 
 
 def test_installs_patches_serves_and_passes_the_gate(lab, host):
