@@ -12,7 +12,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
-from rigup.state import read_once
+from rigup.state import read_once, reading
 
 
 class ServiceStates(FactBase):
@@ -27,6 +27,7 @@ class ServiceStates(FactBase):
         return {u: tuple((line.split() + ["", ""])[:2]) for u, line in zip(self.units, output)}
 
 
+@reading(ServiceStates, "units")
 @operation()
 def running(unit: str, units: list[str], enabled: bool = True):
     """``unit`` is active (and enabled, or disabled and stopped with ``enabled=False``);
