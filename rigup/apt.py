@@ -18,7 +18,7 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt
 
-from rigup.state import read_once
+from rigup.state import read_once, reading
 
 # apt's words (LC_ALL=C) when a lock is held: lists, archives (Could not get lock / Unable to lock
 # directory) and dpkg's own past DPkg::Lock::Timeout (Unable to acquire the dpkg frontend lock).
@@ -61,6 +61,7 @@ def lock_timeout() -> int:
     return 600 if value is None else int(value)
 
 
+@reading(DebPackages)
 @operation()
 def installed(packages: list[str], cache_seconds: int = 86400):
     """Install ``packages`` when any is missing, reading apt's lists first if they are older

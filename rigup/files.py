@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
-from rigup.state import read_once
+from rigup.state import read_once, reading
 
 
 def parse_file_states(paths: list[str], lines: list[str]) -> dict[str, dict | None]:
@@ -51,6 +51,7 @@ def _owner_mode(state: dict, user: str | None, group: str | None, mode: str | No
             and (mode is None or state["mode"] == str(mode).lstrip("0")))
 
 
+@reading(FileStates, "paths")
 @operation()
 def managed(dest: str, text: str, paths: list[str], mode: str = "644", user: str = "root", group: str = "root"):
     """``dest`` holds ``text``, owned ``user:group`` with ``mode``; ``paths`` are all the files
@@ -65,6 +66,7 @@ def managed(dest: str, text: str, paths: list[str], mode: str = "644", user: str
     yield from files.put._inner(src=StringIO(text), dest=dest, mode=mode, user=user, group=group)
 
 
+@reading(FileStates, "paths")
 @operation()
 def directory(path: str, paths: list[str], mode: str | None = "755", user: str | None = "root",
               group: str | None = "root"):

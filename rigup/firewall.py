@@ -18,7 +18,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from rigup.secrets import written
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.templates import render
 
 
@@ -63,6 +63,7 @@ class Firewall(FactBase):
         return {"sha": found.get("sha", ""), "loaded": found.get("loaded") == "1"}
 
 
+@reading(Firewall, "path", "table")
 @operation()
 def allowed(path: str, table: str, text: str):
     """The allow-list ``text`` at ``path`` and its table ``inet table`` loaded: a new text is

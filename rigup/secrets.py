@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from rigup.files import FileStates
-from rigup.state import read_once
+from rigup.state import read_once, reading
 
 
 def controller_token(path: Path) -> str:
@@ -58,6 +58,7 @@ def bearer(path: str, prefix: str = "") -> str:
     return f"-H @<(printf 'Authorization: Bearer %s' \"$({read})\")"
 
 
+@reading(FileStates, "paths")
 @operation()
 def secret_file(dest: str, content: str, paths: list[str], group: str = "root", mode: str | None = None):
     """``dest`` holds ``content`` (root:``group``; 0600, 0640 with a group, or ``mode``), sent on

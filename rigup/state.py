@@ -1,20 +1,114 @@
-"""Reading a host's state once per run: pyinfra 3 caches no fact."""
+"""Reading a host's state once per run, in as few round trips as the play allows.
+
+pyinfra 3 caches no fact, and runs an operation's body when the operation executes: a fact read
+there is a round trip in the middle of the run, and every host of the fleet waits for the slowest
+one before the next operation starts. So a role names, while its ``apply`` runs (before any
+operation executes), the facts its operations will read (:func:`will_read`, or the
+:func:`reading` decorator on an operation); the first of those reads then reads every named fact
+of the host not read yet in one command (:class:`Batch`), and a converge with nothing to do reads
+the whole stack's state in one round trip.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
 
 from pyinfra import host
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.state import StateStage
 
 _read: dict[tuple, object] = {}
+_wanted: dict[tuple, dict[tuple, tuple]] = {}   # (state, host) -> {fact key: (fact, kwargs)}, not read yet
+
+
+def _fact_key(fact, kwargs: dict) -> tuple:
+    return fact.__module__, fact.__name__, repr(sorted(kwargs.items()))
+
+
+def _host_key() -> tuple:
+    return id(host.state), host.name
+
+
+def will_read(fact, **kwargs) -> None:
+    """An operation of this host will read ``fact`` with ``kwargs`` (through :func:`read_once`):
+    the next read that misses reads it in the same round trip."""
+    _wanted.setdefault(_host_key(), {})[_fact_key(fact, kwargs)] = (fact, kwargs)
+
+
+def reading(fact, *same: str, **renamed: str):
+    """Decorate an operation that reads ``fact``, with the fact's arguments ``same`` (the operation's
+    arguments of the same names) and ``renamed`` (fact argument = the operation's argument's name):
+    calling the operation (while the role's ``apply`` runs) names that read (:func:`will_read`)."""
+    names = {**{n: n for n in same}, **renamed}
+
+    def wrap(op):
+        @functools.wraps(op)
+        def call(*args, **kwargs):
+            will_read(fact, **{arg: kwargs[name] for arg, name in names.items()})
+            return op(*args, **kwargs)
+        return call
+    return wrap
 
 
 def read_once(fact, **kwargs):
     """``host.get_fact(fact, **kwargs)``, read again only once an operation has run commands on
-    the host. pyinfra 3 caches no fact and runs every operation's body twice (to detect changes,
-    then to execute), so a role's state fact would be read once per operation and again at
-    execution; a converge with nothing to do reads it once."""
+    the host. pyinfra 3 caches no fact; an operation's body may run more than once, and several
+    operations of a role read the same state: a converge with nothing to do reads it once. A read
+    that misses also reads every fact named by :func:`will_read` and not read yet."""
     if host.state.current_stage not in (StateStage.Prepare, StateStage.Execute):
         return host.get_fact(fact, **kwargs)
     ran = sum(1 for op in host.state.ops[host].values() if op.operation_meta.executed)
-    key = (id(host.state), host.name, ran, fact.__module__, fact.__name__, repr(sorted(kwargs.items())))
-    if key not in _read:
-        _read[key] = host.get_fact(fact, **kwargs)
-    return _read[key]
+    base = (*_host_key(), ran)
+    wanted = _wanted.setdefault(_host_key(), {})
+    key = _fact_key(fact, kwargs)
+    wanted.pop(key, None)
+    if base + key not in _read:
+        reads = [(key, (fact, kwargs))] + [(k, v) for k, v in wanted.items() if base + k not in _read]
+        if len(reads) > 1:
+            for k, value in host.get_fact(Batch, reads=[v for _, v in reads]).items():
+                _read[base + reads[k][0]] = value
+        if base + key not in _read:    # alone, or its command failed in the batch: pyinfra's own read and errors
+            _read[base + key] = host.get_fact(fact, **kwargs)
+    return _read[base + key]
+
+
+class Batch(FactBase):
+    """``{i: value}`` for ``reads`` (``[(fact, kwargs), ...]``): each fact's own command, run one
+    after another in one shell, and its own ``process`` on its part of the output. A fact whose
+    command fails (or whose required command is missing) is left out: the caller reads it alone,
+    so that pyinfra reports it as it would."""
+
+    def command(self, reads: list[tuple]) -> StringCommand:
+        self.mark = f"##rigup-batch-{secrets.token_hex(6)}"
+        self.facts = []
+        parts: list = []
+        for i, (fact_cls, kwargs) in enumerate(reads):
+            fact = fact_cls()
+            self.facts.append(fact)
+            command = fact.command(**kwargs) if callable(fact.command) else fact.command
+            required = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
+            if required:
+                command = StringCommand("if command -v", required, ">/dev/null 2>&1; then (", command,
+                                        "); else false; fi")
+            parts += ["echo", f"'{self.mark} {i}';", "(", command, ");", "echo", f"'{self.mark} rc' $?;"]
+        return StringCommand(*parts, "true")
+
+    def process(self, output: list[str]) -> dict:
+        values, lines, current = {}, [], None
+        for line in output:
+            if not line.startswith(self.mark + " "):
+                lines.append(line)
+                continue
+            word = line[len(self.mark) + 1:].split()
+            if word[0] == "rc":
+                fact = self.facts[current]
+                if word[1:] == ["0"]:
+                    try:
+                        values[current] = fact.process(lines) if lines else fact.default()
+                    except Exception:  # noqa: BLE001 (read alone, pyinfra reports it)
+                        pass
+                current, lines = None, []
+            else:
+                current, lines = int(word[0]), []
+        return values

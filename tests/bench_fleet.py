@@ -13,6 +13,7 @@ and the peak RSS of the pyinfra process, and the machine's load. Needs root; tea
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -62,11 +63,12 @@ def hosts_cpu_s() -> float:
     return 0.0
 
 
-def timed(*args: str, env: dict | None = None) -> Sample:
-    """Run ``pyinfra -y ARGS`` from the project root; its own rusage comes from wait4."""
+def timed(*args: str, env: dict | None = None, cwd: Path = ROOT) -> Sample:
+    """Run ``pyinfra -y ARGS`` from the project root (or ``cwd``, another tree's); its own rusage
+    comes from wait4."""
     with tempfile.TemporaryFile() as out:
         hosts_before, start = hosts_cpu_s(), time.monotonic()
-        proc = subprocess.Popen([PYINFRA, "-y", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([PYINFRA, "-y", *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         _, status, usage = os.wait4(proc.pid, 0)
         wall, hosts_cpu = time.monotonic() - start, hosts_cpu_s() - hosts_before
@@ -118,6 +120,8 @@ def first_converges(biggest: int) -> dict:
     models.publish_gemma()
     one = timed("inventory/lab.py", "deploy.py", "--limit", "lab1")
     print(f"first converge of lab1: {one.wall:.0f} s", flush=True)
+    if biggest == 1:
+        return {"first_converge_lab1_s": round(one.wall, 1)}
     start = time.monotonic()
     lab.up(biggest - 1, "a100", first=2, seed=seed_from("lab1"))
     booted = time.monotonic() - start
@@ -131,21 +135,39 @@ def first_converges(biggest: int) -> dict:
             "first_converge_others_s": round(rest.wall, 1), "changed_by_first_converge_of_others": changed}
 
 
-def measure(sizes: list[int], rounds: int) -> dict:
-    """Alternating rounds over the sizes: a no-op converge and status.py each; every sample."""
-    samples = {size: {"converge": [], "status": []} for size in sizes}
-    for r in range(rounds):
-        for size in sizes:
-            hosts = limit(names(size))
-            noop = timed("inventory/lab.py", "deploy.py", *hosts)
-            assert noop.run.totals["changed"] == 0, (size, noop.run.changed_operations())
-            status = timed("inventory/lab.py", "status.py", *hosts)
-            samples[size]["converge"].append(noop)
-            samples[size]["status"].append(status)
-            print(f"round {r + 1}, {size:2} hosts: " + "; ".join(
-                f"{play} {s.wall:.2f} s (controller {s.cpu:.2f} CPU s, {s.rss_mib:.0f} MiB; hosts "
-                f"{s.hosts_cpu:.2f} CPU s)" for play, s in (("no-op converge", noop), ("status.py", status))),
-                flush=True)
+@contextlib.contextmanager
+def tree_at(ref: str | None):
+    """A checkout of commit ``ref`` (a git worktree sharing this tree's .venv), removed after; None
+    without a ref."""
+    if not ref:
+        yield None
+        return
+    path = Path(tempfile.mkdtemp(prefix="rigup-bench-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(path), ref], cwd=ROOT, check=True)
+    try:
+        (path / ".venv").symlink_to(ROOT / ".venv")
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+def measure(sizes: list[int], rounds: int, against: str | None = None) -> dict:
+    """Alternating rounds over the sizes: a no-op converge and status.py each (and a no-op
+    converge by the tree at commit ``against``); every sample."""
+    with tree_at(against) as other:
+        plays = {"converge": ("deploy.py", ROOT), **({f"converge at {against}": ("deploy.py", other)} if other else {}),
+                 "status": ("status.py", ROOT)}
+        samples = {size: {play: [] for play in plays} for size in sizes}
+        for r in range(rounds):
+            for size in sizes:
+                for play, (file, cwd) in plays.items():
+                    sample = timed("inventory/lab.py", file, *limit(names(size)), cwd=cwd)
+                    if file == "deploy.py":
+                        assert sample.run.totals["changed"] == 0, (size, play, sample.run.changed_operations())
+                    samples[size][play].append(sample)
+                print(f"round {r + 1}, {size:2} hosts: " + "; ".join(
+                    f"{play} {s[-1].wall:.2f} s (controller {s[-1].cpu:.2f} CPU s, {s[-1].rss_mib:.0f} MiB; "
+                    f"hosts {s[-1].hosts_cpu:.2f} CPU s)" for play, s in samples[size].items()), flush=True)
     return samples
 
 
@@ -200,6 +222,9 @@ def markdown(result: dict) -> str:
         f"{n} hosts <= {g}x: {result['sizes'][n]['converge']['ratio']:.2f}x "
         f"({'met' if result['sizes'][n]['converge']['ratio'] <= g else 'NOT met'})"
         for n, g in GOALS.items() if n in result["sizes"]), "",
+        *([f"No-op converge of this tree against {result['command'].split('--against ')[1]} (median wall, same "
+           "hosts, alternating): " + ", ".join(f"{n} hosts {r:.2f}x" for n, r in result["against"].items()), ""]
+          if "against" in result else []),
         "First converges: " + json.dumps(result["first"]), ""]
     return "\n".join(lines)
 
@@ -210,6 +235,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", default="fleet", help="results file name after the date")
     parser.add_argument("--keep", action="store_true", help="leave the lab running (default: down)")
+    parser.add_argument("--against", help="also time the no-op converge of this commit's tree, alternating")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     try:
@@ -225,14 +251,15 @@ def write(args, sizes: list[int]) -> None:
     first = first_converges(max(sizes))
     memory = memory_mib()
     idle = idle_hosts_cpu()
-    samples = measure(sizes, args.rounds)
+    samples = measure(sizes, args.rounds, args.against)
     load_after = [round(x, 2) for x in os.getloadavg()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     result = {
         "date": datetime.date.today().isoformat(), "commit": commit + ("+changes" if dirty.strip() else ""),
-        "command": f"python -m tests.bench_fleet --sizes {args.sizes} --rounds {args.rounds}",
+        "command": f"python -m tests.bench_fleet --sizes {args.sizes} --rounds {args.rounds}"
+                   + (f" --against {args.against}" if args.against else ""),
         "what_ran": "deploy.py with group_vars/lab.yml (every role of the play; llama.cpp built for "
                     "the CPU, Gemma 3 270M served by llama-server on every host), a100 lab hosts; "
                     f"{args.rounds} alternating rounds, every no-op converge changed nothing",
@@ -240,6 +267,9 @@ def write(args, sizes: list[int]) -> None:
         "memory_mib": memory, "idle_hosts_cpu_s_per_s": idle, "first": first, "python": platform.python_version(),
         "sizes": summary(samples),
     }
+    if args.against:
+        result["against"] = {size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
+                             for size, plays in result["sizes"].items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"{result['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -44,7 +44,7 @@ from rigup.config import role_defaults
 from rigup.gate import endpoint
 from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from roles.balancer.checks import CHECKS, ports
 from roles.balancer.config import GATEWAY_KEY, gateway_backends, haproxy_cfg, problems
 from roles.balancer.facts import CONFIG, BalancerState
@@ -63,6 +63,7 @@ def wanted_backends(state: dict, gateway: list[dict]) -> list[dict]:
     return [{"name": name, **b} for name, b in sorted(state.get("backends", {}).items())] + gateway
 
 
+@reading(BalancerState, "drain")
 @operation()
 def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str | None = None):
     """HAProxy installed, configured for the host's backends and running, when it has any (with

@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import systemd
 
 from rigup import apt, files
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.templates import render
 from rigup.config import role_defaults
 from rigup.gpu.facts import Systemd
@@ -38,6 +38,7 @@ class PasswdEntry(FactBase):
         return {"home": cols[5], "shell": cols[6]} if len(cols) == 7 else None
 
 
+@reading(PasswdEntry, user="user_name")
 @operation()
 def system_user(user_name: str, home: str, shell: str = "/usr/sbin/nologin"):
     """A system user ``user_name`` with its own group, home ``home`` (not created) and ``shell``."""

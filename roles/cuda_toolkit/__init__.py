@@ -25,7 +25,7 @@ from rigup.config import role_defaults
 from rigup.files import managed
 from rigup.gpu.facts import CudaToolkits
 from rigup.gpu.plan import build_backend
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.templates import render
 from roles.cuda_toolkit.checks import CHECKS
 
@@ -39,6 +39,7 @@ def _home(data: dict) -> str:
     return f"/usr/local/cuda-{data['cuda_version']}" if data["cuda_source"] == "nvidia" else "/usr"
 
 
+@reading(DebPackages)
 @operation()
 def keyring(repo: str):
     """NVIDIA's cuda-keyring package (the apt source and its key), unless installed."""
@@ -58,6 +59,7 @@ def debian_component(component: str):
            f"sed -Ei 's/^(deb .*)$/\\1 {component}/' /etc/apt/sources.list; " + apt.waiting(apt.updated(), apt.lock_timeout()))
 
 
+@reading(CudaToolkits)
 @operation()
 def version_present(version: str):
     """Fail unless an nvcc of ``version`` is installed (cuda_source: present)."""

@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.gpu.catalogue import card_for
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
@@ -27,6 +27,7 @@ def plan_for(state: dict, data: dict) -> dict:
                       parse_applied(state["applied"]))
 
 
+@reading(GpuPowerState)
 @operation()
 def limits_applied(data: dict, script: str):
     """Write the boot configuration (by UUID) and run the boot unit when a card differs from the

@@ -26,6 +26,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, python
 
 from rigup import apt, progress
+from rigup.files import directory
 from rigup.config import role_defaults
 from rigup.gpu.plan import build_backend
 from rigup.state import read_once
@@ -48,7 +49,8 @@ def apply(plan: dict):
         return
     apt.installed(name="Install build tools", packages=BUILD_PACKAGES,
                   cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
-    files.directory(name=f"Directory {data['llama_cpp_ccache_dir']}", path=data["llama_cpp_ccache_dir"])
+    ccache = data["llama_cpp_ccache_dir"]
+    directory(name=f"Directory {ccache}", path=ccache, paths=[ccache], mode=None, user=None, group=None)
     options = cmake_options(plan, data)
     archive = None
     if data["llama_cpp_archive"]:

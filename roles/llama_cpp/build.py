@@ -8,10 +8,11 @@ from pyinfra.api import OperationError, operation
 from pyinfra.operations import files
 
 from rigup.progress import start_command
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 
 
+@reading(LlamaCppState, "dir")
 @operation()
 def built(dir: str, build_id: str, script: str):
     """Start the build of ``build_id`` with ``script`` unless its stamp exists: as the transient
@@ -40,6 +41,7 @@ def build_stamp(dir: str, build_id: str) -> str:
     return f"{dir}/builds/{build_id}/rigup-build.json"
 
 
+@reading(LlamaCppState, "dir")
 @operation()
 def switched(dir: str, target: str):
     """Point ``dir/current`` at ``target`` (``builds/<id>``) unless it already does; the build it

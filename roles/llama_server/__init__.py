@@ -59,7 +59,7 @@ from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
@@ -71,6 +71,7 @@ __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 
+@reading(LlamaServerState, "units", "build_link")
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
@@ -106,6 +107,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
                             block=not rpc, maintenance=maintenance)
 
 
+@reading(LlamaServerState, "units", "build_link")
 @operation()
 def retired(units: dict, build_link: str, wanted: list[str], backends: list[str], drain: str):
     """Servers rigup configured on the host that are not ``wanted`` (an instance dropped, a single

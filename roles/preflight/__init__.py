@@ -29,6 +29,7 @@ from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
 from rigup.names import MARKER
 from rigup.refusal import Fleet, Refusal
+from rigup.state import read_once, will_read
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
 
@@ -91,8 +92,10 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     systemd is PID 1) and ``serving_units`` (the serving instances installed) added for the roles."""
     data = host.data.dict()
     dests = model_dests(data)
-    facts = dict(host.get_fact(HardwareFacts, paths=["/", *dests]))
-    facts["model_bytes"] = host.get_fact(PathBytes, paths=model_places(data), marker=MARKER) if dests else {}
+    if dests:
+        will_read(PathBytes, paths=model_places(data), marker=MARKER)   # one round trip for both
+    facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
+    facts["model_bytes"] = read_once(PathBytes, paths=model_places(data), marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))
     _plans[host.name] = plan

@@ -28,7 +28,7 @@ from rigup import apt, firewall
 from rigup.config import role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.units import service_commands
 from roles.rpc_worker.checks import CHECKS, FLEET_CHECKS, ports
 from roles.rpc_worker.command import FIREWALL, TABLE, firewall_text, unit_text
@@ -63,6 +63,7 @@ class RpcWorkerState(FactBase):
 
 
 
+@reading(RpcWorkerState, "build_link")
 @operation()
 def server(data: dict, heads: list[str], build_link: str):
     """rigup-rpc.service with its current unit, enabled and running; restarted when the unit
@@ -74,6 +75,7 @@ def server(data: dict, heads: list[str], build_link: str):
     yield from service_commands(UNIT, RPC_UNIT, text, state, f"{RPC_UNIT} runs for {', '.join(heads)}")
 
 
+@reading(RpcWorkerState, "build_link")
 @operation()
 def retired(build_link: str):
     """A worker no instance names any more: its unit stopped and removed, its table deleted."""

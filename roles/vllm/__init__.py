@@ -90,7 +90,7 @@ from rigup.models import serving
 from rigup.names import balancer_drain, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from roles.vllm import cluster
 from roles.vllm import command as cmd
 from roles.vllm.checks import CHECKS, FLEET_CHECKS, plan_lines, ports, replica_groups
@@ -102,6 +102,7 @@ __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "ports"]
 INSTALL_UNIT = "rigup-vllm-install.service"  # the install runs as this transient unit (rigup.progress)
 
 
+@reading(VllmState, "pin_dir", instances="units")
 @operation()
 def install(pin_dir: str, patch_dir: str, series: list, script: str, stamp: str, units: dict):
     """The pin's virtualenv, made again only when the stamp differs (``units``: the role's
@@ -125,6 +126,7 @@ def installed_test(path: str, stamp: str) -> str:
     return f"printf '%s  %s\\n' {cmd.sha(stamp)} {shlex.quote(path)} | sha256sum -c --status -"
 
 
+@reading(VllmState, "pin_dir", instances="units")
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
              unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
@@ -156,6 +158,7 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, p
                             fleet_key=fleet_key, maintenance=maintenance)
 
 
+@reading(VllmState, "pin_dir", instances="units")
 @operation()
 def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
     """Servers rigup configured that are not in ``units`` (an instance dropped, one server replaced

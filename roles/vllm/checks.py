@@ -35,6 +35,10 @@ def _instances(plan: dict, data: dict) -> dict:
     return instances(data, _gpu_bound(plan, data))[0]
 
 
+# what ss names as the holder of a Ray node's ports (measured with Ray 2.52.1: raylet; its agents run python3)
+RAY_NODE_PROCESSES = ("raylet", "python3", "python")
+
+
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's; a single server takes it back from the
     balancer of the replicas it replaces) and each replica's loopback port (port + 1 + K)."""
@@ -47,6 +51,10 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
             continue
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "vllm")))
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("vllm",)) for k in range(count)]
+    if data.get("vllm_ray_role"):    # the raylet's and its agents' pinned ports (templates/vllm-ray.service.j2)
+        base = int(data["vllm_ray_node_port"])
+        found += [Port(p, f"vllm_ray_node_port..+5 (Ray's node port {p})", RAY_NODE_PROCESSES)
+                  for p in range(base, base + 6)]
     if data.get("vllm_ray_role") == "head":
         found.append(Port(int(data["vllm_ray_port"]), "vllm_ray_port (the Ray head)", ("gcs_server",)))
         if data.get("vllm_ray_dashboard"):

@@ -34,7 +34,7 @@ from pyinfra.api import FactBase, operation
 
 from rigup import firewall
 from rigup.rpc import address
-from rigup.state import read_once
+from rigup.state import read_once, reading
 from rigup.templates import render
 from rigup.units import service_commands, systemd_quote
 from roles.vllm.command import RAY_DIR
@@ -172,6 +172,7 @@ class RayState(FactBase):
 
 
 
+@reading(RayState, "venv")
 @operation()
 def installed(venv: str, version: str):
     """Ray ``version`` from PyPI in the vLLM virtualenv ``venv`` (pip's configuration applies)."""
@@ -182,6 +183,7 @@ def installed(venv: str, version: str):
     yield f"{shlex.quote(venv)}/bin/pip install -q --disable-pip-version-check {shlex.quote(f'ray=={version}')} 2>&1"
 
 
+@reading(RayState, "venv")
 @operation()
 def node(venv: str, text: str):
     """rigup-ray.service with ``text``, enabled and running; restarted when the unit (flags,

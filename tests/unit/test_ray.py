@@ -102,3 +102,18 @@ def test_a_worker_without_a_head_or_pin_is_refused():
     hosts = ray_fleet(worker={"vllm_ray_head": "rig-09", "vllm_ray_version": None})
     found = only(refusals(plan, facts, hosts["rig-02"], Fleet("rig-02", hosts)), "ray")
     assert [r.what for r in found] == ["vllm_ray_version", "vllm_ray_head: 'rig-09'"]
+
+
+def test_a_ray_node_port_held_by_another_process_is_refused():
+    """Ray's six node ports on every node (the GCS port on the head) are checked like a server's:
+    Ray's own processes (a converge again) pass, another process is named."""
+    hosts = ray_fleet()
+    ours = {6379: "gcs_server", 6380: "raylet", 6381: "raylet", 6385: "python3", 22: "sshd"}
+    for name in hosts:
+        plan, facts = host("h100", listening_ports=ours)
+        assert refusals(plan, facts, hosts[name], Fleet(name, hosts)) == []
+    plan, facts = host("h100", listening_ports={**ours, 6383: "nginx"})
+    found = only(refusals(plan, facts, hosts["rig-02"], Fleet("rig-02", hosts)), "ports")
+    print("\n".join(r.line("rig-02") for r in found))
+    assert [r.what for r in found] == ["port 6383 of vllm_ray_node_port..+5 (Ray's node port 6383) is already taken"]
+    assert "process nginx" in found[0].why
