@@ -8,7 +8,6 @@ No lab host is needed: the hub alone (on the lab gateway when a lab is up, else 
 address of this lab's id), asked as preflight asks it (``resolve``), figures printed."""
 
 import os
-import struct
 
 import pytest
 

@@ -2,7 +2,6 @@
 RPC worker (rigup-rpc, roles/rpc_worker) on lab2; a third host cannot reach the worker's port."""
 
 import json
-import re
 import shlex
 import time
 
