@@ -66,7 +66,8 @@ def read_once(fact, **kwargs):
     if base + key not in _read:
         reads = [(key, (fact, kwargs))] + [(k, v) for k, v in wanted.items() if base + k not in _read]
         if len(reads) > 1:
-            for k, value in host.get_fact(Batch, reads=[v for _, v in reads]).items():
+            # a batch that fails as a whole leaves each fact to be read alone, as pyinfra would
+            for k, value in host.get_fact(Batch, reads=[v for _, v in reads], _ignore_errors=True).items():
                 _read[base + reads[k][0]] = value
         if base + key not in _read:    # alone, or its command failed in the batch: pyinfra's own read and errors
             _read[base + key] = host.get_fact(fact, **kwargs)
@@ -89,10 +90,15 @@ class Batch(FactBase):
             command = fact.command(**kwargs) if callable(fact.command) else fact.command
             required = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
             if required:
-                command = StringCommand("if command -v", required, ">/dev/null 2>&1; then (", command,
-                                        "); else false; fi")
-            parts += ["echo", f"'{self.mark} {i}';", "(", command, ");", "echo", f"'{self.mark} rc' $?;"]
-        return StringCommand(*parts, "true")
+                command = StringCommand("if command -v ", required, " >/dev/null 2>&1; then ( ", command,
+                                        "\n); else false; fi", _separator="")
+            # a line of its own after each command: it may end in a here-document's last line
+            parts += [f"echo '{self.mark} {i}'; ( ", command, f"\n); echo '{self.mark} rc' $?\n"]
+        return StringCommand(*parts, "true", _separator="")
+
+    @staticmethod
+    def default() -> dict:
+        return {}
 
     def process(self, output: list[str]) -> dict:
         values, lines, current = {}, [], None

@@ -18,12 +18,31 @@ class Fails(FactBase):
         return "echo half; false"
 
 
+class NeedsSh(FactBase):
+    def requires_command(self) -> str:
+        return "sh"
+
+    def command(self) -> str:
+        return "(echo sub)"
+
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
 class NeedsAbsent(FactBase):
     def requires_command(self) -> str:
         return "rigup-no-such-command"
 
     def command(self) -> str:
         return "rigup-no-such-command"
+
+
+class HereDocument(FactBase):
+    def command(self) -> str:
+        return "cat <<'EOF'\none\nEOF"
+
+    def process(self, output: list[str]) -> list[str]:
+        return output
 
 
 class Empty(FactBase):
@@ -42,14 +61,16 @@ def test_a_batch_gives_each_fact_what_it_gives_alone(tmp_path):
     expected = alone.process(run(alone.command(paths=paths)))
     batch = Batch()
     reads = [(FileStates, {"paths": paths}), (Fails, {}), (NeedsAbsent, {}), (Empty, {}),
-             (FileStates, {"paths": paths[:1]})]
+             (FileStates, {"paths": paths[:1]}), (HereDocument, {}), (NeedsSh, {})]
     values = batch.process(run(batch.command(reads=reads)))
     print(values)
     # a failed command and a missing required command are left out: the caller reads those alone
-    assert sorted(values) == [0, 3, 4]
+    assert sorted(values) == [0, 3, 4, 5, 6]
     assert values[0] == expected and values[0][paths[2]] is None and values[0][paths[1]]["kind"] == "d"
     assert values[3] == {"empty": True}
     assert values[4] == {paths[0]: expected[paths[0]]}
+    assert values[5] == ["one"]     # a here-document's end stays on a line of its own
+    assert values[6] == ["sub"]     # "( (" is two subshells in any sh, never bash's "(("
 
 
 def test_a_line_like_the_mark_from_a_fact_does_not_split_it(tmp_path):
