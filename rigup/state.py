@@ -5,8 +5,8 @@ there is a round trip in the middle of the run, and every host of the fleet wait
 one before the next operation starts. So a role names, while its ``apply`` runs (before any
 operation executes), the facts its operations will read (:func:`will_read`, or the
 :func:`reading` decorator on an operation); the first of those reads then reads every named fact
-of the host not read yet in one command (:class:`Batch`), and a converge with nothing to do reads
-the whole stack's state in one round trip.
+of the host not read yet in one command (:class:`Batch`): a converge with nothing to do reads
+the whole stack's state in one round trip while its operations run.
 """
 
 from __future__ import annotations

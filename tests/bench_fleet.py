@@ -222,8 +222,8 @@ def markdown(result: dict) -> str:
         f"{n} hosts <= {g}x: {result['sizes'][n]['converge']['ratio']:.2f}x "
         f"({'met' if result['sizes'][n]['converge']['ratio'] <= g else 'NOT met'})"
         for n, g in GOALS.items() if n in result["sizes"]), "",
-        *([f"No-op converge of this tree against {result['command'].split('--against ')[1]} (median wall, same "
-           "hosts, alternating): " + ", ".join(f"{n} hosts {r:.2f}x" for n, r in result["against"].items()), ""]
+        *([f"No-op converge of this tree against {result['against']['ref']} (median wall, same hosts, "
+           "alternating): " + ", ".join(f"{n} hosts {r:.2f}x" for n, r in result["against"]["ratios"].items()), ""]
           if "against" in result else []),
         "First converges: " + json.dumps(result["first"]), ""]
     return "\n".join(lines)
@@ -268,8 +268,9 @@ def write(args, sizes: list[int]) -> None:
         "sizes": summary(samples),
     }
     if args.against:
-        result["against"] = {size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
-                             for size, plays in result["sizes"].items()}
+        result["against"] = {"ref": args.against, "ratios": {
+            size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
+            for size, plays in result["sizes"].items()}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"{result['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -92,10 +92,11 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     systemd is PID 1) and ``serving_units`` (the serving instances installed) added for the roles."""
     data = host.data.dict()
     dests = model_dests(data)
+    places = model_places(data)
     if dests:
-        will_read(PathBytes, paths=model_places(data), marker=MARKER)   # one round trip for both
+        will_read(PathBytes, paths=places, marker=MARKER)   # one round trip for both
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
-    facts["model_bytes"] = read_once(PathBytes, paths=model_places(data), marker=MARKER) if dests else {}
+    facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))
     _plans[host.name] = plan

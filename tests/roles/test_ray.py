@@ -135,19 +135,16 @@ def probe(lab, name: str, address: str, port: int) -> str:
 
 def test_only_the_cluster_reaches_rays_ports(lab, ray):
     """lab3, not a Ray node, gets a reset on the head's GCS port and a raylet port; the worker connects."""
-    lab.up(1, "none", first=3)
-    try:
-        head = ray["addresses"][HEAD]
-        for port in (6379, 6380):      # the GCS; the raylet (vllm_ray_node_port)
-            outside, member = probe(lab, OTHER, head, port), probe(lab, WORKER, head, port)
-            print(f"\n{OTHER} -> {head}:{port}: {outside}\n{WORKER} -> {head}:{port}: {member}")
-            assert outside.endswith("rc=1") and "refused" in outside
-            assert member == "rc=0"
-        table = on_host(lab, HEAD, "nft list table inet rigup_ray")
-        print(table)
-        assert f"ip saddr {{ {head}, {ray['addresses'][WORKER]} }} accept" in table
-    finally:
-        lab.remove(OTHER)
+    lab.up(1, "none", first=3)     # removed when the module ends (tests/conftest.py)
+    head = ray["addresses"][HEAD]
+    for port in (6379, 6380):      # the GCS; the raylet (vllm_ray_node_port)
+        outside, member = probe(lab, OTHER, head, port), probe(lab, WORKER, head, port)
+        print(f"\n{OTHER} -> {head}:{port}: {outside}\n{WORKER} -> {head}:{port}: {member}")
+        assert outside.endswith("rc=1") and "refused" in outside
+        assert member == "rc=0"
+    table = on_host(lab, HEAD, "nft list table inet rigup_ray")
+    print(table)
+    assert f"ip saddr {{ {head}, {ray['addresses'][WORKER]} }} accept" in table
 
 
 def test_every_port_ray_listens_on_is_pinned(lab, ray):

@@ -13,45 +13,18 @@ def run(command) -> list[str]:
     return subprocess.run(["sh", "-c", text], capture_output=True, text=True).stdout.splitlines()
 
 
-class Fails(FactBase):
-    def command(self) -> str:
-        return "echo half; false"
+def shell_fact(command: str, requires: str | None = None, default=None) -> type[FactBase]:
+    """A fact running ``command`` (when ``requires`` is installed) whose value is its output lines."""
+    return type("ShellFact", (FactBase,), {
+        "command": lambda self: command, "requires_command": lambda self: requires,
+        "process": lambda self, output: output, "default": staticmethod(lambda: default)})
 
 
-class NeedsSh(FactBase):
-    def requires_command(self) -> str:
-        return "sh"
-
-    def command(self) -> str:
-        return "(echo sub)"
-
-    def process(self, output: list[str]) -> list[str]:
-        return output
-
-
-class NeedsAbsent(FactBase):
-    def requires_command(self) -> str:
-        return "rigup-no-such-command"
-
-    def command(self) -> str:
-        return "rigup-no-such-command"
-
-
-class HereDocument(FactBase):
-    def command(self) -> str:
-        return "cat <<'EOF'\none\nEOF"
-
-    def process(self, output: list[str]) -> list[str]:
-        return output
-
-
-class Empty(FactBase):
-    def command(self) -> str:
-        return "true"
-
-    @staticmethod
-    def default():
-        return {"empty": True}
+Fails = shell_fact("echo half; false")
+NeedsSh = shell_fact("(echo sub)", requires="sh")
+NeedsAbsent = shell_fact("rigup-no-such-command", requires="rigup-no-such-command")
+HereDocument = shell_fact("cat <<'EOF'\none\nEOF")
+Empty = shell_fact("true", default={"empty": True})
 
 
 def test_a_batch_gives_each_fact_what_it_gives_alone(tmp_path):
