@@ -32,6 +32,8 @@ from typing import Any
 import yaml
 from pyinfra.api.exceptions import PyinfraError
 
+from rigup import playfile
+
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
 GROUP_VARS_DIR = ROOT / "group_vars"
@@ -330,7 +332,9 @@ def check_host(host) -> None:
     """Validate ``host``'s merged data; raise ConfigError listing every problem with its file.
     Then give the host the default of every variable its data lacks: an inventory that does not
     use :func:`all_group` (``@local``, a user's own file) has no role defaults outside the roles'
-    own ``@deploy``, and preflight and the plan modes read every role's variables."""
+    own ``@deploy``, and preflight and the plan modes read every role's variables.
+    Every play calls it first, so it also gives the play file a module entry (rigup/playfile.py)."""
+    playfile.own_module(host.state.current_deploy_filename)
     data = host.data.dict()
     found = problems(data)
     if found:

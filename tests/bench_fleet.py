@@ -225,8 +225,31 @@ def markdown(result: dict) -> str:
         *([f"No-op converge of this tree against {result['against']['ref']} (median wall, same hosts, "
            "alternating): " + ", ".join(f"{n} hosts {r:.2f}x" for n, r in result["against"]["ratios"].items()), ""]
           if "against" in result else []),
-        "First converges: " + json.dumps(result["first"]), ""]
+        *bounds_lines(result), "First converges: " + json.dumps(result["first"]), ""]
     return "\n".join(lines)
+
+
+def bounds(result: dict) -> dict:
+    """Per size, two floors under the no-op converge's wall, each as a ratio to 1 host's wall:
+    ``shared_cores``, the controller's and the lab hosts' CPU seconds spread over the machine's
+    cores (in the lab every host's work runs on those cores), and ``controller``, the controller's
+    CPU seconds alone (pyinfra runs on one core; on a fleet whose hosts have CPUs of their own
+    this floor is the one that remains)."""
+    base = result["sizes"][min(result["sizes"])]["converge"]["median_s"]
+    out = {}
+    for size, plays in result["sizes"].items():
+        row = plays["converge"]
+        out[size] = {"shared_cores": round((row["cpu_s_median"] + row["hosts_cpu_s_median"]) / result["cpus"] / base, 2),
+                     "controller": round(row["cpu_s_median"] / base, 2)}
+    return out
+
+
+def bounds_lines(result: dict) -> list[str]:
+    """The floors of :func:`bounds`, as a paragraph."""
+    return ["Floors under the no-op converge's wall, as ratios to 1 host's wall: (controller CPU + lab hosts' CPU) / "
+            f"{result['cpus']} cores, then the controller's CPU alone (one core; what remains when the "
+            "hosts have CPUs of their own): " + ", ".join(
+                f"{n} hosts {b['shared_cores']:.2f}x / {b['controller']:.2f}x" for n, b in result["bounds"].items()), ""]
 
 
 def main() -> None:
@@ -267,6 +290,7 @@ def write(args, sizes: list[int]) -> None:
         "memory_mib": memory, "idle_hosts_cpu_s_per_s": idle, "first": first, "python": platform.python_version(),
         "sizes": summary(samples),
     }
+    result["bounds"] = bounds(result)
     if args.against:
         result["against"] = {"ref": args.against, "ratios": {
             size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
