@@ -334,7 +334,7 @@ def check_host(host) -> None:
     use :func:`all_group` (``@local``, a user's own file) has no role defaults outside the roles'
     own ``@deploy``, and preflight and the plan modes read every role's variables.
     Every play calls it first, so it also gives the play file a module entry (rigup/playfile.py)."""
-    playfile.own_module(host.state.current_deploy_filename)
+    playfile.own_module_of(host)
     data = host.data.dict()
     found = problems(data)
     if found:

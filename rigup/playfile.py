@@ -16,8 +16,7 @@ import types
 
 
 def own_module(filename: str | None) -> None:
-    """Give the play file ``filename`` (pyinfra's ``state.current_deploy_filename``) a module entry,
-    once per process."""
+    """Give the play file ``filename`` a module entry, once per process."""
     if not filename:
         return
     name = "rigup_play_file:" + os.path.abspath(filename)
@@ -25,3 +24,9 @@ def own_module(filename: str | None) -> None:
         module = types.ModuleType(name)
         module.__file__ = filename
         sys.modules[name] = module
+
+
+def own_module_of(host) -> None:
+    """Give the play file that pyinfra runs for ``host`` (its state's ``current_deploy_filename``) a
+    module entry; nothing for a host outside a pyinfra run."""
+    own_module(getattr(getattr(host, "state", None), "current_deploy_filename", None))
