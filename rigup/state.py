@@ -11,6 +11,7 @@ the whole stack's state in one round trip while its operations run.
 
 from __future__ import annotations
 
+import copy
 import functools
 import secrets
 
@@ -51,6 +52,21 @@ def reading(fact, *same: str, **renamed: str):
     return wrap
 
 
+def _now() -> tuple:
+    """This host at this point of the run: how many of its operations have run commands."""
+    return (*_host_key(), sum(1 for op in host.state.ops[host].values() if op.operation_meta.executed))
+
+
+def known(fact, value, **kwargs) -> None:
+    """``value`` is what ``fact`` with ``kwargs`` reads on this host now: another fact's command read
+    it too (preflight's HardwareFacts holds the NvidiaGpus value). A later :func:`read_once` of it,
+    before an operation runs commands on the host, takes a copy from here instead of a round trip."""
+    if host.state.current_stage in (StateStage.Prepare, StateStage.Execute):
+        key = _fact_key(fact, kwargs)
+        _read[_now() + key] = copy.deepcopy(value)
+        _wanted.get(_host_key(), {}).pop(key, None)
+
+
 def read_once(fact, **kwargs):
     """``host.get_fact(fact, **kwargs)``, read again only once an operation has run commands on
     the host. pyinfra 3 caches no fact; an operation's body may run more than once, and several
@@ -58,8 +74,7 @@ def read_once(fact, **kwargs):
     that misses also reads every fact named by :func:`will_read` and not read yet."""
     if host.state.current_stage not in (StateStage.Prepare, StateStage.Execute):
         return host.get_fact(fact, **kwargs)
-    ran = sum(1 for op in host.state.ops[host].values() if op.operation_meta.executed)
-    base = (*_host_key(), ran)
+    base = _now()
     wanted = _wanted.setdefault(_host_key(), {})
     key = _fact_key(fact, kwargs)
     wanted.pop(key, None)

@@ -32,12 +32,11 @@ from pyinfra.operations import systemd
 from rigup import files, services
 from rigup.config import role_defaults
 from rigup.gpu.plan import gpu_host
-from rigup.state import read_once
 from rigup.templates import render
 from roles.gpu_power.checks import CHECKS
-from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
+from roles.gpu_power.facts import APPLIED, CONF, UNIT
 from roles.gpu_power.policy import format_plan
-from roles.gpu_power.power import limits_applied, plan_for
+from roles.gpu_power.power import limits_applied, plan_for, power_state
 
 __all__ = ["apply", "CHECKS", "show_plan"]
 
@@ -52,7 +51,7 @@ def applies(plan: dict, data) -> bool:
 def show_plan() -> dict:
     """Print each card of this host, its limits and what the policy would change (reads only)."""
     data = host.data.dict()
-    plan = plan_for(read_once(GpuPowerState), data)
+    plan = plan_for(power_state(), data)
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] power: {line}", err=True)
     return plan

@@ -1,10 +1,10 @@
-"""What the gpu_power role reads on a host, in one round trip."""
+"""What the gpu_power role reads on a host besides its cards (``NvidiaGpus``)."""
 
 from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from rigup.gpu.facts import GPU_COMMAND, sections, parse_gpus
+from rigup.gpu.facts import sections
 
 CONF = "/etc/rigup/gpu-power.conf"
 APPLIED = "/run/rigup/gpu-power.applied"   # written by the boot script after a run that verified
@@ -27,7 +27,6 @@ def parse_applied(text: str) -> dict[str, dict]:
 def parse_power_state(lines: list[str]) -> dict:
     sec = sections(lines, MARK)
     return {
-        "gpus": parse_gpus(sec.get("gpus", [])),
         "conf": "".join(f"{ln}\n" for ln in sec.get("conf", [])),
         "applied": "".join(f"{ln}\n" for ln in sec.get("applied", [])),
         "enabled": (sec.get("enabled") or [""])[0].strip(),
@@ -36,10 +35,10 @@ def parse_power_state(lines: list[str]) -> dict:
 
 
 class GpuPowerState(FactBase):
-    """The cards (``NvidiaGpus``), the boot configuration, what the boot script applied at this
-    boot, whether its unit is enabled and whether systemd runs::
+    """The boot configuration, what the boot script applied at this boot, whether its unit is
+    enabled and whether systemd runs (the cards are ``NvidiaGpus``, which preflight has read)::
 
-        {"gpus": [...], "conf": "...", "applied": "...", "enabled": "enabled", "systemd": True}
+        {"conf": "...", "applied": "...", "enabled": "enabled", "systemd": True}
     """
 
     @staticmethod
@@ -47,8 +46,7 @@ class GpuPowerState(FactBase):
         return parse_power_state([])
 
     def command(self) -> str:
-        return (f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi; "
-                f"echo '{MARK}conf'; cat {CONF} 2>/dev/null; echo '{MARK}applied'; cat {APPLIED} 2>/dev/null; "
+        return (f"echo '{MARK}conf'; cat {CONF} 2>/dev/null; echo '{MARK}applied'; cat {APPLIED} 2>/dev/null; "
                 f"echo '{MARK}enabled'; systemctl is-enabled {UNIT} 2>/dev/null; "
                 f"echo '{MARK}systemd'; [ -d /run/systemd/system ] && echo yes || echo no; true")
 

@@ -11,6 +11,7 @@ from pyinfra.operations import files
 
 from rigup.state import read_once, reading
 from rigup.gpu.catalogue import card_for
+from rigup.gpu.facts import NvidiaGpus
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
 
@@ -18,6 +19,12 @@ from roles.gpu_power.policy import config_lines, power_plan
 def card_class(gpu: dict) -> str | None:
     card = card_for(gpu)
     return card["class"] if card else None
+
+
+def power_state() -> dict:
+    """The host's cards (``NvidiaGpus``: preflight's read, while no operation has run commands on
+    the host; nvidia-smi is slow to start on a card without persistence) and ``GpuPowerState``."""
+    return {**read_once(GpuPowerState), "gpus": read_once(NvidiaGpus)}
 
 
 def plan_for(state: dict, data: dict) -> dict:
@@ -28,13 +35,14 @@ def plan_for(state: dict, data: dict) -> dict:
 
 
 @reading(GpuPowerState)
+@reading(NvidiaGpus)
 @operation()
 def limits_applied(data: dict, script: str):
     """Write the boot configuration (by UUID) and run the boot unit when a card differs from the
     policy: it sets only the cards that differ, each with ``-i <UUID>``, and reads every value
     back, failing on a mismatch. Every value is checked against the card's own min..max first:
     an out-of-range value or an override naming no card raises before anything changes."""
-    state = read_once(GpuPowerState)
+    state = power_state()
     plan = plan_for(state, data)
     if plan["problems"]:
         raise OperationError(f"gpu_power on {host.name}: " + "; ".join(plan["problems"]))

@@ -24,12 +24,12 @@ from pyinfra import host
 
 from rigup import summary
 from rigup.config import source_of
-from rigup.gpu.facts import HardwareFacts
+from rigup.gpu.facts import HardwareFacts, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
 from rigup.names import MARKER
 from rigup.refusal import Fleet, Refusal
-from rigup.state import read_once, will_read
+from rigup.state import known, read_once, will_read
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
 
@@ -96,6 +96,7 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     if dests:
         will_read(PathBytes, paths=places, marker=MARKER)   # one round trip for both
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
+    known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
                       serving_units=facts.get("serving_units", []))

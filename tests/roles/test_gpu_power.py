@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from rigup.gpu.facts import GPU_QUERY
 from tests.conftest import on_host
 from tests.roles.power_lab import calls, cards, data, install_serving_unit, play
 
@@ -59,8 +60,14 @@ def test_policy_by_uuid_and_bus_id_applies_and_reads_back(lab, host, policy):
     assert all(c["persistence"] == "Enabled" for c in cards(lab, host))
     journal = on_host(lab, host, "journalctl -u rigup-gpu-power -o cat --no-pager")
     assert "rigup-gpu-power: applied: 8 card(s) verified" in journal
+    n = len(calls(lab, host))
     again = play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
     assert again.totals["changed"] == 0, again.changed_operations()
+    # preflight's read of the cards serves gpu_power too: nvidia-smi starts once (seconds each on
+    # cards without persistence)
+    queries = [a for a in calls(lab, host)[n:] if f"--query-gpu={GPU_QUERY}" in a]   # not the guard's
+    print(f"nvidia-smi card queries in a converge with nothing to do: {len(queries)}")
+    assert len(queries) == 1, queries
 
 
 def test_only_cards_that_differ_are_set(lab, host, policy):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from rigup.gpu.facts import HardwareFacts
+from rigup.gpu.facts import GPU_COMMAND, HardwareFacts
 from roles.gpu_guard import CONFIG as GUARD_CONFIG
 from roles.gpu_guard import SERVICE as GUARD_SERVICE
 from roles.gpu_guard import TIMER as GUARD_TIMER
@@ -172,7 +172,8 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
         copy[f"{prefix}/bin/rigup-gpu-power"],
         {**copy[f"/etc/systemd/system/{POWER_UNIT}"], "notify": daemon_reload},
         copy[UDEV_RULE],
-        _fact("gpu_power: the cards and their policy (GpuPowerState)", GpuPowerState().command(), "power"),
+        _fact("gpu_power: the cards and their policy (NvidiaGpus, GpuPowerState)",
+              f"{GPU_COMMAND}; {GpuPowerState().command()}", "power"),
         copy[POWER_CONF],
         {"name": "gpu_power: GPU power limits by UUID (set what differs)",  # the lab's policy: persistence on, no caps
          "ansible.builtin.command": {"cmd": f"systemctl restart {POWER_UNIT}"},
