@@ -57,8 +57,10 @@ def test_prometheus_has_every_card_and_the_token_counters(lab, hosts):
     assert until(lambda: api(lab, monitor, "query", query=query)["result"]), "180 W never reached Prometheus"
     print(f"GPU 0 of {other} at 180 W seen through Prometheus after {time.monotonic() - started:.1f} s")
     # every host's cards: each host's guard writes its own file, on its own timer
-    draws = until(lambda: (lambda r: r if {x["metric"]["host"] for x in r} == set(hosts) else None)(
-        api(lab, monitor, "query", query="rigup_gpu_power_draw_watts")["result"])) or []
+    def every_host():
+        found = api(lab, monitor, "query", query="rigup_gpu_power_draw_watts")["result"]
+        return found if {x["metric"]["host"] for x in found} == set(hosts) else None
+    draws = until(every_host) or []
     per_host = {}
     for series in draws:
         per_host.setdefault(series["metric"]["host"], {})[series["metric"]["gpu"]] = float(series["value"][1])
