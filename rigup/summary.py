@@ -20,6 +20,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
 _heard: dict[str, list[str]] = {}
 _refused: dict[str, list[str]] = {}
+_notes: dict[str, list[str]] = {}
 _state: list = []
 
 
@@ -51,6 +52,12 @@ def refused(host_name: str, reasons: list[str]) -> None:
     _refused[host_name] = reasons
 
 
+def note(host_name: str, text: str) -> None:
+    """Something the host's line should say whatever happened (a trap a remedy avoided)."""
+    if text not in _notes.setdefault(host_name, []):
+        _notes[host_name].append(text)
+
+
 # pyinfra's own words around a failure, which say nothing of its reason
 _GENERIC = re.compile(r"^(Error(: executed \d+/\d+ commands)?|Error in nested operation|Traceback)")
 
@@ -62,7 +69,12 @@ def _last(host_name: str, n: int = 3) -> str:
 
 
 def host_line(state, host) -> str:
-    """What happened to ``host`` in this run, in one line."""
+    """What happened to ``host`` in this run, in one line, with its notes."""
+    notes = "".join(f"; {n}" for n in _notes.get(host.name, []))
+    return _outcome(state, host) + notes
+
+
+def _outcome(state, host) -> str:
     name = host.name
     if name in _refused:
         return f"[{name}] refused ({len(_refused[name])} reason{'s' if len(_refused[name]) > 1 else ''}): " + "; ".join(_refused[name])
@@ -94,5 +106,5 @@ def report() -> None:
     click.echo("--> rigup: what happened to each host", err=True)
     for host in hosts:
         line = host_line(state, host)
-        ok = line.endswith(("unchanged", "changed)"))
+        ok = _outcome(state, host).endswith(("unchanged", "changed)"))
         click.echo(click.style(f"    {line}", fg=None if ok else "red"), err=True)

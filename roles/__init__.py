@@ -4,7 +4,8 @@
 imports them (only the plays do: a pure module such as roles/llama_server/command.py imports no
 other role). :data:`STEPS` is what deploy.py calls, in order: each role's ``apply``, and
 model_fetch's ``waited`` after the build, so that the downloads (started early, in the
-background) and the build run at the same time, and its ``pruned`` last, once the serving roles
+background) and the build run at the same time, then llama_cpp's ``proven`` (the new build's smoke
+inference, with the served model when it is there by then, and the switch), and model_fetch's ``pruned`` last, once the serving roles
 restarted on a model's new revision.
 """
 
@@ -14,7 +15,7 @@ from types import ModuleType
 ORDER = ("base", "model_fetch", "cuda_toolkit", "llama_cpp", "gpu_power", "gpu_guard", "cmpunlocker",
          "rpc_worker", "llama_server", "vllm", "balancer", "metrics", "watchdog")
 STEPS = ("base.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
-         "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply", "llama_server.apply", "vllm.apply",
+         "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply", "llama_server.apply", "vllm.apply",
          "balancer.apply", "metrics.apply", "watchdog.apply", "model_fetch.pruned")
 
 

@@ -399,6 +399,114 @@ class Systemd(FactBase):
         return parse_systemd(output)
 
 
+# ----------------------------------------------------------------------------- CPU
+# The first processor's /proc/cpuinfo lines of these keys (x86: vendor_id, model name, flags;
+# aarch64: Features, CPU implementer, CPU part), the logical CPUs, one "<package> <core>" line per
+# physical core (from /sys, else /proc/cpuinfo's physical id / core id), and the NUMA nodes.
+CPUINFO = "/proc/cpuinfo"
+CPU_SYS = "/sys/devices/system/cpu"
+NODE_SYS = "/sys/devices/system/node"
+CPUINFO_KEYS = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
+CPU_COMMAND = (
+    f"echo '--- cpuinfo'; for k in {' '.join(map(shlex.quote, CPUINFO_KEYS))}; do "
+    f"grep -m1 \"^$k[[:space:]]*:\" {shlex.quote(CPUINFO)} 2>/dev/null; done; "
+    f"echo '--- logical'; n=$(grep -c '^processor[[:space:]]*:' {shlex.quote(CPUINFO)} 2>/dev/null); "
+    "[ \"${n:-0}\" -gt 0 ] 2>/dev/null || n=$(nproc 2>/dev/null); echo \"$n\"; "
+    f"echo '--- topology'; t=$(for d in {shlex.quote(CPU_SYS)}/cpu[0-9]*/topology; do [ -r \"$d/core_id\" ] && "
+    "echo \"$(cat \"$d/physical_package_id\" 2>/dev/null || echo 0) $(cat \"$d/core_id\")\"; done | sort -u); "
+    "if [ -n \"$t\" ]; then echo \"$t\"; else awk -F': *' '/^physical id/ {p = $2} /^core id/ {print p, $2}' "
+    f"{shlex.quote(CPUINFO)} 2>/dev/null | sort -u; fi; "
+    f"echo '--- numa'; n=0; for d in {shlex.quote(NODE_SYS)}/node[0-9]*; do [ -d \"$d\" ] && n=$((n + 1)); done; "
+    "echo \"$n\"; true"
+)
+# The flags that matter to llama.cpp / vLLM CPU kernels, as the kernel spells them (aarch64's
+# asimddp is kept as dotprod); every other flag is dropped.
+CPU_FLAGS = frozenset((
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+    "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8",
+    "amx_bf16", "amx_fp16", "asimd", "asimdhp", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme",
+))
+_CPU_FLAG_NAMES = {"asimddp": "dotprod"}
+_CPU_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon", "CentaurHauls": "Centaur"}
+# aarch64 has no vendor_id / model name: "CPU implementer" and "CPU part" (as lscpu names them).
+_ARM_IMPLEMENTERS = {0x41: "ARM", 0x43: "Cavium", 0x46: "Fujitsu", 0x48: "HiSilicon", 0x4E: "NVIDIA",
+                     0x51: "Qualcomm", 0x61: "Apple", 0xC0: "Ampere"}
+_ARM_PARTS = {(0x41, 0xD08): "Cortex-A72", (0x41, 0xD0B): "Cortex-A76", (0x41, 0xD0C): "Neoverse-N1",
+              (0x41, 0xD40): "Neoverse-V1", (0x41, 0xD49): "Neoverse-N2", (0x41, 0xD4F): "Neoverse-V2",
+              (0x41, 0xD84): "Neoverse-V3", (0x41, 0xD8E): "Neoverse-N3", (0x46, 0x001): "A64FX",
+              (0x48, 0xD01): "Kunpeng-920", (0xC0, 0xAC3): "Ampere-1", (0xC0, 0xAC4): "Ampere-1a"}
+
+
+def _hex(text: str | None) -> int | None:
+    """``"0x41"`` -> 65; None when not hex."""
+    try:
+        return int(text or "", 16)
+    except ValueError:
+        return None
+
+
+def _count(lines: list[str]) -> int | None:
+    """The first line that is a whole number, or None."""
+    return next((int(ln.strip()) for ln in lines if ln.strip().isdigit()), None)
+
+
+def parse_cpu(lines: list[str]) -> dict:
+    """``CPU_COMMAND``'s output -> ``{"vendor", "model", "logical", "cores", "sockets",
+    "numa_nodes", "flags", "amx"}``.
+
+    ``vendor`` is short ("Intel", "AMD"; on aarch64 the implementer: "ARM", "Ampere"...), ``model``
+    the model name (aarch64: the part, "Neoverse-V1"), ``cores`` the distinct (package, core)
+    pairs, ``numa_nodes`` 1 when /sys has no node (a kernel without NUMA); each None when unknown.
+    ``flags`` is the sorted :data:`CPU_FLAGS` the CPU has, ``amx`` whether it has AMX tiles with
+    INT8 or BF16. Garbled text gives these empty values, never an error.
+    """
+    sec = sections(lines, "--- ")
+    info: dict[str, str] = {}
+    for line in sec.get("cpuinfo", []):
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and value.strip():
+            info.setdefault(key.strip(), " ".join(value.split()))
+    raw = (info.get("flags") or info.get("Features") or "").split()
+    flags = sorted({_CPU_FLAG_NAMES.get(f, f) for f in raw} & CPU_FLAGS)
+    implementer, part = _hex(info.get("CPU implementer")), _hex(info.get("CPU part"))
+    vendor = info.get("vendor_id")
+    vendor = _CPU_VENDORS.get(vendor, vendor) if vendor else _ARM_IMPLEMENTERS.get(implementer)
+    pairs = set()
+    for line in sec.get("topology", []):
+        cells = line.split()
+        if len(cells) == 2 and all(re.fullmatch(r"-?\d+", c) for c in cells):
+            pairs.add((int(cells[0]), int(cells[1])))
+    numa = _count(sec.get("numa", []))
+    return {
+        "vendor": vendor,
+        "model": info.get("model name") or _ARM_PARTS.get((implementer, part)),
+        "logical": _count(sec.get("logical", [])) or None,
+        "cores": len(pairs) or None,
+        "sockets": len({p for p, _ in pairs}) or None,
+        "numa_nodes": None if numa is None else max(numa, 1),
+        "flags": flags,
+        "amx": "amx_tile" in flags and bool({"amx_int8", "amx_bf16"} & set(flags)),
+    }
+
+
+class CpuInfo(FactBase):
+    """The host's CPU (see :func:`parse_cpu`)::
+
+        {"vendor": "Intel", "model": "Intel(R) Xeon(R) Platinum 8480+", "logical": 224, "cores": 112,
+         "sockets": 2, "numa_nodes": 2, "flags": ["amx_bf16", "amx_int8", ..., "fma"], "amx": True}
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return parse_cpu([])
+
+    def command(self) -> str:
+        return CPU_COMMAND
+
+    def process(self, output: list[str]) -> dict:
+        return parse_cpu(output)
+
+
 # ----------------------------------------------------------------------------- all at once
 MARK = "##rigup:"
 
@@ -413,6 +521,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}kernel'; {KERNEL_COMMAND}",
         f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",
         f"echo '{MARK}serving'; {SERVING_COMMAND}",
+        f"echo '{MARK}cpu'; ( {CPU_COMMAND} )",
     ]
     for path in paths:
         parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")
@@ -431,6 +540,7 @@ def parse_hardware(lines: list[str]) -> dict:
         "kernel": parse_kernel(sec.get("kernel", [])),
         "systemd": parse_systemd(sec.get("systemd", [])),
         "serving_units": sorted(line.strip() for line in sec.get("serving", []) if line.strip()),
+        "cpu": parse_cpu(sec.get("cpu", [])),
         "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
     }
 
@@ -441,7 +551,7 @@ class HardwareFacts(FactBase):
         {"gpus": [...NvidiaGpus...], "driver": {...NvidiaDriver...},
          "cuda_toolkits": [...CudaToolkits...], "listening_ports": {22: "sshd"},
          "secure_boot": None, "kernel": {"release": ..., "headers": ...}, "systemd": True,
-         "free_disk": {"/": 68702195712}}
+         "cpu": {...CpuInfo...}, "free_disk": {"/": 68702195712}}
 
     ``host.get_fact(HardwareFacts, paths=["/", "/var/lib/rigup"])`` sizes ``free_disk``.
     """

@@ -1,7 +1,7 @@
 """What a host's hardware calls for: pure functions of its facts and the catalogue.
 
 No pyinfra host access here: :func:`hardware_plan` takes the values of the ``NvidiaGpus``,
-``NvidiaDriver`` and ``CudaToolkits`` facts (rigup/gpu/facts.py) and returns a plain,
+``NvidiaDriver``, ``CudaToolkits`` and ``CpuInfo`` facts (rigup/gpu/facts.py) and returns a plain,
 JSON-serialisable dict that preflight, the roles and a dry run all read::
 
     {"cpu_only": False, "why_cpu_only": None,
@@ -16,6 +16,9 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
      "min_cuda": "11.0",                                    # the newest of the cards' minimums
      "cuda_toolkit": {"needed": "11.0", "found": "12.8", "path": "/usr/local/cuda-12.8/bin/nvcc"},
      "driver": {"version": "580.105.08", "loaded": True, "kernel_module": "open"},
+     "cpu": {"vendor": "AMD", "model": "AMD EPYC 7763 64-Core Processor", "logical": 256,
+             "cores": 128, "sockets": 2, "numa_nodes": 2, "flags": ["avx", "avx2", "f16c", "fma"],
+             "amx": False},                                 # CpuInfo's value; {} when not read
      "vram_mib": {"total": 655360, "per_card": [81920, ...]},
      "vram_unlocked_mib": {"total": 655360, "per_card": [81920, ...]},   # after cmpunlocker
      "needs_unlock": False,
@@ -65,6 +68,7 @@ class Plan(TypedDict, total=False):
     min_cuda: str | None
     cuda_toolkit: dict[str, str | None]
     driver: dict[str, object]
+    cpu: dict[str, object]
     vram_mib: dict[str, object]
     vram_unlocked_mib: dict[str, object]
     needs_unlock: bool
@@ -156,9 +160,10 @@ def _pick_toolkit(toolkits: list[dict], needed: str | None) -> dict | None:
     return max(ok, key=lambda t: cuda_version(t.get("version")), default=None)
 
 
-def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[dict] | None = None) -> Plan:
-    """The plan for a host with these ``NvidiaGpus`` / ``NvidiaDriver`` / ``CudaToolkits`` values
-    (see the module docstring for its shape)."""
+def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[dict] | None = None,
+                  cpu: dict | None = None) -> Plan:
+    """The plan for a host with these ``NvidiaGpus`` / ``NvidiaDriver`` / ``CudaToolkits`` /
+    ``CpuInfo`` values (see the module docstring for its shape)."""
     driver = driver or {}
     lost = [g.get("bus_id") for g in gpus or [] if g.get("lost")]
     cards = [_card_plan(g) for g in gpus or [] if not g.get("lost")]
@@ -210,6 +215,7 @@ def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[d
         "cuda_toolkit": {"needed": min_cuda, "found": toolkit["version"] if toolkit else None,
                          "path": toolkit["path"] if toolkit else None},
         "driver": {k: driver.get(k) for k in ("version", "loaded", "kernel_module")},
+        "cpu": dict(cpu or {}),
         "vram_mib": {"total": sum(per_card), "per_card": per_card},
         "vram_unlocked_mib": {"total": sum(per_card_unlocked), "per_card": per_card_unlocked},
         "needs_unlock": any(c["locked"] for c in cards),
@@ -228,8 +234,54 @@ def _vram(per_card: list[int]) -> str:
     return " + ".join(map(str, per_card)) + f" = {sum(per_card)} MiB"
 
 
+_AVX512 = (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"), ("avx512_fp16", "FP16"))
+_AMX = (("amx_int8", "INT8"), ("amx_bf16", "BF16"), ("amx_fp16", "FP16"))
+_NEON = (("asimdhp", "FP16"), ("dotprod", "DOTPROD"), ("i8mm", "I8MM"), ("bf16", "BF16"))
+
+
+def _isa(name: str, flags: list[str], extras: tuple[tuple[str, str], ...]) -> str:
+    """``"AVX-512 (VNNI, BF16)"``: ``name`` with the labels of the ``extras`` flags it has."""
+    labels = [label for flag, label in extras if flag in flags]
+    return f"{name} ({', '.join(labels)})" if labels else name
+
+
+def _plural(n: int, word: str) -> str:
+    """``"1 socket"``, ``"2 sockets"``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def cpu_text(cpu: dict | None) -> str | None:
+    """A plan's ``cpu`` in one line: ``"Intel(R) Xeon(R) Platinum 8480+, 2 sockets, 112 cores /
+    224 threads, 2 NUMA nodes, AVX-512 (VNNI, BF16, FP16), AMX (INT8, BF16)"`` (sockets only when
+    more than one; what is unknown is left out); None when nothing is known of the CPU."""
+    cpu = cpu or {}
+    flags = cpu.get("flags") or []
+    model, vendor = cpu.get("model"), cpu.get("vendor")
+    name = f"{vendor} {model}" if model and vendor and vendor not in model else model or vendor
+    parts = [name or "unknown model"]
+    if (cpu.get("sockets") or 0) > 1:
+        parts.append(_plural(cpu["sockets"], "socket"))
+    counts = [_plural(cpu[k], word) for k, word in (("cores", "core"), ("logical", "thread")) if cpu.get(k)]
+    parts += [" / ".join(counts)] if counts else []
+    if cpu.get("numa_nodes"):
+        parts.append(_plural(cpu["numa_nodes"], "NUMA node"))
+    if "avx512f" in flags:
+        parts.append(_isa("AVX-512", flags, _AVX512))
+    elif "avx2" in flags:
+        parts.append(_isa("AVX2", flags, (("avx_vnni", "VNNI"),)))
+    elif "avx" in flags:
+        parts.append("AVX")
+    if "amx_tile" in flags:
+        parts.append(_isa("AMX", flags, _AMX))
+    if "asimd" in flags:
+        parts.append(_isa("NEON", flags, _NEON))
+    if "sve" in flags or "sve2" in flags:
+        parts.append("SVE2" if "sve2" in flags else "SVE")
+    return ", ".join(parts) if len(parts) > 1 or name else None
+
+
 def format_plan(plan: dict) -> str:
-    """A few readable lines: cards, archs, toolkit, VRAM, engines, warnings."""
+    """A few readable lines: cards, CPU, archs, toolkit, VRAM, engines, warnings."""
     if plan["cpu_only"]:
         lines = [f"cards:     none (CPU only: {plan['why_cpu_only']})"]
     else:
@@ -246,6 +298,9 @@ def format_plan(plan: dict) -> str:
         if plan["needs_unlock"]:
             vram += f" (locked; {_vram(plan['vram_unlocked_mib']['per_card'])} after unlock)"
         lines.append("vram:      " + vram)
+    cpu = cpu_text(plan.get("cpu"))
+    if cpu:
+        lines.insert(1, f"cpu:       {cpu}")    # next to the cards
     engines = []
     for name, e in plan["engines"].items():
         engines.append(f"{name} yes" + (f" ({e['backend']})" if e.get("backend") else "")

@@ -7,18 +7,33 @@ What it does to a host:
   source, the ref, the CMake options and the targets. CUDA builds name the host's archs as an
   explicit list (never ``native``: a build host may have no GPU). Static binaries
   (``BUILD_SHARED_LIBS=OFF``), ccache, Release;
-- switches ``current`` to the new build only after its ``llama-server --version`` ran; the build
-  it replaced stays as ``previous``, and ``llama_cpp_rollback: true`` switches back to it.
+- proves a new build before it serves (``proven``, a step of its own after the model downloads were
+  waited for): the new llama-server answers a short real completion on the host with each
+  instance's flags (its served model when on disk and at most ``llama_cpp_smoke_max_model_gib``,
+  else a tiny Q4_0 model rigup ships: roles/llama_cpp/smoke_model.py), as the rigup user, under
+  ``llama_cpp_smoke_timeout``. A crash (named by its signal), a hang or an empty answer: no switch,
+  ``current`` and every instance stay as they were, the build stays for inspection
+  (``builds/<id>/smoke.log``), the host fails. A crash that a known trap's remedy avoids
+  (roles/llama_cpp/traps.yml: ``--no-repack`` for the CPU repack/AMX crash) is tried again with
+  it; when that answers, the instances get the remedy's flags (recorded in
+  ``builds/<id>/rigup-smoke.json``, which roles/llama_server reads) and the trap is named;
+- switches ``current`` to the new build only then; the build it replaced stays as ``previous``,
+  and ``llama_cpp_rollback: true`` switches back to it.
 The same inputs again build nothing and change nothing (a stamp per build, read in one round
 trip). A failed build leaves ``current`` alone and shows the compiler's last lines.
 
 Variables (roles/llama_cpp/defaults.yml): llama_cpp_source, llama_cpp_ref, llama_cpp_archive,
 llama_cpp_dir, llama_cpp_backend, llama_cpp_targets, llama_cpp_cmake_options, llama_cpp_jobs,
-llama_cpp_ccache_dir, llama_cpp_rollback, llama_cpp_build_timeout, llama_cpp_prebuilt_ui; and
-gpu_enabled (roles/preflight), cuda_source and cuda_version (roles/cuda_toolkit).
+llama_cpp_ccache_dir, llama_cpp_rollback, llama_cpp_build_timeout, llama_cpp_prebuilt_ui,
+llama_cpp_smoke, llama_cpp_smoke_timeout, llama_cpp_smoke_max_model_gib; rigup_user (roles/base);
+gpu_enabled (roles/preflight), cuda_source and cuda_version (roles/cuda_toolkit); and the plan's
+``smoke`` runs (each serving role's ``smoke_runs``, gathered by preflight) and ``cpu`` facts.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import click
 from pyinfra import host
@@ -30,12 +45,13 @@ from rigup.files import directory
 from rigup.config import role_defaults
 from rigup.gpu.plan import build_backend
 from rigup.state import read_once
+from rigup.traps import load as load_traps
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
 from roles.llama_cpp.checks import CHECKS
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 from roles.llama_cpp.script import build_id, cmake_options, render_build_script
 
-__all__ = ["apply", "CHECKS", "BUILD_PACKAGES"]
+__all__ = ["apply", "proven", "CHECKS", "BUILD_PACKAGES", "plan_lines"]
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "pkg-config"]
 
@@ -67,4 +83,49 @@ def apply(plan: dict):
                 label=f"llama.cpp build {ident}", unit=BUILD_UNIT, log=build_log(dir, ident),
                 done=progress.exists(build_stamp(dir, ident)), systemd=systemd,
                 timeout=data["llama_cpp_build_timeout"], _if=build.did_change)
-    switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}")
+
+
+TRAPS = load_traps(__file__.rsplit("/", 1)[0] + "/traps.yml", condition_keys=("signals", "cpu_flags_any"))
+
+
+def remedies(plan: dict) -> list[dict]:
+    """The catalogue's remedies a smoke may try on this host: those whose CPU flags it has."""
+    flags = set((plan.get("cpu") or {}).get("flags") or [])
+    return [{"id": t.id, "ref": t.ref, "signals": list(t.condition.get("signals", [])),
+             "args": [t.remedy.value]} for t in TRAPS
+            if t.remedy.kind == "server_flag" and flags & set(t.condition.get("cpu_flags_any", []))]
+
+
+def smoke_spec(plan: dict, data: dict) -> dict | None:
+    """What roles/llama_cpp/smoke.py gets (less the paths of the build), with ``key``: a hash of
+    it, so that a build proven with the same spec is not tried again; None with llama_cpp_smoke off."""
+    if not data.get("llama_cpp_smoke", True):
+        return None
+    spec = {"runs": list(plan.get("smoke") or []), "remedies": remedies(plan), "user": data["rigup_user"],
+            "timeout": data["llama_cpp_smoke_timeout"],
+            "max_model_bytes": int(data["llama_cpp_smoke_max_model_gib"] * 2**30)}
+    spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return spec
+
+
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """The plan's line for the smoke: what a new build answers with, and the traps it may meet."""
+    spec = smoke_spec(plan, data)
+    if spec is None:
+        return ["llama.cpp smoke: off (llama_cpp_smoke: false): a new build serves after --version alone"]
+    runs = ", ".join(r["name"] for r in spec["runs"]) or "the tiny smoke model"
+    traps = ", ".join(r["id"] for r in spec["remedies"])
+    return [f"llama.cpp smoke: a new build answers with {runs} before it serves"
+            + (f"; on a crash it retries for {traps}" if traps else "")]
+
+
+@deploy("llama_cpp proven", data_defaults=role_defaults("llama_cpp"))
+def proven(plan: dict):
+    """The new build answers its smoke inference, then ``current`` switches to it."""
+    data = host.data.dict()
+    if data["llama_cpp_rollback"]:
+        return
+    ident = build_id(data, cmake_options(plan, data))
+    runs = len(plan.get("smoke") or []) or 1
+    switched(name=f"llama.cpp current -> {ident}", dir=data["llama_cpp_dir"], target=f"builds/{ident}",
+             smoke=smoke_spec(plan, data), smoke_timeout=2 * runs * data["llama_cpp_smoke_timeout"] + 60)

@@ -1,12 +1,16 @@
 """Operations that build llama.cpp on a host and switch which build serves."""
 
+import json
 import shlex
 from io import StringIO
+from pathlib import Path
 
-from pyinfra import host
-from pyinfra.api import OperationError, operation
+import click
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from rigup import summary
 from rigup.progress import start_command
 from rigup.state import read_once, reading
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
@@ -41,12 +45,64 @@ def build_stamp(dir: str, build_id: str) -> str:
     return f"{dir}/builds/{build_id}/rigup-build.json"
 
 
+SMOKE_SCRIPT = Path(__file__).with_name("smoke.py")
+SMOKE_MODEL = Path(__file__).with_name("smoke.gguf")
+
+
+def smoke_paths(dir: str, build_id: str) -> dict:
+    """Where a build's smoke keeps its files on the host: the script and the tiny model (shared by
+    every build), the build's log and result."""
+    out = f"{dir}/builds/{build_id}"
+    return {"script": f"{dir}/rigup-smoke.py", "tiny": f"{dir}/smoke.gguf", "log": f"{out}/smoke.log",
+            "out": f"{out}/rigup-smoke.json", "bin": f"{out}/bin"}
+
+
+def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout: int) -> bool:
+    """Run the smoke inference of ``build_id`` on the host (roles/llama_cpp/smoke.py): True when it
+    answered (naming a trap that a remedy worked around); else log the log's last lines, then the
+    reason (the signal, the model, current kept: the run's summary quotes the last lines), and
+    False, which fails the host. Run as a ``FunctionCommand``."""
+    ok, output = host.run_shell_command(StringCommand("python3", QuoteString(spec["script"]), QuoteString(json.dumps(spec))),
+                                        print_output=False, print_input=False, _timeout=timeout)
+    lines = list(output.stdout_lines)
+    kept = f"current stays {current or 'unset'}, the build is kept in {spec['bin'].rsplit('/', 1)[0]}"
+
+    def failed(tail: list[str], reason: str) -> bool:
+        if tail:
+            host.log_styled(f"last lines of {spec['log']}:\n" + "\n".join(tail), fg="red", log_func=logger.error)
+        host.log_styled(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}",
+                        fg="red", log_func=logger.error)
+        return False
+
+    try:
+        doc = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return failed((lines + list(output.stderr_lines))[-15:], "it gave no result")
+    for run in doc.get("runs", []):
+        model = "the tiny smoke model" if run.get("model") == spec["tiny"] else run.get("model")
+        if not run.get("ok"):
+            return failed(run.get("tail") or [], f"{run.get('reason')} ({run.get('name')}'s flags, {model})")
+        click.echo(f"    [{host.name}] llama.cpp build {build_id} answered ({run.get('tokens')} tokens, "
+                   f"{run.get('seconds')} s) with {run.get('name')}'s flags on {model}", err=True)
+        if run.get("remedy"):
+            trap = next((t for t in spec.get("remedies", []) if t["id"] == run["remedy"]), {})
+            flags = " ".join(trap.get("args", []))
+            text = (f"trap {run['remedy']} ({trap.get('ref')}): {run.get('first')}; with {flags} it answered, "
+                    f"so the llama-server instances here run with {flags}")
+            host.log_styled(text, fg="yellow", log_func=logger.warning)
+            summary.note(host.name, f"trap {run['remedy']}: {flags}")
+    return bool(doc.get("ok")) or failed([], "it did not pass")
+
+
 @reading(LlamaCppState, "dir")
 @operation()
-def switched(dir: str, target: str):
+def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: int = 600):
     """Point ``dir/current`` at ``target`` (``builds/<id>``) unless it already does; the build it
-    pointed at becomes ``previous``. ``target="previous"`` rolls back: current goes to the
-    previous build, which stays recorded as previous (so a second run changes nothing)."""
+    pointed at becomes ``previous``. With ``smoke`` (the spec of roles/llama_cpp/smoke.py, less
+    the paths), the new build must first answer a smoke inference, unless it already did with the
+    same spec: a build that crashes, hangs or answers nothing is not switched to (the host fails;
+    current, and so every instance, stays as it was). ``target="previous"`` rolls back: current
+    goes to the previous build, which stays recorded as previous (so a second run changes nothing)."""
     state = read_once(LlamaCppState, dir=dir)
     rollback = target == "previous"
     if rollback:
@@ -56,6 +112,14 @@ def switched(dir: str, target: str):
     if state["current"] == target:
         host.noop(f"current is {target}")
         return
+    if smoke is not None:
+        build_id = target.split("/", 1)[1]
+        done = state["smokes"].get(build_id) or {}
+        if not (done.get("ok") and done.get("key") == smoke["key"]):
+            spec = {**smoke, **smoke_paths(dir, build_id)}
+            yield from files.put._inner(src=str(SMOKE_SCRIPT), dest=spec["script"], mode="644")
+            yield from files.put._inner(src=str(SMOKE_MODEL), dest=spec["tiny"], mode="644")
+            yield FunctionCommand(smoked, (build_id, spec, state["current"], smoke_timeout), {})
     q = shlex.quote
     if state["current"] and not rollback:
         yield f"ln -sfn {q(state['current'])} {q(dir + '/previous')}"

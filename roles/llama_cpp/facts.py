@@ -9,8 +9,9 @@ BUILD_UNIT = "rigup-llama-build.service"
 
 
 def parse_state(lines: list[str]) -> dict:
-    """``{current, previous, builds: {id: stamp}, building: bool, systemd: bool}``."""
-    state = {"current": None, "previous": None, "builds": {}, "building": False, "systemd": False}
+    """``{current, previous, builds: {id: stamp}, smokes: {id: smoke result}, building: bool,
+    systemd: bool}`` (a smoke result: roles/llama_cpp/smoke.py's JSON)."""
+    state = {"current": None, "previous": None, "builds": {}, "smokes": {}, "building": False, "systemd": False}
     for line in lines:
         key, _, value = line.partition("=")
         if key in ("current", "previous"):
@@ -21,6 +22,14 @@ def parse_state(lines: list[str]) -> dict:
                 state["builds"][stamp["id"]] = stamp
             except (ValueError, KeyError):
                 pass  # a half-written stamp is no build
+        elif key == "smoke":
+            ident, _, text = value.partition(" ")
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                continue    # half-written: no result
+            if isinstance(doc, dict):
+                state["smokes"][ident] = doc
         elif key == "building":
             state["building"] = value == "active"
         elif key == "systemd":
@@ -29,8 +38,8 @@ def parse_state(lines: list[str]) -> dict:
 
 
 class LlamaCppState(FactBase):
-    """The builds under ``dir`` (their stamps), the ``current`` and ``previous`` links, whether a
-    build unit runs now, and whether the host runs systemd."""
+    """The builds under ``dir`` (their stamps and smoke results), the ``current`` and ``previous``
+    links, whether a build unit runs now, and whether the host runs systemd."""
 
     default = dict
 
@@ -39,6 +48,8 @@ class LlamaCppState(FactBase):
             f"d={shlex.quote(dir)}; echo current=$(readlink \"$d/current\" 2>/dev/null); "
             'echo previous=$(readlink "$d/previous" 2>/dev/null); '
             'for f in "$d"/builds/*/rigup-build.json; do [ -e "$f" ] && echo build=$(cat "$f"); done; '
+            'for f in "$d"/builds/*/rigup-smoke.json; do [ -f "$f" ] && [ ! -L "$f" ] && '
+            'printf "smoke=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '
             f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
             "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0"
         )

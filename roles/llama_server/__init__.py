@@ -16,7 +16,9 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
 - starts an instance only once its model is complete; restarts it only when its unit, drop-in
   (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
   completion, and shows the unit's journal when that fails; the gate keeps that completion's tok/s
-  in ``rigup_state_dir/gate/UNIT.json`` (rigup.names.gate_record: the watchdog's default floor). On a GPU build it also fails when
+  in ``rigup_state_dir/gate/UNIT.json`` (rigup.names.gate_record: the watchdog's default floor);
+- adds the server flags of a trap that the serving build's smoke inference worked around
+  (roles/llama_cpp: ``--no-repack`` where repacking crashed), from the build's ``rigup-smoke.json``. On a GPU build it also fails when
   llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
 
 With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
@@ -65,8 +67,9 @@ from roles.llama_server.command import KEY, backend_name, dropin_text, render, s
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import layout
 from roles.llama_server.schema import instances
+from roles.llama_server.smoke import smoke_runs
 
-__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports", "smoke_runs"]
 
 UNIT = "/etc/systemd/system/rigup-llama@.service"
 
@@ -97,6 +100,8 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
         raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
                              f"{marker_file}: {', '.join(marker.get('files', [])) or 'none'}")
     model_path = marker_file.rsplit("/", 1)[0] + "/" + model_file
+    remedy = [f for f in found["remedy"] if f not in inst["extra_args"]]   # a trap the build's smoke avoided
+    inst = {**inst, "extra_args": [*inst["extra_args"], *remedy]} if remedy else inst
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
                        env, balancer, rpc, rpc_wait)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")

@@ -6,6 +6,9 @@ rigup/refusal.py), and the ports its instances take.
     check_vram              a model plus its KV cache larger than the VRAM of its cards (a replica's)
     check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken
     check_split_mode_row    -sm row for a model family known to fail with it
+    check_traps             an instance that meets a known llama.cpp trap of roles/llama_server/traps.yml
+                            (flash attention without a CUDA kernel for its KV cache types, a
+                            quantized V cache without it, -sm row on CUDA)
     check_systemd           instances on a host where systemd is not PID 1
     check_rpc               (FLEET_CHECKS, with every host's data) an instance's rpc_workers that
                             cannot serve it: not in the inventory, this host, no RPC server among
@@ -18,17 +21,21 @@ rigup/refusal.py), and the ports its instances take.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from pathlib import Path
 
+from rigup import traps
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import cards_gib_text, gpu_count, vram_cards
+from rigup.gpu.plan import build_backend, cards_gib_text, gpu_count, vram_cards
 from rigup.models import models
 from rigup.refusal import FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import had_replicas, replica_name, replica_port
 from roles.llama_server.replicas import layout, layout_text, need_gib
-from roles.llama_server.schema import instances
+from roles.llama_server.schema import CACHE_TYPES, flag_values, instances
 
 _SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
+TRAPS_FILE = Path(__file__).resolve().with_name("traps.yml")
 
 
 def _instances(plan: dict, data: dict) -> dict:
@@ -273,5 +280,137 @@ def check_rpc_vram(plan: dict, facts: dict, data: dict, fleet: Fleet | None = No
     return found
 
 
-CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row)
+# The settings of an instance a trap's condition reads, as llama-server gets them: the key, or the
+# same flag given again in extra_args (the last one wins), with the values llama.cpp takes.
+_SETTINGS = {"flash_attn": ({"-fa", "--flash-attn"}, ("on", "off", "auto")),
+             "split_mode": ({"-sm", "--split-mode"}, ("none", "layer", "row", "tensor")),
+             "ngl": ({"-ngl", "--gpu-layers", "--n-gpu-layers"}, None)}
+_KV = ("cache_type_k", "cache_type_v")
+_CMAKE_TRUE = ("ON", "1", "TRUE", "YES", "Y")
+_BACKENDS = ("cuda", "cpu")
+
+
+def _types(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(v in CACHE_TYPES for v in value)
+
+
+# condition key -> (what its value must be, the instance settings it reads, whether it holds for
+# (settings, value, context)); roles/llama_server/traps.yml documents each.
+_CONDITIONS = {
+    "backend": (lambda v: isinstance(v, list) and bool(v) and set(v) <= set(_BACKENDS), (),
+                lambda s, v, c: c["backend"] in v),
+    "flash_attn": (lambda v: isinstance(v, list) and bool(v) and set(v) <= set(_SETTINGS["flash_attn"][1]),
+                   ("flash_attn",), lambda s, v, c: s["flash_attn"][0] in v),
+    "split_mode": (lambda v: isinstance(v, list) and bool(v) and set(v) <= set(_SETTINGS["split_mode"][1]),
+                   ("split_mode",), lambda s, v, c: s["split_mode"][0] in v),
+    "gpu_layers": (lambda v: isinstance(v, bool), ("ngl",), lambda s, v, c: (s["ngl"][0] != 0) == v),
+    "kv_types_in": (_types, _KV, lambda s, v, c: s["cache_type_k"][0] in v and s["cache_type_v"][0] in v),
+    "kv_types_not_in": (_types, _KV, lambda s, v, c: s["cache_type_k"][0] not in v or s["cache_type_v"][0] not in v),
+    "kv_not_pair_of": (_types, _KV, lambda s, v, c: not (s["cache_type_k"][0] == s["cache_type_v"][0] and
+                                                         s["cache_type_k"][0] in v)),
+    "v_type_not_in": (_types, ("cache_type_v",), lambda s, v, c: s["cache_type_v"][0] not in v),
+    "family_flag_unset": (lambda v: isinstance(v, str) and bool(v), (),
+                          lambda s, v, c: not (c["family"] or {}).get(v)),
+}
+
+
+@lru_cache(maxsize=None)
+def catalogue(path: Path = TRAPS_FILE) -> tuple[traps.Trap, ...]:
+    """The traps of roles/llama_server/traps.yml (rigup/traps.py), each condition's values checked
+    too: ValueError naming the file and the entry for one that is wrong (a bug in the catalogue)."""
+    found = traps.load(path, _CONDITIONS)
+    for n, trap in enumerate(found, 1):
+        for key, value in trap.condition.items():
+            if not _CONDITIONS[key][0](value):
+                raise ValueError(f"{path}: entry {n} ({trap.id}): condition.{key}: {value!r} is not a value of {key} "
+                                 f"(see the keys at the top of {path.name})")
+    return found
+
+
+def settings(inst: dict) -> dict[str, tuple]:
+    """{setting: (value, how it is set)} of an instance as llama-server runs it: flash_attn,
+    split_mode and ngl (from extra_args when given there again: the last one wins), the KV cache
+    types (null is f16); ``how``: ``cache_type_k q4_1`` or ``extra_args -sm row``."""
+    out: dict[str, tuple] = {}
+    for key, (flags, allowed) in _SETTINGS.items():
+        out[key] = (inst[key], f"{key} {inst[key]}")
+        for flag, value in flag_values(inst["extra_args"], flags):
+            if value is None:
+                continue
+            if allowed is None:   # -ngl N, or all / auto: layers on the GPUs
+                value = int(value) if value.lstrip("-").isdigit() else value
+            if allowed is None or value in allowed:
+                out[key] = (value, f"extra_args {flag} {value}")
+    for key in _KV:
+        out[key] = (inst.get(key) or "f16", f"{key} {inst.get(key) or 'f16'}")
+    return out
+
+
+def _cmake_sets(options: list, entry: str) -> bool:
+    """Whether ``options`` (llama_cpp_cmake_options, NAME=VALUE, also -DNAME:TYPE=VALUE) set
+    ``entry`` (NAME=VALUE; a CMake true, ON, when VALUE is one): the last setting of NAME counts."""
+    name, want = entry.split("=", 1)
+    value = None
+    for option in options or []:
+        key, sep, val = str(option).removeprefix("-D").partition("=")
+        if sep and key.split(":", 1)[0] == name:
+            value = val
+    if value is None:
+        return False
+    return value.upper() in _CMAKE_TRUE if want.upper() in _CMAKE_TRUE else value == want
+
+
+def _remedied(trap: traps.Trap, inst: dict, data: dict) -> bool:
+    """Whether the trap's remedy is in place: its build option set, its server flag given."""
+    kind, value = trap.remedy.kind, trap.remedy.value
+    if kind == "build_option":
+        return _cmake_sets(data.get("llama_cpp_cmake_options"), value)
+    if kind == "server_flag":
+        return bool(flag_values(inst["extra_args"], {value}))
+    return False
+
+
+def _met_text(where: str, trap: traps.Trap, found: dict, backend: str) -> str:
+    """What a met trap's refusal names: the settings of its condition's first key that reads any,
+    as key paths (``llama_server_instances.glm.cache_type_k/cache_type_v q4_1/q4_1``), the others
+    after ``with``, and the build's backend."""
+    reads = [_CONDITIONS[key][1] for key in trap.condition if _CONDITIONS[key][1]]
+    head = reads[0] if reads else ()
+    rest = list(dict.fromkeys(k for keys in reads[1:] for k in keys if k not in head))
+    if len(head) > 1:   # the KV cache types: keys only (extra_args may not set them)
+        text = f"{where}.{'/'.join(head)} {'/'.join(str(found[k][0]) for k in head)}"
+    else:
+        text = f"{where}.{found[head[0]][1]}" if head else where
+    if rest:
+        text += " with " + ", ".join(found[k][1] for k in rest)
+    if "backend" in trap.condition:
+        text += f" on a {backend.upper() if backend == 'cuda' else backend} build"
+    return text
+
+
+def check_traps(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """An instance that meets a known llama.cpp trap (roles/llama_server/traps.yml): flash
+    attention over KV cache types the CUDA build has no kernel for (attention on the CPU, or FA
+    turned off), a quantized V cache without flash attention (llama-server exits), -sm row on a
+    CUDA build (no split buffers); unless the trap's build option or server flag is set."""
+    backend = build_backend(plan, data)
+    entries = models(data)[0]
+    found = []
+    for name, inst in sorted(_instances(plan, data).items()):
+        where = f"llama_server_instances.{name}"
+        now = settings(inst)
+        context = {"backend": backend, "family": family_of(entries[inst["model"]])}
+        for trap in catalogue():
+            if not all(_CONDITIONS[key][2](now, value, context) for key, value in trap.condition.items()):
+                continue
+            if _remedied(trap, inst, data):
+                continue
+            found.append(Refusal(_met_text(where, trap, now, backend),
+                                 f"{trap.summary} (llama.cpp trap {trap.id}: {trap.ref})",
+                                 trap.remedy.fix.replace("{instance}", where), "traps"))
+    return found
+
+
+CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row,
+          check_traps)
 FLEET_CHECKS = (check_rpc, check_rpc_vram)

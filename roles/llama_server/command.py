@@ -19,6 +19,9 @@ def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = (
             "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
             "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
             "--jinja" if inst["jinja"] else "--no-jinja"]
+    for flag, key in (("-ctk", "cache_type_k"), ("-ctv", "cache_type_v")):
+        if inst.get(key):   # null: llama.cpp's default (f16), no flag (the unit's argv as before the keys)
+            args += [flag, inst[key]]
     if inst["tensor_split"]:
         args += ["-ts", inst["tensor_split"]]
     if inst["metrics"]:

@@ -1,5 +1,7 @@
 """What a host runs for llama_server, read in one round trip."""
 
+import json
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -9,17 +11,29 @@ from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
+_REMEDY_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")   # a bare flag: nothing else enters a drop-in
+
+
+def remedy_flags(text: str | None) -> list[str]:
+    """The server flags a passed smoke inference of the serving build recorded (roles/llama_cpp's
+    rigup-smoke.json ``server_args``); anything but bare ``--flags`` is ignored."""
+    try:
+        doc = json.loads(text or "")
+    except ValueError:
+        return []
+    flags = doc.get("server_args") if isinstance(doc, dict) and doc.get("ok") is True else None
+    return [f for f in flags if isinstance(f, str) and _REMEDY_FLAG.fullmatch(f)] if isinstance(flags, list) else []
 
 
 class LlamaServerState(FactBase):
     """The llama.cpp build that serves (the target of ``build_link``, llama_cpp's ``current``
-    link), the units rigup configured (``units``: names of their drop-in directories), the
+    link) and the server flags its smoke inference recorded (``remedy``), the units rigup configured (``units``: names of their drop-in directories), the
     balancer's backends files of llama instances (``backends``), and per unit (``units``: name ->
     [marker, the instance whose key it uses]): the sha256 of its drop-in, whether its key exists,
     its unit's state, and its model's completion marker (rigup.names.marker_path, written by
     roles/model_fetch)::
 
-        {"build": "builds/b6123-3f2a...", "units": ["glm-0", "glm-1"], "backends": ["llama-glm"],
+        {"build": "builds/b6123-3f2a...", "remedy": ["--no-repack"], "units": ["glm-0", "glm-1"], "backends": ["llama-glm"],
          "instances": {"glm-0": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
                                  "marker": {"repo": ..., "revision": ..., "files": [...], "bytes": ...}}}}
     """
@@ -30,9 +44,12 @@ class LlamaServerState(FactBase):
         listed = configured("rigup-llama", "llama", BALANCER_DIR) + "; "
         probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
                                  key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
-        return f"echo build=$(readlink {shlex.quote(build_link)} 2>/dev/null); " + listed + "; ".join(probes + ["true"])
+        link = shlex.quote(build_link)
+        return (f"echo build=$(readlink {link} 2>/dev/null); "
+                f"printf 'smoke=%s\\n' \"$(tr -d '\\n' < {link}/rigup-smoke.json 2>/dev/null)\"; "
+                + listed + "; ".join(probes + ["true"]))
 
     def process(self, output: list[str]) -> dict:
         head, instances = parse_instances(output)
-        return {"build": head.get("build"), "units": (head.get("units") or "").split(),
+        return {"build": head.get("build"), "remedy": remedy_flags(head.get("smoke")), "units": (head.get("units") or "").split(),
                 "backends": (head.get("backends") or "").split(), "instances": instances}

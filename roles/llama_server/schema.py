@@ -12,6 +12,9 @@ from rigup.entries import Key, auto_or_count
 from rigup.models import SERVING_KEYS, ServingInstance
 from rigup.models import instances as _entries
 
+# llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
 
 class LlamaInstance(ServingInstance):
     """One entry of ``llama_server_instances``, normalised (every key present)."""
@@ -20,6 +23,8 @@ class LlamaInstance(ServingInstance):
     parallel: int
     ngl: int
     flash_attn: str
+    cache_type_k: str | None
+    cache_type_v: str | None
     split_mode: str
     tensor_split: str | None
     jinja: bool
@@ -36,6 +41,11 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "parallel": Key("int 1..", 1, "--parallel: slots, requests served at once"),
     "ngl": Key("int -1..", 99, "-ngl: layers on the GPUs (99 or -1: all)"),
     "flash_attn": Key("one of on|off|auto", "auto", "-fa"),
+    "cache_type_k": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
+                        "-ctk: the K cache's type (null: llama.cpp's f16); roles/llama_server/traps.yml says which "
+                        "types flash attention has kernels for"),
+    "cache_type_v": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
+                        "-ctv: the V cache's type (null: f16); a quantized one needs flash attention"),
     "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
@@ -54,6 +64,21 @@ LLAMA_INSTANCE: dict[str, Key] = {
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
+_FLAG = re.compile(r"(\S*?)(=|\s+|$)(.*)", re.S)   # an item of extra_args: flag, "=" or blanks, value
+# llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused).
+OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k",
+               "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v"}
+
+
+def flag_values(args: list[str], flags) -> list[tuple[str, str | None]]:
+    """(flag, value) for each of ``flags`` in ``args`` (extra_args), in order, spelled ``-sm row``
+    (two items), ``--split-mode=row`` or ``-sm row`` (one item); value None when none follows."""
+    found = []
+    for i, arg in enumerate(args):
+        head, sep, tail = _FLAG.fullmatch(str(arg)).groups()
+        if head in flags:
+            found.append((head, tail.strip() if sep else (args[i + 1] if i + 1 < len(args) else None)))
+    return found
 
 
 def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
@@ -62,6 +87,9 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, Llama
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
                  for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
+        found += [(f"{where}.extra_args", f"gives {flag}: rigup sets it from {where}.{OWNED_FLAGS[flag]}; drop it "
+                                          f"from extra_args and set {OWNED_FLAGS[flag]}")
+                  for flag, _ in flag_values(entry["extra_args"], OWNED_FLAGS)]
         if found or entry.get("tensor_split") is None:
             return found
         split = entry["tensor_split"].replace(" ", "")

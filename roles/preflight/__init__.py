@@ -4,8 +4,9 @@ It changes nothing on a host. It reads every hardware fact in one round trip (ri
 HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
 prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles,
 and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
-units listen, their ports (``ports``), and what it adds to the printed plan (``plan_lines``; with
-the fleet: ``fleet_plan_lines``). Preflight imports no role. A refused host is taken out
+units listen, their ports (``ports``), what it adds to the printed plan (``plan_lines``; with
+the fleet: ``fleet_plan_lines``), and what a new llama.cpp build is smoke-tested with
+(``smoke_runs``: the plan's ``smoke``). Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
 pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
@@ -98,8 +99,10 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
     known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
-    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]), systemd=facts["systemd"],
-                      serving_units=facts.get("serving_units", []))
+    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
+                      systemd=facts["systemd"], serving_units=facts.get("serving_units", []))
+    # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each serving role's runs
+    plan["smoke"] = [run for role in roles if hasattr(role, "smoke_runs") for run in role.smoke_runs(plan, data)]
     _plans[host.name] = plan
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory}, plan_of)
     lines = format_plan(plan).splitlines()

@@ -3,7 +3,12 @@
 - A git mirror of llama.cpp, made from the tree that the llama-cpp-python sdist on PyPI vendors
   (vendor/llama.cpp), with three tags the tests build: ``lab-base`` (the vendored tree as is),
   ``lab-bump`` (one source file touched: a ref bump that ccache and make mostly reuse) and
-  ``lab-broken`` (a syntax error: a ref that does not compile).
+  ``lab-broken`` (a syntax error: a ref that does not compile), and two made from ``lab-base`` by
+  a few lines of patch to ``src/llama-context.cpp`` and ``src/llama-model.cpp`` (:data:`CRASHES`): ``lab-crash``, whose
+  llama-server passes ``--version`` and loads (its warm-up decodes 2 tokens) but raises SIGSEGV on
+  the first decode of more than 2 tokens, the first real prompt; and ``lab-repack-crash``, the same
+  only while weights are repacked (``use_extra_bufts``, what ``--no-repack`` turns off): llama.cpp's
+  AMX/repack crash (upstream #20824) made to happen on any CPU.
 - A static file server (Python's http.server, git's dumb HTTP protocol) on the lab gateway,
   serving STATE/srv, so hosts clone ``http://GATEWAY:8000/llama.cpp.git`` with no proxy.
 
@@ -26,8 +31,18 @@ SRV_PORT = 8000
 SRV_PID = lab.STATE / "srv.pid"
 CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab"))
 MIRROR = SRV / "llama.cpp.git"
-TAGS = ("lab-base", "lab-bump", "lab-broken")
+TAGS = ("lab-base", "lab-bump", "lab-broken", "lab-crash", "lab-repack-crash")
 BUMP_FILE = "tools/server/server.cpp"
+CRASH_FILE = "src/llama-context.cpp"
+DECODE = "int llama_context::decode(const llama_batch_ext & batch_inp) {\n"
+# lab-repack-crash learns whether weights are repacked where the model loads (llama_model's params
+# are not public): a global set next to the call that picks the CPU's buffer types
+MODEL_FILE = "src/llama-model.cpp"
+BUFTS = "    pimpl->cpu_buft_list = make_cpu_buft_list(devices, params.use_extra_bufts, params.no_host);\n"
+CRASHES = {   # tag: the condition under which its first real decode raises SIGSEGV
+    "lab-crash": "batch_inp.tokens.size() > 2",
+    "lab-repack-crash": "rigup_lab_repack && batch_inp.tokens.size() > 2",
+}
 
 
 def url(path: str = "") -> str:
@@ -78,6 +93,20 @@ def llama_cpp_mirror() -> Path:
         source.write_text(source.read_text() + "\nthis does not compile;\n")
         _git(work, "commit", "-qam", "broken ref")
         _git(work, "tag", TAGS[2])
+        crash = work / CRASH_FILE
+        for tag, condition in CRASHES.items():
+            _git(work, "checkout", "-q", "--detach", TAGS[0])
+            text = crash.read_text()
+            assert DECODE in text, f"{CRASH_FILE}: llama_context::decode not found"
+            crash.write_text("#include <csignal>\nextern bool rigup_lab_repack;\n" + text.replace(
+                DECODE, DECODE + f"    if ({condition}) {{ std::raise(SIGSEGV); }}  // rigup lab: {tag}\n", 1))
+            model = work / MODEL_FILE
+            text = model.read_text()
+            assert BUFTS in text, f"{MODEL_FILE}: make_cpu_buft_list's call not found"
+            model.write_text("bool rigup_lab_repack = false;\n" + text.replace(
+                BUFTS, BUFTS + "    rigup_lab_repack = params.use_extra_bufts;  // rigup lab\n", 1))
+            _git(work, "commit", "-qam", f"{tag}: SIGSEGV on the first real decode")
+            _git(work, "tag", tag)
         staging = Path(tmp) / "llama.cpp.git"
         lab.run("git", "clone", "-q", "--bare", work, staging)
         _git(staging, "update-server-info")

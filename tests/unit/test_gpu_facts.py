@@ -9,7 +9,7 @@ import pytest
 
 from rigup.gpu import facts
 from rigup.gpu.facts import (
-    CudaToolkits, FreeDisk, HardwareFacts, KernelInfo, ListeningPorts, NvidiaDriver, NvidiaGpus,
+    CpuInfo, CudaToolkits, FreeDisk, HardwareFacts, KernelInfo, ListeningPorts, NvidiaDriver, NvidiaGpus,
     SecureBoot, Systemd, parse_cuda_toolkits, parse_driver, parse_free_disk, parse_gpus,
     parse_hardware, parse_kernel, parse_listening_ports, parse_secure_boot, parse_systemd,
     present_gpus,
@@ -220,6 +220,16 @@ def test_hardware_command_in_one_shell(tmp_path):
     assert len(hw["gpus"]) == 8 and hw["driver"]["version"] == "580.105.08"
     assert isinstance(hw["free_disk"][str(tmp_path / "not" / "yet")], int)
     assert isinstance(hw["systemd"], bool) and hw["kernel"]["release"]
+    assert hw["cpu"]["logical"] >= hw["cpu"]["cores"] >= hw["cpu"]["sockets"] >= 1     # real even in the lab
+    assert hw["cpu"]["numa_nodes"] >= 1 and hw["cpu"]["model"]
+
+
+def test_hardware_command_is_one_bash_command():
+    p = subprocess.run(["bash", "-c", facts.hardware_command()], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0
+    hw = parse_hardware(p.stdout.splitlines())
+    assert hw["cpu"]["logical"] >= 1 and hw["cpu"]["cores"] >= 1 and hw["free_disk"]["/"] > 0
+    assert p.stdout.count(facts.MARK + "cpu") == 1
 
 
 def test_hardware_command_without_nvidia_smi(tmp_path):
@@ -229,7 +239,7 @@ def test_hardware_command_without_nvidia_smi(tmp_path):
     assert hw["gpus"] == [] and hw["driver"]["loaded"] is False
 
 
-@pytest.mark.parametrize("fact", [NvidiaDriver, CudaToolkits, SecureBoot, KernelInfo, Systemd])
+@pytest.mark.parametrize("fact", [NvidiaDriver, CudaToolkits, SecureBoot, KernelInfo, Systemd, CpuInfo])
 def test_other_commands_exit_zero(fact, tmp_path):
     rc, _ = sh(fact().command(), tmp_path)
     assert rc == 0

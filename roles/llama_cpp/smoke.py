@@ -1,0 +1,260 @@
+"""A new llama.cpp build answers before it serves: the host-side smoke inference.
+
+roles/llama_cpp uploads this file (standard library only, Python 3.9+) and runs it as root on
+the host after a build, before ``current`` switches to it; tests/gpu/check.py runs it on a real
+GPU machine. For each run of the spec it starts the new ``llama-server`` on a free loopback port
+as the rigup user, with the flags the host's instances will use, waits for ``/health``, asks for a
+short real completion of a prompt long enough to go through the batched matmul (where llama.cpp's
+AMX/repack crash struck: upstream #20824), and stops it. A crash (the signal named), a hang (the
+timeout) or an answer with no tokens fails the run. A run that crashed on a signal that a remedy
+of the spec names (a known trap, roles/llama_cpp/traps.yml) is tried again with the remedy's
+server flags; when that passes, the remedy is what the host's instances get.
+
+    python3 smoke.py SPEC.json       # or the spec's JSON itself as the argument
+                                     # prints the result as JSON on its last line; exit 0 when it passed
+
+The spec (JSON, written by roles/llama_cpp/build.py)::
+
+    {"key": "...", "bin": ".../builds/ID/bin", "log": ".../builds/ID/smoke.log",
+     "out": ".../builds/ID/rigup-smoke.json", "tiny": ".../smoke.gguf", "user": "rigup",
+     "timeout": 120, "max_model_bytes": 17179869184,
+     "runs": [{"name": "gemma", "marker": "/srv/models/gemma/.rigup-complete.json", "args": ["-ngl", "0", ...]}],
+     "remedies": [{"id": "repack-crash", "signals": ["SIGSEGV", ...], "args": ["--no-repack"]}]}
+
+A run's model is the first GGUF (or first shard) of its marker's files when the marker exists and
+the files weigh at most ``max_model_bytes``, else the tiny model. The result, also written to
+``out``: ``{"key", "ok", "seconds", "runs": [{name, model, ok, phase, signal, exit, reason,
+seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PROMPT = ("The smoke test of a new llama.cpp build reads this sentence, which is long enough to be "
+          "computed as one batch of several dozen tokens, and then writes a few tokens of its own: ")
+PREDICT = 8
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+# flags the smoke sets itself (its own port and a small context); the instance's are dropped
+_OWN = {"--host": 1, "--port": 1, "-c": 1, "--ctx-size": 1, "--parallel": 1, "-np": 1, "-m": 1,
+        "--model": 1, "--alias": 1, "-a": 1, "--api-key-file": 1, "--api-key": 1, "--metrics": 0}
+
+
+def first_gguf(files: list[str]) -> str | None:
+    """The GGUF llama-server is given: the only one, or the first shard (``-00001-of-N``)."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    first = [f for f in ggufs if (_SHARD.search(f) or (0, "00001"))[1] == "00001"]
+    return first[0] if first else None
+
+
+def model_of(run: dict, spec: dict) -> str:
+    """The model a run loads: its served model when complete on disk and small enough, else the tiny one."""
+    marker = run.get("marker")
+    try:
+        with open(marker) as f:
+            doc = json.load(f)
+        files = [str(p) for p in doc.get("files", [])]
+        size = int(doc.get("bytes") or 0)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return spec["tiny"]
+    name = first_gguf(files)
+    folder = os.path.dirname(marker)
+    path = os.path.normpath(os.path.join(folder, name)) if name else None
+    if not path or not path.startswith(folder + os.sep) or size > int(spec.get("max_model_bytes", 0)):
+        return spec["tiny"]
+    return path
+
+
+def server_args(args: list[str]) -> list[str]:
+    """The instance's flags without those the smoke sets itself (``--port 8081`` or ``--port=8081``)."""
+    out, skip = [], 0
+    for a in args:
+        if skip:
+            skip -= 1
+            continue
+        flag = a.split("=", 1)[0]
+        if flag in _OWN:
+            skip = 0 if "=" in a else _OWN[flag]
+            continue
+        out.append(a)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def signal_name(code: int | None) -> str | None:
+    """``-11`` (Popen's killed-by-signal) or 139 (a shell's 128 + 11) -> ``SIGSEGV``."""
+    if code is None or code == 0:
+        return None
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        return signal.Signals(number).name if number else None
+    except ValueError:
+        return f"signal {number}"
+
+
+def _request(url: str, body: dict | None, timeout: float) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read(1 << 20)
+            return r.status, json.loads(text or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+    except ValueError:
+        return 200, {}
+
+
+def _tail(path: str, n: int = 15) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln[:300] for ln in lines[-n:]]
+
+
+def _as_user(user: str | None) -> dict:
+    """Popen arguments that run the server as ``user`` (when it exists and we are root)."""
+    if not user or os.geteuid() != 0:
+        return {}
+    try:
+        import pwd
+        entry = pwd.getpwnam(user)
+    except (ImportError, KeyError):
+        return {}
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": os.getgrouplist(user, entry.pw_gid)}
+
+
+def attempt(spec: dict, model: str, args: list[str], log: str) -> dict:
+    """One server start, one completion, one stop: ``{ok, phase, signal, exit, reason, seconds, tokens}``."""
+    port = free_port()
+    argv = [os.path.join(spec["bin"], "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port),
+            "-c", "2048", "--parallel", "1", *args]
+    timeout = float(spec.get("timeout", 120))
+    start = time.monotonic()
+    result = {"ok": False, "phase": "load", "signal": None, "exit": None, "reason": "", "tokens": 0,
+              "argv": argv[1:]}
+    with open(log, "ab") as out:
+        out.write(("\n# rigup smoke: " + " ".join(argv) + "\n").encode())
+        out.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd="/", start_new_session=True, **_as_user(spec.get("user")))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                break
+            if time.monotonic() - start > timeout:
+                result["reason"] = f"no /health 200 within {timeout:.0f} s (a hang)"
+                break
+            try:
+                if _request(base + "/health", None, 5)[0] == 200:
+                    result["phase"] = "inference"
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        if result["phase"] == "inference":
+            left = max(5.0, timeout - (time.monotonic() - start))
+            try:
+                code, doc = _request(base + "/completion", {"prompt": PROMPT, "n_predict": PREDICT,
+                                                           "temperature": 0, "ignore_eos": True,
+                                                           "cache_prompt": False}, left)
+                tokens = doc.get("tokens_predicted") if isinstance(doc, dict) else None
+                result["tokens"] = tokens if isinstance(tokens, int) else 0
+                if code != 200:
+                    result["reason"] = f"the completion answered HTTP {code}"
+                elif result["tokens"] < 1:
+                    result["reason"] = "the completion had no tokens (an empty answer)"
+                else:
+                    result["ok"] = True
+            except socket.timeout:
+                result["reason"] = f"no answer within {left:.0f} s (a hang during the first inference)"
+            except OSError as e:
+                result["reason"] = f"the completion failed: {e}"
+    finally:
+        if proc.poll() is None:
+            time.sleep(0.2 if result["ok"] else 0.5)     # a crash in flight lands before we stop it
+        crashed = proc.poll()
+        if crashed is None:
+            proc.send_signal(signal.SIGINT)     # llama-server stops on SIGINT, as its unit does
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if crashed is not None:
+        result["exit"] = crashed
+        result["signal"] = signal_name(crashed)
+        result["ok"] = False
+        what = f"crashed ({result['signal']})" if result["signal"] else f"exited with status {crashed}"
+        when = "during its first inference" if result["phase"] == "inference" else "while loading"
+        result["reason"] = f"llama-server {what} {time.monotonic() - start:.1f} s after start, {when}"
+    result["seconds"] = round(time.monotonic() - start, 2)
+    return result
+
+
+def smoke(spec: dict) -> dict:
+    """Every run of ``spec``, each retried once with a remedy whose signals match its crash."""
+    start = time.monotonic()
+    log = spec["log"]
+    open(log, "wb").close()
+    runs, traps, extra = [], [], []
+    for run in spec.get("runs") or [{"name": "tiny", "args": []}]:
+        model = model_of(run, spec)
+        args = server_args([str(a) for a in run.get("args", [])])
+        result = attempt(spec, model, extra + args, log)
+        for remedy in spec.get("remedies", []):
+            if result["ok"] or result["signal"] not in remedy.get("signals", []):
+                continue
+            again = attempt(spec, model, extra + args + list(remedy["args"]), log)
+            if again["ok"]:
+                again["remedy"] = remedy["id"]
+                again["first"] = result["reason"]
+                traps.append(remedy["id"])
+                extra += [a for a in remedy["args"] if a not in extra]
+                result = again
+                break
+        result.update(name=run.get("name", "tiny"), model=model, tail=[] if result["ok"] else _tail(log))
+        runs.append(result)
+        if not result["ok"]:
+            break
+    doc = {"key": spec.get("key"), "ok": bool(runs) and all(r["ok"] for r in runs),
+           "seconds": round(time.monotonic() - start, 2), "runs": runs, "traps": traps, "server_args": extra}
+    out = spec.get("out")
+    if out:
+        with open(out + ".tmp", "w") as f:
+            json.dump(doc, f, sort_keys=True)
+        os.replace(out + ".tmp", out)
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    if argv[1].startswith("{"):
+        spec = json.loads(argv[1])
+    else:
+        with open(argv[1]) as f:
+            spec = json.load(f)
+    doc = smoke(spec)
+    print(json.dumps(doc, sort_keys=True))
+    return 0 if doc["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
