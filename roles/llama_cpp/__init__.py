@@ -51,7 +51,7 @@ from roles.llama_cpp.checks import CHECKS
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 from roles.llama_cpp.script import build_id, cmake_options, render_build_script
 
-__all__ = ["apply", "proven", "CHECKS", "BUILD_PACKAGES", "plan_lines"]
+__all__ = ["apply", "proven", "CHECKS", "BUILD_PACKAGES", "plan_lines", "plan_reads"]
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "pkg-config"]
 
@@ -108,8 +108,23 @@ def smoke_spec(plan: dict, data: dict) -> dict | None:
     return spec
 
 
+def plan_reads(data: dict) -> list:
+    """The builds' state, which :func:`plan_lines` reads (in preflight's round trip)."""
+    return [(LlamaCppState, {"dir": data["llama_cpp_dir"]})]
+
+
 def plan_lines(plan: dict, data: dict) -> list[str]:
-    """The plan's line for the smoke: what a new build answers with, and the traps it may meet."""
+    """The plan's lines for the smoke: what a new build answers with, the traps it may meet, and
+    the trap the serving build's smoke met (its remedy the instances run with)."""
+    state = read_once(LlamaCppState, dir=data["llama_cpp_dir"])
+    current = (state["current"] or "").split("/", 1)[-1]
+    met = state["smokes"].get(current) or {}
+    lines = [f"llama.cpp {current}: trap {', '.join(met['traps'])} met by its smoke inference; instances run with "
+             f"{' '.join(met.get('server_args') or [])}"] if met.get("ok") and met.get("traps") else []
+    return lines + _smoke_lines(plan, data)
+
+
+def _smoke_lines(plan: dict, data: dict) -> list[str]:
     spec = smoke_spec(plan, data)
     if spec is None:
         return ["llama.cpp smoke: off (llama_cpp_smoke: false): a new build serves after --version alone"]

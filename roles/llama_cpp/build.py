@@ -110,6 +110,9 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
         if not target:
             raise OperationError(f"llama_cpp_rollback: there is no previous build in {dir}")
     if state["current"] == target:
+        met = state["smokes"].get(target.split("/", 1)[-1]) or {}
+        if met.get("ok") and met.get("traps"):
+            summary.note(host.name, f"trap {', '.join(met['traps'])}: {' '.join(met.get('server_args') or [])}")
         host.noop(f"current is {target}")
         return
     if smoke is not None:

@@ -46,7 +46,8 @@ PREDICT = 8
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # flags the smoke sets itself (its own port and a small context); the instance's are dropped
 _OWN = {"--host": 1, "--port": 1, "-c": 1, "--ctx-size": 1, "--parallel": 1, "-np": 1, "-m": 1,
-        "--model": 1, "--alias": 1, "-a": 1, "--api-key-file": 1, "--api-key": 1, "--metrics": 0}
+        "--model": 1, "--alias": 1, "-a": 1, "--api-key-file": 1, "--api-key": 1, "--metrics": 0,
+        "--rpc": 1}   # a smoke runs alone: RPC workers are not part of it
 
 
 def first_gguf(files: list[str]) -> str | None:

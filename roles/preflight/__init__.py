@@ -6,7 +6,8 @@ prints it, and runs every role's refusals on plan, facts and data: the play hand
 and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
 units listen, their ports (``ports``), what it adds to the printed plan (``plan_lines``; with
 the fleet: ``fleet_plan_lines``), and what a new llama.cpp build is smoke-tested with
-(``smoke_runs``: the plan's ``smoke``). Preflight imports no role. A refused host is taken out
+(``smoke_runs``: the plan's ``smoke``); the facts its plan lines read (``plan_reads``) are read
+in preflight's one round trip. Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
 pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
@@ -96,6 +97,9 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     places = model_places(data)
     if dests:
         will_read(PathBytes, paths=places, marker=MARKER)   # one round trip for both
+    for role in roles:   # what a role's plan_lines read of the host's state: in the same round trip
+        for fact, kwargs in getattr(role, "plan_reads", lambda data: [])(data):
+            will_read(fact, **kwargs)
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
     known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}

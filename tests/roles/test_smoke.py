@@ -1,0 +1,88 @@
+"""roles/llama_cpp's smoke inference on the lab: a build that crashes on its first inference is
+not switched to (the instance goes on serving the previous build, no request fails), and a build
+that crashes only while repacking (llama.cpp's AMX/repack crash, made to happen on any CPU by the
+lab's tag lab-repack-crash: tests/lab/sources.py) serves with the remedy, named in the plan and
+the summary. Figures printed: requests answered and failed, seconds the smoke added."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import on_host
+from tests.converge import ROOT, pyinfra
+
+pytestmark = pytest.mark.lab
+DIR = "/opt/rigup/llama.cpp"
+LOAD = (ROOT / "tests/roles/load.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def host(lab, second_converge):
+    name = lab.hosts()[-1]["name"]
+    on_host(lab, name, f"cat > /root/load.py <<'EOF'\n{LOAD}\nEOF\necho none > /root/key")
+    yield name
+    pyinfra("inventory/lab.py", "deploy.py", "--limit", name)    # back to the default build
+
+
+def current(lab, host):
+    return on_host(lab, host, f"readlink {DIR}/current").strip()
+
+
+def converge_under_load(lab, host, ref):
+    """Converge ``host`` to llama.cpp ``ref`` while a client loops on its instance: (run, load)."""
+    on_host(lab, host, "rm -f /root/stop")
+    loop = subprocess.Popen(lab.ssh_argv(host) + ["--", "python3 /root/load.py http://127.0.0.1:8081 4 2 8 "
+                                                  "/root/key /root/stop"], stdout=subprocess.PIPE, text=True)
+    time.sleep(2)
+    try:
+        run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", f"llama_cpp_ref={ref}")
+    finally:
+        on_host(lab, host, "touch /root/stop")
+        out, _ = loop.communicate(timeout=120)
+    return run, json.loads(out)
+
+
+def test_a_build_that_crashes_on_its_first_inference_is_not_switched_to(lab, host):
+    before = current(lab, host)
+    run, load = converge_under_load(lab, host, "lab-crash")
+    print(f"\nconverge to lab-crash: {load['ok']} requests answered, {load['failed']} failed; "
+          f"exit {run.returncode} after {run.seconds:.0f} s")
+    assert run.returncode != 0
+    assert current(lab, host) == before
+    assert load["failed"] == 0 and load["ok"] > 0, load
+    summary = run.output[run.output.index("--> rigup: what happened"):]
+    assert f"[{host}] failed" in summary and "lab-crash-" in summary and "SIGSEGV" in summary, summary
+    assert "during its first inference" in summary
+    build = on_host(lab, host, f"ls -d {DIR}/builds/lab-crash-*/").split()[0]
+    on_host(lab, host, f"test -x {build}bin/llama-server")     # kept for inspection
+    assert "crashed (SIGSEGV)" in on_host(lab, host, f"cat {build}rigup-smoke.json")
+    assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
+
+
+def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
+    run, load = converge_under_load(lab, host, "lab-repack-crash")
+    assert run.returncode == 0, run.output[-3000:]
+    assert current(lab, host).startswith("builds/lab-repack-crash-")
+    result = json.loads(on_host(lab, host, f"cat {DIR}/current/rigup-smoke.json"))
+    assert result["traps"] == ["cpu-repack-crash"] and result["server_args"] == ["--no-repack"]
+    assert "--no-repack" in on_host(lab, host, "systemctl cat rigup-llama@gemma | grep ^ExecStart=/")
+    assert f"[{host}] converged" in run.output and "trap cpu-repack-crash: --no-repack" in run.output
+    print(f"\nconverge to lab-repack-crash: smoke {result['seconds']} s (crash, then --no-repack), "
+          f"restart onto it: {load['ok']} answered, {load['failed']} failed (one server: its restart)")
+    again = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-repack-crash")
+    assert again.returncode == 0 and again.totals["changed"] == 0, again.changed_operations()
+    assert f"llama.cpp {current(lab, host).split('/')[1]}: trap cpu-repack-crash met by its smoke inference" in again.output
+    assert f"[{host}] unchanged; trap cpu-repack-crash: --no-repack" in again.output
+    answer = on_host(lab, host, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
+                                "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
+    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+
+
+def test_back_to_a_proven_build_switches_without_a_smoke_and_drops_the_remedy(lab, host):
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host)
+    assert run.returncode == 0, run.output[-3000:]
+    assert current(lab, host).startswith("builds/lab-base-")
+    assert "answered (" not in run.output          # lab-base was proven by the first converge
+    assert "--no-repack" not in on_host(lab, host, "systemctl cat rigup-llama@gemma | grep ^ExecStart=/")

@@ -1,0 +1,142 @@
+"""roles/llama_cpp/smoke.py, the host-side smoke inference, against stand-in llama-servers (a few
+lines of Python that serve /health and /completion, then answer, crash or hang as told), and the
+tiny model it falls back to."""
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+
+from roles.llama_cpp import smoke, smoke_model
+
+# a stand-in llama-server: its behaviour comes from SMOKE_MODE in the environment (crash, hang, empty,
+# repack: crash unless --no-repack, load-crash), everything else answers like llama-server
+SERVER = textwrap.dedent("""\
+    #!{python}
+    import http.server, json, os, signal, sys, time
+    argv = sys.argv[1:]
+    mode = os.environ.get("SMOKE_MODE", "ok")
+    if mode == "load-crash":
+        os.kill(os.getpid(), signal.SIGABRT)
+    port = int(argv[argv.index("--port") + 1])
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b'{{"status": "ok"}}')
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if mode == "crash" or (mode == "repack" and "--no-repack" not in argv):
+                print("decode: batch of 40 tokens", flush=True)
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if mode == "hang":
+                time.sleep(60)
+            tokens = 0 if mode == "empty" else 8
+            self.send_response(200); self.end_headers()
+            self.wfile.write(json.dumps({{"content": "hi" * tokens, "tokens_predicted": tokens}}).encode())
+    print("listening", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """)
+REMEDY = {"id": "cpu-repack-crash", "signals": ["SIGSEGV"], "args": ["--no-repack"]}
+
+
+@pytest.fixture
+def spec(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    server.write_text(SERVER.format(python=sys.executable))
+    server.chmod(server.stat().st_mode | stat.S_IXUSR)
+    return {"key": "k1", "bin": str(bin_dir), "log": str(tmp_path / "smoke.log"), "out": str(tmp_path / "out.json"),
+            "tiny": str(smoke_model.PATH), "timeout": 10, "max_model_bytes": 1 << 30,
+            "runs": [{"name": "gemma", "args": ["--host", "0.0.0.0", "--port", "8081", "-ngl", "0", "--metrics"]}],
+            "remedies": [REMEDY]}
+
+
+def run(spec, mode, monkeypatch):
+    monkeypatch.setenv("SMOKE_MODE", mode)
+    return smoke.smoke(spec)
+
+
+def test_a_build_that_answers_passes_with_the_instance_flags_less_its_own(spec, monkeypatch):
+    doc = run(spec, "ok", monkeypatch)
+    (r,) = doc["runs"]
+    assert doc["ok"] and r["ok"] and r["tokens"] == 8 and doc["traps"] == [] and doc["server_args"] == []
+    assert "-ngl" in r["argv"] and "0.0.0.0" not in r["argv"] and "8081" not in r["argv"] and "--metrics" not in r["argv"]
+    assert r["model"] == str(smoke_model.PATH)    # no marker: the tiny model
+    assert json.loads(open(spec["out"]).read())["key"] == "k1"
+    print(f"\nsmoke of a stand-in that answers: {doc['seconds']} s")
+
+
+def test_a_crash_on_the_first_inference_is_named(spec, monkeypatch):
+    spec["remedies"] = []
+    doc = run(spec, "crash", monkeypatch)
+    (r,) = doc["runs"]
+    assert not doc["ok"] and r["signal"] == "SIGSEGV" and r["phase"] == "inference"
+    assert "crashed (SIGSEGV)" in r["reason"] and "during its first inference" in r["reason"]
+    assert any("decode: batch" in line for line in r["tail"])
+
+
+def test_a_crash_while_loading_is_named(spec, monkeypatch):
+    (r,) = run(spec, "load-crash", monkeypatch)["runs"]
+    assert r["signal"] == "SIGABRT" and "while loading" in r["reason"] and not r.get("remedy")
+
+
+def test_a_repack_crash_is_retried_with_the_remedy_and_recorded(spec, monkeypatch):
+    doc = run(spec, "repack", monkeypatch)
+    (r,) = doc["runs"]
+    assert doc["ok"] and r["remedy"] == "cpu-repack-crash" and "crashed (SIGSEGV)" in r["first"]
+    assert doc["traps"] == ["cpu-repack-crash"] and doc["server_args"] == ["--no-repack"]
+    assert "--no-repack" in r["argv"]
+
+
+def test_a_remedy_for_another_signal_is_not_tried(spec, monkeypatch):
+    spec["remedies"] = [{**REMEDY, "signals": ["SIGILL"]}]
+    doc = run(spec, "repack", monkeypatch)
+    assert not doc["ok"] and doc["traps"] == []
+
+
+def test_a_hang_and_an_empty_answer_fail(spec, monkeypatch):
+    spec["timeout"] = 3
+    hang = run(spec, "hang", monkeypatch)["runs"][0]
+    assert not hang["ok"] and "hang" in hang["reason"] and hang["seconds"] < 10
+    empty = run(spec, "empty", monkeypatch)["runs"][0]
+    assert not empty["ok"] and "no tokens" in empty["reason"]
+
+
+def test_the_served_model_is_used_when_complete_and_small_enough(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    marker = folder / ".rigup-complete.json"
+    marker.write_text(json.dumps({"files": ["b-00002-of-00002.gguf", "b-00001-of-00002.gguf", "x.json"], "bytes": 100}))
+    spec = {"tiny": "TINY", "max_model_bytes": 1000}
+    assert smoke.model_of({"marker": str(marker)}, spec) == str(folder / "b-00001-of-00002.gguf")
+    assert smoke.model_of({"marker": str(marker)}, {**spec, "max_model_bytes": 99}) == "TINY"
+    assert smoke.model_of({"marker": str(tmp_path / "none.json")}, spec) == "TINY"
+    marker.write_text(json.dumps({"files": ["../../etc/x.gguf"], "bytes": 1}))
+    assert smoke.model_of({"marker": str(marker)}, spec) == "TINY"     # a path outside the model's folder
+    marker.write_text("{not json")
+    assert smoke.model_of({"marker": str(marker)}, spec) == "TINY"
+
+
+def test_flags_the_smoke_sets_itself_are_dropped():
+    assert smoke.server_args(["--port=1", "--host", "h", "-c", "4096", "-fa", "on", "--alias", "a", "--metrics",
+                              "--api-key-file", "/k", "--rpc", "10.0.0.2:50052", "-ctv", "q8_0"]) == \
+        ["-fa", "on", "-ctv", "q8_0"]
+
+
+def test_signal_names():
+    assert smoke.signal_name(-11) == "SIGSEGV" and smoke.signal_name(139) == "SIGSEGV"
+    assert smoke.signal_name(1) is None and smoke.signal_name(0) is None
+
+
+def test_the_tiny_model_is_the_one_its_maker_writes(tmp_path):
+    pytest.importorskip("gguf")
+    made = smoke_model.write(tmp_path / "smoke.gguf")
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    assert digest(made) == digest(smoke_model.PATH)
+    assert os.path.getsize(smoke_model.PATH) < 1_000_000
