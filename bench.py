@@ -12,7 +12,13 @@ instance with replicas is measured through the balancer (its host:port) and each
 own. Then llama-bench of the build ``current`` points to (``llama_cpp_dir``) on each llama-server
 instance's model: ``bench_llama_tests`` (pp512, pp4096, tg128), ``bench_llama_reps`` repetitions,
 each test stopped after ``bench_llama_timeout_s`` (the report says so). It loads the model a second
-time beside the running server: mind the VRAM on a full card. A progress line per host; at the
+time beside the running server: mind the VRAM on a full card. When the serving build's smoke
+inference met the CPU repack trap (``current/rigup-smoke.json``: ``cpu-repack-crash``,
+``--no-repack``), llama-bench runs with ``--repack 0`` and the report says
+``trap cpu-repack-crash: --repack 0``. A test that ends on a signal is named
+(``llama-bench crashed (SIGSEGV) on pp512``), the other tests still run; a ppN test that crashed
+on one of the trap's signals while repacking runs once more with ``--repack 0``, and the report
+names the trap and asks for a rebuilt, proven llama.cpp on the host. A progress line per host; at the
 end, on the controller, ``bench_out/<date>/<host>.md`` and ``.json`` and ``fleet.png`` (tok/s
 against concurrency, one line per host and instance; rigup/bench.py). Nothing on the hosts
 changes but a temporary copy of the script, removed after the run.
@@ -27,8 +33,10 @@ from rigup.config import check_host
 
 check_host(host)
 data = host.data.dict()
-binary = f"{str(data['llama_cpp_dir']).rstrip('/')}/current/bin/llama-bench"
-seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary)
+current = f"{str(data['llama_cpp_dir']).rstrip('/')}/current"
+binary = f"{current}/bin/llama-bench"
+seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary,
+                     smoke=f"{current}/rigup-smoke.json")
 targets = bench.targets(data, seen["units"])
 runs = bench.llama_runs(data, seen) if data["bench_llama_tests"] else []
 started = time.monotonic()

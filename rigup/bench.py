@@ -7,6 +7,14 @@ The measuring itself is rigup/throughput.py (standard library, no pyinfra): sent
 Reports (:func:`write_reports`), in ``bench_out/<date>/``: ``<host>.md`` and ``<host>.json`` per
 host, and ``fleet.png`` (matplotlib, requirements-dev.txt): total tok/s against concurrency, one
 line per host and instance, in the order of :data:`COLORS`.
+
+llama-bench (:class:`LlamaBench`) runs on the host too, one process per test, each after the other:
+with ``--repack 0`` when the serving build's smoke inference met the CPU repack trap
+(roles/llama_cpp/traps.yml, :data:`REPACK`; ``rigup-smoke.json``, read by :class:`Serving`). A
+test that ends on a signal is named so (``llama-bench crashed (SIGSEGV) on pp512``) and the other
+tests keep their rows; a prompt-processing test that crashed on one of the trap's signals while
+weights were repacked runs once more, in the same command, with ``--repack 0``, and its row says
+which trap it met and that the host's llama.cpp wants a proven build.
 """
 
 from __future__ import annotations
@@ -16,13 +24,16 @@ import datetime
 import json
 import re
 import shlex
+import signal
 import time
 from pathlib import Path
 
 import click
 from pyinfra.api import FactBase
 
-from rigup.gate import endpoint
+from rigup import traps
+from rigup.config import ROLES_DIR
+from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import LLAMA_KEY, VLLM_KEY, marker_path
 
@@ -31,6 +42,14 @@ THROUGHPUT = Path(__file__).with_name("throughput.py")
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 PLOT_SIZE_IN, PLOT_DPI = (10, 6), 100
 SCRIPT_WORD = '"$t"'      # throughput.py's temporary copy on the host, in Throughput's command
+# The trap whose remedy is --no-repack (llama-bench: --repack 0), from the llama_cpp role's catalogue.
+REPACK = next(t for t in traps.load(ROLES_DIR / "llama_cpp" / "traps.yml") if t.remedy.value == "--no-repack")
+NO_REPACK = ["--repack", "0"]
+# A shell's exit status for each of REPACK's signals (128 + N): the ones a ppN test is retried on.
+REPACK_CODES = tuple(sorted(128 + signal.Signals[name] for name in REPACK.condition["signals"]
+                            if name in signal.Signals.__members__))
+_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")      # a bare server flag, as rigup-smoke.json's server_args
+_ATTEMPT = re.compile(r"##llama-bench(-retry)? (\S+) (\S+)")
 
 
 def targets(data: dict, units: list[str] = ()) -> list[dict]:
@@ -92,19 +111,24 @@ class Throughput(FactBase):
 class Serving(FactBase):
     """What bench.py reads on a host before it measures: {"units": the active ``rigup-llama@``
     units, "markers": {path: the model's completion marker (JSON) or None}, "llama_bench": whether
-    ``binary`` (the serving build's llama-bench) is there}."""
+    ``binary`` (the serving build's llama-bench) is there, "smoke": what the serving build's smoke
+    inference recorded at ``smoke`` (:func:`smoke_remedy`)}."""
 
-    def command(self, markers: list[str], binary: str) -> str:
+    def command(self, markers: list[str], binary: str, smoke: str) -> str:
         reads = "; ".join(f"echo {shlex.quote('##marker ' + m)}; tr -d '\\n' < {shlex.quote(m)} 2>/dev/null; echo"
                           for m in markers)
         return ("systemctl list-units --state=active --plain --no-legend 'rigup-llama@*' 2>/dev/null "
-                f"| sed 's/^/##unit /'; {reads or 'true'}; test -x {shlex.quote(binary)} && echo '##llama-bench'; true")
+                f"| sed 's/^/##unit /'; {reads or 'true'}; "
+                f"printf '##smoke %s\\n' \"$(tr -d '\\n' < {shlex.quote(smoke)} 2>/dev/null)\"; "
+                f"test -x {shlex.quote(binary)} && echo '##llama-bench'; true")
 
     def process(self, output: list[str]) -> dict:
-        found, marker = {"units": [], "markers": {}, "llama_bench": False}, None
+        found, marker = {"units": [], "markers": {}, "llama_bench": False, "smoke": smoke_remedy(None)}, None
         for line in output:
             if line.startswith("##unit "):
                 found["units"].append(line.split()[1])
+            elif line.startswith("##smoke"):
+                found["smoke"] = smoke_remedy(line[len("##smoke"):])
             elif line.startswith("##marker "):
                 marker = line[len("##marker "):]
                 found["markers"][marker] = None
@@ -118,6 +142,28 @@ class Serving(FactBase):
         return found
 
 
+def smoke_remedy(text: str | None) -> dict:
+    """What a passed smoke inference of the serving build recorded (roles/llama_cpp/smoke.py's
+    rigup-smoke.json): ``{"traps": [id], "server_args": [flag]}``. Only trap ids and bare
+    ``--flags`` count; no file, a half-written one, a failed smoke or anything malformed is none."""
+    try:
+        doc = json.loads(text or "")
+    except (ValueError, RecursionError):
+        doc = None
+    passed = isinstance(doc, dict) and doc.get("ok") is True
+
+    def kept(key: str, pattern: re.Pattern) -> list[str]:
+        values = doc.get(key) if passed else None
+        return [v for v in values if isinstance(v, str) and pattern.fullmatch(v)] if isinstance(values, list) else []
+    return {"traps": kept("traps", traps.ID), "server_args": kept("server_args", _FLAG)}
+
+
+def repack_remedy(smoke: dict) -> bool:
+    """Whether the serving build runs with :data:`REPACK`'s remedy: its smoke met the trap or
+    recorded ``--no-repack``."""
+    return REPACK.id in smoke.get("traps", []) or REPACK.remedy.value in smoke.get("server_args", [])
+
+
 def model_markers(data: dict) -> dict[str, str]:
     """Each llama-server instance's model marker (rigup.names.marker_path of the model's dest)."""
     entries = models(data)[0]
@@ -128,7 +174,10 @@ def model_markers(data: dict) -> dict[str, str]:
 
 def llama_runs(data: dict, seen: dict) -> list[dict]:
     """llama-bench's runs: per llama-server instance, {"name", "model" (the GGUF it serves), "ngl"}
-    or {"name", "error"} when it cannot run (no llama-bench in the build, the model incomplete)."""
+    (and "trap": :data:`REPACK`'s id when the serving build's smoke met it: it runs with
+    ``--repack 0``) or {"name", "error"} when it cannot run (no llama-bench in the build, the model
+    incomplete)."""
+    remedy = {"trap": REPACK.id} if repack_remedy(seen.get("smoke") or {}) else {}
     runs = []
     for name, marker in model_markers(data).items():
         files = (seen["markers"].get(marker) or {}).get("files") or []
@@ -137,13 +186,19 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
                f"no model GGUF at {marker}" if not gguf else None)
         ngl = data["llama_server_instances"][name].get("ngl")
         runs.append({"name": name, "error": why} if why else
-                    {"name": name, "model": f"{marker.rsplit('/', 1)[0]}/{gguf}", "ngl": 99 if ngl is None else ngl})
+                    {"name": name, "model": f"{marker.rsplit('/', 1)[0]}/{gguf}", "ngl": 99 if ngl is None else ngl,
+                     **remedy})
     return runs
 
 
 def llama_results(runs: list[dict], benched: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """llama-bench's rows per instance: those measured, and one saying why for a run that could not."""
-    return {**{r["name"]: [{"test": "llama-bench", "error": r["error"]}] for r in runs if r.get("error")}, **benched}
+    """llama-bench's rows per instance: those measured (each row of a run with the build's remedy
+    says so), and one saying why for a run that could not."""
+    remedied = {r["name"] for r in runs if r.get("trap")}
+    smoke = {"trap": REPACK.id, "repack": 0, "note": f"trap {REPACK.id}: {' '.join(NO_REPACK)}, met by the serving "
+                                                    "build's smoke inference"}
+    return {**{r["name"]: [{"test": "llama-bench", "error": r["error"]}] for r in runs if r.get("error")},
+            **{name: [{**row, **smoke} if name in remedied else row for row in rows] for name, rows in benched.items()}}
 
 
 def llama_bench_args(test: str) -> list[str]:
@@ -154,32 +209,76 @@ def llama_bench_args(test: str) -> list[str]:
     return ["-p", m.group(2), "-n", "0"] if m.group(1) == "pp" else ["-p", "0", "-n", m.group(2)]
 
 
+def llama_bench_argv(binary: str, run: dict, test: str, reps: int, timeout: int, no_repack: bool) -> list[str]:
+    """llama-bench of one test of ``run``, stopped after ``timeout`` s; ``no_repack``: with ``--repack 0``."""
+    return ["timeout", str(timeout), binary, "-m", run["model"], "-ngl", str(run["ngl"]), "-r", str(reps),
+            "-o", "json", *llama_bench_args(test), *(NO_REPACK if no_repack else [])]
+
+
+def _attempt(mark: str, argv: list[str], timeout: int) -> str:
+    """Shell: ``mark``, llama-bench's JSON on one line, then ``##rc <exit status> <timeout>`` (status in ``$rc``)."""
+    return (f"echo {shlex.quote(mark)}; out=$({shlex.join(argv)} 2>/dev/null); rc=$?; "
+            "printf %s \"$out\" | tr -d '\\n'; echo; " + f"echo \"##rc $rc\" {shlex.quote(str(timeout))}")
+
+
+def retries(test: str, no_repack: bool) -> bool:
+    """Whether a crash of ``test`` on one of :data:`REPACK`'s signals is run again with ``--repack 0``:
+    a prompt-processing test (ppN: the batched matmul the trap strikes) that repacked weights."""
+    return test.startswith("pp") and not no_repack
+
+
 class LlamaBench(FactBase):
     """``{instance: [row per test]}``: llama-bench's JSON per test (run one test at a time, each
-    stopped after ``timeout`` s: a row then says it was skipped)."""
+    stopped after ``timeout`` s: a row then says it was skipped; one that ended on a signal says
+    which). A run with ``"trap"`` (the build's remedy) runs with ``--repack 0``; in one without, a
+    ppN test that crashed on a signal of :data:`REPACK` runs once more with ``--repack 0`` (a
+    ``##llama-bench-retry`` attempt), which :func:`retried` turns into the test's one row."""
 
     def command(self, runs: list[dict], binary: str, tests: list[str], reps: int, timeout: int) -> str:
         steps = []
         for run in runs:
             for test in tests:
-                argv = ["timeout", str(timeout), binary, "-m", run["model"], "-ngl", str(run["ngl"]),
-                        "-r", str(reps), "-o", "json", *llama_bench_args(test)]
-                mark = shlex.quote(f"##llama-bench {run['name']} {test}")
-                steps.append(f"echo {mark}; out=$({shlex.join(argv)} 2>/dev/null); rc=$?; "
-                             "printf %s \"$out\" | tr -d '\\n'; echo; " + f"echo \"##rc $rc {timeout}\"")
+                no_repack = bool(run.get("trap"))
+                steps.append(_attempt(f"##llama-bench {run['name']} {test}",
+                                      llama_bench_argv(binary, run, test, reps, timeout, no_repack), timeout))
+                if retries(test, no_repack) and REPACK_CODES:
+                    again = _attempt(f"##llama-bench-retry {run['name']} {test}",
+                                     llama_bench_argv(binary, run, test, reps, timeout, True), timeout)
+                    steps.append(f"case $rc in {'|'.join(map(str, REPACK_CODES))}) {again};; esac")
         return "; ".join(steps) or "true"
 
     def process(self, output: list[str]) -> dict[str, list[dict]]:
-        found, current, lines = {}, None, []
-        for line in output + ["##llama-bench"]:
-            if line.startswith("##llama-bench") and current:
-                name, test, rc, text = *current, lines[-1] if lines else "", " ".join(lines[:-1])
-                found.setdefault(name, []).append(llama_bench_row(test, text, rc))
-            if line.startswith("##llama-bench"):
-                current, lines = line.split()[1:3] if line != "##llama-bench" else None, []
-            elif current:
-                lines.append(line)
+        found, attempts = {}, []
+        for line in output:
+            if m := _ATTEMPT.fullmatch(line):
+                attempts.append((m.group(2), m.group(3), bool(m.group(1)), []))
+            elif attempts:
+                attempts[-1][3].append(line)
+        for name, test, again, lines in attempts:
+            rc = next((ln for ln in reversed(lines) if ln.startswith("##rc ")), "")
+            row = llama_bench_row(test, " ".join(ln for ln in lines if not ln.startswith("##rc ")), rc)
+            rows = found.setdefault(name, [])
+            if again and rows and rows[-1]["test"] == test and rows[-1].get("signal"):
+                rows[-1] = retried(rows[-1], row)
+            else:
+                rows.append(row)
         return found
+
+
+def crash_signal(code: int | str | None) -> str | None:
+    """The signal that ended llama-bench, from its exit status: 128 + N from a shell (139:
+    ``SIGSEGV``) or -N (Python's subprocess); None for an exit (0, 1, timeout's 124 and 127)."""
+    try:
+        status = int(code)
+    except (TypeError, ValueError):
+        return None
+    number = -status if status < 0 else status - 128 if 128 < status < 256 else 0
+    return signal_name(number) if number else None
+
+
+def crash_text(test: str, sig: str) -> str:
+    """``llama-bench crashed (SIGSEGV) on pp512``; a stop signal (SIGKILL: the OOM killer) ``was killed``."""
+    return f"llama-bench {'was killed' if sig in STOPS else 'crashed'} ({sig}) on {test}"
 
 
 def llama_bench_row(test: str, text: str, rc: str) -> dict:
@@ -187,13 +286,33 @@ def llama_bench_row(test: str, text: str, rc: str) -> dict:
     code, limit = (rc.split() + ["", ""])[1:3]
     if code == "124":
         return {"test": test, "skipped": f"stopped after {limit} s (bench_llama_timeout_s)"}
+    if sig := crash_signal(code):
+        return {"test": test, "error": crash_text(test, sig), "signal": sig}
     try:
         doc = json.loads(text)[0]
-    except (ValueError, IndexError, KeyError):
-        return {"test": test, "error": f"llama-bench failed (exit {code})"}
-    return {"test": test, "tps": round(doc["avg_ts"], 2), "stddev": round(doc["stddev_ts"], 2),
-            "backend": doc.get("backends") or doc.get("backend"), "threads": doc.get("n_threads"),
-            "build": doc.get("build_commit"), "model": doc.get("model_type")}
+        return {"test": test, "tps": round(doc["avg_ts"], 2), "stddev": round(doc["stddev_ts"], 2),
+                "backend": doc.get("backends") or doc.get("backend"), "threads": doc.get("n_threads"),
+                "build": doc.get("build_commit"), "model": doc.get("model_type")}
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError):
+        return {"test": test, "error": f"llama-bench failed (exit {code or '?'})"}
+
+
+def retried(first: dict, again: dict) -> dict:
+    """A test's row after its crash (``first``) and its run with ``--repack 0`` (``again``): the
+    second's figures, naming :data:`REPACK` as the trap it met, or both failures."""
+    if "tps" not in again:
+        why = again.get("error") or again.get("skipped")
+        return {"test": first["test"], "error": f"{first['error']}; again with {' '.join(NO_REPACK)}: {why}",
+                "signal": first["signal"]}
+    return {**again, "trap": REPACK.id, "repack": 0, "crashed": first["error"],
+            "note": f"trap {REPACK.id}: {' '.join(NO_REPACK)} after {first['error']} ({REPACK.ref}); the serving "
+                    "build's smoke inference did not record it: rebuild and prove llama.cpp on this host "
+                    "(deploy.py), so that its llama-server instances, which may crash the same way, get --no-repack"}
+
+
+def llama_notes(rows: list[dict]) -> list[str]:
+    """The notes of an instance's llama-bench rows (a trap met, its remedy), each once, in order."""
+    return list(dict.fromkeys(row["note"] for row in rows if row.get("note")))
 
 
 def llama_markdown(rows: list[dict]) -> list[str]:
@@ -206,7 +325,8 @@ def llama_markdown(rows: list[dict]) -> list[str]:
                          f"{row['threads']} | {row['build']} |")
         else:
             lines.append(f"| {row['test']} | {row.get('skipped') or row.get('error')} | | | | |")
-    return lines + [""]
+    notes = llama_notes(rows)
+    return lines + ([""] + [f"- {note}" for note in notes] if notes else []) + [""]
 
 
 def markdown(host: str, result: dict) -> str:
@@ -295,6 +415,7 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
     best = {n: max((lv["total_tps"] for lv in i.get("levels", [])), default=0) for n, i in instances.items()}
     ran = "; ".join(f"{n} " + ", ".join(f"{r['test']} {r['tps']:.1f}" if "tps" in r else f"{r['test']} "
                                         f"{r.get('skipped') or r.get('error')}" for r in rows)
+                    + "".join(f" [{note}]" for note in llama_notes(rows))
                     for n, rows in sorted(llama.items()))
     click.echo(f"    [{host}] bench: {len(instances)} instance(s) in {seconds:.1f} s; best total tok/s: "
                + (", ".join(f"{n} {v:.1f}" for n, v in sorted(best.items())) or "none")

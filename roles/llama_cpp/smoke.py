@@ -142,7 +142,17 @@ def _as_user(user: str | None) -> dict:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": os.getgrouplist(user, entry.pw_gid)}
 
 
-def attempt(spec: dict, model: str, args: list[str], log: str) -> dict:
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def run_env(run: dict) -> dict:
+    """The environment of a run's server: the smoke's own, plus the instance's (a replica's
+    CUDA_VISIBLE_DEVICES); names that are not plain variable names are left out."""
+    extra = run.get("env") if isinstance(run.get("env"), dict) else {}
+    return {**os.environ, **{k: str(v) for k, v in extra.items() if _ENV_NAME.fullmatch(str(k))}}
+
+
+def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None = None) -> dict:
     """One server start, one completion, one stop: ``{ok, phase, signal, exit, reason, seconds, tokens}``."""
     port = free_port()
     argv = [os.path.join(spec["bin"], "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port),
@@ -155,7 +165,7 @@ def attempt(spec: dict, model: str, args: list[str], log: str) -> dict:
         out.write(("\n# rigup smoke: " + " ".join(argv) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd="/", start_new_session=True, **_as_user(spec.get("user")))
+                                cwd="/", start_new_session=True, env=env, **_as_user(spec.get("user")))
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -220,11 +230,12 @@ def smoke(spec: dict) -> dict:
     for run in spec.get("runs") or [{"name": "tiny", "args": []}]:
         model = model_of(run, spec)
         args = server_args([str(a) for a in run.get("args", [])])
-        result = attempt(spec, model, extra + args, log)
+        env = run_env(run)
+        result = attempt(spec, model, extra + args, log, env)
         for remedy in spec.get("remedies", []):
             if result["ok"] or result["signal"] not in remedy.get("signals", []):
                 continue
-            again = attempt(spec, model, extra + args + list(remedy["args"]), log)
+            again = attempt(spec, model, extra + args + list(remedy["args"]), log, env)
             if again["ok"]:
                 again["remedy"] = remedy["id"]
                 again["first"] = result["reason"]

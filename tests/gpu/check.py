@@ -9,12 +9,42 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py model  --work /root/rigup-gpu
     python3 tests/gpu/check.py serve  --work /root/rigup-gpu --out DIR
     python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
+    python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/smoke.py, 5 runs
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
 shape, not on weight values); `serve` runs llama-bench, then llama-server three ways: with the
 flags that roles/llama_server renders into its unit's ExecStart, with llama.cpp's defaults, and
 with the seeds' hand flags, each under 1, 4 and 8 concurrent chat requests of 400 tokens.
+
+`smoke` runs the role's smoke inference (roles/llama_cpp/smoke.py, as a python3 subprocess, one
+spec per run, the remedies of roles/llama_cpp/traps.yml that the CPU's flags admit, as the role
+gives them) with the built binaries: the tiny smoke model (roles/llama_cpp/smoke.gguf, Q4_0) with
+``-ngl 99`` on the GPU; the tiny model on the CPU alone (``-ngl 0``, ``CUDA_VISIBLE_DEVICES=``:
+llama.cpp's CPU backend with its AMX/repack buffers), with repacking and with ``--no-repack``; the
+8B-shaped model (``model``'s file, made first when missing; or ``--model PATH``) with the role's
+flags for a GPU instance (roles/llama_server's defaults: ``-ngl 99 -fa auto -sm layer --jinja``)
+on the GPU, and with those flags at ``-ngl 0`` on the CPU alone when it weighs at most 20 GB. It
+prints the CPU facts (rigup.gpu.facts.parse_cpu), a table (seconds, tokens, the model buffers
+llama.cpp's log names: CPU_REPACK / AMX / CUDA0, whether a trap's remedy was needed) and writes
+``OUT/<date>-smoke.json``, ``.md`` and ``.log`` (every run's server log); OUT defaults to
+tests/gpu/results. ``--bin DIR`` takes binaries from DIR instead of build.json; ``--cpu-only``
+(or no nvidia-smi) skips the GPU runs; ``--only a,b`` picks runs by name. Exit status 1 when a run
+failed (or GPU settings changed).
+
+On the lent H200 (one call of the device tool; the machine is bare each call), with
+``carry: [".gpu"]`` after making the archive here (from the repository root)::
+
+    mkdir -p .gpu && git -C /var/lib/rigup-lab/srv/llama.cpp.git archive --prefix=llama.cpp/ lab-base \\
+      | gzip >.gpu/llama.cpp.tar.gz
+    echo "llama.cpp as vendored by llama-cpp-python 0.3.36 from PyPI (upstream commit 0c1e570),"\\
+      "tag lab-base of tests/lab/sources.py's mirror" >.gpu/SOURCE
+
+    export PYTHONUNBUFFERED=1 W=/root/rigup-gpu c=tests/gpu/check.py; python3 $c model --work $W \\
+      >$OUT/model.log 2>&1 & python3 $c build --work $W && { wait $!; python3 $c smoke --work $W --out $OUT; }
+
+(``model`` takes gguf-py and the vocabulary from the archive when the build has not unpacked it
+yet, so the 15 GB model is written while llama.cpp compiles; the build took 325 s there.)
 """
 
 from __future__ import annotations
@@ -24,7 +54,9 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +78,7 @@ except ImportError:  # the facts module defines pyinfra facts next to its parser
                         "pyinfra.api.exceptions": _api.exceptions})
 
 from rigup.config import role_defaults  # noqa: E402
+from rigup.entries import normalise  # noqa: E402
 from rigup.gpu.facts import hardware_command, parse_hardware  # noqa: E402
 from rigup.gpu.plan import format_plan, hardware_plan  # noqa: E402
 
@@ -60,7 +93,9 @@ def load(path: str):
 
 script = load("roles/llama_cpp/script.py")
 build_id, cmake_options, render_build_script = script.build_id, script.cmake_options, script.render_build_script
-dropin_text = load("roles/llama_server/command.py").dropin_text
+server_command = load("roles/llama_server/command.py")
+smoke = load("roles/llama_cpp/smoke.py")   # for server_args: the flags smoke.py keeps of a run's args
+dropin_text = server_command.dropin_text
 
 SETTINGS = ("power.limit,power.default_limit,persistence_mode,ecc.mode.current,compute_mode,"
             "clocks.applications.graphics,clocks.applications.memory")
@@ -69,6 +104,8 @@ RECIPE = {"model": "bench", "port": 8181, "host": "127.0.0.1", "ctx": 65536, "pa
           "metrics": True, "api_key": False, "extra_args": []}
 # Llama 3 8B's shape, with a 32k SPM vocabulary from the llama.cpp tree: 7.5 B parameters, F16.
 SHAPE = {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 8, "n_ff": 14336, "ctx": 8192}
+MODEL_FILE = "llama-8b-shape-f16.gguf"
+VOCAB = "models/ggml-vocab-llama-spm.gguf"
 
 
 def sh(command: str) -> str:
@@ -121,15 +158,16 @@ def cmd_model(args) -> None:
     """A random-weight llama GGUF in F16, written with gguf-py from the llama.cpp tree."""
     import numpy as np
 
-    src = args.work / "llama.cpp" / "src"
-    sys.path.insert(0, str(src / "gguf-py"))
-    import gguf
-
-    target = args.work / "llama-8b-shape-f16.gguf"
+    target = args.work / MODEL_FILE
     if target.exists():
         print(f"{target} exists")
         return
-    vocab = gguf.GGUFReader(str(src / "models" / "ggml-vocab-llama-spm.gguf"))
+    start = time.monotonic()
+    src = gguf_source(args.work, args.archive)
+    sys.path.insert(0, str(src / "gguf-py"))
+    import gguf
+
+    vocab = gguf.GGUFReader(str(src / VOCAB))
     writer = gguf.GGUFWriter(str(target) + ".partial", "llama")
     s = SHAPE
     n_vocab = 32000
@@ -175,7 +213,35 @@ def cmd_model(args) -> None:
     writer.write_tensors_to_file()
     writer.close()
     os.rename(str(target) + ".partial", target)
-    print(f"wrote {target} ({target.stat().st_size / 2**30:.1f} GiB)")
+    print(f"wrote {target} ({target.stat().st_size / 2**30:.1f} GiB) in {time.monotonic() - start:.0f} s", flush=True)
+
+
+def gguf_source(work: Path, archive: Path) -> Path:
+    """A llama.cpp tree with gguf-py and the SPM vocabulary: the build's source when unpacked,
+    else those two taken from the archive into WORK/gguf-src (so that `model` runs beside `build`,
+    which unpacks the source only at its start and replaces it whole)."""
+    src = work / "llama.cpp" / "src"
+    if (src / "gguf-py" / "gguf").is_dir() and (src / VOCAB).is_file():
+        return src
+    out = work / "gguf-src"
+    if not (out / VOCAB).is_file():
+        import tarfile
+
+        if not archive.is_file():
+            sys.exit(f"no llama.cpp source for gguf-py: neither {src} nor the archive {archive}")
+        shutil.rmtree(out, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            members = []
+            for m in tar.getmembers():
+                rest = m.name.split("/", 1)[1] if "/" in m.name else ""
+                if (rest.startswith("gguf-py/") or rest == VOCAB) and (m.isfile() or m.isdir()):
+                    m.name = rest
+                    members.append(m)
+            try:
+                tar.extractall(out, members, filter="data")
+            except TypeError:  # a Python without extraction filters
+                tar.extractall(out, members)
+    return out
 
 
 def chat(port: int, tokens: int) -> dict:
@@ -252,7 +318,7 @@ def cmd_bench(args) -> None:
 
     build = json.loads((args.work / "build.json").read_text())
     bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
-    model = args.work / "llama-8b-shape-f16.gguf"
+    model = args.work / MODEL_FILE
     args.out.mkdir(parents=True, exist_ok=True)
 
     def both(port: int) -> list[dict]:
@@ -294,7 +360,7 @@ def cmd_serve(args) -> None:
     facts, plan = facts_and_plan()
     build = json.loads((args.work / "build.json").read_text())
     bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
-    model = args.work / "llama-8b-shape-f16.gguf"
+    model = args.work / MODEL_FILE
     args.out.mkdir(parents=True, exist_ok=True)
     bench = subprocess.run([str(bindir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1",
                             "-p", "512,4096", "-n", "128", "-r", "3", "-o", "json"],
@@ -361,6 +427,250 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SMOKE_SCRIPT = ROOT / "roles" / "llama_cpp" / "smoke.py"
+SMOKE_TINY = ROOT / "roles" / "llama_cpp" / "smoke.gguf"
+SMOKE_TRAPS = ROOT / "roles" / "llama_cpp" / "traps.yml"
+CPU_MODEL_MAX_BYTES = 20 * 10**9      # the big model on the CPU alone only up to this (it answers slowly)
+TINY_TIMEOUT = 120
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_BUFFER = re.compile(r"\b(\S+) model buffer size\s*=\s*([\d.]+) MiB")
+_OFFLOADED = re.compile(r"offloaded (\d+/\d+) layers to GPU")
+
+
+def role_flags(ngl: int) -> list[str]:
+    """llama-server's flags after ``-m MODEL`` for an instance of roles/llama_server's defaults
+    (``-ngl ngl -fa auto -sm layer --jinja --metrics`` and the port, context and slots that
+    smoke.py replaces with its own), as roles/llama_server/smoke.py gives them to the smoke."""
+    schema = load("roles/llama_server/schema.py")
+    inst, problems = normalise({"model": "smoke", "port": 8181, "ngl": ngl}, schema.LLAMA_INSTANCE, "smoke")
+    if problems:
+        raise SystemExit(f"roles/llama_server/schema.py refused the smoke instance: {problems}")
+    return server_command.argv("smoke", inst, "llama-server", "MODEL")[3:]
+
+
+def smoke_remedies(cpu: dict) -> list[dict]:
+    """roles/llama_cpp's remedies for a host with this CPU (its ``remedies``: the catalogue's
+    server-flag traps whose cpu_flags_any the CPU has), as the smoke spec carries them."""
+    from rigup.traps import load as load_traps
+
+    flags = set(cpu.get("flags") or [])
+    return [{"id": t.id, "ref": t.ref, "signals": list(t.condition.get("signals", [])), "args": [t.remedy.value]}
+            for t in load_traps(SMOKE_TRAPS, condition_keys=("signals", "cpu_flags_any"))
+            if t.remedy.kind == "server_flag" and flags & set(t.condition.get("cpu_flags_any", []))]
+
+
+def cpu_line(cpu: dict) -> str:
+    """rigup.gpu.facts.parse_cpu's facts in one line."""
+    return (f"CPU: {cpu.get('model')} ({cpu.get('vendor')}); {cpu.get('logical')} logical CPUs, {cpu.get('cores')} "
+            f"cores, {cpu.get('sockets')} socket(s), {cpu.get('numa_nodes')} NUMA node(s); AMX "
+            f"{'yes' if cpu.get('amx') else 'no'}; flags: {' '.join(cpu.get('flags') or []) or '-'}")
+
+
+def gpu_present() -> bool:
+    return bool(shutil.which("nvidia-smi")) and "GPU " in sh("nvidia-smi -L 2>/dev/null")
+
+
+def log_attempts(text: str) -> list[dict]:
+    """What each server start of a smoke log says about where the weights went: its flags, the
+    model buffers (``CPU_REPACK``, ``AMX``, ``CUDA0``, ``CPU_Mapped``: MiB), the layers offloaded,
+    llama.cpp's CUDA init line and its CPU features (``system_info``)."""
+    attempts = []
+    for part in text.split("\n# rigup smoke: ")[1:]:
+        lines = part.splitlines()
+        buffers: dict[str, float] = {}
+        for name, mib in _BUFFER.findall(part):
+            buffers[name] = round(buffers.get(name, 0) + float(mib), 2)
+        offloaded = _OFFLOADED.findall(part)
+        cuda = [ln.split("ggml_cuda_init:", 1)[1].strip() for ln in lines if "ggml_cuda_init:" in ln]
+        info = [ln.split("system_info:", 1)[1].strip() for ln in lines if "system_info:" in ln]
+        attempts.append({"argv": lines[0] if lines else "", "buffers": buffers,
+                         "offloaded": offloaded[-1] if offloaded else None, "cuda": cuda[0] if cuda else None,
+                         "system_info": info[0] if info else None})
+    return attempts
+
+
+def model_files(model: Path) -> list[Path]:
+    """A GGUF's files: itself, or every shard of a ``-00001-of-N`` one."""
+    match = _SHARD.search(model.name)
+    return sorted(model.parent.glob(model.name[:match.start()] + "-*-of-*.gguf")) if match else [model]
+
+
+def link_model(model: Path, folder: Path) -> Path:
+    """``folder`` as a served model's folder for smoke.py: a link to ``model`` (and its sibling
+    shards) and the ``.rigup-complete.json`` marker naming it; the marker's path."""
+    folder.mkdir(parents=True)
+    files = model_files(model)
+    for f in files:
+        (folder / f.name).symlink_to(f.resolve())
+    marker = folder / ".rigup-complete.json"
+    marker.write_text(json.dumps({"files": [f.name for f in files], "bytes": sum(f.stat().st_size for f in files)}))
+    return marker
+
+
+def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bindir: Path, work: Path,
+              remedies: list[dict], timeout: int) -> dict:
+    """One spec of roles/llama_cpp/smoke.py with one run: ``model`` (None: the tiny one) with
+    ``args``; ``hidden``: CUDA_VISIBLE_DEVICES empty in its environment (the CPU alone)."""
+    folder = work / "smoke" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    run = {"name": name, "args": args}
+    size = SMOKE_TINY.stat().st_size
+    expected = str(SMOKE_TINY)
+    if model is not None:
+        marker = link_model(model, folder / "model")
+        run["marker"] = str(marker)
+        size = json.loads(marker.read_text())["bytes"]
+        expected = os.path.normpath(marker.parent / model.name)   # as smoke.py's model_of spells it
+    spec = {"key": f"check-{name}", "bin": str(bindir), "log": str(folder / "smoke.log"),
+            "out": str(folder / "rigup-smoke.json"), "tiny": str(SMOKE_TINY), "timeout": timeout,
+            "max_model_bytes": size, "runs": [run], "remedies": remedies}
+    (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+    # the trace level prints the model buffers (CPU_REPACK, AMX, CUDA0) and the layers offloaded
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "LLAMA_ARG_LOG_VERBOSITY": "4"}
+    if hidden:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    print(f"smoke {name}: {model or SMOKE_TINY} {' '.join(smoke.server_args(args))}"
+          f"{' (CUDA_VISIBLE_DEVICES= : the CPU alone)' if hidden else ''}", flush=True)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, str(SMOKE_SCRIPT), str(folder / "spec.json")], env=env,
+                              capture_output=True, text=True, timeout=timeout * (1 + len(remedies)) + 60)
+        lines = proc.stdout.strip().splitlines()
+        doc = json.loads(lines[-1]) if lines else {}
+        error = None if doc else f"smoke.py printed no result (exit {proc.returncode}): {proc.stderr[-1500:]}"
+    except subprocess.TimeoutExpired:
+        doc, error = {}, "smoke.py itself did not finish in time"
+    except ValueError:
+        doc, error = {}, f"smoke.py's last line is not JSON (exit {proc.returncode}): {proc.stdout[-500:]}"
+    wall = round(time.monotonic() - start, 2)
+    first = (doc.get("runs") or [{}])[0]
+    log = Path(spec["log"]).read_text(errors="replace") if Path(spec["log"]).exists() else ""
+    row = {"name": name, "model": first.get("model") or expected, "model_bytes": size,
+           "gpu_hidden": hidden, "args": smoke.server_args(args), "ok": bool(doc.get("ok")) and not error,
+           "seconds": doc.get("seconds"), "wall_seconds": wall, "tokens": first.get("tokens"),
+           "phase": first.get("phase"), "signal": first.get("signal"), "exit": first.get("exit"),
+           "reason": error or first.get("reason") or "", "remedy": first.get("remedy"), "first": first.get("first"),
+           "traps": doc.get("traps", []), "server_args": doc.get("server_args", []),
+           "remedies_offered": [r["id"] for r in remedies], "attempts": log_attempts(log),
+           "tail": first.get("tail") or [], "log": log}
+    if doc and first.get("model") != expected:
+        row.update(ok=False, reason=f"smoke.py loaded {first.get('model')}, not {expected}")
+    return row
+
+
+def smoke_markdown(r: dict) -> str:
+    lines = [f"# rigup smoke inference on {r['gpu_name'] or 'the CPU alone'} ({r['date']})", "",
+             f"Source: {r['source']}; {r['llama_cpp_version'].splitlines()[0] if r['llama_cpp_version'] else '?'}; "
+             f"binaries {r['bin']}.", "", r["cpu_line"], "",
+             f"llama.cpp's CPU features (system_info): `{r['system_info']}`", "",
+             f"Remedies offered (roles/llama_cpp/traps.yml, by the CPU's flags): "
+             f"{', '.join(x['id'] + ' ' + ' '.join(x['args']) for x in r['remedies']) or 'none'}.", "",
+             "| run | model | flags | GPU hidden | ok | smoke s | tokens | model buffers MiB | offloaded | "
+             "remedy needed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in r["runs"]:
+        last = x["attempts"][-1] if x["attempts"] else {}
+        buffers = ", ".join(f"{k} {v:g}" for k, v in last.get("buffers", {}).items()) or "-"
+        remedy = f"yes: {x['remedy']} ({x['first']})" if x.get("remedy") else "no"
+        ok = "yes" if x["ok"] else f"**no**: {x['reason']}"
+        size = x["model_bytes"]
+        size = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+        lines.append(f"| {x['name']} | {Path(x['model']).name} ({size}) | "
+                     f"`{' '.join(x['args'])}` | {'yes' if x['gpu_hidden'] else 'no'} | {ok} | {x['seconds']} | "
+                     f"{x['tokens']} | {buffers} | {last.get('offloaded') or '-'} | {remedy} |")
+    for x in r["skipped"]:
+        lines.append(f"| {x['name']} | - | - | - | skipped: {x['why']} | - | - | - | - | - |")
+    lines += ["", f"Remedy needed: {r['remedy_needed']}."]
+    if r["gpu_settings_before"] is not None:
+        lines += ["", f"GPU settings before: `{r['gpu_settings_before']}`",
+                  f"GPU settings after:  `{r['gpu_settings_after']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_smoke(args) -> None:
+    """roles/llama_cpp/smoke.py against the build (or ``--bin``): see the module docstring."""
+    args.work = args.work.resolve()      # smoke.py starts llama-server in /: every path absolute
+    gpu = not args.cpu_only and gpu_present()
+    before = gpu_settings() if gpu_present() else None
+    facts = parse_hardware(sh(hardware_command([str(args.work if args.work.exists() else "/")])).splitlines())
+    cpu = facts["cpu"]
+    print(cpu_line(cpu), flush=True)
+    if args.bin:
+        bindir, build = args.bin.resolve(), None
+    else:
+        build = json.loads((args.work / "build.json").read_text())
+        bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    if not (bindir / "llama-server").exists():
+        sys.exit(f"no llama-server in {bindir}")
+    out = args.out or ROOT / "tests" / "gpu" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{time.strftime('%Y-%m-%d')}-smoke"
+    remedies = smoke_remedies(cpu)
+    model_timeout = int(role_defaults("llama_cpp")["llama_cpp_smoke_timeout"])
+    label = "8b" if args.model is None else "model"
+    plan = [("tiny-gpu", None, False, ["-ngl", "99"], True),
+            ("tiny-cpu", None, True, ["-ngl", "0"], False),
+            ("tiny-cpu-no-repack", None, True, ["-ngl", "0", "--no-repack"], False),
+            (f"{label}-gpu", "model", False, role_flags(99), True),
+            (f"{label}-cpu", "model", True, role_flags(0), False)]
+    only = set(args.only.split(",")) if args.only else None
+    results = {"date": time.strftime("%Y-%m-%d"),
+               "gpu_name": facts["gpus"][0]["name"] if gpu and facts["gpus"] else None,
+               "driver": facts["driver"].get("version"), "build": build, "bin": str(bindir),
+               "llama_cpp_version": sh(f"{shlex.quote(str(bindir / 'llama-server'))} --version 2>&1").strip(),
+               "source": str(bindir) if args.bin else source_note(args.archive), "cpu": cpu, "cpu_line": cpu_line(cpu),
+               "system_info": None, "remedies": remedies, "runs": [], "skipped": [], "remedy_needed": "no run ran",
+               "gpu_settings_before": before, "gpu_settings_after": None}
+    model = None
+
+    def save() -> None:
+        attempts = [a for x in results["runs"] for a in x["attempts"] if a.get("system_info")]
+        results["system_info"] = attempts[0]["system_info"] if attempts else None
+        needed = [f"{x['name']}: {x['remedy']} ({x['first']}; with {' '.join(x['server_args'])} it answered)"
+                  for x in results["runs"] if x.get("remedy")]
+        results["remedy_needed"] = "; ".join(needed) or ("no: no run crashed on a trap's signal" if results["runs"]
+                                                         else "no run ran")
+        Path(f"{stem}.json").write_text(json.dumps({**results, "runs": [{k: v for k, v in x.items() if k != "log"}
+                                                                         for x in results["runs"]]}, indent=2))
+        Path(f"{stem}.log").write_text("".join(f"\n===== {x['name']}\n{x['log']}" for x in results["runs"]))
+        Path(f"{stem}.md").write_text(smoke_markdown(results))
+
+    for name, which, hidden, flags, on_gpu in plan:
+        if only is not None and name not in only:
+            continue
+        if on_gpu and not gpu:
+            results["skipped"].append({"name": name, "why": "--cpu-only" if args.cpu_only else "no nvidia-smi"})
+            continue
+        if which == "model" and model is None:
+            model = args.model.resolve() if args.model else args.work / MODEL_FILE
+            if not model.exists() and args.model is None:
+                cmd_model(args)
+            if not model.exists():
+                sys.exit(f"no model {model}")
+        path = model if which == "model" else None
+        if path is not None and hidden and sum(f.stat().st_size for f in model_files(path)) > CPU_MODEL_MAX_BYTES:
+            size = sum(f.stat().st_size for f in model_files(path))
+            results["skipped"].append({"name": name, "why": f"{size / 1e9:.1f} GB > 20 GB on the CPU alone"})
+            continue
+        row = smoke_run(name, path, hidden, flags, bindir, args.work, remedies,
+                        TINY_TIMEOUT if path is None else model_timeout)
+        results["runs"].append(row)
+        last = row["attempts"][-1] if row["attempts"] else {}
+        print(f"  {'ok' if row['ok'] else 'FAILED'} in {row['seconds']} s ({row['tokens']} tokens); buffers "
+              f"{last.get('buffers')}; offloaded {last.get('offloaded')}; remedy {row['remedy'] or 'not needed'}"
+              + ("" if row["ok"] else f": {row['reason']}"), flush=True)
+        save()
+    results["gpu_settings_after"] = gpu_settings() if before is not None else None
+    save()
+    print(smoke_markdown(results))
+    print(f"wrote {stem}.json, .md and .log")
+    if before != results["gpu_settings_after"]:
+        sys.exit("GPU settings changed")
+    if not results["runs"] or not all(x["ok"] for x in results["runs"]):
+        sys.exit(1)
+
+
 def cmd_plan(args) -> None:
     """The plan, the cmake line and the serving drop-in, built and run nowhere (no GPU needed)."""
     facts, plan = facts_and_plan()
@@ -372,12 +682,20 @@ def cmd_plan(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/rigup-gpu-out")))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="serve, bench: default $OUT or /tmp/rigup-gpu-out; smoke: tests/gpu/results")
+    parser.add_argument("--bin", type=Path, help="smoke: llama.cpp binaries to use instead of build.json's")
+    parser.add_argument("--model", type=Path, help="smoke: the big model (default: model's 8B-shaped GGUF)")
+    parser.add_argument("--cpu-only", action="store_true", help="smoke: skip the GPU runs")
+    parser.add_argument("--only", help="smoke: these runs alone, by name, comma-separated")
     args = parser.parse_args()
-    {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench}[args.step](args)
+    if args.out is None and args.step != "smoke":
+        args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
+    {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
+     "smoke": cmd_smoke}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,174 @@ def test_llama_bench_runs_on_the_served_model_with_every_argument_quoted():
     print("\n" + md)
     assert "| pp512 | 812.4 | 3.1 | CPU | 2 | abc1234 |" in md
     assert "| pp4096 | stopped after 60 s (bench_llama_timeout_s) | | | | |" in md
+
+
+SMOKE_MET = json.dumps({"key": "k", "ok": True, "seconds": 3.2, "runs": [], "traps": ["cpu-repack-crash"],
+                        "server_args": ["--no-repack"]})
+ROW = ('[{"avg_ts": 640.2, "stddev_ts": 2.0, "backends": "CPU", "n_threads": 2, "build_commit": "abc1234", '
+       '"model_type": "t"}]')
+NONE = {"traps": [], "server_args": []}
+RUN = {"name": "glm", "model": "/srv/models/m/m.gguf", "ngl": 0}
+BINARY = "/opt/rigup/llama.cpp/current/bin/llama-bench"
+
+
+def test_the_repack_trap_comes_from_the_llama_cpp_catalogue():
+    assert bench.REPACK.id == "cpu-repack-crash"
+    assert bench.REPACK.ref == "https://github.com/ggml-org/llama.cpp/issues/20824"
+    assert bench.REPACK_CODES == (132, 134, 135, 139)       # SIGILL, SIGABRT, SIGBUS, SIGSEGV (Linux)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (SMOKE_MET, {"traps": ["cpu-repack-crash"], "server_args": ["--no-repack"]}),
+    (json.dumps({"ok": True, "traps": [], "server_args": ["--no-repack"]}), {**NONE, "server_args": ["--no-repack"]}),
+    (json.dumps({"ok": True, "traps": [], "server_args": []}), NONE),
+    (json.dumps({"ok": False, "traps": ["cpu-repack-crash"], "server_args": ["--no-repack"]}), NONE),
+    (json.dumps({"ok": "true", "traps": ["cpu-repack-crash"]}), NONE),
+    (json.dumps({"ok": True, "traps": "cpu-repack-crash", "server_args": "--no-repack"}), NONE),
+    (json.dumps({"ok": True, "traps": ["Bad Id", 7, None, "cpu-repack-crash"],
+                 "server_args": ["--no-repack; rm -rf /", "--threads 4", "-t", "--x=1", 3, "--no-repack"]}),
+     {"traps": ["cpu-repack-crash"], "server_args": ["--no-repack"]}),
+    (json.dumps(["ok"]), NONE),
+    ('{"ok": true, "traps": ["cpu-repack', NONE),        # half-written
+    ("[" * 100000, NONE),
+    ("", NONE),
+    (None, NONE),
+])
+def test_the_serving_builds_smoke_result_only_bare_flags_and_ids_count(text, expected):
+    assert bench.smoke_remedy(text) == expected
+
+
+def test_serving_reads_the_smoke_result_in_its_one_command_and_runs_get_the_remedy():
+    command = bench.Serving().command(["/srv/models/m/.rigup-complete.json"], BINARY,
+                                      "/opt/rigup/llama.cpp/cur rent/rigup-smoke.json")
+    assert "tr -d '\\n' < '/opt/rigup/llama.cpp/cur rent/rigup-smoke.json' 2>/dev/null" in command
+    assert command.count("rigup-smoke.json") == 1
+    marker = "/srv/models/m/.rigup-complete.json"
+    out = [f"##marker {marker}", '{"files": ["m.gguf"]}', f"##smoke {SMOKE_MET}", "##llama-bench"]
+    seen = bench.Serving().process(out)
+    assert seen["smoke"] == {"traps": ["cpu-repack-crash"], "server_args": ["--no-repack"]}
+    assert seen["markers"][marker] == {"files": ["m.gguf"]} and bench.repack_remedy(seen["smoke"])
+    assert bench.Serving().process(["##smoke", "##llama-bench"])["smoke"] == NONE
+    assert not bench.repack_remedy(bench.Serving().process(["##smoke {]"])["smoke"])
+    assert bench.repack_remedy({"traps": [], "server_args": ["--no-repack"]})
+    data = {"models_dir": "/srv/models", "models": {"m": {"repo": "o/m", "revision": "a" * 40}},
+            "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ngl": 0}}}
+    assert bench.llama_runs(data, seen) == [{"name": "glm", "model": "/srv/models/m/m.gguf", "ngl": 0,
+                                             "trap": "cpu-repack-crash"}]
+    assert "trap" not in bench.llama_runs(data, {**seen, "smoke": bench.smoke_remedy(None)})[0]
+
+
+def test_llama_bench_argv_with_repack_off_and_the_retry_only_for_pp_while_repacking():
+    assert bench.llama_bench_argv(BINARY, RUN, "pp512", 2, 60, True) == [
+        "timeout", "60", BINARY, "-m", "/srv/models/m/m.gguf", "-ngl", "0", "-r", "2", "-o", "json",
+        "-p", "512", "-n", "0", "--repack", "0"]
+    assert "--repack" not in bench.llama_bench_argv(BINARY, RUN, "tg128", 2, 60, False)
+    assert bench.retries("pp4096", False) and not bench.retries("pp4096", True) and not bench.retries("tg128", False)
+    remedied = bench.LlamaBench().command([{**RUN, "trap": "cpu-repack-crash"}], BINARY, ["pp512", "tg128"], 2, 60)
+    assert remedied.count("--repack 0") == 2 and "case" not in remedied and "##llama-bench-retry" not in remedied
+    plain = bench.LlamaBench().command([{**RUN, "model": "/srv/m/it's.gguf"}], BINARY, ["pp512", "tg128"], 2, 60)
+    assert plain.count("case $rc in 132|134|135|139) echo '##llama-bench-retry glm pp512'; ") == 1
+    assert plain.count("--repack 0") == 1 and "-m '/srv/m/it'\"'\"'s.gguf'" in plain
+
+
+@pytest.mark.parametrize("code, name", [
+    (139, "SIGSEGV"), ("139", "SIGSEGV"), (-11, "SIGSEGV"), (134, "SIGABRT"), (135, "SIGBUS"), (132, "SIGILL"),
+    (137, "SIGKILL"), (-9, "SIGKILL"), (0, None), (1, None), ("124", None), (127, None), (128, None), (300, None),
+    ("", None), (None, None), ("x", None)])
+def test_a_signal_is_named_from_the_exit_status(code, name):
+    assert bench.crash_signal(code) == name
+
+
+def test_a_crash_is_named_the_other_tests_keep_their_rows_and_a_pp_crash_retried_names_the_trap():
+    assert bench.crash_text("pp512", "SIGSEGV") == "llama-bench crashed (SIGSEGV) on pp512"
+    assert bench.crash_text("pp4096", "SIGKILL") == "llama-bench was killed (SIGKILL) on pp4096"
+    rows = bench.LlamaBench().process([
+        "##llama-bench glm pp512", "[", "##rc 139 60", "##llama-bench-retry glm pp512", ROW, "##rc 0 60",
+        "##llama-bench glm pp4096", "", "##rc 139 60", "##llama-bench-retry glm pp4096", "", "##rc 134 60",
+        "##llama-bench glm tg128", ROW, "##rc 0 60",
+        "##llama-bench keyed pp512", "", "##rc 137 60", "##llama-bench keyed tg128", "", "##rc -11 60",
+        "##llama-bench keyed tg256", '[{"avg_ts": null}]', "##rc 0 60", "##llama-bench keyed pp1", '[7]', "##rc 0 60",
+        "##llama-bench-retry keyed pp1", ROW, "##rc 0 60"])
+    glm, keyed = rows["glm"], rows["keyed"]
+    assert [r["test"] for r in glm] == ["pp512", "pp4096", "tg128"]
+    assert glm[0]["tps"] == 640.2 and glm[0]["trap"] == "cpu-repack-crash" and glm[0]["repack"] == 0
+    assert glm[0]["crashed"] == "llama-bench crashed (SIGSEGV) on pp512"
+    assert glm[0]["note"].startswith("trap cpu-repack-crash: --repack 0 after llama-bench crashed (SIGSEGV) on pp512 "
+                                     "(https://github.com/ggml-org/llama.cpp/issues/20824)")
+    assert "rebuild and prove llama.cpp on this host (deploy.py)" in glm[0]["note"]
+    assert glm[1] == {"test": "pp4096", "signal": "SIGSEGV", "error": "llama-bench crashed (SIGSEGV) on pp4096; again "
+                      "with --repack 0: llama-bench crashed (SIGABRT) on pp4096"}
+    assert glm[2]["tps"] == 640.2 and "trap" not in glm[2]
+    assert keyed == [{"test": "pp512", "error": "llama-bench was killed (SIGKILL) on pp512", "signal": "SIGKILL"},
+                     {"test": "tg128", "error": "llama-bench crashed (SIGSEGV) on tg128", "signal": "SIGSEGV"},
+                     {"test": "tg256", "error": "llama-bench failed (exit 0)"},
+                     {"test": "pp1", "error": "llama-bench failed (exit 0)"},
+                     {"test": "pp1", "tps": 640.2, "stddev": 2.0, "backend": "CPU", "threads": 2, "build": "abc1234",
+                      "model": "t"}]                    # a retry with no crash before it is a row of its own
+    assert bench.LlamaBench().process(["junk", "##llama-bench", "##llama-bench-retry glm pp512", "##rc 124 60"]) == {
+        "glm": [{"test": "pp512", "skipped": "stopped after 60 s (bench_llama_timeout_s)"}]}
+
+
+FAKE_LLAMA_BENCH = """#!/bin/sh
+# llama-bench as issue #20824 has it: batched prompt processing dies on SIGSEGV while repacking
+case " $* " in
+  *" --repack 0 "*) ;;
+  *" -p 0 "*) ;;
+  *) kill -s SEGV $$ ;;
+esac
+printf '[\\n  {"avg_ts": 10.5, "stddev_ts": 0.5, "backends": "CPU", "n_threads": 2, "build_commit": "abc",\\n'
+printf '   "model_type": "tiny"}\\n]\\n'
+"""
+
+
+def test_llama_bench_on_a_shell_crash_retry_and_remedy(tmp_path):
+    import shutil
+    import subprocess
+    if not (shutil.which("timeout") and shutil.which("sh")):
+        pytest.skip("needs sh and coreutils' timeout")
+    fake = tmp_path / "llama bench"
+    fake.write_text(FAKE_LLAMA_BENCH)
+    fake.chmod(0o755)
+    runs = [{**RUN, "name": "glm"}, {**RUN, "name": "fixed", "trap": "cpu-repack-crash"}]
+    command = bench.LlamaBench().command(runs, str(fake), ["pp512", "tg128"], 1, 30)
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    found = bench.LlamaBench().process(out)
+    print("\n" + "\n".join(out))
+    assert [(r["test"], r.get("tps"), r.get("trap"), r.get("crashed")) for r in found["glm"]] == [
+        ("pp512", 10.5, "cpu-repack-crash", "llama-bench crashed (SIGSEGV) on pp512"), ("tg128", 10.5, None, None)]
+    assert [(r["test"], r.get("tps"), r.get("crashed")) for r in found["fixed"]] == [("pp512", 10.5, None),
+                                                                                      ("tg128", 10.5, None)]
+
+
+def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, monkeypatch, capsys):
+    retried_rows = bench.LlamaBench().process(["##llama-bench glm pp512", "##rc 139 60",
+                                               "##llama-bench-retry glm pp512", ROW, "##rc 0 60",
+                                               "##llama-bench glm tg128", "", "##rc 139 60"])
+    remedied_rows = bench.LlamaBench().process(["##llama-bench fixed pp512", ROW, "##rc 0 60"])
+    runs = [{**RUN, "name": "glm"}, {**RUN, "name": "fixed", "trap": "cpu-repack-crash"},
+            {"name": "old", "error": "no GGUF"}]
+    llama = bench.llama_results(runs, {**retried_rows, **remedied_rows})
+    assert llama["fixed"] == [{"test": "pp512", "tps": 640.2, "stddev": 2.0, "backend": "CPU", "threads": 2,
+                               "build": "abc1234", "model": "t", "trap": "cpu-repack-crash", "repack": 0,
+                               "note": "trap cpu-repack-crash: --repack 0, met by the serving build's smoke inference"}]
+    assert llama["old"] == [{"test": "llama-bench", "error": "no GGUF"}]
+    inst = {"engine": "llama-server", "url": "http://127.0.0.1:8081", "levels": levels(10)}
+    md = bench.markdown("rig-1", result("rig-1", {n: {**inst, "llama_bench": rows} for n, rows in llama.items()}))
+    assert "| pp512 | 640.2 | 2.0 | CPU | 2 | abc1234 |" in md
+    assert "| tg128 | llama-bench crashed (SIGSEGV) on tg128 | | | | |" in md
+    assert "\n- trap cpu-repack-crash: --repack 0, met by the serving build's smoke inference\n" in md
+    assert "\n- trap cpu-repack-crash: --repack 0 after llama-bench crashed (SIGSEGV) on pp512 (https://" in md
+    monkeypatch.setattr(bench, "_run", {"out": tmp_path})       # no report at exit
+    monkeypatch.setattr(bench, "_results", {})
+    targets = [{"name": n, "engine": "llama-server", "url": "http://127.0.0.1:8081"} for n in ("fixed", "glm")]
+    bench.record("rig-1", {"bench_max_tokens": 64, "bench_rounds": 2}, {"fixed": {"levels": levels(10)}}, targets, 1.0,
+                 {n: llama[n] for n in ("fixed", "glm")})
+    line = capsys.readouterr().err.strip()
+    with capsys.disabled():
+        print("\n" + md + "\n" + line)
+    assert ("llama-bench tok/s: fixed pp512 640.2 [trap cpu-repack-crash: --repack 0, met by the serving build's "
+            "smoke inference]; ") in line
+    assert "; glm pp512 640.2, tg128 llama-bench crashed (SIGSEGV) on tg128 [trap cpu-repack-crash: --repack 0 " \
+           "after llama-bench crashed (SIGSEGV) on pp512 (https://github.com/ggml-org/llama.cpp/issues/20824)" in line
+    saved = json.loads(json.dumps(bench._results["rig-1"]))
+    assert saved["instances"]["fixed"]["llama_bench"][0]["note"].startswith("trap cpu-repack-crash: --repack 0")
