@@ -8,7 +8,10 @@ short real completion of a prompt long enough to go through the batched matmul (
 AMX/repack crash struck: upstream #20824), and stops it. A crash (the signal named), a hang (the
 timeout) or an answer with no tokens fails the run. A run that crashed on a signal that a remedy
 of the spec names (a known trap, roles/llama_cpp/traps.yml) is tried again with the remedy's
-server flags; when that passes, the remedy is what the host's instances get.
+server flags; when that passes, the remedy is what the host's instances get. A run with ``"rpc":
+true`` (an RPC worker's, roles/rpc_worker) first starts the build's ``ggml-rpc-server`` on a
+loopback port with the run's environment (the worker unit's devices), and the server offloads to
+it alone; the worker's own crash is named too.
 
     python3 smoke.py SPEC.json       # or the spec's JSON itself as the argument
                                      # prints the result as JSON on its last line; exit 0 when it passed
@@ -221,6 +224,41 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
     return result
 
 
+def rpc_server(spec: dict, env: dict, log: str):
+    """The build's RPC server on a free loopback port, as the rigup user, with the worker unit's
+    devices (``env``): (process, port), once its port answers (or it exited)."""
+    binary = next((os.path.join(spec["bin"], b) for b in ("ggml-rpc-server", "rpc-server")
+                   if os.path.exists(os.path.join(spec["bin"], b))), os.path.join(spec["bin"], "ggml-rpc-server"))
+    port = free_port()
+    with open(log, "ab") as out:
+        out.write(f"\n# rigup smoke: {binary} -H 127.0.0.1 -p {port}\n".encode())
+        out.flush()
+        proc = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd="/", start_new_session=True, env=env,
+                                **_as_user(spec.get("user")))
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return proc, port
+
+
+def _stopped(proc) -> int | None:
+    """Stop ``proc`` if it runs; its exit status when it had exited by itself."""
+    code = proc.poll()
+    if code is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return code
+
+
 def smoke(spec: dict) -> dict:
     """Every run of ``spec``, each retried once with a remedy whose signals match its crash."""
     start = time.monotonic()
@@ -231,6 +269,11 @@ def smoke(spec: dict) -> dict:
         model = model_of(run, spec)
         args = server_args([str(a) for a in run.get("args", [])])
         env = run_env(run)
+        worker = None
+        if run.get("rpc"):      # the worker has the devices; llama-server sees none of its own
+            worker, port = rpc_server(spec, env, log)
+            args += ["--rpc", f"127.0.0.1:{port}"]
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
         result = attempt(spec, model, extra + args, log, env)
         for remedy in spec.get("remedies", []):
             if result["ok"] or result["signal"] not in remedy.get("signals", []):
@@ -243,6 +286,12 @@ def smoke(spec: dict) -> dict:
                 extra += [a for a in remedy["args"] if a not in extra]
                 result = again
                 break
+        if worker is not None:
+            code = _stopped(worker)
+            if code is not None:
+                result.update(ok=False, signal=signal_name(code), exit=code,
+                              reason=f"ggml-rpc-server {'crashed (' + signal_name(code) + ')' if signal_name(code) else f'exited with status {code}'}"
+                                     f" while llama-server used it ({result['reason'] or 'the completion answered'})")
         result.update(name=run.get("name", "tiny"), model=model, tail=[] if result["ok"] else _tail(log))
         runs.append(result)
         if not result["ok"]:

@@ -10,7 +10,7 @@ from roles.llama_server.replicas import layout
 from roles.llama_server.schema import instances
 
 
-def smoke_runs(plan: dict, data: dict) -> list[dict]:
+def smoke_runs(plan: dict, data: dict, fleet=None) -> list[dict]:
     """One run per instance (its first server, with that server's environment): ``{name, marker,
     args, env}``, ``args`` being llama-server's flags after ``-m MODEL``; none when nothing serves."""
     wanted, entries = serving(data, instances)

@@ -105,10 +105,10 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []))
-    # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each serving role's runs
-    plan["smoke"] = [run for role in roles if hasattr(role, "smoke_runs") for run in role.smoke_runs(plan, data)]
     _plans[host.name] = plan
     fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory}, plan_of)
+    # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs
+    plan["smoke"] = [run for role in roles if hasattr(role, "smoke_runs") for run in role.smoke_runs(plan, data, fleet)]
     lines = format_plan(plan).splitlines()
     lines += [line for role in roles if hasattr(role, "plan_lines") for line in role.plan_lines(plan, data)]
     lines += [line for role in roles if hasattr(role, "fleet_plan_lines")

@@ -33,7 +33,7 @@ from rigup.units import service_commands
 from roles.rpc_worker.checks import CHECKS, FLEET_CHECKS, ports
 from roles.rpc_worker.command import FIREWALL, TABLE, firewall_text, unit_text
 
-__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports", "smoke_runs"]
 
 UNIT = f"/etc/systemd/system/{RPC_UNIT}"
 
@@ -106,6 +106,17 @@ def apply(plan: dict):
         server(name=f"rpc_worker: {RPC_UNIT} on {address(host.name, data)}:{data['rpc_worker_port']}", data=data,
                heads=heads, build_link=build_link)
     workers_started(name="rpc_worker: workers started")
+
+
+def smoke_runs(plan: dict, data: dict, fleet) -> list[dict]:
+    """A worker's new llama.cpp build is tried as a worker before it serves (roles/llama_cpp's
+    smoke): its ggml-rpc-server on a loopback port, with the devices the unit gives it, and the
+    same build's llama-server offloading every layer of the tiny model to it."""
+    if not heads_of(host.name if fleet is None else fleet.me, fleet.hosts if fleet else {}):
+        return []
+    devices = data["rpc_worker_cuda_devices"]
+    env = {"CUDA_VISIBLE_DEVICES": str(devices)} if devices else {}
+    return [{"name": "rpc-server", "rpc": True, "args": ["-ngl", "99"], "env": env}]
 
 
 @operation()
