@@ -18,15 +18,26 @@ no instance is watched, or with ``watchdog_enabled: false``):
   ``watchdog_bad_checks`` times in a row: ``systemctl restart`` of that unit, with the reason in
   the journal (``journalctl -u rigup-watchdog``) and in its metrics file (rigup.names.WATCHDOG_METRICS,
   for the node exporter: ``rigup_watchdog_restarts_total{llama_instance}``, the last tok/s, the floor);
+  each server is judged on its own: an answer that gives no tok/s (an HTTP error, cut off
+  mid-answer, not JSON, ``usage.completion_tokens`` null or missing) is one bad check of that
+  server, never the end of the check; every systemctl call has a timeout, and one that fails or
+  hangs is logged and counted for its server (``rigup_watchdog_command_failures_total``); the
+  state is saved whatever happens;
+- after a (re)start a server is not judged (its answers, HTTP 503 "Loading model" or a refused
+  connection included, count nothing) until it passed its gate again (rigup's health gate
+  recorded a completion after that start, or the watchdog got a whole completion from it) or
+  ``watchdog_grace_s`` passed since its start (systemd's timestamps);
 - escalation: still below the floor for ``watchdog_bad_checks`` checks after that restart: the
   reason in the journal (priority crit), ``rigup_watchdog_escalations_total{llama_instance}``, and
   with ``rigup_watchdog_reboot: true`` a reboot of the host, at most ``rigup_watchdog_max_reboots``
   a day (counted in ``rigup_state_dir/watchdog-reboots.json``, root-owned, kept across the reboot;
-  ``rigup_watchdog_reboots_today``); otherwise (or with the day's budget spent) another restart;
+  ``rigup_watchdog_reboots_today``), and only for a server that passed its gate since its last
+  start (one that never came up again is restarted, not a reason to reboot); otherwise (or with
+  the day's budget spent) another restart;
 - while ``rigup_maintenance`` is true: no check, no restart, no reboot (the metrics say maintenance).
 
 Variables (roles/watchdog/defaults.yml): watchdog_enabled, watchdog_interval_s,
-watchdog_bad_checks, watchdog_max_tokens, watchdog_timeout_s, rigup_watchdog_reboot,
+watchdog_bad_checks, watchdog_max_tokens, watchdog_timeout_s, watchdog_grace_s, rigup_watchdog_reboot,
 rigup_watchdog_max_reboots; llama_server_instances (roles/llama_server: port, host, api_key,
 min_tokens_per_s), rigup_maintenance, rigup_prefix and rigup_state_dir (roles/base).
 """
@@ -46,6 +57,7 @@ from rigup.config import role_defaults
 from rigup.gate import endpoint
 from rigup.names import LLAMA_KEY, WATCHDOG_METRICS, gate_record
 from rigup.templates import render
+from roles.watchdog.watchdog import COMMAND_TIMEOUT_S
 
 HERE = Path(__file__).resolve().parent
 THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
@@ -76,16 +88,19 @@ def watchdog_config(data: dict) -> dict:
     state_dir = str(data["rigup_state_dir"]).rstrip("/")
     return {"instances": watched(data), "interval_s": data["watchdog_interval_s"],
             "bad_checks": data["watchdog_bad_checks"], "max_tokens": data["watchdog_max_tokens"],
-            "timeout_s": data["watchdog_timeout_s"], "maintenance": bool(data["rigup_maintenance"]),
+            "timeout_s": data["watchdog_timeout_s"], "grace_s": data["watchdog_grace_s"],
+            "command_timeout_s": COMMAND_TIMEOUT_S, "maintenance": bool(data["rigup_maintenance"]),
             "state_file": f"{state_dir}/watchdog.json", "metrics_file": WATCHDOG_METRICS,
             "gate_record": gate_record(data, "{}"), "reboot": bool(data["rigup_watchdog_reboot"]),
             "max_reboots": data["rigup_watchdog_max_reboots"], "reboots_file": f"{state_dir}/watchdog-reboots.json"}
 
 
 def unit_timeout_s(config: dict) -> int:
-    """The oneshot's TimeoutStartSec: every server's completion may take the whole timeout
-    (replicas: up to 8 servers an instance), plus a margin for the restarts."""
-    return 8 * max(1, len(config["instances"])) * (config["timeout_s"] + 5) + 60
+    """The oneshot's TimeoutStartSec: every server's completion may take the whole timeout, and
+    its two systemctl calls (its state, a restart) theirs (replicas: up to 8 servers an
+    instance), plus the listing, the reboot and a margin."""
+    command = config["command_timeout_s"]
+    return 8 * max(1, len(config["instances"])) * (config["timeout_s"] + 5 + 2 * command) + 2 * command + 60
 
 
 @deploy("watchdog", data_defaults=role_defaults("watchdog"))

@@ -10,28 +10,49 @@ instance: the instance's own unit ``rigup-llama@NAME`` at its port, or each repl
 ``rigup-llama@NAME-K`` at 127.0.0.1:port+1+K. Its floor is the instance's ``floor``
 (``min_tokens_per_s``) or, when that is null, :data:`DEFAULT_FLOOR_SHARE` of the tok/s the health
 gate measured at the server's last (re)start (``gate_record``, written by rigup/gate.py; a server
-without one is not judged). A server below its floor (or not answering within the timeout) counts
-one bad check; ``bad_checks`` in a row restart its unit, with the reason in the journal (priority
-crit) and in the metrics file (``rigup_watchdog_restarts_total{llama_instance}``, the tok/s that
-caused it). Still ``bad_checks`` in a row below after that restart: escalation, as HiveOS's
-watchdog does: the reason in the journal, ``rigup_watchdog_escalations_total``, and with
-``reboot`` a reboot of the host, at most ``max_reboots`` a day (``reboots_file`` keeps the day's
-count across the reboot); without it, or with the budget spent, the unit is restarted again.
-A server whose unit is not active is left alone (the GPU guard, an operator or a failed start
-stopped it: LlamaServerDown says so). With ``maintenance`` (rigup_maintenance) it checks,
-restarts and reboots nothing, and says so. State (bad checks in a row, restarts) is kept in
-``state_file`` across runs.
+without one is not judged). A server below its floor, or without a usable answer (none within the
+timeout, an HTTP error, an answer cut off or malformed: ``usage.completion_tokens`` null or
+missing, not JSON), counts one bad check; ``bad_checks`` in a row restart its unit, with the
+reason in the journal (priority crit) and in the metrics file
+(``rigup_watchdog_restarts_total{llama_instance}``, the tok/s that caused it). Still
+``bad_checks`` in a row below after that restart: escalation, as HiveOS's watchdog does: the
+reason in the journal, ``rigup_watchdog_escalations_total``, and with ``reboot`` a reboot of the
+host, at most ``max_reboots`` a day (``reboots_file`` keeps the day's count across the reboot);
+without it, with the budget spent, or when the server has not passed its gate since its last
+start (a server that never came up is not a reason to reboot), the unit is restarted again.
+
+A server is not judged after a (re)start (by anyone: the watchdog, systemd, a converge) until it
+passed its gate again or ``grace_s`` passed since the start (systemd's ActiveEnterTimestamp and
+ExecMainStartTimestamp, the later). Passed its gate: rigup's health gate recorded a completion
+after that start (the gate record's ``at``), or this watchdog got a whole completion from it
+since (``passed_at`` in its state: nothing runs rigup's gate after the watchdog's own restart);
+that first completion is the gate's, not judged. Until then its answers (HTTP 503 "Loading
+model", a refused connection, anything) are "not judged", never bad checks.
+
+Each server is judged on its own: whatever one answers, or fails to, is one sample of that
+server, never the end of the check. Every systemctl call has a timeout (``command_timeout_s``);
+one that fails or hangs is logged and counted for its server
+(``rigup_watchdog_command_failures_total``), which is then not judged (its state unknown) or not
+restarted this time. A server whose unit is not active is left alone (the GPU guard, an operator
+or a failed start stopped it: LlamaServerDown says so). With ``maintenance`` (rigup_maintenance)
+it checks, restarts and reboots nothing, and says so. State (bad checks in a row, restarts, the
+last start seen, the watchdog's own gate passes) is kept in ``state_file`` across runs, written
+whatever happens (also on SIGTERM: the unit's timeout), each file replaced whole by a rename.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 
 try:
     import rigup_throughput as throughput           # on a host: installed next to this script
@@ -40,6 +61,12 @@ except ImportError:                                 # in the source tree (unit t
 
 # The floor of an instance without min_tokens_per_s: this share of the gate's tok/s at its start.
 DEFAULT_FLOOR_SHARE = 0.5
+# Seconds after a (re)start a server is not judged unless it passed its gate (watchdog_grace_s).
+DEFAULT_GRACE_S = 300
+# Seconds one systemctl call may take (the config's command_timeout_s).
+COMMAND_TIMEOUT_S = 30
+# A unit's last start: the later of these (systemd's CLOCK_MONOTONIC microseconds; 0: none).
+STARTS = ("ActiveEnterTimestampMonotonic", "ExecMainStartTimestampMonotonic")
 
 
 def log(priority: int, text: str) -> None:
@@ -57,16 +84,49 @@ def load(path: str, default):
 
 def replace(path: str, text: str) -> None:
     """Write ``path`` atomically (a dot-file beside it, then a rename): the node exporter's
-    textfile collector never reads half a file."""
+    textfile collector never reads half a file, a check killed while it writes leaves the last
+    state whole."""
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
-def systemctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120)
+def command(argv: list[str], config: dict) -> tuple[bool, str]:
+    """Run ``argv`` within the config's ``command_timeout_s``: (True, its stdout), or (False, why
+    it failed: its status and stderr, or that it hung and was killed, with anything it started)."""
+    limit = config.get("command_timeout_s", COMMAND_TIMEOUT_S)
+    shown = " ".join(argv)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    except OSError as e:
+        return False, f"`{shown}` could not run: {e}"
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        return False, f"`{shown}` did not return within {limit:g} s (killed)"
+    if proc.returncode != 0:
+        return False, f"`{shown}` failed with status {proc.returncode}: {(err or out).strip()[:300]}"
+    return True, out
+
+
+def systemctl(*args: str, config: dict) -> tuple[bool, str]:
+    return command(["systemctl", *args], config)
 
 
 def servers(name: str, inst: dict, units: list[str]) -> list[dict]:
@@ -83,9 +143,43 @@ def servers(name: str, inst: dict, units: list[str]) -> list[dict]:
     return found
 
 
-def active_units() -> list[str]:
-    out = systemctl("list-units", "--state=active", "--plain", "--no-legend", "rigup-llama@*").stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+def active_units(config: dict, state: dict) -> list[str]:
+    """The host's active serving units; when systemctl cannot list them (it failed or hung),
+    those of the last run's state, each then asked on its own whether it is active."""
+    ok, out = systemctl("list-units", "--state=active", "--plain", "--no-legend", "rigup-llama@*", config=config)
+    if ok:
+        return [line.split()[0] for line in out.splitlines() if line.strip()]
+    known = sorted({r["unit"] for r in state.values() if isinstance(r.get("unit"), str)})
+    log(3, f"rigup-watchdog: the serving units could not be listed: {out}; checking the {len(known)} "
+           "of the last run")
+    return known
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def unit_state(unit: str, config: dict) -> tuple[dict | None, str]:
+    """``{"active": bool, "started": Unix time of its last start or None}`` of ``unit`` from
+    ``systemctl show``, or (None, why systemctl failed)."""
+    ok, out = systemctl("show", "-p", "ActiveState", *(a for p in STARTS for a in ("-p", p)), unit, config=config)
+    if not ok:
+        return None, out
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    if "ActiveState" not in props:
+        return None, f"`systemctl show {unit}` said nothing of it: {out.strip()[:200]!r}"
+    mono = max(_int(props.get(p)) for p in STARTS)
+    started = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - mono / 1e6) if mono > 0 else None
+    return {"active": props["ActiveState"] == "active", "started": started}, ""
+
+
+def gate_of(server: dict, config: dict) -> dict:
+    """The health gate's record of the server's unit (``{"unit", "tps", "at"}``), {} without one."""
+    gated = load(config["gate_record"].format(server["unit"]), {})
+    return gated if isinstance(gated, dict) else {}
 
 
 def floor_of(server: dict, inst: dict, config: dict) -> float | None:
@@ -93,21 +187,32 @@ def floor_of(server: dict, inst: dict, config: dict) -> float | None:
     the health gate recorded at its unit's last (re)start; None without either."""
     if inst["floor"] is not None:
         return inst["floor"]
-    gated = load(config["gate_record"].format(server["unit"]), {})
-    tps = gated.get("tps") if isinstance(gated, dict) else None
+    tps = gate_of(server, config).get("tps")
     return round(DEFAULT_FLOOR_SHARE * tps, 3) if isinstance(tps, (int, float)) and tps > 0 else None
 
 
-def judge(server: dict, floor: float, tps: float | None, record: dict, config: dict) -> str | None:
-    """Update ``record`` (bad, last_tps, after_restart) with one check; the reason to act
-    (``bad_checks`` in a row below ``floor``), or None."""
+def passed_gate(server: dict, record: dict, config: dict, started: float | None) -> bool:
+    """Whether the server passed its gate since its last start (``started``): rigup's gate
+    recorded a completion after it (its record's ``at``), or this watchdog got a whole
+    completion from it since (``passed_at``). A start systemd cannot date: any pass counts."""
+    at = gate_of(server, config).get("at")
+    times = [t for t in (at, record.get("passed_at")) if isinstance(t, (int, float)) and not isinstance(t, bool)]
+    return any(t > started for t in times) if started is not None else bool(times)
+
+
+def judge(server: dict, floor: float, tps: float | None, record: dict, config: dict,
+          problem: str | None = None) -> str | None:
+    """Update ``record`` (bad, last_tps, after_restart) with one check (``problem``: what was
+    wrong with an answer that gave no tok/s); the reason to act (``bad_checks`` in a row below
+    ``floor``), or None."""
     record["last_tps"] = tps
     k = config["bad_checks"]
     if tps is not None and tps >= floor:
+        log(6, f"rigup-watchdog: {server['server']}: {tps:.1f} tok/s, at or above its floor {floor:g} tok/s")
         record["bad"], record["after_restart"] = 0, False
         return None
     record["bad"] = record.get("bad", 0) + 1
-    seen = "no answer" if tps is None else f"{tps:.1f} tok/s"
+    seen = f"{tps:.1f} tok/s" if tps is not None else problem or "no answer"
     log(4, f"rigup-watchdog: {server['server']}: {seen}, below its floor {floor:g} tok/s "
            f"({record['bad']} of {k} checks in a row)")
     if record["bad"] < k:
@@ -116,14 +221,55 @@ def judge(server: dict, floor: float, tps: float | None, record: dict, config: d
     return f"{k} checks in a row below the floor of {floor:g} tok/s (last: {seen})"
 
 
-def measure(server: dict, inst: dict, config: dict) -> float | None:
-    """The server's tok/s with one short completion, or None when it does not answer."""
+def _error_message(e: urllib.error.HTTPError) -> str:
+    """The message of an HTTP error's body (llama-server: ``{"error": {"message": "Loading
+    model"}}``), else its first characters; "" when it cannot be read."""
+    try:
+        body = e.read(2000).decode("utf-8", "replace")
+    except Exception:       # a body cut off: the status is what counts
+        return ""
+    try:
+        error = json.loads(body).get("error")
+        return str(error.get("message") if isinstance(error, dict) else error or "")[:200]
+    except (ValueError, AttributeError):
+        return body.strip()[:200]
+
+
+def failure(e: BaseException, config: dict) -> tuple[str, str]:
+    """What a completion that raised ``e`` says: ("starting", why) for what a server that is still
+    starting answers (HTTP 503, llama-server's "Loading model"; a refused connection), else
+    ("bad", why)."""
+    if isinstance(e, urllib.error.HTTPError):
+        message = _error_message(e)
+        return ("starting" if e.code == 503 else "bad"), f"HTTP {e.code}" + (f" ({message})" if message else "")
+    reason = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
+    if isinstance(reason, ConnectionRefusedError):
+        return "starting", "connection refused"
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return "bad", f"no answer within {config['timeout_s']} s"
+    if isinstance(reason, (ConnectionError, http.client.HTTPException)):
+        return "bad", f"the answer was cut off: the connection closed mid-answer ({type(reason).__name__}: {reason})"
+    if isinstance(e, json.JSONDecodeError):
+        return "bad", f"an answer that is not JSON ({e})"
+    if isinstance(e, (ValueError, KeyError, TypeError, AttributeError, IndexError)):
+        return "bad", f"a malformed answer (no usable usage.completion_tokens: {type(e).__name__}: {e})"
+    if isinstance(e, OSError):
+        return "bad", f"no answer: {e}"
+    return "bad", f"the check failed: {type(e).__name__}: {e}"
+
+
+def measure(server: dict, inst: dict, config: dict) -> dict:
+    """One sample of the server: ``{"tps"}`` from a whole completion, else ``{"tps": None, "kind":
+    "starting" or "bad", "why"}`` (:func:`failure`); never raises for what a server answers."""
     try:
         key = throughput.read_key(inst.get("key"))
-        return throughput.completion(server["url"], key, config["max_tokens"], config["timeout_s"])["tps"]
-    except (OSError, ValueError, KeyError) as e:
-        log(4, f"rigup-watchdog: {server['server']}: no completion: {e}")
-        return None
+    except OSError as e:
+        return {"tps": None, "kind": "bad", "why": f"its key file cannot be read: {e}"}
+    try:
+        return {"tps": throughput.completion(server["url"], key, config["max_tokens"], config["timeout_s"])["tps"]}
+    except Exception as e:
+        kind, why = failure(e, config)
+        return {"tps": None, "kind": kind, "why": why}
 
 
 def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots: dict) -> str:
@@ -137,18 +283,28 @@ def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots:
                "restart_tps"),
               ("last_restart_timestamp_seconds", "When the watchdog last restarted it", "restarted_at"),
               ("escalations_total", "Times it was still below its floor after a restart (counter)", "escalations"),
-              ("last_escalation_timestamp_seconds", "When it was last still below after a restart", "escalated_at")]
+              ("last_escalation_timestamp_seconds", "When it was last still below after a restart", "escalated_at"),
+              ("failed_checks_total", "Checks without a usable answer: none, an HTTP error, cut off, malformed "
+                                      "(counter)", "failed"),
+              ("unjudged_checks_total", "Checks not judged: started less than watchdog_grace_s ago and not "
+                                        "through its gate since (counter)", "unjudged"),
+              ("starting", "1 while it is not judged (in its grace after a start, not through its gate)", "starting"),
+              ("last_start_timestamp_seconds", "When its unit last started (systemd)", "started"),
+              ("command_failures_total", "systemctl calls for it that failed or timed out (counter)",
+               "command_failures")]
     lines = []
     for metric, text, field in series:
         kind = "counter" if metric.endswith("_total") else "gauge"
         rows = [(s, {**r, "floor": floors.get(s)}.get(field)) for s, r in sorted(records.items())]
-        rows = [(s, v) for s, v in rows if v is not None]
+        rows = [(s, v) for s, v in rows if isinstance(v, (int, float))]
         if rows:
             lines += [f"# HELP rigup_watchdog_{metric} {text}", f"# TYPE rigup_watchdog_{metric} {kind}"]
             lines += [f'rigup_watchdog_{metric}{{llama_instance="{s}"}} {v}' for s, v in rows]
     for metric, text, value in (("maintenance", "1 while rigup_maintenance holds the watchdog", int(config["maintenance"])),
                                 ("last_run_timestamp_seconds", "When the watchdog last ran", round(now, 3)),
                                 ("interval_seconds", "The watchdog's period", config["interval_s"]),
+                                ("grace_seconds", "Seconds after a start a server is not judged unless it passed "
+                                                  "its gate", config.get("grace_s", DEFAULT_GRACE_S)),
                                 ("reboots_today", "Reboots by the watchdog today", reboots["count"]),
                                 ("max_reboots", "Reboots allowed a day (0 with rigup_watchdog_reboot false)",
                                  config["max_reboots"] if config["reboot"] else 0)):
@@ -157,29 +313,42 @@ def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots:
     return "\n".join(lines) + "\n"
 
 
-def restart(server: dict, record: dict, why: str) -> None:
-    """Restart the server's unit (not waiting for its start), saying why; count it."""
+def count(record: dict, field: str) -> None:
+    record[field] = record.get(field, 0) + 1
+
+
+def restart(server: dict, record: dict, why: str, config: dict) -> None:
+    """Restart the server's unit (not waiting for its start), saying why; count it. A restart
+    systemctl refused or did not answer: logged, counted as a command failure, and asked again
+    at the next bad check."""
     log(2, f"rigup-watchdog: {server['server']}: {why}; restarting {server['unit']}")
-    done = systemctl("restart", "--no-block", server["unit"])
-    if done.returncode != 0:
-        log(3, f"rigup-watchdog: restart of {server['unit']} failed: {done.stderr.strip()}")
-    record["restarts"] = record.get("restarts", 0) + 1
+    asked = time.time()         # before: its new start is later, however soon systemd runs the job
+    ok, out = systemctl("restart", "--no-block", server["unit"], config=config)
+    if not ok:
+        log(3, f"rigup-watchdog: {server['server']}: restart of {server['unit']} failed: {out}")
+        count(record, "command_failures")
+        record["bad"] = config["bad_checks"] - 1
+        return
+    count(record, "restarts")
     record["restart_tps"] = record["last_tps"] or 0
-    record["restarted_at"] = round(time.time(), 3)
+    record["restarted_at"] = round(asked, 3)
     record["after_restart"] = True
 
 
-def escalate(server: dict, record: dict, why: str, config: dict, reboots: dict) -> tuple[bool, str]:
+def escalate(server: dict, record: dict, why: str, config: dict, reboots: dict, gated: bool) -> tuple[bool, str]:
     """Still below after the watchdog's restart: say so, count it; (True, the reason) to reboot the
-    host when ``reboot`` is on and the day's budget allows, else (False, why the unit is restarted
-    again instead)."""
-    record["escalations"] = record.get("escalations", 0) + 1
+    host when ``reboot`` is on, the server passed its gate since its last start (``gated``: its
+    bad checks are a running server's, not one that never came up) and the day's budget allows,
+    else (False, why the unit is restarted again instead)."""
+    count(record, "escalations")
     record["escalated_at"] = round(time.time(), 3)
     record["after_restart"] = False
     reason = f"{server['server']}: still {why} after its restart by the watchdog"
     log(2, f"rigup-watchdog: {reason}")
     if not config["reboot"]:
         return False, "not rebooting (rigup_watchdog_reboot is false)"
+    if not gated:
+        return False, "not rebooting (it has not passed its gate since its last start: no whole completion since)"
     if reboots["count"] >= config["max_reboots"]:
         return False, f"not rebooting ({reboots['count']} of {config['max_reboots']} reboots today already)"
     return True, reason
@@ -189,58 +358,145 @@ def reboots_today(config: dict) -> dict:
     """The watchdog's reboots of the host's local day: {"day", "count"} (a new day: 0)."""
     day, kept = time.strftime("%Y-%m-%d"), load(config["reboots_file"], {})
     count = kept.get("count", 0) if isinstance(kept, dict) and kept.get("day") == day else 0
-    return {"day": day, "count": count}
+    return {"day": day, "count": count if isinstance(count, int) else 0}
 
 
-def save(config: dict, state: dict, floors: dict, reboots: dict) -> None:
-    """The state file and the metrics file (when the node exporter's directory exists)."""
-    os.makedirs(os.path.dirname(config["state_file"]), exist_ok=True)
-    replace(config["state_file"], json.dumps(state))
-    if os.path.isdir(os.path.dirname(config["metrics_file"])):
-        replace(config["metrics_file"], metrics_text({s: state[s] for s in floors}, floors, config, time.time(), reboots))
+def save(config: dict, state: dict, floors: dict, reboots: dict) -> bool:
+    """The state file and the metrics file (when the node exporter's directory exists), each on
+    its own (one that cannot be written does not keep the other); False when one failed."""
+    saved = True
+    try:
+        os.makedirs(os.path.dirname(config["state_file"]), exist_ok=True)
+        replace(config["state_file"], json.dumps(state, sort_keys=True))
+    except Exception as e:
+        log(3, f"rigup-watchdog: the state could not be saved to {config['state_file']}: {type(e).__name__}: {e}")
+        saved = False
+    try:
+        if os.path.isdir(os.path.dirname(config["metrics_file"])):
+            records = {s: state[s] for s in floors if s in state}
+            replace(config["metrics_file"], metrics_text(records, floors, config, time.time(), reboots))
+    except Exception as e:
+        log(3, f"rigup-watchdog: the metrics could not be written to {config['metrics_file']}: "
+               f"{type(e).__name__}: {e}")
+        saved = False
+    return saved
 
 
 def reboot(config: dict, reboots: dict, reasons: list[str]) -> None:
     """Reboot the host (already counted in ``reboots``), saying why."""
     log(2, f"rigup-watchdog: rebooting the host ({reboots['count']} of {config['max_reboots']} today): "
            + "; ".join(reasons))
-    done = systemctl("reboot")
-    if done.returncode != 0:
-        log(3, f"rigup-watchdog: reboot failed: {done.stderr.strip()}")
+    ok, out = systemctl("reboot", config=config)
+    if not ok:
+        log(3, f"rigup-watchdog: reboot failed: {out}")
+
+
+def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, reboots: dict) -> str | None:
+    """One check of one server (its unit's state, one completion, the judgement, a restart);
+    the reason to reboot the host, or None."""
+    unit, name = server["unit"], server["server"]
+    seen, why = unit_state(unit, config)
+    if seen is None:
+        count(record, "command_failures")
+        log(3, f"rigup-watchdog: {name}: not judged: its unit's state is unknown: {why}")
+        return None
+    if not seen["active"]:
+        return None         # stopped or (re)starting: left alone
+    started, now = seen["started"], time.time()
+    if started is not None and abs(started - record.get("started", 0)) > 1:
+        if record.get("started"):
+            record["bad"] = 0           # a new start: a new server (its bad checks were the last one's)
+        record["started"] = round(started, 3)
+    grace = config.get("grace_s", DEFAULT_GRACE_S)
+    if started is not None and record.get("after_restart") and started < (record.get("restarted_at") or 0) \
+            and now - record["restarted_at"] < grace:
+        log(5, f"rigup-watchdog: {name}: not judged: its restart by the watchdog has not begun yet")
+        return None
+    gated = passed_gate(server, record, config, started)
+    sample = measure(server, inst, config)
+    if not gated and sample["tps"] is not None:
+        record["passed_at"] = round(now, 3)     # its first whole completion since its start: its gate
+    if not gated and started is not None and now - started < grace:
+        record["starting"], record["last_tps"] = 1, sample["tps"]
+        if sample["tps"] is not None:
+            log(6, f"rigup-watchdog: {name}: a whole completion ({sample['tps']:.1f} tok/s) {now - started:.0f} s "
+                   "after its start: passed its gate; judged from the next check")
+        else:
+            count(record, "unjudged")
+            log(5, f"rigup-watchdog: {name}: {sample['why']}, {now - started:.0f} s after its start: not judged "
+                   f"(until it passes its gate, at most {grace:g} s after its start)")
+        return None
+    record["starting"] = 0
+    if sample["tps"] is None:
+        count(record, "failed")
+    why = judge(server, floor, sample["tps"], record, config, sample.get("why"))
+    if not why:
+        return None
+    if record.get("after_restart"):
+        rebooting, why = escalate(server, record, why, config, reboots, gated)
+        if rebooting:
+            return why
+    restart(server, record, why, config)
+    return None
+
+
+def load_state(config: dict) -> dict:
+    """The last run's state: server -> its record (a file that is not one: none)."""
+    state = load(config["state_file"], {})
+    return {s: r for s, r in state.items() if isinstance(r, dict)} if isinstance(state, dict) else {}
 
 
 def check(config: dict) -> int:
-    """One check of every server; restarts those below their floor ``bad_checks`` times in a row,
-    escalates those still below after that restart (and reboots the host, once, when allowed)."""
-    state, reboots, floors, reasons = load(config["state_file"], {}), reboots_today(config), {}, []
-    if config["maintenance"]:
-        log(5, "rigup-watchdog: rigup_maintenance is on: no check, no restart, no reboot")
-    units = active_units()
-    for name, inst in sorted(config["instances"].items()):
-        for server in servers(name, inst, units):
-            floor = floors[server["server"]] = floor_of(server, inst, config)
-            record = state.setdefault(server["server"], {"bad": 0, "restarts": 0})
-            if config["maintenance"]:
+    """One check of every server, each on its own; restarts those below their floor ``bad_checks``
+    times in a row, escalates those still below after that restart (and reboots the host, once,
+    when allowed). The state is saved whatever happens; 1 when it could not be."""
+    state, reboots, floors, reasons = load_state(config), reboots_today(config), {}, []
+    try:
+        if config["maintenance"]:
+            log(5, "rigup-watchdog: rigup_maintenance is on: no check, no restart, no reboot")
+        units = active_units(config, state)
+        for name, inst in sorted(config["instances"].items()):
+            try:
+                found = servers(name, inst, units)
+            except Exception as e:
+                log(3, f"rigup-watchdog: {name}: not checked: {type(e).__name__}: {e}")
                 continue
-            if floor is None:
-                log(6, f"rigup-watchdog: {server['server']}: no floor yet (no min_tokens_per_s, and the health "
-                       f"gate has not recorded its tok/s at {config['gate_record'].format(server['unit'])})")
-                continue
-            why = judge(server, floor, measure(server, inst, config), record, config)
-            rebooting = False
-            if why and record.get("after_restart"):
-                rebooting, why = escalate(server, record, why, config, reboots)
-            if rebooting:
-                reasons.append(why)
-            elif why:
-                restart(server, record, why)
-    if reasons:     # counted first: the count survives the reboot
-        reboots["count"] += 1
-        replace(config["reboots_file"], json.dumps(reboots))
-    save(config, state, floors, reboots)
+            for server in found:
+                record = state.setdefault(server["server"], {"bad": 0, "restarts": 0})
+                record["unit"] = server["unit"]
+                try:
+                    floor = floors[server["server"]] = floor_of(server, inst, config)
+                    if config["maintenance"]:
+                        continue
+                    if floor is None:
+                        log(6, f"rigup-watchdog: {server['server']}: no floor yet (no min_tokens_per_s, and the "
+                               f"health gate has not recorded its tok/s at "
+                               f"{config['gate_record'].format(server['unit'])})")
+                        continue
+                    why = examine(server, inst, floor, record, config, reboots)
+                    if why:
+                        reasons.append(why)
+                except Exception as e:      # this server's check, not the others'
+                    count(record, "failed")
+                    log(3, f"rigup-watchdog: {server['server']}: the check failed: {type(e).__name__}: {e}")
+        if reasons:     # counted first: the count survives the reboot (and no count kept: no reboot)
+            reboots["count"] += 1
+            try:
+                replace(config["reboots_file"], json.dumps(reboots))
+            except OSError as e:
+                log(3, f"rigup-watchdog: not rebooting: the count of reboots cannot be kept in "
+                       f"{config['reboots_file']}: {e}")
+                reboots["count"] -= 1
+                reasons = []
+    finally:
+        saved = save(config, state, floors, reboots)
     if reasons:
         reboot(config, reboots, reasons)
-    return 0
+    return 0 if saved else 1
+
+
+def _stopped(signum, frame):
+    raise SystemExit(f"rigup-watchdog: stopped by signal {signum}")
 
 
 def main(argv: list[str]) -> int:
@@ -248,7 +504,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("command", choices=["check"])
     args = parser.parse_args(argv)
-    return check(load(args.config, None))
+    config = load(args.config, None)
+    if not isinstance(config, dict):
+        log(3, f"rigup-watchdog: no configuration in {args.config}")
+        return 2
+    signal.signal(signal.SIGTERM, _stopped)     # the unit's timeout: the state is still saved (finally)
+    return check(config)
 
 
 if __name__ == "__main__":

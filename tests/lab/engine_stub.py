@@ -6,11 +6,22 @@ at ``--tps`` tokens a second per request (requests run at once, each at that rat
 bench.py's tests (tests/roles/test_watchdog.py, test_bench.py, tests/unit/test_watchdog.py).
 
     python3 engine_stub.py --port 8081 [--host 127.0.0.1] [--tps 200] [--slots 4] [--slow-file PATH]
+                           [--mode normal|nulls|die|loading] [--loading-s S] [--loading-file PATH]
 
 A wedged engine, for real: SIGUSR1 makes this process slow (``--slow-tps``, default 2 tok/s)
 until it restarts; SIGUSR2 makes it fast again. One that stays slow across restarts and reboots
 (a card gone bad): slow while ``--slow-file`` exists. Its answer carries ``usage`` and, as
 llama-server's, ``timings.predicted_per_second``.
+
+Faulty engines (``--mode``; the watchdog's fault tests, tests/roles/test_watchdog_faults.py):
+``nulls`` answers its completions 200 with ``usage`` all null and no ``timings`` (as a broken
+build or proxy may); ``die`` generates, sends the headers and half the body of its answer, then
+closes the connection (an engine that dies under the answer; the process itself keeps serving,
+so its unit stays active); ``loading`` answers HTTP 503 ``{"error": {"code": 503, "message":
+"Loading model", "type": "unavailable_error"}}`` to everything, /health included, as
+llama-server does while it loads, for ``--loading-s`` seconds after its start (default: for
+ever), then serves normally. ``--loading-file PATH``: loading (503) while PATH exists, whatever
+the mode (touch it, then restart the unit: a server still loading after a restart).
 """
 
 from __future__ import annotations
@@ -23,6 +34,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+MODES = ("normal", "nulls", "die", "loading")
+LOADING = json.dumps({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}).encode()
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -32,7 +46,17 @@ def main() -> None:
     p.add_argument("--slow-tps", type=float, default=2.0)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--slow-file", default=None)
+    p.add_argument("--mode", choices=MODES, default="normal")
+    p.add_argument("--loading-s", type=float, default=None)
+    p.add_argument("--loading-file", default=None)
     args = p.parse_args()
+    born = time.monotonic()
+
+    def loading() -> bool:
+        if args.loading_file and os.path.exists(args.loading_file):
+            return True
+        return args.mode == "loading" and (args.loading_s is None or time.monotonic() - born < args.loading_s)
+
     rate = {"tps": args.tps}
     slots = threading.Semaphore(args.slots)
     served = {"tokens": 0}
@@ -48,7 +72,9 @@ def main() -> None:
             self.wfile.write(body)
 
         def do_GET(self):
-            if self.path == "/health":
+            if loading() and self.path != "/metrics":
+                self.reply(503, LOADING)
+            elif self.path == "/health":
                 self.reply(200, b'{"status": "ok"}')
             elif self.path == "/v1/models":
                 self.reply(200, json.dumps({"object": "list", "data": [{"id": "stub"}]}).encode())
@@ -61,6 +87,8 @@ def main() -> None:
             doc = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path != "/v1/chat/completions":
                 return self.reply(404, b'{"error": "not found"}')
+            if loading():
+                return self.reply(503, LOADING)
             tokens = int(doc.get("max_tokens") or 16)
             with slots:
                 tps = args.slow_tps if args.slow_file and os.path.exists(args.slow_file) else rate["tps"]
@@ -68,12 +96,24 @@ def main() -> None:
                 time.sleep(tokens / tps)
                 seconds = time.monotonic() - started
             served["tokens"] += tokens
-            self.reply(200, json.dumps({
-                "object": "chat.completion", "model": "stub",
-                "choices": [{"index": 0, "finish_reason": "length",
-                             "message": {"role": "assistant", "content": "word " * tokens}}],
-                "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens},
-                "timings": {"predicted_n": tokens, "predicted_per_second": round(tokens / seconds, 3)}}).encode())
+            answer = {"object": "chat.completion", "model": "stub",
+                      "choices": [{"index": 0, "finish_reason": "length",
+                                   "message": {"role": "assistant", "content": "word " * tokens}}],
+                      "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens},
+                      "timings": {"predicted_n": tokens, "predicted_per_second": round(tokens / seconds, 3)}}
+            if args.mode == "nulls":
+                answer["usage"] = {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+                del answer["timings"]
+            body = json.dumps(answer).encode()
+            if args.mode != "die":
+                return self.reply(200, body)
+            self.send_response(200)          # the whole answer announced, half of it sent, then gone
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
 
         def log_message(self, *a):
             pass

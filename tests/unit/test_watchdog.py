@@ -2,13 +2,19 @@
 judgement, the servers of an instance (replicas), the metrics text, and rigup/throughput.py
 against the engine stand-in (tests/lab/engine_stub.py) on loopback."""
 
+import http.client
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,8 +25,8 @@ from roles.watchdog import watchdog as wd
 
 STUB = Path(__file__).resolve().parents[1] / "lab" / "engine_stub.py"
 DATA = {"watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 32, "watchdog_timeout_s": 60,
-        "rigup_maintenance": False, "rigup_state_dir": "/var/lib/rigup", "rigup_watchdog_reboot": False,
-        "rigup_watchdog_max_reboots": 1,
+        "watchdog_grace_s": 300, "rigup_maintenance": False, "rigup_state_dir": "/var/lib/rigup",
+        "rigup_watchdog_reboot": False, "rigup_watchdog_max_reboots": 1,
         "llama_server_instances": {"glm": {"model": "m", "port": 8081, "min_tokens_per_s": 40},
                                    "keyed": {"model": "m", "port": 8082, "host": "10.0.0.5", "api_key": True,
                                              "min_tokens_per_s": 12.5},
@@ -38,7 +44,8 @@ def test_config_watches_every_instance_but_those_turned_off():
     assert config["state_file"] == "/var/lib/rigup/watchdog.json" and config["maintenance"] is False
     assert config["gate_record"].format("rigup-llama@gated.service") == "/var/lib/rigup/gate/rigup-llama@gated.service.json"
     assert config["reboots_file"] == "/var/lib/rigup/watchdog-reboots.json" and config["reboot"] is False
-    assert unit_timeout_s(config) == 8 * 3 * 65 + 60
+    assert config["grace_s"] == 300 and config["command_timeout_s"] == wd.COMMAND_TIMEOUT_S == 30
+    assert unit_timeout_s(config) == 8 * 3 * (65 + 2 * 30) + 2 * 30 + 60
     assert watchdog_config({**DATA, "rigup_maintenance": True})["maintenance"] is True
 
 
@@ -85,18 +92,21 @@ def test_still_below_after_the_restart_escalates_within_the_days_reboots(tmp_pat
     record, reboots = {"bad": 0, "restarts": 0, "after_restart": True}, wd.reboots_today(config)
     assert reboots["count"] == 0
     why = [wd.judge(server, 40.0, 5.0, record, config) for _ in range(2)][-1]
-    assert wd.escalate(server, record, why, config, reboots) == (
+    assert wd.escalate(server, record, why, config, reboots, gated=True) == (
         True, "glm: still 2 checks in a row below the floor of 40 tok/s (last: 5.0 tok/s) after its restart by the watchdog")
     assert record["escalations"] == 1 and not record["after_restart"]
     assert "<2>rigup-watchdog: glm: still 2 checks" in capsys.readouterr().out
     Path(config["reboots_file"]).write_text('{"day": "%s", "count": 1}' % reboots["day"])
-    assert wd.escalate(server, record, why, config, wd.reboots_today(config)) == (
+    assert wd.escalate(server, record, why, config, wd.reboots_today(config), gated=True) == (
         False, "not rebooting (1 of 1 reboots today already)")
     Path(config["reboots_file"]).write_text('{"day": "2000-01-01", "count": 1}')   # another day's
-    assert wd.escalate(server, record, why, config, wd.reboots_today(config))[0] is True
-    assert wd.escalate(server, record, why, {**config, "reboot": False}, reboots) == (
+    assert wd.escalate(server, record, why, config, wd.reboots_today(config), gated=True)[0] is True
+    assert wd.escalate(server, record, why, {**config, "reboot": False}, reboots, gated=True) == (
         False, "not rebooting (rigup_watchdog_reboot is false)")
-    assert record["escalations"] == 4
+    # bad checks of a server that has not passed its gate since its last start: never a reboot
+    assert wd.escalate(server, record, why, config, wd.reboots_today(config), gated=False) == (
+        False, "not rebooting (it has not passed its gate since its last start: no whole completion since)")
+    assert record["escalations"] == 5
     record["after_restart"] = True
     assert wd.judge(server, 40.0, 50.0, record, config) is None and not record["after_restart"]  # good again
 
@@ -153,3 +163,380 @@ def test_throughput_of_one_completion_and_of_concurrency_levels(engine):
     time.sleep(0.2)
     slow = throughput.completion(url, max_tokens=2)
     assert slow["tps"] < 3, slow
+
+
+# The faults of one host's servers, one check after another, against a fake systemctl on PATH
+# (FAKE_SYSTEMCTL: the units of a JSON file, every call logged, some made to hang) and servers on
+# loopback: the engine stand-in in its modes, a tiny server here that closes the connection.
+FAKE_SYSTEMCTL = r'''#!{python}
+import json, sys, time
+UNITS, CALLS = {units!r}, {calls!r}
+args = sys.argv[1:]
+with open(CALLS, "a") as f:
+    f.write(" ".join(args) + "\n")
+with open(UNITS) as f:
+    doc = json.load(f)
+verb, unit = args[0], args[-1]
+if verb in doc["hang"] or f"{{verb}} {{unit}}" in doc["hang"]:
+    time.sleep(120)
+now = time.clock_gettime(time.CLOCK_MONOTONIC)
+if verb == "list-units":
+    for name, u in sorted(doc["units"].items()):
+        if u["active"]:
+            print(f"{{name}} loaded active running rigup lab stub")
+elif verb == "show":
+    u = doc["units"].get(unit)
+    mono = int((now - (time.time() - u["started"])) * 1e6) if u else 0
+    print(f"ActiveState={{'active' if u and u['active'] else 'inactive'}}")
+    print(f"ActiveEnterTimestampMonotonic={{mono}}\nExecMainStartTimestampMonotonic={{mono}}")
+elif verb == "restart":
+    doc["units"][unit]["started"] = time.time()
+    with open(UNITS, "w") as f:
+        json.dump(doc, f)
+'''
+FLOOR, OLD, GRACE = 50.0, 100, 60          # a start OLD s ago is past the GRACE
+
+
+class FakeHost:
+    """A host of the watchdog's: its config, state and gate records under ``tmp``, its units in
+    the fake systemctl's file (Unix start times), and what systemctl was asked."""
+
+    def __init__(self, tmp: Path, monkeypatch):
+        if time.clock_gettime(time.CLOCK_MONOTONIC) < 3 * OLD:
+            pytest.skip("the machine booted too recently to date units OLD s back")
+        self.tmp, self.units_file, self.calls_file = tmp, tmp / "units.json", tmp / "calls.log"
+        (tmp / "bin").mkdir()
+        fake = tmp / "bin" / "systemctl"
+        fake.write_text(FAKE_SYSTEMCTL.format(python=sys.executable, units=str(self.units_file),
+                                              calls=str(self.calls_file)))
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp / 'bin'}{os.pathsep}{os.environ['PATH']}")
+        self.doc = {"units": {}, "hang": []}
+        self.calls_file.write_text("")
+        self.config = {"instances": {}, "interval_s": 300, "bad_checks": 2, "max_tokens": 8, "timeout_s": 5,
+                       "grace_s": GRACE, "command_timeout_s": 0.5, "maintenance": False,
+                       "state_file": str(tmp / "state" / "watchdog.json"),
+                       "metrics_file": str(tmp / "textfile" / "rigup_watchdog.prom"),
+                       "gate_record": str(tmp / "gate" / "{}.json"), "reboot": True, "max_reboots": 1,
+                       "reboots_file": str(tmp / "state" / "watchdog-reboots.json")}
+        (tmp / "textfile").mkdir()
+
+    def serve(self, name: str, url: str, started_ago: float, gated_ago: float | None = None) -> None:
+        """Instance ``name`` at ``url``, its unit active since ``started_ago`` s, its gate passed
+        ``gated_ago`` s ago (rigup/gate.py's own record command)."""
+        self.config["instances"][name] = {"url": url, "port": int(url.rsplit(":", 1)[1]), "key": None,
+                                          "floor": FLOOR}
+        self.doc["units"][f"rigup-llama@{name}.service"] = {"active": True, "started": time.time() - started_ago}
+        if gated_ago is not None:
+            unit = f"rigup-llama@{name}.service"
+            subprocess.run(["sh", "-c", gate.record_command(self.config["gate_record"].format(unit), unit, 200.0,
+                                                            time.time() - gated_ago)], check=True)
+        self.save()
+
+    def save(self) -> None:
+        self.units_file.write_text(json.dumps(self.doc))
+
+    def older(self, name: str, seconds: float) -> None:
+        """``seconds`` passed for ``name`` alone: its unit's start, and the times the watchdog
+        kept of it, that much earlier."""
+        self.doc = json.loads(self.units_file.read_text())
+        self.doc["units"][f"rigup-llama@{name}.service"]["started"] -= seconds
+        self.save()
+        state = self.state()
+        for field in ("started", "restarted_at", "passed_at", "escalated_at"):
+            if field in state[name]:
+                state[name][field] -= seconds
+        Path(self.config["state_file"]).write_text(json.dumps(state))
+
+    def hang(self, *calls: str) -> None:
+        """These systemctl calls (a verb, or "verb unit") hang from now on."""
+        self.doc = json.loads(self.units_file.read_text())
+        self.doc["hang"] = list(calls)
+        self.save()
+
+    def check(self, capsys) -> str:
+        assert wd.check(self.config) == 0
+        return capsys.readouterr().out
+
+    def state(self) -> dict:
+        return json.loads(Path(self.config["state_file"]).read_text())
+
+    def calls(self, verb: str) -> list[str]:
+        return [ln.split()[-1] for ln in self.calls_file.read_text().splitlines() if ln.split()[0] == verb]
+
+    def counts(self) -> str:
+        """The restarts and reboots counted, as the tests print them."""
+        state, reboots = self.state(), wd.load(self.config["reboots_file"], {}).get("count", 0)
+        return (", ".join(f"{s}: {r.get('restarts', 0)} restarts, {r.get('escalations', 0)} escalations, "
+                          f"{r.get('failed', 0)} failed, {r.get('unjudged', 0)} not judged, "
+                          f"{r.get('command_failures', 0)} systemctl failures" for s, r in sorted(state.items()))
+                + f"; reboots: {reboots} counted, {len(self.calls('reboot'))} asked of systemctl")
+
+
+class CutOff(BaseHTTPRequestHandler):
+    """A server that dies under its answer: ``cut`` sends the headers and part of the body, then
+    closes the connection; ``gone`` closes it without a word."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.server.mode == "cut":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "400")
+            self.end_headers()
+            self.wfile.write(b'{"object": "chat.completion", "choices": [{"message": {"content": "word wo')
+        self.close_connection = True
+
+    def log_message(self, *a):
+        pass
+
+
+def cut_off_server(mode: str):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
+    server.mode, server.daemon_threads = mode, True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def start_stub(*extra: str, tps: float = 400) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(STUB), "--port", str(port), "--tps", str(tps), *extra])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.05)
+    return url, proc
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """Stand-ins on loopback: healthy (400 tok/s), slow (20 tok/s, below FLOOR), nulls, die,
+    loading (503), and the in-test servers that cut their answer off or close without one."""
+    procs, servers_ = {}, {}
+    try:
+        for name, extra, tps in (("good", (), 400), ("slow", (), 20), ("nulls", ("--mode", "nulls"), 400),
+                                 ("die", ("--mode", "die"), 400), ("loading", ("--mode", "loading"), 400)):
+            procs[name] = start_stub(*extra, tps=tps)
+        for mode in ("cut", "gone"):
+            servers_[mode] = cut_off_server(mode)
+        urls = {name: url for name, (url, _) in procs.items()}
+        urls.update({mode: f"http://127.0.0.1:{s.server_address[1]}" for mode, s in servers_.items()})
+        urls["refused"] = f"http://127.0.0.1:{free_port()}"      # nothing listens (yet)
+        yield urls
+    finally:
+        for _, proc in procs.values():
+            proc.kill()
+            proc.wait()
+        for s in servers_.values():
+            s.shutdown()
+            s.server_close()
+
+
+def test_the_engine_stubs_faults_are_samples_not_exceptions(engines):
+    """What each faulty answer is to the measuring (rigup/throughput.py raises; a cut-off answer
+    is http.client.IncompleteRead, not an OSError) and to the watchdog: one sample."""
+    config = {"max_tokens": 8, "timeout_s": 5}
+    with pytest.raises(TypeError):
+        throughput.completion(engines["nulls"], max_tokens=8)
+    with pytest.raises(http.client.IncompleteRead):
+        throughput.completion(engines["die"], max_tokens=8)
+    seen = {name: wd.measure({"server": name, "url": engines[name]}, {"key": None}, config)
+            for name in ("good", "nulls", "die", "cut", "gone", "loading", "refused")}
+    for name, sample in seen.items():
+        print(f"{name}: {sample}")
+    assert seen["good"]["tps"] > FLOOR and "kind" not in seen["good"]
+    assert seen["nulls"]["kind"] == "bad" and "malformed answer" in seen["nulls"]["why"]
+    for name in ("die", "cut", "gone"):
+        assert seen[name]["kind"] == "bad" and "cut off" in seen[name]["why"], name
+    assert seen["loading"] == {"tps": None, "kind": "starting", "why": "HTTP 503 (Loading model)"}
+    assert seen["refused"] == {"tps": None, "kind": "starting", "why": "connection refused"}
+    with urllib.request.urlopen(engines["good"] + "/health", timeout=5) as ok:
+        assert ok.status == 200
+    with pytest.raises(urllib.error.HTTPError) as loading:
+        urllib.request.urlopen(engines["loading"] + "/health", timeout=5)
+    assert loading.value.code == 503                          # as llama-server's /health while it loads
+
+
+def test_each_server_is_judged_on_its_own(engines, tmp_path, monkeypatch, capsys):
+    """One host, every fault at once: nulls, an answer cut off (the stand-in's die mode and a server
+    here), a connection closed without an answer, a server still loading (503) and one refusing
+    right after their restart, a unit whose systemctl show hangs, one whose restart hangs. The
+    healthy one is judged as usual in every check; the faulty ones with a gate passed since their
+    start are restarted after 2 bad checks; the loading and refusing ones are not judged, not
+    restarted; nothing reboots the host; the state is saved each time. Then, past the grace after
+    their restart, the same faults escalate and are restarted again, never rebooted: they have
+    not passed their gate since that restart."""
+    host = FakeHost(tmp_path, monkeypatch)
+    for name in ("good", "nulls", "die", "cut", "gone"):
+        host.serve(name, engines[name], started_ago=OLD, gated_ago=OLD - 5)
+    host.serve("loading", engines["loading"], started_ago=3, gated_ago=2 * OLD)   # restarted, gated before
+    host.serve("refused", engines["refused"], started_ago=2, gated_ago=2 * OLD)
+    host.serve("hung", engines["good"], started_ago=OLD, gated_ago=OLD - 5)
+    host.serve("stuck", engines["slow"], started_ago=OLD, gated_ago=OLD - 5)
+    host.hang("show rigup-llama@hung.service", "restart rigup-llama@stuck.service")
+    started = time.monotonic()
+    first, second = host.check(capsys), host.check(capsys)
+    took = time.monotonic() - started
+    print(first + second)
+    print(f"2 checks in {took:.1f} s: {host.counts()}")
+    state = host.state()
+    assert state["good"]["last_tps"] > FLOOR and state["good"]["bad"] == 0 and not state["good"].get("restarts")
+    assert all(re.search(r"<6>rigup-watchdog: good: [\d.]+ tok/s, at or above its floor 50 tok/s", log)
+               for log in (first, second))
+    assert sorted(host.calls("restart")) == sorted(f"rigup-llama@{n}.service" for n in ("nulls", "die", "cut", "gone",
+                                                                                        "stuck"))
+    for name in ("nulls", "die", "cut", "gone"):
+        assert state[name]["restarts"] == 1 and state[name]["failed"] == 2 and state[name]["after_restart"], name
+    assert "nulls: a malformed answer (no usable usage.completion_tokens: TypeError" in first
+    assert "die: the answer was cut off: the connection closed mid-answer (IncompleteRead" in first
+    assert "gone: the answer was cut off: the connection closed mid-answer (RemoteDisconnected" in first
+    for name, why in (("loading", "HTTP 503 (Loading model)"), ("refused", "connection refused")):
+        assert state[name]["unjudged"] == 2 and state[name]["starting"] == 1 and not state[name].get("restarts")
+        assert not state[name].get("failed") and not state[name].get("bad")
+        assert re.search(rf"<5>rigup-watchdog: {name}: {re.escape(why)}, \d+ s after its start: not judged \(until "
+                         rf"it passes its gate, at most {GRACE} s after its start\)", first), name
+    assert state["hung"]["command_failures"] == 2 and "last_tps" not in state["hung"]
+    assert "hung: not judged: its unit's state is unknown: `systemctl show" in first
+    assert "did not return within 0.5 s (killed)" in first
+    assert state["stuck"]["command_failures"] == 1 and not state["stuck"].get("restarts")
+    assert "stuck: restart of rigup-llama@stuck.service failed: `systemctl restart --no-block" in second
+    assert state["stuck"]["bad"] == 1                       # the next bad check asks for the restart again
+    assert host.calls("reboot") == [] and not Path(host.config["reboots_file"]).exists()
+    assert [p.name for p in Path(host.config["state_file"]).parent.iterdir()] == ["watchdog.json"]   # no tmp left
+    metrics = Path(host.config["metrics_file"]).read_text()
+    assert 'rigup_watchdog_starting{llama_instance="loading"} 1' in metrics
+    assert 'rigup_watchdog_command_failures_total{llama_instance="hung"} 2' in metrics
+    assert 'rigup_watchdog_failed_checks_total{llama_instance="nulls"} 2' in metrics
+    # right after the watchdog's restart: not judged (no gate passed since), nothing restarted
+    third = host.check(capsys)
+    assert host.calls("restart").count("rigup-llama@nulls.service") == 1
+    assert "nulls: a malformed answer" in third and "s after its start: not judged" in third
+    # past the grace, still faulty: escalated, restarted again, never a reboot
+    for name in ("nulls", "die", "cut", "gone"):
+        host.older(name, GRACE)
+    later = host.check(capsys) + host.check(capsys)
+    print(later)
+    print(f"past the grace: {host.counts()}")
+    state = host.state()
+    for name in ("nulls", "die", "cut", "gone"):
+        assert state[name]["restarts"] == 2 and state[name]["escalations"] == 1, name
+        assert f"{name}: still 2 checks in a row below the floor of 50 tok/s" in later
+    assert later.count("not rebooting (it has not passed its gate since its last start") == 4
+    assert host.calls("reboot") == [] and not Path(host.config["reboots_file"]).exists()
+    assert state["good"]["bad"] == 0 and not state["good"].get("restarts") and state["good"]["last_tps"] > FLOOR
+    assert not state["loading"].get("restarts") and not state["refused"].get("restarts")
+
+
+def test_slow_after_passing_its_gate_again_still_reboots(engines, tmp_path, monkeypatch, capsys):
+    """The escalation's reboot stays for a server that came up again and is still slow: after the
+    watchdog's restart its first whole completion is its gate (not judged), the next ones judge."""
+    host = FakeHost(tmp_path, monkeypatch)
+    host.serve("slow", engines["slow"], started_ago=OLD, gated_ago=OLD - 5)
+    host.config["bad_checks"] = 1
+    log = host.check(capsys)
+    assert host.calls("restart") == ["rigup-llama@slow.service"]
+    log += host.check(capsys)
+    assert "slow: a whole completion (" in log and "passed its gate; judged from the next check" in log
+    assert host.calls("reboot") == []
+    log += host.check(capsys)
+    print(log + f"\n{host.counts()}")
+    assert "slow: still 1 checks in a row below the floor of 50 tok/s" in log
+    assert "rebooting the host (1 of 1 today)" in log and host.calls("reboot") == ["reboot"]
+    assert json.loads(Path(host.config["reboots_file"]).read_text())["count"] == 1
+    assert host.state()["slow"]["escalations"] == 1
+
+
+def test_a_loading_server_is_judged_once_it_answers(tmp_path, monkeypatch, capsys):
+    """Still loading after its restart (503 while a file exists): not judged; loaded: its first
+    whole completion passes its gate, the next is judged (good)."""
+    host = FakeHost(tmp_path, monkeypatch)
+    loading = tmp_path / "loading"
+    loading.touch()
+    url, proc = start_stub("--loading-file", str(loading))
+    try:
+        host.serve("gemma", url, started_ago=2, gated_ago=OLD)
+        log = host.check(capsys) + host.check(capsys)
+        assert log.count("gemma: HTTP 503 (Loading model)") == 2 and "not judged" in log
+        loading.unlink()
+        log += host.check(capsys)
+        assert "passed its gate" in log and host.state()["gemma"]["starting"] == 1
+        log += host.check(capsys)
+        print(log + host.counts())
+    finally:
+        proc.kill()
+        proc.wait()
+    record = host.state()["gemma"]
+    assert record["starting"] == 0 and record["last_tps"] > FLOOR and record["bad"] == 0 and record["unjudged"] == 2
+    assert host.calls("restart") == [] and host.calls("reboot") == []
+
+
+def test_an_unlisted_host_checks_the_servers_of_its_last_run(engines, tmp_path, monkeypatch, capsys):
+    host = FakeHost(tmp_path, monkeypatch)
+    host.serve("good", engines["good"], started_ago=OLD, gated_ago=OLD - 5)
+    host.check(capsys)
+    host.hang("list-units")
+    log = host.check(capsys)
+    print(log)
+    assert "the serving units could not be listed: `systemctl list-units" in log
+    assert "checking the 1 of the last run" in log
+    assert host.state()["good"]["last_tps"] > FLOOR and host.calls("show").count("rigup-llama@good.service") == 2
+
+
+def test_a_failure_inside_one_servers_check_is_that_servers(engines, tmp_path, monkeypatch, capsys):
+    """An exception of the watchdog's own in one server's check: that server's failed check; the
+    others are judged, the state saved. One that ends the run (SystemExit: SIGTERM) still saves."""
+    host = FakeHost(tmp_path, monkeypatch)
+    for name in ("a", "b", "c"):
+        host.serve(name, engines["good"], started_ago=OLD, gated_ago=OLD - 5)
+    measure = wd.measure
+
+    def broken(server, inst, config):
+        if server["server"] == "b":
+            raise RuntimeError("a bug")
+        return measure(server, inst, config)
+
+    monkeypatch.setattr(wd, "measure", broken)
+    log = host.check(capsys)
+    assert "<3>rigup-watchdog: b: the check failed: RuntimeError: a bug" in log
+    state = host.state()
+    assert state["a"]["last_tps"] > FLOOR and state["c"]["last_tps"] > FLOOR and state["b"]["failed"] == 1
+
+    def stopped(server, inst, config):
+        if server["server"] == "b":
+            raise SystemExit("stopped by signal 15")
+        return measure(server, inst, config)
+
+    Path(host.config["state_file"]).unlink()
+    monkeypatch.setattr(wd, "measure", stopped)
+    with pytest.raises(SystemExit):
+        wd.check(host.config)
+    assert host.state()["a"]["last_tps"] > FLOOR and "c" not in host.state()
+
+
+def test_sigterm_while_systemctl_hangs_saves_the_state(engines, tmp_path, monkeypatch):
+    """The script as the unit runs it, killed by its unit's timeout (SIGTERM) while a systemctl
+    hangs: the state of the servers checked so far is saved."""
+    host = FakeHost(tmp_path, monkeypatch)
+    host.serve("a", engines["good"], started_ago=OLD, gated_ago=OLD - 5)
+    host.serve("b", engines["good"], started_ago=OLD, gated_ago=OLD - 5)
+    host.hang("show rigup-llama@b.service")
+    host.config["command_timeout_s"] = 60
+    (tmp_path / "config.json").write_text(json.dumps(host.config))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(root / "roles/watchdog/watchdog.py"), "--config",
+                             str(tmp_path / "config.json"), "check"], env={**os.environ, "PYTHONPATH": str(root)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(200):
+        if "rigup-llama@b.service" in " ".join(host.calls("show")):
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    print(out)
+    assert proc.returncode == 1 and "stopped by signal 15" in out
+    assert host.state()["a"]["last_tps"] > FLOOR and host.state()["b"] == {"bad": 0, "restarts": 0,
+                                                                           "unit": "rigup-llama@b.service"}
