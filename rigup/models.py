@@ -31,6 +31,7 @@ class ModelEntry(TypedDict):
     family: str | None
     fetch_from: str | None
     wait: bool
+    allow_unhashed: bool
     pinned_from: NotRequired[str]   # the branch or tag typed as revision (models_allow_unpinned)
     gguf: NotRequired[dict]         # {"layers", "kv_gib_per_1k_tokens", "file"}: an unknown family's header
 
@@ -46,6 +47,8 @@ MODEL: dict[str, Key] = {
     "family": Key("str or null", None, "a family of rigup/gpu/models.yml (default: matched from repo)"),
     "fetch_from": Key("str or null", None, "a host of the inventory to copy the completed model from"),
     "wait": Key("bool", False, "block the converge until the model is complete"),
+    "allow_unhashed": Key("bool", False, "fetch files the hub lists without a hash, unverified "
+                                         "(default: such a listing is refused)"),
 }
 
 class ServingInstance(TypedDict):
@@ -69,6 +72,9 @@ SERVING_KEYS: dict[str, Key] = {
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+# a file name of a marker that may become a unit's argument: relative, no '..' component, no
+# control character (a newline would start a line of the drop-in), no backslash
+_PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # (endpoint, repo, revision as typed, include) -> what the hub said: {"commit", "size_gib",
 # "files", "gguf", "error"} (roles/model_fetch/hub.py fills it, once per run)
@@ -91,7 +97,8 @@ def record_hub(key: tuple, facts: dict) -> None:
     _HUB[key] = facts
 
 
-def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str) -> list[tuple[str, str]]:
+def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
+              endpoint: str = "the hub") -> list[tuple[str, str]]:
     """Fill ``entry`` from the hub's ``facts``: the commit of a branch or tag (when
     ``allow_unpinned``; else a problem that says the pin to write), the size when absent, and
     the GGUF header's figures when the family is unknown."""
@@ -101,6 +108,9 @@ def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str) -> lis
             why = facts.get("error") or "the hub was not asked"
             return [(f"{where}.revision", f"expected a full 40-hex commit id, got {rev!r}, which the hub could "
                                           f"not resolve ({why})")]
+        if not (isinstance(commit, str) and _HEX40.fullmatch(commit)):   # it becomes paths and unit lines
+            return [(f"{where}.revision", f"the hub at {endpoint} answered {commit!r} as the "
+                                          f"commit of {entry['repo']}@{rev}, not 40 lowercase hex; refused")]
         if not allow_unpinned:
             return [(f"{where}.revision", f"{rev} is {commit}; pin it (revision: {commit}): a branch or tag "
                                           "moves; or --data models_allow_unpinned=true to fetch that commit")]
@@ -127,7 +137,7 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
                                              f"(its families: {', '.join(families)})"))
         facts = _HUB.get(hub_key(hub_endpoint(data), entry)) if not found else None
         if facts is not None:
-            found += _with_hub(entry, facts, data.get("models_allow_unpinned") is True, where)
+            found += _with_hub(entry, facts, data.get("models_allow_unpinned") is True, where, hub_endpoint(data))
         elif "revision" in entry and not _HEX40.fullmatch(entry["revision"]):
             found.append((f"{where}.revision", f"expected a full 40-hex commit id, got {entry['revision']!r} "
                                                "(a branch or tag moves; pin the commit)"))
@@ -157,8 +167,9 @@ def first_gguf(files: list[str]) -> str | None:
     """The GGUF file llama-server is given for a model whose marker lists ``files``: the first
     shard of a split model (``…-00001-of-0000N.gguf``; the others are found by llama.cpp), else
     the single ``.gguf`` (mmproj files, vision projectors, are not the model). With several
-    unsplit GGUFs (quants side by side) the first by name; None without any."""
-    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    unsplit GGUFs (quants side by side) the first by name; None without any. A name that is not a
+    plain relative path (:data:`_PLAIN_FILE`: a marker written by hand) is never chosen."""
+    ggufs = sorted(f for f in files if isinstance(f, str) and f.endswith(".gguf") and _PLAIN_FILE.fullmatch(f))
     firsts = [f for f in ggufs if (m := _SHARD.search(f)) and int(m.group(1)) == 1]
     if firsts:
         return firsts[0]

@@ -22,6 +22,7 @@ Layout under a model's dest::
     .rigup-fetch/state.json         files verified: path -> [size, mtime_ns, hash]
     .rigup-fetch/progress.json      bytes, total, rate, eta, state, error (rewritten each second)
     .rigup-fetch/parts/<path>       partial downloads (a prefix of the file); resumed with Range
+    .rigup-fetch/ckpt/<path>        each part's checkpoint (apart: no listed name can collide)
     .rigup-fetch/lock               flock held by the running job (one job per model); holds its pid
 
 A revision change never touches the revision being served: the job fetches into a directory of
@@ -44,9 +45,14 @@ listing) before it moves into place; a file that fails is fetched again from zer
 then the job fails. A failed job says why in progress.json's ``error`` (no space left, the hub's
 answer, an unsafe path) and exits PERMANENT when running it again cannot help.
 
-Hub listings are not trusted: a path that is absolute, has a ``..`` component, a backslash or a
-control character, or names rigup's own files is refused (the plan refuses the model, and this
+Hub listings are not trusted (:func:`listing_problems`): a path that is absolute, has a ``..``
+component, a backslash or a control character, or names rigup's own files, a path listed twice
+(also case-insensitively) or as a file and a directory, a size that is not a non-negative
+integer, a file without a hash (unless the model sets ``allow_unhashed``), a listing of more than
+MAX_FILES files or a page over MAX_LISTING_BYTES is refused (the plan refuses the model, and this
 script checks again before every write, rename or delete that nothing lands outside ``dest``).
+Parts and their checkpoints live in directories of their own (``parts/``, ``ckpt/``), so no listed
+name can be taken for another's checkpoint.
 """
 
 from __future__ import annotations
@@ -121,6 +127,54 @@ def unsafe_path(path) -> str | None:
     if parts[0].startswith(".rigup-"):   # rigup's own: the job's work directory, the marker
         return f"it would overwrite rigup's own {parts[0]}"
     return None
+
+
+MAX_LISTING_BYTES = 64 << 20   # one page of the hub's tree listing
+LISTING_S = 300                # the whole listing, every page (each request also has its timeout)
+MAX_FILES = 10_000   # a listing longer than this is refused (a hub that answers without end)
+HEX40, HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
+
+
+def listing_problems(files: list, allow_unhashed: bool = False) -> list[tuple[str, str]]:
+    """(path, why) of each thing wrong in a hub's listing ``files`` ([{path, size, oid, sha256}]):
+    an unsafe path (:func:`unsafe_path`), a size that is not a non-negative integer, a hash that is
+    missing (unless ``allow_unhashed``) or not hex, a path listed twice (also case-insensitively),
+    a file that is also a directory, a listing longer than MAX_FILES. Everything a hub says is
+    data: checked like configuration before any byte."""
+    if not isinstance(files, list):
+        return [("", f"the listing is not a list ({type(files).__name__})")]
+    if len(files) > MAX_FILES:
+        return [("", f"the listing has {len(files)} files, more than {MAX_FILES}")]
+    out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        path = f.get("path") if isinstance(f, dict) else None
+        why = unsafe_path(path) if isinstance(f, dict) else "an entry that is not an object"
+        if why:
+            out.append((path if isinstance(path, str) else repr(path), why))
+            continue
+        size = f.get("size")
+        if type(size) is not int or size < 0:
+            out.append((path, f"size {size!r} is not a non-negative integer"))
+        sha, oid = f.get("sha256"), f.get("oid")
+        if sha is not None and not (isinstance(sha, str) and HEX64.fullmatch(sha)):
+            out.append((path, f"sha256 {sha!r} is not 64 lowercase hex"))
+        if oid is not None and not (isinstance(oid, str) and HEX40.fullmatch(oid)):
+            out.append((path, f"git blob id {oid!r} is not 40 lowercase hex"))
+        if sha is None and oid is None and not allow_unhashed:
+            out.append((path, "no hash (neither sha256 nor git blob id): it could not be verified; "
+                              "allow_unhashed: true on the model fetches it unverified"))
+        key = path.casefold()
+        if key in seen:
+            out.append((path, f"listed twice (as {seen[key]!r}; paths are compared case-insensitively)"))
+        seen.setdefault(key, path)
+    for key, path in seen.items():
+        parts = key.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in seen:
+                out.append((path, f"{seen['/'.join(parts[:i])]!r} is listed as a file and a directory"))
+                break
+    return out
 
 
 class UnsafePath(Exception):
@@ -229,23 +283,38 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
     (``/api/models/{repo}/tree/{revision}?recursive=true``, following its Link pages)."""
     url = (f"{endpoint.rstrip('/')}/api/models/{repo}/tree/{urllib.parse.quote(revision, safe='')}"
            "?recursive=true&expand=false")
-    out = []
+    out, deadline = [], time.monotonic() + LISTING_S
     while url:
         try:
             with _request(url, token) as resp:
-                items = json.loads(resp.read())
+                body = bytearray()
+                while chunk := resp.read1(1 << 16):   # one recv at a time: the deadline holds
+                    body += chunk
+                    if len(body) > MAX_LISTING_BYTES:
+                        raise HubError(0, "ListingTooLong", f"a page of {endpoint}'s listing of {repo} is over "
+                                                            f"{MAX_LISTING_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise HubError(0, "Timeout", f"{endpoint} took over {LISTING_S} s to list {repo}")
+                try:
+                    items = json.loads(body)
+                except ValueError as e:
+                    raise HubError(0, "BadListing", f"{endpoint}'s listing of {repo} is not JSON: {e}") from None
+                if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                    raise HubError(0, "BadListing", f"{endpoint}'s listing of {repo} is not a list of objects")
                 link = resp.headers.get("Link") or ""
         except urllib.error.HTTPError as e:
             code = e.headers.get("X-Error-Code") or ""
-            body = e.read()[:300].decode(errors="replace")
+            body = e.read(300).decode(errors="replace")
             raise HubError(e.code, code, f"HTTP {e.code} {code or e.reason}: {body}".strip()) from None
         except (urllib.error.URLError, OSError) as e:
             raise HubError(0, "Unreachable", f"cannot reach {endpoint}: {getattr(e, 'reason', e)}") from None
         for item in items:
             if item.get("type") == "file":
                 lfs = item.get("lfs") or {}
-                out.append({"path": item["path"], "size": int(item["size"]), "oid": item.get("oid"),
-                            "sha256": lfs.get("oid") or None})
+                out.append({"path": item.get("path"), "size": item.get("size"), "oid": item.get("oid"),
+                            "sha256": lfs.get("oid") if isinstance(lfs, dict) and lfs.get("oid") else None})
+            if len(out) > MAX_FILES:
+                raise HubError(0, "ListingTooLong", f"{endpoint} lists more than {MAX_FILES} files in {repo}")
         m = re.search(r'<([^>]+)>;\s*rel="next"', link)
         url = urllib.parse.urljoin(url, m.group(1)) if m else None
         if url and not same_origin(url, endpoint):   # the token goes to the hub, nowhere else
@@ -660,13 +729,15 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
     if STOP.is_set():
         raise Stopped()
     path = entry["path"]
-    parts = os.path.join(dest, WORK, "parts")
-    part, final = safe_join(parts, path), safe_join(dest, path)
-    ckpt_path = inside(parts, part + ".ckpt")
+    parts, ckpts = os.path.join(dest, WORK, "parts"), os.path.join(dest, WORK, "ckpt")
+    part, final, ckpt_path = safe_join(parts, path), safe_join(dest, path), safe_join(ckpts, path)
     os.makedirs(os.path.dirname(part), exist_ok=True)
+    os.makedirs(os.path.dirname(ckpt_path), exist_ok=True)
     url = (f"{job['source'].rstrip('/')}/{job['repo']}/resolve/"
            f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
     stall = float(job.get("stall_s") or STALL_S)
+    if expected_hash(entry) is None and not job.get("allow_unhashed"):
+        raise JobFailed(f"{path}: the hub lists no hash for it (allow_unhashed is not set)")
     for attempt in (1, 2):
         have = resume_point(part, ckpt_path, entry["size"])
         with open(part, "ab+") as fh:
@@ -774,12 +845,13 @@ def clean_work(work: str, wanted: set[str]) -> None:
     for n in os.listdir(work):
         if ".tmp" in n:
             os.unlink(inside(work, os.path.join(work, n)))
-    parts = os.path.join(work, "parts")
-    for root, _, names in os.walk(parts):
-        for n in names:
-            full = os.path.join(root, n)
-            if os.path.relpath(full, parts).removesuffix(".ckpt") not in wanted:
-                os.unlink(inside(parts, full))
+    for sub in ("parts", "ckpt"):
+        top = os.path.join(work, sub)
+        for root, _, names in os.walk(top):
+            for n in names:
+                full = os.path.join(root, n)
+                if os.path.relpath(full, top) not in wanted:
+                    os.unlink(inside(top, full))
 
 
 def fetch(job_path: str) -> int:
@@ -810,6 +882,9 @@ def fetch(job_path: str) -> int:
     try:
         for entry in files:  # the plan refused these already; a job.json made by hand is checked too
             safe_join(dest, entry["path"])
+        bad = listing_problems(files, bool(job.get("allow_unhashed")))
+        if bad:
+            raise JobFailed(f"the job's listing: {bad[0][0]!r}: {bad[0][1]}")
         wanted = {f["path"] for f in files}
         with _suppress():
             os.unlink(os.path.join(dest, MARKER))

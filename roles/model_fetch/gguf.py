@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["Incomplete", "metadata", "kv_figures"]
+__all__ = ["GGUFRefused", "Incomplete", "metadata", "kv_figures"]
 
 # value type -> struct format of a scalar (8: string, 9: array are read apart)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 GIB = 1 << 30
 F16_BYTES = 2   # llama.cpp's default KV cache type
+MAX_KEPT_ITEMS = 1 << 16   # an array kept longer than this is skipped, not built
+MAX_DEPTH = 2              # arrays of arrays at most (llama.cpp writes none)
+MAX_LAYERS = 1 << 16
 
 
-class Incomplete(Exception):
+class GGUFRefused(Exception):
+    """The bytes are not a GGUF header rigup reads (the only exception :func:`metadata` and
+    :func:`kv_figures` raise: a hub's bytes are data, never a crash)."""
+
+
+class Incomplete(GGUFRefused):
     """The bytes end before the keys wanted: fetch more of the file."""
 
 
@@ -44,38 +52,46 @@ class _Reader:
         self.pos += n
         return self.buf[self.pos - n:self.pos].decode("utf-8", "replace")
 
-    def value(self, kind: int, keep: bool):
+    def value(self, kind: int, keep: bool, depth: int = 0):
         """A value of type ``kind``; an array's items only when ``keep`` (a tokenizer's 150k
-        strings are skipped, not built)."""
+        strings are skipped, not built). Counts are checked against the bytes left before any
+        item is read, so an absurd count ends as Incomplete, never a loop or a huge list."""
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
+            if depth >= MAX_DEPTH:
+                raise GGUFRefused(f"arrays nested deeper than {MAX_DEPTH}")
             item, count = self.take("<I"), self.take("<Q")
-            items = [self.value(item, keep) for _ in range(count)] if keep or item == _STRING else None
-            if items is None:
-                self.pos += struct.calcsize(_SCALAR[item]) * count
-                if self.pos > len(self.buf):
-                    raise Incomplete(self.pos)
+            if item != _STRING and item != _ARRAY and item not in _SCALAR:
+                raise GGUFRefused(f"unknown GGUF array item type {item}")
+            least = struct.calcsize(_SCALAR[item]) if item in _SCALAR else 8 if item == _STRING else 12
+            if self.pos + least * count > len(self.buf):
+                raise Incomplete(self.pos + least * count)
+            keep = keep and count <= MAX_KEPT_ITEMS
+            if keep or item in (_STRING, _ARRAY):
+                items = [self.value(item, keep, depth + 1) for _ in range(count)]
+            else:
+                self.pos += least * count
             return items if keep else None
         if kind not in _SCALAR:
-            raise ValueError(f"unknown GGUF value type {kind}")
+            raise GGUFRefused(f"unknown GGUF value type {kind}")
         return self.take(_SCALAR[kind])
 
 
 def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
-    """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; ValueError
-    when ``buf`` is not a GGUF file; :class:`Incomplete` when it ends before the last key, or
+    """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; GGUFRefused
+    when ``buf`` is not a GGUF file rigup reads; :class:`Incomplete` when it ends before the last key, or
     with ``partial`` the keys read until then (llama.cpp's writers put the architecture's keys
     before the tokenizer's long arrays, so the first MiB holds them)."""
     r = _Reader(buf)
     if buf[:4] != b"GGUF":
         if len(buf) < 4:
             raise Incomplete(4)
-        raise ValueError("not a GGUF file (no GGUF magic)")
+        raise GGUFRefused("not a GGUF file (no GGUF magic)")
     r.pos = 4
     version = r.take("<I")
     if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} (rigup reads 2 and 3)")
+        raise GGUFRefused(f"GGUF version {version} (rigup reads 2 and 3)")
     r.take("<Q")
     out = {}
     try:
@@ -97,6 +113,16 @@ def _per_layer(value, layers: int) -> list[int]:
 
 
 def kv_figures(meta: dict) -> dict:
+    """:func:`figures`, with GGUFRefused for any value of the wrong type or size."""
+    try:
+        return figures(meta)
+    except GGUFRefused:
+        raise
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise GGUFRefused(f"a header value rigup cannot use: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def figures(meta: dict) -> dict:
     """{"architecture", "layers", "kv_gib_per_1k_tokens"} from a header's ``meta``: the f16 K and V
     of every layer's KV heads (``head_count_kv`` x ``key_length`` + ``value_length``, by default
     ``embedding_length / head_count``) per token, an estimate (an MLA model caches less);
@@ -104,6 +130,10 @@ def kv_figures(meta: dict) -> dict:
     arch = meta.get("general.architecture")
     get = (lambda k: meta.get(f"{arch}.{k}")) if arch else (lambda k: None)
     layers = get("block_count")
+    if arch is not None and not isinstance(arch, str):
+        raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
+    if layers is not None and (isinstance(layers, (list, str)) or not 0 <= int(layers) <= MAX_LAYERS):
+        raise GGUFRefused(f"{arch}.block_count {str(layers)[:40]} is not a layer count (0..{MAX_LAYERS})")
     out = {"architecture": arch, "layers": int(layers) if layers is not None else None, "kv_gib_per_1k_tokens": None}
     heads, width = get("attention.head_count"), get("embedding_length")
     if not layers or heads is None:

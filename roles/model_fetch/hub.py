@@ -5,9 +5,17 @@ huggingface_hub (the project's chosen client; the host-side fetcher stays its ow
 - the hub token: ``model_fetch_hf_token_src``, else ``HF_TOKEN`` or the ``hf auth login`` store
   (``huggingface_hub.get_token()``);
 - a branch or tag typed as ``revision``: its commit (``HfApi.model_info``);
-- ``size_gib`` when absent: the included files' sizes (``HfApi.list_repo_tree``);
+- ``size_gib`` when absent: the included files' sizes (the tree listing, with the host's own
+  client fetcher.hub_files: a timeout on every request, bounded pages, the token only to the
+  endpoint's origin: a next page on another origin is refused);
 - a model whose family rigup/gpu/models.yml does not know: the layer count and KV size from the
-  GGUF header of its first shard (the first MiB, an HTTP Range request).
+  GGUF header of its first shard (the first MiB, an HTTP Range request, ``Accept-Encoding:
+  identity``, at most HEAD_BYTES read, never decompressed).
+
+Everything the hub says is data, checked before use like configuration (HubRefused, naming the
+hub, the repo and the value): a commit is 40 lowercase hex (:func:`checked_commit`); the listing
+passes fetcher.listing_problems (:func:`checked_files`); the GGUF header reader refuses bad bytes
+with gguf.GGUFRefused.
 
 Each answer is asked once per run (one listing per repo@commit, whatever the hosts) and recorded
 in rigup/models.py (``record_hub``), which every role reads the entries through. Entries that
@@ -24,14 +32,15 @@ from pathlib import Path
 from rigup.entries import normalise
 from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key, record_hub
 from rigup.gpu.catalogue import family_of
-from roles.model_fetch.fetcher import select
-from roles.model_fetch.gguf import kv_figures, metadata
+from roles.model_fetch.fetcher import hub_files, listing_problems, select
+from roles.model_fetch.gguf import GGUFRefused, kv_figures, metadata
 
-__all__ = ["token", "resolve", "HEAD_BYTES"]
+__all__ = ["token", "resolve", "HEAD_BYTES", "HubRefused"]
 
 GIB = 1 << 30
 HEAD_BYTES = (1 << 20, 16 << 20)   # the GGUF header is read from the first MiB, else the first 16 MiB
 TIMEOUT_S = 20
+CACHE_FORMAT = 2   # 2: listings with their hashes (those kept by 1 had none: asked again)
 _asked: dict[tuple, object] = {}   # (what, endpoint, repo, revision[, path]) -> answer or exception
 calls: list[tuple] = []            # what was asked of the hub this run, in order (for the tests)
 
@@ -46,6 +55,11 @@ def token(data: dict) -> str | None:
     return get_token()
 
 
+class HubRefused(Exception):
+    """What a hub answered is not what rigup accepts (a commit that is not 40 hex, a hostile
+    listing, a compressed or oversized header): the hub's answer is data, checked before use."""
+
+
 def _kept(key: tuple) -> Path | None:
     """Where the answer for ``key`` is kept between runs: only what is said of a commit (its
     listing, a file's header), which never changes; a branch or tag's commit is asked each run.
@@ -53,7 +67,7 @@ def _kept(key: tuple) -> Path | None:
     if key[0] == "commit" or not _HEX40.fullmatch(key[3]):
         return None
     root = Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "hub"
-    return root / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".json")
+    return root / (hashlib.sha256(json.dumps([CACHE_FORMAT, *key]).encode()).hexdigest() + ".json")
 
 
 def _once(key: tuple, ask):
@@ -87,19 +101,50 @@ def _api(endpoint: str, secret: str | None):
     return HfApi(endpoint=endpoint, token=secret or False)
 
 
+def checked_commit(endpoint: str, repo: str, revision: str, sha) -> str:
+    """``sha``, the commit the hub at ``endpoint`` answered for ``repo``@``revision``, once checked
+    to be 40 lowercase hex (it becomes a directory name, the marker and a unit's comment); else
+    HubRefused naming the hub, the repo and the value."""
+    if isinstance(sha, str) and _HEX40.fullmatch(sha):
+        return sha
+    raise HubRefused(f"the hub at {endpoint} answered {sha!r} as the commit of {repo}@{revision}: "
+                     "not 40 lowercase hex; refused")
+
+
 def _commit(endpoint: str, repo: str, revision: str, secret: str | None) -> str:
-    return _once(("commit", endpoint, repo, revision),
-                 lambda: _api(endpoint, secret).model_info(repo, revision=revision, timeout=TIMEOUT_S).sha)
+    return _once(("commit", endpoint, repo, revision), lambda: checked_commit(
+        endpoint, repo, revision, _api(endpoint, secret).model_info(repo, revision=revision, timeout=TIMEOUT_S).sha))
 
 
 def _files(endpoint: str, repo: str, commit: str, secret: str | None) -> list[dict]:
-    """[{path, size}] of ``repo`` at ``commit``: one listing per repo@commit per run."""
-    def ask():
-        tree = _api(endpoint, secret).list_repo_tree(repo, revision=commit, recursive=True)
-        from huggingface_hub.hf_api import RepoFile
+    """[{path, size, oid, sha256}] of ``repo`` at ``commit``: one listing per repo@commit per run,
+    with the host's own client (fetcher.hub_files: a timeout on every request, a bounded page and
+    length, the token only to the endpoint's origin: a next page elsewhere is refused)."""
+    return _once(("tree", endpoint, repo, commit), lambda: hub_files(endpoint, repo, commit, secret or None))
 
-        return [{"path": f.path, "size": f.size} for f in tree if isinstance(f, RepoFile)]
-    return _once(("tree", endpoint, repo, commit), ask)
+
+def checked_files(files, endpoint: str, repo: str, commit: str, allow_unhashed: bool) -> list[dict]:
+    """``files`` once checked like configuration (fetcher.listing_problems); else HubRefused naming
+    the hub, the repo and the first offending paths."""
+    bad = listing_problems(files, allow_unhashed)
+    if bad:
+        shown = "; ".join(f"{path!r}: {why}" for path, why in bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise HubRefused(f"the hub at {endpoint} lists in {repo}@{commit[:12]}: {shown}; refused")
+    return files
+
+
+def read_capped(resp, n: int) -> bytes:
+    """At most ``n`` bytes of ``resp``'s body as sent (no decompression): a ``Content-Encoding``
+    other than identity is refused (a gzip bomb inflates a MiB to GiBs)."""
+    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding != "identity":
+        raise HubRefused(f"{resp.url} answered with Content-Encoding {encoding!r}; rigup asked for identity")
+    body = bytearray()
+    for chunk in resp.iter_raw():
+        body += chunk[:n - len(body)]
+        if len(body) >= n:
+            break
+    return bytes(body)
 
 
 def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, size: int) -> dict:
@@ -110,11 +155,16 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
     def ask():
         url = hf_hub_url(repo, path, revision=commit, endpoint=endpoint)
         for n in HEAD_BYTES:
-            headers = {**build_hf_headers(token=secret or False), "Range": f"bytes=0-{n - 1}"}
-            resp = get_session().get(url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S)
-            resp.raise_for_status()
-            body = resp.content[:n]   # a server that ignores Range sends it all: read n bytes of it
-            figures = kv_figures(metadata(body, lambda k: not k.startswith("tokenizer."), partial=True))
+            headers = {**build_hf_headers(token=secret or False), "Range": f"bytes=0-{n - 1}",
+                       "Accept-Encoding": "identity"}
+            # a server that ignores Range sends it all: n bytes of it are read, then the stream closed
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S) as resp:
+                resp.raise_for_status()
+                body = read_capped(resp, n)
+            try:
+                figures = kv_figures(metadata(body, lambda k: not k.startswith("tokenizer."), partial=True))
+            except GGUFRefused as e:
+                raise HubRefused(f"the GGUF header of {url}: {e}") from None
             figures["read_bytes"] = len(body)
             if figures["kv_gib_per_1k_tokens"] is not None or n >= size:
                 return figures
@@ -143,7 +193,9 @@ def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
         facts["commit"] = commit
         if not (want_size or want_gguf):
             return facts
-        chosen, _ = select(_files(endpoint, entry["repo"], commit, secret), entry["include"])
+        listed = checked_files(_files(endpoint, entry["repo"], commit, secret), endpoint, entry["repo"], commit,
+                               entry.get("allow_unhashed") is True)
+        chosen, _ = select(listed, entry["include"])
         facts["files"] = len(chosen)
         facts["size_gib"] = sum(f["size"] for f in chosen) / GIB if chosen else None
         first = first_gguf([f["path"] for f in chosen]) if want_gguf else None

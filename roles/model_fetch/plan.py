@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rigup.names import HF_TOKEN, MARKER
-from roles.model_fetch.fetcher import human, select, shard_problems, unsafe_path
+from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
 
 __all__ = ["human", "duration", "ModelPlan", "progress_line", "short_progress", "unsafe_files", "plan_model"]
 
@@ -77,9 +77,10 @@ def short_progress(name: str, state: dict) -> str:
     return f"{name} stopped at {at}" if p else f"{name} not here yet"
 
 
-def unsafe_files(files: list[dict]) -> list[tuple[str, str]]:
-    """(path, why) of each hub-listed file that may not be written under a model's dest."""
-    return [(f["path"], why) for f in files if (why := unsafe_path(f.get("path")))]
+def unsafe_files(files: list[dict], allow_unhashed: bool = False) -> list[tuple[str, str]]:
+    """(path, why) of each thing wrong in the hub's listing (fetcher.listing_problems: an unsafe
+    path, a bad size or hash, a path listed twice, no hash without ``allow_unhashed``)."""
+    return listing_problems(files, allow_unhashed)
 
 
 def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
@@ -109,10 +110,10 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
         why = f"cannot list {repo}@{rev[:12]} at {endpoint}: {err['message'][:300]}; fix: check hf_endpoint"
         return ModelPlan(name, "refused", problems=[(where, why)], line=line)
     files = state.get("hub_files") or []
-    hostile = unsafe_files(files)
+    hostile = unsafe_files(files, entry.get("allow_unhashed") is True)
     if hostile:  # a hostile or broken hub: no byte of this model, whatever include selects
         return ModelPlan(name, "refused", line=line, problems=[
-            (f"{where}.repo", f"the hub lists {path!r} in {repo}@{rev[:12]}: {why}; refused before any "
+            (f"{where}.repo", f"the hub at {endpoint} lists {path!r} in {repo}@{rev[:12]}: {why}; refused before any "
                               f"byte, nothing is written outside {entry['dest']}; fix: check hf_endpoint "
                               "(a mirror you trust) and the repo") for path, why in hostile])
     chosen, unmatched = select(files, entry["include"])
@@ -142,6 +143,7 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
     job = {"name": name, "dest": where, "repo": repo, "revision": rev, "include": entry["include"],
            "endpoint": endpoint, "source": source, "peer": peer, "peer_wait": peer_wait, "workers": workers,
            "stall_s": stall_s, "marker": MARKER, "token_file": HF_TOKEN,
+           "allow_unhashed": entry.get("allow_unhashed") is True,
            "files": [{"path": f["path"], "size": f["size"], "oid": f.get("oid"), "sha256": f.get("sha256")}
                      for f in sorted(chosen, key=lambda f: f["path"])],
            "bytes": total}

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rigup import models as models_module
 from rigup.config import problems
+from rigup.models import hub_endpoint, hub_key, record_hub
 from tests.unit.hosts import REV, data, host, refusals
 
 CASES = yaml.safe_load((Path(__file__).with_name("hostile_inputs.yml")).read_text())
@@ -18,7 +20,7 @@ INSTANCE = {"model": "m", "port": 8081}
 
 def filled(case: dict) -> dict:
     """The case's values, with ``M``/``I`` (and a model ``m`` for instances) filled in."""
-    values = {k: v for k, v in case.items() if k != "key"}
+    values = {k: v for k, v in case.items() if k not in ("key", "hub")}
     for var in ("models", "llama_server_instances", "vllm_instances"):
         if var in values:
             values[var] = {name: {"M": MODEL, "I": INSTANCE}.get(e, e) if isinstance(e, str) else e
@@ -34,11 +36,18 @@ def test_there_are_at_least_60():
 
 @pytest.mark.parametrize("case", CASES, ids=[re.sub(r"\s", "_", c["key"])[:60] for c in CASES])
 def test_each_is_refused_naming_its_key(case):
+    """A case's ``hub``: what the hub answered of each of its models (as roles/model_fetch/hub.py
+    records it): a hub's answer is data, refused like configuration."""
     values = filled(case)
+    models_module._HUB.clear()
+    for name, facts in (case.get("hub") or {}).items():
+        entry = {"include": [], **values["models"][name]}
+        record_hub(hub_key(hub_endpoint(data(**values)), entry), facts)
     found = [f"{key}: {why}" for key, why in problems(values)]
     if not found:  # valid at the top level: the roles' checks must refuse it
         plan, facts = host("a100")
         found = [r.line("h") for r in refusals(plan, facts, data(**values))]
+    models_module._HUB.clear()
     assert found, f"not refused: {values!r}"
     assert any(case["key"] in line for line in found), found
     print(f"{case['key']!r:48} -> {found[0][:150]}")

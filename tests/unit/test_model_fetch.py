@@ -296,7 +296,7 @@ def test_sigterm_checkpoints_every_byte_here(local_hub, faults, tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     have = part.stat().st_size
-    ckpt = json.loads((dest / ".rigup-fetch/parts/big.bin.ckpt").read_text())
+    ckpt = json.loads((dest / ".rigup-fetch/ckpt/big.bin").read_text())
     progress = json.loads((dest / ".rigup-fetch/progress.json").read_text())
     assert ckpt["bytes"] == have and 0 < have < 24 << 20  # what a job after a reboot keeps
     assert progress["state"] == "stopped" and "SIGTERM" in progress["detail"]

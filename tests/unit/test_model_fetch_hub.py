@@ -10,7 +10,7 @@ from rigup import models as models_module
 from rigup.models import hub_endpoint, hub_key, models, record_hub
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as hub_module
-from roles.model_fetch.gguf import Incomplete, kv_figures, metadata
+from roles.model_fetch.gguf import GGUFRefused, Incomplete, kv_figures, metadata
 from tests.lab.hub import _gguf_str, gguf_bytes
 
 COMMIT = "1a2b" + "0" * 36
@@ -53,7 +53,7 @@ def test_header_cut_short_reads_what_it_has():
 
 
 def test_not_a_gguf():
-    with pytest.raises(ValueError, match="not a GGUF"):
+    with pytest.raises(GGUFRefused, match="not a GGUF"):
         metadata(b"PK\x03\x04" + b"\0" * 64)
 
 

@@ -1,0 +1,309 @@
+"""A hostile or broken hub (review: "Trust nothing from outside"): every answer is data, checked
+before use, refused naming the hub, the repo and the value; the controller's hub client is
+bounded (timeouts, the token kept to the hub's origin, a capped header read without
+decompression); the GGUF header reader refuses bad bytes with GGUFRefused, never another error."""
+
+import http.server
+import json
+import random
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rigup import models as models_module
+from rigup.models import first_gguf, hub_endpoint, hub_key, models, record_hub
+from roles.model_fetch import fetcher
+from roles.model_fetch import hub as hub_module
+from roles.model_fetch.gguf import GGUFRefused, kv_figures, metadata
+from roles.model_fetch.plan import plan_model
+
+SMOKE = Path(__file__).parents[2] / "roles/llama_cpp/smoke.gguf"
+REV = "a" * 40
+GOOD = {"path": "m.gguf", "size": 10, "oid": "1" * 40, "sha256": "b" * 64}
+
+
+@pytest.fixture(autouse=True)
+def no_hub_facts():
+    models_module._HUB.clear()
+    hub_module._asked.clear()
+    yield
+    models_module._HUB.clear()
+    hub_module._asked.clear()
+
+
+# ------------------------------------------------------------------ the commit a hub answers
+
+@pytest.mark.parametrize("sha", ["0123456789abcdef0123456789abcdef01234567\nExecStartPre=+/bin/sh -c id",
+                                 "/../../..", "A" * 40, "a" * 39, "a" * 41, None, 7, ""])
+def test_a_commit_that_is_not_40_hex_is_refused_naming_the_hub(sha):
+    with pytest.raises(hub_module.HubRefused) as e:
+        hub_module.checked_commit("http://hub.test", "org/x", "main", sha)
+    assert "http://hub.test" in str(e.value) and "org/x@main" in str(e.value) and repr(sha) in str(e.value)
+    assert hub_module.checked_commit("http://hub.test", "org/x", "main", "0" * 40) == "0" * 40
+
+
+def test_resolve_refuses_a_hostile_commit_and_models_never_use_it(monkeypatch):
+    class Api:
+        def model_info(self, repo, revision, timeout):
+            assert timeout == hub_module.TIMEOUT_S
+            return type("Info", (), {"sha": "0" * 40 + "\nExecStartPre=+/bin/touch /pwn"})()
+
+    monkeypatch.setattr(hub_module, "_api", lambda endpoint, secret: Api())
+    d = {"hf_endpoint": "http://hub.test", "models_allow_unpinned": True, "model_fetch_hf_token_src": None,
+         "models": {"x": {"repo": "org/x", "revision": "main", "size_gib": 1.0, "family": None}}}
+    monkeypatch.setenv("HF_TOKEN", "t")
+    lines = hub_module.resolve(d)
+    assert any("not 40 lowercase hex" in line and "http://hub.test" in line for line in lines), lines
+    valid, problems = models(d)
+    assert "x" not in valid and problems and problems[0][0] == "models.x.revision"
+
+
+def test_models_refuse_a_recorded_commit_that_is_not_hex():
+    d = {"hf_endpoint": "http://hub.test", "models_allow_unpinned": True,
+         "models": {"x": {"repo": "org/x", "revision": "main"}}}
+    entry = {"repo": "org/x", "revision": "main", "include": []}
+    record_hub(hub_key(hub_endpoint(d), entry), {"commit": "/../../.."})
+    valid, problems = models(d)
+    assert not valid and "the hub at http://hub.test answered '/../../..'" in problems[0][1]
+
+
+# ------------------------------------------------------------------ the listing a hub answers
+
+@pytest.mark.parametrize("listing, why", [
+    ([GOOD, dict(GOOD)], "listed twice"),
+    ([GOOD, dict(GOOD, path="M.GGUF")], "case-insensitively"),
+    ([GOOD, dict(GOOD, path="m.gguf/x")], "as a file and a directory"),
+    ([dict(GOOD, size=-1)], "not a non-negative integer"),
+    ([dict(GOOD, size="10")], "not a non-negative integer"),
+    ([dict(GOOD, size=True)], "not a non-negative integer"),
+    ([dict(GOOD, sha256=None, oid=None)], "no hash"),
+    ([dict(GOOD, sha256="zz")], "not 64 lowercase hex"),
+    ([dict(GOOD, oid="x\ny")], "not 40 lowercase hex"),
+    ([dict(GOOD, path="a\nExecStartPre=+/bin/sh.gguf")], "control character"),
+    ([dict(GOOD, path="/etc/x")], "absolute"),
+    ([dict(GOOD, path="a/../../x")], "'..'"),
+    ([dict(GOOD, path="a\\b")], "backslash"),
+    ([dict(GOOD, path=None)], "empty path"),
+    (["m.gguf"], "not an object"),
+    ([dict(GOOD, path=f"f{i}") for i in range(fetcher.MAX_FILES + 1)], "more than 10000"),
+])
+def test_a_hostile_listing_is_refused_naming_the_value(listing, why):
+    found = fetcher.listing_problems(listing)
+    assert found and any(why in w for _, w in found), found
+    with pytest.raises(hub_module.HubRefused, match="the hub at http://hub.test lists in org/x@aaaaaaaaaaaa"):
+        hub_module.checked_files(listing, "http://hub.test", "org/x", REV, False)
+
+
+def test_unhashed_files_only_with_allow_unhashed():
+    bare = [dict(GOOD, sha256=None, oid=None)]
+    assert fetcher.listing_problems(bare, allow_unhashed=True) == []
+    entry = {"repo": "org/m", "revision": REV, "include": [], "dest": "/srv/models/m"}
+    kw = dict(endpoint="http://hub", source="http://hub", peer=None, workers=4, peer_wait=60)
+    refused = plan_model("m", entry, {"hub_files": bare, "free_bytes": 100}, **kw)
+    assert refused.action == "refused" and "no hash" in refused.problems[0][1]
+    assert "http://hub" in refused.problems[0][1]
+    ok = plan_model("m", dict(entry, allow_unhashed=True), {"hub_files": bare, "free_bytes": 100}, **kw)
+    assert ok.action == "start" and ok.job["allow_unhashed"] is True
+
+
+def test_the_plan_refuses_duplicates_and_a_negative_size():
+    entry = {"repo": "org/m", "revision": REV, "include": [], "dest": "/srv/models/m"}
+    kw = dict(endpoint="http://hub", source="http://hub", peer=None, workers=4, peer_wait=60)
+    for listing in ([GOOD, dict(GOOD, size=99)], [dict(GOOD, size=-(1 << 40))]):
+        p = plan_model("m", entry, {"hub_files": listing, "free_bytes": 100}, **kw)
+        assert p.action == "refused" and p.job is None
+
+
+def test_a_listed_name_cannot_collide_with_a_checkpoint():
+    """``a.gguf`` next to ``a.gguf.ckpt``: parts and checkpoints live in directories of their own."""
+    listing = [GOOD, dict(GOOD, path="m.gguf.ckpt")]
+    assert fetcher.listing_problems(listing) == []
+
+
+def test_the_fetch_job_refuses_an_unhashed_file(tmp_path):
+    job = {"dest": str(tmp_path), "source": "http://127.0.0.1:9", "repo": "org/m", "revision": REV}
+    with pytest.raises(fetcher.JobFailed, match="no hash"):
+        fetcher.fetch_file(job, dict(GOOD, sha256=None, oid=None), str(tmp_path), None, None)
+
+
+def test_a_marker_name_with_a_newline_never_reaches_a_unit():
+    assert first_gguf(["a\nExecStartPre=+/bin/sh.gguf", "../x.gguf", "/x.gguf", "b.gguf"]) == "b.gguf"
+    assert first_gguf(["a\nb.gguf"]) is None
+
+
+# ------------------------------------------------------------------ the controller's client
+
+class _Pages(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        type(self).seen.append((self.path, self.headers.get("Authorization")))
+        body = json.dumps([{"type": "file", "path": "a.bin", "size": 1, "oid": "1" * 40}]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Link", '<http://other.test:1/api/next?cursor=1>; rel="next"')
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_token_never_follows_a_next_page_to_another_origin():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(fetcher.HubError, match="another host: http://other.test:1/api/next"):
+            hub_module._files(endpoint, "org/x", REV, "secret")
+    finally:
+        server.shutdown()
+    assert [auth for _, auth in _Pages.seen] == ["Bearer secret"]   # the hub's page only
+
+
+class _Resp:
+    def __init__(self, chunks, encoding=None):
+        self.chunks, self.url = chunks, "http://hub.test/org/x/resolve/a/m.gguf"
+        self.headers = {"Content-Encoding": encoding} if encoding else {}
+
+    def iter_raw(self):
+        yield from self.chunks
+
+
+def test_the_header_read_is_capped_and_never_decompressed():
+    with pytest.raises(hub_module.HubRefused, match="Content-Encoding 'gzip'"):
+        hub_module.read_capped(_Resp([b"x"], "gzip"), 10)
+    endless = (b"x" * 4096 for _ in iter(int, 1))   # a server that never stops
+    assert len(hub_module.read_capped(_Resp(endless), 10_000)) == 10_000
+    assert hub_module.read_capped(_Resp([b"ab", b"cd"], "identity"), 3) == b"abc"
+
+
+# ------------------------------------------------------------------ the GGUF header reader
+
+def _read(buf: bytes) -> None:
+    try:
+        kv_figures(metadata(buf, lambda k: not k.startswith("tokenizer."), partial=True))
+    except GGUFRefused:
+        pass
+    try:
+        metadata(buf)
+    except GGUFRefused:
+        pass
+
+
+def test_the_smoke_gguf_reads():
+    figures = kv_figures(metadata(SMOKE.read_bytes(), lambda k: not k.startswith("tokenizer."), partial=True))
+    assert figures["architecture"]
+
+
+def test_gguf_fuzz_only_refusals_come_out():
+    """1,500 mutations of a real GGUF header (roles/llama_cpp/smoke.gguf): byte flips, cuts, absurd
+    counts and lengths, nested arrays; nothing but GGUFRefused (or an answer) may come out."""
+    head = SMOKE.read_bytes()[:64 << 10]
+    rng = random.Random(20261201)
+    huge = [struct.pack("<Q", v) for v in (2 ** 64 - 1, 2 ** 63, 2 ** 32, 10 ** 12)]
+    for i in range(1500):
+        buf = bytearray(head)
+        kind = i % 5
+        if kind == 0:
+            for _ in range(rng.randint(1, 20)):
+                buf[rng.randrange(len(buf))] = rng.randrange(256)
+        elif kind == 1:
+            buf = buf[:rng.randrange(len(buf))]
+        elif kind == 2:
+            at = rng.randrange(4, 2048)
+            buf[at:at + 8] = rng.choice(huge)
+        elif kind == 3:   # an array of arrays of arrays..., or an unknown type, at a random place
+            at = rng.randrange(24, 1024)
+            buf[at:at + 4] = struct.pack("<I", rng.choice([9, 13, 99, 2 ** 32 - 1]))
+            buf[at + 4:at + 16] = struct.pack("<IQ", 9, rng.randrange(2 ** 64))
+        else:
+            at = rng.randrange(4, 1024)
+            buf[at:at + 4] = struct.pack("<I", rng.randrange(2 ** 32))
+        _read(bytes(buf))
+
+
+def test_absurd_values_are_refused():
+    def gguf(kvs: bytes, count: int) -> bytes:
+        return b"GGUF" + struct.pack("<IQQ", 3, 0, count) + kvs
+
+    def key(k: str) -> bytes:
+        return struct.pack("<Q", len(k)) + k.encode()
+
+    nested = key("a") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 50
+    with pytest.raises(GGUFRefused, match="nested"):
+        metadata(gguf(nested, 1))
+    with pytest.raises(GGUFRefused):
+        metadata(gguf(key("a") + struct.pack("<IIQ", 9, 4, 2 ** 64 - 1), 1))
+    meta = {"general.architecture": "llama", "llama.block_count": 2 ** 63, "llama.attention.head_count": 1}
+    with pytest.raises(GGUFRefused, match="block_count"):
+        kv_figures(meta)
+    with pytest.raises(GGUFRefused):
+        kv_figures({"general.architecture": "llama", "llama.block_count": 2, "llama.attention.head_count": 1,
+                    "llama.embedding_length": float("inf")})
+
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    """A hub's resolve endpoint that ignores Range: smoke.gguf whole, or a gzip "bomb"."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        gzip = "bomb" in self.path
+        body = b"\x1f\x8b" + b"\0" * 1000 if gzip else SMOKE.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        if gzip:
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_header_request_reads_capped_identity_bytes(monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20))
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    try:
+        figures = hub_module._head(endpoint, "org/x", REV, "m.gguf", None, SMOKE.stat().st_size)
+        assert figures["architecture"] == "llama" and figures["read_bytes"] <= 1 << 20
+        with pytest.raises(hub_module.HubRefused, match="Content-Encoding 'gzip'"):
+            hub_module._head(endpoint, "org/x", REV, "bomb.gguf", None, 1 << 30)
+    finally:
+        server.shutdown()
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """A hub that answers its listing a byte at a time, never done."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+
+def test_a_listing_that_never_ends_is_given_up(monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(fetcher, "LISTING_S", 1)
+    try:
+        with pytest.raises(fetcher.HubError, match="took over 1 s"):
+            fetcher.hub_files(f"http://127.0.0.1:{server.server_address[1]}", "org/x", REV, None)
+    finally:
+        server.shutdown()
