@@ -143,4 +143,4 @@ def proven(plan: dict):
     ident = build_id(data, cmake_options(plan, data))
     runs = len(plan.get("smoke") or []) or 1
     switched(name=f"llama.cpp current -> {ident}", dir=data["llama_cpp_dir"], target=f"builds/{ident}",
-             smoke=smoke_spec(plan, data), smoke_timeout=2 * runs * data["llama_cpp_smoke_timeout"] + 60)
+             smoke=smoke_spec(plan, data), smoke_timeout=runs * (2 * data["llama_cpp_smoke_timeout"] + 90))

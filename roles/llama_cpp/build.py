@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files
 
 from rigup import summary
@@ -62,17 +63,20 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
     answered (naming a trap that a remedy worked around); else log the log's last lines, then the
     reason (the signal, the model, current kept: the run's summary quotes the last lines), and
     False, which fails the host. Run as a ``FunctionCommand``."""
-    ok, output = host.run_shell_command(StringCommand("python3", QuoteString(spec["script"]), QuoteString(json.dumps(spec))),
-                                        print_output=False, print_input=False, _timeout=timeout)
-    lines = list(output.stdout_lines)
     kept = f"current stays {current or 'unset'}, the build is kept in {spec['bin'].rsplit('/', 1)[0]}"
+    # the operation's own connector arguments (_sudo, _su_user...): a function command gets none
+    connect = {k: v for k, v in (host.current_op_global_arguments or {}).items() if k in CONNECTOR_ARGUMENT_KEYS}
+    command = StringCommand("timeout", "-k", "10", str(timeout), "python3", QuoteString(spec["script"]),
+                            QuoteString(json.dumps(spec)))
+    try:
+        ok, output = host.run_shell_command(command, print_output=False, print_input=False,
+                                            **{**connect, "_timeout": timeout + 30})
+    except Exception as e:       # noqa: BLE001 - the connection's own timeout or failure: a result
+        return _failed(host, spec, build_id, [], f"no result within {timeout} s ({type(e).__name__})", kept)
+    lines = list(output.stdout_lines)
 
     def failed(tail: list[str], reason: str) -> bool:
-        if tail:
-            host.log_styled(f"last lines of {spec['log']}:\n" + "\n".join(tail), fg="red", log_func=logger.error)
-        host.log_styled(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}",
-                        fg="red", log_func=logger.error)
-        return False
+        return _failed(host, spec, build_id, tail, reason, kept)
 
     try:
         doc = json.loads(lines[-1])
@@ -92,6 +96,15 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
             host.log_styled(text, fg="yellow", log_func=logger.warning)
             summary.note(host.name, f"trap {run['remedy']}: {flags}")
     return bool(doc.get("ok")) or failed([], "it did not pass")
+
+
+def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept: str) -> bool:
+    """Log the smoke log's last lines, then the reason (the run's summary quotes the last lines); False."""
+    if tail:
+        host.log_styled(f"last lines of {spec['log']}:\n" + "\n".join(tail), fg="red", log_func=logger.error)
+    host.log_styled(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}",
+                    fg="red", log_func=logger.error)
+    return False
 
 
 @reading(LlamaCppState, "dir")

@@ -32,6 +32,7 @@ seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag]}``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -47,17 +48,24 @@ PROMPT = ("The smoke test of a new llama.cpp build reads this sentence, which is
           "computed as one batch of several dozen tokens, and then writes a few tokens of its own: ")
 PREDICT = 8
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")
 # flags the smoke sets itself (its own port and a small context); the instance's are dropped
-_OWN = {"--host": 1, "--port": 1, "-c": 1, "--ctx-size": 1, "--parallel": 1, "-np": 1, "-m": 1,
+_OWN = {"--log-file": 1, "--api-prefix": 1, "--path": 1, "--ssl-key-file": 1, "--ssl-cert-file": 1,
+        "--slot-save-path": 1, "--host": 1, "--port": 1, "-c": 1, "--ctx-size": 1, "--parallel": 1, "-np": 1, "-m": 1,
         "--model": 1, "--alias": 1, "-a": 1, "--api-key-file": 1, "--api-key": 1, "--metrics": 0,
         "--rpc": 1}   # a smoke runs alone: RPC workers are not part of it
 
 
 def first_gguf(files: list[str]) -> str | None:
-    """The GGUF llama-server is given: the only one, or the first shard (``-00001-of-N``)."""
-    ggufs = sorted(f for f in files if f.endswith(".gguf"))
-    first = [f for f in ggufs if (_SHARD.search(f) or (0, "00001"))[1] == "00001"]
-    return first[0] if first else None
+    """The GGUF llama-server is given: the first shard (``-00001-of-N``), else the single one that
+    is no vision projector (mmproj); never a name that is not a plain relative path. The same
+    choice as rigup.models.first_gguf (a unit test holds them together: this file runs alone)."""
+    ggufs = sorted(f for f in files if isinstance(f, str) and f.endswith(".gguf") and _PLAIN_FILE.fullmatch(f))
+    firsts = [f for f in ggufs if _SHARD.search(f) and int(_SHARD.search(f).group(1)) == 1]
+    if firsts:
+        return firsts[0]
+    whole = [f for f in ggufs if not _SHARD.search(f) and "mmproj" not in f.rsplit("/", 1)[-1].lower()]
+    return whole[0] if whole else None
 
 
 def model_of(run: dict, spec: dict) -> str:
@@ -67,8 +75,8 @@ def model_of(run: dict, spec: dict) -> str:
         with open(marker) as f:
             doc = json.load(f)
         files = [str(p) for p in doc.get("files", [])]
-        size = int(doc.get("bytes") or 0)
-    except (TypeError, OSError, ValueError, AttributeError):
+        size = int(doc["bytes"])        # no size: too big to load twice
+    except (TypeError, OSError, ValueError, AttributeError, KeyError):
         return spec["tiny"]
     name = first_gguf(files)
     folder = os.path.dirname(marker)
@@ -110,11 +118,14 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {number}"
 
 
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # loopback: never a proxy
+
+
 def _request(url: str, body: dict | None, timeout: float) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             text = r.read(1 << 20)
             return r.status, json.loads(text or b"{}")
     except urllib.error.HTTPError as e:
@@ -170,6 +181,7 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 cwd="/", start_new_session=True, env=env, **_as_user(spec.get("user")))
     base = f"http://127.0.0.1:{port}"
+    cut = False
     try:
         while True:
             if proc.poll() is not None:
@@ -181,7 +193,7 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
                 if _request(base + "/health", None, 5)[0] == 200:
                     result["phase"] = "inference"
                     break
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 pass
             time.sleep(0.1)
         if result["phase"] == "inference":
@@ -200,11 +212,15 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
                     result["ok"] = True
             except socket.timeout:
                 result["reason"] = f"no answer within {left:.0f} s (a hang during the first inference)"
-            except OSError as e:
-                result["reason"] = f"the completion failed: {e}"
+            except (OSError, http.client.HTTPException) as e:
+                result["reason"] = f"the completion failed: {type(e).__name__}: {e}"
+                cut = True
     finally:
-        if proc.poll() is None:
-            time.sleep(0.2 if result["ok"] else 0.5)     # a crash in flight lands before we stop it
+        if cut:
+            try:
+                proc.wait(5)            # the answer was cut: a crash in flight lands before we stop it
+            except subprocess.TimeoutExpired:
+                pass
         crashed = proc.poll()
         if crashed is None:
             proc.send_signal(signal.SIGINT)     # llama-server stops on SIGINT, as its unit does
@@ -274,28 +290,21 @@ def smoke(spec: dict) -> dict:
             worker, port = rpc_server(spec, env, log)
             args += ["--rpc", f"127.0.0.1:{port}"]
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-        result = attempt(spec, model, extra + args, log, env)
-        for remedy in spec.get("remedies", []):
-            if result["ok"] or result["signal"] not in remedy.get("signals", []):
-                continue
-            again = attempt(spec, model, extra + args + list(remedy["args"]), log, env)
-            if again["ok"]:
-                again["remedy"] = remedy["id"]
-                again["first"] = result["reason"]
-                traps.append(remedy["id"])
-                extra += [a for a in remedy["args"] if a not in extra]
-                result = again
-                break
-        if worker is not None:
-            code = _stopped(worker)
-            if code is not None:
-                result.update(ok=False, signal=signal_name(code), exit=code,
-                              reason=f"ggml-rpc-server {'crashed (' + signal_name(code) + ')' if signal_name(code) else f'exited with status {code}'}"
-                                     f" while llama-server used it ({result['reason'] or 'the completion answered'})")
+        try:
+            result = _tried(spec, model, extra, args, log, env)
+        finally:
+            code = _stopped(worker) if worker is not None else None
+        if worker is not None and code is not None:
+            result.update(ok=False, signal=signal_name(code), exit=code,
+                          reason=f"ggml-rpc-server {'crashed (' + signal_name(code) + ')' if signal_name(code) else f'exited with status {code}'}"
+                                 f" while llama-server used it ({result['reason'] or 'the completion answered'})")
         result.update(name=run.get("name", "tiny"), model=model, tail=[] if result["ok"] else _tail(log))
         runs.append(result)
         if not result["ok"]:
             break
+        if result.get("remedy"):
+            traps.append(result["remedy"])
+            extra += [a for a in result["remedy_args"] if a not in extra]
     doc = {"key": spec.get("key"), "ok": bool(runs) and all(r["ok"] for r in runs),
            "seconds": round(time.monotonic() - start, 2), "runs": runs, "traps": traps, "server_args": extra}
     out = spec.get("out")
@@ -306,7 +315,22 @@ def smoke(spec: dict) -> dict:
     return doc
 
 
+def _tried(spec: dict, model: str, extra: list[str], args: list[str], log: str, env: dict) -> dict:
+    """One run: an attempt, and on a crash whose signal a remedy names, the attempt with it."""
+    result = attempt(spec, model, extra + args, log, env)
+    for remedy in spec.get("remedies", []):
+        if result["ok"] or result["signal"] not in remedy.get("signals", []):
+            continue
+        again = attempt(spec, model, extra + args + list(remedy["args"]), log, env)
+        if again["ok"]:
+            again.update(remedy=remedy["id"], remedy_args=list(remedy["args"]), first=result["reason"])
+            return again
+    return result
+
+
 def main(argv: list[str]) -> int:
+    # stopped from outside (the role's timeout): the finally blocks stop the servers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     if argv[1].startswith("{"):
         spec = json.loads(argv[1])
     else:

@@ -46,7 +46,7 @@ class LlamaServerState(FactBase):
                                  key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
         link = shlex.quote(build_link)
         return (f"echo build=$(readlink {link} 2>/dev/null); "
-                f"printf 'smoke=%s\\n' \"$(tr -d '\\n' < {link}/rigup-smoke.json 2>/dev/null)\"; "
+                f"printf 'smoke=%s\\n' \"$(cat {link}/rigup-smoke.json 2>/dev/null | tr -d '\\n')\"; "
                 + listed + "; ".join(probes + ["true"]))
 
     def process(self, output: list[str]) -> dict:

@@ -3,6 +3,7 @@ each instance's own flags, from the same argv as its drop-in. Pure: plan and dat
 
 from __future__ import annotations
 
+from rigup.gpu.plan import build_backend
 from rigup.models import serving
 from rigup.names import marker_path
 from roles.llama_server.command import argv, servers
@@ -12,12 +13,20 @@ from roles.llama_server.schema import instances
 
 def smoke_runs(plan: dict, data: dict, fleet=None) -> list[dict]:
     """One run per instance (its first server, with that server's environment): ``{name, marker,
-    args, env}``, ``args`` being llama-server's flags after ``-m MODEL``; none when nothing serves."""
+    args, env}``, ``args`` being llama-server's flags after ``-m MODEL``; none when nothing serves.
+    ``marker`` (the served model, when on disk) is left out, so that the tiny model answers, for an
+    instance split over RPC workers (the smoke runs alone) and, on a GPU build, for one already
+    serving (its model would be loaded a second time on the cards it fills)."""
     wanted, entries = serving(data, instances)
+    serving_now = set(plan.get("serving_units") or [])
+    gpu = build_backend(plan, data) == "cuda"
     runs = []
     for name, inst in sorted((wanted or {}).items()):
         entry = entries[inst["model"]]
-        first = servers(name, inst, layout(inst, entry, plan, data))[0]
+        servers_of = servers(name, inst, layout(inst, entry, plan, data))
+        first = servers_of[0]
         args = argv(name, first["inst"], "llama-server", "MODEL")[3:]
-        runs.append({"name": name, "marker": marker_path(entry["dest"]), "args": args, "env": first["env"]})
+        alone = not inst["rpc_workers"] and not (gpu and f"rigup-llama@{first['unit']}" in serving_now)
+        runs.append({"name": name, "marker": marker_path(entry["dest"]) if alone else None, "args": args,
+                     "env": first["env"]})
     return runs

@@ -1,7 +1,7 @@
 """Sources the lab serves to its hosts over the lab network, made from registry packages.
 
 - A git mirror of llama.cpp, made from the tree that the llama-cpp-python sdist on PyPI vendors
-  (vendor/llama.cpp), with three tags the tests build: ``lab-base`` (the vendored tree as is),
+  (vendor/llama.cpp), with the tags the tests build: ``lab-base`` (the vendored tree as is),
   ``lab-bump`` (one source file touched: a ref bump that ccache and make mostly reuse) and
   ``lab-broken`` (a syntax error: a ref that does not compile), and two made from ``lab-base`` by
   a few lines of patch to ``src/llama-context.cpp`` and ``src/llama-model.cpp`` (:data:`CRASHES`): ``lab-crash``, whose
@@ -16,6 +16,7 @@
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def llama_cpp_mirror() -> Path:
         lab.run("git", "clone", "-q", "--bare", work, staging)
         _git(staging, "update-server-info")
         SRV.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(MIRROR, ignore_errors=True)      # an older mirror, without the newer tags
         staging.rename(MIRROR)
     return MIRROR
 

@@ -140,3 +140,22 @@ def test_the_tiny_model_is_the_one_its_maker_writes(tmp_path):
     digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     assert digest(made) == digest(smoke_model.PATH)
     assert os.path.getsize(smoke_model.PATH) < 1_000_000
+
+
+@pytest.mark.parametrize("files", [["model-Q4_K_M.gguf", "mmproj-model-f16.gguf"],
+                                   ["Q8/x-00001-of-00002.gguf", "Q8/x-00002-of-00002.gguf", "Q4/y.gguf"],
+                                   ["../evil.gguf", "a\nb.gguf", "/abs.gguf", "ok.gguf"], ["x.json"], []])
+def test_the_smoke_loads_the_file_the_server_would(files):
+    from rigup.models import first_gguf
+    assert smoke.first_gguf(files) == first_gguf(files)
+
+
+def test_a_busy_gpu_or_rpc_instance_smokes_on_the_tiny_model():
+    from roles.llama_server.smoke import smoke_runs
+    data = {"models": {"m": {"repo": "o/r", "revision": "a" * 40}}, "models_dir": "/srv/models",
+            "llama_server_instances": {"glm": {"model": "m", "port": 8081}}, "llama_cpp_backend": "cpu"}
+    from rigup.config import role_defaults
+    for role in ("llama_server", "model_fetch", "llama_cpp", "preflight", "base"):
+        data = {**role_defaults(role), **data}
+    (run,) = smoke_runs({"cards": [], "serving_units": ["rigup-llama@glm"]}, data)
+    assert run["marker"].endswith("/.rigup-complete.json") and "-ngl" in run["args"]   # CPU build: its model
