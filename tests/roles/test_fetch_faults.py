@@ -52,7 +52,7 @@ def test_clean_reboot_mid_download_fetches_nothing_again(lab, hub, play, tmp_pat
     finally:
         hub_module.rate(0)
     part = int(on_host(lab, name, f"stat -c %s {DEST}/.rigup-fetch/parts/big.bin"))
-    ckpt = json.loads(on_host(lab, name, f"cat {DEST}/.rigup-fetch/parts/big.bin.ckpt"))
+    ckpt = json.loads(on_host(lab, name, f"cat {DEST}/.rigup-fetch/ckpt/big.bin"))
     stopped = progress(lab, name, DEST)
     assert stopped["state"] == "stopped" and "SIGTERM" in stopped["detail"], stopped
     assert ckpt["bytes"] == part and 0 < part < BIG
@@ -170,7 +170,7 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
     refused = [ln.strip() for ln in run.output.splitlines() if "refused: models.evil.repo" in ln]
     print("\n" + "\n".join(refused))
     for path in HOSTILE:
-        assert any(f"the hub lists {path!r}" in ln for ln in refused), path
+        assert any(f" lists {path!r}" in ln for ln in refused), path
     assert hub_module.bytes_served(h["address"]) == 0
     assert lab.ssh(name, f"test -e {dest}").returncode != 0
 
