@@ -48,7 +48,6 @@ NO_REPACK = ["--repack", "0"]
 # A shell's exit status for each of REPACK's signals (128 + N): the ones a ppN test is retried on.
 REPACK_CODES = tuple(sorted(128 + signal.Signals[name] for name in REPACK.condition["signals"]
                             if name in signal.Signals.__members__))
-_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")      # a bare server flag, as rigup-smoke.json's server_args
 _ATTEMPT = re.compile(r"##llama-bench(-retry)? (\S+) (\S+)")
 
 
@@ -155,7 +154,7 @@ def smoke_remedy(text: str | None) -> dict:
     def kept(key: str, pattern: re.Pattern) -> list[str]:
         values = doc.get(key) if passed else None
         return [v for v in values if isinstance(v, str) and pattern.fullmatch(v)] if isinstance(values, list) else []
-    return {"traps": kept("traps", traps.ID), "server_args": kept("server_args", _FLAG)}
+    return {"traps": kept("traps", traps.ID), "server_args": kept("server_args", traps.REMEDY_FLAG)}
 
 
 def repack_remedy(smoke: dict) -> bool:

@@ -1,17 +1,16 @@
 """What a host runs for llama_server, read in one round trip."""
 
 import json
-import re
 import shlex
 
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
+from rigup.traps import REMEDY_FLAG
 from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
-_REMEDY_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")   # a bare flag: nothing else enters a drop-in
 
 
 def remedy_flags(text: str | None) -> list[str]:
@@ -22,7 +21,7 @@ def remedy_flags(text: str | None) -> list[str]:
     except ValueError:
         return []
     flags = doc.get("server_args") if isinstance(doc, dict) and doc.get("ok") is True else None
-    return [f for f in flags if isinstance(f, str) and _REMEDY_FLAG.fullmatch(f)] if isinstance(flags, list) else []
+    return [f for f in flags if isinstance(f, str) and REMEDY_FLAG.fullmatch(f)] if isinstance(flags, list) else []
 
 
 class LlamaServerState(FactBase):
