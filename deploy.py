@@ -10,15 +10,13 @@ from pyinfra import host
 
 from rigup import lock, summary
 from rigup.config import check_host
-from rigup.refusal import Refusal
 from roles import in_order, preflight, steps
 
 summary.track(host.state)
 check_host(host)
 roles = in_order()
-holder = lock.hold(host)
-plan = preflight.run(roles, [Refusal("another controller converges this host", f"{holder} holds its lock",
-                                     "wait for that run to end, or stop it", "lock")] if holder else [])
+refused = lock.hold(host)
+plan = preflight.run(roles, [refused] if refused else [])
 if host not in host.state.failed_hosts:
     # pyinfra knows an operation across hosts by the line numbers of its call stack: without the
     # step's index (host.loop), two roles' operations on the same line of their own files would be

@@ -1,10 +1,14 @@
-"""One controller at a time per host: a converge holds the host's lock for as long as its SSH
-connection lives, and a second controller is refused, naming the first.
+"""One controller at a time per host: a converge holds the host's lock as a lease it renews, and a
+second controller is refused, naming the first.
 
 The lock is ``flock`` on ``/run/rigup/converge.flock``, held by a shell in an SSH channel of its
-own that only waits for the channel to close: when the run ends, or its controller dies, sshd
-closes the channel and the lock is free again; nothing can be left stale (a file-based lease would
-be, after a crash). Written here because pyinfra has no cross-run host lock."""
+own. The controller renews the lease every ``RENEW_S`` seconds (a newline down the channel); the
+shell lets go when the channel closes (the run ended, or its controller died: the kernel closes
+its TCP connection) or when no renewal came for ``LEASE_S`` seconds (a controller cut off by a
+partition, whose connection sshd would keep for hours). A waiter watches the lease: a renewal seen
+while it waits means a live holder (refused, naming it); none means a holder that is gone, whose
+lock it takes within the lease, naming it. Written here because pyinfra has no cross-run host
+lock."""
 
 from __future__ import annotations
 
@@ -13,44 +17,100 @@ import os
 import shlex
 import socket
 import sys
+import threading
 import time
 
-LOCK = "/run/rigup/converge.flock"
-OWNER = "/run/rigup/converge.owner"
-GRACE_S = 5  # seconds a converge waits for the lock before it is refused
+from rigup import summary
+from rigup.refusal import Refusal
+
+RUN_DIR = "/run/rigup"
+GRACE_S = 5    # seconds a waiter waits before a renewed lease refuses it (sshd may be ending a run)
+LEASE_S = 60   # seconds without a renewal after which a holder lets go
+RENEW_S = 10   # seconds between renewals
 _held: dict[str, object] = {}  # host name -> the open channel that holds its lock
 
 
-def holder_command(owner: str, sudo: bool = False) -> str:
-    """Shell that takes the lock and keeps it until its stdin closes (printing ``locked``), or
-    prints ``busy`` and who holds it."""
+def holder_command(owner: str, sudo: bool = False, lease: int = LEASE_S, run_dir: str = RUN_DIR) -> str:
+    """bash that takes the lock and keeps it while renewals (lines on stdin) come, printing
+    ``locked`` (and ``; took it from OWNER, ...`` after a holder whose lease lapsed), or prints
+    ``busy`` and who holds it."""
     q = shlex.quote
-    hold = f"printf '%s\\n' {q(owner)} > {OWNER}; echo locked; exec cat >/dev/null"
-    # a few seconds' grace: sshd may still be ending the channel of a run that just finished
-    inner = (f"mkdir -p /run/rigup && exec 9>>{LOCK} && "
-             f"if flock -w {GRACE_S} 9; then {hold}; else echo busy; cat {OWNER} 2>/dev/null; fi")
-    return ("sudo -n " if sudo else "") + f"sh -c {q(inner)}"
+    lock, own = q(f"{run_dir}/converge.flock"), q(f"{run_dir}/converge.owner")
+    lapsed = q(f"{run_dir}/converge.lapsed")
+    script = f"""
+mkdir -p {q(run_dir)} && exec 9>>{lock} || exit 1
+start=$(date +%s)
+until flock -n 9; do
+  waited=$(( $(date +%s) - start )); renewed=$(stat -c %Y {own} 2>/dev/null || echo 0)
+  if {{ [ "$renewed" -gt "$start" ] && [ "$waited" -ge {GRACE_S} ]; }} || [ "$waited" -ge {lease + GRACE_S} ]; then
+    echo busy; cat {own} 2>/dev/null; exit 0
+  fi
+  sleep 1
+done
+took=""
+if [ -s {lapsed} ]; then took="; took it from $(head -n1 {own} 2>/dev/null), $(cat {lapsed})"; fi
+printf '%s\\n' {q(owner)} > {own}; rm -f {lapsed}
+printf 'locked%s\\n' "$took"
+while :; do read -r -t {lease} _; r=$?; [ "$r" -eq 0 ] || break; touch {own}; done
+if [ "$r" -gt 128 ]; then
+  echo "whose lease lapsed (no renewal for {lease} s since $(date -r {own} '+%Y-%m-%d %H:%M:%S %Z'))" > {lapsed}
+else
+  rm -f {own}
+fi
+"""
+    return ("sudo -n " if sudo else "") + f"bash -c {q(script)}"
 
 
-def hold(host, timeout: float = 15) -> str | None:
-    """Take ``host``'s converge lock for the rest of this run. None when this run holds it (or the
-    host is not reached over SSH, or this is a --dry run, which changes nothing); else who holds it."""
-    client = getattr(host.connector, "client", None)
-    if client is None or "--dry" in sys.argv or host.name in _held:
-        return None
-    owner = (f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()}, since "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
-    channel = client.get_transport().open_session()
-    channel.exec_command(holder_command(owner, sudo=bool(host.data.get("_sudo"))))
-    channel.settimeout(timeout)
+def renew(channel, every: float = RENEW_S) -> None:
+    """Send a renewal down ``channel`` every ``every`` seconds until it closes (a thread: a
+    greenlet under pyinfra, whose gevent patches threading and time)."""
+    def loop():
+        while True:
+            time.sleep(every)
+            try:
+                channel.sendall(b"\n")
+            except Exception:  # noqa: BLE001 - any end of the channel ends the renewals
+                return
+
+    threading.Thread(target=loop, name="rigup-lock-renew", daemon=True).start()
+
+
+def _read_line(channel) -> bytes:
     answer = b""
     while b"\n" not in answer:
         chunk = channel.recv(1024)
         if not chunk:
             break
         answer += chunk
+    return answer
+
+
+def hold(host) -> Refusal | None:
+    """Take ``host``'s converge lock for the rest of this run. None when this run holds it (or the
+    host is not reached over SSH, or this is a --dry run, which changes nothing); else the refusal
+    naming who holds it, or saying the lock gave no answer."""
+    client = getattr(host.connector, "client", None)
+    if client is None or "--dry" in sys.argv or host.name in _held:
+        return None
+    owner = (f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()}, since "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
+    wait = LEASE_S + GRACE_S + 15
+    channel = client.get_transport().open_session()
+    channel.exec_command(holder_command(owner, sudo=bool(host.data.get("_sudo"))))
+    channel.settimeout(wait)
+    try:
+        answer = _read_line(channel)
+    except (socket.timeout, TimeoutError):
+        channel.close()
+        return Refusal("the converge lock gave no answer", f"{RUN_DIR}/converge.flock said nothing within {wait} s",
+                       "see that the host is not overloaded, then run again", "lock")
     if answer.startswith(b"locked"):
         _held[host.name] = channel
+        renew(channel)
+        took = answer.decode(errors="replace").strip().partition("; took it from ")[2]
+        if took:
+            summary.note(host.name, f"took the converge lock from {took}")
+            print(f"[{host.name}] took the converge lock from {took}", flush=True)
         return None
     text = answer.decode(errors="replace")
     try:
@@ -62,5 +122,9 @@ def hold(host, timeout: float = 15) -> str | None:
     except OSError:
         pass
     channel.close()
-    holder = text.partition("\n")[2].strip()
-    return holder or "another run (its owner did not say)"
+    if not text.startswith("busy"):
+        return Refusal("the converge lock could not be taken", text.strip()[:300] or "the lock's shell said nothing",
+                       "see that bash, flock and /run/rigup work on the host", "lock")
+    holder = text.partition("\n")[2].strip() or "another run (its owner did not say)"
+    return Refusal("another controller converges this host", f"{holder} holds its lock",
+                   "wait for that run to end, or stop it", "lock")

@@ -117,3 +117,17 @@ def fleet():
 def limit(hosts) -> list[str]:
     """pyinfra's ``--limit`` arguments for ``hosts`` (lab host dicts)."""
     return [arg for h in hosts for arg in ("--limit", h["name"])]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What each passed lab test printed (its figures: seconds, bytes, failed requests), at the end
+    of the run's log, which CI keeps; at most 40 lines a test."""
+    reports = [r for r in terminalreporter.stats.get("passed", [])
+               if r.when == "call" and "lab" in r.keywords and r.capstdout.strip()]
+    if reports:
+        terminalreporter.section("figures the lab tests printed")
+        for report in reports:
+            lines = report.capstdout.strip().splitlines()
+            terminalreporter.write_line(f"{report.nodeid} ({report.duration:.0f} s)")
+            for line in lines[-40:]:
+                terminalreporter.write_line(f"    {line}")

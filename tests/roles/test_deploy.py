@@ -45,27 +45,75 @@ def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_p
         lab.remove(broken)
 
 
-def test_a_second_controller_is_refused_naming_the_first(lab, second_converge):
-    """Another controller's run holds the host's converge lock (its own SSH channel, as rigup/lock.py
-    takes it): a converge of that host is refused, naming it, and changes nothing; once that run's
-    connection is gone the lock is free (nothing stale)."""
+def test_the_converge_lock_is_a_lease(lab, second_converge):
+    """Another controller holds the host's converge lock (its own SSH channel, as rigup/lock.py
+    takes it, from a network namespace of its own on the lab bridge, renewing every second with a
+    10 s lease): a converge is refused, naming it, and changes nothing. Its link is cut (``ip link
+    set ... down``): the next converge takes the lock within the lease, naming the stale holder. A
+    holder killed with -9: the next converge proceeds at once."""
     import subprocess
+    import threading
+    import time
 
     from rigup.lock import holder_command
     from tests.converge import converge, pyinfra
     host = lab.hosts()[0]["name"]
-    other = subprocess.Popen(lab.ssh_argv(host) + ["--", holder_command("ops@other-controller (pid 4242)")],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    netns, veth, address = f"{lab.NETNS}ctl", f"{lab.VETH}ctl", str(lab.SUBNET[250])
+    for cmd in (["netns", "add", netns], ["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns],
+                ["link", "set", veth, "master", lab.BRIDGE, "up"],
+                ["-n", netns, "addr", "add", f"{address}/{lab.SUBNET.prefixlen}", "dev", "eth0"],
+                ["-n", netns, "link", "set", "eth0", "up"], ["-n", netns, "link", "set", "lo", "up"]):
+        lab.run("ip", *cmd)
+
+    def holder(owner, netns=None, lease=10):
+        argv = (["ip", "netns", "exec", netns] if netns else []) + lab.ssh_argv(host) + [
+            "--", holder_command(owner, lease=lease)]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("locked")
+        return proc
+
+    def renewing(proc):
+        def loop():
+            while proc.poll() is None:
+                try:
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                except OSError:
+                    return
+                time.sleep(1)
+        threading.Thread(target=loop, daemon=True).start()
+
+    refused = "another controller converges this host"
+    partitioned = holder("ops@partitioned-controller (pid 4242)", netns)
     try:
-        assert other.stdout.readline().strip() == "locked"
+        renewing(partitioned)
         run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host)
         assert run.returncode != 0
-        assert (f"[{host}] refused: another controller converges this host: ops@other-controller (pid 4242) "
-                "holds its lock") in run.output, run.output[-3000:]
+        assert (f"[{host}] refused: {refused}: ops@partitioned-controller (pid 4242) holds its lock") in run.output, \
+            run.output[-3000:]
         assert "Starting operation" not in run.output
+        print(f"\na live holder (renewing): refused in {run.seconds:.1f} s")
+
+        lab.run("ip", "link", "set", veth, "down")      # its renewals stop arriving; its TCP stays open
+        cut = time.monotonic()
+        run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host)
+        waited = time.monotonic() - cut
+        assert run.returncode == 0, run.output[-3000:]
+        took = re.search(rf"\[{host}\] took the converge lock from ops@partitioned-controller \(pid 4242\), "
+                         r"whose lease lapsed \(no renewal for 10 s since [^)]+\)", run.output)
+        assert took, run.output[-3000:]
+        assert waited < 10 + 30, waited      # the lease, and a converge with nothing to do
+        print(f"a holder cut off: the next converge took the lock and ended {waited:.1f} s after the cut: "
+              f"{took.group(0)}")
     finally:
-        other.stdin.close()          # that run ends: its channel closes, the lock is free
-        other.wait(timeout=30)
+        partitioned.kill()
+        lab.run("ip", "netns", "del", netns, check=False)
+        lab.run("ip", "link", "del", veth, check=False)
+
+    killed = holder("ops@killed-controller (pid 4343)")
+    killed.kill()                                       # kill -9 of the controller's side of the channel
+    killed.wait(timeout=10)
     again = converge("inventory/lab.py", "--limit", host)
     assert again.totals["changed"] == 0
-    print(f"\nrefused while another controller held the lock; {again.seconds:.1f} s converge after it let go")
+    assert "took the converge lock" not in again.output
+    print(f"a holder killed with -9: the next converge proceeded at once ({again.seconds:.1f} s, nothing to do)")

@@ -1,0 +1,71 @@
+"""rigup/lock.py's lease, its shell run here by bash (a run directory of the test's own): a holder
+that renews keeps a waiter out, naming it; one that stops renewing lets a waiter in within its
+lease, named as the holder it took the lock from; one killed with -9 lets go at once."""
+
+import os
+import signal
+import subprocess
+import time
+
+from rigup.lock import GRACE_S, holder_command, renew
+
+LEASE = 3
+
+
+class Pipe:
+    """A holder's stdin as the channel renew() writes to."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def sendall(self, data):
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+
+def start(owner, run_dir):
+    proc = subprocess.Popen(["bash", "-c", holder_command(owner, lease=LEASE, run_dir=str(run_dir))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    return proc
+
+
+def answer(proc, timeout=30):
+    t0 = time.monotonic()
+    first = proc.stdout.readline().decode().strip()
+    return first, time.monotonic() - t0
+
+
+def test_lease_live_holder_lapsed_holder_killed_holder(tmp_path):
+    live = start("ops@a (pid 1)", tmp_path)
+    assert answer(live)[0] == "locked"
+    renew(Pipe(live), every=0.5)
+    waiter = start("ops@b (pid 2)", tmp_path)
+    line, seconds = answer(waiter)
+    rest = waiter.communicate(timeout=30)[0].decode()
+    print(f"\nlive holder: the waiter was refused after {seconds:.1f} s: {line} {rest.strip()}")
+    assert line == "busy" and rest.strip() == "ops@a (pid 1)"
+    assert GRACE_S - 1 <= seconds < GRACE_S + 6   # a loaded machine: the next renewal, a second
+
+    # the renewals stop (a controller cut off): the next one is let in within the lease
+    pipe, live.stdin = live.stdin, open(os.devnull, "wb")   # renew()'s writes go nowhere from now on
+    t0 = time.monotonic()
+    taker = start("ops@c (pid 3)", tmp_path)
+    line, _ = answer(taker)
+    seconds = time.monotonic() - t0
+    print(f"stale holder: let in after {seconds:.1f} s: {line}")
+    assert line.startswith("locked; took it from ops@a (pid 1), whose lease lapsed (no renewal for 3 s since ")
+    assert seconds < LEASE + 5
+    assert live.wait(timeout=5) == 0
+    pipe.close()
+
+    # a holder killed with -9: the next one is let in at once, and names nobody
+    taker.send_signal(signal.SIGKILL)
+    taker.wait(timeout=5)
+    t0 = time.monotonic()
+    after = start("ops@d (pid 4)", tmp_path)
+    line, _ = answer(after)
+    print(f"killed holder: let in after {time.monotonic() - t0:.1f} s: {line}")
+    assert line == "locked" and time.monotonic() - t0 < 4
+    after.stdin.close()                          # a run that ends: the lock is free, its owner gone
+    assert after.wait(timeout=5) == 0
+    assert not (tmp_path / "converge.owner").exists()
