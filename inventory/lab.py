@@ -48,6 +48,7 @@ none = _profile_group("none")
 lab = ([_host(h) for h in _lab["hosts"]], {
     "llama_cpp_source": f"http://{_lab.get('gateway')}:8000/llama.cpp.git",
     "hf_endpoint": f"http://{_lab.get('gateway')}:8090",
+    "hf_endpoint_insecure": True,                    # the lab hub is http:// on the lab's own network
     **_group_vars("lab"),
 })
 

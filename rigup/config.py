@@ -13,15 +13,16 @@ once, in its role's ``defaults.yml``, with a comment above it that ends in its f
 Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
 digits, ``_.-``), ``address`` (an IP address or host name), ``batch`` (a count >= 1 or a share, ``"25%"``), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
-``int A..B`` / ``float A..B`` (either end may be left out); ``one of a|b|c``; ``list of T``;
-and a trailing ``or null``. No value holds a control character (a newline, NUL ...): values end
-up in units, env files and command lines. :func:`check_host` validates a host's merged data against them and
+``int A..B`` / ``float A..B`` (either end may be left out; NaN and infinities are never a
+number of a form); ``one of a|b|c``; ``list of T``; and a trailing ``or null``. No value holds
+a control character (a newline, NUL ...): values end up in units, env files and command lines. :func:`check_host` validates a host's merged data against them and
 raises :class:`ConfigError` naming the file, the key and the expected form.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import posixpath
 import re
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class Form:
             if self.kind in ("str", "name", "path", "file") and isinstance(value, (int, float)):
                 hint = ' (a number: quote it, e.g. --data \'key="12.8"\' on the command line)'
             return f"got {value!r} ({type(value).__name__}){hint}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"got {value!r}: not a finite number"
         control = control_character(value)
         if control:
             return control
@@ -110,6 +113,10 @@ class Form:
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
 ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
+# A git URL git reads as one, never an option or another transport (ext::): scheme://, or
+# user@host:path; roles/vllm takes fewer (no http:// or git://).
+GIT_URL = re.compile(r"(https?|git|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*"
+                     r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9_.-]*:[A-Za-z0-9_.~/][^\s'\"\\;`$]*")
 # A batch of hosts: a count (an int >= 1) or a share of them ("25%": 1% to 100%).
 BATCH = re.compile(r"([1-9][0-9]?|100)%")
 _PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")

@@ -29,6 +29,8 @@ from pyinfra import logger
 from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
+from rigup.names import bind_scope
+
 # The unit's properties each poll reads (``systemctl show -p ...``).
 SHOW = ("ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
         "ExecMainExitTimestampMonotonic", "InvocationID", "NRestarts")
@@ -49,7 +51,8 @@ _INVOCATION = re.compile(r"[0-9a-f]{32}")
 def endpoint(bind: str, port: int) -> str:
     """The URL a client on the host reaches a server bound to ``bind`` at: its own address, or
     loopback for a wildcard bind; IPv6 in brackets."""
-    address = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1", "localhost": "127.0.0.1"}.get(bind, bind)
+    wildcard = bind_scope(bind) == "wildcard"
+    address = "::1" if wildcard and ":" in bind else "127.0.0.1" if wildcard or bind == "localhost" else bind
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
@@ -211,8 +214,8 @@ def _field(trap, name: str, index: int | None):
 
 def trap_hints(traps, crash_signal: str | None) -> list[str]:
     """``known trap that may match: ID (REF): SUMMARY; fix: FIX`` for each of ``traps`` that may
-    match a crash on ``crash_signal`` (SIGSEGV): a trap whose ``condition`` has ``signal`` equal to
-    it (SEGV, SIGSEGV or 11; a list of them), or one given without a condition (a tuple
+    match a crash on ``crash_signal`` (SIGSEGV): a trap whose ``condition`` has ``signals`` (as
+    the traps.yml catalogues write it) or ``signal`` equal to it (SEGV, SIGSEGV or 11; a list of them), or one given without a condition (a tuple
     ``(id, summary, fix)``: the caller chose it for this unit). ``traps``: tuples, mappings or
     objects with ``id``, ``ref``, ``summary``, ``condition`` and ``remedy.fix`` (or ``fix``),
     as rigup.traps.Trap; read duck-typed. None for an exit that is not a signal's."""
@@ -222,7 +225,7 @@ def trap_hints(traps, crash_signal: str | None) -> list[str]:
     for trap in traps or ():
         condition = _field(trap, "condition", 3)
         if condition is not None:
-            wanted = condition.get("signal") if isinstance(condition, Mapping) else None
+            wanted = condition.get("signals", condition.get("signal")) if isinstance(condition, Mapping) else None
             wanted = wanted if isinstance(wanted, (list, tuple)) else [] if wanted is None else [wanted]
             if crash_signal not in {_signal(w) for w in wanted}:
                 continue

@@ -67,8 +67,36 @@ SERVING_KEYS: dict[str, Key] = {
     "port": Key("int 1..65535", doc="the port it listens on (--port)"),
     "host": Key("address", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
     "api_key": Key("bool", False, "check a random key made on the host (read by the health gate there)"),
-    "extra_args": Key("list of str", [], "more arguments of the server, one per item"),
+    "extra_args": Key("list of str", [], "more arguments of the server, one per item; never a flag rigup sets "
+                                         "from the other keys (--host, --port, the model, the API key, the name)"),
 }
+
+_FLAG = re.compile(r"(\S*?)(=|\s+|$)(.*)", re.S)   # an item of extra_args: flag, "=" or blanks, value
+
+
+def flag_values(args: list[str], flags, abbrev: bool = False) -> list[tuple[str, str | None]]:
+    """(flag, value) for each of ``flags`` in ``args`` (extra_args), in order, spelled ``-sm row``
+    (two items), ``--split-mode=row`` or ``-sm row`` (one item); value None when none follows.
+    ``abbrev``: as vLLM's argparse reads them too, ``--served_model_name`` and ``--serv``."""
+    found = []
+    for i, arg in enumerate(args):
+        head, sep, tail = _FLAG.fullmatch(str(arg)).groups()
+        if abbrev and head.startswith("--") and head not in flags:
+            head = "--" + head[2:].replace("_", "-")
+            head = head if head in flags else next((f for f in flags if len(head) > 3 and f.startswith(head)), head)
+        if head in flags:
+            found.append((head, tail.strip() if sep else (args[i + 1] if i + 1 < len(args) else None)))
+    return found
+
+
+def owned_flag_problems(args: list[str], owned: dict, where: str, abbrev: bool = False) -> list[tuple[str, str]]:
+    """(``WHERE.extra_args``, why) for each flag of ``owned`` (flag -> the key rigup sets it from;
+    None: the instance's name) given in ``args``: the last one given wins, so it would undo what
+    rigup set and checked (the bind, the port, the model, the key)."""
+    return [(f"{where}.extra_args", f"gives {flag}, which rigup sets from "
+             + (f"{where}.{owned[flag]}: drop it from extra_args and set {owned[flag]}" if owned[flag] else
+                "the instance's name: drop it from extra_args")) for flag, _ in flag_values(args, owned, abbrev)]
+
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -122,6 +150,17 @@ def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
     return []
 
 
+def repo_id(repo: str) -> bool:
+    """Whether ``repo`` is a hub repo id ``org/name``, as huggingface_hub validates one."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return False
+    return repo.count("/") == 1 and repo.isascii()
+
+
 def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     """The host's ``models``, normalised with their ``dest``, and (key path, problem) for each
     entry that is wrong; an entry with a problem is left out of the result."""
@@ -132,6 +171,10 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     for name, raw in (data.get("models") or {}).items():
         where = f"models.{name}"
         entry, found = normalise(raw, MODEL, where, name=name)
+        if "repo" in entry and not repo_id(entry["repo"]):
+            found.append((f"{where}.repo", f"expected the hub's org/name (ASCII letters, digits, '-', '_', '.'; "
+                                           f"no '--' or '..'; not starting or ending with '-' or '.'), "
+                                           f"got {entry['repo']!r}"))
         if entry.get("family") is not None and entry["family"] not in families:
             found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
                                              f"(its families: {', '.join(families)})"))

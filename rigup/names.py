@@ -10,11 +10,15 @@
   downloads (roles/model_fetch) and of the watchdog (roles/watchdog): :data:`FETCH_METRICS`,
   :data:`WATCHDOG_METRICS`
 - the serving instances' API key files: :data:`LLAMA_KEY`, :data:`VLLM_KEY`
+- whether a bind address serves this host only, every interface or others: :func:`bind_scope`
 - the tok/s the health gate measured at a serving unit's (re)start (rigup/gate.py writes it, the
   watchdog's default floor reads it): :func:`gate_record`
 """
 
 from __future__ import annotations
+
+import ipaddress
+import socket
 
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
@@ -50,8 +54,28 @@ def guard_file(data: dict) -> str:
     """The GPU guard's tripped file: ``{rigup_state_dir}/gpu-guard.tripped``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard.tripped"
 
-# Addresses that serve only this host: an instance bound to another needs a key or an allow-list.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+def bind_scope(address) -> str:
+    """What a server bound to ``address`` serves, the one test of every bind: ``"loopback"`` (this
+    host only: 127.0.0.0/8, ::1, localhost), ``"wildcard"`` (every interface: 0.0.0.0, ::, ::0,
+    0:0:0:0:0:0:0:0, "0", IPv4-mapped forms, "" and "*") or ``"beyond"`` (an address others reach,
+    or a host name: whatever it resolves to). An instance bound beyond loopback needs a key or an
+    allow-list."""
+    text = str(address or "").strip().removeprefix("[").removesuffix("]")
+    if text in ("", "*"):
+        return "wildcard"
+    if text == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        try:   # the other numeric forms a server's getaddrinfo reads: "0", "127.1", "0x7f000001"
+            ip = ipaddress.IPv4Address(socket.inet_aton(text))
+        except OSError:
+            return "beyond"
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return "wildcard" if ip.is_unspecified else "loopback" if ip.is_loopback else "beyond"
+
 
 # Backends a serving role puts behind the balancer (roles/balancer reads them): one JSON file per
 # replicated instance, {"bind", "port", "servers": [[name, address, port], ...]}.

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
-from rigup.names import LOOPBACK
+from rigup.names import bind_scope
+from rigup.units import replica_port
 
 FIX_CONFIG = ("correct it where it is set (group_vars, inventory host data or --data); "
               "roles/*/defaults.yml and roles/*/schema.py document each key")
@@ -74,25 +75,30 @@ def needs_systemd(facts: dict, needs: list[str]) -> list[Refusal]:
 
 def serving_exposure(var: str, instances: dict) -> list[Refusal]:
     """Refusals for serving instances (``var``: llama_server_instances, vllm_instances) bound
-    beyond loopback without an API key (``host``, or ``--host`` in extra_args: the servers check
-    no key by default, and anyone on the network could use the GPUs), or given a key on their
-    command line (it would land in argv and in the world-readable drop-in)."""
-    found = []
-    for name, inst in instances.items():
-        args = inst["extra_args"]
-        hosts = [inst["host"]] + [a.split("=", 1)[1] for a in args if a.startswith("--host=")]
-        hosts += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--host"]
-        where = f"{var}.{name}"
-        if not inst["api_key"] and any(h not in LOOPBACK for h in hosts):
-            found.append(Refusal(f"{where} listens on {', '.join(h for h in hosts if h not in LOOPBACK)} "
-                                 "without an API key", "a non-loopback address serves anyone who can reach it",
-                                 f"set {where}.api_key: true, or host: 127.0.0.1", "open_without_key"))
-        if any(a.split("=", 1)[0] in ("--api-key", "--api-key-file") for a in args):
-            found.append(Refusal(f"{where}.extra_args gives an API key", "a key on the command line is in every "
-                                 "process listing and in the unit's drop-in, which any user can read",
-                                 f"drop it from extra_args and set {where}.api_key: true (a key made on the host)",
-                                 "open_without_key"))
-    return found
+    beyond loopback (rigup.names.bind_scope) without an API key: the servers check no key by
+    default, and anyone on the network could use the GPUs. (``--host`` and a key in extra_args are
+    refused with the instance's other keys: rigup owns those flags.)"""
+    return [Refusal(f"{var}.{name} listens on {inst['host']} without an API key",
+                    "an address beyond loopback serves anyone who can reach it"
+                    + (" (a wildcard: every interface)" if bind_scope(inst["host"]) == "wildcard" else ""),
+                    f"set {var}.{name}.api_key: true, or host: 127.0.0.1", "open_without_key")
+            for name, inst in instances.items() if not inst["api_key"] and bind_scope(inst["host"]) != "loopback"]
+
+
+def serving_ports(where: str, server: str, inst: dict, servers: int) -> list[Refusal]:
+    """Refusals for a serving instance whose servers (``servers``: one on its port, or N replicas
+    on port + 1 + K behind the balancer) would listen outside 1024..65535: they run as the
+    unprivileged rigup user, who cannot bind a port below 1024."""
+    ports = [inst["port"]] if servers <= 1 else [replica_port(inst, k) for k in range(servers)]
+    span = f"port {ports[0]}" if len(ports) == 1 else f"ports {ports[0]}..{ports[-1]} of its {servers} replicas"
+    if ports[-1] > 65535:
+        return [Refusal(f"{where}.replicas: {servers} replicas from port {inst['port']}",
+                        f"replica K listens on port + 1 + K: {span}, past 65535",
+                        f"lower {where}.port or {where}.replicas", "ports")]
+    if ports[0] < 1024:
+        return [Refusal(f"{where}.port: {span} below 1024", f"{server} runs as the unprivileged rigup user, "
+                        "who cannot bind a privileged port", f"set {where}.port to 1024 or above", "ports")]
+    return []
 
 
 def gpus_text(indexes: list) -> str:

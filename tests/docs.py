@@ -43,8 +43,9 @@ def refusal_table() -> str:
     """One row per refusal: the role that owns it, the check, what it refuses."""
     rows = ["| role | check | refused, before any host changes |", "| --- | --- | --- |",
             "| (every variable) | `rigup/config.py` | An unknown key (with a did-you-mean), a value not of its form "
-            "(type, range, choices), a name, address or path that is not one, a control character in any "
-            "value; the run stops before any host is touched. |"]
+            "(type, range, choices), NaN or an infinity for a number, a port below 1024 for a unit that runs "
+            "unprivileged, a name, address or path that is not one, a control character in any value; the "
+            "run stops before any host is touched. |"]
     owners = [("preflight", preflight_checks.check_gpu_host), ("preflight", preflight_checks.port_refusals)]
     for role in in_order():
         owners += [(role.__name__.split(".")[-1], check) for check in (*getattr(role, "CHECKS", ()), *getattr(role, "FLEET_CHECKS", ()))]

@@ -25,6 +25,9 @@ from rigup.state import read_once, reading
 from rigup.templates import render
 from rigup.config import role_defaults
 from rigup.gpu.facts import Systemd
+from roles.base.checks import CHECKS
+
+__all__ = ["apply", "CHECKS"]
 
 
 class PasswdEntry(FactBase):

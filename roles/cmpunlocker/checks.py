@@ -19,8 +19,8 @@ from roles.cmpunlocker.steps import config_problems
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """The unlocker's source: a git URL with a full 40-hex commit, or a tarball whose sha256 matches
-    on the controller."""
+    """The unlocker's source: a git URL (one git reads as no option) with a full 40-hex commit, or
+    a tarball whose sha256 matches on the controller."""
     return config_refusals(config_problems(data))
 
 

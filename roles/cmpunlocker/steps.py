@@ -18,6 +18,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from rigup.config import GIT_URL
 from rigup.gpu.catalogue import card_by_pci_id
 
 UNLOCKER_MODULE_DIR = "/updates/cmpunlocker/"     # where its installer puts nvidia.ko
@@ -65,6 +66,9 @@ def config_problems(data: dict) -> list[tuple[str, str]]:
     if not source:
         found.append(("cmpunlocker_source", "cmpunlocker_enabled needs cmpunlocker_source (a git URL) with "
                                             "cmpunlocker_version, or cmpunlocker_archive with its sha256"))
+    elif not GIT_URL.fullmatch(str(source)):
+        found.append(("cmpunlocker_source", f"expected a git URL (https://, ssh://, file:// or user@host:path), "
+                                            f"got {source!r} (git clone would read it as an option)"))
     if not version or not _HEX40.fullmatch(str(version)):
         found.append(("cmpunlocker_version", f"expected a full 40-hex commit id, got {version!r} "
                                              "(a branch or tag moves; forks force-push)"))

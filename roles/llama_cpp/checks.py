@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
+from rigup.config import GIT_URL
 from rigup.refusal import Refusal, config_refusals
 
 REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
-GIT_URL = re.compile(r"(https?|git|ssh|file)://[^\s'\"\\;`$]+|[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+:[^\s'\"\\;`$]+")
 
 
 def check_source(plan: dict, facts: dict, data: dict) -> list[Refusal]:

@@ -4,7 +4,8 @@ rigup/refusal.py), and the ports its instances take.
     check_config            an entry of llama_server_instances that is wrong, by key path
     check_open_without_key  an instance bound beyond loopback without an API key
     check_vram              a model plus its KV cache larger than the VRAM of its cards (a replica's)
-    check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken
+    check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken,
+                            a server's port outside 1024..65535
     check_split_mode_row    -sm row for a model family known to fail with it
     check_traps             an instance that meets a known llama.cpp trap of roles/llama_server/traps.yml
                             (flash attention without a CUDA kernel for its KV cache types, a
@@ -27,12 +28,13 @@ from pathlib import Path
 from rigup import traps
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import build_backend, cards_gib_text, gpu_count, vram_cards
-from rigup.models import models
-from rigup.refusal import FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.models import flag_values, models
+from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure,
+                           serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import had_replicas, replica_name, replica_port
 from roles.llama_server.replicas import layout, layout_text, need_gib
-from roles.llama_server.schema import CACHE_TYPES, flag_values, instances
+from roles.llama_server.schema import CACHE_TYPES, instances
 
 _SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
 TRAPS_FILE = Path(__file__).resolve().with_name("traps.yml")
@@ -82,13 +84,14 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a
-    model not in models, a bad tensor_split."""
+    model not in models, a bad tensor_split, or extra_args giving a flag rigup sets (--host, --port,
+    -m/--model, -hf, --api-key, --api-key-file, --alias, --rpc, the KV cache types; ``--port=1`` too)."""
     return config_refusals(instances(data, gpu_count(plan))[1])
 
 
 def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """An instance bound beyond loopback (host, or --host in extra_args) without api_key, or an API
-    key in extra_args."""
+    """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
+    ::0) without api_key."""
     return serving_exposure("llama_server_instances", _instances(plan, data))
 
 
@@ -123,12 +126,14 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """More replicas x gpus_per_replica than the host has GPUs, or a replica whose unit name
-    (NAME-K) is another instance's."""
+    """More replicas x gpus_per_replica than the host has GPUs, a replica whose unit name
+    (NAME-K) is another instance's, or a server's port outside 1024..65535 (its port, or a
+    replica's port + 1 + K: llama-server runs as the unprivileged rigup user)."""
     found = []
     all_layouts = layouts(plan, data)
     for name, (inst, lay) in all_layouts.items():
         where = f"llama_server_instances.{name}"
+        found += serving_ports(where, "llama-server", inst, lay.replicas)
         if lay.problem:
             found.append(Refusal(f"{where} cannot be laid out: {layout_text(name, lay)}", lay.problem,
                                  f"lower {where}.replicas or gpus_per_replica, or set them to auto", "replicas"))

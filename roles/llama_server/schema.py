@@ -1,7 +1,8 @@
 """The form of an entry of ``llama_server_instances`` (name -> instance), with each key's
 default and meaning; :func:`instances` reads them normalised, with problems by key path.
 
-Adding a llama-server flag: a key here, its argument in command.py (``argv``), a test.
+Adding a llama-server flag: a key here, its argument in command.py (``argv``), the flag in
+OWNED_FLAGS (extra_args may not give it again), a test.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 
 from rigup.entries import Key, auto_or_count
-from rigup.models import SERVING_KEYS, ServingInstance
+from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 
 # llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
@@ -64,21 +65,13 @@ LLAMA_INSTANCE: dict[str, Key] = {
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
-_FLAG = re.compile(r"(\S*?)(=|\s+|$)(.*)", re.S)   # an item of extra_args: flag, "=" or blanks, value
-# llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused).
+# llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
+# flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k",
-               "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v"}
-
-
-def flag_values(args: list[str], flags) -> list[tuple[str, str | None]]:
-    """(flag, value) for each of ``flags`` in ``args`` (extra_args), in order, spelled ``-sm row``
-    (two items), ``--split-mode=row`` or ``-sm row`` (one item); value None when none follows."""
-    found = []
-    for i, arg in enumerate(args):
-        head, sep, tail = _FLAG.fullmatch(str(arg)).groups()
-        if head in flags:
-            found.append((head, tail.strip() if sep else (args[i + 1] if i + 1 < len(args) else None)))
-    return found
+               "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v",
+               "--host": "host", "--port": "port", "--api-key": "api_key", "--api-key-file": "api_key",
+               "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model",
+               "-hfr": "model", "--hf-repo": "model", "--rpc": "rpc_workers", "-a": None, "--alias": None}
 
 
 def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
@@ -87,9 +80,7 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, Llama
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
                  for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
-        found += [(f"{where}.extra_args", f"gives {flag}: rigup sets it from {where}.{OWNED_FLAGS[flag]}; drop it "
-                                          f"from extra_args and set {OWNED_FLAGS[flag]}")
-                  for flag, _ in flag_values(entry["extra_args"], OWNED_FLAGS)]
+        found += owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
         if found or entry.get("tensor_split") is None:
             return found
         split = entry["tensor_split"].replace(" ", "")

@@ -7,8 +7,8 @@ rigup/refusal.py), and the ports its units take.
 
 from __future__ import annotations
 
+from rigup.names import bind_scope
 from rigup.refusal import Port, Refusal, needs_systemd
-from roles.metrics.prometheus import WILDCARDS
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
@@ -24,12 +24,13 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
 
 
 def check_addresses(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """metrics_address or prometheus_address that is a wildcard (0.0.0.0, ::): the exporters and
-    Prometheus bind one address, the host's inventory address or loopback."""
+    """metrics_address or prometheus_address that is a wildcard (0.0.0.0, ::, ::0, 0:0:0:0:0:0:0:0):
+    the exporters and Prometheus bind one address, the host's inventory address or loopback."""
     return [Refusal(f"{key} is {data[key]}", "a wildcard serves the host's metrics on every interface, "
                     "public ones too", f"set {key} to one address of the host, or null for its inventory address",
                     "addresses")
-            for key in ("metrics_address", "prometheus_address") if data.get(key) in WILDCARDS]
+            for key in ("metrics_address", "prometheus_address")
+            if data.get(key) is not None and bind_scope(data[key]) == "wildcard"]
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:

@@ -17,8 +17,8 @@ import json
 import yaml
 
 from rigup.gate import endpoint
+from rigup.names import bind_scope
 
-WILDCARDS = ("0.0.0.0", "::", "[::]", "*")
 LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
 # Files Prometheus reads, by name (relative names in prometheus.yml: resolved against its directory,
 # so that a candidate set is checked in a directory of its own before it replaces the live one).
@@ -82,8 +82,7 @@ def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:
         if not data.get("metrics_enabled"):
             continue
         address = bind_address(name, data, "metrics_address")
-        ip = _ip(address)
-        if ip is not None and ip.is_loopback and name != me:
+        if bind_scope(address) == "loopback" and name != me:
             continue
         host = url_host(address)
         node.append({"targets": [f"{host}:{data['metrics_node_exporter_port']}"], "labels": {"host": name}})
@@ -91,13 +90,6 @@ def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:
                    "labels": {"host": name, "llama_instance": inst, "instance": f"{name}/{inst}",
                               "__metrics_path__": f"/metrics/{inst}"}} for inst in llama_instances(data)]
     return {NODE_TARGETS: node, LLAMA_TARGETS: llama}
-
-
-def _ip(address: str):
-    try:
-        return ipaddress.ip_address(address)
-    except ValueError:
-        return None
 
 
 def prometheus_yml(data: dict) -> dict:

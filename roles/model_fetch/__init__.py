@@ -42,7 +42,8 @@ model's state in its row (facts.py ``progress_command``: progress.json, the mark
 
 Variables (roles/model_fetch/defaults.yml): models_dir, models (entry form: rigup/models.py
 MODEL, shared with the serving roles), models_allow_unpinned, hf_endpoint (else HF_ENDPOINT of
-the controller's environment), model_fetch_hf_token_src,
+the controller's environment; https://, or http:// with hf_endpoint_insecure and no token),
+hf_endpoint_insecure, model_fetch_hf_token_src,
 model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_stall_timeout,
 model_fetch_wait_timeout, model_fetch_wait_interval, models_keep_previous; rigup_user and
 rigup_prefix (roles/base).

@@ -4,7 +4,8 @@ nothing, an incomplete shard set, a peer without the model) the role refuses its
 any byte, from its own probe.
 
     check_config    an entry of models that is wrong, by key path
-    check_endpoint  hf_endpoint that is not an http(s) URL
+    check_endpoint  hf_endpoint that is not an https:// URL (http:// only with hf_endpoint_insecure,
+                    never with a token)
     check_disk      a model (size_gib) larger than the free disk where it goes; the files of
                     another revision at dest do not count (a revision change fetches next to it)
 """
@@ -18,24 +19,33 @@ from rigup.names import revision_dir
 from rigup.refusal import Refusal, config_refusals
 
 GIB = 1024 ** 3
-ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
+ENDPOINT = re.compile(r"(https?)://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """An entry of models that is wrong: its name, an unknown or mistyped key, a revision that is
-    not a full commit, an unknown family."""
+    """An entry of models that is wrong: its name, an unknown or mistyped key, a repo that is not
+    the hub's org/name, a revision that is not a full commit, an unknown family."""
     return config_refusals(models(data)[1])
 
 
 def check_endpoint(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """hf_endpoint that is not an http(s) URL (the download job sends the hub token there).
+    """hf_endpoint that is not an https:// URL (the download job sends the hub token there), or
+    http:// without hf_endpoint_insecure, which never goes with model_fetch_hf_token_src.
 
     Without hf_endpoint, the controller's HF_ENDPOINT is judged (rigup.models.hub_endpoint)."""
-    endpoint = hub_endpoint(data)
-    if ENDPOINT.fullmatch(endpoint):
-        return []
+    endpoint, insecure = hub_endpoint(data), data.get("hf_endpoint_insecure") is True
     origin = "" if data.get("hf_endpoint") else " (from HF_ENDPOINT in the controller's environment)"
-    return config_refusals([("hf_endpoint", f"expected an http:// or https:// URL, got {endpoint!r}{origin}")])
+    url = ENDPOINT.fullmatch(endpoint)
+    if not url:
+        return config_refusals([("hf_endpoint", f"expected an https:// URL, got {endpoint!r}{origin}")])
+    if url.group(1) == "http" and not insecure:
+        return config_refusals([("hf_endpoint", f"{endpoint!r}{origin} is http://: listings, files and a token "
+                                                "would travel in clear; use https://, or set hf_endpoint_insecure: "
+                                                "true for a hub on a trusted network (never with a token)")])
+    if insecure and data.get("model_fetch_hf_token_src"):
+        return config_refusals([("hf_endpoint_insecure", "true with model_fetch_hf_token_src: a token is never "
+                                                         "sent to a hub that may be http://; drop one of them")])
+    return []
 
 
 def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:

@@ -47,7 +47,10 @@ calls: list[tuple] = []            # what was asked of the hub this run, in orde
 
 def token(data: dict) -> str | None:
     """The hub token the hosts get: ``model_fetch_hf_token_src`` (a file on the controller), else
-    ``HF_TOKEN`` or the token ``hf auth login`` stored (huggingface_hub's own order)."""
+    ``HF_TOKEN`` or the token ``hf auth login`` stored (huggingface_hub's own order); none with
+    ``hf_endpoint_insecure`` (a token never travels in clear; preflight refuses a token file with it)."""
+    if data.get("hf_endpoint_insecure") is True:
+        return None
     if data.get("model_fetch_hf_token_src"):
         return Path(data["model_fetch_hf_token_src"]).read_text()
     from huggingface_hub import get_token

@@ -2,13 +2,14 @@
 and the ports its instances take.
 
     check_config    an entry of vllm_instances that is wrong, by key path
-    check_open_without_key  bound beyond loopback without an API key, or a key on its command line
-    check_pin       vLLM not pinned to an exact version or a full commit; a patch series that does
-                    not match its sha256 manifest on the controller
+    check_open_without_key  bound beyond loopback without an API key, or VLLM_API_KEY typed into env
+    check_pin       vLLM not pinned to an exact version or a full commit of a git URL that git reads
+                    as one; a patch series that does not match its sha256 manifest on the controller
+    check_host_ip   vllm_host_ip that is not an IP address
     check_systemd   instances on a host where systemd is not PID 1
     check_vram      weights that leave no room for the KV cache on the instance's cards
     check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
-    check_replicas  replicas x tp x pp beyond the host's GPUs
+    check_replicas  replicas x tp x pp beyond the host's GPUs, a server's port outside 1024..65535
     check_ray       (FLEET_CHECKS, with every host's data) a Ray node that cannot join its cluster:
                     no Ray version, no head or one that is no Ray head, another Ray or vLLM than
                     its head's, instances on a worker, no systemd
@@ -16,11 +17,13 @@ and the ports its instances take.
 
 from __future__ import annotations
 
+import ipaddress
+
 from rigup.config import ConfigError
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
 from rigup.models import models
-from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure
+from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure, serving_ports
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.schema import ENV_NAME, instances
@@ -87,11 +90,13 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 
 def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """Replicas x tp x pp beyond the host's GPUs, or replicas on a host without GPUs (each replica
-    is pinned to its tp x pp cards)."""
+    """Replicas x tp x pp beyond the host's GPUs, replicas on a host without GPUs (each replica
+    is pinned to its tp x pp cards), or a server's port outside 1024..65535 (its port, or a
+    replica's port + 1 + K: vLLM runs as the unprivileged rigup user)."""
     found = []
     for name, inst in _instances(plan, data).items():
         groups, where = replica_groups(plan, inst), f"vllm_instances.{name}"
+        found += serving_ports(where, "vLLM", inst, len(groups))
         if data.get("vllm_ray_role") == "head" and inst["replicas"] in (1, "auto"):
             continue   # one server, its GPUs the cluster's (Ray places the ranks)
         if any(len(g) < inst["tp"] * inst["pp"] for g in groups):
@@ -107,14 +112,19 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of vllm_instances that is wrong: its name, a key, a model not in models, tp x pp
-    beyond the GPUs, a pp_partition that does not fit, gpus, env."""
+    beyond the GPUs, a pp_partition that does not fit, gpus, env, a served_model_name starting with
+    ``-``, or extra_args giving a flag rigup sets (--host, --port, --api-key, --model,
+    --served-model-name, -tp, -pp, --gpu-memory-utilization; ``--port=1``, ``--served_model_name``
+    and abbreviations too)."""
     return config_refusals(instances(data, _gpu_bound(plan, data))[1])
 
 
 def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """vLLM not pinned to an exact version or a full commit, a patch series that does not match its
-    sha256 manifest (read on the controller), or vllm_install_env keys that are not names (on a
-    host with instances, or a Ray node: a worker has the virtualenv too)."""
+    """vLLM not pinned to an exact version or a full commit (of a vllm_git_url that is https://,
+    ssh://, file://, git@host:path or an absolute path: git reads nothing else as an option), a
+    patch series that does not match its sha256 manifest (read on the controller), or
+    vllm_install_env keys that are not names (on a host with instances, or a Ray node: a worker
+    has the virtualenv too)."""
     if not _instances(plan, data) and not data.get("vllm_ray_role"):
         return []
     bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
@@ -132,8 +142,8 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """An instance bound beyond loopback without api_key, an API key in extra_args, or VLLM_API_KEY
-    typed into env."""
+    """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
+    ::0) without api_key, or VLLM_API_KEY typed into env."""
     found = serving_exposure("vllm_instances", _instances(plan, data))
     for name, inst in _instances(plan, data).items():
         if "VLLM_API_KEY" in inst["env"] or "VLLM_API_KEY" in (data.get("vllm_env") or {}):
@@ -141,6 +151,19 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
             fix = f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)"
             found.append(Refusal(f"vllm_instances.{name}: VLLM_API_KEY in env", why, fix, "open_without_key"))
     return found
+
+
+def check_host_ip(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """vllm_host_ip that is not an IP address (an interface name, a host name, a wildcard): it is
+    VLLM_HOST_IP and Ray's node address, which the cluster's allow-list takes."""
+    ip = data.get("vllm_host_ip")
+    try:
+        if ip is None or not ipaddress.ip_address(str(ip)).is_unspecified:
+            return []
+    except ValueError:
+        pass
+    return config_refusals([("vllm_host_ip", f"expected this host's IP address on the cluster network, got {ip!r} "
+                                             "(an interface name goes in vllm_socket_ifname)")])
 
 
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
@@ -248,6 +271,6 @@ def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
     return found
 
 
-CHECKS = (check_config, check_pin, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
+CHECKS = (check_config, check_pin, check_host_ip, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
           check_replicas)
 FLEET_CHECKS = (check_ray,)

@@ -21,6 +21,10 @@ UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
 RAY_DIR = "/var/lib/rigup/vllm/ray"      # a Ray node's HOME and RAY_TMPDIR (roles/vllm/cluster.py)
 _HEX40 = re.compile(r"[0-9a-f]{40}")
+# a git URL that git reads as one (no option, no ext:: transport): https://, ssh://, file://,
+# git@host:path, or an absolute path on the host
+_GIT_URL = re.compile(r"(https|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*|git@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9_.~/]"
+                      r"[^\s'\"\\;`$]*|/[^\s'\"\\;`$]*")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
 
 
@@ -31,6 +35,9 @@ def pin(data: dict) -> dict:
     if url:
         if version:
             raise ConfigError(f"vllm_pip_version: {version!r} and vllm_git_url are both set; set one")
+        if not _GIT_URL.fullmatch(str(url)):
+            raise ConfigError(f"vllm_git_url: expected https://, ssh://, file://, git@host:path or an absolute "
+                              f"path, got {url!r} (git would read another as an option or a transport)")
         if not commit or not _HEX40.fullmatch(str(commit)):
             raise ConfigError(f"vllm_git_commit: expected the full 40-hex commit of {url}, got {commit!r} "
                               "(a branch, tag or short id moves or is ambiguous; pin the commit)")

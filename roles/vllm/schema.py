@@ -9,7 +9,7 @@ from typing import Any
 
 from rigup.entries import Key, auto_or_count
 from rigup.gpu.catalogue import family_of
-from rigup.models import SERVING_KEYS, ServingInstance
+from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 
 
@@ -43,6 +43,11 @@ VLLM_INSTANCE: dict[str, Key] = {
 }
 
 _INTS = re.compile(r"\d+(,\d+)*")
+# vllm serve's flags rigup sets from an instance's keys (in extra_args they are refused; vLLM also
+# reads --served_model_name and abbreviations such as --serv): flag -> the key.
+OWNED_FLAGS = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
+               "--served-model-name": "served_model_name", "--tensor-parallel-size": "tp", "-tp": "tp",
+               "--pipeline-parallel-size": "pp", "-pp": "pp", "--gpu-memory-utilization": "gpu_memory_utilization"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -80,6 +85,10 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmI
         gpus_needed = entry["tp"] * entry["pp"]
         found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
                  for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
+        found += owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)
+        if str(entry["served_model_name"] or "").startswith("-"):
+            found.append((f"{where}.served_model_name", f"{entry['served_model_name']!r} starts with '-': vLLM would "
+                                                        "read it as an option"))
         if isinstance(entry["gpus_per_replica"], int) and entry["gpus_per_replica"] != gpus_needed:
             found.append((f"{where}.gpus_per_replica", f"{entry['gpus_per_replica']} GPUs, but a vLLM replica takes "
                                                        f"tp {entry['tp']} x pp {entry['pp']} = {gpus_needed}"))

@@ -311,7 +311,11 @@ def urllib_status(url: str, auth: str | None = None) -> int:
         return e.code
 
 
-def test_token_reaches_the_hub_and_nothing_else(lab, hub, play, tmp_path):
+def test_a_token_never_goes_to_a_hub_in_clear(lab, hub, play, tmp_path):
+    """The lab hub is http:// (hf_endpoint_insecure: true, inventory/lab.py): a token source with it
+    is refused before anything changes, naming the key, and the hub sees no token (rigup sends a
+    token only over https://: tests/unit/test_model_fetch_hostile_hub.py checks it reaches that origin
+    alone; that the host keeps it out of argv, units and logs is roles/model_fetch's env file)."""
     hub_module, revs = hub
     h = lab.hosts()[1]
     name, dest = h["name"], "/srv/models/tokened"
@@ -321,14 +325,14 @@ def test_token_reaches_the_hub_and_nothing_else(lab, hub, play, tmp_path):
     hub_module.reset()
     data = {name: {"model_fetch_hf_token_src": str(src),
                    "models": {"tokened": model(revs, "tiny", include=["config.json"], dest=dest, wait=True)}}}
-    run = converge(play, tmp_path, data)
-    assert marker(lab, name, dest) is not None
-    assert hub_module.tokens_seen(h["address"]) == [token]  # the probe and the job sent it
-    assert token not in run.output
-    assert on_host(lab, name, "stat -c '%U %a' /etc/rigup/hf-token").strip() == "root 600"
-    seen = on_host(lab, name, "journalctl -q --no-pager -u 'rigup-fetch-*' -o verbose; cat /run/systemd/transient/* "
-                              f"2>/dev/null; cat {dest}/.rigup-fetch/*.json")
-    assert token not in seen
+    run = converge(play, tmp_path, data, check=False)
+    print(f"\na token with the http:// lab hub: exit {run.returncode}; "
+          f"{[ln for ln in run.output.splitlines() if 'hf_endpoint_insecure' in ln][:1]}")
+    assert run.returncode != 0
+    assert f"[{name}] refused" in run.output and "hf_endpoint_insecure" in run.output, run.output[-3000:]
+    assert "Starting operation" not in run.output
+    assert hub_module.tokens_seen(h["address"]) == [] and token not in run.output
+    assert marker(lab, name, dest) is None
 
 
 def test_a_revision_change_fetches_only_what_changed_then_switches_and_prunes(lab, hub, play, tmp_path):

@@ -5,6 +5,7 @@ and a timeout on every remote command; the gate itself against a scripted host."
 
 import shlex
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from types import MappingProxyType, SimpleNamespace
 
@@ -203,6 +204,9 @@ def test_traps_matched_by_signal():
         "known trap that may match: picked: the caller's pick for this unit; fix: pin the build"]
     assert g.trap_hints([abrt], "SIGABRT")[0].startswith("known trap that may match: cuda-oom-abort (002_x.txt)")
     assert g.trap_hints([segv, plain], None) == [] and g.trap_hints(None, "SIGSEGV") == []
+    from rigup import traps   # the catalogue as roles/llama_cpp/traps.yml writes it: condition.signals
+    repack = traps.load(Path(__file__).resolve().parents[2] / "roles/llama_cpp/traps.yml", ["signals", "cpu_flags_any"])
+    assert [h.split(":")[1].split("(")[0].strip() for h in g.trap_hints(repack, "SIGSEGV")] == ["cpu-repack-crash"]
     ns = SimpleNamespace(id="ns", summary="duck", condition={"signal": 11}, fix="f")   # no ref, fix on the trap
     assert g.trap_hints([ns], "SIGSEGV") == ["known trap that may match: ns: duck; fix: f"]
 

@@ -30,8 +30,8 @@ def filled(case: dict) -> dict:
     return values
 
 
-def test_there_are_at_least_60():
-    assert len(CASES) >= 60
+def test_there_are_at_least_150():
+    assert len(CASES) >= 150
 
 
 @pytest.mark.parametrize("case", CASES, ids=[re.sub(r"\s", "_", c["key"])[:60] for c in CASES])
@@ -51,3 +51,23 @@ def test_each_is_refused_naming_its_key(case):
     assert found, f"not refused: {values!r}"
     assert any(case["key"] in line for line in found), found
     print(f"{case['key']!r:48} -> {found[0][:150]}")
+
+
+@pytest.mark.parametrize("values", [
+    {"vllm_git_url": url, "vllm_git_commit": REV, "vllm_instances": {"x": INSTANCE}}
+    for url in ("https://github.com/vllm-project/vllm.git", "ssh://git@git.lan/vllm.git", "git@github.com:org/vllm.git",
+                "/srv/git/vllm.git", "file:///root/vllm-stub/vllm-stub.git")] + [
+    {"base_extra_packages": ["htop", "libstdc++6", "nvtop=3.0.2-1", "python3.11-venv", "g++-12=12.2.0-14+deb12u1"]},
+    {"models": {"m": {"repo": "unsloth/GLM-5.3-Flash-GGUF", "revision": REV}}},
+    {"llama_server_instances": {"x": {**INSTANCE, "host": "127.0.0.2"}}},
+    {"llama_server_instances": {"x": {**INSTANCE, "port": 1023, "replicas": 2}}},
+    {"llama_server_instances": {"x": {**INSTANCE, "port": 65533, "replicas": 2}}},
+    {"llama_server_instances": {"x": {**INSTANCE, "extra_args": ["--ctx-size", "4096", "--port-x"]}}},
+    {"vllm_instances": {"x": {**INSTANCE, "extra_args": ["--max-model-len", "32k", "--enforce-eager"]}}},
+    {"hf_endpoint": "http://hub.lan:8090", "hf_endpoint_insecure": True},
+    {"vllm_host_ip": "10.0.0.5"}, {"metrics_address": "10.0.0.5"}])
+def test_the_good_spellings_pass(values):
+    """What the refusals above must not catch: the good spellings of the same values."""
+    values = {"models": {"m": MODEL}, **values} if "models" not in values else values
+    plan, facts = host("a100")
+    assert problems(values) == [] and [r.line("h") for r in refusals(plan, facts, data(**values))] == []

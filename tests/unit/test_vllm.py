@@ -60,7 +60,7 @@ def series(tmp_path):
         files.append(tmp_path / name)
     manifest = tmp_path / "SHA256SUMS"
     manifest.write_text("".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in files))
-    return {"vllm_git_url": "u", "vllm_git_commit": SHA, "vllm_patches": [str(f) for f in files],
+    return {"vllm_git_url": "https://x/vllm.git", "vllm_git_commit": SHA, "vllm_patches": [str(f) for f in files],
             "vllm_patch_manifest": str(manifest)}
 
 
