@@ -38,12 +38,17 @@ reboot (another boot id) the part is cut back to its last fsync'ed checkpoint, s
 cache may not have reached the disk (zero-filled tails). A checkpoint (fsync the part, then
 record its length) is taken every CHECKPOINT bytes or CHECKPOINT_S seconds and when the job is
 stopped (SIGTERM, SIGINT: ``systemctl stop``, a clean reboot), so a crash loses little and a
-clean stop nothing. Within a job, a stream that ends early, is reset, or stalls (no byte for
-``stall_s`` s, default STALL_S) is resumed with ``Range`` after a backoff. Every file is checked
-for its size and its hash (sha256 for LFS files, else git's blob sha1, both from the hub's tree
-listing) before it moves into place; a file that fails is fetched again from zero, once more,
-then the job fails. A failed job says why in progress.json's ``error`` (no space left, the hub's
-answer, an unsafe path) and exits PERMANENT when running it again cannot help.
+clean stop nothing. Within a job, a stream that ends early, is reset, or stalls (fewer than
+``stall_bytes`` bytes, default STALL_MIN_BYTES, in a window of ``stall_s`` s, default STALL_S: a
+hub trickling a byte at a time stalls too) is resumed with ``Range`` after a backoff, up to
+RETRIES times in a row without a stream that brought ``stall_bytes``. A 206 is taken only with a
+``Content-Range`` that starts at the byte asked for and names the listed size (another would
+corrupt the file: the job fails at once); a hub that ignores ``Range`` (a 200) restarts the file
+from zero, and one that cuts those streams too fails the job after RETRIES restarts. Every file
+is checked for its size and its hash (sha256 for LFS files, else git's blob sha1, both from the
+hub's tree listing) before it moves into place; a file that fails is fetched again from zero, once
+more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
+hub's answer, an unsafe path) and exits PERMANENT when running it again cannot help.
 
 Hub listings are not trusted (:func:`listing_problems`): a path that is absolute, has a ``..``
 component, a backslash or a control character, or names rigup's own files, a path listed twice
@@ -88,8 +93,10 @@ MARKER = TOKEN_FILE = SHARE_TOKEN_FILE = ""
 CHUNK = 1 << 20
 CHECKPOINT = 16 << 20      # a checkpoint every 16 MiB of a stream ...
 CHECKPOINT_S = 5.0         # ... or every 5 s, whichever comes first: what a crash may lose
-STALL_S = 60.0             # no byte for this long on a stream: reconnect (the job's stall_s)
-RETRIES = 10               # reconnects in a row without a byte between them before a stream fails
+STALL_S = 60.0             # a stream's stall window, in s (the job's stall_s) ...
+STALL_MIN_BYTES = 64 << 10  # ... and the bytes it must bring in each window (the job's stall_bytes)
+RETRIES = 10               # reconnects in a row without a stream that brought STALL_MIN_BYTES before a
+                           # stream fails; also restarts from zero of a file whose hub ignores Range
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # hub answers worth asking again
 PERMANENT = 3              # exit status of a failure that a restart cannot mend (RestartPreventExitStatus)
@@ -642,35 +649,76 @@ def net_reason(e: Exception, stall: float) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def range_problem(value, start: int, size: int) -> str | None:
+    """Why a 206's ``Content-Range`` does not carry bytes ``start``.. of a file of ``size`` bytes
+    (None when it does): ``bytes START-END/TOTAL`` with START the byte asked for, END within the
+    file, TOTAL its listed size or ``*``."""
+    m = CONTENT_RANGE_RE.fullmatch((value or "").strip())
+    if not m:
+        return "not bytes START-END/TOTAL"
+    first, last, total = int(m.group(1)), int(m.group(2)), m.group(3)
+    if first != start:
+        return f"it starts at byte {first}"
+    if total != "*" and int(total) != size:
+        return f"its total is not the listed size {size}"
+    if last < first or last >= size:
+        return f"its end {last} is outside bytes {first}-{size - 1}"
+    return None
+
+
 def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_path: str,
-            progress: Progress, stall: float):
+            progress: Progress, stall: float, stall_bytes: int = STALL_MIN_BYTES):
     """Append ``entry``'s bytes from ``written`` on to ``fh`` and ``h``; return (h, written).
 
-    A stream that ends early, is reset or cut, or stalls (no byte for ``stall`` s: the socket's
-    timeout) is asked again from where it stopped (``Range``) after an exponential backoff with
-    jitter, up to RETRIES times in a row without a byte; a hub answer other than RETRY_STATUS
-    fails at once. Written by hand where the project would use tenacity: this script runs on bare
-    hosts with the standard library alone. Checkpoints every CHECKPOINT bytes or CHECKPOINT_S s,
-    and on the way out (a stop, a failure), after the connection is closed; fsyncs a whole file."""
+    A stream that ends early, is reset or cut, or stalls is asked again from where it stopped
+    (``Range``) after an exponential backoff with jitter, up to RETRIES times in a row without a
+    stream that brought ``stall_bytes`` (or the rest of the file). Stalled: fewer than
+    ``stall_bytes`` (or the rest of the file) in a window of ``stall`` s, or no byte for ``stall``
+    s (the socket's timeout); each read is one ``recv`` at most (``read1``), so a hub trickling a
+    byte at a time is seen between reads. A 206 whose ``Content-Range`` does not start at the
+    byte asked for or names another size than the listed one fails the job at once (its bytes
+    would land at the wrong place); a 200 to a ``Range`` request (the hub ignores it) starts the
+    file again from zero, and after RETRIES such restarts a cut fails the job. A hub answer other
+    than RETRY_STATUS fails at once. Written by hand where the project would use tenacity: this
+    script runs on bare hosts with the standard library alone. Checkpoints every CHECKPOINT bytes
+    or CHECKPOINT_S s, and on the way out (a stop, a failure), after the connection is closed;
+    fsyncs a whole file."""
     size, path = entry["size"], entry["path"]
     failures = 0
+    restarts = 0                  # streams started again from zero: the hub ignored Range
     next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
     try:
         while written < size:
+            stalled = None
             try:
-                headers = {"Range": f"bytes={written}-"} if written else {}
+                asked = written
+                headers = {"Range": f"bytes={asked}-"} if asked else {}
                 with _request(url, token, headers, timeout=stall) as resp:
-                    if written and resp.status != 206:  # the server ignored Range: start again
+                    if resp.status == 206:
+                        given = resp.headers.get("Content-Range")
+                        bad = range_problem(given, asked, size)
+                        if bad:
+                            raise JobFailed(f"{path}: asked for bytes={asked}- of {size}, the hub answered 206 "
+                                            f"with Content-Range {given!r} ({bad}); refused, since its bytes "
+                                            f"would corrupt the file")
+                    elif asked:  # the server ignored Range: start again
+                        restarts += 1
                         progress.add(-written, network=False)
                         with local():
                             fh.truncate(0)
                         h, written = hasher(entry), 0
                     with local():
                         fh.seek(written)
+                    got = 0                   # bytes of this stream
+                    window, in_window = time.monotonic(), 0
+                    need = min(stall_bytes, size - written)
                     while written < size:
                         if STOP.is_set():
                             raise Stopped()
-                        block = resp.read(min(CHUNK, size - written))
+                        block = resp.read1(min(CHUNK, size - written))
                         if not block:
                             break
                         with local():
@@ -678,13 +726,23 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                         h.update(block)
                         written += len(block)
                         progress.add(len(block))
-                        failures = 0
-                        if written >= next_bytes or time.monotonic() >= next_time:
+                        got += len(block)
+                        in_window += len(block)
+                        if got >= stall_bytes:  # this stream brought something: a new budget
+                            failures = 0
+                        now = time.monotonic()
+                        if written >= next_bytes or now >= next_time:
                             checkpoint(fh, ckpt_path, written)
                             next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
+                        if written < size and now - window >= stall:
+                            if in_window < need:
+                                stalled = (f"{human(in_window)} in {now - window:.1f} s, under "
+                                           f"{human(need)} per {stall:g} s (stalled)")
+                                break
+                            window, in_window, need = now, 0, min(stall_bytes, size - written)
                 if written >= size:
                     break
-                why = f"the stream ended at {human(written)} of {human(size)}"
+                why = stalled or f"the stream ended at {human(written)} of {human(size)}"
             except urllib.error.HTTPError as e:
                 e.close()
                 if e.code not in RETRY_STATUS:
@@ -692,12 +750,17 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                 why = f"the hub answered {e.code}"
             except (OSError, HTTPException) as e:  # reset, refused, cut short, stalled (timeout)
                 why = net_reason(e, stall)
+            if restarts >= RETRIES:
+                raise JobFailed(f"{path}: the hub ignores Range (it answered 200, the whole file, to "
+                                f"{restarts} requests for the rest) and cut the stream {restarts + 1} times "
+                                f"(last: {why})", permanent=False)
             failures += 1
             if failures > RETRIES:
                 raise JobFailed(f"{path}: {why}; {RETRIES} retries in a row failed", permanent=False)
             delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
             progress.resumed(f"{path}: {why}; resumed from {human(written)} with Range in {delay:.1f} s "
-                             f"(retry {failures}/{RETRIES})")
+                             f"(retry {failures}/{RETRIES}"
+                             + (f", {restarts} restart(s) from zero: the hub ignores Range)" if restarts else ")"))
             if STOP.wait(delay):
                 raise Stopped()
     except BaseException:
@@ -736,6 +799,7 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
     url = (f"{job['source'].rstrip('/')}/{job['repo']}/resolve/"
            f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
     stall = float(job.get("stall_s") or STALL_S)
+    stall_bytes = int(job.get("stall_bytes") or STALL_MIN_BYTES)
     if expected_hash(entry) is None and not job.get("allow_unhashed"):
         raise JobFailed(f"{path}: the hub lists no hash for it (allow_unhashed is not set)")
     for attempt in (1, 2):
@@ -746,7 +810,8 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
             if have or entry["size"] > CHECKPOINT:  # what is here is on disk, in this boot (a file
                 checkpoint(fh, ckpt_path, have)   # smaller than that is cheaper to fetch again)
             progress.add(have, network=False)
-            h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall)
+            h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall,
+                                 stall_bytes)
         digest = h.hexdigest()
         want = expected_hash(entry)
         if written == entry["size"] and (want is None or digest == want):
