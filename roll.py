@@ -8,14 +8,23 @@ The serving hosts (those with llama_server_instances or vllm_instances, gateways
 inventory order, ``rigup_batch`` at a time (1, N or "25%"; roles/base/defaults.yml). For each batch:
 on every host of the group ``gateway``, each of the batch's servers is drained (no new requests;
 its open ones finish, at most 50 s) then put in ``maint`` (roles/balancer's rigup-balancer-drain,
-HAProxy's runtime API); then ``pyinfra INVENTORY deploy.py --limit HOST...`` with the arguments
-given here (its serving roles gate a restarted instance on /health and one real completion); then
-the hosts that converged are put back ``ready`` and must be UP at every gateway before the next
-batch. A host that failed stays out of the pools. More than ``rigup_max_fail`` failed hosts stop
-the roll: the hosts not started keep serving untouched. The last lines say which hosts are done,
-failed (why) and not started; the exit code is 0 only when every host is done. ``--dry`` converges
-nothing and touches no gateway (each batch's plan is printed). Gateways, and hosts that serve
-nothing, are not rolled: converge them with deploy.py; nor are hosts in maintenance.
+HAProxy's runtime API, which reads each change back: a drain it cannot verify stops the roll);
+then ``pyinfra INVENTORY deploy.py --limit HOST...`` with the arguments given here (its serving
+roles gate a restarted instance on /health and one real completion); then the hosts that
+converged are put back ``ready`` and must be UP at every gateway before the next batch.
+
+Each host is picked by its exact inventory name: the ``--limit`` pattern is one pyinfra cannot
+read as a group (rigup.roll.limit_pattern), and the hosts it picks are checked against the batch
+before pyinfra runs. A host is done only when its own line of rigup's summary (the end of the
+play) says converged or unchanged; one pyinfra says nothing of is unknown and stops the roll (it
+stays out of the pools), as does a summary that speaks of hosts outside the batch. A host that
+failed stays out of the pools. More than ``rigup_max_fail`` failed hosts stop the roll: the hosts
+not started keep serving untouched. The last lines say which hosts are done, failed (why), unknown,
+not converged and not started, and why the roll stopped; the exit code is 0 only when every host
+is done. ``--dry`` converges nothing and touches no gateway (each batch's plan is printed).
+Gateways, and hosts that serve nothing, are not rolled: converge them with deploy.py; nor are hosts
+in maintenance. roll.py picks the hosts itself: it refuses ``--limit`` and ``--exclude`` in any
+spelling (``--limit=X``, ``--lim X``).
 """
 
 from __future__ import annotations
@@ -56,30 +65,70 @@ def pyinfra(*args: str) -> tuple[int, str]:
     return proc.wait(), "".join(kept)
 
 
-def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: list[str], args: list[str]) -> str | None:
+HELPER = "rigup-balancer-drain: "
+READ_BACK = " (read back from HAProxy)"   # how the helper confirms a change (drain.confirmed)
+
+
+def helper_said(output: str) -> list[str]:
+    """What rigup-balancer-drain said (its lines in pyinfra's output of an exec)."""
+    return list(dict.fromkeys(ln.split(HELPER, 1)[1].strip() for ln in roll._ANSI.sub("", output).splitlines()
+                              if HELPER in ln))
+
+
+def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: list[str], args: list[str],
+                limit) -> str | None:
     """``rigup-balancer-drain ACTION BACKEND HOST`` on every gateway for each backend that holds one
-    of ``names`` (``gateways``: name -> (its drain helper, its backends)); None, or why it failed."""
+    of ``names`` (``gateways``: name -> (its drain helper, its backends); ``limit``: a host's
+    --limit arguments, or why there is none); None, or why it failed (the helper's words)."""
     for gateway, (drain, backends) in gateways.items():
-        steps = [shlex.join([drain, action, b["name"], name]) for b in backends for name in names
-                 if any(s[0] == name for s in b["servers"])]
-        if not steps:
+        servers = [(b["name"], name) for b in backends for name in names if any(s[0] == name for s in b["servers"])]
+        if not servers:
             continue
+        pick = limit([gateway])
+        if isinstance(pick, str):
+            return f"{action} at gateway {gateway}: {pick}"
+        steps = " && ".join(shlex.join([drain, action, backend, name]) for backend, name in servers)
         # one argument: pyinfra's exec joins its arguments with spaces into one shell command
-        code, out = pyinfra("-y", "--limit", gateway, *[a for a in args if a != "-y"], inventory, "exec", "--",
-                            " && ".join(steps))
+        code, out = pyinfra("-y", *pick, *[a for a in args if a != "-y"], inventory, "exec", "--", steps)
+        said = helper_said(out)
         if code:
-            return f"{action} at gateway {gateway} failed (pyinfra exited {code})"
+            errors = [line for line in said if not line.endswith(READ_BACK)]
+            return f"{action} at gateway {gateway} failed: {'; '.join(errors) or f'pyinfra exited {code}'}"
+        unconfirmed = [f"{b}/{n}" for b, n in servers if f"{b}/{n} is {action}{READ_BACK}" not in said]
+        if unconfirmed:
+            return (f"{action} at gateway {gateway}: its drain helper read back no {action} of "
+                    f"{', '.join(unconfirmed)} (an older helper? converge the gateways first)")
     return None
 
 
+def limiter(inventory):
+    """A function: hosts -> the --limit arguments that pick them and no other host, or why none do."""
+    groups = {name: [h.name for h in hosts] for name, hosts in inventory.groups.items()}
+    names = [h.name for h in inventory]
+
+    def limit(hosts: list[str]) -> list[str] | str:
+        try:
+            patterns = [roll.limit_pattern(n) for n in hosts]
+        except ValueError as e:
+            return str(e)
+        picked = roll.limited(patterns, groups, names)
+        if picked != set(hosts):
+            return f"pyinfra's --limit {' '.join(patterns)} would pick {', '.join(sorted(picked)) or 'no host'}"
+        return [a for p in patterns for a in ("--limit", p)]
+    return limit
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0].startswith("-") or "--limit" in argv:
-        print(__doc__.strip() + "\n\nroll.py picks the hosts itself: no --limit.", file=sys.stderr)
+    picking = roll.host_options(argv[1:])
+    if not argv or argv[0].startswith("-") or picking:
+        print(__doc__.strip() + "\n\nroll.py picks the hosts itself: no --limit or --exclude"
+              + (f" (got {' '.join(picking)})." if picking else "."), file=sys.stderr)
         return 2
     inventory, args = argv[0], argv[1:]
     ctx_state.set(State())   # the inventory file is read as pyinfra's CLI reads it
-    data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()}
-            for h in make_inventory(inventory, override_data=overrides(args), cwd=str(ROOT))}
+    inv = make_inventory(inventory, override_data=overrides(args), cwd=str(ROOT))
+    data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()} for h in inv}
+    limit = limiter(inv)
     dry = "--dry" in args
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}
@@ -87,27 +136,48 @@ def main(argv: list[str]) -> int:
     max_fail = first.get("rigup_max_fail", 0)
     gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
                 for name, d in data.items() if d.get("balancer_gateway")}
-    done, failed = [], {}
+    done, failed, unknown, halted, strayed, stopped = [], {}, {}, {}, {}, None
     for i, batch in enumerate(plan):
         if len(failed) > max_fail:
+            stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
             break
         print(f"--> rigup roll: batch {i + 1}/{len(plan)}: {', '.join(batch)}", flush=True)
-        why = None if dry else at_gateways(inventory, gateways, "maint", batch, args)
-        if why:
-            failed.update({name: why for name in batch})
-            continue
-        code, out = pyinfra(inventory, "deploy.py", *[a for n in batch for a in ("--limit", n)], *args)
-        result = roll.outcomes(out, batch, code)
-        failed.update({name: why for name, why in result.items() if why})
-        ok = [name for name in batch if not result[name]]
-        why = None if dry or not ok else at_gateways(inventory, gateways, "ready", ok, args)
+        pick = limit(batch)
+        if isinstance(pick, str):
+            halted.update({name: pick for name in batch})
+            stopped = f"no --limit picks batch {i + 1} alone: {pick}"
+            break
+        why = None if dry else at_gateways(inventory, gateways, "maint", batch, args, limit)
+        if why:   # not converged: back in the pools where it left them (it serves as before)
+            back = at_gateways(inventory, gateways, "ready", batch, args, limit)
+            halted.update({name: f"its drain could not be verified; "
+                                 + ("back ready at the gateways" if not back else f"and back ready failed: {back}")
+                           for name in batch})
+            stopped = f"a drain could not be verified: {why}"
+            break
+        code, out = pyinfra(inventory, "deploy.py", *pick, *args)
+        result = roll.outcomes(out, batch, code, dry)
+        failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
+        unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})
+        ok = [name for name in batch if result[name][0] == roll.DONE]
+        why = None if dry or not ok else at_gateways(inventory, gateways, "ready", ok, args, limit)
         failed.update({name: why for name in ok if why})
         done += [name for name in ok if not why]
-    not_started = [name for name in hosts if name not in done and name not in failed]
-    print("\n".join(roll.summary(done, failed, not_started)), flush=True)
-    if len(failed) > max_fail:
-        print(f"    the roll stopped: {len(failed)} failed host(s), rigup_max_fail is {max_fail}")
-    return 0 if len(done) == len(hosts) else 1
+        strayed.update(roll.strays(out, batch))
+        if strayed:
+            stopped = f"pyinfra's summary speaks of hosts outside batch {i + 1}: {', '.join(strayed)}"
+            break
+        if any(name in unknown for name in batch):
+            stopped = f"pyinfra said nothing of {', '.join(n for n in batch if n in unknown)}: their state is unknown"
+            break
+    else:
+        if len(failed) > max_fail:
+            stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
+    seen = set(done) | set(failed) | set(unknown) | set(halted) | set(strayed)
+    not_started = [name for name in hosts if name not in seen]
+    print("\n".join(roll.summary(done, failed, not_started, unknown=unknown, halted=halted, strayed=strayed,
+                                 planned=dry, stopped=stopped)), flush=True)
+    return 0 if len(done) == len(hosts) and not strayed else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Rolling mode's pure parts (./roll.py drives pyinfra's CLI with them): which hosts roll, in which
-batches, what each batch's converge said of each host, and the roll's summary."""
+batches, the ``--limit`` that picks a batch's hosts and no other, what each batch's converge said
+of each host, and the roll's summary."""
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import math
 import re
 
@@ -10,8 +13,47 @@ from rigup.config import BATCH
 
 SERVING_MAPS = ("llama_server_instances", "vllm_instances")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# rigup.summary's lines: "    [name] failed at OP: why", "[name] unreachable: why", "[name] refused (...): why"
-_LINE = re.compile(r"^\s*\[([^\]]+)\] (failed at .*|unreachable: .*|refused .*|converged .*|unchanged)$")
+# pyinfra's options that pick hosts (roll.py picks them itself); any prefix of one names it alone
+# among pyinfra 3.10's options (none other starts --l or --e): what an argparse-style parser takes
+HOST_OPTIONS = ("--limit", "--exclude")
+# rigup.summary's block at the end of a play, one line per host of the run:
+# "    [name] converged (3 changed)", "[name] unchanged", "[name] failed at OP: why",
+# "[name] unreachable: why", "[name] refused (n reasons): why", each maybe followed by "; note"
+SUMMARY = "--> rigup: what happened to each host"
+_LINE = re.compile(r"^\s*\[([^\]]+)\] ((converged \(\d+ changed\)|unchanged|failed at|unreachable:|refused \()(.*))$")
+DONE, FAILED, UNKNOWN = "done", "failed", "unknown"
+
+
+def host_options(args: list[str]) -> list[str]:
+    """The arguments among ``args`` that pick hosts for pyinfra: ``--limit X``, ``--limit=X``, and
+    any abbreviation (``--lim``, ``--l=X``, ``--ex``...): roll.py refuses them all."""
+    found = []
+    for arg in args:
+        option = arg.split("=", 1)[0]
+        if option.startswith("--") and len(option) > 2 and any(o.startswith(option) for o in HOST_OPTIONS):
+            found.append(arg)
+    return found
+
+
+def limit_pattern(name: str) -> str:
+    """A ``--limit`` pattern that pyinfra 3.10 reads as the host ``name`` alone: pyinfra takes a
+    pattern for a group when a group has that name, else matches host names with fnmatch; this one
+    holds a bracket (one of ``name``'s characters as a one-letter set), which no group name of an
+    inventory file holds, and its other characters are escaped (``*?[``)."""
+    at = next((i for i, c in enumerate(name) if c != "!"), None)   # "[!" would negate the set
+    if at is None:
+        raise ValueError(f"no --limit pattern names the host {name!r} alone")
+    return glob.escape(name[:at]) + "[" + name[at] + "]" + glob.escape(name[at + 1:])
+
+
+def limited(patterns: list[str], groups: dict[str, list[str]], names: list[str]) -> set[str]:
+    """The hosts pyinfra 3.10's ``--limit`` picks for ``patterns`` (pyinfra_cli.cli's
+    _get_inventory_pattern_matches): per pattern, the hosts of the group of that name if there is
+    one, else the host names (``names``) that fnmatch it."""
+    found: set[str] = set()
+    for pattern in patterns:
+        found.update(groups[pattern] if pattern in groups else [n for n in names if fnmatch.fnmatch(n, pattern)])
+    return found
 
 
 def serving_hosts(hosts: dict[str, dict]) -> list[str]:
@@ -32,29 +74,58 @@ def batches(names: list[str], batch) -> list[list[str]]:
     return [names[i:i + size] for i in range(0, len(names), size)]
 
 
-def outcomes(output: str, names: list[str], returncode: int) -> dict[str, str | None]:
-    """Each host of a batch: None when its converge went well, else why not (rigup.summary's line
-    for it; pyinfra's exit code when a failed run said nothing of the host)."""
-    said = {}
-    for line in _ANSI.sub("", output).splitlines():
-        match = _LINE.match(line)
-        if match and match.group(1) in names:
-            said[match.group(1)] = match.group(2)
+def said(output: str) -> dict[str, str]:
+    """Each host's line of rigup.summary's block (the last one in ``output``): name -> what it says
+    ("converged (3 changed)", "failed at OP: why", ...)."""
+    text = _ANSI.sub("", output)
+    if SUMMARY not in text:
+        return {}
     found = {}
-    for name in names:
-        line = said.get(name, "")
-        if line.startswith(("failed", "unreachable", "refused")):
-            found[name] = line
-        elif returncode and name not in said:
-            found[name] = f"pyinfra exited {returncode}"
-        else:
-            found[name] = None
+    for line in text[text.rindex(SUMMARY) + len(SUMMARY):].splitlines():
+        match = _LINE.match(line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
     return found
 
 
-def summary(done: list[str], failed: dict[str, str], not_started: list[str]) -> list[str]:
-    """The roll's last lines: done, failed (why), not started."""
-    lines = [f"    [{name}] done" for name in done]
+def outcomes(output: str, names: list[str], returncode: int, dry: bool = False) -> dict[str, tuple[str, str]]:
+    """Each host of a batch: (DONE, its line) when its own summary line says it converged or is
+    unchanged, (FAILED, its line) when it says failed, unreachable or refused, else (UNKNOWN, why):
+    pyinfra said nothing of it, whatever its exit code. With ``dry`` (pyinfra's --dry runs nothing
+    and prints no summary) a host no line fails is (DONE, "planned") when pyinfra exited 0."""
+    lines = said(output)
+    found = {}
+    for name in names:
+        line = lines.get(name)
+        if line is not None:
+            found[name] = (DONE if line.startswith(("converged", "unchanged")) else FAILED, line)
+        elif dry and not returncode:
+            found[name] = (DONE, "planned (--dry: nothing changed)")
+        elif dry:
+            found[name] = (FAILED, f"pyinfra exited {returncode}")
+        else:
+            found[name] = (UNKNOWN, f"pyinfra's output has no result line for it (pyinfra exited {returncode})")
+    return found
+
+
+def strays(output: str, names: list[str]) -> dict[str, str]:
+    """The hosts the summary speaks of that are not among ``names`` (a converge that reached hosts
+    outside its batch): name -> its line."""
+    return {name: line for name, line in said(output).items() if name not in names}
+
+
+def summary(done: list[str], failed: dict[str, str], not_started: list[str], *, unknown: dict[str, str] | None = None,
+            halted: dict[str, str] | None = None, strayed: dict[str, str] | None = None, planned: bool = False,
+            stopped: str | None = None) -> list[str]:
+    """The roll's last lines: done (``planned``: --dry's), failed (why), unknown (pyinfra said
+    nothing of them: their state is not known), not converged (``halted``: the roll stopped before
+    them, why), converged outside their batch (``strayed``: undrained), not started; then why the
+    roll stopped, if it did."""
+    lines = [f"    [{name}] {'planned (--dry: nothing changed)' if planned else 'done'}" for name in done]
     lines += [f"    [{name}] failed: {why}" for name, why in failed.items()]
+    lines += [f"    [{name}] unknown: {why}; left out of the pool" for name, why in (unknown or {}).items()]
+    lines += [f"    [{name}] not converged: {why}" for name, why in (halted or {}).items()]
+    lines += [f"    [{name}] converged outside its batch, not drained: {why}" for name, why in (strayed or {}).items()]
     lines += [f"    [{name}] not started (still serving as before)" for name in not_started]
+    lines += [f"    the roll stopped: {stopped}"] if stopped else []
     return ["--> rigup roll: what happened to each host"] + lines

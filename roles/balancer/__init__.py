@@ -46,7 +46,7 @@ from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
 from rigup.state import read_once, reading
 from roles.balancer.checks import CHECKS, ports
-from roles.balancer.config import GATEWAY_KEY, gateway_backends, haproxy_cfg, problems
+from roles.balancer.config import GATEWAY_KEY, STATE_DROPIN, gateway_backends, haproxy_cfg, problems, state_dropin
 from roles.balancer.facts import CONFIG, BalancerState
 
 __all__ = ["apply", "CHECKS", "ports"]
@@ -85,6 +85,11 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str
     if state.get("drain") != _sha(DRAIN_SOURCE):
         yield f"install -d -m 755 {shlex.quote(drain.rsplit('/', 1)[0])}"
         yield written(drain, DRAIN_SOURCE, mode="755")
+    dropin = state_dropin(drain)   # the servers' state kept across a reload or a restart
+    if state.get("dropin") != _sha(dropin):
+        yield f"install -d -m 755 {shlex.quote(STATE_DROPIN.rsplit('/', 1)[0])}"
+        yield written(STATE_DROPIN, dropin, mode="644")
+        yield "systemctl daemon-reload"
     key_line = f"Bearer {fleet_key}\n" if fleet_key and any(b.get("key") for b in backends) else None
     if key_line and state.get("key") != _sha(key_line):
         yield written(GATEWAY_KEY, key_line, mode="600")   # HAProxy reads it as root, before its chroot

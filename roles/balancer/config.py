@@ -1,6 +1,7 @@
 """HAProxy's configuration for a host, as pure functions (no pyinfra): the backends of its
 replicated instances (the files roles/llama_server writes, rigup.names.balancer_file) and, on a
-gateway, one backend per instance name over every other host's endpoint."""
+gateway, one backend per instance name over every other host's endpoint; and haproxy.service's
+drop-in that keeps the servers' state (drain, maint, health) across a reload or a restart."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ SERVING_MAPS = ("llama_server_instances", "vllm_instances")
 
 
 GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>", root-only
+# The servers' state across reloads and restarts (the drain helper's STATE): in Debian's /run/haproxy
+# (its tmpfiles.d makes it at boot, the admin socket's directory), so a boot starts from the config.
+SERVER_STATE = "/run/haproxy/server-state"
+STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/rigup-server-state.conf"
 
 
 def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool = False) -> list[dict]:
@@ -69,9 +74,25 @@ def haproxy_cfg(backends: list[dict], data: dict) -> str:
     """/etc/haproxy/haproxy.cfg: a loopback stats and Prometheus frontend, the admin socket, and
     per backend a frontend on its bind:port (on a gateway, refusing a request without the fleet's
     key, /health aside, when the backend's ``key``), ``leastconn`` over its servers, health checks on
-    /health, retries and redispatch on connection failures only (a generation is never replayed)."""
+    /health, retries and redispatch on connection failures only (a generation is never replayed);
+    the servers' state read at start from SERVER_STATE (:func:`state_dropin`)."""
     rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
                      servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3]] for s in b["servers"]]) for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
-                  key_file=GATEWAY_KEY,
+                  key_file=GATEWAY_KEY, state_file=SERVER_STATE,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"])
+
+
+def state_dropin(drain: str) -> str:
+    """haproxy.service's drop-in (Debian's unit, its ExecReload re-stated): the servers' state saved
+    by the drain helper ``drain`` before a start, a stop and a reload (which it sends itself, holding
+    its lock until the new worker answers), so HAProxy's ``server-state-file`` (SERVER_STATE) brings
+    a drained or maint server back as it was. To start afresh: stop HAProxy, remove SERVER_STATE, start."""
+    return (f"# Installed by rigup (roles/balancer): HAProxy keeps its servers' state (drain, maint, health)\n"
+            f"# across a reload or a restart ({SERVER_STATE}: stop, remove it, start, to start afresh).\n"
+            "[Service]\n"
+            f"ExecStartPre=-{drain} save-state\n"
+            f"ExecStop=-{drain} save-state\n"
+            "ExecReload=\n"
+            "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS\n"
+            f"ExecReload={drain} reload $MAINPID\n")

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """rigup-balancer-drain: a replica leaves or rejoins its balancer's pool (installed by
-roles/balancer; the replicas' units of roles/llama_server call it with full privileges).
+roles/balancer; the replicas' units of roles/llama_server call it with full privileges), and
+HAProxy keeps its servers' state across a reload or a restart (haproxy.service's drop-in,
+roles/balancer/config.py).
 
     rigup-balancer-drain drain BACKEND SERVER       before a stop: no new requests go to SERVER,
                                                     then wait (at most 50 s) for its running ones
@@ -13,10 +15,30 @@ roles/balancer; the replicas' units of roles/llama_server call it with full priv
     rigup-balancer-drain release BACKEND            the frontend BACKEND gives up its port at once
                                                     (a single server takes it over; roles/balancer
                                                     then drops the frontend from the config)
+    rigup-balancer-drain save-state                 the servers' state to STATE (at a start, a stop)
+    rigup-balancer-drain reload MAINPID             save-state, then reload HAProxy (SIGUSR2 to its
+                                                    master) and wait for the new worker to answer
 
-Without HAProxy's admin socket it does nothing. Standard library only: it runs on bare hosts.
+Each change is read back from HAProxy's runtime API (``show servers state BACKEND``) and said
+("BACKEND/SERVER is maint (read back from HAProxy)"): the helper exits 1, naming the socket or the
+backend and server, when the admin socket cannot be reached or the state read back is not the one
+asked (``release`` without HAProxy has nothing to release).
+
+HAProxy keeps no server state across a reload by itself: its config reads STATE at start
+(``server-state-file``, ``load-server-state-from-file global``), and this helper writes it after
+each change it makes and before each reload (haproxy.service's ExecReload), start (ExecStartPre)
+and stop (ExecStop): ``show servers state``, or the last one saved when the socket does not answer,
+each server's line kept only for a server of the config on disk, its address left to the config
+("-") and its port the config's (HAProxy would otherwise restore the old ones). A lock (STATE.lock)
+keeps a change from falling between a reload's dump and its new worker. Standard library only:
+it runs on bare hosts.
 """
 
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
 import socket
 import sys
 import time
@@ -24,10 +46,20 @@ import urllib.error
 import urllib.request
 
 SOCKET = "/run/haproxy/admin.sock"
+CONFIG = "/etc/haproxy/haproxy.cfg"
+STATE = "/run/haproxy/server-state"     # roles/balancer/config.py SERVER_STATE (the config reads it)
+FMAINT, FDRAIN = 0x01, 0x08             # srv_admin_state: forced maintenance, forced drain
+DRAIN_S, HEALTH_S, UP_S, LOCK_S, RELOAD_S = 50, 600, 120, 30, 30
+SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "cache",
+            "program", "http-errors", "ring", "mailers", "crt-store"}
+
+
+class Failed(Exception):
+    """What could not be done, naming the socket or the backend and server."""
 
 
 def admin(command: str) -> str:
-    """HAProxy's runtime API answer to ``command`` ("" without the socket)."""
+    """HAProxy's runtime API answer to ``command``."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
@@ -37,8 +69,222 @@ def admin(command: str) -> str:
             while chunk := s.recv(65536):
                 chunks.append(chunk)
             return b"".join(chunks).decode(errors="replace")
-    except OSError:
-        return ""
+    except OSError as e:
+        raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
+
+
+def reachable() -> bool:
+    try:
+        return bool(admin("show info"))
+    except Failed:
+        return False
+
+
+def worker_pid() -> int | None:
+    """The pid of the HAProxy worker answering on the socket (``show info``), None when none does."""
+    try:
+        info = admin("show info")
+    except Failed:
+        return None
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Pid" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def parse_states(text: str) -> tuple[str, list[str], list[list[str]]]:
+    """``show servers state``'s answer: its version line, its field names and its rows; Failed when
+    it is not one (HAProxy's error, an empty answer)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0].strip() != "1" or len(lines) < 2 or not lines[1].startswith("#"):
+        raise Failed(f"not a server state: {text.strip()[:200]!r}")
+    return lines[0].strip(), lines[1][1:].split(), [ln.split() for ln in lines[2:] if not ln.startswith("#")]
+
+
+def server_state(backend: str, server: str) -> dict[str, str]:
+    """The server's fields of ``show servers state BACKEND`` (srv_op_state, srv_admin_state, ...)."""
+    try:
+        _, names, rows = parse_states(admin(f"show servers state {backend}"))
+    except Failed as e:
+        if str(e).startswith("cannot reach"):
+            raise
+        raise Failed(f"backend {backend}: HAProxy ({SOCKET}) gives no server state for it: {e}") from None
+    for row in rows:
+        fields = dict(zip(names, row))
+        if fields.get("srv_name") == server:
+            return fields
+    raise Failed(f"backend {backend} has no server {server} in HAProxy ({SOCKET})")
+
+
+def admin_state(backend: str, server: str) -> int:
+    value = server_state(backend, server).get("srv_admin_state", "")
+    if not value.isdigit():
+        raise Failed(f"{backend}/{server}: srv_admin_state {value!r} is not a number")
+    return int(value)
+
+
+def is_as_asked(asked: str, flags: int) -> bool:
+    """``flags`` (srv_admin_state) say the server is in state ``asked`` (drain, maint or ready)."""
+    if asked == "maint":
+        return bool(flags & FMAINT)
+    if asked == "drain":
+        return bool(flags & FDRAIN) and not flags & FMAINT
+    return not flags & (FMAINT | FDRAIN)
+
+
+def confirmed(backend: str, server: str, asked: str) -> str:
+    """The line that says a change was read back (./roll.py wants it for each of its steps)."""
+    return f"{backend}/{server} is {asked} (read back from HAProxy)"
+
+
+def named(flags: int) -> str:
+    return "maint" if flags & FMAINT else "drain" if flags & FDRAIN else "ready"
+
+
+class locked:
+    """STATE.lock held: no reload dumps the state between a change and its read-back (a change
+    then reaches the reload's new worker). Without its directory (no HAProxy yet): no lock."""
+
+    def __enter__(self):
+        try:
+            self.fd = os.open(STATE + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            self.fd = None
+            return self
+        deadline = time.monotonic() + LOCK_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise Failed(f"{STATE}.lock held for {LOCK_S} s (another rigup-balancer-drain or a reload)") from None
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def set_state(backend: str, server: str, asked: str) -> None:
+    """``set server BACKEND/SERVER state ASKED``, read back (Failed unless it is so), then saved."""
+    with locked():
+        answer = admin(f"set server {backend}/{server} state {asked}").strip()
+        flags = admin_state(backend, server)
+        if not is_as_asked(asked, flags):
+            raise Failed(f"{backend}/{server}: asked {asked}, HAProxy ({SOCKET}) says {named(flags)} "
+                         f"(srv_admin_state {flags}){': ' + answer if answer else ''}")
+        print(f"rigup-balancer-drain: {confirmed(backend, server, asked)}", flush=True)   # roll.py looks for it
+        try:
+            if save_state() != "HAProxy":
+                raise Failed("HAProxy gave no server state")
+        except (Failed, OSError) as e:   # the change stands; a reload before the next save loses it
+            print(f"rigup-balancer-drain: warning: {backend}/{server} is {asked} but its state was not saved: {e}",
+                  file=sys.stderr)
+
+
+def config_ports(text: str) -> dict[tuple[str, str], str]:
+    """(backend, server) -> port of each ``server NAME ADDRESS:PORT`` of an HAProxy config."""
+    found, backend = {}, None
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if words[0] in SECTIONS:
+            backend = words[1] if words[0] in ("backend", "listen") and len(words) > 1 else None
+        elif words[0] == "server" and backend and len(words) > 2:
+            port = words[2].rpartition(":")[2]
+            if port.isdigit():
+                found[(backend, words[1])] = port
+    return found
+
+
+def kept(state: str, config: str) -> str:
+    """``show servers state``'s answer, each server's line kept only for a server of ``config``,
+    its address "-" (the config's, resolved at start) and its port the config's."""
+    version, names, rows = parse_states(state)
+    if "srv_addr" not in names or "srv_port" not in names:
+        raise Failed(f"no srv_addr or srv_port among the server state's fields: {names}")
+    ports = config_ports(config)
+    out = [version, "# " + " ".join(names)]
+    addr, port_at = names.index("srv_addr"), names.index("srv_port")
+    for row in rows:
+        fields = dict(zip(names, row))
+        port = ports.get((fields.get("be_name"), fields.get("srv_name")))
+        if port is None or len(row) <= max(addr, port_at):
+            continue
+        row = list(row)
+        row[addr], row[port_at] = "-", port
+        out.append(" ".join(row))
+    return "\n".join(out) + "\n"
+
+
+def save_state() -> str | None:
+    """STATE written (see the module's doc); returns where the state came from, None when there is
+    none to save (no HAProxy answers, none saved)."""
+    try:
+        state, source = admin("show servers state"), "HAProxy"
+        parse_states(state)
+    except Failed as e:
+        if not os.path.exists(STATE):
+            return None
+        with open(STATE) as f:
+            state, source = f.read(), f"the state last saved ({e})"
+    with open(CONFIG) as f:
+        write_state(kept(state, f.read()))
+    return source
+
+
+def write_state(text: str) -> None:
+    """STATE replaced by ``text`` in one rename (HAProxy reads it at start, as root)."""
+    tmp = STATE + ".new"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, STATE)
+
+
+def ready_in_saved_state(backend: str, server: str) -> None:
+    """The server's line of STATE (if any) says ready (no maint, no drain)."""
+    with locked():
+        try:
+            with open(STATE) as f:
+                version, names, rows = parse_states(f.read())
+        except (OSError, Failed):
+            return
+        for row in rows:
+            fields = dict(zip(names, row))
+            if (fields.get("be_name"), fields.get("srv_name")) == (backend, server) \
+                    and fields.get("srv_admin_state", "").isdigit():
+                at = names.index("srv_admin_state")
+                row[at] = str(int(row[at]) & ~(FMAINT | FDRAIN))
+        write_state("\n".join([version, "# " + " ".join(names)] + [" ".join(r) for r in rows]) + "\n")
+
+
+def reload(mainpid: int) -> None:
+    """save-state, SIGUSR2 to HAProxy's master ``mainpid``, then the new worker answering (the lock
+    held throughout: a change waits for the new worker)."""
+    with locked():
+        old = worker_pid()
+        try:
+            source = save_state()
+            if source != "HAProxy":
+                print(f"rigup-balancer-drain: reload with {source or 'no saved server state'}", file=sys.stderr)
+        except (Failed, OSError) as e:
+            print(f"rigup-balancer-drain: reload without a saved server state: {e}", file=sys.stderr)
+        try:
+            os.kill(mainpid, signal.SIGUSR2)
+        except OSError as e:
+            raise Failed(f"cannot signal HAProxy's master {mainpid}: {e.strerror or e}") from None
+        # a worker inherits its listeners from the one it replaces: a socket file removed stays away
+        # until a restart (so a socket that did not answer before is given a few seconds only)
+        seconds = RELOAD_S if old is not None else min(RELOAD_S, 5)
+        if not wait(lambda: worker_pid() not in (None, old), seconds):
+            print(f"rigup-balancer-drain: warning: no new HAProxy worker answered on {SOCKET} within {seconds} s "
+                  "of the reload" + ("" if old is not None else " (restart HAProxy to bring the socket back)"),
+                  file=sys.stderr)
 
 
 def stat(backend: str, server: str) -> list[str]:
@@ -54,6 +300,20 @@ def in_flight(backend: str, server: str) -> int:
     """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
     cols = stat(backend, server)
     return int(cols[4]) if cols and cols[4].isdigit() else 0
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def drained(backend: str, server: str, worker: int | None) -> bool:
+    """No request of the server is left running: none at the worker that answers, and the worker
+    that took the drain (``worker``), should a reload have replaced it, gone (a worker replaced by a
+    reload finishes its requests, unseen by ``show stat``, before it exits)."""
+    now = worker_pid()
+    if worker is not None and now != worker and alive(worker):
+        return False
+    return in_flight(backend, server) == 0
 
 
 def healthy(port: int) -> bool:
@@ -75,27 +335,53 @@ def wait(predicate, seconds: float) -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
-    action, backend = argv[:2]
-    if not admin("show info"):
-        return 0   # no balancer here (yet)
+def run(argv: list[str]) -> None:
+    action = argv[0]
+    if action == "save-state":
+        with locked():
+            save_state()
+        return
+    if action == "reload":
+        reload(int(argv[1]))
+        return
+    backend = argv[1]
     if action == "release":
-        admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)
-        return 0
+        if reachable():
+            admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)
+        return   # no HAProxy: nothing holds the port
     server = argv[2]
+    if action == "ready" and len(argv) > 3 and not reachable():
+        # a replica started while HAProxy is away: its saved state must not drain it at HAProxy's start
+        ready_in_saved_state(backend, server)
+    admin("show info")   # fails now, naming the socket, when HAProxy cannot be reached
     if action in ("drain", "maint"):
-        admin(f"set server {backend}/{server} state drain")
-        wait(lambda: in_flight(backend, server) == 0, 50)
+        worker = worker_pid()
+        set_state(backend, server, "drain")
+        wait(lambda: drained(backend, server, worker), DRAIN_S)
         if action == "maint":
-            admin(f"set server {backend}/{server} state maint")
+            set_state(backend, server, "maint")
     elif action == "ready" and len(argv) > 3:
-        wait(lambda: healthy(int(argv[3])), 600)
-        admin(f"set server {backend}/{server} state ready")
+        wait(lambda: healthy(int(argv[3])), HEALTH_S)
+        set_state(backend, server, "ready")
     elif action == "ready":
-        admin(f"set server {backend}/{server} state ready")
-        if not wait(lambda: stat(backend, server)[17:18] == ["UP"], 120):
-            print(f"{backend}/{server}: not UP 120 s after ready: {(stat(backend, server) or ['?'] * 18)[17]}")
-            return 1
+        set_state(backend, server, "ready")
+        # "UP" once a health check passed since (right after ready HAProxy says "UP 1/2")
+        if not wait(lambda: stat(backend, server)[17:18] == ["UP"], UP_S):
+            status = (stat(backend, server) or ["?"] * 18)[17]
+            raise Failed(f"{backend}/{server}: not UP {UP_S} s after ready: {status}")
+    else:
+        raise Failed(f"unknown action {action!r}")
+
+
+def main(argv: list[str]) -> int:
+    if not argv or len(argv) < {"save-state": 1, "reload": 2, "release": 2}.get(argv[0], 3):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        run(argv)
+    except Failed as e:
+        print(f"rigup-balancer-drain: {' '.join(argv)}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

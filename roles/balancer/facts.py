@@ -8,7 +8,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
-from roles.balancer.config import GATEWAY_KEY
+from roles.balancer.config import GATEWAY_KEY, STATE_DROPIN
 
 CONFIG = "/etc/haproxy/haproxy.cfg"
 PACKAGES = ("haproxy", "socat")
@@ -16,10 +16,12 @@ MARK = "Installed by rigup (roles/balancer)"   # the first line of the config it
 
 
 class BalancerState(FactBase):
-    """The sha256 of haproxy.cfg, of a gateway's key file and of the drain helper, HAProxy's unit state, the packages
-    missing, and the backends files of the serving roles (rigup.names.balancer_file)::
+    """The sha256 of haproxy.cfg, of a gateway's key file, of the drain helper and of haproxy.service's
+    server-state drop-in (config.STATE_DROPIN), HAProxy's unit state, the packages missing, and the
+    backends files of the serving roles (rigup.names.balancer_file)::
 
-        {"cfg": "ab12...", "key": "ef56...", "ours": "1", "drain": "cd34...", "active": "active", "enabled": "enabled",
+        {"cfg": "ab12...", "key": "ef56...", "ours": "1", "drain": "cd34...", "dropin": "0a9b...",
+         "active": "active", "enabled": "enabled",
          "missing": ["socat"], "backends": {"llama-glm": {"bind": ..., "port": ..., "servers": [...]}}}
     """
 
@@ -32,6 +34,7 @@ class BalancerState(FactBase):
             f"echo key=$(sha256sum {GATEWAY_KEY} 2>/dev/null | cut -c1-64)",
             f"echo ours=$(grep -qF {q(MARK)} {CONFIG} 2>/dev/null && echo 1)",
             f"echo drain=$(sha256sum {q(drain)} 2>/dev/null | cut -c1-64)",
+            f"echo dropin=$(sha256sum {STATE_DROPIN} 2>/dev/null | cut -c1-64)",
             "echo active=$(systemctl is-active haproxy 2>/dev/null)",
             "echo enabled=$(systemctl is-enabled haproxy 2>/dev/null)",
             "echo missing=$(for p in " + " ".join(PACKAGES) + "; do dpkg-query -W -f='${Status}\\n' $p 2>/dev/null "

@@ -1,11 +1,23 @@
 """Rolling mode (./roll.py) and maintenance mode on the lab: 4 hosts serving Gemma 3 270M (CPU,
 group_vars/lab.yml's model) behind a gateway host (lab5, HAProxy over the 4), while a client loops
-through the gateway. The gateway's `show stat` is sampled on it every 0.3 s during each roll."""
+through the gateway. The gateway's pool is sampled on it every 0.3 s from its stats page (which,
+unlike the admin socket, the faults below leave in place). The roll's own faults:
+
+- a roll through an inventory named ``lab2.py`` (pyinfra gives an inventory file the group of its
+  name, every host of it: ``--limit lab2`` would converge them all, the gateway too) converges each
+  host alone, picked by its name;
+- the admin socket removed on the gateway as the second batch starts: its drain cannot be verified,
+  the roll stops there and says so, lab2 was never converged and kept serving;
+- the gateway's HAProxy reloaded while lab2 is drained and out of the pool: it stays out (the
+  server state is kept across the reload) until the roll puts it back;
+
+each with no failed request and never more than one host out of the pool."""
 
 import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -19,11 +31,13 @@ LOAD = (ROOT / "tests/roles/load.py").read_text()
 ENV = {"RIGUP_LAB_GATEWAYS": "lab5"}
 GATEWAY, SERVING = "lab5", ["lab1", "lab2", "lab3", "lab4"]
 HANG = "/etc/systemd/system/rigup-llama@gemma.service.d/zz-test-hang.conf"
-# every 0.3 s until /root/stop: "lab1 UP lab2 MAINT lab3 DOWN_1/2 ..." (servers of the gateway's backend
-# gateway-gemma and their status; a server is in the pool when its status starts with UP)
-SAMPLER = ("while [ ! -e /root/stop ]; do echo 'show stat' | socat stdio /run/haproxy/admin.sock | "
-           "awk -F, '$1 == \"gateway-gemma\" && $2 ~ /^lab/ {gsub(/ /, \"_\", $18); printf \"%s %s \", $2, $18} "
-           "END {print \"\"}'; sleep 0.3; done")
+# the gateway's pool from its stats page (roles/balancer's stats frontend): "lab1 UP lab2 MAINT ..."
+# (servers of the gateway's backend gateway-gemma and their status; in the pool when it starts with UP)
+STATS = "curl -s 'http://127.0.0.1:8404/stats;csv'"
+POOL = (f"{STATS} | awk -F, '$1 == \"gateway-gemma\" && $2 ~ /^lab/ {{gsub(/ /, \"_\", $18); printf \"%s %s \", $2, $18}} "
+        "END {print \"\"}'")
+SAMPLER = f"while [ ! -e /root/stop ]; do {POOL}; sleep 0.3; done"
+SOCKET = "/run/haproxy/admin.sock"
 
 
 def data(ctx: int) -> tuple[str, str]:
@@ -39,8 +53,14 @@ def ctx_served(lab, name: str) -> str:
 
 
 def pool(lab) -> dict[str, str]:
-    out = on_host(lab, GATEWAY, "echo 'show stat' | socat stdio /run/haproxy/admin.sock")
-    return {c[1]: c[17] for c in (ln.split(",") for ln in out.splitlines()) if c[0] == "gateway-gemma" and c[1] in SERVING}
+    """The gateway's pool from its stats page: {server: status}."""
+    words = on_host(lab, GATEWAY, POOL).split()
+    return dict(zip(words[::2], words[1::2]))
+
+
+def worker(lab) -> str:
+    """The pid of the HAProxy worker answering on the gateway's admin socket."""
+    return on_host(lab, GATEWAY, f"echo 'show info' | socat stdio {SOCKET} | sed -n 's/^Pid: //p'").strip()
 
 
 def wait_pool(lab, want: dict[str, str], seconds: int = 90) -> dict[str, str]:
@@ -76,6 +96,23 @@ def rack(lab):
             lab.remove(name)
 
 
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory):
+    """inventory/lab.py under the name lab2.py; the group lab2 it makes holds every host."""
+    path = tmp_path_factory.mktemp("roll_faults") / "lab2.py"
+    lab_py = ROOT / "inventory/lab.py"
+    path.write_text(f"# inventory/lab.py, named like one of its hosts\nexec(compile(open({str(lab_py)!r}).read(), "
+                    f"{str(lab_py)!r}, 'exec'))\n")
+    probe = ("import json, sys; from pyinfra.api import State; from pyinfra.context import ctx_state; "
+             "from pyinfra_cli.inventory import make_inventory; ctx_state.set(State()); "
+             "inv = make_inventory(sys.argv[1]); print(json.dumps(sorted(h.name for h in inv.get_group('lab2'))))")
+    run = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", probe, str(path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **ENV})
+    group = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(SERVING + [GATEWAY]) <= set(group), group   # a plain --limit lab2 would take them all
+    return str(path)
+
+
 @contextlib.contextmanager
 def client(lab):
     """A client looping through the gateway, and the gateway's pool sampled, for the block; then
@@ -97,35 +134,45 @@ def client(lab):
         seen["out"] = [sorted(h for h, st in s.items() if not st.startswith("UP")) for s in samples]
 
 
-def roll_under_load(lab, *args: str) -> dict:
-    """./roll.py with ``args`` while a client loops through the gateway and the gateway's pool is
-    sampled: the roll's exit code and output, the client's result, the samples."""
+def roll(lab, inventory: str, *args: str, on_line=None) -> dict:
+    """./roll.py INVENTORY -y ARGS while a client loops through the gateway and the pool is sampled;
+    ``on_line(line)`` is called for each line the roll prints (a callable it returns runs in a
+    thread of its own). The roll's code and output, the client's result, per sample the hosts out."""
+    threads, lines = [], []
     with client(lab) as seen:
         start = time.monotonic()
-        run = subprocess.run([str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *args], cwd=ROOT,
-                             capture_output=True, text=True, timeout=1500, env={**os.environ, **ENV})
+        proc = subprocess.Popen([str(ROOT / ".venv/bin/python"), "roll.py", inventory, "-y", *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **ENV})
+        for line in proc.stdout:
+            lines.append(line)
+            action = on_line(line) if on_line else None
+            if action:
+                threads.append(threading.Thread(target=action, daemon=True))
+                threads[-1].start()
+        code = proc.wait(timeout=1500)
         seconds = time.monotonic() - start
+        for t in threads:
+            t.join(timeout=300)
     result, out_of_pool = seen["result"], seen["out"]
-    samples = out_of_pool
-    summary = run.stdout[run.stdout.rfind("--> rigup roll"):]
-    print(f"\nroll.py {' '.join(a[:40] for a in args)}: exit {run.returncode} in {seconds:.1f} s\n{summary}"
+    out = "".join(lines)
+    summary = out[out.rfind("--> rigup roll"):]
+    print(f"\nroll.py {inventory} {' '.join(a[:40] for a in args)}: exit {code} in {seconds:.1f} s\n{summary}"
           f"client through the gateway: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
-          f"{len(samples)} samples of the pool, most hosts out at once: {max(map(len, out_of_pool))}; "
-          f"hosts seen out: {sorted({h for o in out_of_pool for h in o})}")
-    return {"run": run, "result": result, "out": out_of_pool, "summary": summary, "seconds": seconds}
+          f"{len(out_of_pool)} samples of the pool, most hosts out at once: {max(map(len, out_of_pool), default=0)}")
+    return {"code": code, "out": out, "summary": summary, "result": result, "out_of_pool": out_of_pool}
 
 
-def test_a_roll_changes_one_host_at_a_time_and_fails_no_request(rack):
+def test_a_host_named_like_a_group_rolls_alone(rack, inventory):
     lab = rack
-    rolled = roll_under_load(lab, *data(1024))
-    assert rolled["run"].returncode == 0, rolled["run"].stdout[-6000:] + rolled["run"].stderr[-3000:]
+    rolled = roll(lab, inventory, *data(1024))
+    assert rolled["code"] == 0, rolled["out"][-6000:]
     assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
-    assert max(map(len, rolled["out"])) == 1
-    assert {h for o in rolled["out"] for h in o} == set(SERVING)   # each one went out, one at a time
-    served = {name: ctx_served(lab, name) for name in SERVING}
-    print(f"ctx served after the roll: {served}")
-    assert served == dict.fromkeys(SERVING, "1024")
+    assert max(map(len, rolled["out_of_pool"])) == 1
+    assert {h for o in rolled["out_of_pool"] for h in o} == set(SERVING)
     assert all(f"[{n}] done" in rolled["summary"] for n in SERVING)
+    assert "outside its batch" not in rolled["summary"] and "the roll stopped" not in rolled["summary"]
+    assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "1024")
+    assert on_host(lab, GATEWAY, "ps -eo args | grep -c '[l]lama-server' || true").strip() == "0"   # the gateway serves nothing
     wait_pool(lab, dict.fromkeys(SERVING, "UP"))
 
 
@@ -135,12 +182,12 @@ def test_a_failed_gate_stops_the_roll_there(rack):
     lab = rack
     on_host(lab, "lab3", f"printf '[Service]\\nExecStart=\\nExecStart=/bin/sleep infinity\\n' > {HANG} && systemctl daemon-reload")
     try:
-        rolled = roll_under_load(lab, *data(2048), "--data", "llama_server_health_timeout=30")
+        rolled = roll(lab, "inventory/lab.py", *data(2048), "--data", "llama_server_health_timeout=30")
         served = {name: ctx_served(lab, name) for name in SERVING}
         print(f"ctx served after the stopped roll: {served}; gateway pool: {pool(lab)}")
-        assert rolled["run"].returncode != 0
+        assert rolled["code"] != 0
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
-        assert max(map(len, rolled["out"])) == 1
+        assert max(map(len, rolled["out_of_pool"])) == 1
         assert served == {"lab1": "2048", "lab2": "2048", "lab3": "none", "lab4": "1024"}
         summary = rolled["summary"]
         assert "[lab1] done" in summary and "[lab2] done" in summary and "[lab4] not started" in summary
@@ -186,3 +233,70 @@ def test_maintenance_takes_a_host_out_and_back(rack):
     assert started == ["active", "active"]
     assert seen["result"]["failed"] == 0, seen["result"]["errors"]
     assert ctx_served(lab, "lab4") == "1024"
+
+
+def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
+    """The admin socket removed as batch 2 (lab2) starts (pyinfra takes seconds to reach the
+    gateway): lab1 is done (-c 1024), lab2's maint fails naming the socket, the roll stops there;
+    lab2 was never out of the pool nor converged, lab3-4 not started. HAProxy keeps serving."""
+    lab = rack
+    before = {n: ctx_served(lab, n) for n in SERVING}
+
+    def remove_socket(line):
+        if line.startswith("--> rigup roll: batch 2/"):
+            return lambda: on_host(lab, GATEWAY, f"rm -f {SOCKET}")
+        return None
+    try:
+        rolled = roll(lab, inventory, *data(1024), on_line=remove_socket)
+        served = {n: ctx_served(lab, n) for n in SERVING}
+        print(f"ctx served after the stopped roll: {served}; gateway pool: {pool(lab)}")
+        assert rolled["code"] != 0
+        assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
+        assert max(map(len, rolled["out_of_pool"])) == 1
+        assert {h for o in rolled["out_of_pool"] for h in o} == {"lab1"}
+        assert served == {**before, "lab1": "1024"} and before["lab2"] != "1024", (before, served)
+        summary = rolled["summary"]
+        assert "[lab1] done" in summary and "[lab3] not started" in summary and "[lab4] not started" in summary
+        assert "[lab2] not converged: its drain could not be verified" in summary
+        assert ("the roll stopped: a drain could not be verified: maint at gateway lab5 failed: "
+                f"maint gateway-gemma lab2: cannot reach HAProxy's admin socket {SOCKET}") in summary
+        assert pool(lab) == dict.fromkeys(SERVING, "UP")
+    finally:   # a reload keeps the listeners it inherits: only a restart brings the socket back
+        on_host(lab, GATEWAY, "systemctl restart haproxy")
+        wait_pool(lab, dict.fromkeys(SERVING, "UP"))
+        assert on_host(lab, GATEWAY, f"test -S {SOCKET} && echo yes").strip() == "yes"
+
+
+def test_a_gateway_reload_during_a_drain_keeps_the_host_out(rack, inventory):
+    """lab2 out of the pool (drained, then maint) while its batch converges: the gateway's HAProxy
+    is reloaded (systemctl reload: the drop-in's ExecReload saves the servers' state first); its
+    new worker keeps lab2 out until the roll puts it back ready. -c 1024 everywhere (lab1 and lab4
+    are unchanged, each still taken out and back)."""
+    lab = rack
+    seen = {}
+
+    def reload_while_lab2_is_out():
+        start = time.monotonic()
+        while not pool(lab).get("lab2", "UP").startswith(("DRAIN", "MAINT")):
+            assert time.monotonic() - start < 300, "lab2 never went out of the pool"
+            time.sleep(0.2)
+        seen["before"], seen["worker"] = pool(lab), worker(lab)
+        on_host(lab, GATEWAY, "systemctl reload haproxy")
+        seen["after"], seen["new worker"] = pool(lab), worker(lab)
+        time.sleep(3)   # health checks of the new worker run
+        seen["later"] = pool(lab)
+
+    rolled = roll(lab, inventory, *data(1024),
+                  on_line=lambda line: reload_while_lab2_is_out if line.startswith("--> rigup roll: batch 2/") else None)
+    print(f"gateway reload while lab2 was out: pool before {seen.get('before')}, after {seen.get('after')}, "
+          f"3 s later {seen.get('later')}; worker {seen.get('worker')} -> {seen.get('new worker')}")
+    assert rolled["code"] == 0, rolled["out"][-6000:]
+    assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
+    assert seen["worker"] != seen["new worker"]   # a reload took place
+    for when in ("after", "later"):
+        assert seen[when]["lab2"].startswith(("DRAIN", "MAINT")), seen
+        assert all(seen[when][h].startswith("UP") for h in SERVING if h != "lab2"), seen
+    assert max(map(len, rolled["out_of_pool"])) == 1
+    assert all(f"[{n}] done" in rolled["summary"] for n in SERVING)
+    assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "1024")
+    wait_pool(lab, dict.fromkeys(SERVING, "UP"))
