@@ -97,16 +97,17 @@ def test_units_config_and_loopback_admin(lab, replicated):
                               "-H 'Content-Type: application/json' -d '{}'") == "401"  # keys stay the replicas'
 
 
-def test_200_requests_spread_over_both_replicas(lab, replicated):
+def test_requests_spread_over_both_replicas(lab, replicated):
+    """60 requests (200 took 166-342 s of make test for the same figure) spread over both."""
     host = replicated[0]
     before = stat(lab, host)
-    result = load(lab, host, ["http://127.0.0.1:8081"], 200, concurrency=2, max_tokens=4)
+    result = load(lab, host, ["http://127.0.0.1:8081"], 60, concurrency=2, max_tokens=4)
     after = stat(lab, host)
     spread = {s: after[s][1] - before[s][1] for s in after}
-    print(f"200 requests through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
+    print(f"60 requests through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
           f"per replica (show stat stot): {spread}")
     assert result["failed"] == 0, result["errors"]
-    assert sum(spread.values()) == 200 and min(spread.values()) >= 50
+    assert sum(spread.values()) == 60 and min(spread.values()) >= 15
 
 
 def test_a_stopped_replica_fails_no_request_and_comes_back(lab, replicated):
