@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from rigup.config import ROOT, ConfigError
+from rigup.config import GIT_URL, ROOT, ConfigError
 from rigup.templates import render
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import env_problems, partition_problem
@@ -21,10 +21,9 @@ UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
 RAY_DIR = "/var/lib/rigup/vllm/ray"      # a Ray node's HOME and RAY_TMPDIR (roles/vllm/cluster.py)
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-# a git URL that git reads as one (no option, no ext:: transport): https://, ssh://, file://,
-# git@host:path, or an absolute path on the host
-_GIT_URL = re.compile(r"(https|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*|git@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9_.~/]"
-                      r"[^\s'\"\\;`$]*|/[^\s'\"\\;`$]*")
+# vllm_git_url: a git URL as rigup.config.GIT_URL reads one, but never in clear (http://, git://),
+# or an absolute path on the host
+_LOCAL_GIT = re.compile(r"/[^\s'\"\\;`$]*")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
 
 
@@ -35,7 +34,8 @@ def pin(data: dict) -> dict:
     if url:
         if version:
             raise ConfigError(f"vllm_pip_version: {version!r} and vllm_git_url are both set; set one")
-        if not _GIT_URL.fullmatch(str(url)):
+        if not (_LOCAL_GIT.fullmatch(str(url)) or GIT_URL.fullmatch(str(url))
+                and not str(url).startswith(("http://", "git://"))):
             raise ConfigError(f"vllm_git_url: expected https://, ssh://, file://, git@host:path or an absolute "
                               f"path, got {url!r} (git would read another as an option or a transport)")
         if not commit or not _HEX40.fullmatch(str(commit)):
