@@ -11,7 +11,8 @@ once, in its role's ``defaults.yml``, with a comment above it that ends in its f
     llama_port: 8080
 
 Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
-digits, ``_.-``), ``address`` (an IP address or host name), ``batch`` (a count >= 1 or a share, ``"25%"``), ``path`` (an absolute, normal directory on a host that is not a system
+digits, ``_.-``), ``address`` (an IP address or host name), ``ip`` (the IP address of one host: no name,
+network or wildcard), ``batch`` (a count >= 1 or a share, ``"25%"``), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
 ``int A..B`` / ``float A..B`` (either end may be left out; NaN and infinities are never a
 number of a form); ``one of a|b|c``; ``list of T``; and a trailing ``or null``. No value holds
@@ -22,6 +23,7 @@ raises :class:`ConfigError` naming the file, the key and the expected form.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import posixpath
 import re
@@ -72,6 +74,7 @@ class Form:
             "str": isinstance(value, str),
             "name": isinstance(value, str),
             "address": isinstance(value, str),
+            "ip": isinstance(value, str),
             "path": isinstance(value, str) and value.startswith("/"),
             "file": isinstance(value, str) and value.startswith("/"),
             "list": isinstance(value, list),
@@ -93,6 +96,8 @@ class Form:
             return f"got {value!r}: a name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
         if self.kind == "address" and not ADDRESS.fullmatch(value):
             return f"got {value!r}: an IP address or a host name"
+        if self.kind == "ip" and not host_ip(value):
+            return f"got {value!r}: the IP address of one host (no host name, network, wildcard such as 0.0.0.0 or IPv6 zone)"
         if self.kind == "path":
             why = path_problem(value)
             if why:
@@ -129,6 +134,15 @@ SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", 
                          "/var/lib", "/var/log", "/var/tmp"})
 SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/", "/sbin/", "/sys/",
                 "/usr/bin/", "/usr/lib/", "/usr/sbin/")
+
+
+def host_ip(value: str) -> bool:
+    """Whether ``value`` is the IP address of one host, as an allow-list takes it (IPv4 or IPv6;
+    not a host name, a network, a wildcard such as 0.0.0.0 or ::, or an IPv6 zone: nft takes none)."""
+    try:
+        return "%" not in value and not ipaddress.ip_address(value).is_unspecified
+    except ValueError:
+        return False
 
 
 def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
@@ -172,7 +186,7 @@ def path_problem(path: str) -> str | None:
 
 
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
-_KINDS = ("bool", "int", "float", "str", "name", "address", "path", "file", "list", "map", "any", "batch")
+_KINDS = ("bool", "int", "float", "str", "name", "address", "ip", "path", "file", "list", "map", "any", "batch")
 
 
 def parse_form(text: str) -> Form:

@@ -73,15 +73,21 @@ def needs_systemd(facts: dict, needs: list[str]) -> list[Refusal]:
                     "llama.cpp build work without systemd)", "systemd")]
 
 
+def open_listener(where: str, bind: str, lacking: str, fix: str, check: str, because: str = "") -> Refusal:
+    """The refusal of a listener (``where``: the key that binds it) on ``bind``, beyond loopback
+    (rigup.names.bind_scope), with neither a key nor an allow-list (``lacking`` says which it
+    lacks, ``because`` why): every unauthenticated listener of rigup gets one or the other."""
+    return Refusal(f"{where} listens on {bind} {lacking}", "an address beyond loopback serves anyone who can reach it"
+                   + (" (a wildcard: every interface)" if bind_scope(bind) == "wildcard" else "") + because, fix, check)
+
+
 def serving_exposure(var: str, instances: dict) -> list[Refusal]:
     """Refusals for serving instances (``var``: llama_server_instances, vllm_instances) bound
     beyond loopback (rigup.names.bind_scope) without an API key: the servers check no key by
     default, and anyone on the network could use the GPUs. (``--host`` and a key in extra_args are
     refused with the instance's other keys: rigup owns those flags.)"""
-    return [Refusal(f"{var}.{name} listens on {inst['host']} without an API key",
-                    "an address beyond loopback serves anyone who can reach it"
-                    + (" (a wildcard: every interface)" if bind_scope(inst["host"]) == "wildcard" else ""),
-                    f"set {var}.{name}.api_key: true, or host: 127.0.0.1", "open_without_key")
+    return [open_listener(f"{var}.{name}", inst["host"], "without an API key",
+                          f"set {var}.{name}.api_key: true, or host: 127.0.0.1", "open_without_key")
             for name, inst in instances.items() if not inst["api_key"] and bind_scope(inst["host"]) != "loopback"]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import secrets
 
 from pyinfra import host
@@ -40,13 +41,16 @@ def will_read(fact, **kwargs) -> None:
 def reading(fact, *same: str, **renamed: str):
     """Decorate an operation that reads ``fact``, with the fact's arguments ``same`` (the operation's
     arguments of the same names) and ``renamed`` (fact argument = the operation's argument's name):
-    calling the operation (while the role's ``apply`` runs) names that read (:func:`will_read`)."""
+    calling the operation (while the role's ``apply`` runs) names that read (:func:`will_read`);
+    an argument left out is the operation's default."""
     names = {**{n: n for n in same}, **renamed}
 
     def wrap(op):
+        defaults = {n: p.default for n, p in inspect.signature(op).parameters.items()}
+
         @functools.wraps(op)
         def call(*args, **kwargs):
-            will_read(fact, **{arg: kwargs[name] for arg, name in names.items()})
+            will_read(fact, **{arg: kwargs.get(name, defaults.get(name)) for arg, name in names.items()})
             return op(*args, **kwargs)
         return call
     return wrap

@@ -44,7 +44,7 @@ def refusal_table() -> str:
     rows = ["| role | check | refused, before any host changes |", "| --- | --- | --- |",
             "| (every variable) | `rigup/config.py` | An unknown key (with a did-you-mean), a value not of its form "
             "(type, range, choices), NaN or an infinity for a number, a port below 1024 for a unit that runs "
-            "unprivileged, a name, address or path that is not one, a control character in any value; the "
+            "unprivileged, a name, address, IP address or path that is not one, a control character in any value; the "
             "run stops before any host is touched. |"]
     owners = [("preflight", preflight_checks.check_gpu_host), ("preflight", preflight_checks.port_refusals)]
     for role in in_order():
@@ -63,9 +63,9 @@ def readme() -> str:
 
 _ONE_LINE = r"^[^\u0000-\u001f\u007f]*$"  # no value holds a control character (rigup.config)
 _PATTERNS = {"str": _ONE_LINE, "name": f"^(?:{NAME.pattern})$", "address": f"^(?:{ADDRESS.pattern})$",
-             "path": r"^/[A-Za-z0-9_./+@:-]*$", "file": r"^/[^\u0000-\u001f\u007f]*$"}
+             "ip": r"^[0-9A-Fa-f:.]{2,45}$", "path": r"^/[A-Za-z0-9_./+@:-]*$", "file": r"^/[^\u0000-\u001f\u007f]*$"}
 _TYPES = {"bool": "boolean", "int": "integer", "float": "number", "str": "string", "name": "string",
-          "address": "string", "path": "string", "file": "string", "list": "array", "map": "object"}
+          "address": "string", "ip": "string", "path": "string", "file": "string", "list": "array", "map": "object"}
 
 
 def form_schema(form: Form) -> dict:

@@ -10,7 +10,8 @@ What it does to a host with systemd (nothing without: preflight refuses Promethe
   (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library)
   on the same address, port ``metrics_relay_port``: GET /metrics/NAME answers llama-server
   instance NAME's /metrics, fetched on the host with its API key (which never leaves the host),
-  to loopback and the monitoring hosts only. Each restarts only when its files changed.
+  to loopback, the monitoring hosts and ``metrics_allow`` only. Each restarts only when its files
+  changed. ``metrics_enabled: false`` stops and disables both.
 - with ``prometheus_enabled`` (group_vars/monitoring.yml sets it for the ``monitoring`` group):
   Debian's ``prometheus`` bound to ``prometheus_address`` (null: the inventory address) port
   ``prometheus_port``, keeping ``prometheus_retention_days``; its configuration generated from
@@ -21,11 +22,27 @@ What it does to a host with systemd (nothing without: preflight refuses Promethe
   the GPU guard tripped, lost GPU telemetry, a silent guard). A changed configuration is written
   to /etc/prometheus/rigup-candidate first and replaces the live one only after ``promtool check
   config`` and ``promtool check rules`` passed on it; then Prometheus reloads. A bad
-  configuration fails the host and leaves the working one running.
+  configuration fails the host and leaves the working one running. ``prometheus_enabled: false``
+  stops and disables it.
+- none of the three listeners checks a key, so each one bound beyond loopback is behind an nftables
+  allow-list (roles/metrics/allow.py, rigup/firewall.py; others get a TCP reset), loaded before it
+  listens: Debian's ``nftables``; table ``inet rigup_metrics`` (/etc/rigup/metrics.nft) for the
+  node exporter's and the relay's ports, admitting loopback, the monitoring hosts' inventory
+  addresses and ``metrics_allow``; on a monitoring host with ``prometheus_address`` beyond
+  loopback, ``inet rigup_prometheus`` (/etc/rigup/prometheus.nft) for Prometheus's port: loopback,
+  the monitoring hosts and ``prometheus_allow``. The gateways are in neither (they scrape and
+  query nothing). Each file is checked by ``nft -c`` before it goes live; each unit loads it again
+  at every start, at boot too, through a drop-in (``ExecStartPre=+/usr/sbin/nft -f FILE`` in
+  /etc/systemd/system/UNIT.d/rigup-allow-list.conf: the Debian units are not rigup's to write,
+  and the relay gets the same; a new drop-in restarts nothing, the table being live already). A listener back on loopback or
+  turned off: its table, file and drop-ins go once it is off the network (after its restart or
+  stop). Preflight refuses such a listener when its allow-list cannot name a monitoring host (an
+  inventory address that is no IP address).
 
 Variables (roles/metrics/defaults.yml): metrics_enabled, metrics_address,
-metrics_node_exporter_port, metrics_relay_port, prometheus_enabled, prometheus_address,
-prometheus_port, prometheus_scrape_interval_s, prometheus_alert_for_s, prometheus_retention_days;
+metrics_node_exporter_port, metrics_relay_port, metrics_allow, prometheus_enabled, prometheus_address,
+prometheus_port, prometheus_allow, prometheus_scrape_interval_s, prometheus_alert_for_s,
+prometheus_retention_days;
 llama_server_instances (roles/llama_server), rigup_user and rigup_prefix and apt_cache_seconds
 (roles/base), and every host's ssh_hostname (the inventory).
 """
@@ -42,22 +59,24 @@ from pyinfra.api import deploy, operation
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import apt, files, services
+from rigup import apt, files, firewall, services
 from rigup.config import role_defaults
 from rigup.files import FileStates
 from rigup.names import TEXTFILE_DIR
 from rigup.secrets import written
 from rigup.state import read_once
 from rigup.templates import render
-from roles.metrics.checks import CHECKS, ports
+from roles.metrics import allow
+from roles.metrics.checks import CHECKS, FLEET_CHECKS, ports
 from roles.metrics.prometheus import bind_address, config_files, relay_config, url_host
 
-__all__ = ["apply", "CHECKS", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
 
 HERE = Path(__file__).resolve().parent
 NODE_DEFAULT, PROM_DEFAULT = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
 RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", "rigup-metrics-relay.service"
 RELAY_UNIT = f"/etc/systemd/system/{RELAY}"
+NODE, PROMETHEUS = "prometheus-node-exporter.service", "prometheus.service"
 LIVE, CANDIDATE = "/etc/prometheus", "/etc/prometheus/rigup-candidate"
 
 
@@ -131,13 +150,40 @@ def prometheus(data: dict, fleet: list[tuple[str, dict]]) -> None:
                     _if=args.did_change)
 
 
+def stopped(units: list[str], why: str) -> None:
+    """``units`` stopped and disabled (nothing where they never ran)."""
+    for unit in units:
+        services.running(name=f"metrics: {unit} stopped ({why})", unit=unit, units=units, enabled=False)
+
+
 @deploy("metrics", data_defaults=role_defaults("metrics"))
 def apply(plan: dict):
     data = host.data.dict()
     if not plan.get("systemd", True):
         return      # the Debian units need systemd (preflight refuses prometheus_enabled there)
     fleet = [(h.name, h.data.dict()) for h in host.inventory]
+    # Each listener bound beyond loopback: its allow-list loaded before it starts (and by its unit at
+    # every start); back on loopback, or off: the allow-list goes once the listener is gone from there.
+    lists = [(data["metrics_enabled"] and allow.exposed(host.name, data, "metrics_address"), allow.METRICS_NFT,
+              allow.METRICS_TABLE, (NODE, RELAY), allow.metrics_text),
+             (data["prometheus_enabled"] and allow.exposed(host.name, data, "prometheus_address"),
+              allow.PROMETHEUS_NFT, allow.PROMETHEUS_TABLE, (PROMETHEUS,), allow.prometheus_text)]
+    if any(wanted for wanted, *_ in lists):
+        apt.installed(name="metrics: nftables (the allow-lists)", packages=["nftables"],
+                      cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+    for wanted, path, table, units, text in lists:
+        if wanted:
+            firewall.allowed(name=f"metrics: only the allow-list reaches {', '.join(units)} ({path})", path=path,
+                             table=table, text=text(data, fleet), units=units)
     if data["metrics_enabled"]:
         exporters(data, fleet)
+    else:
+        stopped([NODE, RELAY], "metrics_enabled: false")
     if data["prometheus_enabled"]:
         prometheus(data, fleet)
+    else:
+        stopped([PROMETHEUS], "prometheus_enabled: false")
+    for wanted, path, table, units, _ in lists:
+        if not wanted:
+            firewall.dropped(name=f"metrics: no allow-list for {', '.join(units)} ({path})", path=path, table=table,
+                             units=units)

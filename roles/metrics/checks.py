@@ -1,14 +1,23 @@
 """roles/metrics's refusals: pure functions of a host's plan, facts and data (see
 rigup/refusal.py), and the ports its units take.
 
-    check_addresses   metrics_address or prometheus_address a wildcard (every interface)
-    check_systemd     Prometheus on a host where systemd is not PID 1
+    check_addresses    metrics_address or prometheus_address a wildcard (every interface)
+    check_systemd      Prometheus on a host where systemd is not PID 1
+    check_allow_lists  (FLEET_CHECKS, with every host's data) a listener bound beyond loopback
+                       whose allow-list cannot name a monitoring host (no IP address)
 """
 
 from __future__ import annotations
 
+from rigup.config import host_ip
 from rigup.names import bind_scope
-from rigup.refusal import Port, Refusal, needs_systemd
+from rigup.refusal import Fleet, Port, Refusal, needs_systemd, open_listener
+from roles.metrics.allow import exposed
+from roles.metrics.prometheus import bind_address, inventory_address
+
+# What each address binds: (the setting that runs it, the address key, what listens there).
+LISTENERS = (("metrics_enabled", "metrics_address", "the node exporter and the relay"),
+             ("prometheus_enabled", "prometheus_address", "Prometheus"))
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
@@ -38,4 +47,22 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return needs_systemd(facts, ["prometheus_enabled"] if data.get("prometheus_enabled") else [])
 
 
+def check_allow_lists(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+    """The node exporter, the relay or Prometheus (none checks a key) bound beyond loopback where
+    its nftables allow-list cannot name a monitoring host: that host's inventory address is no IP
+    address (nftables takes addresses, not names)."""
+    if fleet is None or not facts.get("systemd", True):
+        return []
+    hosts = {**fleet.hosts, fleet.me: data}
+    unnamed = [(name, inventory_address(name, d)) for name, d in sorted(hosts.items())
+               if d.get("prometheus_enabled") and not host_ip(inventory_address(name, d))]
+    return [open_listener(f"{key} ({what}, no key)", bind_address(fleet.me, data, key), "without an allow-list",
+                          f"set {name}'s ssh_hostname to its IP address, or {key}: 127.0.0.1", "allow_list",
+                          f": its allow-list cannot name the monitoring host {name}, whose inventory address "
+                          f"{address!r} is not an IP address")
+            for on, key, what in LISTENERS if data.get(on) and exposed(fleet.me, data, key)
+            for name, address in unnamed]
+
+
 CHECKS = (check_addresses, check_systemd)
+FLEET_CHECKS = (check_allow_lists,)

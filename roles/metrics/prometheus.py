@@ -66,11 +66,18 @@ def monitors(fleet: list[tuple[str, dict]]) -> list[str]:
     return sorted({inventory_address(name, data) for name, data in fleet if data.get("prometheus_enabled")})
 
 
+def scrapers(data: dict, fleet: list[tuple[str, dict]]) -> list[str]:
+    """Who may scrape a host's node exporter and relay (with ``data``): the monitoring hosts and
+    its ``metrics_allow``."""
+    return sorted({*monitors(fleet), *(data.get("metrics_allow") or [])})
+
+
 def relay_config(name: str, data: dict, fleet: list[tuple[str, dict]]) -> dict:
-    """rigup-metrics-relay's configuration on host ``name``."""
+    """rigup-metrics-relay's configuration on host ``name``: it answers loopback, its own address,
+    the monitoring hosts and ``metrics_allow`` (as its nftables allow-list, roles/metrics/allow.py)."""
     address = bind_address(name, data, "metrics_address")
     return {"listen": [address, data["metrics_relay_port"]], "instances": llama_instances(data),
-            "allow": sorted({"127.0.0.1", "::1", address, *monitors(fleet)})}
+            "allow": sorted({"127.0.0.1", "::1", address, *scrapers(data, fleet)})}
 
 
 def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:

@@ -65,7 +65,8 @@ def test_each_is_refused_naming_its_key(case):
     {"llama_server_instances": {"x": {**INSTANCE, "extra_args": ["--ctx-size", "4096", "--port-x"]}}},
     {"vllm_instances": {"x": {**INSTANCE, "extra_args": ["--max-model-len", "32k", "--enforce-eager"]}}},
     {"hf_endpoint": "http://hub.lan:8090", "hf_endpoint_insecure": True},
-    {"vllm_host_ip": "10.0.0.5"}, {"metrics_address": "10.0.0.5"}])
+    {"vllm_host_ip": "10.0.0.5"}, {"metrics_address": "10.0.0.5"},
+    {"metrics_allow": ["192.0.2.7", "fd00::7"], "prometheus_allow": ["198.51.100.3"]}])
 def test_the_good_spellings_pass(values):
     """What the refusals above must not catch: the good spellings of the same values."""
     values = {"models": {"m": MODEL}, **values} if "models" not in values else values

@@ -6,8 +6,10 @@ import json
 import yaml
 
 from rigup.config import group_vars
-from roles.metrics import promote_command
-from roles.metrics.checks import check_addresses, check_systemd, ports
+from rigup.firewall import Firewall, dropin_text
+from rigup.refusal import Fleet
+from roles.metrics import allow, promote_command
+from roles.metrics.checks import check_addresses, check_allow_lists, check_systemd, ports
 from roles.metrics.prometheus import config_files, inventory_address, relay_config, targets
 from roles.gpu_guard.guard import metrics_text, parse_sample
 
@@ -79,3 +81,55 @@ def test_the_guard_metrics_file_labels_each_card():
     assert "rigup_gpu_guard_last_run_timestamp_seconds 1796030000.125\n" in text
     tripped = metrics_text([], None, True, config, 5)
     assert "rigup_gpu_guard_tripped 1\n" in tripped and "telemetry_lost" not in tripped and "power" not in tripped
+
+
+def test_the_allow_lists_admit_loopback_the_monitoring_hosts_and_the_declared_ones():
+    fleet = [*FLEET, ("mon-2", {**DATA, "ssh_hostname": "fd00::2", "prometheus_enabled": True})]
+    text = allow.metrics_text({**DATA, "metrics_allow": ["192.0.2.7"]}, fleet)
+    print(text)
+    assert 'iifname "lo" tcp dport { 9100, 9101 } accept' in text
+    assert "tcp dport { 9100, 9101 } ip saddr { 10.0.0.5, 192.0.2.7 } accept" in text
+    assert "tcp dport { 9100, 9101 } ip6 saddr { fd00::2 } accept" in text
+    assert text.index("accept") < text.index("tcp dport { 9100, 9101 } reject with tcp reset")
+    assert "10.0.0.9" not in text and "rig-2" not in text      # hosts that only export are not let in
+    assert text.splitlines()[3:5] == ["table inet rigup_metrics", "delete table inet rigup_metrics"]
+    prom = allow.prometheus_text({**DATA, "prometheus_allow": ["198.51.100.3"]}, fleet)
+    assert "tcp dport { 9090 } ip saddr { 10.0.0.5, 198.51.100.3 } accept" in prom
+    assert "tcp dport { 9090 } ip6 saddr { fd00::2 } accept" in prom and "inet rigup_prometheus {" in prom
+    # the relay answers whom its allow-list admits
+    assert "192.0.2.7" in relay_config("rig-2", {**FLEET[1][1], "metrics_allow": ["192.0.2.7"]}, FLEET)["allow"]
+
+
+def test_an_allow_list_only_for_a_bind_beyond_loopback():
+    assert allow.exposed("rig-1", FLEET[0][1], "metrics_address")                     # its inventory address
+    assert allow.exposed("rig-2", FLEET[1][1], "metrics_address")                     # a name: beyond
+    assert not allow.exposed("local", FLEET[2][1], "metrics_address")                 # @local: 127.0.0.1
+    assert not allow.exposed("rig-1", FLEET[0][1], "prometheus_address")              # 127.0.0.1 by default
+    assert allow.exposed("rig-1", {**FLEET[0][1], "prometheus_address": None}, "prometheus_address")
+
+
+def test_each_unit_loads_its_allow_list_before_it_starts_and_after_nftables():
+    text = dropin_text("/etc/rigup/metrics.nft")
+    assert "ExecStartPre=+/usr/sbin/nft -f /etc/rigup/metrics.nft" in text.splitlines()
+    assert "After=nftables.service" in text.splitlines()     # a ruleset nftables.service flushes comes first
+    fact = Firewall()
+    fact.command("/etc/rigup/metrics.nft", "rigup_metrics", ("a.service", "b.service"))
+    assert fact.process(["sha=ab", "loaded=1", "dropin a.service=cd", "dropin b.service="]) == {
+        "sha": "ab", "loaded": True, "dropins": {"a.service": "cd", "b.service": ""}}
+
+
+def test_a_monitoring_host_the_allow_list_cannot_name_is_refused_on_the_hosts_it_scrapes():
+    hosts = {"mon": {**DATA, "ssh_hostname": "mon.example", "prometheus_enabled": True, "prometheus_address": None},
+             "rig": {**DATA, "ssh_hostname": "10.0.0.7"}, "quiet": {**DATA, "ssh_hostname": "10.0.0.8",
+                                                                   "metrics_address": "127.0.0.1"}}
+    found = check_allow_lists({}, {"systemd": True}, hosts["rig"], Fleet("rig", hosts))
+    print(found[0].line("rig"))
+    assert [r.what for r in found] == ["metrics_address (the node exporter and the relay, no key) listens on "
+                                       "10.0.0.7 without an allow-list"]
+    assert "mon.example" in found[0].why and "set mon's ssh_hostname" in found[0].fix
+    assert [r.what.split(" (")[0] for r in check_allow_lists({}, {}, hosts["mon"], Fleet("mon", hosts))] == [
+        "metrics_address", "prometheus_address"]
+    assert check_allow_lists({}, {}, hosts["quiet"], Fleet("quiet", hosts)) == []          # loopback: no list
+    assert check_allow_lists({}, {"systemd": False}, hosts["rig"], Fleet("rig", hosts)) == []   # no exporter
+    named = {**hosts, "mon": {**hosts["mon"], "ssh_hostname": "10.0.0.5"}}
+    assert check_allow_lists({}, {}, named["rig"], Fleet("rig", named)) == []
