@@ -1,9 +1,12 @@
 """roles/metrics on the lab: the session's 2 lab hosts (serving Gemma with llama-server) run the
 node exporter and the relay; the first is also in the group `monitoring` (tests/roles/lab_monitoring.py)
-and runs Prometheus, which scrapes both: the simulated GPUs' power draw per card (written by the
-GPU guard) and llama-server's token counters come back from its HTTP API; stopping a serving
-unit fires LlamaServerDown within its `for:`; a configuration promtool rejects never goes live;
-a second converge changes nothing."""
+and runs Prometheus on its inventory address, which scrapes both: the simulated GPUs' power draw
+per card (written by the GPU guard) and llama-server's token counters come back from its HTTP API;
+stopping a serving unit fires LlamaServerDown within its `for:`; the other host, outside the
+monitoring group, gets a TCP reset on the monitoring host's node exporter, relay and Prometheus
+(their nftables allow-lists) while Prometheus scrapes both hosts, also after `nft flush ruleset`
+and a restart, and after a reboot; a configuration promtool rejects never goes live; a second
+converge changes nothing."""
 
 import time
 
@@ -41,12 +44,7 @@ def test_bound_to_the_inventory_address_never_every_interface(lab, hosts):
         for port in (9100, 9101):
             assert f"{h['address']}:{port} " in listening and f"0.0.0.0:{port} " not in listening
     monitor, other = hosts
-    assert "127.0.0.1:9090 " in on_host(lab, monitor, "ss -Hltn")
-    # the relay answers its own host and the monitoring host, nobody else
-    relay = f"http://{lab.hosts()[0]['address']}:9101/metrics/gemma"
-    refused = on_host(lab, other, f"curl -s -o /dev/null -w '%{{http_code}}' {relay}")
-    print(f"relay of {monitor} asked by {other} (not a monitoring host): HTTP {refused}")
-    assert refused == "403"
+    assert f"{lab.hosts()[0]['address']}:9090 " in on_host(lab, monitor, "ss -Hltn")
 
 
 def test_prometheus_has_every_card_and_the_token_counters(lab, hosts):
@@ -101,6 +99,84 @@ def test_a_stopped_instance_fires_llama_server_down_within_its_for(lab, hosts):
     finally:
         on_host(lab, other, f"systemctl start {UNIT}")
     assert until(lambda: not firing(lab, monitor, "LlamaServerDown", instance), timeout=90)
+
+
+PORTS = {"node exporter": (9100, "/metrics"), "relay": (9101, "/metrics/gemma"), "Prometheus": (9090, "/-/healthy")}
+TABLES = {"rigup_metrics": ("prometheus-node-exporter", "rigup-metrics-relay"), "rigup_prometheus": ("prometheus",)}
+
+
+def probe(lab, source: str, target: str, what: str) -> str:
+    """What ``source`` gets from ``target``'s listener ``what`` (PORTS): HTTP CODE, or curl's exit
+    (7: connection refused, the TCP reset of an allow-list; 56: reset later)."""
+    port, path = PORTS[what]
+    address = next(h["address"] for h in lab.hosts() if h["name"] == target)
+    result = lab.ssh(source, f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://{address}:{port}{path}")
+    return f"HTTP {result.stdout.strip()}" if result.returncode == 0 else f"curl exit {result.returncode}"
+
+
+def outside_gets_resets(lab, hosts, when: str) -> None:
+    """The host outside the monitoring group gets a reset on each of the monitoring host's
+    listeners (all three listen on its inventory address), and Prometheus scrapes both hosts."""
+    monitor, other = hosts
+    got = {what: probe(lab, other, monitor, what) for what in PORTS}
+    print(f"{when}: {other} (not monitoring) -> {monitor}: "
+          + ", ".join(f"{what} :{PORTS[what][0]} {answer}" for what, answer in got.items()))
+    assert all(answer in ("curl exit 7", "curl exit 56") for answer in got.values()), got
+    scraped = {what: probe(lab, monitor, other, what) for what in ("node exporter", "relay")}
+    print(f"{when}: {monitor} (monitoring) -> {other}: "
+          + ", ".join(f"{what} :{PORTS[what][0]} {answer}" for what, answer in scraped.items()))
+    assert set(scraped.values()) == {"HTTP 200"}
+
+    def all_up():
+        try:      # Prometheus may still be starting (after a restart or a boot)
+            series = api(lab, monitor, "query", query='up{job=~"node|llama-server"}')["result"]
+        except (AssertionError, ValueError):
+            return None
+        found = {(r["metric"]["job"], r["metric"]["host"]): r["value"][1] for r in series}
+        return found if len(found) == 4 and set(found.values()) == {"1"} else None
+    up = until(all_up, timeout=90)
+    assert up, api(lab, monitor, "query", query="up")["result"]
+    print(f"{when}: Prometheus up: " + ", ".join(f"{job}/{h} {v}" for (job, h), v in sorted(up.items())))
+
+
+def test_outside_the_monitoring_group_the_metrics_ports_reset(lab, hosts):
+    for name in hosts:
+        tables = on_host(lab, name, "nft list tables")
+        print(f"{name}: {' '.join(tables.split())}")
+        assert "table inet rigup_metrics" in tables
+    assert "table inet rigup_prometheus" in on_host(lab, hosts[0], "nft list tables")
+    outside_gets_resets(lab, hosts, "converged")
+
+
+def test_a_flushed_ruleset_comes_back_with_the_next_start(lab, hosts):
+    """`nft flush ruleset` takes the tables away (the ports are open then); each unit's drop-in
+    loads its table again at its next start."""
+    monitor, other = hosts
+    on_host(lab, monitor, "nft flush ruleset")
+    try:
+        opened = {what: probe(lab, other, monitor, what) for what in PORTS}
+        print(f"flushed: {other} -> {monitor}: " + ", ".join(f"{w} {a}" for w, a in opened.items()))
+        # the fault is real: every port takes the connection (the relay's own check answers 403)
+        assert opened == {"node exporter": "HTTP 200", "relay": "HTTP 403", "Prometheus": "HTTP 200"}, opened
+    finally:
+        on_host(lab, monitor, "systemctl restart prometheus-node-exporter prometheus")
+    outside_gets_resets(lab, hosts, "restarted")
+
+
+def test_the_allow_lists_are_loaded_at_boot_before_the_units_listen(lab, hosts):
+    monitor, _ = hosts
+    started = time.monotonic()
+    lab.reboot(monitor)
+    print(f"{monitor} rebooted in {time.monotonic() - started:.1f} s")
+    assert until(lambda: lab.ssh(monitor, "systemctl is-active prometheus prometheus-node-exporter "
+                                          "rigup-metrics-relay").returncode == 0, timeout=120)
+    tables = on_host(lab, monitor, "nft list tables")
+    assert "table inet rigup_metrics" in tables and "table inet rigup_prometheus" in tables
+    for table, units in TABLES.items():
+        for unit in units:     # each unit's start loaded it (no other unit loads rigup's tables)
+            pre = on_host(lab, monitor, f"systemctl show -p ExecStartPre {unit}")
+            assert f"/etc/rigup/{table.removeprefix('rigup_')}.nft" in pre, pre
+    outside_gets_resets(lab, hosts, "after a reboot")
 
 
 def test_a_configuration_promtool_rejects_never_goes_live(lab, hosts):

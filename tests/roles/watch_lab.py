@@ -65,10 +65,14 @@ def run_play(tmp_path: Path, deploy: str, data: dict[str, dict], *args: str, mon
     return run
 
 
+# Where Prometheus listens on its host: the --web.listen-address that roles/metrics wrote.
+LISTEN = "$(sed -n 's/.*--web.listen-address=\\([^ \"]*\\).*/\\1/p' /etc/default/prometheus)"
+
+
 def api(lab, monitor: str, path: str, **params) -> dict:
-    """Prometheus's HTTP API on the monitoring host (bound to loopback there)."""
+    """Prometheus's HTTP API on the monitoring host, asked there (at the address it binds)."""
     args = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
-    answer = json.loads(on_host(lab, monitor, f"curl -s -G {args} http://127.0.0.1:9090/api/v1/{path}"))
+    answer = json.loads(on_host(lab, monitor, f"curl -s -G {args} http://{LISTEN}/api/v1/{path}"))
     assert answer["status"] == "success", answer
     return answer["data"]
 
