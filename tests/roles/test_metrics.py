@@ -5,8 +5,8 @@ per card (written by the GPU guard) and llama-server's token counters come back 
 stopping a serving unit fires LlamaServerDown within its `for:`; the other host, outside the
 monitoring group, gets a TCP reset on the monitoring host's node exporter, relay and Prometheus
 (their nftables allow-lists) while Prometheus scrapes both hosts, also after `nft flush ruleset`
-and a restart, and after a reboot; a configuration promtool rejects never goes live; a second
-converge changes nothing."""
+and a restart, and after a reboot; turned off or back on loopback the tables go; a configuration
+promtool rejects never goes live; a second converge changes nothing."""
 
 import time
 
@@ -177,6 +177,38 @@ def test_the_allow_lists_are_loaded_at_boot_before_the_units_listen(lab, hosts):
             pre = on_host(lab, monitor, f"systemctl show -p ExecStartPre {unit}")
             assert f"/etc/rigup/{table.removeprefix('rigup_')}.nft" in pre, pre
     outside_gets_resets(lab, hosts, "after a reboot")
+
+
+def rigup_state(lab, name: str) -> str:
+    """Host ``name``'s rigup tables, drop-ins and the three units' states, in one line."""
+    units = "prometheus-node-exporter rigup-metrics-relay prometheus"
+    return " ".join(lab.ssh(name, f"nft list tables | grep -o 'rigup_[a-z]*'; ls /etc/systemd/system/*.d/rigup-allow-list.conf "
+                                  f"2>/dev/null; systemctl is-active {units}; ss -Hltn | grep -Eo '[^ ]+:(9100|9101|9090) '"
+                            ).stdout.split())
+
+
+def test_off_or_back_on_loopback_the_allow_lists_go(lab, hosts):
+    """Turned off, the listeners stop and their tables, files and drop-ins go (a second converge
+    changes nothing); back on loopback they listen there with no table; then back as they were."""
+    off_args = (*FAST, "--data", "metrics_enabled=false", "--data", "prometheus_enabled=false")
+    off, again = converge(INVENTORY, *off_args), converge(INVENTORY, *off_args)
+    print(f"off: {off.seconds:.1f} s ({off.totals['changed']} changed), again {again.seconds:.1f} s: "
+          f"{again.totals['changed']} changed")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    for name in hosts:
+        state = rigup_state(lab, name)
+        print(f"off: {name}: {state}")
+        assert state == "inactive inactive inactive"
+    loopback = converge(INVENTORY, *FAST, "--data", "metrics_address=127.0.0.1", "--data", "prometheus_address=127.0.0.1")
+    print(f"on loopback: {loopback.seconds:.1f} s ({loopback.totals['changed']} changed)")
+    for name in hosts:
+        state = rigup_state(lab, name)
+        print(f"on loopback: {name}: {state}")
+        assert state.startswith("active active ") and "rigup_" not in state
+        assert all(a.startswith("127.0.0.1:") for a in state.split()[3:]) and "127.0.0.1:9100" in state
+    back = converge(INVENTORY, *FAST)
+    print(f"back: {back.seconds:.1f} s ({back.totals['changed']} changed); {hosts[0]}: {rigup_state(lab, hosts[0])}")
+    outside_gets_resets(lab, hosts, "back")
 
 
 def test_a_configuration_promtool_rejects_never_goes_live(lab, hosts):
