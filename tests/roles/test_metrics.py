@@ -127,16 +127,19 @@ def outside_gets_resets(lab, hosts, when: str) -> None:
           + ", ".join(f"{what} :{PORTS[what][0]} {answer}" for what, answer in scraped.items()))
     assert set(scraped.values()) == {"HTTP 200"}
 
+    # the targets now (a target of an earlier address keeps its last sample a while after a restart)
+    targets = {("node", f"{h['address']}:9100") for h in lab.hosts()} | {("llama-server", f"{n}/gemma") for n in hosts}
+
     def all_up():
         try:      # Prometheus may still be starting (after a restart or a boot)
             series = api(lab, monitor, "query", query='up{job=~"node|llama-server"}')["result"]
         except (AssertionError, ValueError):
             return None
-        found = {(r["metric"]["job"], r["metric"]["host"]): r["value"][1] for r in series}
-        return found if len(found) == 4 and set(found.values()) == {"1"} else None
+        found = {(r["metric"]["job"], r["metric"]["instance"]): r["value"][1] for r in series}
+        return found if all(found.get(t) == "1" for t in targets) else None
     up = until(all_up, timeout=90)
     assert up, api(lab, monitor, "query", query="up")["result"]
-    print(f"{when}: Prometheus up: " + ", ".join(f"{job}/{h} {v}" for (job, h), v in sorted(up.items())))
+    print(f"{when}: Prometheus up: " + ", ".join(f"{job} {i} {up[job, i]}" for job, i in sorted(targets)))
 
 
 def test_outside_the_monitoring_group_the_metrics_ports_reset(lab, hosts):
@@ -188,13 +191,10 @@ def rigup_state(lab, name: str) -> str:
 
 
 def test_off_or_back_on_loopback_the_allow_lists_go(lab, hosts):
-    """Turned off, the listeners stop and their tables, files and drop-ins go (a second converge
-    changes nothing); back on loopback they listen there with no table; then back as they were."""
-    off_args = (*FAST, "--data", "metrics_enabled=false", "--data", "prometheus_enabled=false")
-    off, again = converge(INVENTORY, *off_args), converge(INVENTORY, *off_args)
-    print(f"off: {off.seconds:.1f} s ({off.totals['changed']} changed), again {again.seconds:.1f} s: "
-          f"{again.totals['changed']} changed")
-    assert again.totals["changed"] == 0, again.changed_operations()
+    """Turned off, the listeners stop and their tables, files and drop-ins go; back on loopback
+    they listen there with no table; then back as they were (the next test's converge: 0 changes)."""
+    off = converge(INVENTORY, *FAST, "--data", "metrics_enabled=false", "--data", "prometheus_enabled=false")
+    print(f"off: {off.seconds:.1f} s ({off.totals['changed']} changed)")
     for name in hosts:
         state = rigup_state(lab, name)
         print(f"off: {name}: {state}")
