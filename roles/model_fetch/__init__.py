@@ -66,7 +66,7 @@ from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files as managed
-from rigup import services
+from rigup import services, summary
 from rigup.config import role_defaults, source_of
 from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
@@ -81,7 +81,7 @@ from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchS
                                      unit_name)
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.hub import resolve, token
-from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
+from roles.model_fetch.plan import ModelPlan, human, pending_note, plan_model, progress_line
 
 __all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_lines", "CHECKS", "ModelFetchState"]
 
@@ -420,6 +420,10 @@ def apply(plan: dict | None = None):
         wanted[p.name] for p in plans if wanted[p.name] not in _staging[host.name]
         and len((facts["models"].get(p.name) or {}).get("previous") or []) > keep]
     waiting = [p for p in plans if p.action not in ("complete", "switch") and models[p.name]["wait"]]
+    for p in plans:
+        note = "" if p in waiting else pending_note(p, facts["models"].get(p.name) or {})
+        if note:
+            summary.note(host.name, note)
     if waiting:
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
 
-__all__ = ["human", "duration", "ModelPlan", "progress_line", "short_progress", "unsafe_files", "plan_model"]
+__all__ = ["human", "duration", "ModelPlan", "progress_line", "pending_note", "short_progress", "unsafe_files",
+           "plan_model"]
 
 MiB = 1 << 20
 
@@ -60,6 +61,21 @@ def progress_line(name: str, state: dict) -> str:
     if p:
         return f"model {name}: stopped at {human(done)} / {human(total)}{pct}; resumed"
     return f"model {name}: not here yet"
+
+
+def pending_note(plan: ModelPlan, state: dict) -> str:
+    """What the host's summary line says of a model this converge leaves downloading (a job it
+    started or found running, not waited for): ``gemma: downloading 12.0% of 460.0 GiB, serving
+    when complete: converge again, or watch status.py``; "" for any other plan."""
+    if plan.action not in ("start", "restart", "running") or not plan.job:
+        return ""
+    total = plan.job["bytes"]
+    done = min((state.get("progress") or {}).get("bytes") or state.get("have_bytes") or 0, total)
+    serving = (state.get("serving") or {}).get("revision")
+    then = (f"serving {serving[:12]} meanwhile, switching when complete" if serving
+            else "serving when complete")
+    return (f"{plan.name}: downloading {100 * done / total if total else 0:.1f}% of {human(total)}, {then}: "
+            "converge again, or watch status.py")
 
 
 def short_progress(name: str, state: dict) -> str:
