@@ -10,6 +10,7 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py serve  --work /root/rigup-gpu --out DIR
     python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
     python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/smoke.py, 5 runs
+    python3 tests/gpu/check.py health --out DIR    # PCIe links and the kernel log's Xid events, read only
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
@@ -671,6 +672,43 @@ def cmd_smoke(args) -> None:
         sys.exit(1)
 
 
+LINK_FIELDS = ("index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,"
+               "pcie.link.gen.hostmax,pcie.link.width.current,pcie.link.width.max")
+
+
+def cmd_health(args) -> None:
+    """Every card's PCIe link against its maxima (rigup.gpu.facts.link_state; idle, so the
+    generation is not judged) and the kernel log's Xid events per card (rigup.gpu.xid, from the
+    journal or dmesg, as the guard reads them); writes OUT/health.json. Reads only."""
+    from rigup.gpu import xid
+    from rigup.gpu.facts import link_state
+
+    before = gpu_settings()
+    cards = []
+    for line in sh(f"nvidia-smi --query-gpu={LINK_FIELDS} --format=csv,noheader,nounits").strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        num = [int(c) if c.isdigit() else None for c in cells]
+        index, bus, gen, gen_max, gpu_max, host_max, width, width_max = cells[0], cells[1], *num[2:]
+        state = link_state(gen, gen_max, width, width_max)
+        cards.append({"index": index, "bus_id": bus, "card": xid.card_key(bus), "raw": cells, **state,
+                      "gen_gpumax": gpu_max, "gen_hostmax": host_max})
+    log = sh(xid.KERNEL_LOG_COMMAND)
+    nvrm = sh("(journalctl -k --no-pager 2>/dev/null || dmesg 2>/dev/null) | grep -c 'NVRM' || true").strip()
+    found = xid.events(log.splitlines(), xid.catalogue())
+    after = gpu_settings()
+    result = {"cards": cards, "kernel_log_nvrm_lines": int(nvrm or 0), "xid_events": found,
+              "xid_counts": xid.counts(found), "settings_before": before, "settings_after": after}
+    for c in cards:
+        print(f"GPU {c['index']} {c['bus_id']}: {c['link']}{' DOWNTRAINED ' + c['why'] if c['downtrained'] else ''} "
+              f"(raw {', '.join(c['raw'][2:])})")
+    print(f"kernel log: {result['kernel_log_nvrm_lines']} NVRM lines, {len(found)} Xid events: {result['xid_counts']}")
+    print(f"GPU settings before: {before}\nGPU settings after:  {after}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "health.json").write_text(json.dumps(result, indent=1) + "\n")
+    if before != after:
+        sys.exit("GPU settings changed")
+
+
 def cmd_plan(args) -> None:
     """The plan, the cmake line and the serving drop-in, built and run nowhere (no GPU needed)."""
     facts, plan = facts_and_plan()
@@ -682,7 +720,7 @@ def cmd_plan(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -695,7 +733,7 @@ def main() -> None:
     if args.out is None and args.step != "smoke":
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
-     "smoke": cmd_smoke}[args.step](args)
+     "smoke": cmd_smoke, "health": cmd_health}[args.step](args)
 
 
 if __name__ == "__main__":
