@@ -254,16 +254,53 @@ def chat(port: int, tokens: int) -> dict:
         return json.loads(response.read())
 
 
+class Power:
+    """Every card's power draw sampled by ``nvidia-smi --query-gpu=power.draw -lms 100`` (reads
+    only) while the block runs; ``joules``: the draw of all cards integrated over time (each sample
+    held until the next)."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,power.draw", "--format=csv,noheader,nounits",
+                                      "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples: list[tuple[float, int, float]] = []
+        self.reader = concurrent.futures.ThreadPoolExecutor(1).submit(self._read)
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 2 and cells[0].isdigit():
+                try:
+                    self.samples.append((time.monotonic(), int(cells[0]), float(cells[1])))
+                except ValueError:
+                    pass   # [N/A]
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.reader.result(timeout=10)
+        self.joules = 0.0
+        last: dict[int, tuple[float, float]] = {}
+        for t, card, watts in self.samples:
+            if card in last:
+                self.joules += last[card][1] * (t - last[card][0])
+            last[card] = (t, watts)
+        return False
+
+
 def concurrency(port: int, n: int, tokens: int = 400) -> dict:
-    start = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        replies = list(pool.map(lambda _: chat(port, tokens), range(n)))
-    wall = time.monotonic() - start
+    with Power() as power:
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            replies = list(pool.map(lambda _: chat(port, tokens), range(n)))
+        wall = time.monotonic() - start
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     per_request = [r["timings"]["predicted_per_second"] for r in replies]
     return {"concurrent": n, "tokens": generated, "seconds": round(wall, 2),
             "total_tps": round(generated / wall, 1),
-            "per_request_tps": round(sum(per_request) / len(per_request), 1)}
+            "per_request_tps": round(sum(per_request) / len(per_request), 1),
+            "joules": round(power.joules, 1), "joules_per_token": round(power.joules / generated, 3) if generated else None,
+            "power_samples": len(power.samples)}
 
 
 def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None) -> dict:
@@ -314,7 +351,9 @@ REPEATS = 4
 def cmd_bench(args) -> None:
     """bench.py's measuring (rigup/throughput.py) against check.py's own, on one llama-server
     started from the role's ExecStart: at 1, 4 and 8 concurrent requests of 400 tokens, each
-    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%."""
+    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%. Joules per
+    generated token (every card's draw integrated over check.py's runs, :class:`Power`) next to
+    tok/s."""
     from rigup import throughput
 
     build = json.loads((args.work / "build.json").read_text())
@@ -334,7 +373,9 @@ def cmd_bench(args) -> None:
                     measure()
             check_tps = sum(r["total_tps"] for r in mine) / REPEATS
             bench_tps = sum(r["total_tps"] for r in theirs) / REPEATS
+            jpt = [r["joules_per_token"] for r in mine if r["joules_per_token"] is not None]
             rows.append({"concurrent": n, "check_total_tps": round(check_tps, 1), "bench_total_tps": round(bench_tps, 1),
+                         "joules_per_token": round(sum(jpt) / len(jpt), 3) if jpt else None,
                          "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / REPEATS, 1),
                          "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / REPEATS, 1),
                          "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs)})
@@ -343,10 +384,10 @@ def cmd_bench(args) -> None:
 
     result = serve_and_measure("rigup (roles/llama_server)", role_argv(bindir, model, build), RECIPE["port"],
                                args.out / "bench-server.log", measure=both)
-    lines = ["| concurrent | check.py total tok/s | throughput.py total tok/s | ratio | check.py per request | "
-             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['bench_total_tps']} | {r['ratio']:.3f} | "
-              f"{r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
+    lines = ["| concurrent | check.py total tok/s | J/token | throughput.py total tok/s | ratio | check.py per request | "
+             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['joules_per_token']} | {r['bench_total_tps']} | "
+              f"{r['ratio']:.3f} | {r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
     (args.out / "bench-compare.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench-compare.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
