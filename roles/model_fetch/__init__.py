@@ -311,7 +311,7 @@ def dead_job(name: str, state: dict, waited: float) -> str | None:
     p = state.get("progress") or {}
     done = f"at {human(p.get('bytes') or 0)} / {human(p.get('total') or 0)}"
     if p.get("state") == "failed":
-        return f"the download failed: {p.get('error')} ({done})"
+        return f"the download failed: {p.get('error')} ({done}" + (f", from {p['source']})" if p.get("source") else ")")
     if p.get("state") == "stopped":
         return f"the download was stopped {done} ({p.get('detail')}); a converge starts it again"
     if p:
