@@ -1,6 +1,8 @@
 """roles/model_fetch under faults made for real on the lab, with the play and helpers of
 test_model_fetch.py: a clean reboot mid-download, a kill -9, a connection the hub cuts mid-file,
-a filesystem that fills up mid-download, and a hub that lists paths outside the model's directory.
+a filesystem that fills up mid-download, a hub that lists paths outside the model's directory,
+and each answer of the lab hub's hostile mode (tests/lab/hub.py: a bad commit, a name with a
+newline, a duplicate path, a gzip bomb, a next page on another origin, Range ignored, a trickle).
 
 Bytes are counted by the lab hub (tests/lab/hub.py), per lab host; each test prints its figures.
 """
@@ -11,7 +13,7 @@ import time
 import pytest
 
 from rigup.names import HF_TOKEN, MARKER
-from roles.model_fetch import fetcher
+from roles.model_fetch import fetcher, metrics_config
 from tests.conftest import on_host
 from tests.converge import ROOT, pyinfra
 from tests.roles.test_model_fetch import BIG, converge, marker, model, progress, wait_for
@@ -164,7 +166,9 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
                        + "; ".join(f"echo keep > {s}" for s in sentinels))
     listed = [f["path"] for f in fetcher.hub_files(hub_module.url(), "lab/evil", rev, None)]
     assert set(HOSTILE) <= set(listed)  # the hub does list them
-    models = {"evil": {"repo": "lab/evil", "revision": rev, "dest": dest}}
+    # size and family given: the controller asks the hub nothing (the hostile mode's cases below
+    # are refused there); the host's own probe of the listing is what the plan refuses here
+    models = {"evil": {"repo": "lab/evil", "revision": rev, "dest": dest, "size_gib": 0.001, "family": "glm-5.3-flash"}}
     run = converge(play, tmp_path, {name: {"models": models}}, check=False)
     assert run.returncode != 0
     refused = [ln.strip() for ln in run.output.splitlines() if "refused: models.evil.repo" in ln]
@@ -193,3 +197,125 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
     assert on_host(lab, name, f"find {dest} -type f ! -path '*/.rigup-fetch/*'") == ""
     assert hub_module.bytes_served(h["address"]) == 0
     on_host(lab, name, f"rm -rf {dest} " + " ".join(sentinels))
+
+
+# ------------------------------------------------------------------ the lab hub's hostile mode
+
+HOSTILE_DEST = "/srv/models/hostile"
+MARK = "/tmp/rigup-hostile-mark"
+# what a converge may touch outside dest without writing: the kernel's and the run's own places
+NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log")
+# rigup's own files outside dest that a converge which starts a job (re)writes from the inventory
+# (never from the hub): compared with what rigup ships
+OWN = ("/etc/rigup", "/etc/rigup/model-metrics.json", "/opt/rigup/bin", "/opt/rigup/bin/rigup-fetch")
+NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
+PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
+TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10
+JOB = {"include": ["*.gguf"], "size_gib": 0.01, "family": "glm-5.3-flash", "wait": True}
+
+
+def job_bound(stall_s: float) -> float:
+    """The most a job may take to fail on a hub whose every stream stalls or is cut: RETRIES + 1
+    streams of a stall window (and a read) each, the backoffs between them at their longest,
+    and the converge around it."""
+    backoff = sum(min(fetcher.BACKOFF_MAX_S, fetcher.BACKOFF_S * 2 ** k) for k in range(fetcher.RETRIES))
+    return (fetcher.RETRIES + 1) * (stall_s + 1) + backoff + PLAN_S
+
+
+# case -> (hub switches, the model's entry beyond repo/revision/dest, host data, cut after, the
+# reason's words, the bound in s). The plan-time cases leave size_gib and family out: the
+# controller asks the hub (listing, header) and refuses there; the job cases give both, so the
+# controller asks nothing and the job meets the hub.
+HOSTILE_CASES = {
+    "bad-commit": ({"commit": "0" * 40 + "\nExecStartPre=+/bin/touch /pwned"}, {"revision": "main"},
+                   {"models_allow_unpinned": True}, None, "not 40 lowercase hex", PLAN_S),
+    "newline-name": ({"paths": [NEWLINE]}, {}, {}, None, f"{NEWLINE!r}: a control character in the path", PLAN_S),
+    "duplicate-path": ({"paths": ["config.json"]}, {}, {}, None, "'config.json': listed twice", PLAN_S),
+    "duplicate-by-case": ({"paths": ["CONFIG.JSON"]}, {}, {}, None, "compared case-insensitively", PLAN_S),
+    "gzip-listing": ({"gzip": ["listing"]}, {}, {}, None, "listing of lab/hostile with Content-Encoding 'gzip'",
+                           PLAN_S),
+    "gzip-header": ({"gzip": ["resolve"]}, {}, {}, None, "answered with Content-Encoding 'gzip'", PLAN_S),
+    "next-page-elsewhere": ({"next_page": "OTHER"}, {}, {}, None, "has its next page on another host: OTHER", PLAN_S),
+    "range-ignored": ({"ignore_range": True}, JOB, {},
+                      CUT_AT, "the hub ignores Range (it answered 200, the whole file, to 10 requests", job_bound(1)),
+    "trickle": ({"trickle_bps": TRICKLE_BPS}, JOB,
+                {"model_fetch_stall_timeout": STALL_S}, None, f"per {STALL_S} s (stalled); 10 retries in a row failed",
+                job_bound(STALL_S)),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_repo(hub):
+    """lab/hostile: a config and a one-shard GGUF (2 MiB, in LFS), and its commit."""
+    hub_module, _ = hub
+    files = {**hub_module.gguf_shards("hostile", 1), "config.json": hub_module.CACHE / "tiny-config.json"}
+    return hub_module.publish("lab/hostile", files)
+
+
+def touched(lab, name: str) -> list[str]:
+    """Paths of ``name`` written (mtime or ctime) since MARK, but dest and NOT_WRITES."""
+    prune = " -o ".join(f"-path {p}" for p in (*NOT_WRITES, HOSTILE_DEST))
+    out = on_host(lab, name, f"find / -xdev \\( {prune} \\) -prune -o \\( -newer {MARK} -o -cnewer {MARK} \\) -print")
+    return sorted(out.split("\n")[:-1])
+
+
+def units(lab, name: str) -> str:
+    """Every line of rigup's units, drop-ins and /etc/rigup (as tests/roles/test_hostile.py reads them)."""
+    return lab.ssh(name, "grep -r '' /etc/systemd/system/rigup-* /etc/rigup 2>/dev/null | sort").stdout
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_CASES))
+def test_a_hostile_hub_answer_fails_in_bounded_time_naming_the_reason(lab, hub, play, hostile_repo, tmp_path, case):
+    hub_module, _ = hub
+    switches, entry, data, cut, words, bound = HOSTILE_CASES[case]
+    h = lab.hosts()[0]
+    name, endpoint = h["name"], hub_module.url()
+    other = f"{hub_module.other_url()}/api/models/lab/hostile/tree/{hostile_repo}?cursor=2"
+    switches = {k: other if v == "OTHER" else v for k, v in switches.items()}
+    words = words.replace("OTHER", other)
+    model = {"repo": "lab/hostile", "revision": hostile_repo, "dest": HOSTILE_DEST, **entry}
+    on_host(lab, name, f"rm -rf {HOSTILE_DEST} /pwned; install -d -o rigup -g rigup {HOSTILE_DEST}")
+    before = units(lab, name)
+    on_host(lab, name, f"touch {MARK}")
+    hub_module.reset()
+    hub_module.hostile("lab/hostile", **switches)
+    if cut:
+        hub_module.cut(cut, times=0)
+    try:
+        run = converge(play, tmp_path, {name: {"models": {"hostile": model}, "model_fetch_wait_interval": 1, **data}},
+                       check=False, env={"RIGUP_CACHE_DIR": str(tmp_path / "hub-cache")})
+        asked, elsewhere = hub_module.requests(), hub_module.other_requests()
+        served = hub_module.bytes_served(h["address"])
+    finally:
+        hub_module.reset()
+        on_host(lab, name, "systemctl stop rigup-fetch-hostile 2>/dev/null; systemctl reset-failed rigup-fetch-hostile "
+                           "2>/dev/null; true")
+    assert run.returncode != 0, run.output[-3000:]
+    lines = [ln.strip() for ln in run.output.splitlines()
+             if "refused: models.hostile" in ln or "model hostile: the download failed" in ln]
+    print(f"\n{case}: failed in {run.seconds:.1f} s (bound {bound:.0f} s); hub: {len(asked)} requests, "
+          f"{sum(r['auth'] for r in asked)} with a token, {served} file bytes to the host; other origin: "
+          f"{len(elsewhere)} requests")
+    print("\n".join(lines))
+    assert lines and words in lines[0] and endpoint in lines[0], run.output[-3000:]
+    assert run.seconds < bound
+    assert elsewhere == [] and not any(r["auth"] for r in asked)   # an http:// hub is never given a token
+    if not cut and "trickle_bps" not in switches:
+        assert "refused: models.hostile" in lines[0] and served == 0   # at plan time: no byte, no job
+    else:
+        fetched = sorted(hub_module.gguf_shards("hostile", 1))
+        assert f"{fetched[0]}: " in lines[0]
+    # nothing written outside dest, but rigup's own files, as rigup writes them (from the inventory)
+    written = touched(lab, name)
+    print(f"written outside {HOSTILE_DEST}: {written or 'nothing'}")
+    assert set(written) <= set(OWN), written
+    if written:
+        want = json.dumps(metrics_config({"hostile": model}), indent=1, sort_keys=True) + "\n"
+        assert on_host(lab, name, f"cat {OWN[1]}") == want
+        assert on_host(lab, name, f"cat {OWN[3]}") == open(fetcher.__file__).read()
+    after = units(lab, name)
+    gained = sorted(set(after.splitlines()) - set(before.splitlines()))
+    print(f"unit and /etc/rigup lines gained: {len(gained)}")
+    assert all(ln.startswith(f"{OWN[1]}:") for ln in gained), gained
+    assert "pwned" not in after and lab.ssh(name, "test -e /pwned").returncode != 0
+    on_host(lab, name, f"rm -rf {HOSTILE_DEST} {MARK}")
