@@ -203,8 +203,9 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
 
 HOSTILE_DEST = "/srv/models/hostile"
 MARK = "/tmp/rigup-hostile-mark"
-# what a converge may touch outside dest without writing: the kernel's and the run's own places
-NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log")
+# what a converge may touch outside dest without writing: the kernel's and the run's own places,
+# and the lab's simulated nvidia-smi's log of its calls (tests/lab/nvidia_smi.py; preflight runs it)
+NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/lib/rigup-gpu-sim/calls.log")
 NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
 PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
 TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10
