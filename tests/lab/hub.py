@@ -3,6 +3,7 @@ huggingface_hub / `hf download` on the controller) fetch models from, serving gi
 tests make. Standard library only.
 
     python -m tests.lab.hub serve        # on the lab gateway, port 8090 (the lab bridge must be up)
+                                         # and https on port 443 (the lab CA's certificate)
 
 Repos live under ``STATE/hub/models/<org>/<repo>``: git work trees laid out as the hub keeps
 them, with large files in git LFS (a pointer in git, the object under ``.git/lfs/objects``), so
@@ -16,7 +17,8 @@ It answers what rigup and huggingface_hub ask:
   ``X-Linked-Etag`` and ``X-Linked-Size``;
 - for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
   /_lab/tokens`` (bearer tokens seen, by client), ``GET /_lab/requests`` (every request but the
-  ``/_lab`` ones: client, method, path, whether it carried an ``Authorization`` header), ``GET
+  ``/_lab`` ones: client, method, path, whether it carried an ``Authorization`` header, whether
+  it came over https), ``GET
   /_lab/other`` (the same of the other origin, below), ``POST /_lab/reset`` (counters, records
   and faults), ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 = none: a WAN link);
 - faults, for tests (cleared by reset): ``POST /_lab/cut?after=N&times=K&how=close|reset|stall``
@@ -36,6 +38,12 @@ It answers what rigup and huggingface_hub ask:
   client asked for; ``next_page`` adds ``Link: <URL>; rel="next"`` to its listing (the other
   origin's URL, :func:`other_url`), as a hostile or broken mirror would.
 
+The same hub answers over https on port HTTPS_PORT of its address (:func:`https_url`), with a
+certificate of the lab's CA (tests/lab/tls.py), which the lab hosts trust and the controller's
+clients are given (``SSL_CERT_FILE``): an https hub is given the token, so its path can be proven
+(``/_lab/tokens``, and each request's ``auth`` and ``https``). 443, since the hosts' probe goes
+through the lab's tinyproxy, which tunnels to ports 443 and 80 only.
+
 The other origin: a second server in the same process, on port OTHER_PORT of the same address
 (another origin: another port), that records every request it gets (client, method, path, the
 ``Authorization`` header's presence and its bearer token) and answers each with an empty
@@ -50,7 +58,7 @@ From Python: ``hub.publish(repo_id, {path_in_repo: local_path})`` commits those 
 whole content at that commit) and returns the commit id; ``hub.serve()``, ``hub.stop()``,
 ``hub.url()``, ``hub.bytes_served(address=None)``, ``hub.tokens_seen(address)``, ``hub.reset()``,
 ``hub.rate(bps)``, ``hub.cut(after, times=1, how="close")``, ``hub.hostile(repo_id, paths, **switches)``,
-``hub.requests()``, ``hub.other_url()``, ``hub.other_requests()``.
+``hub.requests()``, ``hub.https_url()``, ``hub.other_url()``, ``hub.other_requests()``.
 ``lab.down()`` stops the server (``lab.hub_pids()``).
 """
 
@@ -64,6 +72,7 @@ import re
 import shutil
 import socket
 import socketserver
+import ssl
 import struct
 import subprocess
 import sys
@@ -79,6 +88,7 @@ ROOT = lab.STATE / "hub"
 MODELS = ROOT / "models"
 PORT = int(os.environ.get("RIGUP_LAB_HUB_PORT", "8090"))
 OTHER_PORT = PORT + 2     # the other origin (8091 is the hosts' share port)
+HTTPS_PORT = int(os.environ.get("RIGUP_LAB_HUB_HTTPS_PORT", "443"))
 PID = lab.STATE / "hub.pid"
 URL_FILE = lab.STATE / "hub.url"
 LOG = ROOT / "access.log"
@@ -94,6 +104,12 @@ def url(host: str | None = None) -> str:
     if host is None and URL_FILE.exists():
         return URL_FILE.read_text().strip()
     return f"http://{host or lab.GATEWAY}:{PORT}"
+
+
+def https_url(host: str | None = None) -> str:
+    """The hub's https origin (the lab CA's certificate for its address)."""
+    address = urllib.parse.urlsplit(url(host)).hostname
+    return f"https://{address}" + ("" if HTTPS_PORT == 443 else f":{HTTPS_PORT}")
 
 
 def other_url(host: str | None = None) -> str:
@@ -335,7 +351,7 @@ class Stats:
     def record(self, where: list, handler, token: bool = False) -> None:
         auth = handler.headers.get("Authorization")
         seen = {"client": handler.client_address[0], "method": handler.command, "path": handler.path,
-                "auth": auth is not None}
+                "auth": auth is not None, "https": isinstance(handler.connection, ssl.SSLSocket)}
         if token:
             seen["token"] = auth[7:] if auth and auth.startswith("Bearer ") else auth
         with self.lock:
@@ -639,10 +655,19 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
-def main_serve(bind: str, port: int) -> None:
+def main_serve(bind: str, port: int, https_port: int) -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
     other = Server((bind, port + OTHER_PORT - PORT), OtherHandler)
     threading.Thread(target=other.serve_forever, daemon=True).start()
+    if https_port:
+        from tests.lab import tls
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls.server_cert(bind))
+        secure = Server((bind, https_port), Handler)
+        # the handshake in the request's thread (on its first read), not in the one that accepts
+        secure.socket = context.wrap_socket(secure.socket, server_side=True, do_handshake_on_connect=False)
+        threading.Thread(target=secure.serve_forever, daemon=True).start()
     Server((bind, port), Handler).serve_forever()
 
 
@@ -650,11 +675,15 @@ def main_serve(bind: str, port: int) -> None:
 
 def serve(bind: str | None = None) -> str:
     """Start the hub on the lab gateway (or ``bind``), unless it runs; return its URL."""
+    from tests.lab import tls
+
     MODELS.mkdir(parents=True, exist_ok=True)
     if not sources.pid_alive(PID):
+        tls.server_cert(str(bind or lab.GATEWAY))   # made here, where a failure is seen
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.lab.hub", "serve", "--bind", str(bind or lab.GATEWAY),
-             "--port", str(PORT), "--root", str(ROOT)], cwd=Path(__file__).resolve().parents[2],
+             "--port", str(PORT), "--https-port", str(HTTPS_PORT), "--root", str(ROOT)],
+            cwd=Path(__file__).resolve().parents[2],
             stdout=subprocess.DEVNULL, stderr=open(ROOT / "server.log", "a"), stdin=subprocess.DEVNULL,
             start_new_session=True)
         PID.write_text(str(proc.pid))
@@ -745,6 +774,7 @@ if __name__ == "__main__":
     p = sub.add_parser("serve")
     p.add_argument("--bind", default=str(lab.GATEWAY))
     p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--https-port", type=int, default=HTTPS_PORT)   # 0: none
     p.add_argument("--root", default=str(ROOT))  # names the lab in the process list (lab.hub_pids)
     args = parser.parse_args()
-    main_serve(args.bind, args.port)
+    main_serve(args.bind, args.port, args.https_port)

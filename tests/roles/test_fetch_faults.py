@@ -316,3 +316,72 @@ def test_a_hostile_hub_answer_fails_in_bounded_time_naming_the_reason(lab, hub, 
     assert written == [] and gained == [], (written, gained)
     assert "pwned" not in after and lab.ssh(name, "test -e /pwned").returncode != 0
     on_host(lab, name, f"rm -rf {HOSTILE_DEST} {MARK}")
+
+
+TOKEN = "hf_lab_https_token_0123456789abcdef"
+
+
+def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hostile_repo, tmp_path):
+    """The hub's https origin (the lab CA): the controller's HF_TOKEN goes to /etc/rigup/hf-token
+    (root, 0600) and from there, as the job's credential, to the hub alone: never an argv, a unit,
+    the journal, pyinfra's output or the model's files; a next page on another origin is not
+    followed by the host's probe, which holds the token."""
+    from tests.lab import tls
+
+    hub_module, _ = hub
+    h = lab.hosts()[0]
+    name, endpoint = h["name"], hub_module.https_url()
+    dest, unit = "/srv/models/secret", "rigup-fetch-secret"
+    env = {"HF_TOKEN": TOKEN, "SSL_CERT_FILE": str(tls.controller_bundle()), "RIGUP_CACHE_DIR": str(tmp_path / "cache")}
+    secure = {"hf_endpoint": endpoint, "hf_endpoint_insecure": False, "model_fetch_wait_interval": 1}
+    # size and family left out: the controller lists the repo and reads the GGUF header, with the token
+    model = {"repo": "lab/hostile", "revision": hostile_repo, "dest": dest, "include": ["*.gguf"], "wait": True}
+    on_host(lab, name, f"rm -rf {dest} /etc/rigup/hf-token")
+    hub_module.reset()
+    hub_module.rate(256 << 10)   # 2 MiB: about 8 s of a job to look at
+    try:
+        waiting = converge(play, tmp_path, {name: {"models": {"secret": model}, **secure}}, popen=True, env=env)
+        wait_for(lambda: progress(lab, name, dest).get("bytes", 0) > 0, 120, "the job's first bytes")
+        argv = on_host(lab, name, f"grep -lF {TOKEN} /proc/[0-9]*/cmdline 2>/dev/null; true")
+        shown = on_host(lab, name, f"systemctl show {unit} -p ExecStart -p Environment -p LoadCredential; "
+                                   f"cat /run/systemd/transient/{unit}.service")
+        out, _ = waiting.communicate(timeout=300)
+    finally:
+        hub_module.rate(0)
+    assert waiting.returncode == 0, out[-3000:]
+    assert marker(lab, name, dest)["files"] == sorted(hub_module.gguf_shards("hostile", 1))
+    asked, tokens, elsewhere = hub_module.requests(), hub_module._call("/_lab/tokens"), hub_module.other_requests()
+    on_disk = on_host(lab, name, "stat -c '%a %U' /etc/rigup/hf-token").strip()
+    leaks = on_host(lab, name, f"grep -rlF {TOKEN} /etc/systemd /run/systemd /etc/rigup {dest} /opt/rigup 2>/dev/null "
+                               f"| grep -vx /etc/rigup/hf-token; journalctl --no-pager -o cat | grep -cF {TOKEN}; true")
+    print(f"\nover https: {len(asked)} requests to the hub, {sum(r['auth'] for r in asked)} with the token, "
+          f"{sum(r['https'] for r in asked)} over https; tokens by client: { {k: len(v) for k, v in tokens.items()} }; "
+          f"other origin: {len(elsewhere)} requests; /etc/rigup/hf-token {on_disk}; the unit's credential: "
+          f"{'LoadCredential=hf-token:/etc/rigup/hf-token' in shown}")
+    # every request over https, with the token, but the host's probe's listing: it runs before the
+    # converge puts the token on the host (as the first converge of any host does)
+    bare = [r for r in asked if not r["auth"]]
+    print(f"requests without the token: {[(r['client'], r['path'].split('?')[0]) for r in bare]}")
+    assert asked and all(r["https"] for r in asked)
+    assert all("/tree/" in r["path"] and r["client"] == str(lab.GATEWAY) for r in bare) and len(bare) <= 1
+    assert all(v == [TOKEN] for v in tokens.values()) and h["address"] in tokens   # the job's own requests
+    assert elsewhere == [] and on_disk == "600 root"
+    assert argv == "" and TOKEN not in shown and "hf-token:/etc/rigup/hf-token" in shown
+    assert TOKEN not in out and leaks.split() == ["0"], leaks
+
+    # the host's probe, with the token, meets a next page on another origin: not followed
+    hub_module.reset()
+    hub_module.hostile("lab/hostile", next_page=f"{hub_module.other_url()}/api/models/lab/hostile/tree/x?cursor=2")
+    again = dict(model, dest=f"{dest}2", size_gib=0.01, family="glm-5.3-flash")   # the controller asks nothing
+    try:
+        run = converge(play, tmp_path, {name: {"models": {"secret": again}, **secure}}, check=False, env=env)
+        asked, elsewhere = hub_module.requests(), hub_module.other_requests()
+    finally:
+        hub_module.reset()
+    line = next(ln.strip() for ln in run.output.splitlines() if "refused: models.secret" in ln)
+    print(f"host's probe with the token, a next page elsewhere: refused in {run.seconds:.1f} s; hub: {len(asked)} "
+          f"requests, {sum(r['auth'] for r in asked)} with the token; other origin: {len(elsewhere)}\n{line}")
+    assert run.returncode != 0 and "has its next page on another host" in line and endpoint in line
+    assert asked and all(r["auth"] for r in asked) and elsewhere == []
+    assert TOKEN not in run.output
+    on_host(lab, name, f"rm -rf {dest} {dest}2")
