@@ -7,6 +7,7 @@ newline, a duplicate path, a gzip bomb, a next page on another origin, Range ign
 Bytes are counted by the lab hub (tests/lab/hub.py), per lab host; each test prints its figures.
 """
 
+import base64
 import json
 import time
 
@@ -319,6 +320,9 @@ def test_a_hostile_hub_answer_fails_in_bounded_time_naming_the_reason(lab, hub, 
 
 
 TOKEN = "hf_lab_https_token_0123456789abcdef"
+# the token as grep's pattern file, made without the token in any command line (a grep given it
+# as an argument would find itself in /proc/*/cmdline)
+PATTERN = f"echo {base64.b64encode(TOKEN.encode()).decode()} | base64 -d > /tmp/token"
 
 
 def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hostile_repo, tmp_path):
@@ -342,7 +346,7 @@ def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hosti
     try:
         waiting = converge(play, tmp_path, {name: {"models": {"secret": model}, **secure}}, popen=True, env=env)
         wait_for(lambda: progress(lab, name, dest).get("bytes", 0) > 0, 120, "the job's first bytes")
-        argv = on_host(lab, name, f"grep -lF {TOKEN} /proc/[0-9]*/cmdline 2>/dev/null; true")
+        argv = on_host(lab, name, f"{PATTERN}; grep -lFf /tmp/token /proc/[0-9]*/cmdline 2>/dev/null; true")
         shown = on_host(lab, name, f"systemctl show {unit} -p ExecStart -p Environment -p LoadCredential; "
                                    f"cat /run/systemd/transient/{unit}.service")
         out, _ = waiting.communicate(timeout=300)
@@ -352,8 +356,9 @@ def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hosti
     assert marker(lab, name, dest)["files"] == sorted(hub_module.gguf_shards("hostile", 1))
     asked, tokens, elsewhere = hub_module.requests(), hub_module._call("/_lab/tokens"), hub_module.other_requests()
     on_disk = on_host(lab, name, "stat -c '%a %U' /etc/rigup/hf-token").strip()
-    leaks = on_host(lab, name, f"grep -rlF {TOKEN} /etc/systemd /run/systemd /etc/rigup {dest} /opt/rigup 2>/dev/null "
-                               f"| grep -vx /etc/rigup/hf-token; journalctl --no-pager -o cat | grep -cF {TOKEN}; true")
+    leaks = on_host(lab, name, f"{PATTERN}; grep -rlFf /tmp/token /etc/systemd /run/systemd /etc/rigup {dest} /opt/rigup "
+                               "2>/dev/null | grep -vx /etc/rigup/hf-token; journalctl --no-pager -o cat | grep -cFf /tmp/token; "
+                               "rm /tmp/token; true")
     print(f"\nover https: {len(asked)} requests to the hub, {sum(r['auth'] for r in asked)} with the token, "
           f"{sum(r['https'] for r in asked)} over https; tokens by client: { {k: len(v) for k, v in tokens.items()} }; "
           f"other origin: {len(elsewhere)} requests; /etc/rigup/hf-token {on_disk}; the unit's credential: "
