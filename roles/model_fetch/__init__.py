@@ -14,7 +14,9 @@ What it does to a host:
   huggingface_hub): resolves a branch or tag typed as ``revision`` to its commit and prints the
   pin to write (refused unless ``models_allow_unpinned``), takes ``size_gib`` from the hub's file
   sizes when absent, and reads an unknown family's layers and KV size from its GGUF header, so
-  that the disk and VRAM checks of every role judge the model;
+  that the disk and VRAM checks of every role judge the model; a hostile answer there (a commit
+  that is not 40 hex, an unsafe or duplicate path, a compressed listing or header, a next page
+  on another origin) refuses the model, before anything changes;
 - installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
   puts the hub token at ``/etc/rigup/hf-token`` (root, 0600): ``model_fetch_hf_token_src``, else
   ``HF_TOKEN`` or the ``hf auth login`` store of the controller;
@@ -311,7 +313,7 @@ def dead_job(name: str, state: dict, waited: float) -> str | None:
     p = state.get("progress") or {}
     done = f"at {human(p.get('bytes') or 0)} / {human(p.get('total') or 0)}"
     if p.get("state") == "failed":
-        return f"the download failed: {p.get('error')} ({done})"
+        return f"the download failed: {p.get('error')} ({done}" + (f", from {p['source']})" if p.get("source") else ")")
     if p.get("state") == "stopped":
         return f"the download was stopped {done} ({p.get('detail')}); a converge starts it again"
     if p:

@@ -3,7 +3,8 @@ rigup/refusal.py). What only the hub can tell (an unknown revision, a pattern th
 nothing, an incomplete shard set, a peer without the model) the role refuses itself, before
 any byte, from its own probe.
 
-    check_config    an entry of models that is wrong, by key path
+    check_config    an entry of models that is wrong, by key path (or that the hub answered
+                    something hostile for: roles/model_fetch/hub.py)
     check_endpoint  hf_endpoint that is not an https:// URL (http:// only with hf_endpoint_insecure,
                     never with a token)
     check_disk      a model (size_gib) larger than the free disk where it goes; the files of
@@ -24,7 +25,10 @@ ENDPOINT = re.compile(r"(https?)://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of models that is wrong: its name, an unknown or mistyped key, a repo that is not
-    the hub's org/name, a revision that is not a full commit, an unknown family."""
+    the hub's org/name, a revision that is not a full commit, an unknown family; or one the hub
+    answered something hostile for when asked on the controller (a commit that is not 40 hex, a
+    listing with an unsafe, duplicate or unhashed path, a compressed listing or header, a next
+    page on another origin)."""
     return config_refusals(models(data)[1])
 
 

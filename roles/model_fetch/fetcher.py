@@ -43,18 +43,20 @@ clean stop nothing. Within a job, a stream that ends early, is reset, or stalls 
 hub trickling a byte at a time stalls too) is resumed with ``Range`` after a backoff, up to
 RETRIES times in a row without a stream that brought ``stall_bytes``. A 206 is taken only with a
 ``Content-Range`` that starts at the byte asked for and names the listed size (another would
-corrupt the file: the job fails at once); a hub that ignores ``Range`` (a 200) restarts the file
-from zero, and one that cuts those streams too fails the job after RETRIES restarts. Every file
-is checked for its size and its hash (sha256 for LFS files, else git's blob sha1, both from the
-hub's tree listing) before it moves into place; a file that fails is fetched again from zero, once
-more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
+corrupt the file: the job fails at once), and the job fails at once on an answer with a
+``Content-Encoding`` other than identity (a gzip bomb); a hub that ignores ``Range`` (a 200)
+restarts the file from zero, and one that cuts those streams too fails the job after RETRIES
+restarts. Every file is checked for its size and its hash (sha256 for LFS files, else git's blob
+sha1, both from the hub's tree listing) before it moves into place; a file that fails is fetched
+again from zero, once more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
 hub's answer, an unsafe path) and exits PERMANENT when running it again cannot help.
 
 Hub listings are not trusted (:func:`listing_problems`): a path that is absolute, has a ``..``
 component, a backslash or a control character, or names rigup's own files, a path listed twice
 (also case-insensitively) or as a file and a directory, a size that is not a non-negative
 integer, a file without a hash (unless the model sets ``allow_unhashed``), a listing of more than
-MAX_FILES files or a page over MAX_LISTING_BYTES is refused (the plan refuses the model, and this
+MAX_FILES files, a page over MAX_LISTING_BYTES or with a ``Content-Encoding`` other than identity,
+or whose next page is on another origin is refused (the plan refuses the model, and this
 script checks again before every write, rename or delete that nothing lands outside ``dest``).
 Parts and their checkpoints live in directories of their own (``parts/``, ``ckpt/``), so no listed
 name can be taken for another's checkpoint.
@@ -137,6 +139,8 @@ def unsafe_path(path) -> str | None:
 
 
 MAX_LISTING_BYTES = 64 << 20   # one page of the hub's tree listing
+# HubError codes of a listing that is wrong whatever the network does: refused, never asked again
+HOSTILE_CODES = ("ListingTooLong", "BadListing", "ContentEncoding", "ForeignPage")
 LISTING_S = 300                # the whole listing, every page (each request also has its timeout)
 MAX_FILES = 10_000   # a listing longer than this is refused (a hub that answers without end)
 HEX40, HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
@@ -270,7 +274,8 @@ def read_token(name: str = "hf-token") -> str | None:
 
 
 class HubError(Exception):
-    """The hub refused a request; ``code`` is its X-Error-Code (RepoNotFound, RevisionNotFound)."""
+    """The hub refused a request; ``code`` is its X-Error-Code (RepoNotFound, RevisionNotFound),
+    or rigup's own: Unreachable, Timeout, or one of HOSTILE_CODES."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
@@ -294,6 +299,11 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
     while url:
         try:
             with _request(url, token) as resp:
+                encoding = not_identity(resp)
+                if encoding:
+                    raise HubError(0, "ContentEncoding", f"{endpoint} answered its listing of {repo} with "
+                                                         f"Content-Encoding {encoding!r}; rigup asks for identity "
+                                                         "(a compressed page may inflate without bound)")
                 body = bytearray()
                 while chunk := resp.read1(1 << 16):   # one recv at a time: the deadline holds
                     body += chunk
@@ -325,8 +335,16 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
         m = re.search(r'<([^>]+)>;\s*rel="next"', link)
         url = urllib.parse.urljoin(url, m.group(1)) if m else None
         if url and not same_origin(url, endpoint):   # the token goes to the hub, nowhere else
-            raise HubError(0, "ForeignPage", f"the hub's next page is on another host: {url}")
+            raise HubError(0, "ForeignPage", f"{endpoint}'s listing of {repo} has its next page on another host: "
+                                             f"{url}; not followed (the token goes to the hub's origin alone)")
     return out
+
+
+def not_identity(resp) -> str | None:
+    """The ``Content-Encoding`` of ``resp`` when it is not identity (urllib asks for identity and
+    decompresses nothing: a gzip body would be taken for the listing or the file), else None."""
+    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
+    return None if encoding == "identity" else encoding
 
 
 def same_origin(url: str, endpoint: str) -> bool:
@@ -697,6 +715,11 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                 asked = written
                 headers = {"Range": f"bytes={asked}-"} if asked else {}
                 with _request(url, token, headers, timeout=stall) as resp:
+                    encoding = not_identity(resp)
+                    if encoding:
+                        raise JobFailed(f"{path}: the hub answered {url} with Content-Encoding {encoding!r}; "
+                                        "rigup asks for identity (a compressed body is not the file and may "
+                                        "inflate without bound): refused")
                     if resp.status == 206:
                         given = resp.headers.get("Content-Range")
                         bad = range_problem(given, asked, size)

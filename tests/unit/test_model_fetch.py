@@ -355,6 +355,9 @@ def test_wait_tells_a_dead_job_from_one_that_starts():
     assert "did not start within 30 s" in dead_job("m", {}, 31)
     failed = {"progress": {"state": "failed", "error": "hub answered 403 for big.bin", "bytes": 1 << 20, "total": 2 << 20}}
     assert dead_job("m", failed, 1) == "the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB)"
+    failed["progress"]["source"] = "http://hub.lan:8090"   # the job's source: the hub, or a peer
+    assert dead_job("m", failed, 1) == ("the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB, "
+                                        "from http://hub.lan:8090)")
     assert "without completing or saying why (killed?)" in dead_job("m", {"progress": {"state": "running"}}, 1)
 
 
