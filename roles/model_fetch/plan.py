@@ -9,7 +9,7 @@ from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
 
 __all__ = ["human", "duration", "ModelPlan", "progress_line", "pending_note", "short_progress", "unsafe_files",
-           "plan_model"]
+           "planted_problems", "plan_model"]
 
 MiB = 1 << 20
 
@@ -99,6 +99,20 @@ def unsafe_files(files: list[dict], allow_unhashed: bool = False) -> list[tuple[
     return listing_problems(files, allow_unhashed)
 
 
+def planted_problems(where: str, state: dict) -> list[tuple[str, str]]:
+    """(``WHERE.dest``, why) for each thing on the host that would make root follow what another
+    user placed (fetcher.py ``planted`` and ``unsafe_parent``): nothing of the model is touched."""
+    found = [(f"{where}.dest", f"{path} is {what}, which rigup never makes there: whoever can write that "
+                               "directory (the rigup user) placed it; rigup touches nothing of this model while it "
+                               "is there; fix: find out who made it, then remove it")
+             for path, what in state.get("planted") or []]
+    if state.get("unsafe_parent"):
+        found.append((f"{where}.dest", f"{state['unsafe_parent']}: rigup makes a model's directory (as root) only "
+                                       "under directories only root can write; fix: make them root's and not "
+                                       "group- or world-writable, or set the dest (or models_dir) elsewhere"))
+    return found
+
+
 def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
                workers: int, peer_wait: int, stall_s: int = 60) -> ModelPlan:
     """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
@@ -107,6 +121,9 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
     if "probe_error" in state:
         return ModelPlan(name, "refused", problems=[(where, f"the probe failed on the host: {state['probe_error']}")],
                          line=line)
+    hostile = planted_problems(where, state)
+    if hostile:
+        return ModelPlan(name, "refused", problems=hostile, line=line)
     if state.get("complete"):
         return ModelPlan(name, "complete", line=line)
     if state.get("staged"):  # complete in its revision's directory: switched to after the waits
