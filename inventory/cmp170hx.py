@@ -1,20 +1,19 @@
 """Example inventory: a rack of ex-mining rigs, each with 6x NVIDIA CMP 170HX (seeds 002, 003).
 
-Copy it, put your rigs' addresses in, then: pyinfra -y inventory/cmp170hx.py deploy.py
-Data precedence: roles/*/defaults.yml < group_vars/all.yml < group_vars/cmp170hx.yml < the
-host data below < --data. See it merged with: pyinfra inventory/cmp170hx.py debug-inventory
+Copied and used as inventory/a100.py says (its host entries, groups and data precedence too):
+the hosts below load group_vars/cmp170hx.yml, then the file's own group's (group_vars/mine.yml for a
+copy named mine.py), each with <site>/group_vars/ over it; host data and --data win over both.
 """
 
 from rigup.config import all_group as _all_group
-from rigup.config import group_vars as _group_vars
 
-cmp170hx = (
-    [
-        ("rig-01", {"ssh_hostname": "192.0.2.31", "ssh_user": "miner", "_sudo": True}),
-        ("rig-02", {"ssh_hostname": "192.0.2.32", "ssh_user": "miner", "_sudo": True}),
-        ("rig-03", {"ssh_hostname": "192.0.2.33", "ssh_user": "miner", "_sudo": True}),
-    ],
-    _group_vars("cmp170hx"),
-)
+cmp170hx = [
+    ("rig-01", {"ssh_hostname": "192.0.2.31", "ssh_user": "miner", "ssh_key": "~/.ssh/id_ed25519",
+                "ssh_port": 22, "_sudo": True}),
+    ("rig-02", {"ssh_hostname": "192.0.2.32", "ssh_user": "miner", "ssh_key": "~/.ssh/id_ed25519",
+                "ssh_port": 22, "_sudo": True}),
+    ("rig-03", {"ssh_hostname": "192.0.2.33", "ssh_user": "miner", "ssh_key": "~/.ssh/id_ed25519",
+                "ssh_port": 22, "_sudo": True}),
+]
 
-all = _all_group(cmp170hx)
+all = _all_group(globals())   # the last line: every host of every group above, with group_vars/all.yml

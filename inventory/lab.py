@@ -3,7 +3,8 @@
 Each host is a Debian 12 container booted with systemd, reached over real SSH as root with the
 lab's key and known_hosts (strict host key checking). Hosts join the group of their GPU profile
 (a100, h100, cmp170hx, none), so group_vars/<profile>.yml applies, and then the group ``lab``,
-whose settings (group_vars/lab.yml, and the lab's own source mirror) win over the profile's.
+whose settings (group_vars/lab.yml, and the lab's own source mirror) win over the profile's: of
+two groups, the one defined later in this file wins (pyinfra's order; rigup/config.py).
 """
 
 import json as _json
@@ -11,7 +12,6 @@ import os as _os
 from pathlib import Path as _Path
 
 from rigup.config import all_group as _all_group
-from rigup.config import group_vars as _group_vars
 
 # The same default as tests/lab/lab.py: RIGUP_LAB_ID names a second lab on the same machine.
 _STATE = _Path(_os.environ.get("RIGUP_LAB_DIR", "/var/lib/rigup-lab" + _os.environ.get("RIGUP_LAB_ID", ""))) / "lab.json"
@@ -36,29 +36,30 @@ def _host(h):
 
 
 def _profile_group(profile):
-    return ([_host(h) for h in _lab["hosts"] if h["profile"] == profile], _group_vars(profile))
+    return [_host(h) for h in _lab["hosts"] if h["profile"] == profile]
 
 
 a100 = _profile_group("a100")
 h100 = _profile_group("h100")
 cmp170hx = _profile_group("cmp170hx")
 none = _profile_group("none")
-# Defined last, so it wins: the lab's file server and model hub on its gateway
-# (tests/lab/sources.py, tests/lab/hub.py).
+# Defined after the profiles, so it wins: the lab's file server and model hub on its gateway
+# (tests/lab/sources.py, tests/lab/hub.py), under group_vars/lab.yml.
 lab = ([_host(h) for h in _lab["hosts"]], {
     "llama_cpp_source": f"http://{_lab.get('gateway')}:8000/llama.cpp.git",
     "hf_endpoint": f"http://{_lab.get('gateway')}:8090",
     "hf_endpoint_insecure": True,                    # the lab hub is http:// on the lab's own network
-    **_group_vars("lab"),
+    # (its https origin, https://GATEWAY with the lab CA's certificate, is for the tests of the
+    # token's path, which set hf_endpoint to it and hf_endpoint_insecure: false)
 })
 
 # RIGUP_LAB_GATEWAYS=lab3 (names, comma-separated) puts lab hosts in the group `gateway`
 # (group_vars/gateway.yml: HAProxy over the other hosts' endpoints, roles/balancer).
 _gateways = _os.environ.get("RIGUP_LAB_GATEWAYS", "").split(",")
-gateway = ([_host(h) for h in _lab["hosts"] if h["name"] in _gateways], _group_vars("gateway"))
+gateway = [_host(h) for h in _lab["hosts"] if h["name"] in _gateways]
 
 # RIGUP_LAB_MAINTENANCE=lab4 (names, comma-separated) puts lab hosts in maintenance (rigup_maintenance).
 _maintenance = _os.environ.get("RIGUP_LAB_MAINTENANCE", "").split(",")
 maintenance = ([_host(h) for h in _lab["hosts"] if h["name"] in _maintenance], {"rigup_maintenance": True})
 
-all = _all_group(lab, gateway, maintenance)
+all = _all_group(globals())

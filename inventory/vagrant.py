@@ -23,7 +23,6 @@ from pathlib import Path as _Path
 from pyinfra.api.exceptions import InventoryError as _InventoryError
 
 from rigup.config import all_group as _all_group
-from rigup.config import group_vars as _group_vars
 
 _ROOT = _Path(__file__).resolve().parents[1]
 
@@ -80,6 +79,6 @@ def _vms() -> list[tuple[str, dict]]:
     return hosts
 
 
-vagrant = (_vms(), {"_sudo": True, **_group_vars("vagrant")})
+vagrant = (_vms(), {"_sudo": True})
 
-all = _all_group(vagrant)
+all = _all_group(globals())

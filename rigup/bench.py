@@ -36,6 +36,7 @@ from rigup.config import ROLES_DIR
 from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import LLAMA_KEY, VLLM_KEY, marker_path
+from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
 # The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
@@ -111,12 +112,13 @@ class Serving(FactBase):
     """What bench.py reads on a host before it measures: {"units": the active ``rigup-llama@``
     units, "markers": {path: the model's completion marker (JSON) or None}, "llama_bench": whether
     ``binary`` (the serving build's llama-bench) is there, "smoke": what the serving build's smoke
-    inference recorded at ``smoke`` (:func:`smoke_remedy`)}."""
+    inference recorded at ``smoke`` (:func:`smoke_remedy`)}. A marker is read as its directory's owner
+    (rigup.nofollow.read_file)."""
 
     def command(self, markers: list[str], binary: str, smoke: str) -> str:
-        reads = "; ".join(f"echo {shlex.quote('##marker ' + m)}; tr -d '\\n' < {shlex.quote(m)} 2>/dev/null; echo"
-                          for m in markers)
-        return ("systemctl list-units --state=active --plain --no-legend 'rigup-llama@*' 2>/dev/null "
+        reads = "; ".join(f"echo {shlex.quote('##marker ' + m)}; {read_file(m.rsplit('/', 1)[0], m, 8 << 20)} "
+                          "| tr -d '\\n'; echo" for m in markers)
+        return (f"{FUNCTIONS}; systemctl list-units --state=active --plain --no-legend 'rigup-llama@*' 2>/dev/null "
                 f"| sed 's/^/##unit /'; {reads or 'true'}; "
                 f"printf '##smoke %s\\n' \"$(tr -d '\\n' < {shlex.quote(smoke)} 2>/dev/null)\"; "
                 f"test -x {shlex.quote(binary)} && echo '##llama-bench'; true")
@@ -172,7 +174,8 @@ def model_markers(data: dict) -> dict[str, str]:
 
 
 def llama_runs(data: dict, seen: dict) -> list[dict]:
-    """llama-bench's runs: per llama-server instance, {"name", "model" (the GGUF it serves), "ngl"}
+    """llama-bench's runs: per llama-server instance, {"name", "dest" (its model's directory),
+    "model" (the GGUF it serves), "ngl"}
     (and "trap": :data:`REPACK`'s id when the serving build's smoke met it: it runs with
     ``--repack 0``) or {"name", "error"} when it cannot run (no llama-bench in the build, the model
     incomplete)."""
@@ -185,8 +188,8 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
                f"no model GGUF at {marker}" if not gguf else None)
         ngl = data["llama_server_instances"][name].get("ngl")
         runs.append({"name": name, "error": why} if why else
-                    {"name": name, "model": f"{marker.rsplit('/', 1)[0]}/{gguf}", "ngl": 99 if ngl is None else ngl,
-                     **remedy})
+                    {"name": name, "dest": marker.rsplit('/', 1)[0], "model": f"{marker.rsplit('/', 1)[0]}/{gguf}",
+                     "ngl": 99 if ngl is None else ngl, **remedy})
     return runs
 
 
@@ -209,8 +212,10 @@ def llama_bench_args(test: str) -> list[str]:
 
 
 def llama_bench_argv(binary: str, run: dict, test: str, reps: int, timeout: int, no_repack: bool) -> list[str]:
-    """llama-bench of one test of ``run``, stopped after ``timeout`` s; ``no_repack``: with ``--repack 0``."""
-    return ["timeout", str(timeout), binary, "-m", run["model"], "-ngl", str(run["ngl"]), "-r", str(reps),
+    """llama-bench of one test of ``run``, stopped after ``timeout`` s; ``no_repack``: with ``--repack 0``.
+    It runs as the owner of the model's directory (rigup.nofollow ``rigup_as_owner``: the command
+    defines it): the model file is opened with that user's rights, never root's."""
+    return [AS_OWNER, run["dest"], "timeout", str(timeout), binary, "-m", run["model"], "-ngl", str(run["ngl"]), "-r", str(reps),
             "-o", "json", *llama_bench_args(test), *(NO_REPACK if no_repack else [])]
 
 
@@ -244,7 +249,7 @@ class LlamaBench(FactBase):
                     again = _attempt(f"##llama-bench-retry {run['name']} {test}",
                                      llama_bench_argv(binary, run, test, reps, timeout, True), timeout)
                     steps.append(f"case $rc in {'|'.join(map(str, REPACK_CODES))}) {again};; esac")
-        return "; ".join(steps) or "true"
+        return "; ".join([FUNCTIONS, *steps]) if steps else "true"
 
     def process(self, output: list[str]) -> dict[str, list[dict]]:
         found, attempts = {}, []

@@ -1,11 +1,21 @@
 """rigup's configuration: role defaults, YAML group_vars, and their validation.
 
-Precedence, lowest first (what an Ansible user expects):
-    roles/*/defaults.yml < group_vars/all.yml < group_vars/<group>.yml < inventory host data < --data
+Precedence, lowest first (what an Ansible user expects; SITE is the operator's site directory,
+:func:`all_group`):
+    roles/*/defaults.yml < group_vars/all.yml < SITE/group_vars/all.yml
+    < each group: its data in the inventory file < group_vars/<group>.yml < SITE/group_vars/<group>.yml
+      (a host in several groups: the group defined later in the file wins, the file's own group last)
+    < inventory host data < --data
 
-Inventory files build their groups with :func:`group_vars` so that pyinfra's own layering
-applies and ``pyinfra INVENTORY debug-inventory`` shows the result. Every variable is declared
-once, in its role's ``defaults.yml``, with a comment above it that ends in its form in brackets::
+pyinfra 3.10 lists a host's groups in the order the inventory file defines them (its module's
+globals; pyinfra_cli/inventory.py make_inventory_from_files, which appends the file's own group,
+and pyinfra/api/inventory.py Inventory.make_hosts_and_groups) and merges their data in that
+order, "the last group's value will hold" (Inventory.get_groups_data); the host's data from each
+group's entry merge in the same order.
+
+Inventory files end in ``all = all_group(globals())``, which layers the YAML onto every group of
+the file so that pyinfra's own layering applies and ``pyinfra INVENTORY debug-inventory`` shows
+the result. Every variable is declared once, in its role's ``defaults.yml``, with a comment above it that ends in its form in brackets::
 
     # Port llama-server listens on. [int 1..65535]
     llama_port: 8080
@@ -25,6 +35,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import math
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -40,6 +51,8 @@ from rigup import playfile
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
 GROUP_VARS_DIR = ROOT / "group_vars"
+# The environment variable naming the site directory (its group_vars/*.yml over the shipped ones).
+SITE_ENV = "RIGUP_SITE"
 
 # Host data that belongs to pyinfra and its connectors, not to rigup's roles.
 CONNECTOR_PREFIXES = ("_", "ssh_", "vagrant_", "docker_", "podman_", "chroot_", "local_",
@@ -294,13 +307,19 @@ def role_defaults(role: str) -> dict[str, Any]:
     return {name: var.default for name, var in _declarations(path).items()}
 
 
-def group_vars(name: str) -> dict[str, Any]:
-    """Group data for inventory files: ``group_vars/<name>.yml``; for ``all``, on top of every
-    role's defaults."""
-    path = GROUP_VARS_DIR / f"{name}.yml"
-    data = load_yaml(path) if path.exists() else {}
-    if name == "all":
-        data = {**{n: v.default for n, v in declared().items()}, **data}
+def group_files(name: str, site: Path | str | None = None) -> list[Path]:
+    """The YAML files of group ``name`` that exist, lowest first: ``group_vars/<name>.yml``, then
+    ``<site>/group_vars/<name>.yml``."""
+    dirs = [GROUP_VARS_DIR, *([Path(site) / "group_vars"] if site else [])]
+    return [path for path in (d / f"{name}.yml" for d in dirs) if path.exists()]
+
+
+def group_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
+    """Group data for inventory files: :func:`group_files` merged, the site's winning; for ``all``,
+    on top of every role's defaults."""
+    data = {n: v.default for n, v in declared().items()} if name == "all" else {}
+    for path in group_files(name, site):
+        data.update(load_yaml(path))
     return data
 
 
@@ -311,14 +330,13 @@ def source_of(host, key: str) -> str:
         return "--data"
     if key in inventory.get_host_data(host.name):
         return f"inventory host data of {host.name}"
+    site = host.data.get("_rigup_site")
     for group in reversed(host.groups):
         if key in inventory.get_group_data(group):
-            path = GROUP_VARS_DIR / f"{group}.yml"
-            if path.exists() and key in load_yaml(path):
-                return rel(path)
-            return f"inventory group {group}"
-    path = GROUP_VARS_DIR / "all.yml"
-    if path.exists() and key in load_yaml(path):
+            return next((rel(path) for path in reversed(group_files(group, site)) if key in load_yaml(path)),
+                        f"inventory group {group}")
+    path = next((path for path in reversed(group_files("all", site)) if key in load_yaml(path)), None)
+    if path:
         return rel(path)
     var = declared().get(key)
     return var.file if var else "inventory data"
@@ -366,18 +384,67 @@ def check_host(host) -> None:
             setattr(host.data, name, var.default)
 
 
-def all_group(*groups) -> tuple[list[str], dict[str, Any]]:
-    """The ``all`` group of an inventory file: every host of ``groups`` (each a list of hosts or
-    a ``(hosts, data)`` tuple, as pyinfra takes them), with the data of ``group_vars/all.yml``.
+def site_dir(inventory: Path, setting: str | None) -> Path | None:
+    """The site directory: the inventory file's ``site=`` (relative to the file) or ``$RIGUP_SITE``
+    (relative to the working directory); both only when they name the same directory."""
+    named = {}
+    if os.environ.get(SITE_ENV):
+        named[f"{SITE_ENV}={os.environ[SITE_ENV]}"] = Path(os.environ[SITE_ENV]).expanduser().resolve()
+    if setting is not None:
+        named[f"{rel(inventory)}: site={setting!r}"] = (inventory.parent / Path(setting).expanduser()).resolve()
+    if len(set(named.values())) > 1:
+        raise ConfigError(" and ".join(named) + " name two site directories: keep one")
+    for how, site in named.items():
+        if not (site / "group_vars").is_dir():
+            raise ConfigError(f"{how}: {site} has no directory group_vars/ (a site directory holds "
+                              "group_vars/<group>.yml files)")
+        stray = sorted((site / "group_vars").glob("*.yaml"))
+        if stray:
+            raise ConfigError(f"{stray[0]}: rigup reads <group>.yml files only: rename it {stray[0].stem}.yml")
+        return site
+    return None
+
+
+def all_group(module: dict[str, Any], site: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The ``all`` group of an inventory file, as its last line: ``all = all_group(globals())``.
+
+    Every group of the file (a module-level list of hosts, or a ``(hosts, data)`` tuple, whose name
+    does not start with ``_``: what pyinfra takes for a group) gets :func:`group_vars` over its data
+    in the file. pyinfra puts every host of ``inventory/mine.py`` in the group ``mine`` too, after
+    the file's own groups; unless the file defines ``mine``, it is added here, with
+    ``group_vars/mine.yml``. ``all`` holds every host of every group, so no host listed in a group
+    drops out of the inventory, with the role defaults and ``group_vars/all.yml`` as its data.
+    ``site`` (or ``$RIGUP_SITE``) names the site directory, whose ``group_vars/*.yml`` load over
+    the shipped ones (:func:`site_dir`).
     Loading an inventory this way also starts rigup's end-of-run summary (rigup.summary), which
     must hear the connection errors."""
+    if not isinstance(module, dict) or "__file__" not in module:
+        raise ConfigError(f"all_group takes the inventory file's globals(): all = all_group(globals()), "
+                          f"not {type(module).__name__}")
     from rigup import summary
     summary.watch()
+    inventory = Path(module["__file__"])
+    site = site_dir(inventory, site)
     names: list[str] = []
-    for group in groups:
-        hosts = group[0] if isinstance(group, tuple) else group
+    groups = []
+    for key, value in list(module.items()):
+        # what pyinfra_cli.inventory._is_inventory_group takes (importing pyinfra_cli would patch
+        # the standard library with gevent)
+        if key.startswith("_") or key == "all" or not isinstance(value, (list, tuple)):
+            continue
+        if isinstance(value, tuple) and not (len(value) == 2 and isinstance(value[0], list)
+                                             and isinstance(value[1], dict)):
+            raise ConfigError(f"{rel(inventory)}: {key}: a group is a list of hosts or a (hosts, data) tuple")
+        hosts, data = value if isinstance(value, tuple) else (value, {})
+        if not all(isinstance(entry, (str, tuple)) for entry in hosts):
+            continue  # pyinfra ignores it too, with a warning
+        groups.append(key)
+        module[key] = (hosts, {**data, **group_vars(key, site)})
         for entry in hosts:
             name = entry[0] if isinstance(entry, tuple) else entry
             if name not in names:
                 names.append(name)
-    return names, group_vars("all")
+    own = inventory.name.rsplit(".", 1)[0]    # pyinfra_cli.inventory.make_inventory_from_files
+    if own not in groups:
+        module[own] = (names, group_vars(own, site))
+    return names, {**group_vars("all", site), **({"_rigup_site": str(site)} if site else {})}

@@ -80,3 +80,14 @@ def directory(path: str, paths: list[str], mode: str | None = "755", user: str |
     owner = shlex.quote(f"{user or ''}:{group or ''}")
     yield " && ".join([f"mkdir -p {q}"] + ([f"chown {owner} {q}"] if user or group else [])
                       + ([f"chmod {shlex.quote(str(mode))} {q}"] if mode else []))
+
+
+@reading(FileStates, "paths")
+@operation()
+def absent(dest: str, paths: list[str]):
+    """``dest`` is not there: a file left from before (a stale secret) is removed (``rm -f``: a
+    link is removed, never followed); ``paths``: as :func:`managed`."""
+    if read_once(FileStates, paths=paths)[dest] is None:
+        host.noop(f"{dest} is not there")
+        return
+    yield f"rm -f {shlex.quote(dest)}"

@@ -105,7 +105,7 @@ _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # (endpoint, repo, revision as typed, include) -> what the hub said: {"commit", "size_gib",
-# "files", "gguf", "error"} (roles/model_fetch/hub.py fills it, once per run)
+# "files", "gguf", "error", "refused"} (roles/model_fetch/hub.py fills it, once per run)
 _HUB: dict[tuple, dict] = {}
 
 
@@ -129,7 +129,8 @@ def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
               endpoint: str = "the hub") -> list[tuple[str, str]]:
     """Fill ``entry`` from the hub's ``facts``: the commit of a branch or tag (when
     ``allow_unpinned``; else a problem that says the pin to write), the size when absent, and
-    the GGUF header's figures when the family is unknown."""
+    the GGUF header's figures when the family is unknown; a problem when the hub's answer was
+    refused (``facts["refused"]``: a hostile listing or header)."""
     rev, commit = entry["revision"], facts.get("commit")
     if not _HEX40.fullmatch(rev):
         if not commit:
@@ -143,6 +144,9 @@ def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
             return [(f"{where}.revision", f"{rev} is {commit}; pin it (revision: {commit}): a branch or tag "
                                           "moves; or --data models_allow_unpinned=true to fetch that commit")]
         entry["pinned_from"], entry["revision"] = rev, commit
+    if facts.get("refused"):   # a hostile answer (roles/model_fetch/hub.py HubRefused)
+        return [(f"{where}.repo", f"{facts['refused']} before any byte: check hf_endpoint (a mirror you trust) "
+                                  "and the repo")]
     if entry.get("size_gib") is None and facts.get("size_gib") is not None:
         entry["size_gib"] = facts["size_gib"]
     if facts.get("gguf") and entry.get("family") is None and family_of(entry) is None:

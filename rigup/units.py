@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 
+from rigup.nofollow import read_file
 
 REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
 
@@ -61,14 +62,17 @@ def systemd_quote(arg: str) -> str:
 def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
     ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=<sha256>``
-    of the API key file ``key`` when it is there and not empty (never its content)."""
+    of the API key file ``key`` when it is there and not empty (never its content). The marker, in a
+    directory the rigup user writes, is read as that directory's owner, never through a link or
+    from a FIFO (rigup.nofollow: the fact's command defines :data:`rigup.nofollow.FUNCTIONS`
+    first)."""
     q = shlex.quote
     lines = [f"echo {q('@@ ' + name)}"]
     lines += [f"echo {k}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for k, path in files.items()]
     lines += [f"echo key=$(test -s {q(key)} && sha256sum {q(key)} | cut -c1-64)"] if key else []
     lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
               f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
-              f"echo marker=$(cat {q(marker)} 2>/dev/null | tr -d '\\n')"]
+              f"echo marker=$({read_file(marker.rsplit('/', 1)[0], marker, 8 << 20)} | tr -d '\\n')"]
     return "; ".join(lines)
 
 

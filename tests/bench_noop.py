@@ -1,12 +1,15 @@
 """A no-op converge of the whole play, this tree against another (``--base REV``, e.g. the commit
 before a restructuring), on lab hosts of their own in one run: each tree converges its host once,
-then both converge again in alternating rounds; prints the seconds of every round, the medians
-and their ratio. Needs root; tears the lab down at the end.
+then both converge again in alternating rounds; prints the wall and the controller's CPU seconds
+(pyinfra and its SSH children, from wait4) of every round, the medians and their ratios: the CPU
+seconds hold when the machine is shared, the wall seconds do not. Needs root; tears the lab down
+at the end.
 
     .venv/bin/python -m tests.bench_noop --base eb4a244 --rounds 5
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import tempfile
@@ -17,14 +20,18 @@ from tests.converge import PYINFRA, ROOT, Run
 from tests.lab import hub, lab, models, sources
 
 
-def converge_in(tree: Path, host: str) -> Run:
-    """``pyinfra -y inventory/lab.py deploy.py --limit HOST`` run from ``tree``."""
-    start = time.monotonic()
-    result = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py", "--limit", host], cwd=tree,
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600)
-    run = Run(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+def converge_in(tree: Path, host: str) -> tuple[Run, float]:
+    """``pyinfra -y inventory/lab.py deploy.py --limit HOST`` run from ``tree``, and the CPU seconds
+    it and its children used."""
+    with tempfile.TemporaryFile() as out:
+        start = time.monotonic()
+        proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploy.py", "--limit", host], cwd=tree,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        run = Run(os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"), time.monotonic() - start)
     assert run.returncode == 0, run.output[-4000:]
-    return run
+    return run, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -50,19 +57,22 @@ def main() -> None:
             models.publish_gemma()
             old_host, new_host = (h["name"] for h in lab.hosts()[:2])
             for tree, host in ((other, old_host), (mine, new_host)):
-                first = converge_in(tree, host)
+                first, _ = converge_in(tree, host)
                 print(f"first converge of {host} by {tree.name}: {first.seconds:.0f} s")
-            times = {"base": [], "this tree": []}
+            times = {"base": ([], []), "this tree": ([], [])}
             for i in range(args.rounds):
                 for label, tree, host in (("base", other, old_host), ("this tree", mine, new_host)):
-                    run = converge_in(tree, host)
+                    run, cpu = converge_in(tree, host)
                     assert run.totals["changed"] == 0, (label, run.changed_operations())
-                    times[label].append(run.seconds)
-            for label, values in times.items():
-                print(f"{label:10} no-op converge, s: {' '.join(f'{v:.2f}' for v in values)}; "
-                      f"median {statistics.median(values):.2f}")
-            ratio = statistics.median(times["this tree"]) / statistics.median(times["base"])
-            print(f"this tree / base ({args.base}): {ratio:.2f}x")
+                    times[label][0].append(run.seconds)
+                    times[label][1].append(cpu)
+            for label, (walls, cpus) in times.items():
+                print(f"{label:10} no-op converge, wall s: {' '.join(f'{v:.2f}' for v in walls)}; median "
+                      f"{statistics.median(walls):.2f}; controller CPU s: {' '.join(f'{v:.2f}' for v in cpus)}; "
+                      f"median {statistics.median(cpus):.2f}")
+            for i, what in enumerate(("wall", "controller CPU")):
+                ratio = statistics.median(times["this tree"][i]) / statistics.median(times["base"][i])
+                print(f"this tree / base ({args.base}), {what}: {ratio:.2f}x")
         finally:
             lab.down()
             for tree in {other, mine} - {ROOT}:

@@ -565,3 +565,19 @@ class HardwareFacts(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return parse_hardware(output)
+
+
+def link_state(gen: int | None, gen_max: int | None, width: int | None, width_max: int | None,
+               loaded: bool = False) -> dict:
+    """A card's PCIe link against its maxima: ``{"link": "x16 Gen5", "downtrained": False, "why": ""}``.
+
+    The width is compared always; the generation only when ``loaded`` (cards drop their generation
+    at idle to save power, so an idle Gen1 says nothing). An unknown value ([N/A]: a VM hides the
+    host's side, ``pcie.link.gen.hostmax``) is unknown, never a mismatch."""
+    link = f"x{width if width is not None else '?'} Gen{gen if gen is not None else '?'}"
+    why = []
+    if width is not None and width_max is not None and width < width_max:
+        why.append(f"x{width} of x{width_max}")
+    if loaded and gen is not None and gen_max is not None and gen < gen_max:
+        why.append(f"Gen{gen} of Gen{gen_max} under load")
+    return {"link": link, "downtrained": bool(why), "why": ", ".join(why)}

@@ -15,6 +15,8 @@ already present changes nothing.
 Variables (roles/cuda_toolkit/defaults.yml): cuda_source, cuda_version.
 """
 
+import shlex
+
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
@@ -47,7 +49,9 @@ def keyring(repo: str):
         host.noop("cuda-keyring is installed")
         return
     url = KEYRING_URL.format(repo=repo)
-    yield f"curl -fsSL --retry 3 -o /tmp/cuda-keyring.deb {url} && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb && " + apt.waiting(apt.updated(), apt.lock_timeout())
+    # a directory of its own (mktemp -d, root's 0700): a fixed name in /tmp is anyone's to place first
+    yield ('t=$(mktemp -d) && curl -fsSL --retry 3 -o "$t/cuda-keyring.deb" ' + shlex.quote(url)
+           + ' && dpkg -i "$t/cuda-keyring.deb" && rm -rf "$t" && ' + apt.waiting(apt.updated(), apt.lock_timeout()))
 
 
 @operation()

@@ -38,6 +38,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -71,8 +72,11 @@ def first_gguf(files: list[str]) -> str | None:
 def model_of(run: dict, spec: dict) -> str:
     """The model a run loads: its served model when complete on disk and small enough, else the tiny one."""
     marker = run.get("marker")
-    try:
-        with open(marker) as f:
+    try:   # in the model's directory, which the rigup user writes: never through a link, never a FIFO
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return spec["tiny"]
             doc = json.load(f)
         files = [str(p) for p in doc.get("files", [])]
         size = int(doc["bytes"])        # no size: too big to load twice

@@ -6,6 +6,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
+from rigup.nofollow import FUNCTIONS
 from rigup.traps import REMEDY_FLAG
 from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
@@ -44,7 +45,7 @@ class LlamaServerState(FactBase):
         probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
                                  key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
         link = shlex.quote(build_link)
-        return (f"echo build=$(readlink {link} 2>/dev/null); "
+        return (f"{FUNCTIONS}; echo build=$(readlink {link} 2>/dev/null); "
                 f"printf 'smoke=%s\\n' \"$(cat {link}/rigup-smoke.json 2>/dev/null | tr -d '\\n')\"; "
                 + listed + "; ".join(probes + ["true"]))
 

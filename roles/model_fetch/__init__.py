@@ -6,6 +6,8 @@ What it does to a host:
   marker ``<dest>/.rigup-complete.json``, the job's progress, and for a model not complete the
   hub's file list (sizes, sha256 or git blob ids) and the free disk; prints a progress line per
   model (bytes, %, rate, ETA);
+- refuses (preflight, checks.py ``check_dest``) a dest inside rigup's own directories or holding
+  one, shared by two models, or inside another model's;
 - refuses, before any byte and before any other role changes the host, an unknown repo or
   revision, an include pattern that matches nothing, an incomplete GGUF shard set, a download
   larger than the free disk (with the numbers), and a ``fetch_from`` peer that does not hold
@@ -14,10 +16,18 @@ What it does to a host:
   huggingface_hub): resolves a branch or tag typed as ``revision`` to its commit and prints the
   pin to write (refused unless ``models_allow_unpinned``), takes ``size_gib`` from the hub's file
   sizes when absent, and reads an unknown family's layers and KV size from its GGUF header, so
-  that the disk and VRAM checks of every role judge the model;
+  that the disk and VRAM checks of every role judge the model; a hostile answer there (a commit
+  that is not 40 hex, an unsafe or duplicate path, a compressed listing or header, a next page
+  on another origin) refuses the model, before anything changes;
 - installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
   puts the hub token at ``/etc/rigup/hf-token`` (root, 0600): ``model_fetch_hf_token_src``, else
-  ``HF_TOKEN`` or the ``hf auth login`` store of the controller;
+  ``HF_TOKEN`` or the ``hf auth login`` store of the controller; removes it when there is none
+  (``hf_endpoint_insecure``, the source dropped, no models);
+- never follows what the rigup user placed (rigup/nofollow.py): each model's directory is read as
+  its owner, never through a link or from a FIFO; a symlink, FIFO or foreign file where rigup
+  keeps the marker or the job's files, or a dest under a directory another user than root can
+  write, refuses the host, naming the path; dest is made by root, what is inside it (the job's
+  directory, job.json) by the rigup user;
 - starts one job per model that is not complete: the transient unit ``rigup-fetch-<name>``
   (``systemd-run --collect``, as ``rigup_user``, the token passed as a systemd credential), or,
   on hosts without systemd (rental containers), as root in the tmux session of that name, or
@@ -61,12 +71,12 @@ from pathlib import Path
 
 import click
 from pyinfra import host
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files as managed
-from rigup import services
+from rigup import services, summary
 from rigup.config import role_defaults, source_of
 from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
@@ -81,7 +91,7 @@ from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchS
                                      unit_name)
 from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.hub import resolve, token
-from roles.model_fetch.plan import ModelPlan, human, plan_model, progress_line
+from roles.model_fetch.plan import ModelPlan, human, pending_note, plan_model, progress_line
 
 __all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_lines", "CHECKS", "ModelFetchState"]
 
@@ -219,18 +229,32 @@ def fetched(plan: ModelPlan, data: dict, systemd: bool):
     unit = unit_name(plan.name)
     dest, user = plan.job["dest"], data["rigup_user"]
     q = shlex.quote
-    if plan.action == "restart":  # the plan changed under a running job: stop it, start the new one
-        lock = q(dest + "/.rigup-fetch/lock")  # the job writes its pid there
-        yield (f"systemctl stop {unit} 2>/dev/null; flock -n {lock} true || {KILL_JOB.format(lock=lock)}; "
+    if plan.action == "restart" and systemd:  # the plan changed under a running job: stop it, start the new one
+        yield f"systemctl stop {unit} 2>/dev/null; true"
+    elif plan.action == "restart":   # root's job, in root's directory: the job writes its pid in its lock
+        lock = q(dest + "/.rigup-fetch/lock")
+        yield (f"flock -n {lock} true || {KILL_JOB.format(lock=lock)}; "
                f"while [ -e {lock} ] && ! flock -n {lock} true; do sleep 1; done; true")
-    # the job's own directories only: never chown -R what was there before
-    yield (f"install -d -o {q(user)} -g {q(user)} {q(dest)} {q(dest + '/.rigup-fetch')}" if systemd
-           else f"mkdir -p {q(dest + '/.rigup-fetch')}")
     job = json.dumps(plan.job, indent=1, sort_keys=True) + "\n"
-    yield from files.put._inner(src=StringIO(job), dest=f"{dest}/.rigup-fetch/job.json", mode="644")
-    # the last job's progress would pass for this one's until it writes its own (wait: true)
-    yield f"rm -f {q(dest + '/.rigup-fetch/progress.json')}"
+    yield job_written(dest, job, user if systemd else None)
     yield _start_command(plan, data, systemd)
+
+
+def job_written(dest: str, job: str, user: str | None) -> StringCommand:
+    """Shell that makes the job's directory ``dest/.rigup-fetch`` and writes ``job`` (sent on
+    stdin) to its job.json, removing the last job's progress (it would pass for this one's until
+    the job writes its own). With ``user`` (the job runs as the rigup user, who owns dest): dest is
+    made by root (install -d, under root's directories only: the probe refused any other parent),
+    everything inside it by ``user`` (runuser), so that nothing that user placed there (a symlink,
+    a FIFO) is ever followed or opened by root; the job file goes to a new name (mktemp), then
+    over job.json in one rename. Without (root's job): all of it root's, in root's directory."""
+    q = shlex.quote
+    inside = ('mkdir -p "$1/.rigup-fetch" && t=$(mktemp "$1/.rigup-fetch/job.json.tmp.XXXXXX") && cat > "$t" && '
+              'chmod 644 "$t" && mv -f "$t" "$1/.rigup-fetch/job.json" && rm -f "$1/.rigup-fetch/progress.json"')
+    if user is None:
+        return StringCommand(f"sh -c {q(inside)} sh {q(dest)}", _stdin=job)
+    return StringCommand(f"install -d -o {q(user)} -g \"$(id -g {q(user)})\" {q(dest)} && runuser -u {q(user)} -- "
+                         f"sh -c {q(inside)} sh {q(dest)}", _stdin=job)
 
 
 # The share server's unit: it reads the models and the fleet's token (a credential), nothing else.
@@ -311,7 +335,7 @@ def dead_job(name: str, state: dict, waited: float) -> str | None:
     p = state.get("progress") or {}
     done = f"at {human(p.get('bytes') or 0)} / {human(p.get('total') or 0)}"
     if p.get("state") == "failed":
-        return f"the download failed: {p.get('error')} ({done})"
+        return f"the download failed: {p.get('error')} ({done}" + (f", from {p['source']})" if p.get("source") else ")")
     if p.get("state") == "stopped":
         return f"the download was stopped {done} ({p.get('detail')}); a converge starts it again"
     if p:
@@ -364,6 +388,7 @@ def apply(plan: dict | None = None):
     models = _models(data)
     share_for = _requests_for_me()
     if not models and not share_for:
+        managed.absent(name=f"No hub token here ({TOKEN_PATH})", dest=TOKEN_PATH, paths=[TOKEN_PATH])
         return
     facts = host.get_fact(ModelFetchState, specs=specs(data, models))
     if not facts.get("python", True):
@@ -379,14 +404,15 @@ def apply(plan: dict | None = None):
         for _, key, why in refused:
             click.echo(click.style(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red"), err=True)
         _refused[host.name] = len(refused)
+        summary.refused(host.name, [f"{key} ({why.split(': ', 1)[0].split('; ', 1)[0]})" for _, key, why in refused])
         host.state.fail_hosts({host})
         return
     bin_dir = f"{data['rigup_prefix']}/bin"
     peers = share_for or any(m.get("fetch_from") for m in models.values())
     hub_token = token(data)
     etc = hub_token or peers or facts["systemd"]    # systemd: the metrics' config
-    paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share"] + (
-        ["/etc/rigup", TOKEN_PATH, SHARE_TOKEN, *METRICS_PATHS] if etc else [])
+    paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share", TOKEN_PATH] + (
+        ["/etc/rigup", SHARE_TOKEN, *METRICS_PATHS] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
     managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
                     text=SCRIPT.read_text())
@@ -394,6 +420,8 @@ def apply(plan: dict | None = None):
         managed.directory(name="Directory /etc/rigup", path="/etc/rigup", paths=paths)
     if hub_token:
         secret_file(name=f"Hub token {TOKEN_PATH}", content=hub_token, dest=TOKEN_PATH, paths=paths)
+    else:   # an insecure hub, or no token source any more: a token left from before goes
+        managed.absent(name=f"No hub token here ({TOKEN_PATH})", dest=TOKEN_PATH, paths=paths)
     if peers:
         secret_file(name=f"The fleet's share token {SHARE_TOKEN}", content=share_token(data), dest=SHARE_TOKEN,
                     paths=paths)
@@ -420,6 +448,10 @@ def apply(plan: dict | None = None):
         wanted[p.name] for p in plans if wanted[p.name] not in _staging[host.name]
         and len((facts["models"].get(p.name) or {}).get("previous") or []) > keep]
     waiting = [p for p in plans if p.action not in ("complete", "switch") and models[p.name]["wait"]]
+    for p in plans:
+        note = "" if p in waiting else pending_note(p, facts["models"].get(p.name) or {})
+        if note:
+            summary.note(host.name, note)
     if waiting:
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
 

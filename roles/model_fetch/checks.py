@@ -3,9 +3,12 @@ rigup/refusal.py). What only the hub can tell (an unknown revision, a pattern th
 nothing, an incomplete shard set, a peer without the model) the role refuses itself, before
 any byte, from its own probe.
 
-    check_config    an entry of models that is wrong, by key path
+    check_config    an entry of models that is wrong, by key path (or that the hub answered
+                    something hostile for: roles/model_fetch/hub.py)
     check_endpoint  hf_endpoint that is not an https:// URL (http:// only with hf_endpoint_insecure,
                     never with a token)
+    check_dest      a dest inside rigup's own directories or holding one, shared by two models, or
+                    inside another model's
     check_disk      a model (size_gib) larger than the free disk where it goes; the files of
                     another revision at dest do not count (a revision change fetches next to it)
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import re
 
 from rigup.models import hub_endpoint, models
-from rigup.names import revision_dir
+from rigup.names import TEXTFILE_DIR, revision_dir
 from rigup.refusal import Refusal, config_refusals
 
 GIB = 1024 ** 3
@@ -24,7 +27,10 @@ ENDPOINT = re.compile(r"(https?)://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of models that is wrong: its name, an unknown or mistyped key, a repo that is not
-    the hub's org/name, a revision that is not a full commit, an unknown family."""
+    the hub's org/name, a revision that is not a full commit, an unknown family; or one the hub
+    answered something hostile for when asked on the controller (a commit that is not 40 hex, a
+    listing with an unsafe, duplicate or unhashed path, a compressed listing or header, a next
+    page on another origin)."""
     return config_refusals(models(data)[1])
 
 
@@ -73,4 +79,49 @@ def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_config, check_endpoint, check_disk)
+# rigup's own directories, by the key that sets them (or what the path is): root writes, reads or
+# runs what is there, so no model's directory (the rigup user's) may be in one or hold one.
+OWN_DIRS = (("rigup_prefix", None), ("rigup_state_dir", None), ("llama_cpp_dir", None),
+            ("llama_cpp_ccache_dir", None), ("vllm_dir", None), ("cmpunlocker_dir", None),
+            ("/etc/rigup", "rigup's configuration and keys"), ("/var/lib/rigup", "the serving units' state"),
+            ("/var/cache/rigup", "the serving units' caches"), ("/run/rigup", "the converge lock"),
+            (TEXTFILE_DIR, "the node exporter's textfile directory"))
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def check_dest(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """A model's dest inside one of rigup's own directories (rigup_prefix, rigup_state_dir,
+    /etc/rigup, the build, ccache, vLLM and unlocker directories, the serving units' state and
+    caches, the textfile directory) or holding one, or the same as another model's dest, or inside
+    it: the rigup user owns a model's directory, and root must never find there what it writes or
+    runs (rigup.nofollow)."""
+    entries = models(data)[0]
+    raw = data.get("models") or {}
+    own = [(str(data[key]).rstrip("/") or "/", f"{key} ({data[key]})") if data.get(key) else None
+           for key, what in OWN_DIRS if what is None] + [(path, f"{path} ({what})") for path, what in OWN_DIRS if what]
+    found = []
+    for name, model in entries.items():
+        dest, key = model["dest"], f"models.{name}.dest"
+        origin = "" if (raw.get(name) or {}).get("dest") else f" (models_dir/{name})"
+        for place in filter(None, own):
+            if _within(dest, place[0]) or _within(place[0], dest):
+                where = "is" if dest == place[0] else "is inside" if _within(dest, place[0]) else "holds"
+                found.append((key, f"{dest}{origin} {where} {place[1]}: the rigup user owns a model's directory, "
+                                   "and root writes, reads or runs what is in rigup's (give the models a directory "
+                                   "of their own, e.g. /srv/models)"))
+                break
+        for other, theirs in entries.items():
+            if other == name:
+                continue
+            if dest == theirs["dest"] and name < other:
+                found.append((key, f"{dest} is also models.{other}.dest: each model needs a directory of its own"))
+            elif _within(dest, theirs["dest"]) and dest != theirs["dest"]:
+                found.append((key, f"{dest} is inside models.{other}.dest ({theirs['dest']}): each model needs a "
+                                   "directory of its own, outside every other"))
+    return config_refusals(found)
+
+
+CHECKS = (check_config, check_endpoint, check_dest, check_disk)

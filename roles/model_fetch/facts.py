@@ -18,6 +18,7 @@ from pathlib import Path
 from pyinfra.api import FactBase
 
 from rigup.names import MARKER, marker_path
+from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
 from rigup.units import parse_instances
 
 SCRIPT = Path(__file__).with_name("fetcher.py")
@@ -66,22 +67,23 @@ def parse_probe(lines: list[str]) -> dict:
 def progress_command(specs: list[dict]) -> str:
     """Shell (no python needed) that prints, per model of ``specs``, ``@@ name`` then its marker
     and its job's progress.json, each on one line, and ``running=1`` while a job holds its lock:
-    what status.py shows of the downloads, cheaper than the probe."""
+    what status.py shows of the downloads, cheaper than the probe. Each model's directory is read as
+    its owner (rigup.nofollow: never through a link, never waiting on a FIFO; flock under a timeout)."""
     q = shlex.quote
-    out = []
+    out = [FUNCTIONS]
     for spec in specs:
         dest = spec["dest"].rstrip("/")
         # a revision change in progress: its own directory (fetcher.py), while dest serves the old one
         pick = f"d={q(dest)}"
         if spec.get("stage"):
             wanted = q('"revision":"' + spec["revision"] + '"')
-            pick += (f"; [ -d {q(spec['stage'])} ] && ! grep -qsF {wanted} {q(marker_path(dest))} "
+            pick += (f"; [ -d {q(spec['stage'])} ] && ! {read_file(dest, marker_path(dest))} | grep -qsF {wanted} "
                      f"&& d={q(spec['stage'])}")
         out += [f"echo {q('@@ ' + spec['name'])}", pick,
-                f"echo \"marker=$(head -c 1048576 \"$d/{MARKER}\" 2>/dev/null | tr -d '\\n')\"",
-                f"echo \"progress=$(head -c 65536 \"$d/{WORK}/progress.json\" 2>/dev/null | tr -d '\\n')\"",
-                f"if [ -e \"$d/{WORK}/lock\" ] && ! flock -n -s \"$d/{WORK}/lock\" true 2>/dev/null; then "
-                "echo running=1; fi"]
+                f"echo \"marker=$({READ} \"$d\" \"$d/{MARKER}\" 1048576 | tr -d '\\n')\"",
+                f"echo \"progress=$({READ} \"$d\" \"$d/{WORK}/progress.json\" 65536 | tr -d '\\n')\"",
+                f"if [ -f \"$d/{WORK}/lock\" ] && [ ! -L \"$d/{WORK}/lock\" ] && ! {AS_OWNER} \"$d\" timeout -k 1 5 "
+                f"flock -n -s \"$d/{WORK}/lock\" true 2>/dev/null; then echo running=1; fi"]
     return "; ".join(out) + "; true"
 
 

@@ -43,18 +43,20 @@ clean stop nothing. Within a job, a stream that ends early, is reset, or stalls 
 hub trickling a byte at a time stalls too) is resumed with ``Range`` after a backoff, up to
 RETRIES times in a row without a stream that brought ``stall_bytes``. A 206 is taken only with a
 ``Content-Range`` that starts at the byte asked for and names the listed size (another would
-corrupt the file: the job fails at once); a hub that ignores ``Range`` (a 200) restarts the file
-from zero, and one that cuts those streams too fails the job after RETRIES restarts. Every file
-is checked for its size and its hash (sha256 for LFS files, else git's blob sha1, both from the
-hub's tree listing) before it moves into place; a file that fails is fetched again from zero, once
-more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
+corrupt the file: the job fails at once), and the job fails at once on an answer with a
+``Content-Encoding`` other than identity (a gzip bomb); a hub that ignores ``Range`` (a 200)
+restarts the file from zero, and one that cuts those streams too fails the job after RETRIES
+restarts. Every file is checked for its size and its hash (sha256 for LFS files, else git's blob
+sha1, both from the hub's tree listing) before it moves into place; a file that fails is fetched
+again from zero, once more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
 hub's answer, an unsafe path) and exits PERMANENT when running it again cannot help.
 
 Hub listings are not trusted (:func:`listing_problems`): a path that is absolute, has a ``..``
 component, a backslash or a control character, or names rigup's own files, a path listed twice
 (also case-insensitively) or as a file and a directory, a size that is not a non-negative
 integer, a file without a hash (unless the model sets ``allow_unhashed``), a listing of more than
-MAX_FILES files or a page over MAX_LISTING_BYTES is refused (the plan refuses the model, and this
+MAX_FILES files, a page over MAX_LISTING_BYTES or with a ``Content-Encoding`` other than identity,
+or whose next page is on another origin is refused (the plan refuses the model, and this
 script checks again before every write, rename or delete that nothing lands outside ``dest``).
 Parts and their checkpoints live in directories of their own (``parts/``, ``ckpt/``), so no listed
 name can be taken for another's checkpoint.
@@ -76,6 +78,7 @@ import re
 import shutil
 import signal
 import socketserver
+import stat
 import sys
 import threading
 import time
@@ -137,6 +140,8 @@ def unsafe_path(path) -> str | None:
 
 
 MAX_LISTING_BYTES = 64 << 20   # one page of the hub's tree listing
+# HubError codes of a listing that is wrong whatever the network does: refused, never asked again
+HOSTILE_CODES = ("ListingTooLong", "BadListing", "ContentEncoding", "ForeignPage")
 LISTING_S = 300                # the whole listing, every page (each request also has its timeout)
 MAX_FILES = 10_000   # a listing longer than this is refused (a hub that answers without end)
 HEX40, HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
@@ -270,7 +275,8 @@ def read_token(name: str = "hf-token") -> str | None:
 
 
 class HubError(Exception):
-    """The hub refused a request; ``code`` is its X-Error-Code (RepoNotFound, RevisionNotFound)."""
+    """The hub refused a request; ``code`` is its X-Error-Code (RepoNotFound, RevisionNotFound),
+    or rigup's own: Unreachable, Timeout, or one of HOSTILE_CODES."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
@@ -294,6 +300,11 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
     while url:
         try:
             with _request(url, token) as resp:
+                encoding = not_identity(resp)
+                if encoding:
+                    raise HubError(0, "ContentEncoding", f"{endpoint} answered its listing of {repo} with "
+                                                         f"Content-Encoding {encoding!r}; rigup asks for identity "
+                                                         "(a compressed page may inflate without bound)")
                 body = bytearray()
                 while chunk := resp.read1(1 << 16):   # one recv at a time: the deadline holds
                     body += chunk
@@ -325,8 +336,16 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
         m = re.search(r'<([^>]+)>;\s*rel="next"', link)
         url = urllib.parse.urljoin(url, m.group(1)) if m else None
         if url and not same_origin(url, endpoint):   # the token goes to the hub, nowhere else
-            raise HubError(0, "ForeignPage", f"the hub's next page is on another host: {url}")
+            raise HubError(0, "ForeignPage", f"{endpoint}'s listing of {repo} has its next page on another host: "
+                                             f"{url}; not followed (the token goes to the hub's origin alone)")
     return out
+
+
+def not_identity(resp) -> str | None:
+    """The ``Content-Encoding`` of ``resp`` when it is not identity (urllib asks for identity and
+    decompresses nothing: a gzip body would be taken for the listing or the file), else None."""
+    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
+    return None if encoding == "identity" else encoding
 
 
 def same_origin(url: str, endpoint: str) -> bool:
@@ -343,12 +362,63 @@ def disk_free(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file ``path``: never through a symlink at its last
+    component, never blocking (a FIFO, a device: OSError), so that a planted object is no file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
 def read_json(path: str, default=None):
     try:
-        with open(path) as fh:
+        with os.fdopen(open_regular(path)) as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return default
+
+
+def as_owner(path: str, fn, *args):
+    """``fn(*args)`` (its result, JSON) computed by the owner of the directory ``path`` (a model's
+    directory; root's links followed): root reads what another user can place there only as that
+    user, in a child that drops root first, so that a symlink planted there reaches nothing its
+    owner could not read already. ``fn(*args)`` itself when this is not root, or ``path`` is
+    root's or not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is None or st.st_uid == 0 or os.geteuid() != 0:
+        return fn(*args)
+    sys.stdout.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back to the caller's code
+        status = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(st.st_gid)
+            os.setuid(st.st_uid)
+            try:
+                result = {"result": fn(*args)}
+            except Exception as e:  # said by the parent
+                result = {"error": f"{type(e).__name__}: {e}"}
+            with os.fdopen(write, "w") as out:
+                json.dump(result, out)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    answer = json.loads(text) if status == 0 and text else {"error": f"the child ended with status {status}"}
+    if "error" in answer:
+        raise RuntimeError(f"reading {path} as its owner (uid {st.st_uid}): {answer['error']}")
+    return answer["result"]
 
 
 def write_json(path: str, value, fsync: bool = False) -> None:
@@ -385,10 +455,10 @@ def boot_id() -> str:
 
 
 def lock_held(dest: str) -> bool:
-    """True while a job holds ``dest``'s lock."""
+    """True while a job holds ``dest``'s lock (a lock that is no regular file is none)."""
     path = os.path.join(dest, WORK, "lock")
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except OSError:
         return False
     try:
@@ -441,6 +511,90 @@ def staged(spec: dict, marker) -> bool:
     return bool(other) or os.path.isdir(stage)
 
 
+def what_is(path: str, kind: str, owners: tuple = ()) -> str | None:
+    """What ``path`` is when it is not of ``kind`` (``f`` a regular file, ``d`` a directory), or
+    not owned by one of ``owners`` (uids; any when empty), and not absent: ``a symlink to X``,
+    ``a FIFO``, ``a socket``, ``a device``, ``a directory``, ``a file``, ``owned by uid N``; None
+    when it is as it should be, or absent. Never follows a symlink."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    mode = st.st_mode
+    if stat.S_ISREG(mode) and kind == "f" or stat.S_ISDIR(mode) and kind == "d":
+        return None if not owners or st.st_uid in owners else f"owned by uid {st.st_uid}"
+    if stat.S_ISLNK(mode):
+        return f"a symlink to {os.readlink(path)}"
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a directory"
+            if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else "a device")
+
+
+def planted(where: str) -> list[list[str]]:
+    """[path, what it is] for each name rigup uses in the model directory ``where`` (the marker,
+    the job's directory and its files) that holds something rigup never makes there (a symlink,
+    a FIFO, a directory in a file's place): whoever can write there (the rigup user) planted it.
+    ``where`` itself may be root's link (a revision switch) and nothing else but a directory;
+    what is inside is root's or the directory's owner's (whoever else owns a name there could
+    replace it)."""
+    found = []
+    try:
+        st = os.lstat(where)
+    except FileNotFoundError:
+        return []
+    if stat.S_ISLNK(st.st_mode) and st.st_uid != 0 or not stat.S_ISLNK(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        return [[where, f"{what_is(where, 'd')} (owner uid {st.st_uid})"]]
+    owners = (0, os.stat(where).st_uid)
+    work = os.path.join(where, WORK)
+    names = [(os.path.join(where, MARKER), "f"), (work, "d")]
+    if what_is(work, "d", owners) is None and os.path.isdir(work):
+        names += [(os.path.join(work, n), "f") for n in ("job.json", "progress.json", "state.json", "lock")]
+        names += [(os.path.join(work, n), "d") for n in ("parts", "ckpt")]
+    for path, kind in names:
+        what = what_is(path, kind, owners)
+        if what:
+            found.append([path, what])
+    return found
+
+
+def _unsafe_chain(path: str) -> str | None:
+    """Why another user than root could write or replace the directory ``path`` or one above it,
+    or make it (or one above it) first; None when none can."""
+    parts, p = [], path
+    while p not in ("/", ""):
+        parts.append(p)
+        p = os.path.dirname(p)
+    chain, shared = ["/"] + parts[::-1], None   # shared: a sticky directory others can write, just above
+    for p in chain:
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return (f"{p} is not there, and anyone can make it first in {shared}, which others can write"
+                    if shared else None)        # else made by root from here on (install -d)
+        except OSError as e:
+            return f"{p} cannot be read ({e.strerror})"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid != 0:
+                return f"{p} is a symlink owned by uid {st.st_uid}, not root"
+            shared = None
+            continue             # root's link: its target's chain is checked too
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{p} is not a directory"
+        writable = st.st_mode & 0o002 or st.st_mode & 0o020 and st.st_gid != 0
+        if st.st_uid != 0 or writable and (p == path or not st.st_mode & 0o1000):
+            return (f"{p} can be written by others than root (owner uid {st.st_uid}, group gid {st.st_gid}, "
+                    f"mode {st.st_mode & 0o7777:o})")
+        shared = p if writable else None   # sticky: what root made in it stays root's
+    return None
+
+
+def unsafe_parent(dest: str) -> str | None:
+    """Why no model directory may be made at ``dest``: a directory above it (as written, and with
+    its links resolved) that a user other than root can write, replace or make first; None when
+    only root can. Root makes a model's directory (install -d) and renames revisions there."""
+    parent = os.path.dirname(dest.rstrip("/")) or "/"
+    return _unsafe_chain(parent) or _unsafe_chain(os.path.realpath(parent))
+
+
 def probe_one(spec: dict, token: str | None) -> dict:
     dest = spec["dest"]
     current = read_json(os.path.join(dest, MARKER))
@@ -449,7 +603,9 @@ def probe_one(spec: dict, token: str | None) -> dict:
     out = {"name": spec["name"], "dest": dest, "where": where, "running": lock_held(where),
            "marker": read_json(os.path.join(where, MARKER)),
            "progress": read_json(os.path.join(work, "progress.json")),
-           "job": read_json(os.path.join(work, "job.json")), "damaged": [], "previous": revisions(spec)}
+           "job": read_json(os.path.join(work, "job.json")), "damaged": [], "previous": revisions(spec),
+           "planted": planted(dest) + (planted(where) if where != dest else []),
+           "unsafe_parent": unsafe_parent(dest)}
     if where != dest:
         out["serving"] = current
     job, marker = out["job"] or {}, out["marker"]
@@ -499,13 +655,15 @@ def reusable(dest: str, entry: dict) -> str | None:
 
 
 def probe(spec_b64: str) -> int:
+    """Every model's state, each read as the owner of its directory (:func:`as_owner`), with the
+    hub token read first (root's file)."""
     specs = json.loads(base64.b64decode(spec_b64))
     if specs:
         use_names(specs[0])
     token = read_token()
     for spec in specs:
         try:
-            result = probe_one(spec, token)
+            result = as_owner(spec["dest"], probe_one, spec, token)
         except Exception as e:  # one model's surprise must not hide the others
             result = {"name": spec.get("name"), "probe_error": f"{type(e).__name__}: {e}"}
         print("##rigup-model " + json.dumps(result, separators=(",", ":")))
@@ -697,6 +855,11 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                 asked = written
                 headers = {"Range": f"bytes={asked}-"} if asked else {}
                 with _request(url, token, headers, timeout=stall) as resp:
+                    encoding = not_identity(resp)
+                    if encoding:
+                        raise JobFailed(f"{path}: the hub answered {url} with Content-Encoding {encoding!r}; "
+                                        "rigup asks for identity (a compressed body is not the file and may "
+                                        "inflate without bound): refused")
                     if resp.status == 206:
                         given = resp.headers.get("Content-Range")
                         bad = range_problem(given, asked, size)
@@ -1183,8 +1346,8 @@ def switch(spec_b64: str) -> int:
 def prune(spec_b64: str) -> int:
     """Remove the model's revision directories beyond the ``keep`` newest (``revisions``)."""
     spec = json.loads(base64.b64decode(spec_b64))
-    for old in revisions(spec)[int(spec.get("keep", 0)):]:
-        shutil.rmtree(old)
+    for old in as_owner(spec["dest"], revisions, spec)[int(spec.get("keep", 0)):]:
+        shutil.rmtree(old)    # never follows a link inside (rmtree.avoids_symlink_attacks)
         print(f"removed {old}")
     return 0
 
@@ -1198,8 +1361,8 @@ FETCH_STATES = ("absent", "verifying", "waiting", "running", "complete", "stoppe
 
 def fetch_state(dest: str) -> dict:
     """One model's download as the metrics say it: state, bytes, total, updated, error."""
-    if os.path.exists(os.path.join(dest, MARKER)):
-        marker = read_json(os.path.join(dest, MARKER), {})
+    marker = read_json(os.path.join(dest, MARKER))
+    if isinstance(marker, dict):
         return {"state": "complete", "bytes": marker.get("bytes", 0), "total": marker.get("bytes", 0)}
     progress = read_json(os.path.join(dest, WORK, "progress.json"), {}) or {}
     state = progress.get("state") if progress.get("state") in FETCH_STATES else "absent"
@@ -1252,7 +1415,7 @@ def metrics(config_path: str) -> int:
     path = config["metrics_file"]
     if not os.path.isdir(os.path.dirname(path)):
         return 0
-    text = metrics_text({m["name"]: fetch_state(m["dest"]) for m in config["models"]}, time.time())
+    text = metrics_text({m["name"]: as_owner(m["dest"], fetch_state, m["dest"]) for m in config["models"]}, time.time())
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)

@@ -14,8 +14,11 @@ huggingface_hub (the project's chosen client; the host-side fetcher stays its ow
 
 Everything the hub says is data, checked before use like configuration (HubRefused, naming the
 hub, the repo and the value): a commit is 40 lowercase hex (:func:`checked_commit`); the listing
-passes fetcher.listing_problems (:func:`checked_files`); the GGUF header reader refuses bad bytes
-with gguf.GGUFRefused.
+passes fetcher.listing_problems (:func:`checked_files`) and fetcher.hub_files' checks (a page
+too long, not JSON, compressed, or a next page on another origin: fetcher.HOSTILE_CODES); the
+GGUF header is read uncompressed (:func:`read_capped`) and its reader refuses bad bytes with
+gguf.GGUFRefused. A model the hub answered such a thing for is refused (rigup/models.py): its
+host is refused by preflight, before anything changes.
 
 Each answer is asked once per run (one listing per repo@commit, whatever the hosts) and recorded
 in rigup/models.py (``record_hub``), which every role reads the entries through. Entries that
@@ -32,7 +35,7 @@ from pathlib import Path
 from rigup.entries import normalise
 from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key, record_hub
 from rigup.gpu.catalogue import family_of
-from roles.model_fetch.fetcher import hub_files, listing_problems, select
+from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
 from roles.model_fetch.gguf import GGUFRefused, kv_figures, metadata
 
 __all__ = ["token", "resolve", "HEAD_BYTES", "HubRefused"]
@@ -123,7 +126,14 @@ def _files(endpoint: str, repo: str, commit: str, secret: str | None) -> list[di
     """[{path, size, oid, sha256}] of ``repo`` at ``commit``: one listing per repo@commit per run,
     with the host's own client (fetcher.hub_files: a timeout on every request, a bounded page and
     length, the token only to the endpoint's origin: a next page elsewhere is refused)."""
-    return _once(("tree", endpoint, repo, commit), lambda: hub_files(endpoint, repo, commit, secret or None))
+    def ask():
+        try:
+            return hub_files(endpoint, repo, commit, secret or None)
+        except HubError as e:
+            if e.code in HOSTILE_CODES:   # a page too long, not JSON, compressed, or a next page elsewhere
+                raise HubRefused(f"{e}; refused") from None
+            raise
+    return _once(("tree", endpoint, repo, commit), ask)
 
 
 def checked_files(files, endpoint: str, repo: str, commit: str, allow_unhashed: bool) -> list[dict]:
@@ -141,7 +151,8 @@ def read_capped(resp, n: int) -> bytes:
     other than identity is refused (a gzip bomb inflates a MiB to GiBs)."""
     encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":
-        raise HubRefused(f"{resp.url} answered with Content-Encoding {encoding!r}; rigup asked for identity")
+        raise HubRefused(f"{resp.url} answered with Content-Encoding {encoding!r}; rigup asked for identity "
+                         "(a gzip bomb inflates a MiB to GiBs); refused")
     body = bytearray()
     for chunk in resp.iter_raw():
         body += chunk[:n - len(body)]
@@ -167,7 +178,7 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
             try:
                 figures = kv_figures(metadata(body, lambda k: not k.startswith("tokenizer."), partial=True))
             except GGUFRefused as e:
-                raise HubRefused(f"the GGUF header of {url}: {e}") from None
+                raise HubRefused(f"the GGUF header of {url}: {e}; refused") from None
             figures["read_bytes"] = len(body)
             if figures["kv_gib_per_1k_tokens"] is not None or n >= size:
                 return figures
@@ -207,6 +218,8 @@ def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
             facts["gguf"] = dict(_head(endpoint, entry["repo"], commit, first, secret, size), file=first)
     except Exception as e:  # noqa: BLE001 - shown on the plan's line and in the refusal
         facts["error"] = f"{_why(e)} (at {endpoint})"
+        if isinstance(e, HubRefused):   # a hostile answer: the model is refused (rigup/models.py)
+            facts["refused"] = str(e)
     return facts
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
 
-__all__ = ["human", "duration", "ModelPlan", "progress_line", "short_progress", "unsafe_files", "plan_model"]
+__all__ = ["human", "duration", "ModelPlan", "progress_line", "pending_note", "short_progress", "unsafe_files",
+           "planted_problems", "plan_model"]
 
 MiB = 1 << 20
 
@@ -62,6 +63,21 @@ def progress_line(name: str, state: dict) -> str:
     return f"model {name}: not here yet"
 
 
+def pending_note(plan: ModelPlan, state: dict) -> str:
+    """What the host's summary line says of a model this converge leaves downloading (a job it
+    started or found running, not waited for): ``gemma: downloading 12.0% of 460.0 GiB, serving
+    when complete: converge again, or watch status.py``; "" for any other plan."""
+    if plan.action not in ("start", "restart", "running") or not plan.job:
+        return ""
+    total = plan.job["bytes"]
+    done = min((state.get("progress") or {}).get("bytes") or state.get("have_bytes") or 0, total)
+    serving = (state.get("serving") or {}).get("revision")
+    then = (f"serving {serving[:12]} meanwhile, switching when complete" if serving
+            else "serving when complete")
+    return (f"{plan.name}: downloading {100 * done / total if total else 0:.1f}% of {human(total)}, {then}: "
+            "converge again, or watch status.py")
+
+
 def short_progress(name: str, state: dict) -> str:
     """A model's state in a few words, for status.py's table: ``gemma complete``, ``big 46.9%
     running``, ``big failed: No space left on device (at 12.0 MiB / 256.0 MiB)``."""
@@ -83,6 +99,20 @@ def unsafe_files(files: list[dict], allow_unhashed: bool = False) -> list[tuple[
     return listing_problems(files, allow_unhashed)
 
 
+def planted_problems(where: str, state: dict) -> list[tuple[str, str]]:
+    """(``WHERE.dest``, why) for each thing on the host that would make root follow what another
+    user placed (fetcher.py ``planted`` and ``unsafe_parent``): nothing of the model is touched."""
+    found = [(f"{where}.dest", f"{path} is {what}, which rigup never makes there: whoever can write that "
+                               "directory (the rigup user) placed it; rigup touches nothing of this model while it "
+                               "is there; fix: find out who made it, then remove it")
+             for path, what in state.get("planted") or []]
+    if state.get("unsafe_parent"):
+        found.append((f"{where}.dest", f"{state['unsafe_parent']}: rigup makes a model's directory (as root) only "
+                                       "under directories only root can write; fix: make them root's and not "
+                                       "group- or world-writable, or set the dest (or models_dir) elsewhere"))
+    return found
+
+
 def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
                workers: int, peer_wait: int, stall_s: int = 60) -> ModelPlan:
     """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
@@ -91,6 +121,9 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
     if "probe_error" in state:
         return ModelPlan(name, "refused", problems=[(where, f"the probe failed on the host: {state['probe_error']}")],
                          line=line)
+    hostile = planted_problems(where, state)
+    if hostile:
+        return ModelPlan(name, "refused", problems=hostile, line=line)
     if state.get("complete"):
         return ModelPlan(name, "complete", line=line)
     if state.get("staged"):  # complete in its revision's directory: switched to after the waits

@@ -6,23 +6,27 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.nofollow import FUNCTIONS, read_file
+
 MARK = "##rigup-bytes:"
 
 
 def path_bytes_command(paths, marker: str = ".rigup-complete.json") -> str:
     """Bytes under each path (a link given is followed); a path given as ``(path, revision)``
     counts 0 while its completion ``marker`` names another revision (its files are not the
-    wanted revision's: a revision change fetches next to it)."""
+    wanted revision's: a revision change fetches next to it). The marker is read as its directory's
+    owner, never through a link or from a FIFO (rigup.nofollow); ``du`` opens no file."""
     q = shlex.quote
-    parts = []
+    parts = [FUNCTIONS]
     for entry in paths:
         path, revision = (entry, None) if isinstance(entry, str) else entry
         du = f"du -sbD {q(path)} 2>/dev/null | cut -f1"
         if revision:
-            other = f"[ -e {q(path + '/' + marker)} ] && ! grep -qF {q(chr(34) + 'revision' + chr(34) + ':' + chr(34) + revision + chr(34))} {q(path + '/' + marker)}"
+            wanted = q(chr(34) + 'revision' + chr(34) + ':' + chr(34) + revision + chr(34))
+            other = f"[ -e {q(path + '/' + marker)} ] && ! {read_file(path, path + '/' + marker, 8 << 20)} | grep -qF {wanted}"
             du = f"if {other}; then echo 0; else {du}; fi"
         parts.append(f"echo {q(MARK + path)}; {du}")
-    return "; ".join(parts) + "; true" if parts else "true"
+    return "; ".join(parts) + "; true" if len(parts) > 1 else "true"
 
 
 def parse_path_bytes(lines: list[str]) -> dict[str, int]:

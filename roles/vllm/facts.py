@@ -5,6 +5,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
+from rigup.nofollow import FUNCTIONS
 from rigup.units import configured, instance_probe, parse_instances
 from roles.vllm.command import DROPIN, ENV_FILE, KEY_FILE, STAMP
 
@@ -25,7 +26,7 @@ class VllmState(FactBase):
     def command(self, pin_dir: str, instances: dict) -> str:
         """``instances``: unit -> [marker, the instance whose key it uses] (NAME, or NAME-K)."""
         stamp = f"echo stamp=$(cat {shlex.quote(pin_dir + '/' + STAMP)} 2>/dev/null | tr -d '\\n')"
-        return "; ".join([stamp, configured("rigup-vllm", "vllm", BALANCER_DIR)] + [
+        return "; ".join([FUNCTIONS, stamp, configured("rigup-vllm", "vllm", BALANCER_DIR)] + [
             instance_probe(unit, f"rigup-vllm@{unit}.service",
                            {"dropin": DROPIN.format(unit), "env": ENV_FILE.format(unit)}, marker,
                            key=KEY_FILE.format(name))

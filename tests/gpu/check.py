@@ -10,6 +10,7 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py serve  --work /root/rigup-gpu --out DIR
     python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
     python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/smoke.py, 5 runs
+    python3 tests/gpu/check.py health --out DIR    # PCIe links and the kernel log's Xid events, read only
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
@@ -253,16 +254,53 @@ def chat(port: int, tokens: int) -> dict:
         return json.loads(response.read())
 
 
+class Power:
+    """Every card's power draw sampled by ``nvidia-smi --query-gpu=power.draw -lms 100`` (reads
+    only) while the block runs; ``joules``: the draw of all cards integrated over time (each sample
+    held until the next)."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,power.draw", "--format=csv,noheader,nounits",
+                                      "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples: list[tuple[float, int, float]] = []
+        self.reader = concurrent.futures.ThreadPoolExecutor(1).submit(self._read)
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 2 and cells[0].isdigit():
+                try:
+                    self.samples.append((time.monotonic(), int(cells[0]), float(cells[1])))
+                except ValueError:
+                    pass   # [N/A]
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.reader.result(timeout=10)
+        self.joules = 0.0
+        last: dict[int, tuple[float, float]] = {}
+        for t, card, watts in self.samples:
+            if card in last:
+                self.joules += last[card][1] * (t - last[card][0])
+            last[card] = (t, watts)
+        return False
+
+
 def concurrency(port: int, n: int, tokens: int = 400) -> dict:
-    start = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        replies = list(pool.map(lambda _: chat(port, tokens), range(n)))
-    wall = time.monotonic() - start
+    with Power() as power:
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            replies = list(pool.map(lambda _: chat(port, tokens), range(n)))
+        wall = time.monotonic() - start
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     per_request = [r["timings"]["predicted_per_second"] for r in replies]
     return {"concurrent": n, "tokens": generated, "seconds": round(wall, 2),
             "total_tps": round(generated / wall, 1),
-            "per_request_tps": round(sum(per_request) / len(per_request), 1)}
+            "per_request_tps": round(sum(per_request) / len(per_request), 1),
+            "joules": round(power.joules, 1), "joules_per_token": round(power.joules / generated, 3) if generated else None,
+            "power_samples": len(power.samples)}
 
 
 def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None) -> dict:
@@ -313,7 +351,9 @@ REPEATS = 4
 def cmd_bench(args) -> None:
     """bench.py's measuring (rigup/throughput.py) against check.py's own, on one llama-server
     started from the role's ExecStart: at 1, 4 and 8 concurrent requests of 400 tokens, each
-    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%."""
+    REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%. Joules per
+    generated token (every card's draw integrated over check.py's runs, :class:`Power`) next to
+    tok/s."""
     from rigup import throughput
 
     build = json.loads((args.work / "build.json").read_text())
@@ -333,7 +373,9 @@ def cmd_bench(args) -> None:
                     measure()
             check_tps = sum(r["total_tps"] for r in mine) / REPEATS
             bench_tps = sum(r["total_tps"] for r in theirs) / REPEATS
+            jpt = [r["joules_per_token"] for r in mine if r["joules_per_token"] is not None]
             rows.append({"concurrent": n, "check_total_tps": round(check_tps, 1), "bench_total_tps": round(bench_tps, 1),
+                         "joules_per_token": round(sum(jpt) / len(jpt), 3) if jpt else None,
                          "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / REPEATS, 1),
                          "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / REPEATS, 1),
                          "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs)})
@@ -342,10 +384,10 @@ def cmd_bench(args) -> None:
 
     result = serve_and_measure("rigup (roles/llama_server)", role_argv(bindir, model, build), RECIPE["port"],
                                args.out / "bench-server.log", measure=both)
-    lines = ["| concurrent | check.py total tok/s | throughput.py total tok/s | ratio | check.py per request | "
-             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['bench_total_tps']} | {r['ratio']:.3f} | "
-              f"{r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
+    lines = ["| concurrent | check.py total tok/s | J/token | throughput.py total tok/s | ratio | check.py per request | "
+             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['joules_per_token']} | {r['bench_total_tps']} | "
+              f"{r['ratio']:.3f} | {r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
     (args.out / "bench-compare.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench-compare.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -671,6 +713,43 @@ def cmd_smoke(args) -> None:
         sys.exit(1)
 
 
+LINK_FIELDS = ("index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,"
+               "pcie.link.gen.hostmax,pcie.link.width.current,pcie.link.width.max")
+
+
+def cmd_health(args) -> None:
+    """Every card's PCIe link against its maxima (rigup.gpu.facts.link_state; idle, so the
+    generation is not judged) and the kernel log's Xid events per card (rigup.gpu.xid, from the
+    journal or dmesg, as the guard reads them); writes OUT/health.json. Reads only."""
+    from rigup.gpu import xid
+    from rigup.gpu.facts import link_state
+
+    before = gpu_settings()
+    cards = []
+    for line in sh(f"nvidia-smi --query-gpu={LINK_FIELDS} --format=csv,noheader,nounits").strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        num = [int(c) if c.isdigit() else None for c in cells]
+        index, bus, gen, gen_max, gpu_max, host_max, width, width_max = cells[0], cells[1], *num[2:]
+        state = link_state(gen, gen_max, width, width_max)
+        cards.append({"index": index, "bus_id": bus, "card": xid.card_key(bus), "raw": cells, **state,
+                      "gen_gpumax": gpu_max, "gen_hostmax": host_max})
+    log = sh(xid.KERNEL_LOG_COMMAND)
+    nvrm = sh("(journalctl -k --no-pager 2>/dev/null || dmesg 2>/dev/null) | grep -c 'NVRM' || true").strip()
+    found = xid.events(log.splitlines(), xid.catalogue())
+    after = gpu_settings()
+    result = {"cards": cards, "kernel_log_nvrm_lines": int(nvrm or 0), "xid_events": found,
+              "xid_counts": xid.counts(found), "settings_before": before, "settings_after": after}
+    for c in cards:
+        print(f"GPU {c['index']} {c['bus_id']}: {c['link']}{' DOWNTRAINED ' + c['why'] if c['downtrained'] else ''} "
+              f"(raw {', '.join(c['raw'][2:])})")
+    print(f"kernel log: {result['kernel_log_nvrm_lines']} NVRM lines, {len(found)} Xid events: {result['xid_counts']}")
+    print(f"GPU settings before: {before}\nGPU settings after:  {after}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "health.json").write_text(json.dumps(result, indent=1) + "\n")
+    if before != after:
+        sys.exit("GPU settings changed")
+
+
 def cmd_plan(args) -> None:
     """The plan, the cmake line and the serving drop-in, built and run nowhere (no GPU needed)."""
     facts, plan = facts_and_plan()
@@ -682,7 +761,7 @@ def cmd_plan(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -695,7 +774,7 @@ def main() -> None:
     if args.out is None and args.step != "smoke":
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
-     "smoke": cmd_smoke}[args.step](args)
+     "smoke": cmd_smoke, "health": cmd_health}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ huggingface_hub / `hf download` on the controller) fetch models from, serving gi
 tests make. Standard library only.
 
     python -m tests.lab.hub serve        # on the lab gateway, port 8090 (the lab bridge must be up)
+                                         # and https on port 443 (the lab CA's certificate)
 
 Repos live under ``STATE/hub/models/<org>/<repo>``: git work trees laid out as the hub keeps
 them, with large files in git LFS (a pointer in git, the object under ``.git/lfs/objects``), so
@@ -15,16 +16,38 @@ It answers what rigup and huggingface_hub ask:
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` with ``Range``, ``X-Repo-Commit``, ``ETag``,
   ``X-Linked-Etag`` and ``X-Linked-Size``;
 - for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
-  /_lab/tokens`` (bearer tokens seen, by client), ``POST
-  /_lab/reset`` (counters and faults), ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 =
-  none: a WAN link);
+  /_lab/tokens`` (bearer tokens seen, by client), ``GET /_lab/requests`` (every request but the
+  ``/_lab`` ones: client, method, path, whether it carried an ``Authorization`` header, whether
+  it came over https), ``GET
+  /_lab/other`` (the same of the other origin, below), ``POST /_lab/reset`` (counters, records
+  and faults), ``POST /_lab/rate?bps=N`` (a per-stream rate limit, 0 = none: a WAN link);
 - faults, for tests (cleared by reset): ``POST /_lab/cut?after=N&times=K&how=close|reset|stall``
   ends a file's response after N body bytes, for the next K responses longer than that (0:
   every one, so a client gets N bytes a connection): ``close`` shuts the connection (the client
   reads a short body), ``reset`` sends a TCP RST, ``stall`` sends nothing more for ``secs`` s
-  (default 120) then closes; ``POST /_lab/hostile`` with ``{"repo": ..., "paths": [...]}``
-  adds files at those paths (``../../x``, ``/etc/cron.d/x``: what git cannot hold) to the
-  repo's tree listing, served if asked for, as a hostile or broken mirror would.
+  (default 120) then closes;
+- a hostile mode, per repo (cleared by reset): ``POST /_lab/hostile`` with ``{"repo": ...}`` and
+  one switch per hostile answer (:data:`SWITCHES`): ``paths`` adds files at those paths
+  (``../../x``, ``/etc/cron.d/x``, a name with a newline, ``config.json`` again or as
+  ``CONFIG.JSON``: what git cannot hold) to the repo's tree listing, served if asked for;
+  ``commit`` is the sha its model info answers for every revision (not 40 hex, a newline);
+  ``ignore_range`` answers every file request 200 with the whole file, ``Range`` or not;
+  ``trickle_bps`` sends a file's body a byte at a time at that rate, for as long as the client
+  stays; ``gzip`` (``["listing"]``, ``["resolve"]`` or both) answers those with ``Content-Encoding:
+  gzip`` and a gzip bomb (:func:`bomb`: about 1 MiB that inflates to 1 GiB of zeros) whatever the
+  client asked for; ``next_page`` adds ``Link: <URL>; rel="next"`` to its listing (the other
+  origin's URL, :func:`other_url`), as a hostile or broken mirror would.
+
+The same hub answers over https on port HTTPS_PORT of its address (:func:`https_url`), with a
+certificate of the lab's CA (tests/lab/tls.py), which the lab hosts trust and the controller's
+clients are given (``SSL_CERT_FILE``): an https hub is given the token, so its path can be proven
+(``/_lab/tokens``, and each request's ``auth`` and ``https``). 443, since the hosts' probe goes
+through the lab's tinyproxy, which tunnels to ports 443 and 80 only.
+
+The other origin: a second server in the same process, on port OTHER_PORT of the same address
+(another origin: another port), that records every request it gets (client, method, path, the
+``Authorization`` header's presence and its bearer token) and answers each with an empty
+listing: what a client would give a token to if it followed a next page elsewhere.
 
 Why not olah (PyPI), which the issue suggests: olah 0.5.4's local-mirror mode
 (server_file_routes.file_get_common -> mirror/repos.py get_file) ignores ``Range`` and sends the
@@ -34,7 +57,8 @@ caps every figure measured against it.
 From Python: ``hub.publish(repo_id, {path_in_repo: local_path})`` commits those files (the repo's
 whole content at that commit) and returns the commit id; ``hub.serve()``, ``hub.stop()``,
 ``hub.url()``, ``hub.bytes_served(address=None)``, ``hub.tokens_seen(address)``, ``hub.reset()``,
-``hub.rate(bps)``, ``hub.cut(after, times=1, how="close")``, ``hub.hostile(repo_id, paths)``.
+``hub.rate(bps)``, ``hub.cut(after, times=1, how="close")``, ``hub.hostile(repo_id, paths, **switches)``,
+``hub.requests()``, ``hub.https_url()``, ``hub.other_url()``, ``hub.other_requests()``.
 ``lab.down()`` stops the server (``lab.hub_pids()``).
 """
 
@@ -48,6 +72,7 @@ import re
 import shutil
 import socket
 import socketserver
+import ssl
 import struct
 import subprocess
 import sys
@@ -62,6 +87,8 @@ from tests.lab import lab, sources
 ROOT = lab.STATE / "hub"
 MODELS = ROOT / "models"
 PORT = int(os.environ.get("RIGUP_LAB_HUB_PORT", "8090"))
+OTHER_PORT = PORT + 2     # the other origin (8091 is the hosts' share port)
+HTTPS_PORT = int(os.environ.get("RIGUP_LAB_HUB_HTTPS_PORT", "443"))
 PID = lab.STATE / "hub.pid"
 URL_FILE = lab.STATE / "hub.url"
 LOG = ROOT / "access.log"
@@ -77,6 +104,18 @@ def url(host: str | None = None) -> str:
     if host is None and URL_FILE.exists():
         return URL_FILE.read_text().strip()
     return f"http://{host or lab.GATEWAY}:{PORT}"
+
+
+def https_url(host: str | None = None) -> str:
+    """The hub's https origin (the lab CA's certificate for its address)."""
+    address = urllib.parse.urlsplit(url(host)).hostname
+    return f"https://{address}" + ("" if HTTPS_PORT == 443 else f":{HTTPS_PORT}")
+
+
+def other_url(host: str | None = None) -> str:
+    """The other origin: the hub's address, port OTHER_PORT."""
+    parts = urllib.parse.urlsplit(url(host))
+    return f"{parts.scheme}://{parts.hostname}:{OTHER_PORT}"
 
 
 # ------------------------------------------------------------------------------ the mirror tree
@@ -267,19 +306,57 @@ def gguf_shards(name: str, count: int = 3, tensor_bytes: int = 2 << 20) -> dict[
     return out
 
 
+BOMB_BYTES = 1 << 30
+
+
+def bomb() -> bytes:
+    """A gzip stream of BOMB_BYTES zero bytes (about 1 MiB: deflate's best ratio is about 1032:1),
+    made once (about 10 s) and kept in the lab cache."""
+    import zlib
+
+    path = CACHE / "bomb-1g.gz"
+    if not path.exists():
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)   # 31: a gzip header and trailer
+        block = bytes(1 << 20)
+        lab.write(path, b"".join([*(z.compress(block) for _ in range(BOMB_BYTES >> 20)), z.flush()]))
+    return path.read_bytes()
+
+
 # ------------------------------------------------------------------------------------ the server
+
+# The hostile mode's switches, one per hostile answer (POST /_lab/hostile): name -> its type.
+SWITCHES = {"paths": list, "commit": str, "ignore_range": bool, "trickle_bps": int, "gzip": list,
+            "next_page": str}
+REQUESTS_KEPT = 10_000
+
 
 class Stats:
     def __init__(self):
         self.lock = threading.Lock()
         self.bytes: dict[str, int] = {}
         self.tokens: dict[str, list[str]] = {}   # client -> bearer tokens it sent (the tests' own)
+        self.requests: list[dict] = []           # {client, method, path, auth}: every API request
+        self.other: list[dict] = []              # the same, with the token, of the other origin
         self.bps = 0
         self.clear_faults()
 
     def clear_faults(self) -> None:
         self.cut: dict = {}                      # {after, times (-1: every response), how, secs}
-        self.hostile: dict[str, list[str]] = {}  # repo -> extra paths in its listing
+        self.hostile: dict[str, dict] = {}       # repo -> its hostile switches (SWITCHES)
+
+    def switch(self, repo_id: str, name: str, default=None):
+        with self.lock:
+            return self.hostile.get(repo_id, {}).get(name, default)
+
+    def record(self, where: list, handler, token: bool = False) -> None:
+        auth = handler.headers.get("Authorization")
+        seen = {"client": handler.client_address[0], "method": handler.command, "path": handler.path,
+                "auth": auth is not None, "https": isinstance(handler.connection, ssl.SSLSocket)}
+        if token:
+            seen["token"] = auth[7:] if auth and auth.startswith("Bearer ") else auth
+        with self.lock:
+            where.append(seen)
+            del where[:-REQUESTS_KEPT]
 
     def add(self, who: str, n: int) -> None:
         with self.lock:
@@ -331,6 +408,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with STATS.lock:
                 STATS.bytes.clear()
                 STATS.tokens.clear()
+                STATS.requests.clear()
+                STATS.other.clear()
                 STATS.clear_faults()
             return self._json({})
         if parts.path == "/_lab/cut":
@@ -342,12 +421,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._json(STATS.cut)
         if parts.path == "/_lab/hostile":
             wanted = json.loads(body)
+            repo_id = wanted.pop("repo")
+            bad = [k for k, v in wanted.items() if k not in SWITCHES or not isinstance(v, SWITCHES[k])]
+            if bad:
+                return self._error("BadSwitch", f"unknown or mistyped switch(es) {bad}; known: {SWITCHES}", 400)
             with STATS.lock:
-                STATS.hostile[wanted["repo"]] = list(wanted["paths"])
-            return self._json(wanted)
+                STATS.hostile.setdefault(repo_id, {}).update(wanted)
+            return self._json(STATS.hostile[repo_id])
         if parts.path == "/_lab/rate":
             STATS.bps = int(urllib.parse.parse_qs(parts.query).get("bps", ["0"])[0])
             return self._json({"bps": STATS.bps})
+        STATS.record(STATS.requests, self)
         m = re.match(r"^/api/models/([^/]+/[^/]+)/paths-info/([^/]+)$", parts.path)
         if m:
             form = urllib.parse.parse_qs(body.decode())
@@ -365,8 +449,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _files(repo_id: str, rev: str) -> list[dict]:
         """The repo's files at ``rev`` (LookupError), with the hostile paths set for it."""
         _, files = listing(repo_id, rev)
-        with STATS.lock:
-            extra = STATS.hostile.get(repo_id, [])
+        extra = STATS.switch(repo_id, "paths", [])
         data = b"hostile\n"
         oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
         return files + [{"path": p, "size": len(data), "oid": oid, "lfs": None, "data": data} for p in extra]
@@ -397,6 +480,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path == "/_lab/tokens":
             with STATS.lock:
                 return self._json(dict(STATS.tokens))
+        if path in ("/_lab/requests", "/_lab/other"):
+            with STATS.lock:
+                return self._json(list(STATS.requests if path == "/_lab/requests" else STATS.other))
+        STATS.record(STATS.requests, self)
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             try:
@@ -418,13 +505,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         items.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": d})
                 if recursive or not parents:
                     items.append(self._item(f))
-            return self._json(items)
+            repo_id = m.group(1)
+            nxt = STATS.switch(repo_id, "next_page")
+            link = {"Link": f'<{nxt}>; rel="next"'} if nxt else {}
+            if "listing" in STATS.switch(repo_id, "gzip", []):
+                return self._bomb(link)
+            return self._send(200, json.dumps(items).encode(), link)
         m = re.match(r"^/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?$", path)
         if m:
             try:
                 sha, files = listing(m.group(1), m.group(2) or "main")
             except LookupError as e:
                 return self._error(str(e), f"{e}: {m.group(1)}", 401 if str(e) == "RepoNotFound" else 404)
+            sha = STATS.switch(m.group(1), "commit", sha)
             return self._json({"id": m.group(1), "modelId": m.group(1), "sha": sha, "private": False,
                                "gated": False, "disabled": False, "tags": [], "downloads": 0, "likes": 0,
                                "siblings": [{"rfilename": f["path"]} for f in files]})
@@ -445,6 +538,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if "data" in entry:  # a hostile path: served, and counted, if a client asks for it
             STATS.add(self.client_address[0], len(entry["data"]))
             return self._send(200, entry["data"], ctype="application/octet-stream")
+        if "resolve" in STATS.switch(repo_id, "gzip", []):
+            return self._bomb({"X-Repo-Commit": sha})
         repo = MODELS / repo_id
         size = entry["size"]
         headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
@@ -457,6 +552,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             source = None
         start = 0
         r = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        if STATS.switch(repo_id, "ignore_range"):
+            r = None   # hostile: the whole file, 200, whatever was asked
         end = size - 1
         if r:
             start = int(r.group(1))
@@ -481,7 +578,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         who = self.client_address[0]
         t0, sent, left = time.monotonic(), 0, end - start + 1
         cut = STATS.take_cut(left)
+        trickle = STATS.switch(repo_id, "trickle_bps", 0)
         try:
+            if trickle:
+                return self._trickle(fh, left, trickle)
             if source is not None:
                 fh.seek(start)
             while left > 0:
@@ -503,6 +603,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
         finally:
             fh.close()
 
+    def _trickle(self, fh, left: int, bps: int) -> None:
+        """Send ``left`` bytes of ``fh`` a byte at a time, ``bps`` bytes a second (hostile: a
+        stream that never stops, never ends), until the client goes."""
+        self.close_connection = True
+        while left > 0:
+            self.wfile.write(fh.read(1))
+            self.wfile.flush()
+            STATS.add(self.client_address[0], 1)
+            left -= 1
+            time.sleep(1 / bps)
+
+    def _bomb(self, headers: dict) -> None:
+        """200 with ``Content-Encoding: gzip`` and the gzip bomb as body, whatever was asked (no
+        Range, no identity): hostile."""
+        body = bomb()
+        if self.command != "HEAD":
+            STATS.add(self.client_address[0], len(body))
+        self._send(200, body, {**headers, "Content-Encoding": "gzip"})
+
     def _cut(self, cut: dict) -> None:
         """End this response early as ``cut["how"]`` says (a fault for the tests)."""
         self.close_connection = True
@@ -519,13 +638,36 @@ class Handler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+class OtherHandler(Handler):
+    """The other origin: records every request (with its token) and answers an empty listing."""
+
+    server_version = "rigup-lab-other/1"
+
+    def do_GET(self):
+        STATS.record(STATS.other, self, token=True)
+        self._send(200, b"[]")
+
+    do_HEAD = do_POST = do_GET
+
+
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
 
-def main_serve(bind: str, port: int) -> None:
+def main_serve(bind: str, port: int, https_port: int) -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
+    other = Server((bind, port + OTHER_PORT - PORT), OtherHandler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    if https_port:
+        from tests.lab import tls
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls.server_cert(bind))
+        secure = Server((bind, https_port), Handler)
+        # the handshake in the request's thread (on its first read), not in the one that accepts
+        secure.socket = context.wrap_socket(secure.socket, server_side=True, do_handshake_on_connect=False)
+        threading.Thread(target=secure.serve_forever, daemon=True).start()
     Server((bind, port), Handler).serve_forever()
 
 
@@ -533,11 +675,15 @@ def main_serve(bind: str, port: int) -> None:
 
 def serve(bind: str | None = None) -> str:
     """Start the hub on the lab gateway (or ``bind``), unless it runs; return its URL."""
+    from tests.lab import tls
+
     MODELS.mkdir(parents=True, exist_ok=True)
     if not sources.pid_alive(PID):
+        tls.server_cert(str(bind or lab.GATEWAY))   # made here, where a failure is seen
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.lab.hub", "serve", "--bind", str(bind or lab.GATEWAY),
-             "--port", str(PORT), "--root", str(ROOT)], cwd=Path(__file__).resolve().parents[2],
+             "--port", str(PORT), "--https-port", str(HTTPS_PORT), "--root", str(ROOT)],
+            cwd=Path(__file__).resolve().parents[2],
             stdout=subprocess.DEVNULL, stderr=open(ROOT / "server.log", "a"), stdin=subprocess.DEVNULL,
             start_new_session=True)
         PID.write_text(str(proc.pid))
@@ -595,12 +741,29 @@ def cut(after: int, times: int = 1, how: str = "close", secs: float = 120, host:
     _call(f"/_lab/cut?{query}", "POST", host)
 
 
-def hostile(repo_id: str, paths: list[str], host: str | None = None) -> None:
-    """List files at ``paths`` (e.g. ``../../x``) in ``repo_id``'s tree too; ``reset()`` ends it."""
+def hostile(repo_id: str, paths: list[str] | None = None, host: str | None = None, **switches) -> dict:
+    """Make the hub answer for ``repo_id`` as a hostile mirror would, one switch per answer (see
+    the module docstring, SWITCHES): ``paths`` (e.g. ``../../x``) listed in its tree too, and
+    ``commit``, ``ignore_range``, ``trickle_bps``, ``gzip``, ``next_page``; ``reset()`` ends it.
+    Returns the repo's switches now."""
+    if paths is not None:
+        switches["paths"] = paths
     req = urllib.request.Request(f"{url(host)}/_lab/hostile", method="POST",
-                                 data=json.dumps({"repo": repo_id, "paths": paths}).encode())
+                                 data=json.dumps({"repo": repo_id, **switches}).encode())
     with _OPENER.open(req, timeout=10) as resp:
-        resp.read()
+        return json.loads(resp.read())
+
+
+def requests(host: str | None = None) -> list[dict]:
+    """Every request the hub got since the last ``reset()`` (but the tests' own ``/_lab`` ones):
+    [{client, method, path, auth}], ``auth`` whether it carried an Authorization header."""
+    return _call("/_lab/requests", host=host)
+
+
+def other_requests(host: str | None = None) -> list[dict]:
+    """Every request the other origin got since the last ``reset()``: [{client, method, path,
+    auth, token}]."""
+    return _call("/_lab/other", host=host)
 
 
 if __name__ == "__main__":
@@ -611,6 +774,7 @@ if __name__ == "__main__":
     p = sub.add_parser("serve")
     p.add_argument("--bind", default=str(lab.GATEWAY))
     p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--https-port", type=int, default=HTTPS_PORT)   # 0: none
     p.add_argument("--root", default=str(ROOT))  # names the lab in the process list (lab.hub_pids)
     args = parser.parse_args()
-    main_serve(args.bind, args.port)
+    main_serve(args.bind, args.port, args.https_port)

@@ -68,7 +68,8 @@ GPU_SIM = HERE / "nvidia_smi.py"
 GPU_PROFILES = HERE / "gpu_profiles.json"
 # command -> Debian package that provides it
 TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "tinyproxy": "tinyproxy",
-         "apt-cacher-ng": "apt-cacher-ng", "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client"}
+         "apt-cacher-ng": "apt-cacher-ng", "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client",
+         "openssl": "openssl"}
 
 
 class LabError(RuntimeError):
@@ -366,6 +367,9 @@ def configure_root(root, name, profile, host_key):
         if all((root / k.lstrip("/")).exists() for k in keyrings):
             write(root / str(path).lstrip("/"), text)
     write(root / "etc/rigup-lab/ca.crt", Path("/etc/ssl/certs/ca-certificates.crt").read_bytes())
+    from tests.lab import tls   # the lab's own CA (the hub's https origin): a system CA of the host
+
+    tls.trust_in(root)
     index = pip_index_url()
     write(root / "etc/pip.conf", f"[global]\nproxy = {PROXY}\ncert = /etc/rigup-lab/ca.crt\n"
           + (f"index-url = {index}\n" if index else ""))

@@ -4,7 +4,6 @@ its inventory address (behind its allow-list) rather than loopback."""
 
 from inventory.lab import _host, _lab, a100, cmp170hx, h100, lab, none  # noqa: F401 (groups)
 from rigup.config import all_group as _all_group
-from rigup.config import group_vars as _group_vars
 
-monitoring = ([_host(h) for h in _lab["hosts"][:1]], {**_group_vars("monitoring"), "prometheus_address": None})
-all = _all_group(lab)
+monitoring = ([_host(h) for h in _lab["hosts"][:1]], {"prometheus_address": None})
+all = _all_group(globals())

@@ -21,7 +21,8 @@ def test_bench_writes_markdown_json_and_a_plot_with_one_line_per_host(lab, tmp_p
     names = [h["name"] for h in lab.hosts()][:2]
     out = tmp_path / "out"
     settings = {"llama_server_instances": {"gemma": {"model": "gemma-270m", "port": 8081}},
-                "bench_levels": LEVELS, "bench_max_tokens": 30, "bench_rounds": 2, "bench_out": str(out)}
+                "bench_levels": LEVELS, "bench_max_tokens": 30, "bench_rounds": 2, "bench_out": str(out),
+                "bench_llama_tests": []}   # llama-bench's rows: tests/roles/test_bench_llama.py
     try:
         for name, tps in zip(names, RATES):
             serve_stub(lab, name, "gemma", 8081, tps=tps, slots=4)

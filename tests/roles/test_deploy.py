@@ -1,6 +1,10 @@
-"""The whole play on the lab: a converge that has nothing to do changes nothing, quickly."""
+"""The whole play on the lab: a converge that has nothing to do changes nothing, quickly; an
+inventory written as the README says, and the README's commands on it."""
 
+import os
 import re
+import subprocess
+import time
 
 import pytest
 
@@ -117,3 +121,115 @@ def test_the_converge_lock_is_a_lease(lab, second_converge):
     assert again.totals["changed"] == 0
     assert "took the converge lock" not in again.output
     print(f"a holder killed with -9: the next converge proceeded at once ({again.seconds:.1f} s, nothing to do)")
+
+
+
+@pytest.fixture(scope="module")
+def mine(lab, second_converge, tmp_path_factory):
+    """inventory/a100.py copied as mine.py, its example hosts replaced by the first lab host's full
+    entry; the recipe in a site directory (SITE/group_vars/mine.yml: the lab's settings, and one
+    value of its own: gemma's ctx 2048; a small bench.py); SITE/mine.py is the same file naming its site (site=".").
+    Yields (mine.py, SITE, host); the host is converged by the lab's inventory again after."""
+    import yaml
+
+    from rigup import config
+    from tests.converge import ROOT, pyinfra
+    from tests.lab import hub
+
+    tmp = tmp_path_factory.mktemp("own-hosts")
+    h = lab.hosts()[0]
+    entry = {"ssh_hostname": h["address"], "ssh_user": "root", "ssh_key": str(lab.KEY), "ssh_port": 22,
+             "_sudo": False, "ssh_known_hosts_file": str(lab.KNOWN_HOSTS), "ssh_strict_host_key_checking": "yes"}
+    text = (ROOT / "inventory/a100.py").read_text()
+    start = text.index("a100 = [")
+    end = text.index("]\n", start) + 2
+    text = text[:start] + f"a100 = [({h['name']!r}, {entry!r})]\n" + text[end:]
+    recipe = config.load_yaml(config.GROUP_VARS_DIR / "lab.yml")
+    recipe["llama_server_instances"]["gemma"]["ctx"] = 2048        # the site's own value
+    recipe.update(llama_cpp_source=f"http://{lab.GATEWAY}:8000/llama.cpp.git", hf_endpoint=hub.url(),
+                  hf_endpoint_insecure=True)                       # what inventory/lab.py's group adds
+    # bench.py measures even with --dry (facts): one level, one round, no llama-bench
+    recipe.update(bench_levels=[1], bench_rounds=1, bench_max_tokens=4, bench_llama_tests=[],
+                  bench_out=str(tmp / "bench"))
+    site = tmp / "site"
+    (site / "group_vars").mkdir(parents=True)
+    (site / "group_vars" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    (tmp / "mine.py").write_text(text)
+    (site / "mine.py").write_text(text.replace("_all_group(globals())", '_all_group(globals(), site=".")'))
+    yield tmp / "mine.py", site, h["name"]
+    restored = pyinfra("inventory/lab.py", "deploy.py", "--limit", h["name"], timeout=900)
+    assert restored.returncode == 0, restored.output[-3000:]
+
+
+DROPIN = "/etc/systemd/system/rigup-llama@gemma.service.d/rigup.conf"
+
+
+def test_an_inventory_written_as_the_readme_says_converges_with_its_site_file(lab, mine):
+    """The copy of inventory/a100.py with RIGUP_SITE naming the site: the converge changes the
+    host to the site file's value, and only that."""
+    from rigup import config
+    from tests.converge import pyinfra
+
+    inventory, site, name = mine
+    run = pyinfra(str(inventory), "deploy.py", env={config.SITE_ENV: str(site)}, timeout=900)
+    assert run.returncode == 0, run.output[-5000:]
+    shown = lab.ssh(name, f"grep -o -- ' -c [0-9]*' {DROPIN}").stdout.strip()
+    print(f"\nmine.py + SITE/group_vars/mine.yml: {run.seconds:.1f} s, changed {run.changed_operations()}; "
+          f"the drop-in says {shown!r}")
+    assert shown == "-c 2048"
+    assert run.changed_operations() and all("llama" in op.lower() for op in run.changed_operations()), \
+        run.changed_operations()
+
+
+def readme_commands() -> list[str]:
+    """Every pyinfra and roll.py command the README gives for the operator's own inventory."""
+    from tests.converge import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    found = re.findall(r"`((?:\.venv/bin/)?(?:pyinfra|python roll\.py) [^`]*?(?:mine\.py|a100\.py|INVENTORY)[^`]*)`", text)
+    blocks = "\n".join(re.findall(r"```sh\n(.*?)```", text, re.S))
+    found += [line.split("#")[0].strip() for line in blocks.splitlines()
+              if re.match(r"(\.venv/bin/)?(pyinfra|python roll\.py) .*(mine\.py|a100\.py)", line.strip())]
+    return list(dict.fromkeys(found))
+
+
+def test_every_command_the_readme_gives_for_your_own_hosts_runs(lab, mine):
+    """Each README command on the operator's inventory, run as written against the copy (the
+    inventory's path put in; --dry added where it would change the host or the gateways); one
+    whose placeholder (``--data ...``) or group (``--limit gateway``) the copy has not is named."""
+    from rigup import config
+    from tests.converge import PYINFRA, ROOT, Run
+
+    inventory, site, name = mine
+    commands = readme_commands()
+    assert len(commands) >= 8, commands
+    ran, skipped = [], []
+    for command in commands:
+        if "..." in command or "--limit gateway" in command or "--limit cmp170hx" in command:
+            skipped.append(command)
+            continue
+        argv = command.replace(".venv/bin/", "").split()
+        path = str(site / "mine.py") if "~/rigup-site/mine.py" in command else str(inventory)
+        argv = [a if not re.fullmatch(r"(inventory/(mine|a100)\.py|INVENTORY|~/rigup-site/mine\.py)", a) else path
+                for a in argv]
+        argv = [str(PYINFRA) if a == "pyinfra" else str(ROOT / ".venv/bin/python") if a == "python" else a
+                for a in argv]
+        if any(p in argv for p in ("deploy.py", "bench.py", "roll.py")) and "--dry" not in argv:
+            argv.append("--dry")
+        if "-y" not in argv and argv[0] == str(PYINFRA):
+            argv.insert(1, "-y")
+        env = dict(os.environ)
+        if path == str(inventory):
+            env[config.SITE_ENV] = str(site)
+        start = time.monotonic()
+        done = subprocess.run([a.replace("rig-07", name) for a in argv], cwd=ROOT, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=600, env=env)
+        run = Run(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+        assert run.returncode == 0, (command, run.output[-4000:])
+        ran.append((command, run.seconds))
+    print("\nREADME commands run against a copy of inventory/a100.py:")
+    for command, seconds in ran:
+        print(f"  {seconds:5.1f} s  {command}")
+    for command in skipped:
+        print(f"  skipped (a placeholder or a group the copy has not): {command}")
+    assert len(ran) >= 6

@@ -1,10 +1,13 @@
 """roles/model_fetch under faults made for real on the lab, with the play and helpers of
 test_model_fetch.py: a clean reboot mid-download, a kill -9, a connection the hub cuts mid-file,
-a filesystem that fills up mid-download, and a hub that lists paths outside the model's directory.
+a filesystem that fills up mid-download, a hub that lists paths outside the model's directory,
+and each answer of the lab hub's hostile mode (tests/lab/hub.py: a bad commit, a name with a
+newline, a duplicate path, a gzip bomb, a next page on another origin, Range ignored, a trickle).
 
 Bytes are counted by the lab hub (tests/lab/hub.py), per lab host; each test prints its figures.
 """
 
+import base64
 import json
 import time
 
@@ -164,7 +167,9 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
                        + "; ".join(f"echo keep > {s}" for s in sentinels))
     listed = [f["path"] for f in fetcher.hub_files(hub_module.url(), "lab/evil", rev, None)]
     assert set(HOSTILE) <= set(listed)  # the hub does list them
-    models = {"evil": {"repo": "lab/evil", "revision": rev, "dest": dest}}
+    # size and family given: the controller asks the hub nothing (the hostile mode's cases below
+    # are refused there); the host's own probe of the listing is what the plan refuses here
+    models = {"evil": {"repo": "lab/evil", "revision": rev, "dest": dest, "size_gib": 0.001, "family": "glm-5.3-flash"}}
     run = converge(play, tmp_path, {name: {"models": models}}, check=False)
     assert run.returncode != 0
     refused = [ln.strip() for ln in run.output.splitlines() if "refused: models.evil.repo" in ln]
@@ -193,3 +198,195 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
     assert on_host(lab, name, f"find {dest} -type f ! -path '*/.rigup-fetch/*'") == ""
     assert hub_module.bytes_served(h["address"]) == 0
     on_host(lab, name, f"rm -rf {dest} " + " ".join(sentinels))
+
+
+# ------------------------------------------------------------------ the lab hub's hostile mode
+
+HOSTILE_DEST = "/srv/models/hostile"
+MARK = "/tmp/rigup-hostile-mark"
+# what a converge may touch outside dest without writing: the kernel's and the run's own places,
+# and the lab's simulated nvidia-smi's log of its calls (tests/lab/nvidia_smi.py; preflight runs it)
+NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/lib/rigup-gpu-sim/calls.log")
+NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
+PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
+TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10
+JOB = {"include": ["*.gguf"], "size_gib": 0.01, "family": "glm-5.3-flash", "wait": True}
+
+
+def job_bound(stall_s: float) -> float:
+    """The most a job may take to fail on a hub whose every stream stalls or is cut: RETRIES + 1
+    streams of a stall window (and a read) each, the backoffs between them at their longest,
+    and the converge around it."""
+    backoff = sum(min(fetcher.BACKOFF_MAX_S, fetcher.BACKOFF_S * 2 ** k) for k in range(fetcher.RETRIES))
+    return (fetcher.RETRIES + 1) * (stall_s + 1) + backoff + PLAN_S
+
+
+# case -> (hub switches, the model's entry beyond repo/revision/dest, host data, cut after, the
+# reason's words, the bound in s). The plan-time cases leave size_gib and family out: the
+# controller asks the hub (listing, header) and refuses there; the job cases give both, so the
+# controller asks nothing and the job meets the hub.
+HOSTILE_CASES = {
+    "bad-commit": ({"commit": "0" * 40 + "\nExecStartPre=+/bin/touch /pwned"}, {"revision": "main"},
+                   {"models_allow_unpinned": True}, None, "not 40 lowercase hex", PLAN_S),
+    "newline-name": ({"paths": [NEWLINE]}, {}, {}, None, f"{NEWLINE!r}: a control character in the path", PLAN_S),
+    "duplicate-path": ({"paths": ["config.json"]}, {}, {}, None, "'config.json': listed twice", PLAN_S),
+    "duplicate-by-case": ({"paths": ["CONFIG.JSON"]}, {}, {}, None, "compared case-insensitively", PLAN_S),
+    "gzip-listing": ({"gzip": ["listing"]}, {}, {}, None, "listing of lab/hostile with Content-Encoding 'gzip'", PLAN_S),
+    "gzip-header": ({"gzip": ["resolve"]}, {}, {}, None, "answered with Content-Encoding 'gzip'", PLAN_S),
+    "next-page-elsewhere": ({"next_page": "OTHER"}, {}, {}, None, "has its next page on another host: OTHER", PLAN_S),
+    "range-ignored": ({"ignore_range": True}, JOB, {},
+                      CUT_AT, "the hub ignores Range (it answered 200, the whole file, to 10 requests", job_bound(1)),
+    "trickle": ({"trickle_bps": TRICKLE_BPS}, JOB,
+                {"model_fetch_stall_timeout": STALL_S}, None, f"per {STALL_S} s (stalled); 10 retries in a row failed",
+                job_bound(STALL_S)),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_repo(lab, hub, play, tmp_path_factory):
+    """lab/hostile (a config and a one-shard GGUF of 2 MiB, in LFS) and its commit, fetched once
+    to HOSTILE_DEST as the job cases declare it: base, rigup-fetch and /etc/rigup are then as those
+    converges leave them, so that anything they write outside dest is the hub's doing."""
+    hub_module, _ = hub
+    files = {**hub_module.gguf_shards("hostile", 1), "config.json": hub_module.CACHE / "tiny-config.json"}
+    rev = hub_module.publish("lab/hostile", files)
+    name = lab.hosts()[0]["name"]
+    hub_module.reset()
+    model = {"repo": "lab/hostile", "revision": rev, "dest": HOSTILE_DEST, **JOB}
+    run = converge(play, tmp_path_factory.mktemp("hostile"), {name: {"models": {"hostile": model}}})
+    print(f"\nlab/hostile fetched once to {HOSTILE_DEST} (the hub's good answers) in {run.seconds:.1f} s")
+    return rev
+
+
+def touched(lab, name: str) -> list[str]:
+    """Paths of ``name`` written (mtime or ctime) since MARK, but dest and NOT_WRITES."""
+    prune = " -o ".join(f"-path {p}" for p in (*NOT_WRITES, HOSTILE_DEST))
+    out = on_host(lab, name, f"find / -xdev \\( {prune} \\) -prune -o \\( -newer {MARK} -o -cnewer {MARK} \\) -print")
+    return sorted(out.split("\n")[:-1])
+
+
+def units(lab, name: str) -> str:
+    """Every line of rigup's units, drop-ins and /etc/rigup (as tests/roles/test_hostile.py reads them)."""
+    return lab.ssh(name, "grep -r '' /etc/systemd/system/rigup-* /etc/rigup 2>/dev/null | sort").stdout
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_CASES))
+def test_a_hostile_hub_answer_fails_in_bounded_time_naming_the_reason(lab, hub, play, hostile_repo, tmp_path, case):
+    hub_module, _ = hub
+    switches, entry, data, cut, words, bound = HOSTILE_CASES[case]
+    h = lab.hosts()[0]
+    name, endpoint = h["name"], hub_module.url()
+    other = f"{hub_module.other_url()}/api/models/lab/hostile/tree/{hostile_repo}?cursor=2"
+    switches = {k: other if v == "OTHER" else v for k, v in switches.items()}
+    words = words.replace("OTHER", other)
+    model = {"repo": "lab/hostile", "revision": hostile_repo, "dest": HOSTILE_DEST, **entry}
+    on_host(lab, name, f"rm -rf {HOSTILE_DEST} /pwned; install -d -o rigup -g rigup {HOSTILE_DEST}")
+    before = units(lab, name)
+    on_host(lab, name, f"touch {MARK}")
+    hub_module.reset()
+    hub_module.hostile("lab/hostile", **switches)
+    if cut:
+        hub_module.cut(cut, times=0)
+    try:
+        run = converge(play, tmp_path, {name: {"models": {"hostile": model}, "model_fetch_wait_interval": 1, **data}},
+                       check=False, env={"RIGUP_CACHE_DIR": str(tmp_path / "hub-cache")})
+        asked, elsewhere = hub_module.requests(), hub_module.other_requests()
+        served = hub_module.bytes_served(h["address"])
+    finally:
+        hub_module.reset()
+        on_host(lab, name, "systemctl stop rigup-fetch-hostile 2>/dev/null; systemctl reset-failed rigup-fetch-hostile "
+                           "2>/dev/null; true")
+    assert run.returncode != 0, run.output[-3000:]
+    lines = [ln.strip() for ln in run.output.splitlines()
+             if "refused: models.hostile" in ln or "model hostile: the download failed" in ln]
+    print(f"\n{case}: failed in {run.seconds:.1f} s (bound {bound:.0f} s); hub: {len(asked)} requests, "
+          f"{sum(r['auth'] for r in asked)} with a token, {served} file bytes to the host; other origin: "
+          f"{len(elsewhere)} requests")
+    print("\n".join(lines))
+    assert lines and words in lines[0] and endpoint in lines[0], run.output[-3000:]
+    assert run.seconds < bound
+    assert elsewhere == [] and not any(r["auth"] for r in asked)   # an http:// hub is never given a token
+    if not cut and "trickle_bps" not in switches:
+        assert "refused: models.hostile" in lines[0] and served == 0   # at plan time: no byte, no job
+    else:
+        fetched = sorted(hub_module.gguf_shards("hostile", 1))
+        assert f"{fetched[0]}: " in lines[0]
+    written, after = touched(lab, name), units(lab, name)
+    gained = sorted(set(after.splitlines()) - set(before.splitlines()))
+    print(f"written outside {HOSTILE_DEST}: {written or 'nothing'}; unit and /etc/rigup lines gained: {len(gained)}")
+    assert written == [] and gained == [], (written, gained)
+    assert "pwned" not in after and lab.ssh(name, "test -e /pwned").returncode != 0
+    on_host(lab, name, f"rm -rf {HOSTILE_DEST} {MARK}")
+
+
+TOKEN = "hf_lab_https_token_0123456789abcdef"
+# the token as grep's pattern file, made without the token in any command line (a grep given it
+# as an argument would find itself in /proc/*/cmdline)
+PATTERN = f"echo {base64.b64encode(TOKEN.encode()).decode()} | base64 -d > /tmp/token"
+
+
+def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hostile_repo, tmp_path):
+    """The hub's https origin (the lab CA): the controller's HF_TOKEN goes to /etc/rigup/hf-token
+    (root, 0600) and from there, as the job's credential, to the hub alone: never an argv, a unit,
+    the journal, pyinfra's output or the model's files; a next page on another origin is not
+    followed by the host's probe, which holds the token."""
+    from tests.lab import tls
+
+    hub_module, _ = hub
+    h = lab.hosts()[0]
+    name, endpoint = h["name"], hub_module.https_url()
+    dest, unit = "/srv/models/secret", "rigup-fetch-secret"
+    env = {"HF_TOKEN": TOKEN, "SSL_CERT_FILE": str(tls.controller_bundle()), "RIGUP_CACHE_DIR": str(tmp_path / "cache")}
+    secure = {"hf_endpoint": endpoint, "hf_endpoint_insecure": False, "model_fetch_wait_interval": 1}
+    # size and family left out: the controller lists the repo and reads the GGUF header, with the token
+    model = {"repo": "lab/hostile", "revision": hostile_repo, "dest": dest, "include": ["*.gguf"], "wait": True}
+    on_host(lab, name, f"rm -rf {dest} /etc/rigup/hf-token")
+    hub_module.reset()
+    hub_module.rate(256 << 10)   # 2 MiB: about 8 s of a job to look at
+    try:
+        waiting = converge(play, tmp_path, {name: {"models": {"secret": model}, **secure}}, popen=True, env=env)
+        wait_for(lambda: progress(lab, name, dest).get("bytes", 0) > 0, 120, "the job's first bytes")
+        argv = on_host(lab, name, f"{PATTERN}; grep -lFf /tmp/token /proc/[0-9]*/cmdline 2>/dev/null; true")
+        shown = on_host(lab, name, f"systemctl show {unit} -p ExecStart -p Environment -p LoadCredential; "
+                                   f"cat /run/systemd/transient/{unit}.service")
+        out, _ = waiting.communicate(timeout=300)
+    finally:
+        hub_module.rate(0)
+    assert waiting.returncode == 0, out[-3000:]
+    assert marker(lab, name, dest)["files"] == sorted(hub_module.gguf_shards("hostile", 1))
+    asked, tokens, elsewhere = hub_module.requests(), hub_module._call("/_lab/tokens"), hub_module.other_requests()
+    on_disk = on_host(lab, name, "stat -c '%a %U' /etc/rigup/hf-token").strip()
+    leaks = on_host(lab, name, f"{PATTERN}; grep -rlFf /tmp/token /etc/systemd /run/systemd /etc/rigup {dest} /opt/rigup "
+                               "2>/dev/null | grep -vx /etc/rigup/hf-token; journalctl --no-pager -o cat | grep -cFf /tmp/token; "
+                               "rm /tmp/token; true")
+    print(f"\nover https: {len(asked)} requests to the hub, {sum(r['auth'] for r in asked)} with the token, "
+          f"{sum(r['https'] for r in asked)} over https; tokens by client: { {k: len(v) for k, v in tokens.items()} }; "
+          f"other origin: {len(elsewhere)} requests; /etc/rigup/hf-token {on_disk}; the unit's credential: "
+          f"{'LoadCredential=hf-token:/etc/rigup/hf-token' in shown}")
+    # every request over https, with the token, but the host's probe's listing: it runs before the
+    # converge puts the token on the host (as the first converge of any host does)
+    bare = [r for r in asked if not r["auth"]]
+    print(f"requests without the token: {[(r['client'], r['path'].split('?')[0]) for r in bare]}")
+    assert asked and all(r["https"] for r in asked)
+    assert all("/tree/" in r["path"] and r["client"] == str(lab.GATEWAY) for r in bare) and len(bare) <= 1
+    assert all(v == [TOKEN] for v in tokens.values()) and h["address"] in tokens   # the job's own requests
+    assert elsewhere == [] and on_disk == "600 root"
+    assert argv == "" and TOKEN not in shown and "hf-token:/etc/rigup/hf-token" in shown
+    assert TOKEN not in out and leaks.split() == ["0"], leaks
+
+    # the host's probe, with the token, meets a next page on another origin: not followed
+    hub_module.reset()
+    hub_module.hostile("lab/hostile", next_page=f"{hub_module.other_url()}/api/models/lab/hostile/tree/x?cursor=2")
+    again = dict(model, dest=f"{dest}2", size_gib=0.01, family="glm-5.3-flash")   # the controller asks nothing
+    try:
+        run = converge(play, tmp_path, {name: {"models": {"secret": again}, **secure}}, check=False, env=env)
+        asked, elsewhere = hub_module.requests(), hub_module.other_requests()
+    finally:
+        hub_module.reset()
+    line = next(ln.strip() for ln in run.output.splitlines() if "refused: models.secret" in ln)
+    print(f"host's probe with the token, a next page elsewhere: refused in {run.seconds:.1f} s; hub: {len(asked)} "
+          f"requests, {sum(r['auth'] for r in asked)} with the token; other origin: {len(elsewhere)}\n{line}")
+    assert run.returncode != 0 and "has its next page on another host" in line and endpoint in line
+    assert asked and all(r["auth"] for r in asked) and elsewhere == []
+    assert TOKEN not in run.output
+    on_host(lab, name, f"rm -rf {dest} {dest}2")

@@ -3,6 +3,8 @@ each converge (and each --dry) is refused with the key path, no command of their
 the host (no marker file appears), and no unit or env file gains a line."""
 
 import json
+import re
+import shlex
 
 import pytest
 
@@ -61,3 +63,118 @@ def test_hostile_values_are_refused_and_run_nothing(lab, where, values):
     assert lab.ssh(host, f"ls {MARK}* 2>/dev/null").stdout == "", "a hostile value ran on the host"
     after = units(lab, host)
     assert after == before and "ExecStartPost=+" not in after and "ExecStartPre=+/bin/touch" not in after
+
+
+# --- root never follows what the rigup user can place (issue 32; the inventory: rigup/nofollow.py)
+DEST = "/srv/models/gemma-270m"      # group_vars/lab.yml's model, the rigup user's directory
+FILES = [".rigup-complete.json", ".rigup-fetch/job.json", ".rigup-fetch/progress.json", ".rigup-fetch/state.json",
+         ".rigup-fetch/lock", ".rigup-fetch/parts", ".rigup-fetch/ckpt"]
+TARGETS = ["/etc/shadow", "/root/rigup-target", "/root/rigup-target-dir"]   # what a plant points at: root's only
+READERS = """import json
+import click
+from pyinfra import host
+from rigup.bench import Serving
+from roles.llama_server.facts import LlamaServerState
+from roles.preflight.facts import PathBytes
+m = "{dest}/.rigup-complete.json"
+s = host.get_fact(LlamaServerState, units={{"gemma": [m, "gemma"]}}, build_link="/opt/rigup/llama.cpp/current")
+b = host.get_fact(Serving, markers=[m], binary="/opt/rigup/llama.cpp/current/bin/llama-bench",
+                  smoke="/opt/rigup/llama.cpp/current/rigup-smoke.json")
+p = host.get_fact(PathBytes, paths=[("{dest}", "dc8aac109665e96b4997756aca46909ff5ad7afc")])
+click.echo("##readers " + json.dumps({{"llama_server": s["instances"]["gemma"].get("marker"),
+                                      "bench": b["markers"].get(m), "path_bytes": p}}), err=True)
+"""
+
+
+def as_rigup(lab, host, script: str):
+    out = lab.ssh(host, f"cd {DEST} && runuser -u rigup -- sh -c {shlex.quote(script)}")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def fingerprints(lab, host) -> str:
+    """sha256, mode and owner of every target (a directory: of its listing)."""
+    return lab.ssh(host, "for t in " + " ".join(TARGETS) + "; do if [ -d $t ]; then h=$(ls -la $t | sha256sum); "
+                   "else h=$(sha256sum < $t); fi; echo \"$t $(stat -c '%a %U:%G' $t) ${h%% *}\"; done").stdout
+
+
+def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, second_converge, tmp_path):
+    """As the rigup user, a symlink (to /etc/shadow, a root-only file or directory) and then a FIFO
+    at every path root touches in the lab's model directory (the marker and the job's files; then
+    the job's directory itself): the converge, status.py, the metrics timer and the facts that read
+    the marker (llama_server's, bench.py's, preflight's) end at once, the targets are untouched, the
+    converge refuses the host naming each planted path; the plants removed, the next converge
+    changes nothing."""
+    import time
+
+    from tests.converge import pyinfra
+    host = lab.hosts()[0]["name"]
+    lab.ssh(host, "printf 'root only %s\\n' $(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' ') > /root/rigup-target && "
+                  "chmod 600 /root/rigup-target && mkdir -p -m 700 /root/rigup-target-dir && "
+                  "touch /root/rigup-target-dir/kept")
+    before = fingerprints(lab, host)
+    print(f"\nsysctl: {lab.ssh(host, 'sysctl -n fs.protected_symlinks fs.protected_fifos fs.protected_hardlinks').stdout.split()}"
+          f" (protected_symlinks, _fifos, _hardlinks)\ntargets before:\n{before}", end="")
+    readers = tmp_path / "readers.py"
+    readers.write_text(READERS.format(dest=DEST))
+    as_rigup(lab, host, "mkdir .keep && cp -a .rigup-complete.json .rigup-fetch .keep/")   # the real ones, kept
+    link = {".rigup-complete.json": "/etc/shadow", ".rigup-fetch/parts": "/root/rigup-target-dir",
+            ".rigup-fetch/ckpt": "/root/rigup-target-dir", ".rigup-fetch": "/root/rigup-target-dir"}
+    rounds = [("symlink", FILES), ("FIFO", FILES), ("symlink", [".rigup-fetch"]), ("FIFO", [".rigup-fetch"])]
+    try:
+        for kind, paths in rounds:
+            make = " ".join(f"rm -rf {p}; " + (f"ln -s {link.get(p, '/root/rigup-target')} {p};" if kind == "symlink"
+                                               else f"mkfifo {p};") for p in paths)
+            as_rigup(lab, host, f"rm -rf .rigup-complete.json .rigup-fetch && cp -a .keep/. . && {make}")
+            marker = ".rigup-complete.json" in paths   # else the real marker is there
+            run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, timeout=300)
+            said = [ln.split("refused: ", 1)[1][:150] for ln in run.output.splitlines() if "refused: models." in ln]
+            print(f"{kind} at {len(paths)} path(s): converge exit {run.returncode} in {run.seconds:.1f} s; it said:\n  "
+                  + "\n  ".join(said))
+            assert run.returncode != 0 and run.seconds < 120
+            for p in paths:
+                what = f"a symlink to {link.get(p, '/root/rigup-target')}" if kind == "symlink" else "a FIFO"
+                assert f"{DEST}/{p} is {what}, which rigup never makes there" in run.output, run.output[-3000:]
+            status = pyinfra("inventory/lab.py", "status.py", "--limit", host, timeout=120)
+            row = next(ln for ln in status.output.splitlines() if ln.startswith(host))
+            download = re.search(r"gemma-270m (not here yet|complete)", row)
+            start = time.monotonic()
+            timer = lab.ssh(host, "timeout 60 systemctl start rigup-model-metrics.service; echo rc=$?; "
+                                  "grep -h 'gemma-270m' /var/lib/prometheus/node-exporter/rigup_model_fetch.prom "
+                                  "| grep ' 1$'")
+            timer_s = time.monotonic() - start
+            facts = pyinfra("inventory/lab.py", str(readers), "--limit", host, timeout=120)
+            seen = json.loads(facts.output.split("##readers ", 1)[1].splitlines()[0])
+            print(f"  status.py {status.seconds:.1f} s: {download and download.group()}; metrics timer {timer_s:.1f} s "
+                  f"({' '.join(timer.stdout.split())}); facts {facts.seconds:.1f} s: marker read by llama_server's "
+                  f"{'no' if seen['llama_server'] is None else 'the real one'}, by bench.py's "
+                  f"{'no' if seen['bench'] is None else 'the real one'}; preflight's bytes {seen['path_bytes'][DEST]}")
+            assert status.returncode == 0 and download and download.group(1) == ("not here yet" if marker else "complete")
+            assert status.seconds < 60
+            assert "rc=0" in timer.stdout and timer_s < 30
+            assert facts.returncode == 0 and (seen["llama_server"] is None) == (seen["bench"] is None) == marker
+            assert (seen["path_bytes"][DEST] == 0) == marker, seen
+            assert fingerprints(lab, host) == before
+    finally:
+        as_rigup(lab, host, "rm -rf .rigup-complete.json .rigup-fetch && cp -a .keep/. . && rm -rf .keep")
+    after = fingerprints(lab, host)
+    print(f"targets after:\n{after}", end="")
+    assert after == before
+    clean = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, timeout=300)
+    print(f"plants removed: converge exit {clean.returncode}, {clean.totals['changed']} changed, {clean.seconds:.1f} s")
+    assert clean.returncode == 0 and clean.totals["changed"] == 0, clean.changed_operations()
+
+
+def test_a_stale_hub_token_goes_with_an_insecure_hub(lab, second_converge):
+    """The lab's hub is http:// (hf_endpoint_insecure): a hub token left on the host from before is
+    removed by the next converge, and the one after changes nothing."""
+    from tests.converge import pyinfra
+    host = lab.hosts()[0]["name"]
+    lab.ssh(host, "umask 077 && printf hf_stale_token > /etc/rigup/hf-token")
+    first = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, timeout=300)
+    left = lab.ssh(host, "ls /etc/rigup/hf-token 2>&1").stdout.strip()
+    second = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, timeout=300)
+    print(f"\nstale token: converge {first.seconds:.1f} s changed {first.changed_operations()}; then {left!r}; "
+          f"next converge {second.totals['changed']} changed")
+    assert first.returncode == 0 and first.changed_operations() == ["model_fetch | No hub token here (/etc/rigup/hf-token)"]
+    assert "No such file" in left
+    assert second.returncode == 0 and second.totals["changed"] == 0, second.changed_operations()

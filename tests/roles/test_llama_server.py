@@ -194,3 +194,39 @@ def test_an_instance_dropped_from_the_configuration_is_stopped_and_removed(lab, 
     on_host(lab, host, "test ! -e /etc/systemd/system/rigup-llama@extra.service.d && ! ss -Hltn | grep -q ':8085 '")
     assert on_host(lab, host, f"systemctl is-active {UNIT}").strip() == "active"
     assert converge_one(host).totals["changed"] == 0
+
+
+def test_a_model_left_downloading_is_named_then_served_by_the_next_converge(lab, host):
+    """A new instance whose model downloads in the background (``wait: false``, a slow hub): the
+    converge ends saying what is pending and how to wait, and starts nothing on it; once the model
+    is complete, the next converge serves it."""
+    from tests.lab import hub
+
+    data = config.load_yaml(GROUP_VARS)
+    models = {**data["models"], "gemma-later": {**data["models"]["gemma-270m"], "wait": False}}
+    instances = {**data["llama_server_instances"],
+                 "later": {**data["llama_server_instances"]["gemma"], "model": "gemma-later", "port": 8086}}
+    args = (f"models={json.dumps(models)}", f"llama_server_instances={json.dumps(instances)}")
+    ask = ASK.replace(":8081/", ":8086/")
+    marker = "/srv/models/gemma-later/.rigup-complete.json"
+    hub.rate(4 << 20)
+    try:
+        first = converge_one(host, *args)
+    finally:
+        hub.rate(0)
+    try:
+        line = next(ln.strip() for ln in first.output.splitlines() if ln.strip().startswith(f"[{host}] converged"))
+        print(f"\nfirst converge ({first.seconds:.1f} s) ends: {line}")
+        assert re.search(r"gemma-later: downloading \d+\.\d% of [\d.]+ MiB, serving when complete: converge again, "
+                         r"or watch status\.py", line), line
+        assert lab.ssh(host, "systemctl is-active rigup-llama@later.service").stdout.strip() != "active"
+        start = time.monotonic()
+        wait_for(lab, host, f"test -e {marker} && echo done", "done", seconds=300)
+        print(f"the download completed {time.monotonic() - start:.1f} s after the converge")
+        second = converge_one(host, *args)
+        assert "gemma-later: downloading" not in second.output
+        assert on_host(lab, host, ask) == "200"
+        print(f"the next converge ({second.seconds:.1f} s) serves it: 200 on port 8086")
+    finally:
+        converge_one(host)
+        on_host(lab, host, "rm -rf /srv/models/gemma-later")

@@ -89,7 +89,7 @@ def converge(play, tmp_path, host_data: dict, *args, check=True, popen=False, en
     if popen:
         return subprocess.Popen([PYINFRA, "-y", *argv], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **(env or {})})
     run = pyinfra(*argv, env=env)
     if check:
         assert run.returncode == 0, run.output[-5000:]

@@ -90,8 +90,9 @@ def test_llama_bench_runs_on_the_served_model_with_every_argument_quoted():
                                     "##llama-bench"])
     assert seen["units"] == ["rigup-llama@glm.service"] and seen["llama_bench"] is True
     runs = bench.llama_runs(data, seen)
-    assert runs == [{"name": "glm", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf", "ngl": 0},
-                    {"name": "keyed", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf", "ngl": 99}]
+    assert runs == [{"name": "glm", "dest": "/srv/models/m", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf", "ngl": 0},
+                    {"name": "keyed", "dest": "/srv/models/m", "model": "/srv/models/m/x/m Q4-00001-of-00002.gguf",
+                     "ngl": 99}]
     assert bench.llama_runs(data, {**seen, "llama_bench": False})[0]["error"].startswith("no llama-bench in the build")
     assert bench.llama_bench_args("pp4096") == ["-p", "4096", "-n", "0"]
     assert bench.llama_bench_args("tg128") == ["-p", "0", "-n", "128"]
@@ -119,7 +120,7 @@ SMOKE_MET = json.dumps({"key": "k", "ok": True, "seconds": 3.2, "runs": [], "tra
 ROW = ('[{"avg_ts": 640.2, "stddev_ts": 2.0, "backends": "CPU", "n_threads": 2, "build_commit": "abc1234", '
        '"model_type": "t"}]')
 NONE = {"traps": [], "server_args": []}
-RUN = {"name": "glm", "model": "/srv/models/m/m.gguf", "ngl": 0}
+RUN = {"name": "glm", "dest": "/srv/models/m", "model": "/srv/models/m/m.gguf", "ngl": 0}
 BINARY = "/opt/rigup/llama.cpp/current/bin/llama-bench"
 
 
@@ -164,14 +165,14 @@ def test_serving_reads_the_smoke_result_in_its_one_command_and_runs_get_the_reme
     assert bench.repack_remedy({"traps": [], "server_args": ["--no-repack"]})
     data = {"models_dir": "/srv/models", "models": {"m": {"repo": "o/m", "revision": "a" * 40}},
             "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ngl": 0}}}
-    assert bench.llama_runs(data, seen) == [{"name": "glm", "model": "/srv/models/m/m.gguf", "ngl": 0,
-                                             "trap": "cpu-repack-crash"}]
+    assert bench.llama_runs(data, seen) == [{"name": "glm", "dest": "/srv/models/m", "model": "/srv/models/m/m.gguf",
+                                             "ngl": 0, "trap": "cpu-repack-crash"}]
     assert "trap" not in bench.llama_runs(data, {**seen, "smoke": bench.smoke_remedy(None)})[0]
 
 
 def test_llama_bench_argv_with_repack_off_and_the_retry_only_for_pp_while_repacking():
     assert bench.llama_bench_argv(BINARY, RUN, "pp512", 2, 60, True) == [
-        "timeout", "60", BINARY, "-m", "/srv/models/m/m.gguf", "-ngl", "0", "-r", "2", "-o", "json",
+        "rigup_as_owner", "/srv/models/m", "timeout", "60", BINARY, "-m", "/srv/models/m/m.gguf", "-ngl", "0", "-r", "2", "-o", "json",
         "-p", "512", "-n", "0", "--repack", "0"]
     assert "--repack" not in bench.llama_bench_argv(BINARY, RUN, "tg128", 2, 60, False)
     assert bench.retries("pp4096", False) and not bench.retries("pp4096", True) and not bench.retries("tg128", False)

@@ -176,8 +176,7 @@ def project(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
     (tmp_path / "inventory").mkdir()
     (tmp_path / "inventory" / "a100.py").write_text(
-        "from rigup.config import all_group as _a, group_vars as _g\n"
-        "a100 = (['@local'], _g('a100'))\nall = _a(a100)\n")
+        "from rigup.config import all_group as _a\na100 = ['@local']\nall = _a(globals())\n")
     return tmp_path
 
 

@@ -31,6 +31,7 @@ class Hub(http.server.BaseHTTPRequestHandler):
     badstart   the first stream is cut at half; the Range request gets a 206 starting 7 bytes on
     badtotal   the first stream is cut at half; the Range request gets a 206 of another total
     badform    the first stream is cut at half; the Range request gets a 206 without bytes N-M/T
+    gzip       200 with Content-Encoding: gzip (a gzip stream of the file), whatever was asked
     """
     mode = "good"
     served = 0
@@ -75,6 +76,15 @@ class Hub(http.server.BaseHTTPRequestHandler):
                 "badtotal": f"bytes {start}-{SIZE - 1}/{SIZE + 1}",
                 "badform": f"bytes {start}-/{SIZE}"}.get(mode, f"bytes {start}-{SIZE - 1}/{SIZE}"))
             self.send_header("Content-Length", str(SIZE - start))
+        elif mode == "gzip":
+            import gzip
+
+            body = gzip.compress(DATA)
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            return self.send(body)
         else:
             start = 0
             self.send_response(200)
@@ -177,6 +187,18 @@ def test_a_wrong_content_range_is_refused_at_once(hub, tmp_path, quick, mode, gi
     assert hub.requests == [None, SIZE // 2]      # at once: no retry of a wrong answer
     part = tmp_path / "m/.rigup-fetch/parts" / PATH
     assert part.read_bytes() == DATA[:SIZE // 2]  # not a byte of the wrong range written
+
+
+def test_a_compressed_answer_is_refused_at_once(hub, tmp_path, quick):
+    """urllib asks for identity and inflates nothing: a gzip body would be written as the file
+    (and a bomb may inflate without bound where something does): refused, no byte written."""
+    hub.mode = "gzip"
+    took, result, progress = fetch(hub, tmp_path)
+    print(f"\nContent-Encoding gzip: refused in {took:.2f} s after {len(hub.requests)} request(s)")
+    assert isinstance(result, fetcher.JobFailed) and result.permanent
+    assert str(result).startswith(f"{PATH}: the hub answered {hub.url}/org/m/resolve/") and "'gzip'" in str(result)
+    assert hub.requests == [None]
+    assert (tmp_path / "m/.rigup-fetch/parts" / PATH).read_bytes() == b""
 
 
 def test_range_problem():

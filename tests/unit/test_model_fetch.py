@@ -16,7 +16,7 @@ import pytest
 from rigup.names import HF_TOKEN, MARKER, revision_dir
 from roles.model_fetch import fetcher
 from roles.model_fetch.facts import parse_probe, unit_name
-from roles.model_fetch.plan import human, plan_model, progress_line
+from roles.model_fetch.plan import human, pending_note, plan_model, progress_line
 
 NAMES = {"marker": MARKER, "token_file": HF_TOKEN}  # what the role passes to every job and spec
 
@@ -82,6 +82,21 @@ def test_progress_lines():
     stopped = {"progress": {"bytes": 50 << 20, "total": 100 << 20, "state": "running"}}
     assert "stopped at 50.0 MiB / 100.0 MiB (50.0%); resumed" in progress_line("m", stopped)
     assert human(1.35 * (1 << 40)) == "1.4 TiB"
+
+
+def test_a_download_left_running_is_named_with_how_to_wait():
+    """The summary line's note for a model this converge leaves downloading; none for a model
+    complete or refused."""
+    start = plan({"hub_files": FILES, "free_bytes": 10_000, "have_bytes": 0})
+    assert pending_note(start, {}) == ("m: downloading 0.0% of 1010 B, serving when complete: converge again, "
+                                       "or watch status.py")
+    state = {"hub_files": FILES, "free_bytes": 10_000, "running": True, "job": start.job,
+             "progress": {"bytes": 505}, "serving": {"revision": "b" * 40}}
+    assert pending_note(plan(state), state).startswith(
+        "m: downloading 50.0% of 1010 B, serving bbbbbbbbbbbb meanwhile, switching when complete: ")
+    done = {"complete": True, "dest": "/srv/models/m", "marker": {"files": ["a"], "bytes": 3}}
+    assert pending_note(plan(done), done) == ""
+    assert pending_note(plan({"hub_files": FILES, "free_bytes": 1}), {}) == ""
 
 
 def test_parse_probe_and_unit_names():
@@ -340,6 +355,9 @@ def test_wait_tells_a_dead_job_from_one_that_starts():
     assert "did not start within 30 s" in dead_job("m", {}, 31)
     failed = {"progress": {"state": "failed", "error": "hub answered 403 for big.bin", "bytes": 1 << 20, "total": 2 << 20}}
     assert dead_job("m", failed, 1) == "the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB)"
+    failed["progress"]["source"] = "http://hub.lan:8090"   # the job's source: the hub, or a peer
+    assert dead_job("m", failed, 1) == ("the download failed: hub answered 403 for big.bin (at 1.0 MiB / 2.0 MiB, "
+                                        "from http://hub.lan:8090)")
     assert "without completing or saying why (killed?)" in dead_job("m", {"progress": {"state": "running"}}, 1)
 
 

@@ -157,11 +157,33 @@ def test_the_token_never_follows_a_next_page_to_another_origin():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        with pytest.raises(fetcher.HubError, match="another host: http://other.test:1/api/next"):
+        with pytest.raises(hub_module.HubRefused, match="another host: http://other.test:1/api/next"):
             hub_module._files(endpoint, "org/x", REV, "secret")
     finally:
         server.shutdown()
     assert [auth for _, auth in _Pages.seen] == ["Bearer secret"]   # the hub's page only
+
+
+def test_a_compressed_listing_refuses_the_model_before_any_byte(monkeypatch):
+    """org/bomb's listing comes with Content-Encoding: gzip (_Files, below)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    try:
+        with pytest.raises(fetcher.HubError, match="with Content-Encoding 'gzip'; rigup asks for identity") as e:
+            fetcher.hub_files(endpoint, "org/bomb", REV, None)     # the host's probe: the plan refuses it
+        assert e.value.code in fetcher.HOSTILE_CODES
+        d = {"hf_endpoint": endpoint, "models": {"x": {"repo": "org/bomb", "revision": REV, "family": "glm-5.3-flash"}}}
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setattr(hub_module, "token", lambda data: None)
+        lines = hub_module.resolve(d)
+    finally:
+        server.shutdown()
+    assert any("Content-Encoding 'gzip'" in line for line in lines), lines
+    valid, problems = models(d)
+    assert "x" not in valid and problems[0][0] == "models.x.repo", problems
+    assert f"{endpoint} answered its listing of org/bomb with Content-Encoding 'gzip'" in problems[0][1] and "refused before any byte" in problems[0][1]
 
 
 class _Resp:
@@ -247,7 +269,8 @@ def test_absurd_values_are_refused():
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
-    """A hub's resolve endpoint that ignores Range: smoke.gguf whole, or a gzip "bomb"."""
+    """A hub's resolve endpoint that ignores Range: smoke.gguf whole, or (any path with "bomb":
+    a file, a listing) a gzip "bomb"."""
 
     def log_message(self, *a):
         pass

@@ -1,0 +1,63 @@
+"""NVIDIA Xid events from the kernel log: each ``NVRM: Xid`` line attributed to a card by its PCI
+bus id and classified from the catalogue (rigup/gpu/xid.yml: class and action per code, with
+NVIDIA's meaning). Pure functions and standard library only, so the GPU guard (a standalone
+script on the host) and tests/gpu/check.py (the real card's log) use the same parser.
+
+The driver writes ``NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, name=python3, GPU has fallen off
+the bus.``; older drivers leave out ``PCI:`` (``NVRM: Xid (0000:01:00): 3, ...``). The id names
+domain, bus and device, not the function: cards are matched on that.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CATALOGUE_FILE = Path(__file__).with_name("xid.yml")
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\): "
+                 r"(\d{1,4}),\s*(.*)$")
+UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catalogue"}
+KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -F 'NVRM: Xid' "
+                      "|| dmesg 2>/dev/null | grep -F 'NVRM: Xid' || true")
+
+
+def catalogue() -> dict[int, dict]:
+    """The catalogue: {code: {"class", "action", "meaning"}} (PyYAML, where rigup runs)."""
+    import yaml
+
+    return {int(code): dict(entry) for code, entry in yaml.safe_load(CATALOGUE_FILE.read_text()).items()}
+
+
+def card_key(bus_id: str) -> str:
+    """``00000000:2B:00.0`` or ``0000:2b:00`` -> ``0000:2b:00`` (domain of 4, bus, device), the part
+    of a bus id an Xid line carries."""
+    m = re.fullmatch(r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?", bus_id.strip())
+    if not m:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    return f"{m.group(1)[-4:]}:{m.group(2)}:{m.group(3)}".lower()
+
+
+def events(lines: list[str], known: dict[int, dict]) -> list[dict]:
+    """Each Xid line of ``lines`` as ``{"card": "0000:2b:00", "code": 79, "class": "bus",
+    "action": "drain_host", "meaning": ..., "text": the driver's words, "line": the whole line}``;
+    other lines are skipped."""
+    found = []
+    for line in lines:
+        m = XID.search(line)
+        if not m:
+            continue
+        code = int(m.group(4))
+        entry = known.get(code, UNKNOWN)
+        found.append({"card": f"{m.group(1)[-4:]}:{m.group(2)}:{m.group(3)}".lower(), "code": code,
+                      "class": entry["class"], "action": entry["action"], "meaning": entry["meaning"],
+                      "text": m.group(5).strip(), "line": line.rstrip("\n")})
+    return found
+
+
+def counts(found: list[dict]) -> dict[str, dict[str, int]]:
+    """{card: {class: events}} of :func:`events`' list."""
+    by: dict[str, dict[str, int]] = {}
+    for e in found:
+        by.setdefault(e["card"], {}).setdefault(e["class"], 0)
+        by[e["card"]][e["class"]] += 1
+    return by
