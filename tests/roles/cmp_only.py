@@ -1,7 +1,7 @@
-"""A play for the CMP 170HX runbook's lab test (docs/cmp170hx.md): deploy.py's preflight and base,
-then the roles a CMP vLLM rig runs, in deploy.py's order: gpu_power, gpu_guard, cmpunlocker,
+"""A play for the CMP 170HX runbook's lab test (docs/cmp170hx.md): deploy.py's preflight, then the
+roles a CMP vLLM rig runs, in deploy.py's order: base, gpu_power, gpu_guard, cmpunlocker,
 llama_server, vllm (no CUDA toolkit, no llama.cpp build, no fetch: the lab's cards are simulated
-and its models are written in place)."""
+and its models are written in place), and deploy.py's last line per host."""
 
 from pyinfra import host
 
@@ -9,12 +9,9 @@ from rigup import summary
 from rigup.config import check_host
 from roles import base, cmpunlocker, gpu_guard, gpu_power, in_order, llama_server, preflight, vllm
 
-summary.track(host.state)     # each host's last line, as deploy.py's
+summary.track(host.state)
 check_host(host)
 plan = preflight.run(in_order())
-base.apply(plan)
-gpu_power.apply(plan)
-gpu_guard.apply(plan)
-cmpunlocker.apply(plan)
-llama_server.apply(plan)
-vllm.apply(plan)
+if host not in host.state.failed_hosts:
+    for role in host.loop([base, gpu_power, gpu_guard, cmpunlocker, llama_server, vllm]):   # as deploy.py's steps
+        role.apply(plan)
