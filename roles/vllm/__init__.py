@@ -75,14 +75,14 @@ authentication. Outside that list stay the NCCL/Gloo ports vLLM's own workers op
 ports): the cluster's network must be private.
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
-vllm_git_commit, vllm_extra_packages, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
-vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout, vllm_nccl_p2p_disable,
-vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib,
-vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt, vllm_ray_role, vllm_ray_head,
-vllm_ray_version, vllm_ray_port, vllm_ray_node_port, vllm_ray_worker_ports, vllm_ray_dashboard,
-vllm_ray_dashboard_port, vllm_ray_wait_seconds, vllm_ray_args, vllm_host_ip; and models /
-models_dir (roles/model_fetch),
-rigup_user (roles/base), cmpunlocker_enabled (roles/cmpunlocker).
+vllm_git_commit, vllm_extra_packages, vllm_patches, vllm_patch_manifest, vllm_pip_args,
+vllm_install_env, vllm_dir, vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout,
+vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname,
+vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt,
+vllm_ray_role, vllm_ray_head, vllm_ray_version, vllm_ray_port, vllm_ray_node_port,
+vllm_ray_worker_ports, vllm_ray_dashboard, vllm_ray_dashboard_port, vllm_ray_wait_seconds,
+vllm_ray_args, vllm_host_ip; and models / models_dir (roles/model_fetch), rigup_user
+(roles/base), cmpunlocker_enabled (roles/cmpunlocker).
 """
 
 from __future__ import annotations
