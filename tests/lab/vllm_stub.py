@@ -5,6 +5,9 @@ stamp), environment file, unit, health gate and restart logic end to end without
 (the lab has no GPU, and a CPU build of vLLM is too heavy for CI).
 
 The package builds with an in-tree PEP 517 backend (no setuptools or wheel needed, offline).
+For the CMP runbook's recipes (tests/roles/test_cmpunlocker.py): :func:`make_fork` (a fork at a
+commit, on a branch), :func:`extra_wheel` (an extra package for vllm_extra_packages) and
+:func:`published` (the bare repository and the wheels on lab hosts).
 """
 
 from __future__ import annotations
