@@ -10,12 +10,27 @@ import json
 import shlex
 from io import StringIO
 
+import click
 from pyinfra import host
 from pyinfra.operations import files
 
+from rigup import summary
 from rigup.files import directory, managed
+from rigup.gpu.plan import unlock_wait
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file
 from rigup.secrets import new_key, written
+
+
+def waits_for_unlock(role: str, names, plan: dict, data: dict) -> str | None:
+    """Why the instances ``names`` of a serving ``role`` wait (rigup.gpu.plan.unlock_wait: an
+    enabled cmpunlocker whose cards still report their locked memory), said on the converge's
+    output and the host's last line; None when they need not wait."""
+    why = unlock_wait(plan, data) if names else None
+    if why:
+        click.echo(f"    [{host.name}] {role}: {', '.join(sorted(names))}: {why}", err=True)
+        summary.note(host.name, f"{role} {', '.join(sorted(names))}: waits for the unlocked VRAM (cold power-off, "
+                                "then converge again)")
+    return why
 
 
 def unit_running(unit: str, dropin: str, text: str, state: dict, changed: bool, noop: str,

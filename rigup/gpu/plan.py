@@ -113,6 +113,23 @@ def vram_cards(plan: dict, data: dict) -> tuple[list[float], str]:
     return per_card, ", or enable cmpunlocker (these cards are still locked)" if locked else ""
 
 
+def unlock_wait(plan: dict, data: dict) -> str | None:
+    """Why serving waits on this host, or None: with ``cmpunlocker_enabled``, cards that still
+    report their locked memory (before the cold power-off that unlocks them). The VRAM checks
+    count the unlocked size meanwhile (:func:`vram_per_card_gib`), so nothing may start on the
+    locked cards; rigup never power-cycles, so the cards cannot unlock during a run."""
+    if not data.get("cmpunlocker_enabled") or not gpu_host(plan, data):
+        return None
+    locked = [c for c in plan.get("cards") or [] if c.get("locked")]
+    if not locked:
+        return None
+    now = sorted({c["vram_mib"] for c in locked})
+    want = sorted({c["vram_unlocked_mib"] for c in locked})
+    return (f"the cards report {' / '.join(map(str, now))} MiB (locked): serving waits until they report "
+            f"{' / '.join(map(str, want))} MiB, after a cold power-off (shutdown -h now, wait 30 s, power on), "
+            "then converge again")
+
+
 def cards_gib_text(per_card: list[float]) -> str:
     """[80.0, 80.0] -> "2 x 80.0 GiB"; mixed sizes one by one."""
     if len(set(per_card)) == 1:

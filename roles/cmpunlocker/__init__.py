@@ -19,6 +19,9 @@ is not a CMP 170HX by PCI id: checks 11-14; this role refuses a source that is n
 - on a later converge, once the cards are unlocked, verifies memory.total (65536 MiB for
   10de:20c2, 40960 MiB for 10de:2082), the loaded module's path (``cmpunlocker_module_probe``:
   cmpunlocker's, not a stock or DKMS one) and the PCIe link (Gen2 with the Gen2 service);
+- while the cards still report their locked memory, preflight's plan says so (:func:`plan_lines`):
+  the VRAM checks count the unlocked size, and serving (roles/vllm, roles/llama_server) waits
+  until the cards report it (rigup.gpu.plan.unlock_wait);
 - ``cmpunlocker_rollback: true`` restores the stock modules (and the backup), marker
   "rolled-back"; a cold power-off returns the cards to stock, which the next converge records.
 Each step is decided by roles/cmpunlocker/steps.py from the marker and the cards.
@@ -39,6 +42,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files
 
+from rigup.gpu.plan import unlock_wait
 from rigup.state import read_once
 from rigup.templates import render
 from rigup.config import role_defaults
@@ -46,11 +50,21 @@ from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.checks import CHECKS
 from roles.cmpunlocker.steps import installer_args, next_step, source_id
 
-__all__ = ["apply", "CHECKS"]
+__all__ = ["apply", "CHECKS", "plan_lines"]
 
 INSTALL_UNIT = "rigup-cmpunlocker-install"
 HOOK = "/etc/kernel/postinst.d/zz-rigup-cmpunlocker"
 CHANGED_BY_INSTALLER = ("/etc/default/grub", "/etc/modprobe.d")
+
+
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """Preflight's line while an enabled unlock has not taken yet: what the VRAM checks count, and
+    that serving waits for it."""
+    why = unlock_wait(plan, data)
+    if not why:
+        return []
+    want = sorted({c["vram_unlocked_mib"] for c in plan["cards"] if c["locked"]})
+    return [f"cmpunlocker: the VRAM checks count {' / '.join(map(str, want))} MiB per card (unlocked); {why}"]
 
 
 def stamp_path(data: dict) -> str:

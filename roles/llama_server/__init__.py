@@ -13,7 +13,9 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace; with
   ``fleet_api_key: true`` (roles/balancer) the fleet's key from the controller there instead
   (rigup.secrets.fleet_api_key, sent on stdin), so that a gateway's one URL takes one key;
-- starts an instance only once its model is complete; restarts it only when its unit, drop-in
+- starts an instance only once its model is complete, and with ``cmpunlocker_enabled`` only once
+  the cards report their unlocked memory (before the cold power-off it waits, changing nothing:
+  rigup.serving.waits_for_unlock); restarts it only when its unit, drop-in
   (flags, llama.cpp build, model) or key changed; then gates on /health 200 and one real chat
   completion, and shows the unit's journal when that fails; the gate keeps that completion's tok/s
   in ``rigup_state_dir/gate/UNIT.json`` (rigup.names.gate_record: the watchdog's default floor);
@@ -40,7 +42,7 @@ drop-in, key and enablement stay); false again starts them, gated as after a res
 
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt, llama_server_rpc_wait; and models / models_dir (roles/model_fetch), rigup_user, rigup_maintenance (roles/base),
-llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base). Instance form:
+llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base), cmpunlocker_enabled (roles/cmpunlocker). Instance form:
 roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 """
 
@@ -60,7 +62,7 @@ from rigup.models import first_gguf, serving
 from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
-from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
+from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
@@ -78,7 +80,8 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
-             rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False):
+             rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False,
+             unlock: str | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
@@ -86,9 +89,13 @@ def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary
     the role on the host (read together, once). ``rpc``: its RPC workers' ADDRESS:PORT; such a
     server is started without waiting for the start job, so that the gate shows why it failed
     (a worker that does not answer) from the journal. ``fleet_key``: the fleet's API key (else one
-    made on the host). ``maintenance``: stopped, nothing else changes."""
+    made on the host). ``maintenance``: stopped, nothing else changes. ``unlock``: why it waits for
+    the unlocked VRAM (rigup.serving.waits_for_unlock), changing nothing."""
     name = instance_name
     marker_file = marker
+    if unlock and not maintenance:
+        host.noop(f"{unit_name}: waits for the unlocked VRAM: {unlock}")
+        return
     found = read_once(LlamaServerState, units=units, build_link=build_link)
     state = found["instances"].get(unit_name, {})
     marker = state.get("marker")
@@ -153,6 +160,7 @@ def apply(plan: dict):
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"
+    unlock = waits_for_unlock("llama-server", wanted, plan, data)
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
         if len(srv) > 1:
@@ -167,7 +175,7 @@ def apply(plan: dict):
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
                                unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
                                rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"])
+                               maintenance=data["rigup_maintenance"], unlock=unlock)
             if data["rigup_maintenance"]:
                 continue
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""

@@ -7,7 +7,8 @@ and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) a
 units listen, their ports (``ports``), what it adds to the printed plan (``plan_lines``; with
 the fleet: ``fleet_plan_lines``), and what a new llama.cpp build is smoke-tested with
 (``smoke_runs``: the plan's ``smoke``); the facts its plan lines read (``plan_reads``) are read
-in preflight's one round trip. Preflight imports no role. A refused host is taken out
+in preflight's one round trip, and handed to the checks as ``facts["reads"]`` (fact class name
+-> value). Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
 pyinfra ends non-zero, and a last line names every refused host. Facts are read when the
 deploy file is loaded, before any operation runs, so `--dry` and a real run print the same plan.
@@ -97,12 +98,13 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     places = model_places(data)
     if dests:
         will_read(PathBytes, paths=places, marker=MARKER)   # one round trip for both
-    for role in roles:   # what a role's plan_lines read of the host's state: in the same round trip
-        for fact, kwargs in getattr(role, "plan_reads", lambda data: [])(data):
-            will_read(fact, **kwargs)
+    reads = [r for role in roles for r in getattr(role, "plan_reads", lambda data: [])(data)]
+    for fact, kwargs in reads:   # what a role's plan_lines and checks read of the host: in the same round trip
+        will_read(fact, **kwargs)
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
     known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
+    facts["reads"] = {fact.__name__: read_once(fact, **kwargs) for fact, kwargs in reads}
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []))
     _plans[host.name] = plan

@@ -3,9 +3,16 @@
 What it does to a host with ``vllm_instances`` (name -> recipe; form: roles/vllm/schema.py
 VLLM_INSTANCE; refusals: roles/vllm/checks.py):
 - a virtualenv per pin, ``<vllm_dir>/<pin-id>/venv``: vLLM from PyPI at an exact version
-  (``vllm_pip_version``, pin-id ``pip-VERSION``) or from git at a full 40-hex commit
-  (``vllm_git_url`` + ``vllm_git_commit``, pin-id ``git-<12 hex>``, checkout in ``.../src``);
-  anything else is refused before any host changes, with the key named;
+  (``vllm_pip_version``, pin-id ``pip-VERSION``) or from git at a commit (``vllm_git_url`` +
+  ``vllm_git_commit``, pin-id ``git-<12 hex>``, checkout in ``.../src``): a fork at a commit, or
+  a base commit with a patch series (below). A short commit (7-39 hex) is expanded on the host
+  in preflight's round trip (facts.VllmCommit: the repository's branches and tags, commits only,
+  cloned into a temporary directory and removed), and the plan prints the full commit to pin;
+  one that names no commit or several is refused, naming vllm_git_commit (on a host without git
+  yet, vLLM waits for the next converge, after roles/base installed it); anything else is
+  refused before any host changes, with the key named;
+- ``vllm_extra_packages`` (exact ``NAME==VERSION`` requirements) installed with vLLM into the
+  pin's virtualenv; they are part of the pin (the stamp), so a change makes the venv again;
 - an ordered patch series (``vllm_patches``, files on the controller) for git pins: each file
   checked on the controller against the sha256 manifest ``vllm_patch_manifest`` (a mismatch
   stops the run before any host changes), copied to ``<vllm_dir>/patches/<sha256>.patch``, then
@@ -32,11 +39,16 @@ VLLM_INSTANCE; refusals: roles/vllm/checks.py):
   marker and waits (``<vllm_dir>/bin/rigup-vllm-wait-vram``, ``nvidia-smi
   --query-gpu=memory.used``) until its cards' VRAM is free, then ``vllm serve <model dest>
   --host --port --tensor-parallel-size --pipeline-parallel-size --gpu-memory-utilization
-  --served-model-name NAME`` and extra args;
-- starts an instance only once its model is complete (``<dest>/.rigup-complete.json``,
-  roles/model_fetch); restarts it only when its unit, install stamp, environment or model
-  changed; then gates: vLLM refuses connections while it loads, so /health is polled until 200
-  (or the unit fails), then one real chat completion; on failure the unit's journal is shown.
+  --served-model-name NAME``, with a drafter (the instance's ``draft_model``: a key of
+  models) ``--speculative-config`` of its ``speculative`` keys and the drafter's dest as
+  ``model``, and extra args;
+- starts an instance only once its model (and its drafter) is complete
+  (``<dest>/.rigup-complete.json``, roles/model_fetch), and, with ``cmpunlocker_enabled``, only
+  once the cards report their unlocked memory (rigup.gpu.plan.unlock_wait: before the cold
+  power-off the plan and the converge say that it waits, and nothing of the instance changes);
+  restarts it only when its unit, install stamp, environment, model or drafter changed; then
+  gates: vLLM refuses connections while it loads, so /health is polled until 200 (or the unit
+  fails), then one real chat completion; on failure the unit's journal is shown.
 
 With ``replicas`` (auto: as many groups of tp x pp GPUs as the host has; checks.replica_groups):
 one unit ``rigup-vllm@NAME-K`` per replica, with its own environment file (CUDA_VISIBLE_DEVICES:
@@ -63,14 +75,14 @@ authentication. Outside that list stay the NCCL/Gloo ports vLLM's own workers op
 ports): the cluster's network must be private.
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
-vllm_git_commit, vllm_patches, vllm_patch_manifest, vllm_pip_args, vllm_install_env, vllm_dir,
-vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout, vllm_nccl_p2p_disable,
-vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname, vllm_env, vllm_vram_free_mib,
-vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt, vllm_ray_role, vllm_ray_head,
-vllm_ray_version, vllm_ray_port, vllm_ray_node_port, vllm_ray_worker_ports, vllm_ray_dashboard,
-vllm_ray_dashboard_port, vllm_ray_wait_seconds, vllm_ray_args, vllm_host_ip; and models /
-models_dir (roles/model_fetch),
-rigup_user (roles/base).
+vllm_git_commit, vllm_extra_packages, vllm_patches, vllm_patch_manifest, vllm_pip_args,
+vllm_install_env, vllm_dir, vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout,
+vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname,
+vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt,
+vllm_ray_role, vllm_ray_head, vllm_ray_version, vllm_ray_port, vllm_ray_node_port,
+vllm_ray_worker_ports, vllm_ray_dashboard, vllm_ray_dashboard_port, vllm_ray_wait_seconds,
+vllm_ray_args, vllm_host_ip; and models / models_dir (roles/model_fetch), rigup_user
+(roles/base), cmpunlocker_enabled (roles/cmpunlocker).
 """
 
 from __future__ import annotations
@@ -78,26 +90,28 @@ from __future__ import annotations
 import shlex
 from io import StringIO
 
+import click
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, python
 
-from rigup import apt, firewall, progress
-from rigup.config import role_defaults
+from rigup import apt, firewall, progress, summary
+from rigup.config import ConfigError, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
 from rigup.names import balancer_drain, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key, written
-from rigup.serving import backends_file, balancer_hooks, retirements, unit_running
+from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.vllm import cluster
 from roles.vllm import command as cmd
-from roles.vllm.checks import CHECKS, FLEET_CHECKS, plan_lines, ports, replica_groups
-from roles.vllm.facts import VllmState
+from roles.vllm.checks import CHECKS, FLEET_CHECKS, ports, replica_groups
+from roles.vllm.checks import plan_lines as instance_lines
+from roles.vllm.facts import VllmCommit, VllmState
 from roles.vllm.schema import instances
 
-__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "ports"]
+__all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "plan_reads", "ports"]
 
 INSTALL_UNIT = "rigup-vllm-install.service"  # the install runs as this transient unit (rigup.progress)
 
@@ -130,23 +144,34 @@ def installed_test(path: str, stamp: str) -> str:
 @operation()
 def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
              unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
-             fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None):
+             fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None,
+             draft_marker: str | None = None, unlock: str | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its
     environment file, drop-in (with the ``balancer`` hooks of a replica), and unit enabled and
-    running; restarted only when the drop-in changed (it names the unit, stamp, environment and
-    model revision) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key; else made
-    on the host). Waits (changes nothing) while its model is incomplete. ``units``: every server
-    of the role on the host (read together, once). ``maintenance``: stopped (rigup.serving).
+    running; restarted only when the drop-in changed (it names the unit, stamp, environment,
+    model revision and drafter) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key;
+    else made on the host). Waits (changes nothing) while its model or its drafter
+    (``draft_marker``: the drafter's completion marker) is incomplete, and while ``unlock`` says
+    why the cards are not unlocked yet (rigup.gpu.plan.unlock_wait). ``units``: every server of
+    the role on the host (read together, once). ``maintenance``: stopped (rigup.serving).
     ``ray_wait``: on a Ray head, the ExecStartPre that waits for every node (roles/vllm/cluster.py)."""
     name = instance_name
+    if unlock and not maintenance:
+        host.noop(f"{unit_name}: waits for the unlocked VRAM: {unlock}")
+        return
     state = read_once(VllmState, pin_dir=pin_dir, instances=units)["instances"].get(unit_name, {})
     marker = state.get("marker")
-    if not marker:
-        host.noop(f"{unit_name}: waiting for its model ({marker_path} does not exist yet)")
-        return
+    for path, present in ((marker_path, marker), (draft_marker, state.get("draft"))):
+        if path and not present:
+            what = "model" if path == marker_path else "drafter"
+            host.noop(f"{unit_name}: waiting for its {what} ({path} does not exist yet)")
+            return
     model_path = marker_path.rsplit("/", 1)[0]
+    draft = {"path": draft_marker.rsplit("/", 1)[0], "marker": draft_marker, "sha": state["draft"]} \
+        if draft_marker else None
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
-                           marker.get("revision"), wait, unit=unit_name, balancer=balancer, ray_wait=ray_wait)
+                           marker.get("revision"), wait, unit=unit_name, balancer=balancer, ray_wait=ray_wait,
+                           draft=draft)
     unit = f"rigup-vllm@{unit_name}.service"
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
@@ -188,6 +213,29 @@ def _ray_node(data: dict, plan: dict, fleet: dict, venv: str, script: str, paths
     cluster.node(name=f"vllm: {cluster.RAY_UNIT} ({data['vllm_ray_role']}) on {ip}", venv=venv, text=text)
 
 
+def _commit_read(data: dict) -> dict:
+    """VllmCommit's arguments for a short vllm_git_commit (of a vllm_git_url that passes)."""
+    return {"url": data["vllm_git_url"], "prefix": cmd.short_commit(data)}
+
+
+def plan_reads(data: dict) -> list:
+    """A short vllm_git_commit's expansion on the host (preflight's round trip; :func:`plan_lines`
+    prints the full commit, check_pin refuses none or several)."""
+    if not cmd.short_commit(data) or not (data.get("vllm_instances") or data.get("vllm_ray_role")):
+        return []
+    try:
+        cmd.git_url(data)
+    except ConfigError:
+        return []                       # refused by check_pin, never handed to git
+    return [(VllmCommit, _commit_read(data))]
+
+
+def plan_lines(plan: dict, data: dict) -> list[str]:
+    """Preflight's plan lines (roles/vllm/checks.py plan_lines), with the expansion of a short commit."""
+    reads = plan_reads(data)
+    return instance_lines(plan, data, read_once(VllmCommit, **reads[0][1]) if reads else None)
+
+
 @deploy("vllm", data_defaults=role_defaults("vllm"))
 def apply(plan: dict):
     data = host.data.dict()
@@ -201,9 +249,15 @@ def apply(plan: dict):
                   for n, i in wanted.items()}
     plans = {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
+    drafts = {name: marker_path(entries[inst["draft_model"]]["dest"]) if inst["draft_model"] else None
+              for name, inst in wanted.items()}
+    units = {s["unit"]: [markers[name], name, drafts[name]] for name, srv in plans.items() for s in srv}
     ray_role = data["vllm_ray_role"]
-    the_pin = cmd.pin(data) if wanted or ray_role else {"id": "none"}   # preflight refused a bad pin (checks.py)
+    short = cmd.short_commit(data) if wanted or ray_role else None
+    full = cmd.expanded(data, read_once(VllmCommit, **_commit_read(data))) if short else None
+    no_git = bool(short) and not full       # the host has no git to expand it with yet
+    # preflight refused a bad pin (checks.py)
+    the_pin = cmd.pin(data, full) if (wanted or ray_role) and not no_git else {"id": "none"}
     user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
     pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
     replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
@@ -212,12 +266,20 @@ def apply(plan: dict):
                 backends=[cmd.backend_name(n) for n in replicated], drain=balancer_drain(data))
     if not wanted and not ray_role:
         return
+    if no_git:
+        why = (f"vllm: vllm_git_commit {data['vllm_git_commit']} is expanded with git on the host, which roles/base "
+               "installs in this run: converge again to install vLLM")
+        click.echo(f"    [{host.name}] {why}", err=True)
+        summary.note(host.name, why)
+        return
+    unlock = waits_for_unlock("vllm", wanted, plan, data)
     series = cmd.patches(data)
     stamp = cmd.stamp(the_pin, series, data)
     label = (f"vllm {the_pin['git']} at {the_pin['commit']}" if "git" in the_pin
              else f"vllm=={the_pin['pip']} from PyPI")
     script = cmd.render("vllm-install.sh.j2", pin_dir=pin_dir, pin_label=label, git=the_pin.get("git"),
                         commit=the_pin.get("commit"), version=the_pin.get("pip"), patches=series,
+                        extra=the_pin.get("extra") or [],
                         patch_dir=patch_dir, pip_args=data["vllm_pip_args"], python=data["vllm_python"],
                         install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
                         stamp=stamp, stamp_name=cmd.STAMP, uv=cmd.uv(data))
@@ -261,7 +323,8 @@ def apply(plan: dict):
                                venv=f"{pin_dir}/venv", env=envs[server["unit"]],
                                unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait,
                                user=user, units=units, balancer=hooks, fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"], ray_wait=ray_wait)
+                               maintenance=data["rigup_maintenance"], ray_wait=ray_wait, draft_marker=drafts[name],
+                               unlock=unlock)
             if data["rigup_maintenance"]:
                 continue
             python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,

@@ -3,8 +3,10 @@ and the ports its instances take.
 
     check_config    an entry of vllm_instances that is wrong, by key path
     check_open_without_key  bound beyond loopback without an API key, or VLLM_API_KEY typed into env
-    check_pin       vLLM not pinned to an exact version or a full commit of a git URL that git reads
-                    as one; a patch series that does not match its sha256 manifest on the controller
+    check_pin       vLLM not pinned to an exact version or a commit of a git URL that git reads as
+                    one (a short commit: exactly one of the repository, expanded on the host); a
+                    patch series that does not match its sha256 manifest on the controller; extra
+                    packages that are not NAME==VERSION
     check_host_ip   vllm_host_ip that is not an IP address
     check_systemd   instances on a host where systemd is not PID 1
     check_vram      weights that leave no room for the KV cache on the instance's cards
@@ -18,15 +20,19 @@ and the ports its instances take.
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from rigup.config import ConfigError
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, vram_cards
+from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
 from rigup.models import models
 from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure, serving_ports
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
+from roles.vllm.facts import VllmCommit
 from roles.vllm.schema import ENV_NAME, instances
+
+UPSTREAM = re.compile(r"github\.com[/:]vllm-project/vllm(\.git)?/?$", re.I)   # stock vLLM's own repository
 
 
 def _gpu_bound(plan: dict, data: dict) -> int | None:
@@ -76,16 +82,49 @@ def replica_groups(plan: dict, inst: dict) -> list[list[int]]:
     return [cards[k * per:(k + 1) * per] for k in range(count)] if cards else []
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
-    """Preflight's plan lines: each instance's replicas, e.g. ``glm: 2 replicas x 4 GPUs (GPU 0-3, 4-7)``."""
-    lines = []
-    for name, inst in sorted(_instances(plan, data).items()):
+def plan_lines(plan: dict, data: dict, found: dict | None = None) -> list[str]:
+    """Preflight's plan lines: the recipe (vLLM from PyPI, a fork at a commit, or a base commit
+    plus its patch series; extra packages), the full commit a short vllm_git_commit is (``found``:
+    the host's VllmCommit, which roles/vllm reads in preflight's round trip), and each instance's
+    replicas, e.g. ``glm: 2 replicas x 4 GPUs (GPU 0-3, 4-7)``, its drafter, and that it waits
+    for the unlocked VRAM while an enabled cmpunlocker's cards are locked."""
+    instances_ = _instances(plan, data)
+    lines = recipe_lines(data, found) if instances_ or data.get("vllm_ray_role") else []
+    waits = unlock_wait(plan, data)
+    for name, inst in sorted(instances_.items()):
         groups = replica_groups(plan, inst)
         if groups:
             per = inst["tp"] * inst["pp"]
             text = ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
             lines.append(f"vllm:      {name}: {len(groups)} replica{'s' if len(groups) > 1 else ''} x {per} GPUs "
-                         f"(GPU {text})")
+                         f"(GPU {text})" + (f", drafter {inst['draft_model']}" if inst["draft_model"] else "")
+                         + ("; waits for the unlocked VRAM" if waits else ""))
+    return lines
+
+
+def recipe_lines(data: dict, found: dict | None) -> list[str]:
+    """What vLLM is installed from, in words; [] when the pin is refused (check_pin says why)."""
+    try:
+        full = command.expanded(data, found)
+        short = command.short_commit(data)
+        if short and not full:
+            return [f"vllm:      vllm_git_commit {short} is expanded with git on the host, which has none yet "
+                    "(roles/base installs it): vLLM installs on the next converge"]
+        the_pin, series = command.pin(data, full), command.patches(data)
+    except ConfigError:
+        return []
+    if "pip" in the_pin:
+        lines = [f"vllm:      vllm=={the_pin['pip']} from PyPI"]
+    elif series:
+        lines = [f"vllm:      a base plus a patch series: {the_pin['git']} at {the_pin['commit']}, then "
+                 + ", ".join(p["name"] for p in series) + " (sha256 checked)"]
+    else:
+        lines = [f"vllm:      a fork at a commit: {the_pin['git']} at {the_pin['commit']}"]
+    if full:
+        lines.append(f"vllm:      vllm_git_commit {short} is {full} in {the_pin['git']} (expanded on the host): "
+                     f"pin it: vllm_git_commit: \"{full}\"")
+    if the_pin.get("extra"):
+        lines.append(f"vllm:      extra packages in its virtualenv: {', '.join(the_pin['extra'])}")
     return lines
 
 
@@ -111,33 +150,43 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """An entry of vllm_instances that is wrong: its name, a key, a model not in models, tp x pp
-    beyond the GPUs, a pp_partition that does not fit, gpus, env, a served_model_name starting with
-    ``-``, or extra_args giving a flag rigup sets (--host, --port, --api-key, --model,
-    --served-model-name, -tp, -pp, --gpu-memory-utilization; ``--port=1``, ``--served_model_name``
-    and abbreviations too)."""
+    """An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in
+    models, tp x pp beyond the GPUs, a pp_partition that does not fit, gpus, env, speculative keys
+    that are not names with one-line values (or a ``model``: the drafter is draft_model's), a
+    served_model_name starting with ``-``, or extra_args giving a flag rigup sets (--host, --port,
+    --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization,
+    --speculative-config, -sc; ``--port=1``, ``--served_model_name`` and abbreviations too)."""
     return config_refusals(instances(data, _gpu_bound(plan, data))[1])
 
 
 def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """vLLM not pinned to an exact version or a full commit (of a vllm_git_url that is https://,
-    ssh://, file://, git@host:path or an absolute path: git reads nothing else as an option), a
-    patch series that does not match its sha256 manifest (read on the controller), or
-    vllm_install_env keys that are not names (on a host with instances, or a Ray node: a worker
-    has the virtualenv too)."""
+    """vLLM not pinned to an exact version or a commit (of a vllm_git_url that is https://, ssh://,
+    file://, git@host:path or an absolute path: git reads nothing else as an option): a full one,
+    or a short one (7-39 hex) that the host expands to exactly one commit of the fetched
+    repository (none, several, or a repository the host cannot fetch are refused); a patch series
+    that does not match its sha256 manifest (read on the controller); vllm_extra_packages that
+    are not exact pip requirements (NAME==VERSION); or vllm_install_env keys that are not names
+    (on a host with instances, or a Ray node: a worker has the virtualenv too)."""
     if not _instances(plan, data) and not data.get("vllm_ray_role"):
         return []
     bad = [k for k in data.get("vllm_install_env") or {} if not ENV_NAME.fullmatch(str(k))]
     if bad:
         return config_refusals([(f"vllm_install_env.{k}", "expected an environment variable name") for k in bad])
+    found = (facts.get("reads") or {}).get(VllmCommit.__name__)
     try:
-        command.pin(data)
+        full = command.expanded(data, found)
+        if command.short_commit(data) and not full:   # no git on the host yet: the role waits for roles/base
+            command.git_url(data)
+            command.extra_packages(data)
+        else:
+            command.pin(data, full)
         command.patches(data)
         command.uv(data)
     except ConfigError as e:
         key, _, why = str(e).partition(": ")
-        return [Refusal(key, why, "pin vLLM with vllm_pip_version (exact) or vllm_git_url with a full "
-                                  "vllm_git_commit; list patches in vllm_patch_manifest", "vllm_pin")]
+        return [Refusal(key, why, "pin vLLM with vllm_pip_version (exact) or vllm_git_url with a vllm_git_commit "
+                                  "(the full 40 hex, or a short id the host expands to one commit); list patches in "
+                                  "vllm_patch_manifest; extra packages as NAME==VERSION", "vllm_pin")]
     return []
 
 
@@ -173,12 +222,15 @@ def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """Weights (size_gib) at least gpu_memory_utilization x the VRAM of the tp x pp cards."""
+    """Weights (size_gib, with the drafter's) at least gpu_memory_utilization x the VRAM of the
+    tp x pp cards (after the unlock with cmpunlocker_enabled: serving waits for it)."""
     per_card, unlock_hint = vram_cards(plan, data)
     entries = models(data)[0]
     found = []
     for name, inst in _instances(plan, data).items():
         weights = entries[inst["model"]].get("size_gib")
+        draft = (entries.get(inst["draft_model"]) or {}).get("size_gib") if inst["draft_model"] else None
+        weights = weights + draft if weights is not None and draft else weights
         cards = per_card[: inst["tp"] * inst["pp"]]
         budget = inst["gpu_memory_utilization"] * sum(cards)
         if weights is None or not per_card or weights < budget:
@@ -193,12 +245,20 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
+def patched(data: dict) -> bool:
+    """Whether the pin is a patched vLLM: a git commit with a patch series, or a fork (a git URL
+    other than upstream vLLM's) at a commit."""
+    url, commit = data.get("vllm_git_url"), data.get("vllm_git_commit")
+    return bool(commit and (data.get("vllm_patches") or url and not UPSTREAM.search(str(url))))
+
+
 def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """A vLLM instance whose model family needs kernels for a higher compute capability
     (rigup/gpu/models.yml vllm_min_cc) than the host's cards have. A patched vLLM (a git commit
     with a patch series, as the CMP 170HX recipes of seeds 002/003 run) is the operator's claim
-    that it carries those kernels: not refused."""
-    if not gpu_host(plan, data) or (data.get("vllm_git_commit") and data.get("vllm_patches")):
+    that it carries those kernels: not refused; so is a fork at a commit (a vllm_git_url other
+    than upstream's, github.com/vllm-project/vllm)."""
+    if not gpu_host(plan, data) or patched(data):
         return []
     entries = models(data)[0]
     found = []
@@ -217,13 +277,14 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
             f"stock vLLM's kernels for {family['key']} run only on cc >= {floor[0]}.{floor[1]} "
             f"(rigup/gpu/models.yml, from {', '.join(family['sources'])}); this host's {cards}",
             "serve it with llama.cpp on this host (llama_server_instances), run vLLM on Hopper or newer "
-            "(H100, H200, B200), or declare a patched vLLM (vllm_git_commit with vllm_patches)", "vllm_cc"))
+            "(H100, H200, B200), or declare a patched vLLM: a fork at a commit (vllm_git_url, vllm_git_commit) "
+            "or a base commit with vllm_patches", "vllm_cc"))
     return found
 
 
 def _same(me: str, data: dict, head: str, head_data: dict) -> list[tuple[str, str]]:
     """(key, why) for each of Ray's and vLLM's pins where ``me`` and its ``head`` differ."""
-    keys = ("vllm_ray_version", "vllm_pip_version", "vllm_git_url", "vllm_git_commit")
+    keys = ("vllm_ray_version", "vllm_pip_version", "vllm_git_url", "vllm_git_commit", "vllm_extra_packages")
     return [(key, f"{me} has {data.get(key)!r} and {head} has {head_data.get(key)!r}: every node of a Ray cluster "
                   "runs the same Ray and vLLM") for key in keys if data.get(key) != head_data.get(key)]
 

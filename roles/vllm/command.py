@@ -24,24 +24,95 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 # vllm_git_url: a git URL as rigup.config.GIT_URL reads one, but never in clear (http://, git://),
 # or an absolute path on the host
 _LOCAL_GIT = re.compile(r"/[^\s'\"\\;`$]*")
-_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?")  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
+_VERSION_TEXT = r"[0-9]+(\.[0-9]+)*([.+-]?[0-9A-Za-z.+-]*)?"
+_VERSION = re.compile(_VERSION_TEXT)  # 0.33.0, 0.11.0rc1, 0.9.2+cu128
+_SHORT = re.compile(r"[0-9a-f]{7,39}")
+# a pip requirement pinned exactly: NAME (PEP 508), optional [extras], ==VERSION
+_REQUIREMENT = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
+                          r"==(" + _VERSION_TEXT + ")")
 
 
-def pin(data: dict) -> dict:
-    """The pin: ``{"pip": VERSION}`` or ``{"git": URL, "commit": SHA}``, with its ``id`` (the
+def git_url(data: dict) -> str:
+    """``vllm_git_url``, checked (a git URL git reads as no option, never in clear, or an absolute
+    path on the host); raises ConfigError naming the key."""
+    url = str(data.get("vllm_git_url"))
+    if not (_LOCAL_GIT.fullmatch(url) or GIT_URL.fullmatch(url) and not url.startswith(("http://", "git://"))):
+        raise ConfigError(f"vllm_git_url: expected https://, ssh://, file://, git@host:path or an absolute "
+                          f"path, got {url!r} (git would read another as an option or a transport)")
+    return url
+
+
+def short_commit(data: dict) -> str | None:
+    """``vllm_git_commit`` when it is a short commit id (7-39 lowercase hex) of a ``vllm_git_url``:
+    the host expands it (roles/vllm/facts.py VllmCommit, :func:`expanded`)."""
+    commit = data.get("vllm_git_commit")
+    return str(commit) if data.get("vllm_git_url") and commit and _SHORT.fullmatch(str(commit)) else None
+
+
+def expanded(data: dict, found: dict | None) -> str | None:
+    """The full commit a short ``vllm_git_commit`` names in ``vllm_git_url``, from what the host
+    found (``found``: VllmCommit's value); None when the commit is not short, or while the host has
+    no git to expand it with (roles/base installs it: the role waits a converge). Raises ConfigError
+    naming vllm_git_commit when the host could not fetch the repository, or when no commit or
+    several start with it."""
+    short = short_commit(data)
+    if not short or not found or not found.get("git"):
+        return None
+    url, commits = data["vllm_git_url"], found.get("commits") or []
+    if not found.get("fetched"):
+        raise ConfigError(f"vllm_git_commit: {short!r} is short, and the host could not fetch {url} to expand it: "
+                          f"{found.get('error') or 'git clone failed'}")
+    if not commits:
+        raise ConfigError(f"vllm_git_commit: no commit of {url} starts with {short!r} (its branches and tags, "
+                          "fetched on the host): check it, or pin the full 40-hex commit")
+    if len(commits) > 1:
+        raise ConfigError(f"vllm_git_commit: {short!r} is ambiguous in {url}: {len(commits)} commits start with it "
+                          f"({', '.join(commits[:4])}{', ...' if len(commits) > 4 else ''}): give more digits, "
+                          "or the full 40-hex commit")
+    if not _HEX40.fullmatch(commits[0]):
+        raise ConfigError(f"vllm_git_commit: the host expanded {short!r} to {commits[0]!r}, not 40 lowercase hex")
+    return commits[0]
+
+
+def extra_packages(data: dict) -> list[str]:
+    """``vllm_extra_packages``, each an exact pip requirement ``name==version`` (or
+    ``name[extra,...]==version``), none of them vLLM itself nor named twice; raises ConfigError
+    naming the item."""
+    out, seen = [], {}
+    for i, item in enumerate(data.get("vllm_extra_packages") or []):
+        match = _REQUIREMENT.fullmatch(str(item))
+        if not match:
+            raise ConfigError(f"vllm_extra_packages[{i}]: expected an exact pip requirement NAME==VERSION "
+                              f"(e.g. \"exllamav3==1.4.8\"; no range, URL, marker or option), got {item!r}")
+        name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+        if name == "vllm":
+            raise ConfigError(f"vllm_extra_packages[{i}]: {item!r} is vLLM itself, which vllm_pip_version or "
+                              "vllm_git_url pins")
+        if name in seen:
+            raise ConfigError(f"vllm_extra_packages[{i}]: {name} is listed twice (also item {seen[name]})")
+        seen[name] = i
+        out.append(str(item))
+    return out
+
+
+def pin(data: dict, full_commit: str | None = None) -> dict:
+    """The pin: ``{"pip": VERSION}`` or ``{"git": URL, "commit": SHA}`` (``full_commit``: a short
+    vllm_git_commit expanded on the host, :func:`expanded`), with ``extra`` (vllm_extra_packages,
+    when any: they are part of what the stamp names, so a change reinstalls) and its ``id`` (the
     virtualenv's directory name); raises ConfigError naming the key when it is not one."""
     url, commit, version = data.get("vllm_git_url"), data.get("vllm_git_commit"), data.get("vllm_pip_version")
+    extra = extra_packages(data)
+    more = {"extra": extra} if extra else {}
     if url:
         if version:
             raise ConfigError(f"vllm_pip_version: {version!r} and vllm_git_url are both set; set one")
-        if not (_LOCAL_GIT.fullmatch(str(url)) or GIT_URL.fullmatch(str(url))
-                and not str(url).startswith(("http://", "git://"))):
-            raise ConfigError(f"vllm_git_url: expected https://, ssh://, file://, git@host:path or an absolute "
-                              f"path, got {url!r} (git would read another as an option or a transport)")
-        if not commit or not _HEX40.fullmatch(str(commit)):
-            raise ConfigError(f"vllm_git_commit: expected the full 40-hex commit of {url}, got {commit!r} "
-                              "(a branch, tag or short id moves or is ambiguous; pin the commit)")
-        return {"git": str(url), "commit": str(commit), "id": f"git-{commit[:12]}"}
+        url = git_url(data)
+        if short_commit(data) and full_commit:
+            commit = full_commit
+        elif not commit or not _HEX40.fullmatch(str(commit)):
+            raise ConfigError(f"vllm_git_commit: expected the full 40-hex commit of {url}, or a short one (7-39 "
+                              f"hex, expanded on the host), got {commit!r} (a branch or tag moves; pin the commit)")
+        return {"git": url, "commit": str(commit), **more, "id": f"git-{commit[:12]}"}
     if commit:
         raise ConfigError(f"vllm_git_commit: {commit!r} is set but vllm_git_url is null")
     if not version:
@@ -50,7 +121,7 @@ def pin(data: dict) -> dict:
     if not _VERSION.fullmatch(str(version)) or str(version).lower() == "latest":
         raise ConfigError(f"vllm_pip_version: expected an exact version such as \"0.33.0\", got {version!r} "
                           "(no ranges, no 'latest': a pin must not move)")
-    return {"pip": str(version), "id": f"pip-{version}"}
+    return {"pip": str(version), **more, "id": f"pip-{version}"}
 
 
 def uv(data: dict) -> dict | None:
@@ -185,25 +256,38 @@ def env_text(name: str, env: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def argv(name: str, inst: dict, venv: str, model_path: str) -> list[str]:
+def speculative_config(inst: dict, draft_path: str | None) -> str | None:
+    """``--speculative-config``'s JSON: the instance's ``speculative`` keys (method,
+    num_speculative_tokens, ...) and the drafter's directory as ``model`` (``draft_path``: the dest
+    of its ``draft_model``), as the CMP 170HX reports run DFlash and DSpark drafters; None for neither."""
+    config = {**(inst.get("speculative") or {}), **({"model": draft_path} if draft_path else {})}
+    return json.dumps(config, sort_keys=True, separators=(",", ":")) if config else None
+
+
+def argv(name: str, inst: dict, venv: str, model_path: str, draft_path: str | None = None) -> list[str]:
     """``vllm serve`` for one instance: --host and --port always explicit (vLLM binds every
-    interface by default), parallel sizes, memory fraction and the served name."""
+    interface by default), parallel sizes, memory fraction, the served name and, with a drafter
+    or ``speculative``, --speculative-config."""
     args = [f"{venv}/bin/vllm", "serve", model_path, "--host", inst["host"], "--port", inst["port"],
             "--tensor-parallel-size", inst["tp"], "--pipeline-parallel-size", inst["pp"],
             "--gpu-memory-utilization", inst["gpu_memory_utilization"],
             "--served-model-name", inst.get("served_model_name") or name]
+    spec = speculative_config(inst, draft_path)
+    args += ["--speculative-config", spec] if spec else []
     return [str(a) for a in args + list(inst["extra_args"])]
 
 
 def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, unit_sha: str,
                 stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str],
-                unit: str | None = None, balancer: dict | None = None, ray_wait: list[str] | None = None) -> str:
+                unit: str | None = None, balancer: dict | None = None, ray_wait: list[str] | None = None,
+                draft: dict | None = None) -> str:
     """The drop-in rigup-vllm@UNIT.service.d/rigup.conf (``unit``: the instance ``name``, or one
     of its replicas NAME-K, whose environment file is its own and whose served name and key are
     the instance's); its comment names what restarts it when it changes (unit, install stamp,
-    environment file, model revision); for a replica, the balancer's hooks (``balancer``:
-    {"ready": argv, "drain": argv}); on a Ray head, ``ray_wait`` (the wait for every node, which
-    also lets it write Ray's session files: roles/vllm/cluster.py)."""
+    environment file, model revision, the drafter's completion marker); for a replica, the
+    balancer's hooks (``balancer``: {"ready": argv, "drain": argv}); on a Ray head, ``ray_wait``
+    (the wait for every node, which also lets it write Ray's session files: roles/vllm/cluster.py);
+    with a drafter, ``draft`` ({"path", "marker", "sha"}: its dest, its marker, the marker's sha256)."""
     return render("vllm-dropin.conf.j2", ray_wait=[systemd_quote(a) for a in ray_wait] if ray_wait else None,
                   ray_dir=RAY_DIR, name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
                   model_revision=model_revision, marker=systemd_quote(marker),
@@ -211,7 +295,9 @@ def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, 
                   key_file=KEY_FILE.format(name) if inst.get("api_key") else None,
                   wait=[systemd_quote(a) for a in wait],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
-                  argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path)])
+                  draft_marker=systemd_quote(draft["marker"]) if draft else None,
+                  draft_sha=draft["sha"][:12] if draft else None,
+                  argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path, draft and draft["path"])])
 
 
 def backend_name(name: str) -> str:

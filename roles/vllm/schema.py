@@ -4,10 +4,11 @@ meaning, and the rules its values follow (pipeline partition, GPU list, environm
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
-from rigup.entries import Key, auto_or_count
+from rigup.entries import Key, auto_or_count, unknown_reference
 from rigup.gpu.catalogue import family_of
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
@@ -26,6 +27,8 @@ class VllmInstance(ServingInstance):
     env: dict[str, Any]
     replicas: int | str
     gpus_per_replica: int | str | None
+    draft_model: str | None
+    speculative: dict[str, Any]
 
 
 VLLM_INSTANCE: dict[str, Key] = {
@@ -40,6 +43,8 @@ VLLM_INSTANCE: dict[str, Key] = {
     "env": Key("map", {}, "more environment for this instance"),
     "replicas": Key("any", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
     "gpus_per_replica": Key("any", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
+    "draft_model": Key("str or null", None, "a key of models: the drafter, whose dest is --speculative-config's model"),
+    "speculative": Key("map", {}, "--speculative-config's other keys, e.g. {method: dflash, num_speculative_tokens: 7}"),
 }
 
 _INTS = re.compile(r"\d+(,\d+)*")
@@ -47,7 +52,8 @@ _INTS = re.compile(r"\d+(,\d+)*")
 # reads --served_model_name and abbreviations such as --serv): flag -> the key.
 OWNED_FLAGS = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
                "--served-model-name": "served_model_name", "--tensor-parallel-size": "tp", "-tp": "tp",
-               "--pipeline-parallel-size": "pp", "-pp": "pp", "--gpu-memory-utilization": "gpu_memory_utilization"}
+               "--pipeline-parallel-size": "pp", "-pp": "pp", "--gpu-memory-utilization": "gpu_memory_utilization",
+               "--speculative-config": "speculative", "-sc": "speculative"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -70,6 +76,23 @@ def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
     """Each key of ``env`` that is not NAME: a one-line string, number or bool."""
     return [(f"{where}.{key}", "expected NAME: a one-line string, number or bool") for key, value in env.items()
             if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value)]
+
+
+def speculative_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:
+    """A ``draft_model`` that is not a key of ``models`` (``declared``), and ``speculative`` keys
+    that are not names or values that are not one-line scalars; its ``model`` is the drafter's."""
+    found = []
+    draft = entry["draft_model"]
+    if draft is not None and draft not in declared:
+        found.append((f"{where}.draft_model", unknown_reference(draft, declared, "models")))
+    for key, value in entry["speculative"].items():
+        if key == "model":
+            found.append((f"{where}.speculative.model", "the drafter is a key of models: set draft_model (its dest "
+                                                        "is fetched, checked and passed as model)"))
+        elif not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or value is None \
+                or "\n" in str(value) or isinstance(value, float) and not math.isfinite(value):
+            found.append((f"{where}.speculative.{key}", "expected NAME: a one-line string, number or bool"))
+    return found
 
 
 def _family_layers(model: dict | None) -> int | None:
@@ -108,5 +131,6 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmI
             elif len(gpus.split(",")) != gpus_needed:
                 found.append((f"{where}.gpus", f"{len(gpus.split(','))} GPUs for tp {entry['tp']} x "
                                                f"pp {entry['pp']} = {gpus_needed}"))
+        found += speculative_problems(entry, where, data.get("models") or {})
         return found + env_problems(entry["env"], f"{where}.env")
     return _entries(data, "vllm_instances", VLLM_INSTANCE, problems)

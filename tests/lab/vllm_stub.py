@@ -5,6 +5,9 @@ stamp), environment file, unit, health gate and restart logic end to end without
 (the lab has no GPU, and a CPU build of vLLM is too heavy for CI).
 
 The package builds with an in-tree PEP 517 backend (no setuptools or wheel needed, offline).
+For the CMP runbook's recipes (tests/roles/test_cmpunlocker.py): :func:`make_fork` (a fork at a
+commit, on a branch), :func:`extra_wheel` (an extra package for vllm_extra_packages) and
+:func:`published` (the bare repository and the wheels on lab hosts).
 """
 
 from __future__ import annotations
@@ -221,3 +224,53 @@ def manifest(paths, out: Path, wrong: str | None = None) -> Path:
         lines.append(f"{digest}  {Path(p).name}")
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def make_fork(repo: Path) -> str:
+    """A fork of the stub at a commit, already patched: branch ``cmp170hx`` of ``repo`` with one
+    commit over its first (the greeting and patch level of a fork), as operators' sm_80 forks
+    are; the repo is left on main. Returns the fork's commit id."""
+    base = git(repo, "rev-parse", "main")
+    git(repo, "checkout", "-q", "-b", "cmp170hx", base)
+    init = repo / "vllm" / "__init__.py"
+    init.write_text(INIT.replace('"hello from the stub"', '"hello from the fork"').replace("PATCH_LEVEL = 0",
+                                                                                            "PATCH_LEVEL = 5"))
+    git(repo, "commit", "-q", "-am", "sm80 fork")
+    commit = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    return commit
+
+
+EXTRA_NAME, EXTRA_VERSION = "rigup-stub-extra", "0.0.1"
+
+
+def extra_wheel(out: Path) -> Path:
+    """A wheel of a tiny package ``rigup-stub-extra`` 0.0.1 (module ``rigup_stub_extra``) in
+    ``out``: what vllm_extra_packages installs in the lab, offline (pip --find-links)."""
+    import base64
+    import zipfile
+
+    dist = f"rigup_stub_extra-{EXTRA_VERSION}.dist-info"
+    files = {"rigup_stub_extra/__init__.py": f'VERSION = "{EXTRA_VERSION}"\n'.encode(),
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {EXTRA_NAME}\nVersion: {EXTRA_VERSION}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: rigup-stub\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+              for p, d in files.items()] + [f"{dist}/RECORD,,"]
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / f"rigup_stub_extra-{EXTRA_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+    return wheel
+
+
+def published(lab, tmp: Path, *hosts: str) -> None:
+    """``tmp``'s vllm-stub.git (a bare clone of the stub repository) and its wheels/ on lab
+    ``hosts`` at /root/vllm-stub (vllm_git_url file:///root/vllm-stub/vllm-stub.git)."""
+    names = [n for n in ("vllm-stub.git", "wheels") if (tmp / n).exists()]
+    tar = subprocess.run(["tar", "c", "-C", str(tmp), *names], check=True, capture_output=True).stdout
+    for name in hosts:
+        subprocess.run(lab.ssh_argv(name) + ["--", "rm -rf /root/vllm-stub && mkdir -p /root/vllm-stub && "
+                                             "tar x -C /root/vllm-stub && chmod -R a+rX /root/vllm-stub"],
+                       input=tar, check=True)

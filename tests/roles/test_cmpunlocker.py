@@ -1,13 +1,18 @@
 """roles/cmpunlocker on a lab cmp170hx host, against a stand-in unlocker repository
 (tests/lab/unlocker_repo.py): refusals first, then the whole flow: install, "cold power-off
-required", a warm reboot that does not unlock, a cold boot, verify, rollback and its cold boot."""
+required", a warm reboot that does not unlock, a cold boot, verify, rollback and its cold boot;
+last, the CMP runbook (docs/cmp170hx.md) on the same rack, from stock cards to serving with the
+stand-in vLLM (tests/lab/vllm_stub.py): a fork at a (short) commit and a base plus patches."""
 
 import json
+import subprocess
+import time
 
 import pytest
 
+from rigup import config
 from tests.conftest import on_host
-from tests.lab import unlocker_repo
+from tests.lab import unlocker_repo, vllm_stub
 from tests.roles.power_lab import cards, data, play
 
 pytestmark = pytest.mark.lab
@@ -162,3 +167,148 @@ def test_offline_archive_install_and_verify(lab, repo, cmp):
     lab.cold_boot(cmp)
     assert "unlocked: memory.total, module path and PCIe gen verified" in play(cmp, *archived).output
     assert json.loads(on_host(lab, cmp, f"cat {STAMP}"))["state"] == "verified"
+
+
+# ----------------------------------------------------------------------------- the CMP runbook
+RUNBOOK = "tests/roles/cmp_only.py"
+STUB_URL = "file:///root/vllm-stub/vllm-stub.git"
+QWEN, DRAFTER, REV, PORT = "/srv/models/qwen-stub", "/srv/models/drafter-stub", "1" * 40, 8000
+SPECULATIVE = {"method": "draft_model", "num_speculative_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def stub(lab, cmp, tmp_path_factory):
+    """The stand-in vLLM on the rig: its repository (main, and the already patched fork on branch
+    cmp170hx), the patch series of main with its manifest, and the wheel of an extra package."""
+    tmp = tmp_path_factory.mktemp("vllm-stub")
+    base = vllm_stub.make_repo(tmp / "repo")
+    patches = vllm_stub.make_patches(tmp / "repo", tmp / "patches")
+    fork = vllm_stub.make_fork(tmp / "repo")
+    subprocess.run(["git", "clone", "-q", "--bare", str(tmp / "repo"), str(tmp / "vllm-stub.git")], check=True)
+    vllm_stub.extra_wheel(tmp / "wheels")
+    vllm_stub.published(lab, tmp, cmp)
+    series = [str(patches[n]) for n in ("0001-greeting.patch", "0002-patch-level.patch")]
+    return {"base": base, "fork": fork, "series": series,
+            "manifest": str(vllm_stub.manifest(series, tmp / "SHA256SUMS"))}
+
+
+def runbook(repo, stub, **over) -> list[str]:
+    """docs/cmp170hx.md's recipe on the lab: the pinned (stand-in) unlocker, caps 180 W with one
+    card at 150 W, the fork at a short commit with an extra package, a drafter by name."""
+    lab_vars = config.load_yaml(config.GROUP_VARS_DIR / "lab.yml")
+    entry = {"repo": "rigup-lab/qwen-stub", "revision": REV, "dest": QWEN}
+    instance = {"model": "qwen", "port": PORT, "pp": 2, "pp_partition": "3,3", "layers": 6,
+                "gpu_memory_utilization": 0.94, "draft_model": "drafter", "speculative": SPECULATIVE}
+    return data(**{"cmpunlocker_enabled": True, "cmpunlocker_source": repo["url"],
+                   "cmpunlocker_version": repo["commit"], **PROBE,
+                   "gpu_power_watts": 180, "gpu_power_overrides": {"0000:0A:00.0": 150},
+                   "models": {**lab_vars["models"], "qwen": entry,
+                              "drafter": {**entry, "repo": "rigup-lab/drafter-stub", "dest": DRAFTER}},
+                   "vllm_instances": {"qwen": instance},
+                   "vllm_git_url": STUB_URL, "vllm_git_commit": stub["fork"][:9],
+                   "vllm_extra_packages": [f"{vllm_stub.EXTRA_NAME}=={vllm_stub.EXTRA_VERSION}"],
+                   "vllm_installer": "pip", "vllm_health_timeout": 60,     # the stub, offline:
+                   "vllm_pip_args": ["--no-index", "--find-links", "/root/vllm-stub/wheels", "--no-build-isolation"],
+                   **over})
+
+
+def stock_rig(lab, host):
+    """The rig as it came (stock cards, no unlocker), the models written in place (no fetch)."""
+    on_host(lab, host, "rm -rf /lib/modules/*/updates/cmpunlocker /etc/kernel/postinst.d/zz-rigup-cmpunlocker "
+                       f"/etc/modprobe.d/cmp-pcie-gen2.conf /opt/rigup/cmpunlocker {STAMP}")
+    lab.cold_boot(host)
+    for dest, repo in ((QWEN, "rigup-lab/qwen-stub"), (DRAFTER, "rigup-lab/drafter-stub")):
+        marker = json.dumps({"repo": repo, "revision": REV, "files": ["config.json"], "bytes": 2})
+        on_host(lab, host, f"mkdir -p {dest} && echo '{{}}' > {dest}/config.json && "
+                           f"printf '%s' '{marker}' > {dest}/.rigup-complete.json && chmod -R a+rX {dest}")
+
+
+def caps(lab, host) -> dict[str, float]:
+    return {c["bus_id"]: float(c["limit"]) for c in cards(lab, host)}
+
+
+def ask(lab, host) -> tuple[dict, str]:
+    """What the stand-in vLLM runs with (its argv, patch level) and one chat completion's answer."""
+    info = json.loads(on_host(lab, host, f"curl -sf http://127.0.0.1:{PORT}/rigup-stub"))
+    answer = on_host(lab, host, "curl -sf -H 'Content-Type: application/json' -d '{\"model\": \"qwen\", "
+                                f"\"messages\": []}}' http://127.0.0.1:{PORT}/v1/chat/completions")
+    return info, json.loads(answer)["choices"][0]["message"]["content"]
+
+
+def test_the_cmp_runbook_from_stock_cards_to_serving(lab, repo, cmp, stub):
+    """docs/cmp170hx.md on the lab rig: the first converge installs the unlocker, the caps and
+    the fork's virtualenv (its short commit expanded on the host, an extra package in it) while
+    serving waits for the unlocked VRAM; the cold power-off unlocks; the next converge verifies
+    and serves, with the drafter; the base-plus-patches recipe then replaces the fork."""
+    figures, mark = [], time.monotonic()
+    stock_rig(lab, cmp)
+    locked = cards(lab, cmp)
+    assert {c["memory"] for c in locked} == {"8192"}
+    figures.append(f"stock rig (files removed, cold boot): {time.monotonic() - mark:.1f} s; "
+                   f"VRAM {len(locked)} x {locked[0]['memory']} MiB")
+
+    fork, unlocker = stub["fork"], ""
+    if lab.ssh(cmp, "command -v git").returncode != 0:   # a rig no earlier test converged: base brings git
+        bare = play(cmp, *runbook(repo, stub), file=RUNBOOK)
+        assert (f"[{cmp}] vllm: vllm_git_commit {fork[:9]} is expanded with git on the host, which roles/base "
+                "installs in this run: converge again to install vLLM") in bare.output, bare.output[-4000:]
+        figures.append(f"converge 0 (no git on the rig yet: vLLM waits for it): {bare.seconds:.1f} s")
+        unlocker = bare.output
+    first = play(cmp, *runbook(repo, stub), file=RUNBOOK)
+    out = first.output
+    assert (f"[{cmp}] cmpunlocker: the VRAM checks count 65536 MiB per card (unlocked); the cards report 8192 MiB "
+            "(locked): serving waits until they report 65536 MiB, after a cold power-off") in out, out[-4000:]
+    assert f"[{cmp}] vllm:      a fork at a commit: {STUB_URL} at {fork}" in out, out[-4000:]
+    assert (f"[{cmp}] vllm:      vllm_git_commit {fork[:9]} is {fork} in {STUB_URL} (expanded on the host): "
+            f"pin it: vllm_git_commit: \"{fork}\"") in out
+    assert f"[{cmp}] vllm:      extra packages in its virtualenv: {vllm_stub.EXTRA_NAME}==0.0.1" in out
+    assert f"[{cmp}] vllm:      qwen: 1 replica x 2 GPUs (GPU 0-1), drafter drafter; waits for the unlocked VRAM" in out
+    assert f"[{cmp}] cmpunlocker: install cmpunlocker {repo['commit']} (--profile=8gb)" in (unlocker or out)
+    changed = " ".join(first.changed_operations())
+    assert f"vllm virtualenv git-{fork[:12]} (0 patches)" in changed and "vllm qwen answers" not in changed
+    venv = f"/opt/rigup/vllm/git-{fork[:12]}/venv/bin/python"
+    assert on_host(lab, cmp, f"{venv} -c 'import rigup_stub_extra as x; print(x.VERSION)'").strip() == "0.0.1"
+    assert lab.ssh(cmp, "test -e /etc/systemd/system/rigup-vllm@qwen.service.d").returncode != 0
+    last = next(ln.strip() for ln in out.splitlines() if ln.strip().startswith(f"[{cmp}] converged ("))
+    assert "vllm qwen: waits for the unlocked VRAM (cold power-off, then converge again)" in last, last
+    assert "llama-server gemma: waits for the unlocked VRAM" in last       # lab.yml's instance waits too
+    want = {c["bus_id"]: 150.0 if c["bus_id"].endswith("0A:00.0") else 180.0 for c in locked}
+    assert caps(lab, cmp) == want
+    figures.append(f"converge 1 (unlocker, caps, fork venv; serving waits): {first.seconds:.1f} s, "
+                   f"{first.totals['changed']} changed; caps read back: {sorted(set(caps(lab, cmp).values()))} W")
+
+    again = play(cmp, *runbook(repo, stub), file=RUNBOOK)
+    assert again.totals["changed"] == 0, again.changed_operations()
+    assert f"[{cmp}] vllm:      qwen: 1 replica x 2 GPUs (GPU 0-1), drafter drafter; waits for the unlocked VRAM" \
+        in again.output
+    figures.append(f"converge 2 (cards still 8 GB): {again.seconds:.1f} s, 0 changed")
+
+    mark = time.monotonic()
+    lab.cold_boot(cmp)                                   # the operator's shutdown -h now, power on
+    unlocked = cards(lab, cmp)
+    assert {c["memory"] for c in unlocked} == {"65536"} and caps(lab, cmp) == want   # the boot unit's caps
+    figures.append(f"cold power-off and on: {time.monotonic() - mark:.1f} s; VRAM {len(unlocked)} x "
+                   f"{unlocked[0]['memory']} MiB; caps after boot: {sorted(set(caps(lab, cmp).values()))} W")
+
+    served = play(cmp, *runbook(repo, stub), file=RUNBOOK)
+    assert f"[{cmp}] cmpunlocker: unlocked: memory.total, module path and PCIe gen verified" in served.output
+    assert "waits for the unlocked VRAM" not in served.output
+    assert "vllm qwen answers" in " ".join(served.changed_operations())
+    info, answer = ask(lab, cmp)
+    spec = '{"method":"draft_model","model":"%s","num_speculative_tokens":5}' % DRAFTER
+    assert info["patch_level"] == 5 and answer == "hello from the fork"
+    assert info["extra"][:2] == ["--speculative-config", spec], info["extra"]
+    assert on_host(lab, cmp, "systemctl is-active rigup-vllm@qwen.service").strip() == "active"
+    figures.append(f"converge 3 (verify, serve the fork): {served.seconds:.1f} s; answer {answer!r}")
+
+    patched = play(cmp, *runbook(repo, stub, vllm_git_commit=stub["base"], vllm_patches=stub["series"],
+                                 vllm_patch_manifest=stub["manifest"]), file=RUNBOOK)
+    assert (f"[{cmp}] vllm:      a base plus a patch series: {STUB_URL} at {stub['base']}, then 0001-greeting.patch, "
+            "0002-patch-level.patch (sha256 checked)") in patched.output
+    changed = " ".join(patched.changed_operations())
+    assert f"vllm virtualenv git-{stub['base'][:12]} (2 patches)" in changed and "vllm qwen answers" in changed
+    info, answer = ask(lab, cmp)
+    assert info["patch_level"] == 2 and answer == "hello from the patched stub"
+    assert caps(lab, cmp) == want
+    figures.append(f"converge 4 (base + 2 patches replaces the fork): {patched.seconds:.1f} s; answer {answer!r}")
+    print("\n" + "\n".join(figures))

@@ -163,7 +163,7 @@ def test_vllm_replicas_are_served_pinned_and_balanced():
     plan, facts = host("h100")
     d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
              vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto", "api_key": True}})
-    assert vllm_lines(plan, d) == ["vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
+    assert vllm_lines(plan, d) == ["vllm:      vllm==0.33.0 from PyPI", "vllm:      m: 2 replicas x 2 GPUs (GPU 0-1, 2-3)"]
     assert [r for r in refusals(plan, facts, d) if r.check not in ("vllm_cc",)] == []
     assert [(p.port, p.owners) for p in vllm_ports(plan, d)] == [
         (8081, ("haproxy", "vllm")), (8082, ("vllm",)), (8083, ("vllm",))]
