@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tests.bench.ansible import playbook
 from tests.conftest import assert_nothing_left
-from tests.bench_fleet import RESULTS, hosts_cpu_s
+from tests.bench_fleet import commit_id, hosts_cpu_s, save
 from tests.converge import ROOT, converge
 from tests.lab import hub, lab, models, sources
 
@@ -191,15 +191,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines + ["```", "", "First converges: " + json.dumps(result["first"]), ""])
 
 
-def write(result: dict, results: Path = RESULTS) -> Path:
-    """``results/<date>-ansible-mitogen.{md,json}``; the Markdown's path."""
-    results.mkdir(parents=True, exist_ok=True)
-    stem = results / f"{result['date']}-ansible-mitogen"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(result))
-    return stem.with_suffix(".md")
-
-
 def main() -> None:
     samples: dict[str, dict[int, list[dict]]] = {}
     counts: dict[str, str] = {}
@@ -234,19 +225,16 @@ def main() -> None:
     finally:
         lab.down()
     assert_nothing_left(lab)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout
     stats = summary(samples)
-    result = {"date": datetime.date.today().isoformat(), "commit": commit.strip() + ("+changes" if dirty.strip() else ""),
+    result = {"date": datetime.date.today().isoformat(), "commit": commit_id(),
               "command": f"BENCH_REPS={REPS} make bench-ansible", "reps": REPS, "cpus": os.cpu_count(),
               "versions": f"{version.splitlines()[0]}, {ANSIBLE_PINS[1]}, pyinfra {pyinfra_version()}, "
                           f"Python {platform.python_version()}",
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
               "first": {"lab1_s": round(first.seconds, 1), f"all_{HOSTS}_s": round(rest.seconds, 1)}, **made,
               "tools": {tool: {"per_host": counts[tool], "sizes": stats[tool]} for tool in samples}}
-    path = write(result)
-    print("\n" + path.read_text() + f"\nwritten: {path}, {path.with_suffix('.json')}")
+    stem = save(result, markdown(result), "ansible-mitogen")
+    print("\n" + markdown(result) + f"\nwritten: {stem}.md, {stem}.json")
 
 
 def pyinfra_version() -> str:

@@ -27,12 +27,27 @@ def converge_in(tree: Path, host: str) -> Run:
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_noop")
     parser.add_argument("--base", required=True)
     parser.add_argument("--head", help="compare this revision instead of the working tree")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def report(times: dict[str, list[float]], base: str) -> str:
+    """Every round's seconds of each tree, the medians, and this tree's against ``base``."""
+    lines = [f"{label:10} no-op converge, s: {' '.join(f'{v:.2f}' for v in values)}; "
+             f"median {statistics.median(values):.2f}" for label, values in times.items()]
+    ratio = statistics.median(times["this tree"]) / statistics.median(times["base"])
+    return "\n".join(lines + [f"this tree / base ({base}): {ratio:.2f}x"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     with tempfile.TemporaryDirectory() as tmp:
         other, mine = Path(tmp) / "base", ROOT
         subprocess.run(["git", "worktree", "add", "--detach", str(other), args.base], cwd=ROOT, check=True,
@@ -58,11 +73,7 @@ def main() -> None:
                     run = converge_in(tree, host)
                     assert run.totals["changed"] == 0, (label, run.changed_operations())
                     times[label].append(run.seconds)
-            for label, values in times.items():
-                print(f"{label:10} no-op converge, s: {' '.join(f'{v:.2f}' for v in values)}; "
-                      f"median {statistics.median(values):.2f}")
-            ratio = statistics.median(times["this tree"]) / statistics.median(times["base"])
-            print(f"this tree / base ({args.base}): {ratio:.2f}x")
+            print(report(times, args.base))
         finally:
             lab.down()
             for tree in {other, mine} - {ROOT}:

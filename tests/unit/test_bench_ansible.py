@@ -192,6 +192,6 @@ def test_the_results_page_says_whether_the_goal_is_met(tmp_path):
     assert "| Ansible plain (pipelining), gather_facts off | 56 operations | 12.00 | 30.00 | 12.00x | 15.00x |" in page
     short = bench_ansible.markdown(result({bench_ansible.RIGUP: (1.0, 2.0), bench_ansible.GOAL_TOOL: (3.0, 12.0)}))
     assert "1 host 3.00x (NOT met), 4 hosts 6.00x (met)" in short
-    path = bench_ansible.write(met, tmp_path)
-    assert path == tmp_path / "2026-12-02-ansible-mitogen.md" and path.read_text() == page
-    assert json.loads(path.with_suffix(".json").read_text())["tools"][bench_ansible.RIGUP]["sizes"]["1"]["median_s"] == 1.0
+    stem = bench_ansible.save(met, page, "ansible-mitogen", tmp_path)
+    assert stem == tmp_path / "2026-12-02-ansible-mitogen" and stem.with_suffix(".md").read_text() == page
+    assert json.loads(stem.with_suffix(".json").read_text())["tools"][bench_ansible.RIGUP]["sizes"]["1"]["median_s"] == 1.0
