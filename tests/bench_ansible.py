@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tests.bench.ansible import playbook
 from tests.conftest import assert_nothing_left
-from tests.bench_fleet import commit_id, hosts_cpu_s, save
+from tests.bench_fleet import commit_id, hosts_cpu_s, idle_hosts_cpu, save
 from tests.converge import ROOT, converge
 from tests.lab import hub, lab, models, sources
 
@@ -133,16 +133,18 @@ def prepare() -> dict:
     data = [{k: v for k, v in inventory.get_host(h["name"]).data.dict().items() if not k.startswith("ssh_")}
             for h in lab.hosts()]
     assert all(d == data[0] for d in data[1:]), "the bench expects every lab host to have the same data"
-    paths = list(playbook.managed_files(data[0]))
+    paths = [*playbook.managed_files(data[0]), *playbook.directories(data[0])]
     for h in lab.hosts():
-        playbook.check_files(h["name"], data[0], playbook.fetch_files(lab.ssh, h["name"], paths, WORK / "files" / h["name"]))
+        meta = playbook.fetch_files(lab.ssh, h["name"], paths, WORK / "files" / h["name"])
+        playbook.check_files(h["name"], data[0], meta)
     build = lab.ssh("lab1", f"readlink {data[0]['llama_cpp_dir']}/current").stdout.strip().removeprefix("builds/")
     playbook.write(WORK, json.loads(lab.STATE_FILE.read_text()), data[0], build)
     for h in lab.hosts():  # Ansible's apt module needs python3-apt on the host (it would install it itself)
         out = lab.ssh(h["name"], "DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-apt")
         assert out.returncode == 0, out.stdout + out.stderr
     traced = converge("inventory/lab.py", "--limit", "lab1", "-vvv").output  # every command rigup runs
-    return {"files": len(paths), "build": build, "commands": len(re.findall(r"^\[lab1\] >>> ", traced, re.M))}
+    return {"files": len(playbook.managed_files(data[0])), "build": build,
+            "commands": len(re.findall(r"^\[lab1\] >>> ", traced, re.M))}
 
 
 def summary(samples: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict]]:
@@ -174,15 +176,18 @@ def markdown(result: dict) -> str:
              f"{result['cpus']} cores shared with the lab hosts (and with other work), load average "
              f"{result['load_before']} before and {result['load_after']} after.", "",
              f"Goal: rigup's no-op converge at least {GOAL:g}x faster than {GOAL_TOOL}: " + ", ".join(
-                 f"{n} host{'s' * (n > 1)} {goal[n]['x_rigup']:.2f}x ({'met' if goal[n]['x_rigup'] >= GOAL else 'NOT met'})"
+                 f"{n} host{'s' * (n > 1)} {goal[n]['x_rigup']:.2f}x "
+                 f"({'met' if goal[n]['x_rigup'] >= GOAL else 'NOT met'})"
                  for n in sizes) + ".", "", head, "|---|---|" + "---:|" * (2 * len(sizes) + 1)]
     for tool, row in result["tools"].items():
-        lines.append(f"| {tool} | {row['per_host']} | " + " | ".join(f"{row['sizes'][n]['median_s']:.2f}" for n in sizes)
+        lines.append(f"| {tool} | {row['per_host']} | "
+                     + " | ".join(f"{row['sizes'][n]['median_s']:.2f}" for n in sizes)
                      + " | " + " | ".join(f"{row['sizes'][n]['x_rigup']:.2f}x" for n in sizes) + " | "
                      + ", ".join(f"{row['sizes'][n]['cpu_s_median']:.2f}" for n in sizes) + " |")
     lines += ["", "Controller CPU: the run's own process and its children (ansible-playbook's forks and SSH; "
               "an SSH master that ControlPersist leaves running is not counted). The lab hosts' CPU seconds "
-              "per run (medians): " + "; ".join(
+              f"per run (medians; with their own idle use, {result['idle_hosts_cpu_s_per_s']} CPU s per second "
+              "with no play running: timers, idle servers): " + "; ".join(
                   f"{tool} " + ", ".join(f"{row['sizes'][n]['hosts_cpu_s_median']:.2f}" for n in sizes)
                   for tool, row in result["tools"].items()) + ".", "",
               "Every run, seconds, in the order they ran:", "", "```"]
@@ -207,6 +212,7 @@ def main() -> None:
         print(f"first converge: lab1 {first.seconds:.0f} s, then all {HOSTS} {rest.seconds:.0f} s", flush=True)
         venv = ansible_venv()
         made = prepare()
+        idle = idle_hosts_cpu()
         tools = variants(venv)
         version = subprocess.run([venv / "bin/ansible", "--version"], capture_output=True, text=True).stdout
         for limit, n in (("lab1", 1), ("all", HOSTS)):
@@ -232,6 +238,7 @@ def main() -> None:
                           f"Python {platform.python_version()}",
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
               "first": {"lab1_s": round(first.seconds, 1), f"all_{HOSTS}_s": round(rest.seconds, 1)}, **made,
+              "idle_hosts_cpu_s_per_s": idle,
               "tools": {tool: {"per_host": counts[tool], "sizes": stats[tool]} for tool in samples}}
     stem = save(result, markdown(result), "ansible-mitogen")
     print("\n" + markdown(result) + f"\nwritten: {stem}.md, {stem}.json")

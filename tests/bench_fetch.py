@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         converge(tmp, {"lab1": {"models": {"big": big}},
                        **{name: {"models": {"big": dict(big, fetch_from="lab1", wait=True)}} for name in names[1:]}})
         served = hub.bytes_served()
-        rows.append((f"{args.hosts}-host fan-out: hub bytes / model bytes (goal 1x)", f"{served / size:.2f}x ({served} bytes)"))
+        rows.append((f"{args.hosts}-host fan-out: hub bytes / model bytes (goal 1x)",
+                     f"{served / size:.2f}x ({served} bytes)"))
         rows.append((f"{args.hosts}-host fan-out: converge until all {args.hosts} complete, s",
                      f"{time.monotonic() - start:.1f}"))
     finally:

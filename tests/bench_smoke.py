@@ -61,7 +61,8 @@ def write_results(figures: dict, results: Path = RESULTS) -> Path:
         f"`python -m tests.bench_smoke --rounds {rounds}`: lab1 (2-core machine, no GPU), Gemma 3 270M,\n"
         "alternating lab-base / lab-bump, each converge a switch, a restart and a gate.\n\n"
         "| smoke | median wall | converges |\n| --- | --- | --- |\n"
-        f"| on | {on:.2f} s | {len(figures['walls']['on'])} |\n| off | {off:.2f} s | {len(figures['walls']['off'])} |\n\n"
+        f"| on | {on:.2f} s | {len(figures['walls']['on'])} |\n"
+        f"| off | {off:.2f} s | {len(figures['walls']['off'])} |\n\n"
         f"The smoke adds {on - off:.2f} s ({on / off:.2f}x); the smoke script itself: "
         f"{figures['smoke_script_s_median']} s (median). Goal: at most 10 s.\n")
     return out

@@ -101,7 +101,8 @@ def test_the_playbooks_user_units_and_packages_are_those_the_roles_declare(data)
     tasks = playbook.tasks(data, "lab-base-0123456789")
     user = next(t["ansible.builtin.user"] for t in tasks if "ansible.builtin.user" in t)
     [base_user] = [d.args for d in found if d.what == "user"]
-    assert (user["name"], user["home"], user["shell"]) == (base_user["user_name"], base_user["home"], base_user["shell"])
+    assert (user["name"], user["home"], user["shell"]) == (base_user["user_name"], base_user["home"],
+                                                            base_user["shell"])
 
     services = [t["ansible.builtin.systemd_service"] for t in tasks if "ansible.builtin.systemd_service" in t]
     started = {s["name"] for s in services if s.get("state") == "started"}
@@ -125,8 +126,8 @@ def test_the_playbook_for_a_lab_host_every_task_named_and_changing_nothing_writt
     names = [t["name"] for t in play["tasks"]]
     copies = [t["ansible.builtin.copy"] for t in play["tasks"] if "ansible.builtin.copy" in t]
     print(f"\n{len(names)} tasks ({len(copies)} copies), {len(play['handlers'])} handlers")
-    assert len(names) == len(set(names)) and all(n.split(": ", 1)[0] in MIRRORED + ("preflight", "rpc_worker", "balancer")
-                                                  for n in names)
+    roles = MIRRORED + ("preflight", "rpc_worker", "balancer")
+    assert len(names) == len(set(names)) and all(n.split(": ", 1)[0] in roles for n in names)
     assert all({"owner", "group", "mode", "src", "dest"} <= set(c) for c in copies) and len(copies) == len(
         playbook.managed_files(data))
     notified = {n for t in play["tasks"] for n in t.get("notify", [])}
@@ -143,10 +144,13 @@ def test_another_recipe_is_refused(data, change):
 
 
 def test_a_host_whose_files_differ_from_the_playbook_is_named(data):
-    meta = {p: {k: s[k] for k in ("owner", "group", "mode")} for p, s in playbook.managed_files(data).items()}
-    playbook.check_files("lab1", data, meta)
+    tables = {**playbook.managed_files(data), **playbook.directories(data)}
+    meta = {p: {k: s[k] or "someone" for k in ("owner", "group", "mode")} for p, s in tables.items()}
+    playbook.check_files("lab1", data, meta)   # a directory the play leaves as it is may be anyone's
     meta[f"{data['rigup_prefix']}/bin/rigup-fetch"]["mode"] = "0644"
-    with pytest.raises(AssertionError, match=r"rigup-fetch: the playbook sets .*0755.*lab1 has .*0644"):
+    meta[data["rigup_state_dir"]]["owner"] = data["rigup_user"]   # what base made before it was root's
+    with pytest.raises(AssertionError, match=r"(?s)rigup-fetch: the playbook sets .*0755.*lab1 has .*0644.*"
+                                             r"/var/lib/rigup: the playbook sets .*'root'.*lab1 has .*'rigup'"):
         playbook.check_files("lab1", data, meta)
 
 
@@ -177,7 +181,8 @@ def result(walls: dict[str, tuple[float, float]]) -> dict:
     stats = bench_ansible.summary(samples)
     return {"date": "2026-12-02", "commit": "abc1234", "command": "make bench-ansible", "reps": 3, "cpus": 2,
             "versions": "ansible [core 2.19.14], mitogen==0.3.54", "load_before": [1.0, 1.0, 1.0],
-            "load_after": [2.0, 2.0, 2.0], "first": {"lab1_s": 50.0}, "files": 20, "build": "lab-base-x", "commands": 3,
+            "load_after": [2.0, 2.0, 2.0], "first": {"lab1_s": 50.0}, "idle_hosts_cpu_s_per_s": 0.1, "files": 20,
+            "build": "lab-base-x", "commands": 3,
             "tools": {tool: {"per_host": "56 operations", "sizes": stats[tool]} for tool in samples}}
 
 
@@ -194,4 +199,5 @@ def test_the_results_page_says_whether_the_goal_is_met(tmp_path):
     assert "1 host 3.00x (NOT met), 4 hosts 6.00x (met)" in short
     stem = bench_ansible.save(met, page, "ansible-mitogen", tmp_path)
     assert stem == tmp_path / "2026-12-02-ansible-mitogen" and stem.with_suffix(".md").read_text() == page
-    assert json.loads(stem.with_suffix(".json").read_text())["tools"][bench_ansible.RIGUP]["sizes"]["1"]["median_s"] == 1.0
+    saved = json.loads(stem.with_suffix(".json").read_text())
+    assert saved["tools"][bench_ansible.RIGUP]["sizes"]["1"]["median_s"] == 1.0

@@ -117,14 +117,17 @@ class _Reader:
                     if not (isinstance(target, ast.Name) and target.id in ("data", "d")):
                         _bind(target, _eval(stmt.value, env), env)
                 continue
-            inner = [getattr(stmt, k) for k in ("body", "orelse", "finalbody") if isinstance(getattr(stmt, k, None), list)]
+            inner = [getattr(stmt, k) for k in ("body", "orelse", "finalbody")
+                     if isinstance(getattr(stmt, k, None), list)]
             inner += [h.body for h in getattr(stmt, "handlers", [])]
             if not inner:
                 self.scan(stmt, env)
                 continue
-            for k in ("test", "iter", "items"):
+            for k in ("test", "iter"):
                 if getattr(stmt, k, None) is not None:
-                    self.scan(getattr(stmt, k) if k != "items" else ast.Tuple([i.context_expr for i in stmt.items]), env)
+                    self.scan(getattr(stmt, k), env)
+            for item in getattr(stmt, "items", []):
+                self.scan(item.context_expr, env)
             if isinstance(stmt, ast.For):
                 _bind(stmt.target, UNKNOWN, env)
             for part in inner:

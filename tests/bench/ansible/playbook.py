@@ -124,7 +124,7 @@ def managed_files(data: dict) -> dict[str, dict]:
     }
     for name in sorted(config["llama_server_instances"]):
         files[DROPIN.format(name)] = f"llama_server: llama-server {name} (its drop-in)"
-    scripts = {f"{prefix}/bin/{n}" for n in ("rigup-fetch", "rigup-gpu-power", "rigup-gpu-guard", "rigup-metrics-relay")}
+    scripts = {f"{prefix}/bin/rigup-{n}" for n in ("fetch", "gpu-power", "gpu-guard", "metrics-relay")}
     return {path: {"what": what, "owner": "root", "group": "root", "mode": "0755" if path in scripts else "0644"}
             for path, what in files.items()}
 
@@ -144,9 +144,9 @@ def check_recipe(data: dict) -> None:
 
 
 def fetch_files(ssh, name: str, paths: list[str], dest: Path) -> dict[str, dict]:
-    """Copy ``paths`` from host ``name`` (one tar over SSH) under ``dest``; their owner, group
-    and mode: ``{path: {"owner", "group", "mode"}}``."""
-    out = ssh(name, "tar -C / -cf - " + " ".join(p.lstrip("/") for p in paths) + " | base64 -w0")
+    """Copy ``paths`` from host ``name`` (one tar over SSH, a directory without what it holds)
+    under ``dest``; their owner, group and mode: ``{path: {"owner", "group", "mode"}}``."""
+    out = ssh(name, "tar --no-recursion -C / -cf - " + " ".join(p.lstrip("/") for p in paths) + " | base64 -w0")
     assert out.returncode == 0, f"{name}: {out.stderr}"
     meta = {}
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out.stdout))) as tar:
@@ -158,10 +158,12 @@ def fetch_files(ssh, name: str, paths: list[str], dest: Path) -> dict[str, dict]
 
 
 def check_files(name: str, data: dict, meta: dict[str, dict]) -> None:
-    """The converged host ``name``'s files (``meta``, from :func:`fetch_files`) have the owner,
-    group and mode the playbook sets: else every Ansible run would change them."""
-    wanted = {p: {k: f[k] for k in ("owner", "group", "mode")} for p, f in managed_files(data).items()}
-    wrong = [f"{p}: the playbook sets {wanted[p]}, {name} has {meta.get(p)}" for p in wanted if meta.get(p) != wanted[p]]
+    """The converged host ``name``'s files and directories (``meta``, from :func:`fetch_files`)
+    have the owner, group and mode the playbook sets: else every Ansible run would change them."""
+    wanted = {p: {k: v for k, v in f.items() if k != "what" and v is not None}
+              for p, f in {**managed_files(data), **directories(data)}.items()}
+    wrong = [f"{p}: the playbook sets {wanted[p]}, {name} has {meta.get(p)}" for p in wanted
+             if {k: (meta.get(p) or {}).get(k) for k in wanted[p]} != wanted[p]]
     assert not wrong, "the playbook does not match the converged host:\n" + "\n".join(wrong)
 
 
@@ -249,7 +251,8 @@ def tasks(data: dict, build_id: str) -> list[dict]:
         _running(f"gpu_guard: run {GUARD_TIMER}", GUARD_TIMER),
         _fact("rpc_worker: no instance names this host a worker (RpcWorkerState)",
               RpcWorkerState().command(build_link=f"{build_dir}/current"), "rpc_worker"),
-        {"name": "rpc_worker: retire the worker", "ansible.builtin.command": {"cmd": f"systemctl disable --now {RPC_UNIT}"},
+        {"name": "rpc_worker: retire the worker",
+         "ansible.builtin.command": {"cmd": f"systemctl disable --now {RPC_UNIT}"},
          "when": "rpc_worker.stdout is search('^(unit=.|firewall=.|loaded=1)', multiline=True)"},
     ]
     wanted = [f"/etc/systemd/system/rigup-llama@{name}.service.d" for name in sorted(config["llama_server_instances"])]
@@ -272,10 +275,11 @@ def tasks(data: dict, build_id: str) -> list[dict]:
             {**_running(f"llama_server: {unit} enabled and running", unit), "when": f"marker_{name}.stat.exists"},
         ]
     out += [
-        _fact("balancer: HAProxy in front of replicas (BalancerState)", BalancerState().command(drain=balancer_drain(data)),
-              "balancer"),
-        {"name": "balancer: nothing to balance: HAProxy stopped and disabled", "ansible.builtin.command": {
-            "cmd": "systemctl disable --now -q haproxy"}, "when": "balancer.stdout is search('^active=active$', multiline=True)"},
+        _fact("balancer: HAProxy in front of replicas (BalancerState)",
+              BalancerState().command(drain=balancer_drain(data)), "balancer"),
+        {"name": "balancer: nothing to balance: HAProxy stopped and disabled",
+         "ansible.builtin.command": {"cmd": "systemctl disable --now -q haproxy"},
+         "when": "balancer.stdout is search('^active=active$', multiline=True)"},
         {**copy[NODE_DEFAULT], "notify": ["restart prometheus-node-exporter"]},
         {"name": "metrics: prometheus-node-exporter",
          "ansible.builtin.apt": {"name": ["prometheus-node-exporter"], "state": "present"}},
