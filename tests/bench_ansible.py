@@ -12,17 +12,24 @@ time of a converge that has nothing to do:
 
 Rounds alternate the tools; each figure is the median of REPS rounds. Every timed run must
 change nothing (rigup: 0 changed operations; Ansible: changed=0, failed=0 in the recap), or the
-bench stops. ansible-core and mitogen (ANSIBLE_PINS) are installed from PyPI into their own
+bench stops; before any run, the converged hosts' files must have the owner, group and mode the
+playbook sets. ansible-core and mitogen (ANSIBLE_PINS) are installed from PyPI into their own
 virtualenv, VENV, outside the repository. The lab is torn down at the end, whatever happens.
+Prints and writes tests/bench/results/<date>-ansible-mitogen.{md,json}: the medians, each tool's
+ratio to rigup, the goal (GOAL x against GOAL_TOOL, issue 29), and the controller's and the lab
+hosts' CPU seconds of each run (where the time goes).
 
     RIGUP_LAB_ID=6 .venv/bin/python -m tests.bench_ansible     # BENCH_REPS=5 by default
 
 Needs root (the lab).
 """
 
+import datetime
 import json
 import os
+import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,6 +40,7 @@ from pathlib import Path
 
 from tests.bench.ansible import playbook
 from tests.conftest import assert_nothing_left
+from tests.bench_fleet import commit_id, hosts_cpu_s, idle_hosts_cpu, save
 from tests.converge import ROOT, converge
 from tests.lab import hub, lab, models, sources
 
@@ -43,6 +51,7 @@ VENV = Path("/var/lib/rigup-bench/ansible-venv")
 WORK = Path(f"/var/lib/rigup-bench/work{lab.LAB_ID}")
 REPS = int(os.environ.get("BENCH_REPS", "5"))
 HOSTS = 4
+RIGUP, GOAL_TOOL, GOAL = "rigup (pyinfra)", "Ansible + Mitogen, gather_facts off", 5.0   # issue 29: >= 5x
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)", re.M)
 
 
@@ -72,29 +81,43 @@ def variants(venv: Path) -> dict[str, dict]:
             "Ansible plain (pipelining), gather_facts on": {**plain, **on}}
 
 
-def ansible(venv: Path, env: dict, limit: str) -> tuple[float, dict]:
-    """One ``ansible-playbook`` run: wall seconds and the recap ({host: {ok, changed, ...}}),
-    with a fresh SSH control socket directory (closed after) so no run reuses another's."""
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for children so far (each timed run is one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP: ``{host: {ok, changed, unreachable, failed, skipped}}``."""
+    return {h: dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, n)))
+            for h, *n in RECAP.findall(stdout)}
+
+
+def ansible(venv: Path, env: dict, limit: str) -> tuple[dict, dict]:
+    """One ``ansible-playbook`` run: its sample (wall and controller CPU seconds, the lab hosts'
+    CPU seconds) and the recap, with a fresh SSH control socket directory (closed after) so no run
+    reuses another's."""
     with tempfile.TemporaryDirectory(dir=WORK) as sockets:
-        start = time.monotonic()
+        cpu, hosts, start = children_cpu(), hosts_cpu_s(), time.monotonic()
         run = subprocess.run([venv / "bin/ansible-playbook", "-i", WORK / "inventory.yml", WORK / "site.yml",
                               "--limit", limit], cwd=WORK, capture_output=True, text=True,
                              env={**os.environ, **env, "ANSIBLE_SSH_CONTROL_PATH_DIR": sockets})
-        seconds = time.monotonic() - start
+        sample = {"wall": time.monotonic() - start, "cpu": children_cpu() - cpu, "hosts_cpu": hosts_cpu_s() - hosts}
         for socket in Path(sockets).iterdir():
             subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={socket}", "x"], capture_output=True)
-    recap = {h: dict(zip(("ok", "changed", "unreachable", "failed", "skipped"), map(int, n)))
-             for h, *n in RECAP.findall(run.stdout)}
-    bad = {h: r for h, r in recap.items() if r["changed"] or r["failed"] or r["unreachable"]}
-    assert run.returncode == 0 and recap and not bad, f"ansible-playbook changed or failed:\n{run.stdout[-6000:]}"
-    return seconds, recap
+    found = recap(run.stdout)
+    bad = {h: r for h, r in found.items() if r["changed"] or r["failed"] or r["unreachable"]}
+    assert run.returncode == 0 and found and not bad, f"ansible-playbook changed or failed:\n{run.stdout[-6000:]}"
+    return sample, found
 
 
-def rigup(limit: str) -> tuple[float, int]:
-    """One no-op converge: wall seconds and the operations per host."""
+def rigup(limit: str) -> tuple[dict, int]:
+    """One no-op converge: its sample (as :func:`ansible`'s) and the operations per host."""
+    cpu, hosts = children_cpu(), hosts_cpu_s()
     run = converge("inventory/lab.py", *(["--limit", limit] if limit != "all" else []))
     assert run.totals["changed"] == 0, f"rigup changed {run.changed_operations()}:\n{run.output[-4000:]}"
-    return run.seconds, run.totals["ops"] // (1 if limit != "all" else HOSTS)
+    sample = {"wall": run.seconds, "cpu": children_cpu() - cpu, "hosts_cpu": hosts_cpu_s() - hosts}
+    return sample, run.totals["ops"] // (1 if limit != "all" else HOSTS)
 
 
 def prepare() -> dict:
@@ -110,21 +133,73 @@ def prepare() -> dict:
     data = [{k: v for k, v in inventory.get_host(h["name"]).data.dict().items() if not k.startswith("ssh_")}
             for h in lab.hosts()]
     assert all(d == data[0] for d in data[1:]), "the bench expects every lab host to have the same data"
-    paths = list(playbook.managed_files(data[0]))
-    metas = [playbook.fetch_files(lab.ssh, h["name"], paths, WORK / "files" / h["name"]) for h in lab.hosts()]
-    assert all(m == metas[0] for m in metas[1:])
+    paths = [*playbook.managed_files(data[0]), *playbook.directories(data[0])]
+    for h in lab.hosts():
+        meta = playbook.fetch_files(lab.ssh, h["name"], paths, WORK / "files" / h["name"])
+        playbook.check_files(h["name"], data[0], meta)
     build = lab.ssh("lab1", f"readlink {data[0]['llama_cpp_dir']}/current").stdout.strip().removeprefix("builds/")
-    playbook.write(WORK, json.loads(lab.STATE_FILE.read_text()), data[0], build, metas[0])
+    playbook.write(WORK, json.loads(lab.STATE_FILE.read_text()), data[0], build)
     for h in lab.hosts():  # Ansible's apt module needs python3-apt on the host (it would install it itself)
         out = lab.ssh(h["name"], "DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-apt")
         assert out.returncode == 0, out.stdout + out.stderr
     traced = converge("inventory/lab.py", "--limit", "lab1", "-vvv").output  # every command rigup runs
-    return {"files": len(paths), "build": build, "commands": len(re.findall(r"^\[lab1\] >>> ", traced, re.M))}
+    return {"files": len(playbook.managed_files(data[0])), "build": build,
+            "commands": len(re.findall(r"^\[lab1\] >>> ", traced, re.M))}
+
+
+def summary(samples: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict]]:
+    """Per tool and fleet size: every wall time, the medians of wall, controller CPU and lab hosts'
+    CPU seconds, and the wall's ratio to rigup's (RIGUP: the first tool)."""
+    out = {}
+    for tool, sizes in samples.items():
+        out[tool] = {}
+        for n, runs in sizes.items():
+            med = {k: round(statistics.median(r[k] for r in runs), 2) for k in ("wall", "cpu", "hosts_cpu")}
+            base = statistics.median(r["wall"] for r in samples[RIGUP][n])
+            out[tool][n] = {"wall_s": [round(r["wall"], 2) for r in runs], "median_s": med["wall"],
+                            "cpu_s_median": med["cpu"], "hosts_cpu_s_median": med["hosts_cpu"],
+                            "x_rigup": round(statistics.median(r["wall"] for r in runs) / base, 2)}
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The results as a Markdown page."""
+    sizes = sorted({n for tool in result["tools"].values() for n in tool["sizes"]})
+    goal = result["tools"][GOAL_TOOL]["sizes"]
+    head = "| tool | per host | " + " | ".join(f"{n} host{'s' * (n > 1)}, s" for n in sizes) + " | " + \
+        " | ".join(f"/ rigup ({n})" for n in sizes) + " | controller CPU s (" + ", ".join(map(str, sizes)) + ") |"
+    lines = [f"# A no-op converge: rigup vs Ansible with Mitogen, same work ({result['date']})", "",
+             f"`{result['command']}` at {result['commit']} (tests/bench_ansible.py): {result['versions']}; "
+             f"median of {result['reps']} rounds, alternating; 0 changed in every run. The playbook "
+             f"(tests/bench/ansible/playbook.py) copies {result['files']} files; llama.cpp build {result['build']}; "
+             f"rigup ran {result['commands']} shell commands on lab1 in its no-op converge. Machine: "
+             f"{result['cpus']} cores shared with the lab hosts (and with other work), load average "
+             f"{result['load_before']} before and {result['load_after']} after.", "",
+             f"Goal: rigup's no-op converge at least {GOAL:g}x faster than {GOAL_TOOL}: " + ", ".join(
+                 f"{n} host{'s' * (n > 1)} {goal[n]['x_rigup']:.2f}x "
+                 f"({'met' if goal[n]['x_rigup'] >= GOAL else 'NOT met'})"
+                 for n in sizes) + ".", "", head, "|---|---|" + "---:|" * (2 * len(sizes) + 1)]
+    for tool, row in result["tools"].items():
+        lines.append(f"| {tool} | {row['per_host']} | "
+                     + " | ".join(f"{row['sizes'][n]['median_s']:.2f}" for n in sizes)
+                     + " | " + " | ".join(f"{row['sizes'][n]['x_rigup']:.2f}x" for n in sizes) + " | "
+                     + ", ".join(f"{row['sizes'][n]['cpu_s_median']:.2f}" for n in sizes) + " |")
+    lines += ["", "Controller CPU: the run's own process and its children (ansible-playbook's forks and SSH; "
+              "an SSH master that ControlPersist leaves running is not counted). The lab hosts' CPU seconds "
+              f"per run (medians; with their own idle use, {result['idle_hosts_cpu_s_per_s']} CPU s per second "
+              "with no play running: timers, idle servers): " + "; ".join(
+                  f"{tool} " + ", ".join(f"{row['sizes'][n]['hosts_cpu_s_median']:.2f}" for n in sizes)
+                  for tool, row in result["tools"].items()) + ".", "",
+              "Every run, seconds, in the order they ran:", "", "```"]
+    lines += [f"{tool}, {n} host(s): " + " ".join(f"{v:.2f}" for v in row["sizes"][n]["wall_s"])
+              for n in sizes for tool, row in result["tools"].items()]
+    return "\n".join(lines + ["```", "", "First converges: " + json.dumps(result["first"]), ""])
 
 
 def main() -> None:
-    rows: dict[tuple[str, int], list[float]] = {}
+    samples: dict[str, dict[int, list[dict]]] = {}
     counts: dict[str, str] = {}
+    load_before = [round(x, 2) for x in os.getloadavg()]
     lab.down()
     try:
         lab.up(HOSTS, "a100")
@@ -137,37 +212,36 @@ def main() -> None:
         print(f"first converge: lab1 {first.seconds:.0f} s, then all {HOSTS} {rest.seconds:.0f} s", flush=True)
         venv = ansible_venv()
         made = prepare()
+        idle = idle_hosts_cpu()
         tools = variants(venv)
         version = subprocess.run([venv / "bin/ansible", "--version"], capture_output=True, text=True).stdout
         for limit, n in (("lab1", 1), ("all", HOSTS)):
             _, ops = rigup(limit)  # a warm-up round, untimed: caches, and the no-change check
-            counts["rigup (pyinfra)"] = f"{ops} operations"
+            counts[RIGUP] = f"{ops} operations"
             for name, env in tools.items():
-                _, recap = ansible(venv, env, limit)
-                r = recap["lab1"]
+                _, found = ansible(venv, env, limit)
+                r = found["lab1"]
                 counts[name] = f"{r['ok'] + r['skipped']} tasks ({r['skipped']} skipped)"
-            for _ in range(REPS):
-                rows.setdefault(("rigup (pyinfra)", n), []).append(rigup(limit)[0])
+            for i in range(REPS):
+                samples.setdefault(RIGUP, {}).setdefault(n, []).append(rigup(limit)[0])
                 for name, env in tools.items():
-                    rows.setdefault((name, n), []).append(ansible(venv, env, limit)[0])
+                    samples.setdefault(name, {}).setdefault(n, []).append(ansible(venv, env, limit)[0])
+                print(f"round {i + 1}, {n} host(s): " + "; ".join(
+                    f"{name} {s[n][-1]['wall']:.2f} s" for name, s in samples.items()), flush=True)
     finally:
         lab.down()
     assert_nothing_left(lab)
-    print(f"\n{version.splitlines()[0]}, {ANSIBLE_PINS[1]}, pyinfra {pyinfra_version()}; "
-          f"median of {REPS} rounds, alternating; 0 changed in every run")
-    print(f"files compared: {made['files']}; llama.cpp build {made['build']}; rigup ran "
-          f"{made['commands']} shell commands on lab1 in its no-op converge\n")
-    width = max(len(name) for name, _ in rows)
-    print(f"| {'tool':<{width}} | per host | 1 host, s | {HOSTS} hosts, s | / rigup (1) | / rigup ({HOSTS}) |")
-    print(f"|{'-' * (width + 2)}|---|---:|---:|---:|---:|")
-    base = {n: statistics.median(rows[("rigup (pyinfra)", n)]) for n in (1, HOSTS)}
-    for name in counts:
-        med = {n: statistics.median(rows[(name, n)]) for n in (1, HOSTS)}
-        print(f"| {name:<{width}} | {counts[name]} | {med[1]:.2f} | {med[HOSTS]:.2f} | "
-              f"{med[1] / base[1]:.2f}x | {med[HOSTS] / base[HOSTS]:.2f}x |")
-    print("\nevery run, seconds:")
-    for (name, n), values in rows.items():
-        print(f"  {name}, {n} host(s): " + " ".join(f"{v:.2f}" for v in values))
+    stats = summary(samples)
+    result = {"date": datetime.date.today().isoformat(), "commit": commit_id(),
+              "command": f"BENCH_REPS={REPS} make bench-ansible", "reps": REPS, "cpus": os.cpu_count(),
+              "versions": f"{version.splitlines()[0]}, {ANSIBLE_PINS[1]}, pyinfra {pyinfra_version()}, "
+                          f"Python {platform.python_version()}",
+              "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+              "first": {"lab1_s": round(first.seconds, 1), f"all_{HOSTS}_s": round(rest.seconds, 1)}, **made,
+              "idle_hosts_cpu_s_per_s": idle,
+              "tools": {tool: {"per_host": counts[tool], "sizes": stats[tool]} for tool in samples}}
+    stem = save(result, markdown(result), "ansible-mitogen")
+    print("\n" + markdown(result) + f"\nwritten: {stem}.md, {stem}.json")
 
 
 def pyinfra_version() -> str:

@@ -1,17 +1,21 @@
 """Measured figures of roles/model_fetch on the lab (issue 5), printed as one table:
 
 - throughput of the role's download job vs ``hf download`` (huggingface_hub 2.4.0), same lab
-  host, same endpoint (the lab hub on the gateway), same 256 MiB file, cold destination; best of
-  two runs each, as a ratio (goal >= 0.95);
+  host, same endpoint (the lab hub on the gateway), same file (``--mib``, 256 MiB), cold
+  destination; best of two runs each, as a ratio (goal >= 0.95);
 - bytes the hub sends again after ``kill -9`` of the job at about 50% (goal <= 10% of the file
-  beyond the bytes still missing);
-- hub bytes for a 3-host fleet where lab2 and lab3 copy from lab1 with ``fetch_from`` (goal 1x).
+  beyond the bytes still missing); the hub sends the file at 20 MiB/s per 256 MiB meanwhile, so
+  that the kill comes mid-file at any size;
+- hub bytes for a fleet of ``--hosts`` (3) where the others copy from lab1 with ``fetch_from``
+  (goal 1x).
 
     RIGUP_LAB_ID=5 .venv/bin/python -m tests.bench_fetch     # boots 3 hosts, tears them down
+    RIGUP_LAB_ID=5 .venv/bin/python -m tests.bench_fetch --mib 32 --hosts 2   # the smallest run
 
 Needs root (the lab). pip on lab1 installs huggingface_hub through the lab's proxy.
 """
 
+import argparse
 import json
 import tempfile
 import time
@@ -40,20 +44,38 @@ def converge(tmp: Path, host_data: dict) -> None:
         raise RuntimeError(run.output[-4000:])
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_fetch", description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=BIG >> 20, help="the file's size, MiB (default 256)")
+    parser.add_argument("--hosts", type=int, default=3, help="the fan-out's fleet, lab1 included (at least 2)")
+    args = parser.parse_args(argv)
+    if args.mib < 8 or args.hosts < 2:
+        parser.error("--mib must be at least 8 and --hosts at least 2")
+    return args
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    """The figures as a two-column text table."""
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([f"{'what':<{width}}  value"] + [f"{what:<{width}}  {value}" for what, value in rows])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    size, names = args.mib << 20, [f"lab{i}" for i in range(1, args.hosts + 1)]
+    label = f"{args.mib} MiB"
     rows = []
     lab.down()
     try:
-        lab.up(3, "a100")
+        lab.up(args.hosts, "a100")
         hub.serve()
         config = hub.CACHE / "tiny-config.json"
         lab.write(config, '{"architectures": ["LlamaForCausalLM"]}\n')
-        rev = hub.publish("lab/big", {"big.bin": hub.random_file("big-256m.bin", BIG), "config.json": config})
+        rev = hub.publish("lab/big", {"big.bin": hub.random_file(f"big-{args.mib}m.bin", size), "config.json": config})
         tmp = Path(tempfile.mkdtemp(prefix="bench-fetch-"))
         (tmp / "play.py").write_text(PLAY)
         big = {"repo": "lab/big", "revision": rev, "include": ["big.bin"]}
         dest = "/srv/models/big"
-
         # 1. throughput: the role's job vs hf download, on lab1
         converge(tmp, {"lab1": {"models": {"big": dict(big, wait=True)}}})  # installs everything
         sh("lab1", f"python3 -m venv /opt/hfbench && /opt/hfbench/bin/pip install -q {HF_HUB}")
@@ -71,23 +93,23 @@ def main() -> None:
             t = sh("lab1", f"s=$({clock}); systemd-run --wait --quiet -p User=rigup /usr/bin/python3 "
                            f"/opt/rigup/bin/rigup-fetch fetch /srv/bench/.rigup-fetch/job.json; e=$({clock}); "
                            "python3 -c \"print($e - $s)\"")
-            ours.append(BIG / float(t))
+            ours.append(size / float(t))
             t = sh("lab1", f"sync; s=$({clock}); env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY "
                            f"HF_ENDPOINT={hub.url()} /opt/hfbench/bin/hf download lab/big big.bin --revision {rev} "
                            f"--local-dir /tmp/hf -q >/dev/null; e=$({clock}); python3 -c \"print($e - $s)\"")
-            theirs.append(BIG / float(t))
+            theirs.append(size / float(t))
         best_ours, best_theirs = max(ours), max(theirs)
-        rows.append(("role's job, 256 MiB, MiB/s (best of 2)", f"{best_ours / 2**20:.0f}"))
-        rows.append(("hf download, 256 MiB, MiB/s (best of 2)", f"{best_theirs / 2**20:.0f}"))
+        rows.append((f"role's job, {label}, MiB/s (best of 2)", f"{best_ours / 2**20:.0f}"))
+        rows.append((f"hf download, {label}, MiB/s (best of 2)", f"{best_theirs / 2**20:.0f}"))
         rows.append(("throughput ratio role / hf download (goal >= 0.95)", f"{best_ours / best_theirs:.2f}"))
         sh("lab1", "rm -rf /tmp/hf /srv/bench")
 
         # 2. kill -9 at about 50%, then resume
         sh("lab1", f"rm -rf {dest}")
         hub.reset()
-        hub.rate(20 << 20)
+        hub.rate(size * 20 // 256)   # 20 MiB/s for 256 MiB: about 13 s at any size
         converge(tmp, {"lab1": {"models": {"big": big}}})
-        while json.loads(sh("lab1", f"cat {dest}/.rigup-fetch/progress.json 2>/dev/null || echo '{{}}'")).get("bytes", 0) < BIG // 2:
+        while json.loads(sh("lab1", f"cat {dest}/.rigup-fetch/progress.json 2>/dev/null || echo '{{}}'")).get("bytes", 0) < size // 2:
             time.sleep(0.3)
         sh("lab1", "systemctl kill -s KILL rigup-fetch-big; while systemctl is-active -q rigup-fetch-big; do sleep 0.2; done")
         hub.rate(0)
@@ -95,27 +117,24 @@ def main() -> None:
         hub.reset()
         converge(tmp, {"lab1": {"models": {"big": dict(big, wait=True)}}})
         again = hub.bytes_served()
-        rows.append((f"kill -9 at {100 * part / BIG:.0f}%: bytes fetched again beyond the missing ones",
-                     f"{again - (BIG - part)} ({100 * (again - (BIG - part)) / BIG:.2f}% of the file)"))
+        rows.append((f"kill -9 at {100 * part / size:.0f}%: bytes fetched again beyond the missing ones",
+                     f"{again - (size - part)} ({100 * (again - (size - part)) / size:.2f}% of the file)"))
 
-        # 3. a fleet of 3: lab1 from the hub, lab2 and lab3 from lab1
-        for name in ("lab1", "lab2", "lab3"):
+        # 3. a fleet: lab1 from the hub, the others from lab1
+        for name in names:
             sh(name, f"rm -rf {dest}")
         hub.reset()
         start = time.monotonic()
         converge(tmp, {"lab1": {"models": {"big": big}},
-                       "lab2": {"models": {"big": dict(big, fetch_from="lab1", wait=True)}},
-                       "lab3": {"models": {"big": dict(big, fetch_from="lab1", wait=True)}}})
+                       **{name: {"models": {"big": dict(big, fetch_from="lab1", wait=True)}} for name in names[1:]}})
         served = hub.bytes_served()
-        rows.append(("3-host fan-out: hub bytes / model bytes (goal 1x)", f"{served / BIG:.2f}x ({served} bytes)"))
-        rows.append(("3-host fan-out: converge until all 3 complete, s", f"{time.monotonic() - start:.1f}"))
+        rows.append((f"{args.hosts}-host fan-out: hub bytes / model bytes (goal 1x)",
+                     f"{served / size:.2f}x ({served} bytes)"))
+        rows.append((f"{args.hosts}-host fan-out: converge until all {args.hosts} complete, s",
+                     f"{time.monotonic() - start:.1f}"))
     finally:
-        hub.rate(0) if hub._serving() else None
-        lab.down()
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'what':<{width}}  value")
-    for what, value in rows:
-        print(f"{what:<{width}}  {value}")
+        lab.down()   # stops the hub too, and with it any rate limit
+    print("\n" + table(rows))
 
 
 if __name__ == "__main__":

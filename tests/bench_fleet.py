@@ -252,20 +252,47 @@ def bounds_lines(result: dict) -> list[str]:
                 f"{n} hosts {b['shared_cores']:.2f}x / {b['controller']:.2f}x" for n, b in result["bounds"].items()), ""]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_fleet")
     parser.add_argument("--sizes", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", default="fleet", help="results file name after the date")
     parser.add_argument("--keep", action="store_true", help="leave the lab running (default: down)")
     parser.add_argument("--against", help="also time the no-op converge of this commit's tree, alternating")
-    args = parser.parse_args()
-    sizes = sorted(int(s) for s in args.sizes.split(","))
+    args = parser.parse_args(argv)
     try:
-        write(args, sizes)
+        args.size_list = sorted(int(s) for s in args.sizes.split(","))
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: host counts separated by commas, e.g. 1,8,32")
+    if args.rounds < 1 or min(args.size_list) < 1:
+        parser.error("--rounds and every size must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    try:
+        write(args, args.size_list)
     finally:
         if not args.keep:
             lab.down()
+
+
+def commit_id() -> str:
+    """This tree's commit, ``+changes`` when it has uncommitted ones: what a result was measured at."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    return commit + ("+changes" if dirty.strip() else "")
+
+
+def save(result: dict, markdown_text: str, name: str, results: Path = RESULTS) -> Path:
+    """``results/<date>-<name>.json`` and ``.md``; their common stem."""
+    results.mkdir(parents=True, exist_ok=True)
+    stem = results / f"{result['date']}-{name}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown_text)
+    return stem
 
 
 def write(args, sizes: list[int]) -> None:
@@ -276,11 +303,8 @@ def write(args, sizes: list[int]) -> None:
     idle = idle_hosts_cpu()
     samples = measure(sizes, args.rounds, args.against)
     load_after = [round(x, 2) for x in os.getloadavg()]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     result = {
-        "date": datetime.date.today().isoformat(), "commit": commit + ("+changes" if dirty.strip() else ""),
+        "date": datetime.date.today().isoformat(), "commit": commit_id(),
         "command": f"python -m tests.bench_fleet --sizes {args.sizes} --rounds {args.rounds}"
                    + (f" --against {args.against}" if args.against else ""),
         "what_ran": "deploy.py with group_vars/lab.yml (every role of the play; llama.cpp built for "
@@ -295,11 +319,8 @@ def write(args, sizes: list[int]) -> None:
         result["against"] = {"ref": args.against, "ratios": {
             size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
             for size, plays in result["sizes"].items()}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"{result['date']}-{args.name}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    stem.with_suffix(".md").write_text(text)
+    stem = save(result, text, args.name)
     print(text)
     print(f"written: {stem}.md, {stem}.json", flush=True)
 

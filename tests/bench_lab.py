@@ -36,10 +36,13 @@ def main() -> None:
         rows.append(("second converge, per host", second.seconds / 4))
     finally:
         rows.append(("lab-down, 4 hosts", timed(lab.down)))
+    print("\n" + table(rows))
+
+
+def table(rows: list[tuple[str, float]]) -> str:
+    """The rows as a two-column text table of seconds."""
     width = max(len(r[0]) for r in rows)
-    print(f"\n{'what':<{width}}  seconds")
-    for what, seconds in rows:
-        print(f"{what:<{width}}  {seconds:7.1f}")
+    return "\n".join([f"{'what':<{width}}  seconds"] + [f"{what:<{width}}  {seconds:7.1f}" for what, seconds in rows])
 
 
 if __name__ == "__main__":

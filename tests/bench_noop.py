@@ -34,12 +34,31 @@ def converge_in(tree: Path, host: str) -> tuple[Run, float]:
     return run, usage.ru_utime + usage.ru_stime
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_noop")
     parser.add_argument("--base", required=True)
     parser.add_argument("--head", help="compare this revision instead of the working tree")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def report(times: dict[str, tuple[list[float], list[float]]], base: str) -> str:
+    """Every round's wall and controller CPU seconds of each tree ({label: (walls, cpus)}), the
+    medians, and this tree's against ``base``."""
+    lines = [f"{label:10} no-op converge, wall s: {' '.join(f'{v:.2f}' for v in walls)}; median "
+             f"{statistics.median(walls):.2f}; controller CPU s: {' '.join(f'{v:.2f}' for v in cpus)}; "
+             f"median {statistics.median(cpus):.2f}" for label, (walls, cpus) in times.items()]
+    for i, what in enumerate(("wall", "controller CPU")):
+        ratio = statistics.median(times["this tree"][i]) / statistics.median(times["base"][i])
+        lines.append(f"this tree / base ({base}), {what}: {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     with tempfile.TemporaryDirectory() as tmp:
         other, mine = Path(tmp) / "base", ROOT
         subprocess.run(["git", "worktree", "add", "--detach", str(other), args.base], cwd=ROOT, check=True,
@@ -66,13 +85,7 @@ def main() -> None:
                     assert run.totals["changed"] == 0, (label, run.changed_operations())
                     times[label][0].append(run.seconds)
                     times[label][1].append(cpu)
-            for label, (walls, cpus) in times.items():
-                print(f"{label:10} no-op converge, wall s: {' '.join(f'{v:.2f}' for v in walls)}; median "
-                      f"{statistics.median(walls):.2f}; controller CPU s: {' '.join(f'{v:.2f}' for v in cpus)}; "
-                      f"median {statistics.median(cpus):.2f}")
-            for i, what in enumerate(("wall", "controller CPU")):
-                ratio = statistics.median(times["this tree"][i]) / statistics.median(times["base"][i])
-                print(f"this tree / base ({args.base}), {what}: {ratio:.2f}x")
+            print(report(times, args.base))
         finally:
             lab.down()
             for tree in {other, mine} - {ROOT}:

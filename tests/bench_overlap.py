@@ -83,9 +83,9 @@ def load_seconds(host: str) -> float:
     return float(out.stdout.strip())
 
 
-def write_results(figures: dict) -> Path:
-    """The figures as JSON and a Markdown table next to the other bench results."""
-    stem = RESULTS / f"{date.today().isoformat()}-overlap"
+def write_results(figures: dict, results: Path = RESULTS) -> Path:
+    """The figures as JSON and a Markdown table next to the other bench results; their stem."""
+    stem = results / f"{date.today().isoformat()}-overlap"
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
     f = figures
     rows = [(f"(a) bare host to converged without the model (the build alone: {f['build_s']} s, ccache off)",

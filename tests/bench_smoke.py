@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import statistics
+from pathlib import Path
 
 from tests.converge import ROOT, pyinfra
 from tests.lab import hub, lab, models, sources
@@ -30,14 +31,48 @@ def converge(*data: str):
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_smoke", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the lab up")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def figures_of(walls: dict[str, list[float]], smoke_s: list[float]) -> dict:
+    """The result: the median walls with the smoke on and off, what it adds, the smoke's own seconds."""
+    on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
+    return {"date": datetime.date.today().isoformat(), "rounds": len(walls["on"]),
+            "converge_switch_smoke_on_s": round(on, 2), "converge_switch_smoke_off_s": round(off, 2),
+            "smoke_adds_s": round(on - off, 2), "ratio_on_off": round(on / off, 3),
+            "smoke_script_s_median": round(statistics.median(smoke_s), 2), "walls": walls, "goal_adds_at_most_s": 10}
+
+
+def write_results(figures: dict, results: Path = RESULTS) -> Path:
+    """``results/<date>-smoke.{json,md}``; the JSON's path."""
+    on, off, rounds = figures["converge_switch_smoke_on_s"], figures["converge_switch_smoke_off_s"], figures["rounds"]
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"{figures['date']}-smoke.json"
+    out.write_text(json.dumps(figures, indent=1) + "\n")
+    (results / f"{figures['date']}-smoke.md").write_text(
+        f"# The smoke inference in a converge that switches builds ({figures['date']})\n\n"
+        f"`python -m tests.bench_smoke --rounds {rounds}`: lab1 (2-core machine, no GPU), Gemma 3 270M,\n"
+        "alternating lab-base / lab-bump, each converge a switch, a restart and a gate.\n\n"
+        "| smoke | median wall | converges |\n| --- | --- | --- |\n"
+        f"| on | {on:.2f} s | {len(figures['walls']['on'])} |\n"
+        f"| off | {off:.2f} s | {len(figures['walls']['off'])} |\n\n"
+        f"The smoke adds {on - off:.2f} s ({on / off:.2f}x); the smoke script itself: "
+        f"{figures['smoke_script_s_median']} s (median). Goal: at most 10 s.\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     lab.down()
-    lab.up(1, "none")
     try:
+        lab.up(1, "none")
         sources.llama_cpp_mirror()
         sources.serve()
         hub.serve()
@@ -58,24 +93,9 @@ def main() -> None:
                     doc = json.loads(lab.ssh(HOST, f"cat {DIR}/current/rigup-smoke.json").stdout)
                     smoke_s.append(doc["seconds"])
                 print(f"round {i + 1}: {ref} smoke {mode}: {run.seconds:.2f} s", flush=True)
-        on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
-        figures = {"date": datetime.date.today().isoformat(), "rounds": len(walls["on"]),
-                   "converge_switch_smoke_on_s": round(on, 2), "converge_switch_smoke_off_s": round(off, 2),
-                   "smoke_adds_s": round(on - off, 2), "ratio_on_off": round(on / off, 3),
-                   "smoke_script_s_median": round(statistics.median(smoke_s), 2), "walls": walls,
-                   "goal_adds_at_most_s": 10}
+        figures = figures_of(walls, smoke_s)
         print(json.dumps(figures, indent=1))
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out = RESULTS / f"{figures['date']}-smoke.json"
-        out.write_text(json.dumps(figures, indent=1) + "\n")
-        (RESULTS / f"{figures['date']}-smoke.md").write_text(
-            f"# The smoke inference in a converge that switches builds ({figures['date']})\n\n"
-            f"`python -m tests.bench_smoke --rounds {args.rounds}`: lab1 (2-core machine, no GPU), Gemma 3 270M,\n"
-            "alternating lab-base / lab-bump, each converge a switch, a restart and a gate.\n\n"
-            "| smoke | median wall | converges |\n| --- | --- | --- |\n"
-            f"| on | {on:.2f} s | {len(walls['on'])} |\n| off | {off:.2f} s | {len(walls['off'])} |\n\n"
-            f"The smoke adds {on - off:.2f} s ({on / off:.2f}x); the smoke script itself: "
-            f"{figures['smoke_script_s_median']} s (median). Goal: at most 10 s.\n")
+        out = write_results(figures)
         print(f"wrote {out}")
     finally:
         if not args.keep:

@@ -2,21 +2,28 @@
 does on a converged lab host, written from rigup's own data and the host's own files.
 
 One task per rigup operation (or per fact of rigup's own that no Ansible module reads), named
-after it, in deploy.py's order:
+after it, in deploy.py's order (roles/__init__.py STEPS):
 
 - rigup's own facts (preflight's HardwareFacts and PathBytes, model_fetch's probe, gpu_power's
-  GpuPowerState) run as ``shell`` tasks with rigup's own command strings (``changed_when:
-  false``), and the decisions rigup takes from them are ``when:`` conditions;
-- every file rigup manages is a ``copy`` task with the content, owner, group and mode the file
-  has on the converged host (fetched from it: :func:`fetch_files`);
-- packages, the user, directories, the build stamp (``creates:``), the ``current`` link and the
-  units use Ansible's modules (apt, user, file, command, systemd_service);
-- what rigup does only after a change (journald restart, daemon-reload, the health gate) is a
-  handler, so a converged host runs none of it, as with rigup.
+  GpuPowerState, rpc_worker's RpcWorkerState, balancer's BalancerState) run as ``shell`` tasks
+  with rigup's own command strings (``changed_when: false``), and the decisions rigup takes from
+  them are ``when:`` conditions;
+- every file rigup manages is a ``copy`` task with the content the file has on the converged
+  host (fetched from it: :func:`fetch_files`) and the owner, group and mode of
+  :func:`managed_files`, which the converged host must have (:func:`check_files`); directories
+  (:func:`directories`) are ``file`` tasks; tests/unit/test_bench_ansible.py holds both tables
+  to what the roles declare;
+- packages, the user, the build stamp (``creates:``), the ``current`` link, the units and the
+  servers rigup would retire use Ansible's modules (apt, user, command, file, systemd_service,
+  find, stat);
+- what rigup does only after a change (journald restart, daemon-reloads, timer and service
+  restarts, the health gate) is a handler, so a converged host runs none of it, as with rigup.
 
-It covers the lab's recipe (tests/lab: an a100 host, a CPU build, one model, one instance): the
-roles that do nothing there (cuda_toolkit, cmpunlocker, vllm) have no tasks, and
-:func:`check_recipe` refuses another recipe rather than compare different work.
+It covers the lab's recipe (tests/lab: an a100 host, a CPU build, one model, one instance
+without a watchdog floor, the node exporter and the metrics relay): the roles that do nothing
+there (cuda_toolkit, cmpunlocker, vllm) have no tasks, those that only check that nothing is
+theirs to do (rpc_worker, balancer, watchdog) check it, and :func:`check_recipe` refuses
+another recipe rather than compare different work.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from pathlib import Path
 import yaml
 
 from rigup.gpu.facts import GPU_COMMAND, HardwareFacts
+from rigup.names import BALANCER_DIR, MARKER, TEXTFILE_DIR, balancer_drain
+from rigup.rpc import RPC_UNIT
 from roles.gpu_guard import CONFIG as GUARD_CONFIG
 from roles.gpu_guard import SERVICE as GUARD_SERVICE
 from roles.gpu_guard import TIMER as GUARD_TIMER
@@ -37,17 +46,22 @@ from roles.gpu_power import UDEV_RULE
 from roles.gpu_power.facts import CONF as POWER_CONF
 from roles.gpu_power.facts import UNIT as POWER_UNIT
 from roles.gpu_power.facts import GpuPowerState
+from roles.balancer.facts import BalancerState
 from roles.llama_cpp import BUILD_PACKAGES
+from roles.llama_cpp.build import build_stamp
 from rigup.models import model_dests as model_paths
 from rigup.models import models
-from rigup.names import MARKER
 from roles.llama_server import UNIT as LLAMA_UNIT
 from roles.llama_server.facts import DROPIN
 from roles.llama_server.schema import instances as llama_instances
+from roles.metrics import NODE_DEFAULT, RELAY, RELAY_CONFIG, RELAY_UNIT
+from roles.model_fetch import METRICS_CONFIG, METRICS_PATHS, METRICS_SERVICE, METRICS_TIMER
 from roles.model_fetch import specs as model_specs
 from roles.model_fetch.facts import ModelFetchState, unit_name
 from roles.preflight.facts import PathBytes
+from roles.rpc_worker import RpcWorkerState
 from roles.vllm.schema import instances as vllm_instances
+from roles.watchdog import TIMER as WATCHDOG_TIMER
 
 
 def serving_config(data: dict) -> tuple[dict, list]:
@@ -64,14 +78,36 @@ class Unsafe(str):
 yaml.SafeDumper.add_representer(Unsafe, lambda dumper, s: dumper.represent_scalar("!unsafe", str(s)))
 
 
-def managed_files(data: dict) -> dict[str, str]:
-    """Every file deploy.py installs on a lab host -> the rigup operation that installs it."""
+def directories(data: dict) -> dict[str, dict]:
+    """Every directory the play makes on a lab host -> the rigup operation that makes it, with the
+    owner, group and mode the playbook sets (None: left as it is)."""
+    prefix, user = data["rigup_prefix"], data["rigup_user"]
+    root = {"owner": "root", "group": "root", "mode": "0755"}
+    keep = {"owner": None, "group": None, "mode": None}
+    return {
+        prefix: {"what": f"base: Directory {prefix}", **root},
+        # root-written state the service user may read: root:rigup 0750
+        data["rigup_state_dir"]: {"what": f"base: Directory {data['rigup_state_dir']}", "owner": "root",
+                                  "group": user, "mode": "0750"},
+        f"{prefix}/bin": {"what": f"model_fetch: Directory {prefix}/bin", **root},
+        "/etc/rigup": {"what": "model_fetch: Directory /etc/rigup", **root},
+        data["llama_cpp_ccache_dir"]: {"what": f"llama_cpp: Directory {data['llama_cpp_ccache_dir']}", **keep},
+        TEXTFILE_DIR: {"what": f"metrics: {TEXTFILE_DIR}", **keep},
+    }
+
+
+def managed_files(data: dict) -> dict[str, dict]:
+    """Every file deploy.py installs on a lab host -> the rigup operation that installs it, with
+    the owner, group and mode the playbook sets (:func:`check_files` holds a host to them)."""
     config, _ = serving_config(data)
     prefix = data["rigup_prefix"]
     files = {
         "/etc/apt/apt.conf.d/80rigup": "base: apt: wait for the dpkg lock",
         "/etc/systemd/journald.conf.d/rigup.conf": "base: journald: keep the journal across reboots",
         f"{prefix}/bin/rigup-fetch": "model_fetch: Install rigup-fetch",
+        METRICS_CONFIG: f"model_fetch: {METRICS_CONFIG}",
+        METRICS_PATHS[1]: f"model_fetch: {METRICS_SERVICE}",
+        METRICS_PATHS[2]: f"model_fetch: {METRICS_TIMER}",
         f"{prefix}/bin/rigup-gpu-power": "gpu_power: the boot script",
         f"/etc/systemd/system/{POWER_UNIT}": f"gpu_power: {POWER_UNIT}",
         UDEV_RULE: "gpu_power: apply again when the nvidia module reloads",
@@ -81,10 +117,16 @@ def managed_files(data: dict) -> dict[str, str]:
         f"/etc/systemd/system/{GUARD_SERVICE}": f"gpu_guard: {GUARD_SERVICE}",
         f"/etc/systemd/system/{GUARD_TIMER}": f"gpu_guard: {GUARD_TIMER}",
         LLAMA_UNIT: "llama_server: llama-server template unit",
+        NODE_DEFAULT: f"metrics: {NODE_DEFAULT}",
+        f"{prefix}/bin/rigup-metrics-relay": "metrics: the relay",
+        RELAY_CONFIG: f"metrics: {RELAY_CONFIG}",
+        RELAY_UNIT: f"metrics: {RELAY}",
     }
     for name in sorted(config["llama_server_instances"]):
         files[DROPIN.format(name)] = f"llama_server: llama-server {name} (its drop-in)"
-    return files
+    scripts = {f"{prefix}/bin/rigup-{n}" for n in ("fetch", "gpu-power", "gpu-guard", "metrics-relay")}
+    return {path: {"what": what, "owner": "root", "group": "root", "mode": "0755" if path in scripts else "0644"}
+            for path, what in files.items()}
 
 
 def check_recipe(data: dict) -> None:
@@ -95,13 +137,16 @@ def check_recipe(data: dict) -> None:
     assert not config["vllm_instances"] and not data["model_fetch_hf_token_src"] and data["gpu_guard_enabled"]
     assert data["gpu_power_watts"] is None and not data["gpu_power_overrides"] and not data["gpu_power_clocks"]
     assert not any(m.get("fetch_from") for m in config["models"].values())
-    assert not any(i["api_key"] for i in config["llama_server_instances"].values())
+    assert not any(i["api_key"] or i["replicas"] > 1 or i["rpc_workers"] or i["min_tokens_per_s"] != 0
+                   for i in config["llama_server_instances"].values())
+    assert data["metrics_enabled"] and not data["prometheus_enabled"] and not data["balancer_gateway"]
+    assert not data["rigup_maintenance"] and not data["gpu_guard_clear"]
 
 
 def fetch_files(ssh, name: str, paths: list[str], dest: Path) -> dict[str, dict]:
-    """Copy ``paths`` from host ``name`` (one tar over SSH) under ``dest``; their owner, group
-    and mode: ``{path: {"owner", "group", "mode"}}``."""
-    out = ssh(name, "tar -C / -cf - " + " ".join(p.lstrip("/") for p in paths) + " | base64 -w0")
+    """Copy ``paths`` from host ``name`` (one tar over SSH, a directory without what it holds)
+    under ``dest``; their owner, group and mode: ``{path: {"owner", "group", "mode"}}``."""
+    out = ssh(name, "tar --no-recursion -C / -cf - " + " ".join(p.lstrip("/") for p in paths) + " | base64 -w0")
     assert out.returncode == 0, f"{name}: {out.stderr}"
     meta = {}
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out.stdout))) as tar:
@@ -112,10 +157,26 @@ def fetch_files(ssh, name: str, paths: list[str], dest: Path) -> dict[str, dict]
     return meta
 
 
-def _copy(path: str, meta: dict, what: str, notify: list[str] | None = None) -> dict:
-    task = {"name": what, "ansible.builtin.copy": {"src": f"files/{{{{ inventory_hostname }}}}{path}", "dest": path,
-                                                   **meta}}
+def check_files(name: str, data: dict, meta: dict[str, dict]) -> None:
+    """The converged host ``name``'s files and directories (``meta``, from :func:`fetch_files`)
+    have the owner, group and mode the playbook sets: else every Ansible run would change them."""
+    wanted = {p: {k: v for k, v in f.items() if k != "what" and v is not None}
+              for p, f in {**managed_files(data), **directories(data)}.items()}
+    wrong = [f"{p}: the playbook sets {wanted[p]}, {name} has {meta.get(p)}" for p in wanted
+             if {k: (meta.get(p) or {}).get(k) for k in wanted[p]} != wanted[p]]
+    assert not wrong, "the playbook does not match the converged host:\n" + "\n".join(wrong)
+
+
+def _copy(path: str, spec: dict, notify: list[str] | None = None) -> dict:
+    task = {"name": spec["what"], "ansible.builtin.copy": {
+        "src": f"files/{{{{ inventory_hostname }}}}{path}", "dest": path,
+        **{k: spec[k] for k in ("owner", "group", "mode")}}}
     return {**task, "notify": notify} if notify else task
+
+
+def _directory(path: str, spec: dict) -> dict:
+    return {"name": spec["what"], "ansible.builtin.file": {
+        "path": path, "state": "directory", **{k: v for k, v in spec.items() if k != "what" and v is not None}}}
 
 
 def _fact(name: str, command: str, register: str) -> dict:
@@ -123,13 +184,17 @@ def _fact(name: str, command: str, register: str) -> dict:
             "changed_when": False}
 
 
-def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
+def _running(name: str, unit: str) -> dict:
+    return {"name": name, "ansible.builtin.systemd_service": {"name": unit, "state": "started", "enabled": True}}
+
+
+def tasks(data: dict, build_id: str) -> list[dict]:
     """The play's tasks for a host with ``data`` (pyinfra's merged host data) whose llama.cpp
-    build is ``build_id``; ``meta``: owner, group and mode of each managed file."""
+    build is ``build_id``."""
     config, _ = serving_config(data)
-    files = managed_files(data)
     prefix, dests = data["rigup_prefix"], model_paths(data)
-    copy = {path: _copy(path, meta[path], what) for path, what in files.items()}
+    copy = {path: _copy(path, spec) for path, spec in managed_files(data).items()}
+    mkdir = {path: _directory(path, spec) for path, spec in directories(data).items()}
     build_dir = data["llama_cpp_dir"]
     daemon_reload = ["systemd daemon-reload"]
     out = [
@@ -141,25 +206,14 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
         {"name": f"base: System user {data['rigup_user']}",
          "ansible.builtin.user": {"name": data["rigup_user"], "system": True, "home": data["rigup_state_dir"],
                                   "shell": "/usr/sbin/nologin", "create_home": False}},
-        {"name": f"base: Directory {prefix}", "ansible.builtin.file": {
-            "path": prefix, "state": "directory", "owner": "root", "group": "root", "mode": "0755"}},
-        {"name": f"base: Directory {data['rigup_state_dir']}", "ansible.builtin.file": {
-            "path": data["rigup_state_dir"], "state": "directory", "owner": data["rigup_user"],
-            "group": data["rigup_user"], "mode": "0750"}},
+        mkdir[prefix],
+        mkdir[data["rigup_state_dir"]],
         {**copy["/etc/systemd/journald.conf.d/rigup.conf"], "notify": ["restart journald"]},
-        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES, "state": "present"}},
-        {"name": f"llama_cpp: Directory {data['llama_cpp_ccache_dir']}",
-         "ansible.builtin.file": {"path": data["llama_cpp_ccache_dir"], "state": "directory"}},
-        {"name": f"llama_cpp: Build llama.cpp {data['llama_cpp_ref']} (the build stamp)", "ansible.builtin.command": {
-            "cmd": f"systemd-run --unit=rigup-llama-build --collect --wait --quiet {build_dir}/build-{build_id}.sh",
-            "creates": f"{build_dir}/builds/{build_id}/rigup-build.json"}},
-        {"name": f"llama_cpp: llama.cpp current -> {build_id}", "ansible.builtin.file": {
-            "path": f"{build_dir}/current", "src": f"builds/{build_id}", "state": "link"}},
         _fact("model_fetch: the models' state (ModelFetchState)",
               ModelFetchState().command(specs=model_specs(data, config["models"])), "models"),
-        {"name": f"model_fetch: Directory {prefix}/bin", "ansible.builtin.file": {
-            "path": f"{prefix}/bin", "state": "directory", "owner": "root", "group": "root", "mode": "0755"}},
+        mkdir[f"{prefix}/bin"],
         copy[f"{prefix}/bin/rigup-fetch"],
+        mkdir["/etc/rigup"],
     ]
     for name, model in sorted(config["models"].items()):
         state = ("models.stdout_lines | select('match', '##rigup-model ') | map('regex_replace', '^##rigup-model ', '')"
@@ -169,6 +223,17 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
         out.append({"name": f"model_fetch: Fetch model {name} (a job when it is not complete)",
                     "ansible.builtin.command": {"cmd": job}, "when": f"{state} | list | length == 0"})
     out += [
+        copy[METRICS_CONFIG],
+        {**copy[METRICS_PATHS[1]], "notify": daemon_reload},
+        {**copy[METRICS_PATHS[2]], "notify": daemon_reload + [f"restart {METRICS_TIMER}"]},
+        _running(f"model_fetch: run {METRICS_TIMER}", METRICS_TIMER),
+        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES, "state": "present"}},
+        mkdir[data["llama_cpp_ccache_dir"]],
+        {"name": f"llama_cpp: Build llama.cpp {data['llama_cpp_ref']} (the build stamp)", "ansible.builtin.command": {
+            "cmd": f"systemd-run --unit=rigup-llama-build --collect --wait --quiet {build_dir}/build-{build_id}.sh",
+            "creates": build_stamp(build_dir, build_id)}},
+        {"name": f"llama_cpp: llama.cpp current -> {build_id}", "ansible.builtin.file": {
+            "path": f"{build_dir}/current", "src": f"builds/{build_id}", "state": "link"}},
         copy[f"{prefix}/bin/rigup-gpu-power"],
         {**copy[f"/etc/systemd/system/{POWER_UNIT}"], "notify": daemon_reload},
         copy[UDEV_RULE],
@@ -178,14 +243,26 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
         {"name": "gpu_power: GPU power limits by UUID (set what differs)",  # the lab's policy: persistence on, no caps
          "ansible.builtin.command": {"cmd": f"systemctl restart {POWER_UNIT}"},
          "when": "power.stdout is search(', Disabled,')"},
-        {"name": f"gpu_power: enable {POWER_UNIT}",
-         "ansible.builtin.systemd_service": {"name": POWER_UNIT, "state": "started", "enabled": True}},
+        _running(f"gpu_power: enable {POWER_UNIT}", POWER_UNIT),
         copy[f"{prefix}/bin/rigup-gpu-guard"],
         copy[GUARD_CONFIG],
         {**copy[f"/etc/systemd/system/{GUARD_SERVICE}"], "notify": daemon_reload},
         {**copy[f"/etc/systemd/system/{GUARD_TIMER}"], "notify": daemon_reload + [f"restart {GUARD_TIMER}"]},
-        {"name": f"gpu_guard: run {GUARD_TIMER}",
-         "ansible.builtin.systemd_service": {"name": GUARD_TIMER, "state": "started", "enabled": True}},
+        _running(f"gpu_guard: run {GUARD_TIMER}", GUARD_TIMER),
+        _fact("rpc_worker: no instance names this host a worker (RpcWorkerState)",
+              RpcWorkerState().command(build_link=f"{build_dir}/current"), "rpc_worker"),
+        {"name": "rpc_worker: retire the worker",
+         "ansible.builtin.command": {"cmd": f"systemctl disable --now {RPC_UNIT}"},
+         "when": "rpc_worker.stdout is search('^(unit=.|firewall=.|loaded=1)', multiline=True)"},
+    ]
+    wanted = [f"/etc/systemd/system/rigup-llama@{name}.service.d" for name in sorted(config["llama_server_instances"])]
+    out += [
+        {"name": "llama_server: the servers and backends rigup configured", "ansible.builtin.find": {
+            "paths": ["/etc/systemd/system", BALANCER_DIR], "patterns": ["rigup-llama@*.service.d", "llama-*.json"],
+            "file_type": "any"}, "register": "configured"},
+        {"name": "llama_server: retire servers no longer wanted", "ansible.builtin.command": {
+            "cmd": "rm -rf {{ item }}"},
+         "loop": f"{{{{ configured.files | map(attribute='path') | reject('in', {wanted}) | list }}}}"},
         {**copy[LLAMA_UNIT], "notify": daemon_reload},
     ]
     for name, inst in sorted(config["llama_server_instances"].items()):
@@ -195,21 +272,39 @@ def tasks(data: dict, build_id: str, meta: dict[str, dict]) -> list[dict]:
              "register": f"marker_{name}"},
             {**copy[DROPIN.format(name)], "notify": daemon_reload + [f"restart {unit}"],
              "when": f"marker_{name}.stat.exists"},
-            {"name": f"llama_server: {unit} enabled and running",
-             "ansible.builtin.systemd_service": {"name": unit, "state": "started", "enabled": True},
-             "when": f"marker_{name}.stat.exists"},
+            {**_running(f"llama_server: {unit} enabled and running", unit), "when": f"marker_{name}.stat.exists"},
         ]
+    out += [
+        _fact("balancer: HAProxy in front of replicas (BalancerState)",
+              BalancerState().command(drain=balancer_drain(data)), "balancer"),
+        {"name": "balancer: nothing to balance: HAProxy stopped and disabled",
+         "ansible.builtin.command": {"cmd": "systemctl disable --now -q haproxy"},
+         "when": "balancer.stdout is search('^active=active$', multiline=True)"},
+        {**copy[NODE_DEFAULT], "notify": ["restart prometheus-node-exporter"]},
+        {"name": "metrics: prometheus-node-exporter",
+         "ansible.builtin.apt": {"name": ["nftables", "prometheus-node-exporter"], "state": "present"}},
+        mkdir[TEXTFILE_DIR],
+        _running("metrics: run prometheus-node-exporter", "prometheus-node-exporter"),
+        {**copy[f"{prefix}/bin/rigup-metrics-relay"], "notify": [f"restart {RELAY}"]},
+        {**copy[RELAY_CONFIG], "notify": [f"restart {RELAY}"]},
+        {**copy[RELAY_UNIT], "notify": daemon_reload + [f"restart {RELAY}"]},
+        _running(f"metrics: run {RELAY}", RELAY),
+        # no watched instance (min_tokens_per_s: 0): the timer stopped and disabled, if it is there at all
+        {"name": f"watchdog: {WATCHDOG_TIMER} (its unit)", "ansible.builtin.stat": {
+            "path": f"/etc/systemd/system/{WATCHDOG_TIMER}"}, "register": "watchdog_timer"},
+        {"name": f"watchdog: stop {WATCHDOG_TIMER}", "ansible.builtin.systemd_service": {
+            "name": WATCHDOG_TIMER, "state": "stopped", "enabled": False}, "when": "watchdog_timer.stat.exists"},
+    ]
     return out
 
 
 def handlers(data: dict) -> list[dict]:
     """What rigup does only after a change: never run on a converged host."""
     config, _ = serving_config(data)
-    out = [{"name": "restart journald", "ansible.builtin.systemd_service": {"name": "systemd-journald",
-                                                                            "state": "restarted"}},
-           {"name": "systemd daemon-reload", "ansible.builtin.systemd_service": {"daemon_reload": True}},
-           {"name": f"restart {GUARD_TIMER}", "ansible.builtin.systemd_service": {"name": GUARD_TIMER,
-                                                                                 "state": "restarted"}}]
+    restarts = ["systemd-journald", GUARD_TIMER, METRICS_TIMER, "prometheus-node-exporter", RELAY]
+    out = [{"name": "systemd daemon-reload", "ansible.builtin.systemd_service": {"daemon_reload": True}},
+           *({"name": f"restart {'journald' if u == 'systemd-journald' else u}",
+              "ansible.builtin.systemd_service": {"name": u, "state": "restarted"}} for u in restarts)]
     for name, inst in sorted(config["llama_server_instances"].items()):
         unit = f"rigup-llama@{name}.service"
         out += [{"name": f"restart {unit}", "ansible.builtin.systemd_service": {"name": unit, "state": "restarted"},
@@ -222,7 +317,7 @@ def handlers(data: dict) -> list[dict]:
     return out
 
 
-def write(work: Path, lab_state: dict, data: dict, build_id: str, meta: dict[str, dict]) -> tuple[Path, Path]:
+def write(work: Path, lab_state: dict, data: dict, build_id: str) -> tuple[Path, Path]:
     """Write ``inventory.yml`` (the lab's hosts, its key and known_hosts, strict host key
     checking) and ``site.yml`` under ``work``; return their paths."""
     check_recipe(data)
@@ -233,7 +328,7 @@ def write(work: Path, lab_state: dict, data: dict, build_id: str, meta: dict[str
                                             "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes",
                  "ansible_python_interpreter": "/usr/bin/python3"}}}
     play = [{"name": "rigup's deploy.py, as Ansible tasks", "hosts": "lab",
-             "tasks": tasks(data, build_id, meta), "handlers": handlers(data)}]
+             "tasks": tasks(data, build_id), "handlers": handlers(data)}]
     (work / "inventory.yml").write_text(json.dumps(inventory, indent=1))
     (work / "site.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=120))
     return work / "inventory.yml", work / "site.yml"
