@@ -1,8 +1,10 @@
 """The generated parts of the documentation are current (regenerate: make docs, or python -m
-tests.docs): README's refusal table, docs/roles/<role>.md and docs/group_vars.schema.json; the
+tests.docs): docs/refusals.md's table, docs/roles/<role>.md and docs/group_vars.schema.json; the
 schema is a well-formed JSON Schema (draft 2020-12), every group_vars file passes it and
 rigup/config.py, and it refuses what the forms refuse. jsonschema is not installed here, so
-:func:`invalid` reads the keywords the generator writes, as the draft defines them."""
+:func:`invalid` reads the keywords the generator writes, as the draft defines them. Every
+relative link of README.md and docs/ leads to a file (and heading) that exists, and every path
+of the checkout they name in backticks or code blocks exists."""
 
 import json
 import re
@@ -17,6 +19,8 @@ from tests import docs
 from tests.unit.test_hostile_inputs import CASES, filled
 
 SCHEMA = json.loads(docs.SCHEMA.read_text())
+README = docs.ROOT / "README.md"
+PAGES = [README, *sorted((docs.ROOT / "docs").rglob("*.md"))]
 GROUP_VARS = sorted(GROUP_VARS_DIR.glob("*.yml"))
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
           "integer": int, "number": (int, float)}
@@ -24,9 +28,10 @@ _KEYWORDS = {"$schema", "title", "description", "default", "type", "enum", "patt
              "items", "properties", "required", "additionalProperties", "patternProperties", "propertyNames"}
 
 
-def test_readme_refusal_table_is_current():
-    assert docs.BEGIN in docs.README.read_text(), "README lacks the generated refusal table"
-    assert docs.readme() == docs.README.read_text(), "README is stale: run make docs"
+def test_the_refusal_page_is_current():
+    assert docs.BEGIN in docs.REFUSALS.read_text(), "docs/refusals.md lacks the generated refusal table"
+    assert docs.refusals_page() == docs.REFUSALS.read_text(), "docs/refusals.md is stale: run make docs"
+    assert docs.BEGIN not in README.read_text(), "the refusal table lives in docs/refusals.md, not README"
 
 
 def test_role_pages_and_schema_are_current():
@@ -161,3 +166,51 @@ def test_hostile_inputs_the_schema_catches_as_you_type():
     print(f"the schema refuses {len(caught)} of {len(CASES)} hostile inputs; the rest need the host or other "
           "keys (rigup/config.py, preflight)")
     assert len(caught) >= 43  # 43 of 84 when written: those a form can say
+
+
+# Paths the operator makes, not the checkout's: the copy of inventory/a100.py, its site file.
+MADE_BY_YOU = {"inventory/mine.py", "group_vars/mine.yml"}
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def _prose(page) -> str:
+    return _FENCE.sub("", page.read_text())
+
+
+def _named_paths(page) -> list[str]:
+    """The checkout's paths a page names: tokens of its code spans and blocks whose first part is
+    a top-level entry of the checkout; placeholders (``<role>``, ``NAME``, ``...``) left out."""
+    text = page.read_text()
+    code = "\n".join(_FENCE.findall(text)) + "\n" + "\n".join(re.findall(r"`([^`]+)`", _FENCE.sub("", text)))
+    top = {p.name for p in docs.ROOT.iterdir()} - {".git"}
+    found = []
+    for token in code.split():
+        token = re.sub(r"'s$", "", token.strip("\"'(),.;:").split("::")[0])
+        if "/" in token and token.split("/")[0] in top and not re.search(r"[<>{}$]|\.\.\.|NAME|KEY", token):
+            found.append(token)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(docs.ROOT)) for p in PAGES])
+def test_every_link_and_path_of_the_docs_exists(page):
+    links, missing = _LINK.findall(_prose(page)), []
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue                                   # https://, mailto:
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target).resolve() if target else page
+        if not path.exists():
+            missing.append(link)
+        elif anchor and path.suffix == ".md" and anchor not in {_slug(h) for h in _HEADING.findall(_prose(path))}:
+            missing.append(f"{link} (no such heading)")
+    paths = _named_paths(page)
+    missing += [p for p in paths if p not in MADE_BY_YOU and not list(docs.ROOT.glob(p.rstrip("/")))]
+    print(f"{page.relative_to(docs.ROOT)}: {len(links)} links, {len(paths)} paths of the checkout, missing {missing}")
+    assert not missing, f"{page.relative_to(docs.ROOT)}: {missing}"
