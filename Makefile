@@ -2,7 +2,7 @@
 #   make demo   a throwaway lab host, provisioned by deploy.py
 #   make test   unit tests, then the lab tests (converge, converge again, verify, destroy)
 #   make vllm-real  a real vLLM installed on a lab host, timed (pip, uv, patched git path)
-#   make docs   regenerate docs/roles/*.md, docs/group_vars.schema.json and README's refusal table
+#   make docs   regenerate docs/roles/*.md, docs/group_vars.schema.json and docs/refusals.md
 
 PYTHON ?= python3
 VENV   := .venv
