@@ -9,29 +9,21 @@ at the end.
 """
 
 import argparse
-import os
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from tests.converge import PYINFRA, ROOT, Run
+from tests.bench_fleet import timed
+from tests.converge import ROOT, Run
 from tests.lab import hub, lab, models, sources
 
 
 def converge_in(tree: Path, host: str) -> tuple[Run, float]:
     """``pyinfra -y inventory/lab.py deploy.py --limit HOST`` run from ``tree``, and the CPU seconds
-    it and its children used."""
-    with tempfile.TemporaryFile() as out:
-        start = time.monotonic()
-        proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploy.py", "--limit", host], cwd=tree,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        out.seek(0)
-        run = Run(os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"), time.monotonic() - start)
-    assert run.returncode == 0, run.output[-4000:]
-    return run, usage.ru_utime + usage.ru_stime
+    it and its children used (tests/bench_fleet.py's ``timed``: wait4)."""
+    sample = timed("inventory/lab.py", "deploy.py", "--limit", host, cwd=tree)
+    return sample.run, sample.cpu
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 CATALOGUE_FILE = Path(__file__).with_name("xid.yml")
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\): "
-                 r"(\d{1,4}),\s*(.*)$")
+BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?"
+XID = re.compile(rf"NVRM: Xid \(({BUS})\): (\d{{1,4}}),\s*(.*)$")
 UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catalogue"}
 KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -F 'NVRM: Xid' "
                       "|| dmesg 2>/dev/null | grep -F 'NVRM: Xid' || true")
@@ -31,7 +31,7 @@ def catalogue() -> dict[int, dict]:
 def card_key(bus_id: str) -> str:
     """``00000000:2B:00.0`` or ``0000:2b:00`` -> ``0000:2b:00`` (domain of 4, bus, device), the part
     of a bus id an Xid line carries."""
-    m = re.fullmatch(r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?", bus_id.strip())
+    m = re.fullmatch(BUS, bus_id.strip())
     if not m:
         raise ValueError(f"not a PCI bus id: {bus_id!r}")
     return f"{m.group(1)[-4:]}:{m.group(2)}:{m.group(3)}".lower()
@@ -46,11 +46,11 @@ def events(lines: list[str], known: dict[int, dict]) -> list[dict]:
         m = XID.search(line)
         if not m:
             continue
-        code = int(m.group(4))
+        code = int(m.group(5))
         entry = known.get(code, UNKNOWN)
-        found.append({"card": f"{m.group(1)[-4:]}:{m.group(2)}:{m.group(3)}".lower(), "code": code,
-                      "class": entry["class"], "action": entry["action"], "meaning": entry["meaning"],
-                      "text": m.group(5).strip(), "line": line.rstrip("\n")})
+        found.append({"card": card_key(m.group(1)), "code": code, "class": entry["class"],
+                      "action": entry["action"], "meaning": entry["meaning"], "text": m.group(6).strip(),
+                      "line": line.rstrip("\n")})
     return found
 
 
