@@ -62,15 +62,17 @@ def _probe(unit: str, log: str, done: str, systemd: bool) -> str:
             "'$0 ~ ENVIRON[\"RIGUP_RE\"] {line = $0} NF {last = $0} END {print \"line=\" line; print \"last=\" last}'")
 
 
-def progress_text(line: str) -> str:
-    """``[123/456] 27%`` from ninja's line, ``27%`` from make's, else the line itself (shortened)."""
+def progress_text(line: str, high: int = 0) -> str:
+    """``[123/456] 27%`` from ninja's line, ``27%`` from make's (at least ``high``: make -j prints
+    each target's own percent, so parallel jobs' lines come out of order and a printed percent
+    would go back), else the line itself (shortened)."""
     m = _NINJA.match(line)
     if m:
         n, total = int(m[1]), int(m[2])
         return f"[{n}/{total}] {100 * n // max(total, 1)}%"
     m = _MAKE.match(line)
     if m:
-        return f"{m[1]}%"
+        return f"{max(int(m[1]), high)}%"
     line = " ".join(line.split())
     return line if len(line) <= 100 else line[:97] + "..."
 
@@ -95,6 +97,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
     Run with ``python.call`` (in the host's context)."""
     me = host
     started = last = time.monotonic()
+    high = 0   # the highest make percent printed so far
     while True:
         ok, output = me.run_shell_command(command=_probe(unit, log, done, systemd), print_output=False,
                                           print_input=False)
@@ -106,8 +109,9 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
         now = time.monotonic()
         if now - last >= interval:
             last = now
-            click.echo(f"    [{me.name}] {label}: {progress_text(state['line'] or state['last']) or 'starting'} "
-                       f"({now - started:.0f} s)", err=True)
+            text = progress_text(state["line"] or state["last"], high)
+            high = int(text[:-1]) if re.fullmatch(r"\d+%", text) else high
+            click.echo(f"    [{me.name}] {label}: {text or 'starting'} ({now - started:.0f} s)", err=True)
         if now - started > timeout:
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")
         time.sleep(min(2.0, interval / 2))

@@ -119,7 +119,7 @@ def test_disk_full_mid_download_says_why_and_completes_once_freed(lab, hub, play
     config = hub_module.CACHE / "tiny-config.json"
     rev = hub_module.publish("lab/mid", {"mid.bin": hub_module.random_file("mid-64m.bin", MID), "config.json": config})
     on_host(lab, name, f"mkdir -p {FULL} && (mountpoint -q {FULL} && umount {FULL}; true) && "
-                       f"mount -t tmpfs -o size=80m tmpfs {FULL}")
+                       f"mount -t tmpfs -o size=80m,mode=755 tmpfs {FULL}")
     data = {name: {"models": {"mid": {"repo": "lab/mid", "revision": rev, "include": ["mid.bin"], "dest": dest,
                                       "wait": True}}, "model_fetch_wait_interval": 1}}
     hub_module.reset()
@@ -205,8 +205,11 @@ def test_a_hostile_listing_is_refused_and_nothing_outside_dest_is_touched(lab, h
 HOSTILE_DEST = "/srv/models/hostile"
 MARK = "/tmp/rigup-hostile-mark"
 # what a converge may touch outside dest without writing: the kernel's and the run's own places,
-# and the lab's simulated nvidia-smi's log of its calls (tests/lab/nvidia_smi.py; preflight runs it)
-NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/lib/rigup-gpu-sim/calls.log")
+# the lab's simulated nvidia-smi's log of its calls (tests/lab/nvidia_smi.py; preflight runs it),
+# and the node exporter's textfile directory, which the metric timers of a host converged by an
+# earlier module (deploy.py's) rewrite every few seconds whatever the converge does
+NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/lib/rigup-gpu-sim/calls.log",
+              "/var/lib/prometheus/node-exporter")
 NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
 PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
 TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10

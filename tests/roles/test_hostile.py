@@ -97,7 +97,16 @@ def fingerprints(lab, host) -> str:
                    "else h=$(sha256sum < $t); fi; echo \"$t $(stat -c '%a %U:%G' $t) ${h%% *}\"; done").stdout
 
 
-def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, second_converge, tmp_path):
+@pytest.fixture(scope="module")
+def as_the_lab_says(lab, second_converge):
+    """The first lab host converged to inventory/lab.py's settings: the modules before this one
+    leave theirs (a site file's value, a hub token, another play's models)."""
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", lab.hosts()[0]["name"], timeout=300)
+    assert run.returncode == 0, run.output[-3000:]
+    return run
+
+
+def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, as_the_lab_says, tmp_path):
     """As the rigup user, a symlink (to /etc/shadow, a root-only file or directory) and then a FIFO
     at every path root touches in the lab's model directory (the marker and the job's files; then
     the job's directory itself): the converge, status.py, the metrics timer and the facts that read
@@ -106,7 +115,6 @@ def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, se
     changes nothing."""
     import time
 
-    from tests.converge import pyinfra
     host = lab.hosts()[0]["name"]
     lab.ssh(host, "printf 'root only %s\\n' $(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' ') > /root/rigup-target && "
                   "chmod 600 /root/rigup-target && mkdir -p -m 700 /root/rigup-target-dir && "
@@ -164,10 +172,9 @@ def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, se
     assert clean.returncode == 0 and clean.totals["changed"] == 0, clean.changed_operations()
 
 
-def test_a_stale_hub_token_goes_with_an_insecure_hub(lab, second_converge):
+def test_a_stale_hub_token_goes_with_an_insecure_hub(lab, as_the_lab_says):
     """The lab's hub is http:// (hf_endpoint_insecure): a hub token left on the host from before is
     removed by the next converge, and the one after changes nothing."""
-    from tests.converge import pyinfra
     host = lab.hosts()[0]["name"]
     lab.ssh(host, "umask 077 && printf hf_stale_token > /etc/rigup/hf-token")
     first = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, timeout=300)

@@ -124,7 +124,7 @@ def test_refused_before_any_byte(lab, hub, play, tmp_path):
     hub_module, revs = hub
     h = lab.hosts()[0]
     name = h["name"]
-    on_host(lab, name, "mkdir -p /mnt/small && (mountpoint -q /mnt/small || mount -t tmpfs -o size=64m tmpfs /mnt/small)")
+    on_host(lab, name, "mkdir -p /mnt/small && (mountpoint -q /mnt/small || mount -t tmpfs -o size=64m,mode=755 tmpfs /mnt/small)")
     hub_module.reset()
     models = {
         "noinc": model(revs, "tiny", include=["*.safetensors"]),

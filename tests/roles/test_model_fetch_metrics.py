@@ -39,7 +39,7 @@ def test_a_failed_download_reaches_prometheus_and_fires_its_alert(lab, tmp_path)
     rev = hub_module.publish("lab/mid", {"mid.bin": hub_module.random_file("mid-64m.bin", MID), "config.json": config})
     dest = f"{FULL}/mid"
     on_host(lab, other, f"mkdir -p {FULL} && (mountpoint -q {FULL} && umount {FULL}; true) && "
-                        f"mount -t tmpfs -o size=80m tmpfs {FULL}")
+                        f"mount -t tmpfs -o size=80m,mode=755 tmpfs {FULL}")
     mid = {"mid": {"repo": "lab/mid", "revision": rev, "include": ["mid.bin"], "dest": dest}}
     data = {monitor: dict(FAST), other: {**FAST, "models": mid}}
     hub_module.reset()

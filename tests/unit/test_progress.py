@@ -8,6 +8,7 @@ from rigup.progress import PROGRESS, parse_probe, progress_text, start_command
 def test_ninja_make_and_pip_lines():
     assert progress_text("[123/456] Building CXX object ggml/src/ggml.c.o") == "[123/456] 26%"
     assert progress_text("[ 27%] Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o") == "27%"
+    assert progress_text("[ 58%] Building CXX object ggml/src/ggml-cpu/ops.cpp.o", high=80) == "80%"   # make -j: out of order
     assert progress_text("  Downloading torch-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl (899.7 MB)") == \
         "Downloading torch-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl (899.7 MB)"
     assert len(progress_text("Installing collected packages: " + "x, " * 100)) == 100
