@@ -22,7 +22,7 @@ the result. Every variable is declared once, in its role's ``defaults.yml``, wit
 
 Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
 digits, ``_.-``), ``address`` (an IP address or host name), ``ip`` (the IP address of one host: no name,
-network or wildcard), ``batch`` (a count >= 1 or a share, ``"25%"``), ``path`` (an absolute, normal directory on a host that is not a system
+network or wildcard), ``batch`` (a count >= 1 or a share, ``"25%"``), ``count`` (``auto`` or an int >= 1: rigup chooses, or you do), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
 ``int A..B`` / ``float A..B`` (either end may be left out; NaN and infinities are never a
 number of a form); ``one of a|b|c``; ``list of T``; and a trailing ``or null``. No value holds
@@ -94,11 +94,14 @@ class Form:
             "map": isinstance(value, dict),
             "batch": isinstance(value, str) and BATCH.fullmatch(value) is not None
             or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "count": value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
         }[self.kind]
         if not kind_ok:
             hint = ""
             if self.kind in ("str", "name", "path", "file") and isinstance(value, (int, float)):
                 hint = ' (a number: quote it, e.g. --data \'key="12.8"\' on the command line)'
+            elif self.kind == "count":
+                hint = ": auto (rigup chooses) or an int >= 1"
             return f"got {value!r} ({type(value).__name__}){hint}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"got {value!r}: not a finite number"
@@ -199,7 +202,8 @@ def path_problem(path: str) -> str | None:
 
 
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
-_KINDS = ("bool", "int", "float", "str", "name", "address", "ip", "path", "file", "list", "map", "any", "batch")
+_KINDS = ("bool", "int", "float", "str", "name", "address", "ip", "path", "file", "list", "map", "any", "batch",
+          "count")
 
 
 def parse_form(text: str) -> Form:

@@ -62,14 +62,6 @@ def normalise(entry: Any, schema: dict[str, Key], where: str, name: str | None =
     return out, problems
 
 
-def auto_or_count(value: Any, nullable: bool = False) -> bool:
-    """Whether ``value`` is ``auto`` or an int >= 1 (or null, when ``nullable``): the form of a
-    serving instance's ``replicas`` and ``gpus_per_replica``, which the form language cannot say."""
-    if value is None:
-        return nullable
-    return value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
-
-
 def unknown_reference(value: Any, keys, what: str) -> str:
     """The problem text of ``value`` that is not one of ``keys`` (the keys of ``what``)."""
     keys = list(keys)

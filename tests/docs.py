@@ -73,8 +73,10 @@ def form_schema(form: Form) -> dict:
     what JSON Schema cannot say (a path that is a system directory) is left to rigup/config.py."""
     if form.kind == "any":
         return {}
-    if form.kind == "batch":
-        return {"type": ["integer", "string"], "minimum": 1, "pattern": f"^(?:{BATCH.pattern})$"}  # each for its type
+    if form.kind in ("batch", "count"):   # minimum and pattern each hold for their own type
+        out = {"type": ["integer", "string"], "minimum": 1,
+               "pattern": f"^(?:{BATCH.pattern})$" if form.kind == "batch" else "^auto$"}
+        return {**out, "type": [*out["type"], "null"]} if form.nullable else out
     out: dict = {"enum": list(form.choices)} if form.choices else {"type": _TYPES[form.kind]}
     if not form.choices and form.kind in _PATTERNS:
         out["pattern"] = _PATTERNS[form.kind]

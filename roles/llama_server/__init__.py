@@ -67,7 +67,7 @@ from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
-from roles.llama_server.replicas import layout
+from roles.llama_server.replicas import sized
 from roles.llama_server.schema import instances
 from roles.llama_server.smoke import smoke_runs
 
@@ -144,7 +144,7 @@ def apply(plan: dict):
     wanted, entries = serving(data, instances)
     if wanted is None:
         return
-    laid = {name: (inst, layout(inst, entries[inst["model"]], plan, data)) for name, inst in wanted.items()}
+    laid = {name: sized(inst, entries[inst["model"]], plan, data)[:2] for name, inst in wanted.items()}
     plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}

@@ -33,7 +33,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
                            serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import had_replicas, replica_name, replica_port
-from roles.llama_server.replicas import layout, layout_text, need_gib
+from roles.llama_server.replicas import layout_text, need_gib, sized
 from roles.llama_server.schema import CACHE_TYPES, instances
 
 _SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
@@ -44,19 +44,22 @@ def _instances(plan: dict, data: dict) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
-def layouts(plan: dict, data: dict) -> dict:
-    """{name: (instance, replicas.Layout)} of the host's valid instances."""
+def layouts(plan: dict, data: dict, why: bool = False) -> dict:
+    """{name: (instance, replicas.Layout)} of the host's valid instances, ctx and parallel chosen
+    where auto (replicas.sized); with ``why``, {name: (instance, layout, why rigup chose them)}."""
     entries = models(data)[0]
-    return {name: (inst, layout(inst, entries[inst["model"]], plan, data))
-            for name, inst in _instances(plan, data).items()}
+    laid = {name: sized(inst, entries[inst["model"]], plan, data) for name, inst in _instances(plan, data).items()}
+    return laid if why else {name: (inst, lay) for name, (inst, lay, _) in laid.items()}
 
 
 def plan_lines(plan: dict, data: dict) -> list[str]:
     """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``),
-    and for one with rpc_workers its split over the hosts and what RPC costs."""
+    the ctx and parallel rigup chose for it and why (where they are auto), and for one with rpc_workers its split over the hosts and what RPC costs."""
     lines = []
-    for name, (inst, lay) in sorted(layouts(plan, data).items()):
+    for name, (inst, lay, why) in sorted(layouts(plan, data, why=True).items()):
         lines.append(f"llama:     {layout_text(name, lay)}")
+        if why:   # ctx or parallel auto
+            lines.append(f"llama:     {name}: {why}")
         if inst["rpc_workers"]:
             split = (f"shares {inst['tensor_split']} (tensor_split)" if inst["tensor_split"] else
                      "in proportion to each device's free memory")
@@ -85,7 +88,8 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
 def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a
     model not in models, a bad tensor_split, or extra_args giving a flag rigup sets (--host, --port,
-    -m/--model, -hf, --api-key, --api-key-file, --alias, --rpc, the KV cache types; ``--port=1`` too)."""
+    -m/--model, -hf, --api-key, --api-key-file, --alias, --rpc, the KV cache types, -b and -ub;
+    ``--port=1`` too)."""
     return config_refusals(instances(data, gpu_count(plan))[1])
 
 

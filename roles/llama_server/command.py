@@ -14,13 +14,16 @@ KEY = "/etc/rigup/llama-server/{}.key"
 
 def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
     """llama-server's command line for one instance (every flag explicit, --port always); ``rpc``:
-    its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers."""
+    its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers. ``inst`` has
+    its ctx and parallel chosen (replicas.sized), never ``auto``."""
+    if "auto" in (inst["ctx"], inst["parallel"]):
+        raise ValueError(f"{name}: ctx and parallel are chosen by roles/llama_server/replicas.py sized() first")
     args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
             "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
             "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
             "--jinja" if inst["jinja"] else "--no-jinja"]
-    for flag, key in (("-ctk", "cache_type_k"), ("-ctv", "cache_type_v")):
-        if inst.get(key):   # null: llama.cpp's default (f16), no flag (the unit's argv as before the keys)
+    for flag, key in (("-b", "batch"), ("-ub", "ubatch"), ("-ctk", "cache_type_k"), ("-ctv", "cache_type_v")):
+        if inst.get(key):   # null: llama.cpp's default, no flag (the unit's argv as before the keys)
             args += [flag, inst[key]]
     if inst["tensor_split"]:
         args += ["-ts", inst["tensor_split"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from rigup.entries import Key, auto_or_count
+from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 
@@ -20,10 +20,12 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 class LlamaInstance(ServingInstance):
     """One entry of ``llama_server_instances``, normalised (every key present)."""
 
-    ctx: int
-    parallel: int
+    ctx: int | str
+    parallel: int | str
     ngl: int
     flash_attn: str
+    batch: int | None
+    ubatch: int | None
     cache_type_k: str | None
     cache_type_v: str | None
     split_mode: str
@@ -38,8 +40,10 @@ class LlamaInstance(ServingInstance):
 
 LLAMA_INSTANCE: dict[str, Key] = {
     **SERVING_KEYS,
-    "ctx": Key("int 1..", 8192, "-c: total tokens of context, shared by the slots"),
-    "parallel": Key("int 1..", 1, "--parallel: slots, requests served at once"),
+    "ctx": Key("count", "auto", "-c: total tokens of context, shared by the slots; auto (or N): rigup sizes it "
+                              "(replicas.py sizing: slots of 8,192 tokens, as many as the VRAM left after the "
+                              "weights holds, at most 32; the plan says why)"),
+    "parallel": Key("count", "auto", "--parallel: slots, requests served at once; auto (or N): see ctx"),
     "ngl": Key("int -1..", 99, "-ngl: layers on the GPUs (99 or -1: all)"),
     "flash_attn": Key("one of on|off|auto", "auto", "-fa"),
     "cache_type_k": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
@@ -47,13 +51,15 @@ LLAMA_INSTANCE: dict[str, Key] = {
                         "types flash attention has kernels for"),
     "cache_type_v": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
                         "-ctv: the V cache's type (null: f16); a quantized one needs flash attention"),
+    "batch": Key("int 1.. or null", None, "-b: the logical batch, in tokens (null: llama.cpp's 2048)"),
+    "ubatch": Key("int 1.. or null", None, "-ub: the physical batch, in tokens (null: llama.cpp's 512)"),
     "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
     "metrics": Key("bool", True, "--metrics: Prometheus metrics at /metrics"),
-    "replicas": Key("any", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each "
+    "replicas": Key("count", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each "
                               "its own unit rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
-    "gpus_per_replica": Key("any", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
+    "gpus_per_replica": Key("count or null", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
                                          "GPUs shared out evenly (one replica: all of them)"),
     "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
                                                        "restarted after watchdog_bad_checks checks below it; null: "
@@ -67,7 +73,8 @@ LLAMA_INSTANCE: dict[str, Key] = {
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 # llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
 # flag -> the key (None: the instance's name, --alias).
-OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k",
+OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-b": "batch", "--batch-size": "batch",
+               "-ub": "ubatch", "--ubatch-size": "ubatch",
                "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v",
                "--host": "host", "--port": "port", "--api-key": "api_key", "--api-key-file": "api_key",
                "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model",
@@ -78,9 +85,7 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, Llama
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
     entry; ``gpu_count`` (when known) bounds tensor_split."""
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
-        found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
-                 for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
-        found += owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
+        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
         if found or entry.get("tensor_split") is None:
             return found
         split = entry["tensor_split"].replace(" ", "")

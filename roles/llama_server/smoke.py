@@ -7,7 +7,7 @@ from rigup.gpu.plan import build_backend
 from rigup.models import serving
 from rigup.names import marker_path
 from roles.llama_server.command import argv, servers
-from roles.llama_server.replicas import layout
+from roles.llama_server.replicas import sized
 from roles.llama_server.schema import instances
 
 
@@ -23,7 +23,8 @@ def smoke_runs(plan: dict, data: dict, fleet=None) -> list[dict]:
     runs = []
     for name, inst in sorted((wanted or {}).items()):
         entry = entries[inst["model"]]
-        servers_of = servers(name, inst, layout(inst, entry, plan, data))
+        inst, lay, _ = sized(inst, entry, plan, data)
+        servers_of = servers(name, inst, lay)
         first = servers_of[0]
         args = argv(name, first["inst"], "llama-server", "MODEL")[3:]
         alone = not inst["rpc_workers"] and not (gpu and f"rigup-llama@{first['unit']}" in serving_now)

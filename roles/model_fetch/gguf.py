@@ -22,6 +22,7 @@ F16_BYTES = 2   # llama.cpp's default KV cache type
 MAX_KEPT_ITEMS = 1 << 16   # an array kept longer than this is skipped, not built
 MAX_DEPTH = 2              # arrays of arrays at most (llama.cpp writes none)
 MAX_LAYERS = 1 << 16
+MAX_CONTEXT = 1 << 24      # tokens a model was trained for, at most (the largest today: 10M)
 
 
 class GGUFRefused(Exception):
@@ -123,7 +124,8 @@ def kv_figures(meta: dict) -> dict:
 
 
 def figures(meta: dict) -> dict:
-    """{"architecture", "layers", "kv_gib_per_1k_tokens"} from a header's ``meta``: the f16 K and V
+    """{"architecture", "layers", "kv_gib_per_1k_tokens", "context_length"} from a header's ``meta``
+    (``context_length``: the tokens it was trained for, or None): the f16 K and V
     of every layer's KV heads (``head_count_kv`` x ``key_length`` + ``value_length``, by default
     ``embedding_length / head_count``) per token, an estimate (an MLA model caches less);
     ``kv_gib_per_1k_tokens`` is None when the header lacks the figures."""
@@ -134,7 +136,11 @@ def figures(meta: dict) -> dict:
         raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
     if layers is not None and (isinstance(layers, (list, str)) or not 0 <= int(layers) <= MAX_LAYERS):
         raise GGUFRefused(f"{arch}.block_count {str(layers)[:40]} is not a layer count (0..{MAX_LAYERS})")
-    out = {"architecture": arch, "layers": int(layers) if layers is not None else None, "kv_gib_per_1k_tokens": None}
+    trained = get("context_length")
+    if trained is not None and (isinstance(trained, (list, str, bool, float)) or not 0 < int(trained) <= MAX_CONTEXT):
+        raise GGUFRefused(f"{arch}.context_length {str(trained)[:40]} is not a context length (1..{MAX_CONTEXT})")
+    out = {"architecture": arch, "layers": int(layers) if layers is not None else None, "kv_gib_per_1k_tokens": None,
+           "context_length": int(trained) if trained is not None else None}
     heads, width = get("attention.head_count"), get("embedding_length")
     if not layers or heads is None:
         return out

@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from rigup.entries import Key, auto_or_count, unknown_reference
+from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
@@ -41,8 +41,8 @@ VLLM_INSTANCE: dict[str, Key] = {
     "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
     "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
     "env": Key("map", {}, "more environment for this instance"),
-    "replicas": Key("any", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
-    "gpus_per_replica": Key("any", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
+    "replicas": Key("count", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
+    "gpus_per_replica": Key("count or null", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
     "draft_model": Key("str or null", None, "a key of models: the drafter, whose dest is --speculative-config's model"),
     "speculative": Key("map", {}, "--speculative-config's other keys, e.g. {method: dflash, num_speculative_tokens: 7}"),
 }
@@ -106,9 +106,7 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmI
     ``gpu_count`` (when known) bounds tp x pp."""
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         gpus_needed = entry["tp"] * entry["pp"]
-        found = [(f"{where}.{key}", f"expected auto or an int 1.., got {entry[key]!r}")
-                 for key in ("replicas", "gpus_per_replica") if not auto_or_count(entry[key], key != "replicas")]
-        found += owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)
+        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)
         if str(entry["served_model_name"] or "").startswith("-"):
             found.append((f"{where}.served_model_name", f"{entry['served_model_name']!r} starts with '-': vLLM would "
                                                         "read it as an option"))

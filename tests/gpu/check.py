@@ -11,6 +11,8 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
     python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/smoke.py, 5 runs
     python3 tests/gpu/check.py health --out DIR    # PCIe links and the kernel log's Xid events, read only
+    python3 tests/gpu/check.py tune   --work /root/rigup-gpu --out DIR   # rigup/tune.py from rigup's defaults
+    python3 tests/gpu/check.py compare --work /root/rigup-gpu --out DIR  # tuned vs the others, issue 28's goals
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
@@ -396,6 +398,156 @@ def cmd_bench(args) -> None:
         sys.exit(f"throughput.py differs from check.py by more than 5%: {off}")
 
 
+TUNE_LEVELS = (1, 8, 16, 32)
+TUNE_REPEATS = 3
+TUNE_PORT = 8184
+
+
+def plan_instance(plan: dict, model: Path) -> tuple[dict, str]:
+    """RECIPE without ctx and parallel, as rigup sizes them from this machine's plan
+    (roles/llama_server/replicas.py ``sized``, the model's own GGUF header for its KV cache per
+    token and trained context), and the plan's words."""
+    replicas, gguf = load("roles/llama_server/replicas.py"), load("roles/model_fetch/gguf.py")
+    with model.open("rb") as f:
+        head = f.read(4 << 20)
+    figures = gguf.kv_figures(gguf.metadata(head, lambda k: not k.startswith("tokenizer."), partial=True))
+    entry = {"repo": "rigup-gpu/llama-8b-shape", "size_gib": round(model.stat().st_size / 2**30, 2), "gguf": figures}
+    data = {"gpu_enabled": True, "llama_cpp_backend": "cuda", "cmpunlocker_enabled": False}
+    inst = {**RECIPE, "ctx": "auto", "parallel": "auto", "flash_attn": "auto", "replicas": 1, "gpus_per_replica": None,
+            "rpc_workers": []}
+    sized, _, why = replicas.sized(inst, entry, plan, data)
+    return sized, why
+
+
+def inst_argv(bindir: Path, model: Path, build: dict, inst: dict) -> list[str]:
+    """The ExecStart roles/llama_server renders for ``inst``, run as is."""
+    unit = dropin_text("bench", inst, str(bindir / "llama-server"), str(model), build=build["id"],
+                       unit_sha="-", model_revision="-")
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=") and line != "ExecStart="][0]
+    return shlex.split(exec_start[len("ExecStart="):])
+
+
+def cmd_tune(args) -> None:
+    """rigup/tune.py on this machine: from rigup's defaults for the plan (ctx and parallel sized
+    from the VRAM), target 32 concurrent, each point measured at 1, 8, 16 and 32 concurrent chats
+    of 400 tokens (its figure: the geometric mean), within --budget seconds. Writes
+    WORK/tune.json (and OUT/tune.json)."""
+    from rigup import tune
+
+    before = gpu_settings()
+    facts, plan = facts_and_plan()
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / MODEL_FILE
+    inst, why = plan_instance(plan, model)
+    print(f"rigup's defaults for this plan: {why}", flush=True)
+    spec = {"argv": inst_argv(bindir, model, build, inst), "port": TUNE_PORT, "concurrency": max(TUNE_LEVELS),
+            "levels": list(TUNE_LEVELS), "slot_tokens": inst["ctx"] // inst["parallel"], "max_parallel": 32,
+            "gpu": True, "budget_s": args.budget, "max_tokens": 400, "rounds": 1, "env": {"NCCL_NVLS_ENABLE": "0"}}
+    logs = args.work / "tune-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def write(result: dict) -> None:
+        doc = {"date": time.strftime("%Y-%m-%d"), "plan_defaults": why, "spec": spec, **result}
+        for path in (args.work / "tune.json", args.out / "tune.json"):
+            path.write_text(json.dumps(doc, indent=1))
+        last = result["points"][-1] if result["points"] else None
+        if last:
+            print(f"point {len(result['points'])} at {last['at_s']} s: {last['flags']} -> {last['status']} "
+                  f"{last.get('tps')} ({', '.join(str(lv['total_tps']) for lv in last.get('levels', []))})", flush=True)
+
+    result = tune.tune(spec, write, logs=logs)
+    print(f"best: {result['best'] and result['best']['flags']}, {result['ratio']}x rigup's defaults; "
+          f"{len(result['points'])} points in {result['spent_s']} s; {result['stopped'] or 'sweep complete'}")
+    if gpu_settings() != before:
+        sys.exit("GPU settings changed")
+
+
+def cmd_compare(args) -> None:
+    """The tuned flags (WORK/tune.json) side by side with rigup's defaults for the plan, the
+    reports' recipe (-c 65536 --parallel 8) and llama.cpp's own defaults: each served once, at 1,
+    8, 16 and 32 concurrent chats of 400 tokens, TUNE_REPEATS times each; the issue's goals
+    judged. Writes OUT/<date>-h200-tune.json and .md."""
+    from rigup import tune
+
+    before = gpu_settings()
+    facts, plan = facts_and_plan()
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / MODEL_FILE
+    tuned = json.loads((args.work / "tune.json").read_text())
+    inst, why = plan_instance(plan, model)
+    server = str(bindir / "llama-server")
+    port = TUNE_PORT + 1
+    configs = {
+        "tuned (rigup/tune.py)": tune.with_flags(tuned["best"]["argv"], {"port": port}),
+        "rigup's defaults (from the plan)": tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port}),
+        "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
+                                                                        {"port": port}),
+        "llama.cpp's defaults": [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
+    }
+
+    def levels(p: int) -> list[dict]:
+        rows = []
+        for n in TUNE_LEVELS:
+            reps = [concurrency(p, n) for _ in range(TUNE_REPEATS)]
+            rows.append({"concurrent": n, "total_tps": [r["total_tps"] for r in reps],
+                         "mean_tps": round(sum(r["total_tps"] for r in reps) / len(reps), 1)})
+            print(f"  {n} concurrent: {rows[-1]['total_tps']}", flush=True)
+        return rows
+
+    servers = {}
+    for label, argv in configs.items():
+        print(f"{label}: {' '.join(argv[1:])}", flush=True)
+        servers[label] = serve_and_measure(label, argv, port, args.out / f"compare-{len(servers)}.log", measure=levels)
+    mean = {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
+    best_other = {n: max(v[n] for k, v in mean.items() if not k.startswith("tuned")) for n in TUNE_LEVELS}
+    t, reports, plan_default = (mean[k] for k in list(configs)[:3])
+    goals = {
+        "tuned >= 2.5x the reports' recipe at 32": (round(t[32] / reports[32], 2), t[32] >= 2.5 * reports[32]),
+        "tuned >= 1.5x the reports' recipe at 16": (round(t[16] / reports[16], 2), t[16] >= 1.5 * reports[16]),
+        "tuned >= 0.95x the best of the others at 1": (round(t[1] / best_other[1], 2), t[1] >= 0.95 * best_other[1]),
+        "tuned >= 0.95x the best of the others at 8": (round(t[8] / best_other[8], 2), t[8] >= 0.95 * best_other[8]),
+        "rigup's defaults >= 0.8x tuned at 16": (round(plan_default[16] / t[16], 2), plan_default[16] >= 0.8 * t[16]),
+    }
+    after = gpu_settings()
+    doc = {"date": time.strftime("%Y-%m-%d"), "gpu_name": facts["gpus"][0]["name"] if facts["gpus"] else None,
+           "driver": facts["driver"].get("version"), "build": build, "source": source_note(args.archive),
+           "model": {"file": model.name, "bytes": model.stat().st_size, **SHAPE}, "plan_defaults": why,
+           "tune": {k: tuned[k] for k in ("ratio", "spent_s", "stopped", "levels")} | {
+               "best_flags": tuned["best"]["flags"],
+               "points": [{k: p.get(k) for k in ("flags", "status", "tps", "levels", "ready_s", "vram_mib", "error")}
+                          for p in tuned["points"]]},
+           "servers": servers, "mean_tps": mean, "goals": goals,
+           "gpu_settings_before": before, "gpu_settings_after": after}
+    lines = [f"# Tuned llama-server flags on {doc['gpu_name']}, {doc['date']}", "",
+             f"Model: {model.name} (an 8B-shaped F16 GGUF, {model.stat().st_size / 2**30:.1f} GiB); chats of 400 "
+             f"tokens; total tok/s, the mean of {TUNE_REPEATS} runs each; one server per row, started as shown.", "",
+             f"rigup's defaults for this plan: {why}", "",
+             f"Tuned (rigup/tune.py, {len(tuned['points'])} points in {tuned['spent_s']} s, each at "
+             f"{', '.join(map(str, TUNE_LEVELS))} concurrent): {tuned['best']['flags']}, {tuned['ratio']}x rigup's "
+             "defaults by its figure (the geometric mean over the levels).", "",
+             "| flags | " + " | ".join(f"{n} concurrent" for n in TUNE_LEVELS) + " | VRAM used MiB |",
+             "| --- |" + " --- |" * (len(TUNE_LEVELS) + 1)]
+    for label, s in servers.items():
+        lines.append(f"| {label} | " + " | ".join(f"{mean[label][n]:,}" for n in TUNE_LEVELS) + f" | {s['vram_used_mib']:,} |")
+    lines += ["", "| goal | ratio | met |", "| --- | --- | --- |"]
+    lines += [f"| {g} | {r} | {'yes' if ok else 'NO'} |" for g, (r, ok) in goals.items()]
+    lines += ["", "The sweep's points:", "", "| flags | status | figure | " +
+              " | ".join(f"{n}" for n in TUNE_LEVELS) + " |", "| --- | --- | --- |" + " --- |" * len(TUNE_LEVELS)]
+    for p in tuned["points"]:
+        per = {lv["concurrency"]: lv["total_tps"] for lv in p.get("levels", [])}
+        lines.append(f"| {p['flags'] or 'rigup defaults'} | {p['status']} | {p.get('tps', '')} | " +
+                     " | ".join(f"{per.get(n, '')}" for n in TUNE_LEVELS) + " |")
+    day = time.strftime("%Y-%m-%d")
+    (args.out / f"{day}-h200-tune.json").write_text(json.dumps(doc, indent=1))
+    (args.out / f"{day}-h200-tune.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if before != after:
+        sys.exit("GPU settings changed")
+
+
 def cmd_serve(args) -> None:
     before = gpu_settings()
     print(f"GPU settings before: {before}")
@@ -761,7 +913,8 @@ def cmd_plan(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health"))
+    parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
+                                         "compare"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -770,11 +923,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="smoke: the big model (default: model's 8B-shaped GGUF)")
     parser.add_argument("--cpu-only", action="store_true", help="smoke: skip the GPU runs")
     parser.add_argument("--only", help="smoke: these runs alone, by name, comma-separated")
+    parser.add_argument("--budget", type=float, default=420, help="tune: seconds the sweep may take")
     args = parser.parse_args()
     if args.out is None and args.step != "smoke":
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
-     "smoke": cmd_smoke, "health": cmd_health}[args.step](args)
+     "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,21 @@ def test_8_model_plus_kv_cache_beyond_the_vram_gives_the_figures(lab, hosts):
     assert all("not enough free disk" in ln for ln in lines if ln not in vram)  # this machine's disk may be small
 
 
+def test_an_instance_without_ctx_or_parallel_gets_slots_from_the_vram_and_the_plan_says_why(lab, hosts):
+    """An 8x A100 host (the lab's stand-in cards, a CUDA build), a GLM instance that sets neither
+    ctx nor parallel: more than one slot of at least 8,192 tokens, within the VRAM check."""
+    a100 = hosts["a100"]
+    with unchanged(lab, a100):
+        run = preflight("--limit", a100, *data(models={"glm": dict(GLM, size_gib=4)}, llama_cpp_backend="cuda",
+                                               llama_server_instances={"glm": {"model": "glm", "port": 8081}}))
+    said = [ln.strip() for ln in run.output.splitlines() if f"[{a100}] llama:" in ln]
+    print("\n" + "\n".join(said))
+    assert run.returncode == 0 and refusal_lines(run.output, a100) == [], run.output[-3000:]
+    chosen = [ln for ln in said if "glm: ctx " in ln]
+    slots = re.search(r"glm: ctx ([\d,]+) = (\d+) slots x ([\d,]+) tokens: .+ GiB of VRAM left after the weights", chosen[0])
+    assert slots and int(slots.group(2)) > 1 and int(slots.group(3).replace(",", "")) >= 8192, chosen
+
+
 # ----------------------------------------------------------------------------- 9, 10
 def test_9_vllm_recipe_needing_hopper_on_ampere(lab, hosts):
     a100, h100 = hosts["a100"], hosts["h100"]

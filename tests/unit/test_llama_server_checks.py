@@ -93,7 +93,7 @@ def test_instance_defaults_are_filled_in():
     found, problems = instances(data(**glm_llama()))
     assert problems == []
     inst = found["glm"]
-    assert (inst["host"], inst["ctx"], inst["parallel"], inst["ngl"], inst["split_mode"]) == ("127.0.0.1", 8192, 1, 99, "layer")
+    assert (inst["host"], inst["ctx"], inst["parallel"], inst["ngl"], inst["split_mode"]) == ("127.0.0.1", "auto", "auto", 99, "layer")
 
 
 def test_an_instance_open_to_the_network_needs_an_api_key():
@@ -218,11 +218,13 @@ def test_cache_types_outside_llama_cpps_are_refused():
 
 
 def test_cache_types_reach_the_command_line_only_when_set():
-    found, _ = instances(data(**llama(cache_type_k="q8_0", cache_type_v="q8_0")))
+    found, _ = instances(data(**llama(cache_type_k="q8_0", cache_type_v="q8_0", ctx=8192, parallel=1)))
     args = argv("x", found["x"], "/b/llama-server", "/m.gguf")
     assert args[args.index("-ctk") + 1] == "q8_0" and args[args.index("-ctv") + 1] == "q8_0"
-    default, _ = instances(data(**llama()))
+    default, _ = instances(data(**llama(ctx=8192, parallel=1)))
     assert not {"-ctk", "-ctv"} & set(argv("x", default["x"], "/b/llama-server", "/m.gguf"))
+    with pytest.raises(ValueError, match="sized"):   # auto is chosen first, never passed on
+        argv("x", instances(data(**llama()))[0]["x"], "/b/llama-server", "/m.gguf")
 
 
 def test_traps_catalogue_values_are_checked(tmp_path):
@@ -232,3 +234,13 @@ def test_traps_catalogue_values_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"traps.yml: entry 1 \(t\): condition.flash_attn: \[True\] is not a value"):
         checks.catalogue(bad)
     assert len(checks.catalogue()) == 4
+
+
+def test_batch_sizes_reach_the_command_line_only_when_set_and_extra_args_may_not_give_them():
+    found, _ = instances(data(**llama(batch=4096, ubatch=1024, ctx=8192, parallel=1)))
+    args = argv("x", found["x"], "/b/llama-server", "/m.gguf")
+    assert args[args.index("-b") + 1] == "4096" and args[args.index("-ub") + 1] == "1024"
+    plain, _ = instances(data(**llama(ctx=8192, parallel=1)))
+    assert not {"-b", "-ub"} & set(argv("x", plain["x"], "/b/llama-server", "/m.gguf"))
+    _, problems = instances(data(**llama(extra_args=["-ub", "256"])))
+    assert problems and problems[0][0] == "llama_server_instances.x.extra_args" and "ubatch" in problems[0][1]

@@ -6,6 +6,7 @@ from roles.balancer.config import gateway_backends, haproxy_cfg
 from roles.llama_server.checks import plan_lines, ports
 from roles.llama_server.command import replica_commands
 from roles.llama_server.replicas import layout, layout_text
+from roles.llama_server.replicas import sized as resolve
 from roles.llama_server.schema import instances
 from tests.unit.hosts import REV, data, host, only, refusals
 
@@ -80,8 +81,11 @@ def test_cpu_host_runs_n_replicas_without_pinning():
     d["gpu_enabled"] = False
     lay = laid(plan, d)
     assert lay.replicas == 2 and not lay.gpu
-    assert plan_lines(plan, d) == ["llama:     m: 2 replicas on the CPU"]
-    runs = replica_commands("m", instances(d)[0]["m"], lay, "/bin/llama-server", "/m.gguf")
+    assert plan_lines(plan, d) == ["llama:     m: 2 replicas on the CPU", "llama:     m: 1 slot of 8,192 tokens "
+                                   "(on the CPU: rigup sizes slots from the VRAM only)"]
+    inst = resolve(instances(d)[0]["m"], d["models"]["m"], plan, d)[0]
+    runs = replica_commands("m", inst, lay, "/bin/llama-server", "/m.gguf")
+    assert "-c 8192 --parallel 1" in " ".join(runs[0]["argv"])
     assert [r["unit"] for r in runs] == ["m-0", "m-1"] and [r["env"] for r in runs] == [{}, {}]
     assert "--port 8082" in " ".join(runs[0]["argv"]) and "--port 8083" in " ".join(runs[1]["argv"])
     assert "--host 127.0.0.1" in " ".join(runs[1]["argv"]) and "--alias m" in " ".join(runs[1]["argv"])
@@ -104,7 +108,8 @@ def test_one_server_takes_its_port_back_from_the_balancer_of_its_replicas_only()
 def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
     plan, facts = host("a100")
     d = sized(120, replicas="auto", gpus_per_replica="auto", host="0.0.0.0", api_key=True)
-    runs = replica_commands("m", instances(d)[0]["m"], laid("a100", d), "/bin/llama-server", "/m.gguf")
+    inst, lay, _ = resolve(instances(d)[0]["m"], d["models"]["m"], plan, d)
+    runs = replica_commands("m", inst, lay, "/bin/llama-server", "/m.gguf")
     uuids = [c["uuid"] for c in plan["cards"]]
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in runs] == [",".join(uuids[i:i + 2]) for i in (0, 2, 4, 6)]
     assert "--api-key-file /etc/rigup/llama-server/m.key" in " ".join(runs[3]["argv"])

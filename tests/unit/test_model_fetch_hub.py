@@ -15,7 +15,7 @@ from tests.lab.hub import _gguf_str, gguf_bytes
 
 COMMIT = "1a2b" + "0" * 36
 LLAMA_KV = {"general.architecture": "llama", "llama.block_count": 22, "llama.embedding_length": 2048,
-            "llama.attention.head_count": 32, "llama.attention.head_count_kv": 4}
+            "llama.attention.head_count": 32, "llama.attention.head_count_kv": 4, "llama.context_length": 2048}
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +38,8 @@ def test_kv_figures_from_a_header():
     meta = metadata(gguf_bytes(LLAMA_KV, {}))
     figures = kv_figures(meta)
     # 22 layers x 4 KV heads x (64 + 64) x 2 bytes = 22,528 bytes per token
-    assert figures == {"architecture": "llama", "layers": 22, "kv_gib_per_1k_tokens": round(22528 * 1000 / 2**30, 4)}
+    assert figures == {"architecture": "llama", "layers": 22, "kv_gib_per_1k_tokens": round(22528 * 1000 / 2**30, 4),
+                       "context_length": 2048}
     print("tinyllama-like header:", figures)
 
 
@@ -59,7 +60,13 @@ def test_not_a_gguf():
 
 def test_header_without_kv_figures():
     assert kv_figures({"general.architecture": "bert"}) == {"architecture": "bert", "layers": None,
-                                                            "kv_gib_per_1k_tokens": None}
+                                                            "kv_gib_per_1k_tokens": None, "context_length": None}
+
+
+@pytest.mark.parametrize("value", ["4096", 0, -1, 1 << 30, [4096], 1.5, True])
+def test_a_context_length_that_is_not_one_is_refused(value):
+    with pytest.raises(GGUFRefused, match="context_length"):
+        kv_figures({**LLAMA_KV, "llama.context_length": value})
 
 
 def test_per_layer_kv_heads():

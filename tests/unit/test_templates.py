@@ -6,7 +6,7 @@ from roles.llama_server.command import dropin_text
 from roles.llama_server.schema import instances
 
 INSTANCE = {"models": {"m": {"repo": "o/r", "revision": "a" * 40}},
-            "llama_server_instances": {"glm": {"model": "m", "port": 8081}}}
+            "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ctx": 8192, "parallel": 1}}}
 
 
 def test_a_revision_with_a_newline_never_reaches_a_drop_in():

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
+sweep, one setting at a time, each point a real llama-server answering real completions at the
+instance's target concurrency. Python 3 standard library only (and rigup/throughput.py, installed
+next to it as ``rigup_throughput.py``): tune.py (the play) sends both to a host and runs this as a
+background job; tests/gpu/check.py runs it with a plain python3 on a GPU machine.
+
+    python3 tune.py SPEC.json RESULT.json      # RESULT is rewritten after every point
+
+SPEC: ``argv`` (the server's command line as its unit runs it), ``port`` (the tuner's own
+loopback port, replacing the instance's), ``concurrency`` (the instance's target), ``slot_tokens``
+(the context each slot keeps: the instance's ctx / parallel), ``max_parallel``, ``gpu`` (layers on
+GPUs: flash attention, batch sizes and KV cache types are swept), ``budget_s``; optional
+``levels`` (the concurrencies each point is measured at, default the target alone; a point's
+figure is the geometric mean of its tok/s over them, so that a lower level can hold it back),
+``max_tokens`` (128), ``rounds`` (2), ``key_file``, ``env``, ``ready_timeout_s`` (600), ``gain``
+(1.03).
+
+The sweep (:func:`stages`): the instance as it is (the baseline); then ``--parallel`` from the
+highest level, doubled while it gains, else halved while it gains (ctx = parallel x slot_tokens,
+so every slot keeps its context); then, on GPUs, ``-fa on`` and ``off``, the batch pairs (``-b``/``-ub``), a q8_0 KV
+cache. A point replaces the best so far only when it is ``gain`` times faster (what two runs of
+one server differ by); a point that does not start (out of memory), crashes, falls back to the
+CPU or answers nothing is recorded as such and skipped. When the budget is spent the best so far
+stands. RESULT: every point (flags, tok/s, per-request tok/s, seconds to ready, VRAM used), the
+baseline, the best and its ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+try:
+    from rigup import throughput
+except ImportError:   # on a host: rigup_throughput.py next to this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rigup_throughput as throughput  # type: ignore[no-redef]
+
+# llama-server's spellings of the flags the sweep sets (common/arg.cpp); the first is written
+FLAGS = {"ctx": ("-c", "--ctx-size"), "parallel": ("--parallel", "-np"), "flash_attn": ("-fa", "--flash-attn"),
+         "batch": ("-b", "--batch-size"), "ubatch": ("-ub", "--ubatch-size"),
+         "cache_type_k": ("-ctk", "--cache-type-k"), "cache_type_v": ("-ctv", "--cache-type-v"),
+         "port": ("--port",), "host": ("--host",)}
+BATCHES = ((2048, 512), (4096, 1024), (1024, 256))   # llama.cpp's default pair first
+GAIN = 1.03
+# what llama-server's log says when a point cannot serve as asked
+NO_FIT = ("out of memory", "failed to allocate", "cudaMalloc failed", "unable to allocate")
+NO_GPU = "no usable GPU found"
+
+
+def with_flags(argv: list[str], flags: dict) -> list[str]:
+    """``argv`` with each of ``flags`` (FLAGS' keys: a value, or None to drop it) set once, every
+    other spelling of it removed; ``--flag=value`` forms too."""
+    out, spellings = [], {s: key for key, names in FLAGS.items() for s in names if key in flags}
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if i and name in spellings:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    for key, value in flags.items():
+        if value is not None:
+            out += [FLAGS[key][0], str(value)]
+    return out
+
+
+def flags_of(argv: list[str]) -> dict:
+    """The FLAGS' values ``argv`` gives (the last one wins), as strings, by key."""
+    found, names = {}, {s: key for key, spellings in FLAGS.items() for s in spellings}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in names and (eq or i + 1 < len(argv)):
+            found[names[name]] = value if eq else argv[i + 1]
+    return found
+
+
+def parallel_directions(concurrency: int, max_parallel: int) -> list[list[int]]:
+    """The slot counts to try: the concurrency (at most max_parallel) and doubling from it, then
+    halving from it (tried only when nothing of the first gained)."""
+    start = max(1, min(concurrency, max_parallel))
+    up = [start * 2 ** k for k in range(1, 8) if start * 2 ** k <= max_parallel]
+    down = [start // 2 ** k for k in range(1, 8) if start // 2 ** k >= 1]
+    return [[start, *up], down]
+
+
+def stages(spec: dict, base: dict) -> list[list[list[dict]]]:
+    """The sweep: stages of directions of flag changes over the best point so far. A direction
+    ends at its first point that does not gain; a stage's next direction runs only when none
+    before it gained. The first stage is the baseline (no change). ``base``: the argv's own
+    flags (:func:`flags_of`)."""
+    slot = int(spec["slot_tokens"])
+    out = [[[{}]], [[{"parallel": p, "ctx": p * slot} for p in d]
+                    for d in parallel_directions(max(spec_levels(spec)), int(spec["max_parallel"])) if d]]
+    if spec.get("gpu"):
+        out.append([[{"flash_attn": v}] for v in ("on", "off") if base.get("flash_attn") != v])
+        out.append([[{"batch": b, "ubatch": u}] for b, u in BATCHES
+                    if (str(b), str(u)) != (base.get("batch", "2048"), base.get("ubatch", "512"))])
+        out.append([[{"cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}]])
+    return out
+
+
+def spec_levels(spec: dict) -> list[int]:
+    """The concurrency levels each point is measured at: ``levels``, else the ``concurrency``."""
+    return sorted({int(n) for n in spec.get("levels") or [spec["concurrency"]]})
+
+
+def score(levels: list[dict]) -> float:
+    """A point's figure of merit: the geometric mean of its total tok/s over the levels (each
+    level counts alike, whatever its scale)."""
+    values = [max(lv["total_tps"], 1e-9) for lv in levels]
+    product = 1.0
+    for v in values:
+        product *= v
+    return round(product ** (1 / len(values)), 2) if values else 0.0
+
+
+def _vram_mib() -> int | None:
+    """VRAM used on every GPU of the machine (nvidia-smi), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [int(v) for v in out.split() if v.isdigit()]
+    return sum(values) if values else None
+
+
+def _healthy(port: int, proc: subprocess.Popen, timeout: float) -> str | None:
+    """None once /health answers 200; else why not (the process ended, or the timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with status {proc.returncode} before answering"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return None
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return f"no /health 200 in {timeout:.0f} s"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with_group = hasattr(os, "killpg")
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig) if with_group else proc.send_signal(sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def measure(spec: dict, argv: list[str], log: Path) -> dict:
+    """One point: start ``argv``, wait for /health, warm up, measure at the concurrency, stop.
+    ``status``: ok, no-fit, crash, cpu-fallback, failed-requests or timeout."""
+    port, key = int(spec["port"]), throughput.read_key(spec.get("key_file"))
+    env = {**os.environ, **(spec.get("env") or {})}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    started, point = time.monotonic(), {}
+    try:
+        why = _healthy(port, proc, float(spec.get("ready_timeout_s", 600)))
+        point["ready_s"] = round(time.monotonic() - started, 1)
+        text = log.read_text(errors="replace")
+        if why:
+            lower = text.lower()
+            status = "no-fit" if any(s.lower() in lower for s in NO_FIT) else "crash" if proc.poll() is not None \
+                else "timeout"
+            return {**point, "status": status, "error": f"{why}: {text.strip().splitlines()[-1][:300] if text.strip() else ''}"}
+        if spec.get("gpu") and NO_GPU in text:
+            return {**point, "status": "cpu-fallback", "error": NO_GPU}
+        point["vram_mib"] = _vram_mib()
+        url = f"http://127.0.0.1:{port}"
+        throughput.completion(url, key, 8, 300)
+        runs = [throughput.level(url, n, key, int(spec.get("max_tokens", 128)), int(spec.get("rounds", 2)),
+                                 timeout=600) for n in spec_levels(spec)]
+        failed = sum(r["failed"] for r in runs)
+        return {**point, "status": "failed-requests" if failed else "ok", "tps": score(runs), "failed": failed,
+                "levels": [{k: r[k] for k in ("concurrency", "requests", "failed", "total_tps", "per_request_tps")}
+                           for r in runs], "errors": sorted({e for r in runs for e in r["errors"]})[:3]}
+    except (OSError, ValueError, KeyError) as e:
+        return {**point, "status": "crash" if proc.poll() is not None else "failed-requests",
+                "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    finally:
+        _stop(proc)
+
+
+def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure) -> dict:
+    """Run the sweep of ``spec`` (module docstring); ``write(result)`` after every point.
+    ``measure_point(spec, argv, log)`` measures one point (:func:`measure`)."""
+    argv = with_flags(list(spec["argv"]), {"port": spec["port"], "host": "127.0.0.1"})
+    base = flags_of(argv)
+    logs = logs or Path(spec.get("logs") or "/tmp")
+    gain, budget = float(spec.get("gain", GAIN)), float(spec["budget_s"])
+    started = time.monotonic()
+    result = {"concurrency": spec["concurrency"], "levels": spec_levels(spec), "budget_s": budget, "points": [],
+              "baseline": None, "best": None, "ratio": None, "spent_s": 0.0, "stopped": None}
+    best_flags: dict = {}
+
+    def run(stage: int, change: dict) -> bool | None:
+        """Measure the best flags with ``change``: whether it became the best (None: it is the
+        best's own command line, not measured again)."""
+        flags = {**best_flags, **change}
+        point = {"stage": stage, "flags": flags, "argv": with_flags(argv, flags)}
+        if result["best"] and point["argv"] == result["best"]["argv"]:
+            return None
+        point.update(measure_point(spec, point["argv"], logs / f"tune-{len(result['points'])}.log"))
+        point["at_s"] = round(time.monotonic() - started, 1)
+        result["points"].append(point)
+        result["spent_s"] = point["at_s"]
+        won = point["status"] == "ok" and (result["best"] is None or point["tps"] >= gain * result["best"]["tps"])
+        if won:
+            result["best"] = point
+        if write:
+            write(result)
+        return won
+
+    for n, directions in enumerate(stages(spec, base)):
+        gained = False
+        for direction in directions:
+            if gained:
+                break
+            for change in direction:
+                if result["baseline"] and time.monotonic() - started > budget:
+                    result["stopped"] = f"the budget ({budget:.0f} s) was spent at stage {n}"
+                    break
+                won = run(n, change)
+                if won is None:
+                    continue
+                if not won:
+                    break
+                gained = n > 0
+                if n == 0:
+                    result["baseline"] = result["best"]
+                else:
+                    best_flags = dict(result["best"]["flags"])
+            if result["stopped"] or (n == 0 and not result["baseline"]):
+                break
+        if n == 0 and not result["baseline"]:
+            result["stopped"] = f"the instance as it is does not serve here: {result['points'][-1].get('error')}"
+        if result["stopped"]:
+            break
+    if result["baseline"] and result["baseline"]["tps"]:
+        result["ratio"] = round(result["best"]["tps"] / result["baseline"]["tps"], 3)
+    result["spent_s"] = round(time.monotonic() - started, 1)
+    if write:
+        write(result)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+
+    def write(result: dict) -> None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+
+    result = tune(spec, write, logs=out.parent)
+    best = result["best"]
+    print(json.dumps({"ratio": result["ratio"], "best": best and best["flags"], "tps": best and best["tps"],
+                      "points": len(result["points"]), "stopped": result["stopped"]}))
+    return 0 if best else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

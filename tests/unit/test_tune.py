@@ -1,0 +1,93 @@
+"""rigup/tune.py's sweep, with each point's figure given by a table instead of a server (the
+measuring itself, a real llama-server, runs on the lab and on the H200: tests/roles/test_tune.py,
+tests/gpu/check.py tune)."""
+
+import pytest
+
+from rigup import tune
+
+ARGV = ["/b/llama-server", "-m", "/m.gguf", "--alias", "g", "--host", "0.0.0.0", "--port", "8081", "-c", "8192",
+        "--parallel", "1", "-ngl", "99", "-fa", "auto", "--jinja"]
+SPEC = {"argv": ARGV, "port": 18081, "concurrency": 8, "slot_tokens": 8192, "max_parallel": 32, "gpu": True,
+        "budget_s": 600}
+
+
+def table(figures: dict, default: float = 100.0, failing=()):
+    """measure_point: tok/s by (parallel, fa, batch, kv) read from the argv, as a server would give."""
+    seen = []
+
+    def measure(spec, argv, log):
+        f = tune.flags_of(argv)
+        key = (int(f["parallel"]), f.get("flash_attn"), f.get("batch"), f.get("cache_type_k"))
+        seen.append(key)
+        if key in failing:
+            return {"status": "no-fit", "error": "cudaMalloc failed: out of memory"}
+        return {"status": "ok", "tps": figures.get(key, default)}
+    return measure, seen
+
+
+def test_flags_are_set_once_in_every_spelling():
+    argv = tune.with_flags(ARGV + ["--ctx-size=4096", "-np", "3"], {"ctx": 65536, "parallel": 8, "port": 1})
+    assert argv.count("-c") == 1 and "--ctx-size=4096" not in argv and "-np" not in argv
+    assert tune.flags_of(argv) == {"ctx": "65536", "parallel": "8", "port": "1", "host": "0.0.0.0", "flash_attn": "auto"}
+    assert tune.with_flags(ARGV, {"flash_attn": None})[-1] == "--jinja" and "-fa" not in tune.with_flags(ARGV, {"flash_attn": None})
+
+
+def test_slots_grow_while_they_gain_then_the_gpu_flags_are_tried():
+    figures = {(1, "auto", None, None): 100, (8, "auto", None, None): 400, (16, "auto", None, None): 600,
+               (32, "auto", None, None): 590, (16, "on", None, None): 700}
+    measure, seen = table(figures, default=650)
+    result = tune.tune(SPEC, measure_point=measure, logs=None)
+    print([(p["flags"], p["tps"]) for p in result["points"]])
+    assert seen[:4] == [(1, "auto", None, None), (8, "auto", None, None), (16, "auto", None, None),
+                        (32, "auto", None, None)]            # 32 lost: 4 is never tried
+    assert result["best"]["flags"] == {"parallel": 16, "ctx": 131072, "flash_attn": "on"}
+    assert result["ratio"] == 7.0 and result["baseline"]["flags"] == {}
+    kinds = [p["stage"] for p in result["points"]]
+    assert kinds == [0, 1, 1, 1, 2, 3, 3, 4]   # fa on gained (off is not tried); 2 batch pairs; q8_0
+
+
+def test_fewer_slots_are_tried_when_the_concurrency_loses():
+    figures = {(1, "auto", None, None): 100, (8, "auto", None, None): 90, (4, "auto", None, None): 120,
+               (2, "auto", None, None): 110}
+    measure, seen = table(figures, default=50)
+    result = tune.tune({**SPEC, "gpu": False}, measure_point=measure)
+    assert [k[0] for k in seen] == [1, 8, 4, 2] and result["best"]["flags"] == {"parallel": 4, "ctx": 32768}
+
+
+def test_a_point_that_does_not_fit_is_recorded_and_skipped():
+    measure, _ = table({(8, "auto", None, None): 400}, failing={(16, "auto", None, None)})
+    result = tune.tune({**SPEC, "gpu": False}, measure_point=measure)
+    bad = [p for p in result["points"] if p["status"] != "ok"]
+    assert [p["flags"]["parallel"] for p in bad] == [16] and "out of memory" in bad[0]["error"]
+    assert result["best"]["flags"]["parallel"] == 8
+
+
+def test_a_gain_within_the_noise_keeps_what_is():
+    measure, _ = table({(8, "auto", None, None): 102}, default=100)
+    result = tune.tune({**SPEC, "gpu": False, "concurrency": 8}, measure_point=measure)
+    assert result["best"]["flags"] == {} and result["ratio"] == 1.0
+
+
+def test_the_budget_ends_the_sweep_and_the_best_so_far_stands():
+    measure, seen = table({(8, "auto", None, None): 400})
+    result = tune.tune({**SPEC, "budget_s": 0}, measure_point=measure)
+    assert len(seen) == 1 and result["best"] is result["baseline"] and "budget" in result["stopped"]
+
+
+def test_a_baseline_that_does_not_serve_stops_the_sweep():
+    measure, seen = table({}, failing={(1, "auto", None, None)})
+    result = tune.tune(SPEC, measure_point=measure)
+    assert len(seen) == 1 and result["best"] is None and "does not serve" in result["stopped"]
+
+
+@pytest.mark.parametrize("levels, want", [([{"total_tps": 100}, {"total_tps": 400}], 200.0), ([], 0.0)])
+def test_a_points_figure_is_the_geometric_mean_of_its_levels(levels, want):
+    assert tune.score(levels) == want
+
+
+def test_the_parallel_stage_starts_at_the_highest_level():
+    assert tune.parallel_directions(32, 32) == [[32], [16, 8, 4, 2, 1]]
+    assert tune.parallel_directions(64, 32)[0] == [32]
+    stages = tune.stages({**SPEC, "levels": [1, 8, 16, 32]}, tune.flags_of(ARGV))
+    assert stages[1][0][0] == {"parallel": 32, "ctx": 262144}
