@@ -1,7 +1,6 @@
 # rigup's entry points. Run as root on a Debian/Ubuntu machine (the lab boots containers).
 #   make demo   a throwaway lab host, provisioned by deploy.py
-#   make test   unit tests, then the lab tests (converge, converge again, verify, destroy) in two
-#               labs side by side (tests/lanes.py)
+#   make test   unit tests, then the lab tests (converge, converge again, verify, destroy)
 #   make vllm-real  a real vLLM installed on a lab host, timed (pip, uv, patched git path)
 #   make docs   regenerate docs/roles/*.md, docs/group_vars.schema.json and docs/refusals.md
 
@@ -28,7 +27,7 @@ demo: venv
 	$(PY) -m tests.demo
 
 test: venv
-	$(PY) -m tests.lanes
+	$(PY) -m pytest
 
 unit: venv
 	$(PY) -m pytest -m "not lab"

@@ -58,8 +58,8 @@ def assert_nothing_left(lab_module):
     assert lab_module.NETNS not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {lab_module.VETH}" not in links and lab_module.BRIDGE not in links
-    assert lab_module.lab_mounts() == []   # mount points (a lab side by side may mount this one's base)
-    # this lab's own processes (a lab side by side names this one's ccache in its hosts' argv)
+    assert lab_module.lab_mounts() == []
+    # this lab's own processes (another lab's may name this one's paths in their argv)
     leftovers = [pid for program in ("systemd-nspawn", "tinyproxy", "apt-cacher-ng") for pid in lab_module.lab_pids(program)]
     assert leftovers == [] and lab_module.file_server_pids() == []
     assert lab_module.base_is_cached()

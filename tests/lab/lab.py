@@ -45,11 +45,7 @@ BOOT_TIMEOUT = 180
 # What a host booted without systemd runs (as PID 2, under nspawn's stub init): sshd alone.
 NO_INIT_COMMAND = ("/bin/sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e")
 
-# RIGUP_LAB_SHARED (another lab's state dir) makes this lab boot its hosts on that lab's base root
-# and share its ccache: labs side by side (tests/lanes.py) debootstrap and compile each once. The
-# base is only read (the lower layer of every host's overlay); the other lab builds it.
-SHARED = Path(os.environ["RIGUP_LAB_SHARED"]) if os.environ.get("RIGUP_LAB_SHARED") else None
-BASE = (SHARED or STATE) / "base"
+BASE = STATE / "base"
 BASE_STAMP = ".rigup-lab-base.json"
 HOSTS = STATE / "hosts"
 KEY = STATE / "ssh" / "id_ed25519"
@@ -163,9 +159,6 @@ def build_base():
     """Build the cached base root once (atomically); return seconds taken, or None if cached."""
     if base_is_cached():
         return None
-    if SHARED:
-        raise LabError(f"RIGUP_LAB_SHARED={SHARED}: that lab's base root ({BASE}) is not built for this recipe; "
-                       "boot that lab first (or unset RIGUP_LAB_SHARED)")
     recipe = dict(BASE_RECIPE)
     if HOSTS.exists() and any(HOSTS.iterdir()):
         raise LabError("the base root must be rebuilt, but lab hosts use it: run `down` first")
@@ -427,7 +420,7 @@ def shared_caches():
     cache for concurrent users. apt's cache is not shared: its archive lock would be one lock for
     every host, and hosts running apt at once failed on it. Each host has its own, and packages
     are shared through the lab's apt-cacher-ng instead."""
-    pairs = [((SHARED or STATE) / "cache" / "ccache", "/var/cache/rigup/ccache")]
+    pairs = [(STATE / "cache" / "ccache", "/var/cache/rigup/ccache")]
     for src, _ in pairs:
         (src / "partial").mkdir(parents=True, exist_ok=True)
     return pairs
