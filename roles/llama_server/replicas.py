@@ -12,6 +12,10 @@ import it on machines without it).
 - On a host whose llama.cpp is built for the CPU (or without GPUs): ``replicas: N`` servers, no
   pinning.
 
+- ``ctx`` and ``parallel`` left ``auto`` (their defaults): :func:`sizing`, on one replica's GPUs
+  (slots of 8,192 tokens, as many as the VRAM left after the weights holds, at most 32; the plan
+  prints why); :func:`sized` gives the instance with both chosen and its layout.
+
 Replica K (0-based) of instance NAME is the unit ``rigup-llama@NAME-K``, bound to loopback on
 port ``port + 1 + K`` (roles/llama_server/command.py: ``replica_port``, ``servers``); the
 instance's own host:port is the balancer's (roles/balancer), which spreads requests over them.
