@@ -153,12 +153,11 @@ def _healthy(port: int, proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    with_group = hasattr(os, "killpg")
     for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
         if proc.poll() is not None:
             return
         try:
-            os.killpg(proc.pid, sig) if with_group else proc.send_signal(sig)
+            os.killpg(proc.pid, sig)   # the server was started in a session of its own
         except ProcessLookupError:
             return
         try:

@@ -340,11 +340,8 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure
 
 
 def role_argv(bindir: Path, model: Path, build: dict) -> list[str]:
-    """The flags of roles/llama_server, through the drop-in it installs: its ExecStart, run as is."""
-    unit = dropin_text("bench", RECIPE, str(bindir / "llama-server"), str(model), build=build["id"],
-                       unit_sha="-", model_revision="-")
-    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=") and line != "ExecStart="][0]
-    return shlex.split(exec_start[len("ExecStart="):])
+    """The flags of roles/llama_server for RECIPE, through the drop-in it installs (:func:`inst_argv`)."""
+    return inst_argv(bindir, model, build, RECIPE)
 
 
 REPEATS = 4
