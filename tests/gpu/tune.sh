@@ -1,18 +1,20 @@
 #!/bin/sh
-# Issue 28's H200 run in two device calls, each well inside the 10-minute limit, the machine kept
+# Issue 28's H200 run in three device calls, each inside the 10-minute limit, the machine kept
 # warm between them (30 s): phase 1 writes the model and builds llama.cpp side by side, then starts
 # the sweep (check.py tune) in its own session so that it outlives the call; phase 2 waits for it
-# and runs check.py compare, which writes OUT/<date>-h200-tune.{json,md}. Every wait is on a PID or
-# a file: never `pgrep -f` on a pattern, which matches the waiting shell's own command line.
+# and starts check.py compare the same way; phase 3 waits for that and brings back
+# OUT/<date>-h200-tune.{json,md}. Every wait is on a file: never `pgrep -f` on a pattern, which
+# matches the waiting shell's own command line.
 #
 #   sh tests/gpu/tune.sh 1      # carry: [".gpu"]; about 7 minutes
-#   sh tests/gpu/tune.sh 2      # at once after it; about 8 minutes
+#   sh tests/gpu/tune.sh 2      # at once after it; about 5 minutes
+#   sh tests/gpu/tune.sh 3      # at once after it; up to 9 minutes
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 W=/root/rigup-gpu
 C=tests/gpu/check.py
 OUT=${OUT:-/tmp/rigup-gpu-out}
-BUDGET=${BUDGET:-240}
+BUDGET=${BUDGET:-300}
 mkdir -p "$W" "$OUT"
 case "${1:-}" in
 1)
@@ -28,9 +30,16 @@ case "${1:-}" in
     sleep 30; cat "$W/tune.log"
     cp "$W/build.log" "$W/model.log" "$OUT/" ;;
 2)
-    while [ ! -e "$W/tune.done" ]; do sleep 3; done
+    t=0; while [ ! -e "$W/tune.done" ] && [ $t -lt 540 ]; do sleep 3; t=$((t + 3)); done
     echo "tune: exit $(cat "$W/tune.done")"; cat "$W/tune.log"; cp "$W/tune.json" "$W/tune.log" "$OUT/"
-    python3 "$C" compare --work "$W" --out "$OUT" ;;
+    rm -rf "$W/compare" "$W/compare.done"; mkdir -p "$W/compare"
+    setsid sh -c "python3 $C compare --work $W --out $W/compare >$W/compare.log 2>&1; echo \$? >$W/compare.done" \
+        </dev/null >/dev/null 2>&1 &
+    sleep 20; cat "$W/compare.log" ;;
+3)
+    t=0; while [ ! -e "$W/compare.done" ] && [ $t -lt 560 ]; do sleep 3; t=$((t + 3)); done
+    cat "$W/compare.log"; cp -r "$W/compare" "$W/compare.log" "$OUT/"
+    [ -e "$W/compare.done" ] && echo "compare: exit $(cat "$W/compare.done")" || echo "compare: still running; run phase 3 again" ;;
 *)
-    echo "usage: sh tests/gpu/tune.sh 1|2" >&2; exit 2 ;;
+    echo "usage: sh tests/gpu/tune.sh 1|2|3" >&2; exit 2 ;;
 esac
