@@ -499,15 +499,6 @@ def cmd_compare(args) -> None:
         print(f"{label}: {' '.join(argv[1:])}", flush=True)
         servers[label] = serve_and_measure(label, argv, port, args.out / f"compare-{len(servers)}.log", measure=levels)
     mean = {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
-    best_other = {n: max(v[n] for k, v in mean.items() if not k.startswith("tuned")) for n in TUNE_LEVELS}
-    t, reports, plan_default = (mean[k] for k in list(configs)[:3])
-    goals = {
-        "tuned >= 2.5x the reports' recipe at 32": (round(t[32] / reports[32], 2), t[32] >= 2.5 * reports[32]),
-        "tuned >= 1.5x the reports' recipe at 16": (round(t[16] / reports[16], 2), t[16] >= 1.5 * reports[16]),
-        "tuned >= 0.95x the best of the others at 1": (round(t[1] / best_other[1], 2), t[1] >= 0.95 * best_other[1]),
-        "tuned >= 0.95x the best of the others at 8": (round(t[8] / best_other[8], 2), t[8] >= 0.95 * best_other[8]),
-        "rigup's defaults >= 0.8x tuned at 16": (round(plan_default[16] / t[16], 2), plan_default[16] >= 0.8 * t[16]),
-    }
     after = gpu_settings()
     doc = {"date": time.strftime("%Y-%m-%d"), "gpu_name": facts["gpus"][0]["name"] if facts["gpus"] else None,
            "driver": facts["driver"].get("version"), "build": build, "source": source_note(args.archive),
@@ -516,31 +507,9 @@ def cmd_compare(args) -> None:
                "best_flags": tuned["best"]["flags"],
                "points": [{k: p.get(k) for k in ("flags", "status", "tps", "levels", "ready_s", "vram_mib", "error")}
                           for p in tuned["points"]]},
-           "servers": servers, "mean_tps": mean, "goals": goals,
+           "servers": servers, "mean_tps": mean,
            "gpu_settings_before": before, "gpu_settings_after": after}
-    lines = [f"# Tuned llama-server flags on {doc['gpu_name']}, {doc['date']}", "",
-             f"Model: {model.name} (an 8B-shaped F16 GGUF, {model.stat().st_size / 2**30:.1f} GiB); chats of 400 "
-             f"tokens; total tok/s, the mean of {TUNE_REPEATS} runs each; one server per row, started as shown.", "",
-             f"rigup's defaults for this plan: {why}", "",
-             f"Tuned (rigup/tune.py, {len(tuned['points'])} points in {tuned['spent_s']} s, each at "
-             f"{', '.join(map(str, TUNE_LEVELS))} concurrent): {tuned['best']['flags']}, {tuned['ratio']}x rigup's "
-             "defaults by its figure (the geometric mean over the levels).", "",
-             "| flags | " + " | ".join(f"{n} concurrent" for n in TUNE_LEVELS) + " | VRAM used MiB |",
-             "| --- |" + " --- |" * (len(TUNE_LEVELS) + 1)]
-    for label, s in servers.items():
-        lines.append(f"| {label} | " + " | ".join(f"{mean[label][n]:,}" for n in TUNE_LEVELS) + f" | {s['vram_used_mib']:,} |")
-    lines += ["", "| goal | ratio | met |", "| --- | --- | --- |"]
-    lines += [f"| {g} | {r} | {'yes' if ok else 'NO'} |" for g, (r, ok) in goals.items()]
-    lines += ["", "The sweep's points:", "", "| flags | status | figure | " +
-              " | ".join(f"{n}" for n in TUNE_LEVELS) + " |", "| --- | --- | --- |" + " --- |" * len(TUNE_LEVELS)]
-    for p in tuned["points"]:
-        per = {lv["concurrency"]: lv["total_tps"] for lv in p.get("levels", [])}
-        lines.append(f"| {p['flags'] or 'rigup defaults'} | {p['status']} | {p.get('tps', '')} | " +
-                     " | ".join(f"{per.get(n, '')}" for n in TUNE_LEVELS) + " |")
-    day = time.strftime("%Y-%m-%d")
-    (args.out / f"{day}-h200-tune.json").write_text(json.dumps(doc, indent=1))
-    (args.out / f"{day}-h200-tune.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_compare(doc, args.out)
     if before != after:
         sys.exit("GPU settings changed")
 
@@ -582,6 +551,59 @@ def cmd_serve(args) -> None:
     print(f"GPU settings after:  {after}")
     if before != after:
         sys.exit("GPU settings changed")
+
+
+COMPARE_LABELS = ("tuned", "defaults", "reports", "llama.cpp")  # the order cmd_compare serves them in
+
+
+def compare_goals(doc: dict) -> dict:
+    """Issue 28's goals judged on a compare document's means: {goal: (ratio, met)}."""
+    mean = {label: {int(n): tps for n, tps in per.items()} for label, per in doc["mean_tps"].items()}
+    by = dict(zip(COMPARE_LABELS, (mean[label] for label in doc["servers"])))  # JSON keeps their order
+    t, reports, defaults = by["tuned"], by["reports"], by["defaults"]
+    best_other = {n: max(by[k][n] for k in COMPARE_LABELS[1:]) for n in TUNE_LEVELS}
+    return {
+        "tuned >= 2.5x the reports' recipe at 32": (round(t[32] / reports[32], 2), t[32] >= 2.5 * reports[32]),
+        "tuned >= 1.5x the reports' recipe at 16": (round(t[16] / reports[16], 2), t[16] >= 1.5 * reports[16]),
+        "tuned >= 0.95x the best of the others at 1": (round(t[1] / best_other[1], 2), t[1] >= 0.95 * best_other[1]),
+        "tuned >= 0.95x the best of the others at 8": (round(t[8] / best_other[8], 2), t[8] >= 0.95 * best_other[8]),
+        "rigup's defaults >= 0.8x tuned at 16": (round(defaults[16] / t[16], 2), defaults[16] >= 0.8 * t[16]),
+    }
+
+
+def write_compare(doc: dict, out: Path) -> None:
+    """OUT/<date>-h200-tune.json and .md of a compare document, its goals judged afresh."""
+    doc["goals"] = compare_goals(doc)
+    mean = {label: {int(n): tps for n, tps in per.items()} for label, per in doc["mean_tps"].items()}
+    tune_doc, model = doc["tune"], doc["model"]
+    lines = [f"# Tuned llama-server flags on {doc['gpu_name']}, {doc['date']}", "",
+             f"Model: {model['file']} (an 8B-shaped F16 GGUF, {model['bytes'] / 2**30:.1f} GiB); chats of 400 "
+             f"tokens; total tok/s, the mean of {TUNE_REPEATS} runs each; one server per row, started as shown.", "",
+             f"rigup's defaults for this plan: {doc['plan_defaults']}", "",
+             f"Tuned (rigup/tune.py, {len(tune_doc['points'])} points in {tune_doc['spent_s']} s, each at "
+             f"{', '.join(map(str, TUNE_LEVELS))} concurrent): {tune_doc['best_flags']}, {tune_doc['ratio']}x rigup's "
+             "defaults by its figure (the geometric mean over the levels).", "",
+             "| flags | " + " | ".join(f"{n} concurrent" for n in TUNE_LEVELS) + " | VRAM used MiB |",
+             "| --- |" + " --- |" * (len(TUNE_LEVELS) + 1)]
+    for label, s in doc["servers"].items():
+        lines.append(f"| {label} | " + " | ".join(f"{mean[label][n]:,}" for n in TUNE_LEVELS) + f" | {s['vram_used_mib']:,} |")
+    lines += ["", "| goal | ratio | met |", "| --- | --- | --- |"]
+    lines += [f"| {g} | {r} | {'yes' if ok else 'NO'} |" for g, (r, ok) in doc["goals"].items()]
+    lines += ["", "The sweep's points:", "", "| flags | status | figure | " +
+              " | ".join(f"{n}" for n in TUNE_LEVELS) + " |", "| --- | --- | --- |" + " --- |" * len(TUNE_LEVELS)]
+    for p in tune_doc["points"]:
+        per = {lv["concurrency"]: lv["total_tps"] for lv in p.get("levels") or []}
+        lines.append(f"| {p['flags'] or 'rigup defaults'} | {p['status']} | {p.get('tps', '')} | " +
+                     " | ".join(f"{per.get(n, '')}" for n in TUNE_LEVELS) + " |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{doc['date']}-h200-tune.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{doc['date']}-h200-tune.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def cmd_report(args) -> None:
+    """compare's .json and .md written again from its .json (--model names it), the goals judged afresh."""
+    write_compare(json.loads(args.model.read_text()), args.out)
 
 
 def source_note(archive: Path) -> str:
@@ -911,13 +933,13 @@ def cmd_plan(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
-                                         "compare"))
+                                         "compare", "report"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
                         help="serve, bench: default $OUT or /tmp/rigup-gpu-out; smoke: tests/gpu/results")
     parser.add_argument("--bin", type=Path, help="smoke: llama.cpp binaries to use instead of build.json's")
-    parser.add_argument("--model", type=Path, help="smoke: the big model (default: model's 8B-shaped GGUF)")
+    parser.add_argument("--model", type=Path, help="smoke: the big model (default: model's 8B-shaped GGUF); report: compare's .json")
     parser.add_argument("--cpu-only", action="store_true", help="smoke: skip the GPU runs")
     parser.add_argument("--only", help="smoke: these runs alone, by name, comma-separated")
     parser.add_argument("--budget", type=float, default=420, help="tune: seconds the sweep may take")
@@ -925,7 +947,8 @@ def main() -> None:
     if args.out is None and args.step != "smoke":
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
-     "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare}[args.step](args)
+     "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare,
+     "report": cmd_report}[args.step](args)
 
 
 if __name__ == "__main__":
