@@ -1,6 +1,8 @@
 """tests/gpu/check.py runs on a GPU machine that has no pyinfra: run it here with pyinfra made
 unimportable, so an import of a pyinfra-only module from a pure one cannot break it unseen."""
 
+import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,3 +17,12 @@ def test_check_py_plans_without_pyinfra():
     assert result.returncode == 0, result.stderr
     assert "cards:" in result.stdout and "cmake -DCMAKE_BUILD_TYPE=Release" in result.stdout
     assert "ExecStart=" in result.stdout and "--parallel 8" in result.stdout
+
+
+def test_the_compare_goals_are_judged_by_each_servers_label():
+    check = runpy.run_path(str(ROOT / "tests/gpu/check.py"), run_name="check")
+    doc = json.loads((ROOT / "tests/gpu/results/2026-12-02-h200-tune.json").read_text())
+    goals = check["compare_goals"](doc)
+    assert goals["tuned >= 1.5x the reports' recipe at 16"] == (1.53, True)
+    assert goals["tuned >= 2.5x the reports' recipe at 32"] == (2.12, False)
+    assert goals["rigup's defaults >= 0.8x tuned at 16"] == (0.93, True)
