@@ -55,8 +55,8 @@ MODEL, shared with the serving roles), models_allow_unpinned, hf_endpoint (else 
 the controller's environment; https://, or http:// with hf_endpoint_insecure and no token),
 hf_endpoint_insecure, model_fetch_hf_token_src,
 model_fetch_workers, model_fetch_share_port, model_fetch_peer_wait, model_fetch_stall_timeout,
-model_fetch_wait_timeout, model_fetch_wait_interval, models_keep_previous; rigup_user and
-rigup_prefix (roles/base).
+model_fetch_retries, model_fetch_wait_timeout, model_fetch_wait_interval, models_keep_previous;
+rigup_user and rigup_prefix (roles/base).
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
                 source = f"http://{address}:{host.inventory.get_host(peer).data.get('model_fetch_share_port', data['model_fetch_share_port'])}"
         plan = plan_model(name, entry, state, endpoint=hub_endpoint(data), source=source,
                           peer=peer if peer else None, workers=data["model_fetch_workers"],
-                          peer_wait=data["model_fetch_peer_wait"], stall_s=data["model_fetch_stall_timeout"])
+                          peer_wait=data["model_fetch_peer_wait"], stall_s=data["model_fetch_stall_timeout"],
+                          retries=data["model_fetch_retries"])
         if extra:
             plan.action, plan.problems = "refused", extra + plan.problems
         plans.append(plan)

@@ -41,11 +41,11 @@ stopped (SIGTERM, SIGINT: ``systemctl stop``, a clean reboot), so a crash loses 
 clean stop nothing. Within a job, a stream that ends early, is reset, or stalls (fewer than
 ``stall_bytes`` bytes, default STALL_MIN_BYTES, in a window of ``stall_s`` s, default STALL_S: a
 hub trickling a byte at a time stalls too) is resumed with ``Range`` after a backoff, up to
-RETRIES times in a row without a stream that brought ``stall_bytes``. A 206 is taken only with a
+``retries`` times, default RETRIES, in a row without a stream that brought ``stall_bytes``. A 206 is taken only with a
 ``Content-Range`` that starts at the byte asked for and names the listed size (another would
 corrupt the file: the job fails at once), and the job fails at once on an answer with a
 ``Content-Encoding`` other than identity (a gzip bomb); a hub that ignores ``Range`` (a 200)
-restarts the file from zero, and one that cuts those streams too fails the job after RETRIES
+restarts the file from zero, and one that cuts those streams too fails the job after ``retries``
 restarts. Every file is checked for its size and its hash (sha256 for LFS files, else git's blob
 sha1, both from the hub's tree listing) before it moves into place; a file that fails is fetched
 again from zero, once more, then the job fails. A failed job says why in progress.json's ``error`` (no space left, the
@@ -828,23 +828,24 @@ def range_problem(value, start: int, size: int) -> str | None:
 
 
 def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_path: str,
-            progress: Progress, stall: float, stall_bytes: int = STALL_MIN_BYTES):
+            progress: Progress, stall: float, stall_bytes: int = STALL_MIN_BYTES, retries: int | None = None):
     """Append ``entry``'s bytes from ``written`` on to ``fh`` and ``h``; return (h, written).
 
     A stream that ends early, is reset or cut, or stalls is asked again from where it stopped
-    (``Range``) after an exponential backoff with jitter, up to RETRIES times in a row without a
+    (``Range``) after an exponential backoff with jitter, up to ``retries`` (default RETRIES) times in a row without a
     stream that brought ``stall_bytes`` (or the rest of the file). Stalled: fewer than
     ``stall_bytes`` (or the rest of the file) in a window of ``stall`` s, or no byte for ``stall``
     s (the socket's timeout); each read is one ``recv`` at most (``read1``), so a hub trickling a
     byte at a time is seen between reads. A 206 whose ``Content-Range`` does not start at the
     byte asked for or names another size than the listed one fails the job at once (its bytes
     would land at the wrong place); a 200 to a ``Range`` request (the hub ignores it) starts the
-    file again from zero, and after RETRIES such restarts a cut fails the job. A hub answer other
+    file again from zero, and after ``retries`` such restarts a cut fails the job. A hub answer other
     than RETRY_STATUS fails at once. Written by hand where the project would use tenacity: this
     script runs on bare hosts with the standard library alone. Checkpoints every CHECKPOINT bytes
     or CHECKPOINT_S s, and on the way out (a stop, a failure), after the connection is closed;
     fsyncs a whole file."""
     size, path = entry["size"], entry["path"]
+    retries = RETRIES if retries is None else retries
     failures = 0
     restarts = 0                  # streams started again from zero: the hub ignored Range
     next_bytes, next_time = written + CHECKPOINT, time.monotonic() + CHECKPOINT_S
@@ -913,16 +914,16 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                 why = f"the hub answered {e.code}"
             except (OSError, HTTPException) as e:  # reset, refused, cut short, stalled (timeout)
                 why = net_reason(e, stall)
-            if restarts >= RETRIES:
+            if restarts >= retries:
                 raise JobFailed(f"{path}: the hub ignores Range (it answered 200, the whole file, to "
                                 f"{restarts} requests for the rest) and cut the stream {restarts + 1} times "
                                 f"(last: {why})", permanent=False)
             failures += 1
-            if failures > RETRIES:
-                raise JobFailed(f"{path}: {why}; {RETRIES} retries in a row failed", permanent=False)
+            if failures > retries:
+                raise JobFailed(f"{path}: {why}; {retries} retries in a row failed", permanent=False)
             delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
             progress.resumed(f"{path}: {why}; resumed from {human(written)} with Range in {delay:.1f} s "
-                             f"(retry {failures}/{RETRIES}"
+                             f"(retry {failures}/{retries}"
                              + (f", {restarts} restart(s) from zero: the hub ignores Range)" if restarts else ")"))
             if STOP.wait(delay):
                 raise Stopped()
@@ -963,6 +964,7 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
            f"{urllib.parse.quote(job['revision'], safe='')}/{urllib.parse.quote(path)}")
     stall = float(job.get("stall_s") or STALL_S)
     stall_bytes = int(job.get("stall_bytes") or STALL_MIN_BYTES)
+    retries = int(job["retries"]) if job.get("retries") else None
     if expected_hash(entry) is None and not job.get("allow_unhashed"):
         raise JobFailed(f"{path}: the hub lists no hash for it (allow_unhashed is not set)")
     for attempt in (1, 2):
@@ -974,7 +976,7 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
                 checkpoint(fh, ckpt_path, have)   # smaller than that is cheaper to fetch again)
             progress.add(have, network=False)
             h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall,
-                                 stall_bytes)
+                                 stall_bytes, retries)
         digest = h.hexdigest()
         want = expected_hash(entry)
         if written == entry["size"] and (want is None or digest == want):

@@ -114,7 +114,7 @@ def planted_problems(where: str, state: dict) -> list[tuple[str, str]]:
 
 
 def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
-               workers: int, peer_wait: int, stall_s: int = 60) -> ModelPlan:
+               workers: int, peer_wait: int, stall_s: int = 60, retries: int = 10) -> ModelPlan:
     """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
     where = f"models.{name}"
     line = progress_line(name, state) if state else f"model {name}: not probed"
@@ -175,7 +175,7 @@ def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: st
     where = state.get("where") or entry["dest"]
     job = {"name": name, "dest": where, "repo": repo, "revision": rev, "include": entry["include"],
            "endpoint": endpoint, "source": source, "peer": peer, "peer_wait": peer_wait, "workers": workers,
-           "stall_s": stall_s, "marker": MARKER, "token_file": HF_TOKEN,
+           "stall_s": stall_s, "retries": retries, "marker": MARKER, "token_file": HF_TOKEN,
            "allow_unhashed": entry.get("allow_unhashed") is True,
            "files": [{"path": f["path"], "size": f["size"], "oid": f.get("oid"), "sha256": f.get("sha256")}
                      for f in sorted(chosen, key=lambda f: f["path"])],

@@ -213,15 +213,16 @@ NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "
 NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
 PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
 TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10
+RETRIES = 3           # model_fetch_retries of the job cases (10 by default: the unit tests count those)
 JOB = {"include": ["*.gguf"], "size_gib": 0.01, "family": "glm-5.3-flash", "wait": True}
 
 
-def job_bound(stall_s: float) -> float:
-    """The most a job may take to fail on a hub whose every stream stalls or is cut: RETRIES + 1
-    streams of a stall window (and a read) each, the backoffs between them at their longest,
+def job_bound(stall_s: float, retries: int) -> float:
+    """The most a job may take to fail on a hub whose every stream stalls or is cut: ``retries``
+    + 1 streams of a stall window (and a read) each, the backoffs between them at their longest,
     and the converge around it."""
-    backoff = sum(min(fetcher.BACKOFF_MAX_S, fetcher.BACKOFF_S * 2 ** k) for k in range(fetcher.RETRIES))
-    return (fetcher.RETRIES + 1) * (stall_s + 1) + backoff + PLAN_S
+    backoff = sum(min(fetcher.BACKOFF_MAX_S, fetcher.BACKOFF_S * 2 ** k) for k in range(retries))
+    return (retries + 1) * (stall_s + 1) + backoff + PLAN_S
 
 
 # case -> (hub switches, the model's entry beyond repo/revision/dest, host data, cut after, the
@@ -237,11 +238,11 @@ HOSTILE_CASES = {
     "gzip-listing": ({"gzip": ["listing"]}, {}, {}, None, "listing of lab/hostile with Content-Encoding 'gzip'", PLAN_S),
     "gzip-header": ({"gzip": ["resolve"]}, {}, {}, None, "answered with Content-Encoding 'gzip'", PLAN_S),
     "next-page-elsewhere": ({"next_page": "OTHER"}, {}, {}, None, "has its next page on another host: OTHER", PLAN_S),
-    "range-ignored": ({"ignore_range": True}, JOB, {},
-                      CUT_AT, "the hub ignores Range (it answered 200, the whole file, to 10 requests", job_bound(1)),
-    "trickle": ({"trickle_bps": TRICKLE_BPS}, JOB,
-                {"model_fetch_stall_timeout": STALL_S}, None, f"per {STALL_S} s (stalled); 10 retries in a row failed",
-                job_bound(STALL_S)),
+    "range-ignored": ({"ignore_range": True}, JOB, {"model_fetch_retries": RETRIES}, CUT_AT,
+                      f"the hub ignores Range (it answered 200, the whole file, to {RETRIES} requests",
+                      job_bound(1, RETRIES)),
+    "trickle": ({"trickle_bps": TRICKLE_BPS}, JOB, {"model_fetch_stall_timeout": STALL_S, "model_fetch_retries": RETRIES},
+                None, f"per {STALL_S} s (stalled); {RETRIES} retries in a row failed", job_bound(STALL_S, RETRIES)),
 }
 
 

@@ -1,15 +1,17 @@
 """Rolling mode (./roll.py) and maintenance mode on the lab: 4 hosts serving Gemma 3 270M (CPU,
 group_vars/lab.yml's model) behind a gateway host (lab5, HAProxy over the 4), while a client loops
 through the gateway. The gateway's pool is sampled on it every 0.3 s from its stats page (which,
-unlike the admin socket, the faults below leave in place). The roll's own faults:
+unlike the admin socket, the faults below leave in place). In order, each roll from the state the
+last one left:
 
-- a roll through an inventory named ``lab2.py`` (pyinfra gives an inventory file the group of its
-  name, every host of it: ``--limit lab2`` would converge them all, the gateway too) converges each
-  host alone, picked by its name;
+- a gate that never answers (lab3) stops the roll there, lab4 not started;
+- maintenance takes lab4 out of the gateway's pool and back;
 - the admin socket removed on the gateway as the second batch starts: its drain cannot be verified,
   the roll stops there and says so, lab2 was never converged and kept serving;
-- the gateway's HAProxy reloaded while lab2 is drained and out of the pool: it stays out (the
-  server state is kept across the reload) until the roll puts it back;
+- a roll through an inventory named ``lab2.py`` (pyinfra gives an inventory file the group of its
+  name, every host of it: ``--limit lab2`` would converge them all, the gateway too) converges each
+  host alone, picked by its name; the gateway's HAProxy is reloaded while lab2 is drained and out
+  of the pool: it stays out (the server state is kept across the reload) until the roll puts it back;
 
 each with no failed request and never more than one host out of the pool."""
 
@@ -162,39 +164,25 @@ def roll(lab, inventory: str, *args: str, on_line=None) -> dict:
     return {"code": code, "out": out, "summary": summary, "result": result, "out_of_pool": out_of_pool}
 
 
-def test_a_host_named_like_a_group_rolls_alone(rack, inventory):
-    lab = rack
-    rolled = roll(lab, inventory, *data(1024))
-    assert rolled["code"] == 0, rolled["out"][-6000:]
-    assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
-    assert max(map(len, rolled["out_of_pool"])) == 1
-    assert {h for o in rolled["out_of_pool"] for h in o} == set(SERVING)
-    assert all(f"[{n}] done" in rolled["summary"] for n in SERVING)
-    assert "outside its batch" not in rolled["summary"] and "the roll stopped" not in rolled["summary"]
-    assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "1024")
-    assert on_host(lab, GATEWAY, "ps -eo args | grep -c '[l]lama-server' || true").strip() == "0"   # the gateway serves nothing
-    wait_pool(lab, dict.fromkeys(SERVING, "UP"))
-
-
 def test_a_failed_gate_stops_the_roll_there(rack):
     """lab3's llama-server is replaced by a stand-in that never answers (a drop-in after rigup's):
-    its gate times out; lab1-2 roll to -c 2048, lab3 stays out of the pool, lab4 is not touched."""
+    its gate times out; lab1-2 roll to -c 1024, lab3 stays out of the pool, lab4 is not touched."""
     lab = rack
     on_host(lab, "lab3", f"printf '[Service]\\nExecStart=\\nExecStart=/bin/sleep infinity\\n' > {HANG} && systemctl daemon-reload")
     try:
-        rolled = roll(lab, "inventory/lab.py", *data(2048), "--data", "llama_server_health_timeout=30")
+        rolled = roll(lab, "inventory/lab.py", *data(1024), "--data", "llama_server_health_timeout=30")
         served = {name: ctx_served(lab, name) for name in SERVING}
         print(f"ctx served after the stopped roll: {served}; gateway pool: {pool(lab)}")
         assert rolled["code"] != 0
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
         assert max(map(len, rolled["out_of_pool"])) == 1
-        assert served == {"lab1": "2048", "lab2": "2048", "lab3": "none", "lab4": "1024"}
+        assert served == {"lab1": "1024", "lab2": "1024", "lab3": "none", "lab4": "2048"}
         summary = rolled["summary"]
         assert "[lab1] done" in summary and "[lab2] done" in summary and "[lab4] not started" in summary
         assert "[lab3] failed: failed at llama_server | llama-server gemma answers" in summary
         assert "rigup-llama@gemma.service: /health did not answer 200 within 30 s" in summary
         assert pool(lab) == {"lab1": "UP", "lab2": "UP", "lab3": "MAINT", "lab4": "UP"}
-    finally:   # lab3 serves again and is back in the pool
+    finally:   # lab3 serves again (-c 1024: its drop-in was converged before the gate) and is back in the pool
         on_host(lab, "lab3", f"rm -f {HANG} && systemctl daemon-reload && systemctl restart rigup-llama@gemma")
         on_host(lab, GATEWAY, "/opt/rigup/bin/rigup-balancer-drain ready gateway-gemma lab3")
 
@@ -237,7 +225,7 @@ def test_maintenance_takes_a_host_out_and_back(rack):
 
 def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
     """The admin socket removed as batch 2 (lab2) starts (pyinfra takes seconds to reach the
-    gateway): lab1 is done (-c 1024), lab2's maint fails naming the socket, the roll stops there;
+    gateway): lab1 is done (-c 2048), lab2's maint fails naming the socket, the roll stops there;
     lab2 was never out of the pool nor converged, lab3-4 not started. HAProxy keeps serving."""
     lab = rack
     before = {n: ctx_served(lab, n) for n in SERVING}
@@ -247,14 +235,14 @@ def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
             return lambda: on_host(lab, GATEWAY, f"rm -f {SOCKET}")
         return None
     try:
-        rolled = roll(lab, inventory, *data(1024), on_line=remove_socket)
+        rolled = roll(lab, inventory, *data(2048), on_line=remove_socket)
         served = {n: ctx_served(lab, n) for n in SERVING}
         print(f"ctx served after the stopped roll: {served}; gateway pool: {pool(lab)}")
         assert rolled["code"] != 0
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
         assert max(map(len, rolled["out_of_pool"])) == 1
         assert {h for o in rolled["out_of_pool"] for h in o} == {"lab1"}
-        assert served == {**before, "lab1": "1024"} and before["lab2"] != "1024", (before, served)
+        assert served == {**before, "lab1": "2048"} and before["lab2"] != "2048", (before, served)
         summary = rolled["summary"]
         assert "[lab1] done" in summary and "[lab3] not started" in summary and "[lab4] not started" in summary
         assert "[lab2] not converged: its drain could not be verified" in summary
@@ -267,11 +255,12 @@ def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
         assert on_host(lab, GATEWAY, f"test -S {SOCKET} && echo yes").strip() == "yes"
 
 
-def test_a_gateway_reload_during_a_drain_keeps_the_host_out(rack, inventory):
-    """lab2 out of the pool (drained, then maint) while its batch converges: the gateway's HAProxy
-    is reloaded (systemctl reload: the drop-in's ExecReload saves the servers' state first); its
-    new worker keeps lab2 out until the roll puts it back ready. -c 1024 everywhere (lab1 and lab4
-    are unchanged, each still taken out and back)."""
+def test_a_host_named_like_a_group_rolls_alone_and_a_gateway_reload_keeps_its_drained_host_out(rack, inventory):
+    """Through the inventory named lab2.py, every host is converged alone, picked by its name (-c
+    2048 everywhere: lab1 is unchanged, still taken out and back). While lab2 is out of the pool
+    (drained, then maint) the gateway's HAProxy is reloaded (systemctl reload: the drop-in's
+    ExecReload saves the servers' state first); its new worker keeps lab2 out until the roll puts
+    it back ready. The gateway serves nothing itself."""
     lab = rack
     seen = {}
 
@@ -286,7 +275,7 @@ def test_a_gateway_reload_during_a_drain_keeps_the_host_out(rack, inventory):
         time.sleep(3)   # health checks of the new worker run
         seen["later"] = pool(lab)
 
-    rolled = roll(lab, inventory, *data(1024),
+    rolled = roll(lab, inventory, *data(2048),
                   on_line=lambda line: reload_while_lab2_is_out if line.startswith("--> rigup roll: batch 2/") else None)
     print(f"gateway reload while lab2 was out: pool before {seen.get('before')}, after {seen.get('after')}, "
           f"3 s later {seen.get('later')}; worker {seen.get('worker')} -> {seen.get('new worker')}")
@@ -297,6 +286,9 @@ def test_a_gateway_reload_during_a_drain_keeps_the_host_out(rack, inventory):
         assert seen[when]["lab2"].startswith(("DRAIN", "MAINT")), seen
         assert all(seen[when][h].startswith("UP") for h in SERVING if h != "lab2"), seen
     assert max(map(len, rolled["out_of_pool"])) == 1
+    assert {h for o in rolled["out_of_pool"] for h in o} == set(SERVING)
     assert all(f"[{n}] done" in rolled["summary"] for n in SERVING)
-    assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "1024")
+    assert "outside its batch" not in rolled["summary"] and "the roll stopped" not in rolled["summary"]
+    assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "2048")
+    assert on_host(lab, GATEWAY, "ps -eo args | grep -c '[l]lama-server' || true").strip() == "0"   # the gateway serves nothing
     wait_pool(lab, dict.fromkeys(SERVING, "UP"))

@@ -164,6 +164,21 @@ def test_a_hub_that_ignores_range_and_cuts_every_stream_fails_the_job(hub, tmp_p
     assert took < 10
 
 
+def test_the_jobs_retries_bound_the_reconnects_and_the_restarts(hub, tmp_path, quick):
+    """model_fetch_retries reaches the job as ``retries``: 2 reconnects of a trickle, 2 restarts
+    from zero of a hub that ignores Range."""
+    hub.mode = "trickle"
+    _, stalled, _ = fetch(hub, tmp_path, stall_s=1, stall_bytes=1024, retries=2)
+    asked = len(hub.requests)
+    hub.requests.clear()
+    hub.mode = "ignore"
+    (tmp_path / "b").mkdir()
+    _, cut, _ = fetch(hub, tmp_path / "b", retries=2)
+    print(f"\nretries 2: trickle {asked} requests ({stalled}); ignores Range {len(hub.requests)} requests ({cut})")
+    assert "2 retries in a row failed" in str(stalled) and asked == 3
+    assert "cut the stream 3 times" in str(cut) and len(hub.requests) == 3
+
+
 def test_a_hub_that_ignores_range_once_but_sends_the_whole_file_completes(hub, tmp_path, quick):
     hub.mode = "ignore1"
     took, digest, progress = fetch(hub, tmp_path)
