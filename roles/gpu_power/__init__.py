@@ -3,8 +3,9 @@
 What it does to a host with GPUs (nothing on a CPU-only host, with gpu_enabled false, or on a
 host without systemd, where preflight refuses a cap):
 - writes ``/etc/rigup/gpu-power.conf``: one line per card, by UUID (never by index, which
-  reorders between boots): its watts (``gpu_power_overrides`` by UUID or PCI bus id, else
-  ``gpu_power_watts``; ``-`` leaves the card's limit alone), its clock lock (``gpu_power_clocks``
+  reorders between boots): its watts (``gpu_power_overrides`` by UUID or PCI bus id, else its
+  share of ``gpu_psu_watts``, the power supply's budget for the cards, within its range and at most
+  ``gpu_power_watts``, else ``gpu_power_watts``; ``-`` leaves the card's limit alone), its clock lock (``gpu_power_clocks``
   by card class) and persistence mode (``gpu_power_persistence``);
 - installs ``rigup_prefix/bin/rigup-gpu-power``, which applies that file card by card with
   ``nvidia-smi -i <UUID>`` (never a bare ``-pl``), only where a card differs, reads each value
@@ -18,7 +19,7 @@ Every value is checked against each card's own power.min_limit..max_limit before
 (preflight refuses it first, checks 1 and 2; the operation checks again on the live cards).
 ``power_plan.py`` shows the same plan and changes nothing (:func:`show_plan`).
 
-Variables (roles/gpu_power/defaults.yml): gpu_power_watts, gpu_power_overrides,
+Variables (roles/gpu_power/defaults.yml): gpu_power_watts, gpu_psu_watts, gpu_power_overrides,
 gpu_power_persistence, gpu_power_clocks; gpu_enabled (roles/preflight), rigup_prefix (roles/base).
 """
 

@@ -6,6 +6,7 @@ rigup/refusal.py). Cards are matched by UUID or PCI bus id with the policy's own
     check_clocks            gpu_power_clocks: a class not in the catalogue, a pair not "MIN,MAX" MHz
     check_power_range       gpu_power_watts, or an override, outside a card's power range
     check_override_targets  an override keyed by an index, or naming a card not on the host
+    check_psu_budget        gpu_psu_watts below what the cards need at their minimum limits
     check_systemd           caps, overrides or clock locks on a host where systemd is not PID 1
 """
 
@@ -15,10 +16,10 @@ from rigup.config import parse_form
 from rigup.gpu.catalogue import class_problem
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal, config_refusals, gpus_text, needs_systemd, watts_text
-from roles.gpu_power.policy import card_named, parse_clocks
+from roles.gpu_power.policy import card_named, parse_clocks, psu_shares
 
 OVERRIDE_WATTS = parse_form("int 50..1000")
-POLICY = ("gpu_power_watts", "gpu_power_overrides", "gpu_power_clocks")
+POLICY = ("gpu_power_watts", "gpu_power_overrides", "gpu_power_clocks", "gpu_psu_watts")
 
 
 def _gpus(facts: dict) -> list[dict]:
@@ -115,9 +116,29 @@ def check_override_targets(plan: dict, facts: dict, data: dict) -> list[Refusal]
     return found
 
 
+def check_psu_budget(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """gpu_psu_watts below the overrides plus the other cards' minimum limits (policy.py
+    ``psu_shares``, the rule the converge applies)."""
+    budget = data.get("gpu_psu_watts")
+    if not gpu_host(plan, data) or not isinstance(budget, (int, float)) or isinstance(budget, bool):
+        return []
+    cards = [{"uuid": c.get("uuid"), "min": _card_range(c)[0], "max": _card_range(c)[1]} for c in plan.get("cards") or []]
+    fixed = {card["uuid"]: float(value) for _, value, card in _overrides(plan, facts, data) if card}
+    _, short = psu_shares(cards, float(budget), fixed, data.get("gpu_power_watts"))
+    if not short:
+        return []
+    need = sum(fixed.values()) + sum(c["min"] or 0 for c in cards if c["uuid"] not in fixed)
+    lows = "; ".join(sorted({f"{sum(1 for x in plan['cards'] if x['class'] == c['class'])} x {c['class']} at "
+                             f"{watts_text(_card_range(c)[0])} W" for c in plan["cards"]}))
+    return [Refusal(f"gpu_psu_watts {watts_text(budget)} W is below the {watts_text(need)} W this host's cards need",
+                    f"{short.split(': ', 1)[1]}; the lowest limits nvidia-smi accepts (power.min_limit): {lows}",
+                    f"set gpu_psu_watts to at least {watts_text(need)} (or fewer overrides), or null for no budget",
+                    "psu_budget")]
+
+
 def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """Caps, overrides or clock locks on a host where systemd is not PID 1 (the boot unit keeps them)."""
     return needs_systemd(facts, [key for key in POLICY if data.get(key) not in (None, {}, False)])
 
 
-CHECKS = (check_config, check_clocks, check_systemd, check_power_range, check_override_targets)
+CHECKS = (check_config, check_clocks, check_systemd, check_power_range, check_override_targets, check_psu_budget)

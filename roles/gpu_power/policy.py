@@ -50,9 +50,43 @@ def _w(value) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
+def psu_shares(cards: list[dict], budget: float, fixed: dict[str, float], ceiling: float | None = None
+               ) -> tuple[dict[str, int], str | None]:
+    """Each card's cap within the power supply's ``budget`` (``gpu_psu_watts``) for the GPUs:
+    ({uuid: watts}, problem or None). Cards in ``fixed`` ({uuid: watts}: their overrides) keep
+    their caps and count against the budget; the others share the rest equally, each within its
+    own ``min``..``max`` (and at most ``ceiling``, gpu_power_watts): a card whose range ends
+    below or starts above the equal share takes its end, and the rest is shared again among the
+    others (one level, clamped per card). Whole watts, rounded down, so the sum never exceeds the
+    budget. The problem: the budget is below what
+    the fixed caps and the other cards' minimum limits need (naming that minimum)."""
+    free = [c for c in cards if c.get("uuid") not in fixed]
+    need = sum(fixed.values()) + sum(float(c["min"] or 0) for c in free)
+    if need > budget:
+        parts = [f"{len(free)} card(s) at their minimum limits ({_w(sum(float(c['min'] or 0) for c in free))} W)"]
+        if fixed:
+            parts.append(f"{len(fixed)} override(s) ({_w(sum(fixed.values()))} W)")
+        return {}, (f"gpu_psu_watts {_w(budget)} W is below the {_w(need)} W this host's cards need: "
+                    + " and ".join(parts))
+    left = budget - sum(fixed.values())
+    bounds = {c["uuid"]: (float(c["min"] or 0), min(x for x in (c["max"], ceiling, left) if x is not None))
+              for c in free}
+    bounds = {u: (lo, max(lo, hi)) for u, (lo, hi) in bounds.items()}
+
+    def at(level: float) -> float:
+        return sum(min(max(level, lo), hi) for lo, hi in bounds.values())
+
+    low, high = 0.0, max((hi for _, hi in bounds.values()), default=0.0)
+    for _ in range(60):   # the level whose clamped shares fill the budget (each card within its range)
+        mid = (low + high) / 2
+        low, high = (mid, high) if at(mid) <= left else (low, mid)
+    shares = {u: int(min(max(low, lo), hi) + 1e-6) for u, (lo, hi) in bounds.items()}
+    return shares, None
+
+
 def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = None,
                clocks: dict | None = None, persistence: bool = True,
-               class_of=lambda gpu: None, applied: dict | None = None) -> dict:
+               class_of=lambda gpu: None, applied: dict | None = None, psu_watts: int | None = None) -> dict:
     """What the policy asks of each card, and what differs::
 
         {"cards": [{"index", "uuid", "bus_id", "class", "limit", "min", "max", "default",
@@ -65,6 +99,8 @@ def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = Non
     ``class_of(gpu)`` gives the card class (for ``clocks``, keyed by class); ``applied``
     ({uuid: {"watts", "clocks"}}, ``facts.parse_applied``) is what the boot script set at this
     boot: a clock lock or a cap the policy no longer has is released (clocks cannot be queried).
+    ``psu_watts`` (gpu_psu_watts): the cards without an override share it (:func:`psu_shares`),
+    gpu_power_watts their ceiling.
     """
     overrides = overrides or {}
     clocks = clocks or {}
@@ -83,9 +119,16 @@ def power_plan(gpus: list[dict], watts: int | None, overrides: dict | None = Non
     for cls, pair in clocks.items():
         if pair is not None and parse_clocks(pair) is None:
             problems.append(f"gpu_power_clocks.{cls}: expected \"MIN,MAX\" MHz with MIN <= MAX, got {pair!r}")
+    shares: dict[str, int] = {}
+    if psu_watts is not None:
+        ranged = [{"uuid": g.get("uuid"), "min": g.get("power_min_w"), "max": g.get("power_max_w")} for g in present]
+        shares, short = psu_shares(ranged, float(psu_watts), {u: float(w) for u, (w, _) in by_uuid.items()}, watts)
+        problems += [short] if short else []
     rows = []
     for gpu in present:
-        want, source = by_uuid.get(gpu.get("uuid"), (watts, "gpu_power_watts" if watts is not None else None))
+        default = (shares[gpu["uuid"]], "gpu_psu_watts") if gpu.get("uuid") in shares else (
+            watts, "gpu_power_watts" if watts is not None else None)
+        want, source = by_uuid.get(gpu.get("uuid"), default)
         cls = class_of(gpu)
         pair = parse_clocks(clocks.get(cls)) if cls else None
         row = {

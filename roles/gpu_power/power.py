@@ -31,7 +31,7 @@ def plan_for(state: dict, data: dict) -> dict:
     """The power plan of this host's live cards under its data (gpu_power_* variables)."""
     return power_plan(state["gpus"], data["gpu_power_watts"], data["gpu_power_overrides"],
                       data["gpu_power_clocks"], data["gpu_power_persistence"], card_class,
-                      parse_applied(state["applied"]))
+                      parse_applied(state["applied"]), data["gpu_psu_watts"])
 
 
 @reading(GpuPowerState)

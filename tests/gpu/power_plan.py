@@ -5,7 +5,7 @@ with rigup's own parser (rigup.gpu.facts.parse_gpus) and policy (roles.gpu_power
 It only reads: the one nvidia-smi call is rigup.gpu.facts.GPU_COMMAND (--query-gpu). It never
 runs -pl, -pm or -lgc, and prints the calls that a converge would make instead.
 
-    python3 tests/gpu/power_plan.py [--watts W] [--override UUID|BUS=W ...] [--clocks CLASS=MIN,MAX ...]
+    python3 tests/gpu/power_plan.py [--watts W] [--psu W] [--override UUID|BUS=W ...] [--clocks CLASS=MIN,MAX ...]
                                     [--no-persistence] [--from FILE]
 """
 
@@ -60,6 +60,7 @@ def class_of(gpu: dict):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--watts", type=int, default=None, help="gpu_power_watts (default: null)")
+    p.add_argument("--psu", type=int, default=None, help="gpu_psu_watts (default: null)")
     p.add_argument("--override", action="append", default=[], help="UUID-or-bus-id=WATTS")
     p.add_argument("--clocks", action="append", default=[], help="CLASS=MIN,MAX")
     p.add_argument("--no-persistence", action="store_true")
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
         lines = subprocess.run(["sh", "-c", GPU_COMMAND], capture_output=True, text=True).stdout.splitlines()
     overrides = {k: int(v) for k, _, v in (o.rpartition("=") for o in args.override)}
     clocks = dict(c.split("=", 1) for c in args.clocks)
-    plan = power_plan(parse_gpus(lines), args.watts, overrides, clocks, not args.no_persistence, class_of)
+    plan = power_plan(parse_gpus(lines), args.watts, overrides, clocks, not args.no_persistence, class_of,
+                      psu_watts=args.psu)
     print(format_plan(plan))
     todo = commands(plan)
     print("a converge would run (rigup-gpu-power, per card):" if todo else "a converge would run nothing")

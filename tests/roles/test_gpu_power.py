@@ -52,6 +52,24 @@ def test_out_of_range_watts_are_refused_and_nothing_changes(lab, host):
     assert setters == []
 
 
+def test_a_psu_budget_gives_each_card_its_share_and_one_too_small_is_refused(lab, host):
+    """gpu_psu_watts 700 on 8 A100s (100-400 W each) is refused before any change, naming the 800 W
+    they need; 2000 gives each card 250 W, and again changes nothing."""
+    before, n_calls = snapshot(lab, host), len(calls(lab, host))
+    short = play(host, *data(gpu_psu_watts=700), check=False)
+    said = [ln.strip() for ln in short.output.splitlines() if "refused: gpu_psu_watts" in ln]
+    print("\n" + "\n".join(said))
+    assert short.returncode != 0 and said and "gpu_psu_watts 700 W is below the 800 W this host's cards need" in said[0]
+    assert "fix: set gpu_psu_watts to at least 800" in said[0]
+    assert snapshot(lab, host) == before and not [a for a in calls(lab, host)[n_calls:] if set(a) & set(SETTERS)]
+    run = play(host, *data(gpu_psu_watts=2000))
+    got = {c["uuid"]: c["limit"] for c in cards(lab, host)}
+    print(f"gpu_psu_watts 2000: limits {sorted(set(got.values()))} on {len(got)} cards")
+    assert len(got) == 8 and set(got.values()) == {"250.00"}, got
+    again = play(host, *data(gpu_psu_watts=2000))
+    assert again.totals["changed"] == 0, again.changed_operations()
+
+
 def test_policy_by_uuid_and_bus_id_applies_and_reads_back(lab, host, policy):
     run = play(host, *data(gpu_power_watts=policy["gpu_power_watts"], gpu_power_overrides=policy["gpu_power_overrides"]))
     assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()

@@ -61,3 +61,15 @@ def test_config_override_watts_must_be_int():
     uuid = facts["gpus"][0]["uuid"]
     (r,) = only(refusals(plan, facts, data(gpu_power_overrides={uuid: "high"})), "config")
     assert r.what == f"gpu_power_overrides.{uuid}"
+
+
+def test_a_psu_budget_below_the_cards_minimums_is_refused_naming_the_minimum():
+    plan, facts = host("a100")
+    (r,) = only(refusals(plan, facts, data(gpu_psu_watts=700)), "psu_budget")
+    assert "gpu_psu_watts 700 W is below the 800 W this host's cards need" in r.what
+    assert "8 card(s) at their minimum limits (800 W)" in r.why and "8 x a100 at 100 W" in r.why
+    assert "at least 800" in r.fix
+    assert refusals(plan, facts, data(gpu_psu_watts=2000)) == []
+    uuid = facts["gpus"][0]["uuid"]
+    (r,) = only(refusals(plan, facts, data(gpu_psu_watts=1000, gpu_power_overrides={uuid: 350})), "psu_budget")
+    assert "below the 1050 W" in r.what and "1 override(s) (350 W)" in r.why

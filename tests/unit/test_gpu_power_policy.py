@@ -166,3 +166,19 @@ def test_rollback_steps_and_verify_problems():
     locked, problems = verify(CMP_UNLOCKED, UNLOCKER, DATA)          # the fixture's link is Gen1
     assert not locked and "PCIe link Gen1, expected Gen2" in problems[0]
     assert verify(CMP_UNLOCKED, UNLOCKER, {**DATA, "cmpunlocker_gen2_service": False}) == (False, [])
+
+
+def test_a_psu_budget_is_shared_within_each_cards_range():
+    plan = power_plan(A100, None, psu_watts=2000)
+    assert [r["want_watts"] for r in plan["cards"]] == [250] * 8 and {r["source"] for r in plan["cards"]} == {"gpu_psu_watts"}
+    assert "power limit 400 -> 250 W" in plan["cards"][0]["change"]
+    assert [r["want_watts"] for r in power_plan(A100, None, psu_watts=5000)["cards"]] == [400] * 8   # each at its max
+    assert [r["want_watts"] for r in power_plan(A100, 180, psu_watts=2000)["cards"]] == [180] * 8    # gpu_power_watts: the ceiling
+    over = power_plan(A100, None, {A100[0]["uuid"]: 390}, psu_watts=2000)
+    assert [r["want_watts"] for r in over["cards"]] == [390] + [230] * 7 and over["problems"] == []
+    short = power_plan(A100, None, psu_watts=700)
+    assert short["problems"] == ["gpu_psu_watts 700 W is below the 800 W this host's cards need: "
+                                 "8 card(s) at their minimum limits (800 W)"]
+    mixed = [dict(A100[0], power_min_w=200.0, power_max_w=700.0), dict(A100[1], power_min_w=100.0, power_max_w=250.0)]
+    assert [r["want_watts"] for r in power_plan(mixed, None, psu_watts=320)["cards"]] == [200, 120]
+    assert [r["want_watts"] for r in power_plan(mixed, None, psu_watts=900)["cards"]] == [650, 250]
