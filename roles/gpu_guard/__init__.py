@@ -7,7 +7,8 @@ or without systemd, where there are no serving units to stop):
   the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
   ``gpu_guard_thresholds``);
 - runs it every ``gpu_guard_interval_s`` from ``rigup-gpu-guard.timer``. A sample is bad on a
-  card's average draw over ``gpu_guard_window_s`` above ``draw_w``, a temperature above
+  card's average draw over ``gpu_guard_window_s`` above ``draw_w``, the cards' average draws
+  summing above ``gpu_psu_watts`` (the power supply's budget, when set), a temperature above
   ``temp_c``, or lost telemetry (also an nvidia-smi that does not answer within
   ``gpu_guard_smi_timeout``: it is killed with its process group). It trips when
   ``gpu_guard_debounce_bad`` of the last ``gpu_guard_debounce_samples`` samples are bad (one
@@ -25,7 +26,7 @@ With ``gpu_guard_enabled: false`` the timer is stopped and disabled; with ``rigu
 
 Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
 gpu_guard_window_s, gpu_guard_smi_timeout, gpu_guard_debounce_bad, gpu_guard_debounce_samples,
-gpu_guard_thresholds, gpu_guard_clear; gpu_enabled (roles/preflight),
+gpu_guard_thresholds, gpu_guard_clear; gpu_psu_watts (roles/gpu_power), gpu_enabled (roles/preflight),
 rigup_prefix and rigup_state_dir (roles/base).
 """
 
@@ -90,6 +91,7 @@ def guard_config(data: dict) -> dict:
         "metrics_file": GPU_METRICS,
         "default": dict(table.get("default") or {}),
         "by_pci_id": by_pci,
+        **({"psu_watts": data["gpu_psu_watts"]} if data.get("gpu_psu_watts") else {}),
     }
 
 

@@ -9,7 +9,8 @@ Each check samples every card (nvidia-smi --query-gpu, killed with its process g
 debounce) in SAMPLES (/run/rigup, root's), and judges the new sample bad when, for any card:
 - its AVERAGE draw over the window is above its class's ``draw_w`` (instant peaks of twice the
   cap are normal on these cards, so single samples never count), once the samples span at least
-  half the window;
+  half the window; or the cards' average draws sum above ``psu_watts`` (gpu_psu_watts, the
+  power supply's budget for the cards), when set;
 - its temperature is above its class's ``temp_c``;
 - its telemetry is lost: nvidia-smi fails or does not answer in time, a card fell off the bus, or
   reads [N/A] / [Unknown Error].
@@ -129,7 +130,7 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
         return "telemetry lost: " + "; ".join(newest["lost"])
     window = float(config.get("window_s", 60))
     history = [s for s in history if now - s["t"] <= window]
-    reasons = []
+    reasons, averages, spans = [], {}, []
     for card in newest["cards"]:
         limits = thresholds_for(card, config)
         name = f"GPU {card['index']} ({card['uuid']}, {card['bus_id']}, {limits.get('class', 'unknown class')})"
@@ -140,11 +141,16 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
         points = [(s["t"], c["draw"]) for s in history for c in s["cards"]
                   if c["uuid"] == card["uuid"] and c["draw"] is not None]
         span = points[-1][0] - points[0][0] if points else 0
-        if draw is not None and len(points) >= 2 and span >= window / 2:
-            average = sum(d for _, d in points) / len(points)
-            if average > draw:
+        if len(points) >= 2 and span >= window / 2:
+            averages[card["uuid"]], average = (sum(d for _, d in points) / len(points),) * 2
+            spans.append(span)
+            if draw is not None and average > draw:
                 reasons.append(f"{name}: average draw {average:.1f} W over {span:.0f} s "
                                f"({len(points)} samples) > {draw:g} W")
+    psu = config.get("psu_watts")
+    if psu and averages and len(averages) == len(newest["cards"]) and sum(averages.values()) > psu:
+        reasons.append(f"the {len(averages)} cards' average draws sum to {sum(averages.values()):.1f} W over "
+                       f"{min(spans):.0f} s > the power supply's budget {psu:g} W (gpu_psu_watts)")
     return "; ".join(reasons) or None
 
 

@@ -97,6 +97,22 @@ def test_guard_trips_on_a_sustained_average_not_a_peak():
     assert evaluate(sustained[:2], CONFIG, 2) is None                     # less than half the window
 
 
+def test_guard_trips_when_the_cards_draws_sum_above_the_psu_budget():
+    def two(t, a, b):
+        lines = [f"0, GPU-a, 00000000:07:00.0, 0x20C210DE, {a}, 180.00, 40",
+                 f"1, GPU-b, 00000000:08:00.0, 0x20C210DE, {b}, 180.00, 40"]
+        return {"t": t, "cards": parse_sample(lines)[0], "lost": []}
+    config = {**CONFIG, "psu_watts": 300}
+    within = [two(t, 140, 150) for t in (0, 2, 4, 6)]       # each under its 200 W, 290 W in all
+    assert evaluate(within, config, 6) is None
+    over = [two(t, 170, 160) for t in (0, 2, 4, 6)]
+    why = evaluate(over, config, 6)
+    assert why == "the 2 cards' average draws sum to 330.0 W over 6 s > the power supply's budget 300 W (gpu_psu_watts)"
+    assert evaluate(over, CONFIG, 6) is None                 # no budget: each card is judged alone
+    assert "psu_watts" not in guard_config(group_vars("all")) and guard_config(
+        {**group_vars("all"), "gpu_psu_watts": 2000})["psu_watts"] == 2000
+
+
 def test_guard_trips_on_temperature_and_lost_telemetry():
     assert "temperature 80 C > 72 C" in evaluate([sample(0, 100, 80)], CONFIG, 0)
     lost = sample(0, 100, lost=["Unable to determine the device handle for GPU0000:0A:00.0: Unknown Error"])
