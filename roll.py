@@ -9,7 +9,8 @@ inventory order, ``rigup_batch`` at a time (1, N or "25%"; roles/base/defaults.y
 on every host of the group ``gateway``, each of the batch's servers is drained (no new requests;
 its open ones finish, at most 50 s) then put in ``maint`` (roles/balancer's rigup-balancer-drain,
 HAProxy's runtime API, which reads each change back: a drain it cannot verify stops the roll);
-then ``pyinfra INVENTORY deploy.py --limit HOST...`` with the arguments given here (its serving
+then ``pyinfra INVENTORY deploy.py --limit HOST...`` (``--play tune.py``: that play instead) with the
+arguments given here (its serving
 roles gate a restarted instance on /health and one real completion); then the hosts that
 converged are put back ``ready`` and must be UP at every gateway before the next batch.
 
@@ -118,6 +119,17 @@ def limiter(inventory):
     return limit
 
 
+def play_of(args: list[str]) -> tuple[str, list[str]]:
+    """The play each batch runs (``--play FILE``, e.g. tune.py; deploy.py by default) and the
+    other arguments."""
+    if "--play" not in args:
+        return "deploy.py", args
+    i = args.index("--play")
+    if i + 1 >= len(args):
+        raise SystemExit("roll.py: --play needs a play file (deploy.py, tune.py)")
+    return args[i + 1], args[:i] + args[i + 2:]
+
+
 def main(argv: list[str]) -> int:
     picking = roll.host_options(argv[1:])
     if not argv or argv[0].startswith("-") or picking:
@@ -125,6 +137,7 @@ def main(argv: list[str]) -> int:
               + (f" (got {' '.join(picking)})." if picking else "."), file=sys.stderr)
         return 2
     inventory, args = argv[0], argv[1:]
+    play, args = play_of(args)
     ctx_state.set(State())   # the inventory file is read as pyinfra's CLI reads it
     inv = make_inventory(inventory, override_data=overrides(args), cwd=str(ROOT))
     data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()} for h in inv}
@@ -155,7 +168,7 @@ def main(argv: list[str]) -> int:
                            for name in batch})
             stopped = f"a drain could not be verified: {why}"
             break
-        code, out = pyinfra(inventory, "deploy.py", *pick, *args)
+        code, out = pyinfra(inventory, play, *pick, *args)
         result = roll.outcomes(out, batch, code, dry)
         failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
         unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})

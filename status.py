@@ -33,5 +33,6 @@ probed = parse_progress(found.get("fetch", []), fetches)
 configured = {name: entry.get("model") for var in ("llama_server_instances", "vllm_instances")
               for name, entry in (data.get(var) or {}).items() if isinstance(entry, dict)}
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
-                                        maintenance=data["rigup_maintenance"], models=configured),
+                                        maintenance=data["rigup_maintenance"], models=configured,
+                                        tuned=data.get("llama_server_tuned")),
              data["status_format"])

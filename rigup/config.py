@@ -5,7 +5,7 @@ Precedence, lowest first (what an Ansible user expects; SITE is the operator's s
     roles/*/defaults.yml < group_vars/all.yml < SITE/group_vars/all.yml
     < each group: its data in the inventory file < group_vars/<group>.yml < SITE/group_vars/<group>.yml
       (a host in several groups: the group defined later in the file wins, the file's own group last)
-    < inventory host data < --data
+    < inventory host data < host_vars/<host>.yml < SITE/host_vars/<host>.yml (as Ansible's) < --data
 
 pyinfra 3.10 lists a host's groups in the order the inventory file defines them (its module's
 globals; pyinfra_cli/inventory.py make_inventory_from_files, which appends the file's own group,
@@ -318,6 +318,17 @@ def group_files(name: str, site: Path | str | None = None) -> list[Path]:
     return [path for path in (d / f"{name}.yml" for d in dirs) if path.exists()]
 
 
+def host_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
+    """A host's own YAML, as Ansible's host_vars: ``host_vars/<name>.yml``, then
+    ``<site>/host_vars/<name>.yml`` (tune.py writes its results there), merged, the site's winning."""
+    dirs = [ROOT / "host_vars", *([Path(site) / "host_vars"] if site else [])]
+    data: dict[str, Any] = {}
+    for path in (d / f"{name}.yml" for d in dirs):
+        if path.exists():
+            data.update(load_yaml(path))
+    return data
+
+
 def group_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
     """Group data for inventory files: :func:`group_files` merged, the site's winning; for ``all``,
     on top of every role's defaults."""
@@ -443,11 +454,14 @@ def all_group(module: dict[str, Any], site: str | None = None) -> tuple[list[str
         if not all(isinstance(entry, (str, tuple)) for entry in hosts):
             continue  # pyinfra ignores it too, with a warning
         groups.append(key)
-        module[key] = (hosts, {**data, **group_vars(key, site)})
+        entries = []
         for entry in hosts:
-            name = entry[0] if isinstance(entry, tuple) else entry
+            name, own = (entry[0], entry[1]) if isinstance(entry, tuple) else (entry, {})
+            extra = host_vars(str(name), site)
+            entries.append((name, {**own, **extra}) if extra else entry)
             if name not in names:
                 names.append(name)
+        module[key] = (entries, {**data, **group_vars(key, site)})
     own = inventory.name.rsplit(".", 1)[0]    # pyinfra_cli.inventory.make_inventory_from_files
     if own not in groups:
         module[own] = (names, group_vars(own, site))

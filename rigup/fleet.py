@@ -134,14 +134,23 @@ def parse_build(lines: list[str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- rows
+def tuned_text(entry: dict | None) -> str | None:
+    """``tuned 1.84x at 4 concurrent`` of a ``llama_server_tuned`` entry (None: none, or no figures)."""
+    if not isinstance(entry, dict) or not entry.get("tok_s") or not entry.get("baseline_tok_s"):
+        return None
+    return f"tuned {entry['tok_s'] / entry['baseline_tok_s']:.2f}x at {entry.get('concurrency') or '?'} concurrent"
+
+
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,
-             models: dict[str, str]) -> dict:
+             models: dict[str, str], tuned: dict | None = None) -> dict:
     """The row of reachable host ``name``: ``found`` is :class:`FleetStatus`'s value, ``downloads``
-    one short line per model, ``models`` {instance name: its configured model} (for model@revision)."""
+    one short line per model, ``models`` {instance name: its configured model} (for model@revision),
+    ``tuned`` the host's ``llama_server_tuned`` (roles/llama_server/tuned.py)."""
     cards = parse_cards(found.get("gpus", []))
     serving = parse_serving(found.get("serving", []))
     for s in serving:
         s["model"] = f"{models.get(s['name'], '?')}@{(s['revision'] or '?')[:12]}"
+        s["tuned"] = tuned_text((tuned or {}).get(s["name"]))
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "serving": serving,
             "downloads": downloads, "guard": parse_guard(found.get("guard", []))}
@@ -185,7 +194,7 @@ def vram_cell(row: dict) -> str:
 def serving_cell(row: dict) -> str:
     """``gemma active :8081 200 gemma-270m@dc8aac109665``, one per instance, ``; ``-separated."""
     return "; ".join(f"{s['name']} {s['active'] or '?'} :{s['port'] or '?'} {s['health'] or '-'} {s['model']}"
-                     for s in row["serving"]) or "-"
+                     + (f" ({s['tuned']})" if s.get("tuned") else "") for s in row["serving"]) or "-"
 
 
 def guard_cell(row: dict) -> str:

@@ -12,6 +12,7 @@ import re
 from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
+from roles.llama_server.tuned import tuned, with_tuned
 
 # llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -95,4 +96,6 @@ def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, Llama
         if gpu_count is not None and len(split.split(",")) > gpu_count:
             return [(f"{where}.tensor_split", f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
         return []
-    return _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems)
+    flags, wrong = tuned(data, LLAMA_INSTANCE)
+    found, problems_ = _entries(with_tuned(data, flags), "llama_server_instances", LLAMA_INSTANCE, problems)
+    return found, wrong + problems_

@@ -1,0 +1,130 @@
+"""tune.py's pieces on the controller: each llama-server instance's sweep spec (from the ExecStart
+its drop-in runs), the job that runs rigup/tune.py on the host, and the result written as the
+host's data, ``host_vars/<host>.yml`` (``llama_server_tuned``, roles/llama_server/tuned.py), for the
+operator to commit; the next converge serves with it.
+
+The job (a transient unit, so that it outlives the SSH session) stops the instance's unit, runs
+rigup/tune.py as the rigup user on a loopback port of its own, starts the unit again whatever the
+sweep did, and marks its end; ``rigup.progress.waited`` prints its progress per host.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from pathlib import Path
+
+import click
+import yaml
+from pyinfra.api import FactBase
+
+from rigup.config import ROOT
+from roles.llama_server.tuned import FLAG_KEYS
+
+SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py"}
+DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
+HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
+          "# (roles/llama_server/tuned.py). Commit it; the next converge serves with them. Remove an\n"
+          "# entry to go back to the instance's own keys.\n")
+
+
+class ExecStart(FactBase):
+    """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one), or None."""
+
+    def command(self, instance: str) -> str:
+        return f"sed -n 's/^ExecStart=\\(..*\\)$/\\1/p' {shlex.quote(DROPIN.format(instance))} 2>/dev/null | tail -n 1"
+
+    def process(self, output: list[str]) -> list[str] | None:
+        line = "\n".join(output).strip()
+        return shlex.split(line) if line else None
+
+
+def workdir(data: dict) -> str:
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/tune"
+
+
+def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None) -> dict:
+    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart)."""
+    from rigup.tune import flags_of
+
+    have = flags_of(argv)
+    ctx, parallel = int(have.get("ctx", 8192)), int(have.get("parallel", 1))
+    concurrency = int(data["llama_server_tune_concurrency"] or parallel)
+    return {"argv": argv, "port": int(data["llama_server_tune_port"]), "concurrency": concurrency,
+            "levels": list(data["llama_server_tune_levels"] or [concurrency]), "slot_tokens": max(1, ctx // parallel),
+            "max_parallel": int(data["llama_server_tune_max_parallel"]), "gpu": gpu,
+            "budget_s": int(data["llama_server_tune_budget_s"]), "max_tokens": int(data["llama_server_tune_max_tokens"]),
+            "rounds": 1, "key_file": key_file, "logs": workdir(data)}
+
+
+def job(name: str, data: dict) -> tuple[str, str, str, str]:
+    """(unit, shell command, log, done marker) of instance ``name``'s sweep."""
+    q, d = shlex.quote, workdir(data)
+    unit, result, done = f"rigup-tune-{name}", f"{d}/{name}.json", f"{d}/{name}.done"
+    server = f"rigup-llama@{name}.service"
+    command = (f"rm -f {q(done)}; systemctl stop {q(server)}; runuser -u {q(data['rigup_user'])} -- python3 "
+               f"{q(d + '/rigup_tune.py')} {q(f'{d}/{name}.spec.json')} {q(result)}; rc=$?; "
+               f"systemctl start {q(server)}; [ $rc = 0 ] && touch {q(done)}; exit $rc")
+    return unit, command, f"{d}/{name}.log", done
+
+
+def entry(result: dict, build: str | None) -> dict | None:
+    """The ``llama_server_tuned`` entry of a sweep's result (None: nothing served)."""
+    best, base = result.get("best"), result.get("baseline")
+    if not best or not base:
+        return None
+    flags = {k: _typed(k, v) for k, v in best["flags"].items() if k in FLAG_KEYS}
+    return {"flags": flags, "tok_s": best["tps"], "baseline_tok_s": base["tps"], "concurrency": result["concurrency"],
+            "levels": list(result.get("levels") or []), "date": datetime.date.today().isoformat(), "build": build}
+
+
+def _typed(key: str, value):
+    return int(value) if key in ("ctx", "parallel", "batch", "ubatch") else str(value)
+
+
+def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:
+    """``<site or the repository>/host_vars/<host>.yml`` with ``entries`` merged into its
+    ``llama_server_tuned`` (other keys of the file kept)."""
+    path = Path(site or ROOT) / "host_vars" / f"{host}.yml"
+    doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+    doc = doc if isinstance(doc, dict) else {}
+    doc["llama_server_tuned"] = {**(doc.get("llama_server_tuned") or {}), **entries}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+    tmp.replace(path)
+    return path
+
+
+def markdown(host: str, name: str, result: dict) -> str:
+    """The sweep's table: each point's flags, status, figure and tok/s at each level."""
+    levels = result.get("levels") or []
+    lines = [f"# tune.py: {host} {name}", "", f"Target {result['concurrency']} concurrent; each point at "
+             f"{', '.join(map(str, levels))}; {len(result['points'])} points in {result['spent_s']} s; "
+             f"{result.get('stopped') or 'sweep complete'}. Best: {result['best'] and result['best']['flags']} "
+             f"({result.get('ratio')}x the instance as it was).", "",
+             "| flags | status | figure | " + " | ".join(f"{n} concurrent" for n in levels) + " |",
+             "| --- | --- | --- |" + " --- |" * len(levels)]
+    for p in result["points"]:
+        per = {lv["concurrency"]: lv["total_tps"] for lv in p.get("levels", [])}
+        lines.append(f"| {json.dumps(p['flags']) if p['flags'] else 'as it was'} | {p['status']} | {p.get('tps', '')} | "
+                     + " | ".join(str(per.get(n, "")) for n in levels) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def record(host: str, name: str, result: dict | None, data: dict, argv: list[str]) -> None:
+    """Keep a sweep's result: ``host_vars/<host>.yml`` (under the site directory when there is one)
+    gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table; a line says what it found."""
+    if not result or not result.get("best"):
+        why = (result or {}).get("stopped") or "no result on the host"
+        click.echo(f"    [{host}] tune {name}: nothing kept ({why})", err=True)
+        return
+    found = entry(result, None)
+    path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
+    out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{host}-{name}.md").write_text(markdown(host, name, result))
+    click.echo(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "
+               f"{result['ratio']}x as it was, in {result['spent_s']} s; wrote {path} (commit it) and "
+               f"{out / f'{host}-{name}.md'}", err=True)

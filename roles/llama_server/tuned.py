@@ -1,0 +1,71 @@
+"""``llama_server_tuned``: the flags tune.py measured fastest for an instance on a host, as data the
+operator commits (tune.py writes it to ``host_vars/<host>.yml``; rigup.config reads that file as
+the host's data; the same block in ``group_vars/<group>.yml`` tunes hosts alike). An entry:
+
+    llama_server_tuned:
+      gemma:                       # an instance of llama_server_instances
+        flags: {parallel: 4, ctx: 16384, flash_attn: "on", batch: 2048, ubatch: 512}
+        tok_s: 142.1               # what the sweep measured (its figure), and the instance before it
+        baseline_tok_s: 98.0
+        concurrency: 4
+        levels: [1, 4]
+        date: "2026-12-01"
+        build: lab-base-6e7ad8c66d
+
+The flags replace the instance's own keys of the same name (the converge serves with them; the
+plan says ``tuned``); the figures are for status.py and the reader. Pure: data in.
+"""
+
+from __future__ import annotations
+
+from rigup.config import parse_form
+from rigup.entries import Key, normalise
+
+# the instance keys a sweep sets (rigup/tune.py FLAGS), with their forms in schema.LLAMA_INSTANCE
+FLAG_KEYS = ("ctx", "parallel", "flash_attn", "batch", "ubatch", "cache_type_k", "cache_type_v")
+ENTRY = {
+    "flags": Key("map", {}, "the instance keys measured fastest: " + ", ".join(FLAG_KEYS)),
+    "tok_s": Key("float 0.. or null", None, "the sweep's figure for the flags (total tok/s, geometric mean over levels)"),
+    "baseline_tok_s": Key("float 0.. or null", None, "the same figure for the instance before the sweep"),
+    "concurrency": Key("int 1.. or null", None, "the target concurrency of the sweep"),
+    "levels": Key("list of int", [], "the concurrencies each point was measured at"),
+    "date": Key("str or null", None, "when it was measured"),
+    "build": Key("str or null", None, "the llama.cpp build it was measured with"),
+}
+
+
+def tuned(data: dict, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """{instance: its tuned flags} and (key path, problem) for each wrong entry of
+    ``llama_server_tuned``: an instance not in llama_server_instances, an unknown key, a flag
+    that is not one of FLAG_KEYS or not of the instance key's form (``instance_keys``)."""
+    raw, serving = data.get("llama_server_tuned") or {}, data.get("llama_server_instances") or {}
+    out, problems = {}, []
+    for name, entry in raw.items():
+        where = f"llama_server_tuned.{name}"
+        if name not in serving:
+            problems.append((where, f"{name!r} is not an instance of llama_server_instances: tune it again or "
+                                    "remove the entry"))
+            continue
+        norm, found = normalise(entry, ENTRY, where)
+        flags = norm.get("flags") or {}
+        for key, value in flags.items():
+            if key not in FLAG_KEYS:
+                found.append((f"{where}.flags.{key}", f"not a flag tune.py sets; known: {', '.join(FLAG_KEYS)}"))
+                continue
+            form = parse_form(instance_keys[key].form)
+            why = form.problem(value)
+            if why:
+                found.append((f"{where}.flags.{key}", f"expected {form.text}, {why}"))
+        problems += found
+        if not found:
+            out[name] = dict(flags)
+    return out, problems
+
+
+def with_tuned(data: dict, flags: dict[str, dict]) -> dict:
+    """``data`` with each tuned instance's entry of llama_server_instances taking its flags."""
+    if not flags:
+        return data
+    serving = {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
+               for name, entry in (data.get("llama_server_instances") or {}).items()}
+    return {**data, "llama_server_instances": serving}

@@ -1,0 +1,73 @@
+"""llama_server_tuned (roles/llama_server/tuned.py), host_vars (rigup.config) and tune.py's pieces on
+the controller (rigup/tuning.py): what a sweep found becomes the host's data, and the converge's."""
+
+import yaml
+
+from rigup import config, tuning
+from roles.llama_server.command import argv
+from roles.llama_server.schema import instances
+from tests.unit.hosts import REV, data
+
+RESULT = {"concurrency": 4, "levels": [1, 4], "spent_s": 61.0, "stopped": None, "ratio": 1.8,
+          "baseline": {"flags": {}, "tps": 50.0, "status": "ok"},
+          "best": {"flags": {"parallel": 4, "ctx": 16384, "flash_attn": "on"}, "tps": 90.0, "status": "ok"},
+          "points": [{"flags": {}, "status": "ok", "tps": 50.0, "levels": [{"concurrency": 1, "total_tps": 30.0}]}]}
+
+
+def served(**tuned):
+    return data(models={"m": {"repo": "a/b-GGUF", "revision": REV}},
+                llama_server_instances={"g": {"model": "m", "port": 8081, "ctx": 4096, "parallel": 2}},
+                llama_server_tuned=tuned)
+
+
+def test_tuned_flags_replace_the_instances_own_keys():
+    found, problems = instances(served(g={"flags": {"parallel": 4, "ctx": 16384, "flash_attn": "on"}, "tok_s": 90.0}))
+    assert problems == [] and (found["g"]["ctx"], found["g"]["parallel"], found["g"]["flash_attn"]) == (16384, 4, "on")
+    assert "-c 16384 --parallel 4" in " ".join(argv("g", found["g"], "/b/llama-server", "/m.gguf"))
+
+
+def test_a_wrong_tuned_entry_is_named_by_its_key_path():
+    _, problems = instances(served(g={"flags": {"parallel": 0, "ngl": 3}}, gone={"flags": {}}))
+    paths = [p for p, _ in problems]
+    assert paths == ["llama_server_tuned.g.flags.parallel", "llama_server_tuned.g.flags.ngl", "llama_server_tuned.gone"]
+
+
+def test_a_sweeps_result_becomes_host_vars_and_the_hosts_data(tmp_path):
+    found = tuning.entry(RESULT, "lab-base-1234567890")
+    assert found["flags"] == {"parallel": 4, "ctx": 16384, "flash_attn": "on"} and found["tok_s"] == 90.0
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "rig-07.yml").write_text("rigup_batch: 2\nllama_server_tuned: {other: {flags: {}}}\n")
+    path = tuning.write_host_vars("rig-07", {"g": found}, str(tmp_path))
+    doc = yaml.safe_load(path.read_text())
+    assert path.read_text().startswith("# Written by tune.py") and doc["rigup_batch"] == 2
+    assert set(doc["llama_server_tuned"]) == {"other", "g"}
+    assert config.host_vars("rig-07", tmp_path)["llama_server_tuned"]["g"]["flags"]["parallel"] == 4
+
+
+def test_an_inventorys_hosts_get_their_host_vars(tmp_path):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "rig-07.yml").write_text("llama_server_tuned: {g: {flags: {parallel: 4}}}\n")
+    inventory = tmp_path / "mine.py"
+    module = {"__file__": str(inventory), "rigs": ["rig-07", ("rig-08", {"ssh_port": 2222})]}
+    config.all_group(module, site=str(tmp_path))
+    hosts = dict(h if isinstance(h, tuple) else (h, {}) for h in module["rigs"][0])
+    assert hosts["rig-07"]["llama_server_tuned"]["g"]["flags"] == {"parallel": 4} and hosts["rig-08"] == {"ssh_port": 2222}
+
+
+def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_again():
+    d = data(rigup_state_dir="/var/lib/rigup")
+    unit, command, log, done = tuning.job("g", d)
+    assert unit == "rigup-tune-g" and log == "/var/lib/rigup/tune/g.log" and done == "/var/lib/rigup/tune/g.done"
+    stop, sweep, start = command.index("systemctl stop"), command.index("runuser -u rigup"), command.index("systemctl start")
+    assert stop < sweep < start and "rc=$?" in command[sweep:start]
+    spec = tuning.spec("g", ["/b/llama-server", "-c", "8192", "--parallel", "2"], d, True, None)
+    assert spec["concurrency"] == 2 and spec["slot_tokens"] == 4096 and spec["levels"] == [2]
+
+
+def test_status_says_how_much_faster_the_tuned_flags_were():
+    from rigup.fleet import serving_cell, tuned_text
+    assert tuned_text(tuning.entry(RESULT, None)) == "tuned 1.80x at 4 concurrent" and tuned_text(None) is None
+    row = {"serving": [{"name": "g", "active": "active", "port": 8081, "health": 200, "model": "m@dc8aac109665",
+                        "tuned": "tuned 1.80x at 4 concurrent"}]}
+    assert serving_cell(row) == "g active :8081 200 m@dc8aac109665 (tuned 1.80x at 4 concurrent)"

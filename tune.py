@@ -1,0 +1,62 @@
+"""The fastest llama-server flags for each instance of a host, measured on the host itself, written
+as the host's data for you to commit; the next converge serves with them.
+
+    pyinfra inventory/mine.py tune.py --limit rig-07 --serial          # the instances stop meanwhile
+    .venv/bin/python roll.py inventory/mine.py --play tune.py           # a fleet: one host at a time,
+                                                                        # out of the gateways' pools
+
+For each instance of llama_server_instances with one server (replicas: 1): a job on the host
+(rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
+rigup/tune.py as the rigup user (a bounded sweep from the instance as it is: --parallel, then on
+GPUs -fa, batch sizes and a q8_0 KV cache, each point a real server answering completions at
+llama_server_tune_levels, within llama_server_tune_budget_s) and starts the unit again, whatever
+the sweep did. A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
+directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py)
+and ``tune_out/<date>/<host>-<instance>.md`` holds every point.
+Variables (roles/llama_server/defaults.yml): llama_server_tune_concurrency, _levels, _budget_s,
+_max_parallel, _max_tokens, _port.
+"""
+
+import io
+import json
+import shlex
+
+import click
+from pyinfra import host
+from pyinfra.operations import files, python, server
+
+from rigup import progress, tuning
+from rigup.config import check_host
+from rigup.names import LLAMA_KEY
+
+check_host(host)
+data = host.data.dict()
+d = tuning.workdir(data)
+instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
+             if isinstance(i, dict) and i.get("replicas", 1) == 1}
+gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types swept (on a CPU build too, when asked)
+files.directory(name="tune.py: its directory", path=d, user=data["rigup_user"], group=data["rigup_user"], mode="750",
+                _sudo=True)
+for script, source in tuning.SCRIPTS.items():
+    files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
+for name, inst in sorted(instances.items()):
+    argv = host.get_fact(tuning.ExecStart, instance=name)
+    if not argv:
+        click.echo(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)", err=True)
+        continue
+    key = LLAMA_KEY.format(name) if inst.get("api_key") else None
+    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) in (99, -1), key)
+    files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
+              dest=f"{d}/{name}.spec.json", user=data["rigup_user"], mode="640")
+    unit, command, log, done = tuning.job(name, data)
+    server.shell(name=f"tune.py: start the sweep of {name}", commands=[progress.start_command(unit, command, log, True)])
+    python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
+                log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
+
+    def keep(name=name, argv=argv):
+        ok, out = host.run_shell_command(command=f"cat {shlex.quote(f'{d}/{name}.json')}", print_output=False,
+                                         print_input=False)
+        result = json.loads("\n".join(out.stdout_lines)) if ok else None
+        tuning.record(host.name, name, result, data, argv)
+
+    python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)
