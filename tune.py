@@ -35,8 +35,7 @@ d = tuning.workdir(data)
 instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
              if isinstance(i, dict) and i.get("replicas", 1) == 1}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types swept (on a CPU build too, when asked)
-files.directory(name="tune.py: its directory", path=d, user=data["rigup_user"], group=data["rigup_user"], mode="750",
-                _sudo=True)
+files.directory(name="tune.py: its directory", path=d, user=data["rigup_user"], group=data["rigup_user"], mode="750")
 for script, source in tuning.SCRIPTS.items():
     files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
 for name, inst in sorted(instances.items()):
