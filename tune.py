@@ -12,7 +12,7 @@ GPUs -fa, batch sizes and a q8_0 KV cache, each point a real server answering co
 llama_server_tune_levels, within llama_server_tune_budget_s) and starts the unit again, whatever
 the sweep did. A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
 directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py)
-and ``tune_out/<date>/<host>-<instance>.md`` holds every point.
+and ``tune_out/<date>/<host>-<instance>.md`` (and ``.png``, bench.py's plot) holds every point.
 Variables (roles/llama_server/defaults.yml): llama_server_tune_concurrency, _levels, _budget_s,
 _max_parallel, _max_tokens, _port.
 """

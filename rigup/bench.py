@@ -359,7 +359,7 @@ def series(results: dict[str, dict]) -> list[tuple[str, list[int], list[float]]]
             if inst.get("levels")]
 
 
-def plot(results: dict[str, dict], path: Path) -> None:
+def plot(results: dict[str, dict], path: Path, title: str = "rigup bench: throughput per host and instance") -> None:
     """``fleet.png``: total tok/s against concurrency, one line per host and instance."""
     import matplotlib
     import matplotlib.ticker
@@ -374,7 +374,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("total tokens/s (generation)")
-    ax.set_title("rigup bench: throughput per host and instance")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     fig.tight_layout()

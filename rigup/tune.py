@@ -212,14 +212,17 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
     result = {"concurrency": spec["concurrency"], "levels": spec_levels(spec), "budget_s": budget, "points": [],
               "baseline": None, "best": None, "ratio": None, "spent_s": 0.0, "stopped": None}
     best_flags: dict = {}
+    measured: set = set()   # the flags of each command line measured (a change may spell the baseline's own)
 
     def run(stage: int, change: dict) -> bool | None:
-        """Measure the best flags with ``change``: whether it became the best (None: it is the
-        best's own command line, not measured again)."""
+        """Measure the best flags with ``change``: whether it became the best (None: a command
+        line already measured, not measured again)."""
         flags = {**best_flags, **change}
         point = {"stage": stage, "flags": flags, "argv": with_flags(argv, flags)}
-        if result["best"] and point["argv"] == result["best"]["argv"]:
+        key = frozenset(flags_of(point["argv"]).items())
+        if key in measured:
             return None
+        measured.add(key)
         point.update(measure_point(spec, point["argv"], logs / f"tune-{len(result['points'])}.log"))
         point["at_s"] = round(time.monotonic() - started, 1)
         result["points"].append(point)

@@ -19,6 +19,7 @@ import click
 import yaml
 from pyinfra.api import FactBase
 
+from rigup import bench
 from rigup.config import ROOT
 from roles.llama_server.tuned import FLAG_KEYS
 
@@ -115,7 +116,7 @@ def markdown(host: str, name: str, result: dict) -> str:
 
 def record(host: str, name: str, result: dict | None, data: dict, argv: list[str]) -> None:
     """Keep a sweep's result: ``host_vars/<host>.yml`` (under the site directory when there is one)
-    gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table; a line says what it found."""
+    gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png`` its plot); a line says what it found."""
     if not result or not result.get("best"):
         why = (result or {}).get("stopped") or "no result on the host"
         click.echo(f"    [{host}] tune {name}: nothing kept ({why})", err=True)
@@ -125,6 +126,13 @@ def record(host: str, name: str, result: dict | None, data: dict, argv: list[str
     out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{host}-{name}.md").write_text(markdown(host, name, result))
+    points = {json.dumps(p["flags"]) if p["flags"] else "as it was": {"levels": p["levels"]}
+              for p in result["points"] if p.get("levels")}
+    try:   # bench.py's plot: one line per point, tok/s against the levels
+        bench.plot({host: {"instances": points}}, out / f"{host}-{name}.png", f"tune.py: {host} {name}, each point")
+    except ImportError:
+        click.echo(f"    [{host}] tune {name}: no plot: matplotlib is missing (pip install -r requirements-dev.txt)",
+                   err=True)
     click.echo(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "
                f"{result['ratio']}x as it was, in {result['spent_s']} s; wrote {path} (commit it) and "
                f"{out / f'{host}-{name}.md'}", err=True)

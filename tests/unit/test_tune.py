@@ -55,6 +55,18 @@ def test_fewer_slots_are_tried_when_the_concurrency_loses():
     assert [k[0] for k in seen] == [1, 8, 4, 2] and result["best"]["flags"] == {"parallel": 4, "ctx": 32768}
 
 
+def test_a_change_that_spells_the_baselines_own_flags_is_not_measured_again():
+    """The instance already serves 2 slots of 4,096 (as the lab's does) at a target of 4: the
+    halving direction's 2 is the baseline itself, skipped (on the lab it was measured twice,
+    8.5 and 24.2 tok/s, and the noise won); 1 is tried."""
+    argv = tune.with_flags(ARGV, {"ctx": 8192, "parallel": 2})
+    figures = {(2, "auto", None, None): 100, (4, "auto", None, None): 90, (1, "auto", None, None): 60}
+    measure, seen = table(figures)
+    result = tune.tune({**SPEC, "argv": argv, "concurrency": 4, "slot_tokens": 4096, "gpu": False},
+                       measure_point=measure)
+    assert [k[0] for k in seen] == [2, 4, 1] and result["best"]["flags"] == {} and result["ratio"] == 1.0
+
+
 def test_a_point_that_does_not_fit_is_recorded_and_skipped():
     measure, _ = table({(8, "auto", None, None): 400}, failing={(16, "auto", None, None)})
     result = tune.tune({**SPEC, "gpu": False}, measure_point=measure)

@@ -71,3 +71,13 @@ def test_status_says_how_much_faster_the_tuned_flags_were():
     row = {"serving": [{"name": "g", "active": "active", "port": 8081, "health": 200, "model": "m@dc8aac109665",
                         "tuned": "tuned 1.80x at 4 concurrent"}]}
     assert serving_cell(row) == "g active :8081 200 m@dc8aac109665 (tuned 1.80x at 4 concurrent)"
+
+
+def test_a_kept_sweep_writes_host_vars_a_table_and_a_plot(tmp_path, capsys):
+    tuning.record("rig-07", "g", RESULT, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"])
+    said = capsys.readouterr().err
+    day = next((tmp_path / "tune_out").iterdir())
+    assert "[rig-07] tune g: {'parallel': 4, 'ctx': 16384, 'flash_attn': 'on'}: 90.0 tok/s, 1.8x" in said
+    assert (day / "rig-07-g.md").read_text().startswith("# tune.py: rig-07 g")
+    assert (day / "rig-07-g.png").read_bytes()[:4] == b"\x89PNG"
+    assert yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]["tok_s"] == 90.0
