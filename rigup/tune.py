@@ -47,7 +47,7 @@ except ImportError:   # on a host: rigup_throughput.py next to this file
 FLAGS = {"ctx": ("-c", "--ctx-size"), "parallel": ("--parallel", "-np"), "flash_attn": ("-fa", "--flash-attn"),
          "batch": ("-b", "--batch-size"), "ubatch": ("-ub", "--ubatch-size"),
          "cache_type_k": ("-ctk", "--cache-type-k"), "cache_type_v": ("-ctv", "--cache-type-v"),
-         "port": ("--port",), "host": ("--host",)}
+         "cache_ram": ("-cram", "--cache-ram"), "port": ("--port",), "host": ("--host",)}
 BATCHES = ((2048, 512), (4096, 1024), (1024, 256))   # llama.cpp's default pair first
 GAIN = 1.03
 # what llama-server's log says when a point cannot serve as asked

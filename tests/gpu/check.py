@@ -461,6 +461,59 @@ def cmd_tune(args) -> None:
         sys.exit("GPU settings changed")
 
 
+def cmd_admission(args) -> None:
+    """Issue 28's 32-concurrent gap: the tuned flags of tests/gpu/results/2026-12-02-h200-tune.json
+    (rigup's sized defaults with -fa on) with llama-server's host-RAM prompt cache (on by default:
+    each new task on a used slot first saves that slot's KV state to host RAM, in the main loop)
+    and with --cache-ram 0, against the reports' recipe; at 16 and 32 concurrent chats of 400
+    tokens, TUNE_REPEATS times each. Writes OUT/<date>-h200-admission.{json,md}."""
+    from rigup import tune
+
+    before = gpu_settings()
+    facts, plan = facts_and_plan()
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / MODEL_FILE
+    inst, why = plan_instance(plan, model)
+    port, levels_ = TUNE_PORT + 1, (16, 32)
+    tuned = tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port, "flash_attn": "on"})
+    configs = {"tuned (-fa on)": tuned, "tuned with --cache-ram 0": tune.with_flags(tuned, {"cache_ram": 0}),
+               "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
+                                                                               {"port": port})}
+
+    def levels(p: int) -> list[dict]:
+        rows = []
+        for n in levels_:
+            reps = [concurrency(p, n) for _ in range(TUNE_REPEATS)]
+            rows.append({"concurrent": n, "total_tps": [r["total_tps"] for r in reps],
+                         "mean_tps": round(sum(r["total_tps"] for r in reps) / len(reps), 1)})
+            print(f"  {n} concurrent: {rows[-1]['total_tps']}", flush=True)
+        return rows
+
+    servers = {}
+    for label, argv in configs.items():
+        print(f"{label}: {' '.join(argv[1:])}", flush=True)
+        servers[label] = serve_and_measure(label, argv, port, args.out / f"admission-{len(servers)}.log", measure=levels)
+    mean = {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
+    t, off, reports = (mean[k] for k in configs)
+    lines = [f"# llama-server's host-RAM prompt cache at 16 and 32 concurrent, {time.strftime('%Y-%m-%d')}", "",
+             f"{facts['gpus'][0]['name'] if facts['gpus'] else '?'}; {model.name}; chats of 400 tokens; total tok/s, "
+             f"the mean of {TUNE_REPEATS} runs each; rigup's defaults for this plan: {why}", "",
+             "| flags | 16 concurrent | 32 concurrent |", "| --- | --- | --- |"]
+    lines += [f"| {label} | {mean[label][16]:,} | {mean[label][32]:,} |" for label in configs]
+    lines += ["", f"tuned with --cache-ram 0 against the reports' recipe: {off[32] / reports[32]:.2f}x at 32, "
+                  f"{off[16] / reports[16]:.2f}x at 16; against the tuned flags with the cache: "
+                  f"{off[32] / t[32]:.2f}x at 32."]
+    doc = {"date": time.strftime("%Y-%m-%d"), "build": build, "plan_defaults": why, "servers": servers, "mean_tps": mean,
+           "gpu_settings_before": before, "gpu_settings_after": gpu_settings()}
+    day = time.strftime("%Y-%m-%d")
+    (args.out / f"{day}-h200-admission.json").write_text(json.dumps(doc, indent=1))
+    (args.out / f"{day}-h200-admission.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if doc["gpu_settings_before"] != doc["gpu_settings_after"]:
+        sys.exit("GPU settings changed")
+
+
 def cmd_compare(args) -> None:
     """The tuned flags (WORK/tune.json) side by side with rigup's defaults for the plan, the
     reports' recipe (-c 65536 --parallel 8) and llama.cpp's own defaults: each served once, at 1,
@@ -933,7 +986,7 @@ def cmd_plan(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
-                                         "compare", "report"))
+                                         "compare", "report", "admission"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -948,7 +1001,7 @@ def main() -> None:
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
      "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare,
-     "report": cmd_report}[args.step](args)
+     "report": cmd_report, "admission": cmd_admission}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #   sh tests/gpu/tune.sh 1      # carry: [".gpu"]; about 7 minutes
 #   sh tests/gpu/tune.sh 2      # at once after it; about 5 minutes
 #   sh tests/gpu/tune.sh 3      # at once after it; up to 9 minutes
+#   sh tests/gpu/tune.sh b; sh tests/gpu/tune.sh a   # build and model, then check.py admission
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 W=/root/rigup-gpu
@@ -40,6 +41,14 @@ case "${1:-}" in
     t=0; while [ ! -e "$W/compare.done" ] && [ $t -lt 560 ]; do sleep 3; t=$((t + 3)); done
     cat "$W/compare.log"; cp -r "$W/compare" "$W/compare.log" "$OUT/"
     [ -e "$W/compare.done" ] && echo "compare: exit $(cat "$W/compare.done")" || echo "compare: still running; run phase 3 again" ;;
+b)  # the build and the model alone (for check.py admission), nothing started after
+    python3 "$C" model --work "$W" >"$W/model.log" 2>&1 &
+    model=$!
+    python3 "$C" build --work "$W" >"$W/build.log" 2>&1
+    echo "build: exit $?"; tail -n 2 "$W/build.log"
+    wait "$model"; echo "model: exit $?"; tail -n 1 "$W/model.log" ;;
+a)  # at once after b: the host-RAM prompt cache on and off at 16 and 32 concurrent (about 4 minutes)
+    python3 "$C" admission --work "$W" --out "$OUT" ;;
 *)
-    echo "usage: sh tests/gpu/tune.sh 1|2|3" >&2; exit 2 ;;
+    echo "usage: sh tests/gpu/tune.sh 1|2|3|b|a" >&2; exit 2 ;;
 esac
