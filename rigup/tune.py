@@ -18,8 +18,10 @@ figure is the geometric mean of its tok/s over them, so that a lower level can h
 
 The sweep (:func:`stages`): the instance as it is (the baseline); then ``--parallel`` from the
 highest level, doubled while it gains, else halved while it gains (ctx = parallel x slot_tokens,
-so every slot keeps its context); then, on GPUs, ``-fa on`` and ``off``, the batch pairs (``-b``/``-ub``), a q8_0 KV
-cache. A point replaces the best so far only when it is ``gain`` times faster (what two runs of
+so every slot keeps its context); then ``--cache-ram 0`` (llama-server's host-RAM prompt cache
+off: with it on, each new task on a used slot first copies that slot's KV state to RAM, in the
+server's loop, which cost 29% at 32 concurrent on an H200); then, on GPUs, ``-fa on`` and
+``off``, the batch pairs (``-b``/``-ub``), a q8_0 KV cache. A point replaces the best so far only when it is ``gain`` times faster (what two runs of
 one server differ by); a point that does not start (out of memory), crashes, falls back to the
 CPU or answers nothing is recorded as such and skipped. When the budget is spent the best so far
 stands. RESULT: every point (flags, tok/s, per-request tok/s, seconds to ready, VRAM used), the
@@ -102,6 +104,8 @@ def stages(spec: dict, base: dict) -> list[list[list[dict]]]:
     slot = int(spec["slot_tokens"])
     out = [[[{}]], [[{"parallel": p, "ctx": p * slot} for p in d]
                     for d in parallel_directions(max(spec_levels(spec)), int(spec["max_parallel"])) if d]]
+    if base.get("cache_ram") != "0":   # the host-RAM prompt cache off: no slot state copied before a task
+        out.append([[{"cache_ram": 0}]])
     if spec.get("gpu"):
         out.append([[{"flash_attn": v}] for v in ("on", "off") if base.get("flash_attn") != v])
         out.append([[{"batch": b, "ubatch": u}] for b, u in BATCHES

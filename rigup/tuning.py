@@ -81,7 +81,7 @@ def entry(result: dict, build: str | None) -> dict | None:
 
 
 def _typed(key: str, value):
-    return int(value) if key in ("ctx", "parallel", "batch", "ubatch") else str(value)
+    return int(value) if key in ("ctx", "parallel", "batch", "ubatch", "cache_ram") else str(value)
 
 
 def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:

@@ -22,8 +22,9 @@ def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = (
             "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
             "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
             "--jinja" if inst["jinja"] else "--no-jinja"]
-    for flag, key in (("-b", "batch"), ("-ub", "ubatch"), ("-ctk", "cache_type_k"), ("-ctv", "cache_type_v")):
-        if inst.get(key):   # null: llama.cpp's default, no flag (the unit's argv as before the keys)
+    for flag, key in (("-b", "batch"), ("-ub", "ubatch"), ("-ctk", "cache_type_k"), ("-ctv", "cache_type_v"),
+                      ("-cram", "cache_ram")):
+        if inst.get(key) is not None:   # null: llama.cpp's default, no flag (the unit's argv as before the keys)
             args += [flag, inst[key]]
     if inst["tensor_split"]:
         args += ["-ts", inst["tensor_split"]]

@@ -29,6 +29,7 @@ class LlamaInstance(ServingInstance):
     ubatch: int | None
     cache_type_k: str | None
     cache_type_v: str | None
+    cache_ram: int | None
     split_mode: str
     tensor_split: str | None
     jinja: bool
@@ -52,6 +53,11 @@ LLAMA_INSTANCE: dict[str, Key] = {
                         "types flash attention has kernels for"),
     "cache_type_v": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
                         "-ctv: the V cache's type (null: f16); a quantized one needs flash attention"),
+    "cache_ram": Key("int -1.. or null", None,
+                     "-cram: MiB of host RAM for llama-server's prompt cache (null: llama.cpp's 8192; 0: off; -1: "
+                     "no limit). On one H200 at 32 concurrent, 0 served 1.41x the tok/s: with the cache on, each "
+                     "new request on a used slot first copies that slot's KV state to RAM, one after another "
+                     "(tests/gpu/results/2026-12-02-h200-admission.md); tune.py measures it per host"),
     "batch": Key("int 1.. or null", None, "-b: the logical batch, in tokens (null: llama.cpp's 2048)"),
     "ubatch": Key("int 1.. or null", None, "-ub: the physical batch, in tokens (null: llama.cpp's 512)"),
     "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
@@ -75,7 +81,7 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 # llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
 # flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-b": "batch", "--batch-size": "batch",
-               "-ub": "ubatch", "--ubatch-size": "ubatch",
+               "-ub": "ubatch", "--ubatch-size": "ubatch", "-cram": "cache_ram", "--cache-ram": "cache_ram",
                "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v",
                "--host": "host", "--port": "port", "--api-key": "api_key", "--api-key-file": "api_key",
                "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model",

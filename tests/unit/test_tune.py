@@ -5,6 +5,9 @@ tests/gpu/check.py tune)."""
 import pytest
 
 from rigup import tune
+from roles.llama_server.command import argv as unit_argv
+from roles.llama_server.schema import instances
+from tests.unit.hosts import REV, data
 
 ARGV = ["/b/llama-server", "-m", "/m.gguf", "--alias", "g", "--host", "0.0.0.0", "--port", "8081", "-c", "8192",
         "--parallel", "1", "-ngl", "99", "-fa", "auto", "--jinja"]
@@ -44,7 +47,8 @@ def test_slots_grow_while_they_gain_then_the_gpu_flags_are_tried():
     assert result["best"]["flags"] == {"parallel": 16, "ctx": 131072, "flash_attn": "on"}
     assert result["ratio"] == 7.0 and result["baseline"]["flags"] == {}
     kinds = [p["stage"] for p in result["points"]]
-    assert kinds == [0, 1, 1, 1, 2, 3, 3, 4]   # fa on gained (off is not tried); 2 batch pairs; q8_0
+    assert kinds == [0, 1, 1, 1, 2, 3, 4, 4, 5]   # -cram 0; fa on gained (off is not tried); 2 batch pairs; q8_0
+    assert result["points"][4]["flags"] == {"parallel": 16, "ctx": 131072, "cache_ram": 0}
 
 
 def test_fewer_slots_are_tried_when_the_concurrency_loses():
@@ -52,7 +56,7 @@ def test_fewer_slots_are_tried_when_the_concurrency_loses():
                (2, "auto", None, None): 110}
     measure, seen = table(figures, default=50)
     result = tune.tune({**SPEC, "gpu": False}, measure_point=measure)
-    assert [k[0] for k in seen] == [1, 8, 4, 2] and result["best"]["flags"] == {"parallel": 4, "ctx": 32768}
+    assert [k[0] for k in seen] == [1, 8, 4, 2, 4] and result["best"]["flags"] == {"parallel": 4, "ctx": 32768}
 
 
 def test_a_change_that_spells_the_baselines_own_flags_is_not_measured_again():
@@ -64,7 +68,7 @@ def test_a_change_that_spells_the_baselines_own_flags_is_not_measured_again():
     measure, seen = table(figures)
     result = tune.tune({**SPEC, "argv": argv, "concurrency": 4, "slot_tokens": 4096, "gpu": False},
                        measure_point=measure)
-    assert [k[0] for k in seen] == [2, 4, 1] and result["best"]["flags"] == {} and result["ratio"] == 1.0
+    assert [k[0] for k in seen] == [2, 4, 1, 2] and result["best"]["flags"] == {} and result["ratio"] == 1.0
 
 
 def test_a_point_that_does_not_fit_is_recorded_and_skipped():
@@ -103,3 +107,16 @@ def test_the_parallel_stage_starts_at_the_highest_level():
     assert tune.parallel_directions(64, 32)[0] == [32]
     stages = tune.stages({**SPEC, "levels": [1, 8, 16, 32]}, tune.flags_of(ARGV))
     assert stages[1][0][0] == {"parallel": 32, "ctx": 262144}
+
+
+def test_the_host_ram_prompt_cache_off_is_kept_when_it_gains_and_the_flag_reaches_the_unit():
+    def measure(spec, argv, log):
+        f = tune.flags_of(argv)
+        return {"status": "ok", "tps": 330.0 if f.get("cache_ram") == "0" else 230.0}
+    result = tune.tune({**SPEC, "gpu": False, "max_parallel": 8}, measure_point=measure)
+    assert result["best"]["flags"] == {"cache_ram": 0} and "-cram" in result["best"]["argv"]
+    found, problems = instances(data(models={"m": {"repo": "a/b-GGUF", "revision": REV}},
+                                     llama_server_instances={"g": {"model": "m", "port": 8081, "ctx": 4096, "parallel": 2}},
+                                     llama_server_tuned={"g": {"flags": {"cache_ram": 0}}}))
+    assert problems == [] and found["g"]["cache_ram"] == 0
+    assert " -cram 0" in " ".join(map(str, unit_argv("g", found["g"], "/b/llama-server", "/m.gguf")))
