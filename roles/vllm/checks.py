@@ -12,6 +12,9 @@ and the ports its instances take.
     check_vram      weights that leave no room for the KV cache on the instance's cards
     check_vllm_cc   a model family whose stock vLLM kernels need a higher compute capability
     check_replicas  replicas x tp x pp beyond the host's GPUs, a server's port outside 1024..65535
+    check_wheel_cuda  a vLLM wheel built for a newer CUDA than the host's driver runs (the wheel's
+                    CUDA from a ``+cuXYZ`` tag in vllm_pip_version or a ``.../cuXYZ`` index in
+                    vllm_pip_args; unknown: not refused)
     check_ray       (FLEET_CHECKS, with every host's data) a Ray node that cannot join its cluster:
                     no Ray version, no head or one that is no Ray head, another Ray or vLLM than
                     its head's, instances on a worker, no systemd
@@ -23,7 +26,7 @@ import ipaddress
 import re
 
 from rigup.config import ConfigError
-from rigup.gpu.catalogue import family_of
+from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
 from rigup.models import models
 from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure, serving_ports
@@ -282,6 +285,40 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
+_CU = re.compile(r"(?:\+|/|\b)cu(1[0-9])([0-9])\b")   # +cu128, .../whl/cu130, cu129: CUDA 12.8, 13.0, 12.9
+
+
+def wheel_cuda(data: dict) -> tuple[str, str] | None:
+    """(CUDA version, where it was read) of the vLLM wheel the host installs, or None when the
+    pins do not say (a source build, or the index's default wheel)."""
+    for key, text in (("vllm_pip_version", data.get("vllm_pip_version")),
+                      *((f"vllm_pip_args[{i}]", arg) for i, arg in enumerate(data.get("vllm_pip_args") or []))):
+        m = _CU.search(str(text or ""))
+        if m:
+            return f"{m.group(1)}.{m.group(2)}", f"{key} {text}"
+    return None
+
+
+def check_wheel_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+    """vLLM instances whose wheel is built for a newer CUDA than the loaded driver runs
+    (rigup/gpu/catalogue.yml cuda_min_driver): it would install, then fail at its first CUDA call."""
+    driver = (plan.get("driver") or {}).get("version")
+    built = wheel_cuda(data)
+    if not gpu_host(plan, data) or not data.get("vllm_instances") or not built or version_tuple(driver or "") is None:
+        return []
+    cuda, where = built
+    need = min_driver_for_cuda(cuda)
+    if need is None or version_tuple(driver) >= version_tuple(need[1]):
+        return []
+    newest = newest_cuda_for_driver(driver)
+    return [Refusal(
+        f"the vLLM wheel is built for CUDA {cuda} ({where}), newer than NVIDIA driver {driver} runs",
+        f"CUDA {cuda} needs driver >= {need[1]} (rigup/gpu/catalogue.yml cuda_min_driver); driver {driver} "
+        f"runs CUDA up to {newest or '?'}",
+        (f"pin a wheel built for CUDA {newest} or older (e.g. +cu{newest.replace('.', '')}), or " if newest else "")
+        + f"upgrade the NVIDIA driver to >= {need[1]}", "wheel_cuda")]
+
+
 def _same(me: str, data: dict, head: str, head_data: dict) -> list[tuple[str, str]]:
     """(key, why) for each of Ray's and vLLM's pins where ``me`` and its ``head`` differ."""
     keys = ("vllm_ray_version", "vllm_pip_version", "vllm_git_url", "vllm_git_commit", "vllm_extra_packages")
@@ -333,5 +370,5 @@ def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
 
 
 CHECKS = (check_config, check_pin, check_host_ip, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
-          check_replicas)
+          check_replicas, check_wheel_cuda)
 FLEET_CHECKS = (check_ray,)

@@ -51,3 +51,21 @@ def test_config_vllm_layout_problems():
     found = {r.what: r.why for r in only(refusals(plan, facts, data(**d)), "config")}
     assert found["vllm_instances.q.tp"] == "tp 4 x pp 2 = 8 GPUs, but this host has 4"
     assert found["vllm_instances.p.pp_partition"] == "3 stages in '13,11,11', but pp is 4"
+
+
+def test_a_wheel_built_for_cuda_13_on_a_570_driver_is_refused_naming_both():
+    plan, facts = host("h100", driver="570.133.20")
+    d = {"models": {"ds": {"repo": "deepseek-ai/DeepSeek-V4.1-Flash-1017", "revision": REV, "size_gib": 100.0}},
+         "vllm_instances": {"ds": {"model": "ds", "port": 8000, "tp": 4}}}
+    (r,) = only(refusals(plan, facts, data(**d, vllm_pip_version="0.33.0+cu130")), "wheel_cuda")
+    assert r.what == ("the vLLM wheel is built for CUDA 13.0 (vllm_pip_version 0.33.0+cu130), newer than NVIDIA "
+                      "driver 570.133.20 runs")
+    assert "CUDA 13.0 needs driver >= 580" in r.why and "runs CUDA up to 12.8" in r.why
+    assert "+cu128" in r.fix
+    index = ["--extra-index-url", "https://download.pytorch.org/whl/cu130"]
+    (r,) = only(refusals(plan, facts, data(**d, vllm_pip_args=index)), "wheel_cuda")
+    assert "vllm_pip_args[1] https://download.pytorch.org/whl/cu130" in r.what
+    assert refusals(plan, facts, data(**d, vllm_pip_version="0.33.0+cu128")) == []
+    assert refusals(plan, facts, data(**d)) == []                   # the wheel's CUDA unknown: not refused
+    plan, facts = host("h100")                                      # the fixture's 580 driver runs CUDA 13.0
+    assert refusals(plan, facts, data(**d, vllm_pip_version="0.33.0+cu130")) == []
