@@ -21,6 +21,7 @@ import click
 from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import card_for
+from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 
 MARK = "##rigup-status:"
@@ -88,7 +89,9 @@ def parse_cards(lines: list[str]) -> dict:
         cards.append({"index": g["index"], "class": card["class"] if card else (g.get("name") or "?"),
                       "draw_w": g.get("power_draw_w"), "limit_w": g.get("power_limit_w"),
                       "temp_c": g.get("temperature_c"), "vram_used_mib": g.get("memory_used_mib"),
-                      "vram_total_mib": g.get("memory_total_mib")})
+                      "vram_total_mib": g.get("memory_total_mib"),
+                      "link": link_state(g.get("pcie_gen"), g.get("pcie_gen_max"), g.get("pcie_width"),
+                                         g.get("pcie_width_max"))})
     return {"cards": cards, "lost": sum(1 for g in gpus if g.get("lost")), "smi": smi}
 
 
@@ -175,7 +178,9 @@ def cards_cell(row: dict) -> str:
         text += f" +{row['lost']} lost"
     if row.get("smi") and row["smi"] != "missing":
         text += f" (nvidia-smi {row['smi']})"
-    return text
+    slow = [f"GPU {c['index']} {c['link']['why']} DOWNTRAINED" for c in row["cards"]
+            if (c.get("link") or {}).get("downtrained")]
+    return text + (f" ({'; '.join(slow)})" if slow else "")
 
 
 def power_cell(row: dict) -> str:

@@ -35,6 +35,16 @@ def visible_devices(group: list[dict]) -> str:
     return ",".join(str(c.get("uuid") or c["index"]) for c in group)
 
 
+def main_first(group: list[dict]) -> list[dict]:
+    """The group with its downtrained cards (plan card ``link``) last, else in its order: the
+    first visible device is llama.cpp's main GPU (-mg 0), which every split moves data through."""
+    return sorted(group, key=lambda c: bool((c.get("link") or {}).get("downtrained")))
+
+
+def downtrained(group: list[dict]) -> list[dict]:
+    return [c for c in group if (c.get("link") or {}).get("downtrained")]
+
+
 def had_replicas(template: str, name: str, units: list[str]) -> bool:
     """Whether ``units`` (preflight's ``serving_units``) hold replicas ``TEMPLATE@NAME-K``: a
     single server of ``name`` then takes its port back from rigup's balancer."""

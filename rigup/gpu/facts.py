@@ -42,6 +42,8 @@ GPU_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("pcie.link.gen.current", "pcie_gen", "int"),
     ("pcie.link.width.current", "pcie_width", "int"),
     ("driver_version", "driver_version", "str"),
+    ("pcie.link.gen.max", "pcie_gen_max", "int"),
+    ("pcie.link.width.max", "pcie_width_max", "int"),
 )
 GPU_QUERY = ",".join(field for field, _, _ in GPU_FIELDS)
 GPU_COMMAND = f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1 || true"
@@ -111,7 +113,8 @@ class NvidiaGpus(FactBase):
           "memory_total_mib": 143771, "memory_used_mib": 0, "power_limit_w": 700.0,
           "power_min_w": 200.0, "power_max_w": 700.0, "power_default_w": 700.0,
           "power_draw_w": 124.0, "temperature_c": 35, "persistence": True, "pcie_gen": 5,
-          "pcie_width": 16, "driver_version": "580.159.04", "lost": False},
+          "pcie_width": 16, "driver_version": "580.159.04", "pcie_gen_max": 5, "pcie_width_max": 16,
+          "lost": False},
          {"lost": True, "bus_id": "00000000:47:00.0"}]       # a card fallen off the bus
 
     Fields nvidia-smi reports as [N/A] (or [Not Supported], ...) are None.
@@ -565,19 +568,3 @@ class HardwareFacts(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return parse_hardware(output)
-
-
-def link_state(gen: int | None, gen_max: int | None, width: int | None, width_max: int | None,
-               loaded: bool = False) -> dict:
-    """A card's PCIe link against its maxima: ``{"link": "x16 Gen5", "downtrained": False, "why": ""}``.
-
-    The width is compared always; the generation only when ``loaded`` (cards drop their generation
-    at idle to save power, so an idle Gen1 says nothing). An unknown value ([N/A]: a VM hides the
-    host's side, ``pcie.link.gen.hostmax``) is unknown, never a mismatch."""
-    link = f"x{width if width is not None else '?'} Gen{gen if gen is not None else '?'}"
-    why = []
-    if width is not None and width_max is not None and width < width_max:
-        why.append(f"x{width} of x{width_max}")
-    if loaded and gen is not None and gen_max is not None and gen < gen_max:
-        why.append(f"Gen{gen} of Gen{gen_max} under load")
-    return {"link": link, "downtrained": bool(why), "why": ", ".join(why)}

@@ -10,7 +10,8 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
                 "key": "a100-sxm4-80gb", "matched_by": "pci_id", "compute_capability": [8, 0],
                 "cmake_arch": "80", "min_cuda": "11.0", "vram_mib": 81920,
                 "vram_unlocked_mib": 81920, "locked": False,
-                "power_w": {"min": 100.0, "default": 400.0, "max": 400.0, "limit": 400.0}}, ...],
+                "power_w": {"min": 100.0, "default": 400.0, "max": 400.0, "limit": 400.0},
+                "link": {"link": "x16 Gen4", "downtrained": False, "why": ""}}, ...],
      "card_classes": ["a100"],
      "cuda_archs": ["80"],                                  # CMAKE_CUDA_ARCHITECTURES, never "native"
      "min_cuda": "11.0",                                    # the newest of the cards' minimums
@@ -141,6 +142,22 @@ VLLM_WHY = ("stock vLLM's recipes for the seed models need compute capability >=
             "(sparse MLA, FP8); {cards} only run vLLM from a patched build")
 
 
+def link_state(gen: int | None, gen_max: int | None, width: int | None, width_max: int | None,
+               loaded: bool = False) -> dict:
+    """A card's PCIe link against its maxima: ``{"link": "x16 Gen5", "downtrained": False, "why": ""}``.
+
+    The width is compared always; the generation only when ``loaded`` (cards drop their generation
+    at idle to save power, so an idle Gen1 says nothing). An unknown value ([N/A]: a VM hides the
+    host's side, ``pcie.link.gen.hostmax``) is unknown, never a mismatch."""
+    link = f"x{width if width is not None else '?'} Gen{gen if gen is not None else '?'}"
+    why = []
+    if width is not None and width_max is not None and width < width_max:
+        why.append(f"x{width} of x{width_max}")
+    if loaded and gen is not None and gen_max is not None and gen < gen_max:
+        why.append(f"Gen{gen} of Gen{gen_max} under load")
+    return {"link": link, "downtrained": bool(why), "why": ", ".join(why)}
+
+
 def _card_plan(gpu: dict) -> dict:
     card = card_for(gpu)
     cc = gpu.get("compute_capability") or (card["compute_capability"] if card else None)
@@ -167,6 +184,7 @@ def _card_plan(gpu: dict) -> dict:
         "vram_unlocked_mib": unlocked,
         "locked": locked,
         "power_w": power,
+        "link": link_state(gpu.get("pcie_gen"), gpu.get("pcie_gen_max"), gpu.get("pcie_width"), gpu.get("pcie_width_max")),
         "quirks": dict(card["quirks"]) if card else {},
     }
 
@@ -194,6 +212,11 @@ def hardware_plan(gpus: list[dict], driver: dict | None = None, toolkits: list[d
     for c in unknown:
         warnings.append(f"GPU {c['index']} ({c['bus_id']}): neither its PCI id nor its compute "
                         "capability is known: no CUDA architecture for it")
+    for c in cards:
+        if c["link"]["downtrained"]:
+            warnings.append(f"GPU {c['index']} ({c['bus_id']}): PCIe {c['link']['why']} DOWNTRAINED (a riser, a "
+                            "dusty slot, a mining board; it slows every transfer, a split model's whole speed): "
+                            "reseat it; rigup makes a card with a full link the main GPU")
     if any(c["matched_by"] == "compute_capability" for c in cards):
         warnings.append("some cards are not in rigup/gpu/catalogue.yml; planned by compute capability")
 

@@ -32,7 +32,7 @@ from rigup.models import flag_values, models
 from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure,
                            serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
-from rigup.units import had_replicas, replica_name, replica_port
+from rigup.units import downtrained, had_replicas, main_first, replica_name, replica_port
 from roles.llama_server.replicas import layout_text, need_gib, sized
 from roles.llama_server.schema import CACHE_TYPES, instances
 
@@ -58,6 +58,14 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
     lines = []
     for name, (inst, lay, why) in sorted(layouts(plan, data, why=True).items()):
         lines.append(f"llama:     {layout_text(name, lay)}")
+        for group in lay.groups if lay.gpu else []:
+            slow = downtrained(group) if len(group) > 1 else []
+            if slow and not inst["tensor_split"]:
+                lines.append(f"llama:     {name}: main GPU {main_first(group)[0]['index']} (its first visible device); "
+                             + ", ".join(f"GPU {c['index']} ({c['link']['why']}) last" for c in slow))
+            elif slow:
+                lines.append(f"llama:     {name}: GPU {slow[0]['index']} is downtrained ({slow[0]['link']['why']}); the "
+                             "devices keep tensor_split's order: list a card with a full link first")
         if why:   # ctx or parallel auto
             lines.append(f"llama:     {name}: {why}")
         if inst["rpc_workers"]:

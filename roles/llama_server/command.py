@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rigup.rpc import wait_argv
 from rigup.templates import render
-from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
+from rigup.units import downtrained, main_first, replica_inst, replica_name, systemd_quote, visible_devices
 
 KEY = "/etc/rigup/llama-server/{}.key"
 
@@ -46,10 +46,15 @@ def servers(name: str, inst: dict, lay) -> list[dict]:
     """Each server of the instance: ``unit`` (the systemd instance name: NAME, or NAME-K for a
     replica), ``inst`` (as that server runs it: a replica on its loopback port) and ``env``
     (CUDA_VISIBLE_DEVICES of its GPU group, by UUID, when pinned)."""
-    if lay.replicas == 1:   # one server (over every GPU, as before): nothing to pin
-        return [{"unit": name, "inst": inst, "env": {}}]
+    def order(group: list[dict]) -> list[dict]:   # -ts shares follow the devices' order: kept as set
+        return group if inst.get("tensor_split") else main_first(group)
+
+    if lay.replicas == 1:   # one server over every GPU, as before: pinned only to put a downtrained card last
+        group = lay.groups[0] if lay.gpu and lay.groups else []
+        moved = len(group) > 1 and downtrained(group) and order(group) != group
+        return [{"unit": name, "inst": inst, "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
     return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
-             "env": {"CUDA_VISIBLE_DEVICES": visible_devices(group)} if lay.gpu else {}}
+             "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if lay.gpu else {}}
             for k, group in enumerate(lay.groups)]
 
 

@@ -942,11 +942,11 @@ LINK_FIELDS = ("index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.li
 
 
 def cmd_health(args) -> None:
-    """Every card's PCIe link against its maxima (rigup.gpu.facts.link_state; idle, so the
+    """Every card's PCIe link against its maxima (rigup.gpu.plan.link_state; idle, so the
     generation is not judged) and the kernel log's Xid events per card (rigup.gpu.xid, from the
     journal or dmesg, as the guard reads them); writes OUT/health.json. Reads only."""
     from rigup.gpu import xid
-    from rigup.gpu.facts import link_state
+    from rigup.gpu.plan import link_state
 
     before = gpu_settings()
     cards = []

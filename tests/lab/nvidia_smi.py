@@ -16,7 +16,8 @@ RETURN VALUE section): 0 ok, 2 invalid argument/field (also an out-of-range
 setting), 6 no such device, 9 driver not loaded, 15 GPU fallen off the bus.
 
 Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
-              [--memory-used MIB] [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
+              [--memory-used MIB] [--pcie-width N] [--pcie-gen N] (the link as negotiated: below
+              the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
               sim lock|unlock|show|reset
               sim calls (every nvidia-smi argv so far);  sim module (the loaded
               kernel module's path, as ``modinfo -n nvidia`` would print it)
@@ -257,9 +258,9 @@ def _fields():
         "temperature.gpu": (None, lambda c, s: s["temp"]),
         "utilization.gpu": ("%", lambda c, s: s.get("utilization", 0)),
         "persistence_mode": (None, lambda c, s: "Enabled" if s["persistence"] else "Disabled"),
-        "pcie.link.gen.current": (None, lambda c, s: c.get("pcie_gen")),
+        "pcie.link.gen.current": (None, lambda c, s: s.get("pcie_gen") or c.get("pcie_gen")),
         "pcie.link.gen.max": (None, lambda c, s: c.get("pcie_gen")),
-        "pcie.link.width.current": (None, lambda c, s: c.get("pcie_width")),
+        "pcie.link.width.current": (None, lambda c, s: s.get("pcie_width") or c.get("pcie_width")),
         "pcie.link.width.max": (None, lambda c, s: c.get("pcie_width")),
         "clocks.current.sm": (H, lambda c, s: s["clocks_lock"][1] if s["clocks_lock"]
                               else c.get("sm_clock_idle_mhz")),
@@ -494,7 +495,8 @@ def sim(args):
     if not CARDS:
         raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
     ids, changes, hang, rest = None, {}, None, list(args[1:])
-    keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int)}
+    keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int),
+            "--pcie-width": ("pcie_width", int), "--pcie-gen": ("pcie_gen", int)}
     while rest:
         a = rest.pop(0)
         if a in ("-i", "--id") and rest:

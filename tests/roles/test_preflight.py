@@ -290,6 +290,25 @@ def test_an_instance_without_ctx_or_parallel_gets_slots_from_the_vram_and_the_pl
     assert slots and int(slots.group(2)) > 1 and int(slots.group(3).replace(",", "")) >= 8192, chosen
 
 
+def test_a_card_at_x4_of_x16_is_flagged_and_is_not_the_main_gpu(lab, hosts):
+    """GPU 0 of the 8x A100 host negotiates x4 (the stand-in's ``sim set --pcie-width 4``, as a
+    riser would): the plan warns and names it, and the instance over every GPU gets another card
+    as its main GPU (GPU 0 listed last)."""
+    a100 = hosts["a100"]
+    on_host(lab, a100, "nvidia-smi sim set -i 0 --pcie-width 4")
+    try:
+        with unchanged(lab, a100):
+            run = preflight("--limit", a100, *data(models={"glm": dict(GLM, size_gib=4)}, llama_cpp_backend="cuda",
+                                                   llama_server_instances={"glm": {"model": "glm", "port": 8081}}))
+    finally:
+        on_host(lab, a100, "nvidia-smi sim set -i 0 --pcie-width 16")
+    said = [ln.strip() for ln in run.output.splitlines() if "DOWNTRAINED" in ln or "main GPU" in ln]
+    print("\n" + "\n".join(said))
+    assert run.returncode == 0, run.output[-3000:]
+    assert any("GPU 0 (00000000:07:00.0): PCIe x4 of x16 DOWNTRAINED" in ln for ln in said), said
+    assert any("glm: main GPU 1 (its first visible device); GPU 0 (x4 of x16) last" in ln for ln in said), said
+
+
 # ----------------------------------------------------------------------------- 9, 10
 def test_9_vllm_recipe_needing_hopper_on_ampere(lab, hosts):
     a100, h100 = hosts["a100"], hosts["h100"]

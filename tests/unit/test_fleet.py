@@ -22,7 +22,11 @@ def test_cards_from_a100_capture():
     assert out["smi"] is None and out["lost"] == 0 and len(out["cards"]) == 8
     card = out["cards"][0]
     assert card["class"] == "a100" and card["limit_w"] == 400.0 and card["vram_total_mib"] > 40000
-    assert set(card) == {"index", "class", "draw_w", "limit_w", "temp_c", "vram_used_mib", "vram_total_mib"}
+    assert set(card) == {"index", "class", "draw_w", "limit_w", "temp_c", "vram_used_mib", "vram_total_mib", "link"}
+    assert fleet.cards_cell(out) == "8x a100"
+    slow = [ln.replace(", 4, 16, 580.105.08, 4, 16", ", 4, 4, 580.105.08, 4, 16") if ln.startswith("3,") else ln
+            for ln in lines("facts/a100-query-nounits.csv")]
+    assert fleet.cards_cell(fleet.parse_cards(slow + ["smi_rc=0"])) == "8x a100 (GPU 3 x4 of x16 DOWNTRAINED)"
 
 
 def test_cards_lost_hung_missing_failed():

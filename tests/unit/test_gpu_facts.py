@@ -28,12 +28,12 @@ def lines(name):
 def test_h200_real_capture():
     [gpu] = parse_gpus(lines("h200/h200-query-nounits.csv"))
     assert gpu == {
-        "index": 0, "uuid": "GPU-46c2bcdd-ea03-6932-a350-805e78c6dbcf", "bus_id": "00000000:00:06.0",
+        "index": 0, "uuid": "GPU-ef2950fa-d678-a194-df34-0c357ff41744", "bus_id": "00000000:00:06.0",
         "pci_device_id": "10de:2335", "name": "NVIDIA H200", "compute_capability": (9, 0),
         "memory_total_mib": 143771, "memory_used_mib": 0, "power_limit_w": 700.0,
-        "power_min_w": 200.0, "power_max_w": 700.0, "power_default_w": 700.0, "power_draw_w": 124.0,
-        "temperature_c": 35, "persistence": True, "pcie_gen": 5, "pcie_width": 16,
-        "driver_version": "580.159.04", "lost": False,
+        "power_min_w": 200.0, "power_max_w": 700.0, "power_default_w": 700.0, "power_draw_w": 90.62,
+        "temperature_c": 34, "persistence": True, "pcie_gen": 5, "pcie_width": 16,
+        "driver_version": "580.159.04", "pcie_gen_max": 5, "pcie_width_max": 16, "lost": False,
     }
     json.dumps(parse_gpus(lines("h200/h200-query-nounits.csv")))  # plain data
 

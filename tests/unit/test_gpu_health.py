@@ -1,9 +1,9 @@
-"""rigup/gpu/xid.py on kernel log lines as drivers write them, and rigup.gpu.facts.link_state."""
+"""rigup/gpu/xid.py on kernel log lines as drivers write them, and rigup.gpu.plan.link_state."""
 
 import pytest
 
 from rigup.gpu import xid
-from rigup.gpu.facts import link_state
+from rigup.gpu.plan import link_state
 
 LOG = [
     "[ 269.517039] NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff",

@@ -1,14 +1,14 @@
 """The pure replica planning of roles/llama_server (replicas.py), each replica's command line
 (command.py), the balancer's config (roles/balancer/config.py) and their refusals."""
 
-from rigup.gpu.plan import hardware_plan
+from rigup.gpu.plan import format_plan, hardware_plan
 from roles.balancer.config import gateway_backends, haproxy_cfg
 from roles.llama_server.checks import plan_lines, ports
-from roles.llama_server.command import replica_commands
+from roles.llama_server.command import replica_commands, servers
 from roles.llama_server.replicas import layout, layout_text
 from roles.llama_server.replicas import sized as resolve
 from roles.llama_server.schema import instances
-from tests.unit.hosts import REV, data, host, only, refusals
+from tests.unit.hosts import GLM, REV, data, host, only, refusals
 
 GEMMA = {"repo": "rigup-lab/gemma-3-270m-GGUF", "revision": REV, "size_gib": 0.25}
 
@@ -229,3 +229,29 @@ def test_replica_commands_for_a_2_gpu_plan_without_pyinfra():
     assert [(r["unit"], r["env"]["CUDA_VISIBLE_DEVICES"]) for r in runs] == [("bench-0", "GPU-0"), ("bench-1", "GPU-1")]
     assert runs[1]["argv"][:7] == ["/b/llama-server", "-m", "/m.gguf", "--alias", "bench", "--host", "127.0.0.1"]
     assert "--port" in runs[1]["argv"] and runs[1]["argv"][runs[1]["argv"].index("--port") + 1] == "8183"
+
+
+def test_a_downtrained_card_is_flagged_and_is_not_the_main_gpu():
+    """GPU 0 of 8 A100s at x4 of x16: the plan warns, names another main GPU, and the one server
+    over every GPU lists GPU 0 last in CUDA_VISIBLE_DEVICES (its device 0 is the main GPU); with
+    tensor_split set, the order stays and the plan says so. A healthy host gets no pin (no change)."""
+    plan, facts = host("a100")
+    slow = [dict(g, pcie_width=4) if g["index"] == 0 else g for g in facts["gpus"]]
+    bad = hardware_plan(slow, facts["driver"], [])
+    assert bad["cards"][0]["link"] == {"link": "x4 Gen4", "downtrained": True, "why": "x4 of x16"}
+    assert "GPU 0 (00000000:07:00.0): PCIe x4 of x16 DOWNTRAINED" in format_plan(bad)
+    d = data(llama_cpp_backend="cuda", models={"glm": GLM},
+             llama_server_instances={"glm": {"model": "glm", "port": 8080, "ctx": 8192, "parallel": 1}})
+    lines = plan_lines(bad, d)
+    print("\n".join(lines))
+    assert "llama:     glm: main GPU 1 (its first visible device); GPU 0 (x4 of x16) last" in lines
+    inst = instances(d)[0]["glm"]
+    (one,) = servers("glm", inst, layout(inst, d["models"]["glm"], bad, d))
+    uuids = one["env"]["CUDA_VISIBLE_DEVICES"].split(",")
+    assert uuids[-1] == bad["cards"][0]["uuid"] and uuids[0] == bad["cards"][1]["uuid"] and len(uuids) == 8
+    (healthy,) = servers("glm", inst, layout(inst, d["models"]["glm"], plan, d))
+    assert healthy["env"] == {}
+    split = {**inst, "tensor_split": "1,1,1,1,1,1,1,1"}
+    assert servers("glm", split, layout(split, d["models"]["glm"], bad, d))[0]["env"] == {}
+    d["llama_server_instances"]["glm"]["tensor_split"] = "1,1,1,1,1,1,1,1"
+    assert any("keep tensor_split's order" in ln for ln in plan_lines(bad, d))
