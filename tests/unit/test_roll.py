@@ -264,3 +264,16 @@ def test_a_roll_refuses_to_be_told_which_hosts(tmp_path, pick):
     result, out = roll_with(tmp_path, {}, *pick)
     assert result == {"code": 2, "calls": []}
     assert "roll.py picks the hosts itself: no --limit or --exclude (got " in out
+
+
+def test_a_roll_with_play_tune_py_sweeps_one_host_at_a_time_each_drained_first(tmp_path):
+    result, out = roll_with(tmp_path, {}, "--play", "tune.py")
+    plays = [c for c in result["calls"] if "tune.py" in c]
+    assert result["code"] == 0, out
+    assert deploys(result) == [] and [[c[i + 1] for i, a in enumerate(c) if a == "--limit"] for c in plays] == [
+        ["[r]ig1"], ["[r]ig2"], ["[r]ig3"]]
+    steps = [c[-1] for c in result["calls"] if "exec" in c]
+    order = [("maint" if "maint" in s else "ready", s.split()[-1]) for s in steps]
+    assert order == [("maint", "rig1"), ("ready", "rig1"), ("maint", "rig2"), ("ready", "rig2"),
+                     ("maint", "rig3"), ("ready", "rig3")]
+    assert "--play" not in " ".join(" ".join(c) for c in plays)
