@@ -114,7 +114,9 @@ def rules(data: dict) -> dict:
     telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting, an instance
     below its throughput floor (roles/watchdog's rigup_watchdog_* metrics), a model's
     download failed (roles/model_fetch's rigup_model_fetch_* metrics) or stalled (its job dead,
-    stopped, or running without a byte for 10 minutes)."""
+    stopped, or running without a byte for 10 minutes). And one recorded series,
+    ``rigup:host_joules_per_token`` per host: every card's draw (W, J/s) over the tokens its
+    llama-server instances generate per second (5 minutes' rate), while they generate."""
     hold = f"{data['prometheus_alert_for_s']}s"
 
     def alert(name, expr, summary, hold_for=hold):
@@ -122,6 +124,9 @@ def rules(data: dict) -> dict:
                 "annotations": {"summary": summary}}
 
     return {"groups": [{"name": "rigup", "rules": [
+        {"record": "rigup:host_joules_per_token",
+         "expr": "sum by (host) (rigup_gpu_power_draw_watts) / "
+                 "(sum by (host) (rate(llamacpp:tokens_predicted_total[5m])) > 0)"},
         alert("LlamaServerDown", 'up{job="llama-server"} == 0',
               "llama-server {{ $labels.instance }} does not answer its /metrics (unit stopped, failed or hung)"),
         alert("NodeExporterDown", 'up{job="node"} == 0', "the node exporter of {{ $labels.host }} does not answer"),

@@ -74,6 +74,12 @@ def test_prometheus_has_every_card_and_the_token_counters(lab, hosts):
                    and len(r) == 2 and r)
     assert tokens, "llama-server's token counters of both hosts never reached Prometheus"
     print("llamacpp:tokens_predicted_total: " + ", ".join(f"{t['metric']['instance']} {t['value'][1]}" for t in tokens))
+    for h in hosts:   # more tokens after the counters were scraped: a rate above 0
+        on_host(lab, h, ASK)
+    energy = until(lambda: api(lab, monitor, "query", query="rigup:host_joules_per_token")["result"])
+    print("rigup:host_joules_per_token (the cards' draw over the tokens generated per second): "
+          + ", ".join(f"{e['metric']['host']} {float(e['value'][1]):,.0f} J" for e in energy or []))
+    assert energy and all(float(e["value"][1]) > 0 for e in energy)
     on_host(lab, other, "rigup-gpu-sim set -i 0 --draw 60 --temp 35")
 
 

@@ -49,7 +49,11 @@ def test_prometheus_files_are_relative_and_the_alerts_hold_for_the_setting():
     assert sorted(files) == ["prometheus.yml", "rigup-llama.json", "rigup-node.json", "rigup-rules.yml"]
     conf = yaml.safe_load(files["prometheus.yml"])
     assert conf["rule_files"] == ["rigup-rules.yml"] and conf["global"]["scrape_interval"] == "15s"
-    rules = {r["alert"]: r for r in yaml.safe_load(files["rigup-rules.yml"])["groups"][0]["rules"]}
+    listed = yaml.safe_load(files["rigup-rules.yml"])["groups"][0]["rules"]
+    rules = {r["alert"]: r for r in listed if "alert" in r}
+    assert [r for r in listed if "record" in r] == [{
+        "record": "rigup:host_joules_per_token", "expr": "sum by (host) (rigup_gpu_power_draw_watts) / (sum by (host) "
+                                                          "(rate(llamacpp:tokens_predicted_total[5m])) > 0)"}]
     assert rules["LlamaServerDown"] == {**rules["LlamaServerDown"], "expr": 'up{job="llama-server"} == 0', "for": "7s"}
     assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent",
                           "ThroughputBelowFloor", "ModelDownloadFailed", "ModelDownloadStalled"}
