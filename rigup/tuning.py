@@ -81,7 +81,9 @@ def entry(result: dict, build: str | None) -> dict | None:
 
 
 def _typed(key: str, value):
-    return int(value) if key in ("ctx", "parallel", "batch", "ubatch", "cache_ram") else str(value)
+    """A flag's value as the instance key takes it: a number as an int ("-1" too), else the text."""
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:

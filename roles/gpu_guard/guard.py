@@ -142,7 +142,7 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
                   if c["uuid"] == card["uuid"] and c["draw"] is not None]
         span = points[-1][0] - points[0][0] if points else 0
         if len(points) >= 2 and span >= window / 2:
-            averages[card["uuid"]], average = (sum(d for _, d in points) / len(points),) * 2
+            average = averages[card["uuid"]] = sum(d for _, d in points) / len(points)
             spans.append(span)
             if draw is not None and average > draw:
                 reasons.append(f"{name}: average draw {average:.1f} W over {span:.0f} s "

@@ -16,7 +16,7 @@ from rigup.config import parse_form
 from rigup.gpu.catalogue import class_problem
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal, config_refusals, gpus_text, needs_systemd, watts_text
-from roles.gpu_power.policy import card_named, parse_clocks, psu_shares
+from roles.gpu_power.policy import card_named, parse_clocks, psu_need
 
 OVERRIDE_WATTS = parse_form("int 50..1000")
 POLICY = ("gpu_power_watts", "gpu_power_overrides", "gpu_power_clocks", "gpu_psu_watts")
@@ -118,20 +118,19 @@ def check_override_targets(plan: dict, facts: dict, data: dict) -> list[Refusal]
 
 def check_psu_budget(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     """gpu_psu_watts below the overrides plus the other cards' minimum limits (policy.py
-    ``psu_shares``, the rule the converge applies)."""
+    ``psu_need``, the floor the converge's ``psu_shares`` refuses below)."""
     budget = data.get("gpu_psu_watts")
     if not gpu_host(plan, data) or not isinstance(budget, (int, float)) or isinstance(budget, bool):
         return []
     cards = [{"uuid": c.get("uuid"), "min": _card_range(c)[0], "max": _card_range(c)[1]} for c in plan.get("cards") or []]
     fixed = {card["uuid"]: float(value) for _, value, card in _overrides(plan, facts, data) if card}
-    _, short = psu_shares(cards, float(budget), fixed, data.get("gpu_power_watts"))
-    if not short:
+    need, parts = psu_need(cards, fixed)
+    if need <= budget:
         return []
-    need = sum(fixed.values()) + sum(c["min"] or 0 for c in cards if c["uuid"] not in fixed)
     lows = "; ".join(sorted({f"{sum(1 for x in plan['cards'] if x['class'] == c['class'])} x {c['class']} at "
                              f"{watts_text(_card_range(c)[0])} W" for c in plan["cards"]}))
     return [Refusal(f"gpu_psu_watts {watts_text(budget)} W is below the {watts_text(need)} W this host's cards need",
-                    f"{short.split(': ', 1)[1]}; the lowest limits nvidia-smi accepts (power.min_limit): {lows}",
+                    f"{parts}; the lowest limits nvidia-smi accepts (power.min_limit): {lows}",
                     f"set gpu_psu_watts to at least {watts_text(need)} (or fewer overrides), or null for no budget",
                     "psu_budget")]
 

@@ -50,6 +50,17 @@ def _w(value) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
+def psu_need(cards: list[dict], fixed: dict[str, float]) -> tuple[float, str]:
+    """The least a power supply must give ``cards`` (each {"uuid", "min"}): the ``fixed`` caps
+    ({uuid: watts}) and the other cards' minimum limits, and what that is made of, in words."""
+    free = [c for c in cards if c.get("uuid") not in fixed]
+    floor = sum(float(c["min"] or 0) for c in free)
+    parts = [f"{len(free)} card(s) at their minimum limits ({_w(floor)} W)"]
+    if fixed:
+        parts.append(f"{len(fixed)} override(s) ({_w(sum(fixed.values()))} W)")
+    return floor + sum(fixed.values()), " and ".join(parts)
+
+
 def psu_shares(cards: list[dict], budget: float, fixed: dict[str, float], ceiling: float | None = None
                ) -> tuple[dict[str, int], str | None]:
     """Each card's cap within the power supply's ``budget`` (``gpu_psu_watts``) for the GPUs:
@@ -58,16 +69,11 @@ def psu_shares(cards: list[dict], budget: float, fixed: dict[str, float], ceilin
     own ``min``..``max`` (and at most ``ceiling``, gpu_power_watts): a card whose range ends
     below or starts above the equal share takes its end, and the rest is shared again among the
     others (one level, clamped per card). Whole watts, rounded down, so the sum never exceeds the
-    budget. The problem: the budget is below what
-    the fixed caps and the other cards' minimum limits need (naming that minimum)."""
+    budget. The problem: the budget is below :func:`psu_need` (naming that minimum)."""
     free = [c for c in cards if c.get("uuid") not in fixed]
-    need = sum(fixed.values()) + sum(float(c["min"] or 0) for c in free)
+    need, parts = psu_need(cards, fixed)
     if need > budget:
-        parts = [f"{len(free)} card(s) at their minimum limits ({_w(sum(float(c['min'] or 0) for c in free))} W)"]
-        if fixed:
-            parts.append(f"{len(fixed)} override(s) ({_w(sum(fixed.values()))} W)")
-        return {}, (f"gpu_psu_watts {_w(budget)} W is below the {_w(need)} W this host's cards need: "
-                    + " and ".join(parts))
+        return {}, f"gpu_psu_watts {_w(budget)} W is below the {_w(need)} W this host's cards need: {parts}"
     left = budget - sum(fixed.values())
     bounds = {c["uuid"]: (float(c["min"] or 0), min(x for x in (c["max"], ceiling, left) if x is not None))
               for c in free}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rigup.rpc import wait_argv
 from rigup.templates import render
-from rigup.units import downtrained, main_first, replica_inst, replica_name, systemd_quote, visible_devices
+from rigup.units import main_first, replica_inst, replica_name, systemd_quote, visible_devices
 
 KEY = "/etc/rigup/llama-server/{}.key"
 
@@ -51,7 +51,7 @@ def servers(name: str, inst: dict, lay) -> list[dict]:
 
     if lay.replicas == 1:   # one server over every GPU, as before: pinned only to put a downtrained card last
         group = lay.groups[0] if lay.gpu and lay.groups else []
-        moved = len(group) > 1 and downtrained(group) and order(group) != group
+        moved = order(group) != group
         return [{"unit": name, "inst": inst, "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
     return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
              "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if lay.gpu else {}}

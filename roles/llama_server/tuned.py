@@ -18,7 +18,6 @@ plan says ``tuned``); the figures are for status.py and the reader. Pure: data i
 
 from __future__ import annotations
 
-from rigup.config import parse_form
 from rigup.entries import Key, normalise
 
 # the instance keys a sweep sets (rigup/tune.py FLAGS), with their forms in schema.LLAMA_INSTANCE
@@ -48,17 +47,10 @@ def tuned(data: dict, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], l
             continue
         norm, found = normalise(entry, ENTRY, where)
         flags = norm.get("flags") or {}
-        for key, value in flags.items():
-            if key not in FLAG_KEYS:
-                found.append((f"{where}.flags.{key}", f"not a flag tune.py sets; known: {', '.join(FLAG_KEYS)}"))
-                continue
-            form = parse_form(instance_keys[key].form)
-            why = form.problem(value)
-            if why:
-                found.append((f"{where}.flags.{key}", f"expected {form.text}, {why}"))
-        problems += found
-        if not found:
-            out[name] = dict(flags)
+        checked, bad = normalise(flags, {k: instance_keys[k] for k in FLAG_KEYS}, f"{where}.flags")
+        problems += found + bad
+        if not found + bad:
+            out[name] = {k: checked[k] for k in flags}   # the flags set, not the keys' defaults
     return out, problems
 
 

@@ -461,6 +461,28 @@ def cmd_tune(args) -> None:
         sys.exit("GPU settings changed")
 
 
+def side_by_side(configs: dict[str, list[str]], port: int, levels: tuple[int, ...], logs: Path
+                 ) -> tuple[dict, dict[str, dict[int, float]]]:
+    """Each of ``configs`` (label -> argv) served in turn on ``port`` and measured at each of
+    ``levels`` concurrent chats of 400 tokens, TUNE_REPEATS times; its log LOGS-K.log. (servers
+    as serve_and_measure gives them, {label: {level: mean tok/s}})."""
+    def measure(p: int) -> list[dict]:
+        rows = []
+        for n in levels:
+            reps = [concurrency(p, n) for _ in range(TUNE_REPEATS)]
+            rows.append({"concurrent": n, "total_tps": [r["total_tps"] for r in reps],
+                         "mean_tps": round(sum(r["total_tps"] for r in reps) / len(reps), 1)})
+            print(f"  {n} concurrent: {rows[-1]['total_tps']}", flush=True)
+        return rows
+
+    servers = {}
+    for label, argv in configs.items():
+        print(f"{label}: {' '.join(argv[1:])}", flush=True)
+        servers[label] = serve_and_measure(label, argv, port, logs.with_name(f"{logs.name}-{len(servers)}.log"),
+                                           measure=measure)
+    return servers, {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
+
+
 def cmd_admission(args) -> None:
     """Issue 28's 32-concurrent gap: the tuned flags of tests/gpu/results/2026-12-02-h200-tune.json
     (rigup's sized defaults with -fa on) with llama-server's host-RAM prompt cache (on by default:
@@ -475,26 +497,13 @@ def cmd_admission(args) -> None:
     bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
     model = args.work / MODEL_FILE
     inst, why = plan_instance(plan, model)
-    port, levels_ = TUNE_PORT + 1, (16, 32)
+    port, levels = TUNE_PORT + 1, (16, 32)
     tuned = tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port, "flash_attn": "on"})
     configs = {"tuned (-fa on)": tuned, "tuned with --cache-ram 0": tune.with_flags(tuned, {"cache_ram": 0}),
                "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
                                                                                {"port": port})}
 
-    def levels(p: int) -> list[dict]:
-        rows = []
-        for n in levels_:
-            reps = [concurrency(p, n) for _ in range(TUNE_REPEATS)]
-            rows.append({"concurrent": n, "total_tps": [r["total_tps"] for r in reps],
-                         "mean_tps": round(sum(r["total_tps"] for r in reps) / len(reps), 1)})
-            print(f"  {n} concurrent: {rows[-1]['total_tps']}", flush=True)
-        return rows
-
-    servers = {}
-    for label, argv in configs.items():
-        print(f"{label}: {' '.join(argv[1:])}", flush=True)
-        servers[label] = serve_and_measure(label, argv, port, args.out / f"admission-{len(servers)}.log", measure=levels)
-    mean = {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
+    servers, mean = side_by_side(configs, port, levels, args.out / "admission")
     t, off, reports = (mean[k] for k in configs)
     lines = [f"# llama-server's host-RAM prompt cache at 16 and 32 concurrent, {time.strftime('%Y-%m-%d')}", "",
              f"{facts['gpus'][0]['name'] if facts['gpus'] else '?'}; {model.name}; chats of 400 tokens; total tok/s, "
@@ -538,20 +547,7 @@ def cmd_compare(args) -> None:
         "llama.cpp's defaults": [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
     }
 
-    def levels(p: int) -> list[dict]:
-        rows = []
-        for n in TUNE_LEVELS:
-            reps = [concurrency(p, n) for _ in range(TUNE_REPEATS)]
-            rows.append({"concurrent": n, "total_tps": [r["total_tps"] for r in reps],
-                         "mean_tps": round(sum(r["total_tps"] for r in reps) / len(reps), 1)})
-            print(f"  {n} concurrent: {rows[-1]['total_tps']}", flush=True)
-        return rows
-
-    servers = {}
-    for label, argv in configs.items():
-        print(f"{label}: {' '.join(argv[1:])}", flush=True)
-        servers[label] = serve_and_measure(label, argv, port, args.out / f"compare-{len(servers)}.log", measure=levels)
-    mean = {label: {r["concurrent"]: r["mean_tps"] for r in s["runs"]} for label, s in servers.items()}
+    servers, mean = side_by_side(configs, port, TUNE_LEVELS, args.out / "compare")
     after = gpu_settings()
     doc = {"date": time.strftime("%Y-%m-%d"), "gpu_name": facts["gpus"][0]["name"] if facts["gpus"] else None,
            "driver": facts["driver"].get("version"), "build": build, "source": source_note(args.archive),
