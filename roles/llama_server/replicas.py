@@ -72,11 +72,16 @@ class Layout(NamedTuple):
 
 class Sizing(NamedTuple):
     """An instance's ``ctx`` (every slot's tokens together, llama.cpp's ``-c``) and ``parallel``
-    (its slots), and ``why`` rigup chose them (None: the instance set both)."""
+    (its slots), ``why`` rigup chose them (None: the instance set both), and ``cache_ram`` (0 when
+    rigup sized several slots from the VRAM and the instance left ``cache_ram`` unset: llama-server
+    then copies a used slot's state into its host-RAM prompt cache before each new task, which held
+    new requests back 1.7 s on the H200 and cost 1.41x at 32 concurrent,
+    tests/gpu/results/2026-12-02-h200-admission.md; None: leave it as it is)."""
 
     ctx: int
     parallel: int
     why: str | None
+    cache_ram: int | None = None
 
 
 def _kv_rate(model: dict) -> float | None:
@@ -119,7 +124,11 @@ def sizing(inst: dict, model: dict, group_gib: list[float]) -> Sizing:
         return Sizing(ctx, 1, f"1 slot of {ctx:,} tokens: {held}")
     n = min(MAX_SLOTS, tokens // slot)
     capped = f"; at most {MAX_SLOTS} slots" if n == MAX_SLOTS and tokens // slot > MAX_SLOTS else ""
-    return Sizing(n * slot, n, f"ctx {n * slot:,} = {n} slot{'s' * (n > 1)} x {slot:,} tokens: {held}{capped}")
+    why = f"ctx {n * slot:,} = {n} slot{'s' * (n > 1)} x {slot:,} tokens: {held}{capped}"
+    if n > 1 and inst.get("cache_ram") is None:
+        return Sizing(n * slot, n, f"{why}; cache_ram 0: with {n} slots the host-RAM prompt cache delays new "
+                                   "requests", 0)
+    return Sizing(n * slot, n, why)
 
 
 def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
@@ -132,7 +141,8 @@ def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout
     else:
         group = []
     size = sizing(inst, model, group)
-    return {**inst, "ctx": size.ctx, "parallel": size.parallel}, lay, size.why
+    chosen = {"ctx": size.ctx, "parallel": size.parallel} | ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
+    return {**inst, **chosen}, lay, size.why
 
 
 def need_gib(model: dict, inst: dict, cards: int) -> Need | None:

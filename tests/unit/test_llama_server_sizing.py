@@ -51,10 +51,11 @@ def test_an_8x_a100_host_plans_32_slots_of_8192_and_says_why():
     print("\n".join(lines))
     assert (ctx, parallel) == (MAX_SLOTS * SLOT_TOKENS, MAX_SLOTS) and ctx // parallel >= 8192
     assert lines[1] == f"llama:     m: {why}" and why.startswith("ctx 262,144 = 32 slots x 8,192 tokens: ")
-    assert "GiB of VRAM left after the weights (16.0 GiB)" in why and why.endswith("at most 32 slots")
+    assert "GiB of VRAM left after the weights (16.0 GiB)" in why and why.endswith("at most 32 slots; cache_ram 0: with 32 slots the host-RAM prompt cache delays new requests")
     assert not [r for r in refusals(plan, facts, d) if r.check == "vram"]
     args = argv("m", layouts(plan, d)["m"][0], "/b/llama-server", "/m.gguf")
     assert args[args.index("-c") + 1] == "262144" and args[args.index("--parallel") + 1] == "32"
+    assert args[args.index("-cram") + 1] == "0"
 
 
 def test_one_h200_with_an_8b_f16_model_gets_32_slots():
@@ -116,3 +117,12 @@ def test_sizing_is_pure_arithmetic():
     model = {"size_gib": 10.0, "gguf": {"kv_gib_per_1k_tokens": 0.5}}
     # 2 x 24 GiB - 10 - 2 = 36 GiB; 80%: 57,600 tokens; 7 slots of 8,192
     assert sizing(inst, model, [24.0, 24.0])[:2] == (7 * 8192, 7)
+
+
+def test_several_slots_from_the_vram_turn_the_host_ram_prompt_cache_off_unless_set():
+    model = {"size_gib": 10.0, "gguf": {"kv_gib_per_1k_tokens": 0.5}}
+    size = sizing({"ctx": "auto", "parallel": "auto", "ngl": 99}, model, [24.0, 24.0])
+    assert size.cache_ram == 0 and size.why.endswith("; cache_ram 0: with 7 slots the host-RAM prompt cache delays new requests")
+    assert sizing({"ctx": "auto", "parallel": "auto", "ngl": 99, "cache_ram": 4096}, model, [24.0, 24.0]).cache_ram is None
+    assert sizing({"ctx": "auto", "parallel": 4, "ngl": 99}, model, [24.0, 24.0]).cache_ram is None   # the user's slots
+    assert sizing({"ctx": "auto", "parallel": "auto", "ngl": 99}, model, [12.5]).cache_ram is None   # one slot
