@@ -445,11 +445,14 @@ def cmd_tune(args) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
 
+    shown = [0]   # points printed: the sweep writes its result once more at the end
+
     def write(result: dict) -> None:
         doc = {"date": time.strftime("%Y-%m-%d"), "plan_defaults": why, "spec": spec, **result}
         for path in (args.work / "tune.json", args.out / "tune.json"):
             path.write_text(json.dumps(doc, indent=1))
-        last = result["points"][-1] if result["points"] else None
+        last = result["points"][-1] if len(result["points"]) > shown[0] else None
+        shown[0] = len(result["points"])
         if last:
             print(f"point {len(result['points'])} at {last['at_s']} s: {last['flags']} -> {last['status']} "
                   f"{last.get('tps')} ({', '.join(str(lv['total_tps']) for lv in last.get('levels', []))})", flush=True)
@@ -484,7 +487,7 @@ def side_by_side(configs: dict[str, list[str]], port: int, levels: tuple[int, ..
 
 
 def cmd_admission(args) -> None:
-    """Issue 28's 32-concurrent gap: the tuned flags of tests/gpu/results/2026-12-02-h200-tune.json
+    """Issue 28's 32-concurrent gap: the tuned flags of tests/gpu/results/2026-12-02-h200-tune-morning.json
     (rigup's sized defaults with -fa on) with llama-server's host-RAM prompt cache (on by default:
     each new task on a used slot first saves that slot's KV state to host RAM, in the main loop)
     and with --cache-ram 0, against the reports' recipe; at 16 and 32 concurrent chats of 400
