@@ -7,10 +7,12 @@ as the host's data for you to commit; the next converge serves with them.
 
 For each instance of llama_server_instances with one server (replicas: 1): a job on the host
 (rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
-rigup/tune.py as the rigup user (a bounded sweep from the instance as it is: --parallel, then on
-GPUs -fa, batch sizes and a q8_0 KV cache, each point a real server answering completions at
-llama_server_tune_levels, within llama_server_tune_budget_s) and starts the unit again, whatever
-the sweep did. A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
+rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
+bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
+--n-cpu-moe down until it does not fit; --parallel; --cache-ram 0; on several GPUs the split mode,
+-ts and -mg; on GPUs -fa, batch sizes and a q8_0 KV cache), each point a real server answering
+completions at llama_server_tune_levels, within llama_server_tune_budget_s, and starts the unit
+again, whatever the sweep did. A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
 directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py)
 and ``tune_out/<date>/<host>-<instance>.md`` (and ``.png``, bench.py's plot) holds every point.
 Variables (roles/llama_server/defaults.yml): llama_server_tune_concurrency, _levels, _budget_s,
@@ -34,7 +36,7 @@ data = host.data.dict()
 d = tuning.workdir(data)
 instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
              if isinstance(i, dict) and i.get("replicas", 1) == 1}
-gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types swept (on a CPU build too, when asked)
+gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
 files.directory(name="tune.py: its directory", path=d, user=data["rigup_user"], group=data["rigup_user"], mode="750")
 for script, source in tuning.SCRIPTS.items():
     files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
@@ -44,7 +46,8 @@ for name, inst in sorted(instances.items()):
         click.echo(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)", err=True)
         continue
     key = LLAMA_KEY.format(name) if inst.get("api_key") else None
-    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) in (99, -1), key)
+    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key,
+                       host.get_fact(tuning.ServingEnv, instance=name))
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user=data["rigup_user"], mode="640")
     unit, command, log, done = tuning.job(name, data)

@@ -14,13 +14,17 @@ GPUs: flash attention, batch sizes and KV cache types are swept), ``budget_s``; 
 ``levels`` (the concurrencies each point is measured at, default the target alone; a point's
 figure is the geometric mean of its tok/s over them, so that a lower level can hold it back),
 ``max_tokens`` (128), ``rounds`` (2), ``key_file``, ``env``, ``ready_timeout_s`` (600), ``gain``
-(1.03).
+(1.03), ``layers`` (the model's layer count: the offload stage's steps), ``gpus`` (1).
 
-The sweep (:func:`stages`): the instance as it is (the baseline); then ``--parallel`` from the
+The sweep (:func:`stages`): the instance as it is (the baseline); then, on GPUs with part of the
+model in host RAM, more of it on the GPUs (``-ngl`` up or ``--n-cpu-moe`` down, in eighths of its
+``layers``, until a point does not fit); then ``--parallel`` from the
 highest level, doubled while it gains, else halved while it gains (ctx = parallel x slot_tokens,
 so every slot keeps its context); then ``--cache-ram 0`` (llama-server's host-RAM prompt cache
 off: with it on, each new task on a used slot first copies that slot's KV state to RAM, in the
-server's loop, which cost 29% at 32 concurrent on an H200); then, on GPUs, ``-fa on`` and
+server's loop, which cost 29% at 32 concurrent on an H200); then, on several GPUs (``gpus``), the
+other split mode, each card with a quarter fewer layers (``-ts``) and each other card as the main
+GPU with row split (``-mg``); then, on GPUs, ``-fa on`` and
 ``off``, the batch pairs (``-b``/``-ub``), a q8_0 KV cache. A point replaces the best so far only when it is ``gain`` times faster (what two runs of
 one server differ by); a point that does not start (out of memory), crashes, falls back to the
 CPU or answers nothing is recorded as such and skipped. When the budget is spent the best so far
@@ -40,21 +44,26 @@ import urllib.request
 from pathlib import Path
 
 try:
-    from rigup import throughput
-except ImportError:   # on a host: rigup_throughput.py next to this file
+    from rigup import gguf, throughput
+except ImportError:   # on a host: rigup_throughput.py and rigup_gguf.py next to this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rigup_gguf as gguf  # type: ignore[no-redef]
     import rigup_throughput as throughput  # type: ignore[no-redef]
 
 # llama-server's spellings of the flags the sweep sets (common/arg.cpp); the first is written
 FLAGS = {"ctx": ("-c", "--ctx-size"), "parallel": ("--parallel", "-np"), "flash_attn": ("-fa", "--flash-attn"),
          "batch": ("-b", "--batch-size"), "ubatch": ("-ub", "--ubatch-size"),
          "cache_type_k": ("-ctk", "--cache-type-k"), "cache_type_v": ("-ctv", "--cache-type-v"),
-         "cache_ram": ("-cram", "--cache-ram"), "port": ("--port",), "host": ("--host",)}
+         "cache_ram": ("-cram", "--cache-ram"), "ngl": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+         "n_cpu_moe": ("--n-cpu-moe", "-ncmoe"), "split_mode": ("-sm", "--split-mode"),
+         "tensor_split": ("-ts", "--tensor-split"), "main_gpu": ("-mg", "--main-gpu"),
+         "port": ("--port",), "host": ("--host",)}
 BATCHES = ((2048, 512), (4096, 1024), (1024, 256))   # llama.cpp's default pair first
 GAIN = 1.03
 # what llama-server's log says when a point cannot serve as asked
 NO_FIT = ("out of memory", "failed to allocate", "cudaMalloc failed", "unable to allocate")
 NO_GPU = "no usable GPU found"
+HEAD_BYTES = 8 << 20   # a GGUF header's metadata, its vocabulary skipped (rigup.gguf partial)
 
 
 def with_flags(argv: list[str], flags: dict) -> list[str]:
@@ -96,17 +105,65 @@ def parallel_directions(concurrency: int, max_parallel: int) -> list[list[int]]:
     return [[start, *up], down]
 
 
+def model_layers(argv: list[str]) -> int | None:
+    """The layer count in the GGUF header of the model ``argv`` serves (``-m``), or None."""
+    names = [i for i, a in enumerate(argv[:-1]) if a in ("-m", "--model")]
+    if not names:
+        return None
+    try:
+        with open(argv[names[-1] + 1], "rb") as f:
+            head = f.read(HEAD_BYTES)
+        return gguf.kv_figures(gguf.metadata(head, lambda k: not k.startswith("tokenizer."), partial=True))["layers"]
+    except (OSError, ValueError, gguf.GGUFRefused):
+        return None
+
+
+def _count(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def offload_stage(spec: dict, base: dict) -> list[list[dict]]:
+    """More of the model on the GPUs, in steps of an eighth of its ``layers``: ``-ngl`` up from a
+    partial offload to all (99), or ``--n-cpu-moe`` down to 0 (a MoE model's experts in host RAM);
+    each direction ends at its first point that does not fit or gain."""
+    layers, ngl, moe = int(spec.get("layers") or 0), _count(base.get("ngl")), _count(base.get("n_cpu_moe"))
+    step = max(1, -(-layers // 8))
+    out = []
+    if layers and ngl is not None and 0 < ngl < layers:
+        out.append([{"ngl": n} for n in range(ngl + step, layers, step)] + [{"ngl": 99}])
+    if moe:
+        out.append([{"n_cpu_moe": n} for n in range(moe - step, 0, -step)] + [{"n_cpu_moe": 0}])
+    return out
+
+
+def split_stages(spec: dict, base: dict) -> list[list[list[dict]]]:
+    """On several GPUs (``gpus``): the other split mode (``-sm row`` or ``layer``), then each card
+    in turn given a quarter fewer layers (``-ts``: a main or a slower card with less), then with row
+    split each other card as the main GPU (``-mg``: intermediate results and the KV cache)."""
+    gpus = int(spec.get("gpus") or 1)
+    if gpus < 2:
+        return []
+    other = "layer" if base.get("split_mode") == "row" else "row"
+    shares = [[{"tensor_split": ",".join("3" if i == k else "4" for i in range(gpus))}] for k in range(min(gpus, 8))]
+    return [[[{"split_mode": other}]], shares,
+            [[{"split_mode": "row", "main_gpu": k}] for k in range(1, min(gpus, 8))]]
+
+
 def stages(spec: dict, base: dict) -> list[list[list[dict]]]:
     """The sweep: stages of directions of flag changes over the best point so far. A direction
     ends at its first point that does not gain; a stage's next direction runs only when none
     before it gained. The first stage is the baseline (no change). ``base``: the argv's own
     flags (:func:`flags_of`)."""
     slot = int(spec["slot_tokens"])
-    out = [[[{}]], [[{"parallel": p, "ctx": p * slot} for p in d]
-                    for d in parallel_directions(max(spec_levels(spec)), int(spec["max_parallel"])) if d]]
+    out = [[[{}]]]
+    if spec.get("gpu") and offload_stage(spec, base):
+        out.append(offload_stage(spec, base))
+    out.append([[{"parallel": p, "ctx": p * slot} for p in d]
+                for d in parallel_directions(max(spec_levels(spec)), int(spec["max_parallel"])) if d])
     if base.get("cache_ram") != "0":   # the host-RAM prompt cache off: no slot state copied before a task
         out.append([[{"cache_ram": 0}]])
     if spec.get("gpu"):
+        out += split_stages(spec, base)
         out.append([[{"flash_attn": v}] for v in ("on", "off") if base.get("flash_attn") != v])
         out.append([[{"batch": b, "ubatch": u}] for b, u in BATCHES
                     if (str(b), str(u)) != (base.get("batch", "2048"), base.get("ubatch", "512"))])
@@ -238,8 +295,12 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
             write(result)
         return won
 
-    for n, directions in enumerate(stages(spec, base)):
-        gained = False
+    if spec.get("gpu") and not spec.get("layers"):
+        spec = {**spec, "layers": model_layers(argv)}
+    result["layers"] = spec.get("layers")
+    plan, n = stages(spec, base), 0
+    while n < len(plan):
+        directions, gained = plan[n], False
         for direction in directions:
             if gained:
                 break
@@ -263,6 +324,7 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
             result["stopped"] = f"the instance as it is does not serve here: {result['points'][-1].get('error')}"
         if result["stopped"]:
             break
+        n += 1
     if result["baseline"] and result["baseline"]["tps"]:
         result["ratio"] = round(result["best"]["tps"] / result["baseline"]["tps"], 3)
     result["spent_s"] = round(time.monotonic() - started, 1)

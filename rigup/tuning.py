@@ -23,7 +23,8 @@ from rigup import bench
 from rigup.config import ROOT
 from roles.llama_server.tuned import FLAG_KEYS
 
-SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py"}
+SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
+           "rigup_gguf.py": ROOT / "rigup" / "gguf.py"}
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
           "# (roles/llama_server/tuned.py). Commit it; the next converge serves with them. Remove an\n"
@@ -41,12 +42,39 @@ class ExecStart(FactBase):
         return shlex.split(line) if line else None
 
 
+class ServingEnv(FactBase):
+    """What instance ``instance``'s unit runs with, for the sweep's servers to run alike:
+    {"env": the variables of /etc/rigup/cuda.env (roles/cuda_toolkit: PATH, LD_LIBRARY_PATH) and
+    of its drop-in's ``Environment=`` lines (CUDA_VISIBLE_DEVICES: its GPUs, in its order), the
+    drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count)}."""
+
+    def command(self, instance: str) -> str:
+        return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/E \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
+                f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p' {shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
+                "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
+
+    def process(self, output: list[str]) -> dict:
+        env, gpus = {}, 0
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "E":
+                for word in shlex.split(rest):   # Environment="A=1" B=2: systemd's quoting, as sh's
+                    name, eq, value = word.partition("=")
+                    if eq:
+                        env[name] = value
+            elif kind == "G" and rest.strip().isdigit():
+                gpus = int(rest)
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus}
+
+
 def workdir(data: dict) -> str:
     return f"{str(data['rigup_state_dir']).rstrip('/')}/tune"
 
 
-def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None) -> dict:
-    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart)."""
+def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None) -> dict:
+    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart),
+    with ``served`` (:class:`ServingEnv`: the unit's environment and GPU count)."""
     from rigup.tune import flags_of
 
     have = flags_of(argv)
@@ -56,7 +84,8 @@ def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None
             "levels": list(data["llama_server_tune_levels"] or [concurrency]), "slot_tokens": max(1, ctx // parallel),
             "max_parallel": int(data["llama_server_tune_max_parallel"]), "gpu": gpu,
             "budget_s": int(data["llama_server_tune_budget_s"]), "max_tokens": int(data["llama_server_tune_max_tokens"]),
-            "rounds": 1, "key_file": key_file, "logs": workdir(data)}
+            "rounds": 1, "key_file": key_file, "logs": workdir(data), "env": (served or {}).get("env") or {},
+            "gpus": max(1, int((served or {}).get("gpus") or 1))}
 
 
 def job(name: str, data: dict) -> tuple[str, str, str, str]:

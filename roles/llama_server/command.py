@@ -23,7 +23,7 @@ def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = (
             "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
             "--jinja" if inst["jinja"] else "--no-jinja"]
     for flag, key in (("-b", "batch"), ("-ub", "ubatch"), ("-ctk", "cache_type_k"), ("-ctv", "cache_type_v"),
-                      ("-cram", "cache_ram")):
+                      ("-cram", "cache_ram"), ("--n-cpu-moe", "n_cpu_moe"), ("-mg", "main_gpu")):
         if inst.get(key) is not None:   # null: llama.cpp's default, no flag (the unit's argv as before the keys)
             args += [flag, inst[key]]
     if inst["tensor_split"]:

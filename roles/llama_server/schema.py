@@ -24,6 +24,7 @@ class LlamaInstance(ServingInstance):
     ctx: int | str
     parallel: int | str
     ngl: int
+    n_cpu_moe: int | None
     flash_attn: str
     batch: int | None
     ubatch: int | None
@@ -32,6 +33,7 @@ class LlamaInstance(ServingInstance):
     cache_ram: int | None
     split_mode: str
     tensor_split: str | None
+    main_gpu: int | None
     jinja: bool
     metrics: bool
     replicas: int | str
@@ -47,6 +49,8 @@ LLAMA_INSTANCE: dict[str, Key] = {
                               "weights holds, at most 32; the plan says why)"),
     "parallel": Key("count", "auto", "--parallel: slots, requests served at once; auto (or N): see ctx"),
     "ngl": Key("int -1..", 99, "-ngl: layers on the GPUs (99 or -1: all)"),
+    "n_cpu_moe": Key("int 0.. or null", None, "--n-cpu-moe: the first N layers' MoE expert weights stay in host RAM "
+                                             "(a MoE model larger than the VRAM, with ngl 99); null: none"),
     "flash_attn": Key("one of on|off|auto", "auto", "-fa"),
     "cache_type_k": Key(f"one of {'|'.join(CACHE_TYPES)} or null", None,
                         "-ctk: the K cache's type (null: llama.cpp's f16); roles/llama_server/traps.yml says which "
@@ -62,6 +66,9 @@ LLAMA_INSTANCE: dict[str, Key] = {
     "ubatch": Key("int 1.. or null", None, "-ub: the physical batch, in tokens (null: llama.cpp's 512)"),
     "split_mode": Key("one of none|layer|row|tensor", "layer", "-sm: how a model is split over GPUs"),
     "tensor_split": Key("str or null", None, "-ts: shares per GPU, e.g. '16,16,17,0'"),
+    "main_gpu": Key("int 0.. or null", None, "-mg: the GPU (of the instance's own, in order) for the whole model with "
+                                            "split_mode none, or for intermediate results and the KV cache with row; "
+                                            "null: llama.cpp's 0"),
     "jinja": Key("bool", True, "--jinja (the model's chat template) or --no-jinja"),
     "metrics": Key("bool", True, "--metrics: Prometheus metrics at /metrics"),
     "replicas": Key("count", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each "
@@ -82,6 +89,7 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 # flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-b": "batch", "--batch-size": "batch",
                "-ub": "ubatch", "--ubatch-size": "ubatch", "-cram": "cache_ram", "--cache-ram": "cache_ram",
+               "-ncmoe": "n_cpu_moe", "--n-cpu-moe": "n_cpu_moe", "-mg": "main_gpu", "--main-gpu": "main_gpu",
                "-ctv": "cache_type_v", "--cache-type-v": "cache_type_v",
                "--host": "host", "--port": "port", "--api-key": "api_key", "--api-key-file": "api_key",
                "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model",

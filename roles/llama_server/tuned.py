@@ -21,7 +21,8 @@ from __future__ import annotations
 from rigup.entries import Key, normalise
 
 # the instance keys a sweep sets (rigup/tune.py FLAGS), with their forms in schema.LLAMA_INSTANCE
-FLAG_KEYS = ("ctx", "parallel", "flash_attn", "batch", "ubatch", "cache_type_k", "cache_type_v", "cache_ram")
+FLAG_KEYS = ("ctx", "parallel", "flash_attn", "batch", "ubatch", "cache_type_k", "cache_type_v", "cache_ram",
+             "ngl", "n_cpu_moe", "split_mode", "tensor_split", "main_gpu")
 ENTRY = {
     "flags": Key("map", {}, "the instance keys measured fastest: " + ", ".join(FLAG_KEYS)),
     "tok_s": Key("float 0.. or null", None, "the sweep's figure for the flags (total tok/s, geometric mean over levels)"),

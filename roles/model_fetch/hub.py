@@ -36,7 +36,7 @@ from rigup.entries import normalise
 from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key, record_hub
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
-from roles.model_fetch.gguf import GGUFRefused, kv_figures, metadata
+from rigup.gguf import GGUFRefused, kv_figures, metadata
 
 __all__ = ["token", "resolve", "HEAD_BYTES", "HubRefused"]
 

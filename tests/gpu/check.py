@@ -404,7 +404,7 @@ def plan_instance(plan: dict, model: Path) -> tuple[dict, str]:
     """RECIPE without ctx and parallel, as rigup sizes them from this machine's plan
     (roles/llama_server/replicas.py ``sized``, the model's own GGUF header for its KV cache per
     token and trained context), and the plan's words."""
-    replicas, gguf = load("roles/llama_server/replicas.py"), load("roles/model_fetch/gguf.py")
+    replicas, gguf = load("roles/llama_server/replicas.py"), load("rigup/gguf.py")
     with model.open("rb") as f:
         head = f.read(4 << 20)
     figures = gguf.kv_figures(gguf.metadata(head, lambda k: not k.startswith("tokenizer."), partial=True))
@@ -437,10 +437,15 @@ def cmd_tune(args) -> None:
     bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
     model = args.work / MODEL_FILE
     inst, why = plan_instance(plan, model)
+    if args.ngl is not None:   # a partial offload to start from: the sweep's offload stage climbs from it
+        inst = {**inst, "ngl": args.ngl}
+        why += f"; started from -ngl {args.ngl}"
     print(f"rigup's defaults for this plan: {why}", flush=True)
-    spec = {"argv": inst_argv(bindir, model, build, inst), "port": TUNE_PORT, "concurrency": max(TUNE_LEVELS),
-            "levels": list(TUNE_LEVELS), "slot_tokens": inst["ctx"] // inst["parallel"], "max_parallel": 32,
-            "gpu": True, "budget_s": args.budget, "max_tokens": 400, "rounds": 1, "env": {"NCCL_NVLS_ENABLE": "0"}}
+    levels = [int(n) for n in args.levels.split(",")] if args.levels else list(TUNE_LEVELS)
+    spec = {"argv": inst_argv(bindir, model, build, inst), "port": TUNE_PORT, "concurrency": max(levels),
+            "levels": levels, "slot_tokens": inst["ctx"] // inst["parallel"], "max_parallel": 32,
+            "gpu": True, "budget_s": args.budget, "max_tokens": 400 if args.ngl is None else 100, "rounds": 1,
+            "env": {"NCCL_NVLS_ENABLE": "0"}, "gpus": len(plan.get("cards", [])) or 1}
     logs = args.work / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -460,6 +465,15 @@ def cmd_tune(args) -> None:
     result = tune.tune(spec, write, logs=logs)
     print(f"best: {result['best'] and result['best']['flags']}, {result['ratio']}x rigup's defaults; "
           f"{len(result['points'])} points in {result['spent_s']} s; {result['stopped'] or 'sweep complete'}")
+    rows = [f"| {p['flags'] or 'the start'} | {p['status']} | {p.get('tps', '-')} | {p.get('vram_mib', '-')} | "
+            f"{p.get('ready_s', '-')} |" for p in result["points"]]
+    (args.out / "tune.md").write_text(
+        f"# rigup/tune.py on {facts['gpus'][0].get('name', 'a GPU') if facts.get('gpus') else 'this machine'}, "
+        f"{time.strftime('%Y-%m-%d')}\n\n{MODEL_FILE} ({result.get('layers')} layers), at {levels} concurrent chats "
+        f"of {spec['max_tokens']} tokens; {why}.\n\nBest: {result['best'] and result['best']['flags']}, {result['ratio']}x the start; "
+        f"{len(result['points'])} points in {result['spent_s']} s; {result['stopped'] or 'sweep complete'}.\n\n"
+        "| flags | status | tok/s | VRAM used MiB | seconds to ready |\n| --- | --- | --- | --- | --- |\n"
+        + "\n".join(rows) + "\n")
     if gpu_settings() != before:
         sys.exit("GPU settings changed")
 
@@ -995,6 +1009,8 @@ def main() -> None:
     parser.add_argument("--cpu-only", action="store_true", help="smoke: skip the GPU runs")
     parser.add_argument("--only", help="smoke: these runs alone, by name, comma-separated")
     parser.add_argument("--budget", type=float, default=420, help="tune: seconds the sweep may take")
+    parser.add_argument("--ngl", type=int, help="tune: start from -ngl N (part of the model in host RAM)")
+    parser.add_argument("--levels", help="tune: the concurrencies each point is measured at (default 1,8,16,32)")
     args = parser.parse_args()
     if args.out is None and args.step != "smoke":
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))

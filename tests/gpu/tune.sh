@@ -10,6 +10,7 @@
 #   sh tests/gpu/tune.sh 2      # at once after it; about 5 minutes
 #   sh tests/gpu/tune.sh 3      # at once after it; up to 9 minutes
 #   sh tests/gpu/tune.sh b; sh tests/gpu/tune.sh a   # build and model, then check.py admission
+#   sh tests/gpu/tune.sh o      # carry: [".gpu"]; build and model, then the sweep from -ngl 24 (offload)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 W=/root/rigup-gpu
@@ -49,6 +50,14 @@ b)  # the build and the model alone (for check.py admission), nothing started af
     wait "$model"; echo "model: exit $?"; tail -n 1 "$W/model.log" ;;
 a)  # at once after b: the host-RAM prompt cache on and off at 16 and 32 concurrent (about 4 minutes)
     python3 "$C" admission --work "$W" --out "$OUT" ;;
+o)  # one call: the build and the model, then the sweep from a partial offload (-ngl 24 of 32 layers)
+    python3 "$C" model --work "$W" >"$W/model.log" 2>&1 &
+    model=$!
+    python3 "$C" build --work "$W" >"$W/build.log" 2>&1
+    echo "build: exit $?"; tail -n 1 "$W/build.log"
+    wait "$model"; echo "model: exit $?"
+    python3 "$C" tune --work "$W" --out "$OUT" --ngl 24 --levels 8 --budget "${BUDGET:-150}"
+    cat "$OUT/tune.md" ;;
 *)
-    echo "usage: sh tests/gpu/tune.sh 1|2|3|b|a" >&2; exit 2 ;;
+    echo "usage: sh tests/gpu/tune.sh 1|2|3|b|a|o" >&2; exit 2 ;;
 esac

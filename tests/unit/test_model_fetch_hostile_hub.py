@@ -17,7 +17,7 @@ from rigup import models as models_module
 from rigup.models import first_gguf, hub_endpoint, hub_key, models, record_hub
 from roles.model_fetch import fetcher
 from roles.model_fetch import hub as hub_module
-from roles.model_fetch.gguf import GGUFRefused, kv_figures, metadata
+from rigup.gguf import GGUFRefused, kv_figures, metadata
 from roles.model_fetch.plan import plan_model
 
 SMOKE = Path(__file__).parents[2] / "roles/llama_cpp/smoke.gguf"

@@ -10,7 +10,7 @@ from rigup import models as models_module
 from rigup.models import hub_endpoint, hub_key, models, record_hub
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as hub_module
-from roles.model_fetch.gguf import GGUFRefused, Incomplete, kv_figures, metadata
+from rigup.gguf import GGUFRefused, Incomplete, kv_figures, metadata
 from tests.lab.hub import _gguf_str, gguf_bytes
 
 COMMIT = "1a2b" + "0" * 36

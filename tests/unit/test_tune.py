@@ -7,6 +7,7 @@ import pytest
 from rigup import tune
 from roles.llama_server.command import argv as unit_argv
 from roles.llama_server.schema import instances
+from tests.lab.hub import gguf_bytes
 from tests.unit.hosts import REV, data
 
 ARGV = ["/b/llama-server", "-m", "/m.gguf", "--alias", "g", "--host", "0.0.0.0", "--port", "8081", "-c", "8192",
@@ -32,7 +33,7 @@ def table(figures: dict, default: float = 100.0, failing=()):
 def test_flags_are_set_once_in_every_spelling():
     argv = tune.with_flags(ARGV + ["--ctx-size=4096", "-np", "3"], {"ctx": 65536, "parallel": 8, "port": 1})
     assert argv.count("-c") == 1 and "--ctx-size=4096" not in argv and "-np" not in argv
-    assert tune.flags_of(argv) == {"ctx": "65536", "parallel": "8", "port": "1", "host": "0.0.0.0", "flash_attn": "auto"}
+    assert tune.flags_of(argv) == {"ctx": "65536", "parallel": "8", "port": "1", "host": "0.0.0.0", "flash_attn": "auto", "ngl": "99"}
     assert tune.with_flags(ARGV, {"flash_attn": None})[-1] == "--jinja" and "-fa" not in tune.with_flags(ARGV, {"flash_attn": None})
 
 
@@ -120,3 +121,54 @@ def test_the_host_ram_prompt_cache_off_is_kept_when_it_gains_and_the_flag_reache
                                      llama_server_tuned={"g": {"flags": {"cache_ram": 0}}}))
     assert problems == [] and found["g"]["cache_ram"] == 0
     assert " -cram 0" in " ".join(map(str, unit_argv("g", found["g"], "/b/llama-server", "/m.gguf")))
+
+
+def offloaded(fit: int, layers: int = 32):
+    """measure_point of a model of ``layers`` layers whose VRAM holds ``fit`` of them: tok/s grows
+    with the layers on the GPU; more than ``fit`` runs out of memory. The server logs the count."""
+    seen = []
+
+    def measure(spec, argv, log):
+        f = tune.flags_of(argv)
+        ngl = min(int(f.get("ngl", 99)), layers + 1) - int(f.get("n_cpu_moe", 0))
+        seen.append(ngl)
+        if ngl > fit:
+            return {"status": "no-fit", "error": "cudaMalloc failed: out of memory"}
+        return {"status": "ok", "tps": 10.0 + 5 * ngl}
+    return measure, seen
+
+
+def test_a_partial_offload_climbs_in_eighths_of_the_models_layers_until_it_does_not_fit(tmp_path):
+    model = tmp_path / "m.gguf"   # the header the tuner reads the layer count from (-m)
+    model.write_bytes(gguf_bytes({"general.architecture": "llama", "llama.block_count": 32}, {}))
+    measure, seen = offloaded(fit=26)
+    argv = tune.with_flags(ARGV, {"ngl": 12})
+    spec = {**SPEC, "argv": argv[:argv.index("-m") + 1] + [str(model)] + argv[argv.index("-m") + 2:],
+            "max_parallel": 1, "concurrency": 1}
+    result = tune.tune(spec, measure_point=measure)
+    assert result["layers"] == 32
+    assert seen[:5] == [12, 16, 20, 24, 28]   # 28 > 26: out of memory, the climb ends there
+    assert result["best"]["flags"]["ngl"] == 24 and [p["status"] for p in result["points"]][4] == "no-fit"
+    found, problems = instances(data(models={"m": {"repo": "a/b-GGUF", "revision": REV}},
+                                     llama_server_instances={"g": {"model": "m", "port": 8081, "ngl": 12}},
+                                     llama_server_tuned={"g": {"flags": {"ngl": 24, "n_cpu_moe": 4}}}))
+    assert problems == [] and " -ngl 24 " in " ".join(map(str, unit_argv("g", {**found["g"], "ctx": 8192, "parallel": 1},
+                                                                          "/b/llama-server", "/m.gguf")))
+
+
+def test_moe_experts_come_onto_the_gpus_until_they_do_not_fit_and_a_whole_model_skips_the_stage():
+    measure, seen = offloaded(fit=30)
+    spec = {**SPEC, "argv": tune.with_flags(ARGV, {"n_cpu_moe": 20}), "layers": 32, "max_parallel": 1, "concurrency": 1}
+    assert tune.stages(spec, tune.flags_of(spec["argv"]))[1] == [[{"n_cpu_moe": n} for n in (16, 12, 8, 4, 0)]]
+    result = tune.tune(spec, measure_point=measure)
+    assert result["best"]["flags"]["n_cpu_moe"] == 4   # 33 - 0 > 30 does not fit
+    assert all("ngl" not in c for s in tune.stages({**SPEC, "layers": 32}, tune.flags_of(ARGV)) for d in s for c in d)
+
+
+def test_several_gpus_try_the_other_split_mode_each_card_with_less_and_each_main_gpu():
+    stages = tune.stages({**SPEC, "gpus": 2}, tune.flags_of(ARGV + ["-sm", "layer"]))
+    split = [s for s in stages if any("split_mode" in c or "tensor_split" in c for d in s for c in d)]
+    assert split == [[[{"split_mode": "row"}]], [[{"tensor_split": "3,4"}], [{"tensor_split": "4,3"}]],
+                     [[{"split_mode": "row", "main_gpu": 1}]]]
+    assert not [s for s in tune.stages(SPEC, tune.flags_of(ARGV)) if any("tensor_split" in c for d in s for c in d)]
+    assert tune.with_flags(ARGV, {"tensor_split": "3,4", "main_gpu": 1})[-4:] == ["-ts", "3,4", "-mg", "1"]

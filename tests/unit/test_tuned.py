@@ -27,9 +27,9 @@ def test_tuned_flags_replace_the_instances_own_keys():
 
 
 def test_a_wrong_tuned_entry_is_named_by_its_key_path():
-    _, problems = instances(served(g={"flags": {"parallel": 0, "ngl": 3}}, gone={"flags": {}}))
+    _, problems = instances(served(g={"flags": {"parallel": 0, "rope": 3}}, gone={"flags": {}}))
     paths = [p for p, _ in problems]
-    assert paths == ["llama_server_tuned.g.flags.parallel", "llama_server_tuned.g.flags.ngl", "llama_server_tuned.gone"]
+    assert paths == ["llama_server_tuned.g.flags.parallel", "llama_server_tuned.g.flags.rope", "llama_server_tuned.gone"]
 
 
 def test_a_sweeps_result_becomes_host_vars_and_the_hosts_data(tmp_path):
@@ -63,6 +63,18 @@ def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_ag
     assert stop < sweep < start and "rc=$?" in command[sweep:start]
     spec = tuning.spec("g", ["/b/llama-server", "-c", "8192", "--parallel", "2"], d, True, None)
     assert spec["concurrency"] == 2 and spec["slot_tokens"] == 4096 and spec["levels"] == [2]
+    assert spec["env"] == {} and spec["gpus"] == 1
+
+
+def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
+    lines = ["E PATH=/usr/local/cuda-12.8/bin:/usr/bin", "E LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64",
+             'E "CUDA_VISIBLE_DEVICES=GPU-b,GPU-a"', "G 8"]
+    served = tuning.ServingEnv().process(lines)
+    assert served == {"env": {"PATH": "/usr/local/cuda-12.8/bin:/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda-12.8/lib64",
+                              "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a"}, "gpus": 2}   # its own 2 of the host's 8
+    assert tuning.ServingEnv().process(["G 8"]) == {"env": {}, "gpus": 8}
+    spec = tuning.spec("g", ["/b/llama-server", "-c", "8192"], data(rigup_state_dir="/var/lib/rigup"), True, None, served)
+    assert spec["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-a" and spec["gpus"] == 2
 
 
 def test_status_says_how_much_faster_the_tuned_flags_were():

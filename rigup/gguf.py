@@ -1,7 +1,8 @@
 """A GGUF file's header, read from its first bytes: the metadata preflight needs for a model
 whose family rigup/gpu/models.yml does not know (its layer count and its KV cache per token).
-Pure: tested on bytes (tests/unit/test_model_fetch_hub.py); roles/model_fetch/hub.py fetches the
-bytes with an HTTP Range request on the controller.
+Pure, standard library only: tested on bytes (tests/unit/test_model_fetch_hub.py);
+roles/model_fetch/hub.py fetches the bytes with an HTTP Range request on the controller, and
+rigup/tune.py (on a host, as rigup_gguf.py) reads the layer count of the model it serves.
 
 The layout (llama.cpp ``ggml/src/gguf.cpp``, version 2 and 3): ``GGUF``, version u32, tensor
 count u64, key/value count u64, then each key (u64 length, UTF-8) with its value type (u32) and
