@@ -20,13 +20,24 @@ or without systemd, where there are no serving units to stop):
 - each check also writes every card's power draw and limit, temperature, SM clock, utilisation,
   VRAM used and PCIe link, the tripped state and lost telemetry to rigup.names.GPU_METRICS (atomically)
   when the node exporter's textfile directory exists (roles/metrics);
-- ``gpu_guard_clear: true`` clears a tripped guard (as ``rigup-gpu-guard clear`` on the host).
+- Xid triage (guard.py's docstring): each check reads the kernel's new ``NVRM: Xid`` lines from
+  the journal and acts per card by rigup/gpu/xid.yml: an application fault restarts the serving
+  units on that card; ``gpu_guard_xid_suspect_count`` memory or firmware faults within
+  ``gpu_guard_xid_suspect_window_s`` make the card suspect (its units stopped, drained at their
+  balancer, until cleared); a card fallen off the bus (NVLink, GSP) trips the guard at once and,
+  with ``gpu_guard_xid_reboot``, reboots the host at most ``gpu_guard_xid_max_reboots`` a day
+  (back with every card, the guard clears itself and starts what it stopped). Counts per card and
+  class and the suspect cards: ``{rigup_state_dir}/gpu-guard-xid.json``, the metrics
+  (rigup_gpu_xid_events, rigup_gpu_suspect), ``rigup-gpu-guard status`` and status.py;
+- ``gpu_guard_clear: true`` clears a tripped guard and suspect cards (as ``rigup-gpu-guard clear``).
 With ``gpu_guard_enabled: false`` the timer is stopped and disabled; with ``rigup_maintenance``
 (roles/base) it is paused the same way, its files kept.
 
 Variables (roles/gpu_guard/defaults.yml): gpu_guard_enabled, gpu_guard_interval_s,
 gpu_guard_window_s, gpu_guard_smi_timeout, gpu_guard_debounce_bad, gpu_guard_debounce_samples,
-gpu_guard_thresholds, gpu_guard_clear; gpu_psu_watts (roles/gpu_power), gpu_enabled (roles/preflight),
+gpu_guard_thresholds, gpu_guard_clear, gpu_guard_xid_enabled, gpu_guard_xid_source,
+gpu_guard_xid_suspect_count, gpu_guard_xid_suspect_window_s, gpu_guard_xid_reboot,
+gpu_guard_xid_max_reboots; gpu_psu_watts (roles/gpu_power), gpu_enabled (roles/preflight),
 rigup_prefix and rigup_state_dir (roles/base).
 """
 
@@ -46,6 +57,7 @@ from pyinfra.operations.util import any_changed
 
 from rigup import files, services
 from rigup.config import role_defaults
+from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.plan import gpu_host
 from rigup.names import GPU_METRICS, guard_file
@@ -92,13 +104,30 @@ def guard_config(data: dict) -> dict:
         "default": dict(table.get("default") or {}),
         "by_pci_id": by_pci,
         **({"psu_watts": data["gpu_psu_watts"]} if data.get("gpu_psu_watts") else {}),
+        **({"xid": xid_config(data)} if data["gpu_guard_xid_enabled"] else {}),
     }
 
 
+XID_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
+
+
+def xid_config(data: dict) -> dict:
+    """The guard's Xid triage: the catalogue (rigup/gpu/xid.yml), the journal match of the
+    source, the suspect rule, the reboot policy and the state files (on disk: they outlive a reboot)."""
+    state = str(data["rigup_state_dir"]).rstrip("/")
+    return {"catalogue": {str(code): entry for code, entry in sorted(xid.catalogue().items())},
+            "match": XID_MATCH[data["gpu_guard_xid_source"]],
+            "suspect_count": data["gpu_guard_xid_suspect_count"],
+            "suspect_window_s": data["gpu_guard_xid_suspect_window_s"],
+            "reboot": data["gpu_guard_xid_reboot"], "max_reboots": data["gpu_guard_xid_max_reboots"],
+            "state_file": f"{state}/gpu-guard-xid.json", "reboots_file": f"{state}/gpu-guard-reboots.json"}
+
+
 @operation()
-def cleared(tripped_file: str, script: str):
-    """Clear a tripped guard (logs who cleared it and the old reason); nothing when not tripped."""
-    if not host.get_fact(File, path=tripped_file):
+def cleared(tripped_file: str, xid_file: str, script: str):
+    """Clear a tripped guard and suspect cards (logs who cleared it and the old reason); nothing
+    when not tripped and no Xid state was kept."""
+    if not host.get_fact(File, path=tripped_file) and not host.get_fact(File, path=xid_file):
         host.noop("the guard is not tripped")
         return
     yield f"{shlex.quote(script)} clear"
@@ -113,10 +142,13 @@ def apply(plan: dict):
         services.running(name=f"gpu_guard: stop {TIMER}", unit=TIMER, units=[TIMER], enabled=False)
         return
     script = f"{data['rigup_prefix']}/bin/rigup-gpu-guard"
+    parser = f"{data['rigup_prefix']}/bin/rigup_xid.py"   # the guard imports it from its own directory
     service_path, timer_path = f"/etc/systemd/system/{SERVICE}", f"/etc/systemd/system/{TIMER}"
-    paths = [script, CONFIG, service_path, timer_path]
+    paths = [script, parser, CONFIG, service_path, timer_path]
     files.managed(name="gpu_guard: the guard", dest=script, paths=paths, mode="755",
                   text=(HERE / "guard.py").read_text())
+    files.managed(name="gpu_guard: its Xid parser", dest=parser, paths=paths, mode="644",
+                  text=Path(xid.__file__).read_text())
     files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
                   text=json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,
@@ -128,7 +160,7 @@ def apply(plan: dict):
     systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=any_changed(service, timer))
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
-                script=script)
+                xid_file=xid_config(data)["state_file"], script=script)
     if data["rigup_maintenance"]:   # paused: its files stay, the timer runs again when maintenance ends
         services.running(name=f"gpu_guard: pause {TIMER} (rigup_maintenance)", unit=TIMER, units=[TIMER], enabled=False)
         return

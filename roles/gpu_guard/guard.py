@@ -21,6 +21,24 @@ reason to the journal (priority crit), records it in the TRIPPED file and stops 
 them again, and the serving units do not start (ConditionPathExists=!TRIPPED). The file is on
 disk: a reboot does not clear it. ``rigup-gpu-guard clear`` does, and ``status`` shows it.
 
+Xid triage (``xid`` in the config): each check also reads the kernel's new ``NVRM: Xid`` lines
+from the journal (``journalctl -o json`` from the cursor it kept, this boot's lines on the first
+run; the kernel's own transport, which no local process can write), attributes each to a card by
+its PCI bus id (rigup_xid.py, rigup/gpu/xid.py in the repository) and acts by the catalogue's
+action for its code, logging the Xid line with what it did:
+- ``restart`` (the application on the card faulted): restarts the serving units on that card
+  (CUDA_VISIBLE_DEVICES of the unit; a unit without it has every card) that started before it;
+- ``suspect`` (memory, firmware): counted per card; ``suspect_count`` of them within
+  ``suspect_window_s`` mark the card suspect: its serving units are stopped (a replica is drained
+  at its balancer first, by its ExecStop) and kept stopped until ``clear``;
+- ``drain_host`` (the card fell off the bus, NVLink, GSP): trips the guard (the host leaves the
+  gateways' pools, GpuGuardTripped fires) and, with ``reboot``, reboots the host at most
+  ``max_reboots`` a day (counted on disk); after such a reboot, once every card answers again, the
+  guard clears itself and starts the units it stopped;
+- ``log``: logged and counted only.
+The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
+the counts start again at each boot (a reboot is the cards' recovery); suspect stays until clear.
+
     rigup-gpu-guard [--config /etc/rigup/gpu-guard.json] check|status|clear
 """
 
@@ -48,14 +66,27 @@ GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts
 NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
 KILL_GRACE_S = 2            # how long a killed process group gets to go before the guard moves on
 SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
+JOURNAL_TIMEOUT_S = 10      # the kernel log's new lines (journalctl)
 SLACK_S = 10                # python start, reading and writing the state files
+XID_EVENTS_KEPT = 50        # the newest Xid events kept in XID_STATE, with what was done
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+try:   # the Xid line parser: rigup/gpu/xid.py in the repository, rigup_xid.py beside this script
+    from rigup.gpu import xid as xid_lines
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import rigup_xid as xid_lines  # type: ignore[no-redef]
+    except ImportError:
+        xid_lines = None
 
 
 def unit_timeout_s(smi_timeout_s: int) -> int:
     """TimeoutStartSec of the guard's oneshot unit: the longest one check can take (an nvidia-smi
-    call and two systemctl calls, each bounded and then killed) plus slack. A process stuck in the
+    call, the journal's new lines and four systemctl calls, each bounded and then killed) plus slack. A process stuck in the
     kernel past SIGKILL (a driver hung hard) is left to systemd, which ends the run at this limit."""
-    return smi_timeout_s + KILL_GRACE_S + 2 * (SYSTEMCTL_TIMEOUT_S + KILL_GRACE_S) + SLACK_S
+    return (smi_timeout_s + KILL_GRACE_S + JOURNAL_TIMEOUT_S + 4 * (SYSTEMCTL_TIMEOUT_S + KILL_GRACE_S)
+            + SLACK_S)
 
 
 def run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -221,11 +252,13 @@ def escaped(value) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, config: dict, now: float) -> str:
+def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, config: dict, now: float,
+                 xid_state: dict | None = None) -> str:
     """The guard's metrics file (Prometheus text format, for the node exporter's textfile
     collector): each card's gauges (GAUGES) labelled gpu (index), uuid and class; whether the
     last sample lost telemetry and how many cards answered (both left out when ``lost`` is None:
-    a tripped guard samples nothing); whether it is tripped; when it ran, and its period."""
+    a tripped guard samples nothing); whether it is tripped; when it ran, and its period; the Xid
+    counts and suspect cards of ``xid_state`` (:func:`xid_metrics`)."""
     lines = []
     for metric, text, field, scale in GAUGES:
         rows = [(c, c[field]) for c in cards if c.get(field) is not None]
@@ -242,7 +275,27 @@ def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, confi
     for metric, text, value in host:
         lines += [f"# HELP rigup_gpu_{metric} {text}", f"# TYPE rigup_gpu_{metric} gauge",
                   f"rigup_gpu_{metric} {number(value)}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + xid_metrics(xid_state or {}, cards)) + "\n"
+
+
+def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
+    """rigup_gpu_xid_events{bus,gpu,class} (this boot's events per card and class) and
+    rigup_gpu_suspect{bus,gpu} of XID_STATE's cards."""
+    index = {card_key_of(c): c["index"] for c in cards}
+    known = state.get("cards") or {}
+    counts = [(bus, cls, n) for bus, card in sorted(known.items()) for cls, n in sorted((card.get("counts") or {}).items())]
+    suspect = [(bus, 1 if card.get("suspect") else 0) for bus, card in sorted(known.items())]
+    lines = []
+    if counts:
+        lines += ["# HELP rigup_gpu_xid_events Xid events of the card this boot, by class (rigup/gpu/xid.yml)",
+                  "# TYPE rigup_gpu_xid_events gauge"]
+        lines += [f'rigup_gpu_xid_events{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}",class="{escaped(cls)}"}} {n}'
+                  for bus, cls, n in counts]
+    if suspect:
+        lines += ["# HELP rigup_gpu_suspect 1 while the card is suspect (repeated memory or firmware Xid events)",
+                  "# TYPE rigup_gpu_suspect gauge"]
+        lines += [f'rigup_gpu_suspect{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}"}} {v}' for bus, v in suspect]
+    return lines
 
 
 def write_metrics(config: dict, text: str) -> None:
@@ -277,22 +330,234 @@ def stop_serving(config: dict) -> str:
     return ", ".join(running)
 
 
+# ----------------------------------------------------------------------------- Xid triage
+def card_key_of(card: dict) -> str:
+    """A sampled card's key as an Xid line names it (``0000:2b:00``), or its bus id as is."""
+    try:
+        return xid_lines.card_key(card["bus_id"]) if xid_lines else card["bus_id"]
+    except ValueError:
+        return card["bus_id"]
+
+
+def boot_id() -> str:
+    try:
+        with open(BOOT_ID) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def journal_text(value) -> str:
+    """A journal field as JSON gives it: a string, or bytes as a list of numbers (not UTF-8)."""
+    if isinstance(value, list):
+        return bytes(v for v in value if isinstance(v, int) and 0 <= v < 256).decode("utf-8", "replace")
+    return value if isinstance(value, str) else ""
+
+
+def parse_journal(output: str) -> tuple[list[tuple[float, str]], str | None]:
+    """``journalctl -o json`` lines -> ([(epoch seconds, message)], the last entry's cursor)."""
+    entries, cursor = [], None
+    for line in output.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        cursor = entry.get("__CURSOR") or cursor
+        try:
+            t = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6
+        except (TypeError, ValueError):
+            t = 0.0
+        entries.append((t, journal_text(entry.get("MESSAGE"))))
+    return entries, cursor
+
+
+def read_kernel_log(config: dict, state: dict) -> tuple[list[tuple[float, str]], str | None]:
+    """The kernel log's entries after the kept cursor (this boot's on the first run, or when the
+    cursor is gone with a vacuumed journal), and the cursor to keep; a journalctl that fails or
+    does not answer is logged and read again at the next check."""
+    match = config["xid"].get("match", "_TRANSPORT=kernel")
+    base = ["journalctl", "-o", "json", "--no-pager", "-q", "--output-fields=MESSAGE", match]
+    cursor = state.get("cursor")
+    for argv in ([*base, f"--after-cursor={cursor}"], [*base, "-b"]) if cursor else ([*base, "-b"],):
+        rc, output = run_bounded(argv, JOURNAL_TIMEOUT_S)
+        if rc == 0:
+            entries, last = parse_journal(output)
+            return entries, last or cursor
+    log(4, f"rigup-gpu-guard: cannot read the kernel log (journalctl: {'no answer' if rc is None else rc}); "
+           "its Xid lines are read at the next check")
+    return [], cursor
+
+
+def unit_blocks(text: str) -> list[dict]:
+    """``systemctl show -p Id,Environment,ActiveEnterTimestamp --timestamp=unix U...`` -> one dict
+    per unit."""
+    blocks, current = [], {}
+    for line in text.splitlines() + [""]:
+        if not line.strip():
+            if current:
+                blocks.append(current)
+            current = {}
+            continue
+        key, _, value = line.partition("=")
+        current[key] = value
+    return blocks
+
+
+def serving_units(config: dict, cards: list[dict]) -> list[dict]:
+    """The active serving units: {"unit", "cards": the card keys its CUDA_VISIBLE_DEVICES names
+    (by UUID or index; every sampled card without it), "since": when it last started (epoch s)}."""
+    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+    rc, listed = run_bounded(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
+                              "--no-legend", *units], SYSTEMCTL_TIMEOUT_S)
+    names = [u for u in listed.split() if u.endswith(".service")] if rc == 0 else []
+    if not names:
+        return []
+    rc, shown = run_bounded(["systemctl", "show", "-p", "Id,Environment,ActiveEnterTimestamp", "--timestamp=unix",
+                             *names], SYSTEMCTL_TIMEOUT_S)
+    by_id = {c["uuid"]: card_key_of(c) for c in cards} | {str(c["index"]): card_key_of(c) for c in cards}
+    out = []
+    for block in unit_blocks(shown if rc == 0 else ""):
+        env = dict(w.partition("=")[::2] for w in block.get("Environment", "").split())
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        keys = {by_id.get(d.strip(), d.strip()) for d in visible.split(",")} if visible else set(by_id.values())
+        stamp = block.get("ActiveEnterTimestamp", "").lstrip("@")
+        out.append({"unit": block.get("Id", ""), "cards": keys,
+                    "since": float(stamp) if stamp.replace(".", "", 1).isdigit() else 0.0})
+    return [u for u in out if u["unit"]]
+
+
+def systemctl(verb: str, units: list[str]) -> str:
+    """``systemctl VERB UNITS`` bounded: "" when done, else what went wrong."""
+    if not units:
+        return ""
+    rc, output = run_bounded(["systemctl", verb, *units], SYSTEMCTL_TIMEOUT_S)
+    return "" if rc == 0 else f" (systemctl {verb}: {'no answer' if rc is None else f'exit {rc}'} {output.strip()[:200]})"
+
+
+def reboots_today(path: str, now: float) -> tuple[str, int]:
+    day = time.strftime("%Y-%m-%d", time.localtime(now))
+    record = load(path, {})
+    return day, int(record.get("count", 0)) if isinstance(record, dict) and record.get("day") == day else 0
+
+
+def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: list[dict], now: float,
+           on_cards=serving_units, act=systemctl) -> dict | None:
+    """Act on the Xid lines among ``entries`` (module docstring); ``state`` (XID_STATE) is updated.
+    Returns the trip to record ({"reason", "reboot"}) for a drain_host event, else None.
+    ``on_cards(config, cards)``: the serving units (:func:`serving_units`); ``act(verb, units)``:
+    systemctl (:func:`systemctl`)."""
+    xid = config["xid"]
+    catalogue = {int(k): v for k, v in (xid.get("catalogue") or {}).items()}
+    names = {card_key_of(c): f"GPU {c['index']} ({c['uuid']}, {card_key_of(c)})" for c in cards}
+    known, trip, units = state.setdefault("cards", {}), None, None
+    for t, message in entries:
+        for event in xid_lines.events([message], catalogue):
+            card = known.setdefault(event["card"], {"counts": {}, "recent": [], "suspect": None})
+            card["counts"][event["class"]] = card["counts"].get(event["class"], 0) + 1
+            who = names.get(event["card"], f"the card at {event['card']}")
+            what = f"Xid {event['code']} ({event['class']}: {event['meaning']}) on {who}"
+            done = "logged"
+            if event["action"] == "restart":
+                units = on_cards(config, cards) if units is None else units
+                hit = [u["unit"] for u in units if event["card"] in u["cards"] and u["since"] < t]
+                done = f"restarted {', '.join(hit)}{act('restart', hit)}" if hit else \
+                    "no serving unit on the card started before it"
+            elif event["action"] == "suspect":
+                window = float(xid.get("suspect_window_s", 86400))
+                card["recent"] = [r for r in card["recent"] if now - r <= window] + [t]
+                if card["suspect"]:
+                    done = "the card is suspect already"
+                elif len(card["recent"]) >= int(xid.get("suspect_count", 2)):
+                    card["suspect"] = {"since": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)),
+                                       "line": event["line"]}
+                    done = (f"the card is SUSPECT ({len(card['recent'])} such events within {window:.0f} s): its "
+                            "serving units are stopped until rigup-gpu-guard clear")
+                else:
+                    done = f"counted ({len(card['recent'])} of {xid.get('suspect_count', 2)} within {window:.0f} s)"
+            elif event["action"] == "drain_host":
+                trip = {"reason": f"{what}: {event['line']}", "reboot": False}
+                day, count = reboots_today(xid.get("reboots_file", ""), now)
+                if xid.get("reboot") and count < int(xid.get("max_reboots", 1)):
+                    trip["reboot"] = True
+                    done = f"the host is drained (guard tripped) and reboots ({count + 1} of {xid.get('max_reboots', 1)} today)"
+                else:
+                    done = "the host is drained (guard tripped)" + (
+                        f"; no reboot: {count} of {xid.get('max_reboots', 1)} today done" if xid.get("reboot") else
+                        "; gpu_guard_xid_reboot is off")
+            state.setdefault("events", []).append({"t": t, "card": event["card"], "code": event["code"],
+                                                   "class": event["class"], "action": event["action"],
+                                                   "line": event["line"], "done": done})
+            log(2 if event["action"] in ("drain_host", "suspect") else 4, f"rigup-gpu-guard: {what}: {done}. "
+                f"The kernel said: {event['line']}")
+    state["events"] = state.get("events", [])[-XID_EVENTS_KEPT:]
+    return trip
+
+
+def suspect_units(config: dict, state: dict, cards: list[dict]) -> list[str]:
+    """The running serving units on a suspect card."""
+    bad = {k for k, c in (state.get("cards") or {}).items() if c.get("suspect")}
+    return [u["unit"] for u in serving_units(config, cards) if u["cards"] & bad] if bad else []
+
+
+def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> tuple[dict, dict | None]:
+    """This check's Xid part: (XID_STATE, the trip to record or None)."""
+    path = config["xid"]["state_file"]
+    state = load(path, {})
+    state = state if isinstance(state, dict) else {}
+    boot = boot_id()
+    if state.get("boot") != boot:   # a new boot: the cards' counts start again; suspect stays
+        state["cards"] = {k: {"counts": {}, "recent": c.get("recent", []), "suspect": c.get("suspect")}
+                          for k, c in (state.get("cards") or {}).items() if c.get("suspect") or c.get("recent")}
+        state["boot"] = boot
+    entries, state["cursor"] = read_kernel_log(config, state)
+    trip = triage(config, state, entries, cards, now)
+    stop = suspect_units(config, state, cards)
+    if stop:
+        log(2, f"rigup-gpu-guard: stopping {', '.join(stop)} (on a suspect card; rigup-gpu-guard status){systemctl('stop', stop)}")
+    save(path, state)
+    return state, trip
+
+
+def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str]) -> bool:
+    """Whether a trip the guard rebooted for is over: this is another boot and every card it had
+    answers again. Then it clears itself and starts the units it stopped."""
+    if not record.get("reboot_boot") or record["reboot_boot"] == boot_id() or lost or \
+            len(cards) < int(record.get("cards", 0)):
+        return False
+    os.remove(config["tripped_file"])
+    units = [u for u in record.get("stopped", []) if u]
+    log(5, f"rigup-gpu-guard: cleared after the reboot for {record.get('reason')}: all {len(cards)} cards answer; "
+           f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
+    return True
+
+
 def check(config: dict) -> int:
     tripped = config["tripped_file"]
     if os.path.exists(tripped):
-        write_metrics(config, metrics_text([], None, True, config, time.time()))
+        record = load(tripped, {})
+        if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id():
+            cards, lost = read_cards(config)
+            if after_reboot(config, record, cards, lost):
+                return 0
+        write_metrics(config, metrics_text([], None, True, config, time.time(),
+                                           load(config["xid"]["state_file"], {}) if config.get("xid") else None))
         stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
     now = time.time()
     cards, lost = read_cards(config)
+    xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
+    if xid_trip:
+        return trip_now(config, xid_trip, cards, now)
     history = keep(load(config["samples_file"], []), config, now)
     history.append({"t": now, "cards": cards, "lost": lost})
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
     reason, count = debounced(history, config)
-    write_metrics(config, metrics_text(cards, lost, reason is not None, config, now))
+    write_metrics(config, metrics_text(cards, lost, reason is not None, config, now, xid_state))
     bad, of = debounce_of(config)
     samples = f"{count} of the last {min(of, len(history))} samples bad"
     if reason is None:
@@ -304,6 +569,27 @@ def check(config: dict) -> int:
     stopped = stop_serving(config)
     log(2, f"rigup-gpu-guard: TRIPPED: {reason}; stopped serving units: {stopped or 'none running'}; "
            f"{samples}; they stay stopped until an operator runs rigup-gpu-guard clear")
+    return 0
+
+
+def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
+    """Trip at once for an Xid event (no debounce: the kernel said so) and, when ``trip["reboot"]``,
+    count the reboot and reboot the host."""
+    units = stop_serving(config)
+    record = {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": trip["reason"],
+              "samples": "an Xid event", "stopped": [u.split(" ")[0] for u in units.split(", ") if u], "cards": len(cards)}
+    if trip["reboot"]:
+        record["reboot_boot"] = boot_id()
+    save(config["tripped_file"], record)
+    write_metrics(config, metrics_text(cards, [], True, config, now, load(config["xid"]["state_file"], {})))
+    log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
+           + ("rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
+              "they stay stopped until an operator runs rigup-gpu-guard clear"))
+    if trip["reboot"]:
+        path = config["xid"]["reboots_file"]
+        day, count = reboots_today(path, now)
+        save(path, {"day": day, "count": count + 1})
+        run_bounded(["systemctl", "reboot"], SYSTEMCTL_TIMEOUT_S)
     return 0
 
 
@@ -322,14 +608,26 @@ def main(argv: list[str]) -> int:
         state = load(config["tripped_file"], None)
         samples = f" ({state['samples']})" if state and state.get("samples") else ""
         print(f"tripped at {state.get('time')}: {state.get('reason')}{samples}" if state else "not tripped")
-        return 3 if state else 0
+        xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
+        for bus, card in sorted((xid.get("cards") or {}).items()):
+            counts = ", ".join(f"{cls} {n}" for cls, n in sorted(card.get("counts", {}).items())) or "none this boot"
+            print(f"card {bus}: Xid {counts}" + (f"; SUSPECT since {card['suspect']['since']}: {card['suspect']['line']}"
+                                                  if card.get("suspect") else ""))
+        return 3 if state or any(c.get("suspect") for c in (xid.get("cards") or {}).values()) else 0
     if command == "clear":
         state = load(config["tripped_file"], None)
         for f in (config["tripped_file"], config["samples_file"]):
             if os.path.exists(f):
                 os.remove(f)
+        xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
+        suspect = sorted(k for k, c in (xid.get("cards") or {}).items() if c.get("suspect"))
+        for card in (xid.get("cards") or {}).values():
+            card["suspect"], card["recent"] = None, []
+        if config.get("xid") and xid:
+            save(config["xid"]["state_file"], xid)
         text = "rigup-gpu-guard: cleared by an operator" + (f" (was: {state.get('reason')})" if state else
-                                                             " (was not tripped)")
+                                                             " (was not tripped)") + \
+            (f"; no longer suspect: {', '.join(suspect)}" if suspect else "")
         print(text)
         subprocess.run(["logger", "-t", "rigup-gpu-guard", "-p", "user.notice", text], check=False)
         return 0

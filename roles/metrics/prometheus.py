@@ -110,7 +110,8 @@ def prometheus_yml(data: dict) -> dict:
 
 
 def rules(data: dict) -> dict:
-    """The alert rules: an instance or a node exporter down, the GPU guard tripped, lost GPU
+    """The alert rules: an instance or a node exporter down, the GPU guard tripped, a suspect GPU
+    (repeated memory or firmware Xid events), lost GPU
     telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting, an instance
     below its throughput floor (roles/watchdog's rigup_watchdog_* metrics), a model's
     download failed (roles/model_fetch's rigup_model_fetch_* metrics) or stalled (its job dead,
@@ -132,6 +133,9 @@ def rules(data: dict) -> dict:
         alert("NodeExporterDown", 'up{job="node"} == 0', "the node exporter of {{ $labels.host }} does not answer"),
         alert("GpuGuardTripped", "rigup_gpu_guard_tripped == 1",
               "the GPU guard of {{ $labels.host }} tripped and stopped serving (rigup-gpu-guard status)", "0s"),
+        alert("GpuSuspect", "rigup_gpu_suspect == 1",
+              "GPU {{ $labels.gpu }} ({{ $labels.bus }}) of {{ $labels.host }} had repeated memory or firmware Xid "
+              "events: its serving units are stopped (rigup-gpu-guard status; clear once the card is replaced)", "0s"),
         alert("GpuTelemetryLost", "rigup_gpu_telemetry_lost == 1",
               "a GPU of {{ $labels.host }} is gone or nvidia-smi fails (journalctl -u rigup-gpu-guard)"),
         alert("GpuGuardSilent",

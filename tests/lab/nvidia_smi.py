@@ -20,7 +20,10 @@ Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
               sim lock|unlock|show|reset
               sim calls (every nvidia-smi argv so far);  sim module (the loaded
-              kernel module's path, as ``modinfo -n nvidia`` would print it)
+              kernel module's path, as ``modinfo -n nvidia`` would print it);
+              sim xid CODE -i N [--lost] (the driver's Xid line for card N, logged as
+              rigup-lab-kernel: the log source gpu_guard_xid_source lab reads; --lost: the card
+              falls off the bus too, as with Xid 79)
 (or the same arguments to ``rigup-gpu-sim``).
 
 ``--na power.draw`` makes --query-gpu answer ``[N/A]`` for those fields of the chosen cards
@@ -483,6 +486,8 @@ def sim(args):
             raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
         print(loaded_module())
         return 0
+    if cmd == "xid":
+        return sim_xid(args[1:])
     if cmd == "show":
         with state() as st:
             doc = {"profile": PROF.get("profile"), "unlocked": unlocked(), "run_dir": RUN_DIR,
@@ -518,6 +523,30 @@ def sim(args):
     with state(write=True) as st:
         for c in cards:
             st[c["index"]].update(defaults(c) if cmd == "reset" else changes)
+    return 0
+
+
+XID_TEXT = {79: "GPU has fallen off the bus.", 13: "Graphics Exception: ESR 0x404600=0x80000002",
+            48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+                "partition 6, subpartition 0.", 31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "
+                "GPCCLIENT_T1_0 faulted @ 0x7f1c_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ"}
+
+
+def sim_xid(rest):
+    """The driver's ``NVRM: Xid`` line for one card, as the kernel logs it, into the journal as
+    rigup-lab-kernel (a lab host has no kernel log of its own: the lab's containers share one)."""
+    import subprocess
+    if not rest or not rest[0].isdigit() or "-i" not in rest or rest.index("-i") + 1 >= len(rest):
+        raise Exit(EXIT_INVALID_ARG, "usage: rigup-gpu-sim xid CODE -i N [--lost]")
+    code, card = int(rest[0]), select(rest[rest.index("-i") + 1])[0]
+    domain, bus, device = card["bus_id"].lower().split(":")   # 00000000:07:00.0 -> 0000:07:00
+    line = "NVRM: Xid (PCI:%s:%s:%s): %d, pid=4242, name=llama-server, %s" % (
+        domain[-4:], bus, device.split(".")[0], code, XID_TEXT.get(code, "rigup lab Xid"))
+    subprocess.run(["logger", "-t", "rigup-lab-kernel", "-p", "kern.warning", "--", line], check=True)
+    if "--lost" in rest:
+        with state(write=True) as st:
+            st[card["index"]]["lost"] = True
+    print(line)
     return 0
 
 

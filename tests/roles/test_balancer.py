@@ -1,6 +1,8 @@
 """roles/balancer on the lab: Gemma 3 270M (CPU, as group_vars/lab.yml serves it) as 2 replicas
 behind HAProxy on each lab host with the fleet's one API key, then a gateway host in front of both
-hosts checking that key, then back to one server per host (HAProxy stopped by rigup)."""
+hosts checking that key (a host's link cut, then its card fallen off the bus: an Xid 79 trips its
+GPU guard, and the gateway answers from the other host), then back to one server per host
+(HAProxy stopped by rigup)."""
 
 import hashlib
 import json
@@ -184,6 +186,21 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
     assert both["failed"] == 0 and cut["failed"] == 0, cut["errors"]
     assert down != "UP"
     print(f"gateway with the fleet key: {refused}")
+    # lab2's card 2 falls off the bus (Xid 79): its GPU guard trips at once and stops its replicas;
+    # the gateway takes lab2 out of the pool and keeps answering from lab1
+    line = on_host(lab, "lab2", "rigup-gpu-sim xid 79 -i 2 --lost").strip()
+    try:
+        gone = wait_status(lab, "lab3", "lab2", "DOWN", 60, "gateway-gemma")
+        xid = load(lab, "lab3", url, 20, concurrency=2, key="/root/client.key")
+        reason = json.loads(on_host(lab, "lab2", "cat /var/lib/rigup/gpu-guard.tripped"))["reason"]
+    finally:
+        on_host(lab, "lab2", "rigup-gpu-sim set -i 2 --found; /opt/rigup/bin/rigup-gpu-guard clear >/dev/null; "
+                             "systemctl start rigup-llama@gemma-0 rigup-llama@gemma-1")
+    back = wait_status(lab, "lab3", "lab2", "UP", 60, "gateway-gemma")
+    print(f"gateway: Xid 79 on lab2's GPU 2: lab2 DOWN at the gateway {gone:.1f} s after it; then {xid['ok']}/20 ok, "
+          f"{xid['failed']} failed; guard cleared, lab2 UP again after {back:.1f} s")
+    assert reason.startswith("Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (") and reason.endswith(line)
+    assert xid["failed"] == 0, xid["errors"]
     lab.remove("lab3")
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import on_host
-from tests.roles.power_lab import TRIPPED, data, install_serving_unit, play
+from tests.roles.power_lab import TRIPPED, cards, data, install_serving_unit, play
 
 pytestmark = pytest.mark.lab
 FAST = data(gpu_guard_interval_s=2, gpu_guard_window_s=6, gpu_guard_thresholds={"a100": {"draw_w": 250}})
@@ -192,3 +192,100 @@ def test_a_hung_nvidia_smi_trips_as_lost_telemetry_within_the_window(lab, host):
         assert lab.ssh(host, "pgrep -f '[s]leep 86400|[n]vidia-smi --query-gpu'").stdout == ""   # nothing left hanging
     finally:
         restart_serving(lab, host)
+
+
+# Xid triage: 8 stand-in instances, each pinned to one card (CUDA_VISIBLE_DEVICES by UUID, as
+# roles/llama_server pins replicas); the driver's lines come from `rigup-gpu-sim xid`.
+PINNED = [f"rigup-llama@c{i}.service" for i in range(8)]
+
+
+def pin_instances(lab, host) -> list[dict]:
+    found = cards(lab, host)
+    script = " && ".join(
+        f"mkdir -p /etc/systemd/system/rigup-llama@c{c['index']}.service.d && printf '[Service]\\n"
+        f"Environment=CUDA_VISIBLE_DEVICES={c['uuid']}\\n' > /etc/systemd/system/rigup-llama@c{c['index']}"
+        ".service.d/rigup.conf" for c in found)
+    on_host(lab, host, f"{script} && systemctl daemon-reload && systemctl start {' '.join(PINNED)}")
+    return found
+
+
+def started(lab, host) -> dict[str, str]:
+    out = on_host(lab, host, f"systemctl show -p Id,ActiveState,ActiveEnterTimestampMonotonic {' '.join(PINNED)}")
+    blocks = [dict(line.split("=", 1) for line in b.splitlines() if "=" in line) for b in out.strip().split("\n\n")]
+    return {b["Id"]: f"{b['ActiveState']}@{b['ActiveEnterTimestampMonotonic']}" for b in blocks}
+
+
+def guard_journal(lab, host, since: float) -> str:
+    return "\n".join(t for _, t in journal(lab, host, since))
+
+
+def test_an_xid_13_restarts_only_the_instance_on_that_card(lab, host):
+    play(host, *FAST)
+    restart_serving(lab, host)
+    pin_instances(lab, host)
+    before, since = started(lab, host), time.time()
+    line = on_host(lab, host, "rigup-gpu-sim xid 13 -i 3").strip()
+    assert wait_for(lambda: started(lab, host)["rigup-llama@c3.service"] != before["rigup-llama@c3.service"])
+    took = time.time() - since
+    after = started(lab, host)
+    moved = [u for u in PINNED if after[u] != before[u]]
+    print(f"\nXid 13 on GPU 3: restarted {moved} in {took:.1f} s; {sum(v.startswith('active') for v in after.values())}"
+          " of 8 instances active")
+    assert moved == ["rigup-llama@c3.service"] and all(v.startswith("active@") for v in after.values())
+    text = guard_journal(lab, host, since - 1)
+    assert "Xid 13 (application: Graphics engine exception) on GPU 3 (" in text
+    assert f"restarted rigup-llama@c3.service. The kernel said: {line}" in text
+    assert lab.ssh(host, f"test -e {TRIPPED}").returncode != 0
+    assert "card 0000:4e:00: Xid application 1" in lab.ssh(host, f"{GUARD} status").stdout
+
+
+def test_repeated_memory_faults_make_a_card_suspect_and_stop_its_instance_until_cleared(lab, host):
+    since = time.time()
+    on_host(lab, host, "rigup-gpu-sim xid 48 -i 5")
+    time.sleep(5)
+    assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")     # 1 of 2: counted
+    on_host(lab, host, "rigup-gpu-sim xid 48 -i 5")
+    assert wait_for(lambda: not started(lab, host)["rigup-llama@c5.service"].startswith("active@"))
+    print(f"\ntwo Xid 48 on GPU 5: suspect, its instance stopped {time.time() - since:.1f} s after the first")
+    status = lab.ssh(host, f"{GUARD} status")
+    assert status.returncode == 3 and "SUSPECT since " in status.stdout and "memory 2" in status.stdout
+    others = started(lab, host)
+    assert all(others[u].startswith("active@") for u in PINNED if u != "rigup-llama@c5.service")
+    lab.ssh(host, "systemctl start rigup-llama@c5.service")                      # the guard stops it again
+    assert wait_for(lambda: not started(lab, host)["rigup-llama@c5.service"].startswith("active@"))
+    assert "on a suspect card" in guard_journal(lab, host, since - 1)
+    assert "no longer suspect: 0000:90:00" in on_host(lab, host, f"{GUARD} clear")
+    on_host(lab, host, "systemctl start rigup-llama@c5.service")
+    time.sleep(5)
+    assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")
+
+
+def test_an_xid_79_trips_at_once_reboots_when_opted_in_and_comes_back_serving(lab, host):
+    play(host, *FAST, *data(gpu_guard_xid_reboot=True))
+    pin_instances(lab, host)
+    mark = "cat /run/rigup-lab-boot 2>/dev/null || cat /proc/sys/kernel/random/uuid | tee /run/rigup-lab-boot"
+    boot, since = lab.ssh(host, mark).stdout.strip(), time.time()
+    line = on_host(lab, host, "rigup-gpu-sim xid 79 -i 2 --lost").strip()
+    deadline = time.monotonic() + 120
+    while lab.ssh(host, mark, timeout=10).stdout.strip() in ("", boot):
+        assert time.monotonic() < deadline, "the host did not reboot"
+        time.sleep(1)
+    rebooted = time.time() - since
+    lab.wait_ready(host, 120)
+    assert wait_for(lambda: all(v.startswith("active@") for v in started(lab, host).values()), 60)
+    back = time.time() - since
+    print(f"\nXid 79 on GPU 2: rebooted {rebooted:.1f} s after it, all 8 instances serving again {back:.1f} s after it")
+    text = on_host(lab, host, "journalctl -t rigup-gpu-guard -u rigup-gpu-guard -o cat --no-pager -b -1")
+    assert f"TRIPPED: Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (" in text and line in text
+    assert "rebooting the host (gpu_guard_xid_reboot)" in text
+    assert "cleared after the reboot for Xid 79" in on_host(lab, host, "journalctl -t rigup-gpu-guard -u "
+                                                                   "rigup-gpu-guard -o cat --no-pager -b 0")
+    assert lab.ssh(host, f"test -e {TRIPPED}").returncode != 0
+    # the day's budget (1) is spent: the next one drains the host and stays down
+    on_host(lab, host, "rigup-gpu-sim xid 79 -i 2")
+    assert wait_for(lambda: lab.ssh(host, f"test -e {TRIPPED}").returncode == 0)
+    assert "Xid 79" in json.loads(on_host(lab, host, f"cat {TRIPPED}"))["reason"]
+    assert wait_for(lambda: not any(v.startswith("active@") for v in started(lab, host).values()))
+    assert "no reboot: 1 of 1 today done" in on_host(lab, host, "cat /var/lib/rigup/gpu-guard-xid.json")
+    on_host(lab, host, f"{GUARD} clear; rm -f /var/lib/rigup/gpu-guard-reboots.json; systemctl stop {' '.join(PINNED)}")
+    play(host, *FAST)

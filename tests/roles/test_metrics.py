@@ -2,7 +2,8 @@
 node exporter and the relay; the first is also in the group `monitoring` (tests/roles/lab_monitoring.py)
 and runs Prometheus on its inventory address, which scrapes both: the simulated GPUs' power draw
 per card (written by the GPU guard) and llama-server's token counters come back from its HTTP API;
-stopping a serving unit fires LlamaServerDown within its `for:`; the other host, outside the
+stopping a serving unit fires LlamaServerDown within its `for:`; an Xid 79 (the lab's stand-in
+for the driver's line) trips a host's guard, fires GpuGuardTripped and shows in status.py; the other host, outside the
 monitoring group, gets a TCP reset on the monitoring host's node exporter, relay and Prometheus
 (their nftables allow-lists) while Prometheus scrapes both hosts, also after `nft flush ruleset`
 and a restart, and after a reboot; turned off or back on loopback the tables go; a configuration
@@ -105,6 +106,34 @@ def test_a_stopped_instance_fires_llama_server_down_within_its_for(lab, hosts):
     finally:
         on_host(lab, other, f"systemctl start {UNIT}")
     assert until(lambda: not firing(lab, monitor, "LlamaServerDown", instance), timeout=90)
+
+
+def test_an_xid_79_trips_the_guard_fires_its_alert_and_shows_in_status(lab, hosts):
+    """A card of the other host falls off the bus (the driver's Xid 79 line, from the lab's
+    stand-in): its guard trips at once; Prometheus has the card's Xid count and fires
+    GpuGuardTripped for that host; status.py names the Xid."""
+    from tests.converge import pyinfra
+
+    monitor, other = hosts
+    line = on_host(lab, other, "rigup-gpu-sim xid 79 -i 2 --lost").strip()
+    since = time.monotonic()
+    try:
+        fired = until(lambda: any(a["labels"]["alertname"] == "GpuGuardTripped" and a["labels"].get("host") == other
+                                  and a["state"] == "firing" for a in api(lab, monitor, "alerts")["alerts"]), timeout=60)
+        assert fired, api(lab, monitor, "alerts")
+        took = time.monotonic() - since
+        bus = api(lab, monitor, "query", query=f'rigup_gpu_xid_events{{host="{other}",class="bus"}}')["result"]
+        table = pyinfra("inventory/lab.py", "status.py", "--limit", other, timeout=120).output
+        print(f"Xid 79 on {other}'s GPU 2: GpuGuardTripped firing {took:.1f} s after the line; "
+              f"rigup_gpu_xid_events {[(r['metric'].get('gpu'), r['value'][1]) for r in bus]}\n{table}")
+        assert [r["value"][1] for r in bus] == ["1"] and bus[0]["metric"]["bus"] == "0000:47:00"
+        assert "TRIPPED" in table and "Xid 79 (bus: GPU has fallen off the bus) on GPU 2" in table
+        assert line.endswith("GPU has fallen off the bus.")
+    finally:
+        on_host(lab, other, f"rigup-gpu-sim set -i 2 --found; /opt/rigup/bin/rigup-gpu-guard clear >/dev/null; "
+                            f"systemctl start {UNIT}")
+    assert until(lambda: not any(a["labels"]["alertname"] in ("GpuGuardTripped", "LlamaServerDown")
+                                 and a["state"] == "firing" for a in api(lab, monitor, "alerts")["alerts"]), timeout=90)
 
 
 PORTS = {"node exporter": (9100, "/metrics"), "relay": (9101, "/metrics/gemma"), "Prometheus": (9090, "/-/healthy")}

@@ -67,7 +67,7 @@ def test_the_average_stays_over_the_window_while_history_covers_the_debounce():
 def test_config_unit_timeout_and_debounce_checks():
     conf = guard_config({**group_vars("all"), "gpu_guard_smi_timeout": 7})
     assert (conf["smi_timeout_s"], conf["interval_s"], conf["debounce"]) == (7, 10, {"bad": 2, "of": 3})
-    assert unit_timeout_s(7) == 7 + 2 + 2 * (20 + 2) + 10
+    assert unit_timeout_s(7) == 7 + 2 + 10 + 4 * (20 + 2) + 10
     assert check_debounce({}, {}, {"gpu_guard_debounce_bad": 3, "gpu_guard_debounce_samples": 3}) == []
     (r,) = check_debounce({}, {}, {"gpu_guard_debounce_bad": 4, "gpu_guard_debounce_samples": 3})
     assert (r.what, r.why) == ("gpu_guard_debounce_bad", "expected at most gpu_guard_debounce_samples (3), got 4")

@@ -55,7 +55,7 @@ def test_prometheus_files_are_relative_and_the_alerts_hold_for_the_setting():
         "record": "rigup:host_joules_per_token", "expr": "sum by (host) (rigup_gpu_power_draw_watts) / (sum by (host) "
                                                           "(rate(llamacpp:tokens_predicted_total[5m])) > 0)"}]
     assert rules["LlamaServerDown"] == {**rules["LlamaServerDown"], "expr": 'up{job="llama-server"} == 0', "for": "7s"}
-    assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuTelemetryLost", "GpuGuardSilent",
+    assert set(rules) == {"LlamaServerDown", "NodeExporterDown", "GpuGuardTripped", "GpuSuspect", "GpuTelemetryLost", "GpuGuardSilent",
                           "ThroughputBelowFloor", "ModelDownloadFailed", "ModelDownloadStalled"}
     assert rules["ModelDownloadFailed"]["for"] == "0s" and "failed" in rules["ModelDownloadFailed"]["expr"]
     assert json.loads(files["rigup-node.json"])[0]["labels"] == {"host": "rig-1"}

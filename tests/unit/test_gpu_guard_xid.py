@@ -1,0 +1,91 @@
+"""The GPU guard's Xid triage (roles/gpu_guard/guard.py): the journal's JSON, the units' cards,
+and what each class of event does, with the serving units and systemctl given as functions. On a
+lab host, with the journal and systemd: tests/roles/test_gpu_guard.py."""
+
+import json
+
+from rigup.gpu import xid
+from roles.gpu_guard import guard
+from roles.gpu_guard import xid_config
+from tests.unit.hosts import data
+
+CARDS = [{"index": i, "uuid": f"GPU-{i}", "bus_id": f"00000000:{b}:00.0"} for i, b in enumerate(("07", "0F", "47"))]
+LINE = "NVRM: Xid (PCI:0000:{}:00): {}, pid=4242, name=llama-server, words"
+
+
+def config(**xid_keys):
+    return {"units": ["rigup-llama@*"], "xid": {**xid_config(data(rigup_state_dir="/var/lib/rigup")), **xid_keys}}
+
+
+def entry(t: float, bus: str, code: int) -> tuple[float, str]:
+    return t, LINE.format(bus, code)
+
+
+def units(config, cards):
+    return [{"unit": "rigup-llama@a.service", "cards": {"0000:07:00"}, "since": 100.0},
+            {"unit": "rigup-llama@b.service", "cards": {"0000:0f:00"}, "since": 100.0},
+            {"unit": "rigup-llama@late.service", "cards": {"0000:0f:00"}, "since": 300.0}]
+
+
+def test_the_journals_json_gives_time_message_and_cursor_and_bytes_are_read_too():
+    out = "\n".join([json.dumps({"__CURSOR": "s=1", "__REALTIME_TIMESTAMP": "1700000000500000", "MESSAGE": "a"}),
+                     "not json", json.dumps({"__CURSOR": "s=2", "__REALTIME_TIMESTAMP": "1700000001000000",
+                                             "MESSAGE": list(b"NVRM: Xid \xff")})])
+    entries, cursor = guard.parse_journal(out)
+    assert entries == [(1700000000.5, "a"), (1700000001.0, "NVRM: Xid \ufffd")] and cursor == "s=2"
+
+
+def test_a_units_cards_come_from_its_cuda_visible_devices_by_uuid_or_index():
+    blocks = guard.unit_blocks("Id=rigup-llama@a.service\nEnvironment=CUDA_VISIBLE_DEVICES=GPU-1,2 X=1\n"
+                               "ActiveEnterTimestamp=@1700000000\n\nId=rigup-llama@b.service\nEnvironment=\n")
+    assert [b["Id"] for b in blocks] == ["rigup-llama@a.service", "rigup-llama@b.service"]
+
+
+def test_an_application_fault_restarts_only_the_units_on_that_card_started_before_it():
+    acted, state = [], {}
+    trip = guard.triage(config(), state, [entry(200.0, "0f", 13)], CARDS, 200.0, units,
+                        lambda verb, u: acted.append((verb, u)) or "")
+    assert trip is None and acted == [("restart", ["rigup-llama@b.service"])]   # not a's card, late started after
+    assert state["cards"]["0000:0f:00"]["counts"] == {"application": 1}
+    assert state["events"][-1]["done"] == "restarted rigup-llama@b.service" and "0F" not in state["events"][-1]["card"]
+
+
+def test_memory_faults_make_the_card_suspect_at_the_count_within_the_window():
+    state, c = {}, config(suspect_count=2, suspect_window_s=3600)
+    guard.triage(c, state, [entry(0.0, "47", 48)], CARDS, 0.0, units)
+    guard.triage(c, state, [entry(5000.0, "47", 48)], CARDS, 5000.0, units)    # the first is out of the window
+    assert not state["cards"]["0000:47:00"]["suspect"]
+    guard.triage(c, state, [entry(5100.0, "47", 63)], CARDS, 5100.0, units)
+    assert state["cards"]["0000:47:00"]["suspect"]["line"] == LINE.format("47", 63)
+    assert state["cards"]["0000:47:00"]["counts"] == {"memory": 3} and "SUSPECT" in state["events"][-1]["done"]
+    metrics = guard.xid_metrics(state, CARDS)
+    assert 'rigup_gpu_suspect{bus="0000:47:00",gpu="2"} 1' in metrics
+    assert 'rigup_gpu_xid_events{bus="0000:47:00",gpu="2",class="memory"} 3' in metrics
+
+
+def test_fallen_off_the_bus_trips_and_reboots_only_when_opted_in_and_within_the_days_budget(tmp_path):
+    trip = guard.triage(config(), {}, [entry(1.0, "07", 79)], CARDS, 1.0, units)
+    assert trip == {"reason": f"Xid 79 (bus: GPU has fallen off the bus) on GPU 0 (GPU-0, 0000:07:00): {LINE.format('07', 79)}",
+                    "reboot": False}
+    budget = tmp_path / "reboots.json"
+    c = config(reboot=True, max_reboots=1, reboots_file=str(budget))
+    state = {}
+    assert guard.triage(c, state, [entry(1.0, "07", 79)], CARDS, 1.0, units)["reboot"] is True
+    budget.write_text(json.dumps({"day": guard.reboots_today(str(budget), 1.0)[0], "count": 1}))
+    state = {}
+    assert guard.triage(c, state, [entry(2.0, "07", 79)], CARDS, 2.0, units)["reboot"] is False
+    assert state["events"][-1]["done"].endswith("no reboot: 1 of 1 today done")
+
+
+def test_an_unknown_code_or_card_is_logged_and_counted(capsys):
+    state = {}
+    assert guard.triage(config(), state, [entry(1.0, "aa", 999), (1.0, "kernel: usb 1-1")], CARDS, 1.0, units) is None
+    assert state["cards"] == {"0000:aa:00": {"counts": {"unknown": 1}, "recent": [], "suspect": None}}
+    assert "on the card at 0000:aa:00: logged" in capsys.readouterr().out
+
+
+def test_the_config_carries_the_catalogue_and_the_lab_reads_only_its_own_identifier():
+    c = xid_config(data(rigup_state_dir="/var/lib/rigup/"))
+    assert c["catalogue"]["79"]["action"] == "drain_host" and c["match"] == "_TRANSPORT=kernel"
+    assert c["state_file"] == "/var/lib/rigup/gpu-guard-xid.json" and len(c["catalogue"]) == len(xid.catalogue())
+    assert xid_config(data(gpu_guard_xid_source="lab"))["match"] == "SYSLOG_IDENTIFIER=rigup-lab-kernel"
