@@ -450,7 +450,10 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
     systemctl (:func:`systemctl`)."""
     xid = config["xid"]
     catalogue = {int(k): v for k, v in (xid.get("catalogue") or {}).items()}
-    names = {card_key_of(c): f"GPU {c['index']} ({c['uuid']}, {card_key_of(c)})" for c in cards}
+    seen = state.setdefault("seen", {})   # the cards of earlier samples: a card off the bus is in none now
+    seen.update({card_key_of(c): {"index": c["index"], "uuid": c["uuid"]} for c in cards})
+    names = {k: f"GPU {c['index']} ({c['uuid']}, {k}{'' if k in {card_key_of(x) for x in cards} else ', not answering'})"
+             for k, c in seen.items()}
     known, trip, units = state.setdefault("cards", {}), None, None
     for t, message in entries:
         for event in xid_lines.events([message], catalogue):
@@ -589,6 +592,8 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
         path = config["xid"]["reboots_file"]
         day, count = reboots_today(path, now)
         save(path, {"day": day, "count": count + 1})
+        time.sleep(1)   # the lines above reach journald and are on disk before the shutdown begins
+        run_bounded(["journalctl", "--sync"], JOURNAL_TIMEOUT_S)
         run_bounded(["systemctl", "reboot"], SYSTEMCTL_TIMEOUT_S)
     return 0
 

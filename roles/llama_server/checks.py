@@ -138,9 +138,10 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 
 
 def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
-    """More replicas x gpus_per_replica than the host has GPUs, a replica whose unit name
-    (NAME-K) is another instance's, or a server's port outside 1024..65535 (its port, or a
-    replica's port + 1 + K: llama-server runs as the unprivileged rigup user)."""
+    """More replicas x gpus_per_replica than the host has GPUs, a main_gpu beyond a server's own
+    GPUs, a replica whose unit name (NAME-K) is another instance's, or a server's port outside
+    1024..65535 (its port, or a replica's port + 1 + K: llama-server runs as the unprivileged rigup
+    user)."""
     found = []
     all_layouts = layouts(plan, data)
     for name, (inst, lay) in all_layouts.items():
@@ -149,6 +150,11 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         if lay.problem:
             found.append(Refusal(f"{where} cannot be laid out: {layout_text(name, lay)}", lay.problem,
                                  f"lower {where}.replicas or gpus_per_replica, or set them to auto", "replicas"))
+        per = len(lay.groups[0]) if lay.gpu and lay.groups else 0
+        if inst.get("main_gpu") is not None and per and inst["main_gpu"] >= per:
+            found.append(Refusal(f"{where}.main_gpu is {inst['main_gpu']}, but each of its servers has {per} GPU"
+                                 f"{'s' * (per > 1)} (0..{per - 1})", "-mg counts the server's own GPUs, in order",
+                                 f"set {where}.main_gpu below {per}, or null", "replicas"))
         clash = sorted({replica_name(name, k) for k in range(lay.replicas)} & set(all_layouts)) \
             if lay.replicas > 1 else []
         if clash:

@@ -205,7 +205,8 @@ def pin_instances(lab, host) -> list[dict]:
         f"mkdir -p /etc/systemd/system/rigup-llama@c{c['index']}.service.d && printf '[Service]\\n"
         f"Environment=CUDA_VISIBLE_DEVICES={c['uuid']}\\n' > /etc/systemd/system/rigup-llama@c{c['index']}"
         ".service.d/rigup.conf" for c in found)
-    on_host(lab, host, f"{script} && systemctl daemon-reload && systemctl start {' '.join(PINNED)}")
+    on_host(lab, host, f"{script} && systemctl daemon-reload && systemctl stop rigup-llama@test.service && "
+                       f"systemctl start {' '.join(PINNED)}")   # test (unpinned) has every card: stopped
     return found
 
 
@@ -233,8 +234,10 @@ def test_an_xid_13_restarts_only_the_instance_on_that_card(lab, host):
           " of 8 instances active")
     assert moved == ["rigup-llama@c3.service"] and all(v.startswith("active@") for v in after.values())
     text = guard_journal(lab, host, since - 1)
-    assert "Xid 13 (application: Graphics engine exception) on GPU 3 (" in text
-    assert f"restarted rigup-llama@c3.service. The kernel said: {line}" in text
+    said = next((t for t in text.splitlines() if "Xid 13 (" in t), text)
+    print(said)
+    assert "Xid 13 (application: Graphics engine exception) on GPU 3 (" in said
+    assert f"restarted rigup-llama@c3.service. The kernel said: {line}" in said, (said, line)
     assert lab.ssh(host, f"test -e {TRIPPED}").returncode != 0
     assert "card 0000:4e:00: Xid application 1" in lab.ssh(host, f"{GUARD} status").stdout
 
@@ -275,11 +278,15 @@ def test_an_xid_79_trips_at_once_reboots_when_opted_in_and_comes_back_serving(la
     assert wait_for(lambda: all(v.startswith("active@") for v in started(lab, host).values()), 60)
     back = time.time() - since
     print(f"\nXid 79 on GPU 2: rebooted {rebooted:.1f} s after it, all 8 instances serving again {back:.1f} s after it")
-    text = on_host(lab, host, "journalctl -t rigup-gpu-guard -u rigup-gpu-guard -o cat --no-pager -b -1")
-    assert f"TRIPPED: Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (" in text and line in text
-    assert "rebooting the host (gpu_guard_xid_reboot)" in text
-    assert "cleared after the reboot for Xid 79" in on_host(lab, host, "journalctl -t rigup-gpu-guard -u "
-                                                                   "rigup-gpu-guard -o cat --no-pager -b 0")
+    before = on_host(lab, host, "journalctl -u rigup-gpu-guard -o cat --no-pager -b -1")
+    print("\n".join(t for t in before.splitlines() if "TRIPPED" in t) or before[-2000:])
+    assert f"TRIPPED: Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (" in before and line in before
+    assert "rebooting the host (gpu_guard_xid_reboot)" in before
+    done = json.loads(on_host(lab, host, "cat /var/lib/rigup/gpu-guard-xid.json"))["events"][-1]
+    assert done["line"] == line and done["done"] == "the host is drained (guard tripped) and reboots (1 of 1 today)"
+    now = on_host(lab, host, "journalctl -u rigup-gpu-guard -o cat --no-pager -b 0")
+    assert "cleared after the reboot for Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (" in now
+    assert "all 8 cards answer; starting rigup-llama@c0.service" in now
     assert lab.ssh(host, f"test -e {TRIPPED}").returncode != 0
     # the day's budget (1) is spent: the next one drains the host and stays down
     on_host(lab, host, "rigup-gpu-sim xid 79 -i 2")

@@ -77,6 +77,13 @@ def test_fallen_off_the_bus_trips_and_reboots_only_when_opted_in_and_within_the_
     assert state["events"][-1]["done"].endswith("no reboot: 1 of 1 today done")
 
 
+def test_a_card_off_the_bus_is_named_as_an_earlier_sample_saw_it():
+    state = {}
+    guard.triage(config(), state, [], CARDS, 0.0, units)
+    trip = guard.triage(config(), state, [entry(1.0, "47", 79)], CARDS[:2], 1.0, units)
+    assert trip["reason"].startswith("Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (GPU-2, 0000:47:00, not answering): ")
+
+
 def test_an_unknown_code_or_card_is_logged_and_counted(capsys):
     state = {}
     assert guard.triage(config(), state, [entry(1.0, "aa", 999), (1.0, "kernel: usb 1-1")], CARDS, 1.0, units) is None

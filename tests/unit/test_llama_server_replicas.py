@@ -69,6 +69,13 @@ def test_more_gpus_than_the_host_has_is_refused():
     assert "3 replicas x 2 GPUs = 6 GPUs, but this host has 4" in found[0].why
 
 
+def test_a_main_gpu_beyond_a_servers_own_gpus_is_refused():
+    plan, facts = host("h100")
+    found = only(refusals(plan, facts, sized(10, replicas=2, gpus_per_replica=2, main_gpu=2)), "replicas")
+    assert found[0].what == "llama_server_instances.m.main_gpu is 2, but each of its servers has 2 GPUs (0..1)"
+    assert not refusals(plan, facts, sized(10, replicas=2, gpus_per_replica=2, main_gpu=1))
+
+
 def test_bad_values_are_refused_by_key_path():
     plan, facts = host("h100")
     found = only(refusals(plan, facts, sized(10, replicas=0, gpus_per_replica="many")), "config")
