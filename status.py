@@ -3,11 +3,16 @@
     pyinfra inventory/lab.py status.py                       # a table, sorted by host name
     pyinfra inventory/lab.py status.py --data status_format=json
 
-Per host: its cards (count x class), each card's draw / limit and temperature, VRAM used, the
-llama.cpp build that serves (llama_cpp_dir/current), each serving instance (rigup-llama@*,
-rigup-vllm@*: state, /health's code at its port, model@revision), the downloads (progress or
-failure, as roles/model_fetch reads them), the GPU guard (tripped or not) and rigup_maintenance.
-A host that cannot be reached is a row ``unreachable (reason)``, and the run ends non-zero.
+Per host: its cards (count x class), their total draw / limit and the hottest card's temperature,
+VRAM used, the llama.cpp build that serves (llama_cpp_dir/current), each serving instance
+(rigup-llama@*, rigup-vllm@*: state, /health's code at its port, model@revision), the models
+downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance; in 120
+columns for a typical host (rigup/fleet.py). What is wrong comes first: a line above the table
+names the hosts that need attention, and under a host's row, indented, each card that needs
+attention (its PCIe link downtrained, Xid events this boot by class, suspect, telemetry lost: the
+GPU guard's Xid state), the guard's reason when tripped and each model not downloaded (progress
+or failure, as roles/model_fetch reads them). A host that cannot be reached is a row
+``unreachable (reason)``, and the run ends non-zero.
 """
 
 from pyinfra import host
@@ -15,7 +20,7 @@ from pyinfra import host
 from rigup import fleet
 from rigup.config import check_host
 from rigup.models import models as model_entries
-from rigup.names import guard_file
+from rigup.names import guard_file, xid_file
 from roles.model_fetch import specs
 from roles.model_fetch.facts import parse_progress, progress_command
 from roles.model_fetch.plan import short_progress
@@ -24,7 +29,7 @@ check_host(host)
 data = host.data.dict()
 models = model_entries(data)[0]
 parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
-         "guard": fleet.guard_section(guard_file(data))}
+         "guard": fleet.guard_section(guard_file(data), xid_file(data))}
 fetches = specs(data, models)
 if fetches:
     parts["fetch"] = progress_command(fetches)

@@ -3,11 +3,18 @@
 :class:`FleetStatus` runs one shell command made of sections (``##rigup-status:NAME`` then the
 section's output): the cards (nvidia-smi, bounded), the llama.cpp build that serves (the
 ``current`` link), every serving unit (``rigup-llama@*``, ``rigup-vllm@*``: state, ``/health``
-code at its port, the model revision of its drop-in), the GPU guard's tripped file, and any the
-play adds (model_fetch's probe for the downloads). The ``parse_*`` functions and :func:`host_row`
-are pure (tests/unit/test_fleet.py); :func:`record` keeps each host's row and :func:`report`
-prints them all once, at exit, sorted by host name, with a row ``unreachable (reason)`` for each
-host that could not be reached (heard by rigup.summary).
+code at its port, the model revision of its drop-in), the GPU guard's tripped file and its Xid
+state (counts per card and class, suspect cards), and any the play adds (model_fetch's probe for
+the downloads). The ``parse_*`` functions, :func:`host_row` and the renderers are pure
+(tests/unit/test_fleet.py); :func:`record` keeps each host's row and :func:`report` prints them
+all once, at exit, sorted by host name, with a row ``unreachable (reason)`` for each host that
+could not be reached (heard by rigup.summary).
+
+The table fits 120 columns for a typical host, what is wrong first: a line above it names the
+hosts that need attention; each host's row is a summary (its cards' total draw / limit and the
+hottest card); under it, indented, a row for each card that needs attention (a downtrained link,
+Xid events this boot, suspect, telemetry lost), the guard's reason when tripped and each model
+not downloaded. JSON (:func:`render_json`) has every field.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import atexit
 import json
 import re
 import shlex
+import textwrap
 
 import click
 from pyinfra.api import FactBase
@@ -23,8 +31,13 @@ from pyinfra.api import FactBase
 from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
+from rigup.gpu.xid import card_key
 
 MARK = "##rigup-status:"
+XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
+XID_MAX_BYTES = 65536
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+WIDTH = 120              # the table's target width (a typical host's row, the notes, the summary line)
 SMI_TIMEOUT_S = 5
 SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then timeout -k 1 {SMI_TIMEOUT_S} nvidia-smi "
        f"--query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"smi_rc=$?\"; fi")
@@ -48,10 +61,17 @@ def build_section(llama_cpp_dir: str) -> str:
     return f"readlink {shlex.quote(llama_cpp_dir.rstrip('/') + '/current')} 2>/dev/null; true"
 
 
-def guard_section(tripped_file: str) -> str:
-    """``tripped`` and the file's JSON (roles/gpu_guard/guard.py) while the guard is tripped."""
+def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
+    """``tripped`` and the file's JSON (roles/gpu_guard/guard.py) while the guard is tripped; then,
+    when ``xid_state_file`` exists, :data:`XID_MARK`, ``boot=<this boot's id>`` and its JSON (at most
+    :data:`XID_MAX_BYTES`, on one line)."""
     q = shlex.quote(tripped_file)
-    return f"if [ -e {q} ]; then echo tripped; head -c 4096 {q} | tr -d '\\n'; echo; fi"
+    text = f"if [ -e {q} ]; then echo tripped; head -c 4096 {q} | tr -d '\\n'; echo; fi"
+    if xid_state_file:
+        x = shlex.quote(xid_state_file)
+        text += (f"\nif [ -e {x} ]; then echo {shlex.quote(XID_MARK)}; echo \"boot=$(cat {BOOT_ID} 2>/dev/null)\"; "
+                 f"head -c {XID_MAX_BYTES} {x} | tr -d '\\n'; echo; fi")
+    return text
 
 
 def status_command(parts: dict[str, str]) -> str:
@@ -73,9 +93,19 @@ class FleetStatus(FactBase):
 
 
 # ----------------------------------------------------------------------------- parsers
+def _key(bus_id) -> str | None:
+    """``00000000:4E:00.0`` -> ``0000:4e:00`` (rigup.gpu.xid.card_key, as the guard's Xid state names
+    cards); None when it is not a bus id."""
+    try:
+        return card_key(bus_id)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
 def parse_cards(lines: list[str]) -> dict:
-    """The gpus section -> ``{"cards": [{index, class, draw_w, limit_w, temp_c, vram_used_mib,
-    vram_total_mib}], "lost": n, "smi": None | "missing" | "hung" | "failed (rc N)"}``."""
+    """The gpus section -> ``{"cards": [{index, bus, class, draw_w, limit_w, temp_c, vram_used_mib,
+    vram_total_mib, link}], "lost": n, "lost_cards": [bus, ...], "smi": None | "missing" | "hung" |
+    "failed (rc N)"}``; ``bus`` is the card's key (``0000:4e:00``, :func:`_key`)."""
     rc_line = next((ln for ln in lines if ln.startswith("smi_rc=")), None)
     gpus = parse_gpus([ln for ln in lines if not ln.startswith("smi_rc=")])
     rc = int(rc_line[7:]) if rc_line and rc_line[7:].isdigit() else None
@@ -86,13 +116,16 @@ def parse_cards(lines: list[str]) -> dict:
         if g.get("lost"):
             continue
         card = card_for(g)
-        cards.append({"index": g["index"], "class": card["class"] if card else (g.get("name") or "?"),
+        cards.append({"index": g["index"], "bus": _key(g.get("bus_id")),
+                      "class": card["class"] if card else (g.get("name") or "?"),
                       "draw_w": g.get("power_draw_w"), "limit_w": g.get("power_limit_w"),
                       "temp_c": g.get("temperature_c"), "vram_used_mib": g.get("memory_used_mib"),
                       "vram_total_mib": g.get("memory_total_mib"),
                       "link": link_state(g.get("pcie_gen"), g.get("pcie_gen_max"), g.get("pcie_width"),
                                          g.get("pcie_width_max"))})
-    return {"cards": cards, "lost": sum(1 for g in gpus if g.get("lost")), "smi": smi}
+    lost = [g for g in gpus if g.get("lost")]
+    return {"cards": cards, "lost": len(lost), "lost_cards": [k for k in (_key(g.get("bus_id")) for g in lost) if k],
+            "smi": smi}
 
 
 def parse_serving(lines: list[str]) -> list[dict]:
@@ -118,16 +151,65 @@ def parse_serving(lines: list[str]) -> list[dict]:
 
 
 def parse_guard(lines: list[str]) -> dict:
-    """The guard section -> ``{"tripped": bool, "reason": str | None, "time": str | None}``."""
+    """The guard section -> ``{"tripped": bool, "reason": str | None, "time": str | None, "xid":
+    {card: ...}}`` (``xid``: :func:`parse_xid` of what follows :data:`XID_MARK`)."""
+    at = next((i for i, ln in enumerate(lines) if ln.strip() == XID_MARK), len(lines))
+    lines, xid = lines[:at], parse_xid(lines[at + 1:])
     if not any(ln.strip() == "tripped" for ln in lines):
-        return {"tripped": False, "reason": None, "time": None}
+        return {"tripped": False, "reason": None, "time": None, "xid": xid}
     body = lines[lines.index("tripped") + 1:] if "tripped" in lines else []
     try:
         record = json.loads(body[0]) if body and body[0].strip() else {}
     except ValueError:
         record = {}
     record = record if isinstance(record, dict) else {}
-    return {"tripped": True, "reason": record.get("reason") or "(no reason recorded)", "time": record.get("time")}
+    return {"tripped": True, "reason": record.get("reason") or "(no reason recorded)", "time": record.get("time"),
+            "xid": xid}
+
+
+def parse_xid(lines: list[str]) -> dict:
+    """The lines after :data:`XID_MARK` (``boot=<id>``, the guard's Xid state as JSON) -> :func:`xid_cards`;
+    ``{}`` when there are none or the JSON does not read (a file cut at :data:`XID_MAX_BYTES` too)."""
+    boot = next((ln[5:].strip() for ln in lines if ln.startswith("boot=")), "")
+    text = "".join(ln for ln in lines if not ln.startswith("boot=")).strip()
+    try:
+        state = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return {}
+    return xid_cards(state, boot)
+
+
+def _counts(value) -> dict[str, int]:
+    """A card's counts from the state file, by class: the positive ints only (a bool, a float, text
+    and anything but a dict are ignored)."""
+    if not isinstance(value, dict):
+        return {}
+    return {cls: n for cls, n in sorted(value.items(), key=lambda kv: str(kv[0]))
+            if isinstance(cls, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0}
+
+
+def xid_cards(state, boot: str = "") -> dict:
+    """The guard's Xid state (roles/gpu_guard/guard.py: ``{"boot", "cards": {card: {"counts",
+    "recent", "suspect"}}, ...}``) -> ``{card key: {"counts": {class: n}, "suspect": bool, "since":
+    str | None}}``, read defensively: what has the wrong type is left out, never an error. Counts
+    recorded in another boot than ``boot`` (the host's, when known) are left out: the guard starts
+    them again at its next check; a suspect card stays suspect."""
+    cards = state.get("cards") if isinstance(state, dict) else None
+    if not isinstance(cards, dict):
+        return {}
+    recorded = state.get("boot")
+    this_boot = not boot or not isinstance(recorded, str) or not recorded or recorded == boot
+    out = {}
+    for name, card in cards.items():
+        key = _key(name)
+        if key is None or not isinstance(card, dict):
+            continue
+        suspect = card.get("suspect")
+        suspect = suspect if isinstance(suspect, dict) and suspect else None
+        since = suspect.get("since") if suspect else None
+        out[key] = {"counts": _counts(card.get("counts")) if this_boot else {}, "suspect": suspect is not None,
+                    "since": since if isinstance(since, str) else None}
+    return out
 
 
 def parse_build(lines: list[str]) -> str | None:
@@ -137,6 +219,10 @@ def parse_build(lines: list[str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- rows
+REVISION_CHARS = 8     # a model's revision in model@revision
+BUILD_HASH_CHARS = 4   # the hash of a build id (roles/llama_cpp: <ref>-<10 hex>) in the table
+
+
 def tuned_text(entry: dict | None) -> str | None:
     """``tuned 1.84x at 4 concurrent`` of a ``llama_server_tuned`` entry (None: none, or no figures)."""
     if not isinstance(entry, dict) or not entry.get("tok_s") or not entry.get("baseline_tok_s"):
@@ -147,12 +233,13 @@ def tuned_text(entry: dict | None) -> str | None:
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,
              models: dict[str, str], tuned: dict | None = None) -> dict:
     """The row of reachable host ``name``: ``found`` is :class:`FleetStatus`'s value, ``downloads``
-    one short line per model, ``models`` {instance name: its configured model} (for model@revision),
-    ``tuned`` the host's ``llama_server_tuned`` (roles/llama_server/tuned.py)."""
+    one short line per model (roles/model_fetch short_progress), ``models`` {instance name: its
+    configured model} (for model@revision), ``tuned`` the host's ``llama_server_tuned``
+    (roles/llama_server/tuned.py)."""
     cards = parse_cards(found.get("gpus", []))
     serving = parse_serving(found.get("serving", []))
     for s in serving:
-        s["model"] = f"{models.get(s['name'], '?')}@{(s['revision'] or '?')[:12]}"
+        s["model"] = f"{models.get(s['name'], '?')}@{(s['revision'] or '?')[:REVISION_CHARS]}"
         s["tuned"] = tuned_text((tuned or {}).get(s["name"]))
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "serving": serving,
@@ -164,72 +251,203 @@ def unreachable_row(name: str, reason: str) -> dict:
     return {"host": name, "reachable": False, "reason": reason}
 
 
+# ----------------------------------------------------------------------------- what needs attention
+SEVERITY = ("LOST", "SUSPECT", "telemetry lost", "DOWNTRAINED", "Xid")   # a card's tag in the summary line
+
+
 def _num(value, unit: str, digits: int = 0) -> str:
     return "?" if value is None else f"{value:.{digits}f}{unit}"
 
 
+def card_problems(card: dict | None, xid: dict | None, lost: bool = False) -> list[tuple[str, str]]:
+    """What is wrong with one card, as (its tag in :data:`SEVERITY`, the text of its row), in the
+    row's order: lost or telemetry, link, Xid counts this boot, suspect. ``card`` is None for a card
+    nvidia-smi does not list (``lost``: it said it cannot reach it)."""
+    found = []
+    if lost:
+        found.append(("LOST", "LOST (nvidia-smi cannot reach it)"))
+    elif card is not None and (card.get("draw_w") is None or card.get("temp_c") is None):
+        found.append(("telemetry lost", f"telemetry lost (draw {_num(card.get('draw_w'), 'W')}, "
+                                        f"temp {_num(card.get('temp_c'), 'C')})"))
+    link = (card or {}).get("link") or {}
+    if link.get("downtrained"):
+        found.append(("DOWNTRAINED", f"{link['why']} DOWNTRAINED"))
+    xid = xid or {}
+    if xid.get("counts"):
+        found.append(("Xid", "Xid " + ", ".join(f"{cls} {n}" for cls, n in sorted(xid["counts"].items()))))
+    if xid.get("suspect"):
+        found.append(("SUSPECT", "SUSPECT" + (f" since {xid['since']}" if xid.get("since") else "")))
+    return found
+
+
+def attention_cards(row: dict) -> list[dict]:
+    """The cards of reachable ``row`` that need attention: those nvidia-smi lists, by index, then
+    the others (lost, or named only by the guard's Xid state), by bus: ``[{"name": "GPU 3" or
+    "GPU ?", "bus": "0000:4e:00", "problems": card_problems(...)}]``."""
+    xid = (row.get("guard") or {}).get("xid") or {}
+    out, listed = [], set()
+    for c in row["cards"]:
+        listed.add(c.get("bus"))
+        problems = card_problems(c, xid.get(c.get("bus")))
+        if problems:
+            out.append({"name": f"GPU {c['index']}", "bus": c.get("bus") or "?", "problems": problems})
+    lost = set(row.get("lost_cards") or [])
+    for bus in sorted((lost | set(xid)) - listed):
+        problems = card_problems(None, xid.get(bus), lost=bus in lost)
+        if problems:
+            out.append({"name": "GPU ?", "bus": bus, "problems": problems})
+    return out
+
+
+def _download_failed(text: str) -> str | None:
+    """The model of a download line that failed (``big failed: ...``), else None."""
+    name, sep, _ = text.partition(" failed: ")
+    return name if sep else None
+
+
+def host_problems(row: dict) -> list[str]:
+    """What is wrong with a host, in a few words each, most urgent first: unreachable; guard
+    TRIPPED; nvidia-smi hung or failed; each card that needs attention (``GPU 3 SUSPECT``: its
+    worst tag); a serving unit not active (``dead failed``; not while in maintenance or tripped,
+    which stop them); a download failed."""
+    if not row["reachable"]:
+        return ["unreachable"]
+    found = ["guard TRIPPED"] if row["guard"]["tripped"] else []
+    if row.get("smi") and row["smi"] != "missing":
+        found.append(f"nvidia-smi {row['smi']}")
+    for c in attention_cards(row):
+        worst = min((tag for tag, _ in c["problems"]), key=SEVERITY.index)
+        found.append(f"{c['name'] if c['name'] != 'GPU ?' else 'GPU ' + c['bus']} {worst}")
+    if not row["maintenance"] and not row["guard"]["tripped"]:
+        found += [f"{s['name']} {s['active'] or 'unknown'}" for s in row["serving"] if s["active"] != "active"]
+    found += [f"{m} download failed" for m in map(_download_failed, row["downloads"]) if m]
+    return found
+
+
+def summary_line(rows: list[dict], width: int = WIDTH) -> str | None:
+    """``2 of 8 hosts need attention: lab2 (guard TRIPPED), lab5 (GPU 3 SUSPECT)``, hosts by name
+    (at most 3 problems each, then ``+N more``), cut to ``width`` with ``and N more``; None when
+    no host needs attention."""
+    bad = [(r["host"], p) for r in sorted(rows, key=lambda r: r["host"]) if (p := host_problems(r))]
+    if not bad:
+        return None
+    hosts, need = "hosts" if len(rows) != 1 else "host", "needs" if len(bad) == 1 else "need"
+    line = f"{len(bad)} of {len(rows)} {hosts} {need} attention: "
+    parts = [f"{h} ({', '.join(p[:3] + ([f'+{len(p) - 3} more'] if len(p) > 3 else []))})" for h, p in bad]
+    shown = 0
+    for i, part in enumerate(parts):
+        more = f", and {len(parts) - i - 1} more" if i < len(parts) - 1 else ""
+        if shown and len(line) + 2 + len(part) + len(more) > width:
+            break
+        line += (", " if shown else "") + part
+        shown += 1
+    return line + (f", and {len(parts) - shown} more" if shown < len(parts) else "")
+
+
+def notes(row: dict, width: int = WIDTH) -> list[str]:
+    """The rows under a host's, indented: each card that needs attention (``GPU 3 0000:4e:00  x4 of
+    x16 DOWNTRAINED; Xid memory 2; SUSPECT since ...``), the guard's reason when tripped, and each
+    model not downloaded (its download line); wrapped at ``width``."""
+    if not row["reachable"]:
+        return []
+    texts = [f"{c['name']} {c['bus']}  {'; '.join(text for _, text in c['problems'])}" for c in attention_cards(row)]
+    g = row["guard"]
+    if g["tripped"]:
+        texts.append(f"guard TRIPPED {g['time'] or ''}: {g['reason']}".replace("  ", " "))
+    texts += [f"download {d}" for d in row["downloads"] if not d.endswith(" complete")]
+    return [ln for t in texts for ln in textwrap.wrap(t, width, initial_indent="  ", subsequent_indent="      ",
+                                                      break_long_words=False, break_on_hyphens=False)]
+
+
+# ----------------------------------------------------------------------------- the table
 def cards_cell(row: dict) -> str:
-    """``8x a100`` (``2x a100, 1x h100`` when mixed; ``+1 lost``; ``none``)."""
+    """``8x a100`` (``2x a100, 1x h100`` when mixed; ``1 lost``; ``none``; ``(nvidia-smi hung)``);
+    the cards that need attention have rows of their own under the host's."""
     counts: dict[str, int] = {}
     for c in row["cards"]:
         counts[c["class"]] = counts.get(c["class"], 0) + 1
     text = ", ".join(f"{n}x {cls}" for cls, n in counts.items()) or "none"
     if row.get("lost"):
-        text += f" +{row['lost']} lost"
+        text += f" {row['lost']} lost"
     if row.get("smi") and row["smi"] != "missing":
         text += f" (nvidia-smi {row['smi']})"
-    slow = [f"GPU {c['index']} {c['link']['why']} DOWNTRAINED" for c in row["cards"]
-            if (c.get("link") or {}).get("downtrained")]
-    return text + (f" ({'; '.join(slow)})" if slow else "")
+    return text
 
 
 def power_cell(row: dict) -> str:
-    """Per card ``draw/limit W temp C``: ``0:250/400W 61C 1:...``."""
-    return " ".join(f"{c['index']}:{_num(c['draw_w'], '')}/{_num(c['limit_w'], 'W')} {_num(c['temp_c'], 'C')}"
-                    for c in row["cards"]) or "-"
+    """The host's draw over its cards' limits and its hottest card: ``2000/3200W 61C`` (``+?``
+    after the draw when a card's is unknown; ``-`` without cards)."""
+    if not row["cards"]:
+        return "-"
+    draws = [c["draw_w"] for c in row["cards"] if c.get("draw_w") is not None]
+    limits = [c["limit_w"] for c in row["cards"] if c.get("limit_w") is not None]
+    temps = [c["temp_c"] for c in row["cards"] if c.get("temp_c") is not None]
+    draw = (f"{sum(draws):.0f}" if draws else "?") + ("+?" if draws and len(draws) < len(row["cards"]) else "")
+    return f"{draw}/{_num(sum(limits) if limits else None, 'W')} {_num(max(temps) if temps else None, 'C')}"
 
 
 def vram_cell(row: dict) -> str:
-    """VRAM used over all cards: ``12.0/320.0 GiB``."""
+    """VRAM used over all cards, in GiB: ``12/640G``."""
     used = [c["vram_used_mib"] for c in row["cards"] if c["vram_used_mib"] is not None]
     total = [c["vram_total_mib"] for c in row["cards"] if c["vram_total_mib"] is not None]
-    return f"{sum(used) / 1024:.1f}/{sum(total) / 1024:.1f} GiB" if row["cards"] else "-"
+    return f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f}G" if row["cards"] else "-"
+
+
+def build_cell(row: dict) -> str:
+    """The build serving, its hash cut to :data:`BUILD_HASH_CHARS`: ``b6123-3f2a`` (of ``b6123-3f2a1b9c0d``)."""
+    build = row["build"]
+    if not build:
+        return "-"
+    ref, sep, digest = build.rpartition("-")
+    return f"{ref}-{digest[:BUILD_HASH_CHARS]}" if sep and ref and re.fullmatch(r"[0-9a-f]+", digest) else build
 
 
 def serving_cell(row: dict) -> str:
-    """``gemma active :8081 200 gemma-270m@dc8aac109665``, one per instance, ``; ``-separated."""
+    """``gemma active :8081 200 gemma-270m@dc8aac10``, one per instance, ``; ``-separated."""
     return "; ".join(f"{s['name']} {s['active'] or '?'} :{s['port'] or '?'} {s['health'] or '-'} {s['model']}"
                      + (f" ({s['tuned']})" if s.get("tuned") else "") for s in row["serving"]) or "-"
 
 
+def downloads_cell(row: dict) -> str:
+    """Models downloaded of those configured: ``1/1`` (each one not complete has a row of its own)."""
+    done = sum(1 for d in row["downloads"] if d.endswith(" complete"))
+    return f"{done}/{len(row['downloads'])}" if row["downloads"] else "-"
+
+
 def guard_cell(row: dict) -> str:
-    g = row["guard"]
-    return f"TRIPPED {g['time'] or ''}: {g['reason']}".replace("  ", " ") if g["tripped"] else "ok"
+    """``ok`` or ``TRIPPED`` (the reason on a row of its own); ``MAINT`` while the host is in
+    maintenance (rigup_maintenance: the guard is paused), ``TRIPPED MAINT`` when tripped too."""
+    if row["maintenance"]:
+        return "TRIPPED MAINT" if row["guard"]["tripped"] else "MAINT"
+    return "TRIPPED" if row["guard"]["tripped"] else "ok"
 
 
-COLUMNS = ("host", "cards", "power/limit temp", "vram", "build", "serving", "downloads", "guard", "maint")
+COLUMNS = ("host", "cards", "power temp", "vram", "build", "serving", "models", "guard")
 
 
 def cells(row: dict) -> list[str]:
     """The table's cells of ``row``."""
     if not row["reachable"]:
         return [row["host"], f"unreachable ({row['reason']})"] + [""] * (len(COLUMNS) - 2)
-    return [row["host"], cards_cell(row), power_cell(row), vram_cell(row), row["build"] or "-",
-            serving_cell(row), "; ".join(row["downloads"]) or "-", guard_cell(row),
-            "MAINTENANCE" if row["maintenance"] else "-"]
+    return [row["host"], cards_cell(row), power_cell(row), vram_cell(row), build_cell(row),
+            serving_cell(row), downloads_cell(row), guard_cell(row)]
 
 
 def render_table(rows: list[dict]) -> str:
-    """Rows sorted by host name, columns aligned (an unreachable row spans the rest)."""
-    table = [list(COLUMNS)] + [cells(r) for r in sorted(rows, key=lambda r: r["host"])]
+    """:func:`summary_line` (when a host needs attention), then the rows sorted by host name,
+    columns aligned (an unreachable row spans the rest), each followed by its :func:`notes`."""
+    ordered = sorted(rows, key=lambda r: r["host"])
+    table = [list(COLUMNS)] + [cells(r) for r in ordered]
     full = [t for t in table if not t[1].startswith("unreachable")]
     widths = [max(len(t[i]) for t in (table if i == 0 else full)) for i in range(len(COLUMNS))]
-    lines = []
-    for t in table:
+    summary = summary_line(ordered)
+    lines = [summary] if summary else []
+    for row, t in zip([None] + ordered, table):
         if t[1].startswith("unreachable"):
             lines.append(f"{t[0]:<{widths[0]}}  {t[1]}")
         else:
             lines.append("  ".join(f"{c:<{w}}" for c, w in zip(t, widths)).rstrip())
+        lines += notes(row) if row else []
     return "\n".join(lines)
 
 

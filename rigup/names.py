@@ -55,6 +55,12 @@ def guard_file(data: dict) -> str:
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard.tripped"
 
 
+def xid_file(data: dict) -> str:
+    """The GPU guard's Xid state (counts per card and class, suspect cards; status.py reads it):
+    ``{rigup_state_dir}/gpu-guard-xid.json``."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard-xid.json"
+
+
 def bind_scope(address) -> str:
     """What a server bound to ``address`` serves, the one test of every bind: ``"loopback"`` (this
     host only: 127.0.0.0/8, ::1, localhost), ``"wildcard"`` (every interface: 0.0.0.0, ::, ::0,

@@ -60,7 +60,7 @@ from rigup.config import role_defaults
 from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.plan import gpu_host
-from rigup.names import GPU_METRICS, guard_file
+from rigup.names import GPU_METRICS, guard_file, xid_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
 from roles.gpu_guard.guard import unit_timeout_s
@@ -120,14 +120,14 @@ def xid_config(data: dict) -> dict:
             "suspect_count": data["gpu_guard_xid_suspect_count"],
             "suspect_window_s": data["gpu_guard_xid_suspect_window_s"],
             "reboot": data["gpu_guard_xid_reboot"], "max_reboots": data["gpu_guard_xid_max_reboots"],
-            "state_file": f"{state}/gpu-guard-xid.json", "reboots_file": f"{state}/gpu-guard-reboots.json"}
+            "state_file": xid_file(data), "reboots_file": f"{state}/gpu-guard-reboots.json"}
 
 
 @operation()
-def cleared(tripped_file: str, xid_file: str, script: str):
+def cleared(tripped_file: str, xid_state: str, script: str):
     """Clear a tripped guard and suspect cards (logs who cleared it and the old reason); nothing
     when not tripped and no Xid state was kept."""
-    if not host.get_fact(File, path=tripped_file) and not host.get_fact(File, path=xid_file):
+    if not host.get_fact(File, path=tripped_file) and not host.get_fact(File, path=xid_state):
         host.noop("the guard is not tripped")
         return
     yield f"{shlex.quote(script)} clear"
@@ -160,7 +160,7 @@ def apply(plan: dict):
     systemd.daemon_reload(name="gpu_guard: systemd daemon-reload", _if=any_changed(service, timer))
     if data["gpu_guard_clear"]:
         cleared(name="gpu_guard: clear the tripped guard", tripped_file=guard_file(data),
-                xid_file=xid_config(data)["state_file"], script=script)
+                xid_state=xid_file(data), script=script)
     if data["rigup_maintenance"]:   # paused: its files stay, the timer runs again when maintenance ends
         services.running(name=f"gpu_guard: pause {TIMER} (rigup_maintenance)", unit=TIMER, units=[TIMER], enabled=False)
         return

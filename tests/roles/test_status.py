@@ -71,20 +71,21 @@ def test_table_one_row_per_host(hosts):
     names = [h["name"] for h in hosts]
     run = status(hosts)
     print(f"\nstatus.py on {len(names)} hosts: {run.seconds:.2f} s wall, exit {run.returncode}")
-    print("\n".join(ln for ln in run.output.splitlines() if ln.startswith(("host ", "lab"))))
+    print("\n".join(ln for ln in run.output.splitlines() if ln.startswith(("host ", "lab", "  ")) or " need attention: " in ln))
     assert run.returncode == 0, run.output[-4000:]
     assert run.seconds <= 3.0
     rows = rows_of(run.output, names)
     assert sorted(rows) == sorted(names) and list(rows) == sorted(names, key=str)   # sorted by host name
     serving, failed, stopped, tripped, hot = (rows[n] for n in names[:5])
     assert all("8x a100" in r for r in rows.values())
-    assert f"gemma active :8081 200 gemma-270m@{REVISION[:12]}" in serving
+    assert f"gemma active :8081 200 gemma-270m@{REVISION[:8]}" in serving
     assert "dead " in serving and ":8082 -" in serving and "lab-base-0123" in serving
-    assert "gemma-270m failed: [Errno 28] No space left on device" in failed
-    assert "gemma-270m stopped at 50.0%" in stopped
-    assert "TRIPPED 2026-11-30 09:00:00 +0000: card 0: 450 W average > 400 W" in tripped
-    assert " 0:180/400W 70C " in hot
-    assert all(" ok " in rows[n] or rows[n].rstrip().endswith("ok  -") for n in names if n != names[3])
+    lines = run.output.splitlines()
+    assert " 0/1 " in failed and "  download gemma-270m failed: [Errno 28] No space left on device (at 1.0 MiB / 4.0 MiB)" in lines
+    assert " 0/1 " in stopped and "  download gemma-270m stopped at 50.0%" in lines
+    assert tripped.rstrip().endswith(" TRIPPED") and "  guard TRIPPED 2026-11-30 09:00:00 +0000: card 0: 450 W average > 400 W" in lines
+    assert " 619/3200W 70C " in hot
+    assert all(rows[n].rstrip().endswith(" ok") for n in names if n != names[3])   # the guard, last
 
 
 def test_json_for_scripts(hosts):

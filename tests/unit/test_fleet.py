@@ -1,5 +1,6 @@
 """rigup/fleet.py (status.py's view): the parsers on captured text, the rows, the table and JSON,
-and the status command run by a real shell on fake drop-ins and a fake tripped file."""
+the GPU guard's Xid state read defensively, the table in 120 columns with what is wrong first, and
+the status command run by a real shell on fake drop-ins, a fake tripped file and Xid state."""
 
 import json
 import subprocess
@@ -22,16 +23,33 @@ def test_cards_from_a100_capture():
     assert out["smi"] is None and out["lost"] == 0 and len(out["cards"]) == 8
     card = out["cards"][0]
     assert card["class"] == "a100" and card["limit_w"] == 400.0 and card["vram_total_mib"] > 40000
-    assert set(card) == {"index", "class", "draw_w", "limit_w", "temp_c", "vram_used_mib", "vram_total_mib", "link"}
-    assert fleet.cards_cell(out) == "8x a100"
-    slow = [ln.replace(", 4, 16, 580.105.08, 4, 16", ", 4, 4, 580.105.08, 4, 16") if ln.startswith("3,") else ln
+    assert set(card) == {"index", "bus", "class", "draw_w", "limit_w", "temp_c", "vram_used_mib", "vram_total_mib",
+                         "link"}
+    assert [c["bus"] for c in out["cards"]][:4] == ["0000:07:00", "0000:0f:00", "0000:47:00", "0000:4e:00"]
+    assert fleet.cards_cell(out) == "8x a100" and fleet.attention_cards(out) == []
+    assert fleet.power_cell(out) == "499/3200W 39C"      # the 8 cards' draws summed, over their limits; the hottest
+    slow = fleet.parse_cards(_slow_gpu_3() + ["smi_rc=0"])
+    assert fleet.cards_cell(slow) == "8x a100"          # the card's row says what
+    assert fleet.attention_cards(slow) == [{"name": "GPU 3", "bus": "0000:4e:00",
+                                            "problems": [("DOWNTRAINED", "x4 of x16 DOWNTRAINED")]}]
+
+
+def _slow_gpu_3():
+    """The A100 capture with GPU 3 (0000:4e:00) at x4 of its x16 lanes."""
+    return [ln.replace(", 4, 16, 580.105.08, 4, 16", ", 4, 4, 580.105.08, 4, 16") if ln.startswith("3,") else ln
             for ln in lines("facts/a100-query-nounits.csv")]
-    assert fleet.cards_cell(fleet.parse_cards(slow + ["smi_rc=0"])) == "8x a100 (GPU 3 x4 of x16 DOWNTRAINED)"
 
 
 def test_cards_lost_hung_missing_failed():
     lost = fleet.parse_cards(lines("facts/a100-lost-query-nounits.txt") + ["smi_rc=15"])
     assert lost["lost"] >= 1 and lost["smi"] is None          # some cards answered: not "failed"
+    assert lost["lost_cards"] == ["0000:47:00"] and fleet.cards_cell(lost) == "7x a100 1 lost"
+    assert fleet.attention_cards(lost) == [{"name": "GPU ?", "bus": "0000:47:00",
+                                            "problems": [("LOST", "LOST (nvidia-smi cannot reach it)")]}]
+    na = fleet.parse_cards(["0, GPU-x, 00000000:07:00.0, 0x20B210DE, NVIDIA A100-SXM4-80GB, 8.0, 81920, 0, 400.00, "
+                            "100.00, 400.00, 400.00, [N/A], 35, Disabled, 4, 16, 580.105.08, 4, 16", "smi_rc=0"])
+    assert fleet.power_cell(na) == "?/400W 35C"
+    assert fleet.attention_cards(na)[0]["problems"] == [("telemetry lost", "telemetry lost (draw ?, temp 35C)")]
     assert fleet.parse_cards(["smi_rc=124"])["smi"] == "hung"
     assert fleet.parse_cards([])["smi"] == "missing"
     assert fleet.parse_cards(["NVIDIA-SMI has failed because it couldn't communicate", "smi_rc=9"])["smi"] == "failed (rc 9)"
@@ -49,14 +67,51 @@ def test_serving_sections():
 
 
 def test_guard_and_build():
-    assert fleet.parse_guard([]) == {"tripped": False, "reason": None, "time": None}
+    assert fleet.parse_guard([]) == {"tripped": False, "reason": None, "time": None, "xid": {}}
     rec = {"t": 1, "time": "2026-11-30 10:00:00 +0000", "reason": "card 0 (a100): 450 W average > 400 W"}
     assert fleet.parse_guard(["tripped", json.dumps(rec)]) == {"tripped": True, "reason": rec["reason"],
-                                                               "time": rec["time"]}
+                                                               "time": rec["time"], "xid": {}}
     assert fleet.parse_guard(["tripped", "{half"])["reason"] == "(no reason recorded)"
     assert fleet.parse_build(["/opt/rigup/llama.cpp/builds/lab-base-3f2a1b"]) == "lab-base-3f2a1b"
     assert fleet.parse_build(["builds/b6123-abc/"]) == "b6123-abc"
     assert fleet.parse_build([]) is None
+    assert fleet.build_cell({"build": "b6123-3f2a1b9c0d"}) == "b6123-3f2a"     # the hash cut in the table
+    assert fleet.build_cell({"build": "mine"}) == "mine" and fleet.build_cell({"build": None}) == "-"
+
+
+SUSPECT = {"since": "2026-12-02 06:40:00 +0000", "line": "NVRM: Xid (PCI:0000:4e:00): 48, pid=7, DBE"}
+
+
+def xid_state(**cards):
+    """The guard's Xid state file (roles/gpu_guard/guard.py) with ``cards`` (bus: counts or suspect)."""
+    return {"boot": "boot-1", "cursor": "s=1", "events": [],
+            "cards": {bus: {"counts": {}, "recent": [], "suspect": None, **card} for bus, card in cards.items()}}
+
+
+def test_xid_state_read_defensively():
+    """The guard's Xid state after its marker: counts and suspect per card key; bad JSON, a file cut
+    at 64 KiB and wrong types are ignored (never an error); another boot's counts are left out."""
+    state = xid_state(**{"0000:4E:00": {"counts": {"application": 1, "memory": 2}, "suspect": SUSPECT},
+                         "0000:90:00": {"counts": {"application": 1}}})
+    section = ["tripped", "{}", fleet.XID_MARK, "boot=boot-1", json.dumps(state)]
+    assert fleet.parse_guard(section)["xid"] == {
+        "0000:4e:00": {"counts": {"application": 1, "memory": 2}, "suspect": True, "since": SUSPECT["since"]},
+        "0000:90:00": {"counts": {"application": 1}, "suspect": False, "since": None}}
+    assert fleet.parse_guard(section)["tripped"] is True                  # the tripped part is read as before
+    assert fleet.parse_xid(["boot=boot-2", json.dumps(state)])["0000:4e:00"] == {   # rebooted since: no counts
+        "counts": {}, "suspect": True, "since": SUSPECT["since"]}
+    multi = json.dumps(state, indent=1).splitlines()                        # however the file is laid out
+    assert fleet.parse_xid(["boot=boot-1", "".join(multi)]) == fleet.parse_xid(["boot=", *multi])
+    for bad in ("{half", json.dumps(state)[:-40], "[1, 2]", '"text"', "null", "[" * 100000, "",
+                json.dumps({"cards": [1]}), json.dumps({"cards": {"0000:4e:00": "hot"}}),
+                json.dumps({"cards": {"not a bus": {"counts": {"memory": 3}}}})):
+        assert fleet.parse_xid(["boot=boot-1", bad]) == {}, bad
+    odd = {"boot": 7, "cards": {"0000:4e:00": {"counts": {"memory": "2", "bus": True, "gsp": -1, "nvlink": 1.5,
+                                                          "firmware": 3}, "suspect": "yes"},
+                                "0000:90:00": {"counts": [1], "suspect": {"since": 5}}}}
+    assert fleet.parse_xid([json.dumps(odd)]) == {
+        "0000:4e:00": {"counts": {"firmware": 3}, "suspect": False, "since": None},
+        "0000:90:00": {"counts": {}, "suspect": True, "since": None}}
 
 
 def test_short_progress():
@@ -83,15 +138,95 @@ def test_rows_table_and_json():
             fleet.host_row("rig-01", {}, downloads=[], maintenance=False, models={})]
     table = fleet.render_table(rows).splitlines()
     print("\n".join(table))
-    assert [t.split()[0] for t in table] == ["host", "rig-01", "rig-02", "rig-03"]   # sorted by name
-    assert "8x a100" in table[2] and "gemma active :8081 200 gemma-270m@dc8aac109665" in table[2]
-    assert "lab-base-3f2a" in table[2] and "MAINTENANCE" in table[2] and "gemma-270m complete" in table[2]
-    assert table[3].split(None, 1)[1] == "unreachable (Could not connect (timed out))"
-    assert table[1].split()[1] == "none"
+    assert table[0] == "1 of 3 hosts needs attention: rig-03 (unreachable)"
+    assert [t.split()[0] for t in table[1:]] == ["host", "rig-01", "rig-02", "rig-03"]   # sorted by name
+    assert table[1].split() == ["host", "cards", "power", "temp", "vram", "build", "serving", "models", "guard"]
+    assert "8x a100" in table[3] and "gemma active :8081 200 gemma-270m@dc8aac10 " in table[3]
+    assert "499/3200W 39C" in table[3] and "0/640G" in table[3]
+    assert "lab-base-3f2a" in table[3] and table[3].endswith(" 1/1     MAINT")
+    assert table[4].split(None, 1)[1] == "unreachable (Could not connect (timed out))"
+    assert table[2].split()[1] == "none"
     data = json.loads(fleet.render_json(rows))
     assert [h["host"] for h in data["hosts"]] == ["rig-01", "rig-02", "rig-03"]
-    assert data["hosts"][1]["serving"][0]["model"] == "gemma-270m@dc8aac109665"
+    assert data["hosts"][1]["serving"][0]["model"] == "gemma-270m@dc8aac10"
+    assert data["hosts"][1]["serving"][0]["revision"] == "dc8aac109665e96b4997756aca46909ff5ad7afc"
+    assert data["hosts"][1]["downloads"] == ["gemma-270m complete"] and data["hosts"][1]["lost_cards"] == []
+    assert data["hosts"][1]["cards"][3]["bus"] == "0000:4e:00" and data["hosts"][1]["guard"]["xid"] == {}
     assert data["hosts"][2] == {"host": "rig-03", "reachable": False, "reason": "Could not connect (timed out)"}
+
+
+def _lab_fleet():
+    """Four lab hosts as status.py reads them: lab11 typical (8x A100 idle, one instance serving, its
+    model downloaded, the guard ok), lab12 with trouble (GPU 3 downtrained and suspect, an Xid on GPU 5,
+    the guard tripped and its instance stopped, a download failed), lab13 cut off, lab14 in
+    maintenance (its instance stopped) with a card fallen off the bus."""
+    typical = {**_found(), "build": ["builds/lab-base-3f2a1b9c0d"]}
+    state = xid_state(**{"0000:4e:00": {"counts": {"application": 1, "memory": 2}, "suspect": SUSPECT},
+                         "0000:90:00": {"counts": {"application": 1}}})
+    stopped = ["@@ rigup-llama@gemma.service", "active=inactive", "port=8081", "health=",
+               "revision=dc8aac109665e96b4997756aca46909ff5ad7afc"]
+    trouble = {**typical, "gpus": _slow_gpu_3() + ["smi_rc=0"], "serving": stopped,
+               "guard": ["tripped", json.dumps({"time": "2026-11-30 09:00:00 +0000",
+                                                "reason": "card 0: 450 W average > 400 W"}),
+                         fleet.XID_MARK, "boot=boot-1", json.dumps(state)]}
+    lost = {**typical, "gpus": lines("facts/a100-lost-query-nounits.txt") + ["smi_rc=15"], "serving": stopped}
+    models = {"gemma": "gemma-270m"}
+    return [fleet.host_row("lab11", typical, downloads=["gemma-270m complete"], maintenance=False, models=models),
+            fleet.host_row("lab12", trouble, downloads=[
+                "gemma-270m complete", "big failed: [Errno 28] No space left on device (at 1.0 MiB / 4.0 MiB)"],
+                maintenance=False, models=models),
+            fleet.unreachable_row("lab13", "Could not connect (timed out)"),
+            fleet.host_row("lab14", lost, downloads=["gemma-270m complete"], maintenance=True, models=models)]
+
+
+def test_an_8_card_host_fits_120_columns_with_what_is_wrong_first():
+    """The fleet table in 120 columns: a summary row per host (its cards' total draw / limit, the
+    hottest card), the cards that need attention on rows of their own under it, and a first line
+    naming the hosts that need attention."""
+    typical = fleet.render_table(_lab_fleet()[:1])
+    print(f"\n{typical}\n")
+    assert typical.splitlines()[1] == ("lab11  8x a100  499/3200W 39C  0/640G  lab-base-3f2a  "
+                                       "gemma active :8081 200 gemma-270m@dc8aac10  1/1     ok")
+    assert max(map(len, typical.splitlines())) <= 120 and not typical.startswith("1 of")   # nothing wrong
+    table = fleet.render_table(_lab_fleet()).splitlines()
+    print("\n".join(table))
+    print("widths:", [len(ln) for ln in table])
+    assert table[0] == ("3 of 4 hosts need attention: lab12 (guard TRIPPED, GPU 3 SUSPECT, GPU 5 Xid, +1 more), "
+                        "lab13 (unreachable), and 1 more")        # cut at 120 columns
+    assert fleet.host_problems(_lab_fleet()[3]) == ["GPU 0000:47:00 LOST"]
+    assert [ln.split()[0] for ln in table if not ln.startswith(" ")][1:] == ["host", "lab11", "lab12", "lab13", "lab14"]
+    at = [ln.split()[0] for ln in table].index("lab12")
+    assert table[at].split()[:4] == ["lab12", "8x", "a100", "499/3200W"] and table[at].endswith(" TRIPPED")
+    assert table[at + 1:at + 6] == [
+        "  GPU 3 0000:4e:00  x4 of x16 DOWNTRAINED; Xid application 1, memory 2; SUSPECT since "
+        "2026-12-02 06:40:00 +0000",
+        "  GPU 5 0000:90:00  Xid application 1",
+        "  guard TRIPPED 2026-11-30 09:00:00 +0000: card 0: 450 W average > 400 W",
+        "  download big failed: [Errno 28] No space left on device (at 1.0 MiB / 4.0 MiB)",
+        "lab13  unreachable (Could not connect (timed out))"]
+    assert table[-2].startswith("lab14  7x a100 1 lost  436/2800W 39C  0/560G ") and table[-2].endswith(" MAINT")
+    assert table[-1] == "  GPU ? 0000:47:00  LOST (nvidia-smi cannot reach it)"
+    assert all(len(ln) <= 120 for ln in table)   # the summary, the hosts' rows (one instance each), the notes
+    assert fleet.host_problems(_lab_fleet()[1]) == ["guard TRIPPED", "GPU 3 SUSPECT", "GPU 5 Xid",
+                                                    "big download failed"]
+    data = json.loads(fleet.render_json(_lab_fleet()))["hosts"]
+    assert data[1]["guard"]["xid"]["0000:4e:00"] == {"counts": {"application": 1, "memory": 2}, "suspect": True,
+                                                    "since": SUSPECT["since"]}
+
+
+def test_summary_line():
+    """Hosts that need attention by name, their problems (an instance not active, outside
+    maintenance), cut to 120 columns; none when all is well."""
+    row = fleet.host_row("lab01", _found(), downloads=[], maintenance=False, models={})
+    assert fleet.summary_line([row]) is None and fleet.host_problems(row) == []
+    row["serving"][0]["active"] = "failed"
+    assert fleet.summary_line([row]) == "1 of 1 host needs attention: lab01 (gemma failed)"
+    assert fleet.host_problems({**row, "maintenance": True}) == []          # maintenance stops them
+    many = [fleet.unreachable_row(f"rig-{i:02d}", "timed out") for i in range(40)]
+    line = fleet.summary_line(many)
+    print(line)
+    assert line.startswith("40 of 40 hosts need attention: rig-00 (unreachable), rig-01 (unreachable)")
+    assert len(line) <= 120 and line.endswith("rig-02 (unreachable), and 37 more")
 
 
 def test_status_command_on_a_real_shell(tmp_path):
@@ -102,15 +237,26 @@ def test_status_command_on_a_real_shell(tmp_path):
     (build / "current").symlink_to("builds/b1")
     tripped = tmp_path / "tripped $(touch pwned)"
     tripped.write_text(json.dumps({"time": "now", "reason": "too hot"}))
-    parts = {"build": fleet.build_section(str(build)), "guard": fleet.guard_section(str(tripped)),
-             "doc": "cat <<'EOF'\nline one\nEOF", "gpus": fleet.SMI}
+    xid = tmp_path / "xid 'state'; touch pwned2"
+    xid.write_text(json.dumps(xid_state(**{"0000:4e:00": {"counts": {"memory": 2}, "suspect": SUSPECT}}), indent=1))
+    parts = {"build": fleet.build_section(str(build)), "guard": fleet.guard_section(str(tripped), str(xid)),
+             "doc": "cat <<'EOF'\nline one\nEOF", "gpus": fleet.SMI,
+             "big": fleet.guard_section(str(tmp_path / "none"), str(tmp_path / "big.json")),
+             "none": fleet.guard_section(str(tmp_path / "none"), str(tmp_path / "none"))}
+    (tmp_path / "big.json").write_text(json.dumps({"cards": {}, "events": ["x" * 70000]}))   # cut: ignored
     out = subprocess.run(["sh", "-c", fleet.status_command(parts)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     found = fleet.FleetStatus().process(out.stdout.splitlines())
     assert fleet.parse_build(found["build"]) == "b1"
-    assert fleet.parse_guard(found["guard"])["reason"] == "too hot"
+    guard = fleet.parse_guard(found["guard"])
+    assert guard["reason"] == "too hot"
+    # boot-1 is not this machine's boot: no counts, the card stays suspect
+    assert guard["xid"] == {"0000:4e:00": {"counts": {}, "suspect": True, "since": SUSPECT["since"]}}
+    assert found["big"][:2] == [fleet.XID_MARK, f"boot={Path('/proc/sys/kernel/random/boot_id').read_text().strip()}"]
+    assert len(found["big"][2]) == fleet.XID_MAX_BYTES and fleet.parse_guard(found["big"])["xid"] == {}
+    assert found["none"] == [] and fleet.parse_guard(found["none"]) == fleet.parse_guard([])
     assert found["doc"] == ["line one"]
-    assert not (tmp_path / "pwned").exists()
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
 
 def test_apt_waits_while_a_lock_is_held(tmp_path):
