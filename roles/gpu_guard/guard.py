@@ -281,7 +281,9 @@ def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, confi
 def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
     """rigup_gpu_xid_events{bus,gpu,class} (this boot's events per card and class) and
     rigup_gpu_suspect{bus,gpu} of XID_STATE's cards."""
-    index = {card_key_of(c): c["index"] for c in cards}
+    seen = state.get("seen") if isinstance(state.get("seen"), dict) else {}   # a card off the bus: as last seen
+    index = {k: c.get("index", "") for k, c in seen.items() if isinstance(c, dict)} | \
+        {card_key_of(c): c["index"] for c in cards}
     known = state.get("cards") or {}
     counts = [(bus, cls, n) for bus, card in sorted(known.items()) for cls, n in sorted((card.get("counts") or {}).items())]
     suspect = [(bus, 1 if card.get("suspect") else 0) for bus, card in sorted(known.items())]

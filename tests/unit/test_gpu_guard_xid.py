@@ -82,6 +82,7 @@ def test_a_card_off_the_bus_is_named_as_an_earlier_sample_saw_it():
     guard.triage(config(), state, [], CARDS, 0.0, units)
     trip = guard.triage(config(), state, [entry(1.0, "47", 79)], CARDS[:2], 1.0, units)
     assert trip["reason"].startswith("Xid 79 (bus: GPU has fallen off the bus) on GPU 2 (GPU-2, 0000:47:00, not answering): ")
+    assert 'rigup_gpu_xid_events{bus="0000:47:00",gpu="2",class="bus"} 1' in guard.xid_metrics(state, CARDS[:2])
 
 
 def test_an_unknown_code_or_card_is_logged_and_counted(capsys):
