@@ -209,6 +209,11 @@ def xid_cards(state, boot: str = "") -> dict:
         since = suspect.get("since") if suspect else None
         out[key] = {"counts": _counts(card.get("counts")) if this_boot else {}, "suspect": suspect is not None,
                     "since": since if isinstance(since, str) else None}
+    seen = state.get("seen") if isinstance(state.get("seen"), dict) else {}   # the guard's last sample of each card
+    for name, card in seen.items():
+        key, index = _key(name), card.get("index") if isinstance(card, dict) else None
+        if key and isinstance(index, int) and not isinstance(index, bool):
+            out.setdefault(key, {"counts": {}, "suspect": False, "since": None})["index"] = index
     return out
 
 
@@ -294,8 +299,9 @@ def attention_cards(row: dict) -> list[dict]:
     lost = set(row.get("lost_cards") or [])
     for bus in sorted((lost | set(xid)) - listed):
         problems = card_problems(None, xid.get(bus), lost=bus in lost)
+        index = (xid.get(bus) or {}).get("index")   # as the guard last saw it, when it did
         if problems:
-            out.append({"name": "GPU ?", "bus": bus, "problems": problems})
+            out.append({"name": "GPU ?" if index is None else f"GPU {index}", "bus": bus, "problems": problems})
     return out
 
 

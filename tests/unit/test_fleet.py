@@ -318,3 +318,12 @@ def test_a_hung_apt_update_is_killed_and_run_again(tmp_path):
     print(ok.stdout, f"{time.monotonic() - start:.1f} s")
     assert ok.returncode == 0 and "timed out: run again" in ok.stdout and "done update" in ok.stdout
     assert time.monotonic() - start < 15
+
+
+def test_a_card_off_the_bus_is_named_as_the_guard_last_saw_it():
+    state = {"boot": "b", "cards": {"0000:47:00": {"counts": {"bus": 1}, "suspect": None}},
+             "seen": {"0000:47:00": {"index": 2, "uuid": "GPU-2"}, "0000:07:00": {"index": "0"}}}
+    xid = fleet.xid_cards(state, "b")
+    assert xid["0000:47:00"] == {"counts": {"bus": 1}, "suspect": False, "since": None, "index": 2}
+    row = {"cards": [], "lost_cards": ["0000:47:00"], "guard": {"xid": xid}}
+    assert fleet.attention_cards(row)[0]["name"] == "GPU 2" and "index" not in xid.get("0000:07:00", {})
