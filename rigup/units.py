@@ -45,6 +45,19 @@ def downtrained(group: list[dict]) -> list[dict]:
     return [c for c in group if (c.get("link") or {}).get("downtrained")]
 
 
+NARROW = (4, 3)   # at or below x4 and Gen3: the reports' CMP 170HX (Gen2 x4), a riser, a mining board
+
+
+def narrow(group: list[dict]) -> list[dict]:
+    """The cards of ``group`` whose negotiated link (``x4 Gen2``) is at or below :data:`NARROW`."""
+    out = []
+    for c in group:
+        m = re.fullmatch(r"x(\d+) Gen(\d+)", (c.get("link") or {}).get("link", ""))
+        if m and int(m[1]) <= NARROW[0] and int(m[2]) <= NARROW[1]:
+            out.append(c)
+    return out
+
+
 def had_replicas(template: str, name: str, units: list[str]) -> bool:
     """Whether ``units`` (preflight's ``serving_units``) hold replicas ``TEMPLATE@NAME-K``: a
     single server of ``name`` then takes its port back from rigup's balancer."""

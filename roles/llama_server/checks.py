@@ -32,7 +32,7 @@ from rigup.models import flag_values, models
 from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure,
                            serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
-from rigup.units import downtrained, had_replicas, main_first, replica_name, replica_port
+from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.replicas import layout_text, need_gib, sized
 from roles.llama_server.schema import CACHE_TYPES, instances
 
@@ -54,7 +54,10 @@ def layouts(plan: dict, data: dict, why: bool = False) -> dict:
 
 def plan_lines(plan: dict, data: dict) -> list[str]:
     """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``),
-    the ctx and parallel rigup chose for it and why (where they are auto), and for one with rpc_workers its split over the hosts and what RPC costs."""
+    the ctx and parallel rigup chose for it and why (where they are auto), its main GPU when a
+    card's link is downtrained, row or tensor split over narrow links (at or below x4 Gen3: layer
+    split is preferred, and why), and for one with rpc_workers its split over the hosts and what
+    RPC costs."""
     lines = []
     for name, (inst, lay, why) in sorted(layouts(plan, data, why=True).items()):
         lines.append(f"llama:     {layout_text(name, lay)}")
@@ -66,6 +69,13 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
             elif slow:
                 lines.append(f"llama:     {name}: GPU {slow[0]['index']} is downtrained ({slow[0]['link']['why']}); the "
                              "devices keep tensor_split's order: list a card with a full link first")
+            thin = narrow(group) if len(group) > 1 and inst["split_mode"] in ("row", "tensor") else []
+            if thin:
+                lines.append(f"llama:     {name}: split_mode {inst['split_mode']} over narrow links ("
+                             + ", ".join(f"GPU {c['index']} {c['link']['link']}" for c in thin)
+                             + "): it moves activations between the cards at every layer; split_mode layer moves "
+                             "them once per card and is the faster choice here (the reports' recipes chose it for "
+                             "this); rigup keeps your setting")
         if why:   # ctx or parallel auto
             lines.append(f"llama:     {name}: {why}")
         if inst["rpc_workers"]:

@@ -262,3 +262,20 @@ def test_a_downtrained_card_is_flagged_and_is_not_the_main_gpu():
     assert servers("glm", split, layout(split, d["models"]["glm"], bad, d))[0]["env"] == {}
     d["llama_server_instances"]["glm"]["tensor_split"] = "1,1,1,1,1,1,1,1"
     assert any("keep tensor_split's order" in ln for ln in plan_lines(bad, d))
+
+
+def test_row_split_over_narrow_links_gets_a_plan_line_preferring_layer_split():
+    """6 CMP 170HX at x4 (the reports: Gen2 x4, no P2P) with -sm row: the plan says layer split is
+    the faster choice and why, and keeps the setting; layer split, or 8 A100s at x16, say nothing."""
+    plan, _ = host("cmp170hx")
+    d = data(llama_cpp_backend="cuda", models={"glm": GLM},
+             llama_server_instances={"glm": {"model": "glm", "port": 8080, "ctx": 8192, "parallel": 1, "split_mode": "row"}})
+    lines = [ln for ln in plan_lines(plan, d) if "narrow links" in ln]
+    print("\n".join(lines))
+    assert lines and lines[0].startswith("llama:     glm: split_mode row over narrow links (GPU 0 x4 Gen1, GPU 1 x4 Gen1")
+    assert lines[0].endswith("split_mode layer moves them once per card and is the faster choice here (the reports' "
+                             "recipes chose it for this); rigup keeps your setting")
+    d["llama_server_instances"]["glm"]["split_mode"] = "layer"
+    assert not [ln for ln in plan_lines(plan, d) if "narrow links" in ln]
+    d["llama_server_instances"]["glm"]["split_mode"] = "row"
+    assert not [ln for ln in plan_lines(host("a100")[0], d) if "narrow links" in ln]
