@@ -46,8 +46,8 @@ for name, inst in sorted(instances.items()):
         click.echo(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)", err=True)
         continue
     key = LLAMA_KEY.format(name) if inst.get("api_key") else None
-    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key,
-                       host.get_fact(tuning.ServingEnv, instance=name))
+    served = host.get_fact(tuning.ServingEnv, instance=name)
+    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key, served)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user=data["rigup_user"], mode="640")
     unit, command, log, done = tuning.job(name, data)
@@ -55,10 +55,10 @@ for name, inst in sorted(instances.items()):
     python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
                 log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
 
-    def keep(name=name, argv=argv):
+    def keep(name=name, argv=argv, build=served.get("build")):
         ok, out = host.run_shell_command(command=f"cat {shlex.quote(f'{d}/{name}.json')}", print_output=False,
                                          print_input=False)
         result = json.loads("\n".join(out.stdout_lines)) if ok else None
-        tuning.record(host.name, name, result, data, argv)
+        tuning.record(host.name, name, result, data, argv, build)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -46,15 +47,17 @@ class ServingEnv(FactBase):
     """What instance ``instance``'s unit runs with, for the sweep's servers to run alike:
     {"env": the variables of /etc/rigup/cuda.env (roles/cuda_toolkit: PATH, LD_LIBRARY_PATH) and
     of its drop-in's ``Environment=`` lines (CUDA_VISIBLE_DEVICES: its GPUs, in its order), the
-    drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count)}."""
+    drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count); "build":
+    the llama.cpp build the drop-in's comment names (roles/llama_server writes it), or None}."""
 
     def command(self, instance: str) -> str:
         return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/E \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
-                f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p' {shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
+                f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
+                f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
     def process(self, output: list[str]) -> dict:
-        env, gpus = {}, 0
+        env, gpus, build = {}, 0, None
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "E":
@@ -64,8 +67,10 @@ class ServingEnv(FactBase):
                         env[name] = value
             elif kind == "G" and rest.strip().isdigit():
                 gpus = int(rest)
+            elif kind == "B" and re.fullmatch(r"[\w.+-]{1,128}", rest.strip()):
+                build = rest.strip()
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus}
+        return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
 
 
 def workdir(data: dict) -> str:
@@ -145,14 +150,14 @@ def markdown(host: str, name: str, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(host: str, name: str, result: dict | None, data: dict, argv: list[str]) -> None:
+def record(host: str, name: str, result: dict | None, data: dict, argv: list[str], build: str | None = None) -> None:
     """Keep a sweep's result: ``host_vars/<host>.yml`` (under the site directory when there is one)
     gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png`` its plot); a line says what it found."""
     if not result or not result.get("best"):
         why = (result or {}).get("stopped") or "no result on the host"
         click.echo(f"    [{host}] tune {name}: nothing kept ({why})", err=True)
         return
-    found = entry(result, None)
+    found = entry(result, build)
     path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
     out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)

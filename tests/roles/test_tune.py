@@ -32,6 +32,7 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
         tuned = yaml.safe_load((tmp_path / "host_vars" / f"{host}.yml").read_text())["llama_server_tuned"]["gemma"]
         print(f"host_vars: {tuned}")
         assert tuned["tok_s"] >= tuned["baseline_tok_s"] and tuned["concurrency"] == 4
+        assert tuned["build"] and tuned["build"].startswith("lab-base-")   # the drop-in's build
         assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
         applied = converge("inventory/lab.py", "--limit", host, *ONE_SLOT, env=env)
         dropin = on_host(lab, host, "grep ^ExecStart=. /etc/systemd/system/rigup-llama@gemma.service.d/rigup.conf")

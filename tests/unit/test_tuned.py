@@ -69,10 +69,11 @@ def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_ag
 def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
     lines = ["E PATH=/usr/local/cuda-12.8/bin:/usr/bin", "E LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64",
              'E "CUDA_VISIBLE_DEVICES=GPU-b,GPU-a"', "G 8"]
-    served = tuning.ServingEnv().process(lines)
+    served = tuning.ServingEnv().process(lines + ["B b6123-3f2a1b9c0d"])
     assert served == {"env": {"PATH": "/usr/local/cuda-12.8/bin:/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda-12.8/lib64",
-                              "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a"}, "gpus": 2}   # its own 2 of the host's 8
-    assert tuning.ServingEnv().process(["G 8"]) == {"env": {}, "gpus": 8}
+                              "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a"}, "gpus": 2,   # its own 2 of the host's 8
+                      "build": "b6123-3f2a1b9c0d"}
+    assert tuning.ServingEnv().process(["G 8", "B a b"]) == {"env": {}, "gpus": 8, "build": None}
     spec = tuning.spec("g", ["/b/llama-server", "-c", "8192"], data(rigup_state_dir="/var/lib/rigup"), True, None, served)
     assert spec["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-a" and spec["gpus"] == 2
 
