@@ -67,8 +67,8 @@ class ServingEnv(FactBase):
                         env[name] = value
             elif kind == "G" and rest.strip().isdigit():
                 gpus = int(rest)
-            elif kind == "B" and re.fullmatch(r"[\w.+-]{1,128}", rest.strip()):
-                build = rest.strip()
+            elif kind == "B" and re.fullmatch(r"[\w.+-]{1,128}", rest.strip().rstrip("/").rsplit("/", 1)[-1]):
+                build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
 

@@ -69,7 +69,7 @@ def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_ag
 def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
     lines = ["E PATH=/usr/local/cuda-12.8/bin:/usr/bin", "E LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64",
              'E "CUDA_VISIBLE_DEVICES=GPU-b,GPU-a"', "G 8"]
-    served = tuning.ServingEnv().process(lines + ["B b6123-3f2a1b9c0d"])
+    served = tuning.ServingEnv().process(lines + ["B /opt/rigup/llama.cpp/builds/b6123-3f2a1b9c0d"])
     assert served == {"env": {"PATH": "/usr/local/cuda-12.8/bin:/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda-12.8/lib64",
                               "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a"}, "gpus": 2,   # its own 2 of the host's 8
                       "build": "b6123-3f2a1b9c0d"}
