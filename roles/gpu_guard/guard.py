@@ -386,6 +386,10 @@ def read_kernel_log(config: dict, state: dict) -> tuple[list[tuple[float, str]],
         rc, output = run_bounded(argv, JOURNAL_TIMEOUT_S)
         if rc == 0:
             entries, last = parse_journal(output)
+            if cursor and "-b" in argv:   # the cursor is gone: this boot's lines, less those already judged
+                entries = [e for e in entries if e[0] > float(state.get("last_t") or 0)]
+            if entries:
+                state["last_t"] = max(t for t, _ in entries)
             return entries, last or cursor
     log(4, f"rigup-gpu-guard: cannot read the kernel log (journalctl: {'no answer' if rc is None else rc}); "
            "its Xid lines are read at the next check")

@@ -97,3 +97,17 @@ def test_the_config_carries_the_catalogue_and_the_lab_reads_only_its_own_identif
     assert c["catalogue"]["79"]["action"] == "drain_host" and c["match"] == "_TRANSPORT=kernel"
     assert c["state_file"] == "/var/lib/rigup/gpu-guard-xid.json" and len(c["catalogue"]) == len(xid.catalogue())
     assert xid_config(data(gpu_guard_xid_source="lab"))["match"] == "SYSLOG_IDENTIFIER=rigup-lab-kernel"
+
+
+def test_a_lost_cursor_reads_this_boot_again_but_not_the_lines_already_judged(tmp_path, monkeypatch):
+    calls, lines = [], [json.dumps({"__CURSOR": f"s={i}", "__REALTIME_TIMESTAMP": str(i * 1_000_000),
+                                    "MESSAGE": LINE.format("07", 13)}) for i in (1, 2, 3)]
+
+    def journal(argv, timeout):
+        calls.append(argv[-1])
+        return (1, "Failed to seek to cursor") if argv[-1].startswith("--after-cursor") else (0, "\n".join(lines))
+    monkeypatch.setattr(guard, "run_bounded", journal)
+    state = {"cursor": "s=gone", "last_t": 2.0}
+    entries, cursor = guard.read_kernel_log(config(), state)
+    assert calls == ["--after-cursor=s=gone", "-b"] and [t for t, _ in entries] == [3.0] and cursor == "s=3"
+    assert state["last_t"] == 3.0
