@@ -144,7 +144,9 @@ def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, as
                 assert f"{DEST}/{p} is {what}, which rigup never makes there" in run.output, run.output[-3000:]
             status = pyinfra("inventory/lab.py", "status.py", "--limit", host, timeout=120)
             row = next(ln for ln in status.output.splitlines() if ln.startswith(host))
-            download = re.search(r"gemma-270m (not here yet|complete)", row)
+            # the row counts the models downloaded (1/1); one not here has a row of its own under it
+            download = ("not here yet" if "  download gemma-270m not here yet" in status.output.splitlines() else
+                        "complete" if re.search(r" 1/1 ", row) else None)
             start = time.monotonic()
             timer = lab.ssh(host, "timeout 60 systemctl start rigup-model-metrics.service; echo rc=$?; "
                                   "grep -h 'gemma-270m' /var/lib/prometheus/node-exporter/rigup_model_fetch.prom "
@@ -152,11 +154,11 @@ def test_root_follows_no_symlink_and_opens_no_fifo_the_rigup_user_plants(lab, as
             timer_s = time.monotonic() - start
             facts = pyinfra("inventory/lab.py", str(readers), "--limit", host, timeout=120)
             seen = json.loads(facts.output.split("##readers ", 1)[1].splitlines()[0])
-            print(f"  status.py {status.seconds:.1f} s: {download and download.group()}; metrics timer {timer_s:.1f} s "
+            print(f"  status.py {status.seconds:.1f} s: {download}; metrics timer {timer_s:.1f} s "
                   f"({' '.join(timer.stdout.split())}); facts {facts.seconds:.1f} s: marker read by llama_server's "
                   f"{'no' if seen['llama_server'] is None else 'the real one'}, by bench.py's "
                   f"{'no' if seen['bench'] is None else 'the real one'}; preflight's bytes {seen['path_bytes'][DEST]}")
-            assert status.returncode == 0 and download and download.group(1) == ("not here yet" if marker else "complete")
+            assert status.returncode == 0 and download == ("not here yet" if marker else "complete")
             assert status.seconds < 60
             assert "rc=0" in timer.stdout and timer_s < 30
             assert facts.returncode == 0 and (seen["llama_server"] is None) == (seen["bench"] is None) == marker

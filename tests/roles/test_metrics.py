@@ -126,7 +126,8 @@ def test_an_xid_79_trips_the_guard_fires_its_alert_and_shows_in_status(lab, host
         table = pyinfra("inventory/lab.py", "status.py", "--limit", other, timeout=120).output
         print(f"Xid 79 on {other}'s GPU 2: GpuGuardTripped firing {took:.1f} s after the line; "
               f"rigup_gpu_xid_events {[(r['metric'].get('gpu'), r['value'][1]) for r in bus]}\n{table}")
-        assert [r["value"][1] for r in bus] == ["1"] and bus[0]["metric"]["bus"] == "0000:47:00"
+        # this boot's count: 1, or more when an earlier module of the session did the same to this card
+        assert len(bus) == 1 and int(bus[0]["value"][1]) >= 1 and bus[0]["metric"]["bus"] == "0000:47:00"
         assert "TRIPPED" in table and "Xid 79 (bus: GPU has fallen off the bus) on GPU 2" in table
         assert line.endswith("GPU has fallen off the bus.")
     finally:
