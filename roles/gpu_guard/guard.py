@@ -386,10 +386,10 @@ def read_kernel_log(config: dict, state: dict) -> tuple[list[tuple[float, str]],
         rc, output = run_bounded(argv, JOURNAL_TIMEOUT_S)
         if rc == 0:
             entries, last = parse_journal(output)
-            if cursor and "-b" in argv:   # the cursor is gone: this boot's lines, less those already judged
+            if "-b" in argv and state.get("read"):   # no cursor (none yet, or gone): less the lines judged
                 entries = [e for e in entries if e[0] > float(state.get("last_t") or 0)]
-            if entries:
-                state["last_t"] = max(t for t, _ in entries)
+            state["last_t"] = max([t for t, _ in entries] + [float(state.get("last_t") or 0)])
+            state["read"] = True
             return entries, last or cursor
     log(4, f"rigup-gpu-guard: cannot read the kernel log (journalctl: {'no answer' if rc is None else rc}); "
            "its Xid lines are read at the next check")
@@ -449,11 +449,13 @@ def reboots_today(path: str, now: float) -> tuple[str, int]:
 
 
 def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: list[dict], now: float,
-           on_cards=serving_units, act=systemctl) -> dict | None:
+           on_cards=serving_units, act=systemctl, judge: bool = True) -> dict | None:
     """Act on the Xid lines among ``entries`` (module docstring); ``state`` (XID_STATE) is updated.
     Returns the trip to record ({"reason", "reboot"}) for a drain_host event, else None.
     ``on_cards(config, cards)``: the serving units (:func:`serving_units`); ``act(verb, units)``:
-    systemctl (:func:`systemctl`)."""
+    systemctl (:func:`systemctl`). Without ``judge`` (the guard's first read of this boot's log:
+    the lines predate it) the events are counted and logged, nothing is done: a card still off the
+    bus is lost telemetry to the sample anyway."""
     xid = config["xid"]
     catalogue = {int(k): v for k, v in (xid.get("catalogue") or {}).items()}
     seen = state.setdefault("seen", {})   # the cards of earlier samples: a card off the bus is in none now
@@ -468,7 +470,9 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
             who = names.get(event["card"], f"the card at {event['card']}")
             what = f"Xid {event['code']} ({event['class']}: {event['meaning']}) on {who}"
             done = "logged"
-            if event["action"] == "restart":
+            if not judge:
+                done = "counted (before the guard's first check: not acted on)"
+            elif event["action"] == "restart":
                 units = on_cards(config, cards) if units is None else units
                 hit = [u["unit"] for u in units if event["card"] in u["cards"] and u["since"] < t]
                 done = f"restarted {', '.join(hit)}{act('restart', hit)}" if hit else \
@@ -515,17 +519,20 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
     path = config["xid"]["state_file"]
     state = load(path, {})
     state = state if isinstance(state, dict) else {}
+    before = json.dumps(state, sort_keys=True)
     boot = boot_id()
     if state.get("boot") != boot:   # a new boot: the cards' counts start again; suspect stays
         state["cards"] = {k: {"counts": {}, "recent": c.get("recent", []), "suspect": c.get("suspect")}
                           for k, c in (state.get("cards") or {}).items() if c.get("suspect") or c.get("recent")}
         state["boot"] = boot
+    first = not state.get("read")
     entries, state["cursor"] = read_kernel_log(config, state)
-    trip = triage(config, state, entries, cards, now)
+    trip = triage(config, state, entries, cards, now, judge=not first)
     stop = suspect_units(config, state, cards)
     if stop:
         log(2, f"rigup-gpu-guard: stopping {', '.join(stop)} (on a suspect card; rigup-gpu-guard status){systemctl('stop', stop)}")
-    save(path, state)
+    if json.dumps(state, sort_keys=True) != before:   # on disk: written only when it changed, not every check
+        save(path, state)
     return state, trip
 
 

@@ -107,7 +107,15 @@ def test_a_lost_cursor_reads_this_boot_again_but_not_the_lines_already_judged(tm
         calls.append(argv[-1])
         return (1, "Failed to seek to cursor") if argv[-1].startswith("--after-cursor") else (0, "\n".join(lines))
     monkeypatch.setattr(guard, "run_bounded", journal)
-    state = {"cursor": "s=gone", "last_t": 2.0}
+    state = {"cursor": "s=gone", "last_t": 2.0, "read": True}
     entries, cursor = guard.read_kernel_log(config(), state)
     assert calls == ["--after-cursor=s=gone", "-b"] and [t for t, _ in entries] == [3.0] and cursor == "s=3"
     assert state["last_t"] == 3.0
+
+
+def test_the_first_read_of_this_boots_log_counts_its_lines_and_acts_on_none():
+    acted, state = [], {}
+    trip = guard.triage(config(), state, [entry(1.0, "07", 79), entry(2.0, "0f", 13)], CARDS, 3.0, units,
+                        lambda verb, u: acted.append(verb) or "", judge=False)
+    assert trip is None and acted == [] and state["cards"]["0000:07:00"]["counts"] == {"bus": 1}
+    assert state["events"][-1]["done"] == "counted (before the guard's first check: not acted on)"
