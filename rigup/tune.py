@@ -155,9 +155,8 @@ def stages(spec: dict, base: dict) -> list[list[list[dict]]]:
     before it gained. The first stage is the baseline (no change). ``base``: the argv's own
     flags (:func:`flags_of`)."""
     slot = int(spec["slot_tokens"])
-    out = [[[{}]]]
-    if spec.get("gpu") and offload_stage(spec, base):
-        out.append(offload_stage(spec, base))
+    offload = offload_stage(spec, base) if spec.get("gpu") else []
+    out = [[[{}]]] + ([offload] if offload else [])
     out.append([[{"parallel": p, "ctx": p * slot} for p in d]
                 for d in parallel_directions(max(spec_levels(spec)), int(spec["max_parallel"])) if d])
     if base.get("cache_ram") != "0":   # the host-RAM prompt cache off: no slot state copied before a task

@@ -83,8 +83,9 @@ except ImportError:
 
 def unit_timeout_s(smi_timeout_s: int) -> int:
     """TimeoutStartSec of the guard's oneshot unit: the longest one check can take (an nvidia-smi
-    call, the journal's new lines and four systemctl calls, each bounded and then killed) plus slack. A process stuck in the
-    kernel past SIGKILL (a driver hung hard) is left to systemd, which ends the run at this limit."""
+    call, the journal's new lines and four systemctl calls, each bounded and then killed) plus
+    slack. A process stuck in the kernel past SIGKILL (a driver hung hard) is left to systemd,
+    which ends the run at this limit."""
     return (smi_timeout_s + KILL_GRACE_S + JOURNAL_TIMEOUT_S + 4 * (SYSTEMCTL_TIMEOUT_S + KILL_GRACE_S)
             + SLACK_S)
 
@@ -321,15 +322,23 @@ def log(priority: int, text: str) -> None:
     print(f"<{priority}>{text}", flush=True)
 
 
-def stop_serving(config: dict) -> str:
-    """Stop the serving units; the ones that were running (all of them when systemctl did not say)."""
-    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+def running_units(config: dict) -> list[str] | None:
+    """The serving units active, activating or reloading (None when systemctl did not answer)."""
     rc, listed = run_bounded(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
-                              "--no-legend", *units], SYSTEMCTL_TIMEOUT_S)
-    running = [u for u in listed.split() if u.endswith(".service")] if rc is not None else list(units)
+                              "--no-legend", *config.get("units", ["rigup-llama@*", "rigup-vllm@*"])],
+                             SYSTEMCTL_TIMEOUT_S)
+    return [u for u in listed.split() if u.endswith(".service")] if rc is not None else None
+
+
+def stop_serving(config: dict) -> tuple[list[str], str]:
+    """Stop the serving units: (the ones that were running, all the patterns when systemctl did not
+    say; the same as text, with a note when the stop did not end in time)."""
+    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+    running = running_units(config)
+    running = list(units) if running is None else running
     if running and run_bounded(["systemctl", "stop", *units], SYSTEMCTL_TIMEOUT_S)[0] is None:
-        return ", ".join(running) + f" (still stopping after {SYSTEMCTL_TIMEOUT_S} s; systemd goes on)"
-    return ", ".join(running)
+        return running, ", ".join(running) + f" (still stopping after {SYSTEMCTL_TIMEOUT_S} s; systemd goes on)"
+    return running, ", ".join(running)
 
 
 # ----------------------------------------------------------------------------- Xid triage
@@ -414,10 +423,7 @@ def unit_blocks(text: str) -> list[dict]:
 def serving_units(config: dict, cards: list[dict]) -> list[dict]:
     """The active serving units: {"unit", "cards": the card keys its CUDA_VISIBLE_DEVICES names
     (by UUID or index; every sampled card without it), "since": when it last started (epoch s)}."""
-    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
-    rc, listed = run_bounded(["systemctl", "list-units", "--state=active,activating,reloading", "--plain",
-                              "--no-legend", *units], SYSTEMCTL_TIMEOUT_S)
-    names = [u for u in listed.split() if u.endswith(".service")] if rc == 0 else []
+    names = running_units(config) or []
     if not names:
         return []
     rc, shown = run_bounded(["systemctl", "show", "-p", "Id,Environment,ActiveEnterTimestamp", "--timestamp=unix",
@@ -460,7 +466,8 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
     catalogue = {int(k): v for k, v in (xid.get("catalogue") or {}).items()}
     seen = state.setdefault("seen", {})   # the cards of earlier samples: a card off the bus is in none now
     seen.update({card_key_of(c): {"index": c["index"], "uuid": c["uuid"]} for c in cards})
-    names = {k: f"GPU {c['index']} ({c['uuid']}, {k}{'' if k in {card_key_of(x) for x in cards} else ', not answering'})"
+    answering = {card_key_of(c) for c in cards}
+    names = {k: f"GPU {c['index']} ({c['uuid']}, {k}{'' if k in answering else ', not answering'})"
              for k, c in seen.items()}
     known, trip, units = state.setdefault("cards", {}), None, None
     for t, message in entries:
@@ -508,10 +515,10 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
     return trip
 
 
-def suspect_units(config: dict, state: dict, cards: list[dict]) -> list[str]:
-    """The running serving units on a suspect card."""
+def suspect_units(state: dict, units) -> list[str]:
+    """The running serving units on a suspect card; ``units()``: :func:`serving_units`' list."""
     bad = {k for k, c in (state.get("cards") or {}).items() if c.get("suspect")}
-    return [u["unit"] for u in serving_units(config, cards) if u["cards"] & bad] if bad else []
+    return [u["unit"] for u in units() if u["cards"] & bad] if bad else []
 
 
 def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> tuple[dict, dict | None]:
@@ -527,8 +534,14 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
         state["boot"] = boot
     first = not state.get("read")
     entries, state["cursor"] = read_kernel_log(config, state)
-    trip = triage(config, state, entries, cards, now, judge=not first)
-    stop = suspect_units(config, state, cards)
+    listed: list = []   # the serving units, read at most once this check (systemctl list-units, show)
+
+    def units(*_) -> list[dict]:
+        if not listed:
+            listed.append(serving_units(config, cards))
+        return listed[0]
+    trip = triage(config, state, entries, cards, now, on_cards=units, judge=not first)
+    stop = suspect_units(state, units)
     if stop:
         log(2, f"rigup-gpu-guard: stopping {', '.join(stop)} (on a suspect card; rigup-gpu-guard status){systemctl('stop', stop)}")
     if json.dumps(state, sort_keys=True) != before:   # on disk: written only when it changed, not every check
@@ -559,7 +572,7 @@ def check(config: dict) -> int:
                 return 0
         write_metrics(config, metrics_text([], None, True, config, time.time(),
                                            load(config["xid"]["state_file"], {}) if config.get("xid") else None))
-        stopped = stop_serving(config)
+        _, stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
@@ -582,7 +595,7 @@ def check(config: dict) -> int:
         return 0
     save(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": reason,
                    "samples": samples})
-    stopped = stop_serving(config)
+    _, stopped = stop_serving(config)
     log(2, f"rigup-gpu-guard: TRIPPED: {reason}; stopped serving units: {stopped or 'none running'}; "
            f"{samples}; they stay stopped until an operator runs rigup-gpu-guard clear")
     return 0
@@ -591,9 +604,9 @@ def check(config: dict) -> int:
 def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
     """Trip at once for an Xid event (no debounce: the kernel said so) and, when ``trip["reboot"]``,
     count the reboot and reboot the host."""
-    units = stop_serving(config)
+    stopped, units = stop_serving(config)
     record = {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": trip["reason"],
-              "samples": "an Xid event", "stopped": [u.split(" ")[0] for u in units.split(", ") if u], "cards": len(cards)}
+              "samples": "an Xid event", "stopped": stopped, "cards": len(cards)}
     if trip["reboot"]:
         record["reboot_boot"] = boot_id()
     save(config["tripped_file"], record)
