@@ -6,7 +6,9 @@
 Per host: its cards (count x class), their total draw / limit and the hottest card's temperature,
 VRAM used, the llama.cpp build that serves (llama_cpp_dir/current), each serving instance
 (rigup-llama@*, rigup-vllm@*: state, /health's code at its port, model@revision), the models
-downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance; in 120
+downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance, and the
+host's joules per generated token while it generates (read from the monitoring hosts' Prometheus,
+rigup:host_joules_per_token, when the inventory has one); in 120
 columns for a typical host (rigup/fleet.py). What is wrong comes first: a line above the table
 names the hosts that need attention, and under a host's row, indented, each card that needs
 attention (its PCIe link downtrained, Xid events this boot by class, suspect, telemetry lost: the
@@ -21,6 +23,7 @@ from rigup import fleet
 from rigup.config import check_host
 from rigup.models import models as model_entries
 from rigup.names import guard_file, xid_file
+from roles.metrics.prometheus import bind_address, url_host
 from roles.model_fetch import specs
 from roles.model_fetch.facts import parse_progress, progress_command
 from roles.model_fetch.plan import short_progress
@@ -33,7 +36,11 @@ parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]),
 fetches = specs(data, models)
 if fetches:
     parts["fetch"] = progress_command(fetches)
+if data["prometheus_enabled"]:
+    parts["energy"] = fleet.energy_section(
+        f"http://{url_host(bind_address(host.name, data, 'prometheus_address'))}:{data['prometheus_port']}")
 found = host.get_fact(fleet.FleetStatus, parts=parts)
+fleet.record_energy(fleet.parse_energy(found.get("energy", [])))
 probed = parse_progress(found.get("fetch", []), fetches)
 configured = {name: entry.get("model") for var in ("llama_server_instances", "vllm_instances")
               for name, entry in (data.get(var) or {}).items() if isinstance(entry, dict)}

@@ -37,6 +37,7 @@ MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
 XID_MAX_BYTES = 65536
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+ENERGY_QUERY = "rigup:host_joules_per_token"   # roles/metrics/prometheus.py's recorded series
 WIDTH = 120              # the table's target width (a typical host's row, the notes, the summary line)
 SMI_TIMEOUT_S = 5
 SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then timeout -k 1 {SMI_TIMEOUT_S} nvidia-smi "
@@ -72,6 +73,14 @@ def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
         text += (f"\nif [ -e {x} ]; then echo {shlex.quote(XID_MARK)}; echo \"boot=$(cat {BOOT_ID} 2>/dev/null)\"; "
                  f"head -c {XID_MAX_BYTES} {x} | tr -d '\\n'; echo; fi")
     return text
+
+
+def energy_section(url: str) -> str:
+    """On a monitoring host: Prometheus's ``rigup:host_joules_per_token`` (roles/metrics: every
+    card's draw over the tokens its llama-server instances generate per second, 5 minutes' rate, while
+    they generate) for every host, as the query API's JSON (:func:`parse_energy`)."""
+    return (f"curl -s -m 3 --noproxy '*' -G --data-urlencode query={shlex.quote(ENERGY_QUERY)} "
+            f"{shlex.quote(url.rstrip('/') + '/api/v1/query')} 2>/dev/null; true")
 
 
 def status_command(parts: dict[str, str]) -> str:
@@ -190,8 +199,9 @@ def _counts(value) -> dict[str, int]:
 
 def xid_cards(state, boot: str = "") -> dict:
     """The guard's Xid state (roles/gpu_guard/guard.py: ``{"boot", "cards": {card: {"counts",
-    "recent", "suspect"}}, ...}``) -> ``{card key: {"counts": {class: n}, "suspect": bool, "since":
-    str | None}}``, read defensively: what has the wrong type is left out, never an error. Counts
+    "recent", "suspect", "link"}}, ...}``) -> ``{card key: {"counts": {class: n}, "suspect": bool, "since":
+    str | None}}`` (and ``"slow_link": "Gen3 of Gen4 under load"`` for a link the guard found below
+    its maximum under load), read defensively: what has the wrong type is left out, never an error. Counts
     recorded in another boot than ``boot`` (the host's, when known) are left out: the guard starts
     them again at its next check; a suspect card stays suspect."""
     cards = state.get("cards") if isinstance(state, dict) else None
@@ -209,11 +219,34 @@ def xid_cards(state, boot: str = "") -> dict:
         since = suspect.get("since") if suspect else None
         out[key] = {"counts": _counts(card.get("counts")) if this_boot else {}, "suspect": suspect is not None,
                     "since": since if isinstance(since, str) else None}
+        link = card.get("link") if this_boot else None
+        if isinstance(link, dict) and all(isinstance(link.get(k), int) and not isinstance(link.get(k), bool)
+                                          for k in ("gen", "gen_max")) and link["gen"] < link["gen_max"]:
+            out[key]["slow_link"] = f"Gen{link['gen']} of Gen{link['gen_max']} under load"
     seen = state.get("seen") if isinstance(state.get("seen"), dict) else {}   # the guard's last sample of each card
     for name, card in seen.items():
         key, index = _key(name), card.get("index") if isinstance(card, dict) else None
         if key and isinstance(index, int) and not isinstance(index, bool):
             out.setdefault(key, {"counts": {}, "suspect": False, "since": None})["index"] = index
+    return out
+
+
+def parse_energy(lines: list[str]) -> dict[str, float]:
+    """The energy section (Prometheus's answer) -> ``{host: joules per token}``: the finite positive
+    values only; ``{}`` when Prometheus did not answer or answered anything else."""
+    try:
+        answer = json.loads("".join(lines) or "null")
+        results = answer["data"]["result"] if answer.get("status") == "success" else []
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return {}
+    out = {}
+    for r in results if isinstance(results, list) else []:
+        try:
+            name, value = r["metric"]["host"], float(r["value"][1])
+        except (TypeError, KeyError, IndexError, ValueError):
+            continue
+        if isinstance(name, str) and 0 < value < float("inf"):
+            out[name] = value
     return out
 
 
@@ -274,10 +307,10 @@ def card_problems(card: dict | None, xid: dict | None, lost: bool = False) -> li
     elif card is not None and (card.get("draw_w") is None or card.get("temp_c") is None):
         found.append(("telemetry lost", f"telemetry lost (draw {_num(card.get('draw_w'), 'W')}, "
                                         f"temp {_num(card.get('temp_c'), 'C')})"))
-    link = (card or {}).get("link") or {}
-    if link.get("downtrained"):
-        found.append(("DOWNTRAINED", f"{link['why']} DOWNTRAINED"))
-    xid = xid or {}
+    link, xid = (card or {}).get("link") or {}, xid or {}
+    why = [w for w in (link.get("why") if link.get("downtrained") else None, xid.get("slow_link")) if w]
+    if why:
+        found.append(("DOWNTRAINED", f"{', '.join(why)} DOWNTRAINED"))
     if xid.get("counts"):
         found.append(("Xid", "Xid " + ", ".join(f"{cls} {n}" for cls, n in sorted(xid["counts"].items()))))
     if xid.get("suspect"):
@@ -382,14 +415,19 @@ def cards_cell(row: dict) -> str:
 
 def power_cell(row: dict) -> str:
     """The host's draw over its cards' limits and its hottest card: ``2000/3200W 61C`` (``+?``
-    after the draw when a card's is unknown; ``-`` without cards)."""
+    after the draw when a card's is unknown; ``-`` without cards), then, while it generates and a
+    monitoring host's Prometheus has the figure, its joules per generated token (``0.44J/tok``)."""
     if not row["cards"]:
         return "-"
     draws = [c["draw_w"] for c in row["cards"] if c.get("draw_w") is not None]
     limits = [c["limit_w"] for c in row["cards"] if c.get("limit_w") is not None]
     temps = [c["temp_c"] for c in row["cards"] if c.get("temp_c") is not None]
     draw = (f"{sum(draws):.0f}" if draws else "?") + ("+?" if draws and len(draws) < len(row["cards"]) else "")
-    return f"{draw}/{_num(sum(limits) if limits else None, 'W')} {_num(max(temps) if temps else None, 'C')}"
+    text = f"{draw}/{_num(sum(limits) if limits else None, 'W')} {_num(max(temps) if temps else None, 'C')}"
+    jpt = row.get("joules_per_token")
+    if jpt is None:
+        return text
+    return f"{text} {jpt:.{2 if jpt < 10 else 1 if jpt < 100 else 0}f}J/tok"   # 3 significant digits, or whole J
 
 
 def vram_cell(row: dict) -> str:
@@ -465,6 +503,7 @@ def render_json(rows: list[dict]) -> str:
 # ----------------------------------------------------------------------------- the run
 _rows: dict[str, dict] = {}
 _run: dict = {}
+_energy: dict[str, float] = {}
 
 
 def record(state, row: dict, fmt: str) -> None:
@@ -473,6 +512,12 @@ def record(state, row: dict, fmt: str) -> None:
         atexit.register(report)
     _run.update(state=state, fmt=fmt)
     _rows[row["host"]] = row
+
+
+def record_energy(figures: dict[str, float]) -> None:
+    """Keep the joules per token a monitoring host's Prometheus has for each host (:func:`parse_energy`);
+    :func:`report` puts each in its host's row."""
+    _energy.update(figures)
 
 
 def report() -> None:
@@ -488,6 +533,9 @@ def report() -> None:
                 line = summary.host_line(state, host)
                 reason = line.split("unreachable: ", 1)[1] if "unreachable: " in line else line.split("] ", 1)[-1]
                 rows[host.name] = unreachable_row(host.name, reason)
+    for name, row in rows.items():
+        if row.get("reachable"):
+            row["joules_per_token"] = round(_energy[name], 3) if name in _energy else None
     if _run.get("fmt") == "json":
         click.echo(render_json(list(rows.values())))
     else:

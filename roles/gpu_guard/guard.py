@@ -38,6 +38,10 @@ action for its code, logging the Xid line with what it did:
 - ``log``: logged and counted only.
 The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
 the counts start again at each boot (a reboot is the cards' recovery); suspect stays until clear.
+With the Xid triage the guard also judges each card's PCIe link generation under load (at least
+LOADED_PERCENT busy: cards drop their generation at idle), against the card's maximum: a card below
+it is logged once and kept in XID_STATE (``link``, this boot's) and the metrics
+(rigup_gpu_pcie_gen_under_load), which status.py shows (``Gen3 of Gen4 under load DOWNTRAINED``).
 
     rigup-gpu-guard [--config /etc/rigup/gpu-guard.json] check|status|clear
 """
@@ -54,7 +58,8 @@ import time
 CONFIG = "/etc/rigup/gpu-guard.json"
 QUERY = "index,uuid,pci.bus_id,pci.device_id,power.draw,power.limit,temperature.gpu"
 # Read in the same call for the metrics file only (never judged): a card lacking one reads [N/A].
-EXTRA = ("memory.used", "clocks.current.sm", "utilization.gpu", "pcie.link.gen.current", "pcie.link.width.current")
+EXTRA = ("memory.used", "clocks.current.sm", "utilization.gpu", "pcie.link.gen.current", "pcie.link.width.current",
+         "pcie.link.gen.max", "pcie.link.width.max")
 # (metric, help, field, scale): the cards' gauges in the metrics file, in base units.
 GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts", "Power limit (W)", "limit", 1),
           ("temperature_celsius", "Core temperature (C)", "temp", 1),
@@ -62,7 +67,9 @@ GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts
           ("sm_clock_hertz", "SM clock", "clocks.current.sm", 1e6),
           ("utilization_ratio", "GPU utilisation (0..1)", "utilization.gpu", 0.01),
           ("pcie_link_gen", "PCIe link generation", "pcie.link.gen.current", 1),
-          ("pcie_link_width", "PCIe link width (lanes)", "pcie.link.width.current", 1))
+          ("pcie_link_width", "PCIe link width (lanes)", "pcie.link.width.current", 1),
+          ("pcie_link_gen_max", "PCIe link generation, the card's maximum", "pcie.link.gen.max", 1),
+          ("pcie_link_width_max", "PCIe link width (lanes), the card's maximum", "pcie.link.width.max", 1))
 NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
 KILL_GRACE_S = 2            # how long a killed process group gets to go before the guard moves on
 SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
@@ -70,6 +77,7 @@ JOURNAL_TIMEOUT_S = 10      # the kernel log's new lines (journalctl)
 SLACK_S = 10                # python start, reading and writing the state files
 XID_EVENTS_KEPT = 50        # the newest Xid events kept in XID_STATE, with what was done
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+LOADED_PERCENT = 50         # utilization.gpu at or above which a card's link generation is judged (cards idle at Gen1)
 
 try:   # the Xid line parser: rigup/gpu/xid.py in the repository, rigup_xid.py beside this script
     from rigup.gpu import xid as xid_lines
@@ -288,6 +296,7 @@ def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
     known = state.get("cards") or {}
     counts = [(bus, cls, n) for bus, card in sorted(known.items()) for cls, n in sorted((card.get("counts") or {}).items())]
     suspect = [(bus, 1 if card.get("suspect") else 0) for bus, card in sorted(known.items())]
+    slow = [(bus, card["link"]) for bus, card in sorted(known.items()) if isinstance(card.get("link"), dict)]
     lines = []
     if counts:
         lines += ["# HELP rigup_gpu_xid_events Xid events of the card this boot, by class (rigup/gpu/xid.yml)",
@@ -298,6 +307,11 @@ def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
         lines += ["# HELP rigup_gpu_suspect 1 while the card is suspect (repeated memory or firmware Xid events)",
                   "# TYPE rigup_gpu_suspect gauge"]
         lines += [f'rigup_gpu_suspect{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}"}} {v}' for bus, v in suspect]
+    if slow:
+        lines += ["# HELP rigup_gpu_pcie_gen_under_load The card's PCIe link generation under load, when below its maximum",
+                  "# TYPE rigup_gpu_pcie_gen_under_load gauge"]
+        lines += [f'rigup_gpu_pcie_gen_under_load{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}",'
+                  f'max="{escaped(link.get("gen_max"))}"}} {link.get("gen")}' for bus, link in slow]
     return lines
 
 
@@ -521,6 +535,29 @@ def suspect_units(state: dict, units) -> list[str]:
     return [u["unit"] for u in units() if u["cards"] & bad] if bad else []
 
 
+def links_under_load(state: dict, cards: list[dict], now: float) -> None:
+    """Judge each card's PCIe link generation under load (cards drop it at idle to save power, so it
+    is compared with the card's maximum only while the card is at least :data:`LOADED_PERCENT` busy):
+    a card below its maximum then gets ``link`` ({"gen", "gen_max", "since"}) in its XID_STATE entry
+    (this boot's, logged once at priority warning); a loaded sample at its maximum takes it away."""
+    entries = state.setdefault("cards", {})
+    for c in cards:
+        util, gen, top = c.get("utilization.gpu"), c.get("pcie.link.gen.current"), c.get("pcie.link.gen.max")
+        if util is None or gen is None or top is None or util < LOADED_PERCENT:
+            continue
+        key = card_key_of(c)
+        entry = entries.get(key) or {}
+        if gen < top and (entry.get("link") or {}).get("gen") != int(gen):
+            entry["link"] = {"gen": int(gen), "gen_max": int(top),
+                             "since": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now))}
+            entries[key] = {"counts": {}, "recent": [], "suspect": None, **entry}
+            log(4, f"rigup-gpu-guard: GPU {c['index']} ({c['uuid']}, {key}): PCIe link at Gen{int(gen)} of "
+                   f"Gen{int(top)} under load ({util:.0f}% busy): a downtrained link (a riser, the slot, the "
+                   f"board's lanes) slows every transfer to the card")
+        elif gen >= top and entry.pop("link", None):
+            log(5, f"rigup-gpu-guard: GPU {c['index']} ({key}): PCIe link back at Gen{int(gen)} under load")
+
+
 def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> tuple[dict, dict | None]:
     """This check's Xid part: (XID_STATE, the trip to record or None)."""
     path = config["xid"]["state_file"]
@@ -529,7 +566,7 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
     before = json.dumps(state, sort_keys=True)
     boot = boot_id()
     if state.get("boot") != boot:   # a new boot: the cards' counts start again; suspect stays
-        state["cards"] = {k: {"counts": {}, "recent": c.get("recent", []), "suspect": c.get("suspect")}
+        state["cards"] = {k: {"counts": {}, "recent": c.get("recent", []), "suspect": c.get("suspect")}   # no link: re-judged
                           for k, c in (state.get("cards") or {}).items() if c.get("suspect") or c.get("recent")}
         state["boot"] = boot
     first = not state.get("read")
@@ -541,6 +578,7 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
             listed.append(serving_units(config, cards))
         return listed[0]
     trip = triage(config, state, entries, cards, now, on_cards=units, judge=not first)
+    links_under_load(state, cards, now)
     stop = suspect_units(state, units)
     if stop:
         log(2, f"rigup-gpu-guard: stopping {', '.join(stop)} (on a suspect card; rigup-gpu-guard status){systemctl('stop', stop)}")
@@ -642,8 +680,11 @@ def main(argv: list[str]) -> int:
         xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
         for bus, card in sorted((xid.get("cards") or {}).items()):
             counts = ", ".join(f"{cls} {n}" for cls, n in sorted(card.get("counts", {}).items())) or "none this boot"
+            link = card.get("link") or {}
             print(f"card {bus}: Xid {counts}" + (f"; SUSPECT since {card['suspect']['since']}: {card['suspect']['line']}"
-                                                  if card.get("suspect") else ""))
+                                                  if card.get("suspect") else "")
+                  + (f"; PCIe Gen{link.get('gen')} of Gen{link.get('gen_max')} under load since {link.get('since')}"
+                     if link else ""))
         return 3 if state or any(c.get("suspect") for c in (xid.get("cards") or {}).values()) else 0
     if command == "clear":
         state = load(config["tripped_file"], None)

@@ -256,26 +256,44 @@ def chat(port: int, tokens: int) -> dict:
         return json.loads(response.read())
 
 
+def _guard():
+    """roles/gpu_guard/guard.py, the guard as it runs on a host (standard library only), loaded by
+    its path: roles/gpu_guard/__init__.py imports pyinfra, which this machine does not have."""
+    spec = importlib.util.spec_from_file_location("rigup_gpu_guard", ROOT / "roles" / "gpu_guard" / "guard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Power:
-    """Every card's power draw sampled by ``nvidia-smi --query-gpu=power.draw -lms 100`` (reads
+    """Every card sampled by ``nvidia-smi --query-gpu=<the GPU guard's fields> -lms 100`` (reads
     only) while the block runs; ``joules``: the draw of all cards integrated over time (each sample
-    held until the next)."""
+    held until the next). Each sample also goes through the guard's own judgement of the PCIe link
+    under load (guard.links_under_load: the generation against the card's maximum, only while the
+    card is busy): ``links`` is what it found, ``loaded`` how many samples were busy enough to judge."""
 
     def __enter__(self):
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,power.draw", "--format=csv,noheader,nounits",
+        self.guard = _guard()
+        fields = f"{self.guard.QUERY},{','.join(self.guard.EXTRA)}"
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
                                       "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.samples: list[tuple[float, int, float]] = []
+        self.state: dict = {}
+        self.loaded, self.gens = 0, set()
         self.reader = concurrent.futures.ThreadPoolExecutor(1).submit(self._read)
         return self
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            cells = [c.strip() for c in line.split(",")]
-            if len(cells) == 2 and cells[0].isdigit():
-                try:
-                    self.samples.append((time.monotonic(), int(cells[0]), float(cells[1])))
-                except ValueError:
-                    pass   # [N/A]
+            cards, _ = self.guard.parse_sample([line])
+            for card in cards:
+                now = time.monotonic()
+                if card["draw"] is not None:
+                    self.samples.append((now, card["index"], card["draw"]))
+                if (card.get("utilization.gpu") or 0) >= self.guard.LOADED_PERCENT:
+                    self.loaded += 1
+                    self.gens.add((card.get("pcie.link.gen.current"), card.get("pcie.link.gen.max")))
+                self.guard.links_under_load(self.state, [card], time.time())
 
     def __exit__(self, *exc):
         self.proc.terminate()
@@ -287,6 +305,7 @@ class Power:
             if card in last:
                 self.joules += last[card][1] * (t - last[card][0])
             last[card] = (t, watts)
+        self.links = {k: c["link"] for k, c in (self.state.get("cards") or {}).items() if c.get("link")}
         return False
 
 
@@ -302,7 +321,9 @@ def concurrency(port: int, n: int, tokens: int = 400) -> dict:
             "total_tps": round(generated / wall, 1),
             "per_request_tps": round(sum(per_request) / len(per_request), 1),
             "joules": round(power.joules, 1), "joules_per_token": round(power.joules / generated, 3) if generated else None,
-            "power_samples": len(power.samples)}
+            "power_samples": len(power.samples), "loaded_samples": power.loaded,
+            "link_gens_under_load": sorted(f"Gen{g:.0f} of Gen{m:.0f}" for g, m in power.gens if g is not None and m is not None),
+            "downtrained_under_load": power.links}
 
 
 def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None) -> dict:
@@ -373,20 +394,28 @@ def cmd_bench(args) -> None:
             check_tps = sum(r["total_tps"] for r in mine) / REPEATS
             bench_tps = sum(r["total_tps"] for r in theirs) / REPEATS
             jpt = [r["joules_per_token"] for r in mine if r["joules_per_token"] is not None]
+            links = sorted({g for r in mine for g in r["link_gens_under_load"]})
+            slow = {k: v for r in mine for k, v in r["downtrained_under_load"].items()}
             rows.append({"concurrent": n, "check_total_tps": round(check_tps, 1), "bench_total_tps": round(bench_tps, 1),
                          "joules_per_token": round(sum(jpt) / len(jpt), 3) if jpt else None,
                          "check_per_request_tps": round(sum(r["per_request_tps"] for r in mine) / REPEATS, 1),
                          "bench_per_request_tps": round(sum(r["per_request_tps"] for r in theirs) / REPEATS, 1),
-                         "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs)})
+                         "ratio": round(bench_tps / check_tps, 4), "failed": sum(r["failed"] for r in theirs),
+                         "loaded_samples": sum(r["loaded_samples"] for r in mine), "link_under_load": links,
+                         "downtrained_under_load": slow})
             print(f"{n} concurrent: {rows[-1]}", flush=True)
         return rows
 
     result = serve_and_measure("rigup (roles/llama_server)", role_argv(bindir, model, build), RECIPE["port"],
                                args.out / "bench-server.log", measure=both)
     lines = ["| concurrent | check.py total tok/s | J/token | throughput.py total tok/s | ratio | check.py per request | "
-             "throughput.py per request |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "throughput.py per request | PCIe link under load (busy samples; the guard's verdict) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['concurrent']} | {r['check_total_tps']} | {r['joules_per_token']} | {r['bench_total_tps']} | "
-              f"{r['ratio']:.3f} | {r['check_per_request_tps']} | {r['bench_per_request_tps']} |" for r in result["runs"]]
+              f"{r['ratio']:.3f} | {r['check_per_request_tps']} | {r['bench_per_request_tps']} | "
+              f"{', '.join(r['link_under_load']) or '-'} ({r['loaded_samples']}; "
+              f"{'DOWNTRAINED ' + str(r['downtrained_under_load']) if r['downtrained_under_load'] else 'not downtrained'}) |"
+              for r in result["runs"]]
     (args.out / "bench-compare.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench-compare.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -501,7 +501,7 @@ def sim(args):
         raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
     ids, changes, hang, rest = None, {}, None, list(args[1:])
     keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int),
-            "--pcie-width": ("pcie_width", int), "--pcie-gen": ("pcie_gen", int)}
+            "--pcie-width": ("pcie_width", int), "--pcie-gen": ("pcie_gen", int), "--util": ("utilization", int)}
     while rest:
         a = rest.pop(0)
         if a in ("-i", "--id") and rest:

@@ -265,6 +265,29 @@ def test_repeated_memory_faults_make_a_card_suspect_and_stop_its_instance_until_
     assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")
 
 
+def test_a_link_below_its_generation_under_load_is_flagged_and_an_idle_one_is_not(lab, host):
+    """Cards drop their link generation at idle: GPU 7 at Gen1 idle is not flagged; GPU 6 at Gen3 of
+    Gen4 while 95% busy is, in the guard's journal, its status, its metrics file and status.py."""
+    from tests.converge import pyinfra
+
+    since = time.time()
+    on_host(lab, host, "rigup-gpu-sim set -i 6 --pcie-gen 3 --util 95 && rigup-gpu-sim set -i 7 --pcie-gen 1 --util 0")
+    try:
+        assert wait_for(lambda: "PCIe Gen3 of Gen4 under load" in lab.ssh(host, f"{GUARD} status").stdout)
+        took = time.time() - since
+        said = next(t for t in guard_journal(lab, host, since - 1).splitlines() if "under load" in t)
+        metrics = on_host(lab, host, "cat /var/lib/prometheus/node-exporter/rigup_gpu.prom 2>/dev/null || true")
+        table = pyinfra("inventory/lab.py", "status.py", "--limit", host, timeout=120).output
+        row = next((ln for ln in table.splitlines() if ln.startswith("  GPU 6 ")), table)
+        print(f"\nGPU 6 at Gen3 of Gen4, 95% busy: flagged {took:.1f} s after; {said}\n{row}")
+        assert "GPU 6 (" in said and "PCIe link at Gen3 of Gen4 under load (95% busy)" in said
+        assert "Gen3 of Gen4 under load DOWNTRAINED" in row
+        assert not any(ln.startswith("  GPU 7 ") for ln in table.splitlines())        # idle at Gen1: nothing
+        assert "rigup_gpu_pcie_gen_under_load" not in metrics or 'gpu="6",max="4"} 3' in metrics
+    finally:
+        on_host(lab, host, "rigup-gpu-sim set -i 6,7 --pcie-gen 4 --util 0")
+
+
 def test_an_xid_79_trips_at_once_reboots_when_opted_in_and_comes_back_serving(lab, host):
     play(host, *FAST, *data(gpu_guard_xid_reboot=True))
     pin_instances(lab, host)

@@ -9,6 +9,7 @@ monitoring group, gets a TCP reset on the monitoring host's node exporter, relay
 and a restart, and after a reboot; turned off or back on loopback the tables go; a configuration
 promtool rejects never goes live; a second converge changes nothing."""
 
+import json
 import time
 
 import pytest
@@ -81,6 +82,17 @@ def test_prometheus_has_every_card_and_the_token_counters(lab, hosts):
     print("rigup:host_joules_per_token (the cards' draw over the tokens generated per second): "
           + ", ".join(f"{e['metric']['host']} {float(e['value'][1]):,.0f} J" for e in energy or []))
     assert energy and all(float(e["value"][1]) > 0 for e in energy)
+    # status.py reads the figure from the monitoring host's Prometheus, into every host's row
+    from tests.converge import pyinfra
+    table = pyinfra(INVENTORY, "status.py", *FAST, timeout=120).output
+    out = pyinfra(INVENTORY, "status.py", *FAST, "--data", "status_format=json", timeout=120).output
+    start = out.index('{\n "hosts"')
+    rows = json.loads(out[start:out.index("\n}\n", start) + 2])["hosts"]
+    shown = {r["host"]: r.get("joules_per_token") for r in rows}
+    print(f"status.py:\n{table}\njoules per token in status.py's rows: {shown}")
+    assert {e["metric"]["host"] for e in energy} <= {h for h, j in shown.items() if j and j > 0}
+    assert all("J/tok" in ln for ln in table.splitlines() if ln.split() and ln.split()[0] in
+               {e["metric"]["host"] for e in energy})
     on_host(lab, other, "rigup-gpu-sim set -i 0 --draw 60 --temp 35")
 
 

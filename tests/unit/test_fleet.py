@@ -327,3 +327,24 @@ def test_a_card_off_the_bus_is_named_as_the_guard_last_saw_it():
     assert xid["0000:47:00"] == {"counts": {"bus": 1}, "suspect": False, "since": None, "index": 2}
     row = {"cards": [], "lost_cards": ["0000:47:00"], "guard": {"xid": xid}}
     assert fleet.attention_cards(row)[0]["name"] == "GPU 2" and "index" not in xid.get("0000:07:00", {})
+
+
+def test_joules_per_token_from_prometheus_reaches_the_host_row_and_fits():
+    """A monitoring host's answer to rigup:host_joules_per_token: each host's figure, what is not a
+    finite positive number left out, nothing on an error or a refused connection; a generating
+    host's power cell gains ``0.44J/tok`` and its row still fits 120 columns."""
+    answer = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"host": "lab11"}, "value": [1764660000.0, "0.4412"]},
+        {"metric": {"host": "lab12"}, "value": [1764660000.0, "+Inf"]},
+        {"metric": {"host": "lab13"}, "value": [1764660000.0, "NaN"]},
+        {"metric": {}, "value": [1764660000.0, "1"]}, "junk"]}}
+    assert fleet.parse_energy([json.dumps(answer)]) == {"lab11": 0.4412}
+    assert fleet.parse_energy([]) == {} and fleet.parse_energy(["<html>"]) == {}
+    assert fleet.parse_energy([json.dumps({"status": "error", "error": "x"})]) == {}
+    assert "rigup:host_joules_per_token" in fleet.energy_section("http://127.0.0.1:9090")
+    row = _lab_fleet()[0]
+    row["joules_per_token"] = 0.441
+    assert fleet.power_cell(row) == "499/3200W 39C 0.44J/tok"
+    line = fleet.render_table([row]).splitlines()[1]
+    print(line, len(line))
+    assert len(line) <= 120

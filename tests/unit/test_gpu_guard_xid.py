@@ -119,3 +119,32 @@ def test_the_first_read_of_this_boots_log_counts_its_lines_and_acts_on_none():
                         lambda verb, u: acted.append(verb) or "", judge=False)
     assert trip is None and acted == [] and state["cards"]["0000:07:00"]["counts"] == {"bus": 1}
     assert state["events"][-1]["done"] == "counted (before the guard's first check: not acted on)"
+
+
+def test_a_link_below_its_maximum_generation_counts_only_under_load(capsys):
+    """Cards idle at Gen1: a card's generation is judged only while it is at least LOADED_PERCENT busy.
+    Below its maximum then, it is kept in the state (this boot's), logged once and exported; a
+    loaded sample at its maximum takes it away; status.py shows it as DOWNTRAINED."""
+    from rigup import fleet
+
+    line = ("{i}, GPU-{i}, 00000000:{b}:00.0, 0x20B210DE, 61.0, 400.0, 39, 10, 1410, {u}, {g}, 16, 4, 16")
+    cards, lost = guard.parse_sample([line.format(i=0, b="07", u=3, g=1), line.format(i=1, b="0F", u=97, g=3),
+                                      line.format(i=2, b="47", u=95, g=4)])
+    assert not lost and cards[1]["pcie.link.gen.max"] == 4.0 and cards[1]["pcie.link.width.max"] == 16.0
+    state: dict = {}
+    guard.links_under_load(state, cards, 1764660000.0)
+    guard.links_under_load(state, cards, 1764660010.0)                  # the same: logged once
+    assert set(state["cards"]) == {"0000:0f:00"}                        # GPU 0 idles at Gen1: not judged
+    assert state["cards"]["0000:0f:00"]["link"]["gen"] == 3 and state["cards"]["0000:0f:00"]["recent"] == []
+    assert capsys.readouterr().out.count("PCIe link at Gen3 of Gen4 under load (97% busy)") == 1
+    metrics = "\n".join(guard.xid_metrics(state, cards))
+    print(metrics)
+    assert 'rigup_gpu_pcie_gen_under_load{bus="0000:0f:00",gpu="1",max="4"} 3' in metrics
+    shown = fleet.xid_cards(state)
+    assert shown["0000:0f:00"]["slow_link"] == "Gen3 of Gen4 under load"
+    problems = fleet.card_problems({"draw_w": 61, "temp_c": 39, "link": {"downtrained": True, "why": "x4 of x16"}},
+                                   shown["0000:0f:00"])
+    assert problems == [("DOWNTRAINED", "x4 of x16, Gen3 of Gen4 under load DOWNTRAINED")]
+    back, _ = guard.parse_sample([line.format(i=1, b="0F", u=90, g=4)])
+    guard.links_under_load(state, back, 1764660020.0)
+    assert "link" not in state["cards"]["0000:0f:00"] and "back at Gen4" in capsys.readouterr().out
