@@ -4,13 +4,15 @@
 
 A host that preflight refuses runs no role: nothing on it is read beyond preflight's facts, and
 nothing changes. A host another controller converges is refused, naming it (rigup/lock.py).
+A role found converged registers no operation (rigup/probe.py): a no-op converge of a host logs
+one line for it.
 """
 
 from pyinfra import host
 
-from rigup import lock, summary
+from rigup import lock, probe, summary
 from rigup.config import check_host
-from roles import in_order, preflight, steps
+from roles import STEPS, in_order, preflight, steps
 
 summary.track(host.state)
 check_host(host)
@@ -18,8 +20,7 @@ roles = in_order()
 refused = lock.hold(host)
 plan = preflight.run(roles, [refused] if refused else [])
 if host not in host.state.failed_hosts:
-    # pyinfra knows an operation across hosts by the line numbers of its call stack: without the
-    # step's index (host.loop), two roles' operations on the same line of their own files would be
-    # one operation, and hosts running different roles an ordering cycle
-    for step in host.loop(steps()):
-        step(plan)
+    # Each role's operation calls are recorded and checked against the host's state first: the
+    # roles found converged register no operation; from the first role with a change on, every
+    # call is handed to pyinfra, each ordered by its step and its own lines (rigup/probe.py)
+    probe.converge(steps(), plan, list(STEPS))

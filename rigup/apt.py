@@ -13,7 +13,7 @@ and /proc/locks see fcntl locks differently across filesystems and containers).
 import shlex
 
 from pyinfra import host
-from pyinfra.api import operation
+from rigup.probe import operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt

@@ -14,7 +14,8 @@ import shlex
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
+from rigup.probe import operation
 from pyinfra.operations import files
 
 from rigup.state import read_once, reading

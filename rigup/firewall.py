@@ -18,7 +18,8 @@ import ipaddress
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
+from rigup.probe import operation
 
 from rigup.secrets import written
 from rigup.state import read_once, reading

@@ -11,7 +11,8 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import StringCommand
+from rigup.probe import operation
 
 from rigup.files import FileStates
 from rigup.state import read_once, reading

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
+from rigup.probe import operation
 
 from rigup.state import read_once, reading
 

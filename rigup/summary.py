@@ -21,6 +21,7 @@ _PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
 _heard: dict[str, list[str]] = {}
 _refused: dict[str, list[str]] = {}
 _notes: dict[str, list[str]] = {}
+_quiet: dict[str, str] = {}    # host -> its converged roles, when they registered no operation (rigup/probe.py)
 _state: list = []
 
 
@@ -50,6 +51,12 @@ def track(state) -> None:
 def refused(host_name: str, reasons: list[str]) -> None:
     """Preflight refused ``host_name`` for ``reasons``."""
     _refused[host_name] = reasons
+
+
+def converged_without_operations(host_name: str, text: str) -> None:
+    """Every role of ``host_name`` was found converged and registered no operation (rigup/probe.py):
+    ``text`` says how many were checked."""
+    _quiet[host_name] = text
 
 
 def note(host_name: str, text: str) -> None:
@@ -91,6 +98,8 @@ def _outcome(state, host) -> str:
             changed += 1
     if failed or host in state.failed_hosts:
         return f"[{name}] failed at {failed or 'a fact or the deploy code'}: {_last(name)}"
+    if name in _quiet and not changed:
+        return f"[{name}] unchanged ({_quiet[name]})"
     return f"[{name}] converged ({changed} changed)" if changed else f"[{name}] unchanged"
 
 
@@ -100,7 +109,8 @@ def report() -> None:
     if state is None:
         return
     hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
-    executed = any(d.operation_meta.is_complete() for h in hosts for d in state.ops.get(h, {}).values())
+    executed = any(d.operation_meta.is_complete() for h in hosts for d in state.ops.get(h, {}).values()) or \
+        any(h.name in _quiet for h in hosts)
     if not executed and not state.failed_hosts:
         return
     click.echo("--> rigup: what happened to each host", err=True)

@@ -36,8 +36,11 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, StringCommand, deploy, operation
-from pyinfra.operations import apt, python
+from pyinfra.api import OperationError, StringCommand, deploy
+from rigup.probe import operation
+from pyinfra.operations import apt
+
+from rigup.probe import python
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
 from rigup.config import role_defaults

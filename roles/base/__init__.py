@@ -17,8 +17,9 @@ rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_ca
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
-from pyinfra.operations import systemd
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy
+from rigup.probe import operation
+from rigup.probe import systemd
 
 from rigup import apt, files
 from rigup.state import read_once, reading

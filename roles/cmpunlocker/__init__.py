@@ -39,7 +39,8 @@ import shlex
 
 import click
 from pyinfra import host
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy
+from rigup.probe import operation
 from pyinfra.operations import files
 
 from rigup.gpu.plan import unlock_wait

@@ -18,7 +18,8 @@ Variables (roles/cuda_toolkit/defaults.yml): cuda_source, cuda_version.
 import shlex
 
 from pyinfra import host
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy
+from rigup.probe import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 

@@ -50,9 +50,10 @@ from pathlib import Path
 
 import yaml
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
+from rigup.probe import operation
 from pyinfra.facts.files import File
-from pyinfra.operations import systemd
+from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files, services

@@ -28,7 +28,7 @@ from __future__ import annotations
 import click
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
+from rigup.probe import systemd
 
 from rigup import files, services
 from rigup.config import role_defaults

@@ -6,7 +6,8 @@ import shlex
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import OperationError, operation
+from pyinfra.api import OperationError
+from rigup.probe import operation
 from pyinfra.operations import files
 
 from rigup.state import read_once, reading

@@ -38,7 +38,7 @@ import json
 import click
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, python
+from rigup.probe import files, python
 
 from rigup import apt, progress
 from rigup.files import directory

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand
+from rigup.probe import operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files
 

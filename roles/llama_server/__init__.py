@@ -51,8 +51,9 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host
-from pyinfra.api import OperationError, deploy, operation
-from pyinfra.operations import python
+from pyinfra.api import OperationError, deploy
+from rigup.probe import operation
+from rigup.probe import python
 
 from rigup.config import role_defaults
 from rigup.files import managed

@@ -55,8 +55,9 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.operations import systemd
+from pyinfra.api import deploy
+from rigup.probe import operation
+from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import apt, files, firewall, services

@@ -71,8 +71,11 @@ from pathlib import Path
 
 import click
 from pyinfra import host
-from pyinfra.api import OperationError, StringCommand, deploy, operation
-from pyinfra.operations import files, python, systemd
+from pyinfra.api import OperationError, StringCommand, deploy
+from rigup.probe import operation
+from pyinfra.operations import files
+
+from rigup.probe import python, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files as managed

@@ -22,7 +22,8 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import FactBase, deploy
+from rigup.probe import operation
 
 from rigup import apt, firewall
 from rigup.config import role_defaults

@@ -92,8 +92,11 @@ from io import StringIO
 
 import click
 from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.operations import files, python
+from pyinfra.api import deploy
+from rigup.probe import operation
+from pyinfra.operations import files
+
+from rigup.probe import python
 
 from rigup import apt, firewall, progress, summary
 from rigup.config import ConfigError, role_defaults

@@ -30,7 +30,8 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
+from rigup.probe import operation
 
 from rigup import firewall
 from rigup.rpc import address

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
+from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files, services

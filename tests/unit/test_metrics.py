@@ -73,7 +73,7 @@ def test_refusals_and_ports():
 
 
 def test_the_guard_metrics_file_labels_each_card():
-    cards, lost = parse_sample(["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 61.50, 400.00, 40, 1024, 1410, 45, 4, 16",
+    cards, lost = parse_sample(["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 61.50, 400.00, 40, 1024, 1410, 45, 4, 16, 4, 16",
                                 "Unable to determine the device handle for GPU 0000:0A:00.0: Unknown Error"], 15)
     config = {"by_pci_id": {"10de:20b2": {"class": "a100"}}, "interval_s": 10}
     text = metrics_text(cards, lost, False, config, 1796030000.125)
