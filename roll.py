@@ -102,23 +102,6 @@ def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: l
     return None
 
 
-def limiter(inventory):
-    """A function: hosts -> the --limit arguments that pick them and no other host, or why none do."""
-    groups = {name: [h.name for h in hosts] for name, hosts in inventory.groups.items()}
-    names = [h.name for h in inventory]
-
-    def limit(hosts: list[str]) -> list[str] | str:
-        try:
-            patterns = [roll.limit_pattern(n) for n in hosts]
-        except ValueError as e:
-            return str(e)
-        picked = roll.limited(patterns, groups, names)
-        if picked != set(hosts):
-            return f"pyinfra's --limit {' '.join(patterns)} would pick {', '.join(sorted(picked)) or 'no host'}"
-        return [a for p in patterns for a in ("--limit", p)]
-    return limit
-
-
 def play_of(args: list[str]) -> tuple[str, list[str]]:
     """The play each batch runs (``--play FILE``, e.g. tune.py; deploy.py by default) and the
     other arguments."""
@@ -141,7 +124,7 @@ def main(argv: list[str]) -> int:
     ctx_state.set(State())   # the inventory file is read as pyinfra's CLI reads it
     inv = make_inventory(inventory, override_data=overrides(args), cwd=str(ROOT))
     data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()} for h in inv}
-    limit = limiter(inv)
+    limit = roll.limiter(inv)
     dry = "--dry" in args
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}

@@ -495,9 +495,11 @@ def render_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render_json(rows: list[dict]) -> str:
-    """``{"hosts": [row, ...]}`` sorted by host name."""
-    return json.dumps({"hosts": sorted(rows, key=lambda r: r["host"])}, indent=1, sort_keys=True)
+def render_json(rows: list[dict], energy: dict[str, float] | None = None) -> str:
+    """``{"hosts": [row, ...]}`` sorted by host name, and ``"joules_per_token"`` ({host: J},
+    as a monitoring host's Prometheus had them: shards.py hands them to the other shards' rows)."""
+    doc = {"hosts": sorted(rows, key=lambda r: r["host"]), **({"joules_per_token": energy} if energy else {})}
+    return json.dumps(doc, indent=1, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -537,6 +539,6 @@ def report() -> None:
         if row.get("reachable"):
             row["joules_per_token"] = round(_energy[name], 3) if name in _energy else None
     if _run.get("fmt") == "json":
-        click.echo(render_json(list(rows.values())))
+        click.echo(render_json(list(rows.values()), _energy))
     else:
         click.echo(render_table(list(rows.values())))

@@ -56,6 +56,24 @@ def limited(patterns: list[str], groups: dict[str, list[str]], names: list[str])
     return found
 
 
+def limiter(inventory):
+    """A function: hosts -> the --limit arguments that pick them and no other host of ``inventory``
+    (pyinfra's), or why none do."""
+    groups = {name: [h.name for h in hosts] for name, hosts in inventory.groups.items()}
+    names = [h.name for h in inventory]
+
+    def limit(hosts: list[str]) -> list[str] | str:
+        try:
+            patterns = [limit_pattern(n) for n in hosts]
+        except ValueError as e:
+            return str(e)
+        picked = limited(patterns, groups, names)
+        if picked != set(hosts):
+            return f"pyinfra's --limit {' '.join(patterns)} would pick {', '.join(sorted(picked)) or 'no host'}"
+        return [a for p in patterns for a in ("--limit", p)]
+    return limit
+
+
 def serving_hosts(hosts: dict[str, dict]) -> list[str]:
     """The hosts that roll (``hosts``: name -> data, inventory order): those serving an instance,
     gateways and hosts in maintenance (rigup_maintenance) excepted."""

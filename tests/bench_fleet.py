@@ -40,6 +40,9 @@ LINKED_BYTES = 1 << 20
 # Operations a seeded host's first converge must find done (packages, the build, the download).
 SEEDED_WORK = ("Install base packages", "Install build tools", "Build llama.cpp", "Fetch model")
 GOALS = {8: 1.3, 32: 2.0}  # wall time of a no-op converge against 1 host (issue 16)
+# The controller's CPU seconds per added host (issue 29): a no-op converge, status.py
+SLOPE_GOALS = {"converge": 0.05, "status": 0.02}
+PROJECTED = (100, 1000)
 
 
 @dataclass
@@ -63,12 +66,14 @@ def hosts_cpu_s() -> float:
     return 0.0
 
 
-def timed(*args: str, env: dict | None = None, cwd: Path = ROOT) -> Sample:
-    """Run ``pyinfra -y ARGS`` from the project root (or ``cwd``, another tree's); its own rusage
-    comes from wait4."""
+def timed(*args: str, env: dict | None = None, cwd: Path = ROOT, shards: int = 0) -> Sample:
+    """Run ``pyinfra -y ARGS`` from the project root (or ``cwd``, another tree's), or with
+    ``shards`` ``shards.py -j SHARDS ARGS``; its own rusage (and its waited children's: the
+    shards' pyinfra processes) comes from wait4."""
+    command = [str(Path(PYINFRA).with_name("python")), "shards.py", "-j", str(shards)] if shards else [PYINFRA, "-y"]
     with tempfile.TemporaryFile() as out:
         hosts_before, start = hosts_cpu_s(), time.monotonic()
-        proc = subprocess.Popen([PYINFRA, "-y", *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([*command, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         _, status, usage = os.wait4(proc.pid, 0)
         wall, hosts_cpu = time.monotonic() - start, hosts_cpu_s() - hosts_before
@@ -151,19 +156,25 @@ def tree_at(ref: str | None):
         subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
 
 
-def measure(sizes: list[int], rounds: int, against: str | None = None) -> dict:
+def measure(sizes: list[int], rounds: int, against: str | None = None, shards: int = 0) -> dict:
     """Alternating rounds over the sizes: a no-op converge and status.py each (and a no-op
-    converge by the tree at commit ``against``); every sample."""
+    converge by the tree at commit ``against``; both plays again through shards.py with
+    ``shards`` processes); every sample."""
     with tree_at(against) as other:
-        plays = {"converge": ("deploy.py", ROOT), **({f"converge at {against}": ("deploy.py", other)} if other else {}),
-                 "status": ("status.py", ROOT)}
+        plays = {"converge": ("deploy.py", ROOT, 0),
+                 **({f"converge at {against}": ("deploy.py", other, 0)} if other else {}),
+                 "status": ("status.py", ROOT, 0),
+                 **({f"converge, {shards} shards": ("deploy.py", ROOT, shards),
+                     f"status, {shards} shards": ("status.py", ROOT, shards)} if shards else {})}
         samples = {size: {play: [] for play in plays} for size in sizes}
         for r in range(rounds):
             for size in sizes:
-                for play, (file, cwd) in plays.items():
-                    sample = timed("inventory/lab.py", file, *limit(names(size)), cwd=cwd)
-                    if file == "deploy.py":
+                for play, (file, cwd, n) in plays.items():
+                    sample = timed("inventory/lab.py", file, *limit(names(size)), cwd=cwd, shards=n)
+                    if file == "deploy.py" and not n:
                         assert sample.run.totals["changed"] == 0, (size, play, sample.run.changed_operations())
+                    if file == "deploy.py" and n:   # shards.py: every host's line says unchanged
+                        assert sample.run.output.count("] unchanged") == size, sample.run.output[-3000:]
                     samples[size][play].append(sample)
                 print(f"round {r + 1}, {size:2} hosts: " + "; ".join(
                     f"{play} {s[-1].wall:.2f} s (controller {s[-1].cpu:.2f} CPU s, {s[-1].rss_mib:.0f} MiB; "
@@ -225,8 +236,43 @@ def markdown(result: dict) -> str:
         *([f"No-op converge of this tree against {result['against']['ref']} (median wall, same hosts, "
            "alternating): " + ", ".join(f"{n} hosts {r:.2f}x" for n, r in result["against"]["ratios"].items()), ""]
           if "against" in result else []),
-        *bounds_lines(result), "First converges: " + json.dumps(result["first"]), ""]
+        *slope_lines(result), *bounds_lines(result), "First converges: " + json.dumps(result["first"]), ""]
     return "\n".join(lines)
+
+
+def slopes(result: dict) -> dict:
+    """Per play: the controller's CPU seconds per added host (the least-squares slope of the median
+    CPU seconds over the sizes), its intercept, and from them a projection for :data:`PROJECTED`
+    hosts (a projection: the lab measures at most the largest size)."""
+    sizes = sorted(result["sizes"])
+    out = {}
+    for play in result["sizes"][sizes[0]]:
+        ys = [result["sizes"][n][play]["cpu_s_median"] for n in sizes]
+        mean_x, mean_y = statistics.mean(sizes), statistics.mean(ys)
+        var = sum((x - mean_x) ** 2 for x in sizes)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, ys)) / var if var else 0.0
+        base = mean_y - slope * mean_x
+        out[play] = {"cpu_s_per_host": round(slope, 4), "cpu_s_at_0": round(base, 2),
+                     "projected_cpu_s": {n: round(base + slope * n, 1) for n in PROJECTED}}
+    return out
+
+
+def slope_lines(result: dict) -> list[str]:
+    """:func:`slopes` and the issue's goals, as a paragraph."""
+    sl, sizes = result["slopes"], result["sizes"]
+    lines = ["The controller's CPU per added host (least-squares slope over "
+             f"{', '.join(map(str, sorted(sizes)))} hosts) and, from it, a PROJECTION (not measured) for "
+             f"{' and '.join(map(str, PROJECTED))} hosts: " + "; ".join(
+                 f"{play} {v['cpu_s_per_host']:.3f} s/host ({', '.join(f'{n} hosts ~{c:.0f} s' for n, c in v['projected_cpu_s'].items())})"
+                 for play, v in sl.items()), ""]
+    goals = [f"{play} <= {g} s/host: {sl[play]['cpu_s_per_host']:.3f} ({'met' if sl[play]['cpu_s_per_host'] <= g else 'NOT met'})"
+             for play, g in SLOPE_GOALS.items() if play in sl]
+    big, small = max(sizes), min(sizes)
+    if big != small:
+        cpu, wall = sizes[big]["converge"]["cpu_s_median"], sizes[small]["converge"]["median_s"]
+        goals.append(f"{big} hosts' controller CPU <= 2x {small} host's wall: {cpu:.2f} s vs 2 x {wall:.2f} s "
+                     f"({'met' if cpu <= 2 * wall else 'NOT met'})")
+    return lines + ["Goals (issue 29): " + "; ".join(goals), ""]
 
 
 def bounds(result: dict) -> dict:
@@ -259,6 +305,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", default="fleet", help="results file name after the date")
     parser.add_argument("--keep", action="store_true", help="leave the lab running (default: down)")
     parser.add_argument("--against", help="also time the no-op converge of this commit's tree, alternating")
+    parser.add_argument("--shards", type=int, default=0, help="also time both plays through shards.py -j N")
     args = parser.parse_args(argv)
     try:
         args.size_list = sorted(int(s) for s in args.sizes.split(","))
@@ -301,12 +348,12 @@ def write(args, sizes: list[int]) -> None:
     first = first_converges(max(sizes))
     memory = memory_mib()
     idle = idle_hosts_cpu()
-    samples = measure(sizes, args.rounds, args.against)
+    samples = measure(sizes, args.rounds, args.against, args.shards)
     load_after = [round(x, 2) for x in os.getloadavg()]
     result = {
         "date": datetime.date.today().isoformat(), "commit": commit_id(),
         "command": f"python -m tests.bench_fleet --sizes {args.sizes} --rounds {args.rounds}"
-                   + (f" --against {args.against}" if args.against else ""),
+                   + (f" --against {args.against}" if args.against else "") + (f" --shards {args.shards}" if args.shards else ""),
         "what_ran": "deploy.py with group_vars/lab.yml (every role of the play; llama.cpp built for "
                     "the CPU, Gemma 3 270M served by llama-server on every host), a100 lab hosts; "
                     f"{args.rounds} alternating rounds, every no-op converge changed nothing",
@@ -315,6 +362,7 @@ def write(args, sizes: list[int]) -> None:
         "sizes": summary(samples),
     }
     result["bounds"] = bounds(result)
+    result["slopes"] = slopes(result)
     if args.against:
         result["against"] = {"ref": args.against, "ratios": {
             size: round(plays["converge"]["median_s"] / plays[f"converge at {args.against}"]["median_s"], 2)
