@@ -46,10 +46,15 @@ def test_fleet_arguments_summary_page_and_files(tmp_path):
               "first": {"first_converge_lab1_s": 50.0}, "sizes": sizes}
     result["bounds"] = bench_fleet.bounds(result)
     assert result["bounds"][8] == {"shared_cores": round((3.0 + 4.0) / 2 / 2.1, 2), "controller": round(3.0 / 2.1, 2)}
+    result["slopes"] = bench_fleet.slopes(result)
     page = bench_fleet.markdown(result)
     print("\n" + page)
     assert "| 8 | converge | 2.40 2.80 | 2.60 | 1.24x | 3.00 | 100 | 4.00 |" in page
     assert "8 hosts <= 1.3x: 1.24x (met)" in page
+    per_host = result["slopes"]["converge"]["cpu_s_per_host"]
+    assert per_host == round((3.0 - sizes[1]["converge"]["cpu_s_median"]) / 7, 4)
+    assert f"converge {per_host:.3f} s/host" in page and "PROJECTION (not measured)" in page
+    assert "converge <= 0.05 s/host" in page and "8 hosts' controller CPU <= 2x 1 host's wall" in page
     stem = bench_fleet.save(result, page, "fleet", tmp_path)
     assert stem.with_suffix(".md").read_text() == page
     assert json.loads(stem.with_suffix(".json").read_text())["sizes"]["8"]["converge"]["median_s"] == 2.6
