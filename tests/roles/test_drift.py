@@ -24,7 +24,8 @@ CASES = [
      f"f=$(find -L {MODEL_DIR} -name '*.gguf' | head -n 1); truncate -s -4096 \"$f\"",
      f"find -L {MODEL_DIR} -name '*.gguf' -exec sha256sum {{}} +"),
     ("llama_cpp", "the build link", "ln -sfn /tmp /opt/rigup/llama.cpp/current", "readlink /opt/rigup/llama.cpp/current"),
-    ("gpu_power", "GPU 0's power limit (gpu_power_watts: 300)", "nvidia-smi -i 0 -pl 150 >/dev/null",
+    ("gpu_power", "GPU 0's power limit (gpu_power_watts: 300)", # by UUID, as rigup sets it: test_gpu_power reads every setter nvidia-smi was called with
+     "nvidia-smi -i \"$(nvidia-smi -i 0 --query-gpu=uuid --format=csv,noheader)\" -pl 150 >/dev/null",
      "nvidia-smi -i 0 --query-gpu=power.limit --format=csv,noheader"),
     ("gpu_guard", "the guard's configuration", "echo ' ' >> /etc/rigup/gpu-guard.json",
      "sha256sum /etc/rigup/gpu-guard.json"),
