@@ -229,7 +229,7 @@ def converge(steps: list, plan, names: list[str]) -> None:
         summary.converged_without_operations(host.name, text)
         return
     what = next(c for c in recorded_steps[first] if c.planned.change).kwargs.get("name") or "an operation"
-    logger.info(f"{host.print_prefix}converged, no operation: {', '.join(names[:first]) or 'none'} ({checked} checked); "
-                f"from {names[first]} on, operations run ({what}: {why})")
+    done = f"nothing to do in {', '.join(names[:first])} ({checked} operations checked); " if first else ""
+    logger.info(f"{host.print_prefix}{done}operations run from {names[first]} on ({what}: {why})")
     for i in range(first, len(recorded_steps)):
         _register(i, recorded_steps[i])

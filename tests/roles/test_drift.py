@@ -55,7 +55,7 @@ def test_drift_on_each_role_is_found_and_fixed(lab, second_converge, role, what,
             converge("inventory/lab.py", "--limit", name)
     assert run.returncode == 0, run.output[-4000:]
     changed = run.changed_on(name)
-    skipped = re.search(rf"\[{name}\] converged, no operation: ([^(]*) \(.*", run.output)
+    skipped = re.search(rf"\[{name}\] nothing to do in ([^(]*) \(.*", run.output)
     print(f"\n{role}: {what} changed by hand; the next converge ({run.seconds:.1f} s) changed {changed}; "
           f"the probe: {skipped.group(0) if skipped else 'none'}")
     assert fixed == before, f"{what} was not brought back"
