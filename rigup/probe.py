@@ -29,8 +29,8 @@ How (deploy.py, :func:`converge`), for one host:
    it). Its ``Planned`` then answers with the operation's own ``did_change()``. Nothing is
    skipped after a change: a later role may read what an earlier one changes.
 
-A host whose roles are all converged logs one line and registers no operation; rigup.summary
-says ``unchanged (every role converged (...))``; otherwise the line names the roles found converged
+A host whose roles are all converged logs one line (``every role converged (...)``) and registers
+no operation; rigup.summary says ``unchanged`` for it; otherwise the line names the roles found converged
 and the first call that would change something, with its command (masked as pyinfra masks it). Outside :func:`converge` (the other
 plays, a role called on its own) every wrapper is pyinfra's operation, called at once.
 """

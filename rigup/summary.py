@@ -21,7 +21,7 @@ _PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
 _heard: dict[str, list[str]] = {}
 _refused: dict[str, list[str]] = {}
 _notes: dict[str, list[str]] = {}
-_quiet: dict[str, str] = {}    # host -> its converged roles, when they registered no operation (rigup/probe.py)
+_quiet: dict[str, str] = {}    # host -> its roles all converged, no operation registered (rigup/probe.py): a run that executed
 _state: list = []
 
 
@@ -98,8 +98,6 @@ def _outcome(state, host) -> str:
             changed += 1
     if failed or host in state.failed_hosts:
         return f"[{name}] failed at {failed or 'a fact or the deploy code'}: {_last(name)}"
-    if name in _quiet and not changed:
-        return f"[{name}] unchanged ({_quiet[name]})"
     return f"[{name}] converged ({changed} changed)" if changed else f"[{name}] unchanged"
 
 
