@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     if not names:
         raise SystemExit(f"shards.py: no host of {inventory} to run{' (--limit ' + ','.join(patterns) + ')' if patterns else ''}")
     status = Path(play).name == "status.py"
-    wants_json = any(a in ("status_format=json",) for a in args)
+    wants_json = "status_format=json" in args
     if status and not wants_json:
         args = [*args, "--data", "status_format=json"]
     shards = deal(names, jobs)

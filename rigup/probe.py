@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from pyinfra import host, logger
@@ -78,12 +78,12 @@ class Call:
     context: tuple                  # (in_deploy, deploy name, deploy kwargs, deploy data) when it was made
 
 
-@dataclass
-class _Recording:
-    calls: list[Call] = field(default_factory=list)
+_recording: dict[str, list[Call]] = {}     # host name -> the calls of the step being recorded
 
 
-_recording: dict[str, _Recording] = {}     # host name -> the step being recorded
+def _context() -> tuple:
+    """The host's deploy context now: (in_deploy, deploy name, deploy kwargs, deploy data)."""
+    return host.in_deploy, host.current_deploy_name, host.current_deploy_kwargs, host.current_deploy_data
 
 
 def _order() -> list[int]:
@@ -111,9 +111,7 @@ def recorded(op):
         if recording is None:
             return op(*args, **kwargs)
         planned = Planned()
-        recording.calls.append(Call(op, args, kwargs, planned, _order(),
-                                    (host.in_deploy, host.current_deploy_name, host.current_deploy_kwargs,
-                                     host.current_deploy_data)))
+        recording.append(Call(op, args, kwargs, planned, _order(), _context()))
         return planned
 
     return call
@@ -142,7 +140,7 @@ class _Context:
         self.context = context
 
     def __enter__(self):
-        self.saved = (host.in_deploy, host.current_deploy_name, host.current_deploy_kwargs, host.current_deploy_data)
+        self.saved = _context()
         host.in_deploy, host.current_deploy_name, host.current_deploy_kwargs, host.current_deploy_data = self.context
 
     def __exit__(self, *exc):
@@ -189,7 +187,7 @@ def _register(step_index: int, calls: list[Call]) -> None:
 def _record(step, plan) -> list[Call]:
     """``step(plan)`` with its operation calls recorded. An operation that bypassed the recording
     (a pyinfra operation called directly) would run before every recorded one: refused, naming it."""
-    _recording[host.name] = _Recording()
+    _recording[host.name] = []
     registered = len(host.op_hash_order)
     try:
         step(plan)
@@ -198,7 +196,7 @@ def _record(step, plan) -> list[Call]:
             raise PyinfraError(f"{getattr(step, '__module__', step)}: {', '.join(names)} bypassed rigup.probe: "
                                "declare rigup's operations with rigup.probe.operation and call pyinfra's "
                                "through rigup.probe (systemd, python, files)")
-        return _recording[host.name].calls
+        return _recording[host.name]
     finally:
         del _recording[host.name]
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import importlib.util
 import json
 import os
@@ -256,6 +257,7 @@ def chat(port: int, tokens: int) -> dict:
         return json.loads(response.read())
 
 
+@functools.cache
 def _guard():
     """roles/gpu_guard/guard.py, the guard as it runs on a host (standard library only), loaded by
     its path: roles/gpu_guard/__init__.py imports pyinfra, which this machine does not have."""
