@@ -564,6 +564,7 @@ def up(n, profile, first=1, init=True, seed=None):
             remove_host(h["name"])  # leftovers of a host that stopped or half-started
             create_host(h["name"], profile, seed)
         all_hosts = sorted(running + new, key=lambda h: int(h["name"][3:]))
+        inotify_room(len(all_hosts))
         publish(all_hosts)
         start = time.monotonic()
         for h in new:
@@ -573,6 +574,22 @@ def up(n, profile, first=1, init=True, seed=None):
                 print(f"{h['name']} {h['address']} {h['profile']}: {state} after "
                       f"{time.monotonic() - start:.1f} s", flush=True)
         return all_hosts
+
+
+# Each booted host's systemd, journald, logind and dbus take inotify instances of root's one
+# per-user quota: Debian's default of 128 runs out near 20 hosts ("Too many open files", units
+# failing with result 'resources'). LXD's production guide raises these for the same reason.
+INOTIFY_PER_HOST = {"max_user_instances": 32, "max_user_watches": 16384}
+
+
+def inotify_room(count):
+    """Raise the kernel's inotify limits (never lower them) to what ``count`` booted hosts need."""
+    for key, per_host in INOTIFY_PER_HOST.items():
+        path = Path("/proc/sys/fs/inotify") / key
+        wanted = 128 + per_host * count
+        if int(path.read_text()) < wanted:
+            path.write_text(f"{wanted}\n")
+            print(f"fs.inotify.{key} raised to {wanted} for {count} lab hosts", flush=True)
 
 
 def publish(all_hosts):
