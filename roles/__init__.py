@@ -1,22 +1,23 @@
 """rigup's roles, one package each; none imports another (shared code is in rigup/).
 
-:data:`ORDER` is the order of the roles (preflight runs their checks in it); :func:`in_order`
-imports them (only the plays do: a pure module such as roles/llama_server/command.py imports no
-other role). :data:`STEPS` is what deploy.py calls, in order: each role's ``apply``, and
+:data:`STEPS` is the play: what deploy.py calls, in order: each role's ``apply``, and
 model_fetch's ``waited`` after the build, so that the downloads (started early, in the
 background) and the build run at the same time, then llama_cpp's ``proven`` (the new build's smoke
-inference, with the served model when it is there by then, and the switch), and model_fetch's ``pruned`` last, once the serving roles
-restarted on a model's new revision.
+inference, with the served model when it is there by then, and the switch), and model_fetch's
+``pruned`` last, once the serving roles restarted on a model's new revision. Adding a role is one
+entry here (its ``apply``); :data:`ORDER`, the order preflight runs the roles' checks in and the
+docs list them, is the order in which the roles first run. :func:`in_order` imports them (only
+the plays do: a pure module such as roles/llama_server/command.py imports no other role).
 """
 
 from importlib import import_module
 from types import ModuleType
 
-ORDER = ("base", "model_fetch", "cuda_toolkit", "llama_cpp", "gpu_power", "gpu_guard", "cmpunlocker",
-         "rpc_worker", "llama_server", "vllm", "balancer", "metrics", "watchdog")
 STEPS = ("base.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
-         "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply", "llama_server.apply", "vllm.apply",
-         "balancer.apply", "metrics.apply", "watchdog.apply", "model_fetch.pruned")
+         "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply",
+         "llama_server.apply", "vllm.apply", "balancer.apply", "metrics.apply", "watchdog.apply",
+         "model_fetch.pruned")
+ORDER = tuple(dict.fromkeys(step.split(".")[0] for step in STEPS))
 
 
 def in_order() -> list[ModuleType]:

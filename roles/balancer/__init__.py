@@ -43,7 +43,7 @@ from pyinfra.operations import apt
 from rigup.probe import python
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
-from rigup.config import role_defaults
+from rigup.config import fleet_data, role_defaults
 from rigup.gate import endpoint
 from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
@@ -154,7 +154,7 @@ def apply(plan: dict):
     data = host.data.dict()
     gateway = []
     if data["balancer_gateway"]:
-        gateway = gateway_backends(host.name, {h.name: h.data.dict() for h in host.inventory},
+        gateway = gateway_backends(host.name, fleet_data(host),
                                    data["balancer_gateway_bind"], bool(data["fleet_api_key"]))
     drain = balancer_drain(data)
     done = balanced(name="HAProxy in front of replicas" + (" and the fleet (gateway)" if gateway else ""),

@@ -61,7 +61,7 @@ from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import apt, files, firewall, services
-from rigup.config import role_defaults
+from rigup.config import fleet_data, role_defaults
 from rigup.files import FileStates
 from rigup.names import TEXTFILE_DIR
 from rigup.secrets import written
@@ -162,7 +162,7 @@ def apply(plan: dict):
     data = host.data.dict()
     if not plan.get("systemd", True):
         return      # the Debian units need systemd (preflight refuses prometheus_enabled there)
-    fleet = [(h.name, h.data.dict()) for h in host.inventory]
+    fleet = list(fleet_data(host).items())
     # Each listener bound beyond loopback: its allow-list loaded before it starts (and by its unit at
     # every start); back on loopback, or off: the allow-list goes once the listener is gone from there.
     lists = [(data["metrics_enabled"] and allow.exposed(host.name, data, "metrics_address"), allow.METRICS_NFT,

@@ -80,7 +80,7 @@ from pyinfra.operations.util import any_changed
 
 from rigup import files as managed
 from rigup import services, summary
-from rigup.config import role_defaults, source_of
+from rigup.config import fleet_data, role_defaults, source_of
 from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
@@ -141,7 +141,7 @@ def _peer_address(name: str) -> str | None:
 
 def _requests_for_me() -> list[tuple[str, str]]:
     """(repo, revision) of the models other hosts of the inventory copy from this host."""
-    return requests_for(host.name, {other.name: other.data.dict() for other in host.inventory})
+    return requests_for(host.name, fleet_data(host))
 
 
 def specs(data: dict, models: dict) -> list[dict]:
@@ -313,8 +313,11 @@ def share_token(data: dict) -> str:
 
 
 def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
-    """(repo, revision) of the models the other hosts of ``fleet`` ({name: data}) copy from ``me``."""
+    """(repo, revision) of the models the other hosts of ``fleet`` ({name: data}) copy from ``me``.
+    Only a host whose raw entries name ``me`` has its models read in full: every host asks this
+    of every host."""
     return [(m["repo"], m["revision"]) for name, data in fleet.items() if name != me
+            and any(isinstance(raw, dict) and raw.get("fetch_from") == me for raw in (data.get("models") or {}).values())
             for m in _models(data).values() if m.get("fetch_from") == me]
 
 

@@ -26,7 +26,7 @@ import click
 from pyinfra import host
 
 from rigup import summary
-from rigup.config import source_of
+from rigup.config import fleet_data, source_of
 from rigup.gpu.facts import HardwareFacts, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
@@ -108,7 +108,7 @@ def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
     plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []))
     _plans[host.name] = plan
-    fleet = Fleet(host.name, {h.name: h.data.dict() for h in host.inventory}, plan_of)
+    fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs
     plan["smoke"] = [run for role in roles if hasattr(role, "smoke_runs") for run in role.smoke_runs(plan, data, fleet)]
     lines = format_plan(plan).splitlines()

@@ -26,7 +26,7 @@ from pyinfra.api import FactBase, deploy
 from rigup.probe import operation
 
 from rigup import apt, firewall
-from rigup.config import role_defaults
+from rigup.config import fleet_data, role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
 from rigup.state import read_once, reading
@@ -94,7 +94,7 @@ def apply(plan: dict):
     build_link = f"{data['llama_cpp_dir']}/current"
     if not plan.get("systemd", True):
         return      # preflight refuses a worker without systemd
-    fleet = {h.name: h.data.dict() for h in host.inventory}
+    fleet = fleet_data(host)
     heads = heads_of(host.name, fleet)
     if not heads:
         retired(name="rpc_worker: no instance names this host a worker", build_link=build_link)

@@ -99,7 +99,7 @@ from pyinfra.operations import files
 from rigup.probe import python
 
 from rigup import apt, firewall, progress, summary
-from rigup.config import ConfigError, role_defaults
+from rigup.config import ConfigError, fleet_data, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
@@ -296,7 +296,7 @@ def apply(plan: dict):
                 label=f"vllm install {the_pin['id']}", unit=INSTALL_UNIT, log=f"{pin_dir}/install.log",
                 done=installed_test(f"{pin_dir}/{cmd.STAMP}", stamp), systemd=True,
                 timeout=data["vllm_install_timeout"], _if=installing.did_change)
-    fleet = {h.name: h.data.dict() for h in host.inventory} if ray_role else {}
+    fleet = fleet_data(host) if ray_role else {}
     if ray_role:
         _ray_node(data, plan, fleet, f"{pin_dir}/venv", ray_script, paths)
     unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),

@@ -213,3 +213,18 @@ def test_cli_debug_inventory_shows_the_merge(project):
     out = result.stdout + result.stderr
     assert '"apt_lock_timeout": 42' in out
     assert '"rigup_user": "rigup"' in out
+
+
+def test_fleet_data_is_every_hosts_data_with_defaults_made_once_a_run():
+    from pyinfra.api import Config, State
+
+    inventory = Inventory((["h1", ("h2", {"prometheus_port": 9000})], {}))
+    state = State(inventory, Config())
+    h1, h2 = inventory.get_host("h1"), inventory.get_host("h2")
+    fleet = config.fleet_data(h1)
+    assert fleet is config.fleet_data(h2)            # one for the run, whichever host asks
+    assert list(fleet) == ["h1", "h2"]
+    assert fleet["h2"]["prometheus_port"] == 9000         # the host's own value over the default
+    assert fleet["h1"]["prometheus_port"] == config.declared()["prometheus_port"].default
+    assert config.fleet_data(State(inventory, Config()).inventory.get_host("h1")) is not fleet
+    del state
