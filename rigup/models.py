@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from typing import NotRequired, TypedDict
 
 from rigup.entries import Key, normalise, unknown_reference
-from rigup.gpu.catalogue import family_of, model_families
+from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
 
 
@@ -154,6 +155,7 @@ def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
     return []
 
 
+@lru_cache(maxsize=1024)
 def repo_id(repo: str) -> bool:
     """Whether ``repo`` is a hub repo id ``org/name``, as huggingface_hub validates one."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -168,7 +170,7 @@ def repo_id(repo: str) -> bool:
 def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     """The host's ``models``, normalised with their ``dest``, and (key path, problem) for each
     entry that is wrong; an entry with a problem is left out of the result."""
-    families = model_families()
+    families = family_keys()
     models_dir = str(data.get("models_dir") or "/srv/models").rstrip("/")  # "/" -> "": dest "/<name>"
     out: dict[str, ModelEntry] = {}
     problems: list[tuple[str, str]] = []

@@ -197,6 +197,11 @@ def model_families(path: Path = MODELS_FILE) -> dict[str, dict]:
     return copy.deepcopy(_families(str(path)))
 
 
+def family_keys(path: Path = MODELS_FILE) -> tuple[str, ...]:
+    """The model families' keys, in the catalogue's order (no copy: every model entry asks)."""
+    return tuple(_families(str(path)))
+
+
 def family_of(model: dict, path: Path = MODELS_FILE) -> dict | None:
     """The family of one entry of ``models``: its ``family`` key, or else the first family whose
     ``match`` strings occur in its ``repo`` (lowercase); None when neither names one."""

@@ -109,6 +109,12 @@ def guard_config(data: dict) -> dict:
     }
 
 
+@lru_cache(maxsize=None)
+def xid_catalogue() -> dict[str, dict]:
+    """rigup/gpu/xid.yml as the guard's file holds it ({"code": entry}), parsed once per run."""
+    return {str(code): entry for code, entry in sorted(xid.catalogue().items())}
+
+
 XID_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
 
 
@@ -116,7 +122,7 @@ def xid_config(data: dict) -> dict:
     """The guard's Xid triage: the catalogue (rigup/gpu/xid.yml), the journal match of the
     source, the suspect rule, the reboot policy and the state files (on disk: they outlive a reboot)."""
     state = str(data["rigup_state_dir"]).rstrip("/")
-    return {"catalogue": {str(code): entry for code, entry in sorted(xid.catalogue().items())},
+    return {"catalogue": xid_catalogue(),
             "match": XID_MATCH[data["gpu_guard_xid_source"]],
             "suspect_count": data["gpu_guard_xid_suspect_count"],
             "suspect_window_s": data["gpu_guard_xid_suspect_window_s"],

@@ -10,9 +10,9 @@ import re
 import shlex
 from pathlib import Path
 
-import jinja2
+from functools import lru_cache
 
-from rigup.templates import TEMPLATES
+from rigup.templates import render
 from rigup.gpu.plan import build_backend, nvcc_path
 
 
@@ -47,18 +47,22 @@ def cmake_options(plan: dict, data: dict) -> list[str]:
 def build_id(data: dict, options: list[str]) -> str:
     """``<ref>-<hash>``: the same source, ref, options and targets give the same id."""
     archive = data["llama_cpp_archive"]
-    source = hashlib.sha256(Path(archive).read_bytes()).hexdigest() if archive else data["llama_cpp_source"]
+    source = _archive_digest(archive, Path(archive).stat().st_mtime_ns) if archive else data["llama_cpp_source"]
     key = json.dumps([source, data["llama_cpp_ref"], options, data["llama_cpp_targets"]])
     ref = re.sub(r"[^A-Za-z0-9._-]", "_", data["llama_cpp_ref"])[:40]
     return f"{ref}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
+@lru_cache(maxsize=8)
+def _archive_digest(archive: str, mtime_ns: int) -> str:
+    """The archive's sha256, read once per run for every host (``mtime_ns``: a rewritten archive is read again)."""
+    return hashlib.sha256(Path(archive).read_bytes()).hexdigest()
+
+
 def render_build_script(data: dict, options: list[str], archive_on_host: str | None = None) -> str:
     """The build script for these inputs (also run alone by tests/gpu/check.sh)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    env.filters["quote"] = lambda v: shlex.quote(str(v))
-    return env.get_template("llama_cpp-build.sh.j2").render(
+    return render(
+        "llama_cpp-build.sh.j2",
         dir=data["llama_cpp_dir"],
         build_id=build_id(data, options),
         options_id=hashlib.sha256(json.dumps(options).encode()).hexdigest()[:10],
