@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 from pyinfra.api.exceptions import PyinfraError
 
-from rigup import playfile
+from rigup import playfile, yamlfile
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
@@ -254,7 +254,7 @@ def rel(path: Path) -> str:
 def load_yaml(path: Path) -> dict:
     """A YAML mapping from ``path``; a ConfigError naming the file and line otherwise."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlfile.safe_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""

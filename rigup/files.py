@@ -21,26 +21,47 @@ from pyinfra.operations import files
 from rigup.state import read_once, reading
 
 
+_KINDS = {"regular file": "f", "regular empty file": "f", "directory": "d", "symbolic link": "l"}
+
+
 def parse_file_states(paths: list[str], lines: list[str]) -> dict[str, dict | None]:
-    """One line per path: ``missing``, or ``USER GROUP MODE KIND SHA256`` (KIND f, d or l)."""
+    """:class:`FileStates`' output: ``USER GROUP MODE TYPE<tab>PATH`` per path that exists (stat's
+    own words for the type), then ``##sha``, then sha256sum's ``HASH  PATH`` per regular file. A
+    path missing, of another type (a socket), or a regular file without its hash is None."""
+    stats, sums, in_sums = {}, {}, False
+    for line in lines:
+        if line == "##sha":
+            in_sums = True
+        elif in_sums:
+            if len(line) > 66 and not line.startswith("\\"):   # an escaped name is not one of rigup's
+                sums[line[66:]] = line[:64]
+        elif "\t" in line:
+            head, _, path = line.partition("\t")
+            stats[path] = head
     out: dict[str, dict | None] = {}
-    for path, line in zip(paths, lines):
-        cols = line.split()
-        out[path] = None if len(cols) != 5 else dict(zip(("user", "group", "mode", "kind", "sha256"), cols))
+    for path in paths:
+        user, group, mode, kind = (stats.get(path, "").split(" ", 3) + ["", "", "", ""])[:4]
+        kind = _KINDS.get(kind)
+        sha = sums.get(path) if kind == "f" else "-"
+        out[path] = None if not kind or not sha else {"user": user, "group": group, "mode": mode, "kind": kind,
+                                                        "sha256": sha}
     return out
 
 
 class FileStates(FactBase):
     """``{path: {"user", "group", "mode", "kind", "sha256"} or None}`` for ``paths``, in one command
-    (mode in octal without leading zeros, as ``stat %a``; sha256 ``-`` for a directory)."""
+    (mode in octal without leading zeros, as ``stat %a``; sha256 ``-`` for a directory or a link).
+    One ``stat`` and one ``sha256sum`` for all the paths: a converge reads about 40 (a stat and a
+    hash forked per path cost the host about 0.1 s)."""
+
+    merge_by = "paths"   # rigup/state.py Batch: the reads of several roles in one command
 
     def command(self, paths: list[str]) -> str:
         self.paths = list(paths)
-        return ("for p in " + " ".join(shlex.quote(p) for p in paths) + "; do "
-                'if [ -L "$p" ]; then echo "$(stat -c "%U %G %a" "$p") l -"; '
-                'elif [ -d "$p" ]; then echo "$(stat -c "%U %G %a" "$p") d -"; '
-                'elif [ -f "$p" ]; then echo "$(stat -c "%U %G %a" "$p") f $(sha256sum "$p" | cut -c1-64)"; '
-                "else echo missing; fi; done")
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return ("set --; for p in " + quoted + '; do if [ -f "$p" ] && [ ! -L "$p" ]; then set -- "$@" "$p"; fi; done; '
+                "stat --printf '%U %G %a %F\\t%n\\n' -- " + quoted + " 2>/dev/null; echo '##sha'; "
+                '[ "$#" -eq 0 ] || sha256sum -- "$@" 2>/dev/null; true')
 
     def process(self, output: list[str]) -> dict:
         return parse_file_states(self.paths, output)

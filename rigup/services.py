@@ -21,6 +21,8 @@ class ServiceStates(FactBase):
     (``""``: no unit file), from one ``systemctl show`` (two calls per unit cost the host ten times
     as much); a unit systemd cannot show (no systemd) is left out."""
 
+    merge_by = "units"   # rigup/state.py Batch: the reads of several roles in one command
+
     def command(self, units: list[str]) -> str:
         self.units = list(units)
         if not units:

@@ -95,15 +95,33 @@ def read_once(fact, **kwargs):
 
 class Batch(FactBase):
     """``{i: value}`` for ``reads`` (``[(fact, kwargs), ...]``): each fact's own command, run one
-    after another in one shell, and its own ``process`` on its part of the output. A fact whose
+    after another in one shell, and its own ``process`` on its part of the output (the reads of a
+    fact with ``merge_by`` share one command: see :meth:`command`). A fact whose
     command fails (or whose required command is missing) is left out: the caller reads it alone,
     so that pyinfra reports it as it would."""
 
     def command(self, reads: list[tuple]) -> StringCommand:
         self.mark = f"##rigup-batch-{secrets.token_hex(6)}"
-        self.facts = []
-        parts: list = []
+        self.facts, self.members = [], []
+        merged: dict[tuple, int] = {}
+        groups: list[tuple] = []   # (fact class, kwargs), one command each
         for i, (fact_cls, kwargs) in enumerate(reads):
+            # reads of a fact with ``merge_by`` (its list argument; the value a dict keyed by its
+            # items, as FileStates and ServiceStates) are one command over the union of their lists
+            by = getattr(fact_cls, "merge_by", None)
+            key = (fact_cls, repr(sorted((k, v) for k, v in kwargs.items() if k != by))) if by else None
+            if key in merged:
+                g = merged[key]
+                groups[g][1][by] = list(dict.fromkeys([*groups[g][1][by], *kwargs[by]]))
+                self.members[g].append(i)
+                continue
+            if key:
+                merged[key] = len(groups)
+            groups.append((fact_cls, dict(kwargs)))
+            self.members.append([i])
+        self.reads = reads
+        parts: list = []
+        for g, (fact_cls, kwargs) in enumerate(groups):
             fact = fact_cls()
             self.facts.append(fact)
             command = fact.command(**kwargs) if callable(fact.command) else fact.command
@@ -112,8 +130,16 @@ class Batch(FactBase):
                 command = StringCommand("if command -v ", required, " >/dev/null 2>&1; then ( ", command,
                                         "\n); else false; fi", _separator="")
             # a line of its own after each command: it may end in a here-document's last line
-            parts += [f"echo '{self.mark} {i}'; ( ", command, f"\n); echo '{self.mark} rc' $?\n"]
+            parts += [f"echo '{self.mark} {g}'; ( ", command, f"\n); echo '{self.mark} rc' $?\n"]
         return StringCommand(*parts, "true", _separator="")
+
+    def _values(self, g: int, value) -> dict:
+        """``{i: value}`` for the reads of command ``g``: a merged read gets its own items only."""
+        members = self.members[g]
+        if len(members) == 1:
+            return {members[0]: value}
+        by = type(self.facts[g]).merge_by
+        return {i: {k: value[k] for k in self.reads[i][1][by] if k in value} for i in members}
 
     @staticmethod
     def default() -> dict:
@@ -130,7 +156,7 @@ class Batch(FactBase):
                 fact = self.facts[current]
                 if word[1:] == ["0"]:
                     try:
-                        values[current] = fact.process(lines) if lines else fact.default()
+                        values.update(self._values(current, fact.process(lines) if lines else fact.default()))
                     except Exception:  # noqa: BLE001 (read alone, pyinfra reports it)
                         pass
                 current, lines = None, []

@@ -36,6 +36,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from rigup import yamlfile
+
 ID = re.compile(r"[a-z0-9][a-z0-9-]*")
 URL = re.compile(r"https://[^\s\"'<>]+")
 REPORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.[A-Za-z0-9]+")
@@ -132,7 +134,7 @@ def load(path: str | Path, condition_keys: Iterable[str] | None = None) -> tuple
     entry (its position and id), for anything that is not as the module docstring says."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlfile.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: cannot be read as YAML: {e}") from e
     if isinstance(raw, dict) and list(raw) == ["traps"]:

@@ -20,7 +20,7 @@ import click
 import yaml
 from pyinfra.api import FactBase
 
-from rigup import bench
+from rigup import bench, yamlfile
 from rigup.config import ROOT
 from roles.llama_server.tuned import FLAG_KEYS
 
@@ -124,7 +124,7 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     """``<site or the repository>/host_vars/<host>.yml`` with ``entries`` merged into its
     ``llama_server_tuned`` (other keys of the file kept)."""
     path = Path(site or ROOT) / "host_vars" / f"{host}.yml"
-    doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+    doc = yamlfile.safe_load(path.read_text()) if path.exists() else {}
     doc = doc if isinstance(doc, dict) else {}
     doc["llama_server_tuned"] = {**(doc.get("llama_server_tuned") or {}), **entries}
     path.parent.mkdir(parents=True, exist_ok=True)

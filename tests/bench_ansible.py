@@ -41,7 +41,7 @@ from pathlib import Path
 
 from tests.bench.ansible import playbook
 from tests.conftest import assert_nothing_left
-from tests.bench_fleet import commit_id, hosts_cpu_s, idle_hosts_cpu, save
+from tests.bench_fleet import as_a_users_shell, commit_id, hosts_cpu_s, idle_hosts_cpu, save
 from tests.converge import ROOT, converge
 from tests.lab import hub, lab, models, sources
 
@@ -181,7 +181,7 @@ def markdown(result: dict) -> str:
              f"(tests/bench/ansible/playbook.py) copies {result['files']} files; llama.cpp build {result['build']}; "
              f"rigup ran {result['commands']} shell commands on lab1 in its no-op converge. Machine: "
              f"{result['cpus']} cores shared with the lab hosts (and with other work), load average "
-             f"{result['load_before']} before and {result['load_after']} after.", "",
+             f"{result['load_before']} before and {result['load_after']} after; {result.get('bytecode', '')}.", "",
              f"Goal: rigup's no-op converge at least {GOAL:g}x faster than {GOAL_TOOL}: " + ", ".join(
                  f"{n} host{'s' * (n > 1)} {goal[n]['x_rigup']:.2f}x "
                  f"({'met' if goal[n]['x_rigup'] >= GOAL else 'NOT met'})"
@@ -206,6 +206,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     samples: dict[str, dict[int, list[dict]]] = {}
     counts: dict[str, str] = {}
+    bytecode = as_a_users_shell()
     load_before = [round(x, 2) for x in os.getloadavg()]
     lab.down()
     try:
@@ -245,7 +246,7 @@ def main() -> None:
                           f"Python {platform.python_version()}",
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
               "first": {"lab1_s": round(first.seconds, 1), f"all_{HOSTS}_s": round(rest.seconds, 1)}, **made,
-              "idle_hosts_cpu_s_per_s": idle,
+              "idle_hosts_cpu_s_per_s": idle, "bytecode": bytecode,
               "tools": {tool: {"per_host": counts[tool], "sizes": stats[tool]} for tool in samples}}
     stem = save(result, markdown(result), "ansible-mitogen")
     print("\n" + markdown(result) + f"\nwritten: {stem}.md, {stem}.json")

@@ -221,7 +221,8 @@ def markdown(result: dict) -> str:
              f"{result['load_after']} after; memory available with all hosts up: "
              f"{result['memory_mib']['MemAvailable']} of {result['memory_mib']['MemTotal']} MiB. The lab "
              f"hosts share these cores: with no play running they used {result['idle_hosts_cpu_s_per_s']} "
-             "CPU s per second (their timers, idle servers); the hosts' CPU column includes that.", "",
+             "CPU s per second (their timers, idle servers); the hosts' CPU column includes that. "
+             f"{result.get('bytecode', '')}.", "",
              "| hosts | play | wall, s (rounds) | median | x 1 host | controller CPU s | peak RSS, MiB "
              "| lab hosts' CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, plays in result["sizes"].items():
@@ -325,6 +326,15 @@ def main(argv: list[str] | None = None) -> None:
             lab.down()
 
 
+def as_a_users_shell() -> str:
+    """Run the tools as a user's shell does: this machine's environment sets
+    PYTHONDONTWRITEBYTECODE=1, which a user's does not, and which makes every run compile rigup's
+    modules again (and Ansible's own). Returns what the results say of it."""
+    was = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return ("Python's bytecode cached, as in a user's shell (PYTHONDONTWRITEBYTECODE, set on this machine, "
+            "unset for the runs)" if was else "Python's bytecode cached (PYTHONDONTWRITEBYTECODE unset)")
+
+
 def commit_id() -> str:
     """This tree's commit, ``+changes`` when it has uncommitted ones: what a result was measured at."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -344,6 +354,7 @@ def save(result: dict, markdown_text: str, name: str, results: Path = RESULTS) -
 
 def write(args, sizes: list[int]) -> None:
     """Measure (the lab left up), then write and print the results."""
+    bytecode = as_a_users_shell()
     load_before = [round(x, 2) for x in os.getloadavg()]
     first = first_converges(max(sizes))
     memory = memory_mib()
@@ -358,7 +369,7 @@ def write(args, sizes: list[int]) -> None:
                     "the CPU, Gemma 3 270M served by llama-server on every host), a100 lab hosts; "
                     f"{args.rounds} alternating rounds, every no-op converge changed nothing",
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-        "memory_mib": memory, "idle_hosts_cpu_s_per_s": idle, "first": first, "python": platform.python_version(),
+        "memory_mib": memory, "idle_hosts_cpu_s_per_s": idle, "bytecode": bytecode, "first": first, "python": platform.python_version(),
         "sizes": summary(samples),
     }
     result["bounds"] = bounds(result)

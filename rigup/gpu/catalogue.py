@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rigup import yamlfile
 
 CATALOGUE_FILE = Path(__file__).resolve().with_name("catalogue.yml")
 QUIRKS = ("fp8", "fma_throttled", "needs_unlock")
@@ -69,8 +69,14 @@ def _entry(key: str, raw: dict, cc: tuple[int, int]) -> dict:
 
 
 @lru_cache(maxsize=None)
+def _parsed(path: str) -> dict:
+    """The catalogue file, parsed once (the cards and the CUDA table are both in it); read only."""
+    return yamlfile.safe_load(Path(path).read_text())
+
+
+@lru_cache(maxsize=None)
 def _load(path: str) -> tuple[dict[str, dict], dict[tuple[int, int], dict]]:
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = _parsed(path)
     cards = {}
     for key, raw in doc["cards"].items():
         cc = parse_cc(raw["compute_capability"])
@@ -139,7 +145,7 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 @lru_cache(maxsize=None)
 def _cuda_min_driver(path: str) -> tuple[tuple[tuple[int, ...], str, str], ...]:
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = _parsed(path)
     table = [(version_tuple(str(v)), str(v), str(d)) for v, d in (doc.get("cuda_min_driver") or {}).items()]
     return tuple(sorted(table))
 
@@ -175,7 +181,7 @@ MODELS_FILE = CATALOGUE_FILE.with_name("models.yml")
 
 @lru_cache(maxsize=None)
 def _families(path: str) -> dict[str, dict]:
-    doc = yaml.safe_load(Path(path).read_text()) or {}
+    doc = yamlfile.safe_load(Path(path).read_text()) or {}
     out = {}
     for key, raw in (doc.get("families") or {}).items():
         cc = raw.get("vllm_min_cc")

@@ -152,6 +152,7 @@ def sections(lines: list[str], prefix: str) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------- driver
+DRIVER_PROC_COMMAND = "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null; true"
 DRIVER_COMMAND = (
     "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null; "
     "echo '--- smi'; if command -v nvidia-smi >/dev/null 2>&1; then "
@@ -517,7 +518,9 @@ MARK = "##rigup:"
 def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
     parts = [
         f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi",
-        f"echo '{MARK}driver'; {{ {DRIVER_COMMAND}; }}",
+        # the driver's version from /proc; nvidia-smi's is the gpus query's own column (a second
+        # nvidia-smi run costs a real host 50-300 ms: parse_hardware reads it from the gpus)
+        f"echo '{MARK}driver'; {{ {DRIVER_PROC_COMMAND}; }}",
         f"echo '{MARK}cuda'; {{ {CUDA_COMMAND}; }}",
         f"echo '{MARK}ports'; {PORTS_COMMAND}",
         f"echo '{MARK}secure_boot'; {{ {SECURE_BOOT_COMMAND}; }}",
@@ -534,9 +537,11 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
 def parse_hardware(lines: list[str]) -> dict:
     """``hardware_command(paths)``'s output -> the value of :class:`HardwareFacts`."""
     sec = sections(lines, MARK)
+    gpus = parse_gpus(sec.get("gpus", []))
+    smi = next((g["driver_version"] for g in gpus if g.get("driver_version")), None)
     return {
-        "gpus": parse_gpus(sec.get("gpus", [])),
-        "driver": parse_driver(sec.get("driver", [])),
+        "gpus": gpus,
+        "driver": parse_driver(sec.get("driver", []) + (["--- smi", str(smi)] if smi else [])),
         "cuda_toolkits": parse_cuda_toolkits(sec.get("cuda", [])),
         "listening_ports": parse_listening_ports(sec.get("ports", [])),
         "secure_boot": parse_secure_boot(sec.get("secure_boot", [])),

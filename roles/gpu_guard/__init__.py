@@ -48,7 +48,6 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from pyinfra import host
 from pyinfra.api import deploy
 from rigup.probe import operation
@@ -56,7 +55,7 @@ from pyinfra.facts.files import File
 from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import files, services
+from rigup import files, services, yamlfile
 from rigup.config import role_defaults
 from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
@@ -77,7 +76,7 @@ __all__ = ["apply", "CHECKS"]
 
 @lru_cache(maxsize=None)
 def class_thresholds() -> dict:
-    return yaml.safe_load((HERE / "thresholds.yml").read_text())
+    return yamlfile.safe_load((HERE / "thresholds.yml").read_text())
 
 
 def guard_config(data: dict) -> dict:

@@ -96,7 +96,7 @@ from roles.model_fetch.fetcher import PERMANENT
 from roles.model_fetch.hub import resolve, token
 from roles.model_fetch.plan import ModelPlan, human, pending_note, plan_model, progress_line
 
-__all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_lines", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_reads", "plan_lines", "CHECKS", "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 METRICS_CONFIG = "/etc/rigup/model-metrics.json"
@@ -321,6 +321,16 @@ def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
             for m in _models(data).values() if m.get("fetch_from") == me]
 
 
+def plan_reads(data: dict) -> list:
+    """The models' state, which :func:`apply` reads, in preflight's round trip; none while an entry
+    waits on the hub for its commit (a branch: the specs apply reads with are known after
+    :func:`plan_lines`)."""
+    models, problems = model_entries(data)
+    if problems or not (models or _requests_for_me()):
+        return []
+    return [(ModelFetchState, {"specs": specs(data, models)})]
+
+
 def plan_lines(plan: dict, data: dict) -> list[str]:
     """Preflight's lines for the models (roles/model_fetch/hub.py ``resolve``: asks the hub on the
     controller, once per run, what the entries leave out, before any role's refusals read them)."""
@@ -397,7 +407,7 @@ def apply(plan: dict | None = None):
     if not models and not share_for:
         managed.absent(name=f"No hub token here ({TOKEN_PATH})", dest=TOKEN_PATH, paths=[TOKEN_PATH])
         return
-    facts = host.get_fact(ModelFetchState, specs=specs(data, models))
+    facts = read_once(ModelFetchState, specs=specs(data, models))   # preflight's round trip (plan_reads)
     if not facts.get("python", True):
         plans = [ModelPlan(n, "refused", problems=[(f"models.{n}", "python3 is missing on the host; fix: "
                                                                     "install python3 (roles/base does)")], line="")

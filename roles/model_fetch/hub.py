@@ -163,10 +163,11 @@ def read_capped(resp, n: int) -> bytes:
 
 def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, size: int) -> dict:
     """The GGUF header figures of ``path`` (kv_figures), from its first bytes (a Range request)."""
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session
-
     def ask():
+        # imported only when the hub is asked (0.1 s): a kept answer needs none of it
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session
+
         url = hf_hub_url(repo, path, revision=commit, endpoint=endpoint)
         for n in HEAD_BYTES:
             headers = {**build_hf_headers(token=secret or False), "Range": f"bytes=0-{n - 1}",

@@ -191,7 +191,7 @@ def sh(command, tmp_path, profile=None, env=None):
         prof = json.loads((ROOT / "tests/lab/gpu_profiles.json").read_text())[profile]
         (tmp_path / "p.json").write_text(json.dumps(prof))
         smi = bindir / "nvidia-smi"
-        smi.write_text(f"#!/bin/sh\nexec {sys.executable} {SIM} \"$@\"\n")
+        smi.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'smi-runs'}\nexec {sys.executable} {SIM} \"$@\"\n")
         smi.chmod(0o755)
         path = f"{bindir}:{path}"
     e = dict(os.environ, PATH=path, RIGUP_GPU_SIM_PROFILE=str(tmp_path / "p.json"),
@@ -218,6 +218,9 @@ def test_hardware_command_in_one_shell(tmp_path):
     assert rc == 0
     hw = parse_hardware(out)
     assert len(hw["gpus"]) == 8 and hw["driver"]["version"] == "580.105.08"
+    # the driver's version (no /proc/driver/nvidia in a container) is the gpus query's column:
+    # nvidia-smi runs once for the whole read
+    assert hw["driver"]["loaded"] and (tmp_path / "smi-runs").read_text().count("run") == 1
     assert isinstance(hw["free_disk"][str(tmp_path / "not" / "yet")], int)
     assert isinstance(hw["systemd"], bool) and hw["kernel"]["release"]
     assert hw["cpu"]["logical"] >= hw["cpu"]["cores"] >= hw["cpu"]["sockets"] >= 1     # real even in the lab

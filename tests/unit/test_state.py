@@ -35,8 +35,11 @@ def test_a_batch_gives_each_fact_what_it_gives_alone(tmp_path):
     batch = Batch()
     reads = [(FileStates, {"paths": paths}), (Fails, {}), (NeedsAbsent, {}), (Empty, {}),
              (FileStates, {"paths": paths[:1]}), (HereDocument, {}), (NeedsSh, {})]
-    values = batch.process(run(batch.command(reads=reads)))
+    command = batch.command(reads=reads).get_raw_value()
+    values = batch.process(run(command))
     print(values)
+    # the two FileStates reads (merge_by: paths) are one command over the union of their paths
+    assert command.count("for p in ") == 1
     # a failed command and a missing required command are left out: the caller reads those alone
     assert sorted(values) == [0, 3, 4, 5, 6]
     assert values[0] == expected and values[0][paths[2]] is None and values[0][paths[1]]["kind"] == "d"
@@ -50,3 +53,23 @@ def test_a_line_like_the_mark_from_a_fact_does_not_split_it(tmp_path):
     """Each batch has a mark of its own: a fact's output cannot end another fact's part."""
     marks = {Batch().command(reads=[(Empty, {})]).get_raw_value().split("'")[1].split()[0] for _ in range(3)}
     assert len(marks) == 3
+
+
+def test_merged_reads_get_their_own_items_and_others_stay_apart(tmp_path):
+    """ServiceStates (merge_by: units) of three roles in one systemctl show; a fact without
+    merge_by is never merged, and each read gets only the units it named."""
+    from rigup.services import ServiceStates
+
+    batch = Batch()
+    reads = [(ServiceStates, {"units": ["a.service"]}), (Empty, {}), (ServiceStates, {"units": ["b.timer", "a.service"]}),
+             (Empty, {}), (ServiceStates, {"units": ["c.service"]})]
+    command = batch.command(reads=reads).get_raw_value()
+    assert command.count("systemctl show") == 1 and "a.service b.timer c.service" in command
+    mark = command.split("'")[1].split()[0]
+    output = [f"{mark} 0", "active enabled", "inactive disabled", " ", f"{mark} rc 0",
+              f"{mark} 1", f"{mark} rc 0", f"{mark} 2", f"{mark} rc 0"]
+    values = batch.process(output)
+    assert values[0] == {"a.service": ("active", "enabled")}
+    assert values[2] == {"b.timer": ("inactive", "disabled"), "a.service": ("active", "enabled")}
+    assert values[4] == {"c.service": ("", "")}
+    assert values[1] == values[3] == {"empty": True}
