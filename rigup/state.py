@@ -130,8 +130,20 @@ class Batch(FactBase):
                 command = StringCommand("if command -v ", required, " >/dev/null 2>&1; then ( ", command,
                                         "\n); else false; fi", _separator="")
             # a line of its own after each command: it may end in a here-document's last line
-            parts += [f"echo '{self.mark} {g}'; ( ", command, f"\n); echo '{self.mark} rc' $?\n"]
-        return StringCommand(*parts, "true", _separator="")
+            parts += [f"rigup_b{g}() {{ echo '{self.mark} {g}'; ( ", command, f"\n); echo '{self.mark} rc' $?; }}\n"]
+        # The facts' commands run side by side (a host's cores: nvidia-smi, the model probe's
+        # python3 and systemctl take 0.1-0.3 s each), each into a file of its own, printed in
+        # order once all ended. A part whose "rc" line could not be written (a full /tmp) is left
+        # out, so read alone. Without a temporary directory, they run one after another.
+        if not groups:
+            return StringCommand("true")
+        ids = range(len(groups))
+        files = " ".join(f'"$rigup_d/{g}"' for g in ids)
+        parts += ["if rigup_d=$(mktemp -d 2>/dev/null); then ",
+                  " ".join(f'rigup_b{g} > "$rigup_d/{g}" &' for g in ids), " wait; cat ", files,
+                  ' 2>/dev/null; rm -rf "$rigup_d"; else ', "; ".join(f"rigup_b{g}" for g in ids) or "true",
+                  "; fi; true"]
+        return StringCommand(*parts, _separator="")
 
     def _values(self, g: int, value) -> dict:
         """``{i: value}`` for the reads of command ``g``: a merged read gets its own items only."""

@@ -8,9 +8,9 @@ from rigup.files import FileStates
 from rigup.state import Batch
 
 
-def run(command) -> list[str]:
+def run(command, env=None) -> list[str]:
     text = command if isinstance(command, str) else command.get_raw_value()
-    return subprocess.run(["sh", "-c", text], capture_output=True, text=True).stdout.splitlines()
+    return subprocess.run(["sh", "-c", text], capture_output=True, text=True, env=env).stdout.splitlines()
 
 
 def shell_fact(command: str, requires: str | None = None, default=None) -> type[FactBase]:
@@ -73,3 +73,38 @@ def test_merged_reads_get_their_own_items_and_others_stay_apart(tmp_path):
     assert values[2] == {"b.timer": ("inactive", "disabled"), "a.service": ("active", "enabled")}
     assert values[4] == {"c.service": ("", "")}
     assert values[1] == values[3] == {"empty": True}
+
+
+Slow = shell_fact("sleep 0.4; echo slow")
+
+
+def test_the_parts_run_side_by_side_and_print_in_order(tmp_path):
+    """Three 0.4 s reads take about 0.4 s, not 1.2; without a temporary directory (mktemp fails)
+    they run one after another, with the same values."""
+    import os
+    import time
+
+    reads = [(Slow, {}), (HereDocument, {}), (Slow, {}), (Fails, {}), (Slow, {})]
+    batch = Batch()
+    command = batch.command(reads=reads)
+    (tmp_path / "tmp").mkdir()
+    start = time.monotonic()
+    values = batch.process(run(command, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")}))
+    side_by_side = time.monotonic() - start
+    batch = Batch()
+    command = batch.command(reads=reads)
+    start = time.monotonic()
+    alone = batch.process(run(command, env={**os.environ, "TMPDIR": str(tmp_path / "no-such-dir")}))
+    one_by_one = time.monotonic() - start
+    print(f"3 reads of 0.4 s: {side_by_side:.2f} s side by side, {one_by_one:.2f} s one after another")
+    assert values == alone == {0: ["slow"], 1: ["one"], 2: ["slow"], 4: ["slow"]}
+    assert side_by_side < 1.0 <= one_by_one
+    assert not list((tmp_path / "tmp").iterdir())    # its directory removed
+
+
+def test_a_part_without_its_rc_line_is_read_alone():
+    """A part whose last line could not be written (its file on a full /tmp) gives no value."""
+    batch = Batch()
+    command = batch.command(reads=[(Empty, {}), (HereDocument, {})]).get_raw_value()
+    mark = command.split("'")[1].split()[0]
+    assert batch.process([f"{mark} 0", f"{mark} 1", "one", f"{mark} rc 0"]) == {1: ["one"]}
