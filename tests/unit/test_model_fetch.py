@@ -464,3 +464,21 @@ def test_metrics_say_each_models_state_and_why_a_job_failed(tmp_path):
             'needed"} 1') in text
     assert 'rigup_model_fetch_bytes{model="broke"} 4' in text and 'rigup_model_fetch_total_bytes{model="done"} 10' in text
     assert "rigup_model_fetch_updated_timestamp_seconds{model=\"broke\"} 5.5" in text
+
+
+def test_the_models_state_is_read_in_preflights_round_trip_unless_a_pin_waits_on_the_hub():
+    """model_fetch's plan_reads: the probe of every model goes in preflight's batched read, with
+    the specs apply reads with; none while an entry's revision is a branch (its commit, and so its
+    specs, are known only once plan_lines asked the hub)."""
+    import roles.model_fetch as role
+    from rigup.config import role_defaults
+    from roles.model_fetch.facts import ModelFetchState
+
+    commit = "a" * 40
+    data = {**role_defaults("model_fetch"), "hf_endpoint": "http://hub.invalid",
+            "models": {"gemma": {"repo": "lab/gemma", "revision": commit, "size_gib": 0.2}}}
+    [(fact, kwargs)] = role.plan_reads(data)
+    assert fact is ModelFetchState and [s["revision"] for s in kwargs["specs"]] == [commit]
+    assert kwargs == {"specs": role.specs(data, role._models(data))}
+    data["models"]["other"] = {"repo": "lab/other", "revision": "main", "size_gib": 0.2}
+    assert role.plan_reads(data) == []
