@@ -141,7 +141,7 @@ class Batch(FactBase):
         files = " ".join(f'"$rigup_d/{g}"' for g in ids)
         parts += ["if rigup_d=$(mktemp -d 2>/dev/null); then ",
                   " ".join(f'rigup_b{g} > "$rigup_d/{g}" &' for g in ids), " wait; cat ", files,
-                  ' 2>/dev/null; rm -rf "$rigup_d"; else ', "; ".join(f"rigup_b{g}" for g in ids) or "true",
+                  ' 2>/dev/null; rm -rf "$rigup_d"; else ', "; ".join(f"rigup_b{g}" for g in ids),
                   "; fi; true"]
         return StringCommand(*parts, _separator="")
 

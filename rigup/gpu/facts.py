@@ -152,10 +152,9 @@ def sections(lines: list[str], prefix: str) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------- driver
-DRIVER_PROC_COMMAND = "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null; true"
+DRIVER_PROC_COMMAND = "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null"
 DRIVER_COMMAND = (
-    "echo '--- proc'; cat /proc/driver/nvidia/version 2>/dev/null; "
-    "echo '--- smi'; if command -v nvidia-smi >/dev/null 2>&1; then "
+    DRIVER_PROC_COMMAND + "; echo '--- smi'; if command -v nvidia-smi >/dev/null 2>&1; then "
     "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1; fi; true"
 )
 _PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (Open )?.*?Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
@@ -520,7 +519,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}gpus'; if command -v nvidia-smi >/dev/null 2>&1; then {GPU_COMMAND}; fi",
         # the driver's version from /proc; nvidia-smi's is the gpus query's own column (a second
         # nvidia-smi run costs a real host 50-300 ms: parse_hardware reads it from the gpus)
-        f"echo '{MARK}driver'; {{ {DRIVER_PROC_COMMAND}; }}",
+        f"echo '{MARK}driver'; {{ {DRIVER_PROC_COMMAND}; true; }}",
         f"echo '{MARK}cuda'; {{ {CUDA_COMMAND}; }}",
         f"echo '{MARK}ports'; {PORTS_COMMAND}",
         f"echo '{MARK}secure_boot'; {{ {SECURE_BOOT_COMMAND}; }}",

@@ -23,9 +23,9 @@ KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null |
 
 def catalogue() -> dict[int, dict]:
     """The catalogue: {code: {"class", "action", "meaning"}} (PyYAML, where rigup runs)."""
-    from rigup import yamlfile
+    import yaml
 
-    return {int(code): dict(entry) for code, entry in yamlfile.safe_load(CATALOGUE_FILE.read_text()).items()}
+    return {int(code): dict(entry) for code, entry in yaml.safe_load(CATALOGUE_FILE.read_text()).items()}
 
 
 def card_key(bus_id: str) -> str:
