@@ -31,8 +31,7 @@ from pyinfra import host
 from rigup import bench
 from rigup.config import check_host
 
-check_host(host)
-data = host.data.dict()
+data = check_host(host)   # the host's configuration (rigup.config.Config)
 current = f"{str(data['llama_cpp_dir']).rstrip('/')}/current"
 binary = f"{current}/bin/llama-bench"
 seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary,

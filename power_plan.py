@@ -10,5 +10,4 @@ from pyinfra import host
 from roles import gpu_power
 from rigup.config import check_host
 
-check_host(host)
-gpu_power.show_plan()
+gpu_power.show_plan(check_host(host))

@@ -7,9 +7,9 @@ cannot work. Changes nothing.
 from pyinfra import host
 
 from rigup import summary
-from rigup.config import check_host
+from rigup.config import configure
 from roles import in_order, preflight
 
 summary.track(host.state)
-check_host(host)
-preflight.run(in_order())
+cfg = configure(host, in_order())
+preflight.run(in_order(), cfg)

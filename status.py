@@ -28,8 +28,7 @@ from roles.model_fetch import specs
 from roles.model_fetch.facts import parse_progress, progress_command
 from roles.model_fetch.plan import short_progress
 
-check_host(host)
-data = host.data.dict()
+data = check_host(host)   # the host's configuration (rigup.config.Config)
 models = model_entries(data)[0]
 parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
          "guard": fleet.guard_section(guard_file(data), xid_file(data))}

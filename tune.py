@@ -31,8 +31,7 @@ from rigup import progress, tuning
 from rigup.config import check_host
 from rigup.names import LLAMA_KEY
 
-check_host(host)
-data = host.data.dict()
+data = check_host(host)   # the host's configuration (rigup.config.Config)
 d = tuning.workdir(data)
 instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
              if isinstance(i, dict) and i.get("replicas", 1) == 1}

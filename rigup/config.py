@@ -39,9 +39,11 @@ import os
 import posixpath
 import re
 import weakref
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -383,12 +385,72 @@ def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def check_host(host) -> None:
-    """Validate ``host``'s merged data; raise ConfigError listing every problem with its file.
-    Then give the host the default of every variable its data lacks: an inventory that does not
-    use :func:`all_group` (``@local``, a user's own file) has no role defaults outside the roles'
-    own ``@deploy``, and preflight and the plan modes read every role's variables.
-    Every play calls it first, so it also gives the play file a module entry (rigup/playfile.py)."""
+class Config(Mapping):
+    """One host's configuration for one run, read once: its merged data with the default of every
+    variable it lacks (read-only: a Mapping without setters), and what the outside world says of
+    it (:attr:`hub`: the hub's answers for its models, by rigup.models.hub_key). The roles take
+    it as an argument (``apply(plan, cfg)``, their checks ``(plan, facts, cfg)``) and read every
+    entry through it (rigup.models.models(cfg) pins a branch with the hub's answer), so nothing
+    depends on which host or role happened to ask the hub first."""
+
+    __slots__ = ("name", "_data", "_resolvers", "_hub")
+
+    def __init__(self, name: str, data: dict[str, Any], resolvers: tuple = ()):
+        self.name, self._data, self._resolvers, self._hub = name, data, resolvers, None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Config({self.name!r}, {len(self._data)} variables)"
+
+    @property
+    def hub(self) -> Mapping[tuple, dict]:
+        """What the hub said of this host's models: asked of each role's ``resolve`` the first time
+        it is read (preflight's first look at the models), once per run per repo@revision whatever
+        the hosts (roles/model_fetch/hub.py), then the same for the rest of the run."""
+        if self._hub is None:
+            answers: dict[tuple, dict] = {}
+            for resolve in self._resolvers:
+                answers.update(resolve(self))
+            self._hub = MappingProxyType(answers)
+        return self._hub
+
+
+@dataclass
+class _Run:
+    """What a run knows of its hosts' configurations: the roles' resolvers, each host's Config."""
+    resolvers: tuple = ()
+    configs: dict = field(default_factory=dict)
+    fleet: dict | None = None
+
+
+# pyinfra state -> the run's configurations (config_of, fleet_data): made once per run
+_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _run(host) -> _Run:
+    key = getattr(host, "state", None) or host.inventory   # a host of a bare Inventory (tests): its own
+    run = _RUNS.get(key)
+    if run is None:
+        run = _RUNS[key] = _Run()
+    return run
+
+
+def configure(host, roles=()) -> Config:
+    """Validate ``host``'s merged data (raise ConfigError listing every problem with its file),
+    give the host the default of every variable its data lacks (an inventory that does not use
+    :func:`all_group`, ``@local`` or a user's own file, has no role defaults outside the roles'
+    own ``@deploy``), and return its :class:`Config`. ``roles`` (the play's role modules): those
+    with a ``resolve(cfg)`` ask the outside world (the hub) for what their entries leave out, the
+    first time a host's configuration is read. Every play calls it first, so it also gives the
+    play file a module entry (rigup/playfile.py)."""
     playfile.own_module_of(host)
     data = host.data.dict()
     found = problems(data)
@@ -398,23 +460,36 @@ def check_host(host) -> None:
     for name, var in declared().items():
         if name not in data:
             setattr(host.data, name, var.default)
+    run = _run(host)
+    resolvers = tuple(r.resolve for r in roles if hasattr(r, "resolve"))
+    if resolvers and not run.resolvers:
+        run.resolvers = resolvers
+    return config_of(host)
 
 
-# pyinfra state -> every host's data (fleet_data): made once per run
-_FLEET_DATA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+check_host = configure   # the plays that read no hub: validation and defaults alone
 
 
-def fleet_data(host) -> dict[str, dict[str, Any]]:
-    """Every host of ``host``'s inventory: its merged data by name, with the default of each
-    variable it lacks (as :func:`check_host` gives them), made once per run and shared by every
-    host's play: read it, never change it. The roles that read other hosts' settings (peers,
-    gateways, RPC groups, Prometheus's targets) take it from here: each making every host's dict
-    was N dicts for each of N hosts, N squared a run (a million for 1,000 hosts)."""
-    fleet = _FLEET_DATA.get(host.state)
-    if fleet is None:
+def config_of(host) -> Config:
+    """``host``'s :class:`Config` for this run (a peer's too: made when first read, with its
+    defaults, whether or not its own play ran yet)."""
+    run = _run(host)
+    cfg = run.configs.get(host.name)
+    if cfg is None:
         defaults = {name: var.default for name, var in declared().items()}
-        fleet = _FLEET_DATA[host.state] = {h.name: {**defaults, **h.data.dict()} for h in host.inventory}
-    return fleet
+        cfg = run.configs[host.name] = Config(host.name, {**defaults, **host.data.dict()}, run.resolvers)
+    return cfg
+
+
+def fleet_data(host) -> dict[str, Config]:
+    """Every host of ``host``'s inventory: its :class:`Config` by name, made once per run and
+    shared by every host's play. The roles that read other hosts' settings (peers, gateways, RPC
+    groups, Prometheus's targets) take it from here: each making every host's dict was N dicts
+    for each of N hosts, N squared a run (a million for 1,000 hosts)."""
+    run = _run(host)
+    if run.fleet is None:
+        run.fleet = {h.name: config_of(h) for h in host.inventory}
+    return run.fleet
 
 
 def site_dir(inventory: Path, setting: str | None) -> Path | None:

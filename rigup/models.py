@@ -6,7 +6,8 @@ reads the entries through :func:`models` so that all see the same defaults and `
 
 What the hub says of an entry (a branch or tag's commit, the included files' size, the GGUF
 header's layers and KV size) is read on the controller by roles/model_fetch/hub.py, once per
-run, and recorded here (:func:`record_hub`), so that every role reads the same entry.
+run, and kept in the host's configuration (rigup.config.Config ``hub``): :func:`models` of a
+Config pins each entry with it, so that every role reads the same entry.
 """
 
 from __future__ import annotations
@@ -105,11 +106,6 @@ _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # control character (a newline would start a line of the drop-in), no backslash
 _PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")
 DEFAULT_ENDPOINT = "https://huggingface.co"
-# (endpoint, repo, revision as typed, include) -> what the hub said: {"commit", "size_gib",
-# "files", "gguf", "error", "refused"} (roles/model_fetch/hub.py fills it, once per run)
-_HUB: dict[tuple, dict] = {}
-
-
 def hub_endpoint(data: dict) -> str:
     """The hub of this host's models: ``hf_endpoint``, else ``HF_ENDPOINT`` of the controller's
     environment (as huggingface_hub reads it), else the Hugging Face hub."""
@@ -119,11 +115,6 @@ def hub_endpoint(data: dict) -> str:
 def hub_key(endpoint: str, entry: dict) -> tuple:
     """The key of an entry's hub facts: the same repo, revision and include on the same hub."""
     return endpoint, entry["repo"], entry["revision"], tuple(entry["include"])
-
-
-def record_hub(key: tuple, facts: dict) -> None:
-    """Record what the hub said of the entries of ``key`` (see :func:`hub_key`) for this run."""
-    _HUB[key] = facts
 
 
 def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
@@ -171,6 +162,7 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     """The host's ``models``, normalised with their ``dest``, and (key path, problem) for each
     entry that is wrong; an entry with a problem is left out of the result."""
     families = family_keys()
+    hub = getattr(data, "hub", None) or {}   # a rigup.config.Config: the hub's answers (a dict: none)
     models_dir = str(data.get("models_dir") or "/srv/models").rstrip("/")  # "/" -> "": dest "/<name>"
     out: dict[str, ModelEntry] = {}
     problems: list[tuple[str, str]] = []
@@ -184,7 +176,7 @@ def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
         if entry.get("family") is not None and entry["family"] not in families:
             found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
                                              f"(its families: {', '.join(families)})"))
-        facts = _HUB.get(hub_key(hub_endpoint(data), entry)) if not found else None
+        facts = hub.get(hub_key(hub_endpoint(data), entry)) if not found else None
         if facts is not None:
             found += _with_hub(entry, facts, data.get("models_allow_unpinned") is True, where, hub_endpoint(data))
         elif "revision" in entry and not _HEX40.fullmatch(entry["revision"]):

@@ -184,21 +184,21 @@ def _register(step_index: int, calls: list[Call]) -> None:
         host.loop_position[:] = saved
 
 
-def _record(step, plan) -> list[Call]:
-    """``step(plan)`` with its operation calls recorded. An operation that bypassed the recording
+def _record(step, plan, cfg) -> list[Call]:
+    """``step(plan, cfg)`` with its operation calls recorded. An operation that bypassed the recording
     (a pyinfra operation called directly) would run before every recorded one: refused, naming it."""
     _recording[host.name] = []
     registered = len(host.op_hash_order)
     try:
         inner = getattr(step, "_inner", None)    # a role's @deploy function
         if inner is None:
-            step(plan)
+            step(plan, cfg)
         else:
             # What pyinfra's @deploy wrapper does, less its global arguments: called with none, it
             # works out every argument's default (type hints, host data, config; ~1 ms a call),
             # which is what each operation works out again for itself when the deploy has none
             with host.deploy(name=inner.deploy_name, kwargs=None, data=getattr(inner, "deploy_data", None)):
-                inner(plan)
+                inner(plan, cfg)
         if len(host.op_hash_order) != registered:
             names = sorted({n for h in host.op_hash_order[registered:] for n in host.state.op_meta[h].names})
             raise PyinfraError(f"{getattr(step, '__module__', step)}: {', '.join(names)} bypassed rigup.probe: "
@@ -209,12 +209,12 @@ def _record(step, plan) -> list[Call]:
         del _recording[host.name]
 
 
-def converge(steps: list, plan, names: list[str]) -> None:
-    """Record every step (``steps[i](plan)``, called ``names[i]``), check them in order, and
+def converge(steps: list, plan, cfg, names: list[str]) -> None:
+    """Record every step (``steps[i](plan, cfg)``, called ``names[i]``), check them in order, and
     register the calls from the first step with a change on (module docstring)."""
     recorded_steps = []
     for step in steps:
-        recorded_steps.append(_record(step, plan))
+        recorded_steps.append(_record(step, plan, cfg))
         if host in host.state.failed_hosts:   # a role refused the host: nothing of it runs
             return
     first, checked, why = len(recorded_steps), 0, None

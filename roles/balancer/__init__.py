@@ -43,7 +43,8 @@ from pyinfra.operations import apt
 from rigup.probe import python
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
-from rigup.config import fleet_data, role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, config_of, fleet_data, role_defaults
 from rigup.gate import endpoint
 from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
@@ -75,7 +76,7 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str
     state = read_once(BalancerState, drain=drain)
     backends = wanted_backends(state, gateway)
     if not backends:
-        yield from idle(state, haproxy_cfg([], host.data.dict()))
+        yield from idle(state, haproxy_cfg([], config_of(host)))
         return
     bad = problems(backends)
     if bad:
@@ -97,7 +98,7 @@ def balanced(gateway: list[dict], drain: str, cache_seconds: int, fleet_key: str
     if key_line and state.get("key") != _sha(key_line):
         yield written(GATEWAY_KEY, key_line, mode="600")   # HAProxy reads it as root, before its chroot
         changed = True
-    text = haproxy_cfg(backends, host.data.dict())
+    text = haproxy_cfg(backends, config_of(host))
     new = shlex.quote(CONFIG + ".rigup-new")
     if changed or state.get("cfg") != _sha(text):
         yield written(CONFIG + ".rigup-new", text, mode="644")
@@ -150,8 +151,7 @@ def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int)
 
 
 @deploy("balancer", data_defaults=role_defaults("balancer"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     gateway = []
     if data["balancer_gateway"]:
         gateway = gateway_backends(host.name, fleet_data(host),

@@ -24,7 +24,8 @@ from rigup.probe import systemd
 from rigup import apt, files
 from rigup.state import read_once, reading
 from rigup.templates import render
-from rigup.config import role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, role_defaults
 from rigup.gpu.facts import Systemd
 from roles.base.checks import CHECKS
 
@@ -59,31 +60,30 @@ def system_user(user_name: str, home: str, shell: str = "/usr/sbin/nologin"):
 
 
 @deploy("base", data_defaults=role_defaults("base"))
-def apply(plan: dict | None = None):
-    d = host.data
+def apply(plan: Plan, data: Config):
     with_systemd = plan["systemd"] if plan else host.get_fact(Systemd)  # preflight's plan saves a round trip
     apt_conf, journald_conf = "/etc/apt/apt.conf.d/80rigup", "/etc/systemd/journald.conf.d/rigup.conf"
-    paths = [apt_conf, d.rigup_prefix, d.rigup_state_dir] + ([journald_conf] if with_systemd else [])
+    paths = [apt_conf, data["rigup_prefix"], data["rigup_state_dir"]] + ([journald_conf] if with_systemd else [])
     files.managed(name="apt: wait for the dpkg lock", dest=apt_conf, paths=paths,
-                  text=render("base-apt.conf.j2", lock_timeout=d.apt_lock_timeout))
+                  text=render("base-apt.conf.j2", lock_timeout=data["apt_lock_timeout"]))
     apt.installed(
         name="Install base packages",
-        packages=d.base_packages + d.base_extra_packages,
-        cache_seconds=d.apt_cache_seconds,
+        packages=data["base_packages"] + data["base_extra_packages"],
+        cache_seconds=data["apt_cache_seconds"],
         _retries=2,
         _retry_delay=10,
     )
-    system_user(name=f"System user {d.rigup_user}", user_name=d.rigup_user, home=d.rigup_state_dir)
-    files.directory(name=f"Directory {d.rigup_prefix}", path=d.rigup_prefix, paths=paths)
+    system_user(name=f"System user {data['rigup_user']}", user_name=data["rigup_user"], home=data["rigup_state_dir"])
+    files.directory(name=f"Directory {data['rigup_prefix']}", path=data["rigup_prefix"], paths=paths)
     # root's: root-written state (the guard's tripped file, cmpunlocker's stamp) lives here, and the
     # service user may read it but not remove or replace it; services keep their own StateDirectory
-    files.directory(name=f"Directory {d.rigup_state_dir}", path=d.rigup_state_dir, paths=paths,
-                    user="root", group=d.rigup_user, mode="750")
+    files.directory(name=f"Directory {data['rigup_state_dir']}", path=data["rigup_state_dir"], paths=paths,
+                    user="root", group=data["rigup_user"], mode="750")
     if not with_systemd:
         return
     journald = files.managed(name="journald: keep the journal across reboots", dest=journald_conf, paths=paths,
                              text=render("base-journald.conf.j2",
-                                         storage="persistent" if d.base_persistent_journal else "auto"))
+                                         storage="persistent" if data["base_persistent_journal"] else "auto"))
     systemd.service(
         name="Restart journald",
         service="systemd-journald",

@@ -43,10 +43,10 @@ from pyinfra.api import OperationError, deploy
 from rigup.probe import operation
 from pyinfra.operations import files
 
-from rigup.gpu.plan import unlock_wait
+from rigup.gpu.plan import Plan, unlock_wait
 from rigup.state import read_once
 from rigup.templates import render
-from rigup.config import role_defaults
+from rigup.config import Config, role_defaults
 from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.checks import CHECKS
 from roles.cmpunlocker.steps import installer_args, next_step, source_id
@@ -129,8 +129,7 @@ def unlock_step(data: dict):
 
 
 @deploy("cmpunlocker", data_defaults=role_defaults("cmpunlocker"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if not data["cmpunlocker_enabled"] and not data["cmpunlocker_rollback"]:
         return
     state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])

@@ -24,10 +24,10 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 
 from rigup import apt
-from rigup.config import role_defaults
+from rigup.config import Config, role_defaults
 from rigup.files import managed
 from rigup.gpu.facts import CudaToolkits
-from rigup.gpu.plan import build_backend
+from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once, reading
 from rigup.templates import render
 from roles.cuda_toolkit.checks import CHECKS
@@ -78,8 +78,7 @@ def version_present(version: str):
 
 
 @deploy("cuda_toolkit", data_defaults=role_defaults("cuda_toolkit"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if build_backend(plan, data) != "cuda":
         return
     source, version = data["cuda_source"], data["cuda_version"]

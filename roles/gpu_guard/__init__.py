@@ -56,10 +56,10 @@ from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files, services, yamlfile
-from rigup.config import role_defaults
+from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
-from rigup.gpu.plan import gpu_host
+from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import GPU_METRICS, guard_file, xid_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
@@ -140,8 +140,7 @@ def cleared(tripped_file: str, xid_state: str, script: str):
 
 
 @deploy("gpu_guard", data_defaults=role_defaults("gpu_guard"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if not gpu_host(plan, data) or not plan.get("systemd", True):
         return    # without systemd there are no serving units to stop (preflight refuses them)
     if not data["gpu_guard_enabled"]:

@@ -31,8 +31,8 @@ from pyinfra.api import deploy
 from rigup.probe import systemd
 
 from rigup import files, services
-from rigup.config import role_defaults
-from rigup.gpu.plan import gpu_host
+from rigup.config import Config, role_defaults
+from rigup.gpu.plan import Plan, gpu_host
 from rigup.templates import render
 from roles.gpu_power.checks import CHECKS
 from roles.gpu_power.facts import APPLIED, CONF, UNIT
@@ -49,9 +49,8 @@ def applies(plan: dict, data) -> bool:
     return gpu_host(plan, data) and plan.get("systemd", True)
 
 
-def show_plan() -> dict:
+def show_plan(data: Config) -> dict:
     """Print each card of this host, its limits and what the policy would change (reads only)."""
-    data = host.data.dict()
     plan = plan_for(power_state(), data)
     for line in format_plan(plan).splitlines():
         click.echo(f"    [{host.name}] power: {line}", err=True)
@@ -59,8 +58,7 @@ def show_plan() -> dict:
 
 
 @deploy("gpu_power", data_defaults=role_defaults("gpu_power"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if not applies(plan, data):
         return
     script, unit_path = f"{data['rigup_prefix']}/bin/rigup-gpu-power", f"/etc/systemd/system/{UNIT}"

@@ -42,8 +42,8 @@ from rigup.probe import files, python
 
 from rigup import apt, progress
 from rigup.files import directory
-from rigup.config import role_defaults
-from rigup.gpu.plan import build_backend
+from rigup.config import Config, role_defaults
+from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
 from rigup.traps import load as load_traps
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
@@ -57,8 +57,7 @@ BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "pkg-config"]
 
 
 @deploy("llama_cpp", data_defaults=role_defaults("llama_cpp"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     dir = data["llama_cpp_dir"]
     if data["llama_cpp_rollback"]:
         switched(name="Roll llama.cpp back to the previous build", dir=dir, target="previous")
@@ -135,9 +134,8 @@ def _smoke_lines(plan: dict, data: dict) -> list[str]:
 
 
 @deploy("llama_cpp proven", data_defaults=role_defaults("llama_cpp"))
-def proven(plan: dict):
+def proven(plan: Plan, data: Config):
     """The new build answers its smoke inference, then ``current`` switches to it."""
-    data = host.data.dict()
     if data["llama_cpp_rollback"]:
         return
     ident = build_id(data, cmake_options(plan, data))

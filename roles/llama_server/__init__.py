@@ -55,10 +55,10 @@ from pyinfra.api import OperationError, deploy
 from rigup.probe import operation
 from rigup.probe import python
 
-from rigup.config import role_defaults
+from rigup.config import Config, config_of, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
-from rigup.gpu.plan import build_backend
+from rigup.gpu.plan import Plan, build_backend
 from rigup.models import first_gguf, serving
 from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
@@ -139,8 +139,7 @@ def retired(units: dict, build_link: str, wanted: list[str], backends: list[str]
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     user, binary = data["rigup_user"], f"{data['llama_cpp_dir']}/current/bin/llama-server"
     wanted, entries = serving(data, instances)
     if wanted is None:
@@ -170,7 +169,7 @@ def apply(plan: dict):
         for server in srv:
             hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
                 if len(srv) > 1 else None
-            rpc = [endpoint(w, host.inventory.get_host(w).data.dict()) for w in inst["rpc_workers"]]
+            rpc = [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]]
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,

@@ -61,7 +61,8 @@ from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import apt, files, firewall, services
-from rigup.config import fleet_data, role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, fleet_data, role_defaults
 from rigup.files import FileStates
 from rigup.names import TEXTFILE_DIR
 from rigup.secrets import written
@@ -158,8 +159,7 @@ def stopped(units: list[str], why: str) -> None:
 
 
 @deploy("metrics", data_defaults=role_defaults("metrics"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if not plan.get("systemd", True):
         return      # the Debian units need systemd (preflight refuses prometheus_enabled there)
     fleet = list(fleet_data(host).items())

@@ -80,7 +80,8 @@ from pyinfra.operations.util import any_changed
 
 from rigup import files as managed
 from rigup import services, summary
-from rigup.config import fleet_data, role_defaults, source_of
+from rigup.gpu.plan import Plan
+from rigup.config import Config, config_of, fleet_data, role_defaults, source_of
 from rigup.models import hub_endpoint
 from rigup.models import models as model_entries
 from rigup.names import HF_TOKEN as TOKEN_PATH
@@ -93,10 +94,12 @@ from roles.model_fetch.checks import CHECKS
 from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
 from roles.model_fetch.fetcher import PERMANENT
+from roles.model_fetch.hub import lines as hub_lines
 from roles.model_fetch.hub import resolve, token
 from roles.model_fetch.plan import ModelPlan, human, pending_note, plan_model, progress_line
 
-__all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_reads", "plan_lines", "CHECKS", "ModelFetchState"]
+__all__ = ["apply", "waited", "pruned", "specs", "ports", "plan_reads", "plan_lines", "resolve", "CHECKS",
+           "ModelFetchState"]
 
 SHARE_CONFIG = "/etc/rigup/share.json"
 METRICS_CONFIG = "/etc/rigup/model-metrics.json"
@@ -166,12 +169,12 @@ def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
                 extra.append((f"models.{name}.fetch_from", f"{peer!r} is not a host of this inventory; "
                                                            "fix: name a host of the inventory"))
             else:
-                theirs = _models(host.inventory.get_host(peer).data.dict()).values()
+                theirs = _models(config_of(host.inventory.get_host(peer))).values()
                 if not any(m["repo"] == entry["repo"] and m["revision"] == entry["revision"] for m in theirs):
                     extra.append((f"models.{name}.fetch_from", f"{peer} does not declare {entry['repo']} at "
                                                                f"{entry['revision'][:12]} in its models; fix: add it "
                                                                "there, or fetch from the hub"))
-                source = f"http://{address}:{host.inventory.get_host(peer).data.get('model_fetch_share_port', data['model_fetch_share_port'])}"
+                source = f"http://{address}:{config_of(host.inventory.get_host(peer))['model_fetch_share_port']}"
         plan = plan_model(name, entry, state, endpoint=hub_endpoint(data), source=source,
                           peer=peer if peer else None, workers=data["model_fetch_workers"],
                           peer_wait=data["model_fetch_peer_wait"], stall_s=data["model_fetch_stall_timeout"],
@@ -322,9 +325,8 @@ def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
 
 
 def plan_reads(data: dict) -> list:
-    """The models' state, which :func:`apply` reads, in preflight's round trip; none while an entry
-    waits on the hub for its commit (a branch: the specs apply reads with are known after
-    :func:`plan_lines`)."""
+    """The models' state, which :func:`apply` reads, in preflight's round trip (a branch is already
+    pinned: the configuration asked the hub first); none while an entry has a problem (refused)."""
     models, problems = model_entries(data)
     if problems or not (models or _requests_for_me()):
         return []
@@ -332,9 +334,9 @@ def plan_reads(data: dict) -> list:
 
 
 def plan_lines(plan: dict, data: dict) -> list[str]:
-    """Preflight's lines for the models (roles/model_fetch/hub.py ``resolve``: asks the hub on the
-    controller, once per run, what the entries leave out, before any role's refusals read them)."""
-    return resolve(data)
+    """Preflight's lines for the models: what the hub said (roles/model_fetch/hub.py ``resolve``,
+    asked by rigup.config when the host's configuration was first read)."""
+    return hub_lines(data)
 
 
 def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
@@ -400,8 +402,7 @@ def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
 
 
 @deploy("model_fetch", data_defaults=role_defaults("model_fetch"))
-def apply(plan: dict | None = None):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     models = _models(data)
     share_for = _requests_for_me()
     if not models and not share_for:
@@ -533,15 +534,15 @@ def exported(data: dict, models: dict, script: str, paths: list[str]) -> None:
 
 
 @deploy("model_fetch: wait", data_defaults=role_defaults("model_fetch"))
-def waited(plan: dict | None = None):
+def waited(plan: Plan, data: Config):
     """Block until the models with ``wait: true`` are complete (their jobs were started by
     :func:`apply`, before the build, so that downloads and the build overlap); then switch the
     models whose new revision is complete to it."""
     if host.name in _waiting:
         waiting, wanted = _waiting.pop(host.name)
         python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
-                    plans=waiting, specs=wanted, data=host.data.dict())
-    script = f"{host.data.dict()['rigup_prefix']}/bin/rigup-fetch"
+                    plans=waiting, specs=wanted, data=data)
+    script = f"{data['rigup_prefix']}/bin/rigup-fetch"
     staging = _staging.pop(host.name, [])
     for spec in staging:
         switched(name=f"Model {spec['name']}: serve revision {spec['revision'][:12]}", spec=spec, script=script,
@@ -549,10 +550,9 @@ def waited(plan: dict | None = None):
 
 
 @deploy("model_fetch: prune", data_defaults=role_defaults("model_fetch"))
-def pruned(plan: dict | None = None):
+def pruned(plan: Plan, data: Config):
     """After the serving roles restarted on a new revision: remove the old revisions' directories
     (all, or all but the newest with ``models_keep_previous``)."""
-    data = host.data.dict()
     keep = 1 if data["models_keep_previous"] else 0
     pruning = _pruning.pop(host.name, [])
     for spec in pruning:

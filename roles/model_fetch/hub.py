@@ -20,9 +20,11 @@ GGUF header is read uncompressed (:func:`read_capped`) and its reader refuses ba
 gguf.GGUFRefused. A model the hub answered such a thing for is refused (rigup/models.py): its
 host is refused by preflight, before anything changes.
 
-Each answer is asked once per run (one listing per repo@commit, whatever the hosts) and recorded
-in rigup/models.py (``record_hub``), which every role reads the entries through. Entries that
-need nothing of the hub (a commit, size_gib and a known family typed) are not asked about.
+Each answer is asked once per run (one listing per repo@commit, whatever the hosts). The role's
+``resolve`` is handed to rigup.config, which asks it the first time a host's configuration is read
+and keeps the answers in that configuration (``Config.hub``), which every role reads the entries
+through (rigup/models.py); nothing here is kept elsewhere. Entries that need nothing of the hub (a
+commit, size_gib and a known family typed) are not asked about.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ import os
 from pathlib import Path
 
 from rigup.entries import normalise
-from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key, record_hub
+from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
 from rigup.gguf import GGUFRefused, kv_figures, metadata
 
-__all__ = ["token", "resolve", "HEAD_BYTES", "HubRefused"]
+__all__ = ["token", "resolve", "lines", "HEAD_BYTES", "HubRefused"]
 
 GIB = 1 << 30
 HEAD_BYTES = (1 << 20, 16 << 20)   # the GGUF header is read from the first MiB, else the first 16 MiB
@@ -248,18 +250,32 @@ def _line(name: str, entry: dict, facts: dict, allowed: bool) -> list[str]:
     return lines
 
 
-def resolve(data: dict) -> list[str]:
-    """Ask the hub what this host's ``models`` need of it (see the module docstring), record it
-    for rigup/models.py, and return the lines preflight prints (the pin to write, sizes)."""
-    endpoint, secret, lines = hub_endpoint(data), None, []
-    allowed = data.get("models_allow_unpinned") is True
+def _asked_entries(data):
+    """(name, normalised entry) of each entry of ``data``'s ``models`` the hub must be asked about."""
     for name, raw in (data.get("models") or {}).items():
         entry, problems = normalise(raw, MODEL, f"models.{name}", name=name)
-        if problems or not any(_needs(entry)):
-            continue   # a wrong entry is refused by check_config; a complete one needs no hub
+        if not problems and any(_needs(entry)):   # a wrong entry is refused; a complete one needs no hub
+            yield name, entry
+
+
+def resolve(data) -> dict[tuple, dict]:
+    """What the hub says of this host's ``models`` (see the module docstring), by
+    rigup.models.hub_key: rigup.config calls it (the role's ``resolve``) the first time a host's
+    configuration is read, before any plan, line or refusal reads the entries."""
+    endpoint, secret, answers = hub_endpoint(data), None, {}
+    for _, entry in _asked_entries(data):
         if secret is None:
             secret = (token(data) or "").strip()
-        facts = _ask(entry, endpoint, secret)
-        record_hub(hub_key(endpoint, entry), facts)
-        lines += _line(name, entry, facts, allowed)
-    return lines
+        answers[hub_key(endpoint, entry)] = _ask(entry, endpoint, secret)
+    return answers
+
+
+def lines(data) -> list[str]:
+    """The lines preflight prints of what the hub said of this host's models (the pin to write,
+    sizes): ``data`` is the host's configuration (rigup.config.Config), whose ``hub`` holds the
+    answers; nothing is asked here."""
+    endpoint, allowed = hub_endpoint(data), data.get("models_allow_unpinned") is True
+    answers = getattr(data, "hub", None) or {}
+    return [line for name, entry in _asked_entries(data)
+            for line in _line(name, entry, answers.get(hub_key(endpoint, entry)) or
+                              {"error": "the hub was not asked"}, allowed)]

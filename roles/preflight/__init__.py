@@ -26,7 +26,7 @@ import click
 from pyinfra import host
 
 from rigup import summary
-from rigup.config import fleet_data, source_of
+from rigup.config import Config, fleet_data, source_of
 from rigup.gpu.facts import HardwareFacts, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
@@ -89,11 +89,11 @@ def _sourced(refusal: Refusal) -> Refusal:
     return replace(refusal, what=f"{refusal.what} ({source_of(host, key)})")
 
 
-def run(roles: list[ModuleType], more: list[Refusal] = ()) -> Plan:
+def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan:
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
-    (or the play has ``more`` refusals of its own). Returns the plan, with ``systemd`` (whether
-    systemd is PID 1) and ``serving_units`` (the serving instances installed) added for the roles."""
-    data = host.data.dict()
+    (or the play has ``more`` refusals of its own); ``data``: the host's configuration
+    (rigup.config.configure). Returns the plan, with ``systemd`` (whether systemd is PID 1) and
+    ``serving_units`` (the serving instances installed) added for the roles."""
     dests = model_dests(data)
     places = model_places(data)
     if dests:

@@ -26,7 +26,8 @@ from pyinfra.api import FactBase, deploy
 from rigup.probe import operation
 
 from rigup import apt, firewall
-from rigup.config import fleet_data, role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, fleet_data, role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
 from rigup.state import read_once, reading
@@ -89,8 +90,7 @@ def retired(build_link: str):
 
 
 @deploy("rpc_worker", data_defaults=role_defaults("rpc_worker"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     build_link = f"{data['llama_cpp_dir']}/current"
     if not plan.get("systemd", True):
         return      # preflight refuses a worker without systemd

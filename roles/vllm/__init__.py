@@ -99,7 +99,8 @@ from pyinfra.operations import files
 from rigup.probe import python
 
 from rigup import apt, firewall, progress, summary
-from rigup.config import ConfigError, fleet_data, role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, ConfigError, fleet_data, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
 from rigup.models import serving
@@ -240,8 +241,7 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     wanted, entries = serving(data, instances)
     if wanted is None:
         return

@@ -53,7 +53,8 @@ from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
 from rigup import files, services
-from rigup.config import role_defaults
+from rigup.gpu.plan import Plan
+from rigup.config import Config, role_defaults
 from rigup.gate import endpoint
 from rigup.names import LLAMA_KEY, WATCHDOG_METRICS, gate_record
 from rigup.templates import render
@@ -104,8 +105,7 @@ def unit_timeout_s(config: dict) -> int:
 
 
 @deploy("watchdog", data_defaults=role_defaults("watchdog"))
-def apply(plan: dict):
-    data = host.data.dict()
+def apply(plan: Plan, data: Config):
     if not plan.get("systemd", True):
         return      # no serving units without systemd (preflight refuses them)
     config = watchdog_config(data)

@@ -2,10 +2,10 @@
 
 from pyinfra import host
 
-from rigup.config import check_host
+from rigup.config import configure
 from roles import balancer, base, in_order, preflight
 
-check_host(host)
-plan = preflight.run(in_order())
-base.apply(plan)
-balancer.apply(plan)
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
+base.apply(plan, cfg)
+balancer.apply(plan, cfg)

@@ -2,9 +2,9 @@
 
 from pyinfra import host
 
-from rigup.config import check_host
+from rigup.config import configure
 from roles import base, in_order, preflight
 
-check_host(host)
-plan = preflight.run(in_order())
-base.apply(plan)
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
+base.apply(plan, cfg)

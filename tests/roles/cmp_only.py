@@ -6,12 +6,12 @@ and its models are written in place), and deploy.py's last line per host."""
 from pyinfra import host
 
 from rigup import summary
-from rigup.config import check_host
+from rigup.config import configure
 from roles import base, cmpunlocker, gpu_guard, gpu_power, in_order, llama_server, preflight, vllm
 
 summary.track(host.state)
-check_host(host)
-plan = preflight.run(in_order())
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
 if host not in host.state.failed_hosts:
     for role in host.loop([base, gpu_power, gpu_guard, cmpunlocker, llama_server, vllm]):   # as deploy.py's steps
-        role.apply(plan)
+        role.apply(plan, cfg)

@@ -4,11 +4,11 @@ then those three roles in deploy.py's order (no CUDA, no llama.cpp build, no ser
 from pyinfra import host
 
 from roles import base, cmpunlocker, gpu_guard, gpu_power, in_order, preflight
-from rigup.config import check_host
+from rigup.config import configure
 
-check_host(host)
-plan = preflight.run(in_order())
-base.apply(plan)
-gpu_power.apply(plan)
-gpu_guard.apply(plan)
-cmpunlocker.apply(plan)
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
+base.apply(plan, cfg)
+gpu_power.apply(plan, cfg)
+gpu_guard.apply(plan, cfg)
+cmpunlocker.apply(plan, cfg)

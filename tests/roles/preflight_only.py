@@ -3,8 +3,8 @@ changing nothing (tests/roles/test_rpc_plan.py)."""
 
 from pyinfra import host
 
-from rigup.config import check_host
+from rigup.config import configure
 from roles import in_order, preflight
 
-check_host(host)
-preflight.run(in_order())
+cfg = configure(host, in_order())
+preflight.run(in_order(), cfg)

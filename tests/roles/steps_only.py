@@ -7,16 +7,16 @@ import os
 
 from pyinfra import host
 
-from rigup.config import check_host
+from rigup.config import configure
 from roles import STEPS, in_order, preflight, steps
 
-check_host(host)
+cfg = configure(host, in_order())
 wanted = os.environ["RIGUP_LAB_STEPS"].split(",")
 unknown = sorted(set(wanted) - set(STEPS))
 if unknown:
     raise SystemExit(f"RIGUP_LAB_STEPS: not steps of roles.STEPS: {', '.join(unknown)}")
-plan = preflight.run(in_order())
+plan = preflight.run(in_order(), cfg)
 if host not in host.state.failed_hosts:
     for name, step in host.loop(zip(STEPS, steps())):   # as deploy.py does
         if name in wanted:
-            step(plan)
+            step(plan, cfg)

@@ -23,13 +23,13 @@ pytestmark = pytest.mark.lab
 
 PLAY = """from pyinfra import host
 from roles import base, in_order, model_fetch, preflight
-from rigup.config import check_host
-check_host(host)
-plan = preflight.run(in_order())
-base.apply(plan)
-model_fetch.apply(plan)
-model_fetch.waited(plan)
-model_fetch.pruned(plan)
+from rigup.config import configure
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
+base.apply(plan, cfg)
+model_fetch.apply(plan, cfg)
+model_fetch.waited(plan, cfg)
+model_fetch.pruned(plan, cfg)
 """
 INVENTORY = """import json as _json, runpy as _runpy
 _base = _runpy.run_path({lab_inventory!r})

@@ -5,13 +5,14 @@ Range request, one listing per repo@commit for every host of a run, the token fr
 sent, HF_ENDPOINT honoured, a clear line when the hub does not know the repo.
 
 No lab host is needed: the hub alone (on the lab gateway when a lab is up, else on a loopback
-address of this lab's id), asked as preflight asks it (``resolve``), figures printed."""
+address of this lab's id), asked as a play asks it (the role's ``resolve``, called by
+rigup.config when a host's configuration is first read), figures printed."""
 
 import os
 
 import pytest
 
-from rigup import models as models_module
+from rigup.config import Config
 from rigup.models import models
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as controller
@@ -52,9 +53,13 @@ def hub():
 def fresh_run(monkeypatch, tmp_path):
     """Each test is one controller run: nothing asked or recorded yet, nothing kept from before."""
     monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "cache"))
-    for cache in (controller._asked, models_module._HUB):
-        cache.clear()
+    controller._asked.clear()
     controller.calls.clear()
+
+
+def configured(data: dict) -> Config:
+    """``data`` as a host's configuration in a run: the hub asked when it is first read."""
+    return Config("h", data, (controller.resolve,))
 
 
 def requests(lab_hub, what: str) -> int:
@@ -71,7 +76,8 @@ def test_branch_tag_size_and_header(hub, monkeypatch):
     }}
     lab_hub.reset()
     trees, infos = requests(lab_hub, f"/api/models/{REPO}/tree/"), requests(lab_hub, f"/api/models/{REPO}/revision/")
-    lines = [line for _ in range(4) for line in controller.resolve(data)]   # four hosts of one run
+    hosts = [configured(data) for _ in range(4)]   # four hosts of one run
+    lines = [line for cfg in hosts for line in controller.lines(cfg)]
     trees = requests(lab_hub, f"/api/models/{REPO}/tree/") - trees
     infos = requests(lab_hub, f"/api/models/{REPO}/revision/") - infos
     reads = [k for k in controller.calls if k[0] == "gguf"]
@@ -89,7 +95,7 @@ def test_branch_tag_size_and_header(hub, monkeypatch):
     assert lab_hub.bytes_served() <= header_bytes
     assert "hf_lab_token_from_env" in [t for ts in lab_hub._call("/_lab/tokens").values() for t in ts]
 
-    entries, problems = models(data)
+    entries, problems = models(hosts[0])
     assert sorted(entries) == ["c"] and [key for key, _ in problems] == ["models.a.revision", "models.b.revision"]
     assert f"pin it (revision: {v1})" in problems[1][1]
     gguf_gib = (os.path.getsize(lab_hub.CACHE / "hubtest.gguf")) / (1 << 30)
@@ -99,7 +105,7 @@ def test_branch_tag_size_and_header(hub, monkeypatch):
           f"{need.overhead} GiB = {need.total:.3f} GiB")
     assert need.kv == pytest.approx(0.021 * 32.768)
 
-    allowed = models({**data, "models_allow_unpinned": True})[0]
+    allowed = models(configured({**data, "models_allow_unpinned": True}))[0]
     assert allowed["a"]["revision"] == main and allowed["b"]["revision"] == v1 and allowed["a"]["pinned_from"] == "main"
     assert allowed["a"]["size_gib"] > allowed["b"]["size_gib"] > 0   # a: every file; b: the GGUF alone
 
@@ -110,7 +116,8 @@ def test_endpoint_from_the_environment_and_unknown_repo(hub, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     data = {"hf_endpoint": None, "models": {"x": {"repo": REPO, "revision": "main", "size_gib": 1.0},
                                             "gone": {"repo": "lab/not-here", "revision": "main"}}}
-    lines = controller.resolve(data)
+    data = configured(data)
+    lines = controller.lines(data)
     print(*lines, sep="\n")
     assert f"models.x.revision: main is {main}; pin it" in lines
     assert any(line.startswith("models.gone: the hub did not answer what preflight needs: RepositoryNotFoundError")
@@ -124,13 +131,13 @@ def test_what_a_commit_holds_is_asked_once_ever(hub):
     listing and its header are kept on the controller (RIGUP_CACHE_DIR), as a commit never changes."""
     lab_hub, main, _ = hub
     data = {"hf_endpoint": lab_hub.url(), "models": {"c": {"repo": REPO, "revision": main, "include": ["*.gguf"]}}}
-    first_lines = controller.resolve(data)
+    first_lines = controller.lines(configured(data))
     first = sorted(k[0] for k in controller.calls)
-    for cache in (controller._asked, models_module._HUB):
-        cache.clear()
+    controller._asked.clear()
     controller.calls.clear()
-    lines = controller.resolve(data)
+    cfg = configured(data)
+    lines = controller.lines(cfg)
     print(f"\nfirst run asked the hub {first}; the next run {controller.calls}")
     assert first == ["gguf", "tree"] and controller.calls == [] and lines == first_lines
-    entries, problems = models(data)
+    entries, problems = models(cfg)
     assert problems == [] and entries["c"]["size_gib"] and entries["c"]["gguf"]["layers"] == 22

@@ -4,10 +4,10 @@ llama.cpp build, no fetch)."""
 from pyinfra import host
 
 from roles import balancer, base, in_order, preflight, vllm
-from rigup.config import check_host
+from rigup.config import configure
 
-check_host(host)
-plan = preflight.run(in_order())
-base.apply(plan)
-vllm.apply(plan)
-balancer.apply(plan)
+cfg = configure(host, in_order())
+plan = preflight.run(in_order(), cfg)
+base.apply(plan, cfg)
+vllm.apply(plan, cfg)
+balancer.apply(plan, cfg)

@@ -17,14 +17,14 @@ from tests.converge import ROOT, pyinfra
 # llama_server's port check would rightly refuse: that role is not played).
 PLAY = """from pyinfra import host
 from roles import base, preflight
-from rigup.config import check_host
+from rigup.config import configure
 import importlib
-check_host(host)
 roles = [importlib.import_module("roles." + name) for name in {roles!r}]
-plan = preflight.run([base, *roles])
-base.apply(plan)
+cfg = configure(host, [base, *roles])
+plan = preflight.run([base, *roles], cfg)
+base.apply(plan, cfg)
 for role in roles:
-    role.apply(plan)
+    role.apply(plan, cfg)
 """
 INVENTORY = """import json as _json, runpy as _runpy
 from rigup.config import group_vars as _group_vars

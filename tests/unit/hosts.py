@@ -3,7 +3,7 @@ host's merged data, and every role's refusals as the play hands them to prefligh
 
 from pathlib import Path
 
-from rigup.config import declared
+from rigup.config import Config, declared
 from rigup.gpu.facts import parse_gpus
 from rigup.gpu.plan import hardware_plan
 from roles import in_order, preflight
@@ -50,6 +50,12 @@ def glm_llama(**inst) -> dict:
 def refusals(plan: dict, facts: dict, data: dict, fleet=None) -> list:
     """Every refusal of every role for this host (what deploy.py's preflight runs)."""
     return preflight.refusals(in_order(), plan, facts, data, fleet)
+
+
+def answered(d: dict, answers: dict | None = None, resolve=None) -> Config:
+    """``d`` as a host's configuration (rigup.config.Config) whose hub said ``answers``
+    ({rigup.models.hub_key: facts}), or that asks the hub with ``resolve`` (a role's, first read)."""
+    return Config("h", d, (resolve,) if resolve else ((lambda cfg: dict(answers or {})),))
 
 
 def only(found, check: str):

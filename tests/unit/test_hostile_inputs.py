@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigup import models as models_module
 from rigup.config import problems
-from rigup.models import hub_endpoint, hub_key, record_hub
-from tests.unit.hosts import REV, data, host, refusals
+from rigup.models import hub_endpoint, hub_key
+from tests.unit.hosts import REV, answered, data, host, refusals
 
 CASES = yaml.safe_load((Path(__file__).with_name("hostile_inputs.yml")).read_text())
 MODEL = {"repo": "org/model-GGUF", "revision": REV}
@@ -39,15 +38,12 @@ def test_each_is_refused_naming_its_key(case):
     """A case's ``hub``: what the hub answered of each of its models (as roles/model_fetch/hub.py
     records it): a hub's answer is data, refused like configuration."""
     values = filled(case)
-    models_module._HUB.clear()
-    for name, facts in (case.get("hub") or {}).items():
-        entry = {"include": [], **values["models"][name]}
-        record_hub(hub_key(hub_endpoint(data(**values)), entry), facts)
+    answers = {hub_key(hub_endpoint(data(**values)), {"include": [], **values["models"][name]}): facts
+               for name, facts in (case.get("hub") or {}).items()}
     found = [f"{key}: {why}" for key, why in problems(values)]
     if not found:  # valid at the top level: the roles' checks must refuse it
         plan, facts = host("a100")
-        found = [r.line("h") for r in refusals(plan, facts, data(**values))]
-    models_module._HUB.clear()
+        found = [r.line("h") for r in refusals(plan, facts, answered(data(**values), answers))]
     assert found, f"not refused: {values!r}"
     assert any(case["key"] in line for line in found), found
     print(f"{case['key']!r:48} -> {found[0][:150]}")

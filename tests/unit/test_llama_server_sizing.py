@@ -9,27 +9,19 @@ from rigup.gpu.plan import hardware_plan
 from roles.llama_server.checks import layouts, plan_lines
 from roles.llama_server.command import argv
 from roles.llama_server.replicas import MAX_SLOTS, SLOT_TOKENS, sizing
-from tests.unit.hosts import REV, data, host, refusals
+from tests.unit.hosts import REV, answered, data, host, refusals
 
 KV_8B = 0.125   # GiB per 1k tokens: Llama 3 8B's f16 KV cache (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
 
 
-@pytest.fixture(autouse=True)
-def no_hub_facts():
-    models_module._HUB.clear()
-    yield
-    models_module._HUB.clear()
-
-
-def one(gib: float, kv: float | None = KV_8B, trained: int | None = None, **inst) -> dict:
-    """A host's data with instance ``m`` of a model of ``gib`` GiB whose GGUF header (as the hub's
-    answer gives it on the controller: roles/model_fetch/hub.py) says ``kv`` and ``trained``."""
-    d = data(models={"m": {"repo": "acme/m-GGUF", "revision": REV, "size_gib": gib}},
+def one(gib: float, kv: float | None = KV_8B, trained: int | None = None, gpu_enabled: bool = True, **inst):
+    """A host's configuration with instance ``m`` of a model of ``gib`` GiB whose GGUF header (as
+    the hub's answer gives it on the controller: roles/model_fetch/hub.py) says ``kv`` and ``trained``."""
+    d = data(models={"m": {"repo": "acme/m-GGUF", "revision": REV, "size_gib": gib}}, gpu_enabled=gpu_enabled,
              llama_server_instances={"m": {"model": "m", "port": 8081, **inst}})
     entry = models_module.models(d)[0]["m"]
     gguf = {"architecture": "llama", "layers": 32, "kv_gib_per_1k_tokens": kv, "context_length": trained}
-    models_module.record_hub(models_module.hub_key(models_module.hub_endpoint(d), entry), {"gguf": gguf})
-    return d
+    return answered(d, {models_module.hub_key(models_module.hub_endpoint(d), entry): {"gguf": gguf}})
 
 
 def card(mib: int, n: int = 1) -> dict:
@@ -106,8 +98,6 @@ def test_a_model_trained_for_less_than_8192_tokens_gets_slots_of_its_own_length(
     (card(143771), one(14.96, kv=None), "its KV cache per token is not known"),
 ])
 def test_without_the_figures_one_slot_of_8192(plan, d, reason):
-    if "gpu_enabled" in d["llama_server_instances"]["m"]:
-        d["gpu_enabled"] = d["llama_server_instances"]["m"].pop("gpu_enabled")
     ctx, parallel, why = chosen(plan, d)
     assert (ctx, parallel) == (8192, 1) and why == f"1 slot of 8,192 tokens ({reason}: rigup sizes slots from the VRAM only)"
 

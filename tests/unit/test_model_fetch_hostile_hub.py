@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rigup import models as models_module
-from rigup.models import first_gguf, hub_endpoint, hub_key, models, record_hub
+from rigup.models import first_gguf, hub_endpoint, hub_key, models
 from roles.model_fetch import fetcher
 from roles.model_fetch import hub as hub_module
 from rigup.gguf import GGUFRefused, kv_figures, metadata
 from roles.model_fetch.plan import plan_model
+from tests.unit.hosts import answered
 
 SMOKE = Path(__file__).parents[2] / "roles/llama_cpp/smoke.gguf"
 REV = "a" * 40
@@ -27,10 +27,8 @@ GOOD = {"path": "m.gguf", "size": 10, "oid": "1" * 40, "sha256": "b" * 64}
 
 @pytest.fixture(autouse=True)
 def no_hub_facts():
-    models_module._HUB.clear()
     hub_module._asked.clear()
     yield
-    models_module._HUB.clear()
     hub_module._asked.clear()
 
 
@@ -55,7 +53,8 @@ def test_resolve_refuses_a_hostile_commit_and_models_never_use_it(monkeypatch):
     d = {"hf_endpoint": "http://hub.test", "models_allow_unpinned": True, "model_fetch_hf_token_src": None,
          "models": {"x": {"repo": "org/x", "revision": "main", "size_gib": 1.0, "family": None}}}
     monkeypatch.setenv("HF_TOKEN", "t")
-    lines = hub_module.resolve(d)
+    d = answered(d, resolve=hub_module.resolve)
+    lines = hub_module.lines(d)
     assert any("not 40 lowercase hex" in line and "http://hub.test" in line for line in lines), lines
     valid, problems = models(d)
     assert "x" not in valid and problems and problems[0][0] == "models.x.revision"
@@ -65,8 +64,7 @@ def test_models_refuse_a_recorded_commit_that_is_not_hex():
     d = {"hf_endpoint": "http://hub.test", "models_allow_unpinned": True,
          "models": {"x": {"repo": "org/x", "revision": "main"}}}
     entry = {"repo": "org/x", "revision": "main", "include": []}
-    record_hub(hub_key(hub_endpoint(d), entry), {"commit": "/../../.."})
-    valid, problems = models(d)
+    valid, problems = models(answered(d, {hub_key(hub_endpoint(d), entry): {"commit": "/../../.."}}))
     assert not valid and "the hub at http://hub.test answered '/../../..'" in problems[0][1]
 
 
@@ -177,7 +175,8 @@ def test_a_compressed_listing_refuses_the_model_before_any_byte(monkeypatch):
         d = {"hf_endpoint": endpoint, "models": {"x": {"repo": "org/bomb", "revision": REV, "family": "glm-5.3-flash"}}}
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setattr(hub_module, "token", lambda data: None)
-        lines = hub_module.resolve(d)
+        d = answered(d, resolve=hub_module.resolve)
+        lines = hub_module.lines(d)
     finally:
         server.shutdown()
     assert any("Content-Encoding 'gzip'" in line for line in lines), lines

@@ -6,23 +6,16 @@ import struct
 
 import pytest
 
-from rigup import models as models_module
-from rigup.models import hub_endpoint, hub_key, models, record_hub
+from rigup.models import hub_endpoint, hub_key, models
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as hub_module
+from tests.unit.hosts import answered
 from rigup.gguf import GGUFRefused, Incomplete, kv_figures, metadata
 from tests.lab.hub import _gguf_str, gguf_bytes
 
 COMMIT = "1a2b" + "0" * 36
 LLAMA_KV = {"general.architecture": "llama", "llama.block_count": 22, "llama.embedding_length": 2048,
             "llama.attention.head_count": 32, "llama.attention.head_count_kv": 4, "llama.context_length": 2048}
-
-
-@pytest.fixture(autouse=True)
-def no_hub_facts():
-    models_module._HUB.clear()
-    yield
-    models_module._HUB.clear()
 
 
 def with_tokens(count: int) -> bytes:
@@ -79,39 +72,37 @@ def data(**entry):
 
 
 def record(d, **facts):
+    """``d`` as a configuration whose hub said ``facts`` of model x."""
     entry = {"repo": "org/x", "revision": d["models"]["x"]["revision"], "include": d["models"]["x"].get("include", [])}
-    record_hub(hub_key(hub_endpoint(d), entry), facts)
+    return answered(d, {hub_key(hub_endpoint(d), entry): facts})
 
 
 def test_branch_refused_with_the_pin():
     d = data()
     assert models(d)[1][0][1].startswith("expected a full 40-hex commit id, got 'main'")
-    record(d, commit=COMMIT)
-    found, problems = models(d)
+    found, problems = models(record(d, commit=COMMIT))
     assert found == {} and problems == [("models.x.revision", f"main is {COMMIT}; pin it (revision: {COMMIT}): a "
                                          "branch or tag moves; or --data models_allow_unpinned=true to fetch that commit")]
     d["models_allow_unpinned"] = True
-    entry = models(d)[0]["x"]
+    entry = models(record(d, commit=COMMIT))[0]["x"]
     assert entry["revision"] == COMMIT and entry["pinned_from"] == "main"
 
 
 def test_hub_error_in_the_refusal():
     d = data()
-    record(d, error="RepositoryNotFoundError: 401 (at http://hub.test)")
+    d = record(d, error="RepositoryNotFoundError: 401 (at http://hub.test)")
     assert "could not resolve (RepositoryNotFoundError: 401" in models(d)[1][0][1]
 
 
 def test_size_and_gguf_from_the_hub():
     d = data(revision=COMMIT, include=["*.gguf"])
     gguf = {"architecture": "llama", "layers": 22, "kv_gib_per_1k_tokens": 0.021, "file": "m.gguf"}
-    record(d, commit=COMMIT, size_gib=0.6, gguf=gguf)
-    entry = models(d)[0]["x"]
+    entry = models(record(d, commit=COMMIT, size_gib=0.6, gguf=gguf))[0]["x"]
     assert entry["size_gib"] == 0.6 and entry["gguf"] == gguf
     need = need_gib(entry, {"ngl": 99, "ctx": 8000}, 1)
     assert need.kv == pytest.approx(0.168) and need.total == pytest.approx(0.6 + 0.168 + 1)
     typed = data(revision=COMMIT, include=["*.gguf"], size_gib=2.0, family="glm-5.3-flash")
-    record(typed, commit=COMMIT, size_gib=0.6, gguf=gguf)
-    entry = models(typed)[0]["x"]
+    entry = models(record(typed, commit=COMMIT, size_gib=0.6, gguf=gguf))[0]["x"]
     assert entry["size_gib"] == 2.0 and "gguf" not in entry   # typed values win; a known family's estimate
 
 
@@ -134,7 +125,8 @@ def test_token_order(monkeypatch, tmp_path):
 def test_entries_that_need_no_hub_are_not_asked():
     hub_module.calls.clear()
     d = data(revision=COMMIT, size_gib=1.0, family="glm-5.3-flash")
-    assert hub_module.resolve(d) == [] and hub_module.calls == []
+    assert hub_module.resolve(d) == {} and hub_module.lines(answered(d, resolve=hub_module.resolve)) == []
+    assert hub_module.calls == []
 
 
 def test_token_from_the_hf_auth_login_store(tmp_path):
