@@ -393,10 +393,10 @@ class Config(Mapping):
     entry through it (rigup.models.models(cfg) pins a branch with the hub's answer), so nothing
     depends on which host or role happened to ask the hub first."""
 
-    __slots__ = ("name", "_data", "_resolvers", "_hub")
+    __slots__ = ("name", "_data", "_resolvers", "_hub", "_derived")
 
     def __init__(self, name: str, data: dict[str, Any], resolvers: tuple = ()):
-        self.name, self._data, self._resolvers, self._hub = name, data, resolvers, None
+        self.name, self._data, self._resolvers, self._hub, self._derived = name, data, resolvers, None, {}
 
     def __getitem__(self, key: str) -> Any:
         return self._data[key]
@@ -421,6 +421,17 @@ class Config(Mapping):
                 answers.update(resolve(self))
             self._hub = MappingProxyType(answers)
         return self._hub
+
+
+def once(data: Mapping, key, build):
+    """``build()``, made once for a :class:`Config` (what a role reads of it: its normalised entries,
+    rigup.models.models, a serving role's instances) and kept with it for the run, since a Config
+    never changes; made each time for a plain dict (a unit test's data). Read it, never change it."""
+    if not isinstance(data, Config):
+        return build()
+    if key not in data._derived:
+        data._derived[key] = build()
+    return data._derived[key]
 
 
 @dataclass

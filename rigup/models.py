@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from typing import NotRequired, TypedDict
 
+from rigup.config import once
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
@@ -160,7 +161,12 @@ def repo_id(repo: str) -> bool:
 
 def models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     """The host's ``models``, normalised with their ``dest``, and (key path, problem) for each
-    entry that is wrong; an entry with a problem is left out of the result."""
+    entry that is wrong; an entry with a problem is left out of the result. Made once per run for
+    a host's configuration (rigup.config.once): read it, never change it."""
+    return once(data, "models", lambda: _models(data))
+
+
+def _models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
     families = family_keys()
     hub = getattr(data, "hub", None) or {}   # a rigup.config.Config: the hub's answers (a dict: none)
     models_dir = str(data.get("models_dir") or "/srv/models").rstrip("/")  # "/" -> "": dest "/<name>"
@@ -240,10 +246,3 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None)
         if not found and model in valid:
             out[name] = entry
     return out, problems
-
-
-def serving(data: dict, read) -> tuple[dict | None, dict[str, ModelEntry]]:
-    """(instances, models) for a serving role's ``apply``: ``read(data)`` is its schema's
-    ``instances``; None when any entry has a problem (preflight refused the host: touch nothing)."""
-    wanted, problems = read(data)
-    return (None if problems else wanted), models(data)[0]

@@ -59,7 +59,7 @@ from rigup.config import Config, config_of, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
 from rigup.gpu.plan import Plan, build_backend
-from rigup.models import first_gguf, serving
+from rigup.models import first_gguf, models
 from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key
@@ -68,7 +68,7 @@ from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
-from roles.llama_server.replicas import sized
+from roles.llama_server.replicas import chosen
 from roles.llama_server.schema import instances
 from roles.llama_server.smoke import smoke_runs
 
@@ -141,11 +141,13 @@ def retired(units: dict, build_link: str, wanted: list[str], backends: list[str]
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
 def apply(plan: Plan, data: Config):
     user, binary = data["rigup_user"], f"{data['llama_cpp_dir']}/current/bin/llama-server"
-    wanted, entries = serving(data, instances)
-    if wanted is None:
+    wanted, problems = instances(data)
+    if problems:   # preflight refused the host: touch nothing
         return
-    laid = {name: sized(inst, entries[inst["model"]], plan, data)[:2] for name, inst in wanted.items()}
-    plans = {name: servers(name, inst, lay) for name, (inst, lay) in laid.items()}
+    entries = models(data)[0]
+    laid = {name: chosen(inst, entries[inst["model"]], plan, data)[:2] for name, inst in wanted.items()}
+    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}   # ctx, parallel where auto
+    plans = {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
     units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
     build_link = f"{data['llama_cpp_dir']}/current"

@@ -131,9 +131,10 @@ def sizing(inst: dict, model: dict, group_gib: list[float]) -> Sizing:
     return Sizing(n * slot, n, why)
 
 
-def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
-    """The instance with ``ctx`` and ``parallel`` chosen where ``auto`` (:func:`sizing`, on one
-    replica's GPUs), its layout, and why they were chosen (None: both set)."""
+def chosen(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
+    """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
+    on one replica's GPUs; ``cache_ram`` with them where sizing sets it), its layout, and why they
+    were chosen (None: both set). Only the chosen keys: the role lays them over the instance."""
     lay = layout(inst, model, plan, data)
     if lay.gpu and lay.groups and lay.groups[0]:
         vram = dict(zip((c["index"] for c in plan.get("cards", [])), vram_cards(plan, data)[0]))
@@ -141,8 +142,14 @@ def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout
     else:
         group = []
     size = sizing(inst, model, group)
-    chosen = {"ctx": size.ctx, "parallel": size.parallel} | ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
-    return {**inst, **chosen}, lay, size.why
+    keys = {"ctx": size.ctx, "parallel": size.parallel} | ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
+    return keys, lay, size.why
+
+
+def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
+    """The instance with what :func:`chosen` chose laid over it, its layout, and why."""
+    keys, lay, why = chosen(inst, model, plan, data)
+    return {**inst, **keys}, lay, why
 
 
 def need_gib(model: dict, inst: dict, cards: int) -> Need | None:

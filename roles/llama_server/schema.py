@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from rigup.config import once
 from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
@@ -98,7 +99,12 @@ OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-b": "
 
 def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
-    entry; ``gpu_count`` (when known) bounds tensor_split."""
+    entry; ``gpu_count`` (when known) bounds tensor_split. Made once per run for each ``gpu_count``
+    of a host's configuration (rigup.config.once): read it, never change it."""
+    return once(data, ("llama_server_instances", gpu_count), lambda: _instances(data, gpu_count))
+
+
+def _instances(data: dict, gpu_count: int | None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
         if found or entry.get("tensor_split") is None:

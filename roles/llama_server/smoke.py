@@ -4,7 +4,7 @@ each instance's own flags, from the same argv as its drop-in. Pure: plan and dat
 from __future__ import annotations
 
 from rigup.gpu.plan import build_backend
-from rigup.models import serving
+from rigup.models import models
 from rigup.names import marker_path
 from roles.llama_server.command import argv, servers
 from roles.llama_server.replicas import sized
@@ -17,11 +17,12 @@ def smoke_runs(plan: dict, data: dict, fleet=None) -> list[dict]:
     ``marker`` (the served model, when on disk) is left out, so that the tiny model answers, for an
     instance split over RPC workers (the smoke runs alone) and, on a GPU build, for one already
     serving (its model would be loaded a second time on the cards it fills)."""
-    wanted, entries = serving(data, instances)
+    wanted, problems = instances(data)
+    wanted, entries = ({} if problems else wanted), models(data)[0]
     serving_now = set(plan.get("serving_units") or [])
     gpu = build_backend(plan, data) == "cuda"
     runs = []
-    for name, inst in sorted((wanted or {}).items()):
+    for name, inst in sorted(wanted.items()):
         entry = entries[inst["model"]]
         inst, lay, _ = sized(inst, entry, plan, data)
         servers_of = servers(name, inst, lay)

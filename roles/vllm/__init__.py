@@ -103,7 +103,7 @@ from rigup.gpu.plan import Plan
 from rigup.config import Config, ConfigError, fleet_data, role_defaults
 from rigup.files import managed
 from rigup.gate import answered
-from rigup.models import serving
+from rigup.models import models
 from rigup.names import balancer_drain, guard_file, marker_path
 from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
@@ -242,9 +242,10 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
 
 @deploy("vllm", data_defaults=role_defaults("vllm"))
 def apply(plan: Plan, data: Config):
-    wanted, entries = serving(data, instances)
-    if wanted is None:
+    wanted, problems = instances(data)
+    if problems:   # preflight refused the host: touch nothing
         return
+    entries = models(data)[0]
     if not data["vllm_ray_role"] and "rigup-ray" in (plan.get("serving_units") or []):
         cluster.retired(name=f"vllm: {cluster.RAY_UNIT} retired (vllm_ray_role: null)")
     if data["vllm_ray_role"] == "head":   # its pp stages and tp ranks are Ray's to place over the hosts

@@ -8,6 +8,7 @@ import math
 import re
 from typing import Any
 
+from rigup.config import once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
@@ -103,7 +104,12 @@ def _family_layers(model: dict | None) -> int | None:
 
 def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
     """The host's ``vllm_instances``, normalised, and (key path, problem) for each wrong entry;
-    ``gpu_count`` (when known) bounds tp x pp."""
+    ``gpu_count`` (when known) bounds tp x pp. Made once per run for each ``gpu_count``
+    of a host's configuration (rigup.config.once): read it, never change it."""
+    return once(data, ("vllm_instances", gpu_count), lambda: _instances(data, gpu_count))
+
+
+def _instances(data: dict, gpu_count: int | None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         gpus_needed = entry["tp"] * entry["pp"]
         found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)

@@ -228,3 +228,61 @@ def test_fleet_data_is_every_hosts_data_with_defaults_made_once_a_run():
     assert fleet["h1"]["prometheus_port"] == config.declared()["prometheus_port"].default
     assert config.fleet_data(State(inventory, Config()).inventory.get_host("h1")) is not fleet
     del state
+
+
+# --- Config: one read-only configuration per host and run, the hub asked when first read ---------
+
+BRANCH = {"repo": "org/x", "revision": "main", "size_gib": 1.0, "family": "glm-5.3-flash"}
+COMMIT = "c" * 40
+
+
+class Resolver:
+    """A role's ``resolve`` (roles/model_fetch/hub.py's form): {hub_key: facts} for a host's
+    models, counting what it was asked."""
+    resolve_calls: list
+
+    def __init__(self):
+        self.resolve_calls = []
+
+    def resolve(self, cfg):
+        from rigup.models import hub_endpoint, hub_key
+
+        self.resolve_calls.append(cfg.name)
+        return {hub_key(hub_endpoint(cfg), {"include": [], **m}): {"commit": COMMIT}
+                for m in (cfg.get("models") or {}).values() if m["revision"] == "main"}
+
+
+def test_config_is_read_only_one_per_host_and_pins_from_the_hub_whichever_reads_first():
+    from pyinfra.api import Config as PyinfraConfig, State
+
+    from rigup.models import models
+
+    inventory = Inventory((["h1", ("h2", {"models": {"x": BRANCH}, "models_allow_unpinned": True})], {}))
+    state = State(inventory, PyinfraConfig())
+    h1, h2 = inventory.get_host("h1"), inventory.get_host("h2")
+    role = Resolver()
+    cfg1 = config.configure(h1, [role])
+    assert role.resolve_calls == []                       # nothing asked until a model is read
+    peer = config.fleet_data(h1)["h2"]                    # h2's configuration, before h2's own play
+    assert peer is config.config_of(h2) and cfg1 is config.config_of(h1)
+    assert models(peer)[0]["x"]["revision"] == COMMIT and models(peer)[0]["x"]["pinned_from"] == "main"
+    assert config.configure(h2, [role]) is peer           # h2's play: the same Config, asked once
+    assert models(peer)[0]["x"]["revision"] == COMMIT and role.resolve_calls == ["h2"]
+    with pytest.raises(TypeError):
+        peer["models"] = {}                               # read-only: a Mapping without setters
+    assert models(peer) is models(peer)                   # made once for the run (rigup.config.once)
+    assert not hasattr(__import__("rigup.models").models, "_HUB")   # no registry filled by printing
+    del state
+
+
+def test_plan_lines_ask_nothing_and_fill_nothing():
+    """model_fetch's plan lines read what the configuration asked: printing them twice asks the hub
+    nothing more and changes no entry."""
+    from roles import model_fetch
+    from tests.unit.hosts import data
+
+    role = Resolver()
+    cfg = config.Config("h", data(models={"x": BRANCH}, models_allow_unpinned=True), (role.resolve,))
+    first = model_fetch.plan_lines({}, cfg)
+    assert first == model_fetch.plan_lines({}, cfg) and role.resolve_calls == ["h"]
+    assert f"models.x.revision: main is {COMMIT}; pin it (models_allow_unpinned: fetching that commit)" in first
