@@ -224,19 +224,21 @@ def first_gguf(files: list[str]) -> str | None:
     return whole[0] if whole else None
 
 
-def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None) -> tuple[dict, list[tuple[str, str]]]:
+def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None,
+              raw: dict | None = None) -> tuple[dict, list[tuple[str, str]]]:
     """The entries of the serving map ``var`` (``llama_server_instances``, ``vllm_instances``),
     normalised against ``schema``, and (key path, problem) for each wrong one: an unknown or
     mistyped key, a ``model`` that is not a key of ``models``, or what ``entry_problems(entry,
     where, model)`` finds (the role's own rules; ``model`` is the valid entry of ``models`` or
-    None). An entry with a problem, or whose model has one, is left out of the result."""
+    None). An entry with a problem, or whose model has one, is left out of the result. ``raw``:
+    the entries to read instead of ``data[var]`` (llama_server's, with the tuned flags laid over)."""
     valid, _ = models(data)
     declared = data.get("models") or {}
     out: dict = {}
     problems: list[tuple[str, str]] = []
-    for name, raw in (data.get(var) or {}).items():
+    for name, given in (data.get(var) or {} if raw is None else raw).items():
         where = f"{var}.{name}"
-        entry, found = normalise(raw, schema, where, name=name)
+        entry, found = normalise(given, schema, where, name=name)
         model = entry.get("model")
         if model is not None and model not in declared:
             found.append((f"{where}.model", unknown_reference(model, declared, "models")))

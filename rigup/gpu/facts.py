@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
 
@@ -550,6 +550,25 @@ def parse_hardware(lines: list[str]) -> dict:
         "cpu": parse_cpu(sec.get("cpu", [])),
         "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
     }
+
+
+class Facts(TypedDict, total=False):
+    """What preflight read of a host (:class:`HardwareFacts`, one round trip) and what it adds:
+    ``model_bytes`` (roles/preflight PathBytes) and ``reads`` (the roles' ``plan_reads``: fact class
+    name -> value). The checks take it as ``facts``."""
+
+    gpus: list[dict]
+    driver: dict
+    cuda_toolkits: list[dict]
+    listening_ports: dict[int, str | None]
+    secure_boot: bool | None
+    kernel: dict
+    systemd: bool
+    serving_units: list[str]
+    cpu: dict
+    free_disk: dict[str, int | None]
+    model_bytes: dict
+    reads: dict[str, Any]
 
 
 class HardwareFacts(FactBase):

@@ -10,17 +10,24 @@ claims it (it knows the layout); a gateway claims its frontends' ports here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.refusal import Port, Refusal, needs_systemd
 from roles.balancer.config import SERVING_MAPS, gateway_backends
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
-def _gateway(data: dict, fleet) -> list[dict]:
+
+def _gateway(data: Config, fleet) -> list[dict]:
     if not data.get("balancer_gateway") or fleet is None:
         return []
     return gateway_backends(fleet.me, fleet.hosts, data["balancer_gateway_bind"], bool(data.get("fleet_api_key")))
 
 
-def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The stats frontend (loopback) when the host balances anything, and a gateway's frontends."""
     gateway = _gateway(data, fleet)
     replicated = any(isinstance(i, dict) and i.get("replicas", 1) != 1
@@ -30,12 +37,12 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return stats + [Port(b["port"], f"balancer_gateway ({b['name']})", ("haproxy",)) for b in gateway]
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A gateway on a host where systemd is not PID 1."""
     return needs_systemd(facts, ["balancer_gateway"] if data.get("balancer_gateway") else [])
 
 
-def check_gateway(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_gateway(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A gateway host that serves instances itself (their ports are its frontends')."""
     own = sorted(n for var in SERVING_MAPS for n in (data.get(var) or {}))
     if data.get("balancer_gateway") and own:

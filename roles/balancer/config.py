@@ -5,8 +5,13 @@ drop-in that keeps the servers' state (drain, maint, health) across a reload or 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.config import ADDRESS, NAME
 from rigup.templates import render
+
+if TYPE_CHECKING:
+    from rigup.config import Config
 
 SERVING_MAPS = ("llama_server_instances", "vllm_instances")
 
@@ -70,7 +75,7 @@ def bind_text(address: str, port: int) -> str:
     return f"ipv6@[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def haproxy_cfg(backends: list[dict], data: dict) -> str:
+def haproxy_cfg(backends: list[dict], data: Config) -> str:
     """/etc/haproxy/haproxy.cfg: a loopback stats and Prometheus frontend, the admin socket, and
     per backend a frontend on its bind:port (on a gateway, refusing a request without the fleet's
     key, /health aside, when the backend's ``key``), ``leastconn`` over its servers, health checks on

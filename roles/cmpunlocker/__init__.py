@@ -58,7 +58,7 @@ HOOK = "/etc/kernel/postinst.d/zz-rigup-cmpunlocker"
 CHANGED_BY_INSTALLER = ("/etc/default/grub", "/etc/modprobe.d")
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
+def plan_lines(plan: Plan, data: Config) -> list[str]:
     """Preflight's line while an enabled unlock has not taken yet: what the VRAM checks count, and
     that serving waits for it."""
     why = unlock_wait(plan, data)
@@ -68,11 +68,11 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
     return [f"cmpunlocker: the VRAM checks count {' / '.join(map(str, want))} MiB per card (unlocked); {why}"]
 
 
-def stamp_path(data: dict) -> str:
+def stamp_path(data: Config) -> str:
     return f"{data['rigup_state_dir']}/cmpunlocker.json"
 
 
-def src_dir(data: dict) -> str:
+def src_dir(data: Config) -> str:
     ident = source_id(data).replace("sha256:", "")[:40]
     return f"{data['cmpunlocker_dir']}/src-{ident}"
 
@@ -83,13 +83,13 @@ def _write_stamp(path: str, stamp: dict) -> str:
     return f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf '%s\\n' {text} > {tmp} && mv {tmp} {q(path)}"
 
 
-def rollback_commands(data: dict) -> str:
+def rollback_commands(data: Config) -> str:
     backup = f"{data['cmpunlocker_dir']}/backup"
     return render("cmpunlocker-rollback.sh.j2", backup=backup, hook=HOOK)
 
 
 @operation()
-def unlock_step(data: dict):
+def unlock_step(data: Config):
     """The next step of the unlock (steps.py): install, verify, roll back, or nothing."""
     state = read_once(CmpUnlockerState, stamp=stamp_path(data), probe=data["cmpunlocker_module_probe"])
     step, why = next_step(state, data)

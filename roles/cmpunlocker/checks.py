@@ -12,28 +12,35 @@ rigup/refusal.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal, config_refusals, gpus_text, needs_systemd
 from roles.cmpunlocker.steps import config_problems
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
-def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+
+def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The unlocker's source: a git URL (one git reads as no option) with a full 40-hex commit, or
     a tarball whose sha256 matches on the controller."""
     return config_refusals(config_problems(data))
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """cmpunlocker on a host where systemd is not PID 1."""
     return needs_systemd(facts, ["cmpunlocker_enabled"] if data.get("cmpunlocker_enabled") else [])
 
 
-def _cmpunlocker_applies(plan: dict, data: dict) -> bool:
+def _cmpunlocker_applies(plan: Plan, data: Config) -> bool:
     return bool(data.get("cmpunlocker_enabled")) and gpu_host(plan, data)
 
 
-def check_secure_boot(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_secure_boot(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Cmpunlocker with UEFI Secure Boot on."""
     if not _cmpunlocker_applies(plan, data) or facts.get("secure_boot") is not True:
         return []
@@ -44,7 +51,7 @@ def check_secure_boot(plan: dict, facts: dict, data: dict) -> list[Refusal]:
                     "cmpunlocker_secure_boot")]
 
 
-def check_headers(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_headers(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Cmpunlocker without the headers of the running kernel."""
     kernel = facts.get("kernel") or {}
     if not _cmpunlocker_applies(plan, data) or kernel.get("headers"):
@@ -57,7 +64,7 @@ def check_headers(plan: dict, facts: dict, data: dict) -> list[Refusal]:
                     "cmpunlocker_headers")]
 
 
-def check_driver(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_driver(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Cmpunlocker on a driver that is not exactly one of cmpunlocker_supported_drivers (or
     on NVIDIA's proprietary kernel module: it patches the open one)."""
     if not _cmpunlocker_applies(plan, data):
@@ -88,7 +95,7 @@ def _cmp_ids() -> dict[str, str]:
             for pci in card["pci_ids"]}
 
 
-def check_cards(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_cards(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Cmpunlocker on a host with cards that are not CMP 170HX (by PCI id), or with a
     cmpunlocker_profile that does not match the cards."""
     if not _cmpunlocker_applies(plan, data):

@@ -14,6 +14,8 @@ host (``rigup_state_dir/cmpunlocker.json``) and each converge takes the next ste
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import re
 from pathlib import Path
@@ -21,12 +23,15 @@ from pathlib import Path
 from rigup.config import GIT_URL
 from rigup.gpu.catalogue import card_by_pci_id
 
+if TYPE_CHECKING:
+    from rigup.config import Config
+
 UNLOCKER_MODULE_DIR = "/updates/cmpunlocker/"     # where its installer puts nvidia.ko
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def installer_args(data: dict) -> list[str]:
+def installer_args(data: Config) -> list[str]:
     """The installer's command line options for this data."""
     args = [f"--profile={data['cmpunlocker_profile']}"]
     if not data["cmpunlocker_iommu"]:
@@ -36,14 +41,14 @@ def installer_args(data: dict) -> list[str]:
     return args
 
 
-def source_id(data: dict) -> str:
+def source_id(data: Config) -> str:
     """What is installed: the git commit, or ``sha256:<hash>`` of the archive."""
     if data.get("cmpunlocker_archive"):
         return f"sha256:{data['cmpunlocker_archive_sha256']}"
     return str(data.get("cmpunlocker_version"))
 
 
-def config_problems(data: dict) -> list[tuple[str, str]]:
+def config_problems(data: Config) -> list[tuple[str, str]]:
     """(key, why) for what is wrong with the source settings of an enabled cmpunlocker."""
     if not data.get("cmpunlocker_enabled") or data.get("cmpunlocker_rollback"):
         return []
@@ -75,7 +80,7 @@ def config_problems(data: dict) -> list[tuple[str, str]]:
     return found
 
 
-def verify(gpus: list[dict], module: str | None, data: dict) -> tuple[bool, list[str]]:
+def verify(gpus: list[dict], module: str | None, data: Config) -> tuple[bool, list[str]]:
     """(locked, problems) of an unlock: ``locked`` when any CMP card still shows its locked
     memory; ``problems`` what is wrong with an unlock that took (memory.total not the unlocked
     size, a module not cmpunlocker's, the PCIe link not Gen2 with the Gen2 service on)."""
@@ -103,7 +108,7 @@ def verify(gpus: list[dict], module: str | None, data: dict) -> tuple[bool, list
     return locked, problems
 
 
-def next_step(state: dict, data: dict) -> tuple[str, str]:
+def next_step(state: dict, data: Config) -> tuple[str, str]:
     """(step, why): install | pending | verified-now | verify-failed | nothing | rollback |
     rollback-pending | stock-now."""
     stamp = state.get("stamp") or {}

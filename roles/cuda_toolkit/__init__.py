@@ -38,7 +38,7 @@ REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 
 __all__ = ["apply", "CHECKS"]
 
 
-def _home(data: dict) -> str:
+def _home(data: Config) -> str:
     return f"/usr/local/cuda-{data['cuda_version']}" if data["cuda_source"] == "nvidia" else "/usr"
 
 

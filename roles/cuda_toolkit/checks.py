@@ -7,12 +7,19 @@ rigup/refusal.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
-def check_driver_for_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+
+def check_driver_for_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The loaded driver is older than the chosen cuda_version needs."""
     if not gpu_host(plan, data):
         return []
@@ -39,7 +46,7 @@ def check_driver_for_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         + f"upgrade the NVIDIA driver to >= {min_driver}", "driver_for_cuda")]
 
 
-def check_cuda_for_archs(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_cuda_for_archs(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The chosen cuda_version is older than the host's cards need (plan min_cuda)."""
     if not gpu_host(plan, data):
         return []

@@ -79,7 +79,7 @@ def class_thresholds() -> dict:
     return yamlfile.safe_load((HERE / "thresholds.yml").read_text())
 
 
-def guard_config(data: dict) -> dict:
+def guard_config(data: Config) -> dict:
     """The guard's configuration file (pure: data in)."""
     table = class_thresholds()
     by_pci = {}
@@ -117,7 +117,7 @@ def xid_catalogue() -> dict[str, dict]:
 XID_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
 
 
-def xid_config(data: dict) -> dict:
+def xid_config(data: Config) -> dict:
     """The guard's Xid triage: the catalogue (rigup/gpu/xid.yml), the journal match of the
     source, the suspect rule, the reboot policy and the state files (on disk: they outlive a reboot)."""
     state = str(data["rigup_state_dir"]).rstrip("/")

@@ -8,8 +8,15 @@ rigup/refusal.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.gpu.catalogue import class_problem
 from rigup.refusal import Refusal, config_refusals
+
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
 KEYS = ("draw_w", "temp_c")
 
@@ -33,14 +40,14 @@ def threshold_problems(overrides: dict) -> list[tuple[str, str]]:
     return found
 
 
-def check_debounce(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_debounce(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """gpu_guard_debounce_bad larger than gpu_guard_debounce_samples (it could never trip)."""
     bad, of = data.get("gpu_guard_debounce_bad", 1), data.get("gpu_guard_debounce_samples", 1)
     return config_refusals([("gpu_guard_debounce_bad", f"expected at most gpu_guard_debounce_samples ({of}), "
                                                       f"got {bad}")] if bad > of else [])
 
 
-def check_thresholds(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_thresholds(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """gpu_guard_thresholds: a class not in the catalogue, an unknown key, a value that is not a
     number 0..2000."""
     return config_refusals(threshold_problems(data.get("gpu_guard_thresholds")))

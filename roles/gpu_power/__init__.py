@@ -44,7 +44,7 @@ __all__ = ["apply", "CHECKS", "show_plan"]
 UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
 
 
-def applies(plan: dict, data) -> bool:
+def applies(plan: Plan, data) -> bool:
     """GPUs, and systemd to keep the policy at boot (preflight refuses a cap without systemd)."""
     return gpu_host(plan, data) and plan.get("systemd", True)
 

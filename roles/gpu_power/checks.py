@@ -12,17 +12,24 @@ rigup/refusal.py). Cards are matched by UUID or PCI bus id with the policy's own
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.config import parse_form
 from rigup.gpu.catalogue import class_problem
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal, config_refusals, gpus_text, needs_systemd, watts_text
 from roles.gpu_power.policy import card_named, parse_clocks, psu_need
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 OVERRIDE_WATTS = parse_form("int 50..1000")
 POLICY = ("gpu_power_watts", "gpu_power_overrides", "gpu_power_clocks", "gpu_psu_watts")
 
 
-def _gpus(facts: dict) -> list[dict]:
+def _gpus(facts: Facts) -> list[dict]:
     return [g for g in facts.get("gpus") or [] if not g.get("lost")]
 
 
@@ -31,7 +38,7 @@ def _card_range(card: dict) -> tuple[float | None, float | None]:
     return power.get("min"), power.get("max")
 
 
-def _overrides(plan: dict, facts: dict, data: dict):
+def _overrides(plan: Plan, facts: Facts, data: Config):
     """(key, watts, plan card or None) of each override whose value has the right form."""
     cards = {c["index"]: c for c in plan.get("cards") or []}
     for key, value in (data.get("gpu_power_overrides") or {}).items():
@@ -40,14 +47,14 @@ def _overrides(plan: dict, facts: dict, data: dict):
             yield key, value, cards.get(gpu.get("index")) if gpu else None
 
 
-def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A gpu_power_overrides value that is not watts (int 50..1000)."""
     return config_refusals([(f"gpu_power_overrides.{key}", f"expected watts, {OVERRIDE_WATTS.text}, {why}")
                             for key, watts in (data.get("gpu_power_overrides") or {}).items()
                             if (why := OVERRIDE_WATTS.problem(watts))])
 
 
-def check_clocks(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_clocks(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """gpu_power_clocks: a key that is not a card class of the catalogue, or a value that is not
     "MIN,MAX" MHz with MIN <= MAX (``1410-1410``, a typo'd class)."""
     found = []
@@ -59,7 +66,7 @@ def check_clocks(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return config_refusals(found)
 
 
-def check_power_range(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_power_range(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """gpu_power_watts, or an override, outside the card's power.min_limit..max_limit."""
     if not gpu_host(plan, data):
         return []
@@ -93,7 +100,7 @@ def check_power_range(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def check_override_targets(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_override_targets(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An override keyed by a UUID or bus id of no card on this host (or by an index)."""
     if not gpu_host(plan, data):
         return []
@@ -116,7 +123,7 @@ def check_override_targets(plan: dict, facts: dict, data: dict) -> list[Refusal]
     return found
 
 
-def check_psu_budget(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_psu_budget(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """gpu_psu_watts below the overrides plus the other cards' minimum limits (policy.py
     ``psu_need``, the floor the converge's ``psu_shares`` refuses below)."""
     budget = data.get("gpu_psu_watts")
@@ -135,7 +142,7 @@ def check_psu_budget(plan: dict, facts: dict, data: dict) -> list[Refusal]:
                     "psu_budget")]
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Caps, overrides or clock locks on a host where systemd is not PID 1 (the boot unit keeps them)."""
     return needs_systemd(facts, [key for key in POLICY if data.get(key) not in (None, {}, False)])
 

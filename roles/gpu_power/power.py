@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 from io import StringIO
 
@@ -16,6 +18,9 @@ from rigup.gpu.facts import NvidiaGpus
 from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState, parse_applied
 from roles.gpu_power.policy import config_lines, power_plan
 
+if TYPE_CHECKING:
+    from rigup.config import Config
+
 
 def card_class(gpu: dict) -> str | None:
     card = card_for(gpu)
@@ -28,7 +33,7 @@ def power_state() -> dict:
     return {**read_once(GpuPowerState), "gpus": read_once(NvidiaGpus)}
 
 
-def plan_for(state: dict, data: dict) -> dict:
+def plan_for(state: dict, data: Config) -> dict:
     """The power plan of this host's live cards under its data (gpu_power_* variables)."""
     return power_plan(state["gpus"], data["gpu_power_watts"], data["gpu_power_overrides"],
                       data["gpu_power_clocks"], data["gpu_power_persistence"], card_class,
@@ -38,7 +43,7 @@ def plan_for(state: dict, data: dict) -> dict:
 @reading(GpuPowerState)
 @reading(NvidiaGpus)
 @operation()
-def limits_applied(data: dict, script: str):
+def limits_applied(data: Config, script: str):
     """Write the boot configuration (by UUID) and run the boot unit when a card differs from the
     policy: it sets only the cards that differ, each with ``-i <UUID>``, and reads every value
     back, failing on a mismatch. Every value is checked against the card's own min..max first:

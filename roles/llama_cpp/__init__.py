@@ -87,7 +87,7 @@ def apply(plan: Plan, data: Config):
 TRAPS = load_traps(__file__.rsplit("/", 1)[0] + "/traps.yml", condition_keys=("signals", "cpu_flags_any"))
 
 
-def remedies(plan: dict) -> list[dict]:
+def remedies(plan: Plan) -> list[dict]:
     """The catalogue's remedies a smoke may try on this host: those whose CPU flags it has."""
     flags = set((plan.get("cpu") or {}).get("flags") or [])
     return [{"id": t.id, "ref": t.ref, "signals": list(t.condition.get("signals", [])),
@@ -95,7 +95,7 @@ def remedies(plan: dict) -> list[dict]:
             if t.remedy.kind == "server_flag" and flags & set(t.condition.get("cpu_flags_any", []))]
 
 
-def smoke_spec(plan: dict, data: dict) -> dict | None:
+def smoke_spec(plan: Plan, data: Config) -> dict | None:
     """What roles/llama_cpp/smoke.py gets (less the paths of the build), with ``key``: a hash of
     it, so that a build proven with the same spec is not tried again; None with llama_cpp_smoke off."""
     if not data.get("llama_cpp_smoke", True):
@@ -107,12 +107,12 @@ def smoke_spec(plan: dict, data: dict) -> dict | None:
     return spec
 
 
-def plan_reads(data: dict) -> list:
+def plan_reads(data: Config) -> list:
     """The builds' state, which :func:`plan_lines` reads (in preflight's round trip)."""
     return [(LlamaCppState, {"dir": data["llama_cpp_dir"]})]
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
+def plan_lines(plan: Plan, data: Config) -> list[str]:
     """The plan's lines for the smoke: what a new build answers with, the traps it may meet, and
     the trap the serving build's smoke met (its remedy the instances run with)."""
     state = read_once(LlamaCppState, dir=data["llama_cpp_dir"])
@@ -123,7 +123,7 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
     return lines + _smoke_lines(plan, data)
 
 
-def _smoke_lines(plan: dict, data: dict) -> list[str]:
+def _smoke_lines(plan: Plan, data: Config) -> list[str]:
     spec = smoke_spec(plan, data)
     if spec is None:
         return ["llama.cpp smoke: off (llama_cpp_smoke: false): a new build serves after --version alone"]

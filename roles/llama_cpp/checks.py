@@ -5,15 +5,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from rigup.config import GIT_URL
 from rigup.refusal import Refusal, config_refusals
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
 
 
-def check_source(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_source(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """llama_cpp_ref that is not a tag or commit (letters, digits, ``._/-``, not starting with
     ``-`` or holding ``..``: git would read it as an option or a range), or llama_cpp_source that
     is not a git URL."""

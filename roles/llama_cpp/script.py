@@ -4,6 +4,8 @@ script on a real GPU machine without pyinfra."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import json
 import re
@@ -15,8 +17,12 @@ from functools import lru_cache
 from rigup.templates import render
 from rigup.gpu.plan import build_backend, nvcc_path
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.config import Config
 
-def cmake_options(plan: dict, data: dict) -> list[str]:
+
+def cmake_options(plan: Plan, data: Config) -> list[str]:
     """The CMake cache entries of a build on a host with this plan."""
     options = [
         "CMAKE_BUILD_TYPE=Release",
@@ -44,7 +50,7 @@ def cmake_options(plan: dict, data: dict) -> list[str]:
     return options + list(data["llama_cpp_cmake_options"])
 
 
-def build_id(data: dict, options: list[str]) -> str:
+def build_id(data: Config, options: list[str]) -> str:
     """``<ref>-<hash>``: the same source, ref, options and targets give the same id."""
     archive = data["llama_cpp_archive"]
     source = _archive_digest(archive, Path(archive).stat().st_mtime_ns) if archive else data["llama_cpp_source"]
@@ -59,7 +65,7 @@ def _archive_digest(archive: str, mtime_ns: int) -> str:
     return hashlib.sha256(Path(archive).read_bytes()).hexdigest()
 
 
-def render_build_script(data: dict, options: list[str], archive_on_host: str | None = None) -> str:
+def render_build_script(data: Config, options: list[str], archive_on_host: str | None = None) -> str:
     """The build script for these inputs (also run alone by tests/gpu/check.sh)."""
     return render(
         "llama_cpp-build.sh.j2",

@@ -21,6 +21,8 @@ rigup/refusal.py), and the ports its instances take.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -36,15 +38,20 @@ from rigup.units import downtrained, had_replicas, main_first, narrow, replica_n
 from roles.llama_server.replicas import layout_text, need_gib, sized
 from roles.llama_server.schema import CACHE_TYPES, instances
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 _SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
 TRAPS_FILE = Path(__file__).resolve().with_name("traps.yml")
 
 
-def _instances(plan: dict, data: dict) -> dict:
+def _instances(plan: Plan, data: Config) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
-def layouts(plan: dict, data: dict, why: bool = False) -> dict:
+def layouts(plan: Plan, data: Config, why: bool = False) -> dict:
     """{name: (instance, replicas.Layout)} of the host's valid instances, ctx and parallel chosen
     where auto (replicas.sized); with ``why``, {name: (instance, layout, why rigup chose them)}."""
     entries = models(data)[0]
@@ -52,7 +59,7 @@ def layouts(plan: dict, data: dict, why: bool = False) -> dict:
     return laid if why else {name: (inst, lay) for name, (inst, lay, _) in laid.items()}
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
+def plan_lines(plan: Plan, data: Config) -> list[str]:
     """Preflight's plan lines: each instance's layout (``glm: 4 replicas x 2 GPUs (GPU 0-1, ...)``),
     the ctx and parallel rigup chose for it and why (where they are auto), its main GPU when a
     card's link is downtrained, row or tensor split over narrow links (at or below x4 Gen3: layer
@@ -86,7 +93,7 @@ def plan_lines(plan: dict, data: dict) -> list[str]:
     return lines
 
 
-def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's, which takes over the port of a single
     server it replaces; a single server takes it back from the balancer of the replicas it
     replaces: rigup-llama@NAME-K units on the host) and each replica's loopback port (port + 1 + K)."""
@@ -103,7 +110,7 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return found
 
 
-def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a
     model not in models, a bad tensor_split, or extra_args giving a flag rigup sets (--host, --port,
     -m/--model, -hf, --api-key, --api-key-file, --alias, --rpc, the KV cache types, -b and -ub;
@@ -111,13 +118,13 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return config_refusals(instances(data, gpu_count(plan))[1])
 
 
-def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
     ::0) without api_key."""
     return serving_exposure("llama_server_instances", _instances(plan, data))
 
 
-def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance's weights (size_gib) plus its KV cache (ctx x the family's estimate) plus 1 GiB
     per card larger than the VRAM of its cards: all the host's, or one replica's group (all layers
     on the GPUs)."""
@@ -147,7 +154,7 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """More replicas x gpus_per_replica than the host has GPUs, a main_gpu beyond a server's own
     GPUs, a replica whose unit name (NAME-K) is another instance's, or a server's port outside
     1024..65535 (its port, or a replica's port + 1 + K: llama-server runs as the unprivileged rigup
@@ -173,7 +180,7 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def check_split_mode_row(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_split_mode_row(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """llama.cpp row split (-sm row) for a model family known to fail with it."""
     entries = models(data)[0]
     found = []
@@ -193,13 +200,13 @@ def check_split_mode_row(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """llama-server instances on a host where systemd is not PID 1."""
     names = sorted(_instances(plan, data))
     return needs_systemd(facts, [f"llama_server_instances ({', '.join(names)})"] if names else [])
 
 
-def _worker_problems(worker: str, fleet: Fleet, data: dict) -> list[tuple[str, str]]:
+def _worker_problems(worker: str, fleet: Fleet, data: Config) -> list[tuple[str, str]]:
     """(why, fix) for each reason ``worker`` cannot be an RPC worker of this host."""
     other = fleet.hosts.get(worker)
     if worker == fleet.me:
@@ -214,7 +221,7 @@ def _worker_problems(worker: str, fleet: Fleet, data: dict) -> list[tuple[str, s
     return [(why, fix) for why, fix in found if why]
 
 
-def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def check_rpc(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """An instance with rpc_workers that cannot work: a worker not in the inventory (``fleet``),
     this host itself, one without the RPC server, with another llama_cpp_ref, or whose address
     (or this host's) is no IP address; or RPC with more than one replica."""
@@ -231,7 +238,7 @@ def check_rpc(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -
     return found
 
 
-def _worker_cards(plan: dict, data: dict) -> list[float]:
+def _worker_cards(plan: Plan, data: Config) -> list[float]:
     """VRAM per card (GiB) a worker's RPC server uses: its cards, or those of
     ``rpc_worker_cuda_devices`` (indexes or UUIDs)."""
     per_card, _ = vram_cards(plan, data)
@@ -243,7 +250,7 @@ def _worker_cards(plan: dict, data: dict) -> list[float]:
             if str(card["index"]) in wanted or card.get("uuid") in wanted]
 
 
-def rpc_groups(plan: dict, data: dict, fleet: Fleet | None) -> list[dict]:
+def rpc_groups(plan: Plan, data: Config, fleet: Fleet | None) -> list[dict]:
     """Each instance with rpc_workers as a group: ``name``, ``need`` (replicas.need_gib over every
     card of the group, or None: unsized, layers on the CPU, or a worker's GPUs unknown), ``parts``
     ([(host, [GiB per card])], the head first) and ``unknown`` (workers whose plan cannot be read);
@@ -280,7 +287,7 @@ def _split_text(group: dict) -> str:
     return " + ".join(shares) + f" = {total:.1f} GiB"
 
 
-def fleet_plan_lines(plan: dict, data: dict, fleet: Fleet | None = None) -> list[str]:
+def fleet_plan_lines(plan: Plan, data: Config, fleet: Fleet | None = None) -> list[str]:
     """Preflight's lines for each RPC group: what it needs and how it splits over the hosts."""
     lines = []
     for g in rpc_groups(plan, data, fleet):
@@ -293,7 +300,7 @@ def fleet_plan_lines(plan: dict, data: dict, fleet: Fleet | None = None) -> list
     return lines
 
 
-def check_rpc_vram(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def check_rpc_vram(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """An RPC group (an instance and its rpc_workers) whose weights + KV cache + 1 GiB per GPU is
     more than the VRAM of the head's and the workers' GPUs, or a worker whose GPUs cannot be read."""
     found = []
@@ -393,7 +400,7 @@ def _cmake_sets(options: list, entry: str) -> bool:
     return value.upper() in _CMAKE_TRUE if want.upper() in _CMAKE_TRUE else value == want
 
 
-def _remedied(trap: traps.Trap, inst: dict, data: dict) -> bool:
+def _remedied(trap: traps.Trap, inst: dict, data: Config) -> bool:
     """Whether the trap's remedy is in place: its build option set, its server flag given."""
     kind, value = trap.remedy.kind, trap.remedy.value
     if kind == "build_option":
@@ -421,7 +428,7 @@ def _met_text(where: str, trap: traps.Trap, found: dict, backend: str) -> str:
     return text
 
 
-def check_traps(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_traps(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance that meets a known llama.cpp trap (roles/llama_server/traps.yml): flash
     attention over KV cache types the CUDA build has no kernel for (attention on the CPU, or FA
     turned off), a quantized V cache without flash attention (llama-server exits), -sm row on a

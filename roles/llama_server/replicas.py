@@ -24,11 +24,15 @@ This module imports nothing of the role: load it by its path where pyinfra is mi
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import build_backend, vram_cards
 from rigup.refusal import gpus_text
+
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.config import Config
 
 OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)
 ALL_LAYERS_NGL = 99          # llama.cpp's "-ngl 99": every layer on the GPUs (or -1)
@@ -131,7 +135,7 @@ def sizing(inst: dict, model: dict, group_gib: list[float]) -> Sizing:
     return Sizing(n * slot, n, why)
 
 
-def chosen(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
+def chosen(inst: dict, model: dict, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
     """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
     on one replica's GPUs; ``cache_ram`` with them where sizing sets it), its layout, and why they
     were chosen (None: both set). Only the chosen keys: the role lays them over the instance."""
@@ -146,7 +150,7 @@ def chosen(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layou
     return keys, lay, size.why
 
 
-def sized(inst: dict, model: dict, plan: dict, data: dict) -> tuple[dict, Layout, str | None]:
+def sized(inst: dict, model: dict, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
     """The instance with what :func:`chosen` chose laid over it, its layout, and why."""
     keys, lay, why = chosen(inst, model, plan, data)
     return {**inst, **keys}, lay, why
@@ -177,7 +181,7 @@ def fewest_gpus(model: dict, inst: dict, per_card: list[float]) -> int | None:
     return None
 
 
-def layout(inst: dict, model: dict, plan: dict, data: dict) -> Layout:
+def layout(inst: dict, model: dict, plan: Plan, data: Config) -> Layout:
     """The instance's layout on this host (see the module docstring)."""
     if inst["ctx"] == "auto":   # gpus_per_replica auto: the fewest GPUs that hold its slots (one if parallel is auto)
         inst = {**inst, "ctx": (inst["parallel"] if inst["parallel"] != "auto" else 1) * slot_tokens(model)}

@@ -7,6 +7,8 @@ OWNED_FLAGS (extra_args may not give it again), a test.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from rigup.config import once
@@ -14,6 +16,9 @@ from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 from roles.llama_server.tuned import tuned, with_tuned
+
+if TYPE_CHECKING:
+    from rigup.config import Config
 
 # llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -97,14 +102,14 @@ OWNED_FLAGS = {"-ctk": "cache_type_k", "--cache-type-k": "cache_type_k", "-b": "
                "-hfr": "model", "--hf-repo": "model", "--rpc": "rpc_workers", "-a": None, "--alias": None}
 
 
-def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
+def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
     entry; ``gpu_count`` (when known) bounds tensor_split. Made once per run for each ``gpu_count``
     of a host's configuration (rigup.config.once): read it, never change it."""
     return once(data, ("llama_server_instances", gpu_count), lambda: _instances(data, gpu_count))
 
 
-def _instances(data: dict, gpu_count: int | None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
+def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
         if found or entry.get("tensor_split") is None:
@@ -117,5 +122,5 @@ def _instances(data: dict, gpu_count: int | None) -> tuple[dict[str, LlamaInstan
             return [(f"{where}.tensor_split", f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
         return []
     flags, wrong = tuned(data, LLAMA_INSTANCE)
-    found, problems_ = _entries(with_tuned(data, flags), "llama_server_instances", LLAMA_INSTANCE, problems)
+    found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, with_tuned(data, flags))
     return found, wrong + problems_

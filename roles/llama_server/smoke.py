@@ -3,6 +3,8 @@ each instance's own flags, from the same argv as its drop-in. Pure: plan and dat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.gpu.plan import build_backend
 from rigup.models import models
 from rigup.names import marker_path
@@ -10,8 +12,12 @@ from roles.llama_server.command import argv, servers
 from roles.llama_server.replicas import sized
 from roles.llama_server.schema import instances
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.config import Config
 
-def smoke_runs(plan: dict, data: dict, fleet=None) -> list[dict]:
+
+def smoke_runs(plan: Plan, data: Config, fleet=None) -> list[dict]:
     """One run per instance (its first server, with that server's environment): ``{name, marker,
     args, env}``, ``args`` being llama-server's flags after ``-m MODEL``; none when nothing serves.
     ``marker`` (the served model, when on disk) is left out, so that the tiny model answers, for an

@@ -18,7 +18,12 @@ plan says ``tuned``); the figures are for status.py and the reader. Pure: data i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.entries import Key, normalise
+
+if TYPE_CHECKING:
+    from rigup.config import Config
 
 # the instance keys a sweep sets (rigup/tune.py FLAGS), with their forms in schema.LLAMA_INSTANCE
 FLAG_KEYS = ("ctx", "parallel", "flash_attn", "batch", "ubatch", "cache_type_k", "cache_type_v", "cache_ram",
@@ -34,7 +39,7 @@ ENTRY = {
 }
 
 
-def tuned(data: dict, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+def tuned(data: Config, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """{instance: its tuned flags} and (key path, problem) for each wrong entry of
     ``llama_server_tuned``: an instance not in llama_server_instances, an unknown key, a flag
     that is not one of FLAG_KEYS or not of the instance key's form (``instance_keys``)."""
@@ -55,10 +60,10 @@ def tuned(data: dict, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], l
     return out, problems
 
 
-def with_tuned(data: dict, flags: dict[str, dict]) -> dict:
-    """``data`` with each tuned instance's entry of llama_server_instances taking its flags."""
+def with_tuned(data: Config, flags: dict[str, dict]) -> dict:
+    """``llama_server_instances`` with each tuned instance's entry taking its flags."""
+    serving = data.get("llama_server_instances") or {}
     if not flags:
-        return data
-    serving = {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
-               for name, entry in (data.get("llama_server_instances") or {}).items()}
-    return {**data, "llama_server_instances": serving}
+        return serving
+    return {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
+            for name, entry in serving.items()}

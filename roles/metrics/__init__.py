@@ -82,7 +82,7 @@ NODE, PROMETHEUS = "prometheus-node-exporter.service", "prometheus.service"
 LIVE, CANDIDATE = "/etc/prometheus", "/etc/prometheus/rigup-candidate"
 
 
-def listen(data: dict, key: str, port_key: str) -> str:
+def listen(data: Config, key: str, port_key: str) -> str:
     return f"{url_host(bind_address(host.name, data, key))}:{data[port_key]}"
 
 
@@ -112,7 +112,7 @@ def checked_config(texts: dict[str, str]):
     yield promote_command(sorted(texts))
 
 
-def exporters(data: dict, fleet: list[tuple[str, dict]]) -> None:
+def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
     """The node exporter and the relay, each restarted only when its files changed."""
     script = f"{data['rigup_prefix']}/bin/rigup-metrics-relay"
     paths = [NODE_DEFAULT, TEXTFILE_DIR, script, RELAY_CONFIG, RELAY_UNIT]
@@ -138,7 +138,7 @@ def exporters(data: dict, fleet: list[tuple[str, dict]]) -> None:
     systemd.service(name=f"metrics: restart {RELAY} (changed)", service=RELAY, restarted=True, _if=any_changed(*relay))
 
 
-def prometheus(data: dict, fleet: list[tuple[str, dict]]) -> None:
+def prometheus(data: Config, fleet: list[tuple[str, dict]]) -> None:
     """Prometheus, its configuration checked before it goes live, restarted on new arguments."""
     args = files.managed(name=f"metrics: {PROM_DEFAULT}", dest=PROM_DEFAULT, paths=[PROM_DEFAULT],
                          text=render("metrics-prometheus.default.j2", retention_days=data["prometheus_retention_days"],

@@ -9,18 +9,25 @@ rigup/refusal.py), and the ports its units take.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.config import host_ip
 from rigup.names import bind_scope
 from rigup.refusal import Fleet, Port, Refusal, needs_systemd, open_listener
 from roles.metrics.allow import exposed
 from roles.metrics.prometheus import bind_address, inventory_address
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 # What each address binds: (the setting that runs it, the address key, what listens there).
 LISTENERS = (("metrics_enabled", "metrics_address", "the node exporter and the relay"),
              ("prometheus_enabled", "prometheus_address", "Prometheus"))
 
 
-def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The node exporter's and the relay's ports (with metrics_enabled), Prometheus's (with
     prometheus_enabled); a listener of the unit itself is no conflict (its process names)."""
     found = []
@@ -32,7 +39,7 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return found
 
 
-def check_addresses(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_addresses(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """metrics_address or prometheus_address that is a wildcard (0.0.0.0, ::, ::0, 0:0:0:0:0:0:0:0):
     the exporters and Prometheus bind one address, the host's inventory address or loopback."""
     return [Refusal(f"{key} is {data[key]}", "a wildcard serves the host's metrics on every interface, "
@@ -42,12 +49,12 @@ def check_addresses(plan: dict, facts: dict, data: dict) -> list[Refusal]:
             if data.get(key) is not None and bind_scope(data[key]) == "wildcard"]
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """prometheus_enabled on a host where systemd is not PID 1 (the node exporter is left out there)."""
     return needs_systemd(facts, ["prometheus_enabled"] if data.get("prometheus_enabled") else [])
 
 
-def check_allow_lists(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def check_allow_lists(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """The node exporter, the relay or Prometheus (none checks a key) bound beyond loopback where
     its nftables allow-list cannot name a monitoring host: that host's inventory address is no IP
     address (nftables takes addresses, not names)."""

@@ -11,6 +11,8 @@ so no key leaves its host and no instance has to listen beyond loopback for its 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ipaddress
 import json
 
@@ -19,13 +21,16 @@ import yaml
 from rigup.gate import endpoint
 from rigup.names import bind_scope
 
+if TYPE_CHECKING:
+    from rigup.config import Config
+
 LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
 # Files Prometheus reads, by name (relative names in prometheus.yml: resolved against its directory,
 # so that a candidate set is checked in a directory of its own before it replaces the live one).
 RULES, NODE_TARGETS, LLAMA_TARGETS = "rigup-rules.yml", "rigup-node.json", "rigup-llama.json"
 
 
-def inventory_address(name: str, data: dict) -> str:
+def inventory_address(name: str, data: Config) -> str:
     """The address other hosts reach ``name`` at: its ``ssh_hostname`` (or its inventory name),
     127.0.0.1 for a host with no other (``@local``, ``localhost``)."""
     address = str(data.get("ssh_hostname") or name)
@@ -37,7 +42,7 @@ def inventory_address(name: str, data: dict) -> str:
         return address                                   # a DNS name: resolved by whoever binds or scrapes
 
 
-def bind_address(name: str, data: dict, key: str) -> str:
+def bind_address(name: str, data: Config, key: str) -> str:
     """The address to bind for ``key`` (metrics_address, prometheus_address): its value, or the
     inventory address when null."""
     return data.get(key) or inventory_address(name, data)
@@ -48,7 +53,7 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def llama_instances(data: dict) -> dict[str, dict]:
+def llama_instances(data: Config) -> dict[str, dict]:
     """The host's llama-server instances whose /metrics is on, as the relay reaches them:
     name -> {"url", "key"} (key: the API key file, or None). Read from the raw entries (a role
     imports no other role; the defaults are roles/llama_server/schema.py's: host 127.0.0.1,
@@ -66,13 +71,13 @@ def monitors(fleet: list[tuple[str, dict]]) -> list[str]:
     return sorted({inventory_address(name, data) for name, data in fleet if data.get("prometheus_enabled")})
 
 
-def scrapers(data: dict, fleet: list[tuple[str, dict]]) -> list[str]:
+def scrapers(data: Config, fleet: list[tuple[str, dict]]) -> list[str]:
     """Who may scrape a host's node exporter and relay (with ``data``): the monitoring hosts and
     its ``metrics_allow``."""
     return sorted({*monitors(fleet), *(data.get("metrics_allow") or [])})
 
 
-def relay_config(name: str, data: dict, fleet: list[tuple[str, dict]]) -> dict:
+def relay_config(name: str, data: Config, fleet: list[tuple[str, dict]]) -> dict:
     """rigup-metrics-relay's configuration on host ``name``: it answers loopback, its own address,
     the monitoring hosts and ``metrics_allow`` (as its nftables allow-list, roles/metrics/allow.py)."""
     address = bind_address(name, data, "metrics_address")
@@ -99,7 +104,7 @@ def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:
     return {NODE_TARGETS: node, LLAMA_TARGETS: llama}
 
 
-def prometheus_yml(data: dict) -> dict:
+def prometheus_yml(data: Config) -> dict:
     """prometheus.yml: the scrape and evaluation interval, the rules, jobs node and llama-server."""
     every = f"{data['prometheus_scrape_interval_s']}s"
     return {"global": {"scrape_interval": every, "evaluation_interval": every,
@@ -109,7 +114,7 @@ def prometheus_yml(data: dict) -> dict:
                                for job, f in (("node", NODE_TARGETS), ("llama-server", LLAMA_TARGETS))]}
 
 
-def rules(data: dict) -> dict:
+def rules(data: Config) -> dict:
     """The alert rules: an instance or a node exporter down, the GPU guard tripped, a suspect GPU
     (repeated memory or firmware Xid events), lost GPU
     telemetry (a card gone, nvidia-smi failing or hung), a guard that stopped reporting, an instance
@@ -155,7 +160,7 @@ def rules(data: dict) -> dict:
     ]}]}
 
 
-def config_files(me: str, data: dict, fleet: list[tuple[str, dict]]) -> dict[str, str]:
+def config_files(me: str, data: Config, fleet: list[tuple[str, dict]]) -> dict[str, str]:
     """Every file of Prometheus's configuration (name in /etc/prometheus -> text)."""
     files = {"prometheus.yml": _yaml(prometheus_yml(data)), RULES: _yaml(rules(data))}
     files.update({f: json.dumps(groups, indent=1, sort_keys=True) + "\n" for f, groups in targets(me, fleet).items()})

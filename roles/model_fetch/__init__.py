@@ -131,7 +131,7 @@ def _summary() -> None:
 atexit.register(_summary)
 
 
-def _models(data: dict) -> dict:
+def _models(data: Config) -> dict:
     return model_entries(data)[0]  # entries with problems were refused by preflight already
 
 
@@ -147,14 +147,14 @@ def _requests_for_me() -> list[tuple[str, str]]:
     return requests_for(host.name, fleet_data(host))
 
 
-def specs(data: dict, models: dict) -> list[dict]:
+def specs(data: Config, models: dict) -> list[dict]:
     return [{"name": name, "dest": m["dest"], "repo": m["repo"], "revision": m["revision"],
              "include": m["include"], "endpoint": hub_endpoint(data), "marker": MARKER, "token_file": TOKEN_PATH,
              "stage": revision_dir(m["dest"], m["revision"])}
             for name, m in models.items()]
 
 
-def _plans(data: dict, models: dict, facts: dict) -> list[ModelPlan]:
+def _plans(data: Config, models: dict, facts: dict) -> list[ModelPlan]:
     plans = []
     for name, entry in models.items():
         state = facts["models"].get(name) or {"probe_error": "no answer from the probe"}
@@ -200,7 +200,7 @@ def _background(name: str, command: str) -> str:
             f"else setsid nohup sh -c {q(command)} >/dev/null 2>&1 </dev/null & fi")
 
 
-def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
+def _start_command(plan: ModelPlan, data: Config, systemd: bool) -> str:
     """Start the job of ``plan`` unless it runs: a transient unit, or (without systemd, as root)
     a tmux session or a setsid process."""
     unit = unit_name(plan.name)
@@ -228,7 +228,7 @@ def _start_command(plan: ModelPlan, data: dict, systemd: bool) -> str:
 
 
 @operation()
-def fetched(plan: ModelPlan, data: dict, systemd: bool):
+def fetched(plan: ModelPlan, data: Config, systemd: bool):
     """Start ``plan``'s download job, unless the model is complete or its job runs already."""
     if plan.action in ("complete", "running", "switch"):
         host.noop(plan.line)
@@ -273,7 +273,7 @@ SHARE_HARDENING = ("ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", 
 
 
 @operation()
-def shared(dests: list[str], data: dict, bind: str, systemd: bool, active: bool):
+def shared(dests: list[str], data: Config, bind: str, systemd: bool, active: bool):
     """Serve the completed models in ``dests`` to the fleet's peers, on ``bind`` (this host's
     inventory address) only, to requests with the fleet's token (unit ``rigup-share``, hardened;
     without systemd a tmux session or a setsid process holding SHARE_LOCK) unless it runs."""
@@ -309,7 +309,7 @@ def started():
     yield from ()   # an operation is a generator, even one that never has anything to do
 
 
-def share_token(data: dict) -> str:
+def share_token(data: Config) -> str:
     """The fleet's share token, kept on the controller (``model_fetch_share_token_src``, by default
     ~/.config/rigup/share-token, made 0600 on first use): the same for every host and every run."""
     return controller_token(Path(data["model_fetch_share_token_src"] or Path.home() / ".config" / "rigup" / "share-token"))
@@ -324,7 +324,7 @@ def requests_for(me: str, fleet: dict[str, dict]) -> list[tuple[str, str]]:
             for m in _models(data).values() if m.get("fetch_from") == me]
 
 
-def plan_reads(data: dict) -> list:
+def plan_reads(data: Config) -> list:
     """The models' state, which :func:`apply` reads, in preflight's round trip (a branch is already
     pinned: the configuration asked the hub first); none while an entry has a problem (refused)."""
     models, problems = model_entries(data)
@@ -333,13 +333,13 @@ def plan_reads(data: dict) -> list:
     return [(ModelFetchState, {"specs": specs(data, models)})]
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
+def plan_lines(plan: Plan, data: Config) -> list[str]:
     """Preflight's lines for the models: what the hub said (roles/model_fetch/hub.py ``resolve``,
     asked by rigup.config when the host's configuration was first read)."""
     return hub_lines(data)
 
 
-def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The share server's port, on a host that peers copy from."""
     if fleet and requests_for(fleet.me, fleet.hosts):
         return [Port(data["model_fetch_share_port"], "model_fetch_share_port", ("rigup-share",))]
@@ -366,7 +366,7 @@ def dead_job(name: str, state: dict, waited: float) -> str | None:
     return None
 
 
-def _wait(plans: list[ModelPlan], specs: list[dict], data: dict) -> None:
+def _wait(plans: list[ModelPlan], specs: list[dict], data: Config) -> None:
     """Block until every model of ``plans`` is complete, printing a progress line per host; fail
     at once, with the reason, when a job is dead."""
     me = host  # python.call runs this in the host's context
@@ -516,7 +516,7 @@ def metrics_config(models: dict) -> dict:
             "metrics_file": FETCH_METRICS, "marker": MARKER, "token_file": TOKEN_PATH}
 
 
-def exported(data: dict, models: dict, script: str, paths: list[str]) -> None:
+def exported(data: Config, models: dict, script: str, paths: list[str]) -> None:
     """The timer that writes every model's download state (rigup_model_fetch_*) to the node
     exporter's textfile directory every model_fetch_metrics_interval_s, as root (the directory is
     root's; the jobs run as rigup_user); it writes nothing while that directory is missing."""

@@ -15,17 +15,24 @@ any byte, from its own probe.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from rigup.models import hub_endpoint, models
 from rigup.names import TEXTFILE_DIR, revision_dir
 from rigup.refusal import Refusal, config_refusals
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 GIB = 1024 ** 3
 ENDPOINT = re.compile(r"(https?)://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
-def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An entry of models that is wrong: its name, an unknown or mistyped key, a repo that is not
     the hub's org/name, a revision that is not a full commit, an unknown family; or one the hub
     answered something hostile for when asked on the controller (a commit that is not 40 hex, a
@@ -34,7 +41,7 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return config_refusals(models(data)[1])
 
 
-def check_endpoint(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_endpoint(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """hf_endpoint that is not an https:// URL (the download job sends the hub token there), or
     http:// without hf_endpoint_insecure, which never goes with model_fetch_hf_token_src.
 
@@ -54,7 +61,7 @@ def check_endpoint(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return []
 
 
-def check_disk(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_disk(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A model (size_gib) larger than the free disk where it goes, net of what is there."""
     free_disk = facts.get("free_disk") or {}
     present = facts.get("model_bytes") or {}
@@ -92,7 +99,7 @@ def _within(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def check_dest(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_dest(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A model's dest inside one of rigup's own directories (rigup_prefix, rigup_state_dir,
     /etc/rigup, the build, ccache, vLLM and unlocker directories, the serving units' state and
     caches, the textfile directory) or holding one, or the same as another model's dest, or inside

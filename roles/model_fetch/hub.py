@@ -29,6 +29,8 @@ commit, size_gib and a known family typed) are not asked about.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import json
 import os
@@ -40,6 +42,9 @@ from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
 from rigup.gguf import GGUFRefused, kv_figures, metadata
 
+if TYPE_CHECKING:
+    from rigup.config import Config
+
 __all__ = ["token", "resolve", "lines", "HEAD_BYTES", "HubRefused"]
 
 GIB = 1 << 30
@@ -50,7 +55,7 @@ _asked: dict[tuple, object] = {}   # (what, endpoint, repo, revision[, path]) ->
 calls: list[tuple] = []            # what was asked of the hub this run, in order (for the tests)
 
 
-def token(data: dict) -> str | None:
+def token(data: Config) -> str | None:
     """The hub token the hosts get: ``model_fetch_hf_token_src`` (a file on the controller), else
     ``HF_TOKEN`` or the token ``hf auth login`` stored (huggingface_hub's own order); none with
     ``hf_endpoint_insecure`` (a token never travels in clear; preflight refuses a token file with it)."""

@@ -18,6 +18,8 @@ Variables: gpu_enabled (roles/preflight/defaults.yml).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import atexit
 from dataclasses import replace
 from types import ModuleType
@@ -35,6 +37,9 @@ from rigup.refusal import Fleet, Refusal
 from rigup.state import known, read_once, will_read
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
+
+if TYPE_CHECKING:
+    from rigup.gpu.facts import Facts
 
 __all__ = ["run", "refusals"]
 
@@ -65,7 +70,7 @@ def _summary() -> None:
 atexit.register(_summary)
 
 
-def refusals(roles: list[ModuleType], plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def refusals(roles: list[ModuleType], plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """Every reason this plan cannot work on this host (pure: plan, facts and data in): preflight's
     own checks, each role's ``CHECKS`` and ``FLEET_CHECKS`` (these also take ``fleet``: every
     host's data, for what one host's settings mean to another), and the ports of every role's

@@ -6,10 +6,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.refusal import Port, Refusal
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
-def check_gpu_host(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+
+def check_gpu_host(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """GPU roles enabled on a host where no NVIDIA GPU answers (no nvidia-smi, no driver)."""
     if data.get("gpu_enabled", True) and plan.get("cpu_only"):
         return [Refusal("GPU roles enabled on a host without a usable NVIDIA GPU", plan["why_cpu_only"],
@@ -17,7 +24,7 @@ def check_gpu_host(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return []
 
 
-def port_refusals(claims: list[Port], facts: dict) -> list[Refusal]:
+def port_refusals(claims: list[Port], facts: Facts) -> list[Refusal]:
     """A port given to several units, or already held by a process that is not the unit's own
     (``owners``: a listener of theirs is the unit itself, which its role restarts)."""
     listening = facts.get("listening_ports", {})

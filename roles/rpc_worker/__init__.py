@@ -67,7 +67,7 @@ class RpcWorkerState(FactBase):
 
 @reading(RpcWorkerState, "build_link")
 @operation()
-def server(data: dict, heads: list[str], build_link: str):
+def server(data: Config, heads: list[str], build_link: str):
     """rigup-rpc.service with its current unit, enabled and running; restarted when the unit
     (flags, heads, the build ``build_link`` points to) changed."""
     state = read_once(RpcWorkerState, build_link=build_link)
@@ -109,7 +109,7 @@ def apply(plan: Plan, data: Config):
     workers_started(name="rpc_worker: workers started")
 
 
-def smoke_runs(plan: dict, data: dict, fleet) -> list[dict]:
+def smoke_runs(plan: Plan, data: Config, fleet) -> list[dict]:
     """A worker's new llama.cpp build is tried as a worker before it serves (roles/llama_cpp's
     smoke): its ggml-rpc-server on a loopback port, with the devices the unit gives it, and the
     same build's llama-server offloading every layer of the tiny model to it."""

@@ -7,22 +7,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.refusal import Fleet, Port, Refusal, needs_systemd
 from rigup.rpc import RPC_UNIT, heads_of, ip_problem, ref_problem
+
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
 
 
 def _heads(fleet: Fleet | None) -> list[str]:
     return heads_of(fleet.me, fleet.hosts) if fleet else []
 
 
-def ports(plan: dict, data: dict, fleet: Fleet | None = None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet: Fleet | None = None) -> list[Port]:
     """The RPC port, on a host that some instance names a worker."""
     heads = _heads(fleet)
     return [Port(int(data["rpc_worker_port"]), f"rpc_worker_port (the RPC worker of {', '.join(heads)})",
                  ("ggml-rpc-server", "rpc-server"))] if heads else []
 
 
-def check_worker(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def check_worker(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """A host named a worker by some instance (its heads) where the worker cannot run: no systemd,
     its or a head's inventory address is no IP address, or a head builds another llama_cpp_ref."""
     heads = _heads(fleet)

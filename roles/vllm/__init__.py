@@ -202,7 +202,7 @@ def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
     yield from retirements("rigup-vllm", stale, gone, drain)
 
 
-def _ray_node(data: dict, plan: dict, fleet: dict, venv: str, script: str, paths: list[str]):
+def _ray_node(data: Config, plan: Plan, fleet: dict, venv: str, script: str, paths: list[str]):
     """Ray in ``venv`` and this host's Ray node (roles/vllm/cluster.py), its wait ``script`` with it."""
     managed(name="vllm Ray wait script", dest=script, paths=paths, mode="755", text=cluster.WAIT_SCRIPT.read_text())
     cluster.installed(name=f"vllm: ray=={data['vllm_ray_version']} in {venv}", venv=venv,
@@ -217,12 +217,12 @@ def _ray_node(data: dict, plan: dict, fleet: dict, venv: str, script: str, paths
     cluster.node(name=f"vllm: {cluster.RAY_UNIT} ({data['vllm_ray_role']}) on {ip}", venv=venv, text=text)
 
 
-def _commit_read(data: dict) -> dict:
+def _commit_read(data: Config) -> dict:
     """VllmCommit's arguments for a short vllm_git_commit (of a vllm_git_url that passes)."""
     return {"url": data["vllm_git_url"], "prefix": cmd.short_commit(data)}
 
 
-def plan_reads(data: dict) -> list:
+def plan_reads(data: Config) -> list:
     """A short vllm_git_commit's expansion on the host (preflight's round trip; :func:`plan_lines`
     prints the full commit, check_pin refuses none or several)."""
     if not cmd.short_commit(data) or not (data.get("vllm_instances") or data.get("vllm_ray_role")):
@@ -234,7 +234,7 @@ def plan_reads(data: dict) -> list:
     return [(VllmCommit, _commit_read(data))]
 
 
-def plan_lines(plan: dict, data: dict) -> list[str]:
+def plan_lines(plan: Plan, data: Config) -> list[str]:
     """Preflight's plan lines (roles/vllm/checks.py plan_lines), with the expansion of a short commit."""
     reads = plan_reads(data)
     return instance_lines(plan, data, read_once(VllmCommit, **reads[0][1]) if reads else None)

@@ -22,6 +22,8 @@ and the ports its instances take.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ipaddress
 import re
 
@@ -35,15 +37,20 @@ from roles.vllm import command
 from roles.vllm.facts import VllmCommit
 from roles.vllm.schema import ENV_NAME, instances
 
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
 UPSTREAM = re.compile(r"github\.com[/:]vllm-project/vllm(\.git)?/?$", re.I)   # stock vLLM's own repository
 
 
-def _gpu_bound(plan: dict, data: dict) -> int | None:
+def _gpu_bound(plan: Plan, data: Config) -> int | None:
     """The GPUs that bound an instance's tp x pp: the host's, none on a Ray head (its cluster's)."""
     return None if data.get("vllm_ray_role") == "head" else gpu_count(plan)
 
 
-def _instances(plan: dict, data: dict) -> dict:
+def _instances(plan: Plan, data: Config) -> dict:
     return instances(data, _gpu_bound(plan, data))[0]
 
 
@@ -51,7 +58,7 @@ def _instances(plan: dict, data: dict) -> dict:
 RAY_NODE_PROCESSES = ("raylet", "python3", "python")
 
 
-def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
+def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's; a single server takes it back from the
     balancer of the replicas it replaces) and each replica's loopback port (port + 1 + K)."""
     found = []
@@ -74,7 +81,7 @@ def ports(plan: dict, data: dict, fleet=None) -> list[Port]:
     return found
 
 
-def replica_groups(plan: dict, inst: dict) -> list[list[int]]:
+def replica_groups(plan: Plan, inst: dict) -> list[list[int]]:
     """The GPU indexes of each replica of an instance: tp x pp GPUs each, ``replicas`` of them
     (auto: as many as the host's GPUs allow, at least one); [] on a host without GPUs."""
     cards = [c["index"] for c in plan.get("cards", [])] if gpu_count(plan) else []
@@ -85,7 +92,7 @@ def replica_groups(plan: dict, inst: dict) -> list[list[int]]:
     return [cards[k * per:(k + 1) * per] for k in range(count)] if cards else []
 
 
-def plan_lines(plan: dict, data: dict, found: dict | None = None) -> list[str]:
+def plan_lines(plan: Plan, data: Config, found: dict | None = None) -> list[str]:
     """Preflight's plan lines: the recipe (vLLM from PyPI, a fork at a commit, or a base commit
     plus its patch series; extra packages), the full commit a short vllm_git_commit is (``found``:
     the host's VllmCommit, which roles/vllm reads in preflight's round trip), and each instance's
@@ -105,7 +112,7 @@ def plan_lines(plan: dict, data: dict, found: dict | None = None) -> list[str]:
     return lines
 
 
-def recipe_lines(data: dict, found: dict | None) -> list[str]:
+def recipe_lines(data: Config, found: dict | None) -> list[str]:
     """What vLLM is installed from, in words; [] when the pin is refused (check_pin says why)."""
     try:
         full = command.expanded(data, found)
@@ -131,7 +138,7 @@ def recipe_lines(data: dict, found: dict | None) -> list[str]:
     return lines
 
 
-def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Replicas x tp x pp beyond the host's GPUs, replicas on a host without GPUs (each replica
     is pinned to its tp x pp cards), or a server's port outside 1024..65535 (its port, or a
     replica's port + 1 + K: vLLM runs as the unprivileged rigup user)."""
@@ -152,7 +159,7 @@ def check_replicas(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in
     models, tp x pp beyond the GPUs, a pp_partition that does not fit, gpus, env, speculative keys
     that are not names with one-line values (or a ``model``: the drafter is draft_model's), a
@@ -162,7 +169,7 @@ def check_config(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return config_refusals(instances(data, _gpu_bound(plan, data))[1])
 
 
-def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """vLLM not pinned to an exact version or a commit (of a vllm_git_url that is https://, ssh://,
     file://, git@host:path or an absolute path: git reads nothing else as an option): a full one,
     or a short one (7-39 hex) that the host expands to exactly one commit of the fetched
@@ -193,7 +200,7 @@ def check_pin(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return []
 
 
-def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
     ::0) without api_key, or VLLM_API_KEY typed into env."""
     found = serving_exposure("vllm_instances", _instances(plan, data))
@@ -205,7 +212,7 @@ def check_open_without_key(plan: dict, facts: dict, data: dict) -> list[Refusal]
     return found
 
 
-def check_host_ip(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_host_ip(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """vllm_host_ip that is not an IP address (an interface name, a host name, a wildcard): it is
     VLLM_HOST_IP and Ray's node address, which the cluster's allow-list takes."""
     ip = data.get("vllm_host_ip")
@@ -218,13 +225,13 @@ def check_host_ip(plan: dict, facts: dict, data: dict) -> list[Refusal]:
                                              "(an interface name goes in vllm_socket_ifname)")])
 
 
-def check_systemd(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """vLLM instances on a host where systemd is not PID 1."""
     names = sorted(_instances(plan, data))
     return needs_systemd(facts, [f"vllm_instances ({', '.join(names)})"] if names else [])
 
 
-def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Weights (size_gib, with the drafter's) at least gpu_memory_utilization x the VRAM of the
     tp x pp cards (after the unlock with cmpunlocker_enabled: serving waits for it)."""
     per_card, unlock_hint = vram_cards(plan, data)
@@ -248,14 +255,14 @@ def check_vram(plan: dict, facts: dict, data: dict) -> list[Refusal]:
     return found
 
 
-def patched(data: dict) -> bool:
+def patched(data: Config) -> bool:
     """Whether the pin is a patched vLLM: a git commit with a patch series, or a fork (a git URL
     other than upstream vLLM's) at a commit."""
     url, commit = data.get("vllm_git_url"), data.get("vllm_git_commit")
     return bool(commit and (data.get("vllm_patches") or url and not UPSTREAM.search(str(url))))
 
 
-def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_vllm_cc(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A vLLM instance whose model family needs kernels for a higher compute capability
     (rigup/gpu/models.yml vllm_min_cc) than the host's cards have. A patched vLLM (a git commit
     with a patch series, as the CMP 170HX recipes of seeds 002/003 run) is the operator's claim
@@ -288,7 +295,7 @@ def check_vllm_cc(plan: dict, facts: dict, data: dict) -> list[Refusal]:
 _CU = re.compile(r"(?:\+|/|\b)cu(1[0-9])([0-9])\b")   # +cu128, .../whl/cu130, cu129: CUDA 12.8, 13.0, 12.9
 
 
-def wheel_cuda(data: dict) -> tuple[str, str] | None:
+def wheel_cuda(data: Config) -> tuple[str, str] | None:
     """(CUDA version, where it was read) of the vLLM wheel the host installs, or None when the
     pins do not say (a source build, or the index's default wheel)."""
     for key, text in (("vllm_pip_version", data.get("vllm_pip_version")),
@@ -299,7 +306,7 @@ def wheel_cuda(data: dict) -> tuple[str, str] | None:
     return None
 
 
-def check_wheel_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
+def check_wheel_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """vLLM instances whose wheel is built for a newer CUDA than the loaded driver runs
     (rigup/gpu/catalogue.yml cuda_min_driver): it would install, then fail at its first CUDA call."""
     driver = (plan.get("driver") or {}).get("version")
@@ -319,14 +326,14 @@ def check_wheel_cuda(plan: dict, facts: dict, data: dict) -> list[Refusal]:
         + f"upgrade the NVIDIA driver to >= {need[1]}", "wheel_cuda")]
 
 
-def _same(me: str, data: dict, head: str, head_data: dict) -> list[tuple[str, str]]:
+def _same(me: str, data: Config, head: str, head_data: dict) -> list[tuple[str, str]]:
     """(key, why) for each of Ray's and vLLM's pins where ``me`` and its ``head`` differ."""
     keys = ("vllm_ray_version", "vllm_pip_version", "vllm_git_url", "vllm_git_commit", "vllm_extra_packages")
     return [(key, f"{me} has {data.get(key)!r} and {head} has {head_data.get(key)!r}: every node of a Ray cluster "
                   "runs the same Ray and vLLM") for key in keys if data.get(key) != head_data.get(key)]
 
 
-def _ray_ports(data: dict) -> list[Refusal]:
+def _ray_ports(data: Config) -> list[Refusal]:
     """vllm_ray_worker_ports that is not a range [FIRST, LAST] clear of Ray's other pinned ports."""
     span = data.get("vllm_ray_worker_ports")
     base = int(data.get("vllm_ray_node_port") or 0)
@@ -337,7 +344,7 @@ def _ray_ports(data: dict) -> list[Refusal]:
                     f"and vllm_ray_node_port..+5 ({base}..{base + 5})", "set e.g. [10002, 10101]", "ray")]
 
 
-def check_ray(plan: dict, facts: dict, data: dict, fleet: Fleet | None = None) -> list[Refusal]:
+def check_ray(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """A Ray node (vllm_ray_role) that cannot join its cluster: no vllm_ray_version; a worker port
     range that is not one or overlaps Ray's other ports; a worker whose
     vllm_ray_head is not a Ray head of the inventory, or that has instances of its own; another

@@ -26,6 +26,8 @@ instances started only once every expected node has joined.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 from pathlib import Path
 
@@ -40,6 +42,9 @@ from rigup.templates import render
 from rigup.units import service_commands, systemd_quote
 from roles.vllm.command import RAY_DIR
 
+if TYPE_CHECKING:
+    from rigup.config import Config
+
 RAY_UNIT = "rigup-ray.service"
 UNIT = f"/etc/systemd/system/{RAY_UNIT}"
 WAIT_SCRIPT = Path(__file__).with_name("ray_wait.py")
@@ -51,7 +56,7 @@ NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent
               "--runtime-env-agent-port")
 
 
-def node_ip(name: str, data: dict) -> str:
+def node_ip(name: str, data: Config) -> str:
     """The address host ``name`` (with ``data``) gives Ray: ``vllm_host_ip``, else its inventory address."""
     return str(data.get("vllm_host_ip") or address(name, data))
 
@@ -67,7 +72,7 @@ def gcs(head: str, hosts: dict[str, dict]) -> str:
     return f"{node_ip(head, hosts[head])}:{int(hosts[head]['vllm_ray_port'])}"
 
 
-def head_of(me: str, data: dict) -> str:
+def head_of(me: str, data: Config) -> str:
     """The head of host ``me``'s cluster: itself, or its ``vllm_ray_head``."""
     return me if data.get("vllm_ray_role") == "head" else str(data.get("vllm_ray_head"))
 
@@ -83,7 +88,7 @@ def wait_argv(venv: str, script: str, gcs_address: str, seconds: int, nodes: lis
     return [f"{venv}/bin/python", script, gcs_address, str(seconds), *nodes]
 
 
-def port_flags(data: dict) -> list[str]:
+def port_flags(data: Config) -> list[str]:
     """The `ray start` flags that pin every port of a node: ``vllm_ray_node_port`` and the ones
     after it (:data:`NODE_PORTS`), and the workers' range ``vllm_ray_worker_ports``."""
     base, (low, high) = int(data["vllm_ray_node_port"]), data["vllm_ray_worker_ports"]
@@ -91,7 +96,7 @@ def port_flags(data: dict) -> list[str]:
     return flags + ["--min-worker-port", str(int(low)), "--max-worker-port", str(int(high))]
 
 
-def node_ports(data: dict) -> list[int | tuple[int, int]]:
+def node_ports(data: Config) -> list[int | tuple[int, int]]:
     """Every TCP port a node with ``data`` opens for Ray: the GCS's, the pinned block, the
     workers' range, and the dashboard's when it is on."""
     base, (low, high) = int(data["vllm_ray_node_port"]), data["vllm_ray_worker_ports"]

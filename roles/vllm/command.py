@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import json
 import re
@@ -12,6 +14,10 @@ from rigup.config import GIT_URL, ROOT, ConfigError
 from rigup.templates import render
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import env_problems, partition_problem
+
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.config import Config
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
 KEY_FILE = "/etc/rigup/vllm/{}.key"      # VLLM_API_KEY=<key>, made on the host (api_key: true)
@@ -32,7 +38,7 @@ _REQUIREMENT = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za
                           r"==(" + _VERSION_TEXT + ")")
 
 
-def git_url(data: dict) -> str:
+def git_url(data: Config) -> str:
     """``vllm_git_url``, checked (a git URL git reads as no option, never in clear, or an absolute
     path on the host); raises ConfigError naming the key."""
     url = str(data.get("vllm_git_url"))
@@ -42,14 +48,14 @@ def git_url(data: dict) -> str:
     return url
 
 
-def short_commit(data: dict) -> str | None:
+def short_commit(data: Config) -> str | None:
     """``vllm_git_commit`` when it is a short commit id (7-39 lowercase hex) of a ``vllm_git_url``:
     the host expands it (roles/vllm/facts.py VllmCommit, :func:`expanded`)."""
     commit = data.get("vllm_git_commit")
     return str(commit) if data.get("vllm_git_url") and commit and _SHORT.fullmatch(str(commit)) else None
 
 
-def expanded(data: dict, found: dict | None) -> str | None:
+def expanded(data: Config, found: dict | None) -> str | None:
     """The full commit a short ``vllm_git_commit`` names in ``vllm_git_url``, from what the host
     found (``found``: VllmCommit's value); None when the commit is not short, or while the host has
     no git to expand it with (roles/base installs it: the role waits a converge). Raises ConfigError
@@ -74,7 +80,7 @@ def expanded(data: dict, found: dict | None) -> str | None:
     return commits[0]
 
 
-def extra_packages(data: dict) -> list[str]:
+def extra_packages(data: Config) -> list[str]:
     """``vllm_extra_packages``, each an exact pip requirement ``name==version`` (or
     ``name[extra,...]==version``), none of them vLLM itself nor named twice; raises ConfigError
     naming the item."""
@@ -95,7 +101,7 @@ def extra_packages(data: dict) -> list[str]:
     return out
 
 
-def pin(data: dict, full_commit: str | None = None) -> dict:
+def pin(data: Config, full_commit: str | None = None) -> dict:
     """The pin: ``{"pip": VERSION}`` or ``{"git": URL, "commit": SHA}`` (``full_commit``: a short
     vllm_git_commit expanded on the host, :func:`expanded`), with ``extra`` (vllm_extra_packages,
     when any: they are part of what the stamp names, so a change reinstalls) and its ``id`` (the
@@ -124,7 +130,7 @@ def pin(data: dict, full_commit: str | None = None) -> dict:
     return {"pip": str(version), **more, "id": f"pip-{version}"}
 
 
-def uv(data: dict) -> dict | None:
+def uv(data: Config) -> dict | None:
     """With ``vllm_installer: uv``: ``{"version", "dir"}`` (uv pinned, in its own virtualenv under
     vllm_dir), else None; raises ConfigError naming the key when the version is not exact."""
     if data.get("vllm_installer", "pip") != "uv":
@@ -149,7 +155,7 @@ def read_manifest(text: str) -> dict[str, str]:
     return out
 
 
-def patches(data: dict, root: Path = ROOT) -> list[dict]:
+def patches(data: Config, root: Path = ROOT) -> list[dict]:
     """The patch series in order: ``[{"name", "sha256", "text"}]``, each checked against the
     manifest on the controller (before any host changes); raises ConfigError naming the key."""
     listed = data.get("vllm_patches") or []
@@ -187,7 +193,7 @@ def patches(data: dict, root: Path = ROOT) -> list[dict]:
     return out
 
 
-def stamp(the_pin: dict, series: list[dict], data: dict) -> str:
+def stamp(the_pin: dict, series: list[dict], data: Config) -> str:
     """What the virtualenv was made from; a change reinstalls it (and restarts its instances)."""
     return json.dumps({"pin": {k: v for k, v in the_pin.items() if k != "id"},
                        "patches": [[p["name"], p["sha256"]] for p in series],
@@ -206,7 +212,7 @@ def _value(value) -> str:
     return str(value)
 
 
-def env_vars(name: str, inst: dict, data: dict, plan: dict) -> dict[str, str]:
+def env_vars(name: str, inst: dict, data: Config, plan: Plan) -> dict[str, str]:
     """The instance's environment, in the order written: HOME and caches, the layer partition,
     NCCL/Gloo knobs, then vllm_env and the instance's env (which win)."""
     state, cache = f"/var/lib/rigup/vllm/{name}", f"/var/cache/rigup/vllm/{name}"
@@ -305,7 +311,7 @@ def backend_name(name: str) -> str:
     return f"vllm-{name}"
 
 
-def servers(name: str, inst: dict, groups: list[list[int]], plan: dict) -> list[dict]:
+def servers(name: str, inst: dict, groups: list[list[int]], plan: Plan) -> list[dict]:
     """Each server of the instance (``groups``: the GPU indexes of each replica, checks.replica_groups):
     ``unit`` (NAME, or NAME-K per replica), ``inst`` (a replica on 127.0.0.1, port + 1 + K), ``env``
     (a replica's CUDA_VISIBLE_DEVICES: its cards' UUIDs) and ``gpus`` (the indexes the VRAM wait

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from rigup.config import once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
+
+if TYPE_CHECKING:
+    from rigup.config import Config
 
 
 class VllmInstance(ServingInstance):
@@ -102,14 +105,14 @@ def _family_layers(model: dict | None) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def instances(data: dict, gpu_count: int | None = None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
+def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
     """The host's ``vllm_instances``, normalised, and (key path, problem) for each wrong entry;
     ``gpu_count`` (when known) bounds tp x pp. Made once per run for each ``gpu_count``
     of a host's configuration (rigup.config.once): read it, never change it."""
     return once(data, ("vllm_instances", gpu_count), lambda: _instances(data, gpu_count))
 
 
-def _instances(data: dict, gpu_count: int | None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
+def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         gpus_needed = entry["tp"] * entry["pp"]
         found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)

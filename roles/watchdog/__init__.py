@@ -68,7 +68,7 @@ SERVICE, TIMER = "rigup-watchdog.service", "rigup-watchdog.timer"
 __all__ = ["apply", "watchdog_config"]
 
 
-def watched(data: dict) -> dict[str, dict]:
+def watched(data: Config) -> dict[str, dict]:
     """The llama-server instances the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
     record)}. Every instance but those with ``min_tokens_per_s: 0`` (off). Read from the raw
@@ -84,7 +84,7 @@ def watched(data: dict) -> dict[str, dict]:
     return found
 
 
-def watchdog_config(data: dict) -> dict:
+def watchdog_config(data: Config) -> dict:
     """/etc/rigup/watchdog.json (pure: data in)."""
     state_dir = str(data["rigup_state_dir"]).rstrip("/")
     return {"instances": watched(data), "interval_s": data["watchdog_interval_s"],
