@@ -35,11 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pyinfra.api import State
-from pyinfra.context import ctx_state
-from pyinfra_cli.inventory import make_inventory
-from pyinfra_cli.util import parse_cli_arg
-
+from rigup import inventory as inventories
 from rigup import roll
 from rigup.config import role_defaults
 from rigup.names import balancer_drain
@@ -47,13 +43,6 @@ from roles.balancer.config import gateway_backends
 
 ROOT = Path(__file__).resolve().parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-
-
-def overrides(args: list[str]) -> dict:
-    """The ``--data key=value`` pairs among pyinfra's arguments, read as pyinfra reads them."""
-    pairs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--data"]
-    pairs += [a.split("=", 1)[1] for a in args if a.startswith("--data=")]
-    return {k: parse_cli_arg(v) for k, _, v in (p.partition("=") for p in pairs)}
 
 
 def pyinfra(*args: str) -> tuple[int, str]:
@@ -121,8 +110,7 @@ def main(argv: list[str]) -> int:
         return 2
     inventory, args = argv[0], argv[1:]
     play, args = play_of(args)
-    ctx_state.set(State())   # the inventory file is read as pyinfra's CLI reads it
-    inv = make_inventory(inventory, override_data=overrides(args), cwd=str(ROOT))
+    inv = inventories.read(inventory, inventories.overrides(args))   # as pyinfra's CLI reads it
     data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()} for h in inv}
     limit = roll.limiter(inv)
     dry = "--dry" in args

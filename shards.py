@@ -31,11 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pyinfra.api import State
-from pyinfra.context import ctx_state
-from pyinfra_cli.inventory import make_inventory
-
 from rigup import fleet, roll
+from rigup import inventory as inventories
 
 ROOT = Path(__file__).resolve().parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -111,8 +108,7 @@ def run_shard(play: str, inventory: str, limit: list[str], args: list[str], log:
 def main(argv: list[str]) -> int:
     jobs, inventory, play, args = parse(argv)
     patterns, args = limits_of(args)
-    ctx_state.set(State())   # the inventory file is read as pyinfra's CLI reads it
-    inv = make_inventory(inventory, cwd=str(ROOT))
+    inv = inventories.read(inventory)   # as pyinfra's CLI reads it
     names = [h.name for h in inv]
     if patterns:
         picked = roll.limited(patterns, {g: [h.name for h in hs] for g, hs in inv.groups.items()}, names)

@@ -34,12 +34,26 @@ def pyinfra(inventory, *args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+# rigup.inventory.read (roll.py's and shards.py's reader), in a process of its own as pyinfra's is
+OURS = """import json, sys
+from rigup import inventory
+inv = inventory.read(sys.argv[1], inventory.overrides(sys.argv[2:]))
+print(json.dumps({h.name: [list(h.groups), h.data.dict()] for h in inv}, default=str))
+"""
+
+
 def debug_inventory(inventory, *args: str) -> dict[str, tuple[list[str], dict]]:
-    """{host: (its groups in pyinfra's order, its merged data)}, as debug-inventory prints them."""
+    """{host: (its groups in pyinfra's order, its merged data)}, as debug-inventory prints them;
+    checked to be what rigup.inventory.read gives, with the same arguments."""
     done = pyinfra(inventory, "debug-inventory", *args)
     output = done.stdout + done.stderr   # pyinfra prints the inventory on stderr
     assert done.returncode == 0, output
-    return {name: (groups.split(", "), json.loads(data)) for name, groups, data in HOST.findall(output)}
+    theirs = {name: (groups.split(", "), json.loads(data)) for name, groups, data in HOST.findall(output)}
+    ours = subprocess.run([sys.executable, "-c", OURS, str(inventory), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert ours.returncode == 0, ours.stderr
+    assert {n: (g, d) for n, (g, d) in json.loads(ours.stdout).items()} == theirs
+    return theirs
 
 
 def site(tmp_path, **files: dict) -> Path:
@@ -205,3 +219,29 @@ def test_all_group_takes_the_files_globals_and_groups_of_pyinfras_forms(tmp_path
         all_group((["h1"], {}))
     with pytest.raises(ConfigError, match=r"mine.py: rack: a group is a list of hosts or a \(hosts, data\) tuple"):
         all_group(module(tmp_path, rack=("h1", "h2")))
+
+
+def test_data_values_are_read_as_pyinfras_cli_reads_them():
+    """rigup.inventory.cli_value against pyinfra_cli's own parse (in a process of its own: importing
+    pyinfra_cli patches the standard library with gevent)."""
+    from rigup.inventory import cli_value, overrides
+
+    values = ["true", "False", "7", "-3", "1.5", '{"a": [1, "x"]}', "[1, 2]", "null", "abc", "", "0x10", "25%"]
+    code = "import json, sys; from pyinfra_cli.util import parse_cli_arg; print(json.dumps([parse_cli_arg(v) for v in json.loads(sys.argv[1])]))"
+    theirs = json.loads(subprocess.run([sys.executable, "-c", code, json.dumps(values)], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert [cli_value(v) for v in values] == theirs
+    assert overrides(["-y", "--data", "rigup_batch=2", "--data=rigup_max_fail=1", "--dry"]) == \
+        {"rigup_batch": 2, "rigup_max_fail": 1}
+
+
+def test_a_group_data_directory_or_a_file_that_is_no_inventory_is_refused_naming_it(tmp_path):
+    from rigup.inventory import read
+
+    path = inventory(tmp_path, "two", 'a100 = ["h1"]')
+    assert [h.name for h in read(path)] == ["h1"]
+    (tmp_path / "group_data").mkdir()
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'group_data'}: a pyinfra group_data directory"):
+        read(path)
+    with pytest.raises(ConfigError, match="not an inventory file"):
+        read(tmp_path / "nope.py")
