@@ -17,7 +17,9 @@ host without systemd, where preflight refuses a cap):
   when every card matches, changes nothing.
 Every value is checked against each card's own power.min_limit..max_limit before any change
 (preflight refuses it first, checks 1 and 2; the operation checks again on the live cards).
-``power_plan.py`` shows the same plan and changes nothing (:func:`show_plan`).
+Preflight prints the same plan (:func:`plan_lines`: every card, its limits and what would change,
+when anything would; else one line), so ``preflight.py`` (or ``deploy.py --dry``) shows it and
+changes nothing.
 
 Variables (roles/gpu_power/defaults.yml): gpu_power_watts, gpu_psu_watts, gpu_power_overrides,
 gpu_power_persistence, gpu_power_clocks; gpu_enabled (roles/preflight), rigup_prefix (roles/base).
@@ -25,8 +27,6 @@ gpu_power_persistence, gpu_power_clocks; gpu_enabled (roles/preflight), rigup_pr
 
 from __future__ import annotations
 
-import click
-from pyinfra import host
 from pyinfra.api import deploy
 from rigup.probe import systemd
 
@@ -35,11 +35,11 @@ from rigup.config import Config, role_defaults
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.templates import render
 from roles.gpu_power.checks import CHECKS
-from roles.gpu_power.facts import APPLIED, CONF, UNIT
+from roles.gpu_power.facts import APPLIED, CONF, UNIT, GpuPowerState
 from roles.gpu_power.policy import format_plan
 from roles.gpu_power.power import limits_applied, plan_for, power_state
 
-__all__ = ["apply", "CHECKS", "show_plan"]
+__all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
 
 UDEV_RULE = "/etc/udev/rules.d/71-rigup-gpu-power.rules"
 
@@ -49,12 +49,21 @@ def applies(plan: Plan, data) -> bool:
     return gpu_host(plan, data) and plan.get("systemd", True)
 
 
-def show_plan(data: Config) -> dict:
-    """Print each card of this host, its limits and what the policy would change (reads only)."""
-    plan = plan_for(power_state(), data)
-    for line in format_plan(plan).splitlines():
-        click.echo(f"    [{host.name}] power: {line}", err=True)
-    return plan
+def plan_reads(data: Config) -> list:
+    """The boot configuration and what its script applied (GpuPowerState), for :func:`plan_lines`
+    and :func:`apply`, in preflight's round trip; nothing with gpu_enabled false."""
+    return [(GpuPowerState, {})] if data["gpu_enabled"] else []
+
+
+def plan_lines(plan: Plan, data: Config) -> list[str]:
+    """Preflight's power lines: when the policy would change anything (or refuses), each card, its
+    limits and what would change; else one line. Reads only (the cards are preflight's read)."""
+    if not applies(plan, data):
+        return []
+    power = plan_for(power_state(), data)
+    if power["problems"] or any(r["change"] for r in power["cards"]) or power["lost"]:
+        return [f"power: {line}" for line in format_plan(power).splitlines()]
+    return [f"power: {len(power['cards'])} card(s) at the policy's limits, clocks and persistence: no change"]
 
 
 @deploy("gpu_power", data_defaults=role_defaults("gpu_power"))

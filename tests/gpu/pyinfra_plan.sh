@@ -1,6 +1,6 @@
 #!/bin/sh
 # rigup's read-only plays through pyinfra itself (@local connector) on a real NVIDIA machine with
-# no network: preflight.py and power_plan.py (gpu_power's plan mode), which have no operation
+# no network: preflight.py (with gpu_power's plan: each card's limits and what would change), which has no operation
 # that changes anything; never deploy.py, not even with --dry, on a machine we may only read.
 # Needs the pinned wheels in .gpu/wheels (pip download -r requirements.txt for the machine's Python).
 # Only reads GPU settings: checks that power limits, persistence mode and the application clocks
@@ -16,8 +16,8 @@ min=$(nvidia-smi --query-gpu=power.min_limit --format=csv,noheader,nounits | hea
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)
 run() { echo "== pyinfra @local $*"; "$venv/bin/pyinfra" -y @local "$@" 2>&1; echo "== exit $?"; }
 run preflight.py
-run power_plan.py --data gpu_power_watts="$min" --data "gpu_power_overrides={\"$uuid\": $((min + 50))}"
-run power_plan.py --data gpu_power_watts=1000
+run preflight.py --data gpu_power_watts="$min" --data "gpu_power_overrides={\"$uuid\": $((min + 50))}"
+run preflight.py --data gpu_power_watts=1000
 run preflight.py --data gpu_power_watts="$min"
 after=$($q)
 if [ "$before" = "$after" ]; then echo "OK: nothing changed ($after)"; else

@@ -166,7 +166,7 @@ def test_no_bare_power_limit_ever(lab, host):
 def test_plan_mode_shows_the_diff_and_changes_nothing(lab, host, policy):
     before, n = snapshot(lab, host), len(calls(lab, host))
     run = play(host, *data(gpu_power_watts=300, gpu_power_overrides=policy["gpu_power_overrides"]),
-               file="power_plan.py")
+               file="preflight.py")
     c = cards(lab, host)
     out = run.output
     assert f"[{host}] power: GPU 0 {c[0]['uuid']} {c[0]['bus_id']} a100: limit 200 W (min 100, max 400, " \
@@ -174,7 +174,7 @@ def test_plan_mode_shows_the_diff_and_changes_nothing(lab, host, policy):
     assert f"[{host}] power:     policy: 300 W from gpu_power_watts -> power limit 200 -> 300 W" in out
     assert f"[{host}] power:     policy: 150 W from gpu_power_overrides.{c[3]['uuid']} -> no change" in out
     assert f"[{host}] power: 6 change(s) would be made" in out
-    refused = play(host, *data(gpu_power_watts=450), file="power_plan.py")
-    assert f"[{host}] power: refused: gpu_power_watts: 450 W is outside GPU 0" in refused.output
+    refused = play(host, *data(gpu_power_watts=450), file="preflight.py", check=False)
+    assert refused.returncode != 0 and f"[{host}] power: refused: gpu_power_watts: 450 W is outside GPU 0" in refused.output
     assert snapshot(lab, host) == before
     assert [a for a in calls(lab, host)[n:] if set(a) & set(SETTERS)] == []

@@ -47,6 +47,6 @@ def test_the_base_plus_patches_is_refused_only_for_its_patch_files():
 
 def test_every_play_it_runs_is_in_the_checkout():
     plays = set(re.findall(r"pyinfra (?:-y )?inventory/mine\.py ([\w-]+\.py)", DOC))
-    assert plays == {"deploy.py", "power_plan.py", "status.py"}
+    assert plays == {"deploy.py", "preflight.py", "status.py"}
     assert all((ROOT / p).is_file() for p in plays)
     assert (ROOT / "tests/roles/test_cmpunlocker.py").read_text().count("def test_the_cmp_runbook_from_stock") == 1
