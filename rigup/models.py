@@ -113,12 +113,12 @@ def hub_endpoint(data: dict) -> str:
     return str(data.get("hf_endpoint") or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def hub_key(endpoint: str, entry: dict) -> tuple:
+def hub_key(endpoint: str, entry: ModelEntry) -> tuple:
     """The key of an entry's hub facts: the same repo, revision and include on the same hub."""
     return endpoint, entry["repo"], entry["revision"], tuple(entry["include"])
 
 
-def _with_hub(entry: dict, facts: dict, allow_unpinned: bool, where: str,
+def _with_hub(entry: ModelEntry, facts: dict, allow_unpinned: bool, where: str,
               endpoint: str = "the hub") -> list[tuple[str, str]]:
     """Fill ``entry`` from the hub's ``facts``: the commit of a branch or tag (when
     ``allow_unpinned``; else a problem that says the pin to write), the size when absent, and

@@ -11,10 +11,13 @@ imports no role.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, TYPE_CHECKING
 
 from rigup.names import bind_scope
 from rigup.units import replica_port
+
+if TYPE_CHECKING:
+    from rigup.models import ServingInstance
 
 FIX_CONFIG = ("correct it where it is set (group_vars, inventory host data or --data); "
               "roles/*/defaults.yml and roles/*/schema.py document each key")
@@ -91,7 +94,7 @@ def serving_exposure(var: str, instances: dict) -> list[Refusal]:
             for name, inst in instances.items() if not inst["api_key"] and bind_scope(inst["host"]) != "loopback"]
 
 
-def serving_ports(where: str, server: str, inst: dict, servers: int) -> list[Refusal]:
+def serving_ports(where: str, server: str, inst: ServingInstance, servers: int) -> list[Refusal]:
     """Refusals for a serving instance whose servers (``servers``: one on its port, or N replicas
     on port + 1 + K behind the balancer) would listen outside 1024..65535: they run as the
     unprivileged rigup user, who cannot bind a port below 1024."""

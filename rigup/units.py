@@ -4,12 +4,17 @@ and its model's completion marker)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import json
 import re
 import shlex
 
 from rigup.nofollow import read_file
+
+if TYPE_CHECKING:
+    from rigup.models import ServingInstance
 
 REPLICA_HOST = "127.0.0.1"   # replicas answer only the balancer on the same host
 
@@ -19,12 +24,12 @@ def replica_name(name: str, k: int) -> str:
     return f"{name}-{k}"
 
 
-def replica_port(inst: dict, k: int) -> int:
+def replica_port(inst: ServingInstance, k: int) -> int:
     """The loopback port of replica ``k``: the instance's port + 1 + k."""
     return int(inst["port"]) + 1 + k
 
 
-def replica_inst(inst: dict, k: int) -> dict:
+def replica_inst(inst: ServingInstance, k: int) -> dict:
     """The instance as replica ``k`` runs it: on loopback, on its own port."""
     return {**inst, "host": REPLICA_HOST, "port": replica_port(inst, k)}
 

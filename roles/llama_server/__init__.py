@@ -69,7 +69,7 @@ from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, pl
 from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import chosen
-from roles.llama_server.schema import instances
+from roles.llama_server.schema import LlamaInstance, instances
 from roles.llama_server.smoke import smoke_runs
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports", "smoke_runs"]
@@ -79,7 +79,7 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 @reading(LlamaServerState, "units", "build_link")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: dict, marker: str, binary: str, units: dict,
+def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
              rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False,
              unlock: str | None = None):

@@ -29,17 +29,16 @@ from pathlib import Path
 
 from rigup import traps
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import build_backend, cards_gib_text, gpu_count, vram_cards
+from rigup.gpu.plan import Plan, build_backend, cards_gib_text, gpu_count, vram_cards
 from rigup.models import flag_values, models
 from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure,
                            serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.replicas import layout_text, need_gib, sized
-from roles.llama_server.schema import CACHE_TYPES, instances
+from roles.llama_server.schema import CACHE_TYPES, LlamaInstance, instances
 
 if TYPE_CHECKING:
-    from rigup.gpu.plan import Plan
     from rigup.gpu.facts import Facts
     from rigup.config import Config
 
@@ -367,7 +366,7 @@ def catalogue(path: Path = TRAPS_FILE) -> tuple[traps.Trap, ...]:
     return found
 
 
-def settings(inst: dict) -> dict[str, tuple]:
+def settings(inst: LlamaInstance) -> dict[str, tuple]:
     """{setting: (value, how it is set)} of an instance as llama-server runs it: flash_attn,
     split_mode and ngl (from extra_args when given there again: the last one wins), the KV cache
     types (null is f16); ``how``: ``cache_type_k q4_1`` or ``extra_args -sm row``."""
@@ -400,7 +399,7 @@ def _cmake_sets(options: list, entry: str) -> bool:
     return value.upper() in _CMAKE_TRUE if want.upper() in _CMAKE_TRUE else value == want
 
 
-def _remedied(trap: traps.Trap, inst: dict, data: Config) -> bool:
+def _remedied(trap: traps.Trap, inst: LlamaInstance, data: Config) -> bool:
     """Whether the trap's remedy is in place: its build option set, its server flag given."""
     kind, value = trap.remedy.kind, trap.remedy.value
     if kind == "build_option":

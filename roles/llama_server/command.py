@@ -5,14 +5,19 @@ it anywhere)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rigup.rpc import wait_argv
 from rigup.templates import render
 from rigup.units import main_first, replica_inst, replica_name, systemd_quote, visible_devices
 
+if TYPE_CHECKING:
+    from roles.llama_server.schema import LlamaInstance
+
 KEY = "/etc/rigup/llama-server/{}.key"
 
 
-def argv(name: str, inst: dict, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
+def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
     """llama-server's command line for one instance (every flag explicit, --port always); ``rpc``:
     its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers. ``inst`` has
     its ctx and parallel chosen (replicas.sized), never ``auto``."""
@@ -42,7 +47,7 @@ def backend_name(name: str) -> str:
     return f"llama-{name}"
 
 
-def servers(name: str, inst: dict, lay) -> list[dict]:
+def servers(name: str, inst: LlamaInstance, lay) -> list[dict]:
     """Each server of the instance: ``unit`` (the systemd instance name: NAME, or NAME-K for a
     replica), ``inst`` (as that server runs it: a replica on its loopback port) and ``env``
     (CUDA_VISIBLE_DEVICES of its GPU group, by UUID, when pinned)."""
@@ -58,7 +63,7 @@ def servers(name: str, inst: dict, lay) -> list[dict]:
             for k, group in enumerate(lay.groups)]
 
 
-def replica_commands(name: str, inst: dict, lay, binary: str, model_path: str) -> list[dict]:
+def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_path: str) -> list[dict]:
     """Each server of a normalised instance of llama_server_instances laid out as ``lay``
     (roles/llama_server/replicas.py ``layout(inst, model, plan, data)``): its ``unit``
     (rigup-llama@UNIT), full ``argv`` (ExecStart) and ``env`` (what its drop-in sets), as the role
@@ -68,7 +73,7 @@ def replica_commands(name: str, inst: dict, lay, binary: str, model_path: str) -
             for s in servers(name, inst, lay)]
 
 
-def dropin_text(name: str, inst: dict, binary: str, model_path: str, build: str, unit_sha: str,
+def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, build: str, unit_sha: str,
                 model_revision: str, env: dict | None = None, balancer: dict | None = None,
                 rpc: list[str] = (), rpc_wait: int = 120) -> str:
     """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose

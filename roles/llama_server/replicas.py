@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import NamedTuple, TYPE_CHECKING
 
 from rigup.gpu.catalogue import family_of
-from rigup.gpu.plan import build_backend, vram_cards
+from rigup.gpu.plan import Plan, build_backend, vram_cards
 from rigup.refusal import gpus_text
 
 if TYPE_CHECKING:
-    from rigup.gpu.plan import Plan
+    from rigup.models import ModelEntry
+    from roles.llama_server.schema import LlamaInstance
     from rigup.config import Config
 
 OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)
@@ -88,18 +89,18 @@ class Sizing(NamedTuple):
     cache_ram: int | None = None
 
 
-def _kv_rate(model: dict) -> float | None:
+def _kv_rate(model: ModelEntry) -> float | None:
     family = family_of(model)   # else the GGUF header's figure, read on the controller (model_fetch)
     return family.get("kv_gib_per_1k_tokens") if family else (model.get("gguf") or {}).get("kv_gib_per_1k_tokens")
 
 
-def slot_tokens(model: dict) -> int:
+def slot_tokens(model: ModelEntry) -> int:
     """SLOT_TOKENS, or the model's trained context (its GGUF header) when that is shorter."""
     trained = (model.get("gguf") or {}).get("context_length")
     return min(SLOT_TOKENS, trained) if isinstance(trained, int) and trained > 0 else SLOT_TOKENS
 
 
-def sizing(inst: dict, model: dict, group_gib: list[float]) -> Sizing:
+def sizing(inst: LlamaInstance, model: ModelEntry, group_gib: list[float]) -> Sizing:
     """The instance's ctx and parallel where it left them ``auto``, for a server on GPUs of
     ``group_gib`` GiB each ([]: on the CPU, or the layers' place is llama.cpp's to choose)."""
     ctx, parallel, slot = inst["ctx"], inst["parallel"], slot_tokens(model)
@@ -135,7 +136,7 @@ def sizing(inst: dict, model: dict, group_gib: list[float]) -> Sizing:
     return Sizing(n * slot, n, why)
 
 
-def chosen(inst: dict, model: dict, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
+def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
     """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
     on one replica's GPUs; ``cache_ram`` with them where sizing sets it), its layout, and why they
     were chosen (None: both set). Only the chosen keys: the role lays them over the instance."""
@@ -150,13 +151,13 @@ def chosen(inst: dict, model: dict, plan: Plan, data: Config) -> tuple[dict, Lay
     return keys, lay, size.why
 
 
-def sized(inst: dict, model: dict, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
+def sized(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
     """The instance with what :func:`chosen` chose laid over it, its layout, and why."""
     keys, lay, why = chosen(inst, model, plan, data)
     return {**inst, **keys}, lay, why
 
 
-def need_gib(model: dict, inst: dict, cards: int) -> Need | None:
+def need_gib(model: ModelEntry, inst: LlamaInstance, cards: int) -> Need | None:
     """VRAM the instance needs on ``cards`` GPUs; None when it cannot be told (the model has no
     size_gib, or layers stay on the CPU: the split is llama.cpp's to make)."""
     weights = model.get("size_gib")
@@ -168,7 +169,7 @@ def need_gib(model: dict, inst: dict, cards: int) -> Need | None:
     return Need(weights + kv + overhead, weights, kv, overhead, rate, family_of(model))
 
 
-def fewest_gpus(model: dict, inst: dict, per_card: list[float]) -> int | None:
+def fewest_gpus(model: ModelEntry, inst: LlamaInstance, per_card: list[float]) -> int | None:
     """The fewest of the host's cards (the smallest first, to be safe on a mixed host) whose VRAM
     holds the instance; None when unknown or when even all of them do not."""
     ordered = sorted(per_card)
@@ -181,7 +182,7 @@ def fewest_gpus(model: dict, inst: dict, per_card: list[float]) -> int | None:
     return None
 
 
-def layout(inst: dict, model: dict, plan: Plan, data: Config) -> Layout:
+def layout(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> Layout:
     """The instance's layout on this host (see the module docstring)."""
     if inst["ctx"] == "auto":   # gpus_per_replica auto: the fewest GPUs that hold its slots (one if parallel is auto)
         inst = {**inst, "ctx": (inst["parallel"] if inst["parallel"] != "auto" else 1) * slot_tokens(model)}

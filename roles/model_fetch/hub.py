@@ -37,7 +37,7 @@ import os
 from pathlib import Path
 
 from rigup.entries import normalise
-from rigup.models import MODEL, _HEX40, first_gguf, hub_endpoint, hub_key
+from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
 from rigup.gguf import GGUFRefused, kv_figures, metadata
@@ -200,13 +200,13 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
 
 
-def _needs(entry: dict) -> tuple[bool, bool, bool]:
+def _needs(entry: ModelEntry) -> tuple[bool, bool, bool]:
     """(commit, size, gguf): what the hub must say of ``entry``."""
     return (not _HEX40.fullmatch(entry["revision"]), entry["size_gib"] is None,
             entry["family"] is None and family_of(entry) is None)
 
 
-def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
+def _ask(entry: ModelEntry, endpoint: str, secret: str | None) -> dict:
     """What the hub says of one normalised entry: {"commit", "size_gib", "files", "gguf", "error"}."""
     want_commit, want_size, want_gguf = _needs(entry)
     facts: dict = {}
@@ -231,7 +231,7 @@ def _ask(entry: dict, endpoint: str, secret: str | None) -> dict:
     return facts
 
 
-def _line(name: str, entry: dict, facts: dict, allowed: bool) -> list[str]:
+def _line(name: str, entry: ModelEntry, facts: dict, allowed: bool) -> list[str]:
     """The plan's lines for one entry: the pin to write, the size and the header's figures."""
     where, lines = f"models.{name}", []
     if facts.get("error"):

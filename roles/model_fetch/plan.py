@@ -3,10 +3,15 @@ progress lines. No pyinfra here: tested on plain data (tests/unit/test_model_fet
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass, field
 
 from rigup.names import HF_TOKEN, MARKER
 from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
+
+if TYPE_CHECKING:
+    from rigup.models import ModelEntry
 
 __all__ = ["human", "duration", "ModelPlan", "progress_line", "pending_note", "short_progress", "unsafe_files",
            "planted_problems", "plan_model"]
@@ -113,7 +118,7 @@ def planted_problems(where: str, state: dict) -> list[tuple[str, str]]:
     return found
 
 
-def plan_model(name: str, entry: dict, state: dict, *, endpoint: str, source: str, peer: str | None,
+def plan_model(name: str, entry: ModelEntry, state: dict, *, endpoint: str, source: str, peer: str | None,
                workers: int, peer_wait: int, stall_s: int = 60, retries: int = 10) -> ModelPlan:
     """What to do for model ``name`` (a normalised ``models`` entry) given its probed ``state``."""
     where = f"models.{name}"

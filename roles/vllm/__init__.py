@@ -113,7 +113,7 @@ from roles.vllm import command as cmd
 from roles.vllm.checks import CHECKS, FLEET_CHECKS, ports, replica_groups
 from roles.vllm.checks import plan_lines as instance_lines
 from roles.vllm.facts import VllmCommit, VllmState
-from roles.vllm.schema import instances
+from roles.vllm.schema import VllmInstance, instances
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "plan_reads", "ports"]
 
@@ -146,7 +146,7 @@ def installed_test(path: str, stamp: str) -> str:
 
 @reading(VllmState, "pin_dir", instances="units")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: dict, marker_path: str, pin_dir: str, venv: str, env: str,
+def instance(unit_name: str, instance_name: str, inst: VllmInstance, marker_path: str, pin_dir: str, venv: str, env: str,
              unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
              fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None,
              draft_marker: str | None = None, unlock: str | None = None):

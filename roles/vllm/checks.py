@@ -27,20 +27,18 @@ from typing import TYPE_CHECKING
 import ipaddress
 import re
 
-from rigup.config import ConfigError
+from rigup.config import Config, ConfigError
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
-from rigup.gpu.plan import cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
+from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
 from rigup.models import models
 from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure, serving_ports
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.facts import VllmCommit
-from roles.vllm.schema import ENV_NAME, instances
+from roles.vllm.schema import ENV_NAME, VllmInstance, instances
 
 if TYPE_CHECKING:
-    from rigup.gpu.plan import Plan
     from rigup.gpu.facts import Facts
-    from rigup.config import Config
 
 UPSTREAM = re.compile(r"github\.com[/:]vllm-project/vllm(\.git)?/?$", re.I)   # stock vLLM's own repository
 
@@ -81,7 +79,7 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     return found
 
 
-def replica_groups(plan: Plan, inst: dict) -> list[list[int]]:
+def replica_groups(plan: Plan, inst: VllmInstance) -> list[list[int]]:
     """The GPU indexes of each replica of an instance: tp x pp GPUs each, ``replicas`` of them
     (auto: as many as the host's GPUs allow, at least one); [] on a host without GPUs."""
     cards = [c["index"] for c in plan.get("cards", [])] if gpu_count(plan) else []

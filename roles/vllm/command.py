@@ -10,14 +10,13 @@ import json
 import re
 from pathlib import Path
 
-from rigup.config import GIT_URL, ROOT, ConfigError
+from rigup.config import Config, ConfigError, GIT_URL, ROOT
 from rigup.templates import render
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
-from roles.vllm.schema import env_problems, partition_problem
+from roles.vllm.schema import VllmInstance, env_problems, partition_problem
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
-    from rigup.config import Config
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
 KEY_FILE = "/etc/rigup/vllm/{}.key"      # VLLM_API_KEY=<key>, made on the host (api_key: true)
@@ -212,7 +211,7 @@ def _value(value) -> str:
     return str(value)
 
 
-def env_vars(name: str, inst: dict, data: Config, plan: Plan) -> dict[str, str]:
+def env_vars(name: str, inst: VllmInstance, data: Config, plan: Plan) -> dict[str, str]:
     """The instance's environment, in the order written: HOME and caches, the layer partition,
     NCCL/Gloo knobs, then vllm_env and the instance's env (which win)."""
     state, cache = f"/var/lib/rigup/vllm/{name}", f"/var/cache/rigup/vllm/{name}"
@@ -244,7 +243,7 @@ def env_vars(name: str, inst: dict, data: Config, plan: Plan) -> dict[str, str]:
     return env
 
 
-def partition(inst: dict) -> str:
+def partition(inst: VllmInstance) -> str:
     """VLLM_PP_LAYER_PARTITION, checked again here (preflight checks it first, with the same
     rule: roles/vllm/schema.py); raises ConfigError."""
     why = partition_problem(inst["pp_partition"], inst.get("pp", 1), inst.get("layers"))
@@ -262,7 +261,7 @@ def env_text(name: str, env: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def speculative_config(inst: dict, draft_path: str | None) -> str | None:
+def speculative_config(inst: VllmInstance, draft_path: str | None) -> str | None:
     """``--speculative-config``'s JSON: the instance's ``speculative`` keys (method,
     num_speculative_tokens, ...) and the drafter's directory as ``model`` (``draft_path``: the dest
     of its ``draft_model``), as the CMP 170HX reports run DFlash and DSpark drafters; None for neither."""
@@ -270,7 +269,7 @@ def speculative_config(inst: dict, draft_path: str | None) -> str | None:
     return json.dumps(config, sort_keys=True, separators=(",", ":")) if config else None
 
 
-def argv(name: str, inst: dict, venv: str, model_path: str, draft_path: str | None = None) -> list[str]:
+def argv(name: str, inst: VllmInstance, venv: str, model_path: str, draft_path: str | None = None) -> list[str]:
     """``vllm serve`` for one instance: --host and --port always explicit (vLLM binds every
     interface by default), parallel sizes, memory fraction, the served name and, with a drafter
     or ``speculative``, --speculative-config."""
@@ -283,7 +282,7 @@ def argv(name: str, inst: dict, venv: str, model_path: str, draft_path: str | No
     return [str(a) for a in args + list(inst["extra_args"])]
 
 
-def dropin_text(name: str, inst: dict, venv: str, model_path: str, marker: str, unit_sha: str,
+def dropin_text(name: str, inst: VllmInstance, venv: str, model_path: str, marker: str, unit_sha: str,
                 stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str],
                 unit: str | None = None, balancer: dict | None = None, ray_wait: list[str] | None = None,
                 draft: dict | None = None) -> str:
@@ -311,7 +310,7 @@ def backend_name(name: str) -> str:
     return f"vllm-{name}"
 
 
-def servers(name: str, inst: dict, groups: list[list[int]], plan: Plan) -> list[dict]:
+def servers(name: str, inst: VllmInstance, groups: list[list[int]], plan: Plan) -> list[dict]:
     """Each server of the instance (``groups``: the GPU indexes of each replica, checks.replica_groups):
     ``unit`` (NAME, or NAME-K per replica), ``inst`` (a replica on 127.0.0.1, port + 1 + K), ``env``
     (a replica's CUDA_VISIBLE_DEVICES: its cards' UUIDs) and ``gpus`` (the indexes the VRAM wait

@@ -8,14 +8,11 @@ import math
 import re
 from typing import Any, TYPE_CHECKING
 
-from rigup.config import once
+from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
-from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
+from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
-
-if TYPE_CHECKING:
-    from rigup.config import Config
 
 
 class VllmInstance(ServingInstance):
@@ -99,7 +96,7 @@ def speculative_problems(entry: dict, where: str, declared: dict) -> list[tuple[
     return found
 
 
-def _family_layers(model: dict | None) -> int | None:
+def _family_layers(model: ModelEntry | None) -> int | None:
     """The layer count rigup/gpu/models.yml gives the model's family (``num_hidden_layers``), if any."""
     value = (family_of(model) or {}).get("num_hidden_layers") if model else None
     return int(value) if isinstance(value, int) else None
