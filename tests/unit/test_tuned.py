@@ -94,3 +94,17 @@ def test_a_kept_sweep_writes_host_vars_a_table_and_a_plot(tmp_path, capsys):
     assert (day / "rig-07-g.md").read_text().startswith("# tune.py: rig-07 g")
     assert (day / "rig-07-g.png").read_bytes()[:4] == b"\x89PNG"
     assert yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]["tok_s"] == 90.0
+
+
+def test_a_tuned_instance_of_a_model_pinned_by_the_hub_keeps_its_model():
+    """The tuned flags are laid over the instances alone: the configuration, with the hub's pin of
+    the model's branch, is what the instance's model is read from (a copy of the whole data lost it)."""
+    from rigup.models import hub_endpoint, hub_key
+    from tests.unit.hosts import answered
+
+    d = data(models={"m": {"repo": "a/b-GGUF", "revision": "main"}}, models_allow_unpinned=True,
+             llama_server_instances={"g": {"model": "m", "port": 8081}},
+             llama_server_tuned={"g": {"flags": {"parallel": 4}}})
+    cfg = answered(d, {hub_key(hub_endpoint(d), {"repo": "a/b-GGUF", "revision": "main", "include": []}): {"commit": REV}})
+    found, problems = instances(cfg)
+    assert problems == [] and found["g"]["parallel"] == 4
