@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
                            for name in batch})
             stopped = f"a drain could not be verified: {why}"
             break
-        code, out = pyinfra(inventory, play, *pick, *args)
+        code, out = pyinfra(inventory, play, *pick, "--data", "rigup_rolling=true", *args)
         result = roll.outcomes(out, batch, code, dry)
         failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
         unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})

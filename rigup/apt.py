@@ -80,3 +80,15 @@ def installed(packages: list[str], cache_seconds: int = 86400):
         yield waiting(updated(command), timeout) if str(command).startswith("apt-get") else command
     install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in missing)
     yield waiting(noninteractive_apt(install), timeout)
+
+
+@operation()
+def components(names: list[str]):
+    """Add the archive components ``names`` (Debian's contrib, non-free, non-free-firmware) to the
+    Debian sources that lack them, in deb822 or one-line files, then read apt's lists again."""
+    for name in names:
+        yield (f"for f in /etc/apt/sources.list.d/*.sources; do [ -e \"$f\" ] || continue; "
+               f"grep -Eq '^Components:(.* )?{name}( |$)' \"$f\" || sed -i 's/^Components: .*/& {name}/' \"$f\"; done; "
+               f"[ ! -s /etc/apt/sources.list ] || grep -Eq '^deb .* {name}( |$)' /etc/apt/sources.list || "
+               f"sed -Ei 's/^(deb .*)$/\\1 {name}/' /etc/apt/sources.list")
+    yield waiting(updated(), lock_timeout())

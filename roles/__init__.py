@@ -13,7 +13,7 @@ the plays do: a pure module such as roles/llama_server/command.py imports no oth
 from importlib import import_module
 from types import ModuleType
 
-STEPS = ("base.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
+STEPS = ("base.apply", "nvidia_driver.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
          "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply",
          "llama_server.apply", "vllm.apply", "balancer.apply", "metrics.apply", "watchdog.apply",
          "model_fetch.pruned")

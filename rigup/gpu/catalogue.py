@@ -169,6 +169,28 @@ def newest_cuda_for_driver(driver: str, path: Path = CATALOGUE_FILE) -> str | No
     return ok[-1] if ok else None
 
 
+def branch_cuda(branch: str, path: Path = CATALOGUE_FILE) -> str | None:
+    """The newest CUDA a driver of ``branch`` ("580") runs: every CUDA's minimum is its branch's
+    first release, so any release of the branch at least that one ("580" -> "13.0")."""
+    return newest_cuda_for_driver(f"{branch}.9999.9999", path)
+
+
+def modules_for(cc: Any, path: Path = CATALOGUE_FILE) -> tuple[str, ...]:
+    """The kernel module flavours a card of compute capability ``cc`` runs, best first:
+    ("open", "proprietary"), ("open",) or ("proprietary",) (catalogue.yml ``driver_modules``);
+    both when ``cc`` is unknown."""
+    rule = _parsed(str(path)).get("driver_modules") or {}
+    cc = parse_cc(cc)
+    if cc is None:
+        return ("open", "proprietary")
+    found = []
+    if cc >= parse_cc(rule.get("open_min_cc", "7.5")):
+        found.append("open")
+    if cc <= parse_cc(rule.get("proprietary_max_cc", "9.0")):
+        found.append("proprietary")
+    return tuple(found)
+
+
 def class_problem(cls) -> str | None:
     """Why ``cls`` is not a card class of the catalogue (e.g. "a100", "cmp170hx"), or None."""
     classes = sorted({c["class"] for c in cards().values()})

@@ -510,6 +510,25 @@ class CpuInfo(FactBase):
         return parse_cpu(output)
 
 
+# ----------------------------------------------------------------------------- PCI
+# NVIDIA display and 3D controllers on the PCI bus, read from sysfs (no pciutils on a bare host):
+# what a host has before any driver answers (roles/nvidia_driver plans from it)
+PCI_COMMAND = ('for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
+               'echo "${d##*/} $(cat "$d/device" 2>/dev/null) $(cat "$d/class" 2>/dev/null)"; done; true')
+
+
+def parse_pci(lines: list[str]) -> list[dict]:
+    """``PCI_COMMAND``'s output -> ``[{"bus_id": "0000:07:00.0", "pci_device_id": "10de:20b2"}]``,
+    the NVIDIA GPUs (class 0x0300 VGA or 0x0302 3D controller; not their audio functions), in bus order."""
+    found = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 3 or not parts[1].startswith("0x") or parts[2][:6] not in ("0x0300", "0x0302"):
+            continue
+        found.append({"bus_id": parts[0], "pci_device_id": f"10de:{parts[1][2:].lower()}"})
+    return sorted(found, key=lambda d: d["bus_id"])
+
+
 # ----------------------------------------------------------------------------- all at once
 MARK = "##rigup:"
 
@@ -527,6 +546,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",
         f"echo '{MARK}serving'; {SERVING_COMMAND}",
         f"echo '{MARK}cpu'; ( {CPU_COMMAND} )",
+        f"echo '{MARK}pci'; {PCI_COMMAND}",
     ]
     for path in paths:
         parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")
@@ -548,6 +568,7 @@ def parse_hardware(lines: list[str]) -> dict:
         "systemd": parse_systemd(sec.get("systemd", [])),
         "serving_units": sorted(line.strip() for line in sec.get("serving", []) if line.strip()),
         "cpu": parse_cpu(sec.get("cpu", [])),
+        "pci": parse_pci(sec.get("pci", [])),
         "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
     }
 
@@ -566,6 +587,7 @@ class Facts(TypedDict, total=False):
     systemd: bool
     serving_units: list[str]
     cpu: dict
+    pci: list[dict]
     free_disk: dict[str, int | None]
     model_bytes: dict
     reads: dict[str, Any]
@@ -577,7 +599,7 @@ class HardwareFacts(FactBase):
         {"gpus": [...NvidiaGpus...], "driver": {...NvidiaDriver...},
          "cuda_toolkits": [...CudaToolkits...], "listening_ports": {22: "sshd"},
          "secure_boot": None, "kernel": {"release": ..., "headers": ...}, "systemd": True,
-         "cpu": {...CpuInfo...}, "free_disk": {"/": 68702195712}}
+         "cpu": {...CpuInfo...}, "pci": [{"bus_id", "pci_device_id"}], "free_disk": {"/": 68702195712}}
 
     ``host.get_fact(HardwareFacts, paths=["/", "/var/lib/rigup"])`` sizes ``free_disk``.
     """

@@ -78,6 +78,7 @@ class Plan(TypedDict, total=False):
     warnings: list[str]
     systemd: bool
     serving_units: list[str]
+    driver_step: dict | None    # rigup.gpu.driver.driver_step: the driver roles/nvidia_driver installs
 
 
 def vllm_min_cc() -> tuple[int, int]:
@@ -329,7 +330,8 @@ def format_plan(plan: dict) -> str:
         for c in plan["cards"]:
             counts[c["class"]] = counts.get(c["class"], 0) + 1
         lines = ["cards:     " + ", ".join(f"{n} x {k}" for k, n in counts.items())
-                 + (f" (+{len(plan['lost_cards'])} lost)" if plan["lost_cards"] else "")]
+                 + (f" (+{len(plan['lost_cards'])} lost)" if plan["lost_cards"] else "")
+                 + (" (from the PCI bus: no driver answers yet)" if (plan.get("driver_step") or {}).get("predicted") else "")]
         lines.append("archs:     " + (";".join(plan["cuda_archs"]) or "-"))
         tk = plan["cuda_toolkit"]
         found = f"found {tk['found']} ({tk['path']})" if tk["found"] else "none installed that is new enough"

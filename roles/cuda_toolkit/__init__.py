@@ -55,15 +55,6 @@ def keyring(repo: str):
            + ' && dpkg -i "$t/cuda-keyring.deb" && rm -rf "$t" && ' + apt.waiting(apt.updated(), apt.lock_timeout()))
 
 
-@operation()
-def debian_component(component: str):
-    """Add ``component`` (non-free) to the Debian sources that lack it, in deb822 or one-line files."""
-    yield (f"for f in /etc/apt/sources.list.d/*.sources; do grep -Eq '^Components:(.* )?{component}( |$)' $f || "
-           f"sed -i 's/^Components: .*/& {component}/' $f; done; "
-           f"[ ! -s /etc/apt/sources.list ] || grep -Eq '^deb .* {component}( |$)' /etc/apt/sources.list || "
-           f"sed -Ei 's/^(deb .*)$/\\1 {component}/' /etc/apt/sources.list; " + apt.waiting(apt.updated(), apt.lock_timeout()))
-
-
 @reading(CudaToolkits)
 @operation()
 def version_present(version: str):
@@ -95,9 +86,9 @@ def apply(plan: Plan, data: Config):
                       cache_seconds=0, _retries=2, _retry_delay=30)
     else:
         if read_once(LinuxDistribution)["release_meta"].get("ID") == "debian":
-            for component in ("contrib", "non-free"):  # libcuda1 needs nvidia-support (contrib)
-                debian_component(name=f"Debian {component} component", component=component,
-                                 _if=lambda: "nvidia-cuda-toolkit" not in read_once(DebPackages))
+            # libcuda1 needs nvidia-support (contrib)
+            apt.components(name="Debian contrib and non-free components", names=["contrib", "non-free"],
+                           _if=lambda: "nvidia-cuda-toolkit" not in read_once(DebPackages))
         apt.installed(name="Install nvidia-cuda-toolkit", packages=["nvidia-cuda-toolkit"],
                       cache_seconds=0, _retries=2, _retry_delay=30)
     home = _home(data)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
+from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
 
@@ -20,11 +21,12 @@ if TYPE_CHECKING:
 
 
 def check_driver_for_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """The loaded driver is older than the chosen cuda_version needs."""
+    """The loaded driver (or the nvidia_driver_branch it is changed to) is older than the chosen
+    cuda_version needs."""
     if not gpu_host(plan, data):
         return []
     wanted = str(data.get("cuda_version") or "")
-    driver = (plan.get("driver") or {}).get("version")
+    driver, named = driver_for_checks(plan)
     if version_tuple(wanted) is None:
         return [Refusal(f"cuda_version {wanted!r} is not a CUDA version",
                         "it must be major.minor, e.g. \"12.8\"",
@@ -39,11 +41,12 @@ def check_driver_for_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusa
     newest = newest_cuda_for_driver(driver)
     table = "" if listed == wanted else f" (the minimum of CUDA {listed}, the nearest listed)"
     return [Refusal(
-        f"NVIDIA driver {driver} is too old for CUDA {wanted}",
+        f"NVIDIA driver {named} is too old for CUDA {wanted}",
         f"CUDA {wanted} needs driver >= {min_driver}{table} (CUDA release notes; "
-        "rigup/gpu/catalogue.yml cuda_min_driver)",
+        "rigup/gpu/catalogue.yml cuda_min_driver); driver " + f"{named} runs CUDA up to {newest or '?'}",
         (f"set cuda_version to {newest} or older (the newest this driver runs), or " if newest else "")
-        + f"upgrade the NVIDIA driver to >= {min_driver}", "driver_for_cuda")]
+        + (f"set nvidia_driver_branch to {min_driver.split('.')[0]} or newer" if named != driver
+           else f"upgrade the NVIDIA driver to >= {min_driver}"), "driver_for_cuda")]
 
 
 def check_cuda_for_archs(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

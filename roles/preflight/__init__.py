@@ -29,6 +29,7 @@ from pyinfra import host
 
 from rigup import summary
 from rigup.config import Config, fleet_data, source_of
+from rigup.gpu.driver import planned_gpus
 from rigup.gpu.facts import HardwareFacts, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
@@ -98,7 +99,8 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
     (or the play has ``more`` refusals of its own); ``data``: the host's configuration
     (rigup.config.configure). Returns the plan, with ``systemd`` (whether systemd is PID 1) and
-    ``serving_units`` (the serving instances installed) added for the roles."""
+    ``serving_units`` (the serving instances installed) and ``driver_step`` (rigup.gpu.driver: the
+    driver nvidia_driver installs, or None) added for the roles."""
     dests = model_dests(data)
     places = model_places(data)
     if dests:
@@ -110,8 +112,10 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
     facts["reads"] = {fact.__name__: read_once(fact, **kwargs) for fact, kwargs in reads}
-    plan: Plan = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
-                      systemd=facts["systemd"], serving_units=facts.get("serving_units", []))
+    # a driver step (roles/nvidia_driver): without a driver the cards come from the PCI bus
+    gpus, step = planned_gpus(facts, data)
+    plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
+                      systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step)
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs

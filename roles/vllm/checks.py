@@ -28,6 +28,7 @@ import ipaddress
 import re
 
 from rigup.config import Config, ConfigError
+from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
 from rigup.models import models
@@ -305,9 +306,10 @@ def wheel_cuda(data: Config) -> tuple[str, str] | None:
 
 
 def check_wheel_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """vLLM instances whose wheel is built for a newer CUDA than the loaded driver runs
-    (rigup/gpu/catalogue.yml cuda_min_driver): it would install, then fail at its first CUDA call."""
-    driver = (plan.get("driver") or {}).get("version")
+    """vLLM instances whose wheel is built for a newer CUDA than the loaded driver (or the
+    nvidia_driver_branch it is changed to) runs (rigup/gpu/catalogue.yml cuda_min_driver): it would
+    install, then fail at its first CUDA call."""
+    driver, named = driver_for_checks(plan)
     built = wheel_cuda(data)
     if not gpu_host(plan, data) or not data.get("vllm_instances") or not built or version_tuple(driver or "") is None:
         return []
@@ -317,11 +319,12 @@ def check_wheel_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
         return []
     newest = newest_cuda_for_driver(driver)
     return [Refusal(
-        f"the vLLM wheel is built for CUDA {cuda} ({where}), newer than NVIDIA driver {driver} runs",
-        f"CUDA {cuda} needs driver >= {need[1]} (rigup/gpu/catalogue.yml cuda_min_driver); driver {driver} "
+        f"the vLLM wheel is built for CUDA {cuda} ({where}), newer than NVIDIA driver {named} runs",
+        f"CUDA {cuda} needs driver >= {need[1]} (rigup/gpu/catalogue.yml cuda_min_driver); driver {named} "
         f"runs CUDA up to {newest or '?'}",
         (f"pin a wheel built for CUDA {newest} or older (e.g. +cu{newest.replace('.', '')}), or " if newest else "")
-        + f"upgrade the NVIDIA driver to >= {need[1]}", "wheel_cuda")]
+        + (f"set nvidia_driver_branch to {need[1].split('.')[0]} or newer" if named != driver
+           else f"upgrade the NVIDIA driver to >= {need[1]}"), "wheel_cuda")]
 
 
 def _same(me: str, data: Config, head: str, head_data: dict) -> list[tuple[str, str]]:

@@ -17,6 +17,8 @@ def main(argv=None):
                       help="number of the first host (default 1): --first 3 -n 2 boots lab3, lab4")
     p_up.add_argument("--no-init", dest="init", action="store_false",
                       help="run sshd alone, without systemd, as a docker-style rental container does")
+    p_up.add_argument("--no-driver", dest="driver", action="store_false",
+                      help="the profile's cards on the PCI bus, no NVIDIA driver (roles/nvidia_driver installs it)")
     p_rm = sub.add_parser("remove", help="remove one host; the others keep running")
     p_rm.add_argument("name")
     sub.add_parser("down", help="remove every lab host, the bridge and the proxy")
@@ -30,14 +32,14 @@ def main(argv=None):
     start = time.monotonic()
     try:
         if args.command == "up":
-            lab.up(args.n, args.profile, args.first, args.init)
+            lab.up(args.n, args.profile, args.first, args.init, driver=args.driver)
         elif args.command == "remove":
             lab.remove(args.name)
         elif args.command == "down":
             lab.down()
         elif args.command == "list":
             for h in lab.hosts():
-                print(f"{h['name']}\t{h['address']}\t{lab.kind(h['profile'], h.get('init', True))}")
+                print(f"{h['name']}\t{h['address']}\t{lab.kind(h['profile'], h.get('init', True), h.get('driver', True))}")
         elif args.command == "reboot":
             print(f"{args.name}: {lab.reboot(args.name)}")
         else:

@@ -328,9 +328,10 @@ def hub_pids():
     return [pid for pid, argv in processes() if "tests.lab.hub" in argv and str(STATE / "hub") in argv]
 
 
-def create_host(name, profile, seed=None):
+def create_host(name, profile, seed=None, driver=True):
     """Lay out, configure and network host `name` (not yet booted); `seed(upper)` may fill its
-    overlay's upper layer before it is mounted (e.g. tests/bench_fleet.py, from a converged host)."""
+    overlay's upper layer before it is mounted (e.g. tests/bench_fleet.py, from a converged host);
+    `driver=False`: a GPU profile's cards without their driver (configure_root)."""
     d = HOSTS / name
     for sub in ("upper", "work", "root"):
         (d / sub).mkdir(parents=True, exist_ok=True)
@@ -339,7 +340,9 @@ def create_host(name, profile, seed=None):
     run("mount", "-t", "overlay", "overlay", "-o",
         f"lowerdir={BASE},upperdir={d / 'upper'},workdir={d / 'work'}", d / "root")
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", d / "ssh_host_ed25519_key")
-    configure_root(d / "root", name, profile, d / "ssh_host_ed25519_key")
+    configure_root(d / "root", name, profile, d / "ssh_host_ed25519_key", driver)
+    if GPU_SIM.exists() and profile != "none":
+        write_pci(d / "pci", json.loads(GPU_PROFILES.read_text())[profile])
     netns, veth = f"{NETNS}{name}", f"{VETH}{name}"
     run("ip", "netns", "add", netns)
     run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
@@ -349,8 +352,46 @@ def create_host(name, profile, seed=None):
     run("ip", "-n", netns, "link", "set", "eth0", "up")  # no default route: only the LAN is reachable
 
 
-def configure_root(root, name, profile, host_key):
-    """Write the per-host files into the host's overlay (they land in its upper layer)."""
+def write_pci(pci, prof):
+    """The profile's cards as sysfs shows them under /sys/bus/pci/devices (vendor, device and class
+    of each; boot binds this directory there): what a host has on its PCI bus before any driver."""
+    device = "0x" + prof["card"]["pci_device_id"][2:6].lower()     # 0x20B210DE -> 0x20b2
+    for bus in prof["bus_ids"]:                                     # 00000000:07:00.0 -> 0000:07:00.0
+        d = pci / bus[4:].lower()
+        d.mkdir(parents=True, exist_ok=True)
+        for key, value in (("vendor", "0x10de"), ("device", device), ("class", "0x030200")):
+            (d / key).write_text(value + "\n")
+
+
+# The lab's stand-in for what a container cannot do when Debian's NVIDIA driver packages are
+# installed: load the kernel module (lab hosts share the controller's kernel) and run the
+# persistence daemon against /dev/nvidiactl. After each dpkg run: with nvidia-smi's package
+# installed, the simulated nvidia-smi answers with its version (tests/lab/nvidia_smi.py ``sim
+# driver``: at once where no driver was loaded, after a reboot where another one was), and the
+# package's nvidia-persistenced is diverted to a daemon that only holds on.
+DRIVER_HOOK = """#!/bin/sh
+v=$(dpkg-query -W -f='${Status} ${Version}' nvidia-smi 2>/dev/null | sed -n 's/^install ok installed //p')
+[ -n "$v" ] || exit 0
+/usr/lib/rigup-lab/nvidia-smi sim driver "${v%%-*}"
+if [ -e /usr/bin/nvidia-persistenced ] && ! dpkg-divert --list /usr/bin/nvidia-persistenced | grep -q .; then
+    dpkg-divert --local --rename --divert /usr/bin/nvidia-persistenced.distrib --add /usr/bin/nvidia-persistenced
+    install -m 755 /usr/lib/rigup-lab/nvidia-persistenced /usr/bin/nvidia-persistenced
+fi
+true
+"""
+PERSISTENCED = """#!/bin/sh
+# the lab's nvidia-persistenced (tests/lab/lab.py DRIVER_HOOK): forks and holds on, as the real one does
+mkdir -p /var/run/nvidia-persistenced
+setsid sleep infinity </dev/null >/dev/null 2>&1 &
+echo $! > /var/run/nvidia-persistenced/nvidia-persistenced.pid
+"""
+
+
+def configure_root(root, name, profile, host_key, driver=True):
+    """Write the per-host files into the host's overlay (they land in its upper layer). A GPU
+    profile gets the simulated nvidia-smi: on PATH (/usr/bin) as if its driver were loaded, or
+    with ``driver=False`` only in /usr/lib/rigup-lab until Debian's driver packages are
+    installed (DRIVER_HOOK)."""
     write(root / "etc/hostname", f"{name}\n")
     write(root / "etc/resolv.conf", "# lab hosts resolve nothing themselves: all traffic goes via the proxy\n")
     write(root / "root/.ssh/authorized_keys", KEY.with_suffix(".pub").read_text(), 0o600)
@@ -379,10 +420,16 @@ def configure_root(root, name, profile, host_key):
         (("http_proxy", PROXY), ("https_proxy", PROXY), ("no_proxy", no_proxy))))
     write(root / "etc/rigup-lab/profile", f"{profile}\n")
     if GPU_SIM.exists() and profile != "none":
-        write(root / "usr/bin/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
+        write(root / "usr/lib/rigup-lab/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
+        write(root / "usr/lib/rigup-lab/nvidia-persistenced", PERSISTENCED, 0o755)
+        write(root / "usr/lib/rigup-lab/driver-hook", DRIVER_HOOK, 0o755)
+        write(root / "etc/apt/apt.conf.d/99rigup-lab-driver",
+              'DPkg::Post-Invoke { "/usr/lib/rigup-lab/driver-hook"; };\n')
+        if driver:
+            write(root / "usr/bin/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
         link = root / "usr/local/bin/rigup-gpu-sim"
         link.unlink(missing_ok=True)
-        link.symlink_to("/usr/bin/nvidia-smi")
+        link.symlink_to("/usr/bin/nvidia-smi" if driver else "/usr/lib/rigup-lab/nvidia-smi")
         write(root / "etc/rigup-lab/gpu-profile.json",
               json.dumps(json.loads(GPU_PROFILES.read_text())[profile], indent=2) + "\n")
 
@@ -444,6 +491,9 @@ def boot(name):
                          # its own firewall (roles/rpc_worker's nftables), in its own network namespace
                          "--capability=CAP_NET_ADMIN",
                          *(f"--bind={src}:{dest}" for src, dest in shared_caches()),
+                         # the profile's cards on the PCI bus (write_pci), where sysfs shows them
+                         *([f"--bind-ro={HOSTS / name / 'pci'}:/sys/bus/pci/devices"]
+                           if (HOSTS / name / "pci").is_dir() else []),
                          *(() if init else NO_INIT_COMMAND)])
     # Each boot runs in a new time namespace whose boot clock starts at 0, so the host's
     # /proc/uptime restarts as a real machine's does (pyinfra's server.reboot waits for that).
@@ -526,17 +576,18 @@ def cold_boot(name, timeout=BOOT_TIMEOUT):
     return wait_ready(name, max(deadline - time.monotonic(), 1))
 
 
-def kind(profile, init):
-    """A host's profile as messages name it: "a100", or "none without systemd"."""
-    return profile + ("" if init else " without systemd")
+def kind(profile, init, driver=True):
+    """A host's profile as messages name it: "a100", "none without systemd", "a100 without a driver"."""
+    return profile + ("" if init else " without systemd") + ("" if driver else " without a driver")
 
 
-def up(n, profile, first=1, init=True, seed=None):
+def up(n, profile, first=1, init=True, seed=None, driver=True):
     """Boot hosts lab<first>..lab<first+n-1> with `profile` (keeping running ones); return all
     running hosts. Hosts of other profiles may run next to them: `up(1, "h100", first=3)` adds
     lab3 to a running a100 lab1..lab2. With `init=False` the new hosts run sshd without systemd
     (recorded as ``"init": false`` in lab.json); `reboot` and `cold_boot` refuse them. `seed`: see
-    create_host."""
+    create_host. With `driver=False` a GPU profile's cards are on the PCI bus but no driver answers
+    (``"driver": false``) until Debian's driver packages are installed (configure_root)."""
     if profile not in PROFILES or n < 1 or first < 1:
         raise LabError(f"need n >= 1, first >= 1 and a profile of {', '.join(PROFILES)}, "
                        f"not {n}, {first}, {profile!r}")
@@ -545,9 +596,10 @@ def up(n, profile, first=1, init=True, seed=None):
     with locked():
         running = hosts()
         for h in running:
-            if h["name"] in wanted and kind(h["profile"], h.get("init", True)) != kind(profile, init):
-                raise LabError(f"{h['name']} runs profile {kind(h['profile'], h.get('init', True))}, not "
-                               f"{kind(profile, init)}: `remove {h['name']}` or `down` first")
+            had = kind(h["profile"], h.get("init", True), h.get("driver", True))
+            if h["name"] in wanted and had != kind(profile, init, driver):
+                raise LabError(f"{h['name']} runs profile {had}, not "
+                               f"{kind(profile, init, driver)}: `remove {h['name']}` or `down` first")
         if profile != "none" and GPU_SIM.exists() and profile not in json.loads(GPU_PROFILES.read_text()):
             raise LabError(f"profile {profile} is not in {GPU_PROFILES}")
         built = build_base()
@@ -558,11 +610,11 @@ def up(n, profile, first=1, init=True, seed=None):
             run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigup-lab", "-f", KEY)
         ensure_bridge_and_proxy()
         names = {h["name"] for h in running}
-        new = [{"name": name, "address": address(name), "profile": profile, **({} if init else {"init": False})}
-               for name in wanted if name not in names]
+        new = [{"name": name, "address": address(name), "profile": profile, **({} if init else {"init": False}),
+                **({} if driver else {"driver": False})} for name in wanted if name not in names]
         for h in new:
             remove_host(h["name"])  # leftovers of a host that stopped or half-started
-            create_host(h["name"], profile, seed)
+            create_host(h["name"], profile, seed, driver)
         all_hosts = sorted(running + new, key=lambda h: int(h["name"][3:]))
         inotify_room(len(all_hosts))
         publish(all_hosts)

@@ -19,6 +19,8 @@ Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               [--memory-used MIB] [--pcie-width N] [--pcie-gen N] (the link as negotiated: below
               the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
               sim lock|unlock|show|reset
+              sim driver VERSION (Debian's driver packages of VERSION were installed: the module
+              loads at once, or at the next boot where another was loaded; see ``sim_driver``);
               sim calls (every nvidia-smi argv so far);  sim module (the loaded
               kernel module's path, as ``modinfo -n nvidia`` would print it);
               sim xid CODE -i N [--lost] (the driver's Xid line for card N, logged as
@@ -71,9 +73,84 @@ class Exit(Exception):
 def load_profile():
     try:
         with open(PROFILE) as f:
-            return json.load(f)
+            prof = json.load(f)
     except (OSError, ValueError):
         return {"profile": "none", "bus_ids": [], "card": {}}
+    drv = driver_state()
+    if drv.get("version"):
+        prof["driver_version"] = drv["version"]
+        prof["cuda_version"] = BRANCH_CUDA.get(drv["version"].split(".")[0], prof.get("cuda_version"))
+    return prof
+
+
+# ---------------------------------------------------------------- the driver packages (sim driver)
+# What the lab stands in for when Debian's NVIDIA driver packages are installed (tests/lab/lab.py
+# DRIVER_HOOK calls ``sim driver VERSION`` after each dpkg run): the kernel module loads at once
+# where none was loaded (a bare host), else it stays until the next boot, and meanwhile nvidia-smi
+# fails as the real one does when its library and the loaded module differ. The state is
+# LIB_DIR/driver.json: {"version", "pending", "boot"} (it outlives a reboot, as the installed
+# packages do).
+DRIVER_FILE = "driver.json"
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+EXIT_MISMATCH = 18
+BRANCH_CUDA = {"535": "12.2", "550": "12.4", "570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1"}
+STAND_IN_PATHS = ("/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi")
+
+
+def boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def driver_state():
+    """LIB_DIR/driver.json, with a version pending since an earlier boot taken as loaded now."""
+    path = os.path.join(LIB_DIR, DRIVER_FILE)
+    try:
+        with open(path) as f:
+            drv = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if drv.get("pending") and drv.get("boot") != boot_id():
+        drv = {"version": drv["pending"]}
+        with contextlib.suppress(OSError):
+            with open(path + ".tmp", "w") as f:
+                json.dump(drv, f)
+            os.replace(path + ".tmp", path)
+    return drv
+
+
+def is_stand_in(path):
+    try:
+        with open(path, "rb") as f:
+            return b"Simulated ``nvidia-smi``" in f.read(400)
+    except OSError:
+        return False
+
+
+def sim_driver(version):
+    """Debian's nvidia-smi VERSION was installed: the module loads (no driver answered before) or
+    waits for the next boot (another version is loaded)."""
+    drv = driver_state()
+    loaded = drv.get("version") or (PROF.get("driver_version") if any(map(is_stand_in, STAND_IN_PATHS)) else None)
+    if loaded == version and not drv.get("pending"):
+        return 0
+    swap = loaded and loaded != version    # another module is in use: the new one loads at the next boot
+    new = {"version": loaded, "pending": version, "boot": boot_id()} if swap else {"version": version}
+    os.makedirs(LIB_DIR, exist_ok=True)
+    with open(os.path.join(LIB_DIR, DRIVER_FILE), "w") as f:
+        json.dump(new, f)
+    target = "/usr/local/bin/nvidia-smi"      # ahead of the package's /usr/bin/nvidia-smi on PATH
+    if not is_stand_in(target):
+        with open(os.path.abspath(__file__), "rb") as src, open(target + ".tmp", "wb") as dst:
+            dst.write(src.read())
+        os.chmod(target + ".tmp", 0o755)
+        os.replace(target + ".tmp", target)
+    return 0
+
+
+def mismatched():
+    """Whether a driver version waits for the next boot (nvidia-smi then fails as the real one does)."""
+    return bool(driver_state().get("pending"))
 
 
 UNLOCKER_MODULE = "updates/cmpunlocker/nvidia.ko"      # under /lib/modules/<release>/
@@ -488,6 +565,8 @@ def sim(args):
         return 0
     if cmd == "xid":
         return sim_xid(args[1:])
+    if cmd == "driver" and len(args) == 2:
+        return sim_driver(args[1])
     if cmd == "show":
         with state() as st:
             doc = {"profile": PROF.get("profile"), "unlocked": unlocked(), "run_dir": RUN_DIR,
@@ -619,6 +698,8 @@ def run(argv):
         return sim(argv[1:])
     log_call(argv)
     hang_if_wedged()
+    if mismatched():
+        raise Exit(EXIT_MISMATCH, MISMATCH + "\nNVML library version: " + driver_state()["pending"])
     opts = parse(argv)
     if opts.get("help"):
         print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)

@@ -1,0 +1,176 @@
+"""roles/nvidia_driver: the NVIDIA kernel driver at ``nvidia_driver_branch``, from the distribution.
+
+What it does to a host (only with ``nvidia_driver_branch`` set, ``gpu_enabled``, and NVIDIA cards
+on its PCI bus or answering nvidia-smi):
+- the apt components the driver is in (Debian: contrib, non-free, non-free-firmware; rigup.apt);
+- the driver's headless packages at the branch (roles/nvidia_driver/packages.py: DKMS modules,
+  open or proprietary as the cards need, nvidia-smi, libcuda, the persistence daemon) and the
+  running kernel's headers for DKMS, after checking that apt's candidate is of the branch; then
+  held (``apt-mark hold``), so that an upgrade never moves a serving host to another branch;
+- nouveau blacklisted (/etc/modprobe.d/rigup-nouveau.conf; the initramfs rebuilt where there is one);
+- the module loaded (``modprobe nvidia nvidia_uvm``), or, when it cannot be in place (another
+  version's module in use, nouveau loaded), a reboot (``nvidia_driver_reboot``) and a wait for the
+  host to come back; then nvidia-smi must report the branch and the cards the plan had (made from
+  the PCI bus when no driver answered: rigup.gpu.driver), else the host fails, naming both;
+- nvidia-persistenced enabled and running (systemd hosts).
+A host already at the branch, its packages held, changes nothing. preflight plans the step
+(``plan["driver_step"]``), and the roles after this one plan on the cards the driver will report.
+
+Variables (roles/nvidia_driver/defaults.yml): nvidia_driver_branch, nvidia_driver_modules,
+nvidia_driver_headers, nvidia_driver_reboot; gpu_enabled (roles/preflight), apt_lock_timeout,
+apt_cache_seconds (roles/base).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import OperationError, deploy
+from pyinfra.operations import server
+
+from rigup import apt
+from rigup.config import Config, role_defaults
+from rigup.files import managed
+from rigup.gpu.driver import branch_of, modules_choice
+from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
+from rigup.gpu.plan import Plan, gpu_host
+from rigup.probe import operation, systemd
+from rigup.services import running
+from rigup.state import read_once, reading
+from roles.nvidia_driver.checks import CHECKS
+from roles.nvidia_driver.facts import DriverHost
+from roles.nvidia_driver.packages import at_branch, driver_packages
+
+__all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
+
+BLACKLIST = "/etc/modprobe.d/rigup-nouveau.conf"
+REBOOT_TIMEOUT_S = 600
+
+
+def managed_here(plan: Plan, data: Config) -> bool:
+    """Whether this host's driver is rigup's: a branch pinned, GPU roles on, NVIDIA cards."""
+    return data.get("nvidia_driver_branch") is not None and gpu_host(plan, data)
+
+
+def plan_reads(data: Config) -> list:
+    return [(DriverHost, {})] if data.get("nvidia_driver_branch") is not None else []
+
+
+def plan_lines(plan: Plan, data: Config) -> list[str]:
+    step = plan.get("driver_step")
+    if not managed_here(plan, data):
+        return []
+    branch = data["nvidia_driver_branch"]
+    modules, _ = modules_choice(plan, data["nvidia_driver_modules"])
+    if not step:
+        return [f"driver:    {plan['driver']['version']} (branch {branch}, {modules} modules): nothing to install"]
+    then = ("the cards above are from the PCI bus: nvidia-smi must report them once it is loaded"
+            if step["predicted"] else "the module is swapped: a reboot unless it loads in place")
+    return [f"driver:    branch {branch} ({modules} modules) to install: {step['why']}; {then}"]
+
+
+@reading(DriverHost)
+@operation()
+def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe: str, headers: str | None):
+    """``packages`` installed at ``branch`` and held (with ``headers``, the running kernel's headers
+    package, when given and missing); apt's candidate of ``probe`` checked to be of the branch first."""
+    state = read_once(DriverHost)
+    installed = state["packages"]
+    missing = at_branch(installed, packages, branch, versioned)
+    unheld = [p for p in packages if p in installed and not installed[p]["held"]]
+    if not missing and not unheld:
+        host.noop(f"the driver's {len(packages)} packages are at branch {branch} and held")
+        return
+    timeout = apt.lock_timeout()
+    names = " ".join(shlex.quote(p) for p in packages)
+    if missing:
+        yield apt.waiting(apt.updated(), timeout)
+        if versioned:
+            q = shlex.quote(probe)
+            yield (f"v=$(apt-cache policy {q} | sed -n 's/^ *Candidate: //p'); case \"$v\" in {int(branch)}.*) ;; *) "
+                   f"echo \"rigup: apt offers {probe} $v, not of branch {int(branch)}: this host's sources have no "
+                   f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac")
+        extra = f" {shlex.quote(headers)}" if headers else ""
+        yield apt.waiting(apt.noninteractive_apt(
+            f"install --no-install-recommends --allow-change-held-packages {names}{extra}"), timeout)
+    yield f"apt-mark hold {names} >/dev/null"
+
+
+@operation()
+def initramfs():
+    """The initramfs rebuilt (update-initramfs -u) where the host has one: nouveau stays out of it."""
+    yield "if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"
+
+
+def _answer(branch: int) -> tuple[bool, str]:
+    """Whether the driver of ``branch`` answers now, and what nvidia-smi says (read afresh)."""
+    driver = host.get_fact(NvidiaDriver)
+    version = driver.get("version") if driver.get("loaded") else None
+    return branch_of(version) == branch, version or "no driver answers"
+
+
+@reading(NvidiaDriver)
+@operation()
+def loaded(branch: int, reboot: bool, cards: list[str]):
+    """The driver of ``branch`` loaded and answering with ``cards`` (bus ids, sorted): loaded
+    in place when no NVIDIA module is, else after a reboot (``reboot``), else the host fails."""
+    driver = read_once(NvidiaDriver)
+    if driver.get("loaded") and branch_of(driver.get("version")) == branch and _cards_match(cards, fresh=False)[0]:
+        host.noop(f"driver {driver['version']} answers")
+        return
+    # in place: nouveau out (blacklisted, so it stays out at the next boot), then nvidia's modules
+    yield ("modprobe -r nouveau 2>/dev/null; if [ ! -d /sys/module/nvidia ]; then "
+           "modprobe nvidia && modprobe nvidia_uvm; fi; true")
+    ok, said = _answer(branch)
+    if not ok:
+        if not reboot:
+            raise OperationError(f"driver branch {branch} is installed but not loaded ({said}): the module cannot "
+                                 "be swapped in place; reboot the host (or set nvidia_driver_reboot: true)")
+        yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=REBOOT_TIMEOUT_S)
+        ok, said = _answer(branch)
+        if not ok:
+            raise OperationError(f"driver branch {branch} is installed, but after a reboot nvidia-smi says: {said}")
+    match, reported = _cards_match(cards)
+    if not match:
+        raise OperationError(f"driver branch {branch} answers with {reported}, but the plan (made from the PCI bus "
+                             f"before the driver answered) had {len(cards)} ({', '.join(cards)}): converge again, "
+                             "the plan is then read from nvidia-smi")
+
+
+def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
+    """Whether nvidia-smi reports exactly the cards at bus ids ``cards``, and which it reports
+    (``fresh``: read now, as after a command of the same operation; else read once per change)."""
+    gpus = host.get_fact(NvidiaGpus) if fresh else read_once(NvidiaGpus)
+    reported = sorted(str(g.get("bus_id")).upper() for g in gpus if not g.get("lost"))
+    return reported == cards, (f"{len(reported)} cards ({', '.join(reported)})" if reported else "no card")
+
+
+@deploy("nvidia_driver", data_defaults=role_defaults("nvidia_driver"))
+def apply(plan: Plan, data: Config):
+    if not managed_here(plan, data):
+        return
+    branch = int(data["nvidia_driver_branch"])
+    modules, _ = modules_choice(plan, data["nvidia_driver_modules"])
+    state = read_once(DriverHost)
+    table = driver_packages(state["os"].get("id", ""), branch, modules)
+    if not modules or not table:   # refused by preflight (checks.py)
+        return
+    missing = bool(at_branch(state["packages"], table["packages"], branch, table["versioned"]))
+    if table["components"]:
+        apt.components(name=f"apt components {' '.join(table['components'])}", names=table["components"],
+                       _if=lambda: missing)
+    headers = None
+    if data["nvidia_driver_headers"] and not state["headers"] and state["release"]:
+        headers = f"linux-headers-{state['release']}"
+    packages_at_branch(name=f"NVIDIA driver {branch} ({modules} modules)", packages=table["packages"], branch=branch,
+                       versioned=table["versioned"], probe=table["probe"], headers=headers)
+    blacklist = managed(name="nouveau blacklisted", dest=BLACKLIST, paths=[BLACKLIST],
+                        text="# rigup (roles/nvidia_driver): the NVIDIA driver drives these cards\n"
+                             "blacklist nouveau\noptions nouveau modeset=0\n")
+    initramfs(name="initramfs without nouveau", _if=blacklist.did_change)
+    cards = sorted(str(c.get("bus_id")).upper() for c in plan["cards"])   # what nvidia-smi must report
+    loaded(name=f"NVIDIA driver {branch} loaded", branch=branch, reboot=data["nvidia_driver_reboot"], cards=cards)
+    if plan.get("systemd"):
+        running(name="nvidia-persistenced running", unit="nvidia-persistenced.service",
+                units=["nvidia-persistenced.service"])

@@ -1,0 +1,126 @@
+"""roles/nvidia_driver's refusals: pure functions of a host's plan, facts and data (see
+rigup/refusal.py).
+
+    check_cards        nvidia_driver_branch on a host with no NVIDIA card on its PCI bus, or with cards
+                       the catalogue cannot plan before their driver answers
+    check_modules      nvidia_driver_modules that does not run every card (open below Turing,
+                       proprietary on Blackwell)
+    check_distribution a distribution whose driver packages rigup does not know (Debian, Ubuntu)
+    check_headers      a driver to build with DKMS, and no headers package for the running kernel
+    check_secure_boot  a driver to build with DKMS on a host with Secure Boot on
+    check_serving      a branch change on a host that serves, outside a roll
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rigup.gpu.driver import modules_choice
+from rigup.gpu.plan import gpu_host
+from rigup.refusal import Refusal
+from roles.nvidia_driver.packages import driver_packages
+
+if TYPE_CHECKING:
+    from rigup.gpu.plan import Plan
+    from rigup.gpu.facts import Facts
+    from rigup.config import Config
+
+
+def _branch(data: Config) -> int | None:
+    return data.get("nvidia_driver_branch") if data.get("gpu_enabled", True) else None
+
+
+def _host(facts: Facts) -> dict:
+    return (facts.get("reads") or {}).get("DriverHost") or {}
+
+
+def check_cards(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """nvidia_driver_branch where no NVIDIA GPU is on the PCI bus (nothing to drive), or where the
+    driver is missing and a card's PCI id is not in the catalogue (its plan needs the driver)."""
+    branch = _branch(data)
+    if branch is None:
+        return []
+    step = plan.get("driver_step")
+    if not gpu_host(plan, data) and not step and not facts.get("pci"):
+        return [Refusal(f"nvidia_driver_branch {branch} on a host without an NVIDIA GPU",
+                        "no NVIDIA display or 3D controller is on its PCI bus (/sys/bus/pci/devices, vendor 0x10de)",
+                        "set nvidia_driver_branch: null and gpu_enabled: false for this host", "driver_cards")]
+    unknown = (step or {}).get("unknown") or []
+    if unknown:
+        ids = ", ".join(f"{d['bus_id']} ({d['pci_device_id']})" for d in unknown)
+        return [Refusal(f"NVIDIA cards rigup cannot plan before their driver answers: {ids}",
+                        "their PCI ids are not in rigup/gpu/catalogue.yml, so their compute capability, "
+                        "memory and architecture are unknown until nvidia-smi reports them",
+                        "add the cards to rigup/gpu/catalogue.yml (docs/layout.md, Add a GPU card), or install "
+                        f"the driver of branch {branch} by hand once and converge again", "driver_cards")]
+    return []
+
+
+def check_modules(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """nvidia_driver_modules that no card runs: open modules below Turing (compute capability 7.5),
+    proprietary ones on Blackwell (rigup/gpu/catalogue.yml driver_modules)."""
+    if _branch(data) is None or not gpu_host(plan, data):
+        return []
+    chosen, why = modules_choice(plan, data.get("nvidia_driver_modules", "auto"))
+    if chosen:
+        return []
+    return [Refusal(f"nvidia_driver_modules: {data.get('nvidia_driver_modules')}", why,
+                    "set nvidia_driver_modules: auto, or drive the other cards from another host", "driver_modules")]
+
+
+def check_distribution(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """A driver to install on a distribution other than Debian or Ubuntu."""
+    os_release = _host(facts).get("os") or {}
+    if _branch(data) is None or not plan.get("driver_step") or not os_release:
+        return []
+    if driver_packages(os_release.get("id", ""), int(_branch(data)), "open"):
+        return []
+    return [Refusal(f"nvidia_driver_branch on {os_release.get('id') or 'an unknown distribution'} "
+                    f"{os_release.get('version_id', '')}".rstrip(),
+                    "rigup installs the driver from Debian's and Ubuntu's own packages only",
+                    "install the NVIDIA driver by hand and set nvidia_driver_branch: null", "driver_distribution")]
+
+
+def check_headers(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """A driver to install with nvidia_driver_headers on, while the running kernel has no headers
+    and apt has no package of them (a kernel updated but not booted, a provider's own kernel):
+    DKMS could not build the module, and the driver would never load."""
+    state = _host(facts)
+    if (_branch(data) is None or not plan.get("driver_step") or not data.get("nvidia_driver_headers", True)
+            or not state or state.get("headers") or state.get("headers_candidate")):
+        return []
+    release = state.get("release") or "the running kernel"
+    return [Refusal(f"no headers for the running kernel {release}",
+                    f"DKMS builds the NVIDIA module against them, and apt has no linux-headers-{release} "
+                    "(the kernel was updated and not booted, or it is not the distribution's)",
+                    "reboot into the distribution's newest kernel and converge again, or install its headers by "
+                    "hand (nvidia_driver_headers: false once they are there another way)", "driver_headers")]
+
+
+def check_secure_boot(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """A driver to build with DKMS on a host with UEFI Secure Boot on."""
+    if _branch(data) is None or not plan.get("driver_step") or facts.get("secure_boot") is not True:
+        return []
+    return [Refusal("NVIDIA driver to install with Secure Boot on",
+                    "DKMS builds the module on the host, unsigned by a key the firmware trusts, so the kernel "
+                    "would not load it (mokutil --sb-state says SecureBoot enabled)",
+                    "turn Secure Boot off in the firmware setup, or enroll DKMS's key (mokutil --import "
+                    "/var/lib/dkms/mok.pub) and converge again", "driver_secure_boot")]
+
+
+def check_serving(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """A branch change (a driver loaded, another branch pinned) on a host whose serving units are
+    installed, outside a roll (rigup_rolling, set by roll.py) and maintenance: the reboot would drop
+    its requests."""
+    step = plan.get("driver_step")
+    if (not step or not step.get("loaded") or not plan.get("serving_units") or data.get("rigup_rolling")
+            or data.get("rigup_maintenance")):
+        return []
+    return [Refusal(f"driver {step['loaded']} -> branch {step['branch']} on a serving host",
+                    f"the module is swapped by a reboot, and {', '.join(plan['serving_units'])} would drop what "
+                    "they serve meanwhile",
+                    "change it with ./roll.py (each host out of the gateways' pools while it converges), or put the "
+                    "host in maintenance (rigup_maintenance: true) first", "driver_serving")]
+
+
+CHECKS = (check_cards, check_modules, check_distribution, check_headers, check_secure_boot, check_serving)

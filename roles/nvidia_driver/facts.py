@@ -1,0 +1,57 @@
+"""What roles/nvidia_driver reads on a host, in one round trip (preflight's, through ``plan_reads``)."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+from rigup.gpu.facts import KERNEL_COMMAND, parse_kernel, sections
+
+MARK = "##rigup-driver:"
+# the driver's packages of either distribution (Debian: nvidia-*, libcuda1, firmware-nvidia-gsp;
+# Ubuntu: nvidia-*-BRANCH*, libnvidia-*-BRANCH*)
+PACKAGES = r"^(nvidia-|libnvidia-|libcuda1 |firmware-nvidia-gsp )"
+
+
+def parse_driver_host(lines: list[str]) -> dict:
+    """:class:`DriverHost`'s output -> its value (see there)."""
+    sec = sections(lines, MARK)
+    release = dict(line.strip().split("=", 1) for line in sec.get("os", []) if "=" in line)
+    packages = {}
+    for line in sec.get("packages", []):
+        parts = line.split()
+        if len(parts) >= 3 and len(parts[2]) >= 2 and parts[2][1] == "i":   # dpkg: installed
+            packages[parts[0]] = {"version": parts[1], "held": parts[2][0] == "h"}
+    candidate = next((ln.strip() for ln in sec.get("headers", []) if ln.strip()), None)
+    return {"os": {k.lower(): v.strip('"') for k, v in release.items()},
+            "packages": packages,
+            "modules": sorted(ln.strip() for ln in sec.get("modules", []) if ln.strip()),
+            "headers_candidate": None if candidate in (None, "(none)") else candidate,
+            **parse_kernel(sec.get("kernel", []))}
+
+
+class DriverHost(FactBase):
+    """The distribution, the NVIDIA driver packages installed (and held), the GPU kernel modules
+    loaded, and the apt candidate of the running kernel's headers::
+
+        {"os": {"id": "debian", "version_id": "12", "version_codename": "bookworm"},
+         "packages": {"nvidia-smi": {"version": "535.261.03-1", "held": True}, ...},
+         "modules": ["nouveau"],                          # of nouveau, nvidia
+         "headers_candidate": "6.1.135-1",                # None: no headers package for it
+         "release": "6.1.0-37-amd64", "headers": False}   # the running kernel; its headers installed
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return parse_driver_host([])
+
+    def command(self) -> str:
+        return (f"echo '{MARK}os'; grep -E '^(ID|VERSION_ID|VERSION_CODENAME)=' /etc/os-release 2>/dev/null; "
+                f"echo '{MARK}packages'; dpkg-query -W -f='${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' "
+                f"2>/dev/null | grep -E '{PACKAGES}'; "
+                f"echo '{MARK}modules'; for m in nouveau nvidia; do [ -d /sys/module/$m ] && echo $m; done; "
+                f"echo '{MARK}headers'; apt-cache policy \"linux-headers-$(uname -r)\" 2>/dev/null "
+                "| sed -n 's/^ *Candidate: //p'; "
+                f"echo '{MARK}kernel'; {KERNEL_COMMAND}; true")
+
+    def process(self, output: list[str]) -> dict:
+        return parse_driver_host(output)
