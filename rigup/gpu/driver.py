@@ -78,10 +78,11 @@ def predicted_gpus(pci: list[dict]) -> list[dict]:
     return found
 
 
-def modules_choice(plan: Plan, wanted: str) -> tuple[str | None, str]:
+def modules_choice(plan: Plan, wanted: str, prefer: tuple[str, ...] = ("open", "proprietary")) -> tuple[str | None, str]:
     """The kernel modules for this plan's cards (``nvidia_driver_modules``: auto, open or
-    proprietary) and, when none fits, why: ("open", ""), or (None, "...")."""
-    allowed = ["open", "proprietary"]
+    proprietary; auto takes the first of ``prefer`` that runs every card) and, when none fits,
+    why: ("open", ""), or (None, "...")."""
+    allowed = list(prefer)
     for card in plan.get("cards") or []:
         fits = modules_for(".".join(map(str, card.get("compute_capability") or [])) or None)
         allowed = [m for m in allowed if m in fits]

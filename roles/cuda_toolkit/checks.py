@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.driver import driver_for_checks
-from rigup.gpu.plan import gpu_host
+from rigup.gpu.plan import build_backend, gpu_host
 from rigup.refusal import Refusal
 
 if TYPE_CHECKING:
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 def check_driver_for_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The loaded driver (or the nvidia_driver_branch it is changed to) is older than the chosen
-    cuda_version needs."""
-    if not gpu_host(plan, data):
+    cuda_version needs (where the host builds for CUDA: the toolkit is installed for that alone)."""
+    if not gpu_host(plan, data) or build_backend(plan, data) != "cuda":
         return []
     wanted = str(data.get("cuda_version") or "")
     driver, named = driver_for_checks(plan)

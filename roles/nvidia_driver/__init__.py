@@ -40,7 +40,7 @@ from rigup.services import running
 from rigup.state import read_once, reading
 from roles.nvidia_driver.checks import CHECKS
 from roles.nvidia_driver.facts import DriverHost
-from roles.nvidia_driver.packages import at_branch, driver_packages
+from roles.nvidia_driver.packages import PIN_FILE, at_branch, driver_packages, preferred_modules
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
 
@@ -57,12 +57,18 @@ def plan_reads(data: Config) -> list:
     return [(DriverHost, {})] if data.get("nvidia_driver_branch") is not None else []
 
 
+def _modules(plan: Plan, data: Config) -> str | None:
+    """The module flavour for this host (checks.py refuses a host where none fits)."""
+    os_id = (read_once(DriverHost).get("os") or {}).get("id", "")
+    return modules_choice(plan, data["nvidia_driver_modules"], preferred_modules(os_id))[0]
+
+
 def plan_lines(plan: Plan, data: Config) -> list[str]:
     step = plan.get("driver_step")
     if not managed_here(plan, data):
         return []
     branch = data["nvidia_driver_branch"]
-    modules, _ = modules_choice(plan, data["nvidia_driver_modules"])
+    modules = _modules(plan, data)
     if not step:
         return [f"driver:    {plan['driver']['version']} (branch {branch}, {modules} modules): nothing to install"]
     then = ("the cards above are from the PCI bus: nvidia-smi must report them once it is loaded"
@@ -86,11 +92,13 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
     names = " ".join(shlex.quote(p) for p in packages)
     if missing:
         yield apt.waiting(apt.updated(), timeout)
-        if versioned:
+        if versioned:   # the kernel module's version, of the branch, for every package (packages.py)
             q = shlex.quote(probe)
             yield (f"v=$(apt-cache policy {q} | sed -n 's/^ *Candidate: //p'); case \"$v\" in {int(branch)}.*) ;; *) "
                    f"echo \"rigup: apt offers {probe} $v, not of branch {int(branch)}: this host's sources have no "
-                   f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac")
+                   f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac; "
+                   "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module version' "
+                   f"'Package: *' \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
         extra = f" {shlex.quote(headers)}" if headers else ""
         yield apt.waiting(apt.noninteractive_apt(
             f"install --no-install-recommends --allow-change-held-packages {names}{extra}"), timeout)
@@ -151,7 +159,7 @@ def apply(plan: Plan, data: Config):
     if not managed_here(plan, data):
         return
     branch = int(data["nvidia_driver_branch"])
-    modules, _ = modules_choice(plan, data["nvidia_driver_modules"])
+    modules = _modules(plan, data)
     state = read_once(DriverHost)
     table = driver_packages(state["os"].get("id", ""), branch, modules)
     if not modules or not table:   # refused by preflight (checks.py)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from rigup.gpu.driver import modules_choice
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
-from roles.nvidia_driver.packages import driver_packages
+from roles.nvidia_driver.packages import driver_packages, preferred_modules
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -61,7 +61,8 @@ def check_modules(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     proprietary ones on Blackwell (rigup/gpu/catalogue.yml driver_modules)."""
     if _branch(data) is None or not gpu_host(plan, data):
         return []
-    chosen, why = modules_choice(plan, data.get("nvidia_driver_modules", "auto"))
+    prefer = preferred_modules((_host(facts).get("os") or {}).get("id", ""))
+    chosen, why = modules_choice(plan, data.get("nvidia_driver_modules", "auto"), prefer)
     if chosen:
         return []
     return [Refusal(f"nvidia_driver_modules: {data.get('nvidia_driver_modules')}", why,

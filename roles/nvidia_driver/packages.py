@@ -3,21 +3,34 @@
 Debian (non-free, bookworm: 535): one branch per release, named by version (nvidia-smi
 535.261.03-1), so the install checks the candidate's branch first. The headless set: the DKMS
 kernel module, nvidia-smi, libcuda1 and the persistence daemon; the open modules need the GSP
-firmware. Ubuntu (restricted): the branch is in the names, the server (long-lived) branches'
+firmware. Its open modules (contrib, their own source package) lag the driver's security updates
+(seen 2026-12-03: nvidia-open-kernel-dkms 535.261.03-1 in bookworm, the libraries and firmware
+535.309.01 in bookworm-security): apt cannot install them beside the newest libraries, so every
+package is pinned to the kernel module's version (an apt preference, :func:`PIN_FILE`), and
+``auto`` takes the proprietary modules on Debian, which follow the security updates. Ubuntu (restricted): the branch is in the names, the server (long-lived) branches'
 headless packages, as NVIDIA's own Ansible role installs them.
 """
 
 from __future__ import annotations
 
 
+PIN_FILE = "/etc/apt/preferences.d/rigup-nvidia-driver"
+
+
+def preferred_modules(os_id: str) -> tuple[str, ...]:
+    """The module flavours ``nvidia_driver_modules: auto`` tries, best first, on ``os_id``."""
+    return ("proprietary", "open") if os_id == "debian" else ("open", "proprietary")
+
+
 def driver_packages(os_id: str, branch: int, modules: str) -> dict | None:
     """``{"packages": [...], "components": [...], "versioned": bool, "probe": name}`` for
     ``os_id`` (debian, ubuntu), or None for another distribution. ``versioned``: the branch is in
-    the packages' versions (check ``probe``'s candidate before installing), not their names."""
+    the packages' versions, not their names: ``probe`` (the kernel module's package) has its
+    candidate checked to be of the branch, and every package is pinned to its version."""
     if os_id == "debian":
         module = ["nvidia-open-kernel-dkms", "firmware-nvidia-gsp"] if modules == "open" else ["nvidia-kernel-dkms"]
         return {"packages": [*module, "nvidia-smi", "libcuda1", "nvidia-persistenced"],
-                "components": ["contrib", "non-free", "non-free-firmware"], "versioned": True, "probe": "nvidia-smi"}
+                "components": ["contrib", "non-free", "non-free-firmware"], "versioned": True, "probe": module[0]}
     if os_id == "ubuntu":
         flavour = "-open" if modules == "open" else ""
         return {"packages": [f"nvidia-headless-{branch}-server{flavour}", f"nvidia-utils-{branch}-server"],

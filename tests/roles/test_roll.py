@@ -292,3 +292,40 @@ def test_a_host_named_like_a_group_rolls_alone_and_a_gateway_reload_keeps_its_dr
     assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "2048")
     assert on_host(lab, GATEWAY, "ps -eo args | grep -c '[l]lama-server' || true").strip() == "0"   # the gateway serves nothing
     wait_pool(lab, dict.fromkeys(SERVING, "UP"))
+
+
+DRIVER_PACKAGES = "nvidia-kernel-dkms nvidia-smi libcuda1 nvidia-persistenced"
+
+
+def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
+    """The four serving hosts (driver 580.105.08, the a100 profile's) to nvidia_driver_branch 535,
+    Debian 12's: deploy.py alone refuses it on a serving host; roll.py takes each out of the pool,
+    its converge installs Debian's 535 packages (the old module stays loaded: nvidia-smi fails with a
+    driver/library mismatch, as a real host's does) and reboots it (its boot id changes), the new
+    driver answers, its server is gated, and it goes back in; no request fails."""
+    lab = rack
+    branch = ("--data", "nvidia_driver_branch=535")
+    refused = pyinfra("inventory/lab.py", "deploy.py", "--limit", "lab4", *data(2048), *branch, env=ENV)
+    assert refused.returncode != 0
+    assert "[lab4] refused: driver 580.105.08 -> branch 535 on a serving host" in refused.output, refused.output[-3000:]
+    boot = "cat /proc/sys/kernel/random/boot_id"
+    before = {n: on_host(lab, n, boot).strip() for n in SERVING}
+    try:
+        rolled = roll(lab, "inventory/lab.py", *data(2048), *branch)
+        drivers = {n: on_host(lab, n, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip()
+                   for n in SERVING}
+        rebooted = [n for n in SERVING if on_host(lab, n, boot).strip() != before[n]]
+        print(f"drivers after the roll: {drivers}; rebooted: {rebooted}; pool {pool(lab)}")
+        assert rolled["code"] == 0, rolled["out"][-6000:]
+        assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
+        assert max(map(len, rolled["out_of_pool"])) == 1
+        assert {h for o in rolled["out_of_pool"] for h in o} == set(SERVING)
+        assert all(v.startswith("535.") and "\n" not in v for v in drivers.values()), drivers
+        assert rebooted == SERVING
+        assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "2048")
+    finally:   # lab1-2 are the session's hosts: back to their own driver (580, the profile's)
+        for name in SERVING[:2]:
+            on_host(lab, name, f"apt-mark unhold {DRIVER_PACKAGES} >/dev/null; apt-get purge -y -qq {DRIVER_PACKAGES} "
+                               ">/dev/null 2>&1; rm -f /var/lib/rigup-gpu-sim/driver.json /usr/local/bin/nvidia-smi "
+                               "/etc/apt/preferences.d/rigup-nvidia-driver; nvidia-smi -L | head -1")
+        wait_pool(lab, dict.fromkeys(SERVING, "UP"))
