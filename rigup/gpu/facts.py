@@ -513,8 +513,8 @@ class CpuInfo(FactBase):
 # ----------------------------------------------------------------------------- PCI
 # NVIDIA display and 3D controllers on the PCI bus, read from sysfs (no pciutils on a bare host):
 # what a host has before any driver answers (roles/nvidia_driver plans from it)
-PCI_COMMAND = ('for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
-               'echo "${d##*/} $(cat "$d/device" 2>/dev/null) $(cat "$d/class" 2>/dev/null)"; done; true')
+PCI_COMMAND = ('for v in $(grep -lx 0x10de /sys/bus/pci/devices/*/vendor 2>/dev/null); do d=${v%/vendor}; '
+               'read -r dev < "$d/device"; read -r cls < "$d/class"; echo "${d##*/} $dev $cls"; done; true')
 
 
 def parse_pci(lines: list[str]) -> list[dict]:
