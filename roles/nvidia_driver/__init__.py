@@ -13,7 +13,9 @@ on its PCI bus or answering nvidia-smi):
   host to come back; then nvidia-smi must report the branch and the cards the plan had (made from
   the PCI bus when no driver answered: rigup.gpu.driver), else the host fails, naming both;
 - nvidia-persistenced enabled and running (systemd hosts).
-A host already at the branch, its packages held, changes nothing. preflight plans the step
+A host already at the branch, its packages held, changes nothing; one whose driver of the branch
+came from elsewhere (NVIDIA's .run installer, another repository: none of the distribution's
+driver packages installed) is left as it is. preflight plans the step
 (``plan["driver_step"]``), and the roles after this one plan on the cards the driver will report.
 
 Variables (roles/nvidia_driver/defaults.yml): nvidia_driver_branch, nvidia_driver_modules,
@@ -63,12 +65,25 @@ def _modules(plan: Plan, data: Config) -> str | None:
     return modules_choice(plan, data["nvidia_driver_modules"], preferred_modules(os_id))[0]
 
 
+def installed_elsewhere(plan: Plan, data: Config, state: dict) -> bool:
+    """The pinned branch answers, and none of the distribution's driver packages is installed
+    (``state``: DriverHost's value): a driver from NVIDIA's .run installer or another repository,
+    which rigup leaves as it is (its packages on top would clash with it)."""
+    table = driver_packages((state.get("os") or {}).get("id", ""), int(data["nvidia_driver_branch"]), "open")
+    prop = driver_packages((state.get("os") or {}).get("id", ""), int(data["nvidia_driver_branch"]), "proprietary")
+    ours = set(table["packages"] if table else []) | set(prop["packages"] if prop else [])
+    return not plan.get("driver_step") and not ours & set(state.get("packages") or {})
+
+
 def plan_lines(plan: Plan, data: Config) -> list[str]:
     step = plan.get("driver_step")
     if not managed_here(plan, data):
         return []
     branch = data["nvidia_driver_branch"]
     modules = _modules(plan, data)
+    if installed_elsewhere(plan, data, read_once(DriverHost)):
+        return [f"driver:    {plan['driver']['version']} (branch {branch}), not from the distribution's packages: "
+                "left as it is"]
     if not step:
         return [f"driver:    {plan['driver']['version']} (branch {branch}, {modules} modules): nothing to install"]
     then = ("the cards above are from the PCI bus: nvidia-smi must report them once it is loaded"
@@ -162,7 +177,7 @@ def apply(plan: Plan, data: Config):
     modules = _modules(plan, data)
     state = read_once(DriverHost)
     table = driver_packages(state["os"].get("id", ""), branch, modules)
-    if not modules or not table:   # refused by preflight (checks.py)
+    if not modules or not table or installed_elsewhere(plan, data, state):   # refused by preflight (checks.py), or not ours
         return
     missing = bool(at_branch(state["packages"], table["packages"], branch, table["versioned"]))
     if table["components"]:

@@ -179,3 +179,16 @@ def test_cuda_is_held_to_the_pinned_branch_before_any_change():
     [r] = check_wheel_cuda(plan_of(facts, pinned), facts, pinned)
     assert "branch 570" in r.what and "CUDA 13.0" in r.what and "nvidia_driver_branch to 580" in r.fix
     assert driver_for_checks({"driver": {"version": "580.1"}, "driver_step": None}) == ("580.1", "580.1")
+
+
+def test_a_driver_of_the_branch_from_elsewhere_is_left_as_it_is():
+    """The branch answers and none of the distribution's driver packages is installed (a .run
+    install): left as it is; one of them installed: the role keeps them at the branch."""
+    from roles.nvidia_driver import installed_elsewhere
+    plan, facts = host("a100")
+    d = data(nvidia_driver_branch=580)
+    p = plan_of(dict(facts, reads={"DriverHost": DEBIAN}), d)
+    assert installed_elsewhere(p, d, DEBIAN)
+    assert not installed_elsewhere(p, d, dict(DEBIAN, packages={"nvidia-kernel-dkms": {"version": "580.1-1", "held": True}}))
+    step = plan_of(dict(facts, reads={"DriverHost": DEBIAN}), data(nvidia_driver_branch=535))
+    assert not installed_elsewhere(step, data(nvidia_driver_branch=535), DEBIAN)   # another branch: installed
