@@ -64,3 +64,28 @@ def test_the_second_converge_changes_nothing(served):
     _, again = served
     assert again.totals["changed"] == 0, again.changed_operations()
     assert "every role converged" in again.output
+
+
+def test_preflight_holds_cuda_to_the_driver_before_any_change(lab, bare, served):
+    """On the host now at 535 (CUDA up to 12.2): a CUDA 12.8 toolkit, and a vLLM wheel built for
+    CUDA 13, are refused naming both versions; pinned to branch 570 the toolkit passes (the plan's
+    driver is the branch it will have), and that branch change on a serving host is refused outside
+    a roll. Preflight changes nothing: the next converge still has nothing to do."""
+    from tests.converge import pyinfra
+    cuda = ("--data", "llama_cpp_backend=cuda", "--data", 'cuda_version="12.8"')
+    vllm = ("--data", "vllm_pip_version=0.33.0+cu130",
+            "--data", 'vllm_instances={"v": {"model": "gemma-270m", "port": 8000}}')
+    runs = {what: pyinfra("inventory/lab.py", "preflight.py", "--limit", bare, *args)
+            for what, args in (("toolkit", (*BRANCH, *cuda)), ("wheel", (*BRANCH, *vllm)),
+                               ("branch 570", ("--data", "nvidia_driver_branch=570", *cuda)))}
+    for what, run in runs.items():
+        print(f"{what}: exit {run.returncode}; " + "; ".join(line.strip()[:160] for line in run.output.splitlines()
+                                                             if "refused:" in line))
+    assert runs["toolkit"].returncode != 0
+    assert f"[{bare}] refused: NVIDIA driver 535.309.01 is too old for CUDA 12.8" in runs["toolkit"].output
+    assert "runs CUDA up to 12.2" in runs["toolkit"].output
+    assert f"[{bare}] refused: the vLLM wheel is built for CUDA 13.0" in runs["wheel"].output
+    assert "newer than NVIDIA driver 535.309.01 runs" in runs["wheel"].output
+    assert "too old for CUDA" not in runs["branch 570"].output
+    assert f"[{bare}] refused: driver 535.309.01 -> branch 570 on a serving host" in runs["branch 570"].output
+    assert converge("inventory/lab.py", "--limit", bare, *BRANCH).totals["changed"] == 0
