@@ -57,7 +57,8 @@ def test_a_psu_budget_gives_each_card_its_share_and_one_too_small_is_refused(lab
     they need; 2000 gives each card 250 W, and again changes nothing."""
     before, n_calls = snapshot(lab, host), len(calls(lab, host))
     short = play(host, *data(gpu_psu_watts=700), check=False)
-    said = [ln.strip() for ln in short.output.splitlines() if "refused: gpu_psu_watts" in ln]
+    # the refusal's own line (preflight's power plan lines name the problem too: "[lab1] power: refused: ...")
+    said = [ln.strip() for ln in short.output.splitlines() if f"[{host}] refused: gpu_psu_watts" in ln]
     print("\n" + "\n".join(said))
     assert short.returncode != 0 and said and "gpu_psu_watts 700 W is below the 800 W this host's cards need" in said[0]
     assert "fix: set gpu_psu_watts to at least 800" in said[0]
