@@ -65,21 +65,11 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-try:
-    import pyinfra.api  # noqa: F401  (a controller has it; a bare GPU machine need not)
-except ImportError:  # the facts module defines pyinfra facts next to its parsers: stand it in
-    _api = types.ModuleType("pyinfra.api")
-    _api.FactBase = type("FactBase", (), {})
-    _api.exceptions = types.ModuleType("pyinfra.api.exceptions")
-    _api.exceptions.PyinfraError = type("PyinfraError", (Exception,), {})
-    sys.modules.update({"pyinfra": types.ModuleType("pyinfra"), "pyinfra.api": _api,
-                        "pyinfra.api.exceptions": _api.exceptions})
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.gpu.standalone import ROOT  # noqa: E402  (pyinfra stood in where it is missing)
 
 from rigup.config import role_defaults  # noqa: E402
 from rigup.entries import normalise  # noqa: E402

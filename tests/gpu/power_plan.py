@@ -19,18 +19,8 @@ import sys
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-try:
-    import pyinfra.api  # noqa: F401  (present on a controller; absent on a bare GPU machine)
-except ImportError:
-    # rigup/gpu/facts.py defines pyinfra facts next to its parsers; only the parsers run here.
-    pyinfra = types.ModuleType("pyinfra")
-    api = types.ModuleType("pyinfra.api")
-    api.FactBase = type("FactBase", (), {})
-    pyinfra.api = api
-    sys.modules.update({"pyinfra": pyinfra, "pyinfra.api": api})
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.gpu.standalone import ROOT  # noqa: E402  (pyinfra stood in where it is missing)
 try:
     import yaml  # noqa: F401
     HAVE_YAML = True
