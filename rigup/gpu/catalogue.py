@@ -175,6 +175,17 @@ def branch_cuda(branch: str, path: Path = CATALOGUE_FILE) -> str | None:
     return newest_cuda_for_driver(f"{branch}.9999.9999", path)
 
 
+def oldest_cc(kind: str, version: str, path: Path = CATALOGUE_FILE) -> tuple[tuple[int, int], str] | None:
+    """The oldest compute capability ``kind`` ("cuda": a toolkit version, "driver": a branch) of
+    ``version`` still supports, and the version that set it: (cc, "13.0"); None when every card is
+    (catalogue.yml ``oldest_cc``)."""
+    table = (_parsed(str(path)).get("oldest_cc") or {}).get(kind) or {}
+    have = version_tuple(str(version))
+    found = [(version_tuple(str(v)), str(v), parse_cc(cc)) for v, cc in table.items()]
+    below = sorted(f for f in found if have is not None and f[0] <= have)
+    return (below[-1][2], below[-1][1]) if below else None
+
+
 def modules_for(cc: Any, path: Path = CATALOGUE_FILE) -> tuple[str, ...]:
     """The kernel module flavours a card of compute capability ``cc`` runs, best first:
     ("open", "proprietary"), ("open",) or ("proprietary",) (catalogue.yml ``driver_modules``);

@@ -2,14 +2,14 @@
 rigup/refusal.py).
 
     check_driver_for_cuda   a driver older than the chosen cuda_version needs
-    check_cuda_for_archs    a cuda_version too old for the host's cards
+    check_cuda_for_archs    a cuda_version too old for the host's cards, or too new (CUDA 13: cc >= 7.5)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
+from rigup.gpu.catalogue import cuda_version, min_driver_for_cuda, newest_cuda_for_driver, oldest_cc, version_tuple
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.plan import build_backend, gpu_host
 from rigup.refusal import Refusal
@@ -50,10 +50,20 @@ def check_driver_for_cuda(plan: Plan, facts: Facts, data: Config) -> list[Refusa
 
 
 def check_cuda_for_archs(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """The chosen cuda_version is older than the host's cards need (plan min_cuda)."""
+    """The chosen cuda_version is older than the host's cards need (plan min_cuda), or newer than
+    still builds for them (CUDA 13 dropped compute capability below 7.5: catalogue oldest_cc)."""
     if not gpu_host(plan, data):
         return []
     wanted = str(data.get("cuda_version") or "")
+    floor = oldest_cc("cuda", wanted) if version_tuple(wanted) else None
+    old = sorted({(c["class"], c.get("cmake_arch")) for c in plan.get("cards") or []
+                  if floor and c.get("compute_capability") and tuple(c["compute_capability"]) < floor[0]})
+    if old:
+        cc = ".".join(map(str, floor[0]))
+        return [Refusal(f"CUDA {wanted} cannot build for this host's cards",
+                        f"{', '.join(f'{cls} (sm_{arch})' for cls, arch in old)}: CUDA {floor[1]} and later build for "
+                        f"compute capability >= {cc} only (rigup/gpu/catalogue.yml oldest_cc)",
+                        f"set cuda_version below {floor[1]} (e.g. \"12.9\")", "cuda_for_archs")]
     needed = plan.get("min_cuda")
     if version_tuple(wanted) is None or not needed or cuda_version(wanted) >= cuda_version(needed):
         return []

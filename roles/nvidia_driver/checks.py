@@ -3,6 +3,7 @@ rigup/refusal.py).
 
     check_cards        nvidia_driver_branch on a host with no NVIDIA card on its PCI bus, or with cards
                        the catalogue cannot plan before their driver answers
+    check_branch_cards a branch that no longer runs the host's cards (after 580: cc < 7.5)
     check_modules      nvidia_driver_modules that does not run every card (open below Turing,
                        proprietary on Blackwell)
     check_distribution a distribution whose driver packages rigup does not know (Debian, Ubuntu)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.gpu.catalogue import oldest_cc
 from rigup.gpu.driver import modules_choice
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
@@ -67,6 +69,21 @@ def check_modules(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
         return []
     return [Refusal(f"nvidia_driver_modules: {data.get('nvidia_driver_modules')}", why,
                     "set nvidia_driver_modules: auto, or drive the other cards from another host", "driver_modules")]
+
+
+def check_branch_cards(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """nvidia_driver_branch newer than runs this host's cards (branches after 580 dropped compute
+    capability below 7.5: Maxwell, Pascal, Volta; rigup/gpu/catalogue.yml oldest_cc)."""
+    branch = _branch(data)
+    floor = oldest_cc("driver", str(branch)) if branch is not None and gpu_host(plan, data) else None
+    old = sorted({c["class"] for c in plan.get("cards") or []
+                  if floor and c.get("compute_capability") and tuple(c["compute_capability"]) < floor[0]})
+    if not old:
+        return []
+    return [Refusal(f"nvidia_driver_branch {branch} does not run this host's {', '.join(old)} cards",
+                    f"driver branches from {floor[1]} on run compute capability >= {'.'.join(map(str, floor[0]))} "
+                    "only (rigup/gpu/catalogue.yml oldest_cc)",
+                    "set nvidia_driver_branch to 580, the last branch that runs them", "driver_cards")]
 
 
 def check_distribution(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -124,4 +141,4 @@ def check_serving(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                     "host in maintenance (rigup_maintenance: true) first", "driver_serving")]
 
 
-CHECKS = (check_cards, check_modules, check_distribution, check_headers, check_secure_boot, check_serving)
+CHECKS = (check_cards, check_branch_cards, check_modules, check_distribution, check_headers, check_secure_boot, check_serving)

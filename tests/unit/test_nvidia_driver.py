@@ -192,3 +192,21 @@ def test_a_driver_of_the_branch_from_elsewhere_is_left_as_it_is():
     assert not installed_elsewhere(p, d, dict(DEBIAN, packages={"nvidia-kernel-dkms": {"version": "580.1-1", "held": True}}))
     step = plan_of(dict(facts, reads={"DriverHost": DEBIAN}), data(nvidia_driver_branch=535))
     assert not installed_elsewhere(step, data(nvidia_driver_branch=535), DEBIAN)   # another branch: installed
+
+
+def test_the_cards_compute_capability_against_the_toolkit_and_the_branch():
+    """A Volta host (cc 7.0, planned by nvidia-smi: no catalogue card): CUDA 13.0 cannot build for
+    it, 12.9 can; branch 590 does not run it, 580 does. An A100 host: both pass."""
+    from roles.nvidia_driver.checks import check_branch_cards
+    from roles.cuda_toolkit.checks import check_cuda_for_archs
+    volta = [{"index": 0, "bus_id": "00000000:07:00.0", "compute_capability": (7, 0), "memory_total_mib": 32768}]
+    plan = hardware_plan(volta, {"version": "580.105.08", "loaded": True}, [])
+    [r] = check_cuda_for_archs(plan, {}, data(cuda_version="13.0"))
+    assert "sm70 (sm_70)" in r.why and "CUDA 13.0 and later" in r.why and "compute capability >= 7.5" in r.why
+    assert check_cuda_for_archs(plan, {}, data(cuda_version="12.9")) == []
+    [r] = check_branch_cards(plan, {}, data(nvidia_driver_branch=590))
+    assert "590" in r.what and "sm70" in r.what and "580" in r.fix
+    assert check_branch_cards(plan, {}, data(nvidia_driver_branch=580)) == []
+    a100, facts = host("a100")
+    assert check_cuda_for_archs(a100, facts, data(cuda_version="13.0")) == []
+    assert check_branch_cards(a100, facts, data(nvidia_driver_branch=590)) == []
