@@ -75,6 +75,16 @@ def renew(channel, every: float = RENEW_S) -> None:
     threading.Thread(target=loop, name="rigup-lock-renew", daemon=True).start()
 
 
+def again(host) -> Refusal | None:
+    """Take ``host``'s lock again after it rebooted in this run (roles/nvidia_driver): the lock file
+    (/run) and the channel that held it went with the old boot. None when taken; else the refusal
+    (another controller took it while the host was down)."""
+    channel = _held.pop(host.name, None)
+    if channel is not None:
+        channel.close()
+    return hold(host)
+
+
 def _read_line(channel) -> bytes:
     answer = b""
     while b"\n" not in answer:

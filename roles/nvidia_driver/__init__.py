@@ -31,7 +31,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy
 from pyinfra.operations import server
 
-from rigup import apt
+from rigup import apt, lock
 from rigup.config import Config, role_defaults
 from rigup.files import managed
 from rigup.gpu.driver import branch_of, modules_choice
@@ -151,6 +151,9 @@ def loaded(branch: int, reboot: bool, cards: list[str]):
             raise OperationError(f"driver branch {branch} is installed but not loaded ({said}): the module cannot "
                                  "be swapped in place; reboot the host (or set nvidia_driver_reboot: true)")
         yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=REBOOT_TIMEOUT_S)
+        taken = lock.again(host)    # the converge lock went with the old boot
+        if taken:
+            raise OperationError(f"after its reboot: {taken.what}: {taken.why}")
         ok, said = _answer(branch)
         if not ok:
             raise OperationError(f"driver branch {branch} is installed, but after a reboot nvidia-smi says: {said}")
