@@ -185,11 +185,12 @@ def test_3_gpu_roles_on_a_host_without_gpu(lab, hosts):
 # ----------------------------------------------------------------------------- 4, 5
 def test_4_driver_older_than_the_cuda_toolkit_needs(lab, hosts):
     a100, h100, cmp = hosts["a100"], hosts["h100"], hosts["cmp170hx"]
-    with unchanged(lab, a100, h100):
-        run = preflight(*data(cuda_version="13.1"))
+    with unchanged(lab, a100, h100):    # a CUDA build: the toolkit is installed for that alone
+        run = preflight(*data(cuda_version="13.1", llama_cpp_backend="cuda"))
     line = ("refused: NVIDIA driver 580.105.08 is too old for CUDA 13.1: CUDA 13.1 needs driver >= 590.44.01 "
-            "(CUDA release notes; rigup/gpu/catalogue.yml cuda_min_driver); fix: set cuda_version to 13.0 or "
-            "older (the newest this driver runs), or upgrade the NVIDIA driver to >= 590.44.01")
+            "(CUDA release notes; rigup/gpu/catalogue.yml cuda_min_driver); driver 580.105.08 runs CUDA up to "
+            "13.0; fix: set cuda_version to 13.0 or older (the newest this driver runs), or upgrade the NVIDIA "
+            "driver to >= 590.44.01")
     assert_refused(run, {a100: [line], hosts["a100-2"]: [line], h100: [line]},
                    went_on=[cmp, hosts["none"]])  # the CMP host runs driver 610.43.02
 
