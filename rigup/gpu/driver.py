@@ -84,7 +84,7 @@ def modules_choice(plan: Plan, wanted: str, prefer: tuple[str, ...] = ("open", "
     why: ("open", ""), or (None, "...")."""
     allowed = list(prefer)
     for card in plan.get("cards") or []:
-        fits = modules_for(".".join(map(str, card.get("compute_capability") or [])) or None)
+        fits = modules_for(card.get("compute_capability"))
         allowed = [m for m in allowed if m in fits]
     if wanted == "auto":
         return (allowed[0], "") if allowed else (None, "no kernel module flavour runs every card of this host")

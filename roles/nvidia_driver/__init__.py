@@ -37,7 +37,7 @@ from rigup.files import managed
 from rigup.gpu.driver import branch_of, modules_choice
 from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.probe import operation, systemd
+from rigup.probe import operation
 from rigup.services import running
 from rigup.state import read_once, reading
 from roles.nvidia_driver.checks import CHECKS
@@ -69,9 +69,8 @@ def installed_elsewhere(plan: Plan, data: Config, state: dict) -> bool:
     """The pinned branch answers, and none of the distribution's driver packages is installed
     (``state``: DriverHost's value): a driver from NVIDIA's .run installer or another repository,
     which rigup leaves as it is (its packages on top would clash with it)."""
-    table = driver_packages((state.get("os") or {}).get("id", ""), int(data["nvidia_driver_branch"]), "open")
-    prop = driver_packages((state.get("os") or {}).get("id", ""), int(data["nvidia_driver_branch"]), "proprietary")
-    ours = set(table["packages"] if table else []) | set(prop["packages"] if prop else [])
+    os_id, branch = (state.get("os") or {}).get("id", ""), int(data["nvidia_driver_branch"])
+    ours = {p for m in ("open", "proprietary") for p in (driver_packages(os_id, branch, m) or {}).get("packages", [])}
     return not plan.get("driver_step") and not ours & set(state.get("packages") or {})
 
 

@@ -30,7 +30,7 @@ from pyinfra import host
 from rigup import summary
 from rigup.config import Config, fleet_data, source_of
 from rigup.gpu.driver import planned_gpus
-from rigup.gpu.facts import HardwareFacts, NvidiaGpus
+from rigup.gpu.facts import HardwareFacts, NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
 from rigup.names import MARKER
@@ -110,6 +110,7 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
         will_read(fact, **kwargs)
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
     known(NvidiaGpus, facts["gpus"])     # gpu_power's read of the cards, unless a change came first
+    known(NvidiaDriver, facts["driver"])  # nvidia_driver's: nvidia-smi runs once per converge
     facts["model_bytes"] = read_once(PathBytes, paths=places, marker=MARKER) if dests else {}
     facts["reads"] = {fact.__name__: read_once(fact, **kwargs) for fact, kwargs in reads}
     # a driver step (roles/nvidia_driver): without a driver the cards come from the PCI bus

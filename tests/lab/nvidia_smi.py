@@ -148,11 +148,6 @@ def sim_driver(version):
     return 0
 
 
-def mismatched():
-    """Whether a driver version waits for the next boot (nvidia-smi then fails as the real one does)."""
-    return bool(driver_state().get("pending"))
-
-
 UNLOCKER_MODULE = "updates/cmpunlocker/nvidia.ko"      # under /lib/modules/<release>/
 STOCK_MODULE = "updates/dkms/nvidia.ko"                # what the stock DKMS driver installs
 GEN2_CONF = "etc/modprobe.d/cmp-pcie-gen2.conf"
@@ -698,8 +693,9 @@ def run(argv):
         return sim(argv[1:])
     log_call(argv)
     hang_if_wedged()
-    if mismatched():
-        raise Exit(EXIT_MISMATCH, MISMATCH + "\nNVML library version: " + driver_state()["pending"])
+    pending = driver_state().get("pending")
+    if pending:   # as a real nvidia-smi, until the boot that loads the new module
+        raise Exit(EXIT_MISMATCH, MISMATCH + "\nNVML library version: " + pending)
     opts = parse(argv)
     if opts.get("help"):
         print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)
