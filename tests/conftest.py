@@ -129,3 +129,44 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{report.nodeid} ({report.duration:.0f} s)")
             for line in lines[-40:]:
                 terminalreporter.write_line(f"    {line}")
+    module_time_table(terminalreporter)
+
+
+# Where the minutes go: wall and CPU per test module, printed at the end of every run (issue 45).
+# CPU is the whole machine's (/proc/stat, every core, busy jiffies): the lab hosts' processes are
+# not the runner's children, and on a machine given to the test run that is what the run costs.
+_MODULE_TIMES: dict[str, list[float]] = {}
+
+
+def _machine_busy_seconds() -> float:
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Adds each test's setup, call and teardown (module and session fixtures included, charged
+    to the module whose test set them up or tore them down) to its module's wall and CPU."""
+    import time
+
+    wall, cpu = time.monotonic(), _machine_busy_seconds()
+    yield
+    entry = _MODULE_TIMES.setdefault(item.nodeid.split("::", 1)[0], [0.0, 0.0, 0])
+    entry[0] += time.monotonic() - wall
+    entry[1] += _machine_busy_seconds() - cpu
+    entry[2] += 1
+
+
+def module_time_table(terminalreporter):
+    """The table, last in the log (so CI's tail shows it), with the total."""
+    if not _MODULE_TIMES:
+        return
+    terminalreporter.section("time per test module, slowest first (wall; CPU of the whole machine)")
+    rows = sorted(_MODULE_TIMES.items(), key=lambda kv: -kv[1][0])
+    for module, (wall, cpu, tests) in rows:
+        terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {tests:5d} tests  {module}")
+    wall, cpu = sum(r[1][0] for r in rows), sum(r[1][1] for r in rows)
+    terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {sum(r[1][2] for r in rows):5d} tests  total "
+                                f"({wall / 60:.1f} min)")
