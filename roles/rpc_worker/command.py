@@ -3,7 +3,6 @@ roles/rpc_worker installs them; a unit test renders them for a 2-GPU machine (lo
 
 from __future__ import annotations
 
-from rigup import firewall
 from rigup.rpc import RPC_TARGET
 from rigup.templates import render
 from rigup.units import systemd_quote
@@ -20,6 +19,8 @@ def argv(binary_dir: str, bind: str, port: int) -> list[str]:
 def firewall_text(port: int, heads: list[str]) -> str:
     """The nftables table admitting only ``heads`` (IP addresses) to ``port``, rejecting the rest
     with a TCP reset; loading it again replaces the table (never adds rules twice)."""
+    from rigup import firewall   # here: rigup/firewall.py holds pyinfra operations too, and tests/gpu/rpc.py loads this module without pyinfra
+
     return firewall.text(TABLE, [port], heads, "roles/rpc_worker", "the heads")
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -69,20 +68,12 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.gpu.standalone import ROOT  # noqa: E402  (pyinfra stood in where it is missing)
+from tests.gpu.standalone import ROOT, load  # noqa: E402  (pyinfra stood in where it is missing)
 
 from rigup.config import role_defaults  # noqa: E402
 from rigup.entries import normalise  # noqa: E402
 from rigup.gpu.facts import hardware_command, parse_hardware  # noqa: E402
 from rigup.gpu.plan import format_plan, hardware_plan  # noqa: E402
-
-
-def load(path: str):
-    """A pure module of a role by its path: the role package's __init__ is its pyinfra deploy."""
-    spec = importlib.util.spec_from_file_location("rigup_" + Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 script = load("roles/llama_cpp/script.py")
@@ -249,12 +240,8 @@ def chat(port: int, tokens: int) -> dict:
 
 @functools.cache
 def _guard():
-    """roles/gpu_guard/guard.py, the guard as it runs on a host (standard library only), loaded by
-    its path: roles/gpu_guard/__init__.py imports pyinfra, which this machine does not have."""
-    spec = importlib.util.spec_from_file_location("rigup_gpu_guard", ROOT / "roles" / "gpu_guard" / "guard.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """roles/gpu_guard/guard.py, the guard as it runs on a host (standard library only)."""
+    return load("roles/gpu_guard/guard.py")
 
 
 class Power:
@@ -742,7 +729,9 @@ def role_flags(ngl: int) -> list[str]:
     (``-ngl ngl -fa auto -sm layer --jinja --metrics`` and the port, context and slots that
     smoke.py replaces with its own), as roles/llama_server/smoke.py gives them to the smoke."""
     schema = load("roles/llama_server/schema.py")
-    inst, problems = normalise({"model": "smoke", "port": 8181, "ngl": ngl}, schema.LLAMA_INSTANCE, "smoke")
+    # ctx and parallel as replicas.sized would choose them: smoke.py puts its own in their place
+    inst, problems = normalise({"model": "smoke", "port": 8181, "ngl": ngl, "ctx": 4096, "parallel": 1},
+                               schema.LLAMA_INSTANCE, "smoke")
     if problems:
         raise SystemExit(f"roles/llama_server/schema.py refused the smoke instance: {problems}")
     return server_command.argv("smoke", inst, "llama-server", "MODEL")[3:]

@@ -12,7 +12,6 @@ runs -pl, -pm or -lgc, and prints the calls that a converge would make instead.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shlex
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.gpu.standalone import ROOT  # noqa: E402  (pyinfra stood in where it is missing)
+from tests.gpu.standalone import load  # noqa: E402  (pyinfra stood in where it is missing)
 try:
     import yaml  # noqa: F401
     HAVE_YAML = True
@@ -32,10 +31,7 @@ except ImportError:
 
 from rigup.gpu.facts import GPU_COMMAND, parse_gpus  # noqa: E402
 
-# roles/gpu_power/policy.py by its path: the package's __init__ is the pyinfra role.
-_spec = importlib.util.spec_from_file_location("rigup_gpu_power_policy", ROOT / "roles/gpu_power/policy.py")
-policy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(policy)
+policy = load("roles/gpu_power/policy.py")
 commands, format_plan, power_plan = policy.commands, policy.format_plan, policy.power_plan
 
 
