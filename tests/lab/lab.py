@@ -45,7 +45,14 @@ BOOT_TIMEOUT = 180
 # What a host booted without systemd runs (as PID 2, under nspawn's stub init): sshd alone.
 NO_INIT_COMMAND = ("/bin/sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e")
 
-BASE = STATE / "base"
+# The caches every lab on this machine shares, whatever its RIGUP_LAB_ID (a second lab next to make
+# test's boots from warm caches): the base root (each host's overlay lies on it), the ccache
+# (ccache locks its files for concurrent users) and apt-cacher-ng's package cache, which one
+# apt-cacher-ng at a time uses: the one holding its lock (start_apt_cacher); another lab's
+# apt-cacher-ng then keeps a cache of its own in its state dir.
+CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/lib/rigup-lab-cache"))
+BASE = CACHE / "base"
+CCACHE = CACHE / "ccache"
 BASE_STAMP = ".rigup-lab-base.json"
 HOSTS = STATE / "hosts"
 KEY = STATE / "ssh" / "id_ed25519"
@@ -53,7 +60,8 @@ KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
 STATE_FILE = STATE / "lab.json"
 PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "pid", "log"))
 ACNG = STATE / "apt-cacher-ng"              # its acng.conf, pid, socket and logs
-ACNG_CACHE = STATE / "cache" / "apt-cacher-ng"
+ACNG_CACHE = CACHE / "apt-cacher-ng"
+ACNG_OWN_CACHE = STATE / "cache" / "apt-cacher-ng"   # while another lab's apt-cacher-ng holds ACNG_CACHE
 ACNG_USER = "apt-cacher-ng"                 # made by Debian's package
 # Seconds apt-cacher-ng serves an index file (InRelease, Packages) it fetched without asking the
 # mirror again (Debian's default: 27). apt-cacher-ng 3.7.4 fails when hosts running apt-get update
@@ -155,24 +163,50 @@ def base_is_cached():
     return stamp.exists() and all(json.loads(stamp.read_text()).get(k) == v for k, v in BASE_RECIPE.items())
 
 
+def overlays_on(lower) -> list[str]:
+    """Mount points of the overlays (any lab's hosts) lying on ``lower``."""
+    with open("/proc/self/mounts") as mounts:
+        return [f[1] for f in (line.split() for line in mounts)
+                if f[2] == "overlay" and f"lowerdir={lower}" in f[3].split(",")]
+
+
+def adopt_old_caches():
+    """Caches an older lab kept in its own state dir (``STATE/base``, ``STATE/cache/...``) move to
+    the shared CACHE where it has none yet, unless hosts still lie on them."""
+    for old, new in ((STATE / "base", BASE), (STATE / "cache" / "ccache", CCACHE),
+                     (STATE / "cache" / "apt-cacher-ng", ACNG_CACHE)):
+        if old.is_dir() and not new.exists() and not overlays_on(old):
+            new.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(old, new)
+
+
 def build_base():
     """Build the cached base root once (atomically); return seconds taken, or None if cached."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "base.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)     # another lab may be building it right now
+        return _build_base()
+
+
+def _build_base():
     if base_is_cached():
         return None
     recipe = dict(BASE_RECIPE)
-    if HOSTS.exists() and any(HOSTS.iterdir()):
-        raise LabError("the base root must be rebuilt, but lab hosts use it: run `down` first")
+    if overlays_on(BASE):
+        raise LabError(f"the base root must be rebuilt, but lab hosts use it ({', '.join(overlays_on(BASE))}): "
+                       "run `down` in each lab first")
     start = time.monotonic()
-    for stale in [*STATE.glob("base.*"), BASE]:  # a half-built or outdated root
+    for stale in [*CACHE.glob("base.*"), BASE]:  # a half-built or outdated root
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix="base.", dir=STATE))
-    with open(STATE / "base-build.log", "w") as log:
+    tmp = Path(tempfile.mkdtemp(prefix="base.", dir=CACHE))
+    log_path = CACHE / "base-build.log"
+    with open(log_path, "w") as log:
         proc = run("debootstrap", "--variant=minbase", "--include=" + ",".join(INCLUDE), SUITE, tmp,
                    debian_mirror(), check=False, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode:
         shutil.rmtree(tmp)
-        tail = (STATE / "base-build.log").read_text()[-3000:]
-        raise LabError(f"debootstrap failed ({proc.returncode}); see {STATE}/base-build.log:\n{tail}")
+        tail = log_path.read_text()[-3000:]
+        raise LabError(f"debootstrap failed ({proc.returncode}); see {log_path}:\n{tail}")
     prepare_base(tmp)
     recipe["built_s"] = round(time.monotonic() - start, 1)
     write(tmp / BASE_STAMP, json.dumps(recipe, indent=1))
@@ -276,26 +310,39 @@ def ensure_bridge_and_proxy():
 
 def start_apt_cacher():
     """The lab's apt-cacher-ng on the bridge address, as Debian's own user, with its cache in the
-    state dir (kept by `down`, like the base root). It reaches the registries as tinyproxy does,
-    straight from this machine, and fetches each package once for every host."""
-    for d in (ACNG, ACNG_CACHE):
-        d.mkdir(parents=True, exist_ok=True)
-        shutil.chown(d, ACNG_USER, ACNG_USER)
-    for dists in [p for p in ACNG_CACHE.rglob("dists") if p.is_dir()]:  # index files (ACNG_FRESH_S)
-        shutil.rmtree(dists, ignore_errors=True)
-    write(ACNG / "acng.conf", f"CacheDir: {ACNG_CACHE}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
-                              f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
-                              f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
-    start_proxy("apt-cacher-ng", ["apt-cacher-ng", "-c", ACNG, "ForeGround=1"], ACNG / "console.log", 3142,
-                user=ACNG_USER)
+    shared CACHE (kept by `down`, like the base root) when no other lab's apt-cacher-ng holds it:
+    the daemon inherits the lock on it (an flock lasts while any holder of its file lives), else
+    in this lab's state dir. It reaches the registries as tinyproxy does, straight from this
+    machine, and fetches each package once for every host."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    lock = open(CACHE / "apt-cacher-ng.lock", "w")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            cache = ACNG_CACHE
+        except BlockingIOError:
+            cache = ACNG_OWN_CACHE
+        for d in (ACNG, cache):
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.chown(d, ACNG_USER, ACNG_USER)
+        for dists in [p for p in cache.rglob("dists") if p.is_dir()]:  # index files (ACNG_FRESH_S)
+            shutil.rmtree(dists, ignore_errors=True)
+        write(ACNG / "acng.conf", f"CacheDir: {cache}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
+                                  f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
+                                  f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
+        start_proxy("apt-cacher-ng", ["apt-cacher-ng", "-c", ACNG, "ForeGround=1"], ACNG / "console.log", 3142,
+                    user=ACNG_USER, pass_fds=(lock.fileno(),) if cache == ACNG_CACHE else ())
+    finally:
+        lock.close()
 
 
-def start_proxy(what, argv, log_path, port, user=None):
+def start_proxy(what, argv, log_path, port, user=None, pass_fds=()):
     """Start the lab's proxy `what` (argv) in the background as `user`, logging to `log_path`;
     wait until it listens on the bridge address at `port`; return its pid."""
     with open(log_path, "a") as log:
         pid = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True, user=user, group=user).pid
+                               stderr=subprocess.STDOUT, start_new_session=True, user=user, group=user,
+                               pass_fds=pass_fds).pid
     for _ in range(50):
         with contextlib.suppress(OSError), socket.create_connection((str(GATEWAY), port), timeout=1):
             return pid
@@ -467,7 +514,7 @@ def shared_caches():
     cache for concurrent users. apt's cache is not shared: its archive lock would be one lock for
     every host, and hosts running apt at once failed on it. Each host has its own, and packages
     are shared through the lab's apt-cacher-ng instead."""
-    pairs = [(STATE / "cache" / "ccache", "/var/cache/rigup/ccache")]
+    pairs = [(CCACHE, "/var/cache/rigup/ccache")]
     for src, _ in pairs:
         (src / "partial").mkdir(parents=True, exist_ok=True)
     return pairs
@@ -602,6 +649,7 @@ def up(n, profile, first=1, init=True, seed=None, driver=True):
                                f"{kind(profile, init, driver)}: `remove {h['name']}` or `down` first")
         if profile != "none" and GPU_SIM.exists() and profile not in json.loads(GPU_PROFILES.read_text()):
             raise LabError(f"profile {profile} is not in {GPU_PROFILES}")
+        adopt_old_caches()
         built = build_base()
         if built is not None:
             print(f"base root built in {built} s", flush=True)

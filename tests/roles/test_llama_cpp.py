@@ -78,8 +78,17 @@ def test_a_ref_that_does_not_compile_keeps_the_old_build(lab, host):
     on_host(lab, host, f"{DIR}/current/bin/llama-server --version")
 
 
-def test_rollback_switches_back_and_is_idempotent(lab, host):
-    target = previous(lab, host)
+@pytest.fixture
+def bumped(lab, host):
+    """lab-bump built and ``current``, the build before it ``previous``: what
+    test_ref_bump_rebuilds_and_switches leaves; made here when this test runs without it."""
+    if not current(lab, host).startswith("builds/lab-bump-"):
+        converge_one(host, "llama_cpp_ref=lab-bump")
+    return previous(lab, host)
+
+
+def test_rollback_switches_back_and_is_idempotent(lab, host, bumped):
+    target = bumped
     run = converge_one(host, "llama_cpp_ref=lab-bump", "llama_cpp_rollback=true")
     assert current(lab, host) == target
     again = converge_one(host, "llama_cpp_ref=lab-bump", "llama_cpp_rollback=true")
