@@ -11,7 +11,7 @@ What it does to a host:
   here when called without a plan): a rental container without it gets none.
 
 Variables (roles/base/defaults.yml): base_packages, base_extra_packages, rigup_user,
-rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_cache_seconds.
+rigup_prefix, rigup_state_dir, base_persistent_journal, apt_lock_timeout, apt_cache_seconds, apt_retry_delay.
 """
 
 import shlex
@@ -71,7 +71,7 @@ def apply(plan: Plan, data: Config):
         packages=data["base_packages"] + data["base_extra_packages"],
         cache_seconds=data["apt_cache_seconds"],
         _retries=2,
-        _retry_delay=10,
+        _retry_delay=data["apt_retry_delay"],
     )
     system_user(name=f"System user {data['rigup_user']}", user_name=data["rigup_user"], home=data["rigup_state_dir"])
     files.directory(name=f"Directory {data['rigup_prefix']}", path=data["rigup_prefix"], paths=paths)

@@ -63,7 +63,7 @@ def apply(plan: Plan, data: Config):
         switched(name="Roll llama.cpp back to the previous build", dir=dir, target="previous")
         return
     apt.installed(name="Install build tools", packages=BUILD_PACKAGES,
-                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     ccache = data["llama_cpp_ccache_dir"]
     directory(name=f"Directory {ccache}", path=ccache, paths=[ccache], mode=None, user=None, group=None)
     options = cmake_options(plan, data)

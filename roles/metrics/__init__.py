@@ -120,7 +120,7 @@ def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
                          text=render("metrics-node-exporter.default.j2", textfile_dir=TEXTFILE_DIR,
                                      listen=listen(data, "metrics_address", "metrics_node_exporter_port")))
     apt.installed(name="metrics: prometheus-node-exporter", packages=["prometheus-node-exporter"],
-                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     files.directory(name=f"metrics: {TEXTFILE_DIR}", path=TEXTFILE_DIR, paths=paths, mode=None, user=None, group=None)
     services.running(name="metrics: run prometheus-node-exporter", unit="prometheus-node-exporter",
                      units=["prometheus-node-exporter", RELAY])
@@ -144,7 +144,7 @@ def prometheus(data: Config, fleet: list[tuple[str, dict]]) -> None:
                          text=render("metrics-prometheus.default.j2", retention_days=data["prometheus_retention_days"],
                                      listen=listen(data, "prometheus_address", "prometheus_port")))
     apt.installed(name="metrics: prometheus", packages=["prometheus"], cache_seconds=data["apt_cache_seconds"],
-                  _retries=2, _retry_delay=10)
+                  _retries=2, _retry_delay=data["apt_retry_delay"])
     checked_config(name="metrics: Prometheus configuration (promtool checks it first)",
                    texts=config_files(host.name, data, fleet))
     services.running(name="metrics: run prometheus", unit="prometheus", units=["prometheus"])
@@ -171,7 +171,7 @@ def apply(plan: Plan, data: Config):
               allow.PROMETHEUS_NFT, allow.PROMETHEUS_TABLE, (PROMETHEUS,), allow.prometheus_text)]
     if any(wanted for wanted, *_ in lists):
         apt.installed(name="metrics: nftables (the allow-lists)", packages=["nftables"],
-                      cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+                      cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     for wanted, path, table, units, text in lists:
         if wanted:
             firewall.allowed(name=f"metrics: only the allow-list reaches {', '.join(units)} ({path})", path=path,

@@ -19,8 +19,8 @@ driver packages installed) is left as it is. preflight plans the step
 (``plan["driver_step"]``), and the roles after this one plan on the cards the driver will report.
 
 Variables (roles/nvidia_driver/defaults.yml): nvidia_driver_branch, nvidia_driver_modules,
-nvidia_driver_headers, nvidia_driver_reboot; gpu_enabled (roles/preflight), apt_lock_timeout,
-apt_cache_seconds (roles/base).
+nvidia_driver_headers, nvidia_driver_reboot, nvidia_driver_reboot_delay; gpu_enabled
+(roles/preflight), apt_lock_timeout, apt_cache_seconds (roles/base).
 """
 
 from __future__ import annotations
@@ -134,9 +134,10 @@ def _answer(branch: int) -> tuple[bool, str]:
 
 @reading(NvidiaDriver)
 @operation()
-def loaded(branch: int, reboot: bool, cards: list[str]):
+def loaded(branch: int, reboot: bool, cards: list[str], delay: int = 5):
     """The driver of ``branch`` loaded and answering with ``cards`` (bus ids, sorted): loaded
-    in place when no NVIDIA module is, else after a reboot (``reboot``), else the host fails."""
+    in place when no NVIDIA module is, else after a reboot (``reboot``; the host reached again from
+    ``delay`` s after it), else the host fails."""
     driver = read_once(NvidiaDriver)
     if driver.get("loaded") and branch_of(driver.get("version")) == branch and _cards_match(cards, fresh=False)[0]:
         host.noop(f"driver {driver['version']} answers")
@@ -149,7 +150,7 @@ def loaded(branch: int, reboot: bool, cards: list[str]):
         if not reboot:
             raise OperationError(f"driver branch {branch} is installed but not loaded ({said}): the module cannot "
                                  "be swapped in place; reboot the host (or set nvidia_driver_reboot: true)")
-        yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=REBOOT_TIMEOUT_S)
+        yield from server.reboot._inner(delay=delay, interval=2, reboot_timeout=REBOOT_TIMEOUT_S)
         taken = lock.again(host)    # the converge lock went with the old boot
         if taken:
             raise OperationError(f"after its reboot: {taken.what}: {taken.why}")
@@ -195,7 +196,8 @@ def apply(plan: Plan, data: Config):
                              "blacklist nouveau\noptions nouveau modeset=0\n")
     initramfs(name="initramfs without nouveau", _if=blacklist.did_change)
     cards = sorted(str(c.get("bus_id")).upper() for c in plan["cards"])   # what nvidia-smi must report
-    loaded(name=f"NVIDIA driver {branch} loaded", branch=branch, reboot=data["nvidia_driver_reboot"], cards=cards)
+    loaded(name=f"NVIDIA driver {branch} loaded", branch=branch, reboot=data["nvidia_driver_reboot"], cards=cards,
+           delay=data["nvidia_driver_reboot_delay"])
     if plan.get("systemd"):
         running(name="nvidia-persistenced running", unit="nvidia-persistenced.service",
                 units=["nvidia-persistenced.service"])

@@ -100,7 +100,7 @@ def apply(plan: Plan, data: Config):
         retired(name="rpc_worker: no instance names this host a worker", build_link=build_link)
     else:
         apt.installed(name="rpc_worker: nftables", packages=["nftables"], cache_seconds=data["apt_cache_seconds"],
-                      _retries=2, _retry_delay=10)
+                      _retries=2, _retry_delay=data["apt_retry_delay"])
         firewall.allowed(name=f"rpc_worker: only {', '.join(heads)} reach port {data['rpc_worker_port']}",
                          path=FIREWALL, table=TABLE,
                          text=firewall_text(int(data["rpc_worker_port"]), [address(h, fleet[h]) for h in heads]))

@@ -211,7 +211,7 @@ def _ray_node(data: Config, plan: Plan, fleet: dict, venv: str, script: str, pat
     env = cluster.node_env(cmd.env_vars("ray", {}, data, plan), ip)
     text = cluster.unit_text(host.name, fleet, venv, env, data["rigup_user"], guard_file(data), script)
     apt.installed(name="vllm: nftables (Ray's allow-list)", packages=["nftables"],
-                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=10)
+                  cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     firewall.allowed(name=f"vllm: only the Ray cluster's nodes reach Ray's ports ({cluster.FIREWALL})",
                      path=cluster.FIREWALL, table=cluster.TABLE, text=cluster.firewall_text(host.name, fleet))
     cluster.node(name=f"vllm: {cluster.RAY_UNIT} ({data['vllm_ray_role']}) on {ip}", venv=venv, text=text)

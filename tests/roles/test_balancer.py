@@ -100,26 +100,30 @@ def test_units_config_and_loopback_admin(lab, replicated):
 
 
 def test_requests_spread_over_both_replicas(lab, replicated):
-    """60 requests (200 took 166-342 s of make test for the same figure) spread over both."""
+    """30 requests (200 took 166-342 s of make test for the same figure, 60 took 28 s) spread over both."""
     host = replicated[0]
     before = stat(lab, host)
-    result = load(lab, host, ["http://127.0.0.1:8081"], 60, concurrency=2, max_tokens=4)
+    result = load(lab, host, ["http://127.0.0.1:8081"], 30, concurrency=2, max_tokens=4)
     after = stat(lab, host)
     spread = {s: after[s][1] - before[s][1] for s in after}
-    print(f"60 requests through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
+    print(f"30 requests through HAProxy: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
           f"per replica (show stat stot): {spread}")
     assert result["failed"] == 0, result["errors"]
-    assert sum(spread.values()) == 60 and min(spread.values()) >= 15
+    assert sum(spread.values()) == 30 and min(spread.values()) >= 8
 
 
 def test_a_stopped_replica_fails_no_request_and_comes_back(lab, replicated):
     host = replicated[0]
-    loop = subprocess.Popen(lab.ssh_argv(host) + ["--", f"python3 /root/load.py http://127.0.0.1:8081 80 2 16 {KEY}"],
+    # requests go on (rounds of 2) from 4 s before the stop until 3 s after it (80 fixed requests took 46 s)
+    on_host(lab, host, "rm -f /root/stop")
+    loop = subprocess.Popen(lab.ssh_argv(host) + ["--", f"python3 /root/load.py http://127.0.0.1:8081 10 2 16 {KEY} /root/stop"],
                             stdout=subprocess.PIPE, text=True)
     time.sleep(4)
     stopped = time.monotonic()
     on_host(lab, host, "systemctl stop rigup-llama@gemma-1")
     stop_s = time.monotonic() - stopped
+    time.sleep(3)
+    on_host(lab, host, "touch /root/stop")
     result = json.loads(loop.communicate(timeout=600)[0].strip().splitlines()[-1])
     print(f"systemctl stop of gemma-1 took {stop_s:.1f} s (drained first); the loop: {result['ok']} ok, "
           f"{result['failed']} failed in {result['seconds']} s; gemma-1 is {stat(lab, host)['gemma-1'][0]}")
@@ -133,22 +137,18 @@ def test_a_stopped_replica_fails_no_request_and_comes_back(lab, replicated):
     assert stat(lab, host)["gemma-1"][1] > before
 
 
-def test_balancer_overhead_at_8_concurrent(lab, replicated):
+def test_eight_concurrent_requests_through_haproxy_are_all_answered(lab, replicated):
+    """The mechanism behind make bench-balancer's overhead figure (tests/bench_balancer.py, goal
+    0.98x, minutes to measure): 8 concurrent chat completions through HAProxy, all answered, by
+    both replicas."""
     host = replicated[0]
-    direct, balanced = ["http://127.0.0.1:8082", "http://127.0.0.1:8083"], ["http://127.0.0.1:8081"]
-    rates = {"haproxy": [], "direct": []}
-    for _ in range(2):
-        for kind, urls in (("haproxy", balanced), ("direct", direct)):
-            r = load(lab, host, urls, 8, concurrency=8, max_tokens=16)   # 16 x 32 took 258 s of make test
-            assert r["failed"] == 0, r["errors"]
-            rates[kind].append(r["tokens"] / r["seconds"])
-    ratio = sum(rates["haproxy"]) / sum(rates["direct"])
-    print(f"8 concurrent chat completions (8 requests x 16 tokens per round, 2 rounds each, alternating): "
-          f"through HAProxy {[round(x, 1) for x in rates['haproxy']]} tok/s, straight to the replicas "
-          f"(round robin) {[round(x, 1) for x in rates['direct']]} tok/s: ratio {ratio:.3f}x")
-    # A figure, not a pass mark: CPU replicas on a shared 2-core machine are noisier than HAProxy's
-    # cost (goal 0.98x); every request must still have been answered.
-    assert ratio > 0
+    before = stat(lab, host)
+    r = load(lab, host, ["http://127.0.0.1:8081"], 8, concurrency=8, max_tokens=8)
+    spread = {s: stat(lab, host)[s][1] - before[s][1] for s in before}
+    print(f"8 concurrent through HAProxy: {r['ok']} ok, {r['failed']} failed in {r['seconds']} s "
+          f"({r['tokens'] / r['seconds']:.1f} tok/s); per replica {spread}")
+    assert r["failed"] == 0, r["errors"]
+    assert sum(spread.values()) == 8 and min(spread.values()) >= 1
 
 
 def test_gateway_keeps_answering_without_one_host(lab, replicated):

@@ -12,7 +12,8 @@ from tests.converge import pyinfra
 from tests.lab import lab
 
 pytestmark = pytest.mark.lab
-HOLD_S = 40   # longer than base's _retries=2 x _retry_delay=10 after the first try
+RETRY_S = 2   # apt_retry_delay: pyinfra's 2 retries of base's apt install, 2 s apart (10 s by default)
+HOLD_S = 12   # longer than those retries last, so only rigup's own wait can carry the install
 HOLD = ("import fcntl, sys, time\n"
         "held = [open(p, 'w') for p in sys.argv[1:]]\n"
         "for f in held: fcntl.lockf(f, fcntl.LOCK_EX)\n"
@@ -36,7 +37,8 @@ def test_eight_fresh_hosts_converge_base_at_once(fleet):
     on_host(lab, holder, "systemd-run --unit rigup-test-apt-hold python3 -c " + shlex.quote(HOLD)
             + " /var/lib/apt/lists/lock /var/cache/apt/archives/lock")
     on_host(lab, holder, "for i in $(seq 50); do [ -e /run/rigup-test-held ] && exit 0; sleep 0.1; done; exit 1")
-    run = pyinfra("inventory/lab.py", "tests/roles/base_only.py", *limit(fleet), timeout=900)
+    run = pyinfra("inventory/lab.py", "tests/roles/base_only.py", *limit(fleet),
+                  "--data", f"apt_retry_delay={RETRY_S}", timeout=900)
     fetched, served = (a - b for a, b in zip(acng_debs(), before))
     print(f"\nbase on {len(names)} fresh hosts at once: {run.seconds:.1f} s, exit {run.returncode}; "
           f"apt-cacher-ng: {fetched} .deb fetched from the mirror, {served} served to the hosts")

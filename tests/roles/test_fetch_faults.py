@@ -103,6 +103,7 @@ def test_a_connection_cut_mid_file_is_resumed_in_the_same_job(lab, hub, play, tm
     try:
         converge(play, tmp_path, {name: big(revs)})
         pid = wait_for(lambda: progress(lab, name, DEST).get("pid"), 60, "the job to start")
+        hub_module.rate(0)   # the job seen: the cut (at its byte count) and the resume need no slow link
         got = wait_for(lambda: marker(lab, name, DEST), 120, "the marker")
     finally:
         hub_module.rate(0)
@@ -265,7 +266,8 @@ def hostile_repo(lab, hub, play, tmp_path_factory):
     name = lab.hosts()[0]["name"]
     hub_module.reset()
     model = {"repo": "lab/hostile", "revision": rev, "dest": HOSTILE_DEST, **JOB}
-    run = converge(play, tmp_path_factory.mktemp("hostile"), {name: {"models": {"hostile": model}}})
+    run = converge(play, tmp_path_factory.mktemp("hostile"), {name: {"models": {"hostile": model},
+                                                                     "model_fetch_wait_interval": 1}})
     print(f"\nlab/hostile fetched once to {HOSTILE_DEST} (the hub's good answers) in {run.seconds:.1f} s")
     return rev
 
@@ -361,6 +363,7 @@ def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hosti
         argv = on_host(lab, name, f"{PATTERN}; grep -lFf /tmp/token /proc/[0-9]*/cmdline 2>/dev/null; true")
         shown = on_host(lab, name, f"systemctl show {unit} -p ExecStart -p Environment -p LoadCredential; "
                                    f"cat /run/systemd/transient/{unit}.service")
+        hub_module.rate(0)   # looked at: the rest of the job at full speed
         out, _ = waiting.communicate(timeout=300)
     finally:
         hub_module.rate(0)

@@ -124,6 +124,11 @@ def runs(lines: list[tuple[float, str]]) -> list[float]:
     return took
 
 
+def checked_since(lab, host, t: float) -> bool:
+    """Whether a whole run of the guard began at or after ``t`` (epoch s; the lab shares the clock)."""
+    return bool(runs([(at, text) for at, text in journal(lab, host, t - 1) if at >= t]))
+
+
 def restart_serving(lab, host):
     on_host(lab, host, "rigup-gpu-sim set --hang 0 -i all --na none; "
                        f"{GUARD} clear >/dev/null; systemctl start rigup-llama@test.service")
@@ -247,7 +252,7 @@ def test_an_xid_13_restarts_only_the_instance_on_that_card(lab, host):
 def test_repeated_memory_faults_make_a_card_suspect_and_stop_its_instance_until_cleared(lab, host):
     since = time.time()
     on_host(lab, host, "rigup-gpu-sim xid 48 -i 5")
-    time.sleep(5)
+    assert wait_for(lambda: "counted (1 of 2 within " in guard_journal(lab, host, since - 1))
     assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")     # 1 of 2: counted
     on_host(lab, host, "rigup-gpu-sim xid 48 -i 5")
     assert wait_for(lambda: not started(lab, host)["rigup-llama@c5.service"].startswith("active@"))
@@ -261,8 +266,9 @@ def test_repeated_memory_faults_make_a_card_suspect_and_stop_its_instance_until_
     assert "on a suspect card" in guard_journal(lab, host, since - 1)
     assert "no longer suspect: 0000:90:00" in on_host(lab, host, f"{GUARD} clear")
     on_host(lab, host, "systemctl start rigup-llama@c5.service")
-    time.sleep(5)
-    assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")
+    back = time.time()
+    assert wait_for(lambda: checked_since(lab, host, back)), "no check of the guard after the start"
+    assert started(lab, host)["rigup-llama@c5.service"].startswith("active@")    # a whole check left it running
 
 
 def test_a_link_below_its_generation_under_load_is_flagged_and_an_idle_one_is_not(lab, host):

@@ -36,7 +36,8 @@ def bare(lab):
 
 
 def big(revs, **kw):
-    return {"models": {"big": model(revs, "big", include=["big.bin"], **kw)}}
+    # the controller's poll of a model with wait: true, every second (its default: 10 s)
+    return {"models": {"big": model(revs, "big", include=["big.bin"], **kw)}, "model_fetch_wait_interval": 1}
 
 
 def running(lab, host):
@@ -169,9 +170,10 @@ def test_a_peer_copies_from_its_share_server_started_with_setsid(lab, hub, play,
     hub_module, revs = hub
     peer = lab.hosts()[1]["name"]
     include = ["*.gguf", "config.json"]
-    data = {bare: {"models": {"tiny": model(revs, "tiny", include=include, dest="/srv/models/tiny-bare", wait=True)}},
+    data = {bare: {"models": {"tiny": model(revs, "tiny", include=include, dest="/srv/models/tiny-bare", wait=True)},
+                   "model_fetch_wait_interval": 1},
             peer: {"models": {"tiny": model(revs, "tiny", include=include, dest="/srv/models/tiny-from-bare",
-                                            fetch_from=bare, wait=True)}}}
+                                            fetch_from=bare, wait=True)}, "model_fetch_wait_interval": 1}}
     run = converge(play, tmp_path, data)
     assert "Serve completed models to peers" in run.output
     assert marker(lab, peer, "/srv/models/tiny-from-bare") == marker(lab, bare, "/srv/models/tiny-bare")

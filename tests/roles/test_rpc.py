@@ -14,7 +14,7 @@ from tests.demo import PROMPT
 pytestmark = pytest.mark.lab
 HEAD, WORKER, OTHER = "lab1", "lab2", "lab3"
 HEAD_UNIT = "rigup-llama@gemma.service"
-WAIT_S = 15
+WAIT_S = 5   # the head's wait for its worker: a worker up answers at once; a stopped one fails it sooner
 # lab1's own instance (host data, over group_vars/lab.yml): 10 of Gemma's layers on lab2's CPU, via RPC
 ENV = {"RIGUP_LAB_HOST_DATA": json.dumps({HEAD: {
     "llama_server_rpc_wait": WAIT_S,
@@ -101,7 +101,7 @@ def test_a_stopped_worker_fails_the_head_and_its_gate(lab, group):
     deadline = time.monotonic() + 120
     while reason not in lab.ssh(HEAD, f"journalctl -u {HEAD_UNIT} -o cat --no-pager | tail -n 50").stdout:
         assert time.monotonic() < deadline, on_host(lab, HEAD, f"journalctl -u {HEAD_UNIT} -o cat --no-pager | tail -n 30")
-        time.sleep(2)
+        time.sleep(1)
     state = on_host(lab, HEAD, f"systemctl show -p ActiveState -p SubState --value {HEAD_UNIT}").split()
     print(f"head unit after {time.monotonic() - start:.0f} s: {state}; its journal says {reason!r}")
     failed = run(HEAD, ok=False)

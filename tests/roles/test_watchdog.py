@@ -1,6 +1,6 @@
 """roles/watchdog on the lab, with the engine stand-in (tests/lab/engine_stub.py) as the host's
 serving unit rigup-llama@gemma: converged twice (0 changes the second time); a stand-in wedged for
-real (SIGUSR1: 2 tok/s, until its process restarts) below its floor is restarted by the watchdog
+real (SIGUSR1: SLOW_TPS tok/s, until its process restarts) below its floor is restarted by the watchdog
 after k checks, and the journal and the metrics (read from the node exporter) say why; in
 maintenance mode the same fault changes nothing.
 
@@ -15,7 +15,9 @@ from tests.conftest import on_host
 from tests.roles.watch_lab import play, serve_stub, unserve_stub, until
 
 pytestmark = pytest.mark.lab
-EVERY_S, K, FLOOR = 4, 3, 50
+# the shortest period the role takes, and a wedged rate whose check (8 tokens) takes 1 s: the
+# checks, the restart and maintenance's runs come at the same counts, sooner
+EVERY_S, K, FLOOR, SLOW_TPS = 2, 3, 50, 8
 UNIT = "rigup-llama@gemma.service"
 SETTINGS = {"llama_server_instances": {"gemma": {"model": "gemma-270m", "port": 8081, "min_tokens_per_s": FLOOR}},
             "watchdog_interval_s": EVERY_S, "watchdog_bad_checks": K, "watchdog_max_tokens": 8,
@@ -40,7 +42,7 @@ def journal(lab, name, since):
 @pytest.fixture(scope="module")
 def host(lab, tmp_path_factory):
     h = lab.hosts()[1]
-    serve_stub(lab, h["name"], "gemma", 8081, tps=200)
+    serve_stub(lab, h["name"], "gemma", 8081, tps=200, extra=("--slow-tps", str(SLOW_TPS)))
     tmp = tmp_path_factory.mktemp("watchdog")
     first = play(tmp, ["metrics", "watchdog"], {h["name"]: SETTINGS})
     again = play(tmp, ["metrics", "watchdog"], {h["name"]: SETTINGS})
@@ -65,7 +67,7 @@ def test_a_wedged_instance_is_restarted_after_k_checks(lab, host):
     log = journal(lab, name, since)
     bad = re.findall(r"gemma: ([\d.]+) tok/s, below its floor 50 tok/s \((\d) of 3 checks in a row\)", log)
     why = next(ln for ln in log.splitlines() if "restarting" in ln)
-    print(f"wedged at 2 tok/s: restarted {took:.1f} s later after {len(bad)} bad checks "
+    print(f"wedged at {SLOW_TPS} tok/s: restarted {took:.1f} s later after {len(bad)} bad checks "
           f"({', '.join(t for t, _ in bad)} tok/s); journal: {why}")
     assert [n for _, n in bad] == ["1", "2", "3"] and all(float(t) < FLOOR for t, _ in bad)
     assert "3 checks in a row below the floor of 50 tok/s" in why and f"restarting {UNIT}" in why
@@ -88,10 +90,14 @@ def test_maintenance_mode_changes_nothing(lab, host):
     restarts = exported(lab, h)['rigup_watchdog_restarts_total{llama_instance="gemma"}']
     pid, since = main_pid(lab, name), int(time.time())
     on_host(lab, name, f"kill -USR1 {pid}")
-    time.sleep(K * (EVERY_S + 5) + 10)
+    wedged, paused = time.monotonic(), "rigup_maintenance is on: no check, no restart"
+    # K + 2 runs logged since the second of the kill (the first may have begun just before it): K
+    # whole runs after the fault, as many as restart it out of maintenance, within the old window
+    until(lambda: journal(lab, name, since).count(paused) >= K + 2, K * (EVERY_S + 5) + 10, poll=1)
     log = journal(lab, name, since)
-    runs = log.count("rigup_maintenance is on: no check, no restart")
-    print(f"\nmaintenance: {runs} runs in {K * (EVERY_S + 5) + 10} s, none checked; pid {pid} -> {main_pid(lab, name)}")
+    runs = log.count(paused)
+    print(f"\nmaintenance: {runs} runs in {time.monotonic() - wedged:.0f} s, none checked; "
+          f"pid {pid} -> {main_pid(lab, name)}")
     assert main_pid(lab, name) == pid and runs >= K and "below its floor" not in log and "restarting" not in log
     assert exported(lab, h)['rigup_watchdog_restarts_total{llama_instance="gemma"}'] == restarts
     on_host(lab, name, f"kill -USR2 {pid}")

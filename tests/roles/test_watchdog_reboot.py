@@ -21,7 +21,7 @@ from tests.roles.test_watchdog import exported, journal, main_pid
 from tests.roles.watch_lab import play, serve_stub, unserve_stub, until
 
 pytestmark = pytest.mark.lab
-EVERY_S, K, TPS, SLOW_TPS = 3, 2, 200, 10
+EVERY_S, K, TPS, SLOW_TPS = 2, 2, 200, 10    # the shortest period the role takes: the same checks, sooner
 UNIT = "rigup-llama@gemma.service"
 SLOW = "/var/lib/rigup-lab-slow"          # kept across the reboot, as a bad card would be
 GATE = f"/var/lib/rigup/gate/{UNIT}.json"
