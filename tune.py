@@ -12,7 +12,10 @@ bounded sweep from the instance as it is (on GPUs with part of the model in host
 --n-cpu-moe down until it does not fit; --parallel; --cache-ram 0; on several GPUs the split mode,
 -ts and -mg; on GPUs -fa, batch sizes and a q8_0 KV cache), each point a real server answering
 completions at llama_server_tune_levels, within llama_server_tune_budget_s, and starts the unit
-again, whatever the sweep did. A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
+again, whatever the sweep did. root's files of the tuner (the scripts, each spec, log and done marker)
+live in rigup_state_dir/tuner (root:rigup 0750: anything there that is not root's regular file is
+refused before any change); the sweep writes only in its out/ (the rigup user's), and root reads
+the result from there as that user (rigup/nofollow.py). A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
 directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py)
 and ``tune_out/<date>/<host>-<instance>.md`` (and ``.png``, bench.py's plot) holds every point.
 Variables (roles/llama_server/defaults.yml): llama_server_tune_concurrency, _levels, _budget_s,
@@ -27,19 +30,34 @@ import click
 from pyinfra import host
 from pyinfra.operations import files, python, server
 
-from rigup import progress, tuning
+from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
 from rigup.names import LLAMA_KEY
+from rigup.text import shown
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
-d = tuning.workdir(data)
+d, out, user = tuning.workdir(data), tuning.outdir(data), data["rigup_user"]
 instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
              if isinstance(i, dict) and i.get("replicas", 1) == 1}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
-files.directory(name="tune.py: its directory", path=d, user=data["rigup_user"], group=data["rigup_user"], mode="750")
-for script, source in tuning.SCRIPTS.items():
-    files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
-for name, inst in sorted(instances.items()):
+# root writes in d (scripts, specs, logs, done markers): refused before any change where anything
+# there is not root's own regular file (a link, a FIFO, a file of the rigup user)
+unsafe = host.get_fact(tuning.Unsafe, folder=d, user=user)
+for kind, owner, path in unsafe:
+    click.echo(click.style(f"    [{host.name}] refused: {shown(path)} ({tuning.KINDS.get(kind, kind)}, {shown(owner)}'s) in the "
+                           f"tuner's directory: root writes there and never through what another user placed; "
+                           f"fix: remove it (rm -rf on the host follows no link), then run tune.py again", fg="red"),
+               err=True)
+if unsafe:
+    summary.refused(host.name, [f"{len(unsafe)} path(s) in {d} not root's own"])
+    host.state.fail_hosts({host})
+else:
+    files.directory(name="tune.py: the old directory (the rigup user's)", path=tuning.old_workdir(data), present=False)
+    files.directory(name="tune.py: its directory", path=d, user="root", group=user, mode="750")
+    files.directory(name="tune.py: the sweep's own directory", path=out, user=user, group=user, mode="750")
+    for script, source in tuning.SCRIPTS.items():
+        files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
+for name, inst in sorted(instances.items()) if not unsafe else ():
     argv = host.get_fact(tuning.ExecStart, instance=name)
     if not argv:
         click.echo(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)", err=True)
@@ -48,16 +66,20 @@ for name, inst in sorted(instances.items()):
     served = host.get_fact(tuning.ServingEnv, instance=name)
     spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key, served)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
-              dest=f"{d}/{name}.spec.json", user=data["rigup_user"], mode="640")
+              dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
     unit, command, log, done = tuning.job(name, data)
     server.shell(name=f"tune.py: start the sweep of {name}", commands=[progress.start_command(unit, command, log, True)])
     python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
                 log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
 
     def keep(name=name, argv=argv, build=served.get("build")):
-        ok, out = host.run_shell_command(command=f"cat {shlex.quote(f'{d}/{name}.json')}", print_output=False,
-                                         print_input=False)
-        result = json.loads("\n".join(out.stdout_lines)) if ok else None
-        tuning.record(host.name, name, result, data, argv, build)
+        # the result is the rigup user's: read as that user, never through a link, never from a FIFO
+        ok, got = host.run_shell_command(command=f"{nofollow.FUNCTIONS}; {nofollow.read_file(out, f'{out}/{name}.json', 16 << 20)}",
+                                         print_output=False, print_input=False)
+        try:
+            result = json.loads("\n".join(got.stdout_lines)) if ok else None
+        except ValueError:
+            result = None
+        tuning.record(host.name, name, result if isinstance(result, dict) else None, data, argv, build)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)

@@ -51,6 +51,12 @@ bench.py ``Serving``, ``LlamaBench``      ``tr < marker``; llama-bench (root) op
                                           the model file through any link             of the model's directory
 cuda_toolkit's keyring                    ``/tmp/cuda-keyring.deb``: a fixed name in  a directory of its own (``mktemp -d``)
                                           /tmp, written by curl, then ``dpkg -i``
+tune.py (root: its scripts, each          its directory was the rigup user's: the     ``rigup_state_dir/tuner``, root's (root:rigup
+spec, log and done marker; the            spec uploaded through a link (a root file   0750); anything there not root's regular
+sweep's result read)                      overwritten, handed to the user), ``: >     file refused, named, before any change; the
+                                          log`` truncating, ``touch done`` creating   sweep (the rigup user) writes only in its
+                                          any file; ``cat`` of the result             ``out/``, read by root as that user
+                                                                                      (:func:`read_file`); the old ``tune/`` removed
 ========================================  ==========================================  =============================================
 
 Not changed: pyinfra's own uploads with ``_sudo`` go through ``/tmp/pyinfra-<sha1 of the

@@ -74,7 +74,46 @@ class ServingEnv(FactBase):
 
 
 def workdir(data: dict) -> str:
+    """root's directory of the tuner (root:rigup 0750): its scripts, each sweep's spec, log and
+    done marker. Only root writes here; the rigup user reads (issue 47: it was the rigup user's,
+    and root's upload, ``: > log`` and ``touch`` followed the links that user placed)."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/tuner"
+
+
+def outdir(data: dict) -> str:
+    """The rigup user's directory inside :func:`workdir`: what the sweep (run as that user) writes,
+    its result and its servers' logs. root reads the result as that user, never through a link."""
+    return workdir(data) + "/out"
+
+
+def old_workdir(data: dict) -> str:
+    """The tuner's directory before issue 47, the rigup user's: removed (``rm -rf`` follows no link)."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/tune"
+
+
+KINDS = {"l": "a symbolic link", "p": "a FIFO", "f": "a file", "d": "a directory", "s": "a socket",
+         "b": "a block device", "c": "a character device"}
+
+
+class Unsafe(FactBase):
+    """What in the tuner's directory ``folder`` root would write through or into though it is not
+    root's own: ``folder`` not a root-owned directory, an entry that is not a regular file owned
+    by root (a link, a FIFO, another user's file), ``out`` not a directory of ``user``. Each as
+    (type, owner, path), find's ``%y %u %p``; [] when ``folder`` does not exist yet."""
+
+    def command(self, folder: str, user: str) -> str:
+        q = shlex.quote
+        out = f"{folder}/out"
+        return (f"[ -e {q(folder)} ] || [ -L {q(folder)} ] || exit 0; "
+                f"find -P {q(folder)} -maxdepth 0 \\( ! -type d -o ! -uid 0 \\) -printf '%y %u %p\\n'; "
+                f"[ -d {q(folder)} ] && [ ! -L {q(folder)} ] || exit 0; "
+                f"find -P {q(folder)} -mindepth 1 -maxdepth 1 ! -path {q(out)} \\( ! -type f -o ! -uid 0 \\) "
+                "-printf '%y %u %p\\n'; "
+                f"if [ -e {q(out)} ] || [ -L {q(out)} ]; then [ \"$(stat -c '%U %F' -- {q(out)})\" = "
+                f"{q(user + ' directory')} ] || find -P {q(out)} -maxdepth 0 -printf '%y %u %p\\n'; fi; true")
+
+    def process(self, output: list[str]) -> list[tuple[str, str, str]]:
+        return [tuple(line.split(" ", 2)) for line in output if line.count(" ") >= 2]
 
 
 def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None) -> dict:
@@ -89,14 +128,14 @@ def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None
             "levels": list(data["llama_server_tune_levels"] or [concurrency]), "slot_tokens": max(1, ctx // parallel),
             "max_parallel": int(data["llama_server_tune_max_parallel"]), "gpu": gpu,
             "budget_s": int(data["llama_server_tune_budget_s"]), "max_tokens": int(data["llama_server_tune_max_tokens"]),
-            "rounds": 1, "key_file": key_file, "logs": workdir(data), "env": (served or {}).get("env") or {},
+            "rounds": 1, "key_file": key_file, "logs": outdir(data), "env": (served or {}).get("env") or {},
             "gpus": max(1, int((served or {}).get("gpus") or 1))}
 
 
 def job(name: str, data: dict) -> tuple[str, str, str, str]:
     """(unit, shell command, log, done marker) of instance ``name``'s sweep."""
     q, d = shlex.quote, workdir(data)
-    unit, result, done = f"rigup-tune-{name}", f"{d}/{name}.json", f"{d}/{name}.done"
+    unit, result, done = f"rigup-tune-{name}", f"{outdir(data)}/{name}.json", f"{d}/{name}.done"
     server = f"rigup-llama@{name}.service"
     command = (f"rm -f {q(done)}; systemctl stop {q(server)}; runuser -u {q(data['rigup_user'])} -- python3 "
                f"{q(d + '/rigup_tune.py')} {q(f'{d}/{name}.spec.json')} {q(result)}; rc=$?; "

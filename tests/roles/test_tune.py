@@ -2,7 +2,8 @@
 2048 --parallel 1, for a target of 4 concurrent): a sweep within its budget finds flags at least as
 fast as the instance's at the target concurrency, writes them to the site's host_vars/<host>.yml,
 and starts the instance again; the next converge serves with them (status.py says so) and the one
-after changes nothing."""
+after changes nothing. What the rigup user places where root writes for the tuner reaches nothing
+of root's (issue 47)."""
 
 import json
 
@@ -17,12 +18,55 @@ TUNE = ["--data", "llama_server_tune_budget_s=90", "--data", "llama_server_tune_
         "--data", "llama_server_tune_max_tokens=32"]
 ONE_SLOT = ["--data", "llama_server_instances=" + json.dumps(
     {"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 2048, "parallel": 1, "ngl": 0}})]
+STATE = "/var/lib/rigup"
+TARGETS = [f"/etc/rigup-test-target-{i}" for i in range(5)]   # root's files, 0600, that plants point at
+AS_RIGUP = "runuser -u rigup -- "
+
+
+def targets(lab, host) -> str:
+    """sha256, mode and owner of every root-owned target, made first if missing."""
+    on_host(lab, host, "for t in " + " ".join(TARGETS) + "; do [ -e $t ] || { echo root-only > $t; chmod 600 $t; }; done")
+    return on_host(lab, host, "for t in " + " ".join(TARGETS) + "; do echo $(sha256sum < $t) $(stat -c '%a %U:%G' $t); done")
+
+
+def test_plants_of_the_rigup_user_where_root_writes_for_the_tuner_are_refused(lab, second_converge, tmp_path):
+    """The tuner's directory as it was the rigup user's (before issue 47) with that user's links at
+    the scripts, the spec and the done marker, and a FIFO at the log: tune.py refuses the host
+    naming each path before any change; no sweep starts; root's targets are unchanged."""
+    host = lab.hosts()[0]["name"]
+    before = targets(lab, host)
+    pid = "systemctl show -p MainPID --value rigup-llama@gemma"
+    served = on_host(lab, host, pid).strip()
+    d = f"{STATE}/tuner"
+    plants = {f"{d}/rigup_tune.py": TARGETS[0], f"{d}/gemma.spec.json": TARGETS[1], f"{d}/gemma.done": TARGETS[2]}
+    on_host(lab, host, f"rm -rf {d}; install -d -o rigup -g rigup -m 750 {d}")
+    on_host(lab, host, AS_RIGUP + "sh -c '" + "; ".join(f"ln -s {t} {p}" for p, t in plants.items())
+            + f"; mkfifo {d}/gemma.log'")
+    try:
+        run = pyinfra("inventory/lab.py", "tune.py", "--limit", host, *ONE_SLOT, *TUNE,
+                      env={"RIGUP_SITE": str(tmp_path)}, timeout=300)
+        refused = [ln.strip() for ln in run.output.splitlines() if f"[{host}] refused:" in ln]
+        print("\n" + "\n".join(refused))
+        assert run.returncode != 0
+        for path in plants:
+            assert any(f"refused: {path} (a symbolic link, rigup's)" in ln for ln in refused), (path, refused)
+        assert any(f"refused: {d}/gemma.log (a FIFO, rigup's)" in ln for ln in refused)
+        assert any(f"refused: {d} (a directory, rigup's)" in ln for ln in refused)
+        assert on_host(lab, host, pid).strip() == served != "0"     # the sweep's job never stopped it
+        assert not (tmp_path / "host_vars").exists()
+        assert targets(lab, host) == before
+    finally:
+        on_host(lab, host, f"rm -rf {d}")
 
 
 def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_them(lab, second_converge, tmp_path):
     host = lab.hosts()[0]["name"]
     (tmp_path / "group_vars").mkdir()
     env = {"RIGUP_SITE": str(tmp_path)}
+    # the directory of the tuner before issue 47 (the rigup user's), with a link of that user: removed
+    before = targets(lab, host)
+    on_host(lab, host, f"install -d -o rigup -g rigup -m 750 {STATE}/tune && "
+                       f"{AS_RIGUP} ln -sfn {TARGETS[3]} {STATE}/tune/gemma.spec.json")
     try:
         converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
         run = pyinfra("inventory/lab.py", "tune.py", "--limit", host, *ONE_SLOT, *TUNE, env=env, timeout=900)
@@ -34,6 +78,14 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
         assert tuned["tok_s"] >= tuned["baseline_tok_s"] and tuned["concurrency"] == 4
         assert tuned["build"] and tuned["build"].startswith("lab-base-")   # the drop-in's build
         assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
+        modes = on_host(lab, host, f"stat -c '%U:%G %a' {STATE}/tuner {STATE}/tuner/out {STATE}/tuner/gemma.spec.json; "
+                                   f"test -e {STATE}/tune || echo gone").split("\n")
+        # root's directory now: the rigup user can place nothing there, and reads its spec
+        denied = lab.ssh(host, f"{AS_RIGUP} ln -s {TARGETS[4]} {STATE}/tuner/gemma.log.new")
+        print(f"tuner: {modes[:3]}, the old directory {modes[3]}; a link by the rigup user: "
+              f"{denied.stderr.strip() or denied.returncode}")
+        assert modes == ["root:rigup 750", "rigup:rigup 750", "root:rigup 640", "gone"] and denied.returncode != 0
+        assert targets(lab, host) == before
         applied = converge("inventory/lab.py", "--limit", host, *ONE_SLOT, env=env)
         dropin = on_host(lab, host, "grep ^ExecStart=. /etc/systemd/system/rigup-llama@gemma.service.d/rigup.conf")
         flags = tuned["flags"]

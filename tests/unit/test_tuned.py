@@ -58,12 +58,41 @@ def test_an_inventorys_hosts_get_their_host_vars(tmp_path):
 def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_again():
     d = data(rigup_state_dir="/var/lib/rigup")
     unit, command, log, done = tuning.job("g", d)
-    assert unit == "rigup-tune-g" and log == "/var/lib/rigup/tune/g.log" and done == "/var/lib/rigup/tune/g.done"
+    assert unit == "rigup-tune-g" and log == "/var/lib/rigup/tuner/g.log" and done == "/var/lib/rigup/tuner/g.done"
+    assert "/var/lib/rigup/tuner/out/g.json" in command      # the sweep writes only in the rigup user's out/
     stop, sweep, start = command.index("systemctl stop"), command.index("runuser -u rigup"), command.index("systemctl start")
     assert stop < sweep < start and "rc=$?" in command[sweep:start]
     spec = tuning.spec("g", ["/b/llama-server", "-c", "8192", "--parallel", "2"], d, True, None)
     assert spec["concurrency"] == 2 and spec["slot_tokens"] == 4096 and spec["levels"] == [2]
-    assert spec["env"] == {} and spec["gpus"] == 1
+    assert spec["env"] == {} and spec["gpus"] == 1 and spec["logs"] == "/var/lib/rigup/tuner/out"
+
+
+def test_what_another_user_placed_in_the_tuners_directory_is_named(tmp_path):
+    """tuning.Unsafe run for real on a directory with plants: a link, a FIFO, a file of another
+    user, ``out`` of the wrong owner; root's own regular files and ``out`` of the user pass."""
+    import os
+    import pwd
+    import subprocess
+
+    def unsafe(folder, user):
+        run = subprocess.run(tuning.Unsafe().command(str(folder), user), shell=True, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return tuning.Unsafe().process(run.stdout.splitlines())
+
+    me, uid = pwd.getpwuid(os.getuid()).pw_name, os.getuid()
+    d = tmp_path / "tuner"
+    assert unsafe(d, me) == []                              # not made yet
+    d.mkdir()
+    (d / "out").mkdir()
+    (d / "rigup_tune.py").write_text("")
+    found = unsafe(d, me)
+    assert found == ([] if uid == 0 else [("d", me, str(d))])     # the directory itself is root's, or named
+    (d / "g.spec.json").symlink_to("/etc/shadow")
+    os.mkfifo(d / "g.log")
+    kinds = {p.rsplit("/", 1)[1]: k for k, _, p in unsafe(d, me)}
+    assert kinds["g.spec.json"] == "l" and kinds["g.log"] == "p" and "out" not in kinds
+    assert ("d", me, str(d / "out")) in unsafe(d, "nobody")          # out/ must be the rigup user's
+    print(f"\nnamed: {unsafe(d, 'nobody')}")
 
 
 def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
