@@ -26,6 +26,18 @@ import urllib.request
 PROMPT = "Write a long story about a lighthouse keeper, one sentence after another."
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error (HTTPError 3xx): a server measured here has no reason to send one,
+    and following it would carry the API key to another origin (issue 47)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+# no proxy either: the servers measured are the host's own
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
                model: str | None = None) -> dict:
     """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):
@@ -33,10 +45,12 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
     that is not a completion)."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": False, **({"model": model} if model else {})}
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", json.dumps(body).encode(), headers)
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    if key:
+        request.add_unredirected_header("Authorization", f"Bearer {key}")
     started = time.monotonic()
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
+    with _OPENER.open(request, timeout=timeout) as answer:
         doc = json.loads(answer.read())
     seconds = time.monotonic() - started
     tokens = int((doc.get("usage") or {})["completion_tokens"])

@@ -53,6 +53,17 @@ def bearer(path: str | None) -> dict:
         return {"Authorization": f"Bearer {f.read().strip()}"}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: the instance's /metrics has no reason to send one, and following it
+    would carry the instance's key to another origin (issue 47)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
 def handler(config: dict, clients: set[str]):
     class Relay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -63,8 +74,10 @@ def handler(config: dict, clients: set[str]):
             if inst is None:
                 return self.answer(404, f"no instance {name!r} here\n")
             try:
-                request = urllib.request.Request(inst["url"] + "/metrics", headers=bearer(inst.get("key")))
-                with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                request = urllib.request.Request(inst["url"] + "/metrics")
+                for header, value in bearer(inst.get("key")).items():
+                    request.add_unredirected_header(header, value)
+                with _OPENER.open(request, timeout=TIMEOUT_S) as response:
                     return self.answer(200, response.read(), response.headers.get("Content-Type"))
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")

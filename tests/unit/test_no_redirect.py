@@ -1,0 +1,82 @@
+"""Issue 47: a server that a host-side client sends an API key to redirects to another origin (a
+second port of 127.0.0.1): the watchdog's and bench's completion (rigup/throughput.py) and the
+metrics relay (roles/metrics/relay.py) fail on the redirect, and the other origin sees no request
+with the key. Real HTTP servers on loopback."""
+
+import http.server
+import threading
+import urllib.request
+
+import pytest
+
+from rigup import throughput
+from roles.metrics import relay
+
+KEY = "sk-lab-0123456789abcdef"
+
+
+def serve(handler) -> http.server.HTTPServer:
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def origins(tmp_path):
+    """(the redirecting server's URL, the headers the other origin received)."""
+    seen = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"# metrics\n")
+
+        do_POST = do_GET
+
+    other = serve(Other)
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_port}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET
+
+    first = serve(Redirect)
+    yield f"http://127.0.0.1:{first.server_port}", seen
+    first.shutdown()
+    other.shutdown()
+
+
+def test_the_completion_refuses_a_redirect_and_the_key_stays(origins):
+    url, seen = origins
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        throughput.completion(url, KEY, max_tokens=4, timeout=5)
+    print(f"\ncompletion through a 302 to another origin: HTTP {failed.value.code}; the other origin saw {len(seen)} request(s)")
+    assert failed.value.code == 302 and seen == []
+
+
+def test_the_metrics_relay_refuses_a_redirect_and_the_key_stays(origins, tmp_path):
+    url, seen = origins
+    key = tmp_path / "k.key"
+    key.write_text(KEY)
+    front = serve(relay.handler({"instances": {"g": {"url": url, "key": str(key)}}}, {"127.0.0.1"}))
+    try:
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"http://127.0.0.1:{front.server_port}/metrics/g", timeout=5)
+    finally:
+        front.shutdown()
+    print(f"\nrelay of an instance whose /metrics redirects: HTTP {failed.value.code}; "
+          f"the other origin saw {len(seen)} request(s)")
+    assert failed.value.code == 502 and seen == []
+    assert not any(KEY in str(h) for h in seen)
