@@ -32,6 +32,7 @@ from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
+from rigup.text import shown
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
@@ -541,4 +542,4 @@ def report() -> None:
     if _run.get("fmt") == "json":
         click.echo(render_json(list(rows.values()), _energy))
     else:
-        click.echo(render_table(list(rows.values())))
+        click.echo("\n".join(shown(line, 4000) for line in render_table(list(rows.values())).splitlines()))

@@ -30,6 +30,7 @@ from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
 from rigup.names import bind_scope
+from rigup.text import shown_lines
 
 # The unit's properties each poll reads (``systemctl show -p ...``).
 SHOW = ("ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
@@ -312,7 +313,7 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
         reason = stopped_reason(unit, server, now, exit_, phase, restarts)
         if exit_ is not None and exit_.main:
             reason = "; ".join([reason, *trap_hints(traps, exit_.signal)])
-        return OperationError(f"{reason}\n{shell(journal_command(unit, start))}")
+        return OperationError(f"{reason}\n{shown_lines(shell(journal_command(unit, start)))}")
 
     @retry(stop=stop_after_delay(timeout), wait=wait_fixed(poll), retry=retry_if_result(lambda r: r is None))
     def health() -> str | None:
@@ -329,7 +330,7 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
         raise stopped(seen["last"], INFERENCE if seen["healthy"] else LOADING)
     if code != "200":
         raise OperationError(f"{unit}: /health did not answer 200 within {timeout} s ({code}); "
-                             f"last journal lines:\n{shell(journal_command(unit, invocation()))}")
+                             f"last journal lines:\n{shown_lines(shell(journal_command(unit, invocation())))}")
     body = json.dumps({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]})
     answer = shell(f"curl -s -m {timeout} {auth} -H 'Content-Type: application/json' "
                    f"-d {shlex.quote(body)} {base}/v1/chat/completions", timeout + COMPLETION_MARGIN)
@@ -346,10 +347,10 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
             if now.get("Health") == "200":
                 break   # it runs: the completion's own failure
         raise OperationError(f"{unit}: the health completion failed: {answer[:300] or 'no answer'!r}; "
-                             f"last journal lines:\n{shell(journal_command(unit, invocation()))}") from None
+                             f"last journal lines:\n{shown_lines(shell(journal_command(unit, invocation())))}") from None
     if fail_on_log and shell(log_search_command(unit, invocation(), fail_on_log)).strip():
         raise OperationError(f"{unit}: {server} fell back to the CPU: its log says {fail_on_log!r}; "
-                             f"last journal lines:\n{shell(journal_command(unit, invocation()))}")
+                             f"last journal lines:\n{shown_lines(shell(journal_command(unit, invocation())))}")
     tps = measured_tps(doc)
     if record and tps:
         shell(record_command(record, unit, tps, time.time()))

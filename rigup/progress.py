@@ -14,6 +14,7 @@ import time
 import click
 from pyinfra import host
 from pyinfra.api import OperationError
+from rigup.text import say
 
 # seconds between two progress lines of a host (RIGUP_PROGRESS_INTERVAL_S in the controller's environment)
 INTERVAL_S = float(os.environ.get("RIGUP_PROGRESS_INTERVAL_S") or 15)
@@ -111,7 +112,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
             last = now
             text = progress_text(state["line"] or state["last"], high)
             high = int(text[:-1]) if re.fullmatch(r"\d+%", text) else high
-            click.echo(f"    [{me.name}] {label}: {text or 'starting'} ({now - started:.0f} s)", err=True)
+            say(f"    [{me.name}] {label}: {text or 'starting'} ({now - started:.0f} s)")
         if now - started > timeout:
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")
         time.sleep(min(2.0, interval / 2))

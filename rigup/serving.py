@@ -10,7 +10,6 @@ import json
 import shlex
 from io import StringIO
 
-import click
 from pyinfra import host
 from pyinfra.operations import files
 
@@ -19,6 +18,7 @@ from rigup.files import directory, managed
 from rigup.gpu.plan import unlock_wait
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file
 from rigup.secrets import new_key, written
+from rigup.text import say
 
 
 def waits_for_unlock(role: str, names, plan: dict, data: dict) -> str | None:
@@ -27,7 +27,7 @@ def waits_for_unlock(role: str, names, plan: dict, data: dict) -> str | None:
     output and the host's last line; None when they need not wait."""
     why = unlock_wait(plan, data) if names else None
     if why:
-        click.echo(f"    [{host.name}] {role}: {', '.join(sorted(names))}: {why}", err=True)
+        say(f"    [{host.name}] {role}: {', '.join(sorted(names))}: {why}")
         summary.note(host.name, f"{role} {', '.join(sorted(names))}: waits for the unlocked VRAM (cold power-off, "
                                 "then converge again)")
     return why

@@ -15,6 +15,7 @@ import logging
 import re
 
 import click
+from rigup.text import say
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
@@ -115,4 +116,4 @@ def report() -> None:
     for host in hosts:
         line = host_line(state, host)
         ok = _outcome(state, host).endswith(("unchanged", "changed)"))
-        click.echo(click.style(f"    {line}", fg=None if ok else "red"), err=True)
+        say(f"    {line}", fg=None if ok else "red")

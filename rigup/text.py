@@ -8,9 +8,26 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 
 from __future__ import annotations
 
+import click
+
 
 def shown(text: object, limit: int = 200) -> str:
     """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters."""
     raw = str(text)
     safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit])
     return safe + (f"... ({len(raw) - limit} more characters)" if len(raw) > limit else "")
+
+
+def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:
+    """A host's multi-line text (a journal) as :func:`shown` lines: its ``last`` lines, each escaped
+    and cut to ``limit`` (a final newline kept)."""
+    text = str(text)
+    out = "\n".join(shown(line, limit) for line in text.splitlines()[-last:])
+    return out + "\n" if text.endswith("\n") and out else out
+
+
+def say(line: str, fg: str | None = None) -> None:
+    """One line for the operator (stderr, as pyinfra's own), ``fg`` its colour: built by rigup
+    around what hosts said, so escaped whole (:func:`shown`, up to 4000 characters)."""
+    text = shown(line, 4000)
+    click.echo(click.style(text, fg=fg) if fg else text, err=True)

@@ -22,6 +22,7 @@ from pyinfra.api import FactBase
 
 from rigup import bench, yamlfile
 from rigup.config import ROOT
+from rigup.text import say
 from roles.llama_server.tuned import FLAG_KEYS
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
@@ -194,7 +195,7 @@ def record(host: str, name: str, result: dict | None, data: dict, argv: list[str
     gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png`` its plot); a line says what it found."""
     if not result or not result.get("best"):
         why = (result or {}).get("stopped") or "no result on the host"
-        click.echo(f"    [{host}] tune {name}: nothing kept ({why})", err=True)
+        say(f"    [{host}] tune {name}: nothing kept ({why})")
         return
     found = entry(result, build)
     path = write_host_vars(host, {name: found}, data.get("_rigup_site"))

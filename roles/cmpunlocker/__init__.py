@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import shlex
 
-import click
 from pyinfra import host
 from pyinfra.api import OperationError, deploy
 from rigup.probe import operation
@@ -50,6 +49,7 @@ from rigup.config import Config, role_defaults
 from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.checks import CHECKS
 from roles.cmpunlocker.steps import installer_args, next_step, source_id
+from rigup.text import say
 
 __all__ = ["apply", "CHECKS", "plan_lines"]
 
@@ -136,6 +136,6 @@ def apply(plan: Plan, data: Config):
     step, why = next_step(state, data)
     if step == "install":
         why += "; then a cold power-off is required (rigup never power-cycles)"
-    click.echo(f"    [{host.name}] cmpunlocker: {why}", err=True)
+    say(f"    [{host.name}] cmpunlocker: {why}")
     unlock_step(name=f"cmpunlocker: {step if step != 'nothing' else 'check'}", data=data,
                 _timeout=data["cmpunlocker_install_timeout"] + 300)

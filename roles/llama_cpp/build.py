@@ -5,7 +5,6 @@ import shlex
 from io import StringIO
 from pathlib import Path
 
-import click
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, QuoteString, StringCommand
 from rigup.probe import operation
@@ -15,6 +14,7 @@ from pyinfra.operations import files
 from rigup import summary
 from rigup.progress import start_command
 from rigup.state import read_once, reading
+from rigup.text import say, shown, shown_lines
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
 
 
@@ -87,8 +87,8 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
         model = "the tiny smoke model" if run.get("model") == spec["tiny"] else run.get("model")
         if not run.get("ok"):
             return failed(run.get("tail") or [], f"{run.get('reason')} ({run.get('name')}'s flags, {model})")
-        click.echo(f"    [{host.name}] llama.cpp build {build_id} answered ({run.get('tokens')} tokens, "
-                   f"{run.get('seconds')} s) with {run.get('name')}'s flags on {model}", err=True)
+        say(f"    [{host.name}] llama.cpp build {build_id} answered ({run.get('tokens')} tokens, "
+            f"{run.get('seconds')} s) with {run.get('name')}'s flags on {model}")
         if run.get("remedy"):
             trap = next((t for t in spec.get("remedies", []) if t["id"] == run["remedy"]), {})
             flags = " ".join(trap.get("args", []))
@@ -102,8 +102,9 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
 def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept: str) -> bool:
     """Log the smoke log's last lines, then the reason (the run's summary quotes the last lines); False."""
     if tail:
-        host.log_styled(f"last lines of {spec['log']}:\n" + "\n".join(tail), fg="red", log_func=logger.error)
-    host.log_styled(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}",
+        host.log_styled(f"last lines of {spec['log']}:\n" + shown_lines("\n".join(map(str, tail))), fg="red",
+                        log_func=logger.error)
+    host.log_styled(shown(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}", 4000),
                     fg="red", log_func=logger.error)
     return False
 

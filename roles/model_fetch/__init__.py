@@ -77,6 +77,7 @@ from pyinfra.operations import files
 
 from rigup.probe import python, systemd
 from pyinfra.operations.util import any_changed
+from rigup.text import say
 
 from rigup import files as managed
 from rigup import services, summary
@@ -187,7 +188,7 @@ def _plans(data: Config, models: dict, facts: dict) -> list[ModelPlan]:
 
 def _print(plans: list[ModelPlan]) -> None:
     for plan in plans:
-        click.echo(f"    [{host.name}] {plan.line}", err=True)
+        say(f"    [{host.name}] {plan.line}")
 
 
 def _background(name: str, command: str) -> str:
@@ -386,7 +387,7 @@ def _wait(plans: list[ModelPlan], specs: list[dict], data: Config) -> None:
         left = []
         for name in sorted(names):
             state = models.get(name, {})
-            click.echo(f"    [{me.name}] {progress_line(name, state)}", err=True)
+            say(f"    [{me.name}] {progress_line(name, state)}")
             if state.get("complete") or state.get("staged"):
                 continue
             dead = dead_job(name, state, time.monotonic() - started)
@@ -420,7 +421,7 @@ def apply(plan: Plan, data: Config):
     if refused:
         origin = source_of(host, "models")
         for _, key, why in refused:
-            click.echo(click.style(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red"), err=True)
+            say(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red")
         _refused[host.name] = len(refused)
         summary.refused(host.name, [f"{key} ({why.split(': ', 1)[0].split('; ', 1)[0]})" for _, key, why in refused])
         host.state.fail_hosts({host})

@@ -38,6 +38,7 @@ from rigup.refusal import Fleet, Refusal
 from rigup.state import known, read_once, will_read
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
+from rigup.text import say
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts
@@ -57,7 +58,7 @@ def plan_of(name: str) -> dict | None:
             facts = other.get_fact(HardwareFacts, paths=["/"])
             _plans[name] = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]))
         except Exception as e:      # unreachable: the head is refused, naming the worker
-            click.echo(f"    [{host.name}] cannot read the GPUs of {name}: {e}", err=True)
+            say(f"    [{host.name}] cannot read the GPUs of {name}: {e}")
             _plans[name] = None
     return _plans[name]
 
@@ -126,10 +127,10 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     lines += [line for role in roles if hasattr(role, "fleet_plan_lines")
               for line in role.fleet_plan_lines(plan, data, fleet)]
     for line in lines:
-        click.echo(f"    [{host.name}] {line}", err=True)
+        say(f"    [{host.name}] {line}")
     found = [_sourced(r) for r in [*more, *refusals(roles, plan, facts, data, fleet)]]
     for refusal in found:
-        click.echo(click.style(f"    {refusal.line(host.name)}", fg="red"), err=True)
+        say(f"    {refusal.line(host.name)}", fg="red")
     if found:
         _refused[host.name] = len(found)
         summary.refused(host.name, [f"{r.what}" for r in found])

@@ -90,7 +90,6 @@ from __future__ import annotations
 import shlex
 from io import StringIO
 
-import click
 from pyinfra import host
 from pyinfra.api import deploy
 from rigup.probe import operation
@@ -114,6 +113,7 @@ from roles.vllm.checks import CHECKS, FLEET_CHECKS, ports, replica_groups
 from roles.vllm.checks import plan_lines as instance_lines
 from roles.vllm.facts import VllmCommit, VllmState
 from roles.vllm.schema import VllmInstance, instances
+from rigup.text import say
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "plan_reads", "ports"]
 
@@ -273,7 +273,7 @@ def apply(plan: Plan, data: Config):
     if no_git:
         why = (f"vllm: vllm_git_commit {data['vllm_git_commit']} is expanded with git on the host, which roles/base "
                "installs in this run: converge again to install vLLM")
-        click.echo(f"    [{host.name}] {why}", err=True)
+        say(f"    [{host.name}] {why}")
         summary.note(host.name, why)
         return
     unlock = waits_for_unlock("vllm", wanted, plan, data)
