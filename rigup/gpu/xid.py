@@ -15,7 +15,12 @@ from pathlib import Path
 
 CATALOGUE_FILE = Path(__file__).with_name("xid.yml")
 BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?"
-XID = re.compile(rf"NVRM: Xid \(({BUS})\): (\d{{1,4}}),\s*(.*)$")
+# the driver's line shape only, from its start (issue 47: a line matched anywhere in a message let
+# other text that quotes one, a process name, a device's, count as an Xid): the message itself, or
+# one behind dmesg's "[  269.517039] ", syslog's "May 18 19:02:39 [host] kernel: " or journalctl
+# -o short-monotonic's "[  269.517039] host kernel: "
+PREFIX = r"(?:\[\s*\d+\.\d+\]\s+)?(?:(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+)?(?:\S+\s+)?kernel:\s+)?"
+XID = re.compile(rf"{PREFIX}NVRM: Xid \(({BUS})\): (\d{{1,4}}),\s*(.*)$")
 UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catalogue"}
 KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -F 'NVRM: Xid' "
                       "|| dmesg 2>/dev/null | grep -F 'NVRM: Xid' || true")
@@ -43,7 +48,7 @@ def events(lines: list[str], known: dict[int, dict]) -> list[dict]:
     other lines are skipped."""
     found = []
     for line in lines:
-        m = XID.search(line)
+        m = XID.match(line)
         if not m:
             continue
         code = int(m.group(5))

@@ -28,6 +28,19 @@ def test_every_xid_line_is_attributed_to_its_card_and_classified():
     assert xid.events([], xid.catalogue()) == []          # the H200's log: no Xid line is a valid answer
 
 
+@pytest.mark.parametrize("line", [
+    "Out of memory: Killed process 4242 (NVRM: Xid (PCI:0000:2b:00): 79, x) total-vm:1kB",
+    "usb 1-1: Product: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+    "[ 269.517039] audit: comm=\"NVRM: Xid (PCI:0000:2b:00): 79, \"",
+    "May 18 19:02:39 host sshd[1]: Invalid user NVRM: Xid (PCI:0000:2b:00): 79, from 10.0.0.9",
+])
+def test_an_xid_quoted_inside_another_message_is_not_an_xid(line):
+    """Issue 47: only the driver's own line shape, from the message's start (behind a log prefix)."""
+    assert xid.events([line], xid.catalogue()) == []
+    assert xid.events(["[  269.517039] rig kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."],
+                      xid.catalogue())[0]["code"] == 79     # journalctl -k -o short-monotonic's own prefix
+
+
 def test_bus_ids_of_nvidia_smi_and_of_the_log_name_the_same_card():
     assert xid.card_key("00000000:2B:00.0") == xid.card_key("PCI:0000:2b:00") == "0000:2b:00"
     with pytest.raises(ValueError):
