@@ -27,7 +27,7 @@ demo: venv
 	$(PY) -m tests.demo
 
 test: venv
-	$(PY) -m pytest
+	$(PY) -m tests.lanes
 
 unit: venv
 	$(PY) -m pytest -m "not lab"

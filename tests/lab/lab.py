@@ -62,6 +62,7 @@ PROXY_CONF, PROXY_PID, PROXY_LOG = (STATE / f"tinyproxy.{x}" for x in ("conf", "
 ACNG = STATE / "apt-cacher-ng"              # its acng.conf, pid, socket and logs
 ACNG_CACHE = CACHE / "apt-cacher-ng"
 ACNG_OWN_CACHE = STATE / "cache" / "apt-cacher-ng"   # while another lab's apt-cacher-ng holds ACNG_CACHE
+ACNG_HOLDER = CACHE / "apt-cacher-ng.address"       # the holder's address, the others' upstream proxy
 ACNG_USER = "apt-cacher-ng"                 # made by Debian's package
 # Seconds apt-cacher-ng serves an index file (InRelease, Packages) it fetched without asking the
 # mirror again (Debian's default: 27). apt-cacher-ng 3.7.4 fails when hosts running apt-get update
@@ -317,11 +318,17 @@ def start_apt_cacher():
     CACHE.mkdir(parents=True, exist_ok=True)
     lock = open(CACHE / "apt-cacher-ng.lock", "w")
     try:
+        upstream = ""
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             cache = ACNG_CACHE
+            write(ACNG_HOLDER, f"{GATEWAY}:3142\n")
         except BlockingIOError:
+            # another lab's apt-cacher-ng holds the shared cache: this one fetches through it, so
+            # that each package still comes from the mirror once for every lab on the machine
             cache = ACNG_OWN_CACHE
+            with contextlib.suppress(OSError):
+                upstream = f"Proxy: http://{ACNG_HOLDER.read_text().strip()}\n"
         for d in (ACNG, cache):
             d.mkdir(parents=True, exist_ok=True)
             shutil.chown(d, ACNG_USER, ACNG_USER)
@@ -329,7 +336,7 @@ def start_apt_cacher():
             shutil.rmtree(dists, ignore_errors=True)
         write(ACNG / "acng.conf", f"CacheDir: {cache}\nLogDir: {ACNG}\nSupportDir: /usr/lib/apt-cacher-ng\n"
                                   f"Port: 3142\nBindAddress: {GATEWAY}\nPidFile: {ACNG}/pid\n"
-                                  f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n")
+                                  f"SocketPath: {ACNG}/socket\nExThreshold: 4\nFreshIndexMaxAge: {ACNG_FRESH_S}\n{upstream}")
         start_proxy("apt-cacher-ng", ["apt-cacher-ng", "-c", ACNG, "ForeGround=1"], ACNG / "console.log", 3142,
                     user=ACNG_USER, pass_fds=(lock.fileno(),) if cache == ACNG_CACHE else ())
     finally:
