@@ -44,8 +44,8 @@ gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, off
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)
 unsafe = host.get_fact(tuning.Unsafe, folder=d, user=user)
 for kind, owner, path in unsafe:
-    click.echo(click.style(f"    [{host.name}] refused: {shown(path)} ({tuning.KINDS.get(kind, kind)}, {shown(owner)}'s) in the "
-                           f"tuner's directory: root writes there and never through what another user placed; "
+    click.echo(click.style(f"    [{host.name}] refused: {shown(path)} ({tuning.KINDS.get(kind, kind)}, {shown(owner)}'s): "
+                           f"where root writes for the tuner only root's own files may be, never what another user placed; "
                            f"fix: remove it (rm -rf on the host follows no link), then run tune.py again", fg="red"),
                err=True)
 if unsafe:

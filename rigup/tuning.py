@@ -113,6 +113,10 @@ class Unsafe(FactBase):
                 f"if [ -e {q(out)} ] || [ -L {q(out)} ]; then [ \"$(stat -c '%U %F' -- {q(out)})\" = "
                 f"{q(user + ' directory')} ] || find -P {q(out)} -maxdepth 0 -printf '%y %u %p\\n'; fi; true")
 
+    @staticmethod
+    def default() -> list:
+        return []   # no output: nothing there is another's
+
     def process(self, output: list[str]) -> list[tuple[str, str, str]]:
         return [tuple(line.split(" ", 2)) for line in output if line.count(" ") >= 2]
 

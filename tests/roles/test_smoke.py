@@ -21,6 +21,9 @@ LOAD = (ROOT / "tests/roles/load.py").read_text()
 @pytest.fixture(scope="module")
 def host(lab, second_converge):
     name = lab.hosts()[-1]["name"]
+    # as group_vars/lab.yml serves it (no key: the client below has none), whatever a module before left
+    ready = pyinfra("inventory/lab.py", "deploy.py", "--limit", name)
+    assert ready.returncode == 0, ready.output[-3000:]
     on_host(lab, name, f"cat > /root/load.py <<'EOF'\n{LOAD}\nEOF\necho none > /root/key")
     yield name
     pyinfra("inventory/lab.py", "deploy.py", "--limit", name)    # back to the default build

@@ -34,6 +34,7 @@ def test_plants_of_the_rigup_user_where_root_writes_for_the_tuner_are_refused(la
     the scripts, the spec and the done marker, and a FIFO at the log: tune.py refuses the host
     naming each path before any change; no sweep starts; root's targets are unchanged."""
     host = lab.hosts()[0]["name"]
+    (tmp_path / "group_vars").mkdir()
     before = targets(lab, host)
     pid = "systemctl show -p MainPID --value rigup-llama@gemma"
     served = on_host(lab, host, pid).strip()
@@ -79,7 +80,7 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
         assert tuned["build"] and tuned["build"].startswith("lab-base-")   # the drop-in's build
         assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
         modes = on_host(lab, host, f"stat -c '%U:%G %a' {STATE}/tuner {STATE}/tuner/out {STATE}/tuner/gemma.spec.json; "
-                                   f"test -e {STATE}/tune || echo gone").split("\n")
+                                   f"test -e {STATE}/tune || echo gone").strip().split("\n")
         # root's directory now: the rigup user can place nothing there, and reads its spec
         denied = lab.ssh(host, f"{AS_RIGUP} ln -s {TARGETS[4]} {STATE}/tuner/gemma.log.new")
         print(f"tuner: {modes[:3]}, the old directory {modes[3]}; a link by the rigup user: "
