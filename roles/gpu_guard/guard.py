@@ -484,6 +484,8 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
     names = {k: f"GPU {c['index']} ({c['uuid']}, {k}{'' if k in answering else ', not answering'})"
              for k, c in seen.items()}
     known, trip, units = state.setdefault("cards", {}), None, None
+    here = set(seen) | nvidia_pci_cards()
+    acted: set[tuple[str, str]] = set()   # (card, class) acted on in this check: once each
     for t, message in entries:
         for event in xid_lines.events([message], catalogue):
             card = known.setdefault(event["card"], {"counts": {}, "recent": [], "suspect": None})
@@ -493,7 +495,12 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
             done = "logged"
             if not judge:
                 done = "counted (before the guard's first check: not acted on)"
+            elif event["card"] not in here:
+                done = "counted, not acted on: no card of this host has that bus id (no sample, not on its PCI bus)"
+            elif (event["card"], event["class"]) in acted and event["action"] in ("restart", "drain_host"):
+                done = "counted; acted on already in this check (once per card and class)"
             elif event["action"] == "restart":
+                acted.add((event["card"], event["class"]))
                 units = on_cards(config, cards) if units is None else units
                 hit = [u["unit"] for u in units if event["card"] in u["cards"] and u["since"] < t]
                 done = f"restarted {', '.join(hit)}{act('restart', hit)}" if hit else \
@@ -511,6 +518,7 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
                 else:
                     done = f"counted ({len(card['recent'])} of {xid.get('suspect_count', 2)} within {window:.0f} s)"
             elif event["action"] == "drain_host":
+                acted.add((event["card"], event["class"]))
                 trip = {"reason": f"{what}: {event['line']}", "reboot": False}
                 day, count = reboots_today(xid.get("reboots_file", ""), now)
                 if xid.get("reboot") and count < int(xid.get("max_reboots", 1)):
@@ -527,6 +535,24 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
                 f"The kernel said: {event['line']}")
     state["events"] = state.get("events", [])[-XID_EVENTS_KEPT:]
     return trip
+
+
+def nvidia_pci_cards(root: str = "/sys/bus/pci/devices") -> set[str]:
+    """The keys (``0000:2b:00``) of the NVIDIA devices on this host's PCI bus (vendor 0x10de): a card
+    whose Xid comes before any sample of it (fallen off the bus at boot) is still this host's."""
+    found = set()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(root, name, "vendor")) as f:
+                if f.read(16).strip().lower() == "0x10de":
+                    found.add(card_key_of({"bus_id": name}))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def suspect_units(state: dict, units) -> list[str]:

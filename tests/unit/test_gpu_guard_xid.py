@@ -89,7 +89,26 @@ def test_an_unknown_code_or_card_is_logged_and_counted(capsys):
     state = {}
     assert guard.triage(config(), state, [entry(1.0, "aa", 999), (1.0, "kernel: usb 1-1")], CARDS, 1.0, units) is None
     assert state["cards"] == {"0000:aa:00": {"counts": {"unknown": 1}, "recent": [], "suspect": None}}
-    assert "on the card at 0000:aa:00: logged" in capsys.readouterr().out
+    assert "on the card at 0000:aa:00: counted, not acted on: no card of this host has that bus id" in capsys.readouterr().out
+
+
+def test_an_xid_for_a_bus_id_not_on_this_host_trips_nothing():
+    """Issue 47: a fallen-off-the-bus line naming a card this host has never sampled and its PCI bus
+    does not list: counted and logged, no drain, no reboot."""
+    state = {}
+    assert guard.triage(config(reboot=True), state, [entry(1.0, "aa", 79)], CARDS, 1.0, units) is None
+    assert state["events"][-1]["done"].startswith("counted, not acted on: no card of this host")
+    assert guard.triage(config(reboot=True), {}, [entry(1.0, "47", 79)], CARDS, 1.0, units)["reason"].startswith("Xid 79")
+
+
+def test_fifty_application_faults_in_one_check_restart_a_unit_once():
+    acted, state = [], {}
+    guard.triage(config(), state, [entry(200.0 + i / 100, "0f", 13) for i in range(50)], CARDS, 201.0, units,
+                 lambda verb, u: acted.append((verb, u)) or "")
+    print(f"\n50 Xid 13 on one card in one check: {len(acted)} restart(s): {acted}")
+    assert acted == [("restart", ["rigup-llama@b.service"])]
+    assert state["cards"]["0000:0f:00"]["counts"] == {"application": 50}
+    assert sum(e["done"].startswith("counted; acted on already") for e in state["events"]) == 49
 
 
 def test_the_config_carries_the_catalogue_and_the_lab_reads_only_its_own_identifier():
