@@ -32,7 +32,7 @@ from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
-from rigup.text import shown
+from rigup.text import number, shown
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
@@ -118,7 +118,7 @@ def parse_cards(lines: list[str]) -> dict:
     "failed (rc N)"}``; ``bus`` is the card's key (``0000:4e:00``, :func:`_key`)."""
     rc_line = next((ln for ln in lines if ln.startswith("smi_rc=")), None)
     gpus = parse_gpus([ln for ln in lines if not ln.startswith("smi_rc=")])
-    rc = int(rc_line[7:]) if rc_line and rc_line[7:].isdigit() else None
+    rc = number(rc_line[7:], int) if rc_line else None
     smi = ("missing" if rc_line is None else "hung" if rc in (124, 137) else
            None if rc == 0 or gpus else f"failed (rc {rc})")
     cards = []
@@ -152,9 +152,9 @@ def parse_serving(lines: list[str]) -> list[dict]:
             key, _, value = line.partition("=")
             value = value.strip()
             if key == "port":
-                out[-1]["port"] = int(value) if value.isdigit() else None
+                out[-1]["port"] = number(value, int)
             elif key == "health":
-                out[-1]["health"] = int(value) if value.isdigit() and value != "000" else None
+                out[-1]["health"] = number(value, int) if value != "000" else None
             elif key in ("active", "revision"):
                 out[-1][key] = None if value in ("", "None") else value
     return out

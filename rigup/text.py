@@ -8,7 +8,8 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 
 from __future__ import annotations
 
-import click
+import math
+import re
 
 
 def shown(text: object, limit: int = 200) -> str:
@@ -16,6 +17,23 @@ def shown(text: object, limit: int = 200) -> str:
     raw = str(text)
     safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit])
     return safe + (f"... ({len(raw) - limit} more characters)" if len(raw) > limit else "")
+
+
+_NUMBER = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,12})?")
+
+
+def number(text: object, kind: type = float):
+    """A number a host printed, as ``kind`` (int or float), or None when it is not one of ours: ASCII
+    digits only (``int("١٢")`` is 12 and ``"²".isdigit()`` is true in Python), at most 18 of them
+    before the point (a 5000-digit answer), finite (no ``inf``, ``nan``, ``1e400``); an int from a
+    decimal is truncated."""
+    text = str(text).strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        return None
+    return int(value) if kind is int and "." in text else kind(text) if kind is int else value
 
 
 def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:
@@ -29,5 +47,7 @@ def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:
 def say(line: str, fg: str | None = None) -> None:
     """One line for the operator (stderr, as pyinfra's own), ``fg`` its colour: built by rigup
     around what hosts said, so escaped whole (:func:`shown`, up to 4000 characters)."""
+    import click   # here: the GPU scripts import this module with a plain python3
+
     text = shown(line, 4000)
     click.echo(click.style(text, fg=fg) if fg else text, err=True)

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
+from rigup.text import number
 
 # ----------------------------------------------------------------------------- nvidia-smi
 # (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.
@@ -69,9 +70,9 @@ def _value(kind: str, text: str) -> Any:
         return None  # [N/A], [Unknown Error], [Not Supported], [Insufficient Permissions]...
     try:
         if kind == "int":
-            return int(float(text))
+            return number(text, int)    # bounded, ASCII, finite (a lying host's inf or 5000 digits: None)
         if kind == "float":
-            return float(text)
+            return number(text)
     except ValueError:
         return None
     if kind == "bool":
@@ -97,7 +98,7 @@ def parse_gpus(lines: list[str]) -> list[dict]:
             gpus.append({"lost": True, "bus_id": normalise_bus_id(lost.group(1))})
             continue
         cells = line.split(",")
-        if len(cells) != len(GPU_FIELDS) or not cells[0].strip().isdigit():
+        if len(cells) != len(GPU_FIELDS) or _whole(cells[0]) is None:
             continue
         gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(GPU_FIELDS, cells)}
         gpu["lost"] = False
@@ -250,10 +251,7 @@ def free_disk_command(path: str) -> str:
 
 def parse_free_disk(lines: list[str]) -> int | None:
     """The last number in ``df -B1 --output=avail``'s output (bytes), or None."""
-    for line in reversed(lines):
-        if line.strip().isdigit():
-            return int(line.strip())
-    return None
+    return next((_whole(ln) for ln in reversed(lines) if _whole(ln) is not None), None)
 
 
 class FreeDisk(FactBase):
@@ -288,13 +286,14 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
     for line in lines:
         cols = line.split()
         if source == "proc":
-            if len(cols) > 3 and cols[3] == "0A" and ":" in cols[1]:   # 0A: TCP_LISTEN
-                ports.setdefault(int(cols[1].rpartition(":")[2], 16), None)
+            hexport = cols[1].rpartition(":")[2] if len(cols) > 3 else ""
+            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-Fa-f]{1,4}", hexport):   # 0A: TCP_LISTEN
+                ports.setdefault(int(hexport, 16), None)
             continue
         if len(cols) < 4 or cols[0] != "LISTEN":
             continue
         port = cols[3].rpartition(":")[2]
-        if not port.isdigit():
+        if _whole(port) is None:
             continue
         proc = _SS_PROCESS.search(line)
         if ports.get(int(port)) is None:
@@ -450,7 +449,12 @@ def _hex(text: str | None) -> int | None:
 
 def _count(lines: list[str]) -> int | None:
     """The first line that is a whole number, or None."""
-    return next((int(ln.strip()) for ln in lines if ln.strip().isdigit()), None)
+    return next((_whole(ln) for ln in lines if _whole(ln) is not None), None)
+
+
+def _whole(text: str) -> int | None:
+    """A whole number a host printed (ASCII digits, at most 18), else None."""
+    return int(text.strip()) if re.fullmatch(r"[0-9]{1,18}", text.strip()) else None
 
 
 def parse_cpu(lines: list[str]) -> dict:

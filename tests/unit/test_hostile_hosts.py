@@ -1,0 +1,43 @@
+"""Issue 47: a lying or broken host does not crash what reads it. Numbers a host prints are read
+with bounds (rigup/text.py ``number``: ASCII digits, at most 18 before the point, finite): a
+5000-digit power draw, ``inf``, ``1e400``, ``nan``, Arabic-Indic or superscript digits become
+"unknown" for that field; the card, the row and the other cards stay."""
+
+from pathlib import Path
+
+import pytest
+
+from rigup.fleet import parse_cards, parse_serving
+from rigup.gpu.facts import parse_free_disk, parse_gpus
+from rigup.text import number
+
+LINE = (Path(__file__).parent.parent / "fixtures/facts/a100-query-nounits.csv").read_text().splitlines()[0]
+HOSTILE = {"5000 digits": "9" * 5000, "inf": "inf", "1e400": "1e400", "nan": "nan",
+           "Arabic-Indic digits": "١٢٣", "a superscript": "²", "hex": "0x1f4", "an escape": "3\x1b[2J"}
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_a_cards_absurd_draw_is_unknown_and_the_others_are_read(what):
+    cells = LINE.split(",")
+    cells[12] = " " + HOSTILE[what]                       # power.draw
+    second = LINE.replace(LINE.split(",")[0], "1", 1)
+    gpus = parse_gpus([",".join(cells), second])
+    assert len(gpus) == 2 and gpus[0]["power_draw_w"] is None and gpus[1]["power_draw_w"] is not None
+    cards = parse_cards([",".join(cells), second, "smi_rc=0"])
+    print(f"{what}: draw {cards['cards'][0]['draw_w']}, the other card {cards['cards'][1]['draw_w']} W")
+    assert [c["draw_w"] is None for c in cards["cards"]] == [True, False] and cards["smi"] is None
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_an_absurd_index_port_health_or_rc_is_unknown_not_a_crash(what):
+    text = HOSTILE[what]
+    assert parse_gpus([LINE.replace(LINE.split(",")[0], text, 1)]) == []     # not a card line
+    rows = parse_serving(["@@ rigup-llama@gemma.service", f"port={text}", f"health={text}", "active=active"])
+    assert rows[0]["port"] is None and rows[0]["health"] is None and rows[0]["active"] == "active"
+    assert parse_cards([f"smi_rc={text}"])["smi"] is not None
+    assert parse_free_disk([text]) is None
+
+
+def test_the_bounds():
+    assert number("700.00") == 700.0 and number("42", int) == 42 and number(" 7.9 ", int) == 7
+    assert [number(v) for v in ("1" * 19, "-1" + "0" * 17, "1.0000000000001")] == [None, -1e17, None]
