@@ -17,6 +17,8 @@ locked card shows (None for cards without a lock).
 
 from __future__ import annotations
 
+import re
+
 import copy
 from functools import lru_cache
 from pathlib import Path
@@ -138,7 +140,8 @@ def is_locked(gpu: dict, card: dict | None) -> bool:
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
     """``"570.124.06"`` or ``"12.8"`` -> ``(570, 124, 6)`` / ``(12, 8)``; None when not dotted digits."""
     parts = str(text).strip().split(".") if text is not None else []
-    if not parts or not all(p.isdigit() for p in parts):
+    # ASCII digits, a few of them ("٥٨٠", "²" and a 5000-digit part are no version: issue 47)
+    if not parts or len(parts) > 6 or not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
         return None
     return tuple(int(p) for p in parts)
 

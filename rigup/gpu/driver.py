@@ -19,6 +19,8 @@ will have (:func:`driver_for_checks`), not the one loaded before the step.
 
 from __future__ import annotations
 
+import re
+
 from typing import TYPE_CHECKING, Any
 
 from rigup.gpu.catalogue import card_by_pci_id, modules_for
@@ -32,7 +34,8 @@ NO_DRIVER = "no NVIDIA driver answers (nvidia-smi missing, or no module loaded)"
 def branch_of(version: Any) -> int | None:
     """``"580.105.08"`` -> 580; None when not a dotted version."""
     head = str(version or "").split(".")[0]
-    return int(head) if head.isdigit() else None
+    # a branch is 3 ASCII digits today; a lying host's "٥٨٠", "²" or 5000 digits is no branch (issue 47)
+    return int(head) if re.fullmatch(r"[0-9]{1,6}", head) else None
 
 
 def driver_step(facts: dict, data: Any) -> dict | None:

@@ -206,7 +206,7 @@ CUDA_COMMAND = (
     '[ -x "$n" ] || continue; echo "--- $n $(readlink -f "$n")"; "$n" --version 2>/dev/null; '
     "done; true"
 )
-_NVCC_RELEASE = re.compile(r"release (\d+\.\d+), V(\d+(?:\.\d+)*)")
+_NVCC_RELEASE = re.compile(r"release ([0-9]{1,4}\.[0-9]{1,4}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")  # ASCII, bounded
 
 
 def parse_cuda_toolkits(lines: list[str]) -> list[dict]:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from rigup.fleet import parse_cards, parse_serving
+from rigup.gpu.catalogue import version_tuple
+from rigup.gpu.driver import branch_of
 from rigup.gpu.facts import parse_free_disk, parse_gpus
 from rigup.text import number
 
@@ -41,3 +43,14 @@ def test_an_absurd_index_port_health_or_rc_is_unknown_not_a_crash(what):
 def test_the_bounds():
     assert number("700.00") == 700.0 and number("42", int) == 42 and number(" 7.9 ", int) == 7
     assert [number(v) for v in ("1" * 19, "-1" + "0" * 17, "1.0000000000001")] == [None, -1e17, None]
+
+
+@pytest.mark.parametrize("version", ["99999999999999999999999.1", "580.x", "", "5" * 5000, "٥٨٠.٩٥", "²", None])
+def test_an_absurd_driver_version_is_no_version(version):
+    """The driver plan reads the host's driver with branch_of and version_tuple: an absurd answer
+    is "unreadable" (None), never an exception."""
+    branch = branch_of(version)
+    print(f"{str(version)[:24]!r}: branch {branch}, version {version_tuple(version)}")
+    assert branch is None or (version == "580.x" and branch == 580)     # its head is a branch
+    assert version_tuple(version) is None
+    assert branch_of("580.105.08") == 580 and version_tuple("580.105.08") == (580, 105, 8)
