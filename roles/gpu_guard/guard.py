@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,7 +71,6 @@ GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts
           ("pcie_link_width", "PCIe link width (lanes)", "pcie.link.width.current", 1),
           ("pcie_link_gen_max", "PCIe link generation, the card's maximum", "pcie.link.gen.max", 1),
           ("pcie_link_width_max", "PCIe link width (lanes), the card's maximum", "pcie.link.width.max", 1))
-NO_VALUE = ("", "N/A", "[N/A]", "[Unknown Error]", "[Not Supported]", "Unknown Error")
 KILL_GRACE_S = 2            # how long a killed process group gets to go before the guard moves on
 SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
 JOURNAL_TIMEOUT_S = 10      # the kernel log's new lines (journalctl)
@@ -134,19 +134,18 @@ def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
             lost.append(line.strip())
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) not in (7, 7 + len(EXTRA)) or not cells[0].isdigit():
+        if len(cells) not in (7, 7 + len(EXTRA)) or not re.fullmatch(r"[0-9]{1,4}", cells[0]):
             if line.strip():
-                lost.append(line.strip())
+                lost.append(line.strip()[:300])   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
-            try:
-                card[key] = None if cell in NO_VALUE else float(cell)
-            except ValueError:
-                card[key] = None
+            # ASCII, bounded, finite (issue 47: "inf" read as a draw above every limit, "nan" as none,
+            # "²" passed isdigit and crashed int(), ending the check before any judgement)
+            card[key] = float(cell) if re.fullmatch(r"-?[0-9]{1,9}(?:\.[0-9]{1,6})?", cell) else None
         if card["draw"] is None or card["temp"] is None:
-            lost.append(f"GPU {card['index']} ({card['uuid']}, {card['bus_id']}) reads power.draw "
-                        f"{cells[4]}, temperature.gpu {cells[6]}")
+            lost.append(f"GPU {card['index']} ({card['uuid'][:64]}, {card['bus_id'][:32]}) reads power.draw "
+                        f"{cells[4][:32]}, temperature.gpu {cells[6][:32]}")
         cards.append(card)
     if rc != 0 and not lost:
         lost.append(f"nvidia-smi exited {rc}: " + (" ".join(ln.strip() for ln in lines if ln.strip()) or "no output"))

@@ -54,3 +54,19 @@ def test_an_absurd_driver_version_is_no_version(version):
     assert branch is None or (version == "580.x" and branch == 580)     # its head is a branch
     assert version_tuple(version) is None
     assert branch_of("580.105.08") == 580 and version_tuple("580.105.08") == (580, 105, 8)
+
+
+def test_the_guards_check_judges_every_good_card_past_a_malformed_line():
+    """roles/gpu_guard/guard.py parse_sample (the host's python3): a line with a superscript index,
+    an ``inf`` draw, a ``nan`` temperature, 5000 digits: that card's problem, named; the next card
+    read and judged."""
+    from roles.gpu_guard.guard import parse_sample
+
+    good = "1, GPU-b, 00000000:0F:00.0, 0x20B210DE, 100.00, 400.00, 40"
+    lines = ["², GPU-a, 00000000:07:00.0, 0x20B210DE, 100.00, 400.00, 40",
+             "0, GPU-c, 00000000:47:00.0, 0x20B210DE, inf, 400.00, nan",
+             "2, GPU-d, 00000000:4E:00.0, 0x20B210DE, " + "9" * 5000 + ", 400.00, 41", good]
+    cards, lost = parse_sample(lines)
+    print(f"\ncards read: {[(c['index'], c['draw'], c['temp']) for c in cards]}; problems: {[p[:60] for p in lost]}")
+    assert [(c["index"], c["draw"], c["temp"]) for c in cards] == [(0, None, None), (2, None, 41.0), (1, 100.0, 40.0)]
+    assert len(lost) == 3 and lost[0].startswith("², GPU-a") and all(len(p) <= 300 for p in lost)
