@@ -1,0 +1,30 @@
+"""Issue 47: group_vars and every YAML file rigup reads (rigup/yamlfile.py) refuse a key given twice
+and a nest of aliases, naming the file and the line, before anything changes."""
+
+import pytest
+
+from rigup.config import ConfigError, load_yaml
+
+BOMB = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+    f"{x}: &{x} [{', '.join([f'*{p}'] * 10)}]\n" for p, x in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text, said", [
+    ("llama_cpp_ref: b8779\nrigup_user: rigup\nllama_cpp_ref: b9000\n",
+     "all.yml:3: not valid YAML: key 'llama_cpp_ref' given twice (lines 1 and 3)"),
+    ("models:\n  m: {repo: a/b, revision: x, repo: c/d}\n", "all.yml:2: not valid YAML: key 'repo' given twice"),
+    (BOMB, "all.yml:1: not valid YAML: its aliases expand to more than 100000 nodes"),
+])
+def test_refused_naming_the_file_and_line(tmp_path, text, said):
+    path = tmp_path / "all.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_yaml(path)
+    print(f"\n{refused.value}")
+    assert said in str(refused.value)
+
+
+def test_a_merge_key_may_still_be_overridden_and_a_few_aliases_pass(tmp_path):
+    path = tmp_path / "all.yml"
+    path.write_text("base: &b {port: 8081, ctx: 4096}\ninst:\n  <<: *b\n  ctx: 8192\nlist: [*b, *b]\n")
+    assert load_yaml(path)["inst"] == {"port": 8081, "ctx": 8192}
