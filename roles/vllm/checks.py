@@ -112,7 +112,10 @@ def plan_lines(plan: Plan, data: Config, found: dict | None = None) -> list[str]
 
 
 def recipe_lines(data: Config, found: dict | None) -> list[str]:
-    """What vLLM is installed from, in words; [] when the pin is refused (check_pin says why)."""
+    """What vLLM is installed from, in words; [] when the pin is refused (check_pin says why) or a
+    URL carries credentials (check_credentials)."""
+    if credentialed(data):
+        return []
     try:
         full = command.expanded(data, found)
         short = command.short_commit(data)
@@ -135,6 +138,38 @@ def recipe_lines(data: Config, found: dict | None) -> list[str]:
     if the_pin.get("extra"):
         lines.append(f"vllm:      extra packages in its virtualenv: {', '.join(the_pin['extra'])}")
     return lines
+
+
+def credentialed(data: Config) -> list[str]:
+    """The keys whose URL carries credentials (``https://user:token@host/...``): vllm_git_url and
+    any of vllm_pip_args (``--index-url=...``, ``--extra-index-url ...``)."""
+    from urllib.parse import urlsplit
+
+    found = []
+    for key, text in (("vllm_git_url", data.get("vllm_git_url")),
+                      *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or []))):
+        for word in str(text or "").replace("=", " ").split():
+            try:
+                parts = urlsplit(word) if "://" in word else None
+                secret = parts and (parts.password is not None or
+                                    (parts.scheme.lower() in ("http", "https") and parts.username is not None))
+            except ValueError:
+                secret = "@" in word
+            if secret:     # a token as the user of an http(s) URL, or any password (ssh://git@ is a login)
+                found.append(key)
+                break
+    return found
+
+
+def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """Credentials in vllm_git_url or vllm_pip_args would stand in git's and pip's argv, the plan, the
+    install stamp and logs (issue 47): refused, before anything changes or is printed."""
+    keys = credentialed(data)
+    return [Refusal(f"{', '.join(keys)} carries credentials in its URL",
+                    "they would appear in git's and pip's argv (any local user reads them in ps), in the plan, "
+                    "the install stamp and logs",
+                    "give the URL without them and put them in the host's root-only /root/.netrc (mode 0600: "
+                    "'machine HOST login USER password TOKEN'), which git and pip both read", "credentials")] if keys else []
 
 
 def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -296,7 +331,10 @@ _CU = re.compile(r"(?:\+|/|\b)cu(1[0-9])([0-9])\b")   # +cu128, .../whl/cu130, c
 
 def wheel_cuda(data: Config) -> tuple[str, str] | None:
     """(CUDA version, where it was read) of the vLLM wheel the host installs, or None when the
-    pins do not say (a source build, or the index's default wheel)."""
+    pins do not say (a source build, or the index's default wheel, or URLs with credentials, which
+    check_credentials refuses: nothing of theirs is quoted)."""
+    if credentialed(data):
+        return None
     for key, text in (("vllm_pip_version", data.get("vllm_pip_version")),
                       *((f"vllm_pip_args[{i}]", arg) for i, arg in enumerate(data.get("vllm_pip_args") or []))):
         m = _CU.search(str(text or ""))
@@ -377,6 +415,6 @@ def check_ray(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None
     return found
 
 
-CHECKS = (check_config, check_pin, check_host_ip, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
+CHECKS = (check_config, check_credentials, check_pin, check_host_ip, check_open_without_key, check_systemd, check_vram, check_vllm_cc,
           check_replicas, check_wheel_cuda)
 FLEET_CHECKS = (check_ray,)
