@@ -18,12 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 import time
 import urllib.request
 
 PROMPT = "Write a long story about a lighthouse keeper, one sentence after another."
+
+
+def _rate(value) -> float | None:
+    """The server's own tok/s when it is a plausible one: a number, finite, positive, below 10^7
+    (issue 47: a server answering "Infinity" became the watchdog's figure, a 1e308 its floor's
+    match); else None, and the wall-clock rate stands."""
+    if isinstance(value, bool):
+        return None
+    try:
+        rate = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return rate if math.isfinite(rate) and 0 < rate < 1e7 else None
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -54,8 +68,8 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
         doc = json.loads(answer.read())
     seconds = time.monotonic() - started
     tokens = int((doc.get("usage") or {})["completion_tokens"])
-    reported = (doc.get("timings") or {}).get("predicted_per_second")
-    tps = float(reported) if reported else tokens / seconds if seconds > 0 else 0.0
+    reported = _rate((doc.get("timings") or {}).get("predicted_per_second"))
+    tps = reported if reported else tokens / seconds if seconds > 0 else 0.0
     return {"tokens": tokens, "seconds": round(seconds, 4), "tps": round(tps, 2)}
 
 

@@ -70,3 +70,35 @@ def test_the_guards_check_judges_every_good_card_past_a_malformed_line():
     print(f"\ncards read: {[(c['index'], c['draw'], c['temp']) for c in cards]}; problems: {[p[:60] for p in lost]}")
     assert [(c["index"], c["draw"], c["temp"]) for c in cards] == [(0, None, None), (2, None, 41.0), (1, 100.0, 40.0)]
     assert len(lost) == 3 and lost[0].startswith("², GPU-a") and all(len(p) <= 300 for p in lost)
+
+
+@pytest.mark.parametrize("reported", ["Infinity", "NaN", "1e308", "-5", "true"])
+def test_a_servers_absurd_own_rate_gives_way_to_the_measured_one(reported):
+    """rigup/throughput.py (the watchdog's and bench's completion) against a real loopback server
+    whose timings.predicted_per_second is absurd: the wall-clock rate stands, finite."""
+    import http.server
+    import threading
+
+    from rigup import throughput
+
+    body = ('{"usage": {"completion_tokens": 8}, "timings": {"predicted_per_second": %s}}' % reported).encode()
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        one = throughput.completion(f"http://127.0.0.1:{server.server_port}", max_tokens=8, timeout=5)
+    finally:
+        server.shutdown()
+    print(f"{reported}: {one}")
+    assert one["tokens"] == 8 and 0 < one["tps"] < 1e7
