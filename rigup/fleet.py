@@ -115,12 +115,17 @@ def _key(bus_id) -> str | None:
 def parse_cards(lines: list[str]) -> dict:
     """The gpus section -> ``{"cards": [{index, bus, class, draw_w, limit_w, temp_c, vram_used_mib,
     vram_total_mib, link}], "lost": n, "lost_cards": [bus, ...], "smi": None | "missing" | "hung" |
-    "failed (rc N)"}``; ``bus`` is the card's key (``0000:4e:00``, :func:`_key`)."""
+    "failed (rc N)" | "N lines not understood"}``; ``bus`` is the card's key (``0000:4e:00``, :func:`_key`).
+    A line that is no card (an index that is not a number: a lying host's "²" or 5000 digits) is
+    counted as not understood, once nvidia-smi did not fail."""
     rc_line = next((ln for ln in lines if ln.startswith("smi_rc=")), None)
-    gpus = parse_gpus([ln for ln in lines if not ln.startswith("smi_rc=")])
+    said = [ln for ln in lines if ln.strip() and not ln.startswith("smi_rc=")]
+    gpus = parse_gpus(said)
     rc = number(rc_line[7:], int) if rc_line else None
+    unread = sum(1 for ln in said if not parse_gpus([ln]))
     smi = ("missing" if rc_line is None else "hung" if rc in (124, 137) else
-           None if rc == 0 or gpus else f"failed (rc {rc})")
+           f"failed (rc {rc})" if rc != 0 and not gpus else
+           f"{unread} line{'s' if unread > 1 else ''} not understood" if unread else None)
     cards = []
     for g in gpus:
         if g.get("lost"):
@@ -189,13 +194,19 @@ def parse_xid(lines: list[str]) -> dict:
     return xid_cards(state, boot)
 
 
+def _small(n) -> bool:
+    """An int of the guard's state file worth showing: not a bool, 0 to a billion (a 4000-digit count
+    a host wrote there is not one)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 10 ** 9
+
+
 def _counts(value) -> dict[str, int]:
-    """A card's counts from the state file, by class: the positive ints only (a bool, a float, text
-    and anything but a dict are ignored)."""
+    """A card's counts from the state file, by class: the positive :func:`_small` ints only (a bool, a
+    float, text and anything but a dict are ignored)."""
     if not isinstance(value, dict):
         return {}
     return {cls: n for cls, n in sorted(value.items(), key=lambda kv: str(kv[0]))
-            if isinstance(cls, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0}
+            if isinstance(cls, str) and _small(n) and n > 0}
 
 
 def xid_cards(state, boot: str = "") -> dict:
@@ -221,13 +232,13 @@ def xid_cards(state, boot: str = "") -> dict:
         out[key] = {"counts": _counts(card.get("counts")) if this_boot else {}, "suspect": suspect is not None,
                     "since": since if isinstance(since, str) else None}
         link = card.get("link") if this_boot else None
-        if isinstance(link, dict) and all(isinstance(link.get(k), int) and not isinstance(link.get(k), bool)
-                                          for k in ("gen", "gen_max")) and link["gen"] < link["gen_max"]:
+        if isinstance(link, dict) and _small(link.get("gen")) and _small(link.get("gen_max")) \
+                and link["gen"] < link["gen_max"]:
             out[key]["slow_link"] = f"Gen{link['gen']} of Gen{link['gen_max']} under load"
     seen = state.get("seen") if isinstance(state.get("seen"), dict) else {}   # the guard's last sample of each card
     for name, card in seen.items():
         key, index = _key(name), card.get("index") if isinstance(card, dict) else None
-        if key and isinstance(index, int) and not isinstance(index, bool):
+        if key and _small(index):
             out.setdefault(key, {"counts": {}, "suspect": False, "since": None})["index"] = index
     return out
 
@@ -243,10 +254,11 @@ def parse_energy(lines: list[str]) -> dict[str, float]:
     out = {}
     for r in results if isinstance(results, list) else []:
         try:
-            name, value = r["metric"]["host"], float(r["value"][1])
+            name, text = r["metric"]["host"], r["value"][1]
+            value = float(text) if isinstance(text, str) and text.isascii() else None   # float("١٢") is 12.0
         except (TypeError, KeyError, IndexError, ValueError):
             continue
-        if isinstance(name, str) and 0 < value < float("inf"):
+        if isinstance(name, str) and value is not None and 0 < value < float("inf"):
             out[name] = value
     return out
 
@@ -296,6 +308,13 @@ SEVERITY = ("LOST", "SUSPECT", "telemetry lost", "DOWNTRAINED", "Xid")   # a car
 
 def _num(value, unit: str, digits: int = 0) -> str:
     return "?" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _total(cards: list[dict], key: str, scale: float = 1) -> str:
+    """The cards' ``key`` summed (``/ scale``), ``+?`` after it when a card's is unknown (not
+    reported, or not understood), ``?`` when none is known."""
+    known = [c[key] for c in cards if c.get(key) is not None]
+    return (f"{sum(known) / scale:.0f}" if known else "?") + ("+?" if known and len(known) < len(cards) else "")
 
 
 def card_problems(card: dict | None, xid: dict | None, lost: bool = False) -> list[tuple[str, str]]:
@@ -420,11 +439,9 @@ def power_cell(row: dict) -> str:
     monitoring host's Prometheus has the figure, its joules per generated token (``0.44J/tok``)."""
     if not row["cards"]:
         return "-"
-    draws = [c["draw_w"] for c in row["cards"] if c.get("draw_w") is not None]
-    limits = [c["limit_w"] for c in row["cards"] if c.get("limit_w") is not None]
     temps = [c["temp_c"] for c in row["cards"] if c.get("temp_c") is not None]
-    draw = (f"{sum(draws):.0f}" if draws else "?") + ("+?" if draws and len(draws) < len(row["cards"]) else "")
-    text = f"{draw}/{_num(sum(limits) if limits else None, 'W')} {_num(max(temps) if temps else None, 'C')}"
+    draw, limit = _total(row["cards"], "draw_w"), _total(row["cards"], "limit_w")
+    text = f"{draw}/{limit}{'W' if limit != '?' else ''} {_num(max(temps) if temps else None, 'C')}"
     jpt = row.get("joules_per_token")
     if jpt is None:
         return text
@@ -432,10 +449,9 @@ def power_cell(row: dict) -> str:
 
 
 def vram_cell(row: dict) -> str:
-    """VRAM used over all cards, in GiB: ``12/640G``."""
-    used = [c["vram_used_mib"] for c in row["cards"] if c["vram_used_mib"] is not None]
-    total = [c["vram_total_mib"] for c in row["cards"] if c["vram_total_mib"] is not None]
-    return f"{sum(used) / 1024:.0f}/{sum(total) / 1024:.0f}G" if row["cards"] else "-"
+    """VRAM used over all cards, in GiB: ``12/640G`` (``+?`` as in :func:`power_cell`)."""
+    cards = row["cards"]
+    return f"{_total(cards, 'vram_used_mib', 1024)}/{_total(cards, 'vram_total_mib', 1024)}G" if cards else "-"
 
 
 def build_cell(row: dict) -> str:

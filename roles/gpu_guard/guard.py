@@ -126,29 +126,41 @@ def pci_id(text: str) -> str | None:
     return f"{t[4:]}:{t[:4]}" if len(t) == 8 else None
 
 
+def reading(text: str, digits: int = 9) -> float | None:
+    """A number nvidia-smi or systemd printed, or None: ASCII digits, at most ``digits`` before the
+    point, so finite (issue 47: "inf" read as a draw above every limit, "nan" as a reading, "²"
+    passed isdigit and crashed float(), ending the check before any judgement)."""
+    return float(text) if re.fullmatch(rf"-?[0-9]{{1,{digits}}}(?:\.[0-9]{{1,9}})?", text) else None
+
+
+def said(text: str, limit: int = 64) -> str:
+    """What nvidia-smi said, as the journal and the tripped file get it: cut to ``limit`` characters,
+    each one that is not printable (an escape sequence) as its Python escape (rigup.text.shown's rule)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+
+
 def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
     """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems)."""
     cards, lost = [], []
     for line in lines:
         if "Unable to determine the device handle" in line:
-            lost.append(line.strip())
+            lost.append(said(line.strip(), 300))
             continue
         cells = [c.strip() for c in line.split(",")]
         if len(cells) not in (7, 7 + len(EXTRA)) or not re.fullmatch(r"[0-9]{1,4}", cells[0]):
             if line.strip():
-                lost.append(line.strip()[:300])   # a malformed line: that line's problem, the others judged
+                lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
-            # ASCII, bounded, finite (issue 47: "inf" read as a draw above every limit, "nan" as none,
-            # "²" passed isdigit and crashed int(), ending the check before any judgement)
-            card[key] = float(cell) if re.fullmatch(r"-?[0-9]{1,9}(?:\.[0-9]{1,6})?", cell) else None
+            card[key] = reading(cell)
         if card["draw"] is None or card["temp"] is None:
-            lost.append(f"GPU {card['index']} ({card['uuid'][:64]}, {card['bus_id'][:32]}) reads power.draw "
-                        f"{cells[4][:32]}, temperature.gpu {cells[6][:32]}")
+            lost.append(f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}) reads power.draw "
+                        f"{said(cells[4], 32)}, temperature.gpu {said(cells[6], 32)}")
         cards.append(card)
     if rc != 0 and not lost:
-        lost.append(f"nvidia-smi exited {rc}: " + (" ".join(ln.strip() for ln in lines if ln.strip()) or "no output"))
+        text = " ".join(ln.strip() for ln in lines if ln.strip())
+        lost.append(f"nvidia-smi exited {rc}: " + (said(text, 300) or "no output"))
     if rc == 0 and not cards and not lost:
         lost.append("nvidia-smi reports no GPU")
     return cards, lost
@@ -165,14 +177,15 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
     if not history:
         return None
     newest = history[-1]
-    if newest["lost"]:
-        return "telemetry lost: " + "; ".join(newest["lost"])
     window = float(config.get("window_s", 60))
     history = [s for s in history if now - s["t"] <= window]
-    reasons, averages, spans = [], {}, []
+    # lost telemetry (a card off the bus, a line or value not understood) first; the other cards judged still
+    reasons = ["telemetry lost: " + "; ".join(newest["lost"])] if newest["lost"] else []
+    averages, spans = {}, []
     for card in newest["cards"]:
         limits = thresholds_for(card, config)
-        name = f"GPU {card['index']} ({card['uuid']}, {card['bus_id']}, {limits.get('class', 'unknown class')})"
+        name = (f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}, "
+                f"{limits.get('class', 'unknown class')})")
         temp = limits.get("temp_c")
         if temp is not None and card["temp"] is not None and card["temp"] > temp:
             reasons.append(f"{name}: temperature {card['temp']:g} C > {temp:g} C")
@@ -391,7 +404,7 @@ def parse_journal(output: str) -> tuple[list[tuple[float, str]], str | None]:
         cursor = entry.get("__CURSOR") or cursor
         try:
             t = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # 1e400 is inf to json, and int(inf) overflows
             t = 0.0
         entries.append((t, journal_text(entry.get("MESSAGE"))))
     return entries, cursor
@@ -449,7 +462,7 @@ def serving_units(config: dict, cards: list[dict]) -> list[dict]:
         keys = {by_id.get(d.strip(), d.strip()) for d in visible.split(",")} if visible else set(by_id.values())
         stamp = block.get("ActiveEnterTimestamp", "").lstrip("@")
         out.append({"unit": block.get("Id", ""), "cards": keys,
-                    "since": float(stamp) if stamp.replace(".", "", 1).isdigit() else 0.0})
+                    "since": reading(stamp, 12) or 0.0})
     return [u for u in out if u["unit"]]
 
 
