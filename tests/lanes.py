@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LANE_B_LAB = "9"
 LOG = Path(tempfile.gettempdir()) / "rigup-test-lane-b.log"
 # the modules that wait more than they compute (make test's per-module table: wall over CPU); one
-# lane of everything took 49 min on warm caches, these two 34.5 (A) and 20 (B) before the last four moved
+# lane of everything took 49 min on warm caches; two lanes 34.5 (A) and 20 (B), then with the last
+# four moved 34.7 and 31.1 (35.1 for bash .ci/run)
 WAITING = [f"tests/roles/test_{m}.py" for m in (
     "gpu_guard", "fetch_faults", "vllm", "llama_server", "metrics", "model_fetch_nosystemd", "model_fetch",
     "watchdog_reboot", "rpc", "watchdog_faults", "watchdog", "status", "model_fetch_metrics", "gate_faults",
