@@ -26,14 +26,13 @@ import io
 import json
 import shlex
 
-import click
 from pyinfra import host
 from pyinfra.operations import files, python, server
 
 from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
 from rigup.names import LLAMA_KEY
-from rigup.text import shown
+from rigup.text import say
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
 d, out, user = tuning.workdir(data), tuning.outdir(data), data["rigup_user"]
@@ -44,10 +43,9 @@ gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, off
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)
 unsafe = host.get_fact(tuning.Unsafe, folder=d, user=user)
 for kind, owner, path in unsafe:
-    click.echo(click.style(f"    [{host.name}] refused: {shown(path)} ({tuning.KINDS.get(kind, kind)}, {shown(owner)}'s): "
-                           f"where root writes for the tuner only root's own files may be, never what another user placed; "
-                           f"fix: remove it (rm -rf on the host follows no link), then run tune.py again", fg="red"),
-               err=True)
+    say(f"    [{host.name}] refused: {path} ({tuning.KINDS.get(kind, kind)}, {owner}'s): where root writes for "
+        "the tuner only root's own files may be, never what another user placed; fix: remove it (rm -rf on "
+        "the host follows no link), then run tune.py again", fg="red")
 if unsafe:
     summary.refused(host.name, [f"{len(unsafe)} path(s) in {d} not root's own"])
     host.state.fail_hosts({host})
@@ -60,7 +58,7 @@ else:
 for name, inst in sorted(instances.items()) if not unsafe else ():
     argv = host.get_fact(tuning.ExecStart, instance=name)
     if not argv:
-        click.echo(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)", err=True)
+        say(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)")
         continue
     key = LLAMA_KEY.format(name) if inst.get("api_key") else None
     served = host.get_fact(tuning.ServingEnv, instance=name)
