@@ -20,6 +20,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from rigup.contract.llama_server import KEY
+
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
@@ -27,9 +29,9 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collec
 GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
 FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's downloads
 WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
-# API key files of serving instances (as roles/llama_server/command.py KEY, roles/vllm/command.py
-# KEY_FILE make them), read on the host by the watchdog and bench.py: .format(instance name).
-LLAMA_KEY, VLLM_KEY = "/etc/rigup/llama-server/{}.key", "/etc/rigup/vllm/{}.key"
+# API key files of serving instances (roles/llama_server and roles/vllm make them), read on the host
+# by the watchdog and bench.py: .format(instance name); llama-server's is its contract's.
+LLAMA_KEY, VLLM_KEY = KEY, "/etc/rigup/vllm/{}.key"
 
 
 def marker_path(dest: str) -> str:

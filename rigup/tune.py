@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
 sweep, one setting at a time, each point a real llama-server answering real completions at the
-instance's target concurrency. Python 3 standard library only (and rigup/throughput.py, installed
-next to it as ``rigup_throughput.py``): tune.py (the play) sends both to a host and runs this as a
+instance's target concurrency. Python 3 standard library only (and rigup/throughput.py, rigup/gguf.py and
+rigup/contract/llama_server.py, installed next to it as ``rigup_throughput.py``, ``rigup_gguf.py``
+and ``rigup_llama_contract.py``): tune.py (the play) sends them to a host and runs this as a
 background job; tests/gpu/check.py runs it with a plain python3 on a GPU machine.
 
     python3 tune.py SPEC.json RESULT.json      # RESULT is rewritten after every point
@@ -45,19 +46,15 @@ from pathlib import Path
 
 try:
     from rigup import gguf, throughput
-except ImportError:   # on a host: rigup_throughput.py and rigup_gguf.py next to this file
+    from rigup.contract import llama_server as contract
+except ImportError:   # on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import rigup_gguf as gguf  # type: ignore[no-redef]
+    import rigup_llama_contract as contract  # type: ignore[no-redef]
     import rigup_throughput as throughput  # type: ignore[no-redef]
 
-# llama-server's spellings of the flags the sweep sets (common/arg.cpp); the first is written
-FLAGS = {"ctx": ("-c", "--ctx-size"), "parallel": ("--parallel", "-np"), "flash_attn": ("-fa", "--flash-attn"),
-         "batch": ("-b", "--batch-size"), "ubatch": ("-ub", "--ubatch-size"),
-         "cache_type_k": ("-ctk", "--cache-type-k"), "cache_type_v": ("-ctv", "--cache-type-v"),
-         "cache_ram": ("-cram", "--cache-ram"), "ngl": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
-         "n_cpu_moe": ("--n-cpu-moe", "-ncmoe"), "split_mode": ("-sm", "--split-mode"),
-         "tensor_split": ("-ts", "--tensor-split"), "main_gpu": ("-mg", "--main-gpu"),
-         "port": ("--port",), "host": ("--host",)}
+# llama-server's spellings of the flags the sweep sets (the contract's rows with ``sweep``); the first is written
+FLAGS = contract.spellings(contract.SWEPT)
 BATCHES = ((2048, 512), (4096, 1024), (1024, 256))   # llama.cpp's default pair first
 GAIN = 1.03
 # what llama-server's log says when a point cannot serve as asked

@@ -23,11 +23,11 @@ from pyinfra.api import FactBase
 from rigup import bench, yamlfile
 from rigup.config import ROOT
 from rigup.text import say
-from roles.llama_server.tuned import FLAG_KEYS
+from rigup.contract.llama_server import DROPIN, SWEPT
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
-           "rigup_gguf.py": ROOT / "rigup" / "gguf.py"}
-DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
+           "rigup_gguf.py": ROOT / "rigup" / "gguf.py",
+           "rigup_llama_contract.py": ROOT / "rigup" / "contract" / "llama_server.py"}
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
           "# (roles/llama_server/tuned.py). Commit it; the next converge serves with them. Remove an\n"
           "# entry to go back to the instance's own keys.\n")
@@ -153,7 +153,7 @@ def entry(result: dict, build: str | None) -> dict | None:
     best, base = result.get("best"), result.get("baseline")
     if not best or not base:
         return None
-    flags = {k: _typed(k, v) for k, v in best["flags"].items() if k in FLAG_KEYS}
+    flags = {k: _typed(k, v) for k, v in best["flags"].items() if k in SWEPT}
     return {"flags": flags, "tok_s": best["tps"], "baseline_tok_s": base["tps"], "concurrency": result["concurrency"],
             "levels": list(result.get("levels") or []), "date": datetime.date.today().isoformat(), "build": build}
 

@@ -171,10 +171,20 @@ def thresholds_for(card: dict, config: dict) -> dict:
     return {**config.get("default", {}), **config.get("by_pci_id", {}).get(card.get("pci_id") or "", {})}
 
 
+def driver_swapped(sample: dict) -> bool:
+    """Whether nvidia-smi answered only that NVML's library is not the loaded module's version: a
+    driver was installed (by hand, unattended-upgrades or roles/nvidia_driver before its reboot) and
+    the host not yet rebooted. The cards work on under the old module and the reboot is the cure:
+    tripping would stop serving for no fault of a card and outlive that reboot, so such a sample is
+    not judged (the guard logs it, and the metrics show lost telemetry, until the reboot)."""
+    return bool(sample["lost"]) and not sample["cards"] and \
+        all("Driver/library version mismatch" in line for line in sample["lost"])
+
+
 def evaluate(history: list[dict], config: dict, now: float) -> str | None:
     """Why the newest sample is bad, or None. ``history``: [{"t": time, "cards": [...],
     "lost": [...]}], newest last; the average draw is taken over its samples of the window."""
-    if not history:
+    if not history or driver_swapped(history[-1]):
         return None
     newest = history[-1]
     window = float(config.get("window_s", 60))
@@ -666,6 +676,9 @@ def check(config: dict) -> int:
     bad, of = debounce_of(config)
     samples = f"{count} of the last {min(of, len(history))} samples bad"
     if reason is None:
+        if driver_swapped(history[-1]) and not (len(history) > 1 and driver_swapped(history[-2])):
+            log(4, f"rigup-gpu-guard: not judging the cards until the host reboots: {history[-1]['lost'][0]} "
+                   "(a new driver is installed, the old module still loaded)")
         if history[-1]["bad"]:
             log(4, f"rigup-gpu-guard: bad sample ({samples}; trips at {bad} of {of}): {history[-1]['bad']}")
         return 0

@@ -279,15 +279,49 @@ def _stopped(proc) -> int | None:
     return code
 
 
+_FLAG_NAME = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
+
+
+def help_flags(spec: dict) -> set[str] | None:
+    """The flags the build's llama-server lists in its ``--help`` (as the rigup user), or None when
+    it gives no usable list (then no flag is judged by it)."""
+    try:
+        done = subprocess.run([os.path.join(spec["bin"], "llama-server"), "--help"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/", timeout=60,
+                              **_as_user(spec.get("user")))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = set(re.findall(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)", done.stdout.decode(errors="replace")))
+    return found if done.returncode == 0 and len(found) >= 5 else None
+
+
+def unknown_flags(args: list[str], known: set[str] | None) -> list[str]:
+    """The flags of ``args`` (``--flag value`` or ``--flag=value``) that ``known`` does not list."""
+    if known is None:
+        return []
+    names = [a.split("=", 1)[0] for a in args if _FLAG_NAME.fullmatch(a.split("=", 1)[0])]
+    return sorted({n for n in names if n not in known})
+
+
 def smoke(spec: dict) -> dict:
-    """Every run of ``spec``, each retried once with a remedy whose signals match its crash."""
+    """Every run of ``spec``, each retried once with a remedy whose signals match its crash. A run
+    with a flag this build's ``--help`` does not list fails at once, naming it (a new build that
+    dropped a flag, or an old one before it: the instance would not start)."""
     start = time.monotonic()
     log = spec["log"]
     open(log, "wb").close()
     runs, traps, extra = [], [], []
+    known = help_flags(spec)
     for run in spec.get("runs") or [{"name": "tiny", "args": []}]:
         model = model_of(run, spec)
         args = server_args([str(a) for a in run.get("args", [])])
+        unknown = unknown_flags(extra + args, known)
+        if unknown:
+            runs.append({"name": run.get("name", "tiny"), "model": model, "ok": False, "phase": "flags", "signal": None,
+                         "exit": None, "tokens": 0, "seconds": 0, "tail": [], "argv": args,
+                         "reason": f"this build's llama-server does not know {', '.join(unknown)} (not in its "
+                                   "--help): the instance would not start with it"})
+            break
         env = run_env(run)
         worker = None
         if run.get("rpc"):      # the worker has the devices; llama-server sees none of its own

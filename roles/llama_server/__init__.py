@@ -7,8 +7,9 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   /dev/nvidia* allowed, ...), kept down while the GPU guard is tripped;
 - a drop-in per instance with its ExecStart: the first GGUF shard of its model (from the model's
   completion marker, roles/model_fetch), the llama.cpp build that ``current`` points to (read on
-  the host: roles/llama_cpp switches it), ``-ngl -fa -c --parallel --host --port --jinja
-  --metrics -sm -ts``, ``--api-key-file`` and extra args;
+  the host: roles/llama_cpp switches it), ``--host --port``, a flag for each row of its contract
+  (rigup/contract/llama_server.py: ``-c --parallel -ngl -fa -sm --jinja --metrics`` always, the
+  others when set), ``--api-key-file`` and extra args;
 - with ``api_key: true``, a random key made on the host (never seen by pyinfra or argv) in
   /etc/rigup/llama-server/NAME.key, root:rigup 0640, without trailing whitespace; with
   ``fleet_api_key: true`` (roles/balancer) the fleet's key from the controller there instead

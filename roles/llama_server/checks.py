@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from rigup import traps
+from rigup.config import parse_form
+from rigup.contract import llama_server as contract
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import Plan, build_backend, cards_gib_text, gpu_count, vram_cards
 from rigup.models import flag_values, models
@@ -36,13 +38,13 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.replicas import layout_text, need_gib, sized
-from roles.llama_server.schema import CACHE_TYPES, LlamaInstance, instances
+from roles.llama_server.schema import LlamaInstance, instances
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts
     from rigup.config import Config
 
-_SM_ROW = re.compile(r"^(-sm|--split-mode)(=|\s+)row$")
+_SM_ROW = re.compile(rf"^({'|'.join(map(re.escape, contract.BY_KEY['split_mode'].spellings))})(=|\s+)row$")
 TRAPS_FILE = Path(__file__).resolve().with_name("traps.yml")
 
 
@@ -110,11 +112,14 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
 
 
 def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a
-    model not in models, a bad tensor_split, or extra_args giving a flag rigup sets (--host, --port,
-    -m/--model, -hf, --api-key, --api-key-file, --alias, --rpc, the KV cache types, -b and -ub;
-    ``--port=1`` too)."""
     return config_refusals(instances(data, gpu_count(plan))[1])
+
+
+check_config.__doc__ = (   # the flags from the contract's table (rigup/contract/llama_server.py), as docs/refusals.md shows them
+    "An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a model not in models, "
+    "a bad tensor_split, or extra_args giving a flag rigup sets from the instance (" + ", ".join(
+        sorted({s for s in contract.owned()}, key=lambda s: (s.lstrip("-").lower(), s)))
+    + "; ``--port=1`` too).")
 
 
 def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -320,17 +325,17 @@ def check_rpc_vram(plan: Plan, facts: Facts, data: Config, fleet: Fleet | None =
 
 
 # The settings of an instance a trap's condition reads, as llama-server gets them: the key, or the
-# same flag given again in extra_args (the last one wins), with the values llama.cpp takes.
-_SETTINGS = {"flash_attn": ({"-fa", "--flash-attn"}, ("on", "off", "auto")),
-             "split_mode": ({"-sm", "--split-mode"}, ("none", "layer", "row", "tensor")),
-             "ngl": ({"-ngl", "--gpu-layers", "--n-gpu-layers"}, None)}
+# same flag given again in extra_args (the last one wins; the contract's policy ``also``), with the
+# values llama.cpp takes (the key's choices; None: a number).
+_SETTINGS = {f.key: (set(f.spellings), parse_form(f.form).choices or None)
+             for f in contract.FLAGS if f.policy == contract.ALSO}
 _KV = ("cache_type_k", "cache_type_v")
 _CMAKE_TRUE = ("ON", "1", "TRUE", "YES", "Y")
 _BACKENDS = ("cuda", "cpu")
 
 
 def _types(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(v in CACHE_TYPES for v in value)
+    return isinstance(value, list) and bool(value) and all(v in contract.CACHE_TYPES for v in value)
 
 
 # condition key -> (what its value must be, the instance settings it reads, whether it holds for

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.contract import llama_server as contract
 from rigup.rpc import wait_argv
 from rigup.templates import render
 from rigup.units import main_first, replica_inst, replica_name, systemd_quote, visible_devices
@@ -14,27 +15,18 @@ from rigup.units import main_first, replica_inst, replica_name, systemd_quote, v
 if TYPE_CHECKING:
     from roles.llama_server.schema import LlamaInstance
 
-KEY = "/etc/rigup/llama-server/{}.key"
+KEY = contract.KEY
 
 
 def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
-    """llama-server's command line for one instance (every flag explicit, --port always); ``rpc``:
+    """llama-server's command line for one instance (every flag of the contract explicit, --port
+    always; rigup/contract/llama_server.py ``args``); ``rpc``:
     its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers. ``inst`` has
     its ctx and parallel chosen (replicas.sized), never ``auto``."""
     if "auto" in (inst["ctx"], inst["parallel"]):
         raise ValueError(f"{name}: ctx and parallel are chosen by roles/llama_server/replicas.py sized() first")
     args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
-            "-c", inst["ctx"], "--parallel", inst["parallel"], "-ngl", inst["ngl"],
-            "-fa", inst["flash_attn"], "-sm", inst["split_mode"],
-            "--jinja" if inst["jinja"] else "--no-jinja"]
-    for flag, key in (("-b", "batch"), ("-ub", "ubatch"), ("-ctk", "cache_type_k"), ("-ctv", "cache_type_v"),
-                      ("-cram", "cache_ram"), ("--n-cpu-moe", "n_cpu_moe"), ("-mg", "main_gpu")):
-        if inst.get(key) is not None:   # null: llama.cpp's default, no flag (the unit's argv as before the keys)
-            args += [flag, inst[key]]
-    if inst["tensor_split"]:
-        args += ["-ts", inst["tensor_split"]]
-    if inst["metrics"]:
-        args.append("--metrics")
+            *contract.args(inst)]
     if inst["api_key"]:
         args += ["--api-key-file", KEY.format(name)]
     if rpc:

@@ -5,13 +5,13 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.contract.llama_server import DROPIN
 from rigup.names import BALANCER_DIR
 from rigup.nofollow import FUNCTIONS
 from rigup.traps import REMEDY_FLAG
 from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
-DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 
 
 def remedy_flags(text: str | None) -> list[str]:

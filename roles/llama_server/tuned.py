@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.contract.llama_server import SWEPT
 from rigup.entries import Key, normalise
 
 if TYPE_CHECKING:
     from rigup.config import Config
 
-# the instance keys a sweep sets (rigup/tune.py FLAGS), with their forms in schema.LLAMA_INSTANCE
-FLAG_KEYS = ("ctx", "parallel", "flash_attn", "batch", "ubatch", "cache_type_k", "cache_type_v", "cache_ram",
-             "ngl", "n_cpu_moe", "split_mode", "tensor_split", "main_gpu")
+# the instance keys a sweep sets (the contract's rows with ``sweep``), with their forms in schema.LLAMA_INSTANCE
+FLAG_KEYS = SWEPT
 ENTRY = {
     "flags": Key("map", {}, "the instance keys measured fastest: " + ", ".join(FLAG_KEYS)),
     "tok_s": Key("float 0.. or null", None, "the sweep's figure for the flags (total tok/s, geometric mean over levels)"),

@@ -19,12 +19,11 @@ import json
 import yaml
 
 from rigup.gate import endpoint
-from rigup.names import bind_scope
+from rigup.names import LLAMA_KEY, bind_scope
 
 if TYPE_CHECKING:
     from rigup.config import Config
 
-LLAMA_KEY = "/etc/rigup/llama-server/{}.key"      # as roles/llama_server/command.py KEY
 # Files Prometheus reads, by name (relative names in prometheus.yml: resolved against its directory,
 # so that a candidate set is checked in a directory of its own before it replaces the live one).
 RULES, NODE_TARGETS, LLAMA_TARGETS = "rigup-rules.yml", "rigup-node.json", "rigup-llama.json"

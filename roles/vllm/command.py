@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
+from rigup.names import VLLM_KEY
 from rigup.templates import render
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import VllmInstance, env_problems, partition_problem
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
-KEY_FILE = "/etc/rigup/vllm/{}.key"      # VLLM_API_KEY=<key>, made on the host (api_key: true)
+KEY_FILE = VLLM_KEY      # VLLM_API_KEY=<key>, made on the host (api_key: true)
 KEY_PREFIX = "VLLM_API_KEY="
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
 UNIT = "/etc/systemd/system/rigup-vllm@.service"

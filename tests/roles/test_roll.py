@@ -177,6 +177,10 @@ def roll(lab, inventory: str, *args: str, on_line=None) -> dict:
     print(f"\nroll.py {inventory} {' '.join(a[:40] for a in args)}: exit {code} in {seconds:.1f} s\n{summary}"
           f"client through the gateway: {result['ok']} ok, {result['failed']} failed in {result['seconds']} s; "
           f"{len(out_of_pool)} samples of the pool, most hosts out at once: {max(map(len, out_of_pool), default=0)}")
+    if result["failed"]:   # who answered the failed requests (HAProxy's log: <NOSRV> is no server up), and the guards
+        print("HAProxy's 5xx lines:\n" + on_host(lab, GATEWAY, f"journalctl -q --no-pager -S -{int(seconds) + 120}s "
+                                                             "| grep -E ' 5[0-9][0-9] ' | tail -n 8 || true"))
+        print({n: on_host(lab, n, "/opt/rigup/bin/rigup-gpu-guard status | head -n 1 || true").strip() for n in SERVING})
     return {"code": code, "out": out, "summary": summary, "result": result, "out_of_pool": out_of_pool}
 
 

@@ -113,3 +113,17 @@ def test_a_hung_nvidia_smi_is_lost_telemetry_and_leaves_nothing(smi, capsys):
     assert leftovers == ""
     smi("set", "--hang", "0", "-i", "3", "--na", "none")
     assert read_cards({"smi_timeout_s": 5})[1] == []
+
+
+def test_a_driver_installed_before_its_reboot_is_not_judged_but_a_card_that_fails_is():
+    """nvidia-smi's 'Driver/library version mismatch' (exit 18: a driver installed, the host not yet
+    rebooted, as during a driver roll) never trips: tripping would stop serving for no card's fault
+    and outlive the reboot that cures it. Any other lost telemetry still counts."""
+    swapped = "Failed to initialize NVML: Driver/library version mismatch"
+    history = []
+    for t in range(0, 20, 2):
+        cards, lost = parse_sample([swapped], 18)
+        history = keep(history, CONFIG, t) + [{"t": t, "cards": cards, "lost": lost}]
+        history[-1]["bad"] = evaluate(history, CONFIG, t)
+    assert lost == [swapped] and debounced(history, CONFIG) == (None, 0)
+    assert run(NA, GOOD, NA)[-1][0].startswith("telemetry lost")

@@ -58,7 +58,7 @@ def test_each_is_refused_naming_its_key(case):
     {"llama_server_instances": {"x": {**INSTANCE, "host": "127.0.0.2"}}},
     {"llama_server_instances": {"x": {**INSTANCE, "port": 1023, "replicas": 2}}},
     {"llama_server_instances": {"x": {**INSTANCE, "port": 65533, "replicas": 2}}},
-    {"llama_server_instances": {"x": {**INSTANCE, "extra_args": ["--ctx-size", "4096", "--port-x"]}}},
+    {"llama_server_instances": {"x": {**INSTANCE, "extra_args": ["-fa", "on", "--temp", "0.7", "--port-x"]}}},
     {"vllm_instances": {"x": {**INSTANCE, "extra_args": ["--max-model-len", "32k", "--enforce-eager"]}}},
     {"hf_endpoint": "http://hub.lan:8090", "hf_endpoint_insecure": True},
     {"vllm_host_ip": "10.0.0.5"}, {"metrics_address": "10.0.0.5"},

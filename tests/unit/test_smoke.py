@@ -20,6 +20,10 @@ SERVER = textwrap.dedent("""\
     import http.server, json, os, signal, sys, time
     argv = sys.argv[1:]
     mode = os.environ.get("SMOKE_MODE", "ok")
+    if argv == ["--help"]:   # as llama.cpp's common/arg.cpp lists them (this build knows -ngl, not --reasoning-budget)
+        print("----- common params -----", "-m,    --model FNAME", "-c,    --ctx-size N", "-np,   --parallel N",
+              "-ngl,  --gpu-layers, --n-gpu-layers N", "--host HOST", "--port PORT", "--no-repack", "--metrics", sep="\\n")
+        sys.exit(0)
     if mode == "load-crash":
         os.kill(os.getpid(), signal.SIGABRT)
     port = int(argv[argv.index("--port") + 1])
@@ -70,6 +74,18 @@ def test_a_build_that_answers_passes_with_the_instance_flags_less_its_own(spec, 
     assert r["model"] == str(smoke_model.PATH)    # no marker: the tiny model
     assert json.loads(open(spec["out"]).read())["key"] == "k1"
     print(f"\nsmoke of a stand-in that answers: {doc['seconds']} s")
+
+
+def test_a_flag_the_builds_help_does_not_list_fails_the_run_naming_it_before_any_start(spec, monkeypatch):
+    """issue 46: an instance flag the new build does not know (a build from before the flag) fails
+    the host at the smoke, naming the flag, not the server at its start."""
+    spec["runs"][0]["args"] += ["--reasoning-budget", "0", "--cache-reuse=256"]
+    doc = run(spec, "ok", monkeypatch)
+    (r,) = doc["runs"]
+    assert not doc["ok"] and r["phase"] == "flags" and r["seconds"] == 0
+    assert r["reason"].startswith("this build's llama-server does not know --cache-reuse, --reasoning-budget")
+    assert "# rigup smoke:" not in open(spec["log"]).read()      # no server was started
+    assert smoke.unknown_flags(["-ngl", "-1", "--port=1"], smoke.help_flags(spec)) == []
 
 
 def test_a_crash_on_the_first_inference_is_named(spec, monkeypatch):

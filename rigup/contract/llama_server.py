@@ -1,0 +1,140 @@
+"""llama-server's contract: one row per instance key that becomes a flag (:data:`FLAGS`), and the
+flags rigup writes from the instance itself (:data:`FIXED`). Everything else is made from them:
+the entry form of ``llama_server_instances`` (roles/llama_server/schema.py), the command line
+(roles/llama_server/command.py :func:`args`), the flags extra_args may not give again (policy
+``owned``; ``also``: extra_args may give it again, the last one wins, and preflight's checks read
+that one), what tune.py sweeps (``sweep``) and how it spells it (:func:`spellings`), the keys of
+``llama_server_tuned``, the smoke's check of a new build's ``--help`` (roles/llama_cpp/smoke.py:
+a flag the build does not know fails the host, naming it) and the generated docs.
+
+Adding a valued llama-server flag: a row here and a test, then ``make docs``.
+
+A row: ``key`` (the instance key), ``form`` (rigup/config.py's form language), ``default``,
+``spellings`` (llama.cpp's common/arg.cpp; the first is written), ``doc``, ``policy``, ``write``
+(``value``: ``FLAG VALUE``, none when the value is null; ``switch``: the flag when true;
+``pair``: the first spelling when true, the second when false), ``sweep`` (tune.py sets it) and
+``since`` (where the flag first appeared in llama.cpp, for the reader: a build's own ``--help``
+is what is checked).
+
+Standard library only, no rigup import: rigup/tune.py runs on hosts with it installed next to it
+as ``rigup_llama_contract.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# the files of an instance NAME on a host (roles/llama_server writes them; tune.py, the metrics,
+# the watchdog and bench.py read them): .format(NAME)
+KEY = "/etc/rigup/llama-server/{}.key"
+DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
+
+OWNED, ALSO = "owned", "also"
+VALUE, SWITCH, PAIR = "value", "switch", "pair"
+# llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True)
+class Flag:
+    key: str
+    form: str
+    default: object
+    spellings: tuple[str, ...]
+    doc: str
+    policy: str = OWNED
+    write: str = VALUE
+    sweep: bool = False
+    since: str = "2023"
+
+
+# In the order the command line gives them (a new row goes last: the drop-ins of hosts already
+# serving keep their text, so nothing restarts for the order).
+FLAGS: tuple[Flag, ...] = (
+    Flag("ctx", "count", "auto", ("-c", "--ctx-size"),
+         "total tokens of context, shared by the slots; auto (or N): rigup sizes it (replicas.py sizing: slots of "
+         "8,192 tokens, as many as the VRAM left after the weights holds, at most 32; the plan says why)", sweep=True),
+    Flag("parallel", "count", "auto", ("--parallel", "-np"), "slots, requests served at once; auto (or N): see ctx",
+         sweep=True),
+    Flag("ngl", "int -1..", 99, ("-ngl", "--gpu-layers", "--n-gpu-layers"), "layers on the GPUs (99 or -1: all)",
+         policy=ALSO, sweep=True),
+    Flag("flash_attn", "one of on|off|auto", "auto", ("-fa", "--flash-attn"), "flash attention", policy=ALSO,
+         sweep=True, since="PR #5021 (2024); on|off|auto since 2025"),
+    Flag("split_mode", "one of none|layer|row|tensor", "layer", ("-sm", "--split-mode"),
+         "how a model is split over GPUs", policy=ALSO, sweep=True),
+    Flag("jinja", "bool", True, ("--jinja", "--no-jinja"), "the model's chat template (--jinja) or llama.cpp's own",
+         write=PAIR, since="PR #11016 (2025); --no-jinja later"),
+    Flag("batch", "int 1.. or null", None, ("-b", "--batch-size"),
+         "the logical batch, in tokens (null: llama.cpp's 2048)", sweep=True),
+    Flag("ubatch", "int 1.. or null", None, ("-ub", "--ubatch-size"),
+         "the physical batch, in tokens (null: llama.cpp's 512)", sweep=True),
+    Flag("cache_type_k", f"one of {'|'.join(CACHE_TYPES)} or null", None, ("-ctk", "--cache-type-k"),
+         "the K cache's type (null: llama.cpp's f16); roles/llama_server/traps.yml says which types flash attention "
+         "has kernels for", sweep=True),
+    Flag("cache_type_v", f"one of {'|'.join(CACHE_TYPES)} or null", None, ("-ctv", "--cache-type-v"),
+         "the V cache's type (null: f16); a quantized one needs flash attention", sweep=True),
+    Flag("cache_ram", "int -1.. or null", None, ("-cram", "--cache-ram"),
+         "MiB of host RAM for llama-server's prompt cache (null: llama.cpp's 8192; 0: off; -1: no limit). On one "
+         "H200 at 32 concurrent, 0 served 1.41x the tok/s: with the cache on, each new request on a used slot first "
+         "copies that slot's KV state to RAM, one after another (tests/gpu/results/2026-12-02-h200-admission.md); "
+         "tune.py measures it per host", sweep=True, since="PR #16391 (2025-10)"),
+    Flag("n_cpu_moe", "int 0.. or null", None, ("--n-cpu-moe", "-ncmoe"),
+         "the first N layers' MoE expert weights stay in host RAM (a MoE model larger than the VRAM, with ngl 99); "
+         "null: none", sweep=True, since="PR #15077 (2025-08)"),
+    Flag("main_gpu", "int 0.. or null", None, ("-mg", "--main-gpu"),
+         "the GPU (of the instance's own, in order) for the whole model with split_mode none, or for intermediate "
+         "results and the KV cache with row; null: llama.cpp's 0", sweep=True),
+    Flag("tensor_split", "str or null", None, ("-ts", "--tensor-split"), "shares per GPU, e.g. '16,16,17,0'",
+         sweep=True),
+    Flag("metrics", "bool", True, ("--metrics",), "Prometheus metrics at /metrics (roles/metrics scrapes them)",
+         write=SWITCH),
+    Flag("cache_reuse", "int 0.. or null", None, ("--cache-reuse",),
+         "the smallest chunk, in tokens, of a new prompt that is reused from a slot's KV cache by shifting it (a "
+         "client that resends a long history with parts dropped or moved); null: llama.cpp's 0, off",
+         since="PR #9866 (2024-10); a request's n_cache_reuse since PR #17858 (2025-12)"),
+    Flag("reasoning_budget", "int -1.. or null", None, ("--reasoning-budget",),
+         "tokens a reasoning model may think before its answer is forced (0: no thinking, -1: unlimited); null: "
+         "llama.cpp's -1", since="2025 as -1 or 0; a budget of N tokens since 2026 (llama-swap#584)"),
+)
+
+# Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
+FIXED: dict[str, str | None] = {
+    "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model", "-hfr": "model",
+    "--hf-repo": "model", "-a": None, "--alias": None, "--host": "host", "--port": "port", "--api-key": "api_key",
+    "--api-key-file": "api_key", "--rpc": "rpc_workers"}
+
+BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
+SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)
+
+
+def owned() -> dict[str, str | None]:
+    """Every spelling extra_args may not give (policy ``owned``, and :data:`FIXED`) -> its key."""
+    return {**FIXED, **{s: f.key for f in FLAGS if f.policy == OWNED for s in f.spellings}}
+
+
+def spellings(keys=None) -> dict[str, tuple[str, ...]]:
+    """key -> its spellings (the first is written), for ``keys`` (default: every row), with
+    ``port`` and ``host`` (what the tuner's own servers change)."""
+    rows = {f.key: f.spellings for f in FLAGS if keys is None or f.key in keys}
+    return {**rows, "port": ("--port",), "host": ("--host",)}
+
+
+def args(inst: dict) -> list:
+    """The flags of :data:`FLAGS` for an instance (its values as they are, in the table's order)."""
+    out: list = []
+    for f in FLAGS:
+        value = inst.get(f.key)
+        if f.write == PAIR:
+            out.append(f.spellings[0] if value else f.spellings[1])
+        elif f.write == SWITCH:
+            out += [f.spellings[0]] if value else []
+        elif value is not None and value != "":   # null: llama.cpp's default, no flag
+            out += [f.spellings[0], value]
+    return out
+
+
+def doc_line(f: Flag) -> str:
+    """A row's doc as the entry form gives it: the flag first, and whether extra_args may give it."""
+    flags = "/".join(f.spellings) if f.write == PAIR else f.spellings[0]
+    also = "; extra_args may give it again (the last one wins)" if f.policy == ALSO else ""
+    return f"{flags}: {f.doc}{also}"

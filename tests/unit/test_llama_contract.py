@@ -1,0 +1,93 @@
+"""llama-server's contract (rigup/contract/llama_server.py): every row reaches the entry form, the
+command line, the refusals of extra_args by its policy, the tuner and the docs, from the row alone.
+A new valued flag is a row there and a case in NEW_FLAGS here, then ``make docs``."""
+
+import pytest
+
+from rigup.config import parse_form
+from rigup.contract import llama_server as contract
+from rigup.entries import REQUIRED
+from roles.llama_cpp import smoke
+from roles.llama_server.command import argv
+from roles.llama_server.schema import LLAMA_INSTANCE, instances
+from roles.llama_server.tuned import FLAG_KEYS
+from tests.docs import ROLE_DOCS
+from tests.unit.hosts import REV, data
+
+ROWS = {f.key: f for f in contract.FLAGS}
+# a value of each row other than its default (what the command line then carries)
+SET = {"ctx": 8192, "parallel": 2, "ngl": 12, "flash_attn": "on", "split_mode": "row", "jinja": False, "batch": 4096,
+       "ubatch": 1024, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "cache_ram": 0, "n_cpu_moe": 3, "main_gpu": 1,
+       "tensor_split": "1,1", "metrics": False, "cache_reuse": 256,
+       "reasoning_budget": 1024}
+# the flags added by a row and a test alone (issue 46): key -> (value, what the command line gets)
+NEW_FLAGS = {"cache_reuse": (256, ["--cache-reuse", "256"]), "reasoning_budget": (0, ["--reasoning-budget", "0"])}
+
+
+def entry(**inst) -> dict:
+    return {"models": {"m": {"repo": "org/model-GGUF", "revision": REV, "size_gib": 10.0}},
+            "llama_server_instances": {"x": {"model": "m", "port": 8081, "ctx": 8192, "parallel": 1, **inst}}}
+
+
+def command(**inst) -> list[str]:
+    found, problems = instances(data(**entry(**inst)))
+    assert problems == []
+    return argv("x", found["x"], "/b/llama-server", "/m.gguf")
+
+
+def test_every_row_is_well_formed_and_every_spelling_names_one_key():
+    spellings = [s for f in contract.FLAGS for s in f.spellings] + list(contract.FIXED)
+    assert len(spellings) == len(set(spellings)), "a spelling in two rows"
+    for f in contract.FLAGS:
+        assert f.policy in (contract.OWNED, contract.ALSO) and f.write in (contract.VALUE, contract.SWITCH, contract.PAIR)
+        assert parse_form(f.form).problem(f.default) is None, (f.key, f.default)
+        assert LLAMA_INSTANCE[f.key].doc.startswith(f.spellings[0]) and LLAMA_INSTANCE[f.key].default is not REQUIRED
+    assert set(SET) == set(ROWS), "give each row a value in SET"
+
+
+@pytest.mark.parametrize("key", sorted(ROWS))
+def test_a_rows_value_reaches_the_command_line_once_by_its_first_spelling(key):
+    f, args = ROWS[key], command(**{key: SET[key]})
+    if f.write == contract.PAIR:
+        assert f.spellings[1] in args and f.spellings[0] not in args
+    elif f.write == contract.SWITCH:
+        assert f.spellings[0] not in args and f.spellings[0] in command(**{key: True})
+    else:
+        assert args[args.index(f.spellings[0]) + 1] == str(SET[key])
+        assert sum(a in f.spellings for a in args) == 1
+    if f.default is None:   # null: llama.cpp's own default, no flag at all
+        assert not set(f.spellings) & set(command())
+
+
+@pytest.mark.parametrize("key, spelling", [(f.key, s) for f in contract.FLAGS for s in f.spellings])
+def test_extra_args_may_give_a_flag_again_only_by_its_policy(key, spelling):
+    """owned: refused, naming the key to set instead (both spellings, ``--flag=value`` too); also:
+    passes, and preflight's checks read the last one."""
+    for args in ([spelling, "1"], [f"{spelling}=1"]):
+        _, problems = instances(data(**entry(extra_args=args)))
+        if ROWS[key].policy == contract.OWNED:
+            assert [(p[0], f"set {key}" in p[1]) for p in problems] == [("llama_server_instances.x.extra_args", True)]
+        else:
+            assert problems == []
+
+
+def test_the_tuner_the_tuned_keys_and_the_smoke_read_the_same_rows():
+    from rigup import tune
+    swept = {f.key for f in contract.FLAGS if f.sweep}
+    assert set(FLAG_KEYS) == swept and set(tune.FLAGS) == swept | {"port", "host"}
+    assert all(tune.FLAGS[k] == ROWS[k].spellings for k in swept)
+    # the smoke (a host program, standalone) sets these itself: the instance's are dropped
+    own = {s for k in ("ctx", "parallel", "metrics") for s in ROWS[k].spellings} | set(contract.FIXED) - {"-mu", "--model-url", "-hf", "-hfr", "--hf-repo"}
+    assert own <= set(smoke._OWN), own - set(smoke._OWN)
+
+
+@pytest.mark.parametrize("key", sorted(NEW_FLAGS))
+def test_a_flag_added_as_a_row_is_served_refused_in_extra_args_and_documented(key):
+    value, expected = NEW_FLAGS[key]
+    args = command(**{key: value})
+    assert args[args.index(expected[0]):args.index(expected[0]) + len(expected)] == expected
+    assert not set(ROWS[key].spellings) & set(command())
+    _, problems = instances(data(**entry(extra_args=expected)))
+    assert problems and f"set {key}" in problems[0][1]
+    page = (ROLE_DOCS / "llama_server.md").read_text()
+    assert f"`{key}`" in page and expected[0] in page
