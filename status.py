@@ -21,6 +21,7 @@ from pyinfra import host
 
 from rigup import fleet
 from rigup.config import check_host
+from rigup.contract import served
 from rigup.models import models as model_entries
 from rigup.names import guard_file, xid_file
 from roles.metrics.prometheus import bind_address, url_host
@@ -41,8 +42,7 @@ if data["prometheus_enabled"]:
 found = host.get_fact(fleet.FleetStatus, parts=parts)
 fleet.record_energy(fleet.parse_energy(found.get("energy", [])))
 probed = parse_progress(found.get("fetch", []), fetches)
-configured = {name: entry.get("model") for var in ("llama_server_instances", "vllm_instances")
-              for name, entry in (data.get(var) or {}).items() if isinstance(entry, dict)}
+configured = {s["name"]: s["model"] for s in served(data)}
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
                                         maintenance=data["rigup_maintenance"], models=configured,
                                         tuned=data.get("llama_server_tuned")),

@@ -31,13 +31,13 @@ from pyinfra.operations import files, python, server
 
 from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
+from rigup.contract import llama_server
 from rigup.names import LLAMA_KEY
 from rigup.text import say
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
 d, out, user = tuning.workdir(data), tuning.outdir(data), data["rigup_user"]
-instances = {n: i for n, i in (data.get("llama_server_instances") or {}).items()
-             if isinstance(i, dict) and i.get("replicas", 1) == 1}
+instances = {n: i for n, i in llama_server.view(data).items() if i["replicas"] == 1}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
 # root writes in d (scripts, specs, logs, done markers): refused before any change where anything
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)

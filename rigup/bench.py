@@ -33,9 +33,10 @@ from pyinfra.api import FactBase
 
 from rigup import traps
 from rigup.config import ROLES_DIR
+from rigup.contract import llama_server, served
 from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
-from rigup.names import LLAMA_KEY, VLLM_KEY, marker_path
+from rigup.names import marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
@@ -55,21 +56,19 @@ _ATTEMPT = re.compile(r"##llama-bench(-retry)? (\S+) (\S+)")
 def targets(data: dict, units: list[str] = ()) -> list[dict]:
     """The host's serving instances as bench.py reaches them on the host: name, engine, url, key
     file (or None), model (vLLM checks the served name), via ("balancer" for an instance with
-    replicas, whose host:port is HAProxy's). Read from the raw entries, with the roles' defaults
-    (host 127.0.0.1 for llama-server; vLLM binds every interface: loopback then). Each replica of
-    the host's active ``units`` (``rigup-llama@NAME-K.service``) is measured too, on its own, at
-    127.0.0.1:port+1+K (roles/llama_server/schema.py ``replicas``)."""
+    replicas, whose host:port is HAProxy's), from the serving maps' contract (rigup/contract
+    ``served``: host 127.0.0.1 unless set). Each replica of the host's active ``units``
+    (``rigup-llama@NAME-K.service``) is measured too, on its own, at 127.0.0.1:port+1+K
+    (llama-server's ``replicas``)."""
     found = []
-    for var, engine, key in (("llama_server_instances", "llama-server", LLAMA_KEY), ("vllm_instances", "vllm", VLLM_KEY)):
-        for name, inst in sorted((data.get(var) or {}).items()):
-            if isinstance(inst, dict) and isinstance(inst.get("port"), int):
-                base = {"engine": engine, "key": key.format(name) if inst.get("api_key") else None,
-                        "model": (inst.get("served_model_name") or name) if engine == "vllm" else None}
-                ks = replica_numbers(name, units) if engine == "llama-server" else []
-                found.append({"name": name, **base, "url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]),
-                              "via": "balancer" if ks else None})
-                found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",
-                           "via": "replica"} for k in ks]
+    for inst in served(data):
+        name, engine = inst["name"], "llama-server" if inst["var"] == "llama_server_instances" else "vllm"
+        base = {"engine": engine, "key": inst["key"],
+                "model": (inst["entry"].get("served_model_name") or name) if engine == "vllm" else None}
+        ks = replica_numbers(name, units) if engine == "llama-server" else []
+        found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})
+        found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",
+                   "via": "replica"} for k in ks]
     return found
 
 
@@ -169,8 +168,7 @@ def model_markers(data: dict) -> dict[str, str]:
     """Each llama-server instance's model marker (rigup.names.marker_path of the model's dest)."""
     entries = models(data)[0]
     return {name: marker_path(entries[inst["model"]]["dest"])
-            for name, inst in sorted((data.get("llama_server_instances") or {}).items())
-            if isinstance(inst, dict) and inst.get("model") in entries}
+            for name, inst in llama_server.view(data).items() if inst.get("model") in entries}
 
 
 def llama_runs(data: dict, seen: dict) -> list[dict]:
@@ -186,7 +184,7 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
         gguf = first_gguf(files)
         why = ("no llama-bench in the build `current` points to (llama_cpp_targets)" if not seen["llama_bench"] else
                f"no model GGUF at {marker}" if not gguf else None)
-        ngl = data["llama_server_instances"][name].get("ngl")
+        ngl = llama_server.view(data)[name]["ngl"]   # as it serves: its own, else the tuned, else 99
         runs.append({"name": name, "error": why} if why else
                     {"name": name, "dest": marker.rsplit('/', 1)[0], "model": f"{marker.rsplit('/', 1)[0]}/{gguf}",
                      "ngl": 99 if ngl is None else ngl, **remedy})

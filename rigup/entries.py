@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigup.config import NAME, parse_form
-
-REQUIRED = object()
-
+from rigup.contract import REQUIRED   # one sentinel for the contract's rows and the Keys
 
 @dataclass(frozen=True)
 class Key:

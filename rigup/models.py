@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import NotRequired, TypedDict
 
 from rigup.config import once
+from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
@@ -64,15 +65,8 @@ class ServingInstance(TypedDict):
     extra_args: list[str]
 
 
-# The keys every serving instance has; a serving role's schema adds its own.
-SERVING_KEYS: dict[str, Key] = {
-    "model": Key("str", doc="a key of models"),
-    "port": Key("int 1..65535", doc="the port it listens on (--port)"),
-    "host": Key("address", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
-    "api_key": Key("bool", False, "check a random key made on the host (read by the health gate there)"),
-    "extra_args": Key("list of str", [], "more arguments of the server, one per item; never a flag rigup sets "
-                                         "from the other keys (--host, --port, the model, the API key, the name)"),
-}
+# The keys every serving instance has (rigup/contract SERVING); a serving role's schema adds its own.
+SERVING_KEYS: dict[str, Key] = {r.key: Key(r.form, r.default, r.doc) for r in SERVING}
 
 _FLAG = re.compile(r"(\S*?)(=|\s+|$)(.*)", re.S)   # an item of extra_args: flag, "=" or blanks, value
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from rigup.contract.llama_server import KEY
+from rigup.contract import MAPS
 
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
@@ -31,7 +31,7 @@ FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's
 WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
 # API key files of serving instances (roles/llama_server and roles/vllm make them), read on the host
 # by the watchdog and bench.py: .format(instance name); llama-server's is its contract's.
-LLAMA_KEY, VLLM_KEY = KEY, "/etc/rigup/vllm/{}.key"
+LLAMA_KEY, VLLM_KEY = MAPS["llama_server_instances"], MAPS["vllm_instances"]
 
 
 def marker_path(dest: str) -> str:

@@ -10,8 +10,8 @@ import math
 import re
 
 from rigup.config import BATCH
+from rigup.contract import MAPS
 
-SERVING_MAPS = ("llama_server_instances", "vllm_instances")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # pyinfra's options that pick hosts (roll.py picks them itself); any prefix of one names it alone
 # among pyinfra 3.10's options (none other starts --l or --e): what an argparse-style parser takes
@@ -78,7 +78,7 @@ def serving_hosts(hosts: dict[str, dict]) -> list[str]:
     """The hosts that roll (``hosts``: name -> data, inventory order): those serving an instance,
     gateways and hosts in maintenance (rigup_maintenance) excepted."""
     return [name for name, data in hosts.items() if not data.get("balancer_gateway") and not data.get("rigup_maintenance")
-            and any(data.get(var) for var in SERVING_MAPS)]
+            and any(data.get(var) for var in MAPS)]
 
 
 def batches(names: list[str], batch) -> list[list[str]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from rigup.contract import llama_server
+
 RPC_UNIT = "rigup-rpc.service"
 RPC_TARGET = "ggml-rpc-server"      # llama.cpp's target and binary (rpc-server before the rename)
 # Measured on 2x H200 (loopback, an 8B-shaped F16 model; issue 19): RPC is for models that do not fit.
@@ -24,11 +26,11 @@ _WAIT = ('end=$((SECONDS+$0)); for a; do until timeout 5 bash -c ": <>/dev/tcp/$
 
 
 def rpc_workers(data: dict) -> dict[str, list[str]]:
-    """{instance: [worker host, ...]} of a host's raw ``llama_server_instances`` (entries with
-    ``rpc_workers``; a malformed entry is preflight's to refuse, and is skipped here)."""
+    """{instance: [worker host, ...]} of a host's llama-server instances with ``rpc_workers``
+    (llama-server's contract; a malformed entry is preflight's to refuse, and is skipped here)."""
     found = {}
-    for name, inst in (data.get("llama_server_instances") or {}).items():
-        workers = inst.get("rpc_workers") if isinstance(inst, dict) else None
+    for name, inst in llama_server.view(data).items():
+        workers = inst["rpc_workers"]
         if isinstance(workers, list) and workers:
             found[name] = [str(w) for w in workers]
     return found

@@ -27,7 +27,8 @@ from rigup.contract.llama_server import DROPIN, SWEPT
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
            "rigup_gguf.py": ROOT / "rigup" / "gguf.py",
-           "rigup_llama_contract.py": ROOT / "rigup" / "contract" / "llama_server.py"}
+           "rigup_llama_contract.py": ROOT / "rigup" / "contract" / "llama_server.py",
+           "rigup_contract.py": ROOT / "rigup" / "contract" / "__init__.py"}
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
           "# (roles/llama_server/tuned.py). Commit it; the next converge serves with them. Remove an\n"
           "# entry to go back to the instance's own keys.\n")

@@ -1,7 +1,63 @@
-"""One contract per serving engine: every instance key that becomes a flag of the engine, in one
-table, and what is made from it (the entry form, the command line, the flags extra_args may not
-give again, what the tuner sweeps, the docs). Standard library only: the programs that run on
-hosts (rigup/tune.py) ship the table with them, and tests/gpu loads it with a plain python3.
+"""One contract per serving engine: every instance key, in one table per engine, and what is made
+from it (the entry form, the command line, the flags extra_args may not give again, what the tuner
+sweeps, the docs). Standard library only: the programs that run on hosts (rigup/tune.py) ship the
+tables with them, and tests/gpu loads them with a plain python3.
 
-- ``llama_server``: llama.cpp's llama-server (roles/llama_server)
+- here: the keys every serving entry has (:data:`SERVING`), each engine's map and key file
+  (:data:`MAPS`), and :func:`served`, the one reader of the serving maps for the code outside the
+  engines' roles (the balancer, roll.py, status.py), with their defaults filled in
+- ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows and :func:`view`
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REQUIRED = object()   # a key without a default (rigup.entries.Key's too)
+
+
+@dataclass(frozen=True)
+class Row:
+    """An instance key that is not a flag of its own: its form (rigup/config.py's form language),
+    default (REQUIRED: none) and doc."""
+
+    key: str
+    form: str
+    default: object = REQUIRED
+    doc: str = ""
+
+
+SERVING: tuple[Row, ...] = (
+    Row("model", "str", doc="a key of models"),
+    Row("port", "int 1..65535", doc="the port it listens on (--port)"),
+    Row("host", "address", "127.0.0.1", "the address it binds (--host); beyond loopback it needs an API key"),
+    Row("api_key", "bool", False, "check a random key made on the host (read by the health gate there)"),
+    Row("extra_args", "list of str", [], "more arguments of the server, one per item; never a flag rigup sets "
+                                         "from the other keys (--host, --port, the model, the API key, the name)"),
+)
+
+# each serving map -> the key file of its instance NAME on a host (.format(NAME))
+MAPS = {"llama_server_instances": "/etc/rigup/llama-server/{}.key", "vllm_instances": "/etc/rigup/vllm/{}.key"}
+
+
+def defaults(rows) -> dict:
+    """key -> default of ``rows`` (those that have one; a list default copied)."""
+    return {r.key: list(r.default) if isinstance(r.default, list) else r.default
+            for r in rows if r.default is not REQUIRED}
+
+
+def served(data: dict) -> list[dict]:
+    """Every entry of the host's serving maps (``data``: its configuration), with the keys every
+    serving entry has filled in: {"var", "name", "model", "port", "host", "api_key", "key" (its key
+    file, or None), "entry" (the whole entry, its own keys only)}. An entry that is not a map, or
+    whose port is not a number, is left out (preflight refuses it before anything reads it)."""
+    out = []
+    for var, key in MAPS.items():
+        for name, entry in sorted((data.get(var) or {}).items()):
+            if not isinstance(entry, dict) or not isinstance(entry.get("port"), int) or isinstance(entry["port"], bool):
+                continue
+            inst = {**defaults(SERVING), **entry}
+            out.append({"var": var, "name": str(name), "model": inst.get("model"), "port": inst["port"],
+                        "host": inst["host"] or "127.0.0.1", "api_key": bool(inst["api_key"]),
+                        "key": key.format(name) if inst["api_key"] else None, "entry": entry})
+    return out

@@ -16,17 +16,22 @@ A row: ``key`` (the instance key), ``form`` (rigup/config.py's form language), `
 ``since`` (where the flag first appeared in llama.cpp, for the reader: a build's own ``--help``
 is what is checked).
 
-Standard library only, no rigup import: rigup/tune.py runs on hosts with it installed next to it
-as ``rigup_llama_contract.py``.
+Standard library only (and rigup/contract/__init__.py): rigup/tune.py runs on hosts with both
+installed next to it as ``rigup_llama_contract.py`` and ``rigup_contract.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+try:
+    from rigup.contract import MAPS, SERVING, Row, defaults
+except ImportError:   # on a host, next to rigup/tune.py: rigup/contract/__init__.py as rigup_contract.py
+    from rigup_contract import MAPS, SERVING, Row, defaults  # type: ignore[no-redef]
+
 # the files of an instance NAME on a host (roles/llama_server writes them; tune.py, the metrics,
 # the watchdog and bench.py read them): .format(NAME)
-KEY = "/etc/rigup/llama-server/{}.key"
+KEY = MAPS["llama_server_instances"]
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 
 OWNED, ALSO = "owned", "also"
@@ -97,6 +102,21 @@ FLAGS: tuple[Flag, ...] = (
          "llama.cpp's -1", since="2025 as -1 or 0; a budget of N tokens since 2026 (llama-swap#584)"),
 )
 
+# The instance's keys that are no flag of their own (after rigup/contract's SERVING, the keys of every
+# serving entry).
+OTHER: tuple[Row, ...] = (
+    Row("replicas", "count", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each its own unit "
+                                "rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
+    Row("gpus_per_replica", "count or null", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
+                                                  "GPUs shared out evenly (one replica: all of them)"),
+    Row("min_tokens_per_s", "float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): restarted "
+                                                       "after watchdog_bad_checks checks below it; null: 50% of the tok/s "
+                                                       "the health gate measured at the (re)start; 0: not watched"),
+    Row("rpc_workers", "list of str", [], "hosts of the inventory whose llama.cpp RPC server (roles/rpc_worker) takes "
+                                          "layers of this instance: --rpc ADDRESS:PORT,...; for models that do not fit "
+                                          "one host (it costs tok/s and load time); one server (replicas 1)"),
+)
+
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {
     "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model", "-hfr": "model",
@@ -105,6 +125,24 @@ FIXED: dict[str, str | None] = {
 
 BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)
+
+
+def view(data: dict) -> dict[str, dict]:
+    """The host's llama-server instances as they serve, for every reader outside roles/llama_server
+    (the metrics, the watchdog, bench.py, rigup/rpc.py, tune.py): name -> every key of the contract
+    with its default, then the entry's own keys, then its tuned flags (``llama_server_tuned``).
+    Not validated (preflight refuses a bad entry before a converge reads it): an entry that is not
+    a map is left out; ctx and parallel may still be ``auto`` (the role sizes them)."""
+    base = {**defaults(SERVING), **defaults(FLAGS), **defaults(OTHER)}
+    tuned = data.get("llama_server_tuned") or {}
+    out = {}
+    for name, entry in sorted((data.get("llama_server_instances") or {}).items()):
+        if not isinstance(entry, dict):
+            continue
+        flags = (tuned.get(name) or {}).get("flags") if isinstance(tuned.get(name), dict) else None
+        swept = {k: v for k, v in flags.items() if k in SWEPT} if isinstance(flags, dict) else {}
+        out[str(name)] = {**base, **entry, **swept}
+    return out
 
 
 def owned() -> dict[str, str | None]:

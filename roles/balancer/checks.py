@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.contract import MAPS, served
 from rigup.refusal import Port, Refusal, needs_systemd
-from roles.balancer.config import SERVING_MAPS, gateway_backends
+from roles.balancer.config import gateway_backends
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -30,8 +31,7 @@ def _gateway(data: Config, fleet) -> list[dict]:
 def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The stats frontend (loopback) when the host balances anything, and a gateway's frontends."""
     gateway = _gateway(data, fleet)
-    replicated = any(isinstance(i, dict) and i.get("replicas", 1) != 1
-                     for var in SERVING_MAPS for i in (data.get(var) or {}).values())
+    replicated = any(s["entry"].get("replicas", 1) != 1 for s in served(data))   # both engines' default: 1
     stats = [Port(data["balancer_stats_port"], "balancer_stats_port", ("haproxy",))] \
         if gateway or replicated else []
     return stats + [Port(b["port"], f"balancer_gateway ({b['name']})", ("haproxy",)) for b in gateway]
@@ -44,7 +44,7 @@ def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 def check_gateway(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """A gateway host that serves instances itself (their ports are its frontends')."""
-    own = sorted(n for var in SERVING_MAPS for n in (data.get(var) or {}))
+    own = sorted(n for var in MAPS for n in (data.get(var) or {}))
     if data.get("balancer_gateway") and own:
         return [Refusal(f"gateway host serves {', '.join(own)} itself",
                         "a gateway's frontends take the ports of the fleet's instances",

@@ -8,13 +8,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rigup.config import ADDRESS, NAME
+from rigup.contract import served
 from rigup.templates import render
 
 if TYPE_CHECKING:
     from rigup.config import Config
-
-SERVING_MAPS = ("llama_server_instances", "vllm_instances")
-
 
 GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>", root-only
 # The servers' state across reloads and restarts (the drain helper's STATE): in Debian's /run/haproxy
@@ -37,13 +35,11 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
         if host_name == me or data.get("balancer_gateway"):
             continue
         address = data.get("ssh_hostname") or host_name
-        for var in SERVING_MAPS:
-            for name, inst in (data.get(var) or {}).items():
-                if isinstance(inst, dict) and isinstance(inst.get("port"), int):
-                    found.setdefault(str(name), []).append([host_name, address, inst["port"],
-                                                            bool(data.get("rigup_maintenance"))])
-                    if fleet_key and inst.get("api_key"):
-                        keyed.add(str(name))
+        for inst in served(data):
+            found.setdefault(inst["name"], []).append([host_name, address, inst["port"],
+                                                       bool(data.get("rigup_maintenance"))])
+            if fleet_key and inst["api_key"]:
+                keyed.add(inst["name"])
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]

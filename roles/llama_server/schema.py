@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import re
 
 from rigup.config import once
-from rigup.contract.llama_server import CACHE_TYPES, FLAGS, doc_line, owned
+from rigup.contract.llama_server import CACHE_TYPES, FLAGS, OTHER, doc_line, owned
 from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
@@ -47,20 +47,10 @@ class LlamaInstance(ServingInstance):
     rpc_workers: list[str]
 
 
-LLAMA_INSTANCE: dict[str, Key] = {
+LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
     **SERVING_KEYS,
-    **{f.key: Key(f.form, f.default, doc_line(f)) for f in FLAGS},   # rigup/contract/llama_server.py
-    "replicas": Key("count", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each "
-                              "its own unit rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
-    "gpus_per_replica": Key("count or null", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
-                                         "GPUs shared out evenly (one replica: all of them)"),
-    "min_tokens_per_s": Key("float 0.. or null", None, "the throughput watchdog's floor (roles/watchdog): "
-                                                       "restarted after watchdog_bad_checks checks below it; null: "
-                                                       "50% of the tok/s the health gate measured at the (re)start; "
-                                                       "0: not watched"),
-    "rpc_workers": Key("list of str", [], "hosts of the inventory whose llama.cpp RPC server (roles/rpc_worker) takes "
-                                          "layers of this instance: --rpc ADDRESS:PORT,...; for models that do not "
-                                          "fit one host (it costs tok/s and load time); one server (replicas 1)"),
+    **{f.key: Key(f.form, f.default, doc_line(f)) for f in FLAGS},
+    **{r.key: Key(r.form, r.default, r.doc) for r in OTHER},
 }
 
 _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")

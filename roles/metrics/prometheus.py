@@ -18,6 +18,7 @@ import json
 
 import yaml
 
+from rigup.contract import llama_server
 from rigup.gate import endpoint
 from rigup.names import LLAMA_KEY, bind_scope
 
@@ -54,15 +55,10 @@ def url_host(address: str) -> str:
 
 def llama_instances(data: Config) -> dict[str, dict]:
     """The host's llama-server instances whose /metrics is on, as the relay reaches them:
-    name -> {"url", "key"} (key: the API key file, or None). Read from the raw entries (a role
-    imports no other role; the defaults are roles/llama_server/schema.py's: host 127.0.0.1,
-    metrics true, api_key false)."""
-    out = {}
-    for name, inst in sorted((data.get("llama_server_instances") or {}).items()):
-        if isinstance(inst, dict) and inst.get("metrics", True) and isinstance(inst.get("port"), int):
-            out[name] = {"url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]),
-                         "key": LLAMA_KEY.format(name) if inst.get("api_key") else None}
-    return out
+    name -> {"url", "key"} (key: the API key file, or None), from llama-server's contract."""
+    return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]),
+                   "key": LLAMA_KEY.format(name) if inst["api_key"] else None}
+            for name, inst in llama_server.view(data).items() if inst["metrics"] and isinstance(inst["port"], int)}
 
 
 def monitors(fleet: list[tuple[str, dict]]) -> list[str]:

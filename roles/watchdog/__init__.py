@@ -55,6 +55,7 @@ from pyinfra.operations.util import any_changed
 from rigup import files, services
 from rigup.gpu.plan import Plan
 from rigup.config import Config, role_defaults
+from rigup.contract import llama_server
 from rigup.gate import endpoint
 from rigup.names import LLAMA_KEY, WATCHDOG_METRICS, gate_record
 from rigup.templates import render
@@ -71,15 +72,13 @@ __all__ = ["apply", "watchdog_config"]
 def watched(data: Config) -> dict[str, dict]:
     """The llama-server instances the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
-    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off). Read from the raw
-    entries (a role imports no other role; the defaults are roles/llama_server/schema.py's: host
-    127.0.0.1, api_key false, min_tokens_per_s null)."""
+    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract."""
     found = {}
-    for name, inst in sorted((data.get("llama_server_instances") or {}).items()):
-        floor = inst.get("min_tokens_per_s") if isinstance(inst, dict) else 0
-        if floor != 0 and isinstance(inst.get("port"), int):
-            found[name] = {"url": endpoint(inst.get("host") or "127.0.0.1", inst["port"]), "port": inst["port"],
-                           "key": LLAMA_KEY.format(name) if inst.get("api_key") else None,
+    for name, inst in llama_server.view(data).items():
+        floor = inst["min_tokens_per_s"]
+        if floor != 0 and isinstance(inst["port"], int):
+            found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"],
+                           "key": LLAMA_KEY.format(name) if inst["api_key"] else None,
                            "floor": None if floor is None else float(floor)}
     return found
 

@@ -91,3 +91,18 @@ def test_a_flag_added_as_a_row_is_served_refused_in_extra_args_and_documented(ke
     assert problems and f"set {key}" in problems[0][1]
     page = (ROLE_DOCS / "llama_server.md").read_text()
     assert f"`{key}`" in page and expected[0] in page
+
+
+def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
+    """Every other reader (the metrics, the watchdog, bench.py, rpc.py, the balancer, roll.py,
+    status.py, tune.py) reads llama-server's instances through rigup/contract (``view``, ``served``):
+    with the defaults and the tuned flags, never the raw entries."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    raw = re.compile(r"""\b(?:data|d)\s*(?:\.get\(|\[)\s*["']llama_server_instances["']""")
+    files = [p for p in [*root.glob("*.py"), *root.glob("rigup/**/*.py"), *root.glob("roles/**/*.py")]
+             if not p.is_relative_to(root / "roles/llama_server") and not p.is_relative_to(root / "rigup/contract")]
+    found = [f"{p.relative_to(root)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
+             if raw.search(line)]
+    assert len(files) > 50 and found == [], found
