@@ -1,6 +1,8 @@
 """rigup's library: what every role may use and no role owns.
 
 - ``config``: role defaults, YAML group_vars, the form language, validation of a host's data
+- ``contract``: one contract per serving engine (every instance key in one table; the one reader
+  of the serving maps outside the engines' roles); standard library only
 - ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)
