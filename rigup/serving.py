@@ -91,13 +91,19 @@ def backends_file(backend: str, bind: str, port: int, servers: list[list]) -> No
     managed(name=f"Balancer backends {backend}", dest=dest, text=text, paths=[BALANCER_DIR, dest])
 
 
-def retirements(template: str, stale: list[str], gone: list[str], drain: str):
-    """Commands (for an operation to ``yield from``): the instances ``stale`` of ``template``
-    stopped, disabled and their drop-ins removed (their keys and state stay, should they come
-    back); the backends files ``gone`` removed, their frontends
-    first giving up their ports (``drain``: roles/balancer's helper, ``release``), so that a single
-    server taking over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
+def retirements(template: str, found: dict, wanted, backends, drain: str):
+    """Commands (for an operation to ``yield from``; a no-op when there is nothing to retire): the
+    instances of ``template`` the host has (``found["units"]``) that are not ``wanted`` stopped,
+    disabled and their drop-ins removed (their keys and state stay, should they come back); its
+    backends files (``found["backends"]``) not in ``backends`` removed, their frontends first giving
+    up their ports (``drain``: roles/balancer's helper, ``release``), so that a single server
+    taking over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
     q = shlex.quote
+    stale = [u for u in found["units"] if u not in wanted]
+    gone = [b for b in found["backends"] if b not in backends]
+    if not stale and not gone:
+        host.noop(f"no retired {template} servers or backends")
+        return
     for name in stale:
         unit = q(f"{template}@{name}.service")
         yield (f"systemctl disable --now {unit}; systemctl reset-failed {unit} 2>/dev/null; "

@@ -79,6 +79,14 @@ def configured(template: str, backend_prefix: str, backends_dir: str) -> str:
             "| sed 's/[.]json$//')")
 
 
+def unit_state(path: str, unit: str) -> list[str]:
+    """Shell lines that print a unit's state as ``key=value`` lines: ``unit`` (its file's sha256,
+    empty when absent), ``active`` and ``enabled`` (systemctl's words)."""
+    return [f"echo unit=$(sha256sum {shlex.quote(path)} 2>/dev/null | cut -c1-64)",
+            f"echo active=$(systemctl is-active {shlex.quote(unit)} 2>/dev/null)",
+            f"echo enabled=$(systemctl is-enabled {shlex.quote(unit)} 2>/dev/null)"]
+
+
 def systemd_quote(arg: str) -> str:
     """One argument as systemd's ExecStart= reads it (and as a POSIX shell would split it)."""
     arg = str(arg).replace("%", "%%").replace("$", "$$")

@@ -130,13 +130,8 @@ def retired(units: dict, build_link: str, wanted: list[str], backends: list[str]
     backends files of llama instances not in ``backends`` removed, their frontends first giving up
     their ports (``drain``: roles/balancer's helper, ``release``), so that a single server taking
     over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
-    found = read_once(LlamaServerState, units=units, build_link=build_link)
-    stale = [u for u in found["units"] if u not in wanted]
-    gone = [b for b in found["backends"] if b not in backends]
-    if not stale and not gone:
-        host.noop("no retired servers or backends")
-        return
-    yield from retirements("rigup-llama", stale, gone, drain)
+    yield from retirements("rigup-llama", read_once(LlamaServerState, units=units, build_link=build_link), wanted,
+                           backends, drain)
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))

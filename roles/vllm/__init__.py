@@ -193,13 +193,7 @@ def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
     """Servers rigup configured that are not in ``units`` (an instance dropped, one server replaced
     by replicas or back, replicas beyond the count) and backends files of vLLM instances not in
     ``backends`` retired (rigup.serving.retirements)."""
-    found = read_once(VllmState, pin_dir=pin_dir, instances=units)
-    stale = [u for u in found["units"] if u not in units]
-    gone = [b for b in found["backends"] if b not in backends]
-    if not stale and not gone:
-        host.noop("no retired vllm servers or backends")
-        return
-    yield from retirements("rigup-vllm", stale, gone, drain)
+    yield from retirements("rigup-vllm", read_once(VllmState, pin_dir=pin_dir, instances=units), units, backends, drain)
 
 
 def _ray_node(data: Config, plan: Plan, fleet: dict, venv: str, script: str, paths: list[str]):

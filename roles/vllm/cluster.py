@@ -39,7 +39,7 @@ from rigup import firewall
 from rigup.rpc import address
 from rigup.state import read_once, reading
 from rigup.templates import render
-from rigup.units import service_commands, systemd_quote
+from rigup.units import service_commands, systemd_quote, unit_state
 from roles.vllm.command import RAY_DIR
 
 if TYPE_CHECKING:
@@ -166,9 +166,7 @@ class RayState(FactBase):
 
     def command(self, venv: str) -> str:
         q = shlex.quote
-        return "; ".join([f"echo unit=$(sha256sum {q(UNIT)} 2>/dev/null | cut -c1-64)",
-                          f"echo active=$(systemctl is-active {RAY_UNIT} 2>/dev/null)",
-                          f"echo enabled=$(systemctl is-enabled {RAY_UNIT} 2>/dev/null)",
+        return "; ".join([*unit_state(UNIT, RAY_UNIT),
                           # the dist-info's name, not an import of ray (a second or more)
                           f"echo ray=$(ls -d {q(venv)}/lib/python*/site-packages/ray-*.dist-info 2>/dev/null "
                           "| sed -n 's/.*ray-\\(.*\\)\\.dist-info/\\1/p' | head -1)"])
