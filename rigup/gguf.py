@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """A GGUF file's header, read from its first bytes: the metadata preflight needs for a model
 whose family rigup/gpu/models.yml does not know (its layer count and its KV cache per token).
 Pure, standard library only: tested on bytes (tests/unit/test_model_fetch_hub.py);

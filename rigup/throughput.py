@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """Tokens per second of an OpenAI-compatible endpoint (llama-server, vLLM), measured with real
 completions. Python 3 standard library only, and no import of the rest of rigup: the throughput
 watchdog (roles/watchdog) installs this file on hosts as ``rigup_throughput.py`` next to its

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
 sweep, one setting at a time, each point a real llama-server answering real completions at the
 instance's target concurrency. Python 3 standard library only (and rigup/throughput.py, rigup/gguf.py and

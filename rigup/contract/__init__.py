@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """One contract per serving engine: every instance key, in one table per engine, and what is made
 from it (the entry form, the command line, the flags extra_args may not give again, what the tuner
 sweeps, the docs). Standard library only: the programs that run on hosts (rigup/tune.py) ship the

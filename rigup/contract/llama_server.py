@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """llama-server's contract: one row per instance key that becomes a flag (:data:`FLAGS`), and the
 flags rigup writes from the instance itself (:data:`FIXED`). Everything else is made from them:
 the entry form of ``llama_server_instances`` (roles/llama_server/schema.py), the command line

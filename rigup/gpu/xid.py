@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """NVIDIA Xid events from the kernel log: each ``NVRM: Xid`` line attributed to a card by its PCI
 bus id and classified from the catalogue (rigup/gpu/xid.yml: class and action per code, with
 NVIDIA's meaning). Pure functions and standard library only, so the GPU guard (a standalone

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-gpu-guard: trip on sustained power draw, temperature or lost telemetry; stop serving.
 
 Installed by rigup (roles/gpu_guard) as RIGUP_PREFIX/bin/rigup-gpu-guard and run by

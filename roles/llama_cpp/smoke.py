@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """A new llama.cpp build answers before it serves: the host-side smoke inference.
 
 roles/llama_cpp uploads this file (standard library only, Python 3.9+) and runs it as root on

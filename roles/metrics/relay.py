@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-metrics-relay: each local llama-server instance's /metrics, for the fleet's Prometheus.
 
 Installed by rigup (roles/metrics) as RIGUP_PREFIX/bin/rigup-metrics-relay and run by

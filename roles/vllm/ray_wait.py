@@ -1,3 +1,4 @@
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-ray-wait: wait until a Ray cluster shows every expected node alive (roles/vllm/ray.py).
 
     python rigup-ray-wait GCS_ADDRESS SECONDS NODE_ADDRESS...

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-watchdog: the host side of roles/watchdog, run by rigup-watchdog.timer. Python 3
 standard library only (it runs on bare hosts); the measuring is rigup/throughput.py, installed
 next to this script as rigup_throughput.py.
