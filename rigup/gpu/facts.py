@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
+from rigup.gpu.fabric import MANAGER_COMMAND, parse_manager, parse_nvswitches
 from rigup.text import number
 
 # ----------------------------------------------------------------------------- nvidia-smi
@@ -46,8 +47,16 @@ GPU_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("pcie.link.gen.max", "pcie_gen_max", "int"),
     ("pcie.link.width.max", "pcie_width_max", "int"),
 )
+# Asked for as well, where the driver knows them (rigup/gpu/fabric.py: Hopper and later report the
+# NVSwitch fabric's registration; Ampere and a single passed-through card N/A): a driver without
+# them fails the query ("is not a valid field"), and the cards are read again without.
+FABRIC_FIELDS: tuple[tuple[str, str, str], ...] = (("fabric.state", "fabric_state", "word"),
+                                                   ("fabric.status", "fabric_status", "word"))
 GPU_QUERY = ",".join(field for field, _, _ in GPU_FIELDS)
-GPU_COMMAND = f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1 || true"
+_WITH_FABRIC = ",".join(field for field, _, _ in GPU_FIELDS + FABRIC_FIELDS)
+GPU_COMMAND = (f"nvidia-smi --query-gpu={_WITH_FABRIC} --format=csv,noheader,nounits 2>/dev/null || "
+               f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1 || true")
+_WORD = re.compile(r"[A-Za-z][A-Za-z _/-]{0,31}")
 
 _LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
 
@@ -81,6 +90,8 @@ def _value(kind: str, text: str) -> Any:
         return parse_cc(text)
     if kind == "pci":
         return parse_pci_id(text)
+    if kind == "word":   # a state nvidia-smi names (Completed, In Progress, Success): a host's text, bounded
+        return text if _WORD.fullmatch(text) else "unreadable"
     return text
 
 
@@ -98,9 +109,10 @@ def parse_gpus(lines: list[str]) -> list[dict]:
             gpus.append({"lost": True, "bus_id": normalise_bus_id(lost.group(1))})
             continue
         cells = line.split(",")
-        if len(cells) != len(GPU_FIELDS) or _whole(cells[0]) is None:
+        fields = GPU_FIELDS + FABRIC_FIELDS if len(cells) == len(GPU_FIELDS) + len(FABRIC_FIELDS) else GPU_FIELDS
+        if len(cells) != len(fields) or _whole(cells[0]) is None:
             continue
-        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(GPU_FIELDS, cells)}
+        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(fields, cells)}
         gpu["lost"] = False
         gpus.append(gpu)
     return gpus
@@ -551,6 +563,7 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}serving'; {SERVING_COMMAND}",
         f"echo '{MARK}cpu'; ( {CPU_COMMAND} )",
         f"echo '{MARK}pci'; {PCI_COMMAND}",
+        f"echo '{MARK}fabric'; {MANAGER_COMMAND}",
     ]
     for path in paths:
         parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")
@@ -573,6 +586,8 @@ def parse_hardware(lines: list[str]) -> dict:
         "serving_units": sorted(line.strip() for line in sec.get("serving", []) if line.strip()),
         "cpu": parse_cpu(sec.get("cpu", [])),
         "pci": parse_pci(sec.get("pci", [])),
+        "nvswitches": parse_nvswitches(sec.get("pci", [])),
+        "fabric_manager": parse_manager(sec.get("fabric", [])),
         "free_disk": {k[5:]: parse_free_disk(v) for k, v in sec.items() if k.startswith("disk ")},
     }
 
@@ -592,6 +607,8 @@ class Facts(TypedDict, total=False):
     serving_units: list[str]
     cpu: dict
     pci: list[dict]
+    nvswitches: list[str]
+    fabric_manager: dict
     free_disk: dict[str, int | None]
     model_bytes: dict
     reads: dict[str, Any]

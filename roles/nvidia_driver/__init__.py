@@ -35,6 +35,8 @@ from rigup import apt, lock
 from rigup.config import Config, role_defaults
 from rigup.files import managed
 from rigup.gpu.driver import branch_of, modules_choice
+from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
+from rigup.gpu.fabric import line as fabric_line
 from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.probe import operation
@@ -75,6 +77,11 @@ def installed_elsewhere(plan: Plan, data: Config, state: dict) -> bool:
 
 
 def plan_lines(plan: Plan, data: Config) -> list[str]:
+    fabric = [fabric_line(plan.get("fabric"))] if plan.get("fabric") else []
+    return fabric + _driver_lines(plan, data)
+
+
+def _driver_lines(plan: Plan, data: Config) -> list[str]:
     step = plan.get("driver_step")
     if not managed_here(plan, data):
         return []
@@ -179,7 +186,8 @@ def apply(plan: Plan, data: Config):
     branch = int(data["nvidia_driver_branch"])
     modules = _modules(plan, data)
     state = read_once(DriverHost)
-    table = driver_packages(state["os"].get("id", ""), branch, modules)
+    fabric = plan.get("fabric") or {}
+    table = driver_packages(state["os"].get("id", ""), branch, modules, nvswitch=bool(fabric.get("nvswitches")))
     if not modules or not table or installed_elsewhere(plan, data, state):   # refused by preflight (checks.py), or not ours
         return
     missing = bool(at_branch(state["packages"], table["packages"], branch, table["versioned"]))
@@ -201,3 +209,5 @@ def apply(plan: Plan, data: Config):
     if plan.get("systemd"):
         running(name="nvidia-persistenced running", unit="nvidia-persistenced.service",
                 units=["nvidia-persistenced.service"])
+        if fabric.get("nvswitches"):   # before any serving unit: CUDA does not start on an NVSwitch board without it
+            running(name="fabric manager running", unit=FABRIC_SERVICE, units=[FABRIC_SERVICE])

@@ -10,6 +10,7 @@ rigup/refusal.py).
     check_headers      a driver to build with DKMS, and no headers package for the running kernel
     check_secure_boot  a driver to build with DKMS on a host with Secure Boot on
     check_serving      a branch change on a host that serves, outside a roll
+    check_fabric       an NVSwitch host whose fabric manager cannot run with its driver (rigup/gpu/fabric.py)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rigup.gpu.catalogue import oldest_cc
+from rigup.gpu.fabric import mismatch
 from rigup.gpu.driver import modules_choice
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
@@ -141,4 +143,31 @@ def check_serving(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                     "host in maintenance (rigup_maintenance: true) first", "driver_serving")]
 
 
-CHECKS = (check_cards, check_branch_cards, check_modules, check_distribution, check_headers, check_secure_boot, check_serving)
+def check_fabric(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """An NVSwitch host (HGX, DGX) whose fabric manager cannot run with its driver: one installed at
+    another version than the loaded driver (both named), or none where the driver comes from
+    Debian's packages (they ship no fabric manager). Without it CUDA fails with error 802."""
+    fabric = plan.get("fabric")
+    if not fabric or not fabric["nvswitches"] or not data.get("gpu_enabled", True):
+        return []
+    driver = (plan.get("driver") or {}).get("version")
+    why = None if plan.get("driver_step") else mismatch(fabric, driver)   # a branch change moves both
+    if why:
+        return [Refusal(f"NVSwitch host: fabric manager {fabric['manager']}, driver {driver}", why,
+                        f"install the fabric manager of version {driver} from the driver's own source (Ubuntu: "
+                        f"nvidia-fabricmanager-{str(driver).split('.')[0]}; NVIDIA's CUDA repository: "
+                        f"nvidia-fabricmanager={driver}-1), or reboot if the driver was upgraded and its module not "
+                        "loaded yet", "driver_fabric")]
+    os_id = (_host(facts).get("os") or {}).get("id")
+    if not fabric["manager"] and os_id == "debian" and _branch(data) is not None:
+        return [Refusal(f"NVSwitch host ({fabric['nvswitches']} x NVSwitch) on Debian's driver packages",
+                        "Debian's nvidia-driver packages ship no nvidia-fabricmanager, and CUDA does not start on an "
+                        "NVSwitch board without one at the driver's exact version",
+                        "install the driver and nvidia-fabricmanager at one version from NVIDIA's CUDA repository "
+                        "and set nvidia_driver_branch: null (rigup leaves both as they are), or run Ubuntu, whose "
+                        "archive has nvidia-fabricmanager-BRANCH", "driver_fabric")]
+    return []
+
+
+CHECKS = (check_cards, check_branch_cards, check_modules, check_distribution, check_headers, check_secure_boot, check_serving,
+          check_fabric)

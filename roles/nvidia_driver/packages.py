@@ -22,18 +22,21 @@ def preferred_modules(os_id: str) -> tuple[str, ...]:
     return ("proprietary", "open") if os_id == "debian" else ("open", "proprietary")
 
 
-def driver_packages(os_id: str, branch: int, modules: str) -> dict | None:
+def driver_packages(os_id: str, branch: int, modules: str, nvswitch: bool = False) -> dict | None:
     """``{"packages": [...], "components": [...], "versioned": bool, "probe": name}`` for
     ``os_id`` (debian, ubuntu), or None for another distribution. ``versioned``: the branch is in
     the packages' versions, not their names: ``probe`` (the kernel module's package) has its
-    candidate checked to be of the branch, and every package is pinned to its version."""
+    candidate checked to be of the branch, and every package is pinned to its version. On an
+    NVSwitch host (``nvswitch``) Ubuntu's set has the fabric manager and its NSCQ library of the
+    same branch, from the same archive, held with the driver (Debian ships none: check_fabric)."""
     if os_id == "debian":
         module = ["nvidia-open-kernel-dkms", "firmware-nvidia-gsp"] if modules == "open" else ["nvidia-kernel-dkms"]
         return {"packages": [*module, "nvidia-smi", "libcuda1", "nvidia-persistenced"],
                 "components": ["contrib", "non-free", "non-free-firmware"], "versioned": True, "probe": module[0]}
     if os_id == "ubuntu":
         flavour = "-open" if modules == "open" else ""
-        return {"packages": [f"nvidia-headless-{branch}-server{flavour}", f"nvidia-utils-{branch}-server"],
+        fabric = [f"nvidia-fabricmanager-{branch}", f"libnvidia-nscq-{branch}"] if nvswitch else []
+        return {"packages": [f"nvidia-headless-{branch}-server{flavour}", f"nvidia-utils-{branch}-server", *fabric],
                 "components": [], "versioned": False, "probe": f"nvidia-utils-{branch}-server"}
     return None
 

@@ -29,6 +29,7 @@ from pyinfra import host
 
 from rigup import summary
 from rigup.config import Config, fleet_data, source_of
+from rigup.gpu.fabric import fabric_plan
 from rigup.gpu.driver import planned_gpus
 from rigup.gpu.facts import HardwareFacts, NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, format_plan, hardware_plan
@@ -117,7 +118,8 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     # a driver step (roles/nvidia_driver): without a driver the cards come from the PCI bus
     gpus, step = planned_gpus(facts, data)
     plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
-                      systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step)
+                      systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step,
+                      fabric=fabric_plan(facts.get("nvswitches") or [], gpus, facts.get("fabric_manager")))
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs

@@ -340,6 +340,10 @@ def _fields():
         "clocks.current.sm": (H, lambda c, s: s["clocks_lock"][1] if s["clocks_lock"]
                               else c.get("sm_clock_idle_mhz")),
         "clocks.max.sm": (H, lambda c, s: c.get("sm_clock_max_mhz")),
+        # the NVSwitch fabric's registration (Hopper and later; N/A on the lab's cards, as on one
+        # passed-through H200: rigup/gpu/fabric.py)
+        "fabric.state": (None, lambda c, s: c.get("fabric_state")),
+        "fabric.status": (None, lambda c, s: c.get("fabric_status")),
     }
     f["clocks.current.graphics"] = f["clocks.current.sm"]
     f["clocks.max.graphics"] = f["clocks.max.sm"]

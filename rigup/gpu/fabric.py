@@ -1,0 +1,109 @@
+"""The NVSwitch fabric of an HGX or DGX host (8 A100, H100 or H200 on one board): read and judged,
+pure. On such a host CUDA does not start until NVIDIA's fabric manager runs, at exactly the
+driver's version (at another it refuses to start and every CUDA program fails with error 802,
+"system not yet initialized": ../shared/notes/field-2026-12b.md, dstack#2348).
+
+What is read (rigup.gpu.facts, in the one hardware read):
+- the NVSwitch chips on the PCI bus: NVIDIA devices (vendor 0x10de) of bridge class 0x0680, from
+  the same sysfs lines as the cards (:func:`parse_nvswitches`), also before any driver answers;
+- with an NVSwitch there, the fabric manager's packages and version (``nvidia-fabricmanager``,
+  ``nvidia-fabricmanager-BRANCH``) and its service's state (:data:`MANAGER_COMMAND`);
+- each card's ``fabric.state`` and ``fabric.status`` (nvidia-smi's query, Hopper and later; N/A on
+  Ampere and on a single card passed through to a VM, as the lent H200 machine reports).
+
+A VM of an HGX host may see eight cards with NVLink and no NVSwitch (the hypervisor runs the
+fabric): no fabric manager is wanted there, but the cards' fabric state is still judged.
+"""
+
+from __future__ import annotations
+
+import re
+
+SERVICE = "nvidia-fabricmanager.service"
+_PACKAGE = re.compile(r"nvidia-fabricmanager(?:-[0-9]{3})?")   # NVIDIA's CUDA repository's, Ubuntu's per branch
+NVSWITCH_CLASS = "0x0680"   # PCI bridge, other: what an NVSwitch is (lspci: "Bridge: NVIDIA ... NVSwitch")
+# The fabric manager's packages and its service, read only where an NVSwitch is on the PCI bus
+# (a host without one runs nothing more): "fm PACKAGE VERSION STATUS" lines, then "active STATE".
+MANAGER_COMMAND = (
+    "for v in $(grep -lx 0x10de /sys/bus/pci/devices/*/vendor 2>/dev/null); do read -r c < \"${v%/vendor}/class\"; "
+    f"case $c in {NVSWITCH_CLASS}*) "
+    "dpkg-query -W -f='fm ${Package} ${Version} ${db:Status-Abbrev}\\n' 'nvidia-fabricmanager*' 2>/dev/null; "
+    f"echo \"active $(systemctl is-active {SERVICE} 2>/dev/null)\"; break;; esac; done; true")
+
+
+def parse_nvswitches(lines: list[str]) -> list[str]:
+    """rigup.gpu.facts PCI_COMMAND's lines (``BUS DEVICE CLASS``) -> the NVSwitches' bus ids, in order."""
+    return sorted(p[0] for p in (line.split() for line in lines)
+                  if len(p) == 3 and p[2].lower().startswith(NVSWITCH_CLASS))
+
+
+def parse_manager(lines: list[str]) -> dict:
+    """:data:`MANAGER_COMMAND`'s lines -> {"version": the installed fabric manager's version (the
+    upstream part, ``580.105.08``) or None, "package": its name or None, "active": the service's
+    state or None (not read: no NVSwitch)}."""
+    out: dict = {"version": None, "package": None, "active": None}
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == "fm" and parts[3].startswith("ii") and _PACKAGE.fullmatch(parts[1]):
+            out.update(package=parts[1], version=parts[2].split(":")[-1].split("-")[0])
+        elif len(parts) == 2 and parts[0] == "active":
+            out["active"] = parts[1]
+        elif parts == ["active"]:
+            out["active"] = "unknown"
+    return out
+
+
+def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -> dict | None:
+    """What the plan says of the fabric, or None for a host with neither an NVSwitch nor a card
+    reporting a fabric state: {"nvswitches": N, "manager": version or None, "package", "active",
+    "states": {state/status: count of cards}, "vm": an NVLink fabric the cards report without an
+    NVSwitch on this PCI bus (a VM of an HGX host)}."""
+    states: dict[str, int] = {}
+    for g in gpus:
+        if not g.get("lost") and g.get("fabric_state"):
+            key = g["fabric_state"] + (f"/{g['fabric_status']}" if g.get("fabric_status") else "")
+            states[key] = states.get(key, 0) + 1
+    if not nvswitches and not states:
+        return None
+    manager = manager or {}
+    return {"nvswitches": len(nvswitches), "manager": manager.get("version"), "package": manager.get("package"),
+            "active": manager.get("active"), "states": states, "vm": not nvswitches}
+
+
+def line(fabric: dict | None) -> str | None:
+    """The plan's fabric line: ``fabric:    6 x NVSwitch, fabric manager 580.105.08 active, 8 cards
+    Completed/Success``."""
+    if not fabric:
+        return None
+    parts = [f"{fabric['nvswitches']} x NVSwitch" if fabric["nvswitches"] else
+             "no NVSwitch on this PCI bus (a VM of an HGX host: its hypervisor runs the fabric)"]
+    if fabric["nvswitches"]:
+        parts.append(f"fabric manager {fabric['manager']} {fabric['active'] or 'state unknown'}"
+                     if fabric["manager"] else "no fabric manager installed")
+    if fabric["states"]:
+        parts.append(", ".join(f"{n} card{'s' * (n > 1)} {s}" for s, n in sorted(fabric["states"].items())))
+    return "fabric:    " + ", ".join(parts)
+
+
+def mismatch(fabric: dict | None, driver_version: str | None) -> str | None:
+    """Why the installed fabric manager cannot run with the loaded driver, or None: both versions
+    named (they must be equal; at another version it refuses to start and CUDA fails with 802)."""
+    if not fabric or not fabric["nvswitches"] or not fabric["manager"] or not driver_version:
+        return None
+    if fabric["manager"] == driver_version:
+        return None
+    return (f"fabric manager {fabric['manager']} ({fabric['package']}) with driver {driver_version}: they must be "
+            "the same version (the fabric manager refuses to start, and every CUDA program fails with error 802, "
+            "'system not yet initialized')")
+
+
+def not_ready(fabric: dict | None) -> list[str]:
+    """What keeps the cards from serving on this fabric: cards whose fabric state is not
+    Completed/Success (Hopper and later), or, with NVSwitches, a fabric manager not active."""
+    if not fabric:
+        return []
+    found = [f"{n} card{'s' * (n > 1)} report fabric {s}" for s, n in sorted(fabric["states"].items())
+             if s != "Completed/Success"]
+    if fabric["nvswitches"] and fabric["manager"] and fabric["active"] != "active":
+        found.append(f"{SERVICE} is {fabric['active'] or 'not running'}")
+    return found

@@ -1,0 +1,78 @@
+"""An HGX/DGX host's NVSwitch fabric (rigup/gpu/fabric.py; issue 48): read in the one hardware
+read, shown in the plan, judged before any change (roles/nvidia_driver check_fabric), and on Ubuntu
+installed with the driver at its branch. What the lent H200 machine reported (read only,
+2026-12-04, driver 580.159.04): one card, no NVSwitch on its PCI bus, ``fabric.state`` and
+``fabric.status`` N/A: no fabric line, nothing refused, nothing installed."""
+
+from rigup.gpu import fabric
+from rigup.gpu.facts import parse_gpus, parse_hardware
+from roles.nvidia_driver.checks import check_fabric
+from roles.nvidia_driver.packages import driver_packages
+from tests.unit.hosts import data, host
+
+# PCI_COMMAND's lines on an 8 x A100 SXM4 HGX board: 8 cards, 6 NVSwitches (class 0x068000)
+HGX_PCI = ([f"0000:{b}:00.0 0x20b2 0x030200" for b in ("07", "0f", "47", "4e", "87", "90", "b7", "bd")]
+           + [f"0000:{b}:00.0 0x1af1 0x068000" for b in ("c4", "c5", "c6", "c7", "c8", "c9")])
+FM_UBUNTU = ["fm nvidia-fabricmanager-580 580.105.08-0ubuntu1 ii ", "fm nvidia-fabricmanager-dev-580 580.105.08-0ubuntu1 ii ",
+             "active active"]
+H200_ROW = "0, GPU-46c2, 00000000:00:06.0, 0x233510DE, NVIDIA H200, 9.0, 143771, 0, 700.00, 200.00, 700.00, 700.00, " \
+           "124.00, 35, Enabled, 5, 16, 580.159.04, 5, 16"
+
+
+def plan_with(fabric_value, driver="580.105.08"):
+    plan, _ = host("a100")
+    return {**plan, "driver": {**plan["driver"], "version": driver}, "fabric": fabric_value}
+
+
+def test_nvswitches_and_the_fabric_manager_are_read_only_where_they_are():
+    assert fabric.parse_nvswitches(HGX_PCI) == [f"0000:{b}:00.0" for b in ("c4", "c5", "c6", "c7", "c8", "c9")]
+    assert fabric.parse_manager(FM_UBUNTU) == {"version": "580.105.08", "package": "nvidia-fabricmanager-580",
+                                               "active": "active"}
+    assert fabric.parse_manager([]) == {"version": None, "package": None, "active": None}    # no NVSwitch: not read
+    assert fabric.parse_manager(["fm nvidia-fabricmanager 1:575.57.08-1 rc ", "active inactive"])["version"] is None
+    hw = parse_hardware(["##rigup:pci", *HGX_PCI, "##rigup:fabric", *FM_UBUNTU])
+    assert len(hw["pci"]) == 8 and len(hw["nvswitches"]) == 6 and hw["fabric_manager"]["version"] == "580.105.08"
+
+
+def test_the_cards_fabric_state_is_read_where_the_driver_knows_it_and_bounded():
+    (h200,) = parse_gpus([H200_ROW + ", N/A, N/A"])           # as the lent H200 answered: one card, passed through
+    assert h200["fabric_state"] is None and h200["fabric_status"] is None and h200["name"] == "NVIDIA H200"
+    assert parse_gpus([H200_ROW])[0].get("fabric_state") is None      # a driver without the fields: read again without
+    (hopper,) = parse_gpus([H200_ROW + ", Completed, Success"])
+    assert (hopper["fabric_state"], hopper["fabric_status"]) == ("Completed", "Success")
+    assert parse_gpus([H200_ROW + ", \x1b[31mComplete, Success"])[0]["fabric_state"] == "unreadable"
+    assert fabric.fabric_plan([], [h200], None) is None                # the H200 machine: no fabric line at all
+
+
+def test_the_plan_line_names_switches_manager_and_states():
+    cards = [{"fabric_state": "Completed", "fabric_status": "Success"}] * 8
+    hgx = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), cards, fabric.parse_manager(FM_UBUNTU))
+    assert fabric.line(hgx) == "fabric:    6 x NVSwitch, fabric manager 580.105.08 active, 8 cards Completed/Success"
+    vm = fabric.fabric_plan([], [{"fabric_state": "In Progress"}] * 8, None)
+    assert vm["vm"] and fabric.line(vm).startswith("fabric:    no NVSwitch on this PCI bus (a VM of an HGX host")
+    assert fabric.not_ready(vm) == ["8 cards report fabric In Progress"]
+    stopped = fabric.fabric_plan(["0000:c4:00.0"], [], {"version": "580.105.08", "package": "p", "active": "inactive"})
+    assert fabric.not_ready(stopped) == ["nvidia-fabricmanager.service is inactive"] and fabric.not_ready(hgx) == []
+
+
+def test_a_fabric_manager_of_another_version_or_none_on_debian_is_refused_naming_both():
+    hgx = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], fabric.parse_manager(FM_UBUNTU))
+    ubuntu = {"reads": {"DriverHost": {"os": {"id": "ubuntu"}}}}
+    assert check_fabric(plan_with(hgx), ubuntu, data()) == []                       # the same version
+    (r,) = check_fabric(plan_with(hgx, "580.95.05"), ubuntu, data())
+    assert "fabric manager 580.105.08, driver 580.95.05" in r.line("h") and "error 802" in r.why
+    assert "nvidia-fabricmanager-580" in r.fix and r.check == "driver_fabric"
+    assert check_fabric(plan_with(hgx, "580.95.05") | {"driver_step": {"branch": 590}}, ubuntu, data()) == []
+    bare = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], None)
+    debian = {"reads": {"DriverHost": {"os": {"id": "debian"}}}}
+    (r,) = check_fabric(plan_with(bare), debian, data(nvidia_driver_branch=535))
+    assert "Debian's driver packages" in r.what and "no nvidia-fabricmanager" in r.why
+    assert check_fabric(plan_with(None), debian, data(nvidia_driver_branch=535)) == []     # no NVSwitch: nothing new
+
+
+def test_ubuntu_installs_the_fabric_manager_of_the_drivers_branch_only_on_nvswitch_hosts():
+    assert driver_packages("ubuntu", 580, "open")["packages"] == ["nvidia-headless-580-server-open", "nvidia-utils-580-server"]
+    assert driver_packages("ubuntu", 580, "open", nvswitch=True)["packages"][2:] == ["nvidia-fabricmanager-580",
+                                                                                    "libnvidia-nscq-580"]
+    assert driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"] == \
+        driver_packages("debian", 535, "proprietary")["packages"]
