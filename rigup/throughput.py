@@ -18,6 +18,7 @@ over the level's wall time, per-request tok/s the mean of the requests' own rate
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import sys
@@ -53,6 +54,30 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
+MAX_ANSWER = 4 << 20   # bytes: a completion of a few hundred tokens is a few KiB
+
+
+def bounded_read(answer, deadline: float) -> bytes:
+    """The whole body of ``answer``, read by pieces, at most :data:`MAX_ANSWER` bytes and until
+    ``deadline`` (time.monotonic()): the socket's timeout bounds each piece only, so a server that
+    drips a never-ending chunked answer would hold the check forever (issue 47). TimeoutError (an
+    OSError) past the deadline, ValueError past the size, http.client.IncompleteRead for an answer
+    cut off (as ``read()`` raises it)."""
+    pieces, size = [], 0
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the answer was still coming at its deadline ({size} bytes read)")
+        piece = answer.read1(65536)
+        if not piece:
+            if getattr(answer, "length", None):   # the connection closed before its Content-Length: cut off
+                raise http.client.IncompleteRead(b"".join(pieces), answer.length)
+            return b"".join(pieces)
+        size += len(piece)
+        if size > MAX_ANSWER:
+            raise ValueError(f"the answer is larger than {MAX_ANSWER} bytes")
+        pieces.append(piece)
+
+
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
                model: str | None = None) -> dict:
     """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):
@@ -66,7 +91,7 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     started = time.monotonic()
     with _OPENER.open(request, timeout=timeout) as answer:
-        doc = json.loads(answer.read())
+        doc = json.loads(bounded_read(answer, started + timeout))
     seconds = time.monotonic() - started
     tokens = int((doc.get("usage") or {})["completion_tokens"])
     reported = _rate((doc.get("timings") or {}).get("predicted_per_second"))

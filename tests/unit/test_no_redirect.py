@@ -80,3 +80,43 @@ def test_the_metrics_relay_refuses_a_redirect_and_the_key_stays(origins, tmp_pat
           f"the other origin saw {len(seen)} request(s)")
     assert failed.value.code == 502 and seen == []
     assert not any(KEY in str(h) for h in seen)
+
+
+def test_a_never_ending_chunked_answer_ends_at_the_timeout_and_a_huge_one_at_its_size():
+    """A server that drips a chunked answer forever (each piece well within the socket's timeout)
+    or sends more than a completion's worth: the completion ends at its timeout, or at
+    MAX_ANSWER bytes, never holding the watchdog's check."""
+    import time
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            big = self.path.endswith("/big/v1/chat/completions")
+            for _ in range(10_000):
+                piece = b" " * (1 << 20) if big else b" "
+                try:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0 if big else 0.2)
+
+    server = serve(Drip)
+    url = f"http://127.0.0.1:{server.server_port}"
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="still coming at its deadline"):
+        throughput.completion(url, KEY, timeout=2)
+    drip = time.monotonic() - start
+    with pytest.raises(ValueError, match="larger than"):
+        throughput.completion(url + "/big", KEY, timeout=30)
+    print(f"\na dripping answer ended after {drip:.1f} s (timeout 2 s); a huge one at {throughput.MAX_ANSWER} bytes")
+    assert drip < 5
+    server.shutdown()
