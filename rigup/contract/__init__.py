@@ -8,6 +8,7 @@ tables with them, and tests/gpu loads them with a plain python3.
   (:data:`MAPS`), and :func:`served`, the one reader of the serving maps for the code outside the
   engines' roles (the balancer, roll.py, status.py), with their defaults filled in
 - ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows and :func:`view`
+- ``vllm``: vLLM's ``vllm serve`` (roles/vllm): its rows
 """
 
 from __future__ import annotations
@@ -15,6 +16,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REQUIRED = object()   # a key without a default (rigup.entries.Key's too)
+OWNED, ALSO = "owned", "also"
+VALUE, SWITCH, PAIR, OWN = "value", "switch", "pair", "own"   # OWN: the engine's command writes it itself
+
+
+@dataclass(frozen=True)
+class Flag:
+    """An instance key that becomes a flag of the engine: its form, default, spellings (the first is
+    written), doc, policy (OWNED: extra_args may not give it again; ALSO: it may, the last one wins),
+    how it is written (VALUE: ``FLAG VALUE``, none when null; SWITCH: the flag when true; PAIR: the
+    first spelling when true, the second when false), whether tune.py sweeps it, and since when the
+    engine has it (for the reader)."""
+
+    key: str
+    form: str
+    default: object
+    spellings: tuple[str, ...]
+    doc: str
+    policy: str = OWNED
+    write: str = VALUE
+    sweep: bool = False
+    since: str = "2023"
 
 
 @dataclass(frozen=True)
@@ -62,3 +84,33 @@ def served(data: dict) -> list[dict]:
                         "host": inst["host"] or "127.0.0.1", "api_key": bool(inst["api_key"]),
                         "key": key.format(name) if inst["api_key"] else None, "entry": entry})
     return out
+
+
+def flag_args(rows, inst: dict) -> list:
+    """The flags of ``rows`` for an instance (its values as they are, in the rows' order; rows
+    written OWN are the command's own to write)."""
+    out: list = []
+    for f in rows:
+        value = inst.get(f.key)
+        if f.write == OWN:
+            continue
+        if f.write == PAIR:
+            out.append(f.spellings[0] if value else f.spellings[1])
+        elif f.write == SWITCH:
+            out += [f.spellings[0]] if value else []
+        elif value is not None and value != "":   # null: the engine's default, no flag
+            out += [f.spellings[0], value]
+    return out
+
+
+def owned_by(rows, fixed: dict) -> dict:
+    """Every spelling extra_args may not give -> its key: ``fixed`` (the flags the command writes
+    from the instance itself) and those of ``rows`` of policy OWNED."""
+    return {**fixed, **{s: f.key for f in rows if f.policy == OWNED for s in f.spellings}}
+
+
+def doc_line(f: Flag) -> str:
+    """A row's doc as the entry form gives it: the flag first, and whether extra_args may give it."""
+    flags = "/".join(f.spellings) if f.write == PAIR else f.spellings[0]
+    also = "; extra_args may give it again (the last one wins)" if f.policy == ALSO else ""
+    return f"{flags}: {f.doc}{also}"

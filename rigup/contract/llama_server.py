@@ -23,35 +23,19 @@ installed next to it as ``rigup_llama_contract.py`` and ``rigup_contract.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 try:
-    from rigup.contract import MAPS, SERVING, Row, defaults
+    from rigup.contract import ALSO, MAPS, OWNED, PAIR, SERVING, SWITCH, VALUE, Flag, Row, defaults, doc_line, flag_args, owned_by
 except ImportError:   # on a host, next to rigup/tune.py: rigup/contract/__init__.py as rigup_contract.py
-    from rigup_contract import MAPS, SERVING, Row, defaults  # type: ignore[no-redef]
+    from rigup_contract import (ALSO, MAPS, OWNED, PAIR, SERVING, SWITCH, VALUE, Flag, Row,  # type: ignore[no-redef]
+                                defaults, doc_line, flag_args, owned_by)
 
 # the files of an instance NAME on a host (roles/llama_server writes them; tune.py, the metrics,
 # the watchdog and bench.py read them): .format(NAME)
 KEY = MAPS["llama_server_instances"]
 DROPIN = "/etc/systemd/system/rigup-llama@{}.service.d/rigup.conf"
 
-OWNED, ALSO = "owned", "also"
-VALUE, SWITCH, PAIR = "value", "switch", "pair"
 # llama.cpp's KV cache types (-ctk, -ctv: common/arg.cpp kv_cache_types).
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-
-
-@dataclass(frozen=True)
-class Flag:
-    key: str
-    form: str
-    default: object
-    spellings: tuple[str, ...]
-    doc: str
-    policy: str = OWNED
-    write: str = VALUE
-    sweep: bool = False
-    since: str = "2023"
 
 
 # In the order the command line gives them (a new row goes last: the drop-ins of hosts already
@@ -148,7 +132,7 @@ def view(data: dict) -> dict[str, dict]:
 
 def owned() -> dict[str, str | None]:
     """Every spelling extra_args may not give (policy ``owned``, and :data:`FIXED`) -> its key."""
-    return {**FIXED, **{s: f.key for f in FLAGS if f.policy == OWNED for s in f.spellings}}
+    return owned_by(FLAGS, FIXED)
 
 
 def spellings(keys=None) -> dict[str, tuple[str, ...]]:
@@ -160,20 +144,4 @@ def spellings(keys=None) -> dict[str, tuple[str, ...]]:
 
 def args(inst: dict) -> list:
     """The flags of :data:`FLAGS` for an instance (its values as they are, in the table's order)."""
-    out: list = []
-    for f in FLAGS:
-        value = inst.get(f.key)
-        if f.write == PAIR:
-            out.append(f.spellings[0] if value else f.spellings[1])
-        elif f.write == SWITCH:
-            out += [f.spellings[0]] if value else []
-        elif value is not None and value != "":   # null: llama.cpp's default, no flag
-            out += [f.spellings[0], value]
-    return out
-
-
-def doc_line(f: Flag) -> str:
-    """A row's doc as the entry form gives it: the flag first, and whether extra_args may give it."""
-    flags = "/".join(f.spellings) if f.write == PAIR else f.spellings[0]
-    also = "; extra_args may give it again (the last one wins)" if f.policy == ALSO else ""
-    return f"{flags}: {f.doc}{also}"
+    return flag_args(FLAGS, inst)

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
-from rigup.names import VLLM_KEY
+from rigup.contract import flag_args
+from rigup.contract.vllm import DROPIN, FLAGS, KEY
 from rigup.templates import render
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import VllmInstance, env_problems, partition_problem
@@ -20,9 +21,8 @@ if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
 
 ENV_FILE = "/etc/rigup/vllm/{}.env"
-KEY_FILE = VLLM_KEY      # VLLM_API_KEY=<key>, made on the host (api_key: true)
+KEY_FILE = KEY      # VLLM_API_KEY=<key>, made on the host (api_key: true)
 KEY_PREFIX = "VLLM_API_KEY="
-DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
 UNIT = "/etc/systemd/system/rigup-vllm@.service"
 STAMP = ".rigup-stamp.json"
 RAY_DIR = "/var/lib/rigup/vllm/ray"      # a Ray node's HOME and RAY_TMPDIR (roles/vllm/cluster.py)
@@ -272,12 +272,10 @@ def speculative_config(inst: VllmInstance, draft_path: str | None) -> str | None
 
 def argv(name: str, inst: VllmInstance, venv: str, model_path: str, draft_path: str | None = None) -> list[str]:
     """``vllm serve`` for one instance: --host and --port always explicit (vLLM binds every
-    interface by default), parallel sizes, memory fraction, the served name and, with a drafter
-    or ``speculative``, --speculative-config."""
+    interface by default), the flags of its contract (rigup/contract/vllm.py: parallel sizes, memory
+    fraction, the served name) and, with a drafter or ``speculative``, --speculative-config."""
     args = [f"{venv}/bin/vllm", "serve", model_path, "--host", inst["host"], "--port", inst["port"],
-            "--tensor-parallel-size", inst["tp"], "--pipeline-parallel-size", inst["pp"],
-            "--gpu-memory-utilization", inst["gpu_memory_utilization"],
-            "--served-model-name", inst.get("served_model_name") or name]
+            *flag_args(FLAGS, {**inst, "served_model_name": inst.get("served_model_name") or name})]
     spec = speculative_config(inst, draft_path)
     args += ["--speculative-config", spec] if spec else []
     return [str(a) for a in args + list(inst["extra_args"])]

@@ -8,6 +8,8 @@ import math
 import re
 from typing import Any, TYPE_CHECKING
 
+from rigup.contract import doc_line
+from rigup.contract.vllm import FLAGS, OTHER, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
@@ -32,29 +34,16 @@ class VllmInstance(ServingInstance):
     speculative: dict[str, Any]
 
 
-VLLM_INSTANCE: dict[str, Key] = {
+VLLM_INSTANCE: dict[str, Key] = {   # rigup/contract/vllm.py's rows
     **SERVING_KEYS,
-    "tp": Key("int 1..", 1, "--tensor-parallel-size"),
-    "pp": Key("int 1..", 1, "--pipeline-parallel-size"),
-    "pp_partition": Key("str or null", None, "VLLM_PP_LAYER_PARTITION: layers per stage, e.g. '13,11,11,10'"),
-    "gpu_memory_utilization": Key("float 0.05..1", 0.9, "--gpu-memory-utilization"),
-    "served_model_name": Key("str or null", None, "--served-model-name (default: the instance's name)"),
-    "layers": Key("int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
-    "gpus": Key("str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
-    "env": Key("map", {}, "more environment for this instance"),
-    "replicas": Key("count", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
-    "gpus_per_replica": Key("count or null", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
-    "draft_model": Key("str or null", None, "a key of models: the drafter, whose dest is --speculative-config's model"),
-    "speculative": Key("map", {}, "--speculative-config's other keys, e.g. {method: dflash, num_speculative_tokens: 7}"),
+    **{f.key: Key(f.form, f.default, doc_line(f)) for f in FLAGS},
+    **{r.key: Key(r.form, r.default, r.doc) for r in OTHER},
 }
 
 _INTS = re.compile(r"\d+(,\d+)*")
 # vllm serve's flags rigup sets from an instance's keys (in extra_args they are refused; vLLM also
 # reads --served_model_name and abbreviations such as --serv): flag -> the key.
-OWNED_FLAGS = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
-               "--served-model-name": "served_model_name", "--tensor-parallel-size": "tp", "-tp": "tp",
-               "--pipeline-parallel-size": "pp", "-pp": "pp", "--gpu-memory-utilization": "gpu_memory_utilization",
-               "--speculative-config": "speculative", "-sc": "speculative"}
+OWNED_FLAGS = owned()
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -106,3 +106,18 @@ def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
     found = [f"{p.relative_to(root)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
              if raw.search(line)]
     assert len(files) > 50 and found == [], found
+
+
+@pytest.mark.parametrize("key, spelling", [(f.key, s) for f in __import__("rigup.contract.vllm", fromlist=["FLAGS"]).FLAGS
+                                           for s in f.spellings])
+def test_vllms_contract_rows_are_its_entry_form_and_refused_in_extra_args(key, spelling):
+    """vLLM's rows (rigup/contract/vllm.py) make its entry form and its owned flags alike."""
+    from rigup.contract import vllm
+    from roles.vllm.schema import VLLM_INSTANCE, OWNED_FLAGS, instances as vllm_instances
+    assert OWNED_FLAGS == vllm.owned() and OWNED_FLAGS[spelling] == key
+    assert VLLM_INSTANCE[key].doc.startswith(spelling if spelling == vllm.BY_KEY[key].spellings[0] else
+                                             vllm.BY_KEY[key].spellings[0])
+    d = data(models={"m": {"repo": "org/model", "revision": REV, "size_gib": 10.0}},
+             vllm_instances={"x": {"model": "m", "port": 8000, "extra_args": [spelling, "1"]}})
+    _, problems = vllm_instances(d)
+    assert any(p[0] == "vllm_instances.x.extra_args" and f"set {key}" in p[1] for p in problems), problems
