@@ -472,7 +472,7 @@ def configure(host, roles=()) -> Config:
         if name not in data:
             setattr(host.data, name, var.default)
     run = _run(host)
-    resolvers = tuple(r.resolve for r in roles if hasattr(r, "resolve"))
+    resolvers = tuple(r.resolve for r in roles if r.resolve)
     if resolvers and not run.resolvers:
         run.resolvers = resolvers
     return config_of(host)

@@ -10,8 +10,13 @@ docs list them, is the order in which the roles first run. :func:`in_order` impo
 the plays do: a pure module such as roles/llama_server/command.py imports no other role).
 """
 
+from __future__ import annotations
+
 from importlib import import_module
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rigup.role import Role
 
 STEPS = ("base.apply", "nvidia_driver.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
          "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply",
@@ -20,11 +25,14 @@ STEPS = ("base.apply", "nvidia_driver.apply", "model_fetch.apply", "cuda_toolkit
 ORDER = tuple(dict.fromkeys(step.split(".")[0] for step in STEPS))
 
 
-def in_order() -> list[ModuleType]:
-    """The role packages, in the order they run."""
-    return [import_module(f"roles.{name}") for name in ORDER]
+def in_order() -> list[Role]:
+    """The roles' records (each package's ``ROLE``, rigup/role.py), in the order they run."""
+    return [import_module(f"roles.{name}").ROLE for name in ORDER]
 
 
 def steps() -> list:
-    """The deploy functions of :data:`STEPS`, in order."""
-    return [getattr(import_module(f"roles.{step.split('.')[0]}"), step.split(".")[1]) for step in STEPS]
+    """The deploy functions of :data:`STEPS`, in order: each role's ``apply``, or the step its
+    record names."""
+    records = {r.name: r for r in in_order()}
+    return [records[role].apply if step == "apply" else records[role].steps[step]
+            for role, step in (s.split(".") for s in STEPS)]

@@ -48,7 +48,7 @@ def refusal_table() -> str:
             "run stops before any host is touched. |"]
     owners = [("preflight", preflight_checks.check_gpu_host), ("preflight", preflight_checks.port_refusals)]
     for role in in_order():
-        owners += [(role.__name__.split(".")[-1], check) for check in (*getattr(role, "CHECKS", ()), *getattr(role, "FLEET_CHECKS", ()))]
+        owners += [(role.name, check) for check in (*role.checks, *role.fleet_checks)]
     for owner, check in owners:
         rows.append(f"| {owner} | `{check.__name__}` | {_first_paragraph(check.__doc__)} |")
     return "\n".join(rows)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, StringCommand, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.operations import apt
 
@@ -162,3 +163,6 @@ def apply(plan: Plan, data: Config):
                     fleet_key=fleet_api_key(data) if gateway else None)
     python.call(frontends_answer, gateway=gateway, drain=drain, timeout=data["balancer_health_timeout"],
                 name="balancer frontends answer", _if=done.did_change)
+
+
+ROLE = Role("balancer", apply, checks=CHECKS, ports=ports)

@@ -18,6 +18,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from rigup.probe import systemd
 
@@ -90,3 +91,6 @@ def apply(plan: Plan, data: Config):
         restarted=True,
         _if=journald.did_change,
     )
+
+
+ROLE = Role("base", apply, checks=CHECKS)

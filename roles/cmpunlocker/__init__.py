@@ -39,6 +39,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.operations import files
 
@@ -139,3 +140,6 @@ def apply(plan: Plan, data: Config):
     say(f"    [{host.name}] cmpunlocker: {why}")
     unlock_step(name=f"cmpunlocker: {step if step != 'nothing' else 'check'}", data=data,
                 _timeout=data["cmpunlocker_install_timeout"] + 300)
+
+
+ROLE = Role("cmpunlocker", apply, checks=CHECKS, plan_lines=plan_lines)

@@ -19,6 +19,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
@@ -98,3 +99,6 @@ def apply(plan: Plan, data: Config):
     managed(name="CUDA on login shells' PATH", dest=both[0], paths=both,
             text=render("cuda_toolkit-profile.sh.j2", **paths))
     managed(name="CUDA for rigup's units", dest=both[1], paths=both, text=render("cuda_toolkit.env.j2", **paths))
+
+
+ROLE = Role("cuda_toolkit", apply, checks=CHECKS)

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.facts.files import File
 from rigup.probe import systemd
@@ -172,3 +173,6 @@ def apply(plan: Plan, data: Config):
     services.running(name=f"gpu_guard: run {TIMER}", unit=TIMER, units=[TIMER])
     systemd.service(name=f"gpu_guard: restart {TIMER} (new period)", service=TIMER, restarted=True,
                     _if=timer.did_change)
+
+
+ROLE = Role("gpu_guard", apply, checks=CHECKS)

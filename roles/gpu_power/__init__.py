@@ -28,6 +28,7 @@ gpu_power_persistence, gpu_power_clocks; gpu_enabled (roles/preflight), rigup_pr
 from __future__ import annotations
 
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import systemd
 
 from rigup import files, services
@@ -81,3 +82,6 @@ def apply(plan: Plan, data: Config):
     systemd.daemon_reload(name="gpu_power: systemd daemon-reload", _if=unit.did_change)
     limits_applied(name="GPU power limits by UUID (set what differs, read back)", data=data, script=script)
     services.running(name=f"gpu_power: enable {UNIT}", unit=UNIT, units=[UNIT])
+
+
+ROLE = Role("gpu_power", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

@@ -38,6 +38,7 @@ import json
 import click
 from pyinfra import host
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import files, python
 
 from rigup import apt, progress
@@ -142,3 +143,6 @@ def proven(plan: Plan, data: Config):
     runs = len(plan.get("smoke") or []) or 1
     switched(name=f"llama.cpp current -> {ident}", dir=data["llama_cpp_dir"], target=f"builds/{ident}",
              smoke=smoke_spec(plan, data), smoke_timeout=runs * (2 * data["llama_cpp_smoke_timeout"] + 90))
+
+
+ROLE = Role("llama_cpp", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, steps={'proven': proven})

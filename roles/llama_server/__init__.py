@@ -53,6 +53,7 @@ import hashlib
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from rigup.probe import python
 
@@ -183,3 +184,6 @@ def apply(plan: Plan, data: Config):
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                         name=f"llama-server {server['unit']} answers", _if=started.did_change)
+
+
+ROLE = Role("llama_server", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_lines=plan_lines, fleet_plan_lines=fleet_plan_lines, smoke_runs=smoke_runs)

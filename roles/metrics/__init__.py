@@ -56,6 +56,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import operation
 from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
@@ -188,3 +189,6 @@ def apply(plan: Plan, data: Config):
         if not wanted:
             firewall.dropped(name=f"metrics: no allow-list for {', '.join(units)} ({path})", path=path, table=table,
                              units=units)
+
+
+ROLE = Role("metrics", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports)

@@ -72,6 +72,7 @@ from pathlib import Path
 import click
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.operations import files
 
@@ -559,3 +560,6 @@ def pruned(plan: Plan, data: Config):
     for spec in pruning:
         pruned_revisions(name=f"Model {spec['name']}: old revisions", spec=spec, keep=keep,
                          script=f"{data['rigup_prefix']}/bin/rigup-fetch", together=pruning)
+
+
+ROLE = Role("model_fetch", apply, checks=CHECKS, resolve=resolve, ports=ports, plan_reads=plan_reads, plan_lines=plan_lines, steps={'waited': waited, 'pruned': pruned})

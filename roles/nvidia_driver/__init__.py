@@ -31,6 +31,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy
 from pyinfra.operations import server
 
+from rigup.role import Role
 from rigup import apt, lock
 from rigup.config import Config, role_defaults
 from rigup.files import managed
@@ -211,3 +212,6 @@ def apply(plan: Plan, data: Config):
                 units=["nvidia-persistenced.service"])
         if fabric.get("nvswitches"):   # before any serving unit: CUDA does not start on an NVSwitch board without it
             running(name="fabric manager running", unit=FABRIC_SERVICE, units=[FABRIC_SERVICE])
+
+
+ROLE = Role("nvidia_driver", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

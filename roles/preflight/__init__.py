@@ -2,11 +2,11 @@
 
 It changes nothing on a host. It reads every hardware fact in one round trip (rigup.gpu.facts.
 HardwareFacts, with the free disk where each model goes), derives the plan (rigup.gpu.plan),
-prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles,
-and each role declares its checks (``CHECKS`` from ``roles/<role>/checks.py``) and, when its
-units listen, their ports (``ports``), what it adds to the printed plan (``plan_lines``; with
-the fleet: ``fleet_plan_lines``), and what a new llama.cpp build is smoke-tested with
-(``smoke_runs``: the plan's ``smoke``); the facts its plan lines read (``plan_reads``) are read
+prints it, and runs every role's refusals on plan, facts and data: the play hands it the roles'
+records (rigup/role.py ``Role``, each package's ``ROLE``), which declare their checks (from
+``roles/<role>/checks.py``) and, when their units listen, their ports (``ports``), what they add
+to the printed plan (``plan_lines``; with the fleet: ``fleet_plan_lines``), and what a new
+llama.cpp build is smoke-tested with (``smoke_runs``: the plan's ``smoke``); the facts their plan lines read (``plan_reads``) are read
 in preflight's one round trip, and handed to the checks as ``facts["reads"]`` (fact class name
 -> value). Preflight imports no role. A refused host is taken out
 of the run with one line per reason (host, what, why, how to fix); the other hosts go on,
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import atexit
 from dataclasses import replace
-from types import ModuleType
 
 import click
 from pyinfra import host
@@ -42,6 +41,7 @@ from roles.preflight.facts import PathBytes
 from rigup.text import say
 
 if TYPE_CHECKING:
+    from rigup.role import Role
     from rigup.gpu.facts import Facts
 
 __all__ = ["run", "refusals"]
@@ -73,18 +73,18 @@ def _summary() -> None:
 atexit.register(_summary)
 
 
-def refusals(roles: list[ModuleType], plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
+def refusals(roles: list[Role], plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
     """Every reason this plan cannot work on this host (pure: plan, facts and data in): preflight's
     own checks, each role's ``CHECKS`` and ``FLEET_CHECKS`` (these also take ``fleet``: every
     host's data, for what one host's settings mean to another), and the ports of every role's
     ``ports``."""
     found = check_gpu_host(plan, facts, data)
     for role in roles:
-        for check in getattr(role, "CHECKS", ()):
+        for check in role.checks:
             found += check(plan, facts, data)
-        for check in getattr(role, "FLEET_CHECKS", ()):
+        for check in role.fleet_checks:
             found += check(plan, facts, data, fleet)
-    claims = [claim for role in roles if hasattr(role, "ports") for claim in role.ports(plan, data, fleet)]
+    claims = [claim for role in roles if role.ports for claim in role.ports(plan, data, fleet)]
     return found + port_refusals(claims, facts)
 
 
@@ -97,7 +97,7 @@ def _sourced(refusal: Refusal) -> Refusal:
     return replace(refusal, what=f"{refusal.what} ({source_of(host, key)})")
 
 
-def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan:
+def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
     (or the play has ``more`` refusals of its own); ``data``: the host's configuration
     (rigup.config.configure). Returns the plan, with ``systemd`` (whether systemd is PID 1) and
@@ -107,7 +107,7 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     places = model_places(data)
     if dests:
         will_read(PathBytes, paths=places, marker=MARKER)   # one round trip for both
-    reads = [r for role in roles for r in getattr(role, "plan_reads", lambda data: [])(data)]
+    reads = [r for role in roles if role.plan_reads for r in role.plan_reads(data)]
     for fact, kwargs in reads:   # what a role's plan_lines and checks read of the host: in the same round trip
         will_read(fact, **kwargs)
     facts = dict(read_once(HardwareFacts, paths=["/", *dests]))
@@ -123,10 +123,10 @@ def run(roles: list[ModuleType], data: Config, more: list[Refusal] = ()) -> Plan
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs
-    plan["smoke"] = [run for role in roles if hasattr(role, "smoke_runs") for run in role.smoke_runs(plan, data, fleet)]
+    plan["smoke"] = [run for role in roles if role.smoke_runs for run in role.smoke_runs(plan, data, fleet)]
     lines = format_plan(plan).splitlines()
-    lines += [line for role in roles if hasattr(role, "plan_lines") for line in role.plan_lines(plan, data)]
-    lines += [line for role in roles if hasattr(role, "fleet_plan_lines")
+    lines += [line for role in roles if role.plan_lines for line in role.plan_lines(plan, data)]
+    lines += [line for role in roles if role.fleet_plan_lines
               for line in role.fleet_plan_lines(plan, data, fleet)]
     for line in lines:
         say(f"    [{host.name}] {line}")

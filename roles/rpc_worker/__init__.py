@@ -23,6 +23,7 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
+from rigup.role import Role
 from rigup.probe import operation
 
 from rigup import apt, firewall
@@ -125,3 +126,6 @@ def workers_started():
     waits for its workers: started after them, it would wait for a worker not yet started)."""
     host.noop("RPC workers started")
     yield from ()
+
+
+ROLE = Role("rpc_worker", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, smoke_runs=smoke_runs)

@@ -92,6 +92,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import operation
 from pyinfra.operations import files
 
@@ -330,3 +331,6 @@ def apply(plan: Plan, data: Config):
                         timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
                         auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
                         name=f"vllm {server['unit']} answers", _if=started.did_change)
+
+
+ROLE = Role("vllm", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_reads=plan_reads, plan_lines=plan_lines)

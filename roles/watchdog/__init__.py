@@ -49,6 +49,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
+from rigup.role import Role
 from rigup.probe import systemd
 from pyinfra.operations.util import any_changed
 
@@ -130,3 +131,6 @@ def apply(plan: Plan, data: Config):
     services.running(name=f"watchdog: run {TIMER}", unit=TIMER, units=[TIMER])
     systemd.service(name=f"watchdog: restart {TIMER} (new period)", service=TIMER, restarted=True,
                     _if=timer.did_change)
+
+
+ROLE = Role("watchdog", apply)
