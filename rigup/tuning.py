@@ -23,6 +23,7 @@ from pyinfra.api import FactBase
 from rigup import bench, yamlfile
 from rigup.config import ROOT
 from rigup.text import say
+from rigup.units import systemd_split
 from rigup.contract.llama_server import DROPIN, SWEPT
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
@@ -42,7 +43,7 @@ class ExecStart(FactBase):
 
     def process(self, output: list[str]) -> list[str] | None:
         line = "\n".join(output).strip()
-        return shlex.split(line) if line else None
+        return systemd_split(line) if line else None
 
 
 class ServingEnv(FactBase):

@@ -95,6 +95,13 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def systemd_split(line: str) -> list[str]:
+    """An ExecStart= line written by :func:`systemd_quote` back into its arguments: the shell's
+    split, then systemd's ``%%`` and ``$$`` read as ``%`` and ``$`` (issue 47: tune.py's sweep ran
+    an argument with a ``%`` or ``$`` doubled)."""
+    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
+
+
 def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
     ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=<sha256>``

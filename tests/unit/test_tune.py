@@ -172,3 +172,16 @@ def test_several_gpus_try_the_other_split_mode_each_card_with_less_and_each_main
                      [[{"split_mode": "row", "main_gpu": 1}]]]
     assert not [s for s in tune.stages(SPEC, tune.flags_of(ARGV)) if any("tensor_split" in c for d in s for c in d)]
     assert tune.with_flags(ARGV, {"tensor_split": "3,4", "main_gpu": 1})[-4:] == ["-ts", "3,4", "-mg", "1"]
+
+
+def test_the_drop_ins_execstart_reads_back_as_the_arguments_it_was_written_from():
+    """issue 47: the sweep reads the instance's ExecStart= (roles/llama_server's drop-in, written by
+    rigup.units.systemd_quote); a '%' or '$' in an argument is doubled there for systemd, and must
+    reach the sweep's servers single."""
+    from rigup.tuning import ExecStart
+    from rigup.units import systemd_quote
+    argv = ["/opt/rigup/llama.cpp/current/bin/llama-server", "-m", "/srv/models/m/a b.gguf", "--alias", "g",
+            "--chat-template-kwargs", '{"budget": "50%", "x": "$HOME"}', "--api-key-file", "/etc/rigup/k;ey"]
+    line = " ".join(systemd_quote(a) for a in argv)
+    assert "50%%" in line and "$$HOME" in line
+    assert ExecStart().process([line]) == argv and ExecStart().process([""]) is None
