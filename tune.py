@@ -24,7 +24,6 @@ _max_parallel, _max_tokens, _port.
 
 import io
 import json
-import shlex
 
 from pyinfra import host
 from pyinfra.operations import files, python, server

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import re
 
 from rigup.config import once
-from rigup.contract.llama_server import CACHE_TYPES, FLAGS, OTHER, doc_line, owned
+from rigup.contract.llama_server import FLAGS, OTHER, doc_line, owned
 from rigup.entries import Key
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries

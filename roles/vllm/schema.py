@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from rigup.contract import doc_line
 from rigup.contract.vllm import FLAGS, OTHER, owned
