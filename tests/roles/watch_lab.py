@@ -19,9 +19,9 @@ PLAY = """from pyinfra import host
 from roles import base, preflight
 from rigup.config import configure
 import importlib
-roles = [importlib.import_module("roles." + name) for name in {roles!r}]
-cfg = configure(host, [base, *roles])
-plan = preflight.run([base, *roles], cfg)
+roles = [importlib.import_module("roles." + name).ROLE for name in {roles!r}]   # their records (rigup/role.py)
+cfg = configure(host, [base.ROLE, *roles])
+plan = preflight.run([base.ROLE, *roles], cfg)
 base.apply(plan, cfg)
 for role in roles:
     role.apply(plan, cfg)
