@@ -31,7 +31,6 @@ from pyinfra.operations import files, python, server
 from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
 from rigup.contract import llama_server
-from rigup.names import LLAMA_KEY
 from rigup.text import say
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
@@ -59,7 +58,7 @@ for name, inst in sorted(instances.items()) if not unsafe else ():
     if not argv:
         say(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)")
         continue
-    key = LLAMA_KEY.format(name) if inst.get("api_key") else None
+    key = inst["key"]
     served = host.get_fact(tuning.ServingEnv, instance=name)
     spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key, served)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),

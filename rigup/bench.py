@@ -178,13 +178,14 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
     ``--repack 0``) or {"name", "error"} when it cannot run (no llama-bench in the build, the model
     incomplete)."""
     remedy = {"trap": REPACK.id} if repack_remedy(seen.get("smoke") or {}) else {}
+    serving = llama_server.view(data)
     runs = []
     for name, marker in model_markers(data).items():
         files = (seen["markers"].get(marker) or {}).get("files") or []
         gguf = first_gguf(files)
         why = ("no llama-bench in the build `current` points to (llama_cpp_targets)" if not seen["llama_bench"] else
                f"no model GGUF at {marker}" if not gguf else None)
-        ngl = llama_server.view(data)[name]["ngl"]   # as it serves: its own, else the tuned, else 99
+        ngl = serving[name]["ngl"]   # as it serves: its own, else the tuned, else 99
         runs.append({"name": name, "error": why} if why else
                     {"name": name, "dest": marker.rsplit('/', 1)[0], "model": f"{marker.rsplit('/', 1)[0]}/{gguf}",
                      "ngl": 99 if ngl is None else ngl, **remedy})

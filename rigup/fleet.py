@@ -122,7 +122,7 @@ def parse_cards(lines: list[str]) -> dict:
     said = [ln for ln in lines if ln.strip() and not ln.startswith("smi_rc=")]
     gpus = parse_gpus(said)
     rc = number(rc_line[7:], int) if rc_line else None
-    unread = sum(1 for ln in said if not parse_gpus([ln]))
+    unread = len(said) - len(gpus)   # parse_gpus makes at most one card of a line
     smi = ("missing" if rc_line is None else "hung" if rc in (124, 137) else
            f"failed (rc {rc})" if rc != 0 and not gpus else
            f"{unread} line{'s' if unread > 1 else ''} not understood" if unread else None)

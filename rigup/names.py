@@ -9,7 +9,8 @@
   guard writes there (roles/gpu_guard): :data:`TEXTFILE_DIR`, :data:`GPU_METRICS`; those of the
   downloads (roles/model_fetch) and of the watchdog (roles/watchdog): :data:`FETCH_METRICS`,
   :data:`WATCHDOG_METRICS`
-- the serving instances' API key files: :data:`LLAMA_KEY`, :data:`VLLM_KEY`
+- the serving instances' API key files: rigup/contract (``MAPS``; ``served`` and llama-server's
+  ``view`` give each instance's)
 - whether a bind address serves this host only, every interface or others: :func:`bind_scope`
 - the tok/s the health gate measured at a serving unit's (re)start (rigup/gate.py writes it, the
   watchdog's default floor reads it): :func:`gate_record`
@@ -20,8 +21,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from rigup.contract import MAPS
-
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
@@ -29,9 +28,6 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collec
 GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
 FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's downloads
 WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
-# API key files of serving instances (roles/llama_server and roles/vllm make them), read on the host
-# by the watchdog and bench.py: .format(instance name); llama-server's is its contract's.
-LLAMA_KEY, VLLM_KEY = MAPS["llama_server_instances"], MAPS["vllm_instances"]
 
 
 def marker_path(dest: str) -> str:

@@ -36,6 +36,13 @@ def number(text: object, kind: type = float):
     return int(value) if kind is int and "." in text else kind(text) if kind is int else value
 
 
+def whole(text: object) -> int | None:
+    """A whole number a host printed (a count, a port, bytes): ASCII digits only, at most 18 of them,
+    else None (:func:`number` also takes a sign and a point)."""
+    text = str(text).strip()
+    return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
+
+
 def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:
     """A host's multi-line text (a journal) as :func:`shown` lines: its ``last`` lines, each escaped
     and cut to ``limit`` (a final newline kept)."""

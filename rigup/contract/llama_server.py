@@ -115,7 +115,8 @@ SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)
 def view(data: dict) -> dict[str, dict]:
     """The host's llama-server instances as they serve, for every reader outside roles/llama_server
     (the metrics, the watchdog, bench.py, rigup/rpc.py, tune.py): name -> every key of the contract
-    with its default, then the entry's own keys, then its tuned flags (``llama_server_tuned``).
+    with its default, then the entry's own keys, then its tuned flags (``llama_server_tuned``), and
+    ``key``: its API key file, or None without ``api_key`` (as :func:`rigup.contract.served`).
     Not validated (preflight refuses a bad entry before a converge reads it): an entry that is not
     a map is left out; ctx and parallel may still be ``auto`` (the role sizes them)."""
     base = {**defaults(SERVING), **defaults(FLAGS), **defaults(OTHER)}
@@ -126,7 +127,8 @@ def view(data: dict) -> dict[str, dict]:
             continue
         flags = (tuned.get(name) or {}).get("flags") if isinstance(tuned.get(name), dict) else None
         swept = {k: v for k, v in flags.items() if k in SWEPT} if isinstance(flags, dict) else {}
-        out[str(name)] = {**base, **entry, **swept}
+        inst = {**base, **entry, **swept}
+        out[str(name)] = {**inst, "key": KEY.format(name) if inst["api_key"] else None}
     return out
 
 

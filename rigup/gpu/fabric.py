@@ -22,13 +22,10 @@ import re
 SERVICE = "nvidia-fabricmanager.service"
 _PACKAGE = re.compile(r"nvidia-fabricmanager(?:-[0-9]{3})?")   # NVIDIA's CUDA repository's, Ubuntu's per branch
 NVSWITCH_CLASS = "0x0680"   # PCI bridge, other: what an NVSwitch is (lspci: "Bridge: NVIDIA ... NVSwitch")
-# The fabric manager's packages and its service, read only where an NVSwitch is on the PCI bus
-# (a host without one runs nothing more): "fm PACKAGE VERSION STATUS" lines, then "active STATE".
-MANAGER_COMMAND = (
-    "for v in $(grep -lx 0x10de /sys/bus/pci/devices/*/vendor 2>/dev/null); do read -r c < \"${v%/vendor}/class\"; "
-    f"case $c in {NVSWITCH_CLASS}*) "
-    "dpkg-query -W -f='fm ${Package} ${Version} ${db:Status-Abbrev}\\n' 'nvidia-fabricmanager*' 2>/dev/null; "
-    f"echo \"active $(systemctl is-active {SERVICE} 2>/dev/null)\"; break;; esac; done; true")
+# The fabric manager's packages and its service: "fm PACKAGE VERSION STATUS" lines, then "active
+# STATE". rigup.gpu.facts runs it only where its PCI read found an NVSwitch (nothing more elsewhere).
+MANAGER_COMMAND = ("dpkg-query -W -f='fm ${Package} ${Version} ${db:Status-Abbrev}\\n' 'nvidia-fabricmanager*' "
+                   f"2>/dev/null; echo \"active $(systemctl is-active {SERVICE} 2>/dev/null)\"")
 
 
 def parse_nvswitches(lines: list[str]) -> list[str]:
@@ -55,9 +52,9 @@ def parse_manager(lines: list[str]) -> dict:
 
 def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -> dict | None:
     """What the plan says of the fabric, or None for a host with neither an NVSwitch nor a card
-    reporting a fabric state: {"nvswitches": N, "manager": version or None, "package", "active",
-    "states": {state/status: count of cards}, "vm": an NVLink fabric the cards report without an
-    NVSwitch on this PCI bus (a VM of an HGX host)}."""
+    reporting a fabric state: {"nvswitches": N (0: a VM of an HGX host, whose cards report the
+    fabric its hypervisor runs), "manager": version or None, "package", "active", "states":
+    {state/status: count of cards}}."""
     states: dict[str, int] = {}
     for g in gpus:
         if not g.get("lost") and g.get("fabric_state"):
@@ -67,7 +64,7 @@ def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -
         return None
     manager = manager or {}
     return {"nvswitches": len(nvswitches), "manager": manager.get("version"), "package": manager.get("package"),
-            "active": manager.get("active"), "states": states, "vm": not nvswitches}
+            "active": manager.get("active"), "states": states}
 
 
 def line(fabric: dict | None) -> str | None:
@@ -95,15 +92,3 @@ def mismatch(fabric: dict | None, driver_version: str | None) -> str | None:
     return (f"fabric manager {fabric['manager']} ({fabric['package']}) with driver {driver_version}: they must be "
             "the same version (the fabric manager refuses to start, and every CUDA program fails with error 802, "
             "'system not yet initialized')")
-
-
-def not_ready(fabric: dict | None) -> list[str]:
-    """What keeps the cards from serving on this fabric: cards whose fabric state is not
-    Completed/Success (Hopper and later), or, with NVSwitches, a fabric manager not active."""
-    if not fabric:
-        return []
-    found = [f"{n} card{'s' * (n > 1)} report fabric {s}" for s, n in sorted(fabric["states"].items())
-             if s != "Completed/Success"]
-    if fabric["nvswitches"] and fabric["manager"] and fabric["active"] != "active":
-        found.append(f"{SERVICE} is {fabric['active'] or 'not running'}")
-    return found

@@ -20,8 +20,8 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
-from rigup.gpu.fabric import MANAGER_COMMAND, parse_manager, parse_nvswitches
-from rigup.text import number
+from rigup.gpu.fabric import MANAGER_COMMAND, NVSWITCH_CLASS, parse_manager, parse_nvswitches
+from rigup.text import number, whole
 
 # ----------------------------------------------------------------------------- nvidia-smi
 # (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.
@@ -110,7 +110,7 @@ def parse_gpus(lines: list[str]) -> list[dict]:
             continue
         cells = line.split(",")
         fields = GPU_FIELDS + FABRIC_FIELDS if len(cells) == len(GPU_FIELDS) + len(FABRIC_FIELDS) else GPU_FIELDS
-        if len(cells) != len(fields) or _whole(cells[0]) is None:
+        if len(cells) != len(fields) or whole(cells[0]) is None:
             continue
         gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(fields, cells)}
         gpu["lost"] = False
@@ -263,7 +263,7 @@ def free_disk_command(path: str) -> str:
 
 def parse_free_disk(lines: list[str]) -> int | None:
     """The last number in ``df -B1 --output=avail``'s output (bytes), or None."""
-    return next((_whole(ln) for ln in reversed(lines) if _whole(ln) is not None), None)
+    return next((whole(ln) for ln in reversed(lines) if whole(ln) is not None), None)
 
 
 class FreeDisk(FactBase):
@@ -305,7 +305,7 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
         if len(cols) < 4 or cols[0] != "LISTEN":
             continue
         port = cols[3].rpartition(":")[2]
-        if _whole(port) is None:
+        if whole(port) is None:
             continue
         proc = _SS_PROCESS.search(line)
         if ports.get(int(port)) is None:
@@ -461,12 +461,7 @@ def _hex(text: str | None) -> int | None:
 
 def _count(lines: list[str]) -> int | None:
     """The first line that is a whole number, or None."""
-    return next((_whole(ln) for ln in lines if _whole(ln) is not None), None)
-
-
-def _whole(text: str) -> int | None:
-    """A whole number a host printed (ASCII digits, at most 18), else None."""
-    return int(text.strip()) if re.fullmatch(r"[0-9]{1,18}", text.strip()) else None
+    return next((whole(ln) for ln in lines if whole(ln) is not None), None)
 
 
 def parse_cpu(lines: list[str]) -> dict:
@@ -562,8 +557,9 @@ def hardware_command(paths: list[str] | tuple[str, ...] = ("/",)) -> str:
         f"echo '{MARK}systemd'; {SYSTEMD_COMMAND}",
         f"echo '{MARK}serving'; {SERVING_COMMAND}",
         f"echo '{MARK}cpu'; ( {CPU_COMMAND} )",
-        f"echo '{MARK}pci'; {PCI_COMMAND}",
-        f"echo '{MARK}fabric'; {MANAGER_COMMAND}",
+        # the PCI read once: the fabric manager is read only where it found an NVSwitch (class 0x0680)
+        f"echo '{MARK}pci'; pci=$({PCI_COMMAND}); printf '%s\\n' \"$pci\"",
+        f"echo '{MARK}fabric'; case \"$pci\" in *' {NVSWITCH_CLASS}'*) {MANAGER_COMMAND};; esac",
     ]
     for path in paths:
         parts.append(f"echo {shlex.quote(MARK + 'disk ' + path)}; ( {free_disk_command(path)} )")

@@ -118,7 +118,7 @@ def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 check_config.__doc__ = (   # the flags from the contract's table (rigup/contract/llama_server.py), as docs/refusals.md shows them
     "An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a model not in models, "
     "a bad tensor_split, or extra_args giving a flag rigup sets from the instance (" + ", ".join(
-        sorted({s for s in contract.owned()}, key=lambda s: (s.lstrip("-").lower(), s)))
+        sorted(contract.owned(), key=lambda s: (s.lstrip("-").lower(), s)))
     + "; ``--port=1`` too).")
 
 

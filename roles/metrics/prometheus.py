@@ -20,7 +20,7 @@ import yaml
 
 from rigup.contract import llama_server
 from rigup.gate import endpoint
-from rigup.names import LLAMA_KEY, bind_scope
+from rigup.names import bind_scope
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -57,7 +57,7 @@ def llama_instances(data: Config) -> dict[str, dict]:
     """The host's llama-server instances whose /metrics is on, as the relay reaches them:
     name -> {"url", "key"} (key: the API key file, or None), from llama-server's contract."""
     return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]),
-                   "key": LLAMA_KEY.format(name) if inst["api_key"] else None}
+                   "key": inst["key"]}
             for name, inst in llama_server.view(data).items() if inst["metrics"] and isinstance(inst["port"], int)}
 
 

@@ -58,7 +58,7 @@ from rigup.gpu.plan import Plan
 from rigup.config import Config, role_defaults
 from rigup.contract import llama_server
 from rigup.gate import endpoint
-from rigup.names import LLAMA_KEY, WATCHDOG_METRICS, gate_record
+from rigup.names import WATCHDOG_METRICS, gate_record
 from rigup.templates import render
 from roles.watchdog.watchdog import COMMAND_TIMEOUT_S
 
@@ -79,7 +79,7 @@ def watched(data: Config) -> dict[str, dict]:
         floor = inst["min_tokens_per_s"]
         if floor != 0 and isinstance(inst["port"], int):
             found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"],
-                           "key": LLAMA_KEY.format(name) if inst["api_key"] else None,
+                           "key": inst["key"],
                            "floor": None if floor is None else float(floor)}
     return found
 

@@ -6,11 +6,14 @@ import pytest
 
 from rigup.config import parse_form
 from rigup.contract import llama_server as contract
+from rigup.contract import vllm
 from rigup.entries import REQUIRED
 from roles.llama_cpp import smoke
 from roles.llama_server.command import argv
 from roles.llama_server.schema import LLAMA_INSTANCE, instances
 from roles.llama_server.tuned import FLAG_KEYS
+from roles.vllm.schema import OWNED_FLAGS, VLLM_INSTANCE
+from roles.vllm.schema import instances as vllm_instances
 from tests.docs import ROLE_DOCS
 from tests.unit.hosts import REV, data
 
@@ -108,12 +111,9 @@ def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
     assert len(files) > 50 and found == [], found
 
 
-@pytest.mark.parametrize("key, spelling", [(f.key, s) for f in __import__("rigup.contract.vllm", fromlist=["FLAGS"]).FLAGS
-                                           for s in f.spellings])
+@pytest.mark.parametrize("key, spelling", [(f.key, s) for f in vllm.FLAGS for s in f.spellings])
 def test_vllms_contract_rows_are_its_entry_form_and_refused_in_extra_args(key, spelling):
     """vLLM's rows (rigup/contract/vllm.py) make its entry form and its owned flags alike."""
-    from rigup.contract import vllm
-    from roles.vllm.schema import VLLM_INSTANCE, OWNED_FLAGS, instances as vllm_instances
     assert OWNED_FLAGS == vllm.owned() and OWNED_FLAGS[spelling] == key
     assert VLLM_INSTANCE[key].doc.startswith(spelling if spelling == vllm.BY_KEY[key].spellings[0] else
                                              vllm.BY_KEY[key].spellings[0])
