@@ -34,6 +34,7 @@ from pyinfra.api import FactBase
 from rigup import traps
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
+from rigup.contract.vllm import api_name
 from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import marker_path
@@ -64,7 +65,7 @@ def targets(data: dict, units: list[str] = ()) -> list[dict]:
     for inst in served(data):
         name, engine = inst["name"], "llama-server" if inst["var"] == "llama_server_instances" else "vllm"
         base = {"engine": engine, "key": inst["key"],
-                "model": (inst["entry"].get("served_model_name") or name) if engine == "vllm" else None}
+                "model": api_name(name, inst["entry"]) if engine == "vllm" else None}
         ks = replica_numbers(name, units) if engine == "llama-server" else []
         found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})
         found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",

@@ -43,6 +43,12 @@ BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 FIXED: dict[str, str | None] = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model"}
 
 
+def api_name(name: str, entry: dict) -> str:
+    """The model's name in the API of instance ``name`` (what a client sends as "model"): its
+    served_model_name, else the instance's name."""
+    return entry.get("served_model_name") or name
+
+
 def owned() -> dict[str, str | None]:
     """Every spelling extra_args may not give -> its key."""
     return owned_by(FLAGS, FIXED)

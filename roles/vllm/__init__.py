@@ -327,7 +327,7 @@ def apply(plan: Plan, data: Config):
             if data["rigup_maintenance"]:
                 continue
             python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,
-                        model=inst["served_model_name"] or name, prompt=data["vllm_health_prompt"],
+                        model=cmd.api_name(name, inst), prompt=data["vllm_health_prompt"],
                         timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
                         auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
                         name=f"vllm {server['unit']} answers", _if=started.did_change)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
 from rigup.contract import flag_args
-from rigup.contract.vllm import DROPIN, FLAGS, KEY
+from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name
 from rigup.templates import render
+from rigup.text import shown
 from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
 from roles.vllm.schema import VllmInstance, env_problems, partition_problem
 
@@ -75,8 +76,9 @@ def expanded(data: Config, found: dict | None) -> str | None:
         raise ConfigError(f"vllm_git_commit: {short!r} is ambiguous in {url}: {len(commits)} commits start with it "
                           f"({', '.join(commits[:4])}{', ...' if len(commits) > 4 else ''}): give more digits, "
                           "or the full 40-hex commit")
-    if not _HEX40.fullmatch(commits[0]):
-        raise ConfigError(f"vllm_git_commit: the host expanded {short!r} to {commits[0]!r}, not 40 lowercase hex")
+    if not _HEX40.fullmatch(commits[0]) or not commits[0].startswith(short):
+        raise ConfigError(f"vllm_git_commit: the host expanded {short!r} to '{shown(commits[0], 60)}', not a 40-lowercase-hex "
+                          "commit that starts with it")
     return commits[0]
 
 
@@ -275,7 +277,7 @@ def argv(name: str, inst: VllmInstance, venv: str, model_path: str, draft_path: 
     interface by default), the flags of its contract (rigup/contract/vllm.py: parallel sizes, memory
     fraction, the served name) and, with a drafter or ``speculative``, --speculative-config."""
     args = [f"{venv}/bin/vllm", "serve", model_path, "--host", inst["host"], "--port", inst["port"],
-            *flag_args(FLAGS, {**inst, "served_model_name": inst.get("served_model_name") or name})]
+            *flag_args(FLAGS, {**inst, "served_model_name": api_name(name, inst)})]
     spec = speculative_config(inst, draft_path)
     args += ["--speculative-config", spec] if spec else []
     return [str(a) for a in args + list(inst["extra_args"])]

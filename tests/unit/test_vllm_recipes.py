@@ -50,7 +50,10 @@ def test_a_short_commit_is_expanded_to_the_one_commit_that_starts_with_it():
     (found(), "no commit of https://github.com/Morrowmake/vllm-cmp170hx.git starts with '79a7108'"),
     (found(FULL, "79a7108" + "0" * 33), "'79a7108' is ambiguous in .*: 2 commits start with it"),
     (found(fetched=False, error="fatal: repository 'x' not found"), "'79a7108' is short, and the host could not fetch .*: fatal: repository 'x' not found"),
-    (found("79a7108NOTHEX"), "the host expanded .* not 40 lowercase hex"),
+    (found("79a7108NOTHEX"), "the host expanded .* not a 40-lowercase-hex commit that starts with it"),
+    # a lying host: 40 hex, but not a commit the short id names
+    (found("f" * 40), "the host expanded '79a7108' to 'f{40}', not a 40-lowercase-hex commit that starts with it"),
+    (found("79a7108\x1b[2J" + "0" * 29), r"the host expanded '79a7108' to '79a7108\\x1b\[2J0+', not"),
 ])
 def test_an_ambiguous_or_unknown_short_commit_is_refused_naming_the_key(what, message):
     d = {**FORK, "vllm_git_commit": FULL[:7]}
