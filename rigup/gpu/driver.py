@@ -24,6 +24,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from rigup.gpu.catalogue import card_by_pci_id, modules_for
+from rigup.text import shown
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -51,8 +52,10 @@ def driver_step(facts: dict, data: Any) -> dict | None:
     if gpus and branch_of(loaded) == int(branch):
         return None
     predicted = not gpus
+    # the host's text, shown as text and bounded; a version that names no branch is said to be one
+    now = f"{shown(loaded, 40)}" + ("" if branch_of(loaded) is not None else " (not a version of any branch)")
     return {"branch": int(branch),
-            "why": f"driver {loaded} is loaded, not branch {branch}" if loaded else NO_DRIVER,
+            "why": f"driver {now} is loaded, not branch {branch}" if loaded else NO_DRIVER,
             "predicted": predicted,
             "unknown": [p for p in pci if predicted and not card_by_pci_id(p["pci_device_id"])],
             "loaded": loaded}

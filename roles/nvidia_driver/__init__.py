@@ -43,6 +43,7 @@ from rigup.gpu.plan import Plan, gpu_host
 from rigup.probe import operation
 from rigup.services import running
 from rigup.state import read_once, reading
+from rigup.text import shown
 from roles.nvidia_driver.checks import CHECKS
 from roles.nvidia_driver.facts import DriverHost
 from roles.nvidia_driver.packages import PIN_FILE, at_branch, driver_packages, preferred_modules
@@ -89,10 +90,10 @@ def _driver_lines(plan: Plan, data: Config) -> list[str]:
     branch = data["nvidia_driver_branch"]
     modules = _modules(plan, data)
     if installed_elsewhere(plan, data, read_once(DriverHost)):
-        return [f"driver:    {plan['driver']['version']} (branch {branch}), not from the distribution's packages: "
+        return [f"driver:    {shown(plan['driver']['version'], 40)} (branch {branch}), not from the distribution's packages: "
                 "left as it is"]
     if not step:
-        return [f"driver:    {plan['driver']['version']} (branch {branch}, {modules} modules): nothing to install"]
+        return [f"driver:    {shown(plan['driver']['version'], 40)} (branch {branch}, {modules} modules): nothing to install"]
     then = ("the cards above are from the PCI bus: nvidia-smi must report them once it is loaded"
             if step["predicted"] else "the module is swapped: a reboot unless it loads in place")
     return [f"driver:    branch {branch} ({modules} modules) to install: {step['why']}; {then}"]

@@ -200,6 +200,27 @@ def test_a_readable_driver_still_plans_as_before():
     assert parse_driver(["--- proc", "--- smi", "NVIDIA-SMI has failed because it couldn't communicate"])["loaded"] is False
 
 
+@pytest.mark.parametrize("label", DRIVERS)
+def test_an_unreadable_driver_version_is_named_in_the_plan_never_a_crash(label):
+    """A lying host's driver version: the driver step says it is loaded and names it escaped and
+    bounded ("not a version of any branch" when no branch can be read; the plan's driver line is
+    made from it), and preflight's refusals run."""
+    plan, facts = host("a100")
+    facts["driver"] = {**facts["driver"], "version": DRIVERS[label]}
+    facts["reads"] = {"DriverHost": DEBIAN}
+    step = driver_step(facts, data(nvidia_driver_branch=535))
+    print(f"{label}: {step['why']}")
+    assert "\x1b" not in step["why"] and len(step["why"]) < 140
+    if not DRIVERS[label]:      # nothing said: as no driver
+        assert step["why"].startswith("no NVIDIA driver answers")
+        return
+    assert step["why"].startswith("driver ") and step["why"].endswith("is loaded, not branch 535")
+    assert ("not a version of any branch" in step["why"]) == (branch_of(DRIVERS[label]) is None)
+    plan = {**plan, "driver": facts["driver"], "driver_step": step}
+    for line in [r.line("h") for r in refusals(plan, facts, data(nvidia_driver_branch=535))]:
+        assert "\x1b" not in line and len(line) < 1000, line
+
+
 # ----------------------------------------------------------------------------- the GPU guard's check
 CONFIG = {"window_s": 10, "default": {"temp_c": 85, "draw_w": 300}}
 GOOD = "1, GPU-b, 00000000:0F:00.0, 0x20B210DE, 100.00, 400.00, 40"
