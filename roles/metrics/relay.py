@@ -24,11 +24,13 @@ import ipaddress
 import json
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 
 CONFIG = "/etc/rigup/metrics-relay.json"
-TIMEOUT_S = 10
+TIMEOUT_S = 10        # the whole fetch of one instance's /metrics, not each read of its socket
+MAX_BODY = 32 << 20   # llama-server's /metrics is a few KiB: a larger answer is refused (issue 47)
 PR_SET_NAME = 15     # prctl: the process name ss and ps show (preflight tells the relay's port by it)
 
 
@@ -65,6 +67,21 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
+def body(response, deadline: float) -> bytes:
+    """``response``'s body, at most :data:`MAX_BODY` bytes and until ``deadline`` (monotonic):
+    the socket's timeout bounds each read only, and an instance that drips its answer would hold a
+    thread of the relay forever. ValueError beyond either. (rigup/throughput.py has the same
+    bound; the relay is installed alone, with the standard library only.)"""
+    got = bytearray()
+    while piece := response.read1(65536):
+        got += piece
+        if len(got) > MAX_BODY:
+            raise ValueError(f"answered more than {MAX_BODY} bytes")
+        if time.monotonic() > deadline:
+            raise ValueError(f"was still answering after {TIMEOUT_S} s ({len(got)} bytes)")
+    return bytes(got)
+
+
 def handler(config: dict, clients: set[str]):
     class Relay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -79,9 +96,12 @@ def handler(config: dict, clients: set[str]):
                 for header, value in bearer(inst.get("key")).items():
                     request.add_unredirected_header(header, value)
                 with _OPENER.open(request, timeout=TIMEOUT_S) as response:
-                    return self.answer(200, response.read(), response.headers.get("Content-Type"))
+                    return self.answer(200, body(response, time.monotonic() + TIMEOUT_S),
+                                       response.headers.get("Content-Type"))
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")
+            except ValueError as e:
+                return self.answer(502, f"{name}: /metrics {e}\n")
             except OSError as e:
                 return self.answer(503, f"{name}: /metrics did not answer: {e}\n")
 

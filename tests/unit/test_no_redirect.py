@@ -120,3 +120,46 @@ def test_a_never_ending_chunked_answer_ends_at_the_timeout_and_a_huge_one_at_its
     print(f"\na dripping answer ended after {drip:.1f} s (timeout 2 s); a huge one at {throughput.MAX_ANSWER} bytes")
     assert drip < 5
     server.shutdown()
+
+
+def test_the_relay_ends_a_dripping_or_huge_metrics_answer_with_502(monkeypatch):
+    """An instance whose /metrics drips forever or answers more than MAX_BODY: the relay answers
+    502 naming why within its timeout, never holding a thread or its memory."""
+    import time
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            big = self.path.startswith("/big")
+            for _ in range(10_000):
+                piece = b"#" * (1 << 20) if big else b"#"
+                try:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0 if big else 0.1)
+
+    monkeypatch.setattr(relay, "TIMEOUT_S", 1)
+    monkeypatch.setattr(relay, "MAX_BODY", 4 << 20)
+    instance = serve(Drip)
+    url = f"http://127.0.0.1:{instance.server_port}"
+    front = serve(relay.handler({"instances": {"drip": {"url": url}, "big": {"url": url + "/big"}}}, {"127.0.0.1"}))
+    try:
+        for name, why in (("drip", "was still answering after 1 s"), ("big", "answered more than 4194304 bytes")):
+            start = time.monotonic()
+            with pytest.raises(urllib.error.HTTPError) as failed:
+                urllib.request.urlopen(f"http://127.0.0.1:{front.server_port}/metrics/{name}", timeout=10)
+            text = failed.value.read().decode()
+            print(f"\nrelay of {name}: HTTP {failed.value.code} after {time.monotonic() - start:.1f} s: {text.strip()}")
+            assert failed.value.code == 502 and why in text and time.monotonic() - start < 4
+    finally:
+        front.shutdown()
+        instance.shutdown()
