@@ -5,6 +5,7 @@ with the key. Real HTTP servers on loopback."""
 
 import http.server
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -58,6 +59,36 @@ def origins(tmp_path):
     other.shutdown()
 
 
+def drip(pause: float):
+    """A server that answers GET or POST with a chunked body that never ends: a byte each ``pause``
+    s, or (a path starting /big) 1 MiB pieces at once."""
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            big = self.path.startswith("/big")
+            for _ in range(10_000):
+                piece = b"#" * (1 << 20) if big else b"#"
+                try:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0 if big else pause)
+
+        do_POST = do_GET
+
+    return Drip
+
+
 def test_the_completion_refuses_a_redirect_and_the_key_stays(origins):
     url, seen = origins
     with pytest.raises(urllib.error.HTTPError) as failed:
@@ -86,70 +117,25 @@ def test_a_never_ending_chunked_answer_ends_at_the_timeout_and_a_huge_one_at_its
     """A server that drips a chunked answer forever (each piece well within the socket's timeout)
     or sends more than a completion's worth: the completion ends at its timeout, or at
     MAX_ANSWER bytes, never holding the watchdog's check."""
-    import time
-
-    class Drip(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            big = self.path.endswith("/big/v1/chat/completions")
-            for _ in range(10_000):
-                piece = b" " * (1 << 20) if big else b" "
-                try:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    self.wfile.flush()
-                except OSError:
-                    return
-                time.sleep(0 if big else 0.2)
-
-    server = serve(Drip)
+    server = serve(drip(pause=0.2))
     url = f"http://127.0.0.1:{server.server_port}"
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="still coming at its deadline"):
         throughput.completion(url, KEY, timeout=2)
-    drip = time.monotonic() - start
+    took = time.monotonic() - start
     with pytest.raises(ValueError, match="larger than"):
         throughput.completion(url + "/big", KEY, timeout=30)
-    print(f"\na dripping answer ended after {drip:.1f} s (timeout 2 s); a huge one at {throughput.MAX_ANSWER} bytes")
-    assert drip < 5
+    print(f"\na dripping answer ended after {took:.1f} s (timeout 2 s); a huge one at {throughput.MAX_ANSWER} bytes")
+    assert took < 5
     server.shutdown()
 
 
 def test_the_relay_ends_a_dripping_or_huge_metrics_answer_with_502(monkeypatch):
     """An instance whose /metrics drips forever or answers more than MAX_BODY: the relay answers
     502 naming why within its timeout, never holding a thread or its memory."""
-    import time
-
-    class Drip(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            big = self.path.startswith("/big")
-            for _ in range(10_000):
-                piece = b"#" * (1 << 20) if big else b"#"
-                try:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    self.wfile.flush()
-                except OSError:
-                    return
-                time.sleep(0 if big else 0.1)
-
     monkeypatch.setattr(relay, "TIMEOUT_S", 1)
     monkeypatch.setattr(relay, "MAX_BODY", 4 << 20)
-    instance = serve(Drip)
+    instance = serve(drip(pause=0.1))
     url = f"http://127.0.0.1:{instance.server_port}"
     front = serve(relay.handler({"instances": {"drip": {"url": url}, "big": {"url": url + "/big"}}}, {"127.0.0.1"}))
     try:
