@@ -23,7 +23,7 @@ from pyinfra.api import FactBase
 from rigup import bench, yamlfile
 from rigup.config import ROOT
 from rigup.text import say
-from rigup.units import systemd_split
+from rigup.units import systemd_env_split, systemd_split
 from rigup.contract.llama_server import DROPIN, SWEPT
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
@@ -64,10 +64,7 @@ class ServingEnv(FactBase):
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "E":
-                for word in shlex.split(rest):   # Environment="A=1" B=2: systemd's quoting, as sh's
-                    name, eq, value = word.partition("=")
-                    if eq:
-                        env[name] = value
+                env.update(systemd_env_split(rest))   # Environment="A=1" B=2, as roles write it
             elif kind == "G" and rest.strip().isdigit():
                 gpus = int(rest)
             elif kind == "B" and re.fullmatch(r"[\w.+-]{1,128}", rest.strip().rstrip("/").rsplit("/", 1)[-1]):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rigup.contract import llama_server as contract
 from rigup.rpc import wait_argv
 from rigup.templates import render
-from rigup.units import main_first, replica_inst, replica_name, systemd_quote, visible_devices
+from rigup.units import main_first, replica_inst, replica_name, systemd_env, systemd_quote, visible_devices
 
 if TYPE_CHECKING:
     from roles.llama_server.schema import LlamaInstance
@@ -75,7 +75,7 @@ def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, bu
     when it changes (unit, llama.cpp build, model revision)."""
     return render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
                   model_revision=model_revision, model_path=systemd_quote(model_path),
-                  env=[systemd_quote(f"{k}={v}") for k, v in (env or {}).items()],
+                  env=[systemd_env(k, v) for k, v in (env or {}).items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,
                   argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path, rpc)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rigup.rpc import RPC_TARGET
 from rigup.templates import render
-from rigup.units import systemd_quote
+from rigup.units import systemd_env, systemd_quote
 
 FIREWALL = "/etc/rigup/rpc.nft"
 TABLE = "rigup_rpc"
@@ -29,7 +29,7 @@ def unit_text(binary_dir: str, bind: str, port: int, heads: list[str], user: str
     """rigup-rpc.service: the worker under ``user``, hardened as the serving units, its allow-list
     loaded (with full privileges) before it listens; ``build`` (the llama.cpp build that ``current``
     points to) is named in a comment so that a new build restarts it."""
-    env = [systemd_quote(f"CUDA_VISIBLE_DEVICES={cuda_devices}")] if cuda_devices else []
+    env = [systemd_env("CUDA_VISIBLE_DEVICES", cuda_devices)] if cuda_devices else []
     return render("rpc_worker-unit.service.j2", heads=", ".join(heads), build=build, firewall=FIREWALL,
                   guard_file=guard_file, user=user, env=env,
                   argv=[systemd_quote(a) for a in argv(binary_dir, bind, port)])

@@ -39,7 +39,7 @@ from rigup import firewall
 from rigup.rpc import address
 from rigup.state import read_once, reading
 from rigup.templates import render
-from rigup.units import service_commands, systemd_quote, unit_state
+from rigup.units import service_commands, systemd_env, systemd_quote, unit_state
 from roles.vllm.command import RAY_DIR
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def unit_text(me: str, hosts: dict[str, dict], venv: str, env: dict[str, str], u
             if head != me else None)
     return render("vllm-ray.service.j2", role=data["vllm_ray_role"], head=head, version=data["vllm_ray_version"],
                   user=user, guard_file=guard_file, firewall=FIREWALL,
-                  env=[systemd_quote(f"{k}={v}") for k, v in env.items()],
+                  env=[systemd_env(k, v) for k, v in env.items()],
                   wait=[systemd_quote(a) for a in wait] if wait else None,
                   argv=[systemd_quote(a) for a in argv(me, hosts, venv)])
 

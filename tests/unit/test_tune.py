@@ -185,3 +185,17 @@ def test_the_drop_ins_execstart_reads_back_as_the_arguments_it_was_written_from(
     line = " ".join(systemd_quote(a) for a in argv)
     assert "50%%" in line and "$$HOME" in line
     assert ExecStart().process([line]) == argv and ExecStart().process([""]) is None
+
+
+def test_environment_lines_keep_a_dollar_and_read_back_as_written():
+    """issue 47: Environment= expands specifiers (``%`` doubled) but not variables ("$ has no
+    special meaning", systemd.exec): a ``$`` written doubled there reached the server doubled. The
+    drop-ins' Environment= words (rigup.units.systemd_env) read back by the sweep (ServingEnv)."""
+    from rigup.tuning import ServingEnv
+    from rigup.units import systemd_env
+    env = {"CUDA_VISIBLE_DEVICES": "1,0", "PROMPT": 'say "$HOME" at 50%', "P": "a\\b;c"}
+    words = [systemd_env(k, v) for k, v in env.items()]
+    print(words)
+    assert words[0] == "CUDA_VISIBLE_DEVICES=1,0" and "$$" not in " ".join(words) and "50%%" in words[1]
+    read = ServingEnv().process([f"E {' '.join(words)}", "G 2"])
+    assert read["env"] == env and read["gpus"] == 2
