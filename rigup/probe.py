@@ -114,6 +114,7 @@ def recorded(op):
         recording.append(Call(op, args, kwargs, planned, _order(), _context()))
         return planned
 
+    call.rigup_recorded = True   # rigup.state.reading goes above it (it names reads at this call)
     return call
 
 

@@ -46,6 +46,11 @@ def reading(fact, *same: str, **renamed: str):
     names = {**{n: n for n in same}, **renamed}
 
     def wrap(op):
+        if not getattr(op, "rigup_recorded", False):
+            # below @operation() the read would be named only when the recorded call runs, after
+            # apply: too late for the batch, and silently a round trip of its own
+            raise TypeError(f"{op.__module__}.{op.__qualname__}: @reading goes above @operation() "
+                            "(rigup.probe), on an operation")
         defaults = {n: p.default for n, p in inspect.signature(op).parameters.items()}
 
         @functools.wraps(op)
