@@ -35,6 +35,13 @@ class GGUFRefused(Exception):
 class Incomplete(GGUFRefused):
     """The bytes end before the keys wanted: fetch more of the file."""
 
+    def __init__(self, needed: int, have: int = 0):
+        super().__init__(f"the header needs {needed} bytes here, {have} were read")
+        self.needed = needed
+
+
+MAX_KEY = 65535   # the GGUF spec's bound on a key's length
+
 
 class _Reader:
     def __init__(self, buf: bytes):
@@ -43,15 +50,17 @@ class _Reader:
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise Incomplete(self.pos + size)
+            raise Incomplete(self.pos + size, len(self.buf))
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
-    def string(self) -> str:
+    def string(self, limit: int | None = None) -> str:
         n = self.take("<Q")
+        if limit is not None and n > limit:
+            raise GGUFRefused(f"a key of {n} bytes at byte {self.pos - 8} (GGUF keys have at most {limit})")
         if self.pos + n > len(self.buf):
-            raise Incomplete(self.pos + n)
+            raise Incomplete(self.pos + n, len(self.buf))
         self.pos += n
         return self.buf[self.pos - n:self.pos].decode("utf-8", "replace")
 
@@ -69,7 +78,7 @@ class _Reader:
                 raise GGUFRefused(f"unknown GGUF array item type {item}")
             least = struct.calcsize(_SCALAR[item]) if item in _SCALAR else 8 if item == _STRING else 12
             if self.pos + least * count > len(self.buf):
-                raise Incomplete(self.pos + least * count)
+                raise Incomplete(self.pos + least * count, len(self.buf))
             keep = keep and count <= MAX_KEPT_ITEMS
             if keep or item in (_STRING, _ARRAY):
                 items = [self.value(item, keep, depth + 1) for _ in range(count)]
@@ -89,7 +98,7 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
     r = _Reader(buf)
     if buf[:4] != b"GGUF":
         if len(buf) < 4:
-            raise Incomplete(4)
+            raise Incomplete(4, len(buf))
         raise GGUFRefused("not a GGUF file (no GGUF magic)")
     r.pos = 4
     version = r.take("<I")
@@ -99,7 +108,7 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
     out = {}
     try:
         for _ in range(r.take("<Q")):
-            key = r.string()
+            key = r.string(MAX_KEY)
             keep = wanted(key)
             value = r.value(r.take("<I"), keep)
             if keep:

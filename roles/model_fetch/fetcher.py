@@ -83,6 +83,7 @@ import stat
 import sys
 import threading
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -126,6 +127,11 @@ def unsafe_path(path) -> str | None:
         return "an empty path"
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
         return "a control character in the path"
+    odd = next((c for c in path if c in LOOKALIKE_SLASHES or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+                or unicodedata.category(c) == "Zs" and c != " "), None)
+    if odd:   # a name shown as a/b that is one file, or text that reads otherwise than it is
+        return (f"the character U+{ord(odd):04X} ({unicodedata.name(odd, 'unnamed')}) in the path: "
+                "it looks like a slash, is invisible, or reorders the text")
     if "\\" in path:
         return "a backslash in the path"
     if path.startswith("/"):
@@ -137,7 +143,15 @@ def unsafe_path(path) -> str | None:
         return "an empty or '.' component"
     if parts[0].startswith(".rigup-"):   # rigup's own: the job's work directory, the marker
         return f"it would overwrite rigup's own {parts[0]}"
+    if [p.casefold() for p in parts[:2]] == [".cache", "huggingface"]:   # removed after each job
+        return "it is in huggingface_hub's own directory (.cache/huggingface), which the job removes"
+    if any(p != p.strip() for p in parts):
+        return "a component that starts or ends with a space"
     return None
+
+
+# characters a terminal shows as "/" (division, fraction and fullwidth slashes, ...)
+LOOKALIKE_SLASHES = frozenset("\u2044\u2215\u2571\u29f8\uff0f\u1735\u2cc6\u3033")
 
 
 MAX_LISTING_BYTES = 64 << 20   # one page of the hub's tree listing
@@ -314,6 +328,9 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
                                                             f"{MAX_LISTING_BYTES} bytes")
                     if time.monotonic() > deadline:
                         raise HubError(0, "Timeout", f"{endpoint} took over {LISTING_S} s to list {repo}")
+                if getattr(resp, "length", None):   # closed before its Content-Length: never a listing
+                    raise HubError(0, "CutOff", f"{endpoint}'s listing of {repo} ended after {len(body)} bytes, "
+                                                f"{resp.length} short of its Content-Length")
                 try:
                     items = json.loads(body)
                 except ValueError as e:

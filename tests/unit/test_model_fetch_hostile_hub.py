@@ -86,6 +86,12 @@ def test_models_refuse_a_recorded_commit_that_is_not_hex():
     ([dict(GOOD, path="a\\b")], "backslash"),
     ([dict(GOOD, path=None)], "empty path"),
     (["m.gguf"], "not an object"),
+    ([GOOD, dict(GOOD, path=".cache/huggingface/download/m.gguf.metadata")], "huggingface_hub's own directory"),
+    ([dict(GOOD, path="org\u2215m.gguf")], "U+2215 (DIVISION SLASH)"),
+    ([dict(GOOD, path="org\uff0fm.gguf")], "U+FF0F (FULLWIDTH SOLIDUS)"),
+    ([dict(GOOD, path="m\u202efuulg.exe")], "U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ([GOOD, dict(GOOD, path="\u200bm.gguf")], "U+200B (ZERO WIDTH SPACE)"),
+    ([GOOD, dict(GOOD, path="m.gguf ")], "starts or ends with a space"),
     ([dict(GOOD, path=f"f{i}") for i in range(fetcher.MAX_FILES + 1)], "more than 10000"),
 ])
 def test_a_hostile_listing_is_refused_naming_the_value(listing, why):
@@ -259,6 +265,16 @@ def test_absurd_values_are_refused():
         metadata(gguf(nested, 1))
     with pytest.raises(GGUFRefused):
         metadata(gguf(key("a") + struct.pack("<IIQ", 9, 4, 2 ** 64 - 1), 1))
+    # absurd but legal lengths: a key of 2^20 bytes is refused; a value or an array longer than the
+    # bytes read ends the read there (the keys before it kept), named with the bytes it would need
+    with pytest.raises(GGUFRefused, match=r"^a key of 1048576 bytes at byte 24 \(GGUF keys have at most 65535\)"):
+        metadata(gguf(struct.pack("<Q", 2 ** 20) + b"k" * 100, 1))
+    arch = key("general.architecture") + struct.pack("<IQ", 8, 5) + b"llama"
+    for absurd in (struct.pack("<IQ", 8, 2 ** 40), struct.pack("<IIQ", 9, 0, 2 ** 40), struct.pack("<IIQ", 9, 8, 2 ** 60)):
+        body = gguf(arch + key("llama.x") + absurd + b"x" * 10, 3)
+        assert metadata(body, partial=True) == {"general.architecture": "llama"}
+        with pytest.raises(GGUFRefused, match=r"^the header needs \d{13,} bytes here, \d+ were read$"):
+            metadata(body)
     meta = {"general.architecture": "llama", "llama.block_count": 2 ** 63, "llama.attention.head_count": 1}
     with pytest.raises(GGUFRefused, match="block_count"):
         kv_figures(meta)
@@ -329,3 +345,42 @@ def test_a_listing_that_never_ends_is_given_up(monkeypatch):
             fetcher.hub_files(f"http://127.0.0.1:{server.server_address[1]}", "org/x", REV, None)
     finally:
         server.shutdown()
+
+
+class _Lying(http.server.BaseHTTPRequestHandler):
+    """A hub whose listing's Content-Length lies: /api/models/<how>/...: ``longer`` (the body
+    stops short of it and the connection closes), ``shorter`` (the rest of the body is dropped),
+    ``huge`` (10^15 bytes said)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = json.dumps([{"type": "file", "path": "m.gguf", "size": 10, "oid": "1" * 40}]).encode()
+        how = self.path.split("/")[3]
+        said = {"longer": len(body) + 1000, "shorter": len(body) - 5, "huge": 10 ** 15}[how]
+        self.send_response(200)
+        self.send_header("Content-Length", str(said))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("how, code, why", [
+    ("longer", "CutOff", "ended after 99 bytes, 1000 short of its Content-Length"),
+    ("huge", "CutOff", "ended after 99 bytes, 999999999999901 short of its Content-Length"),
+    ("shorter", "BadListing", "is not JSON"),
+])
+def test_a_listing_whose_content_length_lies_is_never_taken(how, code, why):
+    """A complete-looking listing cut before its Content-Length is a cut connection (retried as
+    any), never a listing; one longer than said is read as said, and is no JSON."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Lying)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(fetcher.HubError) as e:
+            fetcher.hub_files(f"http://127.0.0.1:{server.server_port}", f"{how}/r", "a" * 40, None)
+    finally:
+        server.shutdown()
+    print(f"\n{how}: {e.value.code}: {e.value}")
+    assert e.value.code == code and why in str(e.value)
