@@ -59,9 +59,10 @@ sweep's result read)                      overwritten, handed to the user), ``: 
                                                                                       (:func:`read_file`); the old ``tune/`` removed
 ========================================  ==========================================  =============================================
 
-Not changed: pyinfra's own uploads with ``_sudo`` go through ``/tmp/pyinfra-<sha1 of the
-destination>`` (pyinfra/api/host.py ``get_temp_filename``), a name anyone can predict; a host
-reached as root over SSH (the lab) uploads straight to the destination. Root-side reads of
+pyinfra's own uploads with ``_sudo`` went through ``/tmp/pyinfra-<sha1 of the destination>``
+(pyinfra/api/host.py ``get_temp_filename``), a name any local user can predict and occupy first;
+config.py now sets pyinfra's TEMP_DIR to the login user's home (tests/unit/test_temp_uploads.py),
+and a host reached as root over SSH (the lab) uploads straight to the destination. Root-side reads of
 root's own files (units, keys, configs) are unchanged. The kernel's ``fs.protected_symlinks``,
 ``protected_fifos``, ``protected_hardlinks`` and ``protected_regular`` guard sticky world-writable
 directories and hard links when set; rigup does not rely on them.
