@@ -7,6 +7,7 @@ bench.py's tests (tests/roles/test_watchdog.py, test_bench.py, tests/unit/test_w
 
     python3 engine_stub.py --port 8081 [--host 127.0.0.1] [--tps 200] [--slots 4] [--slow-file PATH]
                            [--mode normal|nulls|die|loading] [--loading-s S] [--loading-file PATH]
+                           [--redirect-to URL] [--record FILE]
 
 A wedged engine, for real: SIGUSR1 makes this process slow (``--slow-tps``, default 2 tok/s)
 until it restarts; SIGUSR2 makes it fast again. One that stays slow across restarts and reboots
@@ -22,6 +23,9 @@ so its unit stays active); ``loading`` answers HTTP 503 ``{"error": {"code": 503
 llama-server does while it loads, for ``--loading-s`` seconds after its start (default: for
 ever), then serves normally. ``--loading-file PATH``: loading (503) while PATH exists, whatever
 the mode (touch it, then restart the unit: a server still loading after a restart).
+``--redirect-to URL``: its completions answer 302 to URL + the path (an instance that sends its
+clients to another origin); ``--record FILE``: each request appends a line to FILE, ``PATH
+key`` or ``PATH none`` (whether it came with an Authorization header: the other origin's log).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def main() -> None:
     p.add_argument("--mode", choices=MODES, default="normal")
     p.add_argument("--loading-s", type=float, default=None)
     p.add_argument("--loading-file", default=None)
+    p.add_argument("--redirect-to", default=None)
+    p.add_argument("--record", default=None)
     args = p.parse_args()
     born = time.monotonic()
 
@@ -71,6 +77,13 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(body)
 
+        def parse_request(self):
+            ok = super().parse_request()
+            if ok and args.record:
+                with open(args.record, "a") as f:
+                    f.write(f"{self.path} {'key' if self.headers.get('Authorization') else 'none'}\n")
+            return ok
+
         def do_GET(self):
             if loading() and self.path != "/metrics":
                 self.reply(503, LOADING)
@@ -89,6 +102,12 @@ def main() -> None:
                 return self.reply(404, b'{"error": "not found"}')
             if loading():
                 return self.reply(503, LOADING)
+            if args.redirect_to:
+                self.send_response(302)
+                self.send_header("Location", args.redirect_to + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
             tokens = int(doc.get("max_tokens") or 16)
             with slots:
                 tps = args.slow_tps if args.slow_file and os.path.exists(args.slow_file) else rate["tps"]

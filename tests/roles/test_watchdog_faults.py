@@ -13,6 +13,9 @@ it, run one check at a time (``systemctl start rigup-watchdog.service``; its tim
   gate since that restart);
 - the loading one is not judged, never restarted; once loaded, its first whole completion passes
   its gate and the next checks judge it (good);
+- ``moved`` (an API key; its completions answer 302 to another origin, ``other``, a stand-in
+  that records every request): a bad check each time, and the other origin sees no request
+  with the key (issue 47: the key never crosses origins on a redirect);
 - no check fails (the unit's oneshot succeeds each time), the state file says all of it, the host
   never reboots.
 
@@ -35,16 +38,19 @@ pytestmark = pytest.mark.lab
 # GRACE: well over the 3 checks (each a few s on a loaded machine) a server started by the test
 # meets inside it, and all the test sleeps through to see them judged past it
 HOST, K, FLOOR, GRACE = 21, 2, 50, 20
-PORTS = {"good": 8081, "nulls": 8082, "die": 8083, "loading": 8084}
+PORTS = {"good": 8081, "nulls": 8082, "die": 8083, "loading": 8084, "moved": 8085}
+OTHER, OTHER_PORT, OTHER_LOG = "other", 8086, "/run/rigup-lab-other.log"   # the origin moved sends to
+KEY = "sk-lab-moved-0123456789abcdef"
 LOADING = "/run/rigup-lab-loading"        # the loading stand-in answers 503 while it exists
 BOOT = "/run/rigup-test-boot"             # /run is new on every boot
 STATE = "/var/lib/rigup/watchdog.json"
-SETTINGS = {"llama_server_instances": {name: {"model": "gemma-270m", "port": port, "min_tokens_per_s": FLOOR}
-                                       for name, port in PORTS.items()},
+SETTINGS = {"llama_server_instances": {name: {"model": "gemma-270m", "port": port, "min_tokens_per_s": FLOOR,
+                                              "api_key": name == "moved"} for name, port in PORTS.items()},
             "watchdog_interval_s": 3600, "watchdog_bad_checks": K, "watchdog_max_tokens": 8,
             "watchdog_timeout_s": 10, "watchdog_grace_s": GRACE, "rigup_watchdog_reboot": True,
             "rigup_watchdog_max_reboots": 1}
-MODES = {"good": (), "nulls": ("--mode", "nulls"), "die": ("--mode", "die"), "loading": ("--loading-file", LOADING)}
+MODES = {"good": (), "nulls": ("--mode", "nulls"), "die": ("--mode", "die"), "loading": ("--loading-file", LOADING),
+         "moved": ("--redirect-to", f"http://127.0.0.1:{OTHER_PORT}")}   # another origin: another port
 
 
 def unit(name: str) -> str:
@@ -62,15 +68,20 @@ def host(tmp_path_factory):
     name = f"lab{HOST}"
     try:
         lab.up(1, "a100", first=HOST)
+        serve_stub(lab, name, OTHER, OTHER_PORT, tps=200, extra=("--record", OTHER_LOG))
         for inst, port in PORTS.items():
             serve_stub(lab, name, inst, port, tps=200, extra=MODES[inst])
         started = time.monotonic()
         play(tmp_path_factory.mktemp("watchdog_faults"), ["watchdog"], {name: SETTINGS})
         print(f"\nwatchdog converge on {name}: {time.monotonic() - started:.1f} s")
+        # moved's key where roles/llama_server makes it (root:rigup 0640; a lab test's own key)
+        on_host(lab, name, "install -d -m 750 -g rigup /etc/rigup/llama-server && "
+                           f"install -m 640 -g rigup /dev/null /etc/rigup/llama-server/moved.key && "
+                           f"printf %s {KEY} > /etc/rigup/llama-server/moved.key")
         on_host(lab, name, f"systemctl stop rigup-watchdog.timer && rm -f {STATE} /var/lib/rigup/gate/*.json")
         yield lab, name
         lab.ssh(name, f"systemctl disable --now rigup-watchdog.timer; rm -f {LOADING}")
-        for inst in PORTS:
+        for inst in (*PORTS, OTHER):
             unserve_stub(lab, name, inst)
     finally:
         if {h["name"] for h in lab.hosts()} <= {name}:
@@ -137,6 +148,12 @@ def test_faulty_servers_are_judged_each_on_its_own(host):
     assert state["loading"]["unjudged"] == K + 1 and state["loading"]["bad"] == 0
     assert state["loading"]["starting"] == 0 and state["loading"]["last_tps"] > FLOOR
     assert re.search(r"loading: [\d.]+ tok/s, at or above its floor", log)
+    # moved: each check failed on the redirect; the other origin never saw its key
+    other = on_host(lab, name, f"cat {OTHER_LOG} 2>/dev/null; true").split("\n")[:-1]
+    print(f"moved: {log.count('moved: ')} lines; the other origin: {len(other)} request(s) "
+          f"({sum(ln.endswith(' key') for ln in other)} with a key; /health from serve_stub)")
+    assert "moved: " in log and not any(ln.endswith(" key") for ln in other), other
+    assert [ln for ln in other if not ln.startswith("/health")] == []
     # nothing rebooted the host, nothing was asked to
     assert "rebooting the host" not in log and lab.ssh(name, f"test -e {BOOT}").returncode == 0
     assert lab.ssh(name, "test -e /var/lib/rigup/watchdog-reboots.json").returncode != 0
