@@ -76,7 +76,7 @@ ports): the cluster's network must be private.
 
 Variables (roles/vllm/defaults.yml): vllm_instances, vllm_pip_version, vllm_git_url,
 vllm_git_commit, vllm_extra_packages, vllm_patches, vllm_patch_manifest, vllm_pip_args,
-vllm_install_env, vllm_dir, vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout,
+vllm_install_env, vllm_netrc_src, vllm_dir, vllm_python, vllm_installer, vllm_uv_version, vllm_install_timeout,
 vllm_nccl_p2p_disable, vllm_nccl_nvls_enable, vllm_nccl_ib_disable, vllm_socket_ifname,
 vllm_env, vllm_vram_free_mib, vllm_vram_wait_seconds, vllm_health_timeout, vllm_health_prompt,
 vllm_ray_role, vllm_ray_head, vllm_ray_version, vllm_ray_port, vllm_ray_node_port,
@@ -101,11 +101,11 @@ from rigup.probe import python
 from rigup import apt, firewall, progress, summary
 from rigup.gpu.plan import Plan
 from rigup.config import Config, ConfigError, fleet_data, role_defaults
-from rigup.files import managed
+from rigup.files import absent, directory, managed
 from rigup.gate import answered
 from rigup.models import models
 from rigup.names import balancer_drain, guard_file, marker_path
-from rigup.secrets import bearer, fleet_api_key, written
+from rigup.secrets import bearer, fleet_api_key, secret_file, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.vllm import cluster
@@ -281,7 +281,15 @@ def apply(plan: Plan, data: Config):
                         extra=the_pin.get("extra") or [],
                         patch_dir=patch_dir, pip_args=data["vllm_pip_args"], python=data["vllm_python"],
                         install_env={str(k): str(v) for k, v in sorted(data["vllm_install_env"].items())},
-                        stamp=stamp, stamp_name=cmd.STAMP, uv=cmd.uv(data))
+                        stamp=stamp, stamp_name=cmd.STAMP, uv=cmd.uv(data),
+                        netrc_home=cmd.NETRC_HOME if data.get("vllm_netrc_src") else None)
+    auth = [cmd.NETRC_HOME, cmd.NETRC]
+    netrc = cmd.netrc_text(data)   # preflight refused a bad one
+    if netrc:
+        directory(name=f"vllm: {cmd.NETRC_HOME}", path=cmd.NETRC_HOME, paths=auth, mode="700")
+        secret_file(name=f"vllm: credentials {cmd.NETRC}", content=netrc, dest=cmd.NETRC, paths=auth)
+    else:
+        absent(name=f"vllm: no credentials {cmd.NETRC}", dest=cmd.NETRC, paths=auth)
     wait_script, ray_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram", f"{vllm_dir}/bin/rigup-ray-wait"
     paths = [wait_script, cmd.UNIT, ray_script]
     managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",

@@ -165,11 +165,19 @@ def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Credentials in vllm_git_url or vllm_pip_args would stand in git's and pip's argv, the plan, the
     install stamp and logs (issue 47): refused, before anything changes or is printed."""
     keys = credentialed(data)
-    return [Refusal(f"{', '.join(keys)} carries credentials in its URL",
-                    "they would appear in git's and pip's argv (any local user reads them in ps), in the plan, "
-                    "the install stamp and logs",
-                    "give the URL without them and put them in the host's root-only /root/.netrc (mode 0600: "
-                    "'machine HOST login USER password TOKEN'), which git and pip both read", "credentials")] if keys else []
+    found = [Refusal(f"{', '.join(keys)} carries credentials in its URL",
+                     "they would appear in git's and pip's argv (any local user reads them in ps), in the plan, "
+                     "the install stamp and logs",
+                     "give the URL without them, and the credentials in a netrc file on the controller "
+                     "('machine HOST login USER password TOKEN', mode 0600) named by vllm_netrc_src: rigup puts it "
+                     "in a root-only file on the host, which git, pip and uv read", "credentials")] if keys else []
+    if _instances(plan, data) or data.get("vllm_ray_role"):
+        try:
+            command.netrc_text(data)
+        except ConfigError as e:
+            key, _, why = str(e).partition(": ")
+            found.append(Refusal(key, why, "give a netrc file of yours, mode 0600, or null", "credentials"))
+    return found
 
 
 def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

@@ -49,6 +49,41 @@ def git_url(data: Config) -> str:
     return url
 
 
+# vllm_netrc_src on the host: git reads $HOME/.netrc (libcurl's netrc), pip and uv $NETRC
+NETRC_HOME = "/etc/rigup/vllm-auth"
+NETRC = f"{NETRC_HOME}/.netrc"
+
+
+def netrc_text(data: Config) -> str | None:
+    """The text of ``vllm_netrc_src`` (a file on the controller), or None without one; ConfigError
+    naming the key when it is not a regular file of the operator's, readable by no one else, or
+    not netrc (Python's netrc module reads it as git and pip do)."""
+    import netrc
+    import os
+    import stat
+
+    src = data.get("vllm_netrc_src")
+    if not src:
+        return None
+    path = Path(str(src)).expanduser()
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError as e:
+        raise ConfigError(f"vllm_netrc_src: {path} cannot be read on the controller: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
+        raise ConfigError(f"vllm_netrc_src: {path} must be a regular file of yours that no one else may read "
+                          f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid}): chmod 600 it")
+    try:
+        found = netrc.netrc(str(path))
+    except netrc.NetrcParseError as e:   # its message may quote a token: the line only
+        raise ConfigError(f"vllm_netrc_src: {path} is not a netrc file (line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"vllm_netrc_src: {path} cannot be read as text: {type(e).__name__}") from None
+    if not found.hosts:
+        raise ConfigError(f"vllm_netrc_src: {path} names no machine ('machine HOST login USER password TOKEN')")
+    return path.read_text()
+
+
 def short_commit(data: Config) -> str | None:
     """``vllm_git_commit`` when it is a short commit id (7-39 lowercase hex) of a ``vllm_git_url``:
     the host expands it (roles/vllm/facts.py VllmCommit, :func:`expanded`)."""

@@ -61,7 +61,9 @@ class VllmCommit(FactBase):
 
     def command(self, url: str, prefix: str) -> str:
         q = shlex.quote
-        return ("if ! command -v git >/dev/null 2>&1; then echo git=no; else echo git=yes; d=$(mktemp -d); "
+        # vllm_netrc_src, once roles/vllm placed it: git's libcurl reads its HOME's .netrc
+        return ("h=/etc/rigup/vllm-auth; if [ -r \"$h/.netrc\" ]; then export HOME=\"$h\"; fi; "
+                "if ! command -v git >/dev/null 2>&1; then echo git=no; else echo git=yes; d=$(mktemp -d); "
                 "if GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND='ssh -o BatchMode=yes' timeout 600 git clone -q --bare "
                 f"--filter=tree:0 -- {q(url)} \"$d/repo\" 2>\"$d/err\"; then echo fetched=yes; "
                 f"git -C \"$d/repo\" rev-parse --disambiguate={q(prefix)} 2>/dev/null "

@@ -15,6 +15,7 @@ It answers what rigup and huggingface_hub ask:
   ``GET /api/models/{repo}[/revision/{rev}]`` (sha, siblings);
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` with ``Range``, ``X-Repo-Commit``, ``ETag``,
   ``X-Linked-Etag`` and ``X-Linked-Size``;
+- credentialed sources: ``GET /_auth/PATH``, a file of AUTH_DIR with AUTH's Basic credentials only;
 - for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
   /_lab/tokens`` (bearer tokens seen, by client), ``GET /_lab/requests`` (every request but the
   ``/_lab`` ones: client, method, path, whether it carried an ``Authorization`` header, whether
@@ -229,6 +230,10 @@ def listing(repo_id: str, rev: str) -> tuple[str, list[dict]]:
 # ------------------------------------------------------------------------------ test repo files
 
 CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab")) / "hub-files"
+# The lab's credentialed sources (a private git server, an index that needs a login): files under
+# AUTH_DIR at /_auth/..., answered only with these Basic credentials (tests/roles/test_vllm.py)
+AUTH_DIR = ROOT / "auth"
+AUTH = ("lab-deploy", "lab-secret-7f3a9c0e5b1d")
 
 
 def random_file(name: str, size: int, seed: int = 5) -> Path:
@@ -394,6 +399,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _authed(self, rel: str):
+        """A file of AUTH_DIR (a git repository's dumb HTTP files, wheels), for a client that sends
+        AUTH's Basic credentials, else 401 asking for them; a directory answers an HTML page of
+        links (pip's --find-links)."""
+        import base64
+
+        given = self.headers.get("Authorization", "")
+        if given != "Basic " + base64.b64encode(":".join(AUTH).encode()).decode():
+            return self._send(401, b"credentials needed\n", {"WWW-Authenticate": 'Basic realm="rigup-lab"'}, "text/plain")
+        target = (AUTH_DIR / rel).resolve()
+        if not target.is_relative_to(AUTH_DIR.resolve()) or not target.exists():
+            return self._send(404, b"not found\n", ctype="text/plain")
+        if target.is_dir():
+            links = "".join(f'<a href="{p.name}">{p.name}</a>\n' for p in sorted(target.iterdir()) if p.is_file())
+            return self._send(200, f"<html><body>\n{links}</body></html>\n".encode(), ctype="text/html")
+        return self._send(200, target.read_bytes(), ctype="application/octet-stream")
+
     def _json(self, value, status=200):
         self._send(status, json.dumps(value).encode())
 
@@ -484,6 +506,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with STATS.lock:
                 return self._json(list(STATS.requests if path == "/_lab/requests" else STATS.other))
         STATS.record(STATS.requests, self)
+        if path.startswith("/_auth/"):
+            return self._authed(path.removeprefix("/_auth/"))
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             try:

@@ -325,3 +325,72 @@ def test_replicas_behind_the_balancer_and_back_to_one_server(lab, host, stub):
     assert state[:3] == ["inactive", "disabled", "active"] and not any("tiny-" in s for s in state)
     assert again.totals["changed"] == 0, again.changed_operations()
     assert on_host(lab, name, f"for i in $(seq 3); do {ask}; done").split() == ["200"] * 3
+
+
+# argv of every git and python process on the host while the wrappers are there (issue 47)
+ARGV_LOG = "/var/log/rigup-lab-argv.log"
+WRAP = (f"printf '%s\\n' '#!/bin/sh' 'printf \"git %s\\\\n\" \"$*\" >> {ARGV_LOG}' 'exec /usr/bin/git \"$@\"' "
+        "> /usr/local/bin/git && chmod 755 /usr/local/bin/git && "
+        "for d in /etc/python3.*; do cp -a $d/sitecustomize.py $d/sitecustomize.py.lab-saved 2>/dev/null; "
+        f"printf '%s\\n' 'import sys' 'try:' '    open(\"{ARGV_LOG}\", \"a\").write(\"python \" + \" \".join(sys.argv) + chr(10))' "
+        "'except OSError:' '    pass' "
+        ">> $d/sitecustomize.py; done")
+UNWRAP = ("rm -f /usr/local/bin/git; for d in /etc/python3.*; do if [ -e $d/sitecustomize.py.lab-saved ]; then "
+          "mv $d/sitecustomize.py.lab-saved $d/sitecustomize.py; else rm -f $d/sitecustomize.py; fi; done")
+
+
+def test_credentials_for_git_and_an_index_reach_them_from_a_root_file_only(lab, host, stub, tmp_path):
+    """A git server and a package index that need a login (the lab hub's /_auth/, https, Basic):
+    vllm_netrc_src on the controller becomes /etc/rigup/vllm-auth/.netrc (root, 0600); git clones
+    the pin's commit and pip fetches a pinned wheel with it; the password is in no argv (git and
+    every python process recorded by wrappers), the journal, pyinfra's output, the plan or a stamp;
+    without vllm_netrc_src the file is removed."""
+    from tests.lab import hub as hub_module, lab as lab_module
+
+    name, user, password = host["name"], *hub_module.AUTH
+    auth = hub_module.AUTH_DIR
+    subprocess.run(["rm", "-rf", str(auth)], check=True)
+    (auth / "wheels").mkdir(parents=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(stub["tmp"] / "repo"), str(auth / "vllm-stub.git")], check=True)
+    subprocess.run(["git", "-C", str(auth / "vllm-stub.git"), "update-server-info"], check=True)   # dumb HTTP
+    subprocess.run(["python3", "-c", f"import stub_backend; stub_backend.build_wheel({str(auth / 'wheels')!r})"],
+                   cwd=stub["tmp"] / "repo", check=True)
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine {lab_module.GATEWAY} login {user} password {password}\n")
+    netrc.chmod(0o600)
+    origin = f"https://{lab_module.GATEWAY}/_auth"
+    cert = ["--cert", "/etc/ssl/certs/ca-certificates.crt"]   # the host's store holds the lab CA
+    on_host(lab, name, f"rm -f {ARGV_LOG}; {WRAP}")
+    hub_module.reset()
+    try:
+        runs = [play(name, recipe(stub, vllm_git_url=f"{origin}/vllm-stub.git", vllm_netrc_src=str(netrc),
+                                  vllm_pip_args=["--no-index", "--no-build-isolation", *cert])),
+                play(name, recipe(stub, vllm_git_url=None, vllm_git_commit=None, vllm_patches=[], vllm_pip_version="0.0.1",
+                                  vllm_netrc_src=str(netrc),
+                                  vllm_pip_args=["--no-index", "--find-links", f"{origin}/wheels/", *cert]))]
+        pip_pin = stub_info(lab, name)
+        seen = [r for r in hub_module.requests() if r["path"].startswith("/_auth/")]
+        stat = on_host(lab, name, "stat -c '%U %a' /etc/rigup/vllm-auth /etc/rigup/vllm-auth/.netrc").split()
+        argv = on_host(lab, name, f"cat {ARGV_LOG}")
+        looked = {"argv": argv, "pyinfra's output": "".join(r.output for r in runs),
+                  "the journal": on_host(lab, name, "journalctl -q --no-pager -o cat --since -10min"),
+                  "stamps and install logs": on_host(lab, name, "cat /opt/rigup/vllm/*/.rigup-* /opt/rigup/vllm/*/install.log "
+                                                               "2>/dev/null; true"),
+                  "units and /etc/rigup": lab.ssh(name, "grep -r '' /etc/systemd/system/rigup-* /etc/rigup/vllm* "
+                                                        "--exclude=.netrc 2>/dev/null").stdout}
+    finally:
+        on_host(lab, name, UNWRAP)
+    back = play(name, recipe(stub))    # no vllm_netrc_src: the file goes
+    gone = lab.ssh(name, "test -e /etc/rigup/vllm-auth/.netrc").returncode != 0
+    print(f"\n/_auth/ requests: {len(seen)} ({sum(r['auth'] for r in seen)} with credentials, "
+          f"{sum(r['https'] for r in seen)} over https); recorded argv: {len(argv.splitlines())} lines "
+          f"({sum('git ' in ln for ln in argv.splitlines())} git, {sum(' pip ' in ln for ln in argv.splitlines())} pip); "
+          f"netrc {stat}; after a converge without it: {'removed' if gone else 'still there'}")
+    assert pip_pin["argv"][0].startswith("/opt/rigup/vllm/pip-0.0.1/venv/bin/")
+    assert any(r["auth"] and r["path"].endswith("/info/refs") for r in seen)            # git, with the login
+    assert any(r["auth"] and r["path"].endswith(".whl") for r in seen)                  # pip, with the login
+    assert ("git fetch" in argv or "git clone" in argv) and "pip install" in argv
+    assert stat == ["root", "700", "root", "600"] and gone
+    for where, text in looked.items():
+        assert password not in text, where
+    assert back.returncode == 0 and "vllm: no credentials" in " ".join(back.changed_operations())

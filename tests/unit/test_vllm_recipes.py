@@ -205,3 +205,49 @@ def test_serving_waits_while_an_enabled_unlock_has_not_taken():
         card["locked"] = False
     assert unlock_wait(unlocked, values) is None and cmpunlocker.plan_lines(unlocked, values) == []
     print(line)
+
+
+# -- credentials: vllm_netrc_src, never in a URL ---------------------------------------------------
+
+SECRET = "tok-0123456789abcdef"
+NETRC_TEXT = f"machine git.example login deploy password {SECRET}\nmachine pypi.example login ci password {SECRET}\n"
+
+
+def test_a_netrc_of_the_operators_own_is_read_and_reaches_only_a_root_file(tmp_path):
+    """vllm_netrc_src: read on the controller (a 0600 file of the operator's); the install script
+    names the root-only file on the host, never its content; the stamp and the plan neither."""
+    src = tmp_path / "netrc"
+    src.write_text(NETRC_TEXT)
+    src.chmod(0o600)
+    values = {**FORK, "vllm_git_commit": FULL, "vllm_netrc_src": str(src)}
+    assert cmd.netrc_text(values) == NETRC_TEXT and cmd.netrc_text(FORK) is None
+    script = cmd.render("vllm-install.sh.j2", pin_dir="/opt/rigup/vllm/x", pin_label="l", git=FORK["vllm_git_url"],
+                        commit=FULL, version=None, patches=[], patch_dir="/p", pip_args=[], python="python3",
+                        install_env={}, stamp="s", stamp_name=cmd.STAMP, uv=None, netrc_home=cmd.NETRC_HOME)
+    assert "export NETRC=/etc/rigup/vllm-auth/.netrc" in script and "HOME=/etc/rigup/vllm-auth command git" in script
+    assert SECRET not in script and SECRET not in cmd.stamp(cmd.pin(values), [], values)
+    plan, facts, d = cmp_host(vllm_netrc_src=str(src))
+    assert [r for r in refusals(plan, facts, d) if r.check == "credentials"] == []
+    assert SECRET not in " ".join(plan_lines(plan, d))
+
+
+@pytest.mark.parametrize("how, why", [
+    ("0644", "must be a regular file of yours that no one else may read"),
+    ("link", "must be a regular file of yours"),
+    ("missing", "cannot be read on the controller"),
+    ("garbage", "is not a netrc file (line 1)"),
+    ("empty", "names no machine"),
+])
+def test_a_netrc_that_others_may_read_or_that_is_no_netrc_is_refused_naming_the_key(tmp_path, how, why):
+    src = tmp_path / "netrc"
+    src.write_text({"garbage": f"machine x login y passwd {SECRET} extra\n", "empty": ""}.get(how, NETRC_TEXT))
+    src.chmod(0o644 if how == "0644" else 0o600)
+    if how == "link":
+        (tmp_path / "l").symlink_to(src)
+        src = tmp_path / "l"
+    if how == "missing":
+        src = tmp_path / "none"
+    plan, facts, d = cmp_host(vllm_netrc_src=str(src))
+    (r,) = only(refusals(plan, facts, d), "credentials")
+    print(r.line("rig-01"))
+    assert r.what == "vllm_netrc_src" and why in r.why and SECRET not in r.line("rig-01")
