@@ -14,55 +14,16 @@ node exporter's textfile directory. A model's ``dest`` is refused inside any of 
 another model's, or under a directory another user can write (roles/model_fetch/checks.py
 ``check_dest``, and the probe's ``unsafe_parent`` on the host).
 
-What root does there, what a planted symlink or FIFO did before, and what it does now (tested by
-tests/roles/test_hostile.py on the lab, tests/unit/test_nofollow.py). "Seen": run on a lab host
-with the code before this change.
-"As its owner": the directory's owner's rights (fetcher.py ``as_owner``, a child that drops root;
-``rigup_as_owner`` below, setpriv), so that a link reaches nothing that user could not read.
+What root does there, what a planted symlink or FIFO did before, and what it does now: the table
+:data:`PLACES`, data that tests/unit/test_nofollow.py holds to the code (every function it names
+exists; every module that reads or writes what that user can place is in it), rendered as
+docs/nofollow.md by ``make docs``. Tested on the lab by tests/roles/test_hostile.py and
+test_tune.py. "As its owner": the directory's owner's rights (fetcher.py ``as_owner``, a child that
+drops root; ``rigup_as_owner`` below, setpriv), so that a link reaches nothing that user could not
+read.
 
-========================================  ==========================================  =============================================
-root's step (where)                       a planted symlink / FIFO, before            now
-========================================  ==========================================  =============================================
-``install -d -o rigup dest dest/.rigup-   ``.rigup-fetch`` -> /root/d: chown rigup,   dest by root, only under directories only
-fetch`` (model_fetch ``fetched``)         mode 755 of the target (seen)               root can write (else refused); inside it
-                                                                                      everything by the rigup user (runuser)
-job.json (``files.put``: sftp as root,    ``job.json`` -> /root/f: the target         written by the rigup user to a new name
-then chmod 644)                           overwritten with the job, made 0644 (seen)  (mktemp), renamed over job.json
-``rm -f progress.json``                   the link removed (safe)                     by the rigup user
-restart: ``flock lock``, ``head lock``    flock creates a missing target (O_CREAT);   with systemd ``systemctl stop`` alone; the lock
-                                          a FIFO blocks the converge                  read only in root's own directory (no systemd)
-probe fact ``ModelFetchState``            marker, job/progress/state JSON and the     as its owner, every open no-follow and
-(fetcher.py ``probe``)                    lock read through links (root-only JSON     non-blocking; each plant named, and the host
-                                          in the fact's output); a FIFO hangs it      refused (plan.py ``planted_problems``)
-preflight ``PathBytes``                   ``grep`` of the marker: a FIFO hangs the    :func:`read_file`; ``du`` reads no file and
-                                          converge (seen: killed after 60 s)          follows no link below its argument
-llama_server, vllm facts                  ``cat`` of the marker: a FIFO hangs, a      :func:`read_file`
-(rigup/units.py ``instance_probe``)       link puts root-only text in the output
-``rigup-model-metrics`` (root timer)      the same reads; a FIFO hangs each run to    as its owner, non-blocking (1 s)
-                                          TimeoutStartSec (60 s), no metrics
-``rigup-fetch prune`` (root)              opens each old revision's lock (FIFO:       revisions listed as their owner; rmtree never
-                                          hangs); rmtree was safe already             follows a link
-``rigup-fetch switch`` (root)             renames in root's directory only (safe)     unchanged
-llama_cpp smoke (smoke.py, root)          opens the marker: a FIFO hangs the smoke    no-follow, non-blocking, a regular file only;
-                                          to its timeout, the host fails              llama-server itself runs as the rigup user
-status.py (``progress_command``)          ``head``, ``grep``, ``flock`` as above      :func:`read_file`; flock as its owner under a
-                                                                                      5 s timeout
-bench.py ``Serving``, ``LlamaBench``      ``tr < marker``; llama-bench (root) opens   :func:`read_file`; llama-bench as the owner
-                                          the model file through any link             of the model's directory
-cuda_toolkit's keyring                    ``/tmp/cuda-keyring.deb``: a fixed name in  a directory of its own (``mktemp -d``)
-                                          /tmp, written by curl, then ``dpkg -i``
-tune.py (root: its scripts, each          its directory was the rigup user's: the     ``rigup_state_dir/tuner``, root's (root:rigup
-spec, log and done marker; the            spec uploaded through a link (a root file   0750); anything there not root's regular
-sweep's result read)                      overwritten, handed to the user), ``: >     file refused, named, before any change; the
-                                          log`` truncating, ``touch done`` creating   sweep (the rigup user) writes only in its
-                                          any file; ``cat`` of the result             ``out/``, read by root as that user
-                                                                                      (:func:`read_file`); the old ``tune/`` removed
-========================================  ==========================================  =============================================
-
-pyinfra's own uploads with ``_sudo`` went through ``/tmp/pyinfra-<sha1 of the destination>``
-(pyinfra/api/host.py ``get_temp_filename``), a name any local user can predict and occupy first;
-config.py now sets pyinfra's TEMP_DIR to the login user's home (tests/unit/test_temp_uploads.py),
-and a host reached as root over SSH (the lab) uploads straight to the destination. Root-side reads of
+pyinfra's own uploads with ``_sudo`` (pyinfra/api/host.py ``get_temp_filename``): config.py
+(tests/unit/test_temp_uploads.py). Root-side reads of
 root's own files (units, keys, configs) are unchanged. The kernel's ``fs.protected_symlinks``,
 ``protected_fifos``, ``protected_hardlinks`` and ``protected_regular`` guard sticky world-writable
 directories and hard links when set; rigup does not rely on them.
@@ -71,6 +32,80 @@ directories and hard links when set; rigup does not rely on them.
 from __future__ import annotations
 
 import shlex
+from typing import NamedTuple
+
+
+class Place(NamedTuple):
+    """Where root meets what another user can place: ``step`` (what root does), ``code`` (the
+    file and function or class doing it: ``path/to/file.py:name``), ``before`` (what a planted
+    symlink or FIFO did; "seen": run on a lab host with the code before the change) and ``now``."""
+    step: str
+    code: str      # one or more, ", "-separated
+    before: str
+    now: str
+
+
+PLACES: tuple[Place, ...] = (
+    Place("install -d -o rigup dest dest/.rigup-fetch", "roles/model_fetch/__init__.py:fetched",
+          ".rigup-fetch -> /root/d: chown rigup, mode 755 of the target (seen)",
+          "dest by root, only under directories only root can write (else refused); inside it everything by "
+          "the rigup user (runuser)"),
+    Place("job.json written", "roles/model_fetch/__init__.py:job_written",
+          "files.put (sftp as root, then chmod 644) through job.json -> /root/f: the target overwritten with the "
+          "job, made 0644 (seen)", "written by the rigup user to a new name (mktemp), renamed over job.json"),
+    Place("rm -f progress.json; a restart's flock of the lock", "roles/model_fetch/__init__.py:fetched",
+          "the link removed (safe); flock creates a missing target (O_CREAT), a FIFO blocks the converge",
+          "by the rigup user; with systemd `systemctl stop` alone; the lock read only in root's own directory "
+          "(no systemd)"),
+    Place("the probe's reads of a model's directory", "roles/model_fetch/fetcher.py:probe",
+          "marker, job/progress/state JSON and the lock read through links (root-only JSON in the fact's "
+          "output); a FIFO hangs it", "as its owner, every open no-follow and non-blocking; each plant named, and "
+          "the host refused (plan.py planted_problems)"),
+    Place("preflight's bytes of a model's files", "roles/preflight/facts.py:PathBytes",
+          "grep of the marker: a FIFO hangs the converge (seen: killed after 60 s)",
+          "read_file; du reads no file and follows no link below its argument"),
+    Place("the serving roles' marker reads", "rigup/units.py:instance_probe, roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:VllmState",
+          "cat of the marker: a FIFO hangs, a link puts root-only text in the output", "read_file"),
+    Place("rigup-model-metrics (a root timer)", "roles/model_fetch/fetcher.py:metrics",
+          "the same reads; a FIFO hangs each run to TimeoutStartSec (60 s), no metrics",
+          "as its owner, non-blocking (1 s)"),
+    Place("rigup-fetch prune (root)", "roles/model_fetch/fetcher.py:prune",
+          "opens each old revision's lock (a FIFO hangs); rmtree was safe already",
+          "revisions listed as their owner; rmtree never follows a link"),
+    Place("rigup-fetch switch (root)", "roles/model_fetch/fetcher.py:switch", "renames in root's directory only (safe)",
+          "unchanged"),
+    Place("the llama.cpp smoke (root)", "roles/llama_cpp/smoke.py:model_of",
+          "opens the marker: a FIFO hangs the smoke to its timeout, the host fails",
+          "no-follow, non-blocking, a regular file only; llama-server itself runs as the rigup user"),
+    Place("status.py's download progress", "roles/model_fetch/facts.py:progress_command",
+          "head, grep, flock as above", "read_file; flock as its owner under a 5 s timeout"),
+    Place("bench.py's marker and llama-bench", "rigup/bench.py:LlamaBench",
+          "tr < marker; llama-bench (root) opens the model file through any link",
+          "read_file; llama-bench as the owner of the model's directory"),
+    Place("cuda_toolkit's keyring", "roles/cuda_toolkit/__init__.py:keyring",
+          "/tmp/cuda-keyring.deb: a fixed name in /tmp, written by curl, then dpkg -i",
+          "a directory of its own (mktemp -d)"),
+    Place("tune.py's scripts, each spec, log and done marker; the sweep's result", "rigup/tuning.py:Unsafe, tune.py:keep",
+          "its directory was the rigup user's: the spec uploaded through a link (a root file overwritten, handed "
+          "to the user), `: > log` truncating, `touch done` creating any file; cat of the result",
+          "rigup_state_dir/tuner, root's (root:rigup 0750); anything there not root's regular file refused, named, "
+          "before any change; the sweep (the rigup user) writes only in its out/, read by root as that user "
+          "(read_file); the old tune/ removed"),
+    Place("pyinfra's uploads with _sudo", "config.py:TEMP_DIR",
+          "/tmp/pyinfra-<sha1 of the destination>, a name any local user can predict and occupy first",
+          "the login user's home (pyinfra's TEMP_DIR '.'); a host reached as root uploads straight to the "
+          "destination"),
+)
+
+
+def table() -> str:
+    """:data:`PLACES` as a Markdown table (docs/nofollow.md)."""
+    def where(ref: str) -> str:
+        path, name = ref.split(":")
+        return f"`{path}` {name}"
+    rows = [f"| {p.step} | {', '.join(where(c) for c in p.code.split(', '))} | {p.before} | {p.now} |" for p in PLACES]
+    return "\n".join(["| root's step | where | a planted symlink or FIFO, before | now |",
+                      "| --- | --- | --- | --- |", *rows]) + "\n"
 
 AS_OWNER, READ = "rigup_as_owner", "rigup_read"   # the shell functions of :data:`FUNCTIONS`
 # ``rigup_as_owner DIR CMD...``: CMD run as the owner of the directory DIR (root's links followed)

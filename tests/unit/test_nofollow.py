@@ -247,3 +247,29 @@ def test_without_systemd_the_job_files_are_roots_in_roots_directory(tmp_path):
     run = subprocess.run(["sh", "-c", command.get_raw_value()], input=job, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
     assert open(os.path.join(dest, ".rigup-fetch", "job.json")).read() == job
+
+
+def test_the_table_is_held_to_the_code():
+    """rigup/nofollow.py PLACES names code that exists (each ``file:name`` defined there), and every
+    module that reads or writes what another user can place (it uses rigup.nofollow's shell
+    functions, an O_NOFOLLOW open, runuser or setpriv) is in the table: a new place cannot be added
+    without its row."""
+    import re
+    from pathlib import Path
+
+    from rigup.nofollow import PLACES
+
+    root = Path(__file__).resolve().parents[2]
+    named = set()
+    for place in PLACES:
+        for ref in place.code.split(", "):
+            path, name = ref.split(":")
+            text = (root / path).read_text()
+            assert re.search(rf"^\s*(def|class) {name}\b|^\s*(config\.)?{name} = ", text, re.M), ref
+            named.add(path)
+    sources = [p for d in ("roles", "rigup") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    users = {str(p.relative_to(root)) for p in sources if p.name != "nofollow.py"
+             and re.search(r"rigup\.nofollow|import nofollow|O_NOFOLLOW|\brunuser\b|\bsetpriv\b|TEMP_DIR", p.read_text())}
+    checks_only = {"roles/model_fetch/checks.py"}   # refuses a dest; reads nothing on a host
+    print(f"{len(PLACES)} places in {len(named)} files; modules meeting the rigup user's files: {len(users)}")
+    assert users - named - checks_only == set()
