@@ -367,7 +367,8 @@ def test_credentials_for_git_and_an_index_reach_them_from_a_root_file_only(lab, 
                                   vllm_pip_args=["--no-index", "--no-build-isolation", *cert])),
                 play(name, recipe(stub, vllm_git_url=None, vllm_git_commit=None, vllm_patches=[], vllm_pip_version="0.0.1",
                                   vllm_netrc_src=str(netrc),
-                                  vllm_pip_args=["--no-index", "--find-links", f"{origin}/wheels/", *cert]))]
+                                  vllm_pip_args=["--no-index", "--no-cache-dir", "--find-links", f"{origin}/wheels/",
+                                                 *cert]))]
         pip_pin = stub_info(lab, name)
         seen = [r for r in hub_module.requests() if r["path"].startswith("/_auth/")]
         stat = on_host(lab, name, "stat -c '%U %a' /etc/rigup/vllm-auth /etc/rigup/vllm-auth/.netrc").split()
@@ -386,7 +387,7 @@ def test_credentials_for_git_and_an_index_reach_them_from_a_root_file_only(lab, 
           f"{sum(r['https'] for r in seen)} over https); recorded argv: {len(argv.splitlines())} lines "
           f"({sum('git ' in ln for ln in argv.splitlines())} git, {sum('/bin/pip install' in ln for ln in argv.splitlines())} pip); "
           f"netrc {stat}; after a converge without it: {'removed' if gone else 'still there'}\n"
-          + "\n".join(f"  {r['path']} {'with' if r['auth'] else 'without'} credentials" for r in seen[:6]))
+          + "\n".join(f"  {r['path']} {'with' if r['auth'] else 'without'} credentials" for r in seen))
     assert pip_pin["argv"][0].startswith("/opt/rigup/vllm/pip-0.0.1/venv/bin/")
     assert any(r["auth"] and "/info/refs" in r["path"] for r in seen)                   # git, with the login
     assert any(r["auth"] and r["path"].endswith(".whl") for r in seen)                  # pip, with the login
