@@ -155,7 +155,8 @@ def apply(plan: Plan, data: Config):
     if not wanted:
         return
     unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
-                        start_timeout=max(600, data["llama_server_health_timeout"]))
+                        start_timeout=max(600, data["llama_server_health_timeout"]),
+                        fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
     managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
     unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
     gpu = build_backend(plan, data) == "cuda"

@@ -12,14 +12,21 @@ on its PCI bus or answering nvidia-smi):
   version's module in use, nouveau loaded), a reboot (``nvidia_driver_reboot``) and a wait for the
   host to come back; then nvidia-smi must report the branch and the cards the plan had (made from
   the PCI bus when no driver answered: rigup.gpu.driver), else the host fails, naming both;
-- nvidia-persistenced enabled and running (systemd hosts).
+- nvidia-persistenced enabled and running (systemd hosts);
+- on an NVSwitch host (HGX, DGX: rigup/gpu/fabric.py) the fabric manager and its NSCQ library of
+  the branch, at the driver's version and held with it, enabled and running; the serving units are
+  ordered after it (roles/llama_server, roles/vllm);
+- on an NVSwitch host or a VM of one, with or without a branch pinned: the fabric registered
+  before anything serves (every card's fabric.state Completed/Success, or with N/A, Ampere, the
+  fabric manager active), waited for ``nvidia_driver_fabric_timeout`` s, else the host fails
+  naming what the cards read.
 A host already at the branch, its packages held, changes nothing; one whose driver of the branch
 came from elsewhere (NVIDIA's .run installer, another repository: none of the distribution's
 driver packages installed) is left as it is. preflight plans the step
 (``plan["driver_step"]``), and the roles after this one plan on the cards the driver will report.
 
 Variables (roles/nvidia_driver/defaults.yml): nvidia_driver_branch, nvidia_driver_modules,
-nvidia_driver_headers, nvidia_driver_reboot, nvidia_driver_reboot_delay; gpu_enabled
+nvidia_driver_headers, nvidia_driver_reboot, nvidia_driver_reboot_delay, nvidia_driver_fabric_timeout; gpu_enabled
 (roles/preflight), apt_lock_timeout, apt_cache_seconds (roles/base).
 """
 
@@ -181,9 +188,32 @@ def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
     return reported == cards, (f"{len(reported)} cards ({', '.join(reported)})" if reported else "no card")
 
 
+@operation()
+def fabric_ready(fabric: dict, timeout: int):
+    """The fabric registered before anything serves: every card's fabric.state/status
+    Completed/Success (Hopper and later), or, where the cards report N/A (Ampere), the fabric
+    manager active. Read in the plan (nothing to do when it already was); else waited for at most
+    ``timeout`` s, and the host fails naming what the cards read."""
+    states = fabric.get("states") or {}
+    if states and set(states) == {"Completed/Success"} or not states and fabric.get("active") == "active":
+        host.noop("the NVSwitch fabric is registered")
+        return
+    yield (f"end=$(( $(date +%s) + {int(timeout)} )); while :; do "
+           "s=$(nvidia-smi --query-gpu=fabric.state,fabric.status --format=csv,noheader 2>&1 | sed 's/[][]//g'); "
+           "if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'Completed, Success'; then exit 0; fi; "
+           "if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'N/A, N/A' "
+           f"&& systemctl is-active -q {FABRIC_SERVICE}; then exit 0; fi; "
+           "if [ \"$(date +%s)\" -ge \"$end\" ]; then echo \"rigup: the NVSwitch fabric is not registered after "
+           f"{int(timeout)} s (the cards read: $(printf '%s\\n' \"$s\" | sort | uniq -c | tr -s ' \\n' ' '); "
+           f"{FABRIC_SERVICE}: $(systemctl is-active {FABRIC_SERVICE})): nothing serves until it is\" >&2; exit 1; fi; "
+           "sleep 1; done")
+
+
 @deploy("nvidia_driver", data_defaults=role_defaults("nvidia_driver"))
 def apply(plan: Plan, data: Config):
     if not managed_here(plan, data):
+        if plan.get("fabric") and data.get("gpu_enabled", True):   # a driver not rigup's: its fabric still gates
+            fabric_ready(name="NVSwitch fabric registered", fabric=plan["fabric"], timeout=data["nvidia_driver_fabric_timeout"])
         return
     branch = int(data["nvidia_driver_branch"])
     modules = _modules(plan, data)
@@ -213,6 +243,8 @@ def apply(plan: Plan, data: Config):
                 units=["nvidia-persistenced.service"])
         if fabric.get("nvswitches"):   # before any serving unit: CUDA does not start on an NVSwitch board without it
             running(name="fabric manager running", unit=FABRIC_SERVICE, units=[FABRIC_SERVICE])
+    if fabric:   # an NVSwitch board, or a VM of one whose cards report the fabric its hypervisor runs
+        fabric_ready(name="NVSwitch fabric registered", fabric=fabric, timeout=data["nvidia_driver_fabric_timeout"])
 
 
 ROLE = Role("nvidia_driver", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

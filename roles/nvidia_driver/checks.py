@@ -158,14 +158,17 @@ def check_fabric(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                         f"nvidia-fabricmanager-{str(driver).split('.')[0]}; NVIDIA's CUDA repository: "
                         f"nvidia-fabricmanager={driver}-1), or reboot if the driver was upgraded and its module not "
                         "loaded yet", "driver_fabric")]
-    os_id = (_host(facts).get("os") or {}).get("id")
-    if not fabric["manager"] and os_id == "debian" and _branch(data) is not None:
-        return [Refusal(f"NVSwitch host ({fabric['nvswitches']} x NVSwitch) on Debian's driver packages",
-                        "Debian's nvidia-driver packages ship no nvidia-fabricmanager, and CUDA does not start on an "
-                        "NVSwitch board without one at the driver's exact version",
-                        "install the driver and nvidia-fabricmanager at one version from NVIDIA's CUDA repository "
-                        "and set nvidia_driver_branch: null (rigup leaves both as they are), or run Ubuntu, whose "
-                        "archive has nvidia-fabricmanager-BRANCH", "driver_fabric")]
+    os_id, branch = (_host(facts).get("os") or {}).get("id"), _branch(data)
+    offered = (_host(facts).get("fabric_candidates") or {}).get(f"nvidia-fabricmanager-{branch}")
+    have = (_host(facts).get("packages") or {}).get(f"nvidia-fabricmanager-{branch}") or {}
+    if (os_id == "debian" and branch is not None and not str(offered or "").startswith(f"{branch}.")
+            and not str(have.get("version") or "").startswith(f"{branch}.")):
+        return [Refusal(f"NVSwitch host ({fabric['nvswitches']} x NVSwitch): no nvidia-fabricmanager-{branch} in its "
+                        "sources" + (f" (they offer {offered})" if offered else ""),
+                        "Debian's driver packages ship no fabric manager, and CUDA does not start on an NVSwitch board "
+                        f"without one at the driver's exact version (driver branch {branch})",
+                        "add NVIDIA's CUDA repository for Debian (it has nvidia-fabricmanager-BRANCH at each driver "
+                        "version) to the host's apt sources, or run Ubuntu, whose archive has it", "driver_fabric")]
     return []
 
 

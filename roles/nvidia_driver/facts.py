@@ -26,6 +26,8 @@ def parse_driver_host(lines: list[str]) -> dict:
             "packages": packages,
             "modules": sorted(ln.strip() for ln in sec.get("modules", []) if ln.strip()),
             "headers_candidate": None if candidate in (None, "(none)") else candidate,
+            "fabric_candidates": {p[0]: p[1] for p in (ln.split() for ln in sec.get("fabric", []))
+                                  if len(p) == 2 and p[1] != "(none)"},
             **parse_kernel(sec.get("kernel", []))}
 
 
@@ -37,6 +39,7 @@ class DriverHost(FactBase):
          "packages": {"nvidia-smi": {"version": "535.261.03-1", "held": True}, ...},
          "modules": ["nouveau"],                          # of nouveau, nvidia
          "headers_candidate": "6.1.135-1",                # None: no headers package for it
+         "fabric_candidates": {"nvidia-fabricmanager-535": "535.261.03-1"},   # NVSwitch hosts only
          "release": "6.1.0-37-amd64", "headers": False}   # the running kernel; its headers installed
     """
 
@@ -51,7 +54,11 @@ class DriverHost(FactBase):
                 f"echo '{MARK}modules'; for m in nouveau nvidia; do [ -d /sys/module/$m ] && echo $m; done; "
                 f"echo '{MARK}headers'; apt-cache policy \"linux-headers-$(uname -r)\" 2>/dev/null "
                 "| sed -n 's/^ *Candidate: //p'; "
-                f"echo '{MARK}kernel'; {KERNEL_COMMAND}; true")
+                f"echo '{MARK}kernel'; {KERNEL_COMMAND}; "
+                # an NVSwitch on the PCI bus: what the sources offer of the fabric manager
+                f"echo '{MARK}fabric'; if grep -qsx 0x068000 /sys/bus/pci/devices/*/class; then "
+                "for p in $(apt-cache pkgnames nvidia-fabricmanager 2>/dev/null | sort); do "
+                "echo \"$p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; done; fi; true")
 
     def process(self, output: list[str]) -> dict:
         return parse_driver_host(output)

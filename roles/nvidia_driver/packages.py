@@ -27,15 +27,18 @@ def driver_packages(os_id: str, branch: int, modules: str, nvswitch: bool = Fals
     ``os_id`` (debian, ubuntu), or None for another distribution. ``versioned``: the branch is in
     the packages' versions, not their names: ``probe`` (the kernel module's package) has its
     candidate checked to be of the branch, and every package is pinned to its version. On an
-    NVSwitch host (``nvswitch``) Ubuntu's set has the fabric manager and its NSCQ library of the
-    same branch, from the same archive, held with the driver (Debian ships none: check_fabric)."""
+    NVSwitch host (``nvswitch``) the set has the fabric manager and its NSCQ library of the same
+    branch, held with the driver: on Ubuntu from the same archive; on Debian, which ships none, from
+    another source of the host's (NVIDIA's CUDA repository names them alike), pinned to the kernel
+    module's version with every other package (check_fabric refuses a host whose sources have none
+    of the branch)."""
+    fabric = [f"nvidia-fabricmanager-{branch}", f"libnvidia-nscq-{branch}"] if nvswitch else []
     if os_id == "debian":
         module = ["nvidia-open-kernel-dkms", "firmware-nvidia-gsp"] if modules == "open" else ["nvidia-kernel-dkms"]
-        return {"packages": [*module, "nvidia-smi", "libcuda1", "nvidia-persistenced"],
+        return {"packages": [*module, "nvidia-smi", "libcuda1", "nvidia-persistenced", *fabric],
                 "components": ["contrib", "non-free", "non-free-firmware"], "versioned": True, "probe": module[0]}
     if os_id == "ubuntu":
         flavour = "-open" if modules == "open" else ""
-        fabric = [f"nvidia-fabricmanager-{branch}", f"libnvidia-nscq-{branch}"] if nvswitch else []
         return {"packages": [f"nvidia-headless-{branch}-server{flavour}", f"nvidia-utils-{branch}-server", *fabric],
                 "components": [], "versioned": False, "probe": f"nvidia-utils-{branch}-server"}
     return None

@@ -304,7 +304,8 @@ def apply(plan: Plan, data: Config):
     if ray_role:
         _ray_node(data, plan, fleet, f"{pin_dir}/venv", ray_script, paths)
     unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),
-                           start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30)
+                           start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30,
+                           fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
     managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
     cluster.nodes_started(name="vllm: Ray nodes started")
     for name, srv in sorted(plans.items()):

@@ -15,6 +15,7 @@ It answers what rigup and huggingface_hub ask:
   ``GET /api/models/{repo}[/revision/{rev}]`` (sha, siblings);
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` with ``Range``, ``X-Repo-Commit``, ``ETag``,
   ``X-Linked-Etag`` and ``X-Linked-Size``;
+- the lab's apt repository: ``GET /_apt/PATH`` (tests/lab/fabric_debs.py: the fabric manager's stand-ins);
 - credentialed sources: ``GET /_auth/PATH``, a file of AUTH_DIR with AUTH's Basic credentials only;
 - for tests: ``GET /_lab/bytes`` (resolve body bytes sent, by client address), ``GET
   /_lab/tokens`` (bearer tokens seen, by client), ``GET /_lab/requests`` (every request but the
@@ -508,6 +509,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         STATS.record(STATS.requests, self)
         if path.startswith("/_auth/"):
             return self._authed(path.removeprefix("/_auth/"))
+        if path.startswith("/_apt/"):   # the lab's apt repository (tests/lab/fabric_debs.py)
+            target = (ROOT / "apt" / path.removeprefix("/_apt/")).resolve()
+            if not target.is_relative_to((ROOT / "apt").resolve()) or not target.is_file():
+                return self._send(404, b"not found\n", ctype="text/plain")
+            return self._send(200, target.read_bytes(), ctype="application/octet-stream")
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             try:

@@ -407,14 +407,19 @@ def create_host(name, profile, seed=None, driver=True):
 
 
 def write_pci(pci, prof):
-    """The profile's cards as sysfs shows them under /sys/bus/pci/devices (vendor, device and class
-    of each; boot binds this directory there): what a host has on its PCI bus before any driver."""
-    device = "0x" + prof["card"]["pci_device_id"][2:6].lower()     # 0x20B210DE -> 0x20b2
-    for bus in prof["bus_ids"]:                                     # 00000000:07:00.0 -> 0000:07:00.0
-        d = pci / bus[4:].lower()
-        d.mkdir(parents=True, exist_ok=True)
-        for key, value in (("vendor", "0x10de"), ("device", device), ("class", "0x030200")):
-            (d / key).write_text(value + "\n")
+    """The profile's cards (and an HGX profile's NVSwitches) as sysfs shows them under
+    /sys/bus/pci/devices (vendor, device and class of each; boot binds this directory there): what
+    a host has on its PCI bus before any driver."""
+    switches = prof.get("nvswitches") or {"bus_ids": []}   # an HGX board's NVSwitch chips: PCI bridges
+    for card, klass in ((prof["card"], "0x030200"), (switches, "0x068000")):
+        if not card.get("pci_device_id"):
+            continue
+        device = "0x" + card["pci_device_id"][2:6].lower()         # 0x20B210DE -> 0x20b2
+        for bus in (prof if card is prof["card"] else switches)["bus_ids"]:   # 00000000:07:00.0 -> 0000:07:00.0
+            d = pci / bus[4:].lower()
+            d.mkdir(parents=True, exist_ok=True)
+            for key, value in (("vendor", "0x10de"), ("device", device), ("class", klass)):
+                (d / key).write_text(value + "\n")
 
 
 # The lab's stand-in for what a container cannot do when Debian's NVIDIA driver packages are

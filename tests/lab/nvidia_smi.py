@@ -83,6 +83,22 @@ def load_profile():
     return prof
 
 
+# The fabric manager's stand-in (tests/lab/fabric_debs.py: its service writes FABRIC_READY with its
+# version once it runs, and refuses to start at another version than the loaded driver's): an HGX
+# profile's cards report their fabric registered only while it runs at the driver's version.
+FABRIC_READY = os.environ.get("RIGUP_GPU_SIM_FABRIC", "/run/nvidia-fabricmanager/ready")
+
+
+def fabric():
+    """(fabric.state, fabric.status) of an HGX profile's cards, as nvidia-smi reports them."""
+    try:
+        with open(FABRIC_READY) as f:
+            running = f.read().strip()
+    except OSError:
+        running = None
+    return ("Completed", "Success") if running and running == PROF.get("driver_version") else ("In Progress", "N/A")
+
+
 # ---------------------------------------------------------------- the driver packages (sim driver)
 # What the lab stands in for when Debian's NVIDIA driver packages are installed (tests/lab/lab.py
 # DRIVER_HOOK calls ``sim driver VERSION`` after each dpkg run): the kernel module loads at once
@@ -340,10 +356,10 @@ def _fields():
         "clocks.current.sm": (H, lambda c, s: s["clocks_lock"][1] if s["clocks_lock"]
                               else c.get("sm_clock_idle_mhz")),
         "clocks.max.sm": (H, lambda c, s: c.get("sm_clock_max_mhz")),
-        # the NVSwitch fabric's registration (Hopper and later; N/A on the lab's cards, as on one
-        # passed-through H200: rigup/gpu/fabric.py)
-        "fabric.state": (None, lambda c, s: c.get("fabric_state")),
-        "fabric.status": (None, lambda c, s: c.get("fabric_status")),
+        # the NVSwitch fabric's registration (Hopper and later; N/A on the lab's cards without
+        # NVSwitch, as on one passed-through H200: rigup/gpu/fabric.py; an HGX profile's: fabric())
+        "fabric.state": (None, lambda c, s: fabric()[0] if PROF.get("nvswitches") else c.get("fabric_state")),
+        "fabric.status": (None, lambda c, s: fabric()[1] if PROF.get("nvswitches") else c.get("fabric_status")),
     }
     f["clocks.current.graphics"] = f["clocks.current.sm"]
     f["clocks.max.graphics"] = f["clocks.max.sm"]

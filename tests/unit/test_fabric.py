@@ -64,7 +64,14 @@ def test_a_fabric_manager_of_another_version_or_none_on_debian_is_refused_naming
     bare = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], None)
     debian = {"reads": {"DriverHost": {"os": {"id": "debian"}}}}
     (r,) = check_fabric(plan_with(bare), debian, data(nvidia_driver_branch=535))
-    assert "Debian's driver packages" in r.what and "no nvidia-fabricmanager" in r.why
+    assert "no nvidia-fabricmanager-535 in its sources" in r.what and "Debian's driver packages ship no" in r.why
+    assert "NVIDIA's CUDA repository" in r.fix
+    other = {"reads": {"DriverHost": {"os": {"id": "debian"}, "fabric_candidates": {"nvidia-fabricmanager-535": "550.1-1"}}}}
+    (r,) = check_fabric(plan_with(bare), other, data(nvidia_driver_branch=535))
+    assert "(they offer 550.1-1)" in r.what
+    # a source that has it (NVIDIA's CUDA repository; the lab's stand-in repository): installed with the driver
+    offered = {"reads": {"DriverHost": {"os": {"id": "debian"}, "fabric_candidates": {"nvidia-fabricmanager-535": "535.261.03-1"}}}}
+    assert check_fabric(plan_with(bare), offered, data(nvidia_driver_branch=535)) == []
     assert check_fabric(plan_with(None), debian, data(nvidia_driver_branch=535)) == []     # no NVSwitch: nothing new
 
 
@@ -73,4 +80,4 @@ def test_ubuntu_installs_the_fabric_manager_of_the_drivers_branch_only_on_nvswit
     assert driver_packages("ubuntu", 580, "open", nvswitch=True)["packages"][2:] == ["nvidia-fabricmanager-580",
                                                                                     "libnvidia-nscq-580"]
     assert driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"] == \
-        driver_packages("debian", 535, "proprietary")["packages"]
+        driver_packages("debian", 535, "proprietary")["packages"] + ["nvidia-fabricmanager-535", "libnvidia-nscq-535"]
