@@ -1,11 +1,16 @@
-"""roles/nvidia_driver on the lab: a bare host (an a100 profile's 8 cards on its PCI bus, no
-nvidia-smi, no driver) goes to serving in one deploy.py run with nvidia_driver_branch 535: Debian
-12's driver packages really installed from the distribution through the lab's proxy (the kernel
-module's load is the lab's stand-in: tests/lab/lab.py DRIVER_HOOK), then every later role on the
-plan made from the PCI bus; the second converge changes nothing. (A branch change on serving hosts
-through roll.py: tests/roles/test_roll.py.)"""
+"""roles/nvidia_driver on the lab: a bare HGX host (the hgx-h100 profile's 8 cards and 4 NVSwitch
+chips on its PCI bus, no nvidia-smi, no driver) goes to serving in one deploy.py run with
+nvidia_driver_branch 535: Debian 12's driver packages really installed from the distribution through
+the lab's proxy (the kernel module's load is the lab's stand-in: tests/lab/lab.py DRIVER_HOOK), the
+fabric manager of the branch at the driver's exact version from the host's other source (the lab's
+apt repository of stand-in packages, as NVIDIA's CUDA repository would be: tests/lab/fabric_debs.py;
+it holds the driver's version and another), running, the fabric registered before the instance
+starts (its unit ordered after the fabric manager), then every later role on the plan made from the
+PCI bus; the second converge changes nothing. (A branch change on serving hosts through roll.py:
+tests/roles/test_roll.py.)"""
 
 import json
+import shlex
 
 import pytest
 
@@ -17,19 +22,41 @@ BRANCH = ("--data", "nvidia_driver_branch=535")
 PROMPT = json.dumps({"model": "gemma", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
 
 
+# what apt would install of the proprietary kernel module with the driver's components, read into
+# a scratch directory (the host's own sources and lists unchanged): the fabric manager's version
+CANDIDATE = ("d=$(mktemp -d) && mkdir -p $d/parts $d/lists/partial && for f in /etc/apt/sources.list.d/*.sources; do "
+             "sed 's/^Components: main$/Components: main contrib non-free non-free-firmware/' $f > $d/parts/${f##*/}; done && "
+             "o=\"-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=$d/parts -o Dir::State::Lists=$d/lists\" && "
+             "apt-get -qq $o update >/dev/null && apt-cache $o policy nvidia-kernel-dkms | sed -n 's/^ *Candidate: //p'; "
+             "rm -rf $d")
+FABRIC_SOURCE = "/etc/apt/sources.list.d/rigup-lab-fabric.list"
+
+
 @pytest.fixture(scope="module")
 def bare(lab):
+    from tests.lab import fabric_debs, hub
+
     first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
-    lab.up(1, "a100", first=first, driver=False)
+    lab.up(1, "hgx-h100", first=first, driver=False)
     name = f"lab{first}"
     try:
-        yield name
+        version = on_host(lab, name, CANDIDATE).strip()
+        assert version.startswith("535."), version
+        other = "535.999.01-1"           # a fabric manager of the branch at another version, offered too
+        fabric_debs.build([version, other])
+        hub.serve()
+        # the operator's second source (NVIDIA's CUDA repository, here the lab's), reached directly
+        on_host(lab, name, f"printf %s {shlex.quote(fabric_debs.source_line())} > {FABRIC_SOURCE} && "
+                           f"echo 'Acquire::http::Proxy::{fabric_debs.lab.GATEWAY} \"DIRECT\";' "
+                           "> /etc/apt/apt.conf.d/02rigup-lab-fabric && apt-get -qq update")
+        yield name, version
     finally:
         lab.remove(name)
 
 
 @pytest.fixture(scope="module")
 def served(lab, bare):
+    bare, _ = bare
     before = lab.ssh(bare, "command -v nvidia-smi").returncode
     pci = on_host(lab, bare, "ls /sys/bus/pci/devices | wc -l").strip()
     first = converge("inventory/lab.py", "--limit", bare, *BRANCH, timeout=2400)
@@ -37,13 +64,14 @@ def served(lab, bare):
     print(f"\nbare host {bare} ({pci} NVIDIA cards on its PCI bus, nvidia-smi found: {before == 0}): "
           f"one converge to serving in {first.seconds:.0f} s ({first.totals['changed']} changed); "
           f"again: {again.seconds:.1f} s, {again.totals['changed']} changed")
-    assert before != 0 and pci == "8"
+    assert before != 0 and pci == "12"      # 8 cards, 4 NVSwitches
     return first, again
 
 
 def test_a_bare_host_serves_after_one_deploy_run(lab, bare, served):
+    bare, _ = bare
     first, _ = served
-    assert f"[{bare}] cards:     8 x a100 (from the PCI bus: no driver answers yet)" in first.output
+    assert f"[{bare}] cards:     8 x h100 (from the PCI bus: no driver answers yet)" in first.output
     assert f"[{bare}] driver:    branch 535 (proprietary modules) to install" in first.output
     smi = on_host(lab, bare, "nvidia-smi --query-gpu=driver_version,pci.bus_id --format=csv,noheader").splitlines()
     assert len(smi) == 8 and all(line.startswith("535.") for line in smi), smi
@@ -66,12 +94,35 @@ def test_the_second_converge_changes_nothing(served):
     assert "every role converged" in again.output
 
 
+def test_the_fabric_manager_runs_at_the_drivers_version_before_the_instance(lab, bare, served):
+    """The fabric manager of the branch at exactly the driver's version (of the two the source
+    offers), held with it, active; every card's fabric registered; the instance's unit ordered
+    after it and started after it."""
+    bare, version = bare
+    first, _ = served
+    fm = on_host(lab, bare, "dpkg-query -W -f='${Version}\\n' nvidia-fabricmanager-535 libnvidia-nscq-535; "
+                            "apt-mark showhold | grep -c -e fabricmanager -e nscq").split()
+    fabric = on_host(lab, bare, "nvidia-smi --query-gpu=fabric.state,fabric.status --format=csv,noheader").splitlines()
+    starts = on_host(lab, bare, "for u in nvidia-fabricmanager rigup-llama@gemma; do "
+                                "systemctl show -p ActiveEnterTimestampMonotonic --value $u; done").split()
+    after = on_host(lab, bare, "systemctl show -p After --value rigup-llama@gemma")
+    plan = [ln.strip() for ln in first.output.splitlines() if "fabric:" in ln]
+    print(f"fabric manager {fm}; cards: {sorted(set(fabric))} x {len(fabric)}; started at {starts} (monotonic us); "
+          f"plan: {plan[:1]}")
+    assert fm[:2] == [version, version] and fm[2] == "2"                  # 535.999.01-1 offered, not taken
+    assert on_host(lab, bare, "systemctl is-active nvidia-fabricmanager").strip() == "active"
+    assert fabric == ["Completed, Success"] * 8
+    assert "nvidia-fabricmanager.service" in after.split() and 0 < int(starts[0]) < int(starts[1])
+    assert plan and "4 x NVSwitch" in plan[0]
+
+
 def test_preflight_holds_cuda_to_the_driver_before_any_change(lab, bare, served):
     """On the host now at 535 (CUDA up to 12.2): a CUDA 12.8 toolkit, and a vLLM wheel built for
     CUDA 13, are refused naming both versions; pinned to branch 570 the toolkit passes (the plan's
     driver is the branch it will have), and that branch change on a serving host is refused outside
     a roll. Preflight changes nothing: the next converge still has nothing to do."""
     from tests.converge import pyinfra
+    bare, _ = bare
     cuda = ("--data", "llama_cpp_backend=cuda", "--data", 'cuda_version="12.8"')
     vllm = ("--data", "vllm_pip_version=0.33.0+cu130",
             "--data", 'vllm_instances={"v": {"model": "gemma-270m", "port": 8000}}')
