@@ -2,7 +2,7 @@
 
 Each host is a Debian 12 container booted with systemd, reached over real SSH as root with the
 lab's key and known_hosts (strict host key checking). Hosts join the group of their GPU profile
-(a100, h100, cmp170hx, none), so group_vars/<profile>.yml applies, and then the group ``lab``,
+(a100, h100, cmp170hx, none; hgx-h100 in h100), so group_vars/<profile>.yml applies, and then the group ``lab``,
 whose settings (group_vars/lab.yml, and the lab's own source mirror) win over the profile's: of
 two groups, the one defined later in this file wins (pyinfra's order; rigup/config.py).
 """
@@ -40,7 +40,7 @@ def _profile_group(profile):
 
 
 a100 = _profile_group("a100")
-h100 = _profile_group("h100")
+h100 = _profile_group("h100") + _profile_group("hgx-h100")   # an HGX H100 board is an h100 host
 cmp170hx = _profile_group("cmp170hx")
 none = _profile_group("none")
 # Defined after the profiles, so it wins: the lab's file server and model hub on its gateway

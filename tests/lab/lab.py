@@ -40,7 +40,7 @@ SUITE = "bookworm"
 INCLUDE = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo",
            "ca-certificates", "iproute2", "procps", "less", "curl")
 BASE_RECIPE = {"suite": SUITE, "variant": "minbase", "include": list(INCLUDE)}  # recorded in its stamp
-PROFILES = ("a100", "h100", "cmp170hx", "none")
+PROFILES = ("a100", "h100", "hgx-h100", "cmp170hx", "none")
 BOOT_TIMEOUT = 180
 # What a host booted without systemd runs (as PID 2, under nspawn's stub init): sshd alone.
 NO_INIT_COMMAND = ("/bin/sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e")
