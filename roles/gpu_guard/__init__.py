@@ -60,6 +60,7 @@ from rigup import files, services, yamlfile
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
+from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import GPU_METRICS, guard_file, xid_file
 from rigup.templates import render
@@ -80,7 +81,7 @@ def class_thresholds() -> dict:
     return yamlfile.safe_load((HERE / "thresholds.yml").read_text())
 
 
-def guard_config(data: Config) -> dict:
+def guard_config(data: Config, plan: Plan | None = None) -> dict:
     """The guard's configuration file (pure: data in)."""
     table = class_thresholds()
     by_pci = {}
@@ -106,6 +107,8 @@ def guard_config(data: Config) -> dict:
         "by_pci_id": by_pci,
         **({"psu_watts": data["gpu_psu_watts"]} if data.get("gpu_psu_watts") else {}),
         **({"xid": xid_config(data)} if data["gpu_guard_xid_enabled"] else {}),
+        # an NVSwitch board: the fabric is judged each check (guard.py fabric_problem)
+        **({"fabric": {"service": FABRIC_SERVICE}} if ((plan or {}).get("fabric") or {}).get("nvswitches") else {}),
     }
 
 
@@ -156,7 +159,7 @@ def apply(plan: Plan, data: Config):
     files.managed(name="gpu_guard: its Xid parser", dest=parser, paths=paths, mode="644",
                   text=Path(xid.__file__).read_text())
     files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
-                  text=json.dumps(guard_config(data), indent=1, sort_keys=True) + "\n")
+                  text=json.dumps(guard_config(data, plan), indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,
                             text=render("gpu_guard-service.j2", script=script, config=CONFIG,
                                         timeout=unit_timeout_s(data["gpu_guard_smi_timeout"])))

@@ -37,6 +37,10 @@ action for its code, logging the Xid line with what it did:
   ``max_reboots`` a day (counted on disk); after such a reboot, once every card answers again, the
   guard clears itself and starts the units it stopped;
 - ``log``: logged and counted only.
+On an NVSwitch host (config ``fabric``) each check first asks whether the fabric carries CUDA (the
+fabric manager's service active, no card's fabric unregistered: :func:`fabric_problem`); if not, the
+guard trips at once, naming it (the host drained as for ``drain_host``), and clears itself at the
+first check that finds the fabric back (a converge starts the fabric manager and clears it too).
 The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
 the counts start again at each boot (a reboot is the cards' recovery); suspect stays until clear.
 With the Xid triage the guard also judges each card's PCIe link generation under load (at least
@@ -649,10 +653,33 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
     return True
 
 
+def fabric_problem(config: dict) -> str | None:
+    """Why the NVSwitch fabric cannot carry CUDA now, or None (config ``fabric``: an NVSwitch host;
+    absent elsewhere, and nothing is read): the fabric manager's service not active, or a card whose
+    fabric is not registered (Hopper and later: Completed/Success; N/A, as Ampere reports, passes)."""
+    fabric = config.get("fabric")
+    if not fabric:
+        return None
+    rc, out = run_bounded(["systemctl", "is-active", fabric["service"]], config.get("smi_timeout_s", 10))
+    if (out or "").strip() != "active":
+        return f"{fabric['service']} is {said((out or '').strip() or 'not answering')}"
+    rc, out = run_bounded(["nvidia-smi", "--query-gpu=fabric.state,fabric.status", "--format=csv,noheader"],
+                          config.get("smi_timeout_s", 10))
+    states = [ln.strip().replace("[", "").replace("]", "") for ln in (out or "").splitlines() if ln.strip()]
+    bad = [s for s in states if s not in ("Completed, Success", "N/A, N/A")] if rc == 0 else []
+    return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}" if bad else None
+
+
 def check(config: dict) -> int:
     tripped = config["tripped_file"]
+    fabric = fabric_problem(config)
     if os.path.exists(tripped):
         record = load(tripped, {})
+        if isinstance(record, dict) and record.get("fabric") and not fabric:   # the fabric is back: serve again
+            os.remove(tripped)
+            log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: the serving "
+                   "units start with their next start or converge")
+            return 0
         if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id():
             cards, lost = read_cards(config)
             if after_reboot(config, record, cards, lost):
@@ -664,6 +691,8 @@ def check(config: dict) -> int:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
     now = time.time()
+    if fabric:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
+        return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now)
     cards, lost = read_cards(config)
     xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
     if xid_trip:
@@ -696,14 +725,17 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
     count the reboot and reboot the host."""
     stopped, units = stop_serving(config)
     record = {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": trip["reason"],
-              "samples": "an Xid event", "stopped": stopped, "cards": len(cards)}
+              "samples": "the fabric's state" if trip.get("fabric") else "an Xid event", "stopped": stopped,
+              "cards": len(cards), **({"fabric": True} if trip.get("fabric") else {})}
     if trip["reboot"]:
         record["reboot_boot"] = boot_id()
     save(config["tripped_file"], record)
-    write_metrics(config, metrics_text(cards, [], True, config, now, load(config["xid"]["state_file"], {})))
+    write_metrics(config, metrics_text(cards, [], True, config, now,
+                                       load(config["xid"]["state_file"], {}) if config.get("xid") else None))
     log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
            + ("rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
-              "they stay stopped until an operator runs rigup-gpu-guard clear"))
+              "they stay stopped until the fabric is back (a converge starts the fabric manager)" if trip.get("fabric")
+              else "they stay stopped until an operator runs rigup-gpu-guard clear"))
     if trip["reboot"]:
         path = config["xid"]["reboots_file"]
         day, count = reboots_today(path, now)

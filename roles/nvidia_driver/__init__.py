@@ -47,6 +47,7 @@ from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.fabric import line as fabric_line
 from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, gpu_host
+from rigup.names import guard_file
 from rigup.probe import operation
 from rigup.services import running
 from rigup.state import read_once, reading
@@ -189,20 +190,24 @@ def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
 
 
 @operation()
-def fabric_ready(fabric: dict, timeout: int):
+def fabric_ready(fabric: dict, timeout: int, tripped: str):
     """The fabric registered before anything serves: every card's fabric.state/status
     Completed/Success (Hopper and later), or, where the cards report N/A (Ampere), the fabric
     manager active. Read in the plan (nothing to do when it already was); else waited for at most
-    ``timeout`` s, and the host fails naming what the cards read."""
+    ``timeout`` s, and the host fails naming what the cards read. Once registered, a GPU guard
+    tripped by the fabric (its file ``tripped`` says ``"fabric": true``: roles/gpu_guard) is cleared,
+    so that the serving units start in this converge."""
     states = fabric.get("states") or {}
     if states and set(states) == {"Completed/Success"} or not states and fabric.get("active") == "active":
         host.noop("the NVSwitch fabric is registered")
         return
+    t = shlex.quote(tripped)
+    done = f"{{ if grep -qs '\"fabric\": true' {t}; then rm -f {t}; fi; exit 0; }}"
     yield (f"end=$(( $(date +%s) + {int(timeout)} )); while :; do "
            "s=$(nvidia-smi --query-gpu=fabric.state,fabric.status --format=csv,noheader 2>&1 | sed 's/[][]//g'); "
-           "if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'Completed, Success'; then exit 0; fi; "
+           f"if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'Completed, Success'; then {done}; fi; "
            "if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'N/A, N/A' "
-           f"&& systemctl is-active -q {FABRIC_SERVICE}; then exit 0; fi; "
+           f"&& systemctl is-active -q {FABRIC_SERVICE}; then {done}; fi; "
            "if [ \"$(date +%s)\" -ge \"$end\" ]; then echo \"rigup: the NVSwitch fabric is not registered after "
            f"{int(timeout)} s (the cards read: $(printf '%s\\n' \"$s\" | sort | uniq -c | tr -s ' \\n' ' '); "
            f"{FABRIC_SERVICE}: $(systemctl is-active {FABRIC_SERVICE})): nothing serves until it is\" >&2; exit 1; fi; "
@@ -213,7 +218,8 @@ def fabric_ready(fabric: dict, timeout: int):
 def apply(plan: Plan, data: Config):
     if not managed_here(plan, data):
         if plan.get("fabric") and data.get("gpu_enabled", True):   # a driver not rigup's: its fabric still gates
-            fabric_ready(name="NVSwitch fabric registered", fabric=plan["fabric"], timeout=data["nvidia_driver_fabric_timeout"])
+            fabric_ready(name="NVSwitch fabric registered", fabric=plan["fabric"], timeout=data["nvidia_driver_fabric_timeout"],
+                         tripped=guard_file(data))
         return
     branch = int(data["nvidia_driver_branch"])
     modules = _modules(plan, data)
@@ -244,7 +250,8 @@ def apply(plan: Plan, data: Config):
         if fabric.get("nvswitches"):   # before any serving unit: CUDA does not start on an NVSwitch board without it
             running(name="fabric manager running", unit=FABRIC_SERVICE, units=[FABRIC_SERVICE])
     if fabric:   # an NVSwitch board, or a VM of one whose cards report the fabric its hypervisor runs
-        fabric_ready(name="NVSwitch fabric registered", fabric=fabric, timeout=data["nvidia_driver_fabric_timeout"])
+        fabric_ready(name="NVSwitch fabric registered", fabric=fabric, timeout=data["nvidia_driver_fabric_timeout"],
+                     tripped=guard_file(data))
 
 
 ROLE = Role("nvidia_driver", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

@@ -127,3 +127,43 @@ def test_a_driver_installed_before_its_reboot_is_not_judged_but_a_card_that_fail
         history[-1]["bad"] = evaluate(history, CONFIG, t)
     assert lost == [swapped] and debounced(history, CONFIG) == (None, 0)
     assert run(NA, GOOD, NA)[-1][0].startswith("telemetry lost")
+
+
+def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_path, monkeypatch, capsys):
+    """issue 48: on an NVSwitch host (config ``fabric``) the fabric manager stopped trips the guard
+    at once naming it (serving stopped); once it runs again at the driver's version and every card
+    reads Completed/Success, the next check clears the trip (an operator need not). A host without
+    NVSwitch reads nothing of it. The lab's nvidia-smi (hgx-h100) and a systemctl stand-in."""
+    from roles.gpu_guard import guard
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(json.loads((LAB / "gpu_profiles.json").read_text())["hgx-h100"]))
+    bin_dir, state = tmp_path / "bin", tmp_path / "fm.state"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(LAB / "nvidia_smi.py")
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\n[ "$1" = is-active ] && {{ cat {state}; exit 0; }}\nexit 0\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    ready = tmp_path / "ready"
+    for key, value in (("RIGUP_GPU_SIM_PROFILE", profile), ("RIGUP_GPU_SIM_RUN", tmp_path / "run"),
+                       ("RIGUP_GPU_SIM_LIB", tmp_path / "lib"), ("RIGUP_GPU_SIM_FABRIC", ready),
+                       ("PATH", f"{bin_dir}:{os.environ['PATH']}")):
+        monkeypatch.setenv(key, str(value))
+    config = {**CONFIG, "tripped_file": str(tmp_path / "tripped.json"), "samples_file": str(tmp_path / "s.json"),
+              "metrics_file": str(tmp_path / "m.prom"), "units": [], "default": {"temp_c": 85, "draw_w": 800},
+              "by_pci_id": {}, "fabric": {"service": "nvidia-fabricmanager.service"}}
+    assert guard.fabric_problem({**config, "fabric": None}) is None
+    state.write_text("inactive\n")
+    assert guard.check(config) == 0
+    record = json.loads(Path(config["tripped_file"]).read_text())
+    print(record["reason"])
+    assert record["fabric"] is True and record["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is inactive"
+    state.write_text("active\n")                  # running, not registered yet (another version, or starting)
+    assert guard.fabric_problem(config) == "8 of 8 cards read fabric In Progress, N/A"
+    guard.check(config)
+    assert Path(config["tripped_file"]).exists()
+    ready.write_text("580.105.08\n")             # registered at the driver's version
+    assert guard.fabric_problem(config) is None
+    guard.check(config)
+    assert not Path(config["tripped_file"]).exists()
+    out = capsys.readouterr().out
+    assert "TRIPPED: the NVSwitch fabric" in out and "the NVSwitch fabric is back" in out
