@@ -210,7 +210,9 @@ def fabric_ready(fabric: dict, timeout: int, tripped: str):
            f"&& systemctl is-active -q {FABRIC_SERVICE}; then {done}; fi; "
            "if [ \"$(date +%s)\" -ge \"$end\" ]; then echo \"rigup: the NVSwitch fabric is not registered after "
            f"{int(timeout)} s (the cards read: $(printf '%s\\n' \"$s\" | sort | uniq -c | tr -s ' \\n' ' '); "
-           f"{FABRIC_SERVICE}: $(systemctl is-active {FABRIC_SERVICE})): nothing serves until it is\" >&2; exit 1; fi; "
+           f"{FABRIC_SERVICE}: $(systemctl is-active {FABRIC_SERVICE}); its journal: "
+           f"$(journalctl -q -o cat -n 3 -u {FABRIC_SERVICE} 2>/dev/null | tr -cd '[:print:]\\n' | cut -c1-200 | tr '\\n' ' ')"
+           "): nothing serves until it is\" >&2; exit 1; fi; "
            "sleep 1; done")
 
 
