@@ -215,10 +215,13 @@ HOSTILE_DEST = "/srv/models/hostile"
 MARK = "/tmp/rigup-hostile-mark"
 # what a converge may touch outside dest without writing: the kernel's and the run's own places,
 # the lab's simulated nvidia-smi's log of its calls (tests/lab/nvidia_smi.py; preflight runs it),
-# and the node exporter's textfile directory, which the metric timers of a host converged by an
-# earlier module (deploy.py's) rewrite every few seconds whatever the converge does
+# the node exporter's textfile directory, which the metric timers of a host converged by an
+# earlier module (deploy.py's) rewrite every few seconds whatever the converge does, and the
+# ccache, the machine's one shared cache bind-mounted into every lab host (tests/lab/lab.py
+# CCACHE), which a build in the other lane's lab writes meanwhile (seen in a run from a new
+# machine, where that build was cold)
 NOT_WRITES = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/lib/rigup-gpu-sim/calls.log",
-              "/var/lib/prometheus/node-exporter")
+              "/var/lib/prometheus/node-exporter", "/var/cache/rigup/ccache")
 NEWLINE = "a\nExecStartPre=+/bin/touch /pwned"
 PLAN_S = 120          # a converge refused at plan time (seconds on a loaded 2-core machine)
 TRICKLE_BPS, STALL_S, CUT_AT = 16, 1, 256 << 10
