@@ -54,7 +54,7 @@ from rigup.state import read_once, reading
 from rigup.text import shown
 from roles.nvidia_driver.checks import CHECKS
 from roles.nvidia_driver.facts import DriverHost
-from roles.nvidia_driver.packages import PIN_FILE, at_branch, driver_packages, preferred_modules
+from roles.nvidia_driver.packages import PIN_FILE, PINNED, at_branch, driver_packages, preferred_modules
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
 
@@ -129,7 +129,7 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
                    f"echo \"rigup: apt offers {probe} $v, not of branch {int(branch)}: this host's sources have no "
                    f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac; "
                    "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module version' "
-                   f"'Package: *' \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
+                   f"{shlex.quote('Package: ' + PINNED)} \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
         extra = f" {shlex.quote(headers)}" if headers else ""
         yield apt.waiting(apt.noninteractive_apt(
             f"install --no-install-recommends --allow-change-held-packages {names}{extra}"), timeout)

@@ -15,6 +15,11 @@ from __future__ import annotations
 
 
 PIN_FILE = "/etc/apt/preferences.d/rigup-nvidia-driver"
+# The packages PIN_FILE pins to the kernel module's version: the driver's family by name, globs
+# (apt ignores a version pin of "Package: *", warning "Did not understand pin type version": the
+# generic form takes release and origin pins only; seen on a lab host, where a fabric manager of
+# another version was installed beside the driver)
+PINNED = "nvidia-* libnvidia-* libcuda1 firmware-nvidia-gsp"
 
 
 def preferred_modules(os_id: str) -> tuple[str, ...]:
