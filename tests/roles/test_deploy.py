@@ -18,6 +18,20 @@ def test_second_converge_changes_nothing(second_converge):
     print(f"\nsecond converge of the whole play: {second_converge.seconds:.1f} s")
 
 
+def test_hosts_without_nvswitch_get_nothing_of_the_fabric(lab, second_converge):
+    """issue 48: the a100 lab hosts (no NVSwitch on their PCI bus) have no fabric manager package or
+    unit, their serving unit is not ordered after one, and their plan has no fabric line."""
+    from tests.conftest import on_host
+
+    name = lab.hosts()[0]["name"]
+    found = on_host(lab, name, "dpkg -l 'nvidia-fabricmanager*' 2>/dev/null | grep -c '^ii'; "
+                               "systemctl cat nvidia-fabricmanager.service >/dev/null 2>&1 && echo unit || echo no-unit; "
+                               "grep -c fabricmanager /etc/systemd/system/rigup-llama@.service").split()
+    print(f"{name}: fabric manager packages {found[0]}, {found[1]}, serving unit lines naming it {found[2]}")
+    assert found == ["0", "no-unit", "0"]
+    assert "fabric:" not in second_converge.output
+
+
 def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_path):
     """4 hosts: two converged ones, one whose link is cut (unreachable) and one whose llama.cpp
     build fails (a ref that does not exist). The two go on; the last lines name the other two
