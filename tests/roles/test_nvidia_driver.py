@@ -169,4 +169,7 @@ def test_preflight_holds_cuda_to_the_driver_before_any_change(lab, bare, served)
     assert "newer than NVIDIA driver 535.309.01 runs" in runs["wheel"].output
     assert "too old for CUDA" not in runs["branch 570"].output
     assert f"[{bare}] refused: driver 535.309.01 -> branch 570 on a serving host" in runs["branch 570"].output
+    # an NVSwitch host: a branch whose fabric manager its sources lack is refused with it (issue 48)
+    assert f"[{bare}] refused: NVSwitch host (4 x NVSwitch): no nvidia-fabricmanager-570 in its sources" \
+        in runs["branch 570"].output
     assert converge("inventory/lab.py", "--limit", bare, *BRANCH).totals["changed"] == 0
