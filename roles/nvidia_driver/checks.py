@@ -143,6 +143,28 @@ def check_serving(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                     "host in maintenance (rigup_maintenance: true) first", "driver_serving")]
 
 
+def _fabric_version_offered(plan: Plan, facts: Facts, data: Config) -> Refusal | None:
+    """On Debian, where every package of the driver is pinned to the kernel module's candidate: a
+    fabric manager to install whose sources offer it at other versions only (both named)."""
+    host, branch = _host(facts), _branch(data)
+    if (host.get("os") or {}).get("id") != "debian" or branch is None:
+        return None
+    modules = modules_choice(plan, data.get("nvidia_driver_modules", "auto"), preferred_modules("debian"))[0]
+    table = driver_packages("debian", branch, modules or "proprietary")
+    driver = (host.get("module_candidates") or {}).get(table["probe"])
+    name = f"nvidia-fabricmanager-{branch}"
+    offers = (host.get("fabric_offers") or {}).get(name) or []
+    have = ((host.get("packages") or {}).get(name) or {}).get("version")
+    if not driver or not str(driver).startswith(f"{branch}.") or not offers or driver in offers or have == driver:
+        return None
+    return Refusal(f"NVSwitch host: its sources offer {name} at {', '.join(offers[:3])}, the driver at {driver}",
+                   "the fabric manager must be the driver's exact version (at another it refuses to start, and "
+                   "every CUDA program fails with error 802)",
+                   f"add the source that has {name} {driver} (NVIDIA's CUDA repository keeps every version), or pin "
+                   "nvidia_driver_branch to a branch whose driver and fabric manager your sources offer alike",
+                   "driver_fabric")
+
+
 def check_fabric(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An NVSwitch host (HGX, DGX) whose fabric manager cannot run with its driver: one installed at
     another version than the loaded driver (both named), or none where the driver comes from
@@ -160,6 +182,9 @@ def check_fabric(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                         "loaded yet", "driver_fabric")]
     os_id, branch = (_host(facts).get("os") or {}).get("id"), _branch(data)
     offered = (_host(facts).get("fabric_candidates") or {}).get(f"nvidia-fabricmanager-{branch}")
+    mismatched = _fabric_version_offered(plan, facts, data)
+    if mismatched:
+        return [mismatched]
     have = (_host(facts).get("packages") or {}).get(f"nvidia-fabricmanager-{branch}") or {}
     if (os_id == "debian" and branch is not None and not str(offered or "").startswith(f"{branch}.")
             and not str(have.get("version") or "").startswith(f"{branch}.")):

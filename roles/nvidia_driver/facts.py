@@ -12,6 +12,14 @@ MARK = "##rigup-driver:"
 PACKAGES = r"^(nvidia-|libnvidia-|libcuda1 |firmware-nvidia-gsp )"
 
 
+def _offers(lines: list[str], mark: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for p in (ln.split() for ln in lines):
+        if len(p) == 3 and p[0] == mark:
+            out.setdefault(p[1], []).append(p[2])
+    return out
+
+
 def parse_driver_host(lines: list[str]) -> dict:
     """:class:`DriverHost`'s output -> its value (see there)."""
     sec = sections(lines, MARK)
@@ -28,6 +36,11 @@ def parse_driver_host(lines: list[str]) -> dict:
             "headers_candidate": None if candidate in (None, "(none)") else candidate,
             "fabric_candidates": {p[0]: p[1] for p in (ln.split() for ln in sec.get("fabric", []))
                                   if len(p) == 2 and p[1] != "(none)"},
+            # every version the sources offer of each, and the kernel modules' candidates (Debian's
+            # pin takes every package of the driver to that version: the fabric manager's must exist)
+            "fabric_offers": _offers(sec.get("fabric", []), "offer"),
+            "module_candidates": {p[1]: p[2] for p in (ln.split() for ln in sec.get("fabric", []))
+                                  if len(p) == 3 and p[0] == "module" and p[2] != "(none)"},
             **parse_kernel(sec.get("kernel", []))}
 
 
@@ -58,7 +71,10 @@ class DriverHost(FactBase):
                 # an NVSwitch on the PCI bus: what the sources offer of the fabric manager
                 f"echo '{MARK}fabric'; if grep -qsx 0x068000 /sys/bus/pci/devices/*/class; then "
                 "for p in $(apt-cache pkgnames nvidia-fabricmanager 2>/dev/null | sort); do "
-                "echo \"$p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; done; fi; true")
+                "echo \"$p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; "
+                "apt-cache madison \"$p\" 2>/dev/null | awk -F' [|] ' -v p=\"$p\" '{print \"offer \" p \" \" $2}'; done; "
+                "for p in nvidia-kernel-dkms nvidia-open-kernel-dkms; do "
+                "echo \"module $p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; done; fi; true")
 
     def process(self, output: list[str]) -> dict:
         return parse_driver_host(output)

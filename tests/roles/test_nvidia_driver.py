@@ -146,6 +146,32 @@ def test_a_stopped_fabric_manager_drains_the_host_and_the_next_converge_serves_a
     assert any("NVSwitch fabric registered" in op for op in back.changed_operations())
 
 
+def test_a_fabric_manager_offered_only_at_another_version_is_refused_naming_both(lab, bare, served):
+    """The host's fabric manager removed, its source offering the branch's fabric manager at another
+    version only: preflight refuses, naming both versions, before any change; the source mended, the
+    next converge installs it at the driver's version and serves again."""
+    from tests.converge import pyinfra
+    from tests.lab import fabric_debs
+
+    bare, version = bare
+    fm = "nvidia-fabricmanager-535 libnvidia-nscq-535"
+    fabric_debs.build(["535.999.01-1"])
+    on_host(lab, bare, f"systemctl stop nvidia-fabricmanager; apt-mark unhold {fm} >/dev/null; "
+                       f"apt-get purge -y -qq {fm} >/dev/null 2>&1; apt-get -qq update")
+    refused = pyinfra("inventory/lab.py", "preflight.py", "--limit", bare, *BRANCH)
+    lines = [ln.strip() for ln in refused.output.splitlines() if "refused:" in ln]
+    fabric_debs.build([version, "535.999.01-1"])
+    on_host(lab, bare, "apt-get -qq update")
+    back = converge("inventory/lab.py", "--limit", bare, *BRANCH)
+    installed = on_host(lab, bare, "dpkg-query -W -f='${Version}' nvidia-fabricmanager-535").strip()
+    print("\n".join(lines) + f"\nmended: {back.seconds:.0f} s, fabric manager {installed}")
+    assert refused.returncode != 0 and any(
+        f"[{bare}] refused: NVSwitch host: its sources offer nvidia-fabricmanager-535 at 535.999.01-1, the driver at "
+        f"{version}" in ln for ln in lines), lines
+    assert installed == version
+    assert on_host(lab, bare, "systemctl is-active nvidia-fabricmanager rigup-llama@gemma").split() == ["active"] * 2
+
+
 def test_preflight_holds_cuda_to_the_driver_before_any_change(lab, bare, served):
     """On the host now at 535 (CUDA up to 12.2): a CUDA 12.8 toolkit, and a vLLM wheel built for
     CUDA 13, are refused naming both versions; pinned to branch 570 the toolkit passes (the plan's

@@ -81,3 +81,26 @@ def test_ubuntu_installs_the_fabric_manager_of_the_drivers_branch_only_on_nvswit
                                                                                     "libnvidia-nscq-580"]
     assert driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"] == \
         driver_packages("debian", 535, "proprietary")["packages"] + ["nvidia-fabricmanager-535", "libnvidia-nscq-535"]
+
+
+def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_naming_both():
+    """Debian pins every package of the driver to the kernel module's candidate: a source that has
+    the branch's fabric manager only at another version is refused before any change (the fact's
+    madison lines read as DriverHost does)."""
+    from roles.nvidia_driver.facts import parse_driver_host
+
+    bare = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], None)
+    lines = ["##rigup-driver:os", "ID=debian", "##rigup-driver:fabric",
+             "nvidia-fabricmanager-535 535.999.01-1", "offer nvidia-fabricmanager-535 535.999.01-1",
+             "offer nvidia-fabricmanager-535 535.261.03-1", "module nvidia-kernel-dkms 535.309.01-0+deb12u1",
+             "module nvidia-open-kernel-dkms (none)"]
+    host = parse_driver_host(lines)
+    assert host["fabric_offers"] == {"nvidia-fabricmanager-535": ["535.999.01-1", "535.261.03-1"]}
+    assert host["module_candidates"] == {"nvidia-kernel-dkms": "535.309.01-0+deb12u1"}
+    (r,) = check_fabric(plan_with(bare), {"reads": {"DriverHost": host}}, data(nvidia_driver_branch=535))
+    print(r.line("hgx-01"))
+    assert r.what == ("NVSwitch host: its sources offer nvidia-fabricmanager-535 at 535.999.01-1, 535.261.03-1, "
+                      "the driver at 535.309.01-0+deb12u1") and r.check == "driver_fabric"
+    lines.append("offer nvidia-fabricmanager-535 535.309.01-0+deb12u1")          # the driver's version too
+    assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
+                        data(nvidia_driver_branch=535)) == []
