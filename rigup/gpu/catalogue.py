@@ -178,6 +178,11 @@ def branch_cuda(branch: str, path: Path = CATALOGUE_FILE) -> str | None:
     return newest_cuda_for_driver(f"{branch}.9999.9999", path)
 
 
+def driver_branches(path: Path = CATALOGUE_FILE) -> list[int]:
+    """The driver branches NVIDIA released (catalogue.yml ``driver_branches``)."""
+    return sorted(int(b) for b in _parsed(str(path)).get("driver_branches") or [])
+
+
 def oldest_cc(kind: str, version: str, path: Path = CATALOGUE_FILE) -> tuple[tuple[int, int], str] | None:
     """The oldest compute capability ``kind`` ("cuda": a toolkit version, "driver": a branch) of
     ``version`` still supports, and the version that set it: (cc, "13.0"); None when every card is

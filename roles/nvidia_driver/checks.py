@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rigup.gpu.catalogue import oldest_cc
+from rigup.gpu.catalogue import driver_branches, oldest_cc
 from rigup.gpu.fabric import mismatch
 from rigup.gpu.driver import modules_choice
 from rigup.gpu.plan import gpu_host
@@ -74,9 +74,16 @@ def check_modules(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 
 def check_branch_cards(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """nvidia_driver_branch newer than runs this host's cards (branches after 580 dropped compute
-    capability below 7.5: Maxwell, Pascal, Volta; rigup/gpu/catalogue.yml oldest_cc)."""
+    """nvidia_driver_branch not a branch NVIDIA released (rigup/gpu/catalogue.yml driver_branches),
+    or newer than runs this host's cards (branches after 580 dropped compute capability below 7.5:
+    Maxwell, Pascal, Volta; catalogue.yml oldest_cc)."""
     branch = _branch(data)
+    known = driver_branches()
+    if branch is not None and int(branch) not in known:
+        near = sorted(known, key=lambda b: abs(b - int(branch)))[:2]
+        return [Refusal("nvidia_driver_branch", f"{branch} is not a driver branch NVIDIA released (the nearest: "
+                        f"{', '.join(map(str, sorted(near)))}; rigup/gpu/catalogue.yml driver_branches)",
+                        "set one of them (a branch released since: add it to driver_branches)", "driver_cards")]
     floor = oldest_cc("driver", str(branch)) if branch is not None and gpu_host(plan, data) else None
     old = sorted({c["class"] for c in plan.get("cards") or []
                   if floor and c.get("compute_capability") and tuple(c["compute_capability"]) < floor[0]})
