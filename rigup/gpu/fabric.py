@@ -25,7 +25,9 @@ NVSWITCH_CLASS = "0x0680"   # PCI bridge, other: what an NVSwitch is (lspci: "Br
 # The fabric manager's packages and its service: "fm PACKAGE VERSION STATUS" lines, then "active
 # STATE". rigup.gpu.facts runs it only where its PCI read found an NVSwitch (nothing more elsewhere).
 MANAGER_COMMAND = ("dpkg-query -W -f='fm ${Package} ${Version} ${db:Status-Abbrev}\\n' 'nvidia-fabricmanager*' "
-                   f"2>/dev/null; echo \"active $(systemctl is-active {SERVICE} 2>/dev/null)\"")
+                   f"2>/dev/null; echo \"active $(systemctl is-active {SERVICE} 2>/dev/null)\"; "
+                   # each card's NVLinks (on Ampere, which reports no fabric state, what says the fabric is up)
+                   "timeout 10 nvidia-smi nvlink -s 2>/dev/null | sed 's/^/nvl /'")
 
 
 def parse_nvswitches(lines: list[str]) -> list[str]:
@@ -38,7 +40,7 @@ def parse_manager(lines: list[str]) -> dict:
     """:data:`MANAGER_COMMAND`'s lines -> {"version": the installed fabric manager's version (the
     upstream part, ``580.105.08``) or None, "package": its name or None, "active": the service's
     state or None (not read: no NVSwitch)}."""
-    out: dict = {"version": None, "package": None, "active": None}
+    out: dict = {"version": None, "package": None, "active": None, "nvlinks": parse_nvlinks(lines)}
     for line in lines:
         parts = line.split()
         if len(parts) >= 4 and parts[0] == "fm" and parts[3].startswith("ii") and _PACKAGE.fullmatch(parts[1]):
@@ -48,6 +50,25 @@ def parse_manager(lines: list[str]) -> dict:
         elif parts == ["active"]:
             out["active"] = "unknown"
     return out
+
+
+def parse_nvlinks(lines: list[str]) -> dict | None:
+    """The ``nvl ``-prefixed lines of ``nvidia-smi nvlink -s`` -> {"up": the fewest links up on a
+    card, "most": the most up, "links": links per card, "cards": cards listed}, or None (no card
+    listed links: no NVLink, or no driver)."""
+    cards: list[list[bool]] = []
+    for line in lines:
+        if not line.startswith("nvl "):
+            continue
+        text = line[4:].strip()
+        if text.startswith("GPU "):
+            cards.append([])
+        elif text.startswith("Link ") and cards:
+            cards[-1].append("inactive" not in text.lower())
+    cards = [c for c in cards if c]
+    if not cards:
+        return None
+    return {"up": min(map(sum, cards)), "most": max(map(sum, cards)), "links": max(map(len, cards)), "cards": len(cards)}
 
 
 def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -> dict | None:
@@ -64,7 +85,7 @@ def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -
         return None
     manager = manager or {}
     return {"nvswitches": len(nvswitches), "manager": manager.get("version"), "package": manager.get("package"),
-            "active": manager.get("active"), "states": states}
+            "active": manager.get("active"), "states": states, "nvlinks": manager.get("nvlinks")}
 
 
 def line(fabric: dict | None) -> str | None:
@@ -77,6 +98,10 @@ def line(fabric: dict | None) -> str | None:
     if fabric["nvswitches"]:
         parts.append(f"fabric manager {fabric['manager']} {fabric['active'] or 'state unknown'}"
                      if fabric["manager"] else "no fabric manager installed")
+    links = fabric.get("nvlinks")
+    if links:
+        parts.append(f"{links['up']} NVLinks up per GPU" if links["up"] == links["most"] == links["links"] else
+                     f"NVLinks up per GPU: {links['up']} to {links['most']} of {links['links']}")
     if fabric["states"]:
         parts.append(", ".join(f"{n} card{'s' * (n > 1)} {s}" for s, n in sorted(fabric["states"].items())))
     return "fabric:    " + ", ".join(parts)

@@ -667,7 +667,14 @@ def fabric_problem(config: dict) -> str | None:
                           config.get("smi_timeout_s", 10))
     states = [ln.strip().replace("[", "").replace("]", "") for ln in (out or "").splitlines() if ln.strip()]
     bad = [s for s in states if s not in ("Completed, Success", "N/A, N/A")] if rc == 0 else []
-    return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}" if bad else None
+    if bad:
+        return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}"
+    if rc == 0 and states and set(states) == {"N/A, N/A"}:   # Ampere: no fabric state, its NVLinks say
+        rc, out = run_bounded(["nvidia-smi", "nvlink", "-s"], config.get("smi_timeout_s", 10))
+        down = sum("inactive" in ln.lower() for ln in (out or "").splitlines()) if rc == 0 else 0
+        if down:
+            return f"{down} NVLinks inactive"
+    return None
 
 
 def check(config: dict) -> int:

@@ -193,12 +193,13 @@ def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
 def fabric_ready(fabric: dict, timeout: int, tripped: str):
     """The fabric registered before anything serves: every card's fabric.state/status
     Completed/Success (Hopper and later), or, where the cards report N/A (Ampere), the fabric
-    manager active. Read in the plan (nothing to do when it already was); else waited for at most
+    manager active and no NVLink inactive. Read in the plan (nothing to do when it already was); else waited for at most
     ``timeout`` s, and the host fails naming what the cards read. Once registered, a GPU guard
     tripped by the fabric (its file ``tripped`` says ``"fabric": true``: roles/gpu_guard) is cleared,
     so that the serving units start in this converge."""
-    states = fabric.get("states") or {}
-    if states and set(states) == {"Completed/Success"} or not states and fabric.get("active") == "active":
+    states, links = fabric.get("states") or {}, fabric.get("nvlinks")
+    whole = not links or links["up"] == links["links"]   # Ampere: its NVLinks, beside the service
+    if states and set(states) == {"Completed/Success"} or not states and fabric.get("active") == "active" and whole:
         host.noop("the NVSwitch fabric is registered")
         return
     t = shlex.quote(tripped)
@@ -207,7 +208,8 @@ def fabric_ready(fabric: dict, timeout: int, tripped: str):
            "s=$(nvidia-smi --query-gpu=fabric.state,fabric.status --format=csv,noheader 2>&1 | sed 's/[][]//g'); "
            f"if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'Completed, Success'; then {done}; fi; "
            "if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'N/A, N/A' "
-           f"&& systemctl is-active -q {FABRIC_SERVICE}; then {done}; fi; "
+           f"&& systemctl is-active -q {FABRIC_SERVICE} && ! nvidia-smi nvlink -s 2>/dev/null | grep -q inactive; "
+           f"then {done}; fi; "
            "if [ \"$(date +%s)\" -ge \"$end\" ]; then echo \"rigup: the NVSwitch fabric is not registered after "
            f"{int(timeout)} s (the cards read: $(printf '%s\\n' \"$s\" | sort | uniq -c | tr -s ' \\n' ' '); "
            f"{FABRIC_SERVICE}: $(systemctl is-active {FABRIC_SERVICE}); its journal: "

@@ -407,6 +407,21 @@ def query_gpu(spec, fmt, ids):
 
 
 # ---------------------------------------------------------------- other commands
+def nvlink_status(args):
+    """``nvidia-smi nvlink -s``: each card's NVLinks (an HGX profile's ``nvswitches.links`` per card,
+    up only while the fabric is registered: :func:`fabric`); a profile without NVSwitch has none."""
+    if args != ["-s"]:
+        raise Exit(EXIT_INVALID_ARG, BAD_ARGS)
+    links = (PROF.get("nvswitches") or {}).get("links", 0)
+    up = fabric()[0] == "Completed"
+    out = []
+    for c in CARDS:
+        out.append("GPU %d: %s (UUID: %s)" % (c["index"], c["name"], c["uuid"]))
+        out += ["\t Link %d: %s" % (k, "26.562 GB/s" if up else "<inactive>") for k in range(links)]
+    print("\n".join(out))
+    return 0
+
+
 def list_gpus(ids):
     with state() as st:
         cards = select(ids)
@@ -716,6 +731,8 @@ def run(argv):
     pending = driver_state().get("pending")
     if pending:   # as a real nvidia-smi, until the boot that loads the new module
         raise Exit(EXIT_MISMATCH, MISMATCH + "\nNVML library version: " + pending)
+    if argv[:1] == ["nvlink"]:
+        return nvlink_status(argv[1:])
     opts = parse(argv)
     if opts.get("help"):
         print("NVIDIA System Management Interface (rigup lab simulation)\n" + __doc__)

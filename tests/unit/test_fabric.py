@@ -27,8 +27,8 @@ def plan_with(fabric_value, driver="580.105.08"):
 def test_nvswitches_and_the_fabric_manager_are_read_only_where_they_are():
     assert fabric.parse_nvswitches(HGX_PCI) == [f"0000:{b}:00.0" for b in ("c4", "c5", "c6", "c7", "c8", "c9")]
     assert fabric.parse_manager(FM_UBUNTU) == {"version": "580.105.08", "package": "nvidia-fabricmanager-580",
-                                               "active": "active"}
-    assert fabric.parse_manager([]) == {"version": None, "package": None, "active": None}    # no NVSwitch: not read
+                                               "active": "active", "nvlinks": None}
+    assert fabric.parse_manager([]) == {"version": None, "package": None, "active": None, "nvlinks": None}
     assert fabric.parse_manager(["fm nvidia-fabricmanager 1:575.57.08-1 rc ", "active inactive"])["version"] is None
     hw = parse_hardware(["##rigup:pci", *HGX_PCI, "##rigup:fabric", *FM_UBUNTU])
     assert len(hw["pci"]) == 8 and len(hw["nvswitches"]) == 6 and hw["fabric_manager"]["version"] == "580.105.08"
@@ -104,3 +104,24 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
     lines.append("offer nvidia-fabricmanager-535 535.309.01-0+deb12u1")          # the driver's version too
     assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
                         data(nvidia_driver_branch=535)) == []
+
+
+# nvidia-smi nvlink -s on an HGX A100 (12 links a card), as MANAGER_COMMAND prefixes its lines
+NVLINK_A100 = [line for g in range(8) for line in
+               [f"nvl GPU {g}: NVIDIA A100-SXM4-80GB (UUID: GPU-{g})",
+                *(f"nvl \t Link {k}: {'<inactive>' if (g, k) == (3, 11) else '25 GB/s'}" for k in range(12))]]
+
+
+def test_nvlinks_per_card_are_read_and_named_in_the_plan():
+    """Ampere reports no fabric state: its NVLinks (with the fabric manager's service) say whether
+    the fabric is up; the plan names them, as the issue's example line."""
+    links = fabric.parse_nvlinks(NVLINK_A100)
+    assert links == {"up": 11, "most": 12, "links": 12, "cards": 8}
+    assert fabric.parse_nvlinks(["nvl GPU 0: NVIDIA H200 (UUID: GPU-x)"]) is None       # a card with none
+    manager = {**fabric.parse_manager(FM_UBUNTU), "nvlinks": links}
+    line = fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], manager))
+    print(line)
+    assert line == ("fabric:    6 x NVSwitch, fabric manager 580.105.08 active, NVLinks up per GPU: 11 to 12 of 12")
+    whole = fabric.parse_nvlinks([ln.replace("<inactive>", "25 GB/s") for ln in NVLINK_A100])
+    assert fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], {**manager, "nvlinks": whole})) \
+        == "fabric:    6 x NVSwitch, fabric manager 580.105.08 active, 12 NVLinks up per GPU"
