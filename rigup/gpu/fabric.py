@@ -43,7 +43,8 @@ def parse_manager(lines: list[str]) -> dict:
     out: dict = {"version": None, "package": None, "active": None, "nvlinks": parse_nvlinks(lines)}
     for line in lines:
         parts = line.split()
-        if len(parts) >= 4 and parts[0] == "fm" and parts[3].startswith("ii") and _PACKAGE.fullmatch(parts[1]):
+        # dpkg's abbreviated status: the wanted state (i, or h when held, as rigup holds it), then "i" installed
+        if len(parts) >= 4 and parts[0] == "fm" and parts[3][1:2] == "i" and _PACKAGE.fullmatch(parts[1]):
             out.update(package=parts[1], version=parts[2].split(":")[-1].split("-")[0])
         elif len(parts) == 2 and parts[0] == "active":
             out["active"] = parts[1]

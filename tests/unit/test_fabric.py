@@ -30,6 +30,9 @@ def test_nvswitches_and_the_fabric_manager_are_read_only_where_they_are():
                                                "active": "active", "nvlinks": None}
     assert fabric.parse_manager([]) == {"version": None, "package": None, "active": None, "nvlinks": None}
     assert fabric.parse_manager(["fm nvidia-fabricmanager 1:575.57.08-1 rc ", "active inactive"])["version"] is None
+    # held with the driver, as rigup installs it (dpkg's "hi"): installed
+    assert fabric.parse_manager(["fm nvidia-fabricmanager-535 535.309.01-0+deb12u1 hi ", "active active"])["version"] \
+        == "535.309.01"
     hw = parse_hardware(["##rigup:pci", *HGX_PCI, "##rigup:fabric", *FM_UBUNTU])
     assert len(hw["pci"]) == 8 and len(hw["nvswitches"]) == 6 and hw["fabric_manager"]["version"] == "580.105.08"
 
