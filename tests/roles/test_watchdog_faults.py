@@ -14,8 +14,9 @@ it, run one check at a time (``systemctl start rigup-watchdog.service``; its tim
 - the loading one is not judged, never restarted; once loaded, its first whole completion passes
   its gate and the next checks judge it (good);
 - ``moved`` (an API key; its completions answer 302 to another origin, ``other``, a stand-in
-  that records every request): a bad check each time ("HTTP 302"), restarted as the faulty ones,
-  and the other origin sees no request at all (issue 47: the key never crosses origins);
+  that records every request): each check's completion fails on "HTTP 302" (judged as the faulty
+  ones once its start's grace is over: a loaded machine may start it late), and the other origin
+  sees no request at all (issue 47: the key never crosses origins);
 - no check fails (the unit's oneshot succeeds each time), the state file says all of it, the host
   never reboots.
 
@@ -140,7 +141,9 @@ def test_faulty_servers_are_judged_each_on_its_own(host):
         assert state[inst]["restarts"] == 2 and state[inst]["escalations"] == 1 and state[inst]["failed"] == 2 * K
         assert re.search(rf"{inst}: .*, \d+ s after its start: not judged", log), inst
         assert f"{inst}: still {K} checks in a row below the floor of 50 tok/s" in log
-    assert log.count("not rebooting (it has not passed its gate since its last start") == 3   # moved too
+    # the faulty ones' escalations (moved's come as its start's grace allows: not counted here)
+    assert sum(log.count(f"{inst}: not rebooting (it has not passed its gate since its last start")
+               for inst in ("nulls", "die")) == 2
     # the loading one: not judged while loading, never restarted; loaded: through its gate, judged good
     assert re.search(r"loading: HTTP 503 \(Loading model\), \d+ s after its start: not judged", log)
     assert "loading: a whole completion" in log and "passed its gate; judged from the next check" in log
@@ -152,7 +155,7 @@ def test_faulty_servers_are_judged_each_on_its_own(host):
     other = on_host(lab, name, f"cat {OTHER_LOG} 2>/dev/null; true").split("\n")[:-1]
     print(f"moved: {log.count('moved: ')} lines; the other origin: {len(other)} request(s) "
           f"({sum(ln.endswith(' key') for ln in other)} with a key; /health from serve_stub)")
-    assert "moved: HTTP 302, below its floor 50 tok/s" in log and not any(ln.endswith(" key") for ln in other), other
+    assert "moved: HTTP 302" in log and not any(ln.endswith(" key") for ln in other), other
     assert [ln for ln in other if not ln.startswith("/health")] == []
     # nothing rebooted the host, nothing was asked to
     assert "rebooting the host" not in log and lab.ssh(name, f"test -e {BOOT}").returncode == 0
