@@ -29,30 +29,33 @@ def test_bench_writes_llama_bench_rows(lab, tmp_path):
     print(f"\ndeploy.py on {name}: {deployed.seconds:.1f} s")
     gated = json.loads(on_host(lab, name, "cat /var/lib/rigup/gate/rigup-llama@gemma.service.json"))
     owner = on_host(lab, name, "stat -c '%U %a' /var/lib/rigup/gate/rigup-llama@gemma.service.json").strip()
-    watched = json.loads(on_host(lab, name, "cat /etc/rigup/watchdog.json"))["instances"]["gemma"]
-    on_host(lab, name, "systemctl start rigup-watchdog.service")
-    floor = on_host(lab, name, "grep '^rigup_watchdog_floor_tokens_per_second' "
-                               "/var/lib/prometheus/node-exporter/rigup_watchdog.prom").split()[-1]
-    print(f"gate record: {gated} ({owner}); watchdog floor {floor} tok/s")
-    assert owner == "root 644" and gated["tps"] > 0 and watched["floor"] is None
-    assert float(floor) == pytest.approx(gated["tps"] / 2, abs=0.01)
-    out = tmp_path / "out"
-    settings = {"bench_levels": [1, 2], "bench_max_tokens": 16, "bench_rounds": 1, "bench_out": str(out),
-                "bench_llama_tests": TESTS, "bench_llama_reps": 1, "bench_llama_timeout_s": LIMIT_S}
-    run = run_play(tmp_path, "bench.py", {name: settings})
-    progress = [ln.strip() for ln in run.output.splitlines() if "bench: " in ln]
-    print("\n".join(progress) + f"\nbench.py: {run.seconds:.1f} s")
-    assert any(f"[{name}] bench: 1 instance(s)" in ln and "llama-bench tok/s: gemma pp512" in ln for ln in progress)
-    day = next(out.iterdir())
-    result = json.loads((day / f"{name}.json").read_text())["instances"]["gemma"]
-    rows = result["llama_bench"]
-    print("llama-bench rows: " + "; ".join(json.dumps(r, sort_keys=True) for r in rows))
-    assert [r["test"] for r in rows] == TESTS
-    assert all(r["tps"] > 0 and r["backend"] == "CPU" for r in rows if r["test"] != "pp4096")
-    assert "tps" in rows[1] or rows[1]["skipped"] == f"stopped after {LIMIT_S} s (bench_llama_timeout_s)"
-    assert [lv["concurrency"] for lv in result["levels"]] == [1, 2] and result["levels"][0]["failed"] == 0
-    md = (day / f"{name}.md").read_text()
-    print(md)
-    assert "| test | tok/s | ± | backend | threads | build |" in md
-    assert f"| pp512 | {rows[0]['tps']:.1f} |" in md and f"| tg128 | {rows[2]['tps']:.1f} |" in md
-    assert "| concurrency | requests | failed | total tok/s | per-request tok/s |" in md
+    try:
+        watched = json.loads(on_host(lab, name, "cat /etc/rigup/watchdog.json"))["instances"]["gemma"]
+        on_host(lab, name, "systemctl start rigup-watchdog.service")
+        floor = on_host(lab, name, "grep '^rigup_watchdog_floor_tokens_per_second' "
+                                   "/var/lib/prometheus/node-exporter/rigup_watchdog.prom").split()[-1]
+        print(f"gate record: {gated} ({owner}); watchdog floor {floor} tok/s")
+        assert owner == "root 644" and gated["tps"] > 0 and watched["floor"] is None
+        assert float(floor) == pytest.approx(gated["tps"] / 2, abs=0.01)
+        out = tmp_path / "out"
+        settings = {"bench_levels": [1, 2], "bench_max_tokens": 16, "bench_rounds": 1, "bench_out": str(out),
+                    "bench_llama_tests": TESTS, "bench_llama_reps": 1, "bench_llama_timeout_s": LIMIT_S}
+        run = run_play(tmp_path, "bench.py", {name: settings})
+        progress = [ln.strip() for ln in run.output.splitlines() if "bench: " in ln]
+        print("\n".join(progress) + f"\nbench.py: {run.seconds:.1f} s")
+        assert any(f"[{name}] bench: 1 instance(s)" in ln and "llama-bench tok/s: gemma pp512" in ln for ln in progress)
+        day = next(out.iterdir())
+        result = json.loads((day / f"{name}.json").read_text())["instances"]["gemma"]
+        rows = result["llama_bench"]
+        print("llama-bench rows: " + "; ".join(json.dumps(r, sort_keys=True) for r in rows))
+        assert [r["test"] for r in rows] == TESTS
+        assert all(r["tps"] > 0 and r["backend"] == "CPU" for r in rows if r["test"] != "pp4096")
+        assert "tps" in rows[1] or rows[1]["skipped"] == f"stopped after {LIMIT_S} s (bench_llama_timeout_s)"
+        assert [lv["concurrency"] for lv in result["levels"]] == [1, 2] and result["levels"][0]["failed"] == 0
+        md = (day / f"{name}.md").read_text()
+        print(md)
+        assert "| test | tok/s | ± | backend | threads | build |" in md
+        assert f"| pp512 | {rows[0]['tps']:.1f} |" in md and f"| tg128 | {rows[2]['tps']:.1f} |" in md
+        assert "| concurrency | requests | failed | total tok/s | per-request tok/s |" in md
+    finally:   # the host as the lab's play leaves it (no watchdog): the next module's converge changes nothing
+        converge("inventory/lab.py", "--limit", name)
