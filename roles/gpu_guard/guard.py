@@ -66,6 +66,9 @@ QUERY = "index,uuid,pci.bus_id,pci.device_id,power.draw,power.limit,temperature.
 # Read in the same call for the metrics file only (never judged): a card lacking one reads [N/A].
 EXTRA = ("memory.used", "clocks.current.sm", "utilization.gpu", "pcie.link.gen.current", "pcie.link.width.current",
          "pcie.link.gen.max", "pcie.link.width.max")
+# On an NVSwitch host (config ``fabric``) the cards' fabric registration too, in the same call (one
+# nvidia-smi per check: a real host's costs 50-300 ms); judged by :func:`fabric_problem`.
+FABRIC = ("fabric.state", "fabric.status")
 # (metric, help, field, scale): the cards' gauges in the metrics file, in base units.
 GAUGES = (("power_draw_watts", "Power draw (W)", "draw", 1), ("power_limit_watts", "Power limit (W)", "limit", 1),
           ("temperature_celsius", "Core temperature (C)", "temp", 1),
@@ -152,13 +155,15 @@ def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
             lost.append(said(line.strip(), 300))
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) not in (7, 7 + len(EXTRA)) or not re.fullmatch(r"[0-9]{1,4}", cells[0]):
+        if len(cells) not in (7, 7 + len(EXTRA), 7 + len(EXTRA) + len(FABRIC)) or not re.fullmatch(r"[0-9]{1,4}", cells[0]):
             if line.strip():
                 lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             card[key] = reading(cell)
+        if len(cells) == 7 + len(EXTRA) + len(FABRIC):   # "Completed, Success"; Ampere's "N/A, N/A"
+            card["fabric"] = ", ".join(c.strip("[]") for c in cells[-len(FABRIC):])
         if card["draw"] is None or card["temp"] is None:
             lost.append(f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}) reads power.draw "
                         f"{said(cells[4], 32)}, temperature.gpu {said(cells[6], 32)}")
@@ -248,11 +253,13 @@ def read_cards(config: dict) -> tuple[list[dict], list[str]]:
     """One sample of every card, as :func:`parse_sample`; a call that does not answer within
     ``smi_timeout_s`` (a hung driver, a card fallen off the bus) is killed and is lost telemetry."""
     timeout = config.get("smi_timeout_s", 10)
+    tries = ([EXTRA + FABRIC] if config.get("fabric") else []) + [EXTRA, ()]
     try:
-        rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY},{','.join(EXTRA)}", "--format=csv,noheader,nounits"],
-                                 timeout)
-        if rc == 2 and "is not a valid field" in output:     # a driver without one of EXTRA: judge without them
-            rc, output = run_bounded(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"], timeout)
+        for extra in tries:   # a driver without one of the fields fails the query: read again without them
+            rc, output = run_bounded(["nvidia-smi", f"--query-gpu={','.join((QUERY, *extra))}",
+                                      "--format=csv,noheader,nounits"], timeout)
+            if not (rc == 2 and "is not a valid field" in output):
+                break
     except OSError as e:
         return [], [f"cannot run nvidia-smi: {e}"]
     if rc is None:
@@ -289,12 +296,13 @@ def escaped(value) -> str:
 
 
 def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, config: dict, now: float,
-                 xid_state: dict | None = None) -> str:
+                 xid_state: dict | None = None, fabric: str | None = None) -> str:
     """The guard's metrics file (Prometheus text format, for the node exporter's textfile
     collector): each card's gauges (GAUGES) labelled gpu (index), uuid and class; whether the
     last sample lost telemetry and how many cards answered (both left out when ``lost`` is None:
     a tripped guard samples nothing); whether it is tripped; when it ran, and its period; the Xid
-    counts and suspect cards of ``xid_state`` (:func:`xid_metrics`)."""
+    counts and suspect cards of ``xid_state`` (:func:`xid_metrics`); on an NVSwitch host (config
+    ``fabric``) whether its fabric carries CUDA (``fabric``: :func:`fabric_problem`'s reason, or None)."""
     lines = []
     for metric, text, field, scale in GAUGES:
         rows = [(c, c[field]) for c in cards if c.get(field) is not None]
@@ -308,6 +316,9 @@ def metrics_text(cards: list[dict], lost: list[str] | None, tripped: bool, confi
     if lost is not None:
         host += [("telemetry_lost", "1 when the last sample lost telemetry (a card or nvidia-smi)", int(bool(lost))),
                  ("cards", "Cards that answered the last sample", len(cards))]
+    if config.get("fabric"):
+        host.append(("fabric_up", "1 while the NVSwitch fabric carries CUDA (fabric manager active, every card "
+                                  "registered)", int(not fabric)))
     for metric, text, value in host:
         lines += [f"# HELP rigup_gpu_{metric} {text}", f"# TYPE rigup_gpu_{metric} gauge",
                   f"rigup_gpu_{metric} {number(value)}"]
@@ -653,23 +664,23 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
     return True
 
 
-def fabric_problem(config: dict) -> str | None:
+def fabric_problem(config: dict, cards: list[dict]) -> str | None:
     """Why the NVSwitch fabric cannot carry CUDA now, or None (config ``fabric``: an NVSwitch host;
-    absent elsewhere, and nothing is read): the fabric manager's service not active, or a card whose
-    fabric is not registered (Hopper and later: Completed/Success; N/A, as Ampere reports, passes)."""
+    absent elsewhere, and nothing is read): the fabric manager's service not active, or a card of
+    ``cards`` (:func:`read_cards`, which reads their fabric on such a host) whose fabric is not
+    registered (Hopper and later: Completed/Success; N/A, as Ampere reports, passes: then its
+    NVLinks say)."""
     fabric = config.get("fabric")
     if not fabric:
         return None
     rc, out = run_bounded(["systemctl", "is-active", fabric["service"]], config.get("smi_timeout_s", 10))
     if (out or "").strip() != "active":
         return f"{fabric['service']} is {said((out or '').strip() or 'not answering')}"
-    rc, out = run_bounded(["nvidia-smi", "--query-gpu=fabric.state,fabric.status", "--format=csv,noheader"],
-                          config.get("smi_timeout_s", 10))
-    states = [ln.strip().replace("[", "").replace("]", "") for ln in (out or "").splitlines() if ln.strip()]
-    bad = [s for s in states if s not in ("Completed, Success", "N/A, N/A")] if rc == 0 else []
+    states = [c["fabric"] for c in cards if c.get("fabric")]
+    bad = [s for s in states if s not in ("Completed, Success", "N/A, N/A")]
     if bad:
         return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}"
-    if rc == 0 and states and set(states) == {"N/A, N/A"}:   # Ampere: no fabric state, its NVLinks say
+    if states and set(states) == {"N/A, N/A"}:   # Ampere: no fabric state, its NVLinks say
         rc, out = run_bounded(["nvidia-smi", "nvlink", "-s"], config.get("smi_timeout_s", 10))
         down = sum("inactive" in ln.lower() for ln in (out or "").splitlines()) if rc == 0 else 0
         if down:
@@ -679,7 +690,9 @@ def fabric_problem(config: dict) -> str | None:
 
 def check(config: dict) -> int:
     tripped = config["tripped_file"]
-    fabric = fabric_problem(config)
+    # an NVSwitch host's cards are read first (their fabric, judged tripped or not); elsewhere only untripped
+    read = read_cards(config) if config.get("fabric") else None
+    fabric = fabric_problem(config, read[0]) if read else None
     if os.path.exists(tripped):
         record = load(tripped, {})
         if isinstance(record, dict) and record.get("fabric") and not fabric:   # the fabric is back: serve again
@@ -688,19 +701,20 @@ def check(config: dict) -> int:
                    "units start with their next start or converge")
             return 0
         if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id():
-            cards, lost = read_cards(config)
+            cards, lost = read or read_cards(config)
             if after_reboot(config, record, cards, lost):
                 return 0
         write_metrics(config, metrics_text([], None, True, config, time.time(),
-                                           load(config["xid"]["state_file"], {}) if config.get("xid") else None))
+                                           load(config["xid"]["state_file"], {}) if config.get("xid") else None, fabric))
         _, stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
     now = time.time()
     if fabric:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
-        return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now)
-    cards, lost = read_cards(config)
+        return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now,
+                        fabric)
+    cards, lost = read or read_cards(config)
     xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
     if xid_trip:
         return trip_now(config, xid_trip, cards, now)
@@ -709,7 +723,7 @@ def check(config: dict) -> int:
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
     reason, count = debounced(history, config)
-    write_metrics(config, metrics_text(cards, lost, reason is not None, config, now, xid_state))
+    write_metrics(config, metrics_text(cards, lost, reason is not None, config, now, xid_state, fabric))
     bad, of = debounce_of(config)
     samples = f"{count} of the last {min(of, len(history))} samples bad"
     if reason is None:
@@ -727,7 +741,7 @@ def check(config: dict) -> int:
     return 0
 
 
-def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
+def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: str | None = None) -> int:
     """Trip at once for an Xid event (no debounce: the kernel said so) and, when ``trip["reboot"]``,
     count the reboot and reboot the host."""
     stopped, units = stop_serving(config)
@@ -738,7 +752,7 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float) -> int:
         record["reboot_boot"] = boot_id()
     save(config["tripped_file"], record)
     write_metrics(config, metrics_text(cards, [], True, config, now,
-                                       load(config["xid"]["state_file"], {}) if config.get("xid") else None))
+                                       load(config["xid"]["state_file"], {}) if config.get("xid") else None, fabric))
     log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
            + ("rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
               "they stay stopped until the fabric is back (a converge starts the fabric manager)" if trip.get("fabric")

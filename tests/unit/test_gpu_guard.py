@@ -151,19 +151,49 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     config = {**CONFIG, "tripped_file": str(tmp_path / "tripped.json"), "samples_file": str(tmp_path / "s.json"),
               "metrics_file": str(tmp_path / "m.prom"), "units": [], "default": {"temp_c": 85, "draw_w": 800},
               "by_pci_id": {}, "fabric": {"service": "nvidia-fabricmanager.service"}}
-    assert guard.fabric_problem({**config, "fabric": None}) is None
+    assert guard.fabric_problem({**config, "fabric": None}, []) is None
     state.write_text("inactive\n")
     assert guard.check(config) == 0
     record = json.loads(Path(config["tripped_file"]).read_text())
+    assert "rigup_gpu_fabric_up 0" in Path(config["metrics_file"]).read_text().splitlines()
     print(record["reason"])
     assert record["fabric"] is True and record["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is inactive"
     state.write_text("active\n")                  # running, not registered yet (another version, or starting)
-    assert guard.fabric_problem(config) == "8 of 8 cards read fabric In Progress, N/A"
+    assert guard.fabric_problem(config, guard.read_cards(config)[0]) == "8 of 8 cards read fabric In Progress, N/A"
     guard.check(config)
     assert Path(config["tripped_file"]).exists()
     ready.write_text("580.105.08\n")             # registered at the driver's version
-    assert guard.fabric_problem(config) is None
+    assert guard.fabric_problem(config, guard.read_cards(config)[0]) is None
     guard.check(config)
     assert not Path(config["tripped_file"]).exists()
+    guard.check(config)                          # judged again: serving, the fabric up in the metrics
+    assert "rigup_gpu_fabric_up 1" in Path(config["metrics_file"]).read_text().splitlines()
     out = capsys.readouterr().out
     assert "TRIPPED: the NVSwitch fabric" in out and "the NVSwitch fabric is back" in out
+
+
+def test_an_nvswitch_hosts_cards_and_fabric_are_read_in_one_call(tmp_path, monkeypatch, smi):
+    """issue 48: on an NVSwitch host (config ``fabric``) the guard's one nvidia-smi per check reads
+    the cards' fabric registration too (no second call); the stand-in's HGX cards read In
+    Progress until its fabric manager runs at the driver's version; the metrics say whether the
+    fabric carries CUDA (rigup_gpu_fabric_up), on such a host only."""
+    from roles.gpu_guard.guard import metrics_text
+    profile = json.loads((LAB / "gpu_profiles.json").read_text())["hgx-h100"]
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    ready = tmp_path / "fabric-ready"
+    monkeypatch.setenv("RIGUP_GPU_SIM_FABRIC", str(ready))
+    config = {"smi_timeout_s": 5, "fabric": {"service": "nvidia-fabricmanager.service"}}
+    cards, lost = read_cards(config)
+    assert lost == [] and len(cards) == 8 and {c["fabric"] for c in cards} == {"In Progress, N/A"}
+    ready.write_text(profile["driver_version"])
+    cards, _ = read_cards(config)
+    assert {c["fabric"] for c in cards} == {"Completed, Success"} and cards[0]["memory.used"] is not None
+    assert "fabric" not in read_cards({"smi_timeout_s": 5})[0][0]      # elsewhere: not asked for
+    queries = [ln for ln in subprocess.run(["nvidia-smi", "sim", "calls"], capture_output=True, text=True).stdout.splitlines()
+               if "--query-gpu" in ln]
+    print(f"nvidia-smi calls of three guard reads: {len(queries)}")
+    assert len(queries) == 3 and all("fabric.state" in q for q in queries[:2])
+    up = [ln for ln in metrics_text(cards, [], False, config, 0.0).splitlines() if ln.startswith("rigup_gpu_fabric_up")]
+    down = metrics_text([], None, True, config, 0.0, None, "nvidia-fabricmanager.service is inactive")
+    assert up == ["rigup_gpu_fabric_up 1"] and "rigup_gpu_fabric_up 0" in down.splitlines()
+    assert "fabric_up" not in metrics_text(cards, [], False, {}, 0.0)
