@@ -75,7 +75,7 @@ def parse_nvlinks(lines: list[str]) -> dict | None:
 def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -> dict | None:
     """What the plan says of the fabric, or None for a host with neither an NVSwitch nor a card
     reporting a fabric state: {"nvswitches": N (0: a VM of an HGX host, whose cards report the
-    fabric its hypervisor runs), "manager": version or None, "package", "active", "states":
+    fabric its hypervisor runs), "buses": their PCI bus ids, "manager": version or None, "package", "active", "states":
     {state/status: count of cards}}."""
     states: dict[str, int] = {}
     for g in gpus:
@@ -85,7 +85,7 @@ def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -
     if not nvswitches and not states:
         return None
     manager = manager or {}
-    return {"nvswitches": len(nvswitches), "manager": manager.get("version"), "package": manager.get("package"),
+    return {"nvswitches": len(nvswitches), "buses": list(nvswitches), "manager": manager.get("version"), "package": manager.get("package"),
             "active": manager.get("active"), "states": states, "nvlinks": manager.get("nvlinks")}
 
 

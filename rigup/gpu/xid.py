@@ -7,6 +7,14 @@ script on the host) and tests/gpu/check.py (the real card's log) use the same pa
 The driver writes ``NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, name=python3, GPU has fallen off
 the bus.``; older drivers leave out ``PCI:`` (``NVRM: Xid (0000:01:00): 3, ...``). The id names
 domain, bus and device, not the function: cards are matched on that.
+
+On an NVSwitch board (rigup/gpu/fabric.py) the switches' driver writes SXid events:
+``nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ
+interrupt``, each with further lines of the same code (``Data {...}``, ``Severity 0 ...``) that
+are not events of their own. NVIDIA's fabric manager guide (SXid errors) names each event fatal or
+not: a fatal one stalls the NVLink traffic through that switch and needs the GPUs and switches
+reset (the host drained; a reboot where the operator allows it); a non-fatal one is logged and
+counted. They are events of the switch's bus id, class ``nvswitch``.
 """
 
 from __future__ import annotations
@@ -22,9 +30,14 @@ BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])
 # -o short-monotonic's "[  269.517039] host kernel: "
 PREFIX = r"(?:\[\s*\d+\.\d+\]\s+)?(?:(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+)?(?:\S+\s+)?kernel:\s+)?"
 XID = re.compile(rf"{PREFIX}NVRM: Xid \(({BUS})\): (\d{{1,4}}),\s*(.*)$")
+SXID = re.compile(rf"{PREFIX}nvidia-nvswitch[0-9]{{1,3}}: SXid \(({BUS})\): (\d{{1,5}}), (Fatal|Non-fatal),\s*(.*)$")
+SXID_CLASS = {"Fatal": {"class": "nvswitch", "action": "drain_host",
+                        "meaning": "NVSwitch fatal error (SXid): NVLink traffic through the switch stalls; the GPUs "
+                                   "and switches need a reset"},
+              "Non-fatal": {"class": "nvswitch", "action": "log", "meaning": "NVSwitch non-fatal error (SXid)"}}
 UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catalogue"}
-KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -F 'NVRM: Xid' "
-                      "|| dmesg 2>/dev/null | grep -F 'NVRM: Xid' || true")
+KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' "
+                      "|| dmesg 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' || true")
 
 
 def catalogue() -> dict[int, dict]:
@@ -46,11 +59,16 @@ def card_key(bus_id: str) -> str:
 def events(lines: list[str], known: dict[int, dict]) -> list[dict]:
     """Each Xid line of ``lines`` as ``{"card": "0000:2b:00", "code": 79, "class": "bus",
     "action": "drain_host", "meaning": ..., "text": the driver's words, "line": the whole line}``;
-    other lines are skipped."""
+    each SXid event line (``..., Fatal, ...`` or ``Non-fatal``) as one with ``"kind": "SXid"`` and
+    the switch's bus id as its card; other lines are skipped."""
     found = []
     for line in lines:
         m = XID.match(line)
         if not m:
+            s = SXID.match(line)
+            if s:
+                found.append({"card": card_key(s.group(1)), "code": int(s.group(5)), **SXID_CLASS[s.group(6)],
+                              "text": f"{s.group(6)}, {s.group(7).strip()}", "line": line.rstrip("\n"), "kind": "SXid"})
             continue
         code = int(m.group(5))
         entry = known.get(code, UNKNOWN)

@@ -107,8 +107,10 @@ def guard_config(data: Config, plan: Plan | None = None) -> dict:
         "by_pci_id": by_pci,
         **({"psu_watts": data["gpu_psu_watts"]} if data.get("gpu_psu_watts") else {}),
         **({"xid": xid_config(data)} if data["gpu_guard_xid_enabled"] else {}),
-        # an NVSwitch board: the fabric is judged each check (guard.py fabric_problem)
-        **({"fabric": {"service": FABRIC_SERVICE}} if ((plan or {}).get("fabric") or {}).get("nvswitches") else {}),
+        # an NVSwitch board: the fabric is judged each check (guard.py fabric_problem); its switches'
+        # SXid events are this host's (rigup/gpu/xid.py)
+        **({"fabric": {"service": FABRIC_SERVICE, "switches": [xid.card_key(b) for b in fabric.get("buses") or []]}}
+           if (fabric := (plan or {}).get("fabric") or {}).get("nvswitches") else {}),
     }
 
 

@@ -41,6 +41,8 @@ On an NVSwitch host (config ``fabric``) each check first asks whether the fabric
 fabric manager's service active, no card's fabric unregistered: :func:`fabric_problem`); if not, the
 guard trips at once, naming it (the host drained as for ``drain_host``), and clears itself at the
 first check that finds the fabric back (a converge starts the fabric manager and clears it too).
+Its switches' SXid events (rigup/gpu/xid.py) are triaged with the Xid lines: a fatal one drains the
+host (``drain_host``), a non-fatal one is logged and counted per switch.
 The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
 the counts start again at each boot (a reboot is the cards' recovery); suspect stays until clear.
 With the Xid triage the guard also judges each card's PCIe link generation under load (at least
@@ -522,14 +524,14 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
     names = {k: f"GPU {c['index']} ({c['uuid']}, {k}{'' if k in answering else ', not answering'})"
              for k, c in seen.items()}
     known, trip, units = state.setdefault("cards", {}), None, None
-    here = set(seen) | nvidia_pci_cards()
+    here = set(seen) | nvidia_pci_cards() | set((config.get("fabric") or {}).get("switches") or [])
     acted: set[tuple[str, str]] = set()   # (card, class) acted on in this check: once each
     for t, message in entries:
         for event in xid_lines.events([message], catalogue):
             card = known.setdefault(event["card"], {"counts": {}, "recent": [], "suspect": None})
             card["counts"][event["class"]] = card["counts"].get(event["class"], 0) + 1
-            who = names.get(event["card"], f"the card at {event['card']}")
-            what = f"Xid {event['code']} ({event['class']}: {event['meaning']}) on {who}"
+            who = names.get(event["card"], f"the {'NVSwitch' if event.get('kind') == 'SXid' else 'card'} at {event['card']}")
+            what = f"{event.get('kind', 'Xid')} {event['code']} ({event['class']}: {event['meaning']}) on {who}"
             done = "logged"
             if not judge:
                 done = "counted (before the guard's first check: not acted on)"

@@ -11,6 +11,12 @@ APT_DIR; tests/lab/hub.py). What is simulated is only the daemon:
   profile's fabric.state/status (Completed/Success), and removes it when it stops.
 - ``libnvidia-nscq-BRANCH`` VERSION: an empty library package (the NVSwitch query library the
   real fabric manager ships with).
+Each provides, conflicts with and replaces its virtual ``...-branch`` name, as NVIDIA's apt
+packages do (NVIDIA/yum-packaging-fabric-manager#1: ``nvidia-fabricmanager-branch``), so that apt
+takes one branch's out when another's comes in (a driver roll on an NVSwitch host).
+
+A host of an HGX profile gets the repository as its second source with :data:`SOURCE_SETUP`; the
+version of the driver apt would install there is :data:`CANDIDATE`'s answer.
 
     python -m tests.lab.fabric_debs 535.261.03-1 [VERSION...]   # build into APT_DIR
 """
@@ -28,6 +34,14 @@ from tests.lab import lab
 
 APT_DIR = lab.STATE / "hub" / "apt"
 READY = "/run/nvidia-fabricmanager/ready"
+# What apt would install of the proprietary kernel module with the driver's components, read into
+# a scratch directory (the host's own sources and lists unchanged): the fabric manager's version
+CANDIDATE = ("d=$(mktemp -d) && mkdir -p $d/parts $d/lists/partial && for f in /etc/apt/sources.list.d/*.sources; do "
+             "sed 's/^Components: main$/Components: main contrib non-free non-free-firmware/' $f > $d/parts/${f##*/}; done && "
+             "o=\"-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=$d/parts -o Dir::State::Lists=$d/lists\" && "
+             "apt-get -qq $o update >/dev/null && apt-cache $o policy nvidia-kernel-dkms | sed -n 's/^ *Candidate: //p'; "
+             "rm -rf $d")
+SOURCE_FILE = "/etc/apt/sources.list.d/rigup-lab-fabric.list"
 
 DAEMON = f"""#!/bin/sh
 # rigup lab: the fabric manager's stand-in (tests/lab/fabric_debs.py)
@@ -55,7 +69,7 @@ WantedBy=multi-user.target
 """
 
 
-def _deb(out: Path, name: str, version: str, files: dict[str, tuple[str, int]], description: str) -> Path:
+def _deb(out: Path, name: str, version: str, files: dict[str, tuple[str, int]], description: str, virtual: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for path, (text, mode) in files.items():
@@ -66,6 +80,7 @@ def _deb(out: Path, name: str, version: str, files: dict[str, tuple[str, int]], 
         (root / "DEBIAN").mkdir()
         (root / "DEBIAN" / "control").write_text(
             f"Package: {name}\nVersion: {version}\nArchitecture: amd64\nMaintainer: rigup lab <lab@rigup.invalid>\n"
+            f"Provides: {virtual}\nConflicts: {virtual}\nReplaces: {virtual}\n"
             f"Section: non-free/utils\nPriority: optional\nDescription: {description}\n")
         deb = out / f"{name}_{version}_amd64.deb"
         subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
@@ -85,10 +100,10 @@ def build(versions: list[str], out: Path = APT_DIR) -> Path:
         debs.append(_deb(out, f"nvidia-fabricmanager-{branch}", version,
                          {"/usr/bin/nv-fabricmanager": (DAEMON.replace("@VERSION@", upstream), 0o755),
                           "/lib/systemd/system/nvidia-fabricmanager.service": (UNIT, 0o644)},
-                         "NVIDIA fabric manager (rigup lab stand-in)"))
+                         "NVIDIA fabric manager (rigup lab stand-in)", "nvidia-fabricmanager-branch"))
         debs.append(_deb(out, f"libnvidia-nscq-{branch}", version,
                          {f"/usr/share/doc/libnvidia-nscq-{branch}/README": ("rigup lab stand-in\n", 0o644)},
-                         "NVIDIA NVSwitch query library (rigup lab stand-in)"))
+                         "NVIDIA NVSwitch query library (rigup lab stand-in)", "libnvidia-nscq-branch"))
     stanzas = []
     for deb in debs:
         data = deb.read_bytes()
@@ -106,6 +121,16 @@ def source_line(gateway: str = str(lab.GATEWAY), port: int | None = None) -> str
     from tests.lab import hub
 
     return f"deb [trusted=yes] http://{gateway}:{port or hub.PORT}/_apt/ ./\n"
+
+
+def source_setup() -> str:
+    """The shell command that gives a lab host the repository as a second source, reached directly
+    (not through the lab's package proxy), as an operator adds NVIDIA's CUDA repository."""
+    import shlex
+
+    return (f"printf %s {shlex.quote(source_line())} > {SOURCE_FILE} && "
+            f"echo 'Acquire::http::Proxy::{lab.GATEWAY} \"DIRECT\";' > /etc/apt/apt.conf.d/02rigup-lab-fabric && "
+            "apt-get -qq update")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ PCI bus; the second converge changes nothing. (A branch change on serving hosts 
 tests/roles/test_roll.py.)"""
 
 import json
-import shlex
 
 import pytest
 
@@ -22,14 +21,6 @@ BRANCH = ("--data", "nvidia_driver_branch=535")
 PROMPT = json.dumps({"model": "gemma", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
 
 
-# what apt would install of the proprietary kernel module with the driver's components, read into
-# a scratch directory (the host's own sources and lists unchanged): the fabric manager's version
-CANDIDATE = ("d=$(mktemp -d) && mkdir -p $d/parts $d/lists/partial && for f in /etc/apt/sources.list.d/*.sources; do "
-             "sed 's/^Components: main$/Components: main contrib non-free non-free-firmware/' $f > $d/parts/${f##*/}; done && "
-             "o=\"-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=$d/parts -o Dir::State::Lists=$d/lists\" && "
-             "apt-get -qq $o update >/dev/null && apt-cache $o policy nvidia-kernel-dkms | sed -n 's/^ *Candidate: //p'; "
-             "rm -rf $d")
-FABRIC_SOURCE = "/etc/apt/sources.list.d/rigup-lab-fabric.list"
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +31,12 @@ def bare(lab):
     lab.up(1, "hgx-h100", first=first, driver=False)
     name = f"lab{first}"
     try:
-        version = on_host(lab, name, CANDIDATE).strip()
+        version = on_host(lab, name, fabric_debs.CANDIDATE).strip()
         assert version.startswith("535."), version
         other = "535.999.01-1"           # a fabric manager of the branch at another version, offered too
         fabric_debs.build([version, other])
         hub.serve()
-        # the operator's second source (NVIDIA's CUDA repository, here the lab's), reached directly
-        on_host(lab, name, f"printf %s {shlex.quote(fabric_debs.source_line())} > {FABRIC_SOURCE} && "
-                           f"echo 'Acquire::http::Proxy::{fabric_debs.lab.GATEWAY} \"DIRECT\";' "
-                           "> /etc/apt/apt.conf.d/02rigup-lab-fabric && apt-get -qq update")
+        on_host(lab, name, fabric_debs.source_setup())   # the operator's second source (NVIDIA's CUDA repository)
         yield name, version
     finally:
         lab.remove(name)

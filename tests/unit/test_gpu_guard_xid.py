@@ -167,3 +167,34 @@ def test_a_link_below_its_maximum_generation_counts_only_under_load(capsys):
     back, _ = guard.parse_sample([line.format(i=1, b="0F", u=90, g=4)])
     guard.links_under_load(state, back, 1764660020.0)
     assert "link" not in state["cards"]["0000:0f:00"] and "back at Gen4" in capsys.readouterr().out
+
+
+def test_an_nvswitch_sxid_fatal_drains_the_host_and_a_non_fatal_is_counted():
+    """issue 48: SXid events of the board's NVSwitches (their event lines, as the switch driver
+    writes them, with the lines of more data that follow each): a fatal one drains the host (the
+    NVLink traffic through the switch stalls), a non-fatal one is logged and counted per switch;
+    a switch not of this host's plan is counted, not acted on. The guard's config names the
+    switches from the plan (guard_config)."""
+    sw = "nvidia-nvswitch{n}: SXid (PCI:0000:{b}:00.0): {code}, {rest}"
+    lines = [sw.format(n=3, b="c6", code=22013, rest="Non-fatal, Link 44 Minion Link DLREQ interrupt"),
+             sw.format(n=3, b="c6", code=22013, rest="Severity 0 Engine instance 44 Sub-engine instance 00"),
+             sw.format(n=3, b="c6", code=22013, rest="Data {0x0000002b, 0x0000002b}"),
+             "[  38.1] host kernel: " + sw.format(n=1, b="c4", code=20034, rest="Fatal, Link 30 LTSSM Fault Up"),
+             "llama-server: nvidia-nvswitch1: SXid (PCI:0000:c4:00.0): 20034, Fatal, quoted"]   # not the driver's line
+    found = xid.events(lines, {})
+    assert [(e["card"], e["code"], e["action"], e["kind"]) for e in found] == [
+        ("0000:c6:00", 22013, "log", "SXid"), ("0000:c4:00", 20034, "drain_host", "SXid")]
+    from rigup.gpu import fabric
+    plan = {"fabric": fabric.fabric_plan(["0000:c4:00.0", "0000:c6:00.0"], [], None)}
+    from roles.gpu_guard import guard_config
+    c = {**config(), "fabric": guard_config(data(rigup_state_dir="/var/lib/rigup"), plan)["fabric"]}
+    assert c["fabric"]["switches"] == ["0000:c4:00", "0000:c6:00"]
+    state = {}
+    trip = guard.triage(c, state, [(200.0, ln) for ln in lines], CARDS, 200.0, units, lambda verb, u: "")
+    print(trip["reason"])
+    assert trip["reason"].startswith("SXid 20034 (nvswitch: NVSwitch fatal error (SXid)") and "the NVSwitch at 0000:c4:00" \
+        in trip["reason"]
+    assert state["cards"]["0000:c6:00"]["counts"] == {"nvswitch": 1} and state["events"][0]["done"] == "logged"
+    elsewhere = {}
+    assert guard.triage(config(), elsewhere, [(200.0, lines[3])], CARDS, 200.0, units) is None
+    assert elsewhere["events"][0]["done"].startswith("counted, not acted on")
