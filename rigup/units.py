@@ -121,9 +121,11 @@ def systemd_env_split(line: str) -> dict[str, str]:
             (word.partition("=") for word in shlex.split(line)) if eq}
 
 
-def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None) -> str:
+def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key: str | None = None,
+                   also: dict[str, str] | None = None) -> str:
     """Shell that prints ``@@ name`` then ``key=value`` lines: ``<key>=<sha256>`` for each of
-    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), and ``key=<sha256>``
+    ``files``, ``active``, ``enabled``, ``marker`` (the marker's JSON on one line), ``marker.M`` for
+    each of ``also`` (model key M -> its marker: a router's other models), and ``key=<sha256>``
     of the API key file ``key`` when it is there and not empty (never its content). The marker, in a
     directory the rigup user writes, is read as that directory's owner, never through a link or
     from a FIFO (rigup.nofollow: the fact's command defines :data:`rigup.nofollow.FUNCTIONS`
@@ -135,12 +137,15 @@ def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key
     lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
               f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
               f"echo marker=$({read_file(marker.rsplit('/', 1)[0], marker, 8 << 20)} | tr -d '\\n')"]
+    lines += [f"echo {q('marker.' + m)}=$({read_file(path.rsplit('/', 1)[0], path, 8 << 20)} | tr -d '\\n')"
+              for m, path in sorted((also or {}).items())]
     return "; ".join(lines)
 
 
 def parse_instances(lines: list[str]) -> tuple[dict, dict]:
     """(``key=value`` lines before the first section, {name: {key: value}}); an empty value is
-    None, and ``marker`` is the decoded JSON (None when absent or half-written)."""
+    None, and ``marker`` is the decoded JSON (None when absent or half-written); ``marker.M`` lines
+    go to ``markers`` ({M: decoded JSON or None})."""
     head: dict = {}
     instances: dict = {}
     current = head
@@ -149,11 +154,15 @@ def parse_instances(lines: list[str]) -> tuple[dict, dict]:
             current = instances.setdefault(line[3:].strip(), {})
             continue
         key, _, value = line.partition("=")
-        if key == "marker":
+        if key == "marker" or key.startswith("marker."):
             try:
-                current[key] = json.loads(value) if value else None
+                found = json.loads(value) if value else None
             except ValueError:
-                current[key] = None
+                found = None
+            if key == "marker":
+                current[key] = found
+            else:
+                current.setdefault("markers", {})[key[len("marker."):]] = found
         else:
             current[key] = value or None
     return head, instances

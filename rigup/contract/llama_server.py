@@ -100,13 +100,23 @@ OTHER: tuple[Row, ...] = (
     Row("rpc_workers", "list of str", [], "hosts of the inventory whose llama.cpp RPC server (roles/rpc_worker) takes "
                                           "layers of this instance: --rpc ADDRESS:PORT,...; for models that do not fit "
                                           "one host (it costs tok/s and load time); one server (replicas 1)"),
+    Row("also", "list of name", [], "more keys of models served on the same port: llama-server's router mode "
+                                    "(--models-preset, one child process per loaded model on a loopback port the kernel "
+                                    "picks); a request names its model by its key; the instance's own model is loaded "
+                                    "at start, another on the first request for it; the instance's flags apply to each; "
+                                    "one server (replicas 1, no rpc_workers)"),
+    Row("models_max", "int 1..", 1, "router mode (also): models loaded at once (--models-max); beyond it the least "
+                                    "recently used is unloaded; the VRAM plan counts that many of the largest"),
 )
+# Router mode (``also``): the models' presets, one section per model (roles/llama_server writes it: .format(NAME))
+PRESET = "/etc/rigup/llama-server/{}.models.ini"
 
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {
     "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model", "-hfr": "model",
     "--hf-repo": "model", "-a": None, "--alias": None, "--host": "host", "--port": "port", "--api-key": "api_key",
-    "--api-key-file": "api_key", "--rpc": "rpc_workers"}
+    "--api-key-file": "api_key", "--rpc": "rpc_workers", "--models-preset": "also", "--models-dir": "also",
+    "--models-max": "models_max"}
 
 BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)

@@ -38,6 +38,14 @@ With ``rpc_workers`` (hosts of the inventory running roles/rpc_worker): ``--rpc 
 (their inventory addresses and rpc_worker_port) and an ExecStartPre that waits
 ``llama_server_rpc_wait`` s at most for each worker's port, failing with the worker's name.
 
+With ``also`` (more keys of ``models``) the instance is llama-server's router: one server on its
+port, started with ``--models-preset /etc/rigup/llama-server/NAME.models.ini`` (one section per
+model of the set, its first GGUF file; root:rigup_user 0640) and ``--models-max``, each model in a
+child process of its own on a loopback port the kernel picks, loaded on the first request naming
+it by its key (the instance's own model at start), the least recently used unloaded beyond
+models_max; it starts once every model of the set is complete, restarts when the preset changes,
+and its gate asks the instance's own model.
+
 With ``rigup_maintenance`` (roles/base) every server is stopped and nothing else changes (its
 drop-in, key and enablement stay); false again starts them, gated as after a restart.
 
@@ -50,6 +58,7 @@ roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
 from __future__ import annotations
 
 import hashlib
+import shlex
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy
@@ -64,11 +73,12 @@ from rigup.gpu.plan import Plan, build_backend
 from rigup.models import first_gguf, models
 from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
-from rigup.secrets import bearer, fleet_api_key
+from rigup.contract.llama_server import PRESET
+from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
-from roles.llama_server.command import KEY, backend_name, dropin_text, render, servers
+from roles.llama_server.command import KEY, backend_name, dropin_text, preset_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import chosen
 from roles.llama_server.schema import LlamaInstance, instances
@@ -101,20 +111,33 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
         return
     found = read_once(LlamaServerState, units=units, build_link=build_link)
     state = found["instances"].get(unit_name, {})
-    marker = state.get("marker")
-    if not marker:
-        host.noop(f"{unit_name}: waiting for its model ({marker_file} does not exist yet)")
-        return
-    model_file = first_gguf(marker.get("files", []))
-    if not model_file:
-        raise OperationError(f"{name}: no GGUF file (or first shard) among the files of "
-                             f"{marker_file}: {', '.join(marker.get('files', [])) or 'none'}")
-    model_path = marker_file.rsplit("/", 1)[0] + "/" + model_file
+    # its model's first GGUF file, and in router mode (also) each other model's of the set
+    wanted = {inst["model"]: (marker_file, state.get("marker"))}
+    wanted.update({key: (path, (state.get("markers") or {}).get(key))
+                   for key, path in (units[unit_name][2] if inst["also"] else {}).items()})
+    paths = {}
+    for key, (path, found_marker) in wanted.items():
+        if not found_marker:
+            host.noop(f"{unit_name}: waiting for its model {key} ({path} does not exist yet)")
+            return
+        gguf = first_gguf(found_marker.get("files", []))
+        if not gguf:
+            raise OperationError(f"{name}: no GGUF file (or first shard) among the files of {path}: "
+                                 f"{', '.join(found_marker.get('files', [])) or 'none'}")
+        paths[key] = path.rsplit("/", 1)[0] + "/" + gguf
+    marker, model_path = state["marker"], paths[inst["model"]]
     remedy = [f for f in found["remedy"] if f not in inst["extra_args"]]   # a trap the build's smoke avoided
     inst = {**inst, "extra_args": [*inst["extra_args"], *remedy]} if remedy else inst
+    preset = preset_text(name, inst, paths) if inst["also"] else None   # router mode: the set's preset
+    digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
-                       env, balancer, rpc, rpc_wait)
+                       env, balancer, rpc, rpc_wait, preset=digest)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
+    if preset and digest != state.get("preset") and not maintenance:
+        where = PRESET.format(name)
+        yield f"install -d -m 0750 -g {shlex.quote(user)} {shlex.quote(where.rsplit('/', 1)[0])}"
+        yield written(where, preset, mode="640", group=user)
+        changed = True
     unit = f"rigup-llama@{unit_name}.service"
     yield from unit_running(unit, DROPIN.format(unit_name), text, state, changed,
                             f"{unit_name} runs with its current drop-in and key",
@@ -146,7 +169,9 @@ def apply(plan: Plan, data: Config):
     wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}   # ctx, parallel where auto
     plans = {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
     markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    units = {s["unit"]: [markers[name], name] for name, srv in plans.items() for s in srv}
+    also = {name: [{m: marker_path(entries[m]["dest"]) for m in inst["also"]}] if inst["also"] else []
+            for name, inst in wanted.items()}   # a router's other models
+    units = {s["unit"]: [markers[name], name, *also[name]] for name, srv in plans.items() for s in srv}
     build_link = f"{data['llama_cpp_dir']}/current"
     replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
     if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
@@ -181,7 +206,8 @@ def apply(plan: Plan, data: Config):
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             unit = f"rigup-llama@{server['unit']}.service"
             python.call(answered, unit=unit, port=server["inst"]["port"], record=gate_record(data, unit),
-                        bind=server["inst"]["host"], model=name, prompt=data["llama_server_health_prompt"],
+                        bind=server["inst"]["host"], model=inst["model"] if inst["also"] else name,
+                        prompt=data["llama_server_health_prompt"],
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                         name=f"llama-server {server['unit']} answers", _if=started.did_change)

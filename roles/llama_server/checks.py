@@ -4,6 +4,8 @@ rigup/refusal.py), and the ports its instances take.
     check_config            an entry of llama_server_instances that is wrong, by key path
     check_open_without_key  an instance bound beyond loopback without an API key
     check_vram              a model plus its KV cache larger than the VRAM of its cards (a replica's)
+    check_set_vram          a router's set (also) that the VRAM cannot serve: a model alone, or its
+                            models_max largest together
     check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken,
                             a server's port outside 1024..65535
     check_split_mode_row    -sm row for a model family known to fail with it
@@ -155,6 +157,40 @@ def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             f"{need.total:.1f} GiB > {sum(group):.1f} GiB of VRAM{of} ({cards_gib_text(group)})",
             f"lower {where}.ctx, pick a smaller quant, give each replica more GPUs (gpus_per_replica: auto), "
             f"or lower ngl to keep layers on the CPU{unlock_hint}", "vram"))
+    return found
+
+
+def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """A router's set (``also``) that the VRAM of the host's cards cannot serve: one of its other
+    models that alone does not fit (weights + KV cache at the instance's ctx + 1 GiB per GPU: the
+    CUDA context of its own child process), or its ``models_max`` largest together (each child its
+    own contexts). The instance's own model alone: check_vram."""
+    per_card, unlock_hint = vram_cards(plan, data)
+    entries, found = models(data)[0], []
+    for name, (inst, _) in layouts(plan, data).items():
+        if not inst["also"] or not per_card:
+            continue
+        needs = {m: need_gib(entries[m], inst, len(per_card)) for m in [inst["model"], *inst["also"]]}
+        if any(n is None for n in needs.values()):
+            continue  # unsized, or layers left on the CPU
+        where, budget = f"llama_server_instances.{name}", sum(per_card)
+        vram = f"{budget:.1f} GiB of VRAM ({cards_gib_text(per_card)})"
+        for m in inst["also"]:
+            if needs[m].total > budget:
+                found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone",
+                                     f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
+                                     f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {vram}",
+                                     f"drop {m} from {where}.also, pick a smaller quant, or lower {where}.ctx"
+                                     f"{unlock_hint}", "vram"))
+        largest = sorted(needs, key=lambda m: needs[m].total, reverse=True)[:inst["models_max"]]
+        total = sum(needs[m].total for m in largest)
+        if len(largest) > 1 and total > budget and not found:
+            found.append(Refusal(
+                f"the {len(largest)} largest models of {where} do not fit the VRAM together (models_max "
+                f"{inst['models_max']})", " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in largest)
+                + f" (weights, KV cache, 1 GiB per GPU for each child's CUDA context) = {total:.1f} GiB > {vram}",
+                f"lower {where}.models_max (models are then swapped), pick smaller quants, or lower {where}.ctx",
+                "vram"))
     return found
 
 
@@ -455,6 +491,6 @@ def check_traps(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_replicas, check_split_mode_row,
-          check_traps)
+CHECKS = (check_config, check_open_without_key, check_systemd, check_vram, check_set_vram, check_replicas,
+          check_split_mode_row, check_traps)
 FLEET_CHECKS = (check_rpc, check_rpc_vram)

@@ -25,13 +25,30 @@ def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list
     its ctx and parallel chosen (replicas.sized), never ``auto``."""
     if "auto" in (inst["ctx"], inst["parallel"]):
         raise ValueError(f"{name}: ctx and parallel are chosen by roles/llama_server/replicas.py sized() first")
-    args = [binary, "-m", model_path, "--alias", name, "--host", inst["host"], "--port", inst["port"],
-            *contract.args(inst)]
+    # router mode (also): the models from the preset (:func:`preset_text`), each child given these flags too
+    serve = ["--models-preset", contract.PRESET.format(name), "--models-max", inst["models_max"]] \
+        if inst.get("also") else ["-m", model_path, "--alias", name]
+    args = [binary, *serve, "--host", inst["host"], "--port", inst["port"], *contract.args(inst)]
     if inst["api_key"]:
         args += ["--api-key-file", KEY.format(name)]
     if rpc:
         args += ["--rpc", ",".join(rpc)]
     return [str(a) for a in args + list(inst["extra_args"])]
+
+
+def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str]) -> str:
+    """Router mode's preset (contract.PRESET): one section per model of the set (``paths``: its key
+    of models -> its first GGUF file on the host), the instance's own model loaded at start. Keys
+    are names (rigup.config's ``name`` form) and a path with a control character or a bracket is
+    refused: nothing else can end up in the file."""
+    lines = [f"; Installed by rigup (roles/llama_server) for instance {name}: the models llama-server's router",
+             "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
+    for key in [inst["model"], *inst["also"]]:
+        path = paths[key]
+        if not path.startswith("/") or any(c in path for c in "[];#\n\r") or not path.isprintable():
+            raise ValueError(f"{name}: the model file of {key} has a path the preset cannot hold: {path!r}")
+        lines += ["", f"[{key}]", f"model = {path}"] + (["load-on-startup = true"] if key == inst["model"] else [])
+    return "\n".join(lines) + "\n"
 
 
 def backend_name(name: str) -> str:
@@ -67,14 +84,14 @@ def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_pat
 
 def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, build: str, unit_sha: str,
                 model_revision: str, env: dict | None = None, balancer: dict | None = None,
-                rpc: list[str] = (), rpc_wait: int = 120) -> str:
+                rpc: list[str] = (), rpc_wait: int = 120, preset: str | None = None) -> str:
     """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose
     alias and key a replica shares), its ``env``, for a replica the balancer's hooks
     (``balancer``: {"ready": argv, "drain": argv}), with RPC workers (``rpc``: ADDRESS:PORT each)
     an ExecStartPre that waits ``rpc_wait`` s at most for them, and in a comment what restarts it
-    when it changes (unit, llama.cpp build, model revision)."""
+    when it changes (unit, llama.cpp build, model revision; in router mode the ``preset``'s sha256)."""
     return render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
-                  model_revision=model_revision, model_path=systemd_quote(model_path),
+                  model_revision=model_revision, model_path=systemd_quote(model_path), preset=preset,
                   env=[systemd_env(k, v) for k, v in (env or {}).items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,

@@ -5,7 +5,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigup.contract.llama_server import DROPIN
+from rigup.contract.llama_server import DROPIN, PRESET
 from rigup.names import BALANCER_DIR
 from rigup.nofollow import FUNCTIONS
 from rigup.traps import REMEDY_FLAG
@@ -29,9 +29,10 @@ class LlamaServerState(FactBase):
     """The llama.cpp build that serves (the target of ``build_link``, llama_cpp's ``current``
     link) and the server flags its smoke inference recorded (``remedy``), the units rigup configured (``units``: names of their drop-in directories), the
     balancer's backends files of llama instances (``backends``), and per unit (``units``: name ->
-    [marker, the instance whose key it uses]): the sha256 of its drop-in, whether its key exists,
+    [marker, the instance whose key it uses, and for a router {model: marker} of its other
+    models]): the sha256 of its drop-in (and a router's preset), whether its key exists,
     its unit's state, and its model's completion marker (rigup.names.marker_path, written by
-    roles/model_fetch)::
+    roles/model_fetch; a router's others in ``markers``)::
 
         {"build": "builds/b6123-3f2a...", "remedy": ["--no-repack"], "units": ["glm-0", "glm-1"], "backends": ["llama-glm"],
          "instances": {"glm-0": {"dropin": "ab12...", "key": "1", "active": "active", "enabled": "enabled",
@@ -42,8 +43,12 @@ class LlamaServerState(FactBase):
 
     def command(self, units: dict, build_link: str) -> str:
         listed = configured("rigup-llama", "llama", BALANCER_DIR) + "; "
-        probes = [instance_probe(unit, f"rigup-llama@{unit}.service", {"dropin": DROPIN.format(unit)}, marker,
-                                 key=KEY.format(key_of)) for unit, (marker, key_of) in sorted(units.items())]
+        probes = []
+        for unit, (marker, key_of, *router) in sorted(units.items()):
+            also = router[0] if router else None   # a router's other models: {key: marker}
+            files = {"dropin": DROPIN.format(unit), **({"preset": PRESET.format(key_of)} if also else {})}
+            probes.append(instance_probe(unit, f"rigup-llama@{unit}.service", files, marker, key=KEY.format(key_of),
+                                         also=also))
         link = shlex.quote(build_link)
         return (f"{FUNCTIONS}; echo build=$(readlink {link} 2>/dev/null); "
                 f"printf 'smoke=%s\\n' \"$(cat {link}/rigup-smoke.json 2>/dev/null | tr -d '\\n')\"; "

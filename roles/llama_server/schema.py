@@ -13,7 +13,7 @@ import re
 
 from rigup.config import once
 from rigup.contract.llama_server import FLAGS, OTHER, doc_line, owned
-from rigup.entries import Key
+from rigup.entries import Key, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 from roles.llama_server.tuned import tuned, with_tuned
@@ -45,6 +45,8 @@ class LlamaInstance(ServingInstance):
     gpus_per_replica: int | str | None
     min_tokens_per_s: float | None
     rpc_workers: list[str]
+    also: list[str]
+    models_max: int
 
 
 LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
@@ -59,6 +61,23 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 OWNED_FLAGS = owned()
 
 
+def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:
+    """Router mode's rules (``also``): every model a key of ``models``, none twice nor the instance's
+    own; ``models_max`` at most the models of the set; one server (replicas 1, no rpc_workers)."""
+    also = entry.get("also") or []
+    found = [(f"{where}.also", unknown_reference(m, declared, "models")) for m in also if m not in declared]
+    if entry.get("model") in also or len(set(also)) < len(also):
+        found.append((f"{where}.also", f"names a model twice ({', '.join(also)}; the instance's own: {entry.get('model')})"))
+    if not also:
+        return found + ([(f"{where}.models_max", "router mode only: give also, the other models of the set")]
+                        if entry.get("models_max", 1) != 1 else [])
+    if entry.get("models_max", 1) > 1 + len(also):
+        found.append((f"{where}.models_max", f"{entry['models_max']} for a set of {1 + len(also)} models"))
+    if entry.get("replicas", 1) != 1 or entry.get("rpc_workers"):
+        found.append((f"{where}.also", "router mode serves one set from one server: no replicas, no rpc_workers"))
+    return found
+
+
 def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
     entry; ``gpu_count`` (when known) bounds tensor_split. Made once per run for each ``gpu_count``
@@ -68,7 +87,8 @@ def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, Lla
 
 def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
-        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where)
+        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where) + \
+            router_problems(entry, where, data.get("models") or {})
         if found or entry.get("tensor_split") is None:
             return found
         split = entry["tensor_split"].replace(" ", "")

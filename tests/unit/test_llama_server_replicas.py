@@ -139,7 +139,8 @@ def test_haproxy_config_and_gateway():
     for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",
                  "http-check expect status 200", "server lab1 10.0.0.11:8081 check\n",
                  "server lab2 10.0.0.12:8081 check disabled\n", "retry-on conn-failure",
-                 "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock"):
+                 "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock",
+                 "http-request deny deny_status 403 if { path /models/load /models/unload }"):   # a router's, issue 49
         assert line in text, line
 
 
