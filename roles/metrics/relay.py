@@ -13,6 +13,12 @@ answer gives 503 and one that answers an error gives 502, so Prometheus's ``up``
 instance's target is 0 while it is down. Only the addresses in ``allow`` (loopback and the
 monitoring hosts) are answered; everything else gets 403, any other path 404.
 
+A router instance (llama-server's router mode, ``models`` in its entry: roles/llama_server's
+``also``) has no /metrics of its own: the relay reads its /models, then the /metrics of each
+loaded model with ``autoload=false`` (a scrape never loads a model), each sample labelled
+``model``, and adds ``rigup_router_model_loaded{model}`` (1 loaded, 0 not) for each model of the
+set.
+
     rigup-metrics-relay [--config /etc/rigup/metrics-relay.json]
 """
 
@@ -26,6 +32,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 CONFIG = "/etc/rigup/metrics-relay.json"
@@ -82,6 +89,51 @@ def body(response, deadline: float) -> bytes:
     return bytes(got)
 
 
+def labelled(text: str, model: str, seen: set[str]) -> list[str]:
+    """Prometheus text ``text`` with ``model="MODEL"`` added to each sample; a HELP or TYPE line of
+    a metric in ``seen`` (already given) is left out, so that several models' texts join into one."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            key = line[:7] + line[7:].split(" ", 1)[0]
+            if key not in seen:
+                seen.add(key)
+                out.append(line)
+            continue
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, _, rest = line.partition(" ")
+        label = f'model="{model}"'
+        name = name.replace("{", "{" + label + ",", 1) if "{" in name else f"{name}{{{label}}}"
+        out.append(f"{name} {rest}")
+    return out
+
+
+def fetch(inst: dict, path: str) -> bytes:
+    """GET ``path`` of the instance with its key, bounded (:func:`body`); HTTPError, ValueError or
+    OSError as urllib raises them."""
+    request = urllib.request.Request(inst["url"] + path)
+    for header, value in bearer(inst.get("key")).items():
+        request.add_unredirected_header(header, value)
+    with _OPENER.open(request, timeout=TIMEOUT_S) as response:
+        return body(response, time.monotonic() + TIMEOUT_S)
+
+
+def router_metrics(inst: dict) -> bytes:
+    """A router instance's metrics: each loaded model's, labelled, and which of the set are loaded."""
+    listed = json.loads(fetch(inst, "/models"))
+    status = {m.get("id"): (m.get("status") or {}).get("value") for m in listed.get("data", []) if isinstance(m, dict)}
+    lines, seen = [], set()
+    for model in inst["models"]:
+        if status.get(model) == "loaded":
+            text = fetch(inst, f"/metrics?model={urllib.parse.quote(model)}&autoload=false").decode(errors="replace")
+            lines += labelled(text, model, seen)
+    lines += ["# HELP rigup_router_model_loaded 1 while the model of the router's set is loaded",
+              "# TYPE rigup_router_model_loaded gauge"]
+    lines += [f'rigup_router_model_loaded{{model="{m}"}} {int(status.get(m) == "loaded")}' for m in inst["models"]]
+    return ("\n".join(lines) + "\n").encode()
+
+
 def handler(config: dict, clients: set[str]):
     class Relay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -92,12 +144,8 @@ def handler(config: dict, clients: set[str]):
             if inst is None:
                 return self.answer(404, f"no instance {name!r} here\n")
             try:
-                request = urllib.request.Request(inst["url"] + "/metrics")
-                for header, value in bearer(inst.get("key")).items():
-                    request.add_unredirected_header(header, value)
-                with _OPENER.open(request, timeout=TIMEOUT_S) as response:
-                    return self.answer(200, body(response, time.monotonic() + TIMEOUT_S),
-                                       response.headers.get("Content-Type"))
+                return self.answer(200, router_metrics(inst) if inst.get("models") else fetch(inst, "/metrics"),
+                                   "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")
             except ValueError as e:

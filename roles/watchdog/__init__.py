@@ -73,11 +73,13 @@ __all__ = ["apply", "watchdog_config"]
 def watched(data: Config) -> dict[str, dict]:
     """The llama-server instances the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
-    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract."""
+    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract,
+    and but routers (``also``, issue 49): their check would have to name a loaded model and never
+    load one, and a swap is not a slow server; until it does, a router is not watched."""
     found = {}
     for name, inst in llama_server.view(data).items():
         floor = inst["min_tokens_per_s"]
-        if floor != 0 and isinstance(inst["port"], int):
+        if floor != 0 and isinstance(inst["port"], int) and not inst.get("also"):
             found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"],
                            "key": inst["key"],
                            "floor": None if floor is None else float(floor)}

@@ -137,3 +137,19 @@ def test_a_monitoring_host_the_allow_list_cannot_name_is_refused_on_the_hosts_it
     assert check_allow_lists({}, {"systemd": False}, hosts["rig"], Fleet("rig", hosts)) == []   # no exporter
     named = {**hosts, "mon": {**hosts["mon"], "ssh_hostname": "10.0.0.5"}}
     assert check_allow_lists({}, {}, named["rig"], Fleet("rig", named)) == []
+
+
+def test_a_routers_models_are_scraped_labelled_and_never_loaded_by_a_scrape():
+    """issue 49: a router instance (also) is relayed as its set's models: each loaded one's /metrics
+    with autoload=false, labelled model (HELP and TYPE once), and rigup_router_model_loaded. The
+    relay against a real router on a lab host: tests/roles/test_router.py."""
+    from roles.metrics import relay
+    d = {**FLEET[1][1], "llama_server_instances": {"duo": {"model": "a", "also": ["b"], "port": 8091}}}
+    assert relay_config("rig-2", d, FLEET)["instances"]["duo"]["models"] == ["a", "b"]
+    text = "# HELP llamacpp:tokens_predicted_total Tokens\n# TYPE llamacpp:tokens_predicted_total counter\n" \
+           "llamacpp:tokens_predicted_total 12\nllamacpp:requests{slot=\"0\"} 1 1700000000\n"
+    seen = set()
+    first, second = relay.labelled(text, "a", seen), relay.labelled(text, "b", seen)
+    assert first == ["# HELP llamacpp:tokens_predicted_total Tokens", "# TYPE llamacpp:tokens_predicted_total counter",
+                     'llamacpp:tokens_predicted_total{model="a"} 12', 'llamacpp:requests{model="a",slot="0"} 1 1700000000']
+    assert second == ['llamacpp:tokens_predicted_total{model="b"} 12', 'llamacpp:requests{model="b",slot="0"} 1 1700000000']

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rigup import gate, throughput
-from roles.watchdog import unit_timeout_s, watchdog_config
+from roles.watchdog import unit_timeout_s, watchdog_config, watched
 from roles.watchdog import watchdog as wd
 
 STUB = Path(__file__).resolve().parents[1] / "lab" / "engine_stub.py"
@@ -47,6 +47,8 @@ def test_config_watches_every_instance_but_those_turned_off():
     assert config["grace_s"] == 300 and config["command_timeout_s"] == wd.COMMAND_TIMEOUT_S == 30
     assert unit_timeout_s(config) == 8 * 3 * (65 + 2 * 30) + 2 * 30 + 60
     assert watchdog_config({**DATA, "rigup_maintenance": True})["maintenance"] is True
+    router = {**DATA["llama_server_instances"]["glm"], "also": ["other"], "port": 8090}   # issue 49: not watched yet
+    assert "router" not in watched({**DATA, "llama_server_instances": {**DATA["llama_server_instances"], "router": router}})
 
 
 def test_default_floor_is_half_the_gates_tok_s(tmp_path):
