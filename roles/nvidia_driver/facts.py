@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pyinfra.api import FactBase
 
 from rigup.gpu.facts import KERNEL_COMMAND, parse_kernel, sections
@@ -12,11 +14,24 @@ MARK = "##rigup-driver:"
 PACKAGES = r"^(nvidia-|libnvidia-|libcuda1 |firmware-nvidia-gsp )"
 
 
-def _offers(lines: list[str], mark: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for p in (ln.split() for ln in lines):
-        if len(p) == 3 and p[0] == mark:
-            out.setdefault(p[1], []).append(p[2])
+_PACKAGE = re.compile(r"^(\S+):$")                        # apt-cache policy: a package's section
+_VERSION = re.compile(r"^ (?:\*\*\*|   ) (\S+) -?\d+$")     # its version table: "     VERSION PRIORITY"
+MODULES = ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms")
+
+
+def parse_policy(lines: list[str]) -> dict[str, dict]:
+    """``apt-cache policy P...``'s output -> {package: {"candidate": its candidate or None,
+    "versions": every version its sources offer, in apt's order}}."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in lines:
+        if m := _PACKAGE.match(line):
+            current = out.setdefault(m.group(1), {"candidate": None, "versions": []})
+        elif current is not None and line.strip().startswith("Candidate:"):
+            found = line.split(":", 1)[1].strip()
+            current["candidate"] = None if found in ("", "(none)") else found
+        elif current is not None and (m := _VERSION.match(line)):
+            current["versions"].append(m.group(1))
     return out
 
 
@@ -30,17 +45,16 @@ def parse_driver_host(lines: list[str]) -> dict:
         if len(parts) >= 3 and len(parts[2]) >= 2 and parts[2][1] == "i":   # dpkg: installed
             packages[parts[0]] = {"version": parts[1], "held": parts[2][0] == "h"}
     candidate = next((ln.strip() for ln in sec.get("headers", []) if ln.strip()), None)
+    policy = parse_policy(sec.get("fabric", []))
     return {"os": {k.lower(): v.strip('"') for k, v in release.items()},
             "packages": packages,
             "modules": sorted(ln.strip() for ln in sec.get("modules", []) if ln.strip()),
             "headers_candidate": None if candidate in (None, "(none)") else candidate,
-            "fabric_candidates": {p[0]: p[1] for p in (ln.split() for ln in sec.get("fabric", []))
-                                  if len(p) == 2 and p[1] != "(none)"},
+            "fabric_candidates": {p: v["candidate"] for p, v in policy.items() if p not in MODULES and v["candidate"]},
             # every version the sources offer of each, and the kernel modules' candidates (Debian's
             # pin takes every package of the driver to that version: the fabric manager's must exist)
-            "fabric_offers": _offers(sec.get("fabric", []), "offer"),
-            "module_candidates": {p[1]: p[2] for p in (ln.split() for ln in sec.get("fabric", []))
-                                  if len(p) == 3 and p[0] == "module" and p[2] != "(none)"},
+            "fabric_offers": {p: v["versions"] for p, v in policy.items() if p not in MODULES and v["versions"]},
+            "module_candidates": {p: v["candidate"] for p, v in policy.items() if p in MODULES and v["candidate"]},
             **parse_kernel(sec.get("kernel", []))}
 
 
@@ -68,13 +82,11 @@ class DriverHost(FactBase):
                 f"echo '{MARK}headers'; apt-cache policy \"linux-headers-$(uname -r)\" 2>/dev/null "
                 "| sed -n 's/^ *Candidate: //p'; "
                 f"echo '{MARK}kernel'; {KERNEL_COMMAND}; "
-                # an NVSwitch on the PCI bus: what the sources offer of the fabric manager
+                # an NVSwitch on the PCI bus: what the sources offer of the fabric manager and the kernel
+                # modules, in one apt-cache call (one per package costs a host seconds)
                 f"echo '{MARK}fabric'; if grep -qsx 0x068000 /sys/bus/pci/devices/*/class; then "
-                "for p in $(apt-cache pkgnames nvidia-fabricmanager 2>/dev/null | sort); do "
-                "echo \"$p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; "
-                "apt-cache madison \"$p\" 2>/dev/null | awk -F' [|] ' -v p=\"$p\" '{print \"offer \" p \" \" $2}'; done; "
-                "for p in nvidia-kernel-dkms nvidia-open-kernel-dkms; do "
-                "echo \"module $p $(apt-cache policy \"$p\" 2>/dev/null | sed -n 's/^ *Candidate: //p')\"; done; fi; true")
+                f"LC_ALL=C apt-cache policy $(apt-cache pkgnames nvidia-fabricmanager 2>/dev/null | sort) {' '.join(MODULES)} "
+                "2>/dev/null; fi; true")
 
     def process(self, output: list[str]) -> dict:
         return parse_driver_host(output)

@@ -409,8 +409,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         if given != "Basic " + base64.b64encode(":".join(AUTH).encode()).decode():
             return self._send(401, b"credentials needed\n", {"WWW-Authenticate": 'Basic realm="rigup-lab"'}, "text/plain")
-        target = (AUTH_DIR / rel).resolve()
-        if not target.is_relative_to(AUTH_DIR.resolve()) or not target.exists():
+        return self._file(AUTH_DIR, rel, listing=True)
+
+    def _file(self, base: Path, rel: str, listing: bool = False):
+        """The file ``rel`` of ``base`` (never a path outside it), else 404; with ``listing`` a
+        directory answers an HTML page of links (pip's --find-links)."""
+        target = (base / rel).resolve()
+        if not target.is_relative_to(base.resolve()) or not (target.is_file() or listing and target.is_dir()):
             return self._send(404, b"not found\n", ctype="text/plain")
         if target.is_dir():
             links = "".join(f'<a href="{p.name}">{p.name}</a>\n' for p in sorted(target.iterdir()) if p.is_file())
@@ -510,10 +515,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path.startswith("/_auth/"):
             return self._authed(path.removeprefix("/_auth/"))
         if path.startswith("/_apt/"):   # the lab's apt repository (tests/lab/fabric_debs.py)
-            target = (ROOT / "apt" / path.removeprefix("/_apt/")).resolve()
-            if not target.is_relative_to((ROOT / "apt").resolve()) or not target.is_file():
-                return self._send(404, b"not found\n", ctype="text/plain")
-            return self._send(200, target.read_bytes(), ctype="application/octet-stream")
+            return self._file(ROOT / "apt", path.removeprefix("/_apt/"))
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             try:

@@ -93,10 +93,14 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
     from roles.nvidia_driver.facts import parse_driver_host
 
     bare = fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], None)
-    lines = ["##rigup-driver:os", "ID=debian", "##rigup-driver:fabric",
-             "nvidia-fabricmanager-535 535.999.01-1", "offer nvidia-fabricmanager-535 535.999.01-1",
-             "offer nvidia-fabricmanager-535 535.261.03-1", "module nvidia-kernel-dkms 535.309.01-0+deb12u1",
-             "module nvidia-open-kernel-dkms (none)"]
+    lines = ["##rigup-driver:os", "ID=debian", "##rigup-driver:fabric",    # apt-cache policy's, as Debian 12's prints it
+             "nvidia-fabricmanager-535:", "  Installed: (none)", "  Candidate: 535.999.01-1", "  Version table:",
+             "     535.999.01-1 500", "        500 http://10.213.0.1:8090/_apt ./ Packages",
+             "     535.261.03-1 500", "        500 http://10.213.0.1:8090/_apt ./ Packages",
+             "nvidia-kernel-dkms:", "  Installed: (none)", "  Candidate: 535.309.01-0+deb12u1", "  Version table:",
+             " *** 535.309.01-0+deb12u1 500", "        500 http://deb.debian.org/debian bookworm-updates/non-free amd64 "
+             "Packages", "        100 /var/lib/dpkg/status",
+             "nvidia-open-kernel-dkms:", "  Installed: (none)", "  Candidate: (none)", "  Version table:"]
     host = parse_driver_host(lines)
     assert host["fabric_offers"] == {"nvidia-fabricmanager-535": ["535.999.01-1", "535.261.03-1"]}
     assert host["module_candidates"] == {"nvidia-kernel-dkms": "535.309.01-0+deb12u1"}
@@ -104,7 +108,7 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
     print(r.line("hgx-01"))
     assert r.what == ("NVSwitch host: its sources offer nvidia-fabricmanager-535 at 535.999.01-1, 535.261.03-1, "
                       "the driver at 535.309.01-0+deb12u1") and r.check == "driver_fabric"
-    lines.append("offer nvidia-fabricmanager-535 535.309.01-0+deb12u1")          # the driver's version too
+    lines[7:7] = ["     535.309.01-0+deb12u1 500"]          # the driver's version too
     assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
                         data(nvidia_driver_branch=535)) == []
 
