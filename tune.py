@@ -5,7 +5,7 @@ as the host's data for you to commit; the next converge serves with them.
     .venv/bin/python roll.py inventory/mine.py --play tune.py           # a fleet: one host at a time,
                                                                         # out of the gateways' pools
 
-For each instance of llama_server_instances with one server (replicas: 1): a job on the host
+For each instance of llama_server_instances with one server (replicas: 1; not a router): a job on the host
 (rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
 rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
 bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
@@ -35,7 +35,8 @@ from rigup.text import say
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
 d, out, user = tuning.workdir(data), tuning.outdir(data), data["rigup_user"]
-instances = {n: i for n, i in llama_server.view(data).items() if i["replicas"] == 1}
+# one server each; a router (also: several models, issue 49) is not swept: its flags are each child's
+instances = {n: i for n, i in llama_server.view(data).items() if i["replicas"] == 1 and not i.get("also")}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
 # root writes in d (scripts, specs, logs, done markers): refused before any change where anything
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)

@@ -64,8 +64,10 @@ def targets(data: dict, units: list[str] = ()) -> list[dict]:
     found = []
     for inst in served(data):
         name, engine = inst["name"], "llama-server" if inst["var"] == "llama_server_instances" else "vllm"
-        base = {"engine": engine, "key": inst["key"],
-                "model": api_name(name, inst["entry"]) if engine == "vllm" else None}
+        # vLLM checks the served name; a llama-server router (also) routes by model: its own is measured
+        model = api_name(name, inst["entry"]) if engine == "vllm" else (
+            inst["model"] if inst["entry"].get("also") else None)
+        base = {"engine": engine, "key": inst["key"], "model": model}
         ks = replica_numbers(name, units) if engine == "llama-server" else []
         found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})
         found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",

@@ -116,7 +116,7 @@ FIXED: dict[str, str | None] = {
     "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model", "-hfr": "model",
     "--hf-repo": "model", "-a": None, "--alias": None, "--host": "host", "--port": "port", "--api-key": "api_key",
     "--api-key-file": "api_key", "--rpc": "rpc_workers", "--models-preset": "also", "--models-dir": "also",
-    "--models-max": "models_max"}
+    "--models-max": "models_max", "--models-autoload": "also", "--no-models-autoload": "also"}
 
 BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)

@@ -666,43 +666,48 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
     return True
 
 
-def fabric_problem(config: dict, cards: list[dict]) -> str | None:
-    """Why the NVSwitch fabric cannot carry CUDA now, or None (config ``fabric``: an NVSwitch host;
-    absent elsewhere, and nothing is read): the fabric manager's service not active, or a card of
-    ``cards`` (:func:`read_cards`, which reads their fabric on such a host) whose fabric is not
-    registered (Hopper and later: Completed/Success; N/A, as Ampere reports, passes: then its
-    NVLinks say)."""
+def fabric_problem(config: dict, cards: list[dict], lost: list[str]) -> tuple[str | None, bool]:
+    """Whether the NVSwitch fabric can carry CUDA now: (why not, or None; whether that is known).
+    Config ``fabric``: an NVSwitch host (elsewhere nothing is read: (None, True)). Not known when
+    the cards' read (:func:`read_cards`, which reads their fabric on such a host: ``cards``,
+    ``lost``) lost telemetry or answered no card: the fabric is then neither tripped on nor cleared.
+    Else: the fabric manager's service not active, or a card whose fabric is not registered (Hopper
+    and later: Completed/Success; N/A, as Ampere reports, passes: then its NVLinks say)."""
     fabric = config.get("fabric")
     if not fabric:
-        return None
+        return None, True
     rc, out = run_bounded(["systemctl", "is-active", fabric["service"]], config.get("smi_timeout_s", 10))
     if (out or "").strip() != "active":
-        return f"{fabric['service']} is {said((out or '').strip() or 'not answering')}"
+        return f"{fabric['service']} is {said((out or '').strip() or 'not answering')}", True
+    if lost or not cards:
+        return f"not read ({lost[0] if lost else 'no card answered'})", False
     states = [c["fabric"] for c in cards if c.get("fabric")]
     bad = [s for s in states if s not in ("Completed, Success", "N/A, N/A")]
     if bad:
-        return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}"
+        return f"{len(bad)} of {len(states)} cards read fabric {said(bad[0])}", True
     if states and set(states) == {"N/A, N/A"}:   # Ampere: no fabric state, its NVLinks say
         rc, out = run_bounded(["nvidia-smi", "nvlink", "-s"], config.get("smi_timeout_s", 10))
         down = sum("inactive" in ln.lower() for ln in (out or "").splitlines()) if rc == 0 else 0
         if down:
-            return f"{down} NVLinks inactive"
-    return None
+            return f"{down} NVLinks inactive", True
+    return None, True
 
 
 def check(config: dict) -> int:
     tripped = config["tripped_file"]
     # an NVSwitch host's cards are read first (their fabric, judged tripped or not); elsewhere only untripped
     read = read_cards(config) if config.get("fabric") else None
-    fabric = fabric_problem(config, read[0]) if read else None
+    fabric, known = fabric_problem(config, *read) if read else (None, True)
     if os.path.exists(tripped):
         record = load(tripped, {})
-        if isinstance(record, dict) and record.get("fabric") and not fabric:   # the fabric is back: serve again
+        if isinstance(record, dict) and record.get("fabric") and known and not fabric:   # back: serve again
             os.remove(tripped)
             log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: the serving "
                    "units start with their next start or converge")
             return 0
-        if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id():
+        # after its reboot, an NVSwitch host serves again only once its fabric is up too
+        if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
+                known and not fabric:
             cards, lost = read or read_cards(config)
             if after_reboot(config, record, cards, lost):
                 return 0
@@ -713,7 +718,7 @@ def check(config: dict) -> int:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
         return 0
     now = time.time()
-    if fabric:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
+    if fabric and known:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
         return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now,
                         fabric)
     cards, lost = read or read_cards(config)

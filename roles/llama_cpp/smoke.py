@@ -56,7 +56,8 @@ _OWN = {"--log-file": 1, "--api-prefix": 1, "--path": 1, "--ssl-key-file": 1, "-
         "--slot-save-path": 1, "--host": 1, "--port": 1, "-c": 1, "--ctx-size": 1, "--parallel": 1, "-np": 1, "-m": 1,
         "--model": 1, "--alias": 1, "-a": 1, "--api-key-file": 1, "--api-key": 1, "--metrics": 0,
         "--rpc": 1,   # a smoke runs alone: RPC workers are not part of it
-        "--models-preset": 1, "--models-dir": 1, "--models-max": 1}   # nor a router's set: one model
+        "--models-preset": 1, "--models-dir": 1, "--models-max": 1,   # nor a router's set: one model
+        "--models-autoload": 0, "--no-models-autoload": 0}
 
 
 def first_gguf(files: list[str]) -> str | None:

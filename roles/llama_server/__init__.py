@@ -78,7 +78,7 @@ from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
-from roles.llama_server.command import KEY, backend_name, dropin_text, preset_text, render, servers
+from roles.llama_server.command import KEY, NO_CACHE, backend_name, dropin_text, preset_text, render, servers
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import chosen
 from roles.llama_server.schema import LlamaInstance, instances
@@ -128,7 +128,8 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
     marker, model_path = state["marker"], paths[inst["model"]]
     remedy = [f for f in found["remedy"] if f not in inst["extra_args"]]   # a trap the build's smoke avoided
     inst = {**inst, "extra_args": [*inst["extra_args"], *remedy]} if remedy else inst
-    preset = preset_text(name, inst, paths) if inst["also"] else None   # router mode: the set's preset
+    revisions = {key: (found_marker or {}).get("revision") for key, (_, found_marker) in wanted.items()}
+    preset = preset_text(name, inst, paths, revisions) if inst["also"] else None   # router mode: the set's preset
     digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
                        env, balancer, rpc, rpc_wait, preset=digest)
@@ -198,7 +199,8 @@ def apply(plan: Plan, data: Config):
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
                                marker=markers[name], binary=binary, units=units, build_link=build_link,
-                               unit_sha=unit_sha, user=user, env=server["env"], balancer=hooks,
+                               unit_sha=unit_sha, user=user, balancer=hooks,
+                               env={**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if inst["also"] else server["env"],
                                rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
                                maintenance=data["rigup_maintenance"], unlock=unlock)
             if data["rigup_maintenance"]:

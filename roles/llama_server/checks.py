@@ -175,16 +175,16 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             continue  # unsized, or layers left on the CPU
         where, budget = f"llama_server_instances.{name}", sum(per_card)
         vram = f"{budget:.1f} GiB of VRAM ({cards_gib_text(per_card)})"
-        for m in inst["also"]:
-            if needs[m].total > budget:
-                found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone",
-                                     f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
-                                     f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {vram}",
-                                     f"drop {m} from {where}.also, pick a smaller quant, or lower {where}.ctx"
-                                     f"{unlock_hint}", "vram"))
+        alone = [m for m in inst["also"] if needs[m].total > budget]
+        for m in alone:
+            found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone",
+                                 f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
+                                 f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {vram}",
+                                 f"drop {m} from {where}.also, pick a smaller quant, or lower {where}.ctx"
+                                 f"{unlock_hint}", "vram"))
         largest = sorted(needs, key=lambda m: needs[m].total, reverse=True)[:inst["models_max"]]
         total = sum(needs[m].total for m in largest)
-        if len(largest) > 1 and total > budget and not found:
+        if len(largest) > 1 and total > budget and not alone:
             found.append(Refusal(
                 f"the {len(largest)} largest models of {where} do not fit the VRAM together (models_max "
                 f"{inst['models_max']})", " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in largest)

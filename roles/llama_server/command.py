@@ -5,6 +5,7 @@ it anywhere)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rigup.contract import llama_server as contract
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from roles.llama_server.schema import LlamaInstance
 
 KEY = contract.KEY
+REVISION = re.compile(r"[A-Za-z0-9._-]{1,64}")   # a model's revision as its marker records it
+# A router's hub cache: none (a path that is not there, and cannot be made by the service user): its
+# /models would list, and load on request, whatever a cache of the service user's holds, past the VRAM plan
+NO_CACHE = "/etc/rigup/llama-server/{}.no-cache"
 
 
 def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
@@ -36,18 +41,21 @@ def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list
     return [str(a) for a in args + list(inst["extra_args"])]
 
 
-def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str]) -> str:
+def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions: dict[str, str] | None = None) -> str:
     """Router mode's preset (contract.PRESET): one section per model of the set (``paths``: its key
-    of models -> its first GGUF file on the host), the instance's own model loaded at start. Keys
-    are names (rigup.config's ``name`` form) and a path with a control character or a bracket is
-    refused: nothing else can end up in the file."""
+    of models -> its first GGUF file on the host; ``revisions``: its revision, in a comment, so that
+    a new revision of any model changes the preset and restarts the router), the instance's own
+    model loaded at start. Keys are names (rigup.config's ``name`` form) and a path with a control
+    character or a bracket is refused: nothing else can end up in the file."""
     lines = [f"; Installed by rigup (roles/llama_server) for instance {name}: the models llama-server's router",
              "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
     for key in [inst["model"], *inst["also"]]:
-        path = paths[key]
+        path, revision = paths[key], str((revisions or {}).get(key) or "unknown")
         if not path.startswith("/") or any(c in path for c in "[];#\n\r") or not path.isprintable():
             raise ValueError(f"{name}: the model file of {key} has a path the preset cannot hold: {path!r}")
-        lines += ["", f"[{key}]", f"model = {path}"] + (["load-on-startup = true"] if key == inst["model"] else [])
+        revision = revision if REVISION.fullmatch(revision) else "unreadable"
+        lines += ["", f"; revision {revision}", f"[{key}]", f"model = {path}"] + \
+            (["load-on-startup = true"] if key == inst["model"] else [])
     return "\n".join(lines) + "\n"
 
 

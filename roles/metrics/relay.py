@@ -126,7 +126,11 @@ def router_metrics(inst: dict) -> bytes:
     lines, seen = [], set()
     for model in inst["models"]:
         if status.get(model) == "loaded":
-            text = fetch(inst, f"/metrics?model={urllib.parse.quote(model)}&autoload=false").decode(errors="replace")
+            try:
+                text = fetch(inst, f"/metrics?model={urllib.parse.quote(model)}&autoload=false").decode(errors="replace")
+            except urllib.error.HTTPError:   # unloaded since /models (a swap): not loaded now
+                status[model] = "unloaded"
+                continue
             lines += labelled(text, model, seen)
     lines += ["# HELP rigup_router_model_loaded 1 while the model of the router's set is loaded",
               "# TYPE rigup_router_model_loaded gauge"]

@@ -15,23 +15,29 @@ PACKAGES = r"^(nvidia-|libnvidia-|libcuda1 |firmware-nvidia-gsp )"
 
 
 _PACKAGE = re.compile(r"^(\S+):$")                        # apt-cache policy: a package's section
-_VERSION = re.compile(r"^ (?:\*\*\*|   ) (\S+) -?\d+$")     # its version table: "     VERSION PRIORITY"
+# its version table: "     VERSION PRIORITY" (Ubuntu adds " (phased N%)"), then its sources' lines
+_VERSION = re.compile(r"^ (?:\*\*\*|   ) (\S+) -?\d+(?: \(phased \d+%\))?$")
+_SOURCE = re.compile(r"^ {8}-?\d+ (\S+)")
 MODULES = ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms")
 
 
 def parse_policy(lines: list[str]) -> dict[str, dict]:
     """``apt-cache policy P...``'s output -> {package: {"candidate": its candidate or None,
-    "versions": every version its sources offer, in apt's order}}."""
+    "versions": every version its sources offer, in apt's order (one only installed, whose one
+    source is dpkg's status file, is not offered)}}."""
     out: dict[str, dict] = {}
-    current = None
+    current, version = None, None
     for line in lines:
         if m := _PACKAGE.match(line):
-            current = out.setdefault(m.group(1), {"candidate": None, "versions": []})
+            current, version = out.setdefault(m.group(1), {"candidate": None, "versions": []}), None
         elif current is not None and line.strip().startswith("Candidate:"):
             found = line.split(":", 1)[1].strip()
             current["candidate"] = None if found in ("", "(none)") else found
         elif current is not None and (m := _VERSION.match(line)):
-            current["versions"].append(m.group(1))
+            version = m.group(1)
+        elif version and (m := _SOURCE.match(line)) and m.group(1) != "/var/lib/dpkg/status" \
+                and version not in current["versions"]:
+            current["versions"].append(version)
     return out
 
 

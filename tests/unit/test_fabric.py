@@ -97,6 +97,7 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
              "nvidia-fabricmanager-535:", "  Installed: (none)", "  Candidate: 535.999.01-1", "  Version table:",
              "     535.999.01-1 500", "        500 http://10.213.0.1:8090/_apt ./ Packages",
              "     535.261.03-1 500", "        500 http://10.213.0.1:8090/_apt ./ Packages",
+             "     535.100.01-1 100", "        100 /var/lib/dpkg/status",   # only installed: not offered
              "nvidia-kernel-dkms:", "  Installed: (none)", "  Candidate: 535.309.01-0+deb12u1", "  Version table:",
              " *** 535.309.01-0+deb12u1 500", "        500 http://deb.debian.org/debian bookworm-updates/non-free amd64 "
              "Packages", "        100 /var/lib/dpkg/status",
@@ -108,7 +109,8 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
     print(r.line("hgx-01"))
     assert r.what == ("NVSwitch host: its sources offer nvidia-fabricmanager-535 at 535.999.01-1, 535.261.03-1, "
                       "the driver at 535.309.01-0+deb12u1") and r.check == "driver_fabric"
-    lines[7:7] = ["     535.309.01-0+deb12u1 500"]          # the driver's version too
+    lines[7:7] = ["     535.309.01-0+deb12u1 500 (phased 20%)",          # the driver's version too (Ubuntu phases)
+                  "        500 http://10.213.0.1:8090/_apt ./ Packages"]
     assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
                         data(nvidia_driver_branch=535)) == []
 

@@ -151,7 +151,7 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     config = {**CONFIG, "tripped_file": str(tmp_path / "tripped.json"), "samples_file": str(tmp_path / "s.json"),
               "metrics_file": str(tmp_path / "m.prom"), "units": [], "default": {"temp_c": 85, "draw_w": 800},
               "by_pci_id": {}, "fabric": {"service": "nvidia-fabricmanager.service"}}
-    assert guard.fabric_problem({**config, "fabric": None}, []) is None
+    assert guard.fabric_problem({**config, "fabric": None}, [], []) == (None, True)
     state.write_text("inactive\n")
     assert guard.check(config) == 0
     record = json.loads(Path(config["tripped_file"]).read_text())
@@ -159,11 +159,18 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     print(record["reason"])
     assert record["fabric"] is True and record["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is inactive"
     state.write_text("active\n")                  # running, not registered yet (another version, or starting)
-    assert guard.fabric_problem(config, guard.read_cards(config)[0]) == "8 of 8 cards read fabric In Progress, N/A"
+    assert guard.fabric_problem(config, *guard.read_cards(config)) == ("8 of 8 cards read fabric In Progress, N/A", True)
+    # a read that lost telemetry (a hung nvidia-smi) says nothing of the fabric: neither tripped on nor cleared
+    assert guard.fabric_problem(config, [], ["nvidia-smi did not answer within 3 s"]) == \
+        ("not read (nvidia-smi did not answer within 3 s)", False)
     guard.check(config)
     assert Path(config["tripped_file"]).exists()
     ready.write_text("580.105.08\n")             # registered at the driver's version
-    assert guard.fabric_problem(config, guard.read_cards(config)[0]) is None
+    subprocess.run(["nvidia-smi", "sim", "set", "--hang", "1"], check=True)   # but the cards' read hangs: not cleared
+    guard.check({**config, "smi_timeout_s": 1})
+    assert Path(config["tripped_file"]).exists()
+    subprocess.run(["nvidia-smi", "sim", "set", "--hang", "0"], check=True)
+    assert guard.fabric_problem(config, *guard.read_cards(config)) == (None, True)
     guard.check(config)
     assert not Path(config["tripped_file"]).exists()
     guard.check(config)                          # judged again: serving, the fabric up in the metrics

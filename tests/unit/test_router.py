@@ -31,6 +31,10 @@ def test_a_set_is_served_by_one_router_from_its_preset():
     sections = [ln for ln in text.splitlines() if ln and not ln.startswith(";")]
     assert sections == ["version = 1", "[a]", "model = /srv/models/a/a.gguf", "load-on-startup = true",
                         "[b]", "model = /srv/models/b/b-00001-of-00002.gguf"]
+    # each model's revision in a comment: a new revision of any model of the set restarts the router
+    revised = preset_text("x", found["x"], {"a": "/a.gguf", "b": "/b.gguf"}, {"a": REV, "b": "x\n[evil]"})
+    assert f"; revision {REV}" in revised.splitlines() and "; revision unreadable" in revised.splitlines()
+    assert revised != preset_text("x", found["x"], {"a": "/a.gguf", "b": "/b.gguf"}, {"a": "1" * 40, "b": "x"})
     for hostile in ("/srv/x\n[evil]\nmodel = /etc/shadow", "/srv/a]b.gguf", "relative.gguf", "/srv/a;b.gguf"):
         with pytest.raises(ValueError, match="x: the model file of b has a path the preset cannot hold"):
             preset_text("x", found["x"], {"a": "/srv/a.gguf", "b": hostile})
