@@ -13,7 +13,12 @@ last one left:
   host alone, picked by its name; the gateway's HAProxy is reloaded while lab2 is drained and out
   of the pool: it stays out (the server state is kept across the reload) until the roll puts it back;
 
-each with no failed request and never more than one host out of the pool."""
+each with no failed request and never more than one host out of the pool; then a driver branch
+change rolled two hosts at a time. lab1-2 are a100 hosts (no NVSwitch); lab3-4 are HGX H100 hosts
+(the hgx-h100 profile: 8 cards, 4 NVSwitches) that came with the profile's driver and a fabric
+manager of its version (from the lab's apt repository of stand-in packages, tests/lab/fabric_debs.py,
+as a rented HGX host comes with NVIDIA's): the roll changes their driver and fabric manager
+together (issue 48)."""
 
 import contextlib
 import json
@@ -33,6 +38,8 @@ KEY = "/etc/rigup/llama-server/gemma.key"
 LOAD = (ROOT / "tests/roles/load.py").read_text()
 ENV = {"RIGUP_LAB_GATEWAYS": "lab5"}
 GATEWAY, SERVING = "lab5", ["lab1", "lab2", "lab3", "lab4"]
+HGX = SERVING[2:]     # the hgx-h100 profile's: NVSwitch hosts
+FABRIC = "nvidia-fabricmanager-{b} libnvidia-nscq-{b}"
 HANG = "/etc/systemd/system/rigup-llama@gemma.service.d/zz-test-hang.conf"
 # the gateway's pool from its stats page (roles/balancer's stats frontend): "lab1 UP lab2 MAINT ..."
 # (servers of the gateway's backend gateway-gemma and their status; in the pool when it starts with UP)
@@ -86,10 +93,24 @@ def rack(lab):
     lab5 is their gateway (tests/roles/balancer_only.py); a second converge changes nothing. lab1
     goes first, alone (lab2-4 then find its compiled objects in the lab's ccache); the gateway's
     first converge runs next to lab2-4's (its frontends' gate is answered by lab1)."""
-    lab.up(2, "a100", first=3)
+    from tests.lab import fabric_debs, hub
+
+    lab.up(2, "hgx-h100", first=3)
     lab.up(1, "none", first=5)
     gateway = ("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY)
     try:
+        # the HGX hosts' fabric manager at their driver's version (the profile's), held and running, as
+        # rented; the lab's repository has it there and at the version of Debian's 535 driver (the roll's)
+        driver = on_host(lab, HGX[0], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1").strip()
+        debian_535 = on_host(lab, HGX[0], fabric_debs.CANDIDATE).strip()
+        assert driver.startswith("580.") and debian_535.startswith("535."), (driver, debian_535)
+        fabric_debs.build([f"{driver}-1", debian_535])
+        hub.serve()
+        fm = " ".join(f"{p}={driver}-1" for p in FABRIC.format(b=driver.split(".")[0]).split())
+        with ThreadPoolExecutor(2) as each:
+            list(each.map(lambda n: on_host(lab, n, f"{fabric_debs.source_setup()} && apt-get install -y -qq {fm} "
+                                                    f">/dev/null && apt-mark hold {fm.replace(f'={driver}-1', '')} "
+                                                    ">/dev/null && systemctl enable -q --now nvidia-fabricmanager"), HGX))
         converge("inventory/lab.py", "--limit", "lab1", *data(2048), env=ENV)
         with ThreadPoolExecutor(1) as pool_:
             first = pool_.submit(pyinfra, *gateway, env=ENV)
@@ -323,13 +344,16 @@ DRIVER_PACKAGES = "nvidia-kernel-dkms nvidia-smi libcuda1 nvidia-persistenced"
 
 
 def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
-    """The four serving hosts (driver 580.105.08, the a100 profile's) to nvidia_driver_branch 535,
-    Debian 12's: deploy.py alone refuses it on a serving host; roll.py takes each out of the pool,
+    """The four serving hosts (driver 580.105.08, the a100 and hgx-h100 profiles') to nvidia_driver_branch
+    535, Debian 12's: deploy.py alone refuses it on a serving host; roll.py takes each out of the pool,
     its converge installs Debian's 535 packages (the old module stays loaded: nvidia-smi fails with a
     driver/library mismatch, as a real host's does) and reboots it (its boot id changes), the new
     driver answers, its server is gated, and it goes back in; no request fails. Two hosts at a time
     (rigup_batch 2: the other tests roll one at a time); the roll reaches a rebooted host again
-    REBOOT_S after its reboot (nvidia_driver_reboot_delay)."""
+    REBOOT_S after its reboot (nvidia_driver_reboot_delay). On the HGX hosts the fabric manager moves
+    with the driver, in the same converge: branch 535's at the driver's exact version in (the lab's
+    source offers it at 580.105.08 too), 580's out (its package conflicts), running, and every card's
+    fabric registered before the host goes back in."""
     lab = rack
     branch = ("--data", "nvidia_driver_branch=535")
     refused = pyinfra("inventory/lab.py", "deploy.py", "--limit", "lab4", *data(2048), *branch, env=ENV)
@@ -343,7 +367,12 @@ def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
         drivers = {n: on_host(lab, n, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip()
                    for n in SERVING}
         rebooted = [n for n in SERVING if on_host(lab, n, boot).strip() != before[n]]
-        print(f"drivers after the roll: {drivers}; rebooted: {rebooted}; pool {pool(lab)}")
+        fabric = {n: on_host(lab, n, "dpkg-query -W -f='${Package}=${Version} ${db:Status-Abbrev}\\n' "
+                                     "'nvidia-fabricmanager*' 'libnvidia-nscq*' 2>/dev/null | grep ' .i' | sort; "
+                                     "systemctl is-active nvidia-fabricmanager; nvidia-smi "
+                                     "--query-gpu=fabric.state,fabric.status --format=csv,noheader | sort | uniq -c").split()
+                  for n in HGX}
+        print(f"drivers after the roll: {drivers}; rebooted: {rebooted}; pool {pool(lab)}; HGX hosts' fabric: {fabric}")
         assert rolled["code"] == 0, rolled["out"][-6000:]
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
         assert max(map(len, rolled["out_of_pool"])) == 2          # rigup_batch 2: two hosts at a time
@@ -351,6 +380,11 @@ def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
         assert all(v.startswith("535.") and "\n" not in v for v in drivers.values()), drivers
         assert rebooted == SERVING
         assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "2048")
+        # the HGX hosts: the fabric manager of branch 535 at the driver's version, held; 580's gone
+        for n, f in fabric.items():
+            v = f[0].partition("=")[2]
+            assert v.split("-")[0] == drivers[n] and f == [f"libnvidia-nscq-535={v}", "hi", f"nvidia-fabricmanager-535={v}",
+                                                           "hi", "active", "8", "Completed,", "Success"], fabric
     finally:   # lab1-2 are the session's hosts: back to their own driver (580, the profile's), both at once
         with ThreadPoolExecutor(2) as each:
             list(each.map(lambda name: on_host(

@@ -140,7 +140,7 @@ def test_haproxy_config_and_gateway():
                  "http-check expect status 200", "server lab1 10.0.0.11:8081 check\n",
                  "server lab2 10.0.0.12:8081 check disabled\n", "retry-on conn-failure",
                  "bind 127.0.0.1:8404", "use-service prometheus-exporter", "stats socket /run/haproxy/admin.sock",
-                 "http-request deny deny_status 403 if !METH_GET { path,url_dec -m beg /models }"):   # issue 49
+                 "http-request deny deny_status 403 if !METH_GET { path,url_dec -m sub /models }"):   # issue 49
         assert line in text, line
 
 
