@@ -1,0 +1,110 @@
+"""Several models behind one port on a lab host (issue 49): the session's first host gets a second
+instance, ``duo``, llama-server's router (roles/llama_server with ``also``) serving Gemma 3 270M and
+the smoke model rigup ships (roles/llama_cpp/smoke.gguf, a tiny random llama published on the
+lab's hub) on one port, one model loaded at a time (models_max 1: the lab's budget; its layers
+stay on the CPU, ngl 0, so the VRAM plan of the a100 profile's stand-in cards is not asked until
+the refusal's ngl 99). Requests alternate between the two models and each is answered by the
+model it names, the swap seconds printed; the second converge changes nothing; a set whose two
+largest models cannot be held together is refused at preflight, before any change, naming the
+models and the VRAM. The host is left as group_vars/lab.yml serves it."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import on_host
+from tests.converge import ROOT, converge, pyinfra
+
+pytestmark = pytest.mark.lab
+LAB_VARS = yaml.safe_load((ROOT / "group_vars/lab.yml").read_text())
+SMOKE = ROOT / "roles/llama_cpp/smoke.gguf"
+PORT = 8091
+
+
+def data(models: dict, duo: dict) -> tuple[str, ...]:
+    instances = {**LAB_VARS["llama_server_instances"], "duo": duo}
+    return ("--data", f"models={json.dumps(models)}", "--data", f"llama_server_instances={json.dumps(instances)}")
+
+
+@pytest.fixture(scope="module")
+def duo(lab):
+    from tests.lab import hub
+
+    name = lab.hosts()[0]["name"]
+    revision = hub.publish("rigup-lab/smoke-tiny-GGUF", {"smoke.gguf": SMOKE})
+    models = {**LAB_VARS["models"], "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
+                                             "include": ["*.gguf"], "size_gib": 0.01, "wait": True}}
+    router = {"model": "gemma-270m", "also": ["tiny"], "models_max": 1, "port": PORT, "ctx": 2048, "parallel": 1,
+              "ngl": 0, "min_tokens_per_s": 0}
+    try:
+        first = converge("inventory/lab.py", "--limit", name, *data(models, router))
+        again = converge("inventory/lab.py", "--limit", name, *data(models, router))
+        print(f"\n{name}: duo (router: gemma-270m + tiny) in {first.seconds:.1f} s; again {again.seconds:.1f} s, "
+              f"{again.totals['changed']} changed")
+        yield name, models, router, first, again
+    finally:   # the host as group_vars/lab.yml serves it: duo retired
+        restored = pyinfra("inventory/lab.py", "deploy.py", "--limit", name)
+        assert restored.returncode == 0, restored.output[-3000:]
+
+
+def complete(lab, name: str, model: str) -> tuple[dict, float]:
+    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    start = time.monotonic()
+    out = on_host(lab, name, f"curl -s -m 300 http://127.0.0.1:{PORT}/v1/completions -H 'Content-Type: "
+                             f"application/json' -d '{body}'")
+    return json.loads(out), time.monotonic() - start
+
+
+def test_one_port_serves_both_models_each_from_its_own(lab, duo):
+    name, _, _, _, again = duo
+    assert again.totals["changed"] == 0, again.changed_operations()
+    preset = on_host(lab, name, "stat -c '%U:%G %a' /etc/rigup/llama-server/duo.models.ini; "
+                                "grep -c '^\\[' /etc/rigup/llama-server/duo.models.ini").split()
+    seen = []
+    for model in ["gemma-270m", "tiny", "gemma-270m", "tiny"]:
+        answer, seconds = complete(lab, name, model)
+        seen.append((model, answer.get("model"), round(seconds, 2), bool(answer.get("choices"))))
+    listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models"))
+    status = {m["id"]: m["status"]["value"] for m in listed["data"]}
+    print(f"preset {preset}; requests (asked, answered by, seconds with its swap, text): {seen}; /models: {status}")
+    assert preset == ["root:rigup", "640", "2"]
+    assert [(asked, by, ok) for asked, by, _, ok in seen] == [(m, m, True) for m in ("gemma-270m", "tiny") * 2]
+    assert (status["gemma-270m"], status["tiny"]) == ("unloaded", "loaded")   # models_max 1: the last one asked
+    assert set(status) == {"gemma-270m", "tiny"}     # nothing of a hub cache (LLAMA_CACHE: none)
+
+
+def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
+    """roles/metrics's relay (its router part, run on the host as the relay would) after the
+    alternation: the loaded model's metrics labelled, the set's loaded gauge; the scrape loaded
+    nothing (the other model stays unloaded)."""
+    name = duo[0]
+    relay = (ROOT / "roles/metrics/relay.py").read_text()
+    on_host(lab, name, f"cat > /root/relay.py <<'EOF'\n{relay}\nEOF")
+    inst = json.dumps({"url": f"http://127.0.0.1:{PORT}", "key": None, "models": ["gemma-270m", "tiny"]})
+    text = on_host(lab, name, "cd /root && python3 -c 'import json, sys, relay; "
+                              f"sys.stdout.write(relay.router_metrics(json.loads(sys.argv[1])).decode())' '{inst}'")
+    listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models"))
+    loaded = sorted(line for line in text.splitlines() if line.startswith("rigup_router_model_loaded"))
+    samples = [line for line in text.splitlines() if line.startswith("llamacpp:")]
+    print(f"relay: {len(samples)} samples of llama-server's, e.g. {samples[:2]}; {loaded}")
+    assert loaded == ['rigup_router_model_loaded{model="gemma-270m"} 0', 'rigup_router_model_loaded{model="tiny"} 1']
+    assert samples and all('model="tiny"' in line for line in samples)
+    assert {m["id"]: m["status"]["value"] for m in listed["data"]}["gemma-270m"] == "unloaded"
+
+
+def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
+    name, models, router, _, _ = duo
+    big = {**models, "big-a": {**models["tiny"], "size_gib": 330}, "big-b": {**models["tiny"], "size_gib": 330}}
+    before = on_host(lab, name, "sha256sum /etc/rigup/llama-server/duo.models.ini")
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", name,
+                  *data(big, {**router, "also": ["big-a", "big-b"], "models_max": 2, "ngl": 99}))
+    lines = [ln.strip() for ln in run.output.splitlines() if "refused:" in ln]
+    print("\n".join(lines))
+    assert run.returncode != 0
+    assert any(f"[{name}] refused: the 2 largest models of llama_server_instances.duo do not fit the VRAM together"
+               in ln and "big-a 338.0 GiB + big-b 338.0 GiB" in ln and "GiB of VRAM (8 x 80.0 GiB)" in ln
+               for ln in lines), lines
+    assert on_host(lab, name, "sha256sum /etc/rigup/llama-server/duo.models.ini") == before
