@@ -82,10 +82,11 @@ def balancer_hooks(backend: str, unit: str, port: int, data: dict) -> dict:
     return {"ready": [drain, "ready", backend, unit, str(port)], "drain": [drain, "drain", backend, unit]}
 
 
-def backends_file(backend: str, bind: str, port: int, servers: list[list]) -> None:
+def backends_file(backend: str, bind: str, port: int, servers: list[list], limits: dict | None = None) -> None:
     """The balancer's backends file of a replicated instance (rigup.names.balancer_file): its public
-    ``bind`` and ``port``, and each replica's [unit, loopback address, port]."""
-    text = json.dumps({"bind": bind, "port": port, "servers": servers}, indent=2) + "\n"
+    ``bind`` and ``port``, and each replica's [unit, loopback address, port]; a queued router's
+    ``limits`` too (roles/llama_server command.queue_limits: slots, queue, wait_s)."""
+    text = json.dumps({"bind": bind, "port": port, "servers": servers, **(limits or {})}, indent=2) + "\n"
     dest = balancer_file(backend)
     directory(name=f"Directory {BALANCER_DIR}", path=BALANCER_DIR, paths=[BALANCER_DIR, dest])
     managed(name=f"Balancer backends {backend}", dest=dest, text=text, paths=[BALANCER_DIR, dest])

@@ -107,6 +107,11 @@ OTHER: tuple[Row, ...] = (
                                     "one server (replicas 1, no rpc_workers)"),
     Row("models_max", "int 1..", 1, "router mode (also): models loaded at once (--models-max); beyond it the least "
                                     "recently used is unloaded; the VRAM plan counts that many of the largest"),
+    Row("queue", "int 1.. or null", None, "router mode (also): a bound on waiting requests. HAProxy (roles/balancer) "
+                                          "takes the instance's port, the router moves to 127.0.0.1:port+1; at most "
+                                          "parallel x the set's models at the router, this many more wait (each at most "
+                                          "llama_server_health_timeout s, as long as a load may take), beyond them 429 with "
+                                          "Retry-After; null: no bound (the router queues every request)"),
 )
 # Router mode (``also``): the models' presets, one section per model (roles/llama_server writes it: .format(NAME))
 PRESET = "/etc/rigup/llama-server/{}.models.ini"

@@ -19,6 +19,7 @@ GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>",
 # (its tmpfiles.d makes it at boot, the admin socket's directory), so a boot starts from the config.
 SERVER_STATE = "/run/haproxy/server-state"
 STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/rigup-server-state.conf"
+RETRY_AFTER_S = 5   # what a queued router's 429 (and a queued request's 503) tells a client to wait
 
 
 def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool = False) -> list[dict]:
@@ -63,6 +64,9 @@ def problems(backends: list[dict]) -> list[str]:
             found.append(f"{b['name']!r}: an address is not one: {addresses}")
         if not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
             found.append(f"{b['name']!r}: a port is not one: {ports}")
+        limits = [b[k] for k in ("slots", "queue", "wait_s") if k in b]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 20 for v in limits):
+            found.append(f"{b['name']!r}: a queue limit is not a count: {limits}")
     return found
 
 
@@ -76,12 +80,16 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     per backend a frontend on its bind:port (on a gateway, refusing a request without the fleet's
     key, /health aside, when the backend's ``key``), ``leastconn`` over its servers, health checks on
     /health, retries and redispatch on connection failures only (a generation is never replayed);
-    the servers' state read at start from SERVER_STATE (:func:`state_dropin`)."""
+    the servers' state read at start from SERVER_STATE (:func:`state_dropin`). A queued router's
+    backend (``slots``, ``queue``, ``wait_s``): at most ``slots`` requests at its server, ``queue``
+    more waiting at most ``wait_s`` s, beyond them 429 with Retry-After (a queued request that
+    waited too long: 503 with it)."""
     rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
                      servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3]] for s in b["servers"]]) for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,
-                  timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"])
+                  timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"],
+                  retry_after=RETRY_AFTER_S)
 
 
 def state_dropin(drain: str) -> str:

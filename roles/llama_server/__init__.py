@@ -78,7 +78,8 @@ from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
-from roles.llama_server.command import KEY, NO_CACHE, backend_name, dropin_text, preset_text, render, servers
+from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text, fronted, preset_text, queue_limits,
+                                       queued, render, servers)
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import chosen
 from roles.llama_server.schema import LlamaInstance, instances
@@ -174,7 +175,7 @@ def apply(plan: Plan, data: Config):
             for name, inst in wanted.items()}   # a router's other models
     units = {s["unit"]: [markers[name], name, *also[name]] for name, srv in plans.items() for s in srv}
     build_link = f"{data['llama_cpp_dir']}/current"
-    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
+    replicated = sorted(name for name, srv in plans.items() if fronted(wanted[name], srv))
     if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
         retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
                 wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
@@ -189,12 +190,13 @@ def apply(plan: Plan, data: Config):
     unlock = waits_for_unlock("llama-server", wanted, plan, data)
     for name, srv in sorted(plans.items()):
         inst = wanted[name]
-        if len(srv) > 1:
+        if fronted(inst, srv):
             backends_file(backend_name(name), inst["host"], inst["port"],
-                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv],
+                          queue_limits(inst, data["llama_server_health_timeout"]) if queued(inst) else None)
         for server in srv:
             hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
-                if len(srv) > 1 else None
+                if fronted(inst, srv) else None
             rpc = [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]]
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],

@@ -39,6 +39,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
                            serving_ports)
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
+from roles.llama_server.command import queued
 from roles.llama_server.replicas import layout_text, need_gib, sized
 from roles.llama_server.schema import LlamaInstance, instances
 
@@ -103,6 +104,10 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     found = []
     for name, (inst, lay) in layouts(plan, data).items():
         where = f"llama_server_instances.{name}"
+        if lay.replicas == 1 and queued(inst):   # a router behind its queue: HAProxy on the port, the router on +1
+            found += [Port(inst["port"], f"{where} (its queue)", ("haproxy", "llama-server")),
+                      Port(replica_port(inst, 0), f"{where} (its router)", ("llama-server",))]
+            continue
         if lay.replicas == 1:
             balanced = had_replicas("rigup-llama", name, plan.get("serving_units") or [])
             found.append(Port(inst["port"], where, ("llama-server", "haproxy") if balanced else ("llama-server",)))

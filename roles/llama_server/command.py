@@ -59,6 +59,23 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
     return "\n".join(lines) + "\n"
 
 
+def queued(inst: LlamaInstance) -> bool:
+    """A router with a bounded queue (``also`` and ``queue``): HAProxy on its port, the router behind it."""
+    return bool(inst.get("also")) and inst.get("queue") is not None
+
+
+def fronted(inst: LlamaInstance, srv: list[dict]) -> bool:
+    """Whether HAProxy (roles/balancer) takes the instance's port: replicas, or a router's queue."""
+    return len(srv) > 1 or queued(inst)
+
+
+def queue_limits(inst: LlamaInstance, wait_s: int) -> dict:
+    """A queued router's limits in its backends file: ``slots`` (requests at the router at once:
+    parallel x the set's models, so that it sees a request for each and loads in its own order),
+    ``queue`` (more that wait at HAProxy, each at most ``wait_s``; beyond them 429)."""
+    return {"slots": int(inst["parallel"]) * (1 + len(inst["also"])), "queue": int(inst["queue"]), "wait_s": int(wait_s)}
+
+
 def backend_name(name: str) -> str:
     """The HAProxy backend of a replicated instance (roles/balancer's config, the drain helper)."""
     return f"llama-{name}"
@@ -74,7 +91,8 @@ def servers(name: str, inst: LlamaInstance, lay) -> list[dict]:
     if lay.replicas == 1:   # one server over every GPU, as before: pinned only to put a downtrained card last
         group = lay.groups[0] if lay.gpu and lay.groups else []
         moved = order(group) != group
-        return [{"unit": name, "inst": inst, "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
+        return [{"unit": name, "inst": replica_inst(inst, 0) if queued(inst) else inst,   # a router behind its queue
+                 "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
     return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
              "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if lay.gpu else {}}
             for k, group in enumerate(lay.groups)]

@@ -47,6 +47,7 @@ class LlamaInstance(ServingInstance):
     rpc_workers: list[str]
     also: list[str]
     models_max: int
+    queue: int | None
 
 
 LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
@@ -69,8 +70,8 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
     if entry.get("model") in also or len(set(also)) < len(also):
         found.append((f"{where}.also", f"names a model twice ({', '.join(also)}; the instance's own: {entry.get('model')})"))
     if not also:
-        return found + ([(f"{where}.models_max", "router mode only: give also, the other models of the set")]
-                        if entry.get("models_max", 1) != 1 else [])
+        return found + [(f"{where}.{k}", "router mode only: give also, the other models of the set")
+                        for k, plain in (("models_max", 1), ("queue", None)) if entry.get(k, plain) != plain]
     if entry.get("models_max", 1) > 1 + len(also):
         found.append((f"{where}.models_max", f"{entry['models_max']} for a set of {1 + len(also)} models"))
     if entry.get("replicas", 1) != 1 or entry.get("rpc_workers"):

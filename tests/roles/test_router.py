@@ -108,3 +108,57 @@ def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
                in ln and "big-a 338.0 GiB + big-b 338.0 GiB" in ln and "GiB of VRAM (8 x 80.0 GiB)" in ln
                for ln in lines), lines
     assert on_host(lab, name, "sha256sum /etc/rigup/llama-server/duo.models.ini") == before
+
+
+CLIENT = r'''
+import json, sys, threading, time, urllib.error, urllib.request
+n, port = int(sys.argv[1]), int(sys.argv[2])
+models, out = ["gemma-270m", "tiny"], []
+def one(i):
+    body = json.dumps({"model": models[i % 2], "prompt": "The capital of France is", "max_tokens": 4}).encode()
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                    {"Content-Type": "application/json"}), timeout=900) as r:
+            by = json.load(r).get("model")
+            out.append({"code": r.status, "ok": by == models[i % 2], "s": time.monotonic() - start})
+    except urllib.error.HTTPError as e:
+        out.append({"code": e.code, "retry_after": e.headers.get("Retry-After"), "s": time.monotonic() - start})
+    except Exception as e:
+        out.append({"code": 0, "error": repr(e)[:200], "s": time.monotonic() - start})
+threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(out))
+'''
+
+
+def test_a_bounded_queue_serves_what_it_holds_and_answers_429_beyond(lab, duo):
+    """``queue: 20``: HAProxy takes the router's port (the router behind it on port+1), 2 requests at
+    the router (parallel 1 x 2 models), 20 more waiting. 20 concurrent requests over both models:
+    every one answered by its own model, the longest wait printed; 40 at once: those beyond the
+    queue get 429 with Retry-After, counted, the others are answered."""
+    name, models, router, _, _ = duo
+    queued = {**router, "queue": 20}
+    run = converge("inventory/lab.py", "--limit", name, *data(models, queued))
+    again = converge("inventory/lab.py", "--limit", name, *data(models, queued))
+    owners = on_host(lab, name, f"ss -Htlnp 'sport = :{PORT}' | grep -o 'users:((\"[a-z-]*' | sort -u; "
+                                f"ss -Htlnp 'sport = :{PORT + 1}' | grep -o 'users:((\"[a-z-]*' | sort -u")
+    on_host(lab, name, f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF")
+    results = {}
+    for n in (20, 40):
+        start = time.monotonic()
+        got = json.loads(on_host(lab, name, f"python3 /root/client.py {n} {PORT}").strip().splitlines()[-1])
+        results[n] = {"seconds": round(time.monotonic() - start, 1), "codes": sorted({r["code"] for r in got}),
+                      "answered": sum(r["code"] == 200 for r in got), "right_model": sum(bool(r.get("ok")) for r in got),
+                      "429": sum(r["code"] == 429 for r in got),
+                      "retry_after": sorted({r.get("retry_after") for r in got if r["code"] == 429}),
+                      "longest_wait_s": round(max(r["s"] for r in got if r["code"] == 200), 2),
+                      "errors": [r for r in got if r["code"] not in (200, 429)][:3]}
+    print(f"\nqueue 20: converge {run.seconds:.1f} s, again {again.totals['changed']} changed; listeners {owners.split()}; "
+          f"20 concurrent: {results[20]}; 40 at once: {results[40]}")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    assert owners.split() == ['users:(("haproxy', 'users:(("llama-server']
+    assert results[20]["answered"] == results[20]["right_model"] == 20 and results[20]["errors"] == []
+    assert results[40]["429"] >= 1 and results[40]["retry_after"] == ["5"] and results[40]["errors"] == []
+    assert results[40]["answered"] == results[40]["right_model"] == 40 - results[40]["429"] >= 20

@@ -67,3 +67,35 @@ def test_a_set_is_planned_against_the_vram_its_largest_models_need_together():
     alone = check_set_vram(plan, facts, router(also=["huge"]))
     assert alone[0].what == "model huge of llama_server_instances.x.also does not fit the VRAM alone"
     assert check_set_vram(plan, facts, router(also=["b", "c"], models_max=2, ngl=0)) == []   # layers on the CPU
+
+
+def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
+    """``queue``: the router on 127.0.0.1:port+1 behind HAProxy (roles/balancer) on the instance's
+    port, parallel x the set's models at the router, ``queue`` more waiting at most the health
+    timeout, beyond them 429 with Retry-After; both ports claimed at preflight."""
+    from roles.balancer.config import haproxy_cfg, problems
+    from roles.llama_server.checks import ports
+    from roles.llama_server.command import queue_limits, queued, servers
+    from roles.llama_server.replicas import chosen
+    found, _ = instances(router(queue=20, parallel=2, host="0.0.0.0", api_key=True))
+    inst = found["x"]
+    plan, _ = host("a100")
+    srv = servers("x", inst, chosen(inst, MODELS["a"], plan, data())[1])
+    assert queued(inst) and [(s["unit"], s["inst"]["host"], s["inst"]["port"]) for s in srv] == [("x", "127.0.0.1", 8082)]
+    assert queue_limits(inst, 600) == {"slots": 4, "queue": 20, "wait_s": 600}
+    claimed = [(p.port, p.where, p.owners) for p in ports(plan, router(queue=20))]
+    assert claimed == [(8081, "llama_server_instances.x (its queue)", ("haproxy", "llama-server")),
+                       (8082, "llama_server_instances.x (its router)", ("llama-server",))]
+    backend = {"name": "llama-x", "bind": "0.0.0.0", "port": 8081, "servers": [["x", "127.0.0.1", 8082]],
+               **queue_limits(inst, 600)}
+    assert problems([backend]) == [] and problems([{**backend, "queue": "20; evil"}]) != []
+    text = haproxy_cfg([backend], data())
+    print(text[text.index("frontend llama-x"):])
+    for line in ('http-request return status 429 content-type text/plain string "queue full" hdr Retry-After 5 '
+                 "if { queue(llama-x) ge 20 }", "http-after-response set-header Retry-After 5 if { status 503 }",
+                 "timeout queue 600s", "server x 127.0.0.1:8082 check maxconn 4\n"):
+        assert line in text, line
+    plain = haproxy_cfg([{k: v for k, v in backend.items() if k not in ("slots", "queue", "wait_s")}], data())
+    assert "429" not in plain and "maxconn" not in plain and "timeout queue 600s" not in plain
+    _, problems_ = instances(router(also=[], queue=5))
+    assert ("llama_server_instances.x.queue", "router mode only: give also, the other models of the set") in problems_
