@@ -54,7 +54,7 @@ from rigup.state import read_once, reading
 from rigup.text import shown
 from roles.nvidia_driver.checks import CHECKS
 from roles.nvidia_driver.facts import DriverHost
-from roles.nvidia_driver.packages import PIN_FILE, PINNED, at_branch, driver_packages, preferred_modules
+from roles.nvidia_driver.packages import PIN_FILE, PINNED, at_branch, driver_packages, other_fabric, preferred_modules
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
 
@@ -111,7 +111,9 @@ def _driver_lines(plan: Plan, data: Config) -> list[str]:
 @operation()
 def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe: str, headers: str | None):
     """``packages`` installed at ``branch`` and held (with ``headers``, the running kernel's headers
-    package, when given and missing); apt's candidate of ``probe`` checked to be of the branch first."""
+    package, when given and missing); apt's candidate of ``probe`` checked to be of the branch first.
+    Another branch's fabric manager (held with its driver) is unheld and taken out in the same
+    apt transaction: it conflicts with the new branch's."""
     state = read_once(DriverHost)
     installed = state["packages"]
     missing = at_branch(installed, packages, branch, versioned)
@@ -131,6 +133,10 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
                    "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module version' "
                    f"{shlex.quote('Package: ' + PINNED)} \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
         extra = f" {shlex.quote(headers)}" if headers else ""
+        old = other_fabric(installed, packages)   # another branch's fabric manager: out in the same transaction
+        if old:
+            yield f"apt-mark unhold {' '.join(shlex.quote(p) for p in old)} >/dev/null"
+            extra += "".join(f" {shlex.quote(p + '-')}" for p in old)
         yield apt.waiting(apt.noninteractive_apt(
             f"install --no-install-recommends --allow-change-held-packages {names}{extra}"), timeout)
     yield f"apt-mark hold {names} >/dev/null"

@@ -13,6 +13,8 @@ headless packages, as NVIDIA's own Ansible role installs them.
 
 from __future__ import annotations
 
+import re
+
 
 PIN_FILE = "/etc/apt/preferences.d/rigup-nvidia-driver"
 # The packages PIN_FILE pins to the kernel module's version: the driver's family by name, globs
@@ -25,6 +27,16 @@ PINNED = "nvidia-* libnvidia-* libcuda1 firmware-nvidia-gsp"
 def preferred_modules(os_id: str) -> tuple[str, ...]:
     """The module flavours ``nvidia_driver_modules: auto`` tries, best first, on ``os_id``."""
     return ("proprietary", "open") if os_id == "debian" else ("open", "proprietary")
+
+
+FABRIC_PACKAGE = re.compile(r"(?:nvidia-fabricmanager|libnvidia-nscq)-[0-9]{3}")   # a branch's, of either
+
+
+def other_fabric(installed: dict, packages: list[str]) -> list[str]:
+    """The fabric manager packages of another branch installed (``installed``: DriverHost's
+    packages), which a branch change replaces in the same apt transaction: rigup holds them with the
+    driver, and held, apt would not take them out for the new branch's (they conflict)."""
+    return sorted(p for p in installed if FABRIC_PACKAGE.fullmatch(p) and p not in packages)
 
 
 def driver_packages(os_id: str, branch: int, modules: str, nvswitch: bool = False) -> dict | None:

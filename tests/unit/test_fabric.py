@@ -134,3 +134,15 @@ def test_nvlinks_per_card_are_read_and_named_in_the_plan():
     whole = fabric.parse_nvlinks([ln.replace("<inactive>", "25 GB/s") for ln in NVLINK_A100])
     assert fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], {**manager, "nvlinks": whole})) \
         == "fabric:    6 x NVSwitch, fabric manager 580.105.08 active, 12 NVLinks up per GPU"
+
+
+def test_a_branch_change_takes_the_old_branchs_fabric_manager_out_in_the_same_transaction():
+    """issue 48, found by the lab's driver roll on NVSwitch hosts: the old branch's fabric manager,
+    held with its driver, conflicts with the new one's and apt will not take a held package out
+    ('pkgProblemResolver::Resolve generated breaks'): rigup unholds it and names it for removal."""
+    from roles.nvidia_driver.packages import other_fabric
+    installed = {p: {"version": "580.105.08-1", "held": True}
+                 for p in ("nvidia-fabricmanager-580", "libnvidia-nscq-580", "nvidia-smi", "nvidia-fabricmanager-dev-580")}
+    wanted = driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"]
+    assert other_fabric(installed, wanted) == ["libnvidia-nscq-580", "nvidia-fabricmanager-580"]
+    assert other_fabric({p: {} for p in wanted}, wanted) == []
