@@ -78,6 +78,30 @@ def bounded_read(answer, deadline: float) -> bytes:
         pieces.append(piece)
 
 
+def tokens_served(url: str, key: str | None = None, timeout: float = 10) -> float | None:
+    """``llamacpp:tokens_predicted_total`` of llama-server's /metrics at ``url``, or None when it
+    cannot be read. A /metrics read neither wakes a sleeping server (it answers from the last
+    values) nor counts as a request for its idle timer (llama.cpp server-queue.cpp); raises
+    nothing for what a server answers."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/metrics")
+    if key:
+        request.add_unredirected_header("Authorization", f"Bearer {key}")
+    try:
+        with _OPENER.open(request, timeout=timeout) as answer:
+            text = bounded_read(answer, time.monotonic() + timeout).decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "llamacpp:tokens_predicted_total":
+            try:
+                count = float(value.split()[0])
+            except (IndexError, ValueError):
+                return None
+            return count if math.isfinite(count) and count >= 0 else None
+    return None
+
+
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
                model: str | None = None) -> dict:
     """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):

@@ -85,6 +85,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("reasoning_budget", "int -1.. or null", None, ("--reasoning-budget",),
          "tokens a reasoning model may think before its answer is forced (0: no thinking, -1: unlimited); null: "
          "llama.cpp's -1", since="2025 as -1 or 0; a budget of N tokens since 2026 (llama-swap#584)"),
+    Flag("sleep_idle_s", "int 1.. or null", None, ("--sleep-idle-seconds",),
+         "the model and its KV cache leave the GPUs after this many seconds without a request and load again on "
+         "the next (which waits for the load; a router's models each on their own); null: never. The throughput "
+         "watchdog then judges the server only after requests were served since its last check (read from /metrics, "
+         "which neither wakes it nor counts as a request): it never wakes it; needs metrics",
+         since="PR #18228 (2025-12)"),
 )
 
 # The instance's keys that are no flag of their own (after rigup/contract's SERVING, the keys of every

@@ -36,6 +36,7 @@ class LlamaInstance(ServingInstance):
     cache_type_k: str | None
     cache_type_v: str | None
     cache_ram: int | None
+    sleep_idle_s: int | None
     split_mode: str
     tensor_split: str | None
     main_gpu: int | None
@@ -67,6 +68,8 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
     own; ``models_max`` at most the models of the set; one server (replicas 1, no rpc_workers)."""
     also = entry.get("also") or []
     found = [(f"{where}.also", unknown_reference(m, declared, "models")) for m in also if m not in declared]
+    if entry.get("sleep_idle_s") is not None and not entry.get("metrics", True):   # the watchdog reads it
+        found.append((f"{where}.sleep_idle_s", "needs metrics: true (the watchdog tells a sleeping server from /metrics)"))
     if entry.get("model") in also or len(set(also)) < len(also):
         found.append((f"{where}.also", f"names a model twice ({', '.join(also)}; the instance's own: {entry.get('model')})"))
     if not also:

@@ -82,7 +82,8 @@ def watched(data: Config) -> dict[str, dict]:
         if floor != 0 and isinstance(inst["port"], int) and not inst.get("also"):
             found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"],
                            "key": inst["key"],
-                           "floor": None if floor is None else float(floor)}
+                           "floor": None if floor is None else float(floor),
+                           **({"sleeps": True} if inst.get("sleep_idle_s") else {})}   # judged when it served
     return found
 
 

@@ -259,6 +259,27 @@ def failure(e: BaseException, config: dict) -> tuple[str, str]:
     return "bad", f"the check failed: {type(e).__name__}: {e}"
 
 
+def _key(inst: dict) -> str | None:
+    try:
+        return throughput.read_key(inst.get("key"))
+    except OSError:
+        return None
+
+
+def idle(server: dict, inst: dict, record: dict) -> bool:
+    """Whether a server that may sleep (its instance's ``sleep_idle_s``) served nothing since the
+    last check: its tokens served (/metrics, which neither wakes it nor resets its idle timer)
+    are where that check left them. Such a server is not judged: a completion would wake it, or
+    keep it from sleeping, and its load would look like a slow server."""
+    served = throughput.tokens_served(server["url"], _key(inst))
+    if served is not None and served == record.get("served"):
+        log(6, f"rigup-watchdog: {server['server']}: not judged: no request served since the last check "
+               "(it may be asleep: sleep_idle_s)")
+        return True
+    record["served"] = served
+    return False
+
+
 def measure(server: dict, inst: dict, config: dict) -> dict:
     """One sample of the server: ``{"tps"}`` from a whole completion, else ``{"tps": None, "kind":
     "starting" or "bad", "why"}`` (:func:`failure`); never raises for what a server answers."""
@@ -414,7 +435,11 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
         log(5, f"rigup-watchdog: {name}: not judged: its restart by the watchdog has not begun yet")
         return None
     gated = passed_gate(server, record, config, started)
+    if inst.get("sleeps") and idle(server, inst, record):   # sleep_idle_s: a check must not wake it
+        return None
     sample = measure(server, inst, config)
+    if inst.get("sleeps"):   # its own completion is not a request of a client's
+        record["served"] = throughput.tokens_served(server["url"], _key(inst))
     if not gated and sample["tps"] is not None:
         record["passed_at"] = round(now, 3)     # its first whole completion since its start: its gate
     if not gated and started is not None and now - started < grace:

@@ -22,9 +22,10 @@ ROWS = {f.key: f for f in contract.FLAGS}
 SET = {"ctx": 8192, "parallel": 2, "ngl": 12, "flash_attn": "on", "split_mode": "row", "jinja": False, "batch": 4096,
        "ubatch": 1024, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "cache_ram": 0, "n_cpu_moe": 3, "main_gpu": 1,
        "tensor_split": "1,1", "metrics": False, "cache_reuse": 256,
-       "reasoning_budget": 1024}
+       "reasoning_budget": 1024, "sleep_idle_s": 300}
 # the flags added by a row and a test alone (issue 46): key -> (value, what the command line gets)
-NEW_FLAGS = {"cache_reuse": (256, ["--cache-reuse", "256"]), "reasoning_budget": (0, ["--reasoning-budget", "0"])}
+NEW_FLAGS = {"cache_reuse": (256, ["--cache-reuse", "256"]), "reasoning_budget": (0, ["--reasoning-budget", "0"]),
+             "sleep_idle_s": (300, ["--sleep-idle-seconds", "300"])}
 
 
 def entry(**inst) -> dict:

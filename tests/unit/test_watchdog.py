@@ -545,3 +545,28 @@ def test_sigterm_while_systemctl_hangs_saves_the_state(engines, tmp_path, monkey
     assert proc.returncode == 1 and "stopped by signal 15" in out
     assert host.state()["a"]["last_tps"] > FLOOR and host.state()["b"] == {"bad": 0, "restarts": 0,
                                                                            "unit": "rigup-llama@b.service"}
+
+
+def test_a_server_that_may_sleep_is_judged_only_after_it_served(tmp_path, monkeypatch, capsys):
+    """issue 49: an instance with sleep_idle_s (``sleeps``) is judged only when clients were served
+    since the last check (its /metrics' tokens, which neither wake it nor reset its idle timer): a
+    check of an idle server sends nothing (it would wake it, or keep it from sleeping); its own
+    completion does not count as a client's; a slow server that serves is still restarted."""
+    host = FakeHost(tmp_path, monkeypatch)
+    url, proc = start_stub(tps=20)           # below FLOOR when measured
+    try:
+        host.serve("gemma", url, started_ago=OLD, gated_ago=OLD)
+        host.config["instances"]["gemma"]["sleeps"] = True
+        served = lambda: throughput.tokens_served(url)   # noqa: E731
+        log = host.check(capsys)              # first sight: measured (nothing to compare with)
+        after_first = served()
+        log += host.check(capsys) + host.check(capsys)   # nobody asked since: not judged, nothing sent
+        idle_checks = log.count("no request served since the last check")
+        assert served() == after_first and idle_checks == 2 and host.calls("restart") == []
+        throughput.completion(url, None, 8)   # a client
+        log += host.check(capsys)             # judged: slow (2nd bad check in a row with the first)
+        print(log + host.counts())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert host.calls("restart") == ["rigup-llama@gemma.service"]
