@@ -137,7 +137,7 @@ def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int)
                                                        "%{http_code}", url), print_output=False, print_input=False)
         return out.stdout.strip() if ok else ""
 
-    for b in backends:
+    for b in (b for b in backends if not b.get("route")):   # a router model's backend has no frontend
         url = endpoint(b["bind"], b["port"]) + "/health"
         try:
             retry(stop=stop_after_delay(timeout), wait=wait_fixed(1),

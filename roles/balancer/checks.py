@@ -34,7 +34,8 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     replicated = any(s["entry"].get("replicas", 1) != 1 for s in served(data))   # both engines' default: 1
     stats = [Port(data["balancer_stats_port"], "balancer_stats_port", ("haproxy",))] \
         if gateway or replicated else []
-    return stats + [Port(b["port"], f"balancer_gateway ({b['name']})", ("haproxy",)) for b in gateway]
+    return stats + [Port(b["port"], f"balancer_gateway ({b['name']})", ("haproxy",)) for b in gateway
+                    if not b.get("route")]   # a router model's backend: its instance's frontend
 
 
 def check_systemd(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

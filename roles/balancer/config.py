@@ -32,6 +32,7 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     has api_key)."""
     found: dict[str, list] = {}
     keyed: set[str] = set()
+    sets: dict[str, dict[str, list[str]]] = {}   # a router's models (llama-server's also): model -> its hosts
     for host_name, data in sorted(hosts.items()):
         if host_name == me or data.get("balancer_gateway"):
             continue
@@ -41,12 +42,34 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
                                                        bool(data.get("rigup_maintenance"))])
             if fleet_key and inst["api_key"]:
                 keyed.add(inst["name"])
+            if inst["entry"].get("also") and inst["var"] == "llama_server_instances":
+                for model in [inst["model"], *inst["entry"]["also"]]:
+                    sets.setdefault(inst["name"], {}).setdefault(model, []).append(host_name)
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
         port = min(set(ports), key=lambda p: (-ports.count(p), p))
         out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers,
                     "key": name in keyed})
+        for model, home in homes(sets.get(name, {})).items():
+            out.append({"name": f"gateway-{name}.{model}", "bind": bind, "port": port, "key": name in keyed,
+                        "route": {"of": f"gateway-{name}", "model": model},
+                        "servers": [[*s[:4], s[0] not in home] for s in servers]})
+    return out
+
+
+def homes(models: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Where a gateway sends each model of a router (model -> the hosts that have it, in the set's
+    order): its home hosts, the others being its backups. Each model gets its own hosts where there
+    are as many hosts as models (hosts 0, k, 2k... of k models for the first), so that each stays
+    loaded where it is asked for instead of being swapped in and out everywhere; with fewer hosts
+    than models, they share them in turn."""
+    out = {}
+    for i, (model, hosts) in enumerate(models.items()):
+        ordered = sorted(hosts)
+        k = len(models)
+        own = {h for j, h in enumerate(ordered) if j % k == i % k} if len(ordered) >= k else {ordered[i % len(ordered)]}
+        out[model] = own
     return out
 
 
@@ -83,9 +106,14 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     the servers' state read at start from SERVER_STATE (:func:`state_dropin`). A queued router's
     backend (``slots``, ``queue``, ``wait_s``): at most ``slots`` requests at its server, ``queue``
     more waiting at most ``wait_s`` s, beyond them 429 with Retry-After (a queued request that
-    waited too long: 503 with it)."""
+    waited too long: 503 with it). A gateway's router instance (``route`` backends, one per model of
+    its set: :func:`homes`): the frontend reads the request's ``model`` and sends it to that model's
+    backend, its home hosts first, the others as backups."""
     rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
-                     servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3]] for s in b["servers"]]) for b in backends]
+                     servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3], len(s) > 4 and s[4]]
+                              for s in b["servers"]],
+                     routes=[(r["route"]["model"], r["name"]) for r in backends if (r.get("route") or {}).get("of") == b["name"]])
+                for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"],

@@ -48,6 +48,7 @@ def test_a_set_is_served_by_one_router_from_its_preset():
     ({"also": [], "models_max": 2}, ("llama_server_instances.x.models_max", "router mode only")),
     ({"replicas": 2}, ("llama_server_instances.x.also", "no replicas, no rpc_workers")),
     ({"also": ["b; rm -rf /"]}, ("llama_server_instances.x.also", "")),
+    ({"sleep_idle_s": 60, "metrics": False}, ("llama_server_instances.x.sleep_idle_s", "needs metrics: true")),
 ])
 def test_a_set_that_cannot_be_is_refused_by_key_path(inst, problem):
     _, problems = instances(router(**inst))
@@ -99,3 +100,30 @@ def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     assert "429" not in plain and "maxconn" not in plain and "timeout queue 600s" not in plain
     _, problems_ = instances(router(also=[], queue=5))
     assert ("llama_server_instances.x.queue", "router mode only: give also, the other models of the set") in problems_
+
+
+def test_a_gateway_sends_each_model_of_a_router_to_the_hosts_it_stays_loaded_on():
+    """A fleet of routers behind a gateway: one backend per model of the set, its home hosts first
+    (each model its own hosts where there are as many hosts as models), the others backups (a
+    drained or failed home host: the model is still served, with a swap); the frontend reads the
+    request's model; roll.py drains a host in every backend that holds it."""
+    from roles.balancer.checks import ports
+    from roles.balancer.config import gateway_backends, haproxy_cfg, homes
+    from rigup.refusal import Fleet
+    assert homes({"a": ["h2", "h1"], "b": ["h1", "h2"]}) == {"a": {"h1"}, "b": {"h2"}}
+    assert homes({"a": ["h1", "h2", "h3"], "b": ["h1", "h2", "h3"]}) == {"a": {"h1", "h3"}, "b": {"h2"}}
+    assert homes({"a": ["h1"], "b": ["h1"], "c": ["h1"]}) == {"a": {"h1"}, "b": {"h1"}, "c": {"h1"}}
+    duo = {"model": "a", "also": ["b"], "port": 8091}
+    hosts = {"gw": {"balancer_gateway": True}, **{f"lab{i}": {"ssh_hostname": f"10.0.0.1{i}",
+                                                              "llama_server_instances": {"duo": duo}} for i in (1, 2)}}
+    gateway = gateway_backends("gw", hosts, "0.0.0.0")
+    assert [(b["name"], [s[0] for s in b["servers"] if not s[4]] if b.get("route") else None) for b in gateway] == [
+        ("gateway-duo", None), ("gateway-duo.a", ["lab1"]), ("gateway-duo.b", ["lab2"])]
+    text = haproxy_cfg(gateway, data())
+    for line in ("option http-buffer-request", "use_backend gateway-duo.b if { var(txn.model) -m str b }",
+                 "http-request set-var(txn.model) req.body,json_query('$.model') if { method POST }",
+                 "server lab1 10.0.0.11:8091 check backup\n"):
+        assert line in text, line
+    assert text.count("frontend gateway-duo") == 1
+    fleet = Fleet("gw", hosts)
+    assert [p.port for p in ports({}, data(balancer_gateway=True), fleet) if p.port == 8091] == [8091]
