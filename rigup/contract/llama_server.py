@@ -115,7 +115,7 @@ OTHER: tuple[Row, ...] = (
                                     "recently used is unloaded; the VRAM plan counts that many of the largest"),
     Row("queue", "int 1.. or null", None, "router mode (also): a bound on waiting requests. HAProxy (roles/balancer) "
                                           "takes the instance's port, the router moves to 127.0.0.1:port+1; at most "
-                                          "parallel x the set's models at the router, this many more wait (each at most "
+                                          "parallel x models_max at the router, this many more wait (each at most "
                                           "llama_server_health_timeout s, as long as a load may take), beyond them 429 with "
                                           "Retry-After; null: no bound (the router queues every request)"),
 )

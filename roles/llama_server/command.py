@@ -71,9 +71,12 @@ def fronted(inst: LlamaInstance, srv: list[dict]) -> bool:
 
 def queue_limits(inst: LlamaInstance, wait_s: int) -> dict:
     """A queued router's limits in its backends file: ``slots`` (requests at the router at once:
-    parallel x the set's models, so that it sees a request for each and loads in its own order),
-    ``queue`` (more that wait at HAProxy, each at most ``wait_s``; beyond them 429)."""
-    return {"slots": int(inst["parallel"]) * (1 + len(inst["also"])), "queue": int(inst["queue"]), "wait_s": int(wait_s)}
+    parallel x models_max, what its loaded models serve at once), ``queue`` (more that wait at
+    HAProxy, each at most ``wait_s``; beyond them 429). Not more at the router: requests for more
+    models than it may hold at once make it evict a model under a request, and in the lab such a
+    request failed with HTTP 500 after the child's 10 s stop timeout (llama.cpp's router, b8779's
+    tree)."""
+    return {"slots": int(inst["parallel"]) * int(inst["models_max"]), "queue": int(inst["queue"]), "wait_s": int(wait_s)}
 
 
 def backend_name(name: str) -> str:

@@ -29,14 +29,19 @@ def data(models: dict, duo: dict) -> tuple[str, ...]:
     return ("--data", f"models={json.dumps(models)}", "--data", f"llama_server_instances={json.dumps(instances)}")
 
 
-@pytest.fixture(scope="module")
-def duo(lab):
+def models_with_tiny() -> dict:
+    """group_vars/lab.yml's models and ``tiny``: the smoke model, published on the lab's hub."""
     from tests.lab import hub
 
-    name = lab.hosts()[0]["name"]
     revision = hub.publish("rigup-lab/smoke-tiny-GGUF", {"smoke.gguf": SMOKE})
-    models = {**LAB_VARS["models"], "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
-                                             "include": ["*.gguf"], "size_gib": 0.01, "wait": True}}
+    return {**LAB_VARS["models"], "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
+                                           "include": ["*.gguf"], "size_gib": 0.01, "wait": True}}
+
+
+@pytest.fixture(scope="module")
+def duo(lab):
+    name = lab.hosts()[0]["name"]
+    models = models_with_tiny()
     router = {"model": "gemma-270m", "also": ["tiny"], "models_max": 1, "port": PORT, "ctx": 2048, "parallel": 1,
               "ngl": 0, "min_tokens_per_s": 0}
     try:
@@ -110,6 +115,24 @@ def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
     assert on_host(lab, name, "sha256sum /etc/rigup/llama-server/duo.models.ini") == before
 
 
+def test_an_idle_model_sleeps_and_a_request_wakes_it(lab, duo):
+    """sleep_idle_s 2 on the router (each child inherits it): the loaded model sleeps once idle and
+    a request wakes it (the wake's seconds printed: a load from the page cache). The watchdog's side
+    (it never wakes a sleeping server): tests/unit/test_watchdog.py."""
+    name, models, router, _, _ = duo
+    converge("inventory/lab.py", "--limit", name, *data(models, {**router, "sleep_idle_s": 2}))
+    complete(lab, name, "gemma-270m")
+    status = f"curl -s 'http://127.0.0.1:{PORT}/models' | python3 -c 'import json, sys; " \
+             "print({m[\"id\"]: m[\"status\"][\"value\"] for m in json.load(sys.stdin)[\"data\"]})'"
+    time.sleep(5)
+    asleep = on_host(lab, name, status).strip()
+    answer, seconds = complete(lab, name, "gemma-270m")
+    awake = on_host(lab, name, status).strip()
+    print(f"after 5 s idle: {asleep}; a request woke gemma-270m in {seconds:.2f} s: {awake}")
+    assert "'gemma-270m': 'sleeping'" in asleep and answer.get("model") == "gemma-270m"
+    assert "'gemma-270m': 'loaded'" in awake
+
+
 CLIENT = r'''
 import json, sys, threading, time, urllib.error, urllib.request
 n, port = int(sys.argv[1]), int(sys.argv[2])
@@ -134,8 +157,8 @@ print(json.dumps(out))
 
 
 def test_a_bounded_queue_serves_what_it_holds_and_answers_429_beyond(lab, duo):
-    """``queue: 20``: HAProxy takes the router's port (the router behind it on port+1), 2 requests at
-    the router (parallel 1 x 2 models), 20 more waiting. 20 concurrent requests over both models:
+    """``queue: 20``: HAProxy takes the router's port (the router behind it on port+1), 1 request at
+    the router (parallel 1 x models_max 1), 20 more waiting. 20 concurrent requests over both models:
     every one answered by its own model, the longest wait printed; 40 at once: those beyond the
     queue get 429 with Retry-After, counted, the others are answered."""
     name, models, router, _, _ = duo

@@ -72,7 +72,7 @@ def test_a_set_is_planned_against_the_vram_its_largest_models_need_together():
 
 def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     """``queue``: the router on 127.0.0.1:port+1 behind HAProxy (roles/balancer) on the instance's
-    port, parallel x the set's models at the router, ``queue`` more waiting at most the health
+    port, parallel x models_max at the router, ``queue`` more waiting at most the health
     timeout, beyond them 429 with Retry-After; both ports claimed at preflight."""
     from roles.balancer.config import haproxy_cfg, problems
     from roles.llama_server.checks import ports
@@ -83,7 +83,7 @@ def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     plan, _ = host("a100")
     srv = servers("x", inst, chosen(inst, MODELS["a"], plan, data())[1])
     assert queued(inst) and [(s["unit"], s["inst"]["host"], s["inst"]["port"]) for s in srv] == [("x", "127.0.0.1", 8082)]
-    assert queue_limits(inst, 600) == {"slots": 4, "queue": 20, "wait_s": 600}
+    assert queue_limits(inst, 600) == {"slots": 2, "queue": 20, "wait_s": 600}   # parallel 2 x models_max 1
     claimed = [(p.port, p.where, p.owners) for p in ports(plan, router(queue=20))]
     assert claimed == [(8081, "llama_server_instances.x (its queue)", ("haproxy", "llama-server")),
                        (8082, "llama_server_instances.x (its router)", ("llama-server",))]
@@ -94,7 +94,7 @@ def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     print(text[text.index("frontend llama-x"):])
     for line in ('http-request return status 429 content-type text/plain string "queue full" hdr Retry-After 5 '
                  "if { queue(llama-x) ge 20 }", "http-after-response set-header Retry-After 5 if { status 503 }",
-                 "timeout queue 600s", "server x 127.0.0.1:8082 check maxconn 4\n"):
+                 "timeout queue 600s", "server x 127.0.0.1:8082 check maxconn 2\n"):
         assert line in text, line
     plain = haproxy_cfg([{k: v for k, v in backend.items() if k not in ("slots", "queue", "wait_s")}], data())
     assert "429" not in plain and "maxconn" not in plain and "timeout queue 600s" not in plain
