@@ -30,7 +30,7 @@ WAITING = [f"tests/roles/test_{m}.py" for m in (
     "gpu_guard", "fetch_faults", "vllm", "llama_server", "metrics", "model_fetch_nosystemd", "model_fetch",
     "watchdog_reboot", "rpc", "watchdog_faults", "watchdog", "status", "model_fetch_metrics", "gate_faults",
     # and, so that both lanes end near the same time, four that compute (apt, dkms, Ray)
-    "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver")]
+    "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet")]
 
 
 def main(args: list[str]) -> int:
