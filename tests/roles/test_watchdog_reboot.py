@@ -25,17 +25,26 @@ EVERY_S, K, TPS, SLOW_TPS = 2, 2, 200, 10    # the shortest period the role take
 UNIT = "rigup-llama@gemma.service"
 SLOW = "/var/lib/rigup-lab-slow"          # kept across the reboot, as a bad card would be
 GATE = f"/var/lib/rigup/gate/{UNIT}.json"
-BOOT = "/run/rigup-test-boot"             # /run is new on every boot
+# the host's boot id (each lab container has its own): a file in /run marked the boot before, but a
+# host shutting down can lose /run while sshd still answers, and the mark then fell in the old boot
+# (a cold run's test saw "rebooted a second time" that way)
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+MARKS: dict[str, str] = {}
 SETTINGS = {"llama_server_instances": {"gemma": {"model": "gemma-270m", "port": 8081}},
             "watchdog_interval_s": EVERY_S, "watchdog_bad_checks": K, "watchdog_max_tokens": 8,
             "watchdog_timeout_s": 10, "rigup_watchdog_reboot": True, "rigup_watchdog_max_reboots": 1}
 FLOOR_SERIES = 'rigup_watchdog_floor_tokens_per_second{llama_instance="gemma"}'
 
 
+def mark(lab, name) -> None:
+    """This boot of the host, for :func:`booted`."""
+    MARKS[name] = on_host(lab, name, BOOT_ID).strip()
+
+
 def booted(lab, name) -> bool:
-    """Whether the host booted since the test marked this boot (None while it cannot be reached)."""
-    seen = lab.ssh(name, f"test -e {BOOT} && echo same || echo new", timeout=10)
-    return seen.stdout.strip() == "new" if seen.returncode == 0 else None
+    """Whether the host booted since the test marked a boot (None while it cannot be reached)."""
+    seen = lab.ssh(name, BOOT_ID, timeout=10)
+    return seen.stdout.strip() not in ("", MARKS[name]) if seen.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +73,7 @@ def test_still_slow_after_the_restart_reboots_once_a_day(lab, host):
         or exported(lab, host).get(FLOOR_SERIES)
     print(f"\ngate: {gated} tok/s; default floor from the node exporter: {floor} tok/s")
     assert floor == pytest.approx(gated / 2, abs=0.01)
-    on_host(lab, name, f"touch {BOOT}")
+    mark(lab, name)
     since, pid = int(time.time()), main_pid(lab, name)
     on_host(lab, name, f"touch {SLOW}")
     wedged = time.monotonic()
@@ -73,7 +82,7 @@ def test_still_slow_after_the_restart_reboots_once_a_day(lab, host):
     assert until(lambda: booted(lab, name), K * (EVERY_S + 5) + 120, poll=1), "never rebooted"
     rebooted = time.monotonic() - wedged
     lab.wait_ready(name)
-    on_host(lab, name, f"touch {BOOT}")
+    mark(lab, name)
     first = journal(lab, name, since)
     why = [ln for ln in first.splitlines() if "after its restart by the watchdog" in ln or "rebooting the host" in ln]
     print(f"wedged at {SLOW_TPS} tok/s: restarted after {restarted:.1f} s, rebooted after {rebooted:.1f} s; "
