@@ -66,7 +66,7 @@ def targets(data: dict, units: list[str] = ()) -> list[dict]:
         name, engine = inst["name"], "llama-server" if inst["var"] == "llama_server_instances" else "vllm"
         # vLLM checks the served name; a llama-server router (also) routes by model: its own is measured
         model = api_name(name, inst["entry"]) if engine == "vllm" else (
-            inst["model"] if inst["entry"].get("also") else None)
+            llama_server.api_model(name, inst["entry"]) if inst["entry"].get("also") else None)
         base = {"engine": engine, "key": inst["key"], "model": model}
         ks = replica_numbers(name, units) if engine == "llama-server" else []
         found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})

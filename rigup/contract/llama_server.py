@@ -153,6 +153,12 @@ def view(data: dict) -> dict[str, dict]:
     return out
 
 
+def api_model(name: str, entry: dict) -> str:
+    """The model a request names to reach instance ``name`` (its ``entry``): its own name (its
+    --alias), or for a router (``also``) its own model's key of models."""
+    return entry["model"] if entry.get("also") else name
+
+
 def owned() -> dict[str, str | None]:
     """Every spelling extra_args may not give (policy ``owned``, and :data:`FIXED`) -> its key."""
     return owned_by(FLAGS, FIXED)

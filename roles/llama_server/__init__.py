@@ -73,7 +73,7 @@ from rigup.gpu.plan import Plan, build_backend
 from rigup.models import first_gguf, models
 from rigup.rpc import endpoint
 from rigup.names import balancer_drain, gate_record, guard_file, marker_path
-from rigup.contract.llama_server import PRESET
+from rigup.contract.llama_server import PRESET, api_model
 from rigup.secrets import bearer, fleet_api_key, written
 from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
 from rigup.state import read_once, reading
@@ -210,7 +210,7 @@ def apply(plan: Plan, data: Config):
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             unit = f"rigup-llama@{server['unit']}.service"
             python.call(answered, unit=unit, port=server["inst"]["port"], record=gate_record(data, unit),
-                        bind=server["inst"]["host"], model=inst["model"] if inst["also"] else name,
+                        bind=server["inst"]["host"], model=api_model(name, inst),
                         prompt=data["llama_server_health_prompt"],
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
