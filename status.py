@@ -12,7 +12,7 @@ rigup:host_joules_per_token, when the inventory has one); in 120
 columns for a typical host (rigup/fleet.py). What is wrong comes first: a line above the table
 names the hosts that need attention, and under a host's row, indented, each card that needs
 attention (its PCIe link downtrained, Xid events this boot by class, suspect, telemetry lost: the
-GPU guard's Xid state), the guard's reason when tripped and each model not downloaded (progress
+GPU guard's Xid state; quarantined by its burn-in, roles/burnin), the guard's reason when tripped and each model not downloaded (progress
 or failure, as roles/model_fetch reads them). A host that cannot be reached is a row
 ``unreachable (reason)``, and the run ends non-zero.
 """
@@ -23,7 +23,7 @@ from rigup import fleet
 from rigup.config import check_host
 from rigup.contract import served
 from rigup.models import models as model_entries
-from rigup.names import guard_file, xid_file
+from rigup.names import burnin_file, guard_file, xid_file
 from roles.metrics.prometheus import bind_address, url_host
 from roles.model_fetch import specs
 from roles.model_fetch.facts import parse_progress, progress_command
@@ -33,6 +33,8 @@ data = check_host(host)   # the host's configuration (rigup.config.Config)
 models = model_entries(data)[0]
 parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
          "guard": fleet.guard_section(guard_file(data), xid_file(data))}
+if data["burnin_enabled"]:
+    parts["burnin"] = fleet.burnin_section(burnin_file(data))
 fetches = specs(data, models)
 if fetches:
     parts["fetch"] = progress_command(fetches)

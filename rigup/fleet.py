@@ -165,6 +165,34 @@ def parse_serving(lines: list[str]) -> list[dict]:
     return out
 
 
+BURNIN_MAX_BYTES = 262144
+
+
+def burnin_section(results_file: str) -> str:
+    """rigup-burnin's records (roles/burnin), at most :data:`BURNIN_MAX_BYTES`."""
+    return f"head -c {BURNIN_MAX_BYTES} {shlex.quote(results_file)} 2>/dev/null; true"
+
+
+def parse_burnin(lines: list[str]) -> dict:
+    """The burn-in section -> ``{card key: {"index", "level", "failed": text}}`` of the quarantined
+    cards (failed, not cleared by the operator), read defensively: what has the wrong type is left out."""
+    try:
+        records = json.loads("".join(lines) or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    out = {}
+    for rec in (records.values() if isinstance(records, dict) else []):
+        if not isinstance(rec, dict) or rec.get("passed") is not False or rec.get("cleared"):
+            continue
+        key = _key(rec.get("bus_id"))
+        failed = rec.get("failed") if isinstance(rec.get("failed"), list) else []
+        if key:
+            out[key] = {"index": rec.get("index") if _small(rec.get("index")) else None,
+                        "level": shown(rec.get("level") or "?", 16),
+                        "failed": shown("; ".join(str(f) for f in failed) or "?", 300)}
+    return out
+
+
 def parse_guard(lines: list[str]) -> dict:
     """The guard section -> ``{"tripped": bool, "reason": str | None, "time": str | None, "xid":
     {card: ...}}`` (``xid``: :func:`parse_xid` of what follows :data:`XID_MARK`)."""
@@ -294,7 +322,8 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
         s["tuned"] = tuned_text((tuned or {}).get(s["name"]))
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "serving": serving,
-            "downloads": downloads, "guard": parse_guard(found.get("guard", []))}
+            "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
+            "quarantined": parse_burnin(found.get("burnin", []))}
 
 
 def unreachable_row(name: str, reason: str) -> dict:
@@ -303,7 +332,7 @@ def unreachable_row(name: str, reason: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- what needs attention
-SEVERITY = ("LOST", "SUSPECT", "telemetry lost", "DOWNTRAINED", "Xid")   # a card's tag in the summary line
+SEVERITY = ("LOST", "SUSPECT", "QUARANTINED", "telemetry lost", "DOWNTRAINED", "Xid")   # a card's tag in the summary line
 
 
 def _num(value, unit: str, digits: int = 0) -> str:
@@ -317,7 +346,8 @@ def _total(cards: list[dict], key: str, scale: float = 1) -> str:
     return (f"{sum(known) / scale:.0f}" if known else "?") + ("+?" if known and len(known) < len(cards) else "")
 
 
-def card_problems(card: dict | None, xid: dict | None, lost: bool = False) -> list[tuple[str, str]]:
+def card_problems(card: dict | None, xid: dict | None, lost: bool = False,
+                  quarantine: dict | None = None) -> list[tuple[str, str]]:
     """What is wrong with one card, as (its tag in :data:`SEVERITY`, the text of its row), in the
     row's order: lost or telemetry, link, Xid counts this boot, suspect. ``card`` is None for a card
     nvidia-smi does not list (``lost``: it said it cannot reach it)."""
@@ -335,6 +365,8 @@ def card_problems(card: dict | None, xid: dict | None, lost: bool = False) -> li
         found.append(("Xid", "Xid " + ", ".join(f"{cls} {n}" for cls, n in sorted(xid["counts"].items()))))
     if xid.get("suspect"):
         found.append(("SUSPECT", "SUSPECT" + (f" since {xid['since']}" if xid.get("since") else "")))
+    if quarantine:
+        found.append(("QUARANTINED", f"QUARANTINED by its {quarantine['level']} burn-in: {quarantine['failed']}"))
     return found
 
 
@@ -343,16 +375,17 @@ def attention_cards(row: dict) -> list[dict]:
     the others (lost, or named only by the guard's Xid state), by bus: ``[{"name": "GPU 3" or
     "GPU ?", "bus": "0000:4e:00", "problems": card_problems(...)}]``."""
     xid = (row.get("guard") or {}).get("xid") or {}
+    quarantined = row.get("quarantined") or {}
     out, listed = [], set()
     for c in row["cards"]:
         listed.add(c.get("bus"))
-        problems = card_problems(c, xid.get(c.get("bus")))
+        problems = card_problems(c, xid.get(c.get("bus")), quarantine=quarantined.get(c.get("bus")))
         if problems:
             out.append({"name": f"GPU {c['index']}", "bus": c.get("bus") or "?", "problems": problems})
     lost = set(row.get("lost_cards") or [])
-    for bus in sorted((lost | set(xid)) - listed):
-        problems = card_problems(None, xid.get(bus), lost=bus in lost)
-        index = (xid.get(bus) or {}).get("index")   # as the guard last saw it, when it did
+    for bus in sorted((lost | set(xid) | set(quarantined)) - listed):
+        problems = card_problems(None, xid.get(bus), lost=bus in lost, quarantine=quarantined.get(bus))
+        index = (xid.get(bus) or {}).get("index", (quarantined.get(bus) or {}).get("index"))   # as last seen
         if problems:
             out.append({"name": "GPU ?" if index is None else f"GPU {index}", "bus": bus, "problems": problems})
     return out

@@ -12,6 +12,9 @@
 - the serving instances' API key files: rigup/contract (``MAPS``; ``served`` and llama-server's
   ``view`` give each instance's)
 - whether a bind address serves this host only, every interface or others: :func:`bind_scope`
+- rigup-burnin's records per card (roles/burnin writes them; preflight's quarantine, the GPU
+  guard and status.py read them) and the cards under test now: :func:`burnin_file`,
+  :data:`BURNIN_TESTING`
 - the tok/s the health gate measured at a serving unit's (re)start (rigup/gate.py writes it, the
   watchdog's default floor reads it): :func:`gate_record`
 """
@@ -28,6 +31,8 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"   # Debian's default --collec
 GPU_METRICS = f"{TEXTFILE_DIR}/rigup_gpu.prom"
 FETCH_METRICS = f"{TEXTFILE_DIR}/rigup_model_fetch.prom"   # roles/model_fetch's downloads
 WATCHDOG_METRICS = f"{TEXTFILE_DIR}/rigup_watchdog.prom"   # roles/watchdog's checks
+BURNIN_METRICS = f"{TEXTFILE_DIR}/rigup_burnin.prom"       # roles/burnin's acceptance runs
+BURNIN_TESTING = "/run/rigup/burnin-testing.json"          # the bus ids rigup-burnin tests now
 
 
 def marker_path(dest: str) -> str:
@@ -57,6 +62,12 @@ def xid_file(data: dict) -> str:
     """The GPU guard's Xid state (counts per card and class, suspect cards; status.py reads it):
     ``{rigup_state_dir}/gpu-guard-xid.json``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard-xid.json"
+
+
+def burnin_file(data: dict) -> str:
+    """rigup-burnin's records, per card UUID (roles/burnin/acceptance.py):
+    ``{rigup_state_dir}/burnin.json``."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin.json"
 
 
 def bind_scope(address) -> str:

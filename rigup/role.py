@@ -10,6 +10,8 @@ gives the records in the order the roles run, and nothing looks a hook up by nam
 - ``plan_reads``: the facts its plan lines and checks read, in preflight's one round trip
 - ``plan_lines`` / ``fleet_plan_lines``: its lines of the plan
 - ``smoke_runs``: what a new llama.cpp build is tried with before it serves
+- ``cards``: which of the host's cards the plan may serve on (burnin: all but the quarantined),
+  with its part of the plan
 """
 
 from __future__ import annotations
@@ -30,4 +32,5 @@ class Role:
     plan_lines: Callable | None = None
     fleet_plan_lines: Callable | None = None
     smoke_runs: Callable | None = None
+    cards: Callable | None = None
     steps: dict = field(default_factory=dict)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rigup.role import Role
 
 STEPS = ("base.apply", "nvidia_driver.apply", "model_fetch.apply", "cuda_toolkit.apply", "llama_cpp.apply", "model_fetch.waited",
-         "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "rpc_worker.apply",
+         "llama_cpp.proven", "gpu_power.apply", "gpu_guard.apply", "cmpunlocker.apply", "burnin.apply", "rpc_worker.apply",
          "llama_server.apply", "vllm.apply", "balancer.apply", "metrics.apply", "watchdog.apply",
          "model_fetch.pruned")
 ORDER = tuple(dict.fromkeys(step.split(".")[0] for step in STEPS))

@@ -80,6 +80,7 @@ class Plan(TypedDict, total=False):
     serving_units: list[str]
     driver_step: dict | None    # rigup.gpu.driver.driver_step: the driver roles/nvidia_driver installs
     fabric: dict | None         # rigup.gpu.fabric.fabric_plan: the NVSwitch fabric (preflight adds it)
+    burnin: dict | None         # roles/burnin/quarantine.py: cards to test, quarantined, waiting (preflight adds it)
 
 
 def vllm_min_cc() -> tuple[int, int]:

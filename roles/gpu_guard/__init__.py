@@ -62,7 +62,7 @@ from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import GPU_METRICS, guard_file, xid_file
+from rigup.names import BURNIN_TESTING, GPU_METRICS, burnin_file, guard_file, xid_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
 from roles.gpu_guard.guard import unit_timeout_s
@@ -107,6 +107,8 @@ def guard_config(data: Config, plan: Plan | None = None) -> dict:
         "by_pci_id": by_pci,
         **({"psu_watts": data["gpu_psu_watts"]} if data.get("gpu_psu_watts") else {}),
         **({"xid": xid_config(data)} if data["gpu_guard_xid_enabled"] else {}),
+        # the cards rigup-burnin tests or quarantined: not judged (guard.py set_aside)
+        **({"burnin": {"results": burnin_file(data), "testing": BURNIN_TESTING}} if data.get("burnin_enabled") else {}),
         # an NVSwitch board: the fabric is judged each check (guard.py fabric_problem); its switches'
         # SXid events are this host's (rigup/gpu/xid.py)
         **({"fabric": {"service": FABRIC_SERVICE, "switches": [xid.card_key(b) for b in fabric.get("buses") or []]}}

@@ -149,11 +149,16 @@ def said(text: str, limit: int = 64) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
 
 
-def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
-    """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems)."""
-    cards, lost = [], []
+def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tuple[list[dict], list[str]]:
+    """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems).
+    ``quarantined``: bus ids (last 12 characters) of cards rigup-burnin took out of serving: not
+    judged, and one of them off the bus is not lost telemetry (nothing serves from it)."""
+    cards, lost, skipped = [], [], 0
     for line in lines:
         if "Unable to determine the device handle" in line:
+            if any(q.lower() in line.lower() for q in quarantined):
+                skipped += 1
+                continue
             lost.append(said(line.strip(), 300))
             continue
         cells = [c.strip() for c in line.split(",")]
@@ -162,6 +167,8 @@ def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
                 lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
+        if cells[2].lower()[-12:] in {q.lower() for q in quarantined}:
+            continue
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             card[key] = reading(cell)
         if len(cells) == 7 + len(EXTRA) + len(FABRIC):   # "Completed, Success"; Ampere's "N/A, N/A"
@@ -170,7 +177,7 @@ def parse_sample(lines: list[str], rc: int = 0) -> tuple[list[dict], list[str]]:
             lost.append(f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}) reads power.draw "
                         f"{said(cells[4], 32)}, temperature.gpu {said(cells[6], 32)}")
         cards.append(card)
-    if rc != 0 and not lost:
+    if rc != 0 and not lost and not (skipped and cards):
         text = " ".join(ln.strip() for ln in lines if ln.strip())
         lost.append(f"nvidia-smi exited {rc}: " + (said(text, 300) or "no output"))
     if rc == 0 and not cards and not lost:
@@ -268,7 +275,22 @@ def read_cards(config: dict) -> tuple[list[dict], list[str]]:
         text = f"nvidia-smi did not answer within {timeout} s"
         log(4, f"rigup-gpu-guard: {text}; killed it and its process group; this sample counts as lost telemetry")
         return [], [text]
-    return parse_sample(output.splitlines(), rc)
+    return parse_sample(output.splitlines(), rc, tuple(b.lower()[-12:] for b in set_aside(config)))
+
+
+def set_aside(config: dict) -> set[str]:
+    """The bus ids of the cards rigup-burnin tests now or quarantined (config ``burnin``: its results
+    file and the file of the cards under test, read at each check, so that a card quarantined in the
+    middle of a converge is left alone at once): nothing serves from them, so they are not judged."""
+    burnin = config.get("burnin") or {}
+    found = set()
+    records = load(burnin["results"], {}) if burnin.get("results") else {}
+    for rec in (records.values() if isinstance(records, dict) else []):
+        if isinstance(rec, dict) and rec.get("passed") is False and not rec.get("cleared") and rec.get("bus_id"):
+            found.add(str(rec["bus_id"]))
+    testing = load(burnin["testing"], []) if burnin.get("testing") else []
+    found.update(str(b) for b in (testing if isinstance(testing, list) else []))
+    return found
 
 
 def load(path: str, default):
@@ -537,6 +559,8 @@ def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: l
                 done = "counted (before the guard's first check: not acted on)"
             elif event["card"] not in here:
                 done = "counted, not acted on: no card of this host has that bus id (no sample, not on its PCI bus)"
+            elif event["card"] in {card_key_of({"bus_id": b}) for b in set_aside(config)}:
+                done = "counted, not acted on: the card is under acceptance or quarantined (rigup-burnin): nothing serves from it"
             elif (event["card"], event["class"]) in acted and event["action"] in ("restart", "drain_host"):
                 done = "counted; acted on already in this check (once per card and class)"
             elif event["action"] == "restart":

@@ -93,7 +93,7 @@ def servers(name: str, inst: LlamaInstance, lay) -> list[dict]:
 
     if lay.replicas == 1:   # one server over every GPU, as before: pinned only to put a downtrained card last
         group = lay.groups[0] if lay.gpu and lay.groups else []
-        moved = order(group) != group
+        moved = order(group) != group or lay.pinned   # pinned: a quarantined card is left out (roles/burnin)
         return [{"unit": name, "inst": replica_inst(inst, 0) if queued(inst) else inst,   # a router behind its queue
                  "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
     return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),

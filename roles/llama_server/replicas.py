@@ -69,6 +69,7 @@ class Layout(NamedTuple):
     gpu: bool
     idle: list[int]
     problem: str | None = None
+    pinned: bool = False    # cards are quarantined (roles/burnin): every server names its cards
 
     @property
     def replicas(self) -> int:
@@ -201,10 +202,11 @@ def layout(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> 
     elif per is None:
         per = max(1, n // replicas)
     groups = [cards[k * per:(k + 1) * per] for k in range(replicas)]
+    pinned = bool((plan.get("burnin") or {}).get("quarantined"))
     if replicas * per > n:
         return Layout(groups, True, [], f"{replicas} replicas x {per} GPUs = {replicas * per} GPUs, "
-                                        f"but this host has {n}")
-    return Layout(groups, True, [c["index"] for c in cards[replicas * per:]])
+                                        f"but this host has {n}" + (" (quarantined cards left out)" if pinned else ""), pinned)
+    return Layout(groups, True, [c["index"] for c in cards[replicas * per:]], None, pinned)
 
 
 def layout_text(name: str, lay: Layout) -> str:

@@ -117,9 +117,15 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     facts["reads"] = {fact.__name__: read_once(fact, **kwargs) for fact, kwargs in reads}
     # a driver step (roles/nvidia_driver): without a driver the cards come from the PCI bus
     gpus, step = planned_gpus(facts, data)
+    fabric = fabric_plan(facts.get("nvswitches") or [], gpus, facts.get("fabric_manager"))
+    burnin = None
+    for role in roles:   # the cards the plan may serve on (roles/burnin: all but the quarantined)
+        if role.cards:
+            gpus, part = role.cards(gpus, facts, data)
+            burnin = part if part is not None else burnin
     plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step,
-                      fabric=fabric_plan(facts.get("nvswitches") or [], gpus, facts.get("fabric_manager")))
+                      fabric=fabric, burnin=burnin)
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs

@@ -261,6 +261,8 @@ def env_vars(name: str, inst: VllmInstance, data: Config, plan: Plan) -> dict[st
     if inst.get("gpus"):
         env["CUDA_VISIBLE_DEVICES"] = inst["gpus"].replace(" ", "")
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    elif ((plan or {}).get("burnin") or {}).get("quarantined"):   # the accepted cards only (roles/burnin)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices((plan or {}).get("cards") or [])
     p2p = data.get("vllm_nccl_p2p_disable")
     if p2p is None:
         p2p = "cmp170hx" in (plan or {}).get("card_classes", [])

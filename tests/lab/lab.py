@@ -12,9 +12,11 @@ import concurrent.futures
 import contextlib
 import fcntl
 import functools
+import hashlib
 import ipaddress
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -74,11 +76,12 @@ ACNG_FRESH_S = 86400
 
 HERE = Path(__file__).resolve().parent
 GPU_SIM = HERE / "nvidia_smi.py"
+CUDA_STANDIN = HERE / "cuda_standin.c"   # the CUDA driver API's stand-in (rigup-burnin's calls)
 GPU_PROFILES = HERE / "gpu_profiles.json"
 # command -> Debian package that provides it
 TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "tinyproxy": "tinyproxy",
          "apt-cacher-ng": "apt-cacher-ng", "tmux": "tmux", "ip": "iproute2", "ssh-keygen": "openssh-client", "ssh": "openssh-client",
-         "openssl": "openssl"}
+         "openssl": "openssl", "gcc": "gcc"}
 
 
 class LabError(RuntimeError):
@@ -486,11 +489,28 @@ def configure_root(root, name, profile, host_key, driver=True):
               'DPkg::Post-Invoke { "/usr/lib/rigup-lab/driver-hook"; };\n')
         if driver:
             write(root / "usr/bin/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
+            # where the driver's libcuda.so.1 is, so that dlopen finds it without ldconfig
+            write(root / f"usr/lib/{platform.machine()}-linux-gnu/libcuda.so.1", cuda_standin().read_bytes(), 0o755)
         link = root / "usr/local/bin/rigup-gpu-sim"
         link.unlink(missing_ok=True)
         link.symlink_to("/usr/bin/nvidia-smi" if driver else "/usr/lib/rigup-lab/nvidia-smi")
         write(root / "etc/rigup-lab/gpu-profile.json",
               json.dumps(json.loads(GPU_PROFILES.read_text())[profile], indent=2) + "\n")
+
+
+def cuda_standin() -> Path:
+    """tests/lab/cuda_standin.c built once per source (in the shared cache, under its lock)."""
+    digest = hashlib.sha256(CUDA_STANDIN.read_bytes()).hexdigest()[:16]
+    built = CACHE / f"libcuda-standin-{digest}.so"
+    if not built.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with open(CACHE / "cuda-standin.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not built.exists():
+                tmp = built.with_name(f".{built.name}.{os.getpid()}")
+                run("gcc", "-O2", "-shared", "-fPIC", "-Wall", "-o", tmp, CUDA_STANDIN)
+                os.replace(tmp, built)
+    return built
 
 
 def write_etc_hosts(all_hosts):

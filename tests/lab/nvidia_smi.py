@@ -17,7 +17,11 @@ setting), 6 no such device, 9 driver not loaded, 15 GPU fallen off the bus.
 
 Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               [--memory-used MIB] [--pcie-width N] [--pcie-gen N] (the link as negotiated: below
-              the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0];
+              the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0]
+              [--throttle MASK] (clocks_event_reasons.active) [--ecc-uncorrected N]
+              and the CUDA stand-in's faults (tests/lab/cuda_standin.c): [--vram-bad WORDS]
+              [--lost-under-load S] [--cuda-hang 1|0];
+              sim cuda (the cards as the CUDA stand-in reads them);
               sim lock|unlock|show|reset
               sim driver VERSION (Debian's driver packages of VERSION were installed: the module
               loads at once, or at the next boot where another was loaded; see ``sim_driver``);
@@ -360,7 +364,14 @@ def _fields():
         # NVSwitch, as on one passed-through H200: rigup/gpu/fabric.py; an HGX profile's: fabric())
         "fabric.state": (None, lambda c, s: fabric()[0] if PROF.get("nvswitches") else c.get("fabric_state")),
         "fabric.status": (None, lambda c, s: fabric()[1] if PROF.get("nvswitches") else c.get("fabric_status")),
+        # what rigup-burnin reads before and after its run, and samples during its soak
+        "ecc.errors.uncorrected.volatile.total": (None, lambda c, s: s.get("ecc_uncorrected", 0)),
+        "remapped_rows.pending": (None, lambda c, s: "Yes" if s.get("remap_pending") else "No"),
+        "remapped_rows.failure": (None, lambda c, s: "No"),
+        "retired_pages.pending": (None, lambda c, s: "No"),
+        "clocks_event_reasons.active": (None, lambda c, s: "0x%016x" % int(s.get("throttle") or 0)),
     }
+    f["clocks_throttle_reasons.active"] = f["clocks_event_reasons.active"]
     f["clocks.current.graphics"] = f["clocks.current.sm"]
     f["clocks.max.graphics"] = f["clocks.max.sm"]
     return f
@@ -527,6 +538,7 @@ def query(display, ids):
                 kv("Persistence Mode", "Enabled" if s["persistence"] else "Disabled")
                 kv("GPU UUID", c["uuid"])
                 kv("Minor Number", c["index"])
+                kv("GPU Recovery Action", "None")
             if not sections or "POWER" in sections:
                 out.append("    GPU Power Readings")
                 draw = watts(min(s["draw"], s["power_limit"]))
@@ -595,6 +607,8 @@ def sim(args):
         return 0
     if cmd == "xid":
         return sim_xid(args[1:])
+    if cmd == "cuda":
+        return sim_cuda()
     if cmd == "driver" and len(args) == 2:
         return sim_driver(args[1])
     if cmd == "show":
@@ -610,7 +624,11 @@ def sim(args):
         raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
     ids, changes, hang, rest = None, {}, None, list(args[1:])
     keys = {"--draw": ("draw", float), "--temp": ("temp", int), "--memory-used": ("memory_used", int),
-            "--pcie-width": ("pcie_width", int), "--pcie-gen": ("pcie_gen", int), "--util": ("utilization", int)}
+            "--pcie-width": ("pcie_width", int), "--pcie-gen": ("pcie_gen", int), "--util": ("utilization", int),
+            # the CUDA side's faults (tests/lab/cuda_standin.c reads them with ``sim cuda``)
+            "--vram-bad": ("vram_bad", int), "--lost-under-load": ("lost_under_load", float),
+            "--cuda-hang": ("cuda_hang", int), "--throttle": ("throttle", lambda v: int(v, 0)),
+            "--ecc-uncorrected": ("ecc_uncorrected", int)}
     while rest:
         a = rest.pop(0)
         if a in ("-i", "--id") and rest:
@@ -631,7 +649,10 @@ def sim(args):
     cards = list(CARDS) if ids in (None, "all") else select(ids)
     with state(write=True) as st:
         for c in cards:
-            st[c["index"]].update(defaults(c) if cmd == "reset" else changes)
+            if cmd == "reset":
+                st[c["index"]] = defaults(c)
+            else:
+                st[c["index"]].update(changes)
     return 0
 
 
@@ -656,6 +677,23 @@ def sim_xid(rest):
         with state(write=True) as st:
             st[card["index"]]["lost"] = True
     print(line)
+    return 0
+
+
+def sim_cuda():
+    """One line per card for the CUDA stand-in (tests/lab/cuda_standin.c): index, bus id, memory
+    total and used (MiB), link gen and width now and at most, and the injected faults: bad VRAM
+    words, seconds under load before it falls off the bus (0: never), a hanging launch (1)."""
+    with state() as st:
+        for c in CARDS:
+            s = st[c["index"]]
+            if s["lost"]:
+                continue
+            print("%d %s %d %d %d %d %d %d %d %g %d" % (
+                c["index"], c["bus_id"], c.get("memory_total_mib", 0), s["memory_used"],
+                s.get("pcie_gen") or c.get("pcie_gen") or 1, s.get("pcie_width") or c.get("pcie_width") or 1,
+                c.get("pcie_gen") or 1, c.get("pcie_width") or 1, s.get("vram_bad", 0),
+                s.get("lost_under_load", 0), s.get("cuda_hang", 0)))
     return 0
 
 

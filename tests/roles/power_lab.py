@@ -1,5 +1,6 @@
-"""Helpers shared by the gpu_power, gpu_guard and cmpunlocker lab tests."""
+"""Helpers shared by the gpu_power, gpu_guard, cmpunlocker and burnin lab tests."""
 
+import contextlib
 import json
 
 from tests.conftest import on_host
@@ -34,6 +35,17 @@ def play(host: str, *args: str, check: bool = True, file: str = PLAY):
     if check:
         assert run.returncode == 0, run.output[-5000:]
     return run
+
+
+@contextlib.contextmanager
+def own_host(lab, profile: str = "a100"):
+    """A lab host of its own (a trip or a quarantine acts on the whole host), removed afterwards."""
+    first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
+    lab.up(1, profile, first=first)
+    try:
+        yield f"lab{first}"
+    finally:
+        lab.remove(f"lab{first}")
 
 
 def cards(lab, host: str) -> list[dict]:

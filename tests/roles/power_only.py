@@ -1,9 +1,9 @@
-"""A play for the gpu_power, gpu_guard and cmpunlocker tests: deploy.py's preflight and base,
-then those three roles in deploy.py's order (no CUDA, no llama.cpp build, no serving)."""
+"""A play for the gpu_power, gpu_guard, cmpunlocker and burnin tests: deploy.py's preflight and
+base, then those four roles in deploy.py's order (no CUDA, no llama.cpp build, no serving)."""
 
 from pyinfra import host
 
-from roles import base, cmpunlocker, gpu_guard, gpu_power, in_order, preflight
+from roles import base, burnin, cmpunlocker, gpu_guard, gpu_power, in_order, preflight
 from rigup.config import configure
 
 cfg = configure(host, in_order())
@@ -12,3 +12,4 @@ base.apply(plan, cfg)
 gpu_power.apply(plan, cfg)
 gpu_guard.apply(plan, cfg)
 cmpunlocker.apply(plan, cfg)
+burnin.apply(plan, cfg)

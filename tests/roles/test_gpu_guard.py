@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import on_host
-from tests.roles.power_lab import TRIPPED, cards, data, install_serving_unit, play
+from tests.roles.power_lab import TRIPPED, cards, data, install_serving_unit, own_host, play
 
 pytestmark = pytest.mark.lab
 FAST = data(gpu_guard_interval_s=2, gpu_guard_window_s=6, gpu_guard_thresholds={"a100": {"draw_w": 250}})
@@ -20,15 +20,10 @@ FAST = data(gpu_guard_interval_s=2, gpu_guard_window_s=6, gpu_guard_thresholds={
 @pytest.fixture(scope="module")
 def host(lab):
     """A host of its own (a trip stops every serving unit of a host), removed afterwards."""
-    first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
-    name = f"lab{first}"
-    lab.up(1, "a100", first=first)
-    try:
+    with own_host(lab) as name:
         play(name, *FAST)
         install_serving_unit(lab, name)
         yield name
-    finally:
-        lab.remove(name)
 
 
 def active(lab, host, unit="rigup-llama@test.service"):

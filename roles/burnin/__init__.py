@@ -1,0 +1,148 @@
+"""roles/burnin: accept a card before it serves; leave a card that fails out of serving.
+
+What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing elsewhere):
+- installs ``rigup_prefix/bin/rigup-burnin`` (roles/burnin/acceptance.py, standard library and
+  the CUDA driver API through ctypes): the operator's ``rigup-burnin status``, ``run --level
+  long``, ``clear UUID``;
+- runs it, after gpu_power (the soak runs at the cap it set) and cmpunlocker (the unlocked memory
+  is what gets tested) and before any serving role, on the cards this converge must test
+  (roles/burnin/quarantine.py: a card's first sight at ``burnin_level``; a driver or memory
+  change or a higher cap at ``burnin_after_change``; the quarantined ones with ``burnin_retest``)
+  and that nothing serves from, all at once, each bounded in time (a card that hangs is killed
+  and quarantined, never reset). Its records, per card UUID, are ``rigup_state_dir/burnin.json``
+  (rigup.names.burnin_file) and the metrics rigup_gpu_burnin_passed, rigup_gpu_quarantined,
+  rigup_gpu_burnin_seconds; the controller keeps a copy of each host's under
+  ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/HOST.json at each preflight;
+- when a card fails, the run fails the host's converge there, naming the card and what failed,
+  before any serving unit changes: what served before still serves. From the next converge on,
+  preflight leaves the card out of the plan (its ``cards`` hook): out of every serving unit's
+  CUDA_VISIBLE_DEVICES (a single llama-server and a vLLM instance without ``gpus`` are pinned to
+  the accepted cards by UUID), of the replicas' groups and of the VRAM plan, and the GPU guard
+  neither judges it nor acts on its Xid events. An instance whose layout needed that card (its
+  tensor split's shares, its tp, its replicas' GPUs, its VRAM) is then refused by its own checks,
+  naming the quarantine in the plan; a PCIe link below ``burnin_pcie_min_ratio`` of what the
+  card's link allows is quarantined, one downtrained less only goes last in its group;
+- ``burnin_clear`` (UUIDs or all) records the operator's acceptance of a quarantined card.
+
+Variables (roles/burnin/defaults.yml): burnin_enabled, burnin_level, burnin_after_change,
+burnin_soak_s, burnin_timeout_s, burnin_vram_fraction, burnin_pcie_min_ratio,
+burnin_throttle_max, burnin_retest, burnin_clear; gpu_guard_xid_source (roles/gpu_guard),
+cmpunlocker_enabled (roles/cmpunlocker), gpu_enabled (roles/preflight), rigup_prefix and
+rigup_state_dir (roles/base).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from rigup import files
+from rigup.config import Config, role_defaults
+from rigup.gpu.plan import Plan, gpu_host
+from rigup.names import BURNIN_METRICS, burnin_file
+from rigup.probe import operation
+from rigup.role import Role
+from roles.burnin.checks import CHECKS
+from roles.burnin.facts import BurninState
+from roles.burnin.quarantine import lines, serving, sort_cards
+
+HERE = Path(__file__).resolve().parent
+XID_MATCH = {"kernel": None, "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}   # as roles/gpu_guard reads them
+
+__all__ = ["apply", "CHECKS", "plan_reads", "plan_lines", "cards"]
+
+
+def enabled(data: Config) -> bool:
+    return bool(data["gpu_enabled"]) and bool(data["burnin_enabled"])
+
+
+def plan_reads(data: Config) -> list:
+    """rigup-burnin's records and the serving units' cards, in preflight's round trip."""
+    return [(BurninState, {"path": burnin_file(data)})] if enabled(data) else []
+
+
+def kept(name: str, state: dict) -> None:
+    """The controller's copy of a host's records: $RIGUP_CACHE_DIR (~/.cache/rigup)/burnin/NAME.json."""
+    root = Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "burnin"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{name}.json"
+        text = json.dumps(state.get("records") or {}, indent=1, sort_keys=True) + "\n"
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except OSError:
+        pass   # the host's records are the ones that count
+
+
+def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict | None]:
+    """Preflight's ``cards`` hook: the cards the plan may serve on (all but the quarantined) and
+    the plan's ``burnin`` part (roles/burnin/quarantine.py), or (gpus, None) when it is off."""
+    if not enabled(data) or not gpus:
+        return gpus, None
+    state = (facts.get("reads") or {}).get("BurninState") or BurninState.default()
+    kept(host.name, state)
+    part = sort_cards(gpus, state, (facts.get("driver") or {}).get("version"), data)
+    return serving(gpus, part), part
+
+
+def plan_lines(plan: Plan, data: Config) -> list[str]:
+    return lines(plan.get("burnin") or {}) if enabled(data) and gpu_host(plan, data) else []
+
+
+def run_argv(script: str, level: str, uuids: list[str], plan: Plan, data: Config) -> list[str]:
+    """rigup-burnin's command line for one level's cards."""
+    argv = [script, "run", "--level", level, "--cards", ",".join(uuids), "--results", burnin_file(data),
+            "--metrics", BURNIN_METRICS, "--vram-fraction", str(data["burnin_vram_fraction"]),
+            "--pcie-min-ratio", str(data["burnin_pcie_min_ratio"]), "--throttle-max", str(data["burnin_throttle_max"])]
+    if data["burnin_soak_s"] is not None:
+        argv += ["--soak-s", str(data["burnin_soak_s"])]
+    if data["burnin_timeout_s"] is not None:
+        argv += ["--timeout-s", str(data["burnin_timeout_s"])]
+    match = XID_MATCH.get(data.get("gpu_guard_xid_source", "kernel"))
+    if match:
+        argv += ["--xid-match", match]
+    if data.get("cmpunlocker_enabled"):   # the memory an unlocked card must report
+        expect = [f"{c['uuid']}={c['vram_unlocked_mib']}" for c in plan.get("cards") or []
+                  if c.get("uuid") in uuids and (c.get("quirks") or {}).get("needs_unlock") and c.get("vram_unlocked_mib")]
+        if expect:
+            argv += ["--expect-mib", ",".join(expect)]
+    return argv
+
+
+@operation()
+def accepted(argv: list[str]):
+    """Test the cards (preflight chose them from the records: nothing to do yields nothing); exit
+    status 3 (a card failed) fails the host here, its cards named on stderr."""
+    yield " ".join(shlex.quote(a) for a in argv)
+
+
+@operation()
+def cleared(script: str, uuids: list[str], results: str):
+    yield " ".join(shlex.quote(a) for a in [script, "clear", ",".join(uuids), "--results", results,
+                                              "--metrics", BURNIN_METRICS, "--by", "burnin_clear (a converge)"])
+
+
+@deploy("burnin", data_defaults=role_defaults("burnin"))
+def apply(plan: Plan, data: Config):
+    if not enabled(data) or not gpu_host(plan, data) or not plan.get("systemd", True):
+        return
+    part = plan.get("burnin") or {}
+    script = f"{data['rigup_prefix']}/bin/rigup-burnin"
+    files.managed(name="burnin: rigup-burnin", dest=script, paths=[script], mode="755",
+                  text=(HERE / "acceptance.py").read_text())
+    if part.get("clear"):
+        cleared(name=f"burnin: clear {len(part['clear'])} card(s) (burnin_clear)", script=script,
+                uuids=part["clear"], results=burnin_file(data))
+    for level, uuids in sorted((part.get("run") or {}).items()):
+        accepted(name=f"burnin: {level} acceptance of {len(uuids)} card(s)",
+                 argv=run_argv(script, level, uuids, plan, data))
+
+
+ROLE = Role("burnin", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, cards=cards)

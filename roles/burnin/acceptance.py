@@ -1,0 +1,907 @@
+#!/usr/bin/python3
+# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
+"""rigup-burnin: accept a card before it serves, and keep what it found per card, by UUID.
+
+Installed by roles/burnin as RIGUP_PREFIX/bin/rigup-burnin; on the GPU machine run as
+``python3 roles/burnin/acceptance.py run --level standard --json OUT`` (tests/gpu/burnin.sh).
+
+    rigup-burnin run --level quick|standard|long [--cards UUID,...] [--results FILE] [--json FILE]
+                     [--soak-s S] [--patterns N] [--vram-fraction F] [--pcie-min-ratio R]
+                     [--throttle-max F] [--timeout-s S] [--xid-match FIELD=VALUE] [--metrics FILE]
+    rigup-burnin status [--results FILE]
+    rigup-burnin clear UUID[,UUID]|all [--results FILE] [--by WHO]
+
+``run`` tests the named cards (every card when none is named) that nothing uses at that moment
+(no compute process on it, no active serving unit whose CUDA_VISIBLE_DEVICES has it; a unit
+without it has every card): a card in use is left alone and reported ``busy``. Each card is
+tested in a worker process of its own, all cards at once; a worker that does not finish within
+its time bound is killed with SIGKILL and the card is quarantined as hung (never reset: a reset
+is the operator's call). Per card:
+
+0. before and after: the uncorrected volatile ECC count, remapped rows pending and failed,
+   retired pages pending (``nvidia-smi --query-gpu``) and the driver's recovery action
+   (``nvidia-smi -q``): a rise, a pending remap or an action other than None fails the card (ECC
+   can correct, and so hide, what a pattern test would have found);
+1. VRAM: ``vram_fraction`` of the free memory in plain device allocations (cuMemAlloc, never
+   managed memory), filled and read back ``patterns`` times with address-dependent values (each
+   pattern and its inverse over every chunk, salted per chunk so that two chunks aliasing each
+   other differ), mismatched 32-bit words counted on the card;
+2. PCIe: host-to-device and device-to-host bandwidth with pinned buffers, the worker bound to the
+   card's NUMA node, against what the card's maximum link (``pcie.link.gen.max`` x
+   ``pcie.link.width.max``) allows: below ``pcie_min_ratio`` fails (a riser at x1, a slot gone bad);
+3. compute: an integer workload (an LCG and xorshift per thread) whose outputs are compared with a
+   reference computed here for a sample of threads, and whole with the first launch's at every
+   launch of the soak: a wrong answer fails, as a crash does;
+4. soak: that workload for ``soak_s`` seconds at the cap in force (rigup-burnin never sets caps or
+   clocks), sampling temperature, SM clock, power and the throttle reasons every second: a thermal,
+   hardware-slowdown or power-brake reason in more than ``throttle_max`` of the samples fails; so
+   does an Xid of the card in the kernel log, and a card that falls off the bus;
+5. the memory the card reports is what the controller expects (``--expect-mib``: a CMP card's
+   unlocked size), and the VRAM pass covered it.
+
+Levels, after DCGM's: ``quick`` (seconds: one pattern, a 10 s soak; after a driver, unlock or cap
+change), ``standard`` (minutes: four patterns, a 2 min soak; a card's first sight), ``long`` (eight
+patterns, a 15 min soak; when the operator asks). Where ``dcgmi`` is installed and the card is a
+datacenter card (not a CMP or consumer card), ``dcgmi diag -r 1|2|3`` runs first and its verdict
+joins the card's.
+
+The CUDA part is the CUDA driver API through ctypes (libcuda.so.1, which every driver installs),
+its kernels PTX text the driver compiles for the card: no CUDA toolkit, no Python package and no
+compiler on the host (a host that receives a llama.cpp build has none), and the same code on
+every card the driver supports. No library does this: DCGM's diag is the field's tool but runs
+only on datacenter cards and is not packaged for every distribution; cuda-python, CuPy and
+PyTorch are packages the host would need first, built per CUDA version.
+
+Results: ``--results`` (default /var/lib/rigup/burnin.json, written atomically, root's), per card
+UUID: ``{"index", "bus_id", "name", "level", "at", "seconds", "passed", "failed": [why...],
+"key": {"driver", "memory_mib", "power_limit_w"}, "figures": {...}}``; ``clear`` marks cards
+accepted by the operator (``cleared``); the metrics (``--metrics``, when its directory exists):
+rigup_gpu_burnin_passed, rigup_gpu_quarantined, rigup_gpu_burnin_seconds, per card.
+Exit status of ``run``: 0 every tested card passed, 3 a card failed (named on stderr), 2 bad use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+RESULTS = "/var/lib/rigup/burnin.json"
+TESTING = "/run/rigup/burnin-testing.json"   # the bus ids under test now: the GPU guard leaves them alone
+METRICS = "/var/lib/prometheus/node-exporter/rigup_burnin.prom"
+LEVELS = {"quick": {"patterns": 1, "soak_s": 10, "dcgm": 1},
+          "standard": {"patterns": 4, "soak_s": 120, "dcgm": 2},
+          "long": {"patterns": 8, "soak_s": 900, "dcgm": 3}}
+PATTERNS = (0x00000000, 0xFFFFFFFF, 0xAAAAAAAA, 0x55555555, 0xCCCCCCCC, 0x33333333, 0xF0F0F0F0, 0x0F0F0F0F)
+# GB/s per lane and direction after line coding (PCI-SIG: 2.5, 5, 8, 16, 32, 64 GT/s)
+LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+# clocks_event_reasons bits that say the card cannot hold its clocks (nvml.h); the power cap (0x4)
+# and idle (0x1) are what a card at its configured cap does, never a fault
+THROTTLE = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+            0x80: "hardware power brake"}
+DATACENTER = re.compile(r"\b(A100|A30|A40|A10|H100|H200|H800|H20|B200|B100|GB200|L40S?|L4|V100|T4)\b")
+CHUNK = 1 << 30            # bytes per device allocation of the VRAM pass
+PCIE_BYTES = 256 << 20     # bytes per timed copy
+PCIE_COPIES = 4
+COMPUTE_ITERS = 8192       # LCG steps per thread and launch
+COMPUTE_SAMPLE = 64        # threads whose output is computed here too
+SAMPLE_S = 1.0
+SMI_TIMEOUT_S = 20
+KILL = getattr(signal, "SIGKILL", 9)
+
+# The kernels, as PTX for the driver to compile (the oldest target every supported card runs):
+# fill: word i of a chunk = (i * 0x9E3779B1) ^ seed; check: counts the words that differ (one
+# atomic per thread); burn: per thread x = i, ITERS times x = x * 1664525 + 1013904223, x ^= x >> 13
+# fill's and check's common part: %rd3 = this thread's first word, %rd5 = the grid's stride (words)
+GRID_STRIDE = """    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mov.u32 %r5, %nctaid.x;
+    mul.wide.u32 %rd3, %r2, %r3;
+    cvt.u64.u32 %rd4, %r4;
+    add.u64 %rd3, %rd3, %rd4;
+    mul.wide.u32 %rd5, %r5, %r3;"""
+# word %rd3's value (%r7) and address (%rd7)
+WORD = """    cvt.u32.u64 %r6, %rd3;
+    mul.lo.u32 %r7, %r6, 2654435761;
+    xor.b32 %r7, %r7, %r1;
+    shl.b64 %rd6, %rd3, 2;
+    add.u64 %rd7, %rd1, %rd6;"""
+PTX = r"""
+.version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry fill(.param .u64 p_ptr, .param .u64 p_n, .param .u32 p_seed)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [p_ptr];
+    ld.param.u64 %rd2, [p_n];
+    ld.param.u32 %r1, [p_seed];
+@GRID_STRIDE@
+FILL_LOOP:
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra FILL_DONE;
+@WORD@
+    st.global.u32 [%rd7], %r7;
+    add.u64 %rd3, %rd3, %rd5;
+    bra FILL_LOOP;
+FILL_DONE:
+    ret;
+}
+
+.visible .entry check(.param .u64 p_ptr, .param .u64 p_n, .param .u32 p_seed, .param .u64 p_count)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [p_ptr];
+    ld.param.u64 %rd2, [p_n];
+    ld.param.u32 %r1, [p_seed];
+    ld.param.u64 %rd8, [p_count];
+    cvta.to.global.u64 %rd8, %rd8;
+@GRID_STRIDE@
+    mov.u32 %r9, 0;
+CHECK_LOOP:
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra CHECK_DONE;
+@WORD@
+    ld.global.u32 %r8, [%rd7];
+    setp.ne.u32 %p2, %r8, %r7;
+    selp.u32 %r10, 1, 0, %p2;
+    add.u32 %r9, %r9, %r10;
+    add.u64 %rd3, %rd3, %rd5;
+    bra CHECK_LOOP;
+CHECK_DONE:
+    setp.eq.u32 %p3, %r9, 0;
+    @%p3 bra CHECK_RET;
+    atom.global.add.u32 %r11, [%rd8], %r9;
+CHECK_RET:
+    ret;
+}
+
+.visible .entry burn(.param .u64 p_out, .param .u32 p_n, .param .u32 p_iters)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [p_out];
+    ld.param.u32 %r1, [p_n];
+    ld.param.u32 %r2, [p_iters];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.u32 %r6, %r3, %r4, %r5;
+    setp.ge.u32 %p1, %r6, %r1;
+    @%p1 bra BURN_DONE;
+    mov.u32 %r7, %r6;
+    mov.u32 %r8, 0;
+BURN_LOOP:
+    setp.ge.u32 %p2, %r8, %r2;
+    @%p2 bra BURN_STORE;
+    mad.lo.u32 %r7, %r7, 1664525, 1013904223;
+    shr.u32 %r9, %r7, 13;
+    xor.b32 %r7, %r7, %r9;
+    add.u32 %r8, %r8, 1;
+    bra BURN_LOOP;
+BURN_STORE:
+    mul.wide.u32 %rd2, %r6, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r7;
+BURN_DONE:
+    ret;
+}
+""".replace("@GRID_STRIDE@", GRID_STRIDE).replace("@WORD@", WORD)
+
+
+def burn_reference(i: int, iters: int) -> int:
+    """What ``burn`` computes for thread ``i``."""
+    x = i & 0xFFFFFFFF
+    for _ in range(iters):
+        x = (x * 1664525 + 1013904223) & 0xFFFFFFFF
+        x ^= x >> 13
+    return x
+
+
+def fill_value(i: int, seed: int) -> int:
+    """What ``fill`` writes to word ``i`` of a chunk."""
+    return ((i * 2654435761) & 0xFFFFFFFF) ^ seed
+
+
+def chunk_seed(pattern: int, chunk: int) -> int:
+    """A pattern's seed for one chunk: the same salt for a pattern and its inverse."""
+    return pattern ^ ((chunk * 0x01000193) & 0xFFFFFFFF)
+
+
+def pcie_allowed_gbps(gen, width) -> float | None:
+    """What a link of PCIe ``gen`` x ``width`` carries per direction, GB/s; None when unknown."""
+    try:
+        return LANE_GBPS[int(gen)] * int(width)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def throttle_reasons(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE.items() if mask & bit]
+
+
+def judge(card: dict, fig: dict, opts: dict) -> list[str]:
+    """Why a card fails, from its figures (pure): [] when it passes."""
+    why = []
+    if fig.get("hung"):
+        why.append(f"hung: no answer within {fig['hung']} s (killed; the card was not reset)")
+    if fig.get("lost"):
+        why.append("fell off the bus under load" + (f" ({fig['lost']})" if isinstance(fig["lost"], str) else ""))
+    if fig.get("error") and not (fig.get("lost") and fig.get("cuda_lost")):
+        why.append(fig["error"])
+    vram = fig.get("vram") or {}
+    if vram.get("mismatches"):
+        why.append(f"VRAM: {vram['mismatches']} mismatched words ({vram.get('mib', '?')} MiB, "
+                   f"{vram.get('patterns', '?')} pattern(s) and their inverses)")
+    expect = card.get("expect_mib")
+    if expect and vram.get("total_mib") is not None and vram["total_mib"] < 0.95 * expect:
+        why.append(f"VRAM: the card has {vram['total_mib']} MiB, {expect} MiB expected (the unlock did not take)")
+    pcie = fig.get("pcie") or {}
+    if pcie.get("ratio") is not None and pcie["ratio"] < opts["pcie_min_ratio"]:
+        why.append(f"PCIe: {pcie['gbps']:.1f} GB/s, {pcie['ratio']:.2f} of the {pcie['allowed_gbps']:.1f} GB/s "
+                   f"its x{pcie['width_max']} Gen{pcie['gen_max']} link allows (link now x{pcie.get('width', '?')} "
+                   f"Gen{pcie.get('gen', '?')}; at least {opts['pcie_min_ratio']:.2f} wanted)")
+    compute = fig.get("compute") or {}
+    if compute.get("wrong"):
+        why.append(f"compute: {compute['wrong']} wrong answers of {compute.get('checked', '?')} checked")
+    soak = fig.get("soak") or {}
+    if soak.get("throttled_ratio", 0) > opts["throttle_max"]:
+        why.append(f"soak: {', '.join(soak.get('reasons') or ['throttled'])} in {soak['throttled_ratio']:.0%} of "
+                   f"{soak.get('samples')} samples (max {soak.get('temp_max_c')} C, SM clock down to "
+                   f"{soak.get('sm_clock_min_mhz')} MHz)")
+    for x in soak.get("xids") or []:
+        why.append(f"Xid {x} during the test")
+    health = fig.get("health") or {}
+    for what in health.get("worse") or []:
+        why.append(f"health: {what}")
+    dcgm = fig.get("dcgm") or {}
+    if dcgm.get("failed"):
+        why.append(f"dcgmi diag -r {dcgm.get('level')}: {', '.join(dcgm['failed'])}")
+    return why
+
+
+# ---------------------------------------------------------------- nvidia-smi
+def run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """(exit status, stdout and stderr) of ``argv``, killed with its process group past ``timeout``."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as e:
+        return 127, str(e)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, KILL)
+        except OSError:
+            pass
+        return None, ""
+
+
+def _num(text: str):
+    text = text.strip()
+    try:
+        return float(text) if "." in text else int(text, 0) if text.lower().startswith("0x") else int(text)
+    except ValueError:
+        return None if text.startswith("[") or text in ("N/A", "") else text
+
+
+def query(fields: list[str], ids: str | None = None) -> list[dict] | None:
+    """``nvidia-smi --query-gpu`` of ``fields`` per card (values numbers where they are), or None
+    when it fails or does not answer."""
+    argv = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+    if ids:
+        argv[1:1] = ["-i", ids]
+    rc, out = run_bounded(argv, SMI_TIMEOUT_S)
+    if rc != 0:
+        return None
+    rows = []
+    for line in out.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) == len(fields):
+            rows.append({f: _num(c) for f, c in zip(fields, cols)})
+    return rows
+
+
+CARD_FIELDS = ["index", "uuid", "pci.bus_id", "name", "driver_version", "memory.total", "power.limit",
+               "pcie.link.gen.max", "pcie.link.width.max", "pcie.link.gen.current", "pcie.link.width.current"]
+HEALTH_FIELDS = ["ecc.errors.uncorrected.volatile.total", "remapped_rows.pending", "remapped_rows.failure",
+                 "retired_pages.pending"]
+SAMPLE_FIELDS = ["uuid", "temperature.gpu", "clocks.current.sm", "power.draw", "utilization.gpu"]
+EVENT_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")   # newer drivers, older
+
+
+def cards() -> list[dict]:
+    rows = query(CARD_FIELDS)
+    if rows is None:
+        raise SystemExit("rigup-burnin: nvidia-smi does not answer: no card can be tested")
+    return rows
+
+
+def health(uuid: str) -> dict:
+    """The card's error counters and recovery action; a counter the card lacks is None."""
+    rows = query(HEALTH_FIELDS, uuid) or [{f: None for f in HEALTH_FIELDS}]
+    out = dict(rows[0])
+    rc, text = run_bounded(["nvidia-smi", "-q", "-i", uuid], SMI_TIMEOUT_S)
+    m = re.search(r"^\s*GPU Recovery Action\s*:\s*(.+?)\s*$", text or "", re.M) if rc == 0 else None
+    out["recovery_action"] = m.group(1) if m else None
+    return out
+
+
+def health_worse(before: dict, after: dict) -> list[str]:
+    """What got worse between two :func:`health` reads, or is bad now (pure)."""
+    worse = []
+    a, b = before.get(HEALTH_FIELDS[0]), after.get(HEALTH_FIELDS[0])
+    if isinstance(a, int) and isinstance(b, int) and b > a:
+        worse.append(f"{b - a} new uncorrected ECC errors")
+    for field, text in (("remapped_rows.pending", "a row remap is pending (a reset applies it)"),
+                        ("remapped_rows.failure", "a row remap failed"),
+                        ("retired_pages.pending", "a page retirement is pending")):
+        if str(after.get(field)).lower() in ("yes", "1"):
+            worse.append(text)
+    action = after.get("recovery_action")
+    if action and action.lower() not in ("none", "n/a"):
+        worse.append(f"the driver asks for recovery: {action}")
+    return worse
+
+
+def samples_of(buses: dict[str, str]) -> dict[str, dict]:
+    """One sample per card of ``buses`` ({uuid: bus id}): temperature, SM clock, power,
+    utilisation, throttle mask; a card nvidia-smi says it cannot reach is ``{"lost": its line}``."""
+    uuids = list(buses)
+    rc, out = None, ""
+    for events in EVENT_FIELDS:
+        argv = ["nvidia-smi", "-i", ",".join(uuids), f"--query-gpu={','.join(SAMPLE_FIELDS)},{events}",
+                "--format=csv,noheader,nounits"]
+        rc, out = run_bounded(argv, SMI_TIMEOUT_S)
+        if rc == 2 and "field" in out.lower():
+            continue   # this driver names the throttle reasons the other way
+        break
+    found = {}
+    for line in (out or "").splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) == len(SAMPLE_FIELDS) + 1:
+            row = {f: _num(c) for f, c in zip(SAMPLE_FIELDS + ["events"], cols)}
+            found[row["uuid"]] = row
+        m = re.search(r"GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f])\s*:\s*Unknown Error", line)
+        if m:
+            for uuid, bus in buses.items():
+                if bus.lower()[-12:] == m.group(1).lower()[-12:]:
+                    found[uuid] = {"lost": line.strip()[:160]}
+    return found
+
+
+def busy_cards(all_uuids: list[str]) -> dict[str, str]:
+    """Cards something uses now: {uuid: what}: a compute process, or an active serving unit whose
+    CUDA_VISIBLE_DEVICES has it (a unit without it has every card)."""
+    busy = {}
+    rc, out = run_bounded(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"], SMI_TIMEOUT_S)
+    if rc == 0:
+        for line in out.splitlines():
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) == 2 and cols[0] in all_uuids:
+                busy[cols[0]] = f"process {cols[1]}"
+    if not shutil.which("systemctl"):
+        return busy
+    rc, out = run_bounded(["systemctl", "list-units", "--state=active", "--plain", "--no-legend",
+                           "rigup-llama@*", "rigup-vllm@*", "rigup-rpc*"], 20)
+    for unit in (line.split()[0] for line in (out or "").splitlines() if line.strip() and rc == 0):
+        rc2, env = run_bounded(["systemctl", "show", "-p", "Environment", "--value", unit], 20)
+        m = re.search(r"(?:^|\s)CUDA_VISIBLE_DEVICES=(\S*)", env or "")
+        named = [d for d in m.group(1).split(",") if d] if m else None
+        for uuid in all_uuids:
+            if named is None or uuid in named or any(not d.startswith("GPU-") for d in named):
+                busy.setdefault(uuid, unit)
+    return busy
+
+
+def numa_cpus(bus_id: str) -> set[int] | None:
+    """The CPUs of the card's NUMA node (sysfs), or None when the node is not known."""
+    bus = bus_id.lower()[-12:]
+    try:
+        with open(f"/sys/bus/pci/devices/0000:{bus}/numa_node") as f:
+            node = int(f.read().strip())
+        if node < 0:
+            return None
+        with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
+            spec = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    cpus = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus or None
+
+
+# ---------------------------------------------------------------- the CUDA driver API (ctypes)
+class CudaError(Exception):
+    def __init__(self, code: int, what: str, name: str = ""):
+        super().__init__(f"CUDA error {code}{' ' + name if name else ''} in {what}")
+        self.code = code
+
+
+LOST_CODES = {101, 999, 700, 719, 46, 3, 4}   # invalid device, unknown, illegal address, launch failed, busy, not initialised, deinitialised
+
+
+class Device:
+    """One card through libcuda: a context, device memory, pinned host memory and the PTX kernels."""
+
+    def __init__(self, bus_id: str):
+        self.lib = lib = ctypes.CDLL("libcuda.so.1")
+        u64, sz, vp = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
+        for name, args in (("cuMemAlloc_v2", [ctypes.POINTER(u64), sz]), ("cuMemFree_v2", [u64]),
+                           ("cuMemsetD32_v2", [u64, ctypes.c_uint, sz]),
+                           ("cuMemcpyHtoD_v2", [u64, vp, sz]), ("cuMemcpyDtoH_v2", [vp, u64, sz]),
+                           ("cuMemGetInfo_v2", [ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+                           ("cuMemHostAlloc", [ctypes.POINTER(vp), sz, ctypes.c_uint]), ("cuMemFreeHost", [vp]),
+                           ("cuLaunchKernel", [vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                               ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp, vp, vp])):
+            getattr(lib, name).argtypes = args
+        self.call("cuInit", 0)
+        dev = ctypes.c_int()
+        self.call("cuDeviceGetByPCIBusId", ctypes.byref(dev), ("0000:" + bus_id[-12:]).lower().encode())
+        self.dev = dev.value
+        self.ctx = ctypes.c_void_p()    # the device's primary context: the same call since CUDA 7
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)
+        self.call("cuCtxSetCurrent", self.ctx)
+        sms = ctypes.c_int()
+        self.call("cuDeviceGetAttribute", ctypes.byref(sms), 16, self.dev)   # MULTIPROCESSOR_COUNT
+        self.sms = max(1, sms.value)
+        self.module = ctypes.c_void_p()
+        self.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(PTX.encode() + b"\0"))
+        self.kernels = {}
+        for name in ("fill", "check", "burn"):
+            fn = ctypes.c_void_p()
+            self.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
+            self.kernels[name] = fn
+
+    def call(self, name: str, *args):
+        rc = getattr(self.lib, name)(*args)
+        if rc:
+            text = ctypes.c_char_p()
+            try:
+                self.lib.cuGetErrorName(rc, ctypes.byref(text))
+            except AttributeError:
+                pass
+            raise CudaError(rc, name, (text.value or b"").decode(errors="replace"))
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.call("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    def alloc(self, size: int) -> int | None:
+        ptr = ctypes.c_uint64()
+        rc = self.lib.cuMemAlloc_v2(ctypes.byref(ptr), size)
+        if rc == 2:    # CUDA_ERROR_OUT_OF_MEMORY: the caller takes less
+            return None
+        if rc:
+            self.call("cuMemAlloc_v2", ctypes.byref(ptr), size)   # raises, naming it
+        return ptr.value
+
+    def launch(self, name: str, grid: int, block: int, *params):
+        holders = [p if isinstance(p, (ctypes.c_uint64, ctypes.c_uint32)) else ctypes.c_uint64(p) for p in params]
+        arr = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders])
+        self.call("cuLaunchKernel", self.kernels[name], grid, 1, 1, block, 1, 1, 0, None, arr, None)
+
+    def sync(self):
+        self.call("cuCtxSynchronize")
+
+
+def vram_pass(dev: Device, fraction: float, patterns: int) -> dict:
+    free, total = dev.mem_info()
+    want = int(free * fraction) // 4 * 4
+    chunks, got, size = [], 0, CHUNK
+    while got < want and size >= (64 << 20):
+        size = min(size, want - got)
+        ptr = dev.alloc(size)
+        if ptr is None:    # fragmented near the end: smaller chunks
+            size //= 2
+            continue
+        chunks.append((ptr, size))
+        got += size
+    counter = dev.alloc(4)
+    dev.call("cuMemsetD32_v2", counter, 0, 1)
+    grid, block = dev.sms * 8, 256
+    for p in range(patterns):
+        base = PATTERNS[(2 * p) % len(PATTERNS)] if p < len(PATTERNS) // 2 else random.getrandbits(32)
+        for pattern in (base, base ^ 0xFFFFFFFF):     # a pattern and its inverse: every bit both ways
+            for k, (ptr, size) in enumerate(chunks):
+                dev.launch("fill", grid, block, ptr, size // 4, ctypes.c_uint32(chunk_seed(pattern, k)))
+            dev.sync()
+            for k, (ptr, size) in enumerate(chunks):
+                dev.launch("check", grid, block, ptr, size // 4, ctypes.c_uint32(chunk_seed(pattern, k)), counter)
+            dev.sync()
+    bad = ctypes.c_uint32()
+    dev.call("cuMemcpyDtoH_v2", ctypes.byref(bad), counter, 4)
+    for ptr, _ in chunks:
+        dev.lib.cuMemFree_v2(ptr)
+    dev.lib.cuMemFree_v2(counter)
+    return {"mib": got >> 20, "free_mib": free >> 20, "total_mib": total >> 20, "patterns": patterns,
+            "mismatches": bad.value}
+
+
+def pcie_pass(dev: Device, gen_max, width_max, gen, width) -> dict:
+    host = ctypes.c_void_p()
+    dev.call("cuMemHostAlloc", ctypes.byref(host), PCIE_BYTES, 0)
+    ptr = dev.alloc(PCIE_BYTES)
+    if ptr is None:
+        dev.lib.cuMemFreeHost(host)
+        return {"error": "PCIe: no device memory for the copy"}
+    ctypes.memset(host, 0x5A, PCIE_BYTES)
+    times = {}
+    for way in ("h2d", "d2h"):
+        copy = (lambda: dev.call("cuMemcpyHtoD_v2", ptr, host, PCIE_BYTES)) if way == "h2d" else \
+            (lambda: dev.call("cuMemcpyDtoH_v2", host, ptr, PCIE_BYTES))
+        copy()    # warm-up
+        dev.sync()
+        t0 = time.perf_counter()
+        for _ in range(PCIE_COPIES):
+            copy()
+        dev.sync()
+        times[way] = time.perf_counter() - t0
+    dev.lib.cuMemFree_v2(ptr)
+    dev.lib.cuMemFreeHost(host)
+    gbps = {w: PCIE_BYTES * PCIE_COPIES / t / 1e9 for w, t in times.items()}
+    allowed = pcie_allowed_gbps(gen_max, width_max)
+    slow = min(gbps.values())
+    return {"h2d_gbps": round(gbps["h2d"], 2), "d2h_gbps": round(gbps["d2h"], 2), "gbps": round(slow, 2),
+            "allowed_gbps": allowed, "ratio": round(slow / allowed, 3) if allowed else None,
+            "gen_max": gen_max, "width_max": width_max, "gen": gen, "width": width}
+
+
+def burn_once(dev: Device, out: int, n: int, iters: int) -> bytes:
+    block = 256
+    dev.launch("burn", (n + block - 1) // block, block, out, ctypes.c_uint32(n), ctypes.c_uint32(iters))
+    buf = ctypes.create_string_buffer(n * 4)
+    dev.call("cuMemcpyDtoH_v2", buf, out, n * 4)
+    return buf.raw
+
+
+def compute_and_soak(dev: Device, soak_s: float) -> tuple[dict, dict]:
+    n = dev.sms * 2048
+    out = dev.alloc(n * 4)
+    if out is None:
+        return {"error": "compute: no device memory"}, {}
+    first = burn_once(dev, out, n, COMPUTE_ITERS)
+    words = memoryview(first).cast("I")
+    sample = random.sample(range(n), min(COMPUTE_SAMPLE, n))
+    wrong = sum(1 for i in sample if words[i] != burn_reference(i, COMPUTE_ITERS))
+    compute = {"threads": n, "iters": COMPUTE_ITERS, "checked": len(sample), "wrong": wrong}
+    t0, launches, differ = time.monotonic(), 0, 0
+    while time.monotonic() - t0 < soak_s:
+        again = burn_once(dev, out, n, COMPUTE_ITERS)
+        launches += 1
+        if again != first:
+            differ += sum(1 for a, b in zip(memoryview(again).cast("I"), words) if a != b)
+    dev.lib.cuMemFree_v2(out)
+    compute["wrong"] += differ
+    compute["checked"] += launches * n
+    return compute, {"launches": launches, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def worker(card: dict, opts: dict, conn) -> None:
+    """One card's CUDA part, in a process of its own (the parent kills it past its bound)."""
+    fig: dict = {}
+    try:
+        cpus = numa_cpus(card["pci.bus_id"])
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+        fig["numa_cpus"] = len(cpus) if cpus else None
+        dev = Device(card["pci.bus_id"])
+        t = time.monotonic()
+        fig["vram"] = vram_pass(dev, opts["vram_fraction"], opts["patterns"])
+        fig["vram"]["seconds"] = round(time.monotonic() - t, 2)
+        t = time.monotonic()
+        fig["pcie"] = pcie_pass(dev, card.get("pcie.link.gen.max"), card.get("pcie.link.width.max"),
+                                card.get("pcie.link.gen.current"), card.get("pcie.link.width.current"))
+        fig["pcie"]["seconds"] = round(time.monotonic() - t, 2)
+        fig["compute"], fig["soak"] = compute_and_soak(dev, opts["soak_s"])
+    except CudaError as e:
+        fig["error"] = str(e)
+        if e.code in LOST_CODES:
+            fig["cuda_lost"] = e.code
+    except OSError as e:
+        fig["error"] = f"libcuda.so.1: {e}"
+    except Exception as e:   # noqa: BLE001 - any failure of the test is the card's result, named
+        fig["error"] = f"the test failed: {type(e).__name__}: {e}"
+    conn.send(fig)
+    conn.close()
+
+
+def dcgm(card: dict, level: int) -> dict | None:
+    """``dcgmi diag -r LEVEL -i INDEX -j`` on a datacenter card where dcgmi is installed: {"level",
+    "failed": [test names]}, or None."""
+    if not shutil.which("dcgmi") or not DATACENTER.search(str(card.get("name") or "")):
+        return None
+    rc, out = run_bounded(["dcgmi", "diag", "-r", str(level), "-i", str(card["index"]), "-j"], 3600)
+    failed = []
+
+    def walk(node, name=None):
+        if isinstance(node, dict):
+            here = node.get("name") or node.get("test_name") or name
+            if str(node.get("status", "")).lower() == "fail":
+                failed.append(str(here or "a test"))
+            for v in node.values():
+                walk(v, here)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, name)
+    try:
+        walk(json.loads(out[out.find("{"):]))
+    except ValueError:
+        pass
+    if rc != 0 and not failed:
+        failed.append(f"exit status {rc}" if rc is not None else "no answer within 3600 s")
+    return {"level": level, "failed": sorted(set(failed))}
+
+
+# ---------------------------------------------------------------- the run
+def time_bound(opts: dict, mib: int) -> float:
+    """How long one card's worker may take: generous for the slowest card rigup serves (a CMP
+    card's VRAM pass at some 100 GB/s), so that only a hang reaches it."""
+    return opts.get("timeout_s") or (60 + opts["patterns"] * 2 * (3 + mib / 100_000 * 2 * 4) + 60 + opts["soak_s"] * 1.5)
+
+
+def xid_since(since: float, match: str | None, buses: dict[str, str]) -> dict[str, list[int]]:
+    """The Xid codes the kernel logged for each card (by uuid) since ``since`` (journal)."""
+    if not shutil.which("journalctl"):
+        return {}
+    argv = ["journalctl", "-o", "cat", "--no-pager", f"--since=@{int(since)}"]
+    argv += [match] if match else ["-k"]
+    rc, out = run_bounded(argv, 20)
+    found: dict[str, list[int]] = {}
+    for m in re.finditer(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)", out or ""):
+        bus = m.group(1).lower()[-12:]
+        for uuid, b in buses.items():
+            if b.lower()[-12:] == bus:
+                found.setdefault(uuid, []).append(int(m.group(2)))
+    return found
+
+
+def run(opts: dict, only: list[str] | None) -> dict[str, dict]:
+    testing = opts.get("testing") or TESTING
+    known = cards()
+    by_uuid = {c["uuid"]: c for c in known}
+    wanted = only or list(by_uuid)
+    missing = [u for u in wanted if u not in by_uuid]
+    busy = busy_cards(list(by_uuid))
+    results: dict[str, dict] = {}
+    for u in missing:
+        results[u] = {"passed": False, "failed": ["not on the bus: nvidia-smi does not list it"], "level": opts["level"],
+                      "at": time.time(), "seconds": 0, "figures": {}}
+    todo = [by_uuid[u] for u in wanted if u in by_uuid and u not in busy]
+    skipped = {u: busy[u] for u in wanted if u in busy}
+    started = time.time()
+    health0 = {c["uuid"]: health(c["uuid"]) for c in todo}
+    figs: dict[str, dict] = {c["uuid"]: {} for c in todo}
+    for c in todo:
+        c["expect_mib"] = (opts.get("expect_mib") or {}).get(c["uuid"])
+        d = dcgm(c, LEVELS[opts["level"]]["dcgm"])
+        if d:
+            figs[c["uuid"]]["dcgm"] = d
+    save(testing, [c["pci.bus_id"] for c in todo])
+    try:
+        return finish(opts, todo, figs, health0, started, by_uuid, results, skipped)
+    finally:
+        try:
+            os.remove(testing)
+        except OSError:
+            pass
+
+
+def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dict[str, dict]:
+    ctx = multiprocessing.get_context("fork")
+    procs = {}
+    for c in todo:
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=worker, args=(c, opts, child), daemon=True)
+        p.start()
+        child.close()
+        procs[c["uuid"]] = (p, parent, time.monotonic() + time_bound(opts, c.get("memory.total") or 0))
+    samples: dict[str, list[dict]] = {c["uuid"]: [] for c in todo}
+    while procs:
+        now_rows = samples_of({u: by_uuid[u]["pci.bus_id"] for u in procs})
+        for u, row in now_rows.items():
+            if u in samples:
+                samples[u].append(row)
+        for u, (p, conn, deadline) in list(procs.items()):
+            if conn.poll():
+                try:
+                    figs[u].update(conn.recv())
+                except EOFError:
+                    figs[u]["error"] = "the worker ended without a result"
+                p.join(5)
+                del procs[u]
+            elif not p.is_alive():
+                figs[u]["error"] = f"the worker ended without a result (exit {p.exitcode})"
+                del procs[u]
+            elif time.monotonic() > deadline:
+                os.kill(p.pid, KILL)       # never a GPU reset: quarantined, the operator decides
+                figs[u]["hung"] = round(time_bound(opts, by_uuid[u].get("memory.total") or 0))
+                del procs[u]
+        if procs:
+            time.sleep(SAMPLE_S)
+    xids = xid_since(started, opts.get("xid_match"), {c["uuid"]: c["pci.bus_id"] for c in todo})
+    for c in todo:
+        u = c["uuid"]
+        fig = figs[u]
+        rows = samples[u]
+        lost = [r["lost"] for r in rows if "lost" in r and r["lost"]]
+        if lost or fig.get("cuda_lost"):
+            fig["lost"] = lost[-1] if lost else f"CUDA error {fig['cuda_lost']}"
+        judged = [r for r in rows if "lost" not in r]
+        bad = [r for r in judged if isinstance(r.get("events"), int) and throttle_reasons(r["events"])]
+        soak = fig.setdefault("soak", {})
+        soak.update({"samples": len(judged), "throttled_ratio": round(len(bad) / len(judged), 3) if judged else 0,
+                     "reasons": sorted({n for r in bad for n in throttle_reasons(r["events"])}),
+                     "temp_max_c": max((r["temperature.gpu"] for r in judged if isinstance(r.get("temperature.gpu"), (int, float))), default=None),
+                     "sm_clock_min_mhz": min((r["clocks.current.sm"] for r in judged if isinstance(r.get("clocks.current.sm"), (int, float))), default=None),
+                     "power_max_w": max((r["power.draw"] for r in judged if isinstance(r.get("power.draw"), (int, float))), default=None),
+                     "xids": sorted(set(xids.get(u, [])))})
+        if not fig.get("lost") and not fig.get("hung"):
+            after = health(u)
+            fig["health"] = {"before": health0[u], "after": after, "worse": health_worse(health0[u], after)}
+        why = judge(c, fig, opts)
+        results[u] = {"index": c["index"], "bus_id": c["pci.bus_id"], "name": c["name"], "level": opts["level"],
+                      "at": round(time.time()), "seconds": round(time.time() - started, 1), "passed": not why,
+                      "failed": why, "figures": fig,
+                      "key": {"driver": c["driver_version"], "memory_mib": c["memory.total"],
+                              "power_limit_w": c["power.limit"]}}
+    for u, what in skipped.items():
+        results[u] = {"busy": what}
+    return results
+
+
+# ---------------------------------------------------------------- records
+def load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save(path: str, records: dict) -> None:
+    """Write the records atomically (root's directory: a temporary file beside it, then rename)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(records, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def quarantined(rec: dict) -> bool:
+    return not rec.get("passed") and not rec.get("cleared")
+
+
+def write_metrics(path: str | None, records: dict) -> None:
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return
+    lines = ["# HELP rigup_gpu_burnin_passed Whether the card passed its last acceptance run (rigup-burnin)",
+             "# TYPE rigup_gpu_burnin_passed gauge",
+             "# HELP rigup_gpu_quarantined Whether the card is left out of serving until it passes or is cleared",
+             "# TYPE rigup_gpu_quarantined gauge",
+             "# HELP rigup_gpu_burnin_seconds How long the card's last acceptance run took",
+             "# TYPE rigup_gpu_burnin_seconds gauge"]
+    for uuid, rec in sorted(records.items()):
+        if not isinstance(rec, dict) or "passed" not in rec:
+            continue
+        labels = f'uuid="{uuid}",bus_id="{rec.get("bus_id", "")}",level="{rec.get("level", "")}"'
+        lines += [f"rigup_gpu_burnin_passed{{{labels}}} {int(bool(rec.get('passed')))}",
+                  f"rigup_gpu_quarantined{{{labels}}} {int(quarantined(rec))}",
+                  f"rigup_gpu_burnin_seconds{{{labels}}} {rec.get('seconds', 0)}"]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def line(uuid: str, rec: dict) -> str:
+    if "busy" in rec:
+        return f"GPU {uuid}: not tested, in use by {rec['busy']}"
+    head = f"GPU {rec.get('index', '?')} ({rec.get('bus_id', '?')}, {uuid}) {rec.get('level')}:"
+    if rec.get("passed"):
+        fig = rec.get("figures") or {}
+        vram, pcie, soak = fig.get("vram") or {}, fig.get("pcie") or {}, fig.get("soak") or {}
+        return (f"{head} passed in {rec.get('seconds')} s (VRAM {vram.get('mib')} MiB x {vram.get('patterns')}, "
+                f"PCIe {pcie.get('gbps')} GB/s = {pcie.get('ratio')} of its link, soak {soak.get('seconds')} s, "
+                f"max {soak.get('temp_max_c')} C)")
+    return f"{head} FAILED: " + "; ".join(rec.get("failed") or ["?"]) + (" (cleared by the operator)" if rec.get("cleared") else "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rigup-burnin")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--level", choices=sorted(LEVELS), default="standard")
+    r.add_argument("--cards", default="")
+    r.add_argument("--results", default=RESULTS)
+    r.add_argument("--metrics", default=METRICS)
+    r.add_argument("--json", default=None, help="also write this run's results here")
+    r.add_argument("--soak-s", type=float, default=None)
+    r.add_argument("--patterns", type=int, default=None)
+    r.add_argument("--vram-fraction", type=float, default=0.9)
+    r.add_argument("--pcie-min-ratio", type=float, default=0.25)
+    r.add_argument("--throttle-max", type=float, default=0.25)
+    r.add_argument("--timeout-s", type=float, default=None)
+    r.add_argument("--xid-match", default=None)
+    r.add_argument("--expect-mib", default="", help="UUID=MIB,... the memory each card should report")
+    r.add_argument("--testing", default=TESTING, help="where the bus ids under test are kept meanwhile")
+    s = sub.add_parser("status")
+    s.add_argument("--results", default=RESULTS)
+    c = sub.add_parser("clear")
+    c.add_argument("cards")
+    c.add_argument("--results", default=RESULTS)
+    c.add_argument("--metrics", default=METRICS)
+    c.add_argument("--by", default="the operator")
+    a = ap.parse_args(argv)
+    if a.cmd == "status":
+        for uuid, rec in sorted(load(a.results).items()):
+            print(line(uuid, rec))
+        return 0
+    if a.cmd == "clear":
+        records = load(a.results)
+        names = list(records) if a.cards == "all" else [u for u in a.cards.split(",") if u]
+        for u in names:
+            if u in records and quarantined(records[u]):
+                records[u]["cleared"] = {"at": round(time.time()), "by": a.by}
+        save(a.results, records)
+        write_metrics(a.metrics, records)
+        return 0
+    level = LEVELS[a.level]
+    opts = {"level": a.level, "patterns": a.patterns or level["patterns"],
+            "soak_s": level["soak_s"] if a.soak_s is None else a.soak_s, "vram_fraction": a.vram_fraction,
+            "pcie_min_ratio": a.pcie_min_ratio, "throttle_max": a.throttle_max, "timeout_s": a.timeout_s,
+            "xid_match": a.xid_match, "testing": a.testing,
+            "expect_mib": {k: int(v) for k, _, v in (p.partition("=") for p in a.expect_mib.split(",") if p)}}
+    found = run(opts, [u for u in a.cards.split(",") if u] or None)
+    records = load(a.results)
+    for u, rec in found.items():
+        if "busy" not in rec:
+            records[u] = rec
+    save(a.results, records)
+    write_metrics(a.metrics, records)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(found, f, indent=1, sort_keys=True)
+    failed = False
+    for u, rec in sorted(found.items()):
+        text = line(u, rec)
+        print(text, file=sys.stderr if rec.get("passed") is False else sys.stdout, flush=True)
+        failed |= rec.get("passed") is False
+    return 3 if failed else 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # not sys.exit: a worker killed while stuck in the driver must not hold the exit

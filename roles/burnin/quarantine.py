@@ -1,0 +1,124 @@
+"""Which cards a converge tests, serves on, or leaves out (pure: the host's cards, rigup-burnin's
+records and data in; roles/burnin's ``cards`` hook and plan lines read it).
+
+Per card (by UUID; lost cards keep their record):
+- no record: its **first sight**: tested at ``burnin_level``;
+- a record that passed (or that the operator cleared), under the same key: **accepted**. The key
+  is the driver version, the memory the card reports (an unlock changes it) and the power cap it
+  was soaked at: a cap at or below it was tested, a higher one was not. Another driver or memory
+  size, or a higher cap: tested again at ``burnin_after_change``, and meanwhile it serves;
+- a record that failed: **quarantined**: left out of the plan (so of every serving unit's
+  CUDA_VISIBLE_DEVICES and of the VRAM plan), until ``burnin_retest`` tests it again and it
+  passes, or ``burnin_clear`` names it;
+- a card something serves from (an active serving unit whose CUDA_VISIBLE_DEVICES has it, or one
+  without it) is never tested: it **waits** (a card never tested serves meanwhile, as it did
+  before burn-in was enabled; drain the host with rigup_maintenance for its run).
+"""
+
+from __future__ import annotations
+
+from rigup.text import shown
+
+CAP_SLACK_W = 0.5
+
+
+def quarantined(rec: dict | None) -> bool:
+    return bool(rec) and rec.get("passed") is False and not rec.get("cleared")
+
+
+def key_change(rec: dict, gpu: dict, driver: str | None) -> str | None:
+    """Why a card accepted under ``rec["key"]`` must be tested again now, or None."""
+    key = rec.get("key") or {}
+    why = []
+    if driver and key.get("driver") and str(key["driver"]) != str(driver):
+        why.append(f"driver {shown(key['driver'], 32)} -> {shown(driver, 32)}")
+    mem = gpu.get("memory_total_mib")
+    if mem and key.get("memory_mib") and int(key["memory_mib"]) != int(mem):
+        why.append(f"memory {key['memory_mib']} -> {mem} MiB")
+    cap, soaked = gpu.get("power_limit_w"), key.get("power_limit_w")
+    if isinstance(cap, (int, float)) and isinstance(soaked, (int, float)) and cap > soaked + CAP_SLACK_W:
+        why.append(f"power cap {soaked:g} -> {cap:g} W, above the one it was soaked at")
+    return ", ".join(why) or None
+
+
+def busy_with(uuid: str, units: dict) -> str | None:
+    """The active serving unit that holds the card, or None."""
+    for unit, devices in sorted(units.items()):
+        if devices is None or uuid in devices or any(not d.startswith("GPU-") for d in devices):
+            return shown(unit, 80)
+    return None
+
+
+def named(values, uuid: str) -> bool:
+    return "all" in (values or []) or uuid in (values or [])
+
+
+def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) -> dict:
+    """The burn-in part of the plan (``plan["burnin"]``)::
+
+        {"run": {"standard": [uuid...], "quick": [uuid...]}, "why": {uuid: "first sight" | change},
+         "quarantined": [{"uuid", "index", "bus_id", "failed": [...]}], "clear": [uuid...],
+         "waiting": [{"uuid", "index", "why"}], "accepted": N}
+    """
+    records, units = state.get("records") or {}, state.get("units") or {}
+    out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0}
+
+    def run(gpu: dict, level: str, why: str) -> None:
+        holder = busy_with(gpu["uuid"], units)
+        if holder:
+            out["waiting"].append({"uuid": gpu["uuid"], "index": gpu.get("index"),
+                                   "why": f"{why}: in use by {holder}"})
+        else:
+            out["run"].setdefault(level, []).append(gpu["uuid"])
+            out["why"][gpu["uuid"]] = why
+
+    for gpu in gpus:
+        uuid = gpu.get("uuid")
+        if not uuid:
+            continue
+        rec = records.get(uuid)
+        if quarantined(rec):
+            if named(data.get("burnin_clear"), uuid):
+                out["clear"].append(uuid)
+            elif data.get("burnin_retest") and not gpu.get("lost"):
+                run(gpu, data["burnin_level"], "a retest of a quarantined card")
+            else:
+                out["quarantined"].append({"uuid": uuid, "index": gpu.get("index"), "bus_id": gpu.get("bus_id"),
+                                           "failed": [shown(f, 200) for f in rec.get("failed") or ["?"]]})
+            continue
+        if gpu.get("lost"):
+            continue
+        if rec is None:
+            run(gpu, data["burnin_level"], "first sight")
+            continue
+        change = key_change(rec, gpu, driver)
+        if change:   # it passed before: it serves meanwhile
+            run(gpu, data["burnin_after_change"], change)
+        out["accepted"] += 1
+    return out
+
+
+def serving(gpus: list[dict], part: dict) -> list[dict]:
+    """The cards the plan may serve on: all but the quarantined ones."""
+    out = {q["uuid"] for q in part.get("quarantined") or []}
+    return [g for g in gpus if g.get("uuid") not in out]
+
+
+def lines(part: dict) -> list[str]:
+    """Preflight's burn-in lines."""
+    if not part:
+        return []
+    text = []
+    for level, uuids in sorted(part.get("run", {}).items()):
+        whys = sorted({part["why"][u] for u in uuids})
+        text.append(f"burn-in:   {level} on {len(uuids)} card(s) ({'; '.join(whys)}): {', '.join(uuids)}")
+    for q in part.get("quarantined") or []:
+        text.append(f"burn-in:   GPU {q['index']} ({q['bus_id']}, {q['uuid']}) QUARANTINED, left out of serving: "
+                    f"{'; '.join(q['failed'])} (burnin_retest tests it again, burnin_clear accepts it)")
+    for w in part.get("waiting") or []:
+        text.append(f"burn-in:   GPU {w['index']} ({w['uuid']}) waits: {w['why']} (set rigup_maintenance for its run)")
+    for uuid in part.get("clear") or []:
+        text.append(f"burn-in:   {uuid} cleared by the operator (burnin_clear): it serves again")
+    if not text:
+        text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
+    return text

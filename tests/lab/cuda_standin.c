@@ -1,0 +1,323 @@
+/* The lab's stand-in for libcuda.so.1 (the CUDA driver API): the calls rigup-burnin makes
+ * (roles/burnin/acceptance.py), answered for the simulated cards of tests/lab/nvidia_smi.py.
+ *
+ * Built by the lab (tests/lab/lab.py cuda_standin) and installed on GPU-profile hosts as
+ * /usr/local/lib/libcuda.so.1, so that rigup-burnin's ctypes code runs as written. What it
+ * simulates, from `nvidia-smi sim cuda` (one line per card, the faults `sim set` injects):
+ * - device memory: the card's memory.total; allocations up to 64 MiB are real memory (results,
+ *   counters), larger ones are accounted only: `fill` records each chunk's seed and `check`
+ *   compares with it, adding the card's injected `--vram-bad` words to the count;
+ * - copies between a pinned buffer (cuMemHostAlloc) and the card take the time the card's
+ *   current link takes (0.85 of PCIe gen x width), so a link trained down to x1 measures as one;
+ * - `burn` computes its LCG for real on the CPU (the reference the program checks);
+ * - `--lost-under-load S`: S seconds after the first kernel the card falls off the bus (Xid 79
+ *   through `nvidia-smi sim xid 79 -i N --lost`), and every call fails with CUDA error 999;
+ * - `--cuda-hang 1`: a kernel launch never returns (a wedged card).
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+#define MAXDEV 16
+#define MAXALLOC 4096
+#define REAL_MAX (64ull << 20)
+
+struct card {
+    int index;
+    char bus[32];
+    unsigned long long total_mib, used_mib;
+    int gen, width, gen_max, width_max;
+    long vram_bad;
+    double lost_after;
+    int hang;
+};
+struct alloc {
+    CUdeviceptr ptr;
+    size_t size;
+    void *real;
+    unsigned seed;
+    int filled;
+};
+
+static struct card cards[MAXDEV];
+static int ncards = -1, cur = -1, lost = 0;
+static struct alloc allocs[MAXALLOC];
+static int nallocs;
+static CUdeviceptr next_ptr = 0x7f0000000000ull;
+static size_t used_bytes;
+static double first_kernel = -1;
+static void *pinned[64];
+static size_t pinned_size[64];
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int load_cards(void) {
+    FILE *f = popen("nvidia-smi sim cuda 2>/dev/null", "r");
+    char line[512];
+    if (!f)
+        return 0;
+    ncards = 0;
+    while (ncards < MAXDEV && fgets(line, sizeof line, f)) {
+        struct card *c = &cards[ncards];
+        if (sscanf(line, "%d %31s %llu %llu %d %d %d %d %ld %lf %d", &c->index, c->bus, &c->total_mib, &c->used_mib,
+                   &c->gen, &c->width, &c->gen_max, &c->width_max, &c->vram_bad, &c->lost_after, &c->hang) == 11)
+            ncards++;
+    }
+    pclose(f);
+    return ncards > 0;
+}
+
+static CUresult gone(void) {
+    struct card *c;
+    char cmd[128];
+    if (lost)
+        return 999;
+    if (cur < 0 || first_kernel < 0)
+        return 0;
+    c = &cards[cur];
+    if (c->lost_after > 0 && now() - first_kernel >= c->lost_after) {
+        snprintf(cmd, sizeof cmd, "nvidia-smi sim xid 79 -i %d --lost >/dev/null 2>&1", c->index);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cuda stand-in: %s failed\n", cmd);
+        lost = 1;
+        return 999;
+    }
+    return 0;
+}
+
+CUresult cuInit(unsigned flags) {
+    (void)flags;
+    return load_cards() ? 0 : 100;   /* CUDA_ERROR_NO_DEVICE */
+}
+
+CUresult cuGetErrorName(CUresult rc, const char **name) {
+    *name = rc == 999 ? "CUDA_ERROR_UNKNOWN" : rc == 2 ? "CUDA_ERROR_OUT_OF_MEMORY"
+          : rc == 100 ? "CUDA_ERROR_NO_DEVICE" : rc == 101 ? "CUDA_ERROR_INVALID_DEVICE" : "CUDA_ERROR";
+    return 0;
+}
+
+static int same_bus(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    return la >= 12 && lb >= 12 && strcasecmp(a + la - 12, b + lb - 12) == 0;
+}
+
+CUresult cuDeviceGetByPCIBusId(int *dev, const char *bus) {
+    for (int i = 0; i < ncards; i++)
+        if (same_bus(cards[i].bus, bus)) {
+            *dev = i;
+            return 0;
+        }
+    return 101;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (dev < 0 || dev >= ncards)
+        return 101;
+    *ctx = (void *)(uintptr_t)(dev + 1);
+    return 0;
+}
+
+CUresult cuCtxSetCurrent(void *ctx) {
+    int dev = (int)(uintptr_t)ctx - 1;
+    if (dev < 0 || dev >= ncards)
+        return 201;   /* CUDA_ERROR_INVALID_CONTEXT */
+    cur = dev;
+    return 0;
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attr, int dev) {
+    (void)dev;
+    *value = attr == 16 ? 4 : 0;   /* 4 multiprocessors: a small burn */
+    return 0;
+}
+
+CUresult cuModuleLoadData(void **module, const void *image) {
+    *module = strstr((const char *)image, ".entry burn") ? (void *)1 : NULL;
+    return *module ? 0 : 218;   /* CUDA_ERROR_INVALID_PTX */
+}
+
+CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
+    (void)module;
+    *fn = !strcmp(name, "fill") ? (void *)1 : !strcmp(name, "check") ? (void *)2 : !strcmp(name, "burn") ? (void *)3 : NULL;
+    return *fn ? 0 : 500;   /* CUDA_ERROR_NOT_FOUND */
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+    size_t total = (size_t)cards[cur].total_mib << 20, used = ((size_t)cards[cur].used_mib << 20) + used_bytes;
+    *total_b = total;
+    *free_b = used < total ? total - used : 0;
+    return gone();
+}
+
+static struct alloc *find(CUdeviceptr p) {
+    for (int i = 0; i < nallocs; i++)
+        if (p >= allocs[i].ptr && p < allocs[i].ptr + allocs[i].size)
+            return &allocs[i];
+    return NULL;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
+    size_t free_b, total_b;
+    CUresult rc = cuMemGetInfo_v2(&free_b, &total_b);
+    if (rc)
+        return rc;
+    if (size > free_b || nallocs >= MAXALLOC)
+        return 2;
+    allocs[nallocs] = (struct alloc){next_ptr, size, size <= REAL_MAX ? calloc(1, size) : NULL, 0, 0};
+    *ptr = next_ptr;
+    next_ptr += (size + 0xFFFFF) & ~0xFFFFFull;
+    used_bytes += size;
+    nallocs++;
+    return 0;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    struct alloc *a = find(ptr);
+    if (!a)
+        return 1;
+    free(a->real);
+    used_bytes -= a->size;
+    *a = allocs[--nallocs];
+    return 0;
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr ptr, unsigned value, size_t n) {
+    struct alloc *a = find(ptr);
+    if (!a)
+        return 1;
+    if (a->real)
+        for (size_t i = 0; i < n; i++)
+            ((unsigned *)a->real)[i] = value;
+    return gone();
+}
+
+static int is_pinned(const void *p) {
+    for (int i = 0; i < 64; i++)
+        if (pinned[i] && (const char *)p >= (const char *)pinned[i] && (const char *)p < (const char *)pinned[i] + pinned_size[i])
+            return 1;
+    return 0;
+}
+
+static void link_time(size_t size) {
+    static const double lane[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.563};
+    struct card *c = &cards[cur];
+    int gen = c->gen > 0 && c->gen < 7 ? c->gen : 1;
+    double gbps = lane[gen] * (c->width > 0 ? c->width : 1) * 0.85;
+    double s = size / (gbps * 1e9);
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static CUresult copy(void *dst, const void *src, size_t size, struct alloc *a, int to_device) {
+    CUresult rc = gone();
+    if (rc)
+        return rc;
+    if (!a)
+        return 1;
+    if (is_pinned(to_device ? src : dst)) {
+        link_time(size);    /* the measured path: timed as the link, the bytes not moved */
+        return 0;
+    }
+    if (a->real) {
+        if (to_device)
+            memcpy(dst, src, size);
+        else
+            memcpy(dst, src, size);
+    }
+    return 0;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t size) {
+    struct alloc *a = find(dst);
+    return copy(a && a->real ? (char *)a->real + (dst - a->ptr) : NULL, src, size, a, 1);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size) {
+    struct alloc *a = find(src);
+    return copy(dst, a && a->real ? (char *)a->real + (src - a->ptr) : NULL, size, a, 0);
+}
+
+CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
+    (void)flags;
+    for (int i = 0; i < 64; i++)
+        if (!pinned[i]) {
+            pinned[i] = malloc(size);
+            pinned_size[i] = size;
+            *p = pinned[i];
+            return pinned[i] ? 0 : 2;
+        }
+    return 2;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    for (int i = 0; i < 64; i++)
+        if (pinned[i] == p) {
+            free(p);
+            pinned[i] = NULL;
+        }
+    return 0;
+}
+
+CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void *stream, void **params, void **extra) {
+    CUresult rc;
+    struct alloc *a;
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream; (void)extra; (void)gx; (void)bx;
+    if (first_kernel < 0)
+        first_kernel = now();
+    if ((rc = gone()))
+        return rc;
+    if (cards[cur].hang)
+        for (;;)
+            pause();
+    if (fn == (void *)1 || fn == (void *)2) {   /* fill / check: (ptr, n, seed[, count]) */
+        CUdeviceptr ptr = *(CUdeviceptr *)params[0];
+        unsigned seed = *(unsigned *)params[2];
+        if (!(a = find(ptr)))
+            return 700;
+        if (fn == (void *)1) {
+            a->seed = seed;
+            a->filled = 1;
+        } else {
+            struct alloc *count = find(*(CUdeviceptr *)params[3]);
+            unsigned bad = (!a->filled || a->seed != seed) ? (unsigned)(a->size / 4) : 0;
+            if (a == &allocs[0] || a->ptr == allocs[0].ptr)
+                bad += (unsigned)cards[cur].vram_bad;    /* the injected bad words, in the first chunk */
+            if (count && count->real)
+                *(unsigned *)count->real += bad;
+        }
+        return 0;
+    }
+    if (fn == (void *)3) {                       /* burn: (out, n, iters) */
+        CUdeviceptr ptr = *(CUdeviceptr *)params[0];
+        unsigned n = *(unsigned *)params[1], iters = *(unsigned *)params[2];
+        if (!(a = find(ptr)) || !a->real)
+            return 700;
+        for (unsigned i = 0; i < n; i++) {
+            unsigned x = i;
+            for (unsigned k = 0; k < iters; k++) {
+                x = x * 1664525u + 1013904223u;
+                x ^= x >> 13;
+            }
+            ((unsigned *)a->real)[i] = x;
+        }
+        return gone();
+    }
+    return 400;   /* CUDA_ERROR_INVALID_HANDLE */
+}
+
+CUresult cuCtxSynchronize(void) {
+    return gone();
+}

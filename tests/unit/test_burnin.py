@@ -1,0 +1,183 @@
+"""roles/burnin: the acceptance program's own code on the lab's CUDA stand-in (tests/lab/cuda_standin.c,
+built here with gcc) and nvidia-smi stand-in, with pyinfra unimportable (as on the GPU machine);
+its pure parts; which cards a converge tests, serves on or leaves out; the quarantine in the
+serving units' CUDA_VISIBLE_DEVICES, the guard and status.py."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rigup import fleet
+from rigup.gpu.plan import hardware_plan
+from rigup.names import BURNIN_TESTING
+from roles.burnin import acceptance
+from roles.burnin.checks import check_clear
+from roles.burnin.facts import parse_burnin_state
+from roles.burnin.quarantine import lines, serving, sort_cards
+from roles.gpu_guard.guard import parse_sample
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab"
+DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_retest": False, "burnin_clear": []}
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed (make test installs it)")
+    tmp = tmp_path_factory.mktemp("burnin")
+    (tmp / "bin").mkdir()
+    (tmp / "lib").mkdir()
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp / "lib/libcuda.so.1"),
+                    str(LAB / "cuda_standin.c")], check=True)
+    smi = tmp / "bin/nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {LAB / 'nvidia_smi.py'} \"$@\"\n")
+    smi.chmod(0o755)
+    profile = json.loads((LAB / "gpu_profiles.json").read_text())["a100"]
+    profile["bus_ids"] = profile["bus_ids"][:4]
+    (tmp / "profile.json").write_text(json.dumps(profile))
+    env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", "LD_LIBRARY_PATH": str(tmp / "lib"),
+           "RIGUP_GPU_SIM_PROFILE": str(tmp / "profile.json"), "RIGUP_GPU_SIM_RUN": str(tmp / "run"),
+           "RIGUP_GPU_SIM_LIB": str(tmp / "var")}
+    return tmp, env
+
+
+def burnin(sim, *args):
+    tmp, env = sim
+    prelude = "import sys, runpy; sys.modules['pyinfra'] = None; sys.argv = ['rigup-burnin'] + sys.argv[1:]; " \
+              f"runpy.run_path({str(ROOT / 'roles/burnin/acceptance.py')!r}, run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", prelude, *args, "--results", str(tmp / "records.json")],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_acceptance_run_finds_each_fault_through_its_own_ctypes_code(sim):
+    tmp, env = sim
+    subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
+    for args in (["-i", "1", "--vram-bad", "7"], ["-i", "2", "--pcie-width", "1"], ["-i", "3", "--throttle", "0x40"]):
+        subprocess.run(["nvidia-smi", "sim", "set", *args], env=env, check=True)
+    run = burnin(sim, "run", "--level", "quick", "--soak-s", "1", "--metrics", str(tmp / "m.prom"),
+                 "--testing", str(tmp / "testing.json"), "--json", str(tmp / "run.json"))
+    print(run.stdout, run.stderr)
+    assert run.returncode == 3
+    found = json.loads((tmp / "run.json").read_text())
+    by_index = {r["index"]: r for r in found.values()}
+    assert by_index[0]["passed"] and by_index[0]["figures"]["compute"]["wrong"] == 0
+    assert by_index[0]["figures"]["vram"]["mib"] == 73728 and by_index[0]["figures"]["pcie"]["ratio"] > 0.25
+    assert by_index[1]["failed"] == ["VRAM: 14 mismatched words (73728 MiB, 1 pattern(s) and their inverses)"]
+    assert by_index[2]["failed"][0].startswith("PCIe: ") and "its x16 Gen4 link allows (link now x1 Gen4" in by_index[2]["failed"][0]
+    assert by_index[3]["failed"][0].startswith("soak: hardware thermal slowdown in 100% of")
+    assert by_index[0]["key"] == {"driver": "580.105.08", "memory_mib": 81920, "power_limit_w": 400.0}
+    assert not (tmp / "testing.json").exists()
+    prom = (tmp / "m.prom").read_text()
+    assert prom.count("rigup_gpu_quarantined{") == 4 and prom.count("} 1\n") >= 3
+    status = burnin(sim, "status")
+    assert status.stdout.count("FAILED") == 3
+    uuid = by_index[1]["uuid"] if "uuid" in by_index[1] else next(u for u, r in found.items() if r["index"] == 1)
+    burnin(sim, "clear", uuid, "--metrics", str(tmp / "m.prom"))
+    assert "(cleared by the operator)" in burnin(sim, "status").stdout
+
+
+def test_pure_parts():
+    assert acceptance.burn_reference(0, 1) == 1013904223 ^ (1013904223 >> 13)
+    seed = acceptance.chunk_seed(0x00000000, 3)
+    assert acceptance.chunk_seed(0xFFFFFFFF, 3) == seed ^ 0xFFFFFFFF    # a pattern and its inverse, same salt
+    assert acceptance.fill_value(5, seed) != acceptance.fill_value(5, acceptance.chunk_seed(0, 4))
+    assert acceptance.pcie_allowed_gbps(5, 16) == pytest.approx(63.0, abs=0.1)
+    assert acceptance.pcie_allowed_gbps(None, 16) is None
+    assert acceptance.throttle_reasons(0x4 | 0x40) == ["hardware thermal slowdown"]   # the cap itself is no fault
+    assert acceptance.health_worse({"ecc.errors.uncorrected.volatile.total": 0},
+                                   {"ecc.errors.uncorrected.volatile.total": 2, "remapped_rows.pending": "Yes",
+                                    "recovery_action": "GPU Reset"}) == \
+        ["2 new uncorrected ECC errors", "a row remap is pending (a reset applies it)",
+         "the driver asks for recovery: GPU Reset"]
+    assert ".entry fill" in acceptance.PTX and ".entry check" in acceptance.PTX and ".entry burn" in acceptance.PTX
+    assert acceptance.TESTING == BURNIN_TESTING
+
+
+def gpus(n=4, **over):
+    return [{"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "bus_id": f"00000000:0{i}:00.0",
+             "pci_device_id": "0x20B210DE", "memory_total_mib": 81920, "power_limit_w": 300.0, **over} for i in range(n)]
+
+
+def rec(passed=True, driver="580.105.08", mib=81920, cap=300.0, **more):
+    return {"passed": passed, "failed": [] if passed else ["VRAM: 12 mismatched words"], "index": 1,
+            "bus_id": "00000000:01:00.0", "level": "quick", "key": {"driver": driver, "memory_mib": mib, "power_limit_w": cap},
+            **more}
+
+
+def test_which_cards_a_converge_tests_serves_on_or_leaves_out():
+    g = gpus()
+    u = [x["uuid"] for x in g]
+    state = {"records": {u[0]: rec(), u[1]: rec(passed=False), u[2]: rec(driver="535.1"), u[3]: rec(cap=250.0)},
+             "units": {}}
+    part = sort_cards(g, state, "580.105.08", DATA)
+    print("\n".join(lines(part)))
+    assert part["run"] == {"quick": [u[2], u[3]]}
+    assert part["why"][u[2]] == "driver 535.1 -> 580.105.08"
+    assert part["why"][u[3]] == "power cap 250 -> 300 W, above the one it was soaked at"
+    assert [q["uuid"] for q in part["quarantined"]] == [u[1]] and part["accepted"] == 3
+    assert [c["uuid"] for c in serving(g, part)] == [u[0], u[2], u[3]]
+    lower = sort_cards(g, {"records": {x: rec(cap=400.0) for x in u}}, "580.105.08", DATA)   # a lower cap was tested
+    assert lower["run"] == {} and lower["accepted"] == 4 and lines(lower) == ["burn-in:   4 card(s) accepted"]
+    new = sort_cards(g, {"records": {}, "units": {"rigup-llama@a.service": [u[0]]}}, None, DATA)
+    assert new["run"] == {"standard": u[1:]} and new["waiting"][0]["why"] == "first sight: in use by rigup-llama@a.service"
+    every = sort_cards(g, {"records": {}, "units": {"rigup-llama@a.service": None}}, None, DATA)
+    assert every["run"] == {} and len(every["waiting"]) == 4
+    retest = sort_cards(g, state, "580.105.08", {**DATA, "burnin_retest": True})
+    assert retest["run"]["standard"] == [u[1]] and not retest["quarantined"]
+    clear = sort_cards(g, state, "580.105.08", {**DATA, "burnin_clear": ["all"]})
+    assert clear["clear"] == [u[1]] and not clear["quarantined"]
+
+
+def test_the_plan_pins_serving_to_the_accepted_cards():
+    from roles.llama_server.command import servers
+    from roles.llama_server.replicas import layout
+    from roles.vllm.command import env_vars
+    g = gpus()
+    part = sort_cards(g, {"records": {g[1]["uuid"]: rec(passed=False)}}, None, DATA)
+    plan = dict(hardware_plan(serving(g, part), {"version": "580.105.08", "loaded": True}, []), burnin=part)
+    assert plan["gpu_count"] == 3 and plan["vram_mib"]["total"] == 3 * 81920
+    inst = {"model": "m", "port": 8080, "host": "127.0.0.1", "ctx": 4096, "parallel": 1, "replicas": 1,
+            "gpus_per_replica": None, "tensor_split": None}
+    data = {"gpu_enabled": True, "llama_cpp_backend": "cuda"}
+    (one,) = servers("m", inst, layout(inst, {"repo": "x/m", "size_gib": 1}, plan, data))
+    assert one["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(g[i]["uuid"] for i in (0, 2, 3))
+    env = env_vars("v", {"model": "m"}, {"vllm_nccl_nvls_enable": False}, plan)
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(g[i]["uuid"] for i in (0, 2, 3))
+    clean = dict(hardware_plan(g, {"version": "580.105.08", "loaded": True}, []), burnin=sort_cards(g, {}, None, DATA))
+    (all_cards,) = servers("m", inst, layout(inst, {"repo": "x/m", "size_gib": 1}, clean, data))
+    assert all_cards["env"] == {}      # nothing quarantined: no pin (no change for a host without burn-in)
+
+
+def test_the_guard_leaves_a_quarantined_card_alone(tmp_path):
+    rows = ["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 61.00, 400.00, 35",
+            "Unable to determine the device handle for GPU0000:0F:00.0: Unknown Error"]
+    cards, lost = parse_sample(rows, 15)
+    assert lost and len(cards) == 1
+    cards, lost = parse_sample(rows, 15, ("0000:0f:00.0",))
+    assert lost == [] and [c["uuid"] for c in cards] == ["GPU-a"]
+
+
+def test_facts_status_and_refusals():
+    lines_ = ["##rigup-burnin:records", json.dumps({"GPU-1": rec(passed=False)}), "",
+              "##rigup-burnin:units", "rigup-llama@a.service CUDA_VISIBLE_DEVICES=GPU-1,GPU-2 FOO=1",
+              "rigup-vllm@b.service "]
+    state = parse_burnin_state(lines_)
+    assert state["units"] == {"rigup-llama@a.service": ["GPU-1", "GPU-2"], "rigup-vllm@b.service": None}
+    assert state["records"]["GPU-1"]["passed"] is False and state["unreadable"] is None
+    assert parse_burnin_state(["##rigup-burnin:records", "{nope"])["unreadable"].startswith("not JSON")
+    q = fleet.parse_burnin([json.dumps({"GPU-1": rec(passed=False, failed=["VRAM: 12\x1b[31m words"]),
+                                        "GPU-2": rec()})])
+    assert list(q) == ["0000:01:00"] and "\\x1b" in q["0000:01:00"]["failed"]    # escaped for the terminal
+    row = {"cards": [{"index": 1, "bus": "0000:01:00", "draw_w": 60, "temp_c": 30}], "quarantined": q,
+           "guard": {"xid": {}}, "lost_cards": []}
+    (card,) = fleet.attention_cards(row)
+    assert card["problems"][0][0] == "QUARANTINED"
+    assert check_clear({}, {}, {"burnin_clear": ["all", "GPU-00000000-0000-0000-0000-000000000000", "3"]})[0].what \
+        == "burnin_clear[2]"
