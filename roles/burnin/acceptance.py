@@ -414,11 +414,15 @@ def busy_cards(all_uuids: list[str]) -> dict[str, str]:
     return busy
 
 
+def pci_name(bus_id: str) -> str:
+    """nvidia-smi's ``00000000:07:00.0`` as sysfs and CUDA name it: ``0000:07:00.0``."""
+    return bus_id.lower()[-12:]
+
+
 def numa_cpus(bus_id: str) -> set[int] | None:
     """The CPUs of the card's NUMA node (sysfs), or None when the node is not known."""
-    bus = bus_id.lower()[-12:]
     try:
-        with open(f"/sys/bus/pci/devices/0000:{bus}/numa_node") as f:
+        with open(f"/sys/bus/pci/devices/{pci_name(bus_id)}/numa_node") as f:
             node = int(f.read().strip())
         if node < 0:
             return None
@@ -459,7 +463,7 @@ class Device:
             getattr(lib, name).argtypes = args
         self.call("cuInit", 0)
         dev = ctypes.c_int()
-        self.call("cuDeviceGetByPCIBusId", ctypes.byref(dev), ("0000:" + bus_id[-12:]).lower().encode())
+        self.call("cuDeviceGetByPCIBusId", ctypes.byref(dev), pci_name(bus_id).encode())
         self.dev = dev.value
         self.ctx = ctypes.c_void_p()    # the device's primary context: the same call since CUDA 7
         self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)

@@ -108,9 +108,11 @@ CUresult cuGetErrorName(CUresult rc, const char **name) {
     return 0;
 }
 
-static int same_bus(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    return la >= 12 && lb >= 12 && strcasecmp(a + la - 12, b + lb - 12) == 0;
+/* the card's bus id (nvidia-smi's 00000000:07:00.0) against the one asked for, in the form the
+ * real call takes: dddd:bb:dd.f */
+static int same_bus(const char *card, const char *asked) {
+    size_t lc = strlen(card);
+    return strlen(asked) == 12 && lc >= 12 && strcasecmp(card + lc - 12, asked) == 0;
 }
 
 CUresult cuDeviceGetByPCIBusId(int *dev, const char *bus) {
