@@ -1,6 +1,7 @@
 """roles/burnin's refusals: pure functions of a host's plan, facts and data (see rigup/refusal.py).
 
     check_clear    burnin_clear: an entry that is not a GPU UUID (GPU-...) or "all"
+    check_named    a vLLM instance's ``gpus`` or rpc_worker_cuda_devices naming a quarantined card
 """
 
 from __future__ import annotations
@@ -26,4 +27,22 @@ def check_clear(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                             if v != "all" and not UUID.fullmatch(str(v))])
 
 
-CHECKS = (check_clear,)
+def check_named(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """The cards an operator named by index for a unit (a vLLM instance's ``gpus``,
+    rpc_worker_cuda_devices) are used as named: one quarantined among them is refused, naming it."""
+    bad = {str(q["index"]): q for q in (plan.get("burnin") or {}).get("quarantined") or [] if q.get("index") is not None}
+    named = [(f"vllm_instances.{name}.gpus", str(inst.get("gpus") or ""))
+             for name, inst in (data.get("vllm_instances") or {}).items() if isinstance(inst, dict)]
+    named.append(("rpc_worker_cuda_devices", str(data.get("rpc_worker_cuda_devices") or "")))
+    found = []
+    for where, text in named:
+        for index in (i.strip() for i in text.split(",") if i.strip() in bad):
+            q = bad[index]
+            found.append(Refusal(f"{where} names GPU {index} ({q['uuid']})",
+                                 f"it is quarantined by its burn-in: {'; '.join(q['failed'])}",
+                                 "leave it out of the list, or fix the card and converge with burnin_retest: true "
+                                 "(burnin_clear accepts it as it is)", "burnin"))
+    return found
+
+
+CHECKS = (check_clear, check_named)

@@ -16,7 +16,7 @@ from rigup import fleet
 from rigup.gpu.plan import hardware_plan
 from rigup.names import BURNIN_TESTING
 from roles.burnin import acceptance
-from roles.burnin.checks import check_clear
+from roles.burnin.checks import check_clear, check_named
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, serving, sort_cards
 from roles.gpu_guard.guard import parse_sample
@@ -181,3 +181,6 @@ def test_facts_status_and_refusals():
     assert card["problems"][0][0] == "QUARANTINED"
     assert check_clear({}, {}, {"burnin_clear": ["all", "GPU-00000000-0000-0000-0000-000000000000", "3"]})[0].what \
         == "burnin_clear[2]"
+    plan = {"burnin": {"quarantined": [{"uuid": "GPU-2", "index": 2, "failed": ["VRAM: 12 mismatched words"]}]}}
+    (refused,) = check_named(plan, {}, {"vllm_instances": {"glm": {"gpus": "0,1,2,3"}, "ds": {"gpus": "4,5"}}})
+    assert refused.what == "vllm_instances.glm.gpus names GPU 2 (GPU-2)" and "VRAM: 12" in refused.why
