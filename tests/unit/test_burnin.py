@@ -100,6 +100,22 @@ def test_pure_parts():
     assert acceptance.TESTING == BURNIN_TESTING
 
 
+def test_dcgmi_runs_first_on_a_datacenter_card_only(tmp_path, monkeypatch):
+    """Where dcgmi is installed: its level for the run's level, on datacenter cards only; a test it
+    reports failed is named, its exit status counts when its JSON names none."""
+    (tmp_path / "dcgmi").write_text("#!/bin/sh\necho \"$*\" > " + str(tmp_path / "argv") + "\n"
+                                    "echo '{\"DCGM GPU Diagnostic\": {\"test_categories\": [{\"category\": \"Hardware\", "
+                                    "\"tests\": [{\"name\": \"Memory\", \"results\": [{\"status\": \"Fail\"}]}, "
+                                    "{\"name\": \"PCIe\", \"results\": [{\"status\": \"Pass\"}]}]}]}}'\nexit 226\n")
+    (tmp_path / "dcgmi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert acceptance.dcgm({"index": 3, "name": "NVIDIA A100-SXM4-80GB"}, 2) == {"level": 2, "failed": ["Memory"]}
+    assert (tmp_path / "argv").read_text().split() == ["diag", "-r", "2", "-i", "3", "-j"]
+    assert acceptance.dcgm({"index": 0, "name": "NVIDIA CMP 170HX"}, 2) is None
+    assert acceptance.judge({}, {"dcgm": {"level": 2, "failed": ["Memory"]}}, {"pcie_min_ratio": 0.25,
+                                                                              "throttle_max": 0.25}) == ["dcgmi diag -r 2: Memory"]
+
+
 def gpus(n=4, **over):
     return [{"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "bus_id": f"00000000:0{i}:00.0",
              "pci_device_id": "0x20B210DE", "memory_total_mib": 81920, "power_limit_w": 300.0, **over} for i in range(n)]
