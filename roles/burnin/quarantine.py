@@ -72,8 +72,10 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
             out["run"].setdefault(level, []).append(gpu["uuid"])
             out["why"][gpu["uuid"]] = why
 
+    by_bus = {str(r.get("bus_id", "")).lower()[-12:]: u for u, r in records.items()}
     for gpu in gpus:
-        uuid = gpu.get("uuid")
+        # a card off the bus has no UUID in nvidia-smi's answer: its record is found by its bus id
+        uuid = gpu.get("uuid") or by_bus.get(str(gpu.get("bus_id", "")).lower()[-12:])
         if not uuid:
             continue
         rec = records.get(uuid)

@@ -132,12 +132,16 @@ def test_which_cards_a_converge_tests_serves_on_or_leaves_out():
     u = [x["uuid"] for x in g]
     state = {"records": {u[0]: rec(), u[1]: rec(passed=False), u[2]: rec(driver="535.1"), u[3]: rec(cap=250.0)},
              "units": {}}
+    for x, r in zip(g, state["records"].values()):
+        r["bus_id"], r["index"] = x["bus_id"], x["index"]
     part = sort_cards(g, state, "580.105.08", DATA)
     print("\n".join(lines(part)))
     assert part["run"] == {"quick": [u[2], u[3]]}
     assert part["why"][u[2]] == "driver 535.1 -> 580.105.08"
     assert part["why"][u[3]] == "power cap 250 -> 300 W, above the one it was soaked at"
     assert [q["uuid"] for q in part["quarantined"]] == [u[1]] and part["accepted"] == 3
+    off = [dict(g[0], lost=True, uuid=None, bus_id=state["records"][u[1]]["bus_id"])]   # off the bus: no UUID
+    assert [q["uuid"] for q in sort_cards(off, state, None, DATA)["quarantined"]] == [u[1]]
     assert [c["uuid"] for c in serving(g, part)] == [u[0], u[2], u[3]]
     lower = sort_cards(g, {"records": {x: rec(cap=400.0) for x in u}}, "580.105.08", DATA)   # a lower cap was tested
     assert lower["run"] == {} and lower["accepted"] == 4 and lines(lower) == ["burn-in:   4 card(s) accepted"]
