@@ -85,7 +85,8 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
             elif data.get("burnin_retest") and not gpu.get("lost"):
                 run(gpu, data["burnin_level"], "a retest of a quarantined card")
             else:
-                out["quarantined"].append({"uuid": uuid, "index": gpu.get("index"), "bus_id": gpu.get("bus_id"),
+                index = gpu.get("index") if gpu.get("index") is not None else rec.get("index")   # off the bus: as recorded
+                out["quarantined"].append({"uuid": uuid, "index": index, "bus_id": gpu.get("bus_id"),
                                            "failed": [shown(f, 200) for f in rec.get("failed") or ["?"]]})
             continue
         if gpu.get("lost"):
