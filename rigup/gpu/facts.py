@@ -49,13 +49,16 @@ GPU_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 # Asked for as well, where the driver knows them (rigup/gpu/fabric.py: Hopper and later report the
 # NVSwitch fabric's registration; Ampere and a single passed-through card N/A): a driver without
-# them fails the query ("is not a valid field"), and the cards are read again without.
+# them fails the query ("is not a valid field", exit status 2), and the cards are read again
+# without. Only then: a card off the bus fails the query too (exit status 15), with every other
+# card's line already printed, which a second read would print again (every card twice).
 FABRIC_FIELDS: tuple[tuple[str, str, str], ...] = (("fabric.state", "fabric_state", "word"),
                                                    ("fabric.status", "fabric_status", "word"))
 GPU_QUERY = ",".join(field for field, _, _ in GPU_FIELDS)
 _WITH_FABRIC = ",".join(field for field, _, _ in GPU_FIELDS + FABRIC_FIELDS)
-GPU_COMMAND = (f"nvidia-smi --query-gpu={_WITH_FABRIC} --format=csv,noheader,nounits 2>/dev/null || "
-               f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1 || true")
+GPU_COMMAND = (f"rigup_gpus=$(nvidia-smi --query-gpu={_WITH_FABRIC} --format=csv,noheader,nounits 2>&1); "
+               f"if [ $? = 2 ]; then nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; "
+               "else printf '%s\n' \"$rigup_gpus\"; fi; true")
 _WORD = re.compile(r"[A-Za-z][A-Za-z _/-]{0,31}")
 
 _LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
