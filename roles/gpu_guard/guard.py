@@ -153,11 +153,11 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
     """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems).
     ``quarantined``: bus ids (last 12 characters) of cards rigup-burnin took out of serving: not
     judged, and one of them off the bus is not lost telemetry (nothing serves from it)."""
-    cards, lost, skipped = [], [], 0
+    cards, lost, gone, aside = [], [], 0, 0   # gone: set-aside cards off the bus; aside: set-aside rows
     for line in lines:
         if "Unable to determine the device handle" in line:
             if any(q.lower() in line.lower() for q in quarantined):
-                skipped += 1
+                gone += 1
                 continue
             lost.append(said(line.strip(), 300))
             continue
@@ -168,6 +168,7 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
         if cells[2].lower()[-12:] in {q.lower() for q in quarantined}:
+            aside += 1
             continue
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             card[key] = reading(cell)
@@ -177,10 +178,10 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
             lost.append(f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}) reads power.draw "
                         f"{said(cells[4], 32)}, temperature.gpu {said(cells[6], 32)}")
         cards.append(card)
-    if rc != 0 and not lost and not (skipped and cards):
+    if rc != 0 and not lost and not gone:   # a set-aside card off the bus is why it failed
         text = " ".join(ln.strip() for ln in lines if ln.strip())
         lost.append(f"nvidia-smi exited {rc}: " + (said(text, 300) or "no output"))
-    if rc == 0 and not cards and not lost:
+    if rc == 0 and not cards and not lost and not aside:
         lost.append("nvidia-smi reports no GPU")
     return cards, lost
 

@@ -182,6 +182,9 @@ def test_the_guard_leaves_a_quarantined_card_alone(tmp_path):
     assert lost and len(cards) == 1
     cards, lost = parse_sample(rows, 15, ("0000:0f:00.0",))
     assert lost == [] and [c["uuid"] for c in cards] == ["GPU-a"]
+    cards, lost = parse_sample(rows, 15, ("0000:0f:00.0", "0000:07:00.0"))    # every card under test
+    assert (cards, lost) == ([], [])
+    assert parse_sample(rows[:1], 0, ("0000:07:00.0",)) == ([], [])
 
 
 def test_facts_status_and_refusals():
