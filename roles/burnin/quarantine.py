@@ -114,14 +114,15 @@ def lines(part: dict) -> list[str]:
     text = []
     for level, uuids in sorted(part.get("run", {}).items()):
         whys = sorted({part["why"][u] for u in uuids})
-        text.append(f"burn-in:   {level} on {len(uuids)} card(s) ({'; '.join(whys)}): {', '.join(uuids)}")
+        text.append(f"burn-in:   {level} on {len(uuids)} card(s) ({'; '.join(whys)}): {shown(', '.join(uuids), 2000)}")
     for q in part.get("quarantined") or []:
-        text.append(f"burn-in:   GPU {q['index']} ({q['bus_id']}, {q['uuid']}) QUARANTINED, left out of serving: "
-                    f"{'; '.join(q['failed'])} (burnin_retest tests it again, burnin_clear accepts it)")
+        text.append(f"burn-in:   GPU {shown(q['index'], 8)} ({shown(q['bus_id'], 32)}, {shown(q['uuid'], 64)}) QUARANTINED, "
+                    f"left out of serving: {'; '.join(q['failed'])} (burnin_retest tests it again, burnin_clear accepts it)")
     for w in part.get("waiting") or []:
-        text.append(f"burn-in:   GPU {w['index']} ({w['uuid']}) waits: {w['why']} (set rigup_maintenance for its run)")
+        text.append(f"burn-in:   GPU {shown(w['index'], 8)} ({shown(w['uuid'], 64)}) waits: {w['why']} "
+                    "(set rigup_maintenance for its run)")
     for uuid in part.get("clear") or []:
-        text.append(f"burn-in:   {uuid} cleared by the operator (burnin_clear): it serves again")
+        text.append(f"burn-in:   {shown(uuid, 64)} cleared by the operator (burnin_clear): it serves again")
     if not text:
         text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
     return text
