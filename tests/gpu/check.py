@@ -229,8 +229,8 @@ def gguf_source(work: Path, archive: Path) -> Path:
     return out
 
 
-def chat(port: int, tokens: int) -> dict:
-    body = json.dumps({"model": "bench", "max_tokens": tokens, "ignore_eos": True, "temperature": 0.8,
+def chat(port: int, tokens: int, model: str = "bench") -> dict:
+    body = json.dumps({"model": model, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.8,
                        "messages": [{"role": "user", "content": "Write a long story about a GPU."}]})
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(),
                                      {"Content-Type": "application/json"})
@@ -288,11 +288,11 @@ class Power:
         return False
 
 
-def concurrency(port: int, n: int, tokens: int = 400) -> dict:
+def concurrency(port: int, n: int, tokens: int = 400, model: str = "bench") -> dict:
     with Power() as power:
         start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            replies = list(pool.map(lambda _: chat(port, tokens), range(n)))
+            replies = list(pool.map(lambda _: chat(port, tokens, model), range(n)))
         wall = time.monotonic() - start
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     per_request = [r["timings"]["predicted_per_second"] for r in replies]
@@ -623,6 +623,78 @@ def cmd_serve(args) -> None:
     (args.out / "results.md").write_text(markdown(results))
     print(markdown(results))
     print(f"GPU settings after:  {after}")
+    if before != after:
+        sys.exit("GPU settings changed")
+
+
+ROUTER_PORT = 8186
+ROUTER_LEVELS = (1, 8, 32)
+
+
+def router_inst() -> dict:
+    """RECIPE as a router (issue 49): the 8B-shaped model under two names, one loaded at a time."""
+    return {**RECIPE, "port": ROUTER_PORT, "also": ["bench-b"], "models_max": 1}
+
+
+def router_argv(bindir: Path, model: Path, build: dict, preset: Path) -> list[str]:
+    """roles/llama_server's router command line for :func:`router_inst`, with its preset (the role's
+    own text, :func:`server_command.preset_text`) at ``preset`` instead of /etc/rigup."""
+    inst = router_inst()
+    preset.write_text(server_command.preset_text("bench", inst, {"bench": str(model), "bench-b": str(model)}))
+    argv = inst_argv(bindir, model, build, inst)
+    argv[argv.index("--models-preset") + 1] = str(preset)
+    return argv
+
+
+def drop_page_cache() -> bool:
+    """The kernel's page cache dropped (a cold read next; not a GPU setting): whether it could be."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed_chat(port: int, model: str) -> float:
+    start = time.monotonic()
+    chat(port, 16, model)
+    return round(time.monotonic() - start, 2)
+
+
+def cmd_router(args) -> None:
+    """Issue 49 on the GPU: the role's router with the 8B-shaped model under two names and
+    models_max 1. Swap seconds (a 16-token request for the other model, its load included) from the
+    page cache and from a cold read (page cache dropped first); then throughput after a swap at 1, 8
+    and 32 concurrent, against a dedicated server of the same model and flags (the role's own), in
+    one run. Writes OUT/router.json. Reads GPU settings only (compared before and after)."""
+    before = gpu_settings()
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / MODEL_FILE
+    args.out.mkdir(parents=True, exist_ok=True)
+    swaps: dict = {}
+
+    def after_swaps(port: int) -> list[dict]:
+        chat(port, 16, "bench")                                    # bench loaded (at start)
+        swaps["page_cache_s"] = [timed_chat(port, "bench-b"), timed_chat(port, "bench")]
+        swaps["cold_read_dropped"] = drop_page_cache()
+        swaps["cold_read_s"] = timed_chat(port, "bench-b")
+        swaps["back_s"] = timed_chat(port, "bench")               # a swap, then the throughput
+        return [concurrency(port, n, model="bench") for n in ROUTER_LEVELS]
+
+    router = serve_and_measure("router (models_max 1)", router_argv(bindir, model, build, args.work / "router.models.ini"),
+                               ROUTER_PORT, args.out / "router.log", measure=after_swaps)
+    dedicated = serve_and_measure("dedicated", role_argv(bindir, model, build), RECIPE["port"],
+                                  args.out / "dedicated.log", measure=lambda port: [concurrency(port, n) for n in ROUTER_LEVELS])
+    ratios = {str(r["concurrent"]): round(r["total_tps"] / d["total_tps"], 3)
+              for r, d in zip(router["runs"], dedicated["runs"]) if d["total_tps"]}
+    after = gpu_settings()
+    doc = {"date": time.strftime("%Y-%m-%d"), "build": build, "model": {"file": model.name, "bytes": model.stat().st_size},
+           "swaps": swaps, "router": router, "dedicated": dedicated, "tps_ratio_after_swap": ratios,
+           "goal_met": bool(ratios) and min(ratios.values()) >= 0.95, "gpu_settings_unchanged": before == after}
+    (args.out / "router.json").write_text(json.dumps(doc, indent=2))
+    print(json.dumps({k: doc[k] for k in ("swaps", "tps_ratio_after_swap", "goal_met", "gpu_settings_unchanged")}, indent=1))
     if before != after:
         sys.exit("GPU settings changed")
 
@@ -1009,7 +1081,7 @@ def cmd_plan(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
-                                         "compare", "report", "admission"))
+                                         "compare", "report", "admission", "router"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -1026,7 +1098,7 @@ def main() -> None:
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
      "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare,
-     "report": cmd_report, "admission": cmd_admission}[args.step](args)
+     "report": cmd_report, "admission": cmd_admission, "router": cmd_router}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,14 @@ from rigup.gpu.plan import link_state
 print('health', link_state(4, 4, 16, 16), len(xid.catalogue()))
 assert check.cmd_report and check.markdown and check._guard().QUERY
 """,
+    "check.py router": """
+import check
+argv = check.router_argv(WORK / 'bin', WORK / check.MODEL_FILE, {'id': 'b1'}, WORK / 'router.models.ini')
+assert argv[argv.index('--models-preset') + 1] == str(WORK / 'router.models.ini') and '--models-max' in argv, argv
+preset = (WORK / 'router.models.ini').read_text()
+assert '[bench]' in preset and '[bench-b]' in preset and 'load-on-startup = true' in preset, preset
+print('router', ' '.join(argv[1:]))
+""",
     "check.py model": """
 import check
 assert check.SHAPE['n_layer'] == 32 and check.gguf_source
