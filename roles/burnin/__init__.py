@@ -8,7 +8,8 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
   is what gets tested) and before any serving role, on the cards this converge must test
   (roles/burnin/quarantine.py: a card's first sight at ``burnin_level``; a driver or memory
   change or a higher cap at ``burnin_after_change``; the quarantined ones with ``burnin_retest``)
-  and that nothing serves from, all at once, each bounded in time (a card that hangs is killed
+  and that nothing serves from (in a roll, ``rigup_rolling``: the units that hold them are stopped
+  for the run and started again after it), all at once, each bounded in time (a card that hangs is killed
   and quarantined, never reset). Its records, per card UUID, are ``rigup_state_dir/burnin.json``
   (rigup.names.burnin_file) and the metrics rigup_gpu_burnin_passed, rigup_gpu_quarantined,
   rigup_gpu_burnin_seconds; the controller keeps a copy of each host's under
@@ -26,7 +27,8 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
 
 Variables (roles/burnin/defaults.yml): burnin_enabled, burnin_level, burnin_after_change,
 burnin_soak_s, burnin_timeout_s, burnin_vram_fraction, burnin_pcie_min_ratio,
-burnin_throttle_max, burnin_retest, burnin_clear; gpu_guard_xid_source (roles/gpu_guard),
+burnin_throttle_max, burnin_retest, burnin_clear; rigup_rolling (roles/base, set by roll.py);
+gpu_guard_xid_source (roles/gpu_guard),
 cmpunlocker_enabled (roles/cmpunlocker), gpu_enabled (roles/preflight), rigup_prefix and
 rigup_state_dir (roles/base).
 """
@@ -117,10 +119,17 @@ def run_argv(script: str, level: str, uuids: list[str], plan: Plan, data: Config
 
 
 @operation()
-def accepted(argv: list[str]):
+def accepted(argv: list[str], stop: list[str] = ()):
     """Test the cards (preflight chose them from the records: nothing to do yields nothing); exit
-    status 3 (a card failed) fails the host here, its cards named on stderr."""
-    yield " ".join(shlex.quote(a) for a in argv)
+    status 3 (a card failed) fails the host here, its cards named on stderr. ``stop``: in a roll,
+    the serving units that hold them, stopped for the run and started again after it when every
+    card passed (else they stay stopped: the host fails and stays out of the gateways' pools)."""
+    run = " ".join(shlex.quote(a) for a in argv)
+    if not stop:
+        yield run
+        return
+    units = " ".join(shlex.quote(u) for u in stop)
+    yield f"systemctl stop {units} && {{ {run}; rc=$?; [ $rc != 0 ] || systemctl start {units}; exit $rc; }}"
 
 
 @operation()
@@ -142,7 +151,7 @@ def apply(plan: Plan, data: Config):
                 uuids=part["clear"], results=burnin_file(data))
     for level, uuids in sorted((part.get("run") or {}).items()):
         accepted(name=f"burnin: {level} acceptance of {len(uuids)} card(s)",
-                 argv=run_argv(script, level, uuids, plan, data))
+                 argv=run_argv(script, level, uuids, plan, data), stop=part.get("stop") or [])
 
 
 ROLE = Role("burnin", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, cards=cards)

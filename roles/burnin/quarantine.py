@@ -11,8 +11,11 @@ Per card (by UUID; lost cards keep their record):
   CUDA_VISIBLE_DEVICES and of the VRAM plan), until ``burnin_retest`` tests it again and it
   passes, or ``burnin_clear`` names it;
 - a card something serves from (an active serving unit whose CUDA_VISIBLE_DEVICES has it, or one
-  without it) is never tested: it **waits** (a card never tested serves meanwhile, as it did
-  before burn-in was enabled; drain the host with rigup_maintenance for its run).
+  without it) is never tested while it serves: it **waits** (a card never tested serves
+  meanwhile, as it did before burn-in was enabled), until a roll: roll.py's converge of a host
+  (``rigup_rolling``, the host drained at the gateways) stops the units that hold the cards for
+  the run and starts them again after it (a card that fails leaves them stopped: the host fails,
+  and stays out of the pools). Or drain the host with rigup_maintenance.
 """
 
 from __future__ import annotations
@@ -41,12 +44,11 @@ def key_change(rec: dict, gpu: dict, driver: str | None) -> str | None:
     return ", ".join(why) or None
 
 
-def busy_with(uuid: str, units: dict) -> str | None:
-    """The active serving unit that holds the card, or None."""
-    for unit, devices in sorted(units.items()):
-        if devices is None or uuid in devices or any(not d.startswith("GPU-") for d in devices):
-            return shown(unit, 80)
-    return None
+def holders(uuid: str, units: dict) -> list[str]:
+    """The active serving units that hold the card (a unit without CUDA_VISIBLE_DEVICES, or one
+    naming cards by index, holds every card)."""
+    return [unit for unit, devices in sorted(units.items())
+            if devices is None or uuid in devices or any(not d.startswith("GPU-") for d in devices)]
 
 
 def named(values, uuid: str) -> bool:
@@ -61,16 +63,17 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
          "waiting": [{"uuid", "index", "why"}], "accepted": N}
     """
     records, units = state.get("records") or {}, state.get("units") or {}
-    out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0}
+    out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": []}
 
     def run(gpu: dict, level: str, why: str) -> None:
-        holder = busy_with(gpu["uuid"], units)
-        if holder:
+        held = holders(gpu["uuid"], units)
+        if held and not data.get("rigup_rolling"):
             out["waiting"].append({"uuid": gpu["uuid"], "index": gpu.get("index"),
-                                   "why": f"{why}: in use by {holder}"})
-        else:
-            out["run"].setdefault(level, []).append(gpu["uuid"])
-            out["why"][gpu["uuid"]] = why
+                                   "why": f"{why}: in use by {shown(held[0], 80)}"})
+            return
+        out["run"].setdefault(level, []).append(gpu["uuid"])
+        out["why"][gpu["uuid"]] = why
+        out["stop"] += [u for u in held if u not in out["stop"]]   # a roll: stopped for the run
 
     by_bus = {str(r.get("bus_id", "")).lower()[-12:]: u for u, r in records.items()}
     for gpu in gpus:
@@ -115,6 +118,9 @@ def lines(part: dict) -> list[str]:
     for level, uuids in sorted(part.get("run", {}).items()):
         whys = sorted({part["why"][u] for u in uuids})
         text.append(f"burn-in:   {level} on {len(uuids)} card(s) ({'; '.join(whys)}): {shown(', '.join(uuids), 2000)}")
+    if part.get("stop"):
+        text.append(f"burn-in:   a roll: {shown(', '.join(part['stop']), 400)} stopped for the run (drained at the "
+                    "gateways) and started again after it")
     for q in part.get("quarantined") or []:
         text.append(f"burn-in:   GPU {shown(q['index'], 8)} ({shown(q['bus_id'], 32)}, {shown(q['uuid'], 64)}) QUARANTINED, "
                     f"left out of serving: {'; '.join(q['failed'])} (burnin_retest tests it again, burnin_clear accepts it)")

@@ -108,3 +108,19 @@ def test_a_clean_retest_brings_the_cards_back(lab, host):
     after = burn(host)
     assert "QUARANTINED" not in after.output and "burn-in:   8 card(s) accepted" in after.output
     assert after.totals["changed"] == 0, after.changed_operations()
+
+
+def test_in_a_roll_the_units_that_hold_the_cards_stop_for_the_run_and_start_again(lab, host):
+    """roll.py's converge (rigup_rolling: the host drained at the gateways) tests a card a serving
+    unit holds: the unit is stopped for the run and started again after it."""
+    on_host(lab, host, f"rm -f {RESULTS} && systemctl start rigup-llama@test.service")
+    since = on_host(lab, host, "date +%s").strip()
+    run = burn(host, *data(rigup_rolling=True))
+    assert "burn-in:   a roll: rigup-llama@test.service stopped for the run" in run.output, run.output[-3000:]
+    assert sorted(r["index"] for r in records(lab, host).values() if r["passed"]) == list(range(8))
+    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
+    journal = on_host(lab, host, f"journalctl -u rigup-llama@test.service --since @{since} -o cat --no-pager")
+    print(journal)
+    assert "Stopped" in journal and journal.rfind("Started") > journal.rfind("Stopped")
+    again = burn(host)
+    assert again.totals["changed"] == 0, again.changed_operations()

@@ -149,6 +149,9 @@ def test_which_cards_a_converge_tests_serves_on_or_leaves_out():
     assert new["run"] == {"standard": u[1:]} and new["waiting"][0]["why"] == "first sight: in use by rigup-llama@a.service"
     every = sort_cards(g, {"records": {}, "units": {"rigup-llama@a.service": None}}, None, DATA)
     assert every["run"] == {} and len(every["waiting"]) == 4
+    rolling = sort_cards(g, {"records": {}, "units": {"rigup-llama@a.service": None}}, None, {**DATA, "rigup_rolling": True})
+    assert rolling["run"] == {"standard": u} and rolling["stop"] == ["rigup-llama@a.service"]
+    assert "rigup-llama@a.service stopped for the run" in "\n".join(lines(rolling))
     retest = sort_cards(g, state, "580.105.08", {**DATA, "burnin_retest": True})
     assert retest["run"]["standard"] == [u[1]] and not retest["quarantined"]
     clear = sort_cards(g, state, "580.105.08", {**DATA, "burnin_clear": ["all"]})
