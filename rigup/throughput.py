@@ -24,6 +24,7 @@ import math
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 PROMPT = "Write a long story about a lighthouse keeper, one sentence after another."
@@ -78,12 +79,14 @@ def bounded_read(answer, deadline: float) -> bytes:
         pieces.append(piece)
 
 
-def tokens_served(url: str, key: str | None = None, timeout: float = 10) -> float | None:
+def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: str | None = None) -> float | None:
     """``llamacpp:tokens_predicted_total`` of llama-server's /metrics at ``url``, or None when it
     cannot be read. A /metrics read neither wakes a sleeping server (it answers from the last
     values) nor counts as a request for its idle timer (llama.cpp server-queue.cpp); raises
-    nothing for what a server answers."""
-    request = urllib.request.Request(f"{url.rstrip('/')}/metrics")
+    nothing for what a server answers. ``model``: a router's model's (``autoload=false``: never
+    loads it)."""
+    query = f"?model={urllib.parse.quote(model)}&autoload=false" if model else ""
+    request = urllib.request.Request(f"{url.rstrip('/')}/metrics{query}")
     if key:
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
@@ -100,6 +103,21 @@ def tokens_served(url: str, key: str | None = None, timeout: float = 10) -> floa
                 return None
             return count if math.isfinite(count) and count >= 0 else None
     return None
+
+
+def loaded_models(url: str, key: str | None = None, timeout: float = 10) -> list[str] | None:
+    """The models a router (llama-server's router mode) has loaded now, from its /models; None
+    when it cannot be read. Reading it loads nothing."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/models")
+    if key:
+        request.add_unredirected_header("Authorization", f"Bearer {key}")
+    try:
+        with _OPENER.open(request, timeout=timeout) as answer:
+            listed = json.loads(bounded_read(answer, time.monotonic() + timeout))
+        return [str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict)
+                and (m.get("status") or {}).get("value") == "loaded"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,

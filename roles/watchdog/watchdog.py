@@ -266,12 +266,23 @@ def _key(inst: dict) -> str | None:
         return None
 
 
-def idle(server: dict, inst: dict, record: dict) -> bool:
+def router_model(server: dict, inst: dict) -> tuple[bool, str | None]:
+    """A router's model to time: (False, None) when it has none of its set loaded (not judged: a
+    check must not load one); (True, None) when its /models cannot be read (the completion then
+    says what is wrong); else (True, the first loaded model of its set)."""
+    loaded = throughput.loaded_models(server["url"], _key(inst))
+    if loaded is None:
+        return True, None
+    model = next((m for m in inst["models"] if m in loaded), None)
+    return model is not None, model
+
+
+def idle(server: dict, inst: dict, record: dict, model: str | None = None) -> bool:
     """Whether a server that may sleep (its instance's ``sleep_idle_s``) served nothing since the
     last check: its tokens served (/metrics, which neither wakes it nor resets its idle timer)
     are where that check left them. Such a server is not judged: a completion would wake it, or
     keep it from sleeping, and its load would look like a slow server."""
-    served = throughput.tokens_served(server["url"], _key(inst))
+    served = throughput.tokens_served(server["url"], _key(inst), model=model)
     if served is not None and served == record.get("served"):
         log(6, f"rigup-watchdog: {server['server']}: not judged: no request served since the last check "
                "(it may be asleep: sleep_idle_s)")
@@ -280,15 +291,16 @@ def idle(server: dict, inst: dict, record: dict) -> bool:
     return False
 
 
-def measure(server: dict, inst: dict, config: dict) -> dict:
-    """One sample of the server: ``{"tps"}`` from a whole completion, else ``{"tps": None, "kind":
-    "starting" or "bad", "why"}`` (:func:`failure`); never raises for what a server answers."""
+def measure(server: dict, inst: dict, config: dict, model: str | None = None) -> dict:
+    """One sample of the server: ``{"tps"}`` from a whole completion (of ``model``: a router's loaded
+    one), else ``{"tps": None, "kind": "starting" or "bad", "why"}`` (:func:`failure`); never raises
+    for what a server answers."""
     try:
         key = throughput.read_key(inst.get("key"))
     except OSError as e:
         return {"tps": None, "kind": "bad", "why": f"its key file cannot be read: {e}"}
     try:
-        return {"tps": throughput.completion(server["url"], key, config["max_tokens"], config["timeout_s"])["tps"]}
+        return {"tps": throughput.completion(server["url"], key, config["max_tokens"], config["timeout_s"], model)["tps"]}
     except Exception as e:
         kind, why = failure(e, config)
         return {"tps": None, "kind": kind, "why": why}
@@ -435,11 +447,20 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
         log(5, f"rigup-watchdog: {name}: not judged: its restart by the watchdog has not begun yet")
         return None
     gated = passed_gate(server, record, config, started)
-    if inst.get("sleeps") and idle(server, inst, record):   # sleep_idle_s: a check must not wake it
+    model = None
+    if inst.get("models"):   # a router: judged by the model it has loaded (issue 49)
+        judged, model = router_model(server, inst)
+        if not judged:
+            count(record, "unjudged")
+            log(6, f"rigup-watchdog: {name}: not judged: none of its models is loaded (a check loads none)")
+            return None
+    if inst.get("sleeps") and idle(server, inst, record, model):   # sleep_idle_s: a check must not wake it
         return None
-    sample = measure(server, inst, config)
+    sample = measure(server, inst, config, model)
+    if model:
+        log(6, f"rigup-watchdog: {name}: timed {model}, the model it has loaded")
     if inst.get("sleeps"):   # its own completion is not a request of a client's
-        record["served"] = throughput.tokens_served(server["url"], _key(inst))
+        record["served"] = throughput.tokens_served(server["url"], _key(inst), model=model)
     if not gated and sample["tps"] is not None:
         record["passed_at"] = round(now, 3)     # its first whole completion since its start: its gate
     if not gated and started is not None and now - started < grace:

@@ -26,6 +26,11 @@ the mode (touch it, then restart the unit: a server still loading after a restar
 ``--redirect-to URL``: its completions answer 302 to URL + the path (an instance that sends its
 clients to another origin); ``--record FILE``: each request appends a line to FILE, ``PATH
 key`` or ``PATH none`` (whether it came with an Authorization header: the other origin's log).
+
+``--router A,B``: a router of llama-server's (issue 49) with one model loaded at a time (the first,
+or ``--loaded NAME``; ``--loaded ""``: none): ``/models`` lists each with its status, a completion
+for another model loads it first (``--load-s`` seconds, counted: ``GET /stub/loads``), and
+``/metrics?model=NAME&autoload=false`` answers for a loaded model only (404 otherwise).
 """
 
 from __future__ import annotations
@@ -55,7 +60,13 @@ def main() -> None:
     p.add_argument("--loading-file", default=None)
     p.add_argument("--redirect-to", default=None)
     p.add_argument("--record", default=None)
+    p.add_argument("--router", default=None)
+    p.add_argument("--loaded", default=None)
+    p.add_argument("--load-s", type=float, default=0.5)
     args = p.parse_args()
+    models = [m for m in (args.router or "").split(",") if m]
+    router = {"loaded": (models[0] if args.loaded is None else args.loaded) if models else None, "loads": 0}
+    load_lock = threading.Lock()
     born = time.monotonic()
 
     def loading() -> bool:
@@ -91,8 +102,18 @@ def main() -> None:
                 self.reply(200, b'{"status": "ok"}')
             elif self.path == "/v1/models":
                 self.reply(200, json.dumps({"object": "list", "data": [{"id": "stub"}]}).encode())
-            elif self.path == "/metrics":
+            elif self.path == "/metrics" and not models:
                 self.reply(200, f"llamacpp:tokens_predicted_total {served['tokens']}\n".encode(), "text/plain")
+            elif models and self.path == "/models":
+                self.reply(200, json.dumps({"data": [{"id": m, "status": {"value": "loaded" if m == router["loaded"] else "unloaded"}}
+                                                     for m in models]}).encode())
+            elif models and self.path.startswith("/metrics?model="):
+                asked = self.path.split("=", 1)[1].split("&", 1)[0]
+                if asked != router["loaded"]:
+                    return self.reply(404, b'{"error": "model not loaded"}')
+                self.reply(200, f"llamacpp:tokens_predicted_total {served['tokens']}\n".encode(), "text/plain")
+            elif models and self.path == "/stub/loads":
+                self.reply(200, json.dumps(router).encode())
             else:
                 self.reply(404, b'{"error": "not found"}')
 
@@ -109,6 +130,13 @@ def main() -> None:
                 self.end_headers()
                 return None
             tokens = int(doc.get("max_tokens") or 16)
+            if models:
+                if doc.get("model") not in models:
+                    return self.reply(400, b'{"error": {"message": "model not found"}}')
+                with load_lock:
+                    if router["loaded"] != doc["model"]:      # a swap: the other one unloaded, this one loaded
+                        time.sleep(args.load_s)
+                        router["loaded"], router["loads"] = doc["model"], router["loads"] + 1
             with slots:
                 tps = args.slow_tps if args.slow_file and os.path.exists(args.slow_file) else rate["tps"]
                 started = time.monotonic()

@@ -47,8 +47,11 @@ def test_config_watches_every_instance_but_those_turned_off():
     assert config["grace_s"] == 300 and config["command_timeout_s"] == wd.COMMAND_TIMEOUT_S == 30
     assert unit_timeout_s(config) == 8 * 3 * (65 + 2 * 30) + 2 * 30 + 60
     assert watchdog_config({**DATA, "rigup_maintenance": True})["maintenance"] is True
-    router = {**DATA["llama_server_instances"]["glm"], "also": ["other"], "port": 8090}   # issue 49: not watched yet
-    assert "router" not in watched({**DATA, "llama_server_instances": {**DATA["llama_server_instances"], "router": router}})
+    router = {**DATA["llama_server_instances"]["glm"], "also": ["other"], "port": 8090}   # issue 49: its own floor
+    routers = {"router": router, "unfloored": {**router, "port": 8095, "min_tokens_per_s": None}}
+    found = watched({**DATA, "llama_server_instances": {**DATA["llama_server_instances"], **routers}})
+    assert found["router"]["models"] == ["m", "other"] and found["router"]["floor"] == 40.0
+    assert "unfloored" not in found       # one gate's tok/s is no floor for the set's other models
 
 
 def test_default_floor_is_half_the_gates_tok_s(tmp_path):
@@ -495,10 +498,10 @@ def test_a_failure_inside_one_servers_check_is_that_servers(engines, tmp_path, m
         host.serve(name, engines["good"], started_ago=OLD, gated_ago=OLD - 5)
     measure = wd.measure
 
-    def broken(server, inst, config):
+    def broken(server, inst, config, *model):
         if server["server"] == "b":
             raise RuntimeError("a bug")
-        return measure(server, inst, config)
+        return measure(server, inst, config, *model)
 
     monkeypatch.setattr(wd, "measure", broken)
     log = host.check(capsys)
@@ -506,10 +509,10 @@ def test_a_failure_inside_one_servers_check_is_that_servers(engines, tmp_path, m
     state = host.state()
     assert state["a"]["last_tps"] > FLOOR and state["c"]["last_tps"] > FLOOR and state["b"]["failed"] == 1
 
-    def stopped(server, inst, config):
+    def stopped(server, inst, config, *model):
         if server["server"] == "b":
             raise SystemExit("stopped by signal 15")
-        return measure(server, inst, config)
+        return measure(server, inst, config, *model)
 
     Path(host.config["state_file"]).unlink()
     monkeypatch.setattr(wd, "measure", stopped)
@@ -570,3 +573,28 @@ def test_a_server_that_may_sleep_is_judged_only_after_it_served(tmp_path, monkey
         proc.kill()
         proc.wait()
     assert host.calls("restart") == ["rigup-llama@gemma.service"]
+
+
+def test_a_router_is_timed_on_the_model_it_has_loaded_and_never_made_to_load_one(tmp_path, monkeypatch, capsys):
+    """Issue 49: a router (the stand-in's router mode, one model loaded at a time) is timed on its
+    loaded model; with none loaded it is not judged; the checks load nothing (its load count)."""
+    host = FakeHost(tmp_path, monkeypatch)
+    procs = {"loaded": start_stub("--router", "a,b", "--loaded", "b", "--load-s", "2"),
+             "none": start_stub("--router", "a,b", "--loaded", "", "--load-s", "2")}
+    try:
+        for name, (url, _) in procs.items():
+            host.serve(name, url, started_ago=OLD, gated_ago=OLD - 5)
+            host.config["instances"][name]["models"] = ["a", "b"]
+        for _ in range(2):
+            log = host.check(capsys)
+        state = host.state()
+        loads = {n: json.loads(urllib.request.urlopen(f"{u}/stub/loads", timeout=5).read()) for n, (u, _) in procs.items()}
+        print(log, state, loads)
+        assert "rigup-watchdog: loaded: timed b, the model it has loaded" in log
+        assert state["loaded"]["last_tps"] > FLOOR and state["loaded"].get("bad", 0) == 0
+        assert "none: not judged: none of its models is loaded" in log and state["none"]["unjudged"] == 2
+        assert loads == {"loaded": {"loaded": "b", "loads": 0}, "none": {"loaded": "", "loads": 0}}
+    finally:
+        for _, proc in procs.values():
+            proc.kill()
+            proc.wait()
