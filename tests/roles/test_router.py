@@ -100,6 +100,32 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
     assert {m["id"]: m["status"]["value"] for m in listed["data"]}["gemma-270m"] == "unloaded"
 
 
+def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
+    """The throughput watchdog (roles/watchdog/watchdog.py, run on the host as its timer runs it)
+    with the router as watchdog_config makes it for a router with its own floor: it times the
+    model loaded after the alternation (tiny) and asks for no other (gemma-270m stays unloaded)."""
+    from roles.watchdog import watchdog_config
+
+    name, models, router = duo[:3]
+    config = watchdog_config({"llama_server_instances": {"duo": {**router, "min_tokens_per_s": 0.5}}, "models": models,
+                              "watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 8,
+                              "watchdog_timeout_s": 60, "watchdog_grace_s": 300, "rigup_maintenance": False,
+                              "rigup_state_dir": "/root/wd", "rigup_watchdog_reboot": False,
+                              "rigup_watchdog_max_reboots": 1})
+    assert config["instances"]["duo"]["models"] == ["gemma-270m", "tiny"]
+    config["metrics_file"] = "/root/wd/rigup_watchdog.prom"
+    program, measuring = (ROOT / "roles/watchdog/watchdog.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    on_host(lab, name, f"mkdir -p /root/wd && cat > /root/wd/watchdog.py <<'EOF'\n{program}\nEOF\n"
+                       f"cat > /root/wd/rigup_throughput.py <<'EOF'\n{measuring}\nEOF\n"
+                       f"cat > /root/wd/config.json <<'EOF'\n{json.dumps(config)}\nEOF")
+    log = on_host(lab, name, "cd /root/wd && python3 watchdog.py --config config.json check 2>&1")
+    listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models"))
+    state = json.loads(on_host(lab, name, "cat /root/wd/watchdog.json"))
+    print(log.strip().splitlines()[-3:], state["duo"].get("last_tps"))
+    assert "duo: timed tiny, the model it has loaded" in log and state["duo"]["last_tps"] > 0.5
+    assert {m["id"]: m["status"]["value"] for m in listed["data"]} == {"gemma-270m": "unloaded", "tiny": "loaded"}
+
+
 def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
     name, models, router, _, _ = duo
     big = {**models, "big-a": {**models["tiny"], "size_gib": 330}, "big-b": {**models["tiny"], "size_gib": 330}}
