@@ -607,6 +607,7 @@ def compute_and_soak(dev: Device, soak_s: float) -> tuple[dict, dict]:
 def worker(card: dict, opts: dict, conn) -> None:
     """One card's CUDA part, in a process of its own (the parent kills it past its bound)."""
     fig: dict = {}
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)   # every card by its bus id, whatever the caller's environment hid
     try:
         cpus = numa_cpus(card["pci.bus_id"])
         if cpus:
