@@ -5,7 +5,8 @@
 
 Per host: its cards (count x class), their total draw / limit and the hottest card's temperature,
 VRAM used, the llama.cpp build that serves (llama_cpp_dir/current), each serving instance
-(rigup-llama@*, rigup-vllm@*: state, /health's code at its port, model@revision), the models
+(rigup-llama@*, rigup-vllm@*: state, /health's code at its port, model@revision; a router's loaded
+models), the models
 downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance, and the
 host's joules per generated token while it generates (read from the monitoring hosts' Prometheus,
 rigup:host_joules_per_token, when the inventory has one); in 120

@@ -54,6 +54,11 @@ SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/
   code=; [ -z "$port" ] || code=$(curl -s -o /dev/null -m 2 --noproxy '*' -w '%{http_code}' "http://$bind:$port/health" 2>/dev/null)
   echo "@@ $u"; echo "active=$(systemctl is-active "$u" 2>/dev/null)"; echo "port=$port"; echo "health=$code"
   echo "revision=$(sed -n 's/^# .*, model \([^ ,]*\)$/\1/p' "$f" 2>/dev/null | head -n 1)"
+  if [ -n "$port" ] && grep -q -e '--models-preset' "$f" 2>/dev/null; then
+    kf=$(grep -o -e '--api-key-file[= ][^ ]*' "$f" | head -n 1 | cut -c16- | tr -d "'\"")
+    hdr=; [ -n "$kf" ] && [ -r "$kf" ] && hdr="header = \"Authorization: Bearer $(cat "$kf")\""
+    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -K - "http://$bind:$port/models" 2>/dev/null | tr -d '\n' | head -c 8192)"
+  fi
 done; true"""
 _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
 
@@ -162,7 +167,19 @@ def parse_serving(lines: list[str]) -> list[dict]:
                 out[-1]["health"] = number(value, int) if value != "000" else None
             elif key in ("active", "revision"):
                 out[-1][key] = None if value in ("", "None") else value
+            elif key == "models":   # a router's /models (issue 49): which of its set are loaded
+                out[-1]["loaded"] = loaded_of(value)
     return out
+
+
+def loaded_of(text: str) -> list[str] | None:
+    """A router's /models answer -> the ids it has loaded (escaped for the terminal), or None when
+    it is not one."""
+    try:
+        listed = json.loads(text)
+        return [shown(m["id"], 64) for m in listed["data"] if (m.get("status") or {}).get("value") == "loaded"]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
 
 
 BURNIN_MAX_BYTES = 262144
@@ -497,8 +514,10 @@ def build_cell(row: dict) -> str:
 
 
 def serving_cell(row: dict) -> str:
-    """``gemma active :8081 200 gemma-270m@dc8aac10``, one per instance, ``; ``-separated."""
+    """``gemma active :8081 200 gemma-270m@dc8aac10``, one per instance, ``; ``-separated; a router
+    also names what it has loaded: ``[loaded: tiny]``."""
     return "; ".join(f"{s['name']} {s['active'] or '?'} :{s['port'] or '?'} {s['health'] or '-'} {s['model']}"
+                     + (f" [loaded: {', '.join(s['loaded']) or 'none'}]" if s.get("loaded") is not None else "")
                      + (f" ({s['tuned']})" if s.get("tuned") else "") for s in row["serving"]) or "-"
 
 

@@ -124,6 +124,10 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
     print(log.strip().splitlines()[-3:], state["duo"].get("last_tps"))
     assert "duo: timed tiny, the model it has loaded" in log and state["duo"]["last_tps"] > 0.5
     assert {m["id"]: m["status"]["value"] for m in listed["data"]} == {"gemma-270m": "unloaded", "tiny": "loaded"}
+    shown = pyinfra("inventory/lab.py", "status.py", "--limit", name, *data(models, router), timeout=120)
+    row = [ln for ln in shown.output.splitlines() if " duo " in ln]
+    print(row)
+    assert shown.returncode == 0 and row and "duo active :8091 200 " in row[0] and "[loaded: tiny]" in row[0]
 
 
 def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
