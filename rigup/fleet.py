@@ -57,7 +57,8 @@ SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/
   if [ -n "$port" ] && grep -q -e '--models-preset' "$f" 2>/dev/null; then
     kf=$(grep -o -e '--api-key-file[= ][^ ]*' "$f" | head -n 1 | cut -c16- | tr -d "'\"")
     hdr=; [ -n "$kf" ] && [ -r "$kf" ] && hdr="header = \"Authorization: Bearer $(cat "$kf")\""
-    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -K - "http://$bind:$port/models" 2>/dev/null | tr -d '\n' | head -c 8192)"
+    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -K - "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
+      | tr -d '\n' | grep -o -e '"id": *"[^"]*"' -e '"value": *"[^"]*"' | tr -d '" ' | paste -s -d, - | head -c 4096)"
   fi
 done; true"""
 _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
@@ -173,13 +174,20 @@ def parse_serving(lines: list[str]) -> list[dict]:
 
 
 def loaded_of(text: str) -> list[str] | None:
-    """A router's /models answer -> the ids it has loaded (escaped for the terminal), or None when
-    it is not one."""
-    try:
-        listed = json.loads(text)
-        return [shown(m["id"], 64) for m in listed["data"] if (m.get("status") or {}).get("value") == "loaded"]
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None
+    """A router's /models as the serving section reduces it (``id:gemma,value:unloaded,id:tiny,
+    value:loaded``: each model's id and its status, in order; the answer itself may be long: each
+    model's arguments) -> the ids it has loaded (escaped for the terminal); None when there is no
+    model in it."""
+    loaded, current, seen = [], None, False
+    for part in text.split(","):
+        key, _, value = part.partition(":")
+        if key == "id":
+            current, seen = value, True
+        elif key == "value" and current is not None:
+            if value == "loaded":
+                loaded.append(shown(current, 64))
+            current = None
+    return loaded if seen else None
 
 
 BURNIN_MAX_BYTES = 262144

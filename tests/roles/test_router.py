@@ -126,7 +126,8 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
     assert {m["id"]: m["status"]["value"] for m in listed["data"]} == {"gemma-270m": "unloaded", "tiny": "loaded"}
     shown = pyinfra("inventory/lab.py", "status.py", "--limit", name, *data(models, router), timeout=120)
     row = [ln for ln in shown.output.splitlines() if " duo " in ln]
-    print(row)
+    size = on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models | wc -c").strip()
+    print(row, f"(/models: {size} bytes)")
     assert shown.returncode == 0 and row and "duo active :8091 200 " in row[0] and "[loaded: tiny]" in row[0]
 
 

@@ -64,13 +64,12 @@ def test_serving_sections():
          "health": 200, "revision": "dc8aac109665e96b4997756aca46909ff5ad7afc"},
         {"unit": "rigup-vllm@big.service", "engine": "vllm", "name": "big", "active": "failed", "port": None,
          "health": None, "revision": None}]
-    listed = {"data": [{"id": "gemma-270m", "status": {"value": "unloaded"}}, {"id": "tiny", "status": {"value": "loaded"}}]}
     (router,) = fleet.parse_serving(["@@ rigup-llama@duo.service", "active=active", "port=8091", "health=200",
-                                     "revision=abc", f"models={json.dumps(listed)}"])
+                                     "revision=abc", "models=id:gemma-270m,value:unloaded,id:tiny,value:loaded"])
     assert router["loaded"] == ["tiny"]
     row = {"serving": [{**router, "model": "gemma-270m@abc"}]}
     assert fleet.serving_cell(row) == "duo active :8091 200 gemma-270m@abc [loaded: tiny]"
-    assert fleet.loaded_of("not json") is None
+    assert fleet.loaded_of("") is None and fleet.loaded_of("id:a,value:unloaded") == []
 
 
 def test_guard_and_build():
