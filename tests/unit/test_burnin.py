@@ -100,6 +100,19 @@ def test_pure_parts():
     assert acceptance.TESTING == BURNIN_TESTING
 
 
+def test_an_unlock_that_did_not_take_fails_and_a_new_memory_size_is_tested_again():
+    """(5) of the issue: a CMP card after the unlock must report its unlocked memory, and the VRAM
+    pass covered it; an unlock (another memory size) or a new driver calls for a run again."""
+    opts = {"pcie_min_ratio": 0.25, "throttle_max": 0.25}
+    fig = {"vram": {"mib": 7372, "total_mib": 8192, "patterns": 1, "mismatches": 0}}
+    assert acceptance.judge({"expect_mib": 65536}, fig, opts) == \
+        ["VRAM: the card has 8192 MiB, 65536 MiB expected (the unlock did not take)"]
+    assert acceptance.judge({"expect_mib": 65536}, {"vram": {**fig["vram"], "total_mib": 65536}}, opts) == []
+    g = gpus(1, memory_total_mib=65536)
+    part = sort_cards(g, {"records": {g[0]["uuid"]: rec(mib=8192)}}, "580.105.08", DATA)
+    assert part["why"] == {g[0]["uuid"]: "memory 8192 -> 65536 MiB"} and part["run"] == {"quick": [g[0]["uuid"]]}
+
+
 def test_dcgmi_runs_first_on_a_datacenter_card_only(tmp_path, monkeypatch):
     """Where dcgmi is installed: its level for the run's level, on datacenter cards only; a test it
     reports failed is named, its exit status counts when its JSON names none."""
