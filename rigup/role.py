@@ -11,7 +11,7 @@ gives the records in the order the roles run, and nothing looks a hook up by nam
 - ``plan_lines`` / ``fleet_plan_lines``: its lines of the plan
 - ``smoke_runs``: what a new llama.cpp build is tried with before it serves
 - ``cards``: which of the host's cards the plan may serve on (burnin: all but the quarantined),
-  with its part of the plan
+  and what it adds to the plan (``{"burnin": ...}``)
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ SXID_CLASS = {"Fatal": {"class": "nvswitch", "action": "drain_host",
                                    "and switches need a reset"},
               "Non-fatal": {"class": "nvswitch", "action": "log", "meaning": "NVSwitch non-fatal error (SXid)"}}
 UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catalogue"}
+# journalctl's match for gpu_guard_xid_source: the kernel's own transport (no local process can write
+# it), or the lab's stand-in lines (tests/lab/nvidia_smi.py ``sim xid``; lab hosts share one kernel)
+JOURNAL_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
 KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' "
                       "|| dmesg 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' || true")
 

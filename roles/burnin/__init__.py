@@ -2,7 +2,8 @@
 
 What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing elsewhere):
 - installs ``rigup_prefix/bin/rigup-burnin`` (roles/burnin/acceptance.py, standard library and
-  the CUDA driver API through ctypes): the operator's ``rigup-burnin status``, ``run --level
+  the CUDA driver API through ctypes; beside it ``rigup_xid.py``, rigup/gpu/xid.py, as the GPU guard
+  has it): the operator's ``rigup-burnin status``, ``run --level
   long``, ``clear UUID``;
 - runs it, after gpu_power (the soak runs at the cap it set) and cmpunlocker (the unlocked memory
   is what gets tested) and before any serving role, on the cards this converge must test
@@ -45,6 +46,7 @@ from pyinfra.api import deploy
 
 from rigup import files
 from rigup.config import Config, role_defaults
+from rigup.gpu import xid
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import BURNIN_METRICS, burnin_file
 from rigup.probe import operation
@@ -54,7 +56,6 @@ from roles.burnin.facts import BurninState
 from roles.burnin.quarantine import lines, serving, sort_cards
 
 HERE = Path(__file__).resolve().parent
-XID_MATCH = {"kernel": None, "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}   # as roles/gpu_guard reads them
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines", "cards"]
 
@@ -83,15 +84,15 @@ def kept(name: str, state: dict) -> None:
         pass   # the host's records are the ones that count
 
 
-def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict | None]:
+def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict]:
     """Preflight's ``cards`` hook: the cards the plan may serve on (all but the quarantined) and
-    the plan's ``burnin`` part (roles/burnin/quarantine.py), or (gpus, None) when it is off."""
+    the plan's ``burnin`` (roles/burnin/quarantine.py); every card and nothing when it is off."""
     if not enabled(data) or not gpus:
-        return gpus, None
+        return gpus, {}
     state = (facts.get("reads") or {}).get("BurninState") or BurninState.default()
     kept(host.name, state)
     part = sort_cards(gpus, state, (facts.get("driver") or {}).get("version"), data)
-    return serving(gpus, part), part
+    return serving(gpus, part), {"burnin": part}
 
 
 def plan_lines(plan: Plan, data: Config) -> list[str]:
@@ -107,9 +108,7 @@ def run_argv(script: str, level: str, uuids: list[str], plan: Plan, data: Config
         argv += ["--soak-s", str(data["burnin_soak_s"])]
     if data["burnin_timeout_s"] is not None:
         argv += ["--timeout-s", str(data["burnin_timeout_s"])]
-    match = XID_MATCH.get(data.get("gpu_guard_xid_source", "kernel"))
-    if match:
-        argv += ["--xid-match", match]
+    argv += ["--xid-match", xid.JOURNAL_MATCH[data["gpu_guard_xid_source"]]]
     if data.get("cmpunlocker_enabled"):   # the memory an unlocked card must report
         expect = [f"{c['uuid']}={c['vram_unlocked_mib']}" for c in plan.get("cards") or []
                   if c.get("uuid") in uuids and (c.get("quirks") or {}).get("needs_unlock") and c.get("vram_unlocked_mib")]
@@ -144,8 +143,11 @@ def apply(plan: Plan, data: Config):
         return
     part = plan.get("burnin") or {}
     script = f"{data['rigup_prefix']}/bin/rigup-burnin"
-    files.managed(name="burnin: rigup-burnin", dest=script, paths=[script], mode="755",
+    parser = f"{data['rigup_prefix']}/bin/rigup_xid.py"   # the Xid parser it imports, as the guard's (the same file)
+    files.managed(name="burnin: rigup-burnin", dest=script, paths=[script, parser], mode="755",
                   text=(HERE / "acceptance.py").read_text())
+    files.managed(name="burnin: its Xid parser", dest=parser, paths=[script, parser], mode="644",
+                  text=Path(xid.__file__).read_text())
     if part.get("clear"):
         cleared(name=f"burnin: clear {len(part['clear'])} card(s) (burnin_clear)", script=script,
                 uuids=part["clear"], results=burnin_file(data))

@@ -97,6 +97,17 @@ COMPUTE_SAMPLE = 64        # threads whose output is computed here too
 SAMPLE_S = 1.0
 SMI_TIMEOUT_S = 20
 KILL = getattr(signal, "SIGKILL", 9)
+UNITS = ("rigup-llama@*", "rigup-vllm@*", "rigup-rpc*")   # the serving units (roles/burnin/facts.py reads the same)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:   # the Xid line parser: rigup/gpu/xid.py of the checkout, or rigup_xid.py beside this script on a host
+    from rigup.gpu import xid as xid_lines
+except ImportError:
+    sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]   # beside it; the checkout's root (tests/gpu)
+    try:
+        import rigup_xid as xid_lines  # type: ignore[no-redef]
+    except ImportError:
+        from rigup.gpu import xid as xid_lines
 
 # The kernels, as PTX for the driver to compile (the oldest target every supported card runs):
 # fill: word i of a chunk = (i * 0x9E3779B1) ^ seed; check: counts the words that differ (one
@@ -402,16 +413,32 @@ def busy_cards(all_uuids: list[str]) -> dict[str, str]:
                 busy[cols[0]] = f"process {cols[1]}"
     if not shutil.which("systemctl"):
         return busy
-    rc, out = run_bounded(["systemctl", "list-units", "--state=active", "--plain", "--no-legend",
-                           "rigup-llama@*", "rigup-vllm@*", "rigup-rpc*"], 20)
-    for unit in (line.split()[0] for line in (out or "").splitlines() if line.strip() and rc == 0):
-        rc2, env = run_bounded(["systemctl", "show", "-p", "Environment", "--value", unit], 20)
-        m = re.search(r"(?:^|\s)CUDA_VISIBLE_DEVICES=(\S*)", env or "")
-        named = [d for d in m.group(1).split(",") if d] if m else None
+    rc, out = run_bounded(["systemctl", "list-units", "--state=active", "--plain", "--no-legend", *UNITS], 20)
+    units = [line.split()[0] for line in (out or "").splitlines() if line.strip()] if rc == 0 else []
+    if not units:
+        return busy
+    rc, out = run_bounded(["systemctl", "show", "-p", "Id,Environment", *units], 20)   # every unit in one call
+    for unit, named in unit_devices(out if rc == 0 else "").items():
         for uuid in all_uuids:
             if named is None or uuid in named or any(not d.startswith("GPU-") for d in named):
                 busy.setdefault(uuid, unit)
     return busy
+
+
+def unit_devices(shown: str) -> dict[str, list[str] | None]:
+    """``systemctl show -p Id,Environment U...`` -> {unit: its CUDA_VISIBLE_DEVICES entries, or None
+    (every card)}. roles/burnin/facts.py reads the same output in preflight's round trip."""
+    out, unit, devices = {}, None, None
+    for line in shown.splitlines() + [""]:
+        key, _, value = line.partition("=")
+        if not line.strip() or key == "Id":   # a unit's block ends at a blank line, or at the next Id
+            if unit:
+                out[unit] = devices
+            unit, devices = (value.strip() or None) if key == "Id" else None, None
+        elif key == "Environment":
+            m = re.search(r"(?:^|\s)CUDA_VISIBLE_DEVICES=(\S*)", value)
+            devices = [d for d in m.group(1).split(",") if d] if m else None
+    return out
 
 
 def pci_name(bus_id: str) -> str:
@@ -666,24 +693,26 @@ def dcgm(card: dict, level: int) -> dict | None:
 
 # ---------------------------------------------------------------- the run
 def time_bound(opts: dict, mib: int) -> float:
-    """How long one card's worker may take: generous for the slowest card rigup serves (a CMP
-    card's VRAM pass at some 100 GB/s), so that only a hang reaches it."""
-    return opts.get("timeout_s") or (60 + opts["patterns"] * 2 * (3 + mib / 100_000 * 2 * 4) + 60 + opts["soak_s"] * 1.5)
+    """How long one card's worker may take: generous for the slowest card rigup serves, so that only
+    a hang reaches it: 60 s to start, each pattern and its inverse a fill and a check of the card's
+    memory at 25 GiB/s (a fraction of a CMP card's) plus 3 s, the PCIe and compute passes 60 s, the
+    soak half again."""
+    sweeps = opts["patterns"] * 2 * (3 + 2 * mib / 1024 / 25)
+    return opts.get("timeout_s") or (60 + sweeps + 60 + opts["soak_s"] * 1.5)
 
 
 def xid_since(since: float, match: str | None, buses: dict[str, str]) -> dict[str, list[int]]:
-    """The Xid codes the kernel logged for each card (by uuid) since ``since`` (journal)."""
+    """The Xid codes the kernel logged for each card (by uuid) since ``since``: the journal's lines
+    of ``match`` (rigup/gpu/xid.py JOURNAL_MATCH; default the kernel's), read by the guard's parser."""
     if not shutil.which("journalctl"):
         return {}
-    argv = ["journalctl", "-o", "cat", "--no-pager", f"--since=@{int(since)}"]
-    argv += [match] if match else ["-k"]
-    rc, out = run_bounded(argv, 20)
+    rc, out = run_bounded(["journalctl", "-o", "cat", "--no-pager", f"--since=@{int(since)}",
+                           match or "_TRANSPORT=kernel"], 20)
+    cards = {xid_lines.card_key(b): uuid for uuid, b in buses.items()}
     found: dict[str, list[int]] = {}
-    for m in re.finditer(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)", out or ""):
-        bus = m.group(1).lower()[-12:]
-        for uuid, b in buses.items():
-            if b.lower()[-12:] == bus:
-                found.setdefault(uuid, []).append(int(m.group(2)))
+    for event in xid_lines.events((out or "").splitlines(), {}):
+        if event.get("kind") != "SXid" and event["card"] in cards:
+            found.setdefault(cards[event["card"]], []).append(event["code"])
     return found
 
 
@@ -803,8 +832,10 @@ def save(path: str, records: dict) -> None:
     os.replace(tmp, path)
 
 
-def quarantined(rec: dict) -> bool:
-    return not rec.get("passed") and not rec.get("cleared")
+def quarantined(rec: dict | None) -> bool:
+    """A record that failed and that the operator did not clear: its card is left out of serving
+    (roles/burnin/quarantine.py; the GPU guard and status.py read the records file the same way)."""
+    return bool(rec) and rec.get("passed") is False and not rec.get("cleared")
 
 
 def write_metrics(path: str | None, records: dict) -> None:

@@ -9,9 +9,9 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigup.gpu.facts import sections
+from roles.burnin.acceptance import UNITS, unit_devices
 
 MARK = "##rigup-burnin:"
-UNITS = ("rigup-llama@*", "rigup-vllm@*", "rigup-rpc*")
 
 
 def parse_burnin_state(lines: list[str]) -> dict:
@@ -27,18 +27,8 @@ def parse_burnin_state(lines: list[str]) -> dict:
             unreadable = f"not JSON ({e})"
         if not isinstance(records, dict):
             records, unreadable = {}, unreadable or "not a mapping"
-    units = {}
-    for line in sec.get("units", []):
-        unit, _, env = line.strip().partition(" ")
-        if not unit:
-            continue
-        devices = None
-        for word in env.split():
-            if word.startswith("CUDA_VISIBLE_DEVICES="):
-                devices = [d for d in word.split("=", 1)[1].split(",") if d]
-        units[unit] = devices
     return {"records": {k: v for k, v in records.items() if isinstance(v, dict)}, "unreadable": unreadable,
-            "units": units}
+            "units": unit_devices("\n".join(sec.get("units", [])))}
 
 
 class BurninState(FactBase):
@@ -55,8 +45,8 @@ class BurninState(FactBase):
     def command(self, path: str) -> str:
         units = " ".join(shlex.quote(u) for u in UNITS)
         return (f"echo '{MARK}records'; cat {shlex.quote(path)} 2>/dev/null; echo; echo '{MARK}units'; "
-                f"for u in $(systemctl list-units --state=active --plain --no-legend {units} 2>/dev/null "
-                "| awk '{print $1}'); do printf '%s ' \"$u\"; systemctl show -p Environment --value \"$u\"; done; true")
+                f"u=$(systemctl list-units --state=active --plain --no-legend {units} 2>/dev/null | awk '{{print $1}}'); "
+                '[ -z "$u" ] || systemctl show -p Id,Environment $u 2>/dev/null; true')   # every unit in one call
 
     def process(self, output: list[str]) -> dict:
         return parse_burnin_state(output)

@@ -21,12 +21,9 @@ Per card (by UUID; lost cards keep their record):
 from __future__ import annotations
 
 from rigup.text import shown
+from roles.burnin.acceptance import quarantined
 
 CAP_SLACK_W = 0.5
-
-
-def quarantined(rec: dict | None) -> bool:
-    return bool(rec) and rec.get("passed") is False and not rec.get("cleared")
 
 
 def key_change(rec: dict, gpu: dict, driver: str | None) -> str | None:

@@ -122,15 +122,12 @@ def xid_catalogue() -> dict[str, dict]:
     return {str(code): entry for code, entry in sorted(xid.catalogue().items())}
 
 
-XID_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
-
-
 def xid_config(data: Config) -> dict:
     """The guard's Xid triage: the catalogue (rigup/gpu/xid.yml), the journal match of the
     source, the suspect rule, the reboot policy and the state files (on disk: they outlive a reboot)."""
     state = str(data["rigup_state_dir"]).rstrip("/")
     return {"catalogue": xid_catalogue(),
-            "match": XID_MATCH[data["gpu_guard_xid_source"]],
+            "match": xid.JOURNAL_MATCH[data["gpu_guard_xid_source"]],
             "suspect_count": data["gpu_guard_xid_suspect_count"],
             "suspect_window_s": data["gpu_guard_xid_suspect_window_s"],
             "reboot": data["gpu_guard_xid_reboot"], "max_reboots": data["gpu_guard_xid_max_reboots"],

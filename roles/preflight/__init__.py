@@ -118,14 +118,14 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     # a driver step (roles/nvidia_driver): without a driver the cards come from the PCI bus
     gpus, step = planned_gpus(facts, data)
     fabric = fabric_plan(facts.get("nvswitches") or [], gpus, facts.get("fabric_manager"))
-    burnin = None
-    for role in roles:   # the cards the plan may serve on (roles/burnin: all but the quarantined)
+    parts: dict = {}
+    for role in roles:   # the cards the plan may serve on (roles/burnin: all but the quarantined), and its part
         if role.cards:
-            gpus, part = role.cards(gpus, facts, data)
-            burnin = part if part is not None else burnin
+            gpus, added = role.cards(gpus, facts, data)
+            parts.update(added)
     plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step,
-                      fabric=fabric, burnin=burnin)
+                      fabric=fabric, **parts)
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs

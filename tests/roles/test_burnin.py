@@ -63,6 +63,7 @@ def test_bad_cards_are_found_named_and_quarantined_before_anything_serves_on_the
                      r"\(link now x1 Gen4", out)
     assert re.search(r"GPU 3 \(.*FAILED: soak: hardware thermal slowdown in 100% of", out)
     assert re.search(r"GPU 4 \(.*FAILED: fell off the bus under load", out)
+    assert re.search(r"GPU 4 \(.*FAILED: fell off the bus under load.*; Xid 79 during the test", out)   # its own Xid line
     assert re.search(r"GPU 5 \(.*FAILED: hung: no answer within 20 s \(killed; the card was not reset\)", out)
     recs = records(lab, host)
     passed = sorted(r["index"] for r in recs.values() if r["passed"])

@@ -205,8 +205,8 @@ def test_the_guard_leaves_a_quarantined_card_alone(tmp_path):
 
 def test_facts_status_and_refusals():
     lines_ = ["##rigup-burnin:records", json.dumps({"GPU-1": rec(passed=False)}), "",
-              "##rigup-burnin:units", "rigup-llama@a.service CUDA_VISIBLE_DEVICES=GPU-1,GPU-2 FOO=1",
-              "rigup-vllm@b.service "]
+              "##rigup-burnin:units", "Id=rigup-llama@a.service", "Environment=CUDA_VISIBLE_DEVICES=GPU-1,GPU-2 FOO=1",
+              "", "Id=rigup-vllm@b.service", "Environment="]
     state = parse_burnin_state(lines_)
     assert state["units"] == {"rigup-llama@a.service": ["GPU-1", "GPU-2"], "rigup-vllm@b.service": None}
     assert state["records"]["GPU-1"]["passed"] is False and state["unreadable"] is None
