@@ -305,9 +305,10 @@ def concurrency(port: int, n: int, tokens: int = 400, model: str = "bench") -> d
             "downtrained_under_load": power.links}
 
 
-def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None) -> dict:
+def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure=None, weights: Path | None = None) -> dict:
     """Start ``argv``, wait for /health, measure (``measure(port)``, default: check.py's 1, 4 and 8
-    concurrent chats), stop it."""
+    concurrent chats), stop it. ``weights``: the model file to compare VRAM with (default: ``-m``'s;
+    a router has none)."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -332,7 +333,7 @@ def serve_and_measure(label: str, argv: list[str], port: int, log: Path, measure
         proc.wait(timeout=60)
     text = log.read_text()
     offload = [line.strip() for line in text.splitlines() if "offloaded" in line]
-    model = Path(argv[argv.index("-m") + 1])
+    model = weights or Path(argv[argv.index("-m") + 1])
     return {"label": label, "argv": argv[1:], "ready_s": round(ready, 1), "vram_used_mib": vram,
             "offload": offload[-1] if offload else None, "no_gpu": "no usable GPU found" in text,
             # llama-server's default log level no longer prints "offloaded N/N layers": VRAM tells
@@ -684,7 +685,7 @@ def cmd_router(args) -> None:
         return [concurrency(port, n, model="bench") for n in ROUTER_LEVELS]
 
     router = serve_and_measure("router (models_max 1)", router_argv(bindir, model, build, args.work / "router.models.ini"),
-                               ROUTER_PORT, args.out / "router.log", measure=after_swaps)
+                               ROUTER_PORT, args.out / "router.log", measure=after_swaps, weights=model)
     dedicated = serve_and_measure("dedicated", role_argv(bindir, model, build), RECIPE["port"],
                                   args.out / "dedicated.log", measure=lambda port: [concurrency(port, n) for n in ROUTER_LEVELS])
     ratios = {str(r["concurrent"]): round(r["total_tps"] / d["total_tps"], 3)
