@@ -53,6 +53,9 @@ def gate_record(data: dict, unit: str) -> str:
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gate/{unit}.json"
 
 
+GUARD_SERVICE = "rigup-gpu-guard.service"   # the GPU guard's oneshot check (roles/gpu_guard; its timer starts it)
+
+
 def guard_file(data: dict) -> str:
     """The GPU guard's tripped file: ``{rigup_state_dir}/gpu-guard.tripped``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/gpu-guard.tripped"

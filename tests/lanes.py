@@ -33,6 +33,26 @@ WAITING = [f"tests/roles/test_{m}.py" for m in (
     "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet")]
 
 
+# CI gives the whole run 90 minutes: a lane still running at 78 is interrupted as ctrl-C does (pytest
+# prints the test and the line it was in, and its labs are torn down), so a hang fails with its place
+# named instead of timing CI out with nothing said.
+DEADLINE_S = 78 * 60
+
+
+def stop(lanes: list[subprocess.Popen]) -> None:
+    """SIGINT each lane still running (pytest's own interrupt: its lab is torn down), then wait; a
+    lane still there after 5 minutes is killed."""
+    for lane in lanes:
+        if lane.poll() is None:
+            lane.send_signal(signal.SIGINT)
+    for lane in lanes:
+        try:
+            lane.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            lane.kill()
+            lane.wait()
+
+
 def main(args: list[str]) -> int:
     missing = [m for m in WAITING if not (ROOT / m).exists()]
     if missing:
@@ -40,16 +60,23 @@ def main(args: list[str]) -> int:
         return 2
     python = sys.executable
     start = time.monotonic()
+    deadline = start + float(os.environ.get("RIGUP_TEST_DEADLINE_S", DEADLINE_S))
     with open(LOG, "w") as log:
         lane_b = subprocess.Popen([python, "-m", "pytest", "-p", "no:cacheprovider", *WAITING, *args], cwd=ROOT,
                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RIGUP_LAB_ID": LANE_B_LAB})
+        lanes = [subprocess.Popen([python, "-m", "pytest", *(f"--ignore={m}" for m in WAITING), *args], cwd=ROOT), lane_b]
         try:
-            a = subprocess.call([python, "-m", "pytest", *(f"--ignore={m}" for m in WAITING), *args], cwd=ROOT)
-            b = lane_b.wait()
+            while any(lane.poll() is None for lane in lanes) and time.monotonic() < deadline:
+                time.sleep(2)
+            late = [lane for lane in lanes if lane.poll() is None]
+            if late:
+                print(f"\n===== make test: past its deadline ({deadline - start:.0f} s, RIGUP_TEST_DEADLINE_S): lane(s) "
+                      f"{', '.join('AB'[lanes.index(lane)] for lane in late)} interrupted where they are =====", flush=True)
+            stop(late)
         except BaseException:
-            lane_b.send_signal(signal.SIGINT)    # pytest's own interrupt: its lab is torn down
-            lane_b.wait(timeout=300)
+            stop(lanes)
             raise
+        a, b = (lane.returncode for lane in lanes)
     print(f"\n===== lane B (RIGUP_LAB_ID={LANE_B_LAB}): {', '.join(m.split('/')[-1] for m in WAITING)} =====")
     print(LOG.read_text(errors="replace"))
     print(f"===== make test: lane A exit {a}, lane B exit {b}; {time.monotonic() - start:.0f} s wall for both =====")

@@ -685,10 +685,25 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
             len(cards) < int(record.get("cards", 0)):
         return False
     os.remove(config["tripped_file"])
-    units = [u for u in record.get("stopped", []) if u]
+    units = resumed(config, record)
     log(5, f"rigup-gpu-guard: cleared after the reboot for {record.get('reason')}: all {len(cards)} cards answer; "
            f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
     return True
+
+
+def resumed(config: dict, record: dict) -> list[str]:
+    """The serving units to start when a trip ends: those the guard stopped (``record["stopped"]``)
+    and those whose last start its tripped file's condition skipped (a boot or a converge while
+    tripped: inactive, ConditionResult=no). A unit an operator stopped is neither."""
+    units = [u for u in record.get("stopped", []) if u and "*" not in u]
+    rc, listed = run_bounded(["systemctl", "list-units", "--all", "--plain", "--no-legend",
+                              *config.get("units", ["rigup-llama@*", "rigup-vllm@*"])], SYSTEMCTL_TIMEOUT_S)
+    names = [u for u in (listed or "").split() if u.endswith(".service")] if rc == 0 else []
+    if names:
+        rc, shown = run_bounded(["systemctl", "show", "-p", "Id,ActiveState,ConditionResult", *names], SYSTEMCTL_TIMEOUT_S)
+        units += [b["Id"] for b in unit_blocks(shown if rc == 0 else "")
+                  if b.get("ActiveState") == "inactive" and b.get("ConditionResult") == "no" and b.get("Id")]
+    return sorted(set(units))
 
 
 def fabric_problem(config: dict, cards: list[dict], lost: list[str]) -> tuple[str | None, bool]:
@@ -727,8 +742,9 @@ def check(config: dict) -> int:
         record = load(tripped, {})
         if isinstance(record, dict) and record.get("fabric") and known and not fabric:   # back: serve again
             os.remove(tripped)
-            log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: the serving "
-                   "units start with their next start or converge")
+            units = resumed(config, record)
+            log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: "
+                   f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
             return 0
         # after its reboot, an NVSwitch host serves again only once its fabric is up too
         if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
@@ -738,9 +754,11 @@ def check(config: dict) -> int:
                 return 0
         write_metrics(config, metrics_text([], None, True, config, time.time(),
                                            load(config["xid"]["state_file"], {}) if config.get("xid") else None, fabric))
-        _, stopped = stop_serving(config)
+        running, stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
+            if isinstance(record, dict) and set(running) - set(record.get("stopped") or []):   # started again when cleared
+                save(tripped, {**record, "stopped": sorted(set(running) | set(record.get("stopped") or []))})
         return 0
     now = time.time()
     if fabric and known:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)

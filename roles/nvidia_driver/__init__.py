@@ -47,7 +47,7 @@ from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.fabric import line as fabric_line
 from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import guard_file
+from rigup.names import GUARD_SERVICE, guard_file
 from rigup.probe import operation
 from rigup.services import running
 from rigup.state import read_once, reading
@@ -196,20 +196,25 @@ def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
 
 
 @operation()
-def fabric_ready(fabric: dict, timeout: int, tripped: str):
+def fabric_ready(fabric: dict, timeout: int, tripped: str, changing: bool = False):
     """The fabric registered before anything serves: every card's fabric.state/status
     Completed/Success (Hopper and later), or, where the cards report N/A (Ampere), the fabric
-    manager active and no NVLink inactive. Read in the plan (nothing to do when it already was); else waited for at most
-    ``timeout`` s, and the host fails naming what the cards read. Once registered, a GPU guard
-    tripped by the fabric (its file ``tripped`` says ``"fabric": true``: roles/gpu_guard) is cleared,
-    so that the serving units start in this converge."""
+    manager active and no NVLink inactive. Read in the plan (nothing to do when it already was,
+    unless ``changing``: the driver changes in this converge, so the plan's read is of the old
+    one); else waited for at most ``timeout`` s, and the host fails naming what the cards read.
+    Once registered, a GPU guard tripped by the fabric (its file ``tripped`` says ``"fabric": true``:
+    roles/gpu_guard) runs its check now, which clears it and starts the serving units it stopped or
+    whose start it skipped (a reboot of this converge while the fabric registered); without the
+    guard's service the file is removed, so that the serving units start in this converge."""
     states, links = fabric.get("states") or {}, fabric.get("nvlinks")
     whole = not links or links["up"] == links["links"]   # Ampere: its NVLinks, beside the service
-    if states and set(states) == {"Completed/Success"} or not states and fabric.get("active") == "active" and whole:
+    if not changing and (states and set(states) == {"Completed/Success"} or
+                         not states and fabric.get("active") == "active" and whole):
         host.noop("the NVSwitch fabric is registered")
         return
-    t = shlex.quote(tripped)
-    done = f"{{ if grep -qs '\"fabric\": true' {t}; then rm -f {t}; fi; exit 0; }}"
+    t, fab = shlex.quote(tripped), "'\"fabric\": true'"
+    done = (f"{{ if grep -qs {fab} {t}; then systemctl start {GUARD_SERVICE} >/dev/null 2>&1; "
+            f"if grep -qs {fab} {t}; then rm -f {t}; fi; fi; exit 0; }}")
     yield (f"end=$(( $(date +%s) + {int(timeout)} )); while :; do "
            "s=$(nvidia-smi --query-gpu=fabric.state,fabric.status --format=csv,noheader 2>&1 | sed 's/[][]//g'); "
            f"if [ -n \"$s\" ] && ! printf '%s\\n' \"$s\" | grep -qvx 'Completed, Success'; then {done}; fi; "
@@ -261,7 +266,7 @@ def apply(plan: Plan, data: Config):
             running(name="fabric manager running", unit=FABRIC_SERVICE, units=[FABRIC_SERVICE])
     if fabric:   # an NVSwitch board, or a VM of one whose cards report the fabric its hypervisor runs
         fabric_ready(name="NVSwitch fabric registered", fabric=fabric, timeout=data["nvidia_driver_fabric_timeout"],
-                     tripped=guard_file(data))
+                     tripped=guard_file(data), changing=missing)
 
 
 ROLE = Role("nvidia_driver", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

@@ -132,7 +132,8 @@ def test_a_driver_installed_before_its_reboot_is_not_judged_but_a_card_that_fail
 def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_path, monkeypatch, capsys):
     """issue 48: on an NVSwitch host (config ``fabric``) the fabric manager stopped trips the guard
     at once naming it (serving stopped); once it runs again at the driver's version and every card
-    reads Completed/Success, the next check clears the trip (an operator need not). A host without
+    reads Completed/Success, the next check clears the trip (an operator need not) and starts the
+    serving units whose start its condition skipped meanwhile (a boot while tripped). A host without
     NVSwitch reads nothing of it. The lab's nvidia-smi (hgx-h100) and a systemctl stand-in."""
     from roles.gpu_guard import guard
 
@@ -141,7 +142,14 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     bin_dir, state = tmp_path / "bin", tmp_path / "fm.state"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").symlink_to(LAB / "nvidia_smi.py")
-    (bin_dir / "systemctl").write_text(f'#!/bin/sh\n[ "$1" = is-active ] && {{ cat {state}; exit 0; }}\nexit 0\n')
+    # gemma's start was skipped by the tripped file's condition (a boot while tripped); tiny was stopped by hand
+    started = tmp_path / "started"
+    (bin_dir / "systemctl").write_text(
+        f'#!/bin/sh\n[ "$1" = is-active ] && {{ cat {state}; exit 0; }}\n'
+        'case "$*" in *--all*) printf "rigup-llama@gemma.service loaded inactive dead x\\nrigup-llama@tiny.service '
+        'loaded inactive dead x\\n";; show*) printf "Id=rigup-llama@gemma.service\\nActiveState=inactive\\n'
+        'ConditionResult=no\\n\\nId=rigup-llama@tiny.service\\nActiveState=inactive\\nConditionResult=yes\\n";; '
+        f'start*) echo "$*" >> {started};; esac\nexit 0\n')
     (bin_dir / "systemctl").chmod(0o755)
     ready = tmp_path / "ready"
     for key, value in (("RIGUP_GPU_SIM_PROFILE", profile), ("RIGUP_GPU_SIM_RUN", tmp_path / "run"),
@@ -171,8 +179,11 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     assert Path(config["tripped_file"]).exists()
     subprocess.run(["nvidia-smi", "sim", "set", "--hang", "0"], check=True)
     assert guard.fabric_problem(config, *guard.read_cards(config)) == (None, True)
+    assert not started.exists()
     guard.check(config)
     assert not Path(config["tripped_file"]).exists()
+    print(started.read_text())                   # what its condition skipped starts now; what a hand stopped does not
+    assert started.read_text() == "start rigup-llama@gemma.service\n"
     guard.check(config)                          # judged again: serving, the fabric up in the metrics
     assert "rigup_gpu_fabric_up 1" in Path(config["metrics_file"]).read_text().splitlines()
     out = capsys.readouterr().out
