@@ -587,7 +587,9 @@ def ssh_argv(name):
     """The ssh command line (lab key, strict host key checking) for host `name`."""
     return ["ssh", "-F", "/dev/null", "-i", str(KEY), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
-            "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"root@{address(name)}"]
+            "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
+            # a session whose host went away without a word (a reboot, a cut link) ends within a minute
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", f"root@{address(name)}"]
 
 
 def ssh(name, cmd, timeout=None, capture=True):
