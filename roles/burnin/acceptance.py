@@ -71,6 +71,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -94,6 +95,8 @@ PCIE_BYTES = 256 << 20     # bytes per timed copy
 PCIE_COPIES = 4
 COMPUTE_ITERS = 8192       # LCG steps per thread and launch
 COMPUTE_SAMPLE = 64        # threads whose output is computed here too
+TENSOR_LAUNCH_S = 0.05     # the soak's tensor-core launch, about (calibrated on the card)
+TENSOR_ITERS_MAX = 1 << 18
 SAMPLE_S = 1.0
 SMI_TIMEOUT_S = 20
 KILL = getattr(signal, "SIGKILL", 9)
@@ -216,6 +219,52 @@ BURN_DONE:
     ret;
 }
 """.replace("@GRID_STRIDE@", GRID_STRIDE).replace("@WORD@", WORD)
+
+
+# The soak's power on cards with tensor cores (compute capability 8.0 and later: A100, H100, H200,
+# the CMP 170HX's GA100): the integer burn alone drew 316 W of an H100's 700 W cap
+# (tests/gpu/results/2026-12-05-h100-pending.md). mma_burn: per thread CHAINS independent
+# m16n8k16 f16 products accumulated in f32 (every A and B element 1/16: each product adds 1/16 to
+# each accumulator), ITERS times; the chains' sums stored, 4 floats a thread: exactly ITERS *
+# CHAINS / 16 each. ITERS at most 2**18 (TENSOR_ITERS_MAX) keeps every value a multiple of 1/16
+# below 2**16: 20 significant bits, exact even where a tensor core accumulates in fewer than f32's 24.
+MMA_CHAINS = 4
+MMA_VALUE = 0x2C002C00   # two f16 1/16 in one .b32
+MMA_PTX = (r"""
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry mma_burn(.param .u64 p_out, .param .u32 p_iters)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<10>;
+    .reg .f32 %f<20>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [p_out];
+    ld.param.u32 %r1, [p_iters];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.b32 %r2, @VALUE@;
+""" + "".join(f"    mov.f32 %f{k}, 0f00000000;\n" for k in range(1, 17)) + r"""    mov.u32 %r3, 0;
+MMA_LOOP:
+    setp.ge.u32 %p1, %r3, %r1;
+    @%p1 bra MMA_STORE;
+""" + "".join(f"    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}}, "
+              f"{{%r2, %r2, %r2, %r2}}, {{%r2, %r2}}, {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}};\n"
+              for c in (1, 5, 9, 13)) + r"""    add.u32 %r3, %r3, 1;
+    bra MMA_LOOP;
+MMA_STORE:
+""" + "".join(f"    add.f32 %f{k}, %f{k}, %f{k + 4};\n    add.f32 %f{k + 8}, %f{k + 8}, %f{k + 12};\n"
+              f"    add.f32 %f{k}, %f{k}, %f{k + 8};\n" for k in range(1, 5)) + r"""    mov.u32 %r4, %ctaid.x;
+    mov.u32 %r5, %ntid.x;
+    mov.u32 %r6, %tid.x;
+    mad.lo.u32 %r7, %r4, %r5, %r6;
+    mul.wide.u32 %rd2, %r7, 16;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.v4.f32 [%rd3], {%f1, %f2, %f3, %f4};
+    ret;
+}
+""").replace("@VALUE@", f"0x{MMA_VALUE:08X}")
 
 
 def burn_reference(i: int, iters: int) -> int:
@@ -505,6 +554,19 @@ class Device:
             fn = ctypes.c_void_p()
             self.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
             self.kernels[name] = fn
+        major = ctypes.c_int()
+        self.call("cuDeviceGetAttribute", ctypes.byref(major), 75, self.dev)   # COMPUTE_CAPABILITY_MAJOR
+        self.tensor = None   # why the soak has no tensor-core load, or None once mma_burn is loaded
+        if major.value < 8:
+            self.tensor = f"compute capability {major.value}.x: no mma.sync m16n8k16"
+        else:
+            module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            try:
+                self.call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(MMA_PTX.encode() + b"\0"))
+                self.call("cuModuleGetFunction", ctypes.byref(fn), module, b"mma_burn")
+                self.kernels["mma_burn"] = fn
+            except CudaError as e:   # the integer soak still runs; the result says why not this one
+                self.tensor = f"mma_burn not loaded: {e}"
 
     def call(self, name: str, *args):
         rc = getattr(self.lib, name)(*args)
@@ -619,16 +681,67 @@ def compute_and_soak(dev: Device, soak_s: float) -> tuple[dict, dict]:
     sample = random.sample(range(n), min(COMPUTE_SAMPLE, n))
     wrong = sum(1 for i in sample if words[i] != burn_reference(i, COMPUTE_ITERS))
     compute = {"threads": n, "iters": COMPUTE_ITERS, "checked": len(sample), "wrong": wrong}
+    tensor = Tensor(dev) if "mma_burn" in dev.kernels else None
+    if tensor and tensor.out is None:
+        tensor, dev.tensor = None, "mma_burn: no device memory for its output"
     t0, launches, differ = time.monotonic(), 0, 0
     while time.monotonic() - t0 < soak_s:
+        if tensor:
+            tensor.launch()   # queued before the integer burn: the card is never idle between checks
         again = burn_once(dev, out, n, COMPUTE_ITERS)
         launches += 1
         if again != first:
             differ += sum(1 for a, b in zip(memoryview(again).cast("I"), words) if a != b)
+        if tensor:
+            tensor.check()
     dev.lib.cuMemFree_v2(out)
     compute["wrong"] += differ
     compute["checked"] += launches * n
-    return compute, {"launches": launches, "seconds": round(time.monotonic() - t0, 1)}
+    soak = {"launches": launches, "seconds": round(time.monotonic() - t0, 1)}
+    if tensor:
+        tensor.free()
+        compute["wrong"] += tensor.wrong
+        compute["checked"] += tensor.launches * tensor.floats
+        soak["tensor"] = {"launches": tensor.launches, "iters": tensor.iters, "wrong": tensor.wrong}
+    else:
+        soak["tensor"] = {"none": dev.tensor}
+    return compute, soak
+
+
+class Tensor:
+    """The soak's tensor-core load (:data:`MMA_PTX`): a launch of about TENSOR_LAUNCH_S, its
+    every float checked against the exact sum."""
+
+    def __init__(self, dev: Device):
+        self.dev, self.grid, self.block = dev, dev.sms * 4, 128
+        self.floats = self.grid * self.block * 4
+        self.out = dev.alloc(self.floats * 4)
+        self.launches = self.wrong = 0
+        self.iters, most = 256, TENSOR_ITERS_MAX
+        while self.out is not None:   # timed until a launch takes 10 ms (its overhead then a small part)
+            t = time.monotonic()
+            self.launch()
+            self.check()
+            took = time.monotonic() - t
+            if took >= 0.01 or self.iters >= most:
+                self.iters = max(256, min(int(self.iters * TENSOR_LAUNCH_S / took), most))
+                break
+            self.iters = min(self.iters * 4, most)
+
+    def launch(self) -> None:
+        self.dev.launch("mma_burn", self.grid, self.block, self.out, ctypes.c_uint32(self.iters))
+
+    def check(self) -> None:
+        buf = ctypes.create_string_buffer(self.floats * 4)
+        self.dev.call("cuMemcpyDtoH_v2", buf, self.out, self.floats * 4)
+        want = struct.pack("<f", self.iters * MMA_CHAINS / 16) * self.floats
+        self.launches += 1
+        if buf.raw != want:
+            value = struct.pack("<f", self.iters * MMA_CHAINS / 16)
+            self.wrong += sum(1 for i in range(0, len(buf.raw), 4) if buf.raw[i:i + 4] != value)
+
+    def free(self) -> None:
+        self.dev.lib.cuMemFree_v2(self.out)
 
 
 def worker(card: dict, opts: dict, conn) -> None:

@@ -9,7 +9,8 @@
  *   compares with it, adding the card's injected `--vram-bad` words to the count;
  * - copies between a pinned buffer (cuMemHostAlloc) and the card take the time the card's
  *   current link takes (0.85 of PCIe gen x width), so a link trained down to x1 measures as one;
- * - `burn` computes its LCG for real on the CPU (the reference the program checks);
+ * - `burn` computes its LCG for real on the CPU (the reference the program checks); `mma_burn`
+ *   (compute capability 8: every card here reports 8.x) writes the sums a real card computes;
  * - `--lost-under-load S`: S seconds after the first kernel the card falls off the bus (Xid 79
  *   through `nvidia-smi sim xid 79 -i N --lost`), and every call fails with CUDA error 999;
  * - `--cuda-hang 1`: a kernel launch never returns (a wedged card).
@@ -141,18 +142,20 @@ CUresult cuCtxSetCurrent(void *ctx) {
 
 CUresult cuDeviceGetAttribute(int *value, int attr, int dev) {
     (void)dev;
-    *value = attr == 16 ? 4 : 0;   /* 4 multiprocessors: a small burn */
+    *value = attr == 16 ? 4 : attr == 75 ? 8 : 0;   /* 4 multiprocessors (a small burn); compute capability 8.x */
     return 0;
 }
 
 CUresult cuModuleLoadData(void **module, const void *image) {
-    *module = strstr((const char *)image, ".entry burn") ? (void *)1 : NULL;
+    *module = strstr((const char *)image, ".entry burn") ? (void *)1 :
+              strstr((const char *)image, ".entry mma_burn") ? (void *)2 : NULL;
     return *module ? 0 : 218;   /* CUDA_ERROR_INVALID_PTX */
 }
 
 CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
     (void)module;
-    *fn = !strcmp(name, "fill") ? (void *)1 : !strcmp(name, "check") ? (void *)2 : !strcmp(name, "burn") ? (void *)3 : NULL;
+    *fn = !strcmp(name, "fill") ? (void *)1 : !strcmp(name, "check") ? (void *)2 : !strcmp(name, "burn") ? (void *)3 :
+          !strcmp(name, "mma_burn") ? (void *)4 : NULL;
     return *fn ? 0 : 500;   /* CUDA_ERROR_NOT_FOUND */
 }
 
@@ -315,6 +318,15 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
             }
             ((unsigned *)a->real)[i] = x;
         }
+        return gone();
+    }
+    if (fn == (void *)4) {                       /* mma_burn: (out, iters): 4 floats a thread, iters * 4 / 16 each */
+        CUdeviceptr ptr = *(CUdeviceptr *)params[0];
+        unsigned iters = *(unsigned *)params[1], n = gx * bx * 4;
+        if (!(a = find(ptr)) || !a->real || a->size < (size_t)n * 4)
+            return 700;
+        for (unsigned i = 0; i < n; i++)
+            ((float *)a->real)[i] = (float)iters / 4.0f;
         return gone();
     }
     return 400;   /* CUDA_ERROR_INVALID_HANDLE */

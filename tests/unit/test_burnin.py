@@ -68,6 +68,9 @@ def test_the_acceptance_run_finds_each_fault_through_its_own_ctypes_code(sim):
     found = json.loads((tmp / "run.json").read_text())
     by_index = {r["index"]: r for r in found.values()}
     assert by_index[0]["passed"] and by_index[0]["figures"]["compute"]["wrong"] == 0
+    tensor = by_index[0]["figures"]["soak"]["tensor"]    # compute capability 8: the tensor-core load ran, checked
+    print("soak's tensor-core load:", tensor)
+    assert tensor["launches"] >= 2 and tensor["wrong"] == 0 and 256 <= tensor["iters"] <= acceptance.TENSOR_ITERS_MAX
     assert by_index[0]["figures"]["vram"]["mib"] == 73728 and by_index[0]["figures"]["pcie"]["ratio"] > 0.25
     assert by_index[1]["failed"] == ["VRAM: 14 mismatched words (73728 MiB, 1 pattern(s) and their inverses)"]
     assert by_index[2]["failed"][0].startswith("PCIe: ") and "its x16 Gen4 link allows (link now x1 Gen4" in by_index[2]["failed"][0]
@@ -97,6 +100,8 @@ def test_pure_parts():
         ["2 new uncorrected ECC errors", "a row remap is pending (a reset applies it)",
          "the driver asks for recovery: GPU Reset"]
     assert ".entry fill" in acceptance.PTX and ".entry check" in acceptance.PTX and ".entry burn" in acceptance.PTX
+    assert ".target sm_80" in acceptance.MMA_PTX and acceptance.MMA_PTX.count("mma.sync.aligned.m16n8k16") == \
+        acceptance.MMA_CHAINS and "@VALUE@" not in acceptance.MMA_PTX
     assert acceptance.TESTING == BURNIN_TESTING
 
 
