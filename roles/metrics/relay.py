@@ -17,7 +17,11 @@ A router instance (llama-server's router mode, ``models`` in its entry: roles/ll
 ``also``) has no /metrics of its own: the relay reads its /models, then the /metrics of each
 loaded model with ``autoload=false`` (a scrape never loads a model), each sample labelled
 ``model``, and adds ``rigup_router_model_loaded{model}`` (1 loaded, 0 not) for each model of the
-set.
+set. It also follows each router's ``/models/sse`` (the router's own event stream of each model's
+status) from its start, and counts per model the loads it completed (``rigup_router_model_loads_total``:
+a swap, or a first load), their seconds from ``loading`` to ``loaded``
+(``rigup_router_model_load_seconds_total``, the last one's in ``rigup_router_model_last_load_seconds``)
+and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream.
 
     rigup-metrics-relay [--config /etc/rigup/metrics-relay.json]
 """
@@ -30,6 +34,7 @@ import ipaddress
 import json
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -138,7 +143,78 @@ def router_metrics(inst: dict) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def handler(config: dict, clients: set[str]):
+class Swaps:
+    """A router's loads, from its ``/models/sse`` events (llama-server's router broadcasts each
+    model's status change as ``data: {"model", "event", "data": {"status"}}``), counted since the
+    relay started (Prometheus takes a counter's reset). A load whose ``loading`` the relay did not
+    see (it started meanwhile) counts without seconds."""
+
+    RETRY_S = 5
+    IDLE_S = 600    # a stream silent this long is opened again (a half-open connection ends)
+
+    def __init__(self, inst: dict):
+        self.inst, self.lock, self.up, self.loading = inst, threading.Lock(), False, {}
+        self.models = {m: {"loads": 0, "seconds": 0.0, "last": None, "unloads": 0} for m in inst["models"]}
+
+    def event(self, message: dict, now: float) -> None:
+        model, status = message.get("model"), (message.get("data") or {}).get("status")
+        with self.lock:
+            if model not in self.models:
+                return
+            m = self.models[model]
+            if status == "loading":
+                self.loading[model] = now
+            elif status == "loaded":
+                start = self.loading.pop(model, None)
+                m["loads"] += 1
+                if start is not None:
+                    m["last"] = round(float(now - start), 3)
+                    m["seconds"] += now - start
+            elif status == "unloaded":
+                self.loading.pop(model, None)
+                m["unloads"] += 1
+
+    def follow(self) -> None:
+        """The stream, line by line (each bounded), until it ends or fails."""
+        request = urllib.request.Request(self.inst["url"] + "/models/sse")
+        for header, value in bearer(self.inst.get("key")).items():
+            request.add_unredirected_header(header, value)
+        with _OPENER.open(request, timeout=self.IDLE_S) as response:
+            self.up = True
+            while line := response.readline(65536):
+                if line.startswith(b"data: "):
+                    try:
+                        message = json.loads(line[6:])
+                    except ValueError:
+                        continue
+                    if isinstance(message, dict):
+                        self.event(message, time.monotonic())
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.follow()
+            except (OSError, ValueError):   # urllib's HTTPError is an OSError: not a router, a bad key
+                pass
+            self.up = False
+            time.sleep(self.RETRY_S)
+
+    def lines(self) -> list[str]:
+        out = ["# HELP rigup_router_events_up 1 while the relay follows the router's /models/sse",
+               "# TYPE rigup_router_events_up gauge", f"rigup_router_events_up {int(self.up)}"]
+        with self.lock:
+            for metric, kind, text, key in (
+                    ("loads_total", "counter", "loads of the model the router completed (a swap, or a first load)", "loads"),
+                    ("load_seconds_total", "counter", "seconds of those loads, from loading to loaded", "seconds"),
+                    ("last_load_seconds", "gauge", "seconds of the model's last load", "last"),
+                    ("unloads_total", "counter", "unloads of the model (evicted, idle or stopped)", "unloads")):
+                out += [f"# HELP rigup_router_model_{metric} {text}", f"# TYPE rigup_router_model_{metric} {kind}"]
+                out += [f'rigup_router_model_{metric}{{model="{m}"}} {round(v[key], 3)}'
+                        for m, v in self.models.items() if v[key] is not None]
+        return out
+
+
+def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = None):
     class Relay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             name = self.path.removeprefix("/metrics/")
@@ -148,8 +224,12 @@ def handler(config: dict, clients: set[str]):
             if inst is None:
                 return self.answer(404, f"no instance {name!r} here\n")
             try:
-                return self.answer(200, router_metrics(inst) if inst.get("models") else fetch(inst, "/metrics"),
-                                   "text/plain; version=0.0.4; charset=utf-8")
+                if inst.get("models"):   # a router: its loaded models', and its loads counted by the relay
+                    text = router_metrics(inst) + "".join(f"{line}\n" for line in
+                                                          (swaps[name].lines() if name in (swaps or {}) else [])).encode()
+                else:
+                    text = fetch(inst, "/metrics")
+                return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")
             except ValueError as e:
@@ -189,7 +269,10 @@ def main(argv: list[str]) -> int:
         address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
         daemon_threads = True
 
-    server = Server((address, port), handler(config, allowed(config)))
+    swaps = {name: Swaps(inst) for name, inst in config["instances"].items() if inst.get("models")}
+    for watcher in swaps.values():
+        threading.Thread(target=watcher.run, daemon=True).start()
+    server = Server((address, port), handler(config, allowed(config), swaps))
     print(f"rigup-metrics-relay: {len(config['instances'])} instance(s) on {address}:{port}", flush=True)
     server.serve_forever()
     return 0

@@ -24,6 +24,24 @@ SMOKE = ROOT / "roles/llama_cpp/smoke.gguf"
 PORT = 8091
 
 
+# the relay's Swaps (roles/metrics/relay.py, beside it) following the router while ARGV[2:] are asked in turn
+SWAPS = """import json, sys, threading, time, urllib.request
+import relay
+inst = json.loads(sys.argv[1])
+swaps = relay.Swaps(inst)
+threading.Thread(target=swaps.run, daemon=True).start()
+for _ in range(100):
+    if swaps.up:
+        break
+    time.sleep(0.1)
+for model in sys.argv[2:]:
+    body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
+    request = urllib.request.Request(inst["url"] + "/v1/completions", body, {"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=300).read()
+time.sleep(1)
+print("\\n".join(swaps.lines()))"""
+
+
 def data(models: dict, duo: dict) -> tuple[str, ...]:
     instances = {**LAB_VARS["llama_server_instances"], "duo": duo}
     return ("--data", f"models={json.dumps(models)}", "--data", f"llama_server_instances={json.dumps(instances)}")
@@ -98,6 +116,16 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
     assert loaded == ['rigup_router_model_loaded{model="gemma-270m"} 0', 'rigup_router_model_loaded{model="tiny"} 1']
     assert samples and all('model="tiny"' in line for line in samples)
     assert {m["id"]: m["status"]["value"] for m in listed["data"]}["gemma-270m"] == "unloaded"
+    # its loads, from the router's /models/sse followed while two requests swap the models twice
+    on_host(lab, name, f"cat > /root/swaps.py <<'EOF'\n{SWAPS}\nEOF")
+    counted = on_host(lab, name, f"cd /root && timeout 600 python3 swaps.py '{inst}' gemma-270m tiny").splitlines()
+    got = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in counted if line.startswith("rigup_router")}
+    print(f"relay's loads from /models/sse: {got}")
+    assert got["rigup_router_events_up"] == 1
+    for model in ("gemma-270m", "tiny"):
+        assert got[f'rigup_router_model_loads_total{{model="{model}"}}'] == 1
+        assert got[f'rigup_router_model_unloads_total{{model="{model}"}}'] == 1
+        assert 0 < got[f'rigup_router_model_last_load_seconds{{model="{model}"}}'] < 120
 
 
 def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):

@@ -153,3 +153,24 @@ def test_a_routers_models_are_scraped_labelled_and_never_loaded_by_a_scrape():
     assert first == ["# HELP llamacpp:tokens_predicted_total Tokens", "# TYPE llamacpp:tokens_predicted_total counter",
                      'llamacpp:tokens_predicted_total{model="a"} 12', 'llamacpp:requests{model="a",slot="0"} 1 1700000000']
     assert second == ['llamacpp:tokens_predicted_total{model="b"} 12', 'llamacpp:requests{model="b",slot="0"} 1 1700000000']
+
+
+def test_a_routers_loads_are_counted_from_its_event_stream():
+    """issue 49: the relay follows the router's /models/sse: per model the loads it completed, their
+    seconds from loading to loaded, the last one's, the unloads; a load whose start it did not see
+    counts without seconds; a model not of the set and an event without a status change nothing."""
+    from roles.metrics import relay
+    swaps = relay.Swaps({"url": "http://127.0.0.1:1", "models": ["a", "b"]})
+    for t, model, status in ((0, "a", "loaded"), (10, "a", "unloaded"), (10, "b", "loading"), (13.5, "b", "loaded"),
+                             (20, "b", "unloaded"), (20, "a", "loading"), (22, "a", "loaded"), (23, "x", "loading")):
+        swaps.event({"model": model, "event": "status_change", "data": {"status": status}}, t)
+    swaps.event({"model": "a", "event": "download_progress"}, 24)
+    lines = [ln for ln in swaps.lines() if not ln.startswith("#")]
+    print(lines)
+    assert lines == ["rigup_router_events_up 0",
+                     'rigup_router_model_loads_total{model="a"} 2', 'rigup_router_model_loads_total{model="b"} 1',
+                     'rigup_router_model_load_seconds_total{model="a"} 2.0',
+                     'rigup_router_model_load_seconds_total{model="b"} 3.5',
+                     'rigup_router_model_last_load_seconds{model="a"} 2.0',
+                     'rigup_router_model_last_load_seconds{model="b"} 3.5',
+                     'rigup_router_model_unloads_total{model="a"} 1', 'rigup_router_model_unloads_total{model="b"} 1']
