@@ -118,7 +118,14 @@ OTHER: tuple[Row, ...] = (
                                           "parallel x models_max at the router, this many more wait (each at most "
                                           "llama_server_health_timeout s, as long as a load may take), beyond them 429 with "
                                           "Retry-After; null: no bound (the router queues every request)"),
+    Row("per_model", "map", {}, "router mode (also): flags of one model of the set, by its key, e.g. {tiny: {ctx: "
+                                "4096, cache_type_k: q8_0}}: any flag key but metrics and sleep_idle_s (ctx and "
+                                "parallel as numbers); the VRAM plan counts each model at its own. A key given "
+                                "here leaves the command line for the preset (llama-server puts its command line "
+                                "before a preset): the instance's value in [*], each model's own in its section"),
 )
+# The flag keys a model of a router's set may set for itself (per_model): not the router's own
+PER_MODEL = tuple(f.key for f in FLAGS if f.key not in ("metrics", "sleep_idle_s"))
 # Router mode (``also``): the models' presets, one section per model (roles/llama_server writes it: .format(NAME))
 PRESET = "/etc/rigup/llama-server/{}.models.ini"
 
@@ -172,5 +179,22 @@ def spellings(keys=None) -> dict[str, tuple[str, ...]]:
 
 
 def args(inst: dict) -> list:
-    """The flags of :data:`FLAGS` for an instance (its values as they are, in the table's order)."""
-    return flag_args(FLAGS, inst)
+    """The flags of :data:`FLAGS` for an instance (its values as they are, in the table's order);
+    a router's keys that some model sets for itself (``per_model``) are the preset's
+    (:func:`preset_lines`), not the command line's."""
+    moved = {k for flags in (inst.get("per_model") or {}).values() for k in flags}
+    return flag_args([f for f in FLAGS if f.key not in moved], inst)
+
+
+def preset_lines(values: dict) -> list[str]:
+    """``key = value`` lines of a router's preset for flag keys ``values`` (key -> value): the
+    flag's long spelling without its dashes (llama-server's preset keys), a pair or switch as
+    true/false, a null left out (the engine's default)."""
+    out = []
+    for f in FLAGS:
+        if f.key not in values or values[f.key] is None:
+            continue
+        name = next(s for s in f.spellings if s.startswith("--")).lstrip("-")
+        value = values[f.key]
+        out.append(f"{name} = {str(bool(value)).lower() if f.write in (PAIR, SWITCH) else value}")
+    return out

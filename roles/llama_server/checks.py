@@ -40,7 +40,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
-from roles.llama_server.replicas import layout_text, need_gib, sized
+from roles.llama_server.replicas import for_model, layout_text, need_gib, sized
 from roles.llama_server.schema import LlamaInstance, instances
 
 if TYPE_CHECKING:
@@ -144,7 +144,8 @@ def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     for name, (inst, lay) in layouts(plan, data).items():
         vram = {c["index"]: gib for c, gib in zip(plan.get("cards", []), per_card)}
         group = [vram[c["index"]] for c in lay.groups[0]] if lay.gpu and lay.groups else per_card
-        need = need_gib(models(data)[0][inst["model"]], inst, len(group))
+        own = for_model(inst, inst["model"])   # a router's own model at its own flags (per_model)
+        need = need_gib(models(data)[0][inst["model"]], own, len(group))
         if inst["rpc_workers"]:
             continue  # layers go to the workers' devices too: check_rpc_vram, with their plans
         if need is None or not group or need.total <= sum(group):
@@ -152,7 +153,7 @@ def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
         where = f"llama_server_instances.{name}"
         source = (f"{need.family['key']} estimate from rigup/gpu/models.yml" if need.family else
                   "f16 estimate from the model's GGUF header")
-        kv_text = (f"KV cache {need.kv:.1f} GiB ({inst['ctx']:,} tokens x {need.kv_rate:g} GiB per 1k, "
+        kv_text = (f"KV cache {need.kv:.1f} GiB ({own['ctx']:,} tokens x {need.kv_rate:g} GiB per 1k, "
                    f"{source})" if need.kv_rate else
                    "KV cache not counted (model family unknown)")
         of = f" per replica ({lay.replicas} replicas)" if lay.replicas > 1 else ""
@@ -175,7 +176,7 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     for name, (inst, _) in layouts(plan, data).items():
         if not inst["also"] or not per_card:
             continue
-        needs = {m: need_gib(entries[m], inst, len(per_card)) for m in [inst["model"], *inst["also"]]}
+        needs = {m: need_gib(entries[m], for_model(inst, m), len(per_card)) for m in [inst["model"], *inst["also"]]}
         if any(n is None for n in needs.values()):
             continue  # unsized, or layers left on the CPU
         where, budget = f"llama_server_instances.{name}", sum(per_card)
@@ -185,7 +186,8 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone",
                                  f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
                                  f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {vram}",
-                                 f"drop {m} from {where}.also, pick a smaller quant, or lower {where}.ctx"
+                                 f"drop {m} from {where}.also, pick a smaller quant, or lower "
+                                 f"{where}.{f'per_model.{m}.' if 'ctx' in (inst['per_model'].get(m) or {}) else ''}ctx"
                                  f"{unlock_hint}", "vram"))
         largest = sorted(needs, key=lambda m: needs[m].total, reverse=True)[:inst["models_max"]]
         total = sum(needs[m].total for m in largest)

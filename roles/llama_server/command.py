@@ -49,13 +49,18 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
     character or a bracket is refused: nothing else can end up in the file."""
     lines = [f"; Installed by rigup (roles/llama_server) for instance {name}: the models llama-server's router",
              "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
+    own = inst.get("per_model") or {}
+    moved = {k for flags in own.values() for k in flags}   # off the command line (contract.args): here
+    if moved:
+        lines += ["", "; the instance's value of each flag a model below sets for itself", "[*]",
+                  *contract.preset_lines({k: inst[k] for k in moved})]
     for key in [inst["model"], *inst["also"]]:
         path, revision = paths[key], str((revisions or {}).get(key) or "unknown")
         if not path.startswith("/") or any(c in path for c in "[];#\n\r") or not path.isprintable():
             raise ValueError(f"{name}: the model file of {key} has a path the preset cannot hold: {path!r}")
         revision = revision if REVISION.fullmatch(revision) else "unreadable"
         lines += ["", f"; revision {revision}", f"[{key}]", f"model = {path}"] + \
-            (["load-on-startup = true"] if key == inst["model"] else [])
+            (["load-on-startup = true"] if key == inst["model"] else []) + contract.preset_lines(own.get(key) or {})
     return "\n".join(lines) + "\n"
 
 

@@ -158,6 +158,12 @@ def sized(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> t
     return {**inst, **keys}, lay, why
 
 
+def for_model(inst: LlamaInstance, key: str) -> LlamaInstance:
+    """The instance as model ``key`` of its router set runs: its own flags (per_model) over the
+    instance's."""
+    return {**inst, **((inst.get("per_model") or {}).get(key) or {})}  # type: ignore[typeddict-item]
+
+
 def need_gib(model: ModelEntry, inst: LlamaInstance, cards: int) -> Need | None:
     """VRAM the instance needs on ``cards`` GPUs; None when it cannot be told (the model has no
     size_gib, or layers stay on the CPU: the split is llama.cpp's to make)."""

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import re
 
 from rigup.config import once
-from rigup.contract.llama_server import FLAGS, OTHER, doc_line, owned
-from rigup.entries import Key, unknown_reference
+from rigup.contract.llama_server import FLAGS, OTHER, PER_MODEL, doc_line, owned
+from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
 from rigup.models import instances as _entries
 from roles.llama_server.tuned import tuned, with_tuned
@@ -49,6 +49,7 @@ class LlamaInstance(ServingInstance):
     also: list[str]
     models_max: int
     queue: int | None
+    per_model: dict[str, dict]
 
 
 LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
@@ -74,11 +75,31 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
         found.append((f"{where}.also", f"names a model twice ({', '.join(also)}; the instance's own: {entry.get('model')})"))
     if not also:
         return found + [(f"{where}.{k}", "router mode only: give also, the other models of the set")
-                        for k, plain in (("models_max", 1), ("queue", None)) if entry.get(k, plain) != plain]
+                        for k, plain in (("models_max", 1), ("queue", None), ("per_model", {}))
+                        if entry.get(k, plain) != plain]
     if entry.get("models_max", 1) > 1 + len(also):
         found.append((f"{where}.models_max", f"{entry['models_max']} for a set of {1 + len(also)} models"))
     if entry.get("replicas", 1) != 1 or entry.get("rpc_workers"):
         found.append((f"{where}.also", "router mode serves one set from one server: no replicas, no rpc_workers"))
+    return found + per_model_problems(entry, where)
+
+
+# a model's own flags (per_model): the flag rows' forms, ctx and parallel as numbers (no auto: a set's
+# models are sized by hand)
+PER_MODEL_KEYS = {k: Key("int 1.." if k in ("ctx", "parallel") else LLAMA_INSTANCE[k].form, None)
+                  for k in PER_MODEL}
+
+
+def per_model_problems(entry: dict, where: str) -> list[tuple[str, str]]:
+    """``per_model``: a map of the set's model keys to maps of :data:`PER_MODEL_KEYS`."""
+    own, found = entry.get("per_model") or {}, []
+    models = [entry.get("model"), *(entry.get("also") or [])]
+    for model, flags in own.items():
+        at = f"{where}.per_model.{model}"
+        if model not in models:
+            found.append((at, f"{unknown_reference(model, models, 'the set (model and also)')}"))
+            continue
+        found += normalise(flags, PER_MODEL_KEYS, at)[1]
     return found
 
 

@@ -61,7 +61,7 @@ def duo(lab):
     name = lab.hosts()[0]["name"]
     models = models_with_tiny()
     router = {"model": "gemma-270m", "also": ["tiny"], "models_max": 1, "port": PORT, "ctx": 2048, "parallel": 1,
-              "ngl": 0, "min_tokens_per_s": 0}
+              "ngl": 0, "min_tokens_per_s": 0, "per_model": {"tiny": {"ctx": 512}}}   # tiny's own context
     try:
         first = converge("inventory/lab.py", "--limit", name, *data(models, router))
         again = converge("inventory/lab.py", "--limit", name, *data(models, router))
@@ -84,16 +84,20 @@ def complete(lab, name: str, model: str) -> tuple[dict, float]:
 def test_one_port_serves_both_models_each_from_its_own(lab, duo):
     name, _, _, _, again = duo
     assert again.totals["changed"] == 0, again.changed_operations()
-    preset = on_host(lab, name, "stat -c '%U:%G %a' /etc/rigup/llama-server/duo.models.ini; "
-                                "grep -c '^\\[' /etc/rigup/llama-server/duo.models.ini").split()
+    preset = on_host(lab, name, "f=/etc/rigup/llama-server/duo.models.ini; grep -c ctx-size $f; stat -c '%U:%G %a' $f; "
+                                "grep -c '^\\[' $f").split()
     seen = []
     for model in ["gemma-270m", "tiny", "gemma-270m", "tiny"]:
         answer, seconds = complete(lab, name, model)
         seen.append((model, answer.get("model"), round(seconds, 2), bool(answer.get("choices"))))
     listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models"))
     status = {m["id"]: m["status"]["value"] for m in listed["data"]}
-    print(f"preset {preset}; requests (asked, answered by, seconds with its swap, text): {seen}; /models: {status}")
-    assert preset == ["root:rigup", "640", "2"]
+    props = json.loads(on_host(lab, name, f"curl -s 'http://127.0.0.1:{PORT}/props?model=tiny&autoload=false'"))
+    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    print(f"preset {preset}; requests (asked, answered by, seconds with its swap, text): {seen}; /models: {status}; "
+          f"tiny's context (per_model): {n_ctx}")
+    assert preset == ["2", "root:rigup", "640", "3"]   # ctx-size in [*] (moved by per_model) and [tiny]; 3 sections
+    assert n_ctx == 512
     assert [(asked, by, ok) for asked, by, _, ok in seen] == [(m, m, True) for m in ("gemma-270m", "tiny") * 2]
     assert (status["gemma-270m"], status["tiny"]) == ("unloaded", "loaded")   # models_max 1: the last one asked
     assert set(status) == {"gemma-270m", "tiny"}     # nothing of a hub cache (LLAMA_CACHE: none)

@@ -127,3 +127,50 @@ def test_a_gateway_sends_each_model_of_a_router_to_the_hosts_it_stays_loaded_on(
     assert text.count("frontend gateway-duo") == 1
     fleet = Fleet("gw", hosts)
     assert [p.port for p in ports({}, data(balancer_gateway=True), fleet) if p.port == 8091] == [8091]
+
+
+def test_each_model_of_a_set_may_have_its_own_flags():
+    """per_model: a flag a model sets for itself leaves the command line (llama-server puts its
+    command line before a preset) for the preset: the instance's value in [*], the model's own in
+    its section; a flag no model sets stays on the command line."""
+    found, problems = instances(router(models_max=2, cache_type_k="f16", jinja=True,
+                                       per_model={"b": {"ctx": 16384, "cache_type_k": "q8_0", "jinja": False}}))
+    assert problems == []
+    args = argv("x", found["x"], "/b/llama-server", "/m/a.gguf")
+    text = preset_text("x", found["x"], {"a": "/srv/a.gguf", "b": "/srv/b.gguf"})
+    print(" ".join(args))
+    print(text)
+    assert "-c" not in args and "-ctk" not in args and "--jinja" not in args and "--no-jinja" not in args
+    assert args[args.index("--parallel") + 1] == "1"
+    sections = [ln for ln in text.splitlines() if ln and not ln.startswith(";")]
+    assert sections == ["version = 1", "[*]", "ctx-size = 4096", "jinja = true", "cache-type-k = f16",
+                        "[a]", "model = /srv/a.gguf", "load-on-startup = true",
+                        "[b]", "model = /srv/b.gguf", "ctx-size = 16384", "jinja = false", "cache-type-k = q8_0"]
+
+
+@pytest.mark.parametrize("inst, problem", [
+    ({"per_model": {"zz": {"ctx": 1}}}, ("llama_server_instances.x.per_model.zz", "the set (model and also)")),
+    ({"per_model": {"b": {"ctx": "auto"}}}, ("llama_server_instances.x.per_model.b.ctx", "expected int 1..")),
+    ({"per_model": {"b": {"metrics": False}}}, ("llama_server_instances.x.per_model.b.metrics", "unknown key")),
+    ({"per_model": {"b": {"cache_type_k": "q3"}}}, ("llama_server_instances.x.per_model.b.cache_type_k", "expected")),
+    ({"per_model": {"b": "ctx=1"}}, ("llama_server_instances.x.per_model.b", "expected a map")),
+    ({"also": [], "per_model": {"a": {"ctx": 1}}}, ("llama_server_instances.x.per_model", "router mode only")),
+])
+def test_a_models_own_flags_that_cannot_be_are_refused_by_key_path(inst, problem):
+    _, problems = instances(router(**inst))
+    print(problems)
+    assert any(p[0] == problem[0] and problem[1] in p[1] for p in problems), problems
+
+
+def test_the_vram_plan_counts_each_model_at_its_own_ctx():
+    plan, facts = host("a100")          # 8 x 80 GB
+    sized = {**MODELS, "b": {**MODELS["b"], "family": "glm-5.3-flash"}}   # KV cache 0.03 GiB per 1k tokens
+
+    def with_b(**inst):
+        return data(models=sized, llama_server_instances={"x": {"model": "a", "port": 8081, "ctx": 4096, "parallel": 1,
+                                                                "also": ["b"], **inst}})
+    assert check_set_vram(plan, facts, with_b()) == []       # b at the instance's 4096 tokens: 330 + 0.1 + 8 GiB
+    alone = check_set_vram(plan, facts, with_b(per_model={"b": {"ctx": 11_000_000}}))
+    print(alone[0].line("h"))
+    assert alone[0].what == "model b of llama_server_instances.x.also does not fit the VRAM alone"
+    assert "KV cache 330.0 GiB" in alone[0].why and alone[0].fix.endswith("lower llama_server_instances.x.per_model.b.ctx")
