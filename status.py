@@ -39,6 +39,10 @@ if data["burnin_enabled"]:
 fetches = specs(data, models)
 if fetches:
     parts["fetch"] = progress_command(fetches)
+routers = [s["name"] for s in served(data) if s["entry"].get("also")]
+if data["metrics_enabled"] and routers:   # the loads each router's relay counted
+    parts["loads"] = fleet.loads_section(
+        f"http://{url_host(bind_address(host.name, data, 'metrics_address'))}:{data['metrics_relay_port']}", routers)
 if data["prometheus_enabled"]:
     parts["energy"] = fleet.energy_section(
         f"http://{url_host(bind_address(host.name, data, 'prometheus_address'))}:{data['prometheus_port']}")

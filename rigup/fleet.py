@@ -90,6 +90,38 @@ def energy_section(url: str) -> str:
             f"{shlex.quote(url.rstrip('/') + '/api/v1/query')} 2>/dev/null; true")
 
 
+def loads_section(relay: str, routers: list[str]) -> str:
+    """Each router instance's loads as the host's metrics relay counts them (roles/metrics/relay.py,
+    from the router's /models/sse): ``@@ NAME``, then its ``rigup_router_model_loads_total`` and
+    ``rigup_router_model_last_load_seconds`` lines (:func:`parse_loads`). ``relay``: its base URL."""
+    return "\n".join(f"echo {shlex.quote('@@ ' + name)}; curl -s -m 2 --noproxy '*' "
+                      f"{shlex.quote(relay.rstrip('/') + '/metrics/' + name)} 2>/dev/null | head -c 1048576 | grep -E "
+                      "'^rigup_router_model_(loads_total|last_load_seconds)[{]' | head -n 256"
+                      for name in routers) + "\ntrue"
+
+
+def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
+    """The loads section -> ``{instance: {model: {"loads": N, "last_s": seconds or None}}}`` (model
+    names escaped for the terminal); an instance whose relay said nothing is left out."""
+    out: dict[str, dict[str, dict]] = {}
+    current = None
+    for line in lines:
+        if line.startswith("@@ "):
+            current = line[3:].strip()
+            continue
+        m = re.fullmatch(r'rigup_router_model_(loads_total|last_load_seconds)\{model="([^"]{1,128})"\} ([0-9.eE+]+)',
+                         line.strip())
+        value = number(m.group(3), float) if m else None
+        if current is None or value is None:
+            continue
+        entry = out.setdefault(current, {}).setdefault(shown(m.group(2), 64), {"loads": 0, "last_s": None})
+        if m.group(1) == "loads_total":
+            entry["loads"] = int(value)
+        else:
+            entry["last_s"] = round(value, 2)
+    return out
+
+
 def status_command(parts: dict[str, str]) -> str:
     """One shell command: each section's marker, then its command in a subshell (a section may
     hold a here-document, so they are joined by newlines)."""
@@ -342,9 +374,12 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
     (roles/llama_server/tuned.py)."""
     cards = parse_cards(found.get("gpus", []))
     serving = parse_serving(found.get("serving", []))
+    loads = parse_loads(found.get("loads", []))
     for s in serving:
         s["model"] = f"{models.get(s['name'], '?')}@{(s['revision'] or '?')[:REVISION_CHARS]}"
         s["tuned"] = tuned_text((tuned or {}).get(s["name"]))
+        if s["name"] in loads:   # a router: the loads the relay counted, per model
+            s["loads"] = loads[s["name"]]
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "serving": serving,
             "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
@@ -521,11 +556,23 @@ def build_cell(row: dict) -> str:
     return f"{ref}-{digest[:BUILD_HASH_CHARS]}" if sep and ref and re.fullmatch(r"[0-9a-f]+", digest) else build
 
 
+def loads_text(loads: dict | None) -> str:
+    """``; 3 loads, last 2.1 s`` (the loads the relay counted over the set, the slowest of each
+    model's last), or "" without the relay's figures."""
+    if not loads:
+        return ""
+    last = [e["last_s"] for e in loads.values() if e["last_s"] is not None]
+    total = sum(e["loads"] for e in loads.values())
+    return f"; {total} load{'s' * (total != 1)}" + (f", last up to {max(last):g} s" if last else "")
+
+
 def serving_cell(row: dict) -> str:
     """``gemma active :8081 200 gemma-270m@dc8aac10``, one per instance, ``; ``-separated; a router
-    also names what it has loaded: ``[loaded: tiny]``."""
+    also names what it has loaded and the loads its relay counted: ``[loaded: tiny; 2 loads, last
+    up to 0.07 s]``."""
     return "; ".join(f"{s['name']} {s['active'] or '?'} :{s['port'] or '?'} {s['health'] or '-'} {s['model']}"
-                     + (f" [loaded: {', '.join(s['loaded']) or 'none'}]" if s.get("loaded") is not None else "")
+                     + (f" [loaded: {', '.join(s['loaded']) or 'none'}{loads_text(s.get('loads'))}]"
+                        if s.get("loaded") is not None else "")
                      + (f" ({s['tuned']})" if s.get("tuned") else "") for s in row["serving"]) or "-"
 
 
