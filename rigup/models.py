@@ -32,6 +32,7 @@ class ModelEntry(TypedDict):
     include: list[str]
     dest: str
     size_gib: float | None
+    warm: bool
     family: str | None
     fetch_from: str | None
     wait: bool
@@ -51,6 +52,9 @@ MODEL: dict[str, Key] = {
     "family": Key("str or null", None, "a family of rigup/gpu/models.yml (default: matched from repo)"),
     "fetch_from": Key("str or null", None, "a host of the inventory to copy the completed model from"),
     "wait": Key("bool", False, "block the converge until the model is complete"),
+    "warm": Key("bool", False, "keep the model's files in the page cache (rigup-model-warm.timer, as the service "
+                               "user, every model_fetch_warm_interval_s: vmtouch reads the pages not cached): a "
+                               "router's swap to it then loads from RAM"),
     "allow_unhashed": Key("bool", False, "fetch files the hub lists without a hash, unverified "
                                          "(default: such a listing is refused)"),
 }

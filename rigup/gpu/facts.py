@@ -434,7 +434,7 @@ CPU_COMMAND = (
     "if [ -n \"$t\" ]; then echo \"$t\"; else awk -F': *' '/^physical id/ {p = $2} /^core id/ {print p, $2}' "
     f"{shlex.quote(CPUINFO)} 2>/dev/null | sort -u; fi; "
     f"echo '--- numa'; n=0; for d in {shlex.quote(NODE_SYS)}/node[0-9]*; do [ -d \"$d\" ] && n=$((n + 1)); done; "
-    "echo \"$n\"; true"
+    "echo \"$n\"; echo '--- memory'; grep -m1 '^MemTotal:' /proc/meminfo 2>/dev/null; true"
 )
 # The flags that matter to llama.cpp / vLLM CPU kernels, as the kernel spells them (aarch64's
 # asimddp is kept as dotprod); every other flag is dropped.
@@ -469,7 +469,7 @@ def _count(lines: list[str]) -> int | None:
 
 def parse_cpu(lines: list[str]) -> dict:
     """``CPU_COMMAND``'s output -> ``{"vendor", "model", "logical", "cores", "sockets",
-    "numa_nodes", "flags", "amx"}``.
+    "numa_nodes", "flags", "amx", "mem_bytes"}`` (``mem_bytes``: the host's RAM, MemTotal).
 
     ``vendor`` is short ("Intel", "AMD"; on aarch64 the implementer: "ARM", "Ampere"...), ``model``
     the model name (aarch64: the part, "Neoverse-V1"), ``cores`` the distinct (package, core)
@@ -503,7 +503,14 @@ def parse_cpu(lines: list[str]) -> dict:
         "numa_nodes": None if numa is None else max(numa, 1),
         "flags": flags,
         "amx": "amx_tile" in flags and bool({"amx_int8", "amx_bf16"} & set(flags)),
+        "mem_bytes": _mem_bytes(sec.get("memory", [])),
     }
+
+
+def _mem_bytes(lines: list[str]) -> int | None:
+    """``MemTotal:  263846212 kB`` -> bytes, or None."""
+    m = re.fullmatch(r"MemTotal:\s*(\d{1,15}) kB", lines[0].strip()) if lines else None
+    return int(m.group(1)) * 1024 if m else None
 
 
 class CpuInfo(FactBase):

@@ -81,7 +81,7 @@ from pyinfra.operations.util import any_changed
 from rigup.text import say
 
 from rigup import files as managed
-from rigup import services, summary
+from rigup import apt, services, summary
 from rigup.gpu.plan import Plan
 from rigup.config import Config, config_of, fleet_data, role_defaults, source_of
 from rigup.models import hub_endpoint
@@ -108,6 +108,9 @@ METRICS_CONFIG = "/etc/rigup/model-metrics.json"
 # Not rigup-fetch-*: that prefix is the download jobs' (a model may be called "metrics").
 METRICS_SERVICE, METRICS_TIMER = "rigup-model-metrics.service", "rigup-model-metrics.timer"
 METRICS_PATHS = [METRICS_CONFIG, f"/etc/systemd/system/{METRICS_SERVICE}", f"/etc/systemd/system/{METRICS_TIMER}"]
+WARM_CONFIG = "/etc/rigup/model-warm.json"
+WARM_SERVICE, WARM_TIMER = "rigup-model-warm.service", "rigup-model-warm.timer"
+WARM_PATHS = [WARM_CONFIG, f"/etc/systemd/system/{WARM_SERVICE}", f"/etc/systemd/system/{WARM_TIMER}"]
 # Stop the job whose pid is in the lock file {lock} (written by a job running as rigup_user): kill
 # it only when that pid is a rigup-fetch job, never whatever process the file names.
 KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
@@ -459,6 +462,7 @@ def apply(plan: Plan, data: Config):
                  script=f"{bin_dir}/rigup-share")
     if facts["systemd"]:
         exported(data, models, script=f"{bin_dir}/rigup-fetch", paths=paths)
+        warmed(data, models, script=f"{bin_dir}/rigup-fetch")
     started(name="model_fetch: jobs and share servers started")
     wanted = {s["name"]: s for s in specs(data, models)}
     _staging[host.name] = [wanted[p.name] for p in plans
@@ -529,10 +533,48 @@ def exported(data: Config, models: dict, script: str, paths: list[str]) -> None:
                                          interval=data["model_fetch_metrics_interval_s"]))
              for unit, path, template in zip((METRICS_SERVICE, METRICS_TIMER), METRICS_PATHS[1:],
                                              ("model_fetch-metrics.service.j2", "model_fetch-metrics.timer.j2"))]
-    systemd.daemon_reload(name="model_fetch: systemd daemon-reload", _if=any_changed(*units))
+    reloaded(units, "metrics")
     services.running(name=f"model_fetch: run {METRICS_TIMER}", unit=METRICS_TIMER, units=[METRICS_TIMER])
-    systemd.service(name=f"model_fetch: restart {METRICS_TIMER} (new period)", service=METRICS_TIMER,
-                    restarted=True, _if=units[1].did_change)
+    restarted(METRICS_TIMER, units)
+
+
+def warmed(data: Config, models: dict, script: str) -> None:
+    """The models with ``warm: true`` kept in the page cache: vmtouch (Debian's) reads what is not
+    cached of each one's files, every model_fetch_warm_interval_s, as the rigup user (the models'
+    owner) at the lowest CPU and I/O priority. None warm: the timer and its files go."""
+    warm = {n: m for n, m in sorted(models.items()) if m["warm"]}
+    if not warm:
+        services.running(name=f"model_fetch: no {WARM_TIMER} (no model is warm)", unit=WARM_TIMER,
+                         units=[WARM_TIMER], enabled=False)
+        gone = [managed.absent(name=f"model_fetch: no {path}", dest=path, paths=WARM_PATHS) for path in WARM_PATHS]
+        systemd.daemon_reload(name="model_fetch: systemd daemon-reload (no warm timer)", _if=any_changed(*gone))
+        return
+    apt.installed(name="vmtouch (the warm models' page cache)", packages=["vmtouch"])
+    doc = {"models": [{"name": n, "dest": m["dest"]} for n, m in warm.items()], "marker": MARKER,
+           "token_file": TOKEN_PATH}
+    managed.managed(name=f"model_fetch: {WARM_CONFIG}", dest=WARM_CONFIG, paths=WARM_PATHS,
+                    text=json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    # spelt out as in exported(): tests/unit/test_bench_ansible.py reads each unit and path from the code
+    units = [managed.managed(name=f"model_fetch: {unit}", dest=path, paths=WARM_PATHS,
+                             text=render(template, script=script, config=WARM_CONFIG, user=data["rigup_user"],
+                                         interval=data["model_fetch_warm_interval_s"]))
+             for unit, path, template in zip((WARM_SERVICE, WARM_TIMER), WARM_PATHS[1:],
+                                             ("model_fetch-warm.service.j2", "model_fetch-warm.timer.j2"))]
+    reloaded(units, "warm")
+    services.running(name=f"model_fetch: run {WARM_TIMER}", unit=WARM_TIMER, units=[WARM_TIMER])
+    restarted(WARM_TIMER, units)
+
+
+def reloaded(units: list, what: str) -> None:
+    """systemd reads a service's and its timer's files again when ``units`` (the operations that
+    wrote them) changed one."""
+    systemd.daemon_reload(name=f"model_fetch: systemd daemon-reload ({what})", _if=any_changed(*units))
+
+
+def restarted(timer: str, units: list) -> None:
+    """``timer`` restarted when its file (``units[1]``) changed: a new period."""
+    systemd.service(name=f"model_fetch: restart {timer} (new period)", service=timer, restarted=True,
+                    _if=units[1].did_change)
 
 
 @deploy("model_fetch: wait", data_defaults=role_defaults("model_fetch"))

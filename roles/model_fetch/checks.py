@@ -131,4 +131,20 @@ def check_dest(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     return config_refusals(found)
 
 
-CHECKS = (check_config, check_endpoint, check_dest, check_disk)
+def check_warm(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """The models with ``warm: true`` larger together (size_gib) than model_fetch_warm_max_ram of
+    the host's RAM: the page cache would evict them again, and the host's own work with them."""
+    warm = {n: m["size_gib"] for n, m in models(data)[0].items() if m["warm"] and m.get("size_gib") is not None}
+    ram = (facts.get("cpu") or {}).get("mem_bytes")
+    if not warm or not ram:
+        return []
+    total, most = sum(warm.values()), data["model_fetch_warm_max_ram"] * ram / GIB
+    if total <= most:
+        return []
+    return [Refusal(f"the warm models do not fit the page cache ({', '.join(f'{n} {g:.1f} GiB' for n, g in warm.items())})",
+                    f"{total:.1f} GiB > {data['model_fetch_warm_max_ram']:g} of the host's {ram / GIB:.1f} GiB of RAM "
+                    f"({most:.1f} GiB, model_fetch_warm_max_ram)",
+                    "warm fewer models (models.NAME.warm: false), or raise model_fetch_warm_max_ram", "ram")]
+
+
+CHECKS = (check_config, check_endpoint, check_dest, check_disk, check_warm)

@@ -54,7 +54,7 @@ def models_with_tiny() -> dict:
 
     revision = hub.publish("rigup-lab/smoke-tiny-GGUF", {"smoke.gguf": SMOKE})
     return {**LAB_VARS["models"], "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
-                                           "include": ["*.gguf"], "size_gib": 0.01, "wait": True}}
+                                           "include": ["*.gguf"], "size_gib": 0.01, "wait": True, "warm": True}}
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,23 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
         assert got[f'rigup_router_model_loads_total{{model="{model}"}}'] == 1
         assert got[f'rigup_router_model_unloads_total{{model="{model}"}}'] == 1
         assert 0 < got[f'rigup_router_model_last_load_seconds{{model="{model}"}}'] < 120
+
+
+def test_a_warm_model_is_read_into_the_page_cache(lab, duo):
+    """models.tiny.warm: rigup-model-warm.timer runs; its pass (as the rigup user) reads tiny's file
+    back into the page cache after vmtouch -e evicted it."""
+    name = duo[0]
+    path = on_host(lab, name, "find /srv/models/tiny -name smoke.gguf -type f | head -n 1").strip()
+    timer = on_host(lab, name, "systemctl is-active rigup-model-warm.timer; systemctl is-enabled rigup-model-warm.timer; "
+                               "systemctl show -p User --value rigup-model-warm.service").split()
+    resident = f"vmtouch {path} | grep -o 'Resident Pages: .*' | tr -s ' '"
+    evicted = on_host(lab, name, f"vmtouch -q -e {path}; {resident}").strip()
+    ran = on_host(lab, name, "systemctl start rigup-model-warm.service; journalctl -q -o cat -n 2 -u rigup-model-warm.service")
+    warm = on_host(lab, name, resident).strip()
+    print(f"{path}: timer {timer}; evicted: {evicted}; after the warm pass: {warm}; its journal: {ran.strip()!r}")
+    assert timer == ["active", "enabled", "rigup"]
+    assert not evicted.endswith(" 100%") and warm.endswith(" 100%")
+    assert "tiny: 1 file(s) in the page cache" in ran
 
 
 def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):

@@ -72,6 +72,9 @@ def test_the_playbooks_files_and_directories_are_those_the_roles_declare(data):
         "/etc/systemd/system/rigup-watchdog.service": "the same",
         "/etc/systemd/system/rigup-watchdog.timer": "the same",
         "/etc/rigup/balancer": "no replicated instance",
+        "/etc/rigup/model-warm.json": "no model is warm",
+        "/etc/systemd/system/rigup-model-warm.service": "the same",
+        "/etc/systemd/system/rigup-model-warm.timer": "the same",
     }
     # writes whose path only the host's run knows: a build's script and smoke files, a model's
     # job file, a server's drop-in (compared below by the call's mode), a replica's backends
@@ -111,11 +114,12 @@ def test_the_playbooks_user_units_and_packages_are_those_the_roles_declare(data)
     declared_on = {d.args["unit"] for d in found if d.what == "service" and d.args["enabled"] is True}
     declared_off = {d.args["unit"] for d in found if d.what == "service" and d.args["enabled"] is False}
     print(f"\nunits the playbook starts: {sorted(started)}; stops: {sorted(stopped)}")
-    assert started - instances == declared_on - {"prometheus", "rigup-watchdog.timer"}   # not in the lab recipe
+    assert started - instances == declared_on - {"prometheus", "rigup-watchdog.timer",   # not in the lab recipe
+                                                  "rigup-model-warm.timer"}
     assert stopped <= declared_off and "rigup-watchdog.timer" in stopped
 
     packages = {p for t in tasks if "ansible.builtin.apt" in t for p in t["ansible.builtin.apt"]["name"]}
-    wanted = {p for d in found if d.what == "packages" for p in d.args["packages"]} - {"prometheus"}
+    wanted = {p for d in found if d.what == "packages" for p in d.args["packages"]} - {"prometheus", "vmtouch"}
     assert packages == wanted, (sorted(packages), sorted(wanted))
 
 

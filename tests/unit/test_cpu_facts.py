@@ -12,7 +12,7 @@ from rigup.gpu.plan import cpu_text, format_plan, hardware_plan
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 DRIVER = {"version": "580.105.08", "kernel_module": "open", "loaded": True}
 EMPTY = {"vendor": None, "model": None, "logical": None, "cores": None, "sockets": None,
-         "numa_nodes": None, "flags": [], "amx": False}
+         "numa_nodes": None, "flags": [], "amx": False, "mem_bytes": None}
 
 
 def cpu(name):
@@ -23,7 +23,7 @@ def test_sapphire_rapids_with_amx():
     spr = cpu("sapphire-rapids-8480.txt")
     assert spr == {
         "vendor": "Intel", "model": "Intel(R) Xeon(R) Platinum 8480+", "logical": 224, "cores": 112,
-        "sockets": 2, "numa_nodes": 2, "amx": True,
+        "sockets": 2, "numa_nodes": 2, "amx": True, "mem_bytes": None,
         "flags": ["amx_bf16", "amx_int8", "amx_tile", "avx", "avx2", "avx512_bf16", "avx512_fp16",
                   "avx512_vnni", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vbmi", "avx512vl",
                   "avx_vnni", "f16c", "fma"]}
@@ -42,14 +42,15 @@ def test_epyc_avx2_only():
 def test_captured_epyc_vm():
     vm = cpu("epyc-vm.txt")
     assert vm == {"vendor": "AMD", "model": "AMD EPYC", "logical": 2, "cores": 2, "sockets": 1,
-                  "numa_nodes": 1, "flags": ["avx", "avx2", "f16c", "fma"], "amx": False}
+                  "numa_nodes": 1, "flags": ["avx", "avx2", "f16c", "fma"], "amx": False,
+                  "mem_bytes": 24537864 * 1024}   # MemTotal, captured with the rest
     assert cpu_text(vm) == "AMD EPYC, 2 cores / 2 threads, 1 NUMA node, AVX2"
 
 
 def test_aarch64_neoverse_features_line():
     arm = cpu("graviton3-neoverse-v1.txt")
     assert arm == {"vendor": "ARM", "model": "Neoverse-V1", "logical": 64, "cores": 64, "sockets": 1,
-                   "numa_nodes": 1, "amx": False,
+                   "numa_nodes": 1, "amx": False, "mem_bytes": None,
                    "flags": ["asimd", "asimdhp", "bf16", "dotprod", "i8mm", "sve"]}     # asimddp -> dotprod
     assert cpu_text(arm) == "ARM Neoverse-V1, 64 cores / 64 threads, 1 NUMA node, NEON (FP16, DOTPROD, I8MM, BF16), SVE"
     # an implementer or part not in the table: vendor / model None, the rest still read
@@ -115,8 +116,9 @@ def test_cpu_command_on_this_machine(shell):
     assert p.returncode == 0 and p.stderr == ""
     here = parse_cpu(p.stdout.splitlines())
     assert here["logical"] >= here["cores"] >= here["sockets"] >= 1 and here["numa_nodes"] >= 1
+    assert here["mem_bytes"] > 2**30                                   # MemTotal, in bytes
     assert len(p.stdout) < 4096                                        # one processor's lines, not all of cpuinfo
-    assert p.stdout.count("\n--- ") == 3 and p.stdout.startswith("--- cpuinfo\n")
+    assert p.stdout.count("\n--- ") == 4 and p.stdout.startswith("--- cpuinfo\n")
 
 
 def test_cpu_command_without_sys_falls_back_to_cpuinfo(tmp_path):
