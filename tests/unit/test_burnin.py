@@ -228,3 +228,41 @@ def test_facts_status_and_refusals():
     plan = {"burnin": {"quarantined": [{"uuid": "GPU-2", "index": 2, "failed": ["VRAM: 12 mismatched words"]}]}}
     (refused,) = check_named(plan, {}, {"vllm_instances": {"glm": {"gpus": "0,1,2,3"}, "ds": {"gpus": "4,5"}}})
     assert refused.what == "vllm_instances.glm.gpus names GPU 2 (GPU-2)" and "VRAM: 12" in refused.why
+
+
+class FakeCard:
+    """What Tensor asks of a Device: a launch records its iters; a copy back answers each sum as
+    ``answer(iters)`` gives it (the exact one, or not)."""
+
+    def __init__(self, answer):
+        self.sms, self.answer, self.iters, self.freed = 2, answer, None, False
+        self.lib = type("Lib", (), {"cuMemFree_v2": lambda _, ptr: setattr(self, "freed", True)})()
+
+    def alloc(self, size):
+        return 1
+
+    def launch(self, name, grid, block, out, iters):
+        self.iters = iters.value
+
+    def call(self, name, buf, out, size):
+        import struct
+        buf.raw = struct.pack("<f", self.answer(self.iters)) * (size // 4)
+
+
+def test_the_tensor_load_checks_every_sum_and_leaves_itself_out_when_its_first_answer_is_off():
+    """The soak's tensor-core load: a card that answers the exact sums is loaded and checked; one
+    whose first launch is off everywhere (this kernel on that card, not yet run on every kind) has it
+    left out, naming why (the integer check still judges the card); a wrong answer after a right
+    first one counts against the card."""
+    exact = acceptance.Tensor(FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16))
+    exact.launch()
+    exact.check()
+    assert exact.unsure is None and exact.wrong == 0 and exact.launches >= 2
+    off = acceptance.Tensor(FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16 + 1))
+    assert off.unsure == f"mma_burn's first launch gave {off.floats} of {off.floats} sums off: left out"
+    later = FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16)
+    tensor = acceptance.Tensor(later)
+    later.answer = lambda n: 0.0
+    tensor.launch()
+    tensor.check()
+    assert tensor.unsure is None and tensor.wrong == tensor.floats
