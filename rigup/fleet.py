@@ -96,18 +96,26 @@ def loads_section(relay: str, routers: list[str]) -> str:
     ``rigup_router_model_last_load_seconds`` lines (:func:`parse_loads`). ``relay``: its base URL."""
     return "\n".join(f"echo {shlex.quote('@@ ' + name)}; curl -s -m 2 --noproxy '*' "
                       f"{shlex.quote(relay.rstrip('/') + '/metrics/' + name)} 2>/dev/null | head -c 1048576 | grep -E "
-                      "'^rigup_router_model_(loads_total|last_load_seconds)[{]' | head -n 256"
+                      "'^rigup_router_(model_(loads_total|last_load_seconds)[{]|queue_(waiting|limit) )' | head -n 256"
                       for name in routers) + "\ntrue"
+
+
+QUEUE = "(queue)"   # parse_loads's key of a router's queue (never a model's name: a name has no parenthesis)
 
 
 def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
     """The loads section -> ``{instance: {model: {"loads": N, "last_s": seconds or None}}}`` (model
-    names escaped for the terminal); an instance whose relay said nothing is left out."""
+    names escaped for the terminal), and for a queued router ``{QUEUE: {"waiting", "limit"}}``; an
+    instance whose relay said nothing is left out."""
     out: dict[str, dict[str, dict]] = {}
     current = None
     for line in lines:
         if line.startswith("@@ "):
             current = line[3:].strip()
+            continue
+        q = re.fullmatch(r"rigup_router_queue_(waiting|limit) (\d{1,9})", line.strip())
+        if q and current is not None:   # a queued router: its HAProxy queue
+            out.setdefault(current, {}).setdefault(QUEUE, {})[q.group(1)] = int(q.group(2))
             continue
         m = re.fullmatch(r'rigup_router_model_(loads_total|last_load_seconds)\{model="([^"]{1,128})"\} ([0-9.eE+]+)',
                          line.strip())
@@ -561,9 +569,12 @@ def loads_text(loads: dict | None) -> str:
     model's last), or "" without the relay's figures."""
     if not loads:
         return ""
-    last = [e["last_s"] for e in loads.values() if e["last_s"] is not None]
-    total = sum(e["loads"] for e in loads.values())
-    return f"; {total} load{'s' * (total != 1)}" + (f", last up to {max(last):g} s" if last else "")
+    models = {m: e for m, e in loads.items() if m != QUEUE}
+    last = [e["last_s"] for e in models.values() if e["last_s"] is not None]
+    total = sum(e["loads"] for e in models.values())
+    queue = loads.get(QUEUE) or {}
+    return (f"; {total} load{'s' * (total != 1)}" + (f", last up to {max(last):g} s" if last else "")
+            + (f"; queue {queue.get('waiting', '?')}/{queue.get('limit', '?')}" if queue else ""))
 
 
 def serving_cell(row: dict) -> str:

@@ -128,6 +128,8 @@ OTHER: tuple[Row, ...] = (
 PER_MODEL = tuple(f.key for f in FLAGS if f.key not in ("metrics", "sleep_idle_s"))
 # Router mode (``also``): the models' presets, one section per model (roles/llama_server writes it: .format(NAME))
 PRESET = "/etc/rigup/llama-server/{}.models.ini"
+# The HAProxy backend of a replicated instance or a queued router (roles/balancer; the relay reads its queue): .format(NAME)
+BACKEND = "llama-{}"
 
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {

@@ -86,7 +86,7 @@ def queue_limits(inst: LlamaInstance, wait_s: int) -> dict:
 
 def backend_name(name: str) -> str:
     """The HAProxy backend of a replicated instance (roles/balancer's config, the drain helper)."""
-    return f"llama-{name}"
+    return contract.BACKEND.format(name)
 
 
 def servers(name: str, inst: LlamaInstance, lay) -> list[dict]:

@@ -56,9 +56,13 @@ def url_host(address: str) -> str:
 def llama_instances(data: Config) -> dict[str, dict]:
     """The host's llama-server instances whose /metrics is on, as the relay reaches them:
     name -> {"url", "key"} (key: the API key file, or None), and for a router (also) "models" (its
-    set, its own first), from llama-server's contract."""
+    set, its own first) and, with a bounded queue, "queue" (HAProxy's stats, its backend and the
+    limit), from llama-server's contract."""
     return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "key": inst["key"],
-                   **({"models": [inst["model"], *inst["also"]]} if inst.get("also") else {})}   # a router's set
+                   **({"models": [inst["model"], *inst["also"]]} if inst.get("also") else {}),   # a router's set
+                   **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
+                                 "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
+                      if inst.get("also") and inst.get("queue") is not None else {})}   # HAProxy holds its queue
             for name, inst in llama_server.view(data).items() if inst["metrics"] and isinstance(inst["port"], int)}
 
 

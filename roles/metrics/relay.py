@@ -21,7 +21,9 @@ set. It also follows each router's ``/models/sse`` (the router's own event strea
 status) from its start, and counts per model the loads it completed (``rigup_router_model_loads_total``:
 a swap, or a first load), their seconds from ``loading`` to ``loaded``
 (``rigup_router_model_load_seconds_total``, the last one's in ``rigup_router_model_last_load_seconds``)
-and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream.
+and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream. A router with a
+bounded queue (HAProxy on its port) adds the requests waiting there (``rigup_router_queue_waiting``,
+HAProxy's own figure from its stats on loopback), the most that waited and the limit.
 
     rigup-metrics-relay [--config /etc/rigup/metrics-relay.json]
 """
@@ -140,7 +142,32 @@ def router_metrics(inst: dict) -> bytes:
     lines += ["# HELP rigup_router_model_loaded 1 while the model of the router's set is loaded",
               "# TYPE rigup_router_model_loaded gauge"]
     lines += [f'rigup_router_model_loaded{{model="{m}"}} {int(status.get(m) == "loaded")}' for m in inst["models"]]
-    return ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines + queue_lines(inst.get("queue"))) + "\n").encode()
+
+
+def queue_lines(queue: dict | None) -> list[str]:
+    """A queued router's waiting requests (HAProxy's qcur of its backend, from the stats CSV on
+    loopback), the most that waited (qmax) and the limit; nothing without a queue or an answer."""
+    if not queue:
+        return []
+    try:
+        with _OPENER.open(queue["stats"], timeout=TIMEOUT_S) as response:
+            rows = body(response, time.monotonic() + TIMEOUT_S).decode(errors="replace").splitlines()
+    except (OSError, ValueError):
+        return []
+    header = rows[0].lstrip("# ").split(",") if rows else []
+    for row in rows[1:]:
+        cells = dict(zip(header, row.split(",")))
+        if cells.get("pxname") == queue["backend"] and cells.get("svname") == "BACKEND":
+            waiting, most = cells.get("qcur") or "0", cells.get("qmax") or "0"
+            if waiting.isdigit() and most.isdigit():
+                return ["# HELP rigup_router_queue_waiting requests waiting for the router at its HAProxy queue",
+                        "# TYPE rigup_router_queue_waiting gauge", f"rigup_router_queue_waiting {waiting}",
+                        "# HELP rigup_router_queue_waited_max the most that waited at once (since HAProxy started)",
+                        "# TYPE rigup_router_queue_waited_max gauge", f"rigup_router_queue_waited_max {most}",
+                        "# HELP rigup_router_queue_limit the queue's bound (beyond it: 429)",
+                        "# TYPE rigup_router_queue_limit gauge", f"rigup_router_queue_limit {int(queue['limit'])}"]
+    return []
 
 
 class Swaps:

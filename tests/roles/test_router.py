@@ -267,3 +267,10 @@ def test_a_bounded_queue_serves_what_it_holds_and_answers_429_beyond(lab, duo):
     assert results[20]["answered"] == results[20]["right_model"] == 20 and results[20]["errors"] == []
     assert results[40]["429"] >= 1 and results[40]["retry_after"] == ["5"] and results[40]["errors"] == []
     assert results[40]["answered"] == results[40]["right_model"] == 40 - results[40]["429"] >= 20
+    # the relay's queue figures: HAProxy's own, the most that waited at once during the bursts
+    relayed = on_host(lab, name, "curl -s -m 5 \"http://$(hostname -I | cut -d' ' -f1):9101/metrics/duo\" "
+                                 "| grep '^rigup_router_queue'").split("\n")
+    queue = {line.split()[0]: int(line.split()[1]) for line in relayed if line.strip()}
+    print(f"the relay's queue figures: {queue}")
+    assert queue["rigup_router_queue_limit"] == 20 and queue["rigup_router_queue_waiting"] == 0
+    assert queue["rigup_router_queue_waited_max"] >= 10

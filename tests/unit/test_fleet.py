@@ -362,14 +362,17 @@ def test_a_routers_loads_come_from_its_relay_and_are_shown_short():
     escaped; a line that is not the relay's is ignored."""
     lines = ["@@ duo", 'rigup_router_model_loads_total{model="gemma-270m"} 3',
              'rigup_router_model_loads_total{model="tiny"} 2', 'rigup_router_model_last_load_seconds{model="tiny"} 0.0731',
-             'rigup_router_model_last_load_seconds{model="gemma-270m"} 2.5', "@@ other",
-             'rigup_router_model_loads_total{model="x\x1b[31m"} 1', "garbage 1", 'rigup_router_model_loads_total{model="y"} 1e999']
+             'rigup_router_model_last_load_seconds{model="gemma-270m"} 2.5',
+             "rigup_router_queue_waiting 3", "rigup_router_queue_limit 20",
+             "@@ other", 'rigup_router_model_loads_total{model="x\x1b[31m"} 1', "garbage 1",
+             'rigup_router_model_loads_total{model="y"} 1e999']
     loads = fleet.parse_loads(lines)
     print(loads)
-    assert loads["duo"] == {"gemma-270m": {"loads": 3, "last_s": 2.5}, "tiny": {"loads": 2, "last_s": 0.07}}
+    assert loads["duo"] == {"gemma-270m": {"loads": 3, "last_s": 2.5}, "tiny": {"loads": 2, "last_s": 0.07},
+                            fleet.QUEUE: {"waiting": 3, "limit": 20}}
     assert list(loads["other"]) == ["x\\x1b[31m"]
-    assert fleet.loads_text(loads["duo"]) == "; 5 loads, last up to 2.5 s" and fleet.loads_text(None) == ""
+    assert fleet.loads_text(loads["duo"]) == "; 5 loads, last up to 2.5 s; queue 3/20" and fleet.loads_text(None) == ""
     row = {"serving": [{"name": "duo", "active": "active", "port": 8091, "health": 200, "model": "g@1",
                         "loaded": ["tiny"], "loads": loads["duo"]}]}
-    assert fleet.serving_cell(row) == "duo active :8091 200 g@1 [loaded: tiny; 5 loads, last up to 2.5 s]"
+    assert fleet.serving_cell(row) == "duo active :8091 200 g@1 [loaded: tiny; 5 loads, last up to 2.5 s; queue 3/20]"
     assert "http://10.0.0.1:9101/metrics/duo" in fleet.loads_section("http://10.0.0.1:9101", ["duo"])

@@ -174,3 +174,40 @@ def test_a_routers_loads_are_counted_from_its_event_stream():
                      'rigup_router_model_last_load_seconds{model="a"} 2.0',
                      'rigup_router_model_last_load_seconds{model="b"} 3.5',
                      'rigup_router_model_unloads_total{model="a"} 1', 'rigup_router_model_unloads_total{model="b"} 1']
+
+
+def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
+    """issue 49: a router with a bounded queue (HAProxy on its port): the relay reads HAProxy's own
+    qcur and qmax of the router's backend from its stats CSV on loopback, with the limit; a backend
+    not there, or no answer, adds nothing."""
+    import http.server
+    import threading
+
+    from roles.metrics import relay
+    csv = ("# pxname,svname,qcur,qmax,scur\nllama-duo,duo-0,0,0,1\nllama-duo,BACKEND,3,7,1\n"
+           "llama-other,BACKEND,9,9,0\n")
+
+    class Stats(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(csv.encode())
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stats)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/stats;csv"
+    try:
+        lines = [ln for ln in relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20})
+                 if not ln.startswith("#")]
+        print(lines)
+        assert lines == ["rigup_router_queue_waiting 3", "rigup_router_queue_waited_max 7", "rigup_router_queue_limit 20"]
+        assert relay.queue_lines({"stats": url, "backend": "llama-gone", "limit": 20}) == []
+    finally:
+        server.shutdown()
+    assert relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20}) == []   # nothing answers
+    assert relay.queue_lines(None) == []
+    d = {**FLEET[1][1], "llama_server_instances": {"duo": {"model": "a", "also": ["b"], "port": 8091, "queue": 20}}}
+    assert relay_config("rig-2", d, FLEET)["instances"]["duo"]["queue"] == {
+        "stats": "http://127.0.0.1:8404/stats;csv", "backend": "llama-duo", "limit": 20}
