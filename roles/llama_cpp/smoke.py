@@ -366,6 +366,11 @@ def _tried(spec: dict, model: str, extra: list[str], args: list[str], log: str, 
         if again["ok"]:
             again.update(remedy=remedy["id"], remedy_args=list(remedy["args"]), first=result["reason"])
             return again
+        # the remedy did not save it: its own failure is the build's (an AMX host's first crash
+        # only hid it), the first one said after it
+        again["reason"] = (f"{again['reason']}, with {' '.join(remedy['args'])} (trap {remedy['id']}; "
+                           f"without it: {result['reason']})")
+        result = again
     return result
 
 

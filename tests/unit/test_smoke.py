@@ -176,3 +176,15 @@ def test_a_busy_gpu_or_rpc_instance_smokes_on_the_tiny_model():
         data = {**role_defaults(role), **data}
     (run,) = smoke_runs({"cards": [], "serving_units": ["rigup-llama@glm"]}, data)
     assert run["marker"].endswith("/.rigup-complete.json") and "-ngl" in run["args"]   # CPU build: its model
+
+
+def test_a_crash_the_remedy_does_not_save_names_both(spec, monkeypatch):
+    """A crash whose signal a remedy names, which crashes again with the remedy: the run's reason is
+    the remedied attempt's (the build's own crash: on an AMX host the first one only hid it), with
+    the first one after it."""
+    doc = run(spec, "crash", monkeypatch)
+    (r,) = doc["runs"]
+    print(r["reason"])
+    assert not doc["ok"] and r["signal"] == "SIGSEGV" and not r.get("remedy") and doc["traps"] == []
+    assert r["reason"].startswith("llama-server crashed (SIGSEGV)") and "during its first inference, with " in r["reason"]
+    assert ", with --no-repack (trap cpu-repack-crash; without it: llama-server crashed (SIGSEGV)" in r["reason"]
