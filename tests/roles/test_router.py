@@ -53,8 +53,9 @@ def models_with_tiny() -> dict:
     from tests.lab import hub
 
     revision = hub.publish("rigup-lab/smoke-tiny-GGUF", {"smoke.gguf": SMOKE})
-    return {**LAB_VARS["models"], "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
-                                           "include": ["*.gguf"], "size_gib": 0.01, "wait": True, "warm": True}}
+    return {**{k: {**v, "warm": True} for k, v in LAB_VARS["models"].items()},   # kept in the page cache
+            "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision,
+                     "include": ["*.gguf"], "size_gib": 0.01, "wait": True, "warm": True}}
 
 
 @pytest.fixture(scope="module")
@@ -134,20 +135,22 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
 
 
 def test_a_warm_model_is_read_into_the_page_cache(lab, duo):
-    """models.tiny.warm: rigup-model-warm.timer runs; its pass (as the rigup user) reads tiny's file
-    back into the page cache after vmtouch -e evicted it."""
+    """models.NAME.warm: rigup-model-warm.timer runs; its pass (as the rigup user) reads gemma's file
+    (not loaded now: a loaded model's mapped pages cannot be evicted) back into the page cache after
+    vmtouch -e evicted it."""
     name = duo[0]
-    path = on_host(lab, name, "find /srv/models/tiny -name smoke.gguf -type f | head -n 1").strip()
+    path = on_host(lab, name, "readlink -f $(find -L /srv/models/gemma-270m -maxdepth 2 -name '*.gguf' -type f "
+                              "| head -n 1)").strip()
     timer = on_host(lab, name, "systemctl is-active rigup-model-warm.timer; systemctl is-enabled rigup-model-warm.timer; "
                                "systemctl show -p User --value rigup-model-warm.service").split()
     resident = f"vmtouch {path} | grep -o 'Resident Pages: .*' | tr -s ' '"
     evicted = on_host(lab, name, f"vmtouch -q -e {path}; {resident}").strip()
-    ran = on_host(lab, name, "systemctl start rigup-model-warm.service; journalctl -q -o cat -n 2 -u rigup-model-warm.service")
+    ran = on_host(lab, name, "systemctl start rigup-model-warm.service; journalctl -q -o cat -n 8 -u rigup-model-warm.service")
     warm = on_host(lab, name, resident).strip()
     print(f"{path}: timer {timer}; evicted: {evicted}; after the warm pass: {warm}; its journal: {ran.strip()!r}")
     assert timer == ["active", "enabled", "rigup"]
     assert not evicted.endswith(" 100%") and warm.endswith(" 100%")
-    assert "tiny: 1 file(s) in the page cache" in ran
+    assert "gemma-270m: 1 file(s) in the page cache" in ran
 
 
 def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
@@ -184,10 +187,11 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
 
 def test_a_set_that_cannot_fit_is_refused_before_any_change(lab, duo):
     name, models, router, _, _ = duo
-    big = {**models, "big-a": {**models["tiny"], "size_gib": 330}, "big-b": {**models["tiny"], "size_gib": 330}}
+    big = {**models, "big-a": {**models["tiny"], "size_gib": 330, "warm": False},
+           "big-b": {**models["tiny"], "size_gib": 330, "warm": False}}
     before = on_host(lab, name, "sha256sum /etc/rigup/llama-server/duo.models.ini")
     run = pyinfra("inventory/lab.py", "deploy.py", "--limit", name,
-                  *data(big, {**router, "also": ["big-a", "big-b"], "models_max": 2, "ngl": 99}))
+                  *data(big, {**router, "also": ["big-a", "big-b"], "models_max": 2, "ngl": 99, "per_model": {}}))
     lines = [ln.strip() for ln in run.output.splitlines() if "refused:" in ln]
     print("\n".join(lines))
     assert run.returncode != 0
