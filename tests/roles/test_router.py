@@ -228,7 +228,7 @@ def one(i):
     start = time.monotonic()
     try:
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                    {"Content-Type": "application/json"}), timeout=900) as r:
+                                    {"Content-Type": "application/json"}), timeout=300) as r:
             by = json.load(r).get("model")
             out.append({"code": r.status, "ok": by == models[i % 2], "s": time.monotonic() - start})
     except urllib.error.HTTPError as e:
