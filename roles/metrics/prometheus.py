@@ -58,12 +58,20 @@ def llama_instances(data: Config) -> dict[str, dict]:
     name -> {"url", "key"} (key: the API key file, or None), and for a router (also) "models" (its
     set, its own first) and, with a bounded queue, "queue" (HAProxy's stats, its backend and the
     limit), from llama-server's contract."""
-    return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "key": inst["key"],
+    return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not queued(inst) else
+                   # a queued router itself, behind HAProxy on 127.0.0.1:port+1 (the contract's queue row): the
+                   # relay's event stream never holds one of the slots the queue hands out
+                   endpoint("127.0.0.1", inst["port"] + 1), "key": inst["key"],
                    **({"models": [inst["model"], *inst["also"]]} if inst.get("also") else {}),   # a router's set
                    **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
                                  "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
-                      if inst.get("also") and inst.get("queue") is not None else {})}   # HAProxy holds its queue
+                      if queued(inst) else {})}   # HAProxy holds its queue
             for name, inst in llama_server.view(data).items() if inst["metrics"] and isinstance(inst["port"], int)}
+
+
+def queued(inst: dict) -> bool:
+    """A router with a bounded queue: HAProxy (roles/balancer) on its port, the router on port+1."""
+    return bool(inst.get("also")) and inst.get("queue") is not None
 
 
 def monitors(fleet: list[tuple[str, dict]]) -> list[str]:

@@ -209,5 +209,8 @@ def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
     assert relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20}) == []   # nothing answers
     assert relay.queue_lines(None) == []
     d = {**FLEET[1][1], "llama_server_instances": {"duo": {"model": "a", "also": ["b"], "port": 8091, "queue": 20}}}
-    assert relay_config("rig-2", d, FLEET)["instances"]["duo"]["queue"] == {
-        "stats": "http://127.0.0.1:8404/stats;csv", "backend": "llama-duo", "limit": 20}
+    relayed = relay_config("rig-2", d, FLEET)["instances"]["duo"]
+    assert relayed["queue"] == {"stats": "http://127.0.0.1:8404/stats;csv", "backend": "llama-duo", "limit": 20}
+    # the router itself (port+1), never through HAProxy's queue: the relay's event stream would hold
+    # its one slot for good (the lab's 20 queued requests waited behind it)
+    assert relayed["url"] == "http://127.0.0.1:8092"
