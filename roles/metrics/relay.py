@@ -116,13 +116,18 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
     return out
 
 
-def fetch(inst: dict, path: str) -> bytes:
-    """GET ``path`` of the instance with its key, bounded (:func:`body`); HTTPError, ValueError or
-    OSError as urllib raises them."""
+def keyed(inst: dict, path: str) -> urllib.request.Request:
+    """GET ``path`` of the instance, with its key (never sent on to a redirect's origin)."""
     request = urllib.request.Request(inst["url"] + path)
     for header, value in bearer(inst.get("key")).items():
         request.add_unredirected_header(header, value)
-    with _OPENER.open(request, timeout=TIMEOUT_S) as response:
+    return request
+
+
+def fetch(inst: dict, path: str) -> bytes:
+    """GET ``path`` of the instance with its key, bounded (:func:`body`); HTTPError, ValueError or
+    OSError as urllib raises them."""
+    with _OPENER.open(keyed(inst, path), timeout=TIMEOUT_S) as response:
         return body(response, time.monotonic() + TIMEOUT_S)
 
 
@@ -203,10 +208,7 @@ class Swaps:
 
     def follow(self) -> None:
         """The stream, line by line (each bounded), until it ends or fails."""
-        request = urllib.request.Request(self.inst["url"] + "/models/sse")
-        for header, value in bearer(self.inst.get("key")).items():
-            request.add_unredirected_header(header, value)
-        with _OPENER.open(request, timeout=self.IDLE_S) as response:
+        with _OPENER.open(keyed(self.inst, "/models/sse"), timeout=self.IDLE_S) as response:
             self.up = True
             while line := response.readline(65536):
                 if line.startswith(b"data: "):
