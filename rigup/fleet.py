@@ -65,8 +65,12 @@ _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
 
 
 def build_section(llama_cpp_dir: str) -> str:
-    """The target of ``<llama_cpp_dir>/current`` (roles/llama_cpp switches it)."""
-    return f"readlink {shlex.quote(llama_cpp_dir.rstrip('/') + '/current')} 2>/dev/null; true"
+    """The target of ``<llama_cpp_dir>/current`` (roles/llama_cpp switches it), then the ratio of
+    its decode to the build it replaced (its smoke's comparison, in ``rigup-smoke.json``) as
+    ``ratio=1.02`` when it was measured."""
+    current = shlex.quote(llama_cpp_dir.rstrip('/') + '/current')
+    return (f"readlink {current} 2>/dev/null; f={current}/rigup-smoke.json; [ -f \"$f\" ] && [ ! -L \"$f\" ] && "
+            "head -c 65536 \"$f\" | grep -o '\"ratio\": [0-9.]*' | head -n1 | sed 's/\"ratio\": /ratio=/'; true")
 
 
 def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
@@ -358,8 +362,14 @@ def parse_energy(lines: list[str]) -> dict[str, float]:
 
 def parse_build(lines: list[str]) -> str | None:
     """The build section -> the target of ``current`` (``builds/b6123-3f2a...``), or None."""
-    target = next((ln.strip() for ln in lines if ln.strip()), None)
+    target = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("ratio=")), None)
     return target.rstrip("/").rsplit("/", 1)[-1] if target else None
+
+
+def parse_build_ratio(lines: list[str]) -> float | None:
+    """The build section -> the serving build's decode against the one it replaced (1.02), or None."""
+    found = next((ln[6:].strip() for ln in lines if ln.startswith("ratio=")), "")
+    return float(found) if re.fullmatch(r"\d{1,3}(\.\d{1,6})?", found) else None
 
 
 # ----------------------------------------------------------------------------- rows
@@ -389,7 +399,8 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
         if s["name"] in loads:   # a router: the loads the relay counted, per model
             s["loads"] = loads[s["name"]]
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
-            "build": parse_build(found.get("build", [])), "serving": serving,
+            "build": parse_build(found.get("build", [])), "build_ratio": parse_build_ratio(found.get("build", [])),
+            "serving": serving,
             "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
             "quarantined": parse_burnin(found.get("burnin", []))}
 
@@ -561,7 +572,8 @@ def build_cell(row: dict) -> str:
     if not build:
         return "-"
     ref, sep, digest = build.rpartition("-")
-    return f"{ref}-{digest[:BUILD_HASH_CHARS]}" if sep and ref and re.fullmatch(r"[0-9a-f]+", digest) else build
+    cell = f"{ref}-{digest[:BUILD_HASH_CHARS]}" if sep and ref and re.fullmatch(r"[0-9a-f]+", digest) else build
+    return cell + (f" {row['build_ratio']:.2f}x" if row.get("build_ratio") is not None else "")
 
 
 def loads_text(loads: dict | None) -> str:

@@ -17,6 +17,11 @@ What it does to a host:
   (roles/llama_cpp/traps.yml: ``--no-repack`` for the CPU repack/AMX crash) is tried again with
   it; when that answers, the instances get the remedy's flags (recorded in
   ``builds/<id>/rigup-smoke.json``, which roles/llama_server reads) and the trap is named;
+- with ``llama_cpp_compare``, proves it no slower: the new build's decode rate against the current
+  build's, the first smoke run's model and flags, server sessions interleaved new, current, new,
+  current (``llama_cpp_compare_rounds`` pairs); a new build more than ``llama_cpp_slower_tolerance``
+  slower does not switch, and the host fails naming the ratio and both rates (kept in
+  ``rigup-smoke.json``; status.py shows the serving build's ratio);
 - switches ``current`` to the new build only then; the build it replaced stays as ``previous``,
   and ``llama_cpp_rollback: true`` switches back to it.
 The same inputs again build nothing and change nothing (a stamp per build, read in one round
@@ -25,7 +30,8 @@ trip). A failed build leaves ``current`` alone and shows the compiler's last lin
 Variables (roles/llama_cpp/defaults.yml): llama_cpp_source, llama_cpp_ref, llama_cpp_archive,
 llama_cpp_dir, llama_cpp_backend, llama_cpp_targets, llama_cpp_cmake_options, llama_cpp_jobs,
 llama_cpp_ccache_dir, llama_cpp_rollback, llama_cpp_build_timeout, llama_cpp_prebuilt_ui,
-llama_cpp_smoke, llama_cpp_smoke_timeout, llama_cpp_smoke_max_model_gib; rigup_user (roles/base);
+llama_cpp_smoke, llama_cpp_smoke_timeout, llama_cpp_smoke_max_model_gib, llama_cpp_compare,
+llama_cpp_slower_tolerance, llama_cpp_compare_rounds; rigup_user (roles/base);
 gpu_enabled (roles/preflight), cuda_source and cuda_version (roles/cuda_toolkit); and the plan's
 ``smoke`` runs (each serving role's ``smoke_runs``, gathered by preflight) and ``cpu`` facts.
 """
@@ -104,6 +110,8 @@ def smoke_spec(plan: Plan, data: Config) -> dict | None:
     spec = {"runs": list(plan.get("smoke") or []), "remedies": remedies(plan), "user": data["rigup_user"],
             "timeout": data["llama_cpp_smoke_timeout"],
             "max_model_bytes": int(data["llama_cpp_smoke_max_model_gib"] * 2**30)}
+    if data["llama_cpp_compare"]:
+        spec["compare"] = {"tolerance": data["llama_cpp_slower_tolerance"], "rounds": data["llama_cpp_compare_rounds"]}
     spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     return spec
 
@@ -130,8 +138,11 @@ def _smoke_lines(plan: Plan, data: Config) -> list[str]:
         return ["llama.cpp smoke: off (llama_cpp_smoke: false): a new build serves after --version alone"]
     runs = ", ".join(r["name"] for r in spec["runs"]) or "the tiny smoke model"
     traps = ", ".join(r["id"] for r in spec["remedies"])
+    compare = spec.get("compare")
     return [f"llama.cpp smoke: a new build answers with {runs} before it serves"
-            + (f"; on a crash it retries for {traps}" if traps else "")]
+            + (f"; on a crash it retries for {traps}" if traps else "")
+            + (f"; it serves only if its decode is within {compare['tolerance']:.0%} of the current build's"
+               if compare else "")]
 
 
 @deploy("llama_cpp proven", data_defaults=role_defaults("llama_cpp"))
@@ -141,8 +152,10 @@ def proven(plan: Plan, data: Config):
         return
     ident = build_id(data, cmake_options(plan, data))
     runs = len(plan.get("smoke") or []) or 1
+    sessions = 2 * data["llama_cpp_compare_rounds"] if data["llama_cpp_compare"] else 0
     switched(name=f"llama.cpp current -> {ident}", dir=data["llama_cpp_dir"], target=f"builds/{ident}",
-             smoke=smoke_spec(plan, data), smoke_timeout=runs * (2 * data["llama_cpp_smoke_timeout"] + 90))
+             smoke=smoke_spec(plan, data),
+             smoke_timeout=(runs * 2 + sessions) * data["llama_cpp_smoke_timeout"] + runs * 90)
 
 
 ROLE = Role("llama_cpp", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, steps={'proven': proven})

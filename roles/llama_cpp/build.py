@@ -96,15 +96,33 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
                     f"so the llama-server instances here run with {flags}")
             host.log_styled(text, fg="yellow", log_func=logger.warning)
             summary.note(host.name, f"trap {run['remedy']}: {flags}")
+    compared = doc.get("compare") or {}
+    if compared.get("ratio") is not None:
+        figures = (f"{compared['ratio']:.2f}x the current build's decode ({_rates(compared['new_tps'])} against "
+                   f"{_rates(compared['current_tps'])} tok/s, {compared.get('rounds')} interleaved pairs)")
+        if not compared.get("ok"):
+            return _failed(host, spec, build_id, [], f"{figures}, beyond llama_cpp_slower_tolerance "
+                           f"{compared.get('tolerance')}", kept, what="is slower than the current build:")
+        say(f"    [{host.name}] llama.cpp build {build_id}: {figures}")
+        summary.note(host.name, f"llama.cpp {build_id}: {compared['ratio']:.2f}x current's decode")
+    elif compared.get("skipped") or compared.get("reason"):
+        if not compared.get("ok"):
+            return failed([], compared.get("reason", "its speed was not measured"))
+        say(f"    [{host.name}] llama.cpp build {build_id}: not compared ({compared['skipped']})")
     return bool(doc.get("ok")) or failed([], "it did not pass")
 
 
-def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept: str) -> bool:
+def _rates(values) -> str:
+    return "/".join(f"{v:g}" for v in values or [])
+
+
+def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept: str,
+            what: str = "failed its smoke inference:") -> bool:
     """Log the smoke log's last lines, then the reason (the run's summary quotes the last lines); False."""
     if tail:
         host.log_styled(f"last lines of {spec['log']}:\n" + shown_lines("\n".join(map(str, tail))), fg="red",
                         log_func=logger.error)
-    host.log_styled(shown(f"llama.cpp build {build_id} failed its smoke inference: {reason}; {kept}", 4000),
+    host.log_styled(shown(f"llama.cpp build {build_id} {what} {reason}; {kept}", 4000),
                     fg="red", log_func=logger.error)
     return False
 
@@ -135,6 +153,10 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
         done = state["smokes"].get(build_id) or {}
         if not (done.get("ok") and done.get("key") == smoke["key"]):
             spec = {**smoke, **smoke_paths(dir, build_id)}
+            if spec.get("compare") and state["current"]:   # measured against the build serving now
+                spec["compare"] = {**spec["compare"], "bin": f"{dir}/{state['current']}/bin"}
+            else:
+                spec.pop("compare", None)
             yield from files.put._inner(src=str(SMOKE_SCRIPT), dest=spec["script"], mode="644")
             yield from files.put._inner(src=str(SMOKE_MODEL), dest=spec["tiny"], mode="644")
             yield FunctionCommand(smoked, (build_id, spec, state["current"], smoke_timeout), {})

@@ -23,12 +23,17 @@ The spec (JSON, written by roles/llama_cpp/build.py)::
      "out": ".../builds/ID/rigup-smoke.json", "tiny": ".../smoke.gguf", "user": "rigup",
      "timeout": 120, "max_model_bytes": 17179869184,
      "runs": [{"name": "gemma", "marker": "/srv/models/gemma/.rigup-complete.json", "args": ["-ngl", "0", ...]}],
-     "remedies": [{"id": "repack-crash", "signals": ["SIGSEGV", ...], "args": ["--no-repack"]}]}
+     "remedies": [{"id": "repack-crash", "signals": ["SIGSEGV", ...], "args": ["--no-repack"]}],
+     "compare": {"bin": ".../builds/CURRENT/bin", "tolerance": 0.1, "rounds": 2}}
+
+With ``compare`` (and its ``bin``: the build that serves now), once every run passed, the new build
+must also be no slower than the current one (:func:`compare`: the first run's model and flags,
+server sessions interleaved new, current, new, current); beyond the tolerance it fails.
 
 A run's model is the first GGUF (or first shard) of its marker's files when the marker exists and
 the files weigh at most ``max_model_bytes``, else the tiny model. The result, also written to
 ``out``: ``{"key", "ok", "seconds", "runs": [{name, model, ok, phase, signal, exit, reason,
-seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag]}``.
+seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag], "compare": {...}}``.
 """
 
 from __future__ import annotations
@@ -173,8 +178,10 @@ def run_env(run: dict) -> dict:
     return {**os.environ, **{k: str(v) for k, v in extra.items() if _ENV_NAME.fullmatch(str(k))}}
 
 
-def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None = None) -> dict:
-    """One server start, one completion, one stop: ``{ok, phase, signal, exit, reason, seconds, tokens}``."""
+def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None = None, measure: int = 0) -> dict:
+    """One server start, one completion, one stop: ``{ok, phase, signal, exit, reason, seconds, tokens}``;
+    with ``measure``, that many more completions of :data:`MEASURE_PREDICT` tokens once the first
+    answered, and ``tps``: the best decode rate among them (``timings.predicted_per_second``)."""
     port = free_port()
     argv = [os.path.join(spec["bin"], "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port),
             "-c", "2048", "--parallel", "1", *args]
@@ -217,6 +224,8 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
                     result["reason"] = "the completion had no tokens (an empty answer)"
                 else:
                     result["ok"] = True
+                rates = [_decode_rate(base, left) for _ in range(measure if result["ok"] else 0)]
+                result["tps"] = max((r for r in rates if r), default=None)
             except socket.timeout:
                 result["reason"] = f"no answer within {left:.0f} s (a hang during the first inference)"
             except (OSError, http.client.HTTPException) as e:
@@ -245,6 +254,40 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
         result["reason"] = f"llama-server {what} {time.monotonic() - start:.1f} s after start, {when}"
     result["seconds"] = round(time.monotonic() - start, 2)
     return result
+
+
+MEASURE_PREDICT = 32
+
+
+def _decode_rate(base: str, timeout: float) -> float | None:
+    """One completion of :data:`MEASURE_PREDICT` tokens: its decode rate in tokens/s, or None."""
+    code, doc = _request(base + "/completion", {"prompt": PROMPT, "n_predict": MEASURE_PREDICT, "temperature": 0,
+                                               "ignore_eos": True, "cache_prompt": False}, timeout)
+    rate = ((doc.get("timings") or {}) if isinstance(doc, dict) else {}).get("predicted_per_second")
+    return round(float(rate), 2) if code == 200 and isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def compare(spec: dict, model: str, args: list[str], log: str, env: dict) -> dict:
+    """The new build's decode speed against the serving one's (``spec["compare"]["bin"]``), same
+    model and flags, server sessions interleaved new, current, new, current (``rounds`` pairs),
+    each the best of 2 completions after its first: ``{ok, ratio, new_tps, current_tps, tolerance,
+    model, rounds}``; ``ok`` is False when the best new rate is below ``1 - tolerance`` of the best
+    current one. When the current build gives no rate with these flags, ``skipped`` says why (ok)."""
+    cmp = spec["compare"]
+    tolerance, rounds = float(cmp.get("tolerance", 0.1)), max(1, int(cmp.get("rounds", 2)))
+    rates: dict[str, list] = {"new": [], "current": []}
+    for _ in range(rounds):
+        for side, binary in (("new", spec["bin"]), ("current", cmp["bin"])):
+            r = attempt({**spec, "bin": binary}, model, args, log, env, measure=2)
+            if not r["ok"] or not r.get("tps"):
+                why = r["reason"] or "no decode rate in its answers"
+                if side == "current":
+                    return {"ok": True, "skipped": f"the current build gave no rate with these flags: {why}"}
+                return {"ok": False, "reason": f"the new build's measurement failed: {why}"}
+            rates[side].append(r["tps"])
+    ratio = round(max(rates["new"]) / max(rates["current"]), 3)
+    return {"ok": ratio >= 1 - tolerance, "ratio": ratio, "new_tps": rates["new"], "current_tps": rates["current"],
+            "tolerance": tolerance, "model": model, "rounds": rounds}
 
 
 def rpc_server(spec: dict, env: dict, log: str):
@@ -348,6 +391,12 @@ def smoke(spec: dict) -> dict:
             extra += [a for a in result["remedy_args"] if a not in extra]
     doc = {"key": spec.get("key"), "ok": bool(runs) and all(r["ok"] for r in runs),
            "seconds": round(time.monotonic() - start, 2), "runs": runs, "traps": traps, "server_args": extra}
+    first = (spec.get("runs") or [{}])[0]
+    if doc["ok"] and (spec.get("compare") or {}).get("bin") and not first.get("rpc"):
+        doc["compare"] = compare(spec, runs[0]["model"], extra + server_args([str(a) for a in first.get("args", [])]),
+                                 log, run_env(first))
+        doc["ok"] = doc["compare"]["ok"]
+        doc["seconds"] = round(time.monotonic() - start, 2)
     out = spec.get("out")
     if out:
         with open(out + ".tmp", "w") as f:

@@ -64,6 +64,28 @@ def test_a_build_that_crashes_on_its_first_inference_is_not_switched_to(lab, hos
     assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
 
 
+def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host):
+    """issue 51: lab-slow answers its smoke, but decodes at under half lab-base's rate (measured new,
+    current, new, current on the served model): no switch, the instance untouched, the host's line
+    names the ratio."""
+    before = current(lab, host)
+    pid = on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip()
+    run, load = converge_under_load(lab, host, "lab-slow")
+    assert run.returncode != 0
+    build = on_host(lab, host, f"ls -d {DIR}/builds/lab-slow-*/").split()[0]
+    cmp = json.loads(on_host(lab, host, f"cat {build}rigup-smoke.json"))["compare"]
+    print(f"\nconverge to lab-slow: {cmp['ratio']}x lab-base's decode ({cmp['new_tps']} against "
+          f"{cmp['current_tps']} tok/s, {cmp['model']}); exit {run.returncode} after {run.seconds:.0f} s; "
+          f"under load {load['ok']} answered, {load['failed']} failed")
+    assert not cmp["ok"] and cmp["ratio"] <= 0.5 and cmp["rounds"] == 2 and len(cmp["current_tps"]) == 2
+    assert current(lab, host) == before
+    assert on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip() == pid
+    assert load["failed"] == 0 and load["ok"] > 0, load
+    summary = run.output[run.output.index("--> rigup: what happened"):]
+    assert f"[{host}] failed" in summary and f"{cmp['ratio']:.2f}x the current build's decode" in summary, summary
+    assert "is slower than the current build" in run.output
+
+
 def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
     run, load = converge_under_load(lab, host, "lab-repack-crash")
     assert run.returncode == 0, run.output[-3000:]
@@ -72,6 +94,9 @@ def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
     assert result["traps"] == ["cpu-repack-crash"] and result["server_args"] == ["--no-repack"]
     assert "--no-repack" in on_host(lab, host, "systemctl cat rigup-llama@gemma | grep ^ExecStart=/")
     assert f"[{host}] converged" in run.output and "trap cpu-repack-crash: --no-repack" in run.output
+    # as fast as lab-base (the same code where it does not crash): measured, and it switched
+    assert result["compare"]["ok"] and result["compare"]["ratio"] >= 0.7, result["compare"]
+    assert f"{result['compare']['ratio']:.2f}x the current build's decode" in run.output
     print(f"\nconverge to lab-repack-crash: smoke {result['seconds']} s (crash, then --no-repack), "
           f"restart onto it: {load['ok']} answered, {load['failed']} failed (one server: its restart)")
     again = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-repack-crash")

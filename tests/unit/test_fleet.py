@@ -83,6 +83,10 @@ def test_guard_and_build():
     assert fleet.parse_build([]) is None
     assert fleet.build_cell({"build": "b6123-3f2a1b9c0d"}) == "b6123-3f2a"     # the hash cut in the table
     assert fleet.build_cell({"build": "mine"}) == "mine" and fleet.build_cell({"build": None}) == "-"
+    # the serving build's decode against the one it replaced (its smoke's comparison)
+    assert fleet.build_cell({"build": "b6123-3f2a1b9c0d", "build_ratio": 1.016}) == "b6123-3f2a 1.02x"
+    assert fleet.parse_build_ratio(["builds/b1", "ratio=0.48"]) == 0.48
+    assert fleet.parse_build_ratio(["builds/b1", "ratio=1e9;x"]) is None and fleet.parse_build(["ratio=1"]) is None
 
 
 SUSPECT = {"since": "2026-12-02 06:40:00 +0000", "line": "NVRM: Xid (PCI:0000:4e:00): 48, pid=7, DBE"}
@@ -241,6 +245,8 @@ def test_status_command_on_a_real_shell(tmp_path):
     build = tmp_path / "llama dir;x"
     (build / "builds" / "b1").mkdir(parents=True)
     (build / "current").symlink_to("builds/b1")
+    (build / "builds" / "b1" / "rigup-smoke.json").write_text(json.dumps({"ok": True, "compare": {"ratio": 0.97}},
+                                                                         sort_keys=True))
     tripped = tmp_path / "tripped $(touch pwned)"
     tripped.write_text(json.dumps({"time": "now", "reason": "too hot"}))
     xid = tmp_path / "xid 'state'; touch pwned2"
@@ -253,7 +259,7 @@ def test_status_command_on_a_real_shell(tmp_path):
     out = subprocess.run(["sh", "-c", fleet.status_command(parts)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     found = fleet.FleetStatus().process(out.stdout.splitlines())
-    assert fleet.parse_build(found["build"]) == "b1"
+    assert fleet.parse_build(found["build"]) == "b1" and fleet.parse_build_ratio(found["build"]) == 0.97
     guard = fleet.parse_guard(found["guard"])
     assert guard["reason"] == "too hot"
     # boot-1 is not this machine's boot: no counts, the card stays suspect

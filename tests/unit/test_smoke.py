@@ -41,7 +41,10 @@ SERVER = textwrap.dedent("""\
                 time.sleep(60)
             tokens = 0 if mode == "empty" else 8
             self.send_response(200); self.end_headers()
-            self.wfile.write(json.dumps({{"content": "hi" * tokens, "tokens_predicted": tokens}}).encode())
+            rate = os.path.join(os.path.dirname(sys.argv[0]), "tps")   # its decode rate: a file beside it
+            rate = float(open(rate).read()) if os.path.exists(rate) else 100.0
+            self.wfile.write(json.dumps({{"content": "hi" * tokens, "tokens_predicted": tokens,
+                                         "timings": {{"predicted_per_second": rate}}}}).encode())
     print("listening", flush=True)
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
     """)
@@ -188,3 +191,48 @@ def test_a_crash_the_remedy_does_not_save_names_both(spec, monkeypatch):
     assert not doc["ok"] and r["signal"] == "SIGSEGV" and not r.get("remedy") and doc["traps"] == []
     assert r["reason"].startswith("llama-server crashed (SIGSEGV)") and "during its first inference, with " in r["reason"]
     assert ", with --no-repack (trap cpu-repack-crash; without it: llama-server crashed (SIGSEGV)" in r["reason"]
+
+
+def _second_build(spec, tmp_path, tps: float | None = None, crash: bool = False):
+    """A 'current' build beside the spec's new one: the same stand-in, at its own rate."""
+    current = tmp_path / "current-bin"
+    current.mkdir()
+    server = current / "llama-server"
+    text = SERVER.format(python=sys.executable)
+    server.write_text(text.replace('mode = os.environ.get("SMOKE_MODE", "ok")', 'mode = "load-crash"') if crash else text)
+    server.chmod(0o755)
+    if tps is not None:
+        (current / "tps").write_text(str(tps))
+    return {**spec, "compare": {"bin": str(current), "tolerance": 0.1, "rounds": 2}}
+
+
+def test_a_build_as_fast_as_the_current_one_passes_measured_interleaved(spec, tmp_path, monkeypatch):
+    """issue 51: new and current server sessions alternate (new, current, new, current), same model and flags."""
+    doc = run(_second_build(spec, tmp_path, tps=98.0), "ok", monkeypatch)
+    cmp = doc["compare"]
+    assert doc["ok"] and cmp["ok"] and cmp["ratio"] == round(100 / 98, 3) and cmp["rounds"] == 2
+    assert cmp["new_tps"] == [100.0, 100.0] and cmp["current_tps"] == [98.0, 98.0]
+    starts = [ln.split()[3] for ln in open(spec["log"]) if ln.startswith("# rigup smoke: ")]
+    sides = ["new" if s.startswith(spec["bin"] + "/") else "current" for s in starts]
+    assert sides == ["new", "new", "current", "new", "current"]      # the smoke run, then A B A B
+    assert json.loads(open(spec["out"]).read())["compare"]["ratio"] == cmp["ratio"]
+    print(f"\ncompare: {cmp}")
+
+
+def test_a_build_slower_than_the_tolerance_fails_with_its_ratio(spec, tmp_path, monkeypatch):
+    (tmp_path / "bin" / "tps").write_text("40")
+    doc = run(_second_build(spec, tmp_path, tps=100.0), "ok", monkeypatch)
+    assert not doc["ok"] and doc["runs"][0]["ok"]          # it answered: only its speed fails it
+    assert doc["compare"] == {"ok": False, "ratio": 0.4, "new_tps": [40.0, 40.0], "current_tps": [100.0, 100.0],
+                              "tolerance": 0.1, "model": str(smoke_model.PATH), "rounds": 2}
+
+
+def test_a_current_build_that_cannot_run_the_flags_is_not_compared(spec, tmp_path, monkeypatch):
+    doc = run(_second_build(spec, tmp_path, crash=True), "ok", monkeypatch)
+    assert doc["ok"] and doc["compare"]["ok"] and "current build gave no rate" in doc["compare"]["skipped"]
+    assert "ratio" not in doc["compare"]
+
+
+def test_no_comparison_without_a_current_build_or_after_a_failed_run(spec, tmp_path, monkeypatch):
+    assert "compare" not in run({**spec, "compare": {"tolerance": 0.1, "rounds": 2}}, "ok", monkeypatch)
+    assert "compare" not in run(_second_build(spec, tmp_path, tps=1.0), "crash", monkeypatch)
