@@ -11,7 +11,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap bench-smoke bench-balancer vllm-real clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap bench-smoke bench-balancer bench-handover vllm-real clean
 
 venv: $(VENV)/.installed
 
@@ -62,6 +62,9 @@ bench-smoke: venv
 
 bench-balancer: venv
 	$(PY) -m tests.bench_balancer
+
+bench-handover: venv
+	$(PY) -m tests.bench_handover
 
 # a real vLLM from PyPI installed by roles/vllm on a lab host, pip against uv, then the patched
 # git path (several GB through the lab's proxy; not part of `make test`): tests/vllm_real.py

@@ -48,6 +48,8 @@ none = _profile_group("none")
 lab = ([_host(h) for h in _lab["hosts"]], {
     "llama_cpp_source": f"http://{_lab.get('gateway')}:8000/llama.cpp.git",
     "hf_endpoint": f"http://{_lab.get('gateway')}:8090",
+    # builds handed between lab hosts (roles/llama_cpp/handover.py): kept for the lab's life
+    "llama_cpp_artifacts": str(_STATE.parent / "artifacts"),
     "hf_endpoint_insecure": True,                    # the lab hub is http:// on the lab's own network
     # (its https origin, https://GATEWAY with the lab CA's certificate, is for the tests of the
     # token's path, which set hf_endpoint to it and hf_endpoint_insecure: false)

@@ -68,8 +68,8 @@ def assert_nothing_left(lab_module):
 @pytest.fixture(scope="session")
 def first_converge(lab):
     """deploy.py applied once to every lab host (the slow part, shared by every role's tests).
-    The first host goes alone, so the others find its compiled objects in the lab's shared
-    ccache instead of compiling the same files at the same time."""
+    The first host goes alone and compiles llama.cpp; the others receive its build
+    (roles/llama_cpp/handover.py)."""
     first = converge("inventory/lab.py", "--limit", lab.hosts()[0]["name"])
     rest = converge()
     rest.seconds += first.seconds

@@ -1,7 +1,17 @@
 """roles/llama_cpp: llama.cpp compiled on the host for the host's own GPUs.
 
 What it does to a host:
-- installs the build tools (compiler, CMake, git, ccache);
+- receives its build instead of compiling it when a host of the same key compiled and proved it
+  (``llama_cpp_handover``; roles/llama_cpp/artifact.py and handover.py): the key holds the build
+  id, the commit the ref resolved to, the OS release, the machine, a CUDA build's toolkit and a
+  native build's CPU flags. The controller keeps each build its host proved (packed on that host,
+  its sha256 computed by the controller: ``llama_cpp_artifacts``); a receiving host gets that
+  file (or the compiling host's copy), checked against the controller's record and for what a
+  build may hold, unpacks it into ``builds/<id>``, and smokes it as below. A refused artifact (its
+  hash, a link out of its tree) is said and compiled here instead; a received build that fails its
+  smoke is moved aside (``builds/<id>.refused``), so the next converge compiles. A receiving host
+  gets only the run-time libraries, no build tools. The plan names where each build comes from;
+- installs the build tools (compiler, CMake, git, ccache) where it compiles;
 - builds ``llama_cpp_targets`` from ``llama_cpp_source`` at ``llama_cpp_ref`` (or from
   ``llama_cpp_archive``) into ``llama_cpp_dir/builds/<ref>-<hash>``, where the hash covers the
   source, the ref, the CMake options and the targets. CUDA builds name the host's archs as an
@@ -31,7 +41,7 @@ Variables (roles/llama_cpp/defaults.yml): llama_cpp_source, llama_cpp_ref, llama
 llama_cpp_dir, llama_cpp_backend, llama_cpp_targets, llama_cpp_cmake_options, llama_cpp_jobs,
 llama_cpp_ccache_dir, llama_cpp_rollback, llama_cpp_build_timeout, llama_cpp_prebuilt_ui,
 llama_cpp_smoke, llama_cpp_smoke_timeout, llama_cpp_smoke_max_model_gib, llama_cpp_compare,
-llama_cpp_slower_tolerance, llama_cpp_compare_rounds; rigup_user (roles/base);
+llama_cpp_slower_tolerance, llama_cpp_compare_rounds, llama_cpp_handover, llama_cpp_artifacts; rigup_user (roles/base);
 gpu_enabled (roles/preflight), cuda_source and cuda_version (roles/cuda_toolkit); and the plan's
 ``smoke`` runs (each serving role's ``smoke_runs``, gathered by preflight) and ``cpu`` facts.
 """
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 
 import click
 from pyinfra import host
@@ -53,6 +64,8 @@ from rigup.config import Config, role_defaults
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
 from rigup.traps import load as load_traps
+from pyinfra.facts.apt import noninteractive_apt
+from roles.llama_cpp import artifact, handover
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
 from roles.llama_cpp.checks import CHECKS
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
@@ -63,13 +76,39 @@ __all__ = ["apply", "proven", "CHECKS", "BUILD_PACKAGES", "plan_lines", "plan_re
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "pkg-config"]
 
 
+# what a received build needs at run time beyond the base system (its OpenMP runtime; a CUDA
+# build's libraries come with roles/cuda_toolkit)
+RUNTIME_PACKAGES = ["libgomp1"]
+
+
+def build_source(plan: Plan, data: Config) -> dict:
+    """Where this host's build comes from (roles/llama_cpp/handover.py ``source``): built here
+    already, compiled here, or received from the host that compiled it."""
+    options = cmake_options(plan, data)
+    state = read_once(LlamaCppState, dir=data["llama_cpp_dir"])
+    toolkit = str(data.get("cuda_version")) if build_backend(plan, data) == "cuda" else None
+    runtime = artifact.runtime(state, (plan.get("cpu") or {}).get("flags") or [], options, toolkit)
+    return handover.source(host.name, data, state, build_id(data, options), runtime)
+
+
+def install_command(data: Config, packages: list[str]) -> str:
+    """Shell text installing ``packages`` (a receiving host's build tools, when it compiles after all)."""
+    timeout = apt.lock_timeout()
+    install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in packages)
+    return f"{apt.waiting(apt.updated(), timeout)} && {apt.waiting(noninteractive_apt(install), timeout)}"
+
+
 @deploy("llama_cpp", data_defaults=role_defaults("llama_cpp"))
 def apply(plan: Plan, data: Config):
     dir = data["llama_cpp_dir"]
     if data["llama_cpp_rollback"]:
         switched(name="Roll llama.cpp back to the previous build", dir=dir, target="previous")
         return
-    apt.installed(name="Install build tools", packages=BUILD_PACKAGES,
+    if build_source(plan, data)["how"] == "receive":    # no build tools: received at the proven step
+        apt.installed(name="Install llama.cpp's run-time libraries", packages=RUNTIME_PACKAGES,
+                      cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
+        return
+    apt.installed(name="Install build tools", packages=BUILD_PACKAGES + RUNTIME_PACKAGES,
                   cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     ccache = data["llama_cpp_ccache_dir"]
     directory(name=f"Directory {ccache}", path=ccache, paths=[ccache], mode=None, user=None, group=None)
@@ -129,7 +168,9 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     met = state["smokes"].get(current) or {}
     lines = [f"llama.cpp {current}: trap {', '.join(met['traps'])} met by its smoke inference; instances run with "
              f"{' '.join(met.get('server_args') or [])}"] if met.get("ok") and met.get("traps") else []
-    return lines + _smoke_lines(plan, data)
+    came = None if data["llama_cpp_rollback"] else handover.source_line(
+        build_id(data, cmake_options(plan, data)), build_source(plan, data))
+    return lines + ([came] if came else []) + _smoke_lines(plan, data)
 
 
 def _smoke_lines(plan: Plan, data: Config) -> list[str]:
@@ -150,12 +191,29 @@ def proven(plan: Plan, data: Config):
     """The new build answers its smoke inference, then ``current`` switches to it."""
     if data["llama_cpp_rollback"]:
         return
-    ident = build_id(data, cmake_options(plan, data))
+    options = cmake_options(plan, data)
+    ident, dir = build_id(data, options), data["llama_cpp_dir"]
     runs = len(plan.get("smoke") or []) or 1
     sessions = 2 * data["llama_cpp_compare_rounds"] if data["llama_cpp_compare"] else 0
-    switched(name=f"llama.cpp current -> {ident}", dir=data["llama_cpp_dir"], target=f"builds/{ident}",
-             smoke=smoke_spec(plan, data),
-             smoke_timeout=(runs * 2 + sessions) * data["llama_cpp_smoke_timeout"] + runs * 90)
+    smoke = {"smoke": smoke_spec(plan, data),
+             "smoke_timeout": (runs * 2 + sessions) * data["llama_cpp_smoke_timeout"] + runs * 90}
+    found = build_source(plan, data)
+    # the calls' lines order them across hosts: the compiling hosts switch and pack before the
+    # receiving hosts receive and switch
+    if found["how"] != "receive":
+        switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}", **smoke)
+        if found["how"] == "compile" and found.get("key"):
+            handover.packed(name=f"Keep llama.cpp {ident} as artifact {found['key']}", dir=dir, build_id=ident,
+                            key=found["key"], cache=data["llama_cpp_artifacts"],
+                            record={"build_id": ident, "ref": data["llama_cpp_ref"], "commit": found["commit"],
+                                    "runtime": found["runtime"]})
+        return
+    handover.received(name=f"Receive llama.cpp {ident} from {found['from']}", dir=dir, build_id=ident,
+                      key=found["key"], cache=data["llama_cpp_artifacts"],
+                      script=render_build_script(data, options), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
+                      timeout=data["llama_cpp_build_timeout"],
+                      install=install_command(data, BUILD_PACKAGES + RUNTIME_PACKAGES))
+    switched(name=f"llama.cpp current -> {ident} (received)", dir=dir, target=f"builds/{ident}", **smoke)
 
 
 ROLE = Role("llama_cpp", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, steps={'proven': proven})

@@ -63,7 +63,19 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
     """Run the smoke inference of ``build_id`` on the host (roles/llama_cpp/smoke.py): True when it
     answered (naming a trap that a remedy worked around); else log the log's last lines, then the
     reason (the signal, the model, current kept: the run's summary quotes the last lines), and
-    False, which fails the host. Run as a ``FunctionCommand``."""
+    False, which fails the host. A build received from another host (roles/llama_cpp/handover.py)
+    that fails is moved aside, so that the next converge compiles. Run as a ``FunctionCommand``."""
+    if _smoked(state, host, build_id, spec, current, timeout):
+        return True
+    out = spec["bin"].rsplit("/", 1)[0]
+    q = shlex.quote
+    host.run_shell_command(StringCommand(f"[ -e {q(out + '/rigup-received.json')} ] && "
+                                         f"rm -rf {q(out + '.refused')} && mv -T {q(out)} {q(out + '.refused')}; true"),
+                           print_output=False, print_input=False)
+    return False
+
+
+def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout: int) -> bool:
     kept = f"current stays {current or 'unset'}, the build is kept in {spec['bin'].rsplit('/', 1)[0]}"
     # the operation's own connector arguments (_sudo, _su_user...): a function command gets none
     connect = {k: v for k, v in (host.current_op_global_arguments or {}).items() if k in CONNECTOR_ARGUMENT_KEYS}

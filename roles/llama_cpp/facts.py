@@ -10,8 +10,10 @@ BUILD_UNIT = "rigup-llama-build.service"
 
 def parse_state(lines: list[str]) -> dict:
     """``{current, previous, builds: {id: stamp}, smokes: {id: smoke result}, building: bool,
-    systemd: bool}`` (a smoke result: roles/llama_cpp/smoke.py's JSON)."""
-    state = {"current": None, "previous": None, "builds": {}, "smokes": {}, "building": False, "systemd": False}
+    systemd: bool, os, glibc, machine}`` (a smoke result: roles/llama_cpp/smoke.py's JSON; ``os``:
+    "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
+    state = {"current": None, "previous": None, "builds": {}, "smokes": {}, "building": False, "systemd": False,
+             "os": None, "glibc": None, "machine": None}
     for line in lines:
         key, _, value = line.partition("=")
         if key in ("current", "previous"):
@@ -34,12 +36,15 @@ def parse_state(lines: list[str]) -> dict:
             state["building"] = value == "active"
         elif key == "systemd":
             state["systemd"] = value == "1"
+        elif key in ("os", "glibc", "machine"):
+            state[key] = " ".join(value.split())[:64] or None
     return state
 
 
 class LlamaCppState(FactBase):
     """The builds under ``dir`` (their stamps and smoke results), the ``current`` and ``previous``
-    links, whether a build unit runs now, and whether the host runs systemd."""
+    links, whether a build unit runs now, whether the host runs systemd, and what a build's
+    binaries need of it (OS release, glibc, machine: roles/llama_cpp/artifact.py)."""
 
     default = dict
 
@@ -51,7 +56,9 @@ class LlamaCppState(FactBase):
             'for f in "$d"/builds/*/rigup-smoke.json; do [ -f "$f" ] && [ ! -L "$f" ] && '
             'printf "smoke=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '
             f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
-            "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0"
+            "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0; "
+            "echo os=$(. /etc/os-release 2>/dev/null; echo \"$ID $VERSION_ID\"); "
+            "echo glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2); echo machine=$(uname -m)"
         )
 
     def process(self, output: list[str]) -> dict:

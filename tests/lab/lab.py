@@ -815,3 +815,4 @@ def down():
         for path in (PROXY_PID, STATE / "srv.pid", STATE / "hub.pid", STATE / "hub.url", STATE_FILE, KNOWN_HOSTS):
             path.unlink(missing_ok=True)
         shutil.rmtree(HOSTS, ignore_errors=True)
+        shutil.rmtree(STATE / "artifacts", ignore_errors=True)   # the controller's builds of this lab's hosts

@@ -161,7 +161,8 @@ def mine(lab, second_converge, tmp_path_factory):
     recipe = config.load_yaml(config.GROUP_VARS_DIR / "lab.yml")
     recipe["llama_server_instances"]["gemma"]["ctx"] = 2048        # the site's own value
     recipe.update(llama_cpp_source=f"http://{lab.GATEWAY}:8000/llama.cpp.git", hf_endpoint=hub.url(),
-                  hf_endpoint_insecure=True)                       # what inventory/lab.py's group adds
+                  hf_endpoint_insecure=True,                       # what inventory/lab.py's group adds
+                  llama_cpp_artifacts=str(lab.STATE / "artifacts"))
     # bench.py measures even with --dry (facts): one level, one round, no llama-bench
     recipe.update(bench_levels=[1], bench_rounds=1, bench_max_tokens=4, bench_llama_tests=[],
                   bench_out=str(tmp / "bench"))

@@ -47,7 +47,7 @@ from roles.gpu_power.facts import CONF as POWER_CONF
 from roles.gpu_power.facts import UNIT as POWER_UNIT
 from roles.gpu_power.facts import GpuPowerState
 from roles.balancer.facts import BalancerState
-from roles.llama_cpp import BUILD_PACKAGES
+from roles.llama_cpp import BUILD_PACKAGES, RUNTIME_PACKAGES
 from roles.llama_cpp.build import build_stamp
 from rigup.models import model_dests as model_paths
 from rigup.models import models
@@ -228,7 +228,7 @@ def tasks(data: dict, build_id: str) -> list[dict]:
         {**copy[METRICS_PATHS[1]], "notify": daemon_reload},
         {**copy[METRICS_PATHS[2]], "notify": daemon_reload + [f"restart {METRICS_TIMER}"]},
         _running(f"model_fetch: run {METRICS_TIMER}", METRICS_TIMER),
-        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES, "state": "present"}},
+        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES + RUNTIME_PACKAGES, "state": "present"}},
         mkdir[data["llama_cpp_ccache_dir"]],
         {"name": f"llama_cpp: Build llama.cpp {data['llama_cpp_ref']} (the build stamp)", "ansible.builtin.command": {
             "cmd": f"systemd-run --unit=rigup-llama-build --collect --wait --quiet {build_dir}/build-{build_id}.sh",

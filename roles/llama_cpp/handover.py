@@ -1,0 +1,239 @@
+"""Operations that hand a proven llama.cpp build from the host that compiled it to hosts of the
+same key, through the controller's cache (roles/llama_cpp/artifact.py), and the choice, per host,
+of where its build comes from.
+
+Why through the controller and by hand: pyinfra moves files between the controller and a host
+(``get_file``, ``put_file``), not between hosts, and the expected hash must be the controller's
+own record anyway; no library packs, records and checks a build for this.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from io import BytesIO
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, StringCommand
+
+from rigup import progress, summary
+from rigup.probe import operation
+from rigup.text import say, shown
+from roles.llama_cpp import artifact
+from roles.llama_cpp.build import build_log, build_stamp
+from roles.llama_cpp.facts import BUILD_UNIT
+
+# artifact key -> the host compiling it in this run: the first host of the inventory that needs it
+# (deploy.py runs each host's plan in inventory order); a later host of the same key receives it
+_COMPILING: dict[str, str] = {}
+_SOURCES: dict[str, dict] = {}
+
+
+def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
+    """Where host ``name``'s build ``ident`` comes from, decided once per host and run:
+    ``{"how": "have"}`` (built here already), ``{"how": "compile", "why"}``, or ``{"how":
+    "receive", "key", "from", "size", "cached"}`` (``from``: the host that compiled it)."""
+    if name in _SOURCES and _SOURCES[name].get("ident") == ident:
+        return _SOURCES[name]
+    found = _source(name, data, state, ident, runtime)
+    _SOURCES[name] = {**found, "ident": ident}
+    return _SOURCES[name]
+
+
+def _source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
+    if ident in state["builds"]:
+        return {"how": "have"}
+    if not data["llama_cpp_handover"]:
+        return {"how": "compile", "why": "llama_cpp_handover: false"}
+    if data["llama_cpp_archive"]:
+        commit, why = "archive", ""          # the build id holds the archive's sha256
+    else:
+        commit, why = artifact.resolved(data["llama_cpp_source"], data["llama_cpp_ref"])
+    if commit is None:
+        return {"how": "compile", "why": f"the controller could not resolve {data['llama_cpp_ref']}: {why}"}
+    key = artifact.key(ident, commit, runtime)
+    cache = data["llama_cpp_artifacts"]
+    doc = artifact.record(cache, key)
+    if doc:
+        return {"how": "receive", "key": key, "from": doc.get("host"), "size": doc.get("size"),
+                "cached": artifact.tarball(cache, key).exists()}
+    if _COMPILING.get(key, name) != name:
+        return {"how": "receive", "key": key, "from": _COMPILING[key], "size": None, "cached": False}
+    _COMPILING[key] = name
+    other = [r for r in artifact.records(cache) if r.get("build_id") == ident]
+    reasons = [f"{r.get('host')}'s build cannot run here: {artifact.missing(r.get('runtime') or {}, runtime)}"
+               for r in other if artifact.missing(r.get("runtime") or {}, runtime)]
+    return {"how": "compile", "key": key, "commit": commit, "runtime": runtime,
+            "why": reasons[0] if reasons else f"no host has {key}"}
+
+
+def source_line(ident: str, found: dict) -> str | None:
+    """The plan's line: ``llama.cpp <id>: from lab2 (41 MiB, cached)`` or ``... compile (why)``."""
+    if found["how"] == "have":
+        return None
+    if found["how"] == "compile":
+        return f"llama.cpp {ident}: compile ({found['why']})"
+    size = f"{found['size'] / 2**20:.0f} MiB, " if found.get("size") else ""
+    where = "cached" if found["cached"] else "compiled in this run" if found["size"] is None else "on the host"
+    return f"llama.cpp {ident}: from {found['from']} ({size}{where}; artifact {found['key']})"
+
+
+def _sh(text: str) -> StringCommand:
+    return StringCommand(text)
+
+
+@operation()
+def packed(dir: str, build_id: str, key: str, cache: str, record: dict):
+    """Pack the build ``build_id`` this host compiled and proved (``<dir>/artifacts/<key>.tar.gz``,
+    root-only) and keep it in the controller's cache with the controller's own record."""
+    yield FunctionCommand(_pack, (dir, build_id, key, cache, record), {})
+
+
+def _pack(state, host, dir: str, build_id: str, key: str, cache: str, record: dict) -> bool:
+    q = shlex.quote
+    remote = f"{dir}/artifacts/{key}.tar.gz"
+    command = (f"install -d -m 700 {q(dir + '/artifacts')} && cd {q(dir + '/builds/' + build_id)} && "
+               f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - bin "
+               f"{' '.join(artifact.TOP_FILES)} | gzip -n -1 > {q(remote + '.tmp')} && mv -f {q(remote + '.tmp')} "
+               f"{q(remote)} && sha256sum {q(remote)} | cut -c1-64")
+    ok, out = host.run_shell_command(_sh(command), print_output=False, print_input=False)
+    lines = list(out.stdout_lines)
+    if not ok or not lines:
+        host.log_styled(f"llama.cpp {build_id}: not kept as an artifact (packing failed: "
+                        f"{shown(' '.join(out.stderr_lines)[-300:])})", fg="yellow", log_func=logger.warning)
+        return True         # it serves here all the same; no host receives it
+    part = artifact.cache_dir(cache) / f"{key}.part-{host.name}"
+    host.get_file(remote, str(part))
+    why = None if artifact.sha256(part) == lines[-1].strip() else "the file changed while it was copied"
+    why = why or artifact.unsafe(part)
+    if why:
+        part.unlink(missing_ok=True)
+        host.log_styled(shown(f"llama.cpp {build_id}: not kept as an artifact: {why}; no host receives it"),
+                        fg="yellow", log_func=logger.warning)
+        return True
+    doc = artifact.kept(cache, key, part, {**record, "host": host.name, "path": remote, "time": int(time.time())})
+    say(f"    [{host.name}] llama.cpp {build_id}: kept as artifact {key} ({doc['size'] / 2**20:.0f} MiB, "
+        f"sha256 {doc['sha256'][:12]})")
+    return True
+
+
+@operation()
+def received(dir: str, build_id: str, key: str, cache: str, script: str, systemd: bool, timeout: int,
+             install: str):
+    """Receive the build ``build_id`` (artifact ``key``) into ``<dir>/builds/<build_id>``: the
+    controller's cached copy, else the copy of the host its record names; refused when its sha256
+    is not the controller's record or it holds what a build does not (roles/llama_cpp/artifact.py),
+    and then compiled here (``install``: the build tools' install command, ``script``: the build's)."""
+    yield FunctionCommand(_receive, (dir, build_id, key, cache, script, systemd, timeout, install), {})
+
+
+def _receive(state, host, dir, build_id, key, cache, script, systemd, timeout, install) -> bool:
+    why, origin = _fetched(state, host, cache, key)
+    if not why:
+        why = _unpacked(host, dir, build_id, key, cache, origin)
+    if not why:
+        say(f"    [{host.name}] llama.cpp {build_id}: received from {origin} (artifact {key})")
+        return True
+    text = f"llama.cpp {build_id}: refused the artifact {key}{' from ' + origin if origin else ''}: {why}; compiling here"
+    host.log_styled(shown(text), fg="yellow", log_func=logger.warning)
+    summary.note(host.name, f"llama.cpp artifact refused ({why[:80]}); compiled")
+    return _compiled(host, dir, build_id, script, systemd, timeout, install)
+
+
+def _fetched(state, host, cache: str, key: str) -> tuple[str | None, str | None]:
+    """The artifact in the controller's cache, checked against the record: (why not, its origin)."""
+    doc = artifact.record(cache, key)
+    if not doc:
+        return "no host passed a build of it in a run of this controller (no record)", None
+    origin = doc.get("host")
+    tar = artifact.tarball(cache, key)
+    if tar.exists() and artifact.sha256(tar) != doc["sha256"]:
+        tar.unlink()
+        return f"the controller's copy is not the one it recorded (sha256 differs from {doc['sha256'][:12]})", origin
+    if not tar.exists():
+        peer = state.inventory.get_host(origin, None) if origin else None
+        if peer is None:
+            return f"the controller's copy is gone and {origin} is not in the inventory to offer it", origin
+        part = artifact.cache_dir(cache) / f"{key}.part-from-{origin}"
+        ours = not peer.connected          # a host outside --limit: connected for this copy alone
+        try:
+            if ours:
+                peer.connect(reason=f"to offer its llama.cpp build to {host.name}", raise_exceptions=True)
+            peer.get_file(doc["path"], str(part))
+        except Exception as e:   # noqa: BLE001 - the peer is unreachable, its file gone: a refusal
+            part.unlink(missing_ok=True)
+            return f"the controller's copy is gone and {origin} no longer offers it ({type(e).__name__})", origin
+        finally:
+            if ours and peer.connected:
+                peer.disconnect()
+        got = artifact.sha256(part)
+        if got != doc["sha256"]:
+            part.unlink()
+            return (f"{origin} offered a build whose sha256 is {got[:12]}, not the recorded {doc['sha256'][:12]} "
+                    "(another build)"), origin
+        part.replace(tar)
+    return artifact.unsafe(tar), origin
+
+
+def _unpacked(host, dir: str, build_id: str, key: str, cache: str, origin: str | None) -> str | None:
+    """Put the checked artifact on the host, check its sha256 there, unpack it beside the builds
+    and move it into place: None, or why not."""
+    q = shlex.quote
+    doc = artifact.record(cache, key)
+    part = f"{dir}/artifacts/{key}.tar.gz.part"
+    out = f"{dir}/builds/{build_id}"
+    ok, _ = host.run_shell_command(_sh(f"install -d -m 700 {q(dir + '/artifacts')} && install -d {q(dir + '/builds')}"),
+                                   print_output=False, print_input=False)
+    if not ok:
+        return f"{dir}/artifacts could not be made"
+    host.put_file(str(artifact.tarball(cache, key)), part)
+    received = json.dumps({"key": key, "sha256": doc["sha256"], "size": doc["size"], "from": origin,
+                           "commit": doc.get("commit")}, sort_keys=True)
+    command = (f"[ \"$(sha256sum {q(part)} | cut -c1-64)\" = {q(doc['sha256'])} ] || {{ echo sha256; exit 3; }}; "
+               f"rm -rf {q(out + '.recv')} && mkdir -m 755 {q(out + '.recv')} && "
+               f"tar -xzf {q(part)} -C {q(out + '.recv')} --no-same-owner --no-same-permissions && "
+               f"test -x {q(out + '.recv/bin/llama-server')} && printf '%s\\n' {q(received)} > "
+               f"{q(out + '.recv/rigup-received.json')} && rm -rf {q(out)} && mv -T {q(out + '.recv')} {q(out)} && "
+               f"mv -f {q(part)} {q(dir + '/artifacts/' + key + '.tar.gz')}")
+    ok, output = host.run_shell_command(_sh(command), print_output=False, print_input=False)
+    if ok:
+        return None
+    host.run_shell_command(_sh(f"rm -rf {q(out + '.recv')} {q(part)}"), print_output=False, print_input=False)
+    said = " ".join(list(output.stdout_lines) + list(output.stderr_lines))
+    return ("its sha256 on this host is not the recorded one" if said.strip() == "sha256"
+            else f"it did not unpack here: {said[-200:]}")
+
+
+def _compiled(host, dir: str, build_id: str, script: str, systemd: bool, timeout: int, install: str) -> bool:
+    """Compile ``build_id`` here after all: the build tools, the script (as roles/llama_cpp's build
+    runs it, in its unit), then wait for its stamp."""
+    q = shlex.quote
+    ok, output = host.run_shell_command(_sh(install), print_output=False, print_input=False, _timeout=1800)
+    if not ok:
+        raise OperationError(shown(f"the build tools did not install: {' '.join(output.stderr_lines)[-400:]}"))
+    path = f"{dir}/build-{build_id}.sh"
+    host.put_file(_text_file(script), path)
+    start = progress.start_command(BUILD_UNIT, q(path), build_log(dir, build_id), systemd,
+                                   unless=build_stamp(dir, build_id))
+    ok, output = host.run_shell_command(_sh(f"chmod 755 {q(path)} && mkdir -p {q(dir + '/builds')} && {{ {start}; }}"),
+                                        print_output=False, print_input=False)
+    if not ok:
+        raise OperationError(shown(f"the build did not start: {' '.join(output.stderr_lines)[-400:]}"))
+    progress.waited(label=f"llama.cpp build {build_id}", unit=BUILD_UNIT, log=build_log(dir, build_id),
+                    done=progress.exists(build_stamp(dir, build_id)), systemd=systemd, timeout=timeout)
+    return True
+
+
+def _text_file(text: str) -> BytesIO:
+    return BytesIO(text.encode())
+
+
+def forget(name: str | None = None) -> None:
+    """Forget the choices of this run (tests; ``name``: one host's)."""
+    if name is None:
+        _COMPILING.clear()
+        _SOURCES.clear()
+    else:
+        _SOURCES.pop(name, None)
+

@@ -1,0 +1,146 @@
+"""roles/llama_cpp's builds handed from host to host (issue 51) on the lab: the session's first
+converge compiles on lab1 alone, and lab2 (the same profile) receives that build, smokes it and
+serves with it, without build tools; a build variant compiled on lab1 is then refused by lab2
+when the controller's copy was tampered with, and when lab1 offers another build under its key,
+and a CPU lacking a flag the build uses compiles instead of receiving it (a reduced
+/proc/cpuinfo: the lab's simulated CPU flags). Each refusal compiles on lab2, reusing its work
+tree after the first. Figures printed: the artifact's size and where each build came from."""
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import on_host
+from tests.converge import pyinfra
+
+pytestmark = pytest.mark.lab
+DIR = "/opt/rigup/llama.cpp"
+# a CMake entry no file reads: a build id of its own, compiled from the shared ccache
+VARIANT = 'llama_cpp_cmake_options=["RIGUP_LAB_VARIANT=1"]'
+
+
+def records(lab) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((lab.STATE / "artifacts").glob("*.json"))]
+
+
+def converge(host, *data, check=True):
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, *[a for d in data for a in ("--data", d)])
+    if check:
+        assert run.returncode == 0, run.output[-4000:]
+    return run
+
+
+def test_a_host_of_the_same_key_receives_the_build_smokes_it_and_serves(lab, first_converge):
+    first, second = lab.hosts()[0]["name"], lab.hosts()[1]["name"]
+    target = on_host(lab, second, f"readlink {DIR}/current").strip()
+    build = target.split("/")[1]
+    got = json.loads(on_host(lab, second, f"cat {DIR}/{target}/rigup-received.json"))
+    [doc] = [r for r in records(lab) if r["build_id"] == build]
+    print(f"\n{second} received {build} from {got['from']}: {doc['size'] / 2**20:.1f} MiB, "
+          f"sha256 {doc['sha256'][:12]}, commit {doc['commit'][:12]}, built in "
+          f"{json.loads(on_host(lab, first, f'cat {DIR}/{target}/rigup-build.json'))['seconds']} s on {first}")
+    assert got["from"] == first and got["sha256"] == doc["sha256"] and got["key"] == doc["key"]
+    assert re.fullmatch(r"[0-9a-f]{40}", doc["commit"]) and doc["runtime"]["cpu_flags"] is not None
+    assert f"llama.cpp {build}: from {first} (" in first_converge.output
+    assert not on_host(lab, first, f"ls {DIR}/{target}/rigup-received.json 2>/dev/null; true").strip()
+    # no build tools where it was received; the smoke passed there, and it serves
+    assert lab.ssh(second, "command -v cmake || command -v c++").returncode != 0
+    assert json.loads(on_host(lab, second, f"cat {DIR}/{target}/rigup-smoke.json"))["ok"]
+    answer = on_host(lab, second, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
+                                  "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
+    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def variant(lab, second_converge):
+    """The variant compiled and proved on lab1 (its record in the controller's cache); lab2 back
+    on the default build after the module, its CPU flags its own again."""
+    first, second = lab.hosts()[0]["name"], lab.hosts()[1]["name"]
+    run = converge(first, VARIANT)
+    build = on_host(lab, first, f"readlink {DIR}/current").strip().split("/")[1]
+    assert "kept as artifact" in run.output, run.output[-3000:]
+    [doc] = [r for r in records(lab) if r["build_id"] == build]
+    yield {"build": build, "record": doc, "first": first, "second": second}
+    lab.ssh(second, "umount /proc/cpuinfo 2>/dev/null; true")
+    converge(first)
+    converge(second)
+
+
+def _forgotten(lab, variant):
+    """lab2 serves the default build and has no copy of the variant: it needs it again."""
+    second = variant["second"]
+    converge(second)
+    on_host(lab, second, f"rm -rf {DIR}/builds/{variant['build']} {DIR}/builds/{variant['build']}.refused")
+
+
+def _compiled_instead(lab, run, variant, reason: str):
+    second, build = variant["second"], variant["build"]
+    assert run.returncode == 0, run.output[-4000:]
+    assert on_host(lab, second, f"readlink {DIR}/current").strip() == f"builds/{build}"
+    assert not on_host(lab, second, f"ls {DIR}/builds/{build}/rigup-received.json 2>/dev/null; true").strip()
+    assert json.loads(on_host(lab, second, f"cat {DIR}/builds/{build}/rigup-smoke.json"))["ok"]
+    assert reason in run.output, run.output[-4000:]
+
+
+def test_a_cpu_without_a_flag_the_build_uses_compiles_instead_of_receiving(lab, variant):
+    second = variant["second"]
+    _forgotten(lab, variant)
+    flags = variant["record"]["runtime"]["cpu_flags"]
+    dropped = flags[-1]                     # a flag lab1's CPU (the machine's) has and the build used
+    on_host(lab, second, "umount /proc/cpuinfo 2>/dev/null; sed -E '/^flags/ s/ " + dropped + r"( |$)/ /' "
+            "/proc/cpuinfo > /etc/rigup-lab/cpuinfo && mount --bind /etc/rigup-lab/cpuinfo /proc/cpuinfo")
+    assert dropped not in on_host(lab, second, "grep -m1 ^flags /proc/cpuinfo").split()
+    run = converge(second, VARIANT, check=False)
+    line = next((ln for ln in run.output.splitlines() if f"llama.cpp {variant['build']}: compile" in ln), None)
+    print(f"\nwithout {dropped}: {line and line.strip()}")
+    _compiled_instead(lab, run, variant, f"{variant['first']}'s build cannot run here: it uses {dropped}, "
+                                         "which this CPU lacks")
+    on_host(lab, second, "umount /proc/cpuinfo")
+
+
+def test_a_tampered_copy_on_the_controller_is_refused_and_compiled_instead(lab, variant):
+    _forgotten(lab, variant)
+    cached = lab.STATE / "artifacts" / f"{variant['record']['key']}.tar.gz"
+    if not cached.exists():     # an earlier test's refusal removed it: the copy lab1 keeps is the same bytes
+        cached.write_bytes(on_host_bytes(lab, variant["first"], f"{DIR}/artifacts/{variant['record']['key']}.tar.gz"))
+    with open(cached, "ab") as f:
+        f.write(b"\0tampered")
+    run = converge(variant["second"], VARIANT, check=False)
+    print(f"\ntampered copy: {next((ln.strip() for ln in run.output.splitlines() if 'refused the artifact' in ln), None)}")
+    _compiled_instead(lab, run, variant, "the controller's copy is not the one it recorded")
+    assert not cached.exists()
+
+
+def test_a_peer_offering_another_build_under_the_key_is_refused_and_compiled_instead(lab, variant):
+    _forgotten(lab, variant)
+    first, key = variant["first"], variant["record"]["key"]
+    (lab.STATE / "artifacts" / f"{key}.tar.gz").unlink(missing_ok=True)     # the controller's copy is gone
+    other = next(r for r in records(lab) if r["key"] != key and r["host"] == first)   # lab1 offers another build
+    on_host(lab, first, f"cp {DIR}/artifacts/{key}.tar.gz /root/kept.tar.gz && "
+                        f"cp {DIR}/artifacts/{other['key']}.tar.gz {DIR}/artifacts/{key}.tar.gz")
+    try:
+        run = converge(variant["second"], VARIANT, check=False)
+    finally:
+        on_host(lab, first, f"mv /root/kept.tar.gz {DIR}/artifacts/{key}.tar.gz")
+    print(f"\npeer's offer: {next((ln.strip() for ln in run.output.splitlines() if 'refused the artifact' in ln), None)}")
+    _compiled_instead(lab, run, variant, f"{first} offered a build whose sha256 is {other['sha256'][:12]}, "
+                                         f"not the recorded {variant['record']['sha256'][:12]}")
+
+
+def on_host_bytes(lab, name: str, path: str) -> bytes:
+    import subprocess
+    return subprocess.run(lab.ssh_argv(name) + ["--", f"cat {path}"], capture_output=True, check=True).stdout
+
+
+def test_the_compiling_hosts_own_copy_is_received_when_the_controllers_is_gone(lab, variant):
+    """lab1 is outside the converge's --limit: the controller connects to it for the copy alone."""
+    _forgotten(lab, variant)
+    second, key = variant["second"], variant["record"]["key"]
+    (lab.STATE / "artifacts" / f"{key}.tar.gz").unlink(missing_ok=True)
+    run = converge(second, VARIANT)
+    print(f"\nfrom the peer: {next((ln.strip() for ln in run.output.splitlines() if 'received from' in ln), None)}")
+    assert f"llama.cpp {variant['build']}: received from {variant['first']}" in run.output
+    got = json.loads(on_host(lab, second, f"cat {DIR}/builds/{variant['build']}/rigup-received.json"))
+    assert got["sha256"] == variant["record"]["sha256"]
+    assert (lab.STATE / "artifacts" / f"{key}.tar.gz").exists()     # the controller keeps its copy again
