@@ -104,7 +104,7 @@ def apply(plan: Plan, data: Config):
     if data["llama_cpp_rollback"]:
         switched(name="Roll llama.cpp back to the previous build", dir=dir, target="previous")
         return
-    if build_source(plan, data)["how"] == "receive":    # no build tools: received at the proven step
+    if build_source(plan, data)["how"] != "compile":    # built here already, or received at the proven step
         apt.installed(name="Install llama.cpp's run-time libraries", packages=RUNTIME_PACKAGES,
                       cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
         return
