@@ -165,8 +165,9 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
         done = state["smokes"].get(build_id) or {}
         if not (done.get("ok") and done.get("key") == smoke["key"]):
             spec = {**smoke, **smoke_paths(dir, build_id)}
-            if spec.get("compare") and state["current"]:   # measured against the build serving now
-                spec["compare"] = {**spec["compare"], "bin": f"{dir}/{state['current']}/bin"}
+            serving = (state["current"] or "").removeprefix("builds/")
+            if spec.get("compare") and serving in state["builds"]:   # measured against the build serving now
+                spec["compare"] = {**spec["compare"], "bin": f"{dir}/builds/{serving}/bin"}
             else:
                 spec.pop("compare", None)
             yield from files.put._inner(src=str(SMOKE_SCRIPT), dest=spec["script"], mode="644")

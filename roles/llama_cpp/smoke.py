@@ -278,7 +278,10 @@ def compare(spec: dict, model: str, args: list[str], log: str, env: dict) -> dic
     rates: dict[str, list] = {"new": [], "current": []}
     for _ in range(rounds):
         for side, binary in (("new", spec["bin"]), ("current", cmp["bin"])):
-            r = attempt({**spec, "bin": binary}, model, args, log, env, measure=2)
+            try:
+                r = attempt({**spec, "bin": binary}, model, args, log, env, measure=2)
+            except OSError as e:        # no llama-server there to start
+                r = {"ok": False, "reason": f"{type(e).__name__}: {e}"}
             if not r["ok"] or not r.get("tps"):
                 why = r["reason"] or "no decode rate in its answers"
                 if side == "current":

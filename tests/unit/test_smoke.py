@@ -233,6 +233,11 @@ def test_a_current_build_that_cannot_run_the_flags_is_not_compared(spec, tmp_pat
     assert "ratio" not in doc["compare"]
 
 
+def test_a_current_build_without_its_server_is_not_compared(spec, tmp_path, monkeypatch):
+    doc = run({**spec, "compare": {"bin": str(tmp_path / "gone"), "tolerance": 0.1}}, "ok", monkeypatch)
+    assert doc["ok"] and "FileNotFoundError" in doc["compare"]["skipped"]
+
+
 def test_no_comparison_without_a_current_build_or_after_a_failed_run(spec, tmp_path, monkeypatch):
     assert "compare" not in run({**spec, "compare": {"tolerance": 0.1, "rounds": 2}}, "ok", monkeypatch)
     assert "compare" not in run(_second_build(spec, tmp_path, tps=1.0), "crash", monkeypatch)
