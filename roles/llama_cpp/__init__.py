@@ -104,6 +104,9 @@ def apply(plan: Plan, data: Config):
     if data["llama_cpp_rollback"]:
         switched(name="Roll llama.cpp back to the previous build", dir=dir, target="previous")
         return
+    options = cmake_options(plan, data)
+    ident = build_id(data, options)
+    click.echo(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options), err=True)
     if build_source(plan, data)["how"] != "compile":    # built here already, or received at the proven step
         apt.installed(name="Install llama.cpp's run-time libraries", packages=RUNTIME_PACKAGES,
                       cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
@@ -112,14 +115,11 @@ def apply(plan: Plan, data: Config):
                   cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])
     ccache = data["llama_cpp_ccache_dir"]
     directory(name=f"Directory {ccache}", path=ccache, paths=[ccache], mode=None, user=None, group=None)
-    options = cmake_options(plan, data)
     archive = None
     if data["llama_cpp_archive"]:
         archive = f"{dir}/src-{build_id(data, options)}.tar.gz"
         files.put(name="Upload the llama.cpp source archive", src=data["llama_cpp_archive"],
                   dest=archive)
-    ident = build_id(data, options)
-    click.echo(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options), err=True)
     build = built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
                   build_id=ident, script=render_build_script(data, options, archive),
                   _timeout=data["llama_cpp_build_timeout"])

@@ -8,8 +8,8 @@
   llama-server passes ``--version`` and loads (its warm-up decodes 2 tokens) but raises SIGSEGV on
   the first decode of more than 2 tokens, the first real prompt; and ``lab-repack-crash``, the same
   only while weights are repacked (``use_extra_bufts``, what ``--no-repack`` turns off): llama.cpp's
-  AMX/repack crash (upstream #20824) made to happen on any CPU; and ``lab-slow`` (:data:`SLOW`),
-  which answers as lab-base does at under half its decode rate: a regression made on purpose.
+  AMX/repack crash (upstream #20824) made to happen on any CPU; and ``lab-slow-decode``
+  (:data:`SLOW`), which answers as lab-base does, each decode 300 ms later: a regression on purpose.
 - A static file server (Python's http.server, git's dumb HTTP protocol) on the lab gateway,
   serving STATE/srv, so hosts clone ``http://GATEWAY:8000/llama.cpp.git`` with no proxy.
 
@@ -33,7 +33,7 @@ SRV_PORT = 8000
 SRV_PID = lab.STATE / "srv.pid"
 CACHE = Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab"))
 MIRROR = SRV / "llama.cpp.git"
-TAGS = ("lab-base", "lab-bump", "lab-broken", "lab-crash", "lab-repack-crash", "lab-slow")
+TAGS = ("lab-base", "lab-bump", "lab-broken", "lab-crash", "lab-repack-crash", "lab-slow-decode")
 BUMP_FILE = "tools/server/server.cpp"
 CRASH_FILE = "src/llama-context.cpp"
 DECODE = "int llama_context::decode(const llama_batch_ext & batch_inp) {\n"
@@ -46,10 +46,10 @@ CRASHES = {   # tag: the condition under which its first real decode raises SIGS
     "lab-repack-crash": "rigup_lab_repack && batch_inp.tokens.size() > 2",
 }
 
-# lab-slow: a build that answers as lab-base does, only slower (each decode of one token, the
-# generation's, waits 100 ms: at most half the rate of any CPU that decodes 10 tokens/s or more): a regression on purpose
-SLOW = ("    if (batch_inp.tokens.size() == 1) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }"
-        "  // rigup lab: lab-slow\n")
+# lab-slow-decode: a build that answers as lab-base does, only slower: every decode call (each
+# generated token's, each prompt batch's) first waits 300 ms, whatever the flags and the batch: a
+# regression on purpose, far beyond any tolerance on any CPU that decodes 5 tokens/s or more
+SLOW = ("    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rigup lab: lab-slow-decode\n")
 
 
 def url(path: str = "") -> str:
@@ -117,8 +117,8 @@ def llama_cpp_mirror() -> Path:
         _git(work, "checkout", "-q", "--detach", TAGS[0])
         text = crash.read_text()
         crash.write_text("#include <chrono>\n#include <thread>\n" + text.replace(DECODE, DECODE + SLOW, 1))
-        _git(work, "commit", "-qam", "lab-slow: every decode of one token sleeps 100 ms")
-        _git(work, "tag", "lab-slow")
+        _git(work, "commit", "-qam", "lab-slow-decode: every decode waits 300 ms")
+        _git(work, "tag", "lab-slow-decode")
         staging = Path(tmp) / "llama.cpp.git"
         lab.run("git", "clone", "-q", "--bare", work, staging)
         _git(staging, "update-server-info")

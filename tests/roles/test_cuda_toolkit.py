@@ -28,6 +28,10 @@ def host(lab, second_converge):
     again = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--limit", name, *CUDA)
     assert again.returncode == 0, again.output[-4000:]
     print(f"\ncuda_toolkit (distro) install: {first.seconds:.0f} s; again: {again.seconds:.1f} s")
+    # nvcc needs a host compiler, and CMake: a host that received its llama.cpp build has neither
+    # (roles/llama_cpp/handover.py)
+    on_host(lab, name, "command -v cmake >/dev/null && command -v gcc >/dev/null || DEBIAN_FRONTEND=noninteractive "
+                       "apt-get install -y -q --no-install-recommends build-essential cmake >/dev/null")
     return name, again
 
 
@@ -59,9 +63,6 @@ def test_llama_cpp_configures_for_cuda_with_the_hosts_arch(lab, host):
     data = {**group_vars("all"), **group_vars("lab"), "llama_cpp_backend": "cuda",
             "cuda_source": "distro"}
     options = " ".join(shlex.quote(f"-D{o}") for o in cmake_options(plan, data))
-    # a host that received its llama.cpp build has no build tools (roles/llama_cpp/handover.py)
-    on_host(lab, name, "command -v cmake >/dev/null && command -v c++ >/dev/null || DEBIAN_FRONTEND=noninteractive "
-                       "apt-get install -y -q --no-install-recommends build-essential cmake git >/dev/null")
     log = on_host(lab, name, f"rm -rf /tmp/l && git clone -q {sources.url('llama.cpp.git')} /tmp/l"
                              f" && git -C /tmp/l checkout -q lab-base && cmake -S /tmp/l -B /tmp/l/b {options}")
     assert "Using CMAKE_CUDA_ARCHITECTURES=80 " in log and "Including CUDA backend" in log
