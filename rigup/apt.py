@@ -78,8 +78,13 @@ def installed(packages: list[str], cache_seconds: int = 86400):
     timeout = lock_timeout()
     for command in apt.update._inner(cache_time=cache_seconds):
         yield waiting(updated(command), timeout) if str(command).startswith("apt-get") else command
-    install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in missing)
-    yield waiting(noninteractive_apt(install), timeout)
+    yield install_command(missing, timeout)
+
+
+def install_command(packages: list[str], timeout: int | None = None) -> str:
+    """Shell text installing ``packages`` (no recommends, waiting for apt's locks)."""
+    install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in packages)
+    return waiting(noninteractive_apt(install), lock_timeout() if timeout is None else timeout)
 
 
 @operation()

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 
 import click
 from pyinfra import host
@@ -64,7 +63,6 @@ from rigup.config import Config, role_defaults
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
 from rigup.traps import load as load_traps
-from pyinfra.facts.apt import noninteractive_apt
 from roles.llama_cpp import artifact, handover
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
 from roles.llama_cpp.checks import CHECKS
@@ -89,13 +87,6 @@ def build_source(plan: Plan, data: Config) -> dict:
     toolkit = str(data.get("cuda_version")) if build_backend(plan, data) == "cuda" else None
     runtime = artifact.runtime(state, (plan.get("cpu") or {}).get("flags") or [], options, toolkit)
     return handover.source(host.name, data, state, build_id(data, options), runtime)
-
-
-def install_command(data: Config, packages: list[str]) -> str:
-    """Shell text installing ``packages`` (a receiving host's build tools, when it compiles after all)."""
-    timeout = apt.lock_timeout()
-    install = "install --no-install-recommends " + " ".join(shlex.quote(p) for p in packages)
-    return f"{apt.waiting(apt.updated(), timeout)} && {apt.waiting(noninteractive_apt(install), timeout)}"
 
 
 @deploy("llama_cpp", data_defaults=role_defaults("llama_cpp"))
@@ -168,8 +159,8 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     met = state["smokes"].get(current) or {}
     lines = [f"llama.cpp {current}: trap {', '.join(met['traps'])} met by its smoke inference; instances run with "
              f"{' '.join(met.get('server_args') or [])}"] if met.get("ok") and met.get("traps") else []
-    came = None if data["llama_cpp_rollback"] else handover.source_line(
-        build_id(data, cmake_options(plan, data)), build_source(plan, data))
+    found = None if data["llama_cpp_rollback"] else build_source(plan, data)
+    came = found and handover.source_line(found["ident"], found)
     return lines + ([came] if came else []) + _smoke_lines(plan, data)
 
 
@@ -212,7 +203,8 @@ def proven(plan: Plan, data: Config):
                       key=found["key"], cache=data["llama_cpp_artifacts"],
                       script=render_build_script(data, options), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
                       timeout=data["llama_cpp_build_timeout"],
-                      install=install_command(data, BUILD_PACKAGES + RUNTIME_PACKAGES))
+                      install=f"{apt.waiting(apt.updated(), apt.lock_timeout())} && "
+                              f"{apt.install_command(BUILD_PACKAGES + RUNTIME_PACKAGES)}")
     switched(name=f"llama.cpp current -> {ident} (received)", dir=dir, target=f"builds/{ident}", **smoke)
 
 

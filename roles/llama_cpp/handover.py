@@ -213,7 +213,7 @@ def _compiled(host, dir: str, build_id: str, script: str, systemd: bool, timeout
     if not ok:
         raise OperationError(shown(f"the build tools did not install: {' '.join(output.stderr_lines)[-400:]}"))
     path = f"{dir}/build-{build_id}.sh"
-    host.put_file(_text_file(script), path)
+    host.put_file(BytesIO(script.encode()), path)
     start = progress.start_command(BUILD_UNIT, q(path), build_log(dir, build_id), systemd,
                                    unless=build_stamp(dir, build_id))
     ok, output = host.run_shell_command(_sh(f"chmod 755 {q(path)} && mkdir -p {q(dir + '/builds')} && {{ {start}; }}"),
@@ -225,15 +225,7 @@ def _compiled(host, dir: str, build_id: str, script: str, systemd: bool, timeout
     return True
 
 
-def _text_file(text: str) -> BytesIO:
-    return BytesIO(text.encode())
-
-
-def forget(name: str | None = None) -> None:
-    """Forget the choices of this run (tests; ``name``: one host's)."""
-    if name is None:
-        _COMPILING.clear()
-        _SOURCES.clear()
-    else:
-        _SOURCES.pop(name, None)
-
+def forget() -> None:
+    """Forget the choices of this run (tests)."""
+    _COMPILING.clear()
+    _SOURCES.clear()
