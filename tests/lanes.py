@@ -58,6 +58,10 @@ def main(args: list[str]) -> int:
     if missing:
         print(f"tests/lanes.py: no such module: {', '.join(missing)}", file=sys.stderr)
         return 2
+    # a shell's background job (nohup ... &) starts with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: the lanes' pytest would not stop at the deadline, nor a stand-in server at
+    # its SIGINT (each waited 15 s to be killed: 4.5 minutes of tests/unit/test_smoke.py)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     python = sys.executable
     start = time.monotonic()
     deadline = start + float(os.environ.get("RIGUP_TEST_DEADLINE_S", DEADLINE_S))

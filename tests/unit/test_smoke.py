@@ -20,6 +20,7 @@ SERVER = textwrap.dedent("""\
     import http.server, json, os, signal, sys, time
     argv = sys.argv[1:]
     mode = os.environ.get("SMOKE_MODE", "ok")
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))   # as llama-server does (even where SIGINT came ignored)
     if argv == ["--help"]:   # as llama.cpp's common/arg.cpp lists them (this build knows -ngl, not --reasoning-budget)
         print("----- common params -----", "-m,    --model FNAME", "-c,    --ctx-size N", "-np,   --parallel N",
               "-ngl,  --gpu-layers, --n-gpu-layers N", "--host HOST", "--port PORT", "--no-repack", "--metrics", sep="\\n")
