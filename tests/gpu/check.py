@@ -13,6 +13,7 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py health --out DIR    # PCIe links and the kernel log's Xid events, read only
     python3 tests/gpu/check.py tune   --work /root/rigup-gpu --out DIR   # rigup/tune.py from rigup's defaults
     python3 tests/gpu/check.py compare --work /root/rigup-gpu --out DIR  # tuned vs the others, issue 28's goals
+    python3 tests/gpu/check.py slower --work /root/rigup-gpu --out DIR   # a new build no slower (issue 51)
 
 `build` runs llama_cpp's own build script (the same render as the role) for the archs of the
 plan; `model` writes a random-weight llama-shaped GGUF of a realistic size (tokens/s depend on
@@ -870,9 +871,10 @@ def link_model(model: Path, folder: Path) -> Path:
 
 
 def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bindir: Path, work: Path,
-              remedies: list[dict], timeout: int) -> dict:
+              remedies: list[dict], timeout: int, compare: dict | None = None) -> dict:
     """One spec of roles/llama_cpp/smoke.py with one run: ``model`` (None: the tiny one) with
-    ``args``; ``hidden``: CUDA_VISIBLE_DEVICES empty in its environment (the CPU alone)."""
+    ``args``; ``hidden``: CUDA_VISIBLE_DEVICES empty in its environment (the CPU alone); with
+    ``compare`` (smoke.py's ``{bin, tolerance, rounds}``), its speed against that build too."""
     folder = work / "smoke" / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -887,6 +889,8 @@ def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bind
     spec = {"key": f"check-{name}", "bin": str(bindir), "log": str(folder / "smoke.log"),
             "out": str(folder / "rigup-smoke.json"), "tiny": str(SMOKE_TINY), "timeout": timeout,
             "max_model_bytes": size, "runs": [run], "remedies": remedies}
+    if compare:
+        spec["compare"] = compare
     (folder / "spec.json").write_text(json.dumps(spec, indent=2))
     # the trace level prints the model buffers (CPU_REPACK, AMX, CUDA0) and the layers offloaded
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "LLAMA_ARG_LOG_VERBOSITY": "4"}
@@ -897,7 +901,8 @@ def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bind
     start = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, str(SMOKE_SCRIPT), str(folder / "spec.json")], env=env,
-                              capture_output=True, text=True, timeout=timeout * (1 + len(remedies)) + 60)
+                              capture_output=True, text=True,
+                              timeout=(timeout * (1 + len(remedies)) + 60) * (5 if compare else 1))
         lines = proc.stdout.strip().splitlines()
         doc = json.loads(lines[-1]) if lines else {}
         error = None if doc else f"smoke.py printed no result (exit {proc.returncode}): {proc.stderr[-1500:]}"
@@ -915,6 +920,7 @@ def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bind
            "reason": error or first.get("reason") or "", "remedy": first.get("remedy"), "first": first.get("first"),
            "traps": doc.get("traps", []), "server_args": doc.get("server_args", []),
            "remedies_offered": [r["id"] for r in remedies], "attempts": log_attempts(log),
+           "compare": doc.get("compare"),
            "tail": first.get("tail") or [], "log": log}
     if doc and first.get("model") != expected:
         row.update(ok=False, reason=f"smoke.py loaded {first.get('model')}, not {expected}")
@@ -1033,6 +1039,99 @@ def cmd_smoke(args) -> None:
         sys.exit(1)
 
 
+def slow_archive(base: Path, work: Path) -> Path:
+    """WORK/llama.cpp-slow.tar.gz: ``base`` (lab-base's tree) with tests/lab/sources.py's
+    lab-slow-decode patch (every decode waits 300 ms), made once."""
+    import tarfile
+    import tempfile
+
+    from tests.lab import sources
+
+    out = work / "llama.cpp-slow.tar.gz"
+    if not out.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            with tarfile.open(base) as tar:
+                tar.extractall(tmp, filter="data")
+            (top,) = Path(tmp).iterdir()
+            source = top / sources.CRASH_FILE
+            source.write_text(sources.slowed(source.read_text()))
+            with tarfile.open(f"{out}.part", "w:gz") as tar:
+                tar.add(top, arcname=top.name)
+        os.rename(f"{out}.part", out)
+    return out
+
+
+def cmd_slower(args) -> None:
+    """issue 51's no-slower comparison (roles/llama_cpp/smoke.py's ``compare``, as the role runs it
+    before ``current`` switches) on this machine: the build against itself (equal: it must pass)
+    and the lab's tag lab-slow-decode (every decode waits 300 ms; made from --archive with
+    tests/lab/sources.py's patch and built first into WORK/slow) against the build (it must be refused, with its ratio), with the
+    8B-shaped model and the role's flags on the GPU, and the tiny model on the CPU alone. Writes
+    OUT/<date>-slower.json and .md; exit status 1 when a verdict is not the expected one."""
+    args.work = args.work.resolve()
+    before = gpu_settings() if gpu_present() else None
+    base_build = json.loads((args.work / "build.json").read_text())
+    slow_work = args.work / "slow"
+    if not (slow_work / "build.json").exists():
+        cmd_build(argparse.Namespace(work=slow_work, archive=slow_archive(args.archive.resolve(), slow_work)))
+    slow_build = json.loads((slow_work / "build.json").read_text())
+    base = args.work / "llama.cpp" / "builds" / base_build["id"] / "bin"
+    slow = slow_work / "llama.cpp" / "builds" / slow_build["id"] / "bin"
+    facts = parse_hardware(sh(hardware_command([str(args.work)])).splitlines())
+    remedies = smoke_remedies(facts["cpu"])
+    defaults = role_defaults("llama_cpp")
+    against = {"bin": str(base), "tolerance": float(defaults["llama_cpp_slower_tolerance"]),
+               "rounds": int(defaults["llama_cpp_compare_rounds"])}
+    model = args.work / MODEL_FILE
+    if gpu_present() and not model.exists():
+        cmd_model(args)
+    cases = [(f"{side}-{where}", binary, side == "equal", path, where == "cpu", flags)
+             for where, path, flags in (("gpu", model, role_flags(99)), ("cpu", None, ["-ngl", "0"]))
+             if where == "cpu" or gpu_present()
+             for side, binary in (("equal", base), ("slow", slow))]
+    rows = []
+    for name, binary, expected, path, hidden, flags in cases:
+        row = smoke_run(name, path, hidden, flags, binary, args.work, remedies,
+                        TINY_TIMEOUT if path is None else int(defaults["llama_cpp_smoke_timeout"]), against)
+        cmp = row.get("compare") or {}
+        row["expected_ok"] = expected
+        row["as_expected"] = row["ok"] == expected and "ratio" in cmp
+        print(f"  {name}: {'passed' if row['ok'] else 'refused'}; ratio {cmp.get('ratio')} ({cmp.get('new_tps')} "
+              f"against {cmp.get('current_tps')} tok/s){'' if row['as_expected'] else ' -- NOT AS EXPECTED: ' + (row['reason'] or cmp.get('skipped') or '')}",
+              flush=True)
+        rows.append({k: v for k, v in row.items() if k != "log"})
+    after = gpu_settings() if before is not None else None
+    doc = {"date": time.strftime("%Y-%m-%d"), "gpu_name": facts["gpus"][0]["name"] if facts["gpus"] else None,
+           "driver": facts["driver"].get("version"), "cpu_line": cpu_line(facts["cpu"]), "base": base_build,
+           "slow": slow_build, "tolerance": against["tolerance"], "rounds": against["rounds"], "runs": rows,
+           "gpu_settings_before": before, "gpu_settings_after": after}
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{doc['date']}-slower"
+    Path(f"{stem}.json").write_text(json.dumps(doc, indent=2))
+    lines = [f"# No slower: a new build's decode against the serving one's ({doc['gpu_name'] or 'CPU'}, {doc['date']})",
+             "", "roles/llama_cpp/smoke.py's comparison, as the role runs it before `current` switches: server "
+             f"sessions interleaved new, current ({against['rounds']} pairs), the best of 2 completions of "
+             f"{smoke.MEASURE_PREDICT} tokens each; tolerance {against['tolerance']}. Base: tag lab-base "
+             f"(build {base_build['id']}); slow: tag lab-slow-decode (every decode waits 300 ms; build "
+             f"{slow_build['id']}).", "", doc["cpu_line"], "",
+             "| case | model | flags | verdict | expected | ratio | new tok/s | current tok/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cmp = r.get("compare") or {}
+        lines.append(f"| {r['name']} | {Path(r['model']).name} | `{' '.join(r['args'])}` | "
+                     f"{'switches' if r['ok'] else 'refused'} | {'switches' if r['expected_ok'] else 'refused'} | "
+                     f"{cmp.get('ratio')} | {cmp.get('new_tps')} | {cmp.get('current_tps')} |")
+    lines += ["", f"GPU settings before: `{before}`", f"GPU settings after:  `{after}`"]
+    Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if before != after:
+        sys.exit("GPU settings changed")
+    if not all(r["as_expected"] for r in rows):
+        sys.exit(1)
+
+
 LINK_FIELDS = ("index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,"
                "pcie.link.gen.hostmax,pcie.link.width.current,pcie.link.width.max")
 
@@ -1082,7 +1181,7 @@ def cmd_plan(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
-                                         "compare", "report", "admission", "router"))
+                                         "compare", "report", "admission", "router", "slower"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -1099,7 +1198,8 @@ def main() -> None:
         args.out = Path(os.environ.get("OUT", "/tmp/rigup-gpu-out"))
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
      "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare,
-     "report": cmd_report, "admission": cmd_admission, "router": cmd_router}[args.step](args)
+     "report": cmd_report, "admission": cmd_admission, "router": cmd_router,
+     "slower": cmd_slower}[args.step](args)
 
 
 if __name__ == "__main__":

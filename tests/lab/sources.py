@@ -52,6 +52,13 @@ CRASHES = {   # tag: the condition under which its first real decode raises SIGS
 SLOW = ("    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rigup lab: lab-slow-decode\n")
 
 
+def slowed(text: str) -> str:
+    """:data:`CRASH_FILE`'s text as lab-slow-decode has it (tests/gpu/check.py's ``slower`` makes
+    the same tag from lab-base's archive on a machine without the mirror)."""
+    assert DECODE in text, f"{CRASH_FILE}: llama_context::decode not found"
+    return "#include <chrono>\n#include <thread>\n" + text.replace(DECODE, DECODE + SLOW, 1)
+
+
 def url(path: str = "") -> str:
     """The URL lab hosts use for ``path`` under the served folder."""
     return f"http://{lab.GATEWAY}:{SRV_PORT}/{path}"
@@ -116,7 +123,7 @@ def llama_cpp_mirror() -> Path:
             _git(work, "tag", tag)
         _git(work, "checkout", "-q", "--detach", TAGS[0])
         text = crash.read_text()
-        crash.write_text("#include <chrono>\n#include <thread>\n" + text.replace(DECODE, DECODE + SLOW, 1))
+        crash.write_text(slowed(text))
         _git(work, "commit", "-qam", "lab-slow-decode: every decode waits 300 ms")
         _git(work, "tag", "lab-slow-decode")
         staging = Path(tmp) / "llama.cpp.git"

@@ -42,8 +42,19 @@ options = check.cmake_options(plan, data)
 script = check.render_build_script(data, options, str(WORK / 'llama.cpp.tar.gz'))
 print('build', check.build_id(data, options), 'CMAKE_CUDA_ARCHITECTURES=80' in ' '.join(options), len(script))
 """,
-    "check.py smoke": """
-import check
+    "check.py smoke, slower": """
+import check, argparse
+import tarfile
+base = WORK / 'base'
+(base / 'llama.cpp/src').mkdir(parents=True)
+from tests.lab import sources
+(base / 'llama.cpp' / sources.CRASH_FILE).write_text('// x\\n' + sources.DECODE + '    return 0;\\n}\\n')
+with tarfile.open(WORK / 'base.tgz', 'w:gz') as tar:
+    tar.add(base / 'llama.cpp', arcname='llama.cpp')
+with tarfile.open(check.slow_archive(WORK / 'base.tgz', WORK / 'slow')) as tar:
+    text = tar.extractfile('llama.cpp/' + sources.CRASH_FILE).read().decode()
+assert sources.SLOW in text and text.startswith('#include <chrono>'), text
+assert float(check.role_defaults('llama_cpp')['llama_cpp_slower_tolerance']) > 0
 facts = check.parse_hardware(check.sh(check.hardware_command([str(WORK)])).splitlines())
 print('remedies', check.smoke_remedies(facts['cpu']), check.cpu_line(facts['cpu'])[:20])
 for ngl in (99, 0):
@@ -154,7 +165,7 @@ def test_check_py_plans_without_pyinfra(tmp_path):
 def test_a_role_package_init_is_never_run_there(tmp_path):
     """The mend of `check.py smoke`: schema.py imports its sibling roles.llama_server.tuned; loaded
     through tests/gpu/standalone.py the role's package is a bare folder, never its pyinfra deploy."""
-    code = STEPS["check.py smoke"] + "\nassert not hasattr(sys.modules['roles.llama_server'], 'apply')\n"
+    code = STEPS["check.py smoke, slower"] + "\nassert not hasattr(sys.modules['roles.llama_server'], 'apply')\n"
     result = run_step(code, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
 
