@@ -9,7 +9,7 @@
   the first decode of more than 2 tokens, the first real prompt; and ``lab-repack-crash``, the same
   only while weights are repacked (``use_extra_bufts``, what ``--no-repack`` turns off): llama.cpp's
   AMX/repack crash (upstream #20824) made to happen on any CPU; and ``lab-slow-decode``
-  (:data:`SLOW`), which answers as lab-base does, each decode 300 ms later: a regression on purpose.
+  (:data:`SLOW`), which answers as lab-base does, each decode taking 4x its time: a regression on purpose.
 - A static file server (Python's http.server, git's dumb HTTP protocol) on the lab gateway,
   serving STATE/srv, so hosts clone ``http://GATEWAY:8000/llama.cpp.git`` with no proxy.
 
@@ -47,9 +47,15 @@ CRASHES = {   # tag: the condition under which its first real decode raises SIGS
 }
 
 # lab-slow-decode: a build that answers as lab-base does, only slower: every decode call (each
-# generated token's, each prompt batch's) first waits 300 ms, whatever the flags and the batch: a
-# regression on purpose, far beyond any tolerance on any CPU that decodes 5 tokens/s or more
-SLOW = ("    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rigup lab: lab-slow-decode\n")
+# generated token's, each prompt batch's) sleeps 3x its own time and 20 ms more before it returns,
+# so it takes over 4x as long whatever the CPU's load. (A fixed sleep did not do: a lab CPU shared
+# with the other lane and a client decoded lab-base at 5 tok/s at times, so 300 ms more per token
+# measured 0.97x. The 20 ms are for a GPU, whose decode returns before its kernels are done.)
+SLOW = ("    struct rigup_slow {  // rigup lab: lab-slow-decode\n"
+        "        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();\n"
+        "        ~rigup_slow() { std::this_thread::sleep_for(3 * (std::chrono::steady_clock::now() - t0)\n"
+        "                                                   + std::chrono::milliseconds(20)); }\n"
+        "    } rigup_slow_guard;\n")
 
 
 def slowed(text: str) -> str:
@@ -84,9 +90,9 @@ def _git(repo: Path, *args: str) -> str:
 
 def llama_cpp_mirror() -> Path:
     """The bare git mirror with the lab tags (:data:`TAGS`); made once, kept across labs."""
-    if MIRROR.exists() and lab.run("git", "-C", MIRROR, "rev-parse", "-q", "--verify",
-                                   f"refs/tags/{TAGS[-1]}", check=False).returncode == 0:
-        return MIRROR
+    if MIRROR.exists() and SLOW in lab.run("git", "-C", MIRROR, "show", f"{TAGS[-1]}:{CRASH_FILE}",
+                                           check=False).stdout:
+        return MIRROR           # (an older mirror lacks the newer tags, or has another lab-slow-decode)
     with tempfile.TemporaryDirectory(dir=lab.STATE) as tmp:
         work = Path(tmp) / "llama.cpp"
         with tarfile.open(sdist()) as tar:
@@ -124,7 +130,7 @@ def llama_cpp_mirror() -> Path:
         _git(work, "checkout", "-q", "--detach", TAGS[0])
         text = crash.read_text()
         crash.write_text(slowed(text))
-        _git(work, "commit", "-qam", "lab-slow-decode: every decode waits 300 ms")
+        _git(work, "commit", "-qam", "lab-slow-decode: every decode takes 4x its time")
         _git(work, "tag", "lab-slow-decode")
         staging = Path(tmp) / "llama.cpp.git"
         lab.run("git", "clone", "-q", "--bare", work, staging)
