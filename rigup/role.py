@@ -12,6 +12,8 @@ gives the records in the order the roles run, and nothing looks a hook up by nam
 - ``smoke_runs``: what a new llama.cpp build is tried with before it serves
 - ``cards``: which of the host's cards the plan may serve on (burnin: all but the quarantined),
   and what it adds to the plan (``{"burnin": ...}``)
+- ``plan_adds``: what it tells the roles before it through the plan (llama_cpp: whether this host
+  compiles its build, ``llama_cpp_compiles``, so that cuda_toolkit installs the compiler only then)
 """
 
 from __future__ import annotations
@@ -33,4 +35,5 @@ class Role:
     fleet_plan_lines: Callable | None = None
     smoke_runs: Callable | None = None
     cards: Callable | None = None
+    plan_adds: Callable | None = None
     steps: dict = field(default_factory=dict)

@@ -7,6 +7,9 @@ llama_cpp_backend not cpu):
 - ``distro``: Debian's or Ubuntu's ``nvidia-cuda-toolkit`` (enables Debian's contrib and non-free
   components; Debian's toolkit brings the driver's user-space libraries, not a kernel module);
 - ``present``: installs nothing, and fails when ``nvcc`` of ``cuda_version`` is not there;
+- a host that does not compile its llama.cpp build (it has it, or receives it from the host that
+  compiled it: the plan's ``llama_cpp_compiles``, roles/llama_cpp) gets only what a CUDA build
+  loads at run time: the CUDA runtime and cuBLAS (:data:`RUNTIME`), no compiler;
 - PATH and LD_LIBRARY_PATH for login shells (/etc/profile.d/rigup-cuda.sh) and for rigup's
   units (/etc/rigup/cuda.env).
 apt waits on the dpkg lock (roles/base) and transient failures are retried. The right version
@@ -35,6 +38,13 @@ from roles.cuda_toolkit.checks import CHECKS
 
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
+# what ggml-cuda loads at run time (the CUDA runtime, cuBLAS and cuBLASLt; libcuda is the driver's),
+# for a host that receives its build: NVIDIA's repository ({v}: 12-8), and each distribution's own
+# nvidia-cuda-toolkit's library packages (a distribution not listed gets the whole toolkit)
+RUNTIME = {"nvidia": ["cuda-cudart-{v}", "libcublas-{v}"],
+           ("debian", 12): ["libcudart11.0", "libcublas11", "libcublaslt11"],
+           ("ubuntu", 22): ["libcudart11.0", "libcublas11", "libcublaslt11"],
+           ("ubuntu", 24): ["libcudart12", "libcublas12", "libcublaslt12"]}
 
 __all__ = ["apply", "CHECKS"]
 
@@ -74,8 +84,10 @@ def apply(plan: Plan, data: Config):
     if build_backend(plan, data) != "cuda":
         return
     source, version = data["cuda_source"], data["cuda_version"]
+    compiles = plan.get("llama_cpp_compiles", True)
     if source == "present":
-        version_present(name=f"CUDA {version} is installed", version=version)
+        if compiles:
+            version_present(name=f"CUDA {version} is installed", version=version)
     elif source == "nvidia":
         distro = read_once(LinuxDistribution)
         repo = REPOS.get((distro["release_meta"].get("ID"), distro["major"]))
@@ -83,15 +95,20 @@ def apply(plan: Plan, data: Config):
             raise OperationError(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
                                  f"debian 12, not {distro['name']} {distro['major']}; use distro")
         keyring(name="NVIDIA's CUDA apt repository", repo=repo)
-        apt.installed(name=f"Install cuda-toolkit {version}", packages=[f"cuda-toolkit-{version.replace('.', '-')}"],
-                      cache_seconds=0, _retries=2, _retry_delay=30)
+        v = version.replace('.', '-')
+        packages = [p.format(v=v) for p in RUNTIME["nvidia"]] if not compiles else [f"cuda-toolkit-{v}"]
+        apt.installed(name=f"Install cuda-toolkit {version}" if compiles else f"Install CUDA {version}'s run-time libraries",
+                      packages=packages, cache_seconds=0, _retries=2, _retry_delay=30)
     else:
-        if read_once(LinuxDistribution)["release_meta"].get("ID") == "debian":
-            # libcuda1 needs nvidia-support (contrib)
+        distro = read_once(LinuxDistribution)
+        ident = distro["release_meta"].get("ID")
+        packages = RUNTIME.get((ident, distro["major"])) if not compiles else None
+        if ident == "debian":
+            # libcuda1 and the CUDA libraries need nvidia-support (contrib) and non-free
             apt.components(name="Debian contrib and non-free components", names=["contrib", "non-free"],
-                           _if=lambda: "nvidia-cuda-toolkit" not in read_once(DebPackages))
-        apt.installed(name="Install nvidia-cuda-toolkit", packages=["nvidia-cuda-toolkit"],
-                      cache_seconds=0, _retries=2, _retry_delay=30)
+                           _if=lambda: not {"nvidia-cuda-toolkit", *(packages or [])} & set(read_once(DebPackages)))
+        apt.installed(name="Install the CUDA run-time libraries" if packages else "Install nvidia-cuda-toolkit",
+                      packages=packages or ["nvidia-cuda-toolkit"], cache_seconds=0, _retries=2, _retry_delay=30)
     home = _home(data)
     paths = {"version": version, "bin_dir": f"{home}/bin",
              "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}
@@ -101,4 +118,12 @@ def apply(plan: Plan, data: Config):
     managed(name="CUDA for rigup's units", dest=both[1], paths=both, text=render("cuda_toolkit.env.j2", **paths))
 
 
-ROLE = Role("cuda_toolkit", apply, checks=CHECKS)
+def plan_lines(plan: Plan, data: Config) -> list[str]:
+    """Its line of the plan where the host gets no CUDA compiler."""
+    if build_backend(plan, data) != "cuda" or plan.get("llama_cpp_compiles", True):
+        return []
+    return [f"CUDA {data['cuda_version']} ({data['cuda_source']}): the run-time libraries only, no compiler "
+            "(this host's llama.cpp build is not compiled here)"]
+
+
+ROLE = Role("cuda_toolkit", apply, checks=CHECKS, plan_lines=plan_lines)

@@ -89,6 +89,12 @@ def build_source(plan: Plan, data: Config) -> dict:
     return handover.source(host.name, data, state, build_id(data, options), runtime)
 
 
+def plan_adds(plan: Plan, data: Config) -> dict:
+    """``llama_cpp_compiles``: whether this host compiles its build (roles/cuda_toolkit installs
+    the CUDA compiler only then; a host that has or receives it gets the run-time libraries)."""
+    return {"llama_cpp_compiles": not data["llama_cpp_rollback"] and build_source(plan, data)["how"] == "compile"}
+
+
 @deploy("llama_cpp", data_defaults=role_defaults("llama_cpp"))
 def apply(plan: Plan, data: Config):
     dir = data["llama_cpp_dir"]
@@ -208,4 +214,5 @@ def proven(plan: Plan, data: Config):
     switched(name=f"llama.cpp current -> {ident} (received)", dir=dir, target=f"builds/{ident}", **smoke)
 
 
-ROLE = Role("llama_cpp", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, steps={'proven': proven})
+ROLE = Role("llama_cpp", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, plan_adds=plan_adds,
+            steps={'proven': proven})
