@@ -38,8 +38,10 @@ def converge(hosts: list[str]) -> tuple[float, str]:
     done = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py", *limits, *COLD], cwd=ROOT,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, env=dict(os.environ))
     seconds = time.monotonic() - start
+    log = lab.STATE.parent / f"bench-handover-{'-'.join(hosts)}.log"
+    log.write_text(done.stdout + done.stderr)
     if done.returncode:
-        raise RuntimeError(f"{hosts}: deploy.py failed:\n{(done.stdout + done.stderr)[-4000:]}")
+        raise RuntimeError(f"{hosts}: deploy.py failed (its whole output: {log}):\n{(done.stdout + done.stderr)[-4000:]}")
     return seconds, done.stdout + done.stderr
 
 

@@ -47,6 +47,8 @@ def cmake_options(plan: Plan, data: Config) -> list[str]:
         options.append("GGML_CUDA=OFF")
     if data.get("llama_cpp_ccache", True):
         options += [f"CMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in launchers]
+    else:       # llama.cpp's CMake takes a ccache it finds on its own (GGML_CCACHE, on by default)
+        options.append("GGML_CCACHE=OFF")
     return options + list(data["llama_cpp_cmake_options"])
 
 

@@ -27,3 +27,14 @@ def test_build_id_changes_with_ref_and_options_only():
     assert a == build_id(data, ["X=1"])
     assert a != build_id(data, ["X=2"])
     assert build_id({**data, "llama_cpp_ref": "b9000"}, ["X=1"]).startswith("b9000-")
+
+
+def test_ccache_off_is_off_for_llama_cpps_own_cmake_too():
+    """llama.cpp's CMake uses a ccache it finds by itself (GGML_CCACHE on by default): with
+    llama_cpp_ccache false, the build says no to it as well (make bench-handover measured a
+    "ccache off" cold build of 12 s before)."""
+    data = {**group_vars("all"), "llama_cpp_backend": "cpu"}
+    plan = _plan([], {"loaded": False}, [])
+    on, off = cmake_options(plan, data), cmake_options(plan, {**data, "llama_cpp_ccache": False})
+    assert "CMAKE_CXX_COMPILER_LAUNCHER=ccache" in on and "GGML_CCACHE=OFF" not in on
+    assert "GGML_CCACHE=OFF" in off and not any("LAUNCHER" in o for o in off)
