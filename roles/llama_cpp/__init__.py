@@ -195,8 +195,6 @@ def proven(plan: Plan, data: Config):
     smoke = {"smoke": smoke_spec(plan, data),
              "smoke_timeout": (runs * 2 + sessions) * data["llama_cpp_smoke_timeout"] + runs * 90}
     found = build_source(plan, data)
-    # the calls' lines order them across hosts: the compiling hosts switch and pack before the
-    # receiving hosts receive and switch
     if found["how"] != "receive":
         switched(name=f"llama.cpp current -> {ident}", dir=dir, target=f"builds/{ident}", **smoke)
         if found["how"] == "compile" and found.get("key"):
@@ -204,6 +202,9 @@ def proven(plan: Plan, data: Config):
                             key=found["key"], cache=data["llama_cpp_artifacts"],
                             record={"build_id": ident, "ref": data["llama_cpp_ref"], "commit": found["commit"],
                                     "runtime": found["runtime"]})
+    if found.get("key"):    # one operation of every host, on this line: the packing hosts' before the receiving ones'
+        handover.handed_over(name="llama.cpp builds of this run packed")
+    if found["how"] != "receive":
         return
     handover.received(name=f"Receive llama.cpp {ident} from {found['from']}", dir=dir, build_id=ident,
                       key=found["key"], cache=data["llama_cpp_artifacts"],

@@ -150,3 +150,21 @@ def test_the_compiling_hosts_own_copy_is_received_when_the_controllers_is_gone(l
     got = json.loads(on_host(lab, second, f"cat {DIR}/builds/{variant['build']}/rigup-received.json"))
     assert got["sha256"] == variant["record"]["sha256"]
     assert (lab.STATE / "artifacts" / f"{key}.tar.gz").exists()     # the controller keeps its copy again
+
+
+def test_in_one_run_the_compiling_host_packs_before_the_other_receives(lab, variant):
+    """Both hosts in one converge, a build neither has: lab1 compiles it and lab2, with fewer
+    operations before its turn, receives it only once lab1 packed it (handover.handed_over)."""
+    first, second = variant["first"], variant["second"]
+    other = 'llama_cpp_cmake_options=["RIGUP_LAB_VARIANT=2"]'
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", first, "--limit", second, "--data", other)
+    assert run.returncode == 0, run.output[-4000:]
+    build = on_host(lab, first, f"readlink {DIR}/current").strip().split("/")[1]
+    kept = run.output.find(f"[{first}] llama.cpp {build}: kept as artifact")
+    got = run.output.find(f"[{second}] llama.cpp {build}: received from {first}")
+    print(f"\none run of {first} and {second}: {first} compiled {build} and kept it at character {kept} of the "
+          f"output, {second} received it at {got}")
+    assert 0 <= kept < got, run.output[-4000:]
+    assert on_host(lab, second, f"readlink {DIR}/current").strip() == f"builds/{build}"
+    converge(first)     # both back on the module's build, as the fixture's teardown expects
+    converge(second)
