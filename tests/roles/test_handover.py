@@ -153,18 +153,22 @@ def test_the_compiling_hosts_own_copy_is_received_when_the_controllers_is_gone(l
 
 
 def test_in_one_run_the_compiling_host_packs_before_the_other_receives(lab, variant):
-    """Both hosts in one converge, a build neither has: lab1 compiles it and lab2, with fewer
-    operations before its turn, receives it only once lab1 packed it (handover.handed_over)."""
-    first, second = variant["first"], variant["second"]
+    """Both hosts in one converge, a build neither has: one compiles it (the first the play
+    reaches), and the other, with fewer operations before its turn, receives it only once the
+    first packed it (handover.handed_over)."""
+    hosts = [variant["first"], variant["second"]]
     other = 'llama_cpp_cmake_options=["RIGUP_LAB_VARIANT=2"]'
-    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", first, "--limit", second, "--data", other)
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", hosts[0], "--limit", hosts[1], "--data", other)
     assert run.returncode == 0, run.output[-4000:]
-    build = on_host(lab, first, f"readlink {DIR}/current").strip().split("/")[1]
-    kept = run.output.find(f"[{first}] llama.cpp {build}: kept as artifact")
-    got = run.output.find(f"[{second}] llama.cpp {build}: received from {first}")
-    print(f"\none run of {first} and {second}: {first} compiled {build} and kept it at character {kept} of the "
-          f"output, {second} received it at {got}")
-    assert 0 <= kept < got, run.output[-4000:]
-    assert on_host(lab, second, f"readlink {DIR}/current").strip() == f"builds/{build}"
-    converge(first)     # both back on the module's build, as the fixture's teardown expects
-    converge(second)
+    build = on_host(lab, hosts[0], f"readlink {DIR}/current").strip().split("/")[1]
+    lines = [ln for ln in run.output.splitlines() if f"llama.cpp {build}:" in ln]
+    kept = [i for i, ln in enumerate(lines) if "kept as artifact" in ln]
+    got = [i for i, ln in enumerate(lines) if "received from" in ln]
+    assert len(kept) == 1 and len(got) == 1 and kept[0] < got[0], "\n".join(lines)
+    packer = next(h for h in hosts if f"[{h}]" in lines[kept[0]])
+    receiver = next(h for h in hosts if h != packer)
+    print(f"\none run of both: {lines[kept[0]].strip()}, then {lines[got[0]].strip()}")
+    assert f"[{receiver}] llama.cpp {build}: received from {packer}" in lines[got[0]]
+    assert on_host(lab, receiver, f"readlink {DIR}/current").strip() == f"builds/{build}"
+    converge(hosts[0])     # both back on the module's build, as the fixture's teardown expects
+    converge(hosts[1])
