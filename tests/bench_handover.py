@@ -20,8 +20,10 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from datetime import date
+from pathlib import Path
 
 from tests.bench_overlap import RESULTS
 from tests.converge import PYINFRA, ROOT
@@ -38,7 +40,7 @@ def converge(hosts: list[str]) -> tuple[float, str]:
     done = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py", *limits, *COLD], cwd=ROOT,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, env=dict(os.environ))
     seconds = time.monotonic() - start
-    log = lab.STATE.parent / f"bench-handover-{'-'.join(hosts)}.log"
+    log = Path(tempfile.gettempdir()) / f"rigup-bench-handover-{'-'.join(hosts)}.log"
     log.write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"{hosts}: deploy.py failed (its whole output: {log}):\n{(done.stdout + done.stderr)[-4000:]}")
