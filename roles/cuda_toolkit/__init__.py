@@ -9,7 +9,7 @@ llama_cpp_backend not cpu):
 - ``present``: installs nothing, and fails when ``nvcc`` of ``cuda_version`` is not there;
 - a host that does not compile its llama.cpp build (it has it, or receives it from the host that
   compiled it: the plan's ``llama_cpp_compiles``, roles/llama_cpp) gets only what a CUDA build
-  loads at run time: the CUDA runtime and cuBLAS (:data:`RUNTIME`), no compiler;
+  loads at run time: the CUDA runtime and cuBLAS (rigup/cuda.py ``RUNTIME``), no compiler;
 - PATH and LD_LIBRARY_PATH for login shells (/etc/profile.d/rigup-cuda.sh) and for rigup's
   units (/etc/rigup/cuda.env).
 apt waits on the dpkg lock (roles/base) and transient failures are retried. The right version
@@ -28,6 +28,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 
 from rigup import apt
+from rigup.cuda import runtime_packages, toolkit_packages
 from rigup.config import Config, role_defaults
 from rigup.files import managed
 from rigup.gpu.facts import CudaToolkits
@@ -38,14 +39,6 @@ from roles.cuda_toolkit.checks import CHECKS
 
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
-# what ggml-cuda loads at run time (the CUDA runtime, cuBLAS and cuBLASLt; libcuda is the driver's),
-# for a host that receives its build: NVIDIA's repository ({v}: 12-8), and each distribution's own
-# nvidia-cuda-toolkit's library packages (a distribution not listed gets the whole toolkit)
-RUNTIME = {"nvidia": ["cuda-cudart-{v}", "libcublas-{v}"],
-           ("debian", 12): ["libcudart11.0", "libcublas11", "libcublaslt11"],
-           ("ubuntu", 22): ["libcudart11.0", "libcublas11", "libcublaslt11"],
-           ("ubuntu", 24): ["libcudart12", "libcublas12", "libcublaslt12"]}
-
 __all__ = ["apply", "CHECKS"]
 
 
@@ -95,20 +88,21 @@ def apply(plan: Plan, data: Config):
             raise OperationError(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
                                  f"debian 12, not {distro['name']} {distro['major']}; use distro")
         keyring(name="NVIDIA's CUDA apt repository", repo=repo)
-        v = version.replace('.', '-')
-        packages = [p.format(v=v) for p in RUNTIME["nvidia"]] if not compiles else [f"cuda-toolkit-{v}"]
-        apt.installed(name=f"Install cuda-toolkit {version}" if compiles else f"Install CUDA {version}'s run-time libraries",
-                      packages=packages, cache_seconds=0, _retries=2, _retry_delay=30)
+        runtime = None if compiles else runtime_packages(source, version, ())
+        apt.installed(name=f"Install cuda-toolkit {version}" if not runtime else f"Install CUDA {version}'s run-time libraries",
+                      packages=runtime or toolkit_packages(source, version), cache_seconds=0, _retries=2, _retry_delay=30)
     else:
         distro = read_once(LinuxDistribution)
         ident = distro["release_meta"].get("ID")
-        packages = RUNTIME.get((ident, distro["major"])) if not compiles else None
+        wanted = (None if compiles else runtime_packages(source, version, (ident, distro["major"]))) \
+            or toolkit_packages(source, version)
         if ident == "debian":
             # libcuda1 and the CUDA libraries need nvidia-support (contrib) and non-free
             apt.components(name="Debian contrib and non-free components", names=["contrib", "non-free"],
-                           _if=lambda: not {"nvidia-cuda-toolkit", *(packages or [])} & set(read_once(DebPackages)))
-        apt.installed(name="Install the CUDA run-time libraries" if packages else "Install nvidia-cuda-toolkit",
-                      packages=packages or ["nvidia-cuda-toolkit"], cache_seconds=0, _retries=2, _retry_delay=30)
+                           _if=lambda: not set(wanted) <= set(read_once(DebPackages)))
+        apt.installed(name="Install nvidia-cuda-toolkit" if wanted == toolkit_packages(source, version)
+                      else "Install the CUDA run-time libraries",
+                      packages=wanted, cache_seconds=0, _retries=2, _retry_delay=30)
     home = _home(data)
     paths = {"version": version, "bin_dir": f"{home}/bin",
              "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}

@@ -60,6 +60,7 @@ from rigup.probe import files, python
 from rigup import apt, progress
 from rigup.files import directory
 from rigup.config import Config, role_defaults
+from rigup.cuda import toolkit_packages
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
 from rigup.traps import load as load_traps
@@ -87,6 +88,14 @@ def build_source(plan: Plan, data: Config) -> dict:
     toolkit = str(data.get("cuda_version")) if build_backend(plan, data) == "cuda" else None
     runtime = artifact.runtime(state, (plan.get("cpu") or {}).get("flags") or [], options, toolkit)
     return handover.source(host.name, data, state, build_id(data, options), runtime)
+
+
+def fallback_packages(plan: Plan, data: Config) -> list[str]:
+    """What a host that was to receive its build installs when it compiles it after all (the build
+    refused, or never packed): the build tools, and for CUDA the toolkit's compiler, which
+    roles/cuda_toolkit left out there (its repository and components are set up all the same)."""
+    cuda = toolkit_packages(data["cuda_source"], data["cuda_version"]) if build_backend(plan, data) == "cuda" else []
+    return BUILD_PACKAGES + RUNTIME_PACKAGES + cuda
 
 
 def plan_adds(plan: Plan, data: Config) -> dict:
@@ -211,7 +220,7 @@ def proven(plan: Plan, data: Config):
                       script=render_build_script(data, options), systemd=read_once(LlamaCppState, dir=dir)["systemd"],
                       timeout=data["llama_cpp_build_timeout"],
                       install=f"{apt.waiting(apt.updated(), apt.lock_timeout())} && "
-                              f"{apt.install_command(BUILD_PACKAGES + RUNTIME_PACKAGES)}")
+                              f"{apt.install_command(fallback_packages(plan, data))}")
     switched(name=f"llama.cpp current -> {ident} (received)", dir=dir, target=f"builds/{ident}", **smoke)
 
 

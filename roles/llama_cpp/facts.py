@@ -52,8 +52,11 @@ class LlamaCppState(FactBase):
         return (
             f"d={shlex.quote(dir)}; echo current=$(readlink \"$d/current\" 2>/dev/null); "
             'echo previous=$(readlink "$d/previous" 2>/dev/null); '
-            'for f in "$d"/builds/*/rigup-build.json; do [ -e "$f" ] && echo build=$(cat "$f"); done; '
-            'for f in "$d"/builds/*/rigup-smoke.json; do [ -f "$f" ] && [ ! -L "$f" ] && '
+            # a received build that failed its smoke is kept aside as builds/<id>.refused: not a build
+            'for f in "$d"/builds/*/rigup-build.json; do case "$f" in *.refused/*) continue;; esac; '
+            '[ -e "$f" ] && echo build=$(cat "$f"); done; '
+            'for f in "$d"/builds/*/rigup-smoke.json; do case "$f" in *.refused/*) continue;; esac; '
+            '[ -f "$f" ] && [ ! -L "$f" ] && '
             'printf "smoke=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '
             f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
             "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0; "

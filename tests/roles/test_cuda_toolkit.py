@@ -9,7 +9,7 @@ import pytest
 from rigup.config import group_vars
 from rigup.gpu.facts import GPU_COMMAND, parse_gpus
 from rigup.gpu.plan import hardware_plan
-from roles import cuda_toolkit
+from rigup.cuda import RUNTIME
 from roles.llama_cpp import cmake_options
 from tests.conftest import on_host
 from tests.converge import pyinfra
@@ -74,7 +74,7 @@ def test_llama_cpp_configures_for_cuda_with_the_hosts_arch(lab, host):
 def test_a_host_that_receives_its_build_gets_no_compiler(lab, host):
     """issue 51: two hosts of one CUDA build in one run: the first compiles it (the toolkit), the
     second receives it (roles/llama_cpp/handover.py), so roles/cuda_toolkit gives it the CUDA
-    runtime and cuBLAS alone (RUNTIME), the very packages Debian's toolkit brings here."""
+    runtime and cuBLAS alone (rigup/cuda.py RUNTIME), the very packages Debian's toolkit brings here."""
     name, _ = host
     names = [h["name"] for h in lab.hosts()]
     run = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--dry", *CUDA,
@@ -86,6 +86,6 @@ def test_a_host_that_receives_its_build_gets_no_compiler(lab, host):
                                                           for n in names))
     assert not lines[names[0]] and all(lines[n] for n in names[1:]), lines
     assert "received" in run.output or "from " + names[0] in run.output
-    packages = cuda_toolkit.RUNTIME[("debian", 12)]
+    packages = RUNTIME[("debian", 12)]
     status = on_host(lab, name, "dpkg-query -W -f '${Package} ${Status}\\n' " + " ".join(packages))
     assert status.count("install ok installed") == len(packages), status
