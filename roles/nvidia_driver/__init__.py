@@ -54,7 +54,7 @@ from rigup.state import read_once, reading
 from rigup.text import shown
 from roles.nvidia_driver.checks import CHECKS
 from roles.nvidia_driver.facts import DriverHost
-from roles.nvidia_driver.packages import PIN_FILE, PINNED, at_branch, driver_packages, other_fabric, preferred_modules
+from roles.nvidia_driver.packages import FABRIC_PACKAGE, PIN_FILE, PINNED, at_branch, driver_packages, other_fabric, preferred_modules
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines"]
 
@@ -130,6 +130,7 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
             yield (f"v=$(apt-cache policy {q} | sed -n 's/^ *Candidate: //p'); case \"$v\" in {int(branch)}.*) ;; *) "
                    f"echo \"rigup: apt offers {probe} $v, not of branch {int(branch)}: this host's sources have no "
                    f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac; "
+                   f"{_fabric_at(packages)}"
                    "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module version' "
                    f"{shlex.quote('Package: ' + PINNED)} \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
         extra = f" {shlex.quote(headers)}" if headers else ""
@@ -140,6 +141,20 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
         yield apt.waiting(apt.noninteractive_apt(
             f"install --no-install-recommends --allow-change-held-packages {names}{extra}"), timeout)
     yield f"apt-mark hold {names} >/dev/null"
+
+
+def _fabric_at(packages: list[str]) -> str:
+    """Shell that fails, before anything is installed, where apt offers a fabric manager package of
+    ``packages`` at another version than the kernel module's candidate ``$v``: preflight's check
+    (checks.py) read the host's lists before this converge updated them, and at another version
+    the fabric manager refuses to start, so the host would reboot into a board nothing can use."""
+    fabric = [p for p in packages if FABRIC_PACKAGE.fullmatch(p)]
+    if not fabric:
+        return ""
+    return (f"off=; for p in {' '.join(shlex.quote(p) for p in fabric)}; do apt-cache show \"$p=$v\" >/dev/null 2>&1 "
+            "|| off=\"$off $p\"; done; if [ -n \"$off\" ]; then echo \"rigup: apt offers$off at other versions only, "
+            "the driver at $v (the fabric manager must be the driver's exact version): nothing installed\" >&2; "
+            "exit 1; fi; ")
 
 
 @operation()

@@ -35,11 +35,15 @@ from tests.lab import lab
 APT_DIR = lab.STATE / "hub" / "apt"
 READY = "/run/nvidia-fabricmanager/ready"
 # What apt would install of the proprietary kernel module with the driver's components, read into
-# a scratch directory (the host's own sources and lists unchanged): the fabric manager's version
+# a scratch directory (the host's own sources and lists unchanged): the fabric manager's version.
+# Every index must come (--error-on=any, 3 tries): one run's update lost bookworm-security's, read
+# bookworm's 535.261.03 where the role then installed the security update's 535.309.01, and the
+# stand-in fabric manager did not match the driver (test_roll, 2026-12-05).
 CANDIDATE = ("d=$(mktemp -d) && mkdir -p $d/parts $d/lists/partial && for f in /etc/apt/sources.list.d/*.sources; do "
              "sed 's/^Components: main$/Components: main contrib non-free non-free-firmware/' $f > $d/parts/${f##*/}; done && "
              "o=\"-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=$d/parts -o Dir::State::Lists=$d/lists\" && "
-             "apt-get -qq $o update >/dev/null && apt-cache $o policy nvidia-kernel-dkms | sed -n 's/^ *Candidate: //p'; "
+             "ok= && for i in 1 2 3; do if apt-get -qq --error-on=any $o update >/dev/null 2>&1; then ok=1; break; fi; "
+             "sleep 3; done; [ -n \"$ok\" ] && apt-cache $o policy nvidia-kernel-dkms | sed -n 's/^ *Candidate: //p'; "
              "rm -rf $d")
 SOURCE_FILE = "/etc/apt/sources.list.d/rigup-lab-fabric.list"
 
