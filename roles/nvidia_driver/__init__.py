@@ -130,9 +130,10 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
             yield (f"v=$(apt-cache policy {q} | sed -n 's/^ *Candidate: //p'); case \"$v\" in {int(branch)}.*) ;; *) "
                    f"echo \"rigup: apt offers {probe} $v, not of branch {int(branch)}: this host's sources have no "
                    f"driver of branch {int(branch)}; set nvidia_driver_branch to the branch they have\" >&2; exit 1;; esac; "
+                   "u=${v#*:}; u=${u%-*}; "    # its release: Debian's revision (0+deb12u1) is not NVIDIA's (1)
                    f"{_fabric_at(packages)}"
-                   "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module version' "
-                   f"{shlex.quote('Package: ' + PINNED)} \"Pin: version $v\" 'Pin-Priority: 1001' > {PIN_FILE}")
+                   "printf '%s\\n' '# rigup (roles/nvidia_driver): every package at the kernel module release' "
+                   f"{shlex.quote('Package: ' + PINNED)} \"Pin: version $u-*\" 'Pin-Priority: 1001' > {PIN_FILE}")
         extra = f" {shlex.quote(headers)}" if headers else ""
         old = other_fabric(installed, packages)   # another branch's fabric manager: out in the same transaction
         if old:
@@ -151,10 +152,10 @@ def _fabric_at(packages: list[str]) -> str:
     fabric = [p for p in packages if FABRIC_PACKAGE.fullmatch(p)]
     if not fabric:
         return ""
-    return (f"off=; for p in {' '.join(shlex.quote(p) for p in fabric)}; do apt-cache show \"$p=$v\" >/dev/null 2>&1 "
-            "|| off=\"$off $p\"; done; if [ -n \"$off\" ]; then echo \"rigup: apt offers$off at other versions only, "
-            "the driver at $v (the fabric manager must be the driver's exact version): nothing installed\" >&2; "
-            "exit 1; fi; ")
+    return (f"off=; for p in {' '.join(shlex.quote(p) for p in fabric)}; do apt-cache madison \"$p\" | awk -F' *[|] *' "
+            "-v u=\"$u\" '{sub(/^[0-9]+:/, \"\", $2)} index($2, u \"-\") == 1 {f = 1} END {exit !f}' || off=\"$off $p\"; "
+            "done; if [ -n \"$off\" ]; then echo \"rigup: apt offers$off at other versions only, the driver at $v (the "
+            "fabric manager must be the driver's release, $u): nothing installed\" >&2; exit 1; fi; ")
 
 
 @operation()

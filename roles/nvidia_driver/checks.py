@@ -22,7 +22,7 @@ from rigup.gpu.fabric import mismatch
 from rigup.gpu.driver import modules_choice
 from rigup.gpu.plan import gpu_host
 from rigup.refusal import Refusal
-from roles.nvidia_driver.packages import driver_packages, preferred_modules
+from roles.nvidia_driver.packages import driver_packages, preferred_modules, upstream
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -162,12 +162,13 @@ def _fabric_version_offered(plan: Plan, facts: Facts, data: Config) -> Refusal |
     name = f"nvidia-fabricmanager-{branch}"
     offers = (host.get("fabric_offers") or {}).get(name) or []
     have = ((host.get("packages") or {}).get(name) or {}).get("version")
-    if not driver or not str(driver).startswith(f"{branch}.") or not offers or driver in offers or have == driver:
+    if not driver or not str(driver).startswith(f"{branch}.") or not offers \
+            or upstream(driver) in {upstream(o) for o in offers} or (have and upstream(have) == upstream(driver)):
         return None
     return Refusal(f"NVSwitch host: its sources offer {name} at {', '.join(offers[:3])}, the driver at {driver}",
                    "the fabric manager must be the driver's exact version (at another it refuses to start, and "
                    "every CUDA program fails with error 802)",
-                   f"add the source that has {name} {driver} (NVIDIA's CUDA repository keeps every version), or pin "
+                   f"add the source that has {name} {upstream(driver)} (NVIDIA's CUDA repository keeps every version), or pin "
                    "nvidia_driver_branch to a branch whose driver and fabric manager your sources offer alike",
                    "driver_fabric")
 

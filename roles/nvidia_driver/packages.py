@@ -61,6 +61,14 @@ def driver_packages(os_id: str, branch: int, modules: str, nvswitch: bool = Fals
     return None
 
 
+def upstream(version: str) -> str:
+    """A Debian version's upstream part (no epoch, no revision): what the fabric manager compares
+    with the driver. Debian's security update 535.309.01-0+deb12u1 and NVIDIA's CUDA repository's
+    fabric manager 535.309.01-1 are the same driver release."""
+    version = version.partition(":")[2] or version
+    return version.rpartition("-")[0] or version
+
+
 def at_branch(installed: dict, packages: list[str], branch: int, versioned: bool) -> list[str]:
     """Those of ``packages`` that are not installed at ``branch`` (``installed``: DriverHost's
     packages), in order."""

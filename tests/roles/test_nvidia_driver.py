@@ -2,9 +2,10 @@
 chips on its PCI bus, no nvidia-smi, no driver) goes to serving in one deploy.py run with
 nvidia_driver_branch 535: Debian 12's driver packages really installed from the distribution through
 the lab's proxy (the kernel module's load is the lab's stand-in: tests/lab/lab.py DRIVER_HOOK), the
-fabric manager of the branch at the driver's exact version from the host's other source (the lab's
+fabric manager of the branch at the driver's release from the host's other source (the lab's
 apt repository of stand-in packages, as NVIDIA's CUDA repository would be: tests/lab/fabric_debs.py;
-it holds the driver's version and another), running, the fabric registered before the instance
+it holds the driver's release, named as NVIDIA names it, 535.309.01-1 where Debian's security
+update is 535.309.01-0+deb12u1, and another release), running, the fabric registered before the instance
 starts (its unit ordered after the fabric manager), then every later role on the plan made from the
 PCI bus; the second converge changes nothing. (A branch change on serving hosts through roll.py:
 tests/roles/test_roll.py.)"""
@@ -33,18 +34,20 @@ def bare(lab):
     try:
         version = on_host(lab, name, fabric_debs.CANDIDATE).strip()
         assert version.startswith("535."), version
-        other = "535.999.01-1"           # a fabric manager of the branch at another version, offered too
-        fabric_debs.build([version, other])
+        # the driver's release as NVIDIA's CUDA repository names it (535.309.01-1: Debian's security
+        # update is 535.309.01-0+deb12u1), and a fabric manager of the branch at another release
+        nvidia, other = f"{version.split('-')[0]}-1", "535.999.01-1"
+        fabric_debs.build([nvidia, other])
         hub.serve()
         on_host(lab, name, fabric_debs.source_setup())   # the operator's second source (NVIDIA's CUDA repository)
-        yield name, version
+        yield name, version, nvidia
     finally:
         lab.remove(name)
 
 
 @pytest.fixture(scope="module")
 def served(lab, bare):
-    bare, _ = bare
+    bare = bare[0]
     before = lab.ssh(bare, "command -v nvidia-smi").returncode
     pci = on_host(lab, bare, "ls /sys/bus/pci/devices | wc -l").strip()
     first = converge("inventory/lab.py", "--limit", bare, *BRANCH, timeout=2400)
@@ -57,7 +60,7 @@ def served(lab, bare):
 
 
 def test_a_bare_host_serves_after_one_deploy_run(lab, bare, served):
-    bare, _ = bare
+    bare = bare[0]
     first, _ = served
     assert f"[{bare}] cards:     8 x h100 (from the PCI bus: no driver answers yet)" in first.output
     assert f"[{bare}] driver:    branch 535 (proprietary modules) to install" in first.output
@@ -86,7 +89,7 @@ def test_the_fabric_manager_runs_at_the_drivers_version_before_the_instance(lab,
     """The fabric manager of the branch at exactly the driver's version (of the two the source
     offers), held with it, active; every card's fabric registered; the instance's unit ordered
     after it and started after it."""
-    bare, version = bare
+    bare, _, nvidia = bare
     first, _ = served
     fm = on_host(lab, bare, "dpkg-query -W -f='${Version}\\n' nvidia-fabricmanager-535 libnvidia-nscq-535; "
                             "apt-mark showhold | grep -c -e fabricmanager -e nscq").split()
@@ -97,7 +100,7 @@ def test_the_fabric_manager_runs_at_the_drivers_version_before_the_instance(lab,
     plan = [ln.strip() for ln in first.output.splitlines() if "fabric:" in ln]
     print(f"fabric manager {fm}; cards: {sorted(set(fabric))} x {len(fabric)}; started at {starts} (monotonic us); "
           f"plan: {plan[:1]}")
-    assert fm[:2] == [version, version] and fm[2] == "2"                  # 535.999.01-1 offered, not taken
+    assert fm[:2] == [nvidia, nvidia] and fm[2] == "2"                    # 535.999.01-1 offered, not taken
     assert on_host(lab, bare, "systemctl is-active nvidia-fabricmanager").strip() == "active"
     assert fabric == ["Completed, Success"] * 8
     assert "nvidia-fabricmanager.service" in after.split() and 0 < int(starts[0]) < int(starts[1])
@@ -111,7 +114,7 @@ def test_a_stopped_fabric_manager_drains_the_host_and_the_next_converge_serves_a
     import time
     from tests.converge import pyinfra
 
-    bare, _ = bare
+    bare = bare[0]
     tripped = "/var/lib/rigup/gpu-guard.tripped"
     on_host(lab, bare, "systemctl stop nvidia-fabricmanager")
     stopped, record = time.monotonic(), None
@@ -141,14 +144,14 @@ def test_a_fabric_manager_offered_only_at_another_version_is_refused_naming_both
     from tests.converge import pyinfra
     from tests.lab import fabric_debs
 
-    bare, version = bare
+    bare, version, nvidia = bare
     fm = "nvidia-fabricmanager-535 libnvidia-nscq-535"
     fabric_debs.build(["535.999.01-1"])
     on_host(lab, bare, f"systemctl stop nvidia-fabricmanager; apt-mark unhold {fm} >/dev/null; "
                        f"apt-get purge -y -qq {fm} >/dev/null 2>&1; apt-get -qq update")
     refused = pyinfra("inventory/lab.py", "preflight.py", "--limit", bare, *BRANCH)
     lines = [ln.strip() for ln in refused.output.splitlines() if "refused:" in ln]
-    fabric_debs.build([version, "535.999.01-1"])
+    fabric_debs.build([nvidia, "535.999.01-1"])
     on_host(lab, bare, "apt-get -qq update")
     back = converge("inventory/lab.py", "--limit", bare, *BRANCH)
     installed = on_host(lab, bare, "dpkg-query -W -f='${Version}' nvidia-fabricmanager-535").strip()
@@ -156,7 +159,7 @@ def test_a_fabric_manager_offered_only_at_another_version_is_refused_naming_both
     assert refused.returncode != 0 and any(
         f"[{bare}] refused: NVSwitch host: its sources offer nvidia-fabricmanager-535 at 535.999.01-1, the driver at "
         f"{version}" in ln for ln in lines), lines
-    assert installed == version
+    assert installed == nvidia
     assert on_host(lab, bare, "systemctl is-active nvidia-fabricmanager rigup-llama@gemma").split() == ["active"] * 2
 
 
@@ -166,7 +169,7 @@ def test_preflight_holds_cuda_to_the_driver_before_any_change(lab, bare, served)
     driver is the branch it will have), and that branch change on a serving host is refused outside
     a roll. Preflight changes nothing: the next converge still has nothing to do."""
     from tests.converge import pyinfra
-    bare, _ = bare
+    bare = bare[0]
     cuda = ("--data", "llama_cpp_backend=cuda", "--data", 'cuda_version="12.8"')
     vllm = ("--data", "vllm_pip_version=0.33.0+cu130",
             "--data", 'vllm_instances={"v": {"model": "gemma-270m", "port": 8000}}')

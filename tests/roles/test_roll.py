@@ -101,11 +101,11 @@ def rack(lab):
     gateway = ("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY)
     try:
         # the HGX hosts' fabric manager at their driver's version (the profile's), held and running, as
-        # rented; the lab's repository has it there and at the version of Debian's 535 driver (the roll's)
+        # rented; the lab's repository has it there and at the release of Debian's 535 driver (the roll's)
         driver = on_host(lab, HGX[0], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1").strip()
         debian_535 = on_host(lab, HGX[0], fabric_debs.CANDIDATE).strip()
         assert driver.startswith("580.") and debian_535.startswith("535."), (driver, debian_535)
-        fabric_debs.build([f"{driver}-1", debian_535])
+        fabric_debs.build([f"{driver}-1", f"{debian_535.split('-')[0]}-1"])   # as NVIDIA's repository names them
         hub.serve()
         fm = " ".join(f"{p}={driver}-1" for p in FABRIC.format(b=driver.split(".")[0]).split())
         with ThreadPoolExecutor(2) as each:

@@ -113,6 +113,10 @@ def test_a_fabric_manager_offered_at_other_versions_than_the_driver_is_refused_n
                   "        500 http://10.213.0.1:8090/_apt ./ Packages"]
     assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
                         data(nvidia_driver_branch=535)) == []
+    lines[7:9] = ["     535.309.01-1 500",                                 # NVIDIA's revision of that release
+                  "        500 http://10.213.0.1:8090/_apt ./ Packages"]
+    assert check_fabric(plan_with(bare), {"reads": {"DriverHost": parse_driver_host(lines)}},
+                        data(nvidia_driver_branch=535)) == []
 
 
 # nvidia-smi nvlink -s on an HGX A100 (12 links a card), as MANAGER_COMMAND prefixes its lines

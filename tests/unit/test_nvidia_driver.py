@@ -213,27 +213,31 @@ def test_the_cards_compute_capability_against_the_toolkit_and_the_branch():
 
 
 
-def test_a_fabric_manager_not_offered_at_the_drivers_version_stops_the_install_first(tmp_path):
-    """packages_at_branch's guard, run with bash and an apt-cache that offers what $OFFERED names
-    (the lists preflight read were older than this converge's update): the fabric manager at
-    another version than the kernel module's $v fails before the install, naming the packages and
-    the version; offered alike, it goes on; a host without NVSwitches gets no guard."""
+
+def test_a_fabric_manager_not_offered_at_the_drivers_release_stops_the_install_first(tmp_path):
+    """packages_at_branch's guard, run with bash and an apt-cache whose madison lists what $OFFERED
+    names (the lists preflight read were older than this converge's update): the fabric manager of
+    another release than the kernel module's candidate $v fails before the install, naming the
+    packages and both; NVIDIA's revision of the same release (535.309.01-1 for Debian's
+    535.309.01-0+deb12u1) goes on; a host without NVSwitches gets no guard."""
     import os
     import subprocess
 
     from roles.nvidia_driver import _fabric_at
 
     stub = tmp_path / "apt-cache"
-    stub.write_text('#!/bin/sh\ncase " $OFFERED " in *" $2 "*) exit 0;; esac\nexit 1\n')
+    stub.write_text('#!/bin/sh\nfor o in $OFFERED; do [ "${o%%=*}" = "$2" ] && '
+                    'echo "$2 | ${o#*=} | http://10.213.0.1:8090/_apt ./ Packages"; done; exit 0\n')
     stub.chmod(0o755)
     assert _fabric_at(driver_packages("debian", 535, "proprietary")["packages"]) == ""
     v = "535.309.01-0+deb12u1"
-    script = f"v={v}; " + _fabric_at(driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"]) + "echo installing"
-    for fabric, ok in ((v, True), ("535.261.03-1", False)):
-        offered = f"nvidia-kernel-dkms={v} nvidia-fabricmanager-535={fabric} libnvidia-nscq-535={fabric}"
+    script = (f"v={v}; u=535.309.01; " + _fabric_at(driver_packages("debian", 535, "proprietary", nvswitch=True)["packages"])
+              + "echo installing")
+    for fabric, ok in ((v, True), ("535.309.01-1", True), ("535.261.03-1 1:535.309.011-1", False)):
+        offered = " ".join(f"{p}={f}" for p in ("nvidia-fabricmanager-535", "libnvidia-nscq-535") for f in fabric.split())
         run = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
                              env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "OFFERED": offered})
         print(f"fabric manager at {fabric}: exit {run.returncode}, {run.stdout.strip()}{run.stderr.strip()}")
         assert (run.returncode, run.stdout.strip()) == ((0, "installing") if ok else (1, ""))
-        assert ok or f"apt offers nvidia-fabricmanager-535 libnvidia-nscq-535 at other versions only, the driver at {v}" \
-            in run.stderr
+        assert ok or ("apt offers nvidia-fabricmanager-535 libnvidia-nscq-535 at other versions only, the driver at "
+                      f"{v} (the fabric manager must be the driver's release, 535.309.01)") in run.stderr
