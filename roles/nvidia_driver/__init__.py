@@ -14,7 +14,7 @@ on its PCI bus or answering nvidia-smi):
   the PCI bus when no driver answered: rigup.gpu.driver), else the host fails, naming both;
 - nvidia-persistenced enabled and running (systemd hosts);
 - on an NVSwitch host (HGX, DGX: rigup/gpu/fabric.py) the fabric manager and its NSCQ library of
-  the branch, at the driver's version and held with it, enabled and running; the serving units are
+  the branch, at the driver's release and held with it, enabled and running; the serving units are
   ordered after it (roles/llama_server, roles/vllm);
 - on an NVSwitch host or a VM of one, with or without a branch pinned: the fabric registered
   before anything serves (every card's fabric.state Completed/Success, or with N/A, Ampere, the

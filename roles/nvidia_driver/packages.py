@@ -6,7 +6,7 @@ kernel module, nvidia-smi, libcuda1 and the persistence daemon; the open modules
 firmware. Its open modules (contrib, their own source package) lag the driver's security updates
 (seen 2026-12-03: nvidia-open-kernel-dkms 535.261.03-1 in bookworm, the libraries and firmware
 535.309.01 in bookworm-security): apt cannot install them beside the newest libraries, so every
-package is pinned to the kernel module's version (an apt preference, :func:`PIN_FILE`), and
+package is pinned to the kernel module's release (an apt preference, :func:`PIN_FILE`), and
 ``auto`` takes the proprietary modules on Debian, which follow the security updates. Ubuntu (restricted): the branch is in the names, the server (long-lived) branches'
 headless packages, as NVIDIA's own Ansible role installs them.
 """
@@ -17,7 +17,7 @@ import re
 
 
 PIN_FILE = "/etc/apt/preferences.d/rigup-nvidia-driver"
-# The packages PIN_FILE pins to the kernel module's version: the driver's family by name, globs
+# The packages PIN_FILE pins to the kernel module's release: the driver's family by name, globs
 # (apt ignores a version pin of "Package: *", warning "Did not understand pin type version": the
 # generic form takes release and origin pins only; seen on a lab host, where a fabric manager of
 # another version was installed beside the driver)
