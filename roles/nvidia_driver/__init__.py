@@ -146,9 +146,10 @@ def packages_at_branch(packages: list[str], branch: int, versioned: bool, probe:
 
 def _fabric_at(packages: list[str]) -> str:
     """Shell that fails, before anything is installed, where apt offers a fabric manager package of
-    ``packages`` at another version than the kernel module's candidate ``$v``: preflight's check
-    (checks.py) read the host's lists before this converge updated them, and at another version
-    the fabric manager refuses to start, so the host would reboot into a board nothing can use."""
+    ``packages`` at other releases only than ``$u``, the kernel module candidate's (the shell's
+    twin of packages.upstream): preflight's check (checks.py) read the host's lists before this
+    converge updated them, and at another release the fabric manager refuses to start, so the host
+    would reboot into a board nothing can use."""
     fabric = [p for p in packages if FABRIC_PACKAGE.fullmatch(p)]
     if not fabric:
         return ""

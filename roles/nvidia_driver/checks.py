@@ -166,7 +166,7 @@ def _fabric_version_offered(plan: Plan, facts: Facts, data: Config) -> Refusal |
             or upstream(driver) in {upstream(o) for o in offers} or (have and upstream(have) == upstream(driver)):
         return None
     return Refusal(f"NVSwitch host: its sources offer {name} at {', '.join(offers[:3])}, the driver at {driver}",
-                   "the fabric manager must be the driver's exact version (at another it refuses to start, and "
+                   "the fabric manager must be the driver's release (at another it refuses to start, and "
                    "every CUDA program fails with error 802)",
                    f"add the source that has {name} {upstream(driver)} (NVIDIA's CUDA repository keeps every version), or pin "
                    "nvidia_driver_branch to a branch whose driver and fabric manager your sources offer alike",

@@ -26,6 +26,7 @@ PROMPT = json.dumps({"model": "gemma", "prompt": "The capital of France is", "ma
 
 @pytest.fixture(scope="module")
 def bare(lab):
+    from roles.nvidia_driver.packages import upstream
     from tests.lab import fabric_debs, hub
 
     first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
@@ -36,7 +37,7 @@ def bare(lab):
         assert version.startswith("535."), version
         # the driver's release as NVIDIA's CUDA repository names it (535.309.01-1: Debian's security
         # update is 535.309.01-0+deb12u1), and a fabric manager of the branch at another release
-        nvidia, other = f"{version.split('-')[0]}-1", "535.999.01-1"
+        nvidia, other = f"{upstream(version)}-1", "535.999.01-1"
         fabric_debs.build([nvidia, other])
         hub.serve()
         on_host(lab, name, fabric_debs.source_setup())   # the operator's second source (NVIDIA's CUDA repository)

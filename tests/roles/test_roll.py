@@ -94,6 +94,7 @@ def rack(lab):
     lab5 is their gateway (tests/roles/balancer_only.py); a second converge changes nothing. lab1
     goes first, alone (lab2-4 then find its compiled objects in the lab's ccache); the gateway's
     first converge runs next to lab2-4's (its frontends' gate is answered by lab1)."""
+    from roles.nvidia_driver.packages import upstream
     from tests.lab import fabric_debs, hub
 
     lab.up(2, "hgx-h100", first=3)
@@ -105,7 +106,7 @@ def rack(lab):
         driver = on_host(lab, HGX[0], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1").strip()
         debian_535 = on_host(lab, HGX[0], fabric_debs.CANDIDATE).strip()
         assert driver.startswith("580.") and debian_535.startswith("535."), (driver, debian_535)
-        fabric_debs.build([f"{driver}-1", f"{debian_535.split('-')[0]}-1"])   # as NVIDIA's repository names them
+        fabric_debs.build([f"{driver}-1", f"{upstream(debian_535)}-1"])   # as NVIDIA's repository names them
         hub.serve()
         fm = " ".join(f"{p}={driver}-1" for p in FABRIC.format(b=driver.split(".")[0]).split())
         with ThreadPoolExecutor(2) as each:
