@@ -1041,7 +1041,7 @@ def cmd_smoke(args) -> None:
 
 def slow_archive(base: Path, work: Path) -> Path:
     """WORK/llama.cpp-slow.tar.gz: ``base`` (lab-base's tree) with tests/lab/sources.py's
-    lab-slow-decode patch (every decode takes 8x its time), made once."""
+    lab-slow-decode patch (every generated token takes 5x its time), made once."""
     import tarfile
     import tempfile
 
@@ -1065,7 +1065,7 @@ def slow_archive(base: Path, work: Path) -> Path:
 def cmd_slower(args) -> None:
     """issue 51's no-slower comparison (roles/llama_cpp/smoke.py's ``compare``, as the role runs it
     before ``current`` switches) on this machine: the build against itself (equal: it must pass)
-    and the lab's tag lab-slow-decode (every decode takes 8x its time; made from --archive with
+    and the lab's tag lab-slow-decode (every generated token takes 5x its time; made from --archive with
     tests/lab/sources.py's patch and built first into WORK/slow) against the build (it must be refused, with its ratio), with the
     8B-shaped model and the role's flags on the GPU, and the tiny model on the CPU alone. Writes
     OUT/<date>-slower.json and .md; exit status 1 when a verdict is not the expected one."""
@@ -1114,7 +1114,7 @@ def cmd_slower(args) -> None:
              "", "roles/llama_cpp/smoke.py's comparison, as the role runs it before `current` switches: server "
              f"sessions interleaved new, current ({against['rounds']} pairs), the best of 2 completions of "
              f"{smoke.MEASURE_PREDICT} tokens each; tolerance {against['tolerance']}. Base: tag lab-base "
-             f"(build {base_build['id']}); slow: tag lab-slow-decode (every decode takes 8x its time; build "
+             f"(build {base_build['id']}); slow: tag lab-slow-decode (every generated token takes 5x its time; build "
              f"{slow_build['id']}).", "", doc["cpu_line"], "",
              "| case | model | flags | verdict | expected | ratio | new tok/s | current tok/s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]

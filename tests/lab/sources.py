@@ -9,7 +9,7 @@
   the first decode of more than 2 tokens, the first real prompt; and ``lab-repack-crash``, the same
   only while weights are repacked (``use_extra_bufts``, what ``--no-repack`` turns off): llama.cpp's
   AMX/repack crash (upstream #20824) made to happen on any CPU; and ``lab-slow-decode``
-  (:data:`SLOW`), which answers as lab-base does, each decode taking 8x its time: a regression on purpose.
+  (:data:`SLOW`), which answers as lab-base does, each generated token taking 5x its time: a regression on purpose.
 - A static file server (Python's http.server, git's dumb HTTP protocol) on the lab gateway,
   serving STATE/srv, so hosts clone ``http://GATEWAY:8000/llama.cpp.git`` with no proxy.
 
@@ -46,18 +46,26 @@ CRASHES = {   # tag: the condition under which its first real decode raises SIGS
     "lab-repack-crash": "rigup_lab_repack && batch_inp.tokens.size() > 2",
 }
 
-# lab-slow-decode: a build that answers as lab-base does, only slower: every decode call (each
-# generated token's, each prompt batch's) sleeps 7x its own time and 20 ms more before it returns,
-# so it takes over 8x as long whatever the CPU's load. (A fixed sleep did not do: a lab CPU shared
-# with the other lane and a client decoded lab-base at 5 tok/s at times, so 300 ms more per token
-# measured 0.97x. Nor did 4x: llama-server's own rate, under that load and best of two, measured
-# 0.33x to 0.40x, at the test's 0.4 limit once in CI. The 20 ms are for a GPU, whose decode
-# returns before its kernels are done.)
+# lab-slow-decode: a build that answers as lab-base does, only slower: each decode call of one
+# token (a generated token's, with one slot) sleeps, before it returns, 4x the time since the last
+# decode ended (the token's whole cycle: the server's sampling and loop, then its decode) and 20 ms
+# more, so each generated token takes 5x its time whatever the CPU's load; prompt batches and the
+# warm-up are as fast as lab-base's. (A fixed sleep did not do: a lab CPU shared with the other
+# lane and a client decoded lab-base at 5 tok/s at times, so 300 ms more per token measured 0.97x.
+# Nor did 3x the decode's own time: the sampling outside it is not multiplied, and llama-server's
+# rate, best of two under that load, measured 0.33x to 0.40x, at the test's 0.4 limit once in CI.
+# The 20 ms are for a GPU, whose decode returns before its kernels are done.)
 SLOW = ("    struct rigup_slow {  // rigup lab: lab-slow-decode\n"
-        "        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();\n"
-        "        ~rigup_slow() { std::this_thread::sleep_for(7 * (std::chrono::steady_clock::now() - t0)\n"
-        "                                                   + std::chrono::milliseconds(20)); }\n"
-        "    } rigup_slow_guard;\n")
+        "        bool one_token;\n"
+        "        ~rigup_slow() {\n"
+        "            static std::chrono::steady_clock::time_point last;  // where the previous decode ended\n"
+        "            if (one_token && last.time_since_epoch().count() != 0) {\n"
+        "                std::this_thread::sleep_for(4 * (std::chrono::steady_clock::now() - last)\n"
+        "                                            + std::chrono::milliseconds(20));\n"
+        "            }\n"
+        "            last = std::chrono::steady_clock::now();\n"
+        "        }\n"
+        "    } rigup_slow_guard{batch_inp.tokens.size() == 1};\n")
 
 
 def slowed(text: str) -> str:
@@ -132,7 +140,7 @@ def llama_cpp_mirror() -> Path:
         _git(work, "checkout", "-q", "--detach", TAGS[0])
         text = crash.read_text()
         crash.write_text(slowed(text))
-        _git(work, "commit", "-qam", "lab-slow-decode: every decode takes 8x its time")
+        _git(work, "commit", "-qam", "lab-slow-decode: every generated token takes 5x its time")
         _git(work, "tag", "lab-slow-decode")
         staging = Path(tmp) / "llama.cpp.git"
         lab.run("git", "clone", "-q", "--bare", work, staging)

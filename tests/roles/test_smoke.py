@@ -71,7 +71,7 @@ def test_a_build_that_crashes_on_its_first_inference_is_not_switched_to(lab, hos
 
 
 def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host):
-    """issue 51: lab-slow-decode answers its smoke, but each decode takes 8x its time (measured new,
+    """issue 51: lab-slow-decode answers its smoke, but each generated token takes 5x its time (measured new,
     current, new, current on the served model, under the client's load): no switch, the instance
     untouched, the host's line names the ratio."""
     before = current(lab, host)
