@@ -25,12 +25,13 @@ LANE_B_LAB = "9"
 LOG = Path(tempfile.gettempdir()) / "rigup-test-lane-b.log"
 # the modules that wait more than they compute (make test's per-module table: wall over CPU); one
 # lane of everything took 49 min on warm caches; two lanes 34.5 (A) and 20 (B), then with the last
-# four moved 34.7 and 31.1 (35.1 for bash .ci/run)
+# four moved 34.7 and 31.1 (35.1 for bash .ci/run); with more tests, 50.1 (A) and 33.1 (B), so the
+# smoke module (6.7 min of lane A, most of it its slow build's sessions) moved too
 WAITING = [f"tests/roles/test_{m}.py" for m in (
     "gpu_guard", "fetch_faults", "vllm", "llama_server", "metrics", "model_fetch_nosystemd", "model_fetch",
     "watchdog_reboot", "rpc", "watchdog_faults", "watchdog", "status", "model_fetch_metrics", "gate_faults",
-    # and, so that both lanes end near the same time, four that compute (apt, dkms, Ray)
-    "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet")]
+    # and, so that both lanes end near the same time, some that compute (apt, dkms, Ray, builds)
+    "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet", "smoke")]
 
 
 # CI gives the whole run 90 minutes: a lane still running at 78 is interrupted as ctrl-C does (pytest

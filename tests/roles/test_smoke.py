@@ -71,22 +71,26 @@ def test_a_build_that_crashes_on_its_first_inference_is_not_switched_to(lab, hos
 
 
 def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host):
-    """issue 51: lab-slow-decode answers its smoke, but each generated token takes 5x its time (measured new,
-    current, new, current on the served model, under the client's load): no switch, the instance
-    untouched, the host's line names the ratio."""
+    """issue 51: lab-slow-decode answers its smoke, but each generated token takes 5x its time
+    (measured new, current, new, current on the served model): no switch, the instance untouched,
+    the host's line names the ratio. Measured with no client on the instance: on the lab's 2 shared
+    cores a client's load made the measurement noise (its CPU threads against the measured
+    server's): this very build once measured 1.44x the serving one's rate under it, and 0.33x to
+    0.40x when each decode took 4x its own time. The tests above keep the load."""
     before = current(lab, host)
     pid = on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip()
-    run, load = converge_under_load(lab, host, "lab-slow-decode")
-    assert run.returncode != 0
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-slow-decode", *COMPARE)
+    assert run.returncode != 0, run.output[-3000:]
     build = on_host(lab, host, f"ls -d {DIR}/builds/lab-slow-decode-*/").split()[0]
     cmp = json.loads(on_host(lab, host, f"cat {build}rigup-smoke.json"))["compare"]
     print(f"\nconverge to lab-slow-decode: {cmp['ratio']}x lab-base's decode ({cmp['new_tps']} against "
-          f"{cmp['current_tps']} tok/s, {cmp['model']}); exit {run.returncode} after {run.seconds:.0f} s; "
-          f"under load {load['ok']} answered, {load['failed']} failed")
-    assert not cmp["ok"] and cmp["ratio"] <= 0.5 and cmp["rounds"] == 2 and len(cmp["current_tps"]) == 2
+          f"{cmp['current_tps']} tok/s, {cmp['model']}); exit {run.returncode} after {run.seconds:.0f} s")
+    assert not cmp["ok"] and cmp["ratio"] <= 0.4 and cmp["rounds"] == 2 and len(cmp["current_tps"]) == 2
     assert current(lab, host) == before
     assert on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip() == pid
-    assert load["failed"] == 0 and load["ok"] > 0, load
+    answer = on_host(lab, host, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
+                                "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
+    assert json.loads(answer)["usage"]["completion_tokens"] > 0
     summary = run.output[run.output.index("--> rigup: what happened"):]
     assert f"[{host}] failed" in summary and f"{cmp['ratio']:.2f}x the current build's decode" in summary, summary
     assert "is slower than the current build" in run.output
