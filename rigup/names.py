@@ -54,6 +54,7 @@ def gate_record(data: dict, unit: str) -> str:
 
 
 GUARD_SERVICE = "rigup-gpu-guard.service"   # the GPU guard's oneshot check (roles/gpu_guard; its timer starts it)
+GUARD_TIMER = "rigup-gpu-guard.timer"
 
 
 def guard_file(data: dict) -> str:

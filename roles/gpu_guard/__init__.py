@@ -62,7 +62,7 @@ from rigup.gpu import xid
 from rigup.gpu.catalogue import cards as catalogue_cards
 from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import BURNIN_TESTING, GPU_METRICS, GUARD_SERVICE, burnin_file, guard_file, xid_file
+from rigup.names import BURNIN_TESTING, GPU_METRICS, GUARD_SERVICE, GUARD_TIMER, burnin_file, guard_file, xid_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
 from roles.gpu_guard.guard import unit_timeout_s
@@ -70,7 +70,7 @@ from roles.gpu_guard.guard import unit_timeout_s
 HERE = Path(__file__).resolve().parent
 CONFIG = "/etc/rigup/gpu-guard.json"
 SAMPLES = "/run/rigup/gpu-guard-samples.json"
-SERVICE, TIMER = GUARD_SERVICE, "rigup-gpu-guard.timer"
+SERVICE, TIMER = GUARD_SERVICE, GUARD_TIMER
 SERVING_UNITS = ["rigup-llama@*", "rigup-vllm@*"]
 
 __all__ = ["apply", "CHECKS"]

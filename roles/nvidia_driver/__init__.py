@@ -7,6 +7,10 @@ on its PCI bus or answering nvidia-smi):
   open or proprietary as the cards need, nvidia-smi, libcuda, the persistence daemon) and the
   running kernel's headers for DKMS, after checking that apt's candidate is of the branch; then
   held (``apt-mark hold``), so that an upgrade never moves a serving host to another branch;
+- while the driver changes, the GPU guard (roles/gpu_guard) paused: its timer stopped, not
+  disabled, and started again once the new module answers (at the reboot, or where the change
+  failed, by roles/gpu_guard's next converge): between the packages' unpacking and the new module,
+  nvidia-smi fails in ways that are no card's fault, and a tripped guard would outlive the reboot;
 - nouveau blacklisted (/etc/modprobe.d/rigup-nouveau.conf; the initramfs rebuilt where there is one);
 - the module loaded (``modprobe nvidia nvidia_uvm``), or, when it cannot be in place (another
   version's module in use, nouveau loaded), a reboot (``nvidia_driver_reboot``) and a wait for the
@@ -47,7 +51,7 @@ from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.fabric import line as fabric_line
 from rigup.gpu.facts import NvidiaDriver, NvidiaGpus
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import GUARD_SERVICE, guard_file
+from rigup.names import GUARD_SERVICE, GUARD_TIMER, guard_file
 from rigup.probe import operation
 from rigup.services import running
 from rigup.state import read_once, reading
@@ -246,6 +250,18 @@ def fabric_ready(fabric: dict, timeout: int, tripped: str, changing: bool = Fals
            "sleep 1; done")
 
 
+@operation()
+def guard_paused(paused: bool):
+    """The GPU guard's timer stopped (and a check in flight), or started again where it is enabled
+    (after a reboot it already runs: a no-op), around a driver change. A lab run's roll tripped a
+    guard without it: the package's nvidia-smi unpacked before the driver it talks to, two samples
+    failed, and the host came back from its reboot not serving."""
+    if paused:
+        yield f"systemctl stop {GUARD_TIMER} {GUARD_SERVICE} 2>/dev/null; true"
+    else:
+        yield f"if systemctl is-enabled -q {GUARD_TIMER}; then systemctl start {GUARD_TIMER}; fi; true"
+
+
 @deploy("nvidia_driver", data_defaults=role_defaults("nvidia_driver"))
 def apply(plan: Plan, data: Config):
     if not managed_here(plan, data):
@@ -264,6 +280,8 @@ def apply(plan: Plan, data: Config):
     if table["components"]:
         apt.components(name=f"apt components {' '.join(table['components'])}", names=table["components"],
                        _if=lambda: missing)
+    if missing and plan.get("systemd"):
+        guard_paused(name="GPU guard paused while the driver changes", paused=True)
     headers = None
     if data["nvidia_driver_headers"] and not state["headers"] and state["release"]:
         headers = f"linux-headers-{state['release']}"
@@ -284,6 +302,8 @@ def apply(plan: Plan, data: Config):
     if fabric:   # an NVSwitch board, or a VM of one whose cards report the fabric its hypervisor runs
         fabric_ready(name="NVSwitch fabric registered", fabric=fabric, timeout=data["nvidia_driver_fabric_timeout"],
                      tripped=guard_file(data), changing=missing)
+    if missing and plan.get("systemd"):
+        guard_paused(name="GPU guard running again", paused=False)
 
 
 ROLE = Role("nvidia_driver", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines)

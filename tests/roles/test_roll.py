@@ -348,8 +348,9 @@ DRIVER_PACKAGES = "nvidia-kernel-dkms nvidia-smi libcuda1 nvidia-persistenced"
 def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
     """The four serving hosts (driver 580.105.08, the a100 and hgx-h100 profiles') to nvidia_driver_branch
     535, Debian 12's: deploy.py alone refuses it on a serving host; roll.py takes each out of the pool,
-    its converge installs Debian's 535 packages (the old module stays loaded: nvidia-smi fails with a
-    driver/library mismatch, as a real host's does) and reboots it (its boot id changes), the new
+    its converge pauses its GPU guard, installs Debian's 535 packages (the old module stays loaded:
+    nvidia-smi fails with a driver/library mismatch, as a real host's does) and reboots it (its boot
+    id changes; its guard runs again, clear), the new
     driver answers, its server is gated, and it goes back in; no request fails. Two hosts at a time
     (rigup_batch 2: the other tests roll one at a time); the roll reaches a rebooted host again
     REBOOT_S after its reboot (nvidia_driver_reboot_delay). On the HGX hosts the fabric manager moves
@@ -374,13 +375,19 @@ def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
                                      "systemctl is-active nvidia-fabricmanager; nvidia-smi "
                                      "--query-gpu=fabric.state,fabric.status --format=csv,noheader | sort | uniq -c").split()
                   for n in HGX}
-        print(f"drivers after the roll: {drivers}; rebooted: {rebooted}; pool {pool(lab)}; HGX hosts' fabric: {fabric}")
+        guards = {n: on_host(lab, n, "systemctl is-active rigup-gpu-guard.timer; "
+                                     "test -e /var/lib/rigup/gpu-guard.tripped && echo tripped || echo clear").split()
+                  for n in SERVING}
+        print(f"drivers after the roll: {drivers}; rebooted: {rebooted}; pool {pool(lab)}; HGX hosts' fabric: {fabric}; "
+              f"GPU guards (timer, tripped): {guards}")
         assert rolled["code"] == 0, rolled["out"][-6000:]
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
         assert max(map(len, rolled["out_of_pool"])) == 2          # rigup_batch 2: two hosts at a time
         assert {h for o in rolled["out_of_pool"] for h in o} == set(SERVING)
         assert all(v.startswith("535.") and "\n" not in v for v in drivers.values()), drivers
         assert rebooted == SERVING
+        # paused while each driver changed (its nvidia-smi fails between unpacking and the reboot), running after
+        assert guards == {n: ["active", "clear"] for n in SERVING}, guards
         assert {n: ctx_served(lab, n) for n in SERVING} == dict.fromkeys(SERVING, "2048")
         # the HGX hosts: the fabric manager of branch 535 at the driver's version, held; 580's gone
         for n, f in fabric.items():
