@@ -461,10 +461,14 @@ def configure_root(root, name, profile, host_key, driver=True):
     write(root / "etc/ssh/ssh_host_ed25519_key", host_key.read_bytes(), 0o600)
     write(root / "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_bytes())
     # http sources through the apt-cacher-ng (which keeps the packages: the host needs no copy),
-    # https ones (tunnelled, so not cacheable) through tinyproxy
+    # https ones (tunnelled, so not cacheable) through tinyproxy. No HTTP pipelining, and a request
+    # that gets no byte for 20 s is given up and retried (base's Acquire::Retries): with apt's
+    # defaults, 8 hosts' apt-get update at once left one or two of them hanging on a connection
+    # apt-cacher-ng had dropped until rigup's 180 s limit (rigup/apt.py): base on 8 hosts took 200
+    # s twice (6 hosts done in 27), 211 s with the timeout alone; without pipelining, 61 and 37 s
     write(root / "etc/apt/apt.conf.d/01rigup-lab-proxy",
           f'Acquire::http::Proxy "{APT_PROXY}";\nAcquire::https::Proxy "{PROXY}";\n'
-          'APT::Keep-Downloaded-Packages "false";\n')
+          'Acquire::http::Timeout "20";\nAcquire::http::Pipeline-Depth "0";\nAPT::Keep-Downloaded-Packages "false";\n')
     for path, text in apt_source_files():  # skip sources whose keyring the host lacks
         keyrings = re.findall(r"(?:Signed-By:|signed-by=)\s*(/\S+?)(?=[\s\]]|$)", text, re.I)
         if all((root / k.lstrip("/")).exists() for k in keyrings):
