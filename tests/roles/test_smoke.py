@@ -33,6 +33,13 @@ def current(lab, host):
     return on_host(lab, host, f"readlink {DIR}/current").strip()
 
 
+def answered(lab, host) -> int:
+    """The tokens of one completion from the host's instance."""
+    answer = on_host(lab, host, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
+                                "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
+    return json.loads(answer)["usage"]["completion_tokens"]
+
+
 # the speed comparison (off in group_vars/lab.yml): on, with a tolerance wide enough for the lab's
 # noise (an equal build measured 0.69x once) and far from lab-slow-decode's ratio
 COMPARE = ("--data", "llama_cpp_compare=true", "--data", "llama_cpp_slower_tolerance=0.6")
@@ -90,9 +97,7 @@ def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host
     assert not cmp["ok"] and cmp["ratio"] <= 0.4 and cmp["rounds"] == 1 and len(cmp["current_tps"]) == 1
     assert current(lab, host) == before
     assert on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip() == pid
-    answer = on_host(lab, host, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
-                                "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
-    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+    assert answered(lab, host) > 0
     summary = run.output[run.output.index("--> rigup: what happened"):]
     assert f"[{host}] failed" in summary and f"{cmp['ratio']:.2f}x the current build's decode" in summary, summary
     assert "is slower than the current build" in run.output
@@ -116,9 +121,7 @@ def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
     assert again.returncode == 0 and again.totals["changed"] == 0, again.changed_operations()
     assert f"llama.cpp {current(lab, host).split('/')[1]}: trap cpu-repack-crash met by its smoke inference" in again.output
     assert f"[{host}] unchanged; trap cpu-repack-crash: --no-repack" in again.output
-    answer = on_host(lab, host, "curl -s http://127.0.0.1:8081/v1/completions -H 'Content-Type: application/json' "
-                                "-d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 4}'")
-    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+    assert answered(lab, host) > 0
 
 
 def test_back_to_a_proven_build_switches_without_a_smoke_and_drops_the_remedy(lab, host):
