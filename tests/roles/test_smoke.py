@@ -41,7 +41,7 @@ def answered(lab, host) -> int:
 
 
 # the speed comparison (off in group_vars/lab.yml): on, with a tolerance wide enough for the lab's
-# noise (an equal build measured 0.69x once) and far from lab-slow-decode's ratio
+# noise (an equal build measured 0.69x once) for the builds as fast as lab-base
 COMPARE = ("--data", "llama_cpp_compare=true", "--data", "llama_cpp_slower_tolerance=0.6")
 
 
@@ -80,21 +80,25 @@ def test_a_build_that_crashes_on_its_first_inference_is_not_switched_to(lab, hos
 def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host):
     """issue 51: lab-slow-decode answers its smoke, but each generated token takes 5x its time
     (measured new, then current, on the served model: one round, as each of the slow build's
-    sessions takes a minute here; the remedy test below measures the role's two): no switch, the
-    instance untouched, the host's line names the ratio. Measured with no client on the instance:
-    on the lab's 2 shared cores a client's load made the measurement noise (its CPU threads against
-    the measured server's): this very build measured 1.44x the serving one's rate under it, 0.113x
-    without; when each decode took 4x its own time, 0.33x to 0.40x. The tests above keep the load."""
+    sessions takes a minute here; the remedy test below measures the role's two), judged at the
+    role's own tolerance (default 0.1: refused below 0.9x): no switch, the instance untouched, the
+    host's line names the ratio. Measured with no client on the instance: on the lab's 2 shared
+    cores a client's load made the measurement noise (its CPU threads against the measured
+    server's): this very build measured 1.44x the serving one's rate under it, 0.113x to 0.183x
+    without; with the other lane's converges on the same cores, 0.58x once (which a tolerance of
+    0.6, used here before, let through: CI failed on it)."""
     before = current(lab, host)
     pid = on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip()
-    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-slow-decode", *COMPARE,
-                  "--data", "llama_cpp_compare_rounds=1")
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-slow-decode",
+                  "--data", "llama_cpp_compare=true", "--data", "llama_cpp_compare_rounds=1")
     assert run.returncode != 0, run.output[-3000:]
     build = on_host(lab, host, f"ls -d {DIR}/builds/lab-slow-decode-*/").split()[0]
     cmp = json.loads(on_host(lab, host, f"cat {build}rigup-smoke.json"))["compare"]
     print(f"\nconverge to lab-slow-decode: {cmp['ratio']}x lab-base's decode ({cmp['new_tps']} against "
-          f"{cmp['current_tps']} tok/s, {cmp['model']}); exit {run.returncode} after {run.seconds:.0f} s")
-    assert not cmp["ok"] and cmp["ratio"] <= 0.4 and cmp["rounds"] == 1 and len(cmp["current_tps"]) == 1
+          f"{cmp['current_tps']} tok/s, {cmp['model']}), tolerance {cmp['tolerance']}; "
+          f"exit {run.returncode} after {run.seconds:.0f} s")
+    assert not cmp["ok"] and cmp["tolerance"] == 0.1 and cmp["ratio"] < 0.9
+    assert cmp["rounds"] == 1 and len(cmp["current_tps"]) == 1
     assert current(lab, host) == before
     assert on_host(lab, host, "systemctl show -p MainPID --value rigup-llama@gemma").strip() == pid
     assert answered(lab, host) > 0
@@ -104,7 +108,9 @@ def test_a_build_slower_than_the_serving_one_is_refused_with_its_ratio(lab, host
 
 
 def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
-    run, load = converge_under_load(lab, host, "lab-repack-crash")
+    """With no client on the instance (the crash test above shows that a smoke disturbs none; a
+    client here made the comparison noise and this test 2.5x as long: 374 s in one CI run)."""
+    run = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-repack-crash", *COMPARE)
     assert run.returncode == 0, run.output[-3000:]
     assert current(lab, host).startswith("builds/lab-repack-crash-")
     result = json.loads(on_host(lab, host, f"cat {DIR}/current/rigup-smoke.json"))
@@ -116,7 +122,7 @@ def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
     assert result["compare"]["rounds"] == 2 and len(result["compare"]["new_tps"]) == 2   # the role's default
     assert f"{result['compare']['ratio']:.2f}x the current build's decode" in run.output
     print(f"\nconverge to lab-repack-crash: smoke {result['seconds']} s (crash, then --no-repack), "
-          f"restart onto it: {load['ok']} answered, {load['failed']} failed (one server: its restart)")
+          f"{result['compare']['ratio']}x lab-base's decode; exit 0 after {run.seconds:.0f} s")
     again = pyinfra("inventory/lab.py", "deploy.py", "--limit", host, "--data", "llama_cpp_ref=lab-repack-crash")
     assert again.returncode == 0 and again.totals["changed"] == 0, again.changed_operations()
     assert f"llama.cpp {current(lab, host).split('/')[1]}: trap cpu-repack-crash met by its smoke inference" in again.output
