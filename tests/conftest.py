@@ -3,6 +3,7 @@
 Lab tests take over the machine's lab: a lab left by `make demo` is removed first.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -133,8 +134,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # Where the minutes go: wall and CPU per test module, printed at the end of every run (issue 45).
-# CPU is the whole machine's (/proc/stat, every core, busy jiffies): the lab hosts' processes are
-# not the runner's children, and on a machine given to the test run that is what the run costs.
+# Two CPU figures: the whole machine's (/proc/stat, every core, busy jiffies: what a machine given
+# to the run pays, the other lane included), and this lane's own: its lab's hosts (their cgroup v2
+# parent, tests/lab/lab.py CGROUP: the hosts' processes are not the runner's children) and the
+# runner with what it ran and waited for (pyinfra, ssh: os.times' children).
 _MODULE_TIMES: dict[str, list[float]] = {}
 
 
@@ -145,28 +148,40 @@ def _machine_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _lane_seconds() -> float:
+    from tests.lab import lab
+
+    hosts = 0.0
+    for top in lab.cgroups():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            hosts += int(next(line for line in open(top / "cpu.stat") if line.startswith("usage_usec")).split()[1]) / 1e6
+    t = os.times()
+    return hosts + t.user + t.system + t.children_user + t.children_system
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Adds each test's setup, call and teardown (module and session fixtures included, charged
     to the module whose test set them up or tore them down) to its module's wall and CPU."""
     import time
 
-    wall, cpu = time.monotonic(), _machine_busy_seconds()
+    wall, cpu, own = time.monotonic(), _machine_busy_seconds(), _lane_seconds()
     yield
-    entry = _MODULE_TIMES.setdefault(item.nodeid.split("::", 1)[0], [0.0, 0.0, 0])
+    entry = _MODULE_TIMES.setdefault(item.nodeid.split("::", 1)[0], [0.0, 0.0, 0.0, 0])
     entry[0] += time.monotonic() - wall
     entry[1] += _machine_busy_seconds() - cpu
-    entry[2] += 1
+    entry[2] += max(0.0, _lane_seconds() - own)   # a lab torn down takes its cgroup's count with it
+    entry[3] += 1
 
 
 def module_time_table(terminalreporter):
     """The table, last in the log (so CI's tail shows it), with the total."""
     if not _MODULE_TIMES:
         return
-    terminalreporter.section("time per test module, slowest first (wall; CPU of the whole machine)")
+    terminalreporter.section("time per test module, slowest first (wall; CPU of the whole machine; of this lane)")
     rows = sorted(_MODULE_TIMES.items(), key=lambda kv: -kv[1][0])
-    for module, (wall, cpu, tests) in rows:
-        terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {tests:5d} tests  {module}")
-    wall, cpu = sum(r[1][0] for r in rows), sum(r[1][1] for r in rows)
-    terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {sum(r[1][2] for r in rows):5d} tests  total "
-                                f"({wall / 60:.1f} min)")
+    for module, (wall, cpu, own, tests) in rows:
+        terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {own:8.1f} s lane {tests:5d} tests  {module}")
+    wall, cpu, own = (sum(r[1][i] for r in rows) for i in range(3))
+    terminalreporter.write_line(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {own:8.1f} s lane "
+                                f"{sum(r[1][3] for r in rows):5d} tests  total ({wall / 60:.1f} min)")
