@@ -41,8 +41,9 @@ def answered(lab, host) -> int:
 
 
 # the speed comparison (off in group_vars/lab.yml): on, with a tolerance wide enough for the lab's
-# noise (an equal build measured 0.69x once) for the builds as fast as lab-base
-COMPARE = ("--data", "llama_cpp_compare=true", "--data", "llama_cpp_slower_tolerance=0.6")
+# noise, which goes both ways (an equal build measured 0.69x once, 4.9x another time), for the
+# builds as fast as lab-base (refused below 0.25x)
+COMPARE = ("--data", "llama_cpp_compare=true", "--data", "llama_cpp_slower_tolerance=0.75")
 
 
 def converge_under_load(lab, host, ref):
@@ -118,7 +119,7 @@ def test_a_crash_that_the_remedy_avoids_serves_with_it_and_is_named(lab, host):
     assert "--no-repack" in on_host(lab, host, "systemctl cat rigup-llama@gemma | grep ^ExecStart=/")
     assert f"[{host}] converged" in run.output and "trap cpu-repack-crash: --no-repack" in run.output
     # as fast as lab-base (the same code where it does not crash): measured, and it switched
-    assert result["compare"]["ok"] and result["compare"]["ratio"] >= 0.4, result["compare"]
+    assert result["compare"]["ok"] and result["compare"]["ratio"] >= 0.25, result["compare"]
     assert result["compare"]["rounds"] == 2 and len(result["compare"]["new_tps"]) == 2   # the role's default
     assert f"{result['compare']['ratio']:.2f}x the current build's decode" in run.output
     print(f"\nconverge to lab-repack-crash: smoke {result['seconds']} s (crash, then --no-repack), "
