@@ -8,8 +8,7 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 
 from __future__ import annotations
 
-import math
-import re
+from rigup.boundary.numbers import number, whole   # noqa: F401  the one parser (issue 61), here for its callers
 
 
 def shown(text: object, limit: int = 200) -> str:
@@ -17,30 +16,6 @@ def shown(text: object, limit: int = 200) -> str:
     raw = str(text)
     safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit])
     return safe + (f"... ({len(raw) - limit} more characters)" if len(raw) > limit else "")
-
-
-_NUMBER = re.compile(r"[+-]?[0-9]{1,18}(?:\.[0-9]{1,12})?")
-
-
-def number(text: object, kind: type = float):
-    """A number a host printed, as ``kind`` (int or float), or None when it is not one of ours: ASCII
-    digits only (``int("١٢")`` is 12 and ``"²".isdigit()`` is true in Python), at most 18 of them
-    before the point (a 5000-digit answer), finite (no ``inf``, ``nan``, ``1e400``); an int from a
-    decimal is truncated."""
-    text = str(text).strip()
-    if not _NUMBER.fullmatch(text):
-        return None
-    value = float(text)
-    if not math.isfinite(value):
-        return None
-    return int(value) if kind is int and "." in text else kind(text) if kind is int else value
-
-
-def whole(text: object) -> int | None:
-    """A whole number a host printed (a count, a port, bytes): ASCII digits only, at most 18 of them,
-    else None (:func:`number` also takes a sign and a point)."""
-    text = str(text).strip()
-    return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
 
 
 def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:

@@ -1,0 +1,68 @@
+"""The one number parser for what crosses from outside (issue 61): text a host printed (nvidia-smi,
+sysfs, a journal line, a curl code) and the values of a JSON or YAML record another party wrote.
+
+No library of the chosen set does this (``int()`` and ``float()`` take ``"١٢"``, ``"1_000"``,
+``" inf"``, ``"1e400"`` and ``True``; ``json`` takes ``NaN``), so, by hand:
+
+- text: ASCII digits only, an optional sign and point, at most 18 digits before the point and 12
+  after, no leading zero (``0079`` is no Xid code a kernel prints: refused, not 79); no exponent;
+- a JSON value: an int or a float, never a bool (``True`` is 1 in Python), finite;
+- both: within ``lo``..``hi`` when given; an int from a decimal is truncated.
+
+:func:`number` answers None for what is not a number of ours (a probe's reading: one missing value);
+:func:`required` raises :class:`rigup.boundary.Unreadable` naming where it came from (a record's field).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
+_WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def number(value: object, kind: type = float, lo: float | None = None, hi: float | None = None):
+    """``value`` (text or a JSON number) as ``kind`` (int or float), or None when it is not a finite
+    number of the form above within ``lo``..``hi``."""
+    if isinstance(value, bool) or kind not in (int, float):
+        return None
+    if isinstance(value, (int, float)):
+        parsed = value
+    elif isinstance(value, (str, bytes)):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        text = text.strip()
+        if not _TEXT.fullmatch(text):
+            return None
+        parsed = float(text) if "." in text else int(text)
+    else:
+        return None
+    if isinstance(parsed, float) and not math.isfinite(parsed):
+        return None
+    if abs(parsed) >= 1e18 or (lo is not None and parsed < lo) or (hi is not None and parsed > hi):
+        return None
+    return int(parsed) if kind is int else float(parsed)
+
+
+def whole(value: object, hi: int | None = None) -> int | None:
+    """A whole number (a count, a port, bytes): text of ASCII digits alone (no sign, no point, no
+    leading zero) or a JSON int, at most ``hi``; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < 10**18 and (hi is None or value <= hi) else None
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        n = int(value.strip())
+        return n if hi is None or n <= hi else None
+    return None
+
+
+def required(value: object, where: str, kind: type = float, lo: float | None = None, hi: float | None = None):
+    """:func:`number`, or :class:`rigup.boundary.Unreadable` naming ``where`` and the bounds."""
+    from rigup.boundary import Unreadable
+
+    got = number(value, kind, lo, hi)
+    if got is None:
+        bounds = f" in {lo}..{hi}" if lo is not None or hi is not None else ""
+        raise Unreadable(where, f"not a finite {kind.__name__}{bounds}: {str(value)[:40]!r}")
+    return got
