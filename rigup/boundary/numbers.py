@@ -59,10 +59,18 @@ def whole(value: object, hi: int | None = None) -> int | None:
 
 def required(value: object, where: str, kind: type = float, lo: float | None = None, hi: float | None = None):
     """:func:`number`, or :class:`rigup.boundary.Unreadable` naming ``where`` and the bounds."""
-    from rigup.boundary import Unreadable
+    from rigup.boundary.core import Unreadable
 
     got = number(value, kind, lo, hi)
     if got is None:
         bounds = f" in {lo}..{hi}" if lo is not None or hi is not None else ""
         raise Unreadable(where, f"not a finite {kind.__name__}{bounds}: {str(value)[:40]!r}")
     return got
+
+
+from rigup.boundary.core import Crossing  # noqa: E402
+
+CROSSINGS = (
+    Crossing("a number a host printed (nvidia-smi, sysfs, a curl code, a journal line)", "the host",
+             "rigup/boundary/numbers.py:number", "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse"),
+)
