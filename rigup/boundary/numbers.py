@@ -72,5 +72,5 @@ from rigup.boundary.core import Crossing  # noqa: E402
 
 CROSSINGS = (
     Crossing("a number a host printed (nvidia-smi, sysfs, a curl code, a journal line)", "the host",
-             "rigup/boundary/numbers.py:number", "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse"),
+             "rigup/boundary/numbers.py:number", "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
 )
