@@ -50,6 +50,7 @@ import yaml
 from pyinfra.api.exceptions import PyinfraError
 
 from rigup import playfile, yamlfile
+from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at   # noqa: F401  (NAME, ADDRESS: the names config's callers import)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
@@ -133,18 +134,12 @@ class Form:
         return None
 
 
-# A name that becomes a unit, file or directory name (a model's key, an instance's name, a user).
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
-ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
 # A git URL git reads as one, never an option or another transport (ext::): scheme://, or
 # user@host:path; roles/vllm takes fewer (no http:// or git://).
 GIT_URL = re.compile(r"(https?|git|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*"
                      r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9_.-]*:[A-Za-z0-9_.~/][^\s'\"\\;`$]*")
 # A batch of hosts: a count (an int >= 1) or a share of them ("25%": 1% to 100%).
 BATCH = re.compile(r"([1-9][0-9]?|100)%")
-_PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Directories a rigup path must never be (chown -R, rm, installs there would break the host), and
 # trees it must never be under.
 SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
@@ -164,22 +159,6 @@ def host_ip(value: str) -> bool:
         return False
 
 
-def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
-    """(where, character) of the first control character (a newline, a carriage return, NUL ...)
-    in ``value``, a string or any string inside a list or map, keys too; ``where`` is the key
-    path below ``value`` (".glm.extra_args[0]"), or None when there is none."""
-    if isinstance(value, str):
-        found = _CONTROL.search(value)
-        return (path, found.group()) if found else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        below = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}"
-        found = (control_at(key, below) if isinstance(key, str) else None) or control_at(item, below)
-        if found:
-            return found
-    return None
-
-
 def control_character(value: Any) -> str | None:
     """Why ``value`` cannot be written into a unit, env file or command line, or None."""
     found = control_at(value)
@@ -193,7 +172,7 @@ def control_character(value: Any) -> str | None:
 def path_problem(path: str) -> str | None:
     """Why ``path`` is no directory for rigup to own on a host, or None. Its characters are those
     unit files and shells take as they are (letters, digits, ``_.+@:-`` and ``/``)."""
-    if not _PATH_CHARS.fullmatch(path):
+    if not PATH_CHARS.fullmatch(path):
         return "a host path is letters, digits and _ . + @ : - between slashes (no spaces or shell characters)"
     if any(part == ".." for part in path.split("/")):
         return "it holds '..'"

@@ -32,7 +32,8 @@ from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
-from rigup.text import number, shown
+from rigup.boundary.numbers import number
+from rigup.text import shown
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file

@@ -8,8 +8,6 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 
 from __future__ import annotations
 
-from rigup.boundary.numbers import number, whole   # noqa: F401  the one parser (issue 61), here for its callers
-
 
 def shown(text: object, limit: int = 200) -> str:
     """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters."""

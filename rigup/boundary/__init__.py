@@ -45,9 +45,14 @@ def crossings() -> list[Crossing]:
     return rows
 
 
+def _ref(ref: str) -> str:
+    path, name = ref.split(":")
+    return f"`{path}` {name}"
+
+
 def table() -> str:
     """:func:`crossings` as a Markdown table (docs/boundary.md)."""
     rows = ["| what crosses | who can write it | its reader or writer | who uses it |", "| --- | --- | --- | --- |"]
-    rows += [f"| {c.what} | {c.writer} | `{c.reader}` | {', '.join(f'`{r}`' for r in c.users.split(', '))} |"
+    rows += [f"| {c.what} | {c.writer} | {_ref(c.reader)} | {', '.join(_ref(r) for r in c.users.split(', '))} |"
              for c in crossings()]
     return "\n".join(rows) + "\n"

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import re
 
+from rigup.boundary.core import Crossing, Unreadable
+
 _TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
 _WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
 
@@ -59,8 +61,6 @@ def whole(value: object, hi: int | None = None) -> int | None:
 
 def required(value: object, where: str, kind: type = float, lo: float | None = None, hi: float | None = None):
     """:func:`number`, or :class:`rigup.boundary.Unreadable` naming ``where`` and the bounds."""
-    from rigup.boundary.core import Unreadable
-
     got = number(value, kind, lo, hi)
     if got is None:
         bounds = f" in {lo}..{hi}" if lo is not None or hi is not None else ""
@@ -68,9 +68,10 @@ def required(value: object, where: str, kind: type = float, lo: float | None = N
     return got
 
 
-from rigup.boundary.core import Crossing  # noqa: E402
-
 CROSSINGS = (
     Crossing("a number a host printed (nvidia-smi, sysfs, a curl code, a journal line)", "the host",
-             "rigup/boundary/numbers.py:number", "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
+             "rigup/boundary/numbers.py:number",
+             "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
 )
+
+GENERIC = ("whole", "required")   # the same parser, for counts and for a record's required field

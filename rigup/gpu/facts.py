@@ -21,7 +21,7 @@ from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
 from rigup.gpu.fabric import MANAGER_COMMAND, NVSWITCH_CLASS, parse_manager, parse_nvswitches
-from rigup.text import number, whole
+from rigup.boundary.numbers import number, whole
 
 # ----------------------------------------------------------------------------- nvidia-smi
 # (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.

@@ -18,7 +18,7 @@ from rigup.fleet import parse_cards, parse_serving
 from rigup.gpu.catalogue import version_tuple
 from rigup.gpu.driver import branch_of, driver_step
 from rigup.gpu.facts import GPU_FIELDS, parse_driver, parse_free_disk, parse_gpus
-from rigup.text import number
+from rigup.boundary.numbers import number
 from roles.gpu_guard import guard
 from tests.unit.hosts import data, host, refusals
 from tests.unit.test_nvidia_driver import DEBIAN

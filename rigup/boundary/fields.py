@@ -1,0 +1,87 @@
+"""Names, ids and paths from outside through one validator (issue 61): a model's or instance's key
+(it becomes a unit, a file and a directory name), a build's or record's id, a host address, and a
+path a listing names (a hub's file list, an artifact's member) that must stay inside its directory.
+
+Each pattern is strict by construction (letters, digits and a few separators; no shell, unit or
+URL character), so what passes can be written into a unit, an argv or a file name as it is.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from rigup.boundary.core import Crossing, Unreadable
+
+# A name that becomes a unit, file or directory name (a model's key, an instance's name, a user).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
+ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
+# An id a record or a build carries (a build key, a card's UUID, a revision): no separator but - _ . :
+ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# A path's characters that unit files and shells take as they are.
+PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def matched(pattern: re.Pattern, value: object, where: str, what: str) -> str:
+    """``value`` when it is a string ``pattern`` matches whole, else :class:`Unreadable` naming
+    ``where`` and ``what`` it should be."""
+    if isinstance(value, str) and pattern.fullmatch(value):
+        return value
+    raise Unreadable(where, f"not {what}: {str(value)[:60]!r}")
+
+
+def name(value: object, where: str) -> str:
+    """A name (:data:`NAME`), or :class:`Unreadable`."""
+    return matched(NAME, value, where, "a name (letters, digits, _ . -; at most 64)")
+
+
+def ident(value: object, where: str) -> str:
+    """An id (:data:`ID`), or :class:`Unreadable`."""
+    return matched(ID, value, where, "an id (letters, digits, _ . : -; at most 128)")
+
+
+def sha256(value: object, where: str) -> str:
+    """A sha256 in 64 lowercase hex digits, or :class:`Unreadable`."""
+    return matched(SHA256, value, where, "a sha256 (64 lowercase hex digits)")
+
+
+def inside(value: object, where: str, limit: int = 1024) -> str:
+    """A relative path from a listing, normalised, that stays inside its directory: no absolute
+    path, no ``..`` part, no empty or ``.`` part, no control character, at most ``limit``
+    characters; or :class:`Unreadable`."""
+    if not isinstance(value, str) or not value or len(value) > limit or CONTROL.search(value) or "\\" in value:
+        raise Unreadable(where, f"not a relative path: {str(value)[:60]!r}")
+    parts = value.split("/")
+    if value.startswith("/") or any(p in ("", ".", "..") for p in parts) or posixpath.normpath(value) != value:
+        raise Unreadable(where, f"a path that leaves its directory or is not normal: {value[:60]!r}")
+    return value
+
+
+def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(where, character) of the first control character (a newline, a carriage return, NUL ...)
+    in ``value``, a string or any string inside a list or map, keys too; ``where`` is the key
+    path below ``value`` (".glm.extra_args[0]"), or None when there is none."""
+    if isinstance(value, str):
+        found = CONTROL.search(value)
+        return (path, found.group()) if found else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        below = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}"
+        found = (control_at(key, below) if isinstance(key, str) else None) or control_at(item, below)
+        if found:
+            return found
+    return None
+
+
+CROSSINGS = (
+    Crossing("a name from configuration (a model's or instance's key, a user)", "the operator",
+             "rigup/boundary/fields.py:name", "rigup/config.py:Form"),
+    Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
+             "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
+)
+
+GENERIC = ("matched", "ident", "sha256", "control_at")   # the patterns' checks, used by the readers
