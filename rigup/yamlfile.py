@@ -8,8 +8,12 @@ C one (the same safe constructor, the same errors with their marks) about a tent
 Refused, with the line (a ``yaml.YAMLError`` whose ``problem_mark`` the callers name): a key given
 twice in one mapping (PyYAML keeps the last one silently; a merge key's ``<<`` entries may still be
 overridden, as YAML says), and a document whose aliases expand to more than :data:`MAX_NODES`
-nodes (a dozen lines of nested aliases is a billion items to whatever walks the result).
+nodes (a dozen lines of nested aliases is a billion items to whatever walks the result), and a
+number YAML 1.1 reads in a way nobody writing a configuration means (issue 61): ``1:30`` is 90 and
+``1:30.5`` 90.5 (base 60), ``010`` is 8 (octal): quote it, or write it as plain decimal.
 """
+
+import re
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -17,6 +21,9 @@ from yaml.constructor import ConstructorError
 BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_NODES = 100_000
 MERGE = "tag:yaml.org,2002:merge"
+# YAML 1.1's base 60 (``1:30``) and its octal with a bare leading zero (``010``); ``0o10``, ``0x10``
+# and plain decimals are what they look like
+_SURPRISING = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|[-+]?0[0-7_]+")
 
 
 class LOADER(BASE):  # noqa: N801 (the name callers already import)
@@ -38,6 +45,18 @@ class LOADER(BASE):  # noqa: N801 (the name callers already import)
                                            f"key {str(key)[:80]!r} given twice (lines {first.start_mark.line + 1} "
                                            f"and {key_node.start_mark.line + 1})", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_number(self, node):
+        if _SURPRISING.fullmatch(node.value):
+            kind = "octal" if ":" not in node.value else "base 60"
+            raise ConstructorError(None, None, f"{node.value!r} is a YAML 1.1 {kind} number "
+                                   f"({super().construct_yaml_int(node) if node.tag.endswith('int') else super().construct_yaml_float(node)}): "
+                                   "quote it, or write a plain decimal", node.start_mark)
+        return super().construct_yaml_int(node) if node.tag.endswith("int") else super().construct_yaml_float(node)
+
+
+LOADER.add_constructor("tag:yaml.org,2002:int", LOADER.construct_number)
+LOADER.add_constructor("tag:yaml.org,2002:float", LOADER.construct_number)
 
 
 def _expanded(node, budget: list[int]) -> None:

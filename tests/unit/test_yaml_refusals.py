@@ -14,6 +14,9 @@ BOMB = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
      "all.yml:3: not valid YAML: key 'llama_cpp_ref' given twice (lines 1 and 3)"),
     ("models:\n  m: {repo: a/b, revision: x, repo: c/d}\n", "all.yml:2: not valid YAML: key 'repo' given twice"),
     (BOMB, "all.yml:1: not valid YAML: its aliases expand to more than 100000 nodes"),
+    ("watchdog_window: 1:30\n", "all.yml:1: not valid YAML: '1:30' is a YAML 1.1 base 60 number (90)"),
+    ("x:\n  timeout: -1:30.5\n", "all.yml:2: not valid YAML: '-1:30.5' is a YAML 1.1 base 60 number (-90.5)"),
+    ("gpu_power_limit_w: 0250\n", "all.yml:1: not valid YAML: '0250' is a YAML 1.1 octal number (168)"),
 ])
 def test_refused_naming_the_file_and_line(tmp_path, text, said):
     path = tmp_path / "all.yml"
@@ -28,3 +31,9 @@ def test_a_merge_key_may_still_be_overridden_and_a_few_aliases_pass(tmp_path):
     path = tmp_path / "all.yml"
     path.write_text("base: &b {port: 8081, ctx: 4096}\ninst:\n  <<: *b\n  ctx: 8192\nlist: [*b, *b]\n")
     assert load_yaml(path)["inst"] == {"port": 8081, "ctx": 8192}
+
+
+def test_plain_numbers_and_quoted_times_read_as_written(tmp_path):
+    path = tmp_path / "all.yml"
+    path.write_text("a: 0\nb: 10\nc: -3.5\nd: '1:30'\ne: 0x10\nf: 0o10\ng: 1e3\nh: 0.25\ni: 1_000\n")
+    assert load_yaml(path) == {"a": 0, "b": 10, "c": -3.5, "d": "1:30", "e": 16, "f": "0o10", "g": "1e3", "h": 0.25, "i": 1000}
