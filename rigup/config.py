@@ -50,6 +50,7 @@ import yaml
 from pyinfra.api.exceptions import PyinfraError
 
 from rigup import playfile, yamlfile
+from rigup.boundary import owned
 from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at   # noqa: F401  (NAME, ADDRESS: the names config's callers import)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,10 +233,12 @@ def rel(path: Path) -> str:
         return str(path)
 
 
-def load_yaml(path: Path) -> dict:
-    """A YAML mapping from ``path``; a ConfigError naming the file and line otherwise."""
+def load_yaml(path: Path, site: Path | str | None = None) -> dict:
+    """A YAML mapping from ``path``; a ConfigError naming the file and line otherwise. A file of the
+    site directory ``site`` is read only when no other user could have written it (:func:`site_text`)."""
+    text = site_text(path) if site and Path(path).is_relative_to(site) else path.read_text()
     try:
-        data = yamlfile.safe_load(path.read_text())
+        data = yamlfile.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -246,6 +249,15 @@ def load_yaml(path: Path) -> dict:
         raise ConfigError(f"{rel(path)}: expected a mapping of variable names to values, "
                           f"got {type(data).__name__}")
     return data
+
+
+def site_text(path: Path) -> str:
+    """A site directory's file (``RIGUP_SITE``): its text, read only when no other user could have
+    written it or a directory on its path (rigup.boundary.owned); ConfigError otherwise."""
+    try:
+        return owned.read(path, f"the site directory ({SITE_ENV})")
+    except owned.Unreadable as e:
+        raise ConfigError(str(e)) from None
 
 
 def _declarations(path: Path) -> dict[str, Var]:
@@ -297,7 +309,7 @@ def group_files(name: str, site: Path | str | None = None) -> list[Path]:
     """The YAML files of group ``name`` that exist, lowest first: ``group_vars/<name>.yml``, then
     ``<site>/group_vars/<name>.yml``."""
     dirs = [GROUP_VARS_DIR, *([Path(site) / "group_vars"] if site else [])]
-    return [path for path in (d / f"{name}.yml" for d in dirs) if path.exists()]
+    return [path for path in (d / f"{name}.yml" for d in dirs) if path.exists() or path.is_symlink()]
 
 
 def host_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
@@ -306,8 +318,8 @@ def host_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
     dirs = [ROOT / "host_vars", *([Path(site) / "host_vars"] if site else [])]
     data: dict[str, Any] = {}
     for path in (d / f"{name}.yml" for d in dirs):
-        if path.exists():
-            data.update(load_yaml(path))
+        if path.exists() or path.is_symlink():
+            data.update(load_yaml(path, site))
     return data
 
 
@@ -316,7 +328,7 @@ def group_vars(name: str, site: Path | str | None = None) -> dict[str, Any]:
     on top of every role's defaults."""
     data = {n: v.default for n, v in declared().items()} if name == "all" else {}
     for path in group_files(name, site):
-        data.update(load_yaml(path))
+        data.update(load_yaml(path, site))
     return data
 
 
@@ -496,6 +508,12 @@ def site_dir(inventory: Path, setting: str | None) -> Path | None:
         if not (site / "group_vars").is_dir():
             raise ConfigError(f"{how}: {site} has no directory group_vars/ (a site directory holds "
                               "group_vars/<group>.yml files)")
+        try:    # used only when no other user could have written them (rigup.boundary.owned)
+            for d in (site, site / "group_vars", site / "host_vars"):
+                if d == site or os.path.lexists(d):
+                    owned.directory(d, how)
+        except owned.Unreadable as e:
+            raise ConfigError(str(e)) from None
         stray = sorted((site / "group_vars").glob("*.yaml"))
         if stray:
             raise ConfigError(f"{stray[0]}: rigup reads <group>.yml files only: rename it {stray[0].stem}.yml")

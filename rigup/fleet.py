@@ -46,7 +46,9 @@ SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then timeout -k 1 {SMI_TIMEOU
        f"--query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"smi_rc=$?\"; fi")
 # Each serving unit's drop-in: its state, its --port and --host (read from the ExecStart line, kept to
 # digits and address characters before they reach curl), /health's HTTP code there, and the model
-# revision its comment records (roles/llama_server, roles/vllm: "..., model <revision>").
+# revision its comment records (roles/llama_server, roles/vllm: "..., model <revision>"). A router's key
+# reaches curl as one header line (``-H @-``: headers only, never curl's config, which a key holding a
+# newline and ``output = FILE`` once turned into a file root wrote), its first line's printable ASCII.
 SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/system/rigup-vllm@*.service.d; do
   [ -d "$d" ] || continue; u=${d##*/}; u=${u%.d}; f=$d/rigup.conf
   port=$(grep -o -e '--port[= ][0-9]*' "$f" 2>/dev/null | head -n 1 | tr -cd 0-9)
@@ -57,8 +59,8 @@ SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/
   echo "revision=$(sed -n 's/^# .*, model \([^ ,]*\)$/\1/p' "$f" 2>/dev/null | head -n 1)"
   if [ -n "$port" ] && grep -q -e '--models-preset' "$f" 2>/dev/null; then
     kf=$(grep -o -e '--api-key-file[= ][^ ]*' "$f" | head -n 1 | cut -c16- | tr -d "'\"")
-    hdr=; [ -n "$kf" ] && [ -r "$kf" ] && hdr="header = \"Authorization: Bearer $(cat "$kf")\""
-    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -K - "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
+    hdr=; [ -n "$kf" ] && [ -r "$kf" ] && hdr="Authorization: Bearer $(head -n 1 "$kf" | tr -cd '\041-\176')"
+    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -H @- "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
       | tr -d '\n' | grep -o -e '"id": *"[^"]*"' -e '"value": *"[^"]*"' | tr -d '" ' | paste -s -d, - | head -c 4096)"
   fi
 done; true"""

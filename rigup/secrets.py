@@ -14,22 +14,29 @@ from pyinfra import host
 from pyinfra.api import StringCommand
 from rigup.probe import operation
 
+from rigup.boundary import owned
+from rigup.config import ConfigError
 from rigup.files import FileStates
 from rigup.state import read_once, reading
 
 
-def controller_token(path: Path) -> str:
+def controller_token(path: Path, where: str = "the token file") -> str:
     """A token kept in ``path`` on the controller, made (0600, its directory 0700) on first use:
-    the same for every host and every run."""
+    the same for every host and every run. Read only when no other user could have written it or
+    may read it, and only a key of printable ASCII (rigup.boundary.owned): ConfigError naming
+    ``where`` (its variable) otherwise, before it is written anywhere."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.write(fd, secrets.token_hex(32).encode())
             os.close(fd)
         except FileExistsError:
             pass  # another host's greenlet made it first
-    return path.read_text().strip()
+    try:
+        return owned.key(owned.read(path, where, secret=True), f"{where}: {path}")
+    except owned.Unreadable as e:
+        raise ConfigError(str(e)) from None
 
 
 def fleet_api_key(data: dict) -> str | None:
@@ -38,7 +45,8 @@ def fleet_api_key(data: dict) -> str | None:
     when each host makes its own keys."""
     if not data.get("fleet_api_key"):
         return None
-    return controller_token(Path(data.get("fleet_api_key_src") or Path.home() / ".config" / "rigup" / "api-key"))
+    return controller_token(Path(data.get("fleet_api_key_src") or Path.home() / ".config" / "rigup" / "api-key"),
+                            "fleet_api_key_src")
 
 
 def new_key(path: str, group: str, prefix: str = "") -> StringCommand:

@@ -87,10 +87,18 @@ def resolved(source: str, ref: str) -> tuple[str | None, str]:
 
 # ----------------------------------------------------------------------------- the controller's cache
 def cache_dir(path: str) -> Path:
-    """The controller's cache (``~`` expanded), made private (0700) when it is made."""
+    """The controller's cache (``~`` expanded), made private (0700) when it is made; used only when
+    no other user could have written it or a directory on its path (rigup.boundary.owned): else
+    ConfigError naming llama_cpp_artifacts, before any host receives what it holds."""
+    from rigup.boundary import owned
+    from rigup.config import ConfigError
+
     d = Path(os.path.expanduser(path))
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return d
+    try:
+        return owned.directory(d, "llama_cpp_artifacts")
+    except owned.Unreadable as e:
+        raise ConfigError(str(e)) from None
 
 
 def record(cache: str, artifact: str) -> dict | None:

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from rigup.boundary import owned
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
 from rigup.contract import flag_args
 from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name
@@ -55,33 +56,42 @@ NETRC = f"{NETRC_HOME}/.netrc"
 
 
 def netrc_text(data: Config) -> str | None:
-    """The text of ``vllm_netrc_src`` (a file on the controller), or None without one; ConfigError
-    naming the key when it is not a regular file of the operator's, readable by no one else, or
-    not netrc (Python's netrc module reads it as git and pip do)."""
-    import netrc
-    import os
-    import stat
-
+    """The text of ``vllm_netrc_src`` (a file on the controller), cut to the machines the install
+    fetches from (:func:`fetched_from`), or None without one; ConfigError naming the key when it is
+    not a regular file of the operator's that no other user could have written or may read, or no
+    netrc of those machines (rigup.boundary.owned: never a ``default`` entry)."""
     src = data.get("vllm_netrc_src")
     if not src:
         return None
-    path = Path(str(src)).expanduser()
     try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError as e:
-        raise ConfigError(f"vllm_netrc_src: {path} cannot be read on the controller: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
-        raise ConfigError(f"vllm_netrc_src: {path} must be a regular file of yours that no one else may read "
-                          f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid}): chmod 600 it")
-    try:
-        found = netrc.netrc(str(path))
-    except netrc.NetrcParseError as e:   # its message may quote a token: the line only
-        raise ConfigError(f"vllm_netrc_src: {path} is not a netrc file (line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"vllm_netrc_src: {path} cannot be read as text: {type(e).__name__}") from None
-    if not found.hosts:
-        raise ConfigError(f"vllm_netrc_src: {path} names no machine ('machine HOST login USER password TOKEN')")
-    return path.read_text()
+        return owned.netrc(owned.read(str(src), "vllm_netrc_src", secret=True), f"vllm_netrc_src: {src}",
+                           fetched_from(data))
+    except owned.Unreadable as e:
+        raise ConfigError(str(e)) from None
+
+
+# pip's and uv's default index, which a netrc may log in to as to any other
+PYPI = ("pypi.org", "files.pythonhosted.org")
+
+
+def fetched_from(data: Config) -> set[str]:
+    """The machines vLLM's install fetches from: ``vllm_git_url``'s host, the host of each URL in
+    ``vllm_pip_args`` and in ``vllm_install_env``'s values (UV_INDEX_URL ...), and PyPI's."""
+    from urllib.parse import urlsplit
+
+    hosts, url = set(PYPI), str(data.get("vllm_git_url") or "")
+    scp = re.fullmatch(r"[^@/:]+@([^:/]+):.*", url)     # git@host:path, git's scp-like form
+    if scp:
+        hosts.add(scp.group(1))
+    words = [url, *map(str, data.get("vllm_pip_args") or []), *map(str, (data.get("vllm_install_env") or {}).values())]
+    for word in " ".join(words).replace("=", " ").split():
+        try:
+            found = urlsplit(word).hostname if "://" in word else None
+        except ValueError:
+            found = None
+        if found:
+            hosts.add(found)
+    return hosts
 
 
 def short_commit(data: Config) -> str | None:

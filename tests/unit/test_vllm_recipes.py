@@ -214,19 +214,21 @@ NETRC_TEXT = f"machine git.example login deploy password {SECRET}\nmachine pypi.
 
 
 def test_a_netrc_of_the_operators_own_is_read_and_reaches_only_a_root_file(tmp_path):
-    """vllm_netrc_src: read on the controller (a 0600 file of the operator's); the install script
-    names the root-only file on the host, never its content; the stamp and the plan neither."""
+    """vllm_netrc_src: read on the controller (a 0600 file of the operator's), cut to the machines the
+    install fetches from (another machine's entry stays behind); the install script names the
+    root-only file on the host, never its content; the stamp and the plan neither."""
     src = tmp_path / "netrc"
-    src.write_text(NETRC_TEXT)
+    src.write_text(NETRC_TEXT + f"machine other.example login me password {SECRET}\n")
     src.chmod(0o600)
-    values = {**FORK, "vllm_git_commit": FULL, "vllm_netrc_src": str(src)}
+    fetched = {"vllm_git_url": "https://git.example/vllm.git", "vllm_pip_args": ["--extra-index-url", "https://pypi.example/simple"]}
+    values = {**FORK, **fetched, "vllm_git_commit": FULL, "vllm_netrc_src": str(src)}
     assert cmd.netrc_text(values) == NETRC_TEXT and cmd.netrc_text(FORK) is None
     script = cmd.render("vllm-install.sh.j2", pin_dir="/opt/rigup/vllm/x", pin_label="l", git=FORK["vllm_git_url"],
                         commit=FULL, version=None, patches=[], patch_dir="/p", pip_args=[], python="python3",
                         install_env={}, stamp="s", stamp_name=cmd.STAMP, uv=None, netrc_home=cmd.NETRC_HOME)
     assert "export NETRC=/etc/rigup/vllm-auth/.netrc" in script and "HOME=/etc/rigup/vllm-auth command git" in script
     assert SECRET not in script and SECRET not in cmd.stamp(cmd.pin(values), [], values)
-    plan, facts, d = cmp_host(vllm_netrc_src=str(src))
+    plan, facts, d = cmp_host(vllm_netrc_src=str(src), **fetched)
     assert [r for r in refusals(plan, facts, d) if r.check == "credentials"] == []
     assert SECRET not in " ".join(plan_lines(plan, d))
 

@@ -1,0 +1,261 @@
+"""Files on the controller named by configuration (a key file, the artifact cache, a netrc, the site
+directory and its YAML), used only when no other user could have written them (issue 61).
+
+The rule is OpenSSH's StrictModes as Debian patches it (auth.c ``secure_permissions``): the file,
+and every directory on its path up to ``/``, is owned by the operator running rigup (the effective
+uid) or root and is writable by neither group nor others; group-writable passes when the group is
+the owner's private group (its name is the owner's and it has no other member: a umask of 002 makes
+such files). One difference: a directory on the path that is sticky (``/tmp``) may be writable by
+others, because the kernel lets no one but an entry's owner rename or remove it there, and the
+next component is checked itself; a directory named by configuration never may.
+
+Every component is opened without following a link (``O_NOFOLLOW``, each one relative to the
+directory before it) and checked by ``fstat`` of the open descriptor, so what is checked is what is
+read: a component swapped for a link between the check and the read is refused, not followed.
+Anything else is :class:`NotOwned`, naming the file, what is wrong (owner, mode) and the fix,
+raised before anything changes on a host.
+
+Also here, the two readers of what such files hold: :func:`key` (an API key or token, before it is
+written anywhere) and :func:`netrc` (a netrc cut to the machines rigup fetches from).
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import re
+import shlex
+import stat
+from pathlib import Path
+
+from rigup.boundary.core import Crossing, Unreadable
+
+_DIR = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+LIMIT = 1 << 20      # a key, a netrc or a group_vars file is far smaller
+# an API key or token: printable ASCII without quotes, backslash or whitespace (nothing a curl
+# config, an env file, HAProxy's list or a header line reads more into), 16 to 512 characters
+KEY = re.compile(r"[!#-&(-\[\]-~]{16,512}")
+
+
+class NotOwned(Unreadable):
+    """A file named by configuration that another user could have written: ``where`` (the key or
+    variable naming it), ``why`` (the file, what is wrong, the fix)."""
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is the private group of ``uid``: named as the user, no other member (its
+    members' list, and every user whose primary group it is)."""
+    try:
+        group, owner = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if group.gr_name != owner.pw_name or any(m != owner.pw_name for m in group.gr_mem):
+        return False
+    return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
+
+
+def _problem(st: os.stat_result, path: str, passage: bool = False) -> str | None:
+    """What lets another user write ``path`` (its ``st``), with the fix; None when nothing does.
+    ``passage``: a directory on the path, which may be sticky and writable by others."""
+    me, q, mode = os.geteuid(), shlex.quote(path), stat.filemode(st.st_mode)
+    if st.st_uid not in (me, 0):
+        return (f"is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you ({_user(me)}) or root: "
+                f"chown {_user(me)} {q}")
+    if passage and st.st_mode & stat.S_ISVTX:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return f"is writable by others (mode {mode}): chmod go-w {q}"
+    if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, st.st_uid):
+        try:
+            group = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            group = f"gid {st.st_gid}"
+        return (f"is writable by the group {group} (mode {mode}), which is not {_user(st.st_uid)}'s private "
+                f"group: chmod g-w {q}")
+    return None
+
+
+def _walk(path: Path, where: str) -> tuple[int, str]:
+    """An open descriptor of ``path``'s parent directory, having checked every directory from ``/``
+    to it, and ``path``'s last component. The parent's links are resolved first (as ``realpath``
+    names it), then every component is opened without following one."""
+    parent, name = os.path.realpath(path.parent), path.name
+    if not name or name in (".", ".."):
+        raise NotOwned(where, f"{path} names no file")
+    fd = os.open("/", _DIR)
+    try:
+        done = "/"
+        for part in [p for p in parent.split("/") if p]:
+            st = os.fstat(fd)
+            why = _problem(st, done, passage=True)
+            if why:
+                raise NotOwned(where, f"{path}: the directory {done} on its path {why} (another user could "
+                                      "swap what it holds)")
+            try:
+                nxt = os.open(part, _DIR, dir_fd=fd)
+            except OSError as e:
+                raise NotOwned(where, f"{path} cannot be read on the controller: {done.rstrip('/')}/{part}: "
+                                      f"{e.strerror}") from None
+            os.close(fd)
+            fd, done = nxt, os.path.join(done, part)
+        why = _problem(os.fstat(fd), done, passage=True)
+        if why:
+            raise NotOwned(where, f"{path}: the directory {done} on its path {why} (another user could swap "
+                                  "what it holds)")
+        return fd, name
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def directory(path: str | Path, where: str) -> Path:
+    """``path`` (``~`` expanded), a directory that only its owner (you or root) and root can write,
+    on a path of such directories; else :class:`NotOwned` naming ``where``."""
+    path = Path(os.path.expanduser(str(path)))
+    fd, name = _walk(path, where)
+    try:
+        try:
+            own = os.open(name, _DIR, dir_fd=fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):    # O_PATH opens a link itself: no directory
+                link = stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                raise NotOwned(where, f"{path} must be a directory that only you or root can write: it is "
+                                      f"{'a symbolic link (name the directory itself)' if link else 'no directory'}") from None
+            raise NotOwned(where, f"{path} cannot be read on the controller: {e.strerror}") from None
+        try:
+            why = _problem(os.fstat(own), str(path))
+        finally:
+            os.close(own)
+    finally:
+        os.close(fd)
+    if why:
+        raise NotOwned(where, f"{path} must be a directory that only you or root can write: it {why}")
+    return path
+
+
+def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT) -> str:
+    """The text of the file ``path`` (``~`` expanded; at most ``limit`` bytes, UTF-8), opened without
+    following a link and checked by its descriptor: a regular file that only its owner (you or
+    root) can write, on a path of such directories; ``secret``: that no one else may read either.
+    Else :class:`NotOwned` naming ``where`` (FileNotFoundError's message too: the callers that take
+    a missing file as none check ``exists()`` first)."""
+    path = Path(os.path.expanduser(str(path)))
+    must = ("must be a regular file of yours that no one else may read" if secret
+            else "must be a regular file that only you or root can write")
+    fd, name = _walk(path, where)
+    try:
+        try:
+            f = os.open(name, _FILE, dir_fd=fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:     # a link, where O_NOFOLLOW opens
+                raise NotOwned(where, f"{path} {must}: it is a symbolic link (name the file itself)") from None
+            raise NotOwned(where, f"{path} cannot be read on the controller: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotOwned(where, f"{path} {must}: it is no regular file ({stat.filemode(st.st_mode)})")
+        why = _problem(st, str(path))
+        if not why and secret and st.st_mode & 0o077:
+            why = f"may be read by others (mode {stat.filemode(st.st_mode)}): chmod 600 {shlex.quote(str(path))}"
+        if why:
+            raise NotOwned(where, f"{path} {must}: it {why}")
+        os.set_blocking(f, True)
+        data = os.read(f, limit + 1)
+    finally:
+        os.close(f)
+    if len(data) > limit:
+        raise NotOwned(where, f"{path} holds more than {limit} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise NotOwned(where, f"{path} is not UTF-8 text") from None
+
+
+def key(text: str, where: str) -> str:
+    """An API key or token (``text`` without its surrounding whitespace) when it is :data:`KEY`'s
+    printable ASCII, else :class:`Unreadable` naming ``where`` and never the text."""
+    found = text.strip() if isinstance(text, str) else None
+    if found is None or not KEY.fullmatch(found):
+        size = len(found) if found is not None else 0
+        raise Unreadable(where, f"not a key ({size} characters): a key is 16 to 512 printable ASCII characters "
+                                "without quotes, backslash or whitespace (rigup makes 64 hex digits)")
+    return found
+
+
+# a netrc's tokens in the subset that Python's netrc (pip, uv's Python side) and libcurl's (git,
+# uv) read alike: by hand, since Python's reads only a path (opened again after these checks) and
+# the two disagree on quotes, backslashes and '#'
+_TOKEN = re.compile(r"[!$-&(-\[\]-~]{1,1024}")
+_MACHINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[?[0-9A-Fa-f:.]{2,45}\]?")
+_FIELDS = ("login", "password", "account")
+_LINE = re.compile(r"[ -~\t\r]*")
+
+
+def netrc(text: str, where: str, machines: set[str]) -> str:
+    """The netrc ``text`` (``machine HOST login USER password TOKEN [account ACCOUNT]`` entries) cut
+    to ``machines`` (host names, matched without case), as netrc text again, one entry a line;
+    :class:`Unreadable` naming ``where`` and the line (never a token) when it is not netrc, holds a
+    ``default`` entry (it would send its login to any machine) or a ``macdef``, or names none of
+    ``machines``."""
+    entries: list[dict] = []
+    lines = text.split("\n")
+    odd = next((n for n, line in enumerate(lines, 1) if not _LINE.fullmatch(line)), None)
+    if odd:
+        raise Unreadable(where, f"is not a netrc file (line {odd}): a character other than printable ASCII, space or tab")
+    words = [(n, w) for n, line in enumerate(lines, 1) if not line.lstrip().startswith("#") for w in line.split()]
+    i = 0
+    while i < len(words):
+        n, word = words[i]
+        if word == "default":
+            raise Unreadable(where, f"a 'default' entry (line {n}) would send its login to any machine: "
+                                    "name each machine instead")
+        if word != "machine" or i + 1 >= len(words):
+            raise Unreadable(where, f"is not a netrc file (line {n}): expected 'machine HOST'")
+        host = words[i + 1][1]
+        if not _MACHINE.fullmatch(host):
+            raise Unreadable(where, f"is not a netrc file (line {n}): a machine is a host name or address")
+        entry, i = {"machine": host}, i + 2
+        while i < len(words) and words[i][1] in _FIELDS:
+            n, field = words[i]
+            if i + 1 >= len(words) or field in entry or not _TOKEN.fullmatch(words[i + 1][1]):
+                raise Unreadable(where, f"is not a netrc file (line {n}): {field} given twice, or without a value "
+                                        "of printable characters other than quotes, backslash and '#'")
+            entry[field], i = words[i + 1][1], i + 2
+        if i < len(words) and words[i][1] not in ("machine", "default"):
+            raise Unreadable(where, f"is not a netrc file (line {words[i][0]}): a word that is no netrc keyword, "
+                                    "or a macdef, which rigup does not send")
+        entries.append(entry)
+    if not entries:
+        raise Unreadable(where, "names no machine ('machine HOST login USER password TOKEN')")
+    wanted = {m.lower() for m in machines}
+    kept = [e for e in entries if e["machine"].lower() in wanted]
+    if not kept:
+        raise Unreadable(where, f"names no machine rigup fetches from ({', '.join(sorted(wanted)) or 'none'})")
+    return "".join(" ".join(f"{k} {e[k]}" for k in ("machine", *_FIELDS) if k in e) + "\n" for e in kept)
+
+
+CROSSINGS = (
+    Crossing("a file named by configuration (a key file, a netrc, a site directory's YAML)",
+             "its owner, and whoever can write a directory on its path",
+             "rigup/boundary/owned.py:read",
+             "rigup/secrets.py:controller_token, roles/vllm/command.py:netrc_text, rigup/config.py:load_yaml"),
+    Crossing("a directory named by configuration (the artifact cache, the site directory)",
+             "its owner, and whoever can write a directory on its path",
+             "rigup/boundary/owned.py:directory", "roles/llama_cpp/artifact.py:cache_dir, rigup/config.py:site_dir"),
+    Crossing("an API key or token in a file on the controller (fleet_api_key_src, model_fetch_share_token_src)",
+             "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token"),
+    Crossing("a netrc on the controller (vllm_netrc_src)", "the operator", "rigup/boundary/owned.py:netrc",
+             "roles/vllm/command.py:netrc_text"),
+)

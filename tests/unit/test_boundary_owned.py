@@ -1,0 +1,284 @@
+"""rigup.boundary.owned with real files in a temporary directory (the tests run as root, and hand
+files to uid 65534, nobody, with os.chown): a file or directory named by configuration is used only
+when no other user could have written it or a directory on its path; the key and netrc readers take
+arbitrary text to a value or a clear refusal; and status.py's read of a router's key reaches the
+real curl as one header line, never as curl's config."""
+
+from __future__ import annotations
+
+import json
+import netrc as python_netrc
+import os
+import stat
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from rigup.boundary import owned
+from rigup.boundary.core import Unreadable
+from rigup.config import ConfigError
+
+NOBODY = 65534
+SECRET = "tok-0123456789abcdef"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+def made(path: Path, text: str = "x\n", mode: int = 0o600, uid: int = 0, gid: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chown(path, uid, gid)
+    path.chmod(mode)
+    return path
+
+
+def refused(call, *words: str) -> str:
+    with pytest.raises(Unreadable) as e:
+        call()
+    text = str(e.value)
+    print(text)
+    assert all(w in text for w in words), (words, text)
+    return text
+
+
+# -- the rule: owner, mode, private group, every directory on the path -------------------------------------
+
+def test_a_file_of_yours_or_roots_that_no_one_else_can_write_is_read(tmp_path):
+    assert owned.read(made(tmp_path / "k", "abc\n"), "k") == "abc\n"
+    assert owned.read(made(tmp_path / "g", "g\n", 0o660, gid=0), "k") == "g\n"   # root's private group
+
+
+@pytest.mark.parametrize("mode, uid, gid, words", [
+    (0o602, 0, 0, ["writable by others", "mode -rw-----w-", "chmod go-w"]),
+    (0o620, 0, NOBODY, ["writable by the group nogroup", "not root's private group", "chmod g-w"]),
+    (0o600, NOBODY, 0, ["owned by nobody (uid 65534)", "not by you (root) or root", "chown root"]),
+])
+def test_a_file_another_user_could_write_is_refused_naming_owner_mode_and_fix(tmp_path, mode, uid, gid, words):
+    path = made(tmp_path / "key", mode=mode, uid=uid, gid=gid)
+    refused(lambda: owned.read(path, "fleet_api_key_src"), "fleet_api_key_src:", str(path), *words)
+
+
+def test_a_secret_others_may_read_a_link_a_fifo_or_a_missing_file_is_refused(tmp_path):
+    refused(lambda: owned.read(made(tmp_path / "r", mode=0o640), "k", secret=True),
+            "must be a regular file of yours that no one else may read", "chmod 600")
+    (tmp_path / "link").symlink_to(made(tmp_path / "t"))
+    refused(lambda: owned.read(tmp_path / "link", "k"), "is a symbolic link")
+    os.mkfifo(tmp_path / "fifo", 0o600)                 # opened non-blocking: refused, not waited on
+    refused(lambda: owned.read(tmp_path / "fifo", "k"), "no regular file (prw-------)")
+    refused(lambda: owned.read(tmp_path / "none", "k"), "cannot be read on the controller")
+    refused(lambda: owned.read(made(tmp_path / "big", "x" * 40), "k", limit=20), "more than 20 bytes")
+
+
+@pytest.mark.parametrize("mode, uid, words", [
+    (0o777, 0, ["the directory", "writable by others", "chmod go-w"]),
+    (0o770, NOBODY, ["owned by nobody", "chown root"]),
+    (0o775, 0, []),                        # group root: root's private group
+])
+def test_every_directory_on_the_path_is_checked(tmp_path, mode, uid, words):
+    d = tmp_path / "a" / "b"
+    path = made(d / "key")
+    os.chown(d.parent, uid, 0)
+    d.parent.chmod(mode)
+    if words:
+        refused(lambda: owned.read(path, "k"), f"the directory {d.parent} on its path", *words)
+    else:
+        assert owned.read(path, "k") == "x\n"
+
+
+def test_a_sticky_directory_on_the_path_passes_but_a_named_one_does_not(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)                   # as /tmp: no one else may rename or remove what is not theirs
+    assert owned.read(made(shared / "key"), "k") == "x\n"
+    refused(lambda: owned.directory(shared, "llama_cpp_artifacts"), "must be a directory that only you or root "
+            "can write", "writable by others (mode drwxrwxrwt)", "chmod go-w")
+
+
+def test_a_parent_reached_through_a_link_is_checked_where_it_leads(tmp_path):
+    theirs = tmp_path / "theirs"
+    made(theirs / "key")
+    os.chown(theirs, NOBODY, NOBODY)
+    (tmp_path / "mine").symlink_to(theirs)
+    refused(lambda: owned.read(tmp_path / "mine" / "key", "k"), f"the directory {theirs}", "owned by nobody")
+    (tmp_path / "dirlink").symlink_to(tmp_path / "mine")
+    refused(lambda: owned.directory(tmp_path / "dirlink", "k"), "is a symbolic link")
+
+
+def test_a_private_group_is_one_named_as_its_owner_with_no_other_member():
+    assert owned._private_group(0, 0) and not owned._private_group(NOBODY, 0) and not owned._private_group(0, NOBODY)
+
+
+@settings(max_examples=60, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.integers(0, 0o7777), uid=st.sampled_from([0, NOBODY]), gid=st.sampled_from([0, NOBODY]))
+def test_any_mode_and_owner_is_read_exactly_when_the_rule_says(tmp_path, mode, uid, gid):
+    path = made(tmp_path / "f", mode=mode & 0o777 | 0o400, uid=uid, gid=gid)
+    path.chmod(mode | 0o400)
+    ok = uid == 0 and not mode & 0o002 and (not mode & 0o020 or gid == 0)
+    try:
+        owned.read(path, "k")
+        assert ok
+    except owned.NotOwned as e:
+        assert not ok and str(path) in str(e)
+
+
+# -- the key: printable ASCII, bounded, never echoed -----------------------------------------------
+
+@settings(max_examples=60, deadline=1000)
+@given(st.text(max_size=600))
+def test_any_text_is_a_key_or_refused_without_echoing_it(text):
+    try:
+        key = owned.key(text, "fleet_api_key_src")
+    except Unreadable as e:
+        size = len(text.strip())      # the message is the same for every text of its length: none echoed
+        assert str(e) == str(Unreadable("fleet_api_key_src", f"not a key ({size} characters): a key is 16 to 512 "
+                                        "printable ASCII characters without quotes, backslash or whitespace "
+                                        "(rigup makes 64 hex digits)"))
+        return
+    assert 16 <= len(key) <= 512 and key.isascii() and key.isprintable()
+    assert not set(key) & set(" \t\n\"'\\")
+
+
+@pytest.mark.parametrize("text", ["k" * 15, "k" * 513, "k" * 20 + "\noutput = /etc/x", 'k' * 20 + '"',
+                                  "k" * 20 + "\\", "ключ" * 5])
+def test_a_key_a_curl_config_a_header_or_an_env_file_would_read_more_into_is_refused(text):
+    with pytest.raises(Unreadable):
+        owned.key(text, "k")
+
+
+# -- the netrc: parsed, cut, refused, never another exception ----------------------------------------
+
+@settings(max_examples=60, deadline=1000)
+@given(st.text(max_size=300) | st.lists(st.sampled_from(["machine", "default", "login", "password", "account",
+                                                         "macdef", "a.example", "b.example", "#", '"q"', SECRET,
+                                                         "\n", "\t", "\\"]), max_size=20).map(" ".join))
+def test_any_text_is_a_netrc_or_refused_naming_the_file(text):
+    try:
+        out = owned.netrc(text, "vllm_netrc_src: /n", {"a.example"})
+    except Unreadable as e:
+        assert str(e).startswith("vllm_netrc_src: /n: ") and SECRET not in str(e)
+        return
+    assert out.endswith("\n") and all(line.startswith("machine a.example") for line in out.splitlines())
+
+
+@settings(max_examples=60, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["a.example", "B.example", "c.example"]),
+                          st.from_regex(owned._TOKEN, fullmatch=True), st.from_regex(owned._TOKEN, fullmatch=True)),
+                min_size=1, max_size=4, unique_by=lambda e: e[0].lower()))
+def test_what_is_sent_is_what_pythons_netrc_reads_cut_to_the_machines(tmp_path, entries):
+    text = "# mine\n" + "".join(f"machine {m}\n  login {u} password {p}\n" for m, u, p in entries)
+    wanted = {"a.example", "b.example"}
+    try:
+        out = owned.netrc(text, "n", wanted)
+    except Unreadable as e:
+        assert "names no machine rigup fetches from" in str(e) and not {m.lower() for m, _, _ in entries} & wanted
+        return
+    (tmp_path / "n").write_text(out)
+    read = python_netrc.netrc(str(tmp_path / "n")).hosts
+    assert read == {m: (u, "", p) for m, u, p in entries if m.lower() in wanted}
+
+
+def test_a_default_entry_or_a_macdef_is_refused_naming_the_file():
+    refused(lambda: owned.netrc(f"machine a.example login u password {SECRET}\ndefault login u password {SECRET}\n",
+                                "vllm_netrc_src: /home/op/netrc", {"a.example"}),
+            "vllm_netrc_src: /home/op/netrc: a 'default' entry (line 2) would send its login to any machine")
+    refused(lambda: owned.netrc("machine a.example login u\nmacdef init\n", "n", {"a.example"}), "line 2", "macdef")
+
+
+# -- the call sites ---------------------------------------------------------------------------------
+
+def test_the_fleet_key_is_made_as_before_and_refused_when_another_user_could_write_it(tmp_path):
+    from rigup.secrets import fleet_api_key
+    src = tmp_path / "cfg" / "api-key"
+    key = fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert len(key) == 64 and stat.S_IMODE(src.stat().st_mode) == 0o600 and stat.S_IMODE(src.parent.stat().st_mode) == 0o700
+    os.chown(src, NOBODY, NOBODY)
+    with pytest.raises(ConfigError, match="fleet_api_key_src: .* owned by nobody"):
+        fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    made(src, "k" * 20 + '\noutput = "/tmp/x"\n')
+    with pytest.raises(ConfigError, match="not a key") as e:
+        fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert "output" not in str(e.value)
+
+
+def test_a_vllm_netrc_is_cut_to_the_machines_the_install_fetches_from(tmp_path):
+    from roles.vllm import command
+    src = made(tmp_path / "netrc", f"machine git.example login d password {SECRET}\n"
+                                   f"machine bank.example login me password {SECRET}\n"
+                                   f"machine idx.example login ci password {SECRET}\n")
+    data = {"vllm_netrc_src": str(src), "vllm_git_url": "git@git.example:org/vllm.git",
+            "vllm_pip_args": ["--extra-index-url=https://idx.example/simple"], "vllm_install_env": {}}
+    assert command.fetched_from(data) >= {"git.example", "idx.example", "pypi.org"}
+    assert command.netrc_text(data) == (f"machine git.example login d password {SECRET}\n"
+                                        f"machine idx.example login ci password {SECRET}\n")
+    with pytest.raises(ConfigError, match="names no machine rigup fetches from"):
+        command.netrc_text({**data, "vllm_git_url": "https://github.com/x/y.git", "vllm_pip_args": []})
+
+
+def test_the_artifact_cache_and_the_site_directory_are_refused_when_another_user_could_write_them(tmp_path, monkeypatch):
+    from rigup import config
+    from roles.llama_cpp import artifact
+    assert stat.S_IMODE(artifact.cache_dir(str(tmp_path / "cache")).stat().st_mode) == 0o700
+    (tmp_path / "cache").chmod(0o777)
+    with pytest.raises(ConfigError, match="llama_cpp_artifacts: .*writable by others"):
+        artifact.cache_dir(str(tmp_path / "cache"))
+
+    site = tmp_path / "site"
+    made(site / "group_vars" / "all.yml", "llama_port: 8081\n")
+    made(site / "host_vars" / "h1.yml", "llama_port: 8082\n", mode=0o644, uid=NOBODY)
+    monkeypatch.setenv(config.SITE_ENV, str(site))
+    inventory = tmp_path / "inv.py"
+    assert config.site_dir(inventory, None) == site and config.group_vars("all", site)["llama_port"] == 8081
+    with pytest.raises(ConfigError, match=r"the site directory \(RIGUP_SITE\): .*h1.yml must be .* owned by nobody"):
+        config.host_vars("h1", site)
+    site.chmod(0o757)
+    with pytest.raises(ConfigError, match="RIGUP_SITE=.*writable by others"):
+        config.site_dir(inventory, None)
+
+
+# -- status.py's read of a keyed router, against the real curl ---------------------------------------
+
+class _Router(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.seen.append(self.headers.get_all("Authorization"))
+        body = json.dumps({"data": [{"id": "m1"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("key, header", [
+    ("k" * 20, "Bearer " + "k" * 20),
+    ("k" * 20 + '\noutput = "OUT"\n', "Bearer " + "k" * 20),
+    ('k"\\ k\nheader = "X-Evil: 1"', 'Bearer k"\\k'),
+])
+def test_a_routers_key_reaches_curl_as_one_header_never_as_its_config(tmp_path, key, header):
+    from rigup import fleet
+    server = HTTPServer(("127.0.0.1", 0), _Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        kf = tmp_path / "key"
+        kf.write_text(key.replace("OUT", str(tmp_path / "written")))
+        unit = tmp_path / "rigup-llama@r.service.d"
+        unit.mkdir()
+        (unit / "rigup.conf").write_text(f"ExecStart=/x --port {port} --host 127.0.0.1 --models-preset /p "
+                                         f"--api-key-file {kf}\n")
+        script = fleet.SERVING.replace("/etc/systemd/system/", f"{tmp_path}/")
+        _Router.seen = []
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, cwd=tmp_path).stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    print(out, _Router.seen)
+    assert "models=id:m1" in out and _Router.seen == [None, [header]]     # /health, then /models
+    assert not (tmp_path / "written").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["key", unit.name]
