@@ -73,10 +73,8 @@ for name, inst in sorted(instances.items()) if not unsafe else ():
         # the result is the rigup user's: read as that user, never through a link, never from a FIFO
         ok, got = host.run_shell_command(command=f"{nofollow.FUNCTIONS}; {nofollow.read_file(out, f'{out}/{name}.json', 16 << 20)}",
                                          print_output=False, print_input=False)
-        try:
-            result = json.loads("\n".join(got.stdout_lines)) if ok else None
-        except ValueError:
-            result = None
-        tuning.record(host.name, name, result if isinstance(result, dict) else None, data, argv, build)
+        # read by its typed reader (tuning.record) before anything is written
+        tuning.record(host.name, name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv, build,
+                      where=f"{host.name}:{out}/{name}.json")
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)

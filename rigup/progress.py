@@ -14,14 +14,16 @@ import time
 import click
 from pyinfra import host
 from pyinfra.api import OperationError
+from rigup.boundary.numbers import whole
 from rigup.text import say
 
 # seconds between two progress lines of a host (RIGUP_PROGRESS_INTERVAL_S in the controller's environment)
 INTERVAL_S = float(os.environ.get("RIGUP_PROGRESS_INTERVAL_S") or 15)
 # lines of a log that say how far a job is: make/ninja counters, pip's steps
 PROGRESS = r"^\[ *[0-9]+(/[0-9]+|%)\]|^ *(Collecting|Downloading|Building|Installing|Successfully|Processing) "
-_NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
-_MAKE = re.compile(r"^\[ *(\d+)%\]")
+# the counters of a build's log line, ASCII digits (rigup.boundary.numbers reads them: a host's log is its text)
+_NINJA = re.compile(r"^\[([0-9]+)/([0-9]+)\]")
+_MAKE = re.compile(r"^\[ *([0-9]+)%\]")
 
 
 def _pid_file(log: str) -> str:
@@ -68,12 +70,13 @@ def progress_text(line: str, high: int = 0) -> str:
     each target's own percent, so parallel jobs' lines come out of order and a printed percent
     would go back), else the line itself (shortened)."""
     m = _NINJA.match(line)
-    if m:
-        n, total = int(m[1]), int(m[2])
+    n, total = (whole(m[1]), whole(m[2])) if m else (None, None)
+    if n is not None and total is not None:
         return f"[{n}/{total}] {100 * n // max(total, 1)}%"
     m = _MAKE.match(line)
-    if m:
-        return f"{max(int(m[1]), high)}%"
+    percent = whole(m[1], 100) if m else None
+    if percent is not None:
+        return f"{max(percent, high)}%"
     line = " ".join(line.split())
     return line if len(line) <= 100 else line[:97] + "..."
 
@@ -111,7 +114,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
         if now - last >= interval:
             last = now
             text = progress_text(state["line"] or state["last"], high)
-            high = int(text[:-1]) if re.fullmatch(r"\d+%", text) else high
+            high = max(high, whole(text[:-1], 100) or 0) if text.endswith("%") else high
             say(f"    [{me.name}] {label}: {text or 'starting'} ({now - started:.0f} s)")
         if now - started > timeout:
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")

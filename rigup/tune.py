@@ -31,7 +31,8 @@ GPU with row split (``-mg``); then, on GPUs, ``-fa on`` and
 one server differ by); a point that does not start (out of memory), crashes, falls back to the
 CPU or answers nothing is recorded as such and skipped. When the budget is spent the best so far
 stands. RESULT: every point (flags, tok/s, per-request tok/s, seconds to ready, VRAM used), the
-baseline, the best and its ratio to the baseline.
+baseline, the best and its ratio to the baseline, and its format (``schema``): the controller reads
+it through rigup/boundary/results.py's ``sweep`` before it becomes the host's data.
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
     logs = logs or Path(spec.get("logs") or "/tmp")
     gain, budget = float(spec.get("gain", GAIN)), float(spec["budget_s"])
     started = time.monotonic()
-    result = {"concurrency": spec["concurrency"], "levels": spec_levels(spec), "budget_s": budget, "points": [],
+    # "schema": the result's format, which the controller's reader knows (rigup/boundary/results.py SCHEMA)
+    result = {"schema": 1, "concurrency": spec["concurrency"], "levels": spec_levels(spec), "budget_s": budget, "points": [],
               "baseline": None, "best": None, "ratio": None, "spent_s": 0.0, "stopped": None}
     best_flags: dict = {}
     measured: set = set()   # the flags of each command line measured (a change may spell the baseline's own)

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import shlex
 from pathlib import Path
 
-import click
 import yaml
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, OperationError
 
 from rigup import bench, yamlfile
+from rigup.boundary import fields, results
+from rigup.boundary.core import Unreadable
 from rigup.config import ROOT
 from rigup.text import say
 from rigup.units import systemd_env_split, systemd_split
-from rigup.contract.llama_server import DROPIN, SWEPT
+from rigup.contract.llama_server import DROPIN
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
            "rigup_gguf.py": ROOT / "rigup" / "gguf.py",
@@ -67,7 +67,7 @@ class ServingEnv(FactBase):
                 env.update(systemd_env_split(rest))   # Environment="A=1" B=2, as roles write it
             elif kind == "G" and rest.strip().isdigit():
                 gpus = int(rest)
-            elif kind == "B" and re.fullmatch(r"[\w.+-]{1,128}", rest.strip().rstrip("/").rsplit("/", 1)[-1]):
+            elif kind == "B" and fields.ID.fullmatch(rest.strip().rstrip("/").rsplit("/", 1)[-1]):
                 build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
@@ -148,19 +148,13 @@ def job(name: str, data: dict) -> tuple[str, str, str, str]:
 
 
 def entry(result: dict, build: str | None) -> dict | None:
-    """The ``llama_server_tuned`` entry of a sweep's result (None: nothing served)."""
+    """The ``llama_server_tuned`` entry of a sweep's result as :func:`rigup.boundary.results.sweep`
+    read it (its flags typed as the instance keys take them), or None: nothing served."""
     best, base = result.get("best"), result.get("baseline")
     if not best or not base:
         return None
-    flags = {k: _typed(k, v) for k, v in best["flags"].items() if k in SWEPT}
-    return {"flags": flags, "tok_s": best["tps"], "baseline_tok_s": base["tps"], "concurrency": result["concurrency"],
+    return {"flags": dict(best["flags"]), "tok_s": best["tps"], "baseline_tok_s": base["tps"], "concurrency": result["concurrency"],
             "levels": list(result.get("levels") or []), "date": datetime.date.today().isoformat(), "build": build}
-
-
-def _typed(key: str, value):
-    """A flag's value as the instance key takes it: a number as an int ("-1" too), else the text."""
-    text = str(value)
-    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:
@@ -193,25 +187,35 @@ def markdown(host: str, name: str, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(host: str, name: str, result: dict | None, data: dict, argv: list[str], build: str | None = None) -> None:
-    """Keep a sweep's result: ``host_vars/<host>.yml`` (under the site directory when there is one)
-    gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png`` its plot); a line says what it found."""
+def record(host: str, name: str, result, data: dict, argv: list[str], build: str | None = None,
+           where: str | None = None) -> None:
+    """Keep a sweep's result (the JSON text the host gave, or what it parsed to; None: none):
+    read through :func:`rigup.boundary.results.sweep` first, so that a result out of bounds or
+    missing a field writes nothing (:class:`OperationError` naming ``where``, the host and its
+    file: that host fails alone); then ``host_vars/<host>.yml`` (under the site directory when
+    there is one) gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png``
+    its plot); a line says what it found."""
+    try:
+        result = None if result is None else results.sweep(result, where or f"{host}:{name}.json")
+    except Unreadable as e:
+        say(f"    [{host}] tune {name}: refused the sweep's result {e.where}: {e.why}; nothing written", fg="red")
+        raise OperationError(f"tune {name}: the sweep's result is unreadable ({e}); nothing written") from None
     if not result or not result.get("best"):
         why = (result or {}).get("stopped") or "no result on the host"
         say(f"    [{host}] tune {name}: nothing kept ({why})")
         return
-    found = entry(result, build)
+    # everything derived before the first write: no half-kept result
+    found, table = entry(result, build), markdown(host, name, result)
+    points = {json.dumps(p["flags"]) if p["flags"] else "as it was": {"levels": p["levels"]}
+              for p in result["points"] if p.get("levels")}
     path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
     out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{host}-{name}.md").write_text(markdown(host, name, result))
-    points = {json.dumps(p["flags"]) if p["flags"] else "as it was": {"levels": p["levels"]}
-              for p in result["points"] if p.get("levels")}
+    (out / f"{host}-{name}.md").write_text(table)
     try:   # bench.py's plot: one line per point, tok/s against the levels
         bench.plot({host: {"instances": points}}, out / f"{host}-{name}.png", f"tune.py: {host} {name}, each point")
     except ImportError:
-        click.echo(f"    [{host}] tune {name}: no plot: matplotlib is missing (pip install -r requirements-dev.txt)",
-                   err=True)
-    click.echo(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "
-               f"{result['ratio']}x as it was, in {result['spent_s']} s; wrote {path} (commit it) and "
-               f"{out / f'{host}-{name}.md'}", err=True)
+        say(f"    [{host}] tune {name}: no plot: matplotlib is missing (pip install -r requirements-dev.txt)")
+    say(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "
+        f"{result['ratio']}x as it was, in {result['spent_s']} s; wrote {path} (commit it) and "
+        f"{out / f'{host}-{name}.md'}")

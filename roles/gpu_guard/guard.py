@@ -526,9 +526,12 @@ def systemctl(verb: str, units: list[str]) -> str:
 
 
 def reboots_today(path: str, now: float) -> tuple[str, int]:
+    """(today, the reboots the guard made today). A count that is not a JSON int (``"x"``, ``true``,
+    ``1e400``) no longer ends the check before the drain: it counts as no reboot left (issue 61)."""
     day = time.strftime("%Y-%m-%d", time.localtime(now))
     record = load(path, {})
-    return day, int(record.get("count", 0)) if isinstance(record, dict) and record.get("day") == day else 0
+    count = record.get("count", 0) if isinstance(record, dict) and record.get("day") == day else 0
+    return day, count if type(count) is int and count >= 0 else 1 << 30
 
 
 def triage(config: dict, state: dict, entries: list[tuple[float, str]], cards: list[dict], now: float,

@@ -28,13 +28,16 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from rigup.boundary import results
+from rigup.boundary.core import Unreadable
+
 # what an artifact may hold: its binaries (one relative link: ggml-rpc-server -> rpc-server, made
 # by the build script), the version the build printed, its stamp
 TOP_FILES = ("version.txt", "rigup-build.json")
 BIN_NAME = re.compile(r"bin/[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 LINK_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_BYTES = 4 << 30          # unpacked: llama.cpp's CUDA binaries for every arch stay far below
-KEY = re.compile(r"[0-9a-f]{16}")
+KEY = results.KEY
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -101,14 +104,26 @@ def cache_dir(path: str) -> Path:
         raise ConfigError(str(e)) from None
 
 
-def record(cache: str, artifact: str) -> dict | None:
-    """The controller's record of ``artifact``, or None (none, or not one it wrote)."""
+def checked_record(cache: str, artifact: str) -> tuple[dict | None, str | None]:
+    """(the controller's record of ``artifact`` as rigup.boundary.results ``artifact_record``
+    read it, None); (None, None) when there is none; or (None, why it is not one it wrote: of
+    another key, a sha256 that is no sha256, a path that is not the artifact's ...)."""
+    path = cache_dir(cache) / f"{artifact}.json"
     try:
-        doc = json.loads((cache_dir(cache) / f"{artifact}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(doc, dict) and doc.get("key") == artifact and re.fullmatch(r"[0-9a-f]{64}", str(doc.get("sha256")))
-    return doc if ok else None
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"its record is unreadable ({path}: {type(e).__name__})"
+    try:
+        return results.artifact_record(text, f"controller:{path}", artifact), None
+    except Unreadable as e:
+        return None, f"its record is unreadable ({e.where}: {e.why})"
+
+
+def record(cache: str, artifact: str) -> dict | None:
+    """The controller's record of ``artifact``, or None (none, or not one it wrote: :func:`checked_record`)."""
+    return checked_record(cache, artifact)[0]
 
 
 def records(cache: str) -> list[dict]:
@@ -132,7 +147,7 @@ def kept(cache: str, artifact: str, received: Path, doc: dict) -> dict:
     """Keep ``received`` (a file the controller just pulled) as ``artifact``'s, with the
     controller's record of it (``doc`` plus the sha256 and size the controller computed itself)."""
     d = cache_dir(cache)
-    doc = {**doc, "key": artifact, "sha256": sha256(received), "size": received.stat().st_size}
+    doc = {**doc, "schema": results.SCHEMA, "key": artifact, "sha256": sha256(received), "size": received.stat().st_size}
     os.replace(received, d / f"{artifact}.tar.gz")
     with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
         json.dump(doc, f, sort_keys=True, indent=1)

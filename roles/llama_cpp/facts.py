@@ -5,25 +5,30 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.boundary import results
+from rigup.boundary.core import Unreadable
+
 BUILD_UNIT = "rigup-llama-build.service"
 
 
 def parse_state(lines: list[str]) -> dict:
-    """``{current, previous, builds: {id: stamp}, smokes: {id: smoke result}, building: bool,
-    systemd: bool, os, glibc, machine}`` (a smoke result: roles/llama_cpp/smoke.py's JSON; ``os``:
-    "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
-    state = {"current": None, "previous": None, "builds": {}, "smokes": {}, "building": False, "systemd": False,
-             "os": None, "glibc": None, "machine": None}
+    """``{current, previous, builds: {id: stamp}, unreadable: {id: why}, smokes: {id: smoke result},
+    building: bool, systemd: bool, os, glibc, machine}`` (a stamp: as rigup.boundary.results
+    ``stamp`` read it, its id its directory's name; ``unreadable``: the builds whose stamp did not
+    read, unknown here, so built again or received; a smoke result: roles/llama_cpp/smoke.py's
+    JSON; ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
+    state = {"current": None, "previous": None, "builds": {}, "unreadable": {}, "smokes": {}, "building": False,
+             "systemd": False, "os": None, "glibc": None, "machine": None}
     for line in lines:
         key, _, value = line.partition("=")
         if key in ("current", "previous"):
             state[key] = value or None
         elif key == "build":
+            ident, _, text = value.partition(" ")
             try:
-                stamp = json.loads(value)
-                state["builds"][stamp["id"]] = stamp
-            except (ValueError, KeyError):
-                pass  # a half-written stamp is no build
+                state["builds"][ident] = results.stamp(text, f"builds/{ident}/rigup-build.json", build=ident)
+            except Unreadable as e:   # no build: a stamp of another build, of a wrong type, half-written
+                state["unreadable"][ident] = e.why
         elif key == "smoke":
             ident, _, text = value.partition(" ")
             try:
@@ -54,7 +59,8 @@ class LlamaCppState(FactBase):
             'echo previous=$(readlink "$d/previous" 2>/dev/null); '
             # a received build that failed its smoke is kept aside as builds/<id>.refused: not a build
             'for f in "$d"/builds/*/rigup-build.json; do case "$f" in *.refused/*) continue;; esac; '
-            '[ -e "$f" ] && echo build=$(cat "$f"); done; '
+            '[ -f "$f" ] && [ ! -L "$f" ] && '
+            'printf "build=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '
             'for f in "$d"/builds/*/rigup-smoke.json; do case "$f" in *.refused/*) continue;; esac; '
             '[ -f "$f" ] && [ ! -L "$f" ] && '
             'printf "smoke=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '

@@ -37,7 +37,8 @@ def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
     if name in _SOURCES and _SOURCES[name].get("ident") == ident:
         return _SOURCES[name]
     found = _source(name, data, state, ident, runtime)
-    _SOURCES[name] = {**found, "ident": ident}
+    stamp = (state.get("unreadable") or {}).get(ident)   # roles/llama_cpp/facts.py: built there, its stamp bad
+    _SOURCES[name] = {**found, "ident": ident, **({"stamp": stamp} if stamp else {})}
     return _SOURCES[name]
 
 
@@ -54,7 +55,7 @@ def _source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
         return {"how": "compile", "why": f"the controller could not resolve {data['llama_cpp_ref']}: {why}"}
     key = artifact.key(ident, commit, runtime)
     cache = data["llama_cpp_artifacts"]
-    doc = artifact.record(cache, key)
+    doc, unreadable = artifact.checked_record(cache, key)
     if doc:
         return {"how": "receive", "key": key, "from": doc.get("host"), "size": doc.get("size"),
                 "cached": artifact.tarball(cache, key).exists()}
@@ -65,18 +66,19 @@ def _source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
     reasons = [f"{r.get('host')}'s build cannot run here: {artifact.missing(r.get('runtime') or {}, runtime)}"
                for r in other if artifact.missing(r.get("runtime") or {}, runtime)]
     return {"how": "compile", "key": key, "commit": commit, "runtime": runtime,
-            "why": reasons[0] if reasons else f"no host has {key}"}
+            "why": reasons[0] if reasons else f"{key}: {unreadable}" if unreadable else f"no host has {key}"}
 
 
 def source_line(ident: str, found: dict) -> str | None:
     """The plan's line: ``llama.cpp <id>: from lab2 (41 MiB, cached)`` or ``... compile (why)``."""
     if found["how"] == "have":
         return None
+    stamp = f"; its stamp here did not read: {found['stamp']}" if found.get("stamp") else ""
     if found["how"] == "compile":
-        return f"llama.cpp {ident}: compile ({found['why']})"
+        return f"llama.cpp {ident}: compile ({found['why']}{stamp})"
     size = f"{found['size'] / 2**20:.0f} MiB, " if found.get("size") else ""
     where = "cached" if found["cached"] else "compiled in this run" if found["size"] is None else "on the host"
-    return f"llama.cpp {ident}: from {found['from']} ({size}{where}; artifact {found['key']})"
+    return f"llama.cpp {ident}: from {found['from']} ({size}{where}; artifact {found['key']}{stamp})"
 
 
 def _sh(text: str) -> StringCommand:
@@ -165,6 +167,8 @@ def _fetched(state, host, cache: str, key: str) -> tuple[str | None, str | None]
         return f"the controller's copy is not the one it recorded (sha256 differs from {doc['sha256'][:12]})", origin
     if not tar.exists():
         peer = state.inventory.get_host(origin, None) if origin else None
+        if not doc.get("path"):
+            return "the controller's copy is gone and its record names no file on a host", origin
         if peer is None:
             return f"the controller's copy is gone and {origin} is not in the inventory to offer it", origin
         part = artifact.cache_dir(cache) / f"{key}.part-from-{origin}"

@@ -1,0 +1,272 @@
+"""Typed readers of what the tuner and the llama.cpp builds leave behind (issue 61, classes 2 and 3):
+
+- a sweep's result (rigup/tune.py's RESULT, written by the rigup user on the host): it becomes the
+  host's data (``host_vars/<host>.yml``, ``llama_server_tuned``), so every field that reaches it is
+  typed and bounded before anything is written (:func:`sweep`);
+- a build's stamp (``builds/<id>/rigup-build.json``, templates/llama_cpp-build.sh.j2): a bad one
+  makes that build unknown on that host, never a crash of the run (:func:`stamp`);
+- the controller's record of an artifact in ``llama_cpp_artifacts`` (roles/llama_cpp/artifact.py):
+  the hash a receiving host must match and the host that offers it (:func:`artifact_record`).
+
+Each record may say its format (``"schema": N``); one without it is the format written before
+rigup wrote one, read as :data:`SCHEMA`; a larger one (a newer rigup's) is refused. Fields a reader
+does not know are kept as they are (nothing reads them). A record that does not read is
+:class:`rigup.boundary.core.Unreadable` naming ``where`` (the host and the file) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from rigup.boundary import fields
+from rigup.boundary.core import Crossing, Unreadable
+from rigup.boundary.numbers import number
+from rigup.contract.llama_server import CACHE_TYPES
+
+SCHEMA = 1   # the format of the records these readers read and rigup writes
+
+INT32 = 2**31 - 1     # llama.cpp reads its integer flags with std::stoi
+TPS_MAX = 1e7         # tok/s: far above what a whole host's GPUs generate
+SECONDS_MAX = 1e7     # a sweep's or a build's seconds (115 days)
+LEVEL_MAX = 65536     # a concurrency level of the sweep's client
+LIST_MAX = 4096       # the points of a sweep, the levels of a point, the CPU flags of a runtime
+TEXT_MAX = 2000       # a free text field (why a sweep stopped, a compiler's version line)
+SIZE_MAX = 1 << 40    # an artifact's bytes
+
+# the sweep's statuses of a point (rigup/tune.py measure)
+STATUSES = ("ok", "no-fit", "crash", "cpu-fallback", "failed-requests", "timeout")
+# -ts: shares per GPU, numbers and commas alone
+TENSOR_SPLIT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?(,[0-9]{1,6}(\.[0-9]{1,6})?){0,63}")
+# a build's resolved commit: a git object id, or "archive" (llama_cpp_archive)
+COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|archive")
+KEY = re.compile(r"[0-9a-f]{16}")                      # an artifact key (roles/llama_cpp/artifact.py key)
+CPU_FLAG = re.compile(r"[a-z0-9_.]{1,32}")             # /proc/cpuinfo's flag names
+HOST = re.compile(r"@?[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,252}")   # an inventory host's name
+
+
+def _loaded(value: Any, where: str) -> Any:
+    """``value`` parsed when it is JSON text (no NaN or Infinity: json takes them, JSON has none)."""
+    if not isinstance(value, (str, bytes)):
+        return value
+
+    def constant(name: str):
+        raise Unreadable(where, f"not JSON: {name}")
+
+    try:
+        return json.loads(value, parse_constant=constant)
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if isinstance(e, Unreadable):
+            raise
+        raise Unreadable(where, f"not JSON: {type(e).__name__}") from None
+
+
+def _record(value: Any, where: str) -> dict:
+    """A JSON object of a format this rigup reads (``schema``: absent, or at most :data:`SCHEMA`)."""
+    doc = _loaded(value, where)
+    if not isinstance(doc, dict):
+        raise Unreadable(where, f"not a JSON object: {type(doc).__name__}")
+    if "schema" in doc and _int(doc["schema"], f"{where}: schema", 1, 10**6) > SCHEMA:
+        raise Unreadable(where, f"written by a newer rigup (schema {doc['schema']}; this one reads {SCHEMA})")
+    return doc
+
+
+def _int(value: Any, where: str, lo: int, hi: int) -> int:
+    """A whole number (a JSON int, an integral float or digits) within ``lo``..``hi``."""
+    got = number(value, float, lo, hi)
+    if got is None or not got.is_integer():
+        raise Unreadable(where, f"not a whole number in {lo}..{hi}: {str(value)[:40]!r}")
+    return int(got)
+
+
+def _float(value: Any, where: str, lo: float, hi: float) -> float:
+    got = number(value, float, lo, hi)
+    if got is None:
+        raise Unreadable(where, f"not a finite number in {lo:g}..{hi:g}: {str(value)[:40]!r}")
+    return got
+
+
+def _text(value: Any, where: str, limit: int = TEXT_MAX) -> str:
+    """Text of at most ``limit`` characters with no control character (it is shown and written)."""
+    if not isinstance(value, str) or len(value) > limit or fields.CONTROL.search(value):
+        raise Unreadable(where, f"not text of at most {limit} characters: {str(value)[:40]!r}")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
+    def read(value: Any, where: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise Unreadable(where, f"not one of {'|'.join(choices)}: {str(value)[:40]!r}")
+        return value
+    return read
+
+
+def _whole(lo: int, hi: int) -> Callable[[Any, str], int]:
+    return lambda value, where: _int(value, where, lo, hi)
+
+
+def _optional(read: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    return lambda value, where: None if value is None else read(value, where)
+
+
+def _list(read: Callable[[Any, str], Any], limit: int = LIST_MAX) -> Callable[[Any, str], list]:
+    def items(value: Any, where: str) -> list:
+        if not isinstance(value, list) or len(value) > limit:
+            raise Unreadable(where, f"not a list of at most {limit}: {str(value)[:40]!r}")
+        return [read(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return items
+
+
+def _typed(doc: dict, where: str, known: dict[str, tuple[Callable[[Any, str], Any], bool]]) -> dict:
+    """``doc`` with each ``known`` field (name -> (reader, required)) read, the others kept."""
+    out = dict(doc)
+    for name, (read, needed) in known.items():
+        if name in doc:
+            out[name] = read(doc[name], f"{where}: {name}")
+        elif needed:
+            raise Unreadable(where, f"no {name}")
+    return out
+
+
+# ----------------------------------------------------------------------------- a sweep's result
+# the swept flags (rigup/contract/llama_server.py SWEPT) as their instance keys take them
+FLAGS: dict[str, Callable[[Any, str], Any]] = {
+    "ctx": _whole(1, INT32),
+    "parallel": _whole(1, 256),          # llama_server_tune_max_parallel's bound
+    "ngl": _whole(-1, INT32),
+    "flash_attn": _choice(("on", "off", "auto")),
+    "split_mode": _choice(("none", "layer", "row", "tensor")),
+    "batch": _whole(1, INT32),
+    "ubatch": _whole(1, INT32),
+    "cache_type_k": _choice(CACHE_TYPES),
+    "cache_type_v": _choice(CACHE_TYPES),
+    "cache_ram": _whole(-1, INT32),
+    "n_cpu_moe": _whole(0, INT32),
+    "main_gpu": _whole(0, 255),
+    "tensor_split": lambda value, where: fields.matched(TENSOR_SPLIT, value, where, "shares per GPU (numbers and commas)"),
+}
+
+
+def _flags(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(where, f"not a map of flags: {str(value)[:40]!r}")
+    unknown = [k for k in value if k not in FLAGS]
+    if unknown:
+        raise Unreadable(where, f"not a flag the sweep sets: {str(unknown[0])[:40]!r} (it sets {', '.join(FLAGS)})")
+    return {k: FLAGS[k](v, f"{where}.{k}") for k, v in value.items()}
+
+
+def _level(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(where, "not a map")
+    return _typed(value, where, {"concurrency": (_whole(1, LEVEL_MAX), True),
+                                 "total_tps": (lambda v, w: _float(v, w, 0, TPS_MAX), True)})
+
+
+def _point(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(where, "not a map")
+    point = _typed(value, where, {"flags": (_flags, True), "status": (_choice(STATUSES), True),
+                                  "tps": (_optional(lambda v, w: _float(v, w, 0, TPS_MAX)), False),
+                                  "levels": (_list(_level, 64), False)})
+    if point["status"] == "ok" and point.get("tps") is None:
+        raise Unreadable(where, "a point that served has no tps")
+    return point
+
+
+def _served(value: Any, where: str) -> dict | None:
+    """The baseline or the best: a point that served, or None."""
+    if value is None:
+        return None
+    point = _point(value, where)
+    if point["status"] != "ok":
+        raise Unreadable(where, f"the best or baseline point did not serve ({point['status']})")
+    return point
+
+
+def sweep(value: Any, where: str) -> dict:
+    """A sweep's result (JSON text, or what it parsed to), its fields typed and bounded: tok/s
+    finite within 0..:data:`TPS_MAX`, each flag one the sweep sets and of its form (ctx a whole
+    number llama.cpp takes, ``tensor_split`` numbers and commas), levels whole; or
+    :class:`Unreadable` naming ``where`` and the field."""
+    seconds = _optional(lambda v, w: _float(v, w, 0, SECONDS_MAX))
+    return _typed(_record(value, where), where, {
+        "concurrency": (_whole(1, LEVEL_MAX), True),
+        "levels": (_optional(_list(_whole(1, LEVEL_MAX), 64)), False),
+        "points": (_list(_point), True),
+        "baseline": (_served, True),
+        "best": (_served, True),
+        "ratio": (_optional(lambda v, w: _float(v, w, 0, 1e6)), True),
+        "spent_s": (seconds, True),
+        "budget_s": (seconds, False),
+        "stopped": (_optional(_text), True),
+        "layers": (_optional(_whole(0, 1 << 20)), False),
+    })
+
+
+# ----------------------------------------------------------------------------- a build's stamp
+def stamp(value: Any, where: str, build: str | None = None) -> dict:
+    """A build's stamp (JSON text or what it parsed to): ``id`` an id (and ``build``, its
+    directory's name, when given), ``commit`` a git object id or "archive", ``seconds`` whole,
+    the version lines text; or :class:`Unreadable` naming ``where``."""
+    doc = _typed(_record(value, where), where, {
+        "id": (fields.ident, True),
+        "ref": (lambda v, w: _text(v, w, 200), False),
+        "commit": (lambda v, w: fields.matched(COMMIT, v, w, "a commit id or 'archive'"), False),
+        "seconds": (_whole(0, int(SECONDS_MAX)), False),
+        "compiler": (lambda v, w: _text(v, w, 200), False),
+        "cmake": (lambda v, w: _text(v, w, 200), False),
+    })
+    if build is not None and doc["id"] != build:
+        raise Unreadable(where, f"the stamp of another build ({doc['id']!r})")
+    return doc
+
+
+# ----------------------------------------------------------------------------- an artifact's record
+def _runtime(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(where, "not a map")
+    short = _optional(lambda v, w: _text(v, w, 64))
+    return _typed(value, where, {"os": (short, False), "glibc": (short, False), "machine": (short, False),
+                                 "toolkit": (short, False),
+                                 "cpu_flags": (_optional(_list(lambda v, w: fields.matched(CPU_FLAG, v, w, "a CPU flag"))),
+                                               False)})
+
+
+def artifact_record(value: Any, where: str, key: str) -> dict:
+    """The controller's record of artifact ``key`` (JSON text or what it parsed to): its own key,
+    the sha256 (64 hex) and size of the bytes it received, the host that offers it, the path there
+    (``.../artifacts/<key>.tar.gz``), the build id, commit and runtime; or :class:`Unreadable`."""
+    def path(v: Any, w: str) -> str:
+        text = _text(v, w, 4096)
+        if not text.startswith("/") or not text.endswith(f"/artifacts/{key}.tar.gz") or "/../" in text:
+            raise Unreadable(w, f"not the path of artifact {key} on its host: {text[:60]!r}")
+        return text
+
+    doc = _typed(_record(value, where), where, {
+        "key": (lambda v, w: fields.matched(KEY, v, w, "an artifact key (16 hex digits)"), True),
+        "sha256": (fields.sha256, True),
+        "size": (_whole(1, SIZE_MAX), True),
+        "host": (_optional(lambda v, w: fields.matched(HOST, v, w, "a host's name")), False),
+        "path": (_optional(path), False),
+        "build_id": (_optional(fields.ident), False),
+        "ref": (_optional(lambda v, w: _text(v, w, 200)), False),
+        "commit": (_optional(lambda v, w: fields.matched(COMMIT, v, w, "a commit id or 'archive'")), False),
+        "runtime": (_optional(_runtime), False),
+        "time": (_whole(0, 1 << 40), False),
+    })
+    if doc["key"] != key:
+        raise Unreadable(where, f"the record of another artifact (key {doc['key']!r})")
+    return doc
+
+
+CROSSINGS = (
+    Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (rigup/tune.py)",
+             "rigup/boundary/results.py:sweep", "rigup/tuning.py:record"),
+    Crossing("a llama.cpp build's stamp (builds/<id>/rigup-build.json)", "root on the host (the build script)",
+             "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
+    Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",
+             "the controller (roles/llama_cpp/artifact.py kept)",
+             "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),
+)

@@ -1,0 +1,277 @@
+"""rigup/boundary/results.py: the typed readers of a sweep's result (the rigup user writes it; it
+becomes host_vars), a llama.cpp build's stamp and the controller's record of a build artifact.
+Whatever a party writes there is refused naming where (Unreadable) or read within bounds, never
+another exception; and at the call sites a bad result writes nothing, a bad stamp crashes nothing."""
+
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from pyinfra.api import OperationError
+
+from rigup.boundary import results
+from rigup.boundary.core import Unreadable
+from rigup.contract.llama_server import SWEPT
+
+ROOT = Path(__file__).resolve().parents[2]
+WHERE = "rig-07:/var/lib/rigup/tuner/out/g.json"
+SHA = "ab" * 32
+KEY = "0123456789abcdef"
+
+POINT = {"stage": 1, "flags": {"parallel": 4, "ctx": 16384, "flash_attn": "on"}, "status": "ok", "tps": 90.0,
+         "levels": [{"concurrency": 4, "total_tps": 90.0, "requests": 8}], "argv": ["/b/llama-server"]}
+BASE = {"stage": 0, "flags": {}, "status": "ok", "tps": 50.0, "levels": [{"concurrency": 4, "total_tps": 50.0}]}
+RESULT = {"schema": 1, "concurrency": 4, "levels": [4], "budget_s": 900.0, "points": [BASE, POINT], "baseline": BASE,
+          "best": POINT, "ratio": 1.8, "spent_s": 61.0, "stopped": None, "layers": 48}
+STAMP = {"id": "b8779-0123456789", "ref": "b8779", "commit": "c" * 40, "seconds": 300, "compiler": "c++ (Debian 12.2.0) 12.2.0",
+         "cmake": "cmake version 3.25.1"}
+RECORD = {"schema": 1, "key": KEY, "sha256": SHA, "size": 4096, "host": "lab1", "path": f"/opt/rigup/llama.cpp/artifacts/{KEY}.tar.gz",
+          "build_id": "b8779-0123456789", "ref": "b8779", "commit": "c" * 40, "time": 1700000000,
+          "runtime": {"os": "debian 12", "glibc": "2.36", "machine": "x86_64", "toolkit": None, "cpu_flags": ["avx2"]}}
+
+# JSON as a party may write it: every shape, numbers at and past the bounds, text with what a shell reads
+numbers = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from([0, -1, 1, 2**31, 10**12, 1e308, -0.0, 4.5, 2**31 - 1]))
+texts = st.one_of(st.text(max_size=40), st.sampled_from(["NaN", "1e400", "0x10", "--host 0.0.0.0", "3,4", "1_000",
+                                                          " 16384", "16384\n", "٣", "../x", "on", "row", "q8_0"]))
+json_values = st.recursive(st.one_of(st.none(), numbers, texts),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+                           max_leaves=12)
+
+
+def read_or_refused(reader, value, *args):
+    """What ``reader`` makes of ``value``: its record, or None when it refused naming WHERE."""
+    try:
+        return reader(value, WHERE, *args)
+    except Unreadable as e:
+        assert e.where.startswith(WHERE) and e.why, e
+        return None
+
+
+def replaced(doc: dict, path: tuple, value) -> dict:
+    """``doc`` (nested maps) with the field at ``path`` set to ``value``."""
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return doc
+
+
+def within(result: dict) -> None:
+    """Every field a reader returned is of its type and within its bounds."""
+    for point in [result["best"], result["baseline"], *result["points"]]:
+        if point is None:
+            continue
+        assert point["status"] in results.STATUSES and set(point["flags"]) <= set(SWEPT)
+        assert point.get("tps") is None or (isinstance(point["tps"], float) and 0 <= point["tps"] <= results.TPS_MAX)
+        for key, value in point["flags"].items():
+            if key == "tensor_split":
+                assert re.fullmatch(r"[0-9.,]+", value)
+            elif key in ("flash_attn", "split_mode", "cache_type_k", "cache_type_v"):
+                assert isinstance(value, str) and value.isalnum() or "_" in value
+            else:
+                assert type(value) is int and -1 <= value <= results.INT32
+        for level in point.get("levels") or []:
+            assert type(level["concurrency"]) is int and math.isfinite(level["total_tps"])
+    assert type(result["concurrency"]) is int and 1 <= result["concurrency"] <= results.LEVEL_MAX
+
+
+# ----------------------------------------------------------------------------- the readers, by property
+def test_the_readers_know_every_flag_the_sweep_sets():
+    assert set(results.FLAGS) == set(SWEPT)
+
+
+def test_a_sweep_written_by_rigup_tune_reads_back():
+    from rigup import tune
+    spec = {"argv": ["/b/llama-server", "-c", "8192", "-np", "2"], "port": 18080, "concurrency": 4, "slot_tokens": 4096,
+            "max_parallel": 8, "gpu": True, "gpus": 2, "budget_s": 900, "layers": 40}
+    n = iter(range(1, 1000))
+
+    def measured(spec, argv, log):
+        k = next(n)
+        return {"status": "ok", "tps": 40.0 + k, "levels": [{"concurrency": 4, "total_tps": 40.0 + k}]} if k % 5 else \
+            {"status": "no-fit", "error": "out of memory"}
+
+    got = tune.tune(spec, measure_point=measured)
+    read = results.sweep(json.dumps(got, indent=1), WHERE)
+    within(read)
+    assert read["best"]["flags"] == got["best"]["flags"] and read["schema"] == results.SCHEMA
+    assert any("tensor_split" in p["flags"] for p in read["points"])
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (("best", "tps"), float("nan"), "best: tps"),
+    (("best", "tps"), 1e308, "best: tps"),
+    (("best", "flags", "ctx"), 10**12, "best: flags.ctx"),
+    (("best", "flags", "ctx"), 4096.5, "best: flags.ctx"),
+    (("best", "flags", "tensor_split"), "3,4 --host 0.0.0.0", "best: flags.tensor_split"),
+    (("best", "flags", "host"), "0.0.0.0", "not a flag the sweep sets"),
+    (("best", "flags", "flash_attn"), ["on"], "best: flags.flash_attn"),
+    (("points", 0, "levels", 0, "total_tps"), -1, "points[0]: levels[0]: total_tps"),
+    (("concurrency",), True, "concurrency"),
+    (("schema",), 2, "written by a newer rigup"),
+    (("best", "status"), "crash", "did not serve"),
+])
+def test_a_sweep_out_of_bounds_is_refused_naming_the_host_the_file_and_the_field(path, value, why):
+    with pytest.raises(Unreadable) as e:
+        results.sweep(replaced(RESULT, path, value), WHERE)
+    assert e.value.where.startswith(WHERE) and why in str(e.value), e.value
+
+
+def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_is_read():
+    for key in ("points", "best", "spent_s", "concurrency"):
+        with pytest.raises(Unreadable, match=f"no {key}"):
+            results.sweep({k: v for k, v in RESULT.items() if k != key}, WHERE)
+    for text in ('{"concurrency": NaN}', "[1, 2", "[" * 100000, b"\xff\xfe", "1" * 5000):
+        with pytest.raises(Unreadable, match="not"):
+            results.sweep(text, WHERE)
+    old = results.sweep({k: v for k, v in RESULT.items() if k != "schema"} | {"extra": {"kept": 1}}, WHERE)
+    assert old["extra"] == {"kept": 1} and old["best"]["argv"] == ["/b/llama-server"]
+
+
+@settings(max_examples=60, deadline=1000)
+@given(json_values)
+def test_any_json_as_a_sweep_is_refused_or_within_bounds(value):
+    got = read_or_refused(results.sweep, value)
+    if got is not None:
+        within(got)
+    read_or_refused(results.sweep, json.dumps(value, allow_nan=True))
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.sampled_from([("best", "tps"), ("best", "flags", "ctx"), ("best", "flags", "parallel"), ("best", "flags", "ngl"),
+                        ("best", "flags", "tensor_split"), ("best", "flags", "split_mode"), ("best", "flags", "batch"),
+                        ("best", "flags"), ("best", "levels"), ("points", 1, "levels", 0, "concurrency"), ("levels",),
+                        ("concurrency",), ("spent_s",), ("ratio",), ("stopped",), ("baseline",), ("points",)]),
+       json_values)
+def test_any_value_in_any_field_of_a_sweep_is_refused_or_within_bounds(path, value):
+    got = read_or_refused(results.sweep, replaced(RESULT, path, value))
+    if got is not None:
+        within(got)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.sampled_from(sorted(STAMP) + ["schema", "extra"]), json_values, st.one_of(st.none(), texts))
+def test_any_value_in_a_stamp_is_refused_or_typed(field, value, build):
+    got = read_or_refused(results.stamp, replaced(STAMP, (field,), value), build)
+    if got is not None:
+        assert results.fields.ID.fullmatch(got["id"]) and (build is None or got["id"] == build)
+        assert type(got["seconds"]) is int and results.COMMIT.fullmatch(got["commit"])
+    read_or_refused(results.stamp, value)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.sampled_from(sorted(RECORD) + [("runtime", "cpu_flags"), ("runtime", "os")]), json_values)
+def test_any_value_in_an_artifact_record_is_refused_or_typed(field, value):
+    got = read_or_refused(results.artifact_record, replaced(RECORD, field if isinstance(field, tuple) else (field,), value), KEY)
+    if got is not None:
+        assert got["key"] == KEY and re.fullmatch(r"[0-9a-f]{64}", got["sha256"]) and type(got["size"]) is int
+        assert got["path"] is None or (got["path"].startswith("/") and got["path"].endswith(f"/artifacts/{KEY}.tar.gz"))
+    read_or_refused(results.artifact_record, value, KEY)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.text(max_size=200) | st.binary(max_size=200))
+def test_any_text_is_refused_or_read(text):
+    for reader, args in ((results.sweep, ()), (results.stamp, ()), (results.artifact_record, (KEY,))):
+        read_or_refused(reader, text, *args)
+
+
+def test_the_build_scripts_stamp_reads_back():
+    """The stamp as templates/llama_cpp-build.sh.j2 prints it (its printf, run by bash)."""
+    line = next(ln for ln in (ROOT / "templates" / "llama_cpp-build.sh.j2").read_text().splitlines()
+                if ln.startswith("printf '{\"id\""))
+    fmt = line.split("'")[1]
+    out = subprocess.run(["bash", "-c", f"printf '{fmt}' b8779-0123456789 b8779 {'c' * 40} 312 'c++ (Debian) 12' 'cmake 3.25'"],
+                         capture_output=True, text=True, check=True).stdout
+    assert results.stamp(out, WHERE, "b8779-0123456789")["seconds"] == 312
+
+
+# ----------------------------------------------------------------------------- the call sites
+@pytest.mark.parametrize("bad", [
+    replaced(RESULT, ("best", "tps"), float("nan")),
+    replaced(RESULT, ("best", "flags", "ctx"), 10**12),
+    replaced(RESULT, ("best", "flags", "tensor_split"), "--host 0.0.0.0"),
+    {k: v for k, v in RESULT.items() if k != "points"},
+    json.dumps(RESULT).replace("90.0", "NaN"),
+    "not json",
+])
+def test_a_bad_sweep_result_writes_no_host_vars_and_fails_that_host(tmp_path, capsys, bad):
+    from rigup import tuning
+    with pytest.raises(OperationError, match="nothing written"):
+        tuning.record("rig-07", "g", bad, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], where=WHERE)
+    assert not (tmp_path / "host_vars").exists() and not (tmp_path / "tune_out").exists()
+    assert f"refused the sweep's result {WHERE}" in capsys.readouterr().err
+
+
+def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path):
+    import yaml
+
+    from rigup import tuning
+    text = json.dumps(replaced(RESULT, ("best", "flags", "ctx"), "16384"))   # digits as text: typed as a number
+    tuning.record("rig-07", "g", text, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], "b1", where=WHERE)
+    entry = yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]
+    assert entry["flags"] == {"parallel": 4, "ctx": 16384, "flash_attn": "on"} and entry["tok_s"] == 90.0
+
+
+def _stamps(tmp_path, stamps: dict) -> dict:
+    """The builds' fact, run with bash as on a host, over builds/<dir>/rigup-build.json holding ``stamps``."""
+    from roles.llama_cpp.facts import LlamaCppState, parse_state
+    for name, text in stamps.items():
+        (tmp_path / "builds" / name).mkdir(parents=True)
+        (tmp_path / "builds" / name / "rigup-build.json").write_text(text)
+    out = subprocess.run(["bash", "-c", LlamaCppState().command(str(tmp_path))], capture_output=True, text=True)
+    return parse_state(out.stdout.splitlines())
+
+
+def test_a_bad_stamp_makes_that_build_unknown_and_crashes_no_preflight(tmp_path, monkeypatch):
+    import roles.llama_cpp as llama_cpp
+    from roles.llama_cpp import handover
+    from tests.unit.hosts import data, host
+
+    state = _stamps(tmp_path, {"good-1": json.dumps({"id": "good-1", "seconds": 3}), "b1": json.dumps({"id": ["b1"]}),
+                               "other-2": json.dumps({"id": "good-1"}), "nan-3": '{"id": "nan-3", "seconds": NaN}',
+                               "half-4": '{"id": "ha', "list-5": "[1, 2]"})
+    assert list(state["builds"]) == ["good-1"] and state["builds"]["good-1"]["seconds"] == 3
+    assert sorted(state["unreadable"]) == ["b1", "half-4", "list-5", "nan-3", "other-2"]
+    assert "another build" in state["unreadable"]["other-2"]
+    # preflight's plan lines of the host: its build (b1) is unknown, so compiled, and the line says why
+    handover.forget()
+    monkeypatch.setattr(llama_cpp, "read_once", lambda fact, **kw: state)
+    monkeypatch.setattr(llama_cpp, "host", SimpleNamespace(name="lab1"))
+    monkeypatch.setattr(llama_cpp, "build_id", lambda d, options: "b1")
+    d = data(llama_cpp_ref="c" * 40, llama_cpp_artifacts=str(tmp_path / "cache"))
+    lines = llama_cpp.plan_lines(host("a100")[0], d)
+    said = next(ln for ln in lines if ln.startswith("llama.cpp b1:"))
+    assert "compile" in said and "its stamp here did not read" in said, lines
+    handover.forget()
+
+
+def test_an_artifact_record_out_of_bounds_is_no_record_and_the_host_compiles_saying_why(tmp_path):
+    from roles.llama_cpp import artifact, handover
+    cache = tmp_path / "cache"
+    part = tmp_path / "part"
+    part.write_bytes(b"x")
+    doc = artifact.kept(str(cache), KEY, part, {"host": "lab1", "build_id": "b1"})
+    assert doc["schema"] == results.SCHEMA and artifact.record(str(cache), KEY) == doc
+    for field, value in (("sha256", "0" * 63), ("size", 2**50), ("path", "/etc/shadow"), ("host", ["lab1"]),
+                         ("key", "fedcba9876543210"), ("schema", 7)):
+        (cache / f"{KEY}.json").write_text(json.dumps({**doc, field: value}))
+        found, why = artifact.checked_record(str(cache), KEY)
+        assert found is None and f"controller:{cache}/{KEY}.json" in why and field.split("_")[0] in why, (field, why)
+    assert artifact.checked_record(str(cache), "fedcba9876543210") == (None, None)     # none: nothing to say
+    handover.forget()
+    data = {"llama_cpp_handover": True, "llama_cpp_archive": None, "llama_cpp_source": "https://example.invalid/l.git",
+            "llama_cpp_ref": "c" * 40, "llama_cpp_artifacts": str(cache)}
+    rt = {"os": "debian 12", "glibc": "2.36", "machine": "x86_64", "toolkit": None, "cpu_flags": None}
+    key = artifact.key("b1", "c" * 40, rt)
+    (cache / f"{key}.json").write_text(json.dumps({**doc, "key": key, "sha256": "not a sha"}))
+    got = handover.source("lab2", data, {"builds": {}}, "b1", rt)
+    assert got["how"] == "compile" and "its record is unreadable" in got["why"] and "sha256" in got["why"]
+    handover.forget()
