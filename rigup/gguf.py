@@ -25,6 +25,7 @@ MAX_KEPT_ITEMS = 1 << 16   # an array kept longer than this is skipped, not buil
 MAX_DEPTH = 2              # arrays of arrays at most (llama.cpp writes none)
 MAX_LAYERS = 1 << 16
 MAX_CONTEXT = 1 << 24      # tokens a model was trained for, at most (the largest today: 10M)
+MAX_WIDTH = 1 << 20        # heads, head and embedding lengths, at most (the largest today: 16k wide)
 
 
 class GGUFRefused(Exception):
@@ -119,9 +120,23 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
     return out
 
 
-def _per_layer(value, layers: int) -> list[int]:
-    """A per-layer figure (an int, or an array of one per layer as hybrid models have)."""
-    return [int(v) for v in value][:layers] if isinstance(value, list) else [int(value)] * layers
+def _whole(key: str, value, hi: int) -> int:
+    """A header's count or length: an int of the header's integer types, 0..``hi`` (never a bool,
+    a float or text: ``True`` is 1 and ``-4`` heads would size a cache below nothing), else
+    GGUFRefused naming the key (by hand: this file runs on hosts, without the boundary package)."""
+    if type(value) is not int or not 0 <= value <= hi:
+        raise GGUFRefused(f"{key} {str(value)[:40]} is not a whole number (0..{hi})")
+    return value
+
+
+def _per_layer(key: str, value, layers: int) -> list[int]:
+    """A per-layer figure (an int, or an array of one per layer as hybrid models have: of exactly
+    ``layers`` items, as llama.cpp's loader requires)."""
+    if isinstance(value, list):
+        if len(value) != layers:
+            raise GGUFRefused(f"{key} has {len(value)} items for {layers} layers")
+        return [_whole(key, v, MAX_WIDTH) for v in value]
+    return [_whole(key, value, MAX_WIDTH)] * layers
 
 
 def kv_figures(meta: dict) -> dict:
@@ -141,27 +156,29 @@ def figures(meta: dict) -> dict:
     ``embedding_length / head_count``) per token, an estimate (an MLA model caches less);
     ``kv_gib_per_1k_tokens`` is None when the header lacks the figures."""
     arch = meta.get("general.architecture")
-    get = (lambda k: meta.get(f"{arch}.{k}")) if arch else (lambda k: None)
-    layers = get("block_count")
     if arch is not None and not isinstance(arch, str):
         raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
-    if layers is not None and (isinstance(layers, (list, str)) or not 0 <= int(layers) <= MAX_LAYERS):
+    get = (lambda k: meta.get(f"{arch}.{k}")) if arch else (lambda k: None)
+    layers, trained = get("block_count"), get("context_length")
+    if layers is not None and (type(layers) is not int or not 0 <= layers <= MAX_LAYERS):
         raise GGUFRefused(f"{arch}.block_count {str(layers)[:40]} is not a layer count (0..{MAX_LAYERS})")
-    trained = get("context_length")
-    if trained is not None and (isinstance(trained, (list, str, bool, float)) or not 0 < int(trained) <= MAX_CONTEXT):
+    if trained is not None and (type(trained) is not int or not 0 < trained <= MAX_CONTEXT):
         raise GGUFRefused(f"{arch}.context_length {str(trained)[:40]} is not a context length (1..{MAX_CONTEXT})")
-    out = {"architecture": arch, "layers": int(layers) if layers is not None else None, "kv_gib_per_1k_tokens": None,
-           "context_length": int(trained) if trained is not None else None}
+    out = {"architecture": arch, "layers": layers, "kv_gib_per_1k_tokens": None, "context_length": trained}
     heads, width = get("attention.head_count"), get("embedding_length")
     if not layers or heads is None:
         return out
-    heads_kv = _per_layer(get("attention.head_count_kv") if get("attention.head_count_kv") is not None else heads,
-                          int(layers))
-    first_heads = max(_per_layer(heads, int(layers))) or 1
-    k_len = get("attention.key_length") or (int(width) // first_heads if width else None)
-    v_len = get("attention.value_length") or k_len
+    kv_key = "attention.head_count_kv" if get("attention.head_count_kv") is not None else "attention.head_count"
+    heads_kv = _per_layer(f"{arch}.{kv_key}", get(kv_key), layers)
+    first_heads = max(_per_layer(f"{arch}.attention.head_count", heads, layers)) or 1
+    width = _whole(f"{arch}.embedding_length", width, MAX_WIDTH) if width is not None else None
+    k_len = get("attention.key_length")
+    k_len = _whole(f"{arch}.attention.key_length", k_len, MAX_WIDTH) if k_len is not None else None
+    k_len = k_len or (width // first_heads if width else None)
+    v_len = get("attention.value_length")
+    v_len = (_whole(f"{arch}.attention.value_length", v_len, MAX_WIDTH) if v_len is not None else None) or k_len
     if not k_len:
         return out
-    per_token = sum(heads_kv) * (int(k_len) + int(v_len)) * F16_BYTES
+    per_token = sum(heads_kv) * (k_len + v_len) * F16_BYTES
     out["kv_gib_per_1k_tokens"] = round(per_token * 1000 / GIB, 4)
     return out

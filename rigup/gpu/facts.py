@@ -308,11 +308,12 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
         if len(cols) < 4 or cols[0] != "LISTEN":
             continue
         port = cols[3].rpartition(":")[2]
-        if whole(port) is None:
+        at = whole(port, 65535)
+        if at is None:
             continue
         proc = _SS_PROCESS.search(line)
-        if ports.get(int(port)) is None:
-            ports[int(port)] = proc.group(1) if proc else None
+        if ports.get(at) is None:
+            ports[at] = proc.group(1) if proc else None
     return ports
 
 
@@ -491,8 +492,9 @@ def parse_cpu(lines: list[str]) -> dict:
     pairs = set()
     for line in sec.get("topology", []):
         cells = line.split()
-        if len(cells) == 2 and all(re.fullmatch(r"-?\d+", c) for c in cells):
-            pairs.add((int(cells[0]), int(cells[1])))
+        ids = [number(c, int, -1, 1 << 20) for c in cells]   # sysfs ids (-1: none), ASCII, bounded (5000 digits ended preflight)
+        if len(ids) == 2 and None not in ids:
+            pairs.add((ids[0], ids[1]))
     numa = _count(sec.get("numa", []))
     return {
         "vendor": vendor,
@@ -509,8 +511,9 @@ def parse_cpu(lines: list[str]) -> dict:
 
 def _mem_bytes(lines: list[str]) -> int | None:
     """``MemTotal:  263846212 kB`` -> bytes, or None."""
-    m = re.fullmatch(r"MemTotal:\s*(\d{1,15}) kB", lines[0].strip()) if lines else None
-    return int(m.group(1)) * 1024 if m else None
+    m = re.fullmatch(r"MemTotal:\s*([0-9]{1,15}) kB", lines[0].strip()) if lines else None
+    kib = whole(m.group(1)) if m else None
+    return None if kib is None else kib * 1024
 
 
 class CpuInfo(FactBase):

@@ -29,8 +29,11 @@ BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])
 # one behind dmesg's "[  269.517039] ", syslog's "May 18 19:02:39 [host] kernel: " or journalctl
 # -o short-monotonic's "[  269.517039] host kernel: "
 PREFIX = r"(?:\[\s*\d+\.\d+\]\s+)?(?:(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+)?(?:\S+\s+)?kernel:\s+)?"
-XID = re.compile(rf"{PREFIX}NVRM: Xid \(({BUS})\): (\d{{1,4}}),\s*(.*)$")
-SXID = re.compile(rf"{PREFIX}nvidia-nvswitch[0-9]{{1,3}}: SXid \(({BUS})\): (\d{{1,5}}), (Fatal|Non-fatal),\s*(.*)$")
+# a code as the driver prints it: plain ASCII decimal (issue 61: "0079" is no code a kernel prints, and
+# \d took "٧٩" too; such a line is not the driver's, so no event: never a drain)
+CODE = r"0|[1-9][0-9]{0,%d}"
+XID = re.compile(rf"{PREFIX}NVRM: Xid \(({BUS})\): ({CODE % 3}),\s*(.*)$")
+SXID = re.compile(rf"{PREFIX}nvidia-nvswitch[0-9]{{1,3}}: SXid \(({BUS})\): ({CODE % 4}), (Fatal|Non-fatal),\s*(.*)$")
 SXID_CLASS = {"Fatal": {"class": "nvswitch", "action": "drain_host",
                         "meaning": "NVSwitch fatal error (SXid): NVLink traffic through the switch stalls; the GPUs "
                                    "and switches need a reset"},

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
+from rigup.boundary.core import Unreadable
+from rigup.boundary.hosttext import download_progress
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
 from rigup.units import parse_instances
@@ -58,10 +60,22 @@ def parse_probe(lines: list[str]) -> dict:
         elif line.startswith("##rigup-model "):
             try:
                 state = json.loads(line[len("##rigup-model "):])
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
-            out["models"][state.get("name")] = state
+            if isinstance(state, dict):
+                out["models"][state.get("name")] = read_progress(state, f"model {state.get('name')}: progress.json")
     return out
+
+
+def read_progress(state: dict, where: str) -> dict:
+    """``state`` with its ``progress`` typed (rigup.boundary.hosttext.download_progress); a record
+    that does not read is dropped and ``unreadable`` says why (that model's line shows it)."""
+    if state.get("progress") is None:
+        return state
+    try:
+        return {**state, "progress": download_progress(state["progress"], where)}
+    except Unreadable as e:
+        return {**state, "progress": None, "unreadable": str(e)}
 
 
 def progress_command(specs: list[dict]) -> str:
@@ -98,11 +112,13 @@ def parse_progress(lines: list[str], specs: list[dict]) -> dict[str, dict]:
         marker = state.get("marker") or {}
         try:
             progress = json.loads(state.get("progress") or "null")
-        except ValueError:
-            progress = None
-        out[spec["name"]] = {"complete": marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"],
-                             "running": bool(state.get("running")), "dest": spec["dest"],
-                             "progress": progress if isinstance(progress, dict) else None}
+        except (ValueError, RecursionError):
+            progress = "not JSON"
+        marker = marker if isinstance(marker, dict) else {}
+        out[spec["name"]] = read_progress(
+            {"complete": marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"],
+             "running": bool(state.get("running")), "dest": spec["dest"], "progress": progress},
+            f"{spec['dest']}/{WORK}/progress.json")
     return out
 
 

@@ -36,10 +36,12 @@ import json
 import os
 from pathlib import Path
 
+from rigup.boundary.core import Unreadable
+from rigup.boundary.hosttext import gguf_figures, hub_listing
 from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
-from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
+from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, select
 from rigup.gguf import GGUFRefused, kv_figures, metadata
 
 if TYPE_CHECKING:
@@ -144,13 +146,13 @@ def _files(endpoint: str, repo: str, commit: str, secret: str | None) -> list[di
 
 
 def checked_files(files, endpoint: str, repo: str, commit: str, allow_unhashed: bool) -> list[dict]:
-    """``files`` once checked like configuration (fetcher.listing_problems); else HubRefused naming
-    the hub, the repo and the first offending paths."""
-    bad = listing_problems(files, allow_unhashed)
-    if bad:
-        shown = "; ".join(f"{path!r}: {why}" for path, why in bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise HubRefused(f"the hub at {endpoint} lists in {repo}@{commit[:12]}: {shown}; refused")
-    return files
+    """``files`` once checked like configuration (rigup.boundary.hosttext.hub_listing: typed, each
+    path inside the model's directory); else HubRefused naming the hub, the repo and the first
+    offending paths."""
+    try:   # fresh or kept between runs: read the same way
+        return hub_listing(files, f"the hub at {endpoint} lists in {repo}@{commit[:12]}", allow_unhashed)
+    except Unreadable as e:
+        raise HubRefused(f"{e}; refused") from None
 
 
 def read_capped(resp, n: int) -> bytes:
@@ -191,7 +193,11 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
             if figures["kv_gib_per_1k_tokens"] is not None or n >= size:
                 return figures
         return figures
-    return _once(("gguf", endpoint, repo, commit, path), ask)
+    try:   # fresh or kept between runs (a cache file is no more trusted than the hub): read the same way
+        return gguf_figures(_once(("gguf", endpoint, repo, commit, path), ask),
+                            f"the GGUF header of {path} in {repo}@{commit[:12]} at {endpoint}")
+    except Unreadable as e:
+        raise HubRefused(f"{e}; refused") from None
 
 
 def _why(e: Exception) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from rigup.names import HF_TOKEN, MARKER
+from rigup.text import shown
 from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ def progress_line(name: str, state: dict) -> str:
     total = p.get("total") or 0
     done = p.get("bytes") or state.get("have_bytes") or 0
     pct = f" ({100 * done / total:.1f}%)" if total else ""
+    if state.get("unreadable"):   # facts.py read_progress: a record that does not read, shown as such
+        return (f"model {name}: progress unreadable ({shown(state['unreadable'])})"
+                + (" (running)" if state.get("running") else ""))
     if state.get("running"):
         what = p.get("state") or "running"
         extra = f"; {p['detail']}" if p.get("detail") else ""
@@ -88,6 +92,8 @@ def short_progress(name: str, state: dict) -> str:
     running``, ``big failed: No space left on device (at 12.0 MiB / 256.0 MiB)``."""
     if state.get("complete"):
         return f"{name} complete"
+    if state.get("unreadable"):   # facts.py read_progress: a record that does not read, shown as such
+        return f"{name} progress unreadable: {shown(state['unreadable'])}"
     p = state.get("progress") or {}
     total, done = p.get("total") or 0, p.get("bytes") or state.get("have_bytes") or 0
     at = f"{100 * done / total:.1f}%" if total else human(done)

@@ -1,0 +1,138 @@
+"""Typed readers for what hosts and hubs print or write for the controller (issue 61, classes 3
+and 4): a download's progress.json, a GGUF header's figures and a hub's file listing. Each returns
+typed values within bounds or raises :class:`Unreadable` naming where the record came from; its
+caller fails closed for that host or that model alone (status shows the record as unreadable,
+sizing refuses the model naming the file and the field).
+
+Numbers go through :mod:`rigup.boundary.numbers`, names and paths through
+:mod:`rigup.boundary.fields`. The host programs that read such text themselves (the Xid lines in
+rigup/gpu/xid.py, the GGUF bytes in rigup/gguf.py) run with the standard library alone, so they
+hold their own checks; their rows are here, beside the controller's readers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rigup.boundary import fields
+from rigup.boundary.core import Crossing, Unreadable
+from rigup.boundary.numbers import required, whole
+from rigup.text import shown
+
+MAX_BYTES = 1 << 56          # a model's bytes, at most (64 PiB)
+MAX_ETA_S = 10 ** 9          # seconds left, at most (30 years)
+TEXT_LIMIT = 300             # a progress record's error or detail, as status shows it
+STATE = re.compile(r"[a-z]{1,16}")   # fetcher.py's states: running, verifying, waiting, failed, stopped
+
+
+def _count(value: object, hi: int) -> int | None:
+    """A JSON int of a record, 0..``hi`` (:func:`whole`; text is no JSON count), else None."""
+    return whole(value, hi) if isinstance(value, int) else None
+
+
+def _text(record: dict, key: str, where: str) -> str | None:
+    """A text field of ``record``: None when absent, else a string cut and escaped for a terminal."""
+    value = record.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Unreadable(f"{where}.{key}", f"not text: {type(value).__name__}")
+    return shown(value, TEXT_LIMIT)
+
+
+def download_progress(record: object, where: str) -> dict | None:
+    """A model's ``.rigup-fetch/progress.json`` (roles/model_fetch/fetcher.py ``Progress``), as the
+    JSON it parsed to: None for no record, else ``{"state", "bytes", "total", "rate", "eta",
+    "error", "detail", "source"}`` typed (whole bytes, a rate and an ETA of finite non-negative
+    numbers, a lowercase state word, text escaped and cut); :class:`Unreadable` naming ``where``
+    and the field for anything else (a total written as text, NaN, a negative count, a list)."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        raise Unreadable(where, f"not a JSON object: {type(record).__name__}")
+    state = record.get("state")
+    if state is not None and not (isinstance(state, str) and STATE.fullmatch(state)):
+        raise Unreadable(f"{where}.state", f"not a state word: {str(state)[:40]!r}")
+    out: dict = {"state": state}
+    for key in ("bytes", "total"):   # JSON ints: a total written as text is not one
+        value = record.get(key, 0)
+        out[key] = _count(value, MAX_BYTES)
+        if out[key] is None:
+            raise Unreadable(f"{where}.{key}", f"not a whole number of bytes: {str(record.get(key))[:40]!r}")
+    rate, eta = record.get("rate"), record.get("eta")
+    out["rate"] = 0.0 if rate is None else required(rate, f"{where}.rate", float, 0, MAX_BYTES)
+    out["eta"] = None if eta is None else required(eta, f"{where}.eta", float, 0, MAX_ETA_S)
+    for key in ("error", "detail", "source"):
+        out[key] = _text(record, key, where)
+    out["detail"] = out["detail"] or ""
+    return out
+
+
+def gguf_figures(figures: object, where: str) -> dict:
+    """The figures of a GGUF header (rigup/gguf.py ``kv_figures``, fresh or kept between runs in
+    the hub's cache) that size a model's VRAM: ``{"architecture", "layers", "kv_gib_per_1k_tokens",
+    "context_length", "read_bytes"}`` with the layer count a whole number, the KV size a finite
+    non-negative number, or None where the header has none; :class:`Unreadable` naming ``where``
+    (the file) and the field otherwise."""
+    from rigup.gguf import MAX_CONTEXT, MAX_LAYERS
+
+    if not isinstance(figures, dict):
+        raise Unreadable(where, f"not the header's figures: {type(figures).__name__}")
+    arch = figures.get("architecture")
+    if arch is not None:
+        fields.ident(arch, f"{where}: general.architecture")
+    out = {"architecture": arch}
+    for key, hi in (("layers", MAX_LAYERS), ("context_length", MAX_CONTEXT), ("read_bytes", MAX_BYTES)):
+        value = figures.get(key)
+        out[key] = None if value is None else _count(value, hi)
+        if value is not None and out[key] is None:
+            raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
+    kv = figures.get("kv_gib_per_1k_tokens")
+    out["kv_gib_per_1k_tokens"] = None if kv is None else required(kv, f"{where}: kv_gib_per_1k_tokens", float, 0, 1e9)
+    return out
+
+
+def hub_listing(files: object, where: str, allow_unhashed: bool = False) -> list[dict]:
+    """A hub's tree listing (roles/model_fetch/fetcher.py ``hub_files``: ``[{path, size, oid,
+    sha256}]``, fresh or kept between runs) as typed entries: fetcher.py's rules first (those the
+    host's fetcher holds too: a path's characters, rigup's own names, a size that is a JSON int, 64
+    hex of a sha256, 40 of a git blob id, a path listed twice), then each path relative and inside
+    the model's directory (:func:`rigup.boundary.fields.inside`) and each size a whole number of
+    bytes within :data:`MAX_BYTES`; :class:`Unreadable` naming ``where`` and the paths otherwise."""
+    from roles.model_fetch.fetcher import listing_problems
+
+    bad = listing_problems(files, allow_unhashed)
+    if bad:
+        more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise Unreadable(where, "; ".join(f"{path[:120]!r}: {why}" for path, why in bad[:3]) + more)
+    out = []
+    for f in files:   # a list of objects now (listing_problems)
+        path = fields.inside(f["path"], f"{where}: {f['path'][:120]!r}")
+        size = whole(f["size"], MAX_BYTES)
+        if size is None:
+            raise Unreadable(f"{where}: {path!r}", f"size {f['size']} is over {MAX_BYTES} bytes")
+        out.append({"path": path, "size": size, "oid": f.get("oid"), "sha256": f.get("sha256")})
+    return out
+
+
+CROSSINGS = (
+    Crossing("a model download's progress.json (bytes, total, rate, state, error)",
+             "the host (the fetch job, or whoever can write the model's directory)",
+             "rigup/boundary/hosttext.py:download_progress",
+             "roles/model_fetch/facts.py:parse_progress, roles/model_fetch/facts.py:parse_probe"),
+    Crossing("a GGUF header's figures (layers, KV size, context) that size VRAM", "the hub, the hub cache",
+             "rigup/boundary/hosttext.py:gguf_figures", "roles/model_fetch/hub.py:_head"),
+    Crossing("a hub's file listing (paths, sizes, sha256, git blob ids)", "the hub, the hub cache",
+             "rigup/boundary/hosttext.py:hub_listing", "roles/model_fetch/hub.py:checked_files"),
+    Crossing("the bytes of a GGUF header (its keys' types and values)", "the hub, the model's file on a host",
+             "rigup/gguf.py:figures", "roles/model_fetch/hub.py:_head, rigup/tune.py:model_layers"),
+    Crossing("an Xid or SXid line of the kernel log (plain decimal codes, ASCII)", "the kernel (the lab: its stand-in)",
+             "rigup/gpu/xid.py:events", "roles/gpu_guard/guard.py:triage"),
+    Crossing("a build or install log's progress line (make, ninja, pip)", "the host (the build's output)",
+             "rigup/progress.py:progress_text", "rigup/progress.py:waited"),
+    Crossing("a count sysfs or /proc printed (CPU topology, MemTotal, a listening port, free disk)", "the host",
+             "rigup/boundary/numbers.py:whole",
+             "rigup/gpu/facts.py:parse_cpu, rigup/gpu/facts.py:parse_listening_ports, rigup/gpu/facts.py:parse_free_disk"),
+)
+
+GENERIC = ()

@@ -1,0 +1,231 @@
+"""rigup/boundary/hosttext.py and the host-side readers its table names (issue 61, classes 3 and 4):
+whatever a host or a hub prints or writes, each reader answers typed values within bounds or
+refuses with Unreadable naming where (GGUFRefused in the host programs), never another exception;
+the callers fail closed for that host or model alone."""
+
+import json
+import math
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup.boundary.core import Unreadable
+from rigup.boundary.hosttext import MAX_BYTES, download_progress, gguf_figures, hub_listing
+from rigup.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
+from rigup.gpu import xid
+from rigup.gpu.facts import parse_cpu, parse_listening_ports
+from rigup.progress import progress_text
+from roles.gpu_guard import guard
+from roles.model_fetch import hub as hub_module
+from roles.model_fetch.facts import parse_probe, parse_progress
+from roles.model_fetch.fetcher import Progress
+from roles.model_fetch.plan import progress_line, short_progress
+
+SETTINGS = settings(max_examples=60, deadline=1000)
+# text as hosts print it: control characters, newlines, quotes, digits of other scripts
+TEXT = st.text(st.characters(codec="utf-8") | st.sampled_from('\n\r\x1b"\'\\٧٩0079'), max_size=40)
+NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from(["12", "0079", "1e3", " 7 ", "nan", "inf", "-1", "١٢", "1_000", ""]))
+JSON = st.recursive(st.none() | NUMBERS | TEXT, lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8)
+WHERE = "/srv/models/m/.rigup-fetch/progress.json"
+
+
+def read(reader, value, where: str, *more):
+    """``reader(value, where, *more)``, or None when it refuses with Unreadable naming ``where``; any
+    other exception fails the test."""
+    try:
+        return reader(value, where, *more)
+    except Unreadable as e:
+        assert e.where.startswith(where), e
+        return None
+
+
+# ---------------------------------------------------------------- a download's progress.json
+
+GOOD = {"state": "running", "bytes": 50 << 20, "total": 100 << 20, "rate": 10 << 20, "eta": 5, "error": None,
+        "detail": "", "source": "http://hub"}
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(sorted(GOOD) + ["pid"]), JSON, max_size=6) | JSON)
+def test_a_progress_record_is_typed_or_unreadable_naming_where(record):
+    p = read(download_progress, record, WHERE)
+    assert p is None or (type(p["bytes"]) is int and type(p["total"]) is int
+                         and 0 <= p["bytes"] <= MAX_BYTES and 0 <= p["total"] <= MAX_BYTES
+                         and math.isfinite(p["rate"]) and p["rate"] >= 0
+                         and (p["eta"] is None or 0 <= p["eta"] <= 1e9)
+                         and all(v is None or (isinstance(v, str) and v.isprintable()) for v in
+                                 (p["error"], p["detail"], p["source"], p["state"])))
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(sorted(GOOD)), JSON, max_size=6), st.booleans())
+def test_status_and_the_converge_show_any_progress_record_never_a_traceback(record, running):
+    """A progress.json whose total is a string crashed status's table line (``100 * done / total``)."""
+    blob = json.dumps({**GOOD, **record}, allow_nan=True)
+    spec = {"name": "m", "dest": "/srv/models/m", "repo": "org/m", "revision": "a" * 40}
+    states = parse_progress(["@@ m", "marker=", f"progress={blob}"] + (["running=1"] if running else []), [spec])
+    line = short_progress("m", states["m"])
+    assert line.startswith("m ") and line.isprintable()
+    probed = parse_probe([f"##rigup-model {json.dumps({'name': 'm', 'running': running, 'progress': json.loads(blob)})}"])
+    assert progress_line("m", probed["models"]["m"]).isprintable()
+
+
+def test_a_total_written_as_text_is_unreadable_for_that_model_alone():
+    spec = {"name": "m", "dest": "/srv/models/m", "repo": "org/m", "revision": "a" * 40}
+    other = dict(spec, name="n", dest="/srv/models/n")
+    bad, good = json.dumps(dict(GOOD, total="100")), json.dumps(GOOD)
+    states = parse_progress(["@@ m", f"progress={bad}", "running=1", "@@ n", f"progress={good}", "running=1"],
+                            [spec, other])
+    assert short_progress("m", states["m"]).startswith("m progress unreadable: /srv/models/m/.rigup-fetch/progress.json.total")
+    assert short_progress("n", states["n"]) == "n 50.0% running"
+
+
+def test_the_fetchers_own_record_reads_back():
+    """The writer (fetcher.py Progress.snapshot) round-trips through json and the reader."""
+    p = Progress("/nonexistent", 1000, 250, "http://hub")
+    snap = json.loads(json.dumps(p.snapshot()))
+    read = download_progress(snap, WHERE)
+    assert (read["state"], read["bytes"], read["total"], read["source"]) == ("running", 250, 1000, "http://hub")
+
+
+# ---------------------------------------------------------------- a GGUF header
+
+def _value(v) -> bytes:
+    """One typed GGUF value: bool (7), float (12, f64), int (11, i64), text (8), list of ints (9 of i64)."""
+    if isinstance(v, bool):
+        return struct.pack("<I?", 7, v)
+    if isinstance(v, float):
+        return struct.pack("<Id", 12, v)
+    if isinstance(v, int):
+        return struct.pack("<Iq", 11, v)
+    if isinstance(v, list):
+        return struct.pack("<IIQ", 9, 11, len(v)) + b"".join(struct.pack("<q", i) for i in v)
+    b = str(v).encode()
+    return struct.pack("<IQ", 8, len(b)) + b
+
+
+def header(kv: dict) -> bytes:
+    """A GGUF v3 header of ``kv``, built by hand (every value type the sizing keys may come as)."""
+    body = b"".join(struct.pack("<Q", len(k.encode())) + k.encode() + _value(v) for k, v in kv.items())
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + body
+
+
+LLAMA = {"general.architecture": "llama", "llama.block_count": 22, "llama.embedding_length": 2048,
+         "llama.attention.head_count": 32, "llama.attention.head_count_kv": 4, "llama.context_length": 2048}
+GGUF_VALUES = st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(-8, 70000), st.booleans(),
+                        st.floats(allow_nan=True, allow_infinity=True), TEXT,
+                        st.lists(st.integers(-2**63, 2**63 - 1), max_size=4))
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(sorted(LLAMA)[1:] + ["llama.attention.key_length", "llama.attention.value_length"]),
+                       GGUF_VALUES, max_size=4))
+def test_a_header_sizes_vram_only_with_whole_numbers(changed):
+    """A layer count as a bool or a float, negative KV lengths: refused naming the key, before sizing."""
+    meta = metadata(header({**LLAMA, **changed}))
+    try:
+        figures = kv_figures(meta)
+    except GGUFRefused as e:
+        assert any(key in str(e) for key in changed), (e, changed)
+        return
+    read = gguf_figures(dict(figures, read_bytes=4096), "m.gguf")
+    assert read["layers"] is None or (type(read["layers"]) is int and 0 <= read["layers"] <= MAX_LAYERS)
+    kv = read["kv_gib_per_1k_tokens"]
+    assert kv is None or (math.isfinite(kv) and kv >= 0)
+
+
+@pytest.mark.parametrize("key, value", [("llama.block_count", True), ("llama.block_count", 22.0),
+                                        ("llama.attention.key_length", -64), ("llama.attention.head_count_kv", [4, -4])])
+def test_the_attackers_headers_are_refused_naming_the_field(key, value):
+    with pytest.raises(GGUFRefused, match=key):
+        kv_figures(metadata(header({**LLAMA, key: value})))
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["architecture", "layers", "kv_gib_per_1k_tokens", "context_length",
+                                        "read_bytes"]), JSON, max_size=5) | JSON)
+def test_kept_figures_are_typed_or_unreadable_naming_the_file(figures):
+    """The hub's cache keeps figures between runs: read like the hub's own answer."""
+    got = read(gguf_figures, figures, "the GGUF header of m.gguf") or {}
+    assert got.get("layers") is None or type(got["layers"]) is int
+
+
+def test_a_kept_header_with_a_bool_layer_count_refuses_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hub_module, "_asked", {})
+    key = ("gguf", "http://hub.test", "org/x", "a" * 40, "m.gguf")
+    kept = hub_module._kept(key)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"architecture": "llama", "layers": True, "kv_gib_per_1k_tokens": -1.0}))
+    with pytest.raises(hub_module.HubRefused, match="m.gguf in org/x@aaaaaaaaaaaa at http://hub.test: layers"):
+        hub_module._head("http://hub.test", "org/x", "a" * 40, "m.gguf", None, 10)
+
+
+# ---------------------------------------------------------------- a hub's listing
+
+ENTRY = {"path": "m.gguf", "size": 10, "oid": "1" * 40, "sha256": "b" * 64}
+PATHS = st.one_of(TEXT, st.sampled_from(["a/../b", "/etc/x", "./m", "a//b", "a\nb", "..", "m.gguf", "d/m.gguf", "a\\b"]))
+
+
+@SETTINGS
+@given(st.lists(st.fixed_dictionaries({"path": PATHS, "size": NUMBERS, "oid": st.sampled_from(["1" * 40, None, 5]),
+                                       "sha256": st.sampled_from(["b" * 64, "B" * 64, "x", None])}), max_size=4) | JSON)
+def test_every_listed_path_stays_inside_its_directory(files):
+    for f in read(hub_listing, files, "the hub lists") or []:
+        parts = f["path"].split("/")
+        assert not f["path"].startswith("/") and ".." not in parts and "" not in parts
+        assert not any(ord(c) < 32 or ord(c) == 127 for c in f["path"])
+        assert type(f["size"]) is int and 0 <= f["size"] <= MAX_BYTES
+        assert f["sha256"] is None or (len(f["sha256"]) == 64 and set(f["sha256"]) <= set("0123456789abcdef"))
+
+
+def test_a_size_beyond_any_disk_is_refused():
+    with pytest.raises(Unreadable, match="over"):
+        hub_listing([dict(ENTRY, size=1 << 70)], "the hub lists")
+
+
+# ---------------------------------------------------------------- Xid lines, build logs, sysfs, the guard
+
+@SETTINGS
+@given(TEXT, st.sampled_from(["79", "0079", "٧٩", "+79", "79.0", "007", "0", "13", "99999"]), TEXT)
+def test_an_xid_code_is_plain_decimal_or_no_event(before, code, after):
+    """The kernel prints Xid codes as plain decimal; ``0079`` read as 79 tripped a drain."""
+    line = f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, {after}"
+    found = xid.events([before, line], xid.catalogue())
+    codes = [e["code"] for e in found if e["line"] == line]
+    assert codes == ([int(code)] if code in ("79", "0", "13") else [])
+    assert all(type(e["code"]) is int and 0 <= e["code"] < 10**5 for e in found)
+
+
+@SETTINGS
+@given(TEXT, st.integers(0, 100))
+def test_a_build_log_line_never_ends_the_wait(line, high):
+    for text in (line, f"[{line}/12] x", f"[{line}%] y", f"[1{'0' * 5000}/3] z"):
+        shown = progress_text(text, high)
+        assert isinstance(shown, str) and len(shown) <= 120
+
+
+@SETTINGS
+@given(st.lists(TEXT | st.sampled_from(["0 1", "-1 2", "1" * 5000 + " 3", "٣ 4", "MemTotal: 0079 kB"]), max_size=6))
+def test_sysfs_and_proc_text_never_ends_preflight(lines):
+    """A 5000-digit CPU topology id ended parse_cpu with int()'s ValueError (its 4300-digit limit)."""
+    cpu = parse_cpu(["--- topology", *lines, "--- memory", *lines[:1]])
+    assert cpu["cores"] is None or cpu["cores"] >= 1
+    ports = parse_listening_ports(["ss", *(f"LISTEN 0 128 0.0.0.0:{t} x" for t in lines)]) or {}
+    assert all(type(p) is int and 0 <= p <= 65535 for p in ports)
+
+
+@SETTINGS
+@given(JSON)
+def test_the_guards_reboot_count_never_ends_the_check(count):
+    """A reboots file whose count is not an int (``"x"``, ``1e400``) ended the check before its drain."""
+    path = Path(tempfile.mkdtemp()) / "reboots.json"
+    day = guard.reboots_today(str(path), 0.0)[0]
+    path.write_text(json.dumps({"day": day, "count": count}))
+    got = guard.reboots_today(str(path), 0.0)[1]
+    assert type(got) is int and got >= 0 and (got == count or got == 1 << 30)
