@@ -14,11 +14,13 @@ huggingface_hub (the project's chosen client; the host-side fetcher stays its ow
 
 Everything the hub says is data, checked before use like configuration (HubRefused, naming the
 hub, the repo and the value): a commit is 40 lowercase hex (:func:`checked_commit`); the listing
-passes fetcher.listing_problems (:func:`checked_files`) and fetcher.hub_files' checks (a page
-too long, not JSON, compressed, or a next page on another origin: fetcher.HOSTILE_CODES); the
-GGUF header is read uncompressed (:func:`read_capped`) and its reader refuses bad bytes with
-gguf.GGUFRefused. A model the hub answered such a thing for is refused (rigup/models.py): its
-host is refused by preflight, before anything changes.
+is read by rigup.boundary.hosttext.hub_listing (:func:`checked_files`: fetcher.listing_problems,
+then each path inside the model's directory and each size whole) after fetcher.hub_files' checks
+(a page too long, not JSON, compressed, or a next page on another origin: fetcher.HOSTILE_CODES);
+the GGUF header is read uncompressed (:func:`read_capped`), its reader refuses bad bytes and
+values with gguf.GGUFRefused, and its figures, fresh or kept in the cache, are read by
+hosttext.gguf_figures. A model the hub answered such a thing for is refused (rigup/models.py):
+its host is refused by preflight, before anything changes.
 
 Each answer is asked once per run (one listing per repo@commit, whatever the hosts). The role's
 ``resolve`` is handed to rigup.config, which asks it the first time a host's configuration is read
