@@ -11,7 +11,9 @@ next component is checked itself; a directory named by configuration never may.
 
 Every component is opened without following a link (``O_NOFOLLOW``, each one relative to the
 directory before it) and checked by ``fstat`` of the open descriptor, so what is checked is what is
-read: a component swapped for a link between the check and the read is refused, not followed.
+read: a component swapped for a link between the check and the read is refused, not followed. A
+link on the path (``~/.config`` -> elsewhere) is followed, component by component, only when it is
+the operator's or root's; the file or directory named itself is never a link.
 Anything else is :class:`NotOwned`, naming the file, what is wrong (owner, mode) and the fix,
 raised before anything changes on a host.
 
@@ -87,35 +89,60 @@ def _problem(st: os.stat_result, path: str, passage: bool = False) -> str | None
 
 def _walk(path: Path, where: str) -> tuple[int, str]:
     """An open descriptor of ``path``'s parent directory, having checked every directory from ``/``
-    to it, and ``path``'s last component. The parent's links are resolved first (as ``realpath``
-    names it), then every component is opened without following one."""
-    parent, name = os.path.realpath(path.parent), path.name
+    to it, and ``path``'s last component. Resolved here, a component at a time (the kernel's walk,
+    by hand, to check each step): each directory is opened without following a link and checked
+    by its descriptor; a link on the way is followed only when it is yours or root's (its directory
+    was checked already: no one else could have placed it), as fs.protected_symlinks would."""
+    full = os.path.join(os.getcwd(), str(path))
+    head, name = os.path.split(full)
     if not name or name in (".", ".."):
         raise NotOwned(where, f"{path} names no file")
-    fd = os.open("/", _DIR)
+    todo = [p for p in head.split("/") if p][::-1]      # a stack: the next component last
+    stack = [(os.open("/", _DIR), "/")]
+    links = 0
     try:
-        done = "/"
-        for part in [p for p in parent.split("/") if p]:
-            st = os.fstat(fd)
-            why = _problem(st, done, passage=True)
-            if why:
-                raise NotOwned(where, f"{path}: the directory {done} on its path {why} (another user could "
-                                      "swap what it holds)")
+        _checked(stack[-1], path, where)
+        while todo:
+            part = todo.pop()
+            if part in (".", ".."):
+                if part == ".." and len(stack) > 1:
+                    os.close(stack.pop()[0])
+                continue
+            fd, done = stack[-1]
+            here = os.path.join(done, part)
             try:
-                nxt = os.open(part, _DIR, dir_fd=fd)
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    if links > 40:
+                        raise NotOwned(where, f"{path}: more than 40 links on its path")
+                    if st.st_uid not in (os.geteuid(), 0):
+                        raise NotOwned(where, f"{path}: the link {here} on its path is owned by {_user(st.st_uid)} "
+                                              f"(uid {st.st_uid}), not by you or root: name the directory it leads to")
+                    target = os.readlink(part, dir_fd=fd)
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop()[0])
+                    todo += [p for p in target.split("/") if p][::-1]
+                    continue
+                stack.append((os.open(part, _DIR, dir_fd=fd), here))
             except OSError as e:
-                raise NotOwned(where, f"{path} cannot be read on the controller: {done.rstrip('/')}/{part}: "
-                                      f"{e.strerror}") from None
-            os.close(fd)
-            fd, done = nxt, os.path.join(done, part)
-        why = _problem(os.fstat(fd), done, passage=True)
-        if why:
-            raise NotOwned(where, f"{path}: the directory {done} on its path {why} (another user could swap "
-                                  "what it holds)")
+                raise NotOwned(where, f"{path} cannot be read on the controller: {here}: {e.strerror}") from None
+            _checked(stack[-1], path, where)
+        fd = stack.pop()[0]
         return fd, name
-    except BaseException:
-        os.close(fd)
-        raise
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def _checked(step: tuple[int, str], path: Path, where: str) -> None:
+    """:class:`NotOwned` when the directory ``step`` (its descriptor, its path) on ``path``'s way
+    lets another user swap what it holds."""
+    why = _problem(os.fstat(step[0]), step[1], passage=True)
+    if why:
+        raise NotOwned(where, f"{path}: the directory {step[1]} on its path {why} (another user could swap what "
+                              "it holds)")
 
 
 def directory(path: str | Path, where: str) -> Path:

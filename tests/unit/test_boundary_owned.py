@@ -108,6 +108,21 @@ def test_a_parent_reached_through_a_link_is_checked_where_it_leads(tmp_path):
     refused(lambda: owned.directory(tmp_path / "dirlink", "k"), "is a symbolic link")
 
 
+def test_a_link_on_the_path_is_followed_only_when_yours_or_roots(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)                   # as /tmp: anyone may place a link there
+    made(tmp_path / "mine" / "key", "mine\n")
+    (shared / "ours").symlink_to("../mine")
+    assert owned.read(shared / "ours" / "key", "k") == "mine\n"
+    (shared / "planted").symlink_to(tmp_path / "mine")
+    os.chown(shared / "planted", NOBODY, NOBODY, follow_symlinks=False)
+    refused(lambda: owned.read(shared / "planted" / "key", "k"), f"the link {shared / 'planted'} on its path is "
+            "owned by nobody (uid 65534), not by you or root")
+    (tmp_path / "loop").symlink_to("loop")
+    refused(lambda: owned.read(tmp_path / "loop" / "key", "k"), "more than 40 links")
+
+
 def test_a_private_group_is_one_named_as_its_owner_with_no_other_member():
     assert owned._private_group(0, 0) and not owned._private_group(NOBODY, 0) and not owned._private_group(0, NOBODY)
 
