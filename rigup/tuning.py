@@ -22,7 +22,7 @@ from rigup import bench, yamlfile
 from rigup.boundary import fields, results
 from rigup.boundary.core import Unreadable
 from rigup.config import ROOT
-from rigup.text import say
+from rigup.text import say, shown
 from rigup.units import systemd_env_split, systemd_split
 from rigup.contract.llama_server import DROPIN
 
@@ -176,7 +176,7 @@ def markdown(host: str, name: str, result: dict) -> str:
     levels = result.get("levels") or []
     lines = [f"# tune.py: {host} {name}", "", f"Target {result['concurrency']} concurrent; each point at "
              f"{', '.join(map(str, levels))}; {len(result['points'])} points in {result['spent_s']} s; "
-             f"{result.get('stopped') or 'sweep complete'}. Best: {result['best'] and result['best']['flags']} "
+             f"{shown(result.get('stopped') or 'sweep complete', 400)}. Best: {result['best'] and result['best']['flags']} "
              f"({result.get('ratio')}x the instance as it was).", "",
              "| flags | status | figure | " + " | ".join(f"{n} concurrent" for n in levels) + " |",
              "| --- | --- | --- |" + " --- |" * len(levels)]

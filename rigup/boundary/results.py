@@ -94,6 +94,14 @@ def _text(value: Any, where: str, limit: int = TEXT_MAX) -> str:
     return value
 
 
+def _prose(value: Any, where: str) -> str:
+    """Free text a party wrote (why a sweep stopped: a server's last log line, escapes and all),
+    at most :data:`TEXT_MAX` characters; shown only through rigup.text.shown."""
+    if not isinstance(value, str) or len(value) > TEXT_MAX:
+        raise Unreadable(where, f"not text of at most {TEXT_MAX} characters: {str(value)[:40]!r}")
+    return value
+
+
 def _choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
     def read(value: Any, where: str) -> str:
         if not isinstance(value, str) or value not in choices:
@@ -200,7 +208,7 @@ def sweep(value: Any, where: str) -> dict:
         "ratio": (_optional(lambda v, w: _float(v, w, 0, 1e6)), True),
         "spent_s": (seconds, True),
         "budget_s": (seconds, False),
-        "stopped": (_optional(_text), True),
+        "stopped": (_optional(_prose), True),
         "layers": (_optional(_whole(0, 1 << 20)), False),
     })
 

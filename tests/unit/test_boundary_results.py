@@ -131,6 +131,10 @@ def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_i
     for text in ('{"concurrency": NaN}', "[1, 2", "[" * 100000, b"\xff\xfe", "1" * 5000):
         with pytest.raises(Unreadable, match="not"):
             results.sweep(text, WHERE)
+    # why it stopped is a server's log line, escapes and all: read, and escaped where it is shown
+    stopped = results.sweep(replaced(RESULT, ("stopped",), "\x1b[31mout of memory\r\n"), WHERE)
+    from rigup import tuning
+    assert "\\x1b[31mout of memory\\r\\n" in tuning.markdown("rig-07", "g", stopped)
     old = results.sweep({k: v for k, v in RESULT.items() if k != "schema"} | {"extra": {"kept": 1}}, WHERE)
     assert old["extra"] == {"kept": 1} and old["best"]["argv"] == ["/b/llama-server"]
 
@@ -210,10 +214,11 @@ def test_a_bad_sweep_result_writes_no_host_vars_and_fails_that_host(tmp_path, ca
     assert f"refused the sweep's result {WHERE}" in capsys.readouterr().err
 
 
-def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path):
+def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path, monkeypatch):
     import yaml
 
-    from rigup import tuning
+    from rigup import bench, tuning
+    monkeypatch.setattr(bench, "plot", lambda *a: None)   # test_tuned draws one; matplotlib's import is seconds
     text = json.dumps(replaced(RESULT, ("best", "flags", "ctx"), "16384"))   # digits as text: typed as a number
     tuning.record("rig-07", "g", text, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], "b1", where=WHERE)
     entry = yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]
