@@ -52,5 +52,5 @@ probed = parse_progress(found.get("fetch", []), fetches)
 configured = {s["name"]: s["model"] for s in served(data)}
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
                                         maintenance=data["rigup_maintenance"], models=configured,
-                                        tuned=data.get("llama_server_tuned")),
+                                        tuned=data.get("llama_server_tuned"), burnin_at=burnin_file(data)),
              data["status_format"])

@@ -32,7 +32,9 @@ from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
+from rigup.boundary import Unreadable, burnin
 from rigup.boundary.numbers import number
+from rigup.names import burnin_copy
 from rigup.text import shown
 
 MARK = "##rigup-status:"
@@ -241,28 +243,30 @@ BURNIN_MAX_BYTES = 262144
 
 
 def burnin_section(results_file: str) -> str:
-    """rigup-burnin's records (roles/burnin), at most :data:`BURNIN_MAX_BYTES`."""
-    return f"head -c {BURNIN_MAX_BYTES} {shlex.quote(results_file)} 2>/dev/null; true"
+    """rigup-burnin's records (roles/burnin), at most :data:`BURNIN_MAX_BYTES`, each line behind "|"
+    (no line of the file can pass for another section's marker)."""
+    return f"head -c {BURNIN_MAX_BYTES} {shlex.quote(results_file)} 2>/dev/null | sed 's/^/|/'; true"
 
 
-def parse_burnin(lines: list[str]) -> dict:
-    """The burn-in section -> ``{card key: {"index", "level", "failed": text}}`` of the quarantined
-    cards (failed, not cleared by the operator), read defensively: what has the wrong type is left out."""
-    try:
-        records = json.loads("".join(lines) or "{}")
-    except (ValueError, RecursionError):
-        return {}
+def _quarantined(cards: dict) -> dict:
+    """``{card key: {"index", "level", "failed": text}}`` of the quarantined cards of typed
+    records (rigup.boundary.burnin): failed, not cleared by the operator."""
     out = {}
-    for rec in (records.values() if isinstance(records, dict) else []):
-        if not isinstance(rec, dict) or rec.get("passed") is not False or rec.get("cleared"):
-            continue
+    for rec in cards.values():
         key = _key(rec.get("bus_id"))
-        failed = rec.get("failed") if isinstance(rec.get("failed"), list) else []
-        if key:
-            out[key] = {"index": rec.get("index") if _small(rec.get("index")) else None,
-                        "level": shown(rec.get("level") or "?", 16),
-                        "failed": shown("; ".join(str(f) for f in failed) or "?", 300)}
+        if key and rec["passed"] is False and not rec.get("cleared"):
+            out[key] = {"index": rec.get("index"), "level": shown(rec.get("level") or "?", 16),
+                        "failed": shown("; ".join(rec["failed"]) or "?", 300)}
     return out
+
+
+def parse_burnin(lines: list[str], where: str = "burn-in records", last: dict | None = None) -> dict:
+    """The burn-in section -> :func:`_quarantined` of its records (rigup.boundary.burnin.records)
+    and of ``last`` (the controller's copy's, rigup.names.burnin_copy) those of cards without a
+    record here (as roles/burnin judges them); :class:`rigup.boundary.Unreadable` naming ``where``
+    when the section does not read."""
+    own = burnin.records("\n".join(ln[1:] if ln.startswith("|") else ln for ln in lines), where).cards
+    return _quarantined({**(last or {}), **own})
 
 
 def parse_guard(lines: list[str]) -> dict:
@@ -388,11 +392,11 @@ def tuned_text(entry: dict | None) -> str | None:
 
 
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,
-             models: dict[str, str], tuned: dict | None = None) -> dict:
+             models: dict[str, str], tuned: dict | None = None, burnin_at: str = "burnin.json") -> dict:
     """The row of reachable host ``name``: ``found`` is :class:`FleetStatus`'s value, ``downloads``
     one short line per model (roles/model_fetch short_progress), ``models`` {instance name: its
     configured model} (for model@revision), ``tuned`` the host's ``llama_server_tuned``
-    (roles/llama_server/tuned.py)."""
+    (roles/llama_server/tuned.py), ``burnin_at`` the path of its burn-in records (rigup.names.burnin_file)."""
     cards = parse_cards(found.get("gpus", []))
     serving = parse_serving(found.get("serving", []))
     loads = parse_loads(found.get("loads", []))
@@ -404,8 +408,25 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "build_ratio": parse_build_ratio(found.get("build", [])),
             "serving": serving,
-            "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
-            "quarantined": parse_burnin(found.get("burnin", []))}
+            "downloads": downloads, "guard": parse_guard(found.get("guard", [])), **burnin_part(name, found, burnin_at)}
+
+
+def burnin_part(name: str, found: dict[str, list[str]], path: str) -> dict:
+    """The row's ``quarantined`` cards (:func:`parse_burnin`) and ``burnin_unreadable`` (why the
+    host's records at ``path``, or the controller's copy of them, do not read; else None): while the
+    host's do not, the copy's last good records name the quarantined cards (fail closed)."""
+    if "burnin" not in found:
+        return {"quarantined": {}, "burnin_unreadable": None}
+    try:
+        copy, bad = burnin.cached(burnin_copy(name)), []
+    except Unreadable as e:
+        copy, bad = None, [f"{e.where}: {e.why}"]
+    last = copy.cards if copy else {}
+    try:
+        quarantined = parse_burnin(found["burnin"], f"{name}:{path}", last)
+    except Unreadable as e:
+        quarantined, bad = _quarantined(last), [f"{e.where}: {e.why}", *bad]
+    return {"quarantined": quarantined, "burnin_unreadable": shown("; ".join(bad), 600) if bad else None}
 
 
 def unreachable_row(name: str, reason: str) -> dict:
@@ -495,6 +516,8 @@ def host_problems(row: dict) -> list[str]:
     if not row["maintenance"] and not row["guard"]["tripped"]:
         found += [f"{s['name']} {s['active'] or 'unknown'}" for s in row["serving"] if s["active"] != "active"]
     found += [f"{m} download failed" for m in map(_download_failed, row["downloads"]) if m]
+    if row.get("burnin_unreadable"):
+        found.append("burn-in records unreadable")
     return found
 
 
@@ -529,6 +552,8 @@ def notes(row: dict, width: int = WIDTH) -> list[str]:
     if g["tripped"]:
         texts.append(f"guard TRIPPED {g['time'] or ''}: {g['reason']}".replace("  ", " "))
     texts += [f"download {d}" for d in row["downloads"] if not d.endswith(" complete")]
+    if row.get("burnin_unreadable"):   # its quarantined cards above: the controller's last good copy's
+        texts.append(f"burn-in records unreadable: {row['burnin_unreadable']}")
     return [ln for t in texts for ln in textwrap.wrap(t, width, initial_indent="  ", subsequent_indent="      ",
                                                       break_long_words=False, break_on_hyphens=False)]
 

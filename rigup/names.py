@@ -14,7 +14,7 @@
 - whether a bind address serves this host only, every interface or others: :func:`bind_scope`
 - rigup-burnin's records per card (roles/burnin writes them; preflight's quarantine, the GPU
   guard and status.py read them) and the cards under test now: :func:`burnin_file`,
-  :data:`BURNIN_TESTING`
+  :data:`BURNIN_TESTING`; the controller's copy of a host's: :func:`burnin_copy`
 - the tok/s the health gate measured at a serving unit's (re)start (rigup/gate.py writes it, the
   watchdog's default floor reads it): :func:`gate_record`
 """
@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+from pathlib import Path
 
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
@@ -72,6 +74,13 @@ def burnin_file(data: dict) -> str:
     """rigup-burnin's records, per card UUID (roles/burnin/acceptance.py):
     ``{rigup_state_dir}/burnin.json``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin.json"
+
+
+def burnin_copy(name: str) -> Path:
+    """The controller's last good copy of host ``name``'s burn-in records (roles/burnin keeps it at
+    each preflight; it and status.py judge by it while the host's own do not read):
+    ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/NAME.json."""
+    return Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "burnin" / f"{name}.json"
 
 
 def bind_scope(address) -> str:

@@ -14,7 +14,9 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
   and quarantined, never reset). Its records, per card UUID, are ``rigup_state_dir/burnin.json``
   (rigup.names.burnin_file) and the metrics rigup_gpu_burnin_passed, rigup_gpu_quarantined,
   rigup_gpu_burnin_seconds; the controller keeps a copy of each host's under
-  ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/HOST.json at each preflight;
+  ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/HOST.json at each preflight (rigup.names.burnin_copy),
+  and while the host's own do not read (rigup/boundary/burnin.py) judges by that copy and refuses
+  the host, naming the file;
 - when a card fails, the run fails the host's converge there, naming the card and what failed,
   before any serving unit changes: what served before still serves. From the next converge on,
   preflight leaves the card out of the plan (its ``cards`` hook): out of every serving unit's
@@ -45,15 +47,17 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from rigup import files
+from rigup.boundary import Unreadable, burnin
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import BURNIN_METRICS, burnin_file
+from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file
 from rigup.probe import operation
 from rigup.role import Role
+from roles.burnin.acceptance import quarantined
 from roles.burnin.checks import CHECKS
 from roles.burnin.facts import BurninState
-from roles.burnin.quarantine import lines, serving, sort_cards
+from roles.burnin.quarantine import lines, named, serving, sort_cards
 
 HERE = Path(__file__).resolve().parent
 
@@ -69,13 +73,11 @@ def plan_reads(data: Config) -> list:
     return [(BurninState, {"path": burnin_file(data)})] if enabled(data) else []
 
 
-def kept(name: str, state: dict) -> None:
-    """The controller's copy of a host's records: $RIGUP_CACHE_DIR (~/.cache/rigup)/burnin/NAME.json."""
-    root = Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "burnin"
+def kept(path: Path, records: dict) -> None:
+    """Write the controller's copy of a host's records (rigup.names.burnin_copy) when it changed."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / f"{name}.json"
-        text = json.dumps(state.get("records") or {}, indent=1, sort_keys=True) + "\n"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(records, indent=1, sort_keys=True) + "\n"
         if not path.exists() or path.read_text() != text:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(text)
@@ -84,14 +86,45 @@ def kept(name: str, state: dict) -> None:
         pass   # the host's records are the ones that count
 
 
+def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[dict]]:
+    """The records host ``name``'s cards are judged by (``state``: BurninState's, of ``path`` on the
+    host) and what did not read (``{"where", "why", "fix"}``: roles/burnin/checks.py refuses the
+    host for each). Fail closed: while the host's records do not read, the controller's last good
+    copy counts (none: every card untested); a quarantine in that copy stays until the host's own
+    record of the card (a pass, the operator's clear) lifts it, or ``burnin_clear`` names it (it is
+    then tested). The copy is written from a good read with records only, never from a bad or empty one."""
+    copy, problems = burnin_copy(name), []
+    try:
+        good = burnin.cached(copy)
+    except Unreadable as e:
+        good = None
+        problems.append({"where": e.where, "why": e.why, "fix": f"move {copy} aside (the host's records are "
+                                                                 "copied there again at the next preflight)"})
+    if state.get("unreadable"):
+        problems.append({"where": f"{name}:{path}", "why": state["unreadable"],
+                         "fix": f"restore it from the controller's copy ({copy}) or move it aside (every card is "
+                                "then tested again); meanwhile the controller's copy counts"})
+        last = good or burnin.Records({}, {})
+        return {**state, "records": dict(last.cards), "untested": dict(last.untested)}, problems
+    own = state.get("records") or {}
+    carried = {u: r for u, r in (good.cards if good else {}).items()
+               if u not in own and quarantined(r) and not named(data.get("burnin_clear"), u)}
+    records = {**own, **carried}
+    if own and not problems:
+        kept(copy, records)
+    return {**state, "records": records}, problems
+
+
 def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict]:
     """Preflight's ``cards`` hook: the cards the plan may serve on (all but the quarantined) and
-    the plan's ``burnin`` (roles/burnin/quarantine.py); every card and nothing when it is off."""
+    the plan's ``burnin`` (roles/burnin/quarantine.py, with ``unreadable``: :func:`judged`); every
+    card and nothing when it is off."""
     if not enabled(data) or not gpus:
         return gpus, {}
-    state = (facts.get("reads") or {}).get("BurninState") or BurninState.default()
-    kept(host.name, state)
+    state, problems = judged(host.name, (facts.get("reads") or {}).get("BurninState") or BurninState.default(),
+                             burnin_file(data), data)
     part = sort_cards(gpus, state, (facts.get("driver") or {}).get("version"), data)
+    part["unreadable"] = problems
     return serving(gpus, part), {"burnin": part}
 
 

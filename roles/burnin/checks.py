@@ -2,6 +2,7 @@
 
     check_clear    burnin_clear: an entry that is not a GPU UUID (GPU-...) or "all"
     check_named    a vLLM instance's ``gpus`` or rpc_worker_cuda_devices naming a quarantined card
+    check_records  rigup-burnin's records on the host, or the controller's copy, that do not read
 """
 
 from __future__ import annotations
@@ -45,4 +46,11 @@ def check_named(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     return found
 
 
-CHECKS = (check_clear, check_named)
+def check_records(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """The records the host's cards are judged by do not read (roles/burnin ``judged``): this host
+    is refused, naming the file (the plan judged its cards by the last good copy meanwhile)."""
+    return [Refusal(f"burn-in records {bad['where']} do not read", bad["why"], bad["fix"], "burnin")
+            for bad in (plan.get("burnin") or {}).get("unreadable") or []]
+
+
+CHECKS = (check_clear, check_named, check_records)

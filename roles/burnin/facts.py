@@ -3,11 +3,11 @@ cards the active serving units hold (a card in use is never tested)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.boundary import Unreadable, burnin
 from rigup.gpu.facts import sections
 from roles.burnin.acceptance import UNITS, unit_devices
 
@@ -15,19 +15,17 @@ MARK = "##rigup-burnin:"
 
 
 def parse_burnin_state(lines: list[str]) -> dict:
-    """{"records": {uuid: record}, "unreadable": why or None, "units": {unit: [CUDA_VISIBLE_DEVICES
+    """{"records": {uuid: record}, "untested": {uuid: why its pass is not believed}, "unreadable":
+    why the file does not read (rigup.boundary.burnin.records; roles/burnin then judges by the
+    controller's last good copy and refuses the host) or None, "units": {unit: [CUDA_VISIBLE_DEVICES
     entries] or None (every card)}}."""
     sec = sections(lines, MARK)
-    text = "\n".join(sec.get("records", [])).strip()
-    records, unreadable = {}, None
-    if text:
-        try:
-            records = json.loads(text)
-        except ValueError as e:
-            unreadable = f"not JSON ({e})"
-        if not isinstance(records, dict):
-            records, unreadable = {}, unreadable or "not a mapping"
-    return {"records": {k: v for k, v in records.items() if isinstance(v, dict)}, "unreadable": unreadable,
+    try:
+        text = "\n".join(ln[1:] if ln.startswith("|") else ln for ln in sec.get("records", []))
+        read, unreadable = burnin.records(text, "records"), None
+    except Unreadable as e:
+        read, unreadable = burnin.Records({}, {}), e.why
+    return {"records": read.cards, "untested": read.untested, "unreadable": unreadable,
             "units": unit_devices("\n".join(sec.get("units", [])))}
 
 
@@ -43,8 +41,9 @@ class BurninState(FactBase):
         return parse_burnin_state([])
 
     def command(self, path: str) -> str:
+        # each line of the file behind "|": no line of it can pass for the units' marker
         units = " ".join(shlex.quote(u) for u in UNITS)
-        return (f"echo '{MARK}records'; cat {shlex.quote(path)} 2>/dev/null; echo; echo '{MARK}units'; "
+        return (f"echo '{MARK}records'; sed 's/^/|/' {shlex.quote(path)} 2>/dev/null; echo; echo '{MARK}units'; "
                 f"u=$(systemctl list-units --state=active --plain --no-legend {units} 2>/dev/null | awk '{{print $1}}'); "
                 '[ -z "$u" ] || systemctl show -p Id,Environment $u 2>/dev/null; true')   # every unit in one call
 

@@ -1,8 +1,10 @@
 """Which cards a converge tests, serves on, or leaves out (pure: the host's cards, rigup-burnin's
 records and data in; roles/burnin's ``cards`` hook and plan lines read it).
 
-Per card (by UUID; lost cards keep their record):
-- no record: its **first sight**: tested at ``burnin_level``;
+Per card (by UUID; lost cards keep their record; ``state``: the records as roles/burnin judges
+them, read by rigup/boundary/burnin.py):
+- no record, or a pass not believed (no level, time, key or figures): its **first sight**:
+  tested at ``burnin_level``;
 - a record that passed (or that the operator cleared), under the same key: **accepted**. The key
   is the driver version, the memory the card reports (an unlock changes it) and the power cap it
   was soaked at: a cap at or below it was tested, a higher one was not. Another driver or memory
@@ -59,7 +61,7 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
          "quarantined": [{"uuid", "index", "bus_id", "failed": [...]}], "clear": [uuid...],
          "waiting": [{"uuid", "index", "why"}], "accepted": N}
     """
-    records, units = state.get("records") or {}, state.get("units") or {}
+    records, units, untested = state.get("records") or {}, state.get("units") or {}, state.get("untested") or {}
     out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": []}
 
     def run(gpu: dict, level: str, why: str) -> None:
@@ -91,8 +93,8 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
             continue
         if gpu.get("lost"):
             continue
-        if rec is None:
-            run(gpu, data["burnin_level"], "first sight")
+        if rec is None:   # a pass not believed (rigup.boundary.burnin) is no record: tested as at first sight
+            run(gpu, data["burnin_level"], untested.get(uuid) or "first sight")
             continue
         change = key_change(rec, gpu, driver)
         if change:   # it passed before: it serves meanwhile
@@ -126,6 +128,9 @@ def lines(part: dict) -> list[str]:
                     "(set rigup_maintenance for its run)")
     for uuid in part.get("clear") or []:
         text.append(f"burn-in:   {shown(uuid, 64)} cleared by the operator (burnin_clear): it serves again")
+    for bad in part.get("unreadable") or []:
+        text.append(f"burn-in:   {shown(bad['where'], 200)} does not read: {shown(bad['why'], 300)} (the host is "
+                    "refused; its cards are judged by the controller's last good copy)")
     if not text:
         text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
     return text

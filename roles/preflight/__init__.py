@@ -27,6 +27,7 @@ import click
 from pyinfra import host
 
 from rigup import summary
+from rigup.boundary import Unreadable
 from rigup.config import Config, fleet_data, source_of
 from rigup.gpu.fabric import fabric_plan
 from rigup.gpu.driver import planned_gpus
@@ -121,7 +122,12 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     parts: dict = {}
     for role in roles:   # the cards the plan may serve on (roles/burnin: all but the quarantined), and its part
         if role.cards:
-            gpus, added = role.cards(gpus, facts, data)
+            try:
+                gpus, added = role.cards(gpus, facts, data)
+            except Unreadable as e:   # a record of this host that does not read: this host refused, not the run
+                more = [*more, Refusal(f"{e.where} does not read", e.why, "correct the file or move it aside",
+                                       role.name)]
+                continue
             parts.update(added)
     plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step,

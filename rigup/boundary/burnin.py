@@ -1,0 +1,249 @@
+"""rigup-burnin's records, read whole or refused (issue 61): the host's file of records per card
+UUID (``rigup_state_dir/burnin.json``, written by roles/burnin/acceptance.py as root, and by anyone
+root on the host by hand) and the controller's copy of it (``$RIGUP_CACHE_DIR/burnin/HOST.json``,
+rigup.names.burnin_copy, that roles/burnin keeps at each preflight).
+
+A file is read as a whole: JSON (no NaN, no Infinity, no key twice), a mapping of card ids
+(rigup.boundary.fields.ident) to records; each record's known fields typed (numbers through
+rigup.boundary.numbers), the fields it does not know kept as written (rigup-burnin adds figures
+of its own, issue 62). Anything else is :class:`Unreadable` naming where (``HOST:PATH``) and the
+field: its callers fail closed for that host alone (roles/burnin: a quarantine in the last good
+copy stays; the host refused, naming the file).
+
+A record carries its format's version (``"schema": N``, at most :data:`SCHEMA`; one without it
+is this format as older rigup wrote it). A ``passed`` record is believed only with its level,
+the time it finished, the key it was tested under and figures that name no fault; else its
+card counts as untested (:attr:`Records.untested`: tested again before it is accepted). A
+failed record is believed as it is: its card stays out of serving.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+from rigup.boundary.core import Crossing, Unreadable
+from rigup.boundary.fields import CONTROL, ident
+from rigup.boundary.numbers import required, whole
+
+SCHEMA = 1                       # the records' format this rigup reads and rigup-burnin writes
+LEVELS = ("quick", "standard", "long")
+MAX_CHARS = 1 << 20              # a host's records: a few KiB per card
+MAX_CARDS = 1024
+MAX_DEPTH = 16                   # figures nest three deep
+TEXT_MAX = 4096                  # a failure's text (shown() cuts it for the terminal)
+AT_MAX = 4102444800              # 2100-01-01: a record's time, seconds since the epoch
+
+# figures with a meaning of their own: (section, field) -> (kind, lo, hi); None where unknown
+FIGURES = {("vram", "mib"): (int, 0, 1 << 24), ("vram", "total_mib"): (int, 0, 1 << 24),
+           ("vram", "free_mib"): (int, 0, 1 << 24), ("vram", "patterns"): (int, 0, 1024),
+           ("vram", "mismatches"): (int, 0, 1 << 48), ("pcie", "gbps"): (float, 0, 1e5),
+           ("pcie", "ratio"): (float, 0, 1e3), ("compute", "wrong"): (int, 0, 1 << 56),
+           ("compute", "checked"): (int, 0, 1 << 56), ("soak", "samples"): (int, 0, 1 << 40),
+           ("soak", "throttled_ratio"): (float, 0, 1), ("soak", "seconds"): (float, 0, 1e7),
+           ("soak", "temp_max_c"): (float, -100, 300), ("soak", "power_max_w"): (float, 0, 1e5)}
+
+
+class Records(NamedTuple):
+    """What a file of records says: ``cards``, card id -> its record (believed: a failure, or a
+    pass with its level, time, key and figures), known fields typed and the others kept;
+    ``untested``, card id -> why its record is not believed (its card is tested again)."""
+    cards: dict
+    untested: dict
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _pairs(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:   # json keeps the last: two readers could take different ones
+            raise ValueError(f"the key {str(key)[:60]!r} twice")
+        out[key] = value
+    return out
+
+
+def _text(value: object, field: str, limit: int = 256, control: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > limit or (not control and CONTROL.search(value)):
+        raise Unreadable(field, f"not text of at most {limit} characters: {str(value)[:60]!r}")
+    return value
+
+
+def _mapping(value: object, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(field, f"not a mapping: {str(value)[:60]!r}")
+    return value
+
+
+def _optional(rec: dict, name: str, read, field: str):
+    return None if rec.get(name) is None else read(rec[name], f"{field}.{name}")
+
+
+def _checked(value: object, field: str, depth: int = 0) -> None:
+    """Every number in ``value`` finite and of our size, every text bounded, no deeper than
+    :data:`MAX_DEPTH` (what a record keeps that this reader does not know, too)."""
+    if depth > MAX_DEPTH:
+        raise Unreadable(field, f"nested deeper than {MAX_DEPTH}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _checked(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _checked(item, f"{field}[{i}]", depth + 1)
+    elif isinstance(value, str):
+        _text(value, field, TEXT_MAX, control=True)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        required(value, field)
+
+
+def _figures(value: object, field: str) -> dict:
+    figures = _mapping(value, field)
+    _checked(figures, field)
+    for (section, name), (kind, lo, hi) in FIGURES.items():
+        part = figures.get(section)
+        if isinstance(part, dict) and part.get(name) is not None:
+            part[name] = required(part[name], f"{field}.{section}.{name}", kind, lo, hi)
+    return figures
+
+
+def _key(value: object, field: str) -> dict:
+    key = dict(_mapping(value, field))
+    _checked(key, field)
+    driver = key.get("driver")   # nvidia-smi's 550.54 reaches the record as a number
+    if driver is not None:
+        kind = int if isinstance(driver, int) else float
+        key["driver"] = str(required(driver, f"{field}.driver", kind, 0)) if isinstance(driver, (int, float)) \
+            else ident(driver, f"{field}.driver")
+    key["memory_mib"] = _optional(key, "memory_mib", lambda v, f: required(v, f, int, 0, 1 << 24), field)
+    key["power_limit_w"] = _optional(key, "power_limit_w", lambda v, f: required(v, f, float, 0, 1e5), field)
+    return key
+
+
+def _cleared(value: object, field: str) -> dict:
+    cleared = dict(_mapping(value, field))
+    _checked(cleared, field)
+    cleared["at"] = _optional(cleared, "at", lambda v, f: required(v, f, float, 0, AT_MAX), field)
+    cleared["by"] = _optional(cleared, "by", _text, field)
+    return cleared
+
+
+def _fault(figures: dict) -> str | None:
+    """What figures of a ``passed`` record say failed, or None."""
+    for name in ("error", "hung", "lost"):
+        if figures.get(name):
+            return name
+    for section, name, what in (("vram", "mismatches", "VRAM mismatches"), ("compute", "wrong", "wrong answers")):
+        part = figures.get(section)
+        if isinstance(part, dict) and (part.get(name) or 0) > 0:
+            return what
+    return None
+
+
+def _record(value: object, field: str) -> tuple[dict, str | None]:
+    """One card's record, typed, and why a pass in it is not believed (None: believed)."""
+    rec = dict(_mapping(value, field))
+    if rec.get("schema") is not None:
+        schema = required(rec["schema"], f"{field}.schema", int, 1, 1 << 31)
+        if schema > SCHEMA:
+            raise Unreadable(f"{field}.schema", f"{schema}: a newer rigup-burnin's format (this rigup reads {SCHEMA})")
+        rec["schema"] = schema
+    if not isinstance(rec.get("passed"), bool):
+        raise Unreadable(f"{field}.passed", f"neither true nor false: {str(rec.get('passed'))[:60]!r}")
+    failed = rec.get("failed") if rec.get("failed") is not None else []
+    if not isinstance(failed, list) or len(failed) > 256:
+        raise Unreadable(f"{field}.failed", "not a list of at most 256 texts")
+    rec["failed"] = [_text(f, f"{field}.failed[{i}]", TEXT_MAX, control=True) for i, f in enumerate(failed)]
+    rec["level"] = rec.get("level")
+    if rec["level"] is not None and rec["level"] not in LEVELS:
+        raise Unreadable(f"{field}.level", f"not one of {', '.join(LEVELS)}: {str(rec['level'])[:60]!r}")
+    rec["at"] = _optional(rec, "at", lambda v, f: required(v, f, float, 0, AT_MAX), field)
+    rec["seconds"] = _optional(rec, "seconds", lambda v, f: required(v, f, float, 0, 1e8), field)
+    rec["index"] = _optional(rec, "index", _index, field)
+    rec["bus_id"] = _optional(rec, "bus_id", ident, field)
+    rec["name"] = _optional(rec, "name", _text, field)
+    rec["key"] = _optional(rec, "key", _key, field)
+    rec["figures"] = _optional(rec, "figures", _figures, field)
+    rec["cleared"] = _optional(rec, "cleared", _cleared, field)
+    for name, item in rec.items():
+        if name not in ("key", "figures", "cleared"):
+            _checked(item, f"{field}.{name}")
+    if not rec["passed"]:
+        return rec, None
+    lacks = [what for what, has in (("level", rec.get("level")), ("finished time", rec["at"]), ("key", rec["key"]),
+                                    ("figures", rec["figures"])) if not has]
+    if lacks:
+        return rec, f"a pass without its {', '.join(lacks)}: not believed"
+    fault = _fault(rec["figures"]) or ("failures" if rec["failed"] else None)
+    return rec, f"a pass whose own record names {fault}: not believed" if fault else None
+
+
+def _index(value: object, field: str) -> int:
+    n = whole(value, 1023)
+    if n is None:
+        raise Unreadable(field, f"not a card index 0..1023: {str(value)[:40]!r}")
+    return n
+
+
+def records(text: str, where: str) -> Records:
+    """The records of ``text`` (a file's whole content; empty: no records yet), or
+    :class:`Unreadable` naming ``where`` (``HOST:PATH``) and the field that does not read."""
+    if not isinstance(text, str):
+        raise Unreadable(where, f"not text: {type(text).__name__}")
+    if len(text) > MAX_CHARS:
+        raise Unreadable(where, f"larger than {MAX_CHARS} characters ({len(text)})")
+    if not text.strip():
+        return Records({}, {})
+    try:
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise Unreadable(where, f"not JSON ({str(e)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise Unreadable(where, f"not a mapping of card ids to records: {type(doc).__name__}")
+    if len(doc) > MAX_CARDS:
+        raise Unreadable(where, f"more than {MAX_CARDS} records ({len(doc)})")
+    cards, untested = {}, {}
+    try:
+        for uuid, value in doc.items():
+            ident(uuid, "a card id")
+            rec, doubt = _record(value, uuid)
+            if doubt:
+                untested[uuid] = doubt
+            else:
+                cards[uuid] = rec
+    except (Unreadable, RecursionError) as e:
+        raise Unreadable(where, f"{e.where}: {e.why}" if isinstance(e, Unreadable) else "nested too deep") from None
+    return Records(cards, untested)
+
+
+def cached(path: str | Path, where: str | None = None) -> Records | None:
+    """The controller's copy at ``path`` (:func:`records`), None when there is none yet, or
+    :class:`Unreadable` naming ``where`` (default ``controller:PATH``)."""
+    where = where or f"controller:{path}"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CHARS * 4 + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Unreadable(where, f"cannot be read ({e.strerror or e})") from None
+    if len(raw) > MAX_CHARS * 4:
+        raise Unreadable(where, f"larger than {MAX_CHARS * 4} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Unreadable(where, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return records(text, where)
+
+
+CROSSINGS = (
+    Crossing("rigup-burnin's records of a host's cards (rigup_state_dir/burnin.json)",
+             "the host (rigup-burnin as root; root by hand)", "rigup/boundary/burnin.py:records",
+             "roles/burnin/facts.py:parse_burnin_state, rigup/fleet.py:parse_burnin, "
+             "roles/burnin/__init__.py:judged, roles/burnin/quarantine.py:sort_cards, roles/preflight/__init__.py:run"),
+    Crossing("the controller's copy of a host's burn-in records ($RIGUP_CACHE_DIR/burnin/HOST.json)",
+             "rigup on the controller (roles/burnin: kept), the operator's user",
+             "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, rigup/fleet.py:burnin_part"),
+)
