@@ -21,6 +21,7 @@ from pyinfra import host
 from pyinfra.api import FactBase
 from rigup.probe import operation
 
+from rigup.boundary.formats import nft_comment, nft_name, systemd_quote
 from rigup.secrets import written
 from rigup.state import read_once, reading
 from rigup.templates import render
@@ -37,8 +38,11 @@ def text(table: str, ports: list[int | tuple[int, int]], sources: list[str], own
     interface with ``loopback``) reach ``ports`` over TCP, others get a TCP reset. ``owner`` and
     ``who`` are named in its header comment."""
     ips = {ipaddress.ip_address(s) for s in sources}
-    return render("firewall.nft.j2", table=table, ports=port_set(ports), owner=owner, who=who, loopback=loopback,
-                  v4=sorted(str(a) for a in ips if a.version == 4), v6=sorted(str(a) for a in ips if a.version == 6))
+    header = nft_comment(f"Installed by rigup ({owner}): only {who} reach TCP port(s) {port_set(ports)}.",
+                         f"inet {table}")
+    return render("firewall.nft.j2", table=nft_name(table, "an nftables table"), ports=port_set(ports), header=header,
+                  loopback=loopback, v4=sorted(str(a) for a in ips if a.version == 4),
+                  v6=sorted(str(a) for a in ips if a.version == 6))
 
 
 def _sha(value: str) -> str:
@@ -57,7 +61,7 @@ def dropin(unit: str) -> str:
 
 def dropin_text(path: str) -> str:
     """The drop-in that loads the allow-list ``path`` before each start of its unit."""
-    return render("firewall-dropin.conf.j2", path=path)
+    return render("firewall-dropin.conf.j2", path=systemd_quote(path))
 
 
 class Firewall(FactBase):

@@ -15,10 +15,10 @@ import json
 import shlex
 from pathlib import Path
 
-import yaml
 from pyinfra.api import FactBase, OperationError
 
 from rigup import bench, yamlfile
+from rigup.boundary.formats import yaml_text
 from rigup.boundary import fields, results
 from rigup.boundary.core import Unreadable
 from rigup.config import ROOT
@@ -166,7 +166,7 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     doc["llama_server_tuned"] = {**(doc.get("llama_server_tuned") or {}), **entries}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+    tmp.write_text(HEADER + yaml_text(doc, str(path)))
     tmp.replace(path)
     return path
 

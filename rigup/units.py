@@ -1,6 +1,6 @@
-"""systemd units of the serving roles (llama_server, vllm): quoting for unit files, and one round
-trip for the state of their instances (per instance the sha256 of its files, its unit's state
-and its model's completion marker)."""
+"""systemd units of the serving roles (llama_server, vllm): the words rigup/boundary/formats.py quotes
+for unit files read back, and one round trip for the state of their instances (per instance the
+sha256 of its files, its unit's state and its model's completion marker)."""
 
 from __future__ import annotations
 
@@ -87,36 +87,16 @@ def unit_state(path: str, unit: str) -> list[str]:
             f"echo enabled=$(systemctl is-enabled {shlex.quote(unit)} 2>/dev/null)"]
 
 
-def _systemd_word(text: str) -> str:
-    """``text`` (its specifiers already escaped) as one word of a unit setting: bare when systemd
-    reads it so, else double-quoted with C escapes for the quote and the backslash."""
-    if text and not re.search(r"[\s\"'\\;]", text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def systemd_quote(arg: str) -> str:
-    """One argument as systemd's ExecStart= reads it (and as a POSIX shell would split it): ``%``
-    and ``$`` doubled (specifiers and variables are expanded there)."""
-    return _systemd_word(str(arg).replace("%", "%%").replace("$", "$$"))
-
-
-def systemd_env(name: str, value: object) -> str:
-    """One ``NAME=value`` word of an Environment= line: ``%`` doubled (specifiers are expanded
-    there) and ``$`` as it is: systemd.exec, Environment=: "$ has no special meaning" (issue 47:
-    ``$$`` written there reached the server as ``$$``)."""
-    return _systemd_word(f"{name}={value}".replace("%", "%%"))
-
-
 def systemd_split(line: str) -> list[str]:
-    """An ExecStart= line written by :func:`systemd_quote` back into its arguments: the shell's
-    split, then systemd's ``%%`` and ``$$`` read as ``%`` and ``$`` (issue 47: tune.py's sweep ran
-    an argument with a ``%`` or ``$`` doubled)."""
+    """An ExecStart= line written by systemd_quote (rigup/boundary/formats.py) back into its
+    arguments: the shell's split, then systemd's ``%%`` and ``$$`` read as ``%`` and ``$`` (issue
+    47: tune.py's sweep ran an argument with a ``%`` or ``$`` doubled)."""
     return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
 
 
 def systemd_env_split(line: str) -> dict[str, str]:
-    """An Environment= line written by :func:`systemd_env` back into its variables."""
+    """An Environment= line written by systemd_env (rigup/boundary/formats.py) back into its
+    variables."""
     return {name: value.replace("%%", "%") for name, eq, value in
             (word.partition("=") for word in shlex.split(line)) if eq}
 

@@ -183,20 +183,20 @@ def spellings(keys=None) -> dict[str, tuple[str, ...]]:
 def args(inst: dict) -> list:
     """The flags of :data:`FLAGS` for an instance (its values as they are, in the table's order);
     a router's keys that some model sets for itself (``per_model``) are the preset's
-    (:func:`preset_lines`), not the command line's."""
+    (:func:`preset_values`), not the command line's."""
     moved = {k for flags in (inst.get("per_model") or {}).values() for k in flags}
     return flag_args([f for f in FLAGS if f.key not in moved], inst)
 
 
-def preset_lines(values: dict) -> list[str]:
-    """``key = value`` lines of a router's preset for flag keys ``values`` (key -> value): the
-    flag's long spelling without its dashes (llama-server's preset keys), a pair or switch as
-    true/false, a null left out (the engine's default)."""
+def preset_values(values: dict) -> list[tuple[str, str]]:
+    """(key, value) of a router's preset for flag keys ``values`` (key -> value): the flag's long
+    spelling without its dashes (llama-server's preset keys), a pair or switch as true/false, a null
+    left out (the engine's default); roles/llama_server/command.py writes each as a line."""
     out = []
     for f in FLAGS:
         if f.key not in values or values[f.key] is None:
             continue
         name = next(s for s in f.spellings if s.startswith("--")).lstrip("-")
         value = values[f.key]
-        out.append(f"{name} = {str(bool(value)).lower() if f.write in (PAIR, SWITCH) else value}")
+        out.append((name, str(bool(value)).lower() if f.write in (PAIR, SWITCH) else str(value)))
     return out

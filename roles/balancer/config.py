@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.boundary.formats import haproxy_word
 from rigup.config import ADDRESS, NAME
 from rigup.contract import served
 from rigup.templates import render
@@ -109,10 +110,16 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     waited too long: 503 with it). A gateway's router instance (``route`` backends, one per model of
     its set: :func:`homes`): the frontend reads the request's ``model`` and sends it to that model's
     backend, its home hosts first, the others as backups."""
-    rendered = [dict(b, bind=bind_text(b["bind"], b["port"]),
-                     servers=[[s[0], bind_text(s[1], s[2]), len(s) > 3 and s[3], len(s) > 4 and s[4]]
-                              for s in b["servers"]],
-                     routes=[(r["route"]["model"], r["name"]) for r in backends if (r.get("route") or {}).get("of") == b["name"]])
+    def word(value, what: str) -> str:
+        return haproxy_word(value, f"haproxy.cfg: {what}")
+
+    rendered = [dict(b, name=word(b["name"], "a backend"),
+                     bind=word(bind_text(b["bind"], b["port"]), f"{b['name']}'s bind"),
+                     servers=[[word(s[0], f"a server of {b['name']}"),
+                               word(bind_text(s[1], s[2]), f"{b['name']}'s {s[0]}"),
+                               len(s) > 3 and s[3], len(s) > 4 and s[4]] for s in b["servers"]],
+                     routes=[(word(r["route"]["model"], f"a model of {b['name']}"), word(r["name"], "a backend"))
+                             for r in backends if (r.get("route") or {}).get("of") == b["name"]])
                 for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,

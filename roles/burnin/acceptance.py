@@ -959,6 +959,12 @@ def quarantined(rec: dict | None) -> bool:
     return bool(rec) and rec.get("passed") is False and not rec.get("cleared")
 
 
+def label(value) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped (the copy of
+    rigup/boundary/formats.py's prom_label this program carries: it ships alone; a unit test holds the two equal)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def write_metrics(path: str | None, records: dict) -> None:
     if not path or not os.path.isdir(os.path.dirname(path)):
         return
@@ -971,10 +977,12 @@ def write_metrics(path: str | None, records: dict) -> None:
     for uuid, rec in sorted(records.items()):
         if not isinstance(rec, dict) or "passed" not in rec:
             continue
-        labels = f'uuid="{uuid}",bus_id="{rec.get("bus_id", "")}",level="{rec.get("level", "")}"'
+        labels = f'uuid="{label(uuid)}",bus_id="{label(rec.get("bus_id", ""))}",level="{label(rec.get("level", ""))}"'
+        seconds = rec.get("seconds", 0)   # a number of its own run; anything else would not be one sample
+        seconds = seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0
         lines += [f"rigup_gpu_burnin_passed{{{labels}}} {int(bool(rec.get('passed')))}",
                   f"rigup_gpu_quarantined{{{labels}}} {int(quarantined(rec))}",
-                  f"rigup_gpu_burnin_seconds{{{labels}}} {rec.get('seconds', 0)}"]
+                  f"rigup_gpu_burnin_seconds{{{labels}}} {seconds}"]
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")

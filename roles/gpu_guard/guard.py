@@ -316,7 +316,8 @@ def number(value: float) -> str:
 
 
 def escaped(value) -> str:
-    """A label value in the text format: backslash, double quote and newline escaped."""
+    """A label value in the text format: backslash, double quote and newline escaped (the copy of
+    rigup/boundary/formats.py's prom_label this program carries: it ships alone; a unit test holds the two equal)."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -364,16 +365,16 @@ def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
     if counts:
         lines += ["# HELP rigup_gpu_xid_events Xid events of the card this boot, by class (rigup/gpu/xid.yml)",
                   "# TYPE rigup_gpu_xid_events gauge"]
-        lines += [f'rigup_gpu_xid_events{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}",class="{escaped(cls)}"}} {n}'
+        lines += [f'rigup_gpu_xid_events{{bus="{escaped(bus)}",gpu="{escaped(index.get(bus, ""))}",class="{escaped(cls)}"}} {n}'
                   for bus, cls, n in counts]
     if suspect:
         lines += ["# HELP rigup_gpu_suspect 1 while the card is suspect (repeated memory or firmware Xid events)",
                   "# TYPE rigup_gpu_suspect gauge"]
-        lines += [f'rigup_gpu_suspect{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}"}} {v}' for bus, v in suspect]
+        lines += [f'rigup_gpu_suspect{{bus="{escaped(bus)}",gpu="{escaped(index.get(bus, ""))}"}} {v}' for bus, v in suspect]
     if slow:
         lines += ["# HELP rigup_gpu_pcie_gen_under_load The card's PCIe link generation under load, when below its maximum",
                   "# TYPE rigup_gpu_pcie_gen_under_load gauge"]
-        lines += [f'rigup_gpu_pcie_gen_under_load{{bus="{escaped(bus)}",gpu="{index.get(bus, "")}",'
+        lines += [f'rigup_gpu_pcie_gen_under_load{{bus="{escaped(bus)}",gpu="{escaped(index.get(bus, ""))}",'
                   f'max="{escaped(link.get("gen_max"))}"}} {link.get("gen")}' for bus, link in slow]
     return lines
 

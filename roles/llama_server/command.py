@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from rigup.boundary.formats import ini_comment, ini_line, ini_section, systemd_env, systemd_quote, unit_comment
 from rigup.contract import llama_server as contract
 from rigup.rpc import wait_argv
 from rigup.templates import render
-from rigup.units import main_first, replica_inst, replica_name, systemd_env, systemd_quote, visible_devices
+from rigup.units import main_first, replica_inst, replica_name, visible_devices
 
 if TYPE_CHECKING:
     from roles.llama_server.schema import LlamaInstance
@@ -45,23 +46,29 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
     """Router mode's preset (contract.PRESET): one section per model of the set (``paths``: its key
     of models -> its first GGUF file on the host; ``revisions``: its revision, in a comment, so that
     a new revision of any model changes the preset and restarts the router), the instance's own
-    model loaded at start. Keys are names (rigup.config's ``name`` form) and a path with a control
-    character or a bracket is refused: nothing else can end up in the file."""
-    lines = [f"; Installed by rigup (roles/llama_server) for instance {name}: the models llama-server's router",
-             "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
+    model loaded at start. Each line through the preset's writers (rigup/boundary/formats.py): a
+    value llama.cpp would read as more (``;``, ``#``, a bracket, a newline) is refused, as is a
+    relative path: nothing else can end up in the file."""
+    def lines(values: dict, where: str) -> list[str]:
+        return [ini_line(k, v, f"{name}: {where} {k}") for k, v in contract.preset_values(values)]
+
+    out = [ini_comment(f"Installed by rigup (roles/llama_server) for instance {name}: the models llama-server's "
+                       "router", name),
+           "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
     own = inst.get("per_model") or {}
     moved = {k for flags in own.values() for k in flags}   # off the command line (contract.args): here
     if moved:
-        lines += ["", "; the instance's value of each flag a model below sets for itself", "[*]",
-                  *contract.preset_lines({k: inst[k] for k in moved})]
+        out += ["", "; the instance's value of each flag a model below sets for itself", "[*]",
+                *lines({k: inst[k] for k in moved}, "the instance's")]
     for key in [inst["model"], *inst["also"]]:
         path, revision = paths[key], str((revisions or {}).get(key) or "unknown")
-        if not path.startswith("/") or any(c in path for c in "[];#\n\r") or not path.isprintable():
-            raise ValueError(f"{name}: the model file of {key} has a path the preset cannot hold: {path!r}")
+        where = f"{name}: the model file of {key} has a path the preset cannot hold"
+        if not path.startswith("/"):
+            raise ValueError(f"{where}: {path!r}")
         revision = revision if REVISION.fullmatch(revision) else "unreadable"
-        lines += ["", f"; revision {revision}", f"[{key}]", f"model = {path}"] + \
-            (["load-on-startup = true"] if key == inst["model"] else []) + contract.preset_lines(own.get(key) or {})
-    return "\n".join(lines) + "\n"
+        out += ["", f"; revision {revision}", ini_section(key, f"{name}: a model's key"), ini_line("model", path, where)]
+        out += (["load-on-startup = true"] if key == inst["model"] else []) + lines(own.get(key) or {}, f"{key}'s")
+    return "\n".join(out) + "\n"
 
 
 def queued(inst: LlamaInstance) -> bool:
@@ -124,8 +131,11 @@ def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, bu
     (``balancer``: {"ready": argv, "drain": argv}), with RPC workers (``rpc``: ADDRESS:PORT each)
     an ExecStartPre that waits ``rpc_wait`` s at most for them, and in a comment what restarts it
     when it changes (unit, llama.cpp build, model revision; in router mode the ``preset``'s sha256)."""
-    return render("llama_server-dropin.conf.j2", name=name, unit_sha=unit_sha, build=build,
-                  model_revision=model_revision, model_path=systemd_quote(model_path), preset=preset,
+    return render("llama_server-dropin.conf.j2", name=unit_comment(name, "an instance's name"), unit_sha=unit_sha,
+                  build=unit_comment(build, f"{name}: its llama.cpp build"),
+                  model_revision=unit_comment(model_revision, f"{name}: its model's revision"),
+                  model_path=systemd_quote(model_path),
+                  preset=preset and unit_comment(preset, f"{name}: its preset's sha256"),
                   env=[systemd_env(k, v) for k, v in (env or {}).items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,

@@ -96,6 +96,12 @@ def body(response, deadline: float) -> bytes:
     return bytes(got)
 
 
+def label(value) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped (the copy of
+    rigup/boundary/formats.py's prom_label this program carries: it ships alone; a unit test holds the two equal)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def labelled(text: str, model: str, seen: set[str]) -> list[str]:
     """Prometheus text ``text`` with ``model="MODEL"`` added to each sample; a HELP or TYPE line of
     a metric in ``seen`` (already given) is left out, so that several models' texts join into one."""
@@ -110,8 +116,8 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
         if not line.strip() or line.startswith("#"):
             continue
         name, _, rest = line.partition(" ")
-        label = f'model="{model}"'
-        name = name.replace("{", "{" + label + ",", 1) if "{" in name else f"{name}{{{label}}}"
+        pair = f'model="{label(model)}"'
+        name = name.replace("{", "{" + pair + ",", 1) if "{" in name else f"{name}{{{pair}}}"
         out.append(f"{name} {rest}")
     return out
 
@@ -146,7 +152,7 @@ def router_metrics(inst: dict) -> bytes:
             lines += labelled(text, model, seen)
     lines += ["# HELP rigup_router_model_loaded 1 while the model of the router's set is loaded",
               "# TYPE rigup_router_model_loaded gauge"]
-    lines += [f'rigup_router_model_loaded{{model="{m}"}} {int(status.get(m) == "loaded")}' for m in inst["models"]]
+    lines += [f'rigup_router_model_loaded{{model="{label(m)}"}} {int(status.get(m) == "loaded")}' for m in inst["models"]]
     return ("\n".join(lines + queue_lines(inst.get("queue"))) + "\n").encode()
 
 
@@ -238,7 +244,7 @@ class Swaps:
                     ("last_load_seconds", "gauge", "seconds of the model's last load", "last"),
                     ("unloads_total", "counter", "unloads of the model (evicted, idle or stopped)", "unloads")):
                 out += [f"# HELP rigup_router_model_{metric} {text}", f"# TYPE rigup_router_model_{metric} {kind}"]
-                out += [f'rigup_router_model_{metric}{{model="{m}"}} {round(v[key], 3)}'
+                out += [f'rigup_router_model_{metric}{{model="{label(m)}"}} {round(v[key], 3)}'
                         for m, v in self.models.items() if v[key] is not None]
         return out
 

@@ -1394,7 +1394,8 @@ def fetch_state(dest: str) -> dict:
 
 
 def label(value) -> str:
-    """A label value in the text format: backslash, double quote and newline escaped."""
+    """A label value in the text format: backslash, double quote and newline escaped (the copy of
+    rigup/boundary/formats.py's prom_label this program carries: it ships alone; a unit test holds the two equal)."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

@@ -3,9 +3,9 @@ roles/rpc_worker installs them; a unit test renders them for a 2-GPU machine (lo
 
 from __future__ import annotations
 
+from rigup.boundary.formats import systemd_env, systemd_quote, unit_comment
 from rigup.rpc import RPC_TARGET
 from rigup.templates import render
-from rigup.units import systemd_env, systemd_quote
 
 FIREWALL = "/etc/rigup/rpc.nft"
 TABLE = "rigup_rpc"
@@ -30,6 +30,7 @@ def unit_text(binary_dir: str, bind: str, port: int, heads: list[str], user: str
     loaded (with full privileges) before it listens; ``build`` (the llama.cpp build that ``current``
     points to) is named in a comment so that a new build restarts it."""
     env = [systemd_env("CUDA_VISIBLE_DEVICES", cuda_devices)] if cuda_devices else []
-    return render("rpc_worker-unit.service.j2", heads=", ".join(heads), build=build, firewall=FIREWALL,
+    return render("rpc_worker-unit.service.j2", heads=unit_comment(", ".join(heads), "the RPC worker's heads"),
+                  build=unit_comment(build, "the RPC worker's llama.cpp build"), firewall=FIREWALL,
                   guard_file=guard_file, user=user, env=env,
                   argv=[systemd_quote(a) for a in argv(binary_dir, bind, port)])

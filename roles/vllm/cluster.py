@@ -36,10 +36,11 @@ from pyinfra.api import FactBase
 from rigup.probe import operation
 
 from rigup import firewall
+from rigup.boundary.formats import systemd_env, systemd_quote
 from rigup.rpc import address
 from rigup.state import read_once, reading
 from rigup.templates import render
-from rigup.units import service_commands, systemd_env, systemd_quote, unit_state
+from rigup.units import service_commands, unit_state
 from roles.vllm.command import RAY_DIR
 
 if TYPE_CHECKING:

@@ -11,12 +11,13 @@ import re
 from pathlib import Path
 
 from rigup.boundary import owned
+from rigup.boundary.formats import env_file_line, systemd_quote, unit_comment
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
 from rigup.contract import flag_args
 from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name
 from rigup.templates import render
 from rigup.text import shown
-from rigup.units import replica_inst, replica_name, systemd_quote, visible_devices
+from rigup.units import replica_inst, replica_name, visible_devices
 from roles.vllm.schema import VllmInstance, env_problems, partition_problem
 
 if TYPE_CHECKING:
@@ -304,10 +305,8 @@ def partition(inst: VllmInstance) -> str:
 
 def env_text(name: str, env: dict[str, str]) -> str:
     """The EnvironmentFile (systemd's syntax: double quotes, backslash escapes, no expansion)."""
-    lines = [f"# Installed by rigup (roles/vllm) for instance {name}."]
-    for key, value in env.items():
-        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'{key}="{quoted}"')
+    lines = [f"# Installed by rigup (roles/vllm) for instance {unit_comment(name, 'an instance name')}."]
+    lines += [env_file_line(key, value) for key, value in env.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -342,8 +341,9 @@ def dropin_text(name: str, inst: VllmInstance, venv: str, model_path: str, marke
     (the wait for every node, which also lets it write Ray's session files: roles/vllm/cluster.py);
     with a drafter, ``draft`` ({"path", "marker", "sha"}: its dest, its marker, the marker's sha256)."""
     return render("vllm-dropin.conf.j2", ray_wait=[systemd_quote(a) for a in ray_wait] if ray_wait else None,
-                  ray_dir=RAY_DIR, name=name, unit_sha=unit_sha, stamp_sha=stamp_sha, env_sha=env_sha,
-                  model_revision=model_revision, marker=systemd_quote(marker),
+                  ray_dir=RAY_DIR, name=unit_comment(name, "an instance's name"), unit_sha=unit_sha,
+                  stamp_sha=stamp_sha, env_sha=env_sha, model_revision=unit_comment(model_revision, f"{name}: its model's revision"),
+                  marker=systemd_quote(marker),
                   env_file=ENV_FILE.format(unit or name),
                   key_file=KEY_FILE.format(name) if inst.get("api_key") else None,
                   wait=[systemd_quote(a) for a in wait],

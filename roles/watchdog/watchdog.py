@@ -306,6 +306,12 @@ def measure(server: dict, inst: dict, config: dict, model: str | None = None) ->
         return {"tps": None, "kind": kind, "why": why}
 
 
+def label(value) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped (the copy of
+    rigup/boundary/formats.py's prom_label this program carries: it ships alone; a unit test holds the two equal)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots: dict) -> str:
     """rigup_watchdog_* in the text format, labelled llama_instance (the server: NAME or NAME-K; as
     roles/metrics labels llama-server's own series: ``instance`` is Prometheus's target label)."""
@@ -333,7 +339,7 @@ def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots:
         rows = [(s, v) for s, v in rows if isinstance(v, (int, float))]
         if rows:
             lines += [f"# HELP rigup_watchdog_{metric} {text}", f"# TYPE rigup_watchdog_{metric} {kind}"]
-            lines += [f'rigup_watchdog_{metric}{{llama_instance="{s}"}} {v}' for s, v in rows]
+            lines += [f'rigup_watchdog_{metric}{{llama_instance="{label(s)}"}} {v}' for s, v in rows]
     for metric, text, value in (("maintenance", "1 while rigup_maintenance holds the watchdog", int(config["maintenance"])),
                                 ("last_run_timestamp_seconds", "When the watchdog last ran", round(now, 3)),
                                 ("interval_seconds", "The watchdog's period", config["interval_s"]),
