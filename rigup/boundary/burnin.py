@@ -20,9 +20,11 @@ failed record is believed as it is: its card stays out of serving.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
+from rigup.boundary import owned
 from rigup.boundary.core import Crossing, Unreadable
 from rigup.boundary.fields import CONTROL, ident
 from rigup.boundary.numbers import required, whole
@@ -220,22 +222,13 @@ def records(text: str, where: str) -> Records:
 
 def cached(path: str | Path, where: str | None = None) -> Records | None:
     """The controller's copy at ``path`` (:func:`records`), None when there is none yet, or
-    :class:`Unreadable` naming ``where`` (default ``controller:PATH``)."""
+    :class:`Unreadable` naming ``where`` (default ``controller:PATH``): read only when no other user
+    could have written it (rigup.boundary.owned.read: a copy another user wrote could keep a card
+    out, or, while the host's own records do not read, let one in)."""
     where = where or f"controller:{path}"
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CHARS * 4 + 1)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as e:
-        raise Unreadable(where, f"cannot be read ({e.strerror or e})") from None
-    if len(raw) > MAX_CHARS * 4:
-        raise Unreadable(where, f"larger than {MAX_CHARS * 4} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise Unreadable(where, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return records(text, where)
+    return records(owned.read(path, where, limit=MAX_CHARS * 4), where)
 
 
 CROSSINGS = (

@@ -213,6 +213,14 @@ def test_a_corrupted_copy_refuses_the_host_and_is_not_overwritten(copy_dir):
     assert burnin_copy("lab1").read_text() == "{nope"
 
 
+def test_a_copy_another_user_could_have_written_is_not_read(copy_dir):
+    judged("lab1", state({U[1]: failed(1)}), "/x/burnin.json", DATA)
+    burnin_copy("lab1").chmod(0o666)
+    st2, problems = judged("lab1", state("{nope"), "/x/burnin.json", DATA)
+    assert [p["where"] for p in problems] == [f"controller:{burnin_copy('lab1')}", "lab1:/x/burnin.json"]
+    assert "only you or root can write" in problems[0]["why"] and st2["records"] == {}
+
+
 def test_a_marker_line_in_the_file_is_part_of_the_records():
     lines_ = ["##rigup-burnin:records", "|{}", "|##rigup-burnin:units", "|Id=rigup-llama@x.service", "",
               "##rigup-burnin:units"]
