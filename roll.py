@@ -39,6 +39,7 @@ from rigup import inventory as inventories
 from rigup import roll
 from rigup.config import role_defaults
 from rigup.names import balancer_drain
+from rigup.text import shown, shown_lines
 from roles.balancer.config import gateway_backends
 
 ROOT = Path(__file__).resolve().parent
@@ -50,7 +51,7 @@ def pyinfra(*args: str) -> tuple[int, str]:
     proc = subprocess.Popen([PYINFRA, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kept = []
     for line in proc.stdout:
-        sys.stdout.write(line)
+        sys.stdout.write(shown_lines(line, 4000, None))   # pyinfra's output, host text in it
         kept.append(line)
     return proc.wait(), "".join(kept)
 
@@ -105,8 +106,8 @@ def play_of(args: list[str]) -> tuple[str, list[str]]:
 def main(argv: list[str]) -> int:
     picking = roll.host_options(argv[1:])
     if not argv or argv[0].startswith("-") or picking:
-        print(__doc__.strip() + "\n\nroll.py picks the hosts itself: no --limit or --exclude"
-              + (f" (got {' '.join(picking)})." if picking else "."), file=sys.stderr)
+        print(__doc__.strip() + "\n\n" + shown("roll.py picks the hosts itself: no --limit or --exclude"
+                                                + (f" (got {' '.join(picking)})." if picking else "."), 4000), file=sys.stderr)
         return 2
     inventory, args = argv[0], argv[1:]
     play, args = play_of(args)
@@ -125,7 +126,7 @@ def main(argv: list[str]) -> int:
         if len(failed) > max_fail:
             stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
             break
-        print(f"--> rigup roll: batch {i + 1}/{len(plan)}: {', '.join(batch)}", flush=True)
+        print(shown(f"--> rigup roll: batch {i + 1}/{len(plan)}: {', '.join(batch)}", 4000), flush=True)
         pick = limit(batch)
         if isinstance(pick, str):
             halted.update({name: pick for name in batch})
@@ -159,8 +160,8 @@ def main(argv: list[str]) -> int:
             stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
     seen = set(done) | set(failed) | set(unknown) | set(halted) | set(strayed)
     not_started = [name for name in hosts if name not in seen]
-    print("\n".join(roll.summary(done, failed, not_started, unknown=unknown, halted=halted, strayed=strayed,
-                                 planned=dry, stopped=stopped)), flush=True)
+    print(shown_lines("\n".join(roll.summary(done, failed, not_started, unknown=unknown, halted=halted, strayed=strayed,
+                                             planned=dry, stopped=stopped)), 4000, None), flush=True)
     return 0 if len(done) == len(hosts) and not strayed else 1
 
 

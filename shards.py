@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rigup import fleet, roll
 from rigup import inventory as inventories
+from rigup.text import shown, shown_lines
 
 ROOT = Path(__file__).resolve().parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -138,21 +139,21 @@ def main(argv: list[str]) -> int:
             rows += found
             energy.update(figures)
             if not found:
-                print(output[-3000:], file=sys.stderr)
+                print(shown_lines(output[-3000:], 4000, None), file=sys.stderr)
         for row in rows:
             if row.get("reachable") and row.get("joules_per_token") is None and row["host"] in energy:
                 row["joules_per_token"] = energy[row["host"]]
         print(fleet.render_json(rows) if wants_json else fleet.render_table(rows))
         return worst
     for i, ((rc, seconds), output) in enumerate(zip(results, outputs)):
-        print(f"--> shard {i + 1} of {len(shards)}: {len(shards[i])} hosts, exit {rc}, {seconds:.1f} s")
-        print(output.split(SUMMARY, 1)[0].rstrip())
+        print(shown(f"--> shard {i + 1} of {len(shards)}: {len(shards[i])} hosts, exit {rc}, {seconds:.1f} s"))
+        print(shown_lines(output.split(SUMMARY, 1)[0].rstrip(), 4000, None))   # pyinfra's output: host text in it
     lines = {}
     for output in outputs:
         lines.update(summary_lines(output))
-    print(f"{SUMMARY} ({len(shards)} shards, {len(names)} hosts)")
+    print(shown(f"{SUMMARY} ({len(shards)} shards, {len(names)} hosts)"))
     for name in names:
-        print(f"    {lines.get(name, f'[{name}] unknown: its shard printed no line for it')}")
+        print(shown(f"    {lines.get(name, f'[{name}] unknown: its shard printed no line for it')}", 4000))
     return worst
 
 

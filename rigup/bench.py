@@ -39,6 +39,7 @@ from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
+from rigup.text import say
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
 # The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
@@ -423,12 +424,12 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
                                         f"{r.get('skipped') or r.get('error')}" for r in rows)
                     + "".join(f" [{note}]" for note in llama_notes(rows))
                     for n, rows in sorted(llama.items()))
-    click.echo(f"    [{host}] bench: {len(instances)} instance(s) in {seconds:.1f} s; best total tok/s: "
-               + (", ".join(f"{n} {v:.1f}" for n, v in sorted(best.items())) or "none")
-               + (f"; llama-bench tok/s: {ran}" if ran else ""), err=True)
+    say(f"    [{host}] bench: {len(instances)} instance(s) in {seconds:.1f} s; best total tok/s: "
+        + (", ".join(f"{n} {v:.1f}" for n, v in sorted(best.items())) or "none")
+        + (f"; llama-bench tok/s: {ran}" if ran else ""))
 
 
 def report() -> None:
     if _results:
         for path in write_reports(_results, _run["out"]):
-            click.echo(f"--> bench: wrote {path}", err=True)
+            say(f"--> bench: wrote {path}")

@@ -35,7 +35,7 @@ from rigup.gpu.xid import card_key
 from rigup.boundary import Unreadable, burnin
 from rigup.boundary.numbers import number
 from rigup.names import burnin_copy
-from rigup.text import shown
+from rigup.text import shown, shown_lines
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
@@ -43,6 +43,7 @@ XID_MAX_BYTES = 65536
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 ENERGY_QUERY = "rigup:host_joules_per_token"   # roles/metrics/prometheus.py's recorded series
 WIDTH = 120              # the table's target width (a typical host's row, the notes, the summary line)
+CELL_CHARS, LINE_CHARS = 1000, 4000   # the most of a cell and of a line the table shows (rigup.text.shown)
 SMI_TIMEOUT_S = 5
 SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then timeout -k 1 {SMI_TIMEOUT_S} nvidia-smi "
        f"--query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"smi_rc=$?\"; fi")
@@ -654,20 +655,22 @@ def cells(row: dict) -> list[str]:
 
 def render_table(rows: list[dict]) -> str:
     """:func:`summary_line` (when a host needs attention), then the rows sorted by host name,
-    columns aligned (an unreachable row spans the rest), each followed by its :func:`notes`."""
+    columns aligned (an unreachable row spans the rest), each followed by its :func:`notes`. Each
+    cell is escaped before the columns are aligned (rigup.text.shown: as wide as it is shown), and
+    each line after (a note, the summary)."""
     ordered = sorted(rows, key=lambda r: r["host"])
-    table = [list(COLUMNS)] + [cells(r) for r in ordered]
+    table = [list(COLUMNS)] + [[shown(c, CELL_CHARS) for c in cells(r)] for r in ordered]
     full = [t for t in table if not t[1].startswith("unreachable")]
     widths = [max(len(t[i]) for t in (table if i == 0 else full)) for i in range(len(COLUMNS))]
     summary = summary_line(ordered)
-    lines = [summary] if summary else []
+    lines = [shown(summary, LINE_CHARS)] if summary else []
     for row, t in zip([None] + ordered, table):
         if t[1].startswith("unreachable"):
             lines.append(f"{t[0]:<{widths[0]}}  {t[1]}")
         else:
             lines.append("  ".join(f"{c:<{w}}" for c, w in zip(t, widths)).rstrip())
-        lines += notes(row) if row else []
-    return "\n".join(lines)
+        lines += [shown(note, LINE_CHARS) for note in notes(row)] if row else []
+    return shown_lines("\n".join(lines), LINE_CHARS, None)
 
 
 def render_json(rows: list[dict], energy: dict[str, float] | None = None) -> str:
@@ -716,4 +719,4 @@ def report() -> None:
     if _run.get("fmt") == "json":
         click.echo(render_json(list(rows.values()), _energy))
     else:
-        click.echo("\n".join(shown(line, 4000) for line in render_table(list(rows.values())).splitlines()))
+        click.echo(render_table(list(rows.values())))

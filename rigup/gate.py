@@ -30,7 +30,7 @@ from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
 from rigup.names import bind_scope
-from rigup.text import shown_lines
+from rigup.text import shown, shown_lines
 
 # The unit's properties each poll reads (``systemctl show -p ...``).
 SHOW = ("ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
@@ -287,7 +287,7 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
                 StringCommand("timeout", "-k", "5", str(limit), "bash", "-c", shlex.quote(command)),
                 print_output=False, print_input=False, _timeout=limit + 5)
         except TimeoutError:
-            logger.debug(f"{unit}: a probe did not answer within {limit} s")
+            logger.debug(shown(f"{unit}: a probe did not answer within {limit} s"))
             return ""
         return output.stdout if ok else ""
 
@@ -367,8 +367,8 @@ def answered(state, host, unit: str, port: int, model: str, prompt: str, timeout
         # the journal first, the reason last: the run's summary (rigup.summary) quotes the last lines
         reason, _, journal = str(e).partition("\n")
         if journal.strip():
-            host.log_styled(journal, fg="red", log_func=logger.error)
-        host.log_styled(reason, fg="red", log_func=logger.error)
+            host.log_styled(shown_lines(journal, 4000, None), fg="red", log_func=logger.error)
+        host.log_styled(shown(reason, 4000), fg="red", log_func=logger.error)
         return False
     host.noop(f"{unit} answered: {text!r}")
     return True

@@ -22,6 +22,7 @@ import time
 
 from rigup import summary
 from rigup.refusal import Refusal
+from rigup.text import say
 
 RUN_DIR = "/run/rigup"
 GRACE_S = 5    # seconds a waiter waits before a renewed lease refuses it (sshd may be ending a run)
@@ -120,7 +121,7 @@ def hold(host) -> Refusal | None:
         took = answer.decode(errors="replace").strip().partition("; took it from ")[2]
         if took:
             summary.note(host.name, f"took the converge lock from {took}")
-            print(f"[{host.name}] took the converge lock from {took}", flush=True)
+            say(f"[{host.name}] took the converge lock from {took}")
         return None
     text = answer.decode(errors="replace")
     try:

@@ -42,7 +42,7 @@ import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import operation as _pyinfra_operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
@@ -51,6 +51,7 @@ from pyinfra.operations import python as _python
 from pyinfra.operations import systemd as _systemd
 
 from rigup import summary
+from rigup.text import shown
 
 
 class Planned:
@@ -232,11 +233,11 @@ def converge(steps: list, plan, cfg, names: list[str]) -> None:
     if first == len(recorded_steps):
         roles = len({n.split(".")[0] for n in names})
         text = f"every role converged ({roles} roles, {len(names)} steps, {checked} operations checked, none to run)"
-        logger.info(f"{host.print_prefix}{text}")
+        host.log(shown(text, 4000))
         summary.converged_without_operations(host.name, text)
         return
     what = next(c for c in recorded_steps[first] if c.planned.change).kwargs.get("name") or "an operation"
     done = f"nothing to do in {', '.join(names[:first])} ({checked} operations checked); " if first else ""
-    logger.info(f"{host.print_prefix}{done}operations run from {names[first]} on ({what}: {why})")
+    host.log(shown(f"{done}operations run from {names[first]} on ({what}: {why})", 4000))
     for i in range(first, len(recorded_steps)):
         _register(i, recorded_steps[i])

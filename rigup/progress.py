@@ -11,7 +11,6 @@ import re
 import shlex
 import time
 
-import click
 from pyinfra import host
 from pyinfra.api import OperationError
 from rigup.boundary.numbers import whole
@@ -120,7 +119,7 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
             raise OperationError(f"{label}: not finished after {timeout} s; {unit} goes on (log: {log})")
         time.sleep(min(2.0, interval / 2))
     if state["done"]:
-        click.echo(f"    [{me.name}] {label}: done in {time.monotonic() - started:.0f} s", err=True)
+        say(f"    [{me.name}] {label}: done in {time.monotonic() - started:.0f} s")
         return
     _, output = me.run_shell_command(command=f"tail -n 30 {shlex.quote(log)}", print_output=False,
                                      print_input=False)

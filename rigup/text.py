@@ -8,19 +8,26 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 
 from __future__ import annotations
 
+import itertools
+
 
 def shown(text: object, limit: int = 200) -> str:
-    """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters."""
+    """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters
+    (escapes counted as shown: ``\\x1b`` is 4), then how many characters of ``text`` were left out."""
     raw = str(text)
-    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit])
-    return safe + (f"... ({len(raw) - limit} more characters)" if len(raw) > limit else "")
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
 
-def shown_lines(text: str, limit: int = 300, last: int = 60) -> str:
-    """A host's multi-line text (a journal) as :func:`shown` lines: its ``last`` lines, each escaped
-    and cut to ``limit`` (a final newline kept)."""
+def shown_lines(text: str, limit: int = 300, last: int | None = 60) -> str:
+    """A host's multi-line text (a journal, a table) as :func:`shown` lines: its ``last`` lines (all
+    with None), each escaped and cut to ``limit`` (a final newline kept). Lines end at ``\\n`` (or
+    ``\\r\\n``) only: the other separators str.splitlines knows (``\\x1c``, ``\\x85``, ``\\u2028``) are
+    escaped in their line, so each line shown is a line of ``text``."""
     text = str(text)
-    out = "\n".join(shown(line, limit) for line in text.splitlines()[-last:])
+    lines = text.replace("\r\n", "\n").split("\n")[:-1 if text.endswith("\n") else None]
+    out = "\n".join(shown(line, limit) for line in (lines[-last:] if last is not None else lines))
     return out + "\n" if text.endswith("\n") and out else out
 
 

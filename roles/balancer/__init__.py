@@ -50,6 +50,7 @@ from rigup.gate import endpoint
 from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
 from rigup.state import read_once, reading
+from rigup.text import shown, shown_lines
 from roles.balancer.checks import CHECKS, ports
 from roles.balancer.config import GATEWAY_KEY, STATE_DROPIN, gateway_backends, haproxy_cfg, problems, state_dropin
 from roles.balancer.facts import CONFIG, BalancerState
@@ -144,8 +145,8 @@ def frontends_answer(state, host, gateway: list[dict], drain: str, timeout: int)
                   retry=retry_if_result(lambda c: c != "200"))(code)(url)
         except RetryError:
             _, out = host.run_shell_command("journalctl -u haproxy -n 20 --no-pager -o cat", print_output=False)
-            host.log_styled(f"balancer: {url} did not answer 200 within {timeout} s; haproxy's journal:\n"
-                            f"{out.stdout}", fg="red", log_func=logger.error)
+            host.log_styled(shown(f"balancer: {url} did not answer 200 within {timeout} s; haproxy's journal:")
+                            + "\n" + shown_lines(out.stdout), fg="red", log_func=logger.error)
             return False
         host.noop(f"balancer: {url} answers 200")
     return True

@@ -38,6 +38,7 @@ it runs on bare hosts.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import signal
 import socket
@@ -53,6 +54,15 @@ FMAINT, FDRAIN = 0x01, 0x08             # srv_admin_state: forced maintenance, f
 DRAIN_S, HEALTH_S, UP_S, LOCK_S, RELOAD_S = 50, 600, 120, 30, 30
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "cache",
             "program", "http-errors", "ring", "mailers", "crt-store"}
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
 
 class Failed(Exception):
@@ -177,13 +187,13 @@ def set_state(backend: str, server: str, asked: str) -> None:
         if not is_as_asked(asked, flags):
             raise Failed(f"{backend}/{server}: asked {asked}, HAProxy ({SOCKET}) says {named(flags)} "
                          f"(srv_admin_state {flags}){': ' + answer if answer else ''}")
-        print(f"rigup-balancer-drain: {confirmed(backend, server, asked)}", flush=True)   # roll.py looks for it
+        print(shown(f"rigup-balancer-drain: {confirmed(backend, server, asked)}", 4000), flush=True)   # roll.py looks for it
         try:
             if save_state() != "HAProxy":
                 raise Failed("HAProxy gave no server state")
         except (Failed, OSError) as e:   # the change stands; a reload before the next save loses it
-            print(f"rigup-balancer-drain: warning: {backend}/{server} is {asked} but its state was not saved: {e}",
-                  file=sys.stderr)
+            print(shown(f"rigup-balancer-drain: warning: {backend}/{server} is {asked} but its state was not saved: {e}",
+                        4000), file=sys.stderr)
 
 
 def config_ports(text: str) -> dict[tuple[str, str], str]:
@@ -272,9 +282,9 @@ def reload(mainpid: int) -> None:
         try:
             source = save_state()
             if source != "HAProxy":
-                print(f"rigup-balancer-drain: reload with {source or 'no saved server state'}", file=sys.stderr)
+                print(shown(f"rigup-balancer-drain: reload with {source or 'no saved server state'}", 4000), file=sys.stderr)
         except (Failed, OSError) as e:
-            print(f"rigup-balancer-drain: reload without a saved server state: {e}", file=sys.stderr)
+            print(shown(f"rigup-balancer-drain: reload without a saved server state: {e}", 4000), file=sys.stderr)
         try:
             os.kill(mainpid, signal.SIGUSR2)
         except OSError as e:
@@ -283,8 +293,8 @@ def reload(mainpid: int) -> None:
         # until a restart (so a socket that did not answer before is given a few seconds only)
         seconds = RELOAD_S if old is not None else min(RELOAD_S, 5)
         if not wait(lambda: worker_pid() not in (None, old), seconds):
-            print(f"rigup-balancer-drain: warning: no new HAProxy worker answered on {SOCKET} within {seconds} s "
-                  "of the reload" + ("" if old is not None else " (restart HAProxy to bring the socket back)"),
+            print(shown(f"rigup-balancer-drain: warning: no new HAProxy worker answered on {SOCKET} within {seconds} s "
+                        "of the reload" + ("" if old is not None else " (restart HAProxy to bring the socket back)"), 4000),
                   file=sys.stderr)
 
 
@@ -381,7 +391,7 @@ def main(argv: list[str]) -> int:
     try:
         run(argv)
     except Failed as e:
-        print(f"rigup-balancer-drain: {' '.join(argv)}: {e}", file=sys.stderr)
+        print(shown(f"rigup-balancer-drain: {' '.join(argv)}: {e}", 4000), file=sys.stderr)
         return 1
     return 0
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import multiprocessing
 import os
@@ -989,6 +990,15 @@ def write_metrics(path: str | None, records: dict) -> None:
     os.replace(tmp, path)
 
 
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
+
+
 def line(uuid: str, rec: dict) -> str:
     if "busy" in rec:
         return f"GPU {uuid}: not tested, in use by {rec['busy']}"
@@ -1030,7 +1040,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "status":
         for uuid, rec in sorted(load(a.results).items()):
-            print(line(uuid, rec))
+            print(shown(line(uuid, rec), 4000))
         return 0
     if a.cmd == "clear":
         records = load(a.results)
@@ -1060,7 +1070,7 @@ def main(argv=None) -> int:
     failed = False
     for u, rec in sorted(found.items()):
         text = line(u, rec)
-        print(text, file=sys.stderr if rec.get("passed") is False else sys.stdout, flush=True)
+        print(shown(text, 4000), file=sys.stderr if rec.get("passed") is False else sys.stdout, flush=True)
         failed |= rec.get("passed") is False
     return 3 if failed else 0
 

@@ -55,6 +55,7 @@ it is logged once and kept in XID_STATE (``link``, this boot's) and the metrics
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -395,9 +396,18 @@ def write_metrics(config: dict, text: str) -> None:
         log(4, f"rigup-gpu-guard: cannot write {path}: {e}")
 
 
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
+
+
 def log(priority: int, text: str) -> None:
     """A journal line with its syslog priority (systemd reads the <N> prefix)."""
-    print(f"<{priority}>{text}", flush=True)
+    print(shown(f"<{priority}>{text}", 4000), flush=True)
 
 
 def running_units(config: dict) -> list[str] | None:
@@ -827,7 +837,7 @@ def main(argv: list[str]) -> int:
         path, argv = argv[1], argv[2:]
     config = load(path, None)
     if config is None:
-        print(f"rigup-gpu-guard: cannot read {path}", file=sys.stderr)
+        print(shown(f"rigup-gpu-guard: cannot read {path}"), file=sys.stderr)
         return 1
     command = argv[0] if argv else "check"
     if command == "check":
@@ -835,15 +845,15 @@ def main(argv: list[str]) -> int:
     if command == "status":
         state = load(config["tripped_file"], None)
         samples = f" ({state['samples']})" if state and state.get("samples") else ""
-        print(f"tripped at {state.get('time')}: {state.get('reason')}{samples}" if state else "not tripped")
+        print(shown(f"tripped at {state.get('time')}: {state.get('reason')}{samples}", 4000) if state else "not tripped")
         xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
         for bus, card in sorted((xid.get("cards") or {}).items()):
             counts = ", ".join(f"{cls} {n}" for cls, n in sorted(card.get("counts", {}).items())) or "none this boot"
             link = card.get("link") or {}
-            print(f"card {bus}: Xid {counts}" + (f"; SUSPECT since {card['suspect']['since']}: {card['suspect']['line']}"
-                                                  if card.get("suspect") else "")
-                  + (f"; PCIe Gen{link.get('gen')} of Gen{link.get('gen_max')} under load since {link.get('since')}"
-                     if link else ""))
+            print(shown(f"card {bus}: Xid {counts}" + (f"; SUSPECT since {card['suspect']['since']}: {card['suspect']['line']}"
+                                                        if card.get("suspect") else "")
+                        + (f"; PCIe Gen{link.get('gen')} of Gen{link.get('gen_max')} under load since {link.get('since')}"
+                           if link else ""), 4000))
         return 3 if state or any(c.get("suspect") for c in (xid.get("cards") or {}).values()) else 0
     if command == "clear":
         state = load(config["tripped_file"], None)
@@ -859,8 +869,8 @@ def main(argv: list[str]) -> int:
         text = "rigup-gpu-guard: cleared by an operator" + (f" (was: {state.get('reason')})" if state else
                                                              " (was not tripped)") + \
             (f"; no longer suspect: {', '.join(suspect)}" if suspect else "")
-        print(text)
-        subprocess.run(["logger", "-t", "rigup-gpu-guard", "-p", "user.notice", text], check=False)
+        print(shown(text, 4000))
+        subprocess.run(["logger", "-t", "rigup-gpu-guard", "-p", "user.notice", shown(text, 4000)], check=False)
         return 0
     print(__doc__, file=sys.stderr)
     return 2

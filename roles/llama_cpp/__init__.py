@@ -51,7 +51,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-import click
 from pyinfra import host
 from pyinfra.api import deploy
 from rigup.role import Role
@@ -63,6 +62,7 @@ from rigup.config import Config, role_defaults
 from rigup.cuda import toolkit_packages
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
+from rigup.text import say
 from rigup.traps import load as load_traps
 from roles.llama_cpp import artifact, handover
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
@@ -112,7 +112,7 @@ def apply(plan: Plan, data: Config):
         return
     options = cmake_options(plan, data)
     ident = build_id(data, options)
-    click.echo(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options), err=True)
+    say(f"    [{host.name}] llama.cpp {ident}: cmake " + " ".join(f"-D{o}" for o in options))
     if build_source(plan, data)["how"] != "compile":    # built here already, or received at the proven step
         apt.installed(name="Install llama.cpp's run-time libraries", packages=RUNTIME_PACKAGES,
                       cache_seconds=data["apt_cache_seconds"], _retries=2, _retry_delay=data["apt_retry_delay"])

@@ -106,7 +106,7 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
             flags = " ".join(trap.get("args", []))
             text = (f"trap {run['remedy']} ({trap.get('ref')}): {run.get('first')}; with {flags} it answered, "
                     f"so the llama-server instances here run with {flags}")
-            host.log_styled(text, fg="yellow", log_func=logger.warning)
+            host.log_styled(shown(text, 4000), fg="yellow", log_func=logger.warning)
             summary.note(host.name, f"trap {run['remedy']}: {flags}")
     compared = doc.get("compare") or {}
     if compared.get("ratio") is not None:
@@ -132,7 +132,7 @@ def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept:
             what: str = "failed its smoke inference:") -> bool:
     """Log the smoke log's last lines, then the reason (the run's summary quotes the last lines); False."""
     if tail:
-        host.log_styled(f"last lines of {spec['log']}:\n" + shown_lines("\n".join(map(str, tail))), fg="red",
+        host.log_styled(shown(f"last lines of {spec['log']}:") + "\n" + shown_lines("\n".join(map(str, tail))), fg="red",
                         log_func=logger.error)
     host.log_styled(shown(f"llama.cpp build {build_id} {what} {reason}; {kept}", 4000),
                     fg="red", log_func=logger.error)

@@ -102,8 +102,8 @@ def _pack(state, host, dir: str, build_id: str, key: str, cache: str, record: di
     ok, out = host.run_shell_command(_sh(command), print_output=False, print_input=False)
     lines = list(out.stdout_lines)
     if not ok or not lines:
-        host.log_styled(f"llama.cpp {build_id}: not kept as an artifact (packing failed: "
-                        f"{shown(' '.join(out.stderr_lines)[-300:])})", fg="yellow", log_func=logger.warning)
+        host.log_styled(shown(f"llama.cpp {build_id}: not kept as an artifact (packing failed: "
+                              f"{' '.join(out.stderr_lines)[-300:]})", 4000), fg="yellow", log_func=logger.warning)
         return True         # it serves here all the same; no host receives it
     part = artifact.cache_dir(cache) / f"{key}.part-{host.name}"
     host.get_file(remote, str(part))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rigup.text import shown
+
 PATH = Path(__file__).with_name("smoke.gguf")
 EMBD, LAYERS, HEADS, FF, CTX = 256, 2, 4, 512, 4096
 WORDS = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁is", "▁in", "▁it", "▁that", "▁on", "▁hi", "▁ok"]
@@ -90,4 +92,4 @@ def write(path: Path = PATH) -> Path:
 
 
 if __name__ == "__main__":
-    print(write(Path(sys.argv[1]) if len(sys.argv) > 1 else PATH))
+    print(shown(write(Path(sys.argv[1]) if len(sys.argv) > 1 else PATH), 4000))

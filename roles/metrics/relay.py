@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import http.server
 import ipaddress
+import itertools
 import json
 import socket
 import sys
@@ -46,6 +47,15 @@ CONFIG = "/etc/rigup/metrics-relay.json"
 TIMEOUT_S = 10        # the whole fetch of one instance's /metrics, not each read of its socket
 MAX_BODY = 32 << 20   # llama-server's /metrics is a few KiB: a larger answer is refused (issue 47)
 PR_SET_NAME = 15     # prctl: the process name ss and ps show (preflight tells the relay's port by it)
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
 
 def allowed(config: dict) -> set[str]:
@@ -285,7 +295,7 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                 super().log_request(code, size)
 
         def log_message(self, fmt, *args):
-            print(f"{self.client_address[0]} {fmt % args}", flush=True)
+            print(shown(f"{self.client_address[0]} {fmt % args}", 4000), flush=True)   # a client's request line
 
     return Relay
 
@@ -308,7 +318,7 @@ def main(argv: list[str]) -> int:
     for watcher in swaps.values():
         threading.Thread(target=watcher.run, daemon=True).start()
     server = Server((address, port), handler(config, allowed(config), swaps))
-    print(f"rigup-metrics-relay: {len(config['instances'])} instance(s) on {address}:{port}", flush=True)
+    print(shown(f"rigup-metrics-relay: {len(config['instances'])} instance(s) on {address}:{port}"), flush=True)
     server.serve_forever()
     return 0
 

@@ -69,7 +69,6 @@ import time
 from io import StringIO
 from pathlib import Path
 
-import click
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy
 from rigup.role import Role
@@ -130,7 +129,7 @@ START_GRACE_S = 30  # a job that neither runs nor wrote progress this long after
 def _summary() -> None:
     if _refused:
         names = ", ".join(sorted(_refused))
-        click.echo(click.style(f"--> model_fetch refused {len(_refused)} host(s): {names}", fg="red"), err=True)
+        say(f"--> model_fetch refused {len(_refused)} host(s): {names}", fg="red")
 
 
 atexit.register(_summary)

@@ -72,6 +72,7 @@ import fnmatch
 import hashlib
 import hmac
 import http.server
+import itertools
 import json
 import os
 import random
@@ -119,6 +120,15 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
 
 def unsafe_path(path) -> str | None:
@@ -720,7 +730,7 @@ def local():
 def log(message: str) -> None:
     """A line to the journal (or job.log); never an error of its own (job.log on a full disk)."""
     with _suppress():
-        print(message, file=sys.stderr)
+        print(shown(message, 4000), file=sys.stderr)
 
 
 STOP = threading.Event()      # set by SIGTERM/SIGINT or by a stream's failure: every stream ends
@@ -1113,7 +1123,7 @@ def fetch(job_path: str) -> int:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        print(f"another job fetches {dest}; this one stops", file=sys.stderr)
+        print(shown(f"another job fetches {dest}; this one stops", 4000), file=sys.stderr)
         return 0
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")  # what the role kills to stop a job that is not a systemd unit
@@ -1230,7 +1240,7 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
     config_path = ""
 
     def log_message(self, fmt, *args):  # journal: one line per request
-        sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))
+        sys.stderr.write(shown(f"{self.address_string()} {fmt % args}", 4000) + "\n")   # a peer's request line
 
     def _models(self):
         config = read_json(self.config_path, {})
@@ -1360,7 +1370,7 @@ def switch(spec_b64: str) -> int:
         os.rename(dest, previous)
         os.rename(new, dest)
     fsync_dir(parent)
-    print(f"{dest} -> {os.path.basename(stage)}")
+    print(shown(f"{dest} -> {os.path.basename(stage)}", 4000))
     return 0
 
 
@@ -1369,7 +1379,7 @@ def prune(spec_b64: str) -> int:
     spec = json.loads(base64.b64decode(spec_b64))
     for old in as_owner(spec["dest"], revisions, spec)[int(spec.get("keep", 0)):]:
         shutil.rmtree(old)    # never follows a link inside (rmtree.avoids_symlink_attacks)
-        print(f"removed {old}")
+        print(shown(f"removed {old}", 4000))
     return 0
 
 
@@ -1459,19 +1469,20 @@ def warm(config_path: str) -> int:
     for model in config["models"]:
         marker = read_json(os.path.join(model["dest"], MARKER))
         if not isinstance(marker, dict):
-            print(f"rigup-fetch warm: {model['name']}: not complete yet, skipped", flush=True)
+            print(shown(f"rigup-fetch warm: {model['name']}: not complete yet, skipped"), flush=True)
             continue
         try:
             files = [safe_join(model["dest"], rel) for rel in marker.get("files") or []]
         except UnsafePath as e:
-            print(f"rigup-fetch warm: {model['name']}: {e}", flush=True)
+            print(shown(f"rigup-fetch warm: {model['name']}: {e}", 4000), flush=True)
             rc = 1
             continue
         start = time.monotonic()
         run = subprocess.run([VMTOUCH, "-q", "-t", "-m", "1048576G", "--", *files], capture_output=True, text=True)
-        print(f"rigup-fetch warm: {model['name']}: {len(files)} file(s) in the page cache in "
-              f"{time.monotonic() - start:.1f} s" if run.returncode == 0 else
-              f"rigup-fetch warm: {model['name']}: vmtouch exit {run.returncode}: {run.stderr.strip()[:300]}", flush=True)
+        print(shown(f"rigup-fetch warm: {model['name']}: {len(files)} file(s) in the page cache in "
+                    f"{time.monotonic() - start:.1f} s" if run.returncode == 0 else
+                    f"rigup-fetch warm: {model['name']}: vmtouch exit {run.returncode}: {run.stderr.strip()[:300]}", 4000),
+              flush=True)
         rc = rc or (run.returncode != 0)
     return rc
 

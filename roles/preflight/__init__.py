@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import atexit
 from dataclasses import replace
 
-import click
 from pyinfra import host
 
 from rigup import summary
@@ -68,7 +67,7 @@ def plan_of(name: str) -> dict | None:
 def _summary() -> None:
     if _refused:
         names = ", ".join(f"{name} ({n} reason{'s' if n > 1 else ''})" for name, n in sorted(_refused.items()))
-        click.echo(click.style(f"--> preflight refused {len(_refused)} host(s): {names}", fg="red"), err=True)
+        say(f"--> preflight refused {len(_refused)} host(s): {names}", fg="red")
 
 
 atexit.register(_summary)

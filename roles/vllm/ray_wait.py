@@ -10,9 +10,19 @@ alive nodes; else exit 1 naming the missing ones. Standard library and ray only 
 that venv: the retry loop is written here).
 """
 
+import itertools
 import socket
 import sys
 import time
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
 
 def alive_nodes(gcs: str) -> set[str]:
@@ -35,11 +45,11 @@ def main(argv: list[str]) -> int:
             why = f" ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         missing = [a for a in expected if a not in seen]
         if not missing:
-            print(f"rigup: Ray cluster {gcs} has every expected node: {', '.join(expected)}")
+            print(shown(f"rigup: Ray cluster {gcs} has every expected node: {', '.join(expected)}", 4000))
             return 0
         if time.monotonic() >= end:
-            print(f"rigup: Ray cluster {gcs} lacks node(s) {', '.join(missing)} after {seconds} s "
-                  f"(alive: {', '.join(sorted(seen)) or 'none'}){why}; is rigup-ray running there?", file=sys.stderr)
+            print(shown(f"rigup: Ray cluster {gcs} lacks node(s) {', '.join(missing)} after {seconds} s "
+                        f"(alive: {', '.join(sorted(seen)) or 'none'}){why}; is rigup-ray running there?", 4000), file=sys.stderr)
             return 1
         time.sleep(2)
 

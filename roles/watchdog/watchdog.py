@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import re
@@ -70,9 +71,18 @@ COMMAND_TIMEOUT_S = 30
 STARTS = ("ActiveEnterTimestampMonotonic", "ExecMainStartTimestampMonotonic")
 
 
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
+
+
 def log(priority: int, text: str) -> None:
     """A journal line with its syslog priority (systemd reads the <N> prefix)."""
-    print(f"<{priority}>{text}", flush=True)
+    print(shown(f"<{priority}>{text}", 4000), flush=True)
 
 
 def load(path: str, default):
