@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -72,7 +73,6 @@ import random
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -96,9 +96,8 @@ PCIE_BYTES = 256 << 20     # bytes per timed copy
 PCIE_COPIES = 4
 COMPUTE_ITERS = 8192       # LCG steps per thread and launch
 COMPUTE_SAMPLE = 64        # threads whose output is computed here too
-TENSOR_LAUNCH_S = 0.05     # the soak's tensor-core launch, about (calibrated on the card)
-TENSOR_ITERS_MAX = 1 << 18
-SAMPLE_S = 1.0
+SAMPLE_S = 0.5
+POWER_RAMP_S = 5.0         # the soak's first seconds, left out of its mean draw (clocks and draw ramping up)
 SMI_TIMEOUT_S = 20
 KILL = getattr(signal, "SIGKILL", 9)
 UNITS = ("rigup-llama@*", "rigup-vllm@*", "rigup-rpc*")   # the serving units (roles/burnin/facts.py reads the same)
@@ -112,6 +111,106 @@ except ImportError:
         import rigup_xid as xid_lines  # type: ignore[no-redef]
     except ImportError:
         from rigup.gpu import xid as xid_lines
+
+# rand: word i of a buffer = (fmix32(i + seed * 0x9E3779B9) & mask) | bits: random operands for the
+# soak's GEMMs, made on the card (the host would copy GiBs): the mask and bits keep each value a
+# finite number of one sign-free range (f16 pairs, bf16 pairs or f32 in +-[0.5, 1)), so that the
+# sums stay far from overflow and every mantissa bit toggles: random data draws the watts that
+# zeros and constants do not (field-2026-12c: an H100's FP16 GEMM 414 W on zeros, 698.6 W on random)
+RAND_PTX = r"""
+.visible .entry rand(.param .u64 p_ptr, .param .u64 p_n, .param .u32 p_seed, .param .u32 p_mask, .param .u32 p_bits)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [p_ptr];
+    ld.param.u64 %rd2, [p_n];
+    ld.param.u32 %r1, [p_seed];
+    ld.param.u32 %r10, [p_mask];
+    ld.param.u32 %r11, [p_bits];
+@GRID_STRIDE@
+RAND_LOOP:
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra RAND_DONE;
+    cvt.u32.u64 %r6, %rd3;
+    mul.lo.u32 %r7, %r1, 0x9E3779B9;
+    add.u32 %r7, %r7, %r6;
+    shr.u32 %r8, %r7, 16;
+    xor.b32 %r7, %r7, %r8;
+    mul.lo.u32 %r7, %r7, 0x85EBCA6B;
+    shr.u32 %r8, %r7, 13;
+    xor.b32 %r7, %r7, %r8;
+    mul.lo.u32 %r7, %r7, 0xC2B2AE35;
+    shr.u32 %r8, %r7, 16;
+    xor.b32 %r7, %r7, %r8;
+    and.b32 %r7, %r7, %r10;
+    or.b32 %r7, %r7, %r11;
+    shl.b64 %rd6, %rd3, 2;
+    add.u64 %rd7, %rd1, %rd6;
+    st.global.u32 [%rd7], %r7;
+    add.u64 %rd3, %rd3, %rd5;
+    bra RAND_LOOP;
+RAND_DONE:
+    ret;
+}
+"""
+# (mask, bits) of :data:`RAND_PTX` per operand type: sign and mantissa random, the exponent that of 0.5
+OPERANDS = {"fp16": (0x83FF83FF, 0x38003800), "bf16": (0x807F807F, 0x3F003F00), "fp32": (0x807FFFFF, 0x3F000000)}
+
+# The soak's load where the host has no cuBLAS (a build host's CUDA runtime not installed, a CPU
+# backend host), on compute capability 8.0 and later: per thread four chains of m16n8k16 f16
+# products accumulated in f32, each iteration's A and B fragments loaded from a buffer of random
+# values (:data:`RAND_PTX`, a new seed per launch), wrapped at MEM_WORDS (it stays in L1 and L2);
+# the sums stored, 4 floats a thread, and compared between launches of the same seed.
+MEM_WORDS = 1 << 16
+MEM_STEP = 8 * 4099          # words between a thread's iterations (a multiple of 8: 32-byte aligned loads)
+MMA_CHAINS = 4
+MMA_PTX = (r"""
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry mma_mem(.param .u64 p_src, .param .u64 p_out, .param .u32 p_iters, .param .u32 p_mask)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<20>;
+    .reg .f32 %f<20>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [p_src];
+    ld.param.u64 %rd2, [p_out];
+    ld.param.u32 %r1, [p_iters];
+    ld.param.u32 %r2, [p_mask];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r4, %ctaid.x;
+    mov.u32 %r5, %ntid.x;
+    mov.u32 %r6, %tid.x;
+    mad.lo.u32 %r7, %r4, %r5, %r6;
+    shl.b32 %r8, %r7, 3;
+""" + "".join(f"    mov.f32 %f{k}, 0f00000000;\n" for k in range(1, 17)) + r"""    mov.u32 %r3, 0;
+MMA_LOOP:
+    setp.ge.u32 %p1, %r3, %r1;
+    @%p1 bra MMA_STORE;
+    and.b32 %r9, %r8, %r2;
+    mul.wide.u32 %rd3, %r9, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    ld.global.v4.u32 {%r10, %r11, %r12, %r13}, [%rd4];
+    ld.global.v2.u32 {%r14, %r15}, [%rd4+16];
+""" + "".join(f"    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}}, "
+              f"{{{a}}}, {{{b}}}, {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}};\n"
+              for c, a, b in ((1, "%r10, %r11, %r12, %r13", "%r14, %r15"), (5, "%r11, %r12, %r13, %r10", "%r15, %r14"),
+                              (9, "%r12, %r13, %r10, %r11", "%r14, %r15"), (13, "%r13, %r10, %r11, %r12", "%r15, %r14"))) + r"""    add.u32 %r8, %r8, @STEP@;
+    add.u32 %r3, %r3, 1;
+    bra MMA_LOOP;
+MMA_STORE:
+""" + "".join(f"    add.f32 %f{k}, %f{k}, %f{k + 4};\n    add.f32 %f{k + 8}, %f{k + 8}, %f{k + 12};\n"
+              f"    add.f32 %f{k}, %f{k}, %f{k + 8};\n" for k in range(1, 5)) + r"""    mul.wide.u32 %rd3, %r7, 16;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.v4.f32 [%rd4], {%f1, %f2, %f3, %f4};
+    ret;
+}
+""").replace("@STEP@", str(MEM_STEP))
+
 
 # The kernels, as PTX for the driver to compile (the oldest target every supported card runs):
 # fill: word i of a chunk = (i * 0x9E3779B1) ^ seed; check: counts the words that differ (one
@@ -132,7 +231,7 @@ WORD = """    cvt.u32.u64 %r6, %rd3;
     xor.b32 %r7, %r7, %r1;
     shl.b64 %rd6, %rd3, 2;
     add.u64 %rd7, %rd1, %rd6;"""
-PTX = r"""
+PTX = (r"""
 .version 6.0
 .target sm_50
 .address_size 64
@@ -219,53 +318,16 @@ BURN_STORE:
 BURN_DONE:
     ret;
 }
-""".replace("@GRID_STRIDE@", GRID_STRIDE).replace("@WORD@", WORD)
+""" + RAND_PTX).replace("@GRID_STRIDE@", GRID_STRIDE).replace("@WORD@", WORD)
 
 
-# The soak's power on cards with tensor cores (compute capability 8.0 and later: A100, H100, H200,
-# the CMP 170HX's GA100): the integer burn alone drew 316 W of an H100's 700 W cap
-# (tests/gpu/results/2026-12-05-h100-pending.md). mma_burn: per thread CHAINS independent
-# m16n8k16 f16 products accumulated in f32 (every A and B element 1/16: each product adds 1/16 to
-# each accumulator), ITERS times; the chains' sums stored, 4 floats a thread: exactly ITERS *
-# CHAINS / 16 each. ITERS at most 2**18 (TENSOR_ITERS_MAX) keeps every value a multiple of 1/16
-# below 2**16: 20 significant bits, exact even where a tensor core accumulates in fewer than f32's 24.
-MMA_CHAINS = 4
-MMA_VALUE = 0x2C002C00   # two f16 1/16 in one .b32
-MMA_PTX = (r"""
-.version 7.0
-.target sm_80
-.address_size 64
-
-.visible .entry mma_burn(.param .u64 p_out, .param .u32 p_iters)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<10>;
-    .reg .f32 %f<20>;
-    .reg .b64 %rd<4>;
-    ld.param.u64 %rd1, [p_out];
-    ld.param.u32 %r1, [p_iters];
-    cvta.to.global.u64 %rd1, %rd1;
-    mov.b32 %r2, @VALUE@;
-""" + "".join(f"    mov.f32 %f{k}, 0f00000000;\n" for k in range(1, 17)) + r"""    mov.u32 %r3, 0;
-MMA_LOOP:
-    setp.ge.u32 %p1, %r3, %r1;
-    @%p1 bra MMA_STORE;
-""" + "".join(f"    mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}}, "
-              f"{{%r2, %r2, %r2, %r2}}, {{%r2, %r2}}, {{%f{c}, %f{c + 1}, %f{c + 2}, %f{c + 3}}};\n"
-              for c in (1, 5, 9, 13)) + r"""    add.u32 %r3, %r3, 1;
-    bra MMA_LOOP;
-MMA_STORE:
-""" + "".join(f"    add.f32 %f{k}, %f{k}, %f{k + 4};\n    add.f32 %f{k + 8}, %f{k + 8}, %f{k + 12};\n"
-              f"    add.f32 %f{k}, %f{k}, %f{k + 8};\n" for k in range(1, 5)) + r"""    mov.u32 %r4, %ctaid.x;
-    mov.u32 %r5, %ntid.x;
-    mov.u32 %r6, %tid.x;
-    mad.lo.u32 %r7, %r4, %r5, %r6;
-    mul.wide.u32 %rd2, %r7, 16;
-    add.u64 %rd3, %rd1, %rd2;
-    st.global.v4.f32 [%rd3], {%f1, %f2, %f3, %f4};
-    ret;
-}
-""").replace("@VALUE@", f"0x{MMA_VALUE:08X}")
+def rand_word(i: int, seed: int, operand: str = "fp16") -> int:
+    """What ``rand`` writes to word ``i`` of a buffer of ``operand`` values."""
+    x = (i + seed * 0x9E3779B9) & 0xFFFFFFFF
+    for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 1)):
+        x = ((x ^ (x >> shift)) * mul) & 0xFFFFFFFF
+    mask, bits = OPERANDS[operand]
+    return (x & mask) | bits
 
 
 def burn_reference(i: int, iters: int) -> int:
@@ -330,6 +392,17 @@ def judge(card: dict, fig: dict, opts: dict) -> list[str]:
                    f"{soak.get('sm_clock_min_mhz')} MHz)")
     for x in soak.get("xids") or []:
         why.append(f"Xid {x} during the test")
+    power = fig.get("power") or {}
+    if power.get("judged") and power["ratio"] < opts["power_min_ratio"]:
+        why.append(f"soak: mean draw {power['mean_w']:.0f} W, {power['ratio']:.2f} of the {power['cap_w']:.0f} W cap "
+                   f"in force over {power['samples']} samples under GEMM load (at least {opts['power_min_ratio']:.2f} "
+                   f"wanted): the card, its power delivery or its cooling does not hold full load")
+    gemm = fig.get("gemm") or {}
+    if gemm.get("differ"):
+        why.append(f"GEMM: {gemm['differ']} of {gemm.get('repeats')} repeats of the same seeded {gemm.get('dtype')} "
+                   f"GEMMs gave another result ({gemm.get('odd')}): the card computes wrong under load")
+    if gemm.get("error"):
+        why.append(gemm["error"])
     health = fig.get("health") or {}
     for what in health.get("worse") or []:
         why.append(f"health: {what}")
@@ -337,6 +410,95 @@ def judge(card: dict, fig: dict, opts: dict) -> list[str]:
     if dcgm.get("failed"):
         why.append(f"dcgmi diag -r {dcgm.get('level')}: {', '.join(dcgm['failed'])}")
     return why
+
+
+def power_of(rows: list[dict], window, cap) -> dict:
+    """The soak's draw from the samples taken in its ``window`` ([start, end], epoch s) less its first
+    POWER_RAMP_S (pure): {"mean_w", "cap_w" (the enforced limit sampled, else ``cap``), "ratio",
+    "samples", "capped_ratio" (samples at the software power cap: the expected reason)}; {} without
+    a window or a number."""
+    if not (isinstance(window, (list, tuple)) and len(window) == 2 and all(isinstance(t, (int, float)) for t in window)):
+        return {}
+    lo, hi = window[0] + min(POWER_RAMP_S, (window[1] - window[0]) * 0.2), window[1]
+    inside = [r for r in rows if isinstance(r.get("t"), (int, float)) and lo <= r["t"] <= hi]
+    draws = [r["power.draw"] for r in inside if isinstance(r.get("power.draw"), (int, float)) and not isinstance(r["power.draw"], bool)]
+    caps = sorted(r["enforced.power.limit"] for r in inside if isinstance(r.get("enforced.power.limit"), (int, float))
+                  and not isinstance(r["enforced.power.limit"], bool) and r["enforced.power.limit"] > 0)
+    cap_w = caps[len(caps) // 2] if caps else cap if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0 else None
+    if not draws:
+        return {"samples": 0, "cap_w": cap_w}
+    mean = sum(draws) / len(draws)
+    capped = sum(1 for r in inside if isinstance(r.get("events"), int) and r["events"] & 0x4)
+    return {"mean_w": round(mean, 1), "cap_w": cap_w, "ratio": round(mean / cap_w, 3) if cap_w else None,
+            "samples": len(draws), "capped_ratio": round(capped / len(inside), 3) if inside else None}
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def sibling_key(rec: dict) -> tuple:
+    """What makes two cards' GEMM digests and throughput comparable: the product (name, SM count),
+    the driver, cuBLAS's version, the operand type and the load."""
+    gemm = rec.get("gemm") or {}
+    return (rec.get("name"), gemm.get("sms"), (rec.get("key") or {}).get("driver"), gemm.get("cublas"),
+            gemm.get("dtype"), gemm.get("load"))
+
+
+def siblings(records: dict[str, dict], opts: dict) -> None:
+    """Judge each card of this run against its siblings of one :func:`sibling_key` (pure on the
+    records, which it amends): a digest other than the one most cards computed fails the card, naming
+    both (no majority: every card of the tie fails); a throughput below ``slow_quarantine_ratio`` of
+    the others' median fails it, below ``slow_flag_ratio`` flags it: TFLOPS against the siblings at
+    the same cap, TFLOPS per watt where none is at the same cap."""
+    groups: dict[tuple, list[str]] = {}
+    for u, rec in records.items():
+        if (rec.get("gemm") or {}).get("digest"):
+            groups.setdefault(sibling_key(rec), []).append(u)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        counts: dict[str, int] = {}
+        for u in members:
+            counts[records[u]["gemm"]["digest"]] = counts.get(records[u]["gemm"]["digest"], 0) + 1
+        top = max(counts.values())
+        winners = [d for d, n in counts.items() if n == top]
+        for u in members:
+            rec, mine = records[u], records[u]["gemm"]["digest"]
+            if len(winners) == 1 and mine == winners[0]:
+                continue
+            if len(winners) == 1:
+                why = (f"GEMM: digest {mine[:16]} differs from {winners[0][:16]}, what {top} of its {len(members) - 1} "
+                       f"siblings (same product, driver and cuBLAS) computed from the same seeded operands: wrong results")
+            else:
+                why = (f"GEMM: digest {mine[:16]} differs from its siblings' ({', '.join(sorted(d[:16] for d in counts if d != mine))}) "
+                       f"with no majority among {len(members)} cards")
+            rec["failed"].append(why)
+            rec["passed"] = False
+        for u in members:
+            slow(records[u], [records[v] for v in members if v != u], opts)
+
+
+def slow(rec: dict, others: list[dict], opts: dict) -> None:
+    gemm = rec["gemm"]
+    cap = (rec.get("power") or {}).get("cap_w")
+    same = [o["gemm"]["tflops"] for o in others if (o.get("power") or {}).get("cap_w") == cap and o["gemm"].get("tflops")]
+    if same and gemm.get("tflops"):
+        ratio, what = gemm["tflops"] / median(same), f"{gemm['tflops']} TFLOPS"
+    else:
+        per_w = [o["gemm"]["tflops_per_w"] for o in others if o["gemm"].get("tflops_per_w")]
+        if not per_w or not gemm.get("tflops_per_w"):
+            return
+        ratio, what = gemm["tflops_per_w"] / median(per_w), f"{gemm['tflops_per_w']} TFLOPS per watt"
+    gemm["sibling_ratio"] = round(ratio, 3)
+    text = f"GEMM: {what}, {ratio:.2f} of its siblings' median"
+    if ratio < opts["slow_quarantine_ratio"]:
+        rec["failed"].append(f"{text} (at least {opts['slow_quarantine_ratio']:.2f} wanted): a slow card")
+        rec["passed"] = False
+    elif ratio < opts["slow_flag_ratio"]:
+        rec.setdefault("flagged", []).append(f"{text} (below {opts['slow_flag_ratio']:.2f}: watch it)")
 
 
 # ---------------------------------------------------------------- nvidia-smi
@@ -387,7 +549,7 @@ CARD_FIELDS = ["index", "uuid", "pci.bus_id", "name", "driver_version", "memory.
                "pcie.link.gen.max", "pcie.link.width.max", "pcie.link.gen.current", "pcie.link.width.current"]
 HEALTH_FIELDS = ["ecc.errors.uncorrected.volatile.total", "remapped_rows.pending", "remapped_rows.failure",
                  "retired_pages.pending"]
-SAMPLE_FIELDS = ["uuid", "temperature.gpu", "clocks.current.sm", "power.draw", "utilization.gpu"]
+SAMPLE_FIELDS = ["uuid", "temperature.gpu", "clocks.current.sm", "power.draw", "utilization.gpu", "enforced.power.limit"]
 EVENT_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")   # newer drivers, older
 
 
@@ -535,6 +697,10 @@ class Device:
                            ("cuMemcpyHtoD_v2", [u64, vp, sz]), ("cuMemcpyDtoH_v2", [vp, u64, sz]),
                            ("cuMemGetInfo_v2", [ctypes.POINTER(sz), ctypes.POINTER(sz)]),
                            ("cuMemHostAlloc", [ctypes.POINTER(vp), sz, ctypes.c_uint]), ("cuMemFreeHost", [vp]),
+                           ("cuMemcpyDtoDAsync_v2", [u64, u64, sz, vp]), ("cuStreamCreate", [ctypes.POINTER(vp), ctypes.c_uint]),
+                           ("cuStreamSynchronize", [vp]), ("cuEventCreate", [ctypes.POINTER(vp), ctypes.c_uint]),
+                           ("cuEventRecord", [vp, vp]), ("cuEventSynchronize", [vp]), ("cuStreamQuery", [vp]),
+                           ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
                            ("cuLaunchKernel", [vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp, vp, vp])):
             getattr(lib, name).argtypes = args
@@ -551,23 +717,24 @@ class Device:
         self.module = ctypes.c_void_p()
         self.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(PTX.encode() + b"\0"))
         self.kernels = {}
-        for name in ("fill", "check", "burn"):
+        for name in ("fill", "check", "burn", "rand"):
             fn = ctypes.c_void_p()
             self.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
             self.kernels[name] = fn
         major = ctypes.c_int()
         self.call("cuDeviceGetAttribute", ctypes.byref(major), 75, self.dev)   # COMPUTE_CAPABILITY_MAJOR
-        self.tensor = None   # why the soak has no tensor-core load, or None once mma_burn is loaded
+        self.major = major.value
+        self.tensor = None   # why the soak has no tensor-core load of its own, or None once mma_mem is loaded
         if major.value < 8:
             self.tensor = f"compute capability {major.value}.x: no mma.sync m16n8k16"
         else:
             module, fn = ctypes.c_void_p(), ctypes.c_void_p()
             try:
                 self.call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(MMA_PTX.encode() + b"\0"))
-                self.call("cuModuleGetFunction", ctypes.byref(fn), module, b"mma_burn")
-                self.kernels["mma_burn"] = fn
+                self.call("cuModuleGetFunction", ctypes.byref(fn), module, b"mma_mem")
+                self.kernels["mma_mem"] = fn
             except CudaError as e:   # the integer soak still runs; the result says why not this one
-                self.tensor = f"mma_burn not loaded: {e}"
+                self.tensor = f"mma_mem not loaded: {e}"
 
     def call(self, name: str, *args):
         rc = getattr(self.lib, name)(*args)
@@ -593,10 +760,36 @@ class Device:
             self.call("cuMemAlloc_v2", ctypes.byref(ptr), size)   # raises, naming it
         return ptr.value
 
-    def launch(self, name: str, grid: int, block: int, *params):
+    def launch(self, name: str, grid: int, block: int, *params, stream=None):
         holders = [p if isinstance(p, (ctypes.c_uint64, ctypes.c_uint32)) else ctypes.c_uint64(p) for p in params]
         arr = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders])
-        self.call("cuLaunchKernel", self.kernels[name], grid, 1, 1, block, 1, 1, 0, None, arr, None)
+        self.call("cuLaunchKernel", self.kernels[name], grid, 1, 1, block, 1, 1, 0, stream, arr, None)
+
+    def rand(self, ptr: int, words: int, seed: int, operand: str, stream) -> None:
+        """``words`` random ``operand`` values at ``ptr`` (:data:`RAND_PTX`), queued on ``stream``."""
+        mask, bits = OPERANDS[operand]
+        self.launch("rand", self.sms * 8, 256, ptr, words, ctypes.c_uint32(seed), ctypes.c_uint32(mask),
+                    ctypes.c_uint32(bits), stream=stream)
+
+    def stream(self) -> ctypes.c_void_p:
+        """A stream that does not wait for the legacy default one (nor it for this): the soak's load,
+        its HBM copies and the digest's copy back run at once."""
+        s = ctypes.c_void_p()
+        self.call("cuStreamCreate", ctypes.byref(s), 1)   # CU_STREAM_NON_BLOCKING
+        return s
+
+    def sync_stream(self, stream) -> None:
+        self.call("cuStreamSynchronize", stream)
+
+    def event(self) -> ctypes.c_void_p:
+        e = ctypes.c_void_p()
+        self.call("cuEventCreate", ctypes.byref(e), 0)   # timed
+        return e
+
+    def elapsed_s(self, start, end) -> float:
+        ms = ctypes.c_float()
+        self.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+        return ms.value / 1000
 
     def sync(self):
         self.call("cuCtxSynchronize")
@@ -672,85 +865,308 @@ def burn_once(dev: Device, out: int, n: int, iters: int) -> bytes:
     return buf.raw
 
 
-def compute_and_soak(dev: Device, soak_s: float) -> tuple[dict, dict]:
+def compute_check(dev: Device, out: int, n: int, first: bytes | None = None) -> dict:
+    """The integer workload once: a sample of its threads against the reference computed here, the
+    whole against ``first`` (an earlier launch's) when given."""
+    got = burn_once(dev, out, n, COMPUTE_ITERS)
+    words = memoryview(got).cast("I")
+    sample = random.sample(range(n), min(COMPUTE_SAMPLE, n))
+    wrong = sum(1 for i in sample if words[i] != burn_reference(i, COMPUTE_ITERS))
+    checked = len(sample)
+    if first is not None:
+        checked += n
+        if got != first:
+            wrong += sum(1 for a, b in zip(words, memoryview(first).cast("I")) if a != b)
+    return {"threads": n, "iters": COMPUTE_ITERS, "checked": checked, "wrong": wrong, "raw": got}
+
+
+def compute_and_soak(dev: Device, opts: dict) -> tuple[dict, dict, dict]:
+    """The integer check before and after the soak (a card that answers wrong once hot), and the
+    soak: (compute, soak, gemm) figures."""
     n = dev.sms * 2048
     out = dev.alloc(n * 4)
     if out is None:
-        return {"error": "compute: no device memory"}, {}
-    first = burn_once(dev, out, n, COMPUTE_ITERS)
-    words = memoryview(first).cast("I")
-    sample = random.sample(range(n), min(COMPUTE_SAMPLE, n))
-    wrong = sum(1 for i in sample if words[i] != burn_reference(i, COMPUTE_ITERS))
-    compute = {"threads": n, "iters": COMPUTE_ITERS, "checked": len(sample), "wrong": wrong}
-    tensor = Tensor(dev) if "mma_burn" in dev.kernels else None
-    if tensor and (tensor.out is None or tensor.unsure):
-        if tensor.out is not None:
-            tensor.free()
-        tensor, dev.tensor = None, tensor.unsure or "mma_burn: no device memory for its output"
-    t0, launches, differ = time.monotonic(), 0, 0
-    while time.monotonic() - t0 < soak_s:
-        if tensor:
-            tensor.launch()   # queued before the integer burn: the card is never idle between checks
-        again = burn_once(dev, out, n, COMPUTE_ITERS)
-        launches += 1
-        if again != first:
-            differ += sum(1 for a, b in zip(memoryview(again).cast("I"), words) if a != b)
-        if tensor:
-            tensor.check()
+        return {"error": "compute: no device memory"}, {}, {}
+    compute = compute_check(dev, out, n)
+    load, why = pick_load(dev, opts.get("load") or "auto")
+    gemm = soak_load(dev, load, opts["soak_s"])
+    load.free()
+    if why:
+        gemm["why"] = why
+    again = compute_check(dev, out, n, compute.pop("raw"))
+    again.pop("raw")
     dev.lib.cuMemFree_v2(out)
-    compute["wrong"] += differ
-    compute["checked"] += launches * n
-    soak = {"launches": launches, "seconds": round(time.monotonic() - t0, 1)}
-    if tensor:
-        tensor.free()
-        compute["wrong"] += tensor.wrong
-        compute["checked"] += tensor.launches * tensor.floats
-        soak["tensor"] = {"launches": tensor.launches, "iters": tensor.iters, "wrong": tensor.wrong}
-    else:
-        soak["tensor"] = {"none": dev.tensor}
-    return compute, soak
+    compute["wrong"] += again["wrong"]
+    compute["checked"] += again["checked"]
+    soak = {"launches": gemm.get("launches"), "seconds": gemm.get("seconds"), "load": gemm.get("load")}
+    return compute, soak, gemm
 
 
-class Tensor:
-    """The soak's tensor-core load (:data:`MMA_PTX`): a launch of about TENSOR_LAUNCH_S, its
-    every float checked against the exact sum."""
+# ---------------------------------------------------------------- the soak's load
+# cuBLAS of the host (cuda_toolkit installs it on GPU hosts; Debian 12's libcublas11; the
+# nvidia-cublas wheel's copy), by soname first and then where the toolkits and wheels put it:
+# found and loaded with ctypes as libcuda is (no package on the host)
+CUBLAS = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11")
+CUBLAS_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/lib64",
+               "/usr/local/cuda-*/targets/*/lib", "/usr/lib/*-linux-gnu", "/usr/local/lib",
+               "/usr/local/lib/python3*/dist-packages/nvidia/cu*/lib", "/usr/lib/python3/dist-packages/nvidia/cu*/lib",
+               "/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib")
+GEMM_N = 8192            # m = n = k: each GEMM 2 * 8192**3 flops (the field's and gpu-burn's size)
+GEMM_SEEDS = 3           # the seeded operand pairs the soak cycles through: each result digested, compared
+BATCH_S = 1.0            # GPU time a batch takes (the one before digested meanwhile)
+HBM_BYTES = 512 << 20    # each copy of the concurrent HBM stream
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # library_types.h, cublas_api.h
 
-    def __init__(self, dev: Device):
-        self.dev, self.grid, self.block = dev, dev.sms * 4, 128
-        self.floats = self.grid * self.block * 4
-        self.out = dev.alloc(self.floats * 4)
-        self.launches = self.wrong = 0
-        self.iters, most = 256, TENSOR_ITERS_MAX
-        self.unsure = None   # why the load is left out: its first launch did not give the exact sums
-        while self.out is not None:   # timed until a launch takes 10 ms (its overhead then a small part)
-            t = time.monotonic()
-            self.launch()
-            self.check()
-            took = time.monotonic() - t
-            if self.wrong and self.launches == 1:
-                # the integer check judges the card; a first answer off everywhere says more of this
-                # kernel on this card than of the card: not yet run on every kind rigup serves
-                self.unsure = f"mma_burn's first launch gave {self.wrong} of {self.floats} sums off: left out"
-                break
-            if took >= 0.01 or self.iters >= most:
-                self.iters = max(256, min(int(self.iters * TENSOR_LAUNCH_S / took), most))
-                break
-            self.iters = min(self.iters * 4, most)
 
-    def launch(self) -> None:
-        self.dev.launch("mma_burn", self.grid, self.block, self.out, ctypes.c_uint32(self.iters))
+def find_cublas() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, its path) or (None, why not): the newest soname the loader finds, then each
+    directory of CUBLAS_DIRS; its libcublasLt beside it loaded first (global) where it is there."""
+    import glob
+    tried = []
+    for name in CUBLAS:
+        for path in [name] + sorted({p for d in CUBLAS_DIRS for p in glob.glob(os.path.join(d, name))}):
+            lt = os.path.join(os.path.dirname(path), name.replace("libcublas.", "libcublasLt."))
+            try:
+                if os.path.dirname(path) and os.path.exists(lt):
+                    ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+                lib = ctypes.CDLL(path)
+                lib.cublasCreate_v2   # noqa: B018 - a library without it is not cuBLAS
+                return lib, path
+            except (OSError, AttributeError) as e:
+                if os.path.dirname(path) or "cannot open" not in str(e):
+                    tried.append(f"{path}: {e}"[:160])
+    return None, "no cuBLAS: " + ("; ".join(tried[:3]) or f"{'/'.join(CUBLAS)} not found")
 
-    def check(self) -> None:
-        buf = ctypes.create_string_buffer(self.floats * 4)
-        self.dev.call("cuMemcpyDtoH_v2", buf, self.out, self.floats * 4)
-        want = struct.pack("<f", self.iters * MMA_CHAINS / 16) * self.floats
-        self.launches += 1
-        if buf.raw != want:
-            value = struct.pack("<f", self.iters * MMA_CHAINS / 16)
-            self.wrong += sum(1 for i in range(0, len(buf.raw), 4) if buf.raw[i:i + 4] != value)
+
+class Gemm:
+    """The soak's load through cuBLAS: C = A B on random GEMM_N square operands, FP16 (compute
+    capability 7.0 and later: tensor cores) into FP32 with FP32 accumulation (cublasGemmEx), else
+    FP32 (cublasSgemm); two C buffers, one digested while the other is computed."""
+
+    def __init__(self, dev: Device, lib: ctypes.CDLL, path: str):
+        self.dev, self.lib, self.n = dev, lib, GEMM_N
+        vp, i, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+        fp = ctypes.POINTER(ctypes.c_float)
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+        lib.cublasDestroy_v2.argtypes = [vp]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasGetProperty.argtypes = [i, ctypes.POINTER(i)]
+        lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, u64, i, i, u64, i, i, vp, u64, i, i, i, i]
+        lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, u64, i, u64, i, fp, u64, i]
+        version = []
+        for prop in (0, 1, 2):   # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            v = ctypes.c_int()
+            self.status("cublasGetProperty", lib.cublasGetProperty(prop, ctypes.byref(v)))
+            version.append(str(v.value))
+        self.version, self.path = ".".join(version), path
+        self.dtype = "fp16" if dev.major >= 7 else "fp32"
+        self.handle = vp()
+        self.status("cublasCreate_v2", lib.cublasCreate_v2(ctypes.byref(self.handle)))
+        self.stream = dev.stream()
+        self.status("cublasSetStream_v2", lib.cublasSetStream_v2(self.handle, self.stream))
+        size = 2 if self.dtype == "fp16" else 4
+        self.ab = [dev.alloc(self.n * self.n * size) for _ in range(2)]
+        self.out = [dev.alloc(self.n * self.n * 4) for _ in range(2)]
+        if None in self.ab + self.out:
+            self.free()
+            raise CudaError(2, "cuMemAlloc_v2 (the GEMM's operands)", "CUDA_ERROR_OUT_OF_MEMORY")
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.flops, self.out_bytes = 2 * self.n ** 3, self.n * self.n * 4
+
+    def status(self, what: str, rc: int) -> None:
+        if rc:
+            raise CudaError(rc, what, "CUBLAS_STATUS")
+
+    def fill(self, seed: int) -> None:
+        words = self.n * self.n // (2 if self.dtype == "fp16" else 1)
+        for k, ptr in enumerate(self.ab):
+            self.dev.rand(ptr, words, 2 * seed + k, self.dtype, self.stream)
+
+    def queue(self, c: int, count: int) -> None:
+        a, b, n = self.ab[0], self.ab[1], self.n
+        for _ in range(count):
+            if self.dtype == "fp16":
+                rc = self.lib.cublasGemmEx(self.handle, 0, 0, n, n, n, ctypes.byref(self.alpha), a, CUDA_R_16F, n,
+                                           b, CUDA_R_16F, n, ctypes.byref(self.beta), self.out[c], CUDA_R_32F, n,
+                                           CUBLAS_COMPUTE_32F, -1)   # CUBLAS_GEMM_DEFAULT: tensor cores where they are
+            else:
+                rc = self.lib.cublasSgemm_v2(self.handle, 0, 0, n, n, n, ctypes.byref(self.alpha), a, n, b, n,
+                                             ctypes.byref(self.beta), self.out[c], n)
+            self.status("cublasGemmEx" if self.dtype == "fp16" else "cublasSgemm_v2", rc)
 
     def free(self) -> None:
-        self.dev.lib.cuMemFree_v2(self.out)
+        for ptr in self.ab + self.out:
+            if ptr:
+                self.dev.lib.cuMemFree_v2(ptr)
+        if self.handle:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = None
+
+
+class MemMma:
+    """The soak's load without cuBLAS (:data:`MMA_PTX`): f16 tensor-core products of operands loaded
+    from a buffer of random values, refilled per seed; GEMM-like figures (flops counted as mma.sync's)."""
+
+    def __init__(self, dev: Device):
+        self.dev, self.dtype, self.version, self.path = dev, "fp16", None, None
+        self.grid, self.block = dev.sms * 4, 128
+        self.stream = dev.stream()
+        self.src = dev.alloc(MEM_WORDS * 4)
+        self.out = [dev.alloc(self.grid * self.block * 16) for _ in range(2)]
+        self.iters, self.out_bytes = 4096, self.grid * self.block * 16
+        self.flops = 2 * 16 * 8 * 16 * MMA_CHAINS * self.iters * self.grid * self.block // 32
+        if None in [self.src] + self.out:
+            self.free()
+            raise CudaError(2, "cuMemAlloc_v2 (mma_mem's buffers)", "CUDA_ERROR_OUT_OF_MEMORY")
+
+    def fill(self, seed: int) -> None:
+        self.dev.rand(self.src, MEM_WORDS, seed, "fp16", self.stream)
+
+    def queue(self, c: int, count: int) -> None:
+        for _ in range(count):   # every launch the same seeded sums: the last one's digested
+            self.dev.launch("mma_mem", self.grid, self.block, self.src, self.out[c], ctypes.c_uint32(self.iters),
+                            ctypes.c_uint32(MEM_WORDS - 1), stream=self.stream)
+
+    def free(self) -> None:
+        for ptr in [self.src] + self.out:
+            if ptr:
+                self.dev.lib.cuMemFree_v2(ptr)
+
+
+def pick_load(dev: Device, wanted: str):
+    """The soak's load: cuBLAS where the host has it, else :class:`MemMma` (compute capability 8.0
+    and later), else None (the integer workload): (load, why not a better one or None)."""
+    why = None
+    if wanted in ("auto", "cublas"):
+        lib, where = find_cublas()
+        if lib is not None:
+            try:
+                return Gemm(dev, lib, where), None
+            except CudaError as e:
+                why = f"cuBLAS {where}: {e}"
+        else:
+            why = where
+    if wanted != "integer" and "mma_mem" in dev.kernels:
+        return MemMma(dev), why
+    return None, why or dev.tensor or "the integer workload asked for"
+
+
+def soak_load(dev: Device, load, soak_s: float) -> dict:
+    """The load for ``soak_s`` seconds, with a concurrent HBM stream (device-to-device copies on a
+    stream of their own): batches of about BATCH_S, each seed's result digested (sha256 of the bytes
+    copied back) while the next batch runs, and every repeat of a seed compared with its first.
+    {"load", "dtype", "gemms", "tflops", "digest" (of the seeds' digests), "repeats", "differ",
+    "window": [start, end] (epoch s, for the power samples), ...}."""
+    if load is None:
+        return integer_soak(dev, soak_s)
+    hbm = [dev.alloc(HBM_BYTES) for _ in range(2)]
+    copies = dev.stream()
+    host = ctypes.c_void_p()
+    size = load.out_bytes
+    dev.call("cuMemHostAlloc", ctypes.byref(host), size, 0)
+    view = (ctypes.c_char * size).from_address(host.value)
+    first: dict[int, str] = {}
+    repeats = differ = 0
+    odd = None
+
+    looks = []
+
+    def look(c: int, seed: int) -> None:
+        nonlocal repeats, differ, odd
+        t = time.perf_counter()
+        dev.call("cuMemcpyDtoH_v2", host, load.out[c], size)
+        digest = hashlib.sha256(view).hexdigest()
+        looks.append(time.perf_counter() - t)
+        if seed not in first:
+            first[seed] = digest
+            return
+        repeats += 1
+        if digest != first[seed]:
+            differ += 1
+            odd = odd or f"seed {seed}: {first[seed][:16]} then {digest[:16]}"
+
+    # calibration: one batch of one, timed, sets the batch's size (and the HBM copies per batch)
+    load.fill(0)
+    load.queue(0, 1)
+    dev.sync_stream(load.stream)
+    t = time.perf_counter()
+    load.queue(0, 2)
+    dev.sync_stream(load.stream)
+    per = max((time.perf_counter() - t) / 2, 1e-4)
+    count = max(1, min(int(BATCH_S / per), 10000))
+    ncopy = 0
+    if None not in hbm:
+        t = time.perf_counter()
+        dev.call("cuMemcpyDtoDAsync_v2", hbm[1], hbm[0], HBM_BYTES, copies)
+        dev.sync_stream(copies)
+        ncopy = max(1, min(int(count * per / max(time.perf_counter() - t, 1e-5)), 2000))
+    # throughput from the card's own clock (events around each batch's launches): the host's
+    # scheduling (several cards' workers, the sampler) stays out of it
+    marks = [(dev.event(), dev.event()) for _ in range(2)]
+    busy, launches, copied = 0.0, 0, [0]
+
+    def queue(r: int) -> None:
+        c = r % 2
+        load.fill(r % GEMM_SEEDS)
+        dev.call("cuEventRecord", marks[c][0], load.stream)
+        load.queue(c, count)
+        dev.call("cuEventRecord", marks[c][1], load.stream)
+        if ncopy and dev.lib.cuStreamQuery(copies) == 0:   # the HBM stream idle: another round (never a backlog)
+            for k in range(ncopy):
+                dev.call("cuMemcpyDtoDAsync_v2", hbm[(k + 1) % 2], hbm[k % 2], HBM_BYTES, copies)
+            copied[0] += ncopy
+
+    def done(r: int) -> None:
+        nonlocal busy, launches
+        dev.call("cuEventSynchronize", marks[r % 2][1])
+        busy += dev.elapsed_s(*marks[r % 2])
+        launches += count
+        look(r % 2, r % GEMM_SEEDS)
+
+    # batch r is queued behind batch r - 1 before the host waits for r - 1 and digests its result:
+    # the card never waits for the host (a batch waiting on the host drew 594 W of 700 on an H100)
+    start, t0, r = time.time(), time.perf_counter(), 1
+    queue(0)
+    while True:
+        queue(r)
+        done(r - 1)
+        r += 1
+        if time.perf_counter() - t0 >= soak_s and r - 1 >= GEMM_SEEDS:   # every seed's result digested once at least
+            break
+    done(r - 1)
+    dev.sync_stream(copies)
+    took = time.perf_counter() - t0
+    end = time.time()
+    dev.call("cuMemFreeHost", host)
+    for ptr in hbm:
+        if ptr:
+            dev.lib.cuMemFree_v2(ptr)
+    digest = hashlib.sha256("".join(first[s] for s in sorted(first)).encode()).hexdigest()
+    return {"load": "cublas" if isinstance(load, Gemm) else "ptx", "dtype": load.dtype, "cublas": load.version,
+            "cublas_path": load.path, "sms": dev.sms, "launches": launches, "per_batch": count,
+            "hbm_copies": copied[0], "seconds": round(took, 1), "gpu_seconds": round(busy, 2),
+            "digest_s": round(max(looks), 3),
+            "tflops": round(launches * load.flops / busy / 1e12, 1) if busy > 0 else None,
+            "digest": digest, "seeds": len(first), "repeats": repeats, "differ": differ, "odd": odd,
+            "window": [start, end]}
+
+
+def integer_soak(dev: Device, soak_s: float) -> dict:
+    """The soak on a card with neither cuBLAS nor mma.sync (compute capability below 8.0 and no
+    cuBLAS): the integer workload, every launch compared with the first."""
+    n = dev.sms * 2048
+    out = dev.alloc(n * 4)
+    if out is None:
+        return {"error": "soak: no device memory"}
+    first = burn_once(dev, out, n, COMPUTE_ITERS)
+    start, t0, launches, differ = time.time(), time.monotonic(), 0, 0
+    while time.monotonic() - t0 < soak_s:
+        launches += 1
+        differ += burn_once(dev, out, n, COMPUTE_ITERS) != first
+    dev.lib.cuMemFree_v2(out)
+    return {"load": "integer", "dtype": "u32", "cublas": None, "sms": dev.sms, "launches": launches,
+            "seconds": round(time.monotonic() - t0, 1), "tflops": None, "repeats": launches, "differ": differ,
+            "digest": hashlib.sha256(first).hexdigest(), "odd": None, "window": [start, time.time()]}
 
 
 def worker(card: dict, opts: dict, conn) -> None:
@@ -773,7 +1189,7 @@ def worker(card: dict, opts: dict, conn) -> None:
         fig["pcie"] = pcie_pass(dev, card.get("pcie.link.gen.max"), card.get("pcie.link.width.max"),
                                 card.get("pcie.link.gen.current"), card.get("pcie.link.width.current"))
         fig["pcie"]["seconds"] = round(time.monotonic() - t, 2)
-        fig["compute"], fig["soak"] = compute_and_soak(dev, opts["soak_s"])
+        fig["compute"], fig["soak"], fig["gemm"] = compute_and_soak(dev, opts)
     except CudaError as e:
         fig["error"] = str(e)
         if e.code in LOST_CODES:
@@ -883,7 +1299,7 @@ def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dic
         now_rows = samples_of({u: by_uuid[u]["pci.bus_id"] for u in procs})
         for u, row in now_rows.items():
             if u in samples:
-                samples[u].append(row)
+                samples[u].append({**row, "t": round(time.time(), 2)})
         for u, (p, conn, deadline) in list(procs.items()):
             if conn.poll():
                 try:
@@ -921,12 +1337,25 @@ def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dic
         if not fig.get("lost") and not fig.get("hung"):
             after = health(u)
             fig["health"] = {"before": health0[u], "after": after, "worse": health_worse(health0[u], after)}
+        gemm = fig.pop("gemm", None) or {}
+        power = fig["power"] = power_of(rows, gemm.pop("window", None), c.get("power.limit"))
+        # watts are judged under cuBLAS's load only: the PTX and integer loads do not reach the cap
+        power["judged"] = gemm.get("load") == "cublas" and power.get("ratio") is not None and power["samples"] >= 3
+        if power.get("mean_w") and gemm.get("tflops"):
+            gemm["tflops_per_w"] = round(gemm["tflops"] / power["mean_w"], 4)
+        fig["gemm"] = gemm
         why = judge(c, fig, opts)
+        fig.pop("gemm")
         results[u] = {"index": c["index"], "bus_id": c["pci.bus_id"], "name": c["name"], "level": opts["level"],
                       "at": round(time.time()), "seconds": round(time.time() - started, 1), "passed": not why,
                       "failed": why, "figures": fig,
                       "key": {"driver": c["driver_version"], "memory_mib": c["memory.total"],
-                              "power_limit_w": c["power.limit"]}}
+                              "power_limit_w": c["power.limit"]},
+                      "schema": 2, "gemm": gemm, "power": fig.pop("power"), "flagged": []}
+    siblings({u: r for u, r in results.items() if "gemm" in r}, opts)
+    if opts.get("samples"):
+        with open(opts["samples"], "w") as f:
+            json.dump(samples, f, indent=None, sort_keys=True)
     for u, what in skipped.items():
         results[u] = {"busy": what}
     return results
@@ -1006,9 +1435,12 @@ def line(uuid: str, rec: dict) -> str:
     if rec.get("passed"):
         fig = rec.get("figures") or {}
         vram, pcie, soak = fig.get("vram") or {}, fig.get("pcie") or {}, fig.get("soak") or {}
+        gemm, power = rec.get("gemm") or {}, rec.get("power") or {}
         return (f"{head} passed in {rec.get('seconds')} s (VRAM {vram.get('mib')} MiB x {vram.get('patterns')}, "
                 f"PCIe {pcie.get('gbps')} GB/s = {pcie.get('ratio')} of its link, soak {soak.get('seconds')} s, "
-                f"max {soak.get('temp_max_c')} C)")
+                f"max {soak.get('temp_max_c')} C, {gemm.get('load')} {gemm.get('dtype')} {gemm.get('tflops')} TFLOPS, "
+                f"mean {power.get('mean_w')} W = {power.get('ratio')} of the cap)"
+                + "".join(f"; flagged: {f}" for f in rec.get("flagged") or []))
     return f"{head} FAILED: " + "; ".join(rec.get("failed") or ["?"]) + (" (cleared by the operator)" if rec.get("cleared") else "")
 
 
@@ -1026,6 +1458,12 @@ def main(argv=None) -> int:
     r.add_argument("--vram-fraction", type=float, default=0.9)
     r.add_argument("--pcie-min-ratio", type=float, default=0.25)
     r.add_argument("--throttle-max", type=float, default=0.25)
+    r.add_argument("--power-min-ratio", type=float, default=0.9, help="the soak's least mean draw, of the cap in force")
+    r.add_argument("--slow-flag-ratio", type=float, default=0.9, help="GEMM throughput of the siblings' median flagged below")
+    r.add_argument("--slow-quarantine-ratio", type=float, default=0.8, help="and failed below")
+    r.add_argument("--load", choices=("auto", "cublas", "ptx", "integer"), default="auto",
+                   help="the soak's load: cuBLAS where the host has it (auto), or the fallbacks (measuring them)")
+    r.add_argument("--samples", default=None, help="write the power samples here (JSON, per card)")
     r.add_argument("--timeout-s", type=float, default=None)
     r.add_argument("--xid-match", default=None)
     r.add_argument("--expect-mib", default="", help="UUID=MIB,... the memory each card should report")
@@ -1055,6 +1493,8 @@ def main(argv=None) -> int:
     opts = {"level": a.level, "patterns": a.patterns or level["patterns"],
             "soak_s": level["soak_s"] if a.soak_s is None else a.soak_s, "vram_fraction": a.vram_fraction,
             "pcie_min_ratio": a.pcie_min_ratio, "throttle_max": a.throttle_max, "timeout_s": a.timeout_s,
+            "power_min_ratio": a.power_min_ratio, "slow_flag_ratio": a.slow_flag_ratio,
+            "slow_quarantine_ratio": a.slow_quarantine_ratio, "load": a.load, "samples": a.samples,
             "xid_match": a.xid_match, "testing": a.testing,
             "expect_mib": {k: int(v) for k, _, v in (p.partition("=") for p in a.expect_mib.split(",") if p)}}
     found = run(opts, [u for u in a.cards.split(",") if u] or None)

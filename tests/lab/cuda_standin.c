@@ -13,7 +13,19 @@
  *   (compute capability 8: every card here reports 8.x) writes the sums a real card computes;
  * - `--lost-under-load S`: S seconds after the first kernel the card falls off the bus (Xid 79
  *   through `nvidia-smi sim xid 79 -i N --lost`), and every call fails with CUDA error 999;
- * - `--cuda-hang 1`: a kernel launch never returns (a wedged card).
+ * - `--cuda-hang 1`: a kernel launch never returns (a wedged card);
+ * - `rand` (the soak's random operands) computes its hash for real in real allocations and records
+ *   its seed in accounted ones; `mma_mem` (the soak's load without cuBLAS) writes sums derived
+ *   from its operands, so that each seed's result is the same at every repeat.
+ *
+ * Built with -DCUBLAS_STANDIN (and linked with this libcuda.so.1) it is instead the stand-in for
+ * libcublas.so.12, the calls rigup-burnin's soak makes (cublasCreate_v2, cublasGemmEx, ...): a GEMM
+ * takes the time of 2 n^3 flops at 100 TFLOPS and its result is a digest of its operands' seeds
+ * (lab_gemm below), and while a handle lives the card draws its power cap (`nvidia-smi sim set
+ * --draw`). Faults per card, from the file $RIGUP_LAB_CUBLAS_FAULTS (default
+ * /etc/rigup-lab/cublas-faults), one line each: `INDEX wrong` (a result off in one word: another
+ * digest), `INDEX slow F` (each GEMM F times as long), `INDEX draw R` (draws R of its cap).
+ *   gcc -shared -fPIC -DCUBLAS_STANDIN -o libcublas.so.12 cuda_standin.c -L DIR -l:libcuda.so.1
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -26,6 +38,130 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
+
+#ifdef CUBLAS_STANDIN
+/* ---------------------------------------------------------------- libcublas.so.12 */
+/* the card's faults of $RIGUP_LAB_CUBLAS_FAULTS: wrong, slow factor, draw ratio */
+struct blas_fault {
+    int wrong;
+    double slow, draw;
+};
+
+static void blas_fault(int index, struct blas_fault *f) {
+    const char *path = getenv("RIGUP_LAB_CUBLAS_FAULTS");
+    char line[256], what[32];
+    int i;
+    double v;
+    FILE *fp = fopen(path && *path ? path : "/etc/rigup-lab/cublas-faults", "r");
+    *f = (struct blas_fault){0, 1.0, 1.0};
+    if (!fp)
+        return;
+    while (fgets(line, sizeof line, fp)) {
+        int got = sscanf(line, "%d %31s %lf", &i, what, &v);
+        if (got < 2 || i != index)
+            continue;
+        if (!strcmp(what, "wrong"))
+            f->wrong = 1;
+        else if (!strcmp(what, "slow") && got == 3 && v > 0)
+            f->slow = v;
+        else if (!strcmp(what, "draw") && got == 3 && v >= 0)
+            f->draw = v;
+    }
+    fclose(fp);
+}
+
+int lab_gemm(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, double seconds, int wrong);   /* in libcuda.so.1 */
+int lab_card_index(void);
+
+struct handle {
+    int index;
+    double idle_w;
+    struct blas_fault fault;
+};
+
+static void sim_draw(int index, double watts) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "nvidia-smi sim set -i %d --draw %.1f >/dev/null 2>&1", index, watts);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cublas stand-in: %s failed\n", cmd);
+}
+
+int cublasCreate_v2(void **out) {
+    struct handle *h = calloc(1, sizeof *h);
+    char cmd[160], line[128];
+    double cap = 0;
+    FILE *f;
+    if (!h)
+        return 3;   /* CUBLAS_STATUS_ALLOC_FAILED */
+    h->index = lab_card_index();
+    if (h->index < 0) {
+        free(h);
+        return 1;   /* CUBLAS_STATUS_NOT_INITIALIZED */
+    }
+    blas_fault(h->index, &h->fault);
+    snprintf(cmd, sizeof cmd, "nvidia-smi -i %d --query-gpu=power.draw,power.limit --format=csv,noheader,nounits", h->index);
+    if ((f = popen(cmd, "r"))) {
+        if (fgets(line, sizeof line, f) && sscanf(line, "%lf , %lf", &h->idle_w, &cap) == 2 && cap > 0)
+            sim_draw(h->index, cap * h->fault.draw);
+        pclose(f);
+    }
+    *out = h;
+    return 0;
+}
+
+int cublasDestroy_v2(void *handle) {
+    struct handle *h = handle;
+    if (h && h->idle_w > 0)
+        sim_draw(h->index, h->idle_w);
+    free(h);
+    return 0;
+}
+
+int cublasSetStream_v2(void *handle, void *stream) {
+    (void)handle; (void)stream;
+    return 0;
+}
+
+int cublasGetProperty(int type, int *value) {
+    static const int version[] = {12, 4, 5};
+    if (type < 0 || type > 2)
+        return 7;   /* CUBLAS_STATUS_INVALID_VALUE */
+    *value = version[type];
+    return 0;
+}
+
+static int gemm(void *handle, int m, int n, int k, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c) {
+    struct handle *h = handle;
+    double s = 2.0 * m * n * k / 100e12 * h->fault.slow;
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    int rc = lab_gemm(a, b, c, s, h->fault.wrong);
+    nanosleep(&ts, NULL);
+    return rc ? 14 : 0;   /* CUBLAS_STATUS_INTERNAL_ERROR */
+}
+
+int cublasGemmEx(void *handle, int ta, int tb, int m, int n, int k, const void *alpha, CUdeviceptr a, int at, int lda,
+                 CUdeviceptr b, int bt, int ldb, const void *beta, CUdeviceptr c, int ct, int ldc, int compute, int algo) {
+    (void)ta; (void)tb; (void)alpha; (void)at; (void)lda; (void)bt; (void)ldb; (void)beta; (void)ct; (void)ldc;
+    (void)compute; (void)algo;
+    return gemm(handle, m, n, k, a, b, c);
+}
+
+int cublasSgemm_v2(void *handle, int ta, int tb, int m, int n, int k, const float *alpha, CUdeviceptr a, int lda,
+                   CUdeviceptr b, int ldb, const float *beta, CUdeviceptr c, int ldc) {
+    (void)ta; (void)tb; (void)alpha; (void)lda; (void)ldb; (void)beta; (void)ldc;
+    return gemm(handle, m, n, k, a, b, c);
+}
+#else
+
+static unsigned fmix(unsigned x) {   /* rigup-burnin's rand_word, less the mask */
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    x ^= x >> 16;
+    return x;
+}
+
 
 #define MAXDEV 16
 #define MAXALLOC 4096
@@ -55,6 +191,7 @@ static int nallocs;
 static CUdeviceptr next_ptr = 0x7f0000000000ull;
 static size_t used_bytes;
 static double first_kernel = -1;
+static double card_clock;   /* the card's own time (s): each kernel and GEMM adds its nominal duration; events read it */
 static void *pinned[64];
 static size_t pinned_size[64];
 
@@ -148,14 +285,14 @@ CUresult cuDeviceGetAttribute(int *value, int attr, int dev) {
 
 CUresult cuModuleLoadData(void **module, const void *image) {
     *module = strstr((const char *)image, ".entry burn") ? (void *)1 :
-              strstr((const char *)image, ".entry mma_burn") ? (void *)2 : NULL;
+              strstr((const char *)image, ".entry mma_mem") ? (void *)2 : NULL;
     return *module ? 0 : 218;   /* CUDA_ERROR_INVALID_PTX */
 }
 
 CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
     (void)module;
     *fn = !strcmp(name, "fill") ? (void *)1 : !strcmp(name, "check") ? (void *)2 : !strcmp(name, "burn") ? (void *)3 :
-          !strcmp(name, "mma_burn") ? (void *)4 : NULL;
+          !strcmp(name, "mma_mem") ? (void *)4 : !strcmp(name, "rand") ? (void *)5 : NULL;
     return *fn ? 0 : 500;   /* CUDA_ERROR_NOT_FOUND */
 }
 
@@ -232,15 +369,15 @@ static CUresult copy(void *dst, const void *src, size_t size, struct alloc *a, i
     if (!a)
         return 1;
     if (is_pinned(to_device ? src : dst)) {
-        link_time(size);    /* the measured path: timed as the link, the bytes not moved */
-        return 0;
+        link_time(size);    /* the measured path: timed as the link */
+        if (!a->filled)     /* the PCIe pass's buffer: the bytes not moved */
+            return 0;
     }
-    if (a->real) {
-        if (to_device)
-            memcpy(dst, src, size);
-        else
-            memcpy(dst, src, size);
-    }
+    if (a->real)
+        memcpy(dst, src, size);
+    else if (!to_device && a->filled)   /* an accounted allocation: the words its seed stands for */
+        for (size_t i = 0; i < size / 4; i++)
+            ((unsigned *)dst)[i] = a->seed ^ (unsigned)i * 0x9E3779B1u;
     return 0;
 }
 
@@ -320,13 +457,27 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
         }
         return gone();
     }
-    if (fn == (void *)4) {                       /* mma_burn: (out, iters): 4 floats a thread, iters * 4 / 16 each */
-        CUdeviceptr ptr = *(CUdeviceptr *)params[0];
-        unsigned iters = *(unsigned *)params[1], n = gx * bx * 4;
-        if (!(a = find(ptr)) || !a->real || a->size < (size_t)n * 4)
+    if (fn == (void *)4) {                       /* mma_mem: (src, out, iters, mask): 4 floats a thread */
+        struct alloc *src = find(*(CUdeviceptr *)params[0]);
+        unsigned iters = *(unsigned *)params[2], mask = *(unsigned *)params[3], n = gx * bx * 4;
+        if (!src || !src->real || !(a = find(*(CUdeviceptr *)params[1])) || !a->real || a->size < (size_t)n * 4)
             return 700;
         for (unsigned i = 0; i < n; i++)
-            ((float *)a->real)[i] = (float)iters / 4.0f;
+            ((float *)a->real)[i] = (float)(((unsigned *)src->real)[(i * 6) & mask] & 0xFFFF) * (float)iters;
+        nanosleep(&(struct timespec){0, 5000000}, NULL);   /* a launch takes 5 ms, on the card's clock too */
+        card_clock += 0.005;
+        return gone();
+    }
+    if (fn == (void *)5) {                       /* rand: (ptr, n, seed, mask, bits) */
+        unsigned long long n = *(unsigned long long *)params[1];
+        unsigned seed = *(unsigned *)params[2], mask = *(unsigned *)params[3], bits = *(unsigned *)params[4];
+        if (!(a = find(*(CUdeviceptr *)params[0])) || n * 4 > a->size)
+            return 700;
+        a->seed = seed;
+        a->filled = 1;
+        if (a->real)
+            for (unsigned long long i = 0; i < n; i++)
+                ((unsigned *)a->real)[i] = (fmix((unsigned)i + seed * 0x9E3779B9u) & mask) | bits;
         return gone();
     }
     return 400;   /* CUDA_ERROR_INVALID_HANDLE */
@@ -335,3 +486,71 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
 CUresult cuCtxSynchronize(void) {
     return gone();
 }
+
+/* ---------------------------------------------------------------- for the cuBLAS stand-in */
+int lab_card_index(void) {
+    return cur >= 0 ? cards[cur].index : -1;
+}
+
+/* C = A B, as a digest of the operands' seeds (accounted allocations) or of their first words (real
+ * ones); ``wrong``: one bit off */
+int lab_gemm(CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, double seconds, int wrong) {
+    struct alloc *pa = find(a), *pb = find(b), *pc = find(c);
+    unsigned sa, sb;
+    if (!pa || !pb || !pc || gone())
+        return 1;
+    card_clock += seconds;
+    sa = pa->real ? *(unsigned *)pa->real : pa->seed;
+    sb = pb->real ? *(unsigned *)pb->real : pb->seed;
+    pc->seed = fmix(sa * 31u + sb) ^ (wrong ? 1u : 0u);
+    pc->filled = 1;
+    if (pc->real)
+        for (size_t i = 0; i < pc->size / 4; i++)
+            ((unsigned *)pc->real)[i] = pc->seed ^ (unsigned)i * 0x9E3779B1u;
+    return 0;
+}
+
+CUresult cuStreamCreate(void **stream, unsigned flags) {
+    static uintptr_t next = 0x100;
+    (void)flags;
+    *stream = (void *)next++;
+    return 0;
+}
+
+CUresult cuStreamSynchronize(void *stream) {
+    (void)stream;
+    return gone();
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t size, void *stream) {
+    (void)stream;
+    if (!find(dst) || !find(src) || size > find(dst)->size)
+        return 1;
+    return gone();
+}
+CUresult cuEventCreate(void **event, unsigned flags) {
+    (void)flags;
+    *event = calloc(1, sizeof(double));
+    return *event ? 0 : 2;
+}
+
+CUresult cuEventRecord(void *event, void *stream) {
+    (void)stream;
+    *(double *)event = card_clock;
+    return gone();
+}
+
+CUresult cuEventElapsedTime(float *ms, void *start, void *end) {
+    *ms = (float)((*(double *)end - *(double *)start) * 1000);
+    return gone();
+}
+CUresult cuEventSynchronize(void *event) {
+    (void)event;
+    return gone();
+}
+
+CUresult cuStreamQuery(void *stream) {   /* every call here has finished when it returns */
+    (void)stream;
+    return gone();
+}
+#endif

@@ -28,7 +28,8 @@ DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_rete
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH."""
+    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH (and
+    in blas/, libcublas.so.12, for the tests that give the host cuBLAS)."""
     if not shutil.which("gcc"):
         pytest.skip("gcc is not installed (make test installs it)")
     tmp = tmp_path_factory.mktemp("burnin")
@@ -36,6 +37,10 @@ def sim(tmp_path_factory):
     (tmp / "lib").mkdir()
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp / "lib/libcuda.so.1"),
                     str(LAB / "cuda_standin.c")], check=True)
+    (tmp / "blas").mkdir()
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-DCUBLAS_STANDIN", "-o",
+                    str(tmp / "blas/libcublas.so.12"), str(LAB / "cuda_standin.c"), "-L", str(tmp / "lib"),
+                    "-l:libcuda.so.1"], check=True)
     smi = tmp / "bin/nvidia-smi"
     smi.write_text(f"#!/bin/sh\nexec {sys.executable} {LAB / 'nvidia_smi.py'} \"$@\"\n")
     smi.chmod(0o755)
@@ -48,8 +53,8 @@ def sim(tmp_path_factory):
     return tmp, env
 
 
-def burnin(sim, *args):
-    tmp, env = sim
+def burnin(sim, *args, env=None):
+    tmp, env = sim[0], env or sim[1]
     prelude = "import sys, runpy; sys.modules['pyinfra'] = None; sys.argv = ['rigup-burnin'] + sys.argv[1:]; " \
               f"runpy.run_path({str(ROOT / 'roles/burnin/acceptance.py')!r}, run_name='__main__')"
     return subprocess.run([sys.executable, "-c", prelude, *args, "--results", str(tmp / "records.json")],
@@ -68,9 +73,11 @@ def test_the_acceptance_run_finds_each_fault_through_its_own_ctypes_code(sim):
     found = json.loads((tmp / "run.json").read_text())
     by_index = {r["index"]: r for r in found.values()}
     assert by_index[0]["passed"] and by_index[0]["figures"]["compute"]["wrong"] == 0
-    tensor = by_index[0]["figures"]["soak"]["tensor"]    # compute capability 8: the tensor-core load ran, checked
-    print("soak's tensor-core load:", tensor)
-    assert tensor["launches"] >= 2 and tensor["wrong"] == 0 and 256 <= tensor["iters"] <= acceptance.TENSOR_ITERS_MAX
+    gemm = by_index[0]["gemm"]    # no cuBLAS here, compute capability 8: the PTX tensor-core load ran, digested
+    print("soak's load:", gemm)
+    assert gemm["load"] == "ptx" and gemm["differ"] == 0 and gemm["seeds"] == acceptance.GEMM_SEEDS
+    assert gemm["why"].startswith("no cuBLAS: ") and by_index[0]["schema"] == 2
+    assert by_index[0]["power"]["judged"] is False    # the PTX load does not reach the cap: its watts are not judged
     assert by_index[0]["figures"]["vram"]["mib"] == 73728 and by_index[0]["figures"]["pcie"]["ratio"] > 0.25
     assert by_index[1]["failed"] == ["VRAM: 14 mismatched words (73728 MiB, 1 pattern(s) and their inverses)"]
     assert by_index[2]["failed"][0].startswith("PCIe: ") and "its x16 Gen4 link allows (link now x1 Gen4" in by_index[2]["failed"][0]
@@ -101,7 +108,7 @@ def test_pure_parts():
          "the driver asks for recovery: GPU Reset"]
     assert ".entry fill" in acceptance.PTX and ".entry check" in acceptance.PTX and ".entry burn" in acceptance.PTX
     assert ".target sm_80" in acceptance.MMA_PTX and acceptance.MMA_PTX.count("mma.sync.aligned.m16n8k16") == \
-        acceptance.MMA_CHAINS and "@VALUE@" not in acceptance.MMA_PTX
+        acceptance.MMA_CHAINS and "@STEP@" not in acceptance.MMA_PTX and ".entry rand" in acceptance.PTX
     assert acceptance.TESTING == BURNIN_TESTING
 
 
@@ -230,39 +237,32 @@ def test_facts_status_and_refusals():
     assert refused.what == "vllm_instances.glm.gpus names GPU 2 (GPU-2)" and "VRAM: 12" in refused.why
 
 
-class FakeCard:
-    """What Tensor asks of a Device: a launch records its iters; a copy back answers each sum as
-    ``answer(iters)`` gives it (the exact one, or not)."""
-
-    def __init__(self, answer):
-        self.sms, self.answer, self.iters, self.freed = 2, answer, None, False
-        self.lib = type("Lib", (), {"cuMemFree_v2": lambda _, ptr: setattr(self, "freed", True)})()
-
-    def alloc(self, size):
-        return 1
-
-    def launch(self, name, grid, block, out, iters):
-        self.iters = iters.value
-
-    def call(self, name, buf, out, size):
-        import struct
-        buf.raw = struct.pack("<f", self.answer(self.iters)) * (size // 4)
-
-
-def test_the_tensor_load_checks_every_sum_and_leaves_itself_out_when_its_first_answer_is_off():
-    """The soak's tensor-core load: a card that answers the exact sums is loaded and checked; one
-    whose first launch is off everywhere (this kernel on that card, not yet run on every kind) has it
-    left out, naming why (the integer check still judges the card); a wrong answer after a right
-    first one counts against the card."""
-    exact = acceptance.Tensor(FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16))
-    exact.launch()
-    exact.check()
-    assert exact.unsure is None and exact.wrong == 0 and exact.launches >= 2
-    off = acceptance.Tensor(FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16 + 1))
-    assert off.unsure == f"mma_burn's first launch gave {off.floats} of {off.floats} sums off: left out"
-    later = FakeCard(lambda n: n * acceptance.MMA_CHAINS / 16)
-    tensor = acceptance.Tensor(later)
-    later.answer = lambda n: 0.0
-    tensor.launch()
-    tensor.check()
-    assert tensor.unsure is None and tensor.wrong == tensor.floats
+def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctypes_code(sim):
+    """With the host's cuBLAS (the stand-in libcublas.so.12, loaded by the program as the real one):
+    a card that computes another digest, one that runs at 0.6x and one that draws 0.7 of its cap
+    are each failed, naming why; one that runs at 0.85x is flagged; the rest pass."""
+    tmp, env = sim
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
+    (tmp / "faults").write_text("1 wrong\n2 slow 1.667\n3 draw 0.7\n")
+    subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
+    run = burnin(sim, "run", "--level", "quick", "--soak-s", "2", "--metrics", str(tmp / "m.prom"), "--testing",
+                 str(tmp / "testing.json"), "--json", str(tmp / "blas.json"), "--samples", str(tmp / "samples.json"),
+                 env=env)
+    print(run.stdout, run.stderr)
+    found = {r["index"]: r for r in json.loads((tmp / "blas.json").read_text()).values()}
+    assert found[0]["passed"] and found[0]["failed"] == [] and found[0]["flagged"] == []
+    gemm = found[0]["gemm"]
+    assert (gemm["load"], gemm["dtype"], gemm["cublas"], gemm["tflops"]) == ("cublas", "fp16", "12.4.5", 100.0)
+    assert found[0]["power"]["judged"] and found[0]["power"]["ratio"] == 1.0 and found[0]["power"]["cap_w"] == 400.0
+    assert found[0]["key"] == {"driver": "580.105.08", "memory_mib": 81920, "power_limit_w": 400.0}
+    assert [w.split(":")[0] for w in found[1]["failed"]] == ["GEMM"] and "differs from" in found[1]["failed"][0] \
+        and gemm["digest"][:16] in found[1]["failed"][0]
+    assert found[2]["failed"] == ["GEMM: 60.0 TFLOPS, 0.60 of its siblings' median (at least 0.80 wanted): a slow card"]
+    assert found[3]["failed"][0].startswith("soak: mean draw 280 W, 0.70 of the 400 W cap in force")
+    assert set(json.loads((tmp / "samples.json").read_text())) == set(json.loads((tmp / "blas.json").read_text()))
+    (tmp / "faults").write_text("2 slow 1.18\n")
+    run = burnin(sim, "run", "--level", "quick", "--soak-s", "1", "--metrics", str(tmp / "m.prom"), "--testing",
+                 str(tmp / "testing.json"), "--json", str(tmp / "blas.json"), env=env)
+    found = {r["index"]: r for r in json.loads((tmp / "blas.json").read_text()).values()}
+    assert run.returncode == 0 and found[2]["passed"] and \
+        found[2]["flagged"] == ["GEMM: 84.7 TFLOPS, 0.85 of its siblings' median (below 0.90: watch it)"]
