@@ -34,7 +34,9 @@ def built(dir: str, build_id: str, script: str):
     yield from files.put._inner(src=StringIO(script), dest=path, mode="755")
     start = start_command(BUILD_UNIT, q(path), build_log(dir, build_id), state["systemd"],
                           unless=build_stamp(dir, build_id))
-    yield f"mkdir -p {q(dir + '/builds')} && {{ {start}; }}"
+    # a stamp that did not read (facts.py: unreadable) vouches for nothing: built again
+    forget = f"rm -f {q(build_stamp(dir, build_id))} && " if build_id in state.get("unreadable", {}) else ""
+    yield f"{forget}mkdir -p {q(dir + '/builds')} && {{ {start}; }}"
 
 
 def build_log(dir: str, build_id: str) -> str:
