@@ -361,7 +361,8 @@ def xid_metrics(state: dict, cards: list[dict]) -> list[str]:
     known = state.get("cards") or {}
     counts = [(bus, cls, n) for bus, card in sorted(known.items()) for cls, n in sorted((card.get("counts") or {}).items())]
     suspect = [(bus, 1 if card.get("suspect") else 0) for bus, card in sorted(known.items())]
-    slow = [(bus, card["link"]) for bus, card in sorted(known.items()) if isinstance(card.get("link"), dict)]
+    slow = [(bus, card["link"]) for bus, card in sorted(known.items())   # a gen that is no int would be no sample
+            if isinstance(card.get("link"), dict) and type(card["link"].get("gen")) is int]
     lines = []
     if counts:
         lines += ["# HELP rigup_gpu_xid_events Xid events of the card this boot, by class (rigup/gpu/xid.yml)",

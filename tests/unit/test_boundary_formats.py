@@ -299,6 +299,9 @@ def test_a_bus_id_with_a_quote_and_a_newline_stays_one_label_in_every_exposition
                                                   "seen": {BUS: {"index": 'x"\n'}}}, [])) + "\n")
     assert [(n, s["bus"], s["gpu"]) for n, s, _ in xid] == [("rigup_gpu_xid_events", BUS, 'x"\n'),
                                                              ("rigup_gpu_suspect", BUS, 'x"\n')]
+    links = {BUS: {"link": {"gen": 3, "gen_max": '4"\n'}}, "b": {"link": {"gen": "3\nrigup_gpu_guard_tripped 1"}}}
+    slow = [x for x in exposition("\n".join(guard.xid_metrics({"cards": links}, [])) + "\n") if "pcie" in x[0]]
+    assert slow == [("rigup_gpu_pcie_gen_under_load", {"bus": BUS, "gpu": "", "max": '4"\n'}, "3")]
     path = tmp_path / "burnin.prom"
     acceptance.write_metrics(str(path), {"GPU-1": {"passed": False, "bus_id": BUS, "level": "x\\", "seconds": "1\nevil 2"}})
     burnin = exposition(path.read_text())
