@@ -18,9 +18,9 @@ from pathlib import Path
 from pyinfra.api import FactBase, OperationError
 
 from rigup import bench, yamlfile
-from rigup.boundary.formats import yaml_text
 from rigup.boundary import fields, results
 from rigup.boundary.core import Unreadable
+from rigup.boundary.formats import yaml_text
 from rigup.config import ROOT
 from rigup.text import say, shown
 from rigup.units import systemd_env_split, systemd_split

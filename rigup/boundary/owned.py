@@ -277,12 +277,14 @@ CROSSINGS = (
     Crossing("a file named by configuration (a key file, a netrc, a site directory's YAML)",
              "its owner, and whoever can write a directory on its path",
              "rigup/boundary/owned.py:read",
-             "rigup/secrets.py:controller_token, roles/vllm/command.py:netrc_text, rigup/config.py:load_yaml"),
+             "rigup/secrets.py:controller_token, roles/vllm/command.py:netrc_text, rigup/config.py:load_yaml, "
+             "roles/model_fetch/hub.py:token, roles/model_fetch/checks.py:check_endpoint"),
     Crossing("a directory named by configuration (the artifact cache, the site directory)",
              "its owner, and whoever can write a directory on its path",
              "rigup/boundary/owned.py:directory", "roles/llama_cpp/artifact.py:cache_dir, rigup/config.py:site_dir"),
-    Crossing("an API key or token in a file on the controller (fleet_api_key_src, model_fetch_share_token_src)",
-             "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token"),
+    Crossing("an API key or token in a file on the controller (fleet_api_key_src, model_fetch_share_token_src, "
+             "model_fetch_hf_token_src)",
+             "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token, roles/model_fetch/hub.py:token"),
     Crossing("a netrc on the controller (vllm_netrc_src)", "the operator", "rigup/boundary/owned.py:netrc",
              "roles/vllm/command.py:netrc_text"),
 )

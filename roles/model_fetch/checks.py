@@ -6,7 +6,8 @@ any byte, from its own probe.
     check_config    an entry of models that is wrong, by key path (or that the hub answered
                     something hostile for: roles/model_fetch/hub.py)
     check_endpoint  hf_endpoint that is not an https:// URL (http:// only with hf_endpoint_insecure,
-                    never with a token)
+                    never with a token); a model_fetch_hf_token_src another user could have
+                    written (rigup/boundary/owned.py), or that holds no token
     check_dest      a dest inside rigup's own directories or holding one, shared by two models, or
                     inside another model's
     check_disk      a model (size_gib) larger than the free disk where it goes; the files of
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING
 
 import re
 
+from rigup.boundary.core import Unreadable
 from rigup.models import hub_endpoint, models
 from rigup.names import TEXTFILE_DIR, revision_dir
 from rigup.refusal import Refusal, config_refusals
+from roles.model_fetch.hub import token
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -58,6 +61,11 @@ def check_endpoint(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     if insecure and data.get("model_fetch_hf_token_src"):
         return config_refusals([("hf_endpoint_insecure", "true with model_fetch_hf_token_src: a token is never "
                                                          "sent to a hub that may be http://; drop one of them")])
+    if data.get("model_fetch_hf_token_src"):
+        try:
+            token(data)
+        except Unreadable as e:   # another user could have written it, or it is no token
+            return config_refusals([("model_fetch_hf_token_src", e.why)])
     return []
 
 

@@ -38,6 +38,7 @@ import json
 import os
 from pathlib import Path
 
+from rigup.boundary import owned
 from rigup.boundary.core import Unreadable
 from rigup.boundary.hosttext import gguf_figures, hub_listing
 from rigup.entries import normalise
@@ -65,8 +66,9 @@ def token(data: Config) -> str | None:
     ``hf_endpoint_insecure`` (a token never travels in clear; preflight refuses a token file with it)."""
     if data.get("hf_endpoint_insecure") is True:
         return None
-    if data.get("model_fetch_hf_token_src"):
-        return Path(data["model_fetch_hf_token_src"]).read_text()
+    if data.get("model_fetch_hf_token_src"):   # only a file no other user could have written, a token alone
+        return owned.key(owned.read(data["model_fetch_hf_token_src"], "model_fetch_hf_token_src", secret=True),
+                         "model_fetch_hf_token_src")
     from huggingface_hub import get_token
 
     return get_token()

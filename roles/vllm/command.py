@@ -10,8 +10,8 @@ import json
 import re
 from pathlib import Path
 
-from rigup.boundary import owned
 from rigup.boundary.formats import env_file_line, systemd_quote, unit_comment
+from rigup.boundary import owned
 from rigup.config import Config, ConfigError, GIT_URL, ROOT
 from rigup.contract import flag_args
 from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name

@@ -118,8 +118,27 @@ def test_token_order(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")
     assert hub_module.token({"model_fetch_hf_token_src": None}) == "hf_from_env"
     src = tmp_path / "token"
-    src.write_text("hf_from_file\n")
-    assert hub_module.token({"model_fetch_hf_token_src": str(src)}) == "hf_from_file\n"
+    src.write_text("hf_from_file_0123456789\n")
+    src.chmod(0o600)
+    assert hub_module.token({"model_fetch_hf_token_src": str(src)}) == "hf_from_file_0123456789"
+
+
+def test_a_token_file_another_user_could_write_or_read_is_refused_naming_the_key(tmp_path):
+    """model_fetch_hf_token_src is used only as ssh's StrictModes would (rigup/boundary/owned.py):
+    a token file others may read or write, or one holding no token, is refused at preflight."""
+    from roles.model_fetch.checks import check_endpoint
+
+    src = tmp_path / "token"
+    src.write_text("hf_from_file_0123456789\n")
+    for mode, said in ((0o644, "chmod 600"), (0o620, "chmod 600")):
+        src.chmod(mode)
+        refused = check_endpoint({}, {}, {"hf_endpoint": "https://hub.test", "model_fetch_hf_token_src": str(src)})
+        print(f"\n{oct(mode)}: {refused[0].why}")
+        assert len(refused) == 1 and refused[0].what == "model_fetch_hf_token_src" and said in refused[0].why
+    src.write_text("hf token\noutput = /etc/x\n")
+    src.chmod(0o600)
+    refused = check_endpoint({}, {}, {"hf_endpoint": "https://hub.test", "model_fetch_hf_token_src": str(src)})
+    assert "not a key" in refused[0].why and "/etc/x" not in refused[0].why
 
 
 def test_entries_that_need_no_hub_are_not_asked():
