@@ -683,6 +683,10 @@ class CudaError(Exception):
         self.code = code
 
 
+class BlasError(CudaError):
+    """cuBLAS refused a call (its status): the host's cuBLAS, not the card."""
+
+
 LOST_CODES = {101, 999, 700, 719, 46, 3, 4}   # invalid device, unknown, illegal address, launch failed, busy, not initialised, deinitialised
 
 
@@ -975,7 +979,17 @@ class Gemm:
 
     def status(self, what: str, rc: int) -> None:
         if rc:
-            raise CudaError(rc, what, "CUBLAS_STATUS")
+            raise BlasError(rc, what, "CUBLAS_STATUS")
+
+    def trial(self) -> None:
+        """One GEMM: a cuBLAS that does not run on this card (cuBLAS 13 dropped compute capability
+        below 7.5) says so here, and the soak takes the next load; the card is not failed for it."""
+        try:
+            self.fill(0)
+            self.queue(0, 1)
+        except BlasError:
+            self.free()
+            raise
 
     def fill(self, seed: int) -> None:
         words = self.n * self.n // (2 if self.dtype == "fp16" else 1)
@@ -1041,8 +1055,10 @@ def pick_load(dev: Device, wanted: str):
         lib, where = find_cublas()
         if lib is not None:
             try:
-                return Gemm(dev, lib, where), None
-            except CudaError as e:
+                gemm = Gemm(dev, lib, where)
+                gemm.trial()
+                return gemm, None
+            except (BlasError, AttributeError) as e:   # AttributeError: an entry point it lacks
                 why = f"cuBLAS {where}: {e}"
         else:
             why = where

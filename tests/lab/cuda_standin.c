@@ -24,7 +24,8 @@
  * (lab_gemm below), and while a handle lives the card draws its power cap (`nvidia-smi sim set
  * --draw`). Faults per card, from the file $RIGUP_LAB_CUBLAS_FAULTS (default
  * /etc/rigup-lab/cublas-faults), one line each: `INDEX wrong` (a result off in one word: another
- * digest), `INDEX slow F` (each GEMM F times as long), `INDEX draw R` (draws R of its cap).
+ * digest), `INDEX slow F` (each GEMM F times as long), `INDEX draw R` (draws R of its cap),
+ * `INDEX refuse` (every GEMM answers CUBLAS_STATUS_ARCH_MISMATCH: a cuBLAS too new for the card).
  *   gcc -shared -fPIC -DCUBLAS_STANDIN -o libcublas.so.12 cuda_standin.c -L DIR -l:libcuda.so.1
  */
 #define _GNU_SOURCE
@@ -43,7 +44,7 @@ typedef unsigned long long CUdeviceptr;
 /* ---------------------------------------------------------------- libcublas.so.12 */
 /* the card's faults of $RIGUP_LAB_CUBLAS_FAULTS: wrong, slow factor, draw ratio */
 struct blas_fault {
-    int wrong;
+    int wrong, refuse;
     double slow, draw;
 };
 
@@ -53,7 +54,7 @@ static void blas_fault(int index, struct blas_fault *f) {
     int i;
     double v;
     FILE *fp = fopen(path && *path ? path : "/etc/rigup-lab/cublas-faults", "r");
-    *f = (struct blas_fault){0, 1.0, 1.0};
+    *f = (struct blas_fault){0, 0, 1.0, 1.0};
     if (!fp)
         return;
     while (fgets(line, sizeof line, fp)) {
@@ -62,6 +63,8 @@ static void blas_fault(int index, struct blas_fault *f) {
             continue;
         if (!strcmp(what, "wrong"))
             f->wrong = 1;
+        else if (!strcmp(what, "refuse"))
+            f->refuse = 1;
         else if (!strcmp(what, "slow") && got == 3 && v > 0)
             f->slow = v;
         else if (!strcmp(what, "draw") && got == 3 && v >= 0)
@@ -134,7 +137,10 @@ static int gemm(void *handle, int m, int n, int k, CUdeviceptr a, CUdeviceptr b,
     struct handle *h = handle;
     double s = 2.0 * m * n * k / 100e12 * h->fault.slow;
     struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
-    int rc = lab_gemm(a, b, c, s, h->fault.wrong);
+    int rc;
+    if (h->fault.refuse)
+        return 8;   /* CUBLAS_STATUS_ARCH_MISMATCH: this cuBLAS does not run on the card */
+    rc = lab_gemm(a, b, c, s, h->fault.wrong);
     nanosleep(&ts, NULL);
     return rc ? 14 : 0;   /* CUBLAS_STATUS_INTERNAL_ERROR */
 }

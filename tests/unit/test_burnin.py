@@ -260,9 +260,12 @@ def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctype
     assert found[2]["failed"] == ["GEMM: 60.0 TFLOPS, 0.60 of its siblings' median (at least 0.80 wanted): a slow card"]
     assert found[3]["failed"][0].startswith("soak: mean draw 280 W, 0.70 of the 400 W cap in force")
     assert set(json.loads((tmp / "samples.json").read_text())) == set(json.loads((tmp / "blas.json").read_text()))
-    (tmp / "faults").write_text("2 slow 1.18\n")
+    # a card this cuBLAS refuses takes the PTX load, and is not failed for it; one at 0.85x is flagged
+    (tmp / "faults").write_text("2 slow 1.18\n0 refuse\n")
     run = burnin(sim, "run", "--level", "quick", "--soak-s", "1", "--metrics", str(tmp / "m.prom"), "--testing",
                  str(tmp / "testing.json"), "--json", str(tmp / "blas.json"), env=env)
     found = {r["index"]: r for r in json.loads((tmp / "blas.json").read_text()).values()}
     assert run.returncode == 0 and found[2]["passed"] and \
         found[2]["flagged"] == ["GEMM: 84.7 TFLOPS, 0.85 of its siblings' median (below 0.90: watch it)"]
+    assert found[0]["passed"] and found[0]["gemm"]["load"] == "ptx" and \
+        found[0]["gemm"]["why"] == "cuBLAS libcublas.so.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx"
