@@ -72,6 +72,8 @@ CROSSINGS = (
     Crossing("a number a host printed (nvidia-smi, sysfs, a curl code, a journal line)", "the host",
              "rigup/boundary/numbers.py:number",
              "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
+    Crossing("the port of a web origin in configuration (llama_server_cors_origins)", "the operator",
+             "rigup/boundary/numbers.py:whole", "roles/llama_server/schema.py:cors_problems"),
 )
 
 GENERIC = ("whole", "required")   # the same parser, for counts and for a record's required field

@@ -23,6 +23,8 @@ installed next to it as ``rigup_llama_contract.py`` and ``rigup_contract.py``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 try:
     from rigup.contract import ALSO, MAPS, OWNED, PAIR, SERVING, SWITCH, VALUE, Flag, Row, defaults, doc_line, flag_args, owned_by
 except ImportError:   # on a host, next to rigup/tune.py: rigup/contract/__init__.py as rigup_contract.py
@@ -139,6 +141,77 @@ FIXED: dict[str, str | None] = {
     "--models-max": "models_max", "--models-autoload": "also", "--no-models-autoload": "also"}
 
 BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
+
+class HeldOff(NamedTuple):
+    """A feature of llama-server beyond inference that a shared endpoint holds off until an operator
+    allows it by name (``llama_server_allow``): every flag spelling (common/arg.cpp) and
+    ``LLAMA_ARG_*`` variable (its ``set_env``) that turns it on, and what it opens."""
+
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    opens: str
+
+
+# Read from llama.cpp's common/arg.cpp and tools/server/*.cpp (the lab's b8779 tree); a negation
+# (--no-slots, --no-agent, LLAMA_ARG_NO_*) turns a feature off and is no spelling of it here.
+HELD_OFF: dict[str, HeldOff] = {
+    "slots": HeldOff(("--slots", "--slot-save-path"), ("LLAMA_ARG_ENDPOINT_SLOTS",),
+                     "GET /slots: every slot's prompt and what it generated so far, any client's (llama-server "
+                     "serves it by default: rigup writes --no-slots); --slot-save-path: POST /slots/ID saves and "
+                     "restores KV caches as files on the host"),
+    "props": HeldOff(("--props",), ("LLAMA_ARG_ENDPOINT_PROPS",),
+                     "POST /props: one client changes the server's global settings for every other"),
+    "tools": HeldOff(("--tools", "--tools-runtime"), ("LLAMA_ARG_TOOLS", "LLAMA_ARG_TOOLS_RUNTIME"),
+                     "/tools: built-in tools a client runs on the host as the service user (exec_shell_command, "
+                     "a shell; read_file, write_file, edit_file, grep_search ...), or in a container or over SSH "
+                     "(--tools-runtime)"),
+    "agent": HeldOff(("-ag", "--agent"), ("LLAMA_ARG_AGENT",),
+                     "every built-in tool (a shell included) and the MCP CORS proxy at once"),
+    "mcp": HeldOff(("--mcp-servers-config", "--mcp-servers-json", "--ui-mcp-proxy", "--webui-mcp-proxy"),
+                   ("LLAMA_ARG_MCP_SERVERS_CONFIG", "LLAMA_ARG_MCP_SERVERS_JSON", "LLAMA_ARG_UI_MCP_PROXY"),
+                   "MCP servers that llama-server starts or connects to, their tools at /tools; /cors-proxy, "
+                   "which fetches any URL a client names from the host's network"),
+    "log_prompts": HeldOff(("--log-prompts-dir",), (),
+                           "every client's prompt written to a directory on the host"),
+    "cors": HeldOff(("--cors-origins", "--cors-credentials"), ("LLAMA_ARG_CORS_ORIGINS", "LLAMA_ARG_CORS_CREDENTIALS"),
+                    "llama-server's own CORS settings by hand; by default it echoes any Origin with credentials "
+                    "allowed (any web page a user opens may call the API as that user's browser), so rigup "
+                    "writes LLAMA_ARG_CORS_ORIGINS from llama_server_cors_origins (none: no origin)"),
+    "models_admin": HeldOff((), (),
+                            "a router's POST /models (downloads a model from the hub onto the host), DELETE /models "
+                            "(deletes one), POST /models/load and /models/unload: no flag turns them off; the gateway "
+                            "and an instance's own HAProxy (replicas, a router's queue) answer them 403, and a router "
+                            "alone on its port has no hub cache to download into (LLAMA_CACHE: a path it cannot make) "
+                            "and no model it may delete (its preset's are not removable)"),
+}
+# The variable rigup writes with the allowed origins (an empty value: llama-server sets no origin's
+# Access-Control-Allow-Origin; an unknown variable is ignored by an older build, where a flag would fail
+# the smoke's check of its --help)
+CORS_ENV = "LLAMA_ARG_CORS_ORIGINS"
+
+
+def held_off_flags(allow=()) -> dict[str, str]:
+    """Every spelling of a feature of :data:`HELD_OFF` not in ``allow`` -> its feature."""
+    return {s: name for name, f in HELD_OFF.items() if name not in allow for s in f.flags}
+
+
+def held_off_env(allow=()) -> dict[str, str]:
+    """Every variable of a feature of :data:`HELD_OFF` not in ``allow`` -> its feature."""
+    return {v: name for name, f in HELD_OFF.items() if name not in allow for v in f.env}
+
+
+def written_env(origins=()) -> dict[str, str]:
+    """What rigup writes into every llama-server's environment: the allowed CORS ``origins``
+    (llama_server_cors_origins; none: an empty value, which sets no origin). With ``cors`` allowed,
+    a --cors-origins of extra_args still wins (llama-server reads its command line after it)."""
+    return {CORS_ENV: ",".join(origins)}
+
+
+def written_flags(allow=()) -> list[str]:
+    """The flags rigup writes to hold off what llama-server serves by default: ``--no-slots`` unless
+    ``slots`` is allowed."""
+    return [] if "slots" in allow else ["--no-slots"]
+
 SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)
 
 

@@ -21,6 +21,20 @@ GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>",
 SERVER_STATE = "/run/haproxy/server-state"
 STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/rigup-server-state.conf"
 RETRY_AFTER_S = 5   # what a queued router's 429 (and a queued request's 503) tells a client to wait
+# llama-server's paths beyond inference (tools/server/server.cpp of the lab's b8779 tree), each answered
+# 403 by every frontend unless one of its features (rigup/contract/llama_server.py HELD_OFF) is allowed
+# there: (features, why, HAProxy's condition). Matched on the path as the server decodes it and under
+# any --api-prefix, so that neither %73lots nor /x/slots passes.
+HELD_PATHS = (
+    (("slots",), "/slots: every slot's prompt and output, KV cache files on the host",
+     "{ path,url_dec -m reg /slots(/|$) }"),
+    (("props",), "POST /props: one client sets the server's globals for all",
+     "!METH_GET { path,url_dec -m reg /props/?$ }"),
+    (("tools", "mcp", "agent"), "/tools: tools run on the host, a shell among them",
+     "{ path,url_dec -m reg /tools(/|$) }"),
+    (("mcp", "agent"), "/cors-proxy: fetches any URL a client names",
+     "{ path,url_dec -m reg /cors-proxy(/|$) }"),
+)
 
 
 def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool = False) -> list[dict]:
@@ -30,7 +44,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     ``bind`` on the port the most hosts use (the lowest of a tie). A server whose host has
     ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``).
     ``key``: the frontend checks the fleet's key (``fleet_key``, and a host's instance of that name
-    has api_key)."""
+    has api_key). ``allow``: the features beyond inference that every host of the backend allows
+    (llama_server_allow): only those paths pass (:data:`HELD_PATHS`)."""
     found: dict[str, list] = {}
     keyed: set[str] = set()
     sets: dict[str, dict[str, list[str]]] = {}   # a router's models (llama-server's also): model -> its hosts
@@ -50,8 +65,9 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
         port = min(set(ports), key=lambda p: (-ports.count(p), p))
+        allow = set.intersection(*(set(hosts[s[0]].get("llama_server_allow") or ()) for s in servers))
         out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers,
-                    "key": name in keyed})
+                    "key": name in keyed, "allow": sorted(allow)})
         for model, home in homes(sets.get(name, {})).items():
             out.append({"name": f"gateway-{name}.{model}", "bind": bind, "port": port, "key": name in keyed,
                         "route": {"of": f"gateway-{name}", "model": model},
@@ -99,6 +115,15 @@ def bind_text(address: str, port: int) -> str:
     return f"ipv6@[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def held(allow) -> dict:
+    """A frontend's 403s for ``allow`` (the features beyond inference allowed there): ``models``,
+    whether a router's model management is held off (models_admin), and ``paths``: (why,
+    condition) of each of :data:`HELD_PATHS` that none of its features opens."""
+    allow = set(allow or ())
+    return {"models": "models_admin" not in allow,
+            "paths": [(why, cond) for features, why, cond in HELD_PATHS if not allow & set(features)]}
+
+
 def haproxy_cfg(backends: list[dict], data: Config) -> str:
     """/etc/haproxy/haproxy.cfg: a loopback stats and Prometheus frontend, the admin socket, and
     per backend a frontend on its bind:port (on a gateway, refusing a request without the fleet's
@@ -109,7 +134,9 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     more waiting at most ``wait_s`` s, beyond them 429 with Retry-After (a queued request that
     waited too long: 503 with it). A gateway's router instance (``route`` backends, one per model of
     its set: :func:`homes`): the frontend reads the request's ``model`` and sends it to that model's
-    backend, its home hosts first, the others as backups."""
+    backend, its home hosts first, the others as backups. Every frontend answers 403 for llama-server's
+    paths beyond inference (:func:`held`) that its backend's ``allow`` (a gateway's: every host's
+    behind it) or, on the host's own, its llama_server_allow does not open."""
     def word(value, what: str) -> str:
         return haproxy_word(value, f"haproxy.cfg: {what}")
 
@@ -119,7 +146,8 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
                                word(bind_text(s[1], s[2]), f"{b['name']}'s {s[0]}"),
                                len(s) > 3 and s[3], len(s) > 4 and s[4]] for s in b["servers"]],
                      routes=[(word(r["route"]["model"], f"a model of {b['name']}"), word(r["name"], "a backend"))
-                             for r in backends if (r.get("route") or {}).get("of") == b["name"]])
+                             for r in backends if (r.get("route") or {}).get("of") == b["name"]],
+                     held=held(b["allow"] if "allow" in b else data.get("llama_server_allow")))
                 for b in backends]
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,

@@ -22,7 +22,11 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
   in ``rigup_state_dir/gate/UNIT.json`` (rigup.names.gate_record: the watchdog's default floor);
 - adds the server flags of a trap that the serving build's smoke inference worked around
   (roles/llama_cpp: ``--no-repack`` where repacking crashed), from the build's ``rigup-smoke.json``. On a GPU build it also fails when
-  llama-server logs ``no usable GPU found`` (it would silently run on the CPU).
+  llama-server logs ``no usable GPU found`` (it would silently run on the CPU);
+- serves inference only unless ``llama_server_allow`` names more (rigup/contract/llama_server.py
+  ``HELD_OFF``): ``--no-slots`` on the command line, ``LLAMA_ARG_CORS_ORIGINS`` in the drop-in's
+  environment (``llama_server_cors_origins``; none: empty, no origin), and preflight refuses each
+  flag of a feature not allowed in extra_args (roles/llama_server/schema.py).
 
 With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
 replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), on 127.0.0.1 at
@@ -95,7 +99,7 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: str, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
              rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False,
-             unlock: str | None = None):
+             unlock: str | None = None, allow: list[str] = (), origins: list[str] = ()):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
@@ -104,7 +108,8 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
     server is started without waiting for the start job, so that the gate shows why it failed
     (a worker that does not answer) from the journal. ``fleet_key``: the fleet's API key (else one
     made on the host). ``maintenance``: stopped, nothing else changes. ``unlock``: why it waits for
-    the unlocked VRAM (rigup.serving.waits_for_unlock), changing nothing."""
+    the unlocked VRAM (rigup.serving.waits_for_unlock), changing nothing. ``allow``: the features
+    beyond inference the host allows (llama_server_allow); ``origins``: its llama_server_cors_origins."""
     name = instance_name
     marker_file = marker
     if unlock and not maintenance:
@@ -133,7 +138,7 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
     preset = preset_text(name, inst, paths, revisions) if inst["also"] else None   # router mode: the set's preset
     digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
-                       env, balancer, rpc, rpc_wait, preset=digest)
+                       env, balancer, rpc, rpc_wait, preset=digest, allow=allow, origins=origins)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     if preset and digest != state.get("preset") and not maintenance:
         where = PRESET.format(name)
@@ -204,7 +209,8 @@ def apply(plan: Plan, data: Config):
                                unit_sha=unit_sha, user=user, balancer=hooks,
                                env={**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if inst["also"] else server["env"],
                                rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"], unlock=unlock)
+                               maintenance=data["rigup_maintenance"], unlock=unlock, allow=data["llama_server_allow"],
+                               origins=data["llama_server_cors_origins"])
             if data["rigup_maintenance"]:
                 continue
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""

@@ -24,9 +24,11 @@ REVISION = re.compile(r"[A-Za-z0-9._-]{1,64}")   # a model's revision as its mar
 NO_CACHE = "/etc/rigup/llama-server/{}.no-cache"
 
 
-def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list[str] = ()) -> list[str]:
+def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list[str] = (),
+         allow: list[str] = ()) -> list[str]:
     """llama-server's command line for one instance (every flag of the contract explicit, --port
-    always; rigup/contract/llama_server.py ``args``); ``rpc``:
+    always; rigup/contract/llama_server.py ``args``, then ``written_flags``: --no-slots unless
+    ``allow``, the host's llama_server_allow, has slots); ``rpc``:
     its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers. ``inst`` has
     its ctx and parallel chosen (replicas.sized), never ``auto``."""
     if "auto" in (inst["ctx"], inst["parallel"]):
@@ -34,7 +36,8 @@ def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list
     # router mode (also): the models from the preset (:func:`preset_text`), each child given these flags too
     serve = ["--models-preset", contract.PRESET.format(name), "--models-max", inst["models_max"]] \
         if inst.get("also") else ["-m", model_path, "--alias", name]
-    args = [binary, *serve, "--host", inst["host"], "--port", inst["port"], *contract.args(inst)]
+    args = [binary, *serve, "--host", inst["host"], "--port", inst["port"], *contract.args(inst),
+            *contract.written_flags(allow)]
     if inst["api_key"]:
         args += ["--api-key-file", KEY.format(name)]
     if rpc:
@@ -125,18 +128,25 @@ def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_pat
 
 def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, build: str, unit_sha: str,
                 model_revision: str, env: dict | None = None, balancer: dict | None = None,
-                rpc: list[str] = (), rpc_wait: int = 120, preset: str | None = None) -> str:
+                rpc: list[str] = (), rpc_wait: int = 120, preset: str | None = None, allow: list[str] = (),
+                origins: list[str] = ()) -> str:
     """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose
-    alias and key a replica shares), its ``env``, for a replica the balancer's hooks
+    alias and key a replica shares; ``allow``: the host's llama_server_allow), its ``env`` (a
+    variable of a feature ``allow`` does not name: ValueError) and the CORS ``origins``
+    (llama_server_cors_origins: contract ``written_env``), for a replica the balancer's hooks
     (``balancer``: {"ready": argv, "drain": argv}), with RPC workers (``rpc``: ADDRESS:PORT each)
     an ExecStartPre that waits ``rpc_wait`` s at most for them, and in a comment what restarts it
     when it changes (unit, llama.cpp build, model revision; in router mode the ``preset``'s sha256)."""
+    held = sorted(set(env or {}) & set(contract.held_off_env(allow)))
+    if held:   # no key of rigup's gives llama-server an environment: a guard for code that would
+        raise ValueError(f"{name}: its environment would turn on {', '.join(held)}, which llama_server_allow "
+                         "does not allow")
     return render("llama_server-dropin.conf.j2", name=unit_comment(name, "an instance's name"), unit_sha=unit_sha,
                   build=unit_comment(build, f"{name}: its llama.cpp build"),
                   model_revision=unit_comment(model_revision, f"{name}: its model's revision"),
                   model_path=systemd_quote(model_path),
                   preset=preset and unit_comment(preset, f"{name}: its preset's sha256"),
-                  env=[systemd_env(k, v) for k, v in (env or {}).items()],
+                  env=[systemd_env(k, v) for k, v in {**(env or {}), **contract.written_env(origins)}.items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,
-                  argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path, rpc)])
+                  argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path, rpc, allow)])

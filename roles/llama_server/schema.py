@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 import re
 
+from rigup.boundary.numbers import whole
 from rigup.config import once
-from rigup.contract.llama_server import FLAGS, OTHER, PER_MODEL, doc_line, owned
+from rigup.contract.llama_server import FLAGS, HELD_OFF, OTHER, PER_MODEL, doc_line, held_off_flags, owned
 from rigup.entries import Key, normalise, unknown_reference
-from rigup.models import SERVING_KEYS, ServingInstance, owned_flag_problems
+from rigup.models import SERVING_KEYS, ServingInstance, flag_values, owned_flag_problems
 from rigup.models import instances as _entries
 from roles.llama_server.tuned import tuned, with_tuned
 
@@ -62,6 +63,49 @@ _NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
 # llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
 # flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = owned()
+
+
+_LONG = re.compile(r"^--[^=\s]*")   # a long flag's name, up to its "=" or a blank
+
+
+def spelled(args: list[str]) -> list[str]:
+    """extra_args as llama.cpp reads their flags: ``_`` in a ``--`` flag's name is ``-``
+    (common/arg.cpp: ``--log_prompts_dir`` is ``--log-prompts-dir``), its value as given."""
+    return [_LONG.sub(lambda m: m.group(0).replace("_", "-"), str(a)) for a in args]
+
+
+def held_off_problems(args: list[str], allow, where: str) -> list[tuple[str, str]]:
+    """(``WHERE.extra_args``, why) for each flag of a feature beyond inference (contract
+    ``HELD_OFF``) that ``allow`` (the host's llama_server_allow) does not name, as
+    ``--flag value``, ``--flag=value`` or ``--flag_name``."""
+    held = held_off_flags(allow)
+    return [(f"{where}.extra_args", f"gives {flag}, llama-server's {held[flag]}, off on a shared endpoint "
+             f"({HELD_OFF[held[flag]].opens}): drop it, or add {held[flag]} to llama_server_allow")
+            for flag, _ in flag_values(spelled(args), held)]
+
+
+# an origin of llama_server_cors_origins: scheme://host[:port] (no path), or llama-server's `localhost`
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(:(?P<port>[0-9]+))?"
+                     r"|localhost")
+
+
+def cors_problems(data: Config) -> list[tuple[str, str]]:
+    """``llama_server_cors_origins``: each an origin (or ``localhost``), at most one (llama-server
+    sends the value as it is in Access-Control-Allow-Origin, which a browser matches against one
+    origin: two would admit none)."""
+    def origin(o) -> bool:
+        m = _ORIGIN.fullmatch(o) if isinstance(o, str) else None
+        return bool(m) and (m["port"] is None or (whole(m["port"], 65535) or 0) > 0)
+
+    origins = data.get("llama_server_cors_origins") or []
+    if not isinstance(origins, list):
+        return [("llama_server_cors_origins", f"expected a list of origins, got {origins!r}")]
+    found = [("llama_server_cors_origins", f"{o!r} is not an origin (scheme://host[:port], no path; or localhost)")
+             for o in origins if not origin(o)]
+    if len(origins) > 1:
+        found.append(("llama_server_cors_origins", f"{len(origins)} origins: llama-server sends the value as it is "
+                                                   "in Access-Control-Allow-Origin, which admits one origin at most"))
+    return found
 
 
 def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:
@@ -112,7 +156,8 @@ def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, Lla
 
 def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
-        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where) + \
+        found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where) + \
+            held_off_problems(entry["extra_args"], data.get("llama_server_allow") or (), where) + \
             router_problems(entry, where, data.get("models") or {})
         if found or entry.get("tensor_split") is None:
             return found
@@ -125,4 +170,4 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
         return []
     flags, wrong = tuned(data, LLAMA_INSTANCE)
     found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, with_tuned(data, flags))
-    return found, wrong + problems_
+    return found, wrong + problems_ + cors_problems(data)

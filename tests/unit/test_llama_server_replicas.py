@@ -133,7 +133,7 @@ def test_haproxy_config_and_gateway():
     gateway = gateway_backends("gw", hosts, "0.0.0.0")
     assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
                         "servers": [["lab1", "10.0.0.11", 8081, False], ["lab2", "10.0.0.12", 8081, True]],
-                        "key": False}]
+                        "key": False, "allow": []}]
     text = haproxy_cfg(gateway, data())
     assert "rigup-fleet-key" not in text
     for line in ("bind 0.0.0.0:8081", "balance leastconn", "option httpchk GET /health",

@@ -37,9 +37,9 @@ def test_the_two_gpu_loopback_command_lines():
     print("head:  ", exec_lines(head, "Environment="), exec_lines(head)[0])
     print("worker:", exec_lines(worker, "Environment="), exec_lines(worker)[0])
     assert exec_lines(head) == [f"{BIN}/bin/llama-server -m {MODEL} --alias glm --host 127.0.0.1 --port 8081 -c 65536 "
-                                "--parallel 8 -ngl 99 -fa on -sm layer --jinja --metrics --rpc 127.0.0.1:50052"]
+                                "--parallel 8 -ngl 99 -fa on -sm layer --jinja --metrics --no-slots --rpc 127.0.0.1:50052"]
     assert exec_lines(worker) == [f"{BIN}/bin/ggml-rpc-server -H 127.0.0.1 -p 50052"]
-    assert exec_lines(head, "Environment=") == ["CUDA_VISIBLE_DEVICES=0"]
+    assert exec_lines(head, "Environment=") == ["CUDA_VISIBLE_DEVICES=0", "LLAMA_ARG_CORS_ORIGINS="]
     assert exec_lines(worker, "Environment=") == ["CUDA_VISIBLE_DEVICES=1"]
     assert "ExecStartPre=+/usr/sbin/nft -f /etc/rigup/rpc.nft" in worker.splitlines()
 
