@@ -126,7 +126,10 @@ check_config.__doc__ = (   # the flags from the contract's table (rigup/contract
     "An entry of llama_server_instances that is wrong: its name, an unknown or mistyped key, a model not in models, "
     "a bad tensor_split, or extra_args giving a flag rigup sets from the instance (" + ", ".join(
         sorted(contract.owned(), key=lambda s: (s.lstrip("-").lower(), s)))
-    + "; ``--port=1`` too).")
+    + "; ``--port=1`` and ``--api_key_file`` too), or a flag of llama-server's features beyond inference that "
+    "llama_server_allow does not name (" + ", ".join(
+        f"{name}: {' '.join(f.flags)}" for name, f in contract.HELD_OFF.items() if f.flags)
+    + "); llama_server_cors_origins that is not one origin.")
 
 
 def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

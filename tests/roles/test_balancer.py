@@ -172,6 +172,7 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
     url = ["http://127.0.0.1:8081"]
     wait_status(lab, "lab3", "lab2", "UP", 60, "gateway-gemma")
     refused = gateway_refusals(lab)
+    held = inference_only(lab)
     both = load(lab, "lab3", url, 20, concurrency=2, key="/root/client.key")
     veth = f"{lab.VETH}lab2"
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
@@ -186,6 +187,7 @@ def test_gateway_keeps_answering_without_one_host(lab, replicated):
     assert both["failed"] == 0 and cut["failed"] == 0, cut["errors"]
     assert down != "UP"
     print(f"gateway with the fleet key: {refused}")
+    print(f"inference only, by default (codes with the key): {held}")
     # lab2's card 2 falls off the bus (Xid 79): its GPU guard trips at once and stops its replicas;
     # the gateway takes lab2 out of the pool and keeps answering from lab1
     line = on_host(lab, "lab2", "rigup-gpu-sim xid 79 -i 2 --lost").strip()
@@ -258,6 +260,37 @@ def gateway_refusals(lab) -> dict:
     assert codes["no key"] == codes["wrong key"] == "401" and "401 Unauthorized" in none + wrong
     assert health == "200" and codes["the key"] == "200" and reached == 0, codes
     return codes
+
+
+# llama-server's paths beyond inference (issue 63), each with the key: (method, path)
+HELD_OFF = [("GET", "/slots"), ("POST", "/slots/0?action=save"), ("GET", "/%73lots"), ("POST", "/props"),
+            ("POST", "/models"), ("DELETE", "/models?model=gemma-270m"), ("POST", "/models/load"), ("GET", "/tools"),
+            ("POST", "/tools"), ("GET", "/cors-proxy?url=http://10.0.0.1/")]
+
+
+def codes(lab, host: str, base: str, key: str) -> dict:
+    """{"METHOD path": HTTP code} of each of HELD_OFF sent to ``base`` on ``host`` with the key in
+    the file ``key`` (read there), in one SSH round trip."""
+    auth = f"-H @<(printf 'Authorization: Bearer %s' \"$(cat {key})\")"
+    lines = [f"curl -s -o /dev/null -w '%{{http_code}}\\n' -m 30 -X {m} '{base}{p}' {auth}"
+             + (" -H 'Content-Type: application/json' -d '{}'" if m != "GET" else "") for m, p in HELD_OFF]
+    out = on_host(lab, host, "; ".join(lines)).split()
+    return {f"{m} {p}": int(c) for (m, p), c in zip(HELD_OFF, out)}
+
+
+def inference_only(lab) -> dict:
+    """Inference only, by default (llama_server_allow empty): with the key, through the gateway
+    (lab3) and directly at lab1's instance port (its replicas' HAProxy) every path of HELD_OFF is
+    403; the replica behind it (loopback) refuses each itself (/slots and POST /props: 501, not
+    supported: --no-slots and no --props; /tools and /cors-proxy: 403; /models' writes: no route
+    outside router mode, 404). Returns the codes seen."""
+    seen = {"gateway": codes(lab, "lab3", "http://127.0.0.1:8081", "/root/client.key"),
+            "lab1": codes(lab, "lab1", "http://127.0.0.1:8081", KEY),
+            "lab1 replica": codes(lab, "lab1", "http://127.0.0.1:8082", KEY)}
+    assert set(seen["gateway"].values()) == set(seen["lab1"].values()) == {403}, seen
+    assert all(c in (403, 404, 501) for c in seen["lab1 replica"].values()), seen
+    assert seen["lab1 replica"]["GET /slots"] == seen["lab1 replica"]["POST /props"] == 501, seen
+    return seen
 
 
 def test_back_to_one_server_stops_rigups_haproxy(lab, replicated):
