@@ -74,6 +74,8 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
     Crossing("the port of a web origin in configuration (llama_server_cors_origins)", "the operator",
              "rigup/boundary/numbers.py:whole", "roles/llama_server/schema.py:cors_problems"),
+    Crossing("a flag's value an instance's extra_args gives again (-ngl N)", "the operator",
+             "rigup/boundary/numbers.py:number", "roles/llama_server/checks.py:settings"),
 )
 
 GENERIC = ("whole", "required")   # the same parser, for counts and for a record's required field

@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rigup import traps
+from rigup.boundary.numbers import number
 from rigup.config import parse_form
 from rigup.contract import llama_server as contract
 from rigup.gpu.catalogue import family_of
@@ -41,7 +42,7 @@ from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
 from roles.llama_server.replicas import for_model, layout_text, need_gib, sized
-from roles.llama_server.schema import LlamaInstance, instances
+from roles.llama_server.schema import LlamaInstance, instances, spelled
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts
@@ -424,11 +425,11 @@ def settings(inst: LlamaInstance) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
     for key, (flags, allowed) in _SETTINGS.items():
         out[key] = (inst[key], f"{key} {inst[key]}")
-        for flag, value in flag_values(inst["extra_args"], flags):
+        for flag, value in flag_values(spelled(inst["extra_args"]), flags):   # --n_gpu_layers too, as llama.cpp
             if value is None:
                 continue
             if allowed is None:   # -ngl N, or all / auto: layers on the GPUs
-                value = int(value) if value.lstrip("-").isdigit() else value
+                value = value if number(value, int) is None else number(value, int)
             if allowed is None or value in allowed:
                 out[key] = (value, f"extra_args {flag} {value}")
     for key in _KV:

@@ -24,7 +24,8 @@ from rigup.contract import llama_server as contract
 from roles.balancer.config import HELD_PATHS, gateway_backends, haproxy_cfg, held
 from roles.llama_server.command import argv, dropin_text
 from roles.llama_server.schema import instances
-from tests.unit.hosts import data, glm_llama
+from roles.llama_server.checks import settings as run_settings
+from tests.unit.hosts import data, glm_llama, host, refusals
 
 ARG_CPP = Path("/var/lib/rigup-lab/hosts/lab1/upper/opt/rigup/llama.cpp/src/common/arg.cpp")
 WHERE = "llama_server_instances.glm.extra_args"
@@ -115,10 +116,22 @@ def test_any_spelling_among_any_arguments_is_refused_unless_allowed(flag, form, 
 
 
 @settings(max_examples=60, deadline=1000)
-@given(args=st.lists(st.one_of(st.text(max_size=30), st.integers(), st.none()), max_size=5))
+@given(args=st.lists(st.one_of(st.text(max_size=30), st.integers(), st.none(),
+                               st.sampled_from(["-ngl", "--n_gpu_layers", "-fa", "--flash_attn=off", "²", "-1"])),
+                     max_size=5))
 def test_arbitrary_extra_args_are_refused_or_read_never_a_traceback(args):
+    """Through every role's preflight: ``-ngl ²`` ("²".isdigit(), int("²") a ValueError) crashed
+    check_traps before it read the value through rigup.boundary.numbers."""
+    plan, facts = host("a100")
     found, problems = instances(data(**glm_llama(extra_args=args)))
     assert found or problems
+    refusals(plan, facts, data(**glm_llama(extra_args=args)))
+
+
+def test_a_flag_given_again_with_underscores_is_read_as_llama_cpp_reads_it():
+    inst = instances(data(**glm_llama(extra_args=["--n_gpu_layers", "0", "--flash_attn=off", "-ngl", "²"])))[0]["glm"]
+    assert run_settings(inst)["flash_attn"] == ("off", "extra_args --flash-attn off")
+    assert run_settings(inst)["ngl"] == ("²", "extra_args -ngl ²")   # not a number: text, as before, never a traceback
 
 
 def test_rigup_writes_no_slots_unless_allowed():
