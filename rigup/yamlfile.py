@@ -10,7 +10,9 @@ twice in one mapping (PyYAML keeps the last one silently; a merge key's ``<<`` e
 overridden, as YAML says), and a document whose aliases expand to more than :data:`MAX_NODES`
 nodes (a dozen lines of nested aliases is a billion items to whatever walks the result), and a
 number YAML 1.1 reads in a way nobody writing a configuration means (issue 61): ``1:30`` is 90 and
-``1:30.5`` 90.5 (base 60), ``010`` is 8 (octal): quote it, or write it as plain decimal.
+``1:30.5`` 90.5 (base 60), ``010`` is 8 (octal), ``8_0_8_1`` is 8081 and ``1_000`` 1000 (YAML 1.1
+drops every ``_`` of a number: a typo or a pasted id reads as another number): quote it, or write it
+as plain decimal.
 """
 
 import re
@@ -21,9 +23,9 @@ from yaml.constructor import ConstructorError
 BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_NODES = 100_000
 MERGE = "tag:yaml.org,2002:merge"
-# YAML 1.1's base 60 (``1:30``) and its octal with a bare leading zero (``010``); ``0o10``, ``0x10``
-# and plain decimals are what they look like
-_SURPRISING = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|[-+]?0[0-7_]+")
+# YAML 1.1's base 60 (``1:30``), its octal with a bare leading zero (``010``) and any number with a
+# ``_`` (dropped: ``8_0_8_1`` is 8081); ``0o10``, ``0x10`` and plain decimals are what they look like
+_SURPRISING = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|[-+]?0[0-7_]+|.*_.*")
 
 
 class LOADER(BASE):  # noqa: N801 (the name callers already import)
@@ -48,7 +50,7 @@ class LOADER(BASE):  # noqa: N801 (the name callers already import)
 
     def construct_number(self, node):
         if _SURPRISING.fullmatch(node.value):
-            kind = "octal" if ":" not in node.value else "base 60"
+            kind = "base 60" if ":" in node.value else "'_'-separated" if "_" in node.value else "octal"
             raise ConstructorError(None, None, f"{node.value!r} is a YAML 1.1 {kind} number "
                                    f"({super().construct_yaml_int(node) if node.tag.endswith('int') else super().construct_yaml_float(node)}): "
                                    "quote it, or write a plain decimal", node.start_mark)

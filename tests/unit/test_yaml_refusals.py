@@ -17,6 +17,9 @@ BOMB = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
     ("watchdog_window: 1:30\n", "all.yml:1: not valid YAML: '1:30' is a YAML 1.1 base 60 number (90)"),
     ("x:\n  timeout: -1:30.5\n", "all.yml:2: not valid YAML: '-1:30.5' is a YAML 1.1 base 60 number (-90.5)"),
     ("gpu_power_limit_w: 0250\n", "all.yml:1: not valid YAML: '0250' is a YAML 1.1 octal number (168)"),
+    ("x:\n  port: 8_0_8_1\n", "all.yml:2: not valid YAML: '8_0_8_1' is a YAML 1.1 '_'-separated number (8081)"),
+    ("i: 1_000\n", "all.yml:1: not valid YAML: '1_000' is a YAML 1.1 '_'-separated number (1000)"),
+    ("f: 1_0.5\n", "all.yml:1: not valid YAML: '1_0.5' is a YAML 1.1 '_'-separated number (10.5)"),
 ])
 def test_refused_naming_the_file_and_line(tmp_path, text, said):
     path = tmp_path / "all.yml"
@@ -35,5 +38,5 @@ def test_a_merge_key_may_still_be_overridden_and_a_few_aliases_pass(tmp_path):
 
 def test_plain_numbers_and_quoted_times_read_as_written(tmp_path):
     path = tmp_path / "all.yml"
-    path.write_text("a: 0\nb: 10\nc: -3.5\nd: '1:30'\ne: 0x10\nf: 0o10\ng: 1e3\nh: 0.25\ni: 1_000\n")
-    assert load_yaml(path) == {"a": 0, "b": 10, "c": -3.5, "d": "1:30", "e": 16, "f": "0o10", "g": "1e3", "h": 0.25, "i": 1000}
+    path.write_text("a: 0\nb: 10\nc: -3.5\nd: '1:30'\ne: 0x10\nf: 0o10\ng: 1e3\nh: 0.25\ni: '1_000'\n")
+    assert load_yaml(path) == {"a": 0, "b": 10, "c": -3.5, "d": "1:30", "e": 16, "f": "0o10", "g": "1e3", "h": 0.25, "i": "1_000"}
