@@ -110,7 +110,7 @@ class Form:
             return f"got {value!r} ({type(value).__name__}){hint}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"got {value!r}: not a finite number"
-        control = control_character(value)
+        control = control_character(value) or bool_key(value)
         if control:
             return control
         if self.kind == "name" and not NAME.fullmatch(value):
@@ -168,6 +168,20 @@ def control_character(value: Any) -> str | None:
     where, char = found
     return (f"{where.lstrip('.') + ' ' if where else ''}holds the control character {char!r} (newlines, NUL "
             "and the like cannot go into a unit, an env file or a command line)")
+
+
+def bool_key(value: Any, path: str = "") -> str | None:
+    """Why ``value`` holds a map key YAML 1.1 read as a bool or null (a bare ``on``, ``no``, ``~``: a
+    model called ``on`` is the key True, which no name check reads as text), or None."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(value, dict) and (key is None or isinstance(key, bool)):
+            read = "null" if key is None else "a bool"
+            return f"{path.lstrip('.') + ' ' if path else ''}holds the key {key!r}: YAML read it as {read}; quote it"
+        found = bool_key(item, f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}")
+        if found:
+            return found
+    return None
 
 
 def path_problem(path: str) -> str | None:

@@ -25,13 +25,18 @@ class Key:
     doc: str = ""
 
 
-def normalise(entry: Any, schema: dict[str, Key], where: str, name: str | None = None) -> tuple[dict, list[tuple[str, str]]]:
+_UNNAMED = object()   # normalise's entry has no name of its own (None is a key YAML may give: ``~:``)
+
+
+def normalise(entry: Any, schema: dict[str, Key], where: str, name: Any = _UNNAMED) -> tuple[dict, list[tuple[str, str]]]:
     """``entry`` with every default filled in, and (key path, problem) for each key that is
     unknown, missing or not of its form; ``name``: the entry's own key, when it becomes a unit,
     file or directory name (it must be a name: rigup.config.NAME)."""
-    if name is not None and not NAME.fullmatch(str(name)):
-        return {}, [(where, f"{name!r} is not a name: 1-64 letters, digits, '_', '.' or '-', starting with a "
-                           "letter or digit (it becomes a unit, file or directory name)")]
+    if name is not _UNNAMED and not (isinstance(name, str) and NAME.fullmatch(name)):
+        # YAML 1.1 reads a bare on/off/yes/no as a bool and 1 as an int: a key that is no text is no name
+        said = f" ({type(name).__name__}: quote it)" if not isinstance(name, str) else ""
+        return {}, [(where, f"{name!r}{said} is not a name: 1-64 letters, digits, '_', '.' or '-', starting with "
+                           "a letter or digit (it becomes a unit, file or directory name)")]
     if not isinstance(entry, dict):
         return {}, [(where, f"expected a map of {', '.join(schema)}, got {entry!r}")]
     out: dict[str, Any] = {}

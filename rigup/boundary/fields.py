@@ -23,7 +23,8 @@ ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # A path's characters that unit files and shells take as they are.
 PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL and C1 (\x80-\x9f: \x9b is CSI, \x9d OSC to a terminal that reads 8-bit controls)
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def matched(pattern: re.Pattern, value: object, where: str, what: str) -> str:

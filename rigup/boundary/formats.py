@@ -56,7 +56,7 @@ def ini_line(key: str, value: object, what: str) -> str:
     """``key = value`` in a llama.cpp preset, read back as exactly ``key`` and ``value``: a key of the
     grammar's ident, a value without ``;`` or ``#`` (a comment to the line's end, even mid-word),
     brackets, a control character or blanks at its ends (the parser drops them); else a ValueError."""
-    if not INI_KEY.fullmatch(str(key)):
+    if not (isinstance(key, str) and INI_KEY.fullmatch(key)):
         raise _refused(what, "not a preset key (a letter or _, then letters, digits, _ . -)", key)
     text = one_line(value, what)
     if INI_BREAKS.search(text):
@@ -85,7 +85,7 @@ def ini_comment(text: str, what: str) -> str:
 
 def nft_name(name: str, what: str) -> str:
     """A table's name as nft reads it (a letter, then letters, digits and _; at most 32), else a ValueError."""
-    if not NFT_NAME.fullmatch(str(name)):
+    if not (isinstance(name, str) and NFT_NAME.fullmatch(name)):
         raise _refused(what, "not an nftables name (a letter, then letters, digits, _)", name)
     return str(name)
 
@@ -119,7 +119,7 @@ def systemd_env(name: str, value: object) -> str:
     there) and ``$`` as it is: systemd.exec, Environment=: "$ has no special meaning" (issue 47:
     ``$$`` written there reached the server as ``$$``). A name that is no variable's, or a control
     character, is refused."""
-    if not ENV_NAME.fullmatch(str(name)):
+    if not (isinstance(name, str) and ENV_NAME.fullmatch(name)):
         raise _refused("Environment=", "not a variable name", name)
     return _systemd_word(f"{name}={value}".replace("%", "%%"), f"Environment= {name}")
 
@@ -127,7 +127,7 @@ def systemd_env(name: str, value: object) -> str:
 def env_file_line(name: str, value: object) -> str:
     """``NAME="value"``, a line of an EnvironmentFile (systemd's syntax: double quotes, backslash
     escapes, no expansion); a name that is no variable's, or a control character, is refused."""
-    if not ENV_NAME.fullmatch(str(name)):
+    if not (isinstance(name, str) and ENV_NAME.fullmatch(name)):
         raise _refused("EnvironmentFile", "not a variable name", name)
     text = one_line(value, f"EnvironmentFile {name}")
     return f'{name}="' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

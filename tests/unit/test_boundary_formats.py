@@ -360,3 +360,13 @@ def test_every_writer_is_a_row_of_the_boundarys_table():
     public = {n for n in dir(formats) if callable(getattr(formats, n)) and not n.startswith("_")
               and getattr(getattr(formats, n), "__module__", "") == formats.__name__}
     assert public - rows == set(formats.GENERIC), json.dumps(sorted(public - rows))
+
+
+@pytest.mark.parametrize("arg", ["--alias=a\x9b2J", "x\x9d0;title\x9c", "\x85", "a\x80b"])
+def test_a_c1_control_never_reaches_a_units_command(arg):
+    """C1 controls (\\x80-\\x9f: \\x9b is CSI, \\x9d OSC to a terminal that reads 8-bit controls) are
+    refused as C0 ones are: systemctl cat would show them raw (red team, issue 61)."""
+    with pytest.raises(ValueError) as refused:
+        formats.systemd_quote(arg)
+    print(f"\n{arg!r}: {refused.value}")
+    assert "control character" in str(refused.value)

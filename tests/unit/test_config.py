@@ -286,3 +286,26 @@ def test_plan_lines_ask_nothing_and_fill_nothing():
     first = model_fetch.plan_lines({}, cfg)
     assert first == model_fetch.plan_lines({}, cfg) and role.resolve_calls == ["h"]
     assert f"models.x.revision: main is {COMMIT}; pin it (models_allow_unpinned: fetching that commit)" in first
+
+
+@pytest.mark.parametrize("text, said", [
+    ("models: {on: {repo: a/b, revision: x}}", "models: expected map, holds the key True: YAML read it as a bool"),
+    ("llama_server_instances: {x: {model: m, env: {~: 1}}}",
+     "llama_server_instances: expected map, x.env holds the key None: YAML read it as null"),
+])
+def test_a_map_key_yaml_read_as_a_bool_or_null_is_refused_naming_the_key(text, said):
+    """``models: {on: ...}``: YAML 1.1 reads the key as True, which passed the name check as "True"
+    and crashed the fetch unit's name (red team, issue 61)."""
+    from rigup import yamlfile
+    found = config.problems(yamlfile.safe_load(text))
+    print(f"\n{found}")
+    assert any(said in why for _, why in found)
+
+
+@pytest.mark.parametrize("name", [True, None, 1, 1.5, "on"])
+def test_an_entrys_own_key_is_a_name_only_as_text(name):
+    from rigup.entries import Key, normalise
+    entry, found = normalise({"a": 1}, {"a": Key("int 0..")}, f"models.{name}", name=name)
+    print(f"\n{name!r}: {found}")
+    assert (found == [] and entry == {"a": 1}) if name == "on" else \
+        (entry == {} and found[0][0] == f"models.{name}" and "is not a name" in found[0][1])
