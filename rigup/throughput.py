@@ -21,6 +21,7 @@ import argparse
 import http.client
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -30,17 +31,44 @@ import urllib.request
 PROMPT = "Write a long story about a lighthouse keeper, one sentence after another."
 
 
+# rigup.boundary.numbers's rule (issue 61), by hand here: this file ships alone, with the standard
+# library only; tests/unit/test_throughput.py holds figure() to numbers.number
+_TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
+
+
+def figure(value, lo: float, hi: float) -> int | float | None:
+    """A number a server answered, within ``lo``..``hi``: a JSON int or float (never a bool: True is
+    1 in Python), or text of ASCII digits (an optional sign and point, no leading zero, no exponent:
+    ``int()`` and ``float()`` take "١٢", "1_0" and " inf"); finite; else None."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not _TEXT.fullmatch(value):
+            return None
+        value = float(value) if "." in value else int(value)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    # NaN and the infinities fail the first comparison; an int of any size is compared exactly
+    return value if abs(value) < 1e18 and lo <= value <= hi else None
+
+
 def _rate(value) -> float | None:
-    """The server's own tok/s when it is a plausible one: a number, finite, positive, below 10^7
+    """The server's own tok/s when it is a plausible one: a JSON number, finite, positive, below 10^7
     (issue 47: a server answering "Infinity" became the watchdog's figure, a 1e308 its floor's
     match); else None, and the wall-clock rate stands."""
-    if isinstance(value, bool):
-        return None
-    try:
-        rate = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return rate if math.isfinite(rate) and 0 < rate < 1e7 else None
+    rate = None if isinstance(value, str) else figure(value, 0, 1e7)
+    return float(rate) if rate and rate < 1e7 else None
+
+
+def _tokens(doc, max_tokens: int) -> int:
+    """A completion's ``usage.completion_tokens``: a JSON int within 0..``max_tokens`` (what was asked
+    for), else ValueError (issue 61: "١٢٨", true, -500 or 10**30 became the watchdog's tok/s)."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    value = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens = figure(value, 0, max_tokens) if type(value) is int else None
+    if tokens is None:
+        raise ValueError(f"usage.completion_tokens is not a whole number in 0..{max_tokens} "
+                         f"(max_tokens): {str(value)[:40]!r}")
+    return tokens
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -97,11 +125,8 @@ def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: 
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == "llamacpp:tokens_predicted_total":
-            try:
-                count = float(value.split()[0])
-            except (IndexError, ValueError):
-                return None
-            return count if math.isfinite(count) and count >= 0 else None
+            count = figure(value.split()[0], 0, math.inf) if value.split() else None
+            return None if count is None else float(count)
     return None
 
 
@@ -135,8 +160,9 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
     with _OPENER.open(request, timeout=timeout) as answer:
         doc = json.loads(bounded_read(answer, started + timeout))
     seconds = time.monotonic() - started
-    tokens = int((doc.get("usage") or {})["completion_tokens"])
-    reported = _rate((doc.get("timings") or {}).get("predicted_per_second"))
+    tokens = _tokens(doc, max_tokens)
+    timings = doc.get("timings")
+    reported = _rate(timings.get("predicted_per_second") if isinstance(timings, dict) else None)
     tps = reported if reported else tokens / seconds if seconds > 0 else 0.0
     return {"tokens": tokens, "seconds": round(seconds, 4), "tps": round(tps, 2)}
 

@@ -344,7 +344,7 @@ def test_the_engine_stubs_faults_are_samples_not_exceptions(engines):
     """What each faulty answer is to the measuring (rigup/throughput.py raises; a cut-off answer
     is http.client.IncompleteRead, not an OSError) and to the watchdog: one sample."""
     config = {"max_tokens": 8, "timeout_s": 5}
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="^usage.completion_tokens is not a whole number"):   # null: no count
         throughput.completion(engines["nulls"], max_tokens=8)
     with pytest.raises(http.client.IncompleteRead):
         throughput.completion(engines["die"], max_tokens=8)
@@ -395,7 +395,7 @@ def test_each_server_is_judged_on_its_own(engines, tmp_path, monkeypatch, capsys
                                                                                         "stuck"))
     for name in ("nulls", "die", "cut", "gone"):
         assert state[name]["restarts"] == 1 and state[name]["failed"] == 2 and state[name]["after_restart"], name
-    assert "nulls: a malformed answer (no usable usage.completion_tokens: TypeError" in first
+    assert "nulls: a malformed answer (no usable usage.completion_tokens: ValueError" in first
     assert "die: the answer was cut off: the connection closed mid-answer (IncompleteRead" in first
     assert "gone: the answer was cut off: the connection closed mid-answer (RemoteDisconnected" in first
     for name, why in (("loading", "HTTP 503 (Loading model)"), ("refused", "connection refused")):

@@ -1,0 +1,90 @@
+"""rigup/throughput.py's reading of what a server answers (issue 61): a completion's
+usage.completion_tokens and /metrics' llamacpp:tokens_predicted_total through rigup.boundary.numbers's
+rule, carried in the file (it ships alone to hosts: the watchdog's rigup_throughput.py, bench.py's copy)
+and held here to numbers.number; each red-team case against a real loopback server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import threading
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup import throughput
+from rigup.boundary.numbers import number
+
+# numbers as text and as JSON values, hostile ones among them
+NUMERIC = st.sampled_from(list("0123456789+-.eE_ \n\u0661\u00b2"))
+VALUES = st.one_of(st.text(NUMERIC, max_size=22), st.text(max_size=8), st.integers(-10**20, 10**20), st.floats(),
+                   st.booleans(), st.none(), st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,13})?", fullmatch=True),
+                   st.sampled_from([10**30, 1e400, "NaN", "Infinity", "1e3", "0079", "1_000", " 12 ", "-0", "+5"]))
+
+
+@settings(max_examples=60, deadline=1000)
+@given(value=VALUES, lo=st.sampled_from([0, -5, 1]), hi=st.sampled_from([128, 1e7, math.inf]))
+def test_figure_is_numbers_number(value, lo, hi):
+    """The copy's rule is the boundary's: the same answer (or None) for every value and bounds."""
+    assert throughput.figure(value, lo, hi) == number(value, float, lo, hi)
+
+
+class Answers(http.server.BaseHTTPRequestHandler):
+    body = b"{}"
+
+    def log_message(self, *a):
+        pass
+
+    def _answer(self):
+        if self.command == "POST":
+            self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(Answers.body)))
+        self.end_headers()
+        self.wfile.write(Answers.body)
+
+    do_GET = do_POST = _answer
+
+
+@pytest.fixture(scope="module")
+def url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("tokens", ["\u0661\u0662\u0668", 10**30, True, -500, 12.0, "8", None, 129])
+def test_a_completions_token_count_that_is_no_json_int_within_max_tokens_is_refused(url, tokens):
+    """issue 61 (red team items 7-10): no timings, so the rate is the token count over the wall time:
+    Arabic-Indic digits (int() reads them), 10**30, true (1), -500 became the watchdog's tok/s."""
+    Answers.body = json.dumps({"usage": {"completion_tokens": tokens}}).encode()
+    with pytest.raises(ValueError) as e:
+        throughput.completion(url, max_tokens=128, timeout=5)
+    print(f"completion_tokens {tokens!r}: refused: {e.value}")
+    assert str(e.value).startswith("usage.completion_tokens is not a whole number in 0..128 (max_tokens): ")
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"usage": []}', b'{"usage": null}', b'"x"'])
+def test_a_completion_that_is_no_object_is_a_value_error(url, body):
+    Answers.body = body
+    with pytest.raises(ValueError, match="^usage.completion_tokens "):
+        throughput.completion(url, max_tokens=8, timeout=5)
+
+
+def test_a_plain_completion_is_read(url):
+    Answers.body = b'{"usage": {"completion_tokens": 128}, "timings": {"predicted_per_second": 41.5}}'
+    assert throughput.completion(url, max_tokens=128, timeout=5)["tps"] == 41.5
+    Answers.body = b'{"usage": {"completion_tokens": 0}, "timings": {"predicted_per_second": "41.5"}}'
+    assert throughput.completion(url, max_tokens=128, timeout=5)["tps"] == 0.0   # text is no JSON number
+
+
+@pytest.mark.parametrize("value, served", [("\u0661\u0662", None), ("1_2", None), ("0012", None), ("-3", None),
+                                           ("1e3", None), ("NaN", None), ("", None), ("12", 12.0), ("12.5 1700", 12.5)])
+def test_tokens_served_reads_ascii_digits_only(url, value, served):
+    """issue 61 (red team item 11): float() read '\u0661\u0662' as 12."""
+    Answers.body = f"# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total {value}\n".encode()
+    got = throughput.tokens_served(url)
+    print(f"tokens_predicted_total {value!r}: {got}")
+    assert got == served
