@@ -24,8 +24,9 @@ Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user nam
 digits, ``_.-``), ``address`` (an IP address or host name), ``ip`` (the IP address of one host: no name,
 network or wildcard), ``batch`` (a count >= 1 or a share, ``"25%"``), ``count`` (``auto`` or an int >= 1: rigup chooses, or you do), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
-``int A..B`` / ``float A..B`` (either end may be left out; NaN and infinities are never a
-number of a form); ``one of a|b|c``; ``list of T``; and a trailing ``or null``. No value holds
+``int A..B`` / ``float A..B`` / ``count A..B`` (either end may be left out: an int's upper end
+is then :data:`CEILING`, the largest int32; NaN and infinities are never a number of a form);
+``one of a|b|c``; ``list of T``; and a trailing ``or null``. No value holds
 a control character (a newline, NUL ...): values end up in units, env files and command lines. :func:`check_host` validates a host's merged data against them and
 raises :class:`ConfigError` naming the file, the key and the expected form.
 """
@@ -125,8 +126,10 @@ class Form:
                 return f"got {value!r}: {why}"
         if self.choices and value not in self.choices:
             return f"got {value!r}"
-        if self.low is not None and value < self.low or self.high is not None and value > self.high:
-            return f"got {value!r}, out of range"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            high = self.high if self.high is not None else CEILING if self.kind in ("int", "count", "batch") else None
+            if self.low is not None and value < self.low or high is not None and value > high:
+                return f"got {str(value)[:40]}, out of range" + (f" (at most {CEILING})" if self.high is None else "")
         if self.item is not None:
             for i, element in enumerate(value):
                 why = self.item.problem(element)
@@ -198,6 +201,12 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+# The most an int form takes when it names no upper end (``int 1..``, ``count``): the largest int32,
+# which is what llama.cpp, vLLM and systemd read such a value as; a form with a natural bound names
+# it (a port 1..65535, replicas, ctx: rigup/contract). Without one, ``replicas: 10**30`` had
+# preflight build that many groups.
+CEILING = 2**31 - 1
+
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
 _KINDS = ("bool", "int", "float", "str", "name", "address", "ip", "path", "file", "list", "map", "any", "batch",
           "count")
@@ -220,7 +229,7 @@ def parse_form(text: str) -> Form:
         raise ValueError(f"unknown form {text!r}")
     low = high = None
     if bounds:
-        if kind not in ("int", "float") or ".." not in bounds:
+        if kind not in ("int", "float", "count") or ".." not in bounds:
             raise ValueError(f"unknown form {text!r}")
         lo, hi = bounds.split("..")
         low = float(lo) if lo.strip() else None

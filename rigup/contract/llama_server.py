@@ -43,7 +43,7 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 # In the order the command line gives them (a new row goes last: the drop-ins of hosts already
 # serving keep their text, so nothing restarts for the order).
 FLAGS: tuple[Flag, ...] = (
-    Flag("ctx", "count", "auto", ("-c", "--ctx-size"),
+    Flag("ctx", "count 1..16777216", "auto", ("-c", "--ctx-size"),
          "total tokens of context, shared by the slots; auto (or N): rigup sizes it (replicas.py sizing: slots of "
          "8,192 tokens, as many as the VRAM left after the weights holds, at most 32; the plan says why)", sweep=True),
     Flag("parallel", "count", "auto", ("--parallel", "-np"), "slots, requests served at once; auto (or N): see ctx",
@@ -98,7 +98,7 @@ FLAGS: tuple[Flag, ...] = (
 # The instance's keys that are no flag of their own (after rigup/contract's SERVING, the keys of every
 # serving entry).
 OTHER: tuple[Row, ...] = (
-    Row("replicas", "count", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each its own unit "
+    Row("replicas", "count 1..1024", 1, "auto or N: servers behind a balancer on host:port (roles/balancer), each its own unit "
                                 "rigup-llama@NAME-K on 127.0.0.1:port+1+K (replicas.py)"),
     Row("gpus_per_replica", "count or null", None, "auto (the fewest GPUs that hold the model) or N; null: the host's "
                                                   "GPUs shared out evenly (one replica: all of them)"),

@@ -35,6 +35,10 @@ def host_with(all_data=None, group_data=None, host_data=None, override=None, gro
     ("list of str", [[], ["a", "b"]], ["a", [1], None]),
     ("path", ["/opt/x"], ["opt/x", 3]),
     ("map or null", [{}, None], [[]]),
+    ("int 1..", [1, 2**31 - 1], [2**31, 10**30]),   # no upper end given: at most the largest int32
+    ("count", ["auto", 1, 2**31 - 1], [0, 2**31, 10**30, "10", True]),
+    ("count 1..1024", ["auto", 1024], [1025, 10**30]),
+    ("batch", ["25%", 3], [2**31, "0%"]),
 ])
 def test_forms_accept_and_refuse(text, good, bad):
     form = parse_form(text)
@@ -309,3 +313,17 @@ def test_an_entrys_own_key_is_a_name_only_as_text(name):
     print(f"\n{name!r}: {found}")
     assert (found == [] and entry == {"a": 1}) if name == "on" else \
         (entry == {} and found[0][0] == f"models.{name}" and "is not a name" in found[0][1])
+
+
+@pytest.mark.parametrize("key, value", [("replicas", 10**30), ("replicas", 1025), ("ctx", 2**24 + 1), ("ngl", 10**30),
+                                        ("batch", 2**31)])
+def test_an_instance_number_beyond_its_bound_is_refused_naming_the_key(key, value):
+    """``replicas: 10**30`` had preflight build that many groups (a hang): every int form has an upper
+    end, the form's own or the largest int32 (red team, issue 61)."""
+    from rigup.models import instances
+    from roles.llama_server.schema import LLAMA_INSTANCE
+    data = {"models": {"m": {"repo": "a/b", "revision": "0" * 40}},
+            "llama_server_instances": {"x": {"model": "m", "port": 8081, key: value}}}
+    _, found = instances(data, "llama_server_instances", LLAMA_INSTANCE)
+    print(f"\n{found}")
+    assert [where for where, _ in found] == [f"llama_server_instances.x.{key}"] and "out of range" in found[0][1]
