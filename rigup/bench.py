@@ -79,7 +79,7 @@ def targets(data: dict, units: list[str] = ()) -> list[dict]:
 def replica_numbers(name: str, units: list[str]) -> list[int]:
     """K of each active replica unit ``rigup-llama@NAME-K.service`` of instance ``name``."""
     return sorted(int(m.group(1)) for u in units
-                  if (m := re.fullmatch(rf"rigup-llama@{re.escape(name)}-(\d+)\.service", u)))
+                  if (m := re.fullmatch(rf"rigup-llama@{re.escape(name)}-([0-9]+)\.service", u)))
 
 
 def sweep_command(target: dict, levels: list[int], max_tokens: int, rounds: int, script: str) -> str:
@@ -208,7 +208,7 @@ def llama_results(runs: list[dict], benched: dict[str, list[dict]]) -> dict[str,
 
 def llama_bench_args(test: str) -> list[str]:
     """llama-bench's arguments for one test: ``pp512`` -> ``-p 512 -n 0``, ``tg128`` -> ``-p 0 -n 128``."""
-    m = re.fullmatch(r"(pp|tg)(\d+)", test)
+    m = re.fullmatch(r"(pp|tg)([0-9]+)", test)
     if not m:
         raise ValueError(f"bench_llama_tests: {test!r} is not ppN or tgN")
     return ["-p", m.group(2), "-n", "0"] if m.group(1) == "pp" else ["-p", "0", "-n", m.group(2)]

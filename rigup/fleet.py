@@ -123,7 +123,7 @@ def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
         if line.startswith("@@ "):
             current = line[3:].strip()
             continue
-        q = re.fullmatch(r"rigup_router_queue_(waiting|limit) (\d{1,9})", line.strip())
+        q = re.fullmatch(r"rigup_router_queue_(waiting|limit) ([0-9]{1,9})", line.strip())
         if q and current is not None:   # a queued router: its HAProxy queue
             out.setdefault(current, {}).setdefault(QUEUE, {})[q.group(1)] = int(q.group(2))
             continue
@@ -377,7 +377,7 @@ def parse_build(lines: list[str]) -> str | None:
 def parse_build_ratio(lines: list[str]) -> float | None:
     """The build section -> the serving build's decode against the one it replaced (1.02), or None."""
     found = next((ln[6:].strip() for ln in lines if ln.startswith("ratio=")), "")
-    return float(found) if re.fullmatch(r"\d{1,3}(\.\d{1,6})?", found) else None
+    return float(found) if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,6})?", found) else None
 
 
 # ----------------------------------------------------------------------------- rows

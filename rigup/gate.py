@@ -45,7 +45,7 @@ CODES = {1: "exited", 2: "killed", 3: "dumped"}   # ExecMainCode: CLD_EXITED, CL
 STOPS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE", "SIGKILL", "SIGQUIT"})
 LOADING, INFERENCE = "while loading", "during its first inference"
 SERVERS = {"rigup-llama@": "llama-server", "rigup-vllm@": "vllm"}
-_EXITED = re.compile(r"\b(Main|Control) process exited, code=(\w+), status=(\d+)(?:/(\S+))?")
+_EXITED = re.compile(r"\b(Main|Control) process exited, code=(\w+), status=([0-9]+)(?:/(\S+))?")
 _INVOCATION = re.compile(r"[0-9a-f]{32}")
 
 

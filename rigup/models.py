@@ -100,7 +100,7 @@ def owned_flag_problems(args: list[str], owned: dict, where: str, abbrev: bool =
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_SHARD = re.compile(r"-([0-9]{5})-of-([0-9]{5})\.gguf$")
 # a file name of a marker that may become a unit's argument: relative, no '..' component, no
 # control character (a newline would start a line of the drop-in), no backslash
 _PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")

@@ -20,7 +20,7 @@ HOST_OPTIONS = ("--limit", "--exclude")
 # "    [name] converged (3 changed)", "[name] unchanged", "[name] failed at OP: why",
 # "[name] unreachable: why", "[name] refused (n reasons): why", each maybe followed by "; note"
 SUMMARY = "--> rigup: what happened to each host"
-_LINE = re.compile(r"^\s*\[([^\]]+)\] ((converged \(\d+ changed\)|unchanged|failed at|unreachable:|refused \()(.*))$")
+_LINE = re.compile(r"^\s*\[([^\]]+)\] ((converged \([0-9]+ changed\)|unchanged|failed at|unreachable:|refused \()(.*))$")
 DONE, FAILED, UNKNOWN = "done", "failed", "unknown"
 
 

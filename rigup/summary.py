@@ -67,7 +67,7 @@ def note(host_name: str, text: str) -> None:
 
 
 # pyinfra's own words around a failure, which say nothing of its reason
-_GENERIC = re.compile(r"^(Error(: executed \d+/\d+ commands)?|Error in nested operation|Traceback)")
+_GENERIC = re.compile(r"^(Error(: executed [0-9]+/[0-9]+ commands)?|Error in nested operation|Traceback)")
 
 
 def _last(host_name: str, n: int = 3) -> str:

@@ -57,7 +57,7 @@ def narrow(group: list[dict]) -> list[dict]:
     """The cards of ``group`` whose negotiated link (``x4 Gen2``) is at or below :data:`NARROW`."""
     out = []
     for c in group:
-        m = re.fullmatch(r"x(\d+) Gen(\d+)", (c.get("link") or {}).get("link", ""))
+        m = re.fullmatch(r"x([0-9]+) Gen([0-9]+)", (c.get("link") or {}).get("link", ""))
         if m and int(m[1]) <= NARROW[0] and int(m[2]) <= NARROW[1]:
             out.append(c)
     return out
@@ -66,7 +66,7 @@ def narrow(group: list[dict]) -> list[dict]:
 def had_replicas(template: str, name: str, units: list[str]) -> bool:
     """Whether ``units`` (preflight's ``serving_units``) hold replicas ``TEMPLATE@NAME-K``: a
     single server of ``name`` then takes its port back from rigup's balancer."""
-    return any(re.fullmatch(re.escape(f"{template}@{name}-") + r"\d+", u) for u in units)
+    return any(re.fullmatch(re.escape(f"{template}@{name}-") + r"[0-9]+", u) for u in units)
 
 
 def configured(template: str, backend_prefix: str, backends_dir: str) -> str:

@@ -173,7 +173,7 @@ DRIVER_COMMAND = (
     DRIVER_PROC_COMMAND + "; echo '--- smi'; if command -v nvidia-smi >/dev/null 2>&1; then "
     "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1; fi; true"
 )
-_PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (Open )?.*?Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+_PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (Open )?.*?Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 
 
 def parse_driver(lines: list[str]) -> dict:
@@ -190,7 +190,7 @@ def parse_driver(lines: list[str]) -> dict:
         if m:
             version, module = m.group(2), "open" if m.group(1) else "proprietary"
             break
-    smi = next((ln.strip() for ln in sec.get("smi", []) if re.fullmatch(r"\s*\d+(\.\d+)+\s*", ln)), None)
+    smi = next((ln.strip() for ln in sec.get("smi", []) if re.fullmatch(r"\s*[0-9]+(\.[0-9]+)+\s*", ln)), None)
     return {"version": version or smi, "kernel_module": module, "loaded": bool(version or smi)}
 
 

@@ -28,7 +28,7 @@ BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])
 # other text that quotes one, a process name, a device's, count as an Xid): the message itself, or
 # one behind dmesg's "[  269.517039] ", syslog's "May 18 19:02:39 [host] kernel: " or journalctl
 # -o short-monotonic's "[  269.517039] host kernel: "
-PREFIX = r"(?:\[\s*\d+\.\d+\]\s+)?(?:(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+)?(?:\S+\s+)?kernel:\s+)?"
+PREFIX = r"(?:\[\s*[0-9]+\.[0-9]+\]\s+)?(?:(?:[A-Z][a-z]{2}\s+[0-9]{1,2}\s+[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\s+)?(?:\S+\s+)?kernel:\s+)?"
 # a code as the driver prints it: plain ASCII decimal (issue 61: "0079" is no code a kernel prints, and
 # \d took "٧٩" too; such a line is not the driver's, so no event: never a drain)
 CODE = r"0|[1-9][0-9]{0,%d}"

@@ -140,8 +140,14 @@ def pci_id(text: str) -> str | None:
 def reading(text: str, digits: int = 9) -> float | None:
     """A number nvidia-smi or systemd printed, or None: ASCII digits, at most ``digits`` before the
     point, so finite (issue 47: "inf" read as a draw above every limit, "nan" as a reading, "²"
-    passed isdigit and crashed float(), ending the check before any judgement)."""
-    return float(text) if re.fullmatch(rf"-?[0-9]{{1,{digits}}}(?:\.[0-9]{{1,9}})?", text) else None
+    passed isdigit and crashed float(), ending the check before any judgement); no sign and no
+    leading zero (issue 61: "-00350" was a draw judged and exported, "0085" a temperature: every
+    figure read here, a draw, a temperature, a clock, a time, is one printed unsigned).
+    rigup.boundary.numbers's rule, by hand: this program ships alone, with the standard library only;
+    tests/unit/test_gpu_guard.py holds it to numbers.number."""
+    if not re.fullmatch(rf"(?:0|[1-9][0-9]{{0,{digits - 1}}})(?:\.[0-9]{{1,12}})?", text.strip()):
+        return None
+    return float(text)
 
 
 def said(text: str, limit: int = 64) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-_CLOCKS = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
+_CLOCKS = re.compile(r"^\s*([0-9]+)\s*,\s*([0-9]+)\s*$")
 
 
 def bus_tail(bus_id: str) -> str:

@@ -54,7 +54,7 @@ import urllib.request
 PROMPT = ("The smoke test of a new llama.cpp build reads this sentence, which is long enough to be "
           "computed as one batch of several dozen tokens, and then writes a few tokens of its own: ")
 PREDICT = 8
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_SHARD = re.compile(r"-([0-9]{5})-of-([0-9]{5})\.gguf$")
 _PLAIN_FILE = re.compile(r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f\\]+")
 # flags the smoke sets itself (its own port and a small context); the instance's are dropped
 _OWN = {"--log-file": 1, "--api-prefix": 1, "--path": 1, "--ssl-key-file": 1, "--ssl-cert-file": 1,

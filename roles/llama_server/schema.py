@@ -59,7 +59,7 @@ LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
     **{r.key: Key(r.form, r.default, r.doc) for r in OTHER},
 }
 
-_NUMBERS = re.compile(r"\d+(\.\d+)?(,\d+(\.\d+)?)*")
+_NUMBERS = re.compile(r"[0-9]+(\.[0-9]+)?(,[0-9]+(\.[0-9]+)?)*")
 # llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
 # flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = owned()

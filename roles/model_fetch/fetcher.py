@@ -107,7 +107,7 @@ RETRIES = 10               # reconnects in a row without a stream that brought S
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # hub answers worth asking again
 PERMANENT = 3              # exit status of a failure that a restart cannot mend (RestartPreventExitStatus)
-SHARD_RE = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
+SHARD_RE = re.compile(r"^(.*)-([0-9]{5})-of-([0-9]{5})\.gguf$")
 USER_AGENT = "rigup-fetch/1"
 
 
@@ -836,7 +836,7 @@ def net_reason(e: Exception, stall: float) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+CONTENT_RANGE_RE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)")
 
 
 def range_problem(value, start: int, size: int) -> str | None:
@@ -1282,7 +1282,7 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
         full = os.path.join(dest, m.group(3))
         size = os.path.getsize(full)
         start = 0
-        r = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
+        r = re.match(r"bytes=([0-9]+)-$", self.headers.get("Range", ""))
         if r:
             start = int(r.group(1))
             if start >= size:

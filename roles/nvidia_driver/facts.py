@@ -16,8 +16,8 @@ PACKAGES = r"^(nvidia-|libnvidia-|libcuda1 |firmware-nvidia-gsp )"
 
 _PACKAGE = re.compile(r"^(\S+):$")                        # apt-cache policy: a package's section
 # its version table: "     VERSION PRIORITY" (Ubuntu adds " (phased N%)"), then its sources' lines
-_VERSION = re.compile(r"^ (?:\*\*\*|   ) (\S+) -?\d+(?: \(phased \d+%\))?$")
-_SOURCE = re.compile(r"^ {8}-?\d+ (\S+)")
+_VERSION = re.compile(r"^ (?:\*\*\*|   ) (\S+) -?[0-9]+(?: \(phased [0-9]+%\))?$")
+_SOURCE = re.compile(r"^ {8}-?[0-9]+ (\S+)")
 MODULES = ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms")
 
 

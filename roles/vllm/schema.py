@@ -40,7 +40,7 @@ VLLM_INSTANCE: dict[str, Key] = {   # rigup/contract/vllm.py's rows
     **{r.key: Key(r.form, r.default, r.doc) for r in OTHER},
 }
 
-_INTS = re.compile(r"\d+(,\d+)*")
+_INTS = re.compile(r"[0-9]+(,[0-9]+)*")
 # vllm serve's flags rigup sets from an instance's keys (in extra_args they are refused; vLLM also
 # reads --served_model_name and abbreviations such as --serv): flag -> the key.
 OWNED_FLAGS = owned()

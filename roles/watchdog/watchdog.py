@@ -145,7 +145,7 @@ def servers(name: str, inst: dict, units: list[str]) -> list[dict]:
     address, or its replicas (NAME-K at 127.0.0.1:port+1+K)."""
     found = []
     for unit in units:
-        m = re.fullmatch(rf"rigup-llama@{re.escape(name)}(?:-(\d+))?\.service", unit)
+        m = re.fullmatch(rf"rigup-llama@{re.escape(name)}(?:-([0-9]+))?\.service", unit)
         if m and m.group(1) is None:
             found.append({"server": name, "unit": unit, "url": inst["url"]})
         elif m:

@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
+from rigup.boundary.numbers import number
 from rigup.config import group_vars
 from roles.gpu_guard import guard_config
 from roles.gpu_guard.checks import check_debounce
-from roles.gpu_guard.guard import debounced, evaluate, keep, parse_sample, read_cards, run_bounded, unit_timeout_s
+from roles.gpu_guard.guard import debounced, evaluate, keep, parse_sample, read_cards, reading, run_bounded, unit_timeout_s
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 CONFIG = {"window_s": 10, "interval_s": 2, "smi_timeout_s": 3, "debounce": {"bad": 2, "of": 3},
@@ -215,3 +217,27 @@ def test_an_nvswitch_hosts_cards_and_fabric_are_read_in_one_call(tmp_path, monke
     down = metrics_text([], None, True, config, 0.0, None, "nvidia-fabricmanager.service is inactive")
     assert up == ["rigup_gpu_fabric_up 1"] and "rigup_gpu_fabric_up 0" in down.splitlines()
     assert "fabric_up" not in metrics_text(cards, [], False, {}, 0.0)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(text=st.one_of(st.text(st.sampled_from(list("0123456789+-.eE_ \u0661\u00b2")), max_size=16), st.text(max_size=6),
+                      st.from_regex(r"-?0*[0-9]{1,10}(\.[0-9]{1,13})?", fullmatch=True)),
+       digits=st.sampled_from([9, 12]))
+def test_a_reading_is_numbers_number_unsigned(text, digits):
+    """The guard's reader (it ships alone) is rigup.boundary.numbers's rule for a figure printed
+    unsigned: what it reads, numbers.number reads the same; what it refuses is signed, has more than
+    ``digits`` digits before the point, or is no number of the boundary's."""
+    got = reading(text, digits)
+    theirs = number(text, float, 0)
+    assert got == theirs if got is not None else (
+        theirs is None or text.strip()[0] in "+-" or len(text.strip().split(".")[0]) > digits)
+
+
+def test_a_signed_or_zero_padded_draw_or_temperature_is_lost_telemetry():
+    """issue 61 (red team item 23): '-00350' was a draw of -350 W judged and exported, '0085' a
+    temperature of 85 C: each is now a reading the card does not give (its telemetry lost)."""
+    cards, lost = parse_sample(["0, GPU-a, 00000000:4E:00.0, 0x20B010DE, -00350, 300, 0085"], 0)
+    print(f"cards {[(c['draw'], c['temp']) for c in cards]}; lost {lost}")
+    assert [(c["draw"], c["temp"]) for c in cards] == [(None, None)] and "reads power.draw -00350" in lost[0]
+    assert [reading(t) for t in ("350.5", "0", "0.5", "85", "-1", "+85", "085", "\u0668\u0665", "1e3")] == \
+        [350.5, 0.0, 0.5, 85.0, None, None, None, None, None]

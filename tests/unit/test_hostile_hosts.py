@@ -262,4 +262,4 @@ def test_a_units_absurd_start_time_and_journal_stamp_do_not_end_the_check(monkey
     print(f"units {units}, journal {entries}")
     assert units[0]["since"] == 0.0 and entries[0] == (0.0, "x")
     assert [guard.reading(v) for v in ("inf", "nan", "²", "١٢", "9" * 10, "41", "-3.5")] == [
-        None, None, None, None, None, 41.0, -3.5]
+        None, None, None, None, None, 41.0, None]   # issue 61: unsigned
