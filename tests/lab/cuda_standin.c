@@ -550,7 +550,7 @@ CUresult cuEventElapsedTime(float *ms, void *start, void *end) {
     *ms = (float)((*(double *)end - *(double *)start) * 1000);
     return gone();
 }
-CUresult cuEventSynchronize(void *event) {
+CUresult cuEventQuery(void *event) {
     (void)event;
     return gone();
 }
