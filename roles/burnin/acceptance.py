@@ -8,6 +8,8 @@ Installed by roles/burnin as RIGUP_PREFIX/bin/rigup-burnin; on the GPU machine r
     rigup-burnin run --level quick|standard|long [--cards UUID,...] [--results FILE] [--json FILE]
                      [--soak-s S] [--patterns N] [--vram-fraction F] [--pcie-min-ratio R]
                      [--throttle-max F] [--timeout-s S] [--xid-match FIELD=VALUE] [--metrics FILE]
+                     [--power-min-ratio R] [--slow-flag-ratio R] [--slow-quarantine-ratio R]
+                     [--load auto|cublas|ptx|integer] [--samples FILE]
     rigup-burnin status [--results FILE]
     rigup-burnin clear UUID[,UUID]|all [--results FILE] [--by WHO]
 
@@ -30,12 +32,19 @@ is the operator's call). Per card:
    card's NUMA node, against what the card's maximum link (``pcie.link.gen.max`` x
    ``pcie.link.width.max``) allows: below ``pcie_min_ratio`` fails (a riser at x1, a slot gone bad);
 3. compute: an integer workload (an LCG and xorshift per thread) whose outputs are compared with a
-   reference computed here for a sample of threads, and whole with the first launch's at every
-   launch of the soak: a wrong answer fails, as a crash does;
-4. soak: that workload for ``soak_s`` seconds at the cap in force (rigup-burnin never sets caps or
-   clocks), sampling temperature, SM clock, power and the throttle reasons every second: a thermal,
-   hardware-slowdown or power-brake reason in more than ``throttle_max`` of the samples fails; so
-   does an Xid of the card in the kernel log, and a card that falls off the bus;
+   reference computed here for a sample of threads, before the soak and again after it against
+   the first: a wrong answer fails, as a crash does;
+4. soak, for ``soak_s`` seconds at the cap in force (rigup-burnin never sets caps or clocks): GEMM
+   on random operands through the host's cuBLAS (FP16 into FP32 on tensor cores, FP32 before
+   compute capability 7.0; without cuBLAS a PTX tensor-core load from memory, or the integer
+   workload) with a concurrent HBM stream, the seeded results digested and every repeat compared
+   with its first; temperature, SM clock, power, the enforced cap and the throttle reasons sampled
+   every SAMPLE_S: a thermal, hardware-slowdown or power-brake reason in more than
+   ``throttle_max`` of the samples fails, so does (under cuBLAS) a mean draw below
+   ``power_min_ratio`` of the cap, a repeat that differs, an Xid of the card in the kernel log and
+   a card that falls off the bus; then each card against its siblings on the host (same product,
+   driver, cuBLAS): a digest not the majority's fails, a throughput below
+   ``slow_quarantine_ratio`` of their median fails, below ``slow_flag_ratio`` is flagged;
 5. the memory the card reports is what the controller expects (``--expect-mib``: a CMP card's
    unlocked size), and the VRAM pass covered it.
 
@@ -54,7 +63,9 @@ PyTorch are packages the host would need first, built per CUDA version.
 
 Results: ``--results`` (default /var/lib/rigup/burnin.json, written atomically, root's), per card
 UUID: ``{"index", "bus_id", "name", "level", "at", "seconds", "passed", "failed": [why...],
-"key": {"driver", "memory_mib", "power_limit_w"}, "figures": {...}}``; ``clear`` marks cards
+"key": {"driver", "memory_mib", "power_limit_w"}, "figures": {...}}`` and, schema 2, ``"schema": 2,
+"gemm": {"load", "dtype", "cublas", "tflops", "tflops_per_w", "digest", ...}, "power": {"mean_w",
+"cap_w", "ratio", "samples", "judged", ...}, "flagged": [why...]``; ``clear`` marks cards
 accepted by the operator (``cleared``); the metrics (``--metrics``, when its directory exists):
 rigup_gpu_burnin_passed, rigup_gpu_quarantined, rigup_gpu_burnin_seconds, per card.
 Exit status of ``run``: 0 every tested card passed, 3 a card failed (named on stderr), 2 bad use.
