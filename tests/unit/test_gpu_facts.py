@@ -262,3 +262,17 @@ def test_other_commands_exit_zero(fact, tmp_path):
 def test_free_disk_command_walks_up_to_an_existing_parent(tmp_path):
     rc, out = sh(FreeDisk().command(path=str(tmp_path / "a b" / "c")), tmp_path)
     assert rc == 0 and FreeDisk().process(out) > 0
+
+
+def test_a_driver_version_in_other_digits_is_no_version():
+    """``\\d`` takes any Unicode digit: /proc's "٥٨٠.105.08" was read as a loaded driver (red team,
+    issue 61); a version is ASCII digits, so it is none, and no regex of rigup/ or roles/ uses ``\\d``."""
+    proc = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  \u0665\u0668\u0660.105.08  Release Build"
+    got = parse_driver(["--- proc", proc, "--- smi", "\u0665\u0668\u0660.105.08"])
+    print(f"\n{got}")
+    assert got == {"version": None, "kernel_module": None, "loaded": False}
+    root = Path(__file__).resolve().parents[2]
+    found = [f"{p.relative_to(root)}:{n}" for d in ("rigup", "roles") for p in sorted((root / d).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "\\d" in line and not line.lstrip().startswith("#")]
+    assert found == [], f"\\d takes any Unicode digit: write [0-9] ({found})"
