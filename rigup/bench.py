@@ -32,6 +32,7 @@ import click
 from pyinfra.api import FactBase
 
 from rigup import traps
+from rigup.boundary import Unreadable, owned
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
 from rigup.contract.vllm import api_name
@@ -39,7 +40,7 @@ from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
-from rigup.text import say
+from rigup.text import say, shown
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
 # The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
@@ -387,12 +388,11 @@ def plot(results: dict[str, dict], path: Path, title: str = "rigup bench: throug
 
 def write_reports(results: dict[str, dict], out: Path) -> list[Path]:
     """Each host's Markdown and JSON, and the fleet's PNG (left out, saying so, without matplotlib)."""
-    out.mkdir(parents=True, exist_ok=True)
     written = []
     for host, result in sorted(results.items()):
         for suffix, text in ((".json", json.dumps(result, indent=1, sort_keys=True) + "\n"), (".md", markdown(host, result))):
-            (out / f"{host}{suffix}").write_text(text)
-            written.append(out / f"{host}{suffix}")
+            # bench_out may be any directory: only one no other user can write (rigup.boundary.owned)
+            written.append(owned.write(out / f"{host}{suffix}", text, f"bench_out: {out}", mode=0o644))
     try:
         plot(results, out / "fleet.png")
         written.append(out / "fleet.png")
@@ -431,5 +431,8 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
 
 def report() -> None:
     if _results:
-        for path in write_reports(_results, _run["out"]):
-            say(f"--> bench: wrote {path}")
+        try:
+            for path in write_reports(_results, _run["out"]):
+                say(f"--> bench: wrote {path}")
+        except Unreadable as e:
+            say(f"--> bench: no report written: {shown(e.where, 200)}: {shown(e.why, 400)}", fg="red")

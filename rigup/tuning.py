@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shlex
 from pathlib import Path
 
 from pyinfra.api import FactBase, OperationError
 
 from rigup import bench, yamlfile
-from rigup.boundary import fields, results
+from rigup.boundary import fields, owned, results
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import yaml_text
 from rigup.config import ROOT
@@ -161,14 +162,11 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     """``<site or the repository>/host_vars/<host>.yml`` with ``entries`` merged into its
     ``llama_server_tuned`` (other keys of the file kept)."""
     path = Path(site or ROOT) / "host_vars" / f"{host}.yml"
-    doc = yamlfile.safe_load(path.read_text()) if path.exists() else {}
+    where = f"tune: {path}"   # read and written only where no other user can write (rigup.boundary.owned)
+    doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else {}
     doc = doc if isinstance(doc, dict) else {}
     doc["llama_server_tuned"] = {**(doc.get("llama_server_tuned") or {}), **entries}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(HEADER + yaml_text(doc, str(path)))
-    tmp.replace(path)
-    return path
+    return owned.write(path, HEADER + yaml_text(doc, str(path)), where, mode=0o644)
 
 
 def markdown(host: str, name: str, result: dict) -> str:
@@ -208,10 +206,13 @@ def record(host: str, name: str, result, data: dict, argv: list[str], build: str
     found, table = entry(result, build), markdown(host, name, result)
     points = {json.dumps(p["flags"]) if p["flags"] else "as it was": {"levels": p["levels"]}
               for p in result["points"] if p.get("levels")}
-    path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
     out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{host}-{name}.md").write_text(table)
+    try:
+        path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
+        owned.write(out / f"{host}-{name}.md", table, f"tune: {out}", mode=0o644)
+    except Unreadable as e:   # a directory or host_vars file another user could write: nothing trusted there
+        say(f"    [{host}] tune {name}: {shown(e.where, 200)}: {shown(e.why, 400)}; not kept", fg="red")
+        raise OperationError(f"tune {name}: {e}") from None
     try:   # bench.py's plot: one line per point, tok/s against the levels
         bench.plot({host: {"instances": points}}, out / f"{host}-{name}.png", f"tune.py: {host} {name}, each point")
     except ImportError:

@@ -29,7 +29,7 @@ from rigup.boundary.core import Crossing, Unreadable
 from rigup.boundary.fields import CONTROL, ident
 from rigup.boundary.numbers import required, whole
 
-SCHEMA = 1                       # the records' format this rigup reads and rigup-burnin writes
+SCHEMA = 2                       # the records' format this rigup reads and rigup-burnin writes (2: issue 62's gemm, power, flagged)
 LEVELS = ("quick", "standard", "long")
 MAX_CHARS = 1 << 20              # a host's records: a few KiB per card
 MAX_CARDS = 1024
@@ -224,8 +224,12 @@ def cached(path: str | Path, where: str | None = None) -> Records | None:
     """The controller's copy at ``path`` (:func:`records`), None when there is none yet, or
     :class:`Unreadable` naming ``where`` (default ``controller:PATH``): read only when no other user
     could have written it (rigup.boundary.owned.read: a copy another user wrote could keep a card
-    out, or, while the host's own records do not read, let one in)."""
+    out, or, while the host's own records do not read, let one in), in a directory only you or root
+    can write, checked even while it holds no copy yet (roles/burnin kept writes there next)."""
     where = where or f"controller:{path}"
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(parent):   # checked first: a directory another user can write holds no copy of ours
+        owned.directory(parent, where)
     if not os.path.lexists(path):
         return None
     return records(owned.read(path, where, limit=MAX_CHARS * 4), where)

@@ -17,7 +17,9 @@ the operator's or root's; the file or directory named itself is never a link.
 Anything else is :class:`NotOwned`, naming the file, what is wrong (owner, mode) and the fix,
 raised before anything changes on a host.
 
-Also here, the two readers of what such files hold: :func:`key` (an API key or token, before it is
+Also here, :func:`write`, the one writer of what rigup keeps in a directory of its own on the
+controller (the hub's answers, the burn-in copies, the artifact cache, the tuner's output), and the
+two readers of what such files hold: :func:`key` (an API key or token, before it is
 written anywhere) and :func:`netrc` (a netrc cut to the machines rigup fetches from).
 """
 
@@ -210,6 +212,35 @@ def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT)
         raise NotOwned(where, f"{path} is not UTF-8 text") from None
 
 
+def write(path: str | Path, text: str, where: str, mode: int = 0o600) -> Path:
+    """Write ``text`` to ``path`` (``~`` expanded) in a directory of rigup's own on the controller
+    (a cache, the site directory): the directory, made 0700 when missing, is checked as
+    :func:`directory` checks it, by the descriptor the write then goes through; the text goes to a
+    new file in it (``O_CREAT|O_EXCL|O_NOFOLLOW``, ``mode``: a link or file another user planted
+    under the temporary name is refused, never written through), renamed over ``path`` (a link at
+    ``path`` is replaced, not followed). :class:`NotOwned` naming ``where`` when another user could
+    write the directory or one on its path; OSError when the disk refuses."""
+    path = Path(os.path.expanduser(str(path)))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, name = _walk(path, where)
+    try:
+        why = _problem(os.fstat(fd), str(path.parent))
+        if why:
+            raise NotOwned(where, f"{path.parent} must be a directory that only you or root can write: it {why}")
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            with os.fdopen(f, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+    return path
+
+
 def key(text: str, where: str) -> str:
     """An API key or token (``text`` without its surrounding whitespace) when it is :data:`KEY`'s
     printable ASCII, else :class:`Unreadable` naming ``where`` and never the text."""
@@ -282,6 +313,12 @@ CROSSINGS = (
     Crossing("a directory named by configuration (the artifact cache, the site directory)",
              "its owner, and whoever can write a directory on its path",
              "rigup/boundary/owned.py:directory", "roles/llama_cpp/artifact.py:cache_dir, rigup/config.py:site_dir"),
+    Crossing("a file rigup keeps in a directory of its own on the controller (the hub's answers, the burn-in "
+             "copies, the artifact cache's records, the tuner's host_vars and tables)",
+             "rigup on the controller, and whoever can write a directory on its path",
+             "rigup/boundary/owned.py:write",
+             "roles/model_fetch/hub.py:_once, roles/burnin/__init__.py:kept, roles/llama_cpp/artifact.py:kept, "
+             "rigup/tuning.py:write_host_vars, rigup/tuning.py:record, rigup/bench.py:write_reports"),
     Crossing("an API key or token in a file on the controller (fleet_api_key_src, model_fetch_share_token_src, "
              "model_fetch_hf_token_src)",
              "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token, roles/model_fetch/hub.py:token"),

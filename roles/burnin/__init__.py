@@ -30,7 +30,8 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
 
 Variables (roles/burnin/defaults.yml): burnin_enabled, burnin_level, burnin_after_change,
 burnin_soak_s, burnin_timeout_s, burnin_vram_fraction, burnin_pcie_min_ratio,
-burnin_throttle_max, burnin_retest, burnin_clear; rigup_rolling (roles/base, set by roll.py);
+burnin_throttle_max, burnin_power_min_ratio, burnin_slow_flag_ratio, burnin_slow_quarantine_ratio,
+burnin_retest, burnin_clear; rigup_rolling (roles/base, set by roll.py);
 gpu_guard_xid_source (roles/gpu_guard),
 cmpunlocker_enabled (roles/cmpunlocker), gpu_enabled (roles/preflight), rigup_prefix and
 rigup_state_dir (roles/base).
@@ -39,7 +40,6 @@ rigup_state_dir (roles/base).
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from rigup import files
-from rigup.boundary import Unreadable, burnin
+from rigup.boundary import Unreadable, burnin, owned
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.plan import Plan, gpu_host
@@ -74,15 +74,14 @@ def plan_reads(data: Config) -> list:
 
 
 def kept(path: Path, records: dict) -> None:
-    """Write the controller's copy of a host's records (rigup.names.burnin_copy) when it changed."""
+    """Write the controller's copy of a host's records (rigup.names.burnin_copy) when it changed,
+    only into a directory no other user can write (rigup.boundary.owned.write; judged read the
+    copy through burnin.cached, which refuses such a directory first)."""
+    text = json.dumps(records, indent=1, sort_keys=True) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(records, indent=1, sort_keys=True) + "\n"
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-    except OSError:
+        if not path.exists() or owned.read(path, f"controller:{path}") != text:
+            owned.write(path, text, f"controller:{path}")
+    except (OSError, Unreadable):
         pass   # the host's records are the ones that count
 
 
@@ -98,8 +97,9 @@ def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[
         good = burnin.cached(copy)
     except Unreadable as e:
         good = None
-        problems.append({"where": e.where, "why": e.why, "fix": f"move {copy} aside (the host's records are "
-                                                                 "copied there again at the next preflight)"})
+        problems.append({"where": e.where, "why": e.why, "fix": f"move {copy} aside, or make its directory "
+                                                                 "yours alone (the host's records are copied there "
+                                                                 "again at the next preflight)"})
     if state.get("unreadable"):
         problems.append({"where": f"{name}:{path}", "why": state["unreadable"],
                          "fix": f"restore it from the controller's copy ({copy}) or move it aside (every card is "
@@ -136,7 +136,10 @@ def run_argv(script: str, level: str, uuids: list[str], plan: Plan, data: Config
     """rigup-burnin's command line for one level's cards."""
     argv = [script, "run", "--level", level, "--cards", ",".join(uuids), "--results", burnin_file(data),
             "--metrics", BURNIN_METRICS, "--vram-fraction", str(data["burnin_vram_fraction"]),
-            "--pcie-min-ratio", str(data["burnin_pcie_min_ratio"]), "--throttle-max", str(data["burnin_throttle_max"])]
+            "--pcie-min-ratio", str(data["burnin_pcie_min_ratio"]), "--throttle-max", str(data["burnin_throttle_max"]),
+            "--power-min-ratio", str(data["burnin_power_min_ratio"]),
+            "--slow-flag-ratio", str(data["burnin_slow_flag_ratio"]),
+            "--slow-quarantine-ratio", str(data["burnin_slow_quarantine_ratio"])]
     if data["burnin_soak_s"] is not None:
         argv += ["--soak-s", str(data["burnin_soak_s"])]
     if data["burnin_timeout_s"] is not None:

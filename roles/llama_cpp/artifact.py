@@ -24,11 +24,10 @@ import re
 import stat
 import subprocess
 import tarfile
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from rigup.boundary import results
+from rigup.boundary import owned, results
 from rigup.boundary.core import Unreadable
 
 # what an artifact may hold: its binaries (one relative link: ggml-rpc-server -> rpc-server, made
@@ -93,7 +92,6 @@ def cache_dir(path: str) -> Path:
     """The controller's cache (``~`` expanded), made private (0700) when it is made; used only when
     no other user could have written it or a directory on its path (rigup.boundary.owned): else
     ConfigError naming llama_cpp_artifacts, before any host receives what it holds."""
-    from rigup.boundary import owned
     from rigup.config import ConfigError
 
     d = Path(os.path.expanduser(path))
@@ -109,14 +107,10 @@ def checked_record(cache: str, artifact: str) -> tuple[dict | None, str | None]:
     read it, None); (None, None) when there is none; or (None, why it is not one it wrote: of
     another key, a sha256 that is no sha256, a path that is not the artifact's ...)."""
     path = cache_dir(cache) / f"{artifact}.json"
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, None
-    except OSError as e:
-        return None, f"its record is unreadable ({path}: {type(e).__name__})"
-    try:
-        return results.artifact_record(text, f"controller:{path}", artifact), None
+    try:   # only a record no other user could have written (rigup.boundary.owned.read)
+        return results.artifact_record(owned.read(path, f"controller:{path}"), f"controller:{path}", artifact), None
     except Unreadable as e:
         return None, f"its record is unreadable ({e.where}: {e.why})"
 
@@ -148,10 +142,8 @@ def kept(cache: str, artifact: str, received: Path, doc: dict) -> dict:
     controller's record of it (``doc`` plus the sha256 and size the controller computed itself)."""
     d = cache_dir(cache)
     doc = {**doc, "schema": results.SCHEMA, "key": artifact, "sha256": sha256(received), "size": received.stat().st_size}
-    os.replace(received, d / f"{artifact}.tar.gz")
-    with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-        json.dump(doc, f, sort_keys=True, indent=1)
-    os.replace(f.name, d / f"{artifact}.json")
+    os.replace(received, d / f"{artifact}.tar.gz")   # the directory was checked by cache_dir
+    owned.write(d / f"{artifact}.json", json.dumps(doc, sort_keys=True, indent=1), "llama_cpp_artifacts")
     return doc
 
 

@@ -91,24 +91,28 @@ def _kept(key: tuple) -> Path | None:
 
 def _once(key: tuple, ask):
     """``ask()``, asked once per run for ``key`` (once ever for a commit's listing or header: a
-    no-op converge asks the hub nothing); an exception is remembered and raised again."""
+    no-op converge asks the hub nothing); an exception is remembered and raised again. The kept
+    answer is read and written only in a cache directory no other user can write
+    (rigup.boundary.owned: read, write): else HubRefused naming it and the fix."""
     kept = _kept(key)
-    if key not in _asked and kept and kept.exists():
-        try:
-            _asked[key] = json.loads(kept.read_text())
-        except ValueError:
-            pass
-    if key not in _asked:
-        calls.append(key)
-        try:
-            _asked[key] = ask()
-        except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
-            _asked[key] = e
-        if kept and not isinstance(_asked[key], Exception):
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(_asked[key]))
-            tmp.replace(kept)
+    try:
+        if key not in _asked and kept and os.path.lexists(kept):
+            try:
+                _asked[key] = json.loads(owned.read(kept, "the hub's answers kept on the controller"))
+            except owned.NotOwned:
+                raise
+            except ValueError:
+                pass   # not JSON (a write cut short): asked again
+        if key not in _asked:
+            calls.append(key)
+            try:
+                _asked[key] = ask()
+            except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
+                _asked[key] = e
+            if kept and not isinstance(_asked[key], Exception):
+                owned.write(kept, json.dumps(_asked[key]), "the hub's answers kept on the controller")
+    except owned.NotOwned as e:
+        raise HubRefused(f"{e}; refused") from None
     if isinstance(_asked[key], Exception):
         raise _asked[key]
     return _asked[key]

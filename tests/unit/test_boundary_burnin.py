@@ -6,6 +6,7 @@ the host is refused naming the file (roles/burnin, status's rows)."""
 
 import json
 import math
+import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -219,6 +220,25 @@ def test_a_copy_another_user_could_have_written_is_not_read(copy_dir):
     st2, problems = judged("lab1", state("{nope"), "/x/burnin.json", DATA)
     assert [p["where"] for p in problems] == [f"controller:{burnin_copy('lab1')}", "lab1:/x/burnin.json"]
     assert "only you or root can write" in problems[0]["why"] and st2["records"] == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_copy_directory_another_user_could_write_refuses_the_host_before_any_copy_is_written(copy_dir, tmp_path):
+    """The red team's 18 (issue 61): $RIGUP_CACHE_DIR/burnin of nobody's, 0777, no copy yet, a link
+    planted at the old temporary name: the host is refused naming the directory; nothing written through."""
+    d = burnin_copy("lab1").parent
+    d.mkdir()
+    os.chown(d, 65534, 65534)
+    d.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("operator's file\n")
+    (d / f".lab1.json.{os.getpid()}.tmp").symlink_to(victim)
+    st2, problems = judged("lab1", state({U[1]: failed(1)}), "/x/burnin.json", DATA)
+    print(problems)
+    assert [p["where"] for p in problems] == [f"controller:{burnin_copy('lab1')}"] and "owned by nobody" in problems[0]["why"]
+    assert victim.read_text() == "operator's file\n" and not burnin_copy("lab1").exists()
+    with pytest.raises(Unreadable, match="owned by nobody"):
+        burnin.cached(burnin_copy("lab1"))
 
 
 def test_a_marker_line_in_the_file_is_part_of_the_records():

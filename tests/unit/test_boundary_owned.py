@@ -254,6 +254,40 @@ def test_the_artifact_cache_and_the_site_directory_are_refused_when_another_user
         config.site_dir(inventory, None)
 
 
+# -- the one writer of what rigup keeps on the controller (issue 61, the red team's 5 and 18) ---------------
+
+def test_a_kept_file_is_written_only_into_a_directory_no_other_user_can_write(tmp_path):
+    d, victim = tmp_path / "cache", made(tmp_path / "victim", "operator's file\n")
+    path = owned.write(d / "hub" / "x.json", "[1]", "the hub's answers")     # made 0700, the file 0600
+    assert owned.read(path, "w") == "[1]" and stat.S_IMODE((d / "hub").stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (d / "hub" / "y.json").symlink_to(victim)           # a link at the name is replaced, never followed
+    owned.write(d / "hub" / "y.json", "[2]", "w", mode=0o644)
+    assert victim.read_text() == "operator's file\n" and not (d / "hub" / "y.json").is_symlink()
+    assert stat.S_IMODE((d / "hub" / "y.json").stat().st_mode) == 0o644
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, NOBODY, NOBODY)
+    theirs.chmod(0o777)
+    for name in ("h.json", f".h.json.{os.getpid()}.tmp", "x.json.tmp1"):   # what another user plants there
+        (theirs / name).symlink_to(victim)
+    print(refused(lambda: owned.write(theirs / "h.json", "GPU-a", "controller:copy"),
+                  "controller:copy", "owned by nobody", "chown root", "another user could swap what it holds"))
+    theirs.chmod(0o755)
+    os.chown(theirs, 0, 0)
+    theirs.chmod(0o777)
+    refused(lambda: owned.write(theirs / "h.json", "GPU-a", "w"), "writable by others (mode drwxrwxrwx)")
+    assert victim.read_text() == "operator's file\n" and sorted(os.listdir(theirs)) == sorted(
+        ["h.json", f".h.json.{os.getpid()}.tmp", "x.json.tmp1"])
+
+
+@settings(max_examples=40, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=300))
+def test_any_text_written_reads_back_the_same(tmp_path, text):
+    path = owned.write(tmp_path / "kept" / "x.json", text, "w")
+    assert owned.read(path, "w") == text and [p.name for p in path.parent.iterdir()] == ["x.json"]
+
+
 # -- status.py's read of a keyed router, against the real curl ---------------------------------------
 
 class _Router(BaseHTTPRequestHandler):

@@ -2,6 +2,8 @@
 the ``models`` map (the pin to write, models_allow_unpinned, size_gib, an unknown family's KV
 size), the endpoint and the token. The hub itself: tests/roles/test_model_fetch_hub.py."""
 
+import json
+import os
 import struct
 
 import pytest
@@ -161,3 +163,38 @@ def test_token_from_the_hf_auth_login_store(tmp_path):
                           "print(token({'model_fetch_hf_token_src': None}))"],
                          env={**env, "HF_HOME": str(tmp_path)}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "hf_stored_by_login"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("what", ["read", "write"])
+def test_the_hubs_answers_are_kept_only_where_no_other_user_can_write(tmp_path, monkeypatch, what):
+    """The red team's 5 and 6 (issue 61): a hub cache directory of nobody's, 0777, holding figures
+    that would size VRAM with 1 layer and no KV (read), or a link planted at the old temporary
+    name (write): the model is refused naming the directory and the fix; nothing is written through."""
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_module, "_asked", {})
+    monkeypatch.setattr(hub_module, "calls", [])
+    victim = tmp_path / "victim"
+    victim.write_text("operator's file\n")
+    commit = "ab" * 20
+    key = ("gguf", "http://hub.test", "org/m", commit, "m.gguf") if what == "read" else ("tree", "http://hub.test", "org/m", commit)
+    kept = hub_module._kept(key)
+    kept.parent.mkdir(parents=True)
+    hub_module._once(("tree", "http://hub.test", "org/m", "cd" * 20), lambda: [])     # ours: written, 0600
+    assert oct(os.stat(hub_module._kept(("tree", "http://hub.test", "org/m", "cd" * 20))).st_mode & 0o777) == "0o600"
+    os.chown(kept.parent, 65534, 65534)
+    kept.parent.chmod(0o777)
+    if what == "read":
+        kept.write_text(json.dumps({"architecture": "llama", "layers": 1, "kv_gib_per_1k_tokens": 0.0,
+                                    "context_length": 1 << 24, "read_bytes": 10}))
+        os.chown(kept, 65534, 65534)
+        kept.chmod(0o666)
+        call = lambda: hub_module._head("http://hub.test", "org/m", commit, "m.gguf", None, 10)  # noqa: E731
+    else:
+        kept.with_suffix(f".tmp{os.getpid()}").symlink_to(victim)
+        call = lambda: hub_module._once(key, lambda: [{"path": "m.gguf", "size": 1, "sha256": "a" * 64}])  # noqa: E731
+    with pytest.raises(hub_module.HubRefused) as e:
+        call()
+    print(e.value)
+    assert "the hub's answers kept on the controller" in str(e.value) and "owned by nobody" in str(e.value)
+    assert victim.read_text() == "operator's file\n" and (key in hub_module.calls) == (what == "write")
