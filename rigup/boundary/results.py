@@ -5,6 +5,8 @@
   typed and bounded before anything is written (:func:`sweep`);
 - a build's stamp (``builds/<id>/rigup-build.json``, templates/llama_cpp-build.sh.j2): a bad one
   makes that build unknown on that host, never a crash of the run (:func:`stamp`);
+- a build's smoke result (``builds/<id>/rigup-smoke.json``, roles/llama_cpp/smoke.py): a bad one
+  makes that build's smoke unknown (smoked again), never a crash (:func:`smoke`);
 - the controller's record of an artifact in ``llama_cpp_artifacts`` (roles/llama_cpp/artifact.py):
   the hash a receiving host must match and the host that offers it (:func:`artifact_record`).
 
@@ -43,6 +45,10 @@ TENSOR_SPLIT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?(,[0-9]{1,6}(\.[0-9]{1,6})?
 COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|archive")
 KEY = re.compile(r"[0-9a-f]{16}")                      # an artifact key (roles/llama_cpp/artifact.py key)
 CPU_FLAG = re.compile(r"[a-z0-9_.]{1,32}")             # /proc/cpuinfo's flag names
+# a trap's id and a remedy's flag as a smoke result records them (rigup/traps.py's ID and REMEDY_FLAG:
+# rigup.traps reads YAML, which the boundary, shipped to hosts, does not import)
+TRAP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+REMEDY_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 HOST = re.compile(r"@?[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,252}")   # an inventory host's name
 
 
@@ -231,6 +237,42 @@ def stamp(value: Any, where: str, build: str | None = None) -> dict:
     return doc
 
 
+# ----------------------------------------------------------------------------- a build's smoke result
+def smoke(value: Any, where: str) -> dict:
+    """A build's smoke result (roles/llama_cpp/smoke.py's ``builds/<id>/rigup-smoke.json``, JSON
+    text or what it parsed to): ``ok`` a bool, ``key`` the spec's key (16 hex digits), ``seconds``
+    finite, ``traps`` trap ids and ``server_args`` bare ``--flags`` (they reach the instances'
+    units), ``runs`` maps, ``compare`` a map whose ``ok`` is a bool and ``ratio`` finite; or
+    :class:`Unreadable` naming ``where`` and the field (the build's smoke is then unknown: run again)."""
+    def flag(pattern: re.Pattern, what: str) -> Callable[[Any, str], str]:
+        return lambda v, w: fields.matched(pattern, v, w, what)
+
+    def a_map(v: Any, w: str) -> dict:
+        if not isinstance(v, dict):
+            raise Unreadable(w, f"not a map: {type(v).__name__}")
+        return v
+
+    def compared(v: Any, w: str) -> dict:
+        return _typed(a_map(v, w), w, {"ok": (_bool, False),
+                                       "ratio": (_optional(lambda x, y: _float(x, y, 0, TPS_MAX)), False)})
+
+    return _typed(_record(value, where), where, {
+        "ok": (_bool, True),
+        "key": (_optional(flag(KEY, "a smoke spec's key (16 hex digits)")), False),
+        "seconds": (_optional(lambda v, w: _float(v, w, 0, SECONDS_MAX)), False),
+        "traps": (_list(flag(TRAP_ID, "a trap's id (roles/llama_cpp/traps.yml)")), False),
+        "server_args": (_list(flag(REMEDY_FLAG, "a bare --flag")), False),
+        "runs": (_list(a_map), False),
+        "compare": (_optional(compared), False),
+    })
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise Unreadable(where, f"not true or false: {str(value)[:40]!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------- an artifact's record
 def _runtime(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
@@ -274,6 +316,9 @@ CROSSINGS = (
              "rigup/boundary/results.py:sweep", "rigup/tuning.py:record"),
     Crossing("a llama.cpp build's stamp (builds/<id>/rigup-build.json)", "root on the host (the build script)",
              "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
+    Crossing("a llama.cpp build's smoke result (builds/<id>/rigup-smoke.json)",
+             "root on the host (roles/llama_cpp/smoke.py), its servers running as the rigup user",
+             "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",
              "the controller (roles/llama_cpp/artifact.py kept)",
              "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),

@@ -1,6 +1,5 @@
 """What is built on a host, read in one round trip."""
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
@@ -16,7 +15,8 @@ def parse_state(lines: list[str]) -> dict:
     building: bool, systemd: bool, os, glibc, machine}`` (a stamp: as rigup.boundary.results
     ``stamp`` read it, its id its directory's name; ``unreadable``: the builds whose stamp did not
     read, unknown here, so built again or received; a smoke result: roles/llama_cpp/smoke.py's
-    JSON; ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
+    JSON as rigup.boundary.results ``smoke`` read it, a build whose result does not read having
+    none (smoked again); ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
     state = {"current": None, "previous": None, "builds": {}, "unreadable": {}, "smokes": {}, "building": False,
              "systemd": False, "os": None, "glibc": None, "machine": None}
     for line in lines:
@@ -32,11 +32,9 @@ def parse_state(lines: list[str]) -> dict:
         elif key == "smoke":
             ident, _, text = value.partition(" ")
             try:
-                doc = json.loads(text)
-            except ValueError:
-                continue    # half-written: no result
-            if isinstance(doc, dict):
-                state["smokes"][ident] = doc
+                state["smokes"][ident] = results.smoke(text, f"builds/{ident}/rigup-smoke.json")
+            except Unreadable:   # half-written, or of a wrong type: the build's smoke is unknown (run again)
+                state["smokes"].pop(ident, None)
         elif key == "building":
             state["building"] = value == "active"
         elif key == "systemd":

@@ -5,6 +5,7 @@ another exception; and at the call sites a bad result writes nothing, a bad stam
 
 import json
 import math
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -183,8 +184,44 @@ def test_any_value_in_an_artifact_record_is_refused_or_typed(field, value):
 @settings(max_examples=60, deadline=1000)
 @given(st.text(max_size=200) | st.binary(max_size=200))
 def test_any_text_is_refused_or_read(text):
-    for reader, args in ((results.sweep, ()), (results.stamp, ()), (results.artifact_record, (KEY,))):
+    for reader, args in ((results.sweep, ()), (results.stamp, ()), (results.artifact_record, (KEY,)), (results.smoke, ())):
         read_or_refused(reader, text, *args)
+
+
+# a smoke result as roles/llama_cpp/smoke.py writes it (run's fields abridged)
+SMOKE = {"key": "0123456789abcdef", "ok": True, "seconds": 12.5, "runs": [{"name": "tiny", "ok": True, "tokens": 8}],
+         "traps": ["cpu-repack-crash"], "server_args": ["--no-repack"],
+         "compare": {"ok": True, "ratio": 1.02, "new_tps": [10.2], "current_tps": [10.0]}}
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.sampled_from(sorted(SMOKE) + [("compare", "ratio"), ("compare", "ok"), "schema"]), json_values)
+def test_any_value_in_a_smoke_result_is_refused_or_typed(field, value):
+    got = read_or_refused(results.smoke, replaced(SMOKE, field if isinstance(field, tuple) else (field,), value))
+    if got is not None:
+        assert type(got["ok"]) is bool and all(results.TRAP_ID.fullmatch(t) for t in got["traps"])
+        assert all(results.REMEDY_FLAG.fullmatch(a) for a in got["server_args"])
+    read_or_refused(results.smoke, value)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"ok": True, "traps": [1, 2], "server_args": 7}, "traps[0]: not a trap's id"),    # the red team's (issue 61, 20)
+    ({**SMOKE, "ok": "true"}, "ok: not true or false"),
+    ({**SMOKE, "server_args": ["--no-repack", "--host=0.0.0.0"]}, "server_args[1]: not a bare --flag"),
+    ({**SMOKE, "compare": {"ok": True, "ratio": -1}}, "compare: ratio: not a finite number"),
+    ({k: v for k, v in SMOKE.items() if k != "ok"}, "no ok"),
+])
+def test_a_bad_smoke_result_is_that_builds_smoke_unknown_and_crashes_no_plan(bad, why, monkeypatch):
+    import roles.llama_cpp as llama_cpp
+    from roles.llama_cpp.facts import parse_state
+    with pytest.raises(Unreadable, match=re.escape(why)):
+        results.smoke(json.dumps(bad), WHERE)
+    state = parse_state(["current=builds/b1-abc", f"smoke=b1-abc {json.dumps(bad)}", f"smoke=b2 {json.dumps(SMOKE)}"])
+    print(why, "->", state["smokes"].keys())
+    assert list(state["smokes"]) == ["b2"] and state["smokes"]["b2"]["traps"] == ["cpu-repack-crash"]
+    monkeypatch.setattr(llama_cpp, "read_once", lambda *a, **kw: state)
+    lines = llama_cpp.plan_lines({}, {"llama_cpp_dir": "/opt/llama.cpp", "llama_cpp_rollback": True, "llama_cpp_smoke": False})
+    assert not any("trap" in ln for ln in lines), lines
 
 
 def test_the_build_scripts_stamp_reads_back():
@@ -223,6 +260,24 @@ def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path, monkeypatc
     tuning.record("rig-07", "g", text, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], "b1", where=WHERE)
     entry = yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]
     assert entry["flags"] == {"parallel": 4, "ctx": 16384, "flash_attn": "on"} and entry["tok_s"] == 90.0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_sweep_is_kept_only_where_no_other_user_can_write(tmp_path, monkeypatch, capsys):
+    """host_vars/ of nobody's, 0777, a link planted at the old temporary name: the host fails
+    naming the directory (rigup.boundary.owned.write); nothing is written through the link."""
+    from rigup import bench, tuning
+    monkeypatch.setattr(bench, "plot", lambda *a: None)
+    victim = tmp_path / "victim"
+    victim.write_text("operator's file\n")
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "rig-07.yml.tmp").symlink_to(victim)
+    os.chown(tmp_path / "host_vars", 65534, 65534)
+    (tmp_path / "host_vars").chmod(0o777)
+    with pytest.raises(OperationError, match="owned by nobody"):
+        tuning.record("rig-07", "g", RESULT, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], where=WHERE)
+    print(capsys.readouterr().err)
+    assert victim.read_text() == "operator's file\n" and not (tmp_path / "host_vars" / "rig-07.yml").exists()
 
 
 def _stamps(tmp_path, stamps: dict) -> dict:
