@@ -176,7 +176,8 @@ HEX40, HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
 def listing_problems(files: list, allow_unhashed: bool = False) -> list[tuple[str, str]]:
     """(path, why) of each thing wrong in a hub's listing ``files`` ([{path, size, oid, sha256}]):
     an unsafe path (:func:`unsafe_path`), a size that is not a non-negative integer, a hash that is
-    missing (unless ``allow_unhashed``) or not hex, a path listed twice (also case-insensitively),
+    missing (unless ``allow_unhashed``) or not hex, a path listed twice (also case-insensitively, and
+    in another Unicode normal form),
     a file that is also a directory, a listing longer than MAX_FILES. Everything a hub says is
     data: checked like configuration before any byte."""
     if not isinstance(files, list):
@@ -202,9 +203,12 @@ def listing_problems(files: list, allow_unhashed: bool = False) -> list[tuple[st
         if sha is None and oid is None and not allow_unhashed:
             out.append((path, "no hash (neither sha256 nor git blob id): it could not be verified; "
                               "allow_unhashed: true on the model fetches it unverified"))
-        key = path.casefold()
+        # Unicode's canonical caseless match: 'é' (NFC) and 'e' + U+0301 (NFD) are one name on a
+        # file system that normalises (macOS, ZFS normalization=) and look alike everywhere
+        key = unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
         if key in seen:
-            out.append((path, f"listed twice (as {seen[key]!r}; paths are compared case-insensitively)"))
+            out.append((path, f"listed twice (as {seen[key]!a}; paths are compared case-insensitively, "
+                              "in Unicode's composed form)"))
         seen.setdefault(key, path)
     for key, path in seen.items():
         parts = key.split("/")

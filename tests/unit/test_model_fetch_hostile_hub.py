@@ -73,6 +73,8 @@ def test_models_refuse_a_recorded_commit_that_is_not_hex():
 @pytest.mark.parametrize("listing, why", [
     ([GOOD, dict(GOOD)], "listed twice"),
     ([GOOD, dict(GOOD, path="M.GGUF")], "case-insensitively"),
+    ([dict(GOOD, path="\u00e9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's composed form"),   # NFC, NFD
+    ([dict(GOOD, path="\u00c9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's composed form"),
     ([GOOD, dict(GOOD, path="m.gguf/x")], "as a file and a directory"),
     ([dict(GOOD, size=-1)], "not a non-negative integer"),
     ([dict(GOOD, size="10")], "not a non-negative integer"),
