@@ -21,7 +21,7 @@ from pyinfra import host
 from pyinfra.api import FactBase
 from rigup.probe import operation
 
-from rigup.boundary.formats import nft_comment, nft_name, systemd_quote
+from rigup.boundary.formats import nft_address, nft_comment, nft_name, systemd_quote
 from rigup.secrets import written
 from rigup.state import read_once, reading
 from rigup.templates import render
@@ -36,8 +36,9 @@ def text(table: str, ports: list[int | tuple[int, int]], sources: list[str], own
          loopback: bool = False) -> str:
     """The nftables file of table ``inet table``: only ``sources`` (IP addresses; and the loopback
     interface with ``loopback``) reach ``ports`` over TCP, others get a TCP reset. ``owner`` and
-    ``who`` are named in its header comment."""
-    ips = {ipaddress.ip_address(s) for s in sources}
+    ``who`` are named in its header comment. Each address through nft_address: an IPv6 zone (which
+    ipaddress keeps verbatim, a newline and a rule with it), a name or a network is a ValueError."""
+    ips = {ipaddress.ip_address(nft_address(s, f"inet {table}: an allowed address")) for s in sources}
     header = nft_comment(f"Installed by rigup ({owner}): only {who} reach TCP port(s) {port_set(ports)}.",
                          f"inet {table}")
     return render("firewall.nft.j2", table=nft_name(table, "an nftables table"), ports=port_set(ports), header=header,

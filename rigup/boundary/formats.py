@@ -5,7 +5,7 @@ written as it always was, so the files rendered from valid configuration keep th
 
 - llama.cpp's preset INI (common/preset.cpp's grammar): no quoting; ``;`` or ``#`` anywhere in a
   value starts a comment, a line ends at CR or LF, blanks around a value are dropped: refused;
-- nftables: names of our tables, and comments (one line each);
+- nftables: names of our tables, the addresses of an allow-list, and comments (one line each);
 - systemd units: an argument of ExecStart= (double-quoted with C escapes when it needs it, ``%`` and
   ``$`` doubled), a ``NAME=value`` word of Environment=, a line of an EnvironmentFile, a comment; a
   control character is refused (a newline ends the setting: the rest would be a new one);
@@ -20,6 +20,7 @@ Standard library only (PyYAML is imported by :func:`yaml_text` alone, on the con
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
@@ -31,6 +32,8 @@ INI_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 INI_BREAKS = re.compile(r"[;#\[\]]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NFT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+# the characters of an IPv4 or IPv6 address (ipaddress also takes an IPv6 zone, "%" and any text after it)
+NFT_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 # what HAProxy reads as one plain word: no blank, quote, backslash, '#' (a comment), '$' (a variable), braces (an ACL)
 HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:@/+\[\]-]+")
 
@@ -88,6 +91,21 @@ def nft_name(name: str, what: str) -> str:
     if not (isinstance(name, str) and NFT_NAME.fullmatch(name)):
         raise _refused(what, "not an nftables name (a letter, then letters, digits, _)", name)
     return str(name)
+
+
+def nft_address(value: object, what: str) -> str:
+    """One host's IP address as an element of an nftables set (``ip saddr { ... }``): IPv4 or IPv6
+    of those characters alone, written as :mod:`ipaddress` writes it; a zone (``fe80::1%eth0``: nft
+    takes none, and ipaddress keeps any text after ``%``, a newline and a rule too), a network, a
+    host name or the unspecified address is a ValueError naming ``what``."""
+    text = str(value)
+    try:
+        address = ipaddress.ip_address(text) if NFT_ADDRESS.fullmatch(text) else None
+    except ValueError:
+        address = None
+    if address is None or address.is_unspecified:
+        raise _refused(what, "not the IP address of one host (no zone, network, name or wildcard)", text)
+    return str(address)
 
 
 def nft_comment(text: str, what: str) -> str:
@@ -190,6 +208,8 @@ CROSSINGS = (
     Crossing("a comment of a router's llama.cpp preset (the instance, a revision)", "rigup",
              "rigup/boundary/formats.py:ini_comment", "roles/llama_server/command.py:preset_text"),
     Crossing("an nftables table's name", "rigup", "rigup/boundary/formats.py:nft_name", "rigup/firewall.py:text"),
+    Crossing("an address of an nftables allow-list (a monitoring host's ssh_hostname, metrics_allow, a head's "
+             "inventory address)", "the operator", "rigup/boundary/formats.py:nft_address", "rigup/firewall.py:text"),
     Crossing("a comment of an nftables file (its owner, who it admits)", "rigup",
              "rigup/boundary/formats.py:nft_comment", "rigup/firewall.py:text"),
     Crossing("an argument of a unit's ExecStart= (a model's path, extra_args)", "rigup",

@@ -76,6 +76,10 @@ CROSSINGS = (
              "rigup/boundary/numbers.py:whole", "roles/llama_server/schema.py:cors_problems"),
     Crossing("a flag's value an instance's extra_args gives again (-ngl N)", "the operator",
              "rigup/boundary/numbers.py:number", "roles/llama_server/checks.py:settings"),
+    Crossing("a figure a serving instance answers (a completion's usage.completion_tokens, /metrics' "
+             "llamacpp:tokens_predicted_total) or nvidia-smi prints to the guard (a draw, a temperature); each host "
+             "program carries its own copy of the rule, held to this one by tests", "the server, the host",
+             "rigup/boundary/numbers.py:number", "rigup/throughput.py:figure, roles/gpu_guard/guard.py:reading"),
 )
 
 GENERIC = ("whole", "required")   # the same parser, for counts and for a record's required field

@@ -112,18 +112,29 @@ def label(value) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+# llama-server's own metric names; any other series a server's /metrics holds (rigup_gpu_guard_tripped 0,
+# up 1) would stand for another exporter's under the relay's target (issue 61): left out
+OWN_PREFIX = "llamacpp:"
+
+
+def own(text: str) -> list[str]:
+    """The lines of ``text`` (an instance's /metrics) of llama-server's own metrics: each sample,
+    HELP and TYPE line whose metric name begins with :data:`OWN_PREFIX`; every other line left out."""
+    return [line for line in text.splitlines()
+            if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(OWN_PREFIX)]
+
+
 def labelled(text: str, model: str, seen: set[str]) -> list[str]:
-    """Prometheus text ``text`` with ``model="MODEL"`` added to each sample; a HELP or TYPE line of
-    a metric in ``seen`` (already given) is left out, so that several models' texts join into one."""
+    """Prometheus text ``text`` (its own metrics only: :func:`own`) with ``model="MODEL"`` added to
+    each sample; a HELP or TYPE line of a metric in ``seen`` (already given) is left out, so that
+    several models' texts join into one."""
     out = []
-    for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+    for line in own(text):
+        if line.startswith("# "):
             key = line[:7] + line[7:].split(" ", 1)[0]
             if key not in seen:
                 seen.add(key)
                 out.append(line)
-            continue
-        if not line.strip() or line.startswith("#"):
             continue
         name, _, rest = line.partition(" ")
         pair = f'model="{label(model)}"'
@@ -273,7 +284,7 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                     text = router_metrics(inst) + "".join(f"{line}\n" for line in
                                                           (swaps[name].lines() if name in (swaps or {}) else [])).encode()
                 else:
-                    text = fetch(inst, "/metrics")
+                    text = "".join(f"{line}\n" for line in own(fetch(inst, "/metrics").decode(errors="replace"))).encode()
                 return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")

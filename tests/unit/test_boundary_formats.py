@@ -10,6 +10,7 @@ format's label escapes). The host programs' own copies of prom_label are held eq
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -370,3 +371,38 @@ def test_a_c1_control_never_reaches_a_units_command(arg):
         formats.systemd_quote(arg)
     print(f"\n{arg!r}: {refused.value}")
     assert "control character" in str(refused.value)
+
+
+ADDRESSES = st.one_of(TEXT, st.ip_addresses().map(str), st.ip_addresses(v=6).map(lambda a: f"{a}%{'eth0'}"),
+                      st.sampled_from(["fe80::1%x } accept\n\t\ttcp dport 22 accept #", "10.0.0.0/8", "0.0.0.0", "::",
+                                       "10.0.0.01", "FD00::1", " 10.0.0.1", "10.0.0.1\n", "host.example"]))
+
+
+@FAST
+@given(value=ADDRESSES)
+def test_an_allow_lists_address_is_one_hosts_ip_or_refused(value):
+    """issue 61 (red team item 13): ipaddress keeps an IPv6 zone verbatim ('fe80::1%x } accept<NL>tcp
+    dport 22 accept #'), so the allow-list got a rule of its own; now only the characters of an IP
+    address, parsed back to the same address, and never a zone, a network or the wildcard."""
+    try:
+        written = formats.nft_address(value, "inet rigup_rpc: an allowed address")
+    except ValueError as e:
+        assert refused_naming(e, "inet rigup_rpc: an allowed address")
+        return
+    assert re.fullmatch(r"[0-9a-f:.]+", written) and ipaddress.ip_address(written) == ipaddress.ip_address(value)
+    assert not ipaddress.ip_address(written).is_unspecified
+
+
+def test_a_zoned_address_never_reaches_the_allow_list():
+    zoned = "fe80::1%x } accept\n\t\ttcp dport 22 accept #"
+    with pytest.raises(ValueError, match="^inet rigup_rpc: an allowed address: not the IP address of one host") as e:
+        firewall.text("rigup_rpc", [50052], ["10.0.0.1", zoned], "roles/rpc_worker", "the heads")
+    print(f"refused: {e.value}")
+
+
+@pytest.mark.skipif(not NFT, reason="nft, or a network namespace of its own, is not available here")
+@SLOW
+@given(sources=st.lists(st.ip_addresses().filter(lambda a: not a.is_unspecified).map(str), min_size=1, max_size=4))
+def test_an_allow_lists_addresses_load_in_nft(sources):
+    listed = ruleset(firewall.text("rigup_rpc", [50052], sources, "roles/rpc_worker", "the heads"))
+    assert all(str(ipaddress.ip_address(s)) in listed for s in sources if ipaddress.ip_address(s).version == 4)

@@ -1,8 +1,12 @@
 """roles/metrics's pure parts (roles/metrics/prometheus.py, checks.py) and the guard's metrics
 file (roles/gpu_guard/guard.py metrics_text), on plain data."""
 
+import http.server
 import json
+import threading
+import urllib.request
 
+import pytest
 import yaml
 
 from rigup.config import group_vars
@@ -214,3 +218,55 @@ def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
     # the router itself (port+1), never through HAProxy's queue: the relay's event stream would hold
     # its one slot for good (the lab's 20 queued requests waited behind it)
     assert relayed["url"] == "http://127.0.0.1:8092"
+
+
+def test_a_monitoring_hosts_zoned_address_is_refused_at_preflight_and_by_the_writer():
+    """issue 61 (red team item 13): ipaddress keeps an IPv6 zone verbatim, so a monitoring host's
+    ssh_hostname 'fe80::1%x } accept<NL>tcp dport 22 accept #' wrote a rule line of its own into the
+    nft file; preflight refuses it naming the host and key, and the writer refuses it too."""
+    zoned = "fe80::1%x } accept\n\t\ttcp dport 22 accept #"
+    hosts = {"mon": {**DATA, "ssh_hostname": zoned, "prometheus_enabled": True, "prometheus_address": None},
+             "rig": {**DATA, "ssh_hostname": "10.0.0.7"}}
+    found = check_allow_lists({}, {"systemd": True}, hosts["rig"], Fleet("rig", hosts))
+    print(found[0].line("rig"))
+    assert len(found) == 1 and "monitoring host mon" in found[0].why and "set mon's ssh_hostname" in found[0].fix
+    with pytest.raises(ValueError, match="^inet rigup_metrics: an allowed address: not the IP address of one host"):
+        allow.metrics_text(hosts["rig"], sorted(hosts.items()))
+    plain = allow.metrics_text(hosts["rig"], [("mon", {**hosts["mon"], "ssh_hostname": "fe80::1"})])
+    assert "fe80::1" in plain and "%" not in plain and "dport 22" not in plain   # the address alone is written
+
+
+def test_the_relay_passes_on_llama_servers_own_metrics_only():
+    """issue 61 (red team item 22): a server's /metrics naming rigup_gpu_guard_tripped or up was
+    relayed (with a model label for a router): another exporter's series, forged. Now only the
+    llamacpp: names, on a router's path and on a plain instance's."""
+    from roles.metrics import relay
+    forged = ('# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\n'
+              '# HELP rigup_gpu_guard_tripped x\n# TYPE up gauge\nrigup_gpu_guard_tripped 0\nup{job="node"} 1\n'
+              ' llamacpp:x 1\nllamacpp:y 2\rup 1\n# EOF\n')
+    assert relay.labelled(forged, "m", set()) == ["# HELP llamacpp:requests n", "# TYPE llamacpp:requests counter",
+                                                  'llamacpp:requests{model="m"} 5', 'llamacpp:y{model="m"} 2']
+
+    class Instance(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(forged)))
+            self.end_headers()
+            self.wfile.write(forged.encode())
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (Instance,)]
+    servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(
+        {"instances": {"g": {"url": f"http://127.0.0.1:{servers[0].server_port}"}}}, {"127.0.0.1"})))
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{servers[1].server_port}/metrics/g", timeout=5) as answer:
+            text = answer.read().decode()
+    finally:
+        for s in servers:
+            s.shutdown()
+    print(f"relayed:\n{text}")
+    assert text == "# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\nllamacpp:y 2\n"
