@@ -128,7 +128,7 @@ def test_any_bytes_in_the_controllers_copy_are_read_or_refused(tmp_path_factory,
 def test_each_finding_is_named_by_its_field():
     cases = {"not JSON": "{nope", "GPU-x.key.memory_mib": {"GPU-x": failed(key={"memory_mib": "81920 MiB"})},
              "GPU-y.key.memory_mib": '{"GPU-y": {"passed": false, "key": {"memory_mib": 1e400}}}',
-             "GPU-z.passed": {"GPU-z": {"passed": "yes"}}, "GPU-s.schema": {"GPU-s": failed(schema=2)},
+             "GPU-z.passed": {"GPU-z": {"passed": "yes"}}, "GPU-s.schema": {"GPU-s": failed(schema=3)},
              "twice": '{"GPU-1": {"passed": false}, "GPU-1": {"passed": true}}', "a card id": {"../x": failed()},
              "GPU-t.figures.vram.mismatches": {"GPU-t": passed(figures={"vram": {"mismatches": -3}})}}
     for field, doc in cases.items():
@@ -138,7 +138,7 @@ def test_each_finding_is_named_by_its_field():
 
 
 def test_a_record_of_the_current_format_with_or_without_its_schema_keeps_what_it_does_not_know():
-    new = passed(schema=1, digest="845aedc47f055f3e", cublas="12.4.5", tflops=231.4,
+    new = passed(schema=2, digest="845aedc47f055f3e", cublas="12.4.5", tflops=231.4,
                  figures={**passed()["figures"], "gemm": {"tflops": 231.4, "power_ratio": 0.97}})
     read = burnin.records(json.dumps({U[0]: new, U[1]: passed(1), U[2]: passed(2, key={"driver": 550.54})}), WHERE)
     assert read.untested == {} and read.cards[U[0]]["digest"] == "845aedc47f055f3e"
