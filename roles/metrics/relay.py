@@ -8,7 +8,8 @@ Standard library only (it runs on bare hosts).
 
 ``GET /metrics/NAME`` fetches instance NAME's /metrics at its own bind address (loopback by
 default), sending its API key as a bearer token when it has one (read from its key file at each
-request: the key never leaves the host), and answers with its body. An instance that does not
+request: the key never leaves the host), and answers with llama-server's own series of it (the
+``llamacpp:`` names, :func:`own`: no other exporter's series forged). An instance that does not
 answer gives 503 and one that answers an error gives 502, so Prometheus's ``up`` for the
 instance's target is 0 while it is down. Only the addresses in ``allow`` (loopback and the
 monitoring hosts) are answered; everything else gets 403, any other path 404.
