@@ -33,7 +33,7 @@ from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
 from rigup.boundary import Unreadable, burnin
-from rigup.boundary.numbers import number
+from rigup.boundary.numbers import json_whole, number, whole
 from rigup.names import burnin_copy
 from rigup.text import shown, shown_lines
 
@@ -123,9 +123,10 @@ def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
         if line.startswith("@@ "):
             current = line[3:].strip()
             continue
-        q = re.fullmatch(r"rigup_router_queue_(waiting|limit) ([0-9]{1,9})", line.strip())
+        q = re.fullmatch(r"rigup_router_queue_(waiting|limit) (\S{1,20})", line.strip())
         if q and current is not None:   # a queued router: its HAProxy queue
-            out.setdefault(current, {}).setdefault(QUEUE, {})[q.group(1)] = int(q.group(2))
+            if (n := whole(q.group(2), 999_999_999)) is not None:   # whole(): "٣٣" is no count
+                out.setdefault(current, {}).setdefault(QUEUE, {})[q.group(1)] = n
             continue
         m = re.fullmatch(r'rigup_router_model_(loads_total|last_load_seconds)\{model="([^"]{1,128})"\} ([0-9.eE+]+)',
                          line.strip())
@@ -360,7 +361,9 @@ def parse_energy(lines: list[str]) -> dict[str, float]:
     for r in results if isinstance(results, list) else []:
         try:
             name, text = r["metric"]["host"], r["value"][1]
-            value = float(text) if isinstance(text, str) and text.isascii() else None   # float("١٢") is 12.0
+            # Prometheus prints a sample's float64 in full ('f', shortest: 0.4166666666666667); float()
+            # would take "1_0" and "١٢"
+            value = number(text, float, places=17) if isinstance(text, str) else None
         except (TypeError, KeyError, IndexError, ValueError):
             continue
         if isinstance(name, str) and value is not None and 0 < value < float("inf"):
@@ -377,7 +380,7 @@ def parse_build(lines: list[str]) -> str | None:
 def parse_build_ratio(lines: list[str]) -> float | None:
     """The build section -> the serving build's decode against the one it replaced (1.02), or None."""
     found = next((ln[6:].strip() for ln in lines if ln.startswith("ratio=")), "")
-    return float(found) if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,6})?", found) else None
+    return number(found, float, 0, 999.999999, places=6)
 
 
 # ----------------------------------------------------------------------------- rows
@@ -386,10 +389,16 @@ BUILD_HASH_CHARS = 4   # the hash of a build id (roles/llama_cpp: <ref>-<10 hex>
 
 
 def tuned_text(entry: dict | None) -> str | None:
-    """``tuned 1.84x at 4 concurrent`` of a ``llama_server_tuned`` entry (None: none, or no figures)."""
+    """``tuned 1.84x at 4 concurrent`` of a ``llama_server_tuned`` entry (None: none, or no figures;
+    ``tuned: unreadable`` when its figures are no YAML numbers, e.g. ``tok_s: "12"`` edited by hand)."""
     if not isinstance(entry, dict) or not entry.get("tok_s") or not entry.get("baseline_tok_s"):
         return None
-    return f"tuned {entry['tok_s'] / entry['baseline_tok_s']:.2f}x at {entry.get('concurrency') or '?'} concurrent"
+    # a YAML number of the host_vars rigup wrote; text ("12") is none
+    tok_s, baseline = (number(entry[k], float, 0, 1e9) if not isinstance(entry[k], str) else None
+                       for k in ("tok_s", "baseline_tok_s"))
+    if not tok_s or not baseline:
+        return "tuned: unreadable"
+    return f"tuned {tok_s / baseline:.2f}x at {json_whole(entry.get('concurrency'), 1 << 20) or '?'} concurrent"
 
 
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,

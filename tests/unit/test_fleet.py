@@ -382,3 +382,23 @@ def test_a_routers_loads_come_from_its_relay_and_are_shown_short():
                         "loaded": ["tiny"], "loads": loads["duo"]}]}
     assert fleet.serving_cell(row) == "duo active :8091 200 g@1 [loaded: tiny; 5 loads, last up to 2.5 s; queue 3/20]"
     assert "http://10.0.0.1:9101/metrics/duo" in fleet.loads_section("http://10.0.0.1:9101", ["duo"])
+
+
+def test_status_figures_in_other_digits_underscores_or_text_are_unreadable_never_read_or_a_crash():
+    """Red team (issue 61): the relay's queue "٣٣" was read as 33, a build ratio "١.٠٢" as 1.02,
+    Prometheus's "1_0" J/token as 10.0 (float() takes it), and host_vars llama_server_tuned.x.tok_s:
+    "12" (text) crashed status with a TypeError; each is read through rigup.boundary.numbers now."""
+    loads = fleet.parse_loads(["@@ duo", "rigup_router_queue_waiting \u0663\u0663", "rigup_router_queue_limit 20",
+                               "rigup_router_queue_waiting 1_0"])
+    ratio = [fleet.parse_build_ratio(["builds/b1", f"ratio={r}"]) for r in ("\u0661.\u0660\u0662", "1_0", "1.02")]
+    answer = {"status": "success", "data": {"result": [
+        {"metric": {"host": h}, "value": [0, v]} for h, v in
+        (("a", "1_0"), ("b", "\u0661\u0662"), ("c", "0.4166666666666667"), ("d", "1e-07"), ("e", " 0x1p-2"))]}}
+    energy = fleet.parse_energy([json.dumps(answer)])
+    tuned = [fleet.tuned_text({"tok_s": t, "baseline_tok_s": 10.0, "concurrency": c})
+             for t, c in (("12", 4), (True, 4), (float("nan"), 4), (18.0, "4\x1b[2J"), (18.0, 4))]
+    print(f"\n{loads}\n{ratio}\n{energy}\n{tuned}")
+    assert loads == {"duo": {fleet.QUEUE: {"limit": 20}}} and ratio == [None, None, 1.02]
+    assert energy == {"c": 0.4166666666666667}
+    assert tuned == ["tuned: unreadable", "tuned: unreadable", "tuned: unreadable", "tuned 1.80x at ? concurrent",
+                     "tuned 1.80x at 4 concurrent"]
