@@ -508,6 +508,12 @@ def configure_root(root, name, profile, host_key, driver=True):
             write(root / "usr/bin/nvidia-smi", GPU_SIM.read_bytes(), 0o755)
             # where the driver's libcuda.so.1 is, so that dlopen finds it without ldconfig
             write(root / f"usr/lib/{platform.machine()}-linux-gnu/libcuda.so.1", cuda_standin().read_bytes(), 0o755)
+            # and the toolkit's libcublas.so.12 beside it (rigup-burnin's soak), whose faults per card
+            # `sim set --gemm...` writes into the simulator's runtime state (a reboot clears them)
+            write(root / f"usr/lib/{platform.machine()}-linux-gnu/libcublas.so.12", cuda_standin(cublas=True).read_bytes(), 0o755)
+            faults = root / "etc/rigup-lab/cublas-faults"
+            faults.unlink(missing_ok=True)
+            faults.symlink_to("/run/rigup-gpu-sim/cublas-faults")
         link = root / "usr/local/bin/rigup-gpu-sim"
         link.unlink(missing_ok=True)
         link.symlink_to("/usr/bin/nvidia-smi" if driver else "/usr/lib/rigup-lab/nvidia-smi")
@@ -515,17 +521,24 @@ def configure_root(root, name, profile, host_key, driver=True):
               json.dumps(json.loads(GPU_PROFILES.read_text())[profile], indent=2) + "\n")
 
 
-def cuda_standin() -> Path:
-    """tests/lab/cuda_standin.c built once per source (in the shared cache, under its lock)."""
+def cuda_standin(cublas: bool = False) -> Path:
+    """tests/lab/cuda_standin.c built once per source (in the shared cache, under its lock): the
+    stand-in libcuda.so.1, or with ``cublas`` the stand-in libcublas.so.12, linked with the former
+    (its GEMMs call the card's side there)."""
     digest = hashlib.sha256(CUDA_STANDIN.read_bytes()).hexdigest()[:16]
-    built = CACHE / f"libcuda-standin-{digest}.so"
+    built = CACHE / f"lib{'cublas' if cublas else 'cuda'}-standin-{digest}.so"
     if not built.exists():
+        libcuda = cuda_standin() if cublas else None     # before the lock: it takes it too
         CACHE.mkdir(parents=True, exist_ok=True)
-        with open(CACHE / "cuda-standin.lock", "w") as lock:
+        with open(CACHE / "cuda-standin.lock", "w") as lock, tempfile.TemporaryDirectory() as lib:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not built.exists():
                 tmp = built.with_name(f".{built.name}.{os.getpid()}")
-                run("gcc", "-O2", "-shared", "-fPIC", "-Wall", "-o", tmp, CUDA_STANDIN)
+                define, link = [], []
+                if libcuda:   # linked by the name the host has it under: its NEEDED entry
+                    os.symlink(libcuda, Path(lib) / "libcuda.so.1")
+                    define, link = ["-DCUBLAS_STANDIN"], ["-L", lib, "-l:libcuda.so.1"]
+                run("gcc", "-O2", "-shared", "-fPIC", "-Wall", *define, "-o", tmp, CUDA_STANDIN, *link)
                 os.replace(tmp, built)
     return built
 

@@ -20,7 +20,9 @@ Test helper:  nvidia-smi sim set [-i N[,M]|all] [--draw W] [--temp C]
               the card's maximum, a downtrained link) [--lost|--found] [--na FIELD[,FIELD]|none] [--hang 1|0]
               [--throttle MASK] (clocks_event_reasons.active) [--ecc-uncorrected N]
               and the CUDA stand-in's faults (tests/lab/cuda_standin.c): [--vram-bad WORDS]
-              [--lost-under-load S] [--cuda-hang 1|0];
+              [--lost-under-load S] [--cuda-hang 1|0]; the cuBLAS stand-in's (the same file built
+              -DCUBLAS_STANDIN): [--gemm wrong|refuse|ok] [--gemm-slow F] [--gemm-draw R], written
+              for it to $RUN_DIR/cublas-faults (see ``cublas_faults``);
               sim cuda (the cards as the CUDA stand-in reads them);
               sim lock|unlock|show|reset
               sim driver VERSION (Debian's driver packages of VERSION were installed: the module
@@ -628,7 +630,9 @@ def sim(args):
             # the CUDA side's faults (tests/lab/cuda_standin.c reads them with ``sim cuda``)
             "--vram-bad": ("vram_bad", int), "--lost-under-load": ("lost_under_load", float),
             "--cuda-hang": ("cuda_hang", int), "--throttle": ("throttle", lambda v: int(v, 0)),
-            "--ecc-uncorrected": ("ecc_uncorrected", int)}
+            "--ecc-uncorrected": ("ecc_uncorrected", int),
+            # the cuBLAS stand-in's (it reads cublas_faults' file)
+            "--gemm": ("gemm", gemm_fault), "--gemm-slow": ("gemm_slow", float), "--gemm-draw": ("gemm_draw", float)}
     while rest:
         a = rest.pop(0)
         if a in ("-i", "--id") and rest:
@@ -653,7 +657,28 @@ def sim(args):
                 st[c["index"]] = defaults(c)
             else:
                 st[c["index"]].update(changes)
+        cublas_faults(st)
     return 0
+
+
+def gemm_fault(value):
+    if value not in ("wrong", "refuse", "ok"):
+        raise Exit(EXIT_INVALID_ARG, "rigup-gpu-sim: --gemm wrong|refuse|ok, not %r" % value)
+    return value
+
+
+def cublas_faults(st):
+    """The cuBLAS stand-in's faults file (tests/lab/cuda_standin.c blas_fault: ``INDEX wrong``,
+    ``INDEX refuse``, ``INDEX slow F``, ``INDEX draw R``), rewritten from the cards' state at each
+    set and reset; a lab host reads it through /etc/rigup-lab/cublas-faults (tests/lab/lab.py)."""
+    text = ""
+    for i, s in sorted(st.items()):
+        text += "%d %s\n" % (i, s["gemm"]) if s.get("gemm") in ("wrong", "refuse") else ""
+        text += "".join("%d %s %g\n" % (i, k, s["gemm_" + k]) for k in ("slow", "draw") if s.get("gemm_" + k) is not None)
+    path = os.path.join(RUN_DIR, "cublas-faults")
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 XID_TEXT = {79: "GPU has fallen off the bus.", 13: "Graphics Exception: ESR 0x404600=0x80000002",
