@@ -27,7 +27,7 @@ from typing import NamedTuple
 from rigup.boundary import owned
 from rigup.boundary.core import Crossing, Unreadable
 from rigup.boundary.fields import CONTROL, ident
-from rigup.boundary.numbers import required, whole
+from rigup.boundary.numbers import json_whole, required
 
 SCHEMA = 2                       # the records' format this rigup reads and rigup-burnin writes (2: issue 62's gemm, power, flagged)
 LEVELS = ("quick", "standard", "long")
@@ -183,7 +183,7 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
 
 
 def _index(value: object, field: str) -> int:
-    n = whole(value, 1023)
+    n = json_whole(value, 1023)   # a JSON int: "3" is text the program never writes
     if n is None:
         raise Unreadable(field, f"not a card index 0..1023: {str(value)[:40]!r}")
     return n

@@ -16,18 +16,13 @@ import re
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable
-from rigup.boundary.numbers import required, whole
+from rigup.boundary.numbers import json_whole, required
 from rigup.text import shown
 
 MAX_BYTES = 1 << 56          # a model's bytes, at most (64 PiB)
 MAX_ETA_S = 10 ** 9          # seconds left, at most (30 years)
 TEXT_LIMIT = 300             # a progress record's error or detail, as status shows it
 STATE = re.compile(r"[a-z]{1,16}")   # fetcher.py's states: running, verifying, waiting, failed, stopped
-
-
-def _count(value: object, hi: int) -> int | None:
-    """A JSON int of a record, 0..``hi`` (:func:`whole`; text is no JSON count), else None."""
-    return whole(value, hi) if isinstance(value, int) else None
 
 
 def _text(record: dict, key: str, where: str) -> str | None:
@@ -56,7 +51,7 @@ def download_progress(record: object, where: str) -> dict | None:
     out: dict = {"state": state}
     for key in ("bytes", "total"):   # JSON ints: a total written as text is not one
         value = record.get(key, 0)
-        out[key] = _count(value, MAX_BYTES)
+        out[key] = json_whole(value, MAX_BYTES)
         if out[key] is None:
             raise Unreadable(f"{where}.{key}", f"not a whole number of bytes: {str(record.get(key))[:40]!r}")
     rate, eta = record.get("rate"), record.get("eta")
@@ -84,7 +79,7 @@ def gguf_figures(figures: object, where: str) -> dict:
     out = {"architecture": arch}
     for key, hi in (("layers", MAX_LAYERS), ("context_length", MAX_CONTEXT), ("read_bytes", MAX_BYTES)):
         value = figures.get(key)
-        out[key] = None if value is None else _count(value, hi)
+        out[key] = None if value is None else json_whole(value, hi)
         if value is not None and out[key] is None:
             raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
     kv = figures.get("kv_gib_per_1k_tokens")
@@ -108,7 +103,7 @@ def hub_listing(files: object, where: str, allow_unhashed: bool = False) -> list
     out = []
     for f in files:   # a list of objects now (listing_problems)
         path = fields.inside(f["path"], f"{where}: {f['path'][:120]!r}")
-        size = whole(f["size"], MAX_BYTES)
+        size = json_whole(f["size"], MAX_BYTES)
         if size is None:
             raise Unreadable(f"{where}: {path!r}", f"size {f['size']} is over {MAX_BYTES} bytes")
         out.append({"path": path, "size": size, "oid": f.get("oid"), "sha256": f.get("sha256")})

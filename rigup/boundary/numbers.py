@@ -5,7 +5,8 @@ No library of the chosen set does this (``int()`` and ``float()`` take ``"١٢"`
 ``" inf"``, ``"1e400"`` and ``True``; ``json`` takes ``NaN``), so, by hand:
 
 - text: ASCII digits only, an optional sign and point, at most 18 digits before the point and 12
-  after, no leading zero (``0079`` is no Xid code a kernel prints: refused, not 79); no exponent;
+  after (``places``: up to 17 for text that prints a float64 in full, as Prometheus's API does),
+  no leading zero (``0079`` is no Xid code a kernel prints: refused, not 79); no exponent;
 - a JSON value: an int or a float, never a bool (``True`` is 1 in Python), finite;
 - both: within ``lo``..``hi`` when given; an int from a decimal is truncated.
 
@@ -20,13 +21,14 @@ import re
 
 from rigup.boundary.core import Crossing, Unreadable
 
-_TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
+_TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.([0-9]{1,17}))?")
 _WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
 
 
-def number(value: object, kind: type = float, lo: float | None = None, hi: float | None = None):
+def number(value: object, kind: type = float, lo: float | None = None, hi: float | None = None,
+           places: int = 12):
     """``value`` (text or a JSON number) as ``kind`` (int or float), or None when it is not a finite
-    number of the form above within ``lo``..``hi``."""
+    number of the form above within ``lo``..``hi`` (text: at most ``places`` digits after the point)."""
     if isinstance(value, bool) or kind not in (int, float):
         return None
     if isinstance(value, (int, float)):
@@ -34,7 +36,8 @@ def number(value: object, kind: type = float, lo: float | None = None, hi: float
     elif isinstance(value, (str, bytes)):
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
         text = text.strip()
-        if not _TEXT.fullmatch(text):
+        match = _TEXT.fullmatch(text)
+        if not match or len(match.group(1) or "") > places:
             return None
         parsed = float(text) if "." in text else int(text)
     else:
@@ -57,6 +60,12 @@ def whole(value: object, hi: int | None = None) -> int | None:
         n = int(value.strip())
         return n if hi is None or n <= hi else None
     return None
+
+
+def json_whole(value: object, hi: int | None = None) -> int | None:
+    """A whole number of a JSON record: a JSON int alone (never text, a float or a bool), 0..``hi``;
+    else None. A record rigup's programs write holds its counts and indexes as ints: ``"3"`` is not one."""
+    return whole(value, hi) if isinstance(value, int) else None
 
 
 def required(value: object, where: str, kind: type = float, lo: float | None = None, hi: float | None = None):
@@ -82,4 +91,4 @@ CROSSINGS = (
              "rigup/boundary/numbers.py:number", "rigup/throughput.py:figure, roles/gpu_guard/guard.py:reading"),
 )
 
-GENERIC = ("whole", "required")   # the same parser, for counts and for a record's required field
+GENERIC = ("whole", "required", "json_whole")   # the same parser, for counts and for a record's required field

@@ -130,10 +130,13 @@ def test_each_finding_is_named_by_its_field():
              "GPU-y.key.memory_mib": '{"GPU-y": {"passed": false, "key": {"memory_mib": 1e400}}}',
              "GPU-z.passed": {"GPU-z": {"passed": "yes"}}, "GPU-s.schema": {"GPU-s": failed(schema=3)},
              "twice": '{"GPU-1": {"passed": false}, "GPU-1": {"passed": true}}', "a card id": {"../x": failed()},
-             "GPU-t.figures.vram.mismatches": {"GPU-t": passed(figures={"vram": {"mismatches": -3}})}}
+             "GPU-t.figures.vram.mismatches": {"GPU-t": passed(figures={"vram": {"mismatches": -3}})},
+             # red team (issue 61): a JSON index is a JSON int; text "3" was taken (json_whole now)
+             "GPU-i.index": {"GPU-i": passed(index="3")}, "GPU-j.index": {"GPU-j": passed(index=3.0)}}
     for field, doc in cases.items():
         with pytest.raises(Unreadable) as e:
             burnin.records(doc if isinstance(doc, str) else json.dumps(doc), WHERE)
+        print(f"{field}: {e.value}")
         assert e.value.where == WHERE and field in e.value.why, (field, e.value.why)
 
 

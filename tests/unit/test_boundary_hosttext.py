@@ -197,7 +197,7 @@ def test_an_xid_code_is_plain_decimal_or_no_event(before, code, after):
     """The kernel prints Xid codes as plain decimal; ``0079`` read as 79 tripped a drain."""
     line = f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, {after}"
     found = xid.events([before, line], xid.catalogue())
-    codes = [e["code"] for e in found if e["line"] == line]
+    codes = [e["code"] for e in found if e["line"] == line.rstrip("\n")]   # events() drops a trailing newline
     assert codes == ([int(code)] if code in ("79", "0", "13") else [])
     assert all(type(e["code"]) is int and 0 <= e["code"] < 10**5 for e in found)
 
@@ -229,3 +229,15 @@ def test_the_guards_reboot_count_never_ends_the_check(count):
     path.write_text(json.dumps({"day": day, "count": count}))
     got = guard.reboots_today(str(path), 0.0)[1]
     assert type(got) is int and got >= 0 and (got == count or got == 1 << 30)
+
+
+def test_a_json_records_whole_number_is_a_json_int_and_a_float64_in_full_reads_only_where_asked():
+    """rigup.boundary.numbers.json_whole, the rule of every JSON record's count and index (burnin.py's
+    index, hosttext.py's bytes and layers): "3" as text, 3.0, True and -1 are none (red team, issue 61);
+    number(places=17) reads a float64 as Prometheus prints it, the default 12 places does not."""
+    from rigup.boundary.numbers import json_whole, number
+    got = {repr(v): json_whole(v, 1023) for v in (3, "3", 3.0, True, -1, 1024, None)}
+    full = "0.4166666666666667"
+    print(f"\n{got}; {full}: {number(full)} / {number(full, places=17)}")
+    assert got == {"3": 3, "'3'": None, "3.0": None, "True": None, "-1": None, "1024": None, "None": None}
+    assert number(full) is None and number(full, places=17) == 0.4166666666666667 and number("1_0", places=17) is None
