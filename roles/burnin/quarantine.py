@@ -59,10 +59,12 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
 
         {"run": {"standard": [uuid...], "quick": [uuid...]}, "why": {uuid: "first sight" | change},
          "quarantined": [{"uuid", "index", "bus_id", "failed": [...]}], "clear": [uuid...],
-         "waiting": [{"uuid", "index", "why"}], "accepted": N}
+         "waiting": [{"uuid", "index", "why"}], "accepted": N,
+         "flagged": [{"uuid", "index", "flagged": [...]}]}   # accepted, and serving: a slow card to watch
     """
     records, units, untested = state.get("records") or {}, state.get("units") or {}, state.get("untested") or {}
-    out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": []}
+    out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": [],
+                 "flagged": []}
 
     def run(gpu: dict, level: str, why: str) -> None:
         held = holders(gpu["uuid"], units)
@@ -96,6 +98,9 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
         if rec is None:   # a pass not believed (rigup.boundary.burnin) is no record: tested as at first sight
             run(gpu, data["burnin_level"], untested.get(uuid) or "first sight")
             continue
+        if isinstance(rec.get("flagged"), list) and rec["flagged"]:
+            out["flagged"].append({"uuid": uuid, "index": gpu.get("index"),
+                                   "flagged": [shown(f, 200) for f in rec["flagged"]]})
         change = key_change(rec, gpu, driver)
         if change:   # it passed before: it serves meanwhile
             run(gpu, data["burnin_after_change"], change)
@@ -133,4 +138,7 @@ def lines(part: dict) -> list[str]:
                     "refused; its cards are judged by the controller's last good copy)")
     if not text:
         text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
+    for f in part.get("flagged") or []:
+        text.append(f"burn-in:   GPU {shown(f['index'], 8)} ({shown(f['uuid'], 64)}) accepted, flagged: "
+                    f"{'; '.join(f['flagged'])}")
     return text

@@ -181,6 +181,9 @@ def test_which_cards_a_converge_tests_serves_on_or_leaves_out():
     assert retest["run"]["standard"] == [u[1]] and not retest["quarantined"]
     clear = sort_cards(g, state, "580.105.08", {**DATA, "burnin_clear": ["all"]})
     assert clear["clear"] == [u[1]] and not clear["quarantined"]
+    slow = sort_cards(g, {"records": {u[0]: rec(flagged=["GEMM: 84.7 TFLOPS, 0.85 of its siblings' median"])}}, None, DATA)
+    assert slow["accepted"] == 1 and slow["flagged"][0]["uuid"] == u[0] and lines(slow)[-1] == \
+        f"burn-in:   GPU 0 ({u[0]}) accepted, flagged: GEMM: 84.7 TFLOPS, 0.85 of its siblings' median"
 
 
 def test_the_plan_pins_serving_to_the_accepted_cards():
