@@ -29,6 +29,7 @@ from pyinfra import logger
 from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
+from rigup.boundary.numbers import whole
 from rigup.names import bind_scope
 from rigup.text import shown, shown_lines
 
@@ -124,7 +125,8 @@ def signal_name(number: int) -> str:
 def _signal(text: str) -> str:
     """A signal as systemd or a trap writes it (SEGV, SIGSEGV, sigsegv, 11) as signal.Signals names it."""
     text = str(text).strip().upper()
-    return signal_name(int(text)) if text.isdigit() else text if text.startswith("SIG") else f"SIG{text}"
+    number = whole(text)   # str.isdigit() took "²", which int() refuses
+    return signal_name(number) if number is not None else text if text.startswith("SIG") else f"SIG{text}"
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,8 @@ def model_layers(argv: list[str]) -> int | None:
 
 
 def _count(value: str | None) -> int | None:
-    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+    digits = value.lstrip("-") if value is not None else ""
+    return int(value) if digits.isascii() and digits.isdigit() else None   # isdigit() alone takes "²" and "٣"
 
 
 def offload_stage(spec: dict, base: dict) -> list[list[dict]]:
@@ -191,7 +192,7 @@ def _vram_mib() -> int | None:
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    values = [int(v) for v in out.split() if v.isdigit()]
+    values = [int(v) for v in out.split() if v.isascii() and v.isdigit()]   # isdigit() alone takes "²"
     return sum(values) if values else None
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rigup import yamlfile
+from rigup.boundary.numbers import whole
 
 CATALOGUE_FILE = Path(__file__).resolve().with_name("catalogue.yml")
 QUIRKS = ("fp8", "fma_throttled", "needs_unlock")
@@ -36,7 +37,7 @@ def parse_cc(value: Any) -> tuple[int, int] | None:
         return int(value[0]), int(value[1])
     if isinstance(value, str):
         major, dot, minor = value.strip().partition(".")
-        if dot and major.isdigit() and minor.isdigit():
+        if dot and whole(major, 99) is not None and whole(minor, 99) is not None:   # isdigit() takes "²"
             return int(major), int(minor)
     return None
 

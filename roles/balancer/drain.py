@@ -69,6 +69,11 @@ class Failed(Exception):
     """What could not be done, naming the socket or the backend and server."""
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits alone: str.isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3)."""
+    return text.isascii() and text.isdigit()
+
+
 def admin(command: str) -> str:
     """HAProxy's runtime API answer to ``command``."""
     try:
@@ -99,7 +104,7 @@ def worker_pid() -> int | None:
         return None
     for line in info.splitlines():
         key, _, value = line.partition(":")
-        if key == "Pid" and value.strip().isdigit():
+        if key == "Pid" and _digits(value.strip()):
             return int(value)
     return None
 
@@ -130,7 +135,7 @@ def server_state(backend: str, server: str) -> dict[str, str]:
 
 def admin_state(backend: str, server: str) -> int:
     value = server_state(backend, server).get("srv_admin_state", "")
-    if not value.isdigit():
+    if not _digits(value):
         raise Failed(f"{backend}/{server}: srv_admin_state {value!r} is not a number")
     return int(value)
 
@@ -207,7 +212,7 @@ def config_ports(text: str) -> dict[tuple[str, str], str]:
             backend = words[1] if words[0] in ("backend", "listen") and len(words) > 1 else None
         elif words[0] == "server" and backend and len(words) > 2:
             port = words[2].rpartition(":")[2]
-            if port.isdigit():
+            if _digits(port):
                 found[(backend, words[1])] = port
     return found
 
@@ -268,7 +273,7 @@ def ready_in_saved_state(backend: str, server: str) -> None:
         for row in rows:
             fields = dict(zip(names, row))
             if (fields.get("be_name"), fields.get("srv_name")) == (backend, server) \
-                    and fields.get("srv_admin_state", "").isdigit():
+                    and _digits(fields.get("srv_admin_state", "")):
                 at = names.index("srv_admin_state")
                 row[at] = str(int(row[at]) & ~(FMAINT | FDRAIN))
         write_state("\n".join([version, "# " + " ".join(names)] + [" ".join(r) for r in rows]) + "\n")
@@ -310,7 +315,7 @@ def stat(backend: str, server: str) -> list[str]:
 def in_flight(backend: str, server: str) -> int:
     """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
     cols = stat(backend, server)
-    return int(cols[4]) if cols and cols[4].isdigit() else 0
+    return int(cols[4]) if cols and _digits(cols[4]) else 0
 
 
 def alive(pid: int) -> bool:

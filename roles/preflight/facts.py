@@ -6,6 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.boundary.numbers import whole
 from rigup.nofollow import FUNCTIONS, read_file
 
 MARK = "##rigup-bytes:"
@@ -37,8 +38,8 @@ def parse_path_bytes(lines: list[str]) -> dict[str, int]:
         if line.startswith(MARK):
             current = line[len(MARK):]
             out[current] = 0
-        elif current is not None and line.strip().isdigit():
-            out[current] = int(line.strip())
+        elif current is not None and whole(line) is not None:   # du's bytes; isdigit() takes "²"
+            out[current] = whole(line)
     return out
 
 

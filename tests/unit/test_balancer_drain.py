@@ -335,3 +335,11 @@ def test_the_config_and_the_unit_keep_the_state():
         "ExecStop=-/opt/rigup/bin/rigup-balancer-drain save-state", "ExecReload=",
         "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS",   # Debian's unit's check, then the reload
         "ExecReload=/opt/rigup/bin/rigup-balancer-drain reload $MAINPID"]
+
+
+@pytest.mark.parametrize("text, digits", [("12", True), ("0", True), ("\u00b2", False), ("\u0663", False), ("", False),
+                                          ("-1", False)])
+def test_a_haproxy_or_proc_number_is_ascii_digits(text, digits):
+    """str.isdigit() took "²" (int() then raised ValueError mid-drain) and "٣" (read as 3)."""
+    print(f"\n{text!r}: {drain._digits(text)}")
+    assert drain._digits(text) is digits

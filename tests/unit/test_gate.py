@@ -364,3 +364,11 @@ def test_answered_logs_the_journal_first_and_the_reason_last():
 def test_server_of():
     assert g.server_of(UNIT) == "llama-server" and g.server_of("rigup-vllm@qwen.service") == "vllm"
     assert g.server_of("rigup-gatefault-crash.service") == "rigup-gatefault-crash"
+
+
+def test_a_signal_in_other_digits_is_no_number():
+    """gate._signal: str.isdigit() took "²", which int() refused with a ValueError; "11" is SEGV."""
+    from rigup.gate import _signal
+    got = [_signal(t) for t in ("11", "segv", "\u00b2", "\u0661\u0661")]
+    print(f"\n{got}")
+    assert got == ["SIGSEGV", "SIGSEGV", "SIG\u00b2", "SIG\u0661\u0661"]

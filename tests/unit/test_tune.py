@@ -199,3 +199,10 @@ def test_environment_lines_keep_a_dollar_and_read_back_as_written():
     assert words[0] == "CUDA_VISIBLE_DEVICES=1,0" and "$$" not in " ".join(words) and "50%%" in words[1]
     read = ServingEnv().process([f"E {' '.join(words)}", "G 2"])
     assert read["env"] == env and read["gpus"] == 2
+
+
+@pytest.mark.parametrize("text, count", [("32", 32), ("-1", -1), ("\u00b2", None), ("\u0663\u0662", None), (None, None)])
+def test_a_flags_count_is_ascii_digits(text, count):
+    """str.isdigit() took "²" (int() raised ValueError) and "٣٢" (read as 32)."""
+    print(f"\n{text!r}: {tune._count(text)}")
+    assert tune._count(text) == count
