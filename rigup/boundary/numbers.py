@@ -83,6 +83,9 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving"),
     Crossing("the port of a web origin in configuration (llama_server_cors_origins)", "the operator",
              "rigup/boundary/numbers.py:whole", "roles/llama_server/schema.py:cors_problems"),
+    Crossing("a whole number a host printed (a signal in systemd's status, du's bytes, nvidia-smi's compute "
+             "capability)", "the host", "rigup/boundary/numbers.py:whole",
+             "rigup/gate.py:_signal, rigup/gpu/catalogue.py:parse_cc, roles/preflight/facts.py:parse_path_bytes"),
     Crossing("a flag's value an instance's extra_args gives again (-ngl N)", "the operator",
              "rigup/boundary/numbers.py:number", "roles/llama_server/checks.py:settings"),
     Crossing("a figure a serving instance answers (a completion's usage.completion_tokens, /metrics' "
