@@ -242,5 +242,6 @@ CROSSINGS = (
              "roles/burnin/__init__.py:judged, roles/burnin/quarantine.py:sort_cards, roles/preflight/__init__.py:run"),
     Crossing("the controller's copy of a host's burn-in records ($RIGUP_CACHE_DIR/burnin/HOST.json)",
              "rigup on the controller (roles/burnin: kept), the operator's user",
-             "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, rigup/fleet.py:burnin_part"),
+             "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, rigup/fleet.py:burnin_part, "
+             "roles/burnin/fleetwide.py:other_copies"),
 )

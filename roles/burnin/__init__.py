@@ -54,6 +54,7 @@ from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file
 from rigup.probe import operation
 from rigup.role import Role
+from roles.burnin import fleetwide
 from roles.burnin.acceptance import quarantined
 from roles.burnin.checks import CHECKS
 from roles.burnin.facts import BurninState
@@ -112,7 +113,8 @@ def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[
     records = {**own, **carried}
     if own and not problems:
         kept(copy, records)
-    return {**state, "records": records}, problems
+    # against the other hosts' copies after the copy is kept: the host's own records stay as written
+    return {**state, "records": fleetwide.judge(records, copy, data.get("burnin_clear"))}, problems
 
 
 def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict]:

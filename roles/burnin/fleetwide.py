@@ -1,0 +1,92 @@
+"""A card's GEMM digest against its siblings on the other hosts (issue 62; pure on the records).
+
+rigup-burnin compares the digests of the seeded GEMMs across the cards of one host (acceptance.py
+``siblings``); a lone card, or a host whose cards all compute the same wrong result (one bad
+cuBLAS build, a batch of cards alike), passes there. The controller keeps every host's records
+(roles/burnin ``kept``: ``$RIGUP_CACHE_DIR/burnin/HOST.json``, read through rigup/boundary/burnin.py
+``cached``), so each preflight compares this host's cards with the cards of the same key on the
+others: the product (name, SM count), the driver, cuBLAS's version, and the operand type, the load
+and the number of seeds (acceptance.py ``sibling_key``: digests of other GEMMs do not compare). Where
+the other hosts' passing siblings agree on one digest (a strict majority of them), a passing card of
+this host that computed another is quarantined in the plan, naming both digests and the hosts. The
+host's own record is left as it is: the verdict is the controller's, computed again at each
+preflight from the copies, so a card whose siblings change (a host's copy removed) is judged again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rigup.boundary import Unreadable, burnin
+from roles.burnin.acceptance import sibling_key
+from roles.burnin.quarantine import named
+
+PLAIN = (str, int, float, type(None))
+
+
+def key_of(rec: object) -> tuple | None:
+    """The record's sibling key and digest, or None where it has none comparable (no GEMM digest,
+    or a field of the key that is not a plain value: records keep rigup-burnin's figures as written)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("gemm"), dict) or not isinstance(rec.get("key"), dict):
+        return None
+    digest, seeds = rec["gemm"].get("digest"), rec["gemm"].get("seeds")
+    key = (*sibling_key(rec), seeds)
+    if not isinstance(digest, str) or not digest or not all(isinstance(v, PLAIN) and not isinstance(v, bool) for v in key):
+        return None
+    return key, digest
+
+
+def odd_cards(own: dict, others: dict[str, dict]) -> dict[str, str]:
+    """{uuid: why} for this host's cards (``own``: uuid -> record) whose digest differs from the
+    one most of their siblings on the other hosts (``others``: host -> uuid -> record; passing
+    records only count) computed; a key whose siblings have no strict majority says nothing."""
+    seen: dict[tuple, dict[str, list[str]]] = {}
+    for name, records in sorted(others.items()):
+        for rec in records.values():
+            found = key_of(rec)
+            if found and rec.get("passed") is True:
+                seen.setdefault(found[0], {}).setdefault(found[1], []).append(name)
+    out = {}
+    for uuid, rec in own.items():
+        found = key_of(rec) if rec.get("passed") is True and not rec.get("cleared") else None
+        digests = seen.get(found[0]) if found else None
+        if not digests:
+            continue
+        total = sum(len(hosts) for hosts in digests.values())
+        top, hosts = max(digests.items(), key=lambda d: len(d[1]))
+        if found[1] == top or 2 * len(hosts) <= total:
+            continue
+        names = sorted(set(hosts))
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out[uuid] = (f"GEMM: digest {found[1][:16]} differs from {top[:16]}, what {len(hosts)} of its {total} "
+                     f"siblings on other hosts ({shown}: same product, driver and cuBLAS) computed from the same "
+                     "seeded operands: wrong results")
+    return out
+
+
+def other_copies(copy: Path) -> dict[str, dict]:
+    """The other hosts' records beside the controller's copy ``copy`` of this host's (host ->
+    uuid -> record): each read through rigup.boundary.burnin.cached; one that does not read is
+    left out (its own host's preflight refuses it, naming the file)."""
+    out = {}
+    try:
+        paths = sorted(p for p in copy.parent.glob("*.json") if p.name != copy.name)
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            got = burnin.cached(path)
+        except Unreadable:
+            continue
+        if got:
+            out[path.stem] = got.cards
+    return out
+
+
+def judge(records: dict, copy: Path, clear: list | None) -> dict:
+    """``records`` (uuid -> record, the host's as roles/burnin judges them) with each card that
+    :func:`odd_cards` names failed, its why added: quarantined by quarantine.py ``sort_cards``
+    (``burnin_clear``, ``clear``, naming it or all: the operator accepts it)."""
+    odd = {u: why for u, why in odd_cards(records, other_copies(copy)).items() if not named(clear, u)}
+    return {u: ({**r, "passed": False, "failed": [*(r.get("failed") or []), odd[u]]} if u in odd else r)
+            for u, r in records.items()}
