@@ -9,8 +9,7 @@ inventory address only, admit only their heads (nftables), and build the head's 
 
 from __future__ import annotations
 
-import ipaddress
-
+from rigup.config import host_ip
 from rigup.contract import llama_server
 
 RPC_UNIT = "rigup-rpc.service"
@@ -75,9 +74,7 @@ def ref_problem(me: str, my_data: dict, other: str, other_data: dict) -> str | N
 def ip_problem(name: str, data: dict) -> str | None:
     """Why host ``name``'s inventory address cannot be used by RPC (the allow-list and the bind
     take IP addresses), or None."""
-    try:
-        ipaddress.ip_address(address(name, data))
-    except ValueError:
-        return (f"{name}'s inventory address {address(name, data)!r} is not an IP address (the RPC bind and "
+    if not host_ip(str(address(name, data))):   # an IPv6 zone (fe80::1%x ...) is no address nft takes
+        return (f"{name}'s inventory address {address(name, data)!r} is not one host's IP address (the RPC bind and "
                 "allow-list take one); set its ssh_hostname to its private IP address")
     return None

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import ipaddress
 import re
 
-from rigup.config import Config, ConfigError
+from rigup.config import Config, ConfigError, host_ip
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -258,11 +257,8 @@ def check_host_ip(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """vllm_host_ip that is not an IP address (an interface name, a host name, a wildcard): it is
     VLLM_HOST_IP and Ray's node address, which the cluster's allow-list takes."""
     ip = data.get("vllm_host_ip")
-    try:
-        if ip is None or not ipaddress.ip_address(str(ip)).is_unspecified:
-            return []
-    except ValueError:
-        pass
+    if ip is None or host_ip(str(ip)):   # not a wildcard, nor an IPv6 zone nft would not take
+        return []
     return config_refusals([("vllm_host_ip", f"expected this host's IP address on the cluster network, got {ip!r} "
                                              "(an interface name goes in vllm_socket_ifname)")])
 

@@ -115,7 +115,10 @@ def test_rpc_with_replicas_and_a_named_address_are_refused():
     head, fleet = rpc_fleet({"rpc_workers": ["rig-02"]})
     fleet.hosts["rig-02"]["ssh_hostname"] = "rig-02.example.lan"
     (r,) = only(refusals(plan, facts, head, fleet), "rpc")
-    assert "inventory address 'rig-02.example.lan' is not an IP address" in r.why
+    assert "inventory address 'rig-02.example.lan' is not one host's IP address" in r.why
+    fleet.hosts["rig-02"]["ssh_hostname"] = "fe80::1%x } accept"   # an IPv6 zone: ipaddress keeps it verbatim
+    (r,) = only(refusals(plan, facts, head, fleet), "rpc")
+    assert "is not one host's IP address" in r.why
 
 
 def test_a_worker_takes_its_port_and_needs_systemd():
