@@ -34,7 +34,6 @@ raises :class:`ConfigError` naming the file, the key and the expected form.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import math
 import os
 import posixpath
@@ -52,7 +51,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from rigup import playfile, yamlfile
 from rigup.boundary import owned
-from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at   # noqa: F401  (NAME, ADDRESS: the names config's callers import)
+from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
@@ -152,15 +151,6 @@ SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", 
                          "/var/lib", "/var/log", "/var/tmp"})
 SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/", "/sbin/", "/sys/",
                 "/usr/bin/", "/usr/lib/", "/usr/sbin/")
-
-
-def host_ip(value: str) -> bool:
-    """Whether ``value`` is the IP address of one host, as an allow-list takes it (IPv4 or IPv6;
-    not a host name, a network, a wildcard such as 0.0.0.0 or ::, or an IPv6 zone: nft takes none)."""
-    try:
-        return "%" not in value and not ipaddress.ip_address(value).is_unspecified
-    except ValueError:
-        return False
 
 
 def control_character(value: Any) -> str | None:

@@ -9,7 +9,7 @@ inventory address only, admit only their heads (nftables), and build the head's 
 
 from __future__ import annotations
 
-from rigup.config import host_ip
+from rigup.boundary.fields import host_ip
 from rigup.contract import llama_server
 
 RPC_UNIT = "rigup-rpc.service"

@@ -8,6 +8,7 @@ URL character), so what passes can be written into a unit, an argv or a file nam
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from typing import Any
@@ -62,6 +63,15 @@ def inside(value: object, where: str, limit: int = 1024) -> str:
     return value
 
 
+def host_ip(value: str) -> bool:
+    """Whether ``value`` is the IP address of one host, as an allow-list takes it (IPv4 or IPv6;
+    not a host name, a network, a wildcard such as 0.0.0.0 or ::, or an IPv6 zone: nft takes none)."""
+    try:
+        return "%" not in value and not ipaddress.ip_address(value).is_unspecified
+    except ValueError:
+        return False
+
+
 def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
     """(where, character) of the first control character (a newline, a carriage return, NUL ...)
     in ``value``, a string or any string inside a list or map, keys too; ``where`` is the key
@@ -81,6 +91,10 @@ def control_at(value: Any, path: str = "") -> tuple[str, str] | None:
 CROSSINGS = (
     Crossing("a name from configuration (a model's or instance's key, a user)", "the operator",
              "rigup/boundary/fields.py:name", "rigup/config.py:Form"),
+    Crossing("an inventory address or a configured IP that becomes a bind or an allow-list entry", "the operator",
+             "rigup/boundary/fields.py:host_ip",
+             "rigup/config.py:Form, rigup/rpc.py:ip_problem, roles/vllm/checks.py:check_host_ip, "
+             "roles/metrics/checks.py:check_allow_lists"),
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
 )
