@@ -1,0 +1,101 @@
+"""The boundary's one validator of names, addresses and listed paths, and its one number parser
+(rigup/boundary/fields.py, numbers.py), under arbitrary input (Hypothesis): each answer is either a
+clear refusal naming where, or a value of the pattern within its bounds; never another exception.
+And the table holds every reader of the boundary to a property test (a reader named in no
+Hypothesis test file fails here)."""
+
+import ipaddress
+import math
+import posixpath
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import rigup.boundary as boundary
+from rigup.boundary import fields, formats, numbers
+from rigup.boundary.core import Unreadable
+
+SETTINGS = settings(max_examples=60, deadline=1000)
+PIECES = st.sampled_from(["..", ".", "/", "//", "\n", "\r", "\x00", "\x9b", "\u2028", "\u202e", "%", "é", "e\u0301",
+                          "١٢", "²", "$(id)", ";", "#", "'", '"', "\\", " ", "0", "007", "-", "_", "fe80::1", "%eth0"])
+TEXT = st.lists(st.text(max_size=12) | PIECES, max_size=8).map("".join)
+JSONISH = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | TEXT
+           | st.binary(max_size=12) | st.lists(st.integers(), max_size=2) | st.dictionaries(TEXT, st.integers(), max_size=2))
+
+
+@SETTINGS
+@given(TEXT | JSONISH)
+def test_a_name_is_the_pattern_or_refused_naming_where(value):
+    try:
+        got = fields.name(value, "models.x")
+    except Unreadable as e:
+        assert e.where == "models.x"
+        return
+    assert got == value and fields.NAME.fullmatch(got) and not fields.CONTROL.search(got)
+
+
+@SETTINGS
+@given(TEXT | JSONISH)
+def test_a_listed_path_stays_inside_its_directory_or_is_refused(value):
+    try:
+        got = fields.inside(value, "the hub lists")
+    except Unreadable as e:
+        assert e.where == "the hub lists"
+        return
+    joined = posixpath.normpath(posixpath.join("/srv/models/m", got))
+    assert joined.startswith("/srv/models/m/") and ".." not in got.split("/") and not fields.CONTROL.search(got)
+
+
+@SETTINGS
+@given(TEXT)
+def test_a_host_ip_is_one_address_nft_takes(value):
+    if fields.host_ip(value):
+        address = ipaddress.ip_address(value)
+        assert "%" not in value and not address.is_unspecified and not fields.CONTROL.search(value)
+        assert formats.nft_address(value, "inet rigup_rpc") == value
+
+
+@SETTINGS
+@given(TEXT | JSONISH, st.sampled_from([int, float]))
+def test_a_number_is_finite_bounded_ascii_or_none(value, kind):
+    got = numbers.number(value, kind, -1e6, 1e6)
+    if got is None:
+        with pytest.raises(Unreadable, match="^lab1:/x.json n: "):
+            numbers.required(value, "lab1:/x.json n", kind, -1e6, 1e6)
+        return
+    assert type(got) is kind and math.isfinite(got) and -1e6 <= got <= 1e6 and not isinstance(value, bool)
+    if isinstance(value, str):
+        assert re.fullmatch(r"[+-]?(0|[1-9][0-9]*)(\.[0-9]+)?", value.strip())
+
+
+@SETTINGS
+@given(TEXT | JSONISH)
+def test_a_whole_number_is_ascii_digits_or_a_json_int_or_none(value):
+    got, strict = numbers.whole(value, 65535), numbers.json_whole(value, 65535)
+    assert got is None or (type(got) is int and 0 <= got <= 65535 and not isinstance(value, bool))
+    assert strict is None or (type(value) is int and strict == value)
+    if isinstance(value, str) and got is not None:
+        assert re.fullmatch(r"0|[1-9][0-9]*", value.strip())
+
+
+@SETTINGS
+@given(TEXT)
+def test_an_nftables_comment_is_one_line_or_refused(text):
+    try:
+        line = formats.nft_comment(text, "inet rigup_rpc")
+    except ValueError as e:
+        assert str(e).startswith("inet rigup_rpc: ")
+        return
+    assert line == f"# {text}" and len(line.splitlines()) == 1
+
+
+def test_every_reader_and_writer_of_the_table_has_a_property_test():
+    """Each reader or writer the boundary's table names is called in a test file that uses
+    Hypothesis: a new reader without its property test fails here."""
+    tests = [p.read_text() for p in Path(__file__).parent.glob("test_*.py") if "from hypothesis" in p.read_text()]
+    names = sorted({c.reader.split(":")[1] for c in boundary.crossings()})
+    missing = [n for n in names if not any(re.search(rf"\b{n}\b", t) for t in tests)]
+    print(f"{len(names)} readers and writers; without a property test file calling them: {missing}")
+    assert not missing
