@@ -88,7 +88,8 @@ def test_an_nftables_comment_is_one_line_or_refused(text):
     except ValueError as e:
         assert str(e).startswith("inet rigup_rpc: ")
         return
-    assert line == f"# {text}" and len(line.splitlines()) == 1
+    # nft's lexer ends a comment at a newline alone (U+2028 is text to it, and shown() escapes it on a terminal)
+    assert line == f"# {text}" and not re.search(r"[\n\r\x00]", line)
 
 
 def test_every_reader_and_writer_of_the_table_has_a_property_test():
