@@ -19,13 +19,12 @@ failed record is believed as it is: its card stays out of serving.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import NamedTuple
 
 from rigup.boundary import owned
-from rigup.boundary.core import Crossing, Unreadable
+from rigup.boundary.core import Crossing, Unreadable, loads
 from rigup.boundary.fields import CONTROL, ident
 from rigup.boundary.numbers import json_whole, required
 
@@ -53,19 +52,6 @@ class Records(NamedTuple):
     ``untested``, card id -> why its record is not believed (its card is tested again)."""
     cards: dict
     untested: dict
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is no JSON number")
-
-
-def _pairs(pairs: list) -> dict:
-    out = {}
-    for key, value in pairs:
-        if key in out:   # json keeps the last: two readers could take different ones
-            raise ValueError(f"the key {str(key)[:60]!r} twice")
-        out[key] = value
-    return out
 
 
 def _text(value: object, field: str, limit: int = 256, control: bool = False) -> str:
@@ -198,10 +184,7 @@ def records(text: str, where: str) -> Records:
         raise Unreadable(where, f"larger than {MAX_CHARS} characters ({len(text)})")
     if not text.strip():
         return Records({}, {})
-    try:
-        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
-        raise Unreadable(where, f"not JSON ({str(e)[:200]})") from None
+    doc = loads(text, where)
     if not isinstance(doc, dict):
         raise Unreadable(where, f"not a mapping of card ids to records: {type(doc).__name__}")
     if len(doc) > MAX_CARDS:

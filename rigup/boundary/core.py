@@ -1,9 +1,11 @@
 """What every reader and writer of the boundary shares: :class:`Unreadable` (a record or value from
-outside that does not parse, naming where) and :class:`Crossing` (one row of the boundary's table)."""
+outside that does not parse, naming where), :class:`Crossing` (one row of the boundary's table) and
+:func:`loads`, the boundary's one JSON parser of a record from outside."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import json
+from typing import Any, NamedTuple
 
 
 class Unreadable(ValueError):
@@ -22,3 +24,25 @@ class Crossing(NamedTuple):
     writer: str
     reader: str
     users: str
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _once(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:   # json keeps the last: two readers (jq, another rigup) could take different ones
+            raise ValueError(f"the key {str(key)[:60]!r} twice")
+        out[key] = value
+    return out
+
+
+def loads(text: str | bytes, where: str) -> Any:
+    """JSON ``text`` parsed, or :class:`Unreadable` naming ``where``: a key given twice in one object,
+    NaN or Infinity (json takes them; JSON has none), and nesting deeper than Python's stack are refused."""
+    try:
+        return json.loads(text, object_pairs_hook=_once, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise Unreadable(where, f"not JSON ({str(e)[:200] or type(e).__name__})") from None

@@ -18,12 +18,11 @@ does not know are kept as they are (nothing reads them). A record that does not 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Callable
 
 from rigup.boundary import fields
-from rigup.boundary.core import Crossing, Unreadable
+from rigup.boundary.core import Crossing, Unreadable, loads
 from rigup.boundary.numbers import number
 from rigup.contract.llama_server import CACHE_TYPES
 
@@ -53,19 +52,9 @@ HOST = re.compile(r"@?[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,252}")   # an inventory ho
 
 
 def _loaded(value: Any, where: str) -> Any:
-    """``value`` parsed when it is JSON text (no NaN or Infinity: json takes them, JSON has none)."""
-    if not isinstance(value, (str, bytes)):
-        return value
-
-    def constant(name: str):
-        raise Unreadable(where, f"not JSON: {name}")
-
-    try:
-        return json.loads(value, parse_constant=constant)
-    except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        if isinstance(e, Unreadable):
-            raise
-        raise Unreadable(where, f"not JSON: {type(e).__name__}") from None
+    """``value`` parsed when it is JSON text (:func:`rigup.boundary.core.loads`: no NaN or Infinity, no
+    key given twice)."""
+    return loads(value, where) if isinstance(value, (str, bytes)) else value
 
 
 def _record(value: Any, where: str) -> dict:

@@ -140,6 +140,25 @@ def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_i
     assert old["extra"] == {"kept": 1} and old["best"]["argv"] == ["/b/llama-server"]
 
 
+def twice(doc: dict, key: str, value) -> str:
+    """``doc`` as JSON text with ``key`` given again, last, as ``value`` (json.loads would keep that one)."""
+    return json.dumps(doc)[:-1] + f", {json.dumps(key)}: {json.dumps(value)}}}"
+
+
+def test_a_key_given_twice_in_a_record_is_refused_not_taken_last_wins():
+    """Round 2 of issue 61, items 17, 22, 23: json keeps the last of a key given twice; another reader the first."""
+    for reader, doc, key, value, args in ((results.sweep, RESULT, "best", BASE, ()),
+                                          (results.artifact_record, RECORD, "key", "fedcba9876543210", (KEY,)),
+                                          (results.stamp, STAMP, "id", "other-1", ())):
+        with pytest.raises(Unreadable, match=f"the key '{key}' twice") as e:
+            reader(twice(doc, key, value), WHERE, *args)
+        print(f"{reader.__name__}: {key!r} twice -> refused: {e.value}")
+        assert e.value.where == WHERE
+    nested = json.dumps(RESULT).replace('"parallel": 4', '"parallel": 4, "parallel": 64')
+    with pytest.raises(Unreadable, match="'parallel' twice"):
+        results.sweep(nested, WHERE)
+
+
 @settings(max_examples=60, deadline=1000)
 @given(json_values)
 def test_any_json_as_a_sweep_is_refused_or_within_bounds(value):
