@@ -10,9 +10,11 @@ twice in one mapping (PyYAML keeps the last one silently; a merge key's ``<<`` e
 overridden, as YAML says), and a document whose aliases expand to more than :data:`MAX_NODES`
 nodes (a dozen lines of nested aliases is a billion items to whatever walks the result), and a
 number YAML 1.1 reads in a way nobody writing a configuration means (issue 61): ``1:30`` is 90 and
-``1:30.5`` 90.5 (base 60), ``010`` is 8 (octal), ``8_0_8_1`` is 8081 and ``1_000`` 1000 (YAML 1.1
-drops every ``_`` of a number: a typo or a pasted id reads as another number): quote it, or write it
-as plain decimal.
+``1:30.5`` 90.5 (base 60), ``010`` is 8 (octal), ``0b1111110010001`` is 8081 (binary), ``0x1F91``
+8081 (hex), ``8_0_8_1`` is 8081 and ``1_000`` 1000 (YAML 1.1 drops every ``_`` of a number: a typo
+or a pasted id reads as another number): quote it, or write it as plain decimal. A configuration
+writes its integers in decimal (a port, a count, watts, bytes), so every other form of an int is
+refused, hex included; a float may have no ``_`` and no base 60. ``0o10`` is text in YAML 1.1.
 """
 
 import re
@@ -23,9 +25,11 @@ from yaml.constructor import ConstructorError
 BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_NODES = 100_000
 MERGE = "tag:yaml.org,2002:merge"
-# YAML 1.1's base 60 (``1:30``), its octal with a bare leading zero (``010``) and any number with a
-# ``_`` (dropped: ``8_0_8_1`` is 8081); ``0o10``, ``0x10`` and plain decimals are what they look like
-_SURPRISING = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|[-+]?0[0-7_]+|.*_.*")
+# what an int or float tag may be: plain decimal (an int: no leading zero; a float: no ``_``, no base 60)
+_DECIMAL = {"int": re.compile(r"[-+]?(?:0|[1-9][0-9]*)"), "float": re.compile(r"[^_:]*")}
+# how YAML 1.1 reads what is not plain decimal, for the error (the first that matches)
+_KINDS = tuple((kind, re.compile(start)) for kind, start in (
+    ("base 60", ".*:"), ("'_'-separated", ".*_"), ("binary", "[-+]?0b"), ("hex", "[-+]?0x"), ("octal", "[-+]?0")))
 
 
 class LOADER(BASE):  # noqa: N801 (the name callers already import)
@@ -49,12 +53,17 @@ class LOADER(BASE):  # noqa: N801 (the name callers already import)
         return super().construct_mapping(node, deep=deep)
 
     def construct_number(self, node):
-        if _SURPRISING.fullmatch(node.value):
-            kind = "base 60" if ":" in node.value else "'_'-separated" if "_" in node.value else "octal"
-            raise ConstructorError(None, None, f"{node.value!r} is a YAML 1.1 {kind} number "
-                                   f"({super().construct_yaml_int(node) if node.tag.endswith('int') else super().construct_yaml_float(node)}): "
+        kind = "int" if node.tag.endswith("int") else "float"
+        construct = super().construct_yaml_int if kind == "int" else super().construct_yaml_float
+        try:
+            value = construct(node)
+        except ValueError as e:   # an explicit !!int that is no number; int()'s 4300-digit limit
+            raise ConstructorError(None, None, f"not a number: {str(e)[:80]}", node.start_mark) from None
+        if not _DECIMAL[kind].fullmatch(node.value):
+            named = next((k for k, start in _KINDS if start.match(node.value)), "non-decimal")
+            raise ConstructorError(None, None, f"{node.value!r} is a YAML 1.1 {named} number ({value}): "
                                    "quote it, or write a plain decimal", node.start_mark)
-        return super().construct_yaml_int(node) if node.tag.endswith("int") else super().construct_yaml_float(node)
+        return value
 
 
 LOADER.add_constructor("tag:yaml.org,2002:int", LOADER.construct_number)
