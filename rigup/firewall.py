@@ -22,14 +22,29 @@ from pyinfra.api import FactBase
 from rigup.probe import operation
 
 from rigup.boundary.formats import nft_address, nft_comment, nft_name, systemd_quote
+from rigup.boundary.numbers import json_whole
 from rigup.secrets import written
 from rigup.state import read_once, reading
 from rigup.templates import render
 
 
 def port_set(ports: list[int | tuple[int, int]]) -> str:
-    """nft's set elements of ``ports``: ints, and ``(low, high)`` ranges, e.g. ``6379, 10002-10101``."""
-    return ", ".join(f"{int(p[0])}-{int(p[1])}" if isinstance(p, tuple) else str(int(p)) for p in ports)
+    """nft's set elements of ``ports``: ints, and ``(low, high)`` ranges, e.g. ``6379, 10002-10101``.
+    The writer checks its own ports (a bool is an int to Python, ``int()`` takes text): each a TCP
+    port, an int 1..65535, a range's low at most its high; a ValueError otherwise."""
+    def port(p) -> int:
+        if not json_whole(p, 65535):   # None (no int of 0..65535: a bool, text, a float) or port 0
+            raise ValueError(f"an nftables set of ports: {str(p)[:40]!r} is no TCP port (an int 1..65535)")
+        return p
+
+    def element(p) -> str:
+        if not isinstance(p, tuple):
+            return str(port(p))
+        if len(p) != 2 or port(p[0]) > port(p[1]):
+            raise ValueError(f"an nftables set of ports: {str(p)[:60]!r} is no range (low, high) of ports")
+        return f"{p[0]}-{p[1]}"
+
+    return ", ".join(element(p) for p in ports)
 
 
 def text(table: str, ports: list[int | tuple[int, int]], sources: list[str], owner: str, who: str,

@@ -161,6 +161,33 @@ def test_an_nftables_name_and_comment_are_one_or_refused(name):
         firewall.text("rigup_rpc", [50052], ["10.0.0.1"], "roles/rpc_worker", f"the heads{name}\n")
 
 
+PORTS = st.one_of(st.integers(-2, 70000), st.booleans(), st.floats(), st.text(max_size=6),
+                  st.tuples(st.integers(-2, 70000), st.integers(-2, 70000)), st.tuples(st.booleans(), st.integers(1, 9)))
+
+
+@FAST
+@given(ports=st.lists(PORTS, max_size=4))
+def test_an_nftables_set_of_ports_holds_tcp_ports_or_is_refused(ports):
+    """Round 2 of issue 61, item 19: the writer checks its own ports ([True, 70000, (9000, 8000)] was written)."""
+    try:
+        text = firewall.port_set(ports)
+    except ValueError as e:
+        assert str(e).startswith("an nftables set of ports: ")
+        return
+    for p in ports:
+        lo, hi = p if isinstance(p, tuple) else (p, p)
+        assert all(type(n) is int and 1 <= n <= 65535 for n in (lo, hi)) and lo <= hi, (ports, text)
+    assert text == ", ".join(f"{p[0]}-{p[1]}" if isinstance(p, tuple) else str(p) for p in ports)
+
+
+def test_the_red_teams_ports_are_refused():
+    for bad in ([True], [70000], [(9000, 8000)], [0], ["80"]):
+        with pytest.raises(ValueError, match="no TCP port|no range") as e:
+            firewall.port_set(bad)
+        print(f"port_set({bad!r}) -> refused: {e.value}")
+    assert firewall.port_set([6379, (10002, 10101)]) == "6379, 10002-10101"
+
+
 # systemd
 
 @FAST

@@ -1,7 +1,13 @@
 """llama_server_tuned (roles/llama_server/tuned.py), host_vars (rigup.config) and tune.py's pieces on
 the controller (rigup/tuning.py): what a sweep found becomes the host's data, and the converge's."""
 
+import tempfile
+from pathlib import Path
+
 import yaml
+from hypothesis import given, settings, strategies as st
+
+from rigup.boundary.core import Unreadable
 
 from rigup import config, tuning
 from roles.llama_server.command import argv
@@ -42,6 +48,24 @@ def test_a_sweeps_result_becomes_host_vars_and_the_hosts_data(tmp_path):
     assert path.read_text().startswith("# Written by tune.py") and doc["rigup_batch"] == 2
     assert set(doc["llama_server_tuned"]) == {"other", "g"}
     assert config.host_vars("rig-07", tmp_path)["llama_server_tuned"]["g"]["flags"]["parallel"] == 4
+
+
+@settings(max_examples=60, deadline=1000)
+@given(host=st.one_of(st.text(max_size=20), st.sampled_from(["../group_vars/all", "..", "a/b", "/etc/x", "lab1",
+                                                            "gpu-1.example.org", "fd00::1", "10.0.0.7", "rig_07"])))
+def test_a_host_name_names_its_host_vars_file_or_is_refused(host):
+    """Round 2 of issue 61, item 18: an inventory host named ../group_vars/all wrote group_vars/all.yml."""
+    with tempfile.TemporaryDirectory() as site:
+        (Path(site) / "host_vars").mkdir()
+        try:
+            path = tuning.write_host_vars(host, {"g": {"flags": {}, "tok_s": 1.0}}, site)
+        except Unreadable as e:
+            assert repr(host)[:40] in e.where, e
+            assert sorted(p.name for p in Path(site).rglob("*")) == ["host_vars"]
+            if host == "../group_vars/all":
+                print(f"write_host_vars({host!r}) -> refused: {e}")
+            return
+        assert path.parent == Path(site) / "host_vars" and path.name == f"{host}.yml", (host, path)
 
 
 def test_an_inventorys_hosts_get_their_host_vars(tmp_path):
