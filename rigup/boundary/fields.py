@@ -51,15 +51,28 @@ def sha256(value: object, where: str) -> str:
     return matched(SHA256, value, where, "a sha256 (64 lowercase hex digits)")
 
 
-def inside(value: object, where: str, limit: int = 1024) -> str:
+# Linux's limits on a file name (NAME_MAX) and a path (PATH_MAX), in bytes: a longer listed name is
+# one the host cannot create (ENAMETOOLONG), so the fetch would fail after the plan took it
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def inside(value: object, where: str, limit: int = PATH_MAX) -> str:
     """A relative path from a listing, normalised, that stays inside its directory: no absolute
-    path, no ``..`` part, no empty or ``.`` part, no control character, at most ``limit``
-    characters; or :class:`Unreadable`."""
-    if not isinstance(value, str) or not value or len(value) > limit or CONTROL.search(value) or "\\" in value:
+    path, no ``..`` part, no empty or ``.`` part, no control character, valid UTF-8 of at most
+    ``limit`` bytes, each part at most :data:`NAME_MAX` bytes; or :class:`Unreadable`."""
+    if not isinstance(value, str) or not value or CONTROL.search(value) or "\\" in value:
         raise Unreadable(where, f"not a relative path: {str(value)[:60]!r}")
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError:   # a lone surrogate (JSON's "\ud800"): no file name on the host
+        raise Unreadable(where, f"not a relative path (not UTF-8): {value[:60]!r}") from None
     parts = value.split("/")
     if value.startswith("/") or any(p in ("", ".", "..") for p in parts) or posixpath.normpath(value) != value:
         raise Unreadable(where, f"a path that leaves its directory or is not normal: {value[:60]!r}")
+    longest = max(len(p.encode("utf-8")) for p in parts)
+    if len(encoded) > limit or longest > NAME_MAX:
+        raise Unreadable(where, f"a path the host cannot create ({len(encoded)} bytes, a part of {longest}; "
+                                f"at most {limit}, a part at most {NAME_MAX}): {value[:60]!r}")
     return value
 
 

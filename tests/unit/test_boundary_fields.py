@@ -46,6 +46,27 @@ def test_a_listed_path_stays_inside_its_directory_or_is_refused(value):
         return
     joined = posixpath.normpath(posixpath.join("/srv/models/m", got))
     assert joined.startswith("/srv/models/m/") and ".." not in got.split("/") and not fields.CONTROL.search(got)
+    assert len(got.encode()) <= fields.PATH_MAX and all(len(p.encode()) <= fields.NAME_MAX for p in got.split("/"))
+
+
+@SETTINGS
+@given(st.integers(1, 300), st.sampled_from(["a", "é", "\u4e2d", "\U0001f600"]), st.integers(1, 20))
+def test_a_listed_path_the_host_could_not_create_is_refused(length, char, depth):
+    """Linux's NAME_MAX (255 bytes a part) and PATH_MAX (4096 bytes), counted in UTF-8 bytes, not characters."""
+    part = char * length
+    value = "/".join([part] * depth)
+    fits = len(part.encode()) <= 255 and len(value.encode()) <= 4096
+    try:
+        assert fields.inside(value, "the hub lists") == value and fits
+    except Unreadable as e:
+        assert not fits and "cannot create" in e.why
+
+
+@pytest.mark.parametrize("value", ["a" * 300 + ".gguf", "d/" + "é" * 128, "/".join(["a" * 200] * 21), "x\ud800.gguf"])
+def test_a_listed_name_too_long_or_not_utf8_is_refused(value):
+    with pytest.raises(Unreadable) as refused:
+        fields.inside(value, "the hub lists")
+    print(f"\n{len(value)} characters: {refused.value}")
 
 
 @SETTINGS
