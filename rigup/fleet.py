@@ -33,6 +33,7 @@ from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
 from rigup.gpu.xid import card_key
 from rigup.boundary import Unreadable, burnin
+from rigup.boundary.core import loads   # every JSON a host or Prometheus gave: RecursionError too
 from rigup.boundary.numbers import json_whole, number, whole
 from rigup.names import burnin_copy
 from rigup.text import shown, shown_lines
@@ -280,12 +281,13 @@ def parse_guard(lines: list[str]) -> dict:
         return {"tripped": False, "reason": None, "time": None, "xid": xid}
     body = lines[lines.index("tripped") + 1:] if "tripped" in lines else []
     try:
-        record = json.loads(body[0]) if body and body[0].strip() else {}
-    except ValueError:
-        record = {}
-    record = record if isinstance(record, dict) else {}
-    return {"tripped": True, "reason": record.get("reason") or "(no reason recorded)", "time": record.get("time"),
-            "xid": xid}
+        record = loads(body[0], "the guard's tripped record") if body and body[0].strip() else {}
+    except Unreadable as e:   # nested 200000 deep, a key twice, cut at 4096 bytes: shown as unreadable
+        record = {"reason": f"(its record does not read: {e.why[:80]})"}
+    record = record if isinstance(record, dict) else {"reason": "(its record is not a JSON object)"}
+    reason, time = record.get("reason"), record.get("time")
+    return {"tripped": True, "reason": reason if isinstance(reason, str) and reason else "(no reason recorded)",
+            "time": time if isinstance(time, str) else None, "xid": xid}
 
 
 def parse_xid(lines: list[str]) -> dict:
@@ -294,8 +296,8 @@ def parse_xid(lines: list[str]) -> dict:
     boot = next((ln[5:].strip() for ln in lines if ln.startswith("boot=")), "")
     text = "".join(ln for ln in lines if not ln.startswith("boot=")).strip()
     try:
-        state = json.loads(text) if text else None
-    except (ValueError, RecursionError):
+        state = loads(text, "the guard's Xid state") if text else None
+    except Unreadable:
         return {}
     return xid_cards(state, boot)
 
@@ -353,9 +355,9 @@ def parse_energy(lines: list[str]) -> dict[str, float]:
     """The energy section (Prometheus's answer) -> ``{host: joules per token}``: the finite positive
     values only; ``{}`` when Prometheus did not answer or answered anything else."""
     try:
-        answer = json.loads("".join(lines) or "null")
+        answer = loads("".join(lines) or "null", "Prometheus's answer")
         results = answer["data"]["result"] if answer.get("status") == "success" else []
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+    except (Unreadable, TypeError, KeyError, AttributeError):
         return {}
     out = {}
     for r in results if isinstance(results, list) else []:

@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from hypothesis import given, settings, strategies as st
+
 from rigup import fleet
 from rigup.apt import UPDATE_TIMEOUT_S, updated, waiting
 from roles.model_fetch.plan import short_progress
@@ -77,7 +79,19 @@ def test_guard_and_build():
     rec = {"t": 1, "time": "2026-11-30 10:00:00 +0000", "reason": "card 0 (a100): 450 W average > 400 W"}
     assert fleet.parse_guard(["tripped", json.dumps(rec)]) == {"tripped": True, "reason": rec["reason"],
                                                                "time": rec["time"], "xid": {}}
-    assert fleet.parse_guard(["tripped", "{half"])["reason"] == "(no reason recorded)"
+    assert fleet.parse_guard(["tripped", "{half"])["reason"].startswith("(its record does not read: ")
+
+
+@settings(max_examples=60, deadline=1000)
+@given(record=st.one_of(st.text(max_size=40), st.sampled_from(['[' * 200000, '{"a":' * 200000, '{"reason": "x", "reason": "y"}',
+                                                              '{"reason": NaN}', '{"reason": {"x": 1}}', "null", "[]"])))
+def test_any_tripped_record_is_shown_tripped_never_a_crash(record):
+    """Round 2 of issue 61, item 20: a tripped record nested 200000 deep raised RecursionError out of status."""
+    guard = fleet.parse_guard(["tripped", record, fleet.XID_MARK, "boot=b", record])
+    assert guard["tripped"] is True and isinstance(guard["reason"], str) and guard["xid"] == {} or record.strip() == ""
+    if record.startswith("[" * 100):
+        print(f"a tripped record nested {len(record)} deep -> tripped, reason {guard['reason']!r}")
+    assert fleet.parse_energy([record]) == {} or not record.startswith(("[", "{"))
     assert fleet.parse_build(["/opt/rigup/llama.cpp/builds/lab-base-3f2a1b"]) == "lab-base-3f2a1b"
     assert fleet.parse_build(["builds/b6123-abc/"]) == "b6123-abc"
     assert fleet.parse_build([]) is None
