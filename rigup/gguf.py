@@ -93,7 +93,7 @@ class _Reader:
 
 def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
     """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; GGUFRefused
-    when ``buf`` is not a GGUF file rigup reads; :class:`Incomplete` when it ends before the last key, or
+    when ``buf`` is not a GGUF file rigup reads (a key given twice included); :class:`Incomplete` when it ends before the last key, or
     with ``partial`` the keys read until then (llama.cpp's writers put the architecture's keys
     before the tokenizer's long arrays, so the first MiB holds them)."""
     r = _Reader(buf)
@@ -106,10 +106,15 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
     if version not in (2, 3):
         raise GGUFRefused(f"GGUF version {version} (rigup reads 2 and 3)")
     r.take("<Q")
-    out = {}
+    out, seen = {}, set()
     try:
         for _ in range(r.take("<Q")):
             key = r.string(MAX_KEY)
+            # llama.cpp's gguf.cpp refuses a file with a key given twice; the last one kept here
+            # would size VRAM for a model llama.cpp will not load (block_count 80, then 1)
+            if key in seen:
+                raise GGUFRefused(f"key {key[:80]!r} given twice (llama.cpp refuses the file)")
+            seen.add(key)
             keep = wanted(key)
             value = r.value(r.take("<I"), keep)
             if keep:
@@ -154,7 +159,12 @@ def figures(meta: dict) -> dict:
     (``context_length``: the tokens it was trained for, or None): the f16 K and V
     of every layer's KV heads (``head_count_kv`` x ``key_length`` + ``value_length``, by default
     ``embedding_length / head_count``) per token, an estimate (an MLA model caches less);
-    ``kv_gib_per_1k_tokens`` is None when the header lacks the figures."""
+    ``kv_gib_per_1k_tokens`` is None when the header lacks the figures.
+
+    The divisors and lengths are at least 1 where given (``head_count`` 0 would size the cache at
+    0 GiB for a model llama.cpp cannot load), but for a model without attention, which says so:
+    ``head_count`` 0 with ``head_count_kv`` given as 0 in every layer (llama.cpp's converter
+    writes a recurrent model, Mamba, so), whose cache does not grow with the context (0 GiB)."""
     arch = meta.get("general.architecture")
     if arch is not None and not isinstance(arch, str):
         raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
@@ -170,15 +180,29 @@ def figures(meta: dict) -> dict:
         return out
     kv_key = "attention.head_count_kv" if get("attention.head_count_kv") is not None else "attention.head_count"
     heads_kv = _per_layer(f"{arch}.{kv_key}", get(kv_key), layers)
-    first_heads = max(_per_layer(f"{arch}.attention.head_count", heads, layers)) or 1
-    width = _whole(f"{arch}.embedding_length", width, MAX_WIDTH) if width is not None else None
-    k_len = get("attention.key_length")
-    k_len = _whole(f"{arch}.attention.key_length", k_len, MAX_WIDTH) if k_len is not None else None
+    first_heads = max(_per_layer(f"{arch}.attention.head_count", heads, layers))
+    if not first_heads:
+        if kv_key.endswith("_kv") and not any(heads_kv):
+            out["kv_gib_per_1k_tokens"] = 0.0   # no attention, as the header says: no KV cache
+            return out
+        said = f"{arch}.{kv_key} {max(heads_kv)}" if kv_key.endswith("_kv") else f"no {arch}.attention.head_count_kv"
+        raise GGUFRefused(f"{arch}.attention.head_count 0 with {said}: no head to divide the width by "
+                          "(a model without attention gives head_count_kv 0)")
+    width = _at_least_1(f"{arch}.embedding_length", width)
+    k_len = _at_least_1(f"{arch}.attention.key_length", get("attention.key_length"))
     k_len = k_len or (width // first_heads if width else None)
-    v_len = get("attention.value_length")
-    v_len = (_whole(f"{arch}.attention.value_length", v_len, MAX_WIDTH) if v_len is not None else None) or k_len
+    v_len = _at_least_1(f"{arch}.attention.value_length", get("attention.value_length")) or k_len
     if not k_len:
         return out
     per_token = sum(heads_kv) * (k_len + v_len) * F16_BYTES
     out["kv_gib_per_1k_tokens"] = round(per_token * 1000 / GIB, 4)
     return out
+
+
+def _at_least_1(key: str, value) -> int | None:
+    """A width or length of the header (1..:data:`MAX_WIDTH`), or None when the header has none."""
+    if value is None:
+        return None
+    if not _whole(key, value, MAX_WIDTH):
+        raise GGUFRefused(f"{key} 0 is not a width (1..{MAX_WIDTH})")
+    return value

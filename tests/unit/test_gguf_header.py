@@ -1,0 +1,75 @@
+"""A GGUF header rigup sizes VRAM from (rigup/gguf.py), as llama.cpp's loader would take it (issue 61,
+second round): a key given twice is refused (llama.cpp refuses the file; the last one would size
+VRAM for 1 layer of 80), and no divisor or width is 0 (``head_count`` 0 sized the KV cache at 0 GiB),
+but for a model that says it has no attention."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup.gguf import GGUFRefused, kv_figures, metadata
+
+LLAMA = [("general.architecture", "llama"), ("llama.block_count", 80), ("llama.attention.head_count", 32),
+         ("llama.attention.head_count_kv", 8), ("llama.embedding_length", 4096)]
+
+
+def header(pairs: list[tuple[str, object]]) -> bytes:
+    """A GGUF v3 header of ``pairs`` in order (a key may come twice): strings, u32s and u32 arrays."""
+    def value(v):
+        if isinstance(v, str):
+            return struct.pack("<IQ", 8, len(v.encode())) + v.encode()
+        if isinstance(v, list):
+            return struct.pack("<IIQ", 9, 4, len(v)) + b"".join(struct.pack("<I", i) for i in v)
+        return struct.pack("<II", 4, v)
+    body = b"".join(struct.pack("<Q", len(k.encode())) + k.encode() + value(v) for k, v in pairs)
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(pairs)) + body
+
+
+def test_a_key_given_twice_is_refused():
+    with pytest.raises(GGUFRefused) as refused:
+        metadata(header(LLAMA + [("llama.block_count", 1)]))
+    print(f"\nblock_count 80, then 1: {refused.value}")
+    assert "'llama.block_count' given twice" in str(refused.value)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.permutations(LLAMA), st.integers(0, len(LLAMA) - 1), st.integers(0, 2**32 - 1), st.booleans())
+def test_any_key_twice_anywhere_is_refused_wanted_or_not(pairs, which, again, wanted):
+    """Wherever the second copy lies and whatever it holds, and whether the caller wants the key or not."""
+    pairs = list(pairs)
+    pairs.insert(len(pairs), (pairs[which][0], again if pairs[which][0] != "general.architecture" else "x"))
+    with pytest.raises(GGUFRefused, match="given twice"):
+        metadata(header(pairs), lambda k: wanted, partial=True)
+
+
+@pytest.mark.parametrize("key, value", [("llama.attention.head_count", 0), ("llama.embedding_length", 0),
+                                        ("llama.attention.key_length", 0), ("llama.attention.value_length", 0)])
+def test_a_zero_divisor_or_width_is_refused_naming_it(key, value):
+    pairs = [p for p in LLAMA if p[0] != key] + [(key, value)]
+    if key == "llama.attention.head_count":
+        pairs = [p for p in pairs if p[0] != "llama.attention.head_count_kv"]   # the red team's header
+    with pytest.raises(GGUFRefused, match=key) as refused:
+        kv_figures(metadata(header(pairs)))
+    print(f"\n{key} {value}: {refused.value}")
+
+
+def test_head_count_0_with_kv_heads_is_refused():
+    pairs = [p for p in LLAMA if p[0] != "llama.attention.head_count"] + [("llama.attention.head_count", 0)]
+    with pytest.raises(GGUFRefused, match="head_count 0 with llama.attention.head_count_kv 8"):
+        kv_figures(metadata(header(pairs)))
+
+
+def test_a_model_without_attention_that_says_so_has_no_kv_cache():
+    """Mamba as llama.cpp's converter writes it: head_count 0 and head_count_kv 0."""
+    mamba = [("general.architecture", "mamba"), ("mamba.block_count", 64), ("mamba.attention.head_count", 0),
+             ("mamba.attention.head_count_kv", 0), ("mamba.embedding_length", 2560)]
+    figures = kv_figures(metadata(header(mamba)))
+    print(f"\nmamba: {figures}")
+    assert figures["layers"] == 64 and figures["kv_gib_per_1k_tokens"] == 0.0
+
+
+def test_a_hybrid_with_attention_in_some_layers_is_sized_by_those():
+    hybrid = [p for p in LLAMA if p[0] not in ("llama.block_count", "llama.attention.head_count_kv")] + \
+        [("llama.block_count", 4), ("llama.attention.head_count_kv", [8, 0, 8, 0])]
+    assert kv_figures(metadata(header(hybrid)))["kv_gib_per_1k_tokens"] == round(16 * 256 * 2 * 1000 / 2**30, 4)
