@@ -38,6 +38,7 @@ import math
 import os
 import posixpath
 import re
+import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -256,6 +257,10 @@ def load_yaml(path: Path, site: Path | str | None = None) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
         raise ConfigError(f"{rel(path)}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    except ValueError as e:   # a constructor's own (a date 2026-13-45; int()'s 4300-digit limit): no mark of its own
+        long = re.search(r"[0-9_]{%d,}" % sys.get_int_max_str_digits(), text)
+        where = f":{text.count(chr(10), 0, long.start()) + 1}" if long else ""
+        raise ConfigError(f"{rel(path)}{where}: a value YAML cannot read: {str(e)[:120]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

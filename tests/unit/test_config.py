@@ -82,6 +82,18 @@ def test_broken_yaml_names_file_and_line(tmp_path):
         config.load_yaml(bad)
 
 
+def test_a_5000_digit_int_is_refused_naming_the_file_and_line(tmp_path):
+    """Round 2 of issue 61, item 21: Python's own ValueError ("Exceeds the limit") escaped load_yaml unnamed."""
+    bad = tmp_path / "all.yml"
+    bad.write_text("a: 1\nb: 2\nport: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"all.yml:3: ") as e:
+        config.load_yaml(bad)
+    print(f"a 5000-digit int on line 3 -> refused: {str(e.value)[:160]}")
+    bad.write_text("a: 2026-13-45\n")   # the timestamp constructor's ValueError, no mark of its own
+    with pytest.raises(ConfigError, match=r"all.yml: a value YAML cannot read: month must be in 1..12"):
+        config.load_yaml(bad)
+
+
 def test_a_list_at_top_level_is_refused(tmp_path):
     bad = tmp_path / "x.yml"
     bad.write_text("- a\n")
