@@ -39,8 +39,9 @@ def download_progress(record: object, where: str) -> dict | None:
     """A model's ``.rigup-fetch/progress.json`` (roles/model_fetch/fetcher.py ``Progress``), as the
     JSON it parsed to: None for no record, else ``{"state", "bytes", "total", "rate", "eta",
     "error", "detail", "source"}`` typed (whole bytes, a rate and an ETA of finite non-negative
-    numbers, a lowercase state word, text escaped and cut); :class:`Unreadable` naming ``where``
-    and the field for anything else (a total written as text, NaN, a negative count, a list)."""
+    numbers, a lowercase state word, text escaped and cut; the bytes done at most the total where
+    one is known, not 0); :class:`Unreadable` naming ``where`` and the field for anything else (a
+    total written as text, NaN, a negative count, a list, more bytes done than the whole)."""
     if record is None:
         return None
     if not isinstance(record, dict):
@@ -54,6 +55,8 @@ def download_progress(record: object, where: str) -> dict | None:
         out[key] = json_whole(value, MAX_BYTES)
         if out[key] is None:
             raise Unreadable(f"{where}.{key}", f"not a whole number of bytes: {str(record.get(key))[:40]!r}")
+    if out["total"] and out["bytes"] > out["total"]:   # the fetcher reads no file past its listed size
+        raise Unreadable(f"{where}.bytes", f"{out['bytes']} bytes done of a total of {out['total']}")
     rate, eta = record.get("rate"), record.get("eta")
     out["rate"] = 0.0 if rate is None else required(rate, f"{where}.rate", float, 0, MAX_BYTES)
     out["eta"] = None if eta is None else required(eta, f"{where}.eta", float, 0, MAX_ETA_S)

@@ -56,6 +56,7 @@ def test_a_progress_record_is_typed_or_unreadable_naming_where(record):
     p = read(download_progress, record, WHERE)
     assert p is None or (type(p["bytes"]) is int and type(p["total"]) is int
                          and 0 <= p["bytes"] <= MAX_BYTES and 0 <= p["total"] <= MAX_BYTES
+                         and (not p["total"] or p["bytes"] <= p["total"])
                          and math.isfinite(p["rate"]) and p["rate"] >= 0
                          and (p["eta"] is None or 0 <= p["eta"] <= 1e9)
                          and all(v is None or (isinstance(v, str) and v.isprintable()) for v in
@@ -83,6 +84,21 @@ def test_a_total_written_as_text_is_unreadable_for_that_model_alone():
                             [spec, other])
     assert short_progress("m", states["m"]).startswith("m progress unreadable: /srv/models/m/.rigup-fetch/progress.json.total")
     assert short_progress("n", states["n"]) == "n 50.0% running"
+
+
+@SETTINGS
+@given(st.integers(0, MAX_BYTES), st.integers(0, MAX_BYTES))
+def test_more_bytes_done_than_the_whole_is_unreadable(done, total):
+    """A record of 10**15 bytes done of 10 read as 10**16 %: bytes at most the total where one is known."""
+    got = read(download_progress, dict(GOOD, bytes=done, total=total), WHERE)
+    assert (got is not None) == (not total or done <= total)
+
+
+def test_the_red_teams_progress_is_refused_naming_the_field():
+    with pytest.raises(Unreadable) as refused:
+        download_progress({"state": "running", "bytes": 10**15, "total": 10}, WHERE)
+    print(f"\nbytes 10**15 of 10: {refused.value}")
+    assert refused.value.where == WHERE + ".bytes"
 
 
 def test_the_fetchers_own_record_reads_back():
