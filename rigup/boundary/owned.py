@@ -91,14 +91,19 @@ def _problem(st: os.stat_result, path: str, passage: bool = False) -> str | None
 
 def _walk(path: Path, where: str) -> tuple[int, str]:
     """An open descriptor of ``path``'s parent directory, having checked every directory from ``/``
-    to it, and ``path``'s last component. Resolved here, a component at a time (the kernel's walk,
+    to it (:func:`_into`), and ``path``'s last component. Resolved here, a component at a time (the kernel's walk,
     by hand, to check each step): each directory is opened without following a link and checked
     by its descriptor; a link on the way is followed only when it is yours or root's (its directory
     was checked already: no one else could have placed it), as fs.protected_symlinks would."""
-    full = os.path.join(os.getcwd(), str(path))
-    head, name = os.path.split(full)
+    head, name = os.path.split(os.path.join(os.getcwd(), str(path)))
     if not name or name in (".", ".."):
         raise NotOwned(where, f"{path} names no file")
+    return _into(head, path, where), name
+
+
+def _into(head: str, path: Path, where: str) -> int:
+    """An open descriptor of the directory ``head`` (absolute), having checked every directory from
+    ``/`` to it as :func:`_walk` says (``path``: the file named, for the errors)."""
     todo = [p for p in head.split("/") if p][::-1]      # a stack: the next component last
     stack = [(os.open("/", _DIR), "/")]
     links = 0
@@ -131,8 +136,7 @@ def _walk(path: Path, where: str) -> tuple[int, str]:
             except OSError as e:
                 raise NotOwned(where, f"{path} cannot be read on the controller: {here}: {e.strerror}") from None
             _checked(stack[-1], path, where)
-        fd = stack.pop()[0]
-        return fd, name
+        return stack.pop()[0]
     finally:
         for fd, _ in stack:
             os.close(fd)
@@ -212,17 +216,52 @@ def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT)
         raise NotOwned(where, f"{path} is not UTF-8 text") from None
 
 
+def _made(path: Path, where: str) -> tuple[int, str]:
+    """:func:`_walk` of ``path``, its missing directories made on the way: the deepest existing one
+    checked from ``/`` (:func:`_into`) before anything is made, then each missing one made 0700 by
+    the descriptor of the checked one before it (mkdirat), opened without following a link and checked."""
+    head, name = os.path.split(os.path.join(os.getcwd(), str(path)))
+    if not name or name in (".", ".."):
+        raise NotOwned(where, f"{path} names no file")
+    missing = []
+    while not os.path.lexists(head):
+        head, part = os.path.split(head)
+        missing.append(part)
+    if any(part in ("", ".", "..") for part in missing):
+        raise NotOwned(where, f"{path}: a '.' or '..' below a directory that does not exist")
+    fd = _into(head, path, where)
+    try:
+        for part in reversed(missing):
+            head = os.path.join(head, part)
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass   # made meanwhile: opened and checked as any other
+            below = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = below
+            _checked((fd, head), path, where)
+    except OSError as e:
+        os.close(fd)
+        raise NotOwned(where, f"{path}: {head} cannot be made on the controller: {e.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
 def write(path: str | Path, text: str, where: str, mode: int = 0o600) -> Path:
     """Write ``text`` to ``path`` (``~`` expanded) in a directory of rigup's own on the controller
-    (a cache, the site directory): the directory, made 0700 when missing, is checked as
+    (a cache, the site directory): the directory, made 0700 when missing (the part of its path
+    that exists checked first, each missing directory then made and opened relative to the checked
+    one before it: nothing is made under another user's link or directory), is checked as
     :func:`directory` checks it, by the descriptor the write then goes through; the text goes to a
     new file in it (``O_CREAT|O_EXCL|O_NOFOLLOW``, ``mode``: a link or file another user planted
     under the temporary name is refused, never written through), renamed over ``path`` (a link at
     ``path`` is replaced, not followed). :class:`NotOwned` naming ``where`` when another user could
     write the directory or one on its path; OSError when the disk refuses."""
     path = Path(os.path.expanduser(str(path)))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, name = _walk(path, where)
+    fd, name = _made(path, where)
     try:
         why = _problem(os.fstat(fd), str(path.parent))
         if why:
@@ -265,8 +304,8 @@ def netrc(text: str, where: str, machines: set[str]) -> str:
     """The netrc ``text`` (``machine HOST login USER password TOKEN [account ACCOUNT]`` entries) cut
     to ``machines`` (host names, matched without case), as netrc text again, one entry a line;
     :class:`Unreadable` naming ``where`` and the line (never a token) when it is not netrc, holds a
-    ``default`` entry (it would send its login to any machine) or a ``macdef``, or names none of
-    ``machines``."""
+    ``default`` entry (it would send its login to any machine) or a ``macdef``, gives a machine twice
+    (curl sends the first entry's login, Python's netrc the last's), or names none of ``machines``."""
     entries: list[dict] = []
     lines = text.split("\n")
     odd = next((n for n, line in enumerate(lines, 1) if not _LINE.fullmatch(line)), None)
@@ -284,6 +323,9 @@ def netrc(text: str, where: str, machines: set[str]) -> str:
         host = words[i + 1][1]
         if not _MACHINE.fullmatch(host):
             raise Unreadable(where, f"is not a netrc file (line {n}): a machine is a host name or address")
+        if any(e["machine"].lower() == host.lower() for e in entries):   # curl takes the first, Python's netrc the last
+            raise Unreadable(where, f"is not a netrc file (line {n}): the machine {host} given twice (names match "
+                                    "without case): keep one entry")
         entry, i = {"machine": host}, i + 2
         while i < len(words) and words[i][1] in _FIELDS:
             n, field = words[i]

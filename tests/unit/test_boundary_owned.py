@@ -203,6 +203,15 @@ def test_a_default_entry_or_a_macdef_is_refused_naming_the_file():
     refused(lambda: owned.netrc("machine a.example login u\nmacdef init\n", "n", {"a.example"}), "line 2", "macdef")
 
 
+def test_a_machine_given_twice_is_refused_whatever_its_case():
+    """Round 2 of issue 61, item 26: github.com twice (the second GITHUB.COM) kept both: curl sends the first's
+    password, Python's netrc the last's."""
+    text = f"machine github.com login a password {SECRET}\nmachine GITHUB.COM login b password other-password-1\n"
+    out = refused(lambda: owned.netrc(text, "vllm_netrc_src: /n", {"github.com"}),
+                  "vllm_netrc_src: /n", "line 2", "the machine GITHUB.COM given twice")
+    assert SECRET not in out
+
+
 # -- the call sites ---------------------------------------------------------------------------------
 
 def test_the_fleet_key_is_made_as_before_and_refused_when_another_user_could_write_it(tmp_path):
@@ -279,6 +288,27 @@ def test_a_kept_file_is_written_only_into_a_directory_no_other_user_can_write(tm
     refused(lambda: owned.write(theirs / "h.json", "GPU-a", "w"), "writable by others (mode drwxrwxrwx)")
     assert victim.read_text() == "operator's file\n" and sorted(os.listdir(theirs)) == sorted(
         ["h.json", f".h.json.{os.getpid()}.tmp", "x.json.tmp1"])
+
+
+def test_nothing_is_made_under_another_users_link_or_directory(tmp_path):
+    """Round 2 of issue 61, item 32: write under another user's link refused, but only after mkdir(parents=True)
+    had made new/sub in the link's target, as root. The existing part is checked first; the rest made by descriptor."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "link").symlink_to(target)
+    os.chown(tmp_path / "mine" / "link", NOBODY, NOBODY, follow_symlinks=False)
+    print(refused(lambda: owned.write(tmp_path / "mine" / "link" / "new" / "sub" / "f", "x", "w"),
+                  "the link", "owned by nobody"))
+    assert os.listdir(target) == []
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    refused(lambda: owned.write(theirs / "new" / "sub" / "f", "x", "w"), "owned by nobody")
+    assert os.listdir(theirs) == []
+    refused(lambda: owned.write(tmp_path / "no" / ".." / "f", "x", "w"), "'..' below a directory that does not exist")
+    path = owned.write(tmp_path / "mine" / "a" / "b" / "f", "x", "w")   # missing ones made 0700, one at a time
+    assert path.read_text() == "x" and stat.S_IMODE((tmp_path / "mine" / "a" / "b").stat().st_mode) == 0o700
 
 
 @settings(max_examples=40, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
