@@ -302,19 +302,58 @@ def set_aside(config: dict) -> set[str]:
 
 
 def load(path: str, default):
+    """The JSON of ``path``; ``default`` when it is not there, or (said in the journal) when it does
+    not read: not JSON, nested too deep (RecursionError), an int over Python's digit limit
+    (ValueError), larger than 1 MiB: the guard's check goes on from ``default``."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8") as f:
+            text = f.read((1 << 20) + 1)
+        if len(text) > 1 << 20:
+            raise ValueError("larger than 1 MiB")
+        return json.loads(text)
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError, RecursionError) as e:
+        log(4, f"rigup-gpu-guard: {path} does not read ({type(e).__name__}: {e}): taken as none")
         return default
 
 
 def save(path: str, value) -> None:
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
+    replace(path, json.dumps(value), mode=None)
+
+
+def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
+    link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
+    the umask's), then renamed over ``path`` (a rename replaces a link there, never follows it); the
+    temp file never outlives a failure. Each host program carries this copy (it ships alone)."""
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def number(value: float) -> str:
@@ -393,12 +432,8 @@ def write_metrics(config: dict, text: str) -> None:
     path = config.get("metrics_file")
     if not path or not os.path.isdir(os.path.dirname(path)):
         return
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        replace(path, text)
     except OSError as e:
         log(4, f"rigup-gpu-guard: cannot write {path}: {e}")
 

@@ -409,7 +409,7 @@ def read_json(path: str, default=None):
     try:
         with os.fdopen(open_regular(path)) as fh:
             return json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not JSON, nested too deep, over int's digit limit
         return default
 
 
@@ -455,18 +455,40 @@ def as_owner(path: str, fn, *args):
 
 
 def write_json(path: str, value, fsync: bool = False) -> None:
-    """Replace ``path`` with ``value`` atomically; the temp file never outlives a failure (ENOSPC)."""
-    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
+    """Replace ``path`` with ``value`` atomically (:func:`replace`, the umask's mode)."""
+    replace(path, json.dumps(value, separators=(",", ":")), mode=None, fsync=fsync)
+
+
+def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
+    link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
+    the umask's), then renamed over ``path`` (a rename replaces a link there, never follows it); the
+    temp file never outlives a failure. Each host program carries this copy (it ships alone)."""
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
     try:
-        with open(tmp, "w") as fh:
-            json.dump(value, fh, separators=(",", ":"))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with _suppress():
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
 
 
@@ -1452,11 +1474,7 @@ def metrics(config_path: str) -> int:
     if not os.path.isdir(os.path.dirname(path)):
         return 0
     text = metrics_text({m["name"]: as_owner(m["dest"], fetch_state, m["dest"]) for m in config["models"]}, time.time())
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    replace(path, text)
     return 0
 
 

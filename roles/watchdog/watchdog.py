@@ -85,29 +85,89 @@ def log(priority: int, text: str) -> None:
     print(shown(f"<{priority}>{text}", 4000), flush=True)
 
 
+# A record's largest file (the state of a few dozen servers is a few KiB), and the seconds a time in
+# a record may be ahead of this clock (another writer's, a clock stepped back) before it is refused.
+MAX_RECORD = 1 << 20
+SKEW_S = 300
+# A server's tok/s, at most (rigup/throughput.py's bound on a server's own figure).
+MAX_TPS = 1e7
+MAX_COUNT = 10 ** 12
+_UNIT = re.compile(r"rigup-llama@[A-Za-z0-9_.:-]{1,200}\.service")
+
+
+class Unreadable(ValueError):
+    """A record that is not one of ours (the reader's safe choice follows)."""
+
+
 def load(path: str, default):
+    """The JSON of ``path``; ``default`` when it is not there or not JSON of a sane size and depth
+    (RecursionError: nested too deep; ValueError: not JSON, an int over Python's digit limit)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return read_record(path)
+    except (FileNotFoundError, Unreadable):
         return default
 
 
-def replace(path: str, text: str) -> None:
-    """Write ``path`` atomically (a dot-file beside it, then a rename): the node exporter's
-    textfile collector never reads half a file, a check killed while it writes leaves the last
-    state whole."""
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+def read_record(path: str):
+    """The JSON of ``path``; FileNotFoundError when it is not there, :class:`Unreadable` (why) when
+    it cannot be read or is not JSON of at most MAX_RECORD characters."""
     try:
-        with open(tmp, "w") as f:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_RECORD + 1)
+        if len(text) > MAX_RECORD:
+            raise Unreadable(f"larger than {MAX_RECORD} characters")
+        return json.loads(text)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, RecursionError) as e:
+        raise Unreadable(f"{type(e).__name__}: {e}") from None
+
+
+def figure(value, lo: float, hi: float, where: str) -> float | int:
+    """A number of a record: rigup/throughput.py's figure (a JSON int or float, never a bool, finite,
+    within ``lo``..``hi``; the boundary's rule, tests/unit/test_host_records.py), never text."""
+    got = None if isinstance(value, str) else throughput.figure(value, lo, hi)
+    if got is None:
+        raise Unreadable(f"{where}: not a number in {lo:g}..{hi:g}: {shown(value, 40)}")
+    return got
+
+
+def moment(value, where: str) -> float:
+    """A time of a record (Unix seconds): not before 1970, not ahead of this clock by SKEW_S."""
+    return figure(value, 0, time.time() + SKEW_S, where)
+
+
+def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
+    link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
+    the umask's), then renamed over ``path`` (a rename replaces a link there, never follows it); the
+    temp file never outlives a failure. Each host program carries this copy (it ships alone)."""
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
+    except BaseException:
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def command(argv: list[str], config: dict) -> tuple[bool, str]:
@@ -187,10 +247,30 @@ def unit_state(unit: str, config: dict) -> tuple[dict | None, str]:
     return {"active": props["ActiveState"] == "active", "started": started}, ""
 
 
+def gate_record(path: str) -> dict:
+    """The health gate's record (rigup/gate.py: ``{"unit", "tps", "at"}``) as ``{"tps", "at"}``: tok/s
+    in (0, MAX_TPS], a time not ahead of this clock; :class:`Unreadable` otherwise."""
+    doc = read_record(path)
+    if not isinstance(doc, dict):
+        raise Unreadable("not a JSON object")
+    tps = figure(doc.get("tps"), 0, MAX_TPS, "tps")
+    if not tps > 0:
+        raise Unreadable("tps: not above 0")
+    return {"tps": float(tps), "at": float(moment(doc.get("at"), "at"))}
+
+
 def gate_of(server: dict, config: dict) -> dict:
-    """The health gate's record of the server's unit (``{"unit", "tps", "at"}``), {} without one."""
-    gated = load(config["gate_record"].format(server["unit"]), {})
-    return gated if isinstance(gated, dict) else {}
+    """The health gate's record of the server's unit (``{"tps", "at"}``), {} without one or when it
+    does not read (no floor from it, and not "passed its gate"), said in the journal."""
+    path = config["gate_record"].format(server["unit"])
+    try:
+        return gate_record(path)
+    except FileNotFoundError:
+        return {}
+    except Unreadable as e:
+        log(4, f"rigup-watchdog: {server['unit']}: the gate record {path} is not one (ignored: no floor from it, "
+               f"no gate passed): {e}")
+        return {}
 
 
 def floor_of(server: dict, inst: dict, config: dict) -> float | None:
@@ -199,15 +279,15 @@ def floor_of(server: dict, inst: dict, config: dict) -> float | None:
     if inst["floor"] is not None:
         return inst["floor"]
     tps = gate_of(server, config).get("tps")
-    return round(DEFAULT_FLOOR_SHARE * tps, 3) if isinstance(tps, (int, float)) and tps > 0 else None
+    return round(DEFAULT_FLOOR_SHARE * tps, 3) if tps else None
 
 
 def passed_gate(server: dict, record: dict, config: dict, started: float | None) -> bool:
     """Whether the server passed its gate since its last start (``started``): rigup's gate
     recorded a completion after it (its record's ``at``), or this watchdog got a whole
-    completion from it since (``passed_at``). A start systemd cannot date: any pass counts."""
-    at = gate_of(server, config).get("at")
-    times = [t for t in (at, record.get("passed_at")) if isinstance(t, (int, float)) and not isinstance(t, bool)]
+    completion from it since (``passed_at``). A start systemd cannot date: any pass counts.
+    Both times are read in bounds (gate_record, state_record): none is ahead of this clock."""
+    times = [t for t in (gate_of(server, config).get("at"), record.get("passed_at")) if t is not None]
     return any(t > started for t in times) if started is not None else bool(times)
 
 
@@ -346,7 +426,7 @@ def metrics_text(records: dict, floors: dict, config: dict, now: float, reboots:
     for metric, text, field in series:
         kind = "counter" if metric.endswith("_total") else "gauge"
         rows = [(s, {**r, "floor": floors.get(s)}.get(field)) for s, r in sorted(records.items())]
-        rows = [(s, v) for s, v in rows if isinstance(v, (int, float))]
+        rows = [(s, v) for s, v in rows if throughput.figure(v, -1e18, 1e18) is not None and not isinstance(v, str)]
         if rows:
             lines += [f"# HELP rigup_watchdog_{metric} {text}", f"# TYPE rigup_watchdog_{metric} {kind}"]
             lines += [f'rigup_watchdog_{metric}{{llama_instance="{label(s)}"}} {v}' for s, v in rows]
@@ -405,10 +485,25 @@ def escalate(server: dict, record: dict, why: str, config: dict, reboots: dict, 
 
 
 def reboots_today(config: dict) -> dict:
-    """The watchdog's reboots of the host's local day: {"day", "count"} (a new day: 0)."""
-    day, kept = time.strftime("%Y-%m-%d"), load(config["reboots_file"], {})
-    count = kept.get("count", 0) if isinstance(kept, dict) and kept.get("day") == day else 0
-    return {"day": day, "count": count if isinstance(count, int) else 0}
+    """The watchdog's reboots of the host's local day: {"day", "count"} (none kept, or a new day: 0).
+    A file that does not read (not JSON, a count not a whole number in 0..MAX_COUNT, a day not
+    text): no reboot left today (count: max_reboots), said in the journal."""
+    day, path = time.strftime("%Y-%m-%d"), config["reboots_file"]
+    try:
+        kept = read_record(path)
+        if not isinstance(kept, dict) or not isinstance(kept.get("day"), str):
+            raise Unreadable("not {\"day\": text, \"count\": a whole number}")
+        count = figure(kept.get("count", 0), 0, MAX_COUNT, "count")
+        if not isinstance(count, int):
+            raise Unreadable(f"count: not a whole number: {shown(count, 40)}")
+    except FileNotFoundError:
+        return {"day": day, "count": 0}
+    except Unreadable as e:
+        spent = config.get("max_reboots", 0)
+        spent = spent if isinstance(spent, int) and not isinstance(spent, bool) and spent > 0 else 0
+        log(3, f"rigup-watchdog: the count of reboots in {path} does not read ({e}): no reboot left today")
+        return {"day": day, "count": spent}
+    return {"day": day, "count": count if kept["day"] == day else 0}
 
 
 def save(config: dict, state: dict, floors: dict, reboots: dict) -> bool:
@@ -417,14 +512,14 @@ def save(config: dict, state: dict, floors: dict, reboots: dict) -> bool:
     saved = True
     try:
         os.makedirs(os.path.dirname(config["state_file"]), exist_ok=True)
-        replace(config["state_file"], json.dumps(state, sort_keys=True))
+        replace(config["state_file"], json.dumps(state, sort_keys=True), fsync=True)
     except Exception as e:
         log(3, f"rigup-watchdog: the state could not be saved to {config['state_file']}: {type(e).__name__}: {e}")
         saved = False
     try:
         if os.path.isdir(os.path.dirname(config["metrics_file"])):
             records = {s: state[s] for s in floors if s in state}
-            replace(config["metrics_file"], metrics_text(records, floors, config, time.time(), reboots))
+            replace(config["metrics_file"], metrics_text(records, floors, config, time.time(), reboots), fsync=True)
     except Exception as e:
         log(3, f"rigup-watchdog: the metrics could not be written to {config['metrics_file']}: "
                f"{type(e).__name__}: {e}")
@@ -503,10 +598,58 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
     return None
 
 
+# The fields of a server's record in the state file, each with its reader (a count, a tok/s, a time).
+_COUNTS = ("bad", "restarts", "escalations", "failed", "unjudged", "command_failures")
+_TIMES = ("restarted_at", "escalated_at", "started", "passed_at")
+
+
+def state_record(server: object, record: object) -> dict:
+    """One server's record of the state file, each known field read in bounds (an unknown one is
+    dropped): counts whole numbers >= 0, tok/s in 0..MAX_TPS or null, times not ahead of this clock,
+    ``after_restart`` a bool, ``starting`` 0 or 1, ``unit`` a serving unit's name; Unreadable else."""
+    if not isinstance(server, str) or not server.isascii() or not server.isprintable() or not 0 < len(server) <= 200:
+        raise Unreadable(f"not a server's name: {shown(server, 40)}")
+    if not isinstance(record, dict):
+        raise Unreadable(f"{server}: not a JSON object")
+    out = {}
+    for key, value in record.items():
+        where = f"{server}.{key}"
+        if key in _COUNTS:
+            out[key] = figure(value, 0, MAX_COUNT, where)
+            if not isinstance(out[key], int):
+                raise Unreadable(f"{where}: not a whole number: {shown(value, 40)}")
+        elif key in _TIMES:
+            out[key] = moment(value, where)
+        elif key in ("last_tps", "restart_tps", "served"):
+            out[key] = None if value is None else figure(value, 0, MAX_TPS if key != "served" else MAX_COUNT, where)
+        elif key == "starting":
+            out[key] = figure(value, 0, 1, where)
+        elif key == "after_restart":
+            if not isinstance(value, bool):
+                raise Unreadable(f"{where}: not true or false: {shown(value, 40)}")
+            out[key] = value
+        elif key == "unit":
+            if not isinstance(value, str) or not _UNIT.fullmatch(value):
+                raise Unreadable(f"{where}: not a serving unit: {shown(value, 40)}")
+            out[key] = value
+    return out
+
+
 def load_state(config: dict) -> dict:
-    """The last run's state: server -> its record (a file that is not one: none)."""
-    state = load(config["state_file"], {})
-    return {s: r for s, r in state.items() if isinstance(r, dict)} if isinstance(state, dict) else {}
+    """The last run's state: server -> its record (state_record). A file that does not read, or
+    holds one record that does not: a fresh state (no bad checks, no restarts kept), said in the
+    journal."""
+    path = config["state_file"]
+    try:
+        state = read_record(path)
+        if not isinstance(state, dict):
+            raise Unreadable("not a JSON object")
+        return {server: state_record(server, record) for server, record in state.items()}
+    except FileNotFoundError:
+        return {}
+    except Unreadable as e:
+        log(4, f"rigup-watchdog: the state file {path} does not read ({e}): starting from a fresh state")
+        return {}
 
 
 def check(config: dict) -> int:
@@ -545,7 +688,7 @@ def check(config: dict) -> int:
         if reasons:     # counted first: the count survives the reboot (and no count kept: no reboot)
             reboots["count"] += 1
             try:
-                replace(config["reboots_file"], json.dumps(reboots))
+                replace(config["reboots_file"], json.dumps(reboots), fsync=True)
             except OSError as e:
                 log(3, f"rigup-watchdog: not rebooting: the count of reboots cannot be kept in "
                        f"{config['reboots_file']}: {e}")
