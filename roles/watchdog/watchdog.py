@@ -605,7 +605,7 @@ _TIMES = ("restarted_at", "escalated_at", "started", "passed_at")
 
 def state_record(server: object, record: object) -> dict:
     """One server's record of the state file, each known field read in bounds (an unknown one is
-    dropped): counts whole numbers >= 0, tok/s in 0..MAX_TPS or null, times not ahead of this clock,
+    dropped): counts whole numbers >= 0, tok/s and tokens served >= 0 or null, times not ahead of this clock,
     ``after_restart`` a bool, ``starting`` 0 or 1, ``unit`` a serving unit's name; Unreadable else."""
     if not isinstance(server, str) or not server.isascii() or not server.isprintable() or not 0 < len(server) <= 200:
         raise Unreadable(f"not a server's name: {shown(server, 40)}")
@@ -620,8 +620,8 @@ def state_record(server: object, record: object) -> dict:
                 raise Unreadable(f"{where}: not a whole number: {shown(value, 40)}")
         elif key in _TIMES:
             out[key] = moment(value, where)
-        elif key in ("last_tps", "restart_tps", "served"):
-            out[key] = None if value is None else figure(value, 0, MAX_TPS if key != "served" else MAX_COUNT, where)
+        elif key in ("last_tps", "restart_tps", "served"):   # as measured: any figure (below 1e18) reads back
+            out[key] = None if value is None else figure(value, 0, float("inf"), where)
         elif key == "starting":
             out[key] = figure(value, 0, 1, where)
         elif key == "after_restart":

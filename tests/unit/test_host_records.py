@@ -198,3 +198,17 @@ def test_a_write_that_fails_leaves_no_temp_file(tmp_path):
         with pytest.raises(OSError):
             fn(str(tmp_path / "dir"), "x")      # the rename over a directory fails
         assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+
+
+@SETTINGS
+@given(counts=st.dictionaries(st.sampled_from(["bad", "restarts", "escalations", "failed", "unjudged"]),
+                              st.integers(0, 10 ** 9), max_size=5),
+       tps=st.one_of(st.none(), st.floats(0, 1e17)), served=st.one_of(st.none(), st.integers(0, 10 ** 17)),
+       ago=st.floats(0, 1e6), flag=st.booleans())
+def test_every_state_the_watchdog_writes_reads_back_whole(tmp_path, counts, tps, served, ago, flag):
+    record = {**counts, "last_tps": tps, "restart_tps": tps or 0, "served": served, "after_restart": flag,
+              "starting": int(flag), "unit": "rigup-llama@m-0.service",
+              **{k: round(time.time() - ago, 3) for k in ("restarted_at", "escalated_at", "started", "passed_at")}}
+    config = {"state_file": str(tmp_path / "s" / "state.json"), "metrics_file": str(tmp_path / "none" / "m.prom")}
+    assert wd.save(config, {"m-0": record}, {}, {"count": 0})
+    assert wd.load_state(config) == {"m-0": record}
