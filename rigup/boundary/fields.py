@@ -22,6 +22,11 @@ ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
 # An id a record or a build carries (a build key, a card's UUID, a revision): no separator but - _ . :
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# A GPU's UUID as the driver prints it (GPU-46c2b1a0-7f3e-..., a MIG device's MIG-...): hex and dashes;
+# it becomes an argv word (nvidia-smi -i) and a record's key
+GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Fa-f]{1,32}(?:-[0-9A-Fa-f]{1,32}){0,7}")
+# A PCI address, domain:bus:device.function (nvidia-smi's 00000000:4E:00.0, sysfs's 0000:4e:00.0)
+PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 # A path's characters that unit files and shells take as they are.
 PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
 # C0, DEL and C1 (\x80-\x9f: \x9b is CSI, \x9d OSC to a terminal that reads 8-bit controls)
@@ -54,6 +59,16 @@ def sha256(value: object, where: str) -> str:
 # Linux's limits on a file name (NAME_MAX) and a path (PATH_MAX), in bytes: a longer listed name is
 # one the host cannot create (ENAMETOOLONG), so the fetch would fail after the plan took it
 NAME_MAX, PATH_MAX = 255, 4096
+
+
+def gpu_uuid(value: object, where: str) -> str:
+    """A GPU's UUID (:data:`GPU_UUID`), or :class:`Unreadable`."""
+    return matched(GPU_UUID, value, where, "a GPU UUID (GPU- or MIG- and hex digits, dashes)")
+
+
+def pci_bus_id(value: object, where: str) -> str:
+    """A PCI address (:data:`PCI_BUS_ID`), or :class:`Unreadable`."""
+    return matched(PCI_BUS_ID, value, where, "a PCI bus id (domain:bus:device.function in hex)")
 
 
 def inside(value: object, where: str, limit: int = PATH_MAX) -> str:
@@ -108,6 +123,10 @@ CROSSINGS = (
              "rigup/boundary/fields.py:host_ip",
              "rigup/config.py:Form, rigup/rpc.py:ip_problem, roles/vllm/checks.py:check_host_ip, "
              "roles/metrics/checks.py:check_allow_lists"),
+    Crossing("a card's UUID nvidia-smi prints", "the host", "rigup/boundary/fields.py:gpu_uuid",
+             "rigup/gpu/facts.py:parse_gpus"),
+    Crossing("a card's PCI bus id nvidia-smi prints", "the host", "rigup/boundary/fields.py:pci_bus_id",
+             "rigup/gpu/facts.py:parse_gpus"),
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
 )

@@ -21,6 +21,8 @@ from pyinfra.api import FactBase
 
 from rigup.gpu.catalogue import parse_cc  # "12.0" -> (12, 0): two ints, 12.0 > 9.0
 from rigup.gpu.fabric import MANAGER_COMMAND, NVSWITCH_CLASS, parse_manager, parse_nvswitches
+from rigup.boundary import fields
+from rigup.boundary.core import Unreadable
 from rigup.boundary.numbers import number, whole
 
 # ----------------------------------------------------------------------------- nvidia-smi
@@ -61,7 +63,7 @@ GPU_COMMAND = (f"rigup_gpus=$(nvidia-smi --query-gpu={_WITH_FABRIC} --format=csv
                "else printf '%s\n' \"$rigup_gpus\"; fi; true")
 _WORD = re.compile(r"[A-Za-z][A-Za-z _/-]{0,31}")
 
-_LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
+_LOST = re.compile(rf"Unable to determine the device handle for GPU\s*({fields.PCI_BUS_ID.pattern})\b")
 
 
 def parse_pci_id(text: str | None) -> str | None:
@@ -103,7 +105,11 @@ def parse_gpus(lines: list[str]) -> list[dict]:
 
     A card that fell off the bus ("Unable to determine the device handle for GPU0000:47:00.0:
     Unknown Error") becomes ``{"lost": True, "bus_id": "00000000:47:00.0"}``; other cards carry
-    ``"lost": False``. Error texts (no driver, bad field) and blank lines are skipped.
+    ``"lost": False``. Error texts (no driver, bad field) and blank lines are skipped, and so is the
+    row of a card whose index is no number, or whose UUID or PCI bus id (each an argv word and a
+    key later: ``nvidia-smi -i``, a burn-in record) is not one (rigup.boundary.fields ``gpu_uuid``,
+    ``pci_bus_id``; ``[N/A]`` is None): a lying host's ``/../``, quote or escape sequence is no card
+    of ours (rigup/fleet.py counts such a line as not understood).
     """
     gpus = []
     for line in lines:
@@ -112,10 +118,16 @@ def parse_gpus(lines: list[str]) -> list[dict]:
             gpus.append({"lost": True, "bus_id": normalise_bus_id(lost.group(1))})
             continue
         cells = line.split(",")
-        fields = GPU_FIELDS + FABRIC_FIELDS if len(cells) == len(GPU_FIELDS) + len(FABRIC_FIELDS) else GPU_FIELDS
-        if len(cells) != len(fields) or whole(cells[0]) is None:
+        columns = GPU_FIELDS + FABRIC_FIELDS if len(cells) == len(GPU_FIELDS) + len(FABRIC_FIELDS) else GPU_FIELDS
+        if len(cells) != len(columns) or whole(cells[0]) is None:
             continue
-        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(fields, cells)}
+        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(columns, cells)}
+        try:
+            for key, check in (("uuid", fields.gpu_uuid), ("bus_id", fields.pci_bus_id)):
+                if gpu[key] is not None:
+                    check(gpu[key], f"nvidia-smi's {key}")
+        except Unreadable:
+            continue
         gpu["lost"] = False
         gpus.append(gpu)
     return gpus

@@ -70,6 +70,23 @@ def test_a_listed_name_too_long_or_not_utf8_is_refused(value):
 
 
 @SETTINGS
+@given(TEXT | JSONISH | st.sampled_from(["GPU-46c2b1a0-7f3e-4c1d-9a0b-0123456789ab", "MIG-1a2b", "00000000:4E:00.0",
+                                         "0000:4e:00.7", "00000000:4E:00.8", "GPU-1'; rm -rf / #\x1b]0;x\x07",
+                                         "00000000:4E:00.0/../../../../etc", "00000000:4E:00.0\x1b[2J"]))
+def test_a_cards_uuid_and_bus_id_are_the_pattern_or_refused(value):
+    """What nvidia-smi prints for a card's UUID and PCI address: hex, dashes, colons and one point,
+    never a path, a quote or an escape sequence (each becomes an argv word and a key)."""
+    for check, shape in ((fields.gpu_uuid, r"(GPU|MIG)(-[0-9A-Fa-f]{1,32}){1,8}"),
+                         (fields.pci_bus_id, r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")):
+        try:
+            got = check(value, "nvidia-smi")
+        except Unreadable as e:
+            assert e.where == "nvidia-smi"
+            continue
+        assert got == value and re.fullmatch(shape, got) and len(got) <= 8 + 8 * 33
+
+
+@SETTINGS
 @given(TEXT)
 def test_a_host_ip_is_one_address_nft_takes(value):
     if fields.host_ip(value):

@@ -48,7 +48,7 @@ def test_cards_lost_hung_missing_failed():
     assert lost["lost_cards"] == ["0000:47:00"] and fleet.cards_cell(lost) == "7x a100 1 lost"
     assert fleet.attention_cards(lost) == [{"name": "GPU ?", "bus": "0000:47:00",
                                             "problems": [("LOST", "LOST (nvidia-smi cannot reach it)")]}]
-    na = fleet.parse_cards(["0, GPU-x, 00000000:07:00.0, 0x20B210DE, NVIDIA A100-SXM4-80GB, 8.0, 81920, 0, 400.00, "
+    na = fleet.parse_cards(["0, GPU-0a, 00000000:07:00.0, 0x20B210DE, NVIDIA A100-SXM4-80GB, 8.0, 81920, 0, 400.00, "
                             "100.00, 400.00, 400.00, [N/A], 35, Disabled, 4, 16, 580.105.08, 4, 16", "smi_rc=0"])
     assert fleet.power_cell(na) == "?/400W 35C"
     assert fleet.attention_cards(na)[0]["problems"] == [("telemetry lost", "telemetry lost (draw ?, temp 35C)")]

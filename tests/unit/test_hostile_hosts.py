@@ -50,6 +50,23 @@ def test_an_absurd_index_port_health_or_rc_is_unknown_not_a_crash(what):
     assert parse_free_disk([text]) is None
 
 
+@pytest.mark.parametrize("column, text", [(2, "00000000:4E:00.0/../../../../etc"), (2, "00000000:4E:00.0\x1b[2J"),
+                                          (1, "GPU-1'; rm -rf / #\x1b]0;x\x07"), (2, "4E:00.0"), (1, "1")])
+def test_a_card_whose_bus_id_or_uuid_is_none_is_that_rows_problem(column, text):
+    """Issue 61, second round: a card's bus id or UUID (an argv word of nvidia-smi -i, a record's key)
+    that is no PCI address or GPU UUID makes the row unreadable (counted as a line not understood);
+    the other card is read, and [N/A] is still an unknown field of a card."""
+    cells = LINE.split(",")
+    cells[column] = " " + text
+    second = LINE.replace(LINE.split(",")[0], "1", 1)
+    gpus = parse_gpus([",".join(cells), second])
+    cards = parse_cards([",".join(cells), second, "smi_rc=0"])
+    print(f"{text!r}: cards {[g['index'] for g in gpus]}, smi {cards['smi']!r}")
+    assert [g["index"] for g in gpus] == [1] and cards["smi"] == "1 line not understood"
+    cells[column] = " [N/A]"
+    assert parse_gpus([",".join(cells)])[0][("uuid", "bus_id")[column - 1]] is None
+
+
 def test_the_bounds():
     assert number("700.00") == 700.0 and number("42", int) == 42 and number(" 7.9 ", int) == 7
     assert [number(v) for v in ("1" * 19, "-1" + "0" * 17, "1.0000000000001")] == [None, -1e17, None]
