@@ -36,6 +36,9 @@ NFT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 NFT_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 # what HAProxy reads as one plain word: no blank, quote, backslash, '#' (a comment), '$' (a variable), braces (an ACL)
 HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:@/+\[\]-]+")
+# a host of an address (IPv4, IPv6, a DNS name): no '@' (HAProxy's unix@, abns@, fd@, sockpair@, ipv4@ ...
+# prefixes name another kind of socket) and no '/' (a path is a unix socket)
+HAPROXY_HOST = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
 def _refused(what: str, why: str, value: object) -> ValueError:
@@ -200,6 +203,17 @@ def haproxy_word(value: object, what: str) -> str:
     return text
 
 
+def haproxy_address(value: object, what: str) -> str:
+    """The host of an address in haproxy.cfg (a bind's, a server's: an IP address or a DNS name) as
+    one plain word: ``@`` (``unix@/run/docker.sock``, ``fd@3``) or ``/`` would make it another kind of
+    socket, and :func:`haproxy_word`'s refusals hold too: a ValueError. The writer adds its own prefix
+    (``ipv6@[...]``) after this check."""
+    text = str(value)
+    if not HAPROXY_HOST.fullmatch(text):
+        raise _refused(what, "not an IP address or a host name (no HAProxy address prefix, no path)", text)
+    return text
+
+
 CROSSINGS = (
     Crossing("a line of a router's llama.cpp preset (a model's path, a flag's value)", "rigup",
              "rigup/boundary/formats.py:ini_line", "roles/llama_server/command.py:preset_text"),
@@ -235,6 +249,8 @@ CROSSINGS = (
              "roles/burnin/acceptance.py:label, roles/watchdog/watchdog.py:label"),
     Crossing("a name or an address in haproxy.cfg (a backend, a server, a model of a router's set)", "rigup",
              "rigup/boundary/formats.py:haproxy_word", "roles/balancer/config.py:haproxy_cfg"),
+    Crossing("the host of an address in haproxy.cfg (a backend's bind, a server's inventory address)", "the operator",
+             "rigup/boundary/formats.py:haproxy_address", "roles/balancer/config.py:haproxy_cfg"),
 )
 
 GENERIC = ("one_line",)   # the one-line check every writer above makes

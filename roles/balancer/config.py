@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rigup.boundary.formats import haproxy_word
+from rigup.boundary.formats import haproxy_address, haproxy_word
 from rigup.config import ADDRESS, NAME
 from rigup.contract import served
 from rigup.templates import render
@@ -140,10 +140,13 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     def word(value, what: str) -> str:
         return haproxy_word(value, f"haproxy.cfg: {what}")
 
+    def address(value, what: str) -> str:   # its host alone: bind_text adds the ipv6@ prefix itself
+        return haproxy_address(value, f"haproxy.cfg: {what}")
+
     rendered = [dict(b, name=word(b["name"], "a backend"),
-                     bind=word(bind_text(b["bind"], b["port"]), f"{b['name']}'s bind"),
+                     bind=word(bind_text(address(b["bind"], f"{b['name']}'s bind"), b["port"]), f"{b['name']}'s bind"),
                      servers=[[word(s[0], f"a server of {b['name']}"),
-                               word(bind_text(s[1], s[2]), f"{b['name']}'s {s[0]}"),
+                               word(bind_text(address(s[1], f"{b['name']}'s {s[0]}"), s[2]), f"{b['name']}'s {s[0]}"),
                                len(s) > 3 and s[3], len(s) > 4 and s[4]] for s in b["servers"]],
                      routes=[(word(r["route"]["model"], f"a model of {b['name']}"), word(r["name"], "a backend"))
                              for r in backends if (r.get("route") or {}).get("of") == b["name"]],

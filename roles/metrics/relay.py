@@ -36,6 +36,7 @@ import http.server
 import ipaddress
 import itertools
 import json
+import re
 import socket
 import sys
 import threading
@@ -116,31 +117,58 @@ def label(value) -> str:
 # llama-server's own metric names; any other series a server's /metrics holds (rigup_gpu_guard_tripped 0,
 # up 1) would stand for another exporter's under the relay's target (issue 61): left out
 OWN_PREFIX = "llamacpp:"
+# a sample line as Prometheus's text format reads it, by hand (the host has the standard library alone):
+# a name, its labels (a value escapes only \\, \" and \n), a number, an optional timestamp; a line that
+# is not one (a \r inside, a label given twice) would fail the relay's whole scrape: left out
+SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})?'
+                    r'[ \t]+([-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))'
+                    r'(?:[ \t]+(-?[0-9]{1,19}))?[ \t]*')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)",?')
+HEADER = re.compile(r"# (?:HELP [a-zA-Z_:][a-zA-Z0-9_:]*(?: .*)?|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* "
+                    r"(?:counter|gauge|histogram|summary|untyped))")
 
 
 def own(text: str) -> list[str]:
     """The lines of ``text`` (an instance's /metrics) of llama-server's own metrics: each sample,
-    HELP and TYPE line whose metric name begins with :data:`OWN_PREFIX`; every other line left out."""
-    return [line for line in text.splitlines()
+    HELP and TYPE line whose metric name begins with :data:`OWN_PREFIX`; every other line left out.
+    Lines end at a newline alone, as Prometheus reads them (str.splitlines also ends one at \r, \x85
+    or U+2028 inside a label value)."""
+    return [line for line in text.split("\n")
             if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(OWN_PREFIX)]
 
 
-def labelled(text: str, model: str, seen: set[str]) -> list[str]:
-    """Prometheus text ``text`` (its own metrics only: :func:`own`) with ``model="MODEL"`` added to
-    each sample; a HELP or TYPE line of a metric in ``seen`` (already given) is left out, so that
-    several models' texts join into one."""
+def checked(text: str) -> list[str]:
+    """:func:`own`'s lines that Prometheus reads: a HELP or TYPE line (:data:`HEADER`), a sample
+    (:data:`SAMPLE`) with no label given twice; any other line would fail the relay's whole scrape."""
     out = []
     for line in own(text):
+        if line.startswith("# "):
+            if HEADER.fullmatch(line):
+                out.append(line)
+            continue
+        sample = SAMPLE.fullmatch(line)
+        names = [n for n, _ in LABEL.findall(sample[2] or "")] if sample else []
+        if sample and len(set(names)) == len(names):
+            out.append(line)
+    return out
+
+
+def labelled(text: str, model: str, seen: set[str]) -> list[str]:
+    """Prometheus text ``text`` (:func:`checked`: its own metrics, as Prometheus reads them) with
+    ``model="MODEL"`` added to each sample; a HELP or TYPE line of a metric in ``seen`` (already
+    given) is left out, so that several models' texts join into one. The server's own ``model``
+    label is dropped: two would fail the relay's whole scrape (the relay's names the model)."""
+    out = []
+    for line in checked(text):
         if line.startswith("# "):
             key = line[:7] + line[7:].split(" ", 1)[0]
             if key not in seen:
                 seen.add(key)
                 out.append(line)
             continue
-        name, _, rest = line.partition(" ")
-        pair = f'model="{label(model)}"'
-        name = name.replace("{", "{" + pair + ",", 1) if "{" in name else f"{name}{{{pair}}}"
-        out.append(f"{name} {rest}")
+        sample = SAMPLE.fullmatch(line)
+        kept = [f'model="{label(model)}"'] + [f'{n}="{v}"' for n, v in LABEL.findall(sample[2] or "") if n != "model"]
+        out.append(f"{sample[1]}{{{','.join(kept)}}} {sample[3]}" + (f" {sample[4]}" if sample[4] else ""))
     return out
 
 
@@ -285,7 +313,7 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                     text = router_metrics(inst) + "".join(f"{line}\n" for line in
                                                           (swaps[name].lines() if name in (swaps or {}) else [])).encode()
                 else:
-                    text = "".join(f"{line}\n" for line in own(fetch(inst, "/metrics").decode(errors="replace"))).encode()
+                    text = "".join(f"{line}\n" for line in checked(fetch(inst, "/metrics").decode(errors="replace"))).encode()
                 return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")

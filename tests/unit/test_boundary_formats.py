@@ -267,7 +267,7 @@ def test_host_vars_read_back_as_written_or_are_refused(doc):
 
 # the Prometheus text exposition
 
-SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)")
+SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)(?: -?[0-9]+)?")   # a timestamp in ms may follow
 
 
 def exposition(text: str) -> list[tuple[str, dict[str, str], str]]:
@@ -296,6 +296,8 @@ def exposition(text: str) -> list[tuple[str, dict[str, str], str]]:
                 else:
                     value.append(body[i])
                     i += 1
+            if lm[1] in labels:
+                raise ValueError(f"the label {lm[1]} twice: {line!r}")   # Prometheus fails the whole scrape
             labels[lm[1]] = "".join(value)
             body = body[i + 1:].removeprefix(",")
         samples.append((m[1], labels, m[3]))
@@ -343,17 +345,43 @@ def test_a_bus_id_with_a_quote_and_a_newline_stays_one_label_in_every_exposition
     assert ("rigup_watchdog_floor_tokens_per_second", {"llama_instance": model}, "5.0") in dog
 
 
+SERVER_LABELS = st.dictionaries(st.sampled_from(["model", "slot", "a", "__x"]), TEXT, max_size=3)
+
+
+@FAST
+@given(lines=st.lists(st.one_of(TEXT.map(lambda t: "llamacpp:" + t),
+                                st.tuples(st.sampled_from(["llamacpp:requests", "llamacpp:x_total", "up"]), SERVER_LABELS,
+                                          st.sampled_from(["1", "2.5", "-1e3", "NaN", "+Inf", "1 1700000000", "x"])).map(
+                                    lambda s: s[0] + ("{" + ",".join(f'{k}="{formats.prom_label(v)}"' for k, v in s[1].items())
+                                                      + "}" if s[1] else "") + " " + s[2])), max_size=6),
+       model=TEXT)
+def test_the_relays_labelled_samples_are_one_exposition_with_its_model_alone(lines, model):
+    """roles/metrics/relay.py labelled, held to the exposition's own reading (a newline alone ends a line; one
+    label of a name per sample): whatever a server's /metrics holds, the relay's text parses, and each
+    sample's model is the relay's (round 2 of issue 61, items 27 and 28)."""
+    out = relay.labelled("\n".join(lines) + "\n", model, set())
+    for name, labels, _ in exposition("".join(f"{line}\n" for line in out)):
+        assert name.startswith("llamacpp:") and labels["model"] == model, (lines, out)
+    plain = relay.checked("\n".join(lines) + "\n")   # a plain instance's, relayed as it was
+    assert all(name.startswith("llamacpp:") for name, _, _ in exposition("".join(f"{line}\n" for line in plain)))
+
+
 # HAProxy
 
 @FAST
-@given(value=TEXT)
-def test_an_haproxy_word_is_plain_or_refused(value):
+@given(value=st.one_of(TEXT, st.sampled_from(["unix@/run/docker.sock", "abns@x", "fd@3", "sockpair@4", "ipv4@10.0.0.1",
+                                              "ipv6@::1", "10.0.0.1", "fd00::12", "gpu1.example.org"])),
+       address=st.booleans())
+def test_an_haproxy_word_is_plain_and_an_address_a_host_or_refused(value, address):
+    """An address (round 2 of issue 61, item 31: haproxy_word took unix@/run/docker.sock as a server's) has
+    no HAProxy prefix or path besides."""
     try:
-        word = formats.haproxy_word(value, "haproxy.cfg: a backend")
+        word = (formats.haproxy_address if address else formats.haproxy_word)(value, "haproxy.cfg: a backend")
     except ValueError as e:
         assert refused_naming(e, "haproxy.cfg: a backend")
         return
     assert word == value and not re.search(r"[\s#\"'\\${}]", word)
+    assert not address or (formats.haproxy_word(word, "w") == word and not re.search(r"[@/+\[\]]", word))
 
 
 def gateway(server: str, address: str = "10.0.0.11", model: str = "tiny") -> list[dict]:
@@ -377,10 +405,20 @@ def test_haproxy_reads_a_config_of_any_names(server, model):
 @pytest.mark.parametrize("server, address, model, what", [
     ("lab1 backup", "10.0.0.11", "tiny", "haproxy.cfg: a server of gateway-gemma"),
     ("lab1", "10.0.0.11#", "tiny", "haproxy.cfg: gateway-gemma's lab1"),
-    ("lab1", "10.0.0.11", 'tiny } || { always_true', "haproxy.cfg: a model of gateway-gemma")])
+    ("lab1", "10.0.0.11", 'tiny } || { always_true', "haproxy.cfg: a model of gateway-gemma"),
+    ("lab1", "unix@/run/docker.sock", "tiny", "haproxy.cfg: gateway-gemma's lab1"),
+    ("lab1", "fd@3", "tiny", "haproxy.cfg: gateway-gemma's lab1"),
+    ("lab1", "/run/docker.sock", "tiny", "haproxy.cfg: gateway-gemma's lab1")])
 def test_a_word_haproxy_would_read_as_more_is_refused_naming_it(server, address, model, what):
-    with pytest.raises(ValueError, match=f"^{re.escape(what)}: "):
+    with pytest.raises(ValueError, match=f"^{re.escape(what)}: ") as e:
         haproxy_cfg(gateway(server, address, model), data())
+    print(f"server {server!r} at {address!r}, model {model!r} -> refused: {e.value}")
+
+
+def test_a_valid_config_renders_as_before():
+    """haproxy_cfg with the address check: byte-identical for valid input (IPv4, IPv6 through bind_text's ipv6@)."""
+    text = haproxy_cfg(gateway("lab1"), data())
+    assert "server lab1 10.0.0.11:8081" in text and "server lab2 ipv6@[fd00::12]:8081" in text
 
 
 def test_every_writer_is_a_row_of_the_boundarys_table():

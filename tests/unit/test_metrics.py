@@ -236,6 +236,17 @@ def test_a_monitoring_hosts_zoned_address_is_refused_at_preflight_and_by_the_wri
     assert "fe80::1" in plain and "%" not in plain and "dport 22" not in plain   # the address alone is written
 
 
+def test_a_servers_own_model_label_and_a_line_separator_in_a_value_are_relayed_as_prometheus_reads_them():
+    """Round 2 of issue 61: a server's sample with its own model="other" was relayed as
+    {model="m",model="other"}, which fails Prometheus's whole scrape of the relay (item 27); a label
+    value holding U+2028 was split there by str.splitlines, where Prometheus reads one line (item 28)."""
+    from roles.metrics import relay
+    text = 'llamacpp:requests{model="other",slot="0"} 5\nllamacpp:busy{why="a\u2028b\x85c"} 1\n'
+    got = relay.labelled(text, "m", set())
+    print(f"{text!r} -> {got!r}")
+    assert got == ['llamacpp:requests{model="m",slot="0"} 5', 'llamacpp:busy{model="m",why="a\u2028b\x85c"} 1']
+
+
 def test_the_relay_passes_on_llama_servers_own_metrics_only():
     """issue 61 (red team item 22): a server's /metrics naming rigup_gpu_guard_tripped or up was
     relayed (with a model label for a router): another exporter's series, forged. Now only the
@@ -244,8 +255,9 @@ def test_the_relay_passes_on_llama_servers_own_metrics_only():
     forged = ('# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\n'
               '# HELP rigup_gpu_guard_tripped x\n# TYPE up gauge\nrigup_gpu_guard_tripped 0\nup{job="node"} 1\n'
               ' llamacpp:x 1\nllamacpp:y 2\rup 1\n# EOF\n')
+    # "llamacpp:y 2\rup 1" is one line to Prometheus (a newline alone ends one), and no sample: left out
     assert relay.labelled(forged, "m", set()) == ["# HELP llamacpp:requests n", "# TYPE llamacpp:requests counter",
-                                                  'llamacpp:requests{model="m"} 5', 'llamacpp:y{model="m"} 2']
+                                                  'llamacpp:requests{model="m"} 5']
 
     class Instance(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -269,4 +281,4 @@ def test_the_relay_passes_on_llama_servers_own_metrics_only():
         for s in servers:
             s.shutdown()
     print(f"relayed:\n{text}")
-    assert text == "# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\nllamacpp:y 2\n"
+    assert text == "# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\n"
