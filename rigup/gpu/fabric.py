@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from rigup.boundary.numbers import number, whole
+
 SERVICE = "nvidia-fabricmanager.service"
 _PACKAGE = re.compile(r"nvidia-fabricmanager(?:-[0-9]{3})?")   # NVIDIA's CUDA repository's, Ubuntu's per branch
 NVSWITCH_CLASS = "0x0680"   # PCI bridge, other: what an NVSwitch is (lspci: "Bridge: NVIDIA ... NVSwitch")
@@ -55,21 +57,36 @@ def parse_manager(lines: list[str]) -> dict:
 
 def parse_nvlinks(lines: list[str]) -> dict | None:
     """The ``nvl ``-prefixed lines of ``nvidia-smi nvlink -s`` -> {"up": the fewest links up on a
-    card, "most": the most up, "links": links per card, "cards": cards listed}, or None (no card
-    listed links: no NVLink, or no driver)."""
-    cards: list[list[bool]] = []
+    card, "most": the most up, "links": links per card, "cards": cards listed, "unreadable": cards
+    whose links do not read}, or None (no card listed links: no NVLink, or no driver).
+
+    A link is up only at a positive finite speed (``Link 3: 26.562 GB/s``, read by
+    rigup.boundary.numbers): ``<inactive>``, ``0 GB/s`` and ``N/A`` are down. A card that names a
+    link twice (``Link 0`` 18 times is one link, not 18 up) or a link by no whole number has links
+    that do not read: none of them up, as many as it named, so the fabric is not judged whole."""
+    cards: list[dict | None] = []     # per card: {link index: up}, or None once it does not read
+    named: list[set[str]] = []        # the link names each card gave (an unreadable card's count)
     for line in lines:
         if not line.startswith("nvl "):
             continue
         text = line[4:].strip()
         if text.startswith("GPU "):
-            cards.append([])
+            cards.append({})
+            named.append(set())
         elif text.startswith("Link ") and cards:
-            cards[-1].append("inactive" not in text.lower())
-    cards = [c for c in cards if c]
-    if not cards:
+            index, _, speed = text[5:].partition(":")
+            named[-1].add(index)
+            k = whole(index)
+            if cards[-1] is None or k is None or k in cards[-1]:
+                cards[-1] = None
+                continue
+            words = speed.split()
+            cards[-1][k] = len(words) == 2 and words[1] == "GB/s" and (number(words[0], float, lo=0) or 0) > 0
+    ups = [(sum(c.values()), len(c)) if c is not None else (0, len(n)) for c, n in zip(cards, named) if n]
+    if not ups:
         return None
-    return {"up": min(map(sum, cards)), "most": max(map(sum, cards)), "links": max(map(len, cards)), "cards": len(cards)}
+    return {"up": min(u for u, _ in ups), "most": max(u for u, _ in ups), "links": max(n for _, n in ups),
+            "cards": len(ups), "unreadable": sum(1 for c, n in zip(cards, named) if n and c is None)}
 
 
 def fabric_plan(nvswitches: list[str], gpus: list[dict], manager: dict | None) -> dict | None:
@@ -103,6 +120,9 @@ def line(fabric: dict | None) -> str | None:
     if links:
         parts.append(f"{links['up']} NVLinks up per GPU" if links["up"] == links["most"] == links["links"] else
                      f"NVLinks up per GPU: {links['up']} to {links['most']} of {links['links']}")
+        if links.get("unreadable"):
+            parts.append(f"the NVLinks of {links['unreadable']} card{'s' * (links['unreadable'] > 1)} unreadable "
+                         "(a link named twice or by no number)")
     if fabric["states"]:
         parts.append(", ".join(f"{n} card{'s' * (n > 1)} {s}" for s, n in sorted(fabric["states"].items())))
     return "fabric:    " + ", ".join(parts)

@@ -4,6 +4,9 @@ installed with the driver at its branch. What the lent H200 machine reported (re
 2026-12-04, driver 580.159.04): one card, no NVSwitch on its PCI bus, ``fabric.state`` and
 ``fabric.status`` N/A: no fabric line, nothing refused, nothing installed."""
 
+import pytest
+from hypothesis import given, settings, strategies as st
+
 from rigup.gpu import fabric
 from rigup.gpu.facts import parse_gpus, parse_hardware
 from roles.nvidia_driver.checks import check_fabric
@@ -129,7 +132,7 @@ def test_nvlinks_per_card_are_read_and_named_in_the_plan():
     """Ampere reports no fabric state: its NVLinks (with the fabric manager's service) say whether
     the fabric is up; the plan names them, as the issue's example line."""
     links = fabric.parse_nvlinks(NVLINK_A100)
-    assert links == {"up": 11, "most": 12, "links": 12, "cards": 8}
+    assert links == {"up": 11, "most": 12, "links": 12, "cards": 8, "unreadable": 0}
     assert fabric.parse_nvlinks(["nvl GPU 0: NVIDIA H200 (UUID: GPU-x)"]) is None       # a card with none
     manager = {**fabric.parse_manager(FM_UBUNTU), "nvlinks": links}
     line = fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], manager))
@@ -138,6 +141,52 @@ def test_nvlinks_per_card_are_read_and_named_in_the_plan():
     whole = fabric.parse_nvlinks([ln.replace("<inactive>", "25 GB/s") for ln in NVLINK_A100])
     assert fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], {**manager, "nvlinks": whole})) \
         == "fabric:    6 x NVSwitch, fabric manager 580.105.08 active, 12 NVLinks up per GPU"
+
+
+@pytest.mark.parametrize("lines, want", [
+    # issue 61, second round: Link 0 listed 18 times was 18 links up; 0 GB/s and N/A were up
+    (["nvl GPU 0: H100"] + ["nvl \t Link 0: 26.562 GB/s"] * 18, {"up": 0, "links": 1, "unreadable": 1}),
+    (["nvl GPU 0: H100", "nvl Link 0: 0 GB/s", "nvl Link 1: N/A"], {"up": 0, "links": 2, "unreadable": 0}),
+    (["nvl GPU 0: H100", "nvl Link 0: 25 GB/s", "nvl Link x: 25 GB/s"], {"up": 0, "links": 2, "unreadable": 1}),
+    (["nvl GPU 0: H100", "nvl Link 0: inf GB/s", "nvl Link 1: -25 GB/s", "nvl Link 2: 25 MB/s", "nvl Link 3: 25"],
+     {"up": 0, "links": 4, "unreadable": 0}),
+])
+def test_a_link_named_twice_or_at_no_speed_is_not_up(lines, want):
+    links = fabric.parse_nvlinks(lines)
+    manager = {**fabric.parse_manager(FM_UBUNTU), "nvlinks": links}
+    line = fabric.line(fabric.fabric_plan(fabric.parse_nvswitches(HGX_PCI), [], manager))
+    print(f"\n{lines[1:3]}: {links}\n{line}")
+    assert {k: links[k] for k in want} == want and links["up"] < links["links"]
+    assert ("unreadable" in line) == bool(want["unreadable"])
+
+
+LINK_TEXT = st.sampled_from(["25 GB/s", "26.562 GB/s", "0 GB/s", "N/A", "<inactive>", "inf GB/s", "nan GB/s",
+                             "-1 GB/s", "1e3 GB/s", "٢٥ GB/s", "25", ""]) | st.text(max_size=12)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["0", "1", "2", "x", "-1", "00", ""]) | st.text(
+                                       st.characters(blacklist_characters=":"), max_size=3),
+                                   LINK_TEXT), max_size=6), max_size=4))
+def test_nvlinks_count_each_link_once_up_only_at_a_speed(cards):
+    """Any listing: up at most the links a card named once, and only at a positive finite GB/s; a card
+    that names a link twice or by no whole number is unreadable, none of its links up."""
+    lines = [ln for i, links in enumerate(cards) for ln in
+             [f"nvl GPU {i}: X"] + [f"nvl \t Link {k}: {t}" for k, t in links]]
+    got = fabric.parse_nvlinks(lines)
+    listed = [links for links in cards if links]
+    if not listed:
+        assert got is None
+        return
+    ups = []
+    for links in listed:
+        keys = [k.strip() for k, _ in links]
+        readable = all(k.isascii() and k.isdigit() and (k == "0" or k[0] != "0") for k in keys) and \
+            len(set(keys)) == len(keys)
+        ups.append(sum(1 for _, t in links if readable and t.split()[1:] == ["GB/s"] and len(t.split()) == 2
+                       and fabric.number(t.split()[0], float, lo=0)) if readable else 0)
+    assert got["cards"] == len(listed) and got["up"] == min(ups) and got["most"] == max(ups)
+    assert 0 <= got["up"] <= got["most"] <= got["links"]
 
 
 def test_a_branch_change_takes_the_old_branchs_fabric_manager_out_in_the_same_transaction():

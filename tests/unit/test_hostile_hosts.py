@@ -52,7 +52,7 @@ def test_an_absurd_index_port_health_or_rc_is_unknown_not_a_crash(what):
 
 @pytest.mark.parametrize("column, text", [(2, "00000000:4E:00.0/../../../../etc"), (2, "00000000:4E:00.0\x1b[2J"),
                                           (1, "GPU-1'; rm -rf / #\x1b]0;x\x07"), (2, "4E:00.0"), (1, "1")])
-def test_a_card_whose_bus_id_or_uuid_is_none_is_that_rows_problem(column, text):
+def test_a_card_whose_bus_id_or_uuid_is_no_id_is_that_rows_problem(column, text):
     """Issue 61, second round: a card's bus id or UUID (an argv word of nvidia-smi -i, a record's key)
     that is no PCI address or GPU UUID makes the row unreadable (counted as a line not understood);
     the other card is read, and [N/A] is still an unknown field of a card."""
