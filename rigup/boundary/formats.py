@@ -26,6 +26,7 @@ import re
 
 from rigup.boundary.core import Crossing
 from rigup.boundary.fields import CONTROL
+from rigup.boundary.numbers import json_whole
 
 # llama.cpp's preset grammar: ident ::= [a-zA-Z_] [a-zA-Z0-9_.-]*; a value ends at ws? [;#] or a newline
 INI_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -34,10 +35,11 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NFT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 # the characters of an IPv4 or IPv6 address (ipaddress also takes an IPv6 zone, "%" and any text after it)
 NFT_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
-# what HAProxy reads as one plain word: no blank, quote, backslash, '#' (a comment), '$' (a variable), braces (an ACL)
-HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:@/+\[\]-]+")
-# a host of an address (IPv4, IPv6, a DNS name): no '@' (HAProxy's unix@, abns@, fd@, sockpair@, ipv4@ ...
-# prefixes name another kind of socket) and no '/' (a path is a unix socket)
+# a name HAProxy reads as one plain word: no blank, quote, backslash, '#' (a comment), '$' (a variable), braces
+# (an ACL); no '@' or '/', which make a word an address of another kind (unix@/run/x.sock, fd@3, /run/x.sock)
+HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:+\[\]-]+")
+# the host of an address (IPv4, IPv6, a DNS name): no '@' (HAProxy's unix@, abns@, fd@, sockpair@, ipv4@ ...
+# prefixes name another kind of socket), no '/' (a path is a unix socket)
 HAPROXY_HOST = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
@@ -195,23 +197,26 @@ def prom_label(value: object) -> str:
 
 
 def haproxy_word(value: object, what: str) -> str:
-    """A name or an address as one plain word of haproxy.cfg (letters, digits, ``_ . : @ / + - [ ]``):
-    a blank, a quote, a backslash, ``#``, ``$`` or a brace has meaning there: a ValueError."""
+    """A name (a backend, a server, a model of a router's set) as one plain word of haproxy.cfg
+    (letters, digits, ``_ . : + - [ ]``): a blank, a quote, a backslash, ``#``, ``$`` or a brace has
+    meaning there, and ``@`` or ``/`` make a word an address of another kind: a ValueError."""
     text = str(value)
     if not HAPROXY_WORD.fullmatch(text):
         raise _refused(what, "not one plain word of HAProxy's configuration", text)
     return text
 
 
-def haproxy_address(value: object, what: str) -> str:
-    """The host of an address in haproxy.cfg (a bind's, a server's: an IP address or a DNS name) as
-    one plain word: ``@`` (``unix@/run/docker.sock``, ``fd@3``) or ``/`` would make it another kind of
-    socket, and :func:`haproxy_word`'s refusals hold too: a ValueError. The writer adds its own prefix
-    (``ipv6@[...]``) after this check."""
-    text = str(value)
+def haproxy_address(host: object, port: object, what: str) -> str:
+    """``host``:``port`` as haproxy.cfg's address of a bind or a server (``ipv6@[host]:port`` for an
+    IPv6 address, the one prefix this writer adds itself): ``host`` an IP address or a DNS name
+    (``unix@/run/docker.sock``, ``fd@3`` or a path would be another kind of socket), ``port`` an int
+    1..65535; a ValueError otherwise."""
+    text = str(host)
     if not HAPROXY_HOST.fullmatch(text):
         raise _refused(what, "not an IP address or a host name (no HAProxy address prefix, no path)", text)
-    return text
+    if not json_whole(port, 65535):
+        raise _refused(what, "not a TCP port (an int 1..65535)", str(port))
+    return f"ipv6@[{text}]:{port}" if ":" in text else f"{text}:{port}"
 
 
 CROSSINGS = (
@@ -249,7 +254,7 @@ CROSSINGS = (
              "roles/burnin/acceptance.py:label, roles/watchdog/watchdog.py:label"),
     Crossing("a name or an address in haproxy.cfg (a backend, a server, a model of a router's set)", "rigup",
              "rigup/boundary/formats.py:haproxy_word", "roles/balancer/config.py:haproxy_cfg"),
-    Crossing("the host of an address in haproxy.cfg (a backend's bind, a server's inventory address)", "the operator",
+    Crossing("an address in haproxy.cfg (a backend's bind, a server's inventory address and port)", "the operator",
              "rigup/boundary/formats.py:haproxy_address", "roles/balancer/config.py:haproxy_cfg"),
 )
 

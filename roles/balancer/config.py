@@ -110,11 +110,6 @@ def problems(backends: list[dict]) -> list[str]:
     return found
 
 
-def bind_text(address: str, port: int) -> str:
-    """HAProxy's bind of ``address``:``port`` (``ipv6@`` for an IPv6 address)."""
-    return f"ipv6@[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
 def held(allow) -> dict:
     """A frontend's 403s for ``allow`` (the features beyond inference allowed there): ``models``,
     whether a router's model management is held off (models_admin), and ``paths``: (why,
@@ -140,13 +135,12 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     def word(value, what: str) -> str:
         return haproxy_word(value, f"haproxy.cfg: {what}")
 
-    def address(value, what: str) -> str:   # its host alone: bind_text adds the ipv6@ prefix itself
-        return haproxy_address(value, f"haproxy.cfg: {what}")
+    def address(value, port, what: str) -> str:
+        return haproxy_address(value, port, f"haproxy.cfg: {what}")
 
     rendered = [dict(b, name=word(b["name"], "a backend"),
-                     bind=word(bind_text(address(b["bind"], f"{b['name']}'s bind"), b["port"]), f"{b['name']}'s bind"),
-                     servers=[[word(s[0], f"a server of {b['name']}"),
-                               word(bind_text(address(s[1], f"{b['name']}'s {s[0]}"), s[2]), f"{b['name']}'s {s[0]}"),
+                     bind=address(b["bind"], b["port"], f"{b['name']}'s bind"),
+                     servers=[[word(s[0], f"a server of {b['name']}"), address(s[1], s[2], f"{b['name']}'s {s[0]}"),
                                len(s) > 3 and s[3], len(s) > 4 and s[4]] for s in b["servers"]],
                      routes=[(word(r["route"]["model"], f"a model of {b['name']}"), word(r["name"], "a backend"))
                              for r in backends if (r.get("route") or {}).get("of") == b["name"]],

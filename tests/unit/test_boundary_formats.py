@@ -370,18 +370,22 @@ def test_the_relays_labelled_samples_are_one_exposition_with_its_model_alone(lin
 
 @FAST
 @given(value=st.one_of(TEXT, st.sampled_from(["unix@/run/docker.sock", "abns@x", "fd@3", "sockpair@4", "ipv4@10.0.0.1",
-                                              "ipv6@::1", "10.0.0.1", "fd00::12", "gpu1.example.org"])),
-       address=st.booleans())
-def test_an_haproxy_word_is_plain_and_an_address_a_host_or_refused(value, address):
-    """An address (round 2 of issue 61, item 31: haproxy_word took unix@/run/docker.sock as a server's) has
-    no HAProxy prefix or path besides."""
-    try:
-        word = (formats.haproxy_address if address else formats.haproxy_word)(value, "haproxy.cfg: a backend")
-    except ValueError as e:
-        assert refused_naming(e, "haproxy.cfg: a backend")
-        return
-    assert word == value and not re.search(r"[\s#\"'\\${}]", word)
-    assert not address or (formats.haproxy_word(word, "w") == word and not re.search(r"[@/+\[\]]", word))
+                                              "ipv6@::1", "/run/x.sock", "10.0.0.1", "fd00::12", "gpu1.example.org"])),
+       port=st.one_of(st.integers(-1, 70000), st.booleans(), st.text(max_size=5)))
+def test_an_haproxy_name_is_plain_and_an_address_a_host_and_port_or_refused(value, port):
+    """A name or an address with '@' or '/' is another kind of socket to HAProxy (round 2 of issue 61, item 31:
+    haproxy_word took unix@/run/docker.sock as a server's address)."""
+    for writer, args in ((formats.haproxy_word, (value,)), (formats.haproxy_address, (value, port))):
+        try:
+            word = writer(*args, "haproxy.cfg: a backend")
+        except ValueError as e:
+            assert refused_naming(e, "haproxy.cfg: a backend")
+            continue
+        assert not re.search(r"[\s#\"'\\${}/]", word) and "@" not in word.removeprefix("ipv6@"), (args, word)
+        if writer is formats.haproxy_word:
+            assert word == value
+        else:
+            assert word in (f"{value}:{port}", f"ipv6@[{value}]:{port}") and 1 <= port <= 65535 and type(port) is int
 
 
 def gateway(server: str, address: str = "10.0.0.11", model: str = "tiny") -> list[dict]:
