@@ -164,7 +164,10 @@ def figures(meta: dict) -> dict:
     The divisors and lengths are at least 1 where given (``head_count`` 0 would size the cache at
     0 GiB for a model llama.cpp cannot load), but for a model without attention, which says so:
     ``head_count`` 0 with ``head_count_kv`` given as 0 in every layer (llama.cpp's converter
-    writes a recurrent model, Mamba, so), whose cache does not grow with the context (0 GiB)."""
+    writes a recurrent model, Mamba, so), whose cache does not grow with the context (0 GiB). A
+    ``head_count_kv`` of 0 is taken only in a layer without attention: where ``head_count`` is 0 in
+    that layer too, or, with one ``head_count`` for all layers, in a hybrid's recurrent layers when
+    some other layer has KV heads; attention heads over no KV head at all are refused."""
     arch = meta.get("general.architecture")
     if arch is not None and not isinstance(arch, str):
         raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
@@ -180,7 +183,17 @@ def figures(meta: dict) -> dict:
         return out
     kv_key = "attention.head_count_kv" if get("attention.head_count_kv") is not None else "attention.head_count"
     heads_kv = _per_layer(f"{arch}.{kv_key}", get(kv_key), layers)
-    first_heads = max(_per_layer(f"{arch}.attention.head_count", heads, layers))
+    heads_per = _per_layer(f"{arch}.attention.head_count", heads, layers)
+    first_heads = max(heads_per)
+    # attention heads with no KV head: llama.cpp cannot load it, and it would size the cache at 0 GiB.
+    # A hybrid (Jamba, LFM2) gives one head_count for its attention layers and head_count_kv 0 in the
+    # recurrent ones, so a scalar head_count is held to some layer with KV heads, an array layer by layer
+    empty = next((i for i, (h, kv) in enumerate(zip(heads_per, heads_kv)) if h and not kv), None)
+    if first_heads and (not any(heads_kv) or (isinstance(heads, list) and empty is not None)):
+        where = "every layer" if not any(heads_kv) else f"layer {empty}"
+        raise GGUFRefused(f"{arch}.attention.head_count_kv 0 in {where} under {arch}.attention.head_count "
+                          f"{heads_per[empty]}: attention heads with no KV head (only a layer without attention, "
+                          "head_count 0, has head_count_kv 0)")
     if not first_heads:
         if kv_key.endswith("_kv") and not any(heads_kv):
             out["kv_gib_per_1k_tokens"] = 0.0   # no attention, as the header says: no KV cache

@@ -73,3 +73,37 @@ def test_a_hybrid_with_attention_in_some_layers_is_sized_by_those():
     hybrid = [p for p in LLAMA if p[0] not in ("llama.block_count", "llama.attention.head_count_kv")] + \
         [("llama.block_count", 4), ("llama.attention.head_count_kv", [8, 0, 8, 0])]
     assert kv_figures(metadata(header(hybrid)))["kv_gib_per_1k_tokens"] == round(16 * 256 * 2 * 1000 / 2**30, 4)
+
+
+@pytest.mark.parametrize("heads, kv, said", [
+    (64, [0, 0], "head_count_kv 0 in every layer under llama.attention.head_count 64"),   # round 3, item 1
+    (64, 0, "head_count_kv 0 in every layer under llama.attention.head_count 64"),
+    ([64, 64], [8, 0], "head_count_kv 0 in layer 1 under llama.attention.head_count 64"),
+])
+def test_attention_heads_over_no_kv_head_are_refused_naming_the_key(heads, kv, said):
+    """Issue 61 round 3: head_count 64 with head_count_kv 0 in every layer sized the cache at 0.0 GiB."""
+    pairs = [p for p in LLAMA if p[0] not in ("llama.block_count", "llama.attention.head_count",
+                                              "llama.attention.head_count_kv")]
+    pairs += [("llama.block_count", 2), ("llama.attention.head_count", heads), ("llama.attention.head_count_kv", kv)]
+    with pytest.raises(GGUFRefused) as refused:
+        kv_figures(metadata(header(pairs)))
+    print(f"\nhead_count {heads}, head_count_kv {kv}: {refused.value}")
+    assert said in str(refused.value)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 64)), min_size=1, max_size=6))
+def test_a_layer_without_kv_heads_has_no_attention_heads(layers):
+    """Per-layer head_count and head_count_kv: sized only when every layer with attention heads has KV
+    heads; then the figure is those layers' alone."""
+    heads, kv = [h for h, _ in layers], [k for _, k in layers]
+    pairs = [("general.architecture", "llama"), ("llama.block_count", len(layers)),
+             ("llama.attention.head_count", heads), ("llama.attention.head_count_kv", kv),
+             ("llama.embedding_length", 4096), ("llama.attention.key_length", 128)]
+    bad = any(h and not k for h, k in layers) or (not any(heads) and any(kv))
+    try:
+        figures = kv_figures(metadata(header(pairs)))
+    except GGUFRefused as e:
+        assert bad, e
+        return
+    assert not bad and figures["kv_gib_per_1k_tokens"] == round(sum(kv) * 256 * 2 * 1000 / 2**30, 4)
