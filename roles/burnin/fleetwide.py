@@ -7,9 +7,9 @@ cuBLAS build, a batch of cards alike), passes there. The controller keeps every 
 ``cached``), so each preflight compares this host's cards with the cards of the same key on the
 others: the product (name, SM count), the driver, cuBLAS's version, and the operand type, the load
 and the number of seeds (acceptance.py ``sibling_key``: digests of other GEMMs do not compare). Where
-the other hosts' passing siblings agree on one digest (a strict majority of them), a passing card of
-this host that computed another is quarantined in the plan, naming both digests and the hosts. The
-host's own record is left as it is: the verdict is the controller's, computed again at each
+a strict majority of the hosts (one vote a host, this one included: :func:`odd_cards`) agree on one
+digest, a passing card of this host that computed another is quarantined in the plan, naming both
+digests and the hosts. The host's own record is left as it is: the verdict is the controller's, computed again at each
 preflight from the copies, so a card whose siblings change (a host's copy removed) is judged again.
 """
 
@@ -36,31 +36,60 @@ def key_of(rec: object) -> tuple | None:
     return key, digest
 
 
+def _ballots(records: dict, skip: set) -> dict[tuple, str]:
+    """One host's vote per key (key -> digest): the digest a strict majority of its passing records
+    of that key computed, leaving out the UUIDs in ``skip``; a key without one gets no vote."""
+    tally: dict[tuple, dict[str, int]] = {}
+    for uuid, rec in records.items():
+        found = key_of(rec) if uuid not in skip and isinstance(rec, dict) and rec.get("passed") is True else None
+        if found:
+            tally.setdefault(found[0], {}).setdefault(found[1], 0)
+            tally[found[0]][found[1]] += 1
+    out = {}
+    for key, counts in tally.items():
+        digest, n = max(counts.items(), key=lambda d: d[1])
+        if 2 * n > sum(counts.values()):
+            out[key] = digest
+    return out
+
+
 def odd_cards(own: dict, others: dict[str, dict]) -> dict[str, str]:
     """{uuid: why} for this host's cards (``own``: uuid -> record) whose digest differs from the
-    one most of their siblings on the other hosts (``others``: host -> uuid -> record; passing
-    records only count) computed; a key whose siblings have no strict majority says nothing."""
-    seen: dict[tuple, dict[str, list[str]]] = {}
-    for name, records in sorted(others.items()):
-        for rec in records.values():
-            found = key_of(rec)
-            if found and rec.get("passed") is True:
-                seen.setdefault(found[0], {}).setdefault(found[1], []).append(name)
+    one a strict majority of the hosts computed for their key (``others``: host -> uuid -> record).
+
+    One vote per host, not per record (a copy that lists twelve made-up cards outvoted four honest
+    ones on two hosts): a host votes its own majority digest of the key's passing records, and this
+    host votes too (two hosts that disagree cannot tell which is wrong). A copy that lists one of
+    this host's own UUIDs is not a record of its own cards (a card sits in one machine): it does not
+    vote; a UUID that two other copies both list is left out of both (which one holds it is unknown)."""
+    mine = set(own)
+    voters = {name: records for name, records in others.items() if not mine & set(records)}
+    listed: dict[str, int] = {}
+    for records in voters.values():
+        for uuid in records:
+            listed[uuid] = listed.get(uuid, 0) + 1
+    twice = {uuid for uuid, n in listed.items() if n > 1}
+    ballots = {name: _ballots(records, twice) for name, records in sorted(voters.items())}
+    own_ballot = _ballots(own, set())
     out = {}
     for uuid, rec in own.items():
         found = key_of(rec) if rec.get("passed") is True and not rec.get("cleared") else None
-        digests = seen.get(found[0]) if found else None
-        if not digests:
+        if not found:
             continue
-        total = sum(len(hosts) for hosts in digests.values())
-        top, hosts = max(digests.items(), key=lambda d: len(d[1]))
-        if found[1] == top or 2 * len(hosts) <= total:
+        votes: dict[str, list[str]] = {}
+        for name, ballot in ballots.items():
+            if found[0] in ballot:
+                votes.setdefault(ballot[found[0]], []).append(name)
+        if not votes:
             continue
-        names = sorted(set(hosts))
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        out[uuid] = (f"GEMM: digest {found[1][:16]} differs from {top[:16]}, what {len(hosts)} of its {total} "
-                     f"siblings on other hosts ({shown}: same product, driver and cuBLAS) computed from the same "
-                     "seeded operands: wrong results")
+        total = sum(len(hosts) for hosts in votes.values()) + (found[0] in own_ballot)
+        top, hosts = max(votes.items(), key=lambda d: len(d[1]))
+        if found[1] == top or 2 * (len(hosts) + (own_ballot.get(found[0]) == top)) <= total:
+            continue
+        shown = ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
+        out[uuid] = (f"GEMM: digest {found[1][:16]} differs from {top[:16]}, what {len(hosts)} of the {total} "
+                     f"hosts with this key ({shown}: same product, driver and cuBLAS; one vote a host, this one's "
+                     "included) computed from the same seeded operands: wrong results")
     return out
 
 

@@ -24,9 +24,9 @@ def test_a_card_whose_digest_differs_from_its_siblings_on_other_hosts_is_named_w
     others = {"lab1": {"GPU-1": rec(), "GPU-2": rec()}, "lab2": {"GPU-3": rec(), "GPU-4": rec(BAD, passed=False)}}
     odd = fleetwide.odd_cards({"GPU-9": rec(BAD), "GPU-8": rec()}, others)
     print(odd)
-    assert odd == {"GPU-9": f"GEMM: digest {BAD[:16]} differs from {GOOD[:16]}, what 3 of its 3 siblings on other "
-                            "hosts (lab1, lab2: same product, driver and cuBLAS) computed from the same seeded "
-                            "operands: wrong results"}
+    assert odd == {"GPU-9": f"GEMM: digest {BAD[:16]} differs from {GOOD[:16]}, what 2 of the 2 hosts with this key "
+                            "(lab1, lab2: same product, driver and cuBLAS; one vote a host, this one's included) "
+                            "computed from the same seeded operands: wrong results"}
     # another key compares with nothing: another cuBLAS, driver, product, load; no strict majority: no verdict
     for other in (rec(BAD, cublas="12.8.1"), rec(BAD, driver="570.1"), rec(BAD, name="NVIDIA H100 80GB HBM3"),
                   {**rec(BAD), "gemm": {**rec()["gemm"], "load": "ptx", "digest": BAD}}):
@@ -55,6 +55,42 @@ def test_judged_quarantines_it_in_the_plan_and_keeps_the_hosts_own_copy(tmp_path
         in part["quarantined"][0]["failed"][-1]
     cleared, _ = judged("lab4", {"records": own}, "/var/lib/rigup/burnin.json", {"burnin_clear": ["GPU-9"]})
     assert cleared["records"]["GPU-9"]["passed"] is True
+
+
+def test_one_vote_a_host_twelve_made_up_cards_on_one_host_do_not_outvote_two_honest_hosts():
+    """Round 3, item 7: one copy listing 12 made-up passing cards with a wrong digest outvoted 4 honest
+    cards on 2 hosts (a vote per record) and quarantined a good card."""
+    evil = {f"GPU-{i:x}": rec(BAD) for i in range(1, 13)}
+    others = {"evil": evil, "lab1": {"GPU-101": rec(), "GPU-102": rec()}, "lab2": {"GPU-201": rec(), "GPU-202": rec()}}
+    odd = fleetwide.odd_cards({"GPU-900": rec()}, others)
+    print("good card, 12 bad records on one host against 2 honest hosts:", odd)
+    assert odd == {}
+    # the same host alone against this one: one vote each, no strict majority
+    alone = fleetwide.odd_cards({"GPU-900": rec()}, {"evil": evil})
+    print("against one other host only:", alone)
+    assert alone == {}
+    # two honest hosts still outvote one wrong card here (2 of 3 hosts); with the made-up host, 2 of 4: a tie
+    honest = {k: v for k, v in others.items() if k != "evil"}
+    assert set(fleetwide.odd_cards({"GPU-900": rec(BAD)}, honest)) == {"GPU-900"}
+    assert fleetwide.odd_cards({"GPU-900": rec(BAD)}, others) == {}
+
+
+def test_a_copy_that_claims_this_hosts_card_does_not_vote_and_a_uuid_on_two_copies_is_left_out():
+    """Round 3, item 8: another host's copy listed this host's own card UUID with a wrong digest and
+    its votes counted against it."""
+    others = {"evil": {"GPU-900": rec(BAD), "GPU-901": rec(BAD)}, "lab1": {"GPU-101": rec(BAD)}}
+    odd = fleetwide.odd_cards({"GPU-900": rec()}, others)
+    print("this host's UUID in another copy:", odd)
+    assert odd == {}
+    # a UUID two other copies both list votes on neither: lab1's and lab2's honest card stays theirs
+    # (lab1, lab2 GOOD) while evil's copy of GPU-101/GPU-201 is dropped with them
+    twice = {"evil": {"GPU-101": rec(BAD), "GPU-201": rec(BAD), "GPU-7": rec(BAD)},
+             "lab1": {"GPU-101": rec(), "GPU-102": rec()}, "lab2": {"GPU-201": rec(), "GPU-202": rec()}}
+    both = fleetwide.odd_cards({"GPU-900": rec()}, twice)
+    print("UUIDs on two copies:", both)
+    assert both == {}
+    only_twice = {"a": {"GPU-5": rec(BAD)}, "b": {"GPU-5": rec(BAD)}}
+    assert fleetwide.odd_cards({"GPU-900": rec()}, only_twice) == {}
 
 
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
