@@ -191,10 +191,11 @@ def _served(value: Any, where: str) -> dict | None:
 def sweep(value: Any, where: str) -> dict:
     """A sweep's result (JSON text, or what it parsed to), its fields typed and bounded: tok/s
     finite within 0..:data:`TPS_MAX`, each flag one the sweep sets and of its form (ctx a whole
-    number llama.cpp takes, ``tensor_split`` numbers and commas), levels whole; or
-    :class:`Unreadable` naming ``where`` and the field."""
+    number llama.cpp takes, ``tensor_split`` numbers and commas), levels whole; the best one of the
+    points and the ratio its best over its baseline (:func:`_agrees`); or :class:`Unreadable`
+    naming ``where`` and the field."""
     seconds = _optional(lambda v, w: _float(v, w, 0, SECONDS_MAX))
-    return _typed(_record(value, where), where, {
+    doc = _typed(_record(value, where), where, {
         "concurrency": (_whole(1, LEVEL_MAX), True),
         "levels": (_optional(_list(_whole(1, LEVEL_MAX), 64)), False),
         "points": (_list(_point), True),
@@ -206,6 +207,29 @@ def sweep(value: Any, where: str) -> dict:
         "stopped": (_optional(_prose), True),
         "layers": (_optional(_whole(0, 1 << 20)), False),
     })
+    _agrees(doc, where)
+    return doc
+
+
+def _agrees(doc: dict, where: str) -> None:
+    """A sweep's best is one of its measured points, and its ratio the one its best and baseline
+    give; else :class:`Unreadable`. rigup/tune.py makes the best a point that served and rounds
+    the ratio to 3 places; a best no point measured (ctx 131072 at 500 tok/s among points all at
+    ctx 4096 and 10 tok/s) would be written into host_vars as measured. A ratio that disagrees is
+    refused, not replaced by the reader's own: the record is then not what the tuner wrote, and
+    nothing else in it is believed (round 3 of issue 61, items 2 and 3)."""
+    best, baseline, ratio = doc["best"], doc["baseline"], doc["ratio"]
+    if best is not None and not any(p["status"] == "ok" and p["flags"] == best["flags"] and p["tps"] == best["tps"]
+                                    for p in doc["points"]):
+        raise Unreadable(f"{where}: best", f"flags {str(best['flags'])[:80]} at {best['tps']} tok/s: "
+                                           "not one of the points the sweep measured")
+    if ratio is None:
+        return   # a sweep written while running, or whose baseline served nothing
+    if best is None or baseline is None or not baseline["tps"]:
+        raise Unreadable(f"{where}: ratio", f"{ratio} with no best and baseline tok/s to give one")
+    if abs(ratio - best["tps"] / baseline["tps"]) > 0.0005 + 1e-9 * ratio:   # rigup/tune.py rounds to 3 places
+        raise Unreadable(f"{where}: ratio", f"{ratio}, while the best's {best['tps']} tok/s over the baseline's "
+                                            f"{baseline['tps']} is {best['tps'] / baseline['tps']:.3f}")
 
 
 # ----------------------------------------------------------------------------- a build's stamp

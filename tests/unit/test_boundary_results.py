@@ -125,6 +125,38 @@ def test_a_sweep_out_of_bounds_is_refused_naming_the_host_the_file_and_the_field
     assert e.value.where.startswith(WHERE) and why in str(e.value), e.value
 
 
+def test_a_best_no_point_measured_or_a_ratio_its_best_and_baseline_do_not_give_is_refused():
+    """Round 3 of issue 61, items 2 and 3: a best of ctx 131072 at 500 tok/s among points all at ctx
+    4096 and 10 tok/s was read (and written into host_vars); so was ratio 50 while the best's tok/s
+    equals the baseline's."""
+    point = {"flags": {"ctx": 4096}, "status": "ok", "tps": 10.0, "levels": [{"concurrency": 1, "total_tps": 10.0}]}
+    doc = {"concurrency": 1, "levels": [1], "points": [point], "baseline": point, "best": point, "ratio": 1.0,
+           "spent_s": 1.0, "stopped": None}
+    assert results.sweep(doc, WHERE)["ratio"] == 1.0
+    made_up = {**point, "flags": {"ctx": 131072}, "tps": 500.0}
+    for best, why in ((made_up, "not one of the points the sweep measured"),
+                      ({**point, "tps": 500.0}, "not one of the points"),          # the flags of a point, not its tok/s
+                      ({**point, "flags": {"ctx": 131072}}, "not one of the points")):
+        with pytest.raises(Unreadable, match=why) as e:
+            results.sweep({**doc, "best": best, "ratio": None}, WHERE)
+        print(f"best {best['flags']} at {best['tps']} tok/s -> refused: {e.value}")
+        assert e.value.where.startswith(WHERE)
+    for ratio, why in ((50.0, "is 1.000"), (1.002, "is 1.000"), (-1, "ratio")):
+        with pytest.raises(Unreadable, match=why) as e:
+            results.sweep({**doc, "ratio": ratio}, WHERE)
+        print(f"ratio {ratio} -> refused: {e.value}")
+        assert e.value.where == f"{WHERE}: ratio"
+    with pytest.raises(Unreadable, match="no best and baseline"):
+        results.sweep({**doc, "baseline": None, "ratio": 1.0}, WHERE)
+    # rigup/tune.py's rounding to 3 places, and a sweep still running (no ratio yet), read
+    assert results.sweep(RESULT, WHERE)["ratio"] == 1.8
+    thirds = {**RESULT, "points": [{**BASE, "tps": 30.0}, POINT], "baseline": {**BASE, "tps": 30.0}, "ratio": 3.0}
+    assert results.sweep(thirds, WHERE)["ratio"] == 3.0
+    assert results.sweep({**thirds, "points": [{**BASE, "tps": 27.0}, POINT], "baseline": {**BASE, "tps": 27.0},
+                          "ratio": round(90 / 27, 3)}, WHERE)["ratio"] == 3.333
+    assert results.sweep({**doc, "ratio": None}, WHERE)["ratio"] is None
+
+
 def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_is_read():
     for key in ("points", "best", "spent_s", "concurrency"):
         with pytest.raises(Unreadable, match=f"no {key}"):

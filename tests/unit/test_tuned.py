@@ -17,7 +17,8 @@ from tests.unit.hosts import REV, data
 RESULT = {"concurrency": 4, "levels": [1, 4], "spent_s": 61.0, "stopped": None, "ratio": 1.8,
           "baseline": {"flags": {}, "tps": 50.0, "status": "ok"},
           "best": {"flags": {"parallel": 4, "ctx": 16384, "flash_attn": "on"}, "tps": 90.0, "status": "ok"},
-          "points": [{"flags": {}, "status": "ok", "tps": 50.0, "levels": [{"concurrency": 1, "total_tps": 30.0}]}]}
+          "points": [{"flags": {}, "status": "ok", "tps": 50.0, "levels": [{"concurrency": 1, "total_tps": 30.0}]},
+                     {"flags": {"parallel": 4, "ctx": 16384, "flash_attn": "on"}, "tps": 90.0, "status": "ok"}]}
 
 
 def served(**tuned):
