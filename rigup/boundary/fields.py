@@ -91,11 +91,26 @@ def inside(value: object, where: str, limit: int = PATH_MAX) -> str:
     return value
 
 
+def one_host(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` names one host as itself: not a wildcard (0.0.0.0, ::), and no IPv6 form
+    of an IPv4 address, mapped (``::ffff:0.0.0.0``, ``::ffff:127.0.0.1``) or compatible
+    (``::127.0.0.1``, deprecated): every one is refused, not only the wildcard and loopback ones,
+    since a socket bound to ``::ffff:0.0.0.0`` listens on every IPv4 address while
+    ``is_unspecified`` says no, and an nft ``ip6 saddr`` set never sees an IPv4 peer in that form
+    (the kernel files it under ``ip saddr``): the host is written as its IPv4 address instead."""
+    if address.is_unspecified:
+        return False
+    if address.version == 6 and (address.ipv4_mapped or (int(address) >> 32 == 0 and int(address) > 1)):
+        return False
+    return True
+
+
 def host_ip(value: str) -> bool:
     """Whether ``value`` is the IP address of one host, as an allow-list takes it (IPv4 or IPv6;
-    not a host name, a network, a wildcard such as 0.0.0.0 or ::, or an IPv6 zone: nft takes none)."""
+    not a host name, a network, a wildcard such as 0.0.0.0 or ::, an IPv6 form of an IPv4 address
+    (:func:`one_host`) or an IPv6 zone: nft takes none)."""
     try:
-        return "%" not in value and not ipaddress.ip_address(value).is_unspecified
+        return "%" not in value and one_host(ipaddress.ip_address(value))
     except ValueError:
         return False
 
@@ -131,4 +146,4 @@ CROSSINGS = (
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
 )
 
-GENERIC = ("matched", "ident", "sha256", "control_at")   # the patterns' checks, used by the readers
+GENERIC = ("matched", "ident", "sha256", "control_at", "one_host")   # the patterns' checks, used by the readers

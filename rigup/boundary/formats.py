@@ -25,7 +25,7 @@ import json
 import re
 
 from rigup.boundary.core import Crossing
-from rigup.boundary.fields import CONTROL
+from rigup.boundary.fields import CONTROL, one_host
 from rigup.boundary.numbers import json_whole
 
 # llama.cpp's preset grammar: ident ::= [a-zA-Z_] [a-zA-Z0-9_.-]*; a value ends at ws? [;#] or a newline
@@ -102,14 +102,16 @@ def nft_address(value: object, what: str) -> str:
     """One host's IP address as an element of an nftables set (``ip saddr { ... }``): IPv4 or IPv6
     of those characters alone, written as :mod:`ipaddress` writes it; a zone (``fe80::1%eth0``: nft
     takes none, and ipaddress keeps any text after ``%``, a newline and a rule too), a network, a
-    host name or the unspecified address is a ValueError naming ``what``."""
+    host name, the unspecified address or an IPv6 form of an IPv4 address
+    (:func:`rigup.boundary.fields.one_host`) is a ValueError naming ``what``."""
     text = str(value)
     try:
         address = ipaddress.ip_address(text) if NFT_ADDRESS.fullmatch(text) else None
     except ValueError:
         address = None
-    if address is None or address.is_unspecified:
-        raise _refused(what, "not the IP address of one host (no zone, network, name or wildcard)", text)
+    if address is None or not one_host(address):
+        raise _refused(what, "not the IP address of one host (no zone, network, name, wildcard or IPv6 form of "
+                             "an IPv4 address: write ::ffff:a.b.c.d as a.b.c.d)", text)
     return str(address)
 
 

@@ -93,6 +93,18 @@ def test_a_host_ip_is_one_address_nft_takes(value):
         address = ipaddress.ip_address(value)
         assert "%" not in value and not address.is_unspecified and not fields.CONTROL.search(value)
         assert formats.nft_address(value, "inet rigup_rpc") == value
+        assert fields.one_host(address)
+
+
+@pytest.mark.parametrize("value, taken", [
+    ("::ffff:0.0.0.0", False), ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False), ("::127.0.0.1", False),
+    ("::0.0.0.0", False), ("0.0.0.0", False), ("::", False), ("::1", True), ("127.0.0.1", True),
+    ("10.0.0.1", True), ("fd00::1", True)])
+def test_an_ipv6_form_of_an_ipv4_address_is_no_host_ip(value, taken):
+    """issue 61 round 3, item 4: '::ffff:0.0.0.0' was a host_ip (is_unspecified is False for it, and
+    a socket bound there listens on every IPv4 address); every mapped or compatible form is refused."""
+    print(f"\nhost_ip({value!r}) is {fields.host_ip(value)}, expected {taken}")
+    assert fields.host_ip(value) is taken
 
 
 @SETTINGS
