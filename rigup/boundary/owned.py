@@ -9,6 +9,14 @@ such files). One difference: a directory on the path that is sticky (``/tmp``) m
 others, because the kernel lets no one but an entry's owner rename or remove it there, and the
 next component is checked itself; a directory named by configuration never may.
 
+A POSIX ACL (the ``system.posix_acl_access`` attribute of the open descriptor) is held to the same
+rule, since with one the mode's group bits are only the mask (``setfacl -m u:nobody:rw FILE`` shows
+``-rw-rw----``): a ``user:`` entry letting another user than the owner or root write, or a ``group:``
+entry (or the owning group's) letting a group other than the owner's private group write, each
+effective under the ACL's mask, is refused, naming the entry and the fix (``setfacl -b FILE``); an
+ACL of a format other than the kernel's version 2 is refused too. No attribute, or a file system
+without ACLs, is no ACL.
+
 Every component is opened without following a link (``O_NOFOLLOW``, each one relative to the
 directory before it) and checked by ``fstat`` of the open descriptor, so what is checked is what is
 read: a component swapped for a link between the check and the read is refused, not followed. A
@@ -32,6 +40,7 @@ import pwd
 import re
 import shlex
 import stat
+import struct
 from pathlib import Path
 
 from rigup.boundary.core import Crossing, Unreadable
@@ -68,9 +77,72 @@ def _private_group(gid: int, uid: int) -> bool:
     return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
 
 
-def _problem(st: os.stat_result, path: str, passage: bool = False) -> str | None:
-    """What lets another user write ``path`` (its ``st``), with the fix; None when nothing does.
-    ``passage``: a directory on the path, which may be sticky and writable by others."""
+# the kernel's ACL attribute (include/uapi/linux/posix_acl_xattr.h): a version, then (tag, perm, id) entries
+_ACL, _ACL_VERSION, _ACL_ENTRY = "system.posix_acl_access", 2, struct.Struct("<HHI")
+_USER, _GROUP_OBJ, _GROUP, _MASK, _WRITE = 0x02, 0x04, 0x08, 0x10, 0x02
+
+
+def _acl(fd: int) -> list[tuple[int, int, int]] | None:
+    """The (tag, perm, id) entries of the access ACL of the open ``fd``, None when it has none; a
+    ValueError when the attribute is not the kernel's format."""
+    try:
+        try:
+            data = os.getxattr(fd, _ACL)
+        except OSError as e:
+            if e.errno != errno.EBADF:
+                raise
+            data = os.getxattr(f"/proc/self/fd/{fd}", _ACL)    # an O_PATH descriptor: through its /proc link
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):
+            return None
+        raise
+    return _acl_entries(data)
+
+
+def _acl_entries(data: bytes) -> list[tuple[int, int, int]]:
+    """The (tag, perm, id) entries of an ACL attribute's ``data``; ValueError when not version 2."""
+    if len(data) < 4 or (len(data) - 4) % _ACL_ENTRY.size or struct.unpack_from("<I", data)[0] != _ACL_VERSION:
+        raise ValueError(f"an ACL of {len(data)} bytes that is not version {_ACL_VERSION}")
+    return [_ACL_ENTRY.unpack_from(data, at) for at in range(4, len(data), _ACL_ENTRY.size)]
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid {gid}"
+
+
+def _acl_problem(st: os.stat_result, fd: int, q: str) -> str | None:
+    """Which entry of ``fd``'s ACL lets another user or a group other than the owner's private
+    group write it (under the mask), with the fix; None when none does or there is no ACL."""
+    try:
+        entries = _acl(fd)
+    except (OSError, ValueError) as e:
+        return f"has an ACL rigup cannot read ({getattr(e, 'strerror', None) or e}): setfacl -b {q}"
+    if not entries:
+        return None
+    mask = next((perm for tag, perm, _ in entries if tag == _MASK), 0o7)
+
+    def rwx(perm: int) -> str:
+        return "".join(c if perm & mask & bit else "-" for c, bit in (("r", 4), ("w", 2), ("x", 1)))
+    for tag, perm, ident in entries:
+        if not perm & mask & _WRITE:
+            continue
+        if tag == _USER and ident not in (st.st_uid, 0):
+            return (f"has an ACL letting the user {_user(ident)} (uid {ident}) write it (user:{_user(ident)}:"
+                    f"{rwx(perm)}): setfacl -b {q}")
+        gid = st.st_gid if tag == _GROUP_OBJ else ident
+        if tag in (_GROUP, _GROUP_OBJ) and not _private_group(gid, st.st_uid):
+            return (f"has an ACL letting the group {_group_name(gid)} write it (group:{_group_name(gid)}:"
+                    f"{rwx(perm)}), which is not {_user(st.st_uid)}'s private group: setfacl -b {q}")
+    return None
+
+
+def _problem(st: os.stat_result, path: str, passage: bool = False, fd: int | None = None) -> str | None:
+    """What lets another user write ``path`` (its ``st``; ``fd``, its open descriptor, whose ACL is
+    read), with the fix; None when nothing does. ``passage``: a directory on the path, which may
+    be sticky and writable by others."""
     me, q, mode = os.geteuid(), shlex.quote(path), stat.filemode(st.st_mode)
     if st.st_uid not in (me, 0):
         return (f"is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you ({_user(me)}) or root: "
@@ -79,6 +151,9 @@ def _problem(st: os.stat_result, path: str, passage: bool = False) -> str | None
         return None
     if st.st_mode & stat.S_IWOTH:
         return f"is writable by others (mode {mode}): chmod go-w {q}"
+    acl = _acl_problem(st, fd, q) if fd is not None else None
+    if acl:
+        return acl
     if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, st.st_uid):
         try:
             group = grp.getgrgid(st.st_gid).gr_name
@@ -145,7 +220,7 @@ def _into(head: str, path: Path, where: str) -> int:
 def _checked(step: tuple[int, str], path: Path, where: str) -> None:
     """:class:`NotOwned` when the directory ``step`` (its descriptor, its path) on ``path``'s way
     lets another user swap what it holds."""
-    why = _problem(os.fstat(step[0]), step[1], passage=True)
+    why = _problem(os.fstat(step[0]), step[1], passage=True, fd=step[0])
     if why:
         raise NotOwned(where, f"{path}: the directory {step[1]} on its path {why} (another user could swap what "
                               "it holds)")
@@ -166,7 +241,7 @@ def directory(path: str | Path, where: str) -> Path:
                                       f"{'a symbolic link (name the directory itself)' if link else 'no directory'}") from None
             raise NotOwned(where, f"{path} cannot be read on the controller: {e.strerror}") from None
         try:
-            why = _problem(os.fstat(own), str(path))
+            why = _problem(os.fstat(own), str(path), fd=own)
         finally:
             os.close(own)
     finally:
@@ -199,7 +274,7 @@ def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT)
         st = os.fstat(f)
         if not stat.S_ISREG(st.st_mode):
             raise NotOwned(where, f"{path} {must}: it is no regular file ({stat.filemode(st.st_mode)})")
-        why = _problem(st, str(path))
+        why = _problem(st, str(path), fd=f)
         if not why and secret and st.st_mode & 0o077:
             why = f"may be read by others (mode {stat.filemode(st.st_mode)}): chmod 600 {shlex.quote(str(path))}"
         if why:
@@ -263,7 +338,7 @@ def write(path: str | Path, text: str, where: str, mode: int = 0o600) -> Path:
     path = Path(os.path.expanduser(str(path)))
     fd, name = _made(path, where)
     try:
-        why = _problem(os.fstat(fd), str(path.parent))
+        why = _problem(os.fstat(fd), str(path.parent), fd=fd)
         if why:
             raise NotOwned(where, f"{path.parent} must be a directory that only you or root can write: it {why}")
         tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
