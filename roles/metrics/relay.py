@@ -36,6 +36,7 @@ import http.server
 import ipaddress
 import itertools
 import json
+import math
 import re
 import socket
 import sys
@@ -121,11 +122,12 @@ OWN_PREFIX = "llamacpp:"
 # a name, its labels (a value escapes only \\, \" and \n), a number, an optional timestamp; a line that
 # is not one (a \r inside, a label given twice) would fail the relay's whole scrape: left out
 SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})?'
-                    r'[ \t]+([-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))'
+                    r'[ \t]+(NaN|[-+]Inf|[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?))'
                     r'(?:[ \t]+(-?[0-9]{1,19}))?[ \t]*')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)",?')
 HEADER = re.compile(r"# (?:HELP [a-zA-Z_:][a-zA-Z0-9_:]*(?: .*)?|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* "
                     r"(?:counter|gauge|histogram|summary|untyped))")
+INT64 = 2**63   # a sample's timestamp is an int64 of milliseconds to Prometheus
 
 
 def own(text: str) -> list[str]:
@@ -137,20 +139,29 @@ def own(text: str) -> list[str]:
             if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(OWN_PREFIX)]
 
 
+def sample(line: str) -> re.Match | None:
+    """``line`` as a sample Prometheus takes (:data:`SAMPLE`), or None: each label once and none of
+    Prometheus's reserved ``__`` names (``{__name__="up"}`` names the series twice; llama-server
+    writes none, and dropping only the label could make the sample another series'), the value
+    finite or spelled ``NaN``, ``+Inf`` or ``-Inf`` (``1e400`` is out of a float's range, which
+    Prometheus refuses), the timestamp an int64. Any other line fails the relay's whole scrape."""
+    found = SAMPLE.fullmatch(line)
+    if not found:
+        return None
+    names = [n for n, _ in LABEL.findall(found[2] or "")]
+    if len(set(names)) < len(names) or any(n.startswith("__") for n in names):
+        return None
+    if found[3] not in ("NaN", "+Inf", "-Inf") and not math.isfinite(float(found[3])):
+        return None
+    if found[4] and not -INT64 <= int(found[4]) < INT64:
+        return None
+    return found
+
+
 def checked(text: str) -> list[str]:
     """:func:`own`'s lines that Prometheus reads: a HELP or TYPE line (:data:`HEADER`), a sample
-    (:data:`SAMPLE`) with no label given twice; any other line would fail the relay's whole scrape."""
-    out = []
-    for line in own(text):
-        if line.startswith("# "):
-            if HEADER.fullmatch(line):
-                out.append(line)
-            continue
-        sample = SAMPLE.fullmatch(line)
-        names = [n for n, _ in LABEL.findall(sample[2] or "")] if sample else []
-        if sample and len(set(names)) == len(names):
-            out.append(line)
-    return out
+    (:func:`sample`); any other line would fail the relay's whole scrape."""
+    return [line for line in own(text) if (HEADER.fullmatch(line) if line.startswith("# ") else sample(line))]
 
 
 def labelled(text: str, model: str, seen: set[str]) -> list[str]:
@@ -166,9 +177,9 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
                 seen.add(key)
                 out.append(line)
             continue
-        sample = SAMPLE.fullmatch(line)
-        kept = [f'model="{label(model)}"'] + [f'{n}="{v}"' for n, v in LABEL.findall(sample[2] or "") if n != "model"]
-        out.append(f"{sample[1]}{{{','.join(kept)}}} {sample[3]}" + (f" {sample[4]}" if sample[4] else ""))
+        found = sample(line)
+        kept = [f'model="{label(model)}"'] + [f'{n}="{v}"' for n, v in LABEL.findall(found[2] or "") if n != "model"]
+        out.append(f"{found[1]}{{{','.join(kept)}}} {found[3]}" + (f" {found[4]}" if found[4] else ""))
     return out
 
 
@@ -206,6 +217,18 @@ def router_metrics(inst: dict) -> bytes:
     return ("\n".join(lines + queue_lines(inst.get("queue"))) + "\n").encode()
 
 
+WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def whole(text: str) -> int | None:
+    """A whole number written in ASCII digits (no sign, no leading zero), or None: the rule of
+    rigup.boundary.numbers.whole for text (a host program has the standard library only; a
+    Hypothesis test in test_metrics.py holds the two equal). str.isdigit also takes '²' and '٣',
+    which would reach the exposition and fail the relay's whole scrape."""
+    text = text.strip()
+    return int(text) if WHOLE.fullmatch(text) else None
+
+
 def queue_lines(queue: dict | None) -> list[str]:
     """A queued router's waiting requests (HAProxy's qcur of its backend, from the stats CSV on
     loopback), the most that waited (qmax) and the limit; nothing without a queue or an answer."""
@@ -220,8 +243,8 @@ def queue_lines(queue: dict | None) -> list[str]:
     for row in rows[1:]:
         cells = dict(zip(header, row.split(",")))
         if cells.get("pxname") == queue["backend"] and cells.get("svname") == "BACKEND":
-            waiting, most = cells.get("qcur") or "0", cells.get("qmax") or "0"
-            if waiting.isdigit() and most.isdigit():
+            waiting, most = whole(cells.get("qcur") or "0"), whole(cells.get("qmax") or "0")
+            if waiting is not None and most is not None:
                 return ["# HELP rigup_router_queue_waiting requests waiting for the router at its HAProxy queue",
                         "# TYPE rigup_router_queue_waiting gauge", f"rigup_router_queue_waiting {waiting}",
                         "# HELP rigup_router_queue_waited_max the most that waited at once (since HAProxy started)",

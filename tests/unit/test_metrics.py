@@ -8,6 +8,8 @@ import urllib.request
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rigup.config import group_vars
 from rigup.firewall import Firewall, dropin_text
@@ -282,3 +284,58 @@ def test_the_relay_passes_on_llama_servers_own_metrics_only():
             s.shutdown()
     print(f"relayed:\n{text}")
     assert text == "# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\n"
+
+
+def test_a_sample_prometheus_would_refuse_is_left_out_not_relayed():
+    """Round 3 of issue 61, items 9-11: a value out of a float's range (1e400), a timestamp past int64
+    and a reserved label ({__name__="up"}: the name twice) were relayed, and each fails Prometheus's
+    whole scrape of the relay. NaN, +Inf and -Inf as the text format spells them are kept."""
+    from roles.metrics import relay
+    for line in ("llamacpp:x 1e400", "llamacpp:x -1e400", "llamacpp:x Inf", "llamacpp:x -NaN", "llamacpp:x 1 9999999999999999999",
+                 "llamacpp:x 1 -9999999999999999999", 'llamacpp:x{__name__="up"} 1', 'llamacpp:x{slot="0",__x="y"} 1',
+                 "llamacpp:x \u0663", "llamacpp:x 1 \u0661\u0662"):
+        got = (relay.labelled(line + "\n", "m", set()), relay.checked(line + "\n"))
+        print(f"{line!r} -> {got}")
+        assert got == ([], []), line
+    kept = ["llamacpp:x NaN", "llamacpp:x +Inf", "llamacpp:x -Inf", "llamacpp:x 1.5e308", "llamacpp:x 1 9223372036854775807",
+            "llamacpp:x 1 -9223372036854775808", 'llamacpp:x{slot="0"} 2']
+    print(relay.labelled("\n".join(kept) + "\n", "m", set()))
+    assert relay.checked("\n".join(kept) + "\n") == kept
+    assert relay.labelled("\n".join(kept) + "\n", "m", set())[-1] == 'llamacpp:x{model="m",slot="0"} 2'
+
+
+def test_haproxys_queue_figures_in_other_digits_are_no_figures():
+    """Round 3 of issue 61, item 12: qcur '²' and qmax '٣' passed str.isdigit and were written as
+    'rigup_router_queue_waiting ²', which fails the relay's whole scrape."""
+    from roles.metrics import relay
+    for csv, want in (("# pxname,svname,qcur,qmax\nr,BACKEND,\u00b2,\u0663\n", []),
+                      ("# pxname,svname,qcur,qmax\nr,BACKEND,\uff13,1\n", []),
+                      ("# pxname,svname,qcur,qmax\nr,BACKEND,2,03\n", []),
+                      ("# pxname,svname,qcur,qmax\nr,BACKEND,2,3\n", ["rigup_router_queue_waiting 2",
+                                                                      "rigup_router_queue_waited_max 3",
+                                                                      "rigup_router_queue_limit 8"])):
+        class Stats(http.server.BaseHTTPRequestHandler):
+            def do_GET(self, body=csv.encode()):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stats)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            got = relay.queue_lines({"stats": f"http://127.0.0.1:{server.server_address[1]}/s", "backend": "r", "limit": 8})
+        finally:
+            server.shutdown()
+        print(f"{csv.splitlines()[1]!r} -> {[ln for ln in got if not ln.startswith('#')]}")
+        assert [ln for ln in got if not ln.startswith("#")] == want
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.one_of(st.text(max_size=24), st.integers(0, 10**19).map(str), st.sampled_from(["\u00b2", "\u0663", "007", " 3\n", "+1", "1e3"])))
+def test_the_relays_whole_number_rule_is_rigup_boundary_numbers_whole(text):
+    """The relay carries its own copy (a host program: standard library only); held to the boundary's."""
+    from rigup.boundary.numbers import whole
+    from roles.metrics import relay
+    assert relay.whole(text) == whole(text)
