@@ -389,4 +389,4 @@ def test_instance_naming_an_unknown_model_is_refused_by_key_path(lab, hosts):
     assert_refused(run, {h100: [
         f"[{h100}] refused: llama_server_instances.glm.model (--data): 'glm53' is not a key of models (its keys: glm; "
         "did you mean 'glm'?)",
-        f"[{h100}] refused: llama_server_instances.glm.ctx (--data): expected count, got 'big' (str): auto (rigup chooses) or an int >= 1"]}, went_on=[])
+        f"[{h100}] refused: llama_server_instances.glm.ctx (--data): expected count 1..16777216, got 'big' (str): auto (rigup chooses) or an int >= 1"]}, went_on=[])
