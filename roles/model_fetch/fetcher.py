@@ -138,8 +138,9 @@ def unsafe_path(path) -> str | None:
         return "an empty path"
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
         return "a control character in the path"
-    odd = next((c for c in path if c in LOOKALIKE_SLASHES or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
-                or unicodedata.category(c) == "Zs" and c != " "), None)
+    odd = next((c for c in path if c in LOOKALIKE_SLASHES or c in IGNORABLE
+                or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") or unicodedata.category(c) == "Zs" and c != " "),
+               None)
     if odd:   # a name shown as a/b that is one file, or text that reads otherwise than it is
         return (f"the character U+{ord(odd):04X} ({unicodedata.name(odd, 'unnamed')}) in the path: "
                 "it looks like a slash, is invisible, or reorders the text")
@@ -163,6 +164,15 @@ def unsafe_path(path) -> str | None:
 
 # characters a terminal shows as "/" (division, fraction and fullwidth slashes, ...)
 LOOKALIKE_SLASHES = frozenset("\u2044\u2215\u2571\u29f8\uff0f\u1735\u2cc6\u3033")
+# Unicode's Default_Ignorable_Code_Point characters drawn as nothing that are not Cf (variation
+# selectors, the combining grapheme joiner (Mn), Hangul fillers (Lo), Mongolian selectors), and
+# the Cf ranges for good measure: 'a\ufe0f.gguf' shows as 'a.gguf'. Written out by hand: the
+# standard library's unicodedata has no such property.
+IGNORABLE = frozenset(chr(c) for lo, hi in ((0xFE00, 0xFE0F), (0xE0100, 0xE01EF), (0x034F, 0x034F),
+                                            (0x115F, 0x1160), (0x3164, 0x3164), (0xFFA0, 0xFFA0),
+                                            (0x180B, 0x180F), (0x200B, 0x200F), (0x2060, 0x206F),
+                                            (0xFEFF, 0xFEFF))
+                      for c in range(lo, hi + 1))
 
 
 MAX_LISTING_BYTES = 64 << 20   # one page of the hub's tree listing
@@ -203,12 +213,13 @@ def listing_problems(files: list, allow_unhashed: bool = False) -> list[tuple[st
         if sha is None and oid is None and not allow_unhashed:
             out.append((path, "no hash (neither sha256 nor git blob id): it could not be verified; "
                               "allow_unhashed: true on the model fetches it unverified"))
-        # Unicode's canonical caseless match: 'é' (NFC) and 'e' + U+0301 (NFD) are one name on a
-        # file system that normalises (macOS, ZFS normalization=) and look alike everywhere
-        key = unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
+        # Unicode's compatibility caseless match: 'é' (NFC) and 'e' + U+0301 (NFD) are one name on
+        # a file system that normalises (macOS, ZFS normalization=), and fullwidth 'ａ.gguf' looks
+        # like 'a.gguf' everywhere
+        key = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", path).casefold())
         if key in seen:
             out.append((path, f"listed twice (as {seen[key]!a}; paths are compared case-insensitively, "
-                              "in Unicode's composed form)"))
+                              "in Unicode's compatibility form)"))
         seen.setdefault(key, path)
     for key, path in seen.items():
         parts = key.split("/")

@@ -73,8 +73,13 @@ def test_models_refuse_a_recorded_commit_that_is_not_hex():
 @pytest.mark.parametrize("listing, why", [
     ([GOOD, dict(GOOD)], "listed twice"),
     ([GOOD, dict(GOOD, path="M.GGUF")], "case-insensitively"),
-    ([dict(GOOD, path="\u00e9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's composed form"),   # NFC, NFD
-    ([dict(GOOD, path="\u00c9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's composed form"),
+    ([dict(GOOD, path="\u00e9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's compatibility form"),   # NFC, NFD
+    ([dict(GOOD, path="\u00c9.gguf"), dict(GOOD, path="e\u0301.gguf")], "in Unicode's compatibility form"),
+    ([dict(GOOD, path="a.gguf"), dict(GOOD, path="\uff41.gguf")], "in Unicode's compatibility form"),   # fullwidth
+    ([dict(GOOD, path="a.gguf"), dict(GOOD, path="a\ufe0f.gguf")], "U+FE0F (VARIATION SELECTOR-16)"),   # round 4
+    ([dict(GOOD, path="a.gguf"), dict(GOOD, path="a\u034f.gguf")], "U+034F (COMBINING GRAPHEME JOINER)"),
+    ([dict(GOOD, path="a.gguf"), dict(GOOD, path="a\u3164.gguf")], "U+3164 (HANGUL FILLER)"),
+    ([dict(GOOD, path="a\U000e0100.gguf")], "U+E0100 (VARIATION SELECTOR-17)"),
     ([GOOD, dict(GOOD, path="m.gguf/x")], "as a file and a directory"),
     ([dict(GOOD, size=-1)], "not a non-negative integer"),
     ([dict(GOOD, size="10")], "not a non-negative integer"),
@@ -98,6 +103,7 @@ def test_models_refuse_a_recorded_commit_that_is_not_hex():
 ])
 def test_a_hostile_listing_is_refused_naming_the_value(listing, why):
     found = fetcher.listing_problems(listing)
+    print(f"listing {[f.get('path') if isinstance(f, dict) else f for f in listing[:2]]!a}: refused, {why!r} in {found[:1]!a}")
     assert found and any(why in w for _, w in found), found
     with pytest.raises(hub_module.HubRefused, match="the hub at http://hub.test lists in org/x@aaaaaaaaaaaa"):
         hub_module.checked_files(listing, "http://hub.test", "org/x", REV, False)
