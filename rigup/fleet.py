@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import re
 import shlex
 import textwrap
@@ -398,9 +399,10 @@ def tuned_text(entry: dict | None) -> str | None:
     # a YAML number of the host_vars rigup wrote; text ("12") is none
     tok_s, baseline = (number(entry[k], float, 0, 1e9) if not isinstance(entry[k], str) else None
                        for k in ("tok_s", "baseline_tok_s"))
-    if not tok_s or not baseline:
+    ratio = tok_s / baseline if tok_s and baseline else None
+    if ratio is None or not math.isfinite(ratio) or ratio > 1e6:   # a subnormal baseline made 'tuned infx'
         return "tuned: unreadable"
-    return f"tuned {tok_s / baseline:.2f}x at {json_whole(entry.get('concurrency'), 1 << 20) or '?'} concurrent"
+    return f"tuned {ratio:.2f}x at {json_whole(entry.get('concurrency'), 1 << 20) or '?'} concurrent"
 
 
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,

@@ -30,6 +30,7 @@ SCHEMA = 1   # the format of the records these readers read and rigup writes
 
 INT32 = 2**31 - 1     # llama.cpp reads its integer flags with std::stoi
 TPS_MAX = 1e7         # tok/s: far above what a whole host's GPUs generate
+TPS_FLOOR = 0.01      # tok/s: the least non-zero figure rigup/tune.py score() gives (2 places)
 SECONDS_MAX = 1e7     # a sweep's or a build's seconds (115 days)
 LEVEL_MAX = 65536     # a concurrency level of the sweep's client
 LIST_MAX = 4096       # the points of a sweep, the levels of a point, the CPU flags of a runtime
@@ -175,6 +176,10 @@ def _point(value: Any, where: str) -> dict:
                                   "levels": (_list(_level, 64), False)})
     if point["status"] == "ok" and point.get("tps") is None:
         raise Unreadable(where, "a point that served has no tps")
+    # rigup/tune.py score() rounds to 2 places: a measured tps is 0 or at least 0.01, so a best
+    # over a baseline is finite (5e-324 made it inf: 'tuned infx')
+    if point.get("tps") is not None and 0 < point["tps"] < TPS_FLOOR:
+        raise Unreadable(f"{where}.tps", f"{point['tps']} tok/s: neither 0 nor at least {TPS_FLOOR} as the tuner measures")
     return point
 
 
@@ -217,12 +222,14 @@ def _agrees(doc: dict, where: str) -> None:
     the ratio to 3 places; a best no point measured (ctx 131072 at 500 tok/s among points all at
     ctx 4096 and 10 tok/s) would be written into host_vars as measured. A ratio that disagrees is
     refused, not replaced by the reader's own: the record is then not what the tuner wrote, and
-    nothing else in it is believed (round 3 of issue 61, items 2 and 3)."""
+    nothing else in it is believed (round 3 of issue 61, items 2 and 3). The baseline too is a
+    measured point (round 4: a baseline of 0.5 tok/s no point measured gave 'tuned 20.00x')."""
     best, baseline, ratio = doc["best"], doc["baseline"], doc["ratio"]
-    if best is not None and not any(p["status"] == "ok" and p["flags"] == best["flags"] and p["tps"] == best["tps"]
-                                    for p in doc["points"]):
-        raise Unreadable(f"{where}: best", f"flags {str(best['flags'])[:80]} at {best['tps']} tok/s: "
-                                           "not one of the points the sweep measured")
+    for name, chosen in (("best", best), ("baseline", baseline)):   # a baseline no point measured makes any ratio
+        if chosen is not None and not any(p["status"] == "ok" and p["flags"] == chosen["flags"]
+                                          and p["tps"] == chosen["tps"] for p in doc["points"]):
+            raise Unreadable(f"{where}: {name}", f"flags {str(chosen['flags'])[:80]} at {chosen['tps']} tok/s: "
+                                                 "not one of the points the sweep measured")
     if ratio is None:
         return   # a sweep written while running, or whose baseline served nothing
     if best is None or baseline is None or not baseline["tps"]:

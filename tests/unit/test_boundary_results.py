@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pyinfra.api import OperationError
 
+from rigup import fleet
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable
 from rigup.contract.llama_server import SWEPT
@@ -155,6 +156,25 @@ def test_a_best_no_point_measured_or_a_ratio_its_best_and_baseline_do_not_give_i
     assert results.sweep({**thirds, "points": [{**BASE, "tps": 27.0}, POINT], "baseline": {**BASE, "tps": 27.0},
                           "ratio": round(90 / 27, 3)}, WHERE)["ratio"] == 3.333
     assert results.sweep({**doc, "ratio": None}, WHERE)["ratio"] is None
+
+
+def test_a_baseline_no_point_measured_or_a_tps_below_the_tuners_floor_is_refused():
+    """Round 4 of issue 61: a baseline of 0.5 tok/s that no point measured, with ratio 20, was read
+    ('tuned 20.00x'); a baseline of 5e-324 tok/s with ratio null was read and printed 'tuned infx'."""
+    point = {"flags": {"ctx": 4096}, "status": "ok", "tps": 10.0}
+    doc = {"concurrency": 1, "points": [point], "baseline": point, "best": point, "ratio": 1.0,
+           "spent_s": 1.0, "stopped": None}
+    for change, why in (({"baseline": {"flags": {}, "status": "ok", "tps": 0.5}, "ratio": 20.0}, "baseline"),
+                        ({"baseline": {"flags": {}, "status": "ok", "tps": 5e-324}, "ratio": None}, "neither 0"),
+                        ({"points": [{**point, "tps": 0.009}], "best": {**point, "tps": 0.009}}, "neither 0")):
+        with pytest.raises(Unreadable, match=why) as e:
+            results.sweep({**doc, **change}, WHERE)
+        print(f"{change} -> refused: {e.value}")
+    assert results.sweep({**doc, "points": [point, {**point, "flags": {}, "status": "failed-requests", "tps": 0.0}]},
+                         WHERE)["ratio"] == 1.0   # a point that failed measured 0 tok/s
+    for entry in ({"tok_s": 10.0, "baseline_tok_s": 5e-324, "concurrency": 1}, {"tok_s": 1e300, "baseline_tok_s": 1e-300}):
+        print(f"tuned_text({entry}) -> {fleet.tuned_text(entry)!r}")
+        assert fleet.tuned_text(entry) == "tuned: unreadable"
 
 
 def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_is_read():
