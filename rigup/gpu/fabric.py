@@ -63,7 +63,8 @@ def parse_nvlinks(lines: list[str]) -> dict | None:
     A link is up only at a positive finite speed (``Link 3: 26.562 GB/s``, read by
     rigup.boundary.numbers): ``<inactive>``, ``0 GB/s`` and ``N/A`` are down. A card that names a
     link twice (``Link 0`` 18 times is one link, not 18 up) or a link by no whole number has links
-    that do not read: none of them up, as many as it named, so the fabric is not judged whole."""
+    that do not read: none of them up, as many as it named, so the fabric is not judged whole. A
+    card that names no link among cards that do counts with none up."""
     cards: list[dict | None] = []     # per card: {link index: up}, or None once it does not read
     named: list[set[str]] = []        # the link names each card gave (an unreadable card's count)
     for line in lines:
@@ -82,9 +83,11 @@ def parse_nvlinks(lines: list[str]) -> dict | None:
                 continue
             words = speed.split()
             cards[-1][k] = len(words) == 2 and words[1] == "GB/s" and (number(words[0], float, lo=0) or 0) > 0
-    ups = [(sum(c.values()), len(c)) if c is not None else (0, len(n)) for c, n in zip(cards, named) if n]
-    if not ups:
+    if not any(named):
         return None
+    # a card that names no link beside cards that do counts, with none up (round 4: dropped, the
+    # rest read whole)
+    ups = [(sum(c.values()), len(c)) if c is not None else (0, len(n)) for c, n in zip(cards, named)]
     return {"up": min(u for u, _ in ups), "most": max(u for u, _ in ups), "links": max(n for _, n in ups),
             "cards": len(ups), "unreadable": sum(1 for c, n in zip(cards, named) if n and c is None)}
 
