@@ -29,8 +29,11 @@ GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Fa-f]{1,32}(?:-[0-9A-Fa-f]{1,32}){0,7}
 PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 # A path's characters that unit files and shells take as they are.
 PATH_CHARS = re.compile(r"[A-Za-z0-9_./+@:-]+")
-# C0, DEL and C1 (\x80-\x9f: \x9b is CSI, \x9d OSC to a terminal that reads 8-bit controls)
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0, DEL and C1 (\x80-\x9f: \x9b is CSI, \x9d OSC to a terminal that reads 8-bit controls); the
+# bidi controls (U+202A-202E embeddings and overrides, U+2066-2069 isolates, U+200E/200F marks,
+# U+061C), which make 'systemctl cat' and the plan's diff show text reordered (Trojan Source), and
+# the line and paragraph separators U+2028/2029, which editors and terminals break a line at
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u2028\u2029]")
 
 
 def matched(pattern: re.Pattern, value: object, where: str, what: str) -> str:

@@ -142,6 +142,19 @@ def test_an_nftables_comment_is_one_line_or_refused(text):
     assert line == f"# {text}" and not re.search(r"[\n\r\x00]", line)
 
 
+@pytest.mark.parametrize("char", ["\u202a", "\u202e", "\u2066", "\u2069", "\u200e", "\u200f", "\u061c",
+                                  "\u2028", "\u2029"])
+def test_bidi_controls_and_line_separators_are_control_characters(char):
+    """Round 4 of issue 61: extra_args ["chatml\u202e--host 0.0.0.0"] reached ExecStart=, shown
+    reordered by 'systemctl cat' (Trojan Source); U+2028/2029 break a line in editors."""
+    value = {"x": {"extra_args": ["--chat-template", f"chatml{char}--host 0.0.0.0"]}}
+    found = fields.control_at(value)
+    with pytest.raises(ValueError, match="control character") as e:
+        formats.one_line(f"a{char}b", "ExecStart=")
+    print(f"U+{ord(char):04X}: control_at -> {found!a}; one_line -> {str(e.value)[:80]!a}")
+    assert found == (".x.extra_args[1]", char)
+
+
 def test_every_reader_and_writer_of_the_table_has_a_property_test():
     """Each reader or writer the boundary's table names is called in a test file that uses
     Hypothesis: a new reader without its property test fails here."""
