@@ -2,14 +2,16 @@
 (rigup/contract/llama_server.py ``HELD_OFF``) are refused in an instance's extra_args under every
 spelling unless ``llama_server_allow`` names them, rigup writes ``--no-slots`` and
 ``LLAMA_ARG_CORS_ORIGINS`` (empty: no origin), and HAProxy answers 403 for their paths. The table
-is held to llama.cpp's own common/arg.cpp where the lab's source is on this machine; the HAProxy
+is held to llama.cpp's own common/arg.cpp where the lab's cached source is on this machine; the HAProxy
 rules are read back by the real HAProxy (``haproxy -c``) and sent requests through it."""
 
 import http.server
+import os
 import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -27,7 +29,16 @@ from roles.llama_server.schema import instances
 from roles.llama_server.checks import settings as run_settings
 from tests.unit.hosts import data, glm_llama, host, refusals
 
-ARG_CPP = Path("/var/lib/rigup-lab/hosts/lab1/upper/opt/rigup/llama.cpp/src/common/arg.cpp")
+# the llama.cpp the lab builds: the sdist tests/lab/sources.py caches (LLAMA_CPP_PYTHON), as fetched
+SDIST = next(iter(sorted(Path(os.environ.get("RIGUP_LAB_CACHE", "/var/cache/rigup-lab")).glob("llama_cpp_python-*.tar.gz"))),
+             None)
+
+
+def arg_cpp() -> str:
+    """The lab's llama.cpp common/arg.cpp, read from the cached sdist."""
+    with tarfile.open(SDIST) as sdist:
+        member = next(m for m in sdist.getmembers() if m.name.endswith("/vendor/llama.cpp/common/arg.cpp"))
+        return sdist.extractfile(member).read().decode()
 WHERE = "llama_server_instances.glm.extra_args"
 FEATURES = sorted(contract.HELD_OFF)
 SPELLINGS = sorted(contract.held_off_flags())
@@ -44,7 +55,7 @@ def held_off(extra_args: list, allow=()) -> list[str]:
 def options() -> list[dict]:
     """Each option of llama.cpp's common/arg.cpp: its spellings, its negations and its variable."""
     found = []
-    for block in ARG_CPP.read_text().split("add_opt(common_arg(")[1:]:
+    for block in arg_cpp().split("add_opt(common_arg(")[1:]:
         m = re.match(r'\s*\{([^}]*)\}(\s*,\s*\{([^}]*)\})?', block)
         if not m:
             continue
@@ -54,7 +65,7 @@ def options() -> list[dict]:
     return found
 
 
-@pytest.mark.skipif(not ARG_CPP.exists(), reason="the lab's llama.cpp source is not on this machine")
+@pytest.mark.skipif(SDIST is None, reason="the lab's llama.cpp source (its cached sdist) is not on this machine")
 def test_the_table_is_llama_cpps_own():
     """Every spelling of each feature's options, and each option's variable, as common/arg.cpp has
     them (an option with a spelling of ours has all its spellings here); --no-slots is there."""
