@@ -37,13 +37,13 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from rigup import yamlfile
+# a trap's id and a remedy flag as a build's rigup-smoke.json records them (server_args: bare, nothing
+# else enters a unit): the boundary's patterns, which read that record back
+from rigup.boundary.results import REMEDY_FLAG, TRAP_ID as ID  # noqa: F401  (callers import them from here)
 
-ID = re.compile(r"[a-z0-9][a-z0-9-]*")
 URL = re.compile(r"https://[^\s\"'<>]+")
 REPORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.[A-Za-z0-9]+")
 FLAG = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9-]*")
-# a remedy flag as a build's rigup-smoke.json records it (server_args): bare, nothing else enters a unit
-REMEDY_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 CMAKE_ENTRY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S+")
 KINDS = ("refuse", "server_flag", "build_option")
 ENTRY_KEYS = ("id", "ref", "summary", "condition", "remedy")

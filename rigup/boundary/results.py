@@ -45,8 +45,8 @@ TENSOR_SPLIT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?(,[0-9]{1,6}(\.[0-9]{1,6})?
 COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|archive")
 KEY = re.compile(r"[0-9a-f]{16}")                      # an artifact key (roles/llama_cpp/artifact.py key)
 CPU_FLAG = re.compile(r"[a-z0-9_.]{1,32}")             # /proc/cpuinfo's flag names
-# a trap's id and a remedy's flag as a smoke result records them (rigup/traps.py's ID and REMEDY_FLAG:
-# rigup.traps reads YAML, which the boundary, shipped to hosts, does not import)
+# a trap's id and a remedy's flag as a smoke result records them (rigup/traps.py takes its ID and
+# REMEDY_FLAG from here: rigup.traps reads YAML, which the boundary does not import)
 TRAP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 REMEDY_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
 HOST = re.compile(r"@?[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,252}")   # an inventory host's name
@@ -338,7 +338,7 @@ CROSSINGS = (
              "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("a llama.cpp build's smoke result (builds/<id>/rigup-smoke.json)",
              "root on the host (roles/llama_cpp/smoke.py), its servers running as the rigup user",
-             "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state"),
+             "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state, rigup/traps.py:load"),
     Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",
              "the controller (roles/llama_cpp/artifact.py kept)",
              "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),
