@@ -159,7 +159,9 @@ def said(text: str, limit: int = 64) -> str:
 def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tuple[list[dict], list[str]]:
     """nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits -> (cards, telemetry problems).
     ``quarantined``: bus ids (last 12 characters) of cards rigup-burnin took out of serving: not
-    judged, and one of them off the bus is not lost telemetry (nothing serves from it)."""
+    judged, and one of them off the bus is not lost telemetry (nothing serves from it); a set-aside
+    card that answers is kept with ``"aside": True``: its draw still counts against the power
+    supply's budget (a card under a burn-in soak draws its cap from the same supply)."""
     cards, lost, gone, aside = [], [], 0, 0   # gone: set-aside cards off the bus; aside: set-aside rows
     for line in lines:
         if "Unable to determine the device handle" in line:
@@ -174,11 +176,13 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
                 lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
-        if cells[2].lower()[-12:] in {q.lower() for q in quarantined}:
-            aside += 1
-            continue
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             card[key] = reading(cell)
+        if cells[2].lower()[-12:] in {q.lower() for q in quarantined}:
+            aside += 1
+            if card["draw"] is not None:
+                cards.append({**card, "aside": True})
+            continue
         if len(cells) == 7 + len(EXTRA) + len(FABRIC):   # "Completed, Success"; Ampere's "N/A, N/A"
             card["fabric"] = ", ".join(c.strip("[]") for c in cells[-len(FABRIC):])
         if card["draw"] is None or card["temp"] is None:
@@ -220,6 +224,10 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
     reasons = ["telemetry lost: " + "; ".join(newest["lost"])] if newest["lost"] else []
     averages, spans = {}, []
     for card in newest["cards"]:
+        if card.get("aside"):   # under test or quarantined: not judged, its draw summed below
+            points = [c["draw"] for s in history for c in s["cards"] if c["uuid"] == card["uuid"]]
+            averages[card["uuid"]] = sum(points) / len(points)
+            continue
         limits = thresholds_for(card, config)
         name = (f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}, "
                 f"{limits.get('class', 'unknown class')})")
@@ -793,7 +801,8 @@ def check(config: dict) -> int:
     tripped = config["tripped_file"]
     # an NVSwitch host's cards are read first (their fabric, judged tripped or not); elsewhere only untripped
     read = read_cards(config) if config.get("fabric") else None
-    fabric, known = fabric_problem(config, *read) if read else (None, True)
+    served = ([c for c in read[0] if not c.get("aside")], read[1]) if read else None
+    fabric, known = fabric_problem(config, *served) if served else (None, True)
     if os.path.exists(tripped):
         record = load(tripped, {})
         if isinstance(record, dict) and record.get("fabric") and known and not fabric:   # back: serve again
@@ -805,7 +814,8 @@ def check(config: dict) -> int:
         # after its reboot, an NVSwitch host serves again only once its fabric is up too
         if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
                 known and not fabric:
-            cards, lost = read or read_cards(config)
+            cards, lost = served or read_cards(config)
+            cards = [c for c in cards if not c.get("aside")]
             if after_reboot(config, record, cards, lost):
                 return 0
         write_metrics(config, metrics_text([], None, True, config, time.time(),
@@ -820,12 +830,13 @@ def check(config: dict) -> int:
     if fabric and known:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
         return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now,
                         fabric)
-    cards, lost = read or read_cards(config)
+    every, lost = read or read_cards(config)
+    cards = [c for c in every if not c.get("aside")]   # the set-aside cards' draws count in evaluate's sum only
     xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
     if xid_trip:
         return trip_now(config, xid_trip, cards, now)
     history = keep(load(config["samples_file"], []), config, now)
-    history.append({"t": now, "cards": cards, "lost": lost})
+    history.append({"t": now, "cards": every, "lost": lost})
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
     reason, count = debounced(history, config)

@@ -214,8 +214,22 @@ def test_the_guard_leaves_a_quarantined_card_alone(tmp_path):
     cards, lost = parse_sample(rows, 15, ("0000:0f:00.0",))
     assert lost == [] and [c["uuid"] for c in cards] == ["GPU-a"]
     cards, lost = parse_sample(rows, 15, ("0000:0f:00.0", "0000:07:00.0"))    # every card under test
-    assert (cards, lost) == ([], [])
-    assert parse_sample(rows[:1], 0, ("0000:07:00.0",)) == ([], [])
+    assert lost == [] and [(c["uuid"], c.get("aside")) for c in cards] == [("GPU-a", True)]   # read, not judged
+    assert [c.get("aside") for c in parse_sample(rows[:1], 0, ("0000:07:00.0",))[0]] == [True]
+
+
+def test_the_guard_counts_the_draw_of_cards_under_test_against_the_psu_budget():
+    """Issue 62: a card under a burn-in soak draws its cap from the same supply: the guard judges
+    it not (no temperature or draw limit), yet its draw joins the sum against gpu_psu_watts."""
+    from roles.gpu_guard.guard import evaluate
+    config = {"window_s": 10, "psu_watts": 900, "default": {"temp_c": 50, "draw_w": 300}}
+    rows = ["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 250.00, 400.00, 45",
+            "1, GPU-b, 00000000:0F:00.0, 0x20B210DE, 700.00, 700.00, 88"]   # b: under test, hot, at its cap
+    history = [{"t": t, "cards": parse_sample(rows, 0, ("0000:0f:00.0",))[0], "lost": []} for t in (0, 6, 10)]
+    why = evaluate(history, config, 10)
+    print(why)
+    assert why == "the 2 cards' average draws sum to 950.0 W over 10 s > the power supply's budget 900 W (gpu_psu_watts)"
+    assert evaluate(history, {**config, "psu_watts": 1000}, 10) is None   # b's 88 C and 700 W not judged
 
 
 def test_facts_status_and_refusals():
