@@ -1397,6 +1397,170 @@ def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dic
     return results
 
 
+# ---------------------------------------------------------------- the pulse (the host's power delivery)
+PULSE = "/var/lib/rigup/burnin-pulse.json"
+PULSE_SCHEMA = 1
+PULSE_SAMPLE_S = 0.2
+PULSE_START_S = 60.0     # a worker's set-up (its context, cuBLAS's handle, the operands) before the first pulse
+BRAKE = 0x80             # clocks_event_reasons: hardware power brake (nvml.h): the board's supply said it sags
+
+
+def pulse_worker(card: dict, opts: dict, start, barrier, conn) -> None:
+    """One card's part of the pulse: the soak's load (cuBLAS, else the PTX or integer one) switched on
+    for the first half of each period and off for the second, every card on the same wall-clock
+    periods (``start``: set once every worker is ready, by the barrier's action), for ``seconds``."""
+    fig: dict = {}
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    try:
+        dev = Device(card["pci.bus_id"])
+        load, why = pick_load(dev, opts.get("load") or "auto")
+        if load is None:   # the integer workload: one launch, synchronised, per count
+            n = dev.sms * 2048
+            out = dev.alloc(n * 4)
+            if out is None:
+                raise CudaError(2, "cuMemAlloc_v2 (the pulse's integer load)", "CUDA_ERROR_OUT_OF_MEMORY")
+
+            def fire(count: int) -> None:
+                for _ in range(count):
+                    burn_once(dev, out, n, COMPUTE_ITERS)
+            name, wait = "integer", dev.sync
+        else:
+            load.fill(0)
+            name = "cublas" if isinstance(load, Gemm) else "ptx"
+            fire, wait = (lambda count: load.queue(0, count)), (lambda: dev.sync_stream(load.stream))
+        period = 1.0 / opts["hz"]
+        fire(1)
+        wait()
+        t = time.perf_counter()
+        fire(2)
+        wait()
+        count = max(1, int(period / 2 / max((time.perf_counter() - t) / 2, 1e-4)))
+        barrier.wait(PULSE_START_S)
+        t0, pulses, on = start.value, 0, 0.0
+        while pulses * period < opts["seconds"]:
+            delay = t0 + pulses * period - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.perf_counter()
+            fire(count)
+            wait()
+            on += time.perf_counter() - t
+            pulses += 1
+        fig.update({"load": name, "why": why, "pulses": pulses, "per_pulse": count,
+                    "on_s": round(on / pulses, 4) if pulses else None, "period_s": round(period, 4)})
+    except CudaError as e:
+        fig["error"] = str(e)
+        if e.code in LOST_CODES:
+            fig["cuda_lost"] = e.code
+    except Exception as e:   # noqa: BLE001 - a barrier broken by another card, a load that failed: named
+        fig["error"] = f"{type(e).__name__}: {e}"
+    if "error" in fig:
+        barrier.abort()   # the other cards stop waiting for this one
+    conn.send(fig)
+    conn.close()
+
+
+def pulse(opts: dict) -> dict:
+    """Every card of the host that is not quarantined, at once, its load switched on and off
+    ``hz`` times a second for ``seconds``: the step a power supply, its cables and the risers must
+    hold when a whole rig goes from idle to full load (a batch arriving). A card that falls off
+    the bus (nvidia-smi loses it, CUDA says so, an Xid 79), a hardware power brake in any sample,
+    or an Xid of a card fails the host's power delivery, with the figures (the cards' summed draw at
+    its peak, their caps, ``psu_watts``); the cards that fell off are failed in the records too.
+    Returns the pulse record (:data:`PULSE`; ``{"busy": ...}`` when a card is in use: nothing ran)."""
+    known = cards()
+    records = load(opts["results"])
+    todo = [c for c in known if not quarantined(records.get(c["uuid"]))]
+    busy = busy_cards([c["uuid"] for c in todo])
+    if busy:
+        return {"busy": ", ".join(f"GPU {u} by {w}" for u, w in sorted(busy.items()))}
+    buses = {c["uuid"]: c["pci.bus_id"] for c in todo}
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Value("d", 0.0)
+    barrier = ctx.Barrier(len(todo), action=lambda: setattr(start, "value", time.time() + 0.5))
+    procs, figs, rows = {}, {c["uuid"]: {} for c in todo}, []
+    started = time.time()
+    save(opts.get("testing") or TESTING, list(buses.values()))   # the GPU guard sets them aside, and sums their draw
+    try:
+        for c in todo:
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=pulse_worker, args=(c, opts, start, barrier, child), daemon=True)
+            p.start()
+            child.close()
+            procs[c["uuid"]] = (p, parent)
+        deadline = time.monotonic() + PULSE_START_S + opts["seconds"] + 60
+        while procs:
+            rows.append({"t": round(time.time(), 2), "cards": samples_of({u: buses[u] for u in buses})})
+            for u, (p, conn) in list(procs.items()):
+                if conn.poll():
+                    try:
+                        figs[u].update(conn.recv())
+                    except EOFError:
+                        figs[u]["error"] = "the worker ended without a result"
+                    p.join(5)
+                    del procs[u]
+                elif not p.is_alive():
+                    figs[u]["error"] = f"the worker ended without a result (exit {p.exitcode})"
+                    del procs[u]
+                elif time.monotonic() > deadline:
+                    os.kill(p.pid, KILL)   # never a reset: the card hung in the pulse
+                    figs[u]["hung"] = True
+                    del procs[u]
+            if procs:
+                time.sleep(PULSE_SAMPLE_S)
+    finally:
+        try:
+            os.remove(opts.get("testing") or TESTING)
+        except OSError:
+            pass
+    return pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
+
+
+def pulse_verdict(opts: dict, todo: list[dict], figs: dict, rows: list[dict], xids: dict, started: float) -> dict:
+    """The pulse record of a run (pure: the cards, each worker's figures, the samples, the Xids)."""
+    sums = [sum(r["power.draw"] for r in row["cards"].values() if isinstance(r.get("power.draw"), (int, float)))
+            for row in rows]
+    caps = sum(c.get("power.limit") or 0 for c in todo)
+    faults, lost = [], []
+    for c in todo:
+        u, fig = c["uuid"], figs[c["uuid"]]
+        name = f"GPU {c['index']} ({c['pci.bus_id']})"
+        gone = next((row["cards"][u]["lost"] for row in rows if (row["cards"].get(u) or {}).get("lost")), None)
+        if gone or fig.get("cuda_lost") or 79 in xids.get(u, []):
+            lost.append(u)
+            faults.append(f"{name} fell off the bus" + (" (Xid 79)" if 79 in xids.get(u, []) else ""))
+        elif fig.get("hung"):
+            faults.append(f"{name} hung (killed; never reset)")
+        braked = sum(1 for row in rows if isinstance((row["cards"].get(u) or {}).get("events"), int)
+                     and row["cards"][u]["events"] & BRAKE)
+        if braked:
+            faults.append(f"{name} in a hardware power brake in {braked} of {len(rows)} samples")
+        other = sorted(set(xids.get(u, [])) - {79})
+        if other:
+            faults.append(f"{name} Xid {', '.join(map(str, other))}")
+    errors = {c["uuid"]: figs[c["uuid"]]["error"] for c in todo
+              if figs[c["uuid"]].get("error") and c["uuid"] not in lost}
+    psu = opts.get("psu_watts")
+    figures = {"hz": opts["hz"], "seconds": opts["seconds"], "samples": len(rows),
+               "peak_w": round(max(sums), 1) if sums else None, "caps_w": round(caps, 1), "psu_watts": psu,
+               "lost": lost, "xids": {u: sorted(set(x)) for u, x in xids.items() if x},
+               "cards": {c["uuid"]: {"index": c["index"], "bus_id": c["pci.bus_id"],
+                                     **{k: v for k, v in figs[c["uuid"]].items() if k != "error"}} for c in todo}}
+    failed = []
+    if faults:
+        failed.append(f"pulse: the host's power delivery did not hold {len(todo)} card(s) switched on and off "
+                      f"{opts['hz']:g} times a second for {opts['seconds']:g} s: {'; '.join(faults)}; the cards drew "
+                      f"up to {figures['peak_w'] or 0:g} W together (their caps sum to {caps:g} W; "
+                      + (f"gpu_psu_watts {psu:g} W" if psu else "gpu_psu_watts not set")
+                      + "): check the supply, its cables and the risers, or lower gpu_psu_watts")
+    failed += [f"pulse: GPU {u}: {shown(e, 300)} (the pulse did not run on it)" for u, e in sorted(errors.items())]
+    return {"schema": PULSE_SCHEMA, "at": round(time.time()), "seconds": round(time.time() - started, 1),
+            "passed": not failed, "failed": failed, "faults": bool(faults),
+            "key": {"driver": todo[0]["driver_version"] if todo else None, "cards": sorted(c["uuid"] for c in todo),
+                    "caps_w": round(caps, 1), "psu_watts": psu},
+            "figures": figures}
+
+
 # ---------------------------------------------------------------- records
 def load(path: str) -> dict:
     try:
@@ -1480,6 +1644,37 @@ def line(uuid: str, rec: dict) -> str:
     return f"{head} FAILED: " + "; ".join(rec.get("failed") or ["?"]) + (" (cleared by the operator)" if rec.get("cleared") else "")
 
 
+def pulse_main(a) -> int:
+    """``rigup-burnin pulse``: the pulse record written (atomically, root's), the cards that fell off
+    the bus failed in the records; exit 0 held, 3 not held (named on stderr), 2 a card in use."""
+    if not (0 < a.seconds <= 3600 and 0.5 <= a.hz <= 50):
+        print("rigup-burnin pulse: --seconds 0..3600 and --hz 0.5..50", file=sys.stderr)
+        return 2
+    rec = pulse({"seconds": a.seconds, "hz": a.hz, "psu_watts": a.psu_watts, "load": a.load, "results": a.results,
+                 "xid_match": a.xid_match, "testing": a.testing})
+    if "busy" in rec:
+        print(shown(f"rigup-burnin pulse: not run, every card must be idle: {rec['busy']}", 4000), file=sys.stderr)
+        return 2
+    records = load(a.results)
+    for u in rec["figures"]["lost"]:
+        old = records.get(u) if isinstance(records.get(u), dict) else {}
+        card = rec["figures"]["cards"].get(u) or {}
+        records[u] = {"index": card.get("index"), "bus_id": card.get("bus_id"), **old, "passed": False, "at": rec["at"], "schema": 2,
+                      "failed": [*(old.get("failed") or []), f"fell off the bus in the pulse test of the host's power "
+                                 f"delivery: {rec['failed'][0]}"]}
+    save(a.results, records)
+    save(a.pulse_results, rec)
+    write_metrics(a.metrics, records)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+    fig = rec["figures"]
+    text = (f"pulse: held: {len(rec['key']['cards'])} card(s), {fig['hz']:g} Hz for {fig['seconds']:g} s, up to "
+            f"{fig['peak_w']} W together (caps {fig['caps_w']:g} W)" if rec["passed"] else "; ".join(rec["failed"]))
+    print(shown(text, 4000), file=sys.stdout if rec["passed"] else sys.stderr, flush=True)
+    return 0 if rec["passed"] else 3
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigup-burnin")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1506,6 +1701,17 @@ def main(argv=None) -> int:
     r.add_argument("--testing", default=TESTING, help="where the bus ids under test are kept meanwhile")
     s = sub.add_parser("status")
     s.add_argument("--results", default=RESULTS)
+    p = sub.add_parser("pulse", help="the host's power delivery: every card's load switched on and off at once")
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--hz", type=float, default=4.0)
+    p.add_argument("--psu-watts", type=float, default=None, help="gpu_psu_watts, named in the verdict")
+    p.add_argument("--load", choices=("auto", "cublas", "ptx", "integer"), default="auto")
+    p.add_argument("--results", default=RESULTS)
+    p.add_argument("--pulse-results", default=PULSE)
+    p.add_argument("--metrics", default=METRICS)
+    p.add_argument("--json", default=None)
+    p.add_argument("--xid-match", default=None)
+    p.add_argument("--testing", default=TESTING)
     c = sub.add_parser("clear")
     c.add_argument("cards")
     c.add_argument("--results", default=RESULTS)
@@ -1525,6 +1731,8 @@ def main(argv=None) -> int:
         save(a.results, records)
         write_metrics(a.metrics, records)
         return 0
+    if a.cmd == "pulse":
+        return pulse_main(a)
     level = LEVELS[a.level]
     opts = {"level": a.level, "patterns": a.patterns or level["patterns"],
             "soak_s": level["soak_s"] if a.soak_s is None else a.soak_s, "vram_fraction": a.vram_fraction,

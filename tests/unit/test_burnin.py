@@ -286,3 +286,42 @@ def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctype
         found[2]["flagged"] == ["GEMM: 84.7 TFLOPS, 0.85 of its siblings' median (below 0.90: watch it)"]
     assert found[0]["passed"] and found[0]["gemm"]["load"] == "ptx" and \
         found[0]["gemm"]["why"] == "cuBLAS libcublas.so.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx"
+
+
+def test_the_pulse_fails_the_hosts_power_delivery_naming_the_card_off_the_bus_the_brake_and_the_watts(sim):
+    """Issue 62's pulse, through the program's own ctypes code on the stand-ins: every card's GEMM
+    switched on and off at once; held, it records the cards' summed peak; a card that falls off the
+    bus in it, and one in a hardware power brake, fail the host's power delivery with the figures
+    (gpu_psu_watts named), and the card off the bus is failed in the records (quarantined)."""
+    tmp, env = sim
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
+    (tmp / "faults").write_text("")
+    subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
+    (tmp / "records.json").unlink(missing_ok=True)
+    args = ["pulse", "--seconds", "2", "--hz", "4", "--psu-watts", "1500", "--pulse-results", str(tmp / "pulse.json"),
+            "--testing", str(tmp / "testing.json"), "--metrics", str(tmp / "m.prom")]
+    held = burnin(sim, *args, env=env)
+    print(held.stdout, held.stderr)
+    rec = json.loads((tmp / "pulse.json").read_text())
+    print("held:", rec["figures"]["peak_w"], "W peak of", rec["figures"]["caps_w"], "W of caps;",
+          {c["index"]: (c["load"], c["pulses"]) for c in rec["figures"]["cards"].values()})
+    assert held.returncode == 0 and rec["passed"] and rec["failed"] == [] and len(rec["key"]["cards"]) == 4
+    assert rec["key"]["caps_w"] == 1600 and rec["key"]["psu_watts"] == 1500 and rec["figures"]["peak_w"] > 240
+    assert {(c["load"], c["pulses"]) for c in rec["figures"]["cards"].values()} == {("cublas", 8)}
+    assert not (tmp / "testing.json").exists()
+    subprocess.run(["nvidia-smi", "sim", "set", "-i", "2", "--lost-under-load", "1"], env=env, check=True)
+    subprocess.run(["nvidia-smi", "sim", "set", "-i", "1", "--throttle", "0x80"], env=env, check=True)
+    failed = burnin(sim, *args, env=env)
+    print(failed.stdout, failed.stderr)
+    rec = json.loads((tmp / "pulse.json").read_text())
+    assert failed.returncode == 3 and not rec["passed"] and rec["faults"]
+    (why,) = rec["failed"]
+    assert why.startswith("pulse: the host's power delivery did not hold 4 card(s) switched on and off 4 times a "
+                          "second for 2 s: ")
+    assert "GPU 1 (00000000:0F:00.0) in a hardware power brake in " in why and "GPU 2 (" in why and \
+        "fell off the bus" in why and "(their caps sum to 1600 W; gpu_psu_watts 1500 W)" in why
+    records = json.loads((tmp / "records.json").read_text())
+    lost = {u: r for u, r in records.items() if r["passed"] is False}
+    assert [r["index"] for r in lost.values()] == [2] and \
+        lost[next(iter(lost))]["failed"][0].startswith("fell off the bus in the pulse test of the host's power delivery")
+    subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
