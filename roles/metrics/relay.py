@@ -12,7 +12,9 @@ request: the key never leaves the host), and answers with llama-server's own ser
 ``llamacpp:`` names, :func:`own`: no other exporter's series forged). An instance that does not
 answer gives 503 and one that answers an error gives 502, so Prometheus's ``up`` for the
 instance's target is 0 while it is down. Only the addresses in ``allow`` (loopback and the
-monitoring hosts) are answered; everything else gets 403, any other path 404.
+monitoring hosts) are answered; everything else gets 403, any other path 404. One scrape ends
+within :data:`TIMEOUT_S`, however many fetches it makes (a router's models, HAProxy's stats): they
+share one deadline, and a scrape still fetching at it answers 503.
 
 A router instance (llama-server's router mode, ``models`` in its entry: roles/llama_server's
 ``also``) has no /metrics of its own: the relay reads its /models, then the /metrics of each
@@ -22,7 +24,8 @@ set. It also follows each router's ``/models/sse`` (the router's own event strea
 status) from its start, and counts per model the loads it completed (``rigup_router_model_loads_total``:
 a swap, or a first load), their seconds from ``loading`` to ``loaded``
 (``rigup_router_model_load_seconds_total``, the last one's in ``rigup_router_model_last_load_seconds``)
-and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream. A router with a
+and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream (its thread alive, the
+stream open; an event it cannot read is left out, never the end of the thread). A router with a
 bounded queue (HAProxy on its port) adds the requests waiting there (``rigup_router_queue_waiting``,
 HAProxy's own figure from its stats on loopback), the most that waited and the limit.
 
@@ -47,7 +50,7 @@ import urllib.parse
 import urllib.request
 
 CONFIG = "/etc/rigup/metrics-relay.json"
-TIMEOUT_S = 10        # the whole fetch of one instance's /metrics, not each read of its socket
+TIMEOUT_S = 10        # one whole scrape of an instance (every fetch it makes), not each fetch or each read
 MAX_BODY = 32 << 20   # llama-server's /metrics is a few KiB: a larger answer is refused (issue 47)
 PR_SET_NAME = 15     # prctl: the process name ss and ps show (preflight tells the relay's port by it)
 
@@ -94,19 +97,35 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
+def left(deadline: float, what: str) -> float:
+    """The seconds left to the scrape's ``deadline`` (monotonic) for ``what``; TimeoutError (an
+    OSError: 503) when none are."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError(f"{what}: the scrape's {TIMEOUT_S:g} s had passed")
+    return remaining
+
+
 def body(response, deadline: float) -> bytes:
     """``response``'s body, at most :data:`MAX_BODY` bytes and until ``deadline`` (monotonic):
     the socket's timeout bounds each read only, and an instance that drips its answer would hold a
-    thread of the relay forever. ValueError beyond either. (rigup/throughput.py has the same
-    bound; the relay is installed alone, with the standard library only.)"""
+    thread of the relay forever; each read waits at most the time left. ValueError beyond either.
+    (rigup/throughput.py has the same bound; the relay is installed alone, with the standard library only.)"""
     got = bytearray()
-    while piece := response.read1(65536):
+    # the response's socket (http.client's file of it), to wait each read no later than the deadline
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ValueError(f"was still answering after the scrape's {TIMEOUT_S:g} s ({len(got)} bytes)")
+        if sock is not None:
+            sock.settimeout(remaining)
+        piece = response.read1(65536)
+        if not piece:
+            return bytes(got)
         got += piece
         if len(got) > MAX_BODY:
             raise ValueError(f"answered more than {MAX_BODY} bytes")
-        if time.monotonic() > deadline:
-            raise ValueError(f"was still answering after {TIMEOUT_S} s ({len(got)} bytes)")
-    return bytes(got)
 
 
 def label(value) -> str:
@@ -191,22 +210,27 @@ def keyed(inst: dict, path: str) -> urllib.request.Request:
     return request
 
 
-def fetch(inst: dict, path: str) -> bytes:
-    """GET ``path`` of the instance with its key, bounded (:func:`body`); HTTPError, ValueError or
+def fetch(inst: dict, path: str, deadline: float | None = None) -> bytes:
+    """GET ``path`` of the instance with its key, by the scrape's ``deadline`` (monotonic, shared by
+    all its fetches: :func:`left`, :func:`body`; none: TIMEOUT_S from now); HTTPError, ValueError or
     OSError as urllib raises them."""
-    with _OPENER.open(keyed(inst, path), timeout=TIMEOUT_S) as response:
-        return body(response, time.monotonic() + TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
+    with _OPENER.open(keyed(inst, path), timeout=left(deadline, path)) as response:
+        return body(response, deadline)
 
 
-def router_metrics(inst: dict) -> bytes:
-    """A router instance's metrics: each loaded model's, labelled, and which of the set are loaded."""
-    listed = json.loads(fetch(inst, "/models"))
+def router_metrics(inst: dict, deadline: float | None = None) -> bytes:
+    """A router instance's metrics: each loaded model's, labelled, and which of the set are loaded;
+    every fetch by the scrape's ``deadline`` (none: TIMEOUT_S from now)."""
+    deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
+    listed = json.loads(fetch(inst, "/models", deadline))
     status = {m.get("id"): (m.get("status") or {}).get("value") for m in listed.get("data", []) if isinstance(m, dict)}
     lines, seen = [], set()
     for model in inst["models"]:
         if status.get(model) == "loaded":
             try:
-                text = fetch(inst, f"/metrics?model={urllib.parse.quote(model)}&autoload=false").decode(errors="replace")
+                text = fetch(inst, f"/metrics?model={urllib.parse.quote(model)}&autoload=false",
+                             deadline).decode(errors="replace")
             except urllib.error.HTTPError:   # unloaded since /models (a swap): not loaded now
                 status[model] = "unloaded"
                 continue
@@ -214,7 +238,7 @@ def router_metrics(inst: dict) -> bytes:
     lines += ["# HELP rigup_router_model_loaded 1 while the model of the router's set is loaded",
               "# TYPE rigup_router_model_loaded gauge"]
     lines += [f'rigup_router_model_loaded{{model="{label(m)}"}} {int(status.get(m) == "loaded")}' for m in inst["models"]]
-    return ("\n".join(lines + queue_lines(inst.get("queue"))) + "\n").encode()
+    return ("\n".join(lines + queue_lines(inst.get("queue"), deadline)) + "\n").encode()
 
 
 WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
@@ -229,14 +253,16 @@ def whole(text: str) -> int | None:
     return int(text) if WHOLE.fullmatch(text) else None
 
 
-def queue_lines(queue: dict | None) -> list[str]:
+def queue_lines(queue: dict | None, deadline: float | None = None) -> list[str]:
     """A queued router's waiting requests (HAProxy's qcur of its backend, from the stats CSV on
-    loopback), the most that waited (qmax) and the limit; nothing without a queue or an answer."""
+    loopback), the most that waited (qmax) and the limit; nothing without a queue or an answer by
+    the scrape's ``deadline``."""
     if not queue:
         return []
+    deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
     try:
-        with _OPENER.open(queue["stats"], timeout=TIMEOUT_S) as response:
-            rows = body(response, time.monotonic() + TIMEOUT_S).decode(errors="replace").splitlines()
+        with _OPENER.open(queue["stats"], timeout=left(deadline, "HAProxy's stats")) as response:
+            rows = body(response, deadline).decode(errors="replace").splitlines()
     except (OSError, ValueError):
         return []
     header = rows[0].lstrip("# ").split(",") if rows else []
@@ -265,10 +291,21 @@ class Swaps:
 
     def __init__(self, inst: dict):
         self.inst, self.lock, self.up, self.loading = inst, threading.Lock(), False, {}
+        self.thread: threading.Thread | None = None
         self.models = {m: {"loads": 0, "seconds": 0.0, "last": None, "unloads": 0} for m in inst["models"]}
 
+    def start(self) -> None:
+        """Follow the stream in a thread of its own (:meth:`run`), kept to tell whether it lives."""
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
     def event(self, message: dict, now: float) -> None:
-        model, status = message.get("model"), (message.get("data") or {}).get("status")
+        """One event: a model of the set (text) and its status (text) in ``data``; any other shape
+        (data a string, a model a list: what a router may send) is left out."""
+        data = message.get("data")
+        model, status = message.get("model"), data.get("status") if isinstance(data, dict) else None
+        if not isinstance(model, str) or not isinstance(status, str):
+            return
         with self.lock:
             if model not in self.models:
                 return
@@ -299,17 +336,26 @@ class Swaps:
                         self.event(message, time.monotonic())
 
     def run(self) -> None:
+        """:meth:`follow`, again after RETRY_S whenever it ends: whatever ends it (urllib's HTTPError,
+        an OSError: not a router, a bad key; a fault of the relay's own, said in the journal) never
+        ends the thread."""
+        self.thread = threading.current_thread()   # however it was started
         while True:
             try:
                 self.follow()
-            except (OSError, ValueError):   # urllib's HTTPError is an OSError: not a router, a bad key
+            except (OSError, ValueError):
                 pass
-            self.up = False
+            except Exception as e:
+                print(shown(f"rigup-metrics-relay: {self.inst.get('url')}/models/sse: {type(e).__name__}: {e}; "
+                            f"following it again in {self.RETRY_S} s", 4000), flush=True)
+            finally:
+                self.up = False
             time.sleep(self.RETRY_S)
 
     def lines(self) -> list[str]:
+        up = self.up and self.thread is not None and self.thread.is_alive()   # a thread that ended follows nothing
         out = ["# HELP rigup_router_events_up 1 while the relay follows the router's /models/sse",
-               "# TYPE rigup_router_events_up gauge", f"rigup_router_events_up {int(self.up)}"]
+               "# TYPE rigup_router_events_up gauge", f"rigup_router_events_up {int(up)}"]
         with self.lock:
             for metric, kind, text, key in (
                     ("loads_total", "counter", "loads of the model the router completed (a swap, or a first load)", "loads"),
@@ -331,17 +377,21 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                 return self.answer(403, "forbidden\n")
             if inst is None:
                 return self.answer(404, f"no instance {name!r} here\n")
+            deadline = time.monotonic() + TIMEOUT_S   # the whole scrape's, shared by its every fetch
             try:
                 if inst.get("models"):   # a router: its loaded models', and its loads counted by the relay
-                    text = router_metrics(inst) + "".join(f"{line}\n" for line in
+                    text = router_metrics(inst, deadline) + "".join(f"{line}\n" for line in
                                                           (swaps[name].lines() if name in (swaps or {}) else [])).encode()
                 else:
-                    text = "".join(f"{line}\n" for line in checked(fetch(inst, "/metrics").decode(errors="replace"))).encode()
+                    text = "".join(f"{line}\n" for line in
+                                   checked(fetch(inst, "/metrics", deadline).decode(errors="replace"))).encode()
                 return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")
             except ValueError as e:
                 return self.answer(502, f"{name}: /metrics {e}\n")
+            except TimeoutError as e:   # the socket's too: the scrape's bound reached
+                return self.answer(503, f"{name}: /metrics did not answer within the scrape's {TIMEOUT_S:g} s: {e}\n")
             except OSError as e:
                 return self.answer(503, f"{name}: /metrics did not answer: {e}\n")
 
@@ -379,7 +429,7 @@ def main(argv: list[str]) -> int:
 
     swaps = {name: Swaps(inst) for name, inst in config["instances"].items() if inst.get("models")}
     for watcher in swaps.values():
-        threading.Thread(target=watcher.run, daemon=True).start()
+        watcher.start()
     server = Server((address, port), handler(config, allowed(config), swaps))
     print(shown(f"rigup-metrics-relay: {len(config['instances'])} instance(s) on {address}:{port}"), flush=True)
     server.serve_forever()

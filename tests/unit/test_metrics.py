@@ -4,6 +4,8 @@ file (roles/gpu_guard/guard.py metrics_text), on plain data."""
 import http.server
 import json
 import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -339,3 +341,126 @@ def test_the_relays_whole_number_rule_is_rigup_boundary_numbers_whole(text):
     from rigup.boundary.numbers import whole
     from roles.metrics import relay
     assert relay.whole(text) == whole(text)
+
+
+class SlowRouter(http.server.BaseHTTPRequestHandler):
+    """A router whose every model is loaded and whose /metrics?model= answers after ``delay`` s each,
+    and whose /models/sse sends ``server.events`` (raw ``data:`` lines), then holds the stream open."""
+
+    def do_GET(self):
+        if self.path == "/models":
+            body = json.dumps({"data": [{"id": m, "status": {"value": "loaded"}} for m in self.server.models]}).encode()
+        elif self.path.startswith("/metrics?model="):
+            time.sleep(self.server.delay)
+            body = b"llamacpp:tokens_predicted_total 5\n"
+        elif self.path == "/models/sse":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for line in self.server.events:
+                self.wfile.write(line + b"\n\n")
+                self.wfile.flush()
+            time.sleep(self.server.hold)
+            return
+        else:
+            body = b"{}"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:   # the relay gave up on it (its bound): nobody reads
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def slow_router(models, delay=0.0, events=(), hold=5.0):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowRouter)
+    server.models, server.delay, server.events, server.hold, server.daemon_threads = models, delay, list(events), hold, True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_the_relays_bound_holds_per_scrape_not_per_fetch(monkeypatch):
+    """issue 65: a router of three loaded models whose /metrics each answer in 0.4 s, under a bound of
+    1 s (TIMEOUT_S, 10 s on a host; three models took 12 s there): the scrape ends within the bound,
+    answered 503 naming it, not after 1.2 s with 200; a router whose models answer in time is
+    relayed whole; the HAProxy stats' fetch shares the same deadline."""
+    from roles.metrics import relay
+    monkeypatch.setattr(relay, "TIMEOUT_S", 1.0)
+    slow, slow_url = slow_router(["a", "b", "c"], delay=0.4)
+    fast, fast_url = slow_router(["a", "b", "c"], delay=0.05)
+    config = {"instances": {"slow": {"url": slow_url, "models": ["a", "b", "c"]},
+                            "fast": {"url": fast_url, "models": ["a", "b", "c"]}}}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(config, {"127.0.0.1"}, {}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/metrics/"
+    try:
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(base + "slow", timeout=10)
+        took = time.monotonic() - started
+        why = failed.value.read().decode()
+        print(f"three models at 0.4 s each, bound 1 s: {failed.value.code} after {took:.2f} s: {why.strip()}")
+        assert failed.value.code == 503 and took < 1.0 + 0.25 and "slow: /metrics did not answer within the scrape's 1 s" in why
+        started = time.monotonic()
+        with urllib.request.urlopen(base + "fast", timeout=10) as ok:
+            text = ok.read().decode()
+        print(f"three models at 0.05 s each: 200 after {time.monotonic() - started:.2f} s")
+        assert [ln for ln in text.splitlines() if ln.startswith("rigup_router_model_loaded")] == [
+            f'rigup_router_model_loaded{{model="{m}"}} 1' for m in "abc"]
+        with pytest.raises(TimeoutError):   # a deadline already past: nothing is asked
+            relay.fetch(config["instances"]["fast"], "/models", time.monotonic() - 1)
+        assert relay.queue_lines({"stats": fast_url + "/stats", "backend": "x", "limit": 1}, time.monotonic() - 1) == []
+    finally:
+        for s in (server, slow, fast):
+            s.shutdown()
+            s.server_close()
+
+
+def test_a_router_event_that_is_not_an_object_does_not_end_its_follower():
+    """issue 65: an event whose data is a JSON string (or a model that is a list) ended the follower
+    thread with AttributeError while rigup_router_events_up stayed 1; now such an event is left
+    out, the stream followed on, the events after it counted."""
+    from roles.metrics import relay
+    events = [b'data: {"model": "a", "event": "status_change", "data": "loaded"}',
+              b'data: {"model": ["a"], "data": {"status": "loaded"}}', b'data: "just text"',
+              b'data: {"model": "a", "data": {"status": ["loaded"]}}',
+              b'data: {"model": "a", "event": "status_change", "data": {"status": "loaded"}}']
+    router, url = slow_router(["a"], events=events, hold=5.0)
+    swaps = relay.Swaps({"url": url, "models": ["a"]})
+    swaps.start()
+    try:
+        for _ in range(100):
+            if swaps.models["a"]["loads"]:
+                break
+            time.sleep(0.02)
+        lines = [ln for ln in swaps.lines() if not ln.startswith("#")]
+        print(lines)
+        assert swaps.thread.is_alive() and "rigup_router_events_up 1" in lines
+        assert 'rigup_router_model_loads_total{model="a"} 1' in lines
+    finally:
+        router.shutdown()
+        router.server_close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # its end, on purpose
+def test_a_dead_follower_thread_is_shown_down(monkeypatch):
+    """issue 65: rigup_router_events_up is 1 only while the follower thread lives and follows: a
+    thread ended by anything (here SystemExit inside the stream, which no except of its own takes)
+    shows 0, whatever it had set."""
+    from roles.metrics import relay
+    swaps = relay.Swaps({"url": "http://127.0.0.1:1", "models": ["a"]})
+
+    def dies():
+        swaps.up = True
+        raise SystemExit("gone")
+
+    monkeypatch.setattr(swaps, "follow", dies)
+    swaps.start()
+    swaps.thread.join(5)
+    lines = [ln for ln in swaps.lines() if ln.startswith("rigup_router_events_up")]
+    print(f"thread alive: {swaps.thread.is_alive()}; {lines}")
+    assert not swaps.thread.is_alive() and lines == ["rigup_router_events_up 0"]
