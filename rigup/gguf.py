@@ -1,9 +1,11 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """A GGUF file's header, read from its first bytes: the metadata preflight needs for a model
 whose family rigup/gpu/models.yml does not know (its layer count and its KV cache per token).
-Pure, standard library only: tested on bytes (tests/unit/test_model_fetch_hub.py);
-roles/model_fetch/hub.py fetches the bytes with an HTTP Range request on the controller, and
-rigup/tune.py (on a host, as rigup_gguf.py) reads the layer count of the model it serves.
+Pure, standard library only: tested on bytes (tests/unit/test_model_fetch_hub.py,
+tests/unit/test_gguf_header.py); roles/model_fetch/hub.py fetches the bytes with an HTTP Range
+request on the controller (and whether the model has a chat template, :func:`chat_template`: its key
+comes after the tokenizer's arrays, which are skipped, never built), and rigup/tune.py (on a host,
+as rigup_gguf.py) reads the layer count of the model it serves.
 
 The layout (llama.cpp ``ggml/src/gguf.cpp``, version 2 and 3): ``GGUF``, version u32, tensor
 count u64, key/value count u64, then each key (u64 length, UTF-8) with its value type (u32) and
@@ -13,8 +15,9 @@ value; strings are a u64 length and bytes, arrays a type u32, a count u64 and th
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
-__all__ = ["GGUFRefused", "Incomplete", "metadata", "kv_figures"]
+__all__ = ["GGUFRefused", "Incomplete", "Header", "header", "metadata", "kv_figures", "chat_template"]
 
 # value type -> struct format of a scalar (8: string, 9: array are read apart)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -26,6 +29,7 @@ MAX_DEPTH = 2              # arrays of arrays at most (llama.cpp writes none)
 MAX_LAYERS = 1 << 16
 MAX_CONTEXT = 1 << 24      # tokens a model was trained for, at most (the largest today: 10M)
 MAX_WIDTH = 1 << 20        # heads, head and embedding lengths, at most (the largest today: 16k wide)
+CHAT_TEMPLATE = "tokenizer.chat_template"   # llama-server's --jinja template, after the tokenizer's arrays
 
 
 class GGUFRefused(Exception):
@@ -65,11 +69,21 @@ class _Reader:
         self.pos += n
         return self.buf[self.pos - n:self.pos].decode("utf-8", "replace")
 
+    def skip_string(self) -> None:
+        """Past a string, without decoding or copying it."""
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise Incomplete(self.pos + n, len(self.buf))
+        self.pos += n
+
     def value(self, kind: int, keep: bool, depth: int = 0):
-        """A value of type ``kind``; an array's items only when ``keep`` (a tokenizer's 150k
-        strings are skipped, not built). Counts are checked against the bytes left before any
-        item is read, so an absurd count ends as Incomplete, never a loop or a huge list."""
+        """A value of type ``kind``, or None past it when not ``keep`` (a tokenizer's 262k strings
+        are stepped over, never decoded nor listed); an array's items only when ``keep`` and at
+        most MAX_KEPT_ITEMS. Counts are checked against the bytes left before any item is read,
+        so an absurd count ends as Incomplete, never a loop past the bytes or a huge list."""
         if kind == _STRING:
+            if not keep:
+                return self.skip_string()
             return self.string()
         if kind == _ARRAY:
             if depth >= MAX_DEPTH:
@@ -81,33 +95,49 @@ class _Reader:
             if self.pos + least * count > len(self.buf):
                 raise Incomplete(self.pos + least * count, len(self.buf))
             keep = keep and count <= MAX_KEPT_ITEMS
-            if keep or item in (_STRING, _ARRAY):
-                items = [self.value(item, keep, depth + 1) for _ in range(count)]
+            if keep:
+                return [self.value(item, keep, depth + 1) for _ in range(count)]
+            if item in (_STRING, _ARRAY):   # each item its own length: stepped over one by one
+                for _ in range(count):
+                    self.value(item, False, depth + 1)
             else:
                 self.pos += least * count
-            return items if keep else None
+            return None
         if kind not in _SCALAR:
             raise GGUFRefused(f"unknown GGUF value type {kind}")
         return self.take(_SCALAR[kind])
 
 
-def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
-    """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; GGUFRefused
-    when ``buf`` is not a GGUF file rigup reads (a key given twice included); :class:`Incomplete` when it ends before the last key, or
-    with ``partial`` the keys read until then (llama.cpp's writers put the architecture's keys
-    before the tokenizer's long arrays, so the first MiB holds them)."""
+class Header(NamedTuple):
+    """What :func:`header` read: ``meta`` (the wanted keys' values), ``keys`` (every key read, wanted
+    or not: how a key is found present without keeping its value), ``complete`` (every key/value of
+    the header was within the bytes: a key not in ``keys`` is not in the file) and ``needed`` (when
+    not complete, the bytes the next item needs: fetch at least that many)."""
+
+    meta: dict
+    keys: frozenset
+    complete: bool
+    needed: int
+
+
+def header(buf: bytes, wanted=lambda key: True) -> Header:
+    """The GGUF header in ``buf`` read as far as its bytes go (:class:`Header`); GGUFRefused when
+    ``buf`` is not a GGUF file rigup reads (a key given twice included). Bounded by ``buf``: each
+    key/value read takes at least 12 of its bytes and nothing unwanted is built, so a header that
+    claims 2^64 keys or items ends where the bytes end, as not ``complete``."""
     r = _Reader(buf)
     if buf[:4] != b"GGUF":
         if len(buf) < 4:
-            raise Incomplete(4, len(buf))
+            return Header({}, frozenset(), False, 4)
         raise GGUFRefused("not a GGUF file (no GGUF magic)")
     r.pos = 4
-    version = r.take("<I")
-    if version not in (2, 3):
-        raise GGUFRefused(f"GGUF version {version} (rigup reads 2 and 3)")
-    r.take("<Q")
-    out, seen = {}, set()
+    out: dict = {}
+    seen: set = set()
     try:
+        version = r.take("<I")
+        if version not in (2, 3):
+            raise GGUFRefused(f"GGUF version {version} (rigup reads 2 and 3)")
+        r.take("<Q")
         for _ in range(r.take("<Q")):
             key = r.string(MAX_KEY)
             # llama.cpp's gguf.cpp refuses a file with a key given twice; the last one kept here
@@ -119,10 +149,29 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
             value = r.value(r.take("<I"), keep)
             if keep:
                 out[key] = value
-    except Incomplete:
-        if not partial:
-            raise
-    return out
+    except Incomplete as e:
+        return Header(out, frozenset(seen), False, e.needed)
+    return Header(out, frozenset(seen), True, r.pos)
+
+
+def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
+    """The key/values of the GGUF header in ``buf`` for which ``wanted(key)`` holds; GGUFRefused
+    when ``buf`` is not a GGUF file rigup reads (a key given twice included); :class:`Incomplete` when it ends before the last key, or
+    with ``partial`` the keys read until then (llama.cpp's writers put the architecture's keys
+    before the tokenizer's long arrays, so the first MiB holds them)."""
+    got = header(buf, wanted)
+    if not got.complete and not partial:
+        raise Incomplete(got.needed, len(buf))
+    return got.meta
+
+
+def chat_template(got: Header) -> bool | None:
+    """Whether the model has a chat template (``tokenizer.chat_template``): True, False (the whole
+    header was read without one: llama-server answers chat through its fallback template, and a
+    base model answers nonsense), or None (the bytes ended first: not known)."""
+    if CHAT_TEMPLATE in got.keys:
+        return True
+    return False if got.complete else None
 
 
 def _whole(key: str, value, hi: int) -> int:

@@ -69,9 +69,11 @@ def download_progress(record: object, where: str) -> dict | None:
 def gguf_figures(figures: object, where: str) -> dict:
     """The figures of a GGUF header (rigup/gguf.py ``kv_figures``, fresh or kept between runs in
     the hub's cache) that size a model's VRAM: ``{"architecture", "layers", "kv_gib_per_1k_tokens",
-    "context_length", "read_bytes"}`` with the layer count a whole number, the KV size a finite
-    non-negative number, or None where the header has none; :class:`Unreadable` naming ``where``
-    (the file) and the field otherwise."""
+    "context_length", "read_bytes", "chat_template"}`` with the layer count a whole number, the KV
+    size a finite non-negative number, or None where the header has none; ``chat_template`` a bool
+    (rigup/gguf.py ``chat_template``), or None: not known (the header longer than the bytes read, or
+    figures kept before rigup read it: still read); :class:`Unreadable` naming ``where`` (the file)
+    and the field otherwise."""
     from rigup.gguf import MAX_CONTEXT, MAX_LAYERS
 
     if not isinstance(figures, dict):
@@ -87,6 +89,11 @@ def gguf_figures(figures: object, where: str) -> dict:
             raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
     kv = figures.get("kv_gib_per_1k_tokens")
     out["kv_gib_per_1k_tokens"] = None if kv is None else required(kv, f"{where}: kv_gib_per_1k_tokens", float, 0, 1e9)
+    # kept before rigup read it (no key): not known, as a header longer than the bytes read
+    template = figures.get("chat_template")
+    if template is not None and type(template) is not bool:
+        raise Unreadable(f"{where}: chat_template", f"not true, false or null: {str(template)[:40]!r}")
+    out["chat_template"] = template
     return out
 
 
@@ -118,7 +125,7 @@ CROSSINGS = (
              "the host (the fetch job, or whoever can write the model's directory)",
              "rigup/boundary/hosttext.py:download_progress",
              "roles/model_fetch/facts.py:parse_progress, roles/model_fetch/facts.py:parse_probe"),
-    Crossing("a GGUF header's figures (layers, KV size, context) that size VRAM", "the hub, the hub cache",
+    Crossing("a GGUF header's figures (layers, KV size, context, a chat template or none)", "the hub, the hub cache",
              "rigup/boundary/hosttext.py:gguf_figures", "roles/model_fetch/hub.py:_head"),
     Crossing("a hub's file listing (paths, sizes, sha256, git blob ids)", "the hub, the hub cache",
              "rigup/boundary/hosttext.py:hub_listing", "roles/model_fetch/hub.py:checked_files"),

@@ -10,7 +10,10 @@ huggingface_hub (the project's chosen client; the host-side fetcher stays its ow
   endpoint's origin: a next page on another origin is refused);
 - a model whose family rigup/gpu/models.yml does not know: the layer count and KV size from the
   GGUF header of its first shard (the first MiB, an HTTP Range request, ``Accept-Encoding:
-  identity``, at most HEAD_BYTES read, never decompressed).
+  identity``, at most HEAD_BYTES read, never decompressed), and whether it has a chat template
+  (``tokenizer.chat_template``, after the tokenizer's arrays: the header is read to its end, at
+  most HEAD_BYTES); a model without one is named in the plan (llama-server answers chat through
+  its fallback template: a base model answers nonsense).
 
 Everything the hub says is data, checked before use like configuration (HubRefused, naming the
 hub, the repo and the value): a commit is 40 lowercase hex (:func:`checked_commit`); the listing
@@ -45,7 +48,7 @@ from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, select
-from rigup.gguf import GGUFRefused, kv_figures, metadata
+from rigup.gguf import GGUFRefused, chat_template, header, kv_figures
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -53,7 +56,9 @@ if TYPE_CHECKING:
 __all__ = ["token", "resolve", "lines", "HEAD_BYTES", "HubRefused"]
 
 GIB = 1 << 30
-HEAD_BYTES = (1 << 20, 16 << 20)   # the GGUF header is read from the first MiB, else the first 16 MiB
+# the GGUF header is read from the first MiB, else the first 16 or 64 MiB: its chat template comes after the
+# tokenizer's arrays (262k tokens with their scores and types: about 6 MiB; 280k merges: about 6 more)
+HEAD_BYTES = (1 << 20, 16 << 20, 64 << 20)
 TIMEOUT_S = 20
 CACHE_FORMAT = 2   # 2: listings with their hashes (those kept by 1 had none: asked again)
 _asked: dict[tuple, object] = {}   # (what, endpoint, repo, revision[, path]) -> answer or exception
@@ -193,12 +198,13 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
             with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S) as resp:
                 resp.raise_for_status()
                 body = read_capped(resp, n)
-            try:
-                figures = kv_figures(metadata(body, lambda k: not k.startswith("tokenizer."), partial=True))
+            try:   # the tokenizer's arrays stepped over, never built: only whether a template follows them
+                got = header(body, lambda k: not k.startswith("tokenizer."))
+                figures = kv_figures(got.meta)
             except GGUFRefused as e:
                 raise HubRefused(f"the GGUF header of {url}: {e}; refused") from None
-            figures["read_bytes"] = len(body)
-            if figures["kv_gib_per_1k_tokens"] is not None or n >= size:
+            figures["read_bytes"], figures["chat_template"] = len(body), chat_template(got)
+            if got.complete or n >= size:
                 return figures
         return figures
     try:   # fresh or kept between runs (a cache file is no more trusted than the hub): read the same way
@@ -263,6 +269,11 @@ def _line(name: str, entry: ModelEntry, facts: dict, allowed: bool) -> list[str]
         lines.append(f"{where}: family unknown; GGUF header of {gguf['file']} ({gguf['architecture']}): "
                      f"{gguf['layers']} layers, KV cache " +
                      (f"{kv:g} GiB per 1k tokens (f16)" if kv is not None else "not in the header (not counted)"))
+        if gguf.get("chat_template") is False:
+            lines.append(f"{where}: its GGUF ({gguf['file']}) has no chat template (tokenizer.chat_template): chat "
+                         "requests use llama-server's fallback template, and a base model answers them with "
+                         "nonsense; serve an instruct model, or give the instance a template (extra_args: "
+                         "--chat-template NAME, or --chat-template-file PATH)")
     elif _needs(entry)[2] and facts.get("files") is not None:
         lines.append(f"{where}: family unknown and no GGUF file included: KV cache not counted; set "
                      f"{where}.family")

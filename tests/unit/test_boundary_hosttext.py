@@ -164,11 +164,24 @@ def test_the_attackers_headers_are_refused_naming_the_field(key, value):
 
 @SETTINGS
 @given(st.dictionaries(st.sampled_from(["architecture", "layers", "kv_gib_per_1k_tokens", "context_length",
-                                        "read_bytes"]), JSON, max_size=5) | JSON)
+                                        "read_bytes", "chat_template"]), JSON | st.booleans(), max_size=6) | JSON)
 def test_kept_figures_are_typed_or_unreadable_naming_the_file(figures):
     """The hub's cache keeps figures between runs: read like the hub's own answer."""
     got = read(gguf_figures, figures, "the GGUF header of m.gguf") or {}
     assert got.get("layers") is None or type(got["layers"]) is int
+    assert got.get("chat_template") in (True, False, None)
+
+
+@pytest.mark.parametrize("said, got", [(True, True), (False, False), (None, None), ("absent", None)])
+def test_the_chat_template_is_a_bool_or_not_known_and_a_stamp_kept_before_still_reads(said, got):
+    """Issue 63: figures kept before rigup read the template have no key: read, the template not known."""
+    figures = {"architecture": "gemma3", "layers": 18, "kv_gib_per_1k_tokens": 0.01, "read_bytes": 1 << 20}
+    if said != "absent":
+        figures["chat_template"] = said
+    assert gguf_figures(figures, "m.gguf")["chat_template"] is got
+    for bad in ("false", 0, 1, [], {}):
+        with pytest.raises(Unreadable, match="m.gguf: chat_template"):
+            gguf_figures(dict(figures, chat_template=bad), "m.gguf")
 
 
 def test_a_kept_header_with_a_bool_layer_count_refuses_the_model(tmp_path, monkeypatch):

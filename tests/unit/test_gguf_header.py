@@ -107,3 +107,100 @@ def test_a_layer_without_kv_heads_has_no_attention_heads(layers):
         assert bad, e
         return
     assert not bad and figures["kv_gib_per_1k_tokens"] == round(sum(kv) * 256 * 2 * 1000 / 2**30, 4)
+
+
+# ---------------------------------------------------------------- the chat template (issue 63)
+
+from rigup.gguf import CHAT_TEMPLATE, chat_template, header as read_header  # noqa: E402
+
+
+def tokenizer(count: int, template: str | None) -> bytes:
+    """A GGUF v3 header as llama.cpp's writers order it: the llama keys, then the tokenizer's arrays
+    (``count`` token strings, their f32 scores, their i32 types), then the chat template if any."""
+    def key(k: str) -> bytes:
+        return struct.pack("<Q", len(k)) + k.encode()
+    kvs = [key(k) + (struct.pack("<IQ", 8, len(v)) + v.encode() if isinstance(v, str) else struct.pack("<II", 4, v))
+           for k, v in LLAMA]
+    kvs.append(key("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, count)
+               + b"".join(struct.pack("<Q", len(t)) + t for t in (f"tok{i}".encode() for i in range(count))))
+    kvs.append(key("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, count) + b"\0\0\0\0" * count)
+    kvs.append(key("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, count) + b"\1\0\0\0" * count)
+    if template is not None:
+        kvs.append(key(CHAT_TEMPLATE) + struct.pack("<IQ", 8, len(template.encode())) + template.encode())
+    kvs.append(key("general.quantization_version") + struct.pack("<II", 4, 2))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+
+
+NOT_TOKENIZER = lambda k: not k.startswith("tokenizer.")  # noqa: E731 - as roles/model_fetch/hub.py reads it
+
+
+@pytest.mark.parametrize("template, said", [("{{ messages }}", True), (None, False), ("", True)])
+def test_a_chat_template_is_found_or_known_absent_once_the_header_is_read_whole(template, said):
+    buf = tokenizer(1000, template)
+    got = read_header(buf, NOT_TOKENIZER)
+    assert got.complete and chat_template(got) is said and CHAT_TEMPLATE not in got.meta
+    assert kv_figures(got.meta)["layers"] == 80
+
+
+def test_a_template_after_a_vocabulary_of_300k_tokens_is_found_without_building_it():
+    """Gemma 3's 262k tokens with their scores and types come to about 6 MiB before the template: the
+    arrays are stepped over, nothing of them built (tracemalloc: far below the bytes read)."""
+    import tracemalloc
+
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    buf = tokenizer(300_000, template)
+    assert chat_template(read_header(buf, NOT_TOKENIZER)) is True and len(buf) > 7 << 20
+    buf = tokenizer(60_000, template)   # tracemalloc slows each allocation 30 times: a smaller vocabulary
+    tracemalloc.start()
+    got = read_header(buf, NOT_TOKENIZER)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"\n{len(buf) / 2**20:.1f} MiB of header read, {peak / 1024:.0f} KiB allocated at the peak")
+    assert chat_template(got) is True and peak < 64 << 10
+
+
+@pytest.mark.parametrize("template", ["{{ messages }}", None])
+def test_a_header_cut_before_its_end_says_not_known_never_absent(template):
+    buf = tokenizer(5000, template)
+    for cut in (3, 10, 4096, len(buf) // 2, len(buf) - 1):
+        got = read_header(buf[:cut], NOT_TOKENIZER)
+        assert not got.complete and got.needed > cut - 1 and chat_template(got) in ((None,) if template is None
+                                                                                    or cut < len(buf) - 20 else (True, None))
+    with pytest.raises(GGUFRefused, match="the header needs"):
+        metadata(buf[:4096])
+
+
+@pytest.mark.parametrize("absurd", [struct.pack("<IIQ", 9, 8, 2 ** 64 - 1), struct.pack("<IIQ", 9, 9, 2 ** 63),
+                                    struct.pack("<IQ", 8, 2 ** 62), struct.pack("<IIQ", 9, 6, 2 ** 61)])
+def test_a_hostile_count_or_length_ends_where_the_bytes_end(absurd):
+    """2^64 token strings, 2^63 nested arrays, a 4 EiB template, 2^61 scores: refused or read as far as
+    the bytes go (not complete: the template not known), at once, never a loop past them."""
+    import time
+
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 2 ** 64 - 1) + struct.pack("<Q", 21) + b"tokenizer.ggml.tokens" \
+        + absurd + b"\0" * 100_000
+    started = time.monotonic()
+    try:
+        got = read_header(body, NOT_TOKENIZER)
+    except GGUFRefused as e:   # an array of arrays with items of no known type
+        print(f"\nrefused: {e}")
+        return
+    assert not got.complete and chat_template(got) is None and time.monotonic() - started < 1
+
+
+@settings(max_examples=60, deadline=2000)
+@given(st.booleans(), st.integers(0, 3000), st.data())
+def test_the_template_is_never_said_absent_from_bytes_that_end_before_the_header(has, count, data):
+    """Any cut of any header: the template is found (it is there and was reached), not known (the bytes
+    ended first), or absent only when the header was read to its end and it has none; a byte changed
+    anywhere gives a Header or GGUFRefused, nothing else."""
+    buf = tokenizer(count, "{{ x }}" if has else None)
+    cut = data.draw(st.integers(0, len(buf)))
+    said = chat_template(read_header(buf[:cut], NOT_TOKENIZER))
+    assert said in ((True, None) if has else (None,)) if cut < len(buf) else said is has
+    at, byte = data.draw(st.integers(0, len(buf) - 1)), data.draw(st.integers(0, 255))
+    try:
+        got = read_header(buf[:at] + bytes([byte]) + buf[at + 1:], NOT_TOKENIZER)
+    except GGUFRefused:
+        return
+    assert chat_template(got) in (True, False, None)

@@ -198,3 +198,64 @@ def test_the_hubs_answers_are_kept_only_where_no_other_user_can_write(tmp_path, 
     print(e.value)
     assert "the hub's answers kept on the controller" in str(e.value) and "owned by nobody" in str(e.value)
     assert victim.read_text() == "operator's file\n" and (key in hub_module.calls) == (what == "write")
+
+
+# ------------------------------------------------------------------ the chat template (issue 63)
+
+def test_a_model_without_a_chat_template_is_named_in_the_plan():
+    """Gemma 270M as the lab serves it: chat through llama-server's fallback template."""
+    d = data(revision=COMMIT, include=["*.gguf"], size_gib=0.25)
+    figures = {"architecture": "gemma3", "layers": 18, "kv_gib_per_1k_tokens": 0.01, "context_length": 32768,
+               "read_bytes": 1 << 20, "file": "gemma-3-270m.gguf"}
+    said = {t: hub_module.lines(record(d, commit=COMMIT, gguf=dict(figures, chat_template=t)))
+            for t in (False, True, None)}
+    print("\n" + "\n".join(said[False]))
+    assert [line for line in said[False] if "chat template" in line] == [
+        "models.x: its GGUF (gemma-3-270m.gguf) has no chat template (tokenizer.chat_template): chat requests use "
+        "llama-server's fallback template, and a base model answers them with nonsense; serve an instruct model, "
+        "or give the instance a template (extra_args: --chat-template NAME, or --chat-template-file PATH)"]
+    assert not any("chat template" in line for line in said[True] + said[None])   # found, or not known
+    assert hub_module.lines(record(d, commit=COMMIT, gguf=figures)) == said[None]   # a stamp kept before
+
+
+def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monkeypatch):
+    """The template comes after the tokenizer's arrays: the next rung of HEAD_BYTES is asked for until
+    the header is read whole, at most the last rung; a header longer than that: not known."""
+    import http.server
+    import threading
+
+    from tests.unit.test_gguf_header import tokenizer
+
+    files = {"/with": tokenizer(20_000, "{{ messages }}"), "/without": tokenizer(20_000, None),
+             "/long": tokenizer(200_000, None)}
+    asked = []
+
+    class Files(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = next(b for p, b in files.items() if f"{p}.gguf" in self.path)
+            first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
+            asked.append(last + 1)
+            part = body[first:last + 1]
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(part)))
+            self.end_headers()
+            self.wfile.write(part)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20, 2 << 20))
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    monkeypatch.setattr(hub_module, "_asked", {})
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        got = {name: hub_module._head(endpoint, "org/x", COMMIT, f"{name}.gguf", None, len(files[f"/{name}"]))
+               for name in ("with", "without", "long")}
+    finally:
+        server.shutdown()
+    print(f"\nbytes asked: {asked}; " + "; ".join(f"{n}: {g['chat_template']} ({g['read_bytes']} bytes)"
+                                                 for n, g in got.items()))
+    assert [got[n]["chat_template"] for n in ("with", "without", "long")] == [True, False, None]
+    assert got["with"]["layers"] == 80 and asked == [4096, 1 << 20, 4096, 1 << 20, 4096, 1 << 20, 2 << 20]
