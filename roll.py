@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     dry = "--dry" in args
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}
-    plan = roll.batches(hosts, first.get("rigup_batch", 1))
+    plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
     max_fail = first.get("rigup_max_fail", 0)
     gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
                 for name, d in data.items() if d.get("balancer_gateway")}

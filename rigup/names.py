@@ -76,6 +76,12 @@ def burnin_file(data: dict) -> str:
     return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin.json"
 
 
+def burnin_pulse_file(data: dict) -> str:
+    """rigup-burnin pulse's record of the host's power delivery (roles/burnin/acceptance.py):
+    ``{rigup_state_dir}/burnin-pulse.json``."""
+    return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin-pulse.json"
+
+
 def burnin_copy(name: str) -> Path:
     """The controller's last good copy of host ``name``'s burn-in records (roles/burnin keeps it at
     each preflight; it and status.py judge by it while the host's own do not read):

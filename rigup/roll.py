@@ -81,8 +81,12 @@ def serving_hosts(hosts: dict[str, dict]) -> list[str]:
             and any(data.get(var) for var in MAPS)]
 
 
-def batches(names: list[str], batch) -> list[list[str]]:
-    """``names`` cut into batches of ``batch`` hosts (an int >= 1, or "N%" of them, at least 1)."""
+def batches(names: list[str], batch, alone=frozenset()) -> list[list[str]]:
+    """``names`` cut into batches of ``batch`` hosts (an int >= 1, or "N%" of them, at least 1); the
+    hosts of ``alone`` first, each in a batch of its own (burnin_pulse: a pulse can drop a marginal
+    host or trip a rack circuit, so one host pulses at a time)."""
+    if alone:
+        return [[n] for n in names if n in alone] + batches([n for n in names if n not in alone], batch)
     if isinstance(batch, str) and BATCH.fullmatch(batch):
         size = max(1, math.floor(len(names) * int(batch[:-1]) / 100))
     elif isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1:

@@ -218,6 +218,53 @@ def cached(path: str | Path, where: str | None = None) -> Records | None:
     return records(owned.read(path, where, limit=MAX_CHARS * 4), where)
 
 
+PULSE_SCHEMA = 1                 # the pulse record's format (rigup-burnin pulse)
+
+
+def pulse(text: str, where: str) -> dict | None:
+    """The host's pulse record (``rigup_state_dir/burnin-pulse.json``, rigup-burnin pulse), read
+    whole: None when there is none yet (empty), else ``{"passed", "at", "failed": [text],
+    "key": {"driver", "cards": [card id], "caps_w", "psu_watts"}, "figures": {...}}`` typed, the rest
+    kept as checked; or :class:`Unreadable` naming ``where`` and the field (the host is refused:
+    the controller keeps no copy of it; moved aside, the pulse is due again)."""
+    if not isinstance(text, str):
+        raise Unreadable(where, f"not text: {type(text).__name__}")
+    if len(text) > MAX_CHARS:
+        raise Unreadable(where, f"larger than {MAX_CHARS} characters ({len(text)})")
+    if not text.strip():
+        return None
+    try:
+        rec = dict(_mapping(loads(text, where), "the record"))
+        schema = required(rec.get("schema"), "schema", int, 1, 1 << 31)
+        if schema > PULSE_SCHEMA:
+            raise Unreadable("schema", f"{schema}: a newer rigup-burnin's format (this rigup reads {PULSE_SCHEMA})")
+        if not isinstance(rec.get("passed"), bool):
+            raise Unreadable("passed", f"neither true nor false: {str(rec.get('passed'))[:60]!r}")
+        failed = rec.get("failed") if rec.get("failed") is not None else []
+        if not isinstance(failed, list) or len(failed) > 256:
+            raise Unreadable("failed", "not a list of at most 256 texts")
+        rec["failed"] = [_text(f, f"failed[{i}]", TEXT_MAX, control=True) for i, f in enumerate(failed)]
+        rec["at"] = required(rec.get("at"), "at", float, 0, AT_MAX)
+        key = dict(_mapping(rec.get("key"), "key"))
+        _checked(key, "key")
+        cards = key.get("cards")
+        if not isinstance(cards, list) or len(cards) > MAX_CARDS:
+            raise Unreadable("key.cards", f"not a list of at most {MAX_CARDS} card ids")
+        key["cards"] = sorted(ident(c, f"key.cards[{i}]") for i, c in enumerate(cards))
+        key["caps_w"] = required(key.get("caps_w"), "key.caps_w", float, 0, 1e7)
+        key["psu_watts"] = _optional(key, "psu_watts", lambda v, f: required(v, f, float, 0, 1e7), "key")
+        key["driver"] = _optional(key, "driver", lambda v, f: ident(str(v) if isinstance(v, (int, float))
+                                                                   and not isinstance(v, bool) else v, f), "key")
+        rec["key"] = key
+        rec["figures"] = _figures(rec.get("figures") or {}, "figures")
+        for name, item in rec.items():
+            if name not in ("key", "figures"):
+                _checked(item, name)
+    except (Unreadable, RecursionError) as e:
+        raise Unreadable(where, f"{e.where}: {e.why}" if isinstance(e, Unreadable) else "nested too deep") from None
+    return rec
+
+
 CROSSINGS = (
     Crossing("rigup-burnin's records of a host's cards (rigup_state_dir/burnin.json)",
              "the host (rigup-burnin as root; root by hand)", "rigup/boundary/burnin.py:records",
@@ -227,4 +274,7 @@ CROSSINGS = (
              "rigup on the controller (roles/burnin: kept), the operator's user",
              "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, rigup/fleet.py:burnin_part, "
              "roles/burnin/fleetwide.py:other_copies"),
+    Crossing("rigup-burnin's pulse record of a host's power delivery (rigup_state_dir/burnin-pulse.json)",
+             "the host (rigup-burnin pulse as root; root by hand)", "rigup/boundary/burnin.py:pulse",
+             "roles/burnin/facts.py:parse_burnin_state, roles/burnin/quarantine.py:pulse_part"),
 )

@@ -26,12 +26,21 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
   tensor split's shares, its tp, its replicas' GPUs, its VRAM) is then refused by its own checks,
   naming the quarantine in the plan; a PCIe link below ``burnin_pcie_min_ratio`` of what the
   card's link allows is quarantined, one downtrained less only goes last in its group;
-- ``burnin_clear`` (UUIDs or all) records the operator's acceptance of a quarantined card.
+- ``burnin_clear`` (UUIDs or all) records the operator's acceptance of a quarantined card;
+- with ``burnin_pulse``, after the cards' runs: ``rigup-burnin pulse``, every card not quarantined
+  at once, its GEMM load switched on and off ``burnin_pulse_hz`` times a second for
+  ``burnin_pulse_s`` (the step a whole rig makes from idle to full load): a card off the bus, a
+  hardware power brake or an Xid fails the host's power delivery, with the cards' summed peak,
+  their caps and ``gpu_psu_watts`` (``rigup_state_dir/burnin-pulse.json``); the card off the bus is
+  quarantined, and the host is refused until a retest passes or gpu_psu_watts changes. Due at
+  the host's first pulse, then when its cards, driver or gpu_psu_watts change or a cap rises; it
+  runs in a roll (roll.py gives such a host a batch of its own) or where nothing serves.
 
 Variables (roles/burnin/defaults.yml): burnin_enabled, burnin_level, burnin_after_change,
 burnin_soak_s, burnin_timeout_s, burnin_vram_fraction, burnin_pcie_min_ratio,
 burnin_throttle_max, burnin_power_min_ratio, burnin_slow_flag_ratio, burnin_slow_quarantine_ratio,
-burnin_retest, burnin_clear; rigup_rolling (roles/base, set by roll.py);
+burnin_retest, burnin_clear, burnin_pulse, burnin_pulse_s, burnin_pulse_hz; gpu_psu_watts (roles/gpu_power);
+rigup_rolling (roles/base, set by roll.py);
 gpu_guard_xid_source (roles/gpu_guard),
 cmpunlocker_enabled (roles/cmpunlocker), gpu_enabled (roles/preflight), rigup_prefix and
 rigup_state_dir (roles/base).
@@ -51,7 +60,7 @@ from rigup.boundary import Unreadable, burnin, owned
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.plan import Plan, gpu_host
-from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file
+from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file, burnin_pulse_file
 from rigup.probe import operation
 from rigup.role import Role
 from roles.burnin import fleetwide
@@ -71,7 +80,8 @@ def enabled(data: Config) -> bool:
 
 def plan_reads(data: Config) -> list:
     """rigup-burnin's records and the serving units' cards, in preflight's round trip."""
-    return [(BurninState, {"path": burnin_file(data)})] if enabled(data) else []
+    return [(BurninState, {"path": burnin_file(data), "pulse": burnin_pulse_file(data) if data.get("burnin_pulse") else ""})] \
+        if enabled(data) else []
 
 
 def kept(path: Path, records: dict) -> None:
@@ -155,13 +165,23 @@ def run_argv(script: str, level: str, uuids: list[str], plan: Plan, data: Config
     return argv
 
 
+def pulse_argv(script: str, data: Config) -> list[str]:
+    """rigup-burnin pulse's command line (burnin_pulse)."""
+    return [script, "pulse", "--seconds", str(data["burnin_pulse_s"]), "--hz", str(data["burnin_pulse_hz"]),
+            "--results", burnin_file(data), "--pulse-results", burnin_pulse_file(data), "--metrics", BURNIN_METRICS,
+            "--xid-match", xid.JOURNAL_MATCH[data["gpu_guard_xid_source"]]] + \
+        (["--psu-watts", str(data["gpu_psu_watts"])] if data.get("gpu_psu_watts") else [])
+
+
 @operation()
-def accepted(argv: list[str], stop: list[str] = ()):
-    """Test the cards (preflight chose them from the records: nothing to do yields nothing); exit
-    status 3 (a card failed) fails the host here, its cards named on stderr. ``stop``: in a roll,
-    the serving units that hold them, stopped for the run and started again after it when every
-    card passed (else they stay stopped: the host fails and stays out of the gateways' pools)."""
-    run = " ".join(shlex.quote(a) for a in argv)
+def accepted(argvs: list[list[str]], stop: list[str] = ()):
+    """Test the cards (preflight chose them from the records: nothing to do yields nothing), then
+    the host's pulse where it is due, one after the other, stopping at the first that fails; exit
+    status 3 (a card failed, the power delivery did not hold) fails the host here, named on
+    stderr. ``stop``: in a roll, the serving units that hold the cards, stopped for the runs and
+    started again after them when all passed (else they stay stopped: the host fails and stays out
+    of the gateways' pools)."""
+    run = " && ".join(" ".join(shlex.quote(a) for a in argv) for argv in argvs)
     if not stop:
         yield run
         return
@@ -189,9 +209,14 @@ def apply(plan: Plan, data: Config):
     if part.get("clear"):
         cleared(name=f"burnin: clear {len(part['clear'])} card(s) (burnin_clear)", script=script,
                 uuids=part["clear"], results=burnin_file(data))
-    for level, uuids in sorted((part.get("run") or {}).items()):
-        accepted(name=f"burnin: {level} acceptance of {len(uuids)} card(s)",
-                 argv=run_argv(script, level, uuids, plan, data), stop=part.get("stop") or [])
+    runs = sorted((part.get("run") or {}).items())
+    argvs = [run_argv(script, level, uuids, plan, data) for level, uuids in runs]
+    what = [f"{level} acceptance of {len(uuids)} card(s)" for level, uuids in runs]
+    if (part.get("pulse") or {}).get("run"):
+        argvs.append(pulse_argv(script, data))
+        what.append("the pulse of the host's power delivery")
+    if argvs:
+        accepted(name=f"burnin: {', '.join(what)}", argvs=argvs, stop=part.get("stop") or [])
 
 
 ROLE = Role("burnin", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, cards=cards)

@@ -3,6 +3,7 @@
     check_clear    burnin_clear: an entry that is not a GPU UUID (GPU-...) or "all"
     check_named    a vLLM instance's ``gpus`` or rpc_worker_cuda_devices naming a quarantined card
     check_records  rigup-burnin's records on the host, or the controller's copy, that do not read
+    check_pulse    the host's power delivery failed its pulse (burnin_pulse), or its record does not read
 """
 
 from __future__ import annotations
@@ -53,4 +54,19 @@ def check_records(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             for bad in (plan.get("burnin") or {}).get("unreadable") or []]
 
 
-CHECKS = (check_clear, check_named, check_records)
+def check_pulse(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
+    """The host's power delivery failed its pulse (burnin_pulse) and is not due again: refused, with
+    the pulse's figures, until the supply is fixed (burnin_retest in a roll) or gpu_psu_watts lowered;
+    a pulse record that does not read is refused, naming it."""
+    pulse = (plan.get("burnin") or {}).get("pulse") or {}
+    if pulse.get("unreadable"):
+        return [Refusal("the burn-in pulse record (rigup_state_dir/burnin-pulse.json) does not read", pulse["unreadable"],
+                        "move it aside (the pulse is then due again, in the next roll)", "burnin")]
+    if not pulse.get("failed"):
+        return []
+    return [Refusal("the host's power delivery failed its pulse test (burnin_pulse)", "; ".join(pulse["failed"]),
+                    "fix the power supply, its cables or the risers, then roll with burnin_retest: true; or lower "
+                    "gpu_psu_watts (the cards' caps then share less: the pulse runs again in the next roll)", "burnin")]
+
+
+CHECKS = (check_clear, check_named, check_records, check_pulse)

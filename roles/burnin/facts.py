@@ -17,7 +17,8 @@ MARK = "##rigup-burnin:"
 def parse_burnin_state(lines: list[str]) -> dict:
     """{"records": {uuid: record}, "untested": {uuid: why its pass is not believed}, "unreadable":
     why the file does not read (rigup.boundary.burnin.records; roles/burnin then judges by the
-    controller's last good copy and refuses the host) or None, "units": {unit: [CUDA_VISIBLE_DEVICES
+    controller's last good copy and refuses the host) or None, "pulse": the pulse record
+    (rigup.boundary.burnin.pulse) or None, "pulse_unreadable": why it does not read or None, "units": {unit: [CUDA_VISIBLE_DEVICES
     entries] or None (every card)}}."""
     sec = sections(lines, MARK)
     try:
@@ -25,7 +26,13 @@ def parse_burnin_state(lines: list[str]) -> dict:
         read, unreadable = burnin.records(text, "records"), None
     except Unreadable as e:
         read, unreadable = burnin.Records({}, {}), e.why
+    try:
+        pulse, pulse_unreadable = burnin.pulse("\n".join(ln[1:] if ln.startswith("|") else ln
+                                                         for ln in sec.get("pulse", [])), "pulse"), None
+    except Unreadable as e:
+        pulse, pulse_unreadable = None, e.why
     return {"records": read.cards, "untested": read.untested, "unreadable": unreadable,
+            "pulse": pulse, "pulse_unreadable": pulse_unreadable,
             "units": unit_devices("\n".join(sec.get("units", [])))}
 
 
@@ -40,10 +47,11 @@ class BurninState(FactBase):
     def default() -> dict:
         return parse_burnin_state([])
 
-    def command(self, path: str) -> str:
-        # each line of the file behind "|": no line of it can pass for the units' marker
+    def command(self, path: str, pulse: str = "") -> str:
+        # each line of the files behind "|": no line of them can pass for a section's marker
         units = " ".join(shlex.quote(u) for u in UNITS)
-        return (f"echo '{MARK}records'; sed 's/^/|/' {shlex.quote(path)} 2>/dev/null; echo; echo '{MARK}units'; "
+        read_pulse = f"echo '{MARK}pulse'; sed 's/^/|/' {shlex.quote(pulse)} 2>/dev/null; echo; " if pulse else ""
+        return (f"echo '{MARK}records'; sed 's/^/|/' {shlex.quote(path)} 2>/dev/null; echo; {read_pulse}echo '{MARK}units'; "
                 f"u=$(systemctl list-units --state=active --plain --no-legend {units} 2>/dev/null | awk '{{print $1}}'); "
                 '[ -z "$u" ] || systemctl show -p Id,Environment $u 2>/dev/null; true')   # every unit in one call
 

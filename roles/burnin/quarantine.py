@@ -64,7 +64,9 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
     """
     records, units, untested = state.get("records") or {}, state.get("units") or {}, state.get("untested") or {}
     out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": [],
-                 "flagged": []}
+                 "flagged": [], "pulse": pulse_part(gpus, state, driver, data)}
+    if (out["pulse"] or {}).get("run"):
+        out["stop"] += [u for u in out["pulse"]["stop"] if u not in out["stop"]]
 
     def run(gpu: dict, level: str, why: str) -> None:
         held = holders(gpu["uuid"], units)
@@ -108,6 +110,51 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
     return out
 
 
+def pulse_part(gpus: list[dict], state: dict, driver: str | None, data: dict) -> dict | None:
+    """Whether the pulse of the host's power delivery (``burnin_pulse``; rigup-burnin pulse) runs in
+    this converge: ``{"due": why or None, "run": bool, "stop": [units], "waiting": unit or None,
+    "failed": [why] (a failed record not due again: roles/burnin/checks.py refuses the host),
+    "held": {...} (a passed record), "unreadable": why}``, or None when off. Due at the host's
+    first pulse; after a pass, when its cards (those not quarantined), driver or gpu_psu_watts
+    changed or a cap rose; after a failure, only with burnin_retest or another gpu_psu_watts (the
+    fix the verdict names). It runs only where no serving unit holds a card, or in a roll (the
+    units that hold them stopped for it: every card at once)."""
+    if not data.get("burnin_pulse"):
+        return None
+    if state.get("pulse_unreadable"):
+        return {"unreadable": state["pulse_unreadable"], "run": False}
+    records, rec = state.get("records") or {}, state.get("pulse")
+    chosen = [g for g in gpus if g.get("uuid") and not g.get("lost") and not quarantined(records.get(g["uuid"]))]
+    caps = sum(g["power_limit_w"] for g in chosen if isinstance(g.get("power_limit_w"), (int, float)))
+    psu = data.get("gpu_psu_watts")
+    due, key = None, (rec or {}).get("key") or {}
+    if rec is None:
+        due = "the host's first pulse"
+    elif key.get("psu_watts") != (float(psu) if psu else None):
+        due = f"gpu_psu_watts {key.get('psu_watts') or 'unset'} -> {psu or 'unset'}"
+    elif not rec["passed"]:
+        due = "a retest (burnin_retest)" if data.get("burnin_retest") else None
+    else:
+        change = []
+        if key.get("cards") != sorted(g["uuid"] for g in chosen):
+            change.append("its cards changed")
+        if driver and key.get("driver") and str(key["driver"]) != str(driver):
+            change.append(f"driver {shown(key['driver'], 32)} -> {shown(driver, 32)}")
+        if caps > (key.get("caps_w") or 0) + CAP_SLACK_W * max(1, len(chosen)):
+            change.append(f"the cards' caps {key.get('caps_w'):g} -> {caps:g} W")
+        due = ", ".join(change) or None
+    part = {"due": due, "run": False, "stop": [], "waiting": None, "cards": len(chosen),
+            "failed": [shown(f, 600) for f in rec["failed"]] if rec and not rec["passed"] and not due else [],
+            "held": rec["figures"] if rec and rec["passed"] and not due else None}
+    if due and chosen:
+        held = sorted({u for g in chosen for u in holders(g["uuid"], state.get("units") or {})})
+        if held and not data.get("rigup_rolling"):
+            part["waiting"] = held[0]
+        else:
+            part["run"], part["stop"] = True, held
+    return part
+
+
 def serving(gpus: list[dict], part: dict) -> list[dict]:
     """The cards the plan may serve on: all but the quarantined ones."""
     out = {q["uuid"] for q in part.get("quarantined") or []}
@@ -136,9 +183,28 @@ def lines(part: dict) -> list[str]:
     for bad in part.get("unreadable") or []:
         text.append(f"burn-in:   {shown(bad['where'], 200)} does not read: {shown(bad['why'], 300)} (the host is "
                     "refused; its cards are judged by the controller's last good copy)")
+    text += pulse_lines(part.get("pulse"))
     if not text:
         text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
     for f in part.get("flagged") or []:
         text.append(f"burn-in:   GPU {shown(f['index'], 8)} ({shown(f['uuid'], 64)}) accepted, flagged: "
                     f"{'; '.join(f['flagged'])}")
     return text
+
+
+def pulse_lines(pulse: dict | None) -> list[str]:
+    """Preflight's lines of the pulse (:func:`pulse_part`)."""
+    if not pulse:
+        return []
+    if pulse.get("unreadable"):
+        return [f"burn-in:   the pulse record does not read: {shown(pulse['unreadable'], 300)} (the host is refused)"]
+    if pulse["run"]:
+        return [f"burn-in:   pulse of the host's power delivery, {pulse['cards']} card(s) at once ({shown(pulse['due'], 300)})"]
+    if pulse["waiting"]:
+        return [f"burn-in:   pulse due ({shown(pulse['due'], 300)}) waits: in use by {shown(pulse['waiting'], 80)} "
+                "(it runs in a roll: roll.py)"]
+    if pulse["failed"]:
+        return [f"burn-in:   the host's power delivery FAILED its pulse: {'; '.join(pulse['failed'])}"]
+    held = pulse.get("held") or {}
+    return [f"burn-in:   the host's power delivery held its pulse ({shown(held.get('peak_w'), 16)} W at its peak, "
+            f"caps {shown(held.get('caps_w'), 16)} W)"] if pulse.get("held") is not None else []

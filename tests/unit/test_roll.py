@@ -21,6 +21,11 @@ def test_batches(batch, sizes):
     assert [len(b) for b in roll.batches(list("abcde"), batch)] == sizes
 
 
+def test_a_host_that_pulses_its_power_delivery_rolls_alone():
+    assert roll.batches(list("abcde"), "100%", {"b", "d"}) == [["b"], ["d"], ["a", "c", "e"]]
+    assert roll.batches(list("ab"), 2, {"a", "b"}) == [["a"], ["b"]]
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "0%", "101%", "25", "a%", 2.5])
 def test_batch_refused(bad):
     assert declared()["rigup_batch"].form.problem(bad)
