@@ -38,9 +38,11 @@ action for its code, logging the Xid line with what it did:
   guard clears itself and starts the units it stopped;
 - ``log``: logged and counted only.
 On an NVSwitch host (config ``fabric``) each check first asks whether the fabric carries CUDA (the
-fabric manager's service active, no card's fabric unregistered: :func:`fabric_problem`); if not, the
-guard trips at once, naming it (the host drained as for ``drain_host``), and clears itself at the
-first check that finds the fabric back (a converge starts the fabric manager and clears it too).
+fabric manager's service active, no card's fabric unregistered: :func:`fabric_problem`); when two
+checks in a row say not, the guard trips, naming it (the host drained as for ``drain_host``): one
+look alone (a ``systemctl is-active`` slower than its timeout) is logged, shown in the metrics and
+kept in SAMPLES (``fabric``), never acted on. It clears itself at the first check that finds the
+fabric back (a converge starts the fabric manager and clears it too).
 Its switches' SXid events (rigup/gpu/xid.py) are triaged with the Xid lines: a fatal one drains the
 host (``drain_host``), a non-fatal one is logged and counted per switch.
 The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
@@ -806,7 +808,9 @@ def check(config: dict) -> int:
     if os.path.exists(tripped):
         record = load(tripped, {})
         if isinstance(record, dict) and record.get("fabric") and known and not fabric:   # back: serve again
-            os.remove(tripped)
+            for f in (tripped, config["samples_file"]):   # as clear: a look before the trip never counts again
+                if os.path.exists(f):
+                    os.remove(f)
             units = resumed(config, record)
             log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: "
                    f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
@@ -827,16 +831,21 @@ def check(config: dict) -> int:
                 save(tripped, {**record, "stopped": sorted(set(running) | set(record.get("stopped") or []))})
         return 0
     now = time.time()
-    if fabric and known:   # CUDA cannot run on this board now: drained, until the fabric is back (then cleared above)
-        return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [], now,
-                        fabric)
+    looked = fabric if fabric and known else None   # CUDA cannot run on this board now, by this look
+    if looked:   # the check before said so too (its sample is the last kept): drained, until the fabric is back
+        before = keep(load(config["samples_file"], []), config, now)
+        if before and isinstance(before[-1], dict) and before[-1].get("fabric"):
+            return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [],
+                            now, fabric)
+        log(4, f"rigup-gpu-guard: the NVSwitch fabric: {fabric} (1 of 2 checks in a row; drained if the next "
+               "says so too)")
     every, lost = read or read_cards(config)
     cards = [c for c in every if not c.get("aside")]   # the set-aside cards' draws count in evaluate's sum only
     xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
     if xid_trip:
         return trip_now(config, xid_trip, cards, now)
     history = keep(load(config["samples_file"], []), config, now)
-    history.append({"t": now, "cards": every, "lost": lost})
+    history.append({"t": now, "cards": every, "lost": lost, **({"fabric": looked} if looked else {})})
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
     reason, count = debounced(history, config)

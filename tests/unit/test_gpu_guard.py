@@ -131,9 +131,9 @@ def test_a_driver_installed_before_its_reboot_is_not_judged_but_a_card_that_fail
     assert run(NA, GOOD, NA)[-1][0].startswith("telemetry lost")
 
 
-def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_path, monkeypatch, capsys):
+def test_an_nvswitch_fabric_down_drains_at_its_second_look_and_clears_when_it_is_back(tmp_path, monkeypatch, capsys):
     """issue 48: on an NVSwitch host (config ``fabric``) the fabric manager stopped trips the guard
-    at once naming it (serving stopped); once it runs again at the driver's version and every card
+    naming it (serving stopped) when two checks in a row say so (issue 65); once it runs again at the driver's version and every card
     reads Completed/Success, the next check clears the trip (an operator need not) and starts the
     serving units whose start its condition skipped meanwhile (a boot while tripped). A host without
     NVSwitch reads nothing of it. The lab's nvidia-smi (hgx-h100) and a systemctl stand-in."""
@@ -164,6 +164,9 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     assert guard.fabric_problem({**config, "fabric": None}, [], []) == (None, True)
     state.write_text("inactive\n")
     assert guard.check(config) == 0
+    assert not Path(config["tripped_file"]).exists()          # one answer: no drain (issue 65)
+    assert "rigup_gpu_fabric_up 0" in Path(config["metrics_file"]).read_text().splitlines()
+    assert guard.check(config) == 0                            # the second in a row: drained
     record = json.loads(Path(config["tripped_file"]).read_text())
     assert "rigup_gpu_fabric_up 0" in Path(config["metrics_file"]).read_text().splitlines()
     print(record["reason"])
@@ -190,6 +193,58 @@ def test_an_nvswitch_fabric_down_drains_at_once_and_clears_when_it_is_back(tmp_p
     assert "rigup_gpu_fabric_up 1" in Path(config["metrics_file"]).read_text().splitlines()
     out = capsys.readouterr().out
     assert "TRIPPED: the NVSwitch fabric" in out and "the NVSwitch fabric is back" in out
+    assert "the NVSwitch fabric: nvidia-fabricmanager.service is inactive (1 of 2 checks in a row" in out
+
+
+def fabric_host(tmp_path, monkeypatch, answers):
+    """An NVSwitch host of the lab's nvidia-smi (hgx-h100, its fabric registered) whose ``systemctl
+    is-active`` answers each check the next of ``answers`` ("active", "inactive", or "slow": no
+    answer for 30 s); other systemctl verbs answer nothing. Its guard's config."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(json.loads((LAB / "gpu_profiles.json").read_text())["hgx-h100"]))
+    (tmp_path / "ready").write_text(json.loads(profile.read_text())["driver_version"])
+    bin_dir, queue = tmp_path / "bin", tmp_path / "answers"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(LAB / "nvidia_smi.py")
+    queue.write_text("\n".join(answers) + "\n")
+    (bin_dir / "systemctl").write_text(
+        f'#!/bin/sh\n[ "$1" = is-active ] || exit 0\nnext=$(head -n 1 {queue}); sed -i 1d {queue}\n'
+        '[ "$next" = slow ] && exec sleep 30\necho "$next"\n[ "$next" = active ]\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    for key, value in (("RIGUP_GPU_SIM_PROFILE", profile), ("RIGUP_GPU_SIM_RUN", tmp_path / "run"),
+                       ("RIGUP_GPU_SIM_LIB", tmp_path / "lib"), ("RIGUP_GPU_SIM_FABRIC", tmp_path / "ready"),
+                       ("PATH", f"{bin_dir}:{os.environ['PATH']}")):
+        monkeypatch.setenv(key, str(value))
+    return {**CONFIG, "tripped_file": str(tmp_path / "tripped.json"), "samples_file": str(tmp_path / "s.json"),
+            "metrics_file": str(tmp_path / "m.prom"), "units": [], "default": {"temp_c": 85, "draw_w": 800},
+            "by_pci_id": {}, "smi_timeout_s": 2, "fabric": {"service": "nvidia-fabricmanager.service"}}
+
+
+def test_one_slow_fabric_manager_answer_drains_nothing(tmp_path, monkeypatch, capsys):
+    """issue 65: one `systemctl is-active nvidia-fabricmanager` slower than the guard's timeout (or
+    one that says inactive) between good ones drains nothing: each look alone is logged and shown
+    (rigup_gpu_fabric_up 0); two in a row drain the host; a good answer between two bad ones starts
+    the count again. Each check's verdict printed."""
+    from roles.gpu_guard import guard
+
+    answers = ["active", "slow", "active", "inactive", "active", "slow", "slow"]
+    config = fabric_host(tmp_path, monkeypatch, answers)
+    seen, said = [], []
+    for answer in answers:
+        started = time.monotonic()
+        assert guard.check(config) == 0
+        up = [ln for ln in Path(config["metrics_file"]).read_text().splitlines() if ln.startswith("rigup_gpu_fabric_up")]
+        seen.append((answer, Path(config["tripped_file"]).exists()))
+        said.append(f"is-active {answer}: {time.monotonic() - started:.1f} s, tripped {seen[-1][1]}, {up}")
+        if Path(config["tripped_file"]).exists():
+            break
+    assert seen == [("active", False), ("slow", False), ("active", False), ("inactive", False), ("active", False),
+                    ("slow", False), ("slow", True)]
+    record = json.loads(Path(config["tripped_file"]).read_text())
+    out = capsys.readouterr().out
+    print("\n".join(said + [record["reason"]]))
+    assert record["fabric"] is True and record["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is not answering"
+    assert out.count("(1 of 2 checks in a row") == 3 and out.count("TRIPPED") == 1
 
 
 def test_an_nvswitch_hosts_cards_and_fabric_are_read_in_one_call(tmp_path, monkeypatch, smi):
