@@ -1508,12 +1508,22 @@ def pulse(opts: dict) -> dict:
                     del procs[u]
             if procs:
                 time.sleep(PULSE_SAMPLE_S)
+        rec = pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
+        for u in rec["figures"]["lost"]:   # quarantined before the guard stops setting them aside
+            old = records.get(u) if isinstance(records.get(u), dict) else {}
+            card = rec["figures"]["cards"].get(u) or {}
+            records[u] = {"index": card.get("index"), "bus_id": card.get("bus_id"), **old, "passed": False,
+                          "at": rec["at"], "schema": 2,
+                          "failed": [*(old.get("failed") or []), f"fell off the bus in the pulse test of the host's "
+                                     f"power delivery: {rec['failed'][0]}"]}
+        if rec["figures"]["lost"]:
+            save(opts["results"], records)
+        return rec
     finally:
         try:
             os.remove(opts.get("testing") or TESTING)
         except OSError:
             pass
-    return pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
 
 
 def pulse_verdict(opts: dict, todo: list[dict], figs: dict, rows: list[dict], xids: dict, started: float) -> dict:
@@ -1655,16 +1665,8 @@ def pulse_main(a) -> int:
     if "busy" in rec:
         print(shown(f"rigup-burnin pulse: not run, every card must be idle: {rec['busy']}", 4000), file=sys.stderr)
         return 2
-    records = load(a.results)
-    for u in rec["figures"]["lost"]:
-        old = records.get(u) if isinstance(records.get(u), dict) else {}
-        card = rec["figures"]["cards"].get(u) or {}
-        records[u] = {"index": card.get("index"), "bus_id": card.get("bus_id"), **old, "passed": False, "at": rec["at"], "schema": 2,
-                      "failed": [*(old.get("failed") or []), f"fell off the bus in the pulse test of the host's power "
-                                 f"delivery: {rec['failed'][0]}"]}
-    save(a.results, records)
     save(a.pulse_results, rec)
-    write_metrics(a.metrics, records)
+    write_metrics(a.metrics, load(a.results))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rec, f, indent=1, sort_keys=True)

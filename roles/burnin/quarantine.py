@@ -124,7 +124,9 @@ def pulse_part(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
     if state.get("pulse_unreadable"):
         return {"unreadable": state["pulse_unreadable"], "run": False}
     records, rec = state.get("records") or {}, state.get("pulse")
-    chosen = [g for g in gpus if g.get("uuid") and not g.get("lost") and not quarantined(records.get(g["uuid"]))]
+    retest = data.get("burnin_retest")   # the quarantined cards are tested again first, and pulse when they pass
+    chosen = [g for g in gpus if g.get("uuid") and not g.get("lost")
+              and (retest or not quarantined(records.get(g["uuid"])))]
     caps = sum(g["power_limit_w"] for g in chosen if isinstance(g.get("power_limit_w"), (int, float)))
     psu = data.get("gpu_psu_watts")
     due, key = None, (rec or {}).get("key") or {}

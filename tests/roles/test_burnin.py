@@ -9,7 +9,9 @@ brings them back; a card in use is never tested; the second converge changes 0. 
 run on the lab's stand-in libcublas.so.12 (issue 62): one converge of the 8 cards with a cuBLAS
 fault each (`sim set --gemm...`) quarantines a wrong digest, a slow card and one that draws under
 burnin_power_min_ratio, each named, flags one at 0.85 (status and the plan), and soaks a card
-cuBLAS refuses, and a host without cuBLAS, on the PTX load, unjudged on watts."""
+cuBLAS refuses, and a host without cuBLAS, on the PTX load, unjudged on watts. The pulse of the
+host's power delivery (burnin_pulse) runs in a roll, and a card that falls off the bus in it fails
+the host, naming gpu_psu_watts, quarantines the card and refuses the host until a retest."""
 
 import json
 import re
@@ -217,19 +219,67 @@ def test_a_card_cublas_refuses_or_a_host_without_cublas_soaks_on_ptx_unjudged_on
     assert "burn-in:   8 card(s) accepted" in after.output and "QUARANTINED" not in after.output
 
 
-def test_in_a_roll_the_units_that_hold_the_cards_stop_for_the_run_and_start_again(lab, host):
+PULSE_RECORD = "/var/lib/rigup/burnin-pulse.json"
+PULSE = data(burnin_pulse=True, burnin_pulse_s=2, gpu_psu_watts=4000)
+
+
+def test_in_a_roll_the_units_that_hold_the_cards_stop_for_the_run_and_the_pulse_and_start_again(lab, host):
     """roll.py's converge (rigup_rolling: the host drained at the gateways) tests a card a serving
-    unit holds: the unit is stopped for the run and started again after it."""
-    on_host(lab, host, f"rm -f {RESULTS} && systemctl start rigup-llama@test.service")
+    unit holds: the unit is stopped for the run and the pulse of the host's power delivery
+    (burnin_pulse, issue 62: every card's load switched on and off at once) and started again
+    after them; the next converge changes 0 and says the pulse held."""
+    install_serving_unit(lab, host)
+    on_host(lab, host, f"rigup-gpu-sim reset; rm -f {RESULTS} {PULSE_RECORD} && systemctl start rigup-llama@test.service")
     since = on_host(lab, host, "date +%s").strip()
-    run = burn(host, *data(rigup_rolling=True))
+    run = burn(host, *PULSE, *data(rigup_rolling=True))
     assert "burn-in:   a roll: rigup-llama@test.service stopped for the run" in run.output, run.output[-3000:]
+    assert "burn-in:   pulse of the host's power delivery, 8 card(s) at once (the host's first pulse)" in run.output
     assert sorted(r["index"] for r in records(lab, host).values() if r["passed"]) == list(range(8)), \
         [ln.strip()[-300:] for ln in run.output.splitlines() if "quick: " in ln]
+    pulse = json.loads(on_host(lab, host, f"cat {PULSE_RECORD}"))
+    print("pulse:", pulse["passed"], pulse["figures"]["peak_w"], "W at its peak of", pulse["key"]["caps_w"], "W of caps,",
+          sorted({(c["load"], c["pulses"]) for c in pulse["figures"]["cards"].values()}))
+    assert pulse["passed"] and len(pulse["key"]["cards"]) == 8 and pulse["key"]["psu_watts"] == 4000
     assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
     journal = on_host(lab, host, f"journalctl -u rigup-llama@test.service --since @{since} -o cat --no-pager")
     print(journal)
-    assert "Stopped" in journal and journal.rfind("Started") > journal.rfind("Stopped")
-    again = burn(host)
+    assert journal.count("Stopped") == 1 and journal.rfind("Started") > journal.rfind("Stopped")
+    again = burn(host, *PULSE)
     assert again.totals["changed"] == 0, again.changed_operations()
+    assert "burn-in:   the host's power delivery held its pulse (" in again.output
+
+
+def test_a_card_off_the_bus_in_the_pulse_fails_the_hosts_power_delivery_and_the_host_is_refused(lab, host):
+    """A card that falls off the bus in the pulse (the stand-in's --lost-under-load, an Xid 79 in
+    the journal) fails the converge naming the host's power delivery, the card and gpu_psu_watts;
+    the card is quarantined, the serving unit stays stopped (the host stays out of the pools), the
+    next converge is refused with the figures; the card back and burnin_retest, both pass again."""
+    install_serving_unit(lab, host)
+    if sorted(r["index"] for r in (records(lab, host) if lab.ssh(host, f"test -s {RESULTS}").returncode == 0 else {}).values()
+              if r.get("passed")) != list(range(8)):   # this test alone: the cards accepted first
+        on_host(lab, host, f"rigup-gpu-sim reset; rm -f {RESULTS}; systemctl stop rigup-llama@test.service")
+        burn(host)
+    lower = data(gpu_psu_watts=3800)     # another budget: the pulse is due again
+    on_host(lab, host, "rigup-gpu-sim reset && rigup-gpu-sim set -i 6 --lost-under-load 1 && "
+                       "systemctl start rigup-llama@test.service")
+    run = burn(host, *PULSE, *lower, *data(rigup_rolling=True), check=False)
+    said = [ln.strip() for ln in run.output.splitlines() if "pulse: the host's power delivery did not hold" in ln]
+    print("\n".join(said[:1]))
+    assert run.returncode != 0 and said, run.output[-3000:]
+    assert re.search(r"did not hold 8 card\(s\) switched on and off 4 times a second for 2 s: GPU 6 \(\S+\) fell off "
+                     r"the bus \(Xid 79\); the cards drew up to [0-9.]+ W together \(their caps sum to 3200 W; "
+                     r"gpu_psu_watts 3800 W\)", said[0]), said[0]
+    lost = [r for r in records(lab, host).values() if not r["passed"]]
+    assert [r["index"] for r in lost] == [6] and lost[0]["failed"][0].startswith("fell off the bus in the pulse test")
+    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service || true").strip() == "inactive"
+    refused = burn(host, *PULSE, *lower, check=False)
+    line = next((ln.strip() for ln in refused.output.splitlines() if "refused: the host's power delivery failed" in ln), "")
+    print(line[:400])
+    assert refused.returncode != 0 and "fell off the bus (Xid 79)" in line and "burnin_retest" in line
+    on_host(lab, host, "rigup-gpu-sim reset")   # the card reseated, on another riser
+    fixed = burn(host, *PULSE, *lower, *data(rigup_rolling=True, burnin_retest=True))
+    assert "pulse of the host's power delivery, 8 card(s) at once (a retest (burnin_retest))" in fixed.output
+    assert json.loads(on_host(lab, host, f"cat {PULSE_RECORD}"))["passed"]
+    assert all(r["passed"] for r in records(lab, host).values())
+    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
 
