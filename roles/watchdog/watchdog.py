@@ -275,9 +275,16 @@ def gate_of(server: dict, config: dict) -> dict:
 
 def floor_of(server: dict, inst: dict, config: dict) -> float | None:
     """The server's floor: the instance's min_tokens_per_s, else DEFAULT_FLOOR_SHARE of the tok/s
-    the health gate recorded at its unit's last (re)start; None without either."""
+    the health gate recorded at its unit's last (re)start; None without either. Each is read as a
+    figure in 0..MAX_TPS (:func:`figure`): a configured floor that is none (a YAML .inf or .nan, a
+    negative, text) judges nothing, said in the journal, where it would be below every tok/s and
+    restart the unit at each ``bad_checks``-th check (issue 65)."""
     if inst["floor"] is not None:
-        return inst["floor"]
+        try:
+            return figure(inst["floor"], 0, MAX_TPS, "min_tokens_per_s")
+        except Unreadable as e:
+            log(4, f"rigup-watchdog: {server['server']}: not judged: its floor is none ({e})")
+            return None
     tps = gate_of(server, config).get("tps")
     return round(DEFAULT_FLOOR_SHARE * tps, 3) if tps else None
 

@@ -598,3 +598,90 @@ def test_a_router_is_timed_on_the_model_it_has_loaded_and_never_made_to_load_one
         for _, proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+class Reports(BaseHTTPRequestHandler):
+    """A server whose completions report ``timings.predicted_per_second`` as ``server.rate`` (raw
+    JSON text: Infinity, NaN, -5, 1e308) with a whole usage; it answers at once."""
+
+    def do_POST(self):
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        body = ('{"usage": {"completion_tokens": %d}, "timings": {"predicted_per_second": %s}}'
+                % (asked["max_tokens"], self.server.rate)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+ABSURD = ("Infinity", "-Infinity", "NaN", "-5", "0", "1e308", "1e12")
+
+
+def test_an_absurd_speed_never_becomes_a_figure_a_floor_or_a_restart(tmp_path, monkeypatch, capsys):
+    """issue 65 (47, 61 before it): a speed of inf, NaN, a negative or an absurd one, wherever it comes
+    from, is no figure: a server's own report gives way to the wall-clock rate (a finite one); the
+    gate's record of it (rigup/gate.py writes Infinity as it measured it) gives no floor (the server
+    not judged, said in the journal); a floor in the config that is none (a YAML .inf or .nan) judges
+    nothing; so no check restarts anything."""
+    rates, floors = {}, {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Reports)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for text in ABSURD:
+            server.rate = text
+            rates[text] = throughput.completion(url, None, 8, 5)["tps"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    config = {"gate_record": str(tmp_path / "gate" / "{}.json")}
+    unit = "rigup-llama@gated.service"
+    for value in (float("inf"), float("-inf"), float("nan"), -5.0, 0.0, 1e308, 1e12):
+        subprocess.run(["sh", "-c", gate.record_command(config["gate_record"].format(unit), unit, value, 1000.0)],
+                       check=True)
+        floors[repr(value)] = wd.floor_of({"server": "gated", "unit": unit}, {"floor": None}, config)
+    configured = {repr(v): wd.floor_of({"server": "s", "unit": unit}, {"floor": v}, config)
+                  for v in (float("inf"), float("nan"), -1.0, 1e12, True, "40")}
+    log = capsys.readouterr().out
+    print(f"reported -> measured tok/s: {rates}\ngate record -> floor: {floors}\nconfig floor -> floor: {configured}")
+    assert all(0 < tps < 1e7 for tps in rates.values()), rates      # the wall-clock rate of 8 tokens
+    assert set(floors.values()) == {None} and set(configured.values()) == {None}
+    assert wd.floor_of({"server": "s", "unit": unit}, {"floor": 40}, config) == 40
+    assert "is not one (ignored: no floor from it" in log and "not a number in 0..1e+07" in log
+    assert "s: not judged: its floor is none (min_tokens_per_s: not a number in 0..1e+07: inf)" in log
+    # and the state file: a figure out of bounds is never read back as a last or restarting tok/s
+    path = tmp_path / "state.json"
+    path.write_text('{"glm": {"bad": 1, "last_tps": Infinity, "restart_tps": NaN}}')
+    assert wd.load_state({"state_file": str(path)}) == {}
+
+
+def test_one_bad_answer_between_good_ones_restarts_nothing(tmp_path, monkeypatch, capsys):
+    """issue 65: the watchdog acts on ``bad_checks`` answers in a row (2 here, 3 by default), never
+    on one: a server slow once between good checks, twice with a good one between, is restarted
+    only at its second slow check in a row; a server whose configured floor is none (.inf) is
+    never judged, so never restarted. Each check's verdict printed."""
+    host = FakeHost(tmp_path, monkeypatch)
+    slow = tmp_path / "slow"
+    url, proc = start_stub("--slow-file", str(slow), "--slow-tps", "20")
+    try:
+        host.serve("glm", url, started_ago=OLD, gated_ago=OLD - 5)
+        host.serve("inf", url, started_ago=OLD, gated_ago=OLD - 5)
+        host.config["instances"]["inf"]["floor"] = float("inf")
+        seen = []
+        for answer in ("good", "slow", "good", "slow", "good", "slow", "slow"):
+            slow.touch() if answer == "slow" else slow.unlink(missing_ok=True)
+            host.check(capsys)
+            state = host.state()
+            seen.append((answer, state["glm"]["last_tps"], state["glm"]["bad"], len(host.calls("restart"))))
+    finally:
+        proc.kill()
+        proc.wait()
+    print("\n".join(f"{a}: {tps} tok/s, {bad} bad in a row, {n} restarts" for a, tps, bad, n in seen))
+    assert [n for *_, n in seen] == [0, 0, 0, 0, 0, 0, 1] and host.calls("restart") == ["rigup-llama@glm.service"]
+    assert [bad for _, _, bad, _ in seen] == [0, 1, 0, 1, 0, 1, 0]     # the restart starts the count again
+    assert "last_tps" not in host.state()["inf"] and not host.state()["inf"].get("restarts")
