@@ -113,8 +113,12 @@ OTHER: tuple[Row, ...] = (
                                     "picks); a request names its model by its key; the instance's own model is loaded "
                                     "at start, another on the first request for it; the instance's flags apply to each; "
                                     "one server (replicas 1, no rpc_workers)"),
-    Row("models_max", "int 1..", 1, "router mode (also): models loaded at once (--models-max); beyond it the least "
-                                    "recently used is unloaded; the VRAM plan counts that many of the largest"),
+    Row("models_max", "count 1..", "auto", "router mode (also): models loaded at once (--models-max); beyond it the "
+                                           "least recently used is unloaded. auto: as many of the set's models (its "
+                                           "pinned ones aside) as fit at once on the router's cards beside the pinned "
+                                           "ones, the largest first (each at its weights + KV cache at its ctx + 1 GiB "
+                                           "per GPU), at least 1 (the plan says why); N: the VRAM plan counts the N "
+                                           "largest"),
     Row("queue", "int 1.. or null", None, "router mode (also): a bound on waiting requests. HAProxy (roles/balancer) "
                                           "takes the instance's port, the router moves to 127.0.0.1:port+1; at most "
                                           "parallel x models_max at the router, this many more wait (each at most "
@@ -124,8 +128,18 @@ OTHER: tuple[Row, ...] = (
                                 "4096, cache_type_k: q8_0}}: any flag key but metrics and sleep_idle_s (ctx and "
                                 "parallel as numbers); the VRAM plan counts each model at its own. A key given "
                                 "here leaves the command line for the preset (llama-server puts its command line "
-                                "before a preset): the instance's value in [*], each model's own in its section"),
+                                "before a preset): the instance's value in [*], each model's own in its section. "
+                                "Two more keys for a model of also: pinned: true, it leaves the router (never "
+                                "evicted) for a server of its own, unit rigup-llama@NAME.MODEL on the instance's "
+                                "host at port + 2 + i (i: its place among the pinned, in also's order), on the "
+                                "router's cards, with the instance's key and flags (and its own), answering as "
+                                "MODEL (--alias; a gateway sends requests naming it there); load_on_startup: true, "
+                                "the router loads it at start too (the instance's own model always)"),
 )
+# per_model's keys that are no flag: a model pinned beside the router, one loaded at the router's start
+PER_MODEL_OWN = ("pinned", "load_on_startup")
+# A pinned model's server (roles/llama_server): rigup-llama@NAME.MODEL, .format(NAME, MODEL)
+PINNED_UNIT = "{}.{}"
 # The flag keys a model of a router's set may set for itself (per_model): not the router's own
 PER_MODEL = tuple(f.key for f in FLAGS if f.key not in ("metrics", "sleep_idle_s"))
 # Router mode (``also``): the models' presets, one section per model (roles/llama_server writes it: .format(NAME))
@@ -239,6 +253,18 @@ def api_model(name: str, entry: dict) -> str:
     """The model a request names to reach instance ``name`` (its ``entry``): its own name (its
     --alias), or for a router (``also``) its own model's key of models."""
     return entry["model"] if entry.get("also") else name
+
+
+def pinned(entry: dict) -> dict[str, int]:
+    """A router's pinned models (``per_model: {M: {pinned: true}}``, models of ``also``), each ->
+    the port of its own server: the instance's port + 2 + i, i its place among the pinned in
+    also's order (port + 1 is a queued router's). {} for any other entry; not validated (preflight
+    refuses a wrong one before a converge reads it)."""
+    own, port = entry.get("per_model") or {}, entry.get("port")
+    if not isinstance(entry.get("also"), list) or not isinstance(own, dict) or not isinstance(port, int):
+        return {}
+    chosen = [m for m in entry["also"] if isinstance(own.get(m), dict) and own[m].get("pinned") is True]
+    return {m: port + 2 + i for i, m in enumerate(chosen)}
 
 
 def owned() -> dict[str, str | None]:

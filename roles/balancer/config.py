@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rigup.boundary.formats import haproxy_address, haproxy_word
 from rigup.config import ADDRESS, NAME
-from rigup.contract import served
+from rigup.contract import llama_server, served
 from rigup.templates import render
 
 if TYPE_CHECKING:
@@ -45,10 +45,13 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``).
     ``key``: the frontend checks the fleet's key (``fleet_key``, and a host's instance of that name
     has api_key). ``allow``: the features beyond inference that every host of the backend allows
-    (llama_server_allow): only those paths pass (:data:`HELD_PATHS`)."""
+    (llama_server_allow): only those paths pass (:data:`HELD_PATHS`). A router's model that a host
+    pins (rigup/contract/llama_server.py ``pinned``) is sent to that model's own server there, at
+    its port: requests name it as before."""
     found: dict[str, list] = {}
     keyed: set[str] = set()
     sets: dict[str, dict[str, list[str]]] = {}   # a router's models (llama-server's also): model -> its hosts
+    pins: dict[tuple[str, str, str], int] = {}   # (instance, host, model) -> the port of a pinned model's server
     for host_name, data in sorted(hosts.items()):
         if host_name == me or data.get("balancer_gateway"):
             continue
@@ -61,6 +64,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
             if inst["entry"].get("also") and inst["var"] == "llama_server_instances":
                 for model in [inst["model"], *inst["entry"]["also"]]:
                     sets.setdefault(inst["name"], {}).setdefault(model, []).append(host_name)
+                for model, port in llama_server.pinned(inst["entry"]).items():   # a pinned model: its own server
+                    pins[(inst["name"], host_name, model)] = port
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
@@ -71,7 +76,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
         for model, home in homes(sets.get(name, {})).items():
             out.append({"name": f"gateway-{name}.{model}", "bind": bind, "port": port, "key": name in keyed,
                         "route": {"of": f"gateway-{name}", "model": model},
-                        "servers": [[*s[:4], s[0] not in home] for s in servers]})
+                        "servers": [[s[0], s[1], pins.get((name, s[0], model), s[2]), s[3], s[0] not in home]
+                                    for s in servers]})
     return out
 
 

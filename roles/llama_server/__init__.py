@@ -46,9 +46,23 @@ With ``also`` (more keys of ``models``) the instance is llama-server's router: o
 port, started with ``--models-preset /etc/rigup/llama-server/NAME.models.ini`` (one section per
 model of the set, its first GGUF file; root:rigup_user 0640) and ``--models-max``, each model in a
 child process of its own on a loopback port the kernel picks, loaded on the first request naming
-it by its key (the instance's own model at start), the least recently used unloaded beyond
-models_max; it starts once every model of the set is complete, restarts when the preset changes,
-and its gate asks the instance's own model.
+it by its key (the instance's own model at start, and those with ``load_on_startup``), the least
+recently used unloaded beyond models_max; it starts once every model of the set is complete,
+restarts when the preset changes, and its gate asks the instance's own model. ``models_max: auto``
+(the default) is written as how many of the router's models fit at once on its cards beside its
+pinned ones, the largest first (roles/llama_server/replicas.py ``set_plan``: each at weights + KV
+cache at its ctx + 1 GiB per GPU), at least 1; preflight's plan says the figure and why, and
+refuses a set whose largest model does not fit beside the pinned ones, pinned ones that do not fit
+together, and more models loaded at start than fit (checks.py ``check_set_vram``).
+
+A model of ``also`` with ``per_model: {M: {pinned: true}}`` leaves the router's set (its preset,
+its eviction) for a server of its own beside it: unit ``rigup-llama@NAME.M`` (a server of the
+instance, as a replica is), on the instance's host at port + 2 + i (i: its place among the pinned,
+in also's order; port + 1 is a queued router's), on the router's cards, with the instance's key
+and flags under its own per_model, ``-m`` its model and ``--alias M``: a request names it as it
+named it to the router, and a gateway (roles/balancer) sends requests naming it to that port
+(rigup/contract/llama_server.py ``pinned``). It starts, restarts and is gated (asked as M) as any
+server; unpinned, its unit is retired and the model is the router's again.
 
 With ``rigup_maintenance`` (roles/base) every server is stopped and nothing else changes (its
 drop-in, key and enablement stay); false again starts them, gated as after a restart.
@@ -88,6 +102,7 @@ from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import chosen
 from roles.llama_server.schema import LlamaInstance, instances
 from roles.llama_server.smoke import smoke_runs
+from roles.llama_server.tuned import tuned_lines
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports", "smoke_runs"]
 
@@ -172,13 +187,16 @@ def apply(plan: Plan, data: Config):
     if problems:   # preflight refused the host: touch nothing
         return
     entries = models(data)[0]
-    laid = {name: chosen(inst, entries[inst["model"]], plan, data)[:2] for name, inst in wanted.items()}
-    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}   # ctx, parallel where auto
+    laid = {name: chosen(inst, entries[inst["model"]], plan, data, entries)[:2] for name, inst in wanted.items()}
+    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}   # ctx, parallel, models_max where auto
     plans = {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
-    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    also = {name: [{m: marker_path(entries[m]["dest"]) for m in inst["also"]}] if inst["also"] else []
-            for name, inst in wanted.items()}   # a router's other models
-    units = {s["unit"]: [markers[name], name, *also[name]] for name, srv in plans.items() for s in srv}
+
+    def marker(key: str) -> str:
+        return marker_path(entries[key]["dest"])
+    # each server's model marker, the instance whose key it uses, and a router's other models' markers
+    units = {s["unit"]: [marker(s["inst"]["model"]), name,
+                         *([{m: marker(m) for m in s["inst"]["also"]}] if s["inst"]["also"] else [])]
+             for name, srv in plans.items() for s in srv}
     build_link = f"{data['llama_cpp_dir']}/current"
     replicated = sorted(name for name, srv in plans.items() if fronted(wanted[name], srv))
     if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
@@ -197,17 +215,18 @@ def apply(plan: Plan, data: Config):
         inst = wanted[name]
         if fronted(inst, srv):
             backends_file(backend_name(name), inst["host"], inst["port"],
-                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv],
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv if not s.get("pinned")],
                           queue_limits(inst, data["llama_server_health_timeout"]) if queued(inst) else None)
         for server in srv:
             hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
-                if fronted(inst, srv) else None
+                if fronted(inst, srv) and not server.get("pinned") else None
             rpc = [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]]
             started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
                                unit_name=server["unit"], instance_name=name, inst=server["inst"],
-                               marker=markers[name], binary=binary, units=units, build_link=build_link,
+                               marker=units[server["unit"]][0], binary=binary, units=units, build_link=build_link,
                                unit_sha=unit_sha, user=user, balancer=hooks,
-                               env={**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if inst["also"] else server["env"],
+                               env={**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if server["inst"]["also"]
+                               else server["env"],
                                rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
                                maintenance=data["rigup_maintenance"], unlock=unlock, allow=data["llama_server_allow"],
                                origins=data["llama_server_cors_origins"])
@@ -216,11 +235,16 @@ def apply(plan: Plan, data: Config):
             auth = bearer(KEY.format(name)) if inst["api_key"] else ""
             unit = f"rigup-llama@{server['unit']}.service"
             python.call(answered, unit=unit, port=server["inst"]["port"], record=gate_record(data, unit),
-                        bind=server["inst"]["host"], model=api_model(name, inst),
+                        bind=server["inst"]["host"], model=server.get("pinned") or api_model(name, inst),
                         prompt=data["llama_server_health_prompt"],
                         timeout=data["llama_server_health_timeout"], auth=auth,
                         fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
                         name=f"llama-server {server['unit']} answers", _if=started.did_change)
 
 
-ROLE = Role("llama_server", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_lines=plan_lines, fleet_plan_lines=fleet_plan_lines, smoke_runs=smoke_runs)
+def _plan_lines(plan: Plan, data: Config) -> list[str]:
+    """checks.plan_lines, then a tuned router model no longer served (tuned.tuned_lines: ignored)."""
+    return plan_lines(plan, data) + tuned_lines(data)
+
+
+ROLE = Role("llama_server", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_lines=_plan_lines, fleet_plan_lines=fleet_plan_lines, smoke_runs=smoke_runs)

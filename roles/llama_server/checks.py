@@ -4,8 +4,9 @@ rigup/refusal.py), and the ports its instances take.
     check_config            an entry of llama_server_instances that is wrong, by key path
     check_open_without_key  an instance bound beyond loopback without an API key
     check_vram              a model plus its KV cache larger than the VRAM of its cards (a replica's)
-    check_set_vram          a router's set (also) that the VRAM cannot serve: a model alone, or its
-                            models_max largest together
+    check_set_vram          a router's set (also) that the VRAM cannot serve: its pinned models, a
+                            model alone or beside them, its models_max largest together beside them,
+                            more models loaded at start than models_max
     check_replicas          more replicas x GPUs than the host has, a replica's unit or port taken,
                             a server's port outside 1024..65535
     check_split_mode_row    -sm row for a model family known to fail with it
@@ -41,7 +42,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
-from roles.llama_server.replicas import for_model, layout_text, need_gib, sized
+from roles.llama_server.replicas import SetPlan, for_model, group_gib, layout_text, need_gib, set_plan, sized
 from roles.llama_server.schema import LlamaInstance, instances, spelled
 
 if TYPE_CHECKING:
@@ -60,8 +61,18 @@ def layouts(plan: Plan, data: Config, why: bool = False) -> dict:
     """{name: (instance, replicas.Layout)} of the host's valid instances, ctx and parallel chosen
     where auto (replicas.sized); with ``why``, {name: (instance, layout, why rigup chose them)}."""
     entries = models(data)[0]
-    laid = {name: sized(inst, entries[inst["model"]], plan, data) for name, inst in _instances(plan, data).items()}
+    laid = {name: sized(inst, entries[inst["model"]], plan, data, entries)
+            for name, inst in _instances(plan, data).items()}
     return laid if why else {name: (inst, lay) for name, (inst, lay, _) in laid.items()}
+
+
+def sets(plan: Plan, data: Config) -> dict:
+    """{name: (instance, replicas.SetPlan)} of the host's routers (``also``): the VRAM plan of each
+    set on the router's cards, its models_max as the instance gives it (auto: chosen, with why)."""
+    entries, given = models(data)[0], _instances(plan, data)
+    return {name: (inst, set_plan({**inst, "models_max": given[name]["models_max"]}, entries,
+                                  group_gib(lay, plan, data)))
+            for name, (inst, lay) in layouts(plan, data).items() if inst["also"]}
 
 
 def plan_lines(plan: Plan, data: Config) -> list[str]:
@@ -70,7 +81,7 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     card's link is downtrained, row or tensor split over narrow links (at or below x4 Gen3: layer
     split is preferred, and why), and for one with rpc_workers its split over the hosts and what
     RPC costs."""
-    lines = []
+    lines, routers = [], {name: p for name, (_, p) in sets(plan, data).items()}
     for name, (inst, lay, why) in sorted(layouts(plan, data, why=True).items()):
         lines.append(f"llama:     {layout_text(name, lay)}")
         for group in lay.groups if lay.gpu else []:
@@ -90,11 +101,25 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
                              "this); rigup keeps your setting")
         if why:   # ctx or parallel auto
             lines.append(f"llama:     {name}: {why}")
+        if inst["also"]:
+            lines += _set_lines(name, inst, routers[name], plan, data)
         if inst["rpc_workers"]:
             split = (f"shares {inst['tensor_split']} (tensor_split)" if inst["tensor_split"] else
                      "in proportion to each device's free memory")
             lines.append(f"llama:     {name}: -ngl {inst['ngl']} layers split over this host's devices and the RPC "
                          f"workers {', '.join(inst['rpc_workers'])} ({split}); {RPC_COST}")
+    return lines
+
+
+def _set_lines(name: str, inst: LlamaInstance, router: SetPlan, plan: Plan, data: Config) -> list[str]:
+    """A router's lines: the models_max rigup chose and why (where auto), and each pinned model's
+    own server."""
+    lines = [f"llama:     {name}: router {router.why}"] if router.why else []
+    for model, port in contract.pinned(inst).items():
+        need = router.needs[model]
+        lines.append(f"llama:     {name}: pinned {model} on its own server rigup-llama@"
+                     f"{contract.PINNED_UNIT.format(name, model)} at {inst['host']}:{port} (the router's cards"
+                     + (f", {need.total:.1f} GiB" if need else "") + "), never evicted")
     return lines
 
 
@@ -116,7 +141,9 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
         found.append(Port(inst["port"], f"{where} (its balancer)", ("haproxy", "llama-server")))
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("llama-server",))
                   for k in range(lay.replicas)]
-    return found
+    return found + [Port(port, f"llama_server_instances.{name} (pinned {model})", ("llama-server",))
+                    for name, (inst, _) in layouts(plan, data).items()
+                    for model, port in contract.pinned(inst).items()]   # a router's pinned models, each its server
 
 
 def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -171,45 +198,70 @@ def check_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 
 def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """A router's set (``also``) that the VRAM of the host's cards cannot serve: one of its other
-    models that alone does not fit (weights + KV cache at the instance's ctx + 1 GiB per GPU: the
-    CUDA context of its own child process), or its ``models_max`` largest together (each child its
-    own contexts). The instance's own model alone: check_vram."""
-    per_card, unlock_hint = vram_cards(plan, data)
-    entries, found = models(data)[0], []
-    for name, (inst, _) in layouts(plan, data).items():
-        if not inst["also"] or not per_card:
-            continue
-        needs = {m: need_gib(entries[m], for_model(inst, m), len(per_card)) for m in [inst["model"], *inst["also"]]}
-        if any(n is None for n in needs.values()):
+    """A router's set (``also``) that the VRAM of its cards cannot serve (each model at its weights
+    + KV cache at its ctx + 1 GiB per GPU: the CUDA context of its own child process or server):
+    its pinned models together; a model it loads that does not fit alone, or beside its pinned
+    models (the instance's own alone: check_vram); its ``models_max`` largest together beside the
+    pinned ones (models_max set; auto counts only what fits); or more models loaded at start
+    (the instance's own and those with ``load_on_startup``) than ``models_max``, naming them."""
+    _, unlock_hint = vram_cards(plan, data)
+    found = []
+    for name, (inst, router) in sets(plan, data).items():
+        where = f"llama_server_instances.{name}"
+        startup = [m for m in router.routed if m == inst["model"]
+                   or (inst["per_model"].get(m) or {}).get("load_on_startup")]
+        if len(startup) > router.models_max:
+            how = (router.why if router.why else f"models_max {router.models_max} is set")
+            found.append(Refusal(
+                f"{len(startup)} models of {where} load at its start ({', '.join(startup)}), more than it holds at "
+                f"once", f"{how}: the router would evict one of them as the next loads",
+                f"drop load_on_startup from {where}.per_model of "
+                f"{' or '.join(m for m in startup if m != inst['model'])}, or give it more VRAM", "vram"))
+        if not router.known():
             continue  # unsized, or layers left on the CPU
-        where, budget = f"llama_server_instances.{name}", sum(per_card)
-        vram = f"{budget:.1f} GiB of VRAM ({cards_gib_text(per_card)})"
-        alone = [m for m in inst["also"] if needs[m].total > budget]
-        for m in alone:
-            found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone",
-                                 f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
-                                 f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {vram}",
-                                 f"drop {m} from {where}.also, pick a smaller quant, or lower "
-                                 f"{where}.{f'per_model.{m}.' if 'ctx' in (inst['per_model'].get(m) or {}) else ''}ctx"
+        needs, pins, budget = router.needs, router.pinned, sum(router.cards)
+        vram = f"{budget:.1f} GiB of VRAM ({cards_gib_text(router.cards)})"
+        pinned_total = sum(needs[m].total for m in pins)
+        beside = (f"{vram} - pinned " + " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in pins)
+                  + f" = {router.free:.1f} GiB") if pins else vram
+        if pins and pinned_total > budget:
+            found.append(Refusal(f"the pinned models of {where} do not fit the VRAM together",
+                                 " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in pins)
+                                 + f" = {pinned_total:.1f} GiB > {vram}",
+                                 f"unpin one of {', '.join(pins)} ({where}.per_model), or pick smaller quants"
                                  f"{unlock_hint}", "vram"))
-        largest = sorted(needs, key=lambda m: needs[m].total, reverse=True)[:inst["models_max"]]
+            continue
+        alone = [m for m in router.routed if needs[m].total > router.free and (pins or m != inst["model"])]
+        for m in alone:
+            ctx = f"{where}.{f'per_model.{m}.' if 'ctx' in (inst['per_model'].get(m) or {}) else ''}ctx"
+            figures = (f"weights {needs[m].weights:.1f} GiB + KV cache {needs[m].kv:.1f} GiB + "
+                       f"{needs[m].overhead:.1f} GiB overhead = {needs[m].total:.1f} GiB > {beside}")
+            if pins:
+                found.append(Refusal(f"model {m} of {where} does not fit beside its pinned "
+                                     f"{', '.join(pins)}", figures,
+                                     f"unpin {' or '.join(pins)} ({where}.per_model), drop {m} from the set, pick a "
+                                     f"smaller quant, or lower {ctx}{unlock_hint}", "vram"))
+            else:
+                found.append(Refusal(f"model {m} of {where}.also does not fit the VRAM alone", figures,
+                                     f"drop {m} from {where}.also, pick a smaller quant, or lower {ctx}{unlock_hint}",
+                                     "vram"))
+        largest = router.largest()[:router.models_max]
         total = sum(needs[m].total for m in largest)
-        if len(largest) > 1 and total > budget and not alone:
+        if len(largest) > 1 and total > router.free and not alone:
             found.append(Refusal(
                 f"the {len(largest)} largest models of {where} do not fit the VRAM together (models_max "
                 f"{inst['models_max']})", " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in largest)
-                + f" (weights, KV cache, 1 GiB per GPU for each child's CUDA context) = {total:.1f} GiB > {vram}",
-                f"lower {where}.models_max (models are then swapped), pick smaller quants, or lower {where}.ctx",
-                "vram"))
+                + f" (weights, KV cache, 1 GiB per GPU for each child's CUDA context) = {total:.1f} GiB > {beside}",
+                f"lower {where}.models_max or set it to auto (models are then swapped), pick smaller quants, or "
+                f"lower {where}.ctx", "vram"))
     return found
 
 
 def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """More replicas x gpus_per_replica than the host has GPUs, a main_gpu beyond a server's own
-    GPUs, a replica whose unit name (NAME-K) is another instance's, or a server's port outside
-    1024..65535 (its port, or a replica's port + 1 + K: llama-server runs as the unprivileged rigup
-    user)."""
+    GPUs, a replica's or a pinned model's unit name (NAME-K, NAME.M) that is another instance's, or
+    a server's port outside 1024..65535 (its port, or a replica's port + 1 + K: llama-server runs as
+    the unprivileged rigup user)."""
     found = []
     all_layouts = layouts(plan, data)
     for name, (inst, lay) in all_layouts.items():
@@ -223,11 +275,12 @@ def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             found.append(Refusal(f"{where}.main_gpu is {inst['main_gpu']}, but each of its servers has {per} GPU"
                                  f"{'s' * (per > 1)} (0..{per - 1})", "-mg counts the server's own GPUs, in order",
                                  f"set {where}.main_gpu below {per}, or null", "replicas"))
-        clash = sorted({replica_name(name, k) for k in range(lay.replicas)} & set(all_layouts)) \
-            if lay.replicas > 1 else []
+        units = {replica_name(name, k) for k in range(lay.replicas)} if lay.replicas > 1 else set()
+        clash = sorted((units | {contract.PINNED_UNIT.format(name, m) for m in contract.pinned(inst)}) & set(all_layouts))
         if clash:
-            found.append(Refusal(f"{where}'s replicas would be the units of {', '.join(clash)}",
-                                 "each replica K runs as rigup-llama@NAME-K", FIX_CONFIG, "replicas"))
+            found.append(Refusal(f"{where}'s replicas or pinned models would be the units of {', '.join(clash)}",
+                                 "each replica K runs as rigup-llama@NAME-K, a pinned model M as "
+                                 "rigup-llama@NAME.M", FIX_CONFIG, "replicas"))
     return found
 
 

@@ -31,11 +31,13 @@ def argv(name: str, inst: LlamaInstance, binary: str, model_path: str, rpc: list
     ``allow``, the host's llama_server_allow, has slots); ``rpc``:
     its workers' ADDRESS:PORT (rigup.rpc.endpoint), in the order of its rpc_workers. ``inst`` has
     its ctx and parallel chosen (replicas.sized), never ``auto``."""
-    if "auto" in (inst["ctx"], inst["parallel"]):
-        raise ValueError(f"{name}: ctx and parallel are chosen by roles/llama_server/replicas.py sized() first")
-    # router mode (also): the models from the preset (:func:`preset_text`), each child given these flags too
+    if "auto" in (inst["ctx"], inst["parallel"]) or inst.get("also") and inst["models_max"] == "auto":
+        raise ValueError(f"{name}: ctx, parallel and a router's models_max are chosen by "
+                         "roles/llama_server/replicas.py sized() first")
+    # router mode (also): the models from the preset (:func:`preset_text`), each child given these flags too;
+    # a pinned model's server answers as the model (:func:`servers`), as the router did
     serve = ["--models-preset", contract.PRESET.format(name), "--models-max", inst["models_max"]] \
-        if inst.get("also") else ["-m", model_path, "--alias", name]
+        if inst.get("also") else ["-m", model_path, "--alias", inst.get("alias") or name]
     args = [binary, *serve, "--host", inst["host"], "--port", inst["port"], *contract.args(inst),
             *contract.written_flags(allow)]
     if inst["api_key"]:
@@ -59,7 +61,7 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
                        "router", name),
            "; serves on its port, each requested by its key (the instance's flags apply to each).", "version = 1"]
     own = inst.get("per_model") or {}
-    moved = {k for flags in own.values() for k in flags}   # off the command line (contract.args): here
+    moved = {k for flags in own.values() for k in flags} - set(contract.PER_MODEL_OWN)   # off the command line: here
     if moved:
         out += ["", "; the instance's value of each flag a model below sets for itself", "[*]",
                 *lines({k: inst[k] for k in moved}, "the instance's")]
@@ -70,7 +72,8 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
             raise ValueError(f"{where}: {path!r}")
         revision = revision if REVISION.fullmatch(revision) else "unreadable"
         out += ["", f"; revision {revision}", ini_section(key, f"{name}: a model's key"), ini_line("model", path, where)]
-        out += (["load-on-startup = true"] if key == inst["model"] else []) + lines(own.get(key) or {}, f"{key}'s")
+        startup = key == inst["model"] or (own.get(key) or {}).get("load_on_startup")
+        out += (["load-on-startup = true"] if startup else []) + lines(own.get(key) or {}, f"{key}'s")
     return "\n".join(out) + "\n"
 
 
@@ -80,8 +83,9 @@ def queued(inst: LlamaInstance) -> bool:
 
 
 def fronted(inst: LlamaInstance, srv: list[dict]) -> bool:
-    """Whether HAProxy (roles/balancer) takes the instance's port: replicas, or a router's queue."""
-    return len(srv) > 1 or queued(inst)
+    """Whether HAProxy (roles/balancer) takes the instance's port: replicas, or a router's queue
+    (a router's pinned models are servers of their own, on their own ports)."""
+    return len([s for s in srv if not s.get("pinned")]) > 1 or queued(inst)
 
 
 def queue_limits(inst: LlamaInstance, wait_s: int) -> dict:
@@ -102,18 +106,45 @@ def backend_name(name: str) -> str:
 def servers(name: str, inst: LlamaInstance, lay) -> list[dict]:
     """Each server of the instance: ``unit`` (the systemd instance name: NAME, or NAME-K for a
     replica), ``inst`` (as that server runs it: a replica on its loopback port) and ``env``
-    (CUDA_VISIBLE_DEVICES of its GPU group, by UUID, when pinned)."""
+    (CUDA_VISIBLE_DEVICES of its GPU group, by UUID, when pinned). A router's pinned models
+    (:func:`pinned_servers`) follow its own server, each with ``pinned``: its model."""
     def order(group: list[dict]) -> list[dict]:   # -ts shares follow the devices' order: kept as set
         return group if inst.get("tensor_split") else main_first(group)
 
     if lay.replicas == 1:   # one server over every GPU, as before: pinned only to put a downtrained card last
         group = lay.groups[0] if lay.gpu and lay.groups else []
         moved = order(group) != group or lay.pinned   # pinned: a quarantined card is left out (roles/burnin)
-        return [{"unit": name, "inst": replica_inst(inst, 0) if queued(inst) else inst,   # a router behind its queue
-                 "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}}]
+        env = {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if moved else {}
+        pins = contract.pinned(inst)
+        router = routed(inst) if pins else inst
+        return [{"unit": name, "inst": replica_inst(router, 0) if queued(inst) else router,   # a router behind its queue
+                 "env": env}, *pinned_servers(name, inst, env)]
     return [{"unit": replica_name(name, k), "inst": replica_inst(inst, k),
              "env": {"CUDA_VISIBLE_DEVICES": visible_devices(order(group))} if lay.gpu else {}}
             for k, group in enumerate(lay.groups)]
+
+
+def routed(inst: LlamaInstance) -> LlamaInstance:
+    """A router as its own server runs it: its pinned models (and their flags) out of its set."""
+    pins = contract.pinned(inst)
+    return {**inst, "also": [m for m in inst["also"] if m not in pins],   # type: ignore[typeddict-item]
+            "per_model": {m: f for m, f in (inst.get("per_model") or {}).items() if m not in pins}}
+
+
+def pinned_servers(name: str, inst: LlamaInstance, env: dict) -> list[dict]:
+    """A router's pinned models (``per_model: {M: {pinned: true}}``), each a server of its own beside
+    the router, out of its eviction: unit NAME.M (contract PINNED_UNIT), the instance's host, its
+    port (contract :func:`pinned`: port + 2 + i), the router's cards (``env``) and key, the
+    instance's flags under the model's own (its per_model), answering as M (--alias: the name
+    requests gave the router); with ``pinned``: M."""
+    out = []
+    for model, port in contract.pinned(inst).items():
+        own = {k: v for k, v in ((inst.get("per_model") or {}).get(model) or {}).items()
+               if k not in contract.PER_MODEL_OWN}
+        alone = {**inst, **own, "model": model, "also": [], "per_model": {}, "models_max": 1, "queue": None,
+                 "port": port, "alias": model}
+        out.append({"unit": contract.PINNED_UNIT.format(name, model), "inst": alone, "env": dict(env), "pinned": model})
+    return out
 
 
 def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_path: str) -> list[dict]:
@@ -123,7 +154,7 @@ def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_pat
     installs them. Both modules are pure: on a machine without pyinfra, load them by their paths
     (as tests/gpu/check.py does) and call ``replica_commands(name, inst, replicas.layout(...), ...)``."""
     return [{"unit": s["unit"], "argv": argv(name, s["inst"], binary, model_path), "env": s["env"]}
-            for s in servers(name, inst, lay)]
+            for s in servers(name, inst, lay) if not s.get("pinned")]   # a pinned model's: another model_path
 
 
 def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, build: str, unit_sha: str,

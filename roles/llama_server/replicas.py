@@ -28,6 +28,7 @@ from typing import NamedTuple, TYPE_CHECKING
 
 from rigup.gpu.catalogue import family_of
 from rigup.gpu.plan import Plan, build_backend, vram_cards
+from rigup.contract.llama_server import pinned
 from rigup.refusal import gpus_text
 
 if TYPE_CHECKING:
@@ -137,24 +138,36 @@ def sizing(inst: LlamaInstance, model: ModelEntry, group_gib: list[float]) -> Si
     return Sizing(n * slot, n, why)
 
 
-def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
+def group_gib(lay: Layout, plan: Plan, data: Config) -> list[float]:
+    """GiB of each card of the layout's first server ([]: on the CPU)."""
+    if not (lay.gpu and lay.groups and lay.groups[0]):
+        return []
+    vram = dict(zip((c["index"] for c in plan.get("cards", [])), vram_cards(plan, data)[0]))
+    return [vram[c["index"]] for c in lay.groups[0] if c["index"] in vram]
+
+
+def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
+           entries: dict[str, ModelEntry] | None = None) -> tuple[dict, Layout, str | None]:
     """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
-    on one replica's GPUs; ``cache_ram`` with them where sizing sets it), its layout, and why they
-    were chosen (None: both set). Only the chosen keys: the role lays them over the instance."""
+    on one replica's GPUs; ``cache_ram`` with them where sizing sets it), a router's
+    ``models_max`` where ``auto`` (:func:`set_plan` on its cards: ``entries``, the host's models,
+    are needed then), its layout, and why ctx and parallel were chosen (None: both set). Only the
+    chosen keys: the role lays them over the instance."""
     lay = layout(inst, model, plan, data)
-    if lay.gpu and lay.groups and lay.groups[0]:
-        vram = dict(zip((c["index"] for c in plan.get("cards", [])), vram_cards(plan, data)[0]))
-        group = [vram[c["index"]] for c in lay.groups[0] if c["index"] in vram]
-    else:
-        group = []
+    group = group_gib(lay, plan, data)
     size = sizing(inst, model, group)
     keys = {"ctx": size.ctx, "parallel": size.parallel} | ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
+    if inst.get("also") and inst["models_max"] == "auto":
+        if entries is None:
+            raise ValueError("a router's models_max auto is chosen from its set's models: give chosen() the entries")
+        keys["models_max"] = set_plan({**inst, **keys}, entries, group).models_max   # type: ignore[typeddict-item]
     return keys, lay, size.why
 
 
-def sized(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config) -> tuple[dict, Layout, str | None]:
+def sized(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
+          entries: dict[str, ModelEntry] | None = None) -> tuple[dict, Layout, str | None]:
     """The instance with what :func:`chosen` chose laid over it, its layout, and why."""
-    keys, lay, why = chosen(inst, model, plan, data)
+    keys, lay, why = chosen(inst, model, plan, data, entries)
     return {**inst, **keys}, lay, why
 
 
@@ -174,6 +187,72 @@ def need_gib(model: ModelEntry, inst: LlamaInstance, cards: int) -> Need | None:
     kv = (rate or 0.0) * inst["ctx"] / 1000
     overhead = OVERHEAD_GIB_PER_GPU * cards
     return Need(weights + kv + overhead, weights, kv, overhead, rate, family_of(model))
+
+
+class SetPlan(NamedTuple):
+    """A router's set (``also``) on its cards (``cards``: GiB each): ``needs`` (model -> its Need at
+    its own flags, or None where it cannot be told: no size, layers on the CPU, no GPUs),
+    ``pinned`` (models on servers of their own beside the router, in also's order), ``routed`` (the
+    models the router loads, its own first), ``free`` (GiB of the cards left beside the pinned),
+    ``models_max`` (the instance's, or the one chosen from the VRAM) and ``why`` (the plan line's
+    reason for a chosen one; None when the instance set it)."""
+
+    needs: dict[str, Need | None]
+    pinned: list[str]
+    routed: list[str]
+    cards: list[float]
+    free: float
+    models_max: int
+    why: str | None
+
+    def known(self) -> bool:
+        """Whether every model's need is known (the VRAM plan can judge the set)."""
+        return bool(self.cards) and all(n is not None for n in self.needs.values())
+
+    def largest(self) -> list[str]:
+        """The models the router loads, the largest first (the worst case of what it holds at once)."""
+        return sorted(self.routed, key=lambda m: self.needs[m].total, reverse=True)
+
+
+def set_plan(inst: LlamaInstance, entries: dict[str, ModelEntry], cards: list[float]) -> SetPlan:
+    """The VRAM plan of a router's set on its cards (``cards``: GiB each; [] on the CPU). With
+    ``models_max: auto``, how many of the models the router loads fit at once beside the pinned ones:
+    the largest first, so that any of that many fit together (the worst case); at least 1 (a set
+    whose largest does not fit beside the pinned is refused: check_set_vram), and 1 when a model's
+    need is not known (the least, as before models_max was chosen)."""
+    pins = list(pinned(inst))
+    routed = [m for m in [inst["model"], *inst["also"]] if m not in pins]
+    needs = {m: need_gib(entries[m], for_model(inst, m), len(cards)) if cards else None for m in [*routed, *pins]}
+    free = sum(cards) - sum(needs[m].total for m in pins if needs[m])
+    plan = SetPlan(needs, pins, routed, cards, free, 1, None)
+    if inst["models_max"] != "auto":
+        return plan._replace(models_max=inst["models_max"])
+    if not plan.known():
+        unknown = [m for m, n in needs.items() if n is None]
+        reason = "on the CPU" if not cards else f"the VRAM need of {', '.join(unknown)} is not known (its size, or ngl)"
+        return plan._replace(why=f"models_max 1 ({reason}: rigup counts the set's models from the VRAM only)")
+    fit, total = [], 0.0
+    for m in plan.largest():
+        if total + needs[m].total > free:
+            break
+        fit.append(m)
+        total += needs[m].total
+    where = f"{sum(cards):.1f} GiB on {len(cards)} card{'s' * (len(cards) > 1)}"
+    if pins:
+        where += (f", pinned {' + '.join(f'{m} {needs[m].total:.1f}' for m in pins)} GiB, "
+                  f"{free:.1f} GiB left")
+    figures = " + ".join(f"{m} {needs[m].total:.1f}" for m in fit)
+    if len(fit) == len(routed):
+        why = f"all {len(fit)}: {figures} GiB" if len(fit) > 1 else f"its one model: {figures} GiB"
+    elif not fit:
+        big = plan.largest()[0]
+        why = f"its largest, {big} {needs[big].total:.1f} GiB, does not fit: refused"
+    else:
+        nxt = plan.largest()[len(fit)]
+        why = (f"largest {len(fit)}: {figures} GiB; with {nxt} {needs[nxt].total:.1f} GiB "
+               f"{total + needs[nxt].total:.1f} GiB > {free:.1f}")
+    chosen = max(1, len(fit))
+    return plan._replace(models_max=chosen, why=f"models_max {chosen} from VRAM ({where}; {why})")
 
 
 def fewest_gpus(model: ModelEntry, inst: LlamaInstance, per_card: list[float]) -> int | None:

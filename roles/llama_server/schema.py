@@ -13,7 +13,8 @@ import re
 
 from rigup.boundary.numbers import whole
 from rigup.config import once
-from rigup.contract.llama_server import FLAGS, HELD_OFF, OTHER, PER_MODEL, doc_line, held_off_flags, owned
+from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_MODEL_OWN, doc_line, held_off_flags,
+                                        owned, pinned)
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, flag_values, owned_flag_problems
 from rigup.models import instances as _entries
@@ -48,7 +49,7 @@ class LlamaInstance(ServingInstance):
     min_tokens_per_s: float | None
     rpc_workers: list[str]
     also: list[str]
-    models_max: int
+    models_max: int | str
     queue: int | None
     per_model: dict[str, dict]
 
@@ -110,7 +111,9 @@ def cors_problems(data: Config) -> list[tuple[str, str]]:
 
 def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:
     """Router mode's rules (``also``): every model a key of ``models``, none twice nor the instance's
-    own; ``models_max`` at most the models of the set; one server (replicas 1, no rpc_workers)."""
+    own; ``models_max`` at most the models of the set the router loads (its pinned ones aside); one
+    server (replicas 1, no rpc_workers); only a model of also pinned (the instance's own is the
+    router's: its gate asks it)."""
     also = entry.get("also") or []
     found = [(f"{where}.also", unknown_reference(m, declared, "models")) for m in also if m not in declared]
     if entry.get("sleep_idle_s") is not None and not entry.get("metrics", True):   # the watchdog reads it
@@ -119,10 +122,19 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
         found.append((f"{where}.also", f"names a model twice ({', '.join(also)}; the instance's own: {entry.get('model')})"))
     if not also:
         return found + [(f"{where}.{k}", "router mode only: give also, the other models of the set")
-                        for k, plain in (("models_max", 1), ("queue", None), ("per_model", {}))
-                        if entry.get(k, plain) != plain]
-    if entry.get("models_max", 1) > 1 + len(also):
-        found.append((f"{where}.models_max", f"{entry['models_max']} for a set of {1 + len(also)} models"))
+                        for k, plain in (("models_max", ("auto", 1)), ("queue", (None,)), ("per_model", ({},)))
+                        if entry.get(k, plain[0]) not in plain]
+    routed = 1 + len(also) - len(pinned(entry))   # the models the router itself loads
+    if isinstance(entry.get("models_max"), int) and entry["models_max"] > routed:
+        found.append((f"{where}.models_max", f"{entry['models_max']} for a set of {routed} models"
+                      + (f" (its pinned {', '.join(pinned(entry))} aside)" if pinned(entry) else "")))
+    own = (entry.get("per_model") or {}).get(entry.get("model")) if isinstance(entry.get("per_model"), dict) else None
+    if also and len(pinned(entry)) == len(also):
+        found.append((f"{where}.per_model", f"pins every model of also ({', '.join(also)}): the router would "
+                      "serve its own alone; make each an instance of its own instead"))
+    if isinstance(own, dict) and own.get("pinned") is True:
+        found.append((f"{where}.per_model.{entry['model']}.pinned", "the instance's own model is the router's (its "
+                      "gate asks it): pin a model of also, or make the pinned model an instance of its own"))
     if entry.get("replicas", 1) != 1 or entry.get("rpc_workers"):
         found.append((f"{where}.also", "router mode serves one set from one server: no replicas, no rpc_workers"))
     return found + per_model_problems(entry, where)
@@ -130,8 +142,9 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
 
 # a model's own flags (per_model): the flag rows' forms, ctx and parallel as numbers (no auto: a set's
 # models are sized by hand)
-PER_MODEL_KEYS = {k: Key("int 1.." if k in ("ctx", "parallel") else LLAMA_INSTANCE[k].form, None)
-                  for k in PER_MODEL}
+PER_MODEL_KEYS = {**{k: Key("int 1.." if k in ("ctx", "parallel") else LLAMA_INSTANCE[k].form, None)
+                     for k in PER_MODEL},
+                  **{k: Key("bool", False) for k in PER_MODEL_OWN}}   # pinned, load_on_startup
 
 
 def per_model_problems(entry: dict, where: str) -> list[tuple[str, str]]:

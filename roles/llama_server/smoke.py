@@ -30,7 +30,7 @@ def smoke_runs(plan: Plan, data: Config, fleet=None) -> list[dict]:
     runs = []
     for name, inst in sorted(wanted.items()):
         entry = entries[inst["model"]]
-        inst, lay, _ = sized(inst, entry, plan, data)
+        inst, lay, _ = sized(inst, entry, plan, data, entries)
         servers_of = servers(name, inst, lay)
         first = servers_of[0]
         args = argv(name, first["inst"], "llama-server", "MODEL")[3:]

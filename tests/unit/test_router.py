@@ -85,9 +85,10 @@ def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     from roles.llama_server.command import queue_limits, queued, servers
     from roles.llama_server.replicas import chosen
     found, _ = instances(router(queue=20, parallel=2, host="0.0.0.0", api_key=True))
-    inst = found["x"]
     plan, _ = host("a100")
-    srv = servers("x", inst, chosen(inst, MODELS["a"], plan, data())[1])
+    keys, lay, _ = chosen(found["x"], MODELS["a"], plan, data(), MODELS)   # models_max auto: a and b not together
+    inst = {**found["x"], **keys}
+    srv = servers("x", inst, lay)
     assert queued(inst) and [(s["unit"], s["inst"]["host"], s["inst"]["port"]) for s in srv] == [("x", "127.0.0.1", 8082)]
     assert queue_limits(inst, 600) == {"slots": 2, "queue": 20, "wait_s": 600}   # parallel 2 x models_max 1
     claimed = [(p.port, p.where, p.owners) for p in ports(plan, router(queue=20))]
