@@ -5,7 +5,8 @@ as the host's data for you to commit; the next converge serves with them.
     .venv/bin/python roll.py inventory/mine.py --play tune.py           # a fleet: one host at a time,
                                                                         # out of the gateways' pools
 
-For each instance of llama_server_instances with one server (replicas: 1; not a router): a job on the host
+For each instance of llama_server_instances with one server (replicas: 1), and each model of a router (also)
+in turn, loaded alone (the server its router would start for it: rigup.tuning ``model_argv``): a job on the host
 (rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
 rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
 bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
@@ -16,8 +17,10 @@ again, whatever the sweep did. root's files of the tuner (the scripts, each spec
 live in rigup_state_dir/tuner (root:rigup 0750: anything there that is not root's regular file is
 refused before any change); the sweep writes only in its out/ (the rigup user's), and root reads
 the result from there as that user (rigup/nofollow.py). A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
-directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py)
-and ``tune_out/<date>/<host>-<instance>.md`` (and ``.png``, bench.py's plot) holds every point.
+directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py;
+a router's models under its ``models``, each laid over its ``per_model`` by the next converge)
+and ``tune_out/<date>/<host>-<instance>.md`` (``<host>-<router>-<model>.md``; and ``.png``, bench.py's
+plot) holds every point.
 Variables (roles/llama_server/defaults.yml): llama_server_tune_concurrency, _levels, _budget_s,
 _max_parallel, _max_tokens, _port.
 """
@@ -32,11 +35,13 @@ from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
 from rigup.contract import llama_server
 from rigup.text import say
+from rigup.tune import flags_of
 
 data = check_host(host)   # the host's configuration (rigup.config.Config)
 d, out, user = tuning.workdir(data), tuning.outdir(data), data["rigup_user"]
-# one server each; a router (also: several models, issue 49) is not swept: its flags are each child's
+# one server each; a router (also: several models, issue 49) is swept a model at a time (issue 63)
 instances = {n: i for n, i in llama_server.view(data).items() if i["replicas"] == 1 and not i.get("also")}
+routers = {n: i for n, i in llama_server.view(data).items() if i["replicas"] == 1 and i.get("also")}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
 # root writes in d (scripts, specs, logs, done markers): refused before any change where anything
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)
@@ -54,17 +59,16 @@ else:
     files.directory(name="tune.py: the sweep's own directory", path=out, user=user, group=user, mode="750")
     for script, source in tuning.SCRIPTS.items():
         files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
-for name, inst in sorted(instances.items()) if not unsafe else ():
-    argv = host.get_fact(tuning.ExecStart, instance=name)
-    if not argv:
-        say(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)")
-        continue
-    key = inst["key"]
-    served = host.get_fact(tuning.ServingEnv, instance=name)
-    spec = tuning.spec(name, argv, data, gpu and inst.get("ngl", 99) != 0, key, served)
+
+
+def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, instance: str | None = None,
+          model: str | None = None) -> None:
+    """The operations of one sweep, ``name`` (an instance, or a router's model: ``instance`` and
+    ``model``): its spec, its job, the wait, and what it found kept (rigup.tuning.record)."""
+    spec = tuning.spec(name, argv, data, gpu_layers, key, served)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
-    unit, command, log, done = tuning.job(name, data)
+    unit, command, log, done = tuning.job(name, data, instance)
     server.shell(name=f"tune.py: start the sweep of {name}", commands=[progress.start_command(unit, command, log, True)])
     python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
                 log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
@@ -74,7 +78,32 @@ for name, inst in sorted(instances.items()) if not unsafe else ():
         ok, got = host.run_shell_command(command=f"{nofollow.FUNCTIONS}; {nofollow.read_file(out, f'{out}/{name}.json', 16 << 20)}",
                                          print_output=False, print_input=False)
         # read by its typed reader (tuning.record) before anything is written
-        tuning.record(host.name, name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv, build,
-                      where=f"{host.name}:{out}/{name}.json")
+        tuning.record(host.name, instance or name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv,
+                      build, where=f"{host.name}:{out}/{name}.json", model=model)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)
+
+
+for name, inst in sorted(instances.items()) if not unsafe else ():
+    argv = host.get_fact(tuning.ExecStart, instance=name)
+    if not argv:
+        say(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)")
+        continue
+    served = host.get_fact(tuning.ServingEnv, instance=name)
+    sweep(name, argv, gpu and inst.get("ngl", 99) != 0, inst["key"], served)
+
+for name, inst in sorted(routers.items()) if not unsafe else ():
+    argv = host.get_fact(tuning.ExecStart, instance=name)
+    preset = host.get_fact(tuning.Preset, instance=name)
+    if not argv or preset.get("error"):
+        say(f"    [{host.name}] tune {name}: " + (f"{preset['error']}; not swept" if argv else
+                                                    "no drop-in on the host (converge deploy.py first)"))
+        continue
+    served = host.get_fact(tuning.ServingEnv, instance=name)
+    for model in [inst["model"], *inst["also"]]:   # each alone, the router stopped meanwhile
+        alone, why = tuning.model_argv(argv, preset["sections"], model)
+        if alone is None:
+            say(f"    [{host.name}] tune {name} {model}: {why}; not swept")
+            continue
+        sweep(tuning.model_job(name, model), alone, gpu and flags_of(alone).get("ngl") != "0", inst["key"],
+              served, instance=name, model=model)

@@ -6,6 +6,12 @@ operator to commit; the next converge serves with it.
 The job (a transient unit, so that it outlives the SSH session) stops the instance's unit, runs
 rigup/tune.py as the rigup user on a loopback port of its own, starts the unit again whatever the
 sweep did, and marks its end; ``rigup.progress.waited`` prints its progress per host.
+
+A router (``also``) is swept a model at a time, each loaded alone: the server its router would
+start for that model (:func:`model_argv`: the router's command line without its router flags, its
+preset's ``[*]`` and the model's section as flags, ``-m`` its file), one job each (``NAME:MODEL``,
+the router's unit stopped meanwhile); each model's result goes into the router's entry under
+``models`` (roles/llama_server/tuned.py), laid over its ``per_model`` on the next converge.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from rigup.boundary.formats import yaml_text
 from rigup.config import ROOT
 from rigup.text import say, shown
 from rigup.units import systemd_env_split, systemd_split
-from rigup.contract.llama_server import DROPIN
+from rigup.contract import llama_server as contract
+from rigup.contract.llama_server import DROPIN, PRESET
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
            "rigup_gguf.py": ROOT / "rigup" / "gguf.py",
@@ -72,6 +79,104 @@ class ServingEnv(FactBase):
                 build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
+
+
+class Preset(FactBase):
+    """Router ``instance``'s preset (contract.PRESET, roles/llama_server writes it):
+    {"sections": :func:`preset_sections`} ({} where there is none), or {"error": why it is unreadable}."""
+
+    def command(self, instance: str) -> str:
+        return f"cat {shlex.quote(PRESET.format(instance))} 2>/dev/null; true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"sections": {}}
+
+    def process(self, output: list[str]) -> dict:
+        try:
+            return {"sections": preset_sections(output, "its preset")}
+        except Unreadable as e:
+            return {"error": f"{e.where}: {e.why}"}
+
+
+PRESET_LINES = 4096   # a preset's lines, at most (rigup writes a handful per model)
+
+
+def preset_sections(lines: list[str], where: str) -> dict[str, dict[str, str]]:
+    """A llama.cpp preset's text (the lines rigup writes: ``; comment``, ``[section]``, ``key =
+    value``) as {section: {key: value}}, ``""`` for the keys before any section; :class:`Unreadable`
+    naming ``where`` and the line for any other line, a key given twice in a section, or too many lines."""
+    if len(lines) > PRESET_LINES:
+        raise Unreadable(where, f"{len(lines)} lines (at most {PRESET_LINES})")
+    out: dict[str, dict[str, str]] = {"": {}}
+    section = ""
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip(" \t")
+        if not line or line.startswith((";", "#")):
+            continue
+        if line.startswith("[") and line.endswith("]") and fields.ID.fullmatch(line[1:-1]) or line == "[*]":
+            section = line[1:-1]
+            if section in out:
+                raise Unreadable(f"{where}: line {n}", f"section [{shown(section, 80)}] given twice")
+            out[section] = {}
+            continue
+        key, eq, value = line.partition("=")
+        key, value = key.strip(" \t"), value.strip(" \t")
+        if not eq or not fields.ID.fullmatch(key) or not value or not value.isprintable() or key in out[section]:
+            raise Unreadable(f"{where}: line {n}", f"not a preset line rigup writes: {shown(raw, 120)}")
+        out[section][key] = value
+    return out
+
+
+# a router's own flags, none of a server of one model (with how many values each takes)
+ROUTER_FLAGS = {"--models-preset": 1, "--models-max": 1, "--models-dir": 1, "--models-autoload": 0,
+                "--no-models-autoload": 0}
+
+
+def _without(argv: list[str], spellings: dict[str, int]) -> list[str]:
+    """``argv`` without each of ``spellings`` (spelling -> how many values follow it; ``--x=v`` too)."""
+    out, skip = [], 0
+    for i, arg in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if i and name in spellings:
+            skip = 0 if "=" in arg else spellings[name]
+            continue
+        out.append(arg)
+    return out
+
+
+def model_argv(argv: list[str], sections: dict[str, dict[str, str]], model: str) -> tuple[list[str] | None, str]:
+    """(the command line of a server of ``model`` alone, as router ``argv`` with its preset
+    ``sections`` would start it: the router's flags, then the preset's ``[*]`` and the model's own,
+    ``-m`` its file; or None, why not): a model without a section (not in the preset), a file that
+    is no absolute path, or a preset key that is no flag of the contract's table."""
+    own = sections.get(model)
+    if own is None:
+        return None, "not in the router's preset (converge deploy.py first)"
+    values = {**sections.get("*", {}), **own}
+    path = values.pop("model", "")
+    values.pop("load-on-startup", None)
+    if not path.startswith("/"):
+        return None, f"its file in the preset is not an absolute path: {shown(path, 120)}"
+    # the preset's key of a flag: its long spelling without the dashes (contract.preset_values)
+    by_name = {next(s for s in f.spellings if s.startswith("--")).lstrip("-"): f for f in contract.FLAGS}
+    unknown = sorted(k for k in values if k not in by_name)
+    if unknown:
+        return None, f"the preset sets {', '.join(shown(k, 40) for k in unknown)}: no flag rigup writes"
+    rows = [(by_name[k], v) for k, v in values.items()]
+    out = _without(argv, {**ROUTER_FLAGS, **{s: int(f.write not in (contract.PAIR, contract.SWITCH))
+                                            for f, _ in rows for s in f.spellings}})
+    for f, value in rows:
+        if f.write == contract.PAIR:
+            out.append(f.spellings[0] if value == "true" else f.spellings[1])
+        elif f.write == contract.SWITCH:
+            out += [f.spellings[0]] if value == "true" else []
+        else:
+            out += [f.spellings[0], value]
+    return [out[0], "-m", path, *out[1:]], ""
 
 
 def workdir(data: dict) -> str:
@@ -137,15 +242,22 @@ def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None
             "gpus": max(1, int((served or {}).get("gpus") or 1))}
 
 
-def job(name: str, data: dict) -> tuple[str, str, str, str]:
-    """(unit, shell command, log, done marker) of instance ``name``'s sweep."""
+def job(name: str, data: dict, instance: str | None = None) -> tuple[str, str, str, str]:
+    """(unit, shell command, log, done marker) of the sweep ``name``: an instance's, or a router
+    ``instance``'s model's (``NAME:MODEL``, :func:`model_job`), whose unit it stops meanwhile."""
     q, d = shlex.quote, workdir(data)
     unit, result, done = f"rigup-tune-{name}", f"{outdir(data)}/{name}.json", f"{d}/{name}.done"
-    server = f"rigup-llama@{name}.service"
+    server = f"rigup-llama@{instance or name}.service"
     command = (f"rm -f {q(done)}; systemctl stop {q(server)}; runuser -u {q(data['rigup_user'])} -- python3 "
                f"{q(d + '/rigup_tune.py')} {q(f'{d}/{name}.spec.json')} {q(result)}; rc=$?; "
                f"systemctl start {q(server)}; [ $rc = 0 ] && touch {q(done)}; exit $rc")
     return unit, command, f"{d}/{name}.log", done
+
+
+def model_job(instance: str, model: str) -> str:
+    """The sweep of router ``instance``'s ``model``: its unit, files and result are named
+    ``INSTANCE:MODEL`` (a ``:`` is in no instance's or model's name, and systemd takes it)."""
+    return f"{instance}:{model}"
 
 
 def entry(result: dict, build: str | None) -> dict | None:
@@ -170,7 +282,13 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     where = f"tune: {path}"   # read and written only where no other user can write (rigup.boundary.owned)
     doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else {}
     doc = doc if isinstance(doc, dict) else {}
-    doc["llama_server_tuned"] = {**(doc.get("llama_server_tuned") or {}), **entries}
+    kept = doc.get("llama_server_tuned") or {}
+    for name, new in entries.items():   # a router's model: beside its other models, which stay
+        prior = kept.get(name)
+        if isinstance(new, dict) and "models" in new and isinstance(prior, dict):
+            models = prior.get("models") if isinstance(prior.get("models"), dict) else {}
+            entries = {**entries, name: {**prior, **new, "models": {**models, **new["models"]}}}
+    doc["llama_server_tuned"] = {**kept, **entries}
     return owned.write(path, HEADER + yaml_text(doc, str(path)), where, mode=0o644)
 
 
@@ -191,13 +309,24 @@ def markdown(host: str, name: str, result: dict) -> str:
 
 
 def record(host: str, name: str, result, data: dict, argv: list[str], build: str | None = None,
-           where: str | None = None) -> None:
+           where: str | None = None, model: str | None = None) -> None:
     """Keep a sweep's result (the JSON text the host gave, or what it parsed to; None: none):
     read through :func:`rigup.boundary.results.sweep` first, so that a result out of bounds or
     missing a field writes nothing (:class:`OperationError` naming ``where``, the host and its
     file: that host fails alone); then ``host_vars/<host>.yml`` (under the site directory when
     there is one) gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png``
-    its plot); a line says what it found."""
+    its plot); a line says what it found. With ``model``: router ``name``'s model, its entry
+    under the router's ``models`` and its files ``<host>-<name>-<model>``."""
+    if model is not None:
+        return _record(host, f"{name} {model}", f"{name}-{model}", result, data, build, where,
+                       lambda found: {name: {"models": {model: found}}})
+    return _record(host, name, name, result, data, build, where, lambda found: {name: found})
+
+
+def _record(host: str, name: str, stem: str, result, data: dict, build: str | None, where: str | None,
+            entries) -> None:
+    """:func:`record` of the sweep called ``name`` (its lines), its files ``<host>-<stem>``, its
+    host_vars entry ``entries(found)``."""
     try:
         result = None if result is None else results.sweep(result, where or f"{host}:{name}.json")
     except Unreadable as e:
@@ -213,15 +342,15 @@ def record(host: str, name: str, result, data: dict, argv: list[str], build: str
               for p in result["points"] if p.get("levels")}
     out = Path(data.get("_rigup_site") or ROOT) / "tune_out" / datetime.date.today().isoformat()
     try:
-        path = write_host_vars(host, {name: found}, data.get("_rigup_site"))
-        owned.write(out / f"{host}-{name}.md", table, f"tune: {out}", mode=0o644)
+        path = write_host_vars(host, entries(found), data.get("_rigup_site"))
+        owned.write(out / f"{host}-{stem}.md", table, f"tune: {out}", mode=0o644)
     except Unreadable as e:   # a directory or host_vars file another user could write: nothing trusted there
         say(f"    [{host}] tune {name}: {shown(e.where, 200)}: {shown(e.why, 400)}; not kept", fg="red")
         raise OperationError(f"tune {name}: {e}") from None
     try:   # bench.py's plot: one line per point, tok/s against the levels
-        bench.plot({host: {"instances": points}}, out / f"{host}-{name}.png", f"tune.py: {host} {name}, each point")
+        bench.plot({host: {"instances": points}}, out / f"{host}-{stem}.png", f"tune.py: {host} {name}, each point")
     except ImportError:
         say(f"    [{host}] tune {name}: no plot: matplotlib is missing (pip install -r requirements-dev.txt)")
     say(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "
         f"{result['ratio']}x as it was, in {result['spent_s']} s; wrote {path} (commit it) and "
-        f"{out / f'{host}-{name}.md'}")
+        f"{out / f'{host}-{stem}.md'}")
