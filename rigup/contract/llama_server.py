@@ -261,7 +261,7 @@ def pinned(entry: dict) -> dict[str, int]:
     also's order (port + 1 is a queued router's). {} for any other entry; not validated (preflight
     refuses a wrong one before a converge reads it)."""
     own, port = entry.get("per_model") or {}, entry.get("port")
-    if not isinstance(entry.get("also"), list) or not isinstance(own, dict) or not isinstance(port, int):
+    if not isinstance(entry.get("also"), list) or not isinstance(own, dict) or type(port) is not int:
         return {}
     chosen = [m for m in entry["also"] if isinstance(own.get(m), dict) and own[m].get("pinned") is True]
     return {m: port + 2 + i for i, m in enumerate(chosen)}

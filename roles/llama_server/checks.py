@@ -260,13 +260,18 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """More replicas x gpus_per_replica than the host has GPUs, a main_gpu beyond a server's own
     GPUs, a replica's or a pinned model's unit name (NAME-K, NAME.M) that is another instance's, or
-    a server's port outside 1024..65535 (its port, or a replica's port + 1 + K: llama-server runs as
-    the unprivileged rigup user)."""
+    a server's port outside 1024..65535 (its port, a replica's port + 1 + K, a pinned model's port +
+    2 + i: llama-server runs as the unprivileged rigup user)."""
     found = []
     all_layouts = layouts(plan, data)
     for name, (inst, lay) in all_layouts.items():
         where = f"llama_server_instances.{name}"
         found += serving_ports(where, "llama-server", inst, lay.replicas)
+        past = {m: p for m, p in contract.pinned(inst).items() if p > 65535}
+        if past:
+            found.append(Refusal(f"{where}.per_model: pinned {', '.join(past)} from port {inst['port']}",
+                                 f"a pinned model listens on port + 2 + i: {', '.join(map(str, past.values()))}, "
+                                 "past 65535", f"lower {where}.port", "ports"))
         if lay.problem:
             found.append(Refusal(f"{where} cannot be laid out: {layout_text(name, lay)}", lay.problem,
                                  f"lower {where}.replicas or gpus_per_replica, or set them to auto", "replicas"))

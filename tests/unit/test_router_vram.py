@@ -6,6 +6,7 @@ beside them, pinned models that do not fit together, and more models loaded at s
 refused at preflight with the figures."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rigup.gpu.facts import parse_gpus
 from rigup.gpu.plan import hardware_plan
@@ -194,6 +195,9 @@ def test_a_pinned_models_unit_may_not_be_another_instances():
     found = [r for r in refusals(plan, facts, d) if r.check == "replicas"]
     assert [r.what for r in found] == ["llama_server_instances.x's replicas or pinned models would be the units of "
                                        "x.qwen"]
+    found = [r for r in refusals(plan, facts, router(port=65534)) if r.check == "ports"]
+    assert [(r.what, r.why) for r in found] == [("llama_server_instances.x.per_model: pinned qwen from port 65534",
+                                                 "a pinned model listens on port + 2 + i: 65536, past 65535")]
 
 
 def test_a_gateway_sends_a_pinned_model_to_its_own_server():
@@ -213,3 +217,25 @@ def test_a_new_builds_smoke_runs_the_router_with_the_models_max_chosen():
     plan, _ = one_card()
     (run,) = smoke_runs(plan, router())
     assert run["name"] == "x" and run["args"][:2] == ["--models-max", "2"]
+
+
+_ANY = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                            st.dictionaries(st.text(max_size=6), inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=60, deadline=1000)
+@given(entry=st.dictionaries(st.sampled_from(["model", "also", "port", "per_model", "host"]), _ANY, max_size=5),
+       pins=st.lists(st.text(max_size=6), max_size=3), port=st.one_of(st.integers(1, 65535), _ANY))
+def test_the_gateway_reads_any_entry_for_its_pinned_models_without_a_traceback(entry, pins, port):
+    """The contract's ``pinned`` reads a host's entry as the gateway finds it (not validated: another
+    host's data): whatever it holds, a map of model keys of also to ports, never a traceback."""
+    from rigup.contract.llama_server import pinned
+    entry = {**entry, "port": port, "also": pins + [m for m in entry.get("also") or [] if isinstance(m, str)]
+             if isinstance(entry.get("also"), list) else entry.get("also"),
+             "per_model": {**({m: {"pinned": True} for m in pins}),
+                           **(entry["per_model"] if isinstance(entry.get("per_model"), dict) else {})}}
+    found = pinned(entry)
+    assert all(m in entry["also"] and isinstance(p, int) for m, p in found.items())
+    if type(port) is int and isinstance(entry["also"], list) and len(set(map(str, entry["also"]))) == len(entry["also"]):
+        assert list(found.values()) == list(range(port + 2, port + 2 + len(found)))
