@@ -107,10 +107,11 @@ def bounded_read(answer, deadline: float) -> bytes:
         pieces.append(piece)
 
 
-def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: str | None = None) -> float | None:
-    """``llamacpp:tokens_predicted_total`` of llama-server's /metrics at ``url``, or None when it
-    cannot be read. A /metrics read neither wakes a sleeping server (it answers from the last
-    values) nor counts as a request for its idle timer (llama.cpp server-queue.cpp); raises
+def server_figures(url: str, key: str | None = None, timeout: float = 10, model: str | None = None) -> dict | None:
+    """llama-server's /metrics at ``url`` as ``{name: figure}``: the first unlabelled sample of each
+    ``llamacpp:`` name, its value a figure >= 0 in ASCII digits (:func:`figure`), else None; None
+    when /metrics cannot be read. A /metrics read neither wakes a sleeping server (it answers from
+    the last values) nor counts as a request for its idle timer (llama.cpp server-queue.cpp); raises
     nothing for what a server answers. ``model``: a router's model's (``autoload=false``: never
     loads it)."""
     query = f"?model={urllib.parse.quote(model)}&autoload=false" if model else ""
@@ -122,12 +123,18 @@ def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: 
             text = bounded_read(answer, time.monotonic() + timeout).decode(errors="replace")
     except (OSError, ValueError):
         return None
+    found = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name == "llamacpp:tokens_predicted_total":
+        if name.startswith("llamacpp:") and name not in found:
             count = figure(value.split()[0], 0, math.inf) if value.split() else None
-            return None if count is None else float(count)
-    return None
+            found[name] = None if count is None else float(count)
+    return found
+
+
+def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: str | None = None) -> float | None:
+    """``llamacpp:tokens_predicted_total`` of :func:`server_figures`, or None."""
+    return (server_figures(url, key, timeout, model) or {}).get("llamacpp:tokens_predicted_total")
 
 
 def loaded_models(url: str, key: str | None = None, timeout: float = 10) -> list[str] | None:

@@ -13,8 +13,9 @@ instance: the instance's own unit ``rigup-llama@NAME`` at its port, or each repl
 gate measured at the server's last (re)start (``gate_record``, written by rigup/gate.py; a server
 without one is not judged). A server below its floor, or without a usable answer (none within the
 timeout, an HTTP error, an answer cut off or malformed: ``usage.completion_tokens`` null or
-missing, not JSON), counts one bad check; ``bad_checks`` in a row restart its unit, with the
-reason in the journal (priority crit) and in the metrics file
+missing, not JSON), counts one bad check; ``bad_checks`` in a row restart its unit (an instance
+with ``sleep_idle_s`` is judged only when it served since the last check, or when requests wait
+with nothing generated since: wedged, a bad check), with the reason in the journal (priority crit) and in the metrics file
 (``rigup_watchdog_restarts_total{llama_instance}``, the tok/s that caused it). Still
 ``bad_checks`` in a row below after that restart: escalation, as HiveOS's watchdog does: the
 reason in the journal, ``rigup_watchdog_escalations_total``, and with ``reboot`` a reboot of the
@@ -374,18 +375,30 @@ def router_model(server: dict, inst: dict) -> tuple[bool, str | None]:
     return model is not None, model
 
 
-def idle(server: dict, inst: dict, record: dict, model: str | None = None) -> bool:
-    """Whether a server that may sleep (its instance's ``sleep_idle_s``) served nothing since the
-    last check: its tokens served (/metrics, which neither wakes it nor resets its idle timer)
-    are where that check left them. Such a server is not judged: a completion would wake it, or
-    keep it from sleeping, and its load would look like a slow server."""
-    served = throughput.tokens_served(server["url"], _key(inst), model=model)
-    if served is not None and served == record.get("served"):
+TOKENS, DECODES = "llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"
+WAITING = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+
+
+def idle(server: dict, inst: dict, record: dict, model: str | None = None) -> tuple[bool, str | None]:
+    """A server that may sleep (its instance's ``sleep_idle_s``), from its /metrics (which neither
+    wakes it nor resets its idle timer): (whether it is judged, why it is wedged or None). Its
+    tokens served and decodes where the last check left them: nothing happened since. Then with
+    no request waiting (requests processing or deferred) it is idle, not judged (a completion would
+    wake it, or keep it from sleeping, and its load would look like a slow server); with requests
+    waiting it is wedged (a bad check, judged without a completion: one would only wait too). A
+    long generation decodes on (llama-server counts a request's tokens when it ends): not wedged."""
+    seen = throughput.server_figures(server["url"], _key(inst), model=model) or {}
+    served, decodes = seen.get(TOKENS), seen.get(DECODES)
+    waiting = sum(seen.get(name) or 0 for name in WAITING)
+    if served is not None and served == record.get("served") and decodes == record.get("decodes"):
+        if waiting:
+            return True, (f"wedged: {waiting:g} requests waiting and no token generated since the last check "
+                          f"(tokens served {served:g})")
         log(6, f"rigup-watchdog: {server['server']}: not judged: no request served since the last check "
                "(it may be asleep: sleep_idle_s)")
-        return True
-    record["served"] = served
-    return False
+        return False, None
+    record["served"], record["decodes"] = served, decodes
+    return True, None
 
 
 def measure(server: dict, inst: dict, config: dict, model: str | None = None) -> dict:
@@ -572,13 +585,15 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
             count(record, "unjudged")
             log(6, f"rigup-watchdog: {name}: not judged: none of its models is loaded (a check loads none)")
             return None
-    if inst.get("sleeps") and idle(server, inst, record, model):   # sleep_idle_s: a check must not wake it
+    judged, wedged = idle(server, inst, record, model) if inst.get("sleeps") else (True, None)
+    if not judged:   # sleep_idle_s: a check must not wake it
         return None
-    sample = measure(server, inst, config, model)
-    if model:
+    sample = {"tps": None, "kind": "bad", "why": wedged} if wedged else measure(server, inst, config, model)
+    if model and not wedged:
         log(6, f"rigup-watchdog: {name}: timed {model}, the model it has loaded")
-    if inst.get("sleeps"):   # its own completion is not a request of a client's
-        record["served"] = throughput.tokens_served(server["url"], _key(inst), model=model)
+    if inst.get("sleeps") and not wedged:   # its own completion is not a request of a client's
+        seen = throughput.server_figures(server["url"], _key(inst), model=model) or {}
+        record["served"], record["decodes"] = seen.get(TOKENS), seen.get(DECODES)
     if not gated and sample["tps"] is not None:
         record["passed_at"] = round(now, 3)     # its first whole completion since its start: its gate
     if not gated and started is not None and now - started < grace:
@@ -627,7 +642,7 @@ def state_record(server: object, record: object) -> dict:
                 raise Unreadable(f"{where}: not a whole number: {shown(value, 40)}")
         elif key in _TIMES:
             out[key] = moment(value, where)
-        elif key in ("last_tps", "restart_tps", "served"):   # as measured: any figure (below 1e18) reads back
+        elif key in ("last_tps", "restart_tps", "served", "decodes"):   # as measured: any figure (below 1e18) reads back
             out[key] = None if value is None else figure(value, 0, float("inf"), where)
         elif key == "starting":
             out[key] = figure(value, 0, 1, where)

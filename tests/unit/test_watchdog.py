@@ -685,3 +685,71 @@ def test_one_bad_answer_between_good_ones_restarts_nothing(tmp_path, monkeypatch
     assert [n for *_, n in seen] == [0, 0, 0, 0, 0, 0, 1] and host.calls("restart") == ["rigup-llama@glm.service"]
     assert [bad for _, _, bad, _ in seen] == [0, 1, 0, 1, 0, 1, 0]     # the restart starts the count again
     assert "last_tps" not in host.state()["inf"] and not host.state()["inf"].get("restarts")
+
+
+class Sleepy(BaseHTTPRequestHandler):
+    """A llama-server with sleep_idle_s as its /metrics shows it: ``server.figures`` (its counters and
+    gauges, as llama-server names them without the prefix); a completion adds its tokens to
+    tokens_predicted_total and is counted in ``server.asked``."""
+
+    def do_GET(self):
+        body = "".join(f"llamacpp:{k} {v}\n" for k, v in self.server.figures.items()).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.server.asked += 1
+        self.server.figures["tokens_predicted_total"] += asked["max_tokens"]
+        body = json.dumps({"usage": {"completion_tokens": asked["max_tokens"]},
+                           "timings": {"predicted_per_second": 400.0}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_wedged_sleeping_server_is_restarted(tmp_path, monkeypatch, capsys):
+    """issue 65: a server with sleep_idle_s is not judged while idle (nothing served, nothing waiting:
+    a check would wake it); but requests waiting (llamacpp:requests_processing + requests_deferred)
+    with no token generated and no decode since the last check is a wedged server: a bad check,
+    without a completion sent (it would only wait too); ``bad_checks`` (2) in a row restart it. A
+    long generation (decodes going on, no request finished) is not wedged. Each check printed."""
+    host = FakeHost(tmp_path, monkeypatch)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sleepy)
+    server.daemon_threads, server.asked = True, 0
+    server.figures = {"tokens_predicted_total": 100, "n_decode_total": 50, "requests_processing": 0,
+                      "requests_deferred": 0}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    seen, said = [], []
+
+    def check(what: str, **figures) -> None:
+        server.figures.update(figures)
+        asked = server.asked
+        log = host.check(capsys)
+        record = host.state()["gemma"]
+        seen.append((what, record.get("bad"), len(host.calls("restart")), server.asked - asked))
+        said.append(f"{what}: {record.get('bad')} bad in a row, {seen[-1][2]} restarts, {seen[-1][3]} completions "
+                    "sent; " + " | ".join(ln for ln in log.splitlines() if "gemma" in ln))
+
+    try:
+        host.serve("gemma", url, started_ago=OLD, gated_ago=OLD - 5)
+        host.config["instances"]["gemma"]["sleeps"] = True
+        check("first sight")
+        check("idle")
+        check("a long generation", requests_processing=1, n_decode_total=400)
+        check("wedged", requests_deferred=3)
+        check("still wedged")
+    finally:
+        server.shutdown()
+        server.server_close()
+    print("\n".join(said))
+    assert seen == [("first sight", 0, 0, 1), ("idle", 0, 0, 0), ("a long generation", 0, 0, 1),
+                    ("wedged", 1, 0, 0), ("still wedged", 0, 1, 0)]
+    assert host.calls("restart") == ["rigup-llama@gemma.service"]
