@@ -6,7 +6,8 @@ as the host's data for you to commit; the next converge serves with them.
                                                                         # out of the gateways' pools
 
 For each instance of llama_server_instances with one server (replicas: 1), and each model of a router (also)
-in turn, loaded alone (the server its router would start for it: rigup.tuning ``model_argv``): a job on the host
+in turn, loaded alone (the server its router would start for it: rigup.tuning ``model_argv``; a pinned
+model's own server), the router's (or the pinned server's) unit stopped meanwhile: a job on the host
 (rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
 rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
 bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
@@ -61,14 +62,14 @@ else:
         files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
 
 
-def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, instance: str | None = None,
-          model: str | None = None) -> None:
-    """The operations of one sweep, ``name`` (an instance, or a router's model: ``instance`` and
-    ``model``): its spec, its job, the wait, and what it found kept (rigup.tuning.record)."""
+def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, stop: str | None = None,
+          router: str | None = None, model: str | None = None) -> None:
+    """The operations of one sweep, ``name`` (an instance, or ``router``'s ``model``, whose job
+    stops the unit ``stop``): its spec, its job, the wait, and what it found kept (rigup.tuning.record)."""
     spec = tuning.spec(name, argv, data, gpu_layers, key, served)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
-    unit, command, log, done = tuning.job(name, data, instance)
+    unit, command, log, done = tuning.job(name, data, stop)
     server.shell(name=f"tune.py: start the sweep of {name}", commands=[progress.start_command(unit, command, log, True)])
     python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
                 log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
@@ -78,7 +79,7 @@ def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, insta
         ok, got = host.run_shell_command(command=f"{nofollow.FUNCTIONS}; {nofollow.read_file(out, f'{out}/{name}.json', 16 << 20)}",
                                          print_output=False, print_input=False)
         # read by its typed reader (tuning.record) before anything is written
-        tuning.record(host.name, instance or name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv,
+        tuning.record(host.name, router or name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv,
                       build, where=f"{host.name}:{out}/{name}.json", model=model)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)
@@ -99,11 +100,16 @@ for name, inst in sorted(routers.items()) if not unsafe else ():
         say(f"    [{host.name}] tune {name}: " + (f"{preset['error']}; not swept" if argv else
                                                     "no drop-in on the host (converge deploy.py first)"))
         continue
-    served = host.get_fact(tuning.ServingEnv, instance=name)
-    for model in [inst["model"], *inst["also"]]:   # each alone, the router stopped meanwhile
-        alone, why = tuning.model_argv(argv, preset["sections"], model)
-        if alone is None:
+    pins = llama_server.pinned(inst)   # a pinned model serves from its own unit, beside the router
+    for model in [inst["model"], *inst["also"]]:   # each alone, its server stopped meanwhile
+        stop = llama_server.PINNED_UNIT.format(name, model) if model in pins else name
+        if model in pins:
+            alone = host.get_fact(tuning.ExecStart, instance=stop)
+            why = "no drop-in of its pinned server on the host (converge deploy.py first)"
+        else:
+            alone, why = tuning.model_argv(argv, preset["sections"], model)
+        if not alone:
             say(f"    [{host.name}] tune {name} {model}: {why}; not swept")
             continue
         sweep(tuning.model_job(name, model), alone, gpu and flags_of(alone).get("ngl") != "0", inst["key"],
-              served, instance=name, model=model)
+              host.get_fact(tuning.ServingEnv, instance=stop), stop=stop, router=name, model=model)

@@ -194,3 +194,19 @@ def test_what_the_role_writes_reads_back_and_a_preset_too_long_is_unreadable():
     assert tuning.Preset().process(["[a]", "[a]"]) == {"error": "its preset: line 2: section [a] given twice"}
     with pytest.raises(Unreadable, match="lines"):
         tuning.preset_sections(["; x"] * (tuning.PRESET_LINES + 1), "p")
+
+
+def test_a_pinned_model_is_swept_in_its_own_server_which_its_job_stops():
+    """A pinned model (per_model: {M: {pinned: true}}) serves from rigup-llama@x.M beside the router:
+    tune.py sweeps that server's own command line and stops that unit alone; its flags go under
+    the router's models as any other's, and its server takes them (its per_model entry)."""
+    d = data(rigup_state_dir="/var/lib/rigup")
+    unit = contract.PINNED_UNIT.format("x", "b")
+    assert "rigup-llama@x.b.service.d/rigup.conf" in tuning.ExecStart().command(unit)
+    _, command, _, _ = tuning.job(tuning.model_job("x", "b"), d, unit)
+    assert "systemctl stop rigup-llama@x.b.service" in command and "rigup-llama@x.service" not in command
+    found, problems = instances(data(models={**MODELS, "c": MODELS["a"]}, llama_server_tuned={
+        "x": {"models": {"b": {"flags": {"parallel": 8, "ctx": 65536}}}}}, llama_server_instances={"x": {
+            "model": "a", "port": 8081, "ctx": 8192, "parallel": 2, "also": ["b", "c"], "models_max": 1,
+            "per_model": {"b": {"pinned": True}}}}))
+    assert problems == [] and found["x"]["per_model"]["b"] == {"pinned": True, "parallel": 8, "ctx": 65536}
