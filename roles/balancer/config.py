@@ -73,7 +73,11 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
         allow = set.intersection(*(set(hosts[s[0]].get("llama_server_allow") or ()) for s in servers))
         out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers,
                     "key": name in keyed, "allow": sorted(allow)})
-        for model, home in homes(sets.get(name, {})).items():
+        # a model pinned by a host is loaded there always: its home, and not one the router's models share
+        pinned = {m for n, _, m in pins if n == name}
+        routed = homes({m: h for m, h in sets.get(name, {}).items() if m not in pinned})
+        for model, held in sets.get(name, {}).items():
+            home = routed.get(model) or {h for h in held if (name, h, model) in pins}
             out.append({"name": f"gateway-{name}.{model}", "bind": bind, "port": port, "key": name in keyed,
                         "route": {"of": f"gateway-{name}", "model": model},
                         "servers": [[s[0], s[1], pins.get((name, s[0], model), s[2]), s[3], s[0] not in home]

@@ -205,11 +205,11 @@ def test_a_gateway_sends_a_pinned_model_to_its_own_server():
     duo = {"model": "a", "also": ["qwen", "b"], "port": 8091, "per_model": PINNED}
     hosts = {"gw": {"balancer_gateway": True},
              **{f"lab{i}": {"ssh_hostname": f"10.0.0.1{i}", "llama_server_instances": {"duo": duo}} for i in (1, 2)}}
-    routes = {b["name"]: [(s[0], s[2]) for s in b["servers"]] for b in gateway_backends("gw", hosts, "0.0.0.0")}
+    routes = {b["name"]: [(s[0], s[2], *s[4:]) for s in b["servers"]] for b in gateway_backends("gw", hosts, "0.0.0.0")}
     assert routes == {"gateway-duo": [("lab1", 8091), ("lab2", 8091)],
-                      "gateway-duo.a": [("lab1", 8091), ("lab2", 8091)],
-                      "gateway-duo.qwen": [("lab1", 8093), ("lab2", 8093)],
-                      "gateway-duo.b": [("lab1", 8091), ("lab2", 8091)]}
+                      "gateway-duo.a": [("lab1", 8091, False), ("lab2", 8091, True)],
+                      "gateway-duo.qwen": [("lab1", 8093, False), ("lab2", 8093, False)],   # loaded on both: no backup
+                      "gateway-duo.b": [("lab1", 8091, True), ("lab2", 8091, False)]}
 
 
 def test_a_new_builds_smoke_runs_the_router_with_the_models_max_chosen():
