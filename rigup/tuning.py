@@ -83,7 +83,8 @@ class ServingEnv(FactBase):
 
 class Preset(FactBase):
     """Router ``instance``'s preset (contract.PRESET, roles/llama_server writes it):
-    {"sections": :func:`preset_sections`} ({} where there is none), or {"error": why it is unreadable}."""
+    {"sections": :func:`preset_sections`} (none but ``""`` where there is no file), or {"error":
+    why it is unreadable}."""
 
     def command(self, instance: str) -> str:
         return f"cat {shlex.quote(PRESET.format(instance))} 2>/dev/null; true"
@@ -283,12 +284,13 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else {}
     doc = doc if isinstance(doc, dict) else {}
     kept = doc.get("llama_server_tuned") or {}
+    merged = {**kept, **entries}
     for name, new in entries.items():   # a router's model: beside its other models, which stay
         prior = kept.get(name)
         if isinstance(new, dict) and "models" in new and isinstance(prior, dict):
             models = prior.get("models") if isinstance(prior.get("models"), dict) else {}
-            entries = {**entries, name: {**prior, **new, "models": {**models, **new["models"]}}}
-    doc["llama_server_tuned"] = {**kept, **entries}
+            merged[name] = {**prior, **new, "models": {**models, **new["models"]}}
+    doc["llama_server_tuned"] = merged
     return owned.write(path, HEADER + yaml_text(doc, str(path)), where, mode=0o644)
 
 
