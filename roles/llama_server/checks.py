@@ -225,11 +225,14 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
         beside = (f"{vram} - pinned " + " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in pins)
                   + f" = {router.free:.1f} GiB") if pins else vram
         if pins and pinned_total > budget:
-            found.append(Refusal(f"the pinned models of {where} do not fit the VRAM together",
-                                 " + ".join(f"{m} {needs[m].total:.1f} GiB" for m in pins)
-                                 + f" = {pinned_total:.1f} GiB > {vram}",
-                                 f"unpin one of {', '.join(pins)} ({where}.per_model), or pick smaller quants"
-                                 f"{unlock_hint}", "vram"))
+            one = needs[pins[0]]
+            found.append(Refusal(
+                f"the pinned models of {where} do not fit the VRAM together" if len(pins) > 1 else
+                f"pinned model {pins[0]} of {where} does not fit the VRAM",
+                (" + ".join(f"{m} {needs[m].total:.1f} GiB" for m in pins) if len(pins) > 1 else
+                 f"weights {one.weights:.1f} GiB + KV cache {one.kv:.1f} GiB + {one.overhead:.1f} GiB overhead")
+                + f" = {pinned_total:.1f} GiB > {vram}",
+                f"unpin {' or '.join(pins)} ({where}.per_model), or pick smaller quants{unlock_hint}", "vram"))
             continue
         alone = [m for m in router.routed if needs[m].total > router.free and (pins or m != inst["model"])]
         for m in alone:

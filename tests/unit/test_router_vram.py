@@ -135,6 +135,11 @@ def test_a_set_whose_largest_cannot_load_beside_the_pinned_is_refused_with_the_f
     assert found[0].fix.startswith("unpin qwen (llama_server_instances.x.per_model), drop a from the set")
     # the plan line says so too
     assert "its largest, a 24.3 GiB, does not fit: refused" in plan_lines(plan, router(models=big))[1]
+    alone = {**MODELS, "qwen": {**MODELS["qwen"], "size_gib": 90.0}}
+    found = only(refusals(plan, facts, router(models=alone)), "vram")
+    assert [(r.what, r.why) for r in found] == [(
+        "pinned model qwen of llama_server_instances.x does not fit the VRAM",
+        "weights 90.0 GiB + KV cache 0.0 GiB + 1.0 GiB overhead = 91.0 GiB > 80.0 GiB of VRAM (1 x 80.0 GiB)")]
     # pinned models that do not fit together
     big["b"] = {**MODELS["b"], "size_gib": 30.0}
     two = router(models=big, per_model={"qwen": {"pinned": True}, "b": {"pinned": True}})
