@@ -253,7 +253,8 @@ def test_a_card_off_the_bus_in_the_pulse_fails_the_hosts_power_delivery_and_the_
     """A card that falls off the bus in the pulse (the stand-in's --lost-under-load, an Xid 79 in
     the journal) fails the converge naming the host's power delivery, the card and gpu_psu_watts;
     the card is quarantined, the serving unit stays stopped (the host stays out of the pools), the
-    next converge is refused with the figures; the card back and burnin_retest, both pass again."""
+    next converge is refused with the figures; the card back and burnin_retest (in a roll), the card
+    and the pulse pass again."""
     install_serving_unit(lab, host)
     if sorted(r["index"] for r in (records(lab, host) if lab.ssh(host, f"test -s {RESULTS}").returncode == 0 else {}).values()
               if r.get("passed")) != list(range(8)):   # this test alone: the cards accepted first
@@ -281,5 +282,6 @@ def test_a_card_off_the_bus_in_the_pulse_fails_the_hosts_power_delivery_and_the_
     assert "pulse of the host's power delivery, 8 card(s) at once (a retest (burnin_retest))" in fixed.output
     assert json.loads(on_host(lab, host, f"cat {PULSE_RECORD}"))["passed"]
     assert all(r["passed"] for r in records(lab, host).values())
-    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
+    # the unit the failed run left stopped was not running at this preflight: deploy.py's serving role
+    # starts it (this play has none), as after any failed burn-in
 

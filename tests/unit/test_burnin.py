@@ -325,3 +325,26 @@ def test_the_pulse_fails_the_hosts_power_delivery_naming_the_card_off_the_bus_th
     assert [r["index"] for r in lost.values()] == [2] and \
         lost[next(iter(lost))]["failed"][0].startswith("fell off the bus in the pulse test of the host's power delivery")
     subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
+
+
+def test_a_cmp_170hx_soaks_on_cublas_with_its_watts_recorded_not_judged(sim):
+    """Issue 62: a card whose product cuts FP16 tensor throughput (CMP 170HX, PCI id 0x20C2) is not
+    quarantined by the watts rule its GEMM cannot meet: drawing 0.5 of its cap it passes, the
+    draw recorded and the reason named; its digests are judged as any card's."""
+    tmp, env = sim
+    profile = json.loads((LAB / "gpu_profiles.json").read_text())["cmp170hx"]
+    profile["bus_ids"] = profile["bus_ids"][:2]
+    (tmp / "cmp.json").write_text(json.dumps(profile))
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "cmp-faults"),
+           "RIGUP_GPU_SIM_PROFILE": str(tmp / "cmp.json"), "RIGUP_GPU_SIM_RUN": str(tmp / "cmp-run"),
+           "RIGUP_GPU_SIM_LIB": str(tmp / "cmp-var")}
+    (tmp / "cmp-faults").write_text("0 draw 0.5\n1 draw 0.5\n")
+    subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
+    run = burnin(sim, "run", "--level", "quick", "--soak-s", "2", "--metrics", str(tmp / "m.prom"), "--testing",
+                 str(tmp / "testing.json"), "--json", str(tmp / "cmp-run.json"), env=env)
+    print(run.stdout, run.stderr)
+    found = json.loads((tmp / "cmp-run.json").read_text())
+    for rec in found.values():
+        print(rec["name"], rec["gemm"]["load"], rec["power"])
+        assert rec["passed"] and rec["gemm"]["load"] == "cublas" and rec["power"]["ratio"] == 0.5
+        assert rec["power"]["judged"] is False and rec["power"]["why"].startswith("CMP 170HX: no FP16 tensor throughput")
