@@ -133,7 +133,8 @@ OTHER: tuple[Row, ...] = (
                                 "evicted) for a server of its own, unit rigup-llama@NAME.MODEL on the instance's "
                                 "host at port + 2 + i (i: its place among the pinned, in also's order), on the "
                                 "router's cards, with the instance's key and flags (and its own), answering as "
-                                "MODEL (--alias; a gateway sends requests naming it there); load_on_startup: true, "
+                                "MODEL (--alias; a gateway sends requests naming it there); the instance's ctx set, not auto; "
+                                "load_on_startup: true, "
                                 "the router loads it at start too (the instance's own model always)"),
 )
 # per_model's keys that are no flag: a model pinned beside the router, one loaded at the router's start

@@ -113,7 +113,8 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
     """Router mode's rules (``also``): every model a key of ``models``, none twice nor the instance's
     own; ``models_max`` at most the models of the set the router loads (its pinned ones aside); one
     server (replicas 1, no rpc_workers); only a model of also pinned (the instance's own is the
-    router's: its gate asks it)."""
+    router's: its gate asks it), not every one, and with pinned models ctx set (auto sizes one
+    server to fill the cards)."""
     also = entry.get("also") or []
     found = [(f"{where}.also", unknown_reference(m, declared, "models")) for m in also if m not in declared]
     if entry.get("sleep_idle_s") is not None and not entry.get("metrics", True):   # the watchdog reads it
@@ -132,6 +133,10 @@ def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, 
     if also and len(pinned(entry)) == len(also):
         found.append((f"{where}.per_model", f"pins every model of also ({', '.join(also)}): the router would "
                       "serve its own alone; make each an instance of its own instead"))
+    if pinned(entry) and entry.get("ctx", "auto") == "auto":
+        found.append((f"{where}.ctx", "auto with pinned models: rigup sizes one server's ctx to fill its cards, "
+                      "which leaves nothing beside the pinned ones; set ctx (each model's KV cache is counted at "
+                      "it, or at its per_model ctx)"))
     if isinstance(own, dict) and own.get("pinned") is True:
         found.append((f"{where}.per_model.{entry['model']}.pinned", "the instance's own model is the router's (its "
                       "gate asks it): pin a model of also, or make the pinned model an instance of its own"))

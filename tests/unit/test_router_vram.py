@@ -186,6 +186,7 @@ def test_more_models_loaded_at_start_than_fit_is_refused_naming_them():
     ({"per_model": {"b": {"load_on_startup": 1}}}, ("llama_server_instances.x.per_model.b.load_on_startup",
                                                     "expected bool")),
     ({"also": [], "per_model": {}, "models_max": 2}, ("llama_server_instances.x.models_max", "router mode only")),
+    ({"ctx": "auto"}, ("llama_server_instances.x.ctx", "auto with pinned models")),
 ])
 def test_a_pin_that_cannot_be_is_refused_by_key_path(inst, problem):
     _, problems = instances(router(**inst))
