@@ -6,6 +6,7 @@ seconds hold when the machine is shared, the wall seconds do not. Needs root; te
 at the end.
 
     .venv/bin/python -m tests.bench_noop --base eb4a244 --rounds 5
+    .venv/bin/python -m tests.bench_noop --base ac62db1 --rounds 3 --data burnin_enabled=true   # both with burn-in on
 """
 
 import argparse
@@ -19,10 +20,10 @@ from tests.converge import ROOT, Run
 from tests.lab import hub, lab, models, sources
 
 
-def converge_in(tree: Path, host: str) -> tuple[Run, float]:
-    """``pyinfra -y inventory/lab.py deploy.py --limit HOST`` run from ``tree``, and the CPU seconds
-    it and its children used (tests/bench_fleet.py's ``timed``: wait4)."""
-    sample = timed("inventory/lab.py", "deploy.py", "--limit", host, cwd=tree)
+def converge_in(tree: Path, host: str, data: list[str] = ()) -> tuple[Run, float]:
+    """``pyinfra -y inventory/lab.py deploy.py --limit HOST [--data KEY=VALUE...]`` run from ``tree``,
+    and the CPU seconds it and its children used (tests/bench_fleet.py's ``timed``: wait4)."""
+    sample = timed("inventory/lab.py", "deploy.py", "--limit", host, *(a for d in data for a in ("--data", d)), cwd=tree)
     return sample.run, sample.cpu
 
 
@@ -31,6 +32,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base", required=True)
     parser.add_argument("--head", help="compare this revision instead of the working tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="pyinfra --data for both trees' converges (e.g. burnin_enabled=true)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -68,12 +71,12 @@ def main(argv: list[str] | None = None) -> None:
             models.publish_gemma()
             old_host, new_host = (h["name"] for h in lab.hosts()[:2])
             for tree, host in ((other, old_host), (mine, new_host)):
-                first, _ = converge_in(tree, host)
+                first, _ = converge_in(tree, host, args.data)
                 print(f"first converge of {host} by {tree.name}: {first.seconds:.0f} s")
             times = {"base": ([], []), "this tree": ([], [])}
             for i in range(args.rounds):
                 for label, tree, host in (("base", other, old_host), ("this tree", mine, new_host)):
-                    run, cpu = converge_in(tree, host)
+                    run, cpu = converge_in(tree, host, args.data)
                     assert run.totals["changed"] == 0, (label, run.changed_operations())
                     times[label][0].append(run.seconds)
                     times[label][1].append(cpu)

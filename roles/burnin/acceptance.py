@@ -1520,6 +1520,9 @@ def pulse(opts: dict) -> dict:
             if procs:
                 time.sleep(PULSE_SAMPLE_S)
         rec = pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
+        if opts.get("samples"):
+            with open(opts["samples"], "w") as f:
+                json.dump(rows, f, indent=None, sort_keys=True)
         for u in rec["figures"]["lost"]:   # quarantined before the guard stops setting them aside
             old = records.get(u) if isinstance(records.get(u), dict) else {}
             card = rec["figures"]["cards"].get(u) or {}
@@ -1672,7 +1675,7 @@ def pulse_main(a) -> int:
         print("rigup-burnin pulse: --seconds 0..3600 and --hz 0.5..50", file=sys.stderr)
         return 2
     rec = pulse({"seconds": a.seconds, "hz": a.hz, "psu_watts": a.psu_watts, "load": a.load, "results": a.results,
-                 "xid_match": a.xid_match, "testing": a.testing})
+                 "xid_match": a.xid_match, "testing": a.testing, "samples": a.samples})
     if "busy" in rec:
         print(shown(f"rigup-burnin pulse: not run, every card must be idle: {rec['busy']}", 4000), file=sys.stderr)
         return 2
@@ -1725,6 +1728,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--xid-match", default=None)
     p.add_argument("--testing", default=TESTING)
+    p.add_argument("--samples", default=None, help="write every sample of the cards' draws here (JSON)")
     c = sub.add_parser("clear")
     c.add_argument("cards")
     c.add_argument("--results", default=RESULTS)

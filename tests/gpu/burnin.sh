@@ -7,7 +7,9 @@
 # load used where a host has no cuBLAS (--load ptx), to say what it reaches. Reads GPU settings
 # only: power limits, persistence, ECC, compute mode and application clocks must be the same before
 # and after (nvidia-smi --query-gpu and the settings lines of nvidia-smi -q).
-# Results: $OUT (or the first argument, else /tmp/rigup-burnin), at most 8 files.
+# BURNIN_LEVELS="quick" runs only that level; BURNIN_PULSE=S adds S seconds of the pulse (every
+# card's load switched on and off 4 times a second; its record and draw samples kept).
+# Results: $OUT (or the first argument, else /tmp/rigup-burnin), at most 10 files.
 #   sh tests/gpu/burnin.sh [OUT]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -30,8 +32,21 @@ run() {
     t1=$(date +%s.%N)
     echo "== $name ($level level): exit $rc, $(python3 -c "print(round($t1 - $t0, 1))") s" | tee -a "$out/times.txt"
 }
-run quick quick
-run standard standard --soak-s 120 --samples "$out/standard-samples.json"
+for level in ${BURNIN_LEVELS:-quick standard}; do
+    case $level in
+        quick) run quick quick ;;
+        standard) run standard standard --soak-s 120 --samples "$out/standard-samples.json" ;;
+    esac
+done
+if [ -n "${BURNIN_PULSE:-}" ]; then   # the pulse of the host's power delivery: every card at once, 4 Hz
+    t0=$(date +%s.%N)
+    rc=0
+    python3 roles/burnin/acceptance.py pulse --seconds "$BURNIN_PULSE" --hz 4 --results "$work/records.json" \
+        --pulse-results "$out/pulse.json" --metrics "$work/burnin.prom" --testing "$work/testing.json" \
+        --samples "$out/pulse-samples.json" || rc=$?
+    t1=$(date +%s.%N)
+    echo "== pulse ($BURNIN_PULSE s at 4 Hz): exit $rc, $(python3 -c "print(round($t1 - $t0, 1))") s" | tee -a "$out/times.txt"
+fi
 if [ -n "${BURNIN_PTX:-}" ]; then
     run ptx quick --soak-s "$BURNIN_PTX" --load ptx --samples "$out/ptx-samples.json"
 fi
