@@ -94,12 +94,14 @@ def _kept(key: tuple) -> Path | None:
     return root / (hashlib.sha256(json.dumps([CACHE_FORMAT, *key]).encode()).hexdigest() + ".json")
 
 
-def _once(key: tuple, ask):
+def _once(key: tuple, ask, current=None):
     """``ask()``, asked once per run for ``key`` (once ever for a commit's listing or header: a
     no-op converge asks the hub nothing); an exception is remembered and raised again. The kept
     answer is read and written only in a cache directory no other user can write
-    (rigup.boundary.owned: read, write): else HubRefused naming it and the fix."""
-    kept = _kept(key)
+    (rigup.boundary.owned: read, write): else HubRefused naming it and the fix. A kept answer
+    for which ``current(answer)`` is false (kept before rigup read more of it) is asked again,
+    and used still when the hub fails."""
+    kept, older = _kept(key), None
     try:
         if key not in _asked and kept and os.path.lexists(kept):
             try:
@@ -108,12 +110,14 @@ def _once(key: tuple, ask):
                 raise
             except ValueError:
                 pass   # not JSON (a write cut short): asked again
+            if current and key in _asked and not current(_asked[key]):
+                older = _asked.pop(key)
         if key not in _asked:
             calls.append(key)
             try:
                 _asked[key] = ask()
             except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
-                _asked[key] = e
+                _asked[key] = e if older is None else older
             if kept and not isinstance(_asked[key], Exception):
                 owned.write(kept, json.dumps(_asked[key]), "the hub's answers kept on the controller")
     except owned.NotOwned as e:
@@ -208,7 +212,9 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
                 return figures
         return figures
     try:   # fresh or kept between runs (a cache file is no more trusted than the hub): read the same way
-        return gguf_figures(_once(("gguf", endpoint, repo, commit, path), ask),
+        # figures kept before the chat template was read (no key): asked again once, for it
+        return gguf_figures(_once(("gguf", endpoint, repo, commit, path), ask,
+                                  lambda kept: not isinstance(kept, dict) or "chat_template" in kept),
                             f"the GGUF header of {path} in {repo}@{commit[:12]} at {endpoint}")
     except Unreadable as e:
         raise HubRefused(f"{e}; refused") from None

@@ -190,7 +190,8 @@ def test_a_kept_header_with_a_bool_layer_count_refuses_the_model(tmp_path, monke
     key = ("gguf", "http://hub.test", "org/x", "a" * 40, "m.gguf")
     kept = hub_module._kept(key)
     kept.parent.mkdir(parents=True)
-    kept.write_text(json.dumps({"architecture": "llama", "layers": True, "kv_gib_per_1k_tokens": -1.0}))
+    kept.write_text(json.dumps({"architecture": "llama", "layers": True, "kv_gib_per_1k_tokens": -1.0,
+                                "chat_template": None}))   # read as kept: not asked again for the template
     with pytest.raises(hub_module.HubRefused, match="m.gguf in org/x@aaaaaaaaaaaa at http://hub.test: layers"):
         hub_module._head("http://hub.test", "org/x", "a" * 40, "m.gguf", None, 10)
 

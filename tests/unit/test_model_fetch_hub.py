@@ -218,38 +218,47 @@ def test_a_model_without_a_chat_template_is_named_in_the_plan():
     assert hub_module.lines(record(d, commit=COMMIT, gguf=figures)) == said[None]   # a stamp kept before
 
 
-def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monkeypatch):
-    """The template comes after the tokenizer's arrays: the next rung of HEAD_BYTES is asked for until
-    the header is read whole, at most the last rung; a header longer than that: not known."""
+def hub_serving(answer):
+    """(endpoint, server): a hub on loopback whose GET of any path answers ``answer(path, range)``:
+    (status, body); shut it down after."""
     import http.server
     import threading
-
-    from tests.unit.test_gguf_header import tokenizer
-
-    files = {"/with": tokenizer(20_000, "{{ messages }}"), "/without": tokenizer(20_000, None),
-             "/long": tokenizer(200_000, None)}
-    asked = []
 
     class Files(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
 
         def do_GET(self):
-            body = next(b for p, b in files.items() if f"{p}.gguf" in self.path)
-            first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
-            asked.append(last + 1)
-            part = body[first:last + 1]
-            self.send_response(206)
-            self.send_header("Content-Length", str(len(part)))
+            status, body = answer(self.path, self.headers.get("Range"))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(part)
+            self.wfile.write(body)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monkeypatch):
+    """The template comes after the tokenizer's arrays: the next rung of HEAD_BYTES is asked for until
+    the header is read whole, at most the last rung; a header longer than that: not known."""
+    from tests.unit.test_gguf_header import tokenizer
+
+    files = {"/with": tokenizer(20_000, "{{ messages }}"), "/without": tokenizer(20_000, None),
+             "/long": tokenizer(200_000, None)}
+    asked = []
+
+    def answer(path, ranged):
+        body = next(b for p, b in files.items() if f"{p}.gguf" in path)
+        first, last = map(int, ranged.removeprefix("bytes=").split("-"))
+        asked.append(last + 1)
+        return 206, body[first:last + 1]
+
+    endpoint, server = hub_serving(answer)
     monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20, 2 << 20))
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
     monkeypatch.setattr(hub_module, "_asked", {})
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         got = {name: hub_module._head(endpoint, "org/x", COMMIT, f"{name}.gguf", None, len(files[f"/{name}"]))
                for name in ("with", "without", "long")}
@@ -259,3 +268,35 @@ def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monk
                                                  for n, g in got.items()))
     assert [got[n]["chat_template"] for n in ("with", "without", "long")] == [True, False, None]
     assert got["with"]["layers"] == 80 and asked == [4096, 1 << 20, 4096, 1 << 20, 4096, 1 << 20, 2 << 20]
+
+
+def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used_if_the_hub_fails(tmp_path, monkeypatch):
+    """A stamp of the hub cache from before issue 63 has no chat_template: the header is asked again
+    (so that a model without one is named), the new stamp kept; with the hub down, the old figures
+    still size the model (the template not known)."""
+    from tests.unit.test_gguf_header import tokenizer
+
+    body = tokenizer(2000, None)
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hub_module, "_asked", {})
+    monkeypatch.setattr(hub_module, "calls", [])
+    old = {"architecture": "llama", "layers": 80, "kv_gib_per_1k_tokens": 0.3, "context_length": None, "read_bytes": 1}
+    endpoint, server = hub_serving(lambda path, ranged: (200, body))
+    key = ("gguf", endpoint, "org/x", COMMIT, "m.gguf")
+    kept = hub_module._kept(key)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(old))
+    try:
+        got = hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got["chat_template"] is False and json.loads(kept.read_text())["chat_template"] is False
+    assert hub_module.calls == [key]
+    hub_module._asked.clear()
+    assert hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))["chat_template"] is False
+    assert hub_module.calls == [key]   # the new stamp is current: not asked again
+    kept.write_text(json.dumps(old))   # the old stamp again, and the hub gone
+    hub_module._asked.clear()
+    got = hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))
+    assert got["layers"] == 80 and got["chat_template"] is None and hub_module.calls == [key, key]
