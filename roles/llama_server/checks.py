@@ -42,7 +42,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
-from roles.llama_server.replicas import SetPlan, for_model, group_gib, layout_text, need_gib, set_plan, sized
+from roles.llama_server.replicas import SetPlan, for_model, layout_text, need_gib, set_cards, set_plan, sized
 from roles.llama_server.schema import LlamaInstance, instances, spelled
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def sets(plan: Plan, data: Config) -> dict:
     set on the router's cards, its models_max as the instance gives it (auto: chosen, with why)."""
     entries, given = models(data)[0], _instances(plan, data)
     return {name: (inst, set_plan({**inst, "models_max": given[name]["models_max"]}, entries,
-                                  group_gib(lay, plan, data)))
+                                  set_cards(lay, plan, data)))
             for name, (inst, lay) in layouts(plan, data).items() if inst["also"]}
 
 

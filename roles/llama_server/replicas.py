@@ -146,6 +146,12 @@ def group_gib(lay: Layout, plan: Plan, data: Config) -> list[float]:
     return [vram[c["index"]] for c in lay.groups[0] if c["index"] in vram]
 
 
+def set_cards(lay: Layout, plan: Plan, data: Config) -> list[float]:
+    """GiB of each card a router's set is planned on: its server's, or on a CPU build the host's
+    (as check_vram counts them: the VRAM plan holds wherever every layer is asked on the GPUs)."""
+    return group_gib(lay, plan, data) if lay.gpu else vram_cards(plan, data)[0]
+
+
 def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
            entries: dict[str, ModelEntry] | None = None) -> tuple[dict, Layout, str | None]:
     """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
@@ -160,7 +166,8 @@ def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
     if inst.get("also") and inst["models_max"] == "auto":
         if entries is None:
             raise ValueError("a router's models_max auto is chosen from its set's models: give chosen() the entries")
-        keys["models_max"] = set_plan({**inst, **keys}, entries, group).models_max   # type: ignore[typeddict-item]
+        keys["models_max"] = set_plan({**inst, **keys}, entries,   # type: ignore[typeddict-item]
+                                      set_cards(lay, plan, data)).models_max
     return keys, lay, size.why
 
 

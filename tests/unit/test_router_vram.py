@@ -245,3 +245,16 @@ def test_the_gateway_reads_any_entry_for_its_pinned_models_without_a_traceback(e
     assert all(m in entry["also"] and isinstance(p, int) for m, p in found.items())
     if type(port) is int and isinstance(entry["also"], list) and len(set(map(str, entry["also"]))) == len(entry["also"]):
         assert list(found.values()) == list(range(port + 2, port + 2 + len(found)))
+
+
+def test_on_a_cpu_build_the_set_is_planned_on_the_hosts_cards_as_check_vram_counts_them():
+    """llama_cpp_backend cpu on a host with cards (the lab): every layer asked on the GPUs (ngl 99)
+    is planned against the host's VRAM, as check_vram and check_set_vram always did (the lab's
+    refusal test relies on it); ngl 0: nothing to plan, models_max 1."""
+    plan, facts = one_card()
+    cpu = dict(llama_cpp_backend="cpu")
+    assert laid({**router(), **cpu}, plan)[0]["models_max"] == 2
+    assert laid({**router(ngl=0), **cpu}, plan)[0]["models_max"] == 1
+    big = {**MODELS, "qwen": {**MODELS["qwen"], "size_gib": 60.0}}
+    assert [r.what for r in refusals(plan, facts, {**router(models=big), **cpu}) if r.check == "vram"] == [
+        "model a of llama_server_instances.x does not fit beside its pinned qwen"]
