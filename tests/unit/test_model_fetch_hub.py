@@ -300,3 +300,28 @@ def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used
     hub_module._asked.clear()
     got = hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))
     assert got["layers"] == 80 and got["chat_template"] is None and hub_module.calls == [key, key]
+
+
+LAB_GEMMA = "/var/cache/rigup-lab/models/gemma-3-270m-q4_k_m.gguf"   # tests/lab/models.py, where the lab ran
+
+
+@pytest.mark.skipif(not os.path.exists(LAB_GEMMA), reason="the lab's Gemma 270M is not cached on this machine")
+def test_the_labs_gemma_270m_has_no_chat_template_and_is_named(monkeypatch):
+    """The model issue 63 saw answer nonsense through the OpenAI client: its header (6.2 MiB, the
+    tokenizer's 262k tokens) read whole from the second rung, no tokenizer.chat_template."""
+    with open(LAB_GEMMA, "rb") as f:
+        body = f.read(16 << 20)
+
+    def answer(path, ranged):
+        first, last = map(int, ranged.removeprefix("bytes=").split("-"))
+        return 206, body[first:last + 1]
+
+    endpoint, server = hub_serving(answer)
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    monkeypatch.setattr(hub_module, "_asked", {})
+    try:
+        got = hub_module._head(endpoint, "rigup-lab/gemma-3-270m-GGUF", COMMIT, "g.gguf", None, os.path.getsize(LAB_GEMMA))
+    finally:
+        server.shutdown()
+    print(f"\n{got}")
+    assert (got["architecture"], got["layers"], got["chat_template"], got["read_bytes"]) == ("gemma3", 18, False, 16 << 20)
