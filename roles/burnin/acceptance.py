@@ -605,24 +605,28 @@ def health_worse(before: dict, after: dict) -> list[str]:
     return worse
 
 
-def samples_of(buses: dict[str, str]) -> dict[str, dict]:
+def samples_of(buses: dict[str, str], instant: bool = False) -> dict[str, dict]:
     """One sample per card of ``buses`` ({uuid: bus id}): temperature, SM clock, power,
-    utilisation, throttle mask; a card nvidia-smi says it cannot reach is ``{"lost": its line}``."""
+    utilisation, throttle mask; a card nvidia-smi says it cannot reach is ``{"lost": its line}``.
+    ``instant``: the draw is ``power.draw.instant`` where the driver has it (the pulse: the
+    1 s average of ``power.draw`` on Hopper and later hides a 4 Hz step), its name in ``draw``."""
     uuids = list(buses)
-    rc, out = None, ""
-    for events in EVENT_FIELDS:
-        argv = ["nvidia-smi", "-i", ",".join(uuids), f"--query-gpu={','.join(SAMPLE_FIELDS)},{events}",
+    rc, out, draw = None, "", "power.draw"
+    tries = [(d, e) for d in (("power.draw.instant", "power.draw") if instant else ("power.draw",)) for e in EVENT_FIELDS]
+    for draw, events in tries:
+        fields = [draw if f == "power.draw" else f for f in SAMPLE_FIELDS]
+        argv = ["nvidia-smi", "-i", ",".join(uuids), f"--query-gpu={','.join(fields)},{events}",
                 "--format=csv,noheader,nounits"]
         rc, out = run_bounded(argv, SMI_TIMEOUT_S)
         if rc == 2 and "field" in out.lower():
-            continue   # this driver names the throttle reasons the other way
+            continue   # this driver names the throttle reasons the other way, or has no instant draw
         break
     found = {}
     for line in (out or "").splitlines():
         cols = [c.strip() for c in line.split(",")]
         if len(cols) == len(SAMPLE_FIELDS) + 1:
             row = {f: _num(c) for f, c in zip(SAMPLE_FIELDS + ["events"], cols)}
-            found[row["uuid"]] = row
+            found[row["uuid"]] = {**row, "draw": draw} if instant else row
         m = re.search(r"GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f])\s*:\s*Unknown Error", line)
         if m:
             for uuid, bus in buses.items():
@@ -1501,7 +1505,7 @@ def pulse(opts: dict) -> dict:
             procs[c["uuid"]] = (p, parent)
         deadline = time.monotonic() + PULSE_START_S + opts["seconds"] + 60
         while procs:
-            rows.append({"t": round(time.time(), 2), "cards": samples_of({u: buses[u] for u in buses})})
+            rows.append({"t": round(time.time(), 2), "cards": samples_of({u: buses[u] for u in buses}, instant=True)})
             for u, (p, conn) in list(procs.items()):
                 if conn.poll():
                     try:
@@ -1565,7 +1569,8 @@ def pulse_verdict(opts: dict, todo: list[dict], figs: dict, rows: list[dict], xi
     errors = {c["uuid"]: figs[c["uuid"]]["error"] for c in todo
               if figs[c["uuid"]].get("error") and c["uuid"] not in lost}
     psu = opts.get("psu_watts")
-    figures = {"hz": opts["hz"], "seconds": opts["seconds"], "samples": len(rows),
+    drawn = sorted({r.get("draw") for row in rows for r in row["cards"].values() if r.get("draw")})
+    figures = {"hz": opts["hz"], "seconds": opts["seconds"], "samples": len(rows), "draw": ", ".join(drawn) or None,
                "peak_w": round(max(sums), 1) if sums else None, "caps_w": round(caps, 1), "psu_watts": psu,
                "lost": lost, "xids": {u: sorted(set(x)) for u, x in xids.items() if x},
                "cards": {c["uuid"]: {"index": c["index"], "bus_id": c["pci.bus_id"],
