@@ -137,17 +137,25 @@ def tokens_served(url: str, key: str | None = None, timeout: float = 10, model: 
     return (server_figures(url, key, timeout, model) or {}).get("llamacpp:tokens_predicted_total")
 
 
-def loaded_models(url: str, key: str | None = None, timeout: float = 10) -> list[str] | None:
-    """The models a router (llama-server's router mode) has loaded now, from its /models; None
-    when it cannot be read. Reading it loads nothing."""
+def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dict | None:
+    """Each model of a router (llama-server's router mode) as its /models shows it now: id ->
+    ``{"value": its status ("loaded", "loading", "unloaded"...), "failed": whether its last load
+    failed (llama-server's ``failed``, true only), "exit_code": that load's exit code, a whole
+    number or None}``; None when /models cannot be read. Reading it loads nothing."""
     request = urllib.request.Request(f"{url.rstrip('/')}/models")
     if key:
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
         with _OPENER.open(request, timeout=timeout) as answer:
             listed = json.loads(bounded_read(answer, time.monotonic() + timeout))
-        return [str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict)
-                and (m.get("status") or {}).get("value") == "loaded"]
+        found = {}
+        for m in listed.get("data", []):
+            status = (m.get("status") or {}) if isinstance(m, dict) else None
+            if isinstance(status, dict):
+                code = status.get("exit_code")
+                found[str(m["id"])] = {"value": status.get("value"), "failed": status.get("failed") is True,
+                                       "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}
+        return found
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

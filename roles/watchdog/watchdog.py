@@ -11,7 +11,10 @@ instance: the instance's own unit ``rigup-llama@NAME`` at its port, or each repl
 ``rigup-llama@NAME-K`` at 127.0.0.1:port+1+K. Its floor is the instance's ``floor``
 (``min_tokens_per_s``) or, when that is null, :data:`DEFAULT_FLOOR_SHARE` of the tok/s the health
 gate measured at the server's last (re)start (``gate_record``, written by rigup/gate.py; a server
-without one is not judged). A server below its floor, or without a usable answer (none within the
+without one is not judged). A router (``models``) is timed on the model it has loaded; a model of
+its set whose load failed (its /models) in ``bad_checks`` checks in a row is named and the router
+restarted, once until that model has loaded (failing again: named, an escalation, no restart).
+A server below its floor, or without a usable answer (none within the
 timeout, an HTTP error, an answer cut off or malformed: ``usage.completion_tokens`` null or
 missing, not JSON), counts one bad check; ``bad_checks`` in a row restart its unit (an instance
 with ``sleep_idle_s`` is judged only when it served since the last check, or when requests wait
@@ -364,15 +367,52 @@ def _key(inst: dict) -> str | None:
         return None
 
 
-def router_model(server: dict, inst: dict) -> tuple[bool, str | None]:
-    """A router's model to time: (False, None) when it has none of its set loaded (not judged: a
-    check must not load one); (True, None) when its /models cannot be read (the completion then
-    says what is wrong); else (True, the first loaded model of its set)."""
-    loaded = throughput.loaded_models(server["url"], _key(inst))
-    if loaded is None:
+def router_model(server: dict, inst: dict, statuses: dict | None) -> tuple[bool, str | None]:
+    """A router's model to time, from its /models (``statuses``: :func:`throughput.model_statuses`):
+    (False, None) when it has none of its set loaded (not judged: a check must not load one);
+    (True, None) when /models could not be read (the completion then says what is wrong); else
+    (True, the first loaded model of its set)."""
+    if statuses is None:
         return True, None
-    model = next((m for m in inst["models"] if m in loaded), None)
+    model = next((m for m in inst["models"] if (statuses.get(m) or {}).get("value") == "loaded"), None)
     return model is not None, model
+
+
+def failing_model(server: dict, models: list[str], statuses: dict | None, record: dict,
+                  config: dict) -> tuple[str | None, bool]:
+    """A model of a router's set (``models``) whose last load failed (its /models: ``failed``), looked at twice:
+    (why to act, whether to restart). ``bad_checks`` checks in a row that find the same model failed:
+    named, and its router restarted (a fresh router has no failed load; ``failing_restarts``
+    counts it); failing again after that restart, before it ever loaded: named at priority crit
+    and counted (an escalation), never restarted again (a model whose file or flags fail would
+    restart the router, and the models it serves, in a loop) until it has loaded once."""
+    if statuses is None:
+        return None, False
+    if record.get("failing_model") in statuses and statuses[record["failing_model"]]["value"] == "loaded":
+        record["failing_restarts"], record["failing_model"] = 0, None     # it loaded: a new failure is a new one
+    failed = [(m, statuses[m]) for m in models if m in statuses and statuses[m]["failed"]]
+    if not failed:
+        record["failing"] = 0
+        return None, False
+    model, status = failed[0]
+    record["failing"] = record.get("failing", 0) + 1 if record.get("failing_model") == model else 1
+    if record.get("failing_model") != model:
+        record["failing_restarts"] = 0
+    record["failing_model"] = model
+    code = f" (exit code {status['exit_code']})" if status["exit_code"] is not None else ""
+    k = config["bad_checks"]
+    if record["failing"] < k:
+        log(4, f"rigup-watchdog: {server['server']}: model {shown(model, 100)} failed to load{code} "
+               f"({record['failing']} of {k} checks in a row)")
+        return None, False
+    record["failing"] = 0
+    if record.get("failing_restarts", 0) >= 1:
+        count(record, "escalations")
+        record["escalated_at"] = round(time.time(), 3)
+        log(2, f"rigup-watchdog: {server['server']}: model {shown(model, 100)} still fails to load{code} after its "
+               "restart by the watchdog: not restarting it again until the model has loaded once")
+        return None, False
+    return f"model {shown(model, 100)} failed to load{code} in {k} checks in a row", True
 
 
 TOKENS, DECODES = "llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"
@@ -467,10 +507,10 @@ def count(record: dict, field: str) -> None:
     record[field] = record.get(field, 0) + 1
 
 
-def restart(server: dict, record: dict, why: str, config: dict) -> None:
-    """Restart the server's unit (not waiting for its start), saying why; count it. A restart
-    systemctl refused or did not answer: logged, counted as a command failure, and asked again
-    at the next bad check."""
+def restart(server: dict, record: dict, why: str, config: dict) -> bool:
+    """Restart the server's unit (not waiting for its start), saying why; count it; whether systemctl
+    took it. A restart systemctl refused or did not answer: logged, counted as a command failure,
+    and asked again at the next bad check."""
     log(2, f"rigup-watchdog: {server['server']}: {why}; restarting {server['unit']}")
     asked = time.time()         # before: its new start is later, however soon systemd runs the job
     ok, out = systemctl("restart", "--no-block", server["unit"], config=config)
@@ -478,11 +518,12 @@ def restart(server: dict, record: dict, why: str, config: dict) -> None:
         log(3, f"rigup-watchdog: {server['server']}: restart of {server['unit']} failed: {out}")
         count(record, "command_failures")
         record["bad"] = config["bad_checks"] - 1
-        return
+        return False
     count(record, "restarts")
-    record["restart_tps"] = record["last_tps"] or 0
+    record["restart_tps"] = record.get("last_tps") or 0
     record["restarted_at"] = round(asked, 3)
     record["after_restart"] = True
+    return True
 
 
 def escalate(server: dict, record: dict, why: str, config: dict, reboots: dict, gated: bool) -> tuple[bool, str]:
@@ -579,8 +620,14 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
         return None
     gated = passed_gate(server, record, config, started)
     model = None
-    if inst.get("models"):   # a router: judged by the model it has loaded (issue 49)
-        judged, model = router_model(server, inst)
+    if inst.get("models"):   # a router: judged by the model it has loaded (issue 49), and its failed loads
+        statuses = throughput.model_statuses(server["url"], _key(inst))
+        failing, restarting = failing_model(server, inst["models"], statuses, record, config)
+        if restarting:
+            if restart(server, record, failing, config):
+                count(record, "failing_restarts")
+            return None
+        judged, model = router_model(server, inst, statuses)
         if not judged:
             count(record, "unjudged")
             log(6, f"rigup-watchdog: {name}: not judged: none of its models is loaded (a check loads none)")
@@ -621,7 +668,7 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
 
 
 # The fields of a server's record in the state file, each with its reader (a count, a tok/s, a time).
-_COUNTS = ("bad", "restarts", "escalations", "failed", "unjudged", "command_failures")
+_COUNTS = ("bad", "restarts", "escalations", "failed", "unjudged", "command_failures", "failing", "failing_restarts")
 _TIMES = ("restarted_at", "escalated_at", "started", "passed_at")
 
 
@@ -653,6 +700,10 @@ def state_record(server: object, record: object) -> dict:
         elif key == "unit":
             if not isinstance(value, str) or not _UNIT.fullmatch(value):
                 raise Unreadable(f"{where}: not a serving unit: {shown(value, 40)}")
+            out[key] = value
+        elif key == "failing_model":   # a router's model's name, as its /models said it (or null)
+            if value is not None and (not isinstance(value, str) or not value.isprintable() or len(value) > 1000):
+                raise Unreadable(f"{where}: not a model's name: {shown(value, 40)}")
             out[key] = value
     return out
 

@@ -687,28 +687,31 @@ def test_one_bad_answer_between_good_ones_restarts_nothing(tmp_path, monkeypatch
     assert "last_tps" not in host.state()["inf"] and not host.state()["inf"].get("restarts")
 
 
+def reply(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def answer_fast(handler: BaseHTTPRequestHandler) -> int:
+    """A whole completion of the tokens asked, at 400 tok/s as the server reports it; the tokens."""
+    tokens = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length", 0))))["max_tokens"]
+    reply(handler, json.dumps({"usage": {"completion_tokens": tokens}, "timings": {"predicted_per_second": 400.0}}).encode())
+    return tokens
+
+
 class Sleepy(BaseHTTPRequestHandler):
     """A llama-server with sleep_idle_s as its /metrics shows it: ``server.figures`` (its counters and
     gauges, as llama-server names them without the prefix); a completion adds its tokens to
     tokens_predicted_total and is counted in ``server.asked``."""
 
     def do_GET(self):
-        body = "".join(f"llamacpp:{k} {v}\n" for k, v in self.server.figures.items()).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, "".join(f"llamacpp:{k} {v}\n" for k, v in self.server.figures.items()).encode())
 
     def do_POST(self):
-        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         self.server.asked += 1
-        self.server.figures["tokens_predicted_total"] += asked["max_tokens"]
-        body = json.dumps({"usage": {"completion_tokens": asked["max_tokens"]},
-                           "timings": {"predicted_per_second": 400.0}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.server.figures["tokens_predicted_total"] += answer_fast(self)
 
     def log_message(self, *a):
         pass
@@ -753,3 +756,72 @@ def test_a_wedged_sleeping_server_is_restarted(tmp_path, monkeypatch, capsys):
     assert seen == [("first sight", 0, 0, 1), ("idle", 0, 0, 0), ("a long generation", 0, 0, 1),
                     ("wedged", 1, 0, 0), ("still wedged", 0, 1, 0)]
     assert host.calls("restart") == ["rigup-llama@gemma.service"]
+
+
+class Router(BaseHTTPRequestHandler):
+    """A router of llama-server's as its /models shows each model's status (``server.models``: id ->
+    status object, as llama-server writes it: ``{"value": "unloaded", "failed": true, "exit_code":
+    1}`` after a load that failed); a completion for a loaded model answers at 400 tok/s."""
+
+    def do_GET(self):
+        reply(self, json.dumps({"data": [{"id": m, "status": s} for m, s in self.server.models.items()]}).encode()
+              if self.path == "/models" else b"llamacpp:tokens_predicted_total 0\n")
+
+    def do_POST(self):
+        answer_fast(self)
+
+    def log_message(self, *a):
+        pass
+
+
+LOADED, UNLOADED = {"value": "loaded"}, {"value": "unloaded"}
+FAILED = {"value": "unloaded", "failed": True, "exit_code": 1}
+
+
+def test_a_router_model_that_keeps_failing_to_load_is_named_and_its_router_restarted_once(tmp_path, monkeypatch, capsys):
+    """issue 65: a model of a router's set that reads failed (its last load failed: llama-server's
+    status ``failed``, with its exit code) in ``bad_checks`` (2) checks in a row is named and the
+    router restarted (a fresh router clears it); failing again after that restart it is named at
+    priority crit and counted (an escalation), never restarted again until it has loaded once (a
+    model whose file or flags fail restarts nothing in a loop); one failed look alone restarts
+    nothing; the loaded model is judged as usual meanwhile. Each check printed."""
+    host = FakeHost(tmp_path, monkeypatch)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    server.daemon_threads, server.models = True, {"a": LOADED, "b": UNLOADED}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    seen, said = [], []
+
+    def check(what: str, b: dict) -> None:
+        server.models["b"] = b
+        log = host.check(capsys)
+        record = host.state()["duo"]
+        seen.append((what, len(host.calls("restart")), record.get("escalations", 0)))
+        said.append(f"{what}: {seen[-1][1]} restarts, {seen[-1][2]} escalations; "
+                    + " | ".join(ln for ln in log.splitlines() if " b " in ln or "restarting" in ln))
+
+    try:
+        host.serve("duo", url, started_ago=OLD, gated_ago=OLD - 5)
+        host.config["instances"]["duo"]["models"] = ["a", "b"]
+        check("b fine", UNLOADED)
+        check("b failed once", FAILED)
+        check("b not failed between", UNLOADED)
+        check("b failed", FAILED)
+        check("b failed again", FAILED)        # 2 in a row: restarted, b named
+        check("after the restart", UNLOADED)
+        check("b failed after it", FAILED)
+        check("b failed after it again", FAILED)   # escalated, not restarted
+        check("b still failed", FAILED)
+        check("b still failed again", FAILED)
+        check("b loaded", LOADED)
+        check("b failed anew", FAILED)
+        check("b failed anew again", FAILED)   # it had loaded since: restarted again
+    finally:
+        server.shutdown()
+        server.server_close()
+    print("\n".join(said))
+    assert [(n, e) for _, n, e in seen] == [(0, 0), (0, 0), (0, 0), (0, 0), (1, 0), (1, 0), (1, 0), (1, 1), (1, 1),
+                                           (1, 2), (1, 2), (1, 2), (2, 2)]
+    assert "duo: model b failed to load (exit code 1) in 2 checks in a row; restarting rigup-llama@duo.service" in said[4]
+    assert "<2>rigup-watchdog: duo: model b still fails to load (exit code 1) after its restart by the watchdog" in said[7]
+    assert host.state()["duo"]["last_tps"] > FLOOR
