@@ -28,7 +28,8 @@ JSON = st.recursive(st.one_of(st.none(), NUMBERS, st.text(max_size=20)),
                     max_leaves=12)
 FIELDS = st.sampled_from(["bad", "restarts", "escalations", "failed", "unjudged", "command_failures", "restarted_at",
                           "escalated_at", "started", "passed_at", "last_tps", "restart_tps", "served", "starting",
-                          "after_restart", "unit", "other"])
+                          "after_restart", "unit", "other", "decodes", "failing", "failing_restarts",
+                          "failing_model"])
 SETTINGS = settings(max_examples=60, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -144,8 +145,9 @@ def test_a_state_record_of_any_fields_is_in_bounds_or_refused(record):
         got = wd.state_record("s", record)
     except wd.Unreadable:
         return
-    for key in ("bad", "restarts", "escalations", "failed", "unjudged", "command_failures"):
+    for key in ("bad", "restarts", "escalations", "failed", "unjudged", "command_failures", "failing", "failing_restarts"):
         assert key not in got or (type(got[key]) is int and got[key] >= 0)
+    assert got.get("failing_model") is None or (isinstance(got["failing_model"], str) and got["failing_model"].isprintable())
     assert "unit" not in got or got["unit"].startswith("rigup-llama@")
     wd.count(got, "restarts")
 
@@ -201,12 +203,15 @@ def test_a_write_that_fails_leaves_no_temp_file(tmp_path):
 
 
 @SETTINGS
-@given(counts=st.dictionaries(st.sampled_from(["bad", "restarts", "escalations", "failed", "unjudged"]),
-                              st.integers(0, 10 ** 9), max_size=5),
+@given(counts=st.dictionaries(st.sampled_from(["bad", "restarts", "escalations", "failed", "unjudged", "failing",
+                                               "failing_restarts"]), st.integers(0, 10 ** 9), max_size=7),
        tps=st.one_of(st.none(), st.floats(0, 1e17)), served=st.one_of(st.none(), st.integers(0, 10 ** 17)),
-       ago=st.floats(0, 1e6), flag=st.booleans())
-def test_every_state_the_watchdog_writes_reads_back_whole(tmp_path, counts, tps, served, ago, flag):
-    record = {**counts, "last_tps": tps, "restart_tps": tps or 0, "served": served, "after_restart": flag,
+       ago=st.floats(0, 1e6), flag=st.booleans(),
+       model=st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Zs", "Cf", "Co", "Cn")),
+                                          max_size=40)))
+def test_every_state_the_watchdog_writes_reads_back_whole(tmp_path, counts, tps, served, ago, flag, model):
+    record = {**counts, "last_tps": tps, "restart_tps": tps or 0, "served": served, "decodes": served,
+              "failing_model": model, "after_restart": flag,
               "starting": int(flag), "unit": "rigup-llama@m-0.service",
               **{k: round(time.time() - ago, 3) for k in ("restarted_at", "escalated_at", "started", "passed_at")}}
     config = {"state_file": str(tmp_path / "s" / "state.json"), "metrics_file": str(tmp_path / "none" / "m.prom")}

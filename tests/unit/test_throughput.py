@@ -88,3 +88,46 @@ def test_tokens_served_reads_ascii_digits_only(url, value, served):
     got = throughput.tokens_served(url)
     print(f"tokens_predicted_total {value!r}: {got}")
     assert got == served
+
+
+STATUS = st.one_of(st.none(), st.text(max_size=8), st.booleans(), VALUES,
+                   st.fixed_dictionaries({}, optional={"value": st.one_of(st.sampled_from(["loaded", "unloaded"]), VALUES),
+                                                       "failed": st.one_of(st.booleans(), VALUES),
+                                                       "exit_code": VALUES}))
+MODELS = st.one_of(st.lists(st.one_of(st.fixed_dictionaries({"id": st.one_of(st.text(max_size=6), VALUES)},
+                                                            optional={"status": STATUS}), VALUES), max_size=4),
+                   VALUES)
+
+
+@settings(max_examples=60, deadline=2000)
+@given(data=MODELS)
+def test_a_routers_models_read_as_statuses_or_none(url, data):
+    """issue 65: /models of a router, any JSON under data: each model's status text (or None), failed
+    a bool (true only for JSON true), exit_code a whole number or None; or None; never raises."""
+    Answers.body = json.dumps({"data": data}).encode()
+    got = throughput.model_statuses(url, timeout=5)
+    assert got is None or all(isinstance(m, str) and set(s) == {"value", "failed", "exit_code"}
+                              and type(s["failed"]) is bool and (s["exit_code"] is None or type(s["exit_code"]) is int)
+                              for m, s in got.items())
+
+
+@settings(max_examples=60, deadline=2000)
+@given(lines=st.lists(st.tuples(st.sampled_from(["llamacpp:requests_deferred", "llamacpp:n_decode_total", "other", ""]),
+                                st.one_of(st.text(NUMERIC, max_size=12), st.text(max_size=6))
+                                .filter(lambda v: len(f"x{v}".splitlines()) == 1)), max_size=5))
+def test_a_servers_figures_are_the_boundarys_or_none(url, lines):
+    """issue 65: each llamacpp: figure of /metrics (the first sample of its name) as numbers.number
+    reads it (>= 0, ASCII digits), else None; other names left out; never raises."""
+    Answers.body = "".join(f"{n} {v}\n" for n, v in lines).encode()
+    got = throughput.server_figures(url, timeout=5)
+    first = {}
+    for n, v in lines:
+        if n.startswith("llamacpp:") and n not in first:
+            first[n] = v
+    assert got is not None and set(got) <= {n for n, _ in lines if n.startswith("llamacpp:")}
+    for n, v in first.items():
+        if not v.split():
+            assert got.get(n) is None
+        else:
+            want = number(v.split()[0], float, 0)
+            assert got.get(n) == (None if want is None else float(want)), (n, v)
