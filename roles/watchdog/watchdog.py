@@ -383,22 +383,22 @@ def failing_model(server: dict, models: list[str], statuses: dict | None, record
     """A model of a router's set (``models``) whose last load failed (its /models: ``failed``), looked at twice:
     (why to act, whether to restart). ``bad_checks`` checks in a row that find the same model failed:
     named, and its router restarted (a fresh router has no failed load; ``failing_restarts``
-    counts it); failing again after that restart, before it ever loaded: named at priority crit
-    and counted (an escalation), never restarted again (a model whose file or flags fail would
-    restart the router, and the models it serves, in a loop) until it has loaded once."""
+    counts it); failing again after that restart (it, or another of the set), before the model named
+    last ever loaded: named at priority crit and counted (an escalation), never restarted again (a
+    model whose file or flags fail would restart the router, and the models it serves, in a loop)
+    until that model has loaded once."""
     if statuses is None:
         return None, False
     if record.get("failing_model") in statuses and statuses[record["failing_model"]]["value"] == "loaded":
         record["failing_restarts"], record["failing_model"] = 0, None     # it loaded: a new failure is a new one
-    failed = [(m, statuses[m]) for m in models if m in statuses and statuses[m]["failed"]]
+    failed = [(m, statuses[m]) for m in models if m in statuses and statuses[m]["failed"]
+              and statuses[m]["value"] != "loaded"]   # loaded since: that failure is over
     if not failed:
         record["failing"] = 0
         return None, False
     model, status = failed[0]
     record["failing"] = record.get("failing", 0) + 1 if record.get("failing_model") == model else 1
-    if record.get("failing_model") != model:
-        record["failing_restarts"] = 0
-    record["failing_model"] = model
+    record["failing_model"] = model   # failing_restarts stays: another model's failure after the restart is bounded too
     code = f" (exit code {status['exit_code']})" if status["exit_code"] is not None else ""
     k = config["bad_checks"]
     if record["failing"] < k:
