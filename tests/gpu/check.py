@@ -64,6 +64,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -664,6 +665,87 @@ def timed_chat(port: int, model: str) -> float:
     return round(time.monotonic() - start, 2)
 
 
+def pinned_argvs(bindir: Path, model: Path, build: dict, preset: Path) -> tuple[list[str], list[str], int]:
+    """A router of three with one pinned, as roles/llama_server runs it: (the router's command
+    line, its preset written at ``preset``; the pinned model's own server's; that server's port)."""
+    inst = {**RECIPE, "port": ROUTER_PORT, "also": ["bench-p", "bench-b", "bench-c"], "models_max": 1,
+            "per_model": {"bench-p": {"pinned": True}}}
+    (pin,) = server_command.pinned_servers("bench", inst, {})
+    routed = server_command.routed(inst)
+    preset.write_text(server_command.preset_text("bench", routed, {m: str(model) for m in ["bench", *routed["also"]]}))
+    router = inst_argv(bindir, model, build, routed)
+    router[router.index("--models-preset") + 1] = str(preset)
+    return router, inst_argv(bindir, model, build, pin["inst"]), pin["inst"]["port"]
+
+
+def cmd_pinned(args) -> None:
+    """Issue 63 on the GPU: a router of three models with one pinned (``per_model: {bench-p:
+    {pinned: true}}``): the pinned model's own server (roles/llama_server/command.py
+    ``pinned_servers``, its flags as the role renders them) beside the router (``routed``: the
+    pinned model out of its preset) with models_max 1 over the two others, all the 8B-shaped model.
+    The pinned server's throughput at 1 and 8 concurrent with the router idle, then while the
+    router swaps between its two models again and again (each swap timed: a 16-token request for
+    the other model, its load included, from the page cache): goal >= 0.95x, and swaps no slower
+    than issue 49's 2.9-3.3 s. Writes OUT/pinned.json. Reads GPU settings only."""
+    before = gpu_settings()
+    build = json.loads((args.work / "build.json").read_text())
+    bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
+    model = args.work / MODEL_FILE
+    args.out.mkdir(parents=True, exist_ok=True)
+    router, pin_argv, pin_port = pinned_argvs(bindir, model, build, args.work / "pinned.models.ini")
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
+    with (args.out / "pinned-server.log").open("w") as out:
+        pinned = subprocess.Popen(pin_argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    found: dict = {}
+
+    def measure(port: int) -> list[dict]:
+        start = time.monotonic()
+        while time.monotonic() - start < 600:
+            try:
+                chat(pin_port, 16, "bench-p")
+                break
+            except OSError:
+                time.sleep(0.5)
+        found["pinned_alone"] = [concurrency(pin_port, n, model="bench-p") for n in (1, 8)]
+        swaps: list[float] = []
+        stop = threading.Event()
+
+        def swapping() -> None:
+            while not stop.is_set():
+                for m in ("bench-b", "bench-c"):
+                    swaps.append(timed_chat(port, m))
+        worker = threading.Thread(target=swapping)
+        worker.start()
+        time.sleep(2)
+        found["pinned_during_swaps"] = [concurrency(pin_port, n, model="bench-p") for n in (1, 8)]
+        stop.set()
+        worker.join()
+        found["swap_s"] = swaps
+        return []
+
+    try:
+        router_run = serve_and_measure("router beside a pinned model (models_max 1)", router, ROUTER_PORT,
+                                       args.out / "router.log", measure=measure, weights=model)
+    finally:
+        os.killpg(pinned.pid, signal.SIGINT)
+        pinned.wait(timeout=60)
+    ratios = {str(a["concurrent"]): round(b["total_tps"] / a["total_tps"], 3)
+              for a, b in zip(found["pinned_alone"], found["pinned_during_swaps"]) if a["total_tps"]}
+    after = gpu_settings()
+    swaps = found["swap_s"]
+    doc = {"date": time.strftime("%Y-%m-%d"), "build": build, "model": {"file": model.name, "bytes": model.stat().st_size},
+           "pinned_argv": pin_argv[1:], "router": router_run, **found,
+           "pinned_ratio_during_swaps": ratios, "swaps": len(swaps),
+           "swap_s_median": sorted(swaps)[len(swaps) // 2] if swaps else None,
+           "goal_met": bool(ratios) and min(ratios.values()) >= 0.95 and bool(swaps) and max(swaps) <= 3.3,
+           "gpu_settings_unchanged": before == after}
+    (args.out / "pinned.json").write_text(json.dumps(doc, indent=2))
+    print(json.dumps({k: doc[k] for k in ("pinned_ratio_during_swaps", "swaps", "swap_s_median", "swap_s", "goal_met",
+                                          "gpu_settings_unchanged")}, indent=1))
+    if before != after:
+        sys.exit("GPU settings changed")
+
+
 def cmd_router(args) -> None:
     """Issue 49 on the GPU: the role's router with the 8B-shaped model under two names and
     models_max 1. Swap seconds (a 16-token request for the other model, its load included) from the
@@ -1181,7 +1263,7 @@ def cmd_plan(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("plan", "build", "model", "serve", "bench", "smoke", "health", "tune",
-                                         "compare", "report", "admission", "router", "slower"))
+                                         "compare", "report", "admission", "router", "slower", "pinned"))
     parser.add_argument("--archive", type=Path, default=ROOT / ".gpu" / "llama.cpp.tar.gz")
     parser.add_argument("--work", type=Path, default=Path("/root/rigup-gpu"))
     parser.add_argument("--out", type=Path, default=None,
@@ -1199,7 +1281,7 @@ def main() -> None:
     {"plan": cmd_plan, "build": cmd_build, "model": cmd_model, "serve": cmd_serve, "bench": cmd_bench,
      "smoke": cmd_smoke, "health": cmd_health, "tune": cmd_tune, "compare": cmd_compare,
      "report": cmd_report, "admission": cmd_admission, "router": cmd_router,
-     "slower": cmd_slower}[args.step](args)
+     "slower": cmd_slower, "pinned": cmd_pinned}[args.step](args)
 
 
 if __name__ == "__main__":

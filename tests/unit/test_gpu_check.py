@@ -86,13 +86,19 @@ from rigup.gpu.plan import link_state
 print('health', link_state(4, 4, 16, 16), len(xid.catalogue()))
 assert check.cmd_report and check.markdown and check._guard().QUERY
 """,
-    "check.py router": """
+    "check.py router, pinned": """
 import check
 argv = check.router_argv(WORK / 'bin', WORK / check.MODEL_FILE, {'id': 'b1'}, WORK / 'router.models.ini')
 assert argv[argv.index('--models-preset') + 1] == str(WORK / 'router.models.ini') and '--models-max' in argv, argv
 preset = (WORK / 'router.models.ini').read_text()
 assert '[bench]' in preset and '[bench-b]' in preset and 'load-on-startup = true' in preset, preset
 print('router', ' '.join(argv[1:]))
+router, pinned, port = check.pinned_argvs(WORK / 'bin', WORK / check.MODEL_FILE, {'id': 'b1'}, WORK / 'pinned.ini')
+preset = (WORK / 'pinned.ini').read_text()
+assert '[bench-p]' not in preset and '[bench-b]' in preset and '[bench-c]' in preset, preset
+assert port == check.ROUTER_PORT + 2 and pinned[pinned.index('--port') + 1] == str(port) and '--alias' in pinned, pinned
+assert '--models-max' in router and '--models-preset' not in pinned, (router, pinned)
+print('pinned', ' '.join(pinned[1:]))
 """,
     "check.py model": """
 import check
