@@ -109,8 +109,8 @@ def test_the_fabric_manager_runs_at_the_drivers_version_before_the_instance(lab,
 
 
 def test_a_stopped_fabric_manager_drains_the_host_and_the_next_converge_serves_again(lab, bare, served):
-    """The fabric manager stopped by hand: the GPU guard trips within its check interval naming the
-    fabric (serving stopped), status.py names the cause; the next converge starts the fabric
+    """The fabric manager stopped by hand: the GPU guard trips at its second check in a row that
+    finds it down (issue 65: one answer drains nothing), naming the fabric (serving stopped), status.py names the cause; the next converge starts the fabric
     manager, waits for the fabric, clears that trip and serves again."""
     import time
     from tests.converge import pyinfra
@@ -119,7 +119,7 @@ def test_a_stopped_fabric_manager_drains_the_host_and_the_next_converge_serves_a
     tripped = "/var/lib/rigup/gpu-guard.tripped"
     on_host(lab, bare, "systemctl stop nvidia-fabricmanager")
     stopped, record = time.monotonic(), None
-    while time.monotonic() - stopped < 40 and not record:
+    while time.monotonic() - stopped < 50 and not record:
         time.sleep(1)
         record = lab.ssh(bare, f"cat {tripped} 2>/dev/null").stdout.strip()
     drained = time.monotonic() - stopped
@@ -127,12 +127,12 @@ def test_a_stopped_fabric_manager_drains_the_host_and_the_next_converge_serves_a
     status = pyinfra("inventory/lab.py", "status.py", "--limit", bare, timeout=120)
     back = converge("inventory/lab.py", "--limit", bare, *BRANCH)
     after = on_host(lab, bare, "systemctl is-active nvidia-fabricmanager rigup-llama@gemma").split()
-    print(f"fabric manager stopped: guard tripped after {drained:.0f} s (interval 10 s): {record[:160]}; "
+    print(f"fabric manager stopped: guard tripped after {drained:.0f} s (interval 10 s, two checks in a row): {record[:160]}; "
           f"gemma {serving}; status.py: "
           + "; ".join(ln.strip()[:160] for ln in status.output.splitlines() if "fabric" in ln or "TRIPPED" in ln)
           + f"\nnext converge: {back.seconds:.0f} s, changed: {back.changed_operations()}; then {after}")
     assert json.loads(record)["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is inactive"
-    assert drained < 25 and serving != "active"
+    assert drained < 35 and serving != "active"    # two checks 10 s apart
     assert "guard TRIPPED" in status.output and "the NVSwitch fabric" in status.output
     assert after == ["active", "active"] and lab.ssh(bare, f"test -e {tripped}").returncode != 0
     assert any("NVSwitch fabric registered" in op for op in back.changed_operations())
