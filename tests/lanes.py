@@ -33,7 +33,9 @@ WAITING = [f"tests/roles/test_{m}.py" for m in (
     # and, so that both lanes end near the same time, some that compute (apt, dkms, Ray, builds)
     "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet", "smoke",
     # issue 63's pinned router model: one host, 91 s alone (lane A about 43 min, B 40 before it)
-    "router_pinned")]
+    "router_pinned",
+    # issue 65's watchers: one host of its own, checks run one at a time (no build, no model)
+    "watchers")]
 
 
 # CI gives the whole run 90 minutes: a lane still running at 78 is interrupted as ctrl-C does (pytest
