@@ -693,6 +693,7 @@ def cmd_pinned(args) -> None:
     model = args.work / MODEL_FILE
     args.out.mkdir(parents=True, exist_ok=True)
     router, pin_argv, pin_port = pinned_argvs(bindir, model, build, args.work / "pinned.models.ini")
+    router += shlex.split(os.environ.get("PINNED_ROUTER_EXTRA", ""))   # an experiment's flags (e.g. --no-warmup)
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with (args.out / "pinned-server.log").open("w") as out:
         pinned = subprocess.Popen(pin_argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
