@@ -52,5 +52,6 @@ probed = parse_progress(found.get("fetch", []), fetches)
 configured = {s["name"]: s["model"] for s in served(data)}
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
                                         maintenance=data["rigup_maintenance"], models=configured,
-                                        tuned=data.get("llama_server_tuned"), burnin_at=burnin_file(data)),
+                                        tuned=data.get("llama_server_tuned"), burnin_at=burnin_file(data),
+                                        burnin_every_days=data.get("burnin_every_days") if data["burnin_enabled"] else None),
              data["status_format"])

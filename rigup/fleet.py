@@ -25,6 +25,7 @@ import math
 import re
 import shlex
 import textwrap
+import time
 
 import click
 from pyinfra.api import FactBase
@@ -269,8 +270,23 @@ def parse_burnin(lines: list[str], where: str = "burn-in records", last: dict | 
     and of ``last`` (the controller's copy's, rigup.names.burnin_copy) those of cards without a
     record here (as roles/burnin judges them); :class:`rigup.boundary.Unreadable` naming ``where``
     when the section does not read."""
+    return _quarantined(_records(lines, where, last))
+
+
+def _records(lines: list[str], where: str, last: dict | None) -> dict:
     own = burnin.records("\n".join(ln[1:] if ln.startswith("|") else ln for ln in lines), where).cards
-    return _quarantined({**(last or {}), **own})
+    return {**(last or {}), **own}
+
+
+def _due(cards: dict, every_days, now: float) -> dict:
+    """``{card key: {"index", "days"}}`` of the passing cards whose last run is older than
+    ``burnin_every_days`` (roles/burnin tests them again: in a roll where a unit serves from them)."""
+    out = {}
+    for rec in cards.values():
+        key, at = _key(rec.get("bus_id")), rec.get("at")
+        if every_days and key and rec["passed"] is True and isinstance(at, (int, float)) and now - at > every_days * 86400:
+            out[key] = {"index": rec.get("index"), "days": int((now - at) // 86400), "every": every_days}
+    return out
 
 
 def parse_guard(lines: list[str]) -> dict:
@@ -406,7 +422,8 @@ def tuned_text(entry: dict | None) -> str | None:
 
 
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,
-             models: dict[str, str], tuned: dict | None = None, burnin_at: str = "burnin.json") -> dict:
+             models: dict[str, str], tuned: dict | None = None, burnin_at: str = "burnin.json",
+             burnin_every_days=None) -> dict:
     """The row of reachable host ``name``: ``found`` is :class:`FleetStatus`'s value, ``downloads``
     one short line per model (roles/model_fetch short_progress), ``models`` {instance name: its
     configured model} (for model@revision), ``tuned`` the host's ``llama_server_tuned``
@@ -422,25 +439,27 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
     return {"host": name, "reachable": True, "maintenance": maintenance, **cards,
             "build": parse_build(found.get("build", [])), "build_ratio": parse_build_ratio(found.get("build", [])),
             "serving": serving,
-            "downloads": downloads, "guard": parse_guard(found.get("guard", [])), **burnin_part(name, found, burnin_at)}
+            "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
+            **burnin_part(name, found, burnin_at, burnin_every_days)}
 
 
-def burnin_part(name: str, found: dict[str, list[str]], path: str) -> dict:
+def burnin_part(name: str, found: dict[str, list[str]], path: str, every_days=None) -> dict:
     """The row's ``quarantined`` cards (:func:`parse_burnin`) and ``burnin_unreadable`` (why the
     host's records at ``path``, or the controller's copy of them, do not read; else None): while the
     host's do not, the copy's last good records name the quarantined cards (fail closed)."""
     if "burnin" not in found:
-        return {"quarantined": {}, "burnin_unreadable": None}
+        return {"quarantined": {}, "burnin_due": {}, "burnin_unreadable": None}
     try:
         copy, bad = burnin.cached(burnin_copy(name)), []
     except Unreadable as e:
         copy, bad = None, [f"{e.where}: {e.why}"]
     last = copy.cards if copy else {}
     try:
-        quarantined = parse_burnin(found["burnin"], f"{name}:{path}", last)
+        cards = _records(found["burnin"], f"{name}:{path}", last)
     except Unreadable as e:
-        quarantined, bad = _quarantined(last), [f"{e.where}: {e.why}", *bad]
-    return {"quarantined": quarantined, "burnin_unreadable": shown("; ".join(bad), 600) if bad else None}
+        cards, bad = last, [f"{e.where}: {e.why}", *bad]
+    return {"quarantined": _quarantined(cards), "burnin_due": _due(cards, every_days, time.time()),
+            "burnin_unreadable": shown("; ".join(bad), 600) if bad else None}
 
 
 def unreachable_row(name: str, reason: str) -> dict:
@@ -449,7 +468,7 @@ def unreachable_row(name: str, reason: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- what needs attention
-SEVERITY = ("LOST", "SUSPECT", "QUARANTINED", "telemetry lost", "DOWNTRAINED", "Xid")   # a card's tag in the summary line
+SEVERITY = ("LOST", "SUSPECT", "QUARANTINED", "telemetry lost", "DOWNTRAINED", "Xid", "DUE")   # a card's tag in the summary line
 
 
 def _num(value, unit: str, digits: int = 0) -> str:
@@ -464,7 +483,7 @@ def _total(cards: list[dict], key: str, scale: float = 1) -> str:
 
 
 def card_problems(card: dict | None, xid: dict | None, lost: bool = False,
-                  quarantine: dict | None = None) -> list[tuple[str, str]]:
+                  quarantine: dict | None = None, due: dict | None = None) -> list[tuple[str, str]]:
     """What is wrong with one card, as (its tag in :data:`SEVERITY`, the text of its row), in the
     row's order: lost or telemetry, link, Xid counts this boot, suspect. ``card`` is None for a card
     nvidia-smi does not list (``lost``: it said it cannot reach it)."""
@@ -484,6 +503,9 @@ def card_problems(card: dict | None, xid: dict | None, lost: bool = False,
         found.append(("SUSPECT", "SUSPECT" + (f" since {xid['since']}" if xid.get("since") else "")))
     if quarantine:
         found.append(("QUARANTINED", f"QUARANTINED by its {quarantine['level']} burn-in: {quarantine['failed']}"))
+    if due:
+        found.append(("DUE", f"burn-in DUE: its last run was {due['days']} days ago (burnin_every_days {due['every']}); "
+                             "a roll tests it again"))
     return found
 
 
@@ -496,7 +518,8 @@ def attention_cards(row: dict) -> list[dict]:
     out, listed = [], set()
     for c in row["cards"]:
         listed.add(c.get("bus"))
-        problems = card_problems(c, xid.get(c.get("bus")), quarantine=quarantined.get(c.get("bus")))
+        problems = card_problems(c, xid.get(c.get("bus")), quarantine=quarantined.get(c.get("bus")),
+                                 due=(row.get("burnin_due") or {}).get(c.get("bus")))
         if problems:
             out.append({"name": f"GPU {c['index']}", "bus": c.get("bus") or "?", "problems": problems})
     lost = set(row.get("lost_cards") or [])

@@ -1612,6 +1612,21 @@ def save(path: str, records: dict) -> None:
     os.replace(tmp, path)
 
 
+HISTORY = 8   # the runs before the last a card's record keeps (a re-acceptance keeps its first sight's)
+
+
+def history(old) -> list[dict]:
+    """The earlier runs a new record keeps: the one it replaces (its time, level, verdict, first
+    failures) and that one's own history, newest first, at most :data:`HISTORY`."""
+    if not isinstance(old, dict) or "passed" not in old:
+        return []
+    failed = old.get("failed") if isinstance(old.get("failed"), list) else []
+    was = {"at": old.get("at"), "level": old.get("level"), "passed": old.get("passed"),
+           "failed": [str(f)[:300] for f in failed[:4]]}
+    before = old.get("history") if isinstance(old.get("history"), list) else []
+    return [was, *[h for h in before if isinstance(h, dict)]][:HISTORY]
+
+
 def quarantined(rec: dict | None) -> bool:
     """A record that failed and that the operator did not clear: its card is left out of serving
     (roles/burnin/quarantine.py; the GPU guard and status.py read the records file the same way)."""
@@ -1767,7 +1782,7 @@ def main(argv=None) -> int:
     records = load(a.results)
     for u, rec in found.items():
         if "busy" not in rec:
-            records[u] = rec
+            records[u] = {**rec, "history": history(records.get(u))}
     save(a.results, records)
     write_metrics(a.metrics, records)
     if a.json:

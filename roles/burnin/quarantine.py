@@ -5,7 +5,9 @@ Per card (by UUID; lost cards keep their record; ``state``: the records as roles
 them, read by rigup/boundary/burnin.py):
 - no record, or a pass not believed (no level, time, key or figures): its **first sight**:
   tested at ``burnin_level``;
-- a record that passed (or that the operator cleared), under the same key: **accepted**. The key
+- a record that passed (or that the operator cleared), under the same key: **accepted**; with
+  ``burnin_every_days``, a pass older than that is **due** again (at ``burnin_level``, as a
+  first sight: waiting for a roll where a unit serves from it). The key
   is the driver version, the memory the card reports (an unlock changes it) and the power cap it
   was soaked at: a cap at or below it was tested, a higher one was not. Another driver or memory
   size, or a higher cap: tested again at ``burnin_after_change``, and meanwhile it serves;
@@ -21,6 +23,8 @@ them, read by rigup/boundary/burnin.py):
 """
 
 from __future__ import annotations
+
+import time
 
 from rigup.text import shown
 from roles.burnin.acceptance import quarantined
@@ -54,7 +58,18 @@ def named(values, uuid: str) -> bool:
     return "all" in (values or []) or uuid in (values or [])
 
 
-def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) -> dict:
+DAY_S = 86400
+
+
+def overdue(rec: dict, every_days, now: float) -> str | None:
+    """Why a passing record is due again under ``burnin_every_days`` (its run older than that), or None."""
+    at = rec.get("at")
+    if not every_days or not rec.get("passed") or not isinstance(at, (int, float)) or now - at <= every_days * DAY_S:
+        return None
+    return f"re-acceptance: its last run was {int((now - at) // DAY_S)} days ago (burnin_every_days {every_days})"
+
+
+def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict, now: float | None = None) -> dict:
     """The burn-in part of the plan (``plan["burnin"]``)::
 
         {"run": {"standard": [uuid...], "quick": [uuid...]}, "why": {uuid: "first sight" | change},
@@ -63,6 +78,7 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
          "flagged": [{"uuid", "index", "flagged": [...]}]}   # accepted, and serving: a slow card to watch
     """
     records, units, untested = state.get("records") or {}, state.get("units") or {}, state.get("untested") or {}
+    now = time.time() if now is None else now
     out: dict = {"run": {}, "why": {}, "quarantined": [], "clear": [], "waiting": [], "accepted": 0, "stop": [],
                  "flagged": [], "pulse": pulse_part(gpus, state, driver, data)}
     if (out["pulse"] or {}).get("run"):
@@ -104,8 +120,11 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
             out["flagged"].append({"uuid": uuid, "index": gpu.get("index"),
                                    "flagged": [shown(f, 200) for f in rec["flagged"]]})
         change = key_change(rec, gpu, driver)
+        due = overdue(rec, data.get("burnin_every_days"), now)
         if change:   # it passed before: it serves meanwhile
             run(gpu, data["burnin_after_change"], change)
+        elif due:   # re-acceptance on a schedule: the full level, in a roll where it serves
+            run(gpu, data["burnin_level"], due)
         out["accepted"] += 1
     return out
 

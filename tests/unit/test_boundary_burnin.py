@@ -257,5 +257,5 @@ def test_status_names_the_unreadable_records_and_keeps_the_copys_quarantine(copy
     assert list(row["quarantined"]) == ["0000:01:00"]
     assert row["burnin_unreadable"].startswith("lab1:/x/burnin.json: not JSON")
     assert fleet.burnin_part("lab1", {"burnin": ["|{}"]}, "/x/burnin.json") == \
-        {"quarantined": row["quarantined"], "burnin_unreadable": None}
-    assert fleet.burnin_part("lab3", {}, "/x/burnin.json") == {"quarantined": {}, "burnin_unreadable": None}
+        {"quarantined": row["quarantined"], "burnin_due": {}, "burnin_unreadable": None}
+    assert fleet.burnin_part("lab3", {}, "/x/burnin.json") == {"quarantined": {}, "burnin_due": {}, "burnin_unreadable": None}

@@ -1,0 +1,78 @@
+"""Issue 65's re-acceptance on a schedule (burnin_every_days): a card whose last passing run is
+older is due (the plan, status.py), tested again at burnin_level where nothing serves from it or
+in a roll, and its record keeps the runs before (roles/burnin/acceptance.py history)."""
+
+import json
+import time
+
+from rigup import fleet
+from rigup.boundary import burnin
+from roles.burnin.acceptance import HISTORY, history
+from roles.burnin.facts import parse_burnin_state
+from roles.burnin.quarantine import lines, sort_cards
+
+U = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(2)]
+NOW = time.time()
+DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_retest": False, "burnin_clear": [],
+        "burnin_every_days": 28}
+
+
+def rec(i, days_ago, passed=True):
+    return {"passed": passed, "failed": [] if passed else ["VRAM: 3 mismatched words"], "index": i,
+            "bus_id": f"00000000:0{i}:00.0", "level": "standard", "at": NOW - days_ago * 86400,
+            "key": {"driver": "580.105.08", "memory_mib": 81920, "power_limit_w": 400.0},
+            "figures": {"vram": {"mismatches": 0 if passed else 3}}}
+
+
+def gpus():
+    return [{"index": i, "uuid": U[i], "bus_id": f"00000000:0{i}:00.0", "memory_total_mib": 81920,
+             "power_limit_w": 400.0} for i in range(2)]
+
+
+def state(records, units=()):
+    return parse_burnin_state(["##rigup-burnin:records", "|" + json.dumps(records), "", "##rigup-burnin:units",
+                               *[f"Id={u}\nEnvironment=" for u in units]])
+
+
+def test_a_card_past_burnin_every_days_is_due_and_runs_where_idle_or_in_a_roll():
+    records = {U[0]: rec(0, 30), U[1]: rec(1, 3)}
+    part = sort_cards(gpus(), state(records), "580.105.08", DATA, now=NOW)
+    print(lines(part))
+    assert part["run"] == {"standard": [U[0]]}
+    assert part["why"][U[0]] == "re-acceptance: its last run was 30 days ago (burnin_every_days 28)"
+    assert part["accepted"] == 2    # it serves meanwhile
+    held = sort_cards(gpus(), state(records, ["rigup-llama@main.service"]), "580.105.08", DATA, now=NOW)
+    assert held["run"] == {} and "re-acceptance: its last run was 30 days ago" in held["waiting"][0]["why"]
+    rolled = sort_cards(gpus(), state(records, ["rigup-llama@main.service"]), "580.105.08",
+                        {**DATA, "rigup_rolling": True}, now=NOW)
+    assert rolled["run"] == {"standard": [U[0]]} and rolled["stop"] == ["rigup-llama@main.service"]
+    assert sort_cards(gpus(), state(records), "580.105.08", {**DATA, "burnin_every_days": None}, now=NOW)["run"] == {}
+
+
+def test_a_new_record_keeps_the_runs_before_it_bounded_and_readable():
+    first = rec(0, 30)
+    second = {**rec(0, 0, passed=False), "history": history(first)}
+    third = {**rec(0, 0), "history": history(second)}
+    print(third["history"])
+    assert [h["passed"] for h in third["history"]] == [False, True]
+    assert third["history"][0]["failed"] == ["VRAM: 3 mismatched words"] and third["history"][1]["at"] == first["at"]
+    many = first
+    for _ in range(20):
+        many = {**rec(0, 0), "history": history(many)}
+    assert len(many["history"]) == HISTORY and history(None) == [] and history({"x": 1}) == []
+    read = burnin.records(json.dumps({U[0]: third}), "lab1:burnin.json")
+    assert read.cards[U[0]]["history"][0]["passed"] is False
+
+
+def test_status_names_a_due_card():
+    records = {U[0]: rec(0, 30), U[1]: rec(1, 3)}
+    lines_ = ["|" + json.dumps(records)]
+    part = fleet.burnin_part("lab1", {"burnin": lines_}, "/var/lib/rigup/burnin.json", every_days=28)
+    assert part["burnin_due"] == {"0000:00:00": {"index": 0, "days": 30, "every": 28}}
+    row = {"cards": [{"index": 0, "bus": next(iter(part["burnin_due"])), "draw_w": 60, "temp_c": 30}],
+           "guard": {"xid": {}}, "lost_cards": [], **part}
+    (card,) = fleet.attention_cards(row)
+    print(card)
+    assert card["problems"] == [("DUE", "burn-in DUE: its last run was 30 days ago (burnin_every_days 28); "
+                                        "a roll tests it again")]
+    assert fleet.burnin_part("lab1", {"burnin": lines_}, "/x", every_days=None)["burnin_due"] == {}
