@@ -21,7 +21,7 @@ import pytest
 
 from rigup.names import burnin_copy
 from tests.conftest import on_host
-from tests.roles.power_lab import TRIPPED, data, install_serving_unit, own_host, play
+from tests.roles.power_lab import TRIPPED, data, install_serving_unit, json_quote, own_host, play
 
 pytestmark = pytest.mark.lab
 # burnin_timeout_s: the stand-ins' quick level of 8 cards at once, its GEMMs on the cuBLAS stand-in,
@@ -285,3 +285,33 @@ def test_a_card_off_the_bus_in_the_pulse_fails_the_hosts_power_delivery_and_the_
     # the unit the failed run left stopped was not running at this preflight: deploy.py's serving role
     # starts it (this play has none), as after any failed burn-in
 
+
+
+def test_a_card_past_burnin_every_days_is_due_tested_again_in_a_roll_and_quarantined_if_it_now_fails(lab, host):
+    """burnin_every_days (issue 65): the cards' passing runs made 40 days old, a roll's converge
+    (rigup_rolling) with burnin_every_days 28 says each is due and tests them again at
+    burnin_level; a card made to fail since (VRAM) is quarantined as at first sight, and every
+    record keeps the run before (history); the next converge says nothing is due."""
+    install_serving_unit(lab, host)
+    on_host(lab, host, "rigup-gpu-sim reset")
+    if sorted(r["index"] for r in (records(lab, host) if lab.ssh(host, f"test -s {RESULTS}").returncode == 0 else {}).values()
+              if r.get("passed")) != list(range(8)):   # this test alone: the cards accepted first
+        on_host(lab, host, f"rm -f {RESULTS}; systemctl stop rigup-llama@test.service")
+        burn(host)
+    aged = {u: {**r, "at": r["at"] - 40 * 86400} for u, r in records(lab, host).items()}
+    on_host(lab, host, f"printf '%s' {json_quote(json.dumps(aged))} > {RESULTS} && rigup-gpu-sim set -i 2 --vram-bad 5 && "
+                       "systemctl start rigup-llama@test.service")
+    every = data(burnin_every_days=28, burnin_level="quick")
+    run = burn(host, *every, *data(rigup_rolling=True), check=False)
+    due = [ln.strip() for ln in run.output.splitlines() if "re-acceptance: its last run was 40 days ago" in ln]
+    print("\n".join(due[:2]))
+    assert run.returncode != 0 and due and "quick on 8 card(s) (re-acceptance: its last run was 40 days ago " \
+        "(burnin_every_days 28))" in due[0], run.output[-3000:]
+    after = by_index(lab, host)
+    print({i: (r["passed"], [h["passed"] for h in r.get("history", [])]) for i, r in sorted(after.items())})
+    assert [i for i, r in after.items() if not r["passed"]] == [2] and after[2]["failed"][0].startswith("VRAM: ")
+    assert all(r["history"][0]["passed"] and r["history"][0]["at"] == aged[u]["at"]
+               for u, r in records(lab, host).items())
+    on_host(lab, host, "rigup-gpu-sim reset")
+    again = burn(host, *every)
+    assert "re-acceptance" not in again.output and "QUARANTINED" in again.output
