@@ -3,7 +3,7 @@
 fast as the instance's at the target concurrency, writes them to the site's host_vars/<host>.yml,
 and starts the instance again; the next converge serves with them (status.py says so) and the one
 after changes nothing. What the rigup user places where root writes for the tuner reaches nothing
-of root's (issue 47)."""
+of root's (issue 47). A router is tuned a model at a time, and served with each one's flags (issue 63)."""
 
 import json
 
@@ -101,3 +101,63 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
         assert "(tuned " in status.output and "x at 4 concurrent)" in status.output, status.output[-2000:]
     finally:
         converge("inventory/lab.py", "--limit", host)   # back to group_vars/lab.yml's flags
+
+
+def test_a_router_is_tuned_a_model_at_a_time_and_the_next_converge_serves_each_with_its_own(lab, tmp_path):
+    """Issue 63: a router ``x`` of two models (the lab's Gemma under two keys, each its own dest),
+    models_max 1, given by the site's group_vars: tune.py sweeps each model alone (x:gemma-a,
+    x:gemma-b) and writes one entry per model under llama_server_tuned.x.models, the router's unit
+    active again; the next converge writes each model's flags into its section of the preset, a chat
+    naming each model is answered, and each child llama-server runs with its model's tuned values;
+    the converge after changes nothing. A sweep that kept the baseline (flags {}) is checked for its
+    entry only."""
+    from rigup.contract.llama_server import preset_values
+    from rigup.tuning import preset_sections
+    from tests.roles.test_router import LAB_VARS
+
+    host = lab.hosts()[0]["name"]
+    gemma = LAB_VARS["models"]["gemma-270m"]
+    router = {"model": "gemma-a", "also": ["gemma-b"], "models_max": 1, "ctx": 4096, "parallel": 1, "port": 8081,
+              "ngl": 0, "min_tokens_per_s": 0}
+    site = {"models": {"gemma-a": gemma, "gemma-b": gemma}, "llama_server_instances": {"x": router},
+            "llama_server_tune_levels": [4], "llama_server_tune_budget_s": 90, "llama_server_tune_max_tokens": 16}
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "lab.yml").write_text(yaml.safe_dump(site))
+    env = {"RIGUP_SITE": str(tmp_path)}
+    preset = "/etc/rigup/llama-server/x.models.ini"
+    try:
+        served = converge("inventory/lab.py", "--limit", host, env=env)
+        run = pyinfra("inventory/lab.py", "tune.py", "--limit", host, env=env, timeout=900)
+        said = [ln.strip() for ln in run.output.splitlines() if f"[{host}] tune x:" in ln]
+        print(f"\nrouter x converged in {served.seconds:.1f} s; tune.py: exit {run.returncode} in {run.seconds:.1f} s\n"
+              + "\n".join(said[-8:]))
+        assert run.returncode == 0, run.output[-4000:]
+        assert any("tune x:gemma-a" in ln for ln in said) and any("tune x:gemma-b" in ln for ln in said), said
+        tuned = yaml.safe_load((tmp_path / "host_vars" / f"{host}.yml").read_text())["llama_server_tuned"]
+        print(f"host_vars: {tuned}")
+        assert set(tuned) == {"x"} and set(tuned["x"]["models"]) == {"gemma-a", "gemma-b"}
+        models = tuned["x"]["models"]
+        for entry in models.values():
+            assert isinstance(entry["flags"], dict) and entry["tok_s"] > 0 and entry["baseline_tok_s"] > 0, entry
+        assert on_host(lab, host, "systemctl is-active rigup-llama@x").strip() == "active"
+        applied = converge("inventory/lab.py", "--limit", host, env=env)
+        sections = preset_sections(on_host(lab, host, f"cat {preset}").splitlines(), preset)
+        print(f"converge with the tuned models: {applied.totals['changed']} changed, {applied.seconds:.1f} s; "
+              f"preset: {sections}")
+        for model, entry in models.items():
+            want = preset_values(entry["flags"])
+            assert all(sections[model].get(k) == v for k, v in want), (model, want, sections[model])
+            chat = on_host(lab, host, "curl -s -o /dev/null -w '%{http_code}' -m 300 http://127.0.0.1:8081/v1/chat/completions "
+                                      "-H 'Content-Type: application/json' -d '{\"model\": \"" + model + "\", \"messages\": "
+                                      "[{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 4}'")
+            child = on_host(lab, host, f"ps -eo args | grep -- '--port' | grep -F {model} | grep -v grep || true").strip()
+            print(f"{model}: chat {chat}; tuned {entry['flags']} ({entry['baseline_tok_s']} -> {entry['tok_s']} tok/s); "
+                  f"its child: {child[:300]}")
+            assert chat == "200" and child, (model, chat, child)
+            for k, v in want:
+                assert f"--{k} {v}" in child, (model, k, v, child)
+        again = converge("inventory/lab.py", "--limit", host, env=env)
+        print(f"and again: {again.totals['changed']} changed, {again.seconds:.1f} s")
+        assert again.totals["changed"] == 0, again.changed_operations()
+    finally:
+        converge("inventory/lab.py", "--limit", host)   # back to group_vars/lab.yml's gemma
