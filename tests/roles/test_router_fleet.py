@@ -4,8 +4,9 @@ models_max 1), behind a gateway host (lab3, HAProxy: tests/roles/balancer_only.p
 sends each model to the host it stays loaded on (roles/balancer ``homes``: one host per model here,
 the other its backup), so requests alternating between the two models are answered without a swap
 once each is loaded somewhere; the share is printed (goal: at least 90%), counted from the routers'
-own logs (each load is a child process spawned). The hosts are left as group_vars/lab.yml serves
-them and the gateway removed."""
+own logs (each load is a child process spawned). GET /slots, held off by default, answers once
+llama_server_allow names slots, and is held off again when it no longer does (issue 63). The hosts
+are left as group_vars/lab.yml serves them and the gateway removed."""
 
 import json
 import os
@@ -32,22 +33,31 @@ ASK = ("curl -s -m 300 http://127.0.0.1:{port}/v1/completions -H @/root/auth.hdr
 
 
 @pytest.fixture(scope="module")
-def fleet(lab):
-    hosts = [h["name"] for h in lab.hosts()][:2]
-    models = models_with_tiny()
+def recipe(lab) -> dict:
+    """The serving hosts' own data, which the gateway reads of them (--data would set it on the
+    gateway too, which then serves nothing itself: group_vars/gateway.yml); duo alone:
+    group_vars/lab.yml's gemma binds loopback, which a gateway cannot reach."""
     router = {"model": "gemma-270m", "also": ["tiny"], "models_max": 1, "port": PORT, "ctx": 2048, "parallel": 1,
               "ngl": 0, "min_tokens_per_s": 0, "host": "0.0.0.0", "api_key": True}
-    KEY_SRC.unlink(missing_ok=True)
-    # the recipe as the serving hosts' own data, which the gateway reads of them (--data would set it
-    # on the gateway too, which then serves nothing itself: group_vars/gateway.yml)
-    # (duo alone: group_vars/lab.yml's gemma binds loopback, which a gateway cannot reach)
-    recipe = {"models": models, "llama_server_instances": {"duo": router}}
+    return {"models": models_with_tiny(), "llama_server_instances": {"duo": router}}
+
+
+def serve(hosts: list[str], recipe: dict):
+    """The serving hosts converged with ``recipe`` as their data, then the gateway; both runs."""
     env = {**ENV, "RIGUP_LAB_HOST_DATA": json.dumps({h: recipe for h in hosts})}
+    served = converge("inventory/lab.py", *[a for h in hosts for a in ("--limit", h)], *FLEET, env=env)
+    gate = pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY, *FLEET, env=env)
+    assert gate.returncode == 0, gate.output[-5000:]
+    return served, gate
+
+
+@pytest.fixture(scope="module")
+def fleet(lab, recipe):
+    hosts = [h["name"] for h in lab.hosts()][:2]
+    KEY_SRC.unlink(missing_ok=True)
     lab.up(1, "none", first=3)
     try:
-        served = converge("inventory/lab.py", *[a for h in hosts for a in ("--limit", h)], *FLEET, env=env)
-        gate = pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY, *FLEET, env=env)
-        assert gate.returncode == 0, gate.output[-5000:]
+        served, gate = serve(hosts, recipe)
         on_host(lab, GATEWAY, f"printf 'Authorization: Bearer %s\\n' {KEY_SRC.read_text().strip()} > /root/auth.hdr")
         print(f"\n{' and '.join(hosts)}: duo in {served.seconds:.1f} s; gateway {GATEWAY} in {gate.seconds:.1f} s")
         yield hosts
@@ -77,3 +87,54 @@ def test_each_model_is_answered_where_it_stays_loaded(lab, fleet):
     assert answers == [(m, m) for m, _ in answers]
     assert share >= 0.9
     assert sorted(next(m for m, v in s.items() if v == "loaded") for s in loaded.values()) == ["gemma-270m", "tiny"]
+
+
+DROPIN = "/etc/systemd/system/rigup-llama@duo.service.d/rigup.conf"
+# a path that llama_server_allow: [slots] opens, and one it does not: (method, path, body)
+PATHS = (("GET", "/slots?model=gemma-270m", None), ("POST", "/props", '{"model": "gemma-270m"}'))
+
+
+def held_codes(lab, hosts: list[str]) -> dict:
+    """{where: {"METHOD path": HTTP code}} of PATHS through the gateway and directly at the first
+    host's router (its port, no HAProxy there), with the key; and whether the host's drop-in
+    carries --no-slots."""
+    def ask(host: str, auth: str) -> dict:
+        lines = [f"curl -s -o /dev/null -w '%{{http_code}}\\n' -m 300 -X {m} 'http://127.0.0.1:{PORT}{p}' {auth}"
+                 + (f" -H 'Content-Type: application/json' -d '{b}'" if b else "") for m, p, b in PATHS]
+        return {f"{m} {p}": int(c) for (m, p, _), c in zip(PATHS, on_host(lab, host, "; ".join(lines)).split())}
+    return {"gateway": ask(GATEWAY, "-H @/root/auth.hdr"),
+            hosts[0]: ask(hosts[0], "-H @<(printf 'Authorization: Bearer %s' \"$(cat /etc/rigup/llama-server/duo.key)\")"),
+            "--no-slots": int(on_host(lab, hosts[0], f"grep -c -- ' --no-slots' {DROPIN} || true").strip())}
+
+
+def test_slots_allowed_by_name_answer_and_the_key_removed_holds_them_off_again(lab, fleet, recipe):
+    """Issue 63: llama_server_allow: [slots] on both serving hosts (the gateway opens a path only
+    where every host behind it allows it): their drop-ins lose --no-slots, GET /slots answers 200 at
+    the router's port and through the gateway, while POST /props (props not allowed) is still 403 at
+    the gateway; the key removed, the next converge holds /slots off again, as before (the gateway's
+    403, the router's own refusal)."""
+    hosts = fleet
+    before = held_codes(lab, hosts)
+    print(f"\nby default: {before}")
+    assert before["gateway"] == {"GET /slots?model=gemma-270m": 403, "POST /props": 403}, before
+    assert before[hosts[0]]["GET /slots?model=gemma-270m"] in (403, 404, 501) and before["--no-slots"] == 1, before
+    restored = False
+    try:
+        served, gate = serve(hosts, {**recipe, "llama_server_allow": ["slots"]})
+        allowed = held_codes(lab, hosts)
+        slots = json.loads(on_host(lab, GATEWAY, f"curl -s -m 300 -H @/root/auth.hdr "
+                                                 f"'http://127.0.0.1:{PORT}/slots?model=gemma-270m'"))
+        print(f"llama_server_allow [slots]: hosts {served.seconds:.1f} s, gateway {gate.seconds:.1f} s; {allowed}; "
+              f"/slots through the gateway: {len(slots)} slot(s), keys {sorted(slots[0])[:6]}")
+        assert allowed["--no-slots"] == 0, allowed
+        assert allowed["gateway"] == {"GET /slots?model=gemma-270m": 200, "POST /props": 403}, allowed
+        assert allowed[hosts[0]]["GET /slots?model=gemma-270m"] == 200, allowed
+        assert isinstance(slots, list) and slots and "id" in slots[0], slots
+        served, gate = serve(hosts, recipe)
+        restored = True
+        after = held_codes(lab, hosts)
+        print(f"the key removed: hosts {served.seconds:.1f} s, gateway {gate.seconds:.1f} s; {after}")
+        assert after == before
+    finally:
+        if not restored:
+            serve(hosts, recipe)
