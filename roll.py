@@ -23,6 +23,10 @@ failed stays out of the pools. More than ``rigup_max_fail`` failed hosts stop th
 not started keep serving untouched. The last lines say which hosts are done, failed (why), unknown,
 not converged and not started, and why the roll stopped; the exit code is 0 only when every host
 is done. ``--dry`` converges nothing and touches no gateway (each batch's plan is printed).
+While it runs, roll.py keeps a journal (``$RIGUP_CACHE_DIR/roll.json``: its pid, the batch and the
+step); its pyinfra dies with it (even by SIGKILL). A roll that finds the journal of one that died
+names what it left (the batch, and whether it was draining, converging or putting it back) and
+rolls that batch first; one that finds the journal of a roll still running refuses to start.
 Gateways, and hosts that serve nothing, are not rolled: converge them with deploy.py; nor are hosts
 in maintenance. roll.py picks the hosts itself: it refuses ``--limit`` and ``--exclude`` in any
 spelling (``--limit=X``, ``--lim X``).
@@ -30,9 +34,11 @@ spelling (``--limit=X``, ``--lim X``).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rigup import inventory as inventories
@@ -46,9 +52,23 @@ ROOT = Path(__file__).resolve().parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
+def dies_with_parent() -> None:
+    """In the child, before pyinfra runs: the kernel sends it SIGTERM when roll.py dies, even by
+    SIGKILL (prctl PR_SET_PDEATHSIG, Linux; the standard library has no binding for it, and a
+    pipe to a dead parent would only end pyinfra at its next write)."""
+    import ctypes
+    import signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
+    if os.getppid() == 1:   # roll.py died before the prctl: not to run at all
+        os._exit(1)
+
+
 def pyinfra(*args: str) -> tuple[int, str]:
-    """``pyinfra ARGS`` from the project root, its output passed through and kept."""
-    proc = subprocess.Popen([PYINFRA, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """``pyinfra ARGS`` from the project root, its output passed through and kept; it dies with
+    roll.py (:func:`dies_with_parent`)."""
+    proc = subprocess.Popen([PYINFRA, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=dies_with_parent)
     kept = []
     for line in proc.stdout:
         sys.stdout.write(shown_lines(line, 4000, None))   # pyinfra's output, host text in it
@@ -118,6 +138,29 @@ def main(argv: list[str]) -> int:
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}
     plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
+    journal = roll.journal_path()
+    try:
+        dead, unread = (None, None) if dry else roll.left_behind(journal)
+    except roll.Running as e:
+        print(shown(f"roll.py: {e}", 4000), file=sys.stderr)
+        return 2
+    except OSError as e:
+        dead, unread = None, str(e)
+    if unread:
+        print(shown(f"--> rigup roll: the last roll's journal does not read ({unread}): rolling as usual", 4000))
+    if dead:
+        what = {"draining": "draining it at the gateways", "converging": "converging it (a build switch, a burn-in "
+                "or a restart there may be cut short)", "readying": "putting it back in the gateways' pools"}[dead["step"]]
+        print(shown(f"--> rigup roll: the roll of pid {dead['pid']} (started "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(dead['started']))}) died while {what}: "
+                    f"{', '.join(dead['batch'])}; rolled first now (drained, converged, put back)", 4000), flush=True)
+        plan = roll.resumed(plan, dead)
+    started = time.time()
+
+    def step(batch: list[str], name: str) -> None:
+        if not dry:
+            roll.note(journal, {"pid": os.getpid(), "started": started, "at": time.time(), "inventory": inventory,
+                                "batch": batch, "step": name})
     max_fail = first.get("rigup_max_fail", 0)
     gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
                 for name, d in data.items() if d.get("balancer_gateway")}
@@ -132,6 +175,7 @@ def main(argv: list[str]) -> int:
             halted.update({name: pick for name in batch})
             stopped = f"no --limit picks batch {i + 1} alone: {pick}"
             break
+        step(batch, "draining")
         why = None if dry else at_gateways(inventory, gateways, "maint", batch, args, limit)
         if why:   # not converged: back in the pools where it left them (it serves as before)
             back = at_gateways(inventory, gateways, "ready", batch, args, limit)
@@ -140,11 +184,13 @@ def main(argv: list[str]) -> int:
                            for name in batch})
             stopped = f"a drain could not be verified: {why}"
             break
+        step(batch, "converging")
         code, out = pyinfra(inventory, play, *pick, "--data", "rigup_rolling=true", *args)
         result = roll.outcomes(out, batch, code, dry)
         failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
         unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})
         ok = [name for name in batch if result[name][0] == roll.DONE]
+        step(batch, "readying")
         why = None if dry or not ok else at_gateways(inventory, gateways, "ready", ok, args, limit)
         failed.update({name: why for name in ok if why})
         done += [name for name in ok if not why]
@@ -158,6 +204,8 @@ def main(argv: list[str]) -> int:
     else:
         if len(failed) > max_fail:
             stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
+    if not dry:
+        roll.note(journal, None)   # ended, however: what it left is in its summary
     seen = set(done) | set(failed) | set(unknown) | set(halted) | set(strayed)
     not_started = [name for name in hosts if name not in seen]
     print(shown_lines("\n".join(roll.summary(done, failed, not_started, unknown=unknown, halted=halted, strayed=strayed,

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import math
+import os
 import re
+import time
+from pathlib import Path
 
+from rigup.boundary import owned, results
+from rigup.boundary.core import Unreadable, loads
 from rigup.config import BATCH
 from rigup.contract import MAPS
 
@@ -22,6 +28,61 @@ HOST_OPTIONS = ("--limit", "--exclude")
 SUMMARY = "--> rigup: what happened to each host"
 _LINE = re.compile(r"^\s*\[([^\]]+)\] ((converged \([0-9]+ changed\)|unchanged|failed at|unreachable:|refused \()(.*))$")
 DONE, FAILED, UNKNOWN = "done", "failed", "unknown"
+
+
+def journal_path() -> Path:
+    """roll.py's journal of the roll in progress: ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/roll.json."""
+    return Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "roll.json"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def left_behind(path: Path | None = None) -> tuple[dict | None, str | None]:
+    """(the journal of a roll that died midway, or None; why the journal does not read, or None).
+    A journal whose roll still runs is :class:`Running`: two rolls at once would drain each
+    other's hosts."""
+    path = path or journal_path()
+    if not path.exists():
+        return None, None
+    where = f"controller:{path}"
+    try:
+        doc = results.roll_journal(loads(owned.read(path, where), where), where)
+    except Unreadable as e:
+        return None, f"{e.where}: {e.why}"
+    if alive(doc["pid"]) and doc["pid"] != os.getpid():
+        raise Running(f"another roll runs (pid {doc['pid']}, started {time.strftime('%H:%M:%S', time.localtime(doc['started']))}, "
+                      f"at batch {', '.join(doc['batch'])}): let it finish, or stop it first")
+    return doc, None
+
+
+class Running(Exception):
+    """Another roll.py runs now (its journal's pid is alive)."""
+
+
+def note(path: Path, doc: dict | None) -> None:
+    """Write (``doc``) or remove (None) the journal, in the controller's own directory."""
+    if doc is None:
+        path.unlink(missing_ok=True)
+        return
+    owned.write(path, json.dumps(doc, sort_keys=True) + "\n", f"controller:{path}")
+
+
+def resumed(plan: list[list[str]], dead: dict | None) -> list[list[str]]:
+    """The batches with the dead roll's batch first (its hosts were drained, or half converged:
+    they are rolled before any other), each of its hosts taken out of the batch it was in."""
+    if not dead:
+        return plan
+    first = [n for n in dead["batch"] if any(n in b for b in plan)]
+    rest = [[n for n in b if n not in first] for b in plan]
+    return ([first] if first else []) + [b for b in rest if b]
 
 
 def host_options(args: list[str]) -> list[str]:

@@ -8,7 +8,8 @@
 - a build's smoke result (``builds/<id>/rigup-smoke.json``, roles/llama_cpp/smoke.py): a bad one
   makes that build's smoke unknown (smoked again), never a crash (:func:`smoke`);
 - the controller's record of an artifact in ``llama_cpp_artifacts`` (roles/llama_cpp/artifact.py):
-  the hash a receiving host must match and the host that offers it (:func:`artifact_record`).
+  the hash a receiving host must match and the host that offers it (:func:`artifact_record`);
+- roll.py's journal of the roll in progress: what a roll killed midway left (:func:`roll_journal`).
 
 Each record may say its format (``"schema": N``); one without it is the format written before
 rigup wrote one, read as :data:`SCHEMA`; a larger one (a newer rigup's) is refused. Fields a reader
@@ -331,6 +332,25 @@ def artifact_record(value: Any, where: str, key: str) -> dict:
     return doc
 
 
+# ----------------------------------------------------------------------------- a roll's journal
+STEPS = ("draining", "converging", "readying")   # where roll.py is in a batch (roll.py's journal)
+
+
+def roll_journal(value: Any, where: str) -> dict:
+    """roll.py's journal of the roll in progress (``$RIGUP_CACHE_DIR/roll.json``, JSON text or what
+    it parsed to): ``pid`` and ``started`` of the roll, its ``inventory``, the ``batch`` (host names)
+    it was at, the ``step`` there (:data:`STEPS`) and ``at``; or :class:`Unreadable` naming
+    ``where`` and the field (the next roll then says the journal does not read and rolls as usual)."""
+    return _typed(_record(value, where), where, {
+        "pid": (_whole(1, 1 << 22), True),
+        "started": (lambda v, w: _float(v, w, 0, 4102444800), True),
+        "at": (lambda v, w: _float(v, w, 0, 4102444800), True),
+        "inventory": (lambda v, w: _text(v, w, 4096), True),
+        "batch": (_list(lambda v, w: fields.matched(HOST, v, w, "a host's name"), 4096), True),
+        "step": (_choice(STEPS), True),
+    })
+
+
 CROSSINGS = (
     Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (rigup/tune.py)",
              "rigup/boundary/results.py:sweep", "rigup/tuning.py:record"),
@@ -342,4 +362,7 @@ CROSSINGS = (
     Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",
              "the controller (roles/llama_cpp/artifact.py kept)",
              "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),
+    Crossing("roll.py's journal of the roll in progress ($RIGUP_CACHE_DIR/roll.json)",
+             "the controller (roll.py, the operator's user)", "rigup/boundary/results.py:roll_journal",
+             "rigup/roll.py:left_behind"),
 )
