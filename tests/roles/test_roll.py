@@ -13,8 +13,9 @@ last one left:
   host alone, picked by its name; the gateway's HAProxy is reloaded while lab2 is drained and out
   of the pool: it stays out (the server state is kept across the reload) until the roll puts it back;
 
-each with no failed request and never more than one host out of the pool; then a driver branch
-change rolled two hosts at a time. lab1-2 are a100 hosts (no NVSwitch); lab3-4 are HGX H100 hosts
+each with no failed request and never more than one host out of the pool; a roll killed midway
+(its pyinfra dies with it; the next roll names what it left and rolls that host first); then a
+driver branch change rolled two hosts at a time. lab1-2 are a100 hosts (no NVSwitch); lab3-4 are HGX H100 hosts
 (the hgx-h100 profile: 8 cards, 4 NVSwitches) that came with the profile's driver and a fabric
 manager of its version (from the lab's apt repository of stand-in packages, tests/lab/fabric_debs.py,
 as a rented HGX host comes with NVIDIA's): the roll changes their driver and fabric manager
@@ -23,10 +24,12 @@ together (issue 48)."""
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -343,6 +346,65 @@ def test_a_host_named_like_a_group_rolls_alone_and_a_gateway_reload_keeps_its_dr
 
 
 DRIVER_PACKAGES = "nvidia-kernel-dkms nvidia-smi libcuda1 nvidia-persistenced"
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_what_it_left(rack):
+    """Issue 65: roll.py killed with SIGKILL while it converges lab1 (drained at the gateway): its
+    pyinfra dies with it (PR_SET_PDEATHSIG), lab1 stays out of the pool; a roll started while the
+    first runs is refused; the next roll names what the dead one left (lab1, while converging it),
+    rolls lab1 first and puts it back, every host UP after it and no request through the gateway
+    failed."""
+    lab = rack
+    wait_pool(lab, dict.fromkeys(SERVING, "UP"))
+    argv = [str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *data(2048)]
+    env = {**os.environ, **ENV}
+    first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    start = time.monotonic()
+    while not pool(lab).get("lab1", "UP").startswith("MAINT"):
+        assert time.monotonic() - start < 120 and first.poll() is None, pool(lab)
+        time.sleep(POLL_S)
+    time.sleep(1)   # lab1's converge under way
+    pyinfras = children_of(first.pid)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    killed = time.monotonic()
+    while any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z" for p in pyinfras):
+        assert time.monotonic() - killed < 10, f"roll.py's pyinfra {pyinfras} outlived it"
+        time.sleep(0.1)
+    gone = time.monotonic() - killed
+    left = pool(lab)
+    rolled = roll(lab, "inventory/lab.py", *data(2048))
+    named = [ln.strip() for ln in rolled["out"].splitlines() if "died while" in ln]
+    # a roll started while another runs (its journal's pid alive: this test's) is refused
+    journal = Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache/rigup") / "roll.json"
+    journal.write_text(json.dumps({"pid": os.getpid(), "started": time.time(), "at": time.time(),
+                                   "inventory": "inventory/lab.py", "batch": ["lab2"], "step": "converging"}))
+    try:
+        second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        journal.unlink(missing_ok=True)
+    print(f"roll.py killed: its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; the next roll: "
+          f"{named[:1]}; a roll while another runs: exit {second.returncode}: {second.stderr.strip()[-200:]}")
+    assert pyinfras and left["lab1"].startswith("MAINT")
+    assert named and "died while " in named[0] and named[0].endswith(": lab1; rolled first now (drained, converged, "
+                                                                      "put back)")
+    assert rolled["code"] == 0 and rolled["result"]["failed"] == 0, rolled["out"][-4000:]
+    assert "--> rigup roll: batch 1/4: lab1" in rolled["out"]
+    assert second.returncode == 2 and f"another roll runs (pid {os.getpid()}" in second.stderr
+    wait_pool(lab, dict.fromkeys(SERVING, "UP"))
 
 
 def test_a_driver_branch_change_rolls_with_no_failed_request(rack):
