@@ -106,8 +106,12 @@ def host(tmp_path_factory):
             lab.remove(name)
 
 
-def journal(lab, name: str, service: str, since: int) -> str:
-    return on_host(lab, name, f"journalctl -q -o cat -u {service} --since @{since}")
+def journal(lab, name: str, program: str, since: int) -> str:
+    """``program``'s journal lines since ``since``, found by their own prefix (``rigup-watchdog:``),
+    not by their unit: journald names the unit of a line from its sender's cgroup, which it may read
+    only after a short-lived oneshot has ended (then ``-u`` misses the line: a watchdog's restart
+    line, logged just before it exited, under a router's load)."""
+    return on_host(lab, name, f"journalctl -q -o cat --since @{since} --grep {shlex.quote('^' + program + ':')}; true")
 
 
 def watchdog_check(lab, name: str) -> None:
@@ -172,7 +176,7 @@ def test_a_slow_fabric_probe_answered_once_drains_nothing_twice_drains(host):
             on_host(lab, name, f"touch {SLOW_FLAG}" if slow else f"rm -f {SLOW_FLAG}")
             seconds.append(guard_check(lab, name))
             serving.append(lab.ssh(name, f"systemctl is-active {svc}").stdout.strip())
-        once = journal(lab, name, "rigup-gpu-guard.service", since)
+        once = journal(lab, name, "rigup-gpu-guard", since)
         untripped = lab.ssh(name, f"test -e {TRIPPED}").returncode != 0
         looked = [ln for ln in once.splitlines() if "NVSwitch fabric" in ln]
         print(f"\nslow once: checks {', '.join(f'{s:.1f}' for s in seconds)} s (timeout {SMI_TIMEOUT_S} s); "
@@ -186,7 +190,7 @@ def test_a_slow_fabric_probe_answered_once_drains_nothing_twice_drains(host):
         seconds = [guard_check(lab, name) for _ in range(2)]     # slow twice in a row
         record = json.loads(on_host(lab, name, f"cat {TRIPPED}"))
         after = lab.ssh(name, f"systemctl is-active {svc}").stdout.strip()
-        twice = journal(lab, name, "rigup-gpu-guard.service", since)
+        twice = journal(lab, name, "rigup-gpu-guard", since)
         print(f"slow twice: checks {', '.join(f'{s:.1f}' for s in seconds)} s; tripped: {record['reason']!r}; "
               f"{svc} {after}; " + "; ".join(ln for ln in twice.splitlines() if "TRIPPED" in ln))
         assert record["reason"] == "the NVSwitch fabric: nvidia-fabricmanager.service is not answering"
@@ -220,7 +224,7 @@ def test_speeds_that_are_no_number_never_become_a_figure_or_a_floor(host):
         since, checks = int(time.time()), 5
         for _ in range(checks):
             watchdog_check(lab, name)
-        log = journal(lab, name, "rigup-watchdog.service", since)
+        log = journal(lab, name, "rigup-watchdog", since)
         figures, records = exported(lab, name), state(lab, name)
         for inst, text in REPORTED.items():
             tps = figures[series("tokens_per_second", inst)]
@@ -250,7 +254,7 @@ def test_a_gate_record_of_infinity_gives_no_floor(host):
         before, since, checks = pid(lab, name, inst), int(time.time()), 3
         for _ in range(checks):
             watchdog_check(lab, name)
-        log = journal(lab, name, "rigup-watchdog.service", since)
+        log = journal(lab, name, "rigup-watchdog", since)
         ignored = [ln for ln in log.splitlines() if f"{inst}" in ln]
         figures = exported(lab, name)
         print(f"gate record {written}: {checks} checks; journal: {ignored[:2]}; restarts "
@@ -342,7 +346,7 @@ def test_an_idle_sleeping_instance_is_left_asleep(host):
             watchdog_check(lab, name)
         asked = on_host(lab, name, f"cat {SLEEPY_LOG}").splitlines()
         completions = [ln for ln in asked if ln.startswith("/v1/chat/completions")]
-        log = journal(lab, name, "rigup-watchdog.service", since)
+        log = journal(lab, name, "rigup-watchdog", since)
         record = state(lab, name)[inst]
         print(f"\nidle, sleep_idle_s: {checks} checks, {len(completions)} completions sent to it, "
               f"{sum(ln.startswith('/metrics') for ln in asked)} /metrics reads; "
@@ -373,7 +377,7 @@ def test_a_wedged_sleeping_instance_is_restarted(host):
             took = time.monotonic() - queued
         finally:
             on_host(lab, name, "systemctl stop rigup-watchdog.timer")
-        log = journal(lab, name, "rigup-watchdog.service", since)
+        log = journal(lab, name, "rigup-watchdog", since)
         wedged = re.findall(rf"{inst}: wedged: (\d+) requests waiting and no token generated since the last check"
                             rf"[^\n]*\((\d) of {K} checks in a row\)", log)
         why = [ln for ln in log.splitlines() if "restarting" in ln]
@@ -392,6 +396,34 @@ def test_a_wedged_sleeping_instance_is_restarted(host):
 
 
 # ----------------------------------------------------------------------------- 4. a router's model failing
+def statuses(lab, name: str, port: int) -> dict:
+    """A router's /models: each model's status, without its command line and preset."""
+    listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{port}/models"))["data"]
+    return {m["id"]: {k: v for k, v in m["status"].items() if k not in ("args", "preset")} for m in listed}
+
+
+def failing_twice(lab, name: str, inst: str, good: str, bad: str, ready) -> dict:
+    """Router ``inst`` asked for ``bad`` (its load fails), then K checks of the watchdog; once
+    restarted and ``ready()``, asked for it again, K checks more; then asked for ``good``. What each
+    step gave: the answers, /models after the first, the pids, the journal, the watchdog's record."""
+    port, since, first = PORTS.get(inst, DUO_PORT), int(time.time()), pid(lab, name, inst)
+    code, answer = ask(lab, name, port, bad)
+    shown = statuses(lab, name, port)
+    for _ in range(K):
+        watchdog_check(lab, name)
+    restarted = until(lambda: pid(lab, name, inst) not in (first, "0"), 30)
+    assert restarted and ready(), statuses(lab, name, port)
+    second = pid(lab, name, inst)
+    again, _ = ask(lab, name, port, bad)                # asked again after the restart: fails again
+    for _ in range(K):
+        watchdog_check(lab, name)
+    time.sleep(2)                                       # a restart (--no-block) would have begun by now
+    answered, body = ask(lab, name, port, good)
+    return {"code": code, "answer": answer, "shown": shown, "pids": [first, second, pid(lab, name, inst)],
+            "again": again, "answered": answered, "body": body, "log": journal(lab, name, "rigup-watchdog", since),
+            "record": state(lab, name)[inst]}
+
+
 def test_a_router_model_that_fails_to_load_is_restarted_once(host):
     lab, name = host
     inst, (good, bad) = "router", ROUTERS["router"]
@@ -399,34 +431,96 @@ def test_a_router_model_that_fails_to_load_is_restarted_once(host):
     fresh(lab, name)
     try:
         serve_stub(lab, name, inst, port, tps=200, extra=("--router", f"{good},{bad}", "--fail-model", bad))
-        since, first = int(time.time()), pid(lab, name, inst)
-        code, _ = ask(lab, name, port, bad)             # its load fails: /models says so
-        models = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{port}/models"))
-        shown = {m["id"]: m["status"] for m in models["data"]}
-        for _ in range(K):
-            watchdog_check(lab, name)
-        restarted = until(lambda: pid(lab, name, inst) not in (first, "0"), 20)
-        assert restarted, "the router was never restarted"
-        assert until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 20)
-        second = pid(lab, name, inst)
-        again, _ = ask(lab, name, port, bad)            # asked again after the restart: fails again
-        for _ in range(K):
-            watchdog_check(lab, name)
-        time.sleep(2)                                   # a restart (--no-block) would have begun by now
-        answered, body = ask(lab, name, port, good)
-        log = journal(lab, name, "rigup-watchdog.service", since)
-        record = state(lab, name)[inst]
-        lines = [ln for ln in log.splitlines() if f"model {bad}" in ln]
-        print(f"\n{bad}: HTTP {code}, /models {shown[bad]}; {good} {shown[good]}\n" + "\n".join(lines)
-              + f"\npids {first} -> {second} -> {pid(lab, name, inst)}; restarts {record.get('restarts')}, "
-                f"escalations {record.get('escalations')}; {bad} asked again: HTTP {again}; {good}: HTTP {answered}")
-        assert code == 500 and shown[bad] == {"value": "unloaded", "failed": True, "exit_code": 1}
+        got = failing_twice(lab, name, inst, good, bad,
+                            lambda: until(lambda: lab.ssh(name, f"curl -sf http://127.0.0.1:{port}/health").returncode == 0, 20))
+        lines = [ln for ln in got["log"].splitlines() if f"model {bad}" in ln]
+        record, (first, second, third) = got["record"], got["pids"]
+        print(f"\n{bad}: HTTP {got['code']}, /models {got['shown']}\n" + "\n".join(lines)
+              + f"\npids {first} -> {second} -> {third}; restarts {record.get('restarts')}, escalations "
+                f"{record.get('escalations')}; {bad} asked again: HTTP {got['again']}; {good}: HTTP {got['answered']}")
+        assert got["code"] == 500 and got["shown"][bad] == {"value": "unloaded", "failed": True, "exit_code": 1}
         assert any(f"model {bad} failed to load (exit code 1) (1 of {K} checks in a row)" in ln for ln in lines)
         assert any(f"model {bad} failed to load (exit code 1) in {K} checks in a row; restarting {unit(inst)}" in ln
                    for ln in lines)
         assert any(f"model {bad} still fails to load (exit code 1) after its restart by the watchdog: not restarting "
                    "it again" in ln for ln in lines)
-        assert record["restarts"] == 1 and record["escalations"] == 1 and pid(lab, name, inst) == second
-        assert again == 500 and answered == 200 and json.loads(body)["usage"]["completion_tokens"] == 8
+        assert record["restarts"] == 1 and record["escalations"] == 1 and third == second
+        assert got["again"] == 500 and got["answered"] == 200 and json.loads(got["body"])["usage"]["completion_tokens"] == 8
     finally:
         unserve_stub(lab, name, inst)
+
+
+# ----------------------------------------------------------------------------- 4, for real: a truncated GGUF
+DUO_PORT = 8091
+DUO = {"model": "gemma-270m", "also": ["tiny"], "models_max": 1, "port": DUO_PORT, "ctx": 2048, "parallel": 1,
+       "ngl": 0, "min_tokens_per_s": 1, "per_model": {"tiny": {"ctx": 512}}}
+
+
+@pytest.fixture(scope="module")
+def duo(host, tmp_path_factory):
+    """The lab's real llama-server as a router (test_router.py's ``duo``: Gemma 3 270M and the smoke
+    model rigup ships, published on the lab's hub as ``tiny``) converged on the host by deploy.py (the
+    llama.cpp build, the models' fetch); the watchdog watches it alone. Only the test that uses it
+    pays for the build."""
+    import yaml
+
+    from tests.converge import ROOT
+    from tests.lab import hub, models, sources
+    from tests.roles.watch_lab import run_play
+
+    lab, name = host
+    sources.llama_cpp_mirror()
+    sources.serve()
+    hub.serve()
+    models.publish_gemma()
+    revision = hub.publish("rigup-lab/smoke-tiny-GGUF", {"smoke.gguf": ROOT / "roles/llama_cpp/smoke.gguf"})
+    catalog = {**yaml.safe_load((ROOT / "group_vars/lab.yml").read_text())["models"],
+               "tiny": {"repo": "rigup-lab/smoke-tiny-GGUF", "revision": revision, "include": ["*.gguf"],
+                        "size_gib": 0.01, "wait": True}}
+    data = {**SETTINGS, "models": catalog, "llama_server_instances": {"duo": DUO}}
+    run = run_play(tmp_path_factory.mktemp("duo"), "deploy.py", {name: data})
+    print(f"\n{name}: duo (llama-server's router: gemma-270m + tiny) converged by deploy.py in {run.seconds:.0f} s")
+    on_host(lab, name, "systemctl stop rigup-watchdog.timer")
+    return lab, name
+
+
+def loaded(lab, name: str, port: int, model: str) -> dict | None:
+    """The router's /models once ``model`` reads loaded (within 120 s), else None."""
+    return until(lambda: (seen := statuses(lab, name, port)).get(model, {}).get("value") == "loaded" and seen, 120)
+
+
+def test_a_real_router_whose_model_file_is_truncated_is_restarted_once(duo):
+    """A swap first (tiny whole): not a failure, nothing restarted. Then tiny's GGUF cut to half and
+    the router restarted, asked for tiny once Gemma has loaded (a model evicted while it still loads
+    reads failed too, exit code 1: see the report of issue 65)."""
+    lab, name = duo
+    svc, port, (good, bad) = unit("duo"), DUO_PORT, ("gemma-270m", "tiny")
+    on_host(lab, name, f"rm -f {STATE}")
+    assert loaded(lab, name, port, good), statuses(lab, name, port)
+    swapped, _ = ask(lab, name, port, bad)              # a swap: Gemma evicted, tiny loaded
+    after_swap = statuses(lab, name, port)
+    for _ in range(K):
+        watchdog_check(lab, name)
+    swaps_restarts = state(lab, name)["duo"].get("restarts", 0)
+    print(f"\nswap (tiny whole): HTTP {swapped}; /models {after_swap}; {K} checks: {swaps_restarts} restarts")
+    assert swapped == 200 and not after_swap[good].get("failed") and swaps_restarts == 0
+
+    gguf = on_host(lab, name, "grep -h '^model *= *.*smoke.gguf' /etc/rigup/llama-server/duo.models.ini "
+                              "| head -n 1 | sed 's/^model *= *//'").strip()
+    size = int(on_host(lab, name, f"stat -L -c %s {shlex.quote(gguf)}"))
+    # cut to half (its header whole, its tensors not), then a fresh router: nothing of it mapped
+    on_host(lab, name, f"truncate -s {size // 2} {shlex.quote(gguf)} && systemctl restart {svc} && rm -f {STATE}")
+    assert loaded(lab, name, port, good), statuses(lab, name, port)
+    got = failing_twice(lab, name, "duo", good, bad, lambda: loaded(lab, name, port, good))
+    code, shown, log, record, (first, second, third) = got["code"], got["shown"], got["log"], got["record"], got["pids"]
+    lines = [ln for ln in log.splitlines() if "model " in ln]
+    print(f"{bad}'s GGUF cut from {size} to {size // 2} bytes: HTTP {code} ({got['answer'][:100]}); /models {shown}\n"
+          + "\n".join(lines) + f"\npids {first} -> {second} -> {third}; restarts {record.get('restarts')}, "
+          f"escalations {record.get('escalations')}; {bad} asked again: HTTP {got['again']}; {good}: HTTP {got['answered']}")
+    assert code == 500 and shown[bad]["failed"] is True and shown[bad]["exit_code"] == 1 and not shown[good].get("failed")
+    assert any(f"model {bad} failed to load (exit code 1) in {K} checks in a row; restarting {svc}" in ln for ln in lines)
+    assert any(f"model {bad} still fails to load (exit code 1) after its restart by the watchdog: not restarting it "
+               "again" in ln for ln in lines), lines
+    assert f"model {good}" not in log
+    assert record["restarts"] == 1 and record["escalations"] == 1 and third == second
+    assert got["again"] == 500 and got["answered"] == 200 and json.loads(got["body"])["usage"]["completion_tokens"] > 0
