@@ -34,7 +34,7 @@ WAITING = [f"tests/roles/test_{m}.py" for m in (
     "cuda_toolkit", "cmpunlocker", "ray", "nvidia_driver", "router_fleet", "smoke",
     # issue 63's pinned router model: one host, 91 s alone (lane A about 43 min, B 40 before it)
     "router_pinned",
-    # issue 65's watchers: one host of its own, checks run one at a time (no build, no model)
+    # issue 65's watchers: one host of its own, checks run one at a time (3.4 min; its one real router builds llama.cpp)
     "watchers",
     # the tuner (issue 63 added a router's sweep, about 3 min): lane A had grown by the burn-in's
     # pulse and schedule and the roll killed midway
