@@ -23,6 +23,9 @@ failed stays out of the pools. More than ``rigup_max_fail`` failed hosts stop th
 not started keep serving untouched. The last lines say which hosts are done, failed (why), unknown,
 not converged and not started, and why the roll stopped; the exit code is 0 only when every host
 is done. ``--dry`` converges nothing and touches no gateway (each batch's plan is printed).
+Each batch's drain carries a lease (``rigup_drain_lease_s``, 120 s), renewed every third of it
+while the batch converges: a roll that dies stops renewing it, and each gateway puts the host back
+by itself once the lease lapsed and the host answers /health (roles/balancer/drain.py expire).
 While it runs, roll.py keeps a journal (``$RIGUP_CACHE_DIR/roll.json``: its pid, the batch and the
 step); its pyinfra dies with it (even by SIGKILL). A roll that finds the journal of one that died
 names what it left (the batch, and whether it was draining, converging or putting it back) and
@@ -34,10 +37,12 @@ spelling (``--limit=X``, ``--lim X``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,14 +69,15 @@ def dies_with_parent() -> None:
         os._exit(1)
 
 
-def pyinfra(*args: str) -> tuple[int, str]:
-    """``pyinfra ARGS`` from the project root, its output passed through and kept; it dies with
-    roll.py (:func:`dies_with_parent`)."""
+def pyinfra(*args: str, echo: bool = True) -> tuple[int, str]:
+    """``pyinfra ARGS`` from the project root, its output passed through (``echo``) and kept; it
+    dies with roll.py (:func:`dies_with_parent`)."""
     proc = subprocess.Popen([PYINFRA, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=dies_with_parent)
     kept = []
     for line in proc.stdout:
-        sys.stdout.write(shown_lines(line, 4000, None))   # pyinfra's output, host text in it
+        if echo:
+            sys.stdout.write(shown_lines(line, 4000, None))   # pyinfra's output, host text in it
         kept.append(line)
     return proc.wait(), "".join(kept)
 
@@ -87,10 +93,11 @@ def helper_said(output: str) -> list[str]:
 
 
 def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: list[str], args: list[str],
-                limit) -> str | None:
-    """``rigup-balancer-drain ACTION BACKEND HOST`` on every gateway for each backend that holds one
-    of ``names`` (``gateways``: name -> (its drain helper, its backends); ``limit``: a host's
-    --limit arguments, or why there is none); None, or why it failed (the helper's words)."""
+                limit, lease: int | None = None) -> str | None:
+    """``rigup-balancer-drain ACTION BACKEND HOST [LEASE]`` on every gateway for each backend that
+    holds one of ``names`` (``gateways``: name -> (its drain helper, its backends); ``limit``: a
+    host's --limit arguments, or why there is none; ``lease``: maint's and renew's seconds); None,
+    or why it failed (the helper's words)."""
     for gateway, (drain, backends) in gateways.items():
         servers = [(b["name"], name) for b in backends for name in names if any(s[0] == name for s in b["servers"])]
         if not servers:
@@ -98,18 +105,42 @@ def at_gateways(inventory: str, gateways: dict[str, list], action: str, names: l
         pick = limit([gateway])
         if isinstance(pick, str):
             return f"{action} at gateway {gateway}: {pick}"
-        steps = " && ".join(shlex.join([drain, action, backend, name]) for backend, name in servers)
+        extra = [str(lease)] if lease else []
+        steps = " && ".join(shlex.join([drain, action, backend, name, *extra]) for backend, name in servers)
         # one argument: pyinfra's exec joins its arguments with spaces into one shell command
-        code, out = pyinfra("-y", *pick, *[a for a in args if a != "-y"], inventory, "exec", "--", steps)
+        code, out = pyinfra("-y", *pick, *[a for a in args if a != "-y"], inventory, "exec", "--", steps,
+                            echo=action != "renew")
         said = helper_said(out)
         if code:
             errors = [line for line in said if not line.endswith(READ_BACK)]
             return f"{action} at gateway {gateway} failed: {'; '.join(errors) or f'pyinfra exited {code}'}"
+        if action == "renew":
+            continue
         unconfirmed = [f"{b}/{n}" for b, n in servers if f"{b}/{n} is {action}{READ_BACK}" not in said]
         if unconfirmed:
             return (f"{action} at gateway {gateway}: its drain helper read back no {action} of "
                     f"{', '.join(unconfirmed)} (an older helper? converge the gateways first)")
     return None
+
+
+@contextlib.contextmanager
+def renewing(renew, lease: int):
+    """``renew()`` every third of ``lease`` seconds while the block runs (the batch's converge): a
+    renewal that fails is said, and the next one tried (the lease lapses only when none came)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(lease / 3):
+            why = renew()
+            if why:
+                print(shown(f"--> rigup roll: the drain's lease was not renewed: {why}", 4000), flush=True)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
 
 
 def play_of(args: list[str]) -> tuple[str, list[str]]:
@@ -138,6 +169,7 @@ def main(argv: list[str]) -> int:
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}
     plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
+    lease = int(first.get("rigup_drain_lease_s") or 120)
     journal = roll.journal_path()
     try:
         dead, unread = (None, None) if dry else roll.left_behind(journal)
@@ -176,7 +208,7 @@ def main(argv: list[str]) -> int:
             stopped = f"no --limit picks batch {i + 1} alone: {pick}"
             break
         step(batch, "draining")
-        why = None if dry else at_gateways(inventory, gateways, "maint", batch, args, limit)
+        why = None if dry else at_gateways(inventory, gateways, "maint", batch, args, limit, lease)
         if why:   # not converged: back in the pools where it left them (it serves as before)
             back = at_gateways(inventory, gateways, "ready", batch, args, limit)
             halted.update({name: f"its drain could not be verified; "
@@ -185,7 +217,9 @@ def main(argv: list[str]) -> int:
             stopped = f"a drain could not be verified: {why}"
             break
         step(batch, "converging")
-        code, out = pyinfra(inventory, play, *pick, "--data", "rigup_rolling=true", *args)
+        with renewing(lambda: None if dry else at_gateways(inventory, gateways, "renew", batch, args, limit, lease),
+                      lease):
+            code, out = pyinfra(inventory, play, *pick, "--data", "rigup_rolling=true", *args)
         result = roll.outcomes(out, batch, code, dry)
         failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
         unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})

@@ -9,7 +9,17 @@ roles/balancer/config.py).
                                                     then wait (at most 50 s) for its running ones
     rigup-balancer-drain ready BACKEND SERVER PORT  after a start: wait for 127.0.0.1:PORT/health
                                                     200 (at most 600 s), then back in the pool
-    rigup-balancer-drain maint BACKEND SERVER       drain, then out of the pool (maint) until ready
+    rigup-balancer-drain maint BACKEND SERVER [LEASE_S]
+                                                    drain, then out of the pool (maint) until ready;
+                                                    with LEASE_S (./roll.py), for that long: unless
+                                                    renewed, the server goes back in by itself
+                                                    once its /health answers 200 (expire)
+    rigup-balancer-drain renew BACKEND SERVER LEASE_S
+                                                    the lease, LEASE_S from now (./roll.py, while it
+                                                    converges the batch)
+    rigup-balancer-drain expire BACKEND SERVER      the lease lapsed (its systemd timer runs it): the
+                                                    server back in the pool if /health answers 200,
+                                                    else left out, said, and looked at again
     rigup-balancer-drain ready BACKEND SERVER       back in the pool now, then wait (at most 120 s)
                                                     for its health checks to say UP; exit 1 if not
 (``maint`` and ``ready`` without a port: a gateway's side of ./roll.py, whose servers are other hosts.)
@@ -39,15 +49,21 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
 SOCKET = "/run/haproxy/admin.sock"
+LEASES = "/run/rigup/drain-leases"      # one file per leased server: {"until", "why"} (what status and people read)
+RECHECK_S = 10                          # a lapsed lease whose server does not answer: looked at again this often
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")   # a backend's or server's name as roles/balancer writes them
 CONFIG = "/etc/haproxy/haproxy.cfg"
 STATE = "/run/haproxy/server-state"     # roles/balancer/config.py SERVER_STATE (the config reads it)
 FMAINT, FDRAIN = 0x01, 0x08             # srv_admin_state: forced maintenance, forced drain
@@ -351,6 +367,79 @@ def wait(predicate, seconds: float) -> bool:
     return True
 
 
+# A lease on a drain (issue 65): roll.py drains a batch's servers with a lease and renews it while it
+# converges them; a controller that dies stops renewing, and the gateway puts each server back by
+# itself once it answers. The timer is a transient systemd unit (systemd-run): nothing to install,
+# gone with the lease; a gateway rebooted meanwhile keeps the server out (its saved state) until
+# a roll or an operator puts it back.
+def lease_unit(backend: str, server: str) -> str:
+    for name in (backend, server):
+        if not NAME.fullmatch(name):
+            raise Failed(f"not a backend or server name: {shown(name, 120)!r}")
+    return f"rigup-drain-lease-{backend}-{server}".replace(":", "_")
+
+
+def lease_file(backend: str, server: str) -> str:
+    return os.path.join(LEASES, lease_unit(backend, server) + ".json")
+
+
+def arm(backend: str, server: str, seconds: int, why: str | None = None) -> None:
+    """The lease's timer, ``seconds`` from now (an earlier one stopped first), and its file."""
+    unit = lease_unit(backend, server)
+    subprocess.run(["systemctl", "stop", f"{unit}.timer"], capture_output=True, timeout=30)
+    subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
+    done = subprocess.run(["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--on-active={seconds}s",
+                           "--timer-property=AccuracySec=1s", os.path.abspath(sys.argv[0]), "expire", backend, server],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        raise Failed(f"{backend}/{server}: its lease's timer did not start: {done.stderr.strip()[:300]}")
+    os.makedirs(LEASES, mode=0o755, exist_ok=True)
+    tmp = lease_file(backend, server) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"until": round(time.time() + seconds), "why": why}, f)
+    os.replace(tmp, lease_file(backend, server))
+
+
+def disarm(backend: str, server: str) -> None:
+    """No lease any more (the server readied): its timer stopped, its file gone."""
+    unit = lease_unit(backend, server)
+    subprocess.run(["systemctl", "stop", f"{unit}.timer"], capture_output=True, timeout=30)
+    try:
+        os.remove(lease_file(backend, server))
+    except FileNotFoundError:
+        pass
+
+
+def expire(backend: str, server: str) -> None:
+    """The lease lapsed: back in the pool when the server's /health (its address and port in
+    HAProxy) answers 200, else left out, the reason kept in the lease's file and said, and looked
+    at again in RECHECK_S. A server no longer in maint (readied meanwhile) needs nothing."""
+    if not os.path.exists(lease_file(backend, server)):
+        return
+    fields = server_state(backend, server)
+    if not admin_state(backend, server) & FMAINT:
+        disarm(backend, server)
+        return
+    addr, port = fields.get("srv_addr", ""), fields.get("srv_port", "")
+    url = f"http://{'[' + addr + ']' if ':' in addr else addr}:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            answer = r.status
+    except urllib.error.HTTPError as e:
+        answer = e.code
+    except (OSError, urllib.error.URLError) as e:
+        answer = f"no answer ({getattr(e, 'reason', e)})"
+    if answer == 200:
+        set_state(backend, server, "ready")
+        disarm(backend, server)
+        print(shown(f"rigup-balancer-drain: {backend}/{server}: its lease lapsed (the roll that drained it stopped "
+                    f"renewing it) and {url} answers 200: back in the pool", 4000), flush=True)
+        return
+    why = f"its lease lapsed, {url} answers {answer}: left out of the pool, looked at again in {RECHECK_S} s"
+    print(shown(f"rigup-balancer-drain: {backend}/{server}: {why}", 4000), file=sys.stderr, flush=True)
+    arm(backend, server, RECHECK_S, why)
+
+
 def run(argv: list[str]) -> None:
     action = argv[0]
     if action == "save-state":
@@ -366,6 +455,13 @@ def run(argv: list[str]) -> None:
             admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)
         return   # no HAProxy: nothing holds the port
     server = argv[2]
+    if action == "expire":
+        expire(backend, server)
+        return
+    if action == "renew":
+        if os.path.exists(lease_file(backend, server)):
+            arm(backend, server, int(argv[3]))
+        return
     if action == "ready" and len(argv) > 3 and not reachable():
         # a replica started while HAProxy is away: its saved state must not drain it at HAProxy's start
         ready_in_saved_state(backend, server)
@@ -376,11 +472,15 @@ def run(argv: list[str]) -> None:
         wait(lambda: drained(backend, server, worker), DRAIN_S)
         if action == "maint":
             set_state(backend, server, "maint")
+            if len(argv) > 3:   # roll.py's lease
+                arm(backend, server, int(argv[3]))
     elif action == "ready" and len(argv) > 3:
         wait(lambda: healthy(int(argv[3])), HEALTH_S)
         set_state(backend, server, "ready")
     elif action == "ready":
         set_state(backend, server, "ready")
+        if os.path.exists(lease_file(backend, server)):
+            disarm(backend, server)
         # "UP" once a health check passed since (right after ready HAProxy says "UP 1/2")
         if not wait(lambda: stat(backend, server)[17:18] == ["UP"], UP_S):
             status = (stat(backend, server) or ["?"] * 18)[17]
@@ -390,7 +490,8 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or len(argv) < {"save-state": 1, "reload": 2, "release": 2}.get(argv[0], 3):
+    if not argv or len(argv) < {"save-state": 1, "reload": 2, "release": 2, "renew": 4}.get(argv[0], 3) or \
+            (argv[0] in ("maint", "renew") and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 86400)):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:

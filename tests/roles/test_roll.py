@@ -58,6 +58,7 @@ GATE_S = 45     # llama_server_health_timeout of the roll whose gate never answe
 REBOOT_S = 2    # nvidia_driver_reboot_delay (5 by default): a lab host is back within 2 s of its reboot
 SETTLE_S = 1    # the client and the sampler run this long before a block and after it
 POLL_S = 0.5    # wait_pool's poll of the gateway's stats page
+LEASE_S = 15    # rigup_drain_lease_s of the roll killed midway (120 by default): its host back by itself after it
 
 
 def data(ctx: int) -> tuple[str, str]:
@@ -362,14 +363,15 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_what_it_left(rack):
-    """Issue 65: roll.py killed with SIGKILL while it converges lab1 (drained at the gateway): its
-    pyinfra dies with it (PR_SET_PDEATHSIG), lab1 stays out of the pool; a roll started while the
-    first runs is refused; the next roll names what the dead one left (lab1, while converging it),
-    rolls lab1 first and puts it back, every host UP after it and no request through the gateway
-    failed."""
+    """Issue 65: roll.py killed with SIGKILL while it converges lab1 (drained at the gateway, with a
+    lease of LEASE_S): its pyinfra dies with it (PR_SET_PDEATHSIG), lab1 stays out of the pool until
+    the lease lapses, then the gateway puts it back by itself (its /health answers); the next roll
+    names what the dead one left (lab1, while converging it), rolls lab1 first, every host UP after
+    it and no request through the gateway failed; a roll started while another runs is refused."""
     lab = rack
     wait_pool(lab, dict.fromkeys(SERVING, "UP"))
-    argv = [str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *data(2048)]
+    argv = [str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *data(2048),
+            "--data", f"rigup_drain_lease_s={LEASE_S}"]
     env = {**os.environ, **ENV}
     first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     start = time.monotonic()
@@ -386,6 +388,10 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
         time.sleep(0.1)
     gone = time.monotonic() - killed
     left = pool(lab)
+    # nobody renews the drain's lease: the gateway puts lab1 back by itself once it lapsed
+    wait_pool(lab, dict.fromkeys(SERVING, "UP"), seconds=LEASE_S + 60)
+    back = time.monotonic() - killed
+    said = on_host(lab, GATEWAY, "journalctl -q --no-pager -o cat -u 'rigup-drain-lease-*' | tail -n 3")
     rolled = roll(lab, "inventory/lab.py", *data(2048))
     named = [ln.strip() for ln in rolled["out"].splitlines() if "died while" in ln]
     # a roll started while another runs (its journal's pid alive: this test's) is refused
@@ -396,9 +402,11 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
         second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     finally:
         journal.unlink(missing_ok=True)
-    print(f"roll.py killed: its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; the next roll: "
+    print(f"roll.py killed: its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; lab1 back by its "
+          f"lease ({LEASE_S} s) after {back:.1f} s: {said.strip()[-300:]}; the next roll: "
           f"{named[:1]}; a roll while another runs: exit {second.returncode}: {second.stderr.strip()[-200:]}")
-    assert pyinfras and left["lab1"].startswith("MAINT")
+    assert pyinfras and left["lab1"].startswith("MAINT") and back < LEASE_S + 60
+    assert "its lease lapsed (the roll that drained it stopped renewing it)" in said and "back in the pool" in said
     assert named and "died while " in named[0] and named[0].endswith(": lab1; rolled first now (drained, converged, "
                                                                       "put back)")
     assert rolled["code"] == 0 and rolled["result"]["failed"] == 0, rolled["out"][-4000:]

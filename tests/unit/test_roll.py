@@ -2,6 +2,8 @@
 
 import fnmatch
 
+import os
+
 import pytest
 
 from rigup import roll
@@ -173,7 +175,7 @@ ctx_state.set(State())
 inventory = make_inventory(argv[0])
 calls = []
 
-def fake(*args):
+def fake(*args, **kw):
     calls.append(list(args))
     patterns = [args[i + 1] for i, a in enumerate(args) if a == "--limit"]
     hosts = sorted(h.name for h in _get_inventory_pattern_matches(inventory, patterns, "--limit"))
@@ -208,7 +210,8 @@ def roll_with(tmp_path, scenario: dict, *args: str) -> tuple[dict, str]:
     (tmp_path / "fleet.py").write_text(INVENTORY)
     log = tmp_path / "log.json"
     run = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT), json.dumps(scenario), str(log), str(tmp_path / "fleet.py"),
-                          "-y", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          "-y", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "RIGUP_CACHE_DIR": str(tmp_path / "cache")})   # its own journal
     assert log.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(log.read_text())
     return result, run.stdout + run.stderr
@@ -223,7 +226,7 @@ def test_a_roll_picks_each_host_by_its_exact_name(tmp_path):
     assert result["code"] == 0, out
     assert [[c[i + 1] for i, a in enumerate(c) if a == "--limit"] for c in deploys(result)] == [["[r]ig1"], ["[r]ig2"], ["[r]ig3"]]
     steps = [c[-1] for c in result["calls"] if "exec" in c]
-    assert steps[:2] == ["/opt/rigup/bin/rigup-balancer-drain maint gateway-gemma rig1",
+    assert steps[:2] == ["/opt/rigup/bin/rigup-balancer-drain maint gateway-gemma rig1 120",
                          "/opt/rigup/bin/rigup-balancer-drain ready gateway-gemma rig1"]
     assert all(c[c.index("--limit") + 1] == "[g]w" for c in result["calls"] if "exec" in c)
     assert "    [rig1] done\n    [rig2] done\n    [rig3] done\n" in out and "the roll stopped" not in out
@@ -278,7 +281,7 @@ def test_a_roll_with_play_tune_py_sweeps_one_host_at_a_time_each_drained_first(t
     assert deploys(result) == [] and [[c[i + 1] for i, a in enumerate(c) if a == "--limit"] for c in plays] == [
         ["[r]ig1"], ["[r]ig2"], ["[r]ig3"]]
     steps = [c[-1] for c in result["calls"] if "exec" in c]
-    order = [("maint" if "maint" in s else "ready", s.split()[-1]) for s in steps]
+    order = [("maint" if "maint" in s else "ready", s.split()[3]) for s in steps]
     assert order == [("maint", "rig1"), ("ready", "rig1"), ("maint", "rig2"), ("ready", "rig2"),
                      ("maint", "rig3"), ("ready", "rig3")]
     assert "--play" not in " ".join(" ".join(c) for c in plays)
