@@ -623,7 +623,14 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
     if inst.get("models"):   # a router: judged by the model it has loaded (issue 49), and its failed loads
         statuses = throughput.model_statuses(server["url"], _key(inst))
         failing, restarting = failing_model(server, inst["models"], statuses, record, config)
-        if restarting:
+        if restarting:   # asked once before the restart: a model evicted while it loaded reads failed too
+            probe = measure(server, inst, config, record.get("failing_model"))
+            if probe["tps"] is not None:
+                log(5, f"rigup-watchdog: {name}: model {shown(record.get('failing_model'), 100)} read failed, but "
+                       f"loads and answers now ({probe['tps']:.1f} tok/s): not restarted (a load cut short by an "
+                       "eviction reads failed too)")
+                record["failing"], record["failing_model"] = 0, None
+                return None
             if restart(server, record, failing, config):
                 count(record, "failing_restarts")
             return None

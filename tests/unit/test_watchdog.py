@@ -768,7 +768,15 @@ class Router(BaseHTTPRequestHandler):
               if self.path == "/models" else b"llamacpp:tokens_predicted_total 0\n")
 
     def do_POST(self):
-        answer_fast(self)
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        status = self.server.models.get(body.get("model")) or {}
+        if status.get("failed") and not getattr(self.server, "answers_anyway", False):   # its load fails again
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        reply(self, json.dumps({"usage": {"completion_tokens": body["max_tokens"]},
+                                "timings": {"predicted_per_second": 400.0}}).encode())
 
     def log_message(self, *a):
         pass
@@ -825,3 +833,25 @@ def test_a_router_model_that_keeps_failing_to_load_is_named_and_its_router_resta
     assert "duo: model b failed to load (exit code 1) in 2 checks in a row; restarting rigup-llama@duo.service" in said[4]
     assert "<2>rigup-watchdog: duo: model b still fails to load (exit code 1) after its restart by the watchdog" in said[7]
     assert host.state()["duo"]["last_tps"] > FLOOR
+
+
+def test_a_router_model_that_reads_failed_but_loads_when_asked_is_not_restarted(tmp_path, monkeypatch, capsys):
+    """A model evicted while it loaded reads failed in llama-server's /models as a failed load does
+    (seen on the lab's real router, tests/roles/test_watchers.py): before restarting the router the
+    watchdog asks that model once; it loads and answers, so nothing is restarted."""
+    host = FakeHost(tmp_path, monkeypatch)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    server.daemon_threads, server.models, server.answers_anyway = True, {"a": LOADED, "b": FAILED}, True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        host.serve("duo", url, started_ago=OLD, gated_ago=OLD - 5)
+        host.config["instances"]["duo"]["models"] = ["a", "b"]
+        logs = [host.check(capsys) for _ in range(3)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = [ln for log in logs for ln in log.splitlines() if " b " in ln]
+    print("\n".join(said))
+    assert len(host.calls("restart")) == 0
+    assert any("model b read failed, but loads and answers now" in ln for ln in said)
