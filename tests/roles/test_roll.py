@@ -296,7 +296,7 @@ def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
         assert "[lab1] done" in summary and "[lab3] not started" in summary and "[lab4] not started" in summary
         assert "[lab2] not converged: its drain could not be verified" in summary
         assert ("the roll stopped: a drain could not be verified: maint at gateway lab5 failed: "
-                f"maint gateway-gemma lab2: cannot reach HAProxy's admin socket {SOCKET}") in summary
+                f"maint gateway-gemma lab2 120: cannot reach HAProxy's admin socket {SOCKET}") in summary
         assert pool(lab) == dict.fromkeys(SERVING, "UP")
     finally:   # a reload keeps the listeners it inherits: only a restart brings the socket back
         on_host(lab, GATEWAY, "systemctl restart haproxy")
