@@ -1332,6 +1332,29 @@ def run(opts: dict, only: list[str] | None) -> dict[str, dict]:
             pass
 
 
+def reaped(procs: dict, figs: dict) -> list[str]:
+    """One look at each card's worker (``procs``: uuid -> (process, pipe, deadline)): its result into
+    ``figs`` when it sent one, an error when it ended without; those past their deadline killed
+    with SIGKILL (never a GPU reset) and returned. Each one done leaves ``procs``."""
+    hung = []
+    for u, (p, conn, deadline) in list(procs.items()):
+        if conn.poll():
+            try:
+                figs[u].update(conn.recv())
+            except EOFError:
+                figs[u]["error"] = "the worker ended without a result"
+            p.join(5)
+        elif not p.is_alive():
+            figs[u]["error"] = f"the worker ended without a result (exit {p.exitcode})"
+        elif time.monotonic() > deadline:
+            os.kill(p.pid, KILL)
+            hung.append(u)
+        else:
+            continue
+        del procs[u]
+    return hung
+
+
 def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dict[str, dict]:
     ctx = multiprocessing.get_context("fork")
     procs = {}
@@ -1347,21 +1370,8 @@ def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dic
         for u, row in now_rows.items():
             if u in samples:
                 samples[u].append({**row, "t": round(time.time(), 2)})
-        for u, (p, conn, deadline) in list(procs.items()):
-            if conn.poll():
-                try:
-                    figs[u].update(conn.recv())
-                except EOFError:
-                    figs[u]["error"] = "the worker ended without a result"
-                p.join(5)
-                del procs[u]
-            elif not p.is_alive():
-                figs[u]["error"] = f"the worker ended without a result (exit {p.exitcode})"
-                del procs[u]
-            elif time.monotonic() > deadline:
-                os.kill(p.pid, KILL)       # never a GPU reset: quarantined, the operator decides
-                figs[u]["hung"] = round(time_bound(opts, by_uuid[u].get("memory.total") or 0))
-                del procs[u]
+        for u in reaped(procs, figs):   # never a GPU reset: quarantined, the operator decides
+            figs[u]["hung"] = round(time_bound(opts, by_uuid[u].get("memory.total") or 0))
         if procs:
             time.sleep(SAMPLE_S)
     xids = xid_since(started, opts.get("xid_match"), {c["uuid"]: c["pci.bus_id"] for c in todo})
@@ -1502,25 +1512,11 @@ def pulse(opts: dict) -> dict:
             p = ctx.Process(target=pulse_worker, args=(c, opts, start, barrier, child), daemon=True)
             p.start()
             child.close()
-            procs[c["uuid"]] = (p, parent)
-        deadline = time.monotonic() + PULSE_START_S + opts["seconds"] + 60
+            procs[c["uuid"]] = (p, parent, time.monotonic() + PULSE_START_S + opts["seconds"] + 60)
         while procs:
             rows.append({"t": round(time.time(), 2), "cards": samples_of({u: buses[u] for u in buses}, instant=True)})
-            for u, (p, conn) in list(procs.items()):
-                if conn.poll():
-                    try:
-                        figs[u].update(conn.recv())
-                    except EOFError:
-                        figs[u]["error"] = "the worker ended without a result"
-                    p.join(5)
-                    del procs[u]
-                elif not p.is_alive():
-                    figs[u]["error"] = f"the worker ended without a result (exit {p.exitcode})"
-                    del procs[u]
-                elif time.monotonic() > deadline:
-                    os.kill(p.pid, KILL)   # never a reset: the card hung in the pulse
-                    figs[u]["hung"] = True
-                    del procs[u]
+            for u in reaped(procs, figs):   # never a reset: the card hung in the pulse
+                figs[u]["hung"] = True
             if procs:
                 time.sleep(PULSE_SAMPLE_S)
         rec = pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
