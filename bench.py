@@ -20,14 +20,15 @@ inference met the CPU repack trap (``current/rigup-smoke.json``: ``cpu-repack-cr
 on one of the trap's signals while repacking runs once more with ``--repack 0``, and the report
 names the trap and asks for a rebuilt, proven llama.cpp on the host. A progress line per host; at the
 end, on the controller, ``bench_out/<date>/<host>.md`` and ``.json`` and ``fleet.png`` (tok/s
-against concurrency, one line per host and instance; rigup/bench.py). Nothing on the hosts
-changes but a temporary copy of the script, removed after the run.
+against concurrency, one line per host and instance; rigup/bench.py, drawn by charts.py). Nothing
+on the hosts changes but a temporary copy of the script, removed after the run.
 """
 
 import time
 
 from pyinfra import host
 
+import charts
 from rigup import bench
 from rigup.config import check_host
 
@@ -44,4 +45,5 @@ measured = host.get_fact(bench.Throughput, targets=targets, levels=list(data["be
 ready = [r for r in runs if not r.get("error")]
 benched = host.get_fact(bench.LlamaBench, runs=ready, binary=binary, tests=list(data["bench_llama_tests"]),
                         reps=data["bench_llama_reps"], timeout=data["bench_llama_timeout_s"]) if ready else {}
-bench.record(host.name, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched))
+bench.record(host.name, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched),
+             plot=charts.plot)

@@ -32,6 +32,7 @@ import json
 from pyinfra import host
 from pyinfra.operations import files, python, server
 
+import charts
 from rigup import nofollow, progress, summary, tuning
 from rigup.config import check_host
 from rigup.contract import llama_server
@@ -80,7 +81,7 @@ def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, stop:
                                          print_output=False, print_input=False)
         # read by its typed reader (tuning.record) before anything is written
         tuning.record(host.name, router or name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv,
-                      build, where=f"{host.name}:{out}/{name}.json", model=model)
+                      build, where=f"{host.name}:{out}/{name}.json", model=model, plot=charts.plot)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)
 

@@ -5,8 +5,9 @@ and API keys are read where they live) and the reports it writes at the end of t
 The measuring itself is rigup/throughput.py (standard library, no pyinfra): sent to the host by
 :class:`Throughput`, run there with the host's python3, one JSON line per instance back.
 Reports (:func:`write_reports`), in ``bench_out/<date>/``: ``<host>.md`` and ``<host>.json`` per
-host, and ``fleet.png`` (matplotlib, requirements-dev.txt): total tok/s against concurrency, one
-line per host and instance, in the order of :data:`COLORS`.
+host, and ``fleet.png``: total tok/s against concurrency, one line per host and instance, drawn by
+the chart the play hands to :func:`record` (charts.py's ``plot``, with matplotlib, which rigup/
+never imports).
 
 llama-bench (:class:`LlamaBench`) runs on the host too, one process per test, each after the other:
 with ``--repack 0`` when the serving build's smoke inference met the CPU repack trap
@@ -43,9 +44,6 @@ from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
 from rigup.text import say, shown
 
 THROUGHPUT = Path(__file__).with_name("throughput.py")
-# The plot's line colours, in the order of its series (matplotlib's tab10): a test finds each line by it.
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-PLOT_SIZE_IN, PLOT_DPI = (10, 6), 100
 SCRIPT_WORD = '"$t"'      # throughput.py's temporary copy on the host, in Throughput's command
 # The trap whose remedy is --no-repack (llama-bench: --repack 0), from the llama_cpp role's catalogue.
 REPACK = next(t for t in traps.load(ROLES_DIR / "llama_cpp" / "traps.yml") if t.remedy.value == "--no-repack")
@@ -356,46 +354,18 @@ def markdown(host: str, result: dict) -> str:
     return "\n".join(lines)
 
 
-def series(results: dict[str, dict]) -> list[tuple[str, list[int], list[float]]]:
-    """The plot's lines: (``host/instance``, concurrency levels, total tok/s), by host then instance."""
-    return [(f"{host}/{name}", [lv["concurrency"] for lv in inst["levels"]], [lv["total_tps"] for lv in inst["levels"]])
-            for host, result in sorted(results.items()) for name, inst in sorted(result["instances"].items())
-            if inst.get("levels")]
-
-
-def plot(results: dict[str, dict], path: Path, title: str = "rigup bench: throughput per host and instance") -> None:
-    """``fleet.png``: total tok/s against concurrency, one line per host and instance."""
-    import matplotlib
-    import matplotlib.ticker
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    fig, ax = pyplot.subplots(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI)
-    for (label, levels, tps), color in zip(series(results), COLORS * 10):
-        ax.plot(levels, tps, marker="o", linewidth=2.5, color=color, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({n for _, levels, _ in series(results) for n in levels}))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("concurrent requests")
-    ax.set_ylabel("total tokens/s (generation)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    pyplot.close(fig)
-
-
-def write_reports(results: dict[str, dict], out: Path) -> list[Path]:
-    """Each host's Markdown and JSON, and the fleet's PNG (left out, saying so, without matplotlib)."""
+def write_reports(results: dict[str, dict], out: Path, plot=None) -> list[Path]:
+    """Each host's Markdown and JSON, and the fleet's PNG drawn by ``plot`` (charts.py's: left out,
+    saying so, without matplotlib; None: none)."""
     written = []
     for host, result in sorted(results.items()):
         for suffix, text in ((".json", json.dumps(result, indent=1, sort_keys=True) + "\n"), (".md", markdown(host, result))):
             # bench_out may be any directory: only one no other user can write (rigup.boundary.owned)
             written.append(owned.write(out / f"{host}{suffix}", text, f"bench_out: {out}", mode=0o644))
     try:
-        plot(results, out / "fleet.png")
-        written.append(out / "fleet.png")
+        if plot:
+            plot(results, out / "fleet.png")
+            written.append(out / "fleet.png")
     except ImportError:
         click.echo("--> bench: no fleet.png: matplotlib is missing (pip install -r requirements-dev.txt)", err=True)
     return written
@@ -406,12 +376,14 @@ _run: dict = {}
 
 
 def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds: float,
-           llama: dict[str, list[dict]] | None = None) -> None:
+           llama: dict[str, list[dict]] | None = None, plot=None) -> None:
     """Keep ``host``'s results (the sweeps ``measured``, llama-bench's rows ``llama``) for the
-    reports written at exit, and print its progress line."""
+    reports written at exit (``plot``: the play's chart of them, charts.py's), and print its
+    progress line."""
     if not _run:
         atexit.register(report)
         _run["out"] = Path(data["bench_out"]) / datetime.date.today().isoformat()
+        _run["plot"] = plot
     llama = llama or {}
     instances = {t["name"]: {"engine": t["engine"], "url": t["url"], "via": t.get("via"),
                              **({"llama_bench": llama[t["name"]]} if t["name"] in llama else {}),
@@ -432,7 +404,7 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
 def report() -> None:
     if _results:
         try:
-            for path in write_reports(_results, _run["out"]):
+            for path in write_reports(_results, _run["out"], _run["plot"]):
                 say(f"--> bench: wrote {path}")
         except Unreadable as e:
             say(f"--> bench: no report written: {shown(e.where, 200)}: {shown(e.why, 400)}", fg="red")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, OperationError
 
-from rigup import bench, yamlfile
+from rigup import yamlfile
 from rigup.boundary import fields, owned, results
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import yaml_text
@@ -311,22 +311,23 @@ def markdown(host: str, name: str, result: dict) -> str:
 
 
 def record(host: str, name: str, result, data: dict, argv: list[str], build: str | None = None,
-           where: str | None = None, model: str | None = None) -> None:
+           where: str | None = None, model: str | None = None, plot=None) -> None:
     """Keep a sweep's result (the JSON text the host gave, or what it parsed to; None: none):
     read through :func:`rigup.boundary.results.sweep` first, so that a result out of bounds or
     missing a field writes nothing (:class:`OperationError` naming ``where``, the host and its
     file: that host fails alone); then ``host_vars/<host>.yml`` (under the site directory when
     there is one) gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png``
-    its plot); a line says what it found. With ``model``: router ``name``'s model, its entry
-    under the router's ``models`` and its files ``<host>-<name>-<model>``."""
+    its plot, drawn by ``plot``: the play's chart, charts.py's; None: none); a line says what it
+    found. With ``model``: router ``name``'s model, its entry under the router's ``models`` and its
+    files ``<host>-<name>-<model>``."""
     if model is not None:
         return _record(host, f"{name} {model}", f"{name}-{model}", result, data, build, where,
-                       lambda found: {name: {"models": {model: found}}})
-    return _record(host, name, name, result, data, build, where, lambda found: {name: found})
+                       lambda found: {name: {"models": {model: found}}}, plot)
+    return _record(host, name, name, result, data, build, where, lambda found: {name: found}, plot)
 
 
 def _record(host: str, name: str, stem: str, result, data: dict, build: str | None, where: str | None,
-            entries) -> None:
+            entries, plot=None) -> None:
     """:func:`record` of the sweep called ``name`` (its lines), its files ``<host>-<stem>``, its
     host_vars entry ``entries(found)``."""
     try:
@@ -349,8 +350,9 @@ def _record(host: str, name: str, stem: str, result, data: dict, build: str | No
     except Unreadable as e:   # a directory or host_vars file another user could write: nothing trusted there
         say(f"    [{host}] tune {name}: {shown(e.where, 200)}: {shown(e.why, 400)}; not kept", fg="red")
         raise OperationError(f"tune {name}: {e}") from None
-    try:   # bench.py's plot: one line per point, tok/s against the levels
-        bench.plot({host: {"instances": points}}, out / f"{host}-{stem}.png", f"tune.py: {host} {name}, each point")
+    try:   # the play's chart (charts.py): one line per point, tok/s against the levels
+        if plot:
+            plot({host: {"instances": points}}, out / f"{host}-{stem}.png", f"tune.py: {host} {name}, each point")
     except ImportError:
         say(f"    [{host}] tune {name}: no plot: matplotlib is missing (pip install -r requirements-dev.txt)")
     say(f"    [{host}] tune {name}: {found['flags'] or 'the instance as it was'}: {found['tok_s']} tok/s, "

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rigup import bench
+import charts
 from tests.roles.watch_lab import run_play, serve_stub, unserve_stub
 from tests.unit.test_bench import count_colours
 
@@ -49,6 +49,6 @@ def test_bench_writes_markdown_json_and_a_plot_with_one_line_per_host(lab, tmp_p
         assert "| concurrency | requests | failed | total tok/s | per-request tok/s |" in md and "| 8 | 16 | 0 |" in md
     pixels, counts = count_colours(day / "fleet.png")
     print(f"fleet.png {pixels.shape[1]}x{pixels.shape[0]}, pixels per line colour: {counts[:3]}")
-    assert pixels.shape[:2] == (bench.PLOT_SIZE_IN[1] * bench.PLOT_DPI, bench.PLOT_SIZE_IN[0] * bench.PLOT_DPI)
+    assert pixels.shape[:2] == (charts.PLOT_SIZE_IN[1] * charts.PLOT_DPI, charts.PLOT_SIZE_IN[0] * charts.PLOT_DPI)
     assert (pixels.sum(axis=2) < 600).mean() > 0.01
     assert counts[0] > 1000 and counts[1] > 1000 and counts[2] < 50       # one line per host, no third

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+import charts
 from rigup import bench
 
 DATA = {"llama_server_instances": {"glm": {"model": "m", "port": 8081},
@@ -40,13 +41,13 @@ def result(host, instances):
 
 
 def count_colours(path):
-    """Pixels of each of bench.COLORS in the PNG at ``path`` (within a small tolerance)."""
+    """Pixels of each of charts.COLORS in the PNG at ``path`` (within a small tolerance)."""
     from matplotlib import image
     import numpy
 
     pixels = (image.imread(path)[:, :, :3] * 255).astype(int)
     counts = []
-    for colour in bench.COLORS:
+    for colour in charts.COLORS:
         rgb = numpy.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
         counts.append(int((numpy.abs(pixels - rgb).sum(axis=2) < 30).sum()))
     return pixels, counts
@@ -60,14 +61,14 @@ def test_reports_markdown_json_and_a_plot_with_one_line_per_host(tmp_path):
                                                   "levels": levels(60)},
                                          "down": {"engine": "llama-server", "url": "http://127.0.0.1:8090",
                                                   "error": "URLError: refused"}})}
-    written = bench.write_reports(results, tmp_path)
+    written = bench.write_reports(results, tmp_path, charts.plot)
     assert sorted(p.name for p in written) == ["fleet.png", "rig-1.json", "rig-1.md", "rig-2.json", "rig-2.md"]
     md = (tmp_path / "rig-2.md").read_text()
     assert "| 4 | 8 | 0 | 240.0 | 60.0 |" in md and "Not measured: URLError: refused" in md
     assert json.loads((tmp_path / "rig-1.json").read_text())["instances"]["glm"]["levels"][3]["total_tps"] == 400
     pixels, counts = count_colours(tmp_path / "fleet.png")
     print(f"\nfleet.png {pixels.shape[1]}x{pixels.shape[0]}, pixels per line colour: {counts[:3]}")
-    assert pixels.shape[:2] == (bench.PLOT_SIZE_IN[1] * bench.PLOT_DPI, bench.PLOT_SIZE_IN[0] * bench.PLOT_DPI)
+    assert pixels.shape[:2] == (charts.PLOT_SIZE_IN[1] * charts.PLOT_DPI, charts.PLOT_SIZE_IN[0] * charts.PLOT_DPI)
     assert (pixels.sum(axis=2) < 600).mean() > 0.01                       # not blank
     assert counts[0] > 1000 and counts[1] > 1000 and counts[2] < 50      # two lines: rig-1/glm, rig-2/glm
 

@@ -322,11 +322,10 @@ def test_a_bad_sweep_result_writes_no_host_vars_and_fails_that_host(tmp_path, ca
     assert f"refused the sweep's result {WHERE}" in capsys.readouterr().err
 
 
-def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path, monkeypatch):
+def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path):
     import yaml
 
-    from rigup import bench, tuning
-    monkeypatch.setattr(bench, "plot", lambda *a: None)   # test_tuned draws one; matplotlib's import is seconds
+    from rigup import tuning
     text = json.dumps(replaced(RESULT, ("best", "flags", "ctx"), "16384"))   # digits as text: typed as a number
     tuning.record("rig-07", "g", text, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], "b1", where=WHERE)
     entry = yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]
@@ -334,11 +333,10 @@ def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-def test_a_sweep_is_kept_only_where_no_other_user_can_write(tmp_path, monkeypatch, capsys):
+def test_a_sweep_is_kept_only_where_no_other_user_can_write(tmp_path, capsys):
     """host_vars/ of nobody's, 0777, a link planted at the old temporary name: the host fails
     naming the directory (rigup.boundary.owned.write); nothing is written through the link."""
-    from rigup import bench, tuning
-    monkeypatch.setattr(bench, "plot", lambda *a: None)
+    from rigup import tuning
     victim = tmp_path / "victim"
     victim.write_text("operator's file\n")
     (tmp_path / "host_vars").mkdir()

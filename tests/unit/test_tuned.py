@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 from hypothesis import given, settings, strategies as st
 
+import charts
 from rigup.boundary.core import Unreadable
 
 from rigup import config, tuning
@@ -141,7 +142,7 @@ def test_status_says_how_much_faster_the_tuned_flags_were():
 
 
 def test_a_kept_sweep_writes_host_vars_a_table_and_a_plot(tmp_path, capsys):
-    tuning.record("rig-07", "g", RESULT, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"])
+    tuning.record("rig-07", "g", RESULT, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], plot=charts.plot)
     said = capsys.readouterr().err
     day = next((tmp_path / "tune_out").iterdir())
     assert "[rig-07] tune g: {'parallel': 4, 'ctx': 16384, 'flash_attn': 'on'}: 90.0 tok/s, 1.8x" in said
