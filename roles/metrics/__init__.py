@@ -9,7 +9,8 @@ What it does to a host with systemd (nothing without: preflight refuses Promethe
   (rigup.names.TEXTFILE_DIR), where roles/gpu_guard's guard writes every card's metrics
   (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library)
   on the same address, port ``metrics_relay_port``: GET /metrics/NAME answers llama-server
-  instance NAME's /metrics, fetched on the host with its API key (which never leaves the host),
+  instance NAME's /metrics (GET /metrics/NAME.M: the server of a model M its router pins, labelled
+  ``model``), fetched on the host with its API key (which never leaves the host),
   to loopback, the monitoring hosts and ``metrics_allow`` only. Each restarts only when its files
   changed. ``metrics_enabled: false`` stops and disables both.
 - with ``prometheus_enabled`` (group_vars/monitoring.yml sets it for the ``monitoring`` group):

@@ -4,9 +4,10 @@ its alert rules. No pyinfra here (unit tests call these with plain dicts).
 
 Every host of the inventory (``fleet``: (name, data) pairs) with ``metrics_enabled`` is scraped:
 job ``node`` (the node exporter, with the GPU guard's textfile metrics) and job ``llama-server``
-(each instance with ``metrics`` on, through the host's rigup-metrics-relay at /metrics/NAME: the
-instances bind loopback by default and may check an API key, and the relay reads both on the host,
-so no key leaves its host and no instance has to listen beyond loopback for its metrics).
+(each instance with ``metrics`` on, through the host's rigup-metrics-relay at /metrics/NAME, and
+each model a router pins, a server of its own, at /metrics/NAME.M: the instances bind loopback by
+default and may check an API key, and the relay reads both on the host, so no key leaves its host
+and no instance has to listen beyond loopback for its metrics).
 """
 
 from __future__ import annotations
@@ -54,19 +55,30 @@ def url_host(address: str) -> str:
 
 
 def llama_instances(data: Config) -> dict[str, dict]:
-    """The host's llama-server instances whose /metrics is on, as the relay reaches them:
-    name -> {"url", "key"} (key: the API key file, or None), and for a router (also) "models" (its
-    set, its own first) and, with a bounded queue, "queue" (HAProxy's stats, its backend and the
-    limit), from llama-server's contract."""
-    return {name: {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not queued(inst) else
-                   # a queued router itself, behind HAProxy on 127.0.0.1:port+1 (the contract's queue row): the
-                   # relay's event stream never holds one of the slots the queue hands out
-                   endpoint("127.0.0.1", inst["port"] + 1), "key": inst["key"],
-                   **({"models": [inst["model"], *inst["also"]]} if inst.get("also") else {}),   # a router's set
-                   **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
-                                 "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
-                      if queued(inst) else {})}   # HAProxy holds its queue
-            for name, inst in llama_server.view(data).items() if inst["metrics"] and isinstance(inst["port"], int)}
+    """The host's llama-server servers whose /metrics is on, as the relay reaches them: instance
+    name -> {"url", "key"} (key: the API key file, or None), and for a router (also) "models" (the
+    set it loads, its own first) and, with a bounded queue, "queue" (HAProxy's stats, its backend
+    and the limit); each model a router pins (contract ``pinned``: a server of its own, unit
+    rigup-llama@NAME.M at port + 2 + i, out of the router's set) NAME.M -> {"url", "key", "model":
+    M}, its series labelled ``model`` as a router's models' are. From llama-server's contract."""
+    found = {}
+    for name, inst in llama_server.view(data).items():
+        if not inst["metrics"] or not isinstance(inst["port"], int):
+            continue
+        pins = llama_server.pinned(inst)
+        found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not queued(inst) else
+                       # a queued router itself, behind HAProxy on 127.0.0.1:port+1 (the contract's queue row): the
+                       # relay's event stream never holds one of the slots the queue hands out
+                       endpoint("127.0.0.1", inst["port"] + 1), "key": inst["key"],
+                       **({"models": [inst["model"], *(m for m in inst["also"] if m not in pins)]}
+                          if inst.get("also") else {}),   # a router's set: its pinned models are not its to load
+                       **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
+                                     "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
+                          if queued(inst) else {})}   # HAProxy holds its queue
+        found.update({llama_server.PINNED_UNIT.format(name, m): {"url": endpoint(inst["host"] or "127.0.0.1", port),
+                                                                 "key": inst["key"], "model": m}
+                      for m, port in pins.items()})
+    return found
 
 
 def queued(inst: dict) -> bool:

@@ -27,7 +27,10 @@ a swap, or a first load), their seconds from ``loading`` to ``loaded``
 and its unloads; ``rigup_router_events_up`` is 1 while it follows the stream (its thread alive, the
 stream open; an event it cannot read is left out, never the end of the thread). A router with a
 bounded queue (HAProxy on its port) adds the requests waiting there (``rigup_router_queue_waiting``,
-HAProxy's own figure from its stats on loopback), the most that waited and the limit.
+HAProxy's own figure from its stats on loopback), the most that waited and the limit. A model the
+router pins (``per_model: {M: {pinned: true}}``) is out of its set: a server of its own,
+rigup-llama@NAME.M, relayed at ``GET /metrics/NAME.M`` (``model`` in its entry), its samples
+labelled ``model`` as the router's models' are.
 
     rigup-metrics-relay [--config /etc/rigup/metrics-relay.json]
 """
@@ -382,9 +385,10 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                 if inst.get("models"):   # a router: its loaded models', and its loads counted by the relay
                     text = router_metrics(inst, deadline) + "".join(f"{line}\n" for line in
                                                           (swaps[name].lines() if name in (swaps or {}) else [])).encode()
-                else:
-                    text = "".join(f"{line}\n" for line in
-                                   checked(fetch(inst, "/metrics", deadline).decode(errors="replace"))).encode()
+                else:   # a server of one model; a model a router pins (``model``) labelled as the router's are
+                    text = fetch(inst, "/metrics", deadline).decode(errors="replace")
+                    text = "".join(f"{line}\n" for line in (labelled(text, inst["model"], set()) if inst.get("model")
+                                                             else checked(text))).encode()
                 return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")

@@ -464,3 +464,63 @@ def test_a_dead_follower_thread_is_shown_down(monkeypatch):
     lines = [ln for ln in swaps.lines() if ln.startswith("rigup_router_events_up")]
     print(f"thread alive: {swaps.thread.is_alive()}; {lines}")
     assert not swaps.thread.is_alive() and lines == ["rigup_router_events_up 0"]
+
+
+class OneModel(http.server.BaseHTTPRequestHandler):
+    """A server of one model: its /metrics is ``server.text``."""
+
+    def do_GET(self):
+        body = self.server.text.encode() if self.path == "/metrics" else b"{}"
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
+    """issue 63: a model a router pins (per_model: {M: {pinned: true}}) is out of its set, a server
+    of its own (rigup-llama@NAME.M at port + 2 + i, the router's key): the relay reaches it at
+    /metrics/NAME.M, its samples labelled model M (as a router's models'; its own model label
+    dropped), a Prometheus target of its own (llama_instance NAME.M); the router's scrape no longer
+    lists it as an unloaded model of its set."""
+    from roles.metrics import relay
+    router = {"model": "a", "also": ["b", "p"], "port": 8091, "api_key": True, "per_model": {"p": {"pinned": True}}}
+    d = {**FLEET[1][1], "llama_server_instances": {"duo": router}}
+    key = "/etc/rigup/llama-server/duo.key"
+    assert relay_config("rig-2", d, FLEET)["instances"] == {
+        "duo": {"url": "http://127.0.0.1:8091", "key": key, "models": ["a", "b"]},
+        "duo.p": {"url": "http://127.0.0.1:8093", "key": key, "model": "p"}}
+    fleet = [(n, d if n == "rig-2" else data) for n, data in FLEET]
+    llama = targets("rig-1", fleet)["rigup-llama.json"]
+    assert [(g["labels"]["llama_instance"], g["labels"]["instance"], g["labels"]["__metrics_path__"]) for g in llama
+            if g["labels"]["host"] == "rig-2"] == [("duo", "rig-2/duo", "/metrics/duo"),
+                                                   ("duo.p", "rig-2/duo.p", "/metrics/duo.p")]
+    assert relay_config("rig-2", {**d, "llama_server_instances": {"duo": {**router, "metrics": False}}},
+                        FLEET)["instances"] == {}
+    # the relay itself: the router (a and b loaded) and the pinned server behind it
+    routed, routed_url = slow_router(["a", "b"])
+    pinned = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneModel)
+    pinned.text = ('# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 7\n'
+                   'llamacpp:requests_processing{model="alias"} 1\nup 1\n')
+    threading.Thread(target=pinned.serve_forever, daemon=True).start()
+    config = {"instances": {"duo": {"url": routed_url, "models": ["a", "b"]},
+                            "duo.p": {"url": f"http://127.0.0.1:{pinned.server_address[1]}", "model": "p"}}}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(config, {"127.0.0.1"}, {}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/metrics/"
+    try:
+        with urllib.request.urlopen(base + "duo.p", timeout=10) as ok:
+            own = ok.read().decode().splitlines()
+        with urllib.request.urlopen(base + "duo", timeout=10) as ok:
+            set_ = [ln for ln in ok.read().decode().splitlines() if ln.startswith("rigup_router_model_loaded")]
+        print(own, set_)
+        assert own == ["# TYPE llamacpp:tokens_predicted_total counter", 'llamacpp:tokens_predicted_total{model="p"} 7',
+                       'llamacpp:requests_processing{model="p"} 1']
+        assert set_ == ['rigup_router_model_loaded{model="a"} 1', 'rigup_router_model_loaded{model="b"} 1']
+    finally:
+        for s in (server, routed, pinned):
+            s.shutdown()
+            s.server_close()
