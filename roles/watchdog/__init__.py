@@ -9,7 +9,8 @@ no instance is watched, or with ``watchdog_enabled: false``):
   ``/etc/rigup/watchdog.json``: each watched instance's URL, key file and floor, the checks, the
   reboot policy and ``rigup_maintenance``;
 - a router (``also``) only with its own ``min_tokens_per_s``, timed on the model it has loaded
-  (never one it would have to load; none loaded: not judged);
+  (never one it would have to load; none loaded: not judged); each model it pins (``per_model: {M:
+  {pinned: true}}``, its own server rigup-llama@NAME.M) as a server of one model, by the rules below;
 - the floor of each server: the instance's ``min_tokens_per_s`` when set; when null, 50% of the
   tok/s the health gate measured at the server's last (re)start by rigup (rigup.names.gate_record,
   written by rigup/gate.py; a server without that record is not judged yet); ``0`` turns the
@@ -73,24 +74,31 @@ __all__ = ["apply", "watchdog_config"]
 
 
 def watched(data: Config) -> dict[str, dict]:
-    """The llama-server instances the watchdog checks, as it reaches them: name -> {"url", "port",
+    """The llama-server servers the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
     record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract.
     A router (``also``, issue 49) is watched only with its own ``min_tokens_per_s`` (its models
     differ in speed, so the gate's tok/s of one is no floor for another) and gets ``models``, its
     set: each check times the model it has loaded (a model it would have to load is never asked
     for: a swap is not a slow server, and the tok/s is llama-server's own decode rate, the load
-    left out); with none loaded it is not judged."""
+    left out); with none loaded it is not judged. Each model a router pins (contract ``pinned``:
+    out of its set, a server of one model, unit rigup-llama@NAME.M at port + 2 + i) is an entry
+    NAME.M of its own, watched as a single-model server with the instance's floor (null: from its
+    own gate record), its router's floor or not."""
     found = {}
     for name, inst in llama_server.view(data).items():
-        floor = inst["min_tokens_per_s"]
-        router = bool(inst.get("also"))
-        if floor != 0 and isinstance(inst["port"], int) and (not router or floor is not None):
-            found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"],
-                           "key": inst["key"],
-                           "floor": None if floor is None else float(floor),
-                           **({"sleeps": True} if inst.get("sleep_idle_s") else {}),   # judged when it served
-                           **({"models": [inst["model"], *inst["also"]]} if router else {})}
+        floor, pins = inst["min_tokens_per_s"], llama_server.pinned(inst)
+        if floor == 0 or not isinstance(inst["port"], int):
+            continue
+        judged = {"key": inst["key"], "floor": None if floor is None else float(floor),
+                  **({"sleeps": True} if inst.get("sleep_idle_s") else {})}   # judged when it served
+        if not inst.get("also") or floor is not None:
+            found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"], **judged,
+                           **({"models": [inst["model"], *(m for m in inst["also"] if m not in pins)]}
+                              if inst.get("also") else {})}
+        found.update({llama_server.PINNED_UNIT.format(name, m): {"url": endpoint(inst["host"] or "127.0.0.1", port),
+                                                                 "port": port, **judged}
+                      for m, port in pins.items()})
     return found
 
 

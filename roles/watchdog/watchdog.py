@@ -8,8 +8,9 @@ next to this script as rigup_throughput.py.
 
 Each check sends one short real completion to every server of every watched llama-server
 instance: the instance's own unit ``rigup-llama@NAME`` at its port, or each replica's
-``rigup-llama@NAME-K`` at 127.0.0.1:port+1+K. Its floor is the instance's ``floor``
-(``min_tokens_per_s``) or, when that is null, :data:`DEFAULT_FLOOR_SHARE` of the tok/s the health
+``rigup-llama@NAME-K`` at 127.0.0.1:port+1+K (a model a router pins is an instance ``NAME.M`` of
+the config, its unit ``rigup-llama@NAME.M``: a server of one model, judged as any). Its floor is
+the instance's ``floor`` (``min_tokens_per_s``) or, when that is null, :data:`DEFAULT_FLOOR_SHARE` of the tok/s the health
 gate measured at the server's last (re)start (``gate_record``, written by rigup/gate.py; a server
 without one is not judged). A router (``models``) is timed on the model it has loaded; a model of
 its set whose load failed (its /models) in ``bad_checks`` checks in a row is named and the router

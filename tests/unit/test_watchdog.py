@@ -855,3 +855,41 @@ def test_a_router_model_that_reads_failed_but_loads_when_asked_is_not_restarted(
     print("\n".join(said))
     assert len(host.calls("restart")) == 0
     assert any("model b read failed, but loads and answers now" in ln for ln in said)
+
+
+def test_a_routers_pinned_model_is_watched_as_a_server_of_its_own(tmp_path, monkeypatch, capsys):
+    """Issue 63: a model a router pins (per_model: {M: {pinned: true}}) runs as rigup-llama@NAME.M at
+    port + 2 + i, out of the router's set. The watchdog's config has it as an instance NAME.M of its
+    own (the router's set without it), by the instance's floor rules: min_tokens_per_s when set, 0
+    off, null half its own gate's tok/s (the router, without a floor of its own, is not watched).
+    Below that floor bad_checks times in a row, its unit is restarted, never the router's."""
+    url, proc = start_stub(tps=20)
+    port = int(url.rsplit(":", 1)[1])
+    router = {"model": "a", "also": ["b", "qwen"], "port": port - 2, "per_model": {"qwen": {"pinned": True}},
+              "api_key": True}
+    found = watched({**DATA, "llama_server_instances": {"x": router}})
+    key = "/etc/rigup/llama-server/x.key"
+    assert found == {"x.qwen": {"url": url, "port": port, "key": key, "floor": None}}
+    floored = watched({**DATA, "llama_server_instances": {"x": {**router, "min_tokens_per_s": 5, "sleep_idle_s": 60}}})
+    assert floored == {"x": {"url": f"http://127.0.0.1:{port - 2}", "port": port - 2, "key": key, "floor": 5.0,
+                             "sleeps": True, "models": ["a", "b"]},
+                       "x.qwen": {"url": url, "port": port, "key": key, "floor": 5.0, "sleeps": True}}
+    assert watched({**DATA, "llama_server_instances": {"x": {**router, "min_tokens_per_s": 0}}}) == {}
+    units = ["rigup-llama@x.service", "rigup-llama@x.qwen.service"]
+    assert [s["unit"] for s in wd.servers("x", floored["x"], units)] == ["rigup-llama@x.service"]
+    assert [(s["server"], s["url"]) for s in wd.servers("x.qwen", found["x.qwen"], units)] == [("x.qwen", url)]
+    host = FakeHost(tmp_path, monkeypatch)
+    try:
+        host.serve("x.qwen", url, started_ago=OLD, gated_ago=OLD - 5)   # its unit, its gate's record: 200 tok/s
+        host.doc["units"]["rigup-llama@x.service"] = {"active": True, "started": time.time() - OLD}
+        host.save()
+        host.config["instances"] = {"x.qwen": {**found["x.qwen"], "key": None}}
+        log = host.check(capsys) + host.check(capsys)
+        print(log)
+        assert re.search(r"x\.qwen: [\d.]+ tok/s, below its floor 100 tok/s \(2 of 2 checks in a row\)", log)
+        assert host.calls("restart") == ["rigup-llama@x.qwen.service"]
+        assert host.state()["x.qwen"]["restarts"] == 1
+        assert 'rigup_watchdog_restarts_total{llama_instance="x.qwen"} 1' in Path(host.config["metrics_file"]).read_text()
+    finally:
+        proc.kill()
+        proc.wait()
