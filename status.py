@@ -6,7 +6,7 @@
 Per host: its cards (count x class), their total draw / limit and the hottest card's temperature,
 VRAM used, the llama.cpp build that serves (llama_cpp_dir/current), each serving instance
 (rigup-llama@*, rigup-vllm@*: state, /health's code at its port, model@revision; a router's loaded
-models), the models
+models; a model it pins, its own server NAME.M), the models
 downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance, and the
 host's joules per generated token while it generates (read from the monitoring hosts' Prometheus,
 rigup:host_joules_per_token, when the inventory has one); in 120
@@ -49,7 +49,7 @@ if data["prometheus_enabled"]:
 found = host.get_fact(fleet.FleetStatus, parts=parts)
 fleet.record_energy(fleet.parse_energy(found.get("energy", [])))
 probed = parse_progress(found.get("fetch", []), fetches)
-configured = {s["name"]: s["model"] for s in served(data)}
+configured = fleet.served_models(served(data))   # a router's pinned model too: its own server, NAME.M
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
                                         maintenance=data["rigup_maintenance"], models=configured,
                                         tuned=data.get("llama_server_tuned"), burnin_at=burnin_file(data),

@@ -30,6 +30,7 @@ import time
 import click
 from pyinfra.api import FactBase
 
+from rigup.contract import llama_server
 from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
@@ -419,6 +420,15 @@ def tuned_text(entry: dict | None) -> str | None:
     if ratio is None or not math.isfinite(ratio) or ratio > 1e6:   # a subnormal baseline made 'tuned infx'
         return "tuned: unreadable"
     return f"tuned {ratio:.2f}x at {json_whole(entry.get('concurrency'), 1 << 20) or '?'} concurrent"
+
+
+def served_models(entries: list[dict]) -> dict[str, str]:
+    """{server name: its configured model} for :func:`host_row` (``models``): each serving entry
+    (``entries``: rigup.contract.served) by its name, and each model M a router pins (contract
+    ``pinned``), whose server rigup-llama@NAME.M the serving section names NAME.M, M."""
+    out = {s["name"]: s["model"] for s in entries}
+    out.update({llama_server.PINNED_UNIT.format(s["name"], m): m for s in entries for m in llama_server.pinned(s["entry"])})
+    return out
 
 
 def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], maintenance: bool,

@@ -416,3 +416,29 @@ def test_status_figures_in_other_digits_underscores_or_text_are_unreadable_never
     assert energy == {"c": 0.4166666666666667}
     assert tuned == ["tuned: unreadable", "tuned: unreadable", "tuned: unreadable", "tuned 1.80x at ? concurrent",
                      "tuned 1.80x at 4 concurrent"]
+
+
+def test_a_routers_pinned_model_is_a_server_of_its_own_with_its_model_and_state():
+    """issue 63: a model a router pins (per_model: {M: {pinned: true}}) runs as rigup-llama@NAME.M;
+    the serving section names it NAME.M, and status.py's configured models (served_models) give it
+    its model M: its own entry in the serving cell (state, port, /health, M@revision), a host that
+    needs attention while it is down. The router's cell names only what it loads."""
+    from rigup.contract import served
+    data = {"llama_server_instances": {"duo": {"model": "g", "also": ["big", "p"], "port": 8091,
+                                               "per_model": {"p": {"pinned": True}}},
+                                       "solo": {"model": "s", "port": 8081}},
+            "vllm_instances": {"v": {"model": "m", "port": 8000}}}
+    models = fleet.served_models(served(data))
+    assert models == {"duo": "g", "duo.p": "p", "solo": "s", "v": "m"}
+    serving = ["@@ rigup-llama@duo.service", "active=active", "port=8091", "health=200", "revision=1",
+               "models=id:g,value:loaded,id:big,value:unloaded",
+               "@@ rigup-llama@duo.p.service", "active=active", "port=8093", "health=200", "revision=abcdef0123456789"]
+    row = fleet.host_row("lab1", {"serving": serving}, downloads=[], maintenance=False, models=models)
+    print(fleet.serving_cell(row))
+    assert fleet.serving_cell(row) == "duo active :8091 200 g@1 [loaded: g]; duo.p active :8093 200 p@abcdef01"
+    assert fleet.host_problems(row) == []
+    down = fleet.host_row("lab1", {"serving": serving[:-4] + ["active=failed", "port=8093", "health=000", "revision=a"]},
+                          downloads=[], maintenance=False, models=models)
+    assert fleet.host_problems(down) == ["duo.p failed"]
+    assert [(s["name"], s["model"], s["active"]) for s in down["serving"]] == [("duo", "g@1", "active"),
+                                                                             ("duo.p", "p@a", "failed")]
