@@ -228,11 +228,18 @@ def tasks(data: dict, build_id: str) -> list[dict]:
         {**copy[METRICS_PATHS[1]], "notify": daemon_reload},
         {**copy[METRICS_PATHS[2]], "notify": daemon_reload + [f"restart {METRICS_TIMER}"]},
         _running(f"model_fetch: run {METRICS_TIMER}", METRICS_TIMER),
-        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES + RUNTIME_PACKAGES, "state": "present"}},
-        mkdir[data["llama_cpp_ccache_dir"]],
+        # as roles/llama_cpp: build tools only where the build is neither there nor received (a
+        # host that received its build has none: issue 51); the run-time libraries everywhere
+        {"name": "llama_cpp: the build's stamp (LlamaCppState)", "ansible.builtin.stat": {
+            "path": build_stamp(build_dir, build_id)}, "register": "stamp"},
+        {"name": "llama_cpp: Install llama.cpp's run-time libraries", "ansible.builtin.apt": {
+            "name": RUNTIME_PACKAGES, "state": "present"}, "when": "stamp.stat.exists"},
+        {"name": "llama_cpp: Install build tools", "ansible.builtin.apt": {"name": BUILD_PACKAGES + RUNTIME_PACKAGES, "state": "present"},
+         "when": "not stamp.stat.exists"},
+        {**mkdir[data["llama_cpp_ccache_dir"]], "when": "not stamp.stat.exists"},
         {"name": f"llama_cpp: Build llama.cpp {data['llama_cpp_ref']} (the build stamp)", "ansible.builtin.command": {
             "cmd": f"systemd-run --unit=rigup-llama-build --collect --wait --quiet {build_dir}/build-{build_id}.sh",
-            "creates": build_stamp(build_dir, build_id)}},
+            "creates": build_stamp(build_dir, build_id)}, "when": "not stamp.stat.exists"},
         {"name": f"llama_cpp: llama.cpp current -> {build_id}", "ansible.builtin.file": {
             "path": f"{build_dir}/current", "src": f"builds/{build_id}", "state": "link"}},
         copy[f"{prefix}/bin/rigup-gpu-power"],
