@@ -37,3 +37,186 @@ def test_no_module_of_rigup_imports_matplotlib():
                    if any(m.split(".")[0] == "matplotlib" for m in imported(tree(p))))
     assert found == []
     assert "matplotlib" in imported(tree(ROOT / "charts.py"))
+
+
+# -- module-level registries ---------------------------------------------------------------------
+
+# Methods that change their object in place (containers, and threading.Event's set).
+MUTATORS = {"append", "add", "update", "setdefault", "pop", "popitem", "clear", "extend", "insert", "remove",
+            "discard", "appendleft", "extendleft", "sort", "reverse", "move_to_end", "set"}
+CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque", "WeakKeyDictionary",
+              "WeakValueDictionary", "WeakSet", "bytearray"}
+
+
+def top_level(module: ast.Module) -> dict[str, ast.expr | None]:
+    """Every name the module binds outside its functions and classes (in an ``if`` or ``try`` at the
+    top too): its value where it is a plain assignment, else None."""
+    found: dict[str, ast.expr | None] = {}
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store):
+                            found[name.id] = node.value if target is name else None
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    walk([n for n in inner if isinstance(n, ast.stmt)] +
+                         [s for h in inner if isinstance(h, ast.ExceptHandler) for s in h.body])
+    walk(module.body)
+    return found
+
+
+def container(value: ast.expr | None) -> bool:
+    """A dict, list or set, by literal, comprehension or call (defaultdict, WeakKeyDictionary, ...)."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    func = value.func if isinstance(value, ast.Call) else None
+    return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "") \
+        in CONTAINERS
+
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def shallow(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of ``fn``'s own body: not those of a function (or lambda) defined in it, though
+    that function itself is listed."""
+    out, todo = [], list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not isinstance(node, FUNCTIONS):
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def changed_in_functions(module: ast.Module) -> set[str]:
+    """The names a function (or lambda) of the module changes without binding them itself: in place
+    (``X[k] = v``, ``del X[k]``, ``X[k] += 1``, ``X.a = v``, ``X.append(...)`` and the other
+    MUTATORS), or rebound under ``global X``."""
+    found: set[str] = set()
+
+    def base(target: ast.expr) -> str | None:
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            target = target.value
+        return target.id if isinstance(target, ast.Name) else None
+
+    def visit(fn, shadowed: set[str]) -> None:
+        nodes = shallow(fn)
+        declared = {n for s in nodes if isinstance(s, ast.Global) for n in s.names}
+        args = fn.args
+        bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+        bound |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        shadowed = (shadowed | bound) - declared
+        found.update(declared)   # a name a function declares global is one it rebinds
+        for node in nodes:
+            if isinstance(node, FUNCTIONS):
+                visit(node, shadowed)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in MUTATORS and isinstance(node.func.value, ast.Name):
+                if node.func.value.id not in shadowed:
+                    found.add(node.func.value.id)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+                    if isinstance(target, (ast.Subscript, ast.Attribute)) and base(target) not in shadowed:
+                        found.add(base(target))
+
+    for node in shallow(module):
+        if isinstance(node, FUNCTIONS):
+            visit(node, set())
+    return {n for n in found if n}
+
+
+def registries(module: ast.Module) -> set[str]:
+    """The module's registries: a module-level name a function changes (:func:`changed_in_functions`),
+    and a module-level container whose name is not ALL_CAPS (run state by its name, whoever
+    changes it). An ALL_CAPS table no function changes is a constant; dunders (``__all__``) are not
+    state."""
+    changed = changed_in_functions(module)
+    return {n for n, value in top_level(module).items() if not n.startswith("__")
+            and (n in changed or container(value) and not n.isupper())}
+
+
+# Today's registries, each named with who fills it and who reads it (issue 64: they move into one
+# Run object, or go). A new one fails here; one that is gone fails until its row is removed: the
+# count only goes down.
+REGISTRIES = {
+    "rigup/bench.py:_results": "bench.py's record() keeps each host's results; report() at exit writes them",
+    "rigup/bench.py:_run": "record() sets the output folder and the play's chart once; report() at exit reads them",
+    "rigup/config.py:_RUNS": "pyinfra State -> the run's configurations: _run() fills, config_of/fleet_data read",
+    "rigup/fleet.py:_rows": "status.py's record() keeps each host's row; report() at exit renders the table",
+    "rigup/fleet.py:_run": "record() keeps the pyinfra State and output format; report() at exit reads them",
+    "rigup/fleet.py:_energy": "host -> joules per token from a monitoring host's Prometheus (record_energy); "
+                              "report() at exit reads them",
+    "rigup/lock.py:_held": "host -> the open channel holding its run lock: hold() fills, again() pops it",
+    "rigup/probe.py:_recording": "host -> the calls of the step being recorded: _record() opens it, the recorded() "
+                                  "wrappers append, _record() returns and drops it",
+    "rigup/state.py:_read": "(state, host, fact) -> value: read_once and Batch fill it, read_once reads it",
+    "rigup/state.py:_wanted": "(state, host) -> facts named by @reading/will_read, read in the next batch",
+    "rigup/summary.py:_heard": "host -> pyinfra's warnings and errors (a log handler); report() at exit shows them",
+    "rigup/summary.py:_refused": "host -> preflight's refusals (summary.refused); report() at exit",
+    "rigup/summary.py:_notes": "host -> notes of the roles (summary.note: a wait, a skip); report() at exit",
+    "rigup/summary.py:_quiet": "host -> 'converged without operations' (rigup/probe.py); report() at exit",
+    "rigup/summary.py:_state": "the pyinfra State the summary reports (track); watch() registers report once",
+    "roles/llama_cpp/handover.py:_COMPILING": "build key -> the host that compiles it, the first asking "
+                                              "(execution order); the others receive from it",
+    "roles/llama_cpp/handover.py:_SOURCES": "host -> where its build comes from, decided once (source()); read again by "
+                                            "source() (forget() clears both, for the tests)",
+    "roles/model_fetch/__init__.py:_refused": "host -> refused model count, filled in apply; _summary() at exit",
+    "roles/model_fetch/__init__.py:_waiting": "host -> models its apply waits for; waited() pops them",
+    "roles/model_fetch/__init__.py:_staging": "host -> new revisions apply stages; waited() switches them",
+    "roles/model_fetch/__init__.py:_pruning": "host -> models apply may prune; pruned() pops them",
+    "roles/model_fetch/fetcher.py:MARKER": "host program: the marker's name, set once from the job's JSON (use_names)",
+    "roles/model_fetch/fetcher.py:TOKEN_FILE": "host program: the token's path, set once by use_names",
+    "roles/model_fetch/fetcher.py:SHARE_TOKEN_FILE": "host program: the share token's path, set once by use_names",
+    "roles/model_fetch/fetcher.py:STOP": "host program: threading.Event set by SIGTERM/SIGINT or a failed "
+                                         "stream; every stream reads it",
+    "roles/model_fetch/fetcher.py:STOP_WHY": "host program: the signal's name (on_signal); the progress line reads it",
+    "roles/model_fetch/hub.py:_asked": "the hub's answers per (what, endpoint, repo, revision): _once() asks once "
+                                       "per run, the roles' resolve reads",
+    "roles/model_fetch/hub.py:calls": "what was asked of the hub, in order (for the tests); _once appends",
+    "roles/preflight/__init__.py:_refused": "host -> preflight's refusal count; _summary() at exit",
+    "roles/preflight/__init__.py:_plans": "host -> its hardware plan: its preflight fills it, plan_of() reads it (an "
+                                         "RPC head's fleet checks), reading a peer's facts when missing",
+}
+
+
+def test_module_registries():
+    """Every module of rigup/ and roles/ read for its module-level registries (:func:`registries`):
+    exactly REGISTRIES, each with a line saying who fills and who reads it."""
+    found = {f"{p.relative_to(ROOT)}:{name}" for p in modules("rigup", "roles") for name in registries(tree(p))}
+    new, gone = sorted(found - set(REGISTRIES)), sorted(set(REGISTRIES) - found)
+    assert not new, f"new module-level registries (keep run state in the run's object, not a module): {new}"
+    assert not gone, f"gone: remove their rows from REGISTRIES: {gone}"
+
+
+def test_the_registry_rule_on_each_shape():
+    source = '''
+TABLE = {"a": 1}                 # a constant: ALL_CAPS, never changed
+CACHE = {}
+seen = []                        # lower case: state by its name
+_cfg = None
+__all__ = ["x"]
+if True:
+    _late = set()
+BOX = SimpleNamespace()
+EVENT = threading.Event()
+def f(key, seen_here):
+    global _cfg
+    _cfg = key
+    CACHE[key] = 1
+    BOX.x = 1
+    EVENT.set()
+    TABLE.get(key)
+def g():
+    TABLE = {}
+    TABLE["x"] = 1               # its own TABLE
+    def h():
+        TABLE.clear()            # g's
+'''
+    assert registries(ast.parse(source)) == {"CACHE", "seen", "_cfg", "_late", "BOX", "EVENT"}
