@@ -74,6 +74,18 @@ def pci_bus_id(value: object, where: str) -> str:
     return matched(PCI_BUS_ID, value, where, "a PCI bus id (domain:bus:device.function in hex)")
 
 
+def host_file(value: object, where: str) -> str:
+    """An inventory host's name where it names a file of the controller's own (the burn-in copy
+    ``burnin/HOST.json``, tune.py's ``host_vars/HOST.yml``): a name (:data:`NAME`) or an address
+    (:data:`ADDRESS`), never a path (``../../x``, ``a/b``, ``..``, ``@local``); or :class:`Unreadable`
+    naming the host (``where``)."""
+    if isinstance(value, str) and len(value) <= 200 and not value.startswith(".") and \
+            (NAME.fullmatch(value) or ADDRESS.fullmatch(value)):
+        return value
+    raise Unreadable(where, f"not a host's name or address (letters, digits, . - _ :; at most 200), which names "
+                            f"its file on the controller: {str(value)[:60]!r}")
+
+
 def inside(value: object, where: str, limit: int = PATH_MAX) -> str:
     """A relative path from a listing, normalised, that stays inside its directory: no absolute
     path, no ``..`` part, no empty or ``.`` part, no control character, valid UTF-8 of at most
@@ -147,6 +159,8 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus"),
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
+    Crossing("an inventory host's name that names a file on the controller (the burn-in copy, tune.py's host_vars)",
+             "the operator", "rigup/boundary/fields.py:host_file", "rigup/names.py:burnin_copy, rigup/tuning.py:write_host_vars"),
 )
 
 GENERIC = ("matched", "ident", "sha256", "control_at", "one_host")   # the patterns' checks, used by the readers
