@@ -33,7 +33,7 @@ import click
 from pyinfra.api import FactBase
 
 from rigup import traps
-from rigup.boundary import Unreadable, owned
+from rigup.boundary import Unreadable, fields, owned
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
 from rigup.contract.vllm import api_name
@@ -359,6 +359,7 @@ def write_reports(results: dict[str, dict], out: Path, plot=None) -> list[Path]:
     saying so, without matplotlib; None: none)."""
     written = []
     for host, result in sorted(results.items()):
+        fields.host_file(host, f"bench: the inventory host {str(host)[:60]!r}")   # ../x.json: outside bench_out
         for suffix, text in ((".json", json.dumps(result, indent=1, sort_keys=True) + "\n"), (".md", markdown(host, result))):
             # bench_out may be any directory: only one no other user can write (rigup.boundary.owned)
             written.append(owned.write(out / f"{host}{suffix}", text, f"bench_out: {out}", mode=0o644))

@@ -26,6 +26,8 @@ import os
 import socket
 from pathlib import Path
 
+from rigup.boundary import fields
+
 MARKER = ".rigup-complete.json"
 HF_TOKEN = "/etc/rigup/hf-token"
 SHARE_TOKEN = "/etc/rigup/share-token"    # the fleet's token for peers' share servers (model_fetch)
@@ -85,7 +87,10 @@ def burnin_pulse_file(data: dict) -> str:
 def burnin_copy(name: str) -> Path:
     """The controller's last good copy of host ``name``'s burn-in records (roles/burnin keeps it at
     each preflight; it and status.py judge by it while the host's own do not read):
-    ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/NAME.json."""
+    ``$RIGUP_CACHE_DIR`` (~/.cache/rigup)/burnin/NAME.json. ``name``, an inventory name, is a name
+    or an address (rigup.boundary.fields.host_file) before a path is built from it (``../../x``
+    would be a file outside the copies); :class:`~rigup.boundary.core.Unreadable` naming the host otherwise."""
+    fields.host_file(name, f"burn-in: the inventory host {str(name)[:60]!r}")
     return Path(os.environ.get("RIGUP_CACHE_DIR") or Path.home() / ".cache" / "rigup") / "burnin" / f"{name}.json"
 
 

@@ -276,9 +276,7 @@ def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Pa
     ``llama_server_tuned`` (other keys of the file kept). ``host``, an inventory name, is a name or
     an address (:mod:`rigup.boundary.fields`) before a path is built from it: ``../group_vars/all``
     would write every host's tuning; :class:`Unreadable` otherwise."""
-    where = f"tune: the inventory host {str(host)[:60]!r}"
-    if not (isinstance(host, str) and (fields.NAME.fullmatch(host) or fields.ADDRESS.fullmatch(host))):
-        raise Unreadable(where, "not a host name or address, which names its host_vars file")
+    fields.host_file(host, f"tune: the inventory host {str(host)[:60]!r}")
     path = Path(site or ROOT) / "host_vars" / f"{host}.yml"
     where = f"tune: {path}"   # read and written only where no other user can write (rigup.boundary.owned)
     doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else {}

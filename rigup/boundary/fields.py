@@ -76,9 +76,9 @@ def pci_bus_id(value: object, where: str) -> str:
 
 def host_file(value: object, where: str) -> str:
     """An inventory host's name where it names a file of the controller's own (the burn-in copy
-    ``burnin/HOST.json``, tune.py's ``host_vars/HOST.yml``): a name (:data:`NAME`) or an address
-    (:data:`ADDRESS`), never a path (``../../x``, ``a/b``, ``..``, ``@local``); or :class:`Unreadable`
-    naming the host (``where``)."""
+    ``burnin/HOST.json``, tune.py's ``host_vars/HOST.yml``, bench's ``HOST.json``): a name
+    (:data:`NAME`) or an address (:data:`ADDRESS`), never a path (``../../x``, ``a/b``, ``..``,
+    ``@local``); or :class:`Unreadable` naming the host (``where``)."""
     if isinstance(value, str) and len(value) <= 200 and not value.startswith(".") and \
             (NAME.fullmatch(value) or ADDRESS.fullmatch(value)):
         return value
@@ -159,8 +159,9 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus"),
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
-    Crossing("an inventory host's name that names a file on the controller (the burn-in copy, tune.py's host_vars)",
-             "the operator", "rigup/boundary/fields.py:host_file", "rigup/names.py:burnin_copy, rigup/tuning.py:write_host_vars"),
+    Crossing("an inventory host's name that names a file on the controller (the burn-in copy, tune.py's "
+             "host_vars, bench's reports)", "the operator", "rigup/boundary/fields.py:host_file",
+             "rigup/names.py:burnin_copy, rigup/tuning.py:write_host_vars, rigup/bench.py:write_reports"),
 )
 
 GENERIC = ("matched", "ident", "sha256", "control_at", "one_host")   # the patterns' checks, used by the readers

@@ -103,7 +103,10 @@ def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[
     copy counts (none: every card untested); a quarantine in that copy stays until the host's own
     record of the card (a pass, the operator's clear) lifts it, or ``burnin_clear`` names it (it is
     then tested). The copy is written from a good read with records only, never from a bad or empty one."""
-    copy, problems = burnin_copy(name), []
+    try:
+        copy, problems = burnin_copy(name), []
+    except Unreadable as e:   # an inventory name that is no file name (../../x): that host refused, nothing kept
+        return state, [{"where": e.where, "why": e.why, "fix": "name the host in the inventory by its DNS name or address"}]
     try:
         good = burnin.cached(copy)
     except Unreadable as e:

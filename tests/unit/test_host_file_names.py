@@ -1,0 +1,63 @@
+"""An inventory host's name where rigup builds a file name on the controller from it (the burn-in
+copy ``burnin/HOST.json``, tune.py's ``host_vars/HOST.yml``, bench's ``HOST.json``): one validator,
+rigup/boundary/fields.py ``host_file``, refuses every name that is a path, naming the host (round 3
+of issue 61, C7: ``../../escaped`` made the burn-in copy a file outside the copies' directory)."""
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup import bench
+from rigup.boundary import fields
+from rigup.boundary.core import Unreadable
+from rigup.names import burnin_copy
+from roles.burnin import judged
+
+PIECES = st.sampled_from(["..", ".", "/", "\\", "\n", "\x00", "\u202e", "@", "@local", "a", "lab-1", "10.0.0.7",
+                          "fd00::1", "gpu.example.org", "_", ":", "%"])
+TEXT = st.lists(st.text(max_size=8) | PIECES, max_size=6).map("".join)
+
+
+@settings(max_examples=80, deadline=1000)
+@given(TEXT | st.none() | st.integers() | st.lists(st.text(max_size=3), max_size=2))
+def test_a_host_file_name_is_one_name_in_its_directory_or_refused_naming_the_host(value):
+    try:
+        got = fields.host_file(value, f"the inventory host {value!r}")
+    except Unreadable as e:
+        assert e.where == f"the inventory host {value!r}"
+        return
+    joined = os.path.normpath(os.path.join("/cache/burnin", f"{got}.json"))
+    assert got == value and os.path.dirname(joined) == "/cache/burnin" and not got.startswith(".")
+    assert "/" not in got and not fields.CONTROL.search(got) and len(f"{got}.json".encode()) <= fields.NAME_MAX
+
+
+@pytest.mark.parametrize("name", ["lab1", "gpu-1.example.org", "10.0.0.7", "fd00::1", "rig_07"])
+def test_a_hosts_name_or_address_names_its_copy(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path))
+    assert burnin_copy(name) == tmp_path / "burnin" / f"{name}.json"
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", "..", "@local", "", "lab1\n"])
+def test_a_host_named_as_a_path_has_no_burnin_copy(name, tmp_path, monkeypatch):
+    """C7's reproduction: burnin_copy('../../../escaped') was $RIGUP_CACHE_DIR/../../escaped.json."""
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "c7" / "cache"))
+    with pytest.raises(Unreadable) as e:
+        burnin_copy(name)
+    assert repr(name) in e.value.where
+
+
+def test_such_a_host_is_refused_by_the_burnin_role_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "c7" / "cache"))
+    state = {"records": {}, "untested": {}, "units": {}, "unreadable": None}
+    got, problems = judged("../../../escaped", state, "/var/lib/rigup/burnin.json", {"burnin_clear": None})
+    assert got == state and len(problems) == 1 and "'../../../escaped'" in problems[0]["where"], problems
+    assert "DNS name or address" in problems[0]["fix"] and list(tmp_path.rglob("*")) == []
+
+
+def test_bench_writes_no_report_outside_its_directory(tmp_path):
+    out = tmp_path / "bench_out" / "2026-12-06"
+    with pytest.raises(Unreadable) as e:
+        bench.write_reports({"../../escaped": {"date": "x", "max_tokens": 1, "rounds": 1, "instances": {}}}, out)
+    assert "'../../escaped'" in e.value.where and list(tmp_path.rglob("*")) == []
