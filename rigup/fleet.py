@@ -284,9 +284,9 @@ def _due(cards: dict, every_days, now: float) -> dict:
     ``burnin_every_days`` (roles/burnin tests them again: in a roll where a unit serves from them)."""
     out = {}
     for rec in cards.values():
-        key, at = _key(rec.get("bus_id")), rec.get("at")
-        if every_days and key and rec["passed"] is True and isinstance(at, (int, float)) and now - at > every_days * 86400:
-            out[key] = {"index": rec.get("index"), "days": int((now - at) // 86400), "every": every_days}
+        key, found = _key(rec.get("bus_id")), burnin.due(rec, every_days, now)   # the one rule (issue 65)
+        if key and found:
+            out[key] = {"index": rec.get("index"), "days": found[0], "every": every_days}
     return out
 
 

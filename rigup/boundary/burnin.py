@@ -35,6 +35,9 @@ MAX_CARDS = 1024
 MAX_DEPTH = 16                   # figures nest three deep
 TEXT_MAX = 4096                  # a failure's text (shown() cuts it for the terminal)
 AT_MAX = 4102444800              # 2100-01-01: a record's time, seconds since the epoch
+DAY_S = 86400
+SKEW_S = DAY_S                   # a host's clock ahead of the controller's by up to this: still a past run
+GENERIC = ("due",)               # a rule over a record already read (not a reader of its own)
 
 # figures with a meaning of their own: (section, field) -> (kind, lo, hi); None where unknown
 FIGURES = {("vram", "mib"): (int, 0, 1 << 24), ("vram", "total_mib"): (int, 0, 1 << 24),
@@ -166,6 +169,24 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
         return rec, f"a pass without its {', '.join(lacks)}: not believed"
     fault = _fault(rec["figures"]) or ("failures" if rec["failed"] else None)
     return rec, f"a pass whose own record names {fault}: not believed" if fault else None
+
+
+def due(rec: dict, every_days, now: float) -> tuple[int, str] | None:
+    """The one re-acceptance rule (``burnin_every_days``; issue 65; roles/burnin/quarantine.py and
+    rigup/fleet.py both call it): a believed pass is due again when its run finished more than
+    ``every_days`` days before ``now``, or when it is dated after ``now`` by more than
+    :data:`SKEW_S` (a host's clock ahead, or a hand edit: no past run, else never due before
+    :data:`AT_MAX`). ``(days since the run, why)``, or None when not due."""
+    at = rec.get("at")
+    if not every_days or rec.get("passed") is not True or not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    days = int((now - at) // DAY_S)
+    if at > now + SKEW_S:
+        return days, (f"re-acceptance: its last run is dated {-days} days in the future (a host's clock ahead, or "
+                      f"edited): no past run (burnin_every_days {every_days})")
+    if now - at <= every_days * DAY_S:
+        return None
+    return days, f"re-acceptance: its last run was {days} days ago (burnin_every_days {every_days})"
 
 
 def _index(value: object, field: str) -> int:

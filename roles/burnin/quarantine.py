@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 
+from rigup.boundary import burnin
 from rigup.text import shown
 from roles.burnin.acceptance import quarantined
 
@@ -58,15 +59,11 @@ def named(values, uuid: str) -> bool:
     return "all" in (values or []) or uuid in (values or [])
 
 
-DAY_S = 86400
-
-
 def overdue(rec: dict, every_days, now: float) -> str | None:
-    """Why a passing record is due again under ``burnin_every_days`` (its run older than that), or None."""
-    at = rec.get("at")
-    if not every_days or not rec.get("passed") or not isinstance(at, (int, float)) or now - at <= every_days * DAY_S:
-        return None
-    return f"re-acceptance: its last run was {int((now - at) // DAY_S)} days ago (burnin_every_days {every_days})"
+    """Why a passing record is due again under ``burnin_every_days``, or None (the one rule:
+    rigup.boundary.burnin.due)."""
+    found = burnin.due(rec, every_days, now)
+    return found[1] if found else None
 
 
 def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict, now: float | None = None) -> dict:

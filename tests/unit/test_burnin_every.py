@@ -76,3 +76,29 @@ def test_status_names_a_due_card():
     assert card["problems"] == [("DUE", "burn-in DUE: its last run was 30 days ago (burnin_every_days 28); "
                                         "a roll tests it again")]
     assert fleet.burnin_part("lab1", {"burnin": lines_}, "/x", every_days=None)["burnin_due"] == {}
+
+
+def test_a_pass_dated_in_the_future_is_due_now_in_the_plan_and_in_status():
+    """Round 3's B16: a pass whose time is after now (2099: a host's clock ahead, or a hand edit) was
+    never due again; beyond a day of clock skew it is no past run: due now, in both callers of the
+    one rule (rigup.boundary.burnin.due)."""
+    future = {**rec(0, 0), "at": 4102000000}
+    skewed = {**rec(1, 0), "at": NOW + 3600}             # an hour ahead: within the skew, a run of today
+    part = sort_cards(gpus(), state({U[0]: future, U[1]: skewed}), "580.105.08", DATA, now=NOW)
+    assert part["run"] == {"standard": [U[0]]} and "dated" in part["why"][U[0]] and "in the future" in part["why"][U[0]]
+    status = fleet.burnin_part("lab1", {"burnin": ["|" + json.dumps({U[0]: future, U[1]: skewed})]}, "/x", every_days=28)
+    assert list(status["burnin_due"]) == ["0000:00:00"] and status["burnin_due"]["0000:00:00"]["days"] < 0
+    assert burnin.due(future, None, NOW) is None and burnin.due({**future, "passed": False}, 28, NOW) is None
+
+
+def test_the_plan_and_status_share_one_due_rule():
+    """Issue 65: roles/burnin/quarantine.py overdue and rigup/fleet.py _due call
+    rigup.boundary.burnin.due and agree on every age (before, at and after the limit, and ahead)."""
+    for days in (-2, -1.1, -0.5, 0, 27.9, 28.1, 30, 400):   # status reads the clock itself: no edge to the second
+        r = {**rec(0, days)}
+        plan = sort_cards(gpus()[:1], state({U[0]: r}), "580.105.08", DATA, now=NOW)["run"] != {}
+        shown = bool(fleet.burnin_part("lab1", {"burnin": ["|" + json.dumps({U[0]: r})]}, "/x", every_days=28)["burnin_due"])
+        assert plan == shown == (burnin.due(r, 28, NOW) is not None), days
+    import inspect
+    from roles.burnin import quarantine
+    assert "burnin.due(" in inspect.getsource(quarantine.overdue) and "burnin.due(" in inspect.getsource(fleet._due)
