@@ -245,8 +245,9 @@ PULSE_SCHEMA = 1                 # the pulse record's format (rigup-burnin pulse
 def pulse(text: str, where: str) -> dict | None:
     """The host's pulse record (``rigup_state_dir/burnin-pulse.json``, rigup-burnin pulse), read
     whole: None when there is none yet (empty), else ``{"passed", "at", "failed": [text],
-    "key": {"driver", "cards": [card id], "caps_w", "psu_watts"}, "figures": {...}}`` typed, the rest
-    kept as checked; or :class:`Unreadable` naming ``where`` and the field (the host is refused:
+    "key": {"driver", "cards": [card id], "caps_w", "psu_watts"}, "figures": {...}, "untested": why a
+    pass is not believed (no figures, or naming a failure: the pulse is due again) or None}`` typed,
+    the rest kept as checked; or :class:`Unreadable` naming ``where`` and the field (the host is refused:
     the controller keeps no copy of it; moved aside, the pulse is due again)."""
     if not isinstance(text, str):
         raise Unreadable(where, f"not text: {type(text).__name__}")
@@ -277,13 +278,33 @@ def pulse(text: str, where: str) -> dict | None:
         key["driver"] = _optional(key, "driver", lambda v, f: ident(str(v) if isinstance(v, (int, float))
                                                                    and not isinstance(v, bool) else v, f), "key")
         rec["key"] = key
-        rec["figures"] = _figures(rec.get("figures") or {}, "figures")
+        figures = rec["figures"] = _figures(rec.get("figures") or {}, "figures")
+        for name in ("peak_w", "hz", "seconds"):
+            figures[name] = _optional(figures, name, lambda v, f: required(v, f, float, 0, 1e7), "figures")
         for name, item in rec.items():
             if name not in ("key", "figures"):
                 _checked(item, name)
     except (Unreadable, RecursionError) as e:
         raise Unreadable(where, f"{e.where}: {e.why}" if isinstance(e, Unreadable) else "nested too deep") from None
+    rec["untested"] = _pulse_doubt(rec) if rec["passed"] else None
     return rec
+
+
+def _pulse_doubt(rec: dict) -> str | None:
+    """Why a ``passed`` pulse record is not believed (as a card's pass, :func:`_record`): without
+    its figures (the peak draw, the rate and the time it held), or naming a failure, a card off
+    the bus or hung, a power brake or an Xid; None when believed."""
+    figures = rec["figures"]
+    lacks = [name for name in ("peak_w", "hz", "seconds") if figures.get(name) is None]
+    if lacks:
+        return f"a pulse passed without its figures ({', '.join(lacks)}): not believed"
+    cards = figures.get("cards") if isinstance(figures.get("cards"), dict) else {}
+    faults = [what for what, has in (
+        ("failures", rec["failed"]), ("faults", rec.get("faults")), ("cards off the bus", figures.get("lost")),
+        ("hung cards", figures.get("hung") or any(isinstance(c, dict) and (c.get("hung") or c.get("cuda_lost"))
+                                                  for c in cards.values())),
+        ("a power brake", figures.get("brake")), ("Xids", figures.get("xids"))) if has]
+    return f"a pulse passed whose own record names {', '.join(faults)}: not believed" if faults else None
 
 
 CROSSINGS = (

@@ -148,6 +148,8 @@ def pulse_part(gpus: list[dict], state: dict, driver: str | None, data: dict) ->
     due, key = None, (rec or {}).get("key") or {}
     if rec is None:
         due = "the host's first pulse"
+    elif rec.get("untested"):   # a pass without figures, or naming a failure (rigup.boundary.burnin.pulse)
+        due = rec["untested"]
     elif key.get("psu_watts") != (float(psu) if psu else None):
         due = f"gpu_psu_watts {key.get('psu_watts') or 'unset'} -> {psu or 'unset'}"
     elif not rec["passed"]:

@@ -114,6 +114,8 @@ def read_or_refused(text):
     if rec is not None:
         assert isinstance(rec["passed"], bool) and all(isinstance(f, str) for f in rec["failed"])
         assert isinstance(rec["key"]["caps_w"], float) and all(isinstance(c, str) for c in rec["key"]["cards"])
+        if rec["passed"] and not rec["untested"]:   # a believed pass: its figures, and no failure named
+            assert all(isinstance(rec["figures"][n], float) for n in ("peak_w", "hz", "seconds")) and not rec["failed"]
 
 
 SCALARS = st.none() | st.booleans() | st.integers(-10, 1 << 70) | st.floats(allow_nan=False) | st.text(max_size=20)
@@ -143,3 +145,24 @@ def test_a_good_record_reads_and_each_fault_is_named_by_its_field():
         with pytest.raises(Unreadable) as e:
             burnin.pulse(json.dumps(rec), WHERE)
         assert e.value.where == WHERE and e.value.why.startswith(field), (field, e.value.why)
+
+
+def test_a_pass_without_its_figures_or_naming_a_failure_is_not_believed_and_the_pulse_is_due_again():
+    """Round 3's P4: ``passed`` with a failure named and no figures was believed (held, never due
+    again). Now, as a card's pass: not believed, the pulse due again, naming why."""
+    reported = {"schema": 1, "passed": True, "at": 1780000000, "failed": [f"{U[0]} fell off the bus"],
+                "key": {"driver": "580.105.08", "cards": U, "caps_w": 900.0, "psu_watts": 1000.0}}
+    got = part(reported)["pulse"]
+    print(got["due"])
+    assert got["run"] and got["held"] is None and "not believed" in got["due"] and "figures" in got["due"]
+    for fault, rec in (("failures", {**record(), "failed": ["GPU 1 fell off the bus"]}),
+                       ("faults", {**record(), "faults": True}),
+                       ("cards off the bus", {**record(), "figures": {**record()["figures"], "lost": [U[1]]}}),
+                       ("hung cards", {**record(), "figures": {**record()["figures"], "cards": {U[1]: {"hung": True}}}}),
+                       ("a power brake", {**record(), "figures": {**record()["figures"], "brake": 3}}),
+                       ("Xids", {**record(), "figures": {**record()["figures"], "xids": {U[1]: [79]}}}),
+                       ("figures (peak_w)", {**record(), "figures": {**record()["figures"], "peak_w": None}})):
+        got = part(rec)["pulse"]
+        assert got["run"] and got["held"] is None and fault in got["due"], (fault, got["due"])
+    assert part(record())["pulse"]["due"] is None and burnin.pulse(json.dumps(record()), WHERE)["untested"] is None
+    assert burnin.pulse(json.dumps(record(passed=False)), WHERE)["untested"] is None   # a failure is believed as it is
