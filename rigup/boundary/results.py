@@ -358,7 +358,8 @@ CROSSINGS = (
              "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("a llama.cpp build's smoke result (builds/<id>/rigup-smoke.json)",
              "root on the host (roles/llama_cpp/smoke.py), its servers running as the rigup user",
-             "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state, rigup/traps.py:load"),
+             "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state, rigup/traps.py:load, "
+             "roles/llama_server/facts.py:remedy_flags"),
     Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",
              "the controller (roles/llama_cpp/artifact.py kept)",
              "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),

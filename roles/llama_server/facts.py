@@ -1,28 +1,34 @@
 """What a host runs for llama_server, read in one round trip."""
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 
-from rigup.contract.llama_server import DROPIN, PRESET
+from rigup import traps
+from rigup.boundary import Unreadable, results
+from rigup.config import ROLES_DIR
+from rigup.contract.llama_server import DROPIN, FIXED, PRESET, held_off_flags
 from rigup.names import BALANCER_DIR
 from rigup.nofollow import FUNCTIONS
-from rigup.traps import REMEDY_FLAG
 from rigup.units import configured, instance_probe, parse_instances
 from roles.llama_server.command import KEY
 
+# The flags a build's smoke may hand the instances: the server_flag remedies of roles/llama_cpp's
+# catalogue (the smoke tries no other), less any flag rigup writes itself or llama_server_allow
+# holds off (a smoke record naming --slots would open /slots on a host that does not allow it)
+REMEDIES = frozenset(t.remedy.value for t in traps.load(ROLES_DIR / "llama_cpp" / "traps.yml")
+                     if t.remedy.kind == "server_flag") - set(held_off_flags()) - set(FIXED)
 
 
 def remedy_flags(text: str | None) -> list[str]:
     """The server flags a passed smoke inference of the serving build recorded (roles/llama_cpp's
-    rigup-smoke.json ``server_args``); anything but bare ``--flags`` is ignored."""
+    rigup-smoke.json ``server_args``), read through rigup.boundary.results.smoke, the one reader of
+    that record (one it refuses, or a failed smoke, gives none), and only those of :data:`REMEDIES`."""
     try:
-        doc = json.loads(text or "")
-    except ValueError:
+        doc = results.smoke(text, "rigup-smoke.json") if text else None
+    except Unreadable:   # the build's smoke is unknown: roles/llama_cpp runs it again
         return []
-    flags = doc.get("server_args") if isinstance(doc, dict) and doc.get("ok") is True else None
-    return [f for f in flags if isinstance(f, str) and REMEDY_FLAG.fullmatch(f)] if isinstance(flags, list) else []
+    return [f for f in doc.get("server_args") or [] if f in REMEDIES] if doc and doc["ok"] else []
 
 
 class LlamaServerState(FactBase):

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from roles.llama_cpp import smoke, smoke_model
+from roles.llama_server.facts import remedy_flags
 
 # a stand-in llama-server: its behaviour comes from SMOKE_MODE in the environment (crash, hang, empty,
 # repack: crash unless --no-repack, load-crash), everything else answers like llama-server
@@ -112,6 +113,9 @@ def test_a_repack_crash_is_retried_with_the_remedy_and_recorded(spec, monkeypatc
     assert doc["ok"] and r["remedy"] == "cpu-repack-crash" and "crashed (SIGSEGV)" in r["first"]
     assert doc["traps"] == ["cpu-repack-crash"] and doc["server_args"] == ["--no-repack"]
     assert "--no-repack" in r["argv"]
+    # what it wrote, as roles/llama_server reads it back (through rigup.boundary.results.smoke; its
+    # key is a spec's hash, 16 hex digits, where the fixture's is k1)
+    assert remedy_flags(json.dumps({**doc, "key": "0123456789abcdef"})) == ["--no-repack"]
 
 
 def test_a_remedy_for_another_signal_is_not_tried(spec, monkeypatch):
