@@ -7,6 +7,7 @@ keep the state across reloads."""
 
 import fcntl
 import os
+import re
 import signal
 import socketserver
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rigup.config import role_defaults
 from roles.balancer import config, drain
@@ -343,3 +345,25 @@ def test_a_haproxy_or_proc_number_is_ascii_digits(text, digits):
     """str.isdigit() took "²" (int() then raised ValueError mid-drain) and "٣" (read as 3)."""
     print(f"\n{text!r}: {drain._digits(text)}")
     assert drain._digits(text) is digits
+
+
+def test_two_servers_never_share_a_lease():
+    """Round 3 of issue 61, D1: gateway-gemma/lab2 and gateway/gemma-lab2 (and llama:glm/lab1 and
+    llama_glm/lab1) had one timer and one lease file: arming one stopped the other's timer."""
+    assert drain.lease_file("gateway-gemma", "lab2") != drain.lease_file("gateway", "gemma-lab2")
+    assert drain.lease_unit("llama:glm", "lab1") != drain.lease_unit("llama_glm", "lab1")
+    assert drain.lease_unit("gateway-gemma", "lab2") == "rigup-drain-lease-13-gateway-gemma-lab2"
+
+
+NAMES = st.text(st.sampled_from("ab1-_.:"), min_size=1, max_size=8) | st.text("x-", min_size=100, max_size=100)
+
+
+@settings(max_examples=200, deadline=1000)
+@given(NAMES, NAMES)
+def test_a_lease_name_gives_back_its_backend_and_server(backend, server):
+    """Injective: the pair is read back from the name alone; a unit name of systemd's characters
+    within its 255 (with .timer)."""
+    unit = drain.lease_unit(backend, server)
+    length, _, rest = unit.removeprefix("rigup-drain-lease-").partition("-")
+    assert (rest[:int(length)], rest[int(length) + 1:]) == (backend, server) and rest[int(length)] == "-"
+    assert re.fullmatch(r"[A-Za-z0-9:_.-]+", unit) and len(unit + ".timer") <= 255
