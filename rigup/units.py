@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import hashlib
-import json
 import re
 import shlex
 
+from rigup.boundary.core import Unreadable, loads
 from rigup.nofollow import read_file
 
 if TYPE_CHECKING:
@@ -124,8 +124,9 @@ def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key
 
 def parse_instances(lines: list[str]) -> tuple[dict, dict]:
     """(``key=value`` lines before the first section, {name: {key: value}}); an empty value is
-    None, and ``marker`` is the decoded JSON (None when absent or half-written); ``marker.M`` lines
-    go to ``markers`` ({M: decoded JSON or None})."""
+    None, and ``marker`` is the decoded JSON object (None when absent, half-written, nested too deep
+    or not an object: the host writes the marker, and a list of a million ``[`` must not end the
+    run for every host); ``marker.M`` lines go to ``markers`` ({M: decoded JSON object or None})."""
     head: dict = {}
     instances: dict = {}
     current = head
@@ -136,9 +137,10 @@ def parse_instances(lines: list[str]) -> tuple[dict, dict]:
         key, _, value = line.partition("=")
         if key == "marker" or key.startswith("marker."):
             try:
-                found = json.loads(value) if value else None
-            except ValueError:
+                found = loads(value, key) if value else None
+            except Unreadable:
                 found = None
+            found = found if isinstance(found, dict) else None
             if key == "marker":
                 current[key] = found
             else:

@@ -125,6 +125,10 @@ CROSSINGS = (
              "the host (the fetch job, or whoever can write the model's directory)",
              "rigup/boundary/hosttext.py:download_progress",
              "roles/model_fetch/facts.py:parse_progress, roles/model_fetch/facts.py:parse_probe"),
+    Crossing("a model's completion marker as a host printed it (one line of JSON: an object, else none)",
+             "the host (whoever can write the model's directory)", "rigup/boundary/core.py:loads",
+             "rigup/units.py:parse_instances, roles/model_fetch/facts.py:parse_progress, "
+             "roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:parse_state"),
     Crossing("a GGUF header's figures (layers, KV size, context, a chat template or none)", "the hub, the hub cache",
              "rigup/boundary/hosttext.py:gguf_figures", "roles/model_fetch/hub.py:_head"),
     Crossing("a hub's file listing (paths, sizes, sha256, git blob ids)", "the hub, the hub cache",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
-from rigup.boundary.core import Unreadable
+from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import download_progress
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
@@ -59,11 +59,12 @@ def parse_probe(lines: list[str]) -> dict:
             out["python"] = False
         elif line.startswith("##rigup-model "):
             try:
-                state = json.loads(line[len("##rigup-model "):])
-            except (ValueError, RecursionError):
+                state = loads(line[len("##rigup-model "):], "the probe's model line")
+            except Unreadable:
                 continue
-            if isinstance(state, dict):
-                out["models"][state.get("name")] = read_progress(state, f"model {state.get('name')}: progress.json")
+            # the host's python3 prints it: a name that is not text (a list) is no model of the specs
+            if isinstance(state, dict) and isinstance(state.get("name"), str):
+                out["models"][state["name"]] = read_progress(state, f"model {state['name']}: progress.json")
     return out
 
 
@@ -111,8 +112,8 @@ def parse_progress(lines: list[str], specs: list[dict]) -> dict[str, dict]:
         state = found.get(spec["name"], {})
         marker = state.get("marker") or {}
         try:
-            progress = json.loads(state.get("progress") or "null")
-        except (ValueError, RecursionError):
+            progress = loads(state.get("progress") or "null", "progress.json")
+        except Unreadable:
             progress = "not JSON"
         marker = marker if isinstance(marker, dict) else {}
         out[spec["name"]] = read_progress(
