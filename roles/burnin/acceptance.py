@@ -1415,8 +1415,7 @@ def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dic
                       "schema": 2, "gemm": gemm, "power": fig.pop("power"), "flagged": []}
     siblings({u: r for u, r in results.items() if "gemm" in r}, opts)
     if opts.get("samples"):
-        with open(opts["samples"], "w") as f:
-            json.dump(samples, f, indent=None, sort_keys=True)
+        write_json(opts["samples"], samples, indent=None)
     for u, what in skipped.items():
         results[u] = {"busy": what}
     return results
@@ -1521,8 +1520,7 @@ def pulse(opts: dict) -> dict:
                 time.sleep(PULSE_SAMPLE_S)
         rec = pulse_verdict(opts, todo, figs, rows, xid_since(started, opts.get("xid_match"), buses), started)
         if opts.get("samples"):
-            with open(opts["samples"], "w") as f:
-                json.dump(rows, f, indent=None, sort_keys=True)
+            write_json(opts["samples"], rows, indent=None)
         for u in rec["figures"]["lost"]:   # quarantined before the guard stops setting them aside
             old = records.get(u) if isinstance(records.get(u), dict) else {}
             card = rec["figures"]["cards"].get(u) or {}
@@ -1587,25 +1585,88 @@ def pulse_verdict(opts: dict, todo: list[dict], figs: dict, rows: list[dict], xi
 
 
 # ---------------------------------------------------------------- records
+class Unreadable(Exception):
+    """The records file exists and does not read: nothing is written over it (its quarantines stay)."""
+
+
 def load(path: str) -> dict:
+    """The records at ``path``: {} when there are none yet (no file, or an empty one); a file that
+    does not read (not JSON, NaN, a key twice, not a mapping of card ids to records) is
+    :class:`Unreadable`, never {}: starting over from {} would erase every quarantine on the host
+    at the next save (round 3's H1). The controller's reader is rigup/boundary/burnin.py."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8") as f:
+            text = f.read((1 << 22) + 1)
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        raise Unreadable(f"{path} does not read ({type(e).__name__}: {e})") from None
+    if not text.strip():
+        return {}
+
+    def once(pairs):
+        seen = dict(pairs)
+        if len(seen) < len(pairs):
+            raise ValueError("a key twice")
+        return seen
+
+    def no_constant(name):
+        raise ValueError(f"{name} is no JSON number")
+
+    try:
+        if len(text) > 1 << 22:
+            raise ValueError("larger than 4 MiB")
+        doc = json.loads(text, object_pairs_hook=once, parse_constant=no_constant)
+    except (ValueError, RecursionError) as e:
+        raise Unreadable(f"{path} does not read (not JSON: {shown(e, 200)})") from None
+    if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in doc.items()):
+        raise Unreadable(f"{path} does not read (not a mapping of card ids to records)")
+    return doc
 
 
 def save(path: str, records: dict) -> None:
-    """Write the records atomically (root's directory: a temporary file beside it, then rename)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(records, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write the records atomically (:func:`replace`: a planted link is never followed)."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    replace(path, json.dumps(records, indent=1, sort_keys=True) + "\n")
+
+
+def write_json(path: str, value, indent: int | None = 1) -> None:
+    """``--json`` and ``--samples``: written as the records are (:func:`replace`), wherever named."""
+    replace(path, json.dumps(value, indent=indent, sort_keys=True))
+
+
+def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
+    link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
+    the umask's), then renamed over ``path`` (a rename replaces a link there, never follows it); the
+    temp file never outlives a failure. Each host program carries this copy (it ships alone)."""
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
 
 
 HISTORY = 8   # the runs before the last a card's record keeps (a re-acceptance keeps its first sight's)
@@ -1653,10 +1714,7 @@ def write_metrics(path: str | None, records: dict) -> None:
         lines += [f"rigup_gpu_burnin_passed{{{labels}}} {int(bool(rec.get('passed')))}",
                   f"rigup_gpu_quarantined{{{labels}}} {int(quarantined(rec))}",
                   f"rigup_gpu_burnin_seconds{{{labels}}} {seconds}"]
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    replace(path, "\n".join(lines) + "\n")   # a directory the node exporter's package made: never a planted link
 
 
 def shown(text: object, limit: int = 200) -> str:
@@ -1698,8 +1756,7 @@ def pulse_main(a) -> int:
     save(a.pulse_results, rec)
     write_metrics(a.metrics, load(a.results))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rec, f, indent=1, sort_keys=True)
+        write_json(a.json, rec)
     fig = rec["figures"]
     text = (f"pulse: held: {len(rec['key']['cards'])} card(s), {fig['hz']:g} Hz for {fig['seconds']:g} s, up to "
             f"{fig['peak_w']} W together (caps {fig['caps_w']:g} W)" if rec["passed"] else "; ".join(rec["failed"]))
@@ -1708,6 +1765,28 @@ def pulse_main(a) -> int:
 
 
 def main(argv=None) -> int:
+    """The command line; a records file that does not read ends the command before it writes
+    anything, naming the file (exit 2): its quarantines stay on the host."""
+    try:
+        return command(argv)
+    except Unreadable as e:
+        print(shown(f"rigup-burnin: {e}: left as it is; nothing written (fix it, or move it aside: "
+                    "roles/burnin then judges the host's cards by the controller's copy)", 4000), file=sys.stderr)
+        return 2
+
+
+def expected_mib(text: str) -> dict[str, int] | None:
+    """``--expect-mib UUID=MIB,...`` read, or None when any part is not a card and ASCII digits."""
+    out = {}
+    for part in (p for p in text.split(",") if p):
+        uuid, eq, mib = part.partition("=")
+        if not (uuid and eq and mib.isascii() and mib.isdigit() and len(mib) <= 9):
+            return None
+        out[uuid] = int(mib)
+    return out
+
+
+def command(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigup-burnin")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
@@ -1766,6 +1845,10 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "pulse":
         return pulse_main(a)
+    expect = expected_mib(a.expect_mib)
+    if expect is None:
+        ap.error(f"--expect-mib: not UUID=MIB,... with MIB in ASCII digits: {shown(a.expect_mib, 200)}")
+    load(a.results)   # a records file that does not read: refused now, before an hour of testing
     level = LEVELS[a.level]
     opts = {"level": a.level, "patterns": a.patterns or level["patterns"],
             "soak_s": level["soak_s"] if a.soak_s is None else a.soak_s, "vram_fraction": a.vram_fraction,
@@ -1773,7 +1856,7 @@ def main(argv=None) -> int:
             "power_min_ratio": a.power_min_ratio, "slow_flag_ratio": a.slow_flag_ratio,
             "slow_quarantine_ratio": a.slow_quarantine_ratio, "load": a.load, "samples": a.samples,
             "xid_match": a.xid_match, "testing": a.testing,
-            "expect_mib": {k: int(v) for k, _, v in (p.partition("=") for p in a.expect_mib.split(",") if p)}}
+            "expect_mib": expect}
     found = run(opts, [u for u in a.cards.split(",") if u] or None)
     records = load(a.results)
     for u, rec in found.items():
@@ -1782,8 +1865,7 @@ def main(argv=None) -> int:
     save(a.results, records)
     write_metrics(a.metrics, records)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(found, f, indent=1, sort_keys=True)
+        write_json(a.json, found)
     failed = False
     for u, rec in sorted(found.items()):
         text = line(u, rec)
