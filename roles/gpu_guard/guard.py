@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -91,6 +92,11 @@ SLACK_S = 10                # python start, reading and writing the state files
 XID_EVENTS_KEPT = 50        # the newest Xid events kept in XID_STATE, with what was done
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 LOADED_PERCENT = 50         # utilization.gpu at or above which a card's link generation is judged (cards idle at Gen1)
+# A PCI address, domain:bus:device.function (nvidia-smi's 00000000:4E:00.0, sysfs's 0000:4e:00.0): the copy of
+# rigup/boundary/fields.py PCI_BUS_ID this program carries (it ships alone; tests/unit/test_gpu_guard.py holds the two equal)
+PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
+# nvidia-smi's line for a card it cannot reach (fallen off the bus): which card, by its bus id
+NO_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])")
 
 try:   # the Xid line parser: rigup/gpu/xid.py in the repository, rigup_xid.py beside this script
     from rigup.gpu import xid as xid_lines
@@ -167,7 +173,8 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
     cards, lost, gone, aside = [], [], 0, 0   # gone: set-aside cards off the bus; aside: set-aside rows
     for line in lines:
         if "Unable to determine the device handle" in line:
-            if any(q.lower() in line.lower() for q in quarantined):
+            named = NO_HANDLE.search(line)   # the card's bus id, compared whole (issue 61: a set-aside "0" matched every line)
+            if named and named.group(1).lower()[-12:] in {q.lower() for q in quarantined}:
                 gone += 1
                 continue
             lost.append(said(line.strip(), 300))
@@ -299,16 +306,23 @@ def read_cards(config: dict) -> tuple[list[dict], list[str]]:
 def set_aside(config: dict) -> set[str]:
     """The bus ids of the cards rigup-burnin tests now or quarantined (config ``burnin``: its results
     file and the file of the cards under test, read at each check, so that a card quarantined in the
-    middle of a converge is left alone at once): nothing serves from them, so they are not judged."""
+    middle of a converge is left alone at once): nothing serves from them, so they are not judged.
+    A bus id that is not one (issue 61: ``"0"`` set aside every card) sets nothing aside: that card is
+    judged as any other, the guard's side of failing closed."""
     burnin = config.get("burnin") or {}
     found = set()
     records = load(burnin["results"], {}) if burnin.get("results") else {}
     for rec in (records.values() if isinstance(records, dict) else []):
-        if isinstance(rec, dict) and rec.get("passed") is False and not rec.get("cleared") and rec.get("bus_id"):
-            found.add(str(rec["bus_id"]))
+        if isinstance(rec, dict) and rec.get("passed") is False and not rec.get("cleared") and bus_id(rec.get("bus_id")):
+            found.add(rec["bus_id"])
     testing = load(burnin["testing"], []) if burnin.get("testing") else []
-    found.update(str(b) for b in (testing if isinstance(testing, list) else []))
+    found.update(b for b in (testing if isinstance(testing, list) else []) if bus_id(b))
     return found
+
+
+def bus_id(value) -> bool:
+    """Whether ``value`` is a PCI bus id (:data:`PCI_BUS_ID`)."""
+    return isinstance(value, str) and PCI_BUS_ID.fullmatch(value) is not None
 
 
 def load(path: str, default):
@@ -326,6 +340,107 @@ def load(path: str, default):
     except (OSError, ValueError, RecursionError) as e:
         log(4, f"rigup-gpu-guard: {path} does not read ({type(e).__name__}: {e}): taken as none")
         return default
+
+
+# ----------------------------------------------------------------------------- the guard's own records, typed
+# Each state file is read through one typed reader (issue 61: a card entry of XID_STATE that was a list, or a
+# sample whose time was text, ended every check in a traceback: the host unguarded; a tripped file that was a
+# list ended status in one). A part not of its form is left out, never trusted; what fails closed stays closed:
+# a tripped file that is there trips the guard whatever it holds, a suspect mark that does not read stays one.
+def finite(value) -> bool:
+    """Whether ``value`` is a JSON number of the guard's records: an int or a float, never a bool, finite."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def samples_of(raw) -> list[dict]:
+    """SAMPLES (a JSON list): each sample a map with a finite time ``t``, its cards (maps with a text
+    ``uuid`` and a ``draw`` that is a finite number or null), its lost telemetry (text), its verdict
+    ``bad`` (text or null) and ``fabric`` (text, when a look said the fabric was down); a sample or a
+    card not of that form is left out (the window is then judged on fewer samples)."""
+    out = []
+    for sample in raw if isinstance(raw, list) else []:
+        if not isinstance(sample, dict) or not finite(sample.get("t")):
+            continue
+        cards = sample.get("cards") if isinstance(sample.get("cards"), list) else []
+        lost = sample.get("lost") if isinstance(sample.get("lost"), list) else []
+        typed = {"t": sample["t"],
+                 "cards": [c for c in cards if isinstance(c, dict) and isinstance(c.get("uuid"), str) and "draw" in c
+                           and (c["draw"] is None or finite(c["draw"]))],
+                 "lost": [text for text in lost if isinstance(text, str)],
+                 "bad": sample["bad"] if isinstance(sample.get("bad"), str) else None}
+        if isinstance(sample.get("fabric"), str):
+            typed["fabric"] = sample["fabric"]
+        out.append(typed)
+    return out
+
+
+def suspect_of(value) -> dict | None:
+    """A card's suspect mark: {"since", "line"}, None when it is not marked (null, false); a mark that
+    does not read is still a mark (its units stay stopped until clear), its time and line unknown."""
+    if not value:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("since"), str) and isinstance(value.get("line"), str):
+        return {"since": value["since"], "line": value["line"]}
+    return {"since": "an unknown time", "line": "(the guard's record of it does not read)"}
+
+
+def xid_card_of(card: dict) -> dict:
+    """One card's entry of XID_STATE: its counts per class (JSON ints >= 0), the times of its recent
+    suspect-class events (finite numbers), its suspect mark and its downtrained link (ints)."""
+    counts = card.get("counts") if isinstance(card.get("counts"), dict) else {}
+    recent = card.get("recent") if isinstance(card.get("recent"), list) else []
+    out = {"counts": {cls: n for cls, n in counts.items() if type(n) is int and n >= 0},
+           "recent": [t for t in recent if finite(t)], "suspect": suspect_of(card.get("suspect"))}
+    link = card.get("link")
+    if isinstance(link, dict) and type(link.get("gen")) is int and type(link.get("gen_max")) is int:
+        out["link"] = {"gen": link["gen"], "gen_max": link["gen_max"],
+                       "since": link["since"] if isinstance(link.get("since"), str) else "an unknown time"}
+    return out
+
+
+def xid_state_of(raw) -> dict:
+    """XID_STATE (a JSON map): ``boot`` and ``cursor`` (text), ``read`` (true), ``last_t`` (finite),
+    ``seen`` ({card: {"index": int, "uuid": text}}), ``cards`` ({card: :func:`xid_card_of`}) and
+    ``events`` (maps, the newest :data:`XID_EVENTS_KEPT`); an entry not of its form is left out (a card
+    whose entry is no map: its counts start again, as at a boot)."""
+    state = raw if isinstance(raw, dict) else {}
+    out: dict = {key: state[key] for key in ("boot", "cursor") if isinstance(state.get(key), str)}
+    if state.get("read") is True:
+        out["read"] = True
+    if finite(state.get("last_t")):
+        out["last_t"] = state["last_t"]
+    seen = state.get("seen") if isinstance(state.get("seen"), dict) else {}
+    out["seen"] = {k: {"index": c["index"], "uuid": c["uuid"]} for k, c in seen.items()
+                   if isinstance(c, dict) and type(c.get("index")) is int and isinstance(c.get("uuid"), str)}
+    cards = state.get("cards") if isinstance(state.get("cards"), dict) else {}
+    out["cards"] = {k: xid_card_of(c) for k, c in cards.items() if isinstance(c, dict)}
+    events = state.get("events") if isinstance(state.get("events"), list) else []
+    out["events"] = [e for e in events if isinstance(e, dict)][-XID_EVENTS_KEPT:]
+    return out
+
+
+def read_xid_state(config: dict) -> dict:
+    """XID_STATE from its file (config ``xid.state_file``), typed."""
+    return xid_state_of(load(config["xid"]["state_file"], {}))
+
+
+def tripped_of(raw) -> dict:
+    """The TRIPPED record. The file's presence trips the guard whatever it holds (fail closed); a record
+    that is no map, or a field not of its form, reads as a trip with that part unknown: no reason
+    (said so), no reboot to wait for (``reboot_boot``), no unit to start again (``stopped``)."""
+    record = raw if isinstance(raw, dict) else {}
+    out: dict = {"reason": record["reason"] if isinstance(record.get("reason"), str) else
+                 "(no reason recorded: the tripped file " + ("holds none" if record else "does not read") + ")"}
+    if finite(record.get("t")):
+        out["t"] = record["t"]
+    out.update({key: record[key] for key in ("time", "samples", "reboot_boot") if isinstance(record.get(key), str)})
+    if isinstance(record.get("stopped"), list):
+        out["stopped"] = [unit for unit in record["stopped"] if isinstance(unit, str)]
+    if type(record.get("cards")) is int and record["cards"] >= 0:
+        out["cards"] = record["cards"]
+    if record.get("fabric") is True:
+        out["fabric"] = True
+    return out
 
 
 def save(path: str, value) -> None:
@@ -718,8 +833,7 @@ def links_under_load(state: dict, cards: list[dict], now: float) -> None:
 def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> tuple[dict, dict | None]:
     """This check's Xid part: (XID_STATE, the trip to record or None)."""
     path = config["xid"]["state_file"]
-    state = load(path, {})
-    state = state if isinstance(state, dict) else {}
+    state = read_xid_state(config)
     before = json.dumps(state, sort_keys=True)
     boot = boot_id()
     if state.get("boot") != boot:   # a new boot: the cards' counts start again; suspect stays
@@ -806,8 +920,8 @@ def check(config: dict) -> int:
     served = ([c for c in read[0] if not c.get("aside")], read[1]) if read else None
     fabric, known = fabric_problem(config, *served) if served else (None, True)
     if os.path.exists(tripped):
-        record = load(tripped, {})
-        if isinstance(record, dict) and record.get("fabric") and known and not fabric:   # back: serve again
+        record = tripped_of(load(tripped, None))
+        if record.get("fabric") and known and not fabric:   # back: serve again
             for f in (tripped, config["samples_file"]):   # as clear: a look before the trip never counts again
                 if os.path.exists(f):
                     os.remove(f)
@@ -816,25 +930,25 @@ def check(config: dict) -> int:
                    f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
             return 0
         # after its reboot, an NVSwitch host serves again only once its fabric is up too
-        if isinstance(record, dict) and record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
+        if record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
                 known and not fabric:
             cards, lost = served or read_cards(config)
             cards = [c for c in cards if not c.get("aside")]
             if after_reboot(config, record, cards, lost):
                 return 0
         write_metrics(config, metrics_text([], None, True, config, time.time(),
-                                           load(config["xid"]["state_file"], {}) if config.get("xid") else None, fabric))
+                                           read_xid_state(config) if config.get("xid") else None, fabric))
         running, stopped = stop_serving(config)
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
-            if isinstance(record, dict) and set(running) - set(record.get("stopped") or []):   # started again when cleared
+            if set(running) - set(record.get("stopped") or []):   # started again when cleared
                 save(tripped, {**record, "stopped": sorted(set(running) | set(record.get("stopped") or []))})
         return 0
     now = time.time()
     looked = fabric if fabric and known else None   # CUDA cannot run on this board now, by this look
     if looked:   # the check before said so too (its sample is the last kept): drained, until the fabric is back
-        before = keep(load(config["samples_file"], []), config, now)
-        if before and isinstance(before[-1], dict) and before[-1].get("fabric"):
+        before = keep(samples_of(load(config["samples_file"], [])), config, now)
+        if before and before[-1].get("fabric"):
             return trip_now(config, {"reason": f"the NVSwitch fabric: {fabric}", "reboot": False, "fabric": True}, [],
                             now, fabric)
         log(4, f"rigup-gpu-guard: the NVSwitch fabric: {fabric} (1 of 2 checks in a row; drained if the next "
@@ -844,7 +958,7 @@ def check(config: dict) -> int:
     xid_state, xid_trip = xid_check(config, cards, lost, now) if config.get("xid") and xid_lines else ({}, None)
     if xid_trip:
         return trip_now(config, xid_trip, cards, now)
-    history = keep(load(config["samples_file"], []), config, now)
+    history = keep(samples_of(load(config["samples_file"], [])), config, now)
     history.append({"t": now, "cards": every, "lost": lost, **({"fabric": looked} if looked else {})})
     history[-1]["bad"] = evaluate(history, config, now)
     save(config["samples_file"], history)
@@ -878,7 +992,7 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: st
         record["reboot_boot"] = boot_id()
     save(config["tripped_file"], record)
     write_metrics(config, metrics_text(cards, [], True, config, now,
-                                       load(config["xid"]["state_file"], {}) if config.get("xid") else None, fabric))
+                                       read_xid_state(config) if config.get("xid") else None, fabric))
     log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
            + ("rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
               "they stay stopped until the fabric is back (a converge starts the fabric manager)" if trip.get("fabric")
@@ -898,37 +1012,39 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--config"]:
         path, argv = argv[1], argv[2:]
     config = load(path, None)
-    if config is None:
+    if not isinstance(config, dict):
         print(shown(f"rigup-gpu-guard: cannot read {path}"), file=sys.stderr)
         return 1
     command = argv[0] if argv else "check"
     if command == "check":
         return check(config)
+    tripped = config["tripped_file"]
+    # typed as the check reads them: a file that is there is a trip, whatever it holds (tripped_of)
+    state = tripped_of(load(tripped, None)) if os.path.exists(tripped) else None
+    raw = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
+    xid = xid_state_of(raw)
     if command == "status":
-        state = load(config["tripped_file"], None)
         samples = f" ({state['samples']})" if state and state.get("samples") else ""
-        print(shown(f"tripped at {state.get('time')}: {state.get('reason')}{samples}", 4000) if state else "not tripped")
-        xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
-        for bus, card in sorted((xid.get("cards") or {}).items()):
-            counts = ", ".join(f"{cls} {n}" for cls, n in sorted(card.get("counts", {}).items())) or "none this boot"
+        print(shown(f"tripped at {state.get('time', 'an unknown time')}: {state['reason']}{samples}", 4000)
+              if state else "not tripped")
+        for bus, card in sorted(xid["cards"].items()):
+            counts = ", ".join(f"{cls} {n}" for cls, n in sorted(card["counts"].items())) or "none this boot"
             link = card.get("link") or {}
             print(shown(f"card {bus}: Xid {counts}" + (f"; SUSPECT since {card['suspect']['since']}: {card['suspect']['line']}"
-                                                        if card.get("suspect") else "")
-                        + (f"; PCIe Gen{link.get('gen')} of Gen{link.get('gen_max')} under load since {link.get('since')}"
+                                                        if card["suspect"] else "")
+                        + (f"; PCIe Gen{link['gen']} of Gen{link['gen_max']} under load since {link['since']}"
                            if link else ""), 4000))
-        return 3 if state or any(c.get("suspect") for c in (xid.get("cards") or {}).values()) else 0
+        return 3 if state or any(c["suspect"] for c in xid["cards"].values()) else 0
     if command == "clear":
-        state = load(config["tripped_file"], None)
-        for f in (config["tripped_file"], config["samples_file"]):
+        for f in (tripped, config["samples_file"]):
             if os.path.exists(f):
                 os.remove(f)
-        xid = load(config["xid"]["state_file"], {}) if config.get("xid") else {}
-        suspect = sorted(k for k, c in (xid.get("cards") or {}).items() if c.get("suspect"))
-        for card in (xid.get("cards") or {}).values():
+        suspect = sorted(k for k, c in xid["cards"].items() if c["suspect"])
+        for card in xid["cards"].values():
             card["suspect"], card["recent"] = None, []
-        if config.get("xid") and xid:
+        if config.get("xid") and raw:
             save(config["xid"]["state_file"], xid)
-        text = "rigup-gpu-guard: cleared by an operator" + (f" (was: {state.get('reason')})" if state else
+        text = "rigup-gpu-guard: cleared by an operator" + (f" (was: {state['reason']})" if state else
                                                              " (was not tripped)") + \
             (f"; no longer suspect: {', '.join(suspect)}" if suspect else "")
         print(shown(text, 4000))

@@ -4,6 +4,7 @@ hand-made samples and the simulated nvidia-smi (tests/lab/nvidia_smi.py) run as 
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -296,3 +297,103 @@ def test_a_signed_or_zero_padded_draw_or_temperature_is_lost_telemetry():
     assert [(c["draw"], c["temp"]) for c in cards] == [(None, None)] and "reads power.draw -00350" in lost[0]
     assert [reading(t) for t in ("350.5", "0", "0.5", "85", "-1", "+85", "085", "\u0668\u0665", "1e3")] == \
         [350.5, 0.0, 0.5, 85.0, None, None, None, None, None]
+
+
+# ----------------------------------------------------------------------------- the guard's own records (issue 61)
+from roles.gpu_guard import guard as G   # noqa: E402 (the module, for monkeypatching its journal and boot)
+from rigup.boundary.fields import PCI_BUS_ID   # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                    max_leaves=20)
+# a state file's shapes: the real keys, each holding anything
+XID_STATE = st.fixed_dictionaries({}, optional={k: JSON for k in ("boot", "cursor", "read", "last_t", "seen", "events")}
+                                  | {"cards": st.dictionaries(st.sampled_from(["0000:2b:00", "0000:07:00"]), JSON
+                                     | st.fixed_dictionaries({}, optional={k: JSON for k in ("counts", "recent", "suspect", "link")}),
+                                                              max_size=2)})
+
+
+def guard_dir(tmp_path, tripped=None, xid=None, samples=None) -> dict:
+    config = {"tripped_file": str(tmp_path / "tripped"), "samples_file": str(tmp_path / "samples.json"),
+              "xid": {"state_file": str(tmp_path / "xid.json"), "catalogue": {}}, "units": ["rigup-llama@*"],
+              "window_s": 10, "interval_s": 2, "smi_timeout_s": 3}
+    for key, value in (("tripped_file", tripped), ("samples_file", samples)):
+        if value is not None:
+            Path(config[key]).write_text(json.dumps(value))
+    if xid is not None:
+        Path(config["xid"]["state_file"]).write_text(json.dumps(xid))
+    (tmp_path / "cfg.json").write_text(json.dumps(config))
+    return config
+
+
+def test_status_of_a_tripped_file_that_is_no_map_says_tripped_not_a_traceback(tmp_path):
+    """round 2 B6/B7: a tripped file holding a JSON list, a suspect mark that is true (not a map):
+    `rigup-gpu-guard status` ended in a traceback; it says tripped (the file is there: the check stops
+    serving whatever it holds) and the card suspect, exit 3."""
+    config = guard_dir(tmp_path, tripped=[1], xid={"cards": {"0000:2b:00": {"suspect": True}, "0000:07:00": ["x"]}})
+    done = subprocess.run([sys.executable, G.__file__, "--config", str(tmp_path / "cfg.json"), "status"],
+                          capture_output=True, text=True, timeout=60)
+    print(done.stdout, done.stderr)
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert "tripped at an unknown time: (no reason recorded: the tripped file does not read)" in done.stdout
+    assert "card 0000:2b:00: Xid none this boot; SUSPECT since an unknown time" in done.stdout
+    Path(config["tripped_file"]).write_text("not json")   # load() takes it as none: still there, still tripped
+    assert G.main(["--config", str(tmp_path / "cfg.json"), "status"]) == 3
+
+
+def test_an_xid_card_entry_or_a_samples_time_not_of_its_form_is_left_out_and_the_check_goes_on(tmp_path, monkeypatch):
+    """round 2 B8/B10: an Xid state card entry that is a list ended every check in a traceback (the
+    host unguarded, failing open), as did a sample whose "t" is text; each is left out."""
+    monkeypatch.setattr(G, "read_kernel_log", lambda config, state: ([], None))
+    monkeypatch.setattr(G, "boot_id", lambda: "new")
+    config = guard_dir(tmp_path, xid={"boot": "old", "cards": {"0000:2b:00": ["x"], "0000:07:00": {"suspect": True}}})
+    state, trip = G.xid_check(config, [], [], 1e9)
+    assert trip is None and list(state["cards"]) == ["0000:07:00"] and state["cards"]["0000:07:00"]["suspect"]
+    history = G.samples_of([{"t": "1", "cards": []}, {"t": 5, "cards": [{"uuid": "GPU-a", "draw": "x"}, {"uuid": "GPU-b", "draw": 3}]}])
+    assert G.keep(history, CONFIG, 6) == [{"t": 5, "cards": [{"uuid": "GPU-b", "draw": 3}], "lost": [], "bad": None}]
+
+
+def test_a_quarantined_record_whose_bus_id_is_no_bus_id_sets_no_card_aside(tmp_path):
+    """round 2 B9: a quarantined record with bus_id "0" matched every 'device handle' line as a
+    substring: a card off the bus was not lost telemetry. Only PCI bus ids are set aside, compared whole."""
+    (tmp_path / "burnin.json").write_text(json.dumps({"GPU-x": {"passed": False, "bus_id": "0"},
+                                                      "GPU-y": {"passed": False, "bus_id": "00000000:0F:00.0"}}))
+    (tmp_path / "testing.json").write_text(json.dumps(["2B", 7, "00000000:47:00.0"]))
+    aside = G.set_aside({"burnin": {"results": str(tmp_path / "burnin.json"), "testing": str(tmp_path / "testing.json")}})
+    assert aside == {"00000000:0F:00.0", "00000000:47:00.0"}
+    off = "Unable to determine the device handle for GPU0000:2B:00.0: Unknown Error"
+    assert parse_sample([off], 15, ("0",)) == ([], [off])
+    assert parse_sample([off], 15, ("0000:2b:00.0",)) == ([], [])
+    assert parse_sample([off], 15, ("000:2b:00.0",)) == ([], [off])   # a tail of the id is not the id
+
+
+def test_the_guards_bus_id_pattern_is_the_boundarys():
+    assert G.PCI_BUS_ID.pattern == PCI_BUS_ID.pattern
+
+
+@settings(max_examples=150, deadline=1000)
+@given(tripped=JSON, xid=XID_STATE | JSON, samples=st.lists(JSON | st.fixed_dictionaries(
+    {"t": st.floats() | st.integers() | st.text(max_size=3)}, optional={"cards": JSON, "lost": JSON, "bad": JSON, "fabric": JSON}),
+    max_size=4))
+def test_any_json_in_the_guards_state_files_reads_typed_never_a_traceback(tmp_path_factory, tripped, xid, samples):
+    """Property (issue 61): whatever JSON root's state files hold, the typed readers give their form,
+    a check's Xid part and its history, status and clear end without a traceback; a tripped file
+    that is there is always a trip."""
+    tmp_path = tmp_path_factory.mktemp("guard")
+    config = guard_dir(tmp_path, xid=xid, samples=samples)
+    Path(config["tripped_file"]).write_text(json.dumps(tripped))   # null too: the file is there
+    state = G.xid_state_of(xid)
+    assert all(type(n) is int for c in state["cards"].values() for n in c["counts"].values())
+    record = G.tripped_of(tripped)
+    assert isinstance(record["reason"], str) and all(isinstance(u, str) for u in record.get("stopped", []))
+    history = G.keep(G.samples_of(samples), {"window_s": 10}, 1e9)
+    G.evaluate(history + [{"t": 1e9, "cards": [], "lost": []}], {"window_s": 10}, 1e9)
+    G.debounced(history, {})
+    G.metrics_text([], None, True, config, 1e9, G.read_xid_state(config))
+    old = (G.read_kernel_log, G.boot_id)
+    G.read_kernel_log, G.boot_id = (lambda c, s: ([], None)), (lambda: "b")
+    try:
+        G.xid_check(config, [], [], 1e9)
+    finally:
+        G.read_kernel_log, G.boot_id = old
+    assert G.main(["--config", str(tmp_path / "cfg.json"), "status"]) == 3
