@@ -34,6 +34,7 @@ from pyinfra.operations import files, python, server
 
 import charts
 from rigup import nofollow, progress, summary, tuning
+from rigup.boundary.core import Unreadable
 from rigup.config import check_host
 from rigup.contract import llama_server
 from rigup.text import say
@@ -67,7 +68,8 @@ def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, stop:
           router: str | None = None, model: str | None = None) -> None:
     """The operations of one sweep, ``name`` (an instance, or ``router``'s ``model``, whose job
     stops the unit ``stop``): its spec, its job, the wait, and what it found kept (rigup.tuning.record)."""
-    spec = tuning.spec(name, argv, data, gpu_layers, key, served)
+    spec = tuning.spec(name, argv, data, gpu_layers, key, served,
+                       where=f"{tuning.DROPIN.format(stop or name)}" + (f" and {tuning.PRESET.format(router)}" if router else ""))
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
     unit, command, log, done = tuning.job(name, data, stop)
@@ -75,28 +77,56 @@ def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, stop:
     python.call(name=f"tune.py: the sweep of {name}", function=progress.waited, label=f"tune {name}", unit=unit,
                 log=log, done=progress.exists(done), systemd=True, timeout=int(data["llama_server_tune_budget_s"]) + 1200)
 
-    def keep(name=name, argv=argv, build=served.get("build")):
+    def keep(name=name, argv=argv, build=served.get("build"), gpus=spec["gpus"]):
         # the result is the rigup user's: read as that user, never through a link, never from a FIFO
         ok, got = host.run_shell_command(command=f"{nofollow.FUNCTIONS}; {nofollow.read_file(out, f'{out}/{name}.json', 16 << 20)}",
                                          print_output=False, print_input=False)
         # read by its typed reader (tuning.record) before anything is written
         tuning.record(host.name, router or name, ("\n".join(got.stdout_lines) or None) if ok else None, data, argv,
-                      build, where=f"{host.name}:{out}/{name}.json", model=model, plot=charts.plot)
+                      build, where=f"{host.name}:{out}/{name}.json", model=model, plot=charts.plot, gpus=gpus)
 
     python.call(name=f"tune.py: keep what the sweep of {name} found", function=keep)
 
 
+refusals: list[str] = []   # a record on the host that does not read: this host is refused, never the run
+
+
+def refuse(label: str, e: Unreadable) -> None:
+    """Sweep ``label`` refused: its drop-in or preset does not read (``e``); the host fails after its sweeps are
+    read (an exception here, in the play's load-time code, would end the run for every host)."""
+    say(f"    [{host.name}] refused: tune {label}: {e.where}: {e.why}; fix the file (converge deploy.py rewrites it)",
+        fg="red")
+    refusals.append(f"tune {label}: {e.where} does not read")
+
+
+def swept(label: str, name: str, argv: list[str], gpu_layers: bool, key, served: dict, **where) -> None:
+    """:func:`sweep`, or the sweep refused (:func:`refuse`) when what it runs from does not read
+    (its drop-in's ExecStart=, Environment= or counts)."""
+    try:
+        if served.get("error"):
+            raise served["error"]
+        sweep(name, argv, gpu_layers, key, served, **where)
+    except Unreadable as e:
+        refuse(label, e)
+
+
 for name, inst in sorted(instances.items()) if not unsafe else ():
     argv = host.get_fact(tuning.ExecStart, instance=name)
+    if isinstance(argv, Unreadable):
+        refuse(name, argv)
+        continue
     if not argv:
         say(f"    [{host.name}] tune {name}: no drop-in on the host (converge deploy.py first)")
         continue
     served = host.get_fact(tuning.ServingEnv, instance=name)
-    sweep(name, argv, gpu and inst.get("ngl", 99) != 0, inst["key"], served)
+    swept(name, name, argv, gpu and inst.get("ngl", 99) != 0, inst["key"], served)
 
 for name, inst in sorted(routers.items()) if not unsafe else ():
     argv = host.get_fact(tuning.ExecStart, instance=name)
     preset = host.get_fact(tuning.Preset, instance=name)
+    if isinstance(argv, Unreadable):
+        refuse(name, argv)
+        continue
     if not argv or preset.get("error"):
         say(f"    [{host.name}] tune {name}: " + (f"{preset['error']}; not swept" if argv else
                                                     "no drop-in on the host (converge deploy.py first)"))
@@ -109,8 +139,15 @@ for name, inst in sorted(routers.items()) if not unsafe else ():
             why = "no drop-in of its pinned server on the host (converge deploy.py first)"
         else:
             alone, why = tuning.model_argv(argv, preset["sections"], model)
+        if isinstance(alone, Unreadable):
+            refuse(f"{name} {model}", alone)
+            continue
         if not alone:
             say(f"    [{host.name}] tune {name} {model}: {why}; not swept")
             continue
-        sweep(tuning.model_job(name, model), alone, gpu and flags_of(alone).get("ngl") != "0", inst["key"],
-              host.get_fact(tuning.ServingEnv, instance=stop), stop=stop, router=name, model=model)
+        swept(f"{name} {model}", tuning.model_job(name, model), alone, gpu and flags_of(alone).get("ngl") != "0",
+              inst["key"], host.get_fact(tuning.ServingEnv, instance=stop), stop=stop, router=name, model=model)
+
+if refusals:   # fails closed for this host alone: none of its sweeps runs
+    summary.refused(host.name, refusals)
+    host.state.fail_hosts({host})

@@ -118,8 +118,11 @@ def model_layers(argv: list[str]) -> int | None:
 
 
 def _count(value: str | None) -> int | None:
-    digits = value.lstrip("-") if value is not None else ""
-    return int(value) if digits.isascii() and digits.isdigit() else None   # isdigit() alone takes "²" and "٣"
+    """A flag's whole number on the instance's command line (-ngl, --n-cpu-moe), by the boundary's
+    rule (throughput.figure: one optional sign, ASCII digits), else None: isdigit() took "²" and
+    "٣", and stripping every '-' let '--5' reach int()."""
+    count = throughput.figure(value, -(2 ** 31), 2 ** 31 - 1) if isinstance(value, str) else None
+    return count if type(count) is int else None
 
 
 def offload_stage(spec: dict, base: dict) -> list[list[dict]]:
@@ -192,7 +195,8 @@ def _vram_mib() -> int | None:
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    values = [int(v) for v in out.split() if v.isascii() and v.isdigit()]   # isdigit() alone takes "²"
+    values = [throughput.figure(v, 0, 1 << 40) for v in out.split()]   # ASCII digits (isdigit() takes "²")
+    values = [v for v in values if type(v) is int]
     return sum(values) if values else None
 
 

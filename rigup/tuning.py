@@ -28,6 +28,7 @@ from rigup import yamlfile
 from rigup.boundary import fields, owned, results
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import yaml_text
+from rigup.boundary.numbers import whole
 from rigup.config import ROOT
 from rigup.text import say, shown
 from rigup.units import systemd_env_split, systemd_split
@@ -44,41 +45,56 @@ HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this
 
 
 class ExecStart(FactBase):
-    """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one), or None."""
+    """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one), None
+    without one, or :class:`Unreadable` (returned, never raised: an exception out of a fact ends the
+    run for every host) for a line that does not split (a hand-edited unclosed quote)."""
 
     def command(self, instance: str) -> str:
+        self.instance = instance
         return f"sed -n 's/^ExecStart=\\(..*\\)$/\\1/p' {shlex.quote(DROPIN.format(instance))} 2>/dev/null | tail -n 1"
 
-    def process(self, output: list[str]) -> list[str] | None:
+    def process(self, output: list[str]) -> list[str] | Unreadable | None:
         line = "\n".join(output).strip()
-        return systemd_split(line) if line else None
+        try:
+            return systemd_split(line) if line else None
+        except ValueError as e:   # shlex: "No closing quotation", "No escaped character"
+            where = DROPIN.format(getattr(self, "instance", "NAME"))
+            return Unreadable(f"{where}: ExecStart", f"not a command line rigup writes ({e}): {shown(line, 120)}")
 
 
 class ServingEnv(FactBase):
     """What instance ``instance``'s unit runs with, for the sweep's servers to run alike:
     {"env": the variables of /etc/rigup/cuda.env (roles/cuda_toolkit: PATH, LD_LIBRARY_PATH) and
     of its drop-in's ``Environment=`` lines (CUDA_VISIBLE_DEVICES: its GPUs, in its order), the
-    drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count); "build":
-    the llama.cpp build the drop-in's comment names (roles/llama_server writes it), or None}."""
+    drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count: ASCII
+    digits, else 0); "build": the llama.cpp build the drop-in's comment names (roles/llama_server
+    writes it), or None}; with "error" (:class:`Unreadable`, returned, not raised) when an
+    ``Environment=`` line does not split."""
 
     def command(self, instance: str) -> str:
+        self.instance = instance
         return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/E \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
                 f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
                 f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
     def process(self, output: list[str]) -> dict:
-        env, gpus, build = {}, 0, None
+        env, gpus, build, error = {}, 0, None, None   # error: the last line that does not split
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "E":
-                env.update(systemd_env_split(rest))   # Environment="A=1" B=2, as roles write it
-            elif kind == "G" and rest.strip().isdigit():
-                gpus = int(rest)
+                try:
+                    env.update(systemd_env_split(rest))   # Environment="A=1" B=2, as roles write it
+                except ValueError as e:   # an unclosed quote: not a line rigup writes; the sweep is refused
+                    error = Unreadable(f"{DROPIN.format(getattr(self, 'instance', 'NAME'))}: Environment=",
+                                       f"not a line rigup writes ({e}): {shown(rest, 120)}")
+            elif kind == "G":
+                gpus = whole(rest, 1024) or 0   # ASCII digits: isdigit() took "²" (int() raised) and "٣"
             elif kind == "B" and fields.ID.fullmatch(rest.strip().rstrip("/").rsplit("/", 1)[-1]):
                 build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        return {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
+        found = {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
+        return {**found, "error": error} if error else found
 
 
 class Preset(FactBase):
@@ -153,15 +169,17 @@ def model_argv(argv: list[str], sections: dict[str, dict[str, str]], model: str)
     """(the command line of a server of ``model`` alone, as router ``argv`` with its preset
     ``sections`` would start it: the router's flags, then the preset's ``[*]`` and the model's own,
     ``-m`` its file; or None, why not): a model without a section (not in the preset), a file that
-    is no absolute path, or a preset key that is no flag of the contract's table."""
+    is no normal absolute path (a ``.`` or ``..`` part), or a preset key that is no flag of the contract's table."""
     own = sections.get(model)
     if own is None:
         return None, "not in the router's preset (converge deploy.py first)"
     values = {**sections.get("*", {}), **own}
     path = values.pop("model", "")
     values.pop("load-on-startup", None)
-    if not path.startswith("/"):
-        return None, f"its file in the preset is not an absolute path: {shown(path, 120)}"
+    try:   # absolute and normal: '/srv/../../etc/shadow' would be the sweep's -m (fields.inside below the root)
+        fields.inside(path[1:] if path.startswith("/") else "", "preset")
+    except Unreadable:
+        return None, f"its file in the preset is not an absolute path without a . or .. part: {shown(path, 120)}"
     # the preset's key of a flag: its long spelling without the dashes (contract.preset_values)
     by_name = {next(s for s in f.spellings if s.startswith("--")).lstrip("-"): f for f in contract.FLAGS}
     unknown = sorted(k for k in values if k not in by_name)
@@ -227,13 +245,26 @@ class Unsafe(FactBase):
         return [tuple(line.split(" ", 2)) for line in output if line.count(" ") >= 2]
 
 
-def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None) -> dict:
+def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None,
+         where: str | None = None) -> dict:
     """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart),
-    with ``served`` (:class:`ServingEnv`: the unit's environment and GPU count)."""
+    with ``served`` (:class:`ServingEnv`: the unit's environment and GPU count). The argv's
+    ``-c`` and ``--parallel`` (text on the host: root's drop-in, a router's preset) are whole
+    numbers of at least 1 in ASCII digits, else :class:`Unreadable` naming ``where`` (by default
+    the drop-in) and the flag: ``--parallel 0`` divided by zero, ``-c ²`` raised in int(), and
+    ``-c 1_0_0_0_0`` was 10000, each in tune.py's load-time code (the run ended for every host)."""
     from rigup.tune import flags_of
 
-    have = flags_of(argv)
-    ctx, parallel = int(have.get("ctx", 8192)), int(have.get("parallel", 1))
+    have, where = flags_of(argv), where or DROPIN.format(name)
+
+    def count(flag: str, default: int) -> int:
+        value = whole(have.get(flag, default), results.INT32)
+        if not value:
+            raise Unreadable(f"{where}: {flag}", f"not a whole number of at least 1 in ASCII digits: "
+                                                 f"{shown(str(have.get(flag)), 60)}")
+        return value
+
+    ctx, parallel = count("ctx", 8192), count("parallel", 1)
     concurrency = int(data["llama_server_tune_concurrency"] or parallel)
     return {"argv": argv, "port": int(data["llama_server_tune_port"]), "concurrency": concurrency,
             "levels": list(data["llama_server_tune_levels"] or [concurrency]), "slot_tokens": max(1, ctx // parallel),
@@ -309,7 +340,7 @@ def markdown(host: str, name: str, result: dict) -> str:
 
 
 def record(host: str, name: str, result, data: dict, argv: list[str], build: str | None = None,
-           where: str | None = None, model: str | None = None, plot=None) -> None:
+           where: str | None = None, model: str | None = None, plot=None, gpus: int | None = None) -> None:
     """Keep a sweep's result (the JSON text the host gave, or what it parsed to; None: none):
     read through :func:`rigup.boundary.results.sweep` first, so that a result out of bounds or
     missing a field writes nothing (:class:`OperationError` naming ``where``, the host and its
@@ -317,19 +348,20 @@ def record(host: str, name: str, result, data: dict, argv: list[str], build: str
     there is one) gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png``
     its plot, drawn by ``plot``: the play's chart, charts.py's; None: none); a line says what it
     found. With ``model``: router ``name``'s model, its entry under the router's ``models`` and its
-    files ``<host>-<name>-<model>``."""
+    files ``<host>-<name>-<model>``. ``gpus``: the GPUs the sweep's servers saw (its spec's), which
+    bound its ``main_gpu`` and ``tensor_split``."""
     if model is not None:
         return _record(host, f"{name} {model}", f"{name}-{model}", result, data, build, where,
-                       lambda found: {name: {"models": {model: found}}}, plot)
-    return _record(host, name, name, result, data, build, where, lambda found: {name: found}, plot)
+                       lambda found: {name: {"models": {model: found}}}, plot, gpus)
+    return _record(host, name, name, result, data, build, where, lambda found: {name: found}, plot, gpus)
 
 
 def _record(host: str, name: str, stem: str, result, data: dict, build: str | None, where: str | None,
-            entries, plot=None) -> None:
+            entries, plot=None, gpus: int | None = None) -> None:
     """:func:`record` of the sweep called ``name`` (its lines), its files ``<host>-<stem>``, its
     host_vars entry ``entries(found)``."""
     try:
-        result = None if result is None else results.sweep(result, where or f"{host}:{name}.json")
+        result = None if result is None else results.sweep(result, where or f"{host}:{name}.json", gpus)
     except Unreadable as e:
         say(f"    [{host}] tune {name}: refused the sweep's result {e.where}: {e.why}; nothing written", fg="red")
         raise OperationError(f"tune {name}: the sweep's result is unreadable ({e}); nothing written") from None

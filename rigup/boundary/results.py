@@ -9,7 +9,10 @@
   makes that build's smoke unknown (smoked again), never a crash (:func:`smoke`);
 - the controller's record of an artifact in ``llama_cpp_artifacts`` (roles/llama_cpp/artifact.py):
   the hash a receiving host must match and the host that offers it (:func:`artifact_record`);
-- roll.py's journal of the roll in progress: what a roll killed midway left (:func:`roll_journal`).
+- roll.py's journal of the roll in progress: what a roll killed midway left (:func:`roll_journal`);
+- what bench.py reads back from a host: rigup/throughput.py's line (:func:`throughput`), llama-bench's
+  JSON (:func:`llama_bench`) and a model's completion marker (:func:`marker`): one that does not read
+  is that instance or model not measured, never a crash of the run.
 
 Each record may say its format (``"schema": N``); one without it is the format written before
 rigup wrote one, read as :data:`SCHEMA`; a larger one (a newer rigup's) is refused. Fields a reader
@@ -149,8 +152,31 @@ FLAGS: dict[str, Callable[[Any, str], Any]] = {
     "cache_ram": _whole(-1, INT32),
     "n_cpu_moe": _whole(0, INT32),
     "main_gpu": _whole(0, 255),
-    "tensor_split": lambda value, where: fields.matched(TENSOR_SPLIT, value, where, "shares per GPU (numbers and commas)"),
+    "tensor_split": lambda value, where: _shares(value, where),
 }
+
+
+def _shares(value: Any, where: str) -> str:
+    """``-ts``: shares per GPU (numbers and commas), at least one of them above 0 (all zero gives
+    llama.cpp no card to put a layer on)."""
+    text = fields.matched(TENSOR_SPLIT, value, where, "shares per GPU (numbers and commas)")
+    if not any(float(share) > 0 for share in text.split(",")):
+        raise Unreadable(where, f"no share above 0: {text[:60]!r}")
+    return text
+
+
+def _on_gpus(doc: dict, where: str, gpus: int) -> None:
+    """Every point's ``main_gpu`` one of the ``gpus`` the sweep's servers see, and its
+    ``tensor_split`` at most one share per GPU: rigup/tune.py sets them only so (split_stages); a
+    main GPU 255 on a host of one card was written into host_vars as measured."""
+    chosen = [("best", doc["best"]), ("baseline", doc["baseline"])]
+    for name, point in [*((f"points[{i}]", p) for i, p in enumerate(doc["points"])), *chosen]:
+        flags = (point or {}).get("flags") or {}
+        if flags.get("main_gpu") is not None and flags["main_gpu"] >= gpus:
+            raise Unreadable(f"{where}: {name}: flags.main_gpu", f"{flags['main_gpu']}: the sweep's servers see {gpus} GPU(s)")
+        if flags.get("tensor_split") is not None and flags["tensor_split"].count(",") + 1 > gpus:
+            raise Unreadable(f"{where}: {name}: flags.tensor_split",
+                             f"{flags['tensor_split'][:60]!r}: more shares than the {gpus} GPU(s) the sweep's servers see")
 
 
 def _flags(value: Any, where: str) -> dict:
@@ -194,12 +220,13 @@ def _served(value: Any, where: str) -> dict | None:
     return point
 
 
-def sweep(value: Any, where: str) -> dict:
+def sweep(value: Any, where: str, gpus: int | None = None) -> dict:
     """A sweep's result (JSON text, or what it parsed to), its fields typed and bounded: tok/s
     finite within 0..:data:`TPS_MAX`, each flag one the sweep sets and of its form (ctx a whole
-    number llama.cpp takes, ``tensor_split`` numbers and commas), levels whole; the best one of the
-    points and the ratio its best over its baseline (:func:`_agrees`); or :class:`Unreadable`
-    naming ``where`` and the field."""
+    number llama.cpp takes, ``tensor_split`` numbers and commas, one above 0), levels whole; the
+    best one of the points and the ratio its best over its baseline (:func:`_agrees`); with
+    ``gpus`` (the GPUs the sweep's servers see: its spec's), ``main_gpu`` below it and no more
+    shares than it (:func:`_on_gpus`); or :class:`Unreadable` naming ``where`` and the field."""
     seconds = _optional(lambda v, w: _float(v, w, 0, SECONDS_MAX))
     doc = _typed(_record(value, where), where, {
         "concurrency": (_whole(1, LEVEL_MAX), True),
@@ -214,6 +241,8 @@ def sweep(value: Any, where: str) -> dict:
         "layers": (_optional(_whole(0, 1 << 20)), False),
     })
     _agrees(doc, where)
+    if gpus is not None:
+        _on_gpus(doc, where, gpus)
     return doc
 
 
@@ -238,6 +267,80 @@ def _agrees(doc: dict, where: str) -> None:
     if abs(ratio - best["tps"] / baseline["tps"]) > 0.0005 + 1e-9 * ratio:   # rigup/tune.py rounds to 3 places
         raise Unreadable(f"{where}: ratio", f"{ratio}, while the best's {best['tps']} tok/s over the baseline's "
                                             f"{baseline['tps']} is {best['tps'] / baseline['tps']:.3f}")
+
+
+# ----------------------------------------------------------------------------- bench.py's readings
+COUNT_MAX = 1 << 31   # a level's requests, failures and tokens
+
+def _cell(limit: int) -> Callable[[Any, str], str]:
+    """Text that becomes a cell of a report's Markdown table: :func:`_text` without a ``|``."""
+    def read(value: Any, where: str) -> str:
+        text = _text(value, where, limit)
+        if "|" in text:
+            raise Unreadable(where, f"a '|' (a report's table cell): {text[:40]!r}")
+        return text
+    return read
+
+
+def _measured(value: Any, where: str) -> dict:
+    """One level of rigup/throughput.py's sweep (its ``level``)."""
+    if not isinstance(value, dict):
+        raise Unreadable(where, "not a map")
+    count, tps = _whole(0, COUNT_MAX), lambda v, w: _float(v, w, 0, TPS_MAX)
+    return _typed(value, where, {"concurrency": (_whole(1, LEVEL_MAX), True), "requests": (count, True),
+                                 "failed": (count, True), "tokens": (count, False),
+                                 "seconds": (lambda v, w: _float(v, w, 0, SECONDS_MAX), False),
+                                 "total_tps": (tps, True), "per_request_tps": (tps, True),
+                                 "errors": (_list(_prose, 16), False)})
+
+
+def throughput(value: Any, where: str) -> dict:
+    """rigup/throughput.py's line (``sweep``: JSON text or what it parsed to) as ``{"levels": [level]}``
+    (each level's counts whole, its tok/s finite within 0..:data:`TPS_MAX`) or ``{"error": why it
+    measured nothing}``; or :class:`Unreadable` naming ``where`` and the field. Only those two keys
+    are returned: the line's others (``url``...) never stand over what the controller knows."""
+    doc = _typed(_record(value, where), where, {"levels": (_list(_measured, 64), False), "error": (_prose, False)})
+    if "levels" in doc:
+        return {"levels": doc["levels"]}
+    if "error" in doc:
+        return {"error": doc["error"]}
+    raise Unreadable(where, "neither levels nor an error")
+
+
+def llama_bench(value: Any, where: str) -> dict:
+    """llama-bench's ``-o json`` of one test (JSON text or what it parsed to: a list of one
+    result), the figures of a report's row: ``avg_ts`` and ``stddev_ts`` finite within
+    0..:data:`TPS_MAX` (never a bool: true was 1 tok/s, 1e999 infinite), ``backends`` (or
+    ``backend``), ``build_commit``, ``model_type`` text for a table cell, ``n_threads`` whole; or
+    :class:`Unreadable` naming ``where`` and the field."""
+    doc = _loaded(value, where)
+    if not isinstance(doc, list) or not doc or not isinstance(doc[0], dict):
+        raise Unreadable(where, f"not a list of llama-bench results: {str(doc)[:40]!r}")
+    tps = lambda v, w: _float(v, w, 0, TPS_MAX)   # noqa: E731
+    text = _optional(_cell(200))
+    got = _typed(doc[0], f"{where}[0]", {"avg_ts": (tps, True), "stddev_ts": (tps, True), "backends": (text, False),
+                                         "backend": (text, False), "n_threads": (_optional(_whole(0, 1 << 16)), False),
+                                         "build_commit": (text, False), "model_type": (text, False)})
+    return {"tps": got["avg_ts"], "stddev": got["stddev_ts"], "backend": got.get("backends") or got.get("backend"),
+            "threads": got.get("n_threads"), "build": got.get("build_commit"), "model": got.get("model_type")}
+
+
+# ----------------------------------------------------------------------------- a model's completion marker
+FILES_MAX = 1 << 16   # the files of one model repository
+
+
+def marker(value: Any, where: str) -> dict:
+    """A model's completion marker (``<dest>/.rigup-complete.json``, roles/model_fetch/fetcher.py
+    writes it as the rigup user: JSON text or what it parsed to): ``files`` relative paths that stay
+    in the model's directory (rigup.boundary.fields.inside), ``repo`` and ``revision`` text,
+    ``bytes`` whole; or :class:`Unreadable` naming ``where`` and the field (that model is then not
+    complete to its reader: a list, or JSON nested 200000 deep, ended bench.py's run for every host)."""
+    return _typed(_record(value, where), where, {
+        "files": (_list(fields.inside, FILES_MAX), False),
+        "repo": (lambda v, w: _text(v, w, 400), False),
+        "revision": (lambda v, w: _text(v, w, 200), False),
+        "bytes": (_whole(0, 1 << 60), False),
+    })
 
 
 # ----------------------------------------------------------------------------- a build's stamp
@@ -353,7 +456,14 @@ def roll_journal(value: Any, where: str) -> dict:
 
 CROSSINGS = (
     Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (rigup/tune.py)",
-             "rigup/boundary/results.py:sweep", "rigup/tuning.py:record"),
+             "rigup/boundary/results.py:sweep", "rigup/tuning.py:record, tune.py:sweep"),
+    Crossing("rigup/throughput.py's sweep line (bench.py's Throughput fact)",
+             "the host (its python3, the servers measured)", "rigup/boundary/results.py:throughput",
+             "rigup/bench.py:Throughput"),
+    Crossing("llama-bench's JSON of one test (bench.py's LlamaBench fact)", "the host (llama-bench as the model's owner)",
+             "rigup/boundary/results.py:llama_bench", "rigup/bench.py:llama_bench_row"),
+    Crossing("a model's completion marker (<dest>/.rigup-complete.json)", "the rigup user (the fetch job)",
+             "rigup/boundary/results.py:marker", "rigup/bench.py:Serving"),
     Crossing("a llama.cpp build's stamp (builds/<id>/rigup-build.json)", "root on the host (the build script)",
              "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("a llama.cpp build's smoke result (builds/<id>/rigup-smoke.json)",

@@ -404,3 +404,151 @@ def test_an_artifact_record_out_of_bounds_is_no_record_and_the_host_compiles_say
     got = handover.source("lab2", data, {"builds": {}}, "b1", rt)
     assert got["how"] == "compile" and "its record is unreadable" in got["why"] and "sha256" in got["why"]
     handover.forget()
+
+
+# ----------------------------------------------------------------------------- C8: -mg and -ts of the host's GPUs
+def on_gpus(flags: dict) -> dict:
+    """RESULT whose best (a measured point) sets ``flags`` too."""
+    best = {**POINT, "flags": {**POINT["flags"], **flags}}
+    return {**RESULT, "points": [BASE, best], "best": best}
+
+
+@pytest.mark.parametrize("flags, gpus, why", [
+    ({"main_gpu": 255}, 1, "main_gpu"),                          # round 2, C8: a host of one GPU
+    ({"main_gpu": 1}, 1, "main_gpu"),
+    ({"tensor_split": "0,0,0"}, None, "no share above 0"),       # C8: all zero, whatever the GPUs
+    ({"tensor_split": "0"}, 4, "no share above 0"),
+    ({"tensor_split": "3,4,4"}, 2, "more shares"),
+])
+def test_a_sweeps_main_gpu_or_tensor_split_the_host_has_no_gpus_for_is_refused(flags, gpus, why):
+    """Round 2 of issue 61, C8: a best main_gpu 255 and tensor_split '0,0,0' passed the reader into
+    host_vars on a host of 1 GPU (the sweep's spec knows its GPUs: rigup.tuning.record hands them over)."""
+    with pytest.raises(Unreadable, match=why) as e:
+        results.sweep(on_gpus(flags), WHERE, gpus)
+    print(f"\n{e.value}")
+    assert e.value.where.startswith(WHERE)
+
+
+def test_a_sweeps_split_over_the_hosts_gpus_reads():
+    assert results.sweep(on_gpus({"main_gpu": 1, "tensor_split": "3,4"}), WHERE, 2)["best"]["flags"]["main_gpu"] == 1
+    assert results.sweep(on_gpus({"tensor_split": "0,4"}), WHERE)["best"]["flags"]["tensor_split"] == "0,4"
+
+
+def test_a_sweep_whose_main_gpu_the_host_has_not_writes_no_host_vars(tmp_path, capsys):
+    """C8 at the call site: tune.py hands the spec's GPUs to tuning.record."""
+    from rigup import tuning
+    with pytest.raises(OperationError, match="nothing written"):
+        tuning.record("rig-07", "g", on_gpus({"main_gpu": 255}), {"_rigup_site": str(tmp_path)}, ["/b/llama-server"],
+                      where=WHERE, gpus=1)
+    assert not (tmp_path / "host_vars").exists()
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.sampled_from([("best", "flags", "main_gpu"), ("best", "flags", "tensor_split")]), json_values,
+       st.integers(1, 16))
+def test_any_main_gpu_or_split_is_refused_or_on_the_hosts_gpus(path, value, gpus):
+    doc = on_gpus({})
+    doc = {**doc, "points": [BASE, doc["best"]]}
+    got = read_or_refused(results.sweep, replaced(doc, path, value), gpus)
+    if got is not None:
+        within(got)
+        flags = got["best"]["flags"]
+        assert flags.get("main_gpu", 0) < gpus
+        assert "tensor_split" not in flags or (len(flags["tensor_split"].split(",")) <= gpus
+                                               and any(float(s) > 0 for s in flags["tensor_split"].split(",")))
+
+
+# ----------------------------------------------------------------------------- bench.py's readings
+LEVEL = {"concurrency": 4, "requests": 8, "failed": 0, "errors": [], "tokens": 512, "seconds": 3.2,
+         "total_tps": 160.0, "per_request_tps": 41.5}
+LINE = {"url": "http://127.0.0.1:8081", "max_tokens": 64, "rounds": 2, "levels": [LEVEL]}
+LLAMA_BENCH = [{"avg_ts": 123.456, "stddev_ts": 1.5, "backends": "CUDA", "n_threads": 16, "build_commit": "3f2a1b9",
+                "model_type": "gemma3 270M Q8_0"}]
+MARKER = {"repo": "org/a-GGUF", "revision": "c" * 40, "files": ["a.gguf", "UD-Q4/b-00001-of-00002.gguf"],
+          "bytes": 123456}
+
+
+def test_what_throughput_py_writes_reads_back():
+    """The line rigup/throughput.py prints (its main) reads as its levels alone."""
+    from rigup import throughput
+    assert results.throughput(json.dumps(LINE), WHERE) == {"levels": [LEVEL]}
+    assert results.throughput({"url": "u", "error": "URLError: refused"}, WHERE) == {"error": "URLError: refused"}
+    lv = throughput.level("http://127.0.0.1:9", 1, None, 8, 1, 1)
+    assert results.throughput({"levels": [lv]}, WHERE)["levels"][0]["failed"] == 1
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"levels": [{"concurrency": 1, "requests": 1, "failed": 0, "total_tps": NaN, "per_request_tps": Infinity}]}',
+     "not JSON"),                                                      # H3/H6: NaN and Infinity
+    ("{not json", "not JSON"),                                         # H3: a '{' line that is not JSON
+    ({"levels": "abc"}, "levels"),                                     # H4
+    ({"levels": [{**LEVEL, "total_tps": "fast"}]}, "total_tps"),       # H5
+    ({"levels": [{**LEVEL, "total_tps": True}]}, "total_tps"),
+    ({"levels": [{**LEVEL, "requests": -1}]}, "requests"),
+    ({"url": "u"}, "neither levels nor an error"),
+    ({"error": ["x"]}, "error"),
+])
+def test_a_throughput_line_out_of_bounds_is_refused(line, why):
+    with pytest.raises(Unreadable, match=why):
+        results.throughput(line, WHERE)
+
+
+@settings(max_examples=100, deadline=1000)
+@given(st.sampled_from([("levels",), ("levels", 0), ("levels", 0, "concurrency"), ("levels", 0, "total_tps"),
+                        ("levels", 0, "requests"), ("levels", 0, "errors"), ("error",), ("url",)]), json_values)
+def test_any_value_in_a_throughput_line_is_refused_or_typed(path, value):
+    got = read_or_refused(results.throughput, replaced(LINE, path, value))
+    if got is not None:
+        assert set(got) in ({"levels"}, {"error"})
+        for lv in got.get("levels", []):
+            assert all(type(lv[k]) is int and lv[k] >= 0 for k in ("concurrency", "requests", "failed"))
+            assert all(isinstance(lv[k], float) and 0 <= lv[k] <= results.TPS_MAX for k in ("total_tps", "per_request_tps"))
+
+
+def test_llama_benchs_json_reads_back():
+    got = results.llama_bench(json.dumps(LLAMA_BENCH), WHERE)
+    assert got == {"tps": 123.456, "stddev": 1.5, "backend": "CUDA", "threads": 16, "build": "3f2a1b9",
+                   "model": "gemma3 270M Q8_0"}
+
+
+@pytest.mark.parametrize("doc, why", [
+    ([{"avg_ts": True, "stddev_ts": 1.0}], "avg_ts"),                   # H7: true was 1 tok/s
+    ('[{"avg_ts": 10.0, "stddev_ts": 1e999}]', "stddev_ts"),            # H7: 1e999 is inf
+    ([{"avg_ts": 10.0, "stddev_ts": 1.0, "backends": "CUDA\x1b]0;x\x07"}], "backends"),
+    ([{"avg_ts": 10.0, "stddev_ts": 1.0, "build_commit": "|x|"}], "build_commit"),
+    ([], "not a list"), ({"avg_ts": 1.0}, "not a list"), ("[" * 100000 + "]" * 100000, "not JSON"),
+])
+def test_llama_benchs_json_out_of_bounds_is_refused(doc, why):
+    with pytest.raises(Unreadable, match=why):
+        results.llama_bench(doc, WHERE)
+
+
+@settings(max_examples=100, deadline=1000)
+@given(st.sampled_from(sorted(LLAMA_BENCH[0]) + ["backend"]), json_values)
+def test_any_value_in_llama_benchs_json_is_refused_or_typed(field, value):
+    got = read_or_refused(results.llama_bench, [{**LLAMA_BENCH[0], field: value}])
+    if got is not None:
+        assert all(isinstance(got[k], float) and math.isfinite(got[k]) for k in ("tps", "stddev"))
+        assert all(v is None or "|" not in v and v.isprintable() for k, v in got.items() if isinstance(v, str))
+
+
+def test_a_models_marker_reads_back():
+    assert results.marker(json.dumps(MARKER), WHERE)["files"] == MARKER["files"]
+
+
+@pytest.mark.parametrize("doc, why", [
+    ("[1, 2]", "not a JSON object"),                                   # H2: a list
+    ("[" * 200000 + "]" * 200000, "not JSON"),                         # H1: nested deep
+    ({"files": ["../../etc/shadow"]}, "files"), ({"files": "a.gguf"}, "files"), ({"bytes": -1}, "bytes"),
+])
+def test_a_models_marker_that_is_no_marker_is_refused(doc, why):
+    with pytest.raises(Unreadable, match=why):
+        results.marker(doc, WHERE)
+
+
+@settings(max_examples=100, deadline=1000)
+@given(json_values)
+def test_any_json_as_a_marker_is_refused_or_typed(value):
+    got = read_or_refused(results.marker, value)
+    if got is not None:
+        assert isinstance(got, dict) and all(isinstance(f, str) and ".." not in f.split("/") for f in got.get("files", []))

@@ -1,0 +1,186 @@
+"""What tune.py reads on a host before it sweeps (rigup/tuning.py's facts, ``spec`` and
+``model_argv``; rigup/tune.py ``_count``), as a hostile or hand-edited host gives it (round 2 of
+issue 61: C1, C3, J3, J5, J6). Each case is the round's reproduction; a record that does not read
+refuses that host alone (the play's load-time code raises nothing: pyinfra ends the run for every
+host on an exception there, tests at the end)."""
+
+import runpy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup import tune, tuning
+from rigup.boundary.core import Unreadable
+from tests.unit.hosts import REV, data
+
+ROOT = Path(__file__).resolve().parents[2]
+D = {"llama_server_tune_concurrency": None, "llama_server_tune_port": 18080, "llama_server_tune_levels": None,
+     "llama_server_tune_max_parallel": 16, "llama_server_tune_budget_s": 600, "llama_server_tune_max_tokens": 64,
+     "rigup_state_dir": "/var/lib/rigup"}
+
+
+# ---------------------------------------------------------------- C1: nvidia-smi's GPU count
+@pytest.mark.parametrize("line, gpus", [("G 2", 2), ("G \u00b2", 0), ("G \u0663", 0), ("G -1", 0), ("G 02", 0),
+                                        ("G 1_0", 0), ("G ", 0), ("G 99999999999999999999", 0)])
+def test_the_gpu_count_is_ascii_digits_else_none(line, gpus):
+    """C1/C2: isdigit() then int(): 'G ²' raised a bare ValueError in tune.py's load-time code (the run
+    ended for every host) and 'G ٣' was 3 GPUs."""
+    got = tuning.ServingEnv().process([line])
+    print(f"\n{line!r}: {got}")
+    assert got["gpus"] == gpus and "error" not in got
+
+
+@settings(max_examples=200, deadline=1000)
+@given(st.lists(st.text(max_size=80).map(lambda t: t.replace("\n", "")), max_size=6))
+def test_any_serving_env_lines_read_or_say_why_never_raise(lines):
+    got = tuning.ServingEnv().process(lines)
+    assert isinstance(got["gpus"], int) and 0 <= got["gpus"] <= 1024
+    assert got.get("error") is None or isinstance(got["error"], Unreadable)
+
+
+def test_a_drop_in_line_with_an_unclosed_quote_is_unreadable_not_raised():
+    """A hand-edited drop-in with an unclosed quote: shlex raised ValueError out of both facts."""
+    got = tuning.ExecStart().process(['/opt/llama-server -m "/srv/m.gguf'])
+    env = tuning.ServingEnv().process(['E "CUDA_VISIBLE_DEVICES=0', "G 1"])
+    print(f"\n{got}\n{env}")
+    assert isinstance(got, Unreadable) and "ExecStart" in got.where and "closing" in got.why
+    assert isinstance(env["error"], Unreadable) and "Environment=" in env["error"].where
+
+
+# ---------------------------------------------------------------- C3: -c and --parallel of the drop-in
+@pytest.mark.parametrize("line, flag", [
+    ("/opt/llama-server -m /srv/m.gguf --parallel 0", "parallel"),            # C3: ZeroDivisionError
+    ("/opt/llama-server -m /srv/m.gguf -c \u00b2", "ctx"),                     # C4: ValueError
+    ("/opt/llama-server -m /srv/m.gguf -c 1_0_0_0_0 --parallel \u0664", "ctx"),   # C5: 10000 over 4
+    ("/opt/llama-server -m /srv/m.gguf -c 4096 --parallel \u0664", "parallel"),
+    ("/opt/llama-server -m /srv/m.gguf -c -4096", "ctx"),
+    ("/opt/llama-server -m /srv/m.gguf -c 0", "ctx"),
+])
+def test_a_drop_ins_ctx_or_parallel_that_is_no_count_refuses_naming_the_drop_in(line, flag):
+    argv = tuning.ExecStart().process([line])
+    with pytest.raises(Unreadable) as e:
+        tuning.spec("x", argv, D, True, None, {})
+    print(f"\n{e.value}")
+    assert e.value.where == f"{tuning.DROPIN.format('x')}: {flag}"
+
+
+def test_a_preset_value_with_blanks_is_refused_where_it_is_a_count():
+    """J3: a router's preset 'ctx-size = 4096 --host 0.0.0.0' became one argv word '-c' '4096 --host
+    0.0.0.0', and spec's int() raised in tune.py's load-time code."""
+    secs = tuning.preset_sections(["[a]", "model = /srv/a.gguf", "ctx-size = 4096 --host 0.0.0.0"], "p")
+    alone, why = tuning.model_argv(["/opt/llama-server", "--models-preset", "/p.ini"], secs, "a")
+    assert why == "" and alone[-2:] == ["-c", "4096 --host 0.0.0.0"]
+    with pytest.raises(Unreadable, match="ctx"):
+        tuning.spec("x:a", alone, D, True, None, {}, where="the drop-in and preset of x")
+
+
+def test_a_drop_ins_own_counts_give_the_slots_context():
+    argv = tuning.ExecStart().process(["/opt/llama-server -m /srv/m.gguf -c 32768 --parallel 4"])
+    assert tuning.spec("x", argv, D, True, None, {"gpus": 2})["slot_tokens"] == 8192
+    assert tuning.spec("x", argv[:3], D, True, None, {})["slot_tokens"] == 8192   # llama.cpp's defaults: 8192 over 1
+
+
+@settings(max_examples=300, deadline=1000)
+@given(st.one_of(st.text(max_size=24), st.integers().map(str)), st.one_of(st.text(max_size=24), st.integers().map(str)))
+def test_any_ctx_and_parallel_give_a_spec_or_are_refused(ctx, parallel):
+    argv = ["/opt/llama-server", "-c", ctx, "--parallel", parallel]
+    try:
+        got = tuning.spec("x", argv, D, True, None, {})
+    except Unreadable as e:
+        assert e.where.startswith(tuning.DROPIN.format("x"))
+        return
+    assert got["slot_tokens"] >= 1 and ctx.strip().isascii() and parallel.strip().isascii()
+
+
+# ---------------------------------------------------------------- J5: a preset model's path
+@pytest.mark.parametrize("path", ["/srv/../../etc/shadow", "/srv/./m.gguf", "/srv//m.gguf", "/srv/m.gguf/..",
+                                  "/srv/m\x1b[2J.gguf", "srv/m.gguf", "/"])
+def test_a_preset_models_path_with_a_dot_part_is_not_swept(path):
+    """J5: a router's preset model '/srv/../../etc/shadow' became the sweep's -m."""
+    secs = tuning.preset_sections(["[a]", f"model = {path}"], "p") if "\x1b" not in path else {"a": {"model": path}}
+    got, why = tuning.model_argv(["/opt/llama-server", "--models-preset", "/p.ini"], secs, "a")
+    print(f"\n{path!r}: {why}")
+    assert got is None and "not an absolute path" in why and "\x1b" not in why
+
+
+def test_a_preset_models_normal_path_is_swept():
+    secs = tuning.preset_sections(["[a]", "model = /srv/models/a/UD-Q4/a-00001-of-00002.gguf"], "p")
+    got, why = tuning.model_argv(["/opt/llama-server", "--models-preset", "/p.ini"], secs, "a")
+    assert why == "" and got[:3] == ["/opt/llama-server", "-m", "/srv/models/a/UD-Q4/a-00001-of-00002.gguf"]
+
+
+# ---------------------------------------------------------------- J6: a flag's count in the sweep (host program)
+@pytest.mark.parametrize("text, count", [("--5", None), ("-5", -5), ("+5", 5), ("5.0", None), ("1_0", None),
+                                         (" 7 ", 7), ("-", None), ("99999999999", None)])
+def test_a_flags_count_takes_one_sign_and_ascii_digits(text, count):
+    """J6: _count stripped every '-' before isdigit(), then int('--5') raised in the sweep."""
+    assert tune._count(text) == count
+
+
+@given(st.text(max_size=30))
+def test_any_text_is_a_count_or_none(text):
+    got = tune._count(text)
+    assert got is None or (type(got) is int and -(2 ** 31) <= got < 2 ** 31)
+
+
+# ---------------------------------------------------------------- the play: that host refused, the run goes on
+def play(monkeypatch, facts: dict[str, list[str]], **inst):
+    """tune.py run as pyinfra runs it for one host, its facts the host's ``facts`` (a fact's name ->
+    its output lines); (what it did: failed hosts, refusals, files put, lines said)."""
+    import pyinfra
+    from pyinfra.operations import files, python, server
+
+    from rigup import config, summary
+    import rigup.text
+
+    did = {"failed": set(), "refused": {}, "put": [], "said": []}
+    d = data(models={"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0}},
+             llama_server_instances={"x": {"model": "a", "port": 8081, **inst}})
+    class Host(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    fake = Host(name="h1")
+    fake.state = SimpleNamespace(fail_hosts=lambda hosts: did["failed"].update(h.name for h in hosts))
+    def get_fact(cls, **kw):   # as pyinfra: one fact object, its command, then its process of the output
+        fact = cls()
+        fact.command(**kw)
+        return [] if cls is tuning.Unsafe else fact.process(facts[cls.__name__]) if cls.__name__ in facts \
+            else cls.default()
+    fake.get_fact = get_fact
+    fake.run_shell_command = lambda **kw: (False, None)
+    monkeypatch.setattr(pyinfra, "host", fake)
+    monkeypatch.setattr(config, "check_host", lambda h: d)
+    monkeypatch.setattr(summary, "refused", lambda name, why: did["refused"].update({name: why}))
+    monkeypatch.setattr(rigup.text, "say", lambda text, **kw: did["said"].append(text))
+    monkeypatch.setattr(files, "directory", lambda **kw: None)
+    monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]))
+    monkeypatch.setattr(server, "shell", lambda **kw: None)
+    monkeypatch.setattr(python, "call", lambda **kw: None)
+    runpy.run_path(str(ROOT / "tune.py"))
+    return did
+
+
+@pytest.mark.parametrize("facts, why", [
+    ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf --parallel 0"], "ServingEnv": ["G 1"]}, "parallel"),
+    ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf -c \u00b2"], "ServingEnv": ["G 1"]}, "ctx"),
+    ({"ExecStart": ['/opt/llama-server -m "/srv/m.gguf'], "ServingEnv": ["G 1"]}, "ExecStart"),
+    ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf"], "ServingEnv": ['E "A=1', "G 1"]}, "Environment="),
+])
+def test_a_drop_in_that_does_not_read_refuses_that_host_and_raises_nothing(monkeypatch, facts, why):
+    """C3 at the play: ZeroDivisionError and ValueError in tune.py's load-time code ended the run for
+    every host (pyinfra's UnexpectedExternalError); now that host alone is refused, naming the
+    drop-in, and none of its sweeps is set up."""
+    did = play(monkeypatch, facts)
+    print(f"\n{did}")
+    assert did["failed"] == {"h1"} and why in " ".join(did["refused"]["h1"]) + " ".join(did["said"])
+    assert tuning.DROPIN.format("x") in " ".join(did["said"])
+    assert not [p for p in did["put"] if p.endswith(".spec.json")]
+
+
+def test_a_drop_in_that_reads_is_swept(monkeypatch):
+    did = play(monkeypatch, {"ExecStart": ["/opt/llama-server -m /srv/m.gguf -c 8192 --parallel 2"],
+                             "ServingEnv": ["G \u00b2"]})
+    assert did["failed"] == set() and did["refused"] == {}
+    assert [p for p in did["put"] if p.endswith(".spec.json")] == ["/var/lib/rigup/tuner/x.spec.json"]
