@@ -495,7 +495,11 @@ def run(argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or len(argv) < {"save-state": 1, "reload": 2, "release": 2, "renew": 4}.get(argv[0], 3) or \
-            (argv[0] in ("maint", "renew") and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 86400)):
+            (argv[0] in ("maint", "renew") and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 86400)) or \
+            (argv[0] == "reload" and not (_digits(argv[1]) and 1 < int(argv[1]) <= 1 << 22)) or \
+            (argv[0] == "ready" and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 65535)):
+        # a number in ASCII digits and in range, or the usage (round 3's D4: reload x ended in a ValueError;
+        # MAINPID 0 would signal drain's own process group)
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
