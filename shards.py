@@ -33,11 +33,14 @@ from pathlib import Path
 
 from rigup import fleet, roll
 from rigup import inventory as inventories
+from rigup.boundary.core import Unreadable, loads
 from rigup.text import shown, shown_lines
 
 ROOT = Path(__file__).resolve().parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 SUMMARY = "--> rigup: what happened to each host"
+NO_JSON = "its shard printed no status JSON that reads"   # shards.py's reasons for a host without a row
+NO_ROW = "its shard's status JSON held no row for it that reads"
 USAGE = "usage: shards.py [-j N] INVENTORY PLAY [pyinfra arguments]"
 
 
@@ -78,24 +81,64 @@ def deal(names: list[str], jobs: int) -> list[list[str]]:
     return [s for s in (names[i::jobs] for i in range(jobs)) if s]
 
 
-def summary_lines(output: str) -> dict[str, str]:
-    """rigup's summary of one shard's output: host name -> its line."""
-    lines = output.split(SUMMARY, 1)[1].splitlines() if SUMMARY in output else []
+def split_summary(output: str) -> tuple[str, str | None]:
+    """One shard's output: (pyinfra's output, rigup's summary after its marker or None). The marker
+    counts only at the start of a line and only its last time: a host's echoed text (``[b] echo:
+    --> rigup: ...``) neither cuts pyinfra's output short nor takes the place of the summary."""
+    at = ("\n" + output).rfind("\n" + SUMMARY)
+    return (output, None) if at < 0 else (output[:at], output[at + len(SUMMARY):])
+
+
+def summary_lines(output: str, hosts: list[str] | None = None) -> dict[str, str]:
+    """rigup's summary of one shard's output: host name -> its line (only ``hosts``, the shard's,
+    when given)."""
+    summary = split_summary(output)[1]
     found = {}
-    for line in lines:
+    for line in (summary or "").splitlines():
         text = line.strip()
         if text.startswith("[") and "]" in text:
-            found[text[1:text.index("]")]] = text
+            name = text[1:text.index("]")]
+            if hosts is None or name in hosts:
+                found[name] = text
     return found
 
 
-def status_rows(output: str) -> tuple[list[dict], dict]:
-    """The rows and the joules per token of one status.py shard's JSON."""
-    start = output.find('{\n "hosts"')
-    if start < 0:
-        return [], {}
-    doc = json.loads(output[start:output.index("\n}\n", start) + 2])
-    return doc.get("hosts", []), doc.get("joules_per_token", {})
+def _renders(row: object) -> bool:
+    """Whether fleet can show ``row``: a dict whose host is text, whose cells, notes and JSON build
+    (rows of a shard's status.py; their host text came through pyinfra's output)."""
+    if not isinstance(row, dict) or not isinstance(row.get("host"), str):
+        return False
+    try:
+        fleet.cells(row), fleet.notes(row), json.dumps(row)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError):
+        return False
+    return True
+
+
+def status_rows(output: str, hosts: list[str] | None = None) -> tuple[list[dict], dict]:
+    """The rows and the joules per token of one status.py shard's JSON: its last document (status.py
+    prints it at exit, after anything a host made pyinfra print), each row one fleet can show, of
+    one of ``hosts`` (the shard's, when given) and once; every host of ``hosts`` without such a row
+    gets an unreachable row saying why, and a shard whose JSON does not read gives its hosts that row
+    (never an exception: the other shards' rows still print)."""
+    start = output.rfind('{\n "hosts"')
+    end = output.find("\n}\n", start)
+    try:
+        doc = loads(output[start:end + 2], "the shard's status JSON") if 0 <= start < end else {}
+    except Unreadable:
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    listed = doc.get("hosts") if isinstance(doc.get("hosts"), list) else []
+    rows, seen = [], set()
+    for row in listed:
+        if _renders(row) and row["host"] not in seen and (hosts is None or row["host"] in hosts):
+            seen.add(row["host"])
+            rows.append(row)
+    why = NO_ROW if listed else NO_JSON
+    rows += [fleet.unreachable_row(name, why) for name in hosts or [] if name not in seen]
+    energy = doc.get("joules_per_token") if isinstance(doc.get("joules_per_token"), dict) else {}
+    energy = {k: v for k, v in energy.items() if isinstance(k, str) and type(v) in (int, float) and 0 < v < float("inf")}
+    return rows, energy
 
 
 def run_shard(play: str, inventory: str, limit: list[str], args: list[str], log: Path) -> tuple[int, float]:
@@ -134,11 +177,11 @@ def main(argv: list[str]) -> int:
     worst = max(rc for rc, _ in results)
     if status:
         rows, energy = [], {}
-        for (rc, _), output in zip(results, outputs):
-            found, figures = status_rows(output)
+        for (rc, _), output, shard in zip(results, outputs, shards):
+            found, figures = status_rows(output, shard)
             rows += found
             energy.update(figures)
-            if not found:
+            if any(row.get("reason") in (NO_JSON, NO_ROW) for row in found):
                 print(shown_lines(output[-3000:], 4000, None), file=sys.stderr)
         for row in rows:
             if row.get("reachable") and row.get("joules_per_token") is None and row["host"] in energy:
@@ -147,10 +190,10 @@ def main(argv: list[str]) -> int:
         return worst
     for i, ((rc, seconds), output) in enumerate(zip(results, outputs)):
         print(shown(f"--> shard {i + 1} of {len(shards)}: {len(shards[i])} hosts, exit {rc}, {seconds:.1f} s"))
-        print(shown_lines(output.split(SUMMARY, 1)[0].rstrip(), 4000, None))   # pyinfra's output: host text in it
+        print(shown_lines(split_summary(output)[0].rstrip(), 4000, None))   # pyinfra's output: host text in it
     lines = {}
-    for output in outputs:
-        lines.update(summary_lines(output))
+    for output, shard in zip(outputs, shards):
+        lines.update(summary_lines(output, shard))
     print(shown(f"{SUMMARY} ({len(shards)} shards, {len(names)} hosts)"))
     for name in names:
         print(shown(f"    {lines.get(name, f'[{name}] unknown: its shard printed no line for it')}", 4000))

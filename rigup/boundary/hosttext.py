@@ -129,6 +129,8 @@ CROSSINGS = (
              "the host (whoever can write the model's directory)", "rigup/boundary/core.py:loads",
              "rigup/units.py:parse_instances, roles/model_fetch/facts.py:parse_progress, "
              "roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:parse_state"),
+    Crossing("a status.py shard's JSON of its hosts' rows (pyinfra's output, host text in it)",
+             "the shard's pyinfra (what a host made it print)", "shards.py:status_rows", "shards.py:main"),
     Crossing("a GGUF header's figures (layers, KV size, context, a chat template or none)", "the hub, the hub cache",
              "rigup/boundary/hosttext.py:gguf_figures", "roles/model_fetch/hub.py:_head"),
     Crossing("a hub's file listing (paths, sizes, sha256, git blob ids)", "the hub, the hub cache",
