@@ -22,8 +22,10 @@ KERNEL = "__global__ void add(float *a, const float *b) { a[threadIdx.x] += b[th
 
 @pytest.fixture(scope="module")
 def host(lab, second_converge):
-    """The last lab host, with the toolkit installed by the role (twice: idempotence)."""
-    name = lab.hosts()[-1]["name"]
+    """The first lab host, with the toolkit installed by the role (twice: idempotence): the host that
+    compiles llama.cpp for the others, so the build tools this module installs are not found on a
+    host that received its build (test_handover.py asserts it has none, whichever module ran first)."""
+    name = lab.hosts()[0]["name"]
     first = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--limit", name, *CUDA)
     assert first.returncode == 0, first.output[-4000:]
     again = pyinfra("inventory/lab.py", "tests/roles/cuda_only.py", "--limit", name, *CUDA)
