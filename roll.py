@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     journal = roll.journal_path()
     try:
         dead, unread = (None, None) if dry else roll.left_behind(journal)
-    except roll.Running as e:
+    except (roll.Running, roll.Unjournaled) as e:
         print(shown(f"roll.py: {e}", 4000), file=sys.stderr)
         return 2
     except OSError as e:
@@ -189,10 +189,11 @@ def main(argv: list[str]) -> int:
         plan = roll.resumed(plan, dead)
     started = time.time()
 
-    def step(batch: list[str], name: str) -> None:
-        if not dry:
-            roll.note(journal, {"pid": os.getpid(), "started": started, "at": time.time(), "inventory": inventory,
-                                "batch": batch, "step": name})
+    def step(batch: list[str], name: str) -> str | None:
+        """The journal's step; why it was not written (the disk full, its directory another
+        user's), else None."""
+        return None if dry else roll.note(journal, {"pid": os.getpid(), "started": started, "at": time.time(),
+                                                     "inventory": inventory, "batch": batch, "step": name})
     max_fail = first.get("rigup_max_fail", 0)
     gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
                 for name, d in data.items() if d.get("balancer_gateway")}
@@ -207,7 +208,11 @@ def main(argv: list[str]) -> int:
             halted.update({name: pick for name in batch})
             stopped = f"no --limit picks batch {i + 1} alone: {pick}"
             break
-        step(batch, "draining")
+        unjournaled = step(batch, "draining")
+        if unjournaled:   # not drained: a roll that dies now would leave no word of its batch
+            halted.update({name: "not drained: the roll's journal could not be written" for name in batch})
+            stopped = f"the roll's journal could not be written: {unjournaled}"
+            break
         why = None if dry else at_gateways(inventory, gateways, "maint", batch, args, limit, lease)
         if why:   # not converged: back in the pools where it left them (it serves as before)
             back = at_gateways(inventory, gateways, "ready", batch, args, limit)
@@ -216,7 +221,7 @@ def main(argv: list[str]) -> int:
                            for name in batch})
             stopped = f"a drain could not be verified: {why}"
             break
-        step(batch, "converging")
+        unjournaled = step(batch, "converging")   # drained: the batch goes on, the roll stops after it
         with renewing(lambda: None if dry else at_gateways(inventory, gateways, "renew", batch, args, limit, lease),
                       lease):
             code, out = pyinfra(inventory, play, *pick, "--data", "rigup_rolling=true", *args)
@@ -224,7 +229,7 @@ def main(argv: list[str]) -> int:
         failed.update({name: why for name, (kind, why) in result.items() if kind == roll.FAILED})
         unknown.update({name: why for name, (kind, why) in result.items() if kind == roll.UNKNOWN})
         ok = [name for name in batch if result[name][0] == roll.DONE]
-        step(batch, "readying")
+        unjournaled = step(batch, "readying") or unjournaled
         why = None if dry or not ok else at_gateways(inventory, gateways, "ready", ok, args, limit)
         failed.update({name: why for name in ok if why})
         done += [name for name in ok if not why]
@@ -235,11 +240,16 @@ def main(argv: list[str]) -> int:
         if any(name in unknown for name in batch):
             stopped = f"pyinfra said nothing of {', '.join(n for n in batch if n in unknown)}: their state is unknown"
             break
+        if unjournaled:
+            stopped = f"the roll's journal could not be written during batch {i + 1}: {unjournaled}"
+            break
     else:
         if len(failed) > max_fail:
             stopped = f"{len(failed)} failed host(s), rigup_max_fail is {max_fail}"
-    if not dry:
-        roll.note(journal, None)   # ended, however: what it left is in its summary
+    gone = None if dry else roll.note(journal, None)   # ended, however: what it left is in its summary
+    if gone:
+        print(shown(f"--> rigup roll: its journal was not removed ({gone}): the next roll names this one's last batch",
+                    4000), flush=True)
     seen = set(done) | set(failed) | set(unknown) | set(halted) | set(strayed)
     not_started = [name for name in hosts if name not in seen]
     print(shown_lines("\n".join(roll.summary(done, failed, not_started, unknown=unknown, halted=halted, strayed=strayed,

@@ -48,11 +48,19 @@ def alive(pid: int) -> bool:
 def left_behind(path: Path | None = None) -> tuple[dict | None, str | None]:
     """(the journal of a roll that died midway, or None; why the journal does not read, or None).
     A journal whose roll still runs is :class:`Running`: two rolls at once would drain each
-    other's hosts."""
+    other's hosts. The journal's directory, when it exists, is checked first, journal or not
+    (rigup.boundary.owned.directory): one another user can write is :class:`Unjournaled`, naming it
+    and the fix, before any drain (:func:`note` writes there next)."""
     path = path or journal_path()
+    where = f"controller:{path}"
+    if os.path.lexists(path.parent):
+        try:
+            owned.directory(path.parent, where)
+        except Unreadable as e:
+            raise Unjournaled(f"{e.where}: {e.why} (the roll keeps its journal there), or set RIGUP_CACHE_DIR "
+                              "to a directory of your own") from None
     if not path.exists():
         return None, None
-    where = f"controller:{path}"
     try:
         doc = results.roll_journal(loads(owned.read(path, where), where), where)
     except Unreadable as e:
@@ -67,12 +75,24 @@ class Running(Exception):
     """Another roll.py runs now (its journal's pid is alive)."""
 
 
-def note(path: Path, doc: dict | None) -> None:
-    """Write (``doc``) or remove (None) the journal, in the controller's own directory."""
-    if doc is None:
-        path.unlink(missing_ok=True)
-        return
-    owned.write(path, json.dumps(doc, sort_keys=True) + "\n", f"controller:{path}")
+class Unjournaled(Exception):
+    """The journal's directory is one another user can write: no roll keeps its journal there."""
+
+
+def note(path: Path, doc: dict | None) -> str | None:
+    """Write (``doc``) or remove (None) the journal, in the controller's own directory; why it could
+    not be (the disk full, a directory another user can write), or None: roll.py decides what a
+    roll without its journal does, never a traceback with a batch drained."""
+    try:
+        if doc is None:
+            path.unlink(missing_ok=True)
+        else:
+            owned.write(path, json.dumps(doc, sort_keys=True) + "\n", f"controller:{path}")
+    except Unreadable as e:
+        return f"{e.where}: {e.why}"
+    except OSError as e:
+        return f"controller:{path}: {e.strerror or e}"
+    return None
 
 
 def resumed(plan: list[list[str]], dead: dict | None) -> list[list[str]]:

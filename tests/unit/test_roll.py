@@ -179,6 +179,8 @@ def fake(*args, **kw):
     calls.append(list(args))
     patterns = [args[i + 1] for i, a in enumerate(args) if a == "--limit"]
     hosts = sorted(h.name for h in _get_inventory_pattern_matches(inventory, patterns, "--limit"))
+    if scenario.get("journal shared at") in hosts and "exec" not in args:   # another user may write it now
+        import os; os.chmod(os.environ["RIGUP_CACHE_DIR"], 0o777)
     if "exec" in args:
         said = ""
         for step in args[-1].split(" && "):
@@ -285,3 +287,26 @@ def test_a_roll_with_play_tune_py_sweeps_one_host_at_a_time_each_drained_first(t
     assert order == [("maint", "rig1"), ("ready", "rig1"), ("maint", "rig2"), ("ready", "rig2"),
                      ("maint", "rig3"), ("ready", "rig3")]
     assert "--play" not in " ".join(" ".join(c) for c in plays)
+
+
+def test_a_shared_journal_directory_refuses_the_roll_before_any_drain(tmp_path):
+    """Round 3 of issue 61, J7: $RIGUP_CACHE_DIR a directory others can write ended roll.py with a
+    NotOwned traceback at its first step; now one line naming it and the fix, exit 2, nothing run."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache").chmod(0o1777)
+    result, out = roll_with(tmp_path, {})
+    assert result["code"] == 2 and result["calls"] == [] and "Traceback" not in out, out
+    assert f"roll.py: controller:{tmp_path / 'cache' / 'roll.json'}: {tmp_path / 'cache'} must be a directory" in out
+    assert "or set RIGUP_CACHE_DIR to a directory of your own" in out
+
+
+def test_a_journal_that_cannot_be_written_midway_ends_the_roll_after_its_batch(tmp_path):
+    """The directory turns writable by others during rig1's converge: rig1 is put back (never left
+    drained by a traceback) and the roll stops there, saying why."""
+    result, out = roll_with(tmp_path, {"journal shared at": "rig1"})
+    steps = [c[-1] for c in result["calls"] if "exec" in c]
+    assert result["code"] == 1 and len(deploys(result)) == 1 and "Traceback" not in out, out
+    assert steps == ["/opt/rigup/bin/rigup-balancer-drain maint gateway-gemma rig1 120",
+                     "/opt/rigup/bin/rigup-balancer-drain ready gateway-gemma rig1"]
+    assert "[rig1] done" in out and "[rig2] not started" in out
+    assert "the roll stopped: the roll's journal could not be written during batch 1: controller:" in out

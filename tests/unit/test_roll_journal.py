@@ -50,6 +50,22 @@ def test_a_dead_rolls_journal_is_named_and_its_batch_rolled_first(tmp_path, monk
     assert not path.exists()
 
 
+def test_a_journal_directory_another_user_can_write_is_refused_journal_or_not(tmp_path):
+    """Round 3 of issue 61, J7: left_behind said nothing of a 1777 directory without a journal in it,
+    and roll.py's first step() then ended with a traceback."""
+    d = tmp_path / "j7"
+    d.mkdir()
+    d.chmod(0o1777)
+    for present in (False, True):
+        with pytest.raises(roll.Unjournaled) as e:
+            roll.left_behind(d / "roll.json")
+        assert str(d) in str(e.value) and "set RIGUP_CACHE_DIR" in str(e.value)
+        (d / "roll.json").write_text(json.dumps(journal(pid=dead_pid())))
+    why = roll.note(d / "roll.json", journal())                # and a write there: said, never raised
+    assert why.startswith(f"controller:{d / 'roll.json'}: {d} must be a directory that only you or root can write")
+    assert roll.note(d / "roll.json", None) is None and not (d / "roll.json").exists()
+
+
 @settings(max_examples=80, deadline=1000)
 @given(st.fixed_dictionaries({}, optional={k: st.none() | st.booleans() | st.integers(-5, 1 << 70) | st.floats()
                                            | st.text(max_size=20) | st.lists(st.text(max_size=10), max_size=3)
