@@ -47,6 +47,7 @@ it runs on bare hosts.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import json
@@ -180,8 +181,11 @@ class locked:
 
     def __enter__(self):
         try:
-            self.fd = os.open(STATE + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
+            # never through a link planted in HAProxy's directory (Debian's tmpfiles.d: haproxy's group may write it)
+            self.fd = os.open(STATE + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise Failed(f"{STATE}.lock is a symbolic link, which rigup never makes: remove it") from None
             self.fd = None
             return self
         deadline = time.monotonic() + LOCK_S
@@ -270,12 +274,43 @@ def save_state() -> str | None:
 
 
 def write_state(text: str) -> None:
-    """STATE replaced by ``text`` in one rename (HAProxy reads it at start, as root)."""
-    tmp = STATE + ".new"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, STATE)
+    """STATE replaced by ``text`` in one rename (HAProxy reads it at start, as root): :func:`replace`,
+    never through a link planted at a temp name."""
+    replace(STATE, text)
+
+
+def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
+    link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
+    the umask's), then renamed over ``path`` (a rename replaces a link there, never follows it); the
+    temp file never outlives a failure. Each host program carries this copy (it ships alone)."""
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
 
 
 def ready_in_saved_state(backend: str, server: str) -> None:
@@ -398,10 +433,7 @@ def arm(backend: str, server: str, seconds: int, why: str | None = None) -> None
     if done.returncode:
         raise Failed(f"{backend}/{server}: its lease's timer did not start: {done.stderr.strip()[:300]}")
     os.makedirs(LEASES, mode=0o755, exist_ok=True)
-    tmp = lease_file(backend, server) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"until": round(time.time() + seconds), "why": why}, f)
-    os.replace(tmp, lease_file(backend, server))
+    replace(lease_file(backend, server), json.dumps({"until": round(time.time() + seconds), "why": why}))
 
 
 def disarm(backend: str, server: str) -> None:

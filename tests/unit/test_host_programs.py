@@ -49,3 +49,88 @@ def test_each_host_program_imports_the_standard_library_and_the_other_host_progr
         if outside:
             wrong[p] = sorted(outside)
     assert wrong == {}, wrong
+
+
+# ------------------------------------------------------------------ files a host program writes
+# Root's host programs write in directories another user may own or write (the node exporter's
+# textfile directory as its package made it, a model's directory, HAProxy's run directory): one
+# writer, ``replace`` (a random dot-name opened O_EXCL|O_NOFOLLOW, then a rename: a link planted at
+# any name is never followed), copied into each program that writes a file and held equal here.
+# Every other open for writing is one of these, each with the reason its directory is safe to it:
+WRITES_ELSEWHERE = {
+    ("rigup/tune.py", "measure"): "a point's log in the tuner's directory (rigup/tuning.py workdir: root's, 0750); "
+                                  "tune.py refuses the host before any run where anything there is not root's own file",
+    ("rigup/tune.py", "write"): "RESULT.tmp beside RESULT in the same root-only tuner directory (tune.py's Unsafe check)",
+    ("roles/llama_cpp/smoke.py", "attempt"): "the build's smoke.log in llama_cpp_dir/builds/ID: root's, made by "
+                                             "root's build or unpack in the same converge",
+    ("roles/llama_cpp/smoke.py", "rpc_server"): "the same smoke.log of root's build directory",
+    ("roles/llama_cpp/smoke.py", "smoke"): "smoke.log emptied and rigup-smoke.json.tmp, in root's build directory",
+    ("roles/model_fetch/fetcher.py", "overwrite_json"): "a job's progress in place (r+b, a full disk's last word), in "
+                                                        "the job's directory, by the job (systemd-run User=rigup_user)",
+    ("roles/model_fetch/fetcher.py", "fetch_file"): "a download's part file, appended by the job as the rigup user in "
+                                                    "the model's directory that user owns: a link there reaches "
+                                                    "only what that user may write already",
+    ("roles/model_fetch/fetcher.py", "fetch"): "the job's lock file, as the rigup user in its own job directory",
+}
+WRITE_FLAGS = {"O_CREAT", "O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"}
+
+
+def writes(path: Path) -> list[tuple[str, int, str]]:
+    """(enclosing function, line, what) of each open for writing in ``path``: open()/X.open() with a
+    mode that writes, appends or creates (or a mode that is not a constant), os.open with a flag that
+    writes and no O_NOFOLLOW, and X.write_text/X.write_bytes."""
+    found = []
+
+    def visit(node, func):
+        for child in ast.iter_child_nodes(node):
+            here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Call):
+                fn = child.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+                owner = ast.unparse(fn.value) if isinstance(fn, ast.Attribute) else None
+                mode = None
+                if name == "open" and owner is None:
+                    mode = child.args[1] if len(child.args) > 1 else \
+                        next((k.value for k in child.keywords if k.arg == "mode"), None)
+                elif name == "open" and owner != "os" and child.args and isinstance(child.args[0], ast.Constant):
+                    mode = child.args[0]   # Path.open("w"); an opener's .open(request) has no mode
+                if mode is not None and not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)
+                                             and not set(mode.value) & set("wax+")):
+                    found.append((here, child.lineno, f"open(..., {ast.unparse(mode)})"))
+                if name == "open" and owner == "os" and len(child.args) > 1:
+                    flags = {n.attr for n in ast.walk(child.args[1]) if isinstance(n, ast.Attribute)}
+                    if flags & WRITE_FLAGS and "O_NOFOLLOW" not in flags:
+                        found.append((here, child.lineno, f"os.open(..., {ast.unparse(child.args[1])})"))
+                if name in ("write_text", "write_bytes") and owner is not None:
+                    found.append((here, child.lineno, f"{owner}.{name}"))
+            visit(child, here)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return [(f, line, what) for f, line, what in found if f != "replace"]
+
+
+def test_every_host_program_writes_through_replace_or_a_listed_reason():
+    """Round 3's H4 as a class: rigup-burnin wrote its Prometheus file through ``PATH.PID.tmp`` (a
+    predictable name, a plain open) where a planted link was followed. No host program opens a
+    file for writing but through ``replace``, or at a place listed above with its reason."""
+    found = {(p, f): (line, what) for p in sorted(marked()) for f, line, what in writes(ROOT / p)}
+    for key, (line, what) in sorted(found.items()):
+        print(f"{key[0]}:{line} {key[1]}: {what}")
+    assert set(found) - set(WRITES_ELSEWHERE) == set(), \
+        f"an open for writing outside replace() (use the program's replace, or list it with its reason): " \
+        f"{ {k: v for k, v in found.items() if k not in WRITES_ELSEWHERE} }"
+    assert set(WRITES_ELSEWHERE) - set(found) == set(), "a listed place no longer writes: drop it from the list"
+
+
+def test_the_writer_is_one_function_copied_into_each_host_program_that_writes():
+    """``replace`` is one function: each host program that carries it carries the guard's, to the
+    letter (it ships alone), and those that write in another user's reach carry it."""
+    copies = {}
+    for p in sorted(marked()):
+        for node in ast.parse((ROOT / p).read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "replace":
+                copies[p] = ast.unparse(node)
+    print(sorted(copies))
+    assert {"roles/gpu_guard/guard.py", "roles/watchdog/watchdog.py", "roles/model_fetch/fetcher.py",
+            "roles/burnin/acceptance.py", "roles/balancer/drain.py"} <= set(copies)
+    assert len(set(copies.values())) == 1, "the copies of replace() differ"
