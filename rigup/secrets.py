@@ -24,16 +24,22 @@ def controller_token(path: Path, where: str = "the token file") -> str:
     """A token kept in ``path`` on the controller, made (0600, its directory 0700) on first use:
     the same for every host and every run. Read only when no other user could have written it or
     may read it, and only a key of printable ASCII (rigup.boundary.owned): ConfigError naming
-    ``where`` (its variable) otherwise, before it is written anywhere."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            os.write(fd, secrets.token_hex(32).encode())
-            os.close(fd)
-        except FileExistsError:
-            pass  # another host's greenlet made it first
+    ``where`` (its variable) otherwise, before it is written anywhere. Nothing is made before its
+    path is checked (rigup.boundary.owned.directory): the nearest directory that exists, then the
+    key's own, so that no key is made through another user's link or in their directory."""
     try:
+        if not os.path.lexists(path):
+            existing = next(p for p in (path.parent, *path.parent.parents) if os.path.lexists(p))
+            owned.directory(existing, f"{where}: {path}")
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            owned.directory(path.parent, f"{where}: {path}")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                pass  # another host's greenlet made it first
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(32))
         return owned.key(owned.read(path, where, secret=True), f"{where}: {path}")
     except owned.Unreadable as e:
         raise ConfigError(str(e)) from None

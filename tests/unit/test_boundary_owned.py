@@ -229,6 +229,30 @@ def test_the_fleet_key_is_made_as_before_and_refused_when_another_user_could_wri
     assert "output" not in str(e.value)
 
 
+@pytest.mark.parametrize("planted", ["the key's directory", "a directory above it"])
+def test_no_key_is_made_through_another_users_link_or_in_their_directory(tmp_path, planted):
+    """Round 3 of issue 61, K11: a link of nobody's at ~/.config/rigup, to nobody's directory: the
+    key file was made there (0600, a fresh key) before its path was checked and refused."""
+    from rigup.secrets import fleet_api_key
+    theirs, config = tmp_path / "theirs", tmp_path / "config"
+    theirs.mkdir()
+    config.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    link = config / "rigup"
+    os.symlink(theirs, link)
+    os.lchown(link, NOBODY, NOBODY)
+    src = link / "api-key" if planted == "the key's directory" else link / "deeper" / "api-key"
+    with pytest.raises(ConfigError, match=f"fleet_api_key_src: {src}: {link} must be a directory"):
+        fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert os.listdir(theirs) == []
+    link.unlink()
+    os.chown(theirs, 0, 0)
+    theirs.chmod(0o777)                                   # a directory others can write, named as it is
+    with pytest.raises(ConfigError, match="writable by others"):
+        fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(theirs / "api-key")})
+    assert os.listdir(theirs) == []
+
+
 def test_a_vllm_netrc_is_cut_to_the_machines_the_install_fetches_from(tmp_path):
     from roles.vllm import command
     src = made(tmp_path / "netrc", f"machine git.example login d password {SECRET}\n"
