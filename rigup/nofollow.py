@@ -92,12 +92,15 @@ PLACES: tuple[Place, ...] = (
           "before any change; the sweep (the rigup user) writes only in its out/, read by root as that user "
           "(read_file); the old tune/ removed"),
     Place("the host programs' files: the textfile collector's metrics, the watchdog's and the guard's state, "
-          "the fetcher's JSON", "roles/watchdog/watchdog.py:replace, roles/gpu_guard/guard.py:replace, "
-          "roles/model_fetch/fetcher.py:replace",
+          "the fetcher's JSON, rigup-burnin's records and metrics, rigup-balancer-drain's server state (in "
+          "/run/haproxy, the haproxy group's) and leases", "roles/watchdog/watchdog.py:replace, "
+          "roles/gpu_guard/guard.py:replace, roles/model_fetch/fetcher.py:replace, roles/burnin/acceptance.py:replace, "
+          "roles/balancer/drain.py:replace",
           "open('.NAME.PID.tmp', 'w') beside the target: a link the directory's owner planted there (the node "
           "exporter's textfile directory, another user's) was followed: root's file overwritten, made 0644 (issue 61)",
           "a random dot-name opened O_CREAT|O_EXCL|O_NOFOLLOW (another on EEXIST), fchmod'ed, renamed over the "
-          "target (a rename replaces a link there, never follows it); tests/unit/test_host_records.py"),
+          "target (a rename replaces a link there, never follows it); tests/unit/test_host_records.py, and "
+          "tests/unit/test_host_programs.py: no other open for writing in a host program but a listed one"),
     Place("pyinfra's uploads with _sudo", "config.py:TEMP_DIR",
           "/tmp/pyinfra-<sha1 of the destination>, a name any local user can predict and occupy first",
           "the login user's home (pyinfra's TEMP_DIR '.'); a host reached as root uploads straight to the "
