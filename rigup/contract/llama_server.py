@@ -188,6 +188,13 @@ HELD_OFF: dict[str, HeldOff] = {
                    "which fetches any URL a client names from the host's network"),
     "log_prompts": HeldOff(("--log-prompts-dir",), (),
                            "every client's prompt written to a directory on the host"),
+    "verbose_log": HeldOff(("-v", "--verbose", "--log-verbose", "-lv", "--verbosity", "--log-verbosity"),
+                           ("LLAMA_ARG_LOG_VERBOSITY",),
+                           "llama-server's debug log (SRV_DBG) in the journal: every streamed chunk of every "
+                           "client's answer, and with a build that logs requests their bodies, prompts included"),
+    "files": HeldOff(("--path", "--media-path"), ("LLAMA_ARG_STATIC_PATH",),
+                     "--path: the files under a directory on the host served to any client as static files; "
+                     "--media-path: a request loads any file under a directory on the host by file:// URL"),
     "cors": HeldOff(("--cors-origins", "--cors-credentials"), ("LLAMA_ARG_CORS_ORIGINS", "LLAMA_ARG_CORS_CREDENTIALS"),
                     "llama-server's own CORS settings by hand; by default it echoes any Origin with credentials "
                     "allowed (any web page a user opens may call the API as that user's browser), so rigup "

@@ -122,3 +122,18 @@ def test_vllms_contract_rows_are_its_entry_form_and_refused_in_extra_args(key, s
              vllm_instances={"x": {"model": "m", "port": 8000, "extra_args": [spelling, "1"]}})
     _, problems = vllm_instances(d)
     assert any(p[0] == "vllm_instances.x.extra_args" and f"set {key}" in p[1] for p in problems), problems
+
+
+def test_files_and_the_debug_log_are_held_off():
+    """Round 1 of issue 61, A12-A14: --path and --media-path serve the host's files, -v/-lv put
+    every client's answer (and a build's request bodies) into the journal; each passed extra_args."""
+    from roles.llama_server.schema import held_off_problems
+
+    for args, feature in ((["--path", "/"], "files"), (["--media-path", "/"], "files"), (["--verbose"], "verbose_log"),
+                          (["-v"], "verbose_log"), (["-lv", "5"], "verbose_log"), (["--log_verbosity=5"], "verbose_log"),
+                          (["--log-verbose"], "verbose_log")):
+        (path, why), = held_off_problems(args, [], "llama_server_instances.x")
+        assert path == "llama_server_instances.x.extra_args" and f"add {feature} to llama_server_allow" in why, args
+        assert held_off_problems(args, [feature], "llama_server_instances.x") == []
+    env = contract.held_off_env()
+    assert env["LLAMA_ARG_LOG_VERBOSITY"] == "verbose_log" and env["LLAMA_ARG_STATIC_PATH"] == "files"
