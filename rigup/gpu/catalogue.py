@@ -31,14 +31,22 @@ CATALOGUE_FILE = Path(__file__).resolve().with_name("catalogue.yml")
 QUIRKS = ("fp8", "fma_throttled", "needs_unlock")
 
 
+# The newest compute capability NVIDIA has shipped a family of (Blackwell's 12.x; a minor is one digit):
+# past it a card is one rigup knows nothing of, so it gets no CUDA architecture (the plan says so) rather
+# than one made of what the host printed (issue 61: "99.99" was CMAKE_CUDA_ARCHITECTURES=9999). Raise it
+# with the catalogue's families when a newer generation ships.
+CC_MAX = (12, 9)
+
+
 def parse_cc(value: Any) -> tuple[int, int] | None:
-    """``"12.0"``, ``(12, 0)`` or ``[12, 0]`` -> ``(12, 0)``; None when it is none of those."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return int(value[0]), int(value[1])
+    """``"12.0"``, ``(12, 0)`` or ``[12, 0]`` -> ``(12, 0)``; None when it is none of those, or no
+    compute capability up to :data:`CC_MAX` (a major of 1 or more, a one-digit minor)."""
     if isinstance(value, str):
         major, dot, minor = value.strip().partition(".")
-        if dot and whole(major, 99) is not None and whole(minor, 99) is not None:   # isdigit() takes "²"
-            return int(major), int(minor)
+        value = (whole(major), whole(minor)) if dot else None   # ASCII digits: isdigit() takes "²"
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(type(v) is int for v in value):
+        cc = (value[0], value[1])
+        return cc if 1 <= cc[0] and 0 <= cc[1] <= 9 and cc <= CC_MAX else None
     return None
 
 

@@ -54,8 +54,14 @@ def driver_step(facts: dict, data: Any) -> dict | None:
     predicted = not gpus
     # the host's text, shown as text and bounded; a version that names no branch is said to be one
     now = f"{shown(loaded, 40)}" + ("" if branch_of(loaded) is not None else " (not a version of any branch)")
+    if not loaded:
+        why = NO_DRIVER
+    elif branch_of(loaded) == int(branch):   # the branch is loaded, yet nvidia-smi lists none of the bus's cards
+        why = f"driver {now} (branch {branch}) is loaded but nvidia-smi reports none of the cards on the PCI bus"
+    else:
+        why = f"driver {now} is loaded, not branch {branch}"
     return {"branch": int(branch),
-            "why": f"driver {now} is loaded, not branch {branch}" if loaded else NO_DRIVER,
+            "why": why,
             "predicted": predicted,
             "unknown": [p for p in pci if predicted and not card_by_pci_id(p["pci_device_id"])],
             "loaded": loaded}

@@ -56,6 +56,14 @@ GPU_FIELDS: tuple[tuple[str, str, str], ...] = (
 # card's line already printed, which a second read would print again (every card twice).
 FABRIC_FIELDS: tuple[tuple[str, str, str], ...] = (("fabric.state", "fabric_state", "word"),
                                                    ("fabric.status", "fabric_status", "word"))
+# What a card can print for each figure (issue 61: -81559 MiB, a 1e17 C temperature and PCIe Gen-3 were
+# read as they came): beyond these it is no reading of a card, None as an [N/A]. Generous for the cards to
+# come (memory up to 16 TiB, 5 kW, PCIe Gen 1-7 of x1-x32), tight enough that nothing sizes on a lie.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "index": (0, 1023), "memory_total_mib": (0, 1 << 24), "memory_used_mib": (0, 1 << 24),
+    **{f"power_{k}_w": (0, 5000) for k in ("limit", "min", "max", "default", "draw")},
+    "temperature_c": (0, 200), "pcie_gen": (1, 7), "pcie_gen_max": (1, 7), "pcie_width": (1, 32), "pcie_width_max": (1, 32),
+}
 GPU_QUERY = ",".join(field for field, _, _ in GPU_FIELDS)
 _WITH_FABRIC = ",".join(field for field, _, _ in GPU_FIELDS + FABRIC_FIELDS)
 GPU_COMMAND = (f"rigup_gpus=$(nvidia-smi --query-gpu={_WITH_FABRIC} --format=csv,noheader,nounits 2>&1); "
@@ -78,17 +86,12 @@ def normalise_bus_id(text: str) -> str:
     return f"{domain.zfill(8)}:{rest}" if rest else domain
 
 
-def _value(kind: str, text: str) -> Any:
+def _value(kind: str, text: str, bounds: tuple[float, float] | None = None) -> Any:
     text = text.strip()
     if not text or text.startswith("[") or text in ("N/A", "Unknown Error", "Not Supported"):
         return None  # [N/A], [Unknown Error], [Not Supported], [Insufficient Permissions]...
-    try:
-        if kind == "int":
-            return number(text, int)    # bounded, ASCII, finite (a lying host's inf or 5000 digits: None)
-        if kind == "float":
-            return number(text)
-    except ValueError:
-        return None
+    if kind in ("int", "float"):   # ASCII, finite, within the field's BOUNDS (a lying host's inf, -81559: None)
+        return number(text, int if kind == "int" else float, *(bounds or (None, None)))
     if kind == "bool":
         return {"enabled": True, "disabled": False}.get(text.lower())
     if kind == "cc":
@@ -109,25 +112,37 @@ def parse_gpus(lines: list[str]) -> list[dict]:
     row of a card whose index is no number, or whose UUID or PCI bus id (each an argv word and a
     key later: ``nvidia-smi -i``, a burn-in record) is not one (rigup.boundary.fields ``gpu_uuid``,
     ``pci_bus_id``; ``[N/A]`` is None): a lying host's ``/../``, quote or escape sequence is no card
-    of ours (rigup/fleet.py counts such a line as not understood).
+    of ours (rigup/fleet.py counts such a line as not understood). A figure outside its
+    :data:`BOUNDS` is None. A row naming a card again (its index, UUID or bus id in an earlier row)
+    is skipped too: nvidia-smi prints each card once, and one card listed three times is not three
+    cards to size and pin.
     """
-    gpus = []
+    gpus: list[dict] = []
+    taken: set[tuple[str, Any]] = set()
     for line in lines:
         lost = _LOST.search(line)
         if lost:
-            gpus.append({"lost": True, "bus_id": normalise_bus_id(lost.group(1))})
+            bus = normalise_bus_id(lost.group(1))
+            if ("bus_id", bus[-12:]) not in taken:
+                taken.add(("bus_id", bus[-12:]))
+                gpus.append({"lost": True, "bus_id": bus})
             continue
         cells = line.split(",")
         columns = GPU_FIELDS + FABRIC_FIELDS if len(cells) == len(GPU_FIELDS) + len(FABRIC_FIELDS) else GPU_FIELDS
         if len(cells) != len(columns) or whole(cells[0]) is None:
             continue
-        gpu: dict[str, Any] = {key: _value(kind, cell) for (_, key, kind), cell in zip(columns, cells)}
+        gpu: dict[str, Any] = {key: _value(kind, cell, BOUNDS.get(key)) for (_, key, kind), cell in zip(columns, cells)}
         try:
             for key, check in (("uuid", fields.gpu_uuid), ("bus_id", fields.pci_bus_id)):
                 if gpu[key] is not None:
                     check(gpu[key], f"nvidia-smi's {key}")
         except Unreadable:
             continue
+        keys = {("index", gpu["index"]), ("uuid", str(gpu["uuid"]).upper()),
+                ("bus_id", str(gpu["bus_id"]).upper()[-12:])} - {("uuid", "NONE"), ("bus_id", "NONE")}   # [N/A]: no key
+        if gpu["index"] is None or keys & taken:
+            continue
+        taken |= keys
         gpu["lost"] = False
         gpus.append(gpu)
     return gpus
@@ -468,11 +483,10 @@ _ARM_PARTS = {(0x41, 0xD08): "Cortex-A72", (0x41, 0xD0B): "Cortex-A76", (0x41, 0
 
 
 def _hex(text: str | None) -> int | None:
-    """``"0x41"`` -> 65; None when not hex."""
-    try:
-        return int(text or "", 16)
-    except ValueError:
-        return None
+    """``"0x41"`` -> 65; None when not 0x and 1-4 ASCII hex digits (int(text, 16) takes ``0x4_1``,
+    blanks and other scripts' digits)."""
+    m = re.fullmatch(r"0[xX]([0-9A-Fa-f]{1,4})", (text or "").strip())
+    return int(m.group(1), 16) if m else None
 
 
 def _count(lines: list[str]) -> int | None:

@@ -151,7 +151,12 @@ def link_state(gen: int | None, gen_max: int | None, width: int | None, width_ma
 
     The width is compared always; the generation only when ``loaded`` (cards drop their generation
     at idle to save power, so an idle Gen1 says nothing). An unknown value ([N/A]: a VM hides the
-    host's side, ``pcie.link.gen.hostmax``) is unknown, never a mismatch."""
+    host's side, ``pcie.link.gen.hostmax``) is unknown, never a mismatch; so is a current value above
+    its maximum (no link runs faster or wider than its card can: a lying host's Gen7 of Gen3)."""
+    if gen is not None and gen_max is not None and gen > gen_max:
+        gen = gen_max = None
+    if width is not None and width_max is not None and width > width_max:
+        width = width_max = None
     link = f"x{width if width is not None else '?'} Gen{gen if gen is not None else '?'}"
     why = []
     if width is not None and width_max is not None and width < width_max:

@@ -276,3 +276,88 @@ def test_a_driver_version_in_other_digits_is_no_version():
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if "\\d" in line and not line.lstrip().startswith("#")]
     assert found == [], f"\\d takes any Unicode digit: write [0-9] ({found})"
+
+
+# ----------------------------------------------------------------------------- issue 61, round 2: figures in bounds
+from hypothesis import given, settings, strategies as st   # noqa: E402
+
+from rigup.gpu import catalogue, plan as gpu_plan   # noqa: E402
+from rigup.gpu.driver import driver_step   # noqa: E402
+from tests.unit.hosts import data   # noqa: E402
+
+H100 = ("0, GPU-12345678-1234-1234-1234-123456789abc, 00000000:4E:00.0, 0x233010DE, NVIDIA H100, 9.0, 81559, 10, "
+        "700, 200, 700, 700, 100, 40, Enabled, 5, 16, 580.105.08, 5, 16")
+
+
+def with_cells(line: str, **cells: str) -> str:
+    out = [c.strip() for c in line.split(",")]
+    for key, value in cells.items():
+        out[[k for _, k, _ in facts.GPU_FIELDS].index(key)] = value
+    return ", ".join(out)
+
+
+def test_a_negative_or_absurd_figure_is_no_reading():
+    """round 2 A5/A6/K5: memory.total -81559, a draw of -350.5 W, 99999999999999999 C and PCIe Gen-3
+    were read as they came (the plan's VRAM negative); each is None now, as an [N/A]; a link's current
+    generation above its maximum is unknown, not a link."""
+    [g] = parse_gpus([with_cells(H100, memory_total_mib="-81559", power_draw_w="-350.5", temperature_c="99999999999999999",
+                                 pcie_gen="-3", power_limit_w="1e18")])
+    assert (g["memory_total_mib"], g["power_draw_w"], g["temperature_c"], g["pcie_gen"], g["power_limit_w"]) == \
+        (None, None, None, None, None)
+    assert gpu_plan.hardware_plan([g], {"loaded": True})["vram_mib"]["total"] > 0   # the catalogue's H100, not -81559
+    assert gpu_plan.link_state(7, 3, 32, 16, loaded=True) == {"link": "x? Gen?", "downtrained": False, "why": ""}
+
+
+def test_one_card_listed_again_is_one_card():
+    """round 2 A7/A8: the same card (uuid, bus id, index) listed three times was three cards of the plan
+    (gpu_count 3); two cards both index 0 were two. A later row naming a card again is skipped."""
+    assert gpu_plan.hardware_plan(parse_gpus([H100] * 3), {"loaded": True})["gpu_count"] == 1
+    other = with_cells(H100, uuid="GPU-22345678-1234-1234-1234-123456789abc", bus_id="00000000:4F:00.0")
+    assert [g["uuid"][:5] for g in parse_gpus([H100, other])] == ["GPU-1"]            # index 0 twice
+    assert len(parse_gpus([H100, with_cells(other, index="1", bus_id="0000:4E:00.0")])) == 1   # the bus id again
+    assert len(parse_gpus([H100, with_cells(other, index="1")])) == 2
+    lost = "Unable to determine the device handle for GPU0000:47:00.0: Unknown Error"
+    assert len(parse_gpus([lost, lost])) == 1
+
+
+def test_a_compute_capability_past_the_newest_family_gives_no_architecture():
+    """round 2 A9: compute_cap 99.99 of an unknown card became CMAKE_CUDA_ARCHITECTURES=9999 (and vLLM ok)."""
+    p = gpu_plan.hardware_plan(parse_gpus([with_cells(H100, pci_device_id="0xFFFF10DE", compute_capability="99.99")]),
+                               {"loaded": True})
+    assert p["cuda_archs"] == [] and not p["engines"]["vllm"]["ok"]
+    assert [catalogue.parse_cc(t) for t in ("12.0", "9.0", "12.9", "13.0", "0.5", "8.10", "8.", "(8, 0)", "٨.٠")] == \
+        [(12, 0), (9, 0), (12, 9), None, None, None, None, None, None]
+    assert catalogue.parse_cc([10, 0]) == (10, 0) and catalogue.parse_cc([True, 0]) is None
+
+
+def test_a_cpu_implementer_is_hex_digits_alone():
+    """round 2 A11: int(text, 16) took '0x4_1' (ARM); only 0x and 1-4 ASCII hex digits are hex."""
+    vendor = [facts.parse_cpu(["--- cpuinfo", f"CPU implementer\t: {t}", "--- logical", "4"])["vendor"]
+              for t in ("0x41", "0x4_1", "0x\u0664\u0661", "41", "0x 41", "0x00041")]
+    assert vendor == ["ARM", None, None, None, None, None]
+
+
+def test_the_branch_loaded_without_cards_says_so():
+    """round 2 K7: with the pinned branch loaded and no card answering nvidia-smi, the step said
+    'driver 580.105.08 is loaded, not branch 580'."""
+    found = {"driver": {"version": "580.105.08", "loaded": True}, "gpus": [],
+             "pci": [{"pci_device_id": "10de:2330", "bus_id": "4e:00.0"}]}
+    assert driver_step(found, data(nvidia_driver_branch=580))["why"] == \
+        "driver 580.105.08 (branch 580) is loaded but nvidia-smi reports none of the cards on the PCI bus"
+    assert driver_step(found, data(nvidia_driver_branch=535))["why"] == "driver 580.105.08 is loaded, not branch 535"
+
+
+FIGURE = st.one_of(st.text(max_size=12), st.from_regex(r"-?[0-9]{1,20}(\.[0-9]{1,3})?", fullmatch=True),
+                   st.sampled_from(["[N/A]", "1e3", "inf", "nan", "0x10", "1_0", "\u0661", "9" * 30]))
+
+
+@settings(max_examples=200, deadline=1000)
+@given(values=st.fixed_dictionaries({key: FIGURE for key in facts.BOUNDS if key != "index"}))
+def test_every_figure_is_none_or_within_its_bounds(values):
+    """Property: whatever a host prints for a card's figures, each is None or a number within its
+    field's BOUNDS; the line is a card still (its identity read), never a traceback."""
+    line = with_cells(H100, **{k: v.replace(",", " ") for k, v in values.items()})
+    [g] = parse_gpus([line])
+    for key, (lo, hi) in facts.BOUNDS.items():
+        assert g[key] is None or (type(g[key]) in (int, float) and lo <= g[key] <= hi), (key, g[key])
+    gpu_plan.hardware_plan([g], {"loaded": True})

@@ -32,7 +32,7 @@ LINE = (Path(__file__).parent.parent / "fixtures/facts/a100-query-nounits.csv").
 def test_a_cards_absurd_draw_is_unknown_and_the_others_are_read(what):
     cells = LINE.split(",")
     cells[12] = " " + HOSTILE[what]                       # power.draw
-    second = LINE.replace(LINE.split(",")[0], "1", 1)
+    second = CSV[1]   # another card (one card's row twice is one card: parse_gpus skips the second)
     gpus = parse_gpus([",".join(cells), second])
     assert len(gpus) == 2 and gpus[0]["power_draw_w"] is None and gpus[1]["power_draw_w"] is not None
     cards = parse_cards([",".join(cells), second, "smi_rc=0"])
@@ -58,7 +58,7 @@ def test_a_card_whose_bus_id_or_uuid_is_no_id_is_that_rows_problem(column, text)
     the other card is read, and [N/A] is still an unknown field of a card."""
     cells = LINE.split(",")
     cells[column] = " " + text
-    second = LINE.replace(LINE.split(",")[0], "1", 1)
+    second = CSV[1]   # another card (one card's row twice is one card: parse_gpus skips the second)
     gpus = parse_gpus([",".join(cells), second])
     cards = parse_cards([",".join(cells), second, "smi_rc=0"])
     print(f"{text!r}: cards {[g['index'] for g in gpus]}, smi {cards['smi']!r}")
