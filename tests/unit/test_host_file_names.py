@@ -61,3 +61,35 @@ def test_bench_writes_no_report_outside_its_directory(tmp_path):
     with pytest.raises(Unreadable) as e:
         bench.write_reports({"../../escaped": {"date": "x", "max_tokens": 1, "rounds": 1, "instances": {}}}, out)
     assert "'../../escaped'" in e.value.where and list(tmp_path.rglob("*")) == []
+
+
+# (file, function) -> why a path built from its host name needs no host_file call of its own
+PATH_BUILDERS_ALLOWED = {
+    ("rigup/config.py", "group_files"): "a group's name: a Python identifier of the inventory file",
+    ("rigup/config.py", "host_vars"): "only read (host_vars/NAME.yml of the repository and the site), never written; "
+                                      "pyinfra's names such as @local read no file",
+    ("rigup/tuning.py", "_record"): "write_host_vars(host) checks the name first, before either file is written",
+}
+
+
+def test_every_file_name_built_from_a_host_name_is_checked_in_its_function():
+    """The class of C7, held by the syntax tree: ``DIR / f"{host}..."`` (or name, hostname) in the
+    controller's code sits in a function that calls fields.host_file, or is named above with why."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    files = [p for d in ("rigup", "roles") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    unchecked = set()
+    for path in files:
+        text = path.read_text()
+        if "# rigup: runs on hosts" in text[:400]:
+            continue
+        for fn in (n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            builds = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and isinstance(n.right, ast.JoinedStr)
+                         and n.right.values and isinstance(n.right.values[0], ast.FormattedValue)
+                         and isinstance(n.right.values[0].value, ast.Name)
+                         and n.right.values[0].value.id in ("host", "name", "hostname") for n in ast.walk(fn))
+            checks = any(isinstance(n, ast.Attribute) and n.attr == "host_file" for n in ast.walk(fn))
+            if builds and not checks:
+                unchecked.add((str(path.relative_to(root)), fn.name))
+    assert unchecked <= set(PATH_BUILDERS_ALLOWED), sorted(unchecked - set(PATH_BUILDERS_ALLOWED))
