@@ -102,3 +102,19 @@ def test_the_plan_and_status_share_one_due_rule():
     import inspect
     from roles.burnin import quarantine
     assert "burnin.due(" in inspect.getsource(quarantine.overdue) and "burnin.due(" in inspect.getsource(fleet._due)
+
+
+from hypothesis import given, settings, strategies as st   # noqa: E402
+
+
+@settings(max_examples=300, deadline=1000)
+@given(at=st.one_of(st.floats(0, burnin.AT_MAX), st.integers(0, burnin.AT_MAX), st.booleans(), st.none(), st.text(max_size=5)),
+       now=st.floats(1e9, 4e9), every=st.one_of(st.none(), st.integers(1, 400)), passed=st.sampled_from([True, False, None]))
+def test_the_due_rule_is_a_past_run_older_than_every_days_or_none_at_all(at, now, every, passed):
+    """rigup.boundary.burnin.due over any time: due exactly when a believed pass's number time is
+    older than ``every`` days, or after now beyond the skew; never raises."""
+    got = burnin.due({"passed": passed, "at": at}, every, now)
+    number = isinstance(at, (int, float)) and not isinstance(at, bool)
+    want = bool(every) and passed is True and number and (at > now + burnin.SKEW_S or now - at > every * burnin.DAY_S)
+    assert (got is not None) == want
+    assert got is None or (isinstance(got[0], int) and got[1].startswith("re-acceptance: "))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from roles.burnin import acceptance
 
@@ -73,3 +74,26 @@ def test_a_malformed_expect_mib_is_a_usage_error_naming_the_option(tmp_path, val
     assert done.returncode == 2 and "--expect-mib" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert acceptance.expected_mib("GPU-1=81920,GPU-2=40960") == {"GPU-1": 81920, "GPU-2": 40960}
     assert acceptance.expected_mib("") == {}
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=10)
+
+
+@settings(max_examples=150, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=120), JSON.map(json.dumps),
+                      st.sampled_from(["[" * 100000, '{"a": Infinity}', "\ufeff{}", "{}" * 3, "9" * 5000])))
+def test_any_records_file_is_records_or_unreadable_naming_it(tmp_path, text):
+    """The program's own reader (``load``) under any text: a mapping of card ids to mappings, or
+    :class:`acceptance.Unreadable` naming the file; never another exception, never {} for a file
+    that holds something else."""
+    path = tmp_path / "burnin.json"
+    path.write_text(text, encoding="utf-8", errors="surrogateescape")
+    try:
+        got = acceptance.load(str(path))
+    except acceptance.Unreadable as e:
+        assert str(path) in str(e)
+        return
+    assert isinstance(got, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in got.items())
+    assert got or not text.strip() or json.loads(text) == {}
