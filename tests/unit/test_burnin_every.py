@@ -5,6 +5,8 @@ in a roll, and its record keeps the runs before (roles/burnin/acceptance.py hist
 import json
 import time
 
+from hypothesis import given, settings, strategies as st
+
 from rigup import fleet
 from rigup.boundary import burnin
 from roles.burnin.acceptance import HISTORY, history
@@ -103,8 +105,6 @@ def test_the_plan_and_status_share_one_due_rule():
     from roles.burnin import quarantine
     assert "burnin.due(" in inspect.getsource(quarantine.overdue) and "burnin.due(" in inspect.getsource(fleet._due)
 
-
-from hypothesis import given, settings, strategies as st   # noqa: E402
 
 
 @settings(max_examples=300, deadline=1000)
