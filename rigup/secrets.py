@@ -25,14 +25,11 @@ def controller_token(path: Path, where: str = "the token file") -> str:
     the same for every host and every run. Read only when no other user could have written it or
     may read it, and only a key of printable ASCII (rigup.boundary.owned): ConfigError naming
     ``where`` (its variable) otherwise, before it is written anywhere. Nothing is made before its
-    path is checked (rigup.boundary.owned.directory): the nearest directory that exists, then the
-    key's own, so that no key is made through another user's link or in their directory."""
+    path is checked (rigup.boundary.owned.directory, which makes what is missing only below a
+    checked directory): no key is made through another user's link or in their directory."""
     try:
         if not os.path.lexists(path):
-            existing = next(p for p in (path.parent, *path.parent.parents) if os.path.lexists(p))
-            owned.directory(existing, f"{where}: {path}")
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            owned.directory(path.parent, f"{where}: {path}")
+            owned.directory(path.parent, f"{where}: {path}", make=True)
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except FileExistsError:

@@ -226,10 +226,23 @@ def _checked(step: tuple[int, str], path: Path, where: str) -> None:
                               "it holds)")
 
 
-def directory(path: str | Path, where: str) -> Path:
+def directory(path: str | Path, where: str, make: bool = False) -> Path:
     """``path`` (``~`` expanded), a directory that only its owner (you or root) and root can write,
-    on a path of such directories; else :class:`NotOwned` naming ``where``."""
+    on a path of such directories; else :class:`NotOwned` naming ``where``. ``make``: made 0700
+    where missing, as :func:`write` makes its directory (the path that exists checked first, each
+    missing directory made by the descriptor of the checked one before it: none under another
+    user's link or in their directory)."""
     path = Path(os.path.expanduser(str(path)))
+    if make:
+        fd, name = _made(path, where)
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass   # there already: checked below as any other
+        except OSError as e:
+            raise NotOwned(where, f"{path} cannot be made on the controller: {e.strerror}") from None
+        finally:
+            os.close(fd)
     fd, name = _walk(path, where)
     try:
         try:

@@ -94,10 +94,8 @@ def cache_dir(path: str) -> Path:
     ConfigError naming llama_cpp_artifacts, before any host receives what it holds."""
     from rigup.config import ConfigError
 
-    d = Path(os.path.expanduser(path))
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        return owned.directory(d, "llama_cpp_artifacts")
+    try:   # made only below a checked directory: none under another user's link
+        return owned.directory(path, "llama_cpp_artifacts", make=True)
     except owned.Unreadable as e:
         raise ConfigError(str(e)) from None
 
