@@ -893,3 +893,35 @@ def test_a_routers_pinned_model_is_watched_as_a_server_of_its_own(tmp_path, monk
     finally:
         proc.kill()
         proc.wait()
+
+
+class Claims(BaseHTTPRequestHandler):
+    """A slow server that claims a high rate: it waits ``server.wait`` s, answers
+    ``server.tokens`` tokens and ``timings.predicted_per_second`` 9999999."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(self.server.wait)
+        reply(self, json.dumps({"usage": {"completion_tokens": self.server.tokens},
+                                "timings": {"predicted_per_second": 9999999}}).encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_claimed_rate_is_judged_by_the_tokens_over_the_clients_clock():
+    """Round 1 of issue 61, G09: a server that slept 2 s and gave 0 tokens claimed 9999999 tok/s,
+    which the watchdog took as its speed: above any floor, never restarted."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Claims)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    inst, config = {"key": None}, {"max_tokens": 8, "timeout_s": 5}
+    try:
+        server.wait, server.tokens = 0.5, 0
+        assert wd.measure({"url": f"http://127.0.0.1:{server.server_address[1]}"}, inst, config) == {"tps": 0.0}
+        server.tokens = 8
+        tps = wd.measure({"url": f"http://127.0.0.1:{server.server_address[1]}"}, inst, config)["tps"]
+        assert 0 < tps <= 16.1, tps    # 8 tokens over at least 0.5 s
+    finally:
+        server.shutdown()
+        server.server_close()
