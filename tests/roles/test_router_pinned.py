@@ -205,3 +205,88 @@ def test_more_startup_models_than_fit_are_refused(lab, duo):
                "big-b), more than it holds at once" in ln and "models_max 2 from VRAM (64.0 GiB on 8 cards" in ln
                for ln in lines), lines
     assert fingerprint(lab, name) == before
+
+
+
+
+def test_the_relay_scrapes_the_pinned_server_as_its_own_not_as_the_routers(lab, duo):
+    """roles/metrics's relay on the host, as this converge configured it: the pinned server at
+    /metrics/duo.tiny-p, llama-server's own samples of it labelled model="tiny-p"; the router's
+    scrape names only the models of its set (tiny-p no unloaded model of it)."""
+    name = duo[0]
+    config = json.loads(on_host(lab, name, "cat /etc/rigup/metrics-relay.json"))["instances"]
+    relay = "http://$(hostname -I | cut -d' ' -f1):9101/metrics"
+    pinned = on_host(lab, name, f"curl -s -m 15 -w '\\n%{{http_code}}' \"{relay}/duo.tiny-p\"").splitlines()
+    router = on_host(lab, name, f"curl -s -m 15 \"{relay}/duo\"").splitlines()
+    samples = [ln for ln in pinned[:-1] if ln.startswith("llamacpp:")]
+    loaded = sorted(ln.split("}")[0] + "}" for ln in router if ln.startswith("rigup_router_model_loaded{"))
+    print(f"relay config: duo {config['duo']}, duo.tiny-p {config.get('duo.tiny-p')}; /metrics/duo.tiny-p: "
+          f"{pinned[-1]}, {len(samples)} samples, e.g. {samples[:2]}; /metrics/duo's set: {loaded}")
+    assert config["duo.tiny-p"] == {"url": f"http://127.0.0.1:{PINNED_PORT}", "key": None, "model": "tiny-p"}
+    assert config["duo"]["models"] == ROUTED
+    assert pinned[-1] == "200" and samples and all('model="tiny-p"' in ln for ln in samples)
+    assert loaded == [f'rigup_router_model_loaded{{model="{m}"}}' for m in sorted(ROUTED)]
+    assert not any('"tiny-p"' in ln for ln in router)
+
+
+def test_status_shows_the_pinned_server_with_its_model_and_state(lab, duo):
+    """status.py: the pinned server's own entry in the serving cell (duo.tiny-p active :8093 200
+    tiny-p@REVISION), the router's beside it; tiny-p never among the router's loaded models."""
+    name = duo[0]
+    shown = pyinfra("inventory/lab.py", "status.py", "--limit", name, *data(lab_models(), ROUTER), timeout=120)
+    row = next((ln for ln in shown.output.splitlines() if " duo.tiny-p " in ln), "")
+    print(row)
+    assert shown.returncode == 0
+    assert re.search(rf"(^|; |\s)duo\.tiny-p active :{PINNED_PORT} 200 tiny-p@[0-9a-f]+", row), row
+    assert re.search(rf"(^|; |\s)duo active :{PORT} 200 gemma-270m@[0-9a-f]+ \[loaded: [^\]]*\]", row), row
+    assert "tiny-p" not in re.search(r"\[loaded: ([^\];]*)", row).group(1)
+
+
+def test_the_watchdog_asks_the_pinned_server_and_restarts_it_when_wedged(lab, duo):
+    """roles/watchdog's program on the host with the configuration watchdog_config makes for duo with
+    a floor (min_tokens_per_s 0.5; the module's 0 watches nothing): tiny-p is an instance of its own,
+    duo.tiny-p at port + 2 (the router's set without it). Judged as a single-model server: it
+    answers above the floor; stopped (SIGSTOP, a wedged server), no answer within 5 s is one bad
+    check, and with bad_checks 1 its unit rigup-llama@duo.tiny-p is restarted (a new MainPID that
+    answers again), never the router's. Last in the module: it restarts the pinned server."""
+    from roles.watchdog import watchdog_config
+
+    name = duo[0]
+    config = watchdog_config({"llama_server_instances": {"duo": {**ROUTER, "min_tokens_per_s": 0.5}},
+                              "watchdog_interval_s": 300, "watchdog_bad_checks": 1, "watchdog_max_tokens": 8,
+                              "watchdog_timeout_s": 5, "watchdog_grace_s": 0, "rigup_maintenance": False,
+                              "rigup_state_dir": "/root/wdp", "rigup_watchdog_reboot": False,
+                              "rigup_watchdog_max_reboots": 1})
+    assert config["instances"]["duo.tiny-p"] == {"url": f"http://127.0.0.1:{PINNED_PORT}", "port": PINNED_PORT,
+                                                 "key": None, "floor": 0.5}
+    assert config["instances"]["duo"]["models"] == ROUTED
+    config["instances"] = {"duo.tiny-p": config["instances"]["duo.tiny-p"]}   # the router is not this test's
+    config["metrics_file"] = "/root/wdp/rigup_watchdog.prom"
+    program, measuring = (ROOT / "roles/watchdog/watchdog.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    on_host(lab, name, f"mkdir -p /root/wdp && cat > /root/wdp/watchdog.py <<'EOF'\n{program}\nEOF\n"
+                       f"cat > /root/wdp/rigup_throughput.py <<'EOF'\n{measuring}\nEOF\n"
+                       f"cat > /root/wdp/config.json <<'EOF'\n{json.dumps(config)}\nEOF")
+    check = "cd /root/wdp && python3 watchdog.py --config config.json check 2>&1"
+    pid = f"systemctl show -p MainPID --value {PINNED_UNIT}"
+    router_pid = on_host(lab, name, "systemctl show -p MainPID --value rigup-llama@duo").strip()
+    healthy = on_host(lab, name, check)
+    before = on_host(lab, name, pid).strip()
+    on_host(lab, name, f"kill -STOP {before}")
+    wedged = on_host(lab, name, check)
+    after = ""
+    for _ in range(120):   # the restart was asked with --no-block: its new server up and answering
+        after = on_host(lab, name, pid).strip()
+        code = on_host(lab, name, f"curl -s -o /dev/null -m 2 -w '%{{http_code}}' http://127.0.0.1:{PINNED_PORT}/health; true")
+        if after not in ("0", before) and code.strip() == "200":
+            break
+        time.sleep(1)
+    state = json.loads(on_host(lab, name, "cat /root/wdp/watchdog.json"))["duo.tiny-p"]
+    metrics = on_host(lab, name, "cat /root/wdp/rigup_watchdog.prom")
+    print(f"healthy: {healthy.strip().splitlines()[-1:]}; wedged: {wedged.strip().splitlines()[-2:]}; MainPID "
+          f"{before} -> {after}; state {state}")
+    assert re.search(r"duo\.tiny-p: [\d.]+ tok/s, at or above its floor 0\.5 tok/s", healthy), healthy
+    assert "duo.tiny-p: no answer within 5 s, below its floor 0.5 tok/s" in wedged, wedged
+    assert f"restarting {PINNED_UNIT}.service" in wedged, wedged
+    assert after not in ("0", before) and code.strip() == "200"
+    assert state["restarts"] == 1 and 'rigup_watchdog_restarts_total{llama_instance="duo.tiny-p"} 1' in metrics
+    assert on_host(lab, name, "systemctl show -p MainPID --value rigup-llama@duo").strip() == router_pid
