@@ -49,8 +49,15 @@ ENERGY_QUERY = "rigup:host_joules_per_token"   # roles/metrics/prometheus.py's r
 WIDTH = 120              # the table's target width (a typical host's row, the notes, the summary line)
 CELL_CHARS, LINE_CHARS = 1000, 4000   # the most of a cell and of a line the table shows (rigup.text.shown)
 SMI_TIMEOUT_S = 5
-SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then timeout -k 1 {SMI_TIMEOUT_S} nvidia-smi "
-       f"--query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"smi_rc=$?\"; fi")
+# The most lines of nvidia-smi's a row reads, and the most characters of each (issue 61: 200000 card lines
+# held status for minutes): a host has a few cards, 16 on the largest boards; the rest is not understood.
+SMI_LINES, SMI_LINE_CHARS = 256, 16384
+SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then {{ timeout -k 1 {SMI_TIMEOUT_S} nvidia-smi "
+       f"--query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"smi_rc=$?\"; }} | "
+       f"awk '/^smi_rc=/ || NR <= {SMI_LINES} {{ print substr($0, 1, {SMI_LINE_CHARS}) }}'; fi")
+# What one section of a host's answer may hold (each section's own bound is tighter where it has one:
+# the guard's, the burn-in records'): the shell cuts it there, whatever a command printed
+SECTION_BYTES = 4 << 20
 # Each serving unit's drop-in: its state, its --port and --host (read from the ExecStart line, kept to
 # digits and address characters before they reach curl), /health's HTTP code there, and the model
 # revision its comment records (roles/llama_server, roles/vllm: "..., model <revision>"). A router's key
@@ -134,7 +141,8 @@ def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
             continue
         m = re.fullmatch(r'rigup_router_model_(loads_total|last_load_seconds)\{model="([^"]{1,128})"\} ([0-9.eE+]+)',
                          line.strip())
-        value = number(m.group(3), float) if m else None
+        # a count of loads below a trillion, a load's seconds below a day; else not a figure of the relay's
+        value = number(m.group(3), float, 0, 1e12 if m.group(1) == "loads_total" else 86400) if m else None
         if current is None or value is None:
             continue
         entry = out.setdefault(current, {}).setdefault(shown(m.group(2), 64), {"loads": 0, "last_s": None})
@@ -148,7 +156,8 @@ def parse_loads(lines: list[str]) -> dict[str, dict[str, dict]]:
 def status_command(parts: dict[str, str]) -> str:
     """One shell command: each section's marker, then its command in a subshell (a section may
     hold a here-document, so they are joined by newlines)."""
-    return "\n".join(f"echo {shlex.quote(MARK + name)}\n(\n{command}\n)" for name, command in parts.items()) + "\ntrue"
+    return "\n".join(f"echo {shlex.quote(MARK + name)}\n(\n{command}\n) | head -c {SECTION_BYTES}"
+                     for name, command in parts.items()) + "\ntrue"
 
 
 class FleetStatus(FactBase):
@@ -178,11 +187,13 @@ def parse_cards(lines: list[str]) -> dict:
     vram_total_mib, link}], "lost": n, "lost_cards": [bus, ...], "smi": None | "missing" | "hung" |
     "failed (rc N)" | "N lines not understood"}``; ``bus`` is the card's key (``0000:4e:00``, :func:`_key`).
     A line that is no card (an index that is not a number: a lying host's "²" or 5000 digits) is
-    counted as not understood, once nvidia-smi did not fail."""
-    rc_line = next((ln for ln in lines if ln.startswith("smi_rc=")), None)
+    counted as not understood, once nvidia-smi did not fail; so is a card listed again (parse_gpus) and
+    every line past the first :data:`SMI_LINES` (a host's answer is read in bounds). ``rc``: the last
+    ``smi_rc=`` line's (the shell's own, after nvidia-smi's), an exit status 0..255."""
+    rc_line = next((ln for ln in reversed(lines) if ln.startswith("smi_rc=")), None)
     said = [ln for ln in lines if ln.strip() and not ln.startswith("smi_rc=")]
-    gpus = parse_gpus(said)
-    rc = number(rc_line[7:], int) if rc_line else None
+    gpus = parse_gpus([ln[:SMI_LINE_CHARS] for ln in said[:SMI_LINES]])
+    rc = whole(rc_line[7:], 255) if rc_line else None
     unread = len(said) - len(gpus)   # parse_gpus makes at most one card of a line
     smi = ("missing" if rc_line is None else "hung" if rc in (124, 137) else
            f"failed (rc {rc})" if rc != 0 and not gpus else
@@ -217,10 +228,11 @@ def parse_serving(lines: list[str]) -> list[dict]:
         elif out and "=" in line:
             key, _, value = line.partition("=")
             value = value.strip()
-            if key == "port":
-                out[-1]["port"] = number(value, int)
+            if key == "port":   # a TCP port, an HTTP status (curl's 000: nothing answered); else unknown
+                out[-1]["port"] = whole(value, 65535) or None
             elif key == "health":
-                out[-1]["health"] = number(value, int) if value != "000" else None
+                code = whole(value, 599)
+                out[-1]["health"] = code if code is not None and code >= 100 else None
             elif key in ("active", "revision"):
                 out[-1][key] = None if value in ("", "None") else value
             elif key == "models":   # a router's /models (issue 49): which of its set are loaded

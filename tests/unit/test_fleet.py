@@ -442,3 +442,56 @@ def test_a_routers_pinned_model_is_a_server_of_its_own_with_its_model_and_state(
     assert fleet.host_problems(down) == ["duo.p failed"]
     assert [(s["name"], s["model"], s["active"]) for s in down["serving"]] == [("duo", "g@1", "active"),
                                                                              ("duo.p", "p@a", "failed")]
+
+
+# ----------------------------------------------------------------------------- issue 61, round 2: status's readers in bounds
+def test_a_signed_or_out_of_range_port_or_code_is_unknown():
+    """round 2 F4/F5: a serving unit's port '-8080' and /health '-1' were shown (':-8080 -1'), a
+    relay's 999999999999999999 loads counted; each is unknown now (a port 1..65535, an HTTP status
+    100..599, loads below 10**12, a load's seconds below a day)."""
+    row = fleet.host_row("h", {"serving": ["@@ rigup-llama@x.service", "active=active", "port=-8080", "health=-1"],
+                               "loads": ["@@ x", 'rigup_router_model_loads_total{model="b"} 999999999999999999',
+                                         'rigup_router_model_loads_total{model="c"} 3',
+                                         'rigup_router_model_last_load_seconds{model="c"} 1e9']},
+                         downloads=[], maintenance=False, models={"x": "m"})
+    assert (row["serving"][0]["port"], row["serving"][0]["health"]) == (None, None)
+    assert row["serving"][0]["loads"] == {"c": {"loads": 3, "last_s": None}}
+    ports = [fleet.parse_serving(["@@ u", f"port={p}", f"health={h}"])[0] for p, h in
+             (("0", "000"), ("65536", "99"), ("65535", "600"), ("8080", "200"), ("08080", "0200"))]
+    assert [(r["port"], r["health"]) for r in ports] == [(None, None), (None, None), (65535, None), (8080, 200), (None, None)]
+
+
+def test_nvidia_smis_section_is_read_in_bounds():
+    """round 2 F9: 200000 identical card lines held status for minutes, each a card. The parser reads
+    the first SMI_LINES (a card once); the rest is not understood; the shell's own rc line is the last."""
+    line = lines("facts/a100-query-nounits.csv")[0]
+    started = time.monotonic()
+    out = fleet.parse_cards([line] * 200000 + ["smi_rc=0"])
+    assert time.monotonic() - started < 5
+    assert len(out["cards"]) == 1 and out["smi"] == "199999 lines not understood"
+    assert fleet.parse_cards(["smi_rc=0", "smi_rc=15"])["smi"] == "failed (rc 15)"
+    assert fleet.parse_cards(["smi_rc=-1"])["smi"] == "failed (rc None)"
+
+
+def test_the_smi_section_on_a_real_shell_keeps_its_rc_past_the_line_bound(tmp_path):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ni=0\nwhile [ $i -lt 1000 ]; do echo \"line $i\"; i=$((i+1)); done\nexit 15\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", fleet.status_command({"gpus": fleet.SMI})], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
+    found = fleet.FleetStatus().process(out.stdout.splitlines())["gpus"]
+    assert len(found) == fleet.SMI_LINES + 1 and found[-1] == "smi_rc=15"
+
+
+@settings(max_examples=200, deadline=1000)
+@given(port=st.text(max_size=8), health=st.text(max_size=6),
+       loads=st.text(st.sampled_from("0123456789.eE+-"), min_size=1, max_size=12), rc=st.text(max_size=6))
+def test_status_figures_are_none_or_within_bounds(port, health, loads, rc):
+    """Property: whatever a host prints for a port, a code, a relay's count or nvidia-smi's rc, the
+    row holds None or a figure within its bounds."""
+    [s] = fleet.parse_serving(["@@ rigup-llama@x.service", f"port={port}", f"health={health}"])
+    assert s["port"] is None or 1 <= s["port"] <= 65535
+    assert s["health"] is None or 100 <= s["health"] <= 599
+    found = fleet.parse_loads(["@@ x", f'rigup_router_model_loads_total{{model="b"}} {loads}'])
+    assert all(0 <= m["loads"] < 10**12 for m in found.get("x", {}).values())
+    fleet.parse_cards([f"smi_rc={rc}"])
