@@ -33,7 +33,8 @@ import click
 from pyinfra.api import FactBase
 
 from rigup import traps
-from rigup.boundary import Unreadable, fields, owned
+from rigup.boundary import Unreadable, fields, owned, results
+from rigup.boundary.numbers import number
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
 from rigup.contract.vllm import api_name
@@ -101,12 +102,17 @@ class Throughput(FactBase):
                 f"{runs or 'true'}; rm -f \"$t\"")
 
     def process(self, output: list[str]) -> dict[str, dict]:
+        """Each instance's line read by :func:`rigup.boundary.results.throughput`; one that does not
+        read is that instance not measured, saying why (an exception here ended the run for every host)."""
         found, name = {}, None
         for line in output:
             if line.startswith("##rigup-bench "):
                 name = line[len("##rigup-bench "):]
             elif name and line.startswith("{"):
-                found[name] = json.loads(line)
+                try:
+                    found[name] = results.throughput(line, f"throughput.py's line for {name}")
+                except Unreadable as e:
+                    found[name] = {"error": f"its measurement does not read ({e.where}: {e.why})"}
         return found
 
 
@@ -129,7 +135,7 @@ class Serving(FactBase):
         found, marker = {"units": [], "markers": {}, "llama_bench": False, "smoke": smoke_remedy(None)}, None
         for line in output:
             if line.startswith("##unit "):
-                found["units"].append(line.split()[1])
+                found["units"] += line.split()[1:2]   # a line with no unit after it: none
             elif line.startswith("##smoke"):
                 found["smoke"] = smoke_remedy(line[len("##smoke"):])
             elif line.startswith("##marker "):
@@ -138,9 +144,9 @@ class Serving(FactBase):
             elif line == "##llama-bench":
                 found["llama_bench"] = True
             elif marker and line.strip():
-                try:
-                    found["markers"][marker] = json.loads(line)
-                except ValueError:
+                try:   # the rigup user's file: typed, or that model is not complete (not benched)
+                    found["markers"][marker] = results.marker(line, marker)
+                except Unreadable:
                     pass
         return found
 
@@ -273,13 +279,13 @@ class LlamaBench(FactBase):
 
 def crash_signal(code: int | str | None) -> str | None:
     """The signal that ended llama-bench, from its exit status: 128 + N from a shell (139:
-    ``SIGSEGV``) or -N (Python's subprocess); None for an exit (0, 1, timeout's 124 and 127)."""
-    try:
-        status = int(code)
-    except (TypeError, ValueError):
+    ``SIGSEGV``) or -N (Python's subprocess); None for an exit (0, 1, timeout's 124 and 127).
+    ASCII digits alone (rigup.boundary.numbers): int() read "١٣٩" as 139."""
+    status = number(code, int, -255, 255)
+    if status is None or (isinstance(code, str) and "." in code):
         return None
-    number = -status if status < 0 else status - 128 if 128 < status < 256 else 0
-    return signal_name(number) if number else None
+    sig = -status if status < 0 else status - 128 if 128 < status < 256 else 0
+    return signal_name(sig) if sig else None
 
 
 def crash_text(test: str, sig: str) -> str:
@@ -294,13 +300,11 @@ def llama_bench_row(test: str, text: str, rc: str) -> dict:
         return {"test": test, "skipped": f"stopped after {limit} s (bench_llama_timeout_s)"}
     if sig := crash_signal(code):
         return {"test": test, "error": crash_text(test, sig), "signal": sig}
-    try:
-        doc = json.loads(text)[0]
-        return {"test": test, "tps": round(doc["avg_ts"], 2), "stddev": round(doc["stddev_ts"], 2),
-                "backend": doc.get("backends") or doc.get("backend"), "threads": doc.get("n_threads"),
-                "build": doc.get("build_commit"), "model": doc.get("model_type")}
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError):
-        return {"test": test, "error": f"llama-bench failed (exit {code or '?'})"}
+    try:   # typed: avg_ts true was 1 tok/s, 1e999 an infinite stddev, a '|' a cell of the report's table
+        doc = results.llama_bench(text, f"llama-bench's {test}")
+    except Unreadable:
+        return {"test": test, "error": f"llama-bench failed (exit {shown(code, 12) or '?'})"}
+    return {"test": test, **doc, "tps": round(doc["tps"], 2), "stddev": round(doc["stddev"], 2)}
 
 
 def retried(first: dict, again: dict) -> dict:
@@ -386,9 +390,17 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
         _run["out"] = Path(data["bench_out"]) / datetime.date.today().isoformat()
         _run["plot"] = plot
     llama = llama or {}
-    instances = {t["name"]: {"engine": t["engine"], "url": t["url"], "via": t.get("via"),
-                             **({"llama_bench": llama[t["name"]]} if t["name"] in llama else {}),
-                             **measured.get(t["name"], {"error": "no answer"})}
+
+    def reading(name: str) -> dict:   # Throughput's, read again: what any other caller hands in is typed too
+        try:
+            return results.throughput(measured[name], f"{host}: throughput.py's line for {name}") \
+                if name in measured else {"error": "no answer"}
+        except Unreadable as e:
+            return {"error": f"its measurement does not read ({e.where}: {e.why})"}
+    # what the host measured (levels or error alone) never stands over the target's own keys
+    instances = {t["name"]: {**reading(t["name"]),
+                             "engine": t["engine"], "url": t["url"], "via": t.get("via"),
+                             **({"llama_bench": llama[t["name"]]} if t["name"] in llama else {})}
                  for t in targets_}
     _results[host] = {"host": host, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "max_tokens": data["bench_max_tokens"],
                       "rounds": data["bench_rounds"], "instances": instances}

@@ -74,6 +74,28 @@ def _tokens(doc, max_tokens: int) -> int:
     return tokens
 
 
+def _once(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:   # json keeps the last: a key twice is no answer of a server we measure
+            raise ValueError(f"the key {str(key)[:60]!r} twice")
+        out[key] = value
+    return out
+
+
+def loads(body: str | bytes):
+    """A server's JSON answer parsed, or ValueError: rigup.boundary.core.loads's rule, by hand here
+    (this file ships alone; tests/unit/test_throughput.py holds the two equal): a key twice in one
+    object, and nesting deeper than Python's stack (json raises RecursionError, which no caller
+    caught: the sweep ended in a traceback, a level's client thread died uncounted). NaN and
+    Infinity are read, unlike there: the one figure a server may give as a float, its own rate, is
+    then not believed (:func:`_rate`) and the wall clock's stands (issue 47)."""
+    try:
+        return json.loads(body, object_pairs_hook=_once)
+    except RecursionError:
+        raise ValueError("not JSON (nested deeper than this reader goes)") from None
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect is an error (HTTPError 3xx): a server measured here has no reason to send one,
     and following it would carry the API key to another origin (issue 47)."""
@@ -124,7 +146,7 @@ def server_figures(url: str, key: str | None = None, timeout: float = 10, model:
     try:
         with _OPENER.open(request, timeout=timeout) as answer:
             text = bounded_read(answer, time.monotonic() + timeout).decode(errors="replace")
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return None
     found = {}
     for line in text.splitlines():
@@ -150,24 +172,27 @@ def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dic
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
         with _OPENER.open(request, timeout=timeout) as answer:
-            listed = json.loads(bounded_read(answer, time.monotonic() + timeout))
+            listed = loads(bounded_read(answer, time.monotonic() + timeout))
         found = {}
         for m in listed.get("data", []):
             status = (m.get("status") or {}) if isinstance(m, dict) else None
             if isinstance(status, dict):
-                code = status.get("exit_code")
-                found[str(m["id"])] = {"value": status.get("value"), "failed": status.get("failed") is True,
-                                       "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}
+                code, model = status.get("exit_code"), str(m["id"])
+                if model in found:   # a model listed twice (or 1 and "1"): which entry is it? none
+                    return None
+                found[model] = {"value": status.get("value"), "failed": status.get("failed") is True,
+                                "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}
         return found
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, http.client.HTTPException):
         return None
 
 
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
                model: str | None = None) -> dict:
     """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):
-    ``{"tokens", "seconds", "tps"}``; raises OSError (URLError, timeout) or ValueError (an answer
-    that is not a completion)."""
+    ``{"tokens", "seconds", "tps"}``; raises OSError (URLError, timeout), ValueError (an answer
+    that is not a completion) or http.client.HTTPException (an answer cut off or not HTTP, which
+    urllib lets through: IncompleteRead and BadStatusLine are no OSError)."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": False, **({"model": model} if model else {})}
     request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", json.dumps(body).encode(),
@@ -176,7 +201,7 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     started = time.monotonic()
     with _OPENER.open(request, timeout=timeout) as answer:
-        doc = json.loads(bounded_read(answer, started + timeout))
+        doc = loads(bounded_read(answer, started + timeout))
     seconds = time.monotonic() - started
     tokens = _tokens(doc, max_tokens)
     timings = doc.get("timings")
@@ -199,10 +224,10 @@ def level(url: str, concurrency: int, key: str | None = None, max_tokens: int = 
         for _ in range(rounds):
             try:
                 one = completion(url, key, max_tokens, timeout, model)
-            except (OSError, ValueError, KeyError) as e:
-                one = None
+            except Exception as e:  # noqa: BLE001 (whatever a server makes it raise is this request's failure,
+                one = None          # counted: a thread that died left the level at "failed 0")
                 with lock:
-                    failures.append(str(e))
+                    failures.append(str(e)[:300] or type(e).__name__)
             if one:
                 with lock:
                     results.append(one)
@@ -253,7 +278,7 @@ def main(argv: list[str]) -> int:
     doc = {"url": args.url, "max_tokens": args.max_tokens, "rounds": args.rounds}
     try:
         doc["levels"] = sweep(args.url, levels, read_key(args.key_file), args.max_tokens, args.rounds, args.model)
-    except (OSError, ValueError, KeyError) as e:     # the endpoint down, refusing, or not OpenAI's
+    except (OSError, ValueError, KeyError, http.client.HTTPException) as e:   # the endpoint down, refusing, or not OpenAI's
         doc["error"] = f"{type(e).__name__}: {e}"
     print(json.dumps(doc))
     return 0 if "levels" in doc else 1

@@ -37,6 +37,7 @@ it through rigup/boundary/results.py's ``sweep`` before it becomes the host's da
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -258,7 +259,7 @@ def measure(spec: dict, argv: list[str], log: Path) -> dict:
         return {**point, "status": "failed-requests" if failed else "ok", "tps": score(runs), "failed": failed,
                 "levels": [{k: r[k] for k in ("concurrency", "requests", "failed", "total_tps", "per_request_tps")}
                            for r in runs], "errors": sorted({e for r in runs for e in r["errors"]})[:3]}
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, http.client.HTTPException) as e:   # HTTPException: an answer cut off
         return {**point, "status": "crash" if proc.poll() is not None else "failed-requests",
                 "error": f"{type(e).__name__}: {str(e)[:300]}"}
     finally:

@@ -285,3 +285,87 @@ def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, m
            "after llama-bench crashed (SIGSEGV) on pp512 (https://github.com/ggml-org/llama.cpp/issues/20824)" in line
     saved = json.loads(json.dumps(bench._results["rig-1"]))
     assert saved["instances"]["fixed"]["llama_bench"][0]["note"].startswith("trap cpu-repack-crash: --repack 0")
+
+
+# ---------------------------------------------------------------- round 2 of issue 61: H1-H9
+MARKER = "/srv/models/m/.rigup-complete.json"
+BENCH_DATA = {"models_dir": "/srv/models", "models": {"m": {"repo": "o/m", "revision": "a" * 40}},
+              "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ngl": 0}}}
+
+
+@pytest.mark.parametrize("line", ["[" * 200000 + "]" * 200000,                  # H1: RecursionError
+                                  "[1, 2]",                                       # H2: .get of a list
+                                  '{"files": ["../../etc/shadow.gguf"]}', '{"files": "m.gguf"}', "NaN",
+                                  '{"files": ["m.gguf"], "files": ["x.gguf"]}'])
+def test_a_marker_that_is_no_marker_is_that_model_not_benched(line):
+    """H1/H2: the rigup user's marker nested deep raised RecursionError out of Serving's process (only
+    ValueError was caught), and one that is a list broke llama_runs: each ended bench.py's run for every host."""
+    seen = bench.Serving().process([f"##marker {MARKER}", line, "##llama-bench"])
+    assert seen["markers"] == {MARKER: None}
+    assert bench.llama_runs(BENCH_DATA, seen) == [{"name": "glm", "error": f"no model GGUF at {MARKER}"}]
+
+
+def test_a_unit_line_with_no_unit_is_skipped():
+    """H9: '##unit ' with nothing after it raised IndexError."""
+    assert bench.Serving().process(["##unit ", "##unit rigup-llama@glm.service loaded active"])["units"] == [
+        "rigup-llama@glm.service"]
+
+
+LEVEL = {"concurrency": 1, "requests": 2, "failed": 0, "tokens": 16, "seconds": 0.5, "total_tps": 32.0,
+         "per_request_tps": 16.5, "errors": []}
+
+
+@pytest.mark.parametrize("line", [
+    '{"levels": [{"concurrency": 1, "requests": 1, "failed": 0, "total_tps": NaN, "per_request_tps": Infinity}]}',  # H6
+    "{not json",                                                                                             # H3
+    json.dumps({"levels": "abc"}),                                                                           # H4
+    json.dumps({"levels": [{**LEVEL, "total_tps": "fast"}]}),                                                # H5
+    "{" + "[" * 100000,
+])
+def test_a_throughput_line_that_does_not_read_is_that_instance_not_measured(tmp_path, line):
+    """H3-H6: throughput.py's line read with json.loads and merged over the target without a schema:
+    a '{' line that is not JSON raised in the fact, levels 'abc' or total_tps 'fast' in the report, NaN kept."""
+    found = bench.Throughput().process(["##rigup-bench glm", line])
+    print(found)
+    assert set(found) == {"glm"} and set(found["glm"]) == {"error"} and "does not read" in found["glm"]["error"]
+    text = report(tmp_path, found)
+    assert "Not measured: its measurement does not read" in text and "nan" not in text
+
+
+def report(tmp_path, measured: dict) -> str:
+    """bench.record then the reports, as bench.py's run ends: the host's Markdown."""
+    bench._results.clear()
+    bench._run.clear()
+    target = {"name": "glm", "engine": "llama-server", "url": "http://127.0.0.1:8081", "via": None}
+    bench.record("h", {"bench_out": str(tmp_path), "bench_max_tokens": 8, "bench_rounds": 1}, measured, [target], 1.0, {})
+    [md] = [p for p in bench.write_reports(bench._results, tmp_path) if p.suffix == ".md"]
+    bench._results.clear()
+    return md.read_text()
+
+
+def test_what_the_host_measured_never_stands_over_the_targets_own_keys(tmp_path):
+    """H4: the line's url and engine (and levels 'abc', handed to record by any caller) were merged over the target."""
+    text = report(tmp_path, {"glm": {"levels": [LEVEL], "url": "http://evil", "engine": "x"}})
+    assert "## glm (llama-server, http://127.0.0.1:8081)" in text and "evil" not in text and "| 1 | 2 | 0 | 32.0 | 16.5 |" in text
+    assert "Not measured: its measurement does not read" in report(tmp_path, {"glm": {"levels": "abc"}})
+
+
+@pytest.mark.parametrize("doc", ['[{"avg_ts": true, "stddev_ts": 1.0, "backends": "CUDA"}]',   # H7: 1 tok/s
+                                 '[{"avg_ts": 10.0, "stddev_ts": 1e999, "backends": "CUDA"}]',  # H7: inf
+                                 '[{"avg_ts": 10.0, "stddev_ts": 1.0, "backends": "CUDA\\u001b]0;x\\u0007"}]',
+                                 '[{"avg_ts": 10.0, "stddev_ts": 1.0, "build_commit": "|x|"}]',
+                                 "[" * 100000])
+def test_llama_benchs_json_out_of_bounds_is_a_failed_row(doc):
+    """H7: avg_ts true was read as 1 tok/s, an infinite stddev kept, a backend with OSC and a build
+    '|x|' (a cell of the report's table) kept."""
+    assert bench.llama_bench_row("tg128", doc, "##rc 0 60") == {"test": "tg128", "error": "llama-bench failed (exit 0)"}
+
+
+def test_llama_benchs_own_json_is_a_row():
+    assert bench.llama_bench_row("pp512", ROW, "##rc 0 60")["tps"] == 640.2
+
+
+@pytest.mark.parametrize("code", ["\u0661\u0663\u0669", "139.0", "+139x", "1_39", " 139\n"[:-1] + "\u00b2"])
+def test_an_exit_status_is_ascii_digits(code):
+    """H8: int() read the Arabic-Indic '١٣٩' as 139, a SIGSEGV."""
+    assert bench.crash_signal(code) is None
