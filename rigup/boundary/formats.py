@@ -38,9 +38,13 @@ NFT_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 # a name HAProxy reads as one plain word: no blank, quote, backslash, '#' (a comment), '$' (a variable), braces
 # (an ACL); no '@' or '/', which make a word an address of another kind (unix@/run/x.sock, fd@3, /run/x.sock)
 HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:+\[\]-]+")
-# the host of an address (IPv4, IPv6, a DNS name): no '@' (HAProxy's unix@, abns@, fd@, sockpair@, ipv4@ ...
-# prefixes name another kind of socket), no '/' (a path is a unix socket)
-HAPROXY_HOST = re.compile(r"[A-Za-z0-9_.:-]+")
+# the host of an address that is no IP address: a DNS host name (RFC 1123), labels of letters, digits and '-'
+# (none at a label's ends), 1-63 each, at most 253 in all, its last label not all digits (a resolver reads
+# "0", "127.1" or "10.1" as an IPv4 address in inet_aton's short forms: issue 61). So no '@' (HAProxy's unix@,
+# abns@, fd@, sockpair@, ipv4@ ... prefixes name another kind of socket), no '/' (a unix socket's path) and
+# no ':' (only an IPv6 address has one: "fd:3" or "a:b" is none, which HAProxy refuses only at its reload)
+DNS_NAME = re.compile(r"(?=.{1,253}\Z)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                      r"(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def _refused(what: str, why: str, value: object) -> ValueError:
@@ -212,13 +216,18 @@ def haproxy_address(host: object, port: object, what: str) -> str:
     """``host``:``port`` as haproxy.cfg's address of a bind or a server (``ipv6@[host]:port`` for an
     IPv6 address, the one prefix this writer adds itself): ``host`` an IP address or a DNS name
     (``unix@/run/docker.sock``, ``fd@3`` or a path would be another kind of socket), ``port`` an int
-    1..65535; a ValueError otherwise."""
+    1..65535; a ValueError otherwise. An IP address is Python's ipaddress's (four decimal octets
+    without leading zeros, or IPv6; no zone), a name :data:`DNS_NAME`'s."""
     text = str(host)
-    if not HAPROXY_HOST.fullmatch(text):
+    try:
+        ip = ipaddress.ip_address(text) if "%" not in text else None
+    except ValueError:
+        ip = None
+    if ip is None and not DNS_NAME.fullmatch(text):
         raise _refused(what, "not an IP address or a host name (no HAProxy address prefix, no path)", text)
     if not json_whole(port, 65535):
         raise _refused(what, "not a TCP port (an int 1..65535)", str(port))
-    return f"ipv6@[{text}]:{port}" if ":" in text else f"{text}:{port}"
+    return f"ipv6@[{text}]:{port}" if ip is not None and ip.version == 6 else f"{text}:{port}"
 
 
 CROSSINGS = (

@@ -485,3 +485,41 @@ def test_a_zoned_address_never_reaches_the_allow_list():
 def test_an_allow_lists_addresses_load_in_nft(sources):
     listed = ruleset(firewall.text("rigup_rpc", [50052], sources, "roles/rpc_worker", "the heads"))
     assert all(str(ipaddress.ip_address(s)) in listed for s in sources if ipaddress.ip_address(s).version == 4)
+
+
+@pytest.mark.parametrize("host", ["fd:3", "-x.", "0", "127.1", "a:b", "10.1", "1.2.3.4.5", "10.0.0.010", "x-", "a..b",
+                                  "host.", "fe80::1%eth0", "gpu_1", "x" * 64, "a." * 127 + "b"])
+def test_an_haproxy_host_is_an_ip_address_or_a_dns_name(host):
+    """round 3 X5, round 2 E6/E8: haproxy_address took 'fd:3' (written ipv6@[fd:3]), '-x.', and inet_aton's
+    short forms '0' and '127.1' (a server at 0.0.0.0 or 127.0.0.1 to the resolver): HAProxy refused some
+    only at its reload, after the file was written; none is an IP address or a DNS host name."""
+    with pytest.raises(ValueError, match="^haproxy.cfg: h1: not an IP address or a host name"):
+        formats.haproxy_address(host, 8081, "haproxy.cfg: h1")
+
+
+@pytest.mark.parametrize("host, written", [("10.0.0.1", "10.0.0.1:8081"), ("fd00::12", "ipv6@[fd00::12]:8081"),
+                                           ("::", "ipv6@[::]:8081"), ("gpu1.example.org", "gpu1.example.org:8081"),
+                                           ("lab-1", "lab-1:8081"), ("3com.example", "3com.example:8081"),
+                                           ("a" * 63 + ".b", "a" * 63 + ".b:8081")])
+def test_an_ip_address_or_a_dns_name_is_written(host, written):
+    assert formats.haproxy_address(host, 8081, "haproxy.cfg: h1") == written
+
+
+@FAST
+@given(host=st.one_of(TEXT, st.from_regex(r"[0-9a-fA-F:.%-]{1,12}", fullmatch=True),
+                      st.from_regex(r"[a-z0-9.-]{1,12}", fullmatch=True)))
+def test_an_haproxy_address_is_a_parsed_ip_or_a_name_whose_last_label_is_no_number(host):
+    """Property: what haproxy_address writes names an IP address as Python's ipaddress reads it, or a
+    DNS name of letters, digits and '-' labels whose last label is not all digits."""
+    try:
+        word = formats.haproxy_address(host, 80, "haproxy.cfg: h1")
+    except ValueError:
+        return
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    labels = host.split(".")
+    assert word == f"{host}:80" and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?", p) for p in labels)
+    assert not labels[-1].isdigit()
