@@ -35,6 +35,7 @@ for _ in range(100):
     if swaps.up:
         break
     time.sleep(0.1)
+time.sleep(1)   # the stream's headers came; the router may add its listener after them (a load's "loading" once missed)
 for model in sys.argv[2:]:
     body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
     request = urllib.request.Request(inst["url"] + "/v1/completions", body, {"Content-Type": "application/json"})
@@ -110,6 +111,7 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
     alternation: the loaded model's metrics labelled, the set's loaded gauge; the scrape loaded
     nothing (the other model stays unloaded)."""
     name = duo[0]
+    complete(lab, name, "tiny")   # the state it reads, set up here: tiny loaded, gemma-270m evicted (models_max 1)
     relay = (ROOT / "roles/metrics/relay.py").read_text()
     on_host(lab, name, f"cat > /root/relay.py <<'EOF'\n{relay}\nEOF")
     inst = json.dumps({"url": f"http://127.0.0.1:{PORT}", "key": None, "models": ["gemma-270m", "tiny"]})
@@ -139,6 +141,7 @@ def test_a_warm_model_is_read_into_the_page_cache(lab, duo):
     (not loaded now: a loaded model's mapped pages cannot be evicted) back into the page cache after
     vmtouch -e evicted it."""
     name = duo[0]
+    complete(lab, name, "tiny")   # gemma-270m unloaded, set up here (models_max 1)
     path = on_host(lab, name, "readlink -f $(find -L /srv/models/gemma-270m -maxdepth 2 -name '*.gguf' -type f "
                               "| head -n 1)").strip()
     timer = on_host(lab, name, "systemctl is-active rigup-model-warm.timer; systemctl is-enabled rigup-model-warm.timer; "
@@ -160,6 +163,7 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
     from roles.watchdog import watchdog_config
 
     name, models, router = duo[:3]
+    complete(lab, name, "tiny")   # the state it reads, set up here: tiny loaded, gemma-270m evicted (models_max 1)
     config = watchdog_config({"llama_server_instances": {"duo": {**router, "min_tokens_per_s": 0.5}}, "models": models,
                               "watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 8,
                               "watchdog_timeout_s": 60, "watchdog_grace_s": 300, "rigup_maintenance": False,
