@@ -143,22 +143,25 @@ OWN_PREFIX = "llamacpp:"
 # a sample line as Prometheus's text format reads it, by hand (the host has the standard library alone):
 # a name, its labels (a value escapes only \\, \" and \n), a number, an optional timestamp; a line that
 # is not one (a \r inside, a label given twice) would fail the relay's whole scrape: left out
+# (each part matches one way only: "1" * 8000 + "x" split between two runs of digits took seconds a
+# line, holding the GIL from the relay's other scrapes; round 1 of issue 61, F05)
 SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})?'
-                    r'[ \t]+(NaN|[-+]Inf|[-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?))'
+                    r'[ \t]+(NaN|[-+]Inf|[-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?))'
                     r'(?:[ \t]+(-?[0-9]{1,19}))?[ \t]*')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)",?')
 HEADER = re.compile(r"# (?:HELP [a-zA-Z_:][a-zA-Z0-9_:]*(?: .*)?|TYPE [a-zA-Z_:][a-zA-Z0-9_:]* "
                     r"(?:counter|gauge|histogram|summary|untyped))")
 INT64 = 2**63   # a sample's timestamp is an int64 of milliseconds to Prometheus
+MAX_LINE = 4096   # a line of llama-server's /metrics is under 200 characters: a longer one is left out
 
 
 def own(text: str) -> list[str]:
     """The lines of ``text`` (an instance's /metrics) of llama-server's own metrics: each sample,
     HELP and TYPE line whose metric name begins with :data:`OWN_PREFIX`; every other line left out.
     Lines end at a newline alone, as Prometheus reads them (str.splitlines also ends one at \r, \x85
-    or U+2028 inside a label value)."""
-    return [line for line in text.split("\n")
-            if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(OWN_PREFIX)]
+    or U+2028 inside a label value). A line longer than :data:`MAX_LINE` is left out."""
+    return [line for line in text.split("\n") if len(line) <= MAX_LINE
+            and (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(OWN_PREFIX)]
 
 
 def sample(line: str) -> re.Match | None:
@@ -222,12 +225,55 @@ def fetch(inst: dict, path: str, deadline: float | None = None) -> bytes:
         return body(response, deadline)
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _once(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:   # json keeps the last: which of the two is the server's?
+            raise ValueError(f"the key {str(key)[:60]!r} twice")
+        out[key] = value
+    return out
+
+
+def json_answer(raw: bytes | str):
+    """A server's JSON answer, or ValueError: rigup.boundary.core.loads's rule by hand (a host
+    program ships alone; tests/unit/test_metrics.py holds the two equal): NaN and Infinity, a key
+    twice in one object, nesting deeper than Python's stack (RecursionError) refused."""
+    try:
+        return json.loads(raw, object_pairs_hook=_once, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("not JSON (nested deeper than this reader goes)") from None
+
+
+def model_statuses(listed) -> dict[str, str | None]:
+    """A router's /models (``{"data": [{"id", "status": {"value"}}]}``) as {model id: its status
+    word, None when it gives none}; ValueError for any other shape (a list, a status that is text,
+    an id that is no text, a model listed twice: which entry is it?), which the scrape answers 502
+    (round 1 of issue 61, F01: each of these ended the handler's thread with no answer)."""
+    data = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("/models: not an object with a list of models (data)")
+    out: dict[str, str | None] = {}
+    for m in data:
+        status = m.get("status") if isinstance(m, dict) else None
+        value = status.get("value") if isinstance(status, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(status, (dict, type(None))) \
+                or not isinstance(value, (str, type(None))):
+            raise ValueError(f"/models: not a model with a text id and a status object: {shown(str(m), 120)}")
+        if m["id"] in out:
+            raise ValueError(f"/models: the model {shown(m['id'], 120)} listed twice")
+        out[m["id"]] = value
+    return out
+
+
 def router_metrics(inst: dict, deadline: float | None = None) -> bytes:
     """A router instance's metrics: each loaded model's, labelled, and which of the set are loaded;
     every fetch by the scrape's ``deadline`` (none: TIMEOUT_S from now)."""
     deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
-    listed = json.loads(fetch(inst, "/models", deadline))
-    status = {m.get("id"): (m.get("status") or {}).get("value") for m in listed.get("data", []) if isinstance(m, dict)}
+    status = model_statuses(json_answer(fetch(inst, "/models", deadline)))
     lines, seen = [], set()
     for model in inst["models"]:
         if status.get(model) == "loaded":
@@ -398,6 +444,9 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                 return self.answer(503, f"{name}: /metrics did not answer within the scrape's {TIMEOUT_S:g} s: {e}\n")
             except OSError as e:
                 return self.answer(503, f"{name}: /metrics did not answer: {e}\n")
+            except Exception as e:  # noqa: BLE001 (whatever a server's answer makes the relay raise, the
+                # scrape gets an answer: a thread that died closed it with none, its traceback in the journal)
+                return self.answer(502, f"{name}: /metrics unreadable: {type(e).__name__}: {shown(str(e), 300)}\n")
 
         def answer(self, code: int, body, content_type: str | None = None):
             data = body if isinstance(body, bytes) else body.encode()

@@ -524,3 +524,82 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
         for s in (server, routed, pinned):
             s.shutdown()
             s.server_close()
+
+
+def test_a_sample_line_reads_in_linear_time():
+    """Round 1 of issue 61, F05/F11: a value of 8000 digits then 'x' took the sample regex ~8 s (its
+    digits split two ways), holding the GIL from the relay's other scrapes; 40000 took ~150 s."""
+    from roles.metrics import relay
+    for text in ("llamacpp:x " + "1" * 40000 + "x\n", "llamacpp:x " + "1" * 4000 + "x\n" * 2000,
+                 "llamacpp:x 1." + "1" * 3000 + "e" + "1" * 1000 + "x\n", 'llamacpp:x{a="' + "1" * 4000 + '"} 1 ' + " " * 40 + "x\n"):
+        started = time.monotonic()
+        assert relay.checked(text) == []
+        assert time.monotonic() - started < 0.5, len(text)
+    assert relay.checked("llamacpp:x 12.5e3\nllamacpp:x 1.\nllamacpp:x .5\n") == ["llamacpp:x 12.5e3", "llamacpp:x 1.",
+                                                                                 "llamacpp:x .5"]
+
+
+class Models(http.server.BaseHTTPRequestHandler):
+    """A router whose /models answers ``server.body``."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b'{"data": [{"id": "m", "status": "loaded"}]}', b'{"data": [{"id": ["m"]}]}',
+                                  b"[" * 200000, b'{"data": {"m": 1}}', b'{"data": [{"id": "m", "status": {"value": 1}}]}',
+                                  b'{"data": [{"id": "m", "status": {"value": "failed"}}, {"id": "m", "status": {"value": "loaded"}}]}',
+                                  b'{"data": [], "data": [{"id": "m", "status": {"value": "loaded"}}]}', b'{"data": [NaN]}'])
+def test_a_routers_models_of_another_shape_is_a_502_not_a_scrape_left_unanswered(body):
+    """Round 1 of issue 61, F01-F04 (and G01's model listed twice): a list, a status that is text,
+    an id that is a list, nesting deeper than Python's stack each ended the handler's thread; the
+    scrape's connection closed with no answer and a traceback in the journal."""
+    from roles.metrics import relay
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    router.body = body
+    cfg = {"instances": {"r": {"url": f"http://127.0.0.1:{router.server_port}", "models": ["m"], "key": None}}}
+    served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(cfg, {"127.0.0.1"}, {}))
+    for s in (router, served):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{served.server_port}/metrics/r", timeout=5)
+        assert e.value.code == 502 and e.value.read().startswith(b"r: /metrics ")
+    finally:
+        for s in (router, served):
+            s.shutdown()
+            s.server_close()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["id", "status", "value", "data", "x"]),
+                                                                              inner, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON, st.sampled_from(["", "{", '{"a": 1, "a": 2}', "NaN", "[" * 5000, "1e400", "-Infinity"]))
+def test_the_relays_models_reader_answers_or_refuses_and_its_json_is_the_boundarys(doc, extra):
+    from rigup.boundary.core import Unreadable, loads
+    from roles.metrics import relay
+    try:
+        got = relay.model_statuses(doc)
+    except ValueError:
+        got = None
+    if got is not None:
+        assert all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in got.items())
+    for text in (json.dumps(doc), extra, json.dumps({"data": doc}) + extra):
+        try:
+            mine = relay.json_answer(text)
+        except ValueError:
+            mine = "refused"
+        try:
+            theirs = loads(text, "x")
+        except Unreadable:
+            theirs = "refused"
+        assert json.dumps(mine) == json.dumps(theirs), text[:80]
