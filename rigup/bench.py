@@ -295,7 +295,7 @@ def crash_text(test: str, sig: str) -> str:
 
 def llama_bench_row(test: str, text: str, rc: str) -> dict:
     """One row of the report from llama-bench's JSON (a list of one result) and its exit status."""
-    code, limit = (rc.split() + ["", ""])[1:3]
+    code, limit = (rc.split() + ["", "", ""])[1:3]   # no '##rc' line (the output cut off): neither
     if code == "124":
         return {"test": test, "skipped": f"stopped after {limit} s (bench_llama_timeout_s)"}
     if sig := crash_signal(code):

@@ -369,3 +369,10 @@ def test_llama_benchs_own_json_is_a_row():
 def test_an_exit_status_is_ascii_digits(code):
     """H8: int() read the Arabic-Indic '١٣٩' as 139, a SIGSEGV."""
     assert bench.crash_signal(code) is None
+
+
+def test_a_test_whose_output_was_cut_before_its_status_is_a_failed_row():
+    """Found by tests/unit/test_fact_process.py: no '##rc' line after an attempt (the output cut off)
+    raised ValueError (unpacking) out of LlamaBench's process: the run ended for every host."""
+    assert bench.LlamaBench().process(["##llama-bench glm pp512", ROW[:20]]) == {
+        "glm": [{"test": "pp512", "error": "llama-bench failed (exit ?)"}]}
