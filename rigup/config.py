@@ -53,6 +53,7 @@ from pyinfra.api.exceptions import PyinfraError
 from rigup import playfile, yamlfile
 from rigup.boundary import owned
 from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
+from rigup.boundary.numbers import number
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
@@ -369,6 +370,34 @@ def source_of(host, key: str) -> str:
     return var.file if var else "inventory data"
 
 
+def data_texts(args: list[str]) -> dict[str, str]:
+    """The ``--data key=value`` pairs among pyinfra's arguments (``--data k=v`` or ``--data=k=v``) as
+    typed, ``{key: its text}``; the words after ``--`` are a command's (``exec -- ...``), not pyinfra's."""
+    args = args[:args.index("--")] if "--" in args else args
+    pairs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--data"]
+    pairs += [a.split("=", 1)[1] for a in args if a.startswith("--data=")]
+    return {k: v for k, _, v in (p.partition("=") for p in pairs)}
+
+
+def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
+    """(key, message) for each ``--data`` value (:func:`data_texts`) that pyinfra reads as a number
+    rigup's one number parser (rigup.boundary.numbers: ASCII decimal digits, no leading zero, at most 18
+    digits) does not: pyinfra_cli's parse_cli_arg tries ``int()`` first, which reads ``5_0_0`` and
+    ``٥٠٠`` (another script's digits) as 500, where the YAML loader refuses the one and reads the other
+    as text (issue 61). Only the command line's text shows it: pyinfra keeps the int alone."""
+    found = []
+    for key, text in data_texts(args).items():
+        try:
+            read = int(text)   # pyinfra's own reading of it (parse_cli_arg), to say what it made of the text
+        except ValueError:
+            continue
+        if number(text, int) != read:
+            found.append((key, f"{key}={text!r}: pyinfra reads it as the number {read}, which rigup does not take "
+                               f"(ASCII digits 0-9 alone, no '_', no leading zero): write {read}, or quote text "
+                               f"(--data '{key}=\"...\"')"))
+    return found
+
+
 def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, message) for every unknown key and every value not of its declared form."""
     found = []
@@ -473,7 +502,7 @@ def configure(host, roles=()) -> Config:
     play file a module entry (rigup/playfile.py)."""
     playfile.own_module_of(host)
     data = host.data.dict()
-    found = problems(data)
+    found = problems(data) + data_number_problems(sys.argv[1:])   # pyinfra's CLI: its --data as typed
     if found:
         lines = [f"{source_of(host, key)}: {message}" for key, message in found]
         raise ConfigError(f"invalid configuration for host {host.name}:\n  " + "\n  ".join(lines))

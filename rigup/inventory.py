@@ -25,7 +25,7 @@ from typing import Any
 
 from pyinfra.api import Inventory
 
-from rigup.config import ConfigError
+from rigup.config import ConfigError, data_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,10 +46,9 @@ def cli_value(text: str) -> Any:
 
 
 def overrides(args: list[str]) -> dict[str, Any]:
-    """The ``--data key=value`` pairs among pyinfra's arguments (``--data k=v`` or ``--data=k=v``)."""
-    pairs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--data"]
-    pairs += [a.split("=", 1)[1] for a in args if a.startswith("--data=")]
-    return {k: cli_value(v) for k, _, v in (p.partition("=") for p in pairs)}
+    """The ``--data key=value`` pairs among pyinfra's arguments (``--data k=v`` or ``--data=k=v``),
+    each value as pyinfra's CLI reads it (rigup.config.data_number_problems: the numbers it refuses)."""
+    return {k: cli_value(v) for k, v in data_texts(args).items()}
 
 
 def _group(key: str, value: Any) -> bool:

@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from pyinfra.api import Inventory
 
-from rigup import config
+from rigup import config, yamlfile
 from rigup.config import ConfigError, check_host, parse_form
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -339,3 +340,41 @@ def test_an_instance_number_beyond_its_bound_is_refused_naming_the_key(key, valu
     _, found = instances(data, "llama_server_instances", LLAMA_INSTANCE)
     print(f"\n{found}")
     assert [where for where, _ in found] == [f"llama_server_instances.x.{key}"] and "out of range" in found[0][1]
+
+
+# --- --data on pyinfra's command line: numbers as the YAML loader takes them (issue 61) ----------
+
+@pytest.mark.parametrize("text", ["5_0_0", "\u0665\u0660\u0660", "0500", "9" * 19, "+5_0"])
+def test_a_data_number_pyinfra_reads_with_int_but_rigup_does_not_is_refused_naming_it(text, monkeypatch):
+    """round 2 G11: pyinfra's CLI reads --data gpu_psu_watts=5_0_0 (and Arabic-Indic ٥٠٠) as 500 with
+    int(), where the YAML loader refuses 5_0_0: the host's configuration is refused, naming --data."""
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inv.py", "deploy.py", "--data", f"gpu_psu_watts={text}"])
+    h = host_with(override={"gpu_psu_watts": int(text)})
+    with pytest.raises(ConfigError, match=r"--data: gpu_psu_watts='.*': pyinfra reads it as the number \d+, which "
+                                          r"rigup does not take") as e:
+        check_host(h)
+    print(e.value)
+
+
+@pytest.mark.parametrize("args", [["--data", "gpu_psu_watts=500"], ["--data=gpu_psu_watts=+500"],
+                                  ["--data", "rigup_user=abc"], ["exec", "--", "x", "--data", "gpu_psu_watts=5_0_0"]])
+def test_a_plain_data_number_or_text_or_a_commands_word_passes(args):
+    assert config.data_number_problems(["inv.py", *args]) == []
+
+
+def test_data_texts_are_the_words_as_typed():
+    assert config.data_texts(["-y", "--data", "a=5_0_0", "--data=b=x=y", "--data"]) == {"a": "5_0_0", "b": "x=y"}
+
+
+@settings(max_examples=300, deadline=1000)
+@given(text=st.one_of(st.text(st.sampled_from(list("0123456789_+- \u0665\u00b2xX.")), min_size=1, max_size=8),
+                      st.text(max_size=6)))
+def test_a_data_number_rigup_takes_is_the_one_the_yaml_loader_reads(text):
+    """Property: a --data value pyinfra reads as an int passes only when the YAML loader reads the same
+    text as that same int (5_0_0, ٥٠٠, 0500, 0x10: refused, as the loader refuses or reads them otherwise)."""
+    try:
+        read = int(text)
+    except ValueError:
+        return
+    if config.data_number_problems(["--data", f"k={text}"]) == []:
+        assert yamlfile.safe_load(f"k: {text}")["k"] == read
