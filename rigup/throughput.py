@@ -177,8 +177,8 @@ def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dic
         for m in listed.get("data", []):
             status = (m.get("status") or {}) if isinstance(m, dict) else None
             if isinstance(status, dict):
-                code, model = status.get("exit_code"), str(m["id"])
-                if model in found:   # a model listed twice (or 1 and "1"): which entry is it? none
+                code, model = status.get("exit_code"), m.get("id")
+                if not isinstance(model, str) or model in found:   # no name, or a model listed twice: which is it? none
                     return None
                 found[model] = {"value": status.get("value"), "failed": status.get("failed") is True,
                                 "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}

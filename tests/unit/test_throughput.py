@@ -164,7 +164,8 @@ def test_a_completion_with_a_key_twice_is_a_value_error(url):
 
 @pytest.mark.parametrize("data", [[{"id": "m", "status": {"value": "failed", "failed": True}},
                                    {"id": "m", "status": {"value": "loaded"}}],
-                                  [{"id": 1, "status": {"value": "failed"}}, {"id": "1", "status": {"value": "loaded"}}]])
+                                  [{"id": 1, "status": {"value": "failed"}}, {"id": "1", "status": {"value": "loaded"}}],
+                                  [{"id": ["m"], "status": {"value": "loaded"}}]])
 def test_a_model_listed_twice_is_no_answer(url, data):
     """Round 1 of issue 61, G01/G04: the last entry won, a failed load hidden from the watchdog."""
     Answers.body = json.dumps({"data": data}).encode()
