@@ -93,10 +93,9 @@ def parse_show(text: str) -> dict[str, str]:
 
 
 def _int(value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
+    """A count or time ``systemctl show`` printed (NRestarts, ExecMainCode, a monotonic timestamp): a whole
+    number (rigup.boundary.numbers.whole: int() took ``١`` and ``1_0``), 0 when it is none."""
+    return whole(value) or 0
 
 
 def ended(now: Mapping[str, str], first: Mapping[str, str]) -> bool:

@@ -372,3 +372,13 @@ def test_a_signal_in_other_digits_is_no_number():
     got = [_signal(t) for t in ("11", "segv", "\u00b2", "\u0661\u0661")]
     print(f"\n{got}")
     assert got == ["SIGSEGV", "SIGSEGV", "SIG\u00b2", "SIG\u0661\u0661"]
+
+
+def test_systemds_counts_are_ascii_whole_numbers():
+    """issue 61 (class 3): _int read systemctl show's NRestarts with int(), which took '١' (1) and '1_0'
+    (10): a restart nobody made ended the gate; each is no count now (0), as an empty value."""
+    assert [g._int(v) for v in ("3", " 3 ", "\u0661", "1_0", "\u00b2", "-1", "", None, "12345678901234567")] == \
+        [3, 3, 0, 0, 0, 0, 0, 0, 12345678901234567]
+    first = {"ActiveState": "active", "NRestarts": "0"}
+    assert not g.ended({"ActiveState": "active", "SubState": "running", "NRestarts": "\u0661"}, first)
+    assert g.ended({"ActiveState": "active", "SubState": "running", "NRestarts": "1"}, first)
