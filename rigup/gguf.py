@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-__all__ = ["GGUFRefused", "Incomplete", "Header", "header", "metadata", "kv_figures", "chat_template"]
+__all__ = ["GGUFRefused", "Incomplete", "Header", "header", "metadata", "kv_figures", "chat_template", "unsized"]
 
 # value type -> struct format of a scalar (8: string, 9: array are read apart)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -110,12 +110,13 @@ class _Reader:
 
 class Header(NamedTuple):
     """What :func:`header` read: ``meta`` (the wanted keys' values), ``keys`` (every key read, wanted
-    or not: how a key is found present without keeping its value), ``complete`` (every key/value of
+    or not, -> its value's GGUF type and, for a string, its length in bytes, else None: how a key is
+    found present, and of what, without keeping its value), ``complete`` (every key/value of
     the header was within the bytes: a key not in ``keys`` is not in the file) and ``needed`` (when
     not complete, the bytes the next item needs: fetch at least that many)."""
 
     meta: dict
-    keys: frozenset
+    keys: dict
     complete: bool
     needed: int
 
@@ -128,11 +129,11 @@ def header(buf: bytes, wanted=lambda key: True) -> Header:
     r = _Reader(buf)
     if buf[:4] != b"GGUF":
         if len(buf) < 4:
-            return Header({}, frozenset(), False, 4)
+            return Header({}, {}, False, 4)
         raise GGUFRefused("not a GGUF file (no GGUF magic)")
     r.pos = 4
     out: dict = {}
-    seen: set = set()
+    seen: dict = {}
     try:
         version = r.take("<I")
         if version not in (2, 3):
@@ -144,14 +145,16 @@ def header(buf: bytes, wanted=lambda key: True) -> Header:
             # would size VRAM for a model llama.cpp will not load (block_count 80, then 1)
             if key in seen:
                 raise GGUFRefused(f"key {key[:80]!r} given twice (llama.cpp refuses the file)")
-            seen.add(key)
-            keep = wanted(key)
-            value = r.value(r.take("<I"), keep)
+            keep, kind = wanted(key), r.take("<I")
+            seen[key] = (kind, None)
+            start = r.pos
+            value = r.value(kind, keep)
             if keep:
                 out[key] = value
+            seen[key] = (kind, r.pos - start - 8 if kind == _STRING else None)
     except Incomplete as e:
-        return Header(out, frozenset(seen), False, e.needed)
-    return Header(out, frozenset(seen), True, r.pos)
+        return Header(out, seen, False, e.needed)
+    return Header(out, seen, True, r.pos)
 
 
 def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict:
@@ -166,12 +169,33 @@ def metadata(buf: bytes, wanted=lambda key: True, partial: bool = False) -> dict
 
 
 def chat_template(got: Header) -> bool | None:
-    """Whether the model has a chat template (``tokenizer.chat_template``): True, False (the whole
-    header was read without one: llama-server answers chat through its fallback template, and a
-    base model answers nonsense), or None (the bytes ended first: not known)."""
-    if CHAT_TEMPLATE in got.keys:
-        return True
+    """Whether the model has a chat template (``tokenizer.chat_template`` given as a string that is
+    not empty): True, False (the whole header was read without one, or with one of another type or
+    empty: llama-server answers chat through its fallback template, and a base model answers
+    nonsense), or None (the bytes ended first: not known). The key's presence alone is no template
+    (round 1 of issue 61, C02: a uint8 0 or "" counted as one)."""
+    kind, length = got.keys.get(CHAT_TEMPLATE, (None, None))
+    if kind is not None and (kind != _STRING or length is not None):   # read to its end
+        return kind == _STRING and length > 0
     return False if got.complete else None
+
+
+def unsized(got: Header, figures: dict, size: int, last: bool) -> str | None:
+    """Why the model of a GGUF file of ``size`` bytes cannot be sized from its header read so far
+    (``got``, its :func:`kv_figures` ``figures``), or None: the header needs bytes past the file's
+    end (a string length of 2^63); or, when the whole header was read or ``last`` (no more bytes
+    will be), no layer count: no ``general.architecture``, or none of its ``ARCH.block_count``
+    (an architecture ``LLAMA`` whose keys are ``llama.``), which llama.cpp's loader requires. Its
+    caller refuses the model, naming the file (round 1 of issue 61, C05 and C10: the plan said
+    "KV cache not counted" for a file llama.cpp will not load)."""
+    if not got.complete and got.needed > size:
+        return f"the header needs {got.needed} bytes, past the file's {size}"
+    if figures.get("layers") is None and (got.complete or last):
+        arch = figures.get("architecture")
+        missing = "no general.architecture" if arch is None else f"no {str(arch)[:80]}.block_count"
+        read = "in the whole header" if got.complete else "in the bytes read (the header goes on past them)"
+        return f"{missing} {read}: rigup cannot size the model (llama.cpp's loader needs its layer count)"
+    return None
 
 
 def _whole(key: str, value, hi: int) -> int:

@@ -69,8 +69,9 @@ def download_progress(record: object, where: str) -> dict | None:
 def gguf_figures(figures: object, where: str) -> dict:
     """The figures of a GGUF header (rigup/gguf.py ``kv_figures``, fresh or kept between runs in
     the hub's cache) that size a model's VRAM: ``{"architecture", "layers", "kv_gib_per_1k_tokens",
-    "context_length", "read_bytes", "chat_template"}`` with the layer count a whole number, the KV
-    size a finite non-negative number, or None where the header has none; ``chat_template`` a bool
+    "context_length", "read_bytes", "chat_template"}`` with the layer count a whole number (none:
+    refused, rigup cannot size the model), the KV size a finite non-negative number, or None where
+    the header has none; ``chat_template`` a bool
     (rigup/gguf.py ``chat_template``), or None: not known (the header longer than the bytes read, or
     figures kept before rigup read it: still read); :class:`Unreadable` naming ``where`` (the file)
     and the field otherwise."""
@@ -87,6 +88,8 @@ def gguf_figures(figures: object, where: str) -> dict:
         out[key] = None if value is None else json_whole(value, hi)
         if value is not None and out[key] is None:
             raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
+    if out["layers"] is None:   # kept before rigup refused a header it cannot size (rigup/gguf.py unsized)
+        raise Unreadable(f"{where}: layers", "no layer count: rigup cannot size the model (llama.cpp's loader needs it)")
     kv = figures.get("kv_gib_per_1k_tokens")
     out["kv_gib_per_1k_tokens"] = None if kv is None else required(kv, f"{where}: kv_gib_per_1k_tokens", float, 0, 1e9)
     # kept before rigup read it (no key): not known, as a header longer than the bytes read

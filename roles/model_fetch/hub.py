@@ -48,7 +48,7 @@ from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, select
-from rigup.gguf import GGUFRefused, chat_template, header, kv_figures
+from rigup.gguf import GGUFRefused, chat_template, header, kv_figures, unsized
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -208,6 +208,9 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
             except GGUFRefused as e:
                 raise HubRefused(f"the GGUF header of {url}: {e}; refused") from None
             figures["read_bytes"], figures["chat_template"] = len(body), chat_template(got)
+            why = unsized(got, figures, size, n >= size or n == HEAD_BYTES[-1])
+            if why:   # a header llama.cpp would not load: the model refused, never "KV cache not counted"
+                raise HubRefused(f"the GGUF header of {url}: {why}; refused")
             if got.complete or n >= size:
                 return figures
         return figures

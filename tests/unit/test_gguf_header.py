@@ -134,8 +134,9 @@ def tokenizer(count: int, template: str | None) -> bytes:
 NOT_TOKENIZER = lambda k: not k.startswith("tokenizer.")  # noqa: E731 - as roles/model_fetch/hub.py reads it
 
 
-@pytest.mark.parametrize("template, said", [("{{ messages }}", True), (None, False), ("", True)])
+@pytest.mark.parametrize("template, said", [("{{ messages }}", True), (None, False), ("", False)])
 def test_a_chat_template_is_found_or_known_absent_once_the_header_is_read_whole(template, said):
+    """An empty template is none (round 1 of issue 61, C03: llama-server falls back to its own)."""
     buf = tokenizer(1000, template)
     got = read_header(buf, NOT_TOKENIZER)
     assert got.complete and chat_template(got) is said and CHAT_TEMPLATE not in got.meta
@@ -204,3 +205,46 @@ def test_the_template_is_never_said_absent_from_bytes_that_end_before_the_header
     except GGUFRefused:
         return
     assert chat_template(got) in (True, False, None)
+
+
+@pytest.mark.parametrize("value", [struct.pack("<IB", 0, 0), struct.pack("<II", 4, 1), struct.pack("<IQ", 8, 0),
+                                   struct.pack("<IIQ", 9, 8, 1) + struct.pack("<Q", 3) + b"x{}"])
+def test_a_chat_template_that_is_no_text_or_empty_is_none(value):
+    """Round 1 of issue 61, C02/C03: tokenizer.chat_template as a uint8 0 (or a uint32, an empty
+    string, an array of strings) was a template by the key's presence alone: the plan's warning for
+    a model without one was skipped."""
+    key = lambda k: struct.pack("<Q", len(k)) + k.encode()   # noqa: E731
+    buf = (b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + key("general.architecture") + struct.pack("<IQ", 8, 5) + b"llama"
+           + key(CHAT_TEMPLATE) + value)
+    got = read_header(buf, NOT_TOKENIZER)
+    assert got.complete and chat_template(got) is False
+    cut = chat_template(read_header(buf[:-1], NOT_TOKENIZER))   # cut inside: a string's not known, another type none
+    assert cut is (None if value[:4] == struct.pack("<I", 8) else False)
+
+
+def _unsized_header(arch: bytes, keys: bytes, count: int) -> bytes:
+    key = lambda k: struct.pack("<Q", len(k)) + k.encode()   # noqa: E731
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, count) + key("general.architecture") + struct.pack("<IQ", 8, len(arch)) + arch + keys
+
+
+def test_a_header_rigup_cannot_size_is_named_why():
+    """Round 1 of issue 61, C10/C05: an architecture LLAMA whose keys are llama.*, or a string of
+    2^63 bytes before block_count, gave layers and KV None: the plan said "KV cache not counted"
+    for a file llama.cpp will not load. unsized says why; roles/model_fetch/hub.py refuses it."""
+    from rigup.gguf import unsized
+
+    key = lambda k: struct.pack("<Q", len(k)) + k.encode()   # noqa: E731
+    u32 = lambda k, v: key(k) + struct.pack("<II", 4, v)   # noqa: E731
+    body = u32("llama.block_count", 32) + u32("llama.attention.head_count", 32) + u32("llama.embedding_length", 4096)
+    wrong = _unsized_header(b"LLAMA", body, 4)
+    got = read_header(wrong, NOT_TOKENIZER)
+    assert "no LLAMA.block_count in the whole header" in unsized(got, kv_figures(got.meta), len(wrong), False)
+    right = _unsized_header(b"llama", body, 4)
+    got = read_header(right, NOT_TOKENIZER)
+    assert unsized(got, kv_figures(got.meta), len(right), True) is None
+    huge = _unsized_header(b"llama", key("x") + struct.pack("<IQ", 8, 2 ** 63) + b"\0" * 100, 3)
+    got = read_header(huge, NOT_TOKENIZER)
+    assert "past the file's" in unsized(got, kv_figures(got.meta), len(huge) + 1000, False)
+    cut = read_header(right[:80], NOT_TOKENIZER)   # more bytes will tell: not yet
+    assert unsized(cut, kv_figures(cut.meta), 1 << 30, False) is None
+    assert "no llama.block_count in the bytes read" in unsized(cut, kv_figures(cut.meta), 1 << 30, True)

@@ -16,6 +16,8 @@ import pytest
 from rigup.models import first_gguf, hub_endpoint, hub_key, models
 from roles.model_fetch import fetcher
 from roles.model_fetch import hub as hub_module
+from rigup.boundary.core import Unreadable
+from rigup.boundary.hosttext import gguf_figures
 from rigup.gguf import GGUFRefused, kv_figures, metadata
 from roles.model_fetch.plan import plan_model
 from tests.unit.hosts import answered
@@ -392,3 +394,46 @@ def test_a_listing_whose_content_length_lies_is_never_taken(how, code, why):
         server.shutdown()
     print(f"\n{how}: {e.value.code}: {e.value}")
     assert e.value.code == code and why in str(e.value)
+
+
+class _Header(http.server.BaseHTTPRequestHandler):
+    """A hub's resolve endpoint answering ``server.body`` (a GGUF header), Range ignored."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+
+def test_a_header_rigup_cannot_size_refuses_the_model_not_kv_not_counted(monkeypatch):
+    """Round 1 of issue 61, C10/C05: an architecture LLAMA with keys under llama., or a string of 2^63
+    bytes before block_count, gave layers None and "KV cache not in the header (not counted)" in the
+    plan: the model is refused (HubRefused: that host's model), naming the file and why; so is such
+    figures kept in the hub's cache from before."""
+    s = lambda b: struct.pack("<Q", len(b)) + b   # noqa: E731
+    kv = lambda k, t, p: s(k.encode()) + struct.pack("<I", t) + p   # noqa: E731
+    u32 = lambda k, v: kv(k, 4, struct.pack("<I", v))   # noqa: E731
+    keys = [u32("llama.block_count", 32), u32("llama.attention.head_count", 32), u32("llama.embedding_length", 4096)]
+    wrong = [kv("general.architecture", 8, s(b"LLAMA")), *keys]
+    huge = [kv("general.architecture", 8, s(b"llama")), kv("x", 8, struct.pack("<Q", 2 ** 63)), *keys]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Header)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20))
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    try:
+        for path, body, why in (("a.gguf", wrong, "no LLAMA.block_count in the whole header"),
+                                (("b.gguf", huge, "past the file's"))):
+            server.body = b"GGUF" + struct.pack("<IQQ", 3, 0, len(body)) + b"".join(body) + b"\0" * 64
+            with pytest.raises(hub_module.HubRefused, match=why):
+                hub_module._head(endpoint, "org/x", REV, path, None, len(server.body))
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(Unreadable, match="no layer count"):
+        gguf_figures({"architecture": "LLAMA", "layers": None, "kv_gib_per_1k_tokens": None, "context_length": None,
+                      "read_bytes": 227, "chat_template": False}, "kept")
