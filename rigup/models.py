@@ -177,6 +177,10 @@ def _models(data: dict) -> tuple[dict[str, ModelEntry], list[tuple[str, str]]]:
             found.append((f"{where}.repo", f"expected the hub's org/name (ASCII letters, digits, '-', '_', '.'; "
                                            f"no '--' or '..'; not starting or ending with '-' or '.'), "
                                            f"got {entry['repo']!r}"))
+        for i, pattern in enumerate(entry.get("include") or []):   # patterns match paths inside dest only
+            if isinstance(pattern, str) and (pattern.startswith("/") or ".." in pattern.split("/")):
+                found.append((f"{where}.include[{i}]", f"{pattern[:120]!r}: an absolute pattern or one with a '..' "
+                                                       "part matches no file (the files are paths inside dest)"))
         if entry.get("family") is not None and entry["family"] not in families:
             found.append((f"{where}.family", f"{entry['family']!r} is not a family of rigup/gpu/models.yml "
                                              f"(its families: {', '.join(families)})"))

@@ -86,7 +86,9 @@ def held_off_problems(args: list[str], allow, where: str) -> list[tuple[str, str
 
 
 # an origin of llama_server_cors_origins: scheme://host[:port] (no path), or llama-server's `localhost`
-_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(:(?P<port>[0-9]+))?"
+# (a host name: labels of letters, digits and inner '-', joined by single dots: 'a..-.example' names no host)
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_ORIGIN = re.compile(rf"https?://(\[[0-9A-Fa-f:.]+\]|(?=[^:]{{1,253}}(:|$)){_LABEL}(\.{_LABEL})*)(:(?P<port>[0-9]+))?"
                      r"|localhost")
 
 

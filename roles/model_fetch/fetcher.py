@@ -153,7 +153,7 @@ def unsafe_path(path) -> str | None:
         return "a '..' component, which leads outside the model's directory"
     if "" in parts or "." in parts:
         return "an empty or '.' component"
-    if parts[0].startswith(".rigup-"):   # rigup's own: the job's work directory, the marker
+    if parts[0].casefold().startswith(".rigup-"):   # rigup's own (the job's work directory, the marker), in any case
         return f"it would overwrite rigup's own {parts[0]}"
     if [p.casefold() for p in parts[:2]] == [".cache", "huggingface"]:   # removed after each job
         return "it is in huggingface_hub's own directory (.cache/huggingface), which the job removes"

@@ -137,3 +137,14 @@ def test_files_and_the_debug_log_are_held_off():
         assert held_off_problems(args, [feature], "llama_server_instances.x") == []
     env = contract.held_off_env()
     assert env["LLAMA_ARG_LOG_VERBOSITY"] == "verbose_log" and env["LLAMA_ARG_STATIC_PATH"] == "files"
+
+
+def test_an_origins_host_is_labels_joined_by_single_dots():
+    """Round 1 of issue 61, A31: 'http://a..-.example' (no host name) was taken as an origin."""
+    from roles.llama_server.schema import cors_problems
+
+    for bad in ("http://a..-.example", "http://-a.example", "http://a-.example", "http://x.", "http://.x",
+                "http://" + "a" * 64 + ".example", "https://" + ".".join(["a" * 60] * 5)):
+        assert cors_problems({"llama_server_cors_origins": [bad]}), bad
+    for good in ("http://a.example", "https://chat.example.org:8443", "http://[::1]:80", "localhost", "http://a-b.c1"):
+        assert cors_problems({"llama_server_cors_origins": [good]}) == [], good

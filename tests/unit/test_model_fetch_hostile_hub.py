@@ -437,3 +437,17 @@ def test_a_header_rigup_cannot_size_refuses_the_model_not_kv_not_counted(monkeyp
     with pytest.raises(Unreadable, match="no layer count"):
         gguf_figures({"architecture": "LLAMA", "layers": None, "kv_gib_per_1k_tokens": None, "context_length": None,
                       "read_bytes": 227, "chat_template": False}, "kept")
+
+
+def test_rigups_own_names_are_refused_in_any_case_and_include_stays_inside():
+    """Round 1 of issue 61, B13: '.RIGUP-FETCH/progress.json' was listed (rigup's own work directory
+    on a case-insensitive file system); I08: include ['../../etc/*'] passed preflight."""
+    from rigup.boundary.hosttext import hub_listing
+    for path in (".RIGUP-FETCH/progress.json", ".Rigup-complete.json", ".CACHE/HuggingFace/x"):
+        with pytest.raises(Unreadable, match="rigup's own|huggingface_hub's own"):
+            hub_listing([{"path": path, "size": 1, "oid": None, "sha256": "a" * 64}], "hub")
+    for pattern in ("../../etc/*", "/etc/*", "a/../b"):
+        _, problems = models({"models": {"m": {"repo": "org/m-GGUF", "revision": REV, "include": ["*.gguf", pattern]}}})
+        assert problems == [("models.m.include[1]", f"{pattern!r}: an absolute pattern or one with a '..' part "
+                                                     "matches no file (the files are paths inside dest)")], problems
+    assert models({"models": {"m": {"repo": "org/m-GGUF", "revision": REV, "include": ["x..y/*.gguf"]}}})[1] == []
