@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from pyinfra.api import FactBase
 
+from rigup.boundary.core import Unreadable, loads
 from rigup.gpu.facts import GPU_COMMAND, sections, parse_gpus
 
 MARK = "##rigup-cmp:"
@@ -13,10 +12,11 @@ MARK = "##rigup-cmp:"
 
 def parse_unlock_state(lines: list[str]) -> dict:
     sec = sections(lines, MARK)
-    try:
-        stamp = json.loads("".join(sec.get("stamp", [])) or "null")
-    except ValueError:
+    try:   # root's stamp, typed: JSON nested deep raised RecursionError out of the fact (the run ended)
+        stamp = loads("".join(sec.get("stamp", [])) or "null", "the cmpunlocker stamp")
+    except Unreadable:
         stamp = None
+    stamp = stamp if isinstance(stamp, dict) else None   # the role spreads it: {**stamp}
     first = lambda key: next((ln.strip() for ln in sec.get(key, []) if ln.strip()), None)  # noqa: E731
     return {"stamp": stamp, "gpus": parse_gpus(sec.get("gpus", [])), "module": first("module"),
             "boot_id": first("boot"), "systemd": first("systemd") == "yes"}

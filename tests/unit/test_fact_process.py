@@ -21,8 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ["[" * 5000, '{"a": ' * 3000, '"', "a 'b", "a \"b", "\u00b2", "\u0663", "", " ", "\x00", "-- ", "NaN",
            "1e400", "[1, 2]", '{"a": 1, "a": 2}', "x=y=z", '"A=1', "\t", ":::", "0079", "-1", "9" * 30, "true", "null",
            '"x"', "\x1b]0;x\x07", "\u2028", "1_0"]
-# a section mark a fact's command prints before a part of its output (##marker PATH, @@ NAME, ...)
-MARK = re.compile(r"""['"]((?:##|@@|==)[A-Za-z0-9_.-]*[ =]?)""")
+# a section mark a fact's command prints before a part of its output (##marker PATH, @@ NAME,
+# ##rigup-cmp:stamp ...), in the source once each {CONSTANT} of a module-level string is put in
+MARK = re.compile(r"""(?:##|@@|==)[A-Za-z0-9_.:-]*[ =]?""")
+CONSTANT = re.compile(r"""^([A-Z_][A-Z0-9_]*) = ['"]([^'"\n]*)['"]""", re.M)
+
+
+def marks(path: Path) -> list[str]:
+    """The section marks of ``path``'s facts (:data:`MARK`), and no mark."""
+    text = path.read_text()
+    for name, value in CONSTANT.findall(text):
+        text = text.replace("{" + name + "}", value)
+    return sorted(set(MARK.findall(text))) + [""]
 
 # facts whose process() reads what their command() set (the paths or units asked for): pyinfra calls
 # command() first on the same object, so they are not called here without it
@@ -59,9 +69,8 @@ def test_the_facts_are_found():
 @pytest.mark.parametrize("name", sorted(set(FACTS) - NEEDS_COMMAND))
 def test_no_exception_escapes_a_facts_process(name):
     cls, path = FACTS[name]
-    marks = sorted(set(MARK.findall(path.read_text()))) + [""]
     raised = None
-    for mark in marks:
+    for mark in marks(path):
         for line in HOSTILE:
             for lines in ([mark + line], [mark, line], [mark + "x", line], [mark + line, mark + line]):
                 try:
