@@ -164,12 +164,15 @@ class Batch(FactBase):
 
     def process(self, output: list[str]) -> dict:
         values, lines, current = {}, [], None
+        groups = [str(g) for g in range(len(self.facts))]
         for line in output:
             if not line.startswith(self.mark + " "):
                 lines.append(line)
                 continue
+            # the host ran the command and so knows the mark: a line it echoes with another word, or an
+            # rc outside a part, is no part's (an IndexError, ValueError or TypeError here ended the run)
             word = line[len(self.mark) + 1:].split()
-            if word[0] == "rc":
+            if word[:1] == ["rc"] and current is not None:
                 fact = self.facts[current]
                 if word[1:] == ["0"]:
                     try:
@@ -177,6 +180,6 @@ class Batch(FactBase):
                     except Exception:  # noqa: BLE001 (read alone, pyinfra reports it)
                         pass
                 current, lines = None, []
-            else:
-                current, lines = int(word[0]), []
+            elif len(word) == 1 and word[0] in groups:
+                current, lines = groups.index(word[0]), []
         return values
