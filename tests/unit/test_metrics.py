@@ -535,6 +535,15 @@ def test_a_sample_line_reads_in_linear_time():
         started = time.monotonic()
         assert relay.checked(text) == []
         assert time.monotonic() - started < 0.5, len(text)
+    # the patterns themselves, past the line bound (MAX_LINE): every shape of a line that almost matches
+    n = 40000
+    for line in ("llamacpp:x " + "1" * n + "x", "llamacpp:x " + "a" * n + "}", 'llamacpp:x{a="' + "a" * n + "\x00",
+                 "llamacpp:x 1" + "e1" * n + "x", "llamacpp:x 1 " + " " * n + "x", 'llamacpp:x{' + 'a="",' * n + "x",
+                 "llamacpp:x 1." + "1" * n + "x", "llamacpp:x ." + "1" * n + "e", "llamacpp" + "a" * n + "{",
+                 "# HELP llamacpp:x " + "a" * n + "\n", "# TYPE llamacpp:x" + " " * n + "x"):
+        started = time.monotonic()
+        assert relay.sample(line) is None and not relay.HEADER.fullmatch(line)
+        assert time.monotonic() - started < 0.5, line[:40]
     assert relay.checked("llamacpp:x 12.5e3\nllamacpp:x 1.\nllamacpp:x .5\n") == ["llamacpp:x 12.5e3", "llamacpp:x 1.",
                                                                                  "llamacpp:x .5"]
 
