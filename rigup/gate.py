@@ -29,6 +29,7 @@ from pyinfra import logger
 from pyinfra.api import OperationError, StringCommand
 from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_fixed
 
+from rigup.boundary.core import loads
 from rigup.boundary.numbers import whole
 from rigup.names import bind_scope
 from rigup.text import shown, shown_lines
@@ -336,7 +337,7 @@ def gate(host, unit: str, port: int, model: str, prompt: str, timeout: int, auth
     answer = shell(f"curl -s -m {timeout} {auth} -H 'Content-Type: application/json' "
                    f"-d {shlex.quote(body)} {base}/v1/chat/completions", timeout + COMPLETION_MARGIN)
     try:
-        doc = json.loads(answer)
+        doc = loads(answer, "the health completion")   # Unreadable (a ValueError): nested too deep too
         text = doc["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):  # empty, not JSON, or not a completion
         for n in range(AFTER_COMPLETION):   # did it die under the completion?

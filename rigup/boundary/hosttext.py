@@ -132,6 +132,9 @@ CROSSINGS = (
              "the host (whoever can write the model's directory)", "rigup/boundary/core.py:loads",
              "rigup/units.py:parse_instances, roles/model_fetch/facts.py:parse_progress, "
              "roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:parse_state"),
+    Crossing("a llama.cpp build's smoke result line (roles/llama_cpp/smoke.py's JSON on its output)",
+             "root on the host (smoke.py), its servers", "rigup/boundary/core.py:loads",
+             "roles/llama_cpp/build.py:_smoked"),
     Crossing("a status.py shard's JSON of its hosts' rows (pyinfra's output, host text in it)",
              "the shard's pyinfra (what a host made it print)", "shards.py:status_rows", "shards.py:main"),
     Crossing("a GGUF header's figures (layers, KV size, context, a chat template or none)", "the hub, the hub cache",

@@ -12,6 +12,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files
 
 from rigup import summary
+from rigup.boundary.core import loads
 from rigup.progress import start_command
 from rigup.state import read_once, reading
 from rigup.text import say, shown, shown_lines
@@ -93,8 +94,10 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
     def failed(tail: list[str], reason: str) -> bool:
         return _failed(host, spec, build_id, tail, reason, kept)
 
-    try:
-        doc = json.loads(lines[-1])
+    try:   # the host's output: not JSON, nested too deep (Unreadable) or no object is no result
+        doc = loads(lines[-1], "the smoke's result")
+        if not isinstance(doc, dict) or not isinstance(doc.get("runs", []), list):
+            raise ValueError("not the smoke's result")
     except (IndexError, ValueError):
         return failed((lines + list(output.stderr_lines))[-15:], "it gave no result")
     for run in doc.get("runs", []):

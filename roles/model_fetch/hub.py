@@ -42,7 +42,7 @@ import os
 from pathlib import Path
 
 from rigup.boundary import owned
-from rigup.boundary.core import Unreadable
+from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import gguf_figures, hub_listing
 from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
@@ -105,10 +105,10 @@ def _once(key: tuple, ask, current=None):
     try:
         if key not in _asked and kept and os.path.lexists(kept):
             try:
-                _asked[key] = json.loads(owned.read(kept, "the hub's answers kept on the controller"))
+                _asked[key] = loads(owned.read(kept, "the hub's answers kept on the controller"), kept)
             except owned.NotOwned:
                 raise
-            except ValueError:
+            except ValueError:   # Unreadable too: nested too deep, a key twice
                 pass   # not JSON (a write cut short): asked again
             if current and key in _asked and not current(_asked[key]):
                 older = _asked.pop(key)

@@ -22,7 +22,7 @@ PIECES = ["", "=", "@@ x", "@@ ", "marker=", "marker.x=", "progress=", "running=
           "a b c", "[section]", "---", "# x", "ActiveState=x", "\x1b]0;x\x07",
           # whole lines seen to end a run: a marker nested a million deep (E11), a probe's name a list (E13)
           "marker=" + DEEP, "marker.x=" + DEEP, "progress=" + DEEP, "stamp=" + DEEP, "smoke=" + DEEP,
-          "##rigup-model " + DEEP, '##rigup-model {"name": [1], "progress": null}', "marker=[1]", 'marker="x"']
+          "##rigup-model " + DEEP, "backend=x " + DEEP, '##rigup-model {"name": [1], "progress": null}', "marker=[1]", 'marker="x"']
 LINE = st.lists(st.sampled_from(PIECES), min_size=1, max_size=3).map("".join)
 # what a fact's command() sets on the instance that its process() reads (as pyinfra calls both on one)
 SETUP = {"FileStates": {"paths": ["/a", "/b"]}, "ServiceStates": {"units": ["a.service", "b.service"]}}
@@ -41,6 +41,10 @@ def facts() -> list[type]:
 
 
 FACTS = facts()
+# facts known to raise, each with why it is not fixed here (the class's count only goes down)
+KNOWN = {"roles.balancer.facts.BalancerState": "a backends file nested past Python's stack (backend=NAME [[[...) raises "
+                                               "RecursionError (it catches ValueError only): roles/balancer is another "
+                                               "helper's (round 1 of issue 61), reported to the lead"}
 
 
 def instance(cls: type) -> FactBase:
@@ -58,7 +62,9 @@ def test_every_fact_is_found():
     assert len(FACTS) >= 30, [f.__name__ for f in FACTS]
 
 
-@pytest.mark.parametrize("cls", FACTS, ids=lambda c: f"{c.__module__}.{c.__name__}")
+@pytest.mark.parametrize("cls", [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN[f"{c.__module__}.{c.__name__}"]))
+                                 if f"{c.__module__}.{c.__name__}" in KNOWN else c for c in FACTS],
+                         ids=lambda c: f"{c.__module__}.{c.__name__}")
 @settings(max_examples=80, deadline=None)
 @given(st.lists(LINE, max_size=8), st.data())
 def test_a_facts_process_raises_nothing_but_fact_process_error(cls, lines, data):
