@@ -52,7 +52,7 @@ def parse_probe(lines: list[str]) -> dict:
     out = {"systemd": False, "python": True, "share_active": False, "models": {}}
     for line in lines:
         if line.startswith("##rigup-systemd "):
-            out["systemd"] = line.split()[1] == "1"
+            out["systemd"] = line.split()[1:2] == ["1"]   # a line with no word after it: not systemd
         elif line.startswith("##rigup-share"):
             out["share_active"] = line.split()[-1] == "active"
         elif line.startswith("##rigup-nopython"):
