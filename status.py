@@ -33,7 +33,7 @@ from roles.model_fetch.plan import short_progress
 data = check_host(host)   # the host's configuration (rigup.config.Config)
 models = model_entries(data)[0]
 parts = {"gpus": fleet.SMI, "build": fleet.build_section(data["llama_cpp_dir"]), "serving": fleet.SERVING,
-         "guard": fleet.guard_section(guard_file(data), xid_file(data))}
+         "guard": fleet.guard_section(guard_file(data), xid_file(data)), "watchers": fleet.WATCHERS_SECTION}
 if data["burnin_enabled"]:
     parts["burnin"] = fleet.burnin_section(burnin_file(data))
 fetches = specs(data, models)

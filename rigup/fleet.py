@@ -38,7 +38,7 @@ from rigup.gpu.xid import card_key
 from rigup.boundary import Unreadable, burnin
 from rigup.boundary.core import loads   # every JSON a host or Prometheus gave: RecursionError too
 from rigup.boundary.numbers import json_whole, number, whole
-from rigup.names import burnin_copy
+from rigup.names import GUARD_TIMER, burnin_copy
 from rigup.text import shown, shown_lines
 
 MARK = "##rigup-status:"
@@ -79,6 +79,16 @@ SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/
   fi
 done; true"""
 _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
+# The units that watch a host for rigup (issue 65: one that is down is named, never silent), each
+# with the words status uses for it. A unit counts only where it is enabled: rigup enables each one
+# the host's configuration asks for (the watchdog's timer is disabled where nothing is watched), so
+# one enabled and not active watches nothing. Their words come from systemctl (kept to [a-z-]).
+WATCHERS = {"rigup-metrics-relay.service": "metrics relay", "rigup-watchdog.timer": "watchdog timer",
+            GUARD_TIMER: "GPU guard timer", "prometheus-node-exporter.service": "node exporter"}
+WATCHERS_SECTION = (f"for u in {' '.join(shlex.quote(u) for u in WATCHERS)}; do "
+                    'echo "$u $(systemctl is-enabled "$u" 2>/dev/null | head -n 1) '
+                    '$(systemctl is-active "$u" 2>/dev/null | head -n 1)"; done; true')
+_STATE = re.compile(r"[a-z-]{1,32}")
 
 
 def build_section(llama_cpp_dir: str) -> str:
@@ -237,6 +247,17 @@ def parse_serving(lines: list[str]) -> list[dict]:
                 out[-1][key] = None if value in ("", "None") else value
             elif key == "models":   # a router's /models (issue 49): which of its set are loaded
                 out[-1]["loaded"] = loaded_of(value)
+    return out
+
+
+def parse_watchers(lines: list[str]) -> dict[str, str]:
+    """The watchers section -> ``{its words: its state}`` for each unit of :data:`WATCHERS` that is
+    enabled and not active (``{"metrics relay": "failed"}``); a line of another shape is left out."""
+    out = {}
+    for line in lines[:len(WATCHERS)]:
+        unit, enabled, active = (line.split() + ["", "", ""])[:3]
+        if unit in WATCHERS and enabled == "enabled" and active != "active":
+            out[WATCHERS[unit]] = active if _STATE.fullmatch(active) else "unknown"
     return out
 
 
@@ -462,6 +483,7 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
             "build": parse_build(found.get("build", [])), "build_ratio": parse_build_ratio(found.get("build", [])),
             "serving": serving,
             "downloads": downloads, "guard": parse_guard(found.get("guard", [])),
+            "watchers_down": parse_watchers(found.get("watchers", [])),
             **burnin_part(name, found, burnin_at, burnin_every_days)}
 
 
@@ -526,8 +548,9 @@ def card_problems(card: dict | None, xid: dict | None, lost: bool = False,
     if quarantine:
         found.append(("QUARANTINED", f"QUARANTINED by its {quarantine['level']} burn-in: {quarantine['failed']}"))
     if due:
-        found.append(("DUE", f"burn-in DUE: its last run was {due['days']} days ago (burnin_every_days {due['every']}); "
-                             "a roll tests it again"))
+        when = (f"its last run was {due['days']} days ago" if due["days"] >= 0
+                else f"its last run is dated {-due['days']} days in the future")
+        found.append(("DUE", f"burn-in DUE: {when} (burnin_every_days {due['every']}); a roll tests it again"))
     return found
 
 
@@ -563,7 +586,7 @@ def host_problems(row: dict) -> list[str]:
     """What is wrong with a host, in a few words each, most urgent first: unreachable; guard
     TRIPPED; nvidia-smi hung or failed; each card that needs attention (``GPU 3 SUSPECT``: its
     worst tag); a serving unit not active (``dead failed``; not while in maintenance or tripped,
-    which stop them); a download failed."""
+    which stop them); a download failed; a watcher enabled and not active (``metrics relay failed``)."""
     if not row["reachable"]:
         return ["unreachable"]
     found = ["guard TRIPPED"] if row["guard"]["tripped"] else []
@@ -575,6 +598,7 @@ def host_problems(row: dict) -> list[str]:
     if not row["maintenance"] and not row["guard"]["tripped"]:
         found += [f"{s['name']} {s['active'] or 'unknown'}" for s in row["serving"] if s["active"] != "active"]
     found += [f"{m} download failed" for m in map(_download_failed, row["downloads"]) if m]
+    found += [f"{what} {state}" for what, state in (row.get("watchers_down") or {}).items()]
     if row.get("burnin_unreadable"):
         found.append("burn-in records unreadable")
     return found
@@ -603,7 +627,7 @@ def summary_line(rows: list[dict], width: int = WIDTH) -> str | None:
 def notes(row: dict, width: int = WIDTH) -> list[str]:
     """The rows under a host's, indented: each card that needs attention (``GPU 3 0000:4e:00  x4 of
     x16 DOWNTRAINED; Xid memory 2; SUSPECT since ...``), the guard's reason when tripped, and each
-    model not downloaded (its download line); wrapped at ``width``."""
+    model not downloaded (its download line), each watcher down; wrapped at ``width``."""
     if not row["reachable"]:
         return []
     texts = [f"{c['name']} {c['bus']}  {'; '.join(text for _, text in c['problems'])}" for c in attention_cards(row)]
@@ -611,6 +635,8 @@ def notes(row: dict, width: int = WIDTH) -> list[str]:
     if g["tripped"]:
         texts.append(f"guard TRIPPED {g['time'] or ''}: {g['reason']}".replace("  ", " "))
     texts += [f"download {d}" for d in row["downloads"] if not d.endswith(" complete")]
+    texts += [f"{what} {state} ({unit}): a converge starts it again"
+              for unit, what in WATCHERS.items() if (state := (row.get("watchers_down") or {}).get(what))]
     if row.get("burnin_unreadable"):   # its quarantined cards above: the controller's last good copy's
         texts.append(f"burn-in records unreadable: {row['burnin_unreadable']}")
     return [ln for t in texts for ln in textwrap.wrap(t, width, initial_indent="  ", subsequent_indent="      ",

@@ -57,6 +57,16 @@ def hosts(fleet):
     put(tripped, "/var/lib/rigup/gpu-guard.tripped",
         json.dumps({"t": 0, "time": "2026-11-30 09:00:00 +0000", "reason": "card 0: 450 W average > 400 W"}))
     on_host(lab, hot, "rigup-gpu-sim set -i 0 --draw 180 --temp 70")
+    # issue 65: a watcher down, as a crash or a stop leaves it: the relay enabled and failed, the
+    # watchdog's timer enabled and stopped
+    watched = names[5]
+    put(watched, f"{units}/rigup-metrics-relay.service", "[Service]\nExecStart=/bin/false\n[Install]\nWantedBy=multi-user.target\n")
+    put(watched, f"{units}/rigup-watchdog.service", "[Service]\nType=oneshot\nExecStart=/bin/true\n")
+    put(watched, f"{units}/rigup-watchdog.timer", "[Timer]\nOnUnitActiveSec=1h\n[Install]\nWantedBy=timers.target\n")
+    on_host(lab, watched, "systemctl daemon-reload && systemctl enable -q rigup-metrics-relay.service rigup-watchdog.timer && "
+                          "{ systemctl start rigup-metrics-relay.service; true; } && "
+                          "for i in $(seq 50); do [ \"$(systemctl is-active rigup-metrics-relay.service)\" = failed ] && exit 0; "
+                          "sleep 0.1; done; exit 1")
     return fleet
 
 
@@ -89,6 +99,21 @@ def test_table_one_row_per_host(hosts):
     assert tripped.rstrip().endswith(" TRIPPED") and "  guard TRIPPED 2026-11-30 09:00:00 +0000: card 0: 450 W average > 400 W" in lines
     assert " 619/3200W 70C " in hot
     assert all(rows[n].rstrip().endswith(" ok") for n in names if n != names[3])   # the guard, last
+
+
+def test_a_watcher_down_is_named_in_the_hosts_that_need_attention(hosts):
+    """issue 65: the relay failed and the watchdog's timer stopped on one host: status names each,
+    with its unit, under that host's row; no other host has a watcher named."""
+    names = [h["name"] for h in hosts]
+    run = status(hosts)
+    lines = run.output.splitlines()
+    after = lines[lines.index(rows_of(run.output, names)[names[5]]) + 1:]
+    under = [ln for ln in after[:next((i for i, ln in enumerate(after) if not ln.startswith("  ")), len(after))]
+             if "(rigup-" in ln]
+    print("\n" + "\n".join(under))
+    assert under == ["  metrics relay failed (rigup-metrics-relay.service): a converge starts it again",
+                     "  watchdog timer inactive (rigup-watchdog.timer): a converge starts it again"], under
+    assert sum("a converge starts it again" in ln for ln in lines) == 2
 
 
 def test_json_for_scripts(hosts):

@@ -495,3 +495,39 @@ def test_status_figures_are_none_or_within_bounds(port, health, loads, rc):
     found = fleet.parse_loads(["@@ x", f'rigup_router_model_loads_total{{model="b"}} {loads}'])
     assert all(0 <= m["loads"] < 10**12 for m in found.get("x", {}).values())
     fleet.parse_cards([f"smi_rc={rc}"])
+
+
+def test_a_watcher_enabled_and_not_active_is_named_among_the_hosts_problems():
+    """issue 65: a metrics relay, watchdog timer, GPU guard timer or node exporter that rigup enabled
+    and that is not active is named (``metrics relay failed``); one disabled (the watchdog where
+    nothing is watched) or not installed is not; systemctl's words of another shape read unknown.
+    The section is run through a real sh with a systemctl stand-in on its PATH."""
+    lines = ["rigup-metrics-relay.service enabled failed", "rigup-watchdog.timer enabled inactive",
+             "rigup-gpu-guard.timer enabled active", "prometheus-node-exporter.service  inactive"]
+    assert fleet.parse_watchers(lines) == {"metrics relay": "failed", "watchdog timer": "inactive"}
+    assert fleet.parse_watchers(["rigup-watchdog.timer disabled inactive", "sshd.service enabled failed",
+                                 "rigup-metrics-relay.service enabled \x1b[31m"]) == {"metrics relay": "unknown"}
+    row = fleet.host_row("lab1", {"watchers": lines}, downloads=[], maintenance=False, models={})
+    print(fleet.host_problems(row))
+    assert fleet.host_problems(row) == ["metrics relay failed", "watchdog timer inactive"]
+    assert fleet.host_problems(fleet.host_row("lab1", {}, downloads=[], maintenance=False, models={})) == []
+
+
+def test_the_watchers_section_runs_in_sh(tmp_path):
+    stand_in = tmp_path / "systemctl"
+    stand_in.write_text('#!/bin/sh\ncase "$1 $2" in\n  "is-enabled rigup-metrics-relay.service") echo enabled;;\n'
+                        '  "is-active rigup-metrics-relay.service") echo failed; exit 3;;\n'
+                        '  is-enabled*) echo "Failed to get unit file state" >&2; exit 1;;\n  *) echo inactive; exit 3;;\nesac\n')
+    stand_in.chmod(0o755)
+    out = subprocess.run(["sh", "-c", fleet.WATCHERS_SECTION], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True).stdout.splitlines()
+    print(out)
+    assert fleet.parse_watchers(out) == {"metrics relay": "failed"}
+
+
+@settings(max_examples=200, deadline=1000)
+@given(st.lists(st.text(max_size=80), max_size=8))
+def test_any_watchers_section_reads_as_known_watchers_and_plain_words(lines):
+    found = fleet.parse_watchers(lines)
+    assert set(found) <= set(fleet.WATCHERS.values())
+    assert all(fleet._STATE.fullmatch(v) for v in found.values())
