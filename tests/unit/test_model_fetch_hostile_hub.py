@@ -311,12 +311,18 @@ class _Files(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def test_the_header_request_reads_capped_identity_bytes(monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+def _header_hub(handler, monkeypatch) -> tuple:
+    """A hub answering with ``handler`` on loopback, (server, endpoint); nothing kept between runs."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20))
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    return server, endpoint
+
+
+def test_the_header_request_reads_capped_identity_bytes(monkeypatch):
+    server, endpoint = _header_hub(_Files, monkeypatch)
     try:
         figures = hub_module._head(endpoint, "org/x", REV, "m.gguf", None, SMOKE.stat().st_size)
         assert figures["architecture"] == "llama" and figures["read_bytes"] <= 1 << 20
@@ -420,11 +426,7 @@ def test_a_header_rigup_cannot_size_refuses_the_model_not_kv_not_counted(monkeyp
     keys = [u32("llama.block_count", 32), u32("llama.attention.head_count", 32), u32("llama.embedding_length", 4096)]
     wrong = [kv("general.architecture", 8, s(b"LLAMA")), *keys]
     huge = [kv("general.architecture", 8, s(b"llama")), kv("x", 8, struct.pack("<Q", 2 ** 63)), *keys]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Header)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20))
-    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    server, endpoint = _header_hub(_Header, monkeypatch)
     try:
         for path, body, why in (("a.gguf", wrong, "no LLAMA.block_count in the whole header"),
                                 (("b.gguf", huge, "past the file's"))):
