@@ -334,7 +334,8 @@ def load(path: str, default):
             text = f.read((1 << 20) + 1)
         if len(text) > 1 << 20:
             raise ValueError("larger than 1 MiB")
-        return json.loads(text)
+        value = json.loads(text)
+        return default if value is None else value   # "null": none (a caller's .get on None ended its check)
     except FileNotFoundError:
         return default
     except (OSError, ValueError, RecursionError) as e:
