@@ -366,8 +366,10 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
                 link = resp.headers.get("Link") or ""
         except urllib.error.HTTPError as e:
             code = e.headers.get("X-Error-Code") or ""
-            body = e.read(300).decode(errors="replace")
-            raise HubError(e.code, code, f"HTTP {e.code} {code or e.reason}: {body}".strip()) from None
+            body = e.read(4096).decode(errors="replace")
+            if "html" in (e.headers.get("Content-Type") or "").lower():   # a proxy's error page: its words, not its markup
+                body = " ".join(re.sub(r"<[^>]*>", " ", body).split())
+            raise HubError(e.code, code, f"HTTP {e.code} {code or e.reason}: {body[:300]}".strip()) from None
         except (urllib.error.URLError, OSError) as e:
             raise HubError(0, "Unreachable", f"cannot reach {endpoint}: {getattr(e, 'reason', e)}") from None
         for item in items:
@@ -807,6 +809,11 @@ class Progress:
             self.detail = detail
         log(f"rigup-fetch: {detail}")
 
+    def resumed_ok(self) -> None:
+        """A resumed stream brings bytes again: its retry's reason is no longer the job's detail."""
+        with self.lock:
+            self.detail = ""
+
     def snapshot(self) -> dict:
         now = time.monotonic()
         with self.lock:
@@ -959,6 +966,8 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                         got += len(block)
                         in_window += len(block)
                         if got >= stall_bytes:  # this stream brought something: a new budget
+                            if failures:   # resumed: the reason it retried is past (status shows the detail)
+                                progress.resumed_ok()
                             failures = 0
                         now = time.monotonic()
                         if written >= next_bytes or now >= next_time:

@@ -97,8 +97,8 @@ def short_progress(name: str, state: dict) -> str:
     p = state.get("progress") or {}
     total, done = p.get("total") or 0, p.get("bytes") or state.get("have_bytes") or 0
     at = f"{100 * done / total:.1f}%" if total else human(done)
-    if state.get("running"):
-        return f"{name} {at} {p.get('state') or 'running'}"
+    if state.get("running"):   # the job's detail: why it retries (the hub refusing, a cut), else nothing
+        return f"{name} {at} {p.get('state') or 'running'}" + (f": {shown(p['detail'])}" if p.get("detail") else "")
     if p.get("state") == "failed":
         return f"{name} failed: {p.get('error')} (at {human(done)} / {human(total)})"
     return f"{name} stopped at {at}" if p else f"{name} not here yet"
