@@ -2,13 +2,16 @@
 test_model_fetch.py: a clean reboot mid-download, a kill -9, a connection the hub cuts mid-file,
 a filesystem that fills up mid-download, a hub that lists paths outside the model's directory,
 and each answer of the lab hub's hostile mode (tests/lab/hub.py: a bad commit, a name with a
-newline, a duplicate path, a gzip bomb, a next page on another origin, Range ignored, a trickle).
+newline, a duplicate path, a gzip bomb, a next page on another origin, Range ignored, a trickle),
+and the hub itself stopped (its port refusing): at a converge that needs it (refused at preflight)
+and under a running download (retried within the job, named by status.py, completed once it is back).
 
 Bytes are counted by the lab hub (tests/lab/hub.py), per lab host; each test prints its figures.
 """
 
 import base64
 import json
+import re
 import time
 
 import pytest
@@ -408,3 +411,141 @@ def test_over_https_the_token_reaches_the_hubs_origin_only(lab, hub, play, hosti
     assert asked and all(r["auth"] for r in asked) and elsewhere == []
     assert TOKEN not in run.output
     on_host(lab, name, f"rm -rf {dest} {dest}2")
+
+
+# ------------------------------------------------------------------ the hub down (issue 65)
+
+HUB_DOWN_DEST = "/srv/models/hubdown"
+HUB_BACK_S = 120      # the job's next retry after the hub is back: its backoff (at most fetcher.BACKOFF_MAX_S) and more
+
+
+def refusing(url: str) -> bool:
+    """Whether ``url``'s port refuses a connection (the hub's process gone, its port closed)."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:   # not yet refusing (a timeout): asked again
+        return False
+
+
+class HubDown:
+    """The lab hub stopped for real (its process ended, its port refusing) until ``back()``, which
+    runs on leaving the ``with`` too, whatever failed: the module's other tests need it."""
+
+    def __init__(self, hub_module):
+        self.hub, self.url = hub_module, hub_module.url()
+
+    def __enter__(self):
+        self.hub.stop()
+        wait_for(lambda: refusing(self.url), 30, f"{self.url} to refuse connections")
+        return self
+
+    def back(self):
+        if refusing(self.url):
+            self.hub.serve()
+            self.hub.rate(0)
+
+    def __exit__(self, *exc):
+        self.back()
+
+
+def note(output: str, start: str) -> str:
+    """status.py's note under a host's row that starts with ``start``, its wrapped lines joined."""
+    lines = output.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(start))
+    rest = [lines[at].strip()]
+    for ln in lines[at + 1:]:
+        if not ln.startswith("      ") or not ln.strip():
+            break
+        rest.append(ln.strip())
+    return " ".join(rest)
+
+
+def test_the_hub_down_at_a_converge_refuses_the_host_at_preflight_naming_the_hub(lab, hub, play, tmp_path):
+    """A model whose commit (a branch) or listing (no size_gib given) only the hub can tell, the hub
+    stopped: the host refused before anything changes, the model named with the hub's URL and
+    why, in bounded time; one converge per model, so each refusal stands on its own."""
+    hub_module, revs = hub
+    name = lab.hosts()[0]["name"]
+    url = hub_module.url()
+    models = {"hubdown": {"repo": "lab/tiny-gguf", "revision": revs["tiny"], "dest": HUB_DOWN_DEST},
+              "hubbranch": {"repo": "lab/tiny-gguf", "revision": "main", "dest": f"{HUB_DOWN_DEST}-branch"}}
+    # the lab's nvidia-smi (which preflight runs) makes its state directory at its first call on a new host
+    on_host(lab, name, f"rm -rf {HUB_DOWN_DEST} {HUB_DOWN_DEST}-branch; nvidia-smi >/dev/null 2>&1; true")
+    before = units(lab, name)
+    on_host(lab, name, f"touch {MARK}")
+    runs = {}
+    with HubDown(hub_module):
+        for model, entry in models.items():
+            # a cache of its own: the hub's answers kept by an earlier run would spare the controller asking
+            runs[model] = converge(play, tmp_path, {name: {"models": {model: entry}, "models_allow_unpinned": True}},
+                                   check=False, env={"RIGUP_CACHE_DIR": str(tmp_path / "hub-cache")})
+    for model, run in runs.items():
+        said = [ln.strip() for ln in run.output.splitlines() if f"models.{model}" in ln]
+        print(f"\nhub down, model {model}: exit {run.returncode} in {run.seconds:.1f} s (bound {PLAN_S} s)\n"
+              + "\n".join(said))
+        refused = [ln for ln in said if f"[{name}] refused: models.{model}" in ln]
+        assert run.returncode != 0 and refused, run.output[-3000:]
+        # the reason as the one who asked saw it: the controller, the port refusing; the host, through
+        # the lab's HTTP proxy (tinyproxy), its error page in words (fetcher.hub_files)
+        assert url in refused[0] and re.search(r"connection refused|unable to connect to the remote", refused[0], re.I)
+        assert "<" not in refused[0], refused
+        assert run.seconds < PLAN_S
+    written, after = touched(lab, name), units(lab, name)
+    print(f"written on {name}: {written or 'nothing'}; unit and /etc/rigup lines changed: "
+          f"{len(set(after.splitlines()) ^ set(before.splitlines()))}")
+    assert written == [] and after == before
+    assert lab.ssh(name, f"test -e {HUB_DOWN_DEST} || test -e {HUB_DOWN_DEST}-branch").returncode != 0
+    on_host(lab, name, f"rm -f {MARK}")
+
+
+def test_the_hub_down_mid_download_the_job_retries_status_says_why_then_completes(lab, hub, play, tmp_path):
+    """The hub stopped while a job downloads: the job keeps its bytes and retries within itself (no
+    restart by systemd), status.py's line for it names the hub's failure; the hub back, the next
+    converge completes the model with the bytes missing only, and the one after changes nothing."""
+    hub_module, revs = hub
+    h = lab.hosts()[0]
+    name = h["name"]
+    started(lab, hub_module, name, 16 << 20)
+    try:
+        converge(play, tmp_path, {name: big(revs)})
+        wait_for(lambda: progress(lab, name, DEST).get("bytes", 0) >= BIG * 0.3, 120, "30% of the file")
+        with HubDown(hub_module) as down:
+            stopped = time.monotonic()
+            retrying = wait_for(lambda: (p := progress(lab, name, DEST)) and "cannot reach the hub" in (
+                p.get("detail") or p.get("error") or "") and p, 60, "the job to meet the hub down")
+            seen = time.monotonic() - stopped
+            shown = status(tmp_path, name)
+            line = note(shown.output, "download big")
+            part = int(on_host(lab, name, f"stat -c %s {DEST}/.rigup-fetch/parts/big.bin"))
+            restarts = on_host(lab, name, f"systemctl show -p NRestarts --value {UNIT}").strip()
+            active = on_host(lab, name, f"systemctl is-active {UNIT} || true").strip()
+            print(f"\nhub down at {100 * part / BIG:.0f}% ({part} bytes kept): the job met it in {seen:.1f} s: "
+                  f"{retrying.get('detail') or retrying.get('error')}\nstatus.py: {line}\n"
+                  f"unit {active}, systemd restarts {restarts}, hub down for {time.monotonic() - stopped:.1f} s")
+            assert "cannot reach the hub" in line and "Connection refused" in line, shown.output[-3000:]
+            assert active == "active" and restarts == "0"   # retrying in the same job, not a crash loop
+            down.back()
+        back = time.monotonic()
+        run = converge(play, tmp_path, {name: big(revs, wait=True)})
+        completed = time.monotonic() - back
+    finally:
+        hub_module.rate(0)
+    done = progress(lab, name, DEST)
+    served = hub_module.bytes_served(h["address"])   # the hub restarted: its counters count from then
+    print(f"the hub back: complete {completed:.1f} s later (bound {HUB_BACK_S} s), {done['resumes']} resume(s) "
+          f"in the one job; the hub sent {served} bytes for the {BIG - part} missing")
+    assert marker(lab, name, DEST)["bytes"] == BIG and done["state"] == "complete" and done["detail"] == ""
+    assert completed < HUB_BACK_S
+    assert served <= BIG - part   # nothing kept was fetched again
+    assert on_host(lab, name, f"systemctl show -p NRestarts --value {UNIT} 2>/dev/null || true").strip() in ("", "0")
+    again = converge(play, tmp_path, {name: big(revs, wait=True)})
+    print(f"the converge after: {again.totals['changed']} changed, {again.seconds:.1f} s")
+    assert again.totals["changed"] == 0, again.changed_operations()
+    assert "model big: complete" in run.output + again.output
