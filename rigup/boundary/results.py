@@ -278,6 +278,8 @@ def _cell(limit: int) -> Callable[[Any, str], str]:
         text = _text(value, where, limit)
         if "|" in text:
             raise Unreadable(where, f"a '|' (a report's table cell): {text[:40]!r}")
+        if not text.isprintable():   # a format character (a soft hyphen, U+00AD) hides in a table too
+            raise Unreadable(where, f"not printable text: {text[:40]!r}")
         return text
     return read
 

@@ -47,6 +47,9 @@ def probe_command(specs: list[dict]) -> str:
     )
 
 
+_NAMED = re.compile(r'\{"name": ?"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"')   # rigup-fetch's probe line's start
+
+
 def parse_probe(lines: list[str]) -> dict:
     """``{"systemd": bool, "python": bool, "share_active": bool, "models": {name: state}}``."""
     out = {"systemd": False, "python": True, "share_active": False, "models": {}}
@@ -60,7 +63,11 @@ def parse_probe(lines: list[str]) -> dict:
         elif line.startswith("##rigup-model "):
             try:
                 state = loads(line[len("##rigup-model "):], "the probe's model line")
-            except Unreadable:
+            except Unreadable as e:   # NaN/Infinity (a progress.json's 1e999 printed back), a key twice, ...:
+                # the model named as rigup-fetch prints it (its name first), its record unreadable
+                named = _NAMED.match(line[len("##rigup-model "):])
+                if named:
+                    out["models"][named[1]] = {"name": named[1], "progress": None, "unreadable": str(e)}
                 continue
             # the host's python3 prints it: a name that is not text (a list) is no model of the specs
             if isinstance(state, dict) and isinstance(state.get("name"), str):
