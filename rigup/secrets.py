@@ -25,18 +25,12 @@ def controller_token(path: Path, where: str = "the token file") -> str:
     the same for every host and every run. Read only when no other user could have written it or
     may read it, and only a key of printable ASCII (rigup.boundary.owned): ConfigError naming
     ``where`` (its variable) otherwise, before it is written anywhere. Nothing is made before its
-    path is checked (rigup.boundary.owned.directory, which makes what is missing only below a
-    checked directory): no key is made through another user's link or in their directory."""
+    path is checked (rigup.boundary.owned.create: what is missing made only below a checked
+    directory, the key O_EXCL|O_NOFOLLOW): no key is made through another user's link or in their
+    directory; a sticky one (/tmp) may hold it, as it may hold any file read."""
     try:
-        if not os.path.lexists(path):
-            owned.directory(path.parent, f"{where}: {path}", make=True)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            except FileExistsError:
-                pass  # another host's greenlet made it first
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(secrets.token_hex(32))
+        if not os.path.lexists(path):   # made there first by another host's greenlet: read as it is
+            owned.create(path, secrets.token_hex(32), f"{where}: {path}")
         return owned.key(owned.read(path, where, secret=True), f"{where}: {path}")
     except owned.Unreadable as e:
         raise ConfigError(str(e)) from None

@@ -368,6 +368,29 @@ def write(path: str | Path, text: str, where: str, mode: int = 0o600) -> Path:
     return path
 
 
+def create(path: str | Path, text: str, where: str, mode: int = 0o600) -> bool:
+    """Make ``path`` (``~`` expanded) holding ``text`` once, in place (a key made on first use):
+    its directory reached as :func:`read` reaches a file (a sticky one, ``/tmp``, may be writable by
+    others: no one else can rename or remove what rigup made there), the missing directories made
+    as :func:`write` makes them, the file made ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a file or link another
+    user planted there first is never written through: :func:`read` then refuses its owner). True
+    when made, False when something was there already; :class:`NotOwned` naming ``where``."""
+    path = Path(os.path.expanduser(str(path)))
+    fd, name = _made(path, where)
+    try:
+        try:
+            f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise NotOwned(where, f"{path} cannot be made on the controller: {e.strerror}") from None
+        with os.fdopen(f, "w", encoding="utf-8") as out:
+            out.write(text)
+        return True
+    finally:
+        os.close(fd)
+
+
 def key(text: str, where: str) -> str:
     """An API key or token (``text`` without its surrounding whitespace) when it is :data:`KEY`'s
     printable ASCII, else :class:`Unreadable` naming ``where`` and never the text."""

@@ -254,6 +254,27 @@ def test_no_key_is_made_through_another_users_link_or_in_their_directory(tmp_pat
     assert os.listdir(theirs) == []
 
 
+def test_a_key_is_made_and_read_in_a_sticky_directory_and_one_planted_there_is_refused(tmp_path):
+    """A sticky directory others can write (/tmp, where the lab keeps its fleet key) may hold the
+    key, as it may hold any file read: no one else can rename or remove it there (the fix of K11 had
+    refused it, and every keyed lab converge with it); one another user planted first is refused by
+    its owner, never written through."""
+    from rigup.secrets import fleet_api_key
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    src = sticky / "fleet-api-key"
+    key = fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)})
+    assert len(key) == 64 and stat.S_IMODE(src.stat().st_mode) == 0o600
+    assert fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(src)}) == key
+    planted = sticky / "planted-key"
+    planted.write_text("k" * 32)
+    os.chown(planted, NOBODY, NOBODY)
+    with pytest.raises(ConfigError, match="owned by"):
+        fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(planted)})
+    assert planted.read_text() == "k" * 32
+
+
 def test_a_vllm_netrc_is_cut_to_the_machines_the_install_fetches_from(tmp_path):
     from roles.vllm import command
     src = made(tmp_path / "netrc", f"machine git.example login d password {SECRET}\n"
