@@ -477,4 +477,7 @@ CROSSINGS = (
              "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token, roles/model_fetch/hub.py:token"),
     Crossing("a netrc on the controller (vllm_netrc_src)", "the operator", "rigup/boundary/owned.py:netrc",
              "roles/vllm/command.py:netrc_text"),
+    Crossing("a key file made on first use at a path named by configuration (fleet_api_key_src, whose "
+             "directory may be a sticky one such as /tmp)", "rigup on the controller, and whoever can write a "
+             "directory on its path", "rigup/boundary/owned.py:create", "rigup/secrets.py:controller_token"),
 )
