@@ -292,12 +292,13 @@ def pulse(text: str, where: str) -> dict | None:
 
 def _pulse_doubt(rec: dict) -> str | None:
     """Why a ``passed`` pulse record is not believed (as a card's pass, :func:`_record`): without
-    its figures (the peak draw, the rate and the time it held), or naming a failure, a card off
-    the bus or hung, a power brake or an Xid; None when believed."""
+    its figures (the peak draw, the rate and the time it held: each above 0, as rigup-burnin pulse
+    runs one; a pulse of 0 W at 0 Hz for 0 s held nothing, rerun3's NP1), or naming a failure, a
+    card off the bus or hung, a power brake or an Xid; None when believed."""
     figures = rec["figures"]
-    lacks = [name for name in ("peak_w", "hz", "seconds") if figures.get(name) is None]
+    lacks = [name for name in ("peak_w", "hz", "seconds") if not (figures.get(name) or 0) > 0]
     if lacks:
-        return f"a pulse passed without its figures ({', '.join(lacks)}): not believed"
+        return f"a pulse passed without its figures ({', '.join(lacks)} above 0): not believed"
     cards = figures.get("cards") if isinstance(figures.get("cards"), dict) else {}
     faults = [what for what, has in (
         ("failures", rec["failed"]), ("faults", rec.get("faults")), ("cards off the bus", figures.get("lost")),
