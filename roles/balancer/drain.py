@@ -409,13 +409,16 @@ def wait(predicate, seconds: float) -> bool:
 # a roll or an operator puts it back.
 def lease_unit(backend: str, server: str) -> str:
     """The lease's unit (and file) name, one per (backend, server): the backend's length first
-    (``rigup-drain-lease-13-gateway-gemma-lab2``), so that no two pairs share it, as a plain join did
-    (gateway-gemma/lab2 and gateway/gemma-lab2; ':' was '_' too: llama:glm and llama_glm). A unit's
-    name takes ':' as it is; at most 100 characters each, the name stays within systemd's 255."""
+    (``rigup-drain-lease-13-gateway-gemma-lab2-lease``), so that no two pairs share it, as a plain
+    join did (gateway-gemma/lab2 and gateway/gemma-lab2; ':' was '_' too: llama:glm and llama_glm).
+    It ends in the fixed ``-lease``: systemd-run keeps a name's own unit suffix and derives the
+    other unit from it, so servers lab2 and lab2.timer (or lab2.service, .socket, ...) shared
+    one timer (round 1 rerun of issue 61, N05). A unit's name takes ':' as it is; at most 100
+    characters each, the name stays within systemd's 255."""
     for name in (backend, server):
         if not NAME.fullmatch(name):
             raise Failed(f"not a backend or server name: {shown(name, 120)!r}")
-    return f"rigup-drain-lease-{len(backend)}-{backend}-{server}"
+    return f"rigup-drain-lease-{len(backend)}-{backend}-{server}-lease"
 
 
 def lease_file(backend: str, server: str) -> str:

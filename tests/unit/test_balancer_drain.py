@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from rigup.config import role_defaults
 from roles.balancer import config, drain
@@ -352,18 +352,57 @@ def test_two_servers_never_share_a_lease():
     llama_glm/lab1) had one timer and one lease file: arming one stopped the other's timer."""
     assert drain.lease_file("gateway-gemma", "lab2") != drain.lease_file("gateway", "gemma-lab2")
     assert drain.lease_unit("llama:glm", "lab1") != drain.lease_unit("llama_glm", "lab1")
-    assert drain.lease_unit("gateway-gemma", "lab2") == "rigup-drain-lease-13-gateway-gemma-lab2"
+    assert drain.lease_unit("gateway-gemma", "lab2") == "rigup-drain-lease-13-gateway-gemma-lab2-lease"
 
 
-NAMES = st.text(st.sampled_from("ab1-_.:"), min_size=1, max_size=8) | st.text("x-", min_size=100, max_size=100)
+# systemd's unit types: a name ending in one of them is taken as that unit by systemd-run
+UNIT_TYPES = ("service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path", "slice", "scope")
+
+
+def systemd_run_units(unit: str) -> tuple[str, str]:
+    """The service and timer that ``systemd-run --unit=UNIT --on-active=...`` makes (systemd
+    src/run/run.c start_transient_trigger): a name ending in a unit type's suffix has it changed
+    to .service and .timer; any other name has them appended."""
+    stem, dot, kind = unit.rpartition(".")
+    base = stem if dot and kind in UNIT_TYPES else unit
+    return base + ".service", base + ".timer"
+
+
+@pytest.mark.parametrize("suffix", [".timer", ".service", ".socket", ".path", ".target", ".mount"])
+def test_a_server_named_like_a_unit_suffix_has_its_own_lease(suffix):
+    """Rerun 1 of issue 61, N05/N06: servers lab2 and lab2.timer (lab2.service) gave
+    rigup-drain-lease-7-gateway-lab2 and ...-lab2.timer, and systemd-run made both leases one
+    ...-lab2.timer/.service: arming one stopped the other's, disarming lab2 stopped lab2.timer's."""
+    plain, suffixed = (systemd_run_units(drain.lease_unit("gateway", s)) for s in ("lab2", "lab2" + suffix))
+    assert not set(plain) & set(suffixed)
+    # arm() and disarm() stop the timer by the name systemd-run gave it
+    assert systemd_run_units(drain.lease_unit("gateway", "lab2" + suffix))[1] == \
+        drain.lease_unit("gateway", "lab2" + suffix) + ".timer"
+
+
+NAMES = (st.text(st.sampled_from("ab1-_.:"), min_size=1, max_size=8)
+         | st.builds("{}.{}".format, st.text(st.sampled_from("ab1-_.:"), max_size=6), st.sampled_from(UNIT_TYPES))
+         | st.text("x-", min_size=100, max_size=100))
 
 
 @settings(max_examples=200, deadline=1000)
 @given(NAMES, NAMES)
 def test_a_lease_name_gives_back_its_backend_and_server(backend, server):
     """Injective: the pair is read back from the name alone; a unit name of systemd's characters
-    within its 255 (with .timer)."""
+    within its 255 (with .timer), which systemd-run takes as it is (no unit type's suffix)."""
     unit = drain.lease_unit(backend, server)
-    length, _, rest = unit.removeprefix("rigup-drain-lease-").partition("-")
+    length, _, rest = unit.removeprefix("rigup-drain-lease-").removesuffix("-lease").partition("-")
     assert (rest[:int(length)], rest[int(length) + 1:]) == (backend, server) and rest[int(length)] == "-"
     assert re.fullmatch(r"[A-Za-z0-9:_.-]+", unit) and len(unit + ".timer") <= 255
+    assert systemd_run_units(unit) == (unit + ".service", unit + ".timer")
+
+
+@settings(max_examples=300, deadline=1000)
+@given(NAMES, NAMES, NAMES, NAMES)
+def test_two_pairs_never_share_a_systemd_unit(backend, server, backend2, server2):
+    """Over pairs of names (unit suffixes among them), two (backend, server) pairs give two
+    disjoint sets of the units systemd-run makes, and two lease files."""
+    assume((backend, server) != (backend2, server2))
+    one, other = drain.lease_unit(backend, server), drain.lease_unit(backend2, server2)
+    assert not set(systemd_run_units(one)) & set(systemd_run_units(other))
+    assert drain.lease_file(backend, server) != drain.lease_file(backend2, server2)
