@@ -262,7 +262,7 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """More replicas x gpus_per_replica than the host has GPUs, a main_gpu beyond a server's own
-    GPUs, a replica's or a pinned model's unit name (NAME-K, NAME.M) that is another instance's, or
+    GPUs, a unit name (NAME, a replica's NAME-K, a pinned model's NAME.M) that two instances give, or
     a server's port outside 1024..65535 (its port, a replica's port + 1 + K, a pinned model's port +
     2 + i: llama-server runs as the unprivileged rigup user)."""
     found = []
@@ -283,13 +283,25 @@ def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
             found.append(Refusal(f"{where}.main_gpu is {inst['main_gpu']}, but each of its servers has {per} GPU"
                                  f"{'s' * (per > 1)} (0..{per - 1})", "-mg counts the server's own GPUs, in order",
                                  f"set {where}.main_gpu below {per}, or null", "replicas"))
-        units = {replica_name(name, k) for k in range(lay.replicas)} if lay.replicas > 1 else set()
-        clash = sorted((units | {contract.PINNED_UNIT.format(name, m) for m in contract.pinned(inst)}) & set(all_layouts))
-        if clash:
-            found.append(Refusal(f"{where}'s replicas or pinned models would be the units of {', '.join(clash)}",
-                                 "each replica K runs as rigup-llama@NAME-K, a pinned model M as "
-                                 "rigup-llama@NAME.M", FIX_CONFIG, "replicas"))
+    owners: dict[str, list[str]] = {}   # every server's name (its unit, its watchdog and relay entry) -> instances
+    for name, (inst, lay) in all_layouts.items():
+        for unit in unit_names(name, inst, lay.replicas):
+            owners.setdefault(unit, []).append(name)
+    for unit, names in sorted(owners.items()):
+        if len(names) > 1:
+            found.append(Refusal(f"{' and '.join(f'llama_server_instances.{n}' for n in names)} would both be "
+                                 f"rigup-llama@{unit}", "each replica K runs as rigup-llama@NAME-K, a pinned "
+                                 "model M as rigup-llama@NAME.M: two servers of one unit share its drop-in and "
+                                 "one entry of the watchdog and the metrics relay", FIX_CONFIG, "replicas"))
     return found
+
+
+def unit_names(name: str, inst: LlamaInstance, replicas: int) -> set[str]:
+    """The names an instance's servers go by (rigup-llama@NAME, its replicas NAME-K, its pinned
+    models NAME.M) and the instance's own: derived names of two instances may be equal (router
+    ``a`` pinning ``b.c`` and router ``a.b`` pinning ``c`` are both a.b.c), so all are compared."""
+    units = {name, *(replica_name(name, k) for k in range(replicas) if replicas > 1)}
+    return units | {contract.PINNED_UNIT.format(name, m) for m in contract.pinned(inst)}
 
 
 def check_split_mode_row(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

@@ -199,11 +199,36 @@ def test_a_pinned_models_unit_may_not_be_another_instances():
     d = router()
     d["llama_server_instances"]["x.qwen"] = {"model": "b", "port": 9000, "ctx": 4096, "parallel": 1}
     found = [r for r in refusals(plan, facts, d) if r.check == "replicas"]
-    assert [r.what for r in found] == ["llama_server_instances.x's replicas or pinned models would be the units of "
-                                       "x.qwen"]
+    assert [r.what for r in found] == ["llama_server_instances.x and llama_server_instances.x.qwen would both be "
+                                       "rigup-llama@x.qwen"]
     found = [r for r in refusals(plan, facts, router(port=65534)) if r.check == "ports"]
     assert [(r.what, r.why) for r in found] == [("llama_server_instances.x.per_model: pinned qwen from port 65534",
                                                  "a pinned model listens on port + 2 + i: 65536, past 65535")]
+
+
+CLASH_MODELS = {k: {"repo": f"org/{k.replace('.', '')}-GGUF", "revision": REV, "size_gib": 1.0}
+                for k in ("m0", "m1", "b.c", "c", "b-0", "z")}
+
+
+@pytest.mark.parametrize("insts, unit", [
+    # rerun1 N02, rerun2 N1, rerun3 NX1: two routers' pinned models, both a.b.c
+    ({"a": {"model": "m0", "also": ["b.c", "z"], "per_model": {"b.c": {"pinned": True}}, "port": 8081},
+      "a.b": {"model": "m1", "also": ["c", "z"], "per_model": {"c": {"pinned": True}}, "port": 9081}}, "a.b.c"),
+    # rerun1 N04, rerun3 NX2: a pinned model and another instance's replica, both a.b-0
+    ({"a": {"model": "m0", "also": ["b-0", "z"], "per_model": {"b-0": {"pinned": True}}, "port": 8081},
+      "a.b": {"model": "m1", "replicas": 2, "port": 9081}}, "a.b-0"),
+    # rerun1 N03: a replica and an instance, both x-1
+    ({"x": {"model": "m0", "replicas": 2, "port": 8081}, "x-1": {"model": "m1", "port": 9081}}, "x-1"),
+])
+def test_two_instances_whose_servers_share_a_unit_are_refused(insts, unit):
+    plan, facts = host("a100")
+    gpus = parse_gpus((FIX / "a100-query-nounits.csv").read_text().splitlines())
+    plan, facts = hardware_plan(gpus, facts["driver"], []), {**facts, "gpus": gpus}
+    d = data(models=CLASH_MODELS, llama_server_instances={n: {"ctx": 4096, "parallel": 1, **i} for n, i in insts.items()})
+    found = [r for r in refusals(plan, facts, d) if r.check == "replicas"]
+    first, second = sorted(insts)
+    assert [r.what for r in found] == [f"llama_server_instances.{first} and llama_server_instances.{second} would "
+                                       f"both be rigup-llama@{unit}"]
 
 
 def test_a_gateway_sends_a_pinned_model_to_its_own_server():
