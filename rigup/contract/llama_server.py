@@ -192,9 +192,16 @@ HELD_OFF: dict[str, HeldOff] = {
                            ("LLAMA_ARG_LOG_VERBOSITY",),
                            "llama-server's debug log (SRV_DBG) in the journal: every streamed chunk of every "
                            "client's answer, and with a build that logs requests their bodies, prompts included"),
-    "files": HeldOff(("--path", "--media-path"), ("LLAMA_ARG_STATIC_PATH",),
+    # a flag that reads a file into what a client is answered serves that file: GET /props answers the
+    # chat template and the UI config, and a /completion answer its generation settings' grammar
+    "files": HeldOff(("--path", "--media-path", "--chat-template-file", "--grammar-file", "-jf", "--json-schema-file",
+                      "--ui-config-file", "--webui-config-file"),
+                     ("LLAMA_ARG_STATIC_PATH", "LLAMA_ARG_CHAT_TEMPLATE_FILE", "LLAMA_ARG_UI_CONFIG_FILE"),
                      "--path: the files under a directory on the host served to any client as static files; "
-                     "--media-path: a request loads any file under a directory on the host by file:// URL"),
+                     "--media-path: a request loads any file under a directory on the host by file:// URL; "
+                     "--chat-template-file, --ui-config-file: that file's text in GET /props (chat_template, "
+                     "ui_settings), any client's; --grammar-file, --json-schema-file: that file's text as the "
+                     "grammar of every /completion answer's generation_settings"),
     "cors": HeldOff(("--cors-origins", "--cors-credentials"), ("LLAMA_ARG_CORS_ORIGINS", "LLAMA_ARG_CORS_CREDENTIALS"),
                     "llama-server's own CORS settings by hand; by default it echoes any Origin with credentials "
                     "allowed (any web page a user opens may call the API as that user's browser), so rigup "

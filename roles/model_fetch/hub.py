@@ -282,7 +282,8 @@ def _line(name: str, entry: ModelEntry, facts: dict, allowed: bool) -> list[str]
             lines.append(f"{where}: its GGUF ({gguf['file']}) has no chat template (tokenizer.chat_template): chat "
                          "requests use llama-server's fallback template, and a base model answers them with "
                          "nonsense; serve an instruct model, or give the instance a template (extra_args: "
-                         "--chat-template NAME, or --chat-template-file PATH)")
+                         "--chat-template NAME, or --chat-template-file PATH with llama_server_allow: [files]: "
+                         "GET /props answers the file's text to any client)")
     elif _needs(entry)[2] and facts.get("files") is not None:
         lines.append(f"{where}: family unknown and no GGUF file included: KV cache not counted; set "
                      f"{where}.family")

@@ -102,6 +102,16 @@ def test_the_refusal_names_the_key_path_what_it_opens_and_the_allow_key():
     assert "exec_shell_command" in why and why.endswith("drop it, or add tools to llama_server_allow")
 
 
+@pytest.mark.parametrize("args", [["--jinja", "--chat-template-file", "/etc/passwd"], ["--grammar-file=/etc/passwd"],
+                                  ["-jf", "/etc/rigup/x.json"], ["--webui-config-file", "/etc/rigup/x.json"]])
+def test_a_flag_that_serves_a_files_text_is_held_off_as_files(args):
+    """rerun1 N53: llama-server's GET /props answers the chat template, so --chat-template-file served
+    any file the service user reads to every client (--ui-config-file likewise as ui_settings;
+    --grammar-file and --json-schema-file as every /completion answer's grammar)."""
+    assert held_off(args) == ["files"]
+    assert held_off(args, allow=["files"]) == []
+
+
 def test_negations_and_other_flags_pass():
     assert held_off(["--no-slots", "--no-agent", "-no-ag", "--no-ui-mcp-proxy", "--no-cors-credentials",
                      "--cors-methods", "GET", "--toolsx", "--props-file", "-a-g"]) == []

@@ -213,7 +213,8 @@ def test_a_model_without_a_chat_template_is_named_in_the_plan():
     assert [line for line in said[False] if "chat template" in line] == [
         "models.x: its GGUF (gemma-3-270m.gguf) has no chat template (tokenizer.chat_template): chat requests use "
         "llama-server's fallback template, and a base model answers them with nonsense; serve an instruct model, "
-        "or give the instance a template (extra_args: --chat-template NAME, or --chat-template-file PATH)"]
+        "or give the instance a template (extra_args: --chat-template NAME, or --chat-template-file PATH with "
+        "llama_server_allow: [files]: GET /props answers the file's text to any client)"]
     assert not any("chat template" in line for line in said[True] + said[None])   # found, or not known
     assert hub_module.lines(record(d, commit=COMMIT, gguf=figures)) == said[None]   # a stamp kept before
 
