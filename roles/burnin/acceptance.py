@@ -78,6 +78,7 @@ import ctypes
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -1589,11 +1590,75 @@ class Unreadable(Exception):
     """The records file exists and does not read: nothing is written over it (its quarantines stay)."""
 
 
+# The records' rules that rigup/boundary/burnin.py (the controller's reader) holds too: a unit test
+# holds these copies equal (this program ships alone, with the standard library only)
+RECORDS_SCHEMA = 2               # the records' format this program writes and reads
+MAX_CARDS = 1024
+MAX_DEPTH = 16
+TEXT_MAX = 4096                  # a failure's text
+AT_MAX = 4102444800              # 2100-01-01: a record's time, seconds since the epoch
+CARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")   # rigup/boundary/fields.py's ID
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u2028\u2029]")
+
+
+def record_fault(rec: dict) -> str | None:
+    """Why one card's record does not read (``field: what``), or None: each field this program, the
+    GPU guard and status read typed as the controller's reader types it (rigup/boundary/burnin.py
+    _record): ``passed`` true or false, ``failed`` a list of texts, ``level`` one of :data:`LEVELS`,
+    ``at``/``seconds`` finite numbers in range, ``index`` a card index, ``bus_id`` an id, ``key``,
+    ``figures`` and ``cleared`` mappings (``cleared.at`` a time, ``cleared.by`` text); every other
+    number finite (1e400 is no number: rerun3's NB4), every text bounded, nested at most
+    :data:`MAX_DEPTH`. A record that does not read fails its file closed (rerun3's NB7: ``cleared:
+    "no"`` read as a clearing; rerun1's N46: ``failed: [1, 2]`` ended status in a traceback)."""
+    def num(v, lo, hi, whole=False):
+        return ((type(v) is int) if whole else (isinstance(v, (int, float)) and not isinstance(v, bool))) \
+            and (whole or math.isfinite(v)) and abs(v) < 1e18 and lo <= v <= hi
+
+    def text(v, limit=256, control=False):
+        return isinstance(v, str) and len(v) <= limit and (control or not CONTROL.search(v))
+
+    def walk(v, field, depth=0):
+        if depth > MAX_DEPTH:
+            return f"{field}: nested deeper than {MAX_DEPTH}"
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        for k, item in items:
+            fault = walk(item, f"{field}.{k}" if isinstance(v, dict) else f"{field}[{k}]", depth + 1)
+            if fault:
+                return fault
+        if isinstance(v, str) and not text(v, TEXT_MAX, control=True):
+            return f"{field}: text longer than {TEXT_MAX} characters"
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not num(v, -1e18, 1e18):
+            return f"{field}: not a finite number of our size: {str(v)[:40]!r}"
+        return None
+
+    if rec.get("schema") is not None and not num(rec["schema"], 1, RECORDS_SCHEMA, whole=True):
+        return f"schema: not a format this rigup-burnin reads (1..{RECORDS_SCHEMA}): {str(rec['schema'])[:40]!r}"
+    if not isinstance(rec.get("passed"), bool):
+        return f"passed: neither true nor false: {str(rec.get('passed'))[:60]!r}"
+    failed = rec.get("failed") if rec.get("failed") is not None else []
+    if not isinstance(failed, list) or len(failed) > 256 or not all(text(f, TEXT_MAX, control=True) for f in failed):
+        return "failed: not a list of at most 256 texts"
+    checks = (("level", lambda v: v in LEVELS, f"one of {', '.join(LEVELS)}"),
+              ("at", lambda v: num(v, 0, AT_MAX), "a time"), ("seconds", lambda v: num(v, 0, 1e8), "seconds"),
+              ("index", lambda v: num(v, 0, 1023, whole=True), "a card index 0..1023"),
+              ("bus_id", lambda v: isinstance(v, str) and CARD_ID.fullmatch(v), "an id"),
+              ("name", text, "text of at most 256 characters"), ("key", lambda v: isinstance(v, dict), "a mapping"),
+              ("figures", lambda v: isinstance(v, dict), "a mapping"),
+              ("cleared", lambda v: isinstance(v, dict) and (v.get("at") is None or num(v["at"], 0, AT_MAX))
+               and (v.get("by") is None or text(v["by"])), "a mapping of at (a time) and by (text)"))
+    for name, good, what in checks:
+        if rec.get(name) is not None and not good(rec[name]):
+            return f"{name}: not {what}: {str(rec[name])[:60]!r}"
+    return walk(rec, "")
+
+
 def load(path: str) -> dict:
     """The records at ``path``: {} when there are none yet (no file, or an empty one); a file that
-    does not read (not JSON, NaN, a key twice, not a mapping of card ids to records) is
-    :class:`Unreadable`, never {}: starting over from {} would erase every quarantine on the host
-    at the next save (round 3's H1). The controller's reader is rigup/boundary/burnin.py."""
+    does not read (not JSON, NaN or 1e400, a key twice, not a mapping of card ids to records, a
+    record whose fields do not read: :func:`record_fault`) is :class:`Unreadable`, never {}:
+    starting over from {} would erase every quarantine on the host at the next save (round 3's H1),
+    and a record read past its faults could let a quarantined card serve. The controller's reader
+    is rigup/boundary/burnin.py, with the same rules."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read((1 << 22) + 1)
@@ -1613,14 +1678,25 @@ def load(path: str) -> dict:
     def no_constant(name):
         raise ValueError(f"{name} is no JSON number")
 
+    def finite(digits):
+        value = float(digits)
+        if not math.isfinite(value):
+            raise ValueError(f"{digits[:40]} is no finite number")
+        return value
+
     try:
         if len(text) > 1 << 22:
             raise ValueError("larger than 4 MiB")
-        doc = json.loads(text, object_pairs_hook=once, parse_constant=no_constant)
+        doc = json.loads(text, object_pairs_hook=once, parse_constant=no_constant, parse_float=finite)
     except (ValueError, RecursionError) as e:
         raise Unreadable(f"{path} does not read (not JSON: {shown(e, 200)})") from None
-    if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in doc.items()):
-        raise Unreadable(f"{path} does not read (not a mapping of card ids to records)")
+    if not isinstance(doc, dict) or len(doc) > MAX_CARDS \
+            or not all(isinstance(k, str) and isinstance(v, dict) for k, v in doc.items()):
+        raise Unreadable(f"{path} does not read (not a mapping of at most {MAX_CARDS} card ids to records)")
+    for uuid, rec in doc.items():
+        fault = "not a card id" if not CARD_ID.fullmatch(uuid) else record_fault(rec)
+        if fault:
+            raise Unreadable(f"{path} does not read ({shown(uuid, 64)}: {fault})")
     return doc
 
 
@@ -1686,8 +1762,15 @@ def history(old) -> list[dict]:
 
 def quarantined(rec: dict | None) -> bool:
     """A record that failed and that the operator did not clear: its card is left out of serving
-    (roles/burnin/quarantine.py; the GPU guard and status.py read the records file the same way)."""
-    return bool(rec) and rec.get("passed") is False and not rec.get("cleared")
+    (roles/burnin/quarantine.py; the GPU guard carries a copy, held equal by a test). A record whose
+    ``passed`` is not true or false, or whose ``cleared`` is not a mapping, does not read
+    (:func:`load` refuses it) and counts as quarantined here too: fail closed."""
+    if not rec:
+        return False
+    cleared, passed = rec.get("cleared"), rec.get("passed")
+    if (cleared is not None and not isinstance(cleared, dict)) or not isinstance(passed, bool):
+        return True
+    return passed is False and not cleared
 
 
 def label(value) -> str:
@@ -1727,19 +1810,26 @@ def shown(text: object, limit: int = 200) -> str:
 
 
 def line(uuid: str, rec: dict) -> str:
+    """A card's record in one line. Figures this program keeps untyped (issue 62's ``gemm``,
+    ``power``, a section of ``figures``) are read as mappings or left out (rerun1's N47: a list
+    there ended status in a traceback)."""
     if "busy" in rec:
         return f"GPU {uuid}: not tested, in use by {rec['busy']}"
     head = f"GPU {rec.get('index', '?')} ({rec.get('bus_id', '?')}, {uuid}) {rec.get('level')}:"
     if rec.get("passed"):
-        fig = rec.get("figures") or {}
-        vram, pcie, soak = fig.get("vram") or {}, fig.get("pcie") or {}, fig.get("soak") or {}
-        gemm, power = rec.get("gemm") or {}, rec.get("power") or {}
+        def part(d, name):
+            got = d.get(name) if isinstance(d, dict) else None
+            return got if isinstance(got, dict) else {}
+        fig = part(rec, "figures")
+        vram, pcie, soak = part(fig, "vram"), part(fig, "pcie"), part(fig, "soak")
+        gemm, power = part(rec, "gemm"), part(rec, "power")
+        flagged = rec.get("flagged") if isinstance(rec.get("flagged"), list) else []
         return (f"{head} passed in {rec.get('seconds')} s (VRAM {vram.get('mib')} MiB x {vram.get('patterns')}, "
                 f"PCIe {pcie.get('gbps')} GB/s = {pcie.get('ratio')} of its link, soak {soak.get('seconds')} s, "
                 f"max {soak.get('temp_max_c')} C, {gemm.get('load')} {gemm.get('dtype')} {gemm.get('tflops')} TFLOPS, "
                 f"mean {power.get('mean_w')} W = {power.get('ratio')} of the cap)"
-                + "".join(f"; flagged: {f}" for f in rec.get("flagged") or []))
-    return f"{head} FAILED: " + "; ".join(rec.get("failed") or ["?"]) + (" (cleared by the operator)" if rec.get("cleared") else "")
+                + "".join(f"; flagged: {f}" for f in flagged))
+    return f"{head} FAILED: " + "; ".join(str(f) for f in rec.get("failed") or ["?"]) + (" (cleared by the operator)" if rec.get("cleared") else "")
 
 
 def pulse_main(a) -> int:

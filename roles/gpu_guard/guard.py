@@ -308,16 +308,32 @@ def set_aside(config: dict) -> set[str]:
     file and the file of the cards under test, read at each check, so that a card quarantined in the
     middle of a converge is left alone at once): nothing serves from them, so they are not judged.
     A bus id that is not one (issue 61: ``"0"`` set aside every card) sets nothing aside: that card is
-    judged as any other, the guard's side of failing closed."""
+    judged as any other, the guard's side of failing closed. A record of a card whose ``passed`` or
+    ``cleared`` does not read (``"false"``, ``"no"``: rerun3's NB7) counts as quarantined
+    (:func:`quarantined`): set aside, as rigup-burnin and the controller keep it out."""
     burnin = config.get("burnin") or {}
     found = set()
     records = load(burnin["results"], {}) if burnin.get("results") else {}
     for rec in (records.values() if isinstance(records, dict) else []):
-        if isinstance(rec, dict) and rec.get("passed") is False and not rec.get("cleared") and bus_id(rec.get("bus_id")):
+        if isinstance(rec, dict) and quarantined(rec) and bus_id(rec.get("bus_id")):
             found.add(rec["bus_id"])
     testing = load(burnin["testing"], []) if burnin.get("testing") else []
     found.update(b for b in (testing if isinstance(testing, list) else []) if bus_id(b))
     return found
+
+
+def quarantined(rec: dict | None) -> bool:
+    """A record that failed and that the operator did not clear; a record whose ``passed`` is not
+    true or false, or whose ``cleared`` is not a mapping (rigup-burnin writes ``{"at", "by"}``), does
+    not read and counts as quarantined too: fail closed. rigup-burnin's rule (roles/burnin/acceptance.py;
+    the controller reads records through it), copied here (a host program ships alone; a unit test
+    holds the two equal)."""
+    if not rec:
+        return False
+    cleared, passed = rec.get("cleared"), rec.get("passed")
+    if (cleared is not None and not isinstance(cleared, dict)) or not isinstance(passed, bool):
+        return True
+    return passed is False and not cleared
 
 
 def bus_id(value) -> bool:
@@ -377,8 +393,9 @@ def samples_of(raw) -> list[dict]:
 
 def suspect_of(value) -> dict | None:
     """A card's suspect mark: {"since", "line"}, None when it is not marked (null, false); a mark that
-    does not read is still a mark (its units stay stopped until clear), its time and line unknown."""
-    if not value:
+    does not read is still a mark (its units stay stopped until clear), its time and line unknown:
+    ``{}``, ``[]``, ``0`` and ``""`` too (rerun2's N12: read as no mark, they let its units start)."""
+    if value is None or value is False:
         return None
     if isinstance(value, dict) and isinstance(value.get("since"), str) and isinstance(value.get("line"), str):
         return {"since": value["since"], "line": value["line"]}

@@ -24,7 +24,15 @@ def burnin(*argv):
 
 @pytest.mark.parametrize("text", [json.dumps(FAILED) + "\n,", json.dumps(FAILED)[:-3], '{"a": NaN}',
                                   '{"%s": {"passed": true}, "%s": {"passed": false}}' % (U[0], U[0]),
-                                  "[1, 2]", '{"%s": [1]}' % U[0], "\udcff" * 3])
+                                  "[1, 2]", '{"%s": [1]}' % U[0], "\udcff" * 3,
+                                  # rerun3's NB4: 1e400 is JSON that parses to inf (NaN was refused)
+                                  '{"%s": {"passed": false, "failed": ["x"], "seconds": 1e400}}' % U[0],
+                                  # NB7, NB8: a clearing that is no clearing, a passed that is text
+                                  '{"%s": {"passed": false, "failed": ["x"], "cleared": "no"}}' % U[0],
+                                  '{"%s": {"passed": "false", "failed": ["x"]}}' % U[0],
+                                  # rerun1's N46, N47: a status that ended in a traceback
+                                  '{"%s": {"passed": false, "failed": [1, 2]}}' % U[0],
+                                  '{"%s": {"passed": true, "figures": [1]}}' % U[0]])
 def test_a_records_file_that_does_not_read_is_refused_named_and_left_as_it_is(tmp_path, text):
     """H1: one stray byte after the JSON read as {}, and ``clear`` then erased every quarantine."""
     res = tmp_path / "burnin.json"
@@ -97,3 +105,57 @@ def test_any_records_file_is_records_or_unreadable_naming_it(tmp_path, text):
         return
     assert isinstance(got, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in got.items())
     assert got or not text.strip() or json.loads(text) == {}
+
+
+def test_status_reads_a_figure_it_keeps_untyped_of_another_form_without_a_traceback(tmp_path):
+    """rerun1's N47 past the reader: ``gemm``, ``power`` or a section of ``figures`` that is no
+    mapping (load keeps what it does not type) is left out of status's line, not a traceback."""
+    rec = {"passed": True, "level": "standard", "figures": {"vram": [1], "soak": "x"}, "gemm": [2], "power": 3,
+           "flagged": 4}
+    (tmp_path / "burnin.json").write_text(json.dumps({U[0]: rec}))
+    done = burnin("status", "--results", str(tmp_path / "burnin.json"))
+    assert done.returncode == 0 and "passed in None s" in done.stdout, done.stderr
+
+
+def test_the_records_rules_this_program_carries_are_the_controllers():
+    """The constants of the rules both readers hold (rigup/boundary/burnin.py and this program's copy)."""
+    from rigup.boundary import burnin as controller
+    from rigup.boundary.fields import CONTROL, ID
+    assert (acceptance.RECORDS_SCHEMA, acceptance.MAX_CARDS, acceptance.MAX_DEPTH, acceptance.TEXT_MAX,
+            acceptance.AT_MAX) == (controller.SCHEMA, controller.MAX_CARDS, controller.MAX_DEPTH, controller.TEXT_MAX,
+                                   controller.AT_MAX)
+    assert tuple(acceptance.LEVELS) == controller.LEVELS
+    assert acceptance.CARD_ID.pattern == ID.pattern and acceptance.CONTROL.pattern == CONTROL.pattern
+
+
+# a record's fields as either reader types them: values of each kind, no text that reads as a number
+# (the controller's number reader takes "12" too; this program, which never writes one, refuses it)
+WORDS = st.text(alphabet="ab -\n\x07", max_size=6)
+VALUE = st.none() | st.booleans() | st.integers(-3, 1 << 64) | st.floats(allow_nan=False) | WORDS \
+    | st.lists(WORDS | st.integers(-3, 3), max_size=2) | st.dictionaries(st.sampled_from(["at", "by", "z"]),
+                                                                      st.none() | WORDS | st.integers(-3, 1 << 40), max_size=2)
+FIELDS = ("schema", "passed", "failed", "level", "at", "seconds", "index", "bus_id", "name", "key", "figures", "cleared")
+
+
+@settings(max_examples=300, deadline=1000)
+@given(st.fixed_dictionaries({}, optional={f: VALUE | st.sampled_from(["standard", 1, 2, "00000000:4E:00.0", True])
+                                           for f in FIELDS}),
+       st.sampled_from([U[0], "../x", ""]))
+def test_a_record_reads_here_exactly_when_the_controller_reads_it_and_is_quarantined_alike(rec, uuid):
+    """rerun3's NB7 as a class: rigup-burnin's reader (``record_fault``, with load's shape) and the
+    controller's (rigup/boundary/burnin.py) read the same records and refuse the same ones; where
+    both read, ``quarantined`` (one rule, the GPU guard's copy too) says the same of each."""
+    from rigup.boundary import Unreadable, burnin as controller
+    from roles.gpu_guard import guard
+    text = json.dumps({uuid: rec})
+    try:
+        theirs = controller.records(text, "h:f")
+    except Unreadable:
+        theirs = None
+    fault = "not a card id" if not acceptance.CARD_ID.fullmatch(uuid) else acceptance.record_fault(rec)
+    assert (fault is None) == (theirs is not None), (fault, rec)
+    if theirs is not None:
+        typed = theirs.cards.get(uuid)
+        assert typed is None or acceptance.quarantined(typed) == acceptance.quarantined(rec)
+    assert guard.quarantined(rec) == acceptance.quarantined(rec)
+    assert fault is not None or isinstance(rec.get("passed"), bool)   # what it reads, it reads typed

@@ -397,3 +397,39 @@ def test_any_json_in_the_guards_state_files_reads_typed_never_a_traceback(tmp_pa
     finally:
         G.read_kernel_log, G.boot_id = old
     assert G.main(["--config", str(tmp_path / "cfg.json"), "status"]) == 3
+
+
+def test_a_record_whose_passed_or_cleared_does_not_read_sets_its_card_aside_as_quarantined(tmp_path):
+    """rerun3's NB7/NB8: a failed record with cleared "no", or passed "false", read as not
+    quarantined: its card judged (and a metric of 0) while rigup-burnin and the controller keep it out."""
+    recs = {"GPU-a": {"passed": False, "cleared": "no", "bus_id": "00000000:4E:00.0"},
+            "GPU-b": {"passed": "false", "bus_id": "00000000:4F:00.0"},
+            "GPU-c": {"passed": True, "cleared": [], "bus_id": "00000000:50:00.0"},
+            "GPU-d": {"passed": False, "cleared": {"at": 1, "by": "op"}, "bus_id": "00000000:51:00.0"},
+            "GPU-e": {"passed": True, "bus_id": "00000000:52:00.0"},
+            "GPU-f": {"passed": False, "cleared": {}, "bus_id": "00000000:53:00.0"}}
+    (tmp_path / "burnin.json").write_text(json.dumps(recs))
+    aside = G.set_aside({"burnin": {"results": str(tmp_path / "burnin.json")}})
+    assert aside == {"00000000:4E:00.0", "00000000:4F:00.0", "00000000:50:00.0", "00000000:53:00.0"}
+
+
+def test_the_guards_quarantine_rule_is_rigup_burnins():
+    """One rule, two copies (each host program ships alone): their bodies held equal."""
+    import ast
+    import inspect
+    from roles.burnin import acceptance
+
+    def body(f):
+        node = ast.parse(inspect.getsource(f)).body[0]
+        return [ast.unparse(n) for n in node.body[1:]]   # the docstring apart
+    assert body(G.quarantined) == body(acceptance.quarantined)
+
+
+def test_a_suspect_mark_that_does_not_read_is_still_a_mark():
+    """rerun2's N12: a mark of {}, [], 0 or "" read as no mark: the card's units no longer held stopped."""
+    for mark in ({}, [], 0, "", "yes", {"since": 1}):
+        got = G.xid_state_of({"cards": {"0000:2b:00": {"suspect": mark}}})["cards"]["0000:2b:00"]["suspect"]
+        assert got == {"since": "an unknown time", "line": "(the guard's record of it does not read)"}, mark
+    for none in (None, False):
+        assert G.xid_state_of({"cards": {"0000:2b:00": {"suspect": none}}})["cards"]["0000:2b:00"]["suspect"] is None
+    assert G.xid_state_of({"cards": {"0000:2b:00": {}}})["cards"]["0000:2b:00"]["suspect"] is None
