@@ -10,7 +10,8 @@ script, bench.py sends it to each host it measures, and tests/gpu/ runs it with 
 
 One completion's rate (:func:`completion`) is llama-server's own generation rate when it reports
 one (``timings.predicted_per_second``: decoding alone, as llama-bench's tg), else the completion
-tokens over the request's wall time. A concurrency level (:func:`level`) runs N clients at once,
+tokens over the request's wall time; its tokens are usage's count, at most the bytes of the text
+the answer holds (none for an answer of no text: a count alone is no generation). A concurrency level (:func:`level`) runs N clients at once,
 each sending ``rounds`` completions one after the other: total tok/s is every completion token
 over the level's wall time, per-request tok/s the mean of the requests' own rates.
 """
@@ -72,6 +73,27 @@ def _tokens(doc, max_tokens: int) -> int:
         raise ValueError(f"usage.completion_tokens is not a whole number in 0..{max_tokens} "
                          f"(max_tokens): {str(value)[:40]!r}")
     return tokens
+
+
+def _text(doc) -> str:
+    """What a completion's answer wrote: each choice's message ``content`` and its reasoning
+    (``reasoning_content``: llama-server's and vLLM's; ``reasoning``: vLLM's newer name), the texts
+    alone, joined: a thinking model's tokens go to its reasoning."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    messages = [c.get("message") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    return "".join(text for m in messages if isinstance(m, dict)
+                   for text in (m.get("content"), m.get("reasoning_content"), m.get("reasoning")) if isinstance(text, str))
+
+
+def _written(tokens: int, text: str) -> int:
+    """The tokens of a completion counted: the server's ``tokens`` (usage.completion_tokens), at most
+    the UTF-8 bytes of the ``text`` it wrote (:func:`_text`), and none when that text is empty or
+    whitespace alone. A token the server decodes shows as at least one byte of its answer (a
+    byte-fallback token one byte of a character), so a count beyond the text is a claim no text
+    backs: an answer of nothing, at once, "usage": {"completion_tokens": 32} read ~30,000 tok/s
+    and passed the watchdog's floor (issue 61, NT1/N2). A real answer (llama-server's, vLLM's: a
+    few bytes a token) keeps its count."""
+    return min(tokens, len(text.encode(errors="replace"))) if text.strip() else 0
 
 
 def _once(pairs: list) -> dict:
@@ -190,7 +212,8 @@ def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dic
 def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: float = 60,
                model: str | None = None) -> dict:
     """One chat completion of ``max_tokens`` (end of sequence ignored) at ``url`` (http://host:port):
-    ``{"tokens", "seconds", "tps"}``; raises OSError (URLError, timeout), ValueError (an answer
+    ``{"tokens", "seconds", "tps"}``, the tokens those its text backs (:func:`_written`: none for
+    an answer of no text, whatever its usage claims); raises OSError (URLError, timeout), ValueError (an answer
     that is not a completion) or http.client.HTTPException (an answer cut off or not HTTP, which
     urllib lets through: IncompleteRead and BadStatusLine are no OSError)."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
@@ -203,7 +226,7 @@ def completion(url: str, key: str | None = None, max_tokens: int = 32, timeout: 
     with _OPENER.open(request, timeout=timeout) as answer:
         doc = loads(bounded_read(answer, started + timeout))
     seconds = time.monotonic() - started
-    tokens = _tokens(doc, max_tokens)
+    tokens = _written(_tokens(doc, max_tokens), _text(doc))
     timings = doc.get("timings")
     reported = _rate(timings.get("predicted_per_second") if isinstance(timings, dict) else None)
     clock = tokens / seconds if seconds > 0 else 0.0   # the tokens counted over this client's own clock

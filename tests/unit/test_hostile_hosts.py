@@ -108,7 +108,8 @@ def test_a_servers_absurd_own_rate_gives_way_to_the_measured_one(reported):
 
     from rigup import throughput
 
-    body = ('{"usage": {"completion_tokens": 8}, "timings": {"predicted_per_second": %s}}' % reported).encode()
+    body = ('{"choices": [{"message": {"content": "eight words of text a real answer would hold"}}], '
+            '"usage": {"completion_tokens": 8}, "timings": {"predicted_per_second": %s}}' % reported).encode()
 
     class Server(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):

@@ -74,11 +74,48 @@ def test_a_completion_that_is_no_object_is_a_value_error(url, body):
         throughput.completion(url, max_tokens=8, timeout=5)
 
 
+def answer(tokens, content="word " * 128, **more) -> bytes:
+    """A completion's answer as llama-server writes it (``content`` its text), ``more`` its other keys."""
+    return json.dumps({"choices": [{"index": 0, "finish_reason": "length",
+                                    "message": {"role": "assistant", "content": content}}],
+                       "usage": {"completion_tokens": tokens}, **more}).encode()
+
+
 def test_a_plain_completion_is_read(url):
-    Answers.body = b'{"usage": {"completion_tokens": 128}, "timings": {"predicted_per_second": 41.5}}'
+    Answers.body = answer(128, timings={"predicted_per_second": 41.5})
     assert throughput.completion(url, max_tokens=128, timeout=5)["tps"] == 41.5
-    Answers.body = b'{"usage": {"completion_tokens": 0}, "timings": {"predicted_per_second": "41.5"}}'
+    Answers.body = answer(0, timings={"predicted_per_second": "41.5"})
     assert throughput.completion(url, max_tokens=128, timeout=5)["tps"] == 0.0   # text is no JSON number
+
+
+# ---------------------------------------------------------------- issue 61, rerun 3 NT1, rerun 2 N2, N32
+@pytest.mark.parametrize("choices", [[], [{"message": {"content": ""}}], [{"message": {"content": " \n\t\u3000"}}],
+                                     [{"message": {"content": None}}], [{"message": "word word"}], "word " * 32, None])
+def test_a_completion_of_no_text_counts_no_token_whatever_its_usage_claims(url, choices):
+    """NT1/N2: a server that answered at once with no text (choices [], content '' or blanks) and
+    usage.completion_tokens 32 read 32 tokens over ~1 ms: ~30,000 tok/s, past any watchdog floor;
+    with timings.predicted_per_second 9999999, the same (the claim is within 2x that clock)."""
+    for timings in ({}, {"timings": {"predicted_per_second": 9999999}}):
+        Answers.body = json.dumps({"choices": choices, "usage": {"completion_tokens": 32}, **timings}).encode()
+        got = throughput.completion(url, max_tokens=32, timeout=5)
+        print(f"{choices!r} {timings}: {got}")
+        assert got["tokens"] == 0 and got["tps"] == 0.0
+
+
+def test_a_completions_count_is_at_most_the_bytes_of_its_text(url):
+    """N32: content 'x' with usage.completion_tokens 128 read 128 tokens; a token shows as a byte of
+    the text at least (a byte-fallback token: one byte of a character), so 'x' backs one; a real
+    answer (a few bytes a token, its thinking under reasoning_content) keeps its count."""
+    Answers.body = answer(128, "x")
+    assert throughput.completion(url, max_tokens=128, timeout=5)["tokens"] == 1
+    Answers.body = answer(4, "\U0001f600")                # 4 byte tokens, one character
+    assert throughput.completion(url, max_tokens=128, timeout=5)["tokens"] == 4
+    for key in ("reasoning_content", "reasoning"):        # llama-server's and vLLM's; vLLM's newer name
+        Answers.body = json.dumps({"choices": [{"message": {"content": "", key: "Let me think " * 10}}],
+                                   "usage": {"completion_tokens": 32}}).encode()
+        assert throughput.completion(url, max_tokens=32, timeout=5)["tokens"] == 32
+    Answers.body = answer(32, "\ud800" * 40)              # a lone surrogate (JSON allows it): no crash
+    assert throughput.completion(url, max_tokens=32, timeout=5)["tokens"] == 32
 
 
 @pytest.mark.parametrize("value, served", [("\u0661\u0662", None), ("1_2", None), ("0012", None), ("-3", None),

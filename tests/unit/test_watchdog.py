@@ -606,8 +606,9 @@ class Reports(BaseHTTPRequestHandler):
 
     def do_POST(self):
         asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        body = ('{"usage": {"completion_tokens": %d}, "timings": {"predicted_per_second": %s}}'
-                % (asked["max_tokens"], self.server.rate)).encode()
+        body = ('{"choices": [{"message": {"content": "%s"}}], "usage": {"completion_tokens": %d}, '
+                '"timings": {"predicted_per_second": %s}}'
+                % ("word " * asked["max_tokens"], asked["max_tokens"], self.server.rate)).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -697,7 +698,8 @@ def reply(handler: BaseHTTPRequestHandler, body: bytes) -> None:
 def answer_fast(handler: BaseHTTPRequestHandler) -> int:
     """A whole completion of the tokens asked, at 400 tok/s as the server reports it; the tokens."""
     tokens = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length", 0))))["max_tokens"]
-    reply(handler, json.dumps({"usage": {"completion_tokens": tokens}, "timings": {"predicted_per_second": 400.0}}).encode())
+    reply(handler, json.dumps({"choices": [{"message": {"content": "word " * tokens}}], "usage": {"completion_tokens": tokens},
+                               "timings": {"predicted_per_second": 400.0}}).encode())
     return tokens
 
 
@@ -775,7 +777,8 @@ class Router(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        reply(self, json.dumps({"usage": {"completion_tokens": body["max_tokens"]},
+        reply(self, json.dumps({"choices": [{"message": {"content": "word " * body["max_tokens"]}}],
+                                "usage": {"completion_tokens": body["max_tokens"]},
                                 "timings": {"predicted_per_second": 400.0}}).encode())
 
     def log_message(self, *a):
@@ -902,7 +905,8 @@ class Claims(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(self.server.wait)
-        reply(self, json.dumps({"usage": {"completion_tokens": self.server.tokens},
+        reply(self, json.dumps({"choices": [{"message": {"content": "word " * self.server.tokens}}],
+                                "usage": {"completion_tokens": self.server.tokens},
                                 "timings": {"predicted_per_second": 9999999}}).encode())
 
     def log_message(self, *a):
