@@ -52,8 +52,10 @@ from pyinfra.api.exceptions import PyinfraError
 
 from rigup import playfile, yamlfile
 from rigup.boundary import owned
+from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
 from rigup.boundary.numbers import number
+from rigup.text import shown
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES_DIR = ROOT / "roles"
@@ -370,31 +372,59 @@ def source_of(host, key: str) -> str:
     return var.file if var else "inventory data"
 
 
+def data_pairs(args: list[str]) -> list[tuple[str, str]]:
+    """The ``--data key=value`` pairs among pyinfra's arguments, ``(key, its text)`` in command-line
+    order, read by pyinfra's own command (its click parser): ``--data k=v`` and ``--data=k=v`` alike,
+    a word that is another option's value or a command's (``exec -- ...``) not one. A reading by hand
+    put every ``--data=`` pair after the ``--data`` ones, so rigup checked another survivor than
+    pyinfra's (issue 61, rerun 2 N5). A command line click refuses gives none: pyinfra runs no play
+    with it, and says why itself."""
+    import click   # pyinfra's CLI, imported only when a command line is read
+    from pyinfra_cli.cli import cli
+
+    try:
+        opts, _, _ = cli.make_parser(click.Context(cli)).parse_args(list(args))
+    except click.UsageError:
+        return []
+    return [(k, v) for k, _, v in (p.partition("=") for p in opts.get("data") or ())]
+
+
 def data_texts(args: list[str]) -> dict[str, str]:
-    """The ``--data key=value`` pairs among pyinfra's arguments (``--data k=v`` or ``--data=k=v``) as
-    typed, ``{key: its text}``; the words after ``--`` are a command's (``exec -- ...``), not pyinfra's."""
-    args = args[:args.index("--")] if "--" in args else args
-    pairs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--data"]
-    pairs += [a.split("=", 1)[1] for a in args if a.startswith("--data=")]
-    return {k: v for k, _, v in (p.partition("=") for p in pairs)}
+    """``{key: its text}`` of the ``--data`` pairs (:func:`data_pairs`), the last of a key given
+    twice winning, as pyinfra keeps it."""
+    return dict(data_pairs(args))
 
 
 def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
-    """(key, message) for each ``--data`` value (:func:`data_texts`) that pyinfra reads as a number
-    rigup's one number parser (rigup.boundary.numbers: ASCII decimal digits, no leading zero, at most 18
-    digits) does not: pyinfra_cli's parse_cli_arg tries ``int()`` first, which reads ``5_0_0`` and
-    ``٥٠٠`` (another script's digits) as 500, where the YAML loader refuses the one and reads the other
-    as text (issue 61). Only the command line's text shows it: pyinfra keeps the int alone."""
+    """(key, message) for each ``--data`` value (every pair of :func:`data_pairs`, an overridden one
+    too) that pyinfra reads as a number rigup's one number parser (rigup.boundary.numbers: ASCII
+    decimal digits, no leading zero, at most 18 digits) does not, or as JSON rigup's JSON reader
+    (rigup.boundary.core.loads) refuses. pyinfra_cli's parse_cli_arg tries ``int()`` first, which reads
+    ``5_0_0`` and ``٥٠٠`` (another script's digits) as 500, where the YAML loader refuses the one and
+    reads the other as text (issue 61); then ``json.loads``, which keeps the last of a key given twice
+    where the YAML loader refuses it (rerun 2 N34). Only the command line's text shows either."""
+    from rigup.inventory import cli_value   # pyinfra's reading of a --data value (inventory imports this module)
+
     found = []
-    for key, text in data_texts(args).items():
+    for key, text in data_pairs(args):
         try:
-            read = int(text)   # pyinfra's own reading of it (parse_cli_arg), to say what it made of the text
-        except ValueError:
+            read = cli_value(text)   # to say what pyinfra made of the text
+        except RecursionError:       # json.loads past Python's stack: pyinfra ends in a traceback
+            read = None
+        if isinstance(read, bool) or (isinstance(read, str) and read == text):
+            continue                 # true/false, or text pyinfra keeps as it is
+        if type(read) is int:
+            if number(text, int) != read:
+                found.append((key, f"{key}={text!r}: pyinfra reads it as the number {read}, which rigup does not "
+                                   f"take (ASCII digits 0-9 alone, no '_', no leading zero): write {read}, or quote "
+                                   f"text (--data '{key}=\"...\"')"))
             continue
-        if number(text, int) != read:
-            found.append((key, f"{key}={text!r}: pyinfra reads it as the number {read}, which rigup does not take "
-                               f"(ASCII digits 0-9 alone, no '_', no leading zero): write {read}, or quote text "
-                               f"(--data '{key}=\"...\"')"))
+        try:
+            loads(text, key)
+        except Unreadable as e:
+            found.append((key, f"{key}={shown(text, 80)}: pyinfra reads it as JSON, which rigup does not take "
+                               f"({e.why.removeprefix('not JSON (').removesuffix(')')}): give each key once, "
+                               "no NaN or Infinity"))
     return found
 
 

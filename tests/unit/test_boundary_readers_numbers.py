@@ -32,8 +32,6 @@ ALLOWED = {
     ("rigup/gate.py", "measured_tps"): (1, "a JSON number already checked (int or float, positive)"),
     ("rigup/gate.py", "journal_exit"): (1, "the journal line regex's status=([0-9]+)"),
     ("rigup/config.py", "parse_form"): (2, "a form's bounds in a role's defaults.yml comment (rigup's file)"),
-    ("rigup/config.py", "data_number_problems"): (1, "pyinfra's own reading of a --data value, to refuse what "
-                                                     "numbers.number does not read alike"),
     ("rigup/inventory.py", "cli_value"): (1, "pyinfra_cli's parse_cli_arg, mirrored (tests/unit/test_inventory.py); "
                                              "rigup.config refuses what it misreads"),
 }

@@ -363,7 +363,57 @@ def test_a_plain_data_number_or_text_or_a_commands_word_passes(args):
 
 
 def test_data_texts_are_the_words_as_typed():
-    assert config.data_texts(["-y", "--data", "a=5_0_0", "--data=b=x=y", "--data"]) == {"a": "5_0_0", "b": "x=y"}
+    assert config.data_texts(["-y", "--data", "a=5_0_0", "--data=b=x=y"]) == {"a": "5_0_0", "b": "x=y"}
+    # pyinfra's click refuses a --data with no value: pyinfra runs no play, rigup has no pair to check
+    assert config.data_texts(["-y", "--data", "a=5_0_0", "--data"]) == {}
+    # a word that is another option's value, or a command's, is no --data pair
+    assert config.data_pairs(["--limit", "--data", "inv.py", "exec", "--", "--data", "x=1"]) == []
+
+
+@pytest.mark.parametrize("args", [["--data=gpu_psu_watts=500", "inv.py", "deploy.py", "--data", "gpu_psu_watts=4_0_0"],
+                                  ["--data", "gpu_psu_watts=4_0_0", "inv.py", "deploy.py", "--data=gpu_psu_watts=500"]])
+def test_a_data_number_is_checked_whatever_its_spelling_and_place(args):
+    """Rerun 2 of issue 61, N5: --data=gpu_psu_watts=500 ... --data gpu_psu_watts=4_0_0: rigup read
+    every --data=k=v after the --data k=v ones, so it checked 500 where pyinfra kept 400 (4_0_0)."""
+    found = config.data_number_problems(args)
+    assert [key for key, _ in found] == ["gpu_psu_watts"] and "'4_0_0'" in found[0][1]
+
+
+def test_a_data_json_value_with_a_key_twice_is_refused_naming_data_and_the_key(monkeypatch):
+    """Rerun 2 of issue 61, N34: pyinfra reads a --data value by json.loads, which keeps the last
+    of a key given twice (here the one binding 0.0.0.0), where the YAML loader refuses it."""
+    text = '{"x": {"model": "a"}, "x": {"model": "b", "host": "0.0.0.0"}}'
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inv.py", "deploy.py", "--data", f"llama_server_instances={text}"])
+    h = host_with(override={"gpu_psu_watts": 500, "llama_server_instances": {"x": {"model": "b", "host": "0.0.0.0"}}})
+    with pytest.raises(ConfigError, match=r"--data: llama_server_instances=\{.*pyinfra reads it as JSON, which rigup "
+                                          r"does not take \(the key 'x' twice\)") as e:
+        check_host(h)
+    print(e.value)
+    for bad in ("NaN", "[-Infinity]", "[" * 50000):
+        assert [key for key, _ in config.data_number_problems(["--data", f"k={bad}"])] == ["k"]
+    for good in ('{"x": 1, "y": 1}', '"NaN"', "text", "true", "[1, 2]"):
+        assert config.data_number_problems(["--data", f"k={good}"]) == []
+
+
+WORDS = st.sampled_from(["-y", "--dry", "-v", "inv.py", "deploy.py", "--limit=lab1", "--fail-percent=5"])
+PAIRS = st.tuples(st.sampled_from(["a", "b", "gpu_psu_watts"]), st.sampled_from(["500", "4_0_0", "x", "1=2", '{"k": 1}']))
+
+
+@settings(max_examples=300, deadline=2000)
+@given(st.lists(st.tuples(st.booleans(), PAIRS, st.lists(WORDS, max_size=2)), max_size=6))
+def test_data_pairs_are_pyinfras_in_its_order(items):
+    """Property: whatever the spelling (--data k=v or --data=k=v) and the words between, rigup reads
+    the pairs pyinfra's CLI reads, in its order, the survivor of a key given twice its survivor, and
+    refuses a number if any of its pairs is one (an overridden one too)."""
+    from pyinfra_cli.cli import _set_override_data
+    from rigup.inventory import overrides
+    args, pairs = [], []
+    for joined, (key, value), words in items:
+        args += ([f"--data={key}={value}"] if joined else ["--data", f"{key}={value}"]) + words
+        pairs.append((key, value))
+    assert config.data_pairs(args) == pairs
+    assert overrides(args) == _set_override_data([f"{k}={v}" for k, v in pairs], None, None, None, None, None)
+    assert bool(config.data_number_problems(args)) == any(v == "4_0_0" for _, v in pairs)
 
 
 @settings(max_examples=300, deadline=1000)
