@@ -246,13 +246,14 @@ def figures(meta: dict) -> dict:
         raise GGUFRefused(f"general.architecture is {type(arch).__name__}, not a string")
     get = (lambda k: meta.get(f"{arch}.{k}")) if arch else (lambda k: None)
     layers, trained = get("block_count"), get("context_length")
-    if layers is not None and (type(layers) is not int or not 0 <= layers <= MAX_LAYERS):
-        raise GGUFRefused(f"{arch}.block_count {str(layers)[:40]} is not a layer count (0..{MAX_LAYERS})")
+    # 0 layers is no model to size (its KV "not counted"): refused as a missing count is (unsized, C10)
+    if layers is not None and (type(layers) is not int or not 1 <= layers <= MAX_LAYERS):
+        raise GGUFRefused(f"{arch}.block_count {str(layers)[:40]} is not a layer count (1..{MAX_LAYERS})")
     if trained is not None and (type(trained) is not int or not 0 < trained <= MAX_CONTEXT):
         raise GGUFRefused(f"{arch}.context_length {str(trained)[:40]} is not a context length (1..{MAX_CONTEXT})")
     out = {"architecture": arch, "layers": layers, "kv_gib_per_1k_tokens": None, "context_length": trained}
     heads, width = get("attention.head_count"), get("embedding_length")
-    if not layers or heads is None:
+    if layers is None or heads is None:
         return out
     kv_key = "attention.head_count_kv" if get("attention.head_count_kv") is not None else "attention.head_count"
     heads_kv = _per_layer(f"{arch}.{kv_key}", get(kv_key), layers)

@@ -88,8 +88,9 @@ def gguf_figures(figures: object, where: str) -> dict:
         out[key] = None if value is None else json_whole(value, hi)
         if value is not None and out[key] is None:
             raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
-    if out["layers"] is None:   # kept before rigup refused a header it cannot size (rigup/gguf.py unsized)
-        raise Unreadable(f"{where}: layers", "no layer count: rigup cannot size the model (llama.cpp's loader needs it)")
+    if not out["layers"]:   # kept before rigup refused a header it cannot size (rigup/gguf.py unsized, figures)
+        raise Unreadable(f"{where}: layers", f"{'no layer count' if out['layers'] is None else '0 layers'}: rigup "
+                         "cannot size the model (llama.cpp's loader needs it)")
     kv = figures.get("kv_gib_per_1k_tokens")
     out["kv_gib_per_1k_tokens"] = None if kv is None else required(kv, f"{where}: kv_gib_per_1k_tokens", float, 0, 1e9)
     # kept before rigup read it (no key): not known, as a header longer than the bytes read

@@ -248,3 +248,19 @@ def test_a_header_rigup_cannot_size_is_named_why():
     cut = read_header(right[:80], NOT_TOKENIZER)   # more bytes will tell: not yet
     assert unsized(cut, kv_figures(cut.meta), 1 << 30, False) is None
     assert "no llama.block_count in the bytes read" in unsized(cut, kv_figures(cut.meta), 1 << 30, True)
+
+
+def test_a_header_of_0_layers_is_refused_naming_the_key():
+    """rerun1 N64: ``block_count`` 0 gave layers 0 and KV None, and unsized() None: the model was
+    sized with its "KV cache not counted" rather than refused, C10's class by another door. The hub's
+    cache, kept before, reads 0 layers as no layer count too."""
+    from rigup.boundary.core import Unreadable
+    from rigup.boundary.hosttext import gguf_figures
+
+    with pytest.raises(GGUFRefused, match=r"llama.block_count 0 is not a layer count \(1\.\."):
+        kv_figures(metadata(header([("general.architecture", "llama"), ("llama.block_count", 0),
+                                    ("llama.attention.head_count", 32), ("llama.embedding_length", 4096)])))
+    assert kv_figures(metadata(header(LLAMA[:1] + [("llama.block_count", 1)] + LLAMA[2:])))["layers"] == 1
+    with pytest.raises(Unreadable, match="0 layers"):
+        gguf_figures({"architecture": "llama", "layers": 0, "kv_gib_per_1k_tokens": None, "context_length": None,
+                      "read_bytes": 4096}, "m.gguf")
