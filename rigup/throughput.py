@@ -188,22 +188,30 @@ def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dic
     """Each model of a router (llama-server's router mode) as its /models shows it now: id ->
     ``{"value": its status ("loaded", "loading", "unloaded"...), "failed": whether its last load
     failed (llama-server's ``failed``, true only), "exit_code": that load's exit code, a whole
-    number or None}``; None when /models cannot be read. Reading it loads nothing."""
+    number or None}``; None when /models cannot be read or is of any other shape, as the metrics
+    relay's reader refuses it (roles/metrics/relay.py model_statuses; tests/unit/test_throughput.py
+    holds the two equal): data no list (``{"data": "abc"}`` and ``{}`` read as no model loaded, so
+    the watchdog judged nothing), a model that is no map with a text id, a status neither a map nor
+    null, its value no text, a model listed twice. Reading it loads nothing."""
     request = urllib.request.Request(f"{url.rstrip('/')}/models")
     if key:
         request.add_unredirected_header("Authorization", f"Bearer {key}")
     try:
         with _OPENER.open(request, timeout=timeout) as answer:
             listed = loads(bounded_read(answer, time.monotonic() + timeout))
+        data = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(data, list):
+            return None
         found = {}
-        for m in listed.get("data", []):
-            status = (m.get("status") or {}) if isinstance(m, dict) else None
-            if isinstance(status, dict):
-                code, model = status.get("exit_code"), m.get("id")
-                if not isinstance(model, str) or model in found:   # no name, or a model listed twice: which is it? none
-                    return None
-                found[model] = {"value": status.get("value"), "failed": status.get("failed") is True,
-                                "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}
+        for m in data:
+            status = m.get("status") if isinstance(m, dict) else None
+            value = status.get("value") if isinstance(status, dict) else None
+            if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(status, (dict, type(None))) \
+                    or not isinstance(value, (str, type(None))) or m["id"] in found:   # listed twice: which is it?
+                return None
+            code = (status or {}).get("exit_code")
+            found[m["id"]] = {"value": value, "failed": (status or {}).get("failed") is True,
+                              "exit_code": figure(code, -(2 ** 31), 2 ** 31) if type(code) is int else None}
         return found
     except (OSError, ValueError, KeyError, TypeError, AttributeError, http.client.HTTPException):
         return None
