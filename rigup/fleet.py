@@ -83,11 +83,17 @@ _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
 # with the words status uses for it. A unit counts only where it is enabled: rigup enables each one
 # the host's configuration asks for (the watchdog's timer is disabled where nothing is watched), so
 # one enabled and not active watches nothing. Their words come from systemctl (kept to [a-z-]).
+# A timer stays active while the service it starts fails at every run (rerun3's NW3: the host
+# unwatched, status silent), so each line carries its service's last result too (systemd's Result:
+# success, or why it failed), and a timer's service whose last run failed is named by its words.
 WATCHERS = {"rigup-metrics-relay.service": "metrics relay", "rigup-watchdog.timer": "watchdog timer",
             GUARD_TIMER: "GPU guard timer", "prometheus-node-exporter.service": "node exporter"}
+TIMED = {f"{u.removesuffix('.timer')}.service": what.removesuffix(" timer")
+         for u, what in WATCHERS.items() if u.endswith(".timer")}   # a timer's service -> its words
 WATCHERS_SECTION = (f"for u in {' '.join(shlex.quote(u) for u in WATCHERS)}; do "
                     'echo "$u $(systemctl is-enabled "$u" 2>/dev/null | head -n 1) '
-                    '$(systemctl is-active "$u" 2>/dev/null | head -n 1)"; done; true')
+                    '$(systemctl is-active "$u" 2>/dev/null | head -n 1) '
+                    '$(systemctl show -p Result --value "${u%.*}.service" 2>/dev/null | head -n 1)"; done; true')
 _STATE = re.compile(r"[a-z-]{1,32}")
 
 
@@ -252,12 +258,19 @@ def parse_serving(lines: list[str]) -> list[dict]:
 
 def parse_watchers(lines: list[str]) -> dict[str, str]:
     """The watchers section -> ``{its words: its state}`` for each unit of :data:`WATCHERS` that is
-    enabled and not active (``{"metrics relay": "failed"}``); a line of another shape is left out."""
+    enabled and not active (``{"metrics relay": "failed"}``), and for each enabled timer whose
+    service's last run did not succeed, its service's words (:data:`TIMED`: ``{"watchdog":
+    "failed"}``; a result of another shape counts as failed); a line of another shape is left out."""
     out = {}
     for line in lines[:len(WATCHERS)]:
-        unit, enabled, active = (line.split() + ["", "", ""])[:3]
-        if unit in WATCHERS and enabled == "enabled" and active != "active":
+        unit, enabled, active, result = (line.split() + ["", "", "", ""])[:4]
+        if unit not in WATCHERS or enabled != "enabled":
+            continue
+        if active != "active":
             out[WATCHERS[unit]] = active if _STATE.fullmatch(active) else "unknown"
+        service = f"{unit.removesuffix('.timer')}.service"
+        if service in TIMED and result and result != "success":
+            out[TIMED[service]] = "failed"
     return out
 
 
@@ -635,8 +648,11 @@ def notes(row: dict, width: int = WIDTH) -> list[str]:
     if g["tripped"]:
         texts.append(f"guard TRIPPED {g['time'] or ''}: {g['reason']}".replace("  ", " "))
     texts += [f"download {d}" for d in row["downloads"] if not d.endswith(" complete")]
+    down = row.get("watchers_down") or {}
     texts += [f"{what} {state} ({unit}): a converge starts it again"
-              for unit, what in WATCHERS.items() if (state := (row.get("watchers_down") or {}).get(what))]
+              for unit, what in WATCHERS.items() if (state := down.get(what))]
+    texts += [f"{what} {state} ({unit}): its last run failed, its timer runs it again (journalctl -u {unit})"
+              for unit, what in TIMED.items() if (state := down.get(what))]
     if row.get("burnin_unreadable"):   # its quarantined cards above: the controller's last good copy's
         texts.append(f"burn-in records unreadable: {row['burnin_unreadable']}")
     return [ln for t in texts for ln in textwrap.wrap(t, width, initial_indent="  ", subsequent_indent="      ",

@@ -58,14 +58,19 @@ def hosts(fleet):
         json.dumps({"t": 0, "time": "2026-11-30 09:00:00 +0000", "reason": "card 0: 450 W average > 400 W"}))
     on_host(lab, hot, "rigup-gpu-sim set -i 0 --draw 180 --temp 70")
     # issue 65: a watcher down, as a crash or a stop leaves it: the relay enabled and failed, the
-    # watchdog's timer enabled and stopped
+    # watchdog's timer enabled and stopped; rerun3's NW3: the GPU guard's timer enabled and active,
+    # its service failing at every run (its last Result exit-code)
     watched = names[5]
     put(watched, f"{units}/rigup-metrics-relay.service", "[Service]\nExecStart=/bin/false\n[Install]\nWantedBy=multi-user.target\n")
     put(watched, f"{units}/rigup-watchdog.service", "[Service]\nType=oneshot\nExecStart=/bin/true\n")
     put(watched, f"{units}/rigup-watchdog.timer", "[Timer]\nOnUnitActiveSec=1h\n[Install]\nWantedBy=timers.target\n")
-    on_host(lab, watched, "systemctl daemon-reload && systemctl enable -q rigup-metrics-relay.service rigup-watchdog.timer && "
-                          "{ systemctl start rigup-metrics-relay.service; true; } && "
-                          "for i in $(seq 50); do [ \"$(systemctl is-active rigup-metrics-relay.service)\" = failed ] && exit 0; "
+    put(watched, f"{units}/rigup-gpu-guard.service", "[Service]\nType=oneshot\nExecStart=/bin/false\n")
+    put(watched, f"{units}/rigup-gpu-guard.timer", "[Timer]\nOnUnitActiveSec=1h\n[Install]\nWantedBy=timers.target\n")
+    on_host(lab, watched, "systemctl daemon-reload && systemctl enable -q rigup-metrics-relay.service rigup-watchdog.timer "
+                          "rigup-gpu-guard.timer && systemctl start rigup-gpu-guard.timer && "
+                          "{ systemctl start rigup-metrics-relay.service rigup-gpu-guard.service; true; } && "
+                          "for i in $(seq 50); do [ \"$(systemctl is-active rigup-metrics-relay.service)\" = failed ] && "
+                          "[ \"$(systemctl show -p Result --value rigup-gpu-guard.service)\" = exit-code ] && exit 0; "
                           "sleep 0.1; done; exit 1")
     return fleet
 
@@ -103,7 +108,8 @@ def test_table_one_row_per_host(hosts):
 
 def test_a_watcher_down_is_named_in_the_hosts_that_need_attention(hosts):
     """issue 65: the relay failed and the watchdog's timer stopped on one host: status names each,
-    with its unit, under that host's row; no other host has a watcher named."""
+    with its unit, under that host's row; no other host has a watcher named. rerun3's NW3: the GPU
+    guard's timer active while its service fails at every run is named too."""
     names = [h["name"] for h in hosts]
     run = status(hosts)
     lines = run.output.splitlines()
@@ -111,9 +117,14 @@ def test_a_watcher_down_is_named_in_the_hosts_that_need_attention(hosts):
     under = [ln for ln in after[:next((i for i, ln in enumerate(after) if not ln.startswith("  ")), len(after))]
              if "(rigup-" in ln]
     print("\n" + "\n".join(under))
-    assert under == ["  metrics relay failed (rigup-metrics-relay.service): a converge starts it again",
-                     "  watchdog timer inactive (rigup-watchdog.timer): a converge starts it again"], under
+    assert under[:2] == ["  metrics relay failed (rigup-metrics-relay.service): a converge starts it again",
+                         "  watchdog timer inactive (rigup-watchdog.timer): a converge starts it again"], under
+    block = " ".join(ln.strip() for ln in after[:next((i for i, ln in enumerate(after) if not ln.startswith("  ")),
+                                                      len(after))])   # a long note wraps: its lines joined
+    assert ("GPU guard failed (rigup-gpu-guard.service): its last run failed, its timer runs it again "
+            "(journalctl -u rigup-gpu-guard.service)") in block, block
     assert sum("a converge starts it again" in ln for ln in lines) == 2
+    assert sum("its timer runs it again" in ln for ln in lines) == 1
 
 
 def test_json_for_scripts(hosts):

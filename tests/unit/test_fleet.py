@@ -513,21 +513,45 @@ def test_a_watcher_enabled_and_not_active_is_named_among_the_hosts_problems():
     assert fleet.host_problems(fleet.host_row("lab1", {}, downloads=[], maintenance=False, models={})) == []
 
 
+def test_a_timer_whose_service_fails_at_every_run_is_named():
+    """rerun3's NW3: the GPU guard's service failing at every run left its timer active and waiting:
+    status named nothing, the host unguarded. Each enabled timer's service's last result is read:
+    one not ``success`` names the service (``GPU guard failed``), with its unit and where to look."""
+    lines = ["rigup-metrics-relay.service enabled active success", "rigup-watchdog.timer enabled active success",
+             "rigup-gpu-guard.timer enabled active exit-code", "prometheus-node-exporter.service enabled active success"]
+    assert fleet.parse_watchers(lines) == {"GPU guard": "failed"}
+    assert fleet.parse_watchers(["rigup-watchdog.timer enabled inactive signal"]) == \
+        {"watchdog timer": "inactive", "watchdog": "failed"}
+    assert fleet.parse_watchers(["rigup-watchdog.timer disabled inactive exit-code",   # nothing watched there
+                                 "rigup-gpu-guard.timer enabled active \x1b[31m",      # another shape: failed
+                                 "rigup-metrics-relay.service enabled active exit-code"]) == {"GPU guard": "failed"}
+    assert fleet.parse_watchers(["rigup-watchdog.timer enabled active"]) == {}   # an older systemd: no result
+    row = fleet.host_row("lab1", {"watchers": lines}, downloads=[], maintenance=False, models={})
+    print(fleet.notes(row))
+    assert fleet.host_problems(row) == ["GPU guard failed"]
+    assert " ".join(ln.strip() for ln in fleet.notes(row)) == ("GPU guard failed (rigup-gpu-guard.service): its last "
+                                                              "run failed, its timer runs it again (journalctl -u "
+                                                              "rigup-gpu-guard.service)")
+
+
 def test_the_watchers_section_runs_in_sh(tmp_path):
     stand_in = tmp_path / "systemctl"
-    stand_in.write_text('#!/bin/sh\ncase "$1 $2" in\n  "is-enabled rigup-metrics-relay.service") echo enabled;;\n'
-                        '  "is-active rigup-metrics-relay.service") echo failed; exit 3;;\n'
+    stand_in.write_text('#!/bin/sh\ncase "$1 $2 $3 $4" in\n  "is-enabled rigup-metrics-relay.service  ") echo enabled;;\n'
+                        '  "is-active rigup-metrics-relay.service  ") echo failed; exit 3;;\n'
+                        '  "is-enabled rigup-gpu-guard.timer  ") echo enabled;;\n'
+                        '  "is-active rigup-gpu-guard.timer  ") echo active;;\n'
+                        '  "show -p Result --value") [ "$5" = rigup-gpu-guard.service ] && echo exit-code || echo success;;\n'
                         '  is-enabled*) echo "Failed to get unit file state" >&2; exit 1;;\n  *) echo inactive; exit 3;;\nesac\n')
     stand_in.chmod(0o755)
     out = subprocess.run(["sh", "-c", fleet.WATCHERS_SECTION], capture_output=True, text=True,
                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True).stdout.splitlines()
     print(out)
-    assert fleet.parse_watchers(out) == {"metrics relay": "failed"}
+    assert fleet.parse_watchers(out) == {"metrics relay": "failed", "GPU guard": "failed"}
 
 
 @settings(max_examples=200, deadline=1000)
 @given(st.lists(st.text(max_size=80), max_size=8))
 def test_any_watchers_section_reads_as_known_watchers_and_plain_words(lines):
     found = fleet.parse_watchers(lines)
-    assert set(found) <= set(fleet.WATCHERS.values())
+    assert set(found) <= set(fleet.WATCHERS.values()) | set(fleet.TIMED.values())
     assert all(fleet._STATE.fullmatch(v) for v in found.values())
