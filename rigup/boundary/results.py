@@ -285,15 +285,27 @@ def _cell(limit: int) -> Callable[[Any, str], str]:
 
 
 def _measured(value: Any, where: str) -> dict:
-    """One level of rigup/throughput.py's sweep (its ``level``)."""
+    """One level of rigup/throughput.py's sweep (its ``level``), its tok/s backed by its counts: a
+    rate above 0 needs a request answered and tokens (requests 0, tokens 0 and 9999999 tok/s was
+    read as measured: rerun 2 of issue 61, N4), and its total tok/s is its tokens over its seconds
+    as throughput.py gives them (seconds rounded to 3 places, tok/s to 2)."""
     if not isinstance(value, dict):
         raise Unreadable(where, "not a map")
     count, tps = _whole(0, COUNT_MAX), lambda v, w: _float(v, w, 0, TPS_MAX)
-    return _typed(value, where, {"concurrency": (_whole(1, LEVEL_MAX), True), "requests": (count, True),
-                                 "failed": (count, True), "tokens": (count, False),
-                                 "seconds": (lambda v, w: _float(v, w, 0, SECONDS_MAX), False),
-                                 "total_tps": (tps, True), "per_request_tps": (tps, True),
-                                 "errors": (_list(_prose, 16), False)})
+    level = _typed(value, where, {"concurrency": (_whole(1, LEVEL_MAX), True), "requests": (count, True),
+                                  "failed": (count, True), "tokens": (count, False),
+                                  "seconds": (lambda v, w: _float(v, w, 0, SECONDS_MAX), False),
+                                  "total_tps": (tps, True), "per_request_tps": (tps, True),
+                                  "errors": (_list(_prose, 16), False)})
+    rates, tokens, seconds = (level["total_tps"], level["per_request_tps"]), level.get("tokens"), level.get("seconds")
+    if any(rates) and (not level["requests"] or tokens == 0):
+        raise Unreadable(where, f"{max(rates)} tok/s of {level['requests']} request(s) and {tokens} token(s)")
+    if tokens is not None and seconds is not None:
+        lo, hi = tokens / (seconds + 0.0005), tokens / (seconds - 0.0005) if seconds > 0.0005 else float("inf")
+        if not lo - 0.005 <= level["total_tps"] <= hi + 0.005:
+            raise Unreadable(f"{where}: total_tps", f"{level['total_tps']}, while its {tokens} tokens over "
+                                                    f"{seconds} s are {tokens / seconds if seconds else float('inf'):.2f} tok/s")
+    return level
 
 
 def throughput(value: Any, where: str) -> dict:

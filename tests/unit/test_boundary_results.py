@@ -505,6 +505,35 @@ def test_any_value_in_a_throughput_line_is_refused_or_typed(path, value):
             assert all(isinstance(lv[k], float) and 0 <= lv[k] <= results.TPS_MAX for k in ("total_tps", "per_request_tps"))
 
 
+@pytest.mark.parametrize("level", [
+    {**LEVEL, "requests": 0, "tokens": 0, "seconds": 1.0, "total_tps": 9999999, "per_request_tps": 9999999},   # N4
+    {**LEVEL, "requests": 0, "tokens": 0, "seconds": 1.0, "total_tps": 0.0, "per_request_tps": 5.0},
+    {**LEVEL, "tokens": 0, "total_tps": 0.0, "per_request_tps": 41.5},
+    {k: v for k, v in {**LEVEL, "requests": 0, "per_request_tps": 0.0}.items() if k not in ("tokens", "seconds")},
+    {**LEVEL, "total_tps": 9999999.0},                       # 512 tokens over 3.2 s are 160 tok/s
+    {**LEVEL, "seconds": 0.0, "tokens": 1, "total_tps": 3.0},
+])
+def test_a_level_claiming_tok_s_its_counts_do_not_give_is_refused(level):
+    """Rerun 2 of issue 61, N4: a level of 0 requests and 0 tokens claiming 9999999 tok/s was read
+    as measured: its rate is now its tokens over its seconds, and none without requests and tokens."""
+    with pytest.raises(Unreadable, match="tok/s|total_tps") as e:
+        results.throughput({"levels": [level]}, WHERE)
+    print(e.value)
+
+
+@settings(max_examples=200, deadline=1000)
+@given(tokens=st.integers(0, 10**6), raw=st.floats(0.0006, 1e5), requests=st.integers(1, 4096),
+       per_request=st.floats(0, 1e6))
+def test_a_level_as_throughput_py_writes_it_reads_back(tokens, raw, requests, per_request):
+    """What rigup/throughput.py's level() gives (its seconds rounded to 3 places, total tok/s its tokens
+    over the unrounded seconds, to 2) reads back, however the rounding falls."""
+    level = {"concurrency": 1, "requests": requests, "failed": 0, "errors": [], "tokens": tokens,
+             "seconds": round(raw, 3), "total_tps": round(tokens / raw, 2),
+             "per_request_tps": round(per_request, 2) if tokens else 0.0}
+    if level["total_tps"] <= results.TPS_MAX:
+        assert results.throughput({"levels": [level]}, WHERE) == {"levels": [level]}
+
+
 def test_llama_benchs_json_reads_back():
     got = results.llama_bench(json.dumps(LLAMA_BENCH), WHERE)
     assert got == {"tps": 123.456, "stddev": 1.5, "backend": "CUDA", "threads": 16, "build": "3f2a1b9",
