@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -49,13 +50,13 @@ def left_behind(path: Path | None = None) -> tuple[dict | None, str | None]:
     """(the journal of a roll that died midway, or None; why the journal does not read, or None).
     A journal whose roll still runs is :class:`Running`: two rolls at once would drain each
     other's hosts. The journal's directory, when it exists, is checked first, journal or not
-    (rigup.boundary.owned.directory): one another user can write is :class:`Unjournaled`, naming it
+    (:func:`journal_directory`): one another user can write is :class:`Unjournaled`, naming it
     and the fix, before any drain (:func:`note` writes there next)."""
     path = path or journal_path()
     where = f"controller:{path}"
     if os.path.lexists(path.parent):
         try:
-            owned.directory(path.parent, where)
+            journal_directory(path, where)
         except Unreadable as e:
             raise Unjournaled(f"{e.where}: {e.why} (the roll keeps its journal there), or set RIGUP_CACHE_DIR "
                               "to a directory of your own") from None
@@ -69,6 +70,28 @@ def left_behind(path: Path | None = None) -> tuple[dict | None, str | None]:
         raise Running(f"another roll runs (pid {doc['pid']}, started {time.strftime('%H:%M:%S', time.localtime(doc['started']))}, "
                       f"at batch {', '.join(doc['batch'])}): let it finish, or stop it first")
     return doc, None
+
+
+def journal_directory(path: Path, where: str) -> Path:
+    """The directory the journal ``path`` is in, checked as :func:`note`'s write (rigup.boundary.owned)
+    reaches it: that directory is on the journal's path, where a link of yours or root's is followed
+    (``RIGUP_CACHE_DIR`` -> a directory of yours elsewhere), so a link there is followed when it is,
+    to the directory it leads to, checked as ``owned.directory`` checks one; a link of another user's
+    is :class:`~rigup.boundary.owned.NotOwned`. owned.directory alone refused every link there
+    (round 3 rerun, NJ5: a cache kept behind a link of one's own stopped every roll)."""
+    here = path.parent
+    for _ in range(40):
+        try:
+            st = os.lstat(here)
+            if not stat.S_ISLNK(st.st_mode):
+                return owned.directory(here, where)
+            if st.st_uid not in (os.geteuid(), 0):
+                raise owned.NotOwned(where, f"{path}: the link {here} on its path is owned by uid {st.st_uid}, "
+                                            "not by you or root: name the directory it leads to")
+            here = Path(here.parent, os.readlink(here))   # a relative link: from the link's own directory
+        except OSError as e:   # a link that leads nowhere: owned.write could not write there either
+            raise owned.NotOwned(where, f"{path} cannot be read on the controller: {here}: {e.strerror}") from None
+    raise owned.NotOwned(where, f"{path}: more than 40 links on its path")
 
 
 class Running(Exception):

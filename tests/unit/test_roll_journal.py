@@ -66,6 +66,47 @@ def test_a_journal_directory_another_user_can_write_is_refused_journal_or_not(tm
     assert roll.note(d / "roll.json", None) is None and not (d / "roll.json").exists()
 
 
+def test_a_journal_directory_behind_a_link_of_your_own_is_followed(tmp_path):
+    """Round 3 rerun of issue 61, NJ5: since J7's fix, RIGUP_CACHE_DIR a link of one's own to one's own
+    0700 directory stopped every roll ('it is a symbolic link'), where owned.write (note) follows a
+    link of yours or root's on the journal's path. The link is followed (absolute, relative, a chain)
+    to a directory then checked as any other: a 1777 one behind a link is refused as it is without."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "abs").symlink_to(real)
+    (tmp_path / "rel").symlink_to("real")
+    (tmp_path / "chain").symlink_to("rel")
+    for link in ("abs", "rel", "chain"):
+        path = tmp_path / link / "roll.json"
+        assert roll.left_behind(path) == (None, None)
+        assert roll.note(path, journal(pid=dead_pid())) is None
+        dead, bad = roll.left_behind(path)
+        assert bad is None and dead["batch"] == ["lab2"] and (real / "roll.json").exists()
+        assert roll.note(path, None) is None and not (real / "roll.json").exists()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (tmp_path / "to-shared").symlink_to(shared)
+    (tmp_path / "nowhere").symlink_to(tmp_path / "missing")
+    for link in ("to-shared", "nowhere"):
+        with pytest.raises(roll.Unjournaled) as e:
+            roll.left_behind(tmp_path / link / "roll.json")
+        print(e.value)
+        assert "set RIGUP_CACHE_DIR" in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
+def test_a_journal_directory_behind_another_users_link_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "theirs").symlink_to(real)
+    os.lchown(tmp_path / "theirs", 65534, 65534)
+    with pytest.raises(roll.Unjournaled) as e:
+        roll.left_behind(tmp_path / "theirs" / "roll.json")
+    print(e.value)
+    assert "the link" in str(e.value) and "uid 65534" in str(e.value)
+
+
 @settings(max_examples=80, deadline=1000)
 @given(st.fixed_dictionaries({}, optional={k: st.none() | st.booleans() | st.integers(-5, 1 << 70) | st.floats()
                                            | st.text(max_size=20) | st.lists(st.text(max_size=10), max_size=3)
