@@ -387,7 +387,9 @@ def xid_cards(state, boot: str = "") -> dict:
     str | None}}`` (and ``"slow_link": "Gen3 of Gen4 under load"`` for a link the guard found below
     its maximum under load), read defensively: what has the wrong type is left out, never an error. Counts
     recorded in another boot than ``boot`` (the host's, when known) are left out: the guard starts
-    them again at its next check; a suspect card stays suspect."""
+    them again at its next check; a suspect card stays suspect, and a suspect mark that does not read
+    (``{}``, ``"yes"``, ``0``) is still one, as the guard holds it (roles/gpu_guard/guard.py
+    suspect_of: its units stay stopped; rerun2's N12), its time unknown."""
     cards = state.get("cards") if isinstance(state, dict) else None
     if not isinstance(cards, dict):
         return {}
@@ -399,9 +401,9 @@ def xid_cards(state, boot: str = "") -> dict:
         if key is None or not isinstance(card, dict):
             continue
         suspect = card.get("suspect")
-        suspect = suspect if isinstance(suspect, dict) and suspect else None
-        since = suspect.get("since") if suspect else None
-        out[key] = {"counts": _counts(card.get("counts")) if this_boot else {}, "suspect": suspect is not None,
+        since = suspect.get("since") if isinstance(suspect, dict) else None
+        out[key] = {"counts": _counts(card.get("counts")) if this_boot else {},
+                    "suspect": suspect is not None and suspect is not False,
                     "since": since if isinstance(since, str) else None}
         link = card.get("link") if this_boot else None
         if isinstance(link, dict) and _small(link.get("gen")) and _small(link.get("gen_max")) \

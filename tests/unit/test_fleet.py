@@ -133,9 +133,14 @@ def test_xid_state_read_defensively():
     odd = {"boot": 7, "cards": {"0000:4e:00": {"counts": {"memory": "2", "bus": True, "gsp": -1, "nvlink": 1.5,
                                                           "firmware": 3}, "suspect": "yes"},
                                 "0000:90:00": {"counts": [1], "suspect": {"since": 5}}}}
-    assert fleet.parse_xid([json.dumps(odd)]) == {
-        "0000:4e:00": {"counts": {"firmware": 3}, "suspect": False, "since": None},
+    assert fleet.parse_xid([json.dumps(odd)]) == {   # a mark that does not read is still one, as the guard holds it
+        "0000:4e:00": {"counts": {"firmware": 3}, "suspect": True, "since": None},
         "0000:90:00": {"counts": {}, "suspect": True, "since": None}}
+    for mark in ({}, [], 0, ""):   # rerun2's N12, status's side: each read as no mark
+        got = fleet.parse_xid([json.dumps({"cards": {"0000:4e:00": {"suspect": mark}}})])["0000:4e:00"]
+        assert got["suspect"] is True and got["since"] is None, mark
+    for none in (None, False):
+        assert fleet.parse_xid([json.dumps({"cards": {"0000:4e:00": {"suspect": none}}})])["0000:4e:00"]["suspect"] is False
 
 
 def test_short_progress():
