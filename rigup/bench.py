@@ -325,16 +325,25 @@ def llama_notes(rows: list[dict]) -> list[str]:
     return list(dict.fromkeys(row["note"] for row in rows if row.get("note")))
 
 
+def cell(text: object, limit: int = 400) -> str:
+    """Text a host wrote (an error, a test's name) as it goes into a report's Markdown: one line of
+    printable text (:func:`rigup.text.shown`: escapes visible, cut to ``limit``), its backslashes and
+    ``|`` escaped, so that it stays one cell of a table, or one line: an error holding newlines, a
+    '## x' heading and a table row claiming 99999 tok/s became that heading and row in HOST.md
+    (rerun 2 of issue 61, N3)."""
+    return shown(text, limit).replace("\\", "\\\\").replace("|", "\\|")
+
+
 def llama_markdown(rows: list[dict]) -> list[str]:
     """The llama-bench table of an instance (pp: prompt processing, tg: generation)."""
     lines = ["llama-bench (the serving build and model):", "",
              "| test | tok/s | ± | backend | threads | build |", "| --- | ---: | ---: | --- | ---: | --- |"]
     for row in rows:
         if "tps" in row:
-            lines.append(f"| {row['test']} | {row['tps']:.1f} | {row['stddev']:.1f} | {row['backend']} | "
+            lines.append(f"| {cell(row['test'])} | {row['tps']:.1f} | {row['stddev']:.1f} | {row['backend']} | "
                          f"{row['threads']} | {row['build']} |")
         else:
-            lines.append(f"| {row['test']} | {row.get('skipped') or row.get('error')} | | | | |")
+            lines.append(f"| {cell(row['test'])} | {cell(row.get('skipped') or row.get('error'))} | | | | |")
     notes = llama_notes(rows)
     return lines + ([""] + [f"- {note}" for note in notes] if notes else []) + [""]
 
@@ -349,7 +358,7 @@ def markdown(host: str, result: dict) -> str:
         if inst.get("llama_bench"):
             lines += llama_markdown(inst["llama_bench"])
         if inst.get("error"):
-            lines += [f"Not measured: {inst['error']}", ""]
+            lines += [f"Not measured: {cell(inst['error'])}", ""]
             continue
         lines += ["| concurrency | requests | failed | total tok/s | per-request tok/s |", "| ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {lv['concurrency']} | {lv['requests']} | {lv['failed']} | {lv['total_tps']:.1f} | "

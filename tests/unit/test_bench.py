@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import charts
 from rigup import bench
@@ -341,6 +342,41 @@ def report(tmp_path, measured: dict) -> str:
     [md] = [p for p in bench.write_reports(bench._results, tmp_path) if p.suffix == ".md"]
     bench._results.clear()
     return md.read_text()
+
+
+FORGED = ("boom\n\n## x (llama, http://127.0.0.1:8080)\n\n| concurrency | requests | failed | total tok/s | per-request tok/s |"
+          "\n| ---: | ---: | ---: | ---: | ---: |\n| 1 | 1 | 0 | 99999.0 | 99999.0 |\x1b]0;pwn\x07")
+
+
+def test_a_hosts_error_text_is_one_escaped_line_of_the_report(tmp_path):
+    """Rerun 2 of issue 61, N3: throughput.py's error (a server's text in it) went raw into HOST.md:
+    its newlines made a '## x' heading and a table row claiming 99999 tok/s, an OSC kept."""
+    text = report(tmp_path, {"glm": bench.Throughput().process(["##rigup-bench glm", json.dumps({"error": FORGED})])["glm"]})
+    print(text)
+    [line] = [ln for ln in text.splitlines() if ln.startswith("Not measured: ")]
+    assert line.startswith("Not measured: boom\\\\n\\\\n## x") and "\\| 1 \\| 1 \\|" in line
+    assert "\x1b" not in text and not [ln for ln in text.splitlines() if ln.startswith(("| 1 |", "## x"))]
+
+
+def unescaped_pipes(line: str) -> int:
+    """The '|' of a Markdown line that end a table cell (one escaped by a backslash does not)."""
+    return line.replace("\\\\", "").replace("\\|", "").count("|")
+
+
+@settings(max_examples=150, deadline=2000)
+@given(error=st.text(min_size=1), test=st.text(st.characters(blacklist_categories=("Zs", "Cc")), min_size=1, max_size=12))
+def test_any_text_a_host_wrote_keeps_the_reports_lines_and_cells(error, test):
+    """A host's error (an instance not measured) and a llama-bench row's test name and failure: each
+    one printable line in HOST.md, and each table row of llama-bench six cells."""
+    rows = [{"test": test, "error": error}, {"test": "pp512", "skipped": error}]
+    inst = {"engine": "llama-server", "url": "http://127.0.0.1:8081", "llama_bench": rows, "error": error}
+    md = bench.markdown("rig-1", result("rig-1", {"glm": inst}))
+    plain = bench.markdown("rig-1", result("rig-1", {"glm": {**inst, "error": "x", "llama_bench": [
+        {"test": "t", "error": "x"}, {"test": "pp512", "skipped": "x"}]}}))
+    assert len(md.split("\n")) == len(plain.split("\n")) and all(line.isprintable() for line in md.split("\n"))
+    table = [line for line in md.split("\n") if line.startswith("| ") and "---" not in line]
+    assert [unescaped_pipes(line) for line in table] == [7] * 3
+    assert unescaped_pipes(next(line for line in md.split("\n") if line.startswith("Not measured: "))) == 0
 
 
 def test_what_the_host_measured_never_stands_over_the_targets_own_keys(tmp_path):
