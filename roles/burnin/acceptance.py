@@ -1638,7 +1638,7 @@ def record_fault(rec: dict) -> str | None:
     failed = rec.get("failed") if rec.get("failed") is not None else []
     if not isinstance(failed, list) or len(failed) > 256 or not all(text(f, TEXT_MAX, control=True) for f in failed):
         return "failed: not a list of at most 256 texts"
-    checks = (("level", lambda v: v in LEVELS, f"one of {', '.join(LEVELS)}"),
+    checks = (("level", lambda v: isinstance(v, str) and v in LEVELS, f"one of {', '.join(LEVELS)}"),
               ("at", lambda v: num(v, 0, AT_MAX), "a time"), ("seconds", lambda v: num(v, 0, 1e8), "seconds"),
               ("index", lambda v: num(v, 0, 1023, whole=True), "a card index 0..1023"),
               ("bus_id", lambda v: isinstance(v, str) and CARD_ID.fullmatch(v), "an id"),
