@@ -193,7 +193,12 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
     """Prometheus text ``text`` (:func:`checked`: its own metrics, as Prometheus reads them) with
     ``model="MODEL"`` added to each sample; a HELP or TYPE line of a metric in ``seen`` (already
     given) is left out, so that several models' texts join into one. The server's own ``model``
-    label is dropped: two would fail the relay's whole scrape (the relay's names the model)."""
+    label (two would fail the relay's whole scrape) is dropped where it names the same model, and
+    kept as ``server_model`` where it names another: dropped, the server's samples of two models
+    became one series twice (rerun 2 of issue 61, N16). A sample with a ``server_model`` of its own
+    (the relay's name: ``{model="a"}`` and ``{server_model="a"}`` would be one series), or whose
+    series is given already (in ``seen``: the server's own ``x`` and ``x{model="M"}``, one series
+    to the relay) is left out: each series once, as Prometheus takes a scrape whole."""
     out = []
     for line in checked(text):
         if line.startswith("# "):
@@ -203,8 +208,15 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
                 out.append(line)
             continue
         found = sample(line)
-        kept = [f'model="{label(model)}"'] + [f'{n}="{v}"' for n, v in LABEL.findall(found[2] or "") if n != "model"]
-        out.append(f"{found[1]}{{{','.join(kept)}}} {found[3]}" + (f" {found[4]}" if found[4] else ""))
+        own_labels = LABEL.findall(found[2] or "")
+        kept = [("model", label(model))] + [("server_model" if n == "model" else n, v)
+                                            for n, v in own_labels if (n, v) != ("model", label(model))]
+        series = f"{found[1]} {sorted(kept)}"
+        if series in seen or any(n == "server_model" for n, _ in own_labels):
+            continue
+        seen.add(series)
+        labels = ",".join('%s="%s"' % pair for pair in kept)
+        out.append(f"{found[1]}{{{labels}}} {found[3]}" + (f" {found[4]}" if found[4] else ""))
     return out
 
 
@@ -377,8 +389,8 @@ class Swaps:
             self.up = True
             while line := response.readline(65536):
                 if line.startswith(b"data: "):
-                    try:
-                        message = json.loads(line[6:])
+                    try:   # the relay's JSON rule: 30000 '[' raised RecursionError, which ended the follower
+                        message = json_answer(line[6:])
                     except ValueError:
                         continue
                     if isinstance(message, dict):

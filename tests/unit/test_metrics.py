@@ -242,13 +242,15 @@ def test_a_monitoring_hosts_zoned_address_is_refused_at_preflight_and_by_the_wri
 
 def test_a_servers_own_model_label_and_a_line_separator_in_a_value_are_relayed_as_prometheus_reads_them():
     """Round 2 of issue 61: a server's sample with its own model="other" was relayed as
-    {model="m",model="other"}, which fails Prometheus's whole scrape of the relay (item 27); a label
+    {model="m",model="other"}, which fails Prometheus's whole scrape of the relay (item 27); now its
+    own is server_model (rerun 2, N16: dropped, it made two series one); a label
     value holding U+2028 was split there by str.splitlines, where Prometheus reads one line (item 28)."""
     from roles.metrics import relay
     text = 'llamacpp:requests{model="other",slot="0"} 5\nllamacpp:busy{why="a\u2028b\x85c"} 1\n'
     got = relay.labelled(text, "m", set())
     print(f"{text!r} -> {got!r}")
-    assert got == ['llamacpp:requests{model="m",slot="0"} 5', 'llamacpp:busy{model="m",why="a\u2028b\x85c"} 1']
+    assert got == ['llamacpp:requests{model="m",server_model="other",slot="0"} 5',
+                   'llamacpp:busy{model="m",why="a\u2028b\x85c"} 1']
 
 
 def test_the_relay_passes_on_llama_servers_own_metrics_only():
@@ -424,26 +426,85 @@ def test_a_router_event_that_is_not_an_object_does_not_end_its_follower():
     """issue 65: an event whose data is a JSON string (or a model that is a list) ended the follower
     thread with AttributeError while rigup_router_events_up stayed 1; now such an event is left
     out, the stream followed on, the events after it counted."""
-    from roles.metrics import relay
     events = [b'data: {"model": "a", "event": "status_change", "data": "loaded"}',
               b'data: {"model": ["a"], "data": {"status": "loaded"}}', b'data: "just text"',
               b'data: {"model": "a", "data": {"status": ["loaded"]}}',
               b'data: {"model": "a", "event": "status_change", "data": {"status": "loaded"}}']
+    alive, lines = followed(events, lambda m: m["loads"])
+    assert alive and "rigup_router_events_up 1" in lines
+    assert 'rigup_router_model_loads_total{model="a"} 1' in lines
+
+
+def followed(events: list[bytes], done) -> tuple[bool, list[str]]:
+    """Model a's follower (relay.Swaps) on a router sending ``events``, once ``done(its counts)`` (or
+    2 s): whether its thread lives, and its sample lines."""
+    from roles.metrics import relay
     router, url = slow_router(["a"], events=events, hold=5.0)
     swaps = relay.Swaps({"url": url, "models": ["a"]})
     swaps.start()
     try:
         for _ in range(100):
-            if swaps.models["a"]["loads"]:
+            if done(swaps.models["a"]):
                 break
             time.sleep(0.02)
         lines = [ln for ln in swaps.lines() if not ln.startswith("#")]
         print(lines)
-        assert swaps.thread.is_alive() and "rigup_router_events_up 1" in lines
-        assert 'rigup_router_model_loads_total{model="a"} 1' in lines
+        return swaps.thread.is_alive(), lines
     finally:
         router.shutdown()
         router.server_close()
+
+
+def test_a_router_event_nested_deep_is_left_out_and_the_follower_goes_on():
+    """Rerun 1 of issue 61, N37: one event line of 30000 '[' raised RecursionError out of the follower
+    (json.loads; it caught ValueError alone): rigup_router_events_up 0 and the next events uncounted
+    until its retry. Now read by the relay's own JSON reader (json_answer): left out, as any event
+    that does not read."""
+    events = [b"data: " + b"[" * 30000, b'data: {"model": "a", "data": {"status": "unloaded"}, "x": NaN}',
+              b'data: {"model": "a", "data": {"status": "unloaded"}}', b'data: {"model": "a", "data": {"status": "unloaded"}}']
+    alive, lines = followed(events, lambda m: m["unloads"] >= 2)
+    assert alive and "rigup_router_events_up 1" in lines
+    assert 'rigup_router_model_unloads_total{model="a"} 2' in lines
+
+
+def test_a_pinned_servers_samples_of_two_models_stay_two_series():
+    """Rerun 2 of issue 61, N16: a pinned server's samples model="other" and model="third" both became
+    llamacpp:tokens_predicted_total{model="tiny"} (its own label dropped): one series twice, which
+    Prometheus refuses. Its own model label is now server_model where it names another model, dropped
+    where it names this one; a series given already, or a sample with a server_model of its own, is
+    left out."""
+    from roles.metrics import relay
+    text = ('# HELP llamacpp:tokens_predicted_total n\n# TYPE llamacpp:tokens_predicted_total counter\n'
+            'llamacpp:tokens_predicted_total{model="other"} 5\nllamacpp:tokens_predicted_total{model="third"} 7\n'
+            'llamacpp:kv{model="x",slot="1"} 1\nllamacpp:busy 1\nllamacpp:busy{model="tiny"} 2\n'
+            'llamacpp:odd{model="x",server_model="y"} 1\nllamacpp:busy 3\n')
+    got = relay.labelled(text, "tiny", set())
+    print(got)
+    assert got == ["# HELP llamacpp:tokens_predicted_total n", "# TYPE llamacpp:tokens_predicted_total counter",
+                   'llamacpp:tokens_predicted_total{model="tiny",server_model="other"} 5',
+                   'llamacpp:tokens_predicted_total{model="tiny",server_model="third"} 7',
+                   'llamacpp:kv{model="tiny",server_model="x",slot="1"} 1', 'llamacpp:busy{model="tiny"} 1']
+
+
+@settings(max_examples=200, deadline=1000)
+@given(lines=st.lists(st.tuples(st.sampled_from(["llamacpp:a", "llamacpp:b"]),
+                                st.dictionaries(st.sampled_from(["model", "server_model", "slot"]),
+                                                st.sampled_from(["tiny", "other", 'q"\\', "0"]), max_size=3),
+                                st.integers(0, 9)), max_size=8))
+def test_a_pinned_servers_relayed_samples_are_each_series_once_and_keep_their_own(lines):
+    """Whatever model labels a server writes, its relayed samples are each series once (Prometheus
+    refuses a series twice in a scrape), each labelled model="tiny", and two of its series are never
+    made one: a sample is left out only where its series (model dropped when it is "tiny") came before,
+    or where it has a server_model label of its own (the relay's name for its model label)."""
+    from roles.metrics import relay
+    text = "".join(f"{n}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value}\n"
+                   for n, labels, value in lines)
+    got = relay.labelled(text, "tiny", set())
+    series = [(m[1], tuple(sorted(relay.LABEL.findall(m[2])))) for m in map(relay.sample, got)]
+    assert len(set(series)) == len(series) and all(("model", "tiny") in labels for _, labels in series)
+    distinct = {(n, tuple(sorted((k, v) for k, v in labels.items() if (k, v) != ("model", "tiny"))))
+                for n, labels, _ in lines if "server_model" not in labels}
+    assert len(got) == len(distinct)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # its end, on purpose
@@ -484,7 +545,7 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
     """issue 63: a model a router pins (per_model: {M: {pinned: true}}) is out of its set, a server
     of its own (rigup-llama@NAME.M at port + 2 + i, the router's key): the relay reaches it at
     /metrics/NAME.M, its samples labelled model M (as a router's models'; its own model label
-    dropped), a Prometheus target of its own (llama_instance NAME.M); the router's scrape no longer
+    server_model), a Prometheus target of its own (llama_instance NAME.M); the router's scrape no longer
     lists it as an unloaded model of its set."""
     from roles.metrics import relay
     router = {"model": "a", "also": ["b", "p"], "port": 8091, "api_key": True, "per_model": {"p": {"pinned": True}}}
@@ -518,7 +579,7 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
             set_ = [ln for ln in ok.read().decode().splitlines() if ln.startswith("rigup_router_model_loaded")]
         print(own, set_)
         assert own == ["# TYPE llamacpp:tokens_predicted_total counter", 'llamacpp:tokens_predicted_total{model="p"} 7',
-                       'llamacpp:requests_processing{model="p"} 1']
+                       'llamacpp:requests_processing{model="p",server_model="alias"} 1']
         assert set_ == ['rigup_router_model_loaded{model="a"} 1', 'rigup_router_model_loaded{model="b"} 1']
     finally:
         for s in (server, routed, pinned):
