@@ -87,13 +87,14 @@ def _text(doc) -> str:
 
 def _written(tokens: int, text: str) -> int:
     """The tokens of a completion counted: the server's ``tokens`` (usage.completion_tokens), at most
-    the UTF-8 bytes of the ``text`` it wrote (:func:`_text`), and none when that text is empty or
-    whitespace alone. A token the server decodes shows as at least one byte of its answer (a
+    the UTF-8 bytes of the ``text`` it wrote (:func:`_text`), and none when that text is empty (a
+    base model's answer of newlines alone is text: its bytes count, or a healthy server would read
+    0 tok/s and be restarted). A token the server decodes shows as at least one byte of its answer (a
     byte-fallback token one byte of a character), so a count beyond the text is a claim no text
     backs: an answer of nothing, at once, "usage": {"completion_tokens": 32} read ~30,000 tok/s
     and passed the watchdog's floor (issue 61, NT1/N2). A real answer (llama-server's, vLLM's: a
     few bytes a token) keeps its count."""
-    return min(tokens, len(text.encode(errors="replace"))) if text.strip() else 0
+    return min(tokens, len(text.encode(errors="replace")))
 
 
 def _once(pairs: list) -> dict:

@@ -89,8 +89,7 @@ def test_a_plain_completion_is_read(url):
 
 
 # ---------------------------------------------------------------- issue 61, rerun 3 NT1, rerun 2 N2, N32
-@pytest.mark.parametrize("choices", [[], [{"message": {"content": ""}}], [{"message": {"content": " \n\t\u3000"}}],
-                                     [{"message": {"content": None}}], [{"message": "word word"}], "word " * 32, None])
+@pytest.mark.parametrize("choices", [[], [{"message": {"content": ""}}], [{"message": {"content": None}}], [{"message": "word word"}], "word " * 32, None])
 def test_a_completion_of_no_text_counts_no_token_whatever_its_usage_claims(url, choices):
     """NT1/N2: a server that answered at once with no text (choices [], content '' or blanks) and
     usage.completion_tokens 32 read 32 tokens over ~1 ms: ~30,000 tok/s, past any watchdog floor;
@@ -100,6 +99,14 @@ def test_a_completion_of_no_text_counts_no_token_whatever_its_usage_claims(url, 
         got = throughput.completion(url, max_tokens=32, timeout=5)
         print(f"{choices!r} {timings}: {got}")
         assert got["tokens"] == 0 and got["tps"] == 0.0
+
+
+def test_an_answer_of_blanks_counts_its_bytes_not_nothing(url):
+    """A base model may answer newlines alone: they are text its server wrote, a byte a token at
+    least; counted as none, a healthy server read 0 tok/s and would be restarted."""
+    Answers.body = json.dumps({"choices": [{"message": {"content": " \n\t\u3000"}}],
+                               "usage": {"completion_tokens": 32}}).encode()
+    assert throughput.completion(url, max_tokens=32, timeout=5)["tokens"] == 6   # 3 + the ideographic space's 3
 
 
 def test_a_completions_count_is_at_most_the_bytes_of_its_text(url):
