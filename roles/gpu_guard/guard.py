@@ -859,7 +859,11 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
                           for k, c in (state.get("cards") or {}).items() if c.get("suspect") or c.get("recent")}
         state["boot"] = boot
     first = not state.get("read")
-    entries, state["cursor"] = read_kernel_log(config, state)
+    entries, cursor = read_kernel_log(config, state)
+    if cursor is None:   # no kernel line yet (a container's journal has none): absent, as the typed read leaves
+        state.pop("cursor", None)   # it (a None kept made every check differ from its read: a write each check)
+    else:
+        state["cursor"] = cursor
     listed: list = []   # the serving units, read at most once this check (systemctl list-units, show)
 
     def units(*_) -> list[dict]:

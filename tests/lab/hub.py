@@ -302,11 +302,13 @@ def gguf_shards(name: str, count: int = 3, tensor_bytes: int = 2 << 20) -> dict[
     for k in range(1, count + 1):
         fname = f"{name}-{k:05d}-of-{count:05d}.gguf"
         path = CACHE / fname
-        if not path.exists():
-            rng = random.Random(f"{name}:{k}")
-            kv = {"general.architecture": "llama", "general.name": name, "split.no": k - 1,
-                  "split.count": count, "split.tensors.count": count}
-            data = gguf_bytes(kv, {f"blk.{k - 1}.weight": rng.randbytes(tensor_bytes // 4 * 4)})
+        rng = random.Random(f"{name}:{k}")
+        kv = {"general.architecture": "llama", "general.name": name, "split.no": k - 1,
+              "split.count": count, "split.tensors.count": count}
+        if k == 1:   # the model's keys, in its first file as llama.cpp's gguf-split writes them: its layer
+            kv["llama.block_count"] = count   # count, which llama.cpp's loader (and rigup's sizing) needs
+        data = gguf_bytes(kv, {f"blk.{k - 1}.weight": rng.randbytes(tensor_bytes // 4 * 4)})
+        if not path.exists() or path.read_bytes() != data:   # a cache of an older fixture made again
             lab.write(path, data)
         out[fname] = path
     return out

@@ -198,3 +198,20 @@ def test_an_nvswitch_sxid_fatal_drains_the_host_and_a_non_fatal_is_counted():
     elsewhere = {}
     assert guard.triage(config(), elsewhere, [(200.0, lines[3])], CARDS, 200.0, units) is None
     assert elsewhere["events"][0]["done"].startswith("counted, not acted on")
+
+
+def test_checks_that_find_no_kernel_line_write_the_state_once(tmp_path, monkeypatch):
+    """A journal with no kernel line (a container's) gives no cursor: kept as None, it made every
+    check's state differ from its typed read, and the guard wrote its Xid state at every check (the
+    lab's preflight saw /var/lib/rigup change under it)."""
+    cfg = config(state_file=str(tmp_path / "xid.json"))
+    monkeypatch.setattr(guard, "read_kernel_log", lambda c, s: ([], None))
+    monkeypatch.setattr(guard, "boot_id", lambda: "b1")
+    monkeypatch.setattr(guard, "serving_units", lambda c, cards: [])
+    saved = []
+    real = guard.save
+    monkeypatch.setattr(guard, "save", lambda path, state: (saved.append(path), real(path, state)))
+    for i in range(3):
+        guard.xid_check(cfg, CARDS, [], 1000.0 + i)
+    print(f"3 checks, {len(saved)} write(s)")
+    assert len(saved) == 1
