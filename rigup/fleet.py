@@ -38,7 +38,7 @@ from rigup.gpu.xid import card_key
 from rigup.boundary import Unreadable, burnin
 from rigup.boundary.core import loads   # every JSON a host or Prometheus gave: RecursionError too
 from rigup.boundary.numbers import json_whole, number, whole
-from rigup.names import GUARD_TIMER, burnin_copy
+from rigup.names import GUARD_TIMER, RELAY_UNIT, WATCHDOG_TIMER, burnin_copy
 from rigup.text import shown, shown_lines
 
 MARK = "##rigup-status:"
@@ -86,7 +86,7 @@ _UNIT = re.compile(r"rigup-(llama|vllm)@(.+)\.service")
 # A timer stays active while the service it starts fails at every run (rerun3's NW3: the host
 # unwatched, status silent), so each line carries its service's last result too (systemd's Result:
 # success, or why it failed), and a timer's service whose last run failed is named by its words.
-WATCHERS = {"rigup-metrics-relay.service": "metrics relay", "rigup-watchdog.timer": "watchdog timer",
+WATCHERS = {RELAY_UNIT: "metrics relay", WATCHDOG_TIMER: "watchdog timer",
             GUARD_TIMER: "GPU guard timer", "prometheus-node-exporter.service": "node exporter"}
 TIMED = {f"{u.removesuffix('.timer')}.service": what.removesuffix(" timer")
          for u, what in WATCHERS.items() if u.endswith(".timer")}   # a timer's service -> its words

@@ -66,7 +66,7 @@ from rigup import apt, files, firewall, services
 from rigup.gpu.plan import Plan
 from rigup.config import Config, fleet_data, role_defaults
 from rigup.files import FileStates
-from rigup.names import TEXTFILE_DIR
+from rigup.names import RELAY_UNIT, TEXTFILE_DIR
 from rigup.secrets import written
 from rigup.state import read_once
 from rigup.templates import render
@@ -78,7 +78,7 @@ __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
 
 HERE = Path(__file__).resolve().parent
 NODE_DEFAULT, PROM_DEFAULT = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
-RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", "rigup-metrics-relay.service"
+RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", RELAY_UNIT
 RELAY_UNIT = f"/etc/systemd/system/{RELAY}"
 NODE, PROMETHEUS = "prometheus-node-exporter.service", "prometheus.service"
 LIVE, CANDIDATE = "/etc/prometheus", "/etc/prometheus/rigup-candidate"

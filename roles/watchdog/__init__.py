@@ -61,14 +61,14 @@ from rigup.gpu.plan import Plan
 from rigup.config import Config, role_defaults
 from rigup.contract import llama_server
 from rigup.gate import endpoint
-from rigup.names import WATCHDOG_METRICS, gate_record
+from rigup.names import WATCHDOG_METRICS, WATCHDOG_SERVICE, WATCHDOG_TIMER, gate_record
 from rigup.templates import render
 from roles.watchdog.watchdog import COMMAND_TIMEOUT_S
 
 HERE = Path(__file__).resolve().parent
 THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
 CONFIG = "/etc/rigup/watchdog.json"
-SERVICE, TIMER = "rigup-watchdog.service", "rigup-watchdog.timer"
+SERVICE, TIMER = WATCHDOG_SERVICE, WATCHDOG_TIMER
 
 __all__ = ["apply", "watchdog_config"]
 
