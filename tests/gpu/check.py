@@ -678,6 +678,21 @@ def pinned_argvs(bindir: Path, model: Path, build: dict, preset: Path) -> tuple[
     return router, inst_argv(bindir, model, build, pin["inst"]), pin["inst"]["port"]
 
 
+def mps_daemon(work: Path) -> dict:
+    """NVIDIA's Multi-Process Service for this run's servers only: a control daemon of our own
+    whose pipe and log directories live under ``work`` (every process given them shares the GPU
+    through it, kernels side by side instead of time-sliced contexts). It is a user-space daemon,
+    not a GPU setting: the compute mode stays as it is (compared before and after). Returns the
+    environment its clients need; this process's own environment gets it too."""
+    dirs = {"CUDA_MPS_PIPE_DIRECTORY": str(work / "mps-pipe"), "CUDA_MPS_LOG_DIRECTORY": str(work / "mps-log")}
+    for d in dirs.values():
+        Path(d).mkdir(mode=0o700, parents=True, exist_ok=True)
+    env = {**os.environ, **dirs}
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=60)
+    os.environ.update(dirs)
+    return env
+
+
 def cmd_pinned(args) -> None:
     """Issue 63 on the GPU: a router of three models with one pinned (``per_model: {bench-p:
     {pinned: true}}``): the pinned model's own server (roles/llama_server/command.py
@@ -694,9 +709,12 @@ def cmd_pinned(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     router, pin_argv, pin_port = pinned_argvs(bindir, model, build, args.work / "pinned.models.ini")
     router += shlex.split(os.environ.get("PINNED_ROUTER_EXTRA", ""))   # an experiment's flags (e.g. --no-warmup)
+    mps = mps_daemon(args.work) if os.environ.get("PINNED_MPS") else None
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     with (args.out / "pinned-server.log").open("w") as out:
         pinned = subprocess.Popen(pin_argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # the router's own environment (e.g. CUDA_MPS_CLIENT_PRIORITY=1: its clients below the pinned one's)
+    os.environ.update(dict(kv.split("=", 1) for kv in shlex.split(os.environ.get("PINNED_ROUTER_ENV", ""))))
     found: dict = {}
 
     def measure(port: int) -> list[dict]:
@@ -730,6 +748,8 @@ def cmd_pinned(args) -> None:
     finally:
         os.killpg(pinned.pid, signal.SIGINT)
         pinned.wait(timeout=60)
+        if mps:
+            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=mps, timeout=60)
     ratios = {str(a["concurrent"]): round(b["total_tps"] / a["total_tps"], 3)
               for a, b in zip(found["pinned_alone"], found["pinned_during_swaps"]) if a["total_tps"]}
     after = gpu_settings()
@@ -739,7 +759,8 @@ def cmd_pinned(args) -> None:
            "pinned_ratio_during_swaps": ratios, "swaps": len(swaps),
            "swap_s_median": sorted(swaps)[len(swaps) // 2] if swaps else None,
            "goal_met": bool(ratios) and min(ratios.values()) >= 0.95 and bool(swaps) and max(swaps) <= 3.3,
-           "gpu_settings_unchanged": before == after}
+           "gpu_settings_unchanged": before == after, "mps": bool(mps),
+           "router_env": os.environ.get("PINNED_ROUTER_ENV", ""), "router_extra": os.environ.get("PINNED_ROUTER_EXTRA", "")}
     (args.out / "pinned.json").write_text(json.dumps(doc, indent=2))
     print(json.dumps({k: doc[k] for k in ("pinned_ratio_during_swaps", "swaps", "swap_s_median", "swap_s", "goal_met",
                                           "gpu_settings_unchanged")}, indent=1))
