@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 
+from rigup.boundary.core import Unreadable, loads
 from rigup.names import BALANCER_DIR
 from roles.balancer.config import GATEWAY_KEY, STATE_DROPIN
 
@@ -48,9 +48,9 @@ class BalancerState(FactBase):
             key, _, value = line.partition("=")
             if key == "backend":
                 name, _, text = value.partition(" ")
-                try:
-                    out["backends"][name] = json.loads(text)
-                except ValueError:
+                try:   # the boundary's parser: nesting past the stack is Unreadable, not a RecursionError
+                    out["backends"][name] = loads(text, f"{BALANCER_DIR}/{name}.json")
+                except Unreadable:
                     continue  # half-written: the next converge reads it whole
             else:
                 out[key] = value.split() if key == "missing" else (value or None)

@@ -40,9 +40,6 @@ def marks(path: Path) -> list[str]:
 NEEDS_COMMAND = {"rigup/files.py:FileStates", "rigup/services.py:ServiceStates", "rigup/state.py:Batch"}
 # known not to hold yet: (fact -> why), each to be fixed in its own file (the count only goes down)
 KNOWN = {
-    "roles/balancer/facts.py:BalancerState": "a backend file (backend=NAME JSON) nested past the stack: RecursionError "
-                                             "(json.loads catches ValueError only; found by this test; roles/balancer's "
-                                             "owner: rigup.boundary.core.loads)",
 }
 
 
