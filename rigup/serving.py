@@ -1,13 +1,24 @@
-"""The systemd side of a serving instance (roles/llama_server, roles/vllm): its drop-in
-installed and its unit restarted when the drop-in changed, started when it is down, and nothing
-when it runs as it should; servers no longer wanted stopped and removed; replicas' hooks into the
-balancer (roles/balancer) and their backends file."""
+"""The serving walk (roles/llama_server, roles/vllm): :func:`serve` takes an :class:`Engine`, an
+engine's record, through the steps every serving engine takes on a host, in this order: its
+instances (refused: nothing changes), its models, its servers, their markers and units, the servers
+no longer wanted retired, the engine's install (vLLM's virtualenv and Ray node), the unlock wait,
+the template unit, then per instance its backends file and per server its balancer hooks, its
+drop-in and unit (the engine's operation), and unless in maintenance its gate (rigup.gate
+``answered``) after a (re)start. An engine's role keeps only what is its own: its operation's
+drop-in, its flags, its extras.
+
+Below the walk, the systemd side of a server: its drop-in installed and its unit restarted when the
+drop-in changed, started when it is down, and nothing when it runs as it should; servers no
+longer wanted stopped and removed; replicas' hooks into the balancer (roles/balancer) and their
+backends file."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from io import StringIO
 
 from pyinfra import host
@@ -15,10 +26,110 @@ from pyinfra.operations import files
 
 from rigup import summary
 from rigup.files import directory, managed
+from rigup.gate import answered
 from rigup.gpu.plan import unlock_wait
-from rigup.names import BALANCER_DIR, balancer_drain, balancer_file
-from rigup.secrets import new_key, written
+from rigup.models import models
+from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, marker_path
+from rigup.probe import operation, python
+from rigup.secrets import fleet_api_key, new_key, written
+from rigup.state import read_once, will_read
 from rigup.text import say
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What one host's servers of an engine share, made once by the engine's ``prepare``: its state
+    fact's arguments (``reads``: the retirement's read and every server's), its template unit's
+    text and the role's files read with it (``paths``), and the engine's own values (``own``)."""
+
+    plan: dict
+    data: dict
+    reads: dict
+    unit_text: str
+    paths: list
+    own: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A serving engine as :func:`serve` walks it. ``role``: its operations' names ("llama-server");
+    ``template``: its systemd template (units TEMPLATE@NAME.service) at ``unit``; ``state``: the
+    fact its operations read, with :class:`Shared` ``reads``; ``instances(data)``: its contract's
+    instances and problems; ``servers(wanted, plan, data, entries)``: the instances as served and
+    each one's servers (``unit``, ``inst``, ``env``; ``pinned`` for a router's pinned model);
+    ``markers(inst, marker)``: a server's markers beyond its model's (``marker(key)``: a model's);
+    ``prepare(plan, data, wanted, units)``: the :class:`Shared`; ``fronted(inst, servers)``: whether
+    the balancer takes the instance's port; ``backend(name)``: its HAProxy backend; ``server``: its
+    operation (one server's drop-in and unit) and ``args(shared, name, inst, server)`` its own
+    arguments; ``gate(shared, name, inst, server)``: rigup.gate.answered's own arguments;
+    ``install(shared, wanted, units)``: the engine's install before its servers, returning the
+    :class:`Shared` to go on with or None (nothing to serve yet), else the walk goes on when an
+    instance is wanted; ``limits(inst, data)``: a backends file's limits (a queued router's)."""
+
+    role: str
+    template: str
+    unit: str
+    state: type
+    instances: Callable
+    servers: Callable
+    markers: Callable
+    prepare: Callable
+    fronted: Callable
+    backend: Callable
+    server: Callable
+    args: Callable
+    gate: Callable
+    install: Callable | None = None
+    limits: Callable | None = None
+
+
+def serve(engine: Engine, plan: dict, data: dict) -> None:
+    """The serving walk of ``engine`` on this host (module docstring), called by its role's
+    ``apply``: every operation it calls is the role's, in the role's deploy."""
+    wanted, problems = engine.instances(data)
+    if problems:   # preflight refused the host: touch nothing
+        return
+    entries = models(data)[0]
+    wanted, plans = engine.servers(wanted, plan, data, entries)
+
+    def marker(key: str) -> str:
+        return marker_path(entries[key]["dest"])
+    # each server's model marker, the instance whose key it uses, and the engine's other markers
+    units = {s["unit"]: [marker(s["inst"]["model"]), name, *engine.markers(s["inst"], marker)]
+             for name, srv in plans.items() for s in srv}
+    fronted = sorted(name for name, srv in plans.items() if engine.fronted(wanted[name], srv))
+    shared = engine.prepare(plan, data, wanted, units)
+    if wanted or any(u.startswith(f"{engine.template}@") for u in plan.get("serving_units") or []):  # none: no read
+        will_read(engine.state, **shared.reads)
+        retired(name=f"{engine.role}: retire servers no longer wanted", template=engine.template,
+                fact=engine.state, reads=shared.reads, wanted=sorted(units),
+                backends=[engine.backend(n) for n in fronted], drain=balancer_drain(data))
+    shared = engine.install(shared, wanted, units) if engine.install else shared if wanted else None
+    if shared is None:
+        return
+    unlock = waits_for_unlock(engine.role, wanted, plan, data)
+    managed(name=f"{engine.role} template unit", dest=engine.unit, text=shared.unit_text, paths=shared.paths)
+    unit_sha = hashlib.sha256(shared.unit_text.encode()).hexdigest()[:12]
+    for name, srv in sorted(plans.items()):
+        inst = wanted[name]
+        if name in fronted:   # the balancer's servers: all but a router's pinned models
+            backends_file(engine.backend(name), inst["host"], inst["port"],
+                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv if not s.get("pinned")],
+                          engine.limits(inst, data) if engine.limits else None)
+        for server in srv:
+            unit, bind, port = server["unit"], server["inst"]["host"], server["inst"]["port"]
+            hooks = balancer_hooks(engine.backend(name), unit, port, data) \
+                if name in fronted and not server.get("pinned") else None
+            started = engine.server(name=f"{engine.role} {unit} on {bind}:{port}", unit_name=unit, instance_name=name,
+                                    inst=server["inst"], units=units, unit_sha=unit_sha, user=data["rigup_user"],
+                                    balancer=hooks, fleet_key=fleet_api_key(data),
+                                    maintenance=data["rigup_maintenance"], unlock=unlock,
+                                    **engine.args(shared, name, inst, server))
+            if data["rigup_maintenance"]:
+                continue
+            python.call(answered, unit=f"{engine.template}@{unit}.service", port=port, bind=bind,
+                        name=f"{engine.role} {unit} answers", _if=started.did_change,
+                        **engine.gate(shared, name, inst, server))
 
 
 def waits_for_unlock(role: str, names, plan: dict, data: dict) -> str | None:
@@ -92,13 +203,16 @@ def backends_file(backend: str, bind: str, port: int, servers: list[list], limit
     managed(name=f"Balancer backends {backend}", dest=dest, text=text, paths=[BALANCER_DIR, dest])
 
 
-def retirements(template: str, found: dict, wanted, backends, drain: str):
-    """Commands (for an operation to ``yield from``; a no-op when there is nothing to retire): the
-    instances of ``template`` the host has (``found["units"]``) that are not ``wanted`` stopped,
-    disabled and their drop-ins removed (their keys and state stay, should they come back); its
-    backends files (``found["backends"]``) not in ``backends`` removed, their frontends first giving
-    up their ports (``drain``: roles/balancer's helper, ``release``), so that a single server
-    taking over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
+@operation()
+def retired(template: str, fact: type, reads: dict, wanted: list[str], backends: list[str], drain: str):
+    """The servers of ``template`` the host has (``fact``'s ``units``, read with ``reads``) that are
+    not ``wanted`` (an instance dropped, a single server replaced by replicas or back, replicas
+    beyond the count) stopped, disabled and their drop-ins removed (their keys and state stay,
+    should they come back); its backends files (``fact``'s ``backends``) not in ``backends``
+    removed, their frontends first giving up their ports (``drain``: roles/balancer's helper,
+    ``release``), so that a single server taking over an instance's port starts at once
+    (roles/balancer then drops or stops HAProxy)."""
+    found = read_once(fact, **reads)
     q = shlex.quote
     stale = [u for u in found["units"] if u not in wanted]
     gone = [b for b in found["backends"] if b not in backends]

@@ -82,18 +82,15 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy
 from rigup.role import Role
 from rigup.probe import operation
-from rigup.probe import python
 
 from rigup.config import Config, config_of, role_defaults
-from rigup.files import managed
-from rigup.gate import answered
 from rigup.gpu.plan import Plan, build_backend
-from rigup.models import first_gguf, models
+from rigup.models import first_gguf
 from rigup.rpc import endpoint
-from rigup.names import balancer_drain, gate_record, guard_file, marker_path
+from rigup.names import gate_record, guard_file
 from rigup.contract.llama_server import PRESET, api_model
-from rigup.secrets import bearer, fleet_api_key, written
-from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
+from rigup.secrets import bearer, written
+from rigup.serving import Engine, Shared, serve, unit_running
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text, fronted, preset_text, queue_limits,
@@ -111,7 +108,7 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 @reading(LlamaServerState, "units", "build_link")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: str, binary: str, units: dict,
+def instance(unit_name: str, instance_name: str, inst: LlamaInstance, binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
              rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False,
              unlock: str | None = None, allow: list[str] = (), origins: list[str] = ()):
@@ -119,14 +116,15 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
     drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
-    the role on the host (read together, once). ``rpc``: its RPC workers' ADDRESS:PORT; such a
-    server is started without waiting for the start job, so that the gate shows why it failed
-    (a worker that does not answer) from the journal. ``fleet_key``: the fleet's API key (else one
-    made on the host). ``maintenance``: stopped, nothing else changes. ``unlock``: why it waits for
-    the unlocked VRAM (rigup.serving.waits_for_unlock), changing nothing. ``allow``: the features
-    beyond inference the host allows (llama_server_allow); ``origins``: its llama_server_cors_origins."""
+    the role on the host (read together, once), each with its model's marker first. ``rpc``: its
+    RPC workers' ADDRESS:PORT; such a server is started without waiting for the start job, so that
+    the gate shows why it failed (a worker that does not answer) from the journal. ``fleet_key``:
+    the fleet's API key (else one made on the host). ``maintenance``: stopped, nothing else
+    changes. ``unlock``: why it waits for the unlocked VRAM (rigup.serving.waits_for_unlock),
+    changing nothing. ``allow``: the features beyond inference the host allows
+    (llama_server_allow); ``origins``: its llama_server_cors_origins."""
     name = instance_name
-    marker_file = marker
+    marker_file = units[unit_name][0]
     if unlock and not maintenance:
         host.noop(f"{unit_name}: waits for the unlocked VRAM: {unlock}")
         return
@@ -167,79 +165,53 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, marker: st
                             block=not rpc, maintenance=maintenance)
 
 
-@reading(LlamaServerState, "units", "build_link")
-@operation()
-def retired(units: dict, build_link: str, wanted: list[str], backends: list[str], drain: str):
-    """Servers rigup configured on the host that are not ``wanted`` (an instance dropped, a single
-    server replaced by replicas, replicas beyond ``replicas``, replicas replaced by one server)
-    stopped, disabled and their drop-ins removed (their keys and state stay, should they come back);
-    backends files of llama instances not in ``backends`` removed, their frontends first giving up
-    their ports (``drain``: roles/balancer's helper, ``release``), so that a single server taking
-    over an instance's port starts at once (roles/balancer then drops or stops HAProxy)."""
-    yield from retirements("rigup-llama", read_once(LlamaServerState, units=units, build_link=build_link), wanted,
-                           backends, drain)
+def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> tuple[dict, dict]:
+    """The instances with ctx, parallel and models_max sized where auto (replicas.py ``chosen``),
+    and each one's servers (command.py ``servers``: replicas, a router's pinned models)."""
+    laid = {name: chosen(inst, entries[inst["model"]], plan, data, entries)[:2] for name, inst in wanted.items()}
+    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}
+    return wanted, {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
+
+
+def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:
+    """The build link its state reads, the template unit, the server binary and whether it serves from GPUs."""
+    build_link = f"{data['llama_cpp_dir']}/current"
+    text = render("llama_server-unit.service.j2", user=data["rigup_user"], guard_file=guard_file(data),
+                  start_timeout=max(600, data["llama_server_health_timeout"]),
+                  fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
+    return Shared(plan, data, {"units": units, "build_link": build_link}, text, [UNIT],
+                  {"binary": f"{build_link}/bin/llama-server", "gpu": build_backend(plan, data) == "cuda"})
+
+
+def _args(shared: Shared, name: str, inst: LlamaInstance, server: dict) -> dict:
+    """:func:`instance`'s own arguments: a router's children keep no model cache (NO_CACHE), its RPC workers."""
+    data, env = shared.data, server["env"]
+    return {"binary": shared.own["binary"], "build_link": shared.reads["build_link"],
+            "env": {**env, "LLAMA_CACHE": NO_CACHE.format(name)} if server["inst"]["also"] else env,
+            "rpc": [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]],
+            "rpc_wait": data["llama_server_rpc_wait"], "allow": data["llama_server_allow"],
+            "origins": data["llama_server_cors_origins"]}
+
+
+def _gate(shared: Shared, name: str, inst: LlamaInstance, server: dict) -> dict:
+    """The gate asks a pinned model by its name, else the instance's; its tok/s kept for the watchdog."""
+    data, unit = shared.data, f"rigup-llama@{server['unit']}.service"
+    return {"record": gate_record(data, unit), "model": server.get("pinned") or api_model(name, inst),
+            "prompt": data["llama_server_health_prompt"], "timeout": data["llama_server_health_timeout"],
+            "auth": bearer(KEY.format(name)) if inst["api_key"] else "",
+            "fail_on_log": "no usable GPU found" if shared.own["gpu"] else None}   # it would serve from the CPU
+
+
+LLAMA = Engine(
+    role="llama-server", template="rigup-llama", unit=UNIT, state=LlamaServerState, instances=instances,
+    servers=_servers, markers=lambda inst, marker: [{m: marker(m) for m in inst["also"]}] if inst["also"] else [],
+    prepare=_prepare, fronted=fronted, backend=backend_name, server=instance, args=_args, gate=_gate,
+    limits=lambda inst, data: queue_limits(inst, data["llama_server_health_timeout"]) if queued(inst) else None)
 
 
 @deploy("llama_server", data_defaults=role_defaults("llama_server"))
 def apply(plan: Plan, data: Config):
-    user, binary = data["rigup_user"], f"{data['llama_cpp_dir']}/current/bin/llama-server"
-    wanted, problems = instances(data)
-    if problems:   # preflight refused the host: touch nothing
-        return
-    entries = models(data)[0]
-    laid = {name: chosen(inst, entries[inst["model"]], plan, data, entries)[:2] for name, inst in wanted.items()}
-    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}   # ctx, parallel, models_max where auto
-    plans = {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
-
-    def marker(key: str) -> str:
-        return marker_path(entries[key]["dest"])
-    # each server's model marker, the instance whose key it uses, and a router's other models' markers
-    units = {s["unit"]: [marker(s["inst"]["model"]), name,
-                         *([{m: marker(m) for m in s["inst"]["also"]}] if s["inst"]["also"] else [])]
-             for name, srv in plans.items() for s in srv}
-    build_link = f"{data['llama_cpp_dir']}/current"
-    replicated = sorted(name for name, srv in plans.items() if fronted(wanted[name], srv))
-    if wanted or any(u.startswith("rigup-llama@") for u in plan.get("serving_units") or []):   # none: no read
-        retired(name="llama-server: retire servers no longer wanted", units=units, build_link=build_link,
-                wanted=sorted(units), backends=[backend_name(n) for n in replicated], drain=balancer_drain(data))
-    if not wanted:
-        return
-    unit_text = render("llama_server-unit.service.j2", user=user, guard_file=guard_file(data),
-                        start_timeout=max(600, data["llama_server_health_timeout"]),
-                        fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
-    managed(name="llama-server template unit", dest=UNIT, text=unit_text, paths=[UNIT])
-    unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
-    gpu = build_backend(plan, data) == "cuda"
-    unlock = waits_for_unlock("llama-server", wanted, plan, data)
-    for name, srv in sorted(plans.items()):
-        inst = wanted[name]
-        if fronted(inst, srv):
-            backends_file(backend_name(name), inst["host"], inst["port"],
-                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv if not s.get("pinned")],
-                          queue_limits(inst, data["llama_server_health_timeout"]) if queued(inst) else None)
-        for server in srv:
-            hooks = balancer_hooks(backend_name(name), server["unit"], server["inst"]["port"], data) \
-                if fronted(inst, srv) and not server.get("pinned") else None
-            rpc = [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]]
-            started = instance(name=f"llama-server {server['unit']} on {server['inst']['host']}:{server['inst']['port']}",
-                               unit_name=server["unit"], instance_name=name, inst=server["inst"],
-                               marker=units[server["unit"]][0], binary=binary, units=units, build_link=build_link,
-                               unit_sha=unit_sha, user=user, balancer=hooks,
-                               env={**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if server["inst"]["also"]
-                               else server["env"],
-                               rpc=rpc, rpc_wait=data["llama_server_rpc_wait"], fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"], unlock=unlock, allow=data["llama_server_allow"],
-                               origins=data["llama_server_cors_origins"])
-            if data["rigup_maintenance"]:
-                continue
-            auth = bearer(KEY.format(name)) if inst["api_key"] else ""
-            unit = f"rigup-llama@{server['unit']}.service"
-            python.call(answered, unit=unit, port=server["inst"]["port"], record=gate_record(data, unit),
-                        bind=server["inst"]["host"], model=server.get("pinned") or api_model(name, inst),
-                        prompt=data["llama_server_health_prompt"],
-                        timeout=data["llama_server_health_timeout"], auth=auth,
-                        fail_on_log="no usable GPU found" if gpu else None,  # it would serve from the CPU
-                        name=f"llama-server {server['unit']} answers", _if=started.did_change)
+    serve(LLAMA, plan, data)
 
 
 def _plan_lines(plan: Plan, data: Config) -> list[str]:

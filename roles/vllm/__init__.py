@@ -55,7 +55,7 @@ one unit ``rigup-vllm@NAME-K`` per replica, with its own environment file (CUDA_
 its cards' UUIDs) and the instance's key, on 127.0.0.1 at port + 1 + K, rejoining the balancer's
 pool once healthy and drained before it stops (rigup.serving.balancer_hooks); the instance's
 host:port is roles/balancer's, told by a backends file (rigup.names.balancer_file ``vllm-NAME``).
-Servers no longer wanted are retired (rigup.serving.retirements): back to one server, the frontend
+Servers no longer wanted are retired (rigup.serving.retired): back to one server, the frontend
 gives its port up first and roles/balancer stops the HAProxy it started when nothing is left.
 
 Security: vLLM binds every interface unless ``--host`` is given (rigup always gives it; default
@@ -87,6 +87,7 @@ vllm_ray_args, vllm_host_ip; and models / models_dir (roles/model_fetch), rigup_
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from io import StringIO
 
@@ -102,11 +103,9 @@ from rigup import apt, firewall, progress, summary
 from rigup.gpu.plan import Plan
 from rigup.config import Config, ConfigError, fleet_data, role_defaults
 from rigup.files import absent, directory, managed
-from rigup.gate import answered
-from rigup.models import models
-from rigup.names import balancer_drain, guard_file, marker_path
-from rigup.secrets import bearer, fleet_api_key, secret_file, written
-from rigup.serving import backends_file, balancer_hooks, retirements, unit_running, waits_for_unlock
+from rigup.names import guard_file
+from rigup.secrets import bearer, secret_file, written
+from rigup.serving import Engine, Shared, serve, unit_running
 from rigup.state import read_once, reading
 from roles.vllm import cluster
 from roles.vllm import command as cmd
@@ -147,20 +146,22 @@ def installed_test(path: str, stamp: str) -> str:
 
 @reading(VllmState, "pin_dir", instances="units")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: VllmInstance, marker_path: str, pin_dir: str, venv: str, env: str,
+def instance(unit_name: str, instance_name: str, inst: VllmInstance, pin_dir: str, venv: str, env: str,
              unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
              fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None,
-             draft_marker: str | None = None, unlock: str | None = None):
+             unlock: str | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its
     environment file, drop-in (with the ``balancer`` hooks of a replica), and unit enabled and
     running; restarted only when the drop-in changed (it names the unit, stamp, environment,
     model revision and drafter) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key;
-    else made on the host). Waits (changes nothing) while its model or its drafter
-    (``draft_marker``: the drafter's completion marker) is incomplete, and while ``unlock`` says
-    why the cards are not unlocked yet (rigup.gpu.plan.unlock_wait). ``units``: every server of
-    the role on the host (read together, once). ``maintenance``: stopped (rigup.serving).
-    ``ray_wait``: on a Ray head, the ExecStartPre that waits for every node (roles/vllm/cluster.py)."""
+    else made on the host). Waits (changes nothing) while its model or its drafter is incomplete,
+    and while ``unlock`` says why the cards are not unlocked yet (rigup.gpu.plan.unlock_wait).
+    ``units``: every server of the role on the host (read together, once), each with its model's
+    completion marker first and its drafter's third (None without one). ``maintenance``: stopped
+    (rigup.serving). ``ray_wait``: on a Ray head, the ExecStartPre that waits for every node
+    (roles/vllm/cluster.py)."""
     name = instance_name
+    marker_path, draft_marker = units[unit_name][0], units[unit_name][2]
     if unlock and not maintenance:
         host.noop(f"{unit_name}: waits for the unlocked VRAM: {unlock}")
         return
@@ -186,15 +187,6 @@ def instance(unit_name: str, instance_name: str, inst: VllmInstance, marker_path
                             f"{unit_name} runs with its current install, environment and drop-in",
                             key=(cmd.KEY_FILE.format(name), user, cmd.KEY_PREFIX) if inst["api_key"] else None,
                             fleet_key=fleet_key, maintenance=maintenance)
-
-
-@reading(VllmState, "pin_dir", instances="units")
-@operation()
-def retired(pin_dir: str, units: dict, backends: list[str], drain: str):
-    """Servers rigup configured that are not in ``units`` (an instance dropped, one server replaced
-    by replicas or back, replicas beyond the count) and backends files of vLLM instances not in
-    ``backends`` retired (rigup.serving.retirements)."""
-    yield from retirements("rigup-vllm", read_once(VllmState, pin_dir=pin_dir, instances=units), units, backends, drain)
 
 
 def _ray_node(data: Config, plan: Plan, fleet: dict, venv: str, script: str, paths: list[str]):
@@ -235,45 +227,54 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     return instance_lines(plan, data, read_once(VllmCommit, **reads[0][1]) if reads else None)
 
 
-@deploy("vllm", data_defaults=role_defaults("vllm"))
-def apply(plan: Plan, data: Config):
-    wanted, problems = instances(data)
-    if problems:   # preflight refused the host: touch nothing
-        return
-    entries = models(data)[0]
-    if not data["vllm_ray_role"] and "rigup-ray" in (plan.get("serving_units") or []):
-        cluster.retired(name=f"vllm: {cluster.RAY_UNIT} retired (vllm_ray_role: null)")
-    if data["vllm_ray_role"] == "head":   # its pp stages and tp ranks are Ray's to place over the hosts
+def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> tuple[dict, dict]:
+    """Each instance's servers (command.py ``servers``: a replica per group of checks.replica_groups);
+    a Ray head's instances with Ray's executor (its pp stages and tp ranks are Ray's to place over the hosts)."""
+    if data["vllm_ray_role"] == "head":
         wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
                   for n, i in wanted.items()}
-    plans = {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
-    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    drafts = {name: marker_path(entries[inst["draft_model"]]["dest"]) if inst["draft_model"] else None
-              for name, inst in wanted.items()}
-    units = {s["unit"]: [markers[name], name, drafts[name]] for name, srv in plans.items() for s in srv}
+    return wanted, {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
+
+
+def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:
+    """A Ray node no longer wanted retired; the pin (a short commit expanded on the host: none while
+    the host has no git yet) and its directory, which its state reads; the template unit."""
+    if not data["vllm_ray_role"] and "rigup-ray" in (plan.get("serving_units") or []):
+        cluster.retired(name=f"vllm: {cluster.RAY_UNIT} retired (vllm_ray_role: null)")
     ray_role = data["vllm_ray_role"]
     short = cmd.short_commit(data) if wanted or ray_role else None
     full = cmd.expanded(data, read_once(VllmCommit, **_commit_read(data))) if short else None
     no_git = bool(short) and not full       # the host has no git to expand it with yet
     # preflight refused a bad pin (checks.py)
     the_pin = cmd.pin(data, full) if (wanted or ray_role) and not no_git else {"id": "none"}
-    user, vllm_dir = data["rigup_user"], data["vllm_dir"].rstrip("/")
-    pin_dir, patch_dir = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/patches"
-    replicated = sorted(name for name, srv in plans.items() if len(srv) > 1)
-    if wanted or any(u.startswith("rigup-vllm@") for u in plan.get("serving_units") or []):   # none: no read
-        retired(name="vllm: retire servers no longer wanted", pin_dir=pin_dir, units=units,
-                backends=[cmd.backend_name(n) for n in replicated], drain=balancer_drain(data))
+    vllm_dir = data["vllm_dir"].rstrip("/")
+    pin_dir = f"{vllm_dir}/{the_pin['id']}"
+    wait_script, ray_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram", f"{vllm_dir}/bin/rigup-ray-wait"
+    text = cmd.render("vllm-unit.service.j2", user=data["rigup_user"], guard_file=guard_file(data),
+                      start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30,
+                      fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
+    return Shared(plan, data, {"pin_dir": pin_dir, "instances": units}, text, [wait_script, cmd.UNIT, ray_script],
+                  {"pin": the_pin, "no_git": no_git, "vllm_dir": vllm_dir, "wait_script": wait_script,
+                   "ray_script": ray_script})
+
+
+def _install(shared: Shared, wanted: dict, units: dict) -> Shared | None:
+    """The pin's virtualenv (its patches, pip's credentials, the VRAM wait script) and on a Ray
+    cluster's host its Ray node; None (nothing more) without an instance or a Ray role, or while
+    the host has no git to expand a short commit with."""
+    plan, data, own = shared.plan, shared.data, shared.own
+    ray_role, the_pin, pin_dir = data["vllm_ray_role"], own["pin"], shared.reads["pin_dir"]
     if not wanted and not ray_role:
-        return
-    if no_git:
+        return None
+    if own["no_git"]:
         why = (f"vllm: vllm_git_commit {data['vllm_git_commit']} is expanded with git on the host, which roles/base "
                "installs in this run: converge again to install vLLM")
         say(f"    [{host.name}] {why}")
         summary.note(host.name, why)
-        return
-    unlock = waits_for_unlock("vllm", wanted, plan, data)
+        return None
     series = cmd.patches(data)
     stamp = cmd.stamp(the_pin, series, data)
+    patch_dir = f"{own['vllm_dir']}/patches"
     label = (f"vllm {the_pin['git']} at {the_pin['commit']}" if "git" in the_pin
              else f"vllm=={the_pin['pip']} from PyPI")
     script = cmd.render("vllm-install.sh.j2", pin_dir=pin_dir, pin_label=label, git=the_pin.get("git"),
@@ -290,9 +291,7 @@ def apply(plan: Plan, data: Config):
         secret_file(name=f"vllm: credentials {cmd.NETRC}", content=netrc, dest=cmd.NETRC, paths=auth)
     else:
         absent(name=f"vllm: no credentials {cmd.NETRC}", dest=cmd.NETRC, paths=auth)
-    wait_script, ray_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram", f"{vllm_dir}/bin/rigup-ray-wait"
-    paths = [wait_script, cmd.UNIT, ray_script]
-    managed(name="vllm VRAM wait script", dest=wait_script, paths=paths, mode="755",
+    managed(name="vllm VRAM wait script", dest=own["wait_script"], paths=shared.paths, mode="755",
             text=cmd.render("vllm-wait-vram.sh.j2"))
     installing = install(name=f"vllm virtualenv {the_pin['id']} ({len(series)} patches)", pin_dir=pin_dir,
                          patch_dir=patch_dir, series=series, script=script, stamp=stamp, units=units)
@@ -302,44 +301,46 @@ def apply(plan: Plan, data: Config):
                 timeout=data["vllm_install_timeout"], _if=installing.did_change)
     fleet = fleet_data(host) if ray_role else {}
     if ray_role:
-        _ray_node(data, plan, fleet, f"{pin_dir}/venv", ray_script, paths)
-    unit_text = cmd.render("vllm-unit.service.j2", user=user, guard_file=guard_file(data),
-                           start_timeout=max(900, data["vllm_health_timeout"]), stop_timeout=120, restart_sec=30,
-                           fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
-    managed(name="vllm template unit", dest=cmd.UNIT, paths=paths, text=unit_text)
+        _ray_node(data, plan, fleet, f"{pin_dir}/venv", own["ray_script"], shared.paths)
     cluster.nodes_started(name="vllm: Ray nodes started")
-    for name, srv in sorted(plans.items()):
-        inst = wanted[name]
-        if len(srv) > 1:
-            backends_file(cmd.backend_name(name), inst["host"], inst["port"],
-                          [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv])
-        # HOME and caches per server (the unit's own StateDirectory/CacheDirectory, %i), pinning last
-        ray_env = cluster.instance_env(host.name, fleet) if ray_role == "head" else {}
-        envs = {s["unit"]: cmd.env_text(name, {**cmd.env_vars(s["unit"], {**inst, "_name": name}, data, plan),
-                                               **ray_env, **s["env"]}) for s in srv}
-        for server in srv:
-            wait = [wait_script, str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
-            wait += ["-i", server["gpus"]] if server["gpus"] else []
-            hooks = balancer_hooks(cmd.backend_name(name), server["unit"], server["inst"]["port"], data) \
-                if len(srv) > 1 else None
-            port, bind = server["inst"]["port"], server["inst"]["host"]
-            ray_wait = (cluster.wait_argv(f"{pin_dir}/venv", ray_script, cluster.gcs(host.name, fleet),
+    return dataclasses.replace(shared, own={**own, "stamp": stamp, "fleet": fleet})
+
+
+def _args(shared: Shared, name: str, inst: VllmInstance, server: dict) -> dict:
+    """:func:`instance`'s own arguments: the pin's virtualenv and stamp, the server's environment
+    file (HOME and caches per server, the unit's own StateDirectory/CacheDirectory, %i; its pinning
+    last), the VRAM wait on its cards, a Ray head's wait for its nodes."""
+    plan, data, own = shared.plan, shared.data, shared.own
+    pin_dir, fleet, head = shared.reads["pin_dir"], own["fleet"], data["vllm_ray_role"] == "head"
+    ray_env = cluster.instance_env(host.name, fleet) if head else {}
+    wait = [own["wait_script"], str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
+    wait += ["-i", server["gpus"]] if server["gpus"] else []
+    return {"pin_dir": pin_dir, "venv": f"{pin_dir}/venv", "stamp_sha": cmd.sha(own["stamp"])[:12], "wait": wait,
+            "env": cmd.env_text(name, {**cmd.env_vars(server["unit"], {**inst, "_name": name}, data, plan),
+                                       **ray_env, **server["env"]}),
+            "ray_wait": cluster.wait_argv(f"{pin_dir}/venv", own["ray_script"], cluster.gcs(host.name, fleet),
                                           int(data["vllm_ray_wait_seconds"]), cluster.expected(host.name, fleet))
-                        if ray_role == "head" else None)
-            started = instance(name=f"vllm {server['unit']} on {bind}:{port}", unit_name=server["unit"],
-                               instance_name=name, inst=server["inst"], marker_path=markers[name], pin_dir=pin_dir,
-                               venv=f"{pin_dir}/venv", env=envs[server["unit"]],
-                               unit_sha=cmd.sha(unit_text)[:12], stamp_sha=cmd.sha(stamp)[:12], wait=wait,
-                               user=user, units=units, balancer=hooks, fleet_key=fleet_api_key(data),
-                               maintenance=data["rigup_maintenance"], ray_wait=ray_wait, draft_marker=drafts[name],
-                               unlock=unlock)
-            if data["rigup_maintenance"]:
-                continue
-            python.call(answered, unit=f"rigup-vllm@{server['unit']}.service", port=port, bind=bind,
-                        model=cmd.api_name(name, inst), prompt=data["vllm_health_prompt"],
-                        timeout=data["vllm_health_timeout"], poll=2,  # it refuses connections while it loads
-                        auth=bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else "",
-                        name=f"vllm {server['unit']} answers", _if=started.did_change)
+            if head else None}
+
+
+def _gate(shared: Shared, name: str, inst: VllmInstance, server: dict) -> dict:
+    """vLLM refuses connections while it loads: the gate polls."""
+    data = shared.data
+    return {"model": cmd.api_name(name, inst), "prompt": data["vllm_health_prompt"],
+            "timeout": data["vllm_health_timeout"], "poll": 2,
+            "auth": bearer(cmd.KEY_FILE.format(name), cmd.KEY_PREFIX) if inst["api_key"] else ""}
+
+
+VLLM = Engine(
+    role="vllm", template="rigup-vllm", unit=cmd.UNIT, state=VllmState, instances=instances, servers=_servers,
+    markers=lambda inst, marker: [marker(inst["draft_model"]) if inst["draft_model"] else None], prepare=_prepare,
+    fronted=lambda inst, srv: len(srv) > 1, backend=cmd.backend_name, server=instance, args=_args, gate=_gate,
+    install=_install)
+
+
+@deploy("vllm", data_defaults=role_defaults("vllm"))
+def apply(plan: Plan, data: Config):
+    serve(VLLM, plan, data)
 
 
 ROLE = Role("vllm", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_reads=plan_reads, plan_lines=plan_lines)

@@ -77,19 +77,22 @@ def test_the_playbooks_files_and_directories_are_those_the_roles_declare(data):
         "/etc/systemd/system/rigup-model-warm.timer": "the same",
     }
     # writes whose path only the host's run knows: a build's script and smoke files, a model's
-    # job file, a server's drop-in (compared below by the call's mode), a replica's backends
-    unknown = {"roles/llama_cpp/build.py": 3, "rigup/serving.py": 2}
+    # job file, a server's drop-in (compared below by the call's mode), a replica's backends; and
+    # the serving walk's template unit (its engine's: llama-server's is playbook.LLAMA_UNIT)
+    unknown = {"roles/llama_cpp/build.py": 3, "rigup/serving.py": 3}
     files, dirs = playbook.managed_files(data), playbook.directories(data)
     print(f"\n{len(found)} declarations in {len(modules())} modules; {len(resolved)} paths resolved, "
           f"{sum(unresolved.values())} not ({dict(unresolved)}); the playbook has {len(files)} files, {len(dirs)} dirs")
     assert dict(unresolved) == unknown
     assert set(resolved) - set(files) - set(dirs) == set(not_in_recipe)
     dropins = {p for p in files if p.startswith("/etc/systemd/system/rigup-llama@") and p.endswith(".d/rigup.conf")}
-    assert set(files) | set(dirs) == (set(resolved) - set(not_in_recipe)) | dropins
+    assert set(files) | set(dirs) == (set(resolved) - set(not_in_recipe)) | dropins | {playbook.LLAMA_UNIT}
     serving = next(d for d in found if d.where.startswith("rigup/serving.py") and d.what == "file" and "src" in d.args)
+    unit = next(d for d in found if d.where.startswith("rigup/serving.py") and d.what == "file" and "text" in d.args
+                and d.args["dest"] is UNKNOWN and "paths" in d.args and d.args["paths"] is UNKNOWN)
     wrong = []
     for path, spec in {**files, **dirs}.items():
-        decl = serving if path in dropins else resolved[path]
+        decl = serving if path in dropins else unit if path == playbook.LLAMA_UNIT else resolved[path]
         want = owner_mode(decl.args)
         have = {k: spec[k] for k in ("owner", "group", "mode")}
         if have != want:
