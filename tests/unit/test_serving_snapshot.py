@@ -2,11 +2,12 @@
 held byte-for-byte to tests/fixtures/serving/ (issue 64: the snapshot taken before the serving
 path is refactored, so that a refactor which changes what a host runs fails here, naming the file).
 
-Each case is a host (a fact fixture's plan) with its data; :func:`rendered` walks it as
-roles/llama_server and roles/vllm ``apply`` and their ``instance`` operations do, with what those
-read on the host fixed here (the model's first GGUF file, the llama.cpp build, the markers'
-revisions): the template unit, each server's drop-in, its ExecStart argv (``argv.json``), a
-router's preset, a replicated instance's backends file, vLLM's environment files, and a Ray
+Each case is a host (a fact fixture's plan) with its data; :func:`walked` runs the serving walk
+itself (rigup.serving ``serve`` with the role's Engine, what its ``apply`` calls) with its
+operation calls recorded (rigup.probe), then each server's operation body with what it reads on
+the host fixed here (the model's first GGUF file, the llama.cpp build, the markers' revisions):
+the template unit, each server's drop-in, its ExecStart argv (``argv.json``), a router's preset,
+a replicated instance's backends file, vLLM's environment files and install stamp, and a Ray
 node's unit and allow-list. A case's files live in ``tests/fixtures/serving/<case>/``.
 
 A change meant to change what hosts run regenerates them (then read the diff):
@@ -15,26 +16,27 @@ A change meant to change what hosts run regenerates them (then read the diff):
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from pyinfra.context import ctx_host
 
+from rigup import probe, serving
+from rigup import state as state_module
+from rigup.contract.llama_server import PRESET
 from rigup.gpu.plan import hardware_plan
 from rigup.models import models
-from rigup.names import guard_file, marker_path
-from rigup.rpc import endpoint
-from rigup.serving import balancer_hooks
-from rigup.templates import render
-from roles.llama_server.command import (NO_CACHE, argv, backend_name, dropin_text, fronted, preset_text,
-                                       queue_limits, queued, servers)
-from roles.llama_server.replicas import chosen
-from roles.llama_server.schema import instances as llama_instances
-from roles.vllm import cluster
+from rigup.names import BALANCER_DIR
+from rigup.serving import serve
+from roles.llama_server import LLAMA as LLAMA_SERVER, UNIT
+from roles.llama_server.command import argv
+from roles.llama_server.facts import DROPIN
+from roles.vllm import VLLM as VLLM_ENGINE, cluster
 from roles.vllm import command as cmd
-from roles.vllm.checks import replica_groups
-from roles.vllm.schema import instances as vllm_instances
 from tests.unit.hosts import GLM, REV, data, glm_llama, host
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "serving"
@@ -134,48 +136,27 @@ LLAMA = {
 
 
 def llama_files(plan: dict, d: dict, workers: dict) -> dict[str, str]:
-    """What roles/llama_server installs for ``d`` on a host of ``plan`` (its ``apply`` and
-    ``instance``; ``workers``: the data of the RPC workers its instances name)."""
-    wanted, problems = llama_instances(d)
-    assert problems == [], problems
-    entries = models(d)[0]
-    binary = f"{d['llama_cpp_dir']}/current/bin/llama-server"
-    laid = {name: chosen(inst, entries[inst["model"]], plan, d, entries)[:2] for name, inst in wanted.items()}
-    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}
-    plans = {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
-    unit_text = render("llama_server-unit.service.j2", user=d["rigup_user"], guard_file=guard_file(d),
-                       start_timeout=max(600, d["llama_server_health_timeout"]),
-                       fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
-    unit_sha = hashlib.sha256(unit_text.encode()).hexdigest()[:12]
-    out = {"rigup-llama@.service": unit_text}
-    for name, srv in sorted(plans.items()):
-        inst = wanted[name]
-        if fronted(inst, srv):
-            out[f"backends/{backend_name(name)}.json"] = json.dumps(
-                {"bind": inst["host"], "port": inst["port"],
-                 "servers": [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv if not s.get("pinned")],
-                 **(queue_limits(inst, d["llama_server_health_timeout"]) if queued(inst) else {})}, indent=2) + "\n"
-        for server in srv:
-            sinst = server["inst"]
-            hooks = balancer_hooks(backend_name(name), server["unit"], sinst["port"], d) \
-                if fronted(inst, srv) and not server.get("pinned") else None
-            rpc = [endpoint(w, workers[w]) for w in inst["rpc_workers"]]
-            env = {**server["env"], "LLAMA_CACHE": NO_CACHE.format(name)} if sinst["also"] else server["env"]
-            keys = [sinst["model"], *(sinst["also"] or [])]
-            paths = {k: f"{entries[k]['dest']}/{GGUF}" for k in keys}
-            revisions = {k: entries[k]["revision"] for k in keys}
-            preset = preset_text(name, sinst, paths, revisions) if sinst["also"] else None
-            digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
-            text = dropin_text(name, sinst, binary, paths[sinst["model"]], BUILD, unit_sha,
-                               revisions[sinst["model"]], env, hooks, rpc, d["llama_server_rpc_wait"], preset=digest,
-                               allow=d["llama_server_allow"], origins=d["llama_server_cors_origins"])
-            out[f"rigup-llama@{server['unit']}/rigup.conf"] = text
-            if preset:
-                out[f"rigup-llama@{server['unit']}/{name}.models.ini"] = preset
-            out[f"rigup-llama@{server['unit']}/argv.json"] = json.dumps(
-                {"marker": marker_path(entries[sinst["model"]]["dest"]), "env": env,
-                 "argv": argv(name, sinst, binary, paths[sinst["model"]], rpc, d["llama_server_allow"])},
-                indent=2) + "\n"
+    """What roles/llama_server installs for ``d`` on a host of ``plan`` (``workers``: the data of
+    the RPC workers its instances name, by inventory name)."""
+    out: dict[str, str] = {}
+    for call in walked(LLAMA_SERVER, plan, d, "rig-01", {"config_of": workers.__getitem__}):
+        kw = call.kwargs
+        if "unit_name" not in kw:
+            out.update(_written(kw))
+            continue
+        unit, name, sinst = kw["unit_name"], kw["instance_name"], kw["inst"]
+        model_path = f"{kw['units'][unit][0].rsplit('/', 1)[0]}/{GGUF}"
+        keys = [sinst["model"], *(sinst["also"] or [])]
+        markers = {k: {"files": [GGUF], "revision": models(d)[0][k]["revision"]} for k in keys}
+        state = {"build": BUILD, "remedy": [], "instances": {unit: {"marker": markers[sinst["model"]],
+                                                                      "markers": markers}}}
+        texts = _body(call, "roles.llama_server", state)
+        out[f"rigup-llama@{unit}/rigup.conf"] = texts[DROPIN.format(unit)]
+        if sinst["also"]:
+            out[f"rigup-llama@{unit}/{name}.models.ini"] = texts[PRESET.format(name)]
+        out[f"rigup-llama@{unit}/argv.json"] = json.dumps(
+            {"marker": kw["units"][unit][0], "env": kw["env"],
+             "argv": argv(name, sinst, kw["binary"], model_path, kw["rpc"], kw["allow"])}, indent=2) + "\n"
     return out
 
 
@@ -224,61 +205,78 @@ def ray_fleet(me: str, d: dict) -> dict:
 
 
 def vllm_files(plan: dict, d: dict, me: str | None) -> dict[str, str]:
-    """What roles/vllm installs for ``d`` on a host of ``plan`` (its ``apply`` and ``instance``;
-    ``me``: the host's inventory name in a Ray cluster, None outside one)."""
-    wanted, problems = vllm_instances(d)
-    assert problems == [], problems
-    entries = models(d)[0]
-    ray_role = d["vllm_ray_role"]
-    if ray_role == "head":
-        wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
-                  for n, i in wanted.items()}
-    plans = {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
-    markers = {name: marker_path(entries[inst["model"]]["dest"]) for name, inst in wanted.items()}
-    drafts = {name: marker_path(entries[inst["draft_model"]]["dest"]) if inst["draft_model"] else None
-              for name, inst in wanted.items()}
-    the_pin = cmd.pin(d)
-    vllm_dir = d["vllm_dir"].rstrip("/")
-    pin_dir, venv = f"{vllm_dir}/{the_pin['id']}", f"{vllm_dir}/{the_pin['id']}/venv"
-    stamp = cmd.stamp(the_pin, cmd.patches(d), d)
-    wait_script, ray_script = f"{vllm_dir}/bin/rigup-vllm-wait-vram", f"{vllm_dir}/bin/rigup-ray-wait"
-    unit_text = cmd.render("vllm-unit.service.j2", user=d["rigup_user"], guard_file=guard_file(d),
-                           start_timeout=max(900, d["vllm_health_timeout"]), stop_timeout=120, restart_sec=30,
-                           fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
-    out = {"rigup-vllm@.service": unit_text, "stamp.json": stamp + "\n"}
-    fleet = ray_fleet(me, d) if ray_role else {}
-    if ray_role:
-        env = cluster.node_env(cmd.env_vars("ray", {}, d, plan), cluster.node_ip(me, d))
-        out["rigup-ray.service"] = cluster.unit_text(me, fleet, venv, env, d["rigup_user"], guard_file(d), ray_script)
-        out["ray.nft"] = cluster.firewall_text(me, fleet)
-    for name, srv in sorted(plans.items()):
-        inst = wanted[name]
-        if len(srv) > 1:
-            out[f"backends/{cmd.backend_name(name)}.json"] = json.dumps(
-                {"bind": inst["host"], "port": inst["port"],
-                 "servers": [[s["unit"], s["inst"]["host"], s["inst"]["port"]] for s in srv]}, indent=2) + "\n"
-        ray_env = cluster.instance_env(me, fleet) if ray_role == "head" else {}
-        for server in srv:
-            env = cmd.env_text(name, {**cmd.env_vars(server["unit"], {**inst, "_name": name}, d, plan),
-                                      **ray_env, **server["env"]})
-            wait = [wait_script, str(d["vllm_vram_free_mib"]), str(d["vllm_vram_wait_seconds"])]
-            wait += ["-i", server["gpus"]] if server["gpus"] else []
-            hooks = balancer_hooks(cmd.backend_name(name), server["unit"], server["inst"]["port"], d) \
-                if len(srv) > 1 else None
-            ray_wait = (cluster.wait_argv(venv, ray_script, cluster.gcs(me, fleet), int(d["vllm_ray_wait_seconds"]),
-                                          cluster.expected(me, fleet)) if ray_role == "head" else None)
-            model_path = markers[name].rsplit("/", 1)[0]
-            draft = {"path": drafts[name].rsplit("/", 1)[0], "marker": drafts[name],
-                     "sha": hashlib.sha256(b"the drafter's marker").hexdigest()} if drafts[name] else None
-            text = cmd.dropin_text(name, server["inst"], venv, model_path, markers[name], cmd.sha(unit_text)[:12],
-                                   cmd.sha(stamp)[:12], cmd.sha(env)[:12], entries[inst["model"]]["revision"], wait,
-                                   unit=server["unit"], balancer=hooks, ray_wait=ray_wait, draft=draft)
-            out[f"rigup-vllm@{server['unit']}/rigup.conf"] = text
-            out[f"rigup-vllm@{server['unit']}/{server['unit']}.env"] = env
-            out[f"rigup-vllm@{server['unit']}/argv.json"] = json.dumps(
-                {"pin_dir": pin_dir, "argv": cmd.argv(name, server["inst"], venv, model_path, draft and draft["path"])},
-                indent=2) + "\n"
+    """What roles/vllm installs for ``d`` on a host of ``plan`` (``me``: the host's inventory name
+    in a Ray cluster, None outside one)."""
+    out: dict[str, str] = {}
+    fleet = ray_fleet(me, d) if me else {}
+    for call in walked(VLLM_ENGINE, plan, d, me or "rig-01", {"fleet_data": lambda host: fleet}):
+        kw = call.kwargs
+        if "stamp" in kw and "series" in kw:          # the pin's install
+            out["stamp.json"] = kw["stamp"] + "\n"
+        elif kw.get("path") == cluster.FIREWALL:
+            out["ray.nft"] = kw["text"]
+        elif "venv" in kw and "text" in kw:           # the Ray node
+            out["rigup-ray.service"] = kw["text"]
+        elif "unit_name" not in kw:
+            out.update(_written(kw))
+        else:
+            unit, name = kw["unit_name"], kw["instance_name"]
+            model, draft = kw["units"][unit][0], kw["units"][unit][2]
+            state = {"instances": {unit: {"marker": {"revision": models(d)[0][kw["inst"]["model"]]["revision"]},
+                                          "draft": hashlib.sha256(b"the drafter's marker").hexdigest(),
+                                          "env": cmd.sha(kw["env"])}}}
+            out[f"rigup-vllm@{unit}/rigup.conf"] = _body(call, "roles.vllm", state)[cmd.DROPIN.format(unit)]
+            out[f"rigup-vllm@{unit}/{unit}.env"] = kw["env"]
+            out[f"rigup-vllm@{unit}/argv.json"] = json.dumps(
+                {"pin_dir": kw["pin_dir"], "argv": cmd.argv(name, kw["inst"], kw["venv"], model.rsplit("/", 1)[0],
+                                                            draft and draft.rsplit("/", 1)[0])}, indent=2) + "\n"
     return out
+
+
+# -- the walk ------------------------------------------------------------------------------------
+
+def walked(engine, plan: dict, d: dict, me: str, role_names: dict) -> list:
+    """The operation calls ``serve(engine, plan, d)`` makes on host ``me``, recorded (rigup.probe),
+    with ``role_names`` (the role module's names: what it reads of its peers) replaced."""
+    module = importlib.import_module(engine.server.__module__)
+    fake = SimpleNamespace(name=me, state=SimpleNamespace(current_deploy_filename=None), loop_position=[],
+                           in_deploy=False, current_deploy_name=None, current_deploy_kwargs=None,
+                           current_deploy_data=None, inventory=SimpleNamespace(get_host=lambda name: name))
+    with pytest.MonkeyPatch.context() as mp, ctx_host.use(fake):
+        for name, value in role_names.items():
+            mp.setattr(module, name, value)
+        mp.setattr(state_module, "will_read", lambda *a, **k: None)   # no batch: nothing is read
+        mp.setattr(serving, "will_read", lambda *a, **k: None)
+        mp.setitem(probe._recording, me, [])
+        serve(engine, plan, d)
+        return probe._recording[me]
+
+
+def _written(kw: dict) -> dict[str, str]:
+    """A template unit or a backends file, by its path under the case's folder (other files: none)."""
+    dest = kw.get("dest", "")
+    if dest in (UNIT, cmd.UNIT):
+        return {dest.rsplit("/", 1)[1]: kw["text"]}
+    if dest.startswith(BALANCER_DIR + "/"):
+        return {f"backends/{dest.rsplit('/', 1)[1]}": kw["text"]}
+    return {}
+
+
+def _body(call, module_name: str, state: dict) -> dict[str, str]:
+    """The files a server's operation writes (its drop-in, a router's preset), by path: its body run
+    with ``state`` as what it reads on the host."""
+    module, texts = importlib.import_module(module_name), {}
+
+    def running(unit, dropin, text, *args, **kwargs):
+        texts[dropin] = text
+        yield from ()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "read_once", lambda fact, **kwargs: state)
+        mp.setattr(module, "unit_running", running)
+        mp.setattr(module, "written", lambda path, text, **kwargs: texts.setdefault(path, text))
+        list(call.op._inner(**{k: v for k, v in call.kwargs.items() if k != "name" and not k.startswith("_")}))
+    return texts
 
 
 # -- the snapshot --------------------------------------------------------------------------------
