@@ -27,7 +27,8 @@ from pyinfra.operations import files
 from rigup import summary
 from rigup.files import directory, managed
 from rigup.gate import answered
-from rigup.gpu.plan import unlock_wait
+from rigup.config import Config
+from rigup.gpu.plan import Plan, unlock_wait
 from rigup.models import models
 from rigup.names import BALANCER_DIR, balancer_drain, balancer_file, marker_path
 from rigup.probe import operation, python
@@ -42,8 +43,8 @@ class Shared:
     fact's arguments (``reads``: the retirement's read and every server's), its template unit's
     text and the role's files read with it (``paths``), and the engine's own values (``own``)."""
 
-    plan: dict
-    data: dict
+    plan: Plan
+    data: Config
     reads: dict
     unit_text: str
     paths: list
@@ -83,7 +84,7 @@ class Engine:
     limits: Callable | None = None
 
 
-def serve(engine: Engine, plan: dict, data: dict) -> None:
+def serve(engine: Engine, plan: Plan, data: Config) -> None:
     """The serving walk of ``engine`` on this host (module docstring), called by its role's
     ``apply``: every operation it calls is the role's, in the role's deploy."""
     wanted, problems = engine.instances(data)
