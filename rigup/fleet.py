@@ -62,8 +62,22 @@ SECTION_BYTES = 4 << 20
 # digits and address characters before they reach curl), /health's HTTP code there, and the model
 # revision its comment records (roles/llama_server, roles/vllm: "..., model <revision>"). A router's key
 # reaches curl as one header line (``-H @-``: headers only, never curl's config, which a key holding a
-# newline and ``output = FILE`` once turned into a file root wrote), its first line's printable ASCII.
-SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/system/rigup-vllm@*.service.d; do
+# newline and ``output = FILE`` once turned into a file root wrote), its first line's printable ASCII, and
+# only to the unit's own listener (issue 61, round 5 C1): a unit that is down (the guard stopped it, a
+# restart loop, systemctl stop) leaves its port to any local user, who would collect the key at the next
+# status. ``own UNIT PORT``: the unit active, and every process listening on PORT (ss's pids) its MainPID
+# or a child of it; else no key is sent (ss without root names no pid: no key either).
+SERVING = r"""own() {
+  [ "$(systemctl is-active "$1" 2>/dev/null)" = active ] || return 1
+  m=$(systemctl show -p MainPID --value "$1" 2>/dev/null | head -n 1 | tr -cd 0-9)
+  case $m in ''|0) return 1;; esac
+  pids=$(ss -Hltnp "sport = :$2" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -c5- | sort -u)
+  [ -n "$pids" ] || return 1
+  for p in $pids; do
+    [ "$p" = "$m" ] || [ "$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null)" = "$m" ] || return 1
+  done
+}
+for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/system/rigup-vllm@*.service.d; do
   [ -d "$d" ] || continue; u=${d##*/}; u=${u%.d}; f=$d/rigup.conf
   port=$(grep -o -e '--port[= ][0-9]*' "$f" 2>/dev/null | head -n 1 | tr -cd 0-9)
   bind=$(grep -o -e '--host[= ][^ ]*' "$f" 2>/dev/null | head -n 1 | cut -c8- | tr -cd '0-9A-Za-z.:-')
@@ -73,7 +87,7 @@ SERVING = r"""for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/
   echo "revision=$(sed -n 's/^# .*, model \([^ ,]*\)$/\1/p' "$f" 2>/dev/null | head -n 1)"
   if [ -n "$port" ] && grep -q -e '--models-preset' "$f" 2>/dev/null; then
     kf=$(grep -o -e '--api-key-file[= ][^ ]*' "$f" | head -n 1 | cut -c16- | tr -d "'\"")
-    hdr=; [ -n "$kf" ] && [ -r "$kf" ] && hdr="Authorization: Bearer $(head -n 1 "$kf" | tr -cd '\041-\176')"
+    hdr=; [ -n "$kf" ] && [ -r "$kf" ] && own "$u" "$port" && hdr="Authorization: Bearer $(head -n 1 "$kf" | tr -cd '\041-\176')"
     echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -H @- "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
       | tr -d '\n' | grep -o -e '"id": *"[^"]*"' -e '"value": *"[^"]*"' | tr -d '" ' | paste -s -d, - | head -c 4096)"
   fi

@@ -401,7 +401,13 @@ def test_a_routers_key_reaches_curl_as_one_header_never_as_its_config(tmp_path, 
                                          f"--api-key-file {kf}\n")
         script = fleet.SERVING.replace("/etc/systemd/system/", f"{tmp_path}/")
         _Router.seen = []
-        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, cwd=tmp_path).stdout
+        # the unit active, this process its MainPID: the listener is its own (the key goes only there: C1)
+        stand_in = tmp_path.parent / f"{tmp_path.name}-bin"
+        stand_in.mkdir()
+        (stand_in / "systemctl").write_text(f"#!/bin/sh\ncase $1 in is-active) echo active;; show) echo {os.getpid()};; esac\n")
+        (stand_in / "systemctl").chmod(0o755)
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, cwd=tmp_path,
+                             env={**os.environ, "PATH": f"{stand_in}:{os.environ['PATH']}"}).stdout
     finally:
         server.shutdown()
         server.server_close()
@@ -409,6 +415,47 @@ def test_a_routers_key_reaches_curl_as_one_header_never_as_its_config(tmp_path, 
     assert "models=id:m1" in out and _Router.seen == [None, [header]]     # /health, then /models
     assert not (tmp_path / "written").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["key", unit.name]
 
+
+
+def _serving(tmp_path, active: str, main_pid: int) -> list:
+    """SERVING's run by sh with a unit ``active`` whose MainPID is ``main_pid`` (a ``systemctl`` stand-in),
+    its router's port held by this process; the Authorization headers the listener was sent."""
+    from rigup import fleet
+    server = HTTPServer(("127.0.0.1", 0), _Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        (tmp_path / "key").write_text("SECRET-KEY-123\n")
+        unit = tmp_path / "rigup-llama@r.service.d"
+        unit.mkdir()
+        (unit / "rigup.conf").write_text(f"ExecStart=/x --models-preset /p --port {port} --api-key-file {tmp_path}/key\n")
+        stand_in = tmp_path / "bin"
+        stand_in.mkdir()
+        (stand_in / "systemctl").write_text(f"#!/bin/sh\ncase $1 in is-active) echo {active};; show) echo {main_pid};; esac\n")
+        (stand_in / "systemctl").chmod(0o755)
+        _Router.seen = []
+        subprocess.run(["sh", "-c", fleet.SERVING.replace("/etc/systemd/system/", f"{tmp_path}/")], capture_output=True,
+                       text=True, timeout=30, env={**os.environ, "PATH": f"{stand_in}:{os.environ['PATH']}"})
+        return _Router.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ss names other processes' pids to root only (status reads as root)")
+@pytest.mark.parametrize("active, main_pid, sent", [
+    ("inactive", "self", False),      # round 5 C1: the unit down, another user's listener on its port
+    ("active", 1, False),             # the unit up, its port held by a process neither its main one nor its child
+    ("failed", "self", False),
+    ("active", "self", True),         # the unit's own listener: the key is sent
+    ("active", "parent", True),       # a child of the unit's main process listens
+])
+def test_a_routers_key_goes_only_to_the_units_own_listener(tmp_path, active, main_pid, sent):
+    """Round 5 C1: status sent the router's key to whatever listened on its port, the unit inactive."""
+    pid = {"self": os.getpid(), "parent": os.getppid()}.get(main_pid, main_pid)
+    seen = _serving(tmp_path, active, pid)
+    print(f"unit {active}, MainPID {main_pid}: /health then /models were sent {seen}")
+    assert seen == [None, ["Bearer SECRET-KEY-123"] if sent else None]
 
 # -- POSIX ACLs (issue 61 round 3, items 5, 6, 13): the mode's group bits are only the mask -------------------
 
