@@ -57,6 +57,7 @@ it is logged once and kept in XID_STATE (``link``, this boot's) and the metrics
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import math
@@ -89,6 +90,7 @@ KILL_GRACE_S = 2            # how long a killed process group gets to go before 
 SYSTEMCTL_TIMEOUT_S = 20    # per systemctl call; a stop job goes on in systemd without its client
 JOURNAL_TIMEOUT_S = 10      # the kernel log's new lines (journalctl)
 SLACK_S = 10                # python start, reading and writing the state files
+CLOCK_SKEW_S = 5            # how far after now a kept sample may be dated (a clock stepped back a little) and still count
 XID_EVENTS_KEPT = 50        # the newest Xid events kept in XID_STATE, with what was done
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 LOADED_PERCENT = 50         # utilization.gpu at or above which a card's link generation is judged (cards idle at Gen1)
@@ -171,6 +173,7 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
     card that answers is kept with ``"aside": True``: its draw still counts against the power
     supply's budget (a card under a burn-in soak draws its cap from the same supply)."""
     cards, lost, gone, aside = [], [], 0, 0   # gone: set-aside cards off the bus; aside: set-aside rows
+    seen: set[str] = set()   # the UUIDs and bus ids of earlier rows
     for line in lines:
         if "Unable to determine the device handle" in line:
             named = NO_HANDLE.search(line)   # the card's bus id, compared whole (issue 61: a set-aside "0" matched every line)
@@ -185,6 +188,12 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
                 lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
             continue
         card = {"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2], "pci_id": pci_id(cells[3])}
+        names = {cells[1].lower(), cells[2].lower()[-12:]}
+        if names & seen:   # a card's draws are keyed by its UUID: a second row of one (round 5 B4) is lost telemetry
+            lost.append(f"GPU {card['index']} ({said(cells[1])}, {said(cells[2], 32)}) repeats the UUID or bus id of "
+                        "an earlier card")
+            continue
+        seen |= names
         for key, cell in zip(("draw", "limit", "temp", *EXTRA), cells[4:]):
             card[key] = reading(cell)
         if cells[2].lower()[-12:] in {q.lower() for q in quarantined}:
@@ -228,14 +237,16 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
         return None
     newest = history[-1]
     window = float(config.get("window_s", 60))
-    history = [s for s in history if now - s["t"] <= window]
+    history = [s for s in history if recent(s["t"], now, window)]
     # lost telemetry (a card off the bus, a line or value not understood) first; the other cards judged still
     reasons = ["telemetry lost: " + "; ".join(newest["lost"])] if newest["lost"] else []
     averages, spans = {}, []
     for card in newest["cards"]:
         if card.get("aside"):   # under test or quarantined: not judged, its draw summed below
-            points = [c["draw"] for s in history for c in s["cards"] if c["uuid"] == card["uuid"]]
-            averages[card["uuid"]] = sum(points) / len(points)
+            points = [c["draw"] for s in history for c in s["cards"]   # a draw of [N/A] in a kept sample: not one
+                      if c["uuid"] == card["uuid"] and c["draw"] is not None]
+            if points:
+                averages[card["uuid"]] = sum(points) / len(points)
             continue
         limits = thresholds_for(card, config)
         name = (f"GPU {card['index']} ({said(card['uuid'])}, {said(card['bus_id'], 32)}, "
@@ -255,9 +266,17 @@ def evaluate(history: list[dict], config: dict, now: float) -> str | None:
                                f"({len(points)} samples) > {draw:g} W")
     psu = config.get("psu_watts")
     if psu and averages and len(averages) == len(newest["cards"]) and sum(averages.values()) > psu:
+        over = f"{min(spans):.0f} s" if spans else "the window"   # every card set aside: no judged card's span
         reasons.append(f"the {len(averages)} cards' average draws sum to {sum(averages.values()):.1f} W over "
-                       f"{min(spans):.0f} s > the power supply's budget {psu:g} W (gpu_psu_watts)")
+                       f"{over} > the power supply's budget {psu:g} W (gpu_psu_watts)")
     return "; ".join(reasons) or None
+
+
+def recent(t: float, now: float, span: float) -> bool:
+    """Whether a sample taken at ``t`` is of the ``span`` seconds before ``now``: never one dated after
+    now beyond :data:`CLOCK_SKEW_S` (round 5 B14: a sample at now + 1e9 s, a clock stepped back or a hand
+    edit, was kept and judged in every window for 31 years)."""
+    return -CLOCK_SKEW_S <= now - t <= span
 
 
 def debounce_of(config: dict) -> tuple[int, int]:
@@ -272,7 +291,7 @@ def keep(history: list[dict], config: dict, now: float) -> list[dict]:
     _, of = debounce_of(config)
     period = float(config.get("interval_s", 10)) + float(config.get("smi_timeout_s", 10))
     horizon = max(float(config.get("window_s", 60)), (of + 1) * period)
-    return [s for s in history if now - s["t"] <= horizon]
+    return [s for s in history if recent(s["t"], now, horizon)]
 
 
 def debounced(history: list[dict], config: dict) -> tuple[str | None, int]:
@@ -893,13 +912,22 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
     return True
 
 
+def serving_unit(name, patterns: list[str]) -> bool:
+    """Whether ``name`` is a service of the serving units' ``patterns`` (systemctl's globs), no glob itself."""
+    return isinstance(name, str) and name.endswith(".service") and not any(c in name for c in "*?[") and \
+        any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 def resumed(config: dict, record: dict) -> list[str]:
     """The serving units to start when a trip ends: those the guard stopped (``record["stopped"]``)
     and those whose last start its tripped file's condition skipped (a boot or a converge while
-    tripped: inactive, ConditionResult=no). A unit an operator stopped is neither."""
-    units = [u for u in record.get("stopped", []) if u and "*" not in u]
+    tripped: inactive, ConditionResult=no). A unit an operator stopped is neither. A name the record
+    holds is started only where it is a serving unit (a service of the config's ``units``): the record is
+    a file, and its ``stopped`` once started ssh.service and debug-shell.service (round 5 B8)."""
+    patterns = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+    units = [u for u in record.get("stopped", []) if serving_unit(u, patterns)]
     rc, listed = run_bounded(["systemctl", "list-units", "--all", "--plain", "--no-legend",
-                              *config.get("units", ["rigup-llama@*", "rigup-vllm@*"])], SYSTEMCTL_TIMEOUT_S)
+                              *patterns], SYSTEMCTL_TIMEOUT_S)
     names = [u for u in (listed or "").split() if u.endswith(".service")] if rc == 0 else []
     if names:
         rc, shown = run_bounded(["systemctl", "show", "-p", "Id,ActiveState,ConditionResult", *names], SYSTEMCTL_TIMEOUT_S)
@@ -1029,13 +1057,32 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: st
     return 0
 
 
+def config_problem(config) -> str | None:
+    """What makes ``config`` (the guard's file, roles/gpu_guard writes it) not one the guard can run on,
+    or None: a map, its state files (``tripped_file``, ``samples_file``; ``xid``'s ``state_file`` when it
+    has ``xid``, and ``reboots_file`` when that reboots) absolute paths. A file without one (a hand edit, a partial
+    write) ended in a KeyError traceback at every check, status and clear (round 5 B17)."""
+    if not isinstance(config, dict):
+        return "not a JSON object"
+    xid = config.get("xid")
+    if xid is not None and not isinstance(xid, dict):
+        return "its xid is not a map"
+    for prefix, where, keys in (("", config, ("tripped_file", "samples_file")),
+                                ("xid.", xid, ("state_file", *(("reboots_file",) if xid.get("reboot") else ())) if xid is not None else ())):
+        for key in keys:
+            if not isinstance(where.get(key), str) or not where[key].startswith("/"):
+                return f"its {prefix}{key} is not an absolute path"
+    return None
+
+
 def main(argv: list[str]) -> int:
     path = CONFIG
     if argv[:1] == ["--config"]:
         path, argv = argv[1], argv[2:]
     config = load(path, None)
-    if not isinstance(config, dict):
-        print(shown(f"rigup-gpu-guard: cannot read {path}"), file=sys.stderr)
+    problem = config_problem(config)
+    if problem:
+        print(shown(f"rigup-gpu-guard: cannot read {path}: {problem}"), file=sys.stderr)
         return 1
     command = argv[0] if argv else "check"
     if command == "check":
