@@ -168,8 +168,13 @@ def main(argv: list[str]) -> int:
     dry = "--dry" in args
     hosts = roll.serving_hosts(data)
     first = data[hosts[0]] if hosts else {}
-    plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
-    lease = int(first.get("rigup_drain_lease_s") or 120)
+    try:   # every number of the roll read before anything is drained: a bad one ends it here, named
+        plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
+        lease = roll.setting(first, "rigup_drain_lease_s", 120, 3, 86400)
+        max_fail = roll.setting(first, "rigup_max_fail", 0, 0, 100000)
+    except ValueError as e:
+        print(shown(f"roll.py: {inventory}: {e}", 4000), file=sys.stderr)
+        return 2
     journal = roll.journal_path()
     try:
         dead, unread = (None, None) if dry else roll.left_behind(journal)
@@ -194,7 +199,6 @@ def main(argv: list[str]) -> int:
         user's), else None."""
         return None if dry else roll.note(journal, {"pid": os.getpid(), "started": started, "at": time.time(),
                                                      "inventory": inventory, "batch": batch, "step": name})
-    max_fail = first.get("rigup_max_fail", 0)
     gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
                 for name, d in data.items() if d.get("balancer_gateway")}
     done, failed, unknown, halted, strayed, stopped = [], {}, {}, {}, {}, None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rigup.boundary import owned, results
 from rigup.boundary.core import Unreadable, loads
+from rigup.boundary.numbers import json_whole
 from rigup.config import BATCH
 from rigup.contract import MAPS
 
@@ -198,6 +199,17 @@ def batches(names: list[str], batch, alone=frozenset()) -> list[list[str]]:
     else:
         raise ValueError(f"rigup_batch: expected a count >= 1 or a share such as \"25%\", got {batch!r}")
     return [names[i:i + size] for i in range(0, len(names), size)]
+
+
+def setting(data: dict, key: str, default: int, lo: int, hi: int) -> int:
+    """The roll's whole-number setting ``key`` of a host's ``data`` (``default`` when unset): an int
+    within ``lo``..``hi`` of the inventory (YAML's ``2m``, ``'2'`` or ``0.5`` are not one), else
+    ValueError naming the key: a lease of 0 would drain with no lease and spin its renewals."""
+    value = data.get(key, default)
+    got = json_whole(value, hi)
+    if got is None or got < lo:
+        raise ValueError(f"{key}: expected a whole number of {lo}..{hi}, got {str(value)[:40]!r}")
+    return got
 
 
 def said(output: str) -> dict[str, str]:

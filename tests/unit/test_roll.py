@@ -310,3 +310,27 @@ def test_a_journal_that_cannot_be_written_midway_ends_the_roll_after_its_batch(t
                      "/opt/rigup/bin/rigup-balancer-drain ready gateway-gemma rig1"]
     assert "[rig1] done" in out and "[rig2] not started" in out
     assert "the roll stopped: the roll's journal could not be written during batch 1: controller:" in out
+
+
+@pytest.mark.parametrize("key, value", [("rigup_drain_lease_s", "2m"), ("rigup_drain_lease_s", "0.5"),
+                                        ("rigup_drain_lease_s", "0"), ("rigup_max_fail", "two"),
+                                        ("rigup_max_fail", "-1"), ("rigup_batch", "0")])
+def test_a_roll_setting_that_is_no_whole_number_ends_the_roll_before_any_drain(tmp_path, key, value):
+    """Issue 61, round 6 RL1: ``2m`` was a traceback, ``'2'`` a TypeError at the first batch and
+    0.5 a lease of 0 (drained with no lease, its renewals spinning): each is refused, named, before
+    a host is drained or converged."""
+    result, out = roll_with(tmp_path, {}, "--data", f"{key}={value}")
+    print(f"{key}={value}: exit {result['code']}, {len(result['calls'])} call(s): {out.strip()[-200:]}")
+    assert result["code"] == 2 and result["calls"] == []
+    assert f"roll.py: {tmp_path / 'fleet.py'}: {key}: expected" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("value, got", [(120, 120), (3, 3), ("120", None), (2.0, None), (True, None), (None, None),
+                                        (2, None), (86401, None)])
+def test_roll_settings_are_ints_of_the_inventory_in_bounds(value, got):
+    try:
+        read = roll.setting({"k": value}, "k", 120, 3, 86400)
+    except ValueError as e:
+        read = None
+        assert "k: expected a whole number of 3..86400" in str(e)
+    assert read == got
