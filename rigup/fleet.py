@@ -43,7 +43,9 @@ from rigup.text import shown, shown_lines
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
-XID_MAX_BYTES = 65536
+# The most of the guard's Xid state status reads: its 50 events hold a kernel line each (up to ~1 KiB: 64 KiB
+# cut a state of long lines, round 5 C15); a state past it reads as unreadable, never as no state
+XID_MAX_BYTES = 1 << 20
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 ENERGY_QUERY = "rigup:host_joules_per_token"   # roles/metrics/prometheus.py's recorded series
 WIDTH = 120              # the table's target width (a typical host's row, the notes, the summary line)
@@ -123,13 +125,14 @@ def build_section(llama_cpp_dir: str) -> str:
 def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
     """``tripped`` and the file's JSON (roles/gpu_guard/guard.py) while the guard is tripped; then,
     when ``xid_state_file`` exists, :data:`XID_MARK`, ``boot=<this boot's id>`` and its JSON (at most
-    :data:`XID_MAX_BYTES`, on one line)."""
+    :data:`XID_MAX_BYTES`). Each file on one line behind ``|``, as the burn-in section's: a file's line is
+    never a marker (round 5 C4: a tripped file holding ``##rigup-status:gpus`` ended the section)."""
     q = shlex.quote(tripped_file)
-    text = f"if [ -e {q} ]; then echo tripped; head -c 4096 {q} | tr -d '\\n'; echo; fi"
+    text = f"if [ -e {q} ]; then echo tripped; head -c 4096 {q} | tr -d '\\n' | sed 's/^/|/'; echo; fi"
     if xid_state_file:
         x = shlex.quote(xid_state_file)
         text += (f"\nif [ -e {x} ]; then echo {shlex.quote(XID_MARK)}; echo \"boot=$(cat {BOOT_ID} 2>/dev/null)\"; "
-                 f"head -c {XID_MAX_BYTES} {x} | tr -d '\\n'; echo; fi")
+                 f"head -c {XID_MAX_BYTES} {x} | tr -d '\\n' | sed 's/^/|/'; echo; fi")
     return text
 
 
@@ -350,14 +353,19 @@ def _due(cards: dict, every_days, now: float) -> dict:
     return out
 
 
+def _file(line: str) -> str:
+    """A file's line of the guard section without its ``|`` (guard_section)."""
+    return line[1:] if line.startswith("|") else line
+
+
 def parse_guard(lines: list[str]) -> dict:
     """The guard section -> ``{"tripped": bool, "reason": str | None, "time": str | None, "xid":
-    {card: ...}}`` (``xid``: :func:`parse_xid` of what follows :data:`XID_MARK`)."""
+    {card: ...}, "xid_unreadable": why | None}`` (:func:`read_xid` of what follows :data:`XID_MARK`)."""
     at = next((i for i, ln in enumerate(lines) if ln.strip() == XID_MARK), len(lines))
-    lines, xid = lines[:at], parse_xid(lines[at + 1:])
+    lines, (xid, unreadable) = lines[:at], read_xid(lines[at + 1:]) if at < len(lines) else ({}, None)
     if not any(ln.strip() == "tripped" for ln in lines):
-        return {"tripped": False, "reason": None, "time": None, "xid": xid}
-    body = lines[lines.index("tripped") + 1:] if "tripped" in lines else []
+        return {"tripped": False, "reason": None, "time": None, "xid": xid, "xid_unreadable": unreadable}
+    body = [_file(ln) for ln in lines[lines.index("tripped") + 1:]] if "tripped" in lines else []
     try:
         record = loads(body[0], "the guard's tripped record") if body and body[0].strip() else {}
     except Unreadable as e:   # nested 200000 deep, a key twice, cut at 4096 bytes: shown as unreadable
@@ -365,19 +373,28 @@ def parse_guard(lines: list[str]) -> dict:
     record = record if isinstance(record, dict) else {"reason": "(its record is not a JSON object)"}
     reason, time = record.get("reason"), record.get("time")
     return {"tripped": True, "reason": reason if isinstance(reason, str) and reason else "(no reason recorded)",
-            "time": time if isinstance(time, str) else None, "xid": xid}
+            "time": time if isinstance(time, str) else None, "xid": xid, "xid_unreadable": unreadable}
+
+
+def read_xid(lines: list[str]) -> tuple[dict, str | None]:
+    """The lines after :data:`XID_MARK` (``boot=<id>``, the guard's Xid state as JSON) -> (:func:`xid_cards`,
+    None), or ({}, why) when the state does not read (not JSON, cut at :data:`XID_MAX_BYTES`, no map of
+    ``cards``): the guard holds a state, so its suspect cards cannot be told, and status says so (fail
+    closed, as burn-in's records; round 5 C15: a cut state read as none, a suspect card shown ``ok``)."""
+    boot = next((ln[5:].strip() for ln in lines if ln.startswith("boot=")), "")
+    text = "".join(_file(ln) for ln in lines if not ln.startswith("boot=")).strip()
+    try:
+        state = loads(text, "the guard's Xid state") if text else None
+    except Unreadable as e:
+        return {}, shown(f"{e.why} (more than {XID_MAX_BYTES} bytes?)" if len(text) >= XID_MAX_BYTES else e.why, 200)
+    if not isinstance(state, dict) or not isinstance(state.get("cards"), dict):
+        return {}, "not the guard's (no map of cards)"
+    return xid_cards(state, boot), None
 
 
 def parse_xid(lines: list[str]) -> dict:
-    """The lines after :data:`XID_MARK` (``boot=<id>``, the guard's Xid state as JSON) -> :func:`xid_cards`;
-    ``{}`` when there are none or the JSON does not read (a file cut at :data:`XID_MAX_BYTES` too)."""
-    boot = next((ln[5:].strip() for ln in lines if ln.startswith("boot=")), "")
-    text = "".join(ln for ln in lines if not ln.startswith("boot=")).strip()
-    try:
-        state = loads(text, "the guard's Xid state") if text else None
-    except Unreadable:
-        return {}
-    return xid_cards(state, boot)
+    """:func:`read_xid`'s cards alone (``{}`` when the state does not read)."""
+    return read_xid(lines)[0]
 
 
 def _small(n) -> bool:
@@ -630,6 +647,8 @@ def host_problems(row: dict) -> list[str]:
     found += [f"{what} {state}" for what, state in (row.get("watchers_down") or {}).items()]
     if row.get("burnin_unreadable"):
         found.append("burn-in records unreadable")
+    if row["guard"].get("xid_unreadable"):
+        found.append("Xid state unreadable")
     return found
 
 
@@ -671,6 +690,9 @@ def notes(row: dict, width: int = WIDTH) -> list[str]:
               for unit, what in TIMED.items() if (state := down.get(what))]
     if row.get("burnin_unreadable"):   # its quarantined cards above: the controller's last good copy's
         texts.append(f"burn-in records unreadable: {row['burnin_unreadable']}")
+    if g.get("xid_unreadable"):   # no suspect card can be told: the guard's own word is on the host
+        texts.append(f"GPU guard's Xid state unreadable ({g['xid_unreadable']}): its suspect cards are not shown "
+                     "(rigup-gpu-guard status on the host)")
     return [ln for t in texts for ln in textwrap.wrap(t, width, initial_indent="  ", subsequent_indent="      ",
                                                       break_long_words=False, break_on_hyphens=False)]
 
@@ -752,10 +774,11 @@ def downloads_cell(row: dict) -> str:
 
 def guard_cell(row: dict) -> str:
     """``ok`` or ``TRIPPED`` (the reason on a row of its own); ``MAINT`` while the host is in
-    maintenance (rigup_maintenance: the guard is paused), ``TRIPPED MAINT`` when tripped too."""
+    maintenance (rigup_maintenance: the guard is paused), ``TRIPPED MAINT`` when tripped too; ``?`` for ok
+    while its Xid state does not read (its suspect cards unknown)."""
     if row["maintenance"]:
         return "TRIPPED MAINT" if row["guard"]["tripped"] else "MAINT"
-    return "TRIPPED" if row["guard"]["tripped"] else "ok"
+    return "TRIPPED" if row["guard"]["tripped"] else "?" if row["guard"].get("xid_unreadable") else "ok"
 
 
 COLUMNS = ("host", "cards", "power temp", "vram", "build", "serving", "models", "guard")

@@ -75,10 +75,10 @@ def test_serving_sections():
 
 
 def test_guard_and_build():
-    assert fleet.parse_guard([]) == {"tripped": False, "reason": None, "time": None, "xid": {}}
+    assert fleet.parse_guard([]) == {"tripped": False, "reason": None, "time": None, "xid": {}, "xid_unreadable": None}
     rec = {"t": 1, "time": "2026-11-30 10:00:00 +0000", "reason": "card 0 (a100): 450 W average > 400 W"}
-    assert fleet.parse_guard(["tripped", json.dumps(rec)]) == {"tripped": True, "reason": rec["reason"],
-                                                               "time": rec["time"], "xid": {}}
+    assert fleet.parse_guard(["tripped", "|" + json.dumps(rec)]) == {"tripped": True, "reason": rec["reason"],
+                                                                     "time": rec["time"], "xid": {}, "xid_unreadable": None}
     assert fleet.parse_guard(["tripped", "{half"])["reason"].startswith("(its record does not read: ")
 
 
@@ -114,7 +114,8 @@ def xid_state(**cards):
 
 def test_xid_state_read_defensively():
     """The guard's Xid state after its marker: counts and suspect per card key; bad JSON, a file cut
-    at 64 KiB and wrong types are ignored (never an error); another boot's counts are left out."""
+    at XID_MAX_BYTES and a state of no cards map are unreadable (named: round 5 C15), wrong types within
+    are ignored (never an error); another boot's counts are left out."""
     state = xid_state(**{"0000:4E:00": {"counts": {"application": 1, "memory": 2}, "suspect": SUSPECT},
                          "0000:90:00": {"counts": {"application": 1}}})
     section = ["tripped", "{}", fleet.XID_MARK, "boot=boot-1", json.dumps(state)]
@@ -130,6 +131,7 @@ def test_xid_state_read_defensively():
                 json.dumps({"cards": [1]}), json.dumps({"cards": {"0000:4e:00": "hot"}}),
                 json.dumps({"cards": {"not a bus": {"counts": {"memory": 3}}}})):
         assert fleet.parse_xid(["boot=boot-1", bad]) == {}, bad
+        assert fleet.read_xid(["boot=boot-1", bad])[1] or "cards" in bad, bad   # a cards map of odd entries reads
     odd = {"boot": 7, "cards": {"0000:4e:00": {"counts": {"memory": "2", "bus": True, "gsp": -1, "nvlink": 1.5,
                                                           "firmware": 3}, "suspect": "yes"},
                                 "0000:90:00": {"counts": [1], "suspect": {"since": 5}}}}
@@ -274,7 +276,7 @@ def test_status_command_on_a_real_shell(tmp_path):
              "doc": "cat <<'EOF'\nline one\nEOF", "gpus": fleet.SMI,
              "big": fleet.guard_section(str(tmp_path / "none"), str(tmp_path / "big.json")),
              "none": fleet.guard_section(str(tmp_path / "none"), str(tmp_path / "none"))}
-    (tmp_path / "big.json").write_text(json.dumps({"cards": {}, "events": ["x" * 70000]}))   # cut: ignored
+    (tmp_path / "big.json").write_text(json.dumps({"cards": {}, "events": ["x" * fleet.XID_MAX_BYTES]}))   # cut
     out = subprocess.run(["sh", "-c", fleet.status_command(parts)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     found = fleet.FleetStatus().process(out.stdout.splitlines())
@@ -284,7 +286,8 @@ def test_status_command_on_a_real_shell(tmp_path):
     # boot-1 is not this machine's boot: no counts, the card stays suspect
     assert guard["xid"] == {"0000:4e:00": {"counts": {}, "suspect": True, "since": SUSPECT["since"]}}
     assert found["big"][:2] == [fleet.XID_MARK, f"boot={Path('/proc/sys/kernel/random/boot_id').read_text().strip()}"]
-    assert len(found["big"][2]) == fleet.XID_MAX_BYTES and fleet.parse_guard(found["big"])["xid"] == {}
+    assert len(found["big"][2]) == fleet.XID_MAX_BYTES + 1 and fleet.parse_guard(found["big"])["xid"] == {}
+    assert "more than" in fleet.parse_guard(found["big"])["xid_unreadable"]   # named, never read as no state
     assert found["none"] == [] and fleet.parse_guard(found["none"]) == fleet.parse_guard([])
     assert found["doc"] == ["line one"]
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
@@ -560,3 +563,37 @@ def test_any_watchers_section_reads_as_known_watchers_and_plain_words(lines):
     found = fleet.parse_watchers(lines)
     assert set(found) <= set(fleet.WATCHERS.values()) | set(fleet.TIMED.values())
     assert all(fleet._STATE.fullmatch(v) for v in found.values())
+
+
+def test_a_guard_files_line_is_never_a_section_marker_on_a_real_shell(tmp_path):
+    """Round 5 C4: a tripped file holding ``##rigup-status:gpus`` ended the guard section, its Xid state
+    read as nvidia-smi lines (the suspect card gone from status). Each file's line is behind ``|``."""
+    tripped, xid = tmp_path / "tripped", tmp_path / "xid"
+    state = xid_state(**{"0000:2b:00": {"suspect": SUSPECT}})
+    for text in (f"{fleet.MARK}gpus", f"{fleet.MARK}gpus\n{fleet.XID_MARK}\nboot=x\n{{}}", "tripped", fleet.XID_MARK):
+        tripped.write_text(text)
+        xid.write_text(f"{fleet.MARK}watchers\n" + json.dumps(state) if text == "tripped" else json.dumps(state))
+        out = subprocess.run(["sh", "-c", fleet.status_command({"guard": fleet.guard_section(str(tripped), str(xid)),
+                                                                  "gpus": "echo smi_rc=0"})],
+                             capture_output=True, text=True, cwd=tmp_path).stdout
+        found = fleet.FleetStatus().process(out.splitlines())
+        guard = fleet.parse_guard(found["guard"])
+        print(f"tripped file {text!r}: sections {sorted(found)}, guard {guard}")
+        assert sorted(found) == ["gpus", "guard"] and found["gpus"] == ["smi_rc=0"] and guard["tripped"]
+        assert guard["xid"].get("0000:2b:00", {}).get("suspect") or guard["xid_unreadable"]
+
+
+def test_a_guard_xid_state_that_does_not_read_is_named_never_no_state():
+    """Round 5 C15: a state cut at 64 KiB (50 events of long kernel lines) read as {}: no SUSPECT, no note."""
+    state = {"boot": "b", "cards": {"0000:2b:00": {"counts": {"memory": 3}, "suspect": {"since": "s", "line": "x"}}},
+             "events": [{"t": 1, "card": "0000:2b:00", "line": "NVRM: Xid " + "y" * 1200}] * 50}
+    whole = fleet.host_row("h1", {"gpus": ["smi_rc=0"], "guard": [fleet.XID_MARK, "boot=b", "|" + json.dumps(state)]},
+                           downloads=[], maintenance=False, models={})
+    assert whole["guard"]["xid"]["0000:2b:00"]["suspect"]   # 66 KB: read whole now
+    cut = fleet.host_row("h1", {"gpus": ["smi_rc=0"], "guard": [fleet.XID_MARK, "boot=b",
+                                                               "|" + json.dumps(state)[:-40]]},
+                         downloads=[], maintenance=False, models={})
+    table = fleet.render_table([cut])
+    print(table)
+    assert "Xid state unreadable" in table and fleet.guard_cell(cut) == "?"
+    assert fleet.host_problems(cut) == ["Xid state unreadable"]
