@@ -49,17 +49,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import itertools
 import json
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from stat import S_ISREG
 
 SOCKET = "/run/haproxy/admin.sock"
 LEASES = "/run/rigup/drain-leases"      # one file per leased server: {"until", "why"} (what status and people read)
@@ -67,6 +70,7 @@ RECHECK_S = 10                          # a lapsed lease whose server does not a
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")   # a backend's or server's name as roles/balancer writes them
 CONFIG = "/etc/haproxy/haproxy.cfg"
 STATE = "/run/haproxy/server-state"     # roles/balancer/config.py SERVER_STATE (the config reads it)
+STATE_BYTES = 16 << 20                  # a server state's text: ~120 bytes a server
 FMAINT, FDRAIN = 0x01, 0x08             # srv_admin_state: forced maintenance, forced drain
 DRAIN_S, HEALTH_S, UP_S, LOCK_S, RELOAD_S = 50, 600, 120, 30, 30
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "cache",
@@ -92,11 +96,17 @@ def _digits(text: str) -> bool:
 
 
 def admin(command: str) -> str:
-    """HAProxy's runtime API answer to ``command``."""
+    """HAProxy's runtime API answer to ``command``, from a listener of root's (or the helper's own user's) only: HAProxy's master
+    binds the socket as root; /run/haproxy is haproxy's group's to write (Debian's tmpfiles.d), where
+    anything else listening at the path was believed, its Pid and states (issue 61, round 6 DR6)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
             s.connect(SOCKET)
+            pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if uid not in (0, os.geteuid()):
+                raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: its listener is not root's HAProxy "
+                             f"(uid {uid}, pid {pid}): remove it and restart HAProxy")
             s.sendall(command.encode() + b"\n")
             chunks = []
             while chunk := s.recv(65536):
@@ -131,7 +141,9 @@ def parse_states(text: str) -> tuple[str, list[str], list[list[str]]]:
     it is not one (HAProxy's error, an empty answer)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines or lines[0].strip() != "1" or len(lines) < 2 or not lines[1].startswith("#"):
-        raise Failed(f"not a server state: {text.strip()[:200]!r}")
+        # its first line only, as HAProxy's error reads ("Can't find backend."): never a file's text at large
+        first = (text.strip().splitlines() or [""])[0]
+        raise Failed(f"not a server state: {shown(first, 80)!r}")
     return lines[0].strip(), lines[1][1:].split(), [ln.split() for ln in lines[2:] if not ln.startswith("#")]
 
 
@@ -264,13 +276,39 @@ def save_state() -> str | None:
         state, source = admin("show servers state"), "HAProxy"
         parse_states(state)
     except Failed as e:
-        if not os.path.exists(STATE):
+        state, source = read_state(), f"the state last saved ({e})"
+        if state is None:
             return None
-        with open(STATE) as f:
-            state, source = f.read(), f"the state last saved ({e})"
     with open(CONFIG) as f:
         write_state(kept(state, f.read()))
     return source
+
+
+def read_state() -> str | None:
+    """STATE's text, None when there is none; Failed unless it is a regular file of the helper's own
+    user (root's on a host: the helper alone writes it, through :func:`replace`), one link to it and
+    no other user's to write, opened through no symbolic link and never waiting on a FIFO.
+    /run/haproxy is haproxy's group's to write (Debian's tmpfiles.d): a link planted at STATE had
+    root copy /etc/shadow's first line into the journal, a FIFO hung HAProxy's start (issue 61,
+    round 6 DR3, DR5)."""
+    try:
+        fd = os.open(STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise Failed(f"{STATE} is a symbolic link, which rigup never makes: remove it") from None
+        raise Failed(f"cannot read {STATE}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1 or st.st_mode & 0o022:
+            raise Failed(f"{STATE} is not the helper's own file (a regular file of uid {os.geteuid()}, one link, "
+                         f"no other user's to write; it is mode {st.st_mode:o}, uid {st.st_uid}, {st.st_nlink} "
+                         f"links): remove it")
+        data = f.read(STATE_BYTES + 1)
+    if len(data) > STATE_BYTES:
+        raise Failed(f"{STATE} is larger than {STATE_BYTES} bytes: remove it")
+    return data.decode(errors="replace")
 
 
 def write_state(text: str) -> None:
@@ -317,8 +355,7 @@ def ready_in_saved_state(backend: str, server: str) -> None:
     """The server's line of STATE (if any) says ready (no maint, no drain)."""
     with locked():
         try:
-            with open(STATE) as f:
-                version, names, rows = parse_states(f.read())
+            version, names, rows = parse_states(read_state() or "")
         except (OSError, Failed):
             return
         for row in rows:
@@ -402,6 +439,15 @@ def wait(predicate, seconds: float) -> bool:
     return True
 
 
+def checked(*names: str) -> None:
+    """Failed unless each name is a backend's or server's name as roles/balancer writes them (NAME):
+    a name reaches HAProxy's runtime API, where ';' separates commands ('release "gw; shutdown
+    sessions server gw/lab2"' sent two: issue 61, round 6 DR1), and a unit's name."""
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise Failed(f"not a backend or server name: {shown(name, 120)!r}")
+
+
 # A lease on a drain (issue 65): roll.py drains a batch's servers with a lease and renews it while it
 # converges them; a controller that dies stops renewing, and the gateway puts each server back by
 # itself once it answers. The timer is a transient systemd unit (systemd-run): nothing to install,
@@ -415,9 +461,7 @@ def lease_unit(backend: str, server: str) -> str:
     other unit from it, so servers lab2 and lab2.timer (or lab2.service, .socket, ...) shared
     one timer (round 1 rerun of issue 61, N05). A unit's name takes ':' as it is; at most 100
     characters each, the name stays within systemd's 255."""
-    for name in (backend, server):
-        if not NAME.fullmatch(name):
-            raise Failed(f"not a backend or server name: {shown(name, 120)!r}")
+    checked(backend, server)
     return f"rigup-drain-lease-{len(backend)}-{backend}-{server}-lease"
 
 
@@ -460,14 +504,21 @@ def expire(backend: str, server: str) -> None:
         disarm(backend, server)
         return
     addr, port = fields.get("srv_addr", ""), fields.get("srv_port", "")
-    url = f"http://{'[' + addr + ']' if ':' in addr else addr}:{port}/health"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            answer = r.status
-    except urllib.error.HTTPError as e:
-        answer = e.code
-    except (OSError, urllib.error.URLError) as e:
-        answer = f"no answer ({getattr(e, 'reason', e)})"
+    try:   # HAProxy's resolved address: one that is not an IP address or port was a traceback in urlopen (DR10)
+        ip = ipaddress.ip_address(addr)
+        if not (_digits(port) and 0 < int(port) <= 65535):
+            raise ValueError(port)
+    except ValueError:
+        url, answer = f"{shown(addr, 80)!r} port {shown(port, 20)!r}", "nothing: not an IP address and port"
+    else:
+        url = f"http://{f'[{ip}]' if ip.version == 6 else ip}:{int(port)}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                answer = r.status
+        except urllib.error.HTTPError as e:
+            answer = e.code
+        except (OSError, ValueError) as e:   # URLError is an OSError; http.client's InvalidURL a ValueError
+            answer = f"no answer ({getattr(e, 'reason', e)})"
     if answer == 200:
         set_state(backend, server, "ready")
         disarm(backend, server)
@@ -489,6 +540,7 @@ def run(argv: list[str]) -> None:
         reload(int(argv[1]))
         return
     backend = argv[1]
+    checked(*argv[1:3])
     if action == "release":
         if reachable():
             admin(f"disable frontend {backend}")   # HAProxy closes its listener (as on a soft stop)

@@ -406,3 +406,112 @@ def test_two_pairs_never_share_a_systemd_unit(backend, server, backend2, server2
     one, other = drain.lease_unit(backend, server), drain.lease_unit(backend2, server2)
     assert not set(systemd_run_units(one)) & set(systemd_run_units(other))
     assert drain.lease_file(backend, server) != drain.lease_file(backend2, server2)
+
+
+# ------------------------------------------------------------------ issue 61, round 6: HAProxy's run directory
+# /run/haproxy is haproxy:haproxy 2775 (Debian's tmpfiles.d): whatever its group plants there (a link or a FIFO at
+# STATE, a listener at the socket's path) is not HAProxy's state or HAProxy.
+SECRET = "root:$6$SECRETHASH$abc:19000::::::\n"
+
+
+def test_a_link_at_the_state_file_is_never_followed(haproxy, tmp_path, monkeypatch, capsys):
+    """DR3: HAProxy down (save-state in ExecStartPre/ExecStop), a link at STATE to a root-only file:
+    refused naming the link, nothing of the target said; ready's fallback leaves it unread too."""
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    os.symlink(secret, drain.STATE)
+    monkeypatch.setattr(drain, "SOCKET", str(tmp_path / "gone.sock"))
+    code, err = drain.main(["save-state"]), capsys.readouterr().err
+    print(code, err)
+    assert code == 1 and "SECRETHASH" not in err and "is a symbolic link, which rigup never makes" in err
+    drain.ready_in_saved_state("gateway-gemma", "lab2")
+    assert secret.read_text() == SECRET and os.path.islink(drain.STATE)
+
+
+def test_a_fifo_or_another_users_file_at_the_state_file_is_refused_at_once(haproxy, tmp_path, monkeypatch, capsys):
+    """DR5: a FIFO at STATE blocked save-state in open() (HAProxy's start hung); a file of another
+    user's, or one others may write, is not the state the helper saved."""
+    monkeypatch.setattr(drain, "SOCKET", str(tmp_path / "gone.sock"))
+    os.mkfifo(drain.STATE)
+    start = time.monotonic()
+    code, err = drain.main(["save-state"]), capsys.readouterr().err
+    print(code, err)
+    assert code == 1 and time.monotonic() - start < 5 and "is not the helper's own file" in err
+    os.remove(drain.STATE)
+    Path(drain.STATE).write_text(SECRET)
+    os.chmod(drain.STATE, 0o666)
+    code, err = drain.main(["save-state"]), capsys.readouterr().err
+    print(code, err)
+    assert code == 1 and "SECRETHASH" not in err and "is not the helper's own file" in err
+    os.chmod(drain.STATE, 0o644)
+    code, err = drain.main(["save-state"]), capsys.readouterr().err   # the helper's own, not a state: its first line
+    print(code, err)
+    assert code == 1 and "not a server state: 'root:" in err
+
+
+def test_a_name_is_checked_before_anything_reaches_the_runtime_api(haproxy, capsys):
+    """DR1, DR2: BACKEND and SERVER went unchecked into the runtime API, where ';' separates commands."""
+    for argv in (["release", "gateway-gemma; shutdown sessions server gateway-gemma/lab2"],
+                 ["ready", "gateway-gemma", "lab2 state ready;disable frontend gateway-gemma"],
+                 ["drain", "gateway-gemma;x", "lab2"], ["maint", "gateway-gemma", "lab 2", "60"],
+                 ["ready", "gateway-gemma", "lab2\n", "8081"], ["expire", "gateway-gemma", "../lab2"]):
+        haproxy.heard.clear()
+        code, err = drain.main(argv), capsys.readouterr().err
+        print(argv, code, err.strip(), haproxy.heard)
+        assert code == 1 and "not a backend or server name" in err and haproxy.heard == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=120))
+def test_any_name_out_of_name_is_refused(name):
+    assume(not drain.NAME.fullmatch(name))
+    with pytest.raises(drain.Failed, match="not a backend or server name"):
+        drain.run(["release", name])
+    with pytest.raises(drain.Failed, match="not a backend or server name"):
+        drain.run(["drain", "gateway-gemma", name])
+
+
+def _listen_as_nobody(path: Path, answer: str) -> subprocess.Popen:
+    """A listener at ``path`` bound by root, listening as nobody (SO_PEERCRED's uid is the listener's)."""
+    code = ("import os, socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.setuid(65534); "
+            "s.listen(4); print('up', flush=True)\nwhile True:\n c, _ = s.accept(); c.recv(4096); "
+            "c.sendall(sys.argv[2].encode()); c.close()")
+    child = subprocess.Popen([sys.executable, "-c", code, str(path), answer], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "up\n"
+    return child
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user's needs root to make")
+def test_a_listener_at_the_socket_path_that_is_not_roots_is_not_haproxy(tmp_path, monkeypatch, capsys):
+    """DR6: whatever listened at /run/haproxy/admin.sock was believed (its Pid, its states)."""
+    sock = tmp_path / "admin.sock"
+    child = _listen_as_nobody(sock, "Pid: 1\n")
+    try:
+        monkeypatch.setattr(drain, "SOCKET", str(sock))
+        print(drain.worker_pid(), drain.reachable())
+        assert drain.worker_pid() is None and not drain.reachable()
+        with pytest.raises(drain.Failed, match=r"its listener is not root's HAProxy \(uid 65534"):
+            drain.admin("show info")
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("addr", ["10.0.0.2[x", "127.0.0.1@evil\x1b[2J", "evil\x1bc\x07", "-", ""])
+def test_expire_on_an_address_that_is_no_ip_address_keeps_the_lease(haproxy, tmp_path, monkeypatch, capsys, addr):
+    """DR10, DR11: a srv_addr urllib refuses ended the lease's unit in a traceback (not armed again: the
+    server stayed out). Now: no answer, said escaped, armed again."""
+    monkeypatch.setattr(drain, "LEASES", str(tmp_path / "leases"))
+    os.makedirs(drain.LEASES)
+    Path(drain.lease_file("gateway-gemma", "lab2")).write_text("{}")
+    assert drain.main(["maint", "gateway-gemma", "lab2"]) == 0
+    capsys.readouterr()
+    real = drain.server_state
+    monkeypatch.setattr(drain, "server_state", lambda b, s: {**real(b, s), "srv_addr": addr})
+    armed = []
+    monkeypatch.setattr(drain, "arm", lambda *a: armed.append(a))
+    code, err = drain.main(["expire", "gateway-gemma", "lab2"]), capsys.readouterr().err
+    print(code, err, armed)
+    assert code == 0 and "\x1b" not in err and "not an IP address and port" in err
+    assert armed and armed[0][:3] == ("gateway-gemma", "lab2", drain.RECHECK_S) and flags(haproxy, "lab2") & drain.FMAINT
