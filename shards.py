@@ -34,6 +34,7 @@ from pathlib import Path
 from rigup import fleet, roll
 from rigup import inventory as inventories
 from rigup.boundary.core import Unreadable, loads
+from rigup.boundary.numbers import whole
 from rigup.text import shown, shown_lines
 
 ROOT = Path(__file__).resolve().parent
@@ -49,9 +50,9 @@ def parse(argv: list[str]) -> tuple[int, str, str, list[str]]:
     jobs = os.cpu_count() or 1
     if argv[:1] == ["-j"] or (argv and argv[0].startswith("-j")):
         value, argv = (argv[1], argv[2:]) if argv[0] == "-j" and len(argv) > 1 else (argv[0][2:], argv[1:])
-        if not value.isdigit() or int(value) < 1:
-            raise SystemExit(f"shards.py: -j wants a number of processes >= 1, got {value!r}\n{USAGE}")
-        jobs = int(value)
+        jobs = whole(value, 4096)   # ASCII digits (round 5 C17: "²" passed isdigit and ended in int()'s ValueError)
+        if not jobs:
+            raise SystemExit(f"shards.py: -j wants a number of processes 1..4096, got {value!r}\n{USAGE}")
     if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
         raise SystemExit(USAGE)
     return jobs, argv[0], argv[1], argv[2:]

@@ -34,7 +34,7 @@ from pyinfra.api import FactBase
 
 from rigup import traps
 from rigup.boundary import Unreadable, fields, owned, results
-from rigup.boundary.numbers import number
+from rigup.boundary.numbers import number, whole
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
 from rigup.contract.vllm import api_name
@@ -69,17 +69,26 @@ def targets(data: dict, units: list[str] = ()) -> list[dict]:
         model = api_name(name, inst["entry"]) if engine == "vllm" else (
             llama_server.api_model(name, inst["entry"]) if inst["entry"].get("also") else None)
         base = {"engine": engine, "key": inst["key"], "model": model}
-        ks = replica_numbers(name, units) if engine == "llama-server" else []
+        replicas = inst["entry"].get("replicas")
+        ks = replica_numbers(name, units, replicas if isinstance(replicas, int) and not isinstance(replicas, bool)
+                             else REPLICAS_MAX, inst["port"]) if engine == "llama-server" else []
         found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})
         found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",
                    "via": "replica"} for k in ks]
     return found
 
 
-def replica_numbers(name: str, units: list[str]) -> list[int]:
-    """K of each active replica unit ``rigup-llama@NAME-K.service`` of instance ``name``."""
-    return sorted(int(m.group(1)) for u in units
-                  if (m := re.fullmatch(rf"rigup-llama@{re.escape(name)}-([0-9]+)\.service", u)))
+REPLICAS_MAX = 1024   # the contract's replicas form (count 1..1024), for an instance of replicas: auto
+
+
+def replica_numbers(name: str, units: list[str], replicas: int = REPLICAS_MAX, port: int = 0) -> list[int]:
+    """K of each active replica unit ``rigup-llama@NAME-K.service`` of instance ``name``, once each: K as
+    the role names it (:func:`rigup.boundary.numbers.whole`: no leading zero), below the instance's
+    ``replicas`` and its port ``port + 1 + K`` a port (round 5 E6: units gemma-1, gemma-01 and
+    gemma-99999 measured replica 1 twice and asked port+100000 with the instance's key)."""
+    ks = {whole(m.group(1), min(replicas - 1, 65535 - 1 - port)) for u in units
+          if (m := re.fullmatch(rf"rigup-llama@{re.escape(name)}-([0-9]{{1,5}})\.service", u))}
+    return sorted(ks - {None})
 
 
 def sweep_command(target: dict, levels: list[int], max_tokens: int, rounds: int, script: str) -> str:

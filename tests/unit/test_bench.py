@@ -412,3 +412,23 @@ def test_a_test_whose_output_was_cut_before_its_status_is_a_failed_row():
     raised ValueError (unpacking) out of LlamaBench's process: the run ended for every host."""
     assert bench.LlamaBench().process(["##llama-bench glm pp512", ROW[:20]]) == {
         "glm": [{"test": "pp512", "error": "llama-bench failed (exit ?)"}]}
+
+
+def test_a_replica_unit_is_measured_once_at_a_port_below_the_instances_replicas():
+    """Round 5 E6: active units gemma-99999, gemma-01 and gemma-1 gave [1, 1, 99999]: replica 1 measured
+    twice, and port+1+99999 (past 65535) asked with the instance's key."""
+    units = ["rigup-llama@gemma-99999.service", "rigup-llama@gemma-01.service", "rigup-llama@gemma-1.service",
+             "rigup-llama@gemma-3.service", "rigup-llama@gemma-١.service"]
+    print(bench.replica_numbers("gemma", units, 3, 8080), bench.replica_numbers("gemma", units, 1024, 65530))
+    assert bench.replica_numbers("gemma", units, 3, 8080) == [1]
+    assert bench.replica_numbers("gemma", units, 1024, 65530) == [1, 3]   # 65530 + 1 + 3 is a port, no more
+
+
+@settings(max_examples=200, deadline=None)
+@given(ks=st.lists(st.text("0123456789١", min_size=1, max_size=6), max_size=8),
+       replicas=st.integers(1, 1024), port=st.integers(1, 65535))
+def test_any_active_units_give_each_replica_once_within_its_count_and_ports(ks, replicas, port):
+    units = [f"rigup-llama@m-{k}.service" for k in ks]
+    got = bench.replica_numbers("m", units, replicas, port)
+    assert got == sorted(set(got)) and all(k < replicas and port + 1 + k <= 65535 for k in got)
+    assert all(f"rigup-llama@m-{k}.service" in units for k in got)

@@ -18,8 +18,6 @@ ALLOWED = {
     "roles/gpu_power/checks.py": (1, "the same refusal in preflight"),
     "roles/balancer/drain.py": (1, "a host program's own ASCII-digits rule (isascii() and isdigit()), held by its tests"),
     "roles/burnin/acceptance.py": (1, "a host program's --expect-mib: isascii() and isdigit() and at most 9 digits"),
-    "shards.py": (1, "-j N on the operator's command line; '-j ²' still raises ValueError there (not fixed: shards.py "
-                     "is no file of this change; numbers.whole is the fix)"),
 }
 
 

@@ -13,8 +13,10 @@ from rigup import fleet
 def test_arguments_jobs_and_limits():
     assert shards.parse(["-j", "4", "inv.py", "deploy.py", "--data", "x=1"]) == (4, "inv.py", "deploy.py", ["--data", "x=1"])
     assert shards.parse(["-j3", "inv.py", "status.py"])[0] == 3
-    with pytest.raises(SystemExit, match="-j wants a number"):
-        shards.parse(["-j", "0", "inv.py", "deploy.py"])
+    for bad in ("0", "²", "٣", "-1", "1_0", "04", "99999"):   # round 5 C17: '-j ²' ended in int()'s ValueError
+        with pytest.raises(SystemExit, match="-j wants a number") as e:
+            shards.parse(["-j", bad, "inv.py", "deploy.py"])
+        print(f"-j {bad}: {e.value}".splitlines()[0])
     with pytest.raises(SystemExit, match="usage"):
         shards.parse(["inv.py"])
     assert shards.limits_of(["--limit", "lab1,lab2", "--limit=gpu", "-v"]) == (["lab1", "lab2", "gpu"], ["-v"])
