@@ -148,10 +148,17 @@ PRESET = "/etc/rigup/llama-server/{}.models.ini"
 # The HAProxy backend of a replicated instance or a queued router (roles/balancer; the relay reads its queue): .format(NAME)
 BACKEND = "llama-{}"
 
+# Every flag by which llama-server takes a model from elsewhere than the -m rigup sets (fetched, sized and
+# pinned by revision): a download of the model or one beside it (a draft, a projector) at start, or the file
+# within a repository it downloads. Read from llama.cpp's common/arg.cpp (its set_env LLAMA_ARG_*_URL, _REPO, _HF_FILE): -dr (Docker
+# Hub) was missing and replaced the model rigup planned (issue 61, round 6 LS1). Local files of other models
+# (-md, -mm) are the operator's to give.
+DOWNLOADS = ("-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr", "--docker-repo",
+             "-mmu", "--mmproj-url", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf")
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {
-    "-m": "model", "--model": "model", "-mu": "model", "--model-url": "model", "-hf": "model", "-hfr": "model",
-    "--hf-repo": "model", "-a": None, "--alias": None, "--host": "host", "--port": "port", "--api-key": "api_key",
+    "-m": "model", "--model": "model", **dict.fromkeys(DOWNLOADS, "model"), "-a": None, "--alias": None,
+    "--host": "host", "--port": "port", "--api-key": "api_key",
     "--api-key-file": "api_key", "--rpc": "rpc_workers", "--models-preset": "also", "--models-dir": "also",
     "--models-max": "models_max", "--models-autoload": "also", "--no-models-autoload": "also"}
 

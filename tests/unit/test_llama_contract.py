@@ -81,7 +81,7 @@ def test_the_tuner_the_tuned_keys_and_the_smoke_read_the_same_rows():
     assert set(FLAG_KEYS) == swept and set(tune.FLAGS) == swept | {"port", "host"}
     assert all(tune.FLAGS[k] == ROWS[k].spellings for k in swept)
     # the smoke (a host program, standalone) sets these itself: the instance's are dropped
-    own = {s for k in ("ctx", "parallel", "metrics") for s in ROWS[k].spellings} | set(contract.FIXED) - {"-mu", "--model-url", "-hf", "-hfr", "--hf-repo"}
+    own = {s for k in ("ctx", "parallel", "metrics") for s in ROWS[k].spellings} | set(contract.FIXED) - set(contract.DOWNLOADS)
     assert own <= set(smoke._OWN), own - set(smoke._OWN)
 
 
@@ -148,3 +148,14 @@ def test_an_origins_host_is_labels_joined_by_single_dots():
         assert cors_problems({"llama_server_cors_origins": [bad]}), bad
     for good in ("http://a.example", "https://chat.example.org:8443", "http://[::1]:80", "localhost", "http://a-b.c1"):
         assert cors_problems({"llama_server_cors_origins": [good]}) == [], good
+
+
+@pytest.mark.parametrize("spelling", contract.DOWNLOADS)
+def test_extra_args_take_no_model_from_elsewhere(spelling):
+    """Issue 61, round 6 LS1: -dr/--docker-repo (llama-server loads a Docker Hub model instead of the
+    -m rigup set, sized and pinned) passed; each flag of the class is refused, naming model."""
+    underscored = [["--" + spelling[2:].replace("-", "_"), "x"]] if spelling.startswith("--") else []
+    for args in ([spelling, "ai/gemma3"], [f"{spelling}=ai/gemma3"], *underscored):
+        _, problems = instances(data(**entry(extra_args=args)))
+        print(args, problems)
+        assert [(p[0], "set model" in p[1]) for p in problems] == [("llama_server_instances.x.extra_args", True)]
