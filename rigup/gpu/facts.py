@@ -308,18 +308,26 @@ class FreeDisk(FactBase):
 
 
 # ----------------------------------------------------------------------------- ports
-# ss names the process; without ss (many rental containers) the kernel's own tables say which
-# ports listen (state 0A), without names; with neither, nothing can be told ("none").
-PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; ss -Hltnp 2>/dev/null; "
+# ss names the process (and, -e, the socket's owner: uid:N, none for root); without ss (many rental
+# containers) the kernel's own tables say which ports listen (state 0A), without names; with neither,
+# nothing can be told ("none").
+PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; ss -Hltnpe 2>/dev/null; "
                  "elif [ -r /proc/net/tcp ]; then echo proc; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
                  "else echo none; fi")
 _SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
+_SS_UID = re.compile(r"\buid:([0-9]{1,10})\b")
+# The first uid of a login user (Debian's and Ubuntu's UID_MIN): a process of one is named as that user
+# chose (prctl, exec -a, a copied binary), so its name is no unit's; root's and system users' are.
+LOGIN_UID_MIN = 1000
 
 
 def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
     """``PORTS_COMMAND``'s output -> ``{22: "sshd", 8080: "llama-server"}``; a name is None when
     it cannot be seen (ss run without root, or /proc/net/tcp, which names no process); None when
-    no source answered (nothing can be told about any port)."""
+    no source answered (nothing can be told about any port). A login user's socket (uid
+    :data:`LOGIN_UID_MIN` and up) has its name with the uid, ``"llama-server (uid 1000)"``: never one of a
+    unit's names, which preflight compares (round 5 A25: any user's process named llama-server passed as
+    the instance's own)."""
     source, lines = (lines[0].strip(), lines[1:]) if lines and lines[0].strip() in ("ss", "proc", "none") \
         else ("ss", lines)
     if source == "none":
@@ -338,9 +346,12 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
         at = whole(port, 65535)
         if at is None:
             continue
-        proc = _SS_PROCESS.search(line)
+        proc, uid = _SS_PROCESS.search(line), _SS_UID.search(line)
+        name = proc.group(1) if proc else None
+        if name is not None and uid and int(uid.group(1)) >= LOGIN_UID_MIN:
+            name = f"{name} (uid {uid.group(1)})"
         if ports.get(at) is None:
-            ports[at] = proc.group(1) if proc else None
+            ports[at] = name
     return ports
 
 
@@ -489,9 +500,14 @@ def _hex(text: str | None) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
+# The most CPUs and NUMA nodes a count of the kernel's may say (Linux's NR_CPUS is 8192 at most, NODES_SHIFT
+# 10), and the most RAM (1 PiB): a larger one is no host's (round 5 A14: 10^18 threads, 1e18 bytes were planned)
+CPUS_MAX, MEM_KIB_MAX = 1 << 16, 1 << 40
+
+
 def _count(lines: list[str]) -> int | None:
-    """The first line that is a whole number, or None."""
-    return next((whole(ln) for ln in lines if whole(ln) is not None), None)
+    """The first line that is a whole number of at most :data:`CPUS_MAX`, or None."""
+    return next((n for n in (whole(ln, CPUS_MAX) for ln in lines) if n is not None), None)
 
 
 def parse_cpu(lines: list[str]) -> dict:
@@ -538,7 +554,7 @@ def parse_cpu(lines: list[str]) -> dict:
 def _mem_bytes(lines: list[str]) -> int | None:
     """``MemTotal:  263846212 kB`` -> bytes, or None."""
     m = re.fullmatch(r"MemTotal:\s*([0-9]{1,15}) kB", lines[0].strip()) if lines else None
-    kib = whole(m.group(1)) if m else None
+    kib = whole(m.group(1), MEM_KIB_MAX) if m else None
     return None if kib is None else kib * 1024
 
 
@@ -569,13 +585,20 @@ PCI_COMMAND = ('for v in $(grep -lx 0x10de /sys/bus/pci/devices/*/vendor 2>/dev/
 
 def parse_pci(lines: list[str]) -> list[dict]:
     """``PCI_COMMAND``'s output -> ``[{"bus_id": "0000:07:00.0", "pci_device_id": "10de:20b2"}]``,
-    the NVIDIA GPUs (class 0x0300 VGA or 0x0302 3D controller; not their audio functions), in bus order."""
+    the NVIDIA GPUs (class 0x0300 VGA or 0x0302 3D controller; not their audio functions), in bus order.
+    A line whose bus id is not one (:func:`rigup.boundary.fields.pci_bus_id`, as nvidia-smi's are read) or
+    whose device id is not 0x and 4 hex digits is skipped (round 5 A4: an escape sequence in a bus id
+    reached roles/nvidia_driver's error text, printed as it was)."""
     found = []
     for line in lines:
         parts = line.split()
-        if len(parts) != 3 or not parts[1].startswith("0x") or parts[2][:6] not in ("0x0300", "0x0302"):
+        if len(parts) != 3 or not re.fullmatch(r"0x[0-9A-Fa-f]{4}", parts[1]) or parts[2][:6] not in ("0x0300", "0x0302"):
             continue
-        found.append({"bus_id": parts[0], "pci_device_id": f"10de:{parts[1][2:].lower()}"})
+        try:
+            bus = fields.pci_bus_id(parts[0], "a PCI device's sysfs name")
+        except Unreadable:
+            continue
+        found.append({"bus_id": bus, "pci_device_id": f"10de:{parts[1][2:].lower()}"})
     return sorted(found, key=lambda d: d["bus_id"])
 
 

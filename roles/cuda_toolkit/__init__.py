@@ -35,6 +35,7 @@ from rigup.gpu.facts import CudaToolkits
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once, reading
 from rigup.templates import render
+from rigup.text import shown
 from roles.cuda_toolkit.checks import CHECKS
 
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
@@ -65,8 +66,8 @@ def version_present(version: str):
     """Fail unless an nvcc of ``version`` is installed (cuda_source: present)."""
     found = [t["version"] for t in read_once(CudaToolkits)]
     if version not in found:
-        raise OperationError(f"cuda_source is present but no nvcc {version} is installed "
-                             f"(found: {', '.join(found) or 'none'}); install it or set cuda_source")
+        raise OperationError(shown(f"cuda_source is present but no nvcc {version} is installed "
+                                   f"(found: {', '.join(found) or 'none'}); install it or set cuda_source", 4000))
     host.noop(f"nvcc {version} is installed")
     return
     yield
@@ -85,8 +86,8 @@ def apply(plan: Plan, data: Config):
         distro = read_once(LinuxDistribution)
         repo = REPOS.get((distro["release_meta"].get("ID"), distro["major"]))
         if not repo:
-            raise OperationError(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
-                                 f"debian 12, not {distro['name']} {distro['major']}; use distro")
+            raise OperationError(shown(f"{host.name}: cuda_source nvidia supports ubuntu 22.04/24.04 and "
+                                       f"debian 12, not {distro['name']} {distro['major']}; use distro", 4000))
         keyring(name="NVIDIA's CUDA apt repository", repo=repo)
         runtime = None if compiles else runtime_packages(source, version, ())
         apt.installed(name=f"Install cuda-toolkit {version}" if not runtime else f"Install CUDA {version}'s run-time libraries",

@@ -192,20 +192,20 @@ def loaded(branch: int, reboot: bool, cards: list[str], delay: int = 5):
     ok, said = _answer(branch)
     if not ok:
         if not reboot:
-            raise OperationError(f"driver branch {branch} is installed but not loaded ({said}): the module cannot "
-                                 "be swapped in place; reboot the host (or set nvidia_driver_reboot: true)")
+            raise OperationError(shown(f"driver branch {branch} is installed but not loaded ({said}): the module cannot "
+                                       "be swapped in place; reboot the host (or set nvidia_driver_reboot: true)", 4000))
         yield from server.reboot._inner(delay=delay, interval=2, reboot_timeout=REBOOT_TIMEOUT_S)
         taken = lock.again(host)    # the converge lock went with the old boot
         if taken:
-            raise OperationError(f"after its reboot: {taken.what}: {taken.why}")
+            raise OperationError(shown(f"after its reboot: {taken.what}: {taken.why}", 4000))
         ok, said = _answer(branch)
         if not ok:
-            raise OperationError(f"driver branch {branch} is installed, but after a reboot nvidia-smi says: {said}")
+            raise OperationError(shown(f"driver branch {branch} is installed, but after a reboot nvidia-smi says: {said}", 4000))
     match, reported = _cards_match(cards)
     if not match:
-        raise OperationError(f"driver branch {branch} answers with {reported}, but the plan (made from the PCI bus "
-                             f"before the driver answered) had {len(cards)} ({', '.join(cards)}): converge again, "
-                             "the plan is then read from nvidia-smi")
+        raise OperationError(shown(f"driver branch {branch} answers with {reported}, but the plan (made from the PCI bus "
+                                   f"before the driver answered) had {len(cards)} ({', '.join(cards)}): converge again, "
+                                   "the plan is then read from nvidia-smi", 4000))
 
 
 def _cards_match(cards: list[str], fresh: bool = True) -> tuple[bool, str]:
