@@ -37,9 +37,16 @@ def holder_command(owner: str, sudo: bool = False, lease: int = LEASE_S, run_dir
     ``busy`` and who holds it."""
     q = shlex.quote
     lock, own = q(f"{run_dir}/converge.flock"), q(f"{run_dir}/converge.owner")
-    lapsed = q(f"{run_dir}/converge.lapsed")
+    lapsed, d = q(f"{run_dir}/converge.lapsed"), q(run_dir)
+    # the run directory this user's alone (root's on a host), no link: one that another user made
+    # first (a package, a unit's RuntimeDirectory=) let its links take root's writes below
+    # (converge.owner -> any file: issue 61, round 6 LK2)
     script = f"""
-mkdir -p {q(run_dir)} && exec 9>>{lock} || exit 1
+mkdir -p {d} || exit 1
+if [ -L {d} ] || [ "$(stat -c %u {d})" != "$(id -u)" ] || [ $(( 0$(stat -c %a {d}) & 022 )) -ne 0 ]; then
+  echo {d}" is not this user's alone ($(stat -c '%U:%G mode %a' {d})): remove it (rigup makes it)"; exit 1
+fi
+exec 9>>{lock} || exit 1
 start=$(date +%s)
 until flock -n 9; do
   waited=$(( $(date +%s) - start )); renewed=$(stat -c %Y {own} 2>/dev/null || echo 0)

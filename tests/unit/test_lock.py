@@ -73,3 +73,27 @@ def test_lease_live_holder_lapsed_holder_killed_holder(tmp_path):
     after.stdin.close()                          # a run that ends: the lock is free, its owner gone
     assert after.wait(timeout=5) == 0
     assert not (tmp_path / "converge.owner").exists()
+
+
+def test_a_run_directory_of_another_users_is_refused_and_its_links_never_followed(tmp_path):
+    """Issue 61, round 6 LK2: a /run/rigup that another user made first (its converge.owner a link to
+    root's file) had root's owner line written through the link. Now the shell refuses it, naming it;
+    so too a run directory others may write, or a link to a directory."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    theirs, shared, linked = tmp_path / "theirs", tmp_path / "shared", tmp_path / "linked"
+    theirs.mkdir()
+    os.symlink(victim, theirs / "converge.owner")
+    shared.mkdir()
+    shared.chmod(0o1777)
+    os.symlink(tmp_path / "shared", linked)
+    cases = [shared, linked] + ([theirs] if os.geteuid() == 0 else [])
+    if os.geteuid() == 0:
+        os.chown(theirs, 65534, 65534)
+    for run_dir in cases:
+        done = subprocess.run(["bash", "-c", holder_command("op@ctl", lease=LEASE, run_dir=str(run_dir))],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        print(run_dir.name, done.returncode, done.stdout.strip())
+        assert done.returncode == 1 and "is not this user's alone" in done.stdout and "remove it" in done.stdout
+        assert not (run_dir / "converge.flock").exists()
+    assert victim.read_text() == "root's\n"
