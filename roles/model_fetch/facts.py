@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
+from rigup.boundary import results
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import download_progress
 from rigup.names import MARKER, marker_path
@@ -71,7 +72,25 @@ def parse_probe(lines: list[str]) -> dict:
                 continue
             # the host's python3 prints it: a name that is not text (a list) is no model of the specs
             if isinstance(state, dict) and isinstance(state.get("name"), str):
-                out["models"][state["name"]] = read_progress(state, f"model {state['name']}: progress.json")
+                out["models"][state["name"]] = read_markers(read_progress(state, f"model {state['name']}: progress.json"))
+    return out
+
+
+def read_markers(state: dict) -> dict:
+    """``state`` with its ``marker`` and ``serving`` (the marker of the revision served) typed by the
+    boundary's marker reader (rigup.boundary.results.marker) and its ``job`` an object or None; a
+    marker that does not read leaves no marker and says why in ``marker_unreadable`` (the plan refuses
+    that model, naming the file: rigup-fetch reads such a marker as none and prints none)."""
+    out = dict(state)
+    if not isinstance(out.get("job", {}), dict):
+        out["job"] = None
+    for key, dest in (("marker", out.get("where") or out.get("dest")), ("serving", out.get("dest"))):
+        if out.get(key) is None:
+            continue
+        try:
+            out[key] = results.marker(out[key], f"{dest}/{MARKER}")
+        except Unreadable as e:
+            out.update({key: None, "complete": False, "staged": False, "marker_unreadable": str(e)})
     return out
 
 

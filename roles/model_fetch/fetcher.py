@@ -139,11 +139,14 @@ def unsafe_path(path) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
         return "a control character in the path"
     odd = next((c for c in path if c in LOOKALIKE_SLASHES or c in IGNORABLE
-                or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") or unicodedata.category(c) == "Zs" and c != " "),
+                or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") or unicodedata.category(c) == "Zs" and c != " "),
                None)
-    if odd:   # a name shown as a/b that is one file, or text that reads otherwise than it is
+    if odd:   # a name shown as a/b that is one file, or text that reads otherwise than it is (Cs: a lone
+        # surrogate, JSON's "\ud800", names no file on the host)
         return (f"the character U+{ord(odd):04X} ({unicodedata.name(odd, 'unnamed')}) in the path: "
                 "it looks like a slash, is invisible, or reorders the text")
+    if len(path.encode()) > PATH_MAX or any(len(p.encode()) > NAME_MAX for p in path.split("/")):
+        return f"a path the host cannot create (at most {PATH_MAX} bytes, a part at most {NAME_MAX})"
     if "\\" in path:
         return "a backslash in the path"
     if path.startswith("/"):
@@ -162,6 +165,7 @@ def unsafe_path(path) -> str | None:
     return None
 
 
+NAME_MAX, PATH_MAX = 255, 4096   # Linux's limits on a file name and a path, in bytes (rigup/boundary/fields.py's)
 # characters a terminal shows as "/" (division, fraction and fullwidth slashes, ...)
 LOOKALIKE_SLASHES = frozenset("\u2044\u2215\u2571\u29f8\uff0f\u1735\u2cc6\u3033")
 # Unicode's Default_Ignorable_Code_Point characters drawn as nothing that are not Cf (variation
@@ -228,6 +232,68 @@ def listing_problems(files: list, allow_unhashed: bool = False) -> list[tuple[st
                 out.append((path, f"{seen['/'.join(parts[:i])]!r} is listed as a file and a directory"))
                 break
     return out
+
+
+FILES_MAX = 1 << 16       # a marker's files (rigup/boundary/results.py FILES_MAX)
+MARKER_BYTES_MAX = 1 << 60
+PROGRESS_BYTES_MAX = 1 << 56    # a progress record's bytes (rigup/boundary/hosttext.py MAX_BYTES) ...
+PROGRESS_ETA_MAX = 10 ** 9      # ... and seconds left (MAX_ETA_S)
+STATE_WORD = re.compile(r"[a-z]{1,16}")
+
+
+def _count(value, hi: int) -> bool:
+    return type(value) is int and 0 <= value <= hi
+
+
+def _plain_text(value, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit and not any(
+        unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in value)
+
+
+def marker_problem(doc) -> str | None:
+    """Why a completion marker (its parsed JSON) does not read as rigup/boundary/results.py ``marker``
+    reads one, or None: an object of schema 1 (or none), ``files`` a list of plain relative paths
+    (:func:`unsafe_path`), ``repo`` and ``revision`` text, ``bytes`` a JSON int; each may be absent.
+    The rigup user can write the marker: one of another shape is no marker to the probe (the model is
+    fetched again), the share server, the metrics and the warm pass, never a crash of theirs
+    (tests/unit/test_fetcher_markers.py holds it within the boundary's reader)."""
+    if not isinstance(doc, dict):
+        return f"not a JSON object: {type(doc).__name__}"
+    if "schema" in doc and not (type(doc["schema"]) is int and doc["schema"] == 1):
+        return f"schema {shown(doc['schema'], 40)}: not 1"
+    files = doc.get("files", [])
+    if not (isinstance(files, list) and len(files) <= FILES_MAX):
+        return f"files: not a list of at most {FILES_MAX}"
+    bad = next(((f, unsafe_path(f)) for f in files if unsafe_path(f)), None)
+    if bad:
+        return f"files: {shown(repr(bad[0]), 200)}: {bad[1]}"
+    for key, limit in (("repo", 400), ("revision", 200)):
+        if key in doc and not _plain_text(doc[key], limit):
+            return f"{key}: not text of at most {limit} characters"
+    return None if _count(doc.get("bytes", 0), MARKER_BYTES_MAX) else "bytes: not a whole number"
+
+
+def marker_of(doc) -> dict | None:
+    """``doc`` when it reads as a completion marker (:func:`marker_problem`), else None."""
+    return None if marker_problem(doc) else doc
+
+
+def progress_of(doc) -> dict | None:
+    """A job's progress.json (its parsed JSON; {} for none) as rigup/boundary/hosttext.py
+    ``download_progress`` reads it, and ``updated`` a finite time, or None when it does not read
+    (JSON ints for the bytes, at most the total; finite rate, ETA and time; a state word; text)."""
+    if not isinstance(doc, dict):
+        return None
+    state, done, total = doc.get("state"), doc.get("bytes", 0), doc.get("total", 0)
+    if state is not None and not (isinstance(state, str) and STATE_WORD.fullmatch(state)):
+        return None
+    if not (_count(done, PROGRESS_BYTES_MAX) and _count(total, PROGRESS_BYTES_MAX)) or total and done > total:
+        return None
+    for key, hi in (("rate", PROGRESS_BYTES_MAX), ("eta", PROGRESS_ETA_MAX), ("updated", 1e11)):
+        value = doc.get(key)
+        if value is not None and not (type(value) in (int, float) and 0 <= value <= hi):   # NaN fails both
+            return None
+    return doc if all(isinstance(doc.get(k), (str, type(None))) for k in ("error", "detail", "source")) else None
 
 
 class UnsafePath(Exception):
@@ -665,13 +731,14 @@ def unsafe_parent(dest: str) -> str | None:
 
 def probe_one(spec: dict, token: str | None) -> dict:
     dest = spec["dest"]
-    current = read_json(os.path.join(dest, MARKER))
+    current = marker_of(read_json(os.path.join(dest, MARKER)))   # one that does not read: none (fetched again)
     where = spec["stage"] if staged(spec, current) else dest
     work = os.path.join(where, WORK)
+    job = read_json(os.path.join(work, "job.json"))
     out = {"name": spec["name"], "dest": dest, "where": where, "running": lock_held(where),
-           "marker": read_json(os.path.join(where, MARKER)),
+           "marker": marker_of(read_json(os.path.join(where, MARKER))),
            "progress": read_json(os.path.join(work, "progress.json")),
-           "job": read_json(os.path.join(work, "job.json")), "damaged": [], "previous": revisions(spec),
+           "job": job if isinstance(job, dict) else None, "damaged": [], "previous": revisions(spec),
            "planted": planted(dest) + (planted(where) if where != dest else []),
            "unsafe_parent": unsafe_parent(dest)}
     if where != dest:
@@ -1284,16 +1351,24 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     config_path = ""
+    unread: set = set()   # the model directories whose marker did not read, said once
 
     def log_message(self, fmt, *args):  # journal: one line per request
         sys.stderr.write(shown(f"{self.address_string()} {fmt % args}", 4000) + "\n")   # a peer's request line
 
     def _models(self):
+        """(repo, revision) -> (dest, files) of each complete model; a marker that does not read
+        (:func:`marker_of`), or names no repo, revision or files, is no model served (said once)."""
         config = read_json(self.config_path, {})
         out = {}
         for dest in config.get("dests", []):
-            marker = read_json(os.path.join(dest, MARKER))
-            if marker and not lock_held(dest):
+            marker = marker_of(read_json(os.path.join(dest, MARKER)))
+            if marker is None or not {"repo", "revision", "files"} <= marker.keys():
+                if os.path.exists(os.path.join(dest, MARKER)) and dest not in self.unread:
+                    self.unread.add(dest)
+                    sys.stderr.write(shown(f"{dest}/{MARKER} does not read as a marker: not served", 4000) + "\n")
+                continue
+            if not lock_held(dest):
                 out[(marker["repo"], marker["revision"])] = (dest, set(marker["files"]))
         return out
 
@@ -1325,23 +1400,26 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
         dest, files = models[(m.group(1), m.group(2))]
         if m.group(3) not in files:
             return self._send(404, b"no such file\n")
-        full = os.path.join(dest, m.group(3))
-        size = os.path.getsize(full)
-        start = 0
-        r = re.match(r"bytes=([0-9]+)-$", self.headers.get("Range", ""))
-        if r:
-            start = int(r.group(1))
-            if start >= size:
-                return self._send(416, headers={"Content-Range": f"bytes */{size}"})
-        self.send_response(206 if r else 200)
-        if r:
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-        self.send_header("Content-Length", str(size - start))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        if self.command == "HEAD":
-            return
-        with open(full, "rb") as fh:
+        try:   # inside the model's directory, never through a link: as warm() and every reader here
+            fh = os.fdopen(open_regular(safe_join(dest, m.group(3))), "rb")
+        except (UnsafePath, OSError):
+            return self._send(404, b"no such file\n")
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = 0
+            r = re.match(r"bytes=([0-9]+)-$", self.headers.get("Range", ""))
+            if r:   # past 19 digits (int()'s limit is 4300) no file is that long: 416
+                start = int(r.group(1)) if len(r.group(1)) <= 19 else size
+                if start >= size:
+                    return self._send(416, headers={"Content-Range": f"bytes */{size}"})
+            self.send_response(206 if r else 200)
+            if r:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.send_header("Content-Length", str(size - start))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            if self.command == "HEAD":
+                return
             os.sendfile(self.wfile.fileno(), fh.fileno(), start, size - start) if hasattr(os, "sendfile") \
                 else shutil.copyfileobj(fh, self.wfile)
 
@@ -1433,15 +1511,19 @@ def prune(spec_b64: str) -> int:
 
 # A job's states (progress.json's, and: absent before any job; dead when progress says a job runs
 # but none holds the lock: a kill -9 that no unit restarted).
-FETCH_STATES = ("absent", "verifying", "waiting", "running", "complete", "stopped", "failed", "dead")
+FETCH_STATES = ("absent", "verifying", "waiting", "running", "complete", "stopped", "failed", "dead", "unreadable")
 
 
 def fetch_state(dest: str) -> dict:
-    """One model's download as the metrics say it: state, bytes, total, updated, error."""
-    marker = read_json(os.path.join(dest, MARKER))
-    if isinstance(marker, dict):
+    """One model's download as the metrics say it: state, bytes, total, updated, error. A marker or
+    progress.json that does not read (:func:`marker_of`, :func:`progress_of`) is ``unreadable``."""
+    found = read_json(os.path.join(dest, MARKER))
+    marker = marker_of(found)
+    if marker is not None:
         return {"state": "complete", "bytes": marker.get("bytes", 0), "total": marker.get("bytes", 0)}
-    progress = read_json(os.path.join(dest, WORK, "progress.json"), {}) or {}
+    progress = progress_of(read_json(os.path.join(dest, WORK, "progress.json"), {}))
+    if progress is None or found is not None:
+        return {"state": "unreadable"}
     state = progress.get("state") if progress.get("state") in FETCH_STATES else "absent"
     if state in ("verifying", "waiting", "running") and not lock_held(dest):
         state = "dead"
@@ -1493,8 +1575,14 @@ def metrics(config_path: str) -> int:
     path = config["metrics_file"]
     if not os.path.isdir(os.path.dirname(path)):
         return 0
-    text = metrics_text({m["name"]: as_owner(m["dest"], fetch_state, m["dest"]) for m in config["models"]}, time.time())
-    replace(path, text)
+    states = {}
+    for m in config["models"]:
+        try:
+            states[m["name"]] = as_owner(m["dest"], fetch_state, m["dest"])
+        except Exception as e:  # one model's directory must not silence the others'
+            sys.stderr.write(shown(f"rigup-fetch metrics: {m['name']}: {type(e).__name__}: {e}", 4000) + "\n")
+            states[m["name"]] = {"state": "unreadable"}
+    replace(path, metrics_text(states, time.time()))
     return 0
 
 
@@ -1510,11 +1598,16 @@ def warm(config_path: str) -> int:
     rc = 0
     for model in config["models"]:
         marker = read_json(os.path.join(model["dest"], MARKER))
-        if not isinstance(marker, dict):
+        if marker is None:
             print(shown(f"rigup-fetch warm: {model['name']}: not complete yet, skipped"), flush=True)
             continue
+        if marker_problem(marker):
+            print(shown(f"rigup-fetch warm: {model['name']}: its marker does not read ({marker_problem(marker)}), "
+                        "skipped", 4000), flush=True)
+            rc = 1
+            continue
         try:
-            files = [safe_join(model["dest"], rel) for rel in marker.get("files") or []]
+            files = [safe_join(model["dest"], rel) for rel in marker.get("files", [])]
         except UnsafePath as e:
             print(shown(f"rigup-fetch warm: {model['name']}: {e}", 4000), flush=True)
             rc = 1

@@ -41,13 +41,13 @@ class ModelPlan:
 
 def progress_line(name: str, state: dict) -> str:
     """``model big: 120.0 MiB / 256.0 MiB (46.9%), 40.0 MiB/s, ETA 3s (running)``."""
-    marker = state.get("marker")
+    marker = state.get("marker") or {}
     if state.get("complete"):
-        return (f"model {name}: complete, {len(marker['files'])} file(s), {human(marker['bytes'])} "
-                f"at {state['dest']}")
+        return (f"model {name}: complete, {len(marker.get('files', []))} file(s), {human(marker.get('bytes', 0))} "
+                f"at {state['dest']}")   # the marker typed (facts.py read_markers), each field optional
     serving = state.get("serving") or {}
     if state.get("staged"):
-        return (f"model {name}: revision {marker['revision'][:12]} complete at {state['where']}; "
+        return (f"model {name}: revision {str(marker.get('revision'))[:12]} complete at {state['where']}; "
                 f"{state['dest']} switches to it from {str(serving.get('revision'))[:12]}")
     if serving:
         name = f"{name} (serving {str(serving.get('revision'))[:12]} meanwhile)"
@@ -132,6 +132,10 @@ def plan_model(name: str, entry: ModelEntry, state: dict, *, endpoint: str, sour
     if "probe_error" in state:
         return ModelPlan(name, "refused", problems=[(where, f"the probe failed on the host: {state['probe_error']}")],
                          line=line)
+    if state.get("marker_unreadable"):   # facts.py read_markers: what rigup-fetch itself never prints
+        return ModelPlan(name, "refused", line=line, problems=[(f"{where}.dest", (
+            f"the completion marker does not read ({shown(state['marker_unreadable'])}); fix: remove it "
+            "(the model is fetched again), then converge again"))])
     hostile = planted_problems(where, state)
     if hostile:
         return ModelPlan(name, "refused", problems=hostile, line=line)
