@@ -243,22 +243,34 @@ class NvidiaDriver(FactBase):
 
 
 # ----------------------------------------------------------------------------- CUDA toolkits
+# Each nvcc is run (--version) and later compiles as root only where root owns it and every directory
+# above it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found on PATH became the
+# build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe PATH`` (the first such) and it is
+# not run.
 CUDA_COMMAND = (
     "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
-    '[ -x "$n" ] || continue; echo "--- $n $(readlink -f "$n")"; "$n" --version 2>/dev/null; '
+    '[ -x "$n" ] || continue; r=$(readlink -f "$n"); echo "--- $n $r"; p=$r; u=; '
+    'while :; do set -- $(stat -c "%u %a" "$p" 2>/dev/null); '
+    'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u=$p; break; fi; '
+    '[ "$p" = / ] && break; p=$(dirname "$p"); done; '
+    'if [ -n "$u" ]; then echo "unsafe $u"; else "$n" --version 2>/dev/null; fi; '
     "done; true"
 )
-_NVCC_RELEASE = re.compile(r"release ([0-9]{1,4}\.[0-9]{1,4}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")  # ASCII, bounded
+# ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
+_NVCC_RELEASE = re.compile(r"release ([1-9][0-9]?\.[0-9]{1,2}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")
 
 
 def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
     """``CUDA_COMMAND``'s output -> ``[{"version": "12.8", "full_version": "12.8.93",
     "path": "/usr/local/cuda-12.8/bin/nvcc", "seen_as": [...]}]``, one per real nvcc (deduped by
-    realpath, ``path`` is the realpath), sorted by version."""
+    realpath, ``path`` is the realpath), sorted by version. One of a path root does not own alone
+    (``unsafe``: :data:`CUDA_COMMAND`) is none."""
     found: dict[str, dict] = {}
     for header, body in sections(lines, "--- ").items():
         seen, _, real = header.partition(" ")
         real = real.strip() or seen
+        if any(ln.startswith("unsafe ") for ln in body):
+            continue
         m = next((m for m in map(_NVCC_RELEASE.search, body) if m), None)
         if not m:
             continue

@@ -51,3 +51,27 @@ def test_any_cpu_count_reads_within_bounds(n, kib):
     c = parse_cpu(["--- numa", str(n), "--- logical", str(n), "--- memory", f"MemTotal: {kib} kB"])
     assert c["logical"] in (None, n) and (c["logical"] or 0) <= CPUS_MAX
     assert c["mem_bytes"] in (None, kib * 1024) and (c["mem_bytes"] or 0) <= MEM_KIB_MAX * 1024
+
+
+def test_an_nvcc_root_does_not_own_alone_is_neither_run_nor_a_toolkit(tmp_path):
+    """A8: an nvcc at /tmp/x/nvcc on PATH became the build's CMAKE_CUDA_COMPILER (and was run as root
+    for its version); a release 9999.9999 met every min_cuda."""
+    import os
+    import subprocess
+    from rigup.gpu.facts import CUDA_COMMAND, parse_cuda_toolkits
+    ran = tmp_path / "ran"
+    nvcc = tmp_path / "x" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(f'#!/bin/sh\ntouch {ran}\necho "Cuda compilation tools, release 12.8, V12.8.93"\n')
+    nvcc.chmod(0o755)
+    for mode in (0o1777, 0o775, 0o757):
+        nvcc.parent.chmod(mode)
+        out = subprocess.run(["sh", "-c", CUDA_COMMAND], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PATH": f"{nvcc.parent}:/usr/bin:/bin"}).stdout.splitlines()
+        found = parse_cuda_toolkits(out)
+        print(f"{nvcc} in a {oct(mode)} directory: {[ln for ln in out if ln.startswith('unsafe')]}, toolkits {found}")
+        assert str(nvcc) not in {t["path"] for t in found} and not ran.exists()
+    assert parse_cuda_toolkits(["--- /usr/bin/nvcc /usr/bin/nvcc", "Cuda compilation tools, release 9999.9999, V9999.1"]) == []
+    assert parse_cuda_toolkits(["--- /usr/bin/nvcc /usr/bin/nvcc", "unsafe /usr",
+                                "Cuda compilation tools, release 12.8, V12.8.93"]) == []
+    assert parse_cuda_toolkits(["--- /usr/bin/nvcc /usr/bin/nvcc", "Cuda compilation tools, release 12.8, V12.8.93"])
