@@ -18,6 +18,8 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand
 
 from rigup import progress, summary
+from rigup.boundary import fields
+from rigup.boundary.core import Unreadable
 from rigup.probe import operation
 from rigup.text import say, shown
 from roles.llama_cpp import artifact
@@ -94,6 +96,11 @@ def packed(dir: str, build_id: str, key: str, cache: str, record: dict):
 
 def _pack(state, host, dir: str, build_id: str, key: str, cache: str, record: dict) -> bool:
     q = shlex.quote
+    try:   # the copy's part file is named after the host: a name, never a path ('../../x': issue 61, round 6 BD16)
+        name = fields.host_file(host.name, f"llama.cpp's artifact: the inventory host {str(host.name)[:60]!r}")
+    except Unreadable as e:
+        host.log_styled(shown(f"llama.cpp {build_id}: not kept as an artifact: {e}"), fg="yellow", log_func=logger.warning)
+        return True
     remote = f"{dir}/artifacts/{key}.tar.gz"
     command = (f"install -d -m 700 {q(dir + '/artifacts')} && cd {q(dir + '/builds/' + build_id)} && "
                f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - bin "
@@ -105,7 +112,7 @@ def _pack(state, host, dir: str, build_id: str, key: str, cache: str, record: di
         host.log_styled(shown(f"llama.cpp {build_id}: not kept as an artifact (packing failed: "
                               f"{' '.join(out.stderr_lines)[-300:]})", 4000), fg="yellow", log_func=logger.warning)
         return True         # it serves here all the same; no host receives it
-    part = artifact.cache_dir(cache) / f"{key}.part-{host.name}"
+    part = artifact.cache_dir(cache) / f"{key}.part-{name}"
     host.get_file(remote, str(part))
     why = None if artifact.sha256(part) == lines[-1].strip() else "the file changed while it was copied"
     why = why or artifact.unsafe(part)
@@ -171,7 +178,10 @@ def _fetched(state, host, cache: str, key: str) -> tuple[str | None, str | None]
             return "the controller's copy is gone and its record names no file on a host", origin
         if peer is None:
             return f"the controller's copy is gone and {origin} is not in the inventory to offer it", origin
-        part = artifact.cache_dir(cache) / f"{key}.part-from-{origin}"
+        try:   # the record's host names the part file (the controller's own record: checked all the same)
+            part = artifact.cache_dir(cache) / f"{key}.part-from-{fields.host_file(origin, 'its record')}"
+        except Unreadable as e:
+            return f"the controller's copy is gone and {e}", origin
         ours = not peer.connected          # a host outside --limit: connected for this copy alone
         try:
             if ours:

@@ -80,16 +80,46 @@ def test_every_file_name_built_from_a_host_name_is_checked_in_its_function():
     root = Path(__file__).resolve().parents[2]
     files = [p for d in ("rigup", "roles") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     unchecked = set()
+
+    def hosty(value) -> bool:
+        """A host's name: host, name, hostname or origin, or X.name (host.name, peer.name)."""
+        return isinstance(value, ast.Name) and value.id in ("host", "name", "hostname", "origin") or \
+            isinstance(value, ast.Attribute) and value.attr == "name"
     for path in files:
         text = path.read_text()
         if "# rigup: runs on hosts" in text[:400]:
             continue
         for fn in (n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            # any part of the name (round 6 BD16: f"{key}.part-{host.name}", the host's name second, an attribute)
             builds = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and isinstance(n.right, ast.JoinedStr)
-                         and n.right.values and isinstance(n.right.values[0], ast.FormattedValue)
-                         and isinstance(n.right.values[0].value, ast.Name)
-                         and n.right.values[0].value.id in ("host", "name", "hostname") for n in ast.walk(fn))
+                         and any(isinstance(v, ast.FormattedValue) and hosty(v.value) for v in n.right.values)
+                         for n in ast.walk(fn))
             checks = any(isinstance(n, ast.Attribute) and n.attr == "host_file" for n in ast.walk(fn))
             if builds and not checks:
                 unchecked.add((str(path.relative_to(root)), fn.name))
     assert unchecked <= set(PATH_BUILDERS_ALLOWED), sorted(unchecked - set(PATH_BUILDERS_ALLOWED))
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "@local"])
+def test_a_host_named_as_a_path_keeps_no_llama_cpp_artifact(name, tmp_path):
+    """Round 6 BD16: the hand-over's part file was ``CACHE/artifacts/KEY.part-../../x`` (host.name
+    unchecked); now the build is not kept as an artifact, said, and nothing is run or fetched."""
+    from roles.llama_cpp import handover
+
+    class Host:
+        def __init__(self):
+            self.name, self.said = name, []
+
+        def log_styled(self, text, **kwargs):
+            self.said.append(text)
+
+        def run_shell_command(self, *args, **kwargs):
+            raise AssertionError("packed for a host named as a path")
+
+        get_file = run_shell_command
+
+    host = Host()
+    assert handover._pack(None, host, "/opt/llama", "b1", "0123456789abcdef", str(tmp_path), {}) is True
+    print(host.said)
+    assert len(host.said) == 1 and "not kept as an artifact" in host.said[0] and "not a host's name" in host.said[0]
+    assert list(tmp_path.rglob("*")) == []
