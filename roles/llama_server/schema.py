@@ -167,6 +167,19 @@ def per_model_problems(entry: dict, where: str) -> list[tuple[str, str]]:
     return found
 
 
+def split_problems(value, where: str, gpu_count: int | None) -> list[tuple[str, str]]:
+    """(``where``, why) when the tensor_split ``value`` (text, or None for none) is not numbers
+    separated by commas, or gives more shares than the host's ``gpu_count`` GPUs (when known)."""
+    if not isinstance(value, str):
+        return []   # none, or not text: the entry's form says so
+    split = value.replace(" ", "")
+    if not _NUMBERS.fullmatch(split):
+        return [(where, f"expected numbers separated by commas (e.g. '16,16,17,0'), got {value!r}")]
+    if gpu_count is not None and len(split.split(",")) > gpu_count:
+        return [(where, f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
+    return []
+
+
 def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
     """The host's ``llama_server_instances``, normalised, and (key path, problem) for each wrong
     entry; ``gpu_count`` (when known) bounds tensor_split. Made once per run for each ``gpu_count``
@@ -179,15 +192,10 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
         found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where) + \
             held_off_problems(entry["extra_args"], data.get("llama_server_allow") or (), where) + \
             router_problems(entry, where, data.get("models") or {})
-        if found or entry.get("tensor_split") is None:
-            return found
-        split = entry["tensor_split"].replace(" ", "")
-        if not _NUMBERS.fullmatch(split):
-            return [(f"{where}.tensor_split", "expected numbers separated by commas "
-                                              f"(e.g. '16,16,17,0'), got {entry['tensor_split']!r}")]
-        if gpu_count is not None and len(split.split(",")) > gpu_count:
-            return [(f"{where}.tensor_split", f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
-        return []
+        # a router's per_model tensor_split is its model's -ts in the preset: the instance's own rule
+        found += [p for model, own in (entry.get("per_model") or {}).items() if isinstance(own, dict)
+                  for p in split_problems(own.get("tensor_split"), f"{where}.per_model.{model}.tensor_split", gpu_count)]
+        return found or split_problems(entry.get("tensor_split"), f"{where}.tensor_split", gpu_count)
     flags, wrong = tuned(data, LLAMA_INSTANCE)
     found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, with_tuned(data, flags))
     return found, wrong + problems_ + cors_problems(data)

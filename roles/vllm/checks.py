@@ -35,7 +35,7 @@ from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, 
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.facts import VllmCommit
-from roles.vllm.schema import ENV_NAME, VllmInstance, instances
+from roles.vllm.schema import ENV_NAME, VllmInstance, env_problems, instances
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts
@@ -206,8 +206,10 @@ def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     that are not names with one-line values (or a ``model``: the drafter is draft_model's), a
     served_model_name starting with ``-``, or extra_args giving a flag rigup sets (--host, --port,
     --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization,
-    --speculative-config, -sc; ``--port=1``, ``--served_model_name`` and abbreviations too)."""
-    return config_refusals(instances(data, _gpu_bound(plan, data))[1])
+    --speculative-config, -sc; ``--port=1``, ``--served_model_name`` and abbreviations too); on a host
+    with instances, a vllm_env key that is not NAME: a one-line value (what the env file's writer refuses)."""
+    found, wrong = instances(data, _gpu_bound(plan, data))
+    return config_refusals(wrong + (env_problems(data.get("vllm_env") or {}, "vllm_env") if found else []))
 
 
 def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
