@@ -25,6 +25,7 @@ from typing import Any
 
 from pyinfra.api import Inventory
 
+from rigup.boundary import Unreadable, fields
 from rigup.config import ConfigError, data_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +62,9 @@ def _group(key: str, value: Any) -> bool:
 
 def read(path: str | Path, override_data: dict[str, Any] | None = None) -> Inventory:
     """The inventory file ``path`` as a pyinfra Inventory (see the module docstring); a missing
-    file, one that is not an inventory file, or a pyinfra group_data/ directory beside it is
-    refused with ConfigError, naming it."""
+    file, one that is not an inventory file, a pyinfra group_data/ directory beside it, or a host whose
+    name is neither a name, an address nor a connector's (rigup.boundary.fields.host_name: pyinfra prints
+    it before each of its lines) is refused with ConfigError, naming it."""
     path = Path(path)
     if not path.is_file() or path.suffix != ".py":
         raise ConfigError(f"{path}: not an inventory file (a .py file of host groups); roll.py and shards.py "
@@ -81,5 +83,12 @@ def read(path: str | Path, override_data: dict[str, Any] | None = None) -> Inven
         names = list(dict.fromkeys(h[0] if isinstance(h, tuple) else h for hosts, _ in groups.values() for h in hosts))
         every = (names, {})
     groups["all"] = every
+    for hosts, _ in groups.values():
+        for h in hosts:
+            name = h[0] if isinstance(h, tuple) else h
+            try:
+                fields.host_name(name, f"{path}: the host {str(name)[:60]!r}")
+            except Unreadable as e:
+                raise ConfigError(f"{e.where}: {e.why}") from None
     groups.setdefault(path.name.rsplit(".", 1)[0], (every[0], {}))
     return Inventory(groups.pop("all"), override_data=dict(override_data or {}), **groups)

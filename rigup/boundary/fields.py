@@ -25,6 +25,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # A GPU's UUID as the driver prints it (GPU-46c2b1a0-7f3e-..., a MIG device's MIG-...): hex and dashes;
 # it becomes an argv word (nvidia-smi -i) and a record's key
 GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Fa-f]{1,32}(?:-[0-9A-Fa-f]{1,32}){0,7}")
+# A pyinfra connector's host name (@local, @docker/IMAGE, @ssh/HOST): the connector, then its argument
+CONNECTOR = re.compile(r"@[a-z][a-z0-9_]{0,31}(?:/[A-Za-z0-9_./+@:-]{1,200})?")
 # A PCI address, domain:bus:device.function (nvidia-smi's 00000000:4E:00.0, sysfs's 0000:4e:00.0)
 PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 # A path's characters that unit files and shells take as they are.
@@ -72,6 +74,16 @@ def gpu_uuid(value: object, where: str) -> str:
 def pci_bus_id(value: object, where: str) -> str:
     """A PCI address (:data:`PCI_BUS_ID`), or :class:`Unreadable`."""
     return matched(PCI_BUS_ID, value, where, "a PCI bus id (domain:bus:device.function in hex)")
+
+
+def host_name(value: object, where: str) -> str:
+    """An inventory host's name, which pyinfra prints before every line of the host (``[name]``) and
+    rigup's controller files are named by: :func:`host_file`'s name or address, or a pyinfra connector's
+    (:data:`CONNECTOR`: ``@local``, ``@docker/debian:12``); else :class:`Unreadable` naming ``where``
+    (round 5 G8: a host ``../../etc`` with an OSC sequence was read as any other)."""
+    if isinstance(value, str) and CONNECTOR.fullmatch(value):
+        return value
+    return host_file(value, where)
 
 
 def host_file(value: object, where: str) -> str:
@@ -159,6 +171,8 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus"),
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
+    Crossing("an inventory host's name, read with its file (roll.py, shards.py)", "the operator",
+             "rigup/boundary/fields.py:host_name", "rigup/inventory.py:read"),
     Crossing("an inventory host's name that names a file on the controller (the burn-in copy, tune.py's "
              "host_vars, bench's reports, the llama.cpp hand-over's part files)", "the operator",
              "rigup/boundary/fields.py:host_file",

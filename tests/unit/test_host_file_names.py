@@ -123,3 +123,32 @@ def test_a_host_named_as_a_path_keeps_no_llama_cpp_artifact(name, tmp_path):
     print(host.said)
     assert len(host.said) == 1 and "not kept as an artifact" in host.said[0] and "not a host's name" in host.said[0]
     assert list(tmp_path.rglob("*")) == []
+
+
+@settings(max_examples=150, deadline=1000)
+@given(TEXT | st.none() | st.integers())
+def test_an_inventory_hosts_name_is_printable_one_word_or_refused_naming_it(value):
+    """Round 5 G8 (fields.host_name): what pyinfra prints before each line of a host is a name, an
+    address or a connector's (@local, @docker/IMAGE), no control or bidi character, no blank."""
+    try:
+        got = fields.host_name(value, f"the inventory host {value!r}")
+    except Unreadable as e:
+        assert e.where == f"the inventory host {value!r}"
+        return
+    assert got == value and not fields.CONTROL.search(got) and got.isprintable() and got.split() == [got]
+    assert got.startswith("@") or got == fields.host_file(got, "x")
+
+
+def test_an_inventory_with_a_host_named_by_escapes_or_a_path_is_refused_naming_the_file_and_host(tmp_path):
+    """Round 5 G8: a host '../../etc' with an OSC sequence was read as any other by roll.py and shards.py."""
+    from rigup import inventory
+    from rigup.config import ConfigError
+    path = tmp_path / "inv.py"
+    for name in ("../../etc\x1b]0;x\x07", "a\u202eb", "two words"):
+        path.write_text(f"hosts = [({name!r}, {{'ssh_hostname': '10.0.0.1'}})]\nall = ['lab1', {name!r}]\n")
+        with pytest.raises(ConfigError) as e:
+            inventory.read(path)
+        print(str(e.value))
+        assert str(path) in str(e.value) and repr(name)[:20] in str(e.value)
+    path.write_text("hosts = [('lab1', {}), '@local', '@docker/debian:12', '10.0.0.7']\n")
+    assert [h.name for h in inventory.read(path)] == ["lab1", "@local", "@docker/debian:12", "10.0.0.7"]
