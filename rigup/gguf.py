@@ -14,10 +14,12 @@ value; strings are a u64 length and bytes, arrays a type u32, a count u64 and th
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import NamedTuple
 
-__all__ = ["GGUFRefused", "Incomplete", "Header", "header", "metadata", "kv_figures", "chat_template", "unsized"]
+__all__ = ["GGUFRefused", "Incomplete", "Header", "header", "metadata", "kv_figures", "chat_template", "unsized",
+           "split_problem"]
 
 # value type -> struct format of a scalar (8: string, 9: array are read apart)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -277,13 +279,39 @@ def figures(meta: dict) -> dict:
                           "(a model without attention gives head_count_kv 0)")
     width = _at_least_1(f"{arch}.embedding_length", width)
     k_len = _at_least_1(f"{arch}.attention.key_length", get("attention.key_length"))
-    k_len = k_len or (width // first_heads if width else None)
+    if k_len is None and width:   # llama.cpp's n_embd_head_k: n_embd / n_head, in whole numbers
+        k_len = width // first_heads
+        if not k_len:   # a head 0 wide: the KV cache would be "not counted" (C10's class)
+            raise GGUFRefused(f"{arch}.attention.head_count {first_heads} over {arch}.embedding_length {width} "
+                              f"with no {arch}.attention.key_length: heads 0 wide (llama.cpp divides the width "
+                              "by the heads)")
     v_len = _at_least_1(f"{arch}.attention.value_length", get("attention.value_length")) or k_len
     if not k_len:
         return out
     per_token = sum(heads_kv) * (k_len + v_len) * F16_BYTES
     out["kv_gib_per_1k_tokens"] = round(per_token * 1000 / GIB, 4)
     return out
+
+
+# llama.cpp's split files (llama_split_path: PREFIX-%05d-of-%05d.gguf, fetcher.py SHARD_RE)
+SPLIT_NAME = re.compile(r"-([0-9]{5})-of-([0-9]{5})\.gguf$")
+
+
+def split_problem(meta: dict, path: str) -> str | None:
+    """Why the GGUF file ``path``, whose header holds ``meta``, disagrees with its name on how many
+    files the model is: its ``split.count`` (gguf-split writes it in every shard; llama.cpp's loader
+    opens that many files, named as the first is) other than the name's ``-of-N`` (1 for a name of
+    no shard); None when they agree or the header gives none. GGUFRefused when it is no u16."""
+    count = meta.get("split.count")
+    if count is None:
+        return None
+    count = _whole("split.count", count, 0xFFFF)
+    named = SPLIT_NAME.search(path)
+    listed = int(named.group(2)) if named else 1
+    if max(count, 1) != listed:
+        return (f"split.count {count} in its header, but its name says {listed} file(s): llama.cpp opens "
+                f"{max(count, 1)}, rigup fetches and sizes {listed}")
+    return None
 
 
 def _at_least_1(key: str, value) -> int | None:

@@ -48,7 +48,7 @@ from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
 from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, select
-from rigup.gguf import GGUFRefused, chat_template, header, kv_figures, unsized
+from rigup.gguf import GGUFRefused, chat_template, header, kv_figures, split_problem, unsized
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -205,6 +205,9 @@ def _head(endpoint: str, repo: str, commit: str, path: str, secret: str | None, 
             try:   # the tokenizer's arrays stepped over, never built: only whether a template follows them
                 got = header(body, lambda k: not k.startswith("tokenizer."))
                 figures = kv_figures(got.meta)
+                split = split_problem(got.meta, path)   # the first file of a set: its count against its name
+                if split:
+                    raise GGUFRefused(split)
             except GGUFRefused as e:
                 raise HubRefused(f"the GGUF header of {url}: {e}; refused") from None
             figures["read_bytes"], figures["chat_template"] = len(body), chat_template(got)
