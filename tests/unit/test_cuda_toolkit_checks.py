@@ -49,3 +49,14 @@ def test_5_toolkit_too_old_for_hopper():
 def test_5_the_same_toolkit_is_fine_for_ampere():
     plan, facts = host("a100")
     assert refusals(plan, facts, data(cuda_version="11.4")) == []
+
+
+def test_a_cuda_version_holding_a_shell_character_is_refused_by_its_form():
+    """Round 5's note (H7): cuda_version was a free [str] written unquoted into the toolkit's login
+    profile (export PATH=/usr/local/cuda-VERSION/bin:$PATH); only preflight's check stood before it."""
+    from rigup.config import declared
+    form = declared()["cuda_version"].form
+    for bad in ("12.8;touch /tmp/x;", "12.8 $(id)", "12.8`id`", "../12.8", "12.8\n"):
+        print(f"cuda_version {bad!r}: {form.problem(bad)}")
+        assert form.problem(bad), bad
+    assert form.problem("12.8") is None and form.problem("13.0") is None
