@@ -49,8 +49,11 @@ _DIR = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 LIMIT = 1 << 20      # a key, a netrc or a group_vars file is far smaller
 # an API key or token: printable ASCII without quotes, backslash or whitespace (nothing a curl
-# config, an env file, HAProxy's list or a header line reads more into), 16 to 512 characters
-KEY = re.compile(r"[!#-&(-\[\]-~]{16,512}")
+# config, an env file, HAProxy's list or a header line reads more into), 16 to 512 characters; no
+# ',' (HAProxy's req.hdr() splits a header there: the gateway refused the right key, issue 61, round 6
+# FM13; llama-server's --api-key splits there too) and no '#' first (llama-server's --api-key-file
+# skips such a line as a comment: the server would hold no key)
+KEY = re.compile(r"(?!#)[!#-&(-+\--\[\]-~]{16,512}")
 
 
 class NotOwned(Unreadable):
@@ -398,7 +401,8 @@ def key(text: str, where: str) -> str:
     if found is None or not KEY.fullmatch(found):
         size = len(found) if found is not None else 0
         raise Unreadable(where, f"not a key ({size} characters): a key is 16 to 512 printable ASCII characters "
-                                "without quotes, backslash or whitespace (rigup makes 64 hex digits)")
+                                "without quotes, backslash, comma or whitespace, not beginning with '#' (rigup makes "
+                                "64 hex digits)")
     return found
 
 
