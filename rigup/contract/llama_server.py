@@ -154,7 +154,10 @@ BACKEND = "llama-{}"
 # Hub) was missing and replaced the model rigup planned (issue 61, round 6 LS1). Local files of other models
 # (-md, -mm) are the operator's to give.
 DOWNLOADS = ("-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr", "--docker-repo",
-             "-mmu", "--mmproj-url", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf")
+             "-mmu", "--mmproj-url", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+             # the hub token of those downloads: none is left to make, and a token in argv is in ps, the
+             # unit and the journal (round 4 C6)
+             "-hft", "--hf-token")
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {
     "-m": "model", "--model": "model", **dict.fromkeys(DOWNLOADS, "model"), "-a": None, "--alias": None,
@@ -193,8 +196,10 @@ HELD_OFF: dict[str, HeldOff] = {
                    ("LLAMA_ARG_MCP_SERVERS_CONFIG", "LLAMA_ARG_MCP_SERVERS_JSON", "LLAMA_ARG_UI_MCP_PROXY"),
                    "MCP servers that llama-server starts or connects to, their tools at /tools; /cors-proxy, "
                    "which fetches any URL a client names from the host's network"),
-    "log_prompts": HeldOff(("--log-prompts-dir",), (),
-                           "every client's prompt written to a directory on the host"),
+    "log_prompts": HeldOff(("--log-prompts-dir", "--log-file"), ("LLAMA_ARG_LOG_FILE",),
+                           "every client's prompt written to a directory on the host; --log-file: llama-server's "
+                           "log in a file of the service user's choosing, outside the journal's retention and "
+                           "access (round 4 C3)"),
     "verbose_log": HeldOff(("-v", "--verbose", "--log-verbose", "-lv", "--verbosity", "--log-verbosity"),
                            ("LLAMA_ARG_LOG_VERBOSITY",),
                            "llama-server's debug log (SRV_DBG) in the journal: every streamed chunk of every "
