@@ -425,7 +425,7 @@ def hub_files(endpoint: str, repo: str, revision: str, token: str | None) -> lis
                                                 f"{resp.length} short of its Content-Length")
                 try:
                     items = json.loads(body)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:   # nested past the stack: a hostile listing (H1)
                     raise HubError(0, "BadListing", f"{endpoint}'s listing of {repo} is not JSON: {e}") from None
                 if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                     raise HubError(0, "BadListing", f"{endpoint}'s listing of {repo} is not a list of objects")

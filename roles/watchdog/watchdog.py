@@ -331,8 +331,9 @@ def _error_message(e: urllib.error.HTTPError) -> str:
         body = e.read(2000).decode("utf-8", "replace")
     except Exception:       # a body cut off: the status is what counts
         return ""
-    try:
-        error = json.loads(body).get("error")
+    try:   # throughput.loads: nesting past the stack is a ValueError (3000 '[' raised RecursionError, which
+        # made an answer that is a bad check "the check failed", so that server was never restarted)
+        error = throughput.loads(body).get("error")
         return str(error.get("message") if isinstance(error, dict) else error or "")[:200]
     except (ValueError, AttributeError):
         return body.strip()[:200]
