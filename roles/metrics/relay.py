@@ -8,7 +8,8 @@ Standard library only (it runs on bare hosts).
 
 ``GET /metrics/NAME`` fetches instance NAME's /metrics at its own bind address (loopback by
 default), sending its API key as a bearer token when it has one (read from its key file at each
-request: the key never leaves the host), and answers with llama-server's own series of it (the
+request: the key never leaves the host, and goes only to a listener whose user may read that file
+already: :func:`listener_may_read`), and answers with llama-server's own series of it (the
 ``llamacpp:`` names, :func:`own`: no other exporter's series forged). An instance that does not
 answer gives 503 and one that answers an error gives 502, so Prometheus's ``up`` for the
 instance's target is 0 while it is down. Only the addresses in ``allow`` (loopback and the
@@ -38,11 +39,14 @@ labelled ``model`` as the router's models' are.
 from __future__ import annotations
 
 import ctypes
+import grp
 import http.server
 import ipaddress
 import itertools
 import json
 import math
+import os
+import pwd
 import re
 import socket
 import sys
@@ -189,16 +193,20 @@ def checked(text: str) -> list[str]:
     return [line for line in own(text) if (HEADER.fullmatch(line) if line.startswith("# ") else sample(line))]
 
 
-def labelled(text: str, model: str, seen: set[str]) -> list[str]:
+def labelled(text: str, model: str | None, seen: set[str]) -> list[str]:
     """Prometheus text ``text`` (:func:`checked`: its own metrics, as Prometheus reads them) with
-    ``model="MODEL"`` added to each sample; a HELP or TYPE line of a metric in ``seen`` (already
+    ``model="MODEL"`` added to each sample (a plain server's, ``model`` None: its samples as they
+    are); a HELP or TYPE line of a metric in ``seen`` (already
     given) is left out, so that several models' texts join into one. The server's own ``model``
     label (two would fail the relay's whole scrape) is dropped where it names the same model, and
     kept as ``server_model`` where it names another: dropped, the server's samples of two models
     became one series twice (rerun 2 of issue 61, N16). A sample with a ``server_model`` of its own
     (the relay's name: ``{model="a"}`` and ``{server_model="a"}`` would be one series), or whose
     series is given already (in ``seen``: the server's own ``x`` and ``x{model="M"}``, one series
-    to the relay) is left out: each series once, as Prometheus takes a scrape whole."""
+    to the relay) is left out: each series once, as Prometheus takes a scrape whole. A series is its
+    name and its labels of a value: Prometheus drops a label whose value is empty, so ``x{model="m"}``
+    and ``x{model="m",slot=""}`` are one (round 4 of issue 61, R1), as a plain server's ``x 1`` and
+    ``x 2`` are (R2)."""
     out = []
     for line in checked(text):
         if line.startswith("# "):
@@ -209,20 +217,66 @@ def labelled(text: str, model: str, seen: set[str]) -> list[str]:
             continue
         found = sample(line)
         own_labels = LABEL.findall(found[2] or "")
-        kept = [("model", label(model))] + [("server_model" if n == "model" else n, v)
-                                            for n, v in own_labels if (n, v) != ("model", label(model))]
-        series = f"{found[1]} {sorted(kept)}"
-        if series in seen or any(n == "server_model" for n, _ in own_labels):
+        kept = own_labels if model is None else [("model", label(model))] + [
+            ("server_model" if n == "model" else n, v) for n, v in own_labels if (n, v) != ("model", label(model))]
+        series = f"{found[1]} {sorted(pair for pair in kept if pair[1])}"
+        if series in seen or model is not None and any(n == "server_model" for n, _ in own_labels):
             continue
         seen.add(series)
         labels = ",".join('%s="%s"' % pair for pair in kept)
-        out.append(f"{found[1]}{{{labels}}} {found[3]}" + (f" {found[4]}" if found[4] else ""))
+        out.append(line if model is None else f"{found[1]}{{{labels}}} {found[3]}" + (f" {found[4]}" if found[4] else ""))
     return out
 
 
+def listener_may_read(url: str, key_file: str) -> bool:
+    """Whether every socket listening on ``url``'s TCP port (the kernel's tables, /proc/net/tcp and tcp6,
+    readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
+    its mode lets read it (its group's members); False when none listens or either cannot be read. A
+    key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
+    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
+    the shell's rule; a copy in roles/watchdog/watchdog.py and roles/metrics/relay.py, held equal by
+    tests/unit/test_host_programs.py."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        st = os.stat(key_file)
+    except (OSError, ValueError):
+        return False
+    uids = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for cols in rows:
+            local = cols[1].rpartition(":")[2] if len(cols) > 7 else ""
+            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-F]{4}", local) and int(local, 16) == port \
+                    and re.fullmatch(r"[0-9]{1,10}", cols[7]):
+                uids.add(int(cols[7]))
+
+    def may(uid: int) -> bool:
+        if uid in (0, st.st_uid) or st.st_mode & 0o004:
+            return True
+        if not st.st_mode & 0o040:
+            return False
+        try:
+            user = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return user.pw_gid == st.st_gid or user.pw_name in grp.getgrgid(st.st_gid).gr_mem
+    try:
+        return bool(uids) and all(may(uid) for uid in uids)
+    except (KeyError, OSError):
+        return False
+
+
 def keyed(inst: dict, path: str) -> urllib.request.Request:
-    """GET ``path`` of the instance, with its key (never sent on to a redirect's origin)."""
+    """GET ``path`` of the instance, with its key (never sent on to a redirect's origin), only where its
+    listener's user may read the key already (:func:`listener_may_read`; else the request goes without)."""
     request = urllib.request.Request(inst["url"] + path)
+    if inst.get("key") and not listener_may_read(inst["url"], inst["key"]):
+        return request
     for header, value in bearer(inst.get("key")).items():
         request.add_unredirected_header(header, value)
     return request
@@ -388,6 +442,10 @@ class Swaps:
         with _OPENER.open(keyed(self.inst, "/models/sse"), timeout=self.IDLE_S) as response:
             self.up = True
             while line := response.readline(65536):
+                if not line.endswith(b"\n"):   # longer than the bound: left out whole, to its end (its tail
+                    while (rest := response.readline(65536)) and not rest.endswith(b"\n"):   # is no event: R9)
+                        pass
+                    continue
                 if line.startswith(b"data: "):
                     try:   # the relay's JSON rule: 30000 '[' raised RecursionError, which ended the follower
                         message = json_answer(line[6:])
@@ -445,8 +503,7 @@ def handler(config: dict, clients: set[str], swaps: dict[str, Swaps] | None = No
                                                           (swaps[name].lines() if name in (swaps or {}) else [])).encode()
                 else:   # a server of one model; a model a router pins (``model``) labelled as the router's are
                     text = fetch(inst, "/metrics", deadline).decode(errors="replace")
-                    text = "".join(f"{line}\n" for line in (labelled(text, inst["model"], set()) if inst.get("model")
-                                                             else checked(text))).encode()
+                    text = "".join(f"{line}\n" for line in labelled(text, inst.get("model"), set())).encode()
                 return self.answer(200, text, "text/plain; version=0.0.4; charset=utf-8")
             except urllib.error.HTTPError as e:
                 return self.answer(502, f"{name}: /metrics answered {e.code}\n")

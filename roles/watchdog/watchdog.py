@@ -49,10 +49,12 @@ whatever happens (also on SIGTERM: the unit's timeout), each file replaced whole
 from __future__ import annotations
 
 import argparse
+import grp
 import http.client
 import itertools
 import json
 import os
+import pwd
 import re
 import signal
 import socket
@@ -60,6 +62,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 
 try:
     import rigup_throughput as throughput           # on a host: installed next to this script
@@ -362,11 +365,61 @@ def failure(e: BaseException, config: dict) -> tuple[str, str]:
     return "bad", f"the check failed: {type(e).__name__}: {e}"
 
 
-def _key(inst: dict) -> str | None:
+def listener_may_read(url: str, key_file: str) -> bool:
+    """Whether every socket listening on ``url``'s TCP port (the kernel's tables, /proc/net/tcp and tcp6,
+    readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
+    its mode lets read it (its group's members); False when none listens or either cannot be read. A
+    key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
+    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
+    the shell's rule; a copy in roles/watchdog/watchdog.py and roles/metrics/relay.py, held equal by
+    tests/unit/test_host_programs.py."""
     try:
-        return throughput.read_key(inst.get("key"))
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        st = os.stat(key_file)
+    except (OSError, ValueError):
+        return False
+    uids = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for cols in rows:
+            local = cols[1].rpartition(":")[2] if len(cols) > 7 else ""
+            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-F]{4}", local) and int(local, 16) == port \
+                    and re.fullmatch(r"[0-9]{1,10}", cols[7]):
+                uids.add(int(cols[7]))
+
+    def may(uid: int) -> bool:
+        if uid in (0, st.st_uid) or st.st_mode & 0o004:
+            return True
+        if not st.st_mode & 0o040:
+            return False
+        try:
+            user = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return user.pw_gid == st.st_gid or user.pw_name in grp.getgrgid(st.st_gid).gr_mem
+    try:
+        return bool(uids) and all(may(uid) for uid in uids)
+    except (KeyError, OSError):
+        return False
+
+
+def _key(inst: dict, server: dict) -> str | None:
+    """The instance's key for a request to ``server``'s URL: None when its file cannot be read, or when
+    a listener there is of a user who may not read it (:func:`listener_may_read`: the key is not sent)."""
+    try:
+        key = throughput.read_key(inst.get("key"))
     except OSError:
         return None
+    if key and not listener_may_read(server["url"], inst["key"]):
+        log(4, f"rigup-watchdog: {server['server']}: a process of a user who may not read its key listens at "
+               f"{shown(server['url'])}: its key is not sent")
+        return None
+    return key
 
 
 def router_model(server: dict, inst: dict, statuses: dict | None) -> tuple[bool, str | None]:
@@ -429,7 +482,7 @@ def idle(server: dict, inst: dict, record: dict, model: str | None = None) -> tu
     wake it, or keep it from sleeping, and its load would look like a slow server); with requests
     waiting it is wedged (a bad check, judged without a completion: one would only wait too). A
     long generation decodes on (llama-server counts a request's tokens when it ends): not wedged."""
-    seen = throughput.server_figures(server["url"], _key(inst), model=model) or {}
+    seen = throughput.server_figures(server["url"], _key(inst, server), model=model) or {}
     served, decodes = seen.get(TOKENS), seen.get(DECODES)
     waiting = sum(seen.get(name) or 0 for name in WAITING)
     if served is not None and served == record.get("served") and decodes == record.get("decodes"):
@@ -448,9 +501,10 @@ def measure(server: dict, inst: dict, config: dict, model: str | None = None) ->
     one), else ``{"tps": None, "kind": "starting" or "bad", "why"}`` (:func:`failure`); never raises
     for what a server answers."""
     try:
-        key = throughput.read_key(inst.get("key"))
+        throughput.read_key(inst.get("key"))
     except OSError as e:
         return {"tps": None, "kind": "bad", "why": f"its key file cannot be read: {e}"}
+    key = _key(inst, server)
     try:
         return {"tps": throughput.completion(server["url"], key, config["max_tokens"], config["timeout_s"], model)["tps"]}
     except Exception as e:
@@ -623,7 +677,7 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
     gated = passed_gate(server, record, config, started)
     model = None
     if inst.get("models"):   # a router: judged by the model it has loaded (issue 49), and its failed loads
-        statuses = throughput.model_statuses(server["url"], _key(inst))
+        statuses = throughput.model_statuses(server["url"], _key(inst, server))
         failing, restarting = failing_model(server, inst["models"], statuses, record, config)
         if restarting:   # asked once before the restart: a model evicted while it loaded reads failed too
             probe = measure(server, inst, config, record.get("failing_model"))
@@ -648,7 +702,7 @@ def examine(server: dict, inst: dict, floor: float, record: dict, config: dict, 
     if model and not wedged:
         log(6, f"rigup-watchdog: {name}: timed {model}, the model it has loaded")
     if inst.get("sleeps") and not wedged:   # its own completion is not a request of a client's
-        seen = throughput.server_figures(server["url"], _key(inst), model=model) or {}
+        seen = throughput.server_figures(server["url"], _key(inst, server), model=model) or {}
         record["served"], record["decodes"] = seen.get(TOKENS), seen.get(DECODES)
     if not gated and sample["tps"] is not None:
         record["passed_at"] = round(now, 3)     # its first whole completion since its start: its gate

@@ -1,0 +1,76 @@
+"""A key goes only to a listener whose user may read it already (issue 61, round 5 C1's class in the
+host programs): the watchdog and the metrics relay read the kernel's tables (/proc/net/tcp, tcp6) for
+the uid of every socket listening on the instance's port; a process of another user (the unit down,
+its port taken) is sent no key. Run as root: a listener of the user nobody stands in for that user."""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from roles.metrics import relay
+from roles.watchdog import watchdog
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user needs root to start")
+
+LISTEN = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); " \
+         "print(s.getsockname()[1], flush=True); time.sleep(60)"
+
+
+def nobodys_listener() -> tuple[subprocess.Popen, int]:
+    """A process of the user nobody listening on 127.0.0.1 (its port)."""
+    proc = subprocess.Popen(["/usr/bin/python3", "-c", LISTEN], stdout=subprocess.PIPE, text=True,
+                            user=NOBODY, group=NOBODY)
+    return proc, int(proc.stdout.readline())
+
+
+def test_the_copies_are_one_function():
+    copies = {p: next(ast.unparse(n) for n in ast.parse((ROOT / p).read_text()).body
+                      if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read")
+              for p in ("roles/watchdog/watchdog.py", "roles/metrics/relay.py")}
+    assert len(set(copies.values())) == 1, "the copies of listener_may_read() differ"
+
+
+@pytest.mark.parametrize("mode, group, sent", [
+    (0o600, 0, False),        # root's key: nobody's listener gets nothing (round 5 C1)
+    (0o640, 0, False),        # root's group: nobody is not in it
+    (0o640, NOBODY, True),    # nobody's group may read it (as the service user's group reads a key: root:rigup 0640)
+    (0o644, 0, True),         # anyone may read it already
+])
+def test_a_key_goes_only_to_a_listener_whose_user_may_read_it(tmp_path, mode, group, sent):
+    key = tmp_path / "k.key"
+    key.write_text("SECRET-KEY\n")
+    os.chown(key, 0, group)
+    key.chmod(mode)
+    proc, port = nobodys_listener()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        got = watchdog.listener_may_read(url, str(key))
+        request = relay.keyed({"url": url, "key": str(key)}, "/metrics")
+        print(f"key {oct(mode)} root:{group}, listener of uid {NOBODY}: may read {got}; the relay's request "
+              f"carries {request.unredirected_hdrs}")
+        assert got is sent and bool(request.unredirected_hdrs) is sent
+        assert (watchdog._key({"key": str(key)}, {"url": url, "server": "x"}) == "SECRET-KEY") is sent
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_roots_own_listener_gets_the_key_and_no_listener_none(tmp_path):
+    key = tmp_path / "k.key"
+    key.write_text("K\n")
+    key.chmod(0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert watchdog.listener_may_read(f"http://127.0.0.1:{port}", str(key)) is False   # bound, not listening
+        s.listen()
+        assert watchdog.listener_may_read(f"http://127.0.0.1:{port}", str(key)) is True
+        assert watchdog.listener_may_read(f"http://127.0.0.1:{port}", str(tmp_path / "none")) is False
