@@ -489,21 +489,22 @@ def test_a_pinned_servers_samples_of_two_models_stay_two_series():
 @settings(max_examples=200, deadline=1000)
 @given(lines=st.lists(st.tuples(st.sampled_from(["llamacpp:a", "llamacpp:b"]),
                                 st.dictionaries(st.sampled_from(["model", "server_model", "slot"]),
-                                                st.sampled_from(["tiny", "other", 'q"\\', "0"]), max_size=3),
-                                st.integers(0, 9)), max_size=8))
-def test_a_pinned_servers_relayed_samples_are_each_series_once_and_keep_their_own(lines):
+                                                st.sampled_from(["tiny", "other", 'q"\\', "0", ""]), max_size=3),
+                                st.integers(0, 9)), max_size=8), model=st.sampled_from(["tiny", None]))
+def test_a_pinned_servers_relayed_samples_are_each_series_once_and_keep_their_own(lines, model):
     """Whatever model labels a server writes, its relayed samples are each series once (Prometheus
-    refuses a series twice in a scrape), each labelled model="tiny", and two of its series are never
+    refuses a series twice in a scrape; a label whose value is empty is none to it: round 4 R1), each
+    labelled model="tiny" (a plain server's, model None: as written, R2), and two of its series are never
     made one: a sample is left out only where its series (model dropped when it is "tiny") came before,
     or where it has a server_model label of its own (the relay's name for its model label)."""
     from roles.metrics import relay
     text = "".join(f"{n}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value}\n"
                    for n, labels, value in lines)
-    got = relay.labelled(text, "tiny", set())
-    series = [(m[1], tuple(sorted(relay.LABEL.findall(m[2])))) for m in map(relay.sample, got)]
-    assert len(set(series)) == len(series) and all(("model", "tiny") in labels for _, labels in series)
-    distinct = {(n, tuple(sorted((k, v) for k, v in labels.items() if (k, v) != ("model", "tiny"))))
-                for n, labels, _ in lines if "server_model" not in labels}
+    got = relay.labelled(text, model, set())
+    series = [(m[1], tuple(sorted(p for p in relay.LABEL.findall(m[2] or "") if p[1]))) for m in map(relay.sample, got)]
+    assert len(set(series)) == len(series) and all(model is None or ("model", "tiny") in labels for _, labels in series)
+    distinct = {(n, tuple(sorted((k, v) for k, v in labels.items() if v and (k, v) != ("model", model))))
+                for n, labels, _ in lines if model is None or "server_model" not in labels}
     assert len(got) == len(distinct)
 
 
