@@ -37,6 +37,7 @@ TEXT_MAX = 4096                  # a failure's text (shown() cuts it for the ter
 AT_MAX = 4102444800              # 2100-01-01: a record's time, seconds since the epoch
 DAY_S = 86400
 SKEW_S = DAY_S                   # a host's clock ahead of the controller's by up to this: still a past run
+CARD_W = 2000                    # a card's power cap at most (the largest boards' are 1000-1200 W)
 GENERIC = ("due",)               # a rule over a record already read (not a reader of its own)
 
 # figures with a meaning of their own: (section, field) -> (kind, lo, hi); None where unknown
@@ -113,12 +114,15 @@ def _key(value: object, field: str) -> dict:
     return key
 
 
-def _cleared(value: object, field: str) -> dict:
+def _cleared(value: object, field: str) -> dict | None:
+    """The operator's clearing of a failed record (``rigup-burnin clear`` writes ``{"at", "by"}``),
+    typed; None, no clearing, without its time: ``{}`` or ``{"note": "x"}`` read as a clearing here
+    while rigup-burnin and the guard kept the card quarantined (issue 61, round 6 BA6, BA7)."""
     cleared = dict(_mapping(value, field))
     _checked(cleared, field)
     cleared["at"] = _optional(cleared, "at", lambda v, f: required(v, f, float, 0, AT_MAX), field)
     cleared["by"] = _optional(cleared, "by", _text, field)
-    return cleared
+    return cleared if cleared["at"] is not None else None
 
 
 def _fault(figures: dict) -> str | None:
@@ -163,8 +167,12 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
             _checked(item, f"{field}.{name}")
     if not rec["passed"]:
         return rec, None
-    lacks = [what for what, has in (("level", rec.get("level")), ("finished time", rec["at"]), ("key", rec["key"]),
-                                    ("figures", rec["figures"])) if not has]
+    # a key names what the card was tested under, figures a test that ran: {"note": "x"} names
+    # neither (issue 61, round 6 BA3, BA4: such a pass was believed, and never due on a key change)
+    key = any((rec["key"] or {}).get(name) is not None for name in ("driver", "memory_mib", "power_limit_w"))
+    ran = any(isinstance((rec["figures"] or {}).get(section), dict) for section, _ in FIGURES)
+    lacks = [what for what, has in (("level", rec.get("level")), ("finished time", rec["at"]),
+                                    ("key", key), ("figures", ran)) if not has]
     if lacks:
         return rec, f"a pass without its {', '.join(lacks)}: not believed"
     fault = _fault(rec["figures"]) or ("failures" if rec["failed"] else None)
@@ -273,14 +281,16 @@ def pulse(text: str, where: str) -> dict | None:
         if not isinstance(cards, list) or len(cards) > MAX_CARDS:
             raise Unreadable("key.cards", f"not a list of at most {MAX_CARDS} card ids")
         key["cards"] = sorted(ident(c, f"key.cards[{i}]") for i, c in enumerate(cards))
-        key["caps_w"] = required(key.get("caps_w"), "key.caps_w", float, 0, 1e7)
+        # the figures within what rigup-burnin pulse runs and cards hold (0.5..50 Hz, <= 3600 s, CARD_W a
+        # card): 1e7 W of caps was believed, and a cap raised later never made the pulse due (round 6 BA11)
+        key["caps_w"] = required(key.get("caps_w"), "key.caps_w", float, 0, CARD_W * MAX_CARDS)
         key["psu_watts"] = _optional(key, "psu_watts", lambda v, f: required(v, f, float, 0, 1e7), "key")
         key["driver"] = _optional(key, "driver", lambda v, f: ident(str(v) if isinstance(v, (int, float))
                                                                    and not isinstance(v, bool) else v, f), "key")
         rec["key"] = key
         figures = rec["figures"] = _figures(rec.get("figures") or {}, "figures")
-        for name in ("peak_w", "hz", "seconds"):
-            figures[name] = _optional(figures, name, lambda v, f: required(v, f, float, 0, 1e7), "figures")
+        for name, hi in (("peak_w", CARD_W * MAX_CARDS), ("hz", 50), ("seconds", 3600)):
+            figures[name] = _optional(figures, name, lambda v, f, hi=hi: required(v, f, float, 0, hi), "figures")
         for name, item in rec.items():
             if name not in ("key", "figures"):
                 _checked(item, name)

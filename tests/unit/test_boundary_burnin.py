@@ -84,6 +84,11 @@ def within_bounds(read: burnin.Records) -> None:
         assert key.get("driver") is None or isinstance(key["driver"], str)
         if rec["passed"]:   # believed: its level, time, key and figures, none of them naming a fault
             assert rec["level"] and rec["at"] and rec["key"] and rec["figures"] and not rec["failed"]
+            # a key naming what it was tested under, figures of a test that ran (round 6 BA3, BA4)
+            assert any(key.get(k) is not None for k in ("driver", "memory_mib", "power_limit_w"))
+            assert any(isinstance(rec["figures"].get(s), dict) for s in ("vram", "pcie", "compute", "soak"))
+        # a clearing is one with its time, or none (round 6 BA6, BA7)
+        assert rec["cleared"] is None or isinstance(rec["cleared"]["at"], float)
     assert not set(read.cards) & set(read.untested)
 
 
@@ -157,6 +162,49 @@ def test_a_pass_without_its_level_time_or_figures_is_not_believed():
     assert "finished time" in read.untested[U[1]] and "VRAM mismatches" in read.untested[U[2]]
     part = sort_cards(gpus(), state({U[0]: bare}), "580.105.08", DATA)
     assert part["run"] == {"standard": U} and "not believed" in part["why"][U[0]] and part["accepted"] == 0
+
+
+@pytest.mark.parametrize("over", [{"key": {"note": "x"}}, {"figures": {"note": 1}},
+                                  {"key": {"note": "x"}, "figures": {"note": 1}}])
+def test_a_pass_whose_key_or_figures_name_nothing_is_not_believed(over):
+    """Round 6 BA3, BA4: a pass keyed {note: x}, figures {note: 1}, was believed (accepted under any
+    driver, never due on a key change); now its card is tested again."""
+    read = burnin.records(json.dumps({U[0]: passed(0, **over)}), WHERE)
+    print(over, read.untested)
+    assert read.cards == {} and "not believed" in read.untested[U[0]]
+    part = sort_cards(gpus()[:1], state({U[0]: passed(0, **over)}), "999.1", DATA)
+    assert part["accepted"] == 0 and part["run"] == {"standard": [U[0]]}
+
+
+@pytest.mark.parametrize("cleared", [{}, {"note": "x"}, {"by": "op"}])
+def test_a_clearing_without_its_time_is_none(cleared):
+    """Round 6 BA6, BA7: ``cleared: {}`` read as {at: None, by: None}, a clearing to the controller,
+    while rigup-burnin and the guard kept the card quarantined; the card stays out."""
+    read = burnin.records(json.dumps({U[1]: failed(1, cleared=cleared)}), WHERE)
+    print(cleared, read.cards[U[1]]["cleared"])
+    assert read.cards[U[1]]["cleared"] is None
+    part = sort_cards(gpus()[1:2], state({U[1]: failed(1, cleared=cleared)}), "580.105.08", DATA)
+    assert [q["uuid"] for q in part["quarantined"]] == [U[1]]
+    assert burnin.records(json.dumps({U[1]: failed(1, cleared={"at": 1780000001, "by": "op"})}),
+                          WHERE).cards[U[1]]["cleared"] == {"at": 1780000001.0, "by": "op"}
+
+
+PULSE = {"schema": 1, "passed": True, "at": 1780000000, "failed": [],
+         "key": {"cards": [U[0]], "caps_w": 450.0, "psu_watts": 2000.0}, "figures": {"peak_w": 400, "hz": 4, "seconds": 30}}
+
+
+@pytest.mark.parametrize("field, value", [("key.caps_w", 1e7), ("figures.peak_w", 1e7), ("figures.hz", 1e6),
+                                          ("figures.seconds", 1e6), ("figures.hz", 51), ("figures.seconds", 3601)])
+def test_pulse_figures_past_what_rigup_burnin_runs_are_refused(field, value):
+    """Round 6 BA11, BA15: caps of 1e7 W, 1e6 Hz for 1e6 s were believed (rigup-burnin pulse runs
+    0.5..50 Hz for at most 3600 s; a card's cap is at most CARD_W)."""
+    section, name = field.split(".")
+    rec = json.loads(json.dumps(PULSE))
+    rec[section][name] = value
+    assert burnin.pulse(json.dumps(PULSE), WHERE)["untested"] is None
+    with pytest.raises(Unreadable, match=field.replace(".", r"\.")) as e:
+        burnin.pulse(json.dumps(rec), WHERE)
+    print(e.value)
 
 
 # ---------------------------------------------------------------------------- its callers, failing closed
