@@ -21,7 +21,7 @@ the result. Every variable is declared once, in its role's ``defaults.yml``, wit
     llama_port: 8080
 
 Forms: ``bool``, ``int``, ``float``, ``str``, ``name`` (a unit, file or user name: 1-64 letters,
-digits, ``_.-``), ``address`` (an IP address or host name), ``ip`` (the IP address of one host: no name,
+digits, ``_.-``, not ending in a systemd unit type such as ``.timer``), ``address`` (an IP address or host name), ``ip`` (the IP address of one host: no name,
 network or wildcard), ``batch`` (a count >= 1 or a share, ``"25%"``), ``count`` (``auto`` or an int >= 1: rigup chooses, or you do), ``path`` (an absolute, normal directory on a host that is not a system
 directory), ``file`` (an absolute path on the controller), ``list``, ``map``, ``any``;
 ``int A..B`` / ``float A..B`` / ``count A..B`` (either end may be left out: an int's upper end
@@ -118,7 +118,8 @@ class Form:
         if control:
             return control
         if self.kind == "name" and not NAME.fullmatch(value):
-            return f"got {value!r}: a name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            return (f"got {value!r}: a name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit, "
+                    "and not ending in a systemd unit type (.service, .timer, .socket, ...)")
         if self.kind == "address" and not ADDRESS.fullmatch(value):
             return f"got {value!r}: an IP address or a host name"
         if self.kind == "ip" and not host_ip(value):

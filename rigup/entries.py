@@ -36,7 +36,8 @@ def normalise(entry: Any, schema: dict[str, Key], where: str, name: Any = _UNNAM
         # YAML 1.1 reads a bare on/off/yes/no as a bool and 1 as an int: a key that is no text is no name
         said = f" ({type(name).__name__}: quote it)" if not isinstance(name, str) else ""
         return {}, [(where, f"{name!r}{said} is not a name: 1-64 letters, digits, '_', '.' or '-', starting with "
-                           "a letter or digit (it becomes a unit, file or directory name)")]
+                           "a letter or digit, not ending in a systemd unit type such as .timer or .socket (it becomes a unit, "
+                           "file or directory name)")]
     if not isinstance(entry, dict):
         return {}, [(where, f"expected a map of {', '.join(schema)}, got {entry!r}")]
     out: dict[str, Any] = {}

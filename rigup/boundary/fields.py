@@ -15,8 +15,14 @@ from typing import Any
 
 from rigup.boundary.core import Crossing, Unreadable
 
-# A name that becomes a unit, file or directory name (a model's key, an instance's name, a user).
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# systemd's unit types: a unit name ending in one is that type, whatever rigup adds before it
+# (systemd-run --unit=rigup-fetch-m.timer makes a timer, rigup-llama@m.socket a socket: round 4 of
+# issue 61, C40; drain.py's lease, cd885b3)
+UNIT_TYPES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path", "timer", "slice",
+              "scope")
+# A name that becomes a unit, file or directory name (a model's key, an instance's name, a user):
+# never one ending in a unit type's suffix
+NAME = re.compile(r"(?!.*\.(?:%s)$)[A-Za-z0-9][A-Za-z0-9_.-]{0,63}" % "|".join(UNIT_TYPES))
 # An address to bind or reach: IPv4, IPv6 or a DNS name, nothing a shell or URL would read more into.
 ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]{2,45}")
 # An id a record or a build carries (a build key, a card's UUID, a revision): no separator but - _ . :
@@ -48,7 +54,7 @@ def matched(pattern: re.Pattern, value: object, where: str, what: str) -> str:
 
 def name(value: object, where: str) -> str:
     """A name (:data:`NAME`), or :class:`Unreadable`."""
-    return matched(NAME, value, where, "a name (letters, digits, _ . -; at most 64)")
+    return matched(NAME, value, where, "a name (letters, digits, _ . -; at most 64; no unit suffix such as .timer)")
 
 
 def ident(value: object, where: str) -> str:
