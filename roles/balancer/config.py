@@ -21,6 +21,14 @@ GATEWAY_KEY = "/etc/haproxy/rigup-fleet-key.lst"   # "Bearer <the fleet's key>",
 SERVER_STATE = "/run/haproxy/server-state"
 STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/rigup-server-state.conf"
 RETRY_AFTER_S = 5   # what a queued router's 429 (and a queued request's 503) tells a client to wait
+# A router's request is routed by its body's "model" as the router reads it, or not at all (issue 61,
+# round 6 FM15): HAProxy's json_query reads a key's first value, llama-server's JSON (nlohmann) its
+# last, and a key's letters may be \u escapes that json_query does not read as "model". So a body
+# naming a "model" key (any such spelling) with a text value twice is refused (400); one HAProxy
+# did not buffer whole (past tune.bufsize) goes unrouted, to the default backend, as one naming no model.
+# PCRE (HAProxy) and Python's re read it alike; HAProxy takes it in single quotes, as it is.
+MODEL_KEY = r'"(m|\\u006[dD])(o|\\u006[fF])(d|\\u0064)(e|\\u0065)(l|\\u006[cC])"[ \t\r\n]*:[ \t\r\n]*"'
+MODEL_TWICE = MODEL_KEY + r"[\s\S]*" + MODEL_KEY
 # llama-server's paths beyond inference (tools/server/server.cpp of the lab's b8779 tree), each answered
 # 403 by every frontend unless one of its features (rigup/contract/llama_server.py HELD_OFF) is allowed
 # there: (features, why, HAProxy's condition). Matched on the path as the server decodes it and under
@@ -159,7 +167,7 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"],
-                  retry_after=RETRY_AFTER_S)
+                  retry_after=RETRY_AFTER_S, model_twice=MODEL_TWICE)
 
 
 def state_dropin(drain: str) -> str:

@@ -3,6 +3,7 @@
 The router itself serving two models on a lab host: tests/roles/test_router.py."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from roles.llama_server.checks import check_set_vram
 from roles.llama_server.command import argv, preset_text
@@ -167,3 +168,108 @@ def test_the_vram_plan_counts_each_model_at_its_own_ctx():
     print(alone[0].line("h"))
     assert alone[0].what == "model b of llama_server_instances.x.also does not fit the VRAM alone"
     assert "KV cache 330.0 GiB" in alone[0].why and alone[0].fix.endswith("lower llama_server_instances.x.per_model.b.ctx")
+
+
+# ---------------------------------------------------------------- the gateway routes by the model the router reads
+# (issue 61, round 6 FM15): json_query reads a key's first value, llama-server's JSON (nlohmann) its last
+SPELLINGS = ["model", "mod\\u0065l", "\\u006Dodel", "\\u006d\\u006f\\u0064\\u0065\\u006c"]
+
+
+def body(pairs) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in pairs) + "}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(SPELLINGS + ["messages", "stream", "modelx", "x"]),
+                          st.sampled_from(['"a"', '"b"', '"\\u0062"', '{"model": {"type": "string"}}', "true",
+                                           '[{"content": "\\"model\\": \\"b\\""}]'])), max_size=5))
+def test_a_body_naming_model_twice_is_refused_and_one_naming_it_once_is_not(pairs):
+    """The gateway's regex (config.MODEL_TWICE, HAProxy's PCRE) over a body: it matches exactly when
+    two top-level keys that JSON reads as "model" hold text; a tool schema's "model" property, a
+    message quoting "model" and one model key pass."""
+    import json
+    import re
+
+    from roles.balancer.config import MODEL_TWICE
+    text = body(pairs)
+    twice = sum(1 for k, v in pairs if json.loads(f'"{k}"') == "model" and v.startswith('"')) >= 2
+    print(text, twice)
+    assert bool(re.search(MODEL_TWICE, text)) is twice
+
+
+@pytest.mark.skipif(not __import__("shutil").which("haproxy"), reason="haproxy is not installed here")
+def test_the_gateway_refuses_a_model_given_twice_and_routes_none_it_did_not_read_whole():
+    """The rendered gateway under the real HAProxy, two routers (127.0.0.1 and 127.0.0.2, one port)
+    answering their names: b goes to b's home; a body naming model twice (escaped or not, within the
+    buffer) is 400; one whose second model lies past the buffer is not routed by its first."""
+    import http.server
+    import subprocess
+    import tempfile
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from roles.balancer.config import gateway_backends, haproxy_cfg
+    from tests.unit.test_held_off import free_port, runnable
+
+    port, gateway_port = free_port(), free_port()
+
+    def answering(name):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(name)))
+                self.end_headers()
+                self.wfile.write(name.encode())
+            do_GET = do_POST = _any
+
+            def log_message(self, *args):
+                pass
+        return Handler
+    servers = [http.server.ThreadingHTTPServer((f"127.0.0.{i}", port), answering(f"lab{i}")) for i in (1, 2)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    duo = {"model": "a", "also": ["b"], "port": port}
+    hosts = {"gw": {"balancer_gateway": True}, **{f"lab{i}": {"ssh_hostname": f"127.0.0.{i}",
+                                                              "llama_server_instances": {"duo": duo}} for i in (1, 2)}}
+    backends = [dict(b, port=gateway_port) for b in gateway_backends("gw", hosts, "127.0.0.1")]
+    text = runnable(haproxy_cfg(backends, data(balancer_stats_port=free_port(), balancer_check_interval_ms=100)))
+
+    def post(raw: str):
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+                                                 data=raw.encode(), method="POST")
+                with urllib.request.urlopen(request, timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, ""
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    pad = '"p": "' + "x" * 40000 + '"'
+    cases = [('{"model": "b"}', (200, "lab2")), ('{"model": "a"}', (200, "lab1")),
+             ('{"model": "a", "model": "b"}', (400, "")), ('{"model": "a", "mod\\u0065l": "b"}', (400, "")),
+             ('{"model": "a", "tools": {"model": {"type": "string"}}}', (200, "lab1")),
+             ('{"model": "a", "p": "' + "x" * 8000 + '", "model": "b"}', (400, ""))]
+    with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
+        f.write(text)
+        f.flush()
+        proc = subprocess.Popen(["haproxy", "-db", "-f", f.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            seen = [(raw[:60], post(raw)) for raw, _ in cases]
+            # past the buffer: never routed by its first model (a's home alone would be lab1 every time)
+            far = {post('{"model": "a", ' + pad + ', "model": "b"}') for _ in range(8)}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            for s in servers:
+                s.shutdown()
+    print(seen, far)
+    assert seen == [(raw[:60], expected) for raw, expected in cases]
+    assert far == {(200, "lab1"), (200, "lab2")}
