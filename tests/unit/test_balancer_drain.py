@@ -515,3 +515,20 @@ def test_expire_on_an_address_that_is_no_ip_address_keeps_the_lease(haproxy, tmp
     print(code, err, armed)
     assert code == 0 and "\x1b" not in err and "not an IP address and port" in err
     assert armed and armed[0][:3] == ("gateway-gemma", "lab2", drain.RECHECK_S) and flags(haproxy, "lab2") & drain.FMAINT
+
+
+def test_the_helper_opens_nothing_in_haproxys_directory_by_path():
+    """DR3's class, by the syntax tree: a plain open() follows a link and waits on a FIFO, so the
+    helper opens by path only root's own files (CONFIG in /etc/haproxy, /proc); STATE and STATE.lock
+    (in /run/haproxy, haproxy's group's to write) through os.open with O_NOFOLLOW (read_state, locked)."""
+    import ast
+    tree = ast.parse(Path(drain.__file__).read_text())
+    plain = sorted({ast.unparse(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Name) and n.func.id == "open" and n.args})
+    print(plain)
+    assert all(a == "CONFIG" or a.startswith("'/proc/") for a in plain), plain
+    # replace()'s own (O_EXCL|O_NOFOLLOW) is test_host_programs'
+    others = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name != "replace"] + \
+        [c for c in tree.body if isinstance(c, ast.ClassDef)]
+    nofollow = [n for f in others for n in ast.walk(f) if isinstance(n, ast.Call) and ast.unparse(n.func) == "os.open"]
+    assert len(nofollow) >= 2 and all("O_NOFOLLOW" in ast.unparse(n.args[1]) for n in nofollow)
