@@ -141,7 +141,10 @@ def parse_progress(lines: list[str], specs: list[dict]) -> dict[str, dict]:
             progress = loads(state.get("progress") or "null", "progress.json")
         except Unreadable:
             progress = "not JSON"
-        marker = marker if isinstance(marker, dict) else {}
+        try:   # typed as the probe's (read_markers): one the boundary does not read is not complete
+            marker = results.marker(marker, f"{spec['dest']}/{MARKER}")
+        except Unreadable:
+            marker = {}
         out[spec["name"]] = read_progress(
             {"complete": marker.get("repo") == spec["repo"] and marker.get("revision") == spec["revision"],
              "running": bool(state.get("running")), "dest": spec["dest"], "progress": progress},

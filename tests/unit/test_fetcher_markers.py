@@ -202,3 +202,14 @@ def test_a_path_the_host_takes_is_one_the_boundary_takes(path):
     else:
         with pytest.raises(Exception):
             fetcher.safe_join("/srv/m", path)
+
+
+def test_status_reads_the_marker_as_the_probe_does():
+    """status.py's cheaper read (facts.py parse_progress): a marker naming the pinned revision whose
+    bytes is text is not complete there either."""
+    from roles.model_fetch.facts import parse_progress
+    spec = {"name": "m", "dest": "/srv/m", "repo": "o/m", "revision": REV}
+    good, bad = ({"repo": "o/m", "revision": REV, "files": [], "bytes": b} for b in (5, "lots"))
+    got = [parse_progress(["@@ m", f"marker={json.dumps(m)}", "progress="], [spec])["m"]["complete"] for m in (good, bad)]
+    print(got)
+    assert got == [True, False]
