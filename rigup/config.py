@@ -53,7 +53,7 @@ from pyinfra.api.exceptions import PyinfraError
 from rigup import playfile, yamlfile
 from rigup.boundary import owned
 from rigup.boundary.core import Unreadable, loads
-from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
+from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip, host_name   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
 from rigup.boundary.numbers import number
 from rigup.text import shown
 
@@ -636,6 +636,10 @@ def all_group(module: dict[str, Any], site: str | None = None) -> tuple[list[str
         entries = []
         for entry in hosts:
             name, own = (entry[0], entry[1]) if isinstance(entry, tuple) else (entry, {})
+            try:   # pyinfra prints it before each of the host's lines; host_vars/NAME.yml is read by it
+                host_name(name, f"{rel(inventory)}: {key}: the host {str(name)[:60]!r}")
+            except Unreadable as e:
+                raise ConfigError(str(e)) from None
             extra = host_vars(str(name), site)
             entries.append((name, {**own, **extra}) if extra else entry)
             if name not in names:

@@ -23,6 +23,9 @@ from rigup.boundary.core import Crossing, Unreadable
 
 _TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.([0-9]{1,17}))?")
 _WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")
+# the blanks around a number that are taken off: ASCII's alone (str.strip() takes U+00A0 and U+2003 too,
+# which YAML and JSON keep as text: '0\xa0' was 0 here and text to the YAML loader)
+_BLANK = " \t\r\n\f\v"
 
 
 def number(value: object, kind: type = float, lo: float | None = None, hi: float | None = None,
@@ -35,7 +38,7 @@ def number(value: object, kind: type = float, lo: float | None = None, hi: float
         parsed = value
     elif isinstance(value, (str, bytes)):
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-        text = text.strip()
+        text = text.strip(_BLANK)
         match = _TEXT.fullmatch(text)
         if not match or len(match.group(1) or "") > places:
             return None
@@ -56,8 +59,8 @@ def whole(value: object, hi: int | None = None) -> int | None:
         return None
     if isinstance(value, int):
         return value if 0 <= value < 10**18 and (hi is None or value <= hi) else None
-    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
-        n = int(value.strip())
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip(_BLANK)):
+        n = int(value.strip(_BLANK))
         return n if hi is None or n <= hi else None
     return None
 

@@ -360,7 +360,8 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
             continue
         proc, uid = _SS_PROCESS.search(line), _SS_UID.search(line)
         name = proc.group(1) if proc else None
-        if name is not None and uid and int(uid.group(1)) >= LOGIN_UID_MIN:
+        owner = whole(uid.group(1)) if uid else 0   # a uid that does not read is taken for a login user's
+        if name is not None and (owner is None or owner >= LOGIN_UID_MIN):
             name = f"{name} (uid {uid.group(1)})"
         if ports.get(at) is None:
             ports[at] = name

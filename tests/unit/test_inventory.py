@@ -245,3 +245,20 @@ def test_a_group_data_directory_or_a_file_that_is_no_inventory_is_refused_naming
         read(path)
     with pytest.raises(ConfigError, match="not an inventory file"):
         read(tmp_path / "nope.py")
+
+
+@pytest.mark.parametrize("bad", ["../../etc", "a/b", "gpu\x1b]0;x\x07", ".hidden", "", "x" * 201])
+def test_a_host_that_is_no_name_is_refused_naming_the_file_and_group(tmp_path, bad):
+    """Round 5 G8 for every pyinfra run (deploy.py too, not only roll.py and shards.py): a host's
+    name is printed before each of its lines and names host_vars/NAME.yml; a path or a terminal
+    sequence is refused when the inventory loads, naming its file and group."""
+    with pytest.raises(ConfigError) as e:
+        all_group(module(tmp_path, a100=["h1", bad]))
+    print(e.value)
+    assert "a100: the host" in str(e.value) and "not a host's name or address" in str(e.value)
+    assert "\x1b" not in str(e.value)
+
+
+def test_connector_hosts_and_addresses_load(tmp_path):
+    names, _ = all_group(module(tmp_path, a100=["@local", "10.0.0.2", "rig-1.lab", ("@docker/debian:12", {})]))
+    assert names == ["@local", "10.0.0.2", "rig-1.lab", "@docker/debian:12"]
