@@ -19,9 +19,12 @@ over the level's wall time, per-request tok/s the mean of the requests' own rate
 from __future__ import annotations
 
 import argparse
+import grp
 import http.client
 import json
 import math
+import os
+import pwd
 import re
 import sys
 import threading
@@ -285,6 +288,49 @@ def sweep(url: str, levels: list[int], key: str | None = None, max_tokens: int =
     return [level(url, n, key, max_tokens, rounds, model=model) for n in levels]
 
 
+def listener_may_read(url: str, key_file: str) -> bool:
+    """Whether every socket listening on ``url``'s TCP port (the kernel's tables, /proc/net/tcp and tcp6,
+    readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
+    its mode lets read it (its group's members); False when none listens or either cannot be read. A
+    key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
+    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
+    the shell's rule; the watchdog uses this one (installed beside it), and a copy is in roles/metrics/relay.py
+    (installed alone), held equal by tests/unit/test_key_listener.py."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        st = os.stat(key_file)
+    except (OSError, ValueError):
+        return False
+    uids = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for cols in rows:
+            local = cols[1].rpartition(":")[2] if len(cols) > 7 else ""
+            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-F]{4}", local) and int(local, 16) == port \
+                    and re.fullmatch(r"[0-9]{1,10}", cols[7]):
+                uids.add(int(cols[7]))
+
+    def may(uid: int) -> bool:
+        if uid in (0, st.st_uid) or st.st_mode & 0o004:
+            return True
+        if not st.st_mode & 0o040:
+            return False
+        try:
+            user = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return user.pw_gid == st.st_gid or user.pw_name in grp.getgrgid(st.st_gid).gr_mem
+    try:
+        return bool(uids) and all(may(uid) for uid in uids)
+    except (KeyError, OSError):
+        return False
+
+
 def read_key(path: str | None) -> str | None:
     """The API key in ``path`` (a llama-server key file: the key alone; vLLM's env file: the part
     after ``VLLM_API_KEY=``), or None without a path."""
@@ -308,6 +354,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.levels.split(",") if n.strip()]
     doc = {"url": args.url, "max_tokens": args.max_tokens, "rounds": args.rounds}
+    if args.key_file and not listener_may_read(args.url, args.key_file):   # bench.py's and tune.py's runs
+        doc["error"] = (f"the listener on {args.url}'s port is not of a user who may read {args.key_file}: "
+                        "the key is not sent to it (the unit down, another user's process on its port?)")
+        print(json.dumps(doc))
+        return 1
     try:
         doc["levels"] = sweep(args.url, levels, read_key(args.key_file), args.max_tokens, args.rounds, args.model)
     except (OSError, ValueError, KeyError, http.client.HTTPException) as e:   # the endpoint down, refusing, or not OpenAI's

@@ -234,8 +234,8 @@ def listener_may_read(url: str, key_file: str) -> bool:
     its mode lets read it (its group's members); False when none listens or either cannot be read. A
     key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
     restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
-    the shell's rule; a copy in roles/watchdog/watchdog.py and roles/metrics/relay.py, held equal by
-    tests/unit/test_host_programs.py."""
+    the shell's rule; the watchdog uses this one (installed beside it), and a copy is in roles/metrics/relay.py
+    (installed alone), held equal by tests/unit/test_key_listener.py."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)

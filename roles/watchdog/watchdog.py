@@ -49,12 +49,10 @@ whatever happens (also on SIGTERM: the unit's timeout), each file replaced whole
 from __future__ import annotations
 
 import argparse
-import grp
 import http.client
 import itertools
 import json
 import os
-import pwd
 import re
 import signal
 import socket
@@ -365,47 +363,7 @@ def failure(e: BaseException, config: dict) -> tuple[str, str]:
     return "bad", f"the check failed: {type(e).__name__}: {e}"
 
 
-def listener_may_read(url: str, key_file: str) -> bool:
-    """Whether every socket listening on ``url``'s TCP port (the kernel's tables, /proc/net/tcp and tcp6,
-    readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
-    its mode lets read it (its group's members); False when none listens or either cannot be read. A
-    key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
-    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
-    the shell's rule; a copy in roles/watchdog/watchdog.py and roles/metrics/relay.py, held equal by
-    tests/unit/test_host_programs.py."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        st = os.stat(key_file)
-    except (OSError, ValueError):
-        return False
-    uids = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii", errors="replace") as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        for cols in rows:
-            local = cols[1].rpartition(":")[2] if len(cols) > 7 else ""
-            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-F]{4}", local) and int(local, 16) == port \
-                    and re.fullmatch(r"[0-9]{1,10}", cols[7]):
-                uids.add(int(cols[7]))
-
-    def may(uid: int) -> bool:
-        if uid in (0, st.st_uid) or st.st_mode & 0o004:
-            return True
-        if not st.st_mode & 0o040:
-            return False
-        try:
-            user = pwd.getpwuid(uid)
-        except KeyError:
-            return False
-        return user.pw_gid == st.st_gid or user.pw_name in grp.getgrgid(st.st_gid).gr_mem
-    try:
-        return bool(uids) and all(may(uid) for uid in uids)
-    except (KeyError, OSError):
-        return False
+listener_may_read = throughput.listener_may_read   # rigup/throughput.py's, installed beside
 
 
 def _key(inst: dict, server: dict) -> str | None:

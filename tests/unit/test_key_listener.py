@@ -34,7 +34,7 @@ def nobodys_listener() -> tuple[subprocess.Popen, int]:
 def test_the_copies_are_one_function():
     copies = {p: next(ast.unparse(n) for n in ast.parse((ROOT / p).read_text()).body
                       if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read")
-              for p in ("roles/watchdog/watchdog.py", "roles/metrics/relay.py")}
+              for p in ("rigup/throughput.py", "roles/metrics/relay.py")}
     assert len(set(copies.values())) == 1, "the copies of listener_may_read() differ"
 
 
@@ -74,3 +74,23 @@ def test_roots_own_listener_gets_the_key_and_no_listener_none(tmp_path):
         s.listen()
         assert watchdog.listener_may_read(f"http://127.0.0.1:{port}", str(key)) is True
         assert watchdog.listener_may_read(f"http://127.0.0.1:{port}", str(tmp_path / "none")) is False
+
+
+def test_throughputs_sweep_sends_no_key_to_another_users_listener(tmp_path, capsys):
+    """bench.py's and tune.py's runs (rigup/throughput.py sweep --key-file): a port held by a process of
+    a user who may not read the key file ends the sweep before any request (it sent the key to it)."""
+    import json
+
+    from rigup import throughput
+    key = tmp_path / "k.key"
+    key.write_text("SECRET-KEY\n")
+    key.chmod(0o600)
+    proc, port = nobodys_listener()
+    try:
+        code = throughput.main(["sweep", f"http://127.0.0.1:{port}", "--levels", "1", "--key-file", str(key)])
+    finally:
+        proc.kill()
+        proc.wait()
+    doc = json.loads(capsys.readouterr().out)
+    print(code, doc["error"])
+    assert code == 1 and "levels" not in doc and "the key is not sent to it" in doc["error"]
