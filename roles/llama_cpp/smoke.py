@@ -87,8 +87,10 @@ def model_of(run: dict, spec: dict) -> str:
                 return spec["tiny"]
             doc = json.load(f)
         files = [str(p) for p in doc.get("files", [])]
-        size = int(doc["bytes"])        # no size: too big to load twice
-    except (TypeError, OSError, ValueError, AttributeError, KeyError):
+        size = doc["bytes"]             # no size: too big to load twice
+    except (TypeError, OSError, ValueError, AttributeError, KeyError, RecursionError):
+        return spec["tiny"]
+    if type(size) is not int or size < 0:   # the record's rule (results.marker): a JSON int, never "1_000" or true
         return spec["tiny"]
     name = first_gguf(files)
     folder = os.path.dirname(marker)
