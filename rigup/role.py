@@ -12,6 +12,8 @@ gives the records in the order the roles run, and nothing looks a hook up by nam
 - ``smoke_runs``: what a new llama.cpp build is tried with before it serves
 - ``cards``: which of the host's cards the plan may serve on (burnin: all but the quarantined),
   and what it adds to the plan (``{"burnin": ...}``)
+- ``engine``: a serving engine's record (rigup.serving ``Engine``): preflight plans its instances
+  (rigup.serving ``serving_plan``, the plan's ``serving``), which its ``apply`` installs
 - ``plan_adds``: what it tells the roles before it through the plan (llama_cpp: whether this host
   compiles its build, ``llama_cpp_compiles``, so that cuda_toolkit installs the compiler only then)
 """
@@ -36,4 +38,5 @@ class Role:
     smoke_runs: Callable | None = None
     cards: Callable | None = None
     plan_adds: Callable | None = None
+    engine: object | None = None
     steps: dict = field(default_factory=dict)

@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
+from typing import NamedTuple, TypedDict
 
 from pyinfra import host
 from pyinfra.operations import files
@@ -35,6 +36,31 @@ from rigup.probe import operation, python
 from rigup.secrets import fleet_api_key, new_key, written
 from rigup.state import read_once, will_read
 from rigup.text import say
+
+
+class Server(TypedDict, total=False):
+    """One server of an instance as the host runs it: ``unit`` (the systemd instance name,
+    TEMPLATE@UNIT.service), ``inst`` (the instance as that server runs it: a replica on its
+    loopback port), ``env`` (what its drop-in sets: CUDA_VISIBLE_DEVICES of its cards) and, for a
+    router's pinned model, ``pinned`` (the model)."""
+
+    unit: str
+    inst: dict
+    env: dict
+    pinned: str
+
+
+class Served(NamedTuple):
+    """An instance of an engine's map as it serves: ``inst`` normalised, tuned and sized (no
+    ``auto`` left where the engine sizes it), and its ``servers``."""
+
+    inst: dict
+    servers: list[Server]
+
+
+# engine (its Engine's role: "llama-server", "vllm") -> instance name -> what it serves; an engine
+# whose instances have problems -> None (preflight refuses the host: nothing is served or retired)
+ServingPlan = dict[str, "dict[str, Served] | None"]
 
 
 @dataclass(frozen=True)
@@ -84,14 +110,33 @@ class Engine:
     limits: Callable | None = None
 
 
+def serving_plan(engines: list[Engine], data: Config, plan: Plan) -> ServingPlan:
+    """Every instance of each of ``engines`` on this host, normalised, tuned and sized, with each
+    server's unit, port (its ``inst``) and environment: what :func:`serve` installs. Pure (data
+    and plan in); preflight makes it once per host and keeps it on the plan (``serving``), where
+    the serving roles and the readers of the serving maps find it. An engine whose instances have
+    problems maps to None (preflight refuses the host)."""
+    entries = models(data)[0]
+    out: ServingPlan = {}
+    for engine in engines:
+        wanted, problems = engine.instances(data)
+        if problems:
+            out[engine.role] = None
+            continue
+        wanted, plans = engine.servers(wanted, plan, data, entries)
+        out[engine.role] = {name: Served(wanted[name], plans[name]) for name in wanted}
+    return out
+
+
 def serve(engine: Engine, plan: Plan, data: Config) -> None:
     """The serving walk of ``engine`` on this host (module docstring), called by its role's
     ``apply``: every operation it calls is the role's, in the role's deploy."""
-    wanted, problems = engine.instances(data)
-    if problems:   # preflight refused the host: touch nothing
+    found = plan["serving"][engine.role]   # preflight's serving_plan
+    if found is None:   # preflight refused the host: touch nothing
         return
     entries = models(data)[0]
-    wanted, plans = engine.servers(wanted, plan, data, entries)
+    wanted = {name: s.inst for name, s in found.items()}
+    plans = {name: s.servers for name, s in found.items()}
 
     def marker(key: str) -> str:
         return marker_path(entries[key]["dest"])

@@ -31,7 +31,10 @@ JSON-serialisable dict that preflight, the roles and a dry run all read::
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from rigup.serving import ServingPlan
 
 from rigup.gpu.catalogue import card_for, cuda_version, is_locked, model_families
 
@@ -81,6 +84,7 @@ class Plan(TypedDict, total=False):
     driver_step: dict | None    # rigup.gpu.driver.driver_step: the driver roles/nvidia_driver installs
     fabric: dict | None         # rigup.gpu.fabric.fabric_plan: the NVSwitch fabric (preflight adds it)
     burnin: dict | None         # roles/burnin/quarantine.py: cards to test, quarantined, waiting (preflight adds it)
+    serving: ServingPlan        # rigup.serving.serving_plan: every serving instance sized, with its servers (preflight)
 
 
 def vllm_min_cc() -> tuple[int, int]:

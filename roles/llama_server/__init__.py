@@ -219,4 +219,4 @@ def _plan_lines(plan: Plan, data: Config) -> list[str]:
     return plan_lines(plan, data) + tuned_lines(data)
 
 
-ROLE = Role("llama_server", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_lines=_plan_lines, fleet_plan_lines=fleet_plan_lines, smoke_runs=smoke_runs)
+ROLE = Role("llama_server", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_lines=_plan_lines, fleet_plan_lines=fleet_plan_lines, smoke_runs=smoke_runs, engine=LLAMA)

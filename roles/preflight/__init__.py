@@ -35,6 +35,7 @@ from rigup.gpu.plan import Plan, format_plan, hardware_plan
 from rigup.models import model_dests, model_places
 from rigup.names import MARKER
 from rigup.refusal import Fleet, Refusal
+from rigup.serving import serving_plan
 from rigup.state import known, read_once, will_read
 from roles.preflight.checks import check_gpu_host, port_refusals
 from roles.preflight.facts import PathBytes
@@ -101,7 +102,8 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     """Print this host's plan and take the host out of the run when any of ``roles`` refuses it
     (or the play has ``more`` refusals of its own); ``data``: the host's configuration
     (rigup.config.configure). Returns the plan, with ``systemd`` (whether systemd is PID 1) and
-    ``serving_units`` (the serving instances installed) and ``driver_step`` (rigup.gpu.driver: the
+    ``serving_units`` (the serving instances installed), ``serving`` (rigup.serving
+    ``serving_plan``: what the serving roles install) and ``driver_step`` (rigup.gpu.driver: the
     driver nvidia_driver installs, or None) added for the roles."""
     dests = model_dests(data)
     places = model_places(data)
@@ -138,6 +140,8 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     for role in roles:   # what a role tells the roles before it (llama_cpp: whether this host compiles)
         if role.plan_adds:
             plan.update(role.plan_adds(plan, data))
+    # every serving instance sized, with its servers, once: what the serving roles install and the readers read
+    plan["serving"] = serving_plan([role.engine for role in roles if role.engine], data, plan)
     lines = format_plan(plan).splitlines()
     lines += [line for role in roles if role.plan_lines for line in role.plan_lines(plan, data)]
     lines += [line for role in roles if role.fleet_plan_lines

@@ -343,4 +343,5 @@ def apply(plan: Plan, data: Config):
     serve(VLLM, plan, data)
 
 
-ROLE = Role("vllm", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_reads=plan_reads, plan_lines=plan_lines)
+ROLE = Role("vllm", apply, checks=CHECKS, fleet_checks=FLEET_CHECKS, ports=ports, plan_reads=plan_reads, plan_lines=plan_lines,
+            engine=VLLM)

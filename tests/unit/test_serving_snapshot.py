@@ -31,7 +31,7 @@ from rigup.contract.llama_server import PRESET
 from rigup.gpu.plan import hardware_plan
 from rigup.models import models
 from rigup.names import BALANCER_DIR
-from rigup.serving import serve
+from rigup.serving import serve, serving_plan
 from roles.llama_server import LLAMA as LLAMA_SERVER, UNIT
 from roles.llama_server.command import argv
 from roles.llama_server.facts import DROPIN
@@ -236,7 +236,8 @@ def vllm_files(plan: dict, d: dict, me: str | None) -> dict[str, str]:
 # -- the walk ------------------------------------------------------------------------------------
 
 def walked(engine, plan: dict, d: dict, me: str, role_names: dict) -> list:
-    """The operation calls ``serve(engine, plan, d)`` makes on host ``me``, recorded (rigup.probe),
+    """The operation calls ``serve(engine, plan, d)`` makes on host ``me`` (its plan's ``serving``
+    made as preflight makes it: rigup.serving ``serving_plan``), recorded (rigup.probe),
     with ``role_names`` (the role module's names: what it reads of its peers) replaced."""
     module = importlib.import_module(engine.server.__module__)
     fake = SimpleNamespace(name=me, state=SimpleNamespace(current_deploy_filename=None), loop_position=[],
@@ -248,7 +249,7 @@ def walked(engine, plan: dict, d: dict, me: str, role_names: dict) -> list:
         mp.setattr(state_module, "will_read", lambda *a, **k: None)   # no batch: nothing is read
         mp.setattr(serving, "will_read", lambda *a, **k: None)
         mp.setitem(probe._recording, me, [])
-        serve(engine, plan, d)
+        serve(engine, {**plan, "serving": serving_plan([engine], d, plan)}, d)   # as preflight plans it
         return probe._recording[me]
 
 
