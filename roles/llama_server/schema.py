@@ -18,7 +18,7 @@ from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, flag_values, owned_flag_problems
 from rigup.models import instances as _entries
-from roles.llama_server.tuned import tuned, with_tuned
+from roles.llama_server.tuned import tuned
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -196,6 +196,8 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
         found += [p for model, own in (entry.get("per_model") or {}).items() if isinstance(own, dict)
                   for p in split_problems(own.get("tensor_split"), f"{where}.per_model.{model}.tensor_split", gpu_count)]
         return found or split_problems(entry.get("tensor_split"), f"{where}.tensor_split", gpu_count)
-    flags, wrong = tuned(data, LLAMA_INSTANCE)
-    found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, with_tuned(data, flags))
+    flags, wrong = tuned(data, LLAMA_INSTANCE)   # each tuned instance's entry takes its flags, here alone
+    laid = {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
+            for name, entry in (data.get("llama_server_instances") or {}).items()}
+    found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, laid)
     return found, wrong + problems_ + cors_problems(data)

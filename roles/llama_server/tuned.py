@@ -123,11 +123,3 @@ def tuned_lines(data: Config) -> list[str]:
                             f"({name} has no also)") + "; remove the entry, or tune it again")
     return lines
 
-
-def with_tuned(data: Config, flags: dict[str, dict]) -> dict:
-    """``llama_server_instances`` with each tuned instance's entry taking its flags."""
-    serving = data.get("llama_server_instances") or {}
-    if not flags:
-        return serving
-    return {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
-            for name, entry in serving.items()}
