@@ -1,5 +1,6 @@
 """What a new llama.cpp build is tried with before it serves (roles/llama_cpp's smoke inference):
-each instance's own flags, from the same argv as its drop-in. Pure: plan and data in."""
+each instance's own flags, from the same argv as its drop-in, as the plan's ``serving`` sizes it
+(rigup.serving ``serving_plan``). Pure: plan and data in."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from typing import TYPE_CHECKING
 from rigup.gpu.plan import build_backend
 from rigup.models import models
 from rigup.names import marker_path
-from roles.llama_server.command import argv, servers
-from roles.llama_server.replicas import sized
-from roles.llama_server.schema import instances
+from roles.llama_server.command import argv
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -23,18 +22,14 @@ def smoke_runs(plan: Plan, data: Config, fleet=None) -> list[dict]:
     ``marker`` (the served model, when on disk) is left out, so that the tiny model answers, for an
     instance split over RPC workers (the smoke runs alone) and, on a GPU build, for one already
     serving (its model would be loaded a second time on the cards it fills)."""
-    wanted, problems = instances(data)
-    wanted, entries = ({} if problems else wanted), models(data)[0]
+    wanted, entries = plan["serving"]["llama-server"] or {}, models(data)[0]   # None: refused
     serving_now = set(plan.get("serving_units") or [])
     gpu = build_backend(plan, data) == "cuda"
     runs = []
-    for name, inst in sorted(wanted.items()):
-        entry = entries[inst["model"]]
-        inst, lay, _ = sized(inst, entry, plan, data, entries)
-        servers_of = servers(name, inst, lay)
-        first = servers_of[0]
+    for name, served in sorted(wanted.items()):
+        entry, first = entries[served.inst["model"]], served.servers[0]
         args = argv(name, first["inst"], "llama-server", "MODEL")[3:]
-        alone = not inst["rpc_workers"] and not (gpu and f"rigup-llama@{first['unit']}" in serving_now)
+        alone = not served.inst["rpc_workers"] and not (gpu and f"rigup-llama@{first['unit']}" in serving_now)
         runs.append({"name": name, "marker": marker_path(entry["dest"]) if alone else None, "args": args,
                      "env": first["env"]})
     return runs

@@ -135,13 +135,13 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
                       fabric=fabric, **parts)
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
+    # every serving instance sized, with its servers, once: what the serving roles install, smoke and read
+    plan["serving"] = serving_plan([role.engine for role in roles if role.engine], data, plan)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs
     plan["smoke"] = [run for role in roles if role.smoke_runs for run in role.smoke_runs(plan, data, fleet)]
     for role in roles:   # what a role tells the roles before it (llama_cpp: whether this host compiles)
         if role.plan_adds:
             plan.update(role.plan_adds(plan, data))
-    # every serving instance sized, with its servers, once: what the serving roles install and the readers read
-    plan["serving"] = serving_plan([role.engine for role in roles if role.engine], data, plan)
     lines = format_plan(plan).splitlines()
     lines += [line for role in roles if role.plan_lines for line in role.plan_lines(plan, data)]
     lines += [line for role in roles if role.fleet_plan_lines

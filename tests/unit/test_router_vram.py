@@ -244,9 +244,11 @@ def test_a_gateway_sends_a_pinned_model_to_its_own_server():
 
 
 def test_a_new_builds_smoke_runs_the_router_with_the_models_max_chosen():
+    from rigup.serving import serving_plan
+    from roles.llama_server import LLAMA
     from roles.llama_server.smoke import smoke_runs
     plan, _ = one_card()
-    (run,) = smoke_runs(plan, router())
+    (run,) = smoke_runs({**plan, "serving": serving_plan([LLAMA], router(), plan)}, router())   # as preflight plans it
     assert run["name"] == "x" and run["args"][:2] == ["--models-max", "2"]
 
 

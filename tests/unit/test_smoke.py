@@ -182,7 +182,10 @@ def test_a_busy_gpu_or_rpc_instance_smokes_on_the_tiny_model():
     from rigup.config import role_defaults
     for role in ("llama_server", "model_fetch", "llama_cpp", "preflight", "base"):
         data = {**role_defaults(role), **data}
-    (run,) = smoke_runs({"cards": [], "serving_units": ["rigup-llama@glm"]}, data)
+    from rigup.serving import serving_plan
+    from roles.llama_server import LLAMA
+    plan = {"cards": [], "serving_units": ["rigup-llama@glm"]}
+    (run,) = smoke_runs({**plan, "serving": serving_plan([LLAMA], data, plan)}, data)   # as preflight plans it
     assert run["marker"].endswith("/.rigup-complete.json") and "-ngl" in run["args"]   # CPU build: its model
 
 
