@@ -1,6 +1,9 @@
-"""The serving walk (roles/llama_server, roles/vllm): :func:`serve` takes an :class:`Engine`, an
+"""The serving plan and walk (roles/llama_server, roles/vllm). :func:`serving_plan`: every instance
+of each engine on a host normalised, tuned and sized, with its servers (:class:`Served`,
+:class:`Server`), made once by preflight and kept on the plan as ``serving``. :func:`serve`
+installs exactly that: it takes an :class:`Engine`, an
 engine's record, through the steps every serving engine takes on a host, in this order: its
-instances (refused: nothing changes), its models, its servers, their markers and units, the servers
+planned instances (refused: nothing changes), its models, its servers, their markers and units, the servers
 no longer wanted retired, the engine's install (vLLM's virtualenv and Ray node), the unlock wait,
 the template unit, then per instance its backends file and per server its balancer hooks, its
 drop-in and unit (the engine's operation), and unless in maintenance its gate (rigup.gate
