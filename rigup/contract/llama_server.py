@@ -157,7 +157,9 @@ DOWNLOADS = ("-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-fil
              "-mmu", "--mmproj-url", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
              # the hub token of those downloads: none is left to make, and a token in argv is in ps, the
              # unit and the journal (round 4 C6)
-             "-hft", "--hf-token")
+             "-hft", "--hf-token",
+             # a TTS vocoder from the hub (llama-server's README; newer than the lab's tree: refused before it is)
+             "-hfv", "-hfrv", "--hf-repo-v", "-hffv", "--hf-file-v")
 # Flags rigup writes from the instance itself: spelling -> the key (None: the instance's name).
 FIXED: dict[str, str | None] = {
     "-m": "model", "--model": "model", **dict.fromkeys(DOWNLOADS, "model"), "-a": None, "--alias": None,

@@ -40,7 +40,10 @@ OTHER: tuple[Row, ...] = (
 BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 
 # Flags rigup writes from the instance itself: spelling -> the key.
-FIXED: dict[str, str | None] = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model"}
+# --hf-token: the hub token rigup keeps in a root-only file for the fetch; in argv it is in ps, the unit and
+# the journal (issue 61, re-round 4 N38; llama-server's -hft is owned the same way)
+FIXED: dict[str, str | None] = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
+                                "--hf-token": "model"}
 
 
 def api_name(name: str, entry: dict) -> str:
