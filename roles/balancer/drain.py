@@ -472,7 +472,8 @@ def lease_file(backend: str, server: str) -> str:
 def arm(backend: str, server: str, seconds: int, why: str | None = None) -> None:
     """The lease's timer, ``seconds`` from now (an earlier one stopped first), and its file."""
     unit = lease_unit(backend, server)
-    subprocess.run(["systemctl", "stop", f"{unit}.timer"], capture_output=True, timeout=30)
+    # its service too: an expire still looking at the server (its recheck) gives way to a roll's new lease
+    subprocess.run(["systemctl", "stop", f"{unit}.timer", f"{unit}.service"], capture_output=True, timeout=30)
     subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
     done = subprocess.run(["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--on-active={seconds}s",
                            "--timer-property=AccuracySec=1s", os.path.abspath(sys.argv[0]), "expire", backend, server],
@@ -493,16 +494,34 @@ def disarm(backend: str, server: str) -> None:
         pass
 
 
+def inside(unit: str) -> bool:
+    """Whether this process runs in ``unit``'s service (its cgroup): the lease's own expire."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            return f"/{unit}.service" in f.read()
+    except OSError:
+        return False
+
+
 def expire(backend: str, server: str) -> None:
     """The lease lapsed: back in the pool when the server's /health (its address and port in
     HAProxy) answers 200, else left out, the reason kept in the lease's file and said, and looked
-    at again in RECHECK_S. A server no longer in maint (readied meanwhile) needs nothing."""
+    at again in RECHECK_S: by this process, when it runs in the lease's own service (its timer's,
+    which systemd-run cannot make again while this service runs: the server stayed out for good,
+    issue 65's burn-in cut short), else by a new timer. A server no longer in maint (readied
+    meanwhile) needs nothing."""
+    while _expired(backend, server) and inside(lease_unit(backend, server)):
+        time.sleep(RECHECK_S)
+
+
+def _expired(backend: str, server: str) -> bool:
+    """One look of :func:`expire`: True when the server was left out, to be looked at again."""
     if not os.path.exists(lease_file(backend, server)):
-        return
+        return False
     fields = server_state(backend, server)
     if not admin_state(backend, server) & FMAINT:
         disarm(backend, server)
-        return
+        return False
     addr, port = fields.get("srv_addr", ""), fields.get("srv_port", "")
     try:   # HAProxy's resolved address: one that is not an IP address or port was a traceback in urlopen (DR10)
         ip = ipaddress.ip_address(addr)
@@ -524,10 +543,14 @@ def expire(backend: str, server: str) -> None:
         disarm(backend, server)
         print(shown(f"rigup-balancer-drain: {backend}/{server}: its lease lapsed (the roll that drained it stopped "
                     f"renewing it) and {url} answers 200: back in the pool", 4000), flush=True)
-        return
+        return False
     why = f"its lease lapsed, {url} answers {answer}: left out of the pool, looked at again in {RECHECK_S} s"
     print(shown(f"rigup-balancer-drain: {backend}/{server}: {why}", 4000), file=sys.stderr, flush=True)
-    arm(backend, server, RECHECK_S, why)
+    if inside(lease_unit(backend, server)):
+        replace(lease_file(backend, server), json.dumps({"until": round(time.time() + RECHECK_S), "why": why}))
+    else:
+        arm(backend, server, RECHECK_S, why)
+    return True
 
 
 def run(argv: list[str]) -> None:

@@ -10,7 +10,9 @@ What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing 
   (roles/burnin/quarantine.py: a card's first sight at ``burnin_level``; a driver or memory
   change or a higher cap at ``burnin_after_change``; the quarantined ones with ``burnin_retest``)
   and that nothing serves from (in a roll, ``rigup_rolling``: the units that hold them are stopped
-  for the run and started again after it), all at once, each bounded in time (a card that hangs is killed
+  for the run and started again after it; a run whose controller died is stopped and the units
+  started by the host itself once ``rigup_drain_lease_s`` passed, as the gateways' drain lapses,
+  and the next converge says so), all at once, each bounded in time (a card that hangs is killed
   and quarantined, never reset). Its records, per card UUID, are ``rigup_state_dir/burnin.json``
   (rigup.names.burnin_file) and the metrics rigup_gpu_burnin_passed, rigup_gpu_quarantined,
   rigup_gpu_burnin_seconds; the controller keeps a copy of each host's under
@@ -40,7 +42,7 @@ Variables (roles/burnin/defaults.yml): burnin_enabled, burnin_level, burnin_afte
 burnin_soak_s, burnin_timeout_s, burnin_vram_fraction, burnin_pcie_min_ratio,
 burnin_throttle_max, burnin_power_min_ratio, burnin_slow_flag_ratio, burnin_slow_quarantine_ratio,
 burnin_retest, burnin_clear, burnin_pulse, burnin_pulse_s, burnin_pulse_hz; gpu_psu_watts (roles/gpu_power);
-rigup_rolling (roles/base, set by roll.py);
+rigup_rolling (roles/base, set by roll.py), rigup_drain_lease_s (roles/base);
 gpu_guard_xid_source (roles/gpu_guard),
 cmpunlocker_enabled (roles/cmpunlocker), gpu_enabled (roles/preflight), rigup_prefix and
 rigup_state_dir (roles/base).
@@ -60,16 +62,39 @@ from rigup.boundary import Unreadable, burnin, owned
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
 from rigup.gpu.plan import Plan, gpu_host
+from rigup.lock import RUN_DIR
 from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file, burnin_pulse_file
 from rigup.probe import operation
 from rigup.role import Role
 from roles.burnin import fleetwide
-from roles.burnin.acceptance import quarantined
+from roles.burnin.acceptance import TESTING, quarantined
 from roles.burnin.checks import CHECKS
 from roles.burnin.facts import BurninState
 from roles.burnin.quarantine import lines, named, serving, sort_cards
 
 HERE = Path(__file__).resolve().parent
+LEASE_UNIT = "rigup-burnin-lease.service"
+LAPSED = f"{RUN_DIR}/burnin-lapsed"   # what a lapsed lease did, for the next converge to say (then removed)
+# the SSH session the operation runs in (the nearest sshd above it: the kernel ends it when the
+# controller dies, even by SIGKILL) and the operation's process group (the burn-in and its workers)
+SESSION = ("s=$$; while [ \"${s:-1}\" -gt 1 ] && ! grep -q '^sshd' /proc/$s/comm 2>/dev/null; do "
+           "s=$(sed 's/.*) //' /proc/$s/stat | cut -d' ' -f2); done; s=${s:-1}; "
+           "g=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)")
+# the lease's watcher, a transient unit of its own (outlives the session; no ${...} in it: systemd
+# expands that in a unit's command line, as an environment variable): $1 the session, $2 the
+# process group, $3 the lease, $4 the note, $5 rigup-burnin's list of the cards under test (a run
+# killed leaves it, and the GPU guard would leave those cards alone), then the units
+WATCH = """s=$1 g=$2 lease=$3 note=$4 testing=$5; shift 5
+while [ -e /proc/$s ]; do sleep 2; done
+gone=$(date '+%Y-%m-%d %H:%M:%S %Z')
+sleep "$lease"
+if kill -s TERM -- -$g 2>/dev/null; then sleep 5; kill -s KILL -- -$g 2>/dev/null; rm -f "$testing"; fi
+systemctl start "$@"
+said="a burn-in in a roll was cut short (its controller's SSH session ended at $gone) and its lease \
+of $lease s lapsed: $* started again at $(date '+%Y-%m-%d %H:%M:%S %Z')"
+echo "rigup-burnin: $said"
+mkdir -p "$(dirname "$note")" && printf '%s\\n' "$said" > "$note"
+"""
 
 __all__ = ["apply", "CHECKS", "plan_reads", "plan_lines", "cards"]
 
@@ -80,7 +105,8 @@ def enabled(data: Config) -> bool:
 
 def plan_reads(data: Config) -> list:
     """rigup-burnin's records and the serving units' cards, in preflight's round trip."""
-    return [(BurninState, {"path": burnin_file(data), "pulse": burnin_pulse_file(data) if data.get("burnin_pulse") else ""})] \
+    return [(BurninState, {"path": burnin_file(data), "pulse": burnin_pulse_file(data) if data.get("burnin_pulse") else "",
+                           "lapsed": LAPSED})] \
         if enabled(data) else []
 
 
@@ -140,6 +166,7 @@ def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict
                              burnin_file(data), data)
     part = sort_cards(gpus, state, (facts.get("driver") or {}).get("version"), data)
     part["unreadable"] = problems
+    part["lapsed"] = state.get("lapsed")
     return serving(gpus, part), {"burnin": part}
 
 
@@ -177,19 +204,35 @@ def pulse_argv(script: str, data: Config) -> list[str]:
 
 
 @operation()
-def accepted(argvs: list[list[str]], stop: list[str] = ()):
+def accepted(argvs: list[list[str]], stop: list[str] = (), lease: int = 0):
     """Test the cards (preflight chose them from the records: nothing to do yields nothing), then
     the host's pulse where it is due, one after the other, stopping at the first that fails; exit
     status 3 (a card failed, the power delivery did not hold) fails the host here, named on
     stderr. ``stop``: in a roll, the serving units that hold the cards, stopped for the runs and
-    started again after them when all passed (else they stay stopped: the host fails and stays out
-    of the gateways' pools)."""
+    started again after them when all passed (a verdict of failure leaves them stopped: the host
+    fails and stays out of the gateways' pools). They are held by a lease of ``lease`` seconds
+    (rigup_drain_lease_s, the drain's), a watcher on the host (issue 65): once the SSH session the
+    run came in by has ended (its controller killed or gone) and ``lease`` seconds passed, it
+    stops what is left of the run and starts the units again, and says so in LAPSED; a run that
+    ends with its controller there, or with a verdict, disarms it."""
     run = " && ".join(" ".join(shlex.quote(a) for a in argv) for argv in argvs)
     if not stop:
         yield run
         return
     units = " ".join(shlex.quote(u) for u in stop)
-    yield f"systemctl stop {units} && {{ {run}; rc=$?; [ $rc != 0 ] || systemctl start {units}; exit $rc; }}"
+    watch = " ".join(shlex.quote(a) for a in ["/bin/sh", "-c", WATCH, "rigup-burnin-lease"])
+    arm = (f"if [ \"$s\" -gt 1 ]; then systemctl stop {LEASE_UNIT} 2>/dev/null; systemctl reset-failed {LEASE_UNIT} "
+           f"2>/dev/null; systemd-run --quiet --collect --unit={LEASE_UNIT} {watch} \"$s\" \"$g\" {int(lease)} "
+           f"{shlex.quote(LAPSED)} {shlex.quote(TESTING)} {units} || exit 1; fi")
+    yield (f"{SESSION}; {arm}; if systemctl stop {units}; then {run}; rc=$?; else rc=1; fi; "
+           f"if [ $rc = 0 ]; then systemctl start {units} || rc=$?; fi; "
+           f"if [ $rc = 0 ] || [ $rc = 3 ] || [ -e /proc/$s ]; then systemctl stop {LEASE_UNIT} 2>/dev/null; fi; exit $rc")
+
+
+@operation()
+def forgotten(path: str):
+    """The lapsed lease's note removed, once said."""
+    yield f"rm -f {shlex.quote(path)}"
 
 
 @operation()
@@ -209,6 +252,8 @@ def apply(plan: Plan, data: Config):
                   text=(HERE / "acceptance.py").read_text())
     files.managed(name="burnin: its Xid parser", dest=parser, paths=[script, parser], mode="644",
                   text=Path(xid.__file__).read_text())
+    if part.get("lapsed"):   # said in the plan (quarantine.lines): once
+        forgotten(name="burnin: the lapsed lease's note said", path=LAPSED)
     if part.get("clear"):
         cleared(name=f"burnin: clear {len(part['clear'])} card(s) (burnin_clear)", script=script,
                 uuids=part["clear"], results=burnin_file(data))
@@ -219,7 +264,8 @@ def apply(plan: Plan, data: Config):
         argvs.append(pulse_argv(script, data))
         what.append("the pulse of the host's power delivery")
     if argvs:
-        accepted(name=f"burnin: {', '.join(what)}", argvs=argvs, stop=part.get("stop") or [])
+        accepted(name=f"burnin: {', '.join(what)}", argvs=argvs, stop=part.get("stop") or [],
+                 lease=data["rigup_drain_lease_s"])
 
 
 ROLE = Role("burnin", apply, checks=CHECKS, plan_reads=plan_reads, plan_lines=plan_lines, cards=cards)

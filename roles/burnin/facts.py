@@ -9,6 +9,7 @@ from pyinfra.api import FactBase
 
 from rigup.boundary import Unreadable, burnin
 from rigup.gpu.facts import sections
+from rigup.text import shown
 from roles.burnin.acceptance import UNITS, unit_devices
 
 MARK = "##rigup-burnin:"
@@ -19,7 +20,8 @@ def parse_burnin_state(lines: list[str]) -> dict:
     why the file does not read (rigup.boundary.burnin.records; roles/burnin then judges by the
     controller's last good copy and refuses the host) or None, "pulse": the pulse record
     (rigup.boundary.burnin.pulse) or None, "pulse_unreadable": why it does not read or None, "units": {unit: [CUDA_VISIBLE_DEVICES
-    entries] or None (every card)}}."""
+    entries] or None (every card)}, "lapsed": what a lapsed lease of a burn-in cut short did (its
+    watcher's line, roles/burnin accepted) or None}."""
     sec = sections(lines, MARK)
     try:
         text = "\n".join(ln[1:] if ln.startswith("|") else ln for ln in sec.get("records", []))
@@ -33,7 +35,8 @@ def parse_burnin_state(lines: list[str]) -> dict:
         pulse, pulse_unreadable = None, e.why
     return {"records": read.cards, "untested": read.untested, "unreadable": unreadable,
             "pulse": pulse, "pulse_unreadable": pulse_unreadable,
-            "units": unit_devices("\n".join(sec.get("units", [])))}
+            "units": unit_devices("\n".join(sec.get("units", []))),
+            "lapsed": shown(" ".join(ln[1:] for ln in sec.get("lapsed", []) if ln.startswith("|")), 600) or None}
 
 
 class BurninState(FactBase):
@@ -47,10 +50,12 @@ class BurninState(FactBase):
     def default() -> dict:
         return parse_burnin_state([])
 
-    def command(self, path: str, pulse: str = "") -> str:
+    def command(self, path: str, pulse: str = "", lapsed: str = "") -> str:
         # each line of the files behind "|": no line of them can pass for a section's marker
         units = " ".join(shlex.quote(u) for u in UNITS)
         read_pulse = f"echo '{MARK}pulse'; sed 's/^/|/' {shlex.quote(pulse)} 2>/dev/null; echo; " if pulse else ""
+        if lapsed:
+            read_pulse += f"echo '{MARK}lapsed'; head -c 2000 {shlex.quote(lapsed)} 2>/dev/null | sed 's/^/|/'; echo; "
         return (f"echo '{MARK}records'; sed 's/^/|/' {shlex.quote(path)} 2>/dev/null; echo; {read_pulse}echo '{MARK}units'; "
                 f"u=$(systemctl list-units --state=active --plain --no-legend {units} 2>/dev/null | awk '{{print $1}}'); "
                 '[ -z "$u" ] || systemctl show -p Id,Environment $u 2>/dev/null; true')   # every unit in one call

@@ -206,6 +206,8 @@ def lines(part: dict) -> list[str]:
     text += pulse_lines(part.get("pulse"))
     if not text:
         text.append(f"burn-in:   {part.get('accepted', 0)} card(s) accepted")
+    if part.get("lapsed"):
+        text.append(f"burn-in:   found: {part['lapsed']}")
     for f in part.get("flagged") or []:
         text.append(f"burn-in:   GPU {shown(f['index'], 8)} ({shown(f['uuid'], 64)}) accepted, flagged: "
                     f"{'; '.join(f['flagged'])}")
