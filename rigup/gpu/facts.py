@@ -246,14 +246,15 @@ class NvidiaDriver(FactBase):
 # Each nvcc is run (--version) and later compiles as root only where root owns it and every directory
 # above it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found on PATH became the
 # build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe PATH`` (the first such) and it is
-# not run.
+# not run. The program run is the real path checked, ``$r``, never the name again: ``$n`` may be a link in
+# a directory another user writes, flipped between the check and the run (round re5 N22).
 CUDA_COMMAND = (
     "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
-    '[ -x "$n" ] || continue; r=$(readlink -f "$n"); echo "--- $n $r"; p=$r; u=; '
+    '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; echo "--- $n $r"; p=$r; u=; '
     'while :; do set -- $(stat -c "%u %a" "$p" 2>/dev/null); '
     'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u=$p; break; fi; '
     '[ "$p" = / ] && break; p=$(dirname "$p"); done; '
-    'if [ -n "$u" ]; then echo "unsafe $u"; else "$n" --version 2>/dev/null; fi; '
+    'if [ -n "$u" ]; then echo "unsafe $u"; else "$r" --version 2>/dev/null; fi; '
     "done; true"
 )
 # ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
