@@ -31,9 +31,10 @@ must also be no slower than the current one (:func:`compare`: the first run's mo
 server sessions interleaved new, current, new, current); beyond the tolerance it fails.
 
 A run's model is the first GGUF (or first shard) of its marker's files when the marker exists and
-the files weigh at most ``max_model_bytes``, else the tiny model. The result, also written to
-``out``: ``{"key", "ok", "seconds", "runs": [{name, model, ok, phase, signal, exit, reason,
-seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag], "compare": {...}}``.
+the files weigh at most ``max_model_bytes`` (their sizes on disk, and the marker's ``bytes``), else
+the tiny model. The result, also written to ``out``: ``{"key", "ok", "seconds", "runs": [{name, model,
+ok, phase, signal, exit, reason, seconds, tokens, remedy, tail}], "traps": [id], "server_args": [flag],
+"compare": {...}}``.
 """
 
 from __future__ import annotations
@@ -95,9 +96,39 @@ def model_of(run: dict, spec: dict) -> str:
     name = first_gguf(files)
     folder = os.path.dirname(marker)
     path = os.path.normpath(os.path.join(folder, name)) if name else None
-    if not path or not path.startswith(folder + os.sep) or size > int(spec.get("max_model_bytes", 0)):
+    if not path or not path.startswith(folder + os.sep):
+        return spec["tiny"]
+    on_disk = set_bytes(path)
+    if on_disk is None or max(size, on_disk) > int(spec.get("max_model_bytes", 0)):
         return spec["tiny"]
     return path
+
+
+def set_bytes(path: str) -> int | None:
+    """What llama-server loads from ``path`` weighs on disk: the file's own size (fstat of it opened as
+    the marker is), and with a first shard (``-00001-of-N``) every shard of its set, which llama.cpp
+    opens by name; None when one is missing, a link or not a regular file. The marker's ``bytes`` is the
+    rigup user's word (round re5 N23: 0 beside a 40 GiB GGUF passed a 16 GiB bound)."""
+    shard = _SHARD.search(path)
+    count = int(shard.group(2)) if shard else 1
+    if count < 1:
+        return None
+    paths = [path[:shard.start()] + f"-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)] if shard \
+        else [path]
+    total = 0
+    for each in paths:
+        try:
+            fd = os.open(each, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        total += info.st_size
+    return total
 
 
 def server_args(args: list[str]) -> list[str]:

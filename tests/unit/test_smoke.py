@@ -138,6 +138,8 @@ def test_the_served_model_is_used_when_complete_and_small_enough(tmp_path):
     folder.mkdir()
     marker = folder / ".rigup-complete.json"
     marker.write_text(json.dumps({"files": ["b-00002-of-00002.gguf", "b-00001-of-00002.gguf", "x.json"], "bytes": 100}))
+    for shard in ("b-00001-of-00002.gguf", "b-00002-of-00002.gguf"):   # the files themselves are weighed too
+        (folder / shard).write_bytes(b"x" * 50)
     spec = {"tiny": "TINY", "max_model_bytes": 1000}
     assert smoke.model_of({"marker": str(marker)}, spec) == str(folder / "b-00001-of-00002.gguf")
     assert smoke.model_of({"marker": str(marker)}, {**spec, "max_model_bytes": 99}) == "TINY"
