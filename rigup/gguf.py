@@ -301,7 +301,9 @@ def split_problem(meta: dict, path: str) -> str | None:
     """Why the GGUF file ``path``, whose header holds ``meta``, disagrees with its name on how many
     files the model is: its ``split.count`` (gguf-split writes it in every shard; llama.cpp's loader
     opens that many files, named as the first is) other than the name's ``-of-N`` (1 for a name of
-    no shard); None when they agree or the header gives none. GGUFRefused when it is no u16."""
+    no shard); None when they agree or the header gives none. GGUFRefused when it is no u16. Of a set
+    (count over 1) the file is the first: its ``split.no`` 0, which llama.cpp's loader requires
+    ("illegal split file idx", round re4 N27)."""
     count = meta.get("split.count")
     if count is None:
         return None
@@ -311,6 +313,10 @@ def split_problem(meta: dict, path: str) -> str | None:
     if max(count, 1) != listed:
         return (f"split.count {count} in its header, but its name says {listed} file(s): llama.cpp opens "
                 f"{max(count, 1)}, rigup fetches and sizes {listed}")
+    number = meta.get("split.no")
+    if count > 1 and (number is None or _whole("split.no", number, 0xFFFF) != 0):
+        return (f"split.no {'none' if number is None else number} in its header, but the first file of a set "
+                f"is 0: llama.cpp loads a set from its first file only")
     return None
 
 

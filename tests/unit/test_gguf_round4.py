@@ -31,7 +31,7 @@ def test_G2_heads_wider_than_the_embedding_without_key_length_are_refused():
     (2, "m-00001-of-00002.gguf", None), (1, "m.gguf", None), (None, "m-00001-of-00002.gguf", None),
 ])
 def test_G13_a_first_shards_split_count_is_held_to_its_name(count, path, why):
-    meta = {} if count is None else {"split.count": count}
+    meta = {} if count is None else {"split.count": count, "split.no": 0}
     got = split_problem(meta, path)
     print(count, path, "->", got)
     assert got == why if why is None else why in got
@@ -44,6 +44,33 @@ def test_G13_the_hub_head_of_such_a_shard_is_refused(monkeypatch):
     monkeypatch.setattr(hub_module, "_asked", {})
     try:
         with pytest.raises(HubRefused, match="split.count 3 in its header, but its name says 2") as e:
+            hub_module._head(endpoint, "org/x", COMMIT, "m-00001-of-00002.gguf", None, len(body))
+    finally:
+        server.shutdown()
+    print(e.value)
+
+
+@pytest.mark.parametrize("number, why", [
+    (1, "split.no 1 in its header"), (None, "split.no none in its header"), (0, None)])
+def test_N27_a_first_file_of_a_set_is_split_no_0(number, why):
+    """re4 N27: split.count 2 and split.no 1 in m-00001-of-00002.gguf was sized and fetched; llama.cpp
+    throws "illegal split file idx: 1 ... must be loaded with the first split"."""
+    meta = {"split.count": 2} if number is None else {"split.count": 2, "split.no": number}
+    got = split_problem(meta, "m-00001-of-00002.gguf")
+    print(meta, "->", got)
+    assert got == why if why is None else why in got
+    with pytest.raises(GGUFRefused, match="split.no"):
+        split_problem({"split.count": 2, "split.no": True}, "m-00001-of-00002.gguf")
+    assert split_problem({"split.count": 1, "split.no": 3}, "m.gguf") is None   # one file: llama.cpp reads no index
+
+
+def test_N27_the_hub_head_of_a_first_file_numbered_1_is_refused(monkeypatch):
+    body = gguf_bytes({"general.architecture": "llama", "llama.block_count": 32, "split.count": 2, "split.no": 1}, {})
+    endpoint, server = hub_serving(lambda path, ranged: (206, body))
+    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
+    monkeypatch.setattr(hub_module, "_asked", {})
+    try:
+        with pytest.raises(HubRefused, match="split.no 1 in its header") as e:
             hub_module._head(endpoint, "org/x", COMMIT, "m-00001-of-00002.gguf", None, len(body))
     finally:
         server.shutdown()
