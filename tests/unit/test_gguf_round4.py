@@ -37,17 +37,22 @@ def test_G13_a_first_shards_split_count_is_held_to_its_name(count, path, why):
     assert got == why if why is None else why in got
 
 
-def test_G13_the_hub_head_of_such_a_shard_is_refused(monkeypatch):
-    body = gguf_bytes({"general.architecture": "llama", "llama.block_count": 32, "split.count": 3}, {})
+def head_refused(monkeypatch, split: dict, why: str) -> None:
+    """hub._head of m-00001-of-00002.gguf whose header holds ``split`` is refused with ``why``."""
+    body = gguf_bytes({"general.architecture": "llama", "llama.block_count": 32, **split}, {})
     endpoint, server = hub_serving(lambda path, ranged: (206, body))
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
     monkeypatch.setattr(hub_module, "_asked", {})
     try:
-        with pytest.raises(HubRefused, match="split.count 3 in its header, but its name says 2") as e:
+        with pytest.raises(HubRefused, match=why) as e:
             hub_module._head(endpoint, "org/x", COMMIT, "m-00001-of-00002.gguf", None, len(body))
     finally:
         server.shutdown()
     print(e.value)
+
+
+def test_G13_the_hub_head_of_such_a_shard_is_refused(monkeypatch):
+    head_refused(monkeypatch, {"split.count": 3}, "split.count 3 in its header, but its name says 2")
 
 
 @pytest.mark.parametrize("number, why", [
@@ -65,13 +70,4 @@ def test_N27_a_first_file_of_a_set_is_split_no_0(number, why):
 
 
 def test_N27_the_hub_head_of_a_first_file_numbered_1_is_refused(monkeypatch):
-    body = gguf_bytes({"general.architecture": "llama", "llama.block_count": 32, "split.count": 2, "split.no": 1}, {})
-    endpoint, server = hub_serving(lambda path, ranged: (206, body))
-    monkeypatch.setattr(hub_module, "_kept", lambda key: None)
-    monkeypatch.setattr(hub_module, "_asked", {})
-    try:
-        with pytest.raises(HubRefused, match="split.no 1 in its header") as e:
-            hub_module._head(endpoint, "org/x", COMMIT, "m-00001-of-00002.gguf", None, len(body))
-    finally:
-        server.shutdown()
-    print(e.value)
+    head_refused(monkeypatch, {"split.count": 2, "split.no": 1}, "split.no 1 in its header")
