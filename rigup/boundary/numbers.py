@@ -71,6 +71,21 @@ def json_whole(value: object, hi: int | None = None) -> int | None:
     return whole(value, hi) if isinstance(value, int) else None
 
 
+# shares per GPU as llama.cpp takes them (:func:`shares`; a sweep's result is read by it too)
+SHARES = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?(?:,[0-9]{1,6}(?:\.[0-9]{1,6})?){0,63}")
+
+
+def shares(value: object) -> list[float] | None:
+    """llama.cpp's ``-ts`` (tensor_split): up to 64 shares per GPU separated by commas, each ASCII digits
+    (at most 6 before the point and 6 after, so that llama.cpp's std::stof reads it: past a float it
+    throws and the server exits at its arguments), at least one above 0 (all zero puts a layer on no
+    card); else None."""
+    if not isinstance(value, str) or not SHARES.fullmatch(value):
+        return None
+    got = [float(share) for share in value.split(",")]
+    return got if any(got) else None
+
+
 def required(value: object, where: str, kind: type = float, lo: float | None = None, hi: float | None = None):
     """:func:`number`, or :class:`rigup.boundary.Unreadable` naming ``where`` and the bounds."""
     got = number(value, kind, lo, hi)
@@ -96,6 +111,9 @@ CROSSINGS = (
              "llamacpp:tokens_predicted_total) or nvidia-smi prints to the guard (a draw, a temperature); each host "
              "program carries its own copy of the rule, held to this one by tests", "the server, the host",
              "rigup/boundary/numbers.py:number", "rigup/throughput.py:figure, roles/gpu_guard/guard.py:reading"),
+    Crossing("shares per GPU (tensor_split: an instance's, a router model's, a sweep's point), read by llama.cpp's "
+             "std::stof", "the operator, the rigup user (a sweep's result)", "rigup/boundary/numbers.py:shares",
+             "roles/llama_server/schema.py:split_problems, rigup/boundary/results.py:_shares"),
 )
 
 GENERIC = ("whole", "required", "json_whole")   # the same parser, for counts and for a record's required field

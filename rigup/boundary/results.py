@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable, loads
-from rigup.boundary.numbers import number
+from rigup.boundary.numbers import SHARES as TENSOR_SPLIT, number, shares
 from rigup.contract.llama_server import CACHE_TYPES
 
 SCHEMA = 1   # the format of the records these readers read and rigup writes
@@ -43,8 +43,6 @@ SIZE_MAX = 1 << 40    # an artifact's bytes
 
 # the sweep's statuses of a point (rigup/tune.py measure)
 STATUSES = ("ok", "no-fit", "crash", "cpu-fallback", "failed-requests", "timeout")
-# -ts: shares per GPU, numbers and commas alone
-TENSOR_SPLIT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?(,[0-9]{1,6}(\.[0-9]{1,6})?){0,63}")
 # a build's resolved commit: a git object id, or "archive" (llama_cpp_archive)
 COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|archive")
 KEY = re.compile(r"[0-9a-f]{16}")                      # an artifact key (roles/llama_cpp/artifact.py key)
@@ -160,7 +158,7 @@ def _shares(value: Any, where: str) -> str:
     """``-ts``: shares per GPU (numbers and commas), at least one of them above 0 (all zero gives
     llama.cpp no card to put a layer on)."""
     text = fields.matched(TENSOR_SPLIT, value, where, "shares per GPU (numbers and commas)")
-    if not any(float(share) > 0 for share in text.split(",")):
+    if shares(text) is None:
         raise Unreadable(where, f"no share above 0: {text[:60]!r}")
     return text
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import re
 
-from rigup.boundary.numbers import whole
+from rigup.boundary.numbers import shares, whole
 from rigup.config import once
 from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_MODEL_OWN, doc_line, held_off_flags,
                                         owned, pinned)
@@ -60,7 +60,6 @@ LLAMA_INSTANCE: dict[str, Key] = {   # rigup/contract/llama_server.py's rows
     **{r.key: Key(r.form, r.default, r.doc) for r in OTHER},
 }
 
-_NUMBERS = re.compile(r"[0-9]+(\.[0-9]+)?(,[0-9]+(\.[0-9]+)?)*")
 # llama-server flags rigup sets from an instance's keys alone (in extra_args they are refused):
 # flag -> the key (None: the instance's name, --alias).
 OWNED_FLAGS = owned()
@@ -173,8 +172,9 @@ def split_problems(value, where: str, gpu_count: int | None) -> list[tuple[str, 
     if not isinstance(value, str):
         return []   # none, or not text: the entry's form says so
     split = value.replace(" ", "")
-    if not _NUMBERS.fullmatch(split):
-        return [(where, f"expected numbers separated by commas (e.g. '16,16,17,0'), got {value!r}")]
+    if shares(split) is None:   # bounded, one above 0: llama.cpp's std::stof reads each (re5 N24)
+        return [(where, f"expected numbers separated by commas, each under 10^6, one above 0 (e.g. '16,16,17,0'), "
+                        f"got {value!r}")]
     if gpu_count is not None and len(split.split(",")) > gpu_count:
         return [(where, f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
     return []
