@@ -62,7 +62,7 @@ from rigup.config import Config, role_defaults
 from rigup.cuda import toolkit_packages
 from rigup.gpu.plan import Plan, build_backend
 from rigup.state import read_once
-from rigup.text import say
+from rigup.text import say, shown
 from rigup.traps import load as load_traps
 from roles.llama_cpp import artifact, handover
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
@@ -174,6 +174,10 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     met = state["smokes"].get(current) or {}
     lines = [f"llama.cpp {current}: trap {', '.join(met['traps'])} met by its smoke inference; instances run with "
              f"{' '.join(met.get('server_args') or [])}"] if met.get("ok") and met.get("traps") else []
+    if state.get("switching"):
+        lines.append(f"llama.cpp: found a switch to {shown(state['switching'], 200)} cut short (its converge ended "
+                     f"between the build and the switch; current stayed {shown(state['current'] or 'unset', 200)} "
+                     "and served): this converge carries it on")
     found = None if data["llama_cpp_rollback"] else build_source(plan, data)
     came = found and handover.source_line(found["ident"], found)
     return lines + ([came] if came else []) + _smoke_lines(plan, data)

@@ -72,7 +72,9 @@ def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout:
         return True
     out = spec["bin"].rsplit("/", 1)[0]
     q = shlex.quote
-    host.run_shell_command(StringCommand(f"[ -e {q(out + '/rigup-received.json')} ] && "
+    # no switch: its mark goes (a switch cut short is one whose converge ended before its verdict)
+    host.run_shell_command(StringCommand(f"rm -f {q(switching(spec['script'].rsplit('/', 1)[0]))}; "
+                                         f"[ -e {q(out + '/rigup-received.json')} ] && "
                                          f"rm -rf {q(out + '.refused')} && mv -T {q(out)} {q(out + '.refused')}; true"),
                            print_output=False, print_input=False)
     return False
@@ -159,12 +161,20 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
         target = state["previous"]
         if not target:
             raise OperationError(f"llama_cpp_rollback: there is no previous build in {dir}")
+    q = shlex.quote
+    mark = switching(dir)
     if state["current"] == target:
         met = state["smokes"].get(target.split("/", 1)[-1]) or {}
         if met.get("ok") and met.get("traps"):
             summary.note(host.name, f"trap {', '.join(met['traps'])}: {' '.join(met.get('server_args') or [])}")
+        if state.get("switching"):   # a switch cut short, said in the plan (plan_lines): its mark goes
+            yield f"rm -f {q(mark)}"
+            return
         host.noop(f"current is {target}")
         return
+    # the switch under way, until current points at its build: a converge cut short (its controller
+    # killed) leaves it for the next one to name (issue 65)
+    yield f"printf '%s\\n' {q(target)} > {q(mark)}"
     if smoke is not None:
         build_id = target.split("/", 1)[1]
         done = state["smokes"].get(build_id) or {}
@@ -178,7 +188,12 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
             yield from files.put._inner(src=str(SMOKE_SCRIPT), dest=spec["script"], mode="644")
             yield from files.put._inner(src=str(SMOKE_MODEL), dest=spec["tiny"], mode="644")
             yield FunctionCommand(smoked, (build_id, spec, state["current"], smoke_timeout), {})
-    q = shlex.quote
     if state["current"] and not rollback:
         yield f"ln -sfn {q(state['current'])} {q(dir + '/previous')}"
-    yield f"ln -sfn {q(target)} {q(dir + '/current.new')} && mv -T {q(dir + '/current.new')} {q(dir + '/current')}"
+    yield (f"ln -sfn {q(target)} {q(dir + '/current.new')} && mv -T {q(dir + '/current.new')} {q(dir + '/current')} "
+           f"&& rm -f {q(mark)}")
+
+
+def switching(dir: str) -> str:
+    """The mark of a switch under way: the build it switches to (LlamaCppState reads it)."""
+    return f"{dir}/switching"

@@ -11,13 +11,14 @@ BUILD_UNIT = "rigup-llama-build.service"
 
 
 def parse_state(lines: list[str]) -> dict:
-    """``{current, previous, builds: {id: stamp}, unreadable: {id: why}, smokes: {id: smoke result},
+    """``{current, previous, switching, builds: {id: stamp}, unreadable: {id: why}, smokes: {id: smoke result},
     building: bool, systemd: bool, os, glibc, machine}`` (a stamp: as rigup.boundary.results
     ``stamp`` read it, its id its directory's name; ``unreadable``: the builds whose stamp did not
     read, unknown here, so built again or received; a smoke result: roles/llama_cpp/smoke.py's
     JSON as rigup.boundary.results ``smoke`` read it, a build whose result does not read having
-    none (smoked again); ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
-    state = {"current": None, "previous": None, "builds": {}, "unreadable": {}, "smokes": {}, "building": False,
+    none (smoked again); ``switching``: the build a switch cut short was switching to (its mark,
+    roles/llama_cpp/build.py ``switched``) or None; ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""
+    state = {"current": None, "previous": None, "switching": None, "builds": {}, "unreadable": {}, "smokes": {}, "building": False,
              "systemd": False, "os": None, "glibc": None, "machine": None}
     for line in lines:
         key, _, value = line.partition("=")
@@ -39,6 +40,8 @@ def parse_state(lines: list[str]) -> dict:
             state["building"] = value == "active"
         elif key == "systemd":
             state["systemd"] = value == "1"
+        elif key == "switching":   # roles/llama_cpp/build.py switched's mark: a switch cut short
+            state["switching"] = " ".join(value.split())[:200] or None
         elif key in ("os", "glibc", "machine"):
             state[key] = " ".join(value.split())[:64] or None
     return state
@@ -55,6 +58,7 @@ class LlamaCppState(FactBase):
         return (
             f"d={shlex.quote(dir)}; echo current=$(readlink \"$d/current\" 2>/dev/null); "
             'echo previous=$(readlink "$d/previous" 2>/dev/null); '
+            'echo switching=$(head -c 300 "$d/switching" 2>/dev/null | head -n 1); '
             # a received build that failed its smoke is kept aside as builds/<id>.refused: not a build
             'for f in "$d"/builds/*/rigup-build.json; do case "$f" in *.refused/*) continue;; esac; '
             '[ -f "$f" ] && [ ! -L "$f" ] && '
