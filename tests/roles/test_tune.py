@@ -3,15 +3,20 @@
 fast as the instance's at the target concurrency, writes them to the site's host_vars/<host>.yml,
 and starts the instance again; the next converge serves with them (status.py says so) and the one
 after changes nothing. What the rigup user places where root writes for the tuner reaches nothing
-of root's (issue 47). A router is tuned a model at a time, and served with each one's flags (issue 63)."""
+of root's (issue 47). A router is tuned a model at a time, and served with each one's flags (issue 63).
+tune.py killed mid-sweep leaves the instance as it was before the sweep (issue 65)."""
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
 
 from tests.conftest import on_host
-from tests.converge import converge, pyinfra
+from tests.converge import PYINFRA, ROOT, converge, pyinfra
 
 pytestmark = pytest.mark.lab
 TUNE = ["--data", "llama_server_tune_budget_s=90", "--data", "llama_server_tune_concurrency=4",
@@ -161,3 +166,48 @@ def test_a_router_is_tuned_a_model_at_a_time_and_the_next_converge_serves_each_w
         assert again.totals["changed"] == 0, again.changed_operations()
     finally:
         converge("inventory/lab.py", "--limit", host)   # back to group_vars/lab.yml's gemma
+
+
+KILLED_BUDGET_S = 20   # llama_server_tune_budget_s of the sweep killed midway: its job ends by itself soon after
+SERVER = "systemctl is-active rigup-llama@gemma || true"
+UNIT_AS_IT_IS = ("sha256sum < /etc/systemd/system/rigup-llama@gemma.service.d/rigup.conf | cut -c1-16; "
+                 "tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value rigup-llama@gemma)/cmdline | sha256sum | cut -c1-16")
+
+
+def test_a_tune_killed_mid_sweep_leaves_the_instance_as_it_was(lab, second_converge, tmp_path):
+    """Issue 65: tune.py's pyinfra (the controller) killed with SIGKILL while gemma's sweep runs, its
+    unit stopped by the sweep's job: the job (a transient unit on the host, no controller) ends
+    within its budget and starts the unit again, on its drop-in as before the sweep (the same
+    drop-in, the same command line); the next converge fails nothing and changes nothing."""
+    host = lab.hosts()[0]["name"]
+    (tmp_path / "group_vars").mkdir()
+    converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
+    before = on_host(lab, host, UNIT_AS_IT_IS).split()
+    proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "tune.py", "--limit", host, *ONE_SLOT, *TUNE,
+                             "--data", f"llama_server_tune_budget_s={KILLED_BUDGET_S}"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "RIGUP_SITE": str(tmp_path)})
+    try:
+        start = time.monotonic()
+        while on_host(lab, host, SERVER).strip() == "active":   # stopped by the sweep's job
+            assert time.monotonic() - start < 300 and proc.poll() is None, "the sweep never began"
+            time.sleep(0.5)
+        time.sleep(2)   # a point under way
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = time.monotonic()
+    job = on_host(lab, host, "systemctl is-active rigup-tune-gemma || true").strip()
+    while on_host(lab, host, SERVER).strip() != "active" or \
+            on_host(lab, host, "systemctl is-active rigup-tune-gemma || true").strip() == "active":
+        assert time.monotonic() - killed < KILLED_BUDGET_S + 300, "the sweep's job did not start the unit again"
+        time.sleep(1)
+    back = time.monotonic() - killed
+    after = on_host(lab, host, UNIT_AS_IT_IS).split()
+    run = converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
+    print(f"\ntune.py killed mid-sweep (its job {job}): the unit active again {back:.0f} s after the kill (budget "
+          f"{KILLED_BUDGET_S} s), drop-in and command line {after} (before {before}); the next converge: "
+          f"{run.totals['errors']} failed, {run.totals['changed']} changed; host_vars written: "
+          f"{(tmp_path / 'host_vars').exists()}")
+    assert job == "active" and after == before
+    assert run.totals["errors"] == 0 and run.totals["changed"] == 0, run.changed_operations()
