@@ -38,11 +38,13 @@ class Refusal:
 
 class Port(NamedTuple):
     """A port a role's unit will listen on: ``where`` names the setting (``llama_server_instances.glm``),
-    ``owners`` the process names that are that unit itself (a listener of theirs is no conflict)."""
+    ``owners`` the process names that are that unit itself (a listener of theirs is no conflict) when
+    root's or of ``users``, the accounts the unit runs as (none given: the rigup user's)."""
 
     port: int
     where: str
     owners: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
 
 
 class Fleet(NamedTuple):

@@ -323,50 +323,70 @@ class FreeDisk(FactBase):
 # ----------------------------------------------------------------------------- ports
 # ss names the process (and, -e, the socket's owner: uid:N, none for root); without ss (many rental
 # containers) the kernel's own tables say which ports listen (state 0A), without names; with neither,
-# nothing can be told ("none").
-PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; ss -Hltnpe 2>/dev/null; "
+# nothing can be told ("none"). After ss's sockets, the account of each uid it printed (``--- users``,
+# ``name:uid`` from getent), so that a listener is named with the account it runs as.
+PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; s=$(ss -Hltnpe 2>/dev/null); printf '%s\\n' \"$s\"; "
+                 "echo '--- users'; for u in $(printf '%s\\n' \"$s\" | grep -o 'uid:[0-9]*' | sort -u | cut -d: -f2); do "
+                 "getent passwd \"$u\" | cut -d: -f1,3; done; "
                  "elif [ -r /proc/net/tcp ]; then echo proc; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
                  "else echo none; fi")
 _SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
-_SS_UID = re.compile(r"\buid:([0-9]{1,10})\b")
-# The first uid of a login user (Debian's and Ubuntu's UID_MIN): a process of one is named as that user
-# chose (prctl, exec -a, a copied binary), so its name is no unit's; root's and system users' are.
-LOGIN_UID_MIN = 1000
+_SS_UID = re.compile(r"uid:([0-9]{1,10})")   # a column of its own; a process name may hold one too
 
 
 def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
-    """``PORTS_COMMAND``'s output -> ``{22: "sshd", 8080: "llama-server"}``; a name is None when
-    it cannot be seen (ss run without root, or /proc/net/tcp, which names no process); None when
-    no source answered (nothing can be told about any port). A login user's socket (uid
-    :data:`LOGIN_UID_MIN` and up) has its name with the uid, ``"llama-server (uid 1000)"``: never one of a
-    unit's names, which preflight compares (round 5 A25: any user's process named llama-server passed as
-    the instance's own)."""
+    """``PORTS_COMMAND``'s output -> ``{22: "sshd", 8080: "llama-server (user rigup)"}``; a name is None
+    when it cannot be seen (ss run without root, or /proc/net/tcp, which names no process); None when
+    no source answered (nothing can be told about any port). A socket of any account but root's has its
+    name with that account, ``"llama-server (user rigup)"`` (``(uid 33)`` where the uid has no name):
+    preflight takes it for a unit's only where the account is the unit's own (roles/preflight/checks.py
+    port_refusals; round 5 A25 and re5 N1: any user's process named llama-server passed as the
+    instance's own, a system account's by its name alone). A port several processes listen on (on other
+    addresses) has their names joined, ``"llama-server and python3 (user alice)"``: each is seen, not the
+    first socket's alone (re5 N4)."""
     source, lines = (lines[0].strip(), lines[1:]) if lines and lines[0].strip() in ("ss", "proc", "none") \
         else ("ss", lines)
     if source == "none":
         return None
-    ports: dict[int, str | None] = {}
+    accounts: dict[str, str] = {}
+    if "--- users" in lines:   # the last: a process name may hold a line break, ss prints it as it is
+        at = len(lines) - 1 - lines[::-1].index("--- users")
+        for entry in lines[at + 1:]:
+            name, _, uid = entry.strip().rpartition(":")
+            if name and whole(uid) is not None:
+                accounts[uid] = name
+        lines = lines[:at]
+    found: dict[int, list[str | None]] = {}
     for line in lines:
         cols = line.split()
         if source == "proc":
             hexport = cols[1].rpartition(":")[2] if len(cols) > 3 else ""
             if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-Fa-f]{1,4}", hexport):   # 0A: TCP_LISTEN
-                ports.setdefault(int(hexport, 16), None)
+                found.setdefault(int(hexport, 16), [])
             continue
         if len(cols) < 4 or cols[0] != "LISTEN":
             continue
-        port = cols[3].rpartition(":")[2]
-        at = whole(port, 65535)
+        at = whole(cols[3].rpartition(":")[2], 65535)
         if at is None:
             continue
-        proc, uid = _SS_PROCESS.search(line), _SS_UID.search(line)
+        proc = _SS_PROCESS.search(line)
+        uids = [m.group(1) for m in map(_SS_UID.fullmatch, cols) if m]
         name = proc.group(1) if proc else None
-        owner = whole(uid.group(1)) if uid else 0   # a uid that does not read is taken for a login user's
-        if name is not None and (owner is None or owner >= LOGIN_UID_MIN):
-            name = f"{name} (uid {uid.group(1)})"
-        if ports.get(at) is None:
-            ports[at] = name
-    return ports
+        # ss prints no uid for root's socket; a second uid column is a process name's (never root's then)
+        uid = uids[0] if len(uids) == 1 else "?" if uids else "0"
+        if name is not None and uid != "0":
+            name = f"{name} (user {accounts[uid]})" if uid in accounts else f"{name} (uid {uid})"
+        if name not in found.setdefault(at, []):
+            found[at].append(name)
+    return {port: _listeners(names) for port, names in found.items()}
+
+
+def _listeners(names: list[str | None]) -> str | None:
+    """The name of a port's listeners: one, or all joined (a process that cannot be named among named
+    ones is said so: it may be anyone's); None when none can be named (ss without root, /proc)."""
+    if all(n is None for n in names):
+        return None
+    return " and ".join(n if n is not None else "a process not named" for n in names)
 
 
 class ListeningPorts(FactBase):

@@ -27,15 +27,20 @@ LISTENERS = (("metrics_enabled", "metrics_address", "the node exporter and the r
              ("prometheus_enabled", "prometheus_address", "Prometheus"))
 
 
+# the account Debian's prometheus and prometheus-node-exporter units run as (User=prometheus)
+PACKAGE_USERS = ("prometheus",)
+
+
 def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The node exporter's and the relay's ports (with metrics_enabled), Prometheus's (with
     prometheus_enabled); a listener of the unit itself is no conflict (its process names)."""
     found = []
     if data.get("metrics_enabled") and plan.get("systemd", True):
-        found += [Port(data["metrics_node_exporter_port"], "metrics_node_exporter_port", ("prometheus-node",)),
+        found += [Port(data["metrics_node_exporter_port"], "metrics_node_exporter_port", ("prometheus-node",),
+                       PACKAGE_USERS),
                   Port(data["metrics_relay_port"], "metrics_relay_port", ("rigup-metrics",))]
     if data.get("prometheus_enabled"):
-        found.append(Port(data["prometheus_port"], "prometheus_port", ("prometheus",)))
+        found.append(Port(data["prometheus_port"], "prometheus_port", ("prometheus",), PACKAGE_USERS))
     return found
 
 

@@ -86,7 +86,7 @@ def refusals(roles: list[Role], plan: Plan, facts: Facts, data: Config, fleet: F
         for check in role.fleet_checks:
             found += check(plan, facts, data, fleet)
     claims = [claim for role in roles if role.ports for claim in role.ports(plan, data, fleet)]
-    return found + port_refusals(claims, facts)
+    return found + port_refusals(claims, facts, data.get("rigup_user"))
 
 
 def _sourced(refusal: Refusal) -> Refusal:

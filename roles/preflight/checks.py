@@ -24,9 +24,11 @@ def check_gpu_host(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     return []
 
 
-def port_refusals(claims: list[Port], facts: Facts) -> list[Refusal]:
-    """A port given to several units, or already held by a process that is not the unit's own
-    (``owners``: a listener of theirs is the unit itself, which its role restarts)."""
+def port_refusals(claims: list[Port], facts: Facts, user: str | None = None) -> list[Refusal]:
+    """A port given to several units, or already held by a process that is not the unit's own: each
+    of its listeners must be named as the unit (``owners``) and be root's or the account the unit runs
+    as (``users``, else the rigup ``user``), for its role restarts it (re5 N1: a system account's passed
+    by its name; N4: only the port's first socket was looked at)."""
     listening = facts.get("listening_ports", {})
     if listening is None:   # neither ss nor /proc/net/tcp answered: refuse rather than guess
         return [Refusal(f"cannot tell whether port {claim.port} is free ({claim.where})",
@@ -44,7 +46,10 @@ def port_refusals(claims: list[Port], facts: Facts) -> list[Refusal]:
                                  f"{' and '.join(wheres)} would all listen on it",
                                  "give each instance its own port", "ports"))
     for claim in claims:
-        if claim.port not in listening or listening[claim.port] in claim.owners:
+        users = claim.users or ((user,) if user else ())
+        own = {*claim.owners, *(f"{name} (user {u})" for name in claim.owners for u in users)}
+        names = listening.get(claim.port)   # several processes' names joined (rigup/gpu/facts.py _listeners)
+        if claim.port not in listening or (names is not None and set(names.split(" and ")) <= own):
             continue
         process = listening[claim.port]
         free = next((p for p in range(claim.port + 1, 65536) if p not in used), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from rigup.gpu.facts import CPUS_MAX, LOGIN_UID_MIN, MEM_KIB_MAX, parse_cpu, parse_listening_ports
+from rigup.gpu.facts import CPUS_MAX, MEM_KIB_MAX, parse_cpu, parse_listening_ports
 from rigup.refusal import Port
 from roles.preflight.checks import port_refusals
 
@@ -20,7 +20,7 @@ def ss(uid: str = "") -> list[str]:
 
 def test_a_login_users_process_named_as_the_unit_is_refused_its_port():
     """A25: a process any user named llama-server (prctl, exec -a) passed preflight as the instance's own."""
-    for uid, refused in (("uid:1000", True), ("uid:65534", True), ("uid:999", False), ("", False)):
+    for uid, refused in (("uid:1000", True), ("uid:65534", True), ("uid:999", True), ("", False)):   # 999: re5 N1
         ports = parse_listening_ports(ss(uid))
         found = port_refusals([CLAIM], {"listening_ports": ports})
         print(f"{uid or 'root'}: {ports} -> {[r.line('h') for r in found]}")
@@ -32,7 +32,7 @@ def test_a_login_users_process_named_as_the_unit_is_refused_its_port():
 def test_any_listener_of_a_login_user_is_never_a_units_own(name, uid):
     line = f'LISTEN 0 5 0.0.0.0:8080 0.0.0.0:* users:(("{name}",pid=1,fd=3))' + (f" uid:{uid}" if uid else "")
     got = parse_listening_ports(["ss", line])[8080]
-    assert (got == name) == (uid < LOGIN_UID_MIN)
+    assert (got == name) == (uid == 0)   # any account's but root's is named with it (re5 N1)
 
 
 def test_cpu_counts_past_any_host_are_unknown():

@@ -43,7 +43,7 @@ def test_the_share_port_is_claimed_on_a_host_peers_copy_from():
     from roles import model_fetch
     peer = {"models": {"glm": {**GLM, "fetch_from": "rig-01"}}}
     fleet = Fleet("rig-01", {"rig-01": data(models={"glm": GLM}), "rig-02": peer})
-    assert model_fetch.ports({}, data(), fleet) == [(8091, "model_fetch_share_port", ("rigup-share",))]
+    assert model_fetch.ports({}, data(), fleet) == [(8091, "model_fetch_share_port", ("rigup-share",), ())]
     assert model_fetch.ports({}, data(), Fleet("rig-02", fleet.hosts)) == []
     plan, facts = host("h100", listening_ports={8091: "python3"})
     (r,) = refusals(plan, facts, data(models={"glm": GLM}), fleet)
