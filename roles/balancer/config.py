@@ -24,11 +24,15 @@ RETRY_AFTER_S = 5   # what a queued router's 429 (and a queued request's 503) te
 # A router's request is routed by its body's "model" as the router reads it, or not at all (issue 61,
 # round 6 FM15): HAProxy's json_query reads a key's first value, llama-server's JSON (nlohmann) its
 # last, and a key's letters may be \u escapes that json_query does not read as "model". So a body
-# naming a "model" key (any such spelling) with a text value twice is refused (400); one HAProxy
-# did not buffer whole (past tune.bufsize) goes unrouted, to the default backend, as one naming no model.
+# naming a "model" key (any such spelling) with a text value after one with a text, number or true/false
+# value (json_query reads those: re4 N30) is refused (400), and so is one read whole that names a model in
+# text where json_query read none (its first "model" null, a list or a map, or a byte order mark before
+# the body, which the router skips: N30, N31); one HAProxy did not buffer whole (past tune.bufsize) goes
+# unrouted, to the default backend, as one naming no model.
 # PCRE (HAProxy) and Python's re read it alike; HAProxy takes it in single quotes, as it is.
-MODEL_KEY = r'"(m|\\u006[dD])(o|\\u006[fF])(d|\\u0064)(e|\\u0065)(l|\\u006[cC])"[ \t\r\n]*:[ \t\r\n]*"'
-MODEL_TWICE = MODEL_KEY + r"[\s\S]*" + MODEL_KEY
+MODEL_NAMED = r'"(m|\\u006[dD])(o|\\u006[fF])(d|\\u0064)(e|\\u0065)(l|\\u006[cC])"[ \t\r\n]*:[ \t\r\n]*'
+MODEL_KEY = MODEL_NAMED + '"'
+MODEL_TWICE = MODEL_NAMED + r'[-"0-9tf][\s\S]*' + MODEL_KEY
 # llama-server's paths beyond inference (tools/server/server.cpp of the lab's b8779 tree), each answered
 # 403 by every frontend unless one of its features (rigup/contract/llama_server.py HELD_OFF) is allowed
 # there: (features, why, HAProxy's condition). Matched on the path as the server decodes it and under
@@ -167,7 +171,7 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"],
-                  retry_after=RETRY_AFTER_S, model_twice=MODEL_TWICE)
+                  retry_after=RETRY_AFTER_S, model_twice=MODEL_TWICE, model_text=MODEL_KEY)
 
 
 def state_dropin(drain: str) -> str:

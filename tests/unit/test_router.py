@@ -181,18 +181,21 @@ def body(pairs) -> str:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(SPELLINGS + ["messages", "stream", "modelx", "x"]),
-                          st.sampled_from(['"a"', '"b"', '"\\u0062"', '{"model": {"type": "string"}}', "true",
+                          st.sampled_from(['"a"', '"b"', '"\\u0062"', '{"model": {"type": "string"}}', "true", "5", "null",
                                            '[{"content": "\\"model\\": \\"b\\""}]'])), max_size=5))
 def test_a_body_naming_model_twice_is_refused_and_one_naming_it_once_is_not(pairs):
     """The gateway's regex (config.MODEL_TWICE, HAProxy's PCRE) over a body: it matches exactly when
-    two top-level keys that JSON reads as "model" hold text; a tool schema's "model" property, a
-    message quoting "model" and one model key pass."""
+    a top-level key that JSON reads as "model" holds text after one that holds text, a number or
+    true/false (json_query reads those first); a tool schema's "model" property, a message quoting
+    "model" and one model key pass."""
     import json
     import re
 
     from roles.balancer.config import MODEL_TWICE
     text = body(pairs)
-    twice = sum(1 for k, v in pairs if json.loads(f'"{k}"') == "model" and v.startswith('"')) >= 2
+    # a model in text after one json_query reads (text, a number, true or false: re4 N30)
+    models = [v[0] for k, v in pairs if json.loads(f'"{k}"') == "model"]
+    twice = any(first in '"tf-0123456789' and '"' in models[i + 1:] for i, first in enumerate(models))
     print(text, twice)
     assert bool(re.search(MODEL_TWICE, text)) is twice
 
@@ -255,7 +258,12 @@ def test_the_gateway_refuses_a_model_given_twice_and_routes_none_it_did_not_read
     cases = [('{"model": "b"}', (200, "lab2")), ('{"model": "a"}', (200, "lab1")),
              ('{"model": "a", "model": "b"}', (400, "")), ('{"model": "a", "mod\\u0065l": "b"}', (400, "")),
              ('{"model": "a", "tools": {"model": {"type": "string"}}}', (200, "lab1")),
-             ('{"model": "a", "p": "' + "x" * 8000 + '", "model": "b"}', (400, ""))]
+             ('{"model": "a", "p": "' + "x" * 8000 + '", "model": "b"}', (400, "")),
+             # re4 N30, N31: a first "model" json_query reads no text from, or none at all (a byte order mark)
+             ('{"model": null, "model": "b"}', (400, "")), ('{"model": ["a"], "model": "b"}', (400, "")),
+             ('{"model": {"x": 1}, "model": "b"}', (400, "")), ('{"model": 5, "model": "b"}', (400, "")),
+             ('{"model": true, "model": "b"}', (400, "")), ('\ufeff{"model": "b"}', (400, "")),
+             ('{"tools": {"model": {"t": 1}}, "model": "b"}', (200, "lab2"))]
     with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
         f.write(text)
         f.flush()
