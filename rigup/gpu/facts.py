@@ -324,10 +324,11 @@ class FreeDisk(FactBase):
 # ss names the process (and, -e, the socket's owner: uid:N, none for root); without ss (many rental
 # containers) the kernel's own tables say which ports listen (state 0A), without names; with neither,
 # nothing can be told ("none"). After ss's sockets, the account of each uid it printed (``--- users``,
-# ``name:uid`` from getent), so that a listener is named with the account it runs as.
+# ``name:uid`` from getent, else /etc/passwd), so that a listener is named with the account it runs as.
 PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; s=$(ss -Hltnpe 2>/dev/null); printf '%s\\n' \"$s\"; "
                  "echo '--- users'; for u in $(printf '%s\\n' \"$s\" | grep -o 'uid:[0-9]*' | sort -u | cut -d: -f2); do "
-                 "getent passwd \"$u\" | cut -d: -f1,3; done; "
+                 "getent passwd \"$u\" 2>/dev/null | cut -d: -f1,3 | grep . || "
+                 "awk -F: -v u=\"$u\" '$3 == u {print $1 \":\" $3; exit}' /etc/passwd; done; "
                  "elif [ -r /proc/net/tcp ]; then echo proc; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
                  "else echo none; fi")
 _SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
