@@ -162,6 +162,8 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
     rec["key"] = _optional(rec, "key", _key, field)
     rec["figures"] = _optional(rec, "figures", _figures, field)
     rec["cleared"] = _optional(rec, "cleared", _cleared, field)
+    if rec["cleared"] and rec["at"] is not None and rec["cleared"]["at"] < rec["at"]:
+        rec["cleared"] = None   # a clearing older than the run it would clear (re-round 6 NB5): a new failure
     for name, item in rec.items():
         if name not in ("key", "figures", "cleared"):
             _checked(item, f"{field}.{name}")
@@ -169,8 +171,11 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
         return rec, None
     # a key names what the card was tested under, figures a test that ran: {"note": "x"} names
     # neither (issue 61, round 6 BA3, BA4: such a pass was believed, and never due on a key change)
-    key = any((rec["key"] or {}).get(name) is not None for name in ("driver", "memory_mib", "power_limit_w"))
-    ran = any(isinstance((rec["figures"] or {}).get(section), dict) for section, _ in FIGURES)
+    # rigup-burnin's key holds the driver and the memory at least (the cap is null where nvidia-smi has
+    # none), its figures one of FIGURES' measures: one of them, or {"soak": {}}, was believed (re-round 6 NB1, NB2)
+    key = all((rec["key"] or {}).get(name) is not None for name in ("driver", "memory_mib"))
+    ran = any(isinstance(part, dict) and part.get(name) is not None
+              for section, name in FIGURES for part in [(rec["figures"] or {}).get(section)])
     lacks = [what for what, has in (("level", rec.get("level")), ("finished time", rec["at"]),
                                     ("key", key), ("figures", ran)) if not has]
     if lacks:
@@ -283,13 +288,15 @@ def pulse(text: str, where: str) -> dict | None:
         key["cards"] = sorted(ident(c, f"key.cards[{i}]") for i, c in enumerate(cards))
         # the figures within what rigup-burnin pulse runs and cards hold (0.5..50 Hz, <= 3600 s, CARD_W a
         # card): 1e7 W of caps was believed, and a cap raised later never made the pulse due (round 6 BA11)
-        key["caps_w"] = required(key.get("caps_w"), "key.caps_w", float, 0, CARD_W * MAX_CARDS)
+        # per card listed: one card at 2,000,000 W was believed (re-round 6 NB3)
+        most = CARD_W * max(1, len(key["cards"]))
+        key["caps_w"] = required(key.get("caps_w"), "key.caps_w", float, 0, most)
         key["psu_watts"] = _optional(key, "psu_watts", lambda v, f: required(v, f, float, 0, 1e7), "key")
         key["driver"] = _optional(key, "driver", lambda v, f: ident(str(v) if isinstance(v, (int, float))
                                                                    and not isinstance(v, bool) else v, f), "key")
         rec["key"] = key
         figures = rec["figures"] = _figures(rec.get("figures") or {}, "figures")
-        for name, hi in (("peak_w", CARD_W * MAX_CARDS), ("hz", 50), ("seconds", 3600)):
+        for name, hi in (("peak_w", most), ("hz", 50), ("seconds", 3600)):
             figures[name] = _optional(figures, name, lambda v, f, hi=hi: required(v, f, float, 0, hi), "figures")
         for name, item in rec.items():
             if name not in ("key", "figures"):
@@ -306,9 +313,11 @@ def _pulse_doubt(rec: dict) -> str | None:
     runs one; a pulse of 0 W at 0 Hz for 0 s held nothing, rerun3's NP1), or naming a failure, a
     card off the bus or hung, a power brake or an Xid; None when believed."""
     figures = rec["figures"]
-    lacks = [name for name in ("peak_w", "hz", "seconds") if not (figures.get(name) or 0) > 0]
+    # as rigup-burnin pulse runs one (burnin_pulse_hz 1..50, burnin_pulse_s 1..3600): 0.001 Hz for 0.001 s
+    # held nothing (re-round 6 NB4); half of the least allowed leaves room for what was measured
+    lacks = [name for name, least in (("peak_w", 0), ("hz", 0.5), ("seconds", 0.5)) if not (figures.get(name) or 0) > least]
     if lacks:
-        return f"a pulse passed without its figures ({', '.join(lacks)} above 0): not believed"
+        return f"a pulse passed without its figures ({', '.join(lacks)} as a pulse runs them): not believed"
     cards = figures.get("cards") if isinstance(figures.get("cards"), dict) else {}
     faults = [what for what, has in (
         ("failures", rec["failed"]), ("faults", rec.get("faults")), ("cards off the bus", figures.get("lost")),

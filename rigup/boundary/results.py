@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable, loads
-from rigup.boundary.numbers import SHARES as TENSOR_SPLIT, number, shares
+from rigup.boundary.numbers import SHARES as TENSOR_SPLIT, json_whole, number, shares
 from rigup.contract.llama_server import CACHE_TYPES
 
 SCHEMA = 1   # the format of the records these readers read and rigup writes
@@ -351,8 +351,19 @@ def marker(value: Any, where: str) -> dict:
         "files": (_list(fields.inside, FILES_MAX), False),
         "repo": (lambda v, w: _text(v, w, 400), False),
         "revision": (lambda v, w: _text(v, w, 200), False),
-        "bytes": (_whole(0, 1 << 60), False),
+        # a JSON int alone, as rigup-fetch writes and its own reader (marker_of) takes it: "1000" or 1.0
+        # read as complete here and as no marker there (issue 61, re-round 6 NM1)
+        "bytes": (_json_int(0, 1 << 60), False),
     })
+
+
+def _json_int(lo: int, hi: int) -> Callable[[Any, str], int]:
+    def read(value: Any, where: str) -> int:
+        got = json_whole(value, hi)
+        if got is None or got < lo:
+            raise Unreadable(where, f"not a JSON whole number in {lo}..{hi}: {str(value)[:40]!r}")
+        return got
+    return read
 
 
 # ----------------------------------------------------------------------------- a build's stamp

@@ -352,7 +352,10 @@ def quarantined(rec: dict | None) -> bool:
     cleared, passed = rec.get("cleared"), rec.get("passed")
     if (cleared is not None and not isinstance(cleared, dict)) or not isinstance(passed, bool):
         return True
-    return passed is False and not cleared
+    # a clearing is rigup-burnin clear's {"at", "by"}, not older than the run it clears: {} or {"note"}
+    # cleared nothing to the controller (round 6 BA6, BA7), nor one older than a new failure (re-round 6 NB5)
+    at, cleared_at = rec.get("at"), (cleared or {}).get("at")
+    return passed is False and (cleared_at is None or (at is not None and cleared_at < at))
 
 
 def bus_id(value) -> bool:

@@ -18,6 +18,8 @@ from roles.burnin import judged
 from roles.burnin.checks import check_records
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, serving, sort_cards
+from roles.burnin import acceptance
+from roles.gpu_guard import guard
 
 WHERE = "lab1:/var/lib/rigup/burnin.json"
 DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_retest": False, "burnin_clear": []}
@@ -148,7 +150,7 @@ def test_each_finding_is_named_by_its_field():
 def test_a_record_of_the_current_format_with_or_without_its_schema_keeps_what_it_does_not_know():
     new = passed(schema=2, digest="845aedc47f055f3e", cublas="12.4.5", tflops=231.4,
                  figures={**passed()["figures"], "gemm": {"tflops": 231.4, "power_ratio": 0.97}})
-    read = burnin.records(json.dumps({U[0]: new, U[1]: passed(1), U[2]: passed(2, key={"driver": 550.54})}), WHERE)
+    read = burnin.records(json.dumps({U[0]: new, U[1]: passed(1), U[2]: passed(2, key={"driver": 550.54, "memory_mib": 81920})}), WHERE)
     assert read.untested == {} and read.cards[U[0]]["digest"] == "845aedc47f055f3e"
     assert read.cards[U[0]]["figures"]["gemm"] == {"tflops": 231.4, "power_ratio": 0.97}
     assert read.cards[U[2]]["key"]["driver"] == "550.54"    # nvidia-smi's number, as key_change compares it
@@ -307,3 +309,23 @@ def test_status_names_the_unreadable_records_and_keeps_the_copys_quarantine(copy
     assert fleet.burnin_part("lab1", {"burnin": ["|{}"]}, "/x/burnin.json") == \
         {"quarantined": row["quarantined"], "burnin_due": {}, "burnin_unreadable": None}
     assert fleet.burnin_part("lab3", {}, "/x/burnin.json") == {"quarantined": {}, "burnin_due": {}, "burnin_unreadable": None}
+
+
+def test_a_pass_names_its_driver_memory_and_a_measure_and_a_clearing_follows_its_failure():
+    """Re-round 6 (issue 61): NB1, a key of the driver alone; NB2, figures of an empty section; NB5, a
+    clearing older than the failure it would clear; NB3, one card at 2,000,000 W in a pulse."""
+    doc = {U[0]: passed(0, key={"driver": "580.105.08"}), U[1]: passed(1, figures={"soak": {}}),
+           U[2]: failed(2, at=1780000500, cleared={"at": 1780000000, "by": "ops"})}
+    read = burnin.records(json.dumps(doc), WHERE)
+    print(read.untested, read.cards[U[2]]["cleared"])
+    assert "key" in read.untested[U[0]] and "figures" in read.untested[U[1]] and read.cards[U[2]]["cleared"] is None
+    assert acceptance.quarantined(doc[U[2]]) and guard.quarantined(doc[U[2]])
+    later = failed(2, at=1780000000, cleared={"at": 1780000500, "by": "ops"})
+    assert burnin.records(json.dumps({U[2]: later}), WHERE).cards[U[2]]["cleared"]["at"] == 1780000500
+    assert not acceptance.quarantined(later) and not guard.quarantined(later)
+    one = {"schema": 1, "at": 1780000000, "passed": True, "failed": [], "figures": {"hz": 4, "seconds": 30, "peak_w": 300},
+           "key": {"driver": "580.105.08", "cards": [U[0]], "caps_w": 2_000_000}}
+    with pytest.raises(Unreadable) as e:
+        burnin.pulse(json.dumps(one), WHERE)
+    print(e.value)
+    assert "key.caps_w" in str(e.value)

@@ -581,3 +581,13 @@ def test_any_json_as_a_marker_is_refused_or_typed(value):
     got = read_or_refused(results.marker, value)
     if got is not None:
         assert isinstance(got, dict) and all(isinstance(f, str) and ".." not in f.split("/") for f in got.get("files", []))
+
+
+@pytest.mark.parametrize("size", ["1000", 1.0, True, -1])
+def test_a_markers_bytes_is_a_json_int_as_rigup_fetch_reads_it(size):
+    """Re-round 6 NM1 (issue 61): "1000" or 1.0 read as complete here and as no marker to rigup-fetch."""
+    with pytest.raises(Unreadable) as e:
+        results.marker({"files": ["m.gguf"], "repo": "o/m", "revision": "main", "bytes": size}, "lab1:m")
+    print(e.value)
+    assert "bytes" in str(e.value)
+    assert results.marker({"files": ["m.gguf"], "bytes": 1000}, "lab1:m")["bytes"] == 1000

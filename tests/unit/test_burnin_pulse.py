@@ -161,11 +161,14 @@ def test_a_pass_without_its_figures_or_naming_a_failure_is_not_believed_and_the_
                        ("hung cards", {**record(), "figures": {**record()["figures"], "cards": {U[1]: {"hung": True}}}}),
                        ("a power brake", {**record(), "figures": {**record()["figures"], "brake": 3}}),
                        ("Xids", {**record(), "figures": {**record()["figures"], "xids": {U[1]: [79]}}}),
-                       ("figures (peak_w above 0)", {**record(), "figures": {**record()["figures"], "peak_w": None}}),
+                       ("figures (peak_w as a pulse runs them)", {**record(), "figures": {**record()["figures"], "peak_w": None}}),
                        # rerun3's NP1: a pulse that held 0 W at 0 Hz for 0 s held nothing
-                       ("figures (peak_w, hz, seconds above 0)",
+                       ("figures (peak_w, hz, seconds as a pulse runs them)",
                         {**record(), "figures": {**record()["figures"], "peak_w": 0, "hz": 0, "seconds": 0}}),
-                       ("figures (seconds above 0)", {**record(), "figures": {**record()["figures"], "seconds": 0.0}})):
+                       ("figures (seconds as a pulse runs them)", {**record(), "figures": {**record()["figures"], "seconds": 0.0}}),
+                       # re-round 6 NB4: 0.001 Hz for 0.001 s is no pulse rigup-burnin runs (1..50 Hz, 1..3600 s)
+                       ("figures (hz, seconds as a pulse runs them)",
+                        {**record(), "figures": {**record()["figures"], "hz": 0.001, "seconds": 0.001}})):
         got = part(rec)["pulse"]
         assert got["run"] and got["held"] is None and fault in got["due"], (fault, got["due"])
     assert part(record())["pulse"]["due"] is None and burnin.pulse(json.dumps(record()), WHERE)["untested"] is None
