@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import http.client
 import ipaddress
 import itertools
 import json
@@ -62,7 +63,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from stat import S_ISREG
+from stat import S_ISREG, S_ISSOCK
 
 SOCKET = "/run/haproxy/admin.sock"
 LEASES = "/run/rigup/drain-leases"      # one file per leased server: {"until", "why"} (what status and people read)
@@ -99,10 +100,18 @@ def admin(command: str) -> str:
     """HAProxy's runtime API answer to ``command``, from a listener of root's (or the helper's own user's) only: HAProxy's master
     binds the socket as root; /run/haproxy is haproxy's group's to write (Debian's tmpfiles.d), where
     anything else listening at the path was believed, its Pid and states (issue 61, round 6 DR6)."""
+    try:   # the path's own inode, never a link's target: haproxy's group may plant a link to another root listener
+        fd = os.open(SOCKET, os.O_PATH | os.O_NOFOLLOW)   # (issue 61, re-round 6 ND2)
+    except OSError as e:
+        raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
     try:
+        st = os.fstat(fd)
+        if not S_ISSOCK(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+            raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: not a socket of root's (a link, or another "
+                         "user's file): remove it and restart HAProxy")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
-            s.connect(SOCKET)
+            s.connect(f"/proc/self/fd/{fd}")   # the inode just checked
             pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid not in (0, os.geteuid()):
                 raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: its listener is not root's HAProxy "
@@ -114,6 +123,8 @@ def admin(command: str) -> str:
             return b"".join(chunks).decode(errors="replace")
     except OSError as e:
         raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
 
 
 def reachable() -> bool:
@@ -525,8 +536,8 @@ def _expired(backend: str, server: str) -> bool:
     addr, port = fields.get("srv_addr", ""), fields.get("srv_port", "")
     try:   # HAProxy's resolved address: one that is not an IP address or port was a traceback in urlopen (DR10)
         ip = ipaddress.ip_address(addr)
-        if not (_digits(port) and 0 < int(port) <= 65535):
-            raise ValueError(port)
+        if not (_digits(port) and 0 < int(port) <= 65535) or getattr(ip, "scope_id", None):
+            raise ValueError(port)   # a scoped IPv6 address (fe80::1%eth0) is no URL's host (re-round 6 ND5)
     except ValueError:
         url, answer = f"{shown(addr, 80)!r} port {shown(port, 20)!r}", "nothing: not an IP address and port"
     else:
@@ -536,7 +547,7 @@ def _expired(backend: str, server: str) -> bool:
                 answer = r.status
         except urllib.error.HTTPError as e:
             answer = e.code
-        except (OSError, ValueError) as e:   # URLError is an OSError; http.client's InvalidURL a ValueError
+        except (OSError, ValueError, http.client.HTTPException) as e:   # URLError is an OSError; InvalidURL an HTTPException
             answer = f"no answer ({getattr(e, 'reason', e)})"
     if answer == 200:
         set_state(backend, server, "ready")
