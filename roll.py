@@ -171,8 +171,7 @@ def main(argv: list[str]) -> int:
     first = data[hosts[0]] if hosts else {}
     try:   # every number of the roll read before anything is drained: a bad one ends it here, named
         plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
-        lease = roll.setting(first, "rigup_drain_lease_s", 120, 3, 86400)
-        max_fail = roll.setting(first, "rigup_max_fail", 0, 0, 100000)
+        lease, max_fail = roll.settings(data, hosts)
     except ValueError as e:
         print(shown(f"roll.py: {inventory}: {e}", 4000), file=sys.stderr)
         return 2

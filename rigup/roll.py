@@ -212,6 +212,28 @@ def setting(data: dict, key: str, default: int, lo: int, hi: int) -> int:
     return got
 
 
+SETTINGS = (("rigup_drain_lease_s", 120, 3, 86400), ("rigup_max_fail", 0, 0, 100000))
+
+
+def settings(data: dict[str, dict], hosts: list[str]) -> tuple[int, int]:
+    """The roll's lease and failures allowed (:data:`SETTINGS`), read from every host it rolls: one
+    roll has one of each, so a host whose own value is bad or differs is named (ValueError; re-round 6
+    NR2: another host's '2m' or -3 was ignored without a word). Defaults without hosts."""
+    got = []
+    for key, default, lo, hi in SETTINGS:
+        seen: dict[int, str] = {}
+        for h in hosts or [None]:
+            try:
+                seen.setdefault(setting(data[h] if h else {}, key, default, lo, hi), h)
+            except ValueError as e:
+                raise ValueError(f"{h}: {e}") from None
+        if len(seen) > 1:
+            raise ValueError(f"{key}: the hosts of one roll set it apart ({', '.join(f'{h}: {v}' for v, h in seen.items())}): "
+                             "set it once, for their group or all")
+        got.append(next(iter(seen)))
+    return got[0], got[1]
+
+
 def said(output: str) -> dict[str, str]:
     """Each host's line of rigup.summary's block (the last one in ``output``): name -> what it says
     ("converged (3 changed)", "failed at OP: why", ...)."""

@@ -322,7 +322,8 @@ def test_a_roll_setting_that_is_no_whole_number_ends_the_roll_before_any_drain(t
     result, out = roll_with(tmp_path, {}, "--data", f"{key}={value}")
     print(f"{key}={value}: exit {result['code']}, {len(result['calls'])} call(s): {out.strip()[-200:]}")
     assert result["code"] == 2 and result["calls"] == []
-    assert f"roll.py: {tmp_path / 'fleet.py'}: {key}: expected" in out and "Traceback" not in out
+    named = f"{key}: expected" if key == "rigup_batch" else f"rig1: {key}: expected"   # the roll's first host
+    assert f"roll.py: {tmp_path / 'fleet.py'}: {named}" in out and "Traceback" not in out
 
 
 @pytest.mark.parametrize("value, got", [(120, 120), (3, 3), ("120", None), (2.0, None), (True, None), (None, None),
@@ -334,3 +335,15 @@ def test_roll_settings_are_ints_of_the_inventory_in_bounds(value, got):
         read = None
         assert "k: expected a whole number of 3..86400" in str(e)
     assert read == got
+
+
+def test_every_rolled_hosts_setting_is_read_and_one_roll_has_one():
+    """Re-round 6 NR2: another host's bad or different lease was ignored without a word."""
+    assert roll.settings({"a": {}, "b": {"rigup_drain_lease_s": 120}}, ["a", "b"]) == (120, 0)
+    assert roll.settings({}, []) == (120, 0)
+    for data, said in (({"a": {}, "b": {"rigup_drain_lease_s": "2m"}}, "b: rigup_drain_lease_s: expected"),
+                       ({"a": {}, "b": {"rigup_max_fail": 3}}, "rigup_max_fail: the hosts of one roll set it apart (a: 0, b: 3)")):
+        with pytest.raises(ValueError) as e:
+            roll.settings(data, ["a", "b"])
+        print(e.value)
+        assert said in str(e.value)
