@@ -91,7 +91,11 @@ def sort_cards(gpus: list[dict], state: dict, driver: str | None, data: dict, no
         out["why"][gpu["uuid"]] = why
         out["stop"] += [u for u in held if u not in out["stop"]]   # a roll: stopped for the run
 
-    by_bus = {str(r.get("bus_id", "")).lower()[-12:]: u for u, r in records.items()}
+    buses: dict[str, list[str]] = {}
+    for u, r in records.items():
+        buses.setdefault(str(r.get("bus_id", "")).lower()[-12:], []).append(u)
+    # a bus id two records share: the quarantined one whatever the records' order (fail closed; round 6 BA10)
+    by_bus = {b: next((u for u in sorted(us) if quarantined(records[u])), sorted(us)[0]) for b, us in buses.items()}
     for gpu in gpus:
         # a card off the bus has no UUID in nvidia-smi's answer: its record is found by its bus id
         uuid = gpu.get("uuid") or by_bus.get(str(gpu.get("bus_id", "")).lower()[-12:])

@@ -329,3 +329,16 @@ def test_a_pass_names_its_driver_memory_and_a_measure_and_a_clearing_follows_its
         burnin.pulse(json.dumps(one), WHERE)
     print(e.value)
     assert "key.caps_w" in str(e.value)
+
+
+def test_a_lost_cards_verdict_by_its_bus_id_does_not_hang_on_the_records_order():
+    """Round 6 BA10: two records of one bus id (an old failed card, the new one that passed) gave a
+    verdict by dict order; the quarantined one is taken whatever the order (fail closed)."""
+    base = {"level": "standard", "at": 1780000000, "bus_id": "00000000:4E:00.0", "key": {"driver": "1"},
+            "figures": {"vram": {"mismatches": 0}}}
+    old, new = {**base, "passed": False, "failed": ["x"]}, {**base, "passed": True, "failed": []}
+    gpus = [{"index": 0, "uuid": None, "bus_id": "00000000:4E:00.0", "lost": True}]
+    got = [len(sort_cards(gpus, state(recs), None, {"burnin_level": "standard"})["quarantined"])
+           for recs in ({U[1]: old, U[2]: new}, {U[2]: new, U[1]: old})]
+    print(got)
+    assert got == [1, 1]
