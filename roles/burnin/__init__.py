@@ -122,7 +122,7 @@ def kept(path: Path, records: dict) -> None:
         pass   # the host's records are the ones that count
 
 
-def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[dict]]:
+def judged(name: str, state: dict, path: str, data: Config, hosts=None) -> tuple[dict, list[dict]]:
     """The records host ``name``'s cards are judged by (``state``: BurninState's, of ``path`` on the
     host) and what did not read (``{"where", "why", "fix"}``: roles/burnin/checks.py refuses the
     host for each). Fail closed: while the host's records do not read, the controller's last good
@@ -153,7 +153,8 @@ def judged(name: str, state: dict, path: str, data: Config) -> tuple[dict, list[
     if own and not problems:
         kept(copy, records)
     # against the other hosts' copies after the copy is kept: the host's own records stay as written
-    return {**state, "records": fleetwide.judge(records, copy, data.get("burnin_clear"))}, problems
+    # ``hosts``: the inventory's names, whose copies alone vote (a host gone from it left its copy behind)
+    return {**state, "records": fleetwide.judge(records, copy, data.get("burnin_clear"), hosts)}, problems
 
 
 def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict]:
@@ -163,7 +164,7 @@ def cards(gpus: list[dict], facts: dict, data: Config) -> tuple[list[dict], dict
     if not enabled(data) or not gpus:
         return gpus, {}
     state, problems = judged(host.name, (facts.get("reads") or {}).get("BurninState") or BurninState.default(),
-                             burnin_file(data), data)
+                             burnin_file(data), data, [h.name for h in host.inventory])
     part = sort_cards(gpus, state, (facts.get("driver") or {}).get("version"), data)
     part["unreadable"] = problems
     part["lapsed"] = state.get("lapsed")

@@ -93,13 +93,16 @@ def odd_cards(own: dict, others: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def other_copies(copy: Path) -> dict[str, dict]:
+def other_copies(copy: Path, hosts=None) -> dict[str, dict]:
     """The other hosts' records beside the controller's copy ``copy`` of this host's (host ->
     uuid -> record): each read through rigup.boundary.burnin.cached; one that does not read is
-    left out (its own host's preflight refuses it, naming the file)."""
-    out = {}
+    left out (its own host's preflight refuses it, naming the file). ``hosts``: the inventory's
+    names, whose copies alone count (round 6 BA20: two copies of hosts no longer in it quarantined
+    a good card); None: every copy."""
+    out, names = {}, None if hosts is None else set(hosts)
     try:
-        paths = sorted(p for p in copy.parent.glob("*.json") if p.name != copy.name)
+        paths = sorted(p for p in copy.parent.glob("*.json") if p.name != copy.name
+                       and (names is None or p.stem in names))
     except OSError:
         return out
     for path in paths:
@@ -112,10 +115,10 @@ def other_copies(copy: Path) -> dict[str, dict]:
     return out
 
 
-def judge(records: dict, copy: Path, clear: list | None) -> dict:
+def judge(records: dict, copy: Path, clear: list | None, hosts=None) -> dict:
     """``records`` (uuid -> record, the host's as roles/burnin judges them) with each card that
     :func:`odd_cards` names failed, its why added: quarantined by quarantine.py ``sort_cards``
     (``burnin_clear``, ``clear``, naming it or all: the operator accepts it)."""
-    odd = {u: why for u, why in odd_cards(records, other_copies(copy)).items() if not named(clear, u)}
+    odd = {u: why for u, why in odd_cards(records, other_copies(copy, hosts)).items() if not named(clear, u)}
     return {u: ({**r, "passed": False, "failed": [*(r.get("failed") or []), odd[u]]} if u in odd else r)
             for u, r in records.items()}

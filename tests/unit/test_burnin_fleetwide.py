@@ -55,6 +55,10 @@ def test_judged_quarantines_it_in_the_plan_and_keeps_the_hosts_own_copy(tmp_path
         in part["quarantined"][0]["failed"][-1]
     cleared, _ = judged("lab4", {"records": own}, "/var/lib/rigup/burnin.json", {"burnin_clear": ["GPU-9"]})
     assert cleared["records"]["GPU-9"]["passed"] is True
+    # round 6 BA20: only the inventory's hosts vote; copies left by hosts gone from it do not
+    gone, _ = judged("lab4", {"records": own}, "/var/lib/rigup/burnin.json", {"burnin_clear": []}, ["lab4", "lab5"])
+    assert gone["records"]["GPU-9"]["passed"] is True
+    assert set(fleetwide.other_copies(tmp_path / "burnin" / "lab4.json", ["lab1", "lab4"])) == {"lab1"}
 
 
 def test_one_vote_a_host_twelve_made_up_cards_on_one_host_do_not_outvote_two_honest_hosts():
