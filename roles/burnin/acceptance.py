@@ -85,6 +85,7 @@ import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -1659,8 +1660,11 @@ def load(path: str) -> dict:
     starting over from {} would erase every quarantine on the host at the next save (round 3's H1),
     and a record read past its faults could let a quarantined card serve. The controller's reader
     is rigup/boundary/burnin.py, with the same rules."""
-    try:
-        with open(path, encoding="utf-8") as f:
+    try:   # never through a link, never waiting on a FIFO (round 6 BA17), a regular file only
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, encoding="utf-8") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a regular file")
             text = f.read((1 << 22) + 1)
     except FileNotFoundError:
         return {}
@@ -1928,6 +1932,8 @@ def command(argv=None) -> int:
             print(shown(line(uuid, rec), 4000))
         return 0
     if a.cmd == "clear":
+        if len(a.by) > 256 or CONTROL.search(a.by):   # what record_fault takes: else every later load refused (round 6 BA1)
+            ap.error(f"--by: at most 256 characters, no control character: {shown(a.by, 200)}")
         records = load(a.results)
         names = list(records) if a.cards == "all" else [u for u in a.cards.split(",") if u]
         for u in names:

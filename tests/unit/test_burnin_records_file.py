@@ -160,3 +160,25 @@ def test_a_record_reads_here_exactly_when_the_controller_reads_it_and_is_quarant
         assert typed is None or acceptance.quarantined(typed) == acceptance.quarantined(rec)
     assert guard.quarantined(rec) == acceptance.quarantined(rec)
     assert fault is not None or isinstance(rec.get("passed"), bool)   # what it reads, it reads typed
+
+
+def test_clear_by_a_text_its_reader_refuses_is_refused_and_a_fifo_at_the_records_path_is_not_waited_on(tmp_path):
+    """Round 6 BA1: ``clear --by`` of 300 characters wrote a record every later load refused (exit 2 for
+    every command); BA17: a FIFO at the records path blocked rigup-burnin in open() for ever."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    prog = str(Path(acceptance.__file__))
+    results = tmp_path / "burnin.json"
+    results.write_text(json.dumps({"GPU-00000000-0000-0000-0000-000000000001": {"passed": False, "failed": ["VRAM: 3"],
+                                                                               "level": "quick", "at": 1}}))
+    before = results.read_text()
+    run = subprocess.run([sys.executable, prog, "clear", "all", "--results", str(results), "--metrics",
+                          str(tmp_path / "x.prom"), "--by", "x" * 300], capture_output=True, text=True, timeout=60)
+    print(run.returncode, run.stderr.strip()[-160:])
+    assert run.returncode == 2 and "--by" in run.stderr and results.read_text() == before
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    run = subprocess.run([sys.executable, prog, "status", "--results", str(fifo)], capture_output=True, text=True, timeout=20)
+    print(run.returncode, run.stderr.strip()[-160:])
+    assert run.returncode != 0 and "not a regular file" in run.stderr
