@@ -19,22 +19,31 @@ REF = ("--data", "llama_cpp_ref=lab-bump")   # tests/lab/sources.py's second tag
 RUNS = "readlink /proc/$(systemctl show -p MainPID --value rigup-llama@gemma)/exe"   # the build serving
 
 
+def killed_when(host: str, play: str, args: list[str], begun, seconds: int, after: float, env: dict | None = None) -> float:
+    """``pyinfra -y inventory/lab.py PLAY --limit HOST ARGS`` started, then killed with SIGKILL (the
+    controller, its SSH connections with it) ``after`` seconds once ``begun()`` holds (within
+    ``seconds``, the play still running); the seconds from its start to the kill."""
+    proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", play, "--limit", host, *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    start = time.monotonic()
+    try:
+        while not begun():
+            assert time.monotonic() - start < seconds and proc.poll() is None, f"{play}: what was to be cut short never began"
+            time.sleep(0.5)
+        time.sleep(after)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return time.monotonic() - start
+
+
 def test_a_converge_killed_mid_switch_of_a_build_is_carried_on_by_the_next(lab, second_converge):
     host = lab.hosts()[0]["name"]
     converge("inventory/lab.py", "--limit", host)   # group_vars/lab.yml's instance, on the default build
     before = on_host(lab, host, f"readlink {DIR}/current").strip()
-    proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploy.py", "--limit", host, *REF], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        start = time.monotonic()
-        while lab.ssh(host, f"test -s {DIR}/switching").returncode != 0:   # built (or received), switching
-            assert time.monotonic() - start < 900 and proc.poll() is None, "the switch never began"
-            time.sleep(0.5)
-        time.sleep(1)   # its smoke under way
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    killed = time.monotonic() - start
+    # built (or received) and switching, its smoke under way
+    killed = killed_when(host, "deploy.py", list(REF), lambda: lab.ssh(host, f"test -s {DIR}/switching").returncode == 0,
+                         900, 1)
     left = on_host(lab, host, f"readlink {DIR}/current; cat {DIR}/switching; {RUNS}").split()
     answered = json.loads(on_host(lab, host, "curl -s -m 120 http://127.0.0.1:8081/v1/completions -H "
                                              "'Content-Type: application/json' -d '{\"prompt\": \"Hi\", \"max_tokens\": 4}'"))

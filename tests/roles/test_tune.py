@@ -8,15 +8,14 @@ tune.py killed mid-sweep leaves the instance as it was before the sweep (issue 6
 
 import json
 import os
-import signal
-import subprocess
 import time
 
 import pytest
 import yaml
 
 from tests.conftest import on_host
-from tests.converge import PYINFRA, ROOT, converge, pyinfra
+from tests.converge import converge, pyinfra
+from tests.roles.test_kill_switch import killed_when
 
 pytestmark = pytest.mark.lab
 TUNE = ["--data", "llama_server_tune_budget_s=90", "--data", "llama_server_tune_concurrency=4",
@@ -183,19 +182,9 @@ def test_a_tune_killed_mid_sweep_leaves_the_instance_as_it_was(lab, second_conve
     (tmp_path / "group_vars").mkdir()
     converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
     before = on_host(lab, host, UNIT_AS_IT_IS).split()
-    proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "tune.py", "--limit", host, *ONE_SLOT, *TUNE,
-                             "--data", f"llama_server_tune_budget_s={KILLED_BUDGET_S}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "RIGUP_SITE": str(tmp_path)})
-    try:
-        start = time.monotonic()
-        while on_host(lab, host, SERVER).strip() == "active":   # stopped by the sweep's job
-            assert time.monotonic() - start < 300 and proc.poll() is None, "the sweep never began"
-            time.sleep(0.5)
-        time.sleep(2)   # a point under way
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    # stopped by the sweep's job, a point under way
+    killed_when(host, "tune.py", [*ONE_SLOT, *TUNE, "--data", f"llama_server_tune_budget_s={KILLED_BUDGET_S}"],
+                lambda: on_host(lab, host, SERVER).strip() != "active", 300, 2, env={**os.environ, "RIGUP_SITE": str(tmp_path)})
     killed = time.monotonic()
     job = on_host(lab, host, "systemctl is-active rigup-tune-gemma || true").strip()
     while on_host(lab, host, SERVER).strip() != "active" or \
