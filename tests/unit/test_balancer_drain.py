@@ -491,11 +491,28 @@ def test_a_listener_at_the_socket_path_that_is_not_roots_is_not_haproxy(tmp_path
         monkeypatch.setattr(drain, "SOCKET", str(sock))
         print(drain.worker_pid(), drain.reachable())
         assert drain.worker_pid() is None and not drain.reachable()
-        with pytest.raises(drain.Failed, match=r"its listener is not root's HAProxy \(uid 65534"):
+        with pytest.raises(drain.Failed, match=r"not a socket of root's|its listener is not root's HAProxy \(uid 65534"):
             drain.admin("show info")
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_link_at_the_socket_path_to_a_root_listener_is_not_followed(tmp_path, monkeypatch):
+    """Re-round 6 ND2: haproxy's group may plant a link at admin.sock to any root listener, whose peer
+    credentials are root's: the path's own inode is checked and connected, never the link's target."""
+    import socket as sk
+    target = tmp_path / "roots.sock"
+    with sk.socket(sk.AF_UNIX) as root_listener:
+        root_listener.bind(str(target))
+        root_listener.listen()
+        link = tmp_path / "admin.sock"
+        link.symlink_to(target)
+        monkeypatch.setattr(drain, "SOCKET", str(link))
+        with pytest.raises(drain.Failed) as e:
+            drain.admin("show info")
+        print(e.value)
+        assert "not a socket of root's" in str(e.value)
 
 
 @pytest.mark.parametrize("addr", ["10.0.0.2[x", "127.0.0.1@evil\x1b[2J", "evil\x1bc\x07", "-", ""])
