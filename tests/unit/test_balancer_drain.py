@@ -476,7 +476,7 @@ def _listen_as_nobody(path: Path, answer: str) -> subprocess.Popen:
     """A listener at ``path`` bound by root, listening as nobody (SO_PEERCRED's uid is the listener's)."""
     code = ("import os, socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.setuid(65534); "
             "s.listen(4); print('up', flush=True)\nwhile True:\n c, _ = s.accept()\n try:\n  c.recv(4096); "
-            "c.sendall(sys.argv[2].encode())\n except OSError:\n  pass\n c.close()")   # a client that hung up: the next"
+            "c.sendall(sys.argv[2].encode())\n except OSError:\n  pass\n c.close()")   # a client that hung up ends no listener
     child = subprocess.Popen([sys.executable, "-c", code, str(path), answer], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline() == "up\n"
     return child
