@@ -131,13 +131,6 @@ def serving_plan(engines: list[Engine], data: Config, plan: Plan) -> ServingPlan
     return out
 
 
-def planned(plan: Plan, role: str) -> dict[str, dict]:
-    """The instances of engine ``role`` ("llama-server", "vllm") as the plan's ``serving`` has them
-    (name -> instance, normalised, tuned and sized): what the readers of a host's own serving
-    instances read; {} where preflight refused them."""
-    return {name: s.inst for name, s in (plan["serving"][role] or {}).items()}
-
-
 def serve(engine: Engine, plan: Plan, data: Config) -> None:
     """The serving walk of ``engine`` on this host (module docstring), called by its role's
     ``apply``: every operation it calls is the role's, in the role's deploy."""

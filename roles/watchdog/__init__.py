@@ -42,7 +42,7 @@ no instance is watched, or with ``watchdog_enabled: false``):
 Variables (roles/watchdog/defaults.yml): watchdog_enabled, watchdog_interval_s,
 watchdog_bad_checks, watchdog_max_tokens, watchdog_timeout_s, watchdog_grace_s, rigup_watchdog_reboot,
 rigup_watchdog_max_reboots; llama_server_instances (roles/llama_server: port, host, api_key,
-min_tokens_per_s; as preflight's plan serves them, rigup.serving ``planned``), rigup_maintenance, rigup_prefix and rigup_state_dir (roles/base).
+min_tokens_per_s), rigup_maintenance, rigup_prefix and rigup_state_dir (roles/base).
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from rigup.config import Config, role_defaults
 from rigup.contract import llama_server
 from rigup.gate import endpoint
 from rigup.names import WATCHDOG_METRICS, WATCHDOG_SERVICE, WATCHDOG_TIMER, gate_record
-from rigup.serving import planned
 from rigup.templates import render
 from roles.watchdog.watchdog import COMMAND_TIMEOUT_S
 
@@ -74,11 +73,10 @@ SERVICE, TIMER = WATCHDOG_SERVICE, WATCHDOG_TIMER
 __all__ = ["apply", "watchdog_config"]
 
 
-def watched(instances: dict[str, dict]) -> dict[str, dict]:
-    """The llama-server servers the watchdog checks of ``instances`` (name -> instance, as the
-    plan serves it: rigup.serving ``planned``), as it reaches them: name -> {"url", "port",
+def watched(data: Config) -> dict[str, dict]:
+    """The llama-server servers the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
-    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off).
+    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract.
     A router (``also``, issue 49) is watched only with its own ``min_tokens_per_s`` (its models
     differ in speed, so the gate's tok/s of one is no floor for another) and gets ``models``, its
     set: each check times the model it has loaded (a model it would have to load is never asked
@@ -88,12 +86,11 @@ def watched(instances: dict[str, dict]) -> dict[str, dict]:
     NAME.M of its own, watched as a single-model server with the instance's floor (null: from its
     own gate record), its router's floor or not."""
     found = {}
-    for name, inst in sorted(instances.items()):
+    for name, inst in llama_server.view(data).items():
         floor, pins = inst["min_tokens_per_s"], llama_server.pinned(inst)
         if floor == 0 or not isinstance(inst["port"], int):
             continue
-        key = llama_server.KEY.format(name) if inst["api_key"] else None
-        judged = {"key": key, "floor": None if floor is None else float(floor),
+        judged = {"key": inst["key"], "floor": None if floor is None else float(floor),
                   **({"sleeps": True} if inst.get("sleep_idle_s") else {})}   # judged when it served
         if not inst.get("also") or floor is not None:
             found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"], **judged,
@@ -105,11 +102,10 @@ def watched(instances: dict[str, dict]) -> dict[str, dict]:
     return found
 
 
-def watchdog_config(data: Config, instances: dict[str, dict]) -> dict:
-    """/etc/rigup/watchdog.json (pure: data and the host's llama-server ``instances`` in, as
-    :func:`watched` takes them)."""
+def watchdog_config(data: Config) -> dict:
+    """/etc/rigup/watchdog.json (pure: data in)."""
     state_dir = str(data["rigup_state_dir"]).rstrip("/")
-    return {"instances": watched(instances), "interval_s": data["watchdog_interval_s"],
+    return {"instances": watched(data), "interval_s": data["watchdog_interval_s"],
             "bad_checks": data["watchdog_bad_checks"], "max_tokens": data["watchdog_max_tokens"],
             "timeout_s": data["watchdog_timeout_s"], "grace_s": data["watchdog_grace_s"],
             "command_timeout_s": COMMAND_TIMEOUT_S, "maintenance": bool(data["rigup_maintenance"]),
@@ -130,7 +126,7 @@ def unit_timeout_s(config: dict) -> int:
 def apply(plan: Plan, data: Config):
     if not plan.get("systemd", True):
         return      # no serving units without systemd (preflight refuses them)
-    config = watchdog_config(data, planned(plan, "llama-server"))
+    config = watchdog_config(data)
     if not data["watchdog_enabled"] or not config["instances"]:
         services.running(name=f"watchdog: stop {TIMER}", unit=TIMER, units=[TIMER], enabled=False)
         return

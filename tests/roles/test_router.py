@@ -160,17 +160,15 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
     """The throughput watchdog (roles/watchdog/watchdog.py, run on the host as its timer runs it)
     with the router as watchdog_config makes it for a router with its own floor: it times the
     model loaded after the alternation (tiny) and asks for no other (gemma-270m stays unloaded)."""
-    from rigup.contract.llama_server import view
     from roles.watchdog import watchdog_config
 
     name, models, router = duo[:3]
     complete(lab, name, "tiny")   # the state it reads, set up here: tiny loaded, gemma-270m evicted (models_max 1)
-    d = {"llama_server_instances": {"duo": {**router, "min_tokens_per_s": 0.5}}, "models": models,
-         "watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 8,
-         "watchdog_timeout_s": 60, "watchdog_grace_s": 300, "rigup_maintenance": False,
-         "rigup_state_dir": "/root/wd", "rigup_watchdog_reboot": False,
-         "rigup_watchdog_max_reboots": 1}
-    config = watchdog_config(d, view(d))   # its instances as the plan serves them
+    config = watchdog_config({"llama_server_instances": {"duo": {**router, "min_tokens_per_s": 0.5}}, "models": models,
+                              "watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 8,
+                              "watchdog_timeout_s": 60, "watchdog_grace_s": 300, "rigup_maintenance": False,
+                              "rigup_state_dir": "/root/wd", "rigup_watchdog_reboot": False,
+                              "rigup_watchdog_max_reboots": 1})
     assert config["instances"]["duo"]["models"] == ["gemma-270m", "tiny"]
     config["metrics_file"] = "/root/wd/rigup_watchdog.prom"
     program, measuring = (ROOT / "roles/watchdog/watchdog.py").read_text(), (ROOT / "rigup/throughput.py").read_text()

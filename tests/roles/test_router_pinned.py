@@ -249,16 +249,14 @@ def test_the_watchdog_asks_the_pinned_server_and_restarts_it_when_wedged(lab, du
     answers above the floor; stopped (SIGSTOP, a wedged server), no answer within 5 s is one bad
     check, and with bad_checks 1 its unit rigup-llama@duo.tiny-p is restarted (a new MainPID that
     answers again), never the router's. Last in the module: it restarts the pinned server."""
-    from rigup.contract.llama_server import view
     from roles.watchdog import watchdog_config
 
     name = duo[0]
-    d = {"llama_server_instances": {"duo": {**ROUTER, "min_tokens_per_s": 0.5}},
-         "watchdog_interval_s": 300, "watchdog_bad_checks": 1, "watchdog_max_tokens": 8,
-         "watchdog_timeout_s": 5, "watchdog_grace_s": 0, "rigup_maintenance": False,
-         "rigup_state_dir": "/root/wdp", "rigup_watchdog_reboot": False,
-         "rigup_watchdog_max_reboots": 1}
-    config = watchdog_config(d, view(d))   # its instances as the plan serves them
+    config = watchdog_config({"llama_server_instances": {"duo": {**ROUTER, "min_tokens_per_s": 0.5}},
+                              "watchdog_interval_s": 300, "watchdog_bad_checks": 1, "watchdog_max_tokens": 8,
+                              "watchdog_timeout_s": 5, "watchdog_grace_s": 0, "rigup_maintenance": False,
+                              "rigup_state_dir": "/root/wdp", "rigup_watchdog_reboot": False,
+                              "rigup_watchdog_max_reboots": 1})
     assert config["instances"]["duo.tiny-p"] == {"url": f"http://127.0.0.1:{PINNED_PORT}", "port": PINNED_PORT,
                                                  "key": None, "floor": 0.5}
     assert config["instances"]["duo"]["models"] == ROUTED

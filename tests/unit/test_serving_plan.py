@@ -54,23 +54,3 @@ def test_a_vllm_instance_and_an_engine_with_problems():
 
 def test_the_serving_roles_declare_their_engines_to_preflight():
     assert [r.engine for r in in_order() if r.engine] == [LLAMA, VLLM]
-
-
-def test_the_watchdog_watches_the_instances_the_plan_serves_as_the_data_gave_them():
-    """roles/watchdog reads the plan's serving (rigup.serving ``planned``): for data that passes,
-    its config is the one the contract's view of the data gave (issue 64: no behaviour change)."""
-    from rigup.contract.llama_server import view
-    from rigup.serving import planned
-    from roles.watchdog import watchdog_config
-    plan, _ = host("h100")
-    d = data(models={"gemma": GEMMA, "a": {**GEMMA, "repo": "org/a-GGUF"}, "b": {**GEMMA, "repo": "org/b-GGUF"}},
-             llama_server_instances={
-                 "gemma": {"model": "gemma", "port": 8080, "api_key": True, "min_tokens_per_s": 12},
-                 "off": {"model": "gemma", "port": 8081, "min_tokens_per_s": 0},
-                 "reps": {"model": "gemma", "port": 8090, "replicas": 2, "gpus_per_replica": 1},
-                 "x": {"model": "a", "port": 8100, "also": ["b", "gemma"], "ctx": 8192, "min_tokens_per_s": 5,
-                       "per_model": {"gemma": {"pinned": True}}, "sleep_idle_s": 60}})
-    served = planned({**plan, "serving": serving_plan(ENGINES, d, plan)}, "llama-server")
-    assert sorted(served) == ["gemma", "off", "reps", "x"]
-    assert watchdog_config(d, served) == watchdog_config(d, view(d))
-    assert set(watchdog_config(d, served)["instances"]) == {"gemma", "reps", "x", "x.gemma"}

@@ -20,22 +20,10 @@ from pathlib import Path
 import pytest
 
 from rigup import gate, throughput
-from rigup.contract.llama_server import view
-from roles.watchdog import unit_timeout_s, watchdog_config
-from roles.watchdog import watched as watched_instances
+from roles.watchdog import unit_timeout_s, watchdog_config, watched
 from roles.watchdog import watchdog as wd
 
 STUB = Path(__file__).resolve().parents[1] / "lab" / "engine_stub.py"
-
-
-def config_of(d: dict) -> dict:
-    """The watchdog's config for data ``d``, its instances as the plan serves them (their own keys
-    over the contract's defaults: the contract's ``view``)."""
-    return watchdog_config(d, view(d))
-
-
-def watched(d: dict) -> dict:
-    return watched_instances(view(d))
 DATA = {"watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 32, "watchdog_timeout_s": 60,
         "watchdog_grace_s": 300, "rigup_maintenance": False, "rigup_state_dir": "/var/lib/rigup",
         "rigup_watchdog_reboot": False, "rigup_watchdog_max_reboots": 1,
@@ -47,7 +35,7 @@ DATA = {"watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_toke
 
 
 def test_config_watches_every_instance_but_those_turned_off():
-    config = config_of(DATA)
+    config = watchdog_config(DATA)
     assert config["instances"] == {
         "gated": {"url": "http://127.0.0.1:8083", "port": 8083, "key": None, "floor": None},
         "glm": {"url": "http://127.0.0.1:8081", "port": 8081, "key": None, "floor": 40.0},
@@ -58,7 +46,7 @@ def test_config_watches_every_instance_but_those_turned_off():
     assert config["reboots_file"] == "/var/lib/rigup/watchdog-reboots.json" and config["reboot"] is False
     assert config["grace_s"] == 300 and config["command_timeout_s"] == wd.COMMAND_TIMEOUT_S == 30
     assert unit_timeout_s(config) == 8 * 3 * (65 + 2 * 30) + 2 * 30 + 60
-    assert config_of({**DATA, "rigup_maintenance": True})["maintenance"] is True
+    assert watchdog_config({**DATA, "rigup_maintenance": True})["maintenance"] is True
     router = {**DATA["llama_server_instances"]["glm"], "also": ["other"], "port": 8090}   # issue 49: its own floor
     routers = {"router": router, "unfloored": {**router, "port": 8095, "min_tokens_per_s": None}}
     found = watched({**DATA, "llama_server_instances": {**DATA["llama_server_instances"], **routers}})
@@ -82,7 +70,7 @@ def test_default_floor_is_half_the_gates_tok_s(tmp_path):
 
 
 def test_servers_are_the_unit_or_each_replica():
-    inst = config_of(DATA)["instances"]["glm"]
+    inst = watchdog_config(DATA)["instances"]["glm"]
     units = ["rigup-llama@glm.service", "rigup-llama@glm-0.service", "rigup-llama@glm-1.service",
              "rigup-llama@glm2.service", "rigup-llama@keyed.service"]
     assert [(s["server"], s["unit"], s["url"]) for s in wd.servers("glm", inst, units)] == [
