@@ -354,7 +354,8 @@ def quarantined(rec: dict | None) -> bool:
         return True
     # a clearing is rigup-burnin clear's {"at", "by"}, not older than the run it clears: {} or {"note"}
     # cleared nothing to the controller (round 6 BA6, BA7), nor one older than a new failure (re-round 6 NB5)
-    at, cleared_at = rec.get("at"), (cleared or {}).get("at")
+    at, cleared_at = ((v if isinstance(v, (int, float)) and not isinstance(v, bool) else None)   # a time is a number
+                      for v in (rec.get("at"), (cleared or {}).get("at")))
     return passed is False and (cleared_at is None or (at is not None and cleared_at < at))
 
 
