@@ -24,9 +24,9 @@ together (issue 48)."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
