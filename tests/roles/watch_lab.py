@@ -14,17 +14,14 @@ from tests.conftest import on_host
 from tests.converge import ROOT, pyinfra
 
 # Preflight judges base and the roles played (an engine stand-in holds a serving port here, which
-# llama_server's port check would rightly refuse: that role is not played). Its engine alone goes to
-# preflight, which plans its instances (the plan's serving): what the watchdog reads (rigup.serving planned).
+# llama_server's port check would rightly refuse: that role is not played).
 PLAY = """from pyinfra import host
 from roles import base, preflight
 from rigup.config import configure
-from rigup.role import Role
-from roles.llama_server import LLAMA
 import importlib
 roles = [importlib.import_module("roles." + name).ROLE for name in {roles!r}]   # their records (rigup/role.py)
 cfg = configure(host, [base.ROLE, *roles])
-plan = preflight.run([base.ROLE, *roles, Role("llama_server", None, engine=LLAMA)], cfg)
+plan = preflight.run([base.ROLE, *roles], cfg)
 base.apply(plan, cfg)
 for role in roles:
     role.apply(plan, cfg)
