@@ -11,7 +11,7 @@ PYINFRA:= $(VENV)/bin/pyinfra
 N      ?= 1
 PROFILE?= a100
 
-.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap bench-smoke bench-balancer bench-handover vllm-real clean
+.PHONY: venv demo test unit docs lab-up lab-down lab-list bench-lab bench-ansible bench-fleet bench-overlap bench-smoke bench-balancer bench-handover bench-faults vllm-real clean
 
 venv: $(VENV)/.installed
 
@@ -68,6 +68,11 @@ bench-balancer: venv
 
 bench-handover: venv
 	$(PY) -m tests.bench_handover
+
+# issue 65's longer kill points (a roll killed mid-burn-in, a build switch and a tune sweep killed
+# midway: pytest.ini's faults marker), on one lab; make test leaves them out
+bench-faults: venv
+	$(PY) -m pytest -p no:cacheprovider -m faults $$($(PY) -c 'from tests.lanes import FAULTS; print(*FAULTS)')
 
 # a real vLLM from PyPI installed by roles/vllm on a lab host, pip against uv, then the patched
 # git path (several GB through the lab's proxy; not part of `make test`): tests/vllm_real.py

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import on_host
 from tests.converge import PYINFRA, ROOT, converge
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.faults]   # make bench-faults
 DIR = "/opt/rigup/llama.cpp"
 REF = ("--data", "llama_cpp_ref=lab-bump")   # tests/lab/sources.py's second tag: a build of its own
 RUNS = "readlink /proc/$(systemctl show -p MainPID --value rigup-llama@gemma)/exe"   # the build serving

@@ -357,6 +357,7 @@ BURNIN_ENV = {**ENV, "RIGUP_LAB_HOST_DATA": json.dumps({"lab1": BURNIN}),
 SERVED = "systemctl is-active rigup-llama@gemma.service || true"
 
 
+@pytest.mark.faults   # about 4 min of lane A: make bench-faults
 def test_a_roll_killed_mid_burnin_starts_the_stopped_units_by_its_lease(rack, tmp_path):
     """Issue 65: roll.py killed with SIGKILL while lab1's cards are tested (a burn-in in a roll: its
     rigup-llama@gemma stopped for the run, held by a lease of LEASE_S on the host): once its

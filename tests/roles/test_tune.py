@@ -173,6 +173,7 @@ UNIT_AS_IT_IS = ("sha256sum < /etc/systemd/system/rigup-llama@gemma.service.d/ri
                  "tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value rigup-llama@gemma)/cmdline | sha256sum | cut -c1-16")
 
 
+@pytest.mark.faults   # make bench-faults
 def test_a_tune_killed_mid_sweep_leaves_the_instance_as_it_was(lab, second_converge, tmp_path):
     """Issue 65: tune.py's pyinfra (the controller) killed with SIGKILL while gemma's sweep runs, its
     unit stopped by the sweep's job: the job (a transient unit on the host, no controller) ends
