@@ -206,8 +206,8 @@ def setting(data: dict, key: str, default: int, lo: int, hi: int) -> int:
     within ``lo``..``hi`` of the inventory (YAML's ``2m``, ``'2'`` or ``0.5`` are not one), else
     ValueError naming the key: a lease of 0 would drain with no lease and spin its renewals."""
     value = data.get(key, default)
-    got = json_whole(value, hi)
-    if got is None or got < lo:
+    got = json_whole(value, hi, lo)
+    if got is None:
         raise ValueError(f"{key}: expected a whole number of {lo}..{hi}, got {str(value)[:40]!r}")
     return got
 

@@ -65,10 +65,12 @@ def whole(value: object, hi: int | None = None) -> int | None:
     return None
 
 
-def json_whole(value: object, hi: int | None = None) -> int | None:
-    """A whole number of a JSON record: a JSON int alone (never text, a float or a bool), 0..``hi``;
-    else None. A record rigup's programs write holds its counts and indexes as ints: ``"3"`` is not one."""
-    return whole(value, hi) if isinstance(value, int) else None
+def json_whole(value: object, hi: int | None = None, lo: int = 0) -> int | None:
+    """A whole number of a JSON record: a JSON int alone (never text, a float or a bool), ``lo``..``hi``
+    (``lo`` below 0 is 0: a whole number has no sign); else None. A record rigup's programs write holds
+    its counts and indexes as ints: ``"3"`` is not one."""
+    got = whole(value, hi) if isinstance(value, int) else None
+    return got if got is not None and got >= lo else None
 
 
 # shares per GPU as llama.cpp takes them (:func:`shares`; a sweep's result is read by it too)

@@ -359,8 +359,8 @@ def marker(value: Any, where: str) -> dict:
 
 def _json_int(lo: int, hi: int) -> Callable[[Any, str], int]:
     def read(value: Any, where: str) -> int:
-        got = json_whole(value, hi)
-        if got is None or got < lo:
+        got = json_whole(value, hi, lo)
+        if got is None:
             raise Unreadable(where, f"not a JSON whole number in {lo}..{hi}: {str(value)[:40]!r}")
         return got
     return read

@@ -131,6 +131,18 @@ def test_a_whole_number_is_ascii_digits_or_a_json_int_or_none(value):
 
 
 @SETTINGS
+@given(TEXT | JSONISH, st.integers(-5, 70000), st.integers(0, 70000))
+def test_a_json_whole_number_is_within_lo_and_hi_or_none(value, lo, hi):
+    """json_whole's ``lo`` (roll.py's settings, results.py's JSON ints): an int of max(lo, 0)..hi or None, and
+    the default lo of 0 is the 0..hi rule every other caller has."""
+    got = numbers.json_whole(value, hi, lo)
+    assert got is None or (type(value) is int and got == value and max(lo, 0) <= got <= hi)
+    assert got == (None if numbers.json_whole(value, hi) is None or numbers.json_whole(value, hi) < lo
+                   else numbers.json_whole(value, hi))
+    assert numbers.json_whole(value, hi, 0) == numbers.json_whole(value, hi)
+
+
+@SETTINGS
 @given(TEXT)
 def test_an_nftables_comment_is_one_line_or_refused(text):
     try:
