@@ -245,18 +245,22 @@ class NvidiaDriver(FactBase):
 # ----------------------------------------------------------------------------- CUDA toolkits
 # Each nvcc is run (--version) and later compiles as root only where root owns it and every directory
 # above it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found on PATH became the
-# build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe PATH`` (the first such) and it is
-# not run. The program run is the real path checked, ``$r``, never the name again: ``$n`` may be a link in
-# a directory another user writes, flipped between the check and the run (round re5 N22).
+# build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe UID MODE OWNER:GROUP PATH`` (the
+# first such, from the binary up: Debian's /usr/local is 2775 root:staff) and it is not run. The program
+# run is the real path checked, ``$r``, never the name again: ``$n`` may be a link in a directory another
+# user writes, flipped between the check and the run (round re5 N22); so the walk is of ``$r``, every
+# directory from the binary up to /, and the name's own directories do not matter (nothing runs it).
 CUDA_COMMAND = (
     "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
     '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; echo "--- $n $r"; p=$r; u=; '
-    'while :; do set -- $(stat -c "%u %a" "$p" 2>/dev/null); '
-    'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u=$p; break; fi; '
+    'while :; do set -- $(stat -c "%u %a %U:%G" "$p" 2>/dev/null); '
+    'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; break; fi; '
     '[ "$p" = / ] && break; p=$(dirname "$p"); done; '
     'if [ -n "$u" ]; then echo "unsafe $u"; else "$r" --version 2>/dev/null; fi; '
     "done; true"
 )
+# what the walk printed of the first directory root does not own alone (or, before it printed more, the path)
+_UNSAFE = re.compile(r"unsafe (?:([0-9]{1,10}|\?) ([0-7]{1,4}|\?) ([^\s:]{1,64}|\?):([^\s:]{1,64}|\?) )?(/.{0,4095})")
 # ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
 _NVCC_RELEASE = re.compile(r"release ([1-9][0-9]?\.[0-9]{1,2}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")
 
@@ -280,6 +284,48 @@ def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
         if seen not in entry["seen_as"]:
             entry["seen_as"].append(seen)
     return sorted(found.values(), key=lambda t: (tuple(map(int, t["version"].split("."))), t["path"]))
+
+
+def _refusal(header: str, line: str) -> dict | None:
+    """One ``unsafe`` line of :data:`CUDA_COMMAND` under ``header`` -> the refused nvcc: its real ``path``,
+    the ``dir`` root does not own alone, its ``mode``, ``owner`` and ``group`` (None where the walk could
+    not tell), ``why`` (in words) and ``fix`` (commands for the operator); None for another line."""
+    m = _UNSAFE.fullmatch(line.strip())
+    if not m:
+        return None
+    seen, _, real = header.partition(" ")
+    uid, mode, owner, group, where = (None if g in (None, "?") else g for g in m.groups())
+    # the octal digits of group and others (no int(): the regex took 1-4 of 0-7); 2, 3, 6, 7 have w
+    group_w, other_w = ((mode or "0").zfill(4)[i] in "2367" for i in (2, 3))
+    why, fix = [], []
+    if uid is not None and uid != "0":
+        why.append(f"owned by {owner or 'uid ' + uid}")
+        fix.append(f"chown root {shlex.quote(where)}")
+    if group_w:
+        why.append(f"writable by group {group or '?'}")
+        fix.append(f"chmod g-w {shlex.quote(where)}")
+    if other_w:
+        why.append("writable by others")
+        fix.append(f"chmod o-w {shlex.quote(where)}")
+    state = f"{mode} {owner or '?'}:{group or '?'}" if mode else "not readable (stat failed)"
+    return {"path": real.strip() or seen, "seen_as": [seen], "dir": where, "mode": mode, "owner": owner,
+            "group": group, "why": f"{where} is {state}" + (f", {' and '.join(why)}" if why else ""),
+            "fix": "; ".join(fix) or f"make {shlex.quote(where)} root's alone (chown root, chmod go-w)"}
+
+
+def parse_refused_nvcc(lines: list[str]) -> list[dict]:
+    """The nvccs :data:`CUDA_COMMAND` found and did not run (``unsafe``: a directory from the binary up
+    to / that root does not own alone), one per real path: ``[{"path", "seen_as", "dir", "mode", "owner",
+    "group", "why", "fix"}]`` (:func:`_refusal`), so that a refused nvcc is said, not silently none."""
+    found: dict[str, dict] = {}
+    for header, body in sections(lines, "--- ").items():
+        got = next((r for r in (_refusal(header, ln) for ln in body) if r), None)
+        if not got:
+            continue
+        entry = found.setdefault(got["path"], got)
+        if got["seen_as"][0] not in entry["seen_as"]:
+            entry["seen_as"].append(got["seen_as"][0])
+    return sorted(found.values(), key=lambda r: r["path"])
 
 
 class CudaToolkits(FactBase):
@@ -672,6 +718,7 @@ def parse_hardware(lines: list[str]) -> dict:
         "gpus": gpus,
         "driver": parse_driver(sec.get("driver", []) + (["--- smi", str(smi)] if smi else [])),
         "cuda_toolkits": parse_cuda_toolkits(sec.get("cuda", [])),
+        "cuda_refused": parse_refused_nvcc(sec.get("cuda", [])),
         "listening_ports": parse_listening_ports(sec.get("ports", [])),
         "secure_boot": parse_secure_boot(sec.get("secure_boot", [])),
         "kernel": parse_kernel(sec.get("kernel", [])),
@@ -693,6 +740,7 @@ class Facts(TypedDict, total=False):
     gpus: list[dict]
     driver: dict
     cuda_toolkits: list[dict]
+    cuda_refused: list[dict]
     listening_ports: dict[int, str | None]
     secure_boot: bool | None
     kernel: dict
@@ -711,7 +759,8 @@ class HardwareFacts(FactBase):
     """Every fact above in one round trip, for preflight::
 
         {"gpus": [...NvidiaGpus...], "driver": {...NvidiaDriver...},
-         "cuda_toolkits": [...CudaToolkits...], "listening_ports": {22: "sshd"},
+         "cuda_toolkits": [...CudaToolkits...], "cuda_refused": [...parse_refused_nvcc...],
+         "listening_ports": {22: "sshd"},
          "secure_boot": None, "kernel": {"release": ..., "headers": ...}, "systemd": True,
          "cpu": {...CpuInfo...}, "pci": [{"bus_id", "pci_device_id"}], "free_disk": {"/": 68702195712}}
 

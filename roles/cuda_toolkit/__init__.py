@@ -13,7 +13,9 @@ llama_cpp_backend not cpu):
 - PATH and LD_LIBRARY_PATH for login shells (/etc/profile.d/rigup-cuda.sh) and for rigup's
   units (/etc/rigup/cuda.env).
 apt waits on the dpkg lock (roles/base) and transient failures are retried. The right version
-already present changes nothing.
+already present changes nothing. An nvcc the build would run as root under a directory that is not
+root's alone (Debian's /usr/local is 2775 root:staff) is not used: preflight refuses the host once,
+naming the directory, its mode and owner, and the fix (checks.py ``check_nvcc_root_alone``).
 
 Variables (roles/cuda_toolkit/defaults.yml): cuda_source, cuda_version.
 """

@@ -95,7 +95,7 @@ def test_7_path_bytes_fact_parsing():
 
 def test_each_role_declares_its_checks_and_they_are_pure():
     counts = {role.name: len(role.checks) for role in in_order()}
-    assert counts == {"base": 1, "nvidia_driver": 8, "cuda_toolkit": 2, "llama_cpp": 1, "model_fetch": 5, "gpu_power": 6,
+    assert counts == {"base": 1, "nvidia_driver": 8, "cuda_toolkit": 3, "llama_cpp": 1, "model_fetch": 5, "gpu_power": 6,
                       "gpu_guard": 2, "cmpunlocker": 6, "llama_server": 8, "vllm": 10, "balancer": 2,
                       "metrics": 2, "watchdog": 0, "rpc_worker": 0, "burnin": 4}
     assert [r.name for r in in_order() if r.ports] == ["model_fetch", "rpc_worker", "llama_server", "vllm",

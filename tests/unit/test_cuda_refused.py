@@ -1,0 +1,104 @@
+"""An nvcc the CUDA fact found and did not run (a directory from it up to / is not root's alone: Debian's
+/usr/local is 2775 root:staff) is said, not silently none (issue 61's leftovers): the fact keeps the
+directory, its mode, owner and group (rigup/gpu/facts.py parse_refused_nvcc), and preflight refuses the
+host once, naming them and the fix (roles/cuda_toolkit/checks.py check_nvcc_root_alone), where the build
+would compile with it as root."""
+
+import os
+import subprocess
+
+from hypothesis import given, settings, strategies as st
+
+from rigup.gpu.facts import CUDA_COMMAND, parse_cuda_toolkits, parse_hardware, parse_refused_nvcc
+from tests.unit.hosts import data, host, only, refusals
+
+STAFF = ["--- /usr/local/cuda/bin/nvcc /usr/local/cuda-12.4/bin/nvcc", "unsafe 0 2775 root:staff /usr/local",
+         "--- /usr/local/cuda-12.4/bin/nvcc /usr/local/cuda-12.4/bin/nvcc", "unsafe 0 2775 root:staff /usr/local",
+         "--- /usr/bin/nvcc /usr/bin/nvcc", "Cuda compilation tools, release 11.8, V11.8.89"]
+
+
+def test_a_refused_nvcc_keeps_its_directory_mode_owner_and_group():
+    (r,) = parse_refused_nvcc(STAFF)
+    print(r)
+    assert r["path"] == "/usr/local/cuda-12.4/bin/nvcc"
+    assert r["seen_as"] == ["/usr/local/cuda/bin/nvcc", "/usr/local/cuda-12.4/bin/nvcc"]
+    assert (r["dir"], r["mode"], r["owner"], r["group"]) == ("/usr/local", "2775", "root", "staff")
+    assert r["why"] == "/usr/local is 2775 root:staff, writable by group staff"
+    assert r["fix"] == "chmod g-w /usr/local"
+    # the usable toolkits are as before, and the hardware fact carries both
+    assert [t["path"] for t in parse_cuda_toolkits(STAFF)] == ["/usr/bin/nvcc"]
+    hw = parse_hardware(["##rigup:cuda", *STAFF])
+    assert [t["path"] for t in hw["cuda_refused"]] == [r["path"]] and parse_hardware([])["cuda_refused"] == []
+
+
+def test_each_reason_is_named_with_its_fix():
+    def one(line):
+        (r,) = parse_refused_nvcc(["--- /opt/c/bin/nvcc /opt/c/bin/nvcc", line])
+        return r["why"], r["fix"]
+    assert one("unsafe 1000 755 bob:bob /opt/c/bin") == ("/opt/c/bin is 755 bob:bob, owned by bob", "chown root /opt/c/bin")
+    assert one("unsafe 0 1777 root:root /tmp") == ("/tmp is 1777 root:root, writable by group root and writable by others",
+                                                   "chmod g-w /tmp; chmod o-w /tmp")
+    assert one("unsafe ? ? ?:? /opt/c") == ("/opt/c is not readable (stat failed)",
+                                            "make /opt/c root's alone (chown root, chmod go-w)")
+    # a directory holding a shell character is quoted in the fix the operator copies
+    assert one("unsafe 0 777 root:root /opt/a b;x")[1] == "chmod g-w '/opt/a b;x'; chmod o-w '/opt/a b;x'"
+    # the form before this one (a path alone) still reads
+    assert one("unsafe /usr")[0] == "/usr is not readable (stat failed)"
+
+
+def test_the_walk_prints_the_directory_group_writable_on_a_real_shell(tmp_path):
+    """CUDA_COMMAND on this machine's shell: an nvcc under a 2775 directory is neither run nor a toolkit,
+    and the fact names that directory and its mode (the walk goes up from the binary: the first found)."""
+    ran = tmp_path / "ran"
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(f'#!/bin/sh\ntouch {ran}\necho "Cuda compilation tools, release 12.8, V12.8.93"\n')
+    nvcc.chmod(0o755)
+    nvcc.parent.chmod(0o2775)
+    out = subprocess.run(["sh", "-c", CUDA_COMMAND], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{nvcc.parent}:/usr/bin:/bin"}).stdout.splitlines()
+    got = {r["path"]: r for r in parse_refused_nvcc(out)}
+    print([ln for ln in out if ln.startswith("unsafe")], got)
+    assert str(nvcc) in got and not ran.exists()
+    r = got[str(nvcc)]
+    assert r["dir"] == str(nvcc.parent) and r["mode"] == "2775" and "writable by group" in r["why"]
+    assert str(nvcc) not in {t["path"] for t in parse_cuda_toolkits(out)}
+
+
+@settings(max_examples=60, deadline=1000)
+@given(st.lists(st.sampled_from(["--- /a/nvcc /a/nvcc", "--- /a/nvcc", "unsafe ", "unsafe 0 2775 root:staff /x",
+                                 "Cuda compilation tools, release 12.8, V12.8.93"]) | st.text(max_size=40), max_size=8))
+def test_any_cuda_text_reads_as_refused_or_not_never_both(lines):
+    """Host text (a path, a user or group name come from the host): read without an exception, each
+    refused nvcc's directory a path, and no nvcc both a toolkit and refused."""
+    refused = parse_refused_nvcc(lines)
+    assert all(r["dir"].startswith("/") and r["why"].startswith(r["dir"]) for r in refused)
+    assert not {r["path"] for r in refused} & {t["path"] for t in parse_cuda_toolkits(lines)}
+
+
+REFUSED = parse_refused_nvcc(STAFF)
+
+
+def test_preflight_says_once_why_the_nvcc_the_build_would_use_is_not_used():
+    plan, facts = host("h100", cuda_refused=REFUSED)
+    (r,) = only(refusals(plan, facts, data(cuda_version="12.4")), "nvcc_root_alone")
+    print(r.line("h"))
+    assert r.line("h").startswith("[h] refused: nvcc /usr/local/cuda-12.4/bin/nvcc not used: /usr/local is 2775 "
+                                  "root:staff, writable by group staff: the build compiles with it as root")
+    assert r.fix == "chmod g-w /usr/local; or set cuda_source to distro (/usr/bin/nvcc)"
+
+
+def test_a_refused_nvcc_the_build_does_not_use_refuses_nothing():
+    plan, facts = host("h100", cuda_refused=REFUSED)
+    assert refusals(plan, facts, data(cuda_version="12.8")) == []                         # nvidia's 12.8: another path
+    assert refusals(plan, facts, data(cuda_version="12.4", cuda_source="distro")) == []    # /usr/bin/nvcc
+    assert refusals(plan, facts, data(cuda_version="12.4", llama_cpp_backend="cpu")) == []
+    assert refusals({**plan, "llama_cpp_compiles": False}, facts, data(cuda_version="12.4")) == []   # receives its build
+
+
+def test_cuda_source_present_names_the_refused_nvcc_when_none_of_its_version_is_usable():
+    plan, facts = host("h100", cuda_refused=REFUSED, cuda_toolkits=[{"version": "12.8", "path": "/opt/ok/nvcc"}])
+    (r,) = only(refusals(plan, facts, data(cuda_version="12.4", cuda_source="present")), "nvcc_root_alone")
+    assert "no nvcc 12.4 is found that root may run (cuda_source present)" in r.why
+    assert r.fix == "chmod g-w /usr/local; or install nvcc 12.4 where root alone writes"
+    assert refusals(plan, facts, data(cuda_version="12.8", cuda_source="present")) == []
