@@ -1,5 +1,6 @@
-"""tune.py's pieces on the controller: each llama-server instance's sweep spec (from the ExecStart
-its drop-in runs), the job that runs rigup/tune.py on the host, and the result written as the
+"""tune.py's pieces on the controller: each llama-server instance's sweep spec (its sized context
+and slots from the serving plan, the command line its drop-in runs once that is the plan's:
+:func:`differences`), the job that runs rigup/tune.py on the host, and the result written as the
 host's data, ``host_vars/<host>.yml`` (``llama_server_tuned``, roles/llama_server/tuned.py), for the
 operator to commit; the next converge serves with it.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -198,6 +200,90 @@ def model_argv(argv: list[str], sections: dict[str, dict[str, str]], model: str)
     return [out[0], "-m", path, *out[1:]], ""
 
 
+NUMBER = re.compile(r"-[0-9.]")   # a value with a sign (-ngl -1, --cache-ram -1), not a flag
+# each spelling of a row of the contract -> its first (a pair's --no-jinja is a setting of its own)
+FIRST = {s: f.spellings[0] for f in contract.FLAGS if f.write != contract.PAIR for s in f.spellings}
+
+
+def settings(argv: list[str]) -> dict[str, list[tuple[str, ...]]]:
+    """``argv``'s flags (after its program), each by its first spelling in the contract's table
+    (``--ctx-size`` as ``-c``, ``--x=v`` as ``--x v``; another flag as written) -> the values given
+    after it, once per time it is given. What :func:`differences` compares."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    flag = None
+    for arg in argv[1:]:
+        if arg.startswith("-") and not NUMBER.match(arg):
+            name, eq, value = arg.partition("=")
+            flag = FIRST.get(name, name)
+            out.setdefault(flag, []).append((value,) if eq else ())
+        elif flag is not None:
+            out[flag][-1] += (arg,)
+    return out
+
+
+def _given(flag: str, values: list[tuple[str, ...]] | None) -> str:
+    return "; ".join(shown(" ".join((flag, *v)), 120) for v in values) if values else f"without {shown(flag, 120)}"
+
+
+def differences(planned: list[str], installed: list[str] | None, model_dir: str | None = None,
+                host_flags=frozenset(), planned_env: dict | None = None, installed_env: dict | None = None) -> list[str]:
+    """What sets the server the serving plan wants apart from the one the host has installed, one
+    line each ("installed -c 4096, the plan's -c 8192"); [] when they agree, and the sweep may start
+    from the installed one. ``planned``: the plan's argv (roles/llama_server/command.py ``argv``
+    of its sized instance, as a converge writes it); ``installed``: its drop-in's ExecStart
+    (:class:`ExecStart`; None: no drop-in, the unit missing). Only what the plan owns is compared,
+    not what a converge reads on the host: the model's file is under ``model_dir`` (the plan's
+    directory of the model; which file, its first GGUF shard, is the completion marker's, so
+    ``planned`` carries the installed one), and a flag of ``host_flags`` (the remedies a build's
+    smoke added, e.g. --no-repack) that the installed command alone has is no difference.
+    ``planned_env``: the plan's environment of the server; each of its variables, and
+    CUDA_VISIBLE_DEVICES (the server's cards), compared with ``installed_env`` (the drop-in's)."""
+    if installed is None:
+        return ["no drop-in on the host (the unit is missing)"]
+    out = [] if planned[:1] == installed[:1] else [f"installed {shown(installed[0], 120)}, the plan's {shown(planned[0], 120)}"]
+    want, have = settings(planned), settings(installed)
+    if model_dir is not None:
+        path = (have.pop("-m", None) or [()])[-1][:1]
+        want.pop("-m", None)
+        if not path or not path[0].startswith(model_dir.rstrip("/") + "/"):
+            out.append(f"installed {_given('-m', [path] if path else None)}, the plan's a file of {model_dir}")
+    for flag in [*want, *(f for f in have if f not in want)]:   # the plan's order, then the installed's own
+        if have.get(flag) != want.get(flag) and not (flag not in want and flag in host_flags):
+            now, then = have.get(flag), want.get(flag)
+            out.append(f"installed {_given(flag, now)}, the plan's " +
+                       (" ".join(shown(" ".join(v), 120) for v in then) if now and then else _given(flag, then)))
+    env, got = planned_env or {}, installed_env or {}
+    for name in sorted(set(env) | ({"CUDA_VISIBLE_DEVICES"} & set(got))):
+        if env.get(name) != got.get(name):
+            now, then = (shown(f"{name}={e[name]}", 120) if name in e else f"without {name}" for e in (got, env))
+            out.append(f"installed {now}, the plan's {then}")
+    return out
+
+
+def preset_differences(planned: dict[str, dict[str, str]], installed: dict[str, dict[str, str]],
+                       model_dirs: dict[str, str]) -> list[str]:
+    """What sets a router's preset the plan wants apart from the one the host has, by section and key
+    (both as :func:`preset_sections` reads them: ``planned`` from roles/llama_server/command.py
+    ``preset_text`` of the plan's router); [] when they agree. A model's file is the host's (its
+    marker's first shard): it is compared as being under its directory of ``model_dirs``."""
+    out = []
+    for section in [*planned, *(s for s in installed if s not in planned)]:
+        want, have = planned.get(section), installed.get(section)
+        if want is None or have is None:
+            out.append(f"its preset {'has' if want is None else 'lacks'} [{shown(section, 60)}], the plan's "
+                       + ("not" if want is None else "has it"))
+            continue
+        for key in [*want, *(k for k in have if k not in want)]:
+            if key == "model" and section in model_dirs:
+                if not have.get(key, "").startswith(model_dirs[section].rstrip("/") + "/"):
+                    out.append(f"its preset's [{shown(section, 60)}] model {shown(have.get(key, 'none'), 120)}, "
+                               f"the plan's a file of {model_dirs[section]}")
+            elif want.get(key) != have.get(key):
+                out.append(f"its preset's [{shown(section, 60)}] {shown(key, 60)} = {shown(have.get(key, 'none'), 120)}, "
+                           f"the plan's {want.get(key, 'none')}")
+    return out
+
+
 def workdir(data: dict) -> str:
     """root's directory of the tuner (root:rigup 0750): its scripts, each sweep's spec, log and
     done marker. Only root writes here; the rigup user reads (issue 47: it was the rigup user's,
@@ -246,25 +332,12 @@ class Unsafe(FactBase):
 
 
 def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None,
-         where: str | None = None) -> dict:
-    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart),
-    with ``served`` (:class:`ServingEnv`: the unit's environment and GPU count). The argv's
-    ``-c`` and ``--parallel`` (text on the host: root's drop-in, a router's preset) are whole
-    numbers of at least 1 in ASCII digits, else :class:`Unreadable` naming ``where`` (by default
-    the drop-in) and the flag: ``--parallel 0`` divided by zero, ``-c ²`` raised in int(), and
-    ``-c 1_0_0_0_0`` was 10000, each in tune.py's load-time code (the run ended for every host)."""
-    from rigup.tune import flags_of
-
-    have, where = flags_of(argv), where or DROPIN.format(name)
-
-    def count(flag: str, default: int) -> int:
-        value = whole(have.get(flag, default), results.INT32)
-        if not value:
-            raise Unreadable(f"{where}: {flag}", f"not a whole number of at least 1 in ASCII digits: "
-                                                 f"{shown(str(have.get(flag)), 60)}")
-        return value
-
-    ctx, parallel = count("ctx", 8192), count("parallel", 1)
+         ctx: int = 8192, parallel: int = 1) -> dict:
+    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart, found
+    the plan's: :func:`differences`), with ``served`` (:class:`ServingEnv`: the unit's environment
+    and GPU count). ``ctx`` and ``parallel``: the serving plan's (rigup.serving ``serving_plan``: the
+    instance sized, a router's model with its own ``per_model``), whole numbers of at least 1 by the
+    schema; never read back from the host's text (a drop-in's ``--parallel 0`` divided by zero)."""
     concurrency = int(data["llama_server_tune_concurrency"] or parallel)
     return {"argv": argv, "port": int(data["llama_server_tune_port"]), "concurrency": concurrency,
             "levels": list(data["llama_server_tune_levels"] or [concurrency]), "slot_tokens": max(1, ctx // parallel),

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from rigup import tune, tuning
 from rigup.boundary.core import Unreadable
-from tests.unit.hosts import REV, data
+from tests.unit.hosts import REV, data, host
 
 ROOT = Path(__file__).resolve().parents[2]
 D = {"llama_server_tune_concurrency": None, "llama_server_tune_port": 18080, "llama_server_tune_levels": None,
@@ -50,48 +50,25 @@ def test_a_drop_in_line_with_an_unclosed_quote_is_unreadable_not_raised():
 
 
 # ---------------------------------------------------------------- C3: -c and --parallel of the drop-in
-@pytest.mark.parametrize("line, flag", [
-    ("/opt/llama-server -m /srv/m.gguf --parallel 0", "parallel"),            # C3: ZeroDivisionError
-    ("/opt/llama-server -m /srv/m.gguf -c \u00b2", "ctx"),                     # C4: ValueError
-    ("/opt/llama-server -m /srv/m.gguf -c 1_0_0_0_0 --parallel \u0664", "ctx"),   # C5: 10000 over 4
-    ("/opt/llama-server -m /srv/m.gguf -c 4096 --parallel \u0664", "parallel"),
-    ("/opt/llama-server -m /srv/m.gguf -c -4096", "ctx"),
-    ("/opt/llama-server -m /srv/m.gguf -c 0", "ctx"),
-])
-def test_a_drop_ins_ctx_or_parallel_that_is_no_count_refuses_naming_the_drop_in(line, flag):
-    argv = tuning.ExecStart().process([line])
-    with pytest.raises(Unreadable) as e:
-        tuning.spec("x", argv, D, True, None, {})
-    print(f"\n{e.value}")
-    assert e.value.where == f"{tuning.DROPIN.format('x')}: {flag}"
+# The sweep's context and slots are the serving plan's (issue 64), never read back from the drop-in:
+# a drop-in whose -c or --parallel is no count is not the plan's (the play's cases below).
 
 
-def test_a_preset_value_with_blanks_is_refused_where_it_is_a_count():
+def test_a_preset_value_with_blanks_stays_one_word_of_the_models_argv():
     """J3: a router's preset 'ctx-size = 4096 --host 0.0.0.0' became one argv word '-c' '4096 --host
-    0.0.0.0', and spec's int() raised in tune.py's load-time code."""
+    0.0.0.0' (spec's int() raised in tune.py's load-time code; the preset is now compared with the
+    plan's first, rigup/tuning.py preset_differences)."""
     secs = tuning.preset_sections(["[a]", "model = /srv/a.gguf", "ctx-size = 4096 --host 0.0.0.0"], "p")
     alone, why = tuning.model_argv(["/opt/llama-server", "--models-preset", "/p.ini"], secs, "a")
     assert why == "" and alone[-2:] == ["-c", "4096 --host 0.0.0.0"]
-    with pytest.raises(Unreadable, match="ctx"):
-        tuning.spec("x:a", alone, D, True, None, {}, where="the drop-in and preset of x")
+    assert tuning.preset_differences({"": {}, "a": {"model": "/srv/a.gguf", "ctx-size": "4096"}}, secs,
+                                     {"a": "/srv"}) == ["its preset's [a] ctx-size = 4096 --host 0.0.0.0, the plan's 4096"]
 
 
-def test_a_drop_ins_own_counts_give_the_slots_context():
+def test_the_plans_counts_give_the_slots_context():
     argv = tuning.ExecStart().process(["/opt/llama-server -m /srv/m.gguf -c 32768 --parallel 4"])
-    assert tuning.spec("x", argv, D, True, None, {"gpus": 2})["slot_tokens"] == 8192
+    assert tuning.spec("x", argv, D, True, None, {"gpus": 2}, 32768, 4)["slot_tokens"] == 8192
     assert tuning.spec("x", argv[:3], D, True, None, {})["slot_tokens"] == 8192   # llama.cpp's defaults: 8192 over 1
-
-
-@settings(max_examples=300, deadline=1000)
-@given(st.one_of(st.text(max_size=24), st.integers().map(str)), st.one_of(st.text(max_size=24), st.integers().map(str)))
-def test_any_ctx_and_parallel_give_a_spec_or_are_refused(ctx, parallel):
-    argv = ["/opt/llama-server", "-c", ctx, "--parallel", parallel]
-    try:
-        got = tuning.spec("x", argv, D, True, None, {})
-    except Unreadable as e:
-        assert e.where.startswith(tuning.DROPIN.format("x"))
-        return
-    assert got["slot_tokens"] >= 1 and ctx.strip().isascii() and parallel.strip().isascii()
 
 
 # ---------------------------------------------------------------- J5: a preset model's path
@@ -126,6 +103,31 @@ def test_any_text_is_a_count_or_none(text):
 
 
 # ---------------------------------------------------------------- the play: that host refused, the run goes on
+def DATA(**inst) -> dict:
+    return data(models={"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0}},
+                llama_server_instances={"x": {"model": "a", "port": 8081, "ngl": 0, **inst}})
+
+
+def PLAN(d: dict) -> dict:
+    from rigup.serving import serving_plan
+    from roles.llama_server import LLAMA
+
+    plan, _ = host("h100")
+    return {**plan, "serving": serving_plan([LLAMA], d, plan)}
+
+
+def installed(**inst) -> str:
+    """x's ExecStart as a converge writes it from the plan (roles/llama_server/command.py argv), its model's file
+    under the model's directory."""
+    from rigup.models import models
+    from roles.llama_server.command import argv
+
+    d = DATA(**inst)
+    x = PLAN(d)["serving"]["llama-server"]["x"].servers[0]["inst"]
+    return " ".join(argv("x", x, f"{d['llama_cpp_dir']}/current/bin/llama-server",
+                         models(d)[0]["a"]["dest"] + "/a-Q4.gguf"))
+
+
 def play(monkeypatch, facts: dict[str, list[str]], **inst):
     """tune.py run as pyinfra runs it for one host, its facts the host's ``facts`` (a fact's name ->
     its output lines); (what it did: failed hosts, refusals, files put, lines said)."""
@@ -135,14 +137,15 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     from rigup import config, summary
     import rigup.text
 
-    did = {"failed": set(), "refused": {}, "put": [], "said": []}
-    d = data(models={"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0}},
-             llama_server_instances={"x": {"model": "a", "port": 8081, **inst}})
+    from roles import preflight
+
+    did = {"failed": set(), "refused": {}, "put": [], "said": [], "calls": []}
+    d = DATA(**inst)
     class Host(SimpleNamespace):
         __hash__ = object.__hash__
 
     fake = Host(name="h1")
-    fake.state = SimpleNamespace(fail_hosts=lambda hosts: did["failed"].update(h.name for h in hosts))
+    fake.state = SimpleNamespace(fail_hosts=lambda hosts: did["failed"].update(h.name for h in hosts), failed_hosts=set())
     def get_fact(cls, **kw):   # as pyinfra: one fact object, its command, then its process of the output
         fact = cls()
         fact.command(**kw)
@@ -151,20 +154,19 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     fake.get_fact = get_fact
     fake.run_shell_command = lambda **kw: (False, None)
     monkeypatch.setattr(pyinfra, "host", fake)
-    monkeypatch.setattr(config, "check_host", lambda h: d)
+    monkeypatch.setattr(config, "configure", lambda h, roles=(): d)
+    monkeypatch.setattr(preflight, "run", lambda roles, data: PLAN(data))   # the plan deploy.py's preflight makes
     monkeypatch.setattr(summary, "refused", lambda name, why: did["refused"].update({name: why}))
     monkeypatch.setattr(rigup.text, "say", lambda text, **kw: did["said"].append(text))
     monkeypatch.setattr(files, "directory", lambda **kw: None)
     monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]))
     monkeypatch.setattr(server, "shell", lambda **kw: None)
-    monkeypatch.setattr(python, "call", lambda **kw: None)
+    monkeypatch.setattr(python, "call", lambda **kw: did["calls"].append(kw["name"]))
     runpy.run_path(str(ROOT / "tune.py"))
     return did
 
 
 @pytest.mark.parametrize("facts, why", [
-    ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf --parallel 0"], "ServingEnv": ["G 1"]}, "parallel"),
-    ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf -c \u00b2"], "ServingEnv": ["G 1"]}, "ctx"),
     ({"ExecStart": ['/opt/llama-server -m "/srv/m.gguf'], "ServingEnv": ["G 1"]}, "ExecStart"),
     ({"ExecStart": ["/opt/llama-server -m /srv/m.gguf"], "ServingEnv": ['E "A=1', "G 1"]}, "Environment="),
 ])
@@ -179,8 +181,23 @@ def test_a_drop_in_that_does_not_read_refuses_that_host_and_raises_nothing(monke
     assert not [p for p in did["put"] if p.endswith(".spec.json")]
 
 
+@pytest.mark.parametrize("swap, why", [
+    (("--parallel 1", "--parallel 0"), "installed --parallel 0, the plan's 1"),   # C3: divided by zero
+    (("-c 8192", "-c \u00b2"), "installed -c \u00b2, the plan's 8192"),               # C4: int() raised
+    (("-c 8192", "-c 1_0_0_0_0"), "installed -c 1_0_0_0_0, the plan's 8192"),     # C5: was 10000
+])
+def test_a_drop_ins_count_that_is_not_the_plans_is_refused_not_read(monkeypatch, swap, why):
+    """C3-C5: the drop-in's -c and --parallel are no longer read as counts; one that is not the
+    plan's refuses that instance, naming both, and nothing is set up on the host."""
+    line = installed()
+    assert swap[0] in line
+    did = play(monkeypatch, {"ExecStart": [line.replace(swap[0], swap[1])], "ServingEnv": ["G 1"]})
+    print(f"\n{did['said']}")
+    assert any(why in said and "converge deploy.py first" in said for said in did["said"])
+    assert not did["put"] and did["calls"] == ["tune.py: the instances not the plan's (converge deploy.py first)"]
+
+
 def test_a_drop_in_that_reads_is_swept(monkeypatch):
-    did = play(monkeypatch, {"ExecStart": ["/opt/llama-server -m /srv/m.gguf -c 8192 --parallel 2"],
-                             "ServingEnv": ["G \u00b2"]})
-    assert did["failed"] == set() and did["refused"] == {}
+    did = play(monkeypatch, {"ExecStart": [installed()], "ServingEnv": ["G \u00b2"]})
+    assert did["failed"] == set() and did["refused"] == {} and not [s for s in did["said"] if "refused" in s]
     assert [p for p in did["put"] if p.endswith(".spec.json")] == ["/var/lib/rigup/tuner/x.spec.json"]

@@ -1,0 +1,99 @@
+"""tune.py sweeps from the serving plan (issue 64): the host's installed server is read only to be
+compared with the plan's (rigup/tuning.py ``differences``, ``preset_differences``); an instance
+whose unit is missing or differs is refused, naming the difference. The plan's argv is built by
+roles/llama_server/command.py ``argv``, as the converge writes the drop-in."""
+
+from hypothesis import given, settings, strategies as st
+
+from rigup import tuning
+from rigup.serving import serving_plan
+from roles.llama_server import LLAMA
+from roles.llama_server.command import argv, preset_text
+from roles.llama_server.facts import REMEDIES
+from tests.unit.hosts import REV, data, host
+
+GEMMA = {"repo": "rigup-lab/gemma-3-270m-GGUF", "revision": REV, "size_gib": 0.25}
+DIR = "/srv/models/gemma"
+FILE = f"{DIR}/gemma-3-270m-Q8_0.gguf"
+
+
+def planned(**inst) -> list[str]:
+    """gemma's argv as the converge writes it from the serving plan of an H100 host."""
+    plan, _ = host("h100")
+    d = data(models={"gemma": GEMMA}, llama_server_instances={"gemma": {"model": "gemma", "port": 8081, **inst}})
+    (server,) = serving_plan([LLAMA], d, plan)["llama-server"]["gemma"].servers
+    return argv("gemma", server["inst"], "/opt/rigup/llama.cpp/current/bin/llama-server", FILE)
+
+
+def test_the_installed_server_as_the_plan_makes_it_is_no_difference():
+    want = planned(ctx=8192, parallel=2)
+    assert tuning.differences(want, list(want), DIR, REMEDIES) == []
+    # a build's remedy (roles/llama_cpp's smoke) is the host's, not the plan's
+    assert tuning.differences(want, [*want, "--no-repack"], DIR, REMEDIES) == []
+
+
+def test_a_context_that_differs_is_named_with_both_values():
+    want, have = planned(ctx=8192, parallel=2), planned(ctx=4096, parallel=2)
+    assert tuning.differences(want, have, DIR, REMEDIES) == ["installed -c 4096, the plan's 8192"]
+    # the long spelling, or --x=v, is the same setting
+    spelled = [a.replace("-c", "--ctx-size=4096") if a == "-c" else a for a in want]
+    spelled.remove("8192")
+    assert tuning.differences(want, spelled, DIR) == ["installed -c 4096, the plan's 8192"]
+
+
+def test_a_flag_that_differs_or_is_only_on_one_side_is_named():
+    want = planned(ctx=8192, parallel=2)
+    have = [a if a != "auto" else "on" for a in want]   # -fa auto -> on
+    assert tuning.differences(want, have, DIR) == ["installed -fa on, the plan's auto"]
+    assert tuning.differences(want, [*want, "--mlock"], DIR) == ["installed --mlock, the plan's without --mlock"]
+    assert tuning.differences(want, [a for a in want if a != "--metrics"], DIR) == \
+        ["installed without --metrics, the plan's --metrics"]
+    # a remedy the plan has in its extra_args is the plan's: compared
+    assert tuning.differences([*want, "--no-repack"], want, DIR, REMEDIES) == \
+        ["installed without --no-repack, the plan's --no-repack"]
+
+
+def test_a_missing_unit_a_model_elsewhere_and_other_cards_are_named():
+    want = planned(ctx=8192, parallel=2)
+    assert tuning.differences(want, None, DIR) == ["no drop-in on the host (the unit is missing)"]
+    elsewhere = [a if a != FILE else "/tmp/other/gemma.gguf" for a in want]
+    assert tuning.differences(want, elsewhere, DIR) == [f"installed -m /tmp/other/gemma.gguf, the plan's a file of {DIR}"]
+    assert tuning.differences(want, want, DIR, planned_env={"CUDA_VISIBLE_DEVICES": "GPU-a"},
+                              installed_env={"CUDA_VISIBLE_DEVICES": "GPU-b", "PATH": "/usr/bin"}) == \
+        ["installed CUDA_VISIBLE_DEVICES=GPU-b, the plan's CUDA_VISIBLE_DEVICES=GPU-a"]
+    assert tuning.differences(want, want, DIR, installed_env={"CUDA_VISIBLE_DEVICES": "GPU-b"}) == \
+        ["installed CUDA_VISIBLE_DEVICES=GPU-b, the plan's without CUDA_VISIBLE_DEVICES"]
+
+
+def test_a_routers_preset_is_compared_by_section_and_key():
+    inst = {"model": "a", "also": ["b"], "models_max": 1, "ctx": 8192, "parallel": 2, "port": 8081,
+            "per_model": {"b": {"ctx": 16384}}, "host": "0.0.0.0"}
+    paths = {"a": "/srv/a/a.gguf", "b": "/srv/b/b.gguf"}
+    dirs = {"a": "/srv/a", "b": "/srv/b"}
+
+    def sections(**over):
+        return tuning.preset_sections(preset_text("x", {**inst, **over}, paths, {"a": REV}).splitlines(), "p")
+
+    want = sections()
+    assert tuning.preset_differences(want, sections(), dirs) == []
+    assert tuning.preset_differences(want, sections(per_model={"b": {"ctx": 4096}}), dirs) == \
+        ["its preset's [b] ctx-size = 4096, the plan's 16384"]
+    moved = {**want, "b": {**want["b"], "model": "/etc/b.gguf"}}
+    assert tuning.preset_differences(want, moved, dirs) == ["its preset's [b] model /etc/b.gguf, the plan's a file of /srv/b"]
+    assert tuning.preset_differences(want, {k: v for k, v in want.items() if k != "b"}, dirs) == \
+        ["its preset lacks [b], the plan's has it"]
+
+
+WORDS = st.one_of(st.sampled_from(["-c", "--ctx-size", "--parallel", "-fa", "--jinja", "--no-jinja", "-m", "4096",
+                                   "-1", "--x=1", "-", "--", "=", ""]), st.text(max_size=12))
+
+
+@settings(max_examples=300, deadline=1000)
+@given(st.lists(WORDS, min_size=1, max_size=12), st.lists(WORDS, min_size=1, max_size=12))
+def test_any_installed_command_line_gives_lines_never_raises(want, have):
+    """The installed command line is the host's text: any words read, or are named, and nothing raises; a
+    command line is never different from itself."""
+    assert tuning.differences(want, list(want), "/srv") == tuning.differences(want, list(want), "/srv")
+    assert [d for d in tuning.differences(want, list(want)) if not d.startswith("installed -m")] == []
+    found = tuning.differences(want, have, "/srv", REMEDIES, {"A": "1"}, {"CUDA_VISIBLE_DEVICES": "x"})
+    assert all(isinstance(d, str) and d.isprintable() and len(d) < 2000 for d in found)
