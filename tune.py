@@ -82,7 +82,7 @@ def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, ctx: 
     """The operations of one sweep, ``name`` (an instance, or ``router``'s ``model``, whose job
     stops the unit ``stop``) of ``ctx`` and ``parallel`` (the plan's): its spec, its job, the wait,
     and what it found kept (rigup.tuning.record)."""
-    spec = tuning.spec(name, argv, data, gpu_layers, key, served, ctx, parallel)
+    spec = tuning.spec(name, argv, data, gpu_layers, key, served, ctx=ctx, parallel=parallel)
     files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
               dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
     unit, command, log, done = tuning.job(name, data, stop)

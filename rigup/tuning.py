@@ -331,8 +331,8 @@ class Unsafe(FactBase):
         return [tuple(line.split(" ", 2)) for line in output if line.count(" ") >= 2]
 
 
-def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None,
-         ctx: int = 8192, parallel: int = 1) -> dict:
+def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None, *,
+         ctx: int, parallel: int) -> dict:
     """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart, found
     the plan's: :func:`differences`), with ``served`` (:class:`ServingEnv`: the unit's environment
     and GPU count). ``ctx`` and ``parallel``: the serving plan's (rigup.serving ``serving_plan``: the

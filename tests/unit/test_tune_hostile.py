@@ -4,6 +4,7 @@ issue 61: C1, C3, J3, J5, J6). Each case is the round's reproduction; a record t
 refuses that host alone (the play's load-time code raises nothing: pyinfra ends the run for every
 host on an exception there, tests at the end)."""
 
+import json
 import runpy
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,8 +68,7 @@ def test_a_preset_value_with_blanks_stays_one_word_of_the_models_argv():
 
 def test_the_plans_counts_give_the_slots_context():
     argv = tuning.ExecStart().process(["/opt/llama-server -m /srv/m.gguf -c 32768 --parallel 4"])
-    assert tuning.spec("x", argv, D, True, None, {"gpus": 2}, 32768, 4)["slot_tokens"] == 8192
-    assert tuning.spec("x", argv[:3], D, True, None, {})["slot_tokens"] == 8192   # llama.cpp's defaults: 8192 over 1
+    assert tuning.spec("x", argv, D, True, None, {"gpus": 2}, ctx=32768, parallel=4)["slot_tokens"] == 8192
 
 
 # ---------------------------------------------------------------- J5: a preset model's path
@@ -104,7 +104,8 @@ def test_any_text_is_a_count_or_none(text):
 
 # ---------------------------------------------------------------- the play: that host refused, the run goes on
 def DATA(**inst) -> dict:
-    return data(models={"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0}},
+    return data(models={"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0},
+                        "b": {"repo": "org/b-GGUF", "revision": REV, "size_gib": 1.0}},
                 llama_server_instances={"x": {"model": "a", "port": 8081, "ngl": 0, **inst}})
 
 
@@ -159,7 +160,8 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     monkeypatch.setattr(summary, "refused", lambda name, why: did["refused"].update({name: why}))
     monkeypatch.setattr(rigup.text, "say", lambda text, **kw: did["said"].append(text))
     monkeypatch.setattr(files, "directory", lambda **kw: None)
-    monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]))
+    monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]) or did.setdefault("specs", {}).update(
+        {kw["dest"]: json.loads(kw["src"].getvalue())} if kw["dest"].endswith(".spec.json") else {}))
     monkeypatch.setattr(server, "shell", lambda **kw: None)
     monkeypatch.setattr(python, "call", lambda **kw: did["calls"].append(kw["name"]))
     runpy.run_path(str(ROOT / "tune.py"))
@@ -201,3 +203,30 @@ def test_a_drop_in_that_reads_is_swept(monkeypatch):
     did = play(monkeypatch, {"ExecStart": [installed()], "ServingEnv": ["G \u00b2"]})
     assert did["failed"] == set() and did["refused"] == {} and not [s for s in did["said"] if "refused" in s]
     assert [p for p in did["put"] if p.endswith(".spec.json")] == ["/var/lib/rigup/tuner/x.spec.json"]
+
+
+def test_a_router_is_swept_a_model_at_a_time_where_its_unit_and_preset_are_the_plans(monkeypatch):
+    """A router's drop-in and preset as the converge writes them from the plan: each model swept alone
+    (x:a, x:b), with the plan's context; its preset with another ctx of b's: refused, naming it."""
+    from rigup.models import models
+    from roles.llama_server.command import argv, preset_text
+
+    router = {"also": ["b"], "models_max": 1, "ctx": 8192, "parallel": 2, "per_model": {"b": {"ctx": 4096}}}
+    d = DATA(**router)
+    x = PLAN(d)["serving"]["llama-server"]["x"].servers[0]["inst"]
+    line = " ".join(argv("x", x, f"{d['llama_cpp_dir']}/current/bin/llama-server", "/unused"))
+    paths = {k: models(d)[0][k]["dest"] + f"/{k}.gguf" for k in ("a", "b")}
+    preset = preset_text("x", x, paths, {"a": REV, "b": REV}).splitlines()
+    env = ["E LLAMA_CACHE=/etc/rigup/llama-server/x.no-cache", "G 1"]   # a router's children keep no model cache
+    did = play(monkeypatch, {"ExecStart": [line], "ServingEnv": env, "Preset": preset}, **router)
+    print(f"\n{did['said']}")
+    assert [p for p in did["put"] if p.endswith(".spec.json")] == \
+        ["/var/lib/rigup/tuner/x:a.spec.json", "/var/lib/rigup/tuner/x:b.spec.json"]
+    assert did["failed"] == set() and not [s for s in did["said"] if "refused" in s]
+    # each model's context and slots: the plan's (b's own ctx of its per_model, a's the router's)
+    assert [did["specs"][f"/var/lib/rigup/tuner/x:{m}.spec.json"]["slot_tokens"] for m in "ab"] == [4096, 2048]
+    other = [ln.replace("ctx-size = 4096", "ctx-size = 2048") for ln in preset]
+    did = play(monkeypatch, {"ExecStart": [line], "ServingEnv": env, "Preset": other}, **router)
+    assert any("tune x: its preset's [b] ctx-size = 2048, the plan's 4096: converge deploy.py first" in said
+               for said in did["said"]), did["said"]
+    assert not did["put"]

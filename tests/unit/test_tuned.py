@@ -88,7 +88,7 @@ def test_the_job_stops_the_unit_sweeps_as_the_rigup_user_and_always_starts_it_ag
     assert "/var/lib/rigup/tuner/out/g.json" in command      # the sweep writes only in the rigup user's out/
     stop, sweep, start = command.index("systemctl stop"), command.index("runuser -u rigup"), command.index("systemctl start")
     assert stop < sweep < start and "rc=$?" in command[sweep:start]
-    spec = tuning.spec("g", ["/b/llama-server", "-c", "8192", "--parallel", "2"], d, True, None, None, 8192, 2)
+    spec = tuning.spec("g", ["/b/llama-server", "-c", "8192", "--parallel", "2"], d, True, None, ctx=8192, parallel=2)
     assert spec["concurrency"] == 2 and spec["slot_tokens"] == 4096 and spec["levels"] == [2]
     assert spec["env"] == {} and spec["gpus"] == 1 and spec["logs"] == "/var/lib/rigup/tuner/out"
 
@@ -130,7 +130,7 @@ def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
                       "build": "b6123-3f2a1b9c0d"}
     assert tuning.ServingEnv().process(["G 8", "B a b"]) == {"env": {}, "gpus": 8, "build": None}
     spec = tuning.spec("g", ["/b/llama-server", "-c", "8192"], data(rigup_state_dir="/var/lib/rigup"), True, None, served,
-                       8192, 1)
+                       ctx=8192, parallel=1)
     assert spec["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-a" and spec["gpus"] == 2
 
 

@@ -34,7 +34,9 @@ if sys.argv[1] == "sweep":
     routed, preset = served({})
     sections = tuning.preset_sections(preset.splitlines(), "x.models.ini")
     specs = {m: tuning.spec(tuning.model_job("x", m), tuning.model_argv(routed, sections, m)[0],
-                            data(**TUNE), True, None, {"env": {}, "gpus": 1}) for m in "ab"}
+                            data(**TUNE), True, None, {"env": {}, "gpus": 1},   # each model's ctx: the plan's
+                            ctx=ROUTER["x"]["per_model"].get(m, {}).get("ctx", ROUTER["x"]["ctx"]), parallel=1)
+             for m in "ab"}
     Path(".gpu/router-tune.json").write_text(json.dumps({"router_argv": routed, "preset": preset, "specs": specs}, indent=1))
 else:
     site = tempfile.mkdtemp()
