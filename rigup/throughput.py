@@ -2,8 +2,9 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """Tokens per second of an OpenAI-compatible endpoint (llama-server, vLLM), measured with real
 completions. Python 3 standard library only, and no import of the rest of rigup: the throughput
-watchdog (roles/watchdog) installs this file on hosts as ``rigup_throughput.py`` next to its
-script, bench.py sends it to each host it measures, and tests/gpu/ runs it with a plain python3.
+watchdog (roles/watchdog) and the metrics relay (roles/metrics: its key rule, :func:`listener_may_read`)
+install this file on hosts as ``rigup_throughput.py`` next to their scripts, bench.py sends it to
+each host it measures, and tests/gpu/ runs it with a plain python3.
 
     python3 throughput.py sweep URL [--levels 1,4,8,16] [--max-tokens 128] [--rounds 2]
                                     [--key-file F] [--model M]     # one JSON line on stdout
@@ -294,8 +295,7 @@ def listener_may_read(url: str, key_file: str) -> bool:
     its mode lets read it (its group's members); False when none listens or either cannot be read. A
     key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
     restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
-    the shell's rule; the watchdog uses this one (installed beside it), and a copy is in roles/metrics/relay.py
-    (installed alone), held equal by tests/unit/test_key_listener.py."""
+    the shell's rule; the watchdog and the metrics relay use this one (this file installed beside each)."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)

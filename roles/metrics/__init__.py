@@ -7,7 +7,8 @@ What it does to a host with systemd (nothing without: preflight refuses Promethe
   never listens on every interface): ``metrics_address`` (null: the host's inventory address, or
   127.0.0.1 when it has none) port ``metrics_node_exporter_port``, and its textfile directory
   (rigup.names.TEXTFILE_DIR), where roles/gpu_guard's guard writes every card's metrics
-  (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library)
+  (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library,
+  and beside it ``rigup_throughput.py``, rigup/throughput.py, whose key rule it uses, as the watchdog's)
   on the same address, port ``metrics_relay_port``: GET /metrics/NAME answers llama-server
   instance NAME's /metrics (GET /metrics/NAME.M: the server of a model M its router pins, labelled
   ``model``), fetched on the host with its API key (which never leaves the host),
@@ -77,6 +78,7 @@ from roles.metrics.prometheus import bind_address, config_files, relay_config, u
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
 
 HERE = Path(__file__).resolve().parent
+THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
 NODE_DEFAULT, PROM_DEFAULT = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
 RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", RELAY_UNIT
 RELAY_UNIT = f"/etc/systemd/system/{RELAY}"
@@ -117,7 +119,8 @@ def checked_config(texts: dict[str, str]):
 def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
     """The node exporter and the relay, each restarted only when its files changed."""
     script = f"{data['rigup_prefix']}/bin/rigup-metrics-relay"
-    paths = [NODE_DEFAULT, TEXTFILE_DIR, script, RELAY_CONFIG, RELAY_UNIT]
+    beside = f"{data['rigup_prefix']}/bin/rigup_throughput.py"   # the relay imports its key rule (as the watchdog)
+    paths = [NODE_DEFAULT, TEXTFILE_DIR, script, RELAY_CONFIG, RELAY_UNIT, beside]
     args = files.managed(name=f"metrics: {NODE_DEFAULT}", dest=NODE_DEFAULT, paths=paths,
                          text=render("metrics-node-exporter.default.j2", textfile_dir=TEXTFILE_DIR,
                                      listen=listen(data, "metrics_address", "metrics_node_exporter_port")))
@@ -134,7 +137,9 @@ def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
                       text=json.dumps(relay_config(host.name, data, fleet), indent=1, sort_keys=True) + "\n"),
         files.managed(name=f"metrics: {RELAY}", dest=RELAY_UNIT, paths=paths,
                       text=render("metrics-relay.service.j2", user=data["rigup_user"], script=script,
-                                  config=RELAY_CONFIG))]
+                                  config=RELAY_CONFIG)),
+        files.managed(name="metrics: the relay's key rule (rigup/throughput.py)", dest=beside, paths=paths,
+                      text=THROUGHPUT.read_text())]
     systemd.daemon_reload(name="metrics: systemd daemon-reload", _if=relay[2].did_change)
     services.running(name=f"metrics: run {RELAY}", unit=RELAY, units=["prometheus-node-exporter", RELAY])
     systemd.service(name=f"metrics: restart {RELAY} (changed)", service=RELAY, restarted=True, _if=any_changed(*relay))

@@ -4,7 +4,8 @@
 
 Installed by rigup (roles/metrics) as RIGUP_PREFIX/bin/rigup-metrics-relay and run by
 rigup-metrics-relay.service as the service user (who may read the instances' API keys).
-Standard library only (it runs on bare hosts).
+Standard library only (it runs on bare hosts), and rigup/throughput.py, installed beside it as
+``rigup_throughput.py`` (its key rule, :func:`listener_may_read`, is that file's: one function).
 
 ``GET /metrics/NAME`` fetches instance NAME's /metrics at its own bind address (loopback by
 default), sending its API key as a bearer token when it has one (read from its key file at each
@@ -39,14 +40,11 @@ labelled ``model`` as the router's models' are.
 from __future__ import annotations
 
 import ctypes
-import grp
 import http.server
 import ipaddress
 import itertools
 import json
 import math
-import os
-import pwd
 import re
 import socket
 import sys
@@ -55,6 +53,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+try:
+    import rigup_throughput as throughput           # on a host: installed next to this script (roles/metrics)
+except ImportError:                                 # in the source tree (unit tests)
+    from rigup import throughput
 
 CONFIG = "/etc/rigup/metrics-relay.json"
 TIMEOUT_S = 10        # one whole scrape of an instance (every fetch it makes), not each fetch or each read
@@ -228,47 +231,8 @@ def labelled(text: str, model: str | None, seen: set[str]) -> list[str]:
     return out
 
 
-def listener_may_read(url: str, key_file: str) -> bool:
-    """Whether every socket listening on ``url``'s TCP port (the kernel's tables, /proc/net/tcp and tcp6,
-    readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
-    its mode lets read it (its group's members); False when none listens or either cannot be read. A
-    key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
-    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
-    the shell's rule; the watchdog uses this one (installed beside it), and a copy is in roles/metrics/relay.py
-    (installed alone), held equal by tests/unit/test_key_listener.py."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        st = os.stat(key_file)
-    except (OSError, ValueError):
-        return False
-    uids = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii", errors="replace") as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        for cols in rows:
-            local = cols[1].rpartition(":")[2] if len(cols) > 7 else ""
-            if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-F]{4}", local) and int(local, 16) == port \
-                    and re.fullmatch(r"[0-9]{1,10}", cols[7]):
-                uids.add(int(cols[7]))
-
-    def may(uid: int) -> bool:
-        if uid in (0, st.st_uid) or st.st_mode & 0o004:
-            return True
-        if not st.st_mode & 0o040:
-            return False
-        try:
-            user = pwd.getpwuid(uid)
-        except KeyError:
-            return False
-        return user.pw_gid == st.st_gid or user.pw_name in grp.getgrgid(st.st_gid).gr_mem
-    try:
-        return bool(uids) and all(may(uid) for uid in uids)
-    except (KeyError, OSError):
-        return False
+# the key rule of the watchdog and of bench.py's and tune.py's runs, one function (rigup/throughput.py's)
+listener_may_read = throughput.listener_may_read
 
 
 def keyed(inst: dict, path: str) -> urllib.request.Request:

@@ -112,8 +112,9 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
     nothing (the other model stays unloaded)."""
     name = duo[0]
     complete(lab, name, "tiny")   # the state it reads, set up here: tiny loaded, gemma-270m evicted (models_max 1)
-    relay = (ROOT / "roles/metrics/relay.py").read_text()
-    on_host(lab, name, f"cat > /root/relay.py <<'EOF'\n{relay}\nEOF")
+    relay, measuring = (ROOT / "roles/metrics/relay.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    on_host(lab, name, f"cat > /root/relay.py <<'EOF'\n{relay}\nEOF\n"      # with its key rule beside it, as installed
+                       f"cat > /root/rigup_throughput.py <<'EOF'\n{measuring}\nEOF")
     inst = json.dumps({"url": f"http://127.0.0.1:{PORT}", "key": None, "models": ["gemma-270m", "tiny"]})
     text = on_host(lab, name, "cd /root && python3 -c 'import json, sys, relay; "
                               f"sys.stdout.write(relay.router_metrics(json.loads(sys.argv[1])).decode())' '{inst}'")

@@ -67,7 +67,6 @@ def test_the_playbooks_files_and_directories_are_those_the_roles_declare(data):
         f"{prefix}/bin/rigup-share": "the same",
         "/etc/default/prometheus": "prometheus_enabled is false",
         f"{prefix}/bin/rigup-watchdog": "no instance is watched (min_tokens_per_s: 0)",
-        f"{prefix}/bin/rigup_throughput.py": "the same",
         "/etc/rigup/watchdog.json": "the same",
         "/etc/systemd/system/rigup-watchdog.service": "the same",
         "/etc/systemd/system/rigup-watchdog.timer": "the same",

@@ -31,11 +31,31 @@ def nobodys_listener() -> tuple[subprocess.Popen, int]:
     return proc, int(proc.stdout.readline())
 
 
-def test_the_copies_are_one_function():
-    copies = {p: next(ast.unparse(n) for n in ast.parse((ROOT / p).read_text()).body
-                      if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read")
-              for p in ("rigup/throughput.py", "roles/metrics/relay.py")}
-    assert len(set(copies.values())) == 1, "the copies of listener_may_read() differ"
+def test_the_relay_and_the_watchdog_use_the_one_function():
+    """One key rule: rigup/throughput.py's, which roles/metrics and roles/watchdog install beside their
+    scripts (the relay had a copy of its own, held equal here before)."""
+    from rigup import throughput
+    assert relay.listener_may_read is throughput.listener_may_read is watchdog.listener_may_read
+    assert not [n for n in ast.parse((ROOT / "roles/metrics/relay.py").read_text()).body
+                if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read"]
+
+
+def test_the_relay_on_a_host_imports_the_file_installed_beside_it(tmp_path):
+    """As roles/metrics installs them (RIGUP_PREFIX/bin: rigup-metrics-relay and rigup_throughput.py), with a
+    plain python3 and no rigup package: the relay starts and reads its configuration (absent here); without
+    the file beside it, it cannot start (its import is that file, not the source tree)."""
+    script = tmp_path / "rigup-metrics-relay"
+    script.write_text((ROOT / "roles/metrics/relay.py").read_text())
+    env = {"PATH": "/usr/bin:/bin"}
+
+    def start() -> str:
+        return subprocess.run(["/usr/bin/python3", str(script), "--config", str(tmp_path / "none.json")], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, env=env).stderr
+    alone = start()
+    (tmp_path / "rigup_throughput.py").write_text((ROOT / "rigup/throughput.py").read_text())
+    beside = start()
+    print(f"alone: {alone.strip().splitlines()[-1]}; beside: {beside.strip().splitlines()[-1]}")
+    assert "ModuleNotFoundError" in alone and "ImportError" not in beside and "FileNotFoundError" in beside
 
 
 @pytest.mark.parametrize("mode, group, sent", [

@@ -120,6 +120,7 @@ def managed_files(data: dict) -> dict[str, dict]:
         LLAMA_UNIT: "llama_server: llama-server template unit",
         NODE_DEFAULT: f"metrics: {NODE_DEFAULT}",
         f"{prefix}/bin/rigup-metrics-relay": "metrics: the relay",
+        f"{prefix}/bin/rigup_throughput.py": "metrics: the relay's key rule (rigup/throughput.py)",
         RELAY_CONFIG: f"metrics: {RELAY_CONFIG}",
         RELAY_UNIT: f"metrics: {RELAY}",
     }
@@ -297,6 +298,7 @@ def tasks(data: dict, build_id: str) -> list[dict]:
         {**copy[f"{prefix}/bin/rigup-metrics-relay"], "notify": [f"restart {RELAY}"]},
         {**copy[RELAY_CONFIG], "notify": [f"restart {RELAY}"]},
         {**copy[RELAY_UNIT], "notify": daemon_reload + [f"restart {RELAY}"]},
+        {**copy[f"{prefix}/bin/rigup_throughput.py"], "notify": [f"restart {RELAY}"]},
         _running(f"metrics: run {RELAY}", RELAY),
         # no watched instance (min_tokens_per_s: 0): the timer stopped and disabled, if it is there at all
         {"name": f"watchdog: {WATCHDOG_TIMER} (its unit)", "ansible.builtin.stat": {
