@@ -55,10 +55,14 @@ class Server(TypedDict, total=False):
 
 class Served(NamedTuple):
     """An instance of an engine's map as it serves: ``inst`` normalised, tuned and sized (no
-    ``auto`` left where the engine sizes it), and its ``servers``."""
+    ``auto`` left where the engine sizes it), its ``servers``, and ``sized``: the engine's own
+    record of how it sized the instance, which its refusals and plan lines read (llama-server:
+    roles/llama_server/replicas.py ``Sized``, its layout, why and a router's set plan; None where
+    the engine keeps none)."""
 
     inst: dict
     servers: list[Server]
+    sized: object = None
 
 
 # engine (its Engine's role: "llama-server", "vllm") -> instance name -> what it serves; an engine
@@ -85,8 +89,9 @@ class Engine:
     """A serving engine as :func:`serve` walks it. ``role``: its operations' names ("llama-server");
     ``template``: its systemd template (units TEMPLATE@NAME.service) at ``unit``; ``state``: the
     fact its operations read, with :class:`Shared` ``reads``; ``instances(data)``: its contract's
-    instances and problems; ``servers(wanted, plan, data, entries)``: the instances as served and
-    each one's servers (``unit``, ``inst``, ``env``; ``pinned`` for a router's pinned model);
+    instances and problems; ``servers(wanted, plan, data, entries)``: each instance as served
+    (:class:`Served`: sized, with its servers, each with ``unit``, ``inst``, ``env``; ``pinned``
+    for a router's pinned model);
     ``markers(inst, marker)``: a server's markers beyond its model's (``marker(key)``: a model's);
     ``prepare(plan, data, wanted, units)``: the :class:`Shared`; ``fronted(inst, servers)``: whether
     the balancer takes the instance's port; ``backend(name)``: its HAProxy backend; ``server``: its
@@ -117,8 +122,9 @@ def serving_plan(engines: list[Engine], data: Config, plan: Plan) -> ServingPlan
     """Every instance of each of ``engines`` on this host, normalised, tuned and sized, with each
     server's unit, port (its ``inst``) and environment: what :func:`serve` installs. Pure (data
     and plan in); preflight makes it once per host and keeps it on the plan (``serving``), where
-    the serving roles and the readers of the serving maps find it. An engine whose instances have
-    problems maps to None (preflight refuses the host)."""
+    the serving roles, their refusals and plan lines, and the readers of the serving maps find it.
+    An engine whose instances have problems maps to None, unsized (preflight refuses the host;
+    its checks size the valid instances to name every refusal)."""
     entries = models(data)[0]
     out: ServingPlan = {}
     for engine in engines:
@@ -126,8 +132,7 @@ def serving_plan(engines: list[Engine], data: Config, plan: Plan) -> ServingPlan
         if problems:
             out[engine.role] = None
             continue
-        wanted, plans = engine.servers(wanted, plan, data, entries)
-        out[engine.role] = {name: Served(wanted[name], plans[name]) for name in wanted}
+        out[engine.role] = engine.servers(wanted, plan, data, entries)
     return out
 
 

@@ -90,13 +90,13 @@ from rigup.rpc import endpoint
 from rigup.names import gate_record, guard_file
 from rigup.contract.llama_server import PRESET, api_model
 from rigup.secrets import bearer, written
-from rigup.serving import Engine, Shared, serve, unit_running
+from rigup.serving import Engine, Served, Shared, serve, unit_running
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text, fronted, preset_text, queue_limits,
                                        queued, render, servers)
 from roles.llama_server.facts import DROPIN, LlamaServerState
-from roles.llama_server.replicas import chosen
+from roles.llama_server.replicas import sizes
 from roles.llama_server.schema import LlamaInstance, instances
 from roles.llama_server.smoke import smoke_runs
 from roles.llama_server.tuned import tuned_lines
@@ -165,12 +165,12 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, binary: st
                             block=not rpc, maintenance=maintenance)
 
 
-def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> tuple[dict, dict]:
-    """The instances with ctx, parallel and models_max sized where auto (replicas.py ``chosen``),
-    and each one's servers (command.py ``servers``: replicas, a router's pinned models)."""
-    laid = {name: chosen(inst, entries[inst["model"]], plan, data, entries)[:2] for name, inst in wanted.items()}
-    wanted = {name: {**inst, **laid[name][0]} for name, inst in wanted.items()}
-    return wanted, {name: servers(name, wanted[name], laid[name][1]) for name in wanted}
+def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> dict[str, Served]:
+    """The instances with ctx, parallel and models_max sized where auto (replicas.py ``sizes``,
+    kept as each one's ``sized`` for checks.py), and each one's servers (command.py ``servers``:
+    replicas, a router's pinned models)."""
+    laid = {name: sizes(inst, entries[inst["model"]], plan, data, entries) for name, inst in wanted.items()}
+    return {name: Served(s.inst, servers(name, s.inst, s.layout), s) for name, s in laid.items()}
 
 
 def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:

@@ -1,5 +1,6 @@
 """roles/llama_server's refusals: pure functions of a host's plan, facts and data (see
-rigup/refusal.py), and the ports its instances take.
+rigup/refusal.py), and the ports its instances take. The sizes they judge and the plan lines print
+are the serving plan's (the plan's ``serving``, made by preflight first: what the converge installs).
 
     check_config            an entry of llama_server_instances that is wrong, by key path
     check_open_without_key  an instance bound beyond loopback without an API key
@@ -42,7 +43,7 @@ from rigup.refusal import (FIX_CONFIG, Fleet, Port, Refusal, config_refusals, ne
 from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
-from roles.llama_server.replicas import SetPlan, for_model, layout_text, need_gib, set_cards, set_plan, sized
+from roles.llama_server.replicas import SetPlan, Sized, for_model, layout_text, need_gib, sizes
 from roles.llama_server.schema import LlamaInstance, instances, spelled
 
 if TYPE_CHECKING:
@@ -57,22 +58,23 @@ def _instances(plan: Plan, data: Config) -> dict:
     return instances(data, gpu_count(plan))[0]
 
 
+def _sized(plan: Plan, data: Config) -> dict[str, Sized]:
+    """{name: replicas.Sized} of the host's valid instances: as preflight's serving plan sized them
+    (the plan's ``serving``, once per host: what the converge installs). Sized here on the paths
+    without one: a plan that preflight did not make (the lead's scripts, tests), and a host whose
+    instances have problems, which the serving plan leaves unsized (preflight refuses the host,
+    naming every refusal of the valid instances too)."""
+    valid, planned = _instances(plan, data), (plan.get("serving") or {}).get("llama-server")
+    if planned is not None:   # read without gpu_count, it may hold one whose tensor_split this host refuses
+        return {name: planned[name].sized for name in valid}
+    entries = models(data)[0]
+    return {name: sizes(inst, entries[inst["model"]], plan, data, entries) for name, inst in valid.items()}
+
+
 def layouts(plan: Plan, data: Config, why: bool = False) -> dict:
     """{name: (instance, replicas.Layout)} of the host's valid instances, ctx and parallel chosen
-    where auto (replicas.sized); with ``why``, {name: (instance, layout, why rigup chose them)}."""
-    entries = models(data)[0]
-    laid = {name: sized(inst, entries[inst["model"]], plan, data, entries)
-            for name, inst in _instances(plan, data).items()}
-    return laid if why else {name: (inst, lay) for name, (inst, lay, _) in laid.items()}
-
-
-def sets(plan: Plan, data: Config) -> dict:
-    """{name: (instance, replicas.SetPlan)} of the host's routers (``also``): the VRAM plan of each
-    set on the router's cards, its models_max as the instance gives it (auto: chosen, with why)."""
-    entries, given = models(data)[0], _instances(plan, data)
-    return {name: (inst, set_plan({**inst, "models_max": given[name]["models_max"]}, entries,
-                                  set_cards(lay, plan, data)))
-            for name, (inst, lay) in layouts(plan, data).items() if inst["also"]}
+    where auto (:func:`_sized`); with ``why``, {name: (instance, layout, why rigup chose them)}."""
+    return {name: (s[:3] if why else s[:2]) for name, s in _sized(plan, data).items()}
 
 
 def plan_lines(plan: Plan, data: Config) -> list[str]:
@@ -81,8 +83,8 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     card's link is downtrained, row or tensor split over narrow links (at or below x4 Gen3: layer
     split is preferred, and why), and for one with rpc_workers its split over the hosts and what
     RPC costs."""
-    lines, routers = [], {name: p for name, (_, p) in sets(plan, data).items()}
-    for name, (inst, lay, why) in sorted(layouts(plan, data, why=True).items()):
+    lines = []
+    for name, (inst, lay, why, router) in sorted(_sized(plan, data).items()):
         lines.append(f"llama:     {layout_text(name, lay)}")
         for group in lay.groups if lay.gpu else []:
             slow = downtrained(group) if len(group) > 1 else []
@@ -102,7 +104,7 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
         if why:   # ctx or parallel auto
             lines.append(f"llama:     {name}: {why}")
         if inst["also"]:
-            lines += _set_lines(name, inst, routers[name], plan, data)
+            lines += _set_lines(name, inst, router)
         if inst["rpc_workers"]:
             split = (f"shares {inst['tensor_split']} (tensor_split)" if inst["tensor_split"] else
                      "in proportion to each device's free memory")
@@ -111,7 +113,7 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     return lines
 
 
-def _set_lines(name: str, inst: LlamaInstance, router: SetPlan, plan: Plan, data: Config) -> list[str]:
+def _set_lines(name: str, inst: LlamaInstance, router: SetPlan) -> list[str]:
     """A router's lines: the models_max rigup chose and why (where auto), and each pinned model's
     own server."""
     lines = [f"llama:     {name}: router {router.why}"] if router.why else []
@@ -127,8 +129,8 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """Each instance's port (with replicas: its balancer's, which takes over the port of a single
     server it replaces; a single server takes it back from the balancer of the replicas it
     replaces: rigup-llama@NAME-K units on the host) and each replica's loopback port (port + 1 + K)."""
-    found = []
-    for name, (inst, lay) in layouts(plan, data).items():
+    found, laid = [], layouts(plan, data)
+    for name, (inst, lay) in laid.items():
         where = f"llama_server_instances.{name}"
         if lay.replicas == 1 and queued(inst):   # a router behind its queue: HAProxy on the port, the router on +1
             found += [Port(inst["port"], f"{where} (its queue)", ("haproxy", "llama-server")),
@@ -142,7 +144,7 @@ def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
         found += [Port(replica_port(inst, k), f"{where} (replica {k})", ("llama-server",))
                   for k in range(lay.replicas)]
     return found + [Port(port, f"llama_server_instances.{name} (pinned {model})", ("llama-server",))
-                    for name, (inst, _) in layouts(plan, data).items()
+                    for name, (inst, _) in laid.items()
                     for model, port in contract.pinned(inst).items()]   # a router's pinned models, each its server
 
 
@@ -206,7 +208,9 @@ def check_set_vram(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     (the instance's own and those with ``load_on_startup``) than ``models_max``, naming them."""
     _, unlock_hint = vram_cards(plan, data)
     found = []
-    for name, (inst, router) in sets(plan, data).items():
+    for name, (inst, _, _, router) in _sized(plan, data).items():
+        if not inst["also"]:
+            continue
         where = f"llama_server_instances.{name}"
         startup = [m for m in router.routed if m == inst["model"]
                    or (inst["per_model"].get(m) or {}).get("load_on_startup")]

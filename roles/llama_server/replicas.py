@@ -14,7 +14,9 @@ import it on machines without it).
 
 - ``ctx`` and ``parallel`` left ``auto`` (their defaults): :func:`sizing`, on one replica's GPUs
   (slots of 8,192 tokens, as many as the VRAM left after the weights holds, at most 32; the plan
-  prints why); :func:`sized` gives the instance with both chosen and its layout.
+  prints why); :func:`sizes` gives the instance with both chosen, its layout and a router's set
+  plan (:class:`Sized`), once per host: preflight's serving plan keeps it for the converge, the
+  refusals and the plan lines.
 
 Replica K (0-based) of instance NAME is the unit ``rigup-llama@NAME-K``, bound to loopback on
 port ``port + 1 + K`` (roles/llama_server/command.py: ``replica_port``, ``servers``); the
@@ -152,30 +154,44 @@ def set_cards(lay: Layout, plan: Plan, data: Config) -> list[float]:
     return group_gib(lay, plan, data) if lay.gpu else vram_cards(plan, data)[0]
 
 
-def chosen(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
-           entries: dict[str, ModelEntry] | None = None) -> tuple[dict, Layout, str | None]:
-    """What rigup chooses for the instance: ``ctx`` and ``parallel`` where ``auto`` (:func:`sizing`,
-    on one replica's GPUs; ``cache_ram`` with them where sizing sets it), a router's
-    ``models_max`` where ``auto`` (:func:`set_plan` on its cards: ``entries``, the host's models,
-    are needed then), its layout, and why ctx and parallel were chosen (None: both set). Only the
-    chosen keys: the role lays them over the instance."""
+class Sized(NamedTuple):
+    """An instance as rigup serves it on a host, sized once (preflight's serving plan keeps it:
+    rigup.serving ``Served.sized``): ``inst`` with ``ctx`` and ``parallel`` chosen where ``auto``
+    (:func:`sizing`, on one replica's GPUs; ``cache_ram`` with them where sizing sets it) and a
+    router's ``models_max`` where ``auto``, its ``layout``, ``why`` ctx and parallel were chosen
+    (None: both set), and a router's ``router`` (:func:`set_plan` of its set on its cards, with
+    ``models_max`` as the instance gives it; None: no router, or no ``entries`` to plan it)."""
+
+    inst: dict
+    layout: Layout
+    why: str | None
+    router: SetPlan | None
+
+
+def sizes(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
+          entries: dict[str, ModelEntry] | None = None) -> Sized:
+    """The instance sized on this host (:class:`Sized`); ``entries``, the host's models, plan a
+    router's set (needed where its models_max is ``auto``)."""
     lay = layout(inst, model, plan, data)
-    group = group_gib(lay, plan, data)
-    size = sizing(inst, model, group)
-    keys = {"ctx": size.ctx, "parallel": size.parallel} | ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
-    if inst.get("also") and inst["models_max"] == "auto":
+    size = sizing(inst, model, group_gib(lay, plan, data))
+    out = {**inst, "ctx": size.ctx, "parallel": size.parallel} | \
+        ({} if size.cache_ram is None else {"cache_ram": size.cache_ram})
+    router = None
+    if inst.get("also") and (entries is not None or inst["models_max"] == "auto"):
         if entries is None:
-            raise ValueError("a router's models_max auto is chosen from its set's models: give chosen() the entries")
-        keys["models_max"] = set_plan({**inst, **keys}, entries,   # type: ignore[typeddict-item]
-                                      set_cards(lay, plan, data)).models_max
-    return keys, lay, size.why
+            raise ValueError("a router's models_max auto is chosen from its set's models: give sized() the entries")
+        router = set_plan(out, entries, set_cards(lay, plan, data))   # type: ignore[arg-type]
+        out["models_max"] = router.models_max   # the instance's, or the one chosen where auto
+    return Sized(out, lay, size.why, router)
 
 
 def sized(inst: LlamaInstance, model: ModelEntry, plan: Plan, data: Config,
           entries: dict[str, ModelEntry] | None = None) -> tuple[dict, Layout, str | None]:
-    """The instance with what :func:`chosen` chose laid over it, its layout, and why."""
-    keys, lay, why = chosen(inst, model, plan, data, entries)
-    return {**inst, **keys}, lay, why
+    """The instance sized, its layout, and why (:func:`sizes` without a router's set plan)."""
+    return sizes(inst, model, plan, data, entries)[:3]
+
+
+chosen = sized   # its former name: what it chose laid over the instance, which laid over the instance again is itself
 
 
 def for_model(inst: LlamaInstance, key: str) -> LlamaInstance:

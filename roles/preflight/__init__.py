@@ -135,7 +135,8 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
                       fabric=fabric, **parts)
     _plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
-    # every serving instance sized, with its servers, once: what the serving roles install, smoke and read
+    # every serving instance sized, with its servers, once: what the serving roles install, smoke and read,
+    # and what their plan lines and refusals below print (made first, so that they read it and size nothing)
     plan["serving"] = serving_plan([role.engine for role in roles if role.engine], data, plan)
     # what a new llama.cpp build is tried with before it serves (roles/llama_cpp): each role's runs
     plan["smoke"] = [run for role in roles if role.smoke_runs for run in role.smoke_runs(plan, data, fleet)]

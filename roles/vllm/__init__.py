@@ -105,7 +105,7 @@ from rigup.config import Config, ConfigError, fleet_data, role_defaults
 from rigup.files import absent, directory, managed
 from rigup.names import guard_file
 from rigup.secrets import bearer, secret_file, written
-from rigup.serving import Engine, Shared, serve, unit_running
+from rigup.serving import Engine, Served, Shared, serve, unit_running
 from rigup.state import read_once, reading
 from roles.vllm import cluster
 from roles.vllm import command as cmd
@@ -227,13 +227,15 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
     return instance_lines(plan, data, read_once(VllmCommit, **reads[0][1]) if reads else None)
 
 
-def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> tuple[dict, dict]:
-    """Each instance's servers (command.py ``servers``: a replica per group of checks.replica_groups);
-    a Ray head's instances with Ray's executor (its pp stages and tp ranks are Ray's to place over the hosts)."""
+def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> dict[str, Served]:
+    """Each instance with its servers (rigup.serving ``Served``; command.py ``servers``: a replica per group of
+    checks.replica_groups); a Ray head's instances with Ray's executor (its pp stages and tp ranks are Ray's to
+    place over the hosts)."""
     if data["vllm_ray_role"] == "head":
         wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
                   for n, i in wanted.items()}
-    return wanted, {name: cmd.servers(name, inst, replica_groups(plan, inst), plan) for name, inst in wanted.items()}
+    return {name: Served(inst, cmd.servers(name, inst, replica_groups(plan, inst), plan))
+            for name, inst in wanted.items()}
 
 
 def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:
