@@ -4,7 +4,8 @@ fast as the instance's at the target concurrency, writes them to the site's host
 and starts the instance again; the next converge serves with them (status.py says so) and the one
 after changes nothing. What the rigup user places where root writes for the tuner reaches nothing
 of root's (issue 47). A router is tuned a model at a time, and served with each one's flags (issue 63).
-tune.py killed mid-sweep leaves the instance as it was before the sweep (issue 65)."""
+tune.py killed mid-sweep leaves the instance as it was before the sweep (issue 65). An instance whose
+installed unit is not the serving plan's is refused, naming the difference, and left running (issue 64)."""
 
 import json
 import os
@@ -62,6 +63,30 @@ def test_plants_of_the_rigup_user_where_root_writes_for_the_tuner_are_refused(la
         assert targets(lab, host) == before
     finally:
         on_host(lab, host, f"rm -rf {d}")
+
+
+def test_an_instance_installed_unlike_the_plan_is_refused_naming_the_difference_and_nothing_changes(lab, second_converge,
+                                                                                                    tmp_path):
+    """Issue 64: tune.py sweeps from the serving plan. gemma converged with -c 2048, then tune.py run
+    with a ctx of 4096 in its data (the plan's, not converged): that instance is refused before any
+    change, naming the host, the instance and the setting; its unit keeps running (the same MainPID),
+    no sweep's job starts and nothing is written; the run ends non-zero."""
+    host = lab.hosts()[0]["name"]
+    (tmp_path / "group_vars").mkdir()
+    converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
+    pid = "systemctl show -p MainPID --value rigup-llama@gemma"
+    served = on_host(lab, host, pid).strip()
+    wider = ["--data", "llama_server_instances=" + json.dumps(
+        {"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 4096, "parallel": 1, "ngl": 0}})]
+    run = pyinfra("inventory/lab.py", "tune.py", "--limit", host, *wider, *TUNE, env={"RIGUP_SITE": str(tmp_path)},
+                  timeout=300)
+    refused = [ln.strip() for ln in run.output.splitlines() if f"[{host}] refused: tune gemma:" in ln]
+    print(f"\ntune.py: exit {run.returncode} in {run.seconds:.1f} s\n" + "\n".join(refused))
+    assert run.returncode != 0 and refused, run.output[-3000:]
+    assert "installed -c 2048, the plan's 4096" in refused[0] and "converge deploy.py first" in refused[0]
+    assert on_host(lab, host, pid).strip() == served != "0"     # never stopped
+    assert on_host(lab, host, "systemctl is-active rigup-tune-gemma || true").strip() != "active"
+    assert not (tmp_path / "host_vars").exists()
 
 
 def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_them(lab, second_converge, tmp_path):
