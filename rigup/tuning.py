@@ -47,7 +47,8 @@ HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this
 
 
 class ExecStart(FactBase):
-    """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one), None
+    """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one: what
+    the host runs, compared with the plan's by :func:`differences` before a sweep starts from it), None
     without one, or :class:`Unreadable` (returned, never raised: an exception out of a fact ends the
     run for every host) for a line that does not split (a hand-edited unclosed quote)."""
 
