@@ -246,16 +246,21 @@ class NvidiaDriver(FactBase):
 # Each nvcc is run (--version) and later compiles as root only where root owns it and every directory
 # above it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found on PATH became the
 # build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe UID MODE OWNER:GROUP PATH`` (the
-# first such, from the binary up: Debian's /usr/local is 2775 root:staff) and it is not run. The program
-# run is the real path checked, ``$r``, never the name again: ``$n`` may be a link in a directory another
-# user writes, flipped between the check and the run (round re5 N22); so the walk is of ``$r``, every
-# directory from the binary up to /, and the name's own directories do not matter (nothing runs it).
+# first such: Debian's /usr/local is 2775 root:staff) and it is not run. Two walks up to /: of the real
+# path, ``$r`` (what runs: the program run is ``$r``, never the name again, as ``$n`` may be a link flipped
+# between the check and the run, round re5 N22), then of the name's own directories (N22's stricter rule:
+# the build runs cuda_source nvidia's and distro's nvcc by its name, and a link in a directory another user
+# writes is theirs to point elsewhere). ``stat -L``: a link's own mode is always 777 and no one changes
+# it; who may replace the link is its directory's question, the next step up, and where it points is the
+# real path's walk. A name that is not absolute (a relative PATH entry) is no nvcc.
+_WALK = ('while :; do set -- $(stat -L -c "%u %a %U:%G" "$p" 2>/dev/null); '
+         'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; break; fi; '
+         '[ "$p" = / ] && break; p=$(dirname "$p"); done; ')
 CUDA_COMMAND = (
     "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
+    'case "$n" in /*) ;; *) continue;; esac; '
     '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; echo "--- $n $r"; p=$r; u=; '
-    'while :; do set -- $(stat -c "%u %a %U:%G" "$p" 2>/dev/null); '
-    'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; break; fi; '
-    '[ "$p" = / ] && break; p=$(dirname "$p"); done; '
+    + _WALK + '[ -n "$u" ] || { p=$(dirname "$n"); ' + _WALK + '}; '
     'if [ -n "$u" ]; then echo "unsafe $u"; else "$r" --version 2>/dev/null; fi; '
     "done; true"
 )
@@ -314,18 +319,19 @@ def _refusal(header: str, line: str) -> dict | None:
 
 
 def parse_refused_nvcc(lines: list[str]) -> list[dict]:
-    """The nvccs :data:`CUDA_COMMAND` found and did not run (``unsafe``: a directory from the binary up
-    to / that root does not own alone), one per real path: ``[{"path", "seen_as", "dir", "mode", "owner",
-    "group", "why", "fix"}]`` (:func:`_refusal`), so that a refused nvcc is said, not silently none."""
-    found: dict[str, dict] = {}
+    """The nvccs :data:`CUDA_COMMAND` found and did not run (``unsafe``: a directory up to / of the real
+    path or of the name that root does not own alone), one per real path and directory: ``[{"path",
+    "seen_as", "dir", "mode", "owner", "group", "why", "fix"}]`` (:func:`_refusal`), so that a refused nvcc
+    is said, not silently none. A real path may be refused by one name and a toolkit by another."""
+    found: dict[tuple[str, str], dict] = {}
     for header, body in sections(lines, "--- ").items():
         got = next((r for r in (_refusal(header, ln) for ln in body) if r), None)
         if not got:
             continue
-        entry = found.setdefault(got["path"], got)
+        entry = found.setdefault((got["path"], got["dir"]), got)
         if got["seen_as"][0] not in entry["seen_as"]:
             entry["seen_as"].append(got["seen_as"][0])
-    return sorted(found.values(), key=lambda r: r["path"])
+    return sorted(found.values(), key=lambda r: (r["path"], r["dir"]))
 
 
 class CudaToolkits(FactBase):

@@ -81,25 +81,26 @@ def check_cuda_for_archs(plan: Plan, facts: Facts, data: Config) -> list[Refusal
 def check_nvcc_root_alone(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The nvcc this host's build would compile with as root (cuda_source nvidia or distro: its fixed
     path; present: none of cuda_version found, and one refused) is one the CUDA fact found and did not run:
-    a directory from it up to / is not root's alone (rigup/gpu/facts.py parse_refused_nvcc; Debian's
-    /usr/local is 2775 root:staff). Said once here, naming the directory and the fix, rather than a
+    a directory up to / of its real path or of its name is not root's alone (rigup/gpu/facts.py
+    parse_refused_nvcc; Debian's /usr/local is 2775 root:staff). Said once here, naming the directory and the fix, rather than a
     toolkit that is silently "none installed" (and the build's CMAKE_CUDA_COMPILER another user's)."""
     if not gpu_host(plan, data) or build_backend(plan, data) != "cuda" or not plan.get("llama_cpp_compiles", True):
         return []
     refused = facts.get("cuda_refused") or []
     source, version = data.get("cuda_source"), str(data.get("cuda_version") or "")
+    wanted = nvcc_path(plan, data)
     if source == "present":
         if any(t.get("version") == version for t in facts.get("cuda_toolkits") or []):
             return []
         hits, then = refused, f"no nvcc {version} is found that root may run (cuda_source present)"
-    else:
-        wanted = nvcc_path(plan, data)
-        hits = [r for r in refused if wanted == r["path"] or wanted in r["seen_as"]]
-        then = f"the build compiles with it as root ({source}'s {wanted})"
+    else:   # the build runs it by this name: a name refused (its real path's directories or its own)
+        hits = [r for r in refused if wanted in r["seen_as"]]
+        then = f"the build compiles with it as root (cuda_source {source})"
     other = {"nvidia": "; or set cuda_source to distro (/usr/bin/nvcc)",
              "present": f"; or install nvcc {version} where root alone writes"}.get(source, "")
-    return [Refusal(f"nvcc {r['path']} not used", f"{r['why']}: {then}, and root must not run a program "
-                    "another user can replace", f"{r['fix']}{other}", "nvcc_root_alone") for r in hits]
+    return [Refusal(f"nvcc {wanted if wanted in r['seen_as'] else r['path']} not used",
+                    f"{r['why']}: {then}, and root must not run a program another user can replace",
+                    f"{r['fix']}{other}", "nvcc_root_alone") for r in hits]
 
 
 CHECKS = (check_driver_for_cuda, check_cuda_for_archs, check_nvcc_root_alone)

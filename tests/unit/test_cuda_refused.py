@@ -1,12 +1,14 @@
-"""An nvcc the CUDA fact found and did not run (a directory from it up to / is not root's alone: Debian's
-/usr/local is 2775 root:staff) is said, not silently none (issue 61's leftovers): the fact keeps the
+"""An nvcc the CUDA fact found and did not run (a directory up to / of its real path or of its name is not
+root's alone: Debian's /usr/local is 2775 root:staff) is said, not silently none (issue 61's leftovers): the fact keeps the
 directory, its mode, owner and group (rigup/gpu/facts.py parse_refused_nvcc), and preflight refuses the
 host once, naming them and the fix (roles/cuda_toolkit/checks.py check_nvcc_root_alone), where the build
 would compile with it as root."""
 
 import os
 import subprocess
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from rigup.gpu.facts import CUDA_COMMAND, parse_cuda_toolkits, parse_hardware, parse_refused_nvcc
@@ -46,6 +48,12 @@ def test_each_reason_is_named_with_its_fix():
     assert one("unsafe /usr")[0] == "/usr is not readable (stat failed)"
 
 
+def gathered(path: str) -> list[str]:
+    """CUDA_COMMAND's output on this machine's shell with ``path`` first on PATH."""
+    return subprocess.run(["sh", "-c", CUDA_COMMAND], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{path}:/usr/bin:/bin"}).stdout.splitlines()
+
+
 def test_the_walk_prints_the_directory_group_writable_on_a_real_shell(tmp_path):
     """CUDA_COMMAND on this machine's shell: an nvcc under a 2775 directory is neither run nor a toolkit,
     and the fact names that directory and its mode (the walk goes up from the binary: the first found)."""
@@ -55,14 +63,52 @@ def test_the_walk_prints_the_directory_group_writable_on_a_real_shell(tmp_path):
     nvcc.write_text(f'#!/bin/sh\ntouch {ran}\necho "Cuda compilation tools, release 12.8, V12.8.93"\n')
     nvcc.chmod(0o755)
     nvcc.parent.chmod(0o2775)
-    out = subprocess.run(["sh", "-c", CUDA_COMMAND], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PATH": f"{nvcc.parent}:/usr/bin:/bin"}).stdout.splitlines()
+    out = gathered(str(nvcc.parent))
     got = {r["path"]: r for r in parse_refused_nvcc(out)}
     print([ln for ln in out if ln.startswith("unsafe")], got)
     assert str(nvcc) in got and not ran.exists()
     r = got[str(nvcc)]
     assert r["dir"] == str(nvcc.parent) and r["mode"] == "2775" and "writable by group" in r["why"]
     assert str(nvcc) not in {t["path"] for t in parse_cuda_toolkits(out)}
+    # found by a relative PATH entry ("bin"): no nvcc at all (not run, not listed)
+    out = subprocess.run(["sh", "-c", CUDA_COMMAND], capture_output=True, text=True, timeout=60, cwd=nvcc.parent.parent,
+                         env={**os.environ, "PATH": "bin:/usr/bin:/bin"}).stdout.splitlines()
+    assert not [ln for ln in out if str(tmp_path) in ln or ln.startswith("--- bin/")] and not ran.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory chain root alone owns is made under /root")
+def test_a_name_in_a_directory_another_user_writes_is_refused_though_its_target_is_roots(tmp_path):
+    """N22's stricter rule: the build runs cuda_source nvidia's and distro's nvcc by its name, so a link in a
+    group-writable directory (theirs to point elsewhere) is refused although the nvcc it reaches is root's
+    alone. NVIDIA's own layout, /usr/local/cuda a link to cuda-12.8 in a directory of root's, is no refusal
+    (a link's own mode, 777, is no one's to change: stat -L), and the nvcc is a toolkit by either name."""
+    import shutil
+    import tempfile
+    home = Path(tempfile.mkdtemp(dir="/root"))
+    try:
+        home.chmod(0o755)
+        ran = tmp_path / "ran"
+        real = home / "cuda-12.8" / "bin" / "nvcc"
+        real.parent.mkdir(parents=True)
+        real.write_text(f'#!/bin/sh\necho "$0" >> {ran}\necho "Cuda compilation tools, release 12.8, V12.8.93"\n')
+        real.chmod(0o755)
+        (home / "cuda").symlink_to("cuda-12.8")
+        link = tmp_path / "g" / "nvcc"
+        link.parent.mkdir()
+        link.parent.chmod(0o2775)
+        link.symlink_to(real)
+        out = gathered(str(link.parent))
+        refused = [r for r in parse_refused_nvcc(out) if r["path"] == str(real)]
+        print(refused)
+        assert [(r["seen_as"], r["dir"], r["mode"]) for r in refused] == [([str(link)], str(link.parent), "2775")]
+        assert str(link) not in {s for t in parse_cuda_toolkits(out) for s in t["seen_as"]} and not ran.exists()
+        for name in (real, home / "cuda" / "bin" / "nvcc"):
+            out = gathered(str(name.parent))
+            assert str(name) in {s for t in parse_cuda_toolkits(out) if t["path"] == str(real) for s in t["seen_as"]}
+            assert str(real) not in {r["path"] for r in parse_refused_nvcc(out)}
+        assert ran.read_text().splitlines() == [str(real)] * 2     # run by its real path, never by the name
+    finally:
+        shutil.rmtree(home)
 
 
 @settings(max_examples=60, deadline=1000)
@@ -70,10 +116,10 @@ def test_the_walk_prints_the_directory_group_writable_on_a_real_shell(tmp_path):
                                  "Cuda compilation tools, release 12.8, V12.8.93"]) | st.text(max_size=40), max_size=8))
 def test_any_cuda_text_reads_as_refused_or_not_never_both(lines):
     """Host text (a path, a user or group name come from the host): read without an exception, each
-    refused nvcc's directory a path, and no nvcc both a toolkit and refused."""
+    refused nvcc's directory a path, and no name both a toolkit's and refused."""
     refused = parse_refused_nvcc(lines)
     assert all(r["dir"].startswith("/") and r["why"].startswith(r["dir"]) for r in refused)
-    assert not {r["path"] for r in refused} & {t["path"] for t in parse_cuda_toolkits(lines)}
+    assert not {s for r in refused for s in r["seen_as"]} & {s for t in parse_cuda_toolkits(lines) for s in t["seen_as"]}
 
 
 REFUSED = parse_refused_nvcc(STAFF)
