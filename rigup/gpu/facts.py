@@ -350,6 +350,14 @@ class CudaToolkits(FactBase):
         return parse_cuda_toolkits(output)
 
 
+class RefusedNvcc(CudaToolkits):
+    """The nvccs :class:`CudaToolkits` found and did not run (:func:`parse_refused_nvcc`): roles/cuda_toolkit
+    reads it only after it installed a compiler, before llama.cpp compiles with it."""
+
+    def process(self, output: list[str]) -> list[dict]:
+        return parse_refused_nvcc(output)
+
+
 # ----------------------------------------------------------------------------- disk
 def free_disk_command(path: str) -> str:
     return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "

@@ -33,12 +33,12 @@ from rigup import apt
 from rigup.cuda import runtime_packages, toolkit_packages
 from rigup.config import Config, role_defaults
 from rigup.files import managed
-from rigup.gpu.facts import CudaToolkits
-from rigup.gpu.plan import Plan, build_backend
+from rigup.gpu.facts import CudaToolkits, RefusedNvcc
+from rigup.gpu.plan import Plan, build_backend, nvcc_path
 from rigup.state import read_once, reading
 from rigup.templates import render
 from rigup.text import shown
-from roles.cuda_toolkit.checks import CHECKS
+from roles.cuda_toolkit.checks import CHECKS, nvcc_refusal
 
 KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/cuda-keyring_1.1-1_all.deb"
 REPOS = {("ubuntu", 22): "ubuntu2204", ("ubuntu", 24): "ubuntu2404", ("debian", 12): "debian12"}
@@ -75,6 +75,22 @@ def version_present(version: str):
     yield
 
 
+@operation()
+def compiler_root_alone(path: str, source: str, version: str):
+    """Fail the host when the nvcc just installed at ``path`` is one root may not run (a directory up to /
+    not root's alone: Debian's /usr/local is 2775 root:staff), before llama.cpp compiles with it as root:
+    preflight had nothing to read before the install, and says it itself from the next run on
+    (checks.py ``check_nvcc_root_alone``). Run only after an install (``_if``): a converged host reads
+    nothing more."""
+    for refused in read_once(RefusedNvcc):
+        if path in refused["seen_as"]:
+            r = nvcc_refusal(refused, path, f"the build compiles with it as root (cuda_source {source})", source, version)
+            raise OperationError(shown(f"{r.what}: {r.why}; fix: {r.fix}", 4000))
+    host.noop(f"{path} is root's alone")
+    return
+    yield
+
+
 @deploy("cuda_toolkit", data_defaults=role_defaults("cuda_toolkit"))
 def apply(plan: Plan, data: Config):
     if build_backend(plan, data) != "cuda":
@@ -92,8 +108,10 @@ def apply(plan: Plan, data: Config):
                                        f"debian 12, not {distro['name']} {distro['major']}; use distro", 4000))
         keyring(name="NVIDIA's CUDA apt repository", repo=repo)
         runtime = None if compiles else runtime_packages(source, version, ())
-        apt.installed(name=f"Install cuda-toolkit {version}" if not runtime else f"Install CUDA {version}'s run-time libraries",
-                      packages=runtime or toolkit_packages(source, version), cache_seconds=0, _retries=2, _retry_delay=30)
+        installed = apt.installed(name=f"Install cuda-toolkit {version}" if not runtime
+                                  else f"Install CUDA {version}'s run-time libraries",
+                                  packages=runtime or toolkit_packages(source, version), cache_seconds=0, _retries=2,
+                                  _retry_delay=30)
     else:
         distro = read_once(LinuxDistribution)
         ident = distro["release_meta"].get("ID")
@@ -103,9 +121,12 @@ def apply(plan: Plan, data: Config):
             # libcuda1 and the CUDA libraries need nvidia-support (contrib) and non-free
             apt.components(name="Debian contrib and non-free components", names=["contrib", "non-free"],
                            _if=lambda: not set(wanted) <= set(read_once(DebPackages)))
-        apt.installed(name="Install nvidia-cuda-toolkit" if wanted == toolkit_packages(source, version)
-                      else "Install the CUDA run-time libraries",
-                      packages=wanted, cache_seconds=0, _retries=2, _retry_delay=30)
+        installed = apt.installed(name="Install nvidia-cuda-toolkit" if wanted == toolkit_packages(source, version)
+                                  else "Install the CUDA run-time libraries",
+                                  packages=wanted, cache_seconds=0, _retries=2, _retry_delay=30)
+    if source != "present" and compiles:
+        compiler_root_alone(name="The CUDA compiler is root's alone", path=nvcc_path(plan, data), source=source,
+                            version=version, _if=installed.did_change)
     home = _home(data)
     paths = {"version": version, "bin_dir": f"{home}/bin",
              "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}

@@ -96,11 +96,18 @@ def check_nvcc_root_alone(plan: Plan, facts: Facts, data: Config) -> list[Refusa
     else:   # the build runs it by this name: a name refused (its real path's directories or its own)
         hits = [r for r in refused if wanted in r["seen_as"]]
         then = f"the build compiles with it as root (cuda_source {source})"
+    return [nvcc_refusal(r, wanted, then, source, version) for r in hits]
+
+
+def nvcc_refusal(refused: dict, wanted: str, then: str, source: str, version: str) -> Refusal:
+    """The refusal of an nvcc the CUDA fact did not run (``refused``: rigup/gpu/facts.py
+    parse_refused_nvcc), named ``wanted`` where it was found by that name: preflight's, and the
+    install's own (roles/cuda_toolkit ``compiler_root_alone``) when the compiler came in this run."""
     other = {"nvidia": "; or set cuda_source to distro (/usr/bin/nvcc)",
              "present": f"; or install nvcc {version} where root alone writes"}.get(source, "")
-    return [Refusal(f"nvcc {wanted if wanted in r['seen_as'] else r['path']} not used",
-                    f"{r['why']}: {then}, and root must not run a program another user can replace",
-                    f"{r['fix']}{other}", "nvcc_root_alone") for r in hits]
+    return Refusal(f"nvcc {wanted if wanted in refused['seen_as'] else refused['path']} not used",
+                   f"{refused['why']}: {then}, and root must not run a program another user can replace",
+                   f"{refused['fix']}{other}", "nvcc_root_alone")
 
 
 CHECKS = (check_driver_for_cuda, check_cuda_for_archs, check_nvcc_root_alone)

@@ -148,3 +148,26 @@ def test_cuda_source_present_names_the_refused_nvcc_when_none_of_its_version_is_
     assert "no nvcc 12.4 is found that root may run (cuda_source present)" in r.why
     assert r.fix == "chmod g-w /usr/local; or install nvcc 12.4 where root alone writes"
     assert refusals(plan, facts, data(cuda_version="12.8", cuda_source="present")) == []
+
+
+def test_a_compiler_installed_this_run_where_another_user_writes_fails_the_host_before_it_compiles(monkeypatch):
+    """roles/cuda_toolkit's install, the first run: preflight read no nvcc (none was there yet), so after
+    apt installed one (``_if``: only then) the refused nvcc fails the host with preflight's own words, before
+    llama.cpp compiles with it as root; an nvcc of root's alone is a no-op."""
+    import types
+
+    from pyinfra.api import OperationError
+
+    import roles.cuda_toolkit as role
+    said = []
+    monkeypatch.setattr(role, "host", types.SimpleNamespace(noop=said.append, name="h"))
+    monkeypatch.setattr(role, "read_once", lambda fact, **kw: REFUSED if fact is role.RefusedNvcc else [])
+    with pytest.raises(OperationError) as e:
+        list(role.compiler_root_alone._inner(path="/usr/local/cuda-12.4/bin/nvcc", source="nvidia", version="12.4"))
+    print(e.value)
+    assert str(e.value) == ("nvcc /usr/local/cuda-12.4/bin/nvcc not used: /usr/local is 2775 root:staff, writable by "
+                            "group staff: the build compiles with it as root (cuda_source nvidia), and root must not "
+                            "run a program another user can replace; fix: chmod g-w /usr/local; or set cuda_source "
+                            "to distro (/usr/bin/nvcc)")
+    assert list(role.compiler_root_alone._inner(path="/usr/bin/nvcc", source="distro", version="12.4")) == []
+    assert said == ["/usr/bin/nvcc is root's alone"]
