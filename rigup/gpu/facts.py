@@ -264,7 +264,7 @@ CUDA_COMMAND = (
     'if [ -n "$u" ]; then echo "unsafe $u"; else "$r" --version 2>/dev/null; fi; '
     "done; true"
 )
-# what the walk printed of the first directory root does not own alone (or, before it printed more, the path)
+# what the walk printed of the first directory root does not own alone (or, in the older form, its path alone)
 _UNSAFE = re.compile(r"unsafe (?:([0-9]{1,10}|\?) ([0-7]{1,4}|\?) ([^\s:]{1,64}|\?):([^\s:]{1,64}|\?) )?(/.{0,4095})")
 # ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
 _NVCC_RELEASE = re.compile(r"release ([1-9][0-9]?\.[0-9]{1,2}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")
