@@ -142,7 +142,7 @@ def as_planned(name: str, s, srv: dict, label: str) -> tuple[list[str], dict] | 
     want = command_argv(name, inst, own["binary"], file[0] if file else model_dir(inst["model"]), own["rpc"],
                         own["allow"])
     found = tuning.differences(want, installed, None if inst["also"] else model_dir(inst["model"]), REMEDIES,
-                               own["env"], served["env"])
+                               {**own["env"], **llama_server.written_env(own["origins"])}, served["env"])   # the drop-in's
     if found:
         not_the_plans(label, found)
         return None

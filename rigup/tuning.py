@@ -209,21 +209,34 @@ FIRST = {s: f.spellings[0] for f in contract.FLAGS if f.write != contract.PAIR f
 def settings(argv: list[str]) -> dict[str, list[tuple[str, ...]]]:
     """``argv``'s flags (after its program), each by its first spelling in the contract's table
     (``--ctx-size`` as ``-c``, ``--x=v`` as ``--x v``; another flag as written) -> the values given
-    after it, once per time it is given. What :func:`differences` compares."""
+    after it, once per time it is given; the words before its first flag under ``""`` (rigup writes
+    none: llama-server would read one, so :func:`differences` names it). What :func:`differences` compares."""
     out: dict[str, list[tuple[str, ...]]] = {}
-    flag = None
+    flag = ""
     for arg in argv[1:]:
         if arg.startswith("-") and not NUMBER.match(arg):
             name, eq, value = arg.partition("=")
             flag = FIRST.get(name, name)
             out.setdefault(flag, []).append((value,) if eq else ())
-        elif flag is not None:
-            out[flag][-1] += (arg,)
+        else:
+            out.setdefault(flag, [()])[-1] += (arg,)
     return out
 
 
 def _given(flag: str, values: list[tuple[str, ...]] | None) -> str:
+    if not flag:   # the words before any flag
+        return "; ".join(shown(" ".join(v), 120) for v in values) + " before its flags" if values else "no word before its flags"
     return "; ".join(shown(" ".join((flag, *v)), 120) for v in values) if values else f"without {shown(flag, 120)}"
+
+
+def _env_keys(template: Path) -> frozenset[str]:
+    """The variables ``template`` (an EnvironmentFile rigup writes) sets: its ``NAME=`` lines."""
+    return frozenset(m.group(1) for m in re.finditer(r"^([A-Z_][A-Z0-9_]*)=", template.read_text(), re.M))
+
+
+# the variables of /etc/rigup/cuda.env, which roles/cuda_toolkit writes on the host (not the plan's
+# server: its values are the host's toolkit): ServingEnv reads them with the drop-in's
+HOST_ENV = _env_keys(ROOT / "templates" / "cuda_toolkit.env.j2")
 
 
 def differences(planned: list[str], installed: list[str] | None, model_dir: str | None = None,
@@ -234,11 +247,12 @@ def differences(planned: list[str], installed: list[str] | None, model_dir: str 
     of its sized instance, as a converge writes it); ``installed``: its drop-in's ExecStart
     (:class:`ExecStart`; None: no drop-in, the unit missing). Only what the plan owns is compared,
     not what a converge reads on the host: the model's file is under ``model_dir`` (the plan's
-    directory of the model; which file, its first GGUF shard, is the completion marker's, so
-    ``planned`` carries the installed one), and a flag of ``host_flags`` (the remedies a build's
-    smoke added, e.g. --no-repack) that the installed command alone has is no difference.
-    ``planned_env``: the plan's environment of the server; each of its variables, and
-    CUDA_VISIBLE_DEVICES (the server's cards), compared with ``installed_env`` (the drop-in's)."""
+    directory of the model, as a normal path; which file, its first GGUF shard, is the completion
+    marker's, so ``planned`` carries the installed one), and a flag of ``host_flags`` (the remedies a
+    build's smoke added, e.g. --no-repack) that the installed command alone has, once and as the
+    remedy gives it (no value), is no difference. A word before the first flag is named.
+    ``planned_env``: the plan's environment of the server; each of its variables, and every other of
+    ``installed_env`` (the drop-in's and cuda.env's) but those of :data:`HOST_ENV`, compared."""
     if installed is None:
         return ["no drop-in on the host (the unit is missing)"]
     out = [] if planned[:1] == installed[:1] else [f"installed {shown(installed[0], 120)}, the plan's {shown(planned[0], 120)}"]
@@ -246,19 +260,36 @@ def differences(planned: list[str], installed: list[str] | None, model_dir: str 
     if model_dir is not None:
         path = (have.pop("-m", None) or [()])[-1][:1]
         want.pop("-m", None)
-        if not path or not path[0].startswith(model_dir.rstrip("/") + "/"):
+        if not _below(path[0] if path else "", model_dir):
             out.append(f"installed {_given('-m', [path] if path else None)}, the plan's a file of {model_dir}")
+    # a remedy (e.g. --no-repack) is the host's only as its smoke gives it: once, with its value (none)
+    remedies = {k: v for r in host_flags for k, v in settings(["", *str(r).split()]).items() if k}
     for flag in [*want, *(f for f in have if f not in want)]:   # the plan's order, then the installed's own
-        if have.get(flag) != want.get(flag) and not (flag not in want and flag in host_flags):
+        if have.get(flag) != want.get(flag) and not (flag not in want and have.get(flag) == remedies.get(flag)):
             now, then = have.get(flag), want.get(flag)
             out.append(f"installed {_given(flag, now)}, the plan's " +
                        (" ".join(shown(" ".join(v), 120) for v in then) if now and then else _given(flag, then)))
+    # the whole environment: each variable the plan sets, and any other but cuda.env's (HOST_ENV), which the
+    # sweep's servers would run with (LD_PRELOAD, LLAMA_ARG_*: a server that is not the plan's)
     env, got = planned_env or {}, installed_env or {}
-    for name in sorted(set(env) | ({"CUDA_VISIBLE_DEVICES"} & set(got))):
+    for name in sorted(set(env) | (set(got) - HOST_ENV)):
         if env.get(name) != got.get(name):
-            now, then = (shown(f"{name}={e[name]}", 120) if name in e else f"without {name}" for e in (got, env))
+            now, then = (shown(f"{name}={e[name]}", 120) if name in e else f"without {shown(name, 60)}" for e in (got, env))
             out.append(f"installed {now}, the plan's {then}")
     return out
+
+
+def _below(path: str, directory: str) -> bool:
+    """Whether ``path`` is a file below ``directory``, each read as a normal path: no ``.``, ``..`` or empty
+    part (``DIR/../../x`` starts with ``DIR/``, and is not in it), as :func:`model_argv` reads a preset's."""
+    prefix = directory.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return False
+    try:
+        fields.inside(path[len(prefix):], "-m")
+    except Unreadable:
+        return False
+    return True
 
 
 def preset_differences(planned: dict[str, dict[str, str]], installed: dict[str, dict[str, str]],

@@ -14,6 +14,8 @@ from hypothesis import given, settings, strategies as st
 
 from rigup import tune, tuning
 from rigup.boundary.core import Unreadable
+from rigup.boundary.formats import systemd_env
+from rigup.contract.llama_server import written_env
 from tests.unit.hosts import REV, data, host
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +131,10 @@ def installed(**inst) -> str:
                          models(d)[0]["a"]["dest"] + "/a-Q4.gguf"))
 
 
+# the Environment= lines every drop-in has (contract.written_env: no CORS origin), as ServingEnv reads them
+WRITTEN = ["E " + systemd_env(k, v) for k, v in written_env().items()]
+
+
 def play(monkeypatch, facts: dict[str, list[str]], **inst):
     """tune.py run as pyinfra runs it for one host, its facts the host's ``facts`` (a fact's name ->
     its output lines); (what it did: failed hosts, refusals, files put, lines said)."""
@@ -200,7 +206,7 @@ def test_a_drop_ins_count_that_is_not_the_plans_is_refused_not_read(monkeypatch,
 
 
 def test_a_drop_in_that_reads_is_swept(monkeypatch):
-    did = play(monkeypatch, {"ExecStart": [installed()], "ServingEnv": ["G \u00b2"]})
+    did = play(monkeypatch, {"ExecStart": [installed()], "ServingEnv": [*WRITTEN, "G \u00b2"]})
     assert did["failed"] == set() and did["refused"] == {} and not [s for s in did["said"] if "refused" in s]
     assert [p for p in did["put"] if p.endswith(".spec.json")] == ["/var/lib/rigup/tuner/x.spec.json"]
 
@@ -217,7 +223,7 @@ def test_a_router_is_swept_a_model_at_a_time_where_its_unit_and_preset_are_the_p
     line = " ".join(argv("x", x, f"{d['llama_cpp_dir']}/current/bin/llama-server", "/unused"))
     paths = {k: models(d)[0][k]["dest"] + f"/{k}.gguf" for k in ("a", "b")}
     preset = preset_text("x", x, paths, {"a": REV, "b": REV}).splitlines()
-    env = ["E LLAMA_CACHE=/etc/rigup/llama-server/x.no-cache", "G 1"]   # a router's children keep no model cache
+    env = [*WRITTEN, "E LLAMA_CACHE=/etc/rigup/llama-server/x.no-cache", "G 1"]   # a router's children keep no model cache
     did = play(monkeypatch, {"ExecStart": [line], "ServingEnv": env, "Preset": preset}, **router)
     print(f"\n{did['said']}")
     assert [p for p in did["put"] if p.endswith(".spec.json")] == \

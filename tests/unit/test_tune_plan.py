@@ -97,3 +97,52 @@ def test_any_installed_command_line_gives_lines_never_raises(want, have):
     assert [d for d in tuning.differences(want, list(want)) if not d.startswith("installed -m")] == []
     found = tuning.differences(want, have, "/srv", REMEDIES, {"A": "1"}, {"CUDA_VISIBLE_DEVICES": "x"})
     assert all(isinstance(d, str) and d.isprintable() and len(d) < 2000 for d in found)
+
+
+def test_round7_an_installed_server_the_plan_does_not_make_is_named():
+    """Round 7 of issue 61 (T3-T6): a root-written drop-in the comparison passed, whose server the sweep then ran."""
+    want = planned(ctx=8192, parallel=2)
+    # T3: a -m that starts with the model's directory and leaves it (model_argv refuses '..' for a router's)
+    for path in (f"{DIR}/../../../home/eve/evil.gguf", f"{DIR}/./x.gguf", f"{DIR}//x.gguf", f"{DIR}/"):
+        assert tuning.differences(want, [a if a != FILE else path for a in want], DIR, REMEDIES) == \
+            [f"installed -m {path}, the plan's a file of {DIR}"]
+    # T4: a variable the plan does not set (the sweep's servers run with it); cuda.env's own (HOST_ENV) are the host's
+    assert tuning.HOST_ENV == {"PATH", "LD_LIBRARY_PATH"}
+    assert tuning.differences(want, want, DIR, REMEDIES, {"A": "1"},
+                              {"A": "1", "LD_PRELOAD": "/home/eve/x.so", "LLAMA_ARG_HF_REPO": "eve/x", "PATH": "/usr/bin"}) == \
+        ["installed LD_PRELOAD=/home/eve/x.so, the plan's without LD_PRELOAD",
+         "installed LLAMA_ARG_HF_REPO=eve/x, the plan's without LLAMA_ARG_HF_REPO"]
+    # T5: a remedy is the host's given once, as its smoke gives it (no value)
+    assert tuning.differences(want, [*want, "--no-repack", "/etc/shadow"], DIR, REMEDIES) == \
+        ["installed --no-repack /etc/shadow, the plan's without --no-repack"]
+    assert tuning.differences(want, [*want, "--no-repack", "--no-repack"], DIR, REMEDIES) == \
+        ["installed --no-repack; --no-repack, the plan's without --no-repack"]
+    assert tuning.differences(want, [*want, "--no-repack=x"], DIR, REMEDIES) == \
+        ["installed --no-repack x, the plan's without --no-repack"]
+    # T6: a word before the first flag (llama-server reads it)
+    assert tuning.differences(want, [want[0], "/home/eve/x.gguf", *want[1:]], DIR, REMEDIES) == \
+        ["installed /home/eve/x.gguf before its flags, the plan's no word before its flags"]
+    assert tuning.settings(["/bin/x", "a", "b", "-c", "1"]) == {"": [("a", "b")], "-c": [("1",)]}
+
+
+NAMES = st.one_of(st.sampled_from(["PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "A"]),
+                  st.text(max_size=12))
+
+
+@settings(max_examples=300, deadline=1000)
+@given(st.lists(WORDS, min_size=1, max_size=12), st.lists(WORDS, min_size=1, max_size=12),
+       st.dictionaries(NAMES, st.text(max_size=12), max_size=4), st.dictionaries(NAMES, st.text(max_size=12), max_size=4),
+       st.sampled_from(["/srv", "/srv/", "/srv/m"]))
+def test_any_difference_is_named_and_nothing_raises(want, have, env, got, model_dir):
+    """differences never raises on the host's words; where they are not the plan's (another word, another variable
+    but cuda.env's, a -m not a normal path below its directory), at least one line says so; the same words and
+    variables with the -m below its directory, none."""
+    found = tuning.differences(want, have, model_dir, REMEDIES, env, got)
+    assert all(isinstance(d, str) and d.isprintable() and len(d) < 2000 for d in found)
+    strip = lambda argv: [a for a in tuning._without(argv, {"-m": 1, "--model": 1}) if a != "--no-repack"]
+    same = strip(want)[:1] == strip(have)[:1] and tuning.settings(strip(want)) == tuning.settings(strip(have)) and \
+        all(env.get(n) == got.get(n) for n in set(env) | (set(got) - tuning.HOST_ENV))
+    if not same:
+        assert found, (want, have, env, got)
+    ok = [*want, "-m", model_dir.rstrip("/") + "/a.gguf"]
+    assert tuning.differences(ok, list(ok), model_dir, REMEDIES, env, {"PATH": "/x", **env}) == []
