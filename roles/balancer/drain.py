@@ -75,6 +75,7 @@ STATE = "/run/haproxy/server-state"     # roles/balancer/config.py SERVER_STATE 
 STATE_BYTES = 16 << 20                  # a server state's text: ~120 bytes a server
 FMAINT, FDRAIN = 0x01, 0x08             # srv_admin_state: forced maintenance, forced drain
 DRAIN_S, HEALTH_S, UP_S, LOCK_S, RELOAD_S = 50, 600, 120, 30, 30
+ANSWER_S, ANSWER_BYTES = 10, 64 << 20     # one admin answer, whole: a worker that drips it holds no wait past its bounds
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers", "userlist", "cache",
             "program", "http-errors", "ring", "mailers", "crt-store"}
 
@@ -92,9 +93,11 @@ class Failed(Exception):
     """What could not be done, naming the socket or the backend and server."""
 
 
-def _digits(text: str) -> bool:
-    """ASCII digits alone: str.isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3)."""
-    return text.isascii() and text.isdigit()
+def _count(text: str, digits: int = 18) -> int | None:
+    """The number ``text`` writes in ASCII digits alone, at most ``digits`` of them; else None.
+    str.isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3), and int() of more than 4300
+    digits raises (HAProxy's worker's answer: a traceback, issue 61 round 7 D4)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
 
 
 def admin(command: str) -> str:
@@ -110,22 +113,37 @@ def admin(command: str) -> str:
         if not S_ISSOCK(st.st_mode) or st.st_uid not in (0, os.geteuid()):
             raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: not a socket of root's (a link, or another "
                          "user's file): remove it and restart HAProxy")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(5)
+        deadline = time.monotonic() + ANSWER_S   # for the whole answer: a timeout per recv() let a byte a
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # second hold ready past UP_S (round 7 D3)
+            s.settimeout(ANSWER_S)
             s.connect(f"/proc/self/fd/{fd}")   # the inode just checked
             pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid not in (0, os.geteuid()):
                 raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: its listener is not root's HAProxy "
                              f"(uid {uid}, pid {pid}): remove it and restart HAProxy")
             s.sendall(command.encode() + b"\n")
-            chunks = []
-            while chunk := s.recv(65536):
+            chunks, size = [], 0
+            while chunk := _part(s, deadline, size, command):
                 chunks.append(chunk)
+                size += len(chunk)
             return b"".join(chunks).decode(errors="replace")
     except OSError as e:
         raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
     finally:
         os.close(fd)
+
+
+def _part(s: socket.socket, deadline: float, size: int, command: str) -> bytes:
+    """The answer's next bytes (b"": its end), or Failed once it took ANSWER_S or ANSWER_BYTES."""
+    left = deadline - time.monotonic()
+    try:
+        if left > 0 and size <= ANSWER_BYTES:
+            s.settimeout(left)
+            return s.recv(65536)
+    except socket.timeout:
+        pass
+    raise Failed(f"HAProxy's admin socket {SOCKET}: no whole answer to {shown(command.split(' ', 1)[0], 40)!r} "
+                 f"within {ANSWER_S} s and {ANSWER_BYTES} bytes")
 
 
 def reachable() -> bool:
@@ -143,8 +161,8 @@ def worker_pid() -> int | None:
         return None
     for line in info.splitlines():
         key, _, value = line.partition(":")
-        if key == "Pid" and _digits(value.strip()):
-            return int(value)
+        if key == "Pid" and (pid := _count(value.strip())) is not None:
+            return pid
     return None
 
 
@@ -176,9 +194,10 @@ def server_state(backend: str, server: str) -> dict[str, str]:
 
 def admin_state(backend: str, server: str) -> int:
     value = server_state(backend, server).get("srv_admin_state", "")
-    if not _digits(value):
-        raise Failed(f"{backend}/{server}: srv_admin_state {value!r} is not a number")
-    return int(value)
+    flags = _count(value)
+    if flags is None:
+        raise Failed(f"{backend}/{server}: srv_admin_state {shown(value, 40)!r} is not a number")
+    return flags
 
 
 def is_as_asked(asked: str, flags: int) -> bool:
@@ -256,7 +275,7 @@ def config_ports(text: str) -> dict[tuple[str, str], str]:
             backend = words[1] if words[0] in ("backend", "listen") and len(words) > 1 else None
         elif words[0] == "server" and backend and len(words) > 2:
             port = words[2].rpartition(":")[2]
-            if _digits(port):
+            if _count(port) is not None:
                 found[(backend, words[1])] = port
     return found
 
@@ -373,9 +392,8 @@ def ready_in_saved_state(backend: str, server: str) -> None:
         for row in rows:
             fields = dict(zip(names, row))
             if (fields.get("be_name"), fields.get("srv_name")) == (backend, server) \
-                    and _digits(fields.get("srv_admin_state", "")):
-                at = names.index("srv_admin_state")
-                row[at] = str(int(row[at]) & ~(FMAINT | FDRAIN))
+                    and (flags := _count(fields.get("srv_admin_state", ""))) is not None:
+                row[names.index("srv_admin_state")] = str(flags & ~(FMAINT | FDRAIN))
         write_state("\n".join([version, "# " + " ".join(names)] + [" ".join(r) for r in rows]) + "\n")
 
 
@@ -415,7 +433,7 @@ def stat(backend: str, server: str) -> list[str]:
 def in_flight(backend: str, server: str) -> int:
     """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
     cols = stat(backend, server)
-    return int(cols[4]) if cols and _digits(cols[4]) else 0
+    return (_count(cols[4]) or 0) if cols else 0
 
 
 def alive(pid: int) -> bool:
@@ -537,7 +555,7 @@ def _expired(backend: str, server: str) -> bool:
     addr, port = fields.get("srv_addr", ""), fields.get("srv_port", "")
     try:   # HAProxy's resolved address: one that is not an IP address or port was a traceback in urlopen (DR10)
         ip = ipaddress.ip_address(addr)
-        if not (_digits(port) and 0 < int(port) <= 65535) or getattr(ip, "scope_id", None):
+        if not 0 < (_count(port) or 0) <= 65535 or getattr(ip, "scope_id", None):
             raise ValueError(port)   # a scoped IPv6 address (fe80::1%eth0) is no URL's host (re-round 6 ND5)
     except ValueError:
         url, answer = f"{shown(addr, 80)!r} port {shown(port, 20)!r}", "nothing: not an IP address and port"
@@ -619,9 +637,9 @@ def run(argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or len(argv) < {"save-state": 1, "reload": 2, "release": 2, "renew": 4}.get(argv[0], 3) or \
-            (argv[0] in ("maint", "renew") and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 86400)) or \
-            (argv[0] == "reload" and not (_digits(argv[1]) and 1 < int(argv[1]) <= 1 << 22)) or \
-            (argv[0] == "ready" and len(argv) > 3 and not (_digits(argv[3]) and 0 < int(argv[3]) <= 65535)):
+            (argv[0] in ("maint", "renew") and len(argv) > 3 and not 0 < (_count(argv[3]) or 0) <= 86400) or \
+            (argv[0] == "reload" and not 1 < (_count(argv[1]) or 0) <= 1 << 22) or \
+            (argv[0] == "ready" and len(argv) > 3 and not 0 < (_count(argv[3]) or 0) <= 65535):
         # a number in ASCII digits and in range, or the usage (round 3's D4: reload x ended in a ValueError;
         # MAINPID 0 would signal drain's own process group)
         print(__doc__.split("\n\n")[1], file=sys.stderr)
