@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import itertools
 import json
@@ -932,8 +933,10 @@ def compute_and_soak(dev: Device, opts: dict) -> tuple[dict, dict, dict]:
 
 # ---------------------------------------------------------------- the soak's load
 # cuBLAS of the host (cuda_toolkit installs it on GPU hosts; Debian 12's libcublas11; the
-# nvidia-cublas wheel's copy), by soname first and then where the toolkits and wheels put it:
-# found and loaded with ctypes as libcuda is (no package on the host)
+# nvidia-cublas wheel's copy), by soname, newest first, where the toolkits and wheels put it: found
+# and loaded with ctypes as libcuda is (no package on the host); LD_LIBRARY_PATH's directories
+# first, as the loader would. Never by bare soname: the loader's search (its cache of ld.so.conf's
+# directories, /usr/local/lib among them) may answer with a file no one checked.
 CUBLAS = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11")
 CUBLAS_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/lib64",
                "/usr/local/cuda-*/targets/*/lib", "/usr/lib/*-linux-gnu", "/usr/local/lib",
@@ -947,24 +950,92 @@ HBM_ROUND = 16           # copies queued at a time (about 6 ms of an H100's HBM)
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # library_types.h, cublas_api.h
 
 
-def find_cublas() -> tuple[ctypes.CDLL | None, str]:
-    """(the library, its path) or (None, why not): the newest soname the loader finds, then each
-    directory of CUBLAS_DIRS; its libcublasLt beside it loaded first (global) where it is there."""
+def alone(path: str) -> tuple[str, str | None]:
+    """(the real path, None) when ``path`` and every directory from it up to / are root's or this
+    user's and no group or other user can write them, each link followed the same way (the
+    directory it lies in checked; its target walked from there); else (``path``, why not).
+    rigup-burnin runs as root: a library loaded from where another user writes (Debian's
+    /usr/local is 2775 root:staff) runs their code as root, as an nvcc would (roles/cuda_toolkit)."""
+    me = os.geteuid()
+
+    def why_not(here: str, st: os.stat_result) -> str | None:
+        if st.st_uid not in (0, me):
+            return f"{here} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022:
+            return f"{here} is {stat.S_IMODE(st.st_mode):o}: writable by its group or others"
+        return None
+
+    done, todo, hops = "/", [c for c in path.split("/") if c], 0
+    try:
+        why = why_not("/", os.stat("/"))
+        while todo and why is None:
+            part = todo.pop(0)
+            if part in (".", ".."):
+                done = os.path.dirname(done) if part == ".." else done   # done is a real path: its parent walked
+                continue
+            here = os.path.join(done, part)
+            st = os.lstat(here)
+            if stat.S_ISLNK(st.st_mode):   # its directory (done) is walked: its target is walked from there
+                hops += 1
+                if hops > 40:
+                    return path, f"{here}: more than 40 links"
+                target = os.readlink(here)
+                done = "/" if target.startswith("/") else done
+                todo[:0] = [c for c in target.split("/") if c]
+                continue
+            why = why_not(here, st) or (f"{here} is not a directory" if todo and not stat.S_ISDIR(st.st_mode) else None)
+            done = here
+        if why is None and not stat.S_ISREG(os.lstat(done).st_mode):
+            why = f"{done} is not a file"
+    except OSError as e:
+        why = f"{path}: {e.strerror or e}"
+    return (done, None) if why is None else (path, why)
+
+
+def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
+    """([(a library's real path, its libcublasLt's beside it or None)] of CUBLAS's files in
+    LD_LIBRARY_PATH's directories and CUBLAS_DIRS that :func:`alone` passes, the libcublasLt too
+    where it is there, newest soname first; [why each other one is skipped])."""
     import glob
-    tried = []
+    found, skipped = [], []
+    first = [glob.escape(d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
     for name in CUBLAS:
-        for path in [name] + sorted({p for d in CUBLAS_DIRS for p in glob.glob(os.path.join(d, name))}):
-            lt = os.path.join(os.path.dirname(path), name.replace("libcublas.", "libcublasLt."))
-            try:
-                if os.path.dirname(path) and os.path.exists(lt):
-                    ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
-                lib = ctypes.CDLL(path)
-                lib.cublasCreate_v2   # noqa: B018 - a library without it is not cuBLAS
-                return lib, path
-            except (OSError, AttributeError) as e:
-                if os.path.dirname(path) or "cannot open" not in str(e):
-                    tried.append(f"{path}: {e}"[:160])
-    return None, "no cuBLAS: " + ("; ".join(tried[:3]) or f"{'/'.join(CUBLAS)} not found")
+        ordered = [p for d in first for p in glob.glob(os.path.join(d, name))]
+        for path in ordered + sorted({p for d in CUBLAS_DIRS for p in glob.glob(os.path.join(d, name))} - set(ordered)):
+            real, why = alone(path)
+            lt = os.path.join(os.path.dirname(real), name.replace("libcublas.", "libcublasLt."))
+            lt, why = alone(lt) if why is None and os.path.lexists(lt) else (None, why)
+            if why is not None:
+                skipped.append(f"rigup-burnin: cuBLAS {path} skipped: {why} (root loads no library another user can replace)")
+            elif (real, lt) not in found:
+                found.append((real, lt))
+    return found, skipped
+
+
+@functools.lru_cache(maxsize=None)
+def cublas_libraries() -> tuple[tuple[str, str | None], ...]:
+    """:func:`cublas_candidates`'s libraries, each one skipped named on stderr once: called before
+    the workers fork (they inherit the answer), not once per card."""
+    found, skipped = cublas_candidates()
+    for why in skipped:
+        print(shown(why, 600), file=sys.stderr, flush=True)
+    return tuple(found)
+
+
+def find_cublas() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, its real path) or (None, why not): the first of :func:`cublas_libraries` that
+    loads, its libcublasLt beside it loaded first (global) where it is there."""
+    tried = []
+    for path, lt in cublas_libraries():
+        try:
+            if lt is not None:
+                ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(path)
+            lib.cublasCreate_v2   # noqa: B018 - a library without it is not cuBLAS
+            return lib, path
+        except (OSError, AttributeError) as e:
+            tried.append(f"{path}: {e}"[:160])
+    return None, "no cuBLAS: " + ("; ".join(tried[:3]) or f"{'/'.join(CUBLAS)} not found where only root writes")
 
 
 class Gemm:
@@ -1358,6 +1429,8 @@ def reaped(procs: dict, figs: dict) -> list[str]:
 
 
 def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dict[str, dict]:
+    if (opts.get("load") or "auto") in ("auto", "cublas"):
+        cublas_libraries()   # before the workers fork: each library skipped is named once, not per card
     ctx = multiprocessing.get_context("fork")
     procs = {}
     for c in todo:
@@ -1501,6 +1574,8 @@ def pulse(opts: dict) -> dict:
     if busy:
         return {"busy": ", ".join(f"GPU {u} by {w}" for u, w in sorted(busy.items()))}
     buses = {c["uuid"]: c["pci.bus_id"] for c in todo}
+    if (opts.get("load") or "auto") in ("auto", "cublas"):
+        cublas_libraries()   # before the workers fork: each library skipped is named once, not per card
     ctx = multiprocessing.get_context("fork")
     start = ctx.Value("d", 0.0)
     barrier = ctx.Barrier(len(todo), action=lambda: setattr(start, "value", time.time() + 0.5))

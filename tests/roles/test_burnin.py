@@ -199,7 +199,9 @@ def test_a_card_cublas_refuses_or_a_host_without_cublas_soaks_on_ptx_unjudged_on
     print(f"GPU 5 (cuBLAS refuses it): {refused['gemm']['load']}: {refused['gemm']['why']}; "
           f"power judged {refused['power'].get('judged')}; passed {refused['passed']}")
     assert refused["passed"] and refused["gemm"]["load"] == "ptx" and refused["power"]["judged"] is False
-    assert refused["gemm"]["why"] == "cuBLAS libcublas.so.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx"
+    # loaded by its checked path, never by bare soname (round 7's R5)
+    assert re.fullmatch(r"cuBLAS /usr/lib/[\w-]+-linux-gnu/libcublas\.so\.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx",
+                        refused["gemm"]["why"]), refused["gemm"]["why"]
     # without cuBLAS: the quarantined cards' retest (the 0.70 draw and the wrong digest were cuBLAS's
     # faults) soaks on the PTX load, passes, and is not judged on watts
     on_host(lab, host, f"mv {CUBLAS} /root/libcublas.so.12.aside")

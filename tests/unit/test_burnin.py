@@ -20,6 +20,7 @@ from roles.burnin.checks import check_clear, check_named
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, serving, sort_cards
 from roles.gpu_guard.guard import parse_sample
+from tests.unit.test_burnin_cublas import alone_scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "tests" / "lab"
@@ -28,8 +29,7 @@ DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_rete
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH (and
-    in blas/, libcublas.so.12, for the tests that give the host cuBLAS)."""
+    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH."""
     if not shutil.which("gcc"):
         pytest.skip("gcc is not installed (make test installs it)")
     tmp = tmp_path_factory.mktemp("burnin")
@@ -37,10 +37,6 @@ def sim(tmp_path_factory):
     (tmp / "lib").mkdir()
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp / "lib/libcuda.so.1"),
                     str(LAB / "cuda_standin.c")], check=True)
-    (tmp / "blas").mkdir()
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-DCUBLAS_STANDIN", "-o",
-                    str(tmp / "blas/libcublas.so.12"), str(LAB / "cuda_standin.c"), "-L", str(tmp / "lib"),
-                    "-l:libcuda.so.1"], check=True)
     smi = tmp / "bin/nvidia-smi"
     smi.write_text(f"#!/bin/sh\nexec {sys.executable} {LAB / 'nvidia_smi.py'} \"$@\"\n")
     smi.chmod(0o755)
@@ -51,6 +47,17 @@ def sim(tmp_path_factory):
            "RIGUP_GPU_SIM_PROFILE": str(tmp / "profile.json"), "RIGUP_GPU_SIM_RUN": str(tmp / "run"),
            "RIGUP_GPU_SIM_LIB": str(tmp / "var")}
     return tmp, env
+
+
+@pytest.fixture(scope="module")
+def blas(sim):
+    """The stand-in libcublas.so.12's directory, for the tests that give the host cuBLAS: in the home
+    directory, as rigup-burnin loads no library from where another user writes (/tmp is 1777)."""
+    with alone_scratch() as where:
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-DCUBLAS_STANDIN", "-o",
+                        str(where / "libcublas.so.12"), str(LAB / "cuda_standin.c"), "-L", str(sim[0] / "lib"),
+                        "-l:libcuda.so.1"], check=True)
+        yield where
 
 
 def burnin(sim, *args, env=None):
@@ -254,12 +261,12 @@ def test_facts_status_and_refusals():
     assert refused.what == "vllm_instances.glm.gpus names GPU 2 (GPU-2)" and "VRAM: 12" in refused.why
 
 
-def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctypes_code(sim):
+def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctypes_code(sim, blas):
     """With the host's cuBLAS (the stand-in libcublas.so.12, loaded by the program as the real one):
     a card that computes another digest, one that runs at 0.6x and one that draws 0.7 of its cap
     are each failed, naming why; one that runs at 0.85x is flagged; the rest pass."""
     tmp, env = sim
-    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{blas}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
     (tmp / "faults").write_text("1 wrong\n2 slow 1.667\n3 draw 0.7\n")
     subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
     run = burnin(sim, "run", "--level", "quick", "--soak-s", "2", "--metrics", str(tmp / "m.prom"), "--testing",
@@ -285,16 +292,16 @@ def test_the_soak_on_cublas_judges_watts_digests_and_speed_through_its_own_ctype
     assert run.returncode == 0 and found[2]["passed"] and \
         found[2]["flagged"] == ["GEMM: 84.7 TFLOPS, 0.85 of its siblings' median (below 0.90: watch it)"]
     assert found[0]["passed"] and found[0]["gemm"]["load"] == "ptx" and \
-        found[0]["gemm"]["why"] == "cuBLAS libcublas.so.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx"
+        found[0]["gemm"]["why"] == f"cuBLAS {blas}/libcublas.so.12: CUDA error 8 CUBLAS_STATUS in cublasGemmEx"
 
 
-def test_the_pulse_fails_the_hosts_power_delivery_naming_the_card_off_the_bus_the_brake_and_the_watts(sim):
+def test_the_pulse_fails_the_hosts_power_delivery_naming_the_card_off_the_bus_the_brake_and_the_watts(sim, blas):
     """Issue 62's pulse, through the program's own ctypes code on the stand-ins: every card's GEMM
     switched on and off at once; held, it records the cards' summed peak; a card that falls off the
     bus in it, and one in a hardware power brake, fail the host's power delivery with the figures
     (gpu_psu_watts named), and the card off the bus is failed in the records (quarantined)."""
     tmp, env = sim
-    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{blas}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "faults")}
     (tmp / "faults").write_text("")
     subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
     (tmp / "records.json").unlink(missing_ok=True)
@@ -327,7 +334,7 @@ def test_the_pulse_fails_the_hosts_power_delivery_naming_the_card_off_the_bus_th
     subprocess.run(["nvidia-smi", "sim", "reset"], env=env, check=True)
 
 
-def test_a_cmp_170hx_soaks_on_cublas_with_its_watts_recorded_not_judged(sim):
+def test_a_cmp_170hx_soaks_on_cublas_with_its_watts_recorded_not_judged(sim, blas):
     """Issue 62: a card whose product cuts FP16 tensor throughput (CMP 170HX, PCI id 0x20C2) is not
     quarantined by the watts rule its GEMM cannot meet: drawing 0.5 of its cap it passes, the
     draw recorded and the reason named; its digests are judged as any card's."""
@@ -335,7 +342,7 @@ def test_a_cmp_170hx_soaks_on_cublas_with_its_watts_recorded_not_judged(sim):
     profile = json.loads((LAB / "gpu_profiles.json").read_text())["cmp170hx"]
     profile["bus_ids"] = profile["bus_ids"][:2]
     (tmp / "cmp.json").write_text(json.dumps(profile))
-    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{tmp / 'blas'}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "cmp-faults"),
+    env = {**env, "LD_LIBRARY_PATH": f"{tmp / 'lib'}:{blas}", "RIGUP_LAB_CUBLAS_FAULTS": str(tmp / "cmp-faults"),
            "RIGUP_GPU_SIM_PROFILE": str(tmp / "cmp.json"), "RIGUP_GPU_SIM_RUN": str(tmp / "cmp-run"),
            "RIGUP_GPU_SIM_LIB": str(tmp / "cmp-var")}
     (tmp / "cmp-faults").write_text("0 draw 0.5\n1 draw 0.5\n")
