@@ -16,7 +16,7 @@ import re
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable
-from rigup.boundary.numbers import json_whole, required
+from rigup.boundary.numbers import json_whole, number, required
 from rigup.text import shown
 
 MAX_BYTES = 1 << 56          # a model's bytes, at most (64 PiB)
@@ -66,12 +66,15 @@ def download_progress(record: object, where: str) -> dict | None:
     return out
 
 
+KV_MIN = 1e-4   # GiB of KV cache per 1k tokens, the least rigup/gguf.py writes but 0 (it rounds to 4 places)
+
+
 def gguf_figures(figures: object, where: str) -> dict:
     """The figures of a GGUF header (rigup/gguf.py ``kv_figures``, fresh or kept between runs in
     the hub's cache) that size a model's VRAM: ``{"architecture", "layers", "kv_gib_per_1k_tokens",
     "context_length", "read_bytes", "chat_template"}`` with the layer count a whole number (none:
-    refused, rigup cannot size the model), the KV size a finite non-negative number, or None where
-    the header has none; ``chat_template`` a bool
+    refused, rigup cannot size the model), the KV size a JSON number, 0 or :data:`KV_MIN`..1e9, or None
+    where the header has none (each figure a JSON number, never text); ``chat_template`` a bool
     (rigup/gguf.py ``chat_template``), or None: not known (the header longer than the bytes read, or
     figures kept before rigup read it: still read); :class:`Unreadable` naming ``where`` (the file)
     and the field otherwise."""
@@ -92,7 +95,12 @@ def gguf_figures(figures: object, where: str) -> dict:
         raise Unreadable(f"{where}: layers", f"{'no layer count' if out['layers'] is None else '0 layers'}: rigup "
                          "cannot size the model (llama.cpp's loader needs it)")
     kv = figures.get("kv_gib_per_1k_tokens")
-    out["kv_gib_per_1k_tokens"] = None if kv is None else required(kv, f"{where}: kv_gib_per_1k_tokens", float, 0, 1e9)
+    # a JSON number, as the counts are JSON ints ("0.5" was read, "8192" refused), 0 (no KV cache) or at least
+    # KV_MIN: what rigup/gguf.py's round(.., 4) gives (5e-324 sized int(inf) slots: a traceback, round 7 S1)
+    rate = number(kv, float, 0, 1e9) if type(kv) in (int, float) else None
+    if kv is not None and (rate is None or 0 < rate < KV_MIN):
+        raise Unreadable(f"{where}: kv_gib_per_1k_tokens", f"not 0 or a JSON number in {KV_MIN}..1e9: {str(kv)[:40]!r}")
+    out["kv_gib_per_1k_tokens"] = None if rate is None else rate + 0.0   # -0.0: 0.0
     # kept before rigup read it (no key): not known, as a header longer than the bytes read
     template = figures.get("chat_template")
     if template is not None and type(template) is not bool:

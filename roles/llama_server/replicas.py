@@ -48,6 +48,7 @@ ALL_LAYERS_NGL = 99          # llama.cpp's "-ngl 99": every layer on the GPUs (o
 # the reports' -c 65536 --parallel 8; beyond the concurrency a fleet sends, slots only hold VRAM.
 SLOT_TOKENS = 8192
 MAX_SLOTS = 32
+MAX_TOKENS = 1 << 40         # KV cache tokens the VRAM holds, at most (a sizing's figure, never a server's)
 KV_SHARE = 0.8               # the rest: compute buffers, which grow with the slots and the batch
 
 
@@ -125,7 +126,8 @@ def sizing(inst: LlamaInstance, model: ModelEntry, group_gib: list[float]) -> Si
                   "the model's size is not known" if weights is None else "its KV cache per token is not known")
         return Sizing(slot, 1, f"1 slot of {slot:,} tokens ({reason}: rigup sizes slots from the VRAM only)")
     free = sum(group_gib) - weights - OVERHEAD_GIB_PER_GPU * len(group_gib)
-    tokens = int(max(free, 0.0) * KV_SHARE / rate * 1000)
+    held_tokens = max(free, 0.0) * KV_SHARE / rate * 1000   # a rate near 0 (5e-324) gives inf: int() raised
+    tokens = int(min(held_tokens, MAX_TOKENS)) if held_tokens == held_tokens else 0   # and NaN: none
     held = (f"{free:.1f} GiB of VRAM left after the weights ({weights:.1f} GiB) and {len(group_gib):g} GiB overhead "
             f"holds {tokens / 1000:,.0f}k tokens of KV cache at {rate:g} GiB per 1k in {KV_SHARE:.0%} of it")
     if tokens < slot:

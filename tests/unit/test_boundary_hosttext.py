@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rigup.boundary.core import Unreadable
+from rigup.boundary import hosttext
 from rigup.boundary.hosttext import MAX_BYTES, download_progress, gguf_figures, hub_listing
 from rigup.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
 from rigup.gpu import xid
@@ -170,6 +171,40 @@ def test_kept_figures_are_typed_or_unreadable_naming_the_file(figures):
     got = read(gguf_figures, figures, "the GGUF header of m.gguf") or {}
     assert got.get("layers") is None or type(got["layers"]) is int
     assert got.get("chat_template") in (True, False, None)
+
+
+@pytest.mark.parametrize("kv, got", [(5e-324, None), (1e-5, None), ("0.5", None), ("8192", None), (math.nan, None),
+                                     (math.inf, None), (True, None), ([1], None), (1e10, None), (-1e-4, None),
+                                     (0, 0.0), (-0.0, 0.0), (0.0001, 0.0001), (0.5, 0.5), (3, 3.0)])
+def test_the_kv_figure_is_a_json_number_0_or_one_gguf_writes(kv, got):
+    """Round 7 S1, S2: 5e-324 (finite, in 0..1e9) sized int(inf) slots, a traceback for the run; the JSON string
+    "0.5" was a number where context_length's "8192" is refused. A figure is a JSON number, 0 (no KV cache) or
+    at least KV_MIN (rigup/gguf.py rounds to 4 places)."""
+    figures = {"architecture": "llama", "layers": 32, "kv_gib_per_1k_tokens": kv}
+    if got is None:
+        with pytest.raises(Unreadable, match="m.gguf: kv_gib_per_1k_tokens"):
+            gguf_figures(figures, "m.gguf")
+    else:
+        read = gguf_figures(figures, "m.gguf")["kv_gib_per_1k_tokens"]
+        assert type(read) is float and read == got and math.copysign(1, read) == 1
+
+
+@SETTINGS
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10, 10**20), st.floats(0, 2000))
+def test_any_kv_figure_read_sizes_slots_within_bounds(kv, vram):
+    """The kv figure gguf_figures reads (or refuses) sizes a server's slots without raising (replicas.sizing: a
+    rate near 0 gave int(inf)); its ctx and parallel are whole numbers within MAX_SLOTS slots."""
+    from roles.llama_server import replicas
+
+    try:
+        rate = gguf_figures({"layers": 32, "kv_gib_per_1k_tokens": kv}, "m.gguf")["kv_gib_per_1k_tokens"]
+    except Unreadable:
+        return
+    assert rate == 0 or hosttext.KV_MIN <= rate <= 1e9
+    inst = {"ctx": "auto", "parallel": "auto", "ngl": 999, "rpc_workers": [], "cache_ram": None}
+    for figure in (rate, 5e-324, math.nan):   # the division guarded as well, whatever reaches it
+        got = replicas.sizing(inst, {"size_gib": 1.0, "gguf": {"kv_gib_per_1k_tokens": figure}}, [vram])
+        assert 1 <= got.parallel <= replicas.MAX_SLOTS and type(got.ctx) is int and got.ctx >= 1
 
 
 @pytest.mark.parametrize("said, got", [(True, True), (False, False), (None, None), ("absent", None)])
