@@ -243,43 +243,85 @@ class NvidiaDriver(FactBase):
 
 
 # ----------------------------------------------------------------------------- CUDA toolkits
-# Each nvcc is run (--version) and later compiles as root only where root owns it and every directory
-# above it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found on PATH became the
-# build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe UID MODE OWNER:GROUP PATH`` (the
-# first such: Debian's /usr/local is 2775 root:staff) and it is not run. Two walks up to /: of the real
-# path, ``$r`` (what runs: the program run is ``$r``, never the name again, as ``$n`` may be a link flipped
-# between the check and the run, round re5 N22), then of the name's own directories (N22's stricter rule:
-# the build runs cuda_source nvidia's and distro's nvcc by its name, and a link in a directory another user
-# writes is theirs to point elsewhere). ``stat -L``: a link's own mode is always 777 and no one changes
-# it; who may replace the link is its directory's question, the next step up, and where it points is the
-# real path's walk. A name that is not absolute (a relative PATH entry) is no nvcc.
-_WALK = ('while :; do set -- $(stat -L -c "%u %a %U:%G" "$p" 2>/dev/null); '
-         'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; break; fi; '
-         '[ "$p" = / ] && break; p=$(dirname "$p"); done; ')
+# Each nvcc is run (--version) and later compiles as root only where root owns it and every directory the
+# kernel reads on the way to it, none writable by group or others (round 5 A8: an nvcc at /tmp/x/nvcc found
+# on PATH became the build's CMAKE_CUDA_COMPILER); else its header is followed by ``unsafe UID MODE
+# OWNER:GROUP DIR`` (the first such: Debian's /usr/local is 2775 root:staff) and it is not run.
+#
+# The name is resolved one component at a time (``rigup_chain``, as namei does): each link met is read only
+# after the directory holding it was walked up to / (``rigup_walk``), for a link in a directory another user
+# writes is theirs to point elsewhere, at any hop (N22's stricter rule; round 7 N2: /usr/bin/nvcc -> nobody's
+# /shared/nvcc -> root's nvcc). The build runs cuda_source nvidia's and distro's nvcc by that name. Then the
+# real path the chain reached, ``$r`` (it must be readlink -f's too), is walked from the file itself up: the
+# program run is ``$r``, never the name again (a link flipped between the check and the run, round re5 N22).
+# ``stat -L``: a link's own mode is always 777 and no one changes it; who may replace it is its
+# directory's question. Links beyond 40 hops, or a target outside the names below: ``unsafe name LINK``.
+#
+# Names are this strict set (round 7 N1, N11: a directory named ``cuda<LF>Cuda compilation tools, release
+# 12.8<LF>--- Q`` forged a section of its own; a space split the header): a name outside it is never printed
+# and never run, so no line of the output is a name's to make. ``$n`` outside it is no nvcc (it is not the
+# build's fixed name, which is in the set); a real path outside it is refused by the link that leads there.
+NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+-"
+_NAME = re.compile(r"/[A-Za-z0-9/._+-]{0,4095}")
+_BAD = f"*[!{NAME_CHARS}]*"     # a sh case pattern: a byte outside the set (a newline, a space, UTF-8)
+_WALK = ('rigup_walk() { p=$1; while :; do set -- $(stat -L -c "%u %a %U:%G" "$p" 2>/dev/null); '
+         'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; return 1; fi; '
+         '[ "$p" = / ] && return 0; p=$(dirname "$p"); done; }; ')
+_CHAIN = ('rigup_chain() { d=/; s=$1; h=0; while [ -n "$s" ]; do x=${s%%/*}; '
+          'case "$s" in */*) s=${s#*/};; *) s=;; esac; '
+          'case "$x" in ""|.) continue;; ..) d=$(dirname "$d"); continue;; esac; q=${d%/}/$x; '
+          'if [ -L "$q" ]; then rigup_walk "$d" || return 1; h=$((h+1)); t=$(readlink -n "$q"; echo .); t=${t%.}; '
+          f'case "$t" in ""|{_BAD}) u="name $q"; return 1;; esac; [ $h -le 40 ] || {{ u="name $q"; return 1; }}; '
+          'case "$t" in /*) d=/;; esac; s=$t/$s; else d=$q; fi; done; }; ')
 CUDA_COMMAND = (
-    "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
-    'case "$n" in /*) ;; *) continue;; esac; '
-    '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; echo "--- $n $r"; p=$r; u=; '
-    + _WALK + '[ -n "$u" ] || { p=$(dirname "$n"); ' + _WALK + '}; '
+    _WALK + _CHAIN
+    + "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
+    f'case "$n" in /*) ;; *) continue;; esac; case "$n" in {_BAD}) continue;; esac; '
+    '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; '
+    f'case "$r" in {_BAD}) r=$n;; esac; echo "--- $n $r"; u=; '
+    'if rigup_chain "$n"; then if [ "$d" != "$r" ]; then u="name $n"; else rigup_walk "$r"; fi; fi; '
     'if [ -n "$u" ]; then echo "unsafe $u"; else "$r" --version 2>/dev/null; fi; '
     "done; true"
 )
-# what the walk printed of the first directory root does not own alone (or, in the older form, its path alone)
-_UNSAFE = re.compile(r"unsafe (?:([0-9]{1,10}|\?) ([0-7]{1,4}|\?) ([^\s:]{1,64}|\?):([^\s:]{1,64}|\?) )?(/.{0,4095})")
+# a section's header: the name and the real path, each absolute and of NAME_CHARS (a space splits them)
+_HEADER = re.compile(rf"--- ({_NAME.pattern}) ({_NAME.pattern})")
+# what the walk printed of the first directory root does not own alone (or, in the older form, its path
+# alone), or ``name LINK``: a link the chain did not follow
+_UNSAFE = re.compile(rf"unsafe (?:name ({_NAME.pattern})|(?:([0-9]{{1,10}}|\?) ([0-7]{{1,4}}|\?) "
+                     rf"([^\s:]{{1,64}}|\?):([^\s:]{{1,64}}|\?) )?({_NAME.pattern}))")
 # ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
 _NVCC_RELEASE = re.compile(r"release ([1-9][0-9]?\.[0-9]{1,2}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")
+
+
+def cuda_sections(lines: list[str]) -> list[tuple[str, str, list[str]]]:
+    """:data:`CUDA_COMMAND`'s output -> ``[(name, real path, lines)]``, in order. A header that is not two
+    absolute paths of :data:`NAME_CHARS` (the command prints none such: text of another kind, round 7 N1)
+    starts no section, and the lines under it belong to none."""
+    out: list[tuple[str, str, list[str]]] = []
+    body = None
+    for line in lines:
+        if line.startswith("--- "):
+            m = _HEADER.fullmatch(line.rstrip("\r"))
+            body = [] if m else None
+            if m:
+                out.append((m.group(1), m.group(2), body))
+        elif body is not None:
+            body.append(line)
+    return out
 
 
 def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
     """``CUDA_COMMAND``'s output -> ``[{"version": "12.8", "full_version": "12.8.93",
     "path": "/usr/local/cuda-12.8/bin/nvcc", "seen_as": [...]}]``, one per real nvcc (deduped by
-    realpath, ``path`` is the realpath), sorted by version. One of a path root does not own alone
-    (``unsafe``: :data:`CUDA_COMMAND`) is none."""
+    realpath, ``path`` is the realpath: the path the walk read), sorted by version. One of a path root does
+    not own alone (``unsafe``: :data:`CUDA_COMMAND`), or under a header that is not the command's
+    (:func:`cuda_sections`), is none."""
     found: dict[str, dict] = {}
-    for header, body in sections(lines, "--- ").items():
-        seen, _, real = header.partition(" ")
-        real = real.strip() or seen
-        if any(ln.startswith("unsafe ") for ln in body):
+    sections = cuda_sections(lines)
+    # a name refused anywhere is none (the command found it twice, by the glob and on PATH, and it changed)
+    refused = {seen for seen, _, body in sections if any(ln.startswith("unsafe") for ln in body)}
+    for seen, real, body in sections:
+        if seen in refused:
             continue
         m = next((m for m in map(_NVCC_RELEASE.search, body) if m), None)
         if not m:
@@ -291,15 +333,21 @@ def parse_cuda_toolkits(lines: list[str]) -> list[dict]:
     return sorted(found.values(), key=lambda t: (tuple(map(int, t["version"].split("."))), t["path"]))
 
 
-def _refusal(header: str, line: str) -> dict | None:
-    """One ``unsafe`` line of :data:`CUDA_COMMAND` under ``header`` -> the refused nvcc: its real ``path``,
-    the ``dir`` root does not own alone, its ``mode``, ``owner`` and ``group`` (None where the walk could
-    not tell), ``why`` (in words) and ``fix`` (commands for the operator); None for another line."""
+def _refusal(seen: str, real: str, line: str) -> dict | None:
+    """One ``unsafe`` line of :data:`CUDA_COMMAND` under the header ``seen real`` -> the refused nvcc: its
+    real ``path``, the ``dir`` root does not own alone (or the link not followed), its ``mode``, ``owner``
+    and ``group`` (None where the walk could not tell), ``why`` (in words) and ``fix`` (commands for the
+    operator); None for another line."""
     m = _UNSAFE.fullmatch(line.strip())
     if not m:
         return None
-    seen, _, real = header.partition(" ")
-    uid, mode, owner, group, where = (None if g in (None, "?") else g for g in m.groups())
+    link = m.group(1)
+    if link:
+        return {"path": real, "seen_as": [seen], "dir": link, "mode": None, "owner": None, "group": None,
+                "why": f"{link} is a link rigup does not follow (its target holds a character other than "
+                       "A-Z a-z 0-9 / . _ + -, or more than 40 links lead there)",
+                "fix": f"point {shlex.quote(link)} at the toolkit's plain path"}
+    uid, mode, owner, group, where = (None if g in (None, "?") else g for g in m.groups()[1:])
     # the octal digits of group and others (no int(): the regex took 1-4 of 0-7); 2, 3, 6, 7 have w
     group_w, other_w = ((mode or "0").zfill(4)[i] in "2367" for i in (2, 3))
     why, fix = [], []
@@ -313,24 +361,25 @@ def _refusal(header: str, line: str) -> dict | None:
         why.append("writable by others")
         fix.append(f"chmod o-w {shlex.quote(where)}")
     state = f"{mode} {owner or '?'}:{group or '?'}" if mode else "not readable (stat failed)"
-    return {"path": real.strip() or seen, "seen_as": [seen], "dir": where, "mode": mode, "owner": owner,
+    return {"path": real, "seen_as": [seen], "dir": where, "mode": mode, "owner": owner,
             "group": group, "why": f"{where} is {state}" + (f", {' and '.join(why)}" if why else ""),
             "fix": "; ".join(fix) or f"make {shlex.quote(where)} root's alone (chown root, chmod go-w)"}
 
 
 def parse_refused_nvcc(lines: list[str]) -> list[dict]:
-    """The nvccs :data:`CUDA_COMMAND` found and did not run (``unsafe``: a directory up to / of the real
-    path or of the name that root does not own alone), one per real path and directory: ``[{"path",
-    "seen_as", "dir", "mode", "owner", "group", "why", "fix"}]`` (:func:`_refusal`), so that a refused nvcc
-    is said, not silently none. A real path may be refused by one name and a toolkit by another."""
+    """The nvccs :data:`CUDA_COMMAND` found and did not run (``unsafe``: a directory on the way to the real
+    path or in the name's links that root does not own alone, or a link not followed), one per real path
+    and directory: ``[{"path", "seen_as", "dir", "mode", "owner", "group", "why", "fix"}]``
+    (:func:`_refusal`), so that a refused nvcc is said, not silently none. A real path may be refused by
+    one name and a toolkit by another."""
     found: dict[tuple[str, str], dict] = {}
-    for header, body in sections(lines, "--- ").items():
-        got = next((r for r in (_refusal(header, ln) for ln in body) if r), None)
+    for seen, real, body in cuda_sections(lines):
+        got = next((r for r in (_refusal(seen, real, ln) for ln in body) if r), None)
         if not got:
             continue
         entry = found.setdefault((got["path"], got["dir"]), got)
-        if got["seen_as"][0] not in entry["seen_as"]:
-            entry["seen_as"].append(got["seen_as"][0])
+        if seen not in entry["seen_as"]:
+            entry["seen_as"].append(seen)
     return sorted(found.values(), key=lambda r: (r["path"], r["dir"]))
 
 

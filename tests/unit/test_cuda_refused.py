@@ -42,8 +42,15 @@ def test_each_reason_is_named_with_its_fix():
                                                    "chmod g-w /tmp; chmod o-w /tmp")
     assert one("unsafe ? ? ?:? /opt/c") == ("/opt/c is not readable (stat failed)",
                                             "make /opt/c root's alone (chown root, chmod go-w)")
-    # a directory holding a shell character is quoted in the fix the operator copies
-    assert one("unsafe 0 777 root:root /opt/a b;x")[1] == "chmod g-w '/opt/a b;x'; chmod o-w '/opt/a b;x'"
+    # a directory holding a space or a shell character is no name the command prints (round 7 N11): not read,
+    # and the section it is in is no toolkit either
+    bad = ["--- /opt/c/bin/nvcc /opt/c/bin/nvcc", "unsafe 0 777 root:root /opt/a b;x",
+           "Cuda compilation tools, release 12.8, V12.8.93"]
+    assert parse_refused_nvcc(bad) == [] and parse_cuda_toolkits(bad) == []
+    # a link the chain did not follow (a target outside the names, or a loop)
+    assert one("unsafe name /usr/local/cuda") == (
+        "/usr/local/cuda is a link rigup does not follow (its target holds a character other than "
+        "A-Z a-z 0-9 / . _ + -, or more than 40 links lead there)", "point /usr/local/cuda at the toolkit's plain path")
     # the form before this one (a path alone) still reads
     assert one("unsafe /usr")[0] == "/usr is not readable (stat failed)"
 
