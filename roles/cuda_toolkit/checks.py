@@ -81,7 +81,7 @@ def check_cuda_for_archs(plan: Plan, facts: Facts, data: Config) -> list[Refusal
 def check_nvcc_root_alone(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """The nvcc this host's build would compile with as root (cuda_source nvidia or distro: its fixed
     path; present: none of cuda_version found, and one refused) is one the CUDA fact found and did not run:
-    a directory up to / of its real path or of its name is not root's alone (rigup/gpu/facts.py
+    a directory up to / of its real path or of a link on the way to it is not root's alone (rigup/gpu/facts.py
     parse_refused_nvcc; Debian's /usr/local is 2775 root:staff). Said once here, naming the directory and the fix, rather than a
     toolkit that is silently "none installed" (and the build's CMAKE_CUDA_COMPILER another user's)."""
     if not gpu_host(plan, data) or build_backend(plan, data) != "cuda" or not plan.get("llama_cpp_compiles", True):
