@@ -72,11 +72,12 @@ class ServingEnv(FactBase):
     drop-in's last; "gpus": how many GPUs the server sees (those, else nvidia-smi's count: ASCII
     digits, else 0); "build": the llama.cpp build the drop-in's comment names (roles/llama_server
     writes it), or None}; with "error" (:class:`Unreadable`, returned, not raised) when an
-    ``Environment=`` line does not split."""
+    ``Environment=`` line does not split, or sets a variable of cuda.env's (:data:`HOST_ENV`, which
+    :func:`differences` leaves to the host: a drop-in's LD_LIBRARY_PATH would pass as the host's)."""
 
     def command(self, instance: str) -> str:
         self.instance = instance
-        return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/E \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
+        return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/C \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
                 f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
                 f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
@@ -85,12 +86,18 @@ class ServingEnv(FactBase):
         env, gpus, build, error = {}, 0, None, None   # error: the last line that does not split
         for line in output:
             kind, _, rest = line.partition(" ")
-            if kind == "E":
+            if kind in ("C", "E"):   # cuda.env's, the drop-in's
+                where = f"{DROPIN.format(getattr(self, 'instance', 'NAME'))}: Environment=" if kind == "E" \
+                    else "/etc/rigup/cuda.env"
                 try:
-                    env.update(systemd_env_split(rest))   # Environment="A=1" B=2, as roles write it
+                    pairs = systemd_env_split(rest)   # Environment="A=1" B=2, as roles write it
                 except ValueError as e:   # an unclosed quote: not a line rigup writes; the sweep is refused
-                    error = Unreadable(f"{DROPIN.format(getattr(self, 'instance', 'NAME'))}: Environment=",
-                                       f"not a line rigup writes ({e}): {shown(rest, 120)}")
+                    error = Unreadable(where, f"not a line rigup writes ({e}): {shown(rest, 120)}")
+                    continue
+                if kind == "E" and set(pairs) & HOST_ENV:   # over cuda.env's, which differences leaves to the host
+                    error = Unreadable(where, f"sets {', '.join(sorted(set(pairs) & HOST_ENV))}, which rigup writes "
+                                              f"in /etc/rigup/cuda.env alone: {shown(rest, 120)}")
+                env.update(pairs)
             elif kind == "G":
                 gpus = whole(rest, 1024) or 0   # ASCII digits: isdigit() took "²" (int() raised) and "٣"
             elif kind == "B" and fields.ID.fullmatch(rest.strip().rstrip("/").rsplit("/", 1)[-1]):

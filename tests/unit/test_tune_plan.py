@@ -146,3 +146,20 @@ def test_any_difference_is_named_and_nothing_raises(want, have, env, got, model_
         assert found, (want, have, env, got)
     ok = [*want, "-m", model_dir.rstrip("/") + "/a.gguf"]
     assert tuning.differences(ok, list(ok), model_dir, REMEDIES, env, {"PATH": "/x", **env}) == []
+
+
+def test_a_drop_in_that_sets_cuda_envs_variables_does_not_read():
+    """cuda.env's variables (HOST_ENV) are left to the host by differences: the drop-in setting one over them
+    (LD_LIBRARY_PATH=/home/eve/lib) is not a line rigup writes; cuda.env's own read."""
+    from rigup.boundary.core import Unreadable
+
+    host = tuning.ServingEnv().process(["C PATH=/usr/bin", "C LD_LIBRARY_PATH=/usr/lib", "E CUDA_VISIBLE_DEVICES=0", "G 1"])
+    assert host == {"env": {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/usr/lib", "CUDA_VISIBLE_DEVICES": "0"}, "gpus": 1,
+                    "build": None}
+    got = tuning.ServingEnv().process(["C PATH=/usr/bin", 'E "LD_LIBRARY_PATH=/home/eve/lib" A=1', "G 1"])
+    assert isinstance(got["error"], Unreadable) and "Environment=" in got["error"].where
+    assert got["error"].why.startswith("sets LD_LIBRARY_PATH, which rigup writes in /etc/rigup/cuda.env alone")
+    # cuda.env's other variables are named by differences (T4, T27)
+    other = tuning.ServingEnv().process(["C LD_PRELOAD=/home/eve/x.so", "G 1"])
+    assert tuning.differences(["/b", "-c", "1"], ["/b", "-c", "1"], None, REMEDIES, {}, other["env"]) == \
+        ["installed LD_PRELOAD=/home/eve/x.so, the plan's without LD_PRELOAD"]

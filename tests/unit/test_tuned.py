@@ -122,7 +122,7 @@ def test_what_another_user_placed_in_the_tuners_directory_is_named(tmp_path):
 
 
 def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
-    lines = ["E PATH=/usr/local/cuda-12.8/bin:/usr/bin", "E LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64",
+    lines = ["C PATH=/usr/local/cuda-12.8/bin:/usr/bin", "C LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64",
              'E "CUDA_VISIBLE_DEVICES=GPU-b,GPU-a"', "G 8"]
     served = tuning.ServingEnv().process(lines + ["B /opt/rigup/llama.cpp/builds/b6123-3f2a1b9c0d"])
     assert served == {"env": {"PATH": "/usr/local/cuda-12.8/bin:/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda-12.8/lib64",
