@@ -77,8 +77,9 @@ class ServingEnv(FactBase):
 
     def command(self, instance: str) -> str:
         self.instance = instance
-        return (f"sed -n 's/^\\([A-Z_][A-Z0-9_]*=.*\\)$/C \\1/p' /etc/rigup/cuda.env 2>/dev/null; "
-                f"sed -n 's/^Environment=\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
+        # every line systemd reads of each (an EnvironmentFile's blanks before a name; a unit's around its '=')
+        return ("sed -n '/^[[:space:]]*[#;]/d; /^[[:space:]]*$/d; s/^/C /p' /etc/rigup/cuda.env 2>/dev/null; "
+                f"sed -n 's/^[[:space:]]*Environment[[:space:]]*=[[:space:]]*\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
                 f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
@@ -89,8 +90,8 @@ class ServingEnv(FactBase):
             if kind in ("C", "E"):   # cuda.env's, the drop-in's
                 where = f"{DROPIN.format(getattr(self, 'instance', 'NAME'))}: Environment=" if kind == "E" \
                     else "/etc/rigup/cuda.env"
-                try:
-                    pairs = systemd_env_split(rest)   # Environment="A=1" B=2, as roles write it
+                try:   # Environment="A=1" B=2, as roles write it; cuda.env's NAME=VALUE, one a line
+                    pairs = systemd_env_split(rest) if kind == "E" else _assignment(rest)
                 except ValueError as e:   # an unclosed quote: not a line rigup writes; the sweep is refused
                     error = Unreadable(where, f"not a line rigup writes ({e}): {shown(rest, 120)}")
                     continue
@@ -105,6 +106,18 @@ class ServingEnv(FactBase):
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         found = {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
         return {**found, "error": error} if error else found
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _assignment(line: str) -> dict[str, str]:
+    """An EnvironmentFile's line, ``NAME=VALUE`` (the blanks around each taken off, as systemd does), as
+    {NAME: VALUE}; ValueError for another (roles/cuda_toolkit writes none)."""
+    name, eq, value = line.strip().partition("=")
+    if not eq or not ENV_NAME.fullmatch(name.strip()):
+        raise ValueError("no NAME=VALUE")
+    return {name.strip(): value.strip()}
 
 
 class Preset(FactBase):
