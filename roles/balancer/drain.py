@@ -54,6 +54,7 @@ import http.client
 import ipaddress
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -93,6 +94,13 @@ class Failed(Exception):
     """What could not be done, naming the socket or the backend and server."""
 
 
+class Late(Failed):
+    """An admin answer not whole by the deadline of the :func:`wait` under way: that wait's time is up."""
+
+
+_until: float | None = None   # the deadline of the wait() under way (monotonic), which no admin answer outlasts
+
+
 def _count(text: str, digits: int = 18) -> int | None:
     """The number ``text`` writes in ASCII digits alone, at most ``digits`` of them; else None.
     str.isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3), and int() of more than 4300
@@ -113,9 +121,9 @@ def admin(command: str) -> str:
         if not S_ISSOCK(st.st_mode) or st.st_uid not in (0, os.geteuid()):
             raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: not a socket of root's (a link, or another "
                          "user's file): remove it and restart HAProxy")
-        deadline = time.monotonic() + ANSWER_S   # for the whole answer: a timeout per recv() let a byte a
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # second hold ready past UP_S (round 7 D3)
-            s.settimeout(ANSWER_S)
+        deadline = min(time.monotonic() + ANSWER_S, _until or math.inf)   # for the whole answer, and within a wait's:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # a byte a second held ready past UP_S (round 7 D3)
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
             s.connect(f"/proc/self/fd/{fd}")   # the inode just checked
             pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid not in (0, os.geteuid()):
@@ -127,8 +135,8 @@ def admin(command: str) -> str:
                 chunks.append(chunk)
                 size += len(chunk)
             return b"".join(chunks).decode(errors="replace")
-    except OSError as e:
-        raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
+    except OSError as e:   # a timeout too (connect, send): Late at a wait's deadline
+        raise _late_or_failed()(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
     finally:
         os.close(fd)
 
@@ -142,8 +150,13 @@ def _part(s: socket.socket, deadline: float, size: int, command: str) -> bytes:
             return s.recv(65536)
     except socket.timeout:
         pass
-    raise Failed(f"HAProxy's admin socket {SOCKET}: no whole answer to {shown(command.split(' ', 1)[0], 40)!r} "
-                 f"within {ANSWER_S} s and {ANSWER_BYTES} bytes")
+    raise _late_or_failed()(f"HAProxy's admin socket {SOCKET}: no whole answer to "
+                            f"{shown(command.split(' ', 1)[0], 40)!r} within {ANSWER_S} s and {ANSWER_BYTES} bytes")
+
+
+def _late_or_failed() -> type[Failed]:
+    """:class:`Late` once the wait under way is past its deadline, else :class:`Failed`."""
+    return Late if _until is not None and time.monotonic() >= _until else Failed
 
 
 def reachable() -> bool:
@@ -461,12 +474,18 @@ def healthy(port: int) -> bool:
 def wait(predicate, seconds: float) -> bool:
     """Poll ``predicate`` every 0.2 s for at most ``seconds`` (the project would use tenacity;
     this runs on bare hosts)."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
+    global _until
+    _until = deadline = time.monotonic() + seconds   # admin() waits for no answer past it
+    try:
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+    except Late:   # an answer cut at the deadline: the time is up, as for one that came too late
+        return False
+    finally:
+        _until = None
 
 
 def checked(*names: str) -> None:
@@ -628,9 +647,14 @@ def run(argv: list[str]) -> None:
         # that was DOWN while it restarted is "DOWN 1/2" and takes no request): its unit's start ends
         # only then, so the next replica of a rolling restart is not drained while this one is not
         # yet in the pool (two 503s in CI at c1518c4, test_balancer's revision change)
-        if not wait(lambda: stat(backend, server)[17:18] == ["UP"], UP_S):
-            status = (stat(backend, server) or ["?"] * 18)[17]
-            raise Failed(f"{backend}/{server}: not UP {UP_S} s after ready: {status}")
+        row: list[str] = []   # the last one read: no answer is waited for after UP_S
+
+        def up() -> bool:
+            row[:] = stat(backend, server)
+            return row[17:18] == ["UP"]
+
+        if not wait(up, UP_S):
+            raise Failed(f"{backend}/{server}: not UP {UP_S} s after ready: {(row or ['?'] * 18)[17]}")
     else:
         raise Failed(f"unknown action {action!r}")
 

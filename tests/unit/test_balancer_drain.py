@@ -371,7 +371,8 @@ def test_any_admin_answer_reads_or_fails_never_raises(answer):
 
 def test_an_answer_drip_fed_fails_within_its_deadline(tmp_path, monkeypatch, capsys):
     """Round 7 D3: a timeout per recv() let a worker answering a byte a second hold ready past UP_S; the
-    whole answer has one deadline (ANSWER_S), after which the helper fails naming the socket."""
+    whole answer has one deadline (ANSWER_S, and the wait's under way), after which the helper fails naming
+    the socket."""
     sock, stop = tmp_path / "drip.sock", threading.Event()
 
     class Drip(socketserver.StreamRequestHandler):
@@ -385,8 +386,11 @@ def test_an_answer_drip_fed_fails_within_its_deadline(tmp_path, monkeypatch, cap
     server = socketserver.ThreadingUnixStreamServer(str(sock), Drip)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     monkeypatch.setattr(drain, "SOCKET", str(sock))
-    monkeypatch.setattr(drain, "ANSWER_S", 1)
-    try:
+    try:   # within a wait (ready's UP_S, drain's DRAIN_S): no answer outlasts it, and the wait's time is up
+        start = time.monotonic()
+        assert drain.wait(lambda: drain.admin("show stat") == "", 1) is False and drain._until is None
+        assert time.monotonic() - start < 2
+        monkeypatch.setattr(drain, "ANSWER_S", 1)
         start = time.monotonic()
         assert drain.main(["ready", "gateway-gemma", "lab2"]) == 1
         spent = time.monotonic() - start
