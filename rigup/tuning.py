@@ -278,10 +278,10 @@ def differences(planned: list[str], installed: list[str] | None, model_dir: str 
     out = [] if planned[:1] == installed[:1] else [f"installed {shown(installed[0], 120)}, the plan's {shown(planned[0], 120)}"]
     want, have = settings(planned), settings(installed)
     if model_dir is not None:
-        path = (have.pop("-m", None) or [()])[-1][:1]
+        got = have.pop("-m", None)   # given once, with one word: a file below the directory
         want.pop("-m", None)
-        if not _below(path[0] if path else "", model_dir):
-            out.append(f"installed {_given('-m', [path] if path else None)}, the plan's a file of {model_dir}")
+        if not (got and len(got) == 1 and len(got[0]) == 1 and _below(got[0][0], model_dir)):
+            out.append(f"installed {_given('-m', got)}, the plan's a file of {model_dir}")
     # a remedy (e.g. --no-repack) is the host's only as its smoke gives it: once, with its value (none)
     remedies = {k: v for r in host_flags for k, v in settings(["", *str(r).split()]).items() if k}
     for flag in [*want, *(f for f in have if f not in want)]:   # the plan's order, then the installed's own

@@ -144,7 +144,7 @@ def test_any_difference_is_named_and_nothing_raises(want, have, env, got, model_
         all(env.get(n) == got.get(n) for n in set(env) | (set(got) - tuning.HOST_ENV))
     if not same:
         assert found, (want, have, env, got)
-    ok = [*want, "-m", model_dir.rstrip("/") + "/a.gguf"]
+    ok = [*tuning._without(want, {"-m": 1, "--model": 1}), "-m", model_dir.rstrip("/") + "/a.gguf"]
     assert tuning.differences(ok, list(ok), model_dir, REMEDIES, env, {"PATH": "/x", **env}) == []
 
 
@@ -181,3 +181,17 @@ def test_cuda_env_and_drop_in_lines_are_read_as_systemd_reads_them(tmp_path):
                                  "gpus": 0, "build": None}
     bad = fact.process(["C foo bar", "G 1"])["error"]
     assert bad.where == "/etc/rigup/cuda.env" and bad.why.startswith("not a line rigup writes")
+
+
+def test_the_installed_model_is_one_file_given_once():
+    """-m given twice, or with a word after it, is not the plan's one file, even where each is below its directory."""
+    want = planned(ctx=8192, parallel=2)
+    at = want.index(FILE)
+    twice = [*want[:at + 1], "-m", f"{DIR}/other.gguf", *want[at + 1:]]
+    assert tuning.differences(want, twice, DIR, REMEDIES) == \
+        [f"installed -m {FILE}; -m {DIR}/other.gguf, the plan's a file of {DIR}"]
+    extra = [*want[:at + 1], "/home/eve/x.gguf", *want[at + 1:]]
+    assert tuning.differences(want, extra, DIR, REMEDIES) == \
+        [f"installed -m {FILE} /home/eve/x.gguf, the plan's a file of {DIR}"]
+    assert tuning.differences(want, [a for i, a in enumerate(want) if i not in (at - 1, at)], DIR, REMEDIES) == \
+        [f"installed without -m, the plan's a file of {DIR}"]
