@@ -327,7 +327,7 @@ def preset_differences(planned: dict[str, dict[str, str]], installed: dict[str, 
             continue
         for key in [*want, *(k for k in have if k not in want)]:
             if key == "model" and section in model_dirs:
-                if not have.get(key, "").startswith(model_dirs[section].rstrip("/") + "/"):
+                if not _below(have.get(key, ""), model_dirs[section]):   # a normal path: model_argv's rule
                     out.append(f"its preset's [{shown(section, 60)}] model {shown(have.get(key, 'none'), 120)}, "
                                f"the plan's a file of {model_dirs[section]}")
             elif want.get(key) != have.get(key):

@@ -80,6 +80,9 @@ def test_a_routers_preset_is_compared_by_section_and_key():
         ["its preset's [b] ctx-size = 4096, the plan's 16384"]
     moved = {**want, "b": {**want["b"], "model": "/etc/b.gguf"}}
     assert tuning.preset_differences(want, moved, dirs) == ["its preset's [b] model /etc/b.gguf, the plan's a file of /srv/b"]
+    up = {**want, "b": {**want["b"], "model": "/srv/b/../../etc/shadow"}}   # as -m: a normal path (round 7 T3)
+    assert tuning.preset_differences(want, up, dirs) == \
+        ["its preset's [b] model /srv/b/../../etc/shadow, the plan's a file of /srv/b"]
     assert tuning.preset_differences(want, {k: v for k, v in want.items() if k != "b"}, dirs) == \
         ["its preset lacks [b], the plan's has it"]
 
