@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-metrics-relay: each local llama-server instance's /metrics, for the fleet's Prometheus.
 
@@ -45,6 +45,7 @@ import ipaddress
 import itertools
 import json
 import math
+import os
 import re
 import socket
 import sys
@@ -54,10 +55,21 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-try:
-    import rigup_throughput as throughput           # on a host: installed next to this script (roles/metrics)
-except ImportError:                                 # in the source tree (unit tests)
+# The measuring and the key rule, rigup/throughput.py: on a host installed beside this program as
+# rigup_throughput.py (roles/metrics installs the two), read from there only, never from wherever
+# sys.path finds a module of that name (a site directory another user writes); in the source tree
+# (unit tests) rigup's own file, by its path; else this program does not run.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TREE = os.path.dirname(os.path.dirname(_HERE))
+if os.path.isfile(os.path.join(_HERE, "rigup_throughput.py")):
+    sys.path.insert(0, _HERE)
+    import rigup_throughput as throughput
+elif _HERE == os.path.join(_TREE, "roles", "metrics") and os.path.isfile(os.path.join(_TREE, "rigup", "throughput.py")):
+    sys.path.insert(0, _TREE)
     from rigup import throughput
+else:
+    print("rigup-metrics-relay: rigup_throughput.py is not beside it (roles/metrics installs the two): not started", file=sys.stderr)
+    raise SystemExit(2)
 
 CONFIG = "/etc/rigup/metrics-relay.json"
 TIMEOUT_S = 10        # one whole scrape of an instance (every fetch it makes), not each fetch or each read

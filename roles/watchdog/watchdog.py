@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-watchdog: the host side of roles/watchdog, run by rigup-watchdog.timer. Python 3
 standard library only (it runs on bare hosts); the measuring is rigup/throughput.py, installed
@@ -62,10 +62,21 @@ import time
 import urllib.error
 import urllib.parse
 
-try:
-    import rigup_throughput as throughput           # on a host: installed next to this script
-except ImportError:                                 # in the source tree (unit tests)
+# The measuring and the key rule, rigup/throughput.py: on a host installed beside this program as
+# rigup_throughput.py (roles/watchdog installs the two), read from there only, never from wherever
+# sys.path finds a module of that name (a site directory another user writes); in the source tree
+# (unit tests) rigup's own file, by its path; else this program does not run.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TREE = os.path.dirname(os.path.dirname(_HERE))
+if os.path.isfile(os.path.join(_HERE, "rigup_throughput.py")):
+    sys.path.insert(0, _HERE)
+    import rigup_throughput as throughput
+elif _HERE == os.path.join(_TREE, "roles", "watchdog") and os.path.isfile(os.path.join(_TREE, "rigup", "throughput.py")):
+    sys.path.insert(0, _TREE)
     from rigup import throughput
+else:
+    print("rigup-watchdog: rigup_throughput.py is not beside it (roles/watchdog installs the two): not run", file=sys.stderr)
+    raise SystemExit(2)
 
 # The floor of an instance without min_tokens_per_s: this share of the gate's tok/s at its start.
 DEFAULT_FLOOR_SHARE = 0.5

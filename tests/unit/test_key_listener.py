@@ -40,22 +40,38 @@ def test_the_relay_and_the_watchdog_use_the_one_function():
                 if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read"]
 
 
-def test_the_relay_on_a_host_imports_the_file_installed_beside_it(tmp_path):
-    """As roles/metrics installs them (RIGUP_PREFIX/bin: rigup-metrics-relay and rigup_throughput.py), with a
-    plain python3 and no rigup package: the relay starts and reads its configuration (absent here); without
-    the file beside it, it cannot start (its import is that file, not the source tree)."""
-    script = tmp_path / "rigup-metrics-relay"
-    script.write_text((ROOT / "roles/metrics/relay.py").read_text())
-    env = {"PATH": "/usr/bin:/bin"}
+@pytest.mark.parametrize("program, source", [("rigup-metrics-relay", "roles/metrics/relay.py"),
+                                             ("rigup-watchdog", "roles/watchdog/watchdog.py")])
+def test_the_relay_and_watchdog_on_a_host_import_the_file_installed_beside_it_only(tmp_path, program, source):
+    """As roles/metrics and roles/watchdog install them (RIGUP_PREFIX/bin: the program and
+    rigup_throughput.py), run as their units run them (python3 -s -E -S) and plainly: with the file
+    beside it the program starts and reads its configuration (absent here); without it, it does not
+    start, naming the file, even where a ``rigup`` package with a throughput module is on sys.path
+    (round 7's R3: the fallback imported whatever site directory had one)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / program
+    script.write_text((ROOT / source).read_text())
+    decoy = tmp_path / "site" / "rigup"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "throughput.py").write_text(f"open({str(tmp_path / 'decoy-ran')!r}, 'w').close()\n")
+    (tmp_path / "site" / "rigup_throughput.py").write_text(f"open({str(tmp_path / 'decoy-ran')!r}, 'w').close()\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")}
 
-    def start() -> str:
-        return subprocess.run(["/usr/bin/python3", str(script), "--config", str(tmp_path / "none.json")], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60, env=env).stderr
-    alone = start()
-    (tmp_path / "rigup_throughput.py").write_text((ROOT / "rigup/throughput.py").read_text())
-    beside = start()
-    print(f"alone: {alone.strip().splitlines()[-1]}; beside: {beside.strip().splitlines()[-1]}")
-    assert "ModuleNotFoundError" in alone and "ImportError" not in beside and "FileNotFoundError" in beside
+    def start(*flags) -> str:
+        return subprocess.run(["/usr/bin/python3", *flags, str(script), "--config", str(tmp_path / "none.json"), "check"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+                              env=env).stdout
+    alone = [start(), start("-s", "-E", "-S")]
+    (bin_dir / "rigup_throughput.py").write_text((ROOT / "rigup/throughput.py").read_text())
+    beside = [start(), start("-s", "-E", "-S")]
+    print(f"alone: {[a.strip().splitlines()[-1] for a in alone]}; beside: {[b.strip().splitlines()[-1] for b in beside]}")
+    assert all(a.strip() == f"{program}: rigup_throughput.py is not beside it "
+               f"(roles/{source.split('/')[1]} installs the two): not {'started' if 'relay' in program else 'run'}" for a in alone)
+    assert all("ImportError" not in b and "not beside it" not in b and ("FileNotFoundError" in b or "no configuration" in b)
+               for b in beside)
+    assert not (tmp_path / "decoy-ran").exists()
 
 
 @pytest.mark.parametrize("mode, group, sent", [
@@ -114,3 +130,14 @@ def test_throughputs_sweep_sends_no_key_to_another_users_listener(tmp_path, caps
     doc = json.loads(capsys.readouterr().out)
     print(code, doc["error"])
     assert code == 1 and "levels" not in doc and "the key is not sent to it" in doc["error"]
+
+
+def test_the_relay_and_the_watchdog_carry_one_import_of_the_key_rule():
+    """The two programs' import of rigup_throughput.py (each ships alone: its own copy) are one,
+    but for the role and the program's name."""
+    def block(source: str, role: str, program: str) -> str:
+        text = (ROOT / source).read_text()
+        start = text.index("# The measuring and the key rule")
+        return text[start:text.index("raise SystemExit(2)", start)].replace(program, "PROGRAM").replace(role, "ROLE")
+    relay = block("roles/metrics/relay.py", "metrics", "rigup-metrics-relay").replace("not started", "not run")
+    assert relay == block("roles/watchdog/watchdog.py", "watchdog", "rigup-watchdog")
