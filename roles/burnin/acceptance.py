@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-burnin: accept a card before it serves, and keep what it found per card, by UUID.
 

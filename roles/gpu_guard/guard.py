@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-gpu-guard: trip on sustained power draw, temperature or lost telemetry; stop serving.
 

@@ -210,7 +210,9 @@ def _start_command(plan: ModelPlan, data: Config, systemd: bool) -> str:
     unit = unit_name(plan.name)
     work = f"{plan.job['dest']}/.rigup-fetch"
     script = f"{data['rigup_prefix']}/bin/rigup-fetch"
-    env = {"HF_ENDPOINT": hub_endpoint(data), "HF_XET_HIGH_PERFORMANCE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {"HF_ENDPOINT": hub_endpoint(data), "HF_XET_HIGH_PERFORMANCE": "1"}
+    # python3 -s -E -S: no site directory (.pth files run at start), no PYTHON* variable; -u: its lines
+    # reach the journal or job.log as they are written (PYTHONUNBUFFERED, which -E ignores)
     q = shlex.quote
     if systemd:
         setenv = " ".join(f"--setenv={k}={q(v)}" for k, v in env.items())
@@ -225,9 +227,9 @@ def _start_command(plan: ModelPlan, data: Config, systemd: bool) -> str:
                 f"systemd-run --unit={unit} --collect --quiet --property=User={q(data['rigup_user'])} "
                 f"--property=Group={q(data['rigup_user'])} --property=Nice=5 {restart} $cred {setenv} "
                 f"--description={q('rigup: fetch model ' + plan.name)} "
-                f"/usr/bin/python3 {script} fetch {q(work + '/job.json')}; }}")
+                f"/usr/bin/python3 -s -E -S -u {script} fetch {q(work + '/job.json')}; }}")
     envs = " ".join(f"{k}={q(v)}" for k, v in env.items())
-    job = f"env {envs} python3 {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
+    job = f"env {envs} python3 -s -E -S -u {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
     return _background(unit, job)
 
 
@@ -500,7 +502,7 @@ def switched(spec: dict, script: str, together: list[dict]):
     previous = revision_dir(spec["dest"], serving["revision"]) if serving.get("revision") else None
     blob = base64.b64encode(json.dumps({"dest": spec["dest"], "stage": spec["stage"],
                                         "previous": previous}).encode()).decode()
-    yield f"python3 {shlex.quote(script)} switch {shlex.quote(blob)}"
+    yield f"python3 -s -E -S {shlex.quote(script)} switch {shlex.quote(blob)}"
 
 
 @operation()
@@ -512,7 +514,7 @@ def pruned_revisions(spec: dict, script: str, keep: int, together: list[dict]):
         host.noop(f"model {spec['name']}: no old revision to remove")
         return
     blob = base64.b64encode(json.dumps(dict(spec, keep=keep)).encode()).decode()
-    yield f"python3 {shlex.quote(script)} prune {shlex.quote(blob)}"
+    yield f"python3 -s -E -S {shlex.quote(script)} prune {shlex.quote(blob)}"
 
 
 def metrics_config(models: dict) -> dict:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-fetch: the host side of roles/model_fetch. Python 3 standard library only, so it runs on
 any host with python3; the role installs it as ``/opt/rigup/bin/rigup-fetch`` and also sends it
