@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """Tokens per second of an OpenAI-compatible endpoint (llama-server, vLLM), measured with real
 completions. Python 3 standard library only, and no import of the rest of rigup: the throughput

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
 sweep, one setting at a time, each point a real llama-server answering real completions at the
@@ -47,14 +47,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-try:
-    from rigup import gguf, throughput
-    from rigup.contract import llama_server as contract
-except ImportError:   # on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file
+if (Path(__file__).resolve().parent / "rigup_throughput.py").is_file():
+    # on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file, and
+    # never a `rigup` package that a site directory holds (issue 61, round 7 R3: the fallback was the other way)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import rigup_gguf as gguf  # type: ignore[no-redef]
     import rigup_llama_contract as contract  # type: ignore[no-redef]
     import rigup_throughput as throughput  # type: ignore[no-redef]
+else:   # the source tree (unit tests, tests/gpu/check.py)
+    from rigup import gguf, throughput
+    from rigup.contract import llama_server as contract
 
 # llama-server's spellings of the flags the sweep sets (the contract's rows with ``sweep``); the first is written
 FLAGS = contract.spellings(contract.SWEPT)

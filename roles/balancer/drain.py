@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-balancer-drain: a replica leaves or rejoins its balancer's pool (installed by
 roles/balancer; the replicas' units of roles/llama_server call it with full privileges), and

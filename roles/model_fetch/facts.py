@@ -44,7 +44,7 @@ def probe_command(specs: list[dict]) -> str:
         f"echo \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
         f"{{ [ -e {SHARE_LOCK} ] && ! flock -n {SHARE_LOCK} true; }} 2>/dev/null && echo active)\"; "
         "command -v python3 >/dev/null || { echo '##rigup-nopython'; exit 0; }; "
-        f"python3 - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
+        f"python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
     )
 
 

@@ -323,7 +323,7 @@ def test_the_helper_runs_on_the_standard_library_alone(tmp_path):
                           str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1, run.stderr
     assert f"cannot reach HAProxy's admin socket {tmp_path / 'no.sock'}" in run.stderr
-    assert Path(drain.__file__).read_text().startswith("#!/usr/bin/python3\n")
+    assert Path(drain.__file__).read_text().startswith("#!/usr/bin/python3 -sES\n")
 
 
 def test_the_config_and_the_unit_keep_the_state():

@@ -28,26 +28,16 @@ SHEBANG = "#!/usr/bin/python3 -sES"
 RUNS = re.compile(r"(?<![\w/.-])(?:/usr/bin/)?python3(?:\.\d+)?(?P<flags>(?:[ \t]+-[A-Za-z]+)*)[ \t]+(?:-[ \t]|[/{$'\"])")
 # places whose python3 is not isolated yet, each another fixer's file (drop the entry once it is):
 # (file, the text around it) -> why it waits
-PENDING = {
-    ("rigup/tuning.py", "runuser -u {} -- python3 "): "the sweep's job (as the rigup user, rigup/tuning.py's owner)",
-    ("rigup/bench.py", "python3 {} "): "bench's measuring on a host (rigup/bench.py's owner)",
-    ("rigup/secrets.py", "python3 -c {}"): "a key written by root with python3 -c (rigup/secrets.py's owner)",
-    ("roles/model_fetch/facts.py", "python3 - probe"): "the model fact's probe, run by root at every converge "
-                                                       "(roles/model_fetch/facts.py's owner)",
-}
-SHEBANG_PENDING = {
-    "roles/balancer/drain.py": "haproxy.service's ExecStartPre/ExecStop/ExecReload run it by its path as root "
-                               "(roles/balancer/drain.py's owner; tests/unit/test_balancer_drain.py asserts its line)",
-    "rigup/tune.py": "run as python3 rigup_tune.py by rigup/tuning.py's job (PENDING), never by its path",
-    "rigup/throughput.py": "imported beside the relay, the watchdog and tune.py; bench.py runs it as python3 FILE "
-                           "(PENDING), never by its path",
-}
+PENDING: dict = {}
+SHEBANG_PENDING: dict = {}
 
 
 def unisolated(text: str) -> list[str]:
     """Each python3 command in ``text`` that lacks one of -s, -E, -S."""
-    return [m.group(0) for m in RUNS.finditer(text)
-            if not {"s", "E", "S"} <= set("".join(f[1:] for f in m.group("flags").split()))]
+    def given(flags: str) -> set[str]:
+        letters = set("".join(f[1:] for f in flags.split()))
+        return letters | ({"s", "E"} if "I" in letters else set())   # -I: -E, -s and no script directory
+    return [m.group(0) for m in RUNS.finditer(text) if not {"s", "E", "S"} <= given(m.group("flags"))]
 
 
 def test_the_pattern_finds_python3_commands_and_not_prose():
