@@ -251,11 +251,14 @@ class NvidiaDriver(FactBase):
 # The name is resolved one component at a time (``rigup_chain``, as namei does): each link met is read only
 # after the directory holding it was walked up to / (``rigup_walk``), for a link in a directory another user
 # writes is theirs to point elsewhere, at any hop (N22's stricter rule; round 7 N2: /usr/bin/nvcc -> nobody's
-# /shared/nvcc -> root's nvcc). The build runs cuda_source nvidia's and distro's nvcc by that name. Then the
-# real path the chain reached, ``$r`` (it must be readlink -f's too), is walked from the file itself up: the
-# program run is ``$r``, never the name again (a link flipped between the check and the run, round re5 N22).
-# ``stat -L``: a link's own mode is always 777 and no one changes it; who may replace it is its
-# directory's question. Links beyond 40 hops, or a target outside the names below: ``unsafe name LINK``.
+# /shared/nvcc -> root's nvcc). A ``..`` goes up only from a directory walked too, as acceptance.py's
+# ``alone()`` checks every part (round 7b X1: root's /usr/bin/nvcc -> /home/eve/x/../../../opt/cuda/bin/nvcc
+# passed, its real path root's, until eve made x a link). The build runs cuda_source nvidia's and distro's
+# nvcc by that name. Then the real path the chain reached, ``$r`` (it must be readlink -f's too), is walked
+# from the file itself up: the program run is ``$r``, never the name again (a link flipped between the
+# check and the run, round re5 N22). ``stat -L``: a link's own mode is always 777 and no one changes it; who
+# may replace it is its directory's question. Links beyond 40 hops, or a target outside the names below:
+# ``unsafe name LINK``.
 #
 # Names are this strict set (round 7 N1, N11: a directory named ``cuda<LF>Cuda compilation tools, release
 # 12.8<LF>--- Q`` forged a section of its own; a space split the header): a name outside it is never printed
@@ -269,7 +272,7 @@ _WALK = ('rigup_walk() { p=$1; while :; do set -- $(stat -L -c "%u %a %U:%G" "$p
          '[ "$p" = / ] && return 0; p=$(dirname "$p"); done; }; ')
 _CHAIN = ('rigup_chain() { d=/; s=$1; h=0; while [ -n "$s" ]; do x=${s%%/*}; '
           'case "$s" in */*) s=${s#*/};; *) s=;; esac; '
-          'case "$x" in ""|.) continue;; ..) d=$(dirname "$d"); continue;; esac; q=${d%/}/$x; '
+          'case "$x" in ""|.) continue;; ..) rigup_walk "$d" || return 1; d=$(dirname "$d"); continue;; esac; q=${d%/}/$x; '
           'if [ -L "$q" ]; then rigup_walk "$d" || return 1; h=$((h+1)); t=$(readlink -n "$q"; echo .); t=${t%.}; '
           f'case "$t" in ""|{_BAD}) u="name $q"; return 1;; esac; [ $h -le 40 ] || {{ u="name $q"; return 1; }}; '
           'case "$t" in /*) d=/;; esac; s=$t/$s; else d=$q; fi; done; }; ')

@@ -7,6 +7,9 @@ believed; N11: a name with a space split the header. A name outside :data:`NAME_
 (nor run), and the parser starts no section at a header that is not two absolute paths of them.
 N2: /usr/bin/nvcc -> nobody's link in a 1777 directory -> root's nvcc was a toolkit: each link met on the way
 is read only after the directory holding it was walked, so a link another user may repoint is refused.
+7b X1: a ``..`` in a link's target left a directory never walked (root's /usr/bin/nvcc ->
+/home/eve/x/../../../opt/cuda/bin/nvcc, x eve's: she may make x a link): each directory is walked before the
+chain goes up from it, as roles/burnin/acceptance.py's ``alone()`` does (the property below holds the two equal).
 
 Each case runs the real CUDA_COMMAND on this machine's shell over a scratch tree (its /usr/local/cuda* glob
 moved there). Trees the walk should accept are made under /root (root's alone up to /), hence as root only.
@@ -30,12 +33,12 @@ FORGED = f"cuda\n{RELEASE}\n--- Q"     # N1's directory name
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a directory chain root alone owns is made under /root")
 
 
-def gathered(glob_dir: Path, path: str = "/nonexistent") -> list[str]:
+def gathered(glob_dir: Path, path: str = "/nonexistent", shell: str = "sh") -> list[str]:
     """CUDA_COMMAND's output with /usr/local/cuda* moved to ``glob_dir``/cuda* and ``path`` alone on PATH
-    before the system's (stat, readlink, dirname)."""
+    before the system's (stat, readlink, dirname), run by ``shell``."""
     command = CUDA_COMMAND.replace("/usr/local/cuda*/bin/nvcc", f"{glob_dir}/cuda*/bin/nvcc")
     assert command != CUDA_COMMAND
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60,
+    return subprocess.run([shell, "-c", command], capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{path}:/usr/bin:/bin"}).stdout.splitlines()
 
 
@@ -195,6 +198,94 @@ def test_n2_a_link_to_a_name_outside_the_set_is_refused_by_the_link(home):
     name = str(usr_bin / "nvcc")
     assert [(r["path"], r["seen_as"], r["dir"]) for r in parse_refused_nvcc(out)] == [(name, [name], name)]
     assert name not in {s for t in parse_cuda_toolkits(out) for s in t["seen_as"]}
+
+
+# ----------------------------------------------------------------------------- 7b X1: a '..' leaves a walked directory
+SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
+
+
+@root_only
+@pytest.mark.parametrize("shell", SHELLS)
+def test_x1_a_dotdot_out_of_another_users_directory_is_refused(home, shell):
+    """X1 as the round ran it: root's /usr/bin/nvcc -> HOME/home/eve/x/../../../opt/cuda/bin/nvcc, x eve's real
+    directory (no link met in it, the real path root's). Refused naming x (eve may make it a link, and the
+    ``..`` then leaves elsewhere); with x root's, refused naming eve's directory (she may rename x); with both
+    root's, a toolkit by that name, as a relative ``..`` out of root's directories is (Debian's links)."""
+    ran = home / "ran"
+    real = nvcc(home / "opt" / "cuda" / "bin" / "nvcc", ran)
+    eve = home / "home" / "eve"
+    (eve / "x").mkdir(parents=True)
+    os.chown(eve, 65534, 65534)
+    os.chown(eve / "x", 65534, 65534)
+    usr_bin = home / "usr" / "bin"
+    usr_bin.mkdir(parents=True)
+    name = usr_bin / "nvcc"
+    name.symlink_to(f"{eve}/x/../../../opt/cuda/bin/nvcc")
+
+    def refused() -> list[tuple]:
+        out = gathered(Path("/nonexistent"), str(usr_bin), shell)
+        print(out)
+        assert str(real) not in {t["path"] for t in parse_cuda_toolkits(out)}
+        return [(r["path"], r["seen_as"], r["dir"], r["owner"]) for r in parse_refused_nvcc(out)]
+
+    assert refused() == [(str(real), [str(name)], str(eve / "x"), "nobody")]
+    os.chown(eve / "x", 0, 0)
+    assert refused() == [(str(real), [str(name)], str(eve), "nobody")]
+    assert not ran.exists()
+    os.chown(eve, 0, 0)
+    for target in (f"{eve}/x/../../../opt/cuda/bin/nvcc", "../../opt/./cuda/bin/nvcc"):
+        name.unlink()
+        name.symlink_to(target)
+        out = gathered(Path("/nonexistent"), str(usr_bin), shell)
+        assert [(t["path"], t["seen_as"]) for t in parse_cuda_toolkits(out) if t["path"] == str(real)] == \
+            [(str(real), [str(name)])]
+    assert ran.read_text().splitlines() == [str(real)] * 2
+
+
+def x1_tree(home: Path) -> None:
+    """Directories of root's and nobody's, nested both ways, links to and from them, and a 2775 one."""
+    if (home / "usr").exists():
+        return
+    nvcc(home / "opt" / "cuda" / "bin" / "nvcc")
+    (home / "usr" / "bin").mkdir(parents=True)
+    for d, owner, mode in [("r", 0, 0o755), ("r/e2", 65534, 0o755), ("r/e2/r3", 0, 0o755), ("e", 65534, 0o755),
+                           ("e/r2", 0, 0o755), ("g", 0, 0o2775), ("g/r4", 0, 0o755)]:
+        (home / d).mkdir()
+        os.chown(home / d, owner, 0 if owner == 0 else 65534)
+        (home / d).chmod(mode)
+    (home / "r" / "lk").symlink_to("../e")          # root's link, in root's directory, to nobody's
+    (home / "e" / "elk").symlink_to("../r")         # nobody's link, to root's
+    os.lchown(home / "e" / "elk", 65534, 65534)
+
+
+@root_only
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), relative=st.booleans())
+def test_the_chain_passes_a_name_exactly_where_alone_does(home, data, relative):
+    """Root's /usr/bin/nvcc -> a wander through root's and nobody's directories and links (down, ``.``,
+    ``..``), then back up to the nvcc: a toolkit by that name under dash and bash exactly where
+    roles/burnin/acceptance.py's ``alone()`` (every part checked, in Python) passes the name, else refused."""
+    from roles.burnin.acceptance import alone
+
+    x1_tree(home)
+    parts: list[str] = []
+    for _ in range(data.draw(st.integers(0, 6))):
+        cur = Path(os.path.realpath(os.path.join(home, *parts)))
+        names = sorted(n for n in os.listdir(cur) if (cur / n).is_dir() and n not in ("opt", "usr"))
+        parts.append(data.draw(st.sampled_from(names + ["."] + ([".."] if cur != home else []))))
+    up = len(Path(os.path.realpath(os.path.join(home, *parts))).relative_to(home).parts)
+    target = "/".join([*(["..", ".."] if relative else [str(home)]), *parts, *[".."] * up, "opt/cuda/bin/nvcc"])
+    name = home / "usr" / "bin" / "nvcc"
+    name.unlink(missing_ok=True)
+    name.symlink_to(target)
+    real = str(home / "opt" / "cuda" / "bin" / "nvcc")
+    assert os.path.realpath(name) == real
+    passes = alone(str(name))[1] is None
+    for shell in SHELLS:
+        out = gathered(Path("/nonexistent"), str(name.parent), shell)
+        found = [t["seen_as"] for t in parse_cuda_toolkits(out) if t["path"] == real]
+        refused = [r["seen_as"] for r in parse_refused_nvcc(out) if r["path"] == real]
+        assert (found, refused) == (([[str(name)]], []) if passes else ([], [[str(name)]])), (target, shell, out)
 
 
 # ----------------------------------------------------------------------------- properties
