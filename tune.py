@@ -49,7 +49,7 @@ from rigup.contract import llama_server
 from rigup.models import models
 from rigup.names import marker_path
 from rigup.text import say
-from roles import in_order, preflight
+from roles import cuda_toolkit, in_order, preflight
 from roles.llama_server import LLAMA
 from roles.llama_server.command import argv as command_argv, preset_text
 from roles.llama_server.facts import REMEDIES
@@ -64,6 +64,7 @@ instances = {n: s for n, s in serving.items() if s.inst["replicas"] == 1 and not
 routers = {n: s for n, s in serving.items() if s.inst["replicas"] == 1 and s.inst["also"]}
 gpu = data.get("llama_cpp_backend") != "cpu"   # -fa, batch sizes, KV types, offload and split swept
 entries = models(data)[0]
+cuda_env = cuda_toolkit.unit_env(plan, data)   # the cuda.env a converge writes (None: none), compared with the host's
 shared = LLAMA.prepare(plan, data, {n: s.inst for n, s in serving.items()}, {}) if serving else None
 # root writes in d (scripts, specs, logs, done markers): refused before any change where anything
 # there is not root's own regular file (a link, a FIFO, a file of the rigup user)
@@ -142,7 +143,8 @@ def as_planned(name: str, s, srv: dict, label: str) -> tuple[list[str], dict] | 
     want = command_argv(name, inst, own["binary"], file[0] if file else model_dir(inst["model"]), own["rpc"],
                         own["allow"])
     found = tuning.differences(want, installed, None if inst["also"] else model_dir(inst["model"]), REMEDIES,
-                               {**own["env"], **llama_server.written_env(own["origins"])}, served["env"])   # the drop-in's
+                               {**own["env"], **llama_server.written_env(own["origins"])}, served["env"],   # the drop-in's
+                               None if cuda_env is None else tuning.env_file(cuda_env))   # cuda.env's
     if found:
         not_the_plans(label, found)
         return None

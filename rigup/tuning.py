@@ -81,10 +81,16 @@ class ServingEnv(FactBase):
         return ("sed -n '/^[[:space:]]*[#;]/d; /^[[:space:]]*$/d; s/^/C /p' /etc/rigup/cuda.env 2>/dev/null; "
                 f"sed -n 's/^[[:space:]]*Environment[[:space:]]*=[[:space:]]*\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
                 f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
+                # every line of the drop-in (R: those but the ones rigup writes are named), and what systemd
+                # parsed of the unit (S: its drop-ins, EnvironmentFiles, UnsetEnvironment), bounded
+                f"head -c 65536 {shlex.quote(DROPIN.format(instance))} 2>/dev/null | sed 's/^/R /'; "
+                f"systemctl show -p DropInPaths -p EnvironmentFiles -p UnsetEnvironment -- "
+                f"{shlex.quote(UNIT.format(instance))} 2>/dev/null | head -c 65536 | sed 's/^/S /'; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
     def process(self, output: list[str]) -> dict:
         env, gpus, build, error = {}, 0, None, None   # error: the last line that does not split
+        other: list[str] = []   # what of the unit rigup does not write (R and S lines)
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind in ("C", "E"):   # cuda.env's, the drop-in's
@@ -99,16 +105,59 @@ class ServingEnv(FactBase):
                     error = Unreadable(where, f"sets {', '.join(sorted(set(pairs) & HOST_ENV))}, which rigup writes "
                                               f"in /etc/rigup/cuda.env alone: {shown(rest, 120)}")
                 env.update(pairs)
+            elif kind in ("R", "S"):
+                other += _not_written(kind, rest, getattr(self, "instance", "NAME"))
             elif kind == "G":
                 gpus = whole(rest, 1024) or 0   # ASCII digits: isdigit() took "²" (int() raised) and "٣"
             elif kind == "B" and fields.ID.fullmatch(rest.strip().rstrip("/").rsplit("/", 1)[-1]):
                 build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
+        if other:   # each named: a drop-in, file or line rigup does not write reaches the server
+            unit = UNIT.format(getattr(self, "instance", "NAME"))
+            why = "; ".join([*other, *([f"{error.where}: {error.why}"] if error else [])])
+            error = Unreadable(unit, f"{why}: not the unit rigup writes")
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         found = {"env": env, "gpus": len(visible) if "CUDA_VISIBLE_DEVICES" in env else gpus, "build": build}
         return {**found, "error": error} if error else found
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+UNIT = "rigup-llama@{}.service"
+CUDA_ENV = "/etc/rigup/cuda.env"   # the unit's one EnvironmentFile (templates/llama_server-unit.service.j2)
+# the settings of the drop-in's lines rigup writes (templates/llama_server-dropin.conf.j2 and its balancer hooks)
+WRITTEN = frozenset(m.group(1) for t in ("llama_server-dropin.conf.j2", "balancer-hooks.conf.j2")
+                    for m in re.finditer(r"(?:^|%})([A-Z][A-Za-z]+)=", (ROOT / "templates" / t).read_text(), re.M))
+
+
+def _not_written(kind: str, rest: str, instance: str) -> list[str]:
+    """What line ``rest`` of ServingEnv names that rigup does not write, each said (none: []). ``R``: a line
+    of the drop-in (a comment, a blank, ``[Service]`` or a setting of :data:`WRITTEN` as rigup writes it,
+    no blank before its ``=``); ``S``: a line of ``systemctl show`` (a drop-in but the one rigup writes,
+    an EnvironmentFile but cuda.env, any UnsetEnvironment: issue 61, round 7b U2/U3)."""
+    line = rest.strip()
+    if kind == "R":
+        name, eq, _ = rest.partition("=")
+        if not line or line.startswith(("#", ";")) or line == "[Service]" or (eq and name in WRITTEN):
+            return []
+        return [f"its drop-in has {shown(rest, 120)}"]
+    name, _, value = line.partition("=")
+    if name == "DropInPaths":
+        return [f"systemd reads the drop-in {shown(p, 120)}" for p in value.split() if p != DROPIN.format(instance)]
+    if name == "EnvironmentFiles":
+        path = value.rsplit(" (ignore_errors=", 1)[0]
+        return [] if not value or path == CUDA_ENV else [f"systemd reads the EnvironmentFile {shown(path, 120)}"]
+    if name == "UnsetEnvironment":
+        return [f"systemd unsets {shown(value, 120)}"] if value else []
+    return [f"systemctl show said {shown(line, 120)}"] if line else []
+
+
+def env_file(text: str) -> dict[str, str]:
+    """An EnvironmentFile's text (roles/cuda_toolkit's cuda.env as rendered) as ServingEnv reads the
+    host's: {NAME: VALUE}, comments and blank lines left out."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith(("#", ";")):
+            out.update(_assignment(line))
+    return out
 
 
 def _assignment(line: str) -> dict[str, str]:
@@ -260,7 +309,8 @@ HOST_ENV = _env_keys(ROOT / "templates" / "cuda_toolkit.env.j2")
 
 
 def differences(planned: list[str], installed: list[str] | None, model_dir: str | None = None,
-                host_flags=frozenset(), planned_env: dict | None = None, installed_env: dict | None = None) -> list[str]:
+                host_flags=frozenset(), planned_env: dict | None = None, installed_env: dict | None = None,
+                host_env: dict | None = None) -> list[str]:
     """What sets the server the serving plan wants apart from the one the host has installed, one
     line each ("installed -c 4096, the plan's -c 8192"); [] when they agree, and the sweep may start
     from the installed one. ``planned``: the plan's argv (roles/llama_server/command.py ``argv``
@@ -272,7 +322,9 @@ def differences(planned: list[str], installed: list[str] | None, model_dir: str 
     build's smoke added, e.g. --no-repack) that the installed command alone has, once and as the
     remedy gives it (no value), is no difference. A word before the first flag is named.
     ``planned_env``: the plan's environment of the server; each of its variables, and every other of
-    ``installed_env`` (the drop-in's and cuda.env's) but those of :data:`HOST_ENV`, compared."""
+    ``installed_env`` (the drop-in's and cuda.env's) but those of :data:`HOST_ENV`, compared; those too
+    with ``host_env`` (:func:`env_file` of the cuda.env roles/cuda_toolkit writes for the host: its
+    ``unit_env``; None where it writes none), for a hand-edited PATH is the sweep's servers' too."""
     if installed is None:
         return ["no drop-in on the host (the unit is missing)"]
     out = [] if planned[:1] == installed[:1] else [f"installed {shown(installed[0], 120)}, the plan's {shown(planned[0], 120)}"]
@@ -291,8 +343,8 @@ def differences(planned: list[str], installed: list[str] | None, model_dir: str 
                        (" ".join(shown(" ".join(v), 120) for v in then) if now and then else _given(flag, then)))
     # the whole environment: each variable the plan sets, and any other but cuda.env's (HOST_ENV), which the
     # sweep's servers would run with (LD_PRELOAD, LLAMA_ARG_*: a server that is not the plan's)
-    env, got = planned_env or {}, installed_env or {}
-    for name in sorted(set(env) | (set(got) - HOST_ENV)):
+    env, got = {**(host_env or {}), **(planned_env or {})}, installed_env or {}
+    for name in sorted(set(env) | (set(got) - (HOST_ENV if host_env is None else frozenset()))):
         if env.get(name) != got.get(name):
             now, then = (shown(f"{name}={e[name]}", 120) if name in e else f"without {shown(name, 60)}" for e in (got, env))
             out.append(f"installed {now}, the plan's {then}")

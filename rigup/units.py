@@ -90,8 +90,19 @@ def unit_state(path: str, unit: str) -> list[str]:
 def systemd_split(line: str) -> list[str]:
     """An ExecStart= line written by systemd_quote (rigup/boundary/formats.py) back into its
     arguments: the shell's split, then systemd's ``%%`` and ``$$`` read as ``%`` and ``$`` (issue
-    47: tune.py's sweep ran an argument with a ``%`` or ``$`` doubled)."""
-    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
+    47: tune.py's sweep ran an argument with a ``%`` or ``$`` doubled). ValueError for a lone ``%`` or
+    ``$``, which systemd_quote never writes: systemd expands it (``%h``: the user's home, ``$X``: a
+    variable), so the server runs other words than those read here (issue 61, round 7b U8)."""
+    return [_UNESCAPED.sub(_unescaped, a) for a in shlex.split(line)]
+
+
+_UNESCAPED = re.compile(r"%%|\$\$|[%$]")
+
+
+def _unescaped(m: re.Match) -> str:
+    if len(m[0]) == 1:
+        raise ValueError(f"a lone {m[0]!r}: a specifier or variable systemd expands, which rigup does not write")
+    return m[0][0]
 
 
 def systemd_env_split(line: str) -> dict[str, str]:

@@ -127,13 +127,25 @@ def apply(plan: Plan, data: Config):
     if source != "present" and compiles:
         compiler_root_alone(name="The CUDA compiler is root's alone", path=nvcc_path(plan, data), source=source,
                             version=version, _if=installed.did_change)
-    home = _home(data)
-    paths = {"version": version, "bin_dir": f"{home}/bin",
-             "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}
+    paths = env_paths(data)
     both = ["/etc/profile.d/rigup-cuda.sh", "/etc/rigup/cuda.env"]
     managed(name="CUDA on login shells' PATH", dest=both[0], paths=both,
             text=render("cuda_toolkit-profile.sh.j2", **paths))
     managed(name="CUDA for rigup's units", dest=both[1], paths=both, text=render("cuda_toolkit.env.j2", **paths))
+
+
+def env_paths(data: Config) -> dict[str, str]:
+    """The values of /etc/profile.d/rigup-cuda.sh and /etc/rigup/cuda.env (their templates'): the
+    toolkit's version, its bin and library directories."""
+    home, source = _home(data), data["cuda_source"]
+    return {"version": data["cuda_version"], "bin_dir": f"{home}/bin",
+            "lib_dir": f"{home}/lib64" if source == "nvidia" else "/usr/lib/x86_64-linux-gnu"}
+
+
+def unit_env(plan: Plan, data: Config) -> str | None:
+    """The text of /etc/rigup/cuda.env that :func:`apply` writes for the host, or None where it writes
+    none (no CUDA build): tune.py compares the host's with it (rigup.tuning ``differences``)."""
+    return render("cuda_toolkit.env.j2", **env_paths(data)) if build_backend(plan, data) == "cuda" else None
 
 
 def plan_lines(plan: Plan, data: Config) -> list[str]:

@@ -16,6 +16,7 @@ from rigup import tune, tuning
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import systemd_env
 from rigup.contract.llama_server import written_env
+from roles.cuda_toolkit import unit_env
 from tests.unit.hosts import REV, data, host
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +120,16 @@ def PLAN(d: dict) -> dict:
     return {**plan, "serving": serving_plan([LLAMA], d, plan)}
 
 
+def test_round7b_a_hand_edited_cuda_env_is_named_in_the_play(monkeypatch):
+    """cuda.env's PATH and LD_LIBRARY_PATH are the sweep's servers' too: a value other than the one
+    roles/cuda_toolkit writes for the host (/home/eve/bin first), or the file missing, refuses the sweep."""
+    assert [c.split("=")[0] for c in CUDA_ENV] == ["C PATH", "C LD_LIBRARY_PATH"]
+    edited = [c.replace("C PATH=", "C PATH=/home/eve/bin:") for c in WRITTEN]
+    for env in (edited, [c for c in WRITTEN if not c.startswith("C ")]):
+        did = play(monkeypatch, {"ExecStart": [installed()], "ServingEnv": [*env, "G 1"]})
+        assert not did["put"] and any("PATH" in s and "converge deploy.py first" in s for s in did["said"]), did["said"]
+
+
 def installed(**inst) -> str:
     """x's ExecStart as a converge writes it from the plan (roles/llama_server/command.py argv), its model's file
     under the model's directory."""
@@ -132,7 +143,9 @@ def installed(**inst) -> str:
 
 
 # the Environment= lines every drop-in has (contract.written_env: no CORS origin), as ServingEnv reads them
-WRITTEN = ["E " + systemd_env(k, v) for k, v in written_env().items()]
+# and /etc/rigup/cuda.env's lines as roles/cuda_toolkit writes them for this host (compared: round 7b U4)
+CUDA_ENV = ["C " + line for line in (unit_env(PLAN(DATA()), DATA()) or "").splitlines() if line and line[0] != "#"]
+WRITTEN = [*CUDA_ENV, *("E " + systemd_env(k, v) for k, v in written_env().items())]
 
 
 def play(monkeypatch, facts: dict[str, list[str]], **inst):

@@ -171,17 +171,20 @@ def test_a_drop_in_that_sets_cuda_envs_variables_does_not_read():
 def test_cuda_env_and_drop_in_lines_are_read_as_systemd_reads_them(tmp_path):
     """systemd takes an EnvironmentFile's blanks before a name and a unit's around its '=': ServingEnv's
     command prints those lines too (' LD_PRELOAD=/y.so' in cuda.env, 'Environment = ...' in the drop-in were
-    not read, so not compared); a cuda.env line that is no NAME=VALUE does not read."""
+    not read, so not compared; the latter is named too, as no line rigup writes); a cuda.env line that is no
+    NAME=VALUE does not read."""
     import subprocess
 
     (tmp_path / "cuda.env").write_text("# CUDA\nPATH=/usr/bin\n\n  LD_PRELOAD=/y.so\n")
     (tmp_path / "d.conf").write_text('[Service]\nEnvironment="A=1"\n  Environment = B=/x.so\n')
     fact = tuning.ServingEnv()
     command = fact.command("x").replace("/etc/rigup/cuda.env", str(tmp_path / "cuda.env")).replace(
-        tuning.DROPIN.format("x"), str(tmp_path / "d.conf"))
+        tuning.DROPIN.format("x"), str(tmp_path / "d.conf")).replace("systemctl show", "false")
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert fact.process(out) == {"env": {"PATH": "/usr/bin", "LD_PRELOAD": "/y.so", "A": "1", "B": "/x.so"},
-                                 "gpus": 0, "build": None}
+    got = fact.process(out)
+    assert {**got, "error": None} == {"env": {"PATH": "/usr/bin", "LD_PRELOAD": "/y.so", "A": "1", "B": "/x.so"},
+                                      "gpus": 0, "build": None, "error": None}
+    assert got["error"].why == "its drop-in has   Environment = B=/x.so: not the unit rigup writes"
     bad = fact.process(["C foo bar", "G 1"])["error"]
     assert bad.where == "/etc/rigup/cuda.env" and bad.why.startswith("not a line rigup writes")
 
