@@ -455,7 +455,7 @@ def apply(plan: Plan, data: Config):
     dests = [m["dest"] for m in models.values() if (m["repo"], m["revision"]) in share_for]
     if dests:
         managed.managed(name="Install rigup-share", dest=f"{bin_dir}/rigup-share", paths=paths, mode="755",
-                        text="#!/usr/bin/python3\n" + SCRIPT.read_text().split("\n", 1)[1])
+                        text=SCRIPT.read_text())   # fetcher.py whole: its own #!/usr/bin/python3 -sES
         shared(name="Serve completed models to peers", dests=dests, data=data, systemd=facts["systemd"],
                bind=_peer_address(host.name), active=facts["share_active"])
     elif facts["share_active"]:
