@@ -73,7 +73,10 @@ class ServingEnv(FactBase):
     digits, else 0); "build": the llama.cpp build the drop-in's comment names (roles/llama_server
     writes it), or None}; with "error" (:class:`Unreadable`, returned, not raised) when an
     ``Environment=`` line does not split, or sets a variable of cuda.env's (:data:`HOST_ENV`, which
-    :func:`differences` leaves to the host: a drop-in's LD_LIBRARY_PATH would pass as the host's)."""
+    :func:`differences` leaves to the host: a drop-in's LD_LIBRARY_PATH would pass as the host's), or
+    where the unit is not the one rigup writes (:func:`_not_written`: a drop-in line of a setting rigup
+    does not write, such as EnvironmentFile= or UnsetEnvironment=; another drop-in or EnvironmentFile
+    systemd reads; each named: they reach the server, and were never compared)."""
 
     def command(self, instance: str) -> str:
         self.instance = instance

@@ -97,6 +97,7 @@ def systemd_split(line: str) -> list[str]:
 
 
 _UNESCAPED = re.compile(r"%%|\$\$|[%$]")
+_SPECIFIER = re.compile(r"%%|%")   # Environment=: "$ has no special meaning" (systemd_env)
 
 
 def _unescaped(m: re.Match) -> str:
@@ -107,8 +108,9 @@ def _unescaped(m: re.Match) -> str:
 
 def systemd_env_split(line: str) -> dict[str, str]:
     """An Environment= line written by systemd_env (rigup/boundary/formats.py) back into its
-    variables."""
-    return {name: value.replace("%%", "%") for name, eq, value in
+    variables; ValueError for a lone ``%``, a specifier systemd expands there too (``%h``), which
+    systemd_env never writes."""
+    return {name: _SPECIFIER.sub(_unescaped, value) for name, eq, value in
             (word.partition("=") for word in shlex.split(line)) if eq}
 
 

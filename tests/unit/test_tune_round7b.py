@@ -169,3 +169,10 @@ def test_u4_cuda_env_values_are_compared():
         == ["installed without LD_LIBRARY_PATH", "installed without PATH"]
     # no cuda.env written (a CPU build): its variables are the host's, as before
     assert tuning.differences(WANT, WANT, "/srv/models/g", frozenset(), plan, eve, None) == []
+
+
+def test_u8_a_lone_specifier_in_an_environment_line_does_not_read():
+    """systemd expands specifiers in Environment= too (not $): ServingEnv names the line."""
+    got = serving(['E "CUDA_VISIBLE_DEVICES=%i"', "G 1"])
+    assert isinstance(got["error"], Unreadable) and "not a line rigup writes" in got["error"].why
+    assert serving(['E "A=50%%" B=$HOME', "G 1"]) == {"env": {"A": "50%", "B": "$HOME"}, "gpus": 1, "build": None}
