@@ -46,6 +46,9 @@ HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this
           "# entry to go back to the instance's own keys.\n")
 
 
+LINE_MAX = 65536   # a drop-in's line, at most (rigup writes a few hundred characters)
+
+
 class ExecStart(FactBase):
     """The argv of ``ExecStart=`` in instance ``instance``'s drop-in (its last, non-empty one: what
     the host runs, compared with the plan's by :func:`differences` before a sweep starts from it), None
@@ -58,6 +61,9 @@ class ExecStart(FactBase):
 
     def process(self, output: list[str]) -> list[str] | Unreadable | None:
         line = "\n".join(output).strip()
+        if len(line) > LINE_MAX:   # before shlex, whose split is quadratic here (round 7b: 2 MB ran for minutes)
+            where = DROPIN.format(getattr(self, "instance", "NAME"))
+            return Unreadable(f"{where}: ExecStart", f"{len(line)} characters (at most {LINE_MAX}): not a line rigup writes")
         try:
             return systemd_split(line) if line else None
         except ValueError as e:   # shlex: "No closing quotation", "No escaped character"
@@ -100,6 +106,8 @@ class ServingEnv(FactBase):
                 where = f"{DROPIN.format(getattr(self, 'instance', 'NAME'))}: Environment=" if kind == "E" \
                     else "/etc/rigup/cuda.env"
                 try:   # Environment="A=1" B=2, as roles write it; cuda.env's NAME=VALUE, one a line
+                    if len(rest) > LINE_MAX:   # before shlex (quadratic)
+                        raise ValueError(f"{len(rest)} characters, at most {LINE_MAX}")
                     pairs = systemd_env_split(rest) if kind == "E" else _assignment(rest)
                 except ValueError as e:   # an unclosed quote: not a line rigup writes; the sweep is refused
                     error = Unreadable(where, f"not a line rigup writes ({e}): {shown(rest, 120)}")

@@ -176,3 +176,16 @@ def test_u8_a_lone_specifier_in_an_environment_line_does_not_read():
     got = serving(['E "CUDA_VISIBLE_DEVICES=%i"', "G 1"])
     assert isinstance(got["error"], Unreadable) and "not a line rigup writes" in got["error"].why
     assert serving(['E "A=50%%" B=$HOME', "G 1"]) == {"env": {"A": "50%", "B": "$HOME"}, "gpus": 1, "build": None}
+
+
+def test_a_long_line_is_refused_before_it_is_split():
+    """shlex's split is quadratic here (round 7b's note: 2 MB ran for minutes): past LINE_MAX, not read."""
+    import time
+
+    fact = tuning.ExecStart()
+    fact.command("g")
+    start = time.monotonic()
+    got = fact.process(["/x " + "a\\ " * 1_000_000])
+    assert isinstance(got, Unreadable) and "at most 65536" in got.why
+    env = serving(["E A=" + "b\\ " * 1_000_000, "G 1"])["error"]
+    assert isinstance(env, Unreadable) and "at most 65536" in env.why and time.monotonic() - start < 5
