@@ -937,6 +937,16 @@ def compute_and_soak(dev: Device, opts: dict) -> tuple[dict, dict, dict]:
 # and loaded with ctypes as libcuda is (no package on the host); LD_LIBRARY_PATH's directories
 # first, as the loader would. Never by bare soname: the loader's search (its cache of ld.so.conf's
 # directories, /usr/local/lib among them) may answer with a file no one checked.
+#
+# The loader also searches for every library a loaded one needs (cuBLAS: libcublasLt, libstdc++, librt...):
+# LD_LIBRARY_PATH as it was when the process started (a change to os.environ later moves no dlopen), then
+# ld.so.cache. Root's checked cuBLAS needing a library another user put in an LD_LIBRARY_PATH directory
+# the check skipped ran their code as root (round 7b L1, L2), so rigup-burnin starts again with only the
+# directories :func:`alone` passes (:func:`loader_path_checked`), before it loads anything. What is left is
+# ld.so.cache, the loader's for every program on the host: root's ldconfig lists the files it found in
+# ld.so.conf's directories, where Debian's first is /usr/local/lib (2775 root:staff: a staff user's file
+# there is listed at the next ldconfig, for any root program that needs its soname). That is Debian's
+# staff group, root's equal by design there; cuBLAS and its libcublasLt beside it are loaded by path.
 CUBLAS = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11")
 CUBLAS_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/lib64",
                "/usr/local/cuda-*/targets/*/lib", "/usr/lib/*-linux-gnu", "/usr/local/lib",
@@ -950,8 +960,9 @@ HBM_ROUND = 16           # copies queued at a time (about 6 ms of an H100's HBM)
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # library_types.h, cublas_api.h
 
 
-def alone(path: str) -> tuple[str, str | None]:
-    """(the real path, None) when ``path`` and every directory from it up to / are root's or this
+def alone(path: str, directory: bool = False) -> tuple[str, str | None]:
+    """(the real path, None) when ``path`` (a file, or with ``directory`` a directory) and every
+    directory from it up to / are root's or this
     user's and no group or other user can write them, each link followed the same way (the
     directory it lies in checked; its target walked from there); else (``path``, why not).
     rigup-burnin runs as root: a library loaded from where another user writes (Debian's
@@ -985,11 +996,49 @@ def alone(path: str) -> tuple[str, str | None]:
                 continue
             why = why_not(here, st) or (f"{here} is not a directory" if todo and not stat.S_ISDIR(st.st_mode) else None)
             done = here
-        if why is None and not stat.S_ISREG(os.lstat(done).st_mode):
-            why = f"{done} is not a file"
+        if why is None and not (stat.S_ISDIR if directory else stat.S_ISREG)(os.lstat(done).st_mode):
+            why = f"{done} is not a {'directory' if directory else 'file'}"
     except OSError as e:
         why = f"{path}: {e.strerror or e}"
     return (done, None) if why is None else (path, why)
+
+
+def library_path(value: str) -> tuple[list[str], list[str]]:
+    """LD_LIBRARY_PATH's directories, split as the loader splits it (at ``:`` and ``;``): ([the real path
+    of each :func:`alone` passes], [why each other one is left out]). An empty or relative entry (the
+    loader's current directory) and one holding ``$`` (a token the loader expands: $ORIGIN, $LIB,
+    $PLATFORM, so not the path checked) are left out too."""
+    kept, out = [], []
+    for d in re.split("[:;]", value):
+        if not d.startswith("/"):
+            real, why = d, "not an absolute path (the loader's current directory)"
+        elif "$" in d:
+            real, why = d, "a $ the loader expands"
+        else:
+            real, why = alone(d, directory=True)
+        if why is not None:
+            out.append(f"{d!r} left out: {why}")
+        elif real not in kept:
+            kept.append(real)
+    return kept, out
+
+
+def loader_path_checked() -> None:
+    """Start this program again with LD_LIBRARY_PATH of only :func:`library_path`'s directories where it
+    holds any other, each one left out named on stderr: the loader reads it at start alone (round 7b L1).
+    Called first, before any library is loaded; the program started again finds nothing to leave out."""
+    value = os.environ.get("LD_LIBRARY_PATH")
+    kept, out = library_path(value) if value else ([], [])   # an empty value is no search (glibc)
+    if not out:
+        return
+    for why in out:
+        print(shown(f"rigup-burnin: LD_LIBRARY_PATH's {why} (root loads no library another user can replace)", 600),
+              file=sys.stderr, flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if kept:
+        env["LD_LIBRARY_PATH"] = ":".join(kept)
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, "-sES", *sys.argv]   # 3.10+: the flags too
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
 
 
 def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
@@ -998,7 +1047,8 @@ def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
     where it is there, newest soname first; [why each other one is skipped])."""
     import glob
     found, skipped = [], []
-    first = [glob.escape(d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    first = [glob.escape(d) for d in re.split("[:;]", os.environ.get("LD_LIBRARY_PATH", ""))
+             if d.startswith("/") and "$" not in d]
     for name in CUBLAS:
         ordered = [p for d in first for p in glob.glob(os.path.join(d, name))]
         for path in ordered + sorted({p for d in CUBLAS_DIRS for p in glob.glob(os.path.join(d, name))} - set(ordered)):
@@ -2050,6 +2100,7 @@ def command(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    loader_path_checked()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,11 +28,17 @@ DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_rete
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH."""
+def sim():
+    """The stand-ins of a 4-card A100 host: nvidia-smi on PATH, libcuda.so.1 on LD_LIBRARY_PATH. In the
+    home directory: rigup-burnin starts with only LD_LIBRARY_PATH's directories no other user writes
+    (round 7b L1; /tmp is 1777)."""
     if not shutil.which("gcc"):
         pytest.skip("gcc is not installed (make test installs it)")
-    tmp = tmp_path_factory.mktemp("burnin")
+    with alone_scratch() as tmp:
+        yield from sim_in(tmp)
+
+
+def sim_in(tmp: Path):
     (tmp / "bin").mkdir()
     (tmp / "lib").mkdir()
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp / "lib/libcuda.so.1"),
@@ -46,7 +52,7 @@ def sim(tmp_path_factory):
     env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", "LD_LIBRARY_PATH": str(tmp / "lib"),
            "RIGUP_GPU_SIM_PROFILE": str(tmp / "profile.json"), "RIGUP_GPU_SIM_RUN": str(tmp / "run"),
            "RIGUP_GPU_SIM_LIB": str(tmp / "var")}
-    return tmp, env
+    yield tmp, env
 
 
 @pytest.fixture(scope="module")
