@@ -163,7 +163,9 @@ def test_throughput_of_one_completion_and_of_concurrency_levels(engine):
                                  for lv in levels))
     assert [lv["requests"] for lv in levels] == [2, 8, 16] and all(lv["failed"] == 0 for lv in levels)
     assert levels[1]["total_tps"] > 2.5 * levels[0]["total_tps"]           # 4 slots: 4 at once
-    assert levels[2]["total_tps"] < 1.3 * levels[1]["total_tps"]           # 8 clients, still 4 slots
+    # 8 clients, still 4 slots: never above the stand-in's cap of 4 x 400 tok/s (a ratio to the 4-client level
+    # failed at 1554 vs 1.3 x 1000 on a machine at load 8, whose 4 clients were the ones slowed)
+    assert levels[2]["total_tps"] <= 1.05 * 4 * 400
     os.kill(proc.pid, signal.SIGUSR1)                                       # wedged: 2 tok/s
     time.sleep(0.2)
     slow = throughput.completion(url, max_tokens=2)
