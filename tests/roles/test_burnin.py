@@ -190,8 +190,10 @@ def test_a_card_drawing_under_the_power_ratio_is_quarantined_naming_the_watts(la
               f"judged {p['judged']}; failed {recs[i]['failed']}")
     assert recs[0]["power"]["judged"] and recs[0]["power"]["ratio"] >= 0.9
     assert recs[3]["power"]["judged"] and not recs[3]["passed"]
-    assert recs[3]["failed"][0].startswith("soak: mean draw 280 W, 0.70 of the 400 W cap in force over ")
-    assert re.search(r"GPU 3 \(.*FAILED: soak: mean draw 280 W, 0\.70 of the 400 W cap", gemm_run.output)
+    # among its reasons, not necessarily the first: the stand-in's PCIe copies are the lab machine's memcpy, which a
+    # machine at load 7 once measured at 0.22 of the link (a reason of its own, said first)
+    assert any(f.startswith("soak: mean draw 280 W, 0.70 of the 400 W cap in force over ") for f in recs[3]["failed"])
+    assert re.search(r"GPU 3 \(.*FAILED: .*soak: mean draw 280 W, 0\.70 of the 400 W cap", gemm_run.output)
 
 
 def test_a_card_cublas_refuses_or_a_host_without_cublas_soaks_on_ptx_unjudged_on_watts(lab, host, gemm_run):
