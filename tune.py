@@ -26,7 +26,7 @@ again, whatever the sweep did. root's files of the tuner (the scripts, each spec
 live in rigup_state_dir/tuner (root:rigup 0750: anything there that is not root's regular file is
 refused before any change); the sweep writes only in its out/ (the rigup user's), and root reads
 the result from there as that user (rigup/nofollow.py). A progress line per host; at the end ``host_vars/<host>.yml`` (under the site
-directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (roles/llama_server/tuned.py;
+directory, RIGUP_SITE, when there is one) gains ``llama_server_tuned`` (rigup/instances/tuned.py;
 a router's models under its ``models``, each laid over its ``per_model`` by the next converge)
 and ``tune_out/<date>/<host>-<instance>.md`` (``<host>-<router>-<model>.md``; and ``.png``, bench.py's
 plot) holds every point.

@@ -3,6 +3,8 @@
 - ``config``: role defaults, YAML group_vars, the form language, validation of a host's data
 - ``contract``: one contract per serving engine (every instance key in one table; the one reader
   of the serving maps outside the engines' roles); standard library only
+- ``instances``: each serving engine's entry form and its instances, normalised, tuned and
+  checked: the one shape of an instance, read by the engines' roles and every other reader
 - ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)

@@ -516,7 +516,7 @@ def host_row(name: str, found: dict[str, list[str]], *, downloads: list[str], ma
     """The row of reachable host ``name``: ``found`` is :class:`FleetStatus`'s value, ``downloads``
     one short line per model (roles/model_fetch short_progress), ``models`` {instance name: its
     configured model} (for model@revision), ``tuned`` the host's ``llama_server_tuned``
-    (roles/llama_server/tuned.py), ``burnin_at`` the path of its burn-in records (rigup.names.burnin_file)."""
+    (rigup/instances/tuned.py), ``burnin_at`` the path of its burn-in records (rigup.names.burnin_file)."""
     cards = parse_cards(found.get("gpus", []))
     serving = parse_serving(found.get("serving", []))
     loads = parse_loads(found.get("loads", []))

@@ -1,7 +1,7 @@
 """tune.py's pieces on the controller: each llama-server instance's sweep spec (its sized context
 and slots from the serving plan, the command line its drop-in runs once that is the plan's:
 :func:`differences`), the job that runs rigup/tune.py on the host, and the result written as the
-host's data, ``host_vars/<host>.yml`` (``llama_server_tuned``, roles/llama_server/tuned.py), for the
+host's data, ``host_vars/<host>.yml`` (``llama_server_tuned``, rigup/instances/tuned.py), for the
 operator to commit; the next converge serves with it.
 
 The job (a transient unit, so that it outlives the SSH session) stops the instance's unit, runs
@@ -12,7 +12,7 @@ A router (``also``) is swept a model at a time, each loaded alone: the server it
 start for that model (:func:`model_argv`: the router's command line without its router flags, its
 preset's ``[*]`` and the model's section as flags, ``-m`` its file), one job each (``NAME:MODEL``,
 the router's unit stopped meanwhile); each model's result goes into the router's entry under
-``models`` (roles/llama_server/tuned.py), laid over its ``per_model`` on the next converge.
+``models`` (rigup/instances/tuned.py), laid over its ``per_model`` on the next converge.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": R
            "rigup_llama_contract.py": ROOT / "rigup" / "contract" / "llama_server.py",
            "rigup_contract.py": ROOT / "rigup" / "contract" / "__init__.py"}
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
-          "# (roles/llama_server/tuned.py). Commit it; the next converge serves with them. Remove an\n"
+          "# (rigup/instances/tuned.py). Commit it; the next converge serves with them. Remove an\n"
           "# entry to go back to the instance's own keys.\n")
 
 

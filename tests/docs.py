@@ -20,9 +20,9 @@ from rigup.config import ADDRESS, BATCH, CONNECTOR_PREFIXES, NAME, Form, Var, de
 from rigup.entries import REQUIRED, Key
 from rigup.models import MODEL
 from roles import ORDER, in_order, preflight
-from roles.llama_server.schema import LLAMA_INSTANCE
+from rigup.instances.llama_server import LLAMA_INSTANCE
 from roles.preflight import checks as preflight_checks
-from roles.vllm.schema import VLLM_INSTANCE
+from rigup.instances.vllm import VLLM_INSTANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSALS = ROOT / "docs" / "refusals.md"

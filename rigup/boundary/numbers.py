@@ -103,7 +103,7 @@ CROSSINGS = (
              "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving, "
              "rigup/gpu/fabric.py:parse_nvlinks"),
     Crossing("the port of a web origin in configuration (llama_server_cors_origins)", "the operator",
-             "rigup/boundary/numbers.py:whole", "roles/llama_server/schema.py:cors_problems"),
+             "rigup/boundary/numbers.py:whole", "rigup/instances/llama_server.py:cors_problems"),
     Crossing("a whole number a host printed (a signal in systemd's status, du's bytes, nvidia-smi's compute "
              "capability)", "the host", "rigup/boundary/numbers.py:whole",
              "rigup/gate.py:_signal, rigup/gpu/catalogue.py:parse_cc, roles/preflight/facts.py:parse_path_bytes"),
@@ -115,7 +115,7 @@ CROSSINGS = (
              "rigup/boundary/numbers.py:number", "rigup/throughput.py:figure, roles/gpu_guard/guard.py:reading"),
     Crossing("shares per GPU (tensor_split: an instance's, a router model's, a sweep's point), read by llama.cpp's "
              "std::stof", "the operator, the rigup user (a sweep's result)", "rigup/boundary/numbers.py:shares",
-             "roles/llama_server/schema.py:split_problems, rigup/boundary/results.py:_shares"),
+             "rigup/instances/llama_server.py:split_problems, rigup/boundary/results.py:_shares"),
 )
 
 GENERIC = ("whole", "required", "json_whole")   # the same parser, for counts and for a record's required field

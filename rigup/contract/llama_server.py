@@ -1,7 +1,7 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """llama-server's contract: one row per instance key that becomes a flag (:data:`FLAGS`), and the
 flags rigup writes from the instance itself (:data:`FIXED`). Everything else is made from them:
-the entry form of ``llama_server_instances`` (roles/llama_server/schema.py), the command line
+the entry form of ``llama_server_instances`` (rigup/instances/llama_server.py), the command line
 (roles/llama_server/command.py :func:`args`), the flags extra_args may not give again (policy
 ``owned``; ``also``: extra_args may give it again, the last one wins, and preflight's checks read
 that one), what tune.py sweeps (``sweep``) and how it spells it (:func:`spellings`), the keys of

@@ -1,9 +1,9 @@
 """vLLM's contract: one row per instance key that becomes a flag of ``vllm serve`` (:data:`FLAGS`),
 the instance's other keys (:data:`OTHER`) and the flags rigup writes from the instance itself
 (:data:`FIXED`), as rigup/contract/llama_server.py is llama-server's. Made from them: the entry form
-of ``vllm_instances`` (roles/vllm/schema.py), the command line's flags (roles/vllm/command.py
+of ``vllm_instances`` (rigup/instances/vllm.py), the command line's flags (roles/vllm/command.py
 ``argv``), the flags extra_args may not give again (vLLM's argparse also takes ``--served_model_name``
-and abbreviations: roles/vllm/schema.py checks with them) and the generated docs.
+and abbreviations: rigup/instances/vllm.py checks with them) and the generated docs.
 """
 
 from __future__ import annotations

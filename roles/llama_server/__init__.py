@@ -26,7 +26,7 @@ What it does to a host, for each of ``llama_server_instances`` (name -> recipe):
 - serves inference only unless ``llama_server_allow`` names more (rigup/contract/llama_server.py
   ``HELD_OFF``): ``--no-slots`` on the command line, ``LLAMA_ARG_CORS_ORIGINS`` in the drop-in's
   environment (``llama_server_cors_origins``; none: empty, no origin), and preflight refuses each
-  flag of a feature not allowed in extra_args (roles/llama_server/schema.py).
+  flag of a feature not allowed in extra_args (rigup/instances/llama_server.py).
 
 With ``replicas`` (roles/llama_server/replicas.py plans them): one unit ``rigup-llama@NAME-K`` per
 replica, pinned to its GPU group by UUID (CUDA_VISIBLE_DEVICES in its drop-in), on 127.0.0.1 at
@@ -70,7 +70,7 @@ drop-in, key and enablement stay); false again starts them, gated as after a res
 Variables (roles/llama_server/defaults.yml): llama_server_instances, llama_server_health_timeout,
 llama_server_health_prompt, llama_server_rpc_wait; and models / models_dir (roles/model_fetch), rigup_user, rigup_maintenance (roles/base),
 llama_cpp_dir (roles/llama_cpp), rigup_state_dir (roles/base), cmpunlocker_enabled (roles/cmpunlocker). Instance form:
-roles/llama_server/schema.py; refusals: roles/llama_server/checks.py.
+rigup/instances/llama_server.py; refusals: roles/llama_server/checks.py.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text
                                        queued, render, servers)
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import sizes
-from roles.llama_server.schema import LlamaInstance, instances
+from rigup.instances.llama_server import LlamaInstance, instances
 from roles.llama_server.smoke import smoke_runs
-from roles.llama_server.tuned import tuned_lines
+from rigup.instances.tuned import tuned_lines
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "fleet_plan_lines", "plan_lines", "ports", "smoke_runs"]
 

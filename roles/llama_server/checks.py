@@ -44,7 +44,7 @@ from rigup.rpc import RPC_COST, RPC_TARGET, ip_problem, ref_problem
 from rigup.units import downtrained, had_replicas, main_first, narrow, replica_name, replica_port
 from roles.llama_server.command import queued
 from roles.llama_server.replicas import SetPlan, Sized, for_model, layout_text, need_gib, sizes
-from roles.llama_server.schema import LlamaInstance, instances, spelled
+from rigup.instances.llama_server import LlamaInstance, instances, spelled
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts

@@ -15,7 +15,7 @@ from rigup.templates import render
 from rigup.units import main_first, replica_inst, replica_name, visible_devices
 
 if TYPE_CHECKING:
-    from roles.llama_server.schema import LlamaInstance
+    from rigup.instances.llama_server import LlamaInstance
 
 KEY = contract.KEY
 REVISION = re.compile(r"[A-Za-z0-9._-]{1,64}")   # a model's revision as its marker records it

@@ -35,7 +35,7 @@ from rigup.refusal import gpus_text
 
 if TYPE_CHECKING:
     from rigup.models import ModelEntry
-    from roles.llama_server.schema import LlamaInstance
+    from rigup.instances.llama_server import LlamaInstance
     from rigup.config import Config
 
 OVERHEAD_GIB_PER_GPU = 1.0   # llama.cpp's CUDA context and compute buffers, per card (an estimate)

@@ -1,6 +1,6 @@
 """roles/vllm: vLLM's OpenAI-compatible server, one systemd unit per instance, health-gated.
 
-What it does to a host with ``vllm_instances`` (name -> recipe; form: roles/vllm/schema.py
+What it does to a host with ``vllm_instances`` (name -> recipe; form: rigup/instances/vllm.py
 VLLM_INSTANCE; refusals: roles/vllm/checks.py):
 - a virtualenv per pin, ``<vllm_dir>/<pin-id>/venv``: vLLM from PyPI at an exact version
   (``vllm_pip_version``, pin-id ``pip-VERSION``) or from git at a commit (``vllm_git_url`` +
@@ -112,7 +112,7 @@ from roles.vllm import command as cmd
 from roles.vllm.checks import CHECKS, FLEET_CHECKS, ports, replica_groups
 from roles.vllm.checks import plan_lines as instance_lines
 from roles.vllm.facts import VllmCommit, VllmState
-from roles.vllm.schema import VllmInstance, instances
+from rigup.instances.vllm import VllmInstance, instances
 from rigup.text import say
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "plan_lines", "plan_reads", "ports"]

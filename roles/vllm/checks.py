@@ -35,7 +35,7 @@ from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, 
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.facts import VllmCommit
-from roles.vllm.schema import ENV_NAME, VllmInstance, env_problems, instances
+from rigup.instances.vllm import ENV_NAME, VllmInstance, env_problems, instances
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts

@@ -18,7 +18,7 @@ from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name
 from rigup.templates import render
 from rigup.text import shown
 from rigup.units import replica_inst, replica_name, visible_devices
-from roles.vllm.schema import VllmInstance, env_problems, partition_problem
+from rigup.instances.vllm import VllmInstance, env_problems, partition_problem
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -296,7 +296,7 @@ def env_vars(name: str, inst: VllmInstance, data: Config, plan: Plan) -> dict[st
 
 def partition(inst: VllmInstance) -> str:
     """VLLM_PP_LAYER_PARTITION, checked again here (preflight checks it first, with the same
-    rule: roles/vllm/schema.py); raises ConfigError."""
+    rule: rigup/instances/vllm.py); raises ConfigError."""
     why = partition_problem(inst["pp_partition"], inst.get("pp", 1), inst.get("layers"))
     if why:
         raise ConfigError(f"vllm_instances.{inst.get('_name', '?')}.pp_partition: {why}")

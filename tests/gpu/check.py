@@ -906,12 +906,12 @@ def role_flags(ngl: int) -> list[str]:
     """llama-server's flags after ``-m MODEL`` for an instance of roles/llama_server's defaults
     (``-ngl ngl -fa auto -sm layer --jinja --metrics`` and the port, context and slots that
     smoke.py replaces with its own), as roles/llama_server/smoke.py gives them to the smoke."""
-    schema = load("roles/llama_server/schema.py")
+    schema = load("rigup/instances/llama_server.py")
     # ctx and parallel as replicas.sized would choose them: smoke.py puts its own in their place
     inst, problems = normalise({"model": "smoke", "port": 8181, "ngl": ngl, "ctx": 4096, "parallel": 1},
                                schema.LLAMA_INSTANCE, "smoke")
     if problems:
-        raise SystemExit(f"roles/llama_server/schema.py refused the smoke instance: {problems}")
+        raise SystemExit(f"rigup/instances/llama_server.py refused the smoke instance: {problems}")
     return server_command.argv("smoke", inst, "llama-server", "MODEL")[3:]
 
 

@@ -28,10 +28,10 @@ except ImportError:
 
 
 def load(path: str):
-    """The module at ``path`` (from the repository root: ``roles/llama_server/schema.py``), imported
+    """The module at ``path`` (from the repository root: ``rigup/instances/llama_server.py``), imported
     by its package name. Without pyinfra, ``roles`` and ``roles.NAME`` stand in as bare packages of
     their folders (unless imported already), so that the module and its imports of its siblings
-    (schema.py's ``roles.llama_server.tuned``) load those files alone, never the role's deploy."""
+    (schema.py's ``rigup.instances.tuned``) load those files alone, never the role's deploy."""
     parts = Path(path).with_suffix("").parts
     if STANDING_IN and parts[0] == "roles":
         for depth in range(1, len(parts)):

@@ -32,7 +32,7 @@ from roles.balancer.config import haproxy_cfg
 from roles.burnin import acceptance
 from roles.gpu_guard import guard
 from roles.llama_server.command import preset_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from roles.metrics import relay
 from roles.model_fetch import fetcher
 from roles.watchdog import watchdog

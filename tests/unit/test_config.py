@@ -334,7 +334,7 @@ def test_an_instance_number_beyond_its_bound_is_refused_naming_the_key(key, valu
     """``replicas: 10**30`` had preflight build that many groups (a hang): every int form has an upper
     end, the form's own or the largest int32 (red team, issue 61)."""
     from rigup.models import instances
-    from roles.llama_server.schema import LLAMA_INSTANCE
+    from rigup.instances.llama_server import LLAMA_INSTANCE
     data = {"models": {"m": {"repo": "a/b", "revision": "0" * 40}},
             "llama_server_instances": {"x": {"model": "m", "port": 8081, key: value}}}
     _, found = instances(data, "llama_server_instances", LLAMA_INSTANCE)

@@ -13,8 +13,8 @@ import pytest
 
 from rigup.config import GROUP_VARS_DIR, load_yaml, problems
 from rigup.models import models
-from roles.llama_server.schema import instances as llama_instances
-from roles.vllm.schema import instances as vllm_instances
+from rigup.instances.llama_server import instances as llama_instances
+from rigup.instances.vllm import instances as vllm_instances
 from tests import docs
 from tests.unit.test_hostile_inputs import CASES, filled
 

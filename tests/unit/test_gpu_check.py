@@ -169,7 +169,7 @@ def test_check_py_plans_without_pyinfra(tmp_path):
 
 
 def test_a_role_package_init_is_never_run_there(tmp_path):
-    """The mend of `check.py smoke`: schema.py imports its sibling roles.llama_server.tuned; loaded
+    """The mend of `check.py smoke`: schema.py imports its sibling rigup.instances.tuned; loaded
     through tests/gpu/standalone.py the role's package is a bare folder, never its pyinfra deploy."""
     code = STEPS["check.py smoke, slower"] + "\nassert not hasattr(sys.modules['roles.llama_server'], 'apply')\n"
     result = run_step(code, tmp_path)

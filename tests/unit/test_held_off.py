@@ -25,7 +25,7 @@ from rigup.config import declared
 from rigup.contract import llama_server as contract
 from roles.balancer.config import HELD_PATHS, gateway_backends, haproxy_cfg, held
 from roles.llama_server.command import argv, dropin_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from roles.llama_server.checks import settings as run_settings
 from tests.unit.hosts import data, glm_llama, host, refusals
 

@@ -10,10 +10,10 @@ from rigup.contract import vllm
 from rigup.entries import REQUIRED
 from roles.llama_cpp import smoke
 from roles.llama_server.command import argv
-from roles.llama_server.schema import LLAMA_INSTANCE, instances
-from roles.llama_server.tuned import FLAG_KEYS
-from roles.vllm.schema import OWNED_FLAGS, VLLM_INSTANCE
-from roles.vllm.schema import instances as vllm_instances
+from rigup.instances.llama_server import LLAMA_INSTANCE, instances
+from rigup.instances.tuned import FLAG_KEYS
+from rigup.instances.vllm import OWNED_FLAGS, VLLM_INSTANCE
+from rigup.instances.vllm import instances as vllm_instances
 from tests.docs import ROLE_DOCS
 from tests.unit.hosts import REV, data
 
@@ -106,7 +106,7 @@ def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
     root = Path(__file__).resolve().parents[2]
     raw = re.compile(r"""\b(?:data|d)\s*(?:\.get\(|\[)\s*["']llama_server_instances["']""")
     files = [p for p in [*root.glob("*.py"), *root.glob("rigup/**/*.py"), *root.glob("roles/**/*.py")]
-             if not p.is_relative_to(root / "roles/llama_server") and not p.is_relative_to(root / "rigup/contract")]
+             if not any(p.is_relative_to(root / d) for d in ("roles/llama_server", "rigup/contract", "rigup/instances"))]
     found = [f"{p.relative_to(root)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
              if raw.search(line)]
     assert len(files) > 50 and found == [], found
@@ -127,7 +127,7 @@ def test_vllms_contract_rows_are_its_entry_form_and_refused_in_extra_args(key, s
 def test_files_and_the_debug_log_are_held_off():
     """Round 1 of issue 61, A12-A14: --path and --media-path serve the host's files, -v/-lv put
     every client's answer (and a build's request bodies) into the journal; each passed extra_args."""
-    from roles.llama_server.schema import held_off_problems
+    from rigup.instances.llama_server import held_off_problems
 
     for args, feature in ((["--path", "/"], "files"), (["--media-path", "/"], "files"), (["--verbose"], "verbose_log"),
                           (["-v"], "verbose_log"), (["-lv", "5"], "verbose_log"), (["--log_verbosity=5"], "verbose_log"),
@@ -141,7 +141,7 @@ def test_files_and_the_debug_log_are_held_off():
 
 def test_an_origins_host_is_labels_joined_by_single_dots():
     """Round 1 of issue 61, A31: 'http://a..-.example' (no host name) was taken as an origin."""
-    from roles.llama_server.schema import cors_problems
+    from rigup.instances.llama_server import cors_problems
 
     for bad in ("http://a..-.example", "http://-a.example", "http://a-.example", "http://x.", "http://.x",
                 "http://" + "a" * 64 + ".example", "https://" + ".".join(["a" * 60] * 5)):

@@ -4,7 +4,7 @@ import pytest
 
 from roles.llama_server import checks
 from roles.llama_server.command import argv
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import host, data, glm_llama, only, refusals, GIB, REV
 
 

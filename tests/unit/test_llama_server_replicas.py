@@ -7,7 +7,7 @@ from roles.llama_server.checks import plan_lines, ports
 from roles.llama_server.command import replica_commands, servers
 from roles.llama_server.replicas import layout, layout_text
 from roles.llama_server.replicas import sized as resolve
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import GLM, REV, data, host, only, refusals
 
 GEMMA = {"repo": "rigup-lab/gemma-3-270m-GGUF", "revision": REV, "size_gib": 0.25}
@@ -172,7 +172,7 @@ def test_vllm_replicas_are_served_pinned_and_balanced():
     from roles.vllm.checks import plan_lines as vllm_lines
     from roles.vllm.checks import ports as vllm_ports
     from roles.vllm.checks import replica_groups
-    from roles.vllm.schema import instances as vllm_instances
+    from rigup.instances.vllm import instances as vllm_instances
     plan, facts = host("h100")
     d = data(models={"m": {"repo": "acme/m", "revision": REV, "size_gib": 10}},
              vllm_instances={"m": {"model": "m", "port": 8081, "tp": 2, "replicas": "auto", "api_key": True}})

@@ -3,7 +3,7 @@
 inside the converge, ending the run for every host) and a host-wide vllm_env key (C31: ConfigError
 at apply). Each is refused at preflight naming the key; nothing runs."""
 
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, answered, data, host, refusals
 
 MODELS = {k: {"repo": f"org/{k}-GGUF", "revision": REV, "size_gib": 4.0} for k in "mnp"}

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from roles.llama_server.checks import check_set_vram
 from roles.llama_server.command import argv, preset_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, data, host, refusals
 
 MODELS = {"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 300.0},

@@ -13,7 +13,7 @@ from rigup.gpu.plan import hardware_plan
 from roles.llama_server.checks import check_set_vram, plan_lines, ports
 from roles.llama_server.command import argv, dropin_text, fronted, preset_text, servers
 from roles.llama_server.replicas import chosen
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import FIX, REV, data, host, only, refusals
 
 # sizes so that each model's need (weights + no KV cache, its family unknown, + 1 GiB on one card) is

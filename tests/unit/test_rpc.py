@@ -6,7 +6,7 @@ import subprocess
 from rigup.refusal import Fleet
 from rigup.rpc import heads_of, wait_argv
 from roles.llama_server.command import dropin_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from roles.rpc_worker.command import firewall_text, unit_text
 from tests.unit.hosts import data, glm_llama, host, only, refusals
 

@@ -3,7 +3,7 @@
 import pytest
 
 from roles.llama_server.command import dropin_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 
 INSTANCE = {"models": {"m": {"repo": "o/r", "revision": "a" * 40}},
             "llama_server_instances": {"glm": {"model": "m", "port": 8081, "ctx": 8192, "parallel": 1}}}

@@ -1,5 +1,5 @@
 """tensor_split's shares are read by one rule (rigup.boundary.numbers.shares) wherever they cross: an
-instance's and a router model's tensor_split (roles/llama_server/schema.py split_problems) and a
+instance's and a router model's tensor_split (rigup/instances/llama_server.py split_problems) and a
 sweep's point (rigup/boundary/results.py). llama.cpp reads each share with std::stof, which throws past a
 float, and puts no layer anywhere for all zero (issue 61, re5 N24)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from rigup.boundary.numbers import shares
-from roles.llama_server.schema import split_problems
+from rigup.instances.llama_server import split_problems
 
 WHERE = "llama_server_instances.g.tensor_split"
 

@@ -6,7 +6,7 @@ import pytest
 
 from rigup import tune
 from roles.llama_server.command import argv as unit_argv
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.lab.hub import gguf_bytes
 from tests.unit.hosts import REV, data
 

@@ -1,6 +1,6 @@
 """tune.py on a router (issue 63): each model of the set swept alone (rigup/tuning.py ``model_argv``:
 the server its router would start for it), its result kept under the router's ``models`` in
-``llama_server_tuned`` (roles/llama_server/tuned.py), laid over that model's ``per_model`` on the
+``llama_server_tuned`` (rigup/instances/tuned.py), laid over that model's ``per_model`` on the
 next converge; a tuned model no longer of the set is ignored with a plan line, a malformed entry
 refused by its key path. Single servers: tests/unit/test_tuned.py and test_tune.py, unchanged."""
 
@@ -16,8 +16,8 @@ from rigup.tune import flags_of
 from roles.llama_server import ROLE
 from roles.llama_server.checks import check_config
 from roles.llama_server.command import argv, preset_text
-from roles.llama_server.schema import instances
-from roles.llama_server.tuned import tuned_lines
+from rigup.instances.llama_server import instances
+from rigup.instances.tuned import tuned_lines
 from tests.unit.hosts import REV, data, host
 
 MODELS = {"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0},

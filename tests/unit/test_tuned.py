@@ -1,4 +1,4 @@
-"""llama_server_tuned (roles/llama_server/tuned.py), host_vars (rigup.config) and tune.py's pieces on
+"""llama_server_tuned (rigup/instances/tuned.py), host_vars (rigup.config) and tune.py's pieces on
 the controller (rigup/tuning.py): what a sweep found becomes the host's data, and the converge's."""
 
 import tempfile
@@ -12,7 +12,7 @@ from rigup.boundary.core import Unreadable
 
 from rigup import config, tuning
 from roles.llama_server.command import argv
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, data
 
 RESULT = {"concurrency": 4, "levels": [1, 4], "spent_s": 61.0, "stopped": None, "ratio": 1.8,

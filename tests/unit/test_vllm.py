@@ -9,7 +9,7 @@ import pytest
 from rigup.config import ConfigError, group_vars, role_defaults
 from roles.vllm import command as cmd
 from roles.vllm.facts import parse_state
-from roles.vllm.schema import instances
+from rigup.instances.vllm import instances
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 MODELS = {"glm": {"repo": "org/some-model", "revision": SHA}}

@@ -13,7 +13,7 @@ from roles import cmpunlocker
 from roles.vllm import command as cmd
 from roles.vllm.checks import plan_lines
 from roles.vllm.facts import VllmCommit, parse_commits, parse_state, VllmState
-from roles.vllm.schema import instances
+from rigup.instances.vllm import instances
 from tests.unit.hosts import GLM, REV, data, host, only, refusals
 
 FULL = "79a7108d9c0f4e1b2a3c4d5e6f708192a3b4c5d6"

@@ -53,14 +53,14 @@ from rigup.models import model_dests as model_paths
 from rigup.models import models
 from roles.llama_server import UNIT as LLAMA_UNIT
 from roles.llama_server.facts import DROPIN
-from roles.llama_server.schema import instances as llama_instances
+from rigup.instances.llama_server import instances as llama_instances
 from roles.metrics import NODE_DEFAULT, RELAY, RELAY_CONFIG, RELAY_UNIT
 from roles.model_fetch import METRICS_CONFIG, METRICS_PATHS, METRICS_SERVICE, METRICS_TIMER
 from roles.model_fetch import specs as model_specs
 from roles.model_fetch.facts import ModelFetchState, unit_name
 from roles.preflight.facts import PathBytes
 from roles.rpc_worker import RpcWorkerState
-from roles.vllm.schema import instances as vllm_instances
+from rigup.instances.vllm import instances as vllm_instances
 from roles.watchdog import TIMER as WATCHDOG_TIMER
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rigup import config, tuning
 from roles.llama_server.command import argv, preset_text
-from roles.llama_server.schema import instances
+from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, data
 
 MODELS = {m: {"repo": f"org/{m}-GGUF", "revision": REV, "size_gib": 0.01} for m in "ab"}

@@ -18,7 +18,7 @@ from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, flag_values, owned_flag_problems
 from rigup.models import instances as _entries
-from roles.llama_server.tuned import tuned
+from rigup.instances.tuned import tuned
 
 if TYPE_CHECKING:
     from rigup.config import Config
