@@ -204,7 +204,7 @@ def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
         def log_message(self, *args):
             pass
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stats)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/stats;csv"
     try:
         lines = [ln for ln in relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20})
@@ -214,7 +214,9 @@ def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
         assert relay.queue_lines({"stats": url, "backend": "llama-gone", "limit": 20}) == []
     finally:
         server.shutdown()
-    assert relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20}) == []   # nothing answers
+    # nothing answers (the socket still listens, so it is the scrape's deadline that ends the wait:
+    # a short one here, TIMEOUT_S's 10 s on a host)
+    assert relay.queue_lines({"stats": url, "backend": "llama-duo", "limit": 20}, time.monotonic() + 0.5) == []
     assert relay.queue_lines(None) == []
     d = {**FLEET[1][1], "llama_server_instances": {"duo": {"model": "a", "also": ["b"], "port": 8091, "queue": 20}}}
     relayed = relay_config("rig-2", d, FLEET)["instances"]["duo"]
@@ -279,7 +281,7 @@ def test_the_relay_passes_on_llama_servers_own_metrics_only():
     servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(
         {"instances": {"g": {"url": f"http://127.0.0.1:{servers[0].server_port}"}}}, {"127.0.0.1"})))
     for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+        threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{servers[1].server_port}/metrics/g", timeout=5) as answer:
             text = answer.read().decode()
@@ -327,7 +329,7 @@ def test_haproxys_queue_figures_in_other_digits_are_no_figures():
             def log_message(self, *args):
                 pass
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stats)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         try:
             got = relay.queue_lines({"stats": f"http://127.0.0.1:{server.server_address[1]}/s", "backend": "r", "limit": 8})
         finally:
@@ -381,7 +383,7 @@ class SlowRouter(http.server.BaseHTTPRequestHandler):
 def slow_router(models, delay=0.0, events=(), hold=5.0):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowRouter)
     server.models, server.delay, server.events, server.hold, server.daemon_threads = models, delay, list(events), hold, True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
@@ -397,7 +399,7 @@ def test_the_relays_bound_holds_per_scrape_not_per_fetch(monkeypatch):
     config = {"instances": {"slow": {"url": slow_url, "models": ["a", "b", "c"]},
                             "fast": {"url": fast_url, "models": ["a", "b", "c"]}}}
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(config, {"127.0.0.1"}, {}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/metrics/"
     try:
         started = time.monotonic()
@@ -567,11 +569,11 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
     pinned = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneModel)
     pinned.text = ('# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 7\n'
                    'llamacpp:requests_processing{model="alias"} 1\nup 1\n')
-    threading.Thread(target=pinned.serve_forever, daemon=True).start()
+    threading.Thread(target=pinned.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     config = {"instances": {"duo": {"url": routed_url, "models": ["a", "b"]},
                             "duo.p": {"url": f"http://127.0.0.1:{pinned.server_address[1]}", "model": "p"}}}
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(config, {"127.0.0.1"}, {}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/metrics/"
     try:
         with urllib.request.urlopen(base + "duo.p", timeout=10) as ok:
@@ -637,7 +639,7 @@ def test_a_routers_models_of_another_shape_is_a_502_not_a_scrape_left_unanswered
     cfg = {"instances": {"r": {"url": f"http://127.0.0.1:{router.server_port}", "models": ["m"], "key": None}}}
     served = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler(cfg, {"127.0.0.1"}, {}))
     for s in (router, served):
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+        threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"http://127.0.0.1:{served.server_port}/metrics/r", timeout=5)

@@ -123,7 +123,7 @@ def test_a_proxys_error_page_for_a_listing_is_told_in_words():
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Proxy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         with pytest.raises(fetcher.HubError) as raised:
             fetcher.hub_files(f"http://127.0.0.1:{server.server_address[1]}", "org/m", "a" * 40, None)
@@ -178,7 +178,7 @@ def local_hub(tmp_path_factory):
         shards[p.name] = p
     rev = hub.publish("org/m", {"big.bin": big, "config.json": src / "config.json", **shards})
     server = hub.Server(("127.0.0.1", 0), hub.Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", rev, hub
     server.shutdown()
     hub.MODELS, hub.LOG = saved

@@ -18,7 +18,7 @@ KEY = "sk-lab-0123456789abcdef"
 
 def serve(handler) -> http.server.HTTPServer:
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
