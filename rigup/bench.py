@@ -38,6 +38,7 @@ from rigup.boundary.numbers import number, whole
 from rigup.config import ROLES_DIR
 from rigup.contract import llama_server, served
 from rigup.contract.vllm import api_name
+from rigup.instances.llama_server import normalised
 from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
 from rigup.names import marker_path
@@ -188,7 +189,7 @@ def model_markers(data: dict) -> dict[str, str]:
     """Each llama-server instance's model marker (rigup.names.marker_path of the model's dest)."""
     entries = models(data)[0]
     return {name: marker_path(entries[inst["model"]]["dest"])
-            for name, inst in llama_server.view(data).items() if inst.get("model") in entries}
+            for name, inst in normalised(data).items() if inst.get("model") in entries}
 
 
 def llama_runs(data: dict, seen: dict) -> list[dict]:
@@ -198,7 +199,7 @@ def llama_runs(data: dict, seen: dict) -> list[dict]:
     ``--repack 0``) or {"name", "error"} when it cannot run (no llama-bench in the build, the model
     incomplete)."""
     remedy = {"trap": REPACK.id} if repack_remedy(seen.get("smoke") or {}) else {}
-    serving = llama_server.view(data)
+    serving = normalised(data)
     runs = []
     for name, marker in model_markers(data).items():
         files = (seen["markers"].get(marker) or {}).get("files") or []

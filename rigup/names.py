@@ -10,7 +10,7 @@
   downloads (roles/model_fetch) and of the watchdog (roles/watchdog): :data:`FETCH_METRICS`,
   :data:`WATCHDOG_METRICS`
 - the serving instances' API key files: rigup/contract (``MAPS``; ``served`` and llama-server's
-  ``view`` give each instance's)
+  ``key_file`` give each instance's)
 - whether a bind address serves this host only, every interface or others: :func:`bind_scope`
 - rigup-burnin's records per card (roles/burnin writes them; preflight's quarantine, the GPU
   guard and status.py read them) and the cards under test now: :func:`burnin_file`,

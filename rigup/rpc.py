@@ -1,7 +1,7 @@
 """llama.cpp RPC across hosts, what roles/llama_server (the head) and roles/rpc_worker (the
 workers) agree on: the worker unit's name, which hosts are whose workers (read from every host's
-raw ``llama_server_instances``: no role imports another), each worker's address and port, and the
-head's wait for its workers (an ExecStartPre) as one argv.
+instances, rigup.instances.llama_server ``normalised``: no role imports another), each worker's
+address and port, and the head's wait for its workers (an ExecStartPre) as one argv.
 
 The RPC protocol has no authentication and is bound to the llama.cpp version: workers bind their
 inventory address only, admit only their heads (nftables), and build the head's llama.cpp ref.
@@ -10,7 +10,7 @@ inventory address only, admit only their heads (nftables), and build the head's 
 from __future__ import annotations
 
 from rigup.boundary.fields import host_ip
-from rigup.contract import llama_server
+from rigup.instances.llama_server import normalised
 
 RPC_UNIT = "rigup-rpc.service"
 RPC_TARGET = "ggml-rpc-server"      # llama.cpp's target and binary (rpc-server before the rename)
@@ -26,13 +26,9 @@ _WAIT = ('end=$((SECONDS+$0)); for a; do until timeout 5 bash -c ": <>/dev/tcp/$
 
 def rpc_workers(data: dict) -> dict[str, list[str]]:
     """{instance: [worker host, ...]} of a host's llama-server instances with ``rpc_workers``
-    (llama-server's contract; a malformed entry is preflight's to refuse, and is skipped here)."""
-    found = {}
-    for name, inst in llama_server.view(data).items():
-        workers = inst["rpc_workers"]
-        if isinstance(workers, list) and workers:
-            found[name] = [str(w) for w in workers]
-    return found
+    (its instances, rigup.instances.llama_server ``normalised``: an entry not of its form is
+    preflight's to refuse, and is skipped here)."""
+    return {name: [str(w) for w in inst["rpc_workers"]] for name, inst in normalised(data).items() if inst["rpc_workers"]}
 
 
 def heads_of(me: str, hosts: dict[str, dict]) -> list[str]:

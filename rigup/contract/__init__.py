@@ -7,7 +7,9 @@ tables with them, and tests/gpu loads them with a plain python3.
 - here: the keys every serving entry has (:data:`SERVING`), each engine's map and key file
   (:data:`MAPS`), and :func:`served`, the one reader of the serving maps for the code outside the
   engines' roles (the balancer, roll.py, status.py), with their defaults filled in
-- ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows and :func:`view`
+- ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows, and its instances' key files
+  (:func:`~rigup.contract.llama_server.key_file`); the instances themselves, normalised and
+  tuned, are rigup/instances/'s
 - ``vllm``: vLLM's ``vllm serve`` (roles/vllm): its rows
 """
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 try:
-    from rigup.contract import ALSO, MAPS, OWNED, PAIR, SERVING, SWITCH, VALUE, Flag, Row, defaults, doc_line, flag_args, owned_by
+    from rigup.contract import ALSO, MAPS, OWNED, PAIR, SWITCH, VALUE, Flag, Row, doc_line, flag_args, owned_by
 except ImportError:   # on a host, next to rigup/tune.py: rigup/contract/__init__.py as rigup_contract.py
-    from rigup_contract import (ALSO, MAPS, OWNED, PAIR, SERVING, SWITCH, VALUE, Flag, Row,  # type: ignore[no-redef]
-                                defaults, doc_line, flag_args, owned_by)
+    from rigup_contract import (ALSO, MAPS, OWNED, PAIR, SWITCH, VALUE, Flag, Row,  # type: ignore[no-redef]
+                                doc_line, flag_args, owned_by)
 
 # the files of an instance NAME on a host (roles/llama_server writes them; tune.py, the metrics,
 # the watchdog and bench.py read them): .format(NAME)
@@ -258,24 +258,10 @@ def written_flags(allow=()) -> list[str]:
 SWEPT: tuple[str, ...] = tuple(f.key for f in FLAGS if f.sweep)
 
 
-def view(data: dict) -> dict[str, dict]:
-    """The host's llama-server instances as they serve, for every reader outside roles/llama_server
-    (the metrics, the watchdog, bench.py, rigup/rpc.py, tune.py): name -> every key of the contract
-    with its default, then the entry's own keys, then its tuned flags (``llama_server_tuned``), and
-    ``key``: its API key file, or None without ``api_key`` (as :func:`rigup.contract.served`).
-    Not validated (preflight refuses a bad entry before a converge reads it): an entry that is not
-    a map is left out; ctx and parallel may still be ``auto`` (the role sizes them)."""
-    base = {**defaults(SERVING), **defaults(FLAGS), **defaults(OTHER)}
-    tuned = data.get("llama_server_tuned") or {}
-    out = {}
-    for name, entry in sorted((data.get("llama_server_instances") or {}).items()):
-        if not isinstance(entry, dict):
-            continue
-        flags = (tuned.get(name) or {}).get("flags") if isinstance(tuned.get(name), dict) else None
-        swept = {k: v for k, v in flags.items() if k in SWEPT} if isinstance(flags, dict) else {}
-        inst = {**base, **entry, **swept}
-        out[str(name)] = {**inst, "key": KEY.format(name) if inst["api_key"] else None}
-    return out
+def key_file(name: str, inst: dict) -> str | None:
+    """Instance ``name``'s API key file on its host (``inst``: the instance), or None without
+    ``api_key``."""
+    return KEY.format(name) if inst.get("api_key") else None
 
 
 def api_model(name: str, entry: dict) -> str:

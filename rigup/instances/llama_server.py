@@ -196,8 +196,32 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
         found += [p for model, own in (entry.get("per_model") or {}).items() if isinstance(own, dict)
                   for p in split_problems(own.get("tensor_split"), f"{where}.per_model.{model}.tensor_split", gpu_count)]
         return found or split_problems(entry.get("tensor_split"), f"{where}.tensor_split", gpu_count)
-    flags, wrong = tuned(data, LLAMA_INSTANCE)   # each tuned instance's entry takes its flags, here alone
-    laid = {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
-            for name, entry in (data.get("llama_server_instances") or {}).items()}
+    laid, wrong = _laid(data)
     found, problems_ = _entries(data, "llama_server_instances", LLAMA_INSTANCE, problems, laid)
     return found, wrong + problems_ + cors_problems(data)
+
+
+def _laid(data: Config) -> tuple[dict, list[tuple[str, str]]]:
+    """The raw entries with each tuned instance's flags laid over (here alone), and the problems
+    of ``llama_server_tuned``."""
+    flags, wrong = tuned(data, LLAMA_INSTANCE)
+    return {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
+            for name, entry in (data.get("llama_server_instances") or {}).items()}, wrong
+
+
+def normalised(data: Config) -> dict[str, LlamaInstance]:
+    """The host's llama-server instances for the readers beyond the role (the metrics, the
+    watchdog, rigup/rpc.py, rigup/bench.py), by name in order: :func:`instances`' shape
+    (normalised, tuned; ctx and parallel may still be ``auto``: the serving plan sizes them),
+    each entry of its own form. The rules across entries and ``models`` are :func:`instances`'
+    (preflight refuses a host that breaks one before anything reads this), so a reader of a
+    peer's data, or of a host that preflight refused, sees every entry of its form. Made once per
+    run for a host's configuration (rigup.config.once): read it, never change it."""
+    def build() -> dict[str, LlamaInstance]:
+        found = {}
+        for name, entry in _laid(data)[0].items():
+            inst, problems = normalise(entry, LLAMA_INSTANCE, f"llama_server_instances.{name}", name=name)
+            if not problems:
+                found[name] = inst
+        return {name: found[name] for name in sorted(found)}
+    return once(data, ("llama_server_instances", "normalised"), build)

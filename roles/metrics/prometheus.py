@@ -20,6 +20,7 @@ import json
 import yaml
 
 from rigup.contract import llama_server
+from rigup.instances.llama_server import normalised
 from rigup.gate import endpoint
 from rigup.names import bind_scope
 
@@ -60,23 +61,24 @@ def llama_instances(data: Config) -> dict[str, dict]:
     set it loads, its own first) and, with a bounded queue, "queue" (HAProxy's stats, its backend
     and the limit); each model a router pins (contract ``pinned``: a server of its own, unit
     rigup-llama@NAME.M at port + 2 + i, out of the router's set) NAME.M -> {"url", "key", "model":
-    M}, its series labelled ``model`` as a router's models' are. From llama-server's contract."""
+    M}, its series labelled ``model`` as a router's models' are. From the instances
+    (rigup.instances.llama_server ``normalised``) and llama-server's contract."""
     found = {}
-    for name, inst in llama_server.view(data).items():
-        if not inst["metrics"] or not isinstance(inst["port"], int):
+    for name, inst in normalised(data).items():
+        if not inst["metrics"]:
             continue
-        pins = llama_server.pinned(inst)
+        pins, key = llama_server.pinned(inst), llama_server.key_file(name, inst)
         found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not queued(inst) else
                        # a queued router itself, behind HAProxy on 127.0.0.1:port+1 (the contract's queue row): the
                        # relay's event stream never holds one of the slots the queue hands out
-                       endpoint("127.0.0.1", inst["port"] + 1), "key": inst["key"],
+                       endpoint("127.0.0.1", inst["port"] + 1), "key": key,
                        **({"models": [inst["model"], *(m for m in inst["also"] if m not in pins)]}
                           if inst.get("also") else {}),   # a router's set: its pinned models are not its to load
                        **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
                                      "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
                           if queued(inst) else {})}   # HAProxy holds its queue
         found.update({llama_server.PINNED_UNIT.format(name, m): {"url": endpoint(inst["host"] or "127.0.0.1", port),
-                                                                 "key": inst["key"], "model": m}
+                                                                 "key": key, "model": m}
                       for m, port in pins.items()})
     return found
 

@@ -60,6 +60,7 @@ from rigup import files, services
 from rigup.gpu.plan import Plan
 from rigup.config import Config, role_defaults
 from rigup.contract import llama_server
+from rigup.instances.llama_server import normalised
 from rigup.gate import endpoint
 from rigup.names import WATCHDOG_METRICS, WATCHDOG_SERVICE, WATCHDOG_TIMER, gate_record
 from rigup.templates import render
@@ -76,7 +77,8 @@ __all__ = ["apply", "watchdog_config"]
 def watched(data: Config) -> dict[str, dict]:
     """The llama-server servers the watchdog checks, as it reaches them: name -> {"url", "port",
     "key" (the key file, or None), "floor" (``min_tokens_per_s``; None: from the health gate's
-    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from llama-server's contract.
+    record)}. Every instance but those with ``min_tokens_per_s: 0`` (off), from the instances
+    (rigup.instances.llama_server ``normalised``).
     A router (``also``, issue 49) is watched only with its own ``min_tokens_per_s`` (its models
     differ in speed, so the gate's tok/s of one is no floor for another) and gets ``models``, its
     set: each check times the model it has loaded (a model it would have to load is never asked
@@ -86,11 +88,11 @@ def watched(data: Config) -> dict[str, dict]:
     NAME.M of its own, watched as a single-model server with the instance's floor (null: from its
     own gate record), its router's floor or not."""
     found = {}
-    for name, inst in llama_server.view(data).items():
+    for name, inst in normalised(data).items():
         floor, pins = inst["min_tokens_per_s"], llama_server.pinned(inst)
-        if floor == 0 or not isinstance(inst["port"], int):
+        if floor == 0:
             continue
-        judged = {"key": inst["key"], "floor": None if floor is None else float(floor),
+        judged = {"key": llama_server.key_file(name, inst), "floor": None if floor is None else float(floor),
                   **({"sleeps": True} if inst.get("sleep_idle_s") else {})}   # judged when it served
         if not inst.get("also") or floor is not None:
             found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]), "port": inst["port"], **judged,

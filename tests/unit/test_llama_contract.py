@@ -99,8 +99,8 @@ def test_a_flag_added_as_a_row_is_served_refused_in_extra_args_and_documented(ke
 
 def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
     """Every other reader (the metrics, the watchdog, bench.py, rpc.py, the balancer, roll.py,
-    status.py, tune.py) reads llama-server's instances through rigup/contract (``view``, ``served``):
-    with the defaults and the tuned flags, never the raw entries."""
+    status.py, tune.py) reads llama-server's instances through rigup/instances (``normalised``) or
+    rigup/contract (``served``): with the defaults and the tuned flags, never the raw entries."""
     import re
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
