@@ -301,7 +301,7 @@ class CutOff(BaseHTTPRequestHandler):
 def cut_off_server(mode: str):
     server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
     server.mode, server.daemon_threads = mode, True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
@@ -633,7 +633,7 @@ def test_an_absurd_speed_never_becomes_a_figure_a_floor_or_a_restart(tmp_path, m
     rates, floors = {}, {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), Reports)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         for text in ABSURD:
@@ -732,7 +732,7 @@ def test_a_wedged_sleeping_server_is_restarted(tmp_path, monkeypatch, capsys):
     server.daemon_threads, server.asked = True, 0
     server.figures = {"tokens_predicted_total": 100, "n_decode_total": 50, "requests_processing": 0,
                       "requests_deferred": 0}
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     seen, said = [], []
 
@@ -801,7 +801,7 @@ def test_a_router_model_that_keeps_failing_to_load_is_named_and_its_router_resta
     host = FakeHost(tmp_path, monkeypatch)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
     server.daemon_threads, server.models = True, {"a": LOADED, "b": UNLOADED}
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     seen, said = [], []
 
@@ -847,7 +847,7 @@ def test_a_router_model_that_reads_failed_but_loads_when_asked_is_not_restarted(
     host = FakeHost(tmp_path, monkeypatch)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
     server.daemon_threads, server.models, server.answers_anyway = True, {"a": LOADED, "b": FAILED}, True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         host.serve("duo", url, started_ago=OLD, gated_ago=OLD - 5)
@@ -920,7 +920,7 @@ def test_a_claimed_rate_is_judged_by_the_tokens_over_the_clients_clock():
     which the watchdog took as its speed: above any floor, never restarted."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Claims)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     inst, config = {"key": None}, {"max_tokens": 8, "timeout_s": 5}
     try:
         server.wait, server.tokens = 0.5, 0
