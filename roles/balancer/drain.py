@@ -463,12 +463,23 @@ def drained(backend: str, server: str, worker: int | None) -> bool:
     return in_flight(backend, server) == 0
 
 
-def healthy(port: int) -> bool:
+def health(url: str) -> int | str:
+    """What ``url`` (a server's /health) answers: its status, or ``no answer (why)``. Every HTTP read of
+    this program goes through here: a refused connection or a timeout (OSError: URLError is one), a
+    malformed status line or a header line over http.client's bound (HTTPException), a URL urllib
+    does not take (ValueError) are no answer, never a traceback out of the replica's ExecStartPost
+    (issue 61, round 8 D1: ``healthy`` caught OSError alone)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            return r.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, ValueError, http.client.HTTPException) as e:   # InvalidURL, BadStatusLine, LineTooLong
+        return f"no answer ({getattr(e, 'reason', e)})"
+
+
+def healthy(port: int) -> bool:
+    return health(f"http://127.0.0.1:{port}/health") == 200
 
 
 def wait(predicate, seconds: float) -> bool:
@@ -577,23 +588,17 @@ def _expired(backend: str, server: str) -> bool:
         if not 0 < (_count(port) or 0) <= 65535 or getattr(ip, "scope_id", None):
             raise ValueError(port)   # a scoped IPv6 address (fe80::1%eth0) is no URL's host (re-round 6 ND5)
     except ValueError:
-        url, answer = f"{shown(addr, 80)!r} port {shown(port, 20)!r}", "nothing: not an IP address and port"
+        url, got = f"{shown(addr, 80)!r} port {shown(port, 20)!r}", "nothing: not an IP address and port"
     else:
         url = f"http://{f'[{ip}]' if ip.version == 6 else ip}:{int(port)}/health"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                answer = r.status
-        except urllib.error.HTTPError as e:
-            answer = e.code
-        except (OSError, ValueError, http.client.HTTPException) as e:   # URLError is an OSError; InvalidURL an HTTPException
-            answer = f"no answer ({getattr(e, 'reason', e)})"
-    if answer == 200:
+        got = health(url)
+    if got == 200:
         set_state(backend, server, "ready")
         disarm(backend, server)
         print(shown(f"rigup-balancer-drain: {backend}/{server}: its lease lapsed (the roll that drained it stopped "
                     f"renewing it) and {url} answers 200: back in the pool", 4000), flush=True)
         return False
-    why = f"its lease lapsed, {url} answers {answer}: left out of the pool, looked at again in {RECHECK_S} s"
+    why = f"its lease lapsed, {url} answers {got}: left out of the pool, looked at again in {RECHECK_S} s"
     print(shown(f"rigup-balancer-drain: {backend}/{server}: {why}", 4000), file=sys.stderr, flush=True)
     if inside(lease_unit(backend, server)):
         replace(lease_file(backend, server), json.dumps({"until": round(time.time() + RECHECK_S), "why": why}))
