@@ -10,7 +10,6 @@ inventory address only, admit only their heads (nftables), and build the head's 
 from __future__ import annotations
 
 from rigup.boundary.fields import host_ip
-from rigup.instances.llama_server import normalised
 
 RPC_UNIT = "rigup-rpc.service"
 RPC_TARGET = "ggml-rpc-server"      # llama.cpp's target and binary (rpc-server before the rename)
@@ -28,6 +27,9 @@ def rpc_workers(data: dict) -> dict[str, list[str]]:
     """{instance: [worker host, ...]} of a host's llama-server instances with ``rpc_workers``
     (its instances, rigup.instances.llama_server ``normalised``: an entry not of its form is
     preflight's to refuse, and is skipped here)."""
+    # here, not at the top: roles/llama_server/command.py (wait_argv) loads without pyinfra (tests/gpu),
+    # and the instances' form reads rigup.config, which imports it
+    from rigup.instances.llama_server import normalised
     return {name: [str(w) for w in inst["rpc_workers"]] for name, inst in normalised(data).items() if inst["rpc_workers"]}
 
 
