@@ -139,13 +139,13 @@ def quick(monkeypatch):
 def test_a_trickle_stalls_and_fails_after_the_retries(hub, tmp_path, quick, monkeypatch, capsys):
     monkeypatch.setattr(fetcher, "RETRIES", 3)
     hub.mode = "trickle"
-    took, result, progress = fetch(hub, tmp_path, stall_s=1, stall_bytes=1024)
+    took, result, progress = fetch(hub, tmp_path, stall_s=0.5, stall_bytes=1024)
     log = capsys.readouterr().err
-    print(f"\ntrickle (1 B / 0.2 s, window 1 s, 1 KiB): failed in {took:.1f} s after {progress.resumes} "
+    print(f"\ntrickle (1 B / 0.2 s, window 0.5 s, 1 KiB): failed in {took:.1f} s after {progress.resumes} "
           f"resume(s), {hub.served} bytes served, {len(hub.requests)} requests")
     assert isinstance(result, fetcher.JobFailed) and not result.permanent
     assert "stalled" in str(result) and "3 retries in a row failed" in str(result) and PATH in str(result)
-    assert "per 1 s (stalled)" in log and progress.resumes == 3 and len(hub.requests) == 4
+    assert "per 0.5 s (stalled)" in log and progress.resumes == 3 and len(hub.requests) == 4
     assert all(start is not None for start in hub.requests[1:])   # resumed with Range each time
     assert took < 4 * 2.5      # each stream gives up within its window (+ a read); before, never
 
@@ -168,7 +168,7 @@ def test_the_jobs_retries_bound_the_reconnects_and_the_restarts(hub, tmp_path, q
     """model_fetch_retries reaches the job as ``retries``: 2 reconnects of a trickle, 2 restarts
     from zero of a hub that ignores Range."""
     hub.mode = "trickle"
-    _, stalled, _ = fetch(hub, tmp_path, stall_s=1, stall_bytes=1024, retries=2)
+    _, stalled, _ = fetch(hub, tmp_path, stall_s=0.5, stall_bytes=1024, retries=2)
     asked = len(hub.requests)
     hub.requests.clear()
     hub.mode = "ignore"
