@@ -4,7 +4,9 @@
 - ``contract``: one contract per serving engine (every instance key in one table; the one reader
   of the serving maps outside the engines' roles); standard library only
 - ``instances``: each serving engine's entry form and its instances, normalised, tuned and
-  checked: the one shape of an instance, read by the engines' roles and every other reader
+  checked: the one shape of an instance, read by the engines' roles, the serving plan, the
+  metrics, the watchdog, ``rpc`` and ``bench`` (``contract.served`` still gives the balancer,
+  ``bench`` and status.py both engines' entries)
 - ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)
