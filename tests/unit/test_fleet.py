@@ -293,6 +293,13 @@ def test_status_command_on_a_real_shell(tmp_path):
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
 
+def waiting_quick(command: str, timeout: int) -> str:
+    """rigup.apt.waiting's shell with 0.2 s between its tries, not 2 (the same loop; a host waits 2 s)."""
+    script = waiting(command, timeout)
+    assert script.count("sleep 2;") == 1
+    return script.replace("sleep 2;", "sleep 0.2;")
+
+
 def test_apt_waits_while_a_lock_is_held(tmp_path):
     """rigup.apt.waiting on a real shell: an apt stand-in that fails twice on the lists lock, then
     succeeds; a failure that is not a lock is not retried; the timeout ends the wait."""
@@ -302,7 +309,7 @@ def test_apt_waits_while_a_lock_is_held(tmp_path):
                     'process 7 (apt-get)"; exit 100; fi\necho "done $*"\n')
     fake.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
-    ok = subprocess.run(["sh", "-c", waiting("apt-get update", 30)], capture_output=True, text=True, env=env)
+    ok = subprocess.run(["sh", "-c", waiting_quick("apt-get update", 30)], capture_output=True, text=True, env=env)
     print(ok.stdout)
     assert ok.returncode == 0 and "rigup: waiting: E: Could not get lock /var/lib/apt/lists/lock" in ok.stdout
     assert "done update" in ok.stdout and (tmp_path / "apt-get.n").read_text().strip() == "3"
@@ -310,7 +317,7 @@ def test_apt_waits_while_a_lock_is_held(tmp_path):
                            capture_output=True, text=True, env=env)
     assert other.returncode == 100 and "waiting" not in other.stdout
     (tmp_path / "apt-get.n").write_text("-100")
-    late = subprocess.run(["sh", "-c", waiting("apt-get update", 1)], capture_output=True, text=True, env=env)
+    late = subprocess.run(["sh", "-c", waiting_quick("apt-get update", 1)], capture_output=True, text=True, env=env)
     assert late.returncode == 100 and "still held after 1 s" in late.stdout
 
 
@@ -348,7 +355,7 @@ def test_a_hung_apt_update_is_killed_and_run_again(tmp_path):
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
     command = updated().replace(f" {UPDATE_TIMEOUT_S} ", " 1 ")
     start = time.monotonic()
-    ok = subprocess.run(["sh", "-c", waiting(command, 30)], capture_output=True, text=True, env=env)
+    ok = subprocess.run(["sh", "-c", waiting_quick(command, 30)], capture_output=True, text=True, env=env)
     print(ok.stdout, f"{time.monotonic() - start:.1f} s")
     assert ok.returncode == 0 and "timed out: run again" in ok.stdout and "done update" in ok.stdout
     assert time.monotonic() - start < 15
