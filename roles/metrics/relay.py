@@ -340,7 +340,7 @@ def whole(text: str) -> int | None:
     rigup.boundary.numbers.whole for text (a host program has the standard library only; a
     Hypothesis test in test_metrics.py holds the two equal). str.isdigit also takes '²' and '٣',
     which would reach the exposition and fail the relay's whole scrape."""
-    text = text.strip()
+    text = text.strip(" \t\r\n\f\v")   # ASCII blanks only, as numbers._BLANK: str.strip() also drops '\x85'
     return int(text) if WHOLE.fullmatch(text) else None
 
 
