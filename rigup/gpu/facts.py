@@ -24,6 +24,7 @@ from rigup.gpu.fabric import MANAGER_COMMAND, NVSWITCH_CLASS, parse_manager, par
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
 from rigup.boundary.numbers import number, whole
+from rigup.text import shown
 
 # ----------------------------------------------------------------------------- nvidia-smi
 # (nvidia-smi field, key in the fact's dict, converter). The order is the CSV's column order.
@@ -267,8 +268,15 @@ class NvidiaDriver(FactBase):
 NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+-"
 _NAME = re.compile(r"/[A-Za-z0-9/._+-]{0,4095}")
 _BAD = f"*[!{NAME_CHARS}]*"     # a sh case pattern: a byte outside the set (a newline, a space, UTF-8)
-_WALK = ('rigup_walk() { p=$1; while :; do set -- $(stat -L -c "%u %a %U:%G" "$p" 2>/dev/null); '
-         'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then u="${1:-?} ${2:-?} ${3:-?:?} $p"; return 1; fi; '
+# Only the uid and the mode are split (digits); an owner's or group's name is another's text (sssd's "john
+# smith", an LDAP name of 70 characters: round 8 N1, a line _UNSAFE did not read, the refusal silent), so each
+# is read alone, quoted, every byte outside OWNER_CHARS a ?, and cut to OWNER_MAX.
+OWNER_CHARS, OWNER_MAX = "A-Za-z0-9._@+ -", 256
+_WALK = (f'rigup_name() {{ w=$(stat -L -c "$1" "$2" 2>/dev/null); printf %s "${{w:-?}}" | tr -c {shlex.quote(OWNER_CHARS)} "?" '
+         f'| cut -c1-{OWNER_MAX}; }}; '
+         'rigup_walk() { p=$1; while :; do set -- $(stat -L -c "%u %a" "$p" 2>/dev/null); '
+         'if [ "${1:-x}" != 0 ] || [ $((0${2:-777} & 022)) -ne 0 ]; then '
+         'u="${1:-?} ${2:-?} $(rigup_name %U "$p"):$(rigup_name %G "$p") $p"; return 1; fi; '
          '[ "$p" = / ] && return 0; p=$(dirname "$p"); done; }; ')
 _CHAIN = ('rigup_chain() { d=/; s=$1; h=0; while [ -n "$s" ]; do x=${s%%/*}; '
           'case "$s" in */*) s=${s#*/};; *) s=;; esac; '
@@ -278,8 +286,10 @@ _CHAIN = ('rigup_chain() { d=/; s=$1; h=0; while [ -n "$s" ]; do x=${s%%/*}; '
           'case "$t" in /*) d=/;; esac; s=$t/$s; else d=$q; fi; done; }; ')
 CUDA_COMMAND = (
     _WALK + _CHAIN
-    + "for n in /usr/local/cuda*/bin/nvcc $(command -v nvcc 2>/dev/null); do "
-    f'case "$n" in /*) ;; *) continue;; esac; case "$n" in {_BAD}) continue;; esac; '
+    # PATH's nvcc is one word, quoted (round 8 X4: a PATH entry "/opt/a b" split it, and root ran /opt/a),
+    # and only a name ending in /nvcc is one
+    + 'c=$(command -v nvcc 2>/dev/null); for n in /usr/local/cuda*/bin/nvcc "$c"; do '
+    f'case "$n" in /*/nvcc|/nvcc) ;; *) continue;; esac; case "$n" in {_BAD}) continue;; esac; '
     '[ -x "$n" ] || continue; r=$(readlink -f "$n"); [ -n "$r" ] || continue; '
     f'case "$r" in {_BAD}) r=$n;; esac; echo "--- $n $r"; u=; '
     'if rigup_chain "$n"; then if [ "$d" != "$r" ]; then u="name $n"; else rigup_walk "$r"; fi; fi; '
@@ -290,8 +300,9 @@ CUDA_COMMAND = (
 _HEADER = re.compile(rf"--- ({_NAME.pattern}) ({_NAME.pattern})")
 # what the walk printed of the first directory root does not own alone (or, in the older form, its path
 # alone), or ``name LINK``: a link the chain did not follow
+_OWNER = f"[?{OWNER_CHARS}]{{1,{OWNER_MAX}}}"   # as the walk prints a name: no ':' and no '/', so the path is the last word
 _UNSAFE = re.compile(rf"unsafe (?:name ({_NAME.pattern})|(?:([0-9]{{1,10}}|\?) ([0-7]{{1,4}}|\?) "
-                     rf"([^\s:]{{1,64}}|\?):([^\s:]{{1,64}}|\?) )?({_NAME.pattern}))")
+                     rf"({_OWNER}):({_OWNER}) )?({_NAME.pattern}))")
 # ASCII, bounded: a CUDA release is two digits at most before its point (12.8, 13.0; "9999.9999" met every min_cuda)
 _NVCC_RELEASE = re.compile(r"release ([1-9][0-9]?\.[0-9]{1,2}), V([0-9]{1,6}(?:\.[0-9]{1,6}){0,4})")
 
@@ -340,10 +351,15 @@ def _refusal(seen: str, real: str, line: str) -> dict | None:
     """One ``unsafe`` line of :data:`CUDA_COMMAND` under the header ``seen real`` -> the refused nvcc: its
     real ``path``, the ``dir`` root does not own alone (or the link not followed), its ``mode``, ``owner``
     and ``group`` (None where the walk could not tell), ``why`` (in words) and ``fix`` (commands for the
-    operator); None for another line."""
-    m = _UNSAFE.fullmatch(line.strip())
-    if not m:
+    operator); an ``unsafe`` line that does not read refuses its real path all the same; None for another line."""
+    if not line.startswith("unsafe"):   # what parse_cuda_toolkits reads as refusing the section
         return None
+    m = _UNSAFE.fullmatch(line.rstrip())
+    if not m:   # never silently none (round 8 N1): the nvcc was not run, and its refusal says so
+        return {"path": real, "seen_as": [seen], "dir": real, "mode": None, "owner": None, "group": None,
+                "why": f"{real} was not run: a directory on its way is not root's alone (the walk's line does not "
+                       f"read: {shown(line, 120)})",
+                "fix": f"make every directory from {shlex.quote(real)} up to / root's alone (chown root, chmod go-w)"}
     link = m.group(1)
     if link:
         return {"path": real, "seen_as": [seen], "dir": link, "mode": None, "owner": None, "group": None,

@@ -43,10 +43,12 @@ def test_each_reason_is_named_with_its_fix():
     assert one("unsafe ? ? ?:? /opt/c") == ("/opt/c is not readable (stat failed)",
                                             "make /opt/c root's alone (chown root, chmod go-w)")
     # a directory holding a space or a shell character is no name the command prints (round 7 N11): not read,
-    # and the section it is in is no toolkit either
+    # and the section it is in is no toolkit either; it is still refused, naming its nvcc (round 8 N1: never
+    # silently none)
     bad = ["--- /opt/c/bin/nvcc /opt/c/bin/nvcc", "unsafe 0 777 root:root /opt/a b;x",
            "Cuda compilation tools, release 12.8, V12.8.93"]
-    assert parse_refused_nvcc(bad) == [] and parse_cuda_toolkits(bad) == []
+    assert [(r["dir"], r["mode"]) for r in parse_refused_nvcc(bad)] == [("/opt/c/bin/nvcc", None)]
+    assert parse_cuda_toolkits(bad) == []
     # a link the chain did not follow (a target outside the names, or a loop)
     assert one("unsafe name /usr/local/cuda") == (
         "/usr/local/cuda is a link rigup does not follow (its target holds a character other than "
