@@ -73,23 +73,123 @@ Exit status of ``run``: 0 every tested card passed, 3 a card failed (named on st
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import functools
-import hashlib
+# Only modules that map no library come before the LD_LIBRARY_PATH check (each of these is built into
+# the interpreter): ctypes (libffi), hashlib (libcrypto), shutil (libbz2, liblzma), multiprocessing and the
+# others map theirs through the loader's search, LD_LIBRARY_PATH first, as it was when this process
+# started (round 8 L1: another user's libffi.so.8 ran as root at ``import ctypes``). The check and its
+# start again come first (:func:`loader_path_checked`); tests/unit/test_burnin_round8.py holds this.
 import itertools
-import json
-import math
-import multiprocessing
 import os
-import random
 import re
-import shutil
-import signal
 import stat
-import subprocess
 import sys
-import time
+
+
+def shown(text: object, limit: int = 200) -> str:
+    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
+    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
+    raw = str(text)
+    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
+    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
+
+
+def alone(path: str, directory: bool = False) -> tuple[str, str | None]:
+    """(the real path, None) when ``path`` (a file, or with ``directory`` a directory) and every
+    directory from it up to / are root's or this
+    user's and no group or other user can write them, each link followed the same way (the
+    directory it lies in checked; its target walked from there); else (``path``, why not).
+    rigup-burnin runs as root: a library loaded from where another user writes (Debian's
+    /usr/local is 2775 root:staff) runs their code as root, as an nvcc would (roles/cuda_toolkit)."""
+    me = os.geteuid()
+
+    def why_not(here: str, st: os.stat_result) -> str | None:
+        if st.st_uid not in (0, me):
+            return f"{here} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022:
+            return f"{here} is {stat.S_IMODE(st.st_mode):o}: writable by its group or others"
+        return None
+
+    done, todo, hops = "/", [c for c in path.split("/") if c], 0
+    try:
+        why = why_not("/", os.stat("/"))
+        while todo and why is None:
+            part = todo.pop(0)
+            if part in (".", ".."):
+                done = os.path.dirname(done) if part == ".." else done   # done is a real path: its parent walked
+                continue
+            here = os.path.join(done, part)
+            st = os.lstat(here)
+            if stat.S_ISLNK(st.st_mode):   # its directory (done) is walked: its target is walked from there
+                hops += 1
+                if hops > 40:
+                    return path, f"{here}: more than 40 links"
+                target = os.readlink(here)
+                done = "/" if target.startswith("/") else done
+                todo[:0] = [c for c in target.split("/") if c]
+                continue
+            why = why_not(here, st) or (f"{here} is not a directory" if todo and not stat.S_ISDIR(st.st_mode) else None)
+            done = here
+        if why is None and not (stat.S_ISDIR if directory else stat.S_ISREG)(os.lstat(done).st_mode):
+            why = f"{done} is not a {'directory' if directory else 'file'}"
+    except OSError as e:
+        why = f"{path}: {e.strerror or e}"
+    return (done, None) if why is None else (path, why)
+
+
+def library_path(value: str) -> tuple[list[str], list[str]]:
+    """LD_LIBRARY_PATH's directories, split as the loader splits it (at ``:`` and ``;``): ([the real path
+    of each :func:`alone` passes], [why each other one is left out]). An empty or relative entry (the
+    loader's current directory) and one holding ``$`` (a token the loader expands: $ORIGIN, $LIB,
+    $PLATFORM, so not the path checked) are left out too."""
+    kept, out = [], []
+    for d in re.split("[:;]", value):
+        if not d.startswith("/"):
+            real, why = d, "not an absolute path (the loader's current directory)"
+        elif "$" in d:
+            real, why = d, "a $ the loader expands"
+        else:
+            real, why = alone(d, directory=True)
+        if why is not None:
+            out.append(f"{d!r} left out: {why}")
+        elif real not in kept:
+            kept.append(real)
+    return kept, out
+
+
+def loader_path_checked() -> None:
+    """Start this program again with LD_LIBRARY_PATH of only :func:`library_path`'s directories where it
+    holds any other, each one left out named on stderr: the loader reads it at start alone (round 7b L1).
+    Called first, before any library is loaded; the program started again finds nothing to leave out."""
+    value = os.environ.get("LD_LIBRARY_PATH")
+    kept, out = library_path(value) if value else ([], [])   # an empty value is no search (glibc)
+    if not out:
+        return
+    for why in out:
+        print(shown(f"rigup-burnin: LD_LIBRARY_PATH's {why} (root loads no library another user can replace)", 600),
+              file=sys.stderr, flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    if kept:
+        env["LD_LIBRARY_PATH"] = ":".join(kept)
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, "-sES", *sys.argv]   # 3.10+: the flags too
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+
+
+if __name__ == "__main__":
+    loader_path_checked()
+
+import argparse  # noqa: E402 - after the check above, on purpose
+import ctypes  # noqa: E402
+import functools  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import multiprocessing  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
 
 RESULTS = "/var/lib/rigup/burnin.json"
 TESTING = "/run/rigup/burnin-testing.json"   # the bus ids under test now: the GPU guard leaves them alone
@@ -958,87 +1058,6 @@ BATCH_S = 1.0            # GPU time a batch takes (the one before digested meanw
 HBM_BYTES = 512 << 20    # each copy of the concurrent HBM stream
 HBM_ROUND = 16           # copies queued at a time (about 6 ms of an H100's HBM)
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # library_types.h, cublas_api.h
-
-
-def alone(path: str, directory: bool = False) -> tuple[str, str | None]:
-    """(the real path, None) when ``path`` (a file, or with ``directory`` a directory) and every
-    directory from it up to / are root's or this
-    user's and no group or other user can write them, each link followed the same way (the
-    directory it lies in checked; its target walked from there); else (``path``, why not).
-    rigup-burnin runs as root: a library loaded from where another user writes (Debian's
-    /usr/local is 2775 root:staff) runs their code as root, as an nvcc would (roles/cuda_toolkit)."""
-    me = os.geteuid()
-
-    def why_not(here: str, st: os.stat_result) -> str | None:
-        if st.st_uid not in (0, me):
-            return f"{here} is owned by uid {st.st_uid}"
-        if st.st_mode & 0o022:
-            return f"{here} is {stat.S_IMODE(st.st_mode):o}: writable by its group or others"
-        return None
-
-    done, todo, hops = "/", [c for c in path.split("/") if c], 0
-    try:
-        why = why_not("/", os.stat("/"))
-        while todo and why is None:
-            part = todo.pop(0)
-            if part in (".", ".."):
-                done = os.path.dirname(done) if part == ".." else done   # done is a real path: its parent walked
-                continue
-            here = os.path.join(done, part)
-            st = os.lstat(here)
-            if stat.S_ISLNK(st.st_mode):   # its directory (done) is walked: its target is walked from there
-                hops += 1
-                if hops > 40:
-                    return path, f"{here}: more than 40 links"
-                target = os.readlink(here)
-                done = "/" if target.startswith("/") else done
-                todo[:0] = [c for c in target.split("/") if c]
-                continue
-            why = why_not(here, st) or (f"{here} is not a directory" if todo and not stat.S_ISDIR(st.st_mode) else None)
-            done = here
-        if why is None and not (stat.S_ISDIR if directory else stat.S_ISREG)(os.lstat(done).st_mode):
-            why = f"{done} is not a {'directory' if directory else 'file'}"
-    except OSError as e:
-        why = f"{path}: {e.strerror or e}"
-    return (done, None) if why is None else (path, why)
-
-
-def library_path(value: str) -> tuple[list[str], list[str]]:
-    """LD_LIBRARY_PATH's directories, split as the loader splits it (at ``:`` and ``;``): ([the real path
-    of each :func:`alone` passes], [why each other one is left out]). An empty or relative entry (the
-    loader's current directory) and one holding ``$`` (a token the loader expands: $ORIGIN, $LIB,
-    $PLATFORM, so not the path checked) are left out too."""
-    kept, out = [], []
-    for d in re.split("[:;]", value):
-        if not d.startswith("/"):
-            real, why = d, "not an absolute path (the loader's current directory)"
-        elif "$" in d:
-            real, why = d, "a $ the loader expands"
-        else:
-            real, why = alone(d, directory=True)
-        if why is not None:
-            out.append(f"{d!r} left out: {why}")
-        elif real not in kept:
-            kept.append(real)
-    return kept, out
-
-
-def loader_path_checked() -> None:
-    """Start this program again with LD_LIBRARY_PATH of only :func:`library_path`'s directories where it
-    holds any other, each one left out named on stderr: the loader reads it at start alone (round 7b L1).
-    Called first, before any library is loaded; the program started again finds nothing to leave out."""
-    value = os.environ.get("LD_LIBRARY_PATH")
-    kept, out = library_path(value) if value else ([], [])   # an empty value is no search (glibc)
-    if not out:
-        return
-    for why in out:
-        print(shown(f"rigup-burnin: LD_LIBRARY_PATH's {why} (root loads no library another user can replace)", 600),
-              file=sys.stderr, flush=True)
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    if kept:
-        env["LD_LIBRARY_PATH"] = ":".join(kept)
-    argv = getattr(sys, "orig_argv", None) or [sys.executable, "-sES", *sys.argv]   # 3.10+: the flags too
-    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
 
 
 def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
@@ -1933,15 +1952,6 @@ def write_metrics(path: str | None, records: dict) -> None:
     replace(path, "\n".join(lines) + "\n")   # a directory the node exporter's package made: never a planted link
 
 
-def shown(text: object, limit: int = 200) -> str:
-    """Text from outside as it may reach a terminal or the journal: rigup.text.shown's copy (a host
-    program has the standard library only; tests/unit/test_terminal.py holds the two equal)."""
-    raw = str(text)
-    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
-    kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
-    return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
-
-
 def line(uuid: str, rec: dict) -> str:
     """A card's record in one line. Figures this program keeps untyped (issue 62's ``gemm``,
     ``power``, a section of ``figures``) are read as mappings or left out (rerun1's N47: a list
@@ -2100,7 +2110,6 @@ def command(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    loader_path_checked()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

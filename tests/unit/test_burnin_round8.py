@@ -1,0 +1,112 @@
+"""Round 8 of issue 61 on rigup-burnin (roles/burnin/acceptance.py) and its lease (roles/burnin/__init__.py).
+
+L1: the LD_LIBRARY_PATH check ran in ``__main__``, after the module's imports had mapped libffi (ctypes),
+libcrypto (hashlib), libbz2 and liblzma (shutil) through the unchecked path: another user's libffi.so.8
+ran as root at ``import ctypes``. The check now comes before any import that maps a library."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_burnin_cublas import NOBODY, alone_scratch, staff_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = "/usr/bin/python3"   # the host's, as the program's first line names it
+# a libffi.so.8 that _ctypes accepts (its versioned symbols), with a constructor: round 8's stand-in
+FFI = """typedef struct { unsigned long size; unsigned short a, t; void **e; } T;
+#define D(n) T n = {8, 8, 0, 0};
+D(ffi_type_double) D(ffi_type_float) D(ffi_type_longdouble) D(ffi_type_pointer) D(ffi_type_sint16)
+D(ffi_type_sint32) D(ffi_type_sint64) D(ffi_type_sint8) D(ffi_type_uint16) D(ffi_type_uint32)
+D(ffi_type_uint64) D(ffi_type_uint8) D(ffi_type_void)
+int ffi_call(){return 0;} int ffi_prep_cif(){return 0;} int ffi_prep_cif_var(){return 0;}
+void *ffi_closure_alloc(){return 0;} void ffi_closure_free(){} int ffi_prep_closure_loc(){return 0;}
+"""
+FFI_MAP = ("LIBFFI_BASE_8.0 { global: ffi_type_*; ffi_call; ffi_prep_cif; ffi_prep_cif_var; local: *; };\n"
+           "LIBFFI_CLOSURE_8.0 { global: ffi_closure_alloc; ffi_closure_free; ffi_prep_closure_loc; } LIBFFI_BASE_8.0;\n")
+
+
+def planted(out: Path, mark: Path, body: str = "", version_map: str = "") -> Path:
+    """A library at ``out``, another user's, whose constructor appends its path to ``mark``."""
+    src = out.parent / (out.name + ".c")
+    src.write_text(body + '#include <stdio.h>\n__attribute__((constructor)) static void ran(void) '
+                   f'{{ FILE *f = fopen("{mark}", "a"); if (f) {{ fputs("{out}\\n", f); fclose(f); }} }}\n')
+    extra = []
+    if version_map:
+        (out.parent / "v.map").write_text(version_map)
+        extra = [f"-Wl,--version-script={out.parent / 'v.map'}"]
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), f"-Wl,-soname,{out.name}", *extra], check=True)
+    src.unlink()
+    os.chown(out, NOBODY, NOBODY)
+    return out
+
+
+def installed(where: Path) -> Path:
+    """rigup-burnin as roles/burnin installs it: the program, rigup_xid.py beside it."""
+    (where / "rigup-burnin").write_text((ROOT / "roles/burnin/acceptance.py").read_text())
+    (where / "rigup_xid.py").write_text((ROOT / "rigup/gpu/xid.py").read_text())
+    return where / "rigup-burnin"
+
+
+def runtime_libraries(program: Path) -> set[str]:
+    """The sonames the loader maps for ``program --help`` after the interpreter's own start (its imports')."""
+    r = subprocess.run([PYTHON, "-sES", str(program), "--help"], capture_output=True, text=True, timeout=60, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "LD_DEBUG": "libs"})
+    after = r.stderr.split("transferring control:", 1)[1]
+    return {Path(line.split("calling init: ", 1)[1].strip()).name for line in after.splitlines()
+            if "calling init: " in line and "/lib-dynload/" not in line}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("gcc") or not os.path.exists(PYTHON),
+                    reason="needs root (another user's directory), gcc and /usr/bin/python3")
+def test_l1_no_library_is_searched_for_in_a_skipped_directory_after_the_start(tmp_path):
+    """Every library the program's imports map, planted in a 2775 directory another user writes (named
+    first in LD_LIBRARY_PATH): the loader never tries a file there after the interpreter's own start (the
+    libraries python3 itself needs are mapped at its exec, the caller's to clean: no program can check
+    before its own exec), no constructor of theirs runs, and the directory is named left out once."""
+    program = installed(tmp_path)
+    names = runtime_libraries(program)
+    print("mapped by the imports:", sorted(names))
+    assert "libffi.so.8" in names or not names, names   # Debian's python3: ctypes' libffi, hashlib's libcrypto...
+    with alone_scratch() as base:
+        staff = staff_dir(base / "staff")
+        mark = base / "ran"
+        for name in names | {"libffi.so.8"}:
+            planted(staff / name, mark, *((FFI, FFI_MAP) if name == "libffi.so.8" else ()))
+        good = base / "good"
+        good.mkdir()
+        r = subprocess.run([PYTHON, "-sES", str(program), "--help"], capture_output=True, text=True, timeout=60, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "LD_DEBUG": "libs", "LD_LIBRARY_PATH": f"{staff}:{good}"})
+        assert r.returncode == 0 and "usage: rigup-burnin" in r.stdout, r.stderr[-2000:]
+        started, rest = r.stderr.split("transferring control:", 1)
+        tried = [line for line in rest.splitlines() if str(staff) in line and not line.startswith("rigup-burnin:")]
+        assert tried == [], tried
+        assert not mark.exists(), mark.read_text()
+        said = [line for line in r.stderr.splitlines() if line.startswith("rigup-burnin:")]
+        assert said == [f"rigup-burnin: LD_LIBRARY_PATH's {str(staff)!r} left out: {staff} is 2775: writable by its "
+                        "group or others (root loads no library another user can replace)"]
+        assert f"search path={good}" in rest   # started again with the directory that passed
+
+
+def test_l1_only_modules_built_into_the_interpreter_come_before_the_check():
+    """The module's imports above its ``loader_path_checked()`` are pure Python over modules the
+    interpreter has built in (posix, _sre, _stat, itertools): no library mapped, wherever it runs."""
+    import ast
+    import sys
+    tree = ast.parse((ROOT / "roles/burnin/acceptance.py").read_text())
+    before = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "loader_path_checked" in ast.unparse(node):
+            break
+        if isinstance(node, ast.Import):
+            before += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            before.append(node.module)
+    else:
+        pytest.fail("no loader_path_checked() at the module's top level")
+    assert before and set(before) <= {"os", "re", "stat", "sys", "itertools"}, before
+    assert {"itertools", "sys", "posix", "_sre", "_stat"} <= set(sys.builtin_module_names)
