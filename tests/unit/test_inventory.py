@@ -14,6 +14,7 @@ import pytest
 
 from rigup import config
 from rigup.config import ROOT, ConfigError, all_group, load_yaml, problems
+from tests.unit.forker import close_all, forked
 
 PYINFRA = Path(sys.executable).with_name("pyinfra")
 HOST = re.compile(r"^\[([\w.@/-]+)\] *\n--> Groups: ([^\n]*)\n--> Data:\n(\{.*?\n\})$", re.M | re.S)
@@ -29,9 +30,18 @@ def no_site(monkeypatch):
     monkeypatch.delenv(config.SITE_ENV, raising=False)
 
 
+# pyinfra's CLI and rigup.inventory each imported once per module (most of a run's CPU), their runs
+# forked from it (tests/unit/forker.py); two such processes: rigup.inventory's reader is never run
+# where pyinfra_cli's import patched the standard library
+@pytest.fixture(scope="module", autouse=True)
+def forkers_end():
+    yield
+    close_all()
+
+
 def pyinfra(inventory, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYINFRA), str(inventory), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return forked("from pyinfra_cli.main import main", "import sys; from pyinfra_cli.main import main; sys.exit(main())",
+                  [str(PYINFRA), str(inventory), *args])
 
 
 # rigup.inventory.read (roll.py's and shards.py's reader), in a process of its own as pyinfra's is
@@ -49,8 +59,7 @@ def debug_inventory(inventory, *args: str) -> dict[str, tuple[list[str], dict]]:
     output = done.stdout + done.stderr   # pyinfra prints the inventory on stderr
     assert done.returncode == 0, output
     theirs = {name: (groups.split(", "), json.loads(data)) for name, groups, data in HOST.findall(output)}
-    ours = subprocess.run([sys.executable, "-c", OURS, str(inventory), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    ours = forked("from rigup import inventory", OURS, ["-c", str(inventory), *args])
     assert ours.returncode == 0, ours.stderr
     assert {n: (g, d) for n, (g, d) in json.loads(ours.stdout).items()} == theirs
     return theirs

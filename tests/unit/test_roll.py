@@ -8,6 +8,7 @@ import pytest
 
 from rigup import roll
 from rigup.config import declared
+from tests.unit.forker import close_all, forked
 
 
 def test_serving_hosts_in_inventory_order_without_gateways():
@@ -202,77 +203,30 @@ json.dump({"code": code, "calls": calls}, open(log, "w"))
 '''
 
 
-# DRIVER's imports once per module (about 0.7 s of CPU each): a process that imports them, then
-# forks a child per roll, which runs DRIVER with its argv, environment and output files, as a
-# process of its own would (nothing of a roll before it: the parent never runs one)
-FORKER = '''
-import json, os, sys, traceback
-sys.path.insert(0, sys.argv[1])
-import roll
-from pyinfra.api import State
-from pyinfra.context import ctx_state
-from pyinfra_cli.cli import _get_inventory_pattern_matches
-from pyinfra_cli.inventory import make_inventory
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for fd, path in ((0, os.devnull), (1, job["out"]), (2, job["err"])):
-                os.dup2(os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            sys.argv = ["-c", *job["argv"]]
-            os.environ.update(job["env"])
-            exec(compile(job["driver"], "<string>", "exec"), {"__name__": "__main__"})
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    print(json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])), flush=True)
-'''
-_forker: list = []
+# DRIVER's imports run once per module (about 0.7 s of CPU each), each roll forked from that
+# process (tests/unit/forker.py): a process of its own still, nothing of a roll before it
+DRIVER_IMPORTS = ("import roll\nfrom pyinfra.api import State\nfrom pyinfra.context import ctx_state\n"
+                  "from pyinfra_cli.cli import _get_inventory_pattern_matches\nfrom pyinfra_cli.inventory import make_inventory\n")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def forker_ends():
     yield
-    for proc in _forker:
-        proc.stdin.close()
-        proc.wait(timeout=30)
-    _forker.clear()
+    close_all()
 
 
 def roll_with(tmp_path, scenario: dict, *args: str) -> tuple[dict, str]:
     import json
-    import select
-    import subprocess
-    import sys
 
     from tests.converge import ROOT
 
-    if not _forker:
-        _forker.append(subprocess.Popen([sys.executable, "-c", FORKER, str(ROOT)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, cwd=ROOT))
-        assert _forker[0].stdout.readline() == "ready\n"
-    forker = _forker[0]
     (tmp_path / "fleet.py").write_text(INVENTORY)
-    log, out, err = tmp_path / "log.json", tmp_path / "roll.out", tmp_path / "roll.err"
-    forker.stdin.write(json.dumps({"driver": DRIVER, "argv": [str(ROOT), json.dumps(scenario), str(log),
-                                                                str(tmp_path / "fleet.py"), "-y", *args],
-                                   "env": {"RIGUP_CACHE_DIR": str(tmp_path / "cache")},   # its own journal
-                                   "out": str(out), "err": str(err)}) + "\n")
-    forker.stdin.flush()
-    assert select.select([forker.stdout], [], [], 120)[0], "the roll did not end within 120 s"
-    forker.stdout.readline()
-    said = out.read_text() + err.read_text()
-    assert log.exists(), said[-6000:]
+    log = tmp_path / "log.json"
+    run = forked(DRIVER_IMPORTS, DRIVER, ["-c", str(ROOT), json.dumps(scenario), str(log), str(tmp_path / "fleet.py"),
+                                         "-y", *args], env={**os.environ, "RIGUP_CACHE_DIR": str(tmp_path / "cache")})   # its own journal
+    assert log.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(log.read_text())
-    return result, said
+    return result, run.stdout + run.stderr
 
 
 def deploys(result: dict) -> list[list[str]]:
