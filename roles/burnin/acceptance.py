@@ -137,9 +137,31 @@ def alone(path: str, directory: bool = False) -> tuple[str, str | None]:
     return (done, None) if why is None else (path, why)
 
 
+def searched(directory: str) -> tuple[str, str | None]:
+    """(the real path, None) when :func:`alone` passes ``directory`` and every file in it, each entry
+    but a subdirectory (a link's target walked as alone() walks it: to a file, or to a directory); else
+    (``directory``, why not). The loader maps the files it finds in a directory it searches, not the
+    directory: root's directory holding a link to another user's file, or a 0666 file, ran that user's
+    code as root (round 8 L2), as a directory another user writes would."""
+    real, why = alone(directory, directory=True)
+    try:
+        for name in sorted(os.listdir(real)) if why is None else ():
+            path = os.path.join(real, name)
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                continue   # the loader maps no directory, and this one is the directory's owner's (checked)
+            why = alone(path)[1]
+            if why is not None and os.path.isdir(path):
+                why = alone(path, directory=True)[1]
+            if why is not None:
+                return directory, f"its {name}: {why}"
+    except OSError as e:
+        why = f"{real}: {e.strerror or e}"
+    return (real, None) if why is None else (directory, why)
+
+
 def library_path(value: str) -> tuple[list[str], list[str]]:
     """LD_LIBRARY_PATH's directories, split as the loader splits it (at ``:`` and ``;``): ([the real path
-    of each :func:`alone` passes], [why each other one is left out]). An empty or relative entry (the
+    of each :func:`searched` passes], [why each other one is left out]). An empty or relative entry (the
     loader's current directory) and one holding ``$`` (a token the loader expands: $ORIGIN, $LIB,
     $PLATFORM, so not the path checked) are left out too."""
     kept, out = [], []
@@ -149,7 +171,7 @@ def library_path(value: str) -> tuple[list[str], list[str]]:
         elif "$" in d:
             real, why = d, "a $ the loader expands"
         else:
-            real, why = alone(d, directory=True)
+            real, why = searched(d)
         if why is not None:
             out.append(f"{d!r} left out: {why}")
         elif real not in kept:
@@ -1042,7 +1064,9 @@ def compute_and_soak(dev: Device, opts: dict) -> tuple[dict, dict, dict]:
 # LD_LIBRARY_PATH as it was when the process started (a change to os.environ later moves no dlopen), then
 # ld.so.cache. Root's checked cuBLAS needing a library another user put in an LD_LIBRARY_PATH directory
 # the check skipped ran their code as root (round 7b L1, L2), so rigup-burnin starts again with only the
-# directories :func:`alone` passes (:func:`loader_path_checked`), before it loads anything. What is left is
+# directories :func:`searched` passes (:func:`loader_path_checked`), before it loads anything: each one and
+# every file in it (round 8 L2: root's link there to another user's file); cuBLAS's own directory likewise
+# (a RUNPATH of $ORIGIN has the loader search it). What is left is
 # ld.so.cache, the loader's for every program on the host: root's ldconfig lists the files it found in
 # ld.so.conf's directories, where Debian's first is /usr/local/lib (2775 root:staff: a staff user's file
 # there is listed at the next ldconfig, for any root program that needs its soname). That is Debian's
@@ -1062,16 +1086,20 @@ CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # libra
 
 def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
     """([(a library's real path, its libcublasLt's beside it or None)] of CUBLAS's files in
-    LD_LIBRARY_PATH's directories and CUBLAS_DIRS that :func:`alone` passes, the libcublasLt too
-    where it is there, newest soname first; [why each other one is skipped])."""
+    LD_LIBRARY_PATH's directories and CUBLAS_DIRS that :func:`alone` passes, in a directory
+    :func:`searched` passes, the libcublasLt too where it is there, newest soname first; [why each
+    other one is skipped])."""
     import glob
-    found, skipped = [], []
+    found, skipped, dirs = [], [], {}
     first = [glob.escape(d) for d in re.split("[:;]", os.environ.get("LD_LIBRARY_PATH", ""))
              if d.startswith("/") and "$" not in d]
     for name in CUBLAS:
         ordered = [p for d in first for p in glob.glob(os.path.join(d, name))]
         for path in ordered + sorted({p for d in CUBLAS_DIRS for p in glob.glob(os.path.join(d, name))} - set(ordered)):
             real, why = alone(path)
+            if why is None:   # its directory, where a RUNPATH of $ORIGIN has the loader find cuBLAS's needs
+                here = os.path.dirname(real)
+                why = dirs[here] if here in dirs else dirs.setdefault(here, searched(here)[1])
             lt = os.path.join(os.path.dirname(real), name.replace("libcublas.", "libcublasLt."))
             lt, why = alone(lt) if why is None and os.path.lexists(lt) else (None, why)
             if why is not None:

@@ -129,7 +129,7 @@ ENTRIES = st.sampled_from(["", "relative", ".", "$LIB", "/$ORIGIN/lib", "/nonexi
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entries=st.lists(ENTRIES, max_size=8), seps=st.lists(st.sampled_from([":", ";"]), min_size=8, max_size=8))
 def test_library_path_keeps_only_checked_absolute_directories(tree, entries, seps):
-    """Whatever LD_LIBRARY_PATH holds, the directories kept are real paths :func:`alone` passes (no ``:``,
+    """Whatever LD_LIBRARY_PATH holds, the directories kept are real paths :func:`searched` passes (no ``:``,
     ``;`` or ``$``: the loader splits at both and expands ``$``), each once, in order; every other entry
     (an empty one too: the loader's current directory) is named left out."""
     good = tree / "good"
@@ -145,9 +145,11 @@ def test_library_path_keeps_only_checked_absolute_directories(tree, entries, sep
 
     text = "".join(sep + named(e) for sep, e in zip(seps, entries))[1:]
     kept, out = acceptance.library_path(text)
-    passed = [acceptance.alone(d, directory=True) for d in text.replace(";", ":").split(":")
+    passed = [acceptance.searched(d) for d in text.replace(";", ":").split(":")
               if d.startswith("/") and "$" not in d]
     assert kept == list(dict.fromkeys(real for real, why in passed if why is None))
     for d in kept:
         assert d.startswith("/") and not set(d) & set(":;$") and acceptance.alone(d, directory=True) == (d, None)
+        assert all(acceptance.alone(os.path.join(d, n))[1] is None for n in os.listdir(d)
+                   if os.path.isfile(os.path.join(d, n)))   # every file the loader could map from it (round 8 L2)
     assert len(out) == len(text.replace(";", ":").split(":")) - sum(why is None for _, why in passed)

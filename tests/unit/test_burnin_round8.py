@@ -12,7 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from roles.burnin import acceptance
 from tests.unit.test_burnin_cublas import NOBODY, alone_scratch, staff_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +112,107 @@ def test_l1_only_modules_built_into_the_interpreter_come_before_the_check():
         pytest.fail("no loader_path_checked() at the module's top level")
     assert before and set(before) <= {"os", "re", "stat", "sys", "itertools"}, before
     assert {"itertools", "sys", "posix", "_sre", "_stat"} <= set(sys.builtin_module_names)
+
+
+# ---------------------------------------------------------------- L2: the files in a directory the loader searches
+# Root's kept LD_LIBRARY_PATH directory holding a link to another user's file (or a 0666 file) that root's
+# checked cuBLAS needs: the loader mapped it as root. A directory the loader searches is used only where
+# every file in it passes alone() too (acceptance.searched): LD_LIBRARY_PATH's and cuBLAS's own.
+
+def cublas_needing(out: Path, dep: Path, origin: bool = False) -> Path:
+    """Root's libcublas.so.13 at ``out``, needing ``dep`` by its soname (with ``origin``: RUNPATH $ORIGIN)."""
+    from tests.unit.test_burnin_loader import built
+    if not origin:
+        return built(out, needs=(dep,))
+    src = out.parent / "cublas.c"
+    src.write_text("void cublasCreate_v2(void) {}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), "-Wl,--no-as-needed", "-Wl,-rpath,$ORIGIN",
+                    f"-L{dep.parent}", f"-l:{dep.name}"], check=True)
+    src.unlink()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["link to theirs", "0666", "origin"])
+def test_l2_a_file_in_a_searched_directory_that_another_user_can_replace_is_never_loaded(kind):
+    """Round 8 L2 and L3 (LD_LIBRARY_PATH's kept directory) and cuBLAS's own directory under a RUNPATH of
+    $ORIGIN: without the check the loader maps the file (the hole, shown first); with it, the directory is
+    left out named, and no constructor runs."""
+    from tests.unit.test_burnin_loader import built, child
+    if os.geteuid() != 0 or not shutil.which("gcc"):
+        pytest.skip("needs root (another user's file) and gcc")
+    with alone_scratch() as tree:
+        ran = tree / "ran"
+        staff = staff_dir(tree / "staff")
+        good = tree / "good"
+        good.mkdir()
+        dep = good / "libdep.so"
+        if kind == "0666":
+            built(dep, mark=ran).chmod(0o666)
+        else:
+            dep.symlink_to(built(staff / "libdep.so", mark=ran, owner=NOBODY))
+        cublas = cublas_needing(good / "libcublas.so.13", dep, origin=kind == "origin")
+        library_path = "" if kind == "origin" else str(good)
+        r = child(f"ctypes.CDLL({str(cublas)!r})", library_path)     # the loader's own search: the hole
+        assert ran.exists(), r.stderr
+        ran.unlink()
+        code = (f"A.loader_path_checked(); A.CUBLAS_DIRS = ({str(good)!r},); print(A.find_cublas()[1]); "
+                "print(os.environ.get('LD_LIBRARY_PATH'))")
+        r = child(code, library_path)
+        print(r.stdout, r.stderr)
+        assert not ran.exists()
+        why = {"link to theirs": f"its libdep.so: {staff} is 2775: writable by its group or others",
+               "0666": f"its libdep.so: {dep} is 666: writable by its group or others"}
+        if kind == "origin":
+            assert r.stdout.splitlines() == [f"no cuBLAS: {'/'.join(acceptance.CUBLAS)} not found where only root writes",
+                                             ""]
+            assert r.stderr.splitlines() == [f"rigup-burnin: cuBLAS {cublas} skipped: its libdep.so: {staff} is 2775: "
+                                             "writable by its group or others (root loads no library another user "
+                                             "can replace)"]
+        else:
+            assert r.stdout.splitlines()[1] == "None"
+            assert f"rigup-burnin: LD_LIBRARY_PATH's {str(good)!r} left out: {why[kind]}" in r.stderr
+
+
+ENTRY = st.sampled_from(["root 644", "root 755", "root 666", "root 620", "theirs 644", "link to root's",
+                         "link to theirs", "link through theirs", "link to a directory", "link to theirs/",
+                         "subdirectory", "dangling"])
+BAD = {"root 666", "root 620", "theirs 644", "link to theirs", "link through theirs", "link to theirs/", "dangling"}
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    if os.geteuid() != 0:
+        pytest.skip("another user's files need root")
+    with alone_scratch() as base:
+        staff = staff_dir(base / "staff")
+        (staff / "theirs.so").write_text("")
+        os.chown(staff / "theirs.so", NOBODY, NOBODY)
+        (base / "roots.so").write_text("")
+        (base / "sub").mkdir()
+        yield base
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=st.lists(ENTRY, max_size=6))
+def test_searched_passes_a_directory_only_where_each_file_in_it_is_roots_alone(scratch, entries):
+    """A directory of any of these entries is passed exactly where none is a file (or a link's target)
+    another user could write, or a link to nothing; a subdirectory and a link to root's directory are
+    not files the loader maps."""
+    d = scratch / f"d{len(list(scratch.iterdir()))}"
+    d.mkdir()
+    for i, kind in enumerate(entries):
+        p = d / f"lib{i}.so"
+        if kind.startswith("root ") or kind == "theirs 644":
+            p.write_text("")
+            os.chown(p, NOBODY if kind.startswith("theirs") else 0, 0)
+            p.chmod(int(kind.split()[1], 8))
+        elif kind == "subdirectory":
+            p.mkdir()
+        else:
+            p.symlink_to({"link to root's": scratch / "roots.so", "link to theirs": scratch / "staff/theirs.so",
+                          "link through theirs": scratch / "staff/../roots.so", "link to a directory": scratch / "sub",
+                          "link to theirs/": scratch / "staff", "dangling": scratch / "none.so"}[kind])
+    real, why = acceptance.searched(str(d))
+    bad = [k for k in entries if k in BAD]
+    assert (why is None) == (not bad), (entries, why)
+    assert real == str(d) and (why is None or why.startswith("its lib"))
