@@ -11,7 +11,7 @@ from rigup import lock
 from rigup.lock import holder_command, renew
 
 LEASE = 3
-GRACE = 2   # lock.GRACE_S here (5 on a host): the same rule, 3 s sooner
+GRACE = 2   # the live holder's waiter's lock.GRACE_S (5 on a host): the same rule, 3 s sooner
 
 
 class Pipe:
@@ -55,6 +55,7 @@ def test_lease_live_holder_lapsed_holder_killed_holder(tmp_path, monkeypatch):
 
     # the renewals stop (a controller cut off): the next one is let in within the lease
     pipe, live.stdin = live.stdin, open(os.devnull, "wb")   # renew()'s writes go nowhere from now on
+    monkeypatch.undo()   # the host's grace again (5 s, past the 3 s lease): a renewal read late never refuses the taker
     t0 = time.monotonic()
     taker = start("ops@c (pid 3)", tmp_path)
     line, _ = answer(taker)

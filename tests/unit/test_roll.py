@@ -223,7 +223,8 @@ def roll_with(tmp_path, scenario: dict, *args: str) -> tuple[dict, str]:
     (tmp_path / "fleet.py").write_text(INVENTORY)
     log = tmp_path / "log.json"
     run = forked(DRIVER_IMPORTS, DRIVER, ["-c", str(ROOT), json.dumps(scenario), str(log), str(tmp_path / "fleet.py"),
-                                         "-y", *args], env={**os.environ, "RIGUP_CACHE_DIR": str(tmp_path / "cache")})   # its own journal
+                                         "-y", *args],
+                 env={**os.environ, "RIGUP_CACHE_DIR": str(tmp_path / "cache")})   # its own journal
     assert log.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(log.read_text())
     return result, run.stdout + run.stderr
