@@ -82,24 +82,42 @@ class ServingEnv(FactBase):
     :func:`differences` leaves to the host: a drop-in's LD_LIBRARY_PATH would pass as the host's), or
     where the unit is not the one rigup writes (:func:`_not_written`: a drop-in line of a setting rigup
     does not write, such as EnvironmentFile= or UnsetEnvironment=; another drop-in or EnvironmentFile
-    systemd reads; each named: they reach the server, and were never compared)."""
+    systemd reads, another unit file; each named: they reach the server, and were never compared).
+    Round 8 (issue 61): the drop-in or cuda.env holding a CR or NUL (systemd ends a line at either, sed
+    does not: U1), or a drop-in over FILE_MAX (its lines are read up to there: U2); the unit file not
+    the one its drop-in names (``# unit SHA``, its sha256 as roles/llama_server writes it), or the
+    variables systemd runs it with (``systemctl show``'s Environment) not the template's and the
+    drop-in's (:func:`_environment`: U4)."""
 
     def command(self, instance: str) -> str:
         self.instance = instance
+        dropin, q = shlex.quote(DROPIN.format(instance)), shlex.quote
+        # each file's bytes, and its bytes but CR and NUL (F: systemd ends a line at either, sed does not)
+        sizes = "".join(f"echo \"F {label} $(cat {path} 2>/dev/null | wc -c) "
+                        f"$(cat {path} 2>/dev/null | tr -d '\\r\\000' | wc -c)\"; "
+                        for label, path in (("cuda.env", "/etc/rigup/cuda.env"), ("drop-in", dropin)))
         # every line systemd reads of each (an EnvironmentFile's blanks before a name; a unit's around its '=')
         return ("sed -n '/^[[:space:]]*[#;]/d; /^[[:space:]]*$/d; s/^/C /p' /etc/rigup/cuda.env 2>/dev/null; "
-                f"sed -n 's/^[[:space:]]*Environment[[:space:]]*=[[:space:]]*\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
-                f"{shlex.quote(DROPIN.format(instance))} 2>/dev/null; "
-                # every line of the drop-in (R: those but the ones rigup writes are named), and what systemd
-                # parsed of the unit (S: its drop-ins, EnvironmentFiles, UnsetEnvironment), bounded
-                f"head -c 65536 {shlex.quote(DROPIN.format(instance))} 2>/dev/null | sed 's/^/R /'; "
-                f"systemctl show -p DropInPaths -p EnvironmentFiles -p UnsetEnvironment -- "
-                f"{shlex.quote(UNIT.format(instance))} 2>/dev/null | head -c 65536 | sed 's/^/S /'; "
+                f"sed -n 'h; s/^# unit \\([0-9a-f]*\\), .*$/V \\1/p; g; "
+                f"s/^[[:space:]]*Environment[[:space:]]*=[[:space:]]*\\(.*\\)$/E \\1/p; s/^# unit .*, llama.cpp build \\([^ ,]*\\), .*$/B \\1/p' "
+                f"{dropin} 2>/dev/null; " + sizes +
+                # the unit file's sha256 (U: its drop-in names the one it was written with, V)
+                f"[ -f {q(UNIT_FILE)} ] && echo \"U $(sha256sum < {q(UNIT_FILE)} | cut -c1-64)\"; "
+                # every line of the drop-in (R: those but the ones rigup writes are named: all of it, for
+                # one over FILE_MAX is named by its F line), and what systemd parsed of the unit (S: its
+                # drop-ins, EnvironmentFiles, UnsetEnvironment, unit file and variables), bounded
+                f"head -c {FILE_MAX} {dropin} 2>/dev/null | sed 's/^/R /'; "
+                f"systemctl show -p DropInPaths -p EnvironmentFiles -p UnsetEnvironment -p FragmentPath -p Environment -- "
+                f"{q(UNIT.format(instance))} 2>/dev/null | head -c {FILE_MAX} | sed 's/^/S /'; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
     def process(self, output: list[str]) -> dict:
         env, gpus, build, error = {}, 0, None, None   # error: the last line that does not split
-        other: list[str] = []   # what of the unit rigup does not write (R and S lines)
+        other: list[str] = []   # what of the unit rigup does not write (R, S, F, U lines)
+        instance = getattr(self, "instance", "NAME")
+        own: dict[str, str] = {}   # the drop-in's Environment= (E), for systemd's to be compared with
+        shown_env: list[str] = []   # systemctl show's Environment (one line)
+        unit_sha = written_sha = None
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind in ("C", "E"):   # cuda.env's, the drop-in's
@@ -116,14 +134,26 @@ class ServingEnv(FactBase):
                     error = Unreadable(where, f"sets {', '.join(sorted(set(pairs) & HOST_ENV))}, which rigup writes "
                                               f"in /etc/rigup/cuda.env alone: {shown(rest, 120)}")
                 env.update(pairs)
+                own.update(pairs if kind == "E" else {})
+            elif kind == "S" and rest.strip().partition("=")[0] == "Environment":
+                shown_env.append(rest.strip().partition("=")[2])
             elif kind in ("R", "S"):
-                other += _not_written(kind, rest, getattr(self, "instance", "NAME"))
+                other += _not_written(kind, rest, instance)
+            elif kind == "F":
+                other += _sizes(rest)
+            elif kind in ("U", "V"):   # the unit file's sha256; the one its drop-in names (its first 12)
+                unit_sha, written_sha = (rest.strip(), written_sha) if kind == "U" else (unit_sha, rest.strip())
             elif kind == "G":
                 gpus = whole(rest, 1024) or 0   # ASCII digits: isdigit() took "²" (int() raised) and "٣"
             elif kind == "B" and fields.ID.fullmatch(rest.strip().rstrip("/").rsplit("/", 1)[-1]):
                 build = rest.strip().rstrip("/").rsplit("/", 1)[-1]   # the current link's target: builds/<id>
+        if unit_sha is not None and not (written_sha and len(written_sha) == 12 and unit_sha.startswith(written_sha)):
+            other.append(f"its unit file {UNIT_FILE} (sha256 {shown(unit_sha[:12], 20)}) is not the one its drop-in was "
+                         f"written with ({shown(written_sha or 'none named', 70)})")
+        for text in shown_env:
+            other += _environment(text, own, instance)
         if other:   # each named: a drop-in, file or line rigup does not write reaches the server
-            unit = UNIT.format(getattr(self, "instance", "NAME"))
+            unit = UNIT.format(instance)
             why = "; ".join([*other, *([f"{error.where}: {error.why}"] if error else [])])
             error = Unreadable(unit, f"{why}: not the unit rigup writes")
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -133,7 +163,12 @@ class ServingEnv(FactBase):
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 UNIT = "rigup-llama@{}.service"
+UNIT_FILE = "/etc/systemd/system/rigup-llama@.service"   # roles/llama_server's UNIT: systemd's FragmentPath
 CUDA_ENV = "/etc/rigup/cuda.env"   # the unit's one EnvironmentFile (templates/llama_server-unit.service.j2)
+FILE_MAX = 65536   # a drop-in's or cuda.env's bytes, at most (rigup writes about a thousand)
+# the variables the template unit sets (its Environment= lines, no Jinja in them: %i is the instance)
+UNIT_ENV = dict(word.split("=", 1) for m in re.finditer(r"^Environment=(.*)$", (
+    ROOT / "templates" / "llama_server-unit.service.j2").read_text(), re.M) for word in shlex.split(m[1]))
 # the settings of the drop-in's lines rigup writes (templates/llama_server-dropin.conf.j2 and its balancer hooks)
 WRITTEN = frozenset(m.group(1) for t in ("llama_server-dropin.conf.j2", "balancer-hooks.conf.j2")
                     for m in re.finditer(r"(?:^|%})([A-Z][A-Za-z]+)=", (ROOT / "templates" / t).read_text(), re.M))
@@ -151,6 +186,10 @@ def _not_written(kind: str, rest: str, instance: str) -> list[str]:
             return []
         return [f"its drop-in has {shown(rest, 120)}"]
     name, _, value = line.partition("=")
+    if name == "Environment":   # compared whole, with the drop-in's: ServingEnv.process, _environment
+        return []
+    if name == "FragmentPath":   # the unit file systemd read (an instance's own, rigup-llama@NAME.service)
+        return [] if value == UNIT_FILE else [f"systemd reads the unit file {shown(value or 'none', 120)}"]
     if name == "DropInPaths":
         return [f"systemd reads the drop-in {shown(p, 120)}" for p in value.split() if p != DROPIN.format(instance)]
     if name == "EnvironmentFiles":
@@ -159,6 +198,62 @@ def _not_written(kind: str, rest: str, instance: str) -> list[str]:
     if name == "UnsetEnvironment":
         return [f"systemd unsets {shown(value, 120)}"] if value else []
     return [f"systemctl show said {shown(line, 120)}"] if line else []
+
+
+def _sizes(rest: str) -> list[str]:
+    """What an F line of ServingEnv (``LABEL BYTES KEPT``: a file's bytes, and those but CR and NUL) says
+    of the drop-in or cuda.env rigup does not write: one over FILE_MAX (ServingEnv reads that much), one
+    holding a CR or NUL (systemd ends a unit's or an EnvironmentFile's line there, where sed read one line:
+    ``# note<CR>Environment=LD_PRELOAD=...`` set it, unseen: round 8 U1); none: []."""
+    label, _, counts = rest.partition(" ")
+    where = {"cuda.env": CUDA_ENV, "drop-in": "its drop-in"}.get(label)
+    size, kept = (whole(n, 1 << 62) for n in (counts.split(" ") + [""])[:2])
+    if where is None or size is None or kept is None or kept > size:
+        return [f"its file sizes do not read: {shown(rest, 120)}"]
+    if size > FILE_MAX:
+        return [f"{where} is {size} bytes (at most {FILE_MAX})"]
+    if kept < size:
+        return [f"{where} holds {size - kept} CR or NUL byte(s), where systemd ends a line"]
+    return []
+
+
+_SHOWN_WORD = re.compile(r'"((?:[^"\\]|\\["\\`$])*)"|([^ "\\]+)')
+
+
+def _shown_words(text: str) -> list[str]:
+    """``systemctl show``'s list of words (bus-print-properties: each word as shell_maybe_quote writes it,
+    bare or in double quotes with ``"\\`$`` escaped, one blank between); ValueError for another text (an
+    escape of a control character: no word rigup writes)."""
+    words, at = [], 0
+    while at < len(text):
+        m = _SHOWN_WORD.match(text, at)
+        if not m or (m.end() < len(text) and text[m.end()] != " "):
+            raise ValueError(f"not systemctl's quoting at character {at}")
+        words.append(m[2] if m[1] is None else re.sub(r"\\(.)", r"\1", m[1]))
+        at = m.end() + 1
+    return words
+
+
+def _environment(text: str, own: dict[str, str], instance: str) -> list[str]:
+    """What of ``text``, the variables systemd runs unit ``instance`` with (``systemctl show -p
+    Environment``: the unit file's and its drop-ins' Environment=, as systemd parsed them), is not what
+    rigup writes: the template unit's (UNIT_ENV, ``%i`` the instance) with the drop-in's (``own``, as
+    ServingEnv read its E lines) over them; each variable named (none: []). A hand-edited unit file, an
+    instance's own, or a drop-in line sed read otherwise (round 8 U4) sets what was never compared."""
+    try:
+        words = _shown_words(text)
+        if not all("=" in w for w in words):   # systemd keeps none without one (env_assignment_is_valid)
+            raise ValueError("a word without '='")
+    except ValueError as e:
+        return [f"systemd's Environment does not read ({e}): {shown(text, 120)}"]
+    have = dict(w.split("=", 1) for w in words)
+    want = {**{k: v.replace("%i", instance) for k, v in UNIT_ENV.items()}, **own}
+    out = []
+    for name in sorted(set(have) | set(want)):
+        if have.get(name) != want.get(name):
+            now, then = (shown(f"{name}={e[name]}", 120) if name in e else f"no {shown(name, 60)}" for e in (have, want))
+            out.append(f"systemd runs it with {now}, rigup writes {then}")
+    return out
 
 
 def env_file(text: str) -> dict[str, str]:
