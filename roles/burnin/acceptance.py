@@ -238,15 +238,30 @@ SMI_TIMEOUT_S = 20
 KILL = getattr(signal, "SIGKILL", 9)
 UNITS = ("rigup-llama@*", "rigup-vllm@*", "rigup-rpc*")   # the serving units (roles/burnin/facts.py reads the same)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-try:   # the Xid line parser: rigup/gpu/xid.py of the checkout, or rigup_xid.py beside this script on a host
-    from rigup.gpu import xid as xid_lines
-except ImportError:
-    sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]   # beside it; the checkout's root (tests/gpu)
-    try:
-        import rigup_xid as xid_lines  # type: ignore[no-redef]
-    except ImportError:
-        from rigup.gpu import xid as xid_lines
+
+
+def beside(name: str, tree: str):
+    """The module in the file ``name`` beside this program, read by its path (a host, where its role
+    installs the two); else, where this program is roles/ROLE/X.py of a source tree, that tree's file
+    ``tree``, by its path (the controller, tests/gpu); else None. Never a module of that name from
+    wherever sys.path finds one: round 8 R1's rigup_xid.py in the prefix's parent (/opt) ran as root."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.dirname(os.path.dirname(here))
+    in_tree = os.path.basename(os.path.dirname(here)) == "roles"
+    for path in (os.path.join(here, name), os.path.join(top, tree) if in_tree else ""):
+        if path and os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    return None
+
+
+xid_lines = beside("rigup_xid.py", "rigup/gpu/xid.py")   # the Xid line parser, rigup/gpu/xid.py
+if xid_lines is None:
+    print("rigup-burnin: rigup_xid.py is not beside it (roles/burnin installs the two): not run", file=sys.stderr)
+    raise SystemExit(2)
 
 # rand: word i of a buffer = (fmix32(i + seed * 0x9E3779B9) & mask) | bits: random operands for the
 # soak's GEMMs, made on the card (the host would copy GiBs): the mask and bits keep each value a

@@ -216,3 +216,41 @@ def test_searched_passes_a_directory_only_where_each_file_in_it_is_roots_alone(s
     bad = [k for k in entries if k in BAD]
     assert (why is None) == (not bad), (entries, why)
     assert real == str(d) and (why is None or why.startswith("its lib"))
+
+
+# ---------------------------------------------------------------- R1: the Xid parser, by its path only
+DECOY = "import os, sys; print('decoy ran as uid', os.getuid(), file=sys.stderr); raise SystemExit(9)\n"
+
+
+@pytest.mark.skipif(not os.path.exists(PYTHON), reason="no /usr/bin/python3")
+@pytest.mark.parametrize("flags", [["-sES"], []])
+def test_r1_the_xid_parser_is_read_from_beside_the_program_only(tmp_path, flags):
+    """Installed as roles/burnin installs it (PREFIX/bin) but without rigup_xid.py beside it (a converge cut
+    between the two files): decoys in the prefix's parent (round 8 R1: /opt), a rigup package there, in the
+    current directory and on PYTHONPATH are never imported; the program ends naming the file. With the file
+    beside it, and a rigup_xid/ package beside that, the file is the one read (by its path)."""
+    bin_ = tmp_path / "opt/rigup/bin"
+    bin_.mkdir(parents=True)
+    program = installed(bin_)
+    (bin_ / "rigup_xid.py").unlink()
+    for where in (tmp_path / "opt", tmp_path / "cwd", tmp_path / "pp"):
+        where.mkdir(exist_ok=True)
+        (where / "rigup_xid.py").write_text(DECOY)
+        (where / "rigup/gpu").mkdir(parents=True)
+        (where / "rigup/gpu/xid.py").write_text(DECOY)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "pp")}
+    r = subprocess.run([PYTHON, *flags, str(program), "--help"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path / "cwd", env=env)
+    assert (r.returncode, r.stderr) == (2, "rigup-burnin: rigup_xid.py is not beside it (roles/burnin installs the two): "
+                                           "not run\n")
+    (bin_ / "rigup_xid.py").write_text((ROOT / "rigup/gpu/xid.py").read_text())
+    (bin_ / "rigup_xid").mkdir()
+    (bin_ / "rigup_xid/__init__.py").write_text(DECOY)
+    r = subprocess.run([PYTHON, *flags, str(program), "status", "--results", str(tmp_path / "none.json")],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path / "cwd", env=env)
+    assert r.returncode == 0 and "decoy" not in r.stderr, r.stderr
+
+
+def test_r1_the_source_tree_reads_its_own_file():
+    """In the source tree (the controller imports the module; tests/gpu runs the file) rigup/gpu/xid.py."""
+    assert acceptance.xid_lines.__file__ == str(ROOT / "rigup/gpu/xid.py")
