@@ -76,19 +76,26 @@ HERE = Path(__file__).resolve().parent
 LEASE_UNIT = "rigup-burnin-lease.service"
 LAPSED = f"{RUN_DIR}/burnin-lapsed"   # what a lapsed lease did, for the next converge to say (then removed)
 # the SSH session the operation runs in (the nearest sshd above it: the kernel ends it when the
-# controller dies, even by SIGKILL) and the operation's process group (the burn-in and its workers)
+# controller dies, even by SIGKILL), the operation's process group (the burn-in and its workers) and
+# its leader's start time (field 22 of /proc/PID/stat, in clock ticks since boot): which group it is
 SESSION = ("s=$$; while [ \"${s:-1}\" -gt 1 ] && ! grep -q '^sshd' /proc/$s/comm 2>/dev/null; do "
            "s=$(sed 's/.*) //' /proc/$s/stat | cut -d' ' -f2); done; s=${s:-1}; "
-           "g=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)")
+           "g=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3); "
+           "t=$(sed 's/.*) //' /proc/$g/stat 2>/dev/null | cut -d' ' -f20)")
 # the lease's watcher, a transient unit of its own (outlives the session; no ${...} in it: systemd
 # expands that in a unit's command line, as an environment variable): $1 the session, $2 the
-# process group, $3 the lease, $4 the note, $5 rigup-burnin's list of the cards under test (a run
-# killed leaves it, and the GPU guard would leave those cards alone), then the units
-WATCH = """s=$1 g=$2 lease=$3 note=$4 testing=$5; shift 5
+# process group, $3 its leader's start time, $4 the lease, $5 the note, $6 rigup-burnin's list of
+# the cards under test (a run killed leaves it, and the GPU guard would leave those cards alone),
+# then the units. The group is signalled only while it is still the burn-in's (round 8 W1: a run
+# that ended without a verdict, its controller gone, left the watcher armed; a group id reused
+# meanwhile was another's): its leader is the one of that start time, or gone (a group id is not
+# given to a new process while any member of the group lives, so then only the burn-in's are left)
+WATCH = """s=$1 g=$2 t=$3 lease=$4 note=$5 testing=$6; shift 6
 while [ -e /proc/$s ]; do sleep 2; done
 gone=$(date '+%Y-%m-%d %H:%M:%S %Z')
 sleep "$lease"
-if kill -s TERM -- -$g 2>/dev/null; then sleep 5; kill -s KILL -- -$g 2>/dev/null; rm -f "$testing"; fi
+ours() { now=$(sed 's/.*) //' /proc/$g/stat 2>/dev/null | cut -d' ' -f20); [ -z "$now" ] || [ "$now" = "$t" ]; }
+if ours && kill -s TERM -- -$g 2>/dev/null; then sleep 5; ours && kill -s KILL -- -$g 2>/dev/null; rm -f "$testing"; fi
 systemctl start "$@"
 said="a burn-in in a roll was cut short (its controller's SSH session ended at $gone) and its lease \
 of $lease s lapsed: $* started again at $(date '+%Y-%m-%d %H:%M:%S %Z')"
@@ -223,7 +230,7 @@ def accepted(argvs: list[list[str]], stop: list[str] = (), lease: int = 0):
     units = " ".join(shlex.quote(u) for u in stop)
     watch = " ".join(shlex.quote(a) for a in ["/bin/sh", "-c", WATCH, "rigup-burnin-lease"])
     arm = (f"if [ \"$s\" -gt 1 ]; then systemctl stop {LEASE_UNIT} 2>/dev/null; systemctl reset-failed {LEASE_UNIT} "
-           f"2>/dev/null; systemd-run --quiet --collect --unit={LEASE_UNIT} {watch} \"$s\" \"$g\" {int(lease)} "
+           f"2>/dev/null; systemd-run --quiet --collect --unit={LEASE_UNIT} {watch} \"$s\" \"$g\" \"$t\" {int(lease)} "
            f"{shlex.quote(LAPSED)} {shlex.quote(TESTING)} {units} || exit 1; fi")
     yield (f"{SESSION}; {arm}; if systemctl stop {units}; then {run}; rc=$?; else rc=1; fi; "
            f"if [ $rc = 0 ]; then systemctl start {units} || rc=$?; fi; "

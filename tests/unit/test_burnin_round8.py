@@ -254,3 +254,73 @@ def test_r1_the_xid_parser_is_read_from_beside_the_program_only(tmp_path, flags)
 def test_r1_the_source_tree_reads_its_own_file():
     """In the source tree (the controller imports the module; tests/gpu runs the file) rigup/gpu/xid.py."""
     assert acceptance.xid_lines.__file__ == str(ROOT / "rigup/gpu/xid.py")
+
+
+# ---------------------------------------------------------------- W1: the lease's watcher signals only the burn-in's group
+def start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (after the name, which may hold blanks and parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def watched(tmp_path: Path, group: int, started: str) -> subprocess.CompletedProcess:
+    """The lease's WATCH under sh as systemd-run starts it: its session already ended, a lease of 1 s."""
+    from roles import burnin
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    (shim / "systemctl").write_text("#!/bin/sh\necho \"systemctl $*\" >> \"$(dirname \"$0\")/calls\"\n")
+    (shim / "systemctl").chmod(0o755)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    return subprocess.run(["sh", "-c", burnin.WATCH, "rigup-burnin-lease", str(ended.pid), str(group), started, "1",
+                           str(tmp_path / "note"), str(tmp_path / "testing"), "rigup-llama@a.service"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": f"{shim}:/usr/bin:/bin"})
+
+
+def test_w1_the_session_records_the_groups_leader_and_its_start_time():
+    """SESSION's $g and $t: the operation's process group and the start time of its leader, as /proc says."""
+    from roles import burnin
+    r = subprocess.run(["setsid", "sh", "-c", burnin.SESSION + '; echo "$g $t"; echo $$'], capture_output=True,
+                       text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    (group, started), (me,) = (line.split() for line in r.stdout.splitlines())
+    assert group == me and started.isdigit(), r.stdout
+
+
+@pytest.mark.parametrize("case", ["its leader's pid taken by another", "the burn-in's still", "its leader gone"])
+def test_w1_the_watcher_signals_the_recorded_group_only_while_it_is_the_burn_ins(tmp_path, case):
+    """Round 8 W1: the group id recorded at arm time, its leader's pid now another process's (a run that ended
+    without a verdict, the id reused): that process's group is left alone, and the units still started
+    again. The burn-in's own group (its leader of the recorded start time, or its leader gone while its
+    workers live) is ended."""
+    if case == "its leader gone":   # the leader exits at once; the member in its group lives on
+        leader = subprocess.Popen(["setsid", "sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE,
+                                  text=True)
+        member = int(leader.stdout.readline())
+        group, started = leader.pid, "1"
+        leader.wait()
+    else:
+        other = subprocess.Popen(["setsid", "sleep", "30"])
+        for _ in range(100):   # setsid has made the group once sleep runs in it
+            if os.getpgid(other.pid) == other.pid and "sleep" in Path(f"/proc/{other.pid}/comm").read_text():
+                break
+            __import__("time").sleep(0.02)
+        group, member = other.pid, other.pid
+        started = start_time(other.pid) if case == "the burn-in's still" else str(int(start_time(other.pid)) - 1)
+    try:
+        r = watched(tmp_path, group, started)
+        print(r.stdout, r.stderr)
+        if case == "its leader's pid taken by another":
+            assert not gone(member) and other.poll() is None
+        else:
+            assert __import__("time").sleep(0.2) or gone(member)
+        assert (tmp_path / "bin/calls").read_text() == "systemctl start rigup-llama@a.service\n"
+        assert "lapsed: rigup-llama@a.service started again" in (tmp_path / "note").read_text()
+    finally:
+        if not gone(member):
+            os.kill(member, 9)
