@@ -66,5 +66,9 @@ def close_all() -> None:
     """The forking processes ended (a test module's last test done)."""
     for proc in _forkers.values():
         proc.stdin.close()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:   # still waiting on a run that outlived its test's timeout
+            proc.kill()
+            proc.wait()
     _forkers.clear()
