@@ -20,10 +20,11 @@ from tests.roles.test_kill_switch import killed_when
 
 pytestmark = pytest.mark.lab
 # a sweep that shows the mechanism, not the fastest flags: slots up to 8 (the target's 4 and one
-# doubling, which a 4-concurrent load seldom gains from) and 16 tokens a completion; 32 slots and 32
-# tokens took 62 s of the sweep's CI run (6 points, each a server started and measured)
+# doubling, which a 4-concurrent load seldom gains from) and 8 tokens a completion (1 slot against 4
+# still measures 2x); 32 slots and 32 tokens took 62 s of the sweep's CI run (6 points, each a server
+# started and measured)
 TUNE = ["--data", "llama_server_tune_budget_s=90", "--data", "llama_server_tune_concurrency=4",
-        "--data", "llama_server_tune_max_tokens=16", "--data", "llama_server_tune_max_parallel=8"]
+        "--data", "llama_server_tune_max_tokens=8", "--data", "llama_server_tune_max_parallel=8"]
 ONE_SLOT = ["--data", "llama_server_instances=" + json.dumps(
     {"gemma": {"model": "gemma-270m", "port": 8081, "ctx": 2048, "parallel": 1, "ngl": 0}})]
 STATE = "/var/lib/rigup"
@@ -159,7 +160,7 @@ def test_a_router_is_tuned_a_model_at_a_time_and_the_next_converge_serves_each_w
     router = {"model": "gemma-a", "also": ["gemma-b"], "models_max": 1, "ctx": 4096, "parallel": 1, "port": 8081,
               "ngl": 0, "min_tokens_per_s": 0}
     site = {"models": {"gemma-a": gemma, "gemma-b": gemma}, "llama_server_instances": {"x": router},
-            "llama_server_tune_levels": [4], "llama_server_tune_budget_s": 90, "llama_server_tune_max_tokens": 16,
+            "llama_server_tune_levels": [4], "llama_server_tune_budget_s": 90, "llama_server_tune_max_tokens": 8,
             "llama_server_tune_max_parallel": 4}   # each model's sweep: as it is, 4 slots, --cache-ram 0
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "lab.yml").write_text(yaml.safe_dump(site))
