@@ -53,9 +53,10 @@ POOL = (f"{STATS} | awk -F, '$1 == \"gateway-gemma\" && $2 ~ /^lab/ {{gsub(/ /, 
 SAMPLER = f"while [ ! -e /root/stop ]; do {POOL}; sleep 0.3; done"
 SOCKET = "/run/haproxy/admin.sock"
 # Short waits (issue 45), each a parameter of the code under test, the figures said with them:
-GATE_S = 45     # llama_server_health_timeout of the roll whose gate never answers (600 by default; its
-                # schema's floor is 10): the hosts that do answer, -c 1024 on a loaded machine, need margin
-                # (15 s failed lab2's health completion on a 2-core Xeon VM whose AMX repack crashes)
+GATE_S = 10     # llama_server_health_timeout of lab3, the host whose gate never answers (600 by default; its
+                # schema's floor): lab3's host data only, so lab1-2, which do answer (-c 1024 on a loaded
+                # machine), keep the default's margin (15 s failed lab2's health completion on a 2-core Xeon VM
+                # whose AMX repack crashes; 45 for every host cost the roll 35 s of waiting on lab3)
 REBOOT_S = 2    # nvidia_driver_reboot_delay (5 by default): a lab host is back within 2 s of its reboot
 SETTLE_S = 1    # the client and the sampler run this long before a block and after it
 POLL_S = 0.5    # wait_pool's poll of the gateway's stats page
@@ -97,8 +98,9 @@ def wait_pool(lab, want: dict[str, str], seconds: int = 90) -> dict[str, str]:
 def rack(lab):
     """lab1-4 serve gemma (-c 2048) with one API key (lab1's, as a rack behind one URL needs);
     lab5 is their gateway (tests/roles/balancer_only.py); a second converge changes nothing. lab1
-    goes first, alone (lab2-4 then find its compiled objects in the lab's ccache); the gateway's
-    first converge runs next to lab2-4's (its frontends' gate is answered by lab1)."""
+    goes first, alone (lab2-4 then find its compiled objects in the lab's ccache), while the HGX
+    hosts get their fabric manager; the gateway's first converge runs next to lab2-4's (its
+    frontends' gate is answered by lab1), its second while lab2-4 take lab1's key."""
     from roles.nvidia_driver.packages import upstream
     from tests.lab import fabric_debs, hub
 
@@ -106,28 +108,32 @@ def rack(lab):
     lab.up(1, "none", first=5)
     gateway = ("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY)
     try:
-        # the HGX hosts' fabric manager at their driver's version (the profile's), held and running, as
-        # rented; the lab's repository has it there and at the release of Debian's 535 driver (the roll's)
-        driver = on_host(lab, HGX[0], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1").strip()
-        debian_535 = on_host(lab, HGX[0], fabric_debs.CANDIDATE).strip()
-        assert driver.startswith("580.") and debian_535.startswith("535."), (driver, debian_535)
-        fabric_debs.build([f"{driver}-1", f"{upstream(debian_535)}-1"])   # as NVIDIA's repository names them
         hub.serve()
-        fm = " ".join(f"{p}={driver}-1" for p in FABRIC.format(b=driver.split(".")[0]).split())
-        with ThreadPoolExecutor(2) as each:
-            list(each.map(lambda n: on_host(lab, n, f"{fabric_debs.source_setup()} && apt-get install -y -qq {fm} "
-                                                    f">/dev/null && apt-mark hold {fm.replace(f'={driver}-1', '')} "
-                                                    ">/dev/null && systemctl enable -q --now nvidia-fabricmanager"), HGX))
-        converge("inventory/lab.py", "--limit", "lab1", *data(2048), env=ENV)
+        with ThreadPoolExecutor(1) as alone:
+            lab1 = alone.submit(converge, "inventory/lab.py", "--limit", "lab1", *data(2048), env=ENV)
+            # the HGX hosts' fabric manager at their driver's version (the profile's), held and running, as
+            # rented; the lab's repository has it there and at the release of Debian's 535 driver (the roll's)
+            driver = on_host(lab, HGX[0], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1").strip()
+            debian_535 = on_host(lab, HGX[0], fabric_debs.CANDIDATE).strip()
+            assert driver.startswith("580.") and debian_535.startswith("535."), (driver, debian_535)
+            fabric_debs.build([f"{driver}-1", f"{upstream(debian_535)}-1"])   # as NVIDIA's repository names them
+            fm = " ".join(f"{p}={driver}-1" for p in FABRIC.format(b=driver.split(".")[0]).split())
+            with ThreadPoolExecutor(2) as each:
+                list(each.map(lambda n: on_host(lab, n, f"{fabric_debs.source_setup()} && apt-get install -y -qq {fm} "
+                                                        f">/dev/null && apt-mark hold {fm.replace(f'={driver}-1', '')} "
+                                                        ">/dev/null && systemctl enable -q --now nvidia-fabricmanager"), HGX))
+            lab1.result()
         with ThreadPoolExecutor(1) as pool_:
             first = pool_.submit(pyinfra, *gateway, env=ENV)
             converge("inventory/lab.py", *[a for n in SERVING[1:] for a in ("--limit", n)], *data(2048), env=ENV)
             run = first.result()
         assert run.returncode == 0, run.output[-5000:]
         key = on_host(lab, "lab1", f"cat {KEY}")
-        for name in SERVING[1:]:
-            on_host(lab, name, f"printf %s {key} > {KEY} && systemctl restart rigup-llama@gemma")
-        run = pyinfra(*gateway, env=ENV)
+        with ThreadPoolExecutor(len(SERVING)) as each:
+            second = each.submit(pyinfra, *gateway, env=ENV)
+            list(each.map(lambda n: on_host(lab, n, f"printf %s {key} > {KEY} && systemctl restart rigup-llama@gemma"),
+                          SERVING[1:]))
+            run = second.result()
         assert run.returncode == 0, run.output[-5000:]
         assert run.totals["changed"] == 0
         on_host(lab, GATEWAY, f"install -d /etc/rigup/llama-server && printf %s {key} > {KEY}")
@@ -214,13 +220,15 @@ def roll(lab, inventory: str, *args: str, on_line=None, env: dict = ENV) -> dict
 
 def test_a_failed_gate_stops_the_roll_there(rack):
     """lab3's llama-server is replaced by a stand-in that never answers (a drop-in after rigup's):
-    its gate times out (GATE_S); lab1-2 roll to -c 1024, lab3 stays out of the pool, lab4 is not touched."""
+    its gate times out (GATE_S, its host data); lab1-2 roll to -c 1024, lab3 stays out of the pool, lab4
+    is not touched."""
     lab = rack
     on_host(lab, "lab3", f"printf '[Service]\\nExecStart=\\nExecStart=/bin/sleep infinity\\n' > {HANG} && systemctl daemon-reload")
     try:
-        rolled = roll(lab, "inventory/lab.py", *data(1024), "--data", f"llama_server_health_timeout={GATE_S}")
+        rolled = roll(lab, "inventory/lab.py", *data(1024),
+                      env={**ENV, "RIGUP_LAB_HOST_DATA": json.dumps({"lab3": {"llama_server_health_timeout": GATE_S}})})
         served = {name: ctx_served(lab, name) for name in SERVING}
-        print(f"ctx served after the stopped roll: {served}; gateway pool: {pool(lab)}")
+        print(f"ctx served after the stopped roll (lab3's gate {GATE_S} s): {served}; gateway pool: {pool(lab)}")
         assert rolled["code"] != 0
         assert rolled["result"]["failed"] == 0, rolled["result"]["errors"]
         assert max(map(len, rolled["out_of_pool"])) == 1
