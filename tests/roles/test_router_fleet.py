@@ -12,10 +12,12 @@ import json
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from rigup.secrets import fleet_api_key
 from tests.conftest import on_host
 from tests.converge import converge, pyinfra
 from tests.roles.test_router import PORT, models_with_tiny
@@ -42,11 +44,21 @@ def recipe(lab) -> dict:
     return {"models": models_with_tiny(), "llama_server_instances": {"duo": router}}
 
 
-def serve(hosts: list[str], recipe: dict):
-    """The serving hosts converged with ``recipe`` as their data, then the gateway; both runs."""
+def serve(lab, hosts: list[str], recipe: dict, boot: bool = False):
+    """The serving hosts converged with ``recipe`` as their data while the gateway converges (booted
+    first, with ``boot``): it reads their data of the inventory, not of them, and its frontends' gate
+    waits (balancer_health_timeout) until they answer; both runs."""
     env = {**ENV, "RIGUP_LAB_HOST_DATA": json.dumps({h: recipe for h in hosts})}
-    served = converge("inventory/lab.py", *[a for h in hosts for a in ("--limit", h)], *FLEET, env=env)
-    gate = pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY, *FLEET, env=env)
+
+    def gateway():
+        if boot:
+            lab.up(1, "none", first=3)
+        return pyinfra("inventory/lab.py", "tests/roles/balancer_only.py", "--limit", GATEWAY, *FLEET, env=env)
+
+    with ThreadPoolExecutor(1) as aside:
+        running = aside.submit(gateway)
+        served = converge("inventory/lab.py", *[a for h in hosts for a in ("--limit", h)], *FLEET, env=env)
+        gate = running.result()
     assert gate.returncode == 0, gate.output[-5000:]
     return served, gate
 
@@ -55,15 +67,17 @@ def serve(hosts: list[str], recipe: dict):
 def fleet(lab, recipe):
     hosts = [h["name"] for h in lab.hosts()][:2]
     KEY_SRC.unlink(missing_ok=True)
-    lab.up(1, "none", first=3)
+    fleet_api_key({"fleet_api_key": True, "fleet_api_key_src": str(KEY_SRC)})   # made once, for both runs at once
     try:
-        served, gate = serve(hosts, recipe)
+        served, gate = serve(lab, hosts, recipe, boot=True)
         on_host(lab, GATEWAY, f"printf 'Authorization: Bearer %s\\n' {KEY_SRC.read_text().strip()} > /root/auth.hdr")
         print(f"\n{' and '.join(hosts)}: duo in {served.seconds:.1f} s; gateway {GATEWAY} in {gate.seconds:.1f} s")
         yield hosts
     finally:
-        lab.remove(GATEWAY)
-        restored = pyinfra("inventory/lab.py", "deploy.py", *[a for h in hosts for a in ("--limit", h)])
+        with ThreadPoolExecutor(1) as aside:
+            removed = aside.submit(lab.remove, GATEWAY)
+            restored = pyinfra("inventory/lab.py", "deploy.py", *[a for h in hosts for a in ("--limit", h)])
+            removed.result()
         assert restored.returncode == 0, restored.output[-3000:]
 
 
@@ -72,11 +86,12 @@ def test_each_model_is_answered_where_it_stays_loaded(lab, fleet):
     for model in ("gemma-270m", "tiny"):   # each loaded somewhere first
         on_host(lab, GATEWAY, ASK.format(port=PORT, model=model))
     since = {h: on_host(lab, h, "date +%s").strip() for h in hosts}
-    start, answers = time.monotonic(), []
-    for i in range(REQUESTS):
-        model = ("gemma-270m", "tiny")[i % 2]
-        answers.append((model, json.loads(on_host(lab, GATEWAY, ASK.format(port=PORT, model=model))).get("model")))
+    # one shell on the gateway asks them all, one at a time, each answer on a line of its own
+    asked = [("gemma-270m", "tiny")[i % 2] for i in range(REQUESTS)]
+    start = time.monotonic()
+    out = on_host(lab, GATEWAY, "; ".join(f"{ASK.format(port=PORT, model=m)}; echo" for m in asked))
     seconds = time.monotonic() - start
+    answers = [(m, json.loads(line).get("model")) for m, line in zip(asked, out.splitlines(), strict=True)]
     spawns = {h: int(on_host(lab, h, SPAWNS.format(since[h])).strip() or 0) for h in hosts}
     loaded = {h: {m["id"]: m["status"]["value"] for m in json.loads(on_host(
         lab, h, f"curl -s -H \"Authorization: Bearer $(cat /etc/rigup/llama-server/duo.key)\" "
@@ -120,7 +135,7 @@ def test_slots_allowed_by_name_answer_and_the_key_removed_holds_them_off_again(l
     assert before[hosts[0]]["GET /slots?model=gemma-270m"] in (403, 404, 501) and before["--no-slots"] == 1, before
     restored = False
     try:
-        served, gate = serve(hosts, {**recipe, "llama_server_allow": ["slots"]})
+        served, gate = serve(lab, hosts, {**recipe, "llama_server_allow": ["slots"]})
         allowed = held_codes(lab, hosts)
         slots = json.loads(on_host(lab, GATEWAY, f"curl -s -m 300 -H @/root/auth.hdr "
                                                  f"'http://127.0.0.1:{PORT}/slots?model=gemma-270m'"))
@@ -130,11 +145,11 @@ def test_slots_allowed_by_name_answer_and_the_key_removed_holds_them_off_again(l
         assert allowed["gateway"] == {"GET /slots?model=gemma-270m": 200, "POST /props": 403}, allowed
         assert allowed[hosts[0]]["GET /slots?model=gemma-270m"] == 200, allowed
         assert isinstance(slots, list) and slots and "id" in slots[0], slots
-        served, gate = serve(hosts, recipe)
+        served, gate = serve(lab, hosts, recipe)
         restored = True
         after = held_codes(lab, hosts)
         print(f"the key removed: hosts {served.seconds:.1f} s, gateway {gate.seconds:.1f} s; {after}")
         assert after == before
     finally:
         if not restored:
-            serve(hosts, recipe)
+            serve(lab, hosts, recipe)
