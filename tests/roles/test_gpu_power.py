@@ -119,22 +119,45 @@ def sm_clocks(lab, host):
     return on_host(lab, host, "nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits").split()
 
 
-def test_clock_locks_by_class_hold_through_a_reboot_and_are_released(lab, host, applied):
-    policy = applied
+LOCK = {"a100": "1200,1275"}
+
+
+@pytest.fixture(scope="module")
+def rebooted(lab, host, policy):
+    """The policy's limits on the cards, then clocks locked by class (gpu_power_clocks) on top of
+    them, then one reboot: what the locking plays did, and what the host showed after the reboot.
+    One reboot serves both the clock-lock test and the after-reboot test (a boot takes its time)."""
     limits = {"gpu_power_watts": policy["gpu_power_watts"], "gpu_power_overrides": policy["gpu_power_overrides"]}
-    locked = data(**limits, gpu_power_clocks={"a100": "1200,1275"})
-    uuids = sorted(c["uuid"] for c in cards(lab, host))
+    if {c["uuid"]: c["limit"] for c in cards(lab, host)} != policy["expected"]:
+        play(host, *data(**limits))
+    locked = data(**limits, gpu_power_clocks=LOCK)
     n = len(calls(lab, host))
     run = play(host, *locked)
-    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()
-    assert sorted(a for a in calls(lab, host)[n:] if "-lgc" in a) == [["-i", u, "-lgc", "1200,1275"] for u in uuids]
-    assert [a for a in calls(lab, host)[n:] if "-pl" in a] == []           # the limits were right already
-    assert sm_clocks(lab, host) == ["1275"] * 8
-    assert play(host, *locked).totals["changed"] == 0
+    seen = {"limits": limits, "locked": locked, "run": run, "calls": calls(lab, host)[n:],
+            "clocks": sm_clocks(lab, host), "again": play(host, *locked)}
+    lab.reboot(host)                                                        # the driver forgets limits and locks
+    seen["after"] = {
+        "clocks": sm_clocks(lab, host),
+        "power journal": on_host(lab, host, "journalctl -b -u rigup-gpu-power -o cat"),
+        "limits": {c["uuid"]: c["limit"] for c in cards(lab, host)},
+        "journal": on_host(lab, host, "journalctl -b -o short-monotonic --no-pager "
+                                      "-u rigup-gpu-power.service -u rigup-llama@test.service").splitlines(),
+        "serving": on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip()}
+    return seen
 
-    lab.reboot(host)                                                        # the driver forgets the locks
-    assert sm_clocks(lab, host) == ["1275"] * 8                             # the boot unit locked them again
-    assert "GPU clocks locked at 1200,1275 MHz" in on_host(lab, host, "journalctl -b -u rigup-gpu-power -o cat")
+
+def test_clock_locks_by_class_hold_through_a_reboot_and_are_released(lab, host, rebooted):
+    limits, locked, run, after = rebooted["limits"], rebooted["locked"], rebooted["run"], rebooted["after"]
+    uuids = sorted(c["uuid"] for c in cards(lab, host))
+    assert "gpu_power | GPU power limits by UUID (set what differs, read back)" in run.changed_operations()
+    assert sorted(a for a in rebooted["calls"] if "-lgc" in a) == [["-i", u, "-lgc", "1200,1275"] for u in uuids]
+    assert [a for a in rebooted["calls"] if "-pl" in a] == []              # the limits were right already
+    assert rebooted["clocks"] == ["1275"] * 8
+    assert rebooted["again"].totals["changed"] == 0
+
+    # after the reboot (the driver forgot the locks)
+    assert after["clocks"] == ["1275"] * 8                                 # the boot unit locked them again
+    assert "GPU clocks locked at 1200,1275 MHz" in after["power journal"]
     assert play(host, *locked).totals["changed"] == 0
 
     n = len(calls(lab, host))
@@ -161,17 +184,15 @@ def test_a_cap_that_leaves_the_policy_goes_back_to_the_card_default(lab, host, p
     assert {x["uuid"]: x["limit"] for x in cards(lab, host)} == policy["expected"]
 
 
-def test_after_a_reboot_limits_are_applied_before_the_serving_unit_starts(lab, host, applied):
-    policy = applied
-    lab.reboot(host)
-    assert {c["uuid"]: c["limit"] for c in cards(lab, host)} == policy["expected"]   # the driver forgot them
-    journal = on_host(lab, host, "journalctl -b -o short-monotonic --no-pager "
-                                 "-u rigup-gpu-power.service -u rigup-llama@test.service").splitlines()
+def test_after_a_reboot_limits_are_applied_before_the_serving_unit_starts(lab, host, policy, rebooted):
+    after = rebooted["after"]
+    assert after["limits"] == policy["expected"]                          # the driver forgot them
+    journal = after["journal"]
     applied = next(i for i, ln in enumerate(journal) if "rigup-gpu-power: applied: 8 card(s) verified" in ln)
     serving = next(i for i, ln in enumerate(journal) if "serving starts; limits:" in ln)
     assert applied < serving, "\n".join(journal)
     assert "400.00" not in journal[serving] and "150.00" in journal[serving]
-    assert on_host(lab, host, "systemctl is-active rigup-llama@test.service").strip() == "active"
+    assert after["serving"] == "active"
 
 
 def test_no_bare_power_limit_ever(lab, host, applied):
