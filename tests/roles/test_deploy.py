@@ -32,23 +32,36 @@ def test_hosts_without_nvswitch_get_nothing_of_the_fabric(lab, second_converge):
     assert "fabric:" not in second_converge.output
 
 
+# A host of the lab's inventory at an address where nothing answers: to the controller, what a host
+# whose link is cut is (no answer to ARP, nor to SSH), without booting one to cut it.
+UNREACHABLE = """
+_gone = ({name!r}, {{**_base["lab"][0][0][1], "ssh_hostname": {address!r}}})
+a100 = (a100[0] + [_gone], a100[1])
+lab = (lab[0] + [_gone], lab[1])
+all = (all[0] + [_gone[0]], all[1])
+"""
+
+
 def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_path):
-    """4 hosts: two converged ones, one whose link is cut (unreachable) and one whose llama.cpp
-    build fails (a ref that does not exist). The two go on; the last lines name the other two
-    with their reasons; pyinfra exits non-zero."""
+    """4 hosts: two converged ones, one that does not answer (its link cut: an address of the
+    lab's network where no host answers) and one whose llama.cpp build fails (a ref that does not
+    exist; booted from a copy of lab2's disk, so that its run reaches the build without converging
+    a bare host first). The two go on; the last lines name the other two with their reasons;
+    pyinfra exits non-zero."""
     import json
 
+    from tests.bench_fleet import seed_from
     from tests.converge import ROOT, pyinfra
     from tests.roles.test_model_fetch import INVENTORY   # the lab's inventory with per-host data
     good = [h["name"] for h in lab.hosts()[:2]]
     first = max(int(h["name"].removeprefix("lab")) for h in lab.hosts()) + 1
-    cut, broken = f"lab{first}", f"lab{first + 1}"
-    lab.up(2, "a100", first=first)
+    broken, cut = f"lab{first}", f"lab{first + 1}"
+    lab.up(1, "a100", first=first, seed=seed_from(good[1]))
     try:
-        lab.run("ip", "link", "set", f"{lab.VETH}{cut}", "down")
         inventory = tmp_path / "fleet.py"
         inventory.write_text(INVENTORY.format(lab_inventory=str(ROOT / "inventory/lab.py"),
-                                              extra=json.dumps({broken: {"llama_cpp_ref": "no-such-ref"}})))
+                                              extra=json.dumps({broken: {"llama_cpp_ref": "no-such-ref"}}))
+                             + UNREACHABLE.format(name=cut, address=lab.address(cut)))
         run = pyinfra(str(inventory), "deploy.py", *(a for h in [*good, cut, broken] for a in ("--limit", h)),
                       timeout=1500)
         summary = run.output.split("--> rigup: what happened to each host", 1)[-1]
@@ -59,7 +72,6 @@ def test_a_fleet_run_says_what_happened_to_each_host(lab, second_converge, tmp_p
         assert re.search(rf"\[{cut}\] unreachable: .*(timed out|No route|Unable to connect|refused)", summary), summary
         assert re.search(rf"\[{broken}\] failed at .*llama.cpp.*no-such-ref", summary, re.S), summary
     finally:
-        lab.remove(cut)
         lab.remove(broken)
 
 
