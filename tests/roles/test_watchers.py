@@ -114,9 +114,9 @@ def journal(lab, name: str, program: str, since: int) -> str:
     return on_host(lab, name, f"journalctl -q -o cat --since @{since} --grep {shlex.quote('^' + program + ':')}; true")
 
 
-def watchdog_check(lab, name: str) -> None:
-    """One run of the watchdog as its timer starts it."""
-    on_host(lab, name, "systemctl start rigup-watchdog.service")
+def watchdog_check(lab, name: str, times: int = 1) -> None:
+    """``times`` runs of the watchdog, one after the other, as its timer starts it (one ssh call)."""
+    on_host(lab, name, " && ".join(["systemctl start rigup-watchdog.service"] * times))
 
 
 def guard_check(lab, name: str) -> float:
@@ -222,8 +222,7 @@ def test_speeds_that_are_no_number_never_become_a_figure_or_a_floor(host):
         assert code == 200 and '"predicted_per_second": Infinity' in body, body    # the fault is real
         before = {inst: pid(lab, name, inst) for inst in REPORTED}
         since, checks = int(time.time()), 5
-        for _ in range(checks):
-            watchdog_check(lab, name)
+        watchdog_check(lab, name, checks)
         log = journal(lab, name, "rigup-watchdog", since)
         figures, records = exported(lab, name), state(lab, name)
         for inst, text in REPORTED.items():
@@ -252,8 +251,7 @@ def test_a_gate_record_of_infinity_gives_no_floor(host):
         on_host(lab, name, f"install -d -m 755 /var/lib/rigup/gate && printf '%s\\n' {shlex.quote(text)} > {path}")
         written = on_host(lab, name, f"cat {path}").strip()
         before, since, checks = pid(lab, name, inst), int(time.time()), 3
-        for _ in range(checks):
-            watchdog_check(lab, name)
+        watchdog_check(lab, name, checks)
         log = journal(lab, name, "rigup-watchdog", since)
         ignored = [ln for ln in log.splitlines() if f"{inst}" in ln]
         figures = exported(lab, name)
@@ -278,21 +276,29 @@ def relay(lab, name: str, inst: str) -> tuple[int, float, str]:
     return int(code), float(seconds), body
 
 
+ONE = "/run/rigup-lab-one-metrics"   # one model's /metrics, its seconds
+
+
 def test_a_slow_three_model_scrape_ends_within_the_bound(host):
     lab, name = host
     inst, delay = "three", 4
     try:
         serve_stub(lab, name, inst, PORTS[inst], tps=200,
                    extra=("--router", ",".join(ROUTERS[inst]), "--all-loaded", "--metrics-delay", str(delay)))
-        one = on_host(lab, name, f"curl -s -o /dev/null -w '%{{time_total}}' "
-                                 f"'http://127.0.0.1:{PORTS[inst]}/metrics?model=m1&autoload=false'")
+        # one model's /metrics timed while the relay scrapes (the stand-in answers each request in a
+        # thread of its own): its 4 s within the relay's 10, not before them
+        timed = (f"curl -s -o /dev/null -w '%{{time_total}}' 'http://127.0.0.1:{PORTS[inst]}/metrics?model=m1"
+                 f"&autoload=false' > {ONE}.new && mv {ONE}.new {ONE}")
+        on_host(lab, name, f"rm -f {ONE} {ONE}.new; setsid -f sh -c {shlex.quote(timed)} >/dev/null 2>&1 </dev/null")
         loaded = on_host(lab, name, f"curl -s http://127.0.0.1:{PORTS[inst]}/models")
         code, seconds, body = relay(lab, name, inst)
+        one = until(lambda: on_host(lab, name, f"cat {ONE} 2>/dev/null; true").strip(), 30) or "0"
         print(f"\nrouter of {len(ROUTERS[inst])} loaded models, one model's /metrics {float(one):.1f} s: the relay "
               f"answered {code} after {seconds:.2f} s: {body.strip()[:200]}")
         assert loaded.count('"loaded"') == 3 and float(one) >= delay
         assert code == 503 and seconds <= 10.5 and "within the scrape's 10 s" in body, (code, seconds, body)
     finally:
+        lab.ssh(name, f"rm -f {ONE} {ONE}.new")
         unserve_stub(lab, name, inst)
 
 
@@ -342,8 +348,7 @@ def test_an_idle_sleeping_instance_is_left_asleep(host):
     try:
         inst = sleeping(lab, name)
         since, checks = int(time.time()), 5
-        for _ in range(checks):
-            watchdog_check(lab, name)
+        watchdog_check(lab, name, checks)
         asked = on_host(lab, name, f"cat {SLEEPY_LOG}").splitlines()
         completions = [ln for ln in asked if ln.startswith("/v1/chat/completions")]
         log = journal(lab, name, "rigup-watchdog", since)
@@ -409,14 +414,12 @@ def failing_twice(lab, name: str, inst: str, good: str, bad: str, ready) -> dict
     port, since, first = PORTS.get(inst, DUO_PORT), int(time.time()), pid(lab, name, inst)
     code, answer = ask(lab, name, port, bad)
     shown = statuses(lab, name, port)
-    for _ in range(K):
-        watchdog_check(lab, name)
+    watchdog_check(lab, name, K)
     restarted = until(lambda: pid(lab, name, inst) not in (first, "0"), 30)
     assert restarted and ready(), statuses(lab, name, port)
     second = pid(lab, name, inst)
     again, _ = ask(lab, name, port, bad)                # asked again after the restart: fails again
-    for _ in range(K):
-        watchdog_check(lab, name)
+    watchdog_check(lab, name, K)
     time.sleep(2)                                       # a restart (--no-block) would have begun by now
     answered, body = ask(lab, name, port, good)
     return {"code": code, "answer": answer, "shown": shown, "pids": [first, second, pid(lab, name, inst)],
@@ -499,8 +502,7 @@ def test_a_real_router_whose_model_file_is_truncated_is_restarted_once(duo):
     assert loaded(lab, name, port, good), statuses(lab, name, port)
     swapped, _ = ask(lab, name, port, bad)              # a swap: Gemma evicted, tiny loaded
     after_swap = statuses(lab, name, port)
-    for _ in range(K):
-        watchdog_check(lab, name)
+    watchdog_check(lab, name, K)
     swaps_restarts = state(lab, name)["duo"].get("restarts", 0)
     print(f"\nswap (tiny whole): HTTP {swapped}; /models {after_swap}; {K} checks: {swaps_restarts} restarts")
     assert swapped == 200 and not after_swap[good].get("failed") and swaps_restarts == 0
