@@ -102,9 +102,8 @@ def unchanged(lab, *names: str):
     /opt/rigup and /srv, and no file under /etc, /opt, /srv, /usr, /var/lib or /root newer than a
     mark set before it."""
     before = {}
-    for name in names:
-        on_host(lab, name, "touch /run/rigup-preflight-mark && sleep 0.01")
-        before[name] = on_host(lab, name, SNAPSHOT)
+    for name in names:     # (one SSH session each: the mark, then the snapshot)
+        before[name] = on_host(lab, name, f"touch /run/rigup-preflight-mark && sleep 0.01 && {{ {SNAPSHOT}; }}")
     yield
     for name in names:
         after = on_host(lab, name, SNAPSHOT)
