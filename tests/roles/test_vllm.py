@@ -59,6 +59,9 @@ def recipe(stub, **over) -> dict:
         "vllm_patches": stub["series"], "vllm_patch_manifest": stub["manifest"],
         "vllm_pip_args": ["--no-index", "--no-build-isolation"], "vllm_installer": "pip",  # the stub, offline
         "vllm_health_timeout": 60,
+        # the stand-in loads for 1 s (2 by default), refusing connections meanwhile: the gate (a poll
+        # every 2 s) still finds it loading at its first poll, and serving at its second, not third
+        "vllm_env": {"VLLM_STUB_LOAD_SECONDS": "1"},
     }
     values.update(over)
     return values
