@@ -22,7 +22,6 @@ from pyinfra import host
 
 from rigup import fleet
 from rigup.config import check_host
-from rigup.contract import served
 from rigup.models import models as model_entries
 from rigup.names import burnin_file, guard_file, xid_file
 from roles.metrics.prometheus import bind_address, url_host
@@ -39,7 +38,8 @@ if data["burnin_enabled"]:
 fetches = specs(data, models)
 if fetches:
     parts["fetch"] = progress_command(fetches)
-routers = [s["name"] for s in served(data) if s["entry"].get("also")]
+instances = fleet.configured(host.name, data)   # an entry not of its form: said, and left out
+routers = [name for var, name, inst in instances if var == "llama_server_instances" and inst["also"]]
 if data["metrics_enabled"] and routers:   # the loads each router's relay counted
     parts["loads"] = fleet.loads_section(
         f"http://{url_host(bind_address(host.name, data, 'metrics_address'))}:{data['metrics_relay_port']}", routers)
@@ -49,7 +49,7 @@ if data["prometheus_enabled"]:
 found = host.get_fact(fleet.FleetStatus, parts=parts)
 fleet.record_energy(fleet.parse_energy(found.get("energy", [])))
 probed = parse_progress(found.get("fetch", []), fetches)
-configured = fleet.served_models(served(data))   # a router's pinned model too: its own server, NAME.M
+configured = fleet.served_models(instances)   # a router's pinned model too: its own server, NAME.M
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],
                                         maintenance=data["rigup_maintenance"], models=configured,
                                         tuned=data.get("llama_server_tuned"), burnin_at=burnin_file(data),

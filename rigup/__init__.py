@@ -1,12 +1,11 @@
 """rigup's library: what every role may use and no role owns.
 
 - ``config``: role defaults, YAML group_vars, the form language, validation of a host's data
-- ``contract``: one contract per serving engine (every instance key in one table; the one reader
-  of the serving maps outside the engines' roles); standard library only
+- ``contract``: one contract per serving engine (every instance key in one table, each serving
+  map's key file); standard library only
 - ``instances``: each serving engine's entry form and its instances, normalised, tuned and
   checked: the one shape of an instance, read by the engines' roles, the serving plan, the
-  metrics, the watchdog, ``rpc`` and ``bench`` (``contract.served`` still gives the balancer,
-  ``bench`` and status.py both engines' entries)
+  metrics, the watchdog, ``rpc``, ``bench``, the balancer and status.py (``every``: both engines')
 - ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)

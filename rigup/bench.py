@@ -36,8 +36,9 @@ from rigup import traps
 from rigup.boundary import Unreadable, fields, owned, results
 from rigup.boundary.numbers import number, whole
 from rigup.config import ROLES_DIR
-from rigup.contract import llama_server, served
+from rigup.contract import MAPS, llama_server
 from rigup.contract.vllm import api_name
+from rigup.instances import every
 from rigup.instances.llama_server import normalised
 from rigup.gate import STOPS, endpoint, signal_name
 from rigup.models import first_gguf, models
@@ -59,20 +60,20 @@ _ATTEMPT = re.compile(r"##llama-bench(-retry)? (\S+) (\S+)")
 def targets(data: dict, units: list[str] = ()) -> list[dict]:
     """The host's serving instances as bench.py reaches them on the host: name, engine, url, key
     file (or None), model (vLLM checks the served name), via ("balancer" for an instance with
-    replicas, whose host:port is HAProxy's), from the serving maps' contract (rigup/contract
-    ``served``: host 127.0.0.1 unless set). Each replica of the host's active ``units``
+    replicas, whose host:port is HAProxy's), from both engines' instances (rigup.instances ``every``;
+    the key file the contract's ``MAPS``). Each replica of the host's active ``units``
     (``rigup-llama@NAME-K.service``) is measured too, on its own, at 127.0.0.1:port+1+K
-    (llama-server's ``replicas``)."""
+    (llama-server's ``replicas``: below its count, any for ``auto``)."""
     found = []
-    for inst in served(data):
-        name, engine = inst["name"], "llama-server" if inst["var"] == "llama_server_instances" else "vllm"
+    for var, name, inst in every(data):
+        engine = "llama-server" if var == "llama_server_instances" else "vllm"
         # vLLM checks the served name; a llama-server router (also) routes by model: its own is measured
-        model = api_name(name, inst["entry"]) if engine == "vllm" else (
-            llama_server.api_model(name, inst["entry"]) if inst["entry"].get("also") else None)
-        base = {"engine": engine, "key": inst["key"], "model": model}
-        replicas = inst["entry"].get("replicas")
-        ks = replica_numbers(name, units, replicas if isinstance(replicas, int) and not isinstance(replicas, bool)
-                             else REPLICAS_MAX, inst["port"]) if engine == "llama-server" else []
+        model = api_name(name, inst) if engine == "vllm" else (
+            llama_server.api_model(name, inst) if inst["also"] else None)
+        base = {"engine": engine, "key": MAPS[var].format(name) if inst["api_key"] else None, "model": model}
+        replicas = inst["replicas"]
+        ks = replica_numbers(name, units, REPLICAS_MAX if replicas == "auto" else replicas,
+                             inst["port"]) if engine == "llama-server" else []
         found.append({"name": name, **base, "url": endpoint(inst["host"], inst["port"]), "via": "balancer" if ks else None})
         found += [{"name": f"{name}-{k}", **base, "url": f"http://127.0.0.1:{inst['port'] + 1 + k}",
                    "via": "replica"} for k in ks]

@@ -39,7 +39,8 @@ from rigup.boundary import Unreadable, burnin
 from rigup.boundary.core import loads   # every JSON a host or Prometheus gave: RecursionError too
 from rigup.boundary.numbers import json_whole, number, whole
 from rigup.names import GUARD_TIMER, RELAY_UNIT, WATCHDOG_TIMER, burnin_copy
-from rigup.text import shown, shown_lines
+from rigup.instances import every, left_out
+from rigup.text import say, shown, shown_lines
 
 MARK = "##rigup-status:"
 XID_MARK = "@@ xid"      # in the guard section: the host's boot id, then the guard's Xid state file
@@ -501,12 +502,22 @@ def tuned_text(entry: dict | None) -> str | None:
     return f"tuned {ratio:.2f}x at {json_whole(entry.get('concurrency'), 1 << 20) or '?'} concurrent"
 
 
-def served_models(entries: list[dict]) -> dict[str, str]:
-    """{server name: its configured model} for :func:`host_row` (``models``): each serving entry
-    (``entries``: rigup.contract.served) by its name, and each model M a router pins (contract
+def configured(name: str, data) -> list[tuple[str, str, dict]]:
+    """Host ``name``'s serving instances as status.py reads them (``data``: its configuration;
+    rigup.instances ``every``); each entry not of its form said, naming the host and the key,
+    and left out of the host's row."""
+    for where, why in left_out(data):
+        say(f"[{name}] {where}: {why}: left out of status (preflight refuses it)", fg="yellow")
+    return every(data)
+
+
+def served_models(instances: list[tuple[str, str, dict]]) -> dict[str, str]:
+    """{server name: its configured model} for :func:`host_row` (``models``): each serving instance
+    (``instances``: :func:`configured`) by its name, and each model M a router pins (contract
     ``pinned``), whose server rigup-llama@NAME.M the serving section names NAME.M, M."""
-    out = {s["name"]: s["model"] for s in entries}
-    out.update({llama_server.PINNED_UNIT.format(s["name"], m): m for s in entries for m in llama_server.pinned(s["entry"])})
+    out = {name: inst["model"] for _, name, inst in instances}
+    out.update({llama_server.PINNED_UNIT.format(name, m): m for _, name, inst in instances
+                for m in llama_server.pinned(inst)})
     return out
 
 

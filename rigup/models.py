@@ -250,3 +250,17 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None,
         if not found and model in valid:
             out[name] = entry
     return out, problems
+
+
+def of_form(var: str, raw: dict, schema: dict[str, Key]) -> tuple[dict, list[tuple[str, str]]]:
+    """The entries ``raw`` of the serving map ``var`` that are each of ``schema``'s form,
+    normalised, by name in order, and (key path, problem) for the others, left out (the rules
+    across entries and ``models`` are :func:`instances`', which preflight checks before a
+    converge reads a peer's data or a host's)."""
+    found, problems = {}, []
+    for name, entry in raw.items():
+        inst, wrong = normalise(entry, schema, f"{var}.{name}", name=name)
+        problems += wrong
+        if not wrong:
+            found[name] = inst
+    return {name: found[name] for name in sorted(found)}, problems

@@ -4,9 +4,9 @@ from it (the entry form, the command line, the flags extra_args may not give aga
 sweeps, the docs). Standard library only: the programs that run on hosts (rigup/tune.py) ship the
 tables with them, and tests/gpu loads them with a plain python3.
 
-- here: the keys every serving entry has (:data:`SERVING`), each engine's map and key file
-  (:data:`MAPS`), and :func:`served`, the one reader of the serving maps for the code outside the
-  engines' roles (the balancer, roll.py, status.py), with their defaults filled in
+- here: the keys every serving entry has (:data:`SERVING`) and each engine's map and key file
+  (:data:`MAPS`); the instances themselves, normalised, are rigup/instances/'s (``every``: both
+  engines', for the balancer, rigup/bench.py and status.py)
 - ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows, and its instances' key files
   (:func:`~rigup.contract.llama_server.key_file`); the instances themselves, normalised and
   tuned, are rigup/instances/'s
@@ -63,29 +63,6 @@ SERVING: tuple[Row, ...] = (
 
 # each serving map -> the key file of its instance NAME on a host (.format(NAME))
 MAPS = {"llama_server_instances": "/etc/rigup/llama-server/{}.key", "vllm_instances": "/etc/rigup/vllm/{}.key"}
-
-
-def defaults(rows) -> dict:
-    """key -> default of ``rows`` (those that have one; a list default copied)."""
-    return {r.key: list(r.default) if isinstance(r.default, list) else r.default
-            for r in rows if r.default is not REQUIRED}
-
-
-def served(data: dict) -> list[dict]:
-    """Every entry of the host's serving maps (``data``: its configuration), with the keys every
-    serving entry has filled in: {"var", "name", "model", "port", "host", "api_key", "key" (its key
-    file, or None), "entry" (the whole entry, its own keys only)}. An entry that is not a map, or
-    whose port is not a number, is left out (preflight refuses it before anything reads it)."""
-    out = []
-    for var, key in MAPS.items():
-        for name, entry in sorted((data.get(var) or {}).items()):
-            if not isinstance(entry, dict) or not isinstance(entry.get("port"), int) or isinstance(entry["port"], bool):
-                continue
-            inst = {**defaults(SERVING), **entry}
-            out.append({"var": var, "name": str(name), "model": inst.get("model"), "port": inst["port"],
-                        "host": inst["host"] or "127.0.0.1", "api_key": bool(inst["api_key"]),
-                        "key": key.format(name) if inst["api_key"] else None, "entry": entry})
-    return out
 
 
 def flag_args(rows, inst: dict) -> list:

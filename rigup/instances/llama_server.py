@@ -16,7 +16,7 @@ from rigup.config import once
 from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_MODEL_OWN, doc_line, held_off_flags,
                                         owned, pinned)
 from rigup.entries import Key, normalise, unknown_reference
-from rigup.models import SERVING_KEYS, ServingInstance, flag_values, owned_flag_problems
+from rigup.models import SERVING_KEYS, ServingInstance, flag_values, of_form, owned_flag_problems
 from rigup.models import instances as _entries
 from rigup.instances.tuned import tuned
 
@@ -211,17 +211,17 @@ def _laid(data: Config) -> tuple[dict, list[tuple[str, str]]]:
 
 def normalised(data: Config) -> dict[str, LlamaInstance]:
     """The host's llama-server instances for the readers beyond the role (the metrics, the
-    watchdog, rigup/rpc.py, rigup/bench.py), by name in order: :func:`instances`' shape
+    watchdog, rigup/rpc.py, and through :func:`rigup.instances.every` the balancer, rigup/bench.py
+    and status.py), by name in order: :func:`instances`' shape
     (normalised, tuned; ctx and parallel may still be ``auto``: the serving plan sizes them),
     each entry of its own form. The rules across entries and ``models`` are :func:`instances`'
     (preflight refuses a host that breaks one before anything reads this), so a reader of a
     peer's data, or of a host that preflight refused, sees every entry of its form. Made once per
     run for a host's configuration (rigup.config.once): read it, never change it."""
-    def build() -> dict[str, LlamaInstance]:
-        found = {}
-        for name, entry in _laid(data)[0].items():
-            inst, problems = normalise(entry, LLAMA_INSTANCE, f"llama_server_instances.{name}", name=name)
-            if not problems:
-                found[name] = inst
-        return {name: found[name] for name in sorted(found)}
-    return once(data, ("llama_server_instances", "normalised"), build)
+    return formed(data)[0]
+
+
+def formed(data: Config) -> tuple[dict[str, LlamaInstance], list[tuple[str, str]]]:
+    """:func:`normalised`, and (key path, problem) for each entry it leaves out."""
+    return once(data, ("llama_server_instances", "normalised"),
+                lambda: of_form("llama_server_instances", _laid(data)[0], LLAMA_INSTANCE))

@@ -1,6 +1,7 @@
 """The form of an entry of ``vllm_instances`` (name -> instance), with each key's default and
 meaning, and the rules its values follow (pipeline partition, GPU list, environment);
-:func:`instances` reads them normalised, with problems by key path."""
+:func:`instances` reads them normalised, with problems by key path; :func:`normalised` the same
+shape for the readers beyond the role."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rigup.contract.vllm import FLAGS, OTHER, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
-from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, owned_flag_problems
+from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, of_form, owned_flag_problems
 from rigup.models import instances as _entries
 
 
@@ -127,3 +128,18 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInsta
         found += speculative_problems(entry, where, data.get("models") or {})
         return found + env_problems(entry["env"], f"{where}.env")
     return _entries(data, "vllm_instances", VLLM_INSTANCE, problems)
+
+
+def normalised(data: Config) -> dict[str, VllmInstance]:
+    """The host's vLLM instances for the readers beyond the role (through
+    :func:`rigup.instances.every`: the balancer, rigup/bench.py, status.py), by name in order:
+    :func:`instances`' shape, each entry of its own form (the rules across entries and ``models``
+    are :func:`instances`', which preflight checks). Made once per run for a host's configuration
+    (rigup.config.once): read it, never change it."""
+    return formed(data)[0]
+
+
+def formed(data: Config) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
+    """:func:`normalised`, and (key path, problem) for each entry it leaves out."""
+    return once(data, ("vllm_instances", "normalised"),
+                lambda: of_form("vllm_instances", data.get("vllm_instances") or {}, VLLM_INSTANCE))

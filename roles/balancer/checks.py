@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rigup.contract import MAPS, served
+from rigup.contract import MAPS
+from rigup.instances import every
 from rigup.refusal import Port, Refusal, needs_systemd
 from roles.balancer.config import gateway_backends
 
@@ -31,7 +32,7 @@ def _gateway(data: Config, fleet) -> list[dict]:
 def ports(plan: Plan, data: Config, fleet=None) -> list[Port]:
     """The stats frontend (loopback) when the host balances anything, and a gateway's frontends."""
     gateway = _gateway(data, fleet)
-    replicated = any(s["entry"].get("replicas", 1) != 1 for s in served(data))   # both engines' default: 1
+    replicated = any(inst["replicas"] != 1 for _, _, inst in every(data))
     stats = [Port(data["balancer_stats_port"], "balancer_stats_port", ("haproxy",))] \
         if gateway or replicated else []
     return stats + [Port(b["port"], f"balancer_gateway ({b['name']})", ("haproxy",)) for b in gateway

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from rigup.boundary.formats import haproxy_address, haproxy_word
 from rigup.config import ADDRESS, NAME
-from rigup.contract import llama_server, served
+from rigup.contract import llama_server
+from rigup.instances import every
 from rigup.templates import render
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ HELD_PATHS = (
 
 def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool = False) -> list[dict]:
     """A gateway's backends: per instance name served by the inventory's hosts that are not
-    gateways (``hosts``: name -> data), one server per host at its inventory address
+    gateways (``hosts``: name -> data; their instances as rigup.instances ``every`` reads them), one server per host at its inventory address
     (``ssh_hostname``, else its name) and that host's port of the instance; the frontend binds
     ``bind`` on the port the most hosts use (the lowest of a tie). A server whose host has
     ``rigup_maintenance`` is marked so (4th item): HAProxy keeps it out of the pool (``disabled``).
@@ -68,16 +69,15 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
         if host_name == me or data.get("balancer_gateway"):
             continue
         address = data.get("ssh_hostname") or host_name
-        for inst in served(data):
-            found.setdefault(inst["name"], []).append([host_name, address, inst["port"],
-                                                       bool(data.get("rigup_maintenance"))])
+        for var, name, inst in every(data):
+            found.setdefault(name, []).append([host_name, address, inst["port"], bool(data.get("rigup_maintenance"))])
             if fleet_key and inst["api_key"]:
-                keyed.add(inst["name"])
-            if inst["entry"].get("also") and inst["var"] == "llama_server_instances":
-                for model in [inst["model"], *inst["entry"]["also"]]:
-                    sets.setdefault(inst["name"], {}).setdefault(model, []).append(host_name)
-                for model, port in llama_server.pinned(inst["entry"]).items():   # a pinned model: its own server
-                    pins[(inst["name"], host_name, model)] = port
+                keyed.add(name)
+            if var == "llama_server_instances" and inst["also"]:
+                for model in [inst["model"], *inst["also"]]:
+                    sets.setdefault(name, {}).setdefault(model, []).append(host_name)
+                for model, port in llama_server.pinned(inst).items():   # a pinned model: its own server
+                    pins[(name, host_name, model)] = port
     out = []
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import charts
 from rigup import bench
 
-DATA = {"llama_server_instances": {"glm": {"model": "m", "port": 8081},
+DATA = {"llama_server_instances": {"glm": {"model": "m", "port": 8081, "replicas": 2},
                                    "keyed": {"model": "m", "port": 8082, "host": "10.0.0.5", "api_key": True}},
         "vllm_instances": {"qwen": {"model": "q", "port": 8000, "served_model_name": "Qwen 3"}}}
 

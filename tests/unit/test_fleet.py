@@ -438,12 +438,11 @@ def test_a_routers_pinned_model_is_a_server_of_its_own_with_its_model_and_state(
     the serving section names it NAME.M, and status.py's configured models (served_models) give it
     its model M: its own entry in the serving cell (state, port, /health, M@revision), a host that
     needs attention while it is down. The router's cell names only what it loads."""
-    from rigup.contract import served
     data = {"llama_server_instances": {"duo": {"model": "g", "also": ["big", "p"], "port": 8091,
                                                "per_model": {"p": {"pinned": True}}},
                                        "solo": {"model": "s", "port": 8081}},
             "vllm_instances": {"v": {"model": "m", "port": 8000}}}
-    models = fleet.served_models(served(data))
+    models = fleet.served_models(fleet.configured("lab1", data))
     assert models == {"duo": "g", "duo.p": "p", "solo": "s", "v": "m"}
     serving = ["@@ rigup-llama@duo.service", "active=active", "port=8091", "health=200", "revision=1",
                "models=id:g,value:loaded,id:big,value:unloaded",

@@ -127,8 +127,8 @@ def test_replicas_are_pinned_by_uuid_and_ports_collide_in_preflight():
 
 def test_haproxy_config_and_gateway():
     hosts = {"gw": {"balancer_gateway": True},
-             "lab1": {"ssh_hostname": "10.0.0.11", "llama_server_instances": {"gemma": {"port": 8081}}},
-             "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"port": 8081}},
+             "lab1": {"ssh_hostname": "10.0.0.11", "llama_server_instances": {"gemma": {"model": "g", "port": 8081}}},
+             "lab2": {"ssh_hostname": "10.0.0.12", "llama_server_instances": {"gemma": {"model": "g", "port": 8081}},
                       "rigup_maintenance": True}}
     gateway = gateway_backends("gw", hosts, "0.0.0.0")
     assert gateway == [{"name": "gateway-gemma", "bind": "0.0.0.0", "port": 8081,
@@ -146,8 +146,9 @@ def test_haproxy_config_and_gateway():
 
 def test_a_gateway_checks_the_fleet_key_of_keyed_instances_only():
     hosts = {"gw": {"balancer_gateway": True},
-             "lab1": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}, "open": {"port": 8090}}},
-             "lab2": {"llama_server_instances": {"gemma": {"port": 8081, "api_key": True}}}}
+             "lab1": {"llama_server_instances": {"gemma": {"model": "g", "port": 8081, "api_key": True},
+                                                   "open": {"model": "g", "port": 8090}}},
+             "lab2": {"llama_server_instances": {"gemma": {"model": "g", "port": 8081, "api_key": True}}}}
     gateway = gateway_backends("gw", hosts, "0.0.0.0", fleet_key=True)
     assert {b["name"]: b["key"] for b in gateway} == {"gateway-gemma": True, "gateway-open": False}
     assert not any(b["key"] for b in gateway_backends("gw", hosts, "0.0.0.0"))   # per-host keys: forwarded only
