@@ -47,16 +47,64 @@ import time
 import urllib.request
 from pathlib import Path
 
-if (Path(__file__).resolve().parent / "rigup_throughput.py").is_file():
-    # on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file, and
-    # never a `rigup` package that a site directory holds (issue 61, round 7 R3: the fallback was the other way)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import rigup_gguf as gguf  # type: ignore[no-redef]
-    import rigup_llama_contract as contract  # type: ignore[no-redef]
-    import rigup_throughput as throughput  # type: ignore[no-redef]
-else:   # the source tree (unit tests, tests/gpu/check.py)
-    from rigup import gguf, throughput
-    from rigup.contract import llama_server as contract
+def beside(name: str, tree: str, me: str):
+    """The module of the host program ``name`` that its role installs next to this one, read by that
+    file's path; else, where this program is ``me`` of a source tree (the controller, unit tests,
+    tests/gpu), the tree's file ``tree`` as its package module; else None (the caller names the file
+    and ends). Only a regular file, not a link, owned by root or by whoever runs this, that neither
+    its group nor others may write, is run: never code another user could have written, nor a module
+    of that name from wherever sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent
+    ran as root). Raises ImportError, naming the file and why, for one that is there but not so.
+    One function, copied into each host program that imports another (tests/unit/test_host_programs.py)."""
+    import importlib
+    import os
+    import stat
+    import sys
+    import types
+    mine = os.path.abspath(__file__)
+    path, module_name = os.path.join(os.path.dirname(mine), name), name.removesuffix(".py")
+    top = mine[:-len(me) - 1] if mine.endswith(os.sep + me) else None
+    if top is not None and not os.path.lexists(path):   # the source tree: the file, as its package's module
+        path, module_name = os.path.join(top, tree), tree.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:   # ELOOP: a link
+        raise ImportError(f"{path} is not run: {'a link' if os.path.islink(path) else e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            raise ImportError(f"{path} is not run: {stat.filemode(st.st_mode)}, uid {st.st_uid} (only a regular "
+                              f"file of root's or this user's, that no group or other user may write)")
+        source = f.read()
+    if "." in module_name:   # the tree's: the package's module (the one that the controller's code imports)
+        if top not in sys.path and module_name not in sys.modules:
+            sys.path.insert(0, top)
+        module = importlib.import_module(module_name)
+    elif module_name not in sys.modules:
+        module = sys.modules[module_name] = types.ModuleType(module_name)
+        module.__file__ = path
+        try:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    module = sys.modules[module_name]
+    if os.path.abspath(getattr(module, "__file__", None) or "") != path:
+        raise ImportError(f"{module_name} is {getattr(module, '__file__', None)}, not {path}")
+    return module
+
+
+# on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file (tune.py, the
+# play, sends them), each read by its path; in the source tree (unit tests, tests/gpu/check.py) rigup's modules
+gguf = beside("rigup_gguf.py", "rigup/gguf.py", "rigup/tune.py")
+contract = beside("rigup_llama_contract.py", "rigup/contract/llama_server.py", "rigup/tune.py")
+throughput = beside("rigup_throughput.py", "rigup/throughput.py", "rigup/tune.py")
+if gguf is None or contract is None or throughput is None:
+    print("rigup_tune.py: rigup_gguf.py, rigup_llama_contract.py or rigup_throughput.py is not beside it "
+          "(tune.py sends the four): not run", file=sys.stderr)
+    raise SystemExit(2)
 
 # llama-server's spellings of the flags the sweep sets (the contract's rows with ``sweep``); the first is written
 FLAGS = contract.spellings(contract.SWEPT)

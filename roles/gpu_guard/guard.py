@@ -100,16 +100,6 @@ PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 # nvidia-smi's line for a card it cannot reach (fallen off the bus): which card, by its bus id
 NO_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])")
 
-try:   # the Xid line parser: rigup/gpu/xid.py in the repository, rigup_xid.py beside this script
-    from rigup.gpu import xid as xid_lines
-except ImportError:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    try:
-        import rigup_xid as xid_lines  # type: ignore[no-redef]
-    except ImportError:
-        xid_lines = None
-
-
 def unit_timeout_s(smi_timeout_s: int) -> int:
     """TimeoutStartSec of the guard's oneshot unit: the longest one check can take (an nvidia-smi
     call, the journal's new lines and four systemctl calls, each bounded and then killed) plus
@@ -611,6 +601,65 @@ def shown(text: object, limit: int = 200) -> str:
     pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
     kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
     return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
+
+
+def beside(name: str, tree: str, me: str):
+    """The module of the host program ``name`` that its role installs next to this one, read by that
+    file's path; else, where this program is ``me`` of a source tree (the controller, unit tests,
+    tests/gpu), the tree's file ``tree`` as its package module; else None (the caller names the file
+    and ends). Only a regular file, not a link, owned by root or by whoever runs this, that neither
+    its group nor others may write, is run: never code another user could have written, nor a module
+    of that name from wherever sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent
+    ran as root). Raises ImportError, naming the file and why, for one that is there but not so.
+    One function, copied into each host program that imports another (tests/unit/test_host_programs.py)."""
+    import importlib
+    import os
+    import stat
+    import sys
+    import types
+    mine = os.path.abspath(__file__)
+    path, module_name = os.path.join(os.path.dirname(mine), name), name.removesuffix(".py")
+    top = mine[:-len(me) - 1] if mine.endswith(os.sep + me) else None
+    if top is not None and not os.path.lexists(path):   # the source tree: the file, as its package's module
+        path, module_name = os.path.join(top, tree), tree.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:   # ELOOP: a link
+        raise ImportError(f"{path} is not run: {'a link' if os.path.islink(path) else e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            raise ImportError(f"{path} is not run: {stat.filemode(st.st_mode)}, uid {st.st_uid} (only a regular "
+                              f"file of root's or this user's, that no group or other user may write)")
+        source = f.read()
+    if "." in module_name:   # the tree's: the package's module (the one that the controller's code imports)
+        if top not in sys.path and module_name not in sys.modules:
+            sys.path.insert(0, top)
+        module = importlib.import_module(module_name)
+    elif module_name not in sys.modules:
+        module = sys.modules[module_name] = types.ModuleType(module_name)
+        module.__file__ = path
+        try:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    module = sys.modules[module_name]
+    if os.path.abspath(getattr(module, "__file__", None) or "") != path:
+        raise ImportError(f"{module_name} is {getattr(module, '__file__', None)}, not {path}")
+    return module
+
+
+# The Xid line parser, rigup/gpu/xid.py: rigup_xid.py beside this program (roles/gpu_guard installs the
+# two), read by that file's path. Without it (or refused: a file another user could write) the Xid triage
+# is off and the power and thermal checks go on: the guard never stops guarding for it.
+try:
+    xid_lines = beside("rigup_xid.py", "rigup/gpu/xid.py", "roles/gpu_guard/guard.py")
+except ImportError as refused:
+    xid_lines = None
+    print(shown(f"<4>rigup-gpu-guard: the Xid triage is off: {refused}", 4000), flush=True)
 
 
 def log(priority: int, text: str) -> None:

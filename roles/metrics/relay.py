@@ -55,19 +55,61 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+
+def beside(name: str, tree: str, me: str):
+    """The module of the host program ``name`` that its role installs next to this one, read by that
+    file's path; else, where this program is ``me`` of a source tree (the controller, unit tests,
+    tests/gpu), the tree's file ``tree`` as its package module; else None (the caller names the file
+    and ends). Only a regular file, not a link, owned by root or by whoever runs this, that neither
+    its group nor others may write, is run: never code another user could have written, nor a module
+    of that name from wherever sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent
+    ran as root). Raises ImportError, naming the file and why, for one that is there but not so.
+    One function, copied into each host program that imports another (tests/unit/test_host_programs.py)."""
+    import importlib
+    import os
+    import stat
+    import sys
+    import types
+    mine = os.path.abspath(__file__)
+    path, module_name = os.path.join(os.path.dirname(mine), name), name.removesuffix(".py")
+    top = mine[:-len(me) - 1] if mine.endswith(os.sep + me) else None
+    if top is not None and not os.path.lexists(path):   # the source tree: the file, as its package's module
+        path, module_name = os.path.join(top, tree), tree.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:   # ELOOP: a link
+        raise ImportError(f"{path} is not run: {'a link' if os.path.islink(path) else e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            raise ImportError(f"{path} is not run: {stat.filemode(st.st_mode)}, uid {st.st_uid} (only a regular "
+                              f"file of root's or this user's, that no group or other user may write)")
+        source = f.read()
+    if "." in module_name:   # the tree's: the package's module (the one that the controller's code imports)
+        if top not in sys.path and module_name not in sys.modules:
+            sys.path.insert(0, top)
+        module = importlib.import_module(module_name)
+    elif module_name not in sys.modules:
+        module = sys.modules[module_name] = types.ModuleType(module_name)
+        module.__file__ = path
+        try:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    module = sys.modules[module_name]
+    if os.path.abspath(getattr(module, "__file__", None) or "") != path:
+        raise ImportError(f"{module_name} is {getattr(module, '__file__', None)}, not {path}")
+    return module
+
+
 # The measuring and the key rule, rigup/throughput.py: on a host installed beside this program as
-# rigup_throughput.py (roles/metrics installs the two), read from there only, never from wherever
-# sys.path finds a module of that name (a site directory another user writes); in the source tree
-# (unit tests) rigup's own file, by its path; else this program does not run.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_TREE = os.path.dirname(os.path.dirname(_HERE))
-if os.path.isfile(os.path.join(_HERE, "rigup_throughput.py")):
-    sys.path.insert(0, _HERE)
-    import rigup_throughput as throughput
-elif _HERE == os.path.join(_TREE, "roles", "metrics") and os.path.isfile(os.path.join(_TREE, "rigup", "throughput.py")):
-    sys.path.insert(0, _TREE)
-    from rigup import throughput
-else:
+# rigup_throughput.py (roles/metrics installs the two), read by that file's path (beside); in the source
+# tree (unit tests) rigup's own module; else this program does not run.
+throughput = beside("rigup_throughput.py", "rigup/throughput.py", "roles/metrics/relay.py")
+if throughput is None:
     print("rigup-metrics-relay: rigup_throughput.py is not beside it (roles/metrics installs the two): not started", file=sys.stderr)
     raise SystemExit(2)
 

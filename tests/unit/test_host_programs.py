@@ -134,3 +134,106 @@ def test_the_writer_is_one_function_copied_into_each_host_program_that_writes():
     assert {"roles/gpu_guard/guard.py", "roles/watchdog/watchdog.py", "roles/model_fetch/fetcher.py",
             "roles/burnin/acceptance.py", "roles/balancer/drain.py"} <= set(copies)
     assert len(set(copies.values())) == 1, "the copies of replace() differ"
+
+
+# ------------------------------------------------------------------ a host program's import of another
+# A host program imports the host programs its role installs next to it through ``beside`` alone (issue
+# 61, round 8 R1: four spellings, one of which ran a rigup_xid.py from the prefix's parent as root): one
+# function, copied into each, by that file's path, never through sys.path.
+IMPORTS_ANOTHER = {"roles/burnin/acceptance.py", "roles/gpu_guard/guard.py", "roles/metrics/relay.py",
+                   "roles/watchdog/watchdog.py", "rigup/tune.py", "rigup/contract/llama_server.py"}
+
+
+def copies_of(function: str) -> dict[str, str]:
+    return {p: ast.unparse(node) for p in sorted(marked()) for node in ast.parse((ROOT / p).read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name == function}
+
+
+def test_a_host_program_imports_another_through_the_one_beside_and_never_through_sys_path():
+    copies = copies_of("beside")
+    print(f"beside() in {sorted(copies)}: {len(set(copies.values()))} text(s)")
+    assert IMPORTS_ANOTHER <= set(copies) and len(set(copies.values())) == 1, "the copies of beside() differ"
+    own = {f"rigup_{Path(p).stem}" for p in marked()} | {"rigup_contract", "rigup_llama_contract", "rigup_xid", "rigup"}
+    other_ways = {}
+    for p in sorted(marked()):
+        tree = ast.parse((ROOT / p).read_text())
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "beside")]
+        found = [ast.unparse(n) for n in ast.walk(tree)
+                 if isinstance(n, ast.Attribute) and ast.unparse(n) in ("sys.path", "importlib.util.spec_from_file_location")
+                 or isinstance(n, ast.Import) and {a.name.split(".")[0] for a in n.names} & own
+                 or isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] in own]
+        found += [f"{p} imports {n}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
+        if found:
+            other_ways[p] = found
+    print(f"other imports of a host program: {other_ways}")
+    assert other_ways == {}
+
+
+def beside_in(program: Path):
+    """``beside`` as it runs in ``program`` (its __file__), from roles/gpu_guard/guard.py's copy."""
+    node = next(n for n in ast.parse((ROOT / "roles/gpu_guard/guard.py").read_text()).body
+                if isinstance(n, ast.FunctionDef) and n.name == "beside")
+    namespace = {"__file__": str(program)}
+    exec(compile(ast.Module([node], []), "beside", "exec"), namespace)
+    return namespace["beside"]
+
+
+def test_beside_runs_a_root_owned_file_only_and_never_one_another_user_could_write(tmp_path):
+    import os
+    import subprocess
+    nobody = 65534
+    bin_ = tmp_path / "opt/rigup/bin"
+    bin_.mkdir(parents=True)
+    beside = beside_in(bin_ / "rigup-program")
+    ran = tmp_path / "ran"
+    body = f"open({str(ran)!r}, 'a').write(__name__ + '\\n')\nVALUE = 7\n"
+    seen = {}
+
+    def attempt(case: str, name: str) -> str:
+        try:
+            module = beside(name, "rigup/none.py", "roles/none/none.py")
+        except ImportError as e:
+            seen[case] = f"refused: {e}"
+        else:
+            seen[case] = "absent: None" if module is None else f"run: VALUE {module.VALUE}"
+        sys.modules.pop(name.removesuffix(".py"), None)
+        return seen[case]
+
+    assert attempt("absent", "rigup_absent.py") == "absent: None"
+    for case, mode, owner in (("root 0644", 0o644, 0), ("root 0664 (group-writable)", 0o664, 0),
+                              ("root 0646 (other-writable)", 0o646, 0), (f"uid {nobody} 0644", 0o644, nobody)):
+        name = f"rigup_{len(seen)}.py"
+        (bin_ / name).write_text(body)
+        os.chown(bin_ / name, owner, 0)
+        os.chmod(bin_ / name, mode)
+        attempt(case, name)
+    (tmp_path / "real.py").write_text(body)
+    (bin_ / "rigup_link.py").symlink_to(tmp_path / "real.py")     # root's own file, through a link
+    attempt("a link to root's 0644 file", "rigup_link.py")
+    os.mkfifo(bin_ / "rigup_fifo.py")                              # would block a plain open: not read
+    attempt("a FIFO", "rigup_fifo.py")
+    for case, got in seen.items():
+        print(f"{case:32} {got}")
+    assert seen["root 0644"] == "run: VALUE 7"
+    assert all(got.startswith("refused: ") for case, got in seen.items() if case not in ("absent", "root 0644"))
+    assert "a link" in seen["a link to root's 0644 file"] and "-rw-rw-r--" in seen["root 0664 (group-writable)"]
+    assert ran.read_text().splitlines() == ["rigup_1"]               # the one file run is root's 0644 one
+    # as a program runs it (a plain python3 with -sES, the guard's unit): a group-writable rigup_xid.py is never run
+    guard = bin_ / "rigup-gpu-guard"
+    guard.write_text((ROOT / "roles/gpu_guard/guard.py").read_text())
+    (bin_ / "rigup_xid.py").write_text(f"open({str(ran)!r}, 'a').write('xid\\n')\n")
+    os.chmod(bin_ / "rigup_xid.py", 0o664)
+    r = subprocess.run(["/usr/bin/python3", "-sES", str(guard), "--config", "/none", "status"], capture_output=True,
+                       text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    print(f"the guard with a 0664 rigup_xid.py beside it: {r.stdout.splitlines()[:1]}")
+    assert "the Xid triage is off" in r.stdout and "is not run: -rw-rw-r--" in r.stdout
+    assert ran.read_text().splitlines() == ["rigup_1"]
+
+
+def test_beside_in_the_source_tree_gives_the_package_module():
+    from rigup import throughput
+    beside = beside_in(ROOT / "roles/watchdog/watchdog.py")
+    got = beside("rigup_throughput.py", "rigup/throughput.py", "roles/watchdog/watchdog.py")
+    print(f"in the tree: {got.__name__} from {got.__file__}")
+    assert got is throughput
+    assert beside("rigup_throughput.py", "rigup/throughput.py", "roles/other/other.py") is None   # not where it is

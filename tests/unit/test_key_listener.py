@@ -138,6 +138,7 @@ def test_the_relay_and_the_watchdog_carry_one_import_of_the_key_rule():
     def block(source: str, role: str, program: str) -> str:
         text = (ROOT / source).read_text()
         start = text.index("# The measuring and the key rule")
-        return text[start:text.index("raise SystemExit(2)", start)].replace(program, "PROGRAM").replace(role, "ROLE")
+        return (text[start:text.index("raise SystemExit(2)", start)].replace(program, "PROGRAM")
+                .replace(source.rsplit("/", 1)[1], "FILE").replace(role, "ROLE"))
     relay = block("roles/metrics/relay.py", "metrics", "rigup-metrics-relay").replace("not started", "not run")
     assert relay == block("roles/watchdog/watchdog.py", "watchdog", "rigup-watchdog")
