@@ -44,13 +44,32 @@ from rigup.text import say
 class Server(TypedDict, total=False):
     """One server of an instance as the host runs it: ``unit`` (the systemd instance name,
     TEMPLATE@UNIT.service), ``inst`` (the instance as that server runs it: a replica on its
-    loopback port), ``env`` (what its drop-in sets: CUDA_VISIBLE_DEVICES of its cards) and, for a
-    router's pinned model, ``pinned`` (the model)."""
+    loopback port), ``env`` (what its drop-in sets: CUDA_VISIBLE_DEVICES of its cards), ``argv``
+    (its command line, what its drop-in's ExecStart runs, each item as the plan made it but the
+    :data:`SLOTS`, which the engine's operation fills: :func:`filled`) and, for a router's pinned
+    model, ``pinned`` (the model)."""
 
     unit: str
     inst: dict
     env: dict
+    argv: list[str]
     pinned: str
+
+
+# The items of a server's argv the plan cannot know, each filled by its engine's operation from what
+# it reads on the host or of its peers. Each holds a control character, which every writer of a
+# unit's command refuses (rigup/boundary/formats.py systemd_quote): one left unfilled is never run.
+MODEL_FILE = "\x00model-file"   # llama-server: its model's first GGUF file, as its completion marker names it
+RPC = "\x00rpc"                 # llama-server: its RPC workers' ADDRESS:PORT, from their hosts' data
+VLLM_EXE = "\x00vllm"           # vLLM: the pin's vllm (a short git commit names its virtualenv once expanded there)
+SLOTS = (MODEL_FILE, RPC, VLLM_EXE)
+
+
+def filled(argv: list[str], **values: str) -> list[str]:
+    """A server's ``argv`` (:class:`Server`) with each slot given in ``values`` (model_file, rpc,
+    vllm: :data:`SLOTS`) in its place."""
+    slots = {MODEL_FILE: "model_file", RPC: "rpc", VLLM_EXE: "vllm"}
+    return [values[slots[a]] if a in slots and slots[a] in values else a for a in argv]
 
 
 class Served(NamedTuple):
@@ -90,8 +109,8 @@ class Engine:
     ``template``: its systemd template (units TEMPLATE@NAME.service) at ``unit``; ``state``: the
     fact its operations read, with :class:`Shared` ``reads``; ``instances(data)``: its contract's
     instances and problems; ``servers(wanted, plan, data, entries)``: each instance as served
-    (:class:`Served`: sized, with its servers, each with ``unit``, ``inst``, ``env``; ``pinned``
-    for a router's pinned model);
+    (:class:`Served`: sized, with its servers, each with ``unit``, ``inst``, ``env``, ``argv``;
+    ``pinned`` for a router's pinned model);
     ``markers(inst, marker)``: a server's markers beyond its model's (``marker(key)``: a model's);
     ``prepare(plan, data, wanted, units)``: the :class:`Shared`; ``fronted(inst, servers)``: whether
     the balancer takes the instance's port; ``backend(name)``: its HAProxy backend; ``server``: its
@@ -120,7 +139,7 @@ class Engine:
 
 def serving_plan(engines: list[Engine], data: Config, plan: Plan) -> ServingPlan:
     """Every instance of each of ``engines`` on this host, normalised, tuned and sized, with each
-    server's unit, port (its ``inst``) and environment: what :func:`serve` installs. Pure (data
+    server's unit, port (its ``inst``), environment and argv: what :func:`serve` installs. Pure (data
     and plan in); preflight makes it once per host and keeps it on the plan (``serving``), where
     the serving roles, their refusals and plan lines, and the readers of the serving maps find it.
     An engine whose instances have problems maps to None, unsized (preflight refuses the host;

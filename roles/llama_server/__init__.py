@@ -90,11 +90,12 @@ from rigup.rpc import endpoint
 from rigup.names import gate_record, guard_file
 from rigup.contract.llama_server import PRESET, api_model
 from rigup.secrets import bearer, written
-from rigup.serving import Engine, Served, Shared, serve, unit_running
+from rigup.serving import MODEL_FILE, RPC, Engine, Served, Shared, filled, serve, unit_running
 from rigup.state import read_once, reading
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text, fronted, preset_text, queue_limits,
                                        queued, render, servers)
+from roles.llama_server.command import argv as command_line
 from roles.llama_server.facts import DROPIN, LlamaServerState
 from roles.llama_server.replicas import sizes
 from rigup.instances.llama_server import LlamaInstance, instances
@@ -108,12 +109,14 @@ UNIT = "/etc/systemd/system/rigup-llama@.service"
 
 @reading(LlamaServerState, "units", "build_link")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: LlamaInstance, binary: str, units: dict,
+def instance(unit_name: str, instance_name: str, inst: LlamaInstance, argv: list[str], binary: str, units: dict,
              build_link: str, unit_sha: str, user: str, env: dict, balancer: dict | None,
              rpc: list[str], rpc_wait: int, fleet_key: str | None = None, maintenance: bool = False,
              unlock: str | None = None, allow: list[str] = (), origins: list[str] = ()):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its key, its
-    drop-in (with ``env`` and the ``balancer`` hooks of a replica), and its unit enabled and running;
+    drop-in (``argv``: its command line as the serving plan made it, its model file and RPC workers
+    filled here, then a trap's remedy the build's smoke avoided; with ``env`` and the ``balancer``
+    hooks of a replica), and its unit enabled and running;
     restarted only when the drop-in (flags, the build ``build_link`` points to, the model) or the
     key changed. Waits (changes nothing) while its model is incomplete. ``units``: every server of
     the role on the host (read together, once), each with its model's marker first. ``rpc``: its
@@ -150,8 +153,9 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, binary: st
     revisions = {key: (found_marker or {}).get("revision") for key, (_, found_marker) in wanted.items()}
     preset = preset_text(name, inst, paths, revisions) if inst["also"] else None   # router mode: the set's preset
     digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
+    command = [*filled(argv, model_file=model_path, rpc=",".join(rpc)), *remedy]   # extra_args, then the remedy
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
-                       env, balancer, rpc, rpc_wait, preset=digest, allow=allow, origins=origins)
+                       env, balancer, rpc, rpc_wait, preset=digest, allow=allow, origins=origins, command=command)
     changed = hashlib.sha256(text.encode()).hexdigest() != state.get("dropin")
     if preset and digest != state.get("preset") and not maintenance:
         where = PRESET.format(name)
@@ -168,9 +172,21 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, binary: st
 def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> dict[str, Served]:
     """The instances with ctx, parallel and models_max sized where auto (replicas.py ``sizes``,
     kept as each one's ``sized`` for checks.py), and each one's servers (command.py ``servers``:
-    replicas, a router's pinned models)."""
+    replicas, a router's pinned models), each with its ``argv`` (command.py ``argv``; its model
+    file and RPC workers the operation's to fill: rigup.serving MODEL_FILE, RPC)."""
     laid = {name: sizes(inst, entries[inst["model"]], plan, data, entries) for name, inst in wanted.items()}
-    return {name: Served(s.inst, servers(name, s.inst, s.layout), s) for name, s in laid.items()}
+
+    def with_argv(name: str, server: dict) -> dict:
+        rpc = [RPC] if server["inst"]["rpc_workers"] else []
+        return {**server, "argv": command_line(name, server["inst"], _binary(data), MODEL_FILE, rpc,
+                                               data["llama_server_allow"])}
+    return {name: Served(s.inst, [with_argv(name, srv) for srv in servers(name, s.inst, s.layout)], s)
+            for name, s in laid.items()}
+
+
+def _binary(data: Config) -> str:
+    """The server binary in the build link its state reads (llama_cpp_dir/current)."""
+    return f"{data['llama_cpp_dir']}/current/bin/llama-server"
 
 
 def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:
@@ -180,13 +196,13 @@ def _prepare(plan: Plan, data: Config, wanted: dict, units: dict) -> Shared:
                   start_timeout=max(600, data["llama_server_health_timeout"]),
                   fabric=bool((plan.get("fabric") or {}).get("nvswitches")))
     return Shared(plan, data, {"units": units, "build_link": build_link}, text, [UNIT],
-                  {"binary": f"{build_link}/bin/llama-server", "gpu": build_backend(plan, data) == "cuda"})
+                  {"binary": _binary(data), "gpu": build_backend(plan, data) == "cuda"})
 
 
 def _args(shared: Shared, name: str, inst: LlamaInstance, server: dict) -> dict:
     """:func:`instance`'s own arguments: a router's children keep no model cache (NO_CACHE), its RPC workers."""
     data, env = shared.data, server["env"]
-    return {"binary": shared.own["binary"], "build_link": shared.reads["build_link"],
+    return {"argv": server["argv"], "binary": shared.own["binary"], "build_link": shared.reads["build_link"],
             "env": {**env, "LLAMA_CACHE": NO_CACHE.format(name)} if server["inst"]["also"] else env,
             "rpc": [endpoint(w, config_of(host.inventory.get_host(w))) for w in inst["rpc_workers"]],
             "rpc_wait": data["llama_server_rpc_wait"], "allow": data["llama_server_allow"],

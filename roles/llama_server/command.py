@@ -160,10 +160,12 @@ def replica_commands(name: str, inst: LlamaInstance, lay, binary: str, model_pat
 def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, build: str, unit_sha: str,
                 model_revision: str, env: dict | None = None, balancer: dict | None = None,
                 rpc: list[str] = (), rpc_wait: int = 120, preset: str | None = None, allow: list[str] = (),
-                origins: list[str] = ()) -> str:
-    """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``name``: the instance, whose
-    alias and key a replica shares; ``allow``: the host's llama_server_allow), its ``env`` (a
-    variable of a feature ``allow`` does not name: ValueError) and the CORS ``origins``
+                origins: list[str] = (), command: list[str] | None = None) -> str:
+    """The drop-in rigup-llama@NAME.service.d/rigup.conf: ExecStart (``command``: the server's
+    argv as the serving plan made it, filled by the role's operation; else :func:`argv`, for the
+    GPU checks: ``name``, the instance, whose alias and key a replica shares; ``allow``, the host's
+    llama_server_allow), its ``env`` (a variable of a feature ``allow`` does not name: ValueError)
+    and the CORS ``origins``
     (llama_server_cors_origins: contract ``written_env``), for a replica the balancer's hooks
     (``balancer``: {"ready": argv, "drain": argv}), with RPC workers (``rpc``: ADDRESS:PORT each)
     an ExecStartPre that waits ``rpc_wait`` s at most for them, and in a comment what restarts it
@@ -180,4 +182,4 @@ def dropin_text(name: str, inst: LlamaInstance, binary: str, model_path: str, bu
                   env=[systemd_env(k, v) for k, v in {**(env or {}), **contract.written_env(origins)}.items()],
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   rpc_wait=[systemd_quote(a) for a in wait_argv(list(rpc), rpc_wait)] if rpc else None,
-                  argv=[systemd_quote(a) for a in argv(name, inst, binary, model_path, rpc, allow)])
+                  argv=[systemd_quote(a) for a in command or argv(name, inst, binary, model_path, rpc, allow)])

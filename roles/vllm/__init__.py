@@ -104,8 +104,9 @@ from rigup.gpu.plan import Plan
 from rigup.config import Config, ConfigError, fleet_data, role_defaults
 from rigup.files import absent, directory, managed
 from rigup.names import guard_file
+from rigup.names import marker_path as completion_marker
 from rigup.secrets import bearer, secret_file, written
-from rigup.serving import Engine, Served, Shared, serve, unit_running
+from rigup.serving import VLLM_EXE, Engine, Served, Shared, filled, serve, unit_running
 from rigup.state import read_once, reading
 from roles.vllm import cluster
 from roles.vllm import command as cmd
@@ -146,12 +147,13 @@ def installed_test(path: str, stamp: str) -> str:
 
 @reading(VllmState, "pin_dir", instances="units")
 @operation()
-def instance(unit_name: str, instance_name: str, inst: VllmInstance, pin_dir: str, venv: str, env: str,
-             unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
+def instance(unit_name: str, instance_name: str, inst: VllmInstance, argv: list[str], pin_dir: str, venv: str,
+             env: str, unit_sha: str, stamp_sha: str, wait: list, user: str, units: dict, balancer: dict | None = None,
              fleet_key: str | None = None, maintenance: bool = False, ray_wait: list | None = None,
              unlock: str | None = None):
     """Server ``unit_name`` (the instance ``instance_name``, or one of its replicas): its
-    environment file, drop-in (with the ``balancer`` hooks of a replica), and unit enabled and
+    environment file, drop-in (``argv``: its command line as the serving plan made it, the pin's
+    vllm in ``venv`` filled here; with the ``balancer`` hooks of a replica), and unit enabled and
     running; restarted only when the drop-in changed (it names the unit, stamp, environment,
     model revision and drafter) or its key (``fleet_key``: the fleet's, rigup.secrets.fleet_api_key;
     else made on the host). Waits (changes nothing) while its model or its drafter is incomplete,
@@ -177,7 +179,7 @@ def instance(unit_name: str, instance_name: str, inst: VllmInstance, pin_dir: st
         if draft_marker else None
     text = cmd.dropin_text(name, inst, venv, model_path, marker_path, unit_sha, stamp_sha, cmd.sha(env)[:12],
                            marker.get("revision"), wait, unit=unit_name, balancer=balancer, ray_wait=ray_wait,
-                           draft=draft)
+                           draft=draft, command=filled(argv, vllm=f"{venv}/bin/vllm"))
     unit = f"rigup-vllm@{unit_name}.service"
     if cmd.sha(env) != state.get("env"):
         yield f"install -d -m 0750 -g {shlex.quote(user)} /etc/rigup/vllm"
@@ -229,12 +231,21 @@ def plan_lines(plan: Plan, data: Config) -> list[str]:
 
 def _servers(wanted: dict, plan: Plan, data: Config, entries: dict) -> dict[str, Served]:
     """Each instance with its servers (rigup.serving ``Served``; command.py ``servers``: a replica per group of
-    checks.replica_groups); a Ray head's instances with Ray's executor (its pp stages and tp ranks are Ray's to
-    place over the hosts)."""
+    checks.replica_groups), each with its ``argv`` (command.py ``argv``: the model's and the drafter's
+    directories as their markers name them; the pin's vllm the operation's to fill, rigup.serving VLLM_EXE); a Ray
+    head's instances with Ray's executor (its pp stages and tp ranks are Ray's to place over the hosts)."""
     if data["vllm_ray_role"] == "head":
         wanted = {n: {**i, "extra_args": ["--distributed-executor-backend", "ray", *i["extra_args"]]}
                   for n, i in wanted.items()}
-    return {name: Served(inst, cmd.servers(name, inst, replica_groups(plan, inst), plan))
+
+    def where(key: str | None) -> str | None:
+        return completion_marker(entries[key]["dest"]).rsplit("/", 1)[0] if key else None
+
+    def with_argv(name: str, server: dict) -> dict:
+        inst = server["inst"]
+        line = cmd.argv(name, inst, "", where(inst["model"]), where(inst["draft_model"]))
+        return {**server, "argv": [VLLM_EXE, *line[1:]]}   # its first item the pin's vllm: the operation's to fill
+    return {name: Served(inst, [with_argv(name, s) for s in cmd.servers(name, inst, replica_groups(plan, inst), plan)])
             for name, inst in wanted.items()}
 
 
@@ -317,7 +328,7 @@ def _args(shared: Shared, name: str, inst: VllmInstance, server: dict) -> dict:
     ray_env = cluster.instance_env(host.name, fleet) if head else {}
     wait = [own["wait_script"], str(data["vllm_vram_free_mib"]), str(data["vllm_vram_wait_seconds"])]
     wait += ["-i", server["gpus"]] if server["gpus"] else []
-    return {"pin_dir": pin_dir, "venv": f"{pin_dir}/venv", "stamp_sha": cmd.sha(own["stamp"])[:12], "wait": wait,
+    return {"argv": server["argv"], "pin_dir": pin_dir, "venv": f"{pin_dir}/venv", "stamp_sha": cmd.sha(own["stamp"])[:12], "wait": wait,
             "env": cmd.env_text(name, {**cmd.env_vars(server["unit"], {**inst, "_name": name}, data, plan),
                                        **ray_env, **server["env"]}),
             "ray_wait": cluster.wait_argv(f"{pin_dir}/venv", own["ray_script"], cluster.gcs(host.name, fleet),

@@ -332,14 +332,16 @@ def argv(name: str, inst: VllmInstance, venv: str, model_path: str, draft_path: 
 def dropin_text(name: str, inst: VllmInstance, venv: str, model_path: str, marker: str, unit_sha: str,
                 stamp_sha: str, env_sha: str, model_revision: str | None, wait: list[str],
                 unit: str | None = None, balancer: dict | None = None, ray_wait: list[str] | None = None,
-                draft: dict | None = None) -> str:
+                draft: dict | None = None, command: list[str] | None = None) -> str:
     """The drop-in rigup-vllm@UNIT.service.d/rigup.conf (``unit``: the instance ``name``, or one
     of its replicas NAME-K, whose environment file is its own and whose served name and key are
     the instance's); its comment names what restarts it when it changes (unit, install stamp,
     environment file, model revision, the drafter's completion marker); for a replica, the
     balancer's hooks (``balancer``: {"ready": argv, "drain": argv}); on a Ray head, ``ray_wait``
     (the wait for every node, which also lets it write Ray's session files: roles/vllm/cluster.py);
-    with a drafter, ``draft`` ({"path", "marker", "sha"}: its dest, its marker, the marker's sha256)."""
+    with a drafter, ``draft`` ({"path", "marker", "sha"}: its dest, its marker, the marker's sha256).
+    ExecStart: ``command``, the server's argv as the serving plan made it, filled by the role's
+    operation; else :func:`argv` of ``venv``, ``model_path`` and the drafter's path."""
     return render("vllm-dropin.conf.j2", ray_wait=[systemd_quote(a) for a in ray_wait] if ray_wait else None,
                   ray_dir=RAY_DIR, name=unit_comment(name, "an instance's name"), unit_sha=unit_sha,
                   stamp_sha=stamp_sha, env_sha=env_sha, model_revision=unit_comment(model_revision, f"{name}: its model's revision"),
@@ -350,7 +352,7 @@ def dropin_text(name: str, inst: VllmInstance, venv: str, model_path: str, marke
                   balancer={k: [systemd_quote(a) for a in v] for k, v in balancer.items()} if balancer else None,
                   draft_marker=systemd_quote(draft["marker"]) if draft else None,
                   draft_sha=draft["sha"][:12] if draft else None,
-                  argv=[systemd_quote(a) for a in argv(name, inst, venv, model_path, draft and draft["path"])])
+                  argv=[systemd_quote(a) for a in command or argv(name, inst, venv, model_path, draft and draft["path"])])
 
 
 def backend_name(name: str) -> str:

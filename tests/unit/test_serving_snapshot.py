@@ -6,7 +6,8 @@ Each case is a host (a fact fixture's plan) with its data; :func:`walked` runs t
 itself (rigup.serving ``serve`` with the role's Engine, what its ``apply`` calls) with its
 operation calls recorded (rigup.probe), then each server's operation body with what it reads on
 the host fixed here (the model's first GGUF file, the llama.cpp build, the markers' revisions):
-the template unit, each server's drop-in, its ExecStart argv (``argv.json``), a router's preset,
+the template unit, each server's drop-in, its ExecStart argv (``argv.json``: the serving plan's,
+rigup.serving Server ``argv``, its slots filled as the operation fills them), a router's preset,
 a replicated instance's backends file, vLLM's environment files and install stamp, and a Ray
 node's unit and allow-list. A case's files live in ``tests/fixtures/serving/<case>/``.
 
@@ -31,9 +32,8 @@ from rigup.contract.llama_server import PRESET
 from rigup.gpu.plan import hardware_plan
 from rigup.models import models
 from rigup.names import BALANCER_DIR
-from rigup.serving import serve, serving_plan
+from rigup.serving import filled, serve, serving_plan
 from roles.llama_server import LLAMA as LLAMA_SERVER, UNIT
-from roles.llama_server.command import argv
 from roles.llama_server.facts import DROPIN
 from roles.vllm import VLLM as VLLM_ENGINE, cluster
 from roles.vllm import command as cmd
@@ -154,9 +154,9 @@ def llama_files(plan: dict, d: dict, workers: dict) -> dict[str, str]:
         out[f"rigup-llama@{unit}/rigup.conf"] = texts[DROPIN.format(unit)]
         if sinst["also"]:
             out[f"rigup-llama@{unit}/{name}.models.ini"] = texts[PRESET.format(name)]
-        out[f"rigup-llama@{unit}/argv.json"] = json.dumps(
+        out[f"rigup-llama@{unit}/argv.json"] = json.dumps(   # the plan's argv, filled as the operation fills it
             {"marker": kw["units"][unit][0], "env": kw["env"],
-             "argv": argv(name, sinst, kw["binary"], model_path, kw["rpc"], kw["allow"])}, indent=2) + "\n"
+             "argv": filled(kw["argv"], model_file=model_path, rpc=",".join(kw["rpc"]))}, indent=2) + "\n"
     return out
 
 
@@ -221,15 +221,13 @@ def vllm_files(plan: dict, d: dict, me: str | None) -> dict[str, str]:
             out.update(_written(kw))
         else:
             unit, name = kw["unit_name"], kw["instance_name"]
-            model, draft = kw["units"][unit][0], kw["units"][unit][2]
             state = {"instances": {unit: {"marker": {"revision": models(d)[0][kw["inst"]["model"]]["revision"]},
                                           "draft": hashlib.sha256(b"the drafter's marker").hexdigest(),
                                           "env": cmd.sha(kw["env"])}}}
             out[f"rigup-vllm@{unit}/rigup.conf"] = _body(call, "roles.vllm", state)[cmd.DROPIN.format(unit)]
             out[f"rigup-vllm@{unit}/{unit}.env"] = kw["env"]
             out[f"rigup-vllm@{unit}/argv.json"] = json.dumps(
-                {"pin_dir": kw["pin_dir"], "argv": cmd.argv(name, kw["inst"], kw["venv"], model.rsplit("/", 1)[0],
-                                                            draft and draft.rsplit("/", 1)[0])}, indent=2) + "\n"
+                {"pin_dir": kw["pin_dir"], "argv": filled(kw["argv"], vllm=f"{kw['venv']}/bin/vllm")}, indent=2) + "\n"
     return out
 
 
