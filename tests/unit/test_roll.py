@@ -153,7 +153,7 @@ def test_limit_reads_like_pyinfra_and_a_host_named_like_a_group_is_picked_alone(
 
 INVENTORY = '''
 def _rig(n):
-    return (f"rig{n}", {"ssh_hostname": f"10.0.0.{n}", "llama_server_instances": {"gemma": {"port": 8081}}})
+    return (f"rig{n}", {"ssh_hostname": f"10.0.0.{n}", "llama_server_instances": {"gemma": {"model": "gemma", "port": 8081}}})
 
 rigs = [_rig(1), _rig(2), _rig(3)]
 rig2 = [_rig(2), _rig(3)]   # a group named like a host: pyinfra's --limit rig2 would pick both
