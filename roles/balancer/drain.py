@@ -101,11 +101,15 @@ class Late(Failed):
 _until: float | None = None   # the deadline of the wait() under way (monotonic), which no admin answer outlasts
 
 
+WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")   # rigup.boundary.numbers' whole-number rule (a unit test holds them equal)
+
+
 def _count(text: str, digits: int = 18) -> int | None:
-    """The number ``text`` writes in ASCII digits alone, at most ``digits`` of them; else None.
-    str.isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3), and int() of more than 4300
-    digits raises (HAProxy's worker's answer: a traceback, issue 61 round 7 D4)."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
+    """The number ``text`` writes in ASCII digits alone, at most ``digits`` of them and no leading
+    zero (:data:`WHOLE`, the boundary's rule); else None. str.isdigit() takes "²" (int() refuses it)
+    and "٣" (int() reads 3), int() of more than 4300 digits raises (HAProxy's worker's answer: a
+    traceback, issue 61 round 7 D4), and int() reads "0080" as 80 (round 9 H4)."""
+    return int(text) if len(text) <= digits and WHOLE.fullmatch(text) else None
 
 
 def admin(command: str) -> str:
@@ -463,16 +467,94 @@ def drained(backend: str, server: str, worker: int | None) -> bool:
     return in_flight(backend, server) == 0
 
 
-def health(url: str) -> int | str:
-    """What ``url`` (a server's /health) answers: its status, or ``no answer (why)``. Every HTTP read of
-    this program goes through here: a refused connection or a timeout (OSError: URLError is one), a
-    malformed status line or a header line over http.client's bound (HTTPException), a URL urllib
-    does not take (ValueError) are no answer, never a traceback out of the replica's ExecStartPost
-    (issue 61, round 8 D1: ``healthy`` caught OSError alone)."""
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error (HTTPError 3xx, its own status): a server asked here has no reason to
+    send one, and following it reads another server's answer as this one's (issue 47; round 9 D2:
+    a replica's /health 302 to another URL's 200 was the replica healthy, and the gateway's root
+    fetched any http URL a replica named)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+class _Deadline(socket.socket):
+    """A socket whose every send and receive waits no later than its ``deadline`` (monotonic), so
+    that ``timeout`` bounds a whole answer, its status line and headers too: a socket's own
+    timeout bounds each read only, and a server trickling a header line every 3 s held a 2-s wait
+    18 s (round 9 D3). TimeoutError (an OSError) once the deadline has passed."""
+
+    deadline = math.inf
+
+    def _left(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was not whole by its deadline")
+        self.settimeout(left)
+
+    def recv_into(self, *args, **kwargs):
+        self._left()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        self._left()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args, **kwargs):
+        self._left()
+        return super().sendall(*args, **kwargs)
+
+
+def _connected(address: tuple, timeout: float, source=None, deadline: float = math.inf) -> _Deadline:
+    """A :class:`_Deadline` socket connected to ``address`` (host, port), by the deadline."""
+    failed: OSError = OSError(f"{address[0]!r} resolves to no address")
+    for family, kind, proto, _, where in socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM):
+        sock = _Deadline(family, kind, proto)
+        sock.deadline = min(deadline, time.monotonic() + timeout)
+        try:
+            sock._left()
+            sock.connect(where)
+            return sock
+        except OSError as e:
+            sock.close()
+            failed = e
+    raise failed
+
+
+class _WholeRead(http.client.HTTPConnection):
+    """An HTTP connection whose ``timeout`` bounds the whole exchange (:class:`_Deadline`), from its
+    start: the connect, the request, the status line, the headers and the body."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        deadline = time.monotonic() + (self.timeout if isinstance(self.timeout, (int, float)) else 60)
+        self._create_connection = lambda address, timeout, source=None: _connected(address, timeout, source,
+                                                                                  deadline)
+
+
+class _Within(urllib.request.HTTPHandler):
+    """http:// through :class:`_WholeRead`: the opener's ``timeout`` is the answer's, whole."""
+
+    def http_open(self, req):
+        return self.do_open(_WholeRead, req)
+
+
+# no redirect, no proxy (the servers asked are the host's own or its pool's), each answer whole by its
+# timeout: every HTTP read of a host program goes through this opener (tests/unit/test_no_redirect.py)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(), _Within())
+
+
+def health(url: str, seconds: float = 5) -> int | str:
+    """What ``url`` (a server's /health) answers: its status, or ``no answer (why)``, whole within
+    ``seconds`` and the :func:`wait` under way (a redirect is its own status, never followed). Every
+    HTTP read of this program goes through here: a refused connection or a timeout (OSError: URLError
+    is one), a malformed status line or a header line over http.client's bound (HTTPException), a URL
+    urllib does not take (ValueError) are no answer, never a traceback out of the replica's
+    ExecStartPost (issue 61, round 8 D1: ``healthy`` caught OSError alone)."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with _OPENER.open(url, timeout=max(min(seconds, (_until or math.inf) - time.monotonic()), 0.001)) as r:
             return r.status
     except urllib.error.HTTPError as e:
+        e.close()
         return e.code
     except (OSError, ValueError, http.client.HTTPException) as e:   # InvalidURL, BadStatusLine, LineTooLong
         return f"no answer ({getattr(e, 'reason', e)})"
