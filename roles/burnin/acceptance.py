@@ -886,7 +886,10 @@ class Device:
     """One card through libcuda: a context, device memory, pinned host memory and the PTX kernels."""
 
     def __init__(self, bus_id: str):
-        self.lib = lib = ctypes.CDLL("libcuda.so.1")
+        path, why = libcuda()
+        if path is None:
+            raise OSError(why)
+        self.lib = lib = ctypes.CDLL(path)
         u64, sz, vp = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
         for name, args in (("cuMemAlloc_v2", [ctypes.POINTER(u64), sz]), ("cuMemFree_v2", [u64]),
                            ("cuMemsetD32_v2", [u64, ctypes.c_uint, sz]),
@@ -1111,16 +1114,26 @@ def compute_and_soak(dev: Device, opts: dict) -> tuple[dict, dict, dict]:
 # the check skipped ran their code as root (round 7b L1, L2), so rigup-burnin starts again with only the
 # directories :func:`searched` passes (:func:`loader_path_checked`), before it loads anything: each one and
 # every file in it (round 8 L2: root's link there to another user's file); cuBLAS's own directory likewise
-# (a RUNPATH of $ORIGIN has the loader search it). What is left is
-# ld.so.cache, the loader's for every program on the host: root's ldconfig lists the files it found in
-# ld.so.conf's directories, where Debian's first is /usr/local/lib (2775 root:staff: a staff user's file
-# there is listed at the next ldconfig, for any root program that needs its soname). That is Debian's
-# staff group, root's equal by design there; cuBLAS and its libcublasLt beside it are loaded by path.
+# (a RUNPATH of $ORIGIN has the loader search it). What is left is ld.so.cache, the loader's for every
+# program on the host: root's ldconfig lists the files it found in ld.so.conf's directories, where Debian's
+# first is /usr/local/lib (2775 root:staff: a staff user's file there is listed at the next ldconfig). A
+# library listed there is no more trusted than its directory: before rigup-burnin loads a library, the
+# loader itself says where each library it needs resolves (:func:`needs_alone`: its trace, as ldd's, which
+# maps and runs nothing), and every one of them must pass :func:`alone` too, or the library is not loaded.
 CUBLAS = ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11")
 CUBLAS_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/*/lib", "/usr/local/cuda-*/lib64",
                "/usr/local/cuda-*/targets/*/lib", "/usr/lib/*-linux-gnu", "/usr/local/lib",
                "/usr/local/lib/python3*/dist-packages/nvidia/cu*/lib", "/usr/lib/python3/dist-packages/nvidia/cu*/lib",
                "/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib")
+# where the driver installs libcuda.so.1 (Debian's libcuda1, Ubuntu's and NVIDIA's libnvidia-compute, the .run
+# installer), after LD_LIBRARY_PATH's checked directories: by its path, never the loader's search by soname
+LIBCUDA = "libcuda.so.1"
+DRIVER_DIRS = (f"/usr/lib/{getattr(sys.implementation, '_multiarch', '') or '*-linux-gnu'}",
+               f"/usr/lib/{getattr(sys.implementation, '_multiarch', '') or '*-linux-gnu'}/nvidia/current",
+               "/usr/lib64", "/usr/lib")
+# the dynamic loader, which says where a library's needs resolve (its trace, as ldd's)
+LOADERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1", "/lib/*-linux-gnu/ld-linux*.so.[0-9]",
+           "/usr/lib/*-linux-gnu/ld-linux*.so.[0-9]")
 GEMM_N = 8192            # m = n = k: each GEMM 2 * 8192**3 flops (the field's and gpu-burn's size)
 GEMM_SEEDS = 3           # the seeded operand pairs the soak cycles through: each result digested, compared
 BATCH_S = 1.0            # GPU time a batch takes (the one before digested meanwhile)
@@ -1129,11 +1142,11 @@ HBM_ROUND = 16           # copies queued at a time (about 6 ms of an H100's HBM)
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_COMPUTE_32F = 0, 2, 14, 68   # library_types.h, cublas_api.h
 
 
-def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
-    """([(a library's real path, its libcublasLt's beside it or None)] of CUBLAS's files in
-    LD_LIBRARY_PATH's directories and CUBLAS_DIRS that :func:`alone` passes, in a directory
-    :func:`searched` passes, the libcublasLt too where it is there, newest soname first; [why each
-    other one is skipped])."""
+def cublas_candidates() -> tuple[list[tuple[str, str]], list[str]]:
+    """([(a library's real path, its libcublasLt's beside it)] of CUBLAS's files in LD_LIBRARY_PATH's
+    directories and CUBLAS_DIRS that :func:`alone` passes, in a directory :func:`searched` passes, with
+    the libcublasLt of its soname beside it (llama.cpp's CUDA build links both: a cuBLAS without it is
+    not the one that serves) passing too, newest soname first; [why each other one is skipped])."""
     import glob
     found, skipped, dirs = [], [], {}
     first = [glob.escape(d) for d in re.split("[:;]", os.environ.get("LD_LIBRARY_PATH", ""))
@@ -1146,7 +1159,9 @@ def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
                 here = os.path.dirname(real)
                 why = dirs[here] if here in dirs else dirs.setdefault(here, searched(here)[1])
             lt = os.path.join(os.path.dirname(real), name.replace("libcublas.", "libcublasLt."))
-            lt, why = alone(lt) if why is None and os.path.lexists(lt) else (None, why)
+            if why is None:
+                lt, why = alone(lt) if os.path.lexists(lt) else \
+                    (lt, f"its {os.path.basename(lt)} is not beside it (llama.cpp's CUDA build links both)")
             if why is not None:
                 skipped.append(f"rigup-burnin: cuBLAS {path} skipped: {why} (root loads no library another user can replace)")
             elif (real, lt) not in found:
@@ -1154,24 +1169,92 @@ def cublas_candidates() -> tuple[list[tuple[str, str | None]], list[str]]:
     return found, skipped
 
 
+def loader() -> str | None:
+    """The dynamic loader's real path (the first of LOADERS that :func:`alone` passes), or None."""
+    import glob
+    for pattern in LOADERS:
+        for path in sorted(glob.glob(pattern)):
+            real, why = alone(path)
+            if why is None:
+                return real
+    return None
+
+
+def needs_alone(path: str) -> str | None:
+    """None when every library ``path`` needs, as the loader resolves it for this process (RUNPATH,
+    LD_LIBRARY_PATH, ld.so.cache, its default directories), passes :func:`alone`; else why not, naming
+    the first that does not (or one not found). The loader's trace (LD_TRACE_LOADED_OBJECTS, ldd's) maps
+    the libraries and runs none of their code: an ld.so.cache that lists /usr/local/lib (2775 root:staff on Debian) first, or any
+    other directory another user writes, makes no library there one root loads."""
+    ld = loader()
+    if ld is None:
+        return f"no dynamic loader where only root writes ({', '.join(LOADERS)}): what {path} needs is not known"
+    try:   # ldd's way: the loader traces (LD_WARN: each need not found is a line too) and runs nothing
+        r = subprocess.run([ld, path], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, errors="replace",
+                           stdin=subprocess.DEVNULL, env={**os.environ, "LD_TRACE_LOADED_OBJECTS": "1", "LD_WARN": "yes"})
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{ld} {path}: {e}"
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    if r.returncode != 0 or not lines:
+        return f"{ld} {path}: {(r.stderr or r.stdout).strip()[:200] or f'exit {r.returncode}'}"
+    for line in lines:
+        name, arrow, where = line.partition(" => ")
+        where = (where if arrow else name).rsplit(" (0x", 1)[0].strip()
+        if where == "not found":
+            return f"{path} needs {name}, which the loader does not find"
+        if "/" in where:
+            why = alone(where)[1] if where.startswith("/") else "not an absolute path"
+            if why is not None:
+                return f"{path} needs {name}, which the loader finds at {where}: {why}"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
-def cublas_libraries() -> tuple[tuple[str, str | None], ...]:
-    """:func:`cublas_candidates`'s libraries, each one skipped named on stderr once: called before
-    the workers fork (they inherit the answer), not once per card."""
+def cublas_libraries() -> tuple[tuple[str, str], ...]:
+    """:func:`cublas_candidates`'s libraries whose every need passes :func:`needs_alone` too, each one
+    skipped named on stderr once: called before the workers fork (they inherit the answer), not once
+    per card."""
     found, skipped = cublas_candidates()
+    kept = []
+    for path, lt in found:
+        why = needs_alone(lt) or needs_alone(path)
+        if why is None:
+            kept.append((path, lt))
+        else:
+            skipped.append(f"rigup-burnin: cuBLAS {path} skipped: {why} (root loads no library another user can replace)")
     for why in skipped:
         print(shown(why, 600), file=sys.stderr, flush=True)
-    return tuple(found)
+    return tuple(kept)
+
+
+@functools.lru_cache(maxsize=None)
+def libcuda() -> tuple[str | None, str]:
+    """(the real path of the driver's libcuda.so.1, "") or (None, why not): the first LIBCUDA in
+    LD_LIBRARY_PATH's directories (checked at start: :func:`loader_path_checked`), then DRIVER_DIRS,
+    that :func:`alone` passes and whose needs :func:`needs_alone` passes; loaded by that path, never by
+    its soname through the loader's search (ld.so.cache's /usr/local/lib first on Debian). Before the
+    workers fork."""
+    import glob
+    tried = []
+    dirs = [glob.escape(d) for d in re.split("[:;]", os.environ.get("LD_LIBRARY_PATH", "")) if d.startswith("/")
+            and "$" not in d] + list(DRIVER_DIRS)
+    for path in [p for d in dirs for p in sorted(glob.glob(os.path.join(d, LIBCUDA)))]:
+        real, why = alone(path)
+        why = why or needs_alone(real)
+        if why is None:
+            return real, ""
+        tried.append(why)
+    return None, (f"not loaded: {'; '.join(tried[:3])} (root loads no library another user can replace)" if tried
+                  else f"not found in {', '.join(DRIVER_DIRS)} (the driver installs it)")
 
 
 def find_cublas() -> tuple[ctypes.CDLL | None, str]:
     """(the library, its real path) or (None, why not): the first of :func:`cublas_libraries` that
-    loads, its libcublasLt beside it loaded first (global) where it is there."""
+    loads, its libcublasLt beside it loaded first (global)."""
     tried = []
     for path, lt in cublas_libraries():
         try:
-            if lt is not None:
-                ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+            ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
             lib = ctypes.CDLL(path)
             lib.cublasCreate_v2   # noqa: B018 - a library without it is not cuBLAS
             return lib, path
@@ -1572,7 +1655,7 @@ def reaped(procs: dict, figs: dict) -> list[str]:
 
 def finish(opts, todo, figs, health0, started, by_uuid, results, skipped) -> dict[str, dict]:
     if (opts.get("load") or "auto") in ("auto", "cublas"):
-        cublas_libraries()   # before the workers fork: each library skipped is named once, not per card
+        cublas_libraries(), libcuda()   # before the workers fork: each library skipped is named once, not per card
     ctx = multiprocessing.get_context("fork")
     procs = {}
     for c in todo:
@@ -1717,7 +1800,7 @@ def pulse(opts: dict) -> dict:
         return {"busy": ", ".join(f"GPU {u} by {w}" for u, w in sorted(busy.items()))}
     buses = {c["uuid"]: c["pci.bus_id"] for c in todo}
     if (opts.get("load") or "auto") in ("auto", "cublas"):
-        cublas_libraries()   # before the workers fork: each library skipped is named once, not per card
+        cublas_libraries(), libcuda()   # before the workers fork: each library skipped is named once, not per card
     ctx = multiprocessing.get_context("fork")
     start = ctx.Value("d", 0.0)
     barrier = ctx.Barrier(len(todo), action=lambda: setattr(start, "value", time.time() + 0.5))

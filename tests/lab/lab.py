@@ -511,6 +511,8 @@ def configure_root(root, name, profile, host_key, driver=True):
             # and the toolkit's libcublas.so.12 beside it (rigup-burnin's soak), whose faults per card
             # `sim set --gemm...` writes into the simulator's runtime state (a reboot clears them)
             write(root / f"usr/lib/{platform.machine()}-linux-gnu/libcublas.so.12", cuda_standin(cublas=True).read_bytes(), 0o755)
+            # with its libcublasLt beside it, as the toolkit's (rigup-burnin loads a cuBLAS only with it): empty
+            write(root / f"usr/lib/{platform.machine()}-linux-gnu/libcublasLt.so.12", empty_library().read_bytes(), 0o755)
             faults = root / "etc/rigup-lab/cublas-faults"
             faults.unlink(missing_ok=True)
             faults.symlink_to("/run/rigup-gpu-sim/cublas-faults")
@@ -540,6 +542,17 @@ def cuda_standin(cublas: bool = False) -> Path:
                     define, link = ["-DCUBLAS_STANDIN"], ["-L", lib, "-l:libcuda.so.1"]
                 run("gcc", "-O2", "-shared", "-fPIC", "-Wall", *define, "-o", tmp, CUDA_STANDIN, *link)
                 os.replace(tmp, built)
+    return built
+
+
+def empty_library() -> Path:
+    """A shared library with nothing in it (the stand-in libcublasLt.so.12), built once in the shared cache."""
+    built = CACHE / "libempty-standin.so"
+    if not built.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = built.with_name(f".{built.name}.{os.getpid()}")
+        run("gcc", "-shared", "-fPIC", "-o", tmp, "-x", "c", "/dev/null")
+        os.replace(tmp, built)
     return built
 
 

@@ -63,6 +63,8 @@ def blas(sim):
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-DCUBLAS_STANDIN", "-o",
                         str(where / "libcublas.so.12"), str(LAB / "cuda_standin.c"), "-L", str(sim[0] / "lib"),
                         "-l:libcuda.so.1"], check=True)
+        # its libcublasLt beside it (rigup-burnin loads a cuBLAS only with it): an empty library stands in
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(where / "libcublasLt.so.12"), "-x", "c", "/dev/null"], check=True)
         yield where
 
 
