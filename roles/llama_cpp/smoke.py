@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -163,20 +164,103 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {number}"
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # loopback: never a proxy
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error (HTTPError 3xx, its own status): a server asked here has no reason to
+    send one, and following it reads another server's answer as this one's (issue 47; round 9 D2:
+    a replica's /health 302 to another URL's 200 was the replica healthy, and the gateway's root
+    fetched any http URL a replica named)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+class _Deadline(socket.socket):
+    """A socket whose every send and receive waits no later than its ``deadline`` (monotonic), so
+    that ``timeout`` bounds a whole answer, its status line and headers too: a socket's own
+    timeout bounds each read only, and a server trickling a header line every 3 s held a 2-s wait
+    18 s (round 9 D3). TimeoutError (an OSError) once the deadline has passed."""
+
+    deadline = math.inf
+
+    def _left(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was not whole by its deadline")
+        self.settimeout(left)
+
+    def recv_into(self, *args, **kwargs):
+        self._left()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        self._left()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args, **kwargs):
+        self._left()
+        return super().sendall(*args, **kwargs)
+
+
+def _connected(address: tuple, timeout: float, source=None, deadline: float = math.inf) -> _Deadline:
+    """A :class:`_Deadline` socket connected to ``address`` (host, port), by the deadline."""
+    failed: OSError = OSError(f"{address[0]!r} resolves to no address")
+    for family, kind, proto, _, where in socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM):
+        sock = _Deadline(family, kind, proto)
+        sock.deadline = min(deadline, time.monotonic() + timeout)
+        try:
+            sock._left()
+            sock.connect(where)
+            return sock
+        except OSError as e:
+            sock.close()
+            failed = e
+    raise failed
+
+
+class _WholeRead(http.client.HTTPConnection):
+    """An HTTP connection whose ``timeout`` bounds the whole exchange (:class:`_Deadline`), from its
+    start: the connect, the request, the status line, the headers and the body."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        deadline = time.monotonic() + (self.timeout if isinstance(self.timeout, (int, float)) else 60)
+        self._create_connection = lambda address, timeout, source=None: _connected(address, timeout, source,
+                                                                                  deadline)
+
+
+class _Within(urllib.request.HTTPHandler):
+    """http:// through :class:`_WholeRead`: the opener's ``timeout`` is the answer's, whole."""
+
+    def http_open(self, req):
+        return self.do_open(_WholeRead, req)
+
+
+# no redirect, no proxy (loopback: the server the smoke started), each answer whole by its timeout: the
+# copy of rigup-balancer-drain's opener (tests/unit/test_no_redirect.py holds the copies equal)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(), _Within())
+MAX_ANSWER = 1 << 20   # bytes: a completion of PREDICT tokens is a few KiB
 
 
 def _request(url: str, body: dict | None, timeout: float) -> tuple[int, dict]:
+    """The server's status and its JSON answer ({} when the answer is no JSON object within
+    :data:`MAX_ANSWER` bytes: not JSON, cut at the size, or nested deeper than Python's stack, whose
+    RecursionError ended the smoke (root's) in a traceback: issue 61, round 9 S1); the whole answer
+    within ``timeout`` (OSError past it)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
         with _OPENER.open(req, timeout=timeout) as r:
-            text = r.read(1 << 20)
-            return r.status, json.loads(text or b"{}")
+            status, text = r.status, r.read(MAX_ANSWER + 1)
     except urllib.error.HTTPError as e:
+        e.close()
         return e.code, {}
-    except ValueError:
-        return 200, {}
+    if len(text) > MAX_ANSWER:
+        return status, {}
+    try:
+        doc = json.loads(text or b"{}")
+    except (ValueError, RecursionError):
+        return status, {}
+    return status, doc if isinstance(doc, dict) else {}
 
 
 def _tail(path: str, n: int = 15) -> list[str]:

@@ -46,7 +46,6 @@ HOST_ALLOWED = {
     ("rigup/tune.py", "main"): "the sweep's spec, written by tune.py (the play)",
     ("roles/burnin/acceptance.py", "dcgm"): "dcgmi's JSON (NVIDIA's tool, run as root)",
     ("roles/gpu_guard/guard.py", "parse_journal"): "journalctl -o json: journald's own flat objects",
-    ("roles/llama_cpp/smoke.py", "_request"): "the answer of a llama-server the smoke started; to catch RecursionError",
     ("roles/llama_cpp/smoke.py", "main"): "its spec from the role (argv or root's file)",
     ("roles/metrics/relay.py", "main"): "its configuration, root's file written by roles/metrics",
     ("roles/model_fetch/fetcher.py", "probe"): "the role's spec in argv (base64)",

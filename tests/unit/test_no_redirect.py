@@ -151,3 +151,123 @@ def test_the_relay_ends_a_dripping_or_huge_metrics_answer_naming_why(monkeypatch
     finally:
         front.shutdown()
         instance.shutdown()
+
+
+# Every HTTP read of rigup's, in a host program or the controller (rigup/, roles/, the top-level
+# programs), goes through the one opener that follows no redirect and bounds the whole answer, its
+# status line and headers too, by its timeout (issue 61, round 9 D2/D3: rigup-balancer-drain's
+# urlopen followed a replica's 302 to another server's 200, and its per-read timeout let a header
+# trickled every 3 s hold a 2-s wait 18 s): rigup-balancer-drain's _NoRedirect, _Deadline,
+# _connected, _WholeRead and _Within, copied to the letter into each program that reads HTTP (a host
+# program ships alone) and built into its _OPENER; never urlopen, never an http.client connection
+# of its own, every open() given its timeout. Held on the syntax tree; a file not yet there is named
+# with why, and the list only goes down.
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = "roles/balancer/drain.py"
+SHARED = ("_NoRedirect", "_Deadline", "_connected", "_WholeRead", "_Within")
+NOT_YET = {
+    "rigup/throughput.py": "its _NoRedirect opener bounds the body by bounded_read's deadline, the status line and "
+                           "headers by the socket's per-read timeout only (another helper's file in round 9)",
+    "roles/metrics/relay.py": "its _NoRedirect opener bounds the body by the scrape's deadline, the status line and "
+                              "headers by the socket's per-read timeout only (another helper's file in round 9)",
+    "rigup/tune.py": "_healthy's urlopen of the sweep's own loopback server (follows a redirect; per-read timeout; "
+                     "another helper's file in round 9)",
+    "roles/model_fetch/fetcher.py": "the hub answers a file with a redirect to its CDN by design (the token "
+                                    "unredirected); each stream has its own stall and size bounds",
+}
+
+
+def _sources(root: Path) -> list[Path]:
+    return sorted([*(root / "rigup").rglob("*.py"), *(root / "roles").rglob("*.py"), *root.glob("*.py")])
+
+
+def _named(node: ast.AST) -> str:
+    """``a.b.c`` of a Name/Attribute chain ('' for anything else)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _bare(node: ast.AST) -> str:
+    """``node``'s dump without its docstrings (copies may say why in their own words)."""
+    node = ast.parse(ast.unparse(node))
+    for n in ast.walk(node):
+        body = getattr(n, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            n.body = body[1:] or [ast.Pass()]
+    return ast.dump(node)
+
+
+def _shared(tree: ast.Module) -> dict[str, str]:
+    return {n.name: _bare(n) for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in SHARED}
+
+
+def http_problems(root: Path = ROOT) -> dict[str, list[str]]:
+    """file -> what keeps its HTTP reads from the one opener (none for a file that reads no HTTP)."""
+    reference = _shared(ast.parse((root / REFERENCE).read_text()))
+    assert set(reference) == set(SHARED), f"{REFERENCE} lacks {set(SHARED) - set(reference)}"
+    found = {}
+    for path in _sources(root):
+        text = path.read_text()
+        if "urllib" not in text and "http.client" not in text:
+            continue
+        tree, problems = ast.parse(text), []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in ("urllib.request", "http.client"):
+                problems.append(f"line {node.lineno}: from {node.module} import (use the module's opener)")
+            if not isinstance(node, ast.Call):
+                continue
+            name = _named(node.func)
+            if name.endswith("urlopen"):
+                problems.append(f"line {node.lineno}: urlopen (follows redirects; per-read timeout)")
+            elif name in ("http.client.HTTPConnection", "http.client.HTTPSConnection"):
+                problems.append(f"line {node.lineno}: a connection of its own ({name})")
+            elif name.endswith("build_opener"):
+                given = {_named(a.func) for a in node.args if isinstance(a, ast.Call)}
+                if not {"_NoRedirect", "_Within"} <= given:
+                    problems.append(f"line {node.lineno}: an opener without _NoRedirect() and _Within()")
+            elif name.endswith("_OPENER.open") and not any(k.arg == "timeout" for k in node.keywords):
+                problems.append(f"line {node.lineno}: _OPENER.open without its timeout (the whole answer's bound)")
+        uses = any(isinstance(n, ast.Call) and _named(n.func).endswith(("build_opener", "urlopen")) for n in ast.walk(tree))
+        own = _shared(tree)
+        if uses and own != reference:
+            problems.append(f"not the reference's copy of {[n for n in SHARED if own.get(n) != reference[n]]} "
+                            f"({REFERENCE})")
+        if problems:
+            found[str(path.relative_to(root))] = problems
+    return found
+
+
+def test_every_http_read_goes_through_the_one_whole_read_opener_that_follows_no_redirect():
+    found = http_problems()
+    print(f"\nHTTP reads not yet through the one opener, each named: {sorted(found)}")
+    unexplained = {p: v for p, v in found.items() if p not in NOT_YET}
+    assert not unexplained, f"an HTTP read past the one opener (copy {SHARED} from {REFERENCE}): {unexplained}"
+    assert not set(NOT_YET) - set(found), f"through the opener now (drop them from NOT_YET): {set(NOT_YET) - set(found)}"
+
+
+def test_the_guard_finds_urlopen_a_redirecting_opener_and_an_open_without_its_timeout(tmp_path):
+    """The guard on a program written the old way: each use named."""
+    (tmp_path / "rigup").mkdir()
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "roles" / "balancer").mkdir()
+    (tmp_path / REFERENCE).write_text((ROOT / REFERENCE).read_text())
+    (tmp_path / "rigup" / "old.py").write_text(
+        "import urllib.request, http.client\n"
+        "def a(url):\n    return urllib.request.urlopen(url, timeout=5)\n"
+        "_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+        "def b(url):\n    return _OPENER.open(url)\n"
+        "def c():\n    return http.client.HTTPConnection('h', 80)\n")
+    found = http_problems(tmp_path)
+    print(f"\nthe guard on an old-style program: {found}")
+    problems = " | ".join(found["rigup/old.py"])
+    for what in ("urlopen", "without _NoRedirect() and _Within()", "without its timeout", "a connection of its own",
+                 "not the reference's copy"):
+        assert what in problems
+    assert REFERENCE not in found
