@@ -102,7 +102,7 @@ def sweep_command(target: dict, levels: list[int], max_tokens: int, rounds: int,
     argv += ["--model", target["model"]] if target["model"] else []
     # -I: the script is a mktemp file in /tmp, whose directory would come first on sys.path (any
     # user's json.py there imported by root); -S: no site directory's .pth (issue 61, round 7 R1)
-    return f"python3 -I -S {script} " + " ".join(shlex.quote(a) for a in argv)
+    return f"/usr/bin/python3 -I -S {script} " + " ".join(shlex.quote(a) for a in argv)
 
 
 class Throughput(FactBase):

@@ -53,7 +53,7 @@ def new_key(path: str, group: str, prefix: str = "") -> StringCommand:
     tmp, directory = q(path + ".new"), q(path.rsplit("/", 1)[0])
     make = f"import secrets; print({prefix!r} + secrets.token_hex(32), end='')"
     return StringCommand(
-        f"install -d -m 0750 -g {q(group)} {directory} && umask 027 && python3 -s -E -S -c {q(make)} > {tmp} && "
+        f"install -d -m 0750 -g {q(group)} {directory} && umask 027 && /usr/bin/python3 -s -E -S -c {q(make)} > {tmp} && "
         f"chown root:{q(group)} {tmp} && chmod 0640 {tmp} && mv {tmp} {q(path)}")
 
 

@@ -563,7 +563,7 @@ def job(name: str, data: dict, instance: str | None = None) -> tuple[str, str, s
     q, d = shlex.quote, workdir(data)
     unit, result, done = f"rigup-tune-{name}", f"{outdir(data)}/{name}.json", f"{d}/{name}.done"
     server = f"rigup-llama@{instance or name}.service"
-    command = (f"rm -f {q(done)}; systemctl stop {q(server)}; runuser -u {q(data['rigup_user'])} -- python3 -s -E -S "
+    command = (f"rm -f {q(done)}; systemctl stop {q(server)}; runuser -u {q(data['rigup_user'])} -- /usr/bin/python3 -s -E -S "
                f"{q(d + '/rigup_tune.py')} {q(f'{d}/{name}.spec.json')} {q(result)}; rc=$?; "
                f"systemctl start {q(server)}; [ $rc = 0 ] && touch {q(done)}; exit $rc")
     return unit, command, f"{d}/{name}.log", done

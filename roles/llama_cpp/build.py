@@ -84,9 +84,9 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
     kept = f"current stays {current or 'unset'}, the build is kept in {spec['bin'].rsplit('/', 1)[0]}"
     # the operation's own connector arguments (_sudo, _su_user...): a function command gets none
     connect = {k: v for k, v in (host.current_op_global_arguments or {}).items() if k in CONNECTOR_ARGUMENT_KEYS}
-    # python3 -s -E -S: no site directory (a .pth there runs at start, as root), no PYTHON* variable;
+    # /usr/bin/python3 (never PATH's) -s -E -S: no site directory (a .pth there runs at start, as root), no PYTHON* variable;
     # the script is root's rigup-smoke.py in the llama.cpp directory (standard library only)
-    command = StringCommand("timeout", "-k", "10", str(timeout), "python3", "-s", "-E", "-S",
+    command = StringCommand("timeout", "-k", "10", str(timeout), "/usr/bin/python3", "-s", "-E", "-S",
                             QuoteString(spec["script"]), QuoteString(json.dumps(spec)))
     try:
         ok, output = host.run_shell_command(command, print_output=False, print_input=False,

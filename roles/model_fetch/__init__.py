@@ -229,7 +229,7 @@ def _start_command(plan: ModelPlan, data: Config, systemd: bool) -> str:
                 f"--description={q('rigup: fetch model ' + plan.name)} "
                 f"/usr/bin/python3 -s -E -S -u {script} fetch {q(work + '/job.json')}; }}")
     envs = " ".join(f"{k}={q(v)}" for k, v in env.items())
-    job = f"env {envs} python3 -s -E -S -u {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
+    job = f"env {envs} /usr/bin/python3 -s -E -S -u {script} fetch {q(work + '/job.json')} >> {q(work + '/job.log')} 2>&1"
     return _background(unit, job)
 
 
@@ -416,7 +416,7 @@ def apply(plan: Plan, data: Config):
         return
     facts = read_once(ModelFetchState, specs=specs(data, models))   # preflight's round trip (plan_reads)
     if not facts.get("python", True):
-        plans = [ModelPlan(n, "refused", problems=[(f"models.{n}", "python3 is missing on the host; fix: "
+        plans = [ModelPlan(n, "refused", problems=[(f"models.{n}", "/usr/bin/python3 is missing on the host; fix: "
                                                                     "install python3 (roles/base does)")], line="")
                  for n in models]
     else:
@@ -502,7 +502,7 @@ def switched(spec: dict, script: str, together: list[dict]):
     previous = revision_dir(spec["dest"], serving["revision"]) if serving.get("revision") else None
     blob = base64.b64encode(json.dumps({"dest": spec["dest"], "stage": spec["stage"],
                                         "previous": previous}).encode()).decode()
-    yield f"python3 -s -E -S {shlex.quote(script)} switch {shlex.quote(blob)}"
+    yield f"/usr/bin/python3 -s -E -S {shlex.quote(script)} switch {shlex.quote(blob)}"
 
 
 @operation()
@@ -514,7 +514,7 @@ def pruned_revisions(spec: dict, script: str, keep: int, together: list[dict]):
         host.noop(f"model {spec['name']}: no old revision to remove")
         return
     blob = base64.b64encode(json.dumps(dict(spec, keep=keep)).encode()).decode()
-    yield f"python3 -s -E -S {shlex.quote(script)} prune {shlex.quote(blob)}"
+    yield f"/usr/bin/python3 -s -E -S {shlex.quote(script)} prune {shlex.quote(blob)}"
 
 
 def metrics_config(models: dict) -> dict:

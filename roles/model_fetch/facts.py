@@ -43,8 +43,8 @@ def probe_command(specs: list[dict]) -> str:
         "[ -d /run/systemd/system ] && echo '##rigup-systemd 1' || echo '##rigup-systemd 0'; "
         f"echo \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
         f"{{ [ -e {SHARE_LOCK} ] && ! flock -n {SHARE_LOCK} true; }} 2>/dev/null && echo active)\"; "
-        "command -v python3 >/dev/null || { echo '##rigup-nopython'; exit 0; }; "
-        f"python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
+        "[ -x /usr/bin/python3 ] || { echo '##rigup-nopython'; exit 0; }; "
+        f"/usr/bin/python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
     )
 
 

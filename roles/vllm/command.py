@@ -249,7 +249,9 @@ def stamp(the_pin: dict, series: list[dict], data: Config) -> str:
                        "pip_args": sha(json.dumps(list(data.get("vllm_pip_args") or []))),
                        "install_env": {str(k): sha(str(v))[:16]
                                        for k, v in sorted((data.get("vllm_install_env") or {}).items())},
-                       "python": data.get("vllm_python", "python3"),
+                       # the default's absolute spelling (root runs no python3 PATH finds) is the python3 that made
+                       # the venvs before it: the same stamp, no reinstall for the spelling alone
+                       "python": {"/usr/bin/python3": "python3"}.get(data.get("vllm_python", ""), data.get("vllm_python", "python3")),
                        # only for uv: a pip venv keeps the stamp (and the venv) it had before this key
                        **({"installer": f"uv=={uv(data)['version']}"} if uv(data) else {})}, sort_keys=True)
 

@@ -23,7 +23,7 @@ def test_targets_and_the_command_on_the_host():
         ("keyed", "llama-server", "http://10.0.0.5:8082", "/etc/rigup/llama-server/keyed.key", None),
         ("qwen", "vllm", "http://127.0.0.1:8000", None, "Qwen 3")]
     command = bench.sweep_command(found[2], [1, 4], 64, 2, bench.SCRIPT_WORD)
-    assert shlex.split(command) == ["python3", "-I", "-S", "$t", "sweep", "http://127.0.0.1:8000", "--levels", "1,4",
+    assert shlex.split(command) == ["/usr/bin/python3", "-I", "-S", "$t", "sweep", "http://127.0.0.1:8000", "--levels", "1,4",
                                     "--max-tokens", "64", "--rounds", "2", "--model", "Qwen 3"]
     fact = bench.Throughput()
     text = fact.command(found, [1, 4], 64, 2)
