@@ -14,7 +14,7 @@ import time
 from pyinfra import host
 from pyinfra.api import OperationError
 from rigup.boundary.numbers import whole
-from rigup.text import say
+from rigup.text import say, shown_lines
 
 # seconds between two progress lines of a host (RIGUP_PROGRESS_INTERVAL_S in the controller's environment)
 INTERVAL_S = float(os.environ.get("RIGUP_PROGRESS_INTERVAL_S") or 15)
@@ -123,5 +123,5 @@ def waited(label: str, unit: str, log: str, done: str, systemd: bool, timeout: i
         return
     _, output = me.run_shell_command(command=f"tail -n 30 {shlex.quote(log)}", print_output=False,
                                      print_input=False)
-    tail = "\n".join(output.stdout_lines)
-    raise OperationError(f"{label} failed; last lines of its log ({log}):\n{tail}")
+    tail = "\n".join(output.stdout_lines)   # the job's output (a compiler quoting source text): escaped
+    raise OperationError(shown_lines(f"{label} failed; last lines of its log ({log}):\n{tail}", 300, None))

@@ -10,7 +10,8 @@ import hashlib
 import re
 import shlex
 
-from rigup.boundary.core import Unreadable, loads
+from rigup.boundary import results
+from rigup.boundary.core import Unreadable
 from rigup.nofollow import read_file
 
 if TYPE_CHECKING:
@@ -137,9 +138,12 @@ def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key
 
 def parse_instances(lines: list[str]) -> tuple[dict, dict]:
     """(``key=value`` lines before the first section, {name: {key: value}}); an empty value is
-    None, and ``marker`` is the decoded JSON object (None when absent, half-written, nested too deep
-    or not an object: the host writes the marker, and a list of a million ``[`` must not end the
-    run for every host); ``marker.M`` lines go to ``markers`` ({M: decoded JSON object or None})."""
+    None, and ``marker`` is the marker as rigup.boundary.results ``marker`` reads it (None when
+    absent, half-written, nested too deep, not an object or of a field not of its form: whoever
+    writes the model's directory writes the marker, a list of a million ``[`` must not end the run
+    for every host, ``files`` null or of numbers ended the serving role's operation with a
+    TypeError, and a file name holding an escape sequence reached the operator's terminal in its
+    error: issue 61, round 9 L1, L2); ``marker.M`` lines go to ``markers`` ({M: the same, or None})."""
     head: dict = {}
     instances: dict = {}
     current = head
@@ -150,10 +154,9 @@ def parse_instances(lines: list[str]) -> tuple[dict, dict]:
         key, _, value = line.partition("=")
         if key == "marker" or key.startswith("marker."):
             try:
-                found = loads(value, key) if value else None
+                found = results.marker(value, key) if value else None
             except Unreadable:
                 found = None
-            found = found if isinstance(found, dict) else None
             if key == "marker":
                 current[key] = found
             else:

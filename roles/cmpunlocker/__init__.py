@@ -50,7 +50,7 @@ from rigup.config import Config, role_defaults
 from roles.cmpunlocker.facts import CmpUnlockerState
 from roles.cmpunlocker.checks import CHECKS
 from roles.cmpunlocker.steps import installer_args, next_step, source_id
-from rigup.text import say
+from rigup.text import say, shown
 
 __all__ = ["apply", "CHECKS", "plan_lines"]
 
@@ -97,11 +97,12 @@ def unlock_step(data: Config):
     stamp = stamp_path(data)
     base = {"source": source_id(data), "args": installer_args(data), "boot_id": state["boot_id"],
             "profile": data["cmpunlocker_profile"]}
+    # why names root's stamp (its source) and the module probe's line: host text, escaped
     if step in ("nothing", "pending", "rollback-pending"):
-        host.noop(why)
+        host.noop(shown(why, 4000))
         return
     if step == "verify-failed":
-        raise OperationError(f"cmpunlocker on {host.name}: the unlock did not verify: {why}")
+        raise OperationError(shown(f"cmpunlocker on {host.name}: the unlock did not verify: {why}", 4000))
     if step == "verified-now":
         yield _write_stamp(stamp, {**(state["stamp"] or {}), "state": "verified"})
         return

@@ -5,9 +5,18 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 
 from rigup.boundary.core import Unreadable, loads
+from rigup.boundary.fields import PATH_CHARS, PATH_MAX
 from rigup.gpu.facts import GPU_COMMAND, sections, parse_gpus
 
 MARK = "##rigup-cmp:"
+
+
+def module_path(line: str | None) -> str | None:
+    """The module probe's line (``modinfo -n nvidia``) as the absolute path of a module file, else
+    None: it is printed in the unlock's verdict, and a line holding an escape sequence reached the
+    operator's terminal through it (issue 61, round 9 C1)."""
+    ok = line is not None and line.startswith("/") and len(line) <= PATH_MAX and PATH_CHARS.fullmatch(line)
+    return line if ok else None
 
 
 def parse_unlock_state(lines: list[str]) -> dict:
@@ -18,7 +27,7 @@ def parse_unlock_state(lines: list[str]) -> dict:
         stamp = None
     stamp = stamp if isinstance(stamp, dict) else None   # the role spreads it: {**stamp}
     first = lambda key: next((ln.strip() for ln in sec.get(key, []) if ln.strip()), None)  # noqa: E731
-    return {"stamp": stamp, "gpus": parse_gpus(sec.get("gpus", [])), "module": first("module"),
+    return {"stamp": stamp, "gpus": parse_gpus(sec.get("gpus", [])), "module": module_path(first("module")),
             "boot_id": first("boot"), "systemd": first("systemd") == "yes"}
 
 

@@ -83,7 +83,8 @@ def config_problems(data: Config) -> list[tuple[str, str]]:
 def verify(gpus: list[dict], module: str | None, data: Config) -> tuple[bool, list[str]]:
     """(locked, problems) of an unlock: ``locked`` when any CMP card still shows its locked
     memory; ``problems`` what is wrong with an unlock that took (memory.total not the unlocked
-    size, a module not cmpunlocker's, the PCIe link not Gen2 with the Gen2 service on)."""
+    size, a module not cmpunlocker's, the PCIe link not Gen2 with the Gen2 service on). ``module``: the
+    module file's path as facts.py ``module_path`` read it, or None."""
     problems, locked = [], False
     for gpu in gpus:
         if gpu.get("lost"):
@@ -103,7 +104,7 @@ def verify(gpus: list[dict], module: str | None, data: Config) -> tuple[bool, li
         if data["cmpunlocker_gen2_service"] and gen != 2:
             problems.append(f"{where}: PCIe link Gen{gen}, expected Gen2 (the Gen2 retrain service is on)")
     if not locked and UNLOCKER_MODULE_DIR not in (module or ""):
-        problems.append(f"the loaded nvidia module is {module or '(unknown: ' + data['cmpunlocker_module_probe'] + ' printed nothing)'}, "
+        problems.append(f"the loaded nvidia module is {module or '(unknown: ' + data['cmpunlocker_module_probe'] + ' printed no module path)'}, "
                         f"not cmpunlocker's (…{UNLOCKER_MODULE_DIR}nvidia.ko): a stock or DKMS module shadows it")
     return locked, problems
 

@@ -172,7 +172,7 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
         if state.get("switching"):   # a switch cut short, said in the plan (plan_lines): its mark goes
             yield f"rm -f {q(mark)}"
             return
-        host.noop(f"current is {target}")
+        host.noop(shown(f"current is {target}"))
         return
     # the switch under way, until current points at its build: a converge cut short (its controller
     # killed) leaves it for the next one to name (issue 65)

@@ -4,15 +4,25 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigup.boundary import results
+from rigup.boundary import fields, results
 from rigup.boundary.core import Unreadable
 
 BUILD_UNIT = "rigup-llama-build.service"
 
 
+def build_link(target: str) -> str | None:
+    """A ``current``/``previous`` link's target as rigup writes it (roles/llama_cpp/build.py
+    ``switched``): ``builds/<id>``, the id as rigup.boundary.fields ``ID``; else None (no build
+    rigup knows). readlink prints the link's text as it is, and it reached the operator's terminal
+    in a no-op's line (issue 61, round 9 LC1)."""
+    ident = target.removeprefix("builds/")
+    return target if target.startswith("builds/") and fields.ID.fullmatch(ident) else None
+
+
 def parse_state(lines: list[str]) -> dict:
     """``{current, previous, switching, builds: {id: stamp}, unreadable: {id: why}, smokes: {id: smoke result},
-    building: bool, systemd: bool, os, glibc, machine}`` (a stamp: as rigup.boundary.results
+    building: bool, systemd: bool, os, glibc, machine}`` (``current``, ``previous``: ``builds/<id>`` or
+    None, :func:`build_link`; a stamp: as rigup.boundary.results
     ``stamp`` read it, its id its directory's name; ``unreadable``: the builds whose stamp did not
     read, unknown here, so built again or received; a smoke result: roles/llama_cpp/smoke.py's
     JSON as rigup.boundary.results ``smoke`` read it, a build whose result does not read having
@@ -23,7 +33,7 @@ def parse_state(lines: list[str]) -> dict:
     for line in lines:
         key, _, value = line.partition("=")
         if key in ("current", "previous"):
-            state[key] = value or None
+            state[key] = build_link(value)
         elif key == "build":
             ident, _, text = value.partition(" ")
             try:
