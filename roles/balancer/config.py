@@ -113,10 +113,14 @@ def homes(models: dict[str, list[str]]) -> dict[str, set[str]]:
 
 
 def problems(backends: list[dict]) -> list[str]:
-    """Why a backend cannot go into haproxy.cfg as it is (a name, address or port that is not one):
-    the config is written from validated data, and checked again here before it reaches a file."""
+    """Why a backend cannot go into haproxy.cfg as it is (a name, address or port that is not one, a
+    backends file not of its form: its ``refused``): the config is written from validated data, and
+    checked again here before it reaches a file."""
     found = []
     for b in backends:
+        if "refused" in b:   # a backends file not of its form (facts.backends_record), named
+            found.append(str(b["refused"]))
+            continue
         names = [b["name"]] + [s[0] for s in b["servers"]]
         addresses = [b["bind"]] + [s[1] for s in b["servers"]]
         ports = [b["port"]] + [s[2] for s in b["servers"]]

@@ -101,7 +101,7 @@ class Late(Failed):
 _until: float | None = None   # the deadline of the wait() under way (monotonic), which no admin answer outlasts
 
 
-WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")   # rigup.boundary.numbers' whole-number rule (a unit test holds them equal)
+WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")   # the boundary's whole-number rule, rigup/boundary/numbers.py (a unit test holds them equal)
 
 
 def _count(text: str, digits: int = 18) -> int | None:
