@@ -59,12 +59,13 @@ import urllib.request
 def beside(name: str, tree: str, me: str):
     """The module of the host program ``name`` that its role installs next to this one, read by that
     file's path; else, where this program is ``me`` of a source tree (the controller, unit tests,
-    tests/gpu), the tree's file ``tree`` as its package module; else None (the caller names the file
-    and ends). Only a regular file, not a link, owned by root or by whoever runs this, that neither
-    its group nor others may write, is run: never code another user could have written, nor a module
-    of that name from wherever sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent
-    ran as root). Raises ImportError, naming the file and why, for one that is there but not so.
-    One function, copied into each host program that imports another (tests/unit/test_host_programs.py)."""
+    tests/gpu), the tree's file ``tree`` as its package module (imported as the rest of the tree is);
+    else None (the caller names the file and ends). The file beside it is run only when it is a
+    regular file, not a link, owned by root or by whoever runs this, that neither its group nor others
+    may write: never code another user could have written, nor a module of that name from wherever
+    sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent ran as root). Raises
+    ImportError, naming the file and why, for one that is there but not so. One function, copied
+    into each host program that imports another (tests/unit/test_host_programs.py)."""
     import importlib
     import os
     import stat
@@ -73,8 +74,15 @@ def beside(name: str, tree: str, me: str):
     mine = os.path.abspath(__file__)
     path, module_name = os.path.join(os.path.dirname(mine), name), name.removesuffix(".py")
     top = mine[:-len(me) - 1] if mine.endswith(os.sep + me) else None
-    if top is not None and not os.path.lexists(path):   # the source tree: the file, as its package's module
-        path, module_name = os.path.join(top, tree), tree.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    if top is not None and not os.path.lexists(path):   # the source tree: its package's module
+        if not os.path.isfile(os.path.join(top, tree)):
+            return None
+        if top not in sys.path:
+            sys.path.insert(0, top)
+        module = importlib.import_module(tree.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+        if os.path.abspath(getattr(module, "__file__", None) or "") != os.path.join(top, tree):
+            raise ImportError(f"{module.__name__} is {getattr(module, '__file__', None)}, not {os.path.join(top, tree)}")
+        return module
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -87,11 +95,7 @@ def beside(name: str, tree: str, me: str):
             raise ImportError(f"{path} is not run: {stat.filemode(st.st_mode)}, uid {st.st_uid} (only a regular "
                               f"file of root's or this user's, that no group or other user may write)")
         source = f.read()
-    if "." in module_name:   # the tree's: the package's module (the one that the controller's code imports)
-        if top not in sys.path and module_name not in sys.modules:
-            sys.path.insert(0, top)
-        module = importlib.import_module(module_name)
-    elif module_name not in sys.modules:
+    if module_name not in sys.modules:
         module = sys.modules[module_name] = types.ModuleType(module_name)
         module.__file__ = path
         try:

@@ -237,3 +237,24 @@ def test_beside_in_the_source_tree_gives_the_package_module():
     print(f"in the tree: {got.__name__} from {got.__file__}")
     assert got is throughput
     assert beside("rigup_throughput.py", "rigup/throughput.py", "roles/other/other.py") is None   # not where it is
+
+
+def test_beside_in_a_source_tree_imports_it_as_the_rest_of_the_tree_is(tmp_path):
+    """A checkout made with umask 002 (Debian's for a user with a private group: 0664 files) is imported
+    as Python imports the rest of it: the file check is for the file a role installs beside a program
+    on a host, which root runs."""
+    import os
+    (tmp_path / "roles/r").mkdir(parents=True)
+    (tmp_path / "treepkg").mkdir()
+    for f, text in (("treepkg/__init__.py", ""), ("treepkg/mod.py", "VALUE = 7\n")):
+        (tmp_path / f).write_text(text)
+        os.chmod(tmp_path / f, 0o664)
+    beside = beside_in(tmp_path / "roles/r/r.py")
+    try:
+        got = beside("rigup_mod.py", "treepkg/mod.py", "roles/r/r.py")
+        print(f"a 0664 tree file: {got.__name__} VALUE {got.VALUE}")
+        assert got.VALUE == 7 and got.__file__ == str(tmp_path / "treepkg/mod.py")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("treepkg.mod", "treepkg"):
+            sys.modules.pop(name, None)
