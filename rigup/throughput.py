@@ -39,6 +39,9 @@ PROMPT = "Write a long story about a lighthouse keeper, one sentence after anoth
 # rigup.boundary.numbers's rule (issue 61), by hand here: this file ships alone, with the standard
 # library only; tests/unit/test_throughput.py holds figure() to numbers.number
 _TEXT = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
+# the blanks taken off around a number: ASCII's alone (str.strip() takes U+0085, U+00A0 and U+2028 too:
+# "350\x85" was 350 here and None to the boundary; issue 61 round 9 H1)
+BLANK = " \t\r\n\f\v"
 
 
 def figure(value, lo: float, hi: float) -> int | float | None:
@@ -46,7 +49,7 @@ def figure(value, lo: float, hi: float) -> int | float | None:
     1 in Python), or text of ASCII digits (an optional sign and point, no leading zero, no exponent:
     ``int()`` and ``float()`` take "١٢", "1_0" and " inf"); finite; else None."""
     if isinstance(value, str):
-        value = value.strip()
+        value = value.strip(BLANK)
         if not _TEXT.fullmatch(value):
             return None
         value = float(value) if "." in value else int(value)
@@ -114,8 +117,9 @@ def loads(body: str | bytes):
     """A server's JSON answer parsed, or ValueError: rigup.boundary.core.loads's rule, by hand here
     (this file ships alone; tests/unit/test_throughput.py holds the two equal): a key twice in one
     object, and nesting deeper than Python's stack (json raises RecursionError, which no caller
-    caught: the sweep ended in a traceback, a level's client thread died uncounted). NaN and
-    Infinity are read, unlike there: the one figure a server may give as a float, its own rate, is
+    caught: the sweep ended in a traceback, a level's client thread died uncounted). NaN,
+    Infinity and a number past a float's range (1e400: inf) are read, unlike there: the one
+    figure a server may give as a float, its own rate, is
     then not believed (:func:`_rate`) and the wall clock's stands (issue 47)."""
     try:
         return json.loads(body, object_pairs_hook=_once)
@@ -176,10 +180,11 @@ def server_figures(url: str, key: str | None = None, timeout: float = 10, model:
     except (OSError, ValueError, http.client.HTTPException):
         return None
     found = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):   # the format's lines (str.splitlines() cuts at U+0085 and U+2028 too)
         name, _, value = line.partition(" ")
         if name.startswith("llamacpp:") and name not in found:
-            count = figure(value.split()[0], 0, math.inf) if value.split() else None
+            # the sample's value: up to an ASCII blank (str.split() cuts at U+0085 and U+2028 too)
+            count = figure(re.split(r"[ \t]+", value.strip(BLANK))[0], 0, math.inf)
             found[name] = None if count is None else float(count)
     return found
 

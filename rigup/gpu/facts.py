@@ -88,7 +88,8 @@ def normalise_bus_id(text: str) -> str:
 
 
 def _value(kind: str, text: str, bounds: tuple[float, float] | None = None) -> Any:
-    text = text.strip()
+    # ASCII's blanks alone, as numbers.number (str.strip() took U+0085 off "350\x85": 350; round 9 X1)
+    text = text.strip(" \t\r\n\f\v")
     if not text or text.startswith("[") or text in ("N/A", "Unknown Error", "Not Supported"):
         return None  # [N/A], [Unknown Error], [Not Supported], [Insufficient Permissions]...
     if kind in ("int", "float"):   # ASCII, finite, within the field's BOUNDS (a lying host's inf, -81559: None)
@@ -461,6 +462,8 @@ PORTS_COMMAND = ("if command -v ss >/dev/null 2>&1; then echo ss; s=$(ss -Hltnpe
                  "else echo none; fi")
 _SS_PROCESS = re.compile(r'users:\(\("([^"]+)"')
 _SS_UID = re.compile(r"uid:([0-9]{1,10})")   # a column of its own; a process name may hold one too
+_SS_INODE = re.compile(r"ino:[0-9]{1,20}")   # ss -e's column after the process (and the uid): the line's end is there
+_COLUMNS = re.compile(r"[ \t\n]+")          # ss's separators (str.split() cuts at U+0085 and U+2028 too)
 
 
 def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
@@ -481,13 +484,21 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
     if "--- users" in lines:   # the last: a process name may hold a line break, ss prints it as it is
         at = len(lines) - 1 - lines[::-1].index("--- users")
         for entry in lines[at + 1:]:
-            name, _, uid = entry.strip().rpartition(":")
+            name, _, uid = entry.strip(" \t\r\n\f\v").rpartition(":")
             if name and whole(uid) is not None:
                 accounts[uid] = name
         lines = lines[:at]
+    if source == "ss":   # a line not of a socket (LISTEN first) is the one before's, cut by a name's line break
+        sockets: list[str] = []
+        for line in lines:
+            if sockets and _COLUMNS.split(line.strip(" \t\n"))[0] != "LISTEN":
+                sockets[-1] += "\n" + line
+            else:
+                sockets.append(line)
+        lines = sockets
     found: dict[int, list[str | None]] = {}
     for line in lines:
-        cols = line.split()
+        cols = [c for c in _COLUMNS.split(line) if c]
         if source == "proc":
             hexport = cols[1].rpartition(":")[2] if len(cols) > 3 else ""
             if cols[3:4] == ["0A"] and re.fullmatch(r"[0-9A-Fa-f]{1,4}", hexport):   # 0A: TCP_LISTEN
@@ -500,7 +511,9 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
             continue
         proc = _SS_PROCESS.search(line)
         uids = [m.group(1) for m in map(_SS_UID.fullmatch, cols) if m]
-        name = proc.group(1) if proc else None
+        # a name only with ss's inode column after it: a socket line without one was cut short (a process
+        # named 'llama-server"' and a line break left its uid on the next line: read as root's; round 9 PT1)
+        name = proc.group(1) if proc and any(map(_SS_INODE.fullmatch, _COLUMNS.split(line[proc.end():]))) else None
         # ss prints no uid for root's socket; a second uid column is a process name's (never root's then)
         uid = uids[0] if len(uids) == 1 else "?" if uids else "0"
         if name is not None and uid != "0":

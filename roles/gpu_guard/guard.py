@@ -93,6 +93,9 @@ SLACK_S = 10                # python start, reading and writing the state files
 CLOCK_SKEW_S = 5            # how far after now a kept sample may be dated (a clock stepped back a little) and still count
 XID_EVENTS_KEPT = 50        # the newest Xid events kept in XID_STATE, with what was done
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# the blanks taken off around a number or a cell: ASCII's alone, as rigup.boundary.numbers (str.strip() takes
+# U+0085, U+00A0 and U+2028 too: nvidia-smi's "350\x85" was a draw of 350; issue 61 round 9 H2)
+BLANK = " \t\r\n\f\v"
 LOADED_PERCENT = 50         # utilization.gpu at or above which a card's link generation is judged (cards idle at Gen1)
 # A PCI address, domain:bus:device.function (nvidia-smi's 00000000:4E:00.0, sysfs's 0000:4e:00.0): the copy of
 # rigup/boundary/fields.py PCI_BUS_ID this program carries (it ships alone; tests/unit/test_gpu_guard.py holds the two equal)
@@ -145,7 +148,8 @@ def reading(text: str, digits: int = 9) -> float | None:
     figure read here, a draw, a temperature, a clock, a time, is one printed unsigned).
     rigup.boundary.numbers's rule, by hand: this program ships alone, with the standard library only;
     tests/unit/test_gpu_guard.py holds it to numbers.number."""
-    if not re.fullmatch(rf"(?:0|[1-9][0-9]{{0,{digits - 1}}})(?:\.[0-9]{{1,12}})?", text.strip()):
+    text = text.strip(BLANK)
+    if not re.fullmatch(rf"(?:0|[1-9][0-9]{{0,{digits - 1}}})(?:\.[0-9]{{1,12}})?", text):
         return None
     return float(text)
 
@@ -172,7 +176,7 @@ def parse_sample(lines: list[str], rc: int = 0, quarantined: tuple = ()) -> tupl
                 continue
             lost.append(said(line.strip(), 300))
             continue
-        cells = [c.strip() for c in line.split(",")]
+        cells = [c.strip(BLANK) for c in line.split(",")]
         if len(cells) not in (7, 7 + len(EXTRA), 7 + len(EXTRA) + len(FABRIC)) or not re.fullmatch(r"[0-9]{1,4}", cells[0]):
             if line.strip():
                 lost.append(said(line.strip(), 300))   # a malformed line: that line's problem, the others judged
@@ -309,7 +313,8 @@ def read_cards(config: dict) -> tuple[list[dict], list[str]]:
         text = f"nvidia-smi did not answer within {timeout} s"
         log(4, f"rigup-gpu-guard: {text}; killed it and its process group; this sample counts as lost telemetry")
         return [], [text]
-    return parse_sample(output.splitlines(), rc, tuple(b.lower()[-12:] for b in set_aside(config)))
+    # nvidia-smi's lines end at "\n" (str.splitlines() cuts at U+0085 and U+2028 too: a cell's tail a line)
+    return parse_sample(output.split("\n"), rc, tuple(b.lower()[-12:] for b in set_aside(config)))
 
 
 def set_aside(config: dict) -> set[str]:
@@ -725,10 +730,8 @@ def parse_journal(output: str) -> tuple[list[tuple[float, str]], str | None]:
         if not isinstance(entry, dict):
             continue
         cursor = entry.get("__CURSOR") or cursor
-        try:
-            t = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6
-        except (TypeError, ValueError, OverflowError):   # 1e400 is inf to json, and int(inf) overflows
-            t = 0.0
+        stamp = entry.get("__REALTIME_TIMESTAMP")   # journald's microseconds, as text
+        t = (reading(stamp, 18) or 0.0) / 1e6 if isinstance(stamp, str) else 0.0
         entries.append((t, journal_text(entry.get("MESSAGE"))))
     return entries, cursor
 

@@ -326,12 +326,20 @@ def _once(pairs: list) -> dict:
     return out
 
 
+def _finite(digits: str) -> float:
+    value = float(digits)   # json's parse_float: JSON's number grammar (ASCII digits); 1e400 is inf to json
+    if not math.isfinite(value):
+        raise ValueError(f"{digits[:40]} is past a float's range")
+    return value
+
+
 def json_answer(raw: bytes | str):
     """A server's JSON answer, or ValueError: rigup.boundary.core.loads's rule by hand (a host
     program ships alone; tests/unit/test_metrics.py holds the two equal): NaN and Infinity, a key
-    twice in one object, nesting deeper than Python's stack (RecursionError) refused."""
+    twice in one object, a number past a float's range (1e400), nesting deeper than Python's stack
+    (RecursionError) refused."""
     try:
-        return json.loads(raw, object_pairs_hook=_once, parse_constant=_no_constant)
+        return json.loads(raw, object_pairs_hook=_once, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("not JSON (nested deeper than this reader goes)") from None
 

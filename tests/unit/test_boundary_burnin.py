@@ -134,7 +134,8 @@ def test_any_bytes_in_the_controllers_copy_are_read_or_refused(tmp_path_factory,
 
 def test_each_finding_is_named_by_its_field():
     cases = {"not JSON": "{nope", "GPU-x.key.memory_mib": {"GPU-x": failed(key={"memory_mib": "81920 MiB"})},
-             "GPU-y.key.memory_mib": '{"GPU-y": {"passed": false, "key": {"memory_mib": 1e400}}}',
+             # 1e400 (json's inf) refused by core.loads, before any field is read (issue 61 round 9 CORE1)
+             "1e400 is past a float's range": '{"GPU-y": {"passed": false, "key": {"memory_mib": 1e400}}}',
              "GPU-z.passed": {"GPU-z": {"passed": "yes"}}, "GPU-s.schema": {"GPU-s": failed(schema=3)},
              "twice": '{"GPU-1": {"passed": false}, "GPU-1": {"passed": true}}', "a card id": {"../x": failed()},
              "GPU-t.figures.vram.mismatches": {"GPU-t": passed(figures={"vram": {"mismatches": -3}})},

@@ -30,7 +30,7 @@ def test_a_login_users_process_named_as_the_unit_is_refused_its_port():
 @settings(max_examples=200, deadline=None)
 @given(name=st.sampled_from(["llama-server", "haproxy", "vllm", "x"]), uid=st.integers(0, 2**32 - 1))
 def test_any_listener_of_a_login_user_is_never_a_units_own(name, uid):
-    line = f'LISTEN 0 5 0.0.0.0:8080 0.0.0.0:* users:(("{name}",pid=1,fd=3))' + (f" uid:{uid}" if uid else "")
+    line = f'LISTEN 0 5 0.0.0.0:8080 0.0.0.0:* users:(("{name}",pid=1,fd=3))' + (f" uid:{uid}" if uid else "") + " ino:81 sk:1"
     got = parse_listening_ports(["ss", line])[8080]
     assert (got == name) == (uid == 0)   # any account's but root's is named with it (re5 N1)
 

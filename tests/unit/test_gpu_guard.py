@@ -276,8 +276,11 @@ def test_an_nvswitch_hosts_cards_and_fabric_are_read_in_one_call(tmp_path, monke
 
 
 @settings(max_examples=60, deadline=1000)
-@given(text=st.one_of(st.text(st.sampled_from(list("0123456789+-.eE_ \u0661\u00b2")), max_size=16), st.text(max_size=6),
-                      st.from_regex(r"-?0*[0-9]{1,10}(\.[0-9]{1,13})?", fullmatch=True)),
+@given(text=st.one_of(st.text(st.sampled_from(list("0123456789+-.eE_ \t\n\r\x0b\x0c\x85\xa0\u2003\u2028\u0661\u00b2")),
+                              max_size=16), st.text(max_size=6),
+                      st.from_regex(r"-?0*[0-9]{1,10}(\.[0-9]{1,13})?", fullmatch=True),
+                      st.sampled_from(["350\x85", "\u2003350", "350\u2028", "350\xa0", "nan", "inf", "1e999", "3_5",
+                                       "0350", "\u0663\u0665\u0660", "\t350\n", "350\r"])),
        digits=st.sampled_from([9, 12]))
 def test_a_reading_is_numbers_number_unsigned(text, digits):
     """The guard's reader (it ships alone) is rigup.boundary.numbers's rule for a figure printed
@@ -285,8 +288,26 @@ def test_a_reading_is_numbers_number_unsigned(text, digits):
     ``digits`` digits before the point, or is no number of the boundary's."""
     got = reading(text, digits)
     theirs = number(text, float, 0)
+    bare = text.strip(" \t\r\n\f\v")   # the boundary's blanks (str.strip() takes U+0085 too)
     assert got == theirs if got is not None else (
-        theirs is None or text.strip()[0] in "+-" or len(text.strip().split(".")[0]) > digits)
+        theirs is None or bare[0] in "+-" or len(bare.split(".")[0]) > digits)
+
+
+def test_a_cell_with_a_unicode_blank_is_lost_telemetry():
+    """issue 61 round 9 H2: nvidia-smi's cell "350\x85" (or U+2003, U+2028, U+00A0 about it) was a draw of
+    350 (str.strip() and float() take those blanks); now it is no reading, as numbers.number says, and
+    the card's telemetry is lost; a U+0085 does not end the line either (str.splitlines() did)."""
+    for text in ("350\x85", "\u2003350", "350\u2028", "350\xa0"):
+        print(f"reading({text!r}) -> {reading(text)} (numbers.number: {number(text, float, 0)})")
+        assert reading(text) is None and number(text, float, 0) is None
+    cards, lost = parse_sample(["0, GPU-a, 00000000:4E:00.0, 0x20B010DE, 350\x85, 300, 85"], 0)
+    print(f"draw '350\\x85' -> cards {[(c['draw'], c['temp']) for c in cards]}; lost {lost}")
+    assert [c["draw"] for c in cards] == [None] and "reads power.draw" in lost[0]
+    from roles.gpu_guard.guard import parse_journal
+    stamps = ["1700000000500000", "\u0661\u0667", "1_700", "1e400", "017", 1700]
+    got = [t for t, _ in parse_journal("\n".join(json.dumps({"__REALTIME_TIMESTAMP": v, "MESSAGE": "m"}) for v in stamps))[0]]
+    print(f"journal stamps {stamps!r} -> {got}")
+    assert got == [1700000000.5, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_a_signed_or_zero_padded_draw_or_temperature_is_lost_telemetry():
