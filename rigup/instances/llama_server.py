@@ -18,7 +18,7 @@ from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, flag_values, of_form, owned_flag_problems
 from rigup.models import instances as _entries
-from rigup.instances.tuned import tuned
+from rigup.instances.tuned import mapping, tuned
 
 if TYPE_CHECKING:
     from rigup.config import Config
@@ -204,9 +204,9 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
 def _laid(data: Config) -> tuple[dict, list[tuple[str, str]]]:
     """The raw entries with each tuned instance's flags laid over (here alone), and the problems
     of ``llama_server_tuned``."""
-    flags, wrong = tuned(data, LLAMA_INSTANCE)
+    flags, wrong = tuned(data, LLAMA_INSTANCE)   # ConfigError, naming the host, for either map that is none
     return {name: {**entry, **flags.get(name, {})} if isinstance(entry, dict) else entry
-            for name, entry in (data.get("llama_server_instances") or {}).items()}, wrong
+            for name, entry in mapping(data, "llama_server_instances").items()}, wrong
 
 
 def normalised(data: Config) -> dict[str, LlamaInstance]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rigup.config import ConfigError
 from rigup.contract.llama_server import SWEPT
 from rigup.entries import Key, normalise
 
@@ -54,6 +55,21 @@ ROUTER_ENTRY = {**ENTRY, "models": Key("map", {}, "a router's (also) models: eac
                                                   "its flags laid over that model's per_model")}
 
 
+def mapping(data: Config, key: str) -> dict:
+    """``data``'s map ``key`` ({} when unset), or ConfigError naming the host and the key when it is
+    no map: a peer's host_vars typo (``llama_server_tuned: [x]``) read by another host's role (a
+    worker's rigup/rpc.py heads_of, a monitoring host's Prometheus targets) was an AttributeError
+    naming neither (issue 61, round 9 TU1); the host's own configure refuses it first, naming its file."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        host = getattr(data, "name", None)
+        raise ConfigError(f"{f'host {host}: ' if host else ''}{key} is a {type(value).__name__}, not a map of "
+                          "name -> entry: fix it in that host's host_vars or group_vars")
+    return value
+
+
 def _set(entry) -> list:
     """The models of a router ``entry`` of llama_server_instances (model and also); [] for one server."""
     also = entry.get("also") if isinstance(entry, dict) else None
@@ -63,10 +79,11 @@ def _set(entry) -> list:
 def tuned(data: Config, instance_keys: dict[str, Key]) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """{instance: its tuned flags} and (key path, problem) for each wrong entry of
     ``llama_server_tuned``: an instance not in llama_server_instances, an unknown key, a flag
-    that is not one of FLAG_KEYS or not of the instance key's form (``instance_keys``). A router's
+    that is not one of FLAG_KEYS or not of the instance key's form (``instance_keys``); ConfigError
+    when either map is no map (:func:`mapping`). A router's
     tuned models (``models``) come as its ``per_model`` with each model's flags laid over its own
     entry; a model no longer of the set is left out (:func:`tuned_lines` says so)."""
-    raw, serving = data.get("llama_server_tuned") or {}, data.get("llama_server_instances") or {}
+    raw, serving = mapping(data, "llama_server_tuned"), mapping(data, "llama_server_instances")
     out, problems = {}, []
     for name, entry in raw.items():
         where = f"llama_server_tuned.{name}"
@@ -110,7 +127,7 @@ def _models(models: dict, inst, instance_keys: dict[str, Key], where: str) -> tu
 def tuned_lines(data: Config) -> list[str]:
     """The plan's lines for tuned router models that are no longer served: a model of an entry's
     ``models`` not in its instance's set (model and also), or an instance that is no router."""
-    raw, serving = data.get("llama_server_tuned") or {}, data.get("llama_server_instances") or {}
+    raw, serving = mapping(data, "llama_server_tuned"), mapping(data, "llama_server_instances")
     lines = []
     for name, entry in sorted(raw.items()):
         models = entry.get("models") if isinstance(entry, dict) else None
