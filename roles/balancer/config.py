@@ -23,17 +23,20 @@ SERVER_STATE = "/run/haproxy/server-state"
 STATE_DROPIN = "/etc/systemd/system/haproxy.service.d/rigup-server-state.conf"
 RETRY_AFTER_S = 5   # what a queued router's 429 (and a queued request's 503) tells a client to wait
 # A router's request is routed by its body's "model" as the router reads it, or not at all (issue 61,
-# round 6 FM15): HAProxy's json_query reads a key's first value, llama-server's JSON (nlohmann) its
-# last, and a key's letters may be \u escapes that json_query does not read as "model". So a body
-# naming a "model" key (any such spelling) with a text value after one with a text, number or true/false
-# value (json_query reads those: re4 N30) is refused (400), and so is one read whole that names a model in
-# text where json_query read none (its first "model" null, a list or a map, or a byte order mark before
-# the body, which the router skips: N30, N31); one HAProxy did not buffer whole (past tune.bufsize) goes
-# unrouted, to the default backend, as one naming no model.
-# PCRE (HAProxy) and Python's re read it alike; HAProxy takes it in single quotes, as it is.
+# round 6 FM15): HAProxy's json_query reads a key's first value and its top level only, llama-server's
+# JSON (nlohmann) its last, and a key's letters may be \u escapes that json_query does not read as
+# "model". So a body naming a "model" key (any such spelling, at any depth: metadata.model too, round 8)
+# twice with values json_query or a reader reads (text, a number, true or false: re4 N30), in either
+# order, is refused (400), and so is one read whole that names a model in text where json_query read
+# none at the top level (its "model" null, a list or a map, absent, a byte order mark before the body,
+# which the router skips: N30, N31), and one read whole that is not a JSON object (OBJECT: its shape;
+# what is inside is the router's to parse); one HAProxy did not buffer whole (past tune.bufsize) goes
+# unrouted, to the default backend, as one naming no model. Each 400 says why, in a line of text.
+# PCRE (HAProxy) and Python's re read them alike; HAProxy takes them in single quotes, as they are.
 MODEL_NAMED = r'"(m|\\u006[dD])(o|\\u006[fF])(d|\\u0064)(e|\\u0065)(l|\\u006[cC])"[ \t\r\n]*:[ \t\r\n]*'
 MODEL_KEY = MODEL_NAMED + '"'
-MODEL_TWICE = MODEL_NAMED + r'[-"0-9tf][\s\S]*' + MODEL_KEY
+MODEL_TWICE = MODEL_NAMED + r'[-"0-9tf][\s\S]*' + MODEL_NAMED + '[-"0-9tf]'
+OBJECT = r'^[ \t\r\n]*\{[\s\S]*\}[ \t\r\n]*$'
 # llama-server's paths beyond inference (tools/server/server.cpp of the lab's b8779 tree), each answered
 # 403 by every frontend unless one of its features (rigup/contract/llama_server.py HELD_OFF) is allowed
 # there: (features, why, HAProxy's condition). Matched on the path as the server decodes it and under
@@ -175,7 +178,8 @@ def haproxy_cfg(backends: list[dict], data: Config) -> str:
     return render("balancer-haproxy.cfg.j2", backends=rendered, stats_port=data["balancer_stats_port"],
                   key_file=GATEWAY_KEY, state_file=SERVER_STATE,
                   timeout=data["balancer_timeout_s"], inter=data["balancer_check_interval_ms"],
-                  retry_after=RETRY_AFTER_S, model_twice=MODEL_TWICE, model_text=MODEL_KEY)
+                  retry_after=RETRY_AFTER_S, model_twice=MODEL_TWICE, model_text=MODEL_KEY,
+                  json_object=OBJECT)
 
 
 def state_dropin(drain: str) -> str:

@@ -185,17 +185,17 @@ def body(pairs) -> str:
                                            '[{"content": "\\"model\\": \\"b\\""}]'])), max_size=5))
 def test_a_body_naming_model_twice_is_refused_and_one_naming_it_once_is_not(pairs):
     """The gateway's regex (config.MODEL_TWICE, HAProxy's PCRE) over a body: it matches exactly when
-    a top-level key that JSON reads as "model" holds text after one that holds text, a number or
-    true/false (json_query reads those first); a tool schema's "model" property, a message quoting
-    "model" and one model key pass."""
+    two keys that JSON reads as "model" hold text, a number or true/false (what json_query or the
+    router reads for a name), in either order, at any depth (round 8: metadata.model); a tool schema's
+    "model" property, a message quoting "model" and one model key pass."""
     import json
     import re
 
     from roles.balancer.config import MODEL_TWICE
     text = body(pairs)
-    # a model in text after one json_query reads (text, a number, true or false: re4 N30)
+    # two models a reader takes for a name (text, a number, true or false: re4 N30), in either order
     models = [v[0] for k, v in pairs if json.loads(f'"{k}"') == "model"]
-    twice = any(first in '"tf-0123456789' and '"' in models[i + 1:] for i, first in enumerate(models))
+    twice = sum(first in '"tf-0123456789' for first in models) >= 2
     print(text, twice)
     assert bool(re.search(MODEL_TWICE, text)) is twice
 
