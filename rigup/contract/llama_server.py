@@ -278,6 +278,10 @@ HELD_OFF: dict[str, HeldOff] = {
                     "llama-server's own CORS settings by hand; by default it echoes any Origin with credentials "
                     "allowed (any web page a user opens may call the API as that user's browser), so rigup "
                     "writes LLAMA_ARG_CORS_ORIGINS from llama_server_cors_origins (none: no origin)"),
+    "lora": HeldOff(("--lora", "--lora-scaled"), (),
+                    "POST /lora-adapters: one client sets the LoRA adapters' scales for every other (the server's "
+                    "global adapters; a request's own \"lora\" field is its own), and GET /lora-adapters names "
+                    "their files on the host (issue 61, round 9 I1)"),
     "models_admin": HeldOff((), (),
                             "a router's POST /models (downloads a model from the hub onto the host), DELETE /models "
                             "(deletes one), POST /models/load and /models/unload: no flag turns them off; the gateway "

@@ -46,6 +46,8 @@ HELD_PATHS = (
      "{ path,url_dec -m reg /slots(/|$) }"),
     (("props",), "POST /props: one client sets the server's globals for all",
      "!METH_GET { path,url_dec -m reg /props/?$ }"),
+    (("lora",), "POST /lora-adapters: one client sets the LoRA adapters' scales for all",
+     "!METH_GET { path,url_dec -m reg /lora-adapters/?$ }"),
     (("tools", "mcp", "agent"), "/tools: tools run on the host, a shell among them",
      "{ path,url_dec -m reg /tools(/|$) }"),
     (("mcp", "agent"), "/cors-proxy: fetches any URL a client names",

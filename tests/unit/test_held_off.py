@@ -205,8 +205,9 @@ def test_any_cors_origins_are_refused_or_one_origin(origins):
 def test_each_path_is_held_off_unless_a_feature_that_opens_it_is_allowed():
     assert held([]) == {"models": True, "paths": [(why, cond) for _, why, cond in HELD_PATHS]}
     assert held(FEATURES) == {"models": False, "paths": []}
-    assert [why.split(":")[0] for why, _ in held(["mcp"])["paths"]] == ["/slots", "POST /props"]
-    assert [why.split(":")[0] for why, _ in held(["tools"])["paths"]] == ["/slots", "POST /props", "/cors-proxy"]
+    assert [why.split(":")[0] for why, _ in held(["mcp"])["paths"]] == ["/slots", "POST /props", "POST /lora-adapters"]
+    assert [why.split(":")[0] for why, _ in held(["tools"])["paths"]] == ["/slots", "POST /props", "POST /lora-adapters",
+                                                                          "/cors-proxy"]
 
 
 def test_a_gateway_opens_a_path_only_where_every_host_behind_it_allows_it():
@@ -257,6 +258,7 @@ class Answer(http.server.BaseHTTPRequestHandler):
 REQUESTS = [("GET", "/slots", 403), ("GET", "/slots?fields=prompt", 403), ("POST", "/slots/0?action=save", 403),
             ("GET", "/%73lots", 403), ("GET", "/x/slots", 403), ("POST", "/props", 403), ("PUT", "/props/", 403),
             ("POST", "/models", 403), ("DELETE", "/models?model=x", 403), ("POST", "/models/load", 403),
+            ("POST", "/lora-adapters", 403), ("POST", "/%6cora-adapters/", 403), ("GET", "/lora-adapters", 200),
             ("GET", "/tools", 403), ("POST", "/tools", 403), ("GET", "/cors-proxy?url=http://10.0.0.1/", 403),
             ("GET", "/props", 200), ("GET", "/models", 200), ("GET", "/v1/models", 200), ("GET", "/health", 200),
             ("POST", "/v1/chat/completions", 200), ("GET", "/slotsmachine", 200), ("POST", "/v1/props-like", 200)]
