@@ -214,23 +214,10 @@ def test_the_gateway_refuses_a_model_given_twice_and_routes_none_it_did_not_read
     import urllib.request
 
     from roles.balancer.config import gateway_backends, haproxy_cfg
+    from tests.unit.test_gateway_body import answering
     from tests.unit.test_held_off import free_port, runnable
 
     port, gateway_port = free_port(), free_port()
-
-    def answering(name):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _any(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(name)))
-                self.end_headers()
-                self.wfile.write(name.encode())
-            do_GET = do_POST = _any
-
-            def log_message(self, *args):
-                pass
-        return Handler
     servers = [http.server.ThreadingHTTPServer((f"127.0.0.{i}", port), answering(f"lab{i}")) for i in (1, 2)]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
