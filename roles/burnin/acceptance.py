@@ -137,21 +137,36 @@ def alone(path: str, directory: bool = False) -> tuple[str, str | None]:
     return (done, None) if why is None else (path, why)
 
 
-def searched(directory: str) -> tuple[str, str | None]:
-    """(the real path, None) when :func:`alone` passes ``directory`` and every file in it, each entry
-    but a subdirectory (a link's target walked as alone() walks it: to a file, or to a directory); else
+SEARCHED_MAX = 100000   # entries under one searched directory walked at most; past it the directory is left out
+
+
+def searched(directory: str, seen: dict[str, int] | None = None) -> tuple[str, str | None]:
+    """(the real path, None) when :func:`alone` passes ``directory``, every file in it and, the same
+    way, every directory under it and their files (a link's target walked as alone() walks it); else
     (``directory``, why not). The loader maps the files it finds in a directory it searches, not the
     directory: root's directory holding a link to another user's file, or a 0666 file, ran that user's
-    code as root (round 8 L2), as a directory another user writes would."""
+    code as root (round 8 L2), as a directory another user writes would; and it searches the
+    directory's subdirectories first (glibc-hwcaps/x86-64-v3/, x86-64-v2/ and the legacy tls/,
+    haswell/, avx512_1/, x86_64/, nested, by the glibc and the CPU: ``ld.so --help`` lists them):
+    another user's glibc-hwcaps/x86-64-v2/ in root's directory ran their library as root (round 9
+    LH1). So every directory under it is walked, whatever its name: one refused refuses the
+    directory. ``seen``: the directories walked already, by real path (a link back up is walked once),
+    and under "" the count of entries walked."""
+    seen = {"": 0} if seen is None else seen
     real, why = alone(directory, directory=True)
+    if why is None and real in seen:
+        return real, None
+    seen[real] = 1
     try:
         for name in sorted(os.listdir(real)) if why is None else ():
             path = os.path.join(real, name)
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                continue   # the loader maps no directory, and this one is the directory's owner's (checked)
-            why = alone(path)[1]
-            if why is not None and os.path.isdir(path):
-                why = alone(path, directory=True)[1]
+            seen[""] += 1
+            if seen[""] > SEARCHED_MAX:
+                return directory, f"more than {SEARCHED_MAX} entries under it (not walked to the end)"
+            if os.path.isdir(path):   # a directory, or a link to one: the loader may search it
+                why = searched(path, seen)[1]
+            else:
+                why = alone(path)[1]
             if why is not None:
                 return directory, f"its {name}: {why}"
     except OSError as e:
@@ -705,12 +720,32 @@ def run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
         return None, ""
 
 
-def _num(text: str):
-    text = text.strip()
-    try:
-        return float(text) if "." in text else int(text, 0) if text.lower().startswith("0x") else int(text)
-    except ValueError:
-        return None if text.startswith("[") or text in ("N/A", "") else text
+# rigup.boundary.numbers's rule by hand (this program ships alone; tests/unit/test_burnin_round9.py holds
+# _num to numbers.number): ASCII digits, an optional sign and point, no leading zero, no exponent, at most 18
+# digits before the point and 12 after (so finite); blanks taken off are ASCII's alone (str.strip() takes U+0085)
+NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,12})?")
+HEX_WORD = re.compile(r"0x[0-9A-Fa-f]{1,16}")   # nvidia-smi's pci.device_id and event masks
+BLANK = " \t\r\n\f\v"
+TEXT_FIELDS = ("uuid", "pci.bus_id", "name", "driver_version")   # nvidia-smi's cells that are names, not numbers
+
+
+def _num(text: str) -> int | float | None:
+    """A number nvidia-smi (or sysfs) printed: the boundary's rule (int() and float() took "٣" as 3,
+    "1_0" as 10, "0350" as 350 and "1.0e999" as inf: a card's memory.total inf, its time bound inf and
+    burnin.json's Infinity, round 9 H3), or a hex word of at most 16 digits; else None."""
+    text = text.strip(BLANK)
+    if NUMBER.fullmatch(text):
+        value = float(text) if "." in text else int(text)
+        return value if abs(value) < 1e18 else None
+    return int(text, 16) if HEX_WORD.fullmatch(text) else None
+
+
+def _cell(field: str, text: str):
+    """nvidia-smi's cell of ``field``: a name's text (None for its words for no value: [N/A]), else :func:`_num`."""
+    if field not in TEXT_FIELDS:
+        return _num(text)
+    text = text.strip(BLANK)
+    return None if text.startswith("[") or text in ("N/A", "") else text
 
 
 def query(fields: list[str], ids: str | None = None) -> list[dict] | None:
@@ -723,10 +758,10 @@ def query(fields: list[str], ids: str | None = None) -> list[dict] | None:
     if rc != 0:
         return None
     rows = []
-    for line in out.splitlines():
-        cols = [c.strip() for c in line.split(",")]
+    for line in out.split("\n"):   # str.splitlines() cuts at U+0085 and U+2028 too: a cell's tail a line
+        cols = line.split(",")
         if len(cols) == len(fields):
-            rows.append({f: _num(c) for f, c in zip(fields, cols)})
+            rows.append({f: _cell(f, c) for f, c in zip(fields, cols)})
     return rows
 
 
@@ -796,10 +831,10 @@ def samples_of(buses: dict[str, str], instant: bool = False) -> dict[str, dict]:
             continue   # this driver names the throttle reasons the other way, or has no instant draw
         break
     found = {}
-    for line in (out or "").splitlines():
-        cols = [c.strip() for c in line.split(",")]
+    for line in (out or "").split("\n"):
+        cols = line.split(",")
         if len(cols) == len(SAMPLE_FIELDS) + 1:
-            row = {f: _num(c) for f, c in zip(SAMPLE_FIELDS + ["events"], cols)}
+            row = {f: _cell(f, c) for f, c in zip(SAMPLE_FIELDS + ["events"], cols)}
             found[row["uuid"]] = {**row, "draw": draw} if instant else row
         m = re.search(r"GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f])\s*:\s*Unknown Error", line)
         if m:
@@ -858,17 +893,20 @@ def numa_cpus(bus_id: str) -> set[int] | None:
     """The CPUs of the card's NUMA node (sysfs), or None when the node is not known."""
     try:
         with open(f"/sys/bus/pci/devices/{pci_name(bus_id)}/numa_node") as f:
-            node = int(f.read().strip())
-        if node < 0:
+            node = _num(f.read(64))
+        if type(node) is not int or node < 0:
             return None
         with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
-            spec = f.read().strip()
+            spec = f.read(1 << 16).strip(BLANK)
     except (OSError, ValueError):
         return None
     cpus = set()
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
+        lo, hi = _num(lo), _num(hi or lo)
+        if type(lo) is not int or type(hi) is not int or not 0 <= lo <= hi < 1 << 20:
+            return None   # not the kernel's list of CPU ranges
+        cpus.update(range(lo, hi + 1))
     return cpus or None
 
 
@@ -2173,7 +2211,7 @@ def expected_mib(text: str) -> dict[str, int] | None:
     out = {}
     for part in (p for p in text.split(",") if p):
         uuid, eq, mib = part.partition("=")
-        if not (uuid and eq and mib.isascii() and mib.isdigit() and len(mib) <= 9):
+        if not (uuid and eq and re.fullmatch(r"0|[1-9][0-9]{0,8}", mib)):   # the boundary's whole number
             return None
         out[uuid] = int(mib)
     return out

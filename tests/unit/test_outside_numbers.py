@@ -17,7 +17,6 @@ ALLOWED = {
     "roles/gpu_power/policy.py": (1, "an override's key that looks like a GPU index is refused (the refusal, not a number read)"),
     "roles/gpu_power/checks.py": (1, "the same refusal in preflight"),
     "roles/balancer/drain.py": (1, "a host program's own ASCII-digits rule (isascii() and isdigit()), held by its tests"),
-    "roles/burnin/acceptance.py": (1, "a host program's --expect-mib: isascii() and isdigit() and at most 9 digits"),
 }
 
 
