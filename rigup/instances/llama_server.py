@@ -171,10 +171,12 @@ def split_problems(value, where: str, gpu_count: int | None) -> list[tuple[str, 
     separated by commas, or gives more shares than the host's ``gpu_count`` GPUs (when known)."""
     if not isinstance(value, str):
         return []   # none, or not text: the entry's form says so
-    split = value.replace(" ", "")
-    if shares(split) is None:   # bounded, one above 0: llama.cpp's std::stof reads each (re5 N24)
-        return [(where, f"expected numbers separated by commas, each under 10^6, one above 0 (e.g. '16,16,17,0'), "
-                        f"got {value!r}")]
+    split = value.replace(" ", "")   # blanks between shares are llama.cpp's to skip; at the ends, the preset's
+    # reader drops them, so rigup's writer refuses the value (formats.ini_line): refused here, before any role
+    # runs (round 9 N2: ' 1,1' passed preflight and ended the converge in preset_text)
+    if shares(split) is None or value != value.strip(" "):   # bounded, one above 0: std::stof reads each (re5 N24)
+        return [(where, f"expected numbers separated by commas, each under 10^6, one above 0, no blank at either "
+                        f"end (e.g. '16,16,17,0'), got {value!r}")]
     if gpu_count is not None and len(split.split(",")) > gpu_count:
         return [(where, f"{len(split.split(','))} shares for {gpu_count} GPUs on this host")]
     return []

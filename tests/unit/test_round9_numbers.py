@@ -100,3 +100,29 @@ def test_loads_reads_a_finite_document_and_refuses_any_non_finite_number(doc, ex
     if extra:
         with pytest.raises(Unreadable):
             loads(f"[{extra}]", "w")
+
+
+def preset_of(split: str) -> str:
+    from roles.llama_server.command import preset_text
+    inst = {"model": "a", "also": ["b"], "per_model": {"b": {"tensor_split": split}}, "tensor_split": None}
+    return preset_text("r", inst, {"a": "/m/a/x.gguf", "b": "/m/b/y.gguf"})
+
+
+def test_N2_a_share_list_with_a_blank_at_an_end_is_refused_at_preflight():
+    """N2: a router's per_model.b.tensor_split ' 1,1' passed preflight (blanks removed before the check)
+    and preset_text's ini_line raised ValueError at converge, after earlier roles ran."""
+    from rigup.instances.llama_server import split_problems
+    for value in (" 1,1", "1,1 ", "1,1\t", "\u00a01,1"):
+        found = split_problems(value, "llama_server_instances.r.per_model.b.tensor_split", 2)
+        print(f"{value!r} -> {found}")
+        assert found and found[0][0].endswith("per_model.b.tensor_split")
+    assert split_problems("1, 1", "w", 2) == [] and "tensor-split = 1, 1" in preset_of("1, 1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.text(st.sampled_from(list("0123456789,. \t;#\u00a0\x85")), max_size=12))
+def test_what_preflight_passes_the_preset_writes(value):
+    """Every tensor_split split_problems passes is one preset_text writes (the two read one value one way)."""
+    from rigup.instances.llama_server import split_problems
+    if not split_problems(value, "w", 64):
+        assert f"tensor-split = {value}" in preset_of(value)
