@@ -87,9 +87,11 @@ class ServingEnv(FactBase):
     does not: U1), or a drop-in over FILE_MAX (its lines are read up to there: U2); the unit file not
     the one its drop-in names (``# unit SHA``, its sha256 as roles/llama_server writes it), or the
     variables systemd runs it with (``systemctl show``'s Environment) not the template's and the
-    drop-in's (:func:`_environment`: U4). Round 9 SE2: a variable of the manager's own environment
-    (``systemctl show-environment``: ``systemctl set-environment``, system.conf's DefaultEnvironment=),
-    which systemd gives every service it starts, that the unit does not set itself (:func:`_manager`)."""
+    drop-in's (:func:`_environment`: U4). The manager's own environment (``systemctl set-environment``,
+    system.conf's DefaultEnvironment=) is not read: the sweep runs as a transient unit of the same manager
+    (rigup/progress.py's systemd-run, then runuser, which keeps it), so its servers get the variables the
+    served unit gets (round 9 SE2, judged no difference; refusing them refused every sweep of a host whose
+    DefaultEnvironment= sets a proxy or, as the lab's does, LLAMA_ARG_THREADS)."""
 
     def command(self, instance: str) -> str:
         self.instance = instance
@@ -111,8 +113,6 @@ class ServingEnv(FactBase):
                 f"head -c {FILE_MAX} {dropin} 2>/dev/null | sed 's/^/R /'; "
                 f"systemctl show -p DropInPaths -p EnvironmentFiles -p UnsetEnvironment -p FragmentPath -p Environment -- "
                 f"{q(UNIT.format(instance))} 2>/dev/null | head -c {FILE_MAX} | sed 's/^/S /'; "
-                # the manager's own environment, which systemd gives every service it starts (M: round 9 SE2)
-                f"systemctl show-environment 2>/dev/null | head -c {FILE_MAX} | sed 's/^/M /'; "
                 "echo \"G $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"")
 
     def process(self, output: list[str]) -> dict:
@@ -121,7 +121,6 @@ class ServingEnv(FactBase):
         instance = getattr(self, "instance", "NAME")
         own: dict[str, str] = {}   # the drop-in's Environment= (E), for systemd's to be compared with
         shown_env: list[str] = []   # systemctl show's Environment (one line)
-        manager: list[str] = []   # systemctl show-environment's lines
         unit_sha = written_sha = None
         for line in output:
             kind, _, rest = line.partition(" ")
@@ -142,8 +141,6 @@ class ServingEnv(FactBase):
                 own.update(pairs if kind == "E" else {})
             elif kind == "S" and rest.strip().partition("=")[0] == "Environment":
                 shown_env.append(rest.strip().partition("=")[2])
-            elif kind == "M":
-                manager.append(rest)
             elif kind in ("R", "S"):
                 other += _not_written(kind, rest, instance)
             elif kind == "F":
@@ -159,7 +156,6 @@ class ServingEnv(FactBase):
                          f"written with ({shown(written_sha or 'none named', 70)})")
         for text in shown_env:
             other += _environment(text, own, instance)
-        other += _manager(manager, set(env) | set(UNIT_ENV))
         if other:   # each named: a drop-in, file or line rigup does not write reaches the server
             unit = UNIT.format(instance)
             why = "; ".join([*other, *([f"{error.where}: {error.why}"] if error else [])])
@@ -206,29 +202,6 @@ def _not_written(kind: str, rest: str, instance: str) -> list[str]:
     if name == "UnsetEnvironment":
         return [f"systemd unsets {shown(value, 120)}"] if value else []
     return [f"systemctl show said {shown(line, 120)}"] if line else []
-
-
-# the manager environment's own variables (systemd's PATH, locale.conf's locale): the host's, as cuda.env's are
-MANAGER_OWN = re.compile(r"PATH|LANG|LANGUAGE|LC_[A-Z_]+")
-_MANAGER_NAME = re.compile(r"""(?:\$'|")?([A-Za-z_][A-Za-z0-9_]*)=""")   # shell_maybe_quote's NAME=VALUE
-
-
-def _manager(lines: list[str], set_by_unit: set[str]) -> list[str]:
-    """What of ``lines``, the manager's environment (``systemctl show-environment``: each NAME=VALUE,
-    quoted as a shell reads it where it needs to be), reaches the server unseen, each said (none: []):
-    a variable systemd gives every service it starts (``systemctl set-environment LD_PRELOAD=/x.so``,
-    system.conf's DefaultEnvironment=) that the unit does not set itself (``set_by_unit``: the
-    template's, cuda.env's and the drop-in's, which come after it) and is not the manager's own
-    (:data:`MANAGER_OWN`). Round 9 SE2: only the unit's own Environment= was read."""
-    out = []
-    for line in lines:
-        m = _MANAGER_NAME.match(line.strip())
-        if not m:
-            out.append(f"systemd's manager environment does not read: {shown(line, 120)}")
-        elif m[1] not in set_by_unit and not MANAGER_OWN.fullmatch(m[1]):
-            out.append(f"systemd gives every service {shown(line.strip(), 120)} (its manager environment: "
-                       "systemctl set-environment or DefaultEnvironment=), which rigup does not write")
-    return out
 
 
 def _sizes(rest: str) -> list[str]:
