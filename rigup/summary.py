@@ -15,7 +15,7 @@ import logging
 import re
 
 import click
-from rigup.text import say
+from rigup.text import guard_terminal, say
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(r"^\s*\[([^\]]+)\]\s*(.*)$", re.S)
@@ -36,7 +36,10 @@ class _Recorder(logging.Handler):
 
 
 def watch() -> None:
-    """Listen to pyinfra's log from now on (once) and print the summary at exit."""
+    """Listen to pyinfra's log from now on (once) and print the summary at exit; every record pyinfra
+    prints is escaped for the terminal from now on (rigup.text.guard_terminal: each call, for a
+    handler added since)."""
+    guard_terminal()
     if not _state:
         _state.append(None)
         logging.getLogger("pyinfra").addHandler(_Recorder(logging.WARNING))

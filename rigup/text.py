@@ -4,11 +4,17 @@ No library of the chosen set does this for a single string (rich and click style
 neutralise it), so: every character that is not printable (C0 and C1 controls, ESC and so every
 escape sequence, DEL, line and paragraph separators, bidirectional overrides) is shown as its
 Python escape, and the text is cut to ``limit`` characters with a mark of how much was left out.
+
+pyinfra prints its log records (an OperationError's text, a no-op's line, a host's warning) as they
+are, inside its own colours: :class:`TerminalFilter`, on pyinfra's log handlers from the start of a
+run (:func:`guard_terminal`), escapes each record the same way but for lines, tabs and colours.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import re
 
 
 def shown(text: object, limit: int = 200) -> str:
@@ -38,3 +44,63 @@ def say(line: str, fg: str | None = None) -> None:
 
     text = shown(line, 4000)
     click.echo(click.style(text, fg=fg) if fg else text, err=True)
+
+
+# the SGR parameters of click.style, which pyinfra colours its log with: reset, bold, dim, italic,
+# underline, blink, reverse, strike and their offs, overline, the 16 colours fore and back, default fore
+# and back. A sequence of these only is kept by terminal_text: it changes colours, nothing else.
+SGR_CODES = frozenset({0, 1, 2, 3, 4, 5, 7, 9, 21, 22, 23, 24, 25, 27, 29, 39, 49, 53, 55,
+                       *range(30, 38), *range(40, 48), *range(90, 98), *range(100, 108)})
+_SGR = re.compile(r"\x1b\[([0-9;]{0,40})m")
+
+
+def _colour(match: re.Match) -> bool:
+    return all(p.isdigit() and int(p) in SGR_CODES for p in match[1].split(";")) if match[1] else True
+
+
+def _escaped(text: str) -> str:
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with every character :func:`shown` escapes (C0 and C1 controls, ESC and so every
+    escape sequence, DEL, line and paragraph separators, bidirectional controls) escaped as it does,
+    but for newlines, tabs and the colour sequences of :data:`SGR_CODES`; not cut. Text without
+    such a character comes back as it is."""
+    if text.isprintable():
+        return text
+    out, at = [], 0
+    for match in _SGR.finditer(text):
+        if _colour(match):
+            out += [_escaped(text[at:match.start()]), match[0]]
+            at = match.end()
+    return "".join(out) + _escaped(text[at:])
+
+
+class TerminalFilter(logging.Filter):
+    """Rewrites a log record's message (and its traceback's text) to :func:`terminal_text` of it:
+    put on a handler, nothing it prints holds a control character beyond pyinfra's own colours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:   # arguments that do not fit: the handler reports it (as repr, escaped)
+            return True
+        text = terminal_text(message)
+        if text != message:
+            record.msg, record.args = text, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        for key in ("exc_text", "stack_info"):
+            if getattr(record, key, None):
+                setattr(record, key, terminal_text(getattr(record, key)))
+        return True
+
+
+def guard_terminal(name: str = "pyinfra") -> None:
+    """A :class:`TerminalFilter` on each handler of the logger ``name`` (pyinfra's: pyinfra_cli
+    prints every record through its LogHandler), once each: called again, it adds none twice and
+    covers a handler added since."""
+    for handler in logging.getLogger(name).handlers:
+        if not any(isinstance(f, TerminalFilter) for f in handler.filters):
+            handler.addFilter(TerminalFilter())

@@ -1,0 +1,160 @@
+"""pyinfra's log to the terminal, escaped (issue 61, round 9: P1, L1, C1, LC1 were host text printed raw
+through an OperationError or a no-op's line). rigup.text.TerminalFilter sits on pyinfra's log handlers
+from the start of a run (rigup.summary.watch, which the inventory helpers and every play call): every
+character shown() escapes is escaped as it does, but newlines, tabs and pyinfra's own colours
+(click.style's SGR sequences) stay. tests/unit/test_operation_errors.py keeps the texts escaped where
+they are made; this is the one way out to the terminal for what slips by."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import select
+import sys
+import time
+from pathlib import Path
+
+import click
+from hypothesis import example, given, settings, strategies as st
+
+from rigup.text import SGR_CODES, shown, terminal_text
+
+ROOT = Path(__file__).resolve().parents[2]
+OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+CSI = "\x1b[2J\x1b[H"
+# every colour sequence click.style writes for pyinfra (its colours, bold, dim, underline, reset): kept
+STYLES = sorted({s for fg in ("red", "green", "yellow", "blue", "magenta", "cyan", "white", "black", "bright_red")
+                 for s in re.findall(r"\x1b\[[0-9;]*m", click.style("x", fg=fg, bg=fg, bold=True, dim=True,
+                                                                    underline=True, italic=True, reverse=True))})
+CONTROLS = [chr(c) for c in (*range(0x20), 0x7f, *range(0x80, 0xa0), *range(0x202a, 0x202f), *range(0x2066, 0x206a),
+                             0x2028, 0x2029)]
+
+
+def _bare(text: str) -> str:
+    """``text`` less the SGR sequences of SGR_CODES only (the rule restated, read independently)."""
+    def colour(m: re.Match) -> str:
+        return "" if all(p and int(p) in SGR_CODES for p in (m[1] or "0").split(";")) else m[0]
+    return re.sub(r"\x1b\[([0-9;]*)m", colour, text)
+
+
+pieces = st.one_of(st.text(max_size=8), st.sampled_from(CONTROLS), st.sampled_from(STYLES),
+                   st.sampled_from([OSC52, CSI, "\x1b[38;5;1m", "\x1b[8m", "\x1b[31", "\x1b[;m", "\x1b[31;2Jm", "\x1b\x1b[0m",
+                                    "\x9b2J", "\r\n", "\x85", "\ud800"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(pieces, max_size=12).map("".join))
+@example(OSC52 + CSI + "\x1b[31mred\x1b[0m")
+def test_no_control_character_but_colours_newlines_and_tabs_comes_out(text):
+    out = terminal_text(text)
+    left = [c for c in _bare(out) if not (c.isprintable() or c in "\n\t")]
+    assert not left, (text, out, left)
+    assert terminal_text(out) == out   # escaped once is escaped
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp",
+                                                                                 "Zs")), max_size=8),
+                          st.sampled_from([" ", "\n", "\t", *STYLES])), max_size=12).map("".join))
+def test_a_message_without_any_comes_back_as_it_is(text):
+    assert terminal_text(text) == text
+
+
+def test_each_character_is_escaped_as_shown_escapes_it():
+    for c in CONTROLS:
+        if c not in "\n\t":
+            assert terminal_text(f"a{c}b") == shown(f"a{c}b"), repr(c)
+    got = terminal_text(f"[h1] {OSC52}{CSI}\x1b[38;5;1m{click.style('ok', 'red')}\n\tnext\u202e\u2028")
+    print("escaped:", repr(got))
+    assert got == ("[h1] \\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x1b[H\\x1b[38;5;1m\x1b[31mok\x1b[0m\n\tnext"
+                   "\\u202e\\u2028")
+
+
+# pyinfra_cli's LogHandler and LogFormatter as its setup_logging installs them, in a process of its own
+# (importing pyinfra_cli patches the standard library with gevent), writing to a terminal (click keeps
+# colours, and unfiltered every sequence, for a terminal only): a record as pyinfra logs an
+# OperationError, its prefix bold and its text red, holding OSC 52 and CSI
+HANDLER = """
+import io, json, logging, sys
+import click
+from pyinfra_cli.log import LogFormatter, LogHandler
+from rigup.text import TerminalFilter, guard_terminal
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+got = {}
+for guarded in (False, True):
+    logger = logging.getLogger(f"rigup-test-terminal-{guarded}")
+    logger.propagate = False
+    handler = LogHandler()
+    handler.setFormatter(LogFormatter())
+    logger.addHandler(handler)
+    if guarded:
+        guard_terminal(logger.name)
+        guard_terminal(logger.name)   # once: a second call adds none
+        got["filters"] = sum(isinstance(f, TerminalFilter) for f in handler.filters)
+    sys.stderr = tty = Tty()
+    logger.error("%s%s", click.style("[h1] ", bold=True), click.style(sys.argv[1], "red"))
+    sys.stderr = sys.__stderr__
+    got[str(guarded)] = tty.getvalue()
+print(json.dumps(got))
+"""
+
+
+def test_pyinfra_clis_own_handler_prints_the_message_escaped():
+    message = f"OperationError: build failed: {OSC52}{CSI}cc1: error"
+    run = subprocess.run([sys.executable, "-c", HANDLER, message], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    print(f"input: {message!r}")
+    print(f"without the filter the terminal gets: {got['False']!r}")
+    print(f"with it (pyinfra's own handler):      {got['True']!r}")
+    assert "\x1b]52" in got["False"] and "\x1b[2J" in got["False"]   # the test sees what it guards against
+    out = got["True"]
+    assert got["filters"] == 1 and "\x1b]52" not in out and "\x1b[2J" not in out
+    assert "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x1b[H" in out and "\x1b[31m" in out and "\x1b[1m" in out
+    assert not [c for c in _bare(out) if not (c.isprintable() or c in "\n\t")]
+
+
+def test_a_real_pyinfra_run_escapes_an_operation_error_after_rigup_starts_its_summary(tmp_path):
+    """`pyinfra -y @local` on a play that starts rigup's summary as deploy.py does (summary.track):
+    an OperationError holding OSC 52 and CSI reaches the terminal (a pty: colours kept) escaped."""
+    (tmp_path / "play.py").write_text(
+        "from pyinfra import host\nfrom pyinfra.api import OperationError\nfrom pyinfra.operations import python\n"
+        "from rigup import summary\n\nsummary.track(host.state)\n\n\ndef fail():\n"
+        f"    raise OperationError({'build failed: ' + OSC52 + CSI + ' done'!r})\n\n\n"
+        "python.call(name='round 9', function=fail)\n")
+    main, child = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([str(Path(sys.executable).parent / "pyinfra"), "-y", "@local", "play.py"], cwd=tmp_path,
+                           stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=env)
+    os.close(child)
+    got, deadline = bytearray(), time.monotonic() + 60
+    while time.monotonic() < deadline:   # the terminal's side, read as it comes (a pty holds a few KiB)
+        ready, _, _ = select.select([main], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:   # EIO: every writer closed its side
+                break
+            if not chunk:
+                break
+            got.extend(chunk)
+        elif run.poll() is not None:
+            break
+    os.close(main)
+    run.wait(10)
+    out = got.decode("utf-8", "replace")
+    lines = [ln for ln in out.splitlines() if "build failed" in ln]
+    print("rc", run.returncode, "; the lines naming the error, as the terminal got them:")
+    for ln in lines:
+        print("  ", repr(ln))
+    assert run.returncode != 0 and lines
+    assert "\x1b]52" not in out and "\x1b[2J" not in out and "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J" in out
+    assert "\x1b[31m" in out   # pyinfra's own colours stay
