@@ -476,8 +476,8 @@ def parse_listening_ports(lines: list[str]) -> dict[int, str | None] | None:
     instance's own, a system account's by its name alone). A port several processes listen on (on other
     addresses) has their names joined, ``"llama-server and python3 (user alice)"``: each is seen, not the
     first socket's alone (re5 N4)."""
-    source, lines = (lines[0].strip(), lines[1:]) if lines and lines[0].strip() in ("ss", "proc", "none") \
-        else ("ss", lines)
+    source, lines = (lines[0].strip(" \t\r\n\f\v"), lines[1:]) \
+        if lines and lines[0].strip(" \t\r\n\f\v") in ("ss", "proc", "none") else ("ss", lines)
     if source == "none":
         return None
     accounts: dict[str, str] = {}
@@ -709,7 +709,7 @@ def parse_cpu(lines: list[str]) -> dict:
     vendor = _CPU_VENDORS.get(vendor, vendor) if vendor else _ARM_IMPLEMENTERS.get(implementer)
     pairs = set()
     for line in sec.get("topology", []):
-        cells = line.split()
+        cells = _COLUMNS.split(line.strip(" \t"))   # "PACKAGE CORE" (str.split() cuts at U+0085 too)
         ids = [number(c, int, -1, 1 << 20) for c in cells]   # sysfs ids (-1: none), ASCII, bounded (5000 digits ended preflight)
         if len(ids) == 2 and None not in ids:
             pairs.add((ids[0], ids[1]))
