@@ -105,6 +105,13 @@ PLACES: tuple[Place, ...] = (
           "/tmp/pyinfra-<sha1 of the destination>, a name any local user can predict and occupy first",
           "the login user's home (pyinfra's TEMP_DIR '.'); a host reached as root uploads straight to the "
           "destination"),
+    Place("a host program's import of the one beside it (root runs the guard, the relay, the watchdog, the "
+          "burn-in, the sweep; the contract beside them)",
+          "roles/burnin/acceptance.py:beside, roles/gpu_guard/guard.py:beside, roles/metrics/relay.py:beside, "
+          "roles/watchdog/watchdog.py:beside, rigup/tune.py:beside, rigup/contract/llama_server.py:beside",
+          "sys.path inserts and importlib by path: a link, a FIFO or a file another user could write was run "
+          "(round 8)", "opened O_NOFOLLOW|O_NONBLOCK and run only as a regular file of root's (or the running "
+          "user's) that no group or other user may write; else ImportError naming the file"),
 )
 
 

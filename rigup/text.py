@@ -51,11 +51,12 @@ def say(line: str, fg: str | None = None) -> None:
 # and back. A sequence of these only is kept by terminal_text: it changes colours, nothing else.
 SGR_CODES = frozenset({0, 1, 2, 3, 4, 5, 7, 9, 21, 22, 23, 24, 25, 27, 29, 39, 49, 53, 55,
                        *range(30, 38), *range(40, 48), *range(90, 98), *range(100, 108)})
+_SGR_TEXT = frozenset(str(c) for c in SGR_CODES)   # each as click.style writes it (no leading zero)
 _SGR = re.compile(r"\x1b\[([0-9;]{0,40})m")
 
 
 def _colour(match: re.Match) -> bool:
-    return all(p.isdigit() and int(p) in SGR_CODES for p in match[1].split(";")) if match[1] else True
+    return all(p in _SGR_TEXT for p in match[1].split(";")) if match[1] else True
 
 
 def _escaped(text: str) -> str:
