@@ -139,8 +139,13 @@ CROSSINGS = (
              "roles/model_fetch/facts.py:parse_progress, roles/model_fetch/facts.py:parse_probe"),
     Crossing("a model's completion marker as a host printed it (one line of JSON: an object, else none)",
              "the host (whoever can write the model's directory)", "rigup/boundary/core.py:loads",
-             "rigup/units.py:parse_instances, roles/model_fetch/facts.py:parse_progress, "
+             "roles/model_fetch/facts.py:parse_progress, "
              "roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:parse_state"),
+    Crossing("the cmpunlocker's module probe line (modinfo -n nvidia: an absolute path of plain characters, else none)",
+             "root on the host (the kernel module's path)", "roles/cmpunlocker/facts.py:module_path",
+             "roles/cmpunlocker/facts.py:parse_unlock_state"),
+    Crossing("llama.cpp's current and previous links as readlink printed them (builds/<id>, else none)",
+             "root on the host", "roles/llama_cpp/facts.py:build_link", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("a llama.cpp build's smoke result line (roles/llama_cpp/smoke.py's JSON on its output)",
              "root on the host (smoke.py), its servers", "rigup/boundary/core.py:loads",
              "roles/llama_cpp/build.py:_smoked"),

@@ -486,7 +486,8 @@ CROSSINGS = (
     Crossing("llama-bench's JSON of one test (bench.py's LlamaBench fact)", "the host (llama-bench as the model's owner)",
              "rigup/boundary/results.py:llama_bench", "rigup/bench.py:llama_bench_row"),
     Crossing("a model's completion marker (<dest>/.rigup-complete.json)", "the rigup user (the fetch job)",
-             "rigup/boundary/results.py:marker", "rigup/bench.py:Serving, roles/model_fetch/facts.py:read_markers"),
+             "rigup/boundary/results.py:marker", "rigup/bench.py:Serving, roles/model_fetch/facts.py:read_markers, "
+             "rigup/units.py:parse_instances"),
     Crossing("the cmpunlocker role's stamp (rigup_state_dir/cmpunlocker.json: an object, else none)",
              "root on the host (roles/cmpunlocker)", "rigup/boundary/core.py:loads",
              "roles/cmpunlocker/facts.py:parse_unlock_state"),
