@@ -25,3 +25,12 @@ import sys as _sys
 # and the inventory from source either way. PYTHONDONTWRITEBYTECODE=1 still turns it off.
 if not _sys.flags.dont_write_bytecode:
     _sys.dont_write_bytecode = False
+
+# In a pyinfra run (any play that imports rigup: deploy.py, status.py, tune.py, bench.py, with or
+# without rigup's inventory), every record pyinfra prints is escaped for the terminal from here on
+# (rigup.text.guard_terminal; pyinfra_cli has set up its log handler before it loads the inventory
+# or a play); rigup.summary.watch covers a handler added later.
+if "pyinfra_cli" in _sys.modules:
+    from rigup.text import guard_terminal as _guard_terminal
+
+    _guard_terminal()
