@@ -140,7 +140,7 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, argv: list
     paths = {}
     for key, (path, found_marker) in wanted.items():
         if not found_marker:
-            host.noop(f"{unit_name}: waiting for its model {key} ({path} does not exist yet)")
+            host.noop(f"{unit_name}: waiting for its model {key} ({path} is not there yet, or not a marker the fetch writes)")
             return
         gguf = first_gguf(found_marker.get("files", []))
         if not gguf:
