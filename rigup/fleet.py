@@ -261,7 +261,7 @@ def parse_serving(lines: list[str]) -> list[dict]:
                         "active": None, "port": None, "health": None, "revision": None})
         elif out and "=" in line:
             key, _, value = line.partition("=")
-            value = value.strip()
+            value = value.strip(" \t\r\n\f\v")   # ASCII's blanks alone, as numbers (U+0085 is no blank there)
             if key == "port":   # a TCP port, an HTTP status (curl's 000: nothing answered); else unknown
                 out[-1]["port"] = whole(value, 65535) or None
             elif key == "health":

@@ -124,7 +124,7 @@ def signal_name(number: int) -> str:
 
 def _signal(text: str) -> str:
     """A signal as systemd or a trap writes it (SEGV, SIGSEGV, sigsegv, 11) as signal.Signals names it."""
-    text = str(text).strip().upper()
+    text = str(text).strip(" \t\r\n\f\v").upper()   # ASCII's blanks alone (str.strip() takes U+0085)
     number = whole(text)   # str.isdigit() took "²", which int() refuses
     return signal_name(number) if number is not None else text if text.startswith("SIG") else f"SIG{text}"
 

@@ -250,7 +250,8 @@ def _vram_mib() -> int | None:
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    values = [throughput.figure(v, 0, 1 << 40) for v in out.split()]   # ASCII digits (isdigit() takes "²")
+    # one line a card; ASCII digits (isdigit() takes "²"), figure() strips ASCII's blanks alone (split() took U+0085)
+    values = [throughput.figure(v, 0, 1 << 40) for v in out.split("\n")]
     values = [v for v in values if type(v) is int]
     return sum(values) if values else None
 

@@ -42,7 +42,7 @@ def parse_cc(value: Any) -> tuple[int, int] | None:
     """``"12.0"``, ``(12, 0)`` or ``[12, 0]`` -> ``(12, 0)``; None when it is none of those, or no
     compute capability up to :data:`CC_MAX` (a major of 1 or more, a one-digit minor)."""
     if isinstance(value, str):
-        major, dot, minor = value.strip().partition(".")
+        major, dot, minor = value.strip(" \t\r\n\f\v").partition(".")   # ASCII's blanks alone, as numbers
         value = (whole(major), whole(minor)) if dot else None   # ASCII digits: isdigit() takes "²"
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(type(v) is int for v in value):
         cc = (value[0], value[1])
@@ -148,7 +148,7 @@ def is_locked(gpu: dict, card: dict | None) -> bool:
 # ----------------------------------------------------------------------------- drivers for CUDA
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
     """``"570.124.06"`` or ``"12.8"`` -> ``(570, 124, 6)`` / ``(12, 8)``; None when not dotted digits."""
-    parts = str(text).strip().split(".") if text is not None else []
+    parts = str(text).strip(" \t\r\n\f\v").split(".") if text is not None else []   # ASCII's blanks alone
     # ASCII digits, a few of them ("٥٨٠", "²" and a 5000-digit part are no version: issue 47)
     if not parts or len(parts) > 6 or not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
         return None

@@ -70,7 +70,7 @@ def parse_nvlinks(lines: list[str]) -> dict | None:
     for line in lines:
         if not line.startswith("nvl "):
             continue
-        text = line[4:].strip()
+        text = line[4:].strip(" \t\r\n\f\v")   # ASCII's blanks alone, as numbers (str.strip() takes U+0085)
         if text.startswith("GPU "):
             cards.append({})
             named.append(set())
@@ -81,7 +81,7 @@ def parse_nvlinks(lines: list[str]) -> dict | None:
             if cards[-1] is None or k is None or k in cards[-1]:
                 cards[-1] = None
                 continue
-            words = speed.split()
+            words = re.split("[ \t]+", speed.strip(" \t"))   # ASCII blanks (str.split() takes U+0085)
             cards[-1][k] = len(words) == 2 and words[1] == "GB/s" and (number(words[0], float, lo=0) or 0) > 0
     if not any(named):
         return None

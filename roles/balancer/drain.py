@@ -178,7 +178,7 @@ def worker_pid() -> int | None:
         return None
     for line in info.splitlines():
         key, _, value = line.partition(":")
-        if key == "Pid" and (pid := _count(value.strip())) is not None:
+        if key == "Pid" and (pid := _count(value.strip(" \t\r\n\f\v"))) is not None:   # ASCII's blanks alone
             return pid
     return None
 
@@ -285,7 +285,7 @@ def config_ports(text: str) -> dict[tuple[str, str], str]:
     """(backend, server) -> port of each ``server NAME ADDRESS:PORT`` of an HAProxy config."""
     found, backend = {}, None
     for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
+        words = [w for w in re.split("[ \t]+", line.split("#", 1)[0]) if w]   # HAProxy's blanks (split() takes U+0085)
         if not words:
             continue
         if words[0] in SECTIONS:

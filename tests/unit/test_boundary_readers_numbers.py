@@ -82,7 +82,6 @@ ALLOWED = {
     ("rigup/refusal.py", "watts_text"): (1, FORMAT),
     ("rigup/roll.py", "batches"): (1, REGEX),
     ("rigup/rpc.py", "port"): (1, CONFIG),
-    ("rigup/text.py", "_colour"): (1, REGEX),
     ("rigup/throughput.py", "_rate"): (1, TYPED),
     ("rigup/throughput.py", "figure"): (2, COPY),
     ("rigup/throughput.py", "listener_may_read"): (2, REGEX),
@@ -167,7 +166,6 @@ ALLOWED = {
     ("roles/vllm/ray_wait.py", "alive_nodes"): (1, ARGV),
     ("roles/vllm/ray_wait.py", "main"): (1, ARGV),
     ("roles/watchdog/__init__.py", "watched"): (1, SPEC),
-    ("roles/watchdog/watchdog.py", "_int"): (1, OPEN),
     ("roles/watchdog/watchdog.py", "gate_record"): (2, TYPED),
     ("roles/watchdog/watchdog.py", "metrics_text"): (1, SPEC),
     ("roles/watchdog/watchdog.py", "servers"): (1, REGEX),
@@ -177,15 +175,7 @@ ALLOWED = {
 # (path, function) -> (bare strips or splits feeding a number reader allowed, why)
 STRIPPED = {
     ("rigup/config.py", "parse_form"): (2, OWN),
-    ("rigup/fleet.py", "parse_serving"): (2, OPEN),
-    ("rigup/gate.py", "_signal"): (1, OPEN),
-    ("rigup/gpu/catalogue.py", "parse_cc"): (2, OPEN),
-    ("rigup/gpu/catalogue.py", "version_tuple"): (1, OPEN),
-    ("rigup/gpu/fabric.py", "parse_nvlinks"): (2, OPEN),
     ("rigup/throughput.py", "listener_may_read"): (2, PROC),
-    ("rigup/tune.py", "_vram_mib"): (1, OPEN),
-    ("roles/balancer/drain.py", "config_ports"): (1, OPEN),
-    ("roles/balancer/drain.py", "worker_pid"): (1, OPEN),
 }
 
 
