@@ -172,7 +172,8 @@ def test_the_vram_wait_waits_for_busy_cards(lab, host):
     wait = "/opt/rigup/vllm/bin/rigup-vllm-wait-vram"
     on_host(lab, host["name"], "rigup-gpu-sim set -i 1 --memory-used 30000")
     try:
-        busy = lab.ssh(host["name"], f"{wait} 1024 3")
+        # a 1 s timeout: a look, its 2 s sleep and a second look before it gives up (3 s: a third)
+        busy = lab.ssh(host["name"], f"{wait} 1024 1")
         assert busy.returncode == 1 and "GPU 1: 30000 MiB" in busy.stderr, busy
         assert lab.ssh(host["name"], f"{wait} 1024 3 -i 0").returncode == 0  # only its own cards
     finally:
