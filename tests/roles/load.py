@@ -1,5 +1,6 @@
 """Chat completions against one or more base URLs (round robin), N requests at a concurrency C
-(with a 6th argument, a file: rounds of C requests go on until that file exists, N at least):
+(with a 6th argument, a file: rounds of C requests go on until that file exists, N at least; a 7th:
+the seconds each such round waits after the last, so that a looping client leaves the host's cores to others):
 prints {"ok", "failed", "errors", "tokens", "seconds"} as JSON. Copied to a lab host by
 tests/roles/test_balancer.py; standard library only (lab hosts have no packages for it)."""
 
@@ -27,6 +28,7 @@ def one(i: int):
 
 
 until = sys.argv[6] if len(sys.argv) > 6 else None
+pause = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
 start = time.monotonic()
 results = []
 with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
@@ -34,7 +36,9 @@ with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
     while until and not os.path.exists(until):
         results += pool.map(one, range(len(results), len(results) + concurrency))
         if any(e for _, e in results[-concurrency:]):
-            time.sleep(0.2)   # a server restarting refuses at once: no busy loop on the host's cores
+            time.sleep(max(pause, 0.2))   # a server restarting refuses at once: no busy loop on the host's cores
+        elif pause:
+            time.sleep(pause)
 n = len(results)
 errors = [e for _, e in results if e]
 print(json.dumps({"ok": n - len(errors), "failed": len(errors), "errors": errors[:5],

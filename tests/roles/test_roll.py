@@ -60,12 +60,18 @@ GATE_S = 10     # llama_server_health_timeout of lab3, the host whose gate never
 REBOOT_S = 2    # nvidia_driver_reboot_delay (5 by default): a lab host is back within 2 s of its reboot
 SETTLE_S = 1    # the client and the sampler run this long before a block and after it
 POLL_S = 0.5    # wait_pool's poll of the gateway's stats page
-LEASE_S = 15    # rigup_drain_lease_s of the roll killed midway (120 by default): its host back by itself after it
+LEASE_S = 15    # rigup_drain_lease_s of the roll killed mid-burn-in (120 by default): its host back by itself after it
+KILLED_LEASE_S = 10   # that of the roll killed midway of lab1's converge: the kill comes about 2 s after the drain
+PAUSE_S = 0.3   # the client's pause between its requests (load.py's 7th argument): a request back to back kept one
+                # of the machine's 2 cores busy for every roll, and a request every ~0.5 s still finds each window
 
 
 def data(ctx: int) -> tuple[str, str]:
+    # no throughput watchdog, as group_vars/lab.yml's gemma (min_tokens_per_s: 0): its check's completion, in
+    # flight when a converge or the rack's key restarts the server, held that stop until the check's 60 s
+    # timeout (llama-server's SIGINT waits for the open request), and each check took a core's seconds
     recipe = {"gemma": {"model": "gemma-270m", "port": 8081, "ctx": ctx, "parallel": 1, "ngl": 0,
-                        "host": "0.0.0.0", "api_key": True}}
+                        "host": "0.0.0.0", "api_key": True, "min_tokens_per_s": 0}}
     return "--data", f"llama_server_instances={json.dumps(recipe)}"
 
 
@@ -170,8 +176,8 @@ def client(lab):
     """A client looping through the gateway, and the gateway's pool sampled, for the block; then
     {"result": the client's counts, "out": per sample, the servers not UP}."""
     on_host(lab, GATEWAY, "rm -f /root/stop")
-    loop = subprocess.Popen(lab.ssh_argv(GATEWAY) + ["--", f"python3 /root/load.py http://127.0.0.1:8081 2 1 8 {KEY} /root/stop"],
-                            stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen(lab.ssh_argv(GATEWAY) + ["--", f"python3 /root/load.py http://127.0.0.1:8081 2 1 8 {KEY} "
+                                                            f"/root/stop {PAUSE_S}"], stdout=subprocess.PIPE, text=True)
     sampler = subprocess.Popen(lab.ssh_argv(GATEWAY) + ["--", SAMPLER], stdout=subprocess.PIPE, text=True)
     time.sleep(SETTLE_S)
     seen = {}
@@ -455,14 +461,14 @@ def children_of(pid: int) -> list[int]:
 
 def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_what_it_left(rack):
     """Issue 65: roll.py killed with SIGKILL while it converges lab1 (drained at the gateway, with a
-    lease of LEASE_S): its pyinfra dies with it (PR_SET_PDEATHSIG), lab1 stays out of the pool until
+    lease of KILLED_LEASE_S): its pyinfra dies with it (PR_SET_PDEATHSIG), lab1 stays out of the pool until
     the lease lapses, then the gateway puts it back by itself (its /health answers); the next roll
     names what the dead one left (lab1, while converging it), rolls lab1 first, every host UP after
     it and no request through the gateway failed; a roll started while another runs is refused."""
     lab = rack
     wait_pool(lab, dict.fromkeys(SERVING, "UP"))
     argv = [str(ROOT / ".venv/bin/python"), "roll.py", "inventory/lab.py", "-y", *data(2048),
-            "--data", f"rigup_drain_lease_s={LEASE_S}"]
+            "--data", f"rigup_drain_lease_s={KILLED_LEASE_S}"]
     env = {**os.environ, **ENV}
     first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     start = time.monotonic()
@@ -480,7 +486,7 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
     gone = time.monotonic() - killed
     left = pool(lab)
     # nobody renews the drain's lease: the gateway puts lab1 back by itself once it lapsed
-    wait_pool(lab, dict.fromkeys(SERVING, "UP"), seconds=LEASE_S + 60)
+    wait_pool(lab, dict.fromkeys(SERVING, "UP"), seconds=KILLED_LEASE_S + 60)
     back = time.monotonic() - killed
     said = on_host(lab, GATEWAY, "journalctl -q --no-pager -o cat -u 'rigup-drain-lease-*' | tail -n 3")
     rolled = roll(lab, "inventory/lab.py", *data(2048))
@@ -494,9 +500,9 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
     finally:
         journal.unlink(missing_ok=True)
     print(f"roll.py killed: its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; lab1 back by its "
-          f"lease ({LEASE_S} s) after {back:.1f} s: {said.strip()[-300:]}; the next roll: "
+          f"lease ({KILLED_LEASE_S} s) after {back:.1f} s: {said.strip()[-300:]}; the next roll: "
           f"{named[:1]}; a roll while another runs: exit {second.returncode}: {second.stderr.strip()[-200:]}")
-    assert pyinfras and left["lab1"].startswith("MAINT") and back < LEASE_S + 60
+    assert pyinfras and left["lab1"].startswith("MAINT") and back < KILLED_LEASE_S + 60
     assert "its lease lapsed (the roll that drained it stopped renewing it)" in said and "back in the pool" in said
     assert named and "died while " in named[0] and named[0].endswith(": lab1; rolled first now (drained, converged, "
                                                                       "put back)")
