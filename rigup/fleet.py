@@ -479,7 +479,7 @@ def parse_build(lines: list[str]) -> str | None:
 
 def parse_build_ratio(lines: list[str]) -> float | None:
     """The build section -> the serving build's decode against the one it replaced (1.02), or None."""
-    found = next((ln[6:].strip() for ln in lines if ln.startswith("ratio=")), "")
+    found = next((ln[6:].strip(" \t\r\n\f\v") for ln in lines if ln.startswith("ratio=")), "")
     return number(found, float, 0, 999.999999, places=6)
 
 

@@ -29,6 +29,8 @@ READERS = {"int", "float", "number", "whole", "json_whole", "required", "shares"
 # calls whose value is no text: their int()/float() is arithmetic, not a reading
 NOT_TEXT = {"bool", "len", "min", "max", "round", "abs", "sum", "time", "monotonic", "perf_counter"}
 BARE = {"strip", "lstrip", "rstrip", "split"}
+# calls of a name whose value is no part of their arguments' text (any other, as next() or min(), hands it on)
+COUNTS = {"bool", "len", "round", "abs", "sum", "isinstance", "any", "all"}
 
 CONFIG = "a configuration value rigup.config typed by its role's Form at the run's start (an int of YAML), or its default"
 SPEC = "a value of a spec, record or entry rigup wrote or a typed reader returned (root's JSON; a normalised entry)"
@@ -190,7 +192,8 @@ def _bare(node: ast.AST) -> bool:
 
 def _stripped(node: ast.AST, names: set[str]) -> bool:
     """Whether ``node``'s value is (a part of) a bare strip's or split's text: the call itself, a name
-    assigned one, a subscript, a method of one, a comprehension or choice of them."""
+    assigned one, a subscript, a method of one, a comprehension or choice of them, or a call of a name
+    (next, min, sorted...) given one."""
     if _bare(node):
         return True
     if isinstance(node, ast.Name):
@@ -200,6 +203,9 @@ def _stripped(node: ast.AST, names: set[str]) -> bool:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         owner = node.func.value
         return not (isinstance(owner, ast.Name) and owner.id in ("re", "json", "os", "math")) and _stripped(owner, names)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in READERS | COUNTS:
+        # next(), min(), sorted()... hand on their arguments' text (round 10 N1: next(ln.strip() for ...))
+        return any(_stripped(a, names) for a in node.args)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
         inner = names | {n.id for g in node.generators if _stripped(g.iter, names)
                          for n in ast.walk(g.target) if isinstance(n, ast.Name)}
