@@ -104,6 +104,7 @@ class Form:
             "batch": isinstance(value, str) and BATCH.fullmatch(value) is not None
             or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
             "count": value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "llamatest": isinstance(value, str),
         }[self.kind]
         if not kind_ok:
             hint = ""
@@ -122,6 +123,8 @@ class Form:
                     "and not ending in a systemd unit type (.service, .timer, .socket, ...)")
         if self.kind == "address" and not ADDRESS.fullmatch(value):
             return f"got {value!r}: an IP address or a host name"
+        if self.kind == "llamatest" and not LLAMA_TEST.fullmatch(value):
+            return f"got {value!r}: a llama-bench test is ppN (prompt processing of N tokens) or tgN (generating N), N 1..999999"
         if self.kind == "ip" and not host_ip(value):
             return f"got {value!r}: the IP address of one host (no host name, network, wildcard such as 0.0.0.0 or IPv6 zone)"
         if self.kind == "path":
@@ -146,6 +149,8 @@ class Form:
 # user@host:path; roles/vllm takes fewer (no http:// or git://).
 GIT_URL = re.compile(r"(https?|git|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*"
                      r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9_.-]*:[A-Za-z0-9_.~/][^\s'\"\\;`$]*")
+# A llama-bench test (bench.py): ppN or tgN, N tokens (rigup.bench.llama_bench_args reads it).
+LLAMA_TEST = re.compile(r"(pp|tg)([1-9][0-9]{0,5})")
 # A batch of hosts: a count (an int >= 1) or a share of them ("25%": 1% to 100%).
 BATCH = re.compile(r"([1-9][0-9]?|100)%")
 # Directories a rigup path must never be (chown -R, rm, installs there would break the host), and
@@ -204,7 +209,7 @@ CEILING = 2**31 - 1
 
 _FORM_RE = re.compile(r"\[([^\[\]]+)\]\s*$")
 _KINDS = ("bool", "int", "float", "str", "name", "address", "ip", "path", "file", "list", "map", "any", "batch",
-          "count")
+          "count", "llamatest")
 
 
 def parse_form(text: str) -> Form:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from rigup.config import ADDRESS, BATCH, CONNECTOR_PREFIXES, NAME, Form, Var, declared, parse_form, rel
+from rigup.config import ADDRESS, BATCH, CONNECTOR_PREFIXES, LLAMA_TEST, NAME, Form, Var, declared, parse_form, rel
 from rigup.entries import REQUIRED, Key
 from rigup.models import MODEL
 from roles import ORDER, in_order, preflight
@@ -63,9 +63,11 @@ def refusals_page() -> str:
 
 _ONE_LINE = r"^[^\u0000-\u001f\u007f]*$"  # no value holds a control character (rigup.config)
 _PATTERNS = {"str": _ONE_LINE, "name": f"^(?:{NAME.pattern})$", "address": f"^(?:{ADDRESS.pattern})$",
-             "ip": r"^[0-9A-Fa-f:.]{2,45}$", "path": r"^/[A-Za-z0-9_./+@:-]*$", "file": r"^/[^\u0000-\u001f\u007f]*$"}
+             "ip": r"^[0-9A-Fa-f:.]{2,45}$", "path": r"^/[A-Za-z0-9_./+@:-]*$", "file": r"^/[^\u0000-\u001f\u007f]*$",
+             "llamatest": f"^(?:{LLAMA_TEST.pattern})$"}
 _TYPES = {"bool": "boolean", "int": "integer", "float": "number", "str": "string", "name": "string",
-          "address": "string", "ip": "string", "path": "string", "file": "string", "list": "array", "map": "object"}
+          "address": "string", "ip": "string", "path": "string", "file": "string", "list": "array", "map": "object",
+          "llamatest": "string"}
 
 
 def form_schema(form: Form) -> dict:
