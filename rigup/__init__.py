@@ -29,8 +29,10 @@ if not _sys.flags.dont_write_bytecode:
 # In a pyinfra run (any play that imports rigup: deploy.py, status.py, tune.py, bench.py, with or
 # without rigup's inventory), every record pyinfra prints is escaped for the terminal from here on
 # (rigup.text.guard_terminal; pyinfra_cli has set up its log handler before it loads the inventory
-# or a play); rigup.summary.watch covers a handler added later.
+# or a play); rigup.summary.watch covers a handler added later. So is what pyinfra echoes beside
+# its log (each command's output at -vv/-vvv: rigup.text.guard_echo).
 if "pyinfra_cli" in _sys.modules:
-    from rigup.text import guard_terminal as _guard_terminal
+    from rigup.text import guard_echo as _guard_echo, guard_terminal as _guard_terminal
 
     _guard_terminal()
+    _guard_echo()

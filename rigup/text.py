@@ -8,6 +8,8 @@ Python escape, and the text is cut to ``limit`` characters with a mark of how mu
 pyinfra prints its log records (an OperationError's text, a no-op's line, a host's warning) as they
 are, inside its own colours: :class:`TerminalFilter`, on pyinfra's log handlers from the start of a
 run (:func:`guard_terminal`), escapes each record the same way but for lines, tabs and colours.
+What pyinfra echoes beside its log (a command's output at ``-vv``/``-vvv``: pyinfra.api.output.echo,
+which pyinfra_cli sets to click.echo) is escaped so too (:func:`guard_echo`).
 """
 
 from __future__ import annotations
@@ -105,3 +107,20 @@ def guard_terminal(name: str = "pyinfra") -> None:
     for handler in logging.getLogger(name).handlers:
         if not any(isinstance(f, TerminalFilter) for f in handler.filters):
             handler.addFilter(TerminalFilter())
+
+
+def _echo(message: object = None, **kwargs) -> None:
+    """click.echo of :func:`terminal_text` of ``message`` (pyinfra's echo, guarded)."""
+    import click
+
+    click.echo(message if message is None else terminal_text(message if isinstance(message, str) else str(message)),
+               **kwargs)
+
+
+def guard_echo() -> None:
+    """pyinfra's echo (pyinfra.api.output: what a run prints beside its log, as each command's
+    output at -vv/-vvv) through :func:`terminal_text`, where pyinfra_cli has installed one."""
+    from pyinfra.api import output
+
+    if output.is_output_active():
+        output.set_echo(_echo)

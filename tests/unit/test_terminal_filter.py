@@ -40,6 +40,32 @@ def _bare(text: str) -> str:
     return re.sub(r"\x1b\[([0-9;]*)m", colour, text)
 
 
+def _on_a_pty(*args: str) -> tuple[subprocess.Popen, str]:
+    """pyinfra ``args``, run from the checkout (its config.py) with a pty for a terminal: the
+    process and what the terminal got."""
+    main, child = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([str(Path(sys.executable).parent / "pyinfra"), *args], cwd=ROOT,
+                           stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=env)
+    os.close(child)
+    got, deadline = bytearray(), time.monotonic() + 60
+    while time.monotonic() < deadline:   # the terminal's side, read as it comes (a pty holds a few KiB)
+        ready, _, _ = select.select([main], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:   # EIO: every writer closed its side
+                break
+            if not chunk:
+                break
+            got.extend(chunk)
+        elif run.poll() is not None:
+            break
+    os.close(main)
+    run.wait(10)
+    return run, got.decode("utf-8", "replace")
+
+
 pieces = st.one_of(st.text(max_size=8), st.sampled_from(CONTROLS), st.sampled_from(STYLES),
                    st.sampled_from([OSC52, CSI, "\x1b[38;5;1m", "\x1b[8m", "\x1b[31", "\x1b[;m", "\x1b[31;2Jm", "\x1b\x1b[0m",
                                     "\x9b2J", "\r\n", "\x85", "\ud800"]))
@@ -130,27 +156,7 @@ def test_a_real_pyinfra_run_escapes_an_operation_error_after_rigup_starts_its_su
         "from rigup import summary\n\nsummary.track(host.state)\n\n\ndef fail():\n"
         f"    raise OperationError({'build failed: ' + OSC52 + CSI + ' done'!r})\n\n\n"
         "python.call(name='round 9', function=fail)\n")
-    main, child = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen([str(Path(sys.executable).parent / "pyinfra"), "-y", "@local", "play.py"], cwd=tmp_path,
-                           stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=env)
-    os.close(child)
-    got, deadline = bytearray(), time.monotonic() + 60
-    while time.monotonic() < deadline:   # the terminal's side, read as it comes (a pty holds a few KiB)
-        ready, _, _ = select.select([main], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:   # EIO: every writer closed its side
-                break
-            if not chunk:
-                break
-            got.extend(chunk)
-        elif run.poll() is not None:
-            break
-    os.close(main)
-    run.wait(10)
-    out = got.decode("utf-8", "replace")
+    run, out = _on_a_pty("-y", "@local", str(tmp_path / "play.py"))
     lines = [ln for ln in out.splitlines() if "build failed" in ln]
     print("rc", run.returncode, "; the lines naming the error, as the terminal got them:")
     for ln in lines:
@@ -158,3 +164,20 @@ def test_a_real_pyinfra_run_escapes_an_operation_error_after_rigup_starts_its_su
     assert run.returncode != 0 and lines
     assert "\x1b]52" not in out and "\x1b[2J" not in out and "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J" in out
     assert "\x1b[31m" in out   # pyinfra's own colours stay
+
+
+def test_a_commands_output_pyinfra_echoes_at_vvv_is_escaped(tmp_path):
+    """round 10, TF1: at -vvv pyinfra prints each command's output through its own echo
+    (pyinfra.api.output.echo, click.echo), not its log: a host's OSC 52 and CSI reach the terminal
+    escaped once a play imports rigup (rigup.text.guard_echo), pyinfra's colours kept."""
+    (tmp_path / "play.py").write_text(
+        "import rigup  # noqa: F401\nfrom pyinfra.operations import server\n\n"
+        "server.shell(name='host text', commands=[\"printf 'x\\\\033]52;c;ZWNobyBwd25lZA==\\\\007 \\\\033[2J y\\\\n'\"])\n")
+    run, out = _on_a_pty("-y", "-vvv", "@local", str(tmp_path / "play.py"))
+    lines = [ln for ln in out.splitlines() if "ZWNobyBwd25lZA" in ln and ">>>" not in ln]
+    print("rc", run.returncode, "; the command's output as the terminal got it:")
+    for ln in lines:
+        print("  ", repr(ln))
+    assert run.returncode == 0 and lines
+    assert "\x1b]52" not in out and "\x1b[2J" not in out
+    assert "x\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x1b[2J y" in out and "\x1b[1m" in out
