@@ -22,20 +22,22 @@ from pathlib import Path as _Path
 
 from pyinfra.api.exceptions import InventoryError as _InventoryError
 
+from rigup.boundary.numbers import whole as _whole
 from rigup.config import all_group as _all_group
 
 _ROOT = _Path(__file__).resolve().parents[1]
+_BLANK = " \t\r\n\f\v"   # ASCII's blanks alone: str.strip() takes U+0085 ('2222\x85' was a port)
 
 
 def _ssh_configs(text: str) -> list[dict[str, str]]:
     """The ``Host`` blocks of ``ssh-config`` output, each as {option: value} (``Host`` included)."""
     blocks: list[dict[str, str]] = []
-    for line in text.splitlines():
-        key, _, value = line.strip().partition(" ")
+    for line in text.split("\n"):   # not splitlines(): it ends a line at U+0085 and U+2028 too
+        key, _, value = line.strip(_BLANK).partition(" ")
         if key == "Host":
-            blocks.append({"Host": value.strip()})
+            blocks.append({"Host": value.strip(_BLANK)})
         elif key and blocks:
-            blocks[-1][key] = value.strip().strip('"')
+            blocks[-1][key] = value.strip(_BLANK).strip('"')
     return blocks
 
 
@@ -52,9 +54,12 @@ def _known_hosts(identity_file: str, vm: str) -> str:
 def _host(block: dict[str, str]) -> tuple[str, dict]:
     """(name, pyinfra SSH data) of one VM."""
     vm = block["Host"]
+    port = _whole(block.get("Port", "22"), 65535)
+    if not port:  # the boundary's number rule: ASCII digits, 1..65535 ('٢٢٢٢' and '2_222' were 2222)
+        raise _InventoryError(f"{vm}: vagrant ssh-config's Port {block.get('Port')!r} is no port (1..65535)")
     return vm, {
         "ssh_hostname": block["HostName"],
-        "ssh_port": int(block.get("Port", 22)),
+        "ssh_port": port,
         "ssh_user": block.get("User", "vagrant"),
         "ssh_key": block["IdentityFile"],
         "ssh_known_hosts_file": _known_hosts(block["IdentityFile"], vm),

@@ -4,7 +4,7 @@ and ``float()`` take ``"١٢"``, ``"1_000"``, ``" 12 "``, ``"1e400"`` (inf) and 
 ``str.split()`` with no argument take U+0085, U+00A0 and U+2028 as blanks, which the rule does not
 (round 9 H1, H2, X1: ``"350\x85"`` was 350 in three readers that stripped before the rule).
 
-Read from the syntax tree of every module of rigup/, roles/ and the plays, outside rigup/boundary/:
+Read from the syntax tree of every module of rigup/, roles/, inventory/ and the plays, outside rigup/boundary/:
 
 - every ``int()``/``float()`` of a value that is not a literal nor arithmetic (a sum, a comparison,
   ``bool()``, ``len()``, ``min()``...) is on :data:`ALLOWED`, by function, with why it reads no outside
@@ -235,10 +235,10 @@ def _own(node: ast.AST):
 
 def calls() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
     """({(path, function): int()/float() calls of a value that may be text}, {(path, function): number
-    readers fed a bare strip's or split's text}) over rigup/, roles/ and the plays, outside rigup/boundary/."""
+    readers fed a bare strip's or split's text}) over rigup/, roles/, inventory/ and the plays, outside rigup/boundary/."""
     converts: dict[tuple[str, str], int] = {}
     strips: dict[tuple[str, str], int] = {}
-    sources = [p for d in ("rigup", "roles") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
+    sources = [p for d in ("rigup", "roles", "inventory") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
     for path in sorted(sources):
         rel = str(path.relative_to(ROOT))
         if rel.startswith("rigup/boundary/"):
