@@ -36,3 +36,22 @@ if "pyinfra_cli" in _sys.modules:
 
     _guard_terminal()
     _guard_echo()
+
+    # issue 47: config.py's TEMP_DIR "." keeps pyinfra's uploads for _sudo out of a predictable
+    # /tmp/pyinfra-<sha1>; pyinfra_cli reads config.py from the directory it runs in only, so a run
+    # from elsewhere (or with another --config) stops here, before any host is touched, saying where
+    # to run it. Set here instead, pyinfra would drop it again after the deploy file that imported
+    # rigup (Config.reset_locked_state).
+    import pyinfra as _pyinfra
+    from pyinfra.context import ctx_config as _ctx_config
+
+    _TEMP_DIR = "."   # config.py's
+    if _pyinfra.is_cli and _ctx_config.isset() and _pyinfra.config.TEMP_DIR != _TEMP_DIR:
+        from pathlib import Path as _Path
+
+        from pyinfra.api.exceptions import PyinfraError as _PyinfraError
+
+        raise _PyinfraError(
+            f"rigup's plays run from the checkout (cd {_Path(__file__).resolve().parents[1]}): pyinfra reads "
+            f"config.py from the directory it runs in, and its TEMP_DIR '.' keeps uploads for _sudo out of "
+            f"/tmp (issue 47); this run's TEMP_DIR is {_pyinfra.config.TEMP_DIR!r}")

@@ -101,10 +101,11 @@ PLACES: tuple[Place, ...] = (
           "a random dot-name opened O_CREAT|O_EXCL|O_NOFOLLOW (another on EEXIST), fchmod'ed, renamed over the "
           "target (a rename replaces a link there, never follows it); tests/unit/test_host_records.py, and "
           "tests/unit/test_host_programs.py: no other open for writing in a host program but a listed one"),
-    Place("pyinfra's uploads with _sudo", "config.py:TEMP_DIR",
+    Place("pyinfra's uploads with _sudo", "config.py:TEMP_DIR, rigup/__init__.py:_TEMP_DIR",
           "/tmp/pyinfra-<sha1 of the destination>, a name any local user can predict and occupy first",
           "the login user's home (pyinfra's TEMP_DIR '.'); a host reached as root uploads straight to the "
-          "destination"),
+          "destination; a run whose TEMP_DIR is not '.' (from outside the checkout: config.py unread) is "
+          "refused when it imports rigup"),
     Place("a host program's import of the one beside it (root runs the guard, the relay, the watchdog, the "
           "burn-in, the sweep; the contract beside them)",
           "roles/burnin/acceptance.py:beside, roles/gpu_guard/guard.py:beside, roles/metrics/relay.py:beside, "
