@@ -161,6 +161,10 @@ SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", 
                          "/var/lib", "/var/log", "/var/tmp"})
 SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/", "/sbin/", "/sys/",
                 "/usr/bin/", "/usr/lib/", "/usr/sbin/")
+# Directories every user of a host may write (sticky, mode 1777 on Debian): a directory rigup makes
+# as root under one may have been made first by another user (with a bin/ of theirs, or a link),
+# whose files root then runs (round 10, H1).
+SHARED_TREES = ("/tmp/", "/var/tmp/", "/dev/shm/", "/run/lock/", "/var/lock/")
 
 
 def control_character(value: Any) -> str | None:
@@ -198,6 +202,11 @@ def path_problem(path: str) -> str | None:
         return f"write it as {posixpath.normpath(path)!r}"
     if path in SYSTEM_DIRS or path.startswith(SYSTEM_TREES):
         return "a system directory (or one under /etc, /usr, /dev, /proc, /sys, /boot ...) cannot be rigup's"
+    shared = next((tree for tree in SHARED_TREES if path.startswith(tree)), None)
+    if shared:
+        return (f"under {shared.rstrip('/')}, which every user of the host can write: another user could make "
+                "the directory (or a link) first and root would use theirs; keep it under a directory of root's "
+                "(/opt, /srv, /var/lib)")
     return None
 
 
