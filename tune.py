@@ -202,6 +202,12 @@ for name, s in sorted(routers.items()) if not unsafe else ():
             todo.append((tuning.model_job(name, model), alone[0], gpu and inst["ngl"] != 0, key, alone[1], inst["ctx"],
                          inst["parallel"], {"stop": stop, "router": name, "model": model}))
 
+try:   # the host_vars file each sweep's result is merged into: refused before any sweep (round 10 T1)
+    tuning.host_vars(host.name, data.get("_rigup_site"))
+except Unreadable as e:
+    say(f"    [{host.name}] refused: tune: {e.where}: {e.why}", fg="red")
+    refusals.append(f"tune: {e.where} does not read")
+
 if todo and not unsafe and not refusals:
     files.directory(name="tune.py: the old directory (the rigup user's)", path=tuning.old_workdir(data), present=False)
     files.directory(name="tune.py: its directory", path=d, user="root", group=user, mode="750")

@@ -589,25 +589,46 @@ def entry(result: dict, build: str | None) -> dict | None:
             "levels": list(result.get("levels") or []), "date": datetime.date.today().isoformat(), "build": build}
 
 
-def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:
-    """``<site or the repository>/host_vars/<host>.yml`` with ``entries`` merged into its
-    ``llama_server_tuned`` (other keys of the file kept). ``host``, an inventory name, is a name or
-    an address (:mod:`rigup.boundary.fields`) before a path is built from it: ``../group_vars/all``
-    would write every host's tuning; :class:`Unreadable` otherwise."""
+def host_vars(host: str, site: str | None) -> tuple[Path, dict]:
+    """(path, its document) of ``<site or the repository>/host_vars/<host>.yml``, the file a sweep's
+    result is merged into ({} where there is none): :class:`Unreadable` naming the file and the key
+    where the document is no map, or ``llama_server_tuned``, an entry of it or a router entry's
+    ``models`` is none (round 10 T1: ``llama_server_tuned: [1]`` was a TypeError after the sweep, a
+    file that is a list was replaced by the tuned entries alone). tune.py reads it before any sweep.
+    ``host``, an inventory name, is a name or an address (:mod:`rigup.boundary.fields`) before a path
+    is built from it: ``../group_vars/all`` would write every host's tuning."""
     fields.host_file(host, f"tune: the inventory host {str(host)[:60]!r}")
     path = Path(site or ROOT) / "host_vars" / f"{host}.yml"
     where = f"tune: {path}"   # read and written only where no other user can write (rigup.boundary.owned)
-    doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else {}
-    doc = doc if isinstance(doc, dict) else {}
+    doc = yamlfile.safe_load(owned.read(path, where)) if os.path.lexists(path) else None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise Unreadable(where, f"the file is a {type(doc).__name__}, not a map of key -> value; fix it by hand")
+    tuned = doc.get("llama_server_tuned")
+    if tuned is not None and not isinstance(tuned, dict):
+        raise Unreadable(where, f"llama_server_tuned is a {type(tuned).__name__}, not a map of instance -> entry; "
+                         "fix it by hand")
+    for name, entry in (tuned or {}).items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("models", {}), dict):
+            key = f"llama_server_tuned.{shown(name, 60)}{'.models' if isinstance(entry, dict) else ''}"
+            raise Unreadable(where, f"{key} is no map; fix it by hand")
+    return path, doc
+
+
+def write_host_vars(host: str, entries: dict[str, dict], site: str | None) -> Path:
+    """``<site or the repository>/host_vars/<host>.yml`` with ``entries`` merged into its
+    ``llama_server_tuned`` (other keys of the file kept), read by :func:`host_vars`
+    (:class:`Unreadable` where it does not read)."""
+    path, doc = host_vars(host, site)
     kept = doc.get("llama_server_tuned") or {}
     merged = {**kept, **entries}
     for name, new in entries.items():   # a router's model: beside its other models, which stay
         prior = kept.get(name)
-        if isinstance(new, dict) and "models" in new and isinstance(prior, dict):
-            models = prior.get("models") if isinstance(prior.get("models"), dict) else {}
+        if isinstance(new, dict) and "models" in new and prior:   # each a map (host_vars)
+            models = prior.get("models") or {}
             merged[name] = {**prior, **new, "models": {**models, **new["models"]}}
     doc["llama_server_tuned"] = merged
-    return owned.write(path, HEADER + yaml_text(doc, str(path)), where, mode=0o644)
+    return owned.write(path, HEADER + yaml_text(doc, str(path)), f"tune: {path}", mode=0o644)
 
 
 def markdown(host: str, name: str, result: dict) -> str:

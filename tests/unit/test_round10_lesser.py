@@ -56,3 +56,62 @@ def test_i1_vagrant_port_property(port):
         assert not want and "rigup-vm1" in str(e), port
     else:
         assert got == want and got > 0, port
+
+
+@pytest.mark.parametrize("text,key", [("llama_server_tuned: [1]\n", "llama_server_tuned is a list"),
+                                      ("llama_server_tuned: text\n", "llama_server_tuned is a str"),
+                                      ("llama_server_tuned: {g: [1]}\n", "llama_server_tuned.g is no map"),
+                                      ("llama_server_tuned: {g: {models: [1]}}\n", "llama_server_tuned.g.models is no map"),
+                                      ("- 1\n- 2\n", "the file is a list")])
+def test_t1_tunes_host_vars_file_is_refused_naming_the_file_and_key(tmp_path, text, key):
+    """T1: write_host_vars gave a TypeError after the sweep (llama_server_tuned: [1]) or replaced a file
+    that is a list; now tuning.host_vars refuses it naming the file and key, and nothing is written."""
+    from rigup import tuning
+    from rigup.boundary.core import Unreadable
+
+    (tmp_path / "host_vars").mkdir()
+    path = tmp_path / "host_vars" / "lab1.yml"
+    path.write_text(text)
+    for call in (lambda: tuning.host_vars("lab1", str(tmp_path)),
+                 lambda: tuning.write_host_vars("lab1", {"g": {"models": {"m": {"tok_s": 2.0}}}}, str(tmp_path))):
+        with pytest.raises(Unreadable) as e:
+            call()
+        print(f"{text!r}: refused: {e.value}")
+        assert str(path) in e.value.where and key in e.value.why
+    assert path.read_text() == text
+
+
+def test_t1_tune_reads_the_host_vars_before_any_sweep():
+    """T1: tune.py refuses the host (refusals: none of its sweeps runs) where its host_vars file does not read."""
+    source = (Path(__file__).resolve().parents[2] / "tune.py").read_text()
+    read, sweeps = source.find("tuning.host_vars(host.name"), source.find("if todo and not unsafe and not refusals:")
+    print(f"tune.py reads host_vars at {read}, starts the sweeps at {sweeps}")
+    assert 0 < read < sweeps and "refusals.append(f\"tune: {e.where} does not read\")" in source[read:sweeps]
+
+
+YAML_VALUE = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+                          lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.sampled_from(["g", "models", "flags"]), c,
+                                                                                       max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=st.one_of(YAML_VALUE, st.fixed_dictionaries({"llama_server_tuned": YAML_VALUE})))
+def test_t1_host_vars_property(doc):
+    """Any document: tuning.host_vars returns a map whose llama_server_tuned is maps of maps, or Unreadable."""
+    import tempfile
+
+    import yaml
+
+    from rigup import tuning
+    from rigup.boundary.core import Unreadable
+    with tempfile.TemporaryDirectory() as site:
+        (Path(site) / "host_vars").mkdir()
+        (Path(site) / "host_vars" / "lab1.yml").write_text(yaml.safe_dump(doc))
+        try:
+            _, got = tuning.host_vars("lab1", site)
+        except Unreadable as e:
+            assert "lab1.yml" in e.where
+            return
+        tuned = got.get("llama_server_tuned") or {}
+        assert isinstance(got, dict) and isinstance(tuned, dict)
+        assert all(isinstance(v, dict) and isinstance(v.get("models", {}), dict) for v in tuned.values())
