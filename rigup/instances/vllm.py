@@ -63,10 +63,29 @@ def partition_problem(partition: str, pp: int, layers: int | None) -> str | None
     return None
 
 
+# the Python interpreter's variables the server may be given: none of them loads code or names a path
+# to load from (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONINSPECT, PYTHONUSERBASE, PYTHONBREAKPOINT,
+# PYTHONPYCACHEPREFIX, PYTHONWARNINGS (a category is imported)... do, as the loader's LD_* do)
+PYTHON_ENV_KEPT = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+                             "PYTHONIOENCODING", "PYTHONUTF8"})
+
+
+def loader_variable(name: str) -> bool:
+    """Whether ``name`` is the dynamic loader's (``LD_*``: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...) or
+    the interpreter's (``PYTHON*`` but :data:`PYTHON_ENV_KEPT`): the server would load code from where
+    it points (round 10 V3: LD_PRELOAD=/tmp/x.so, as tune.py's ServingEnv refuses for llama-server)."""
+    return name.startswith("LD_") or name.startswith("PYTHON") and name not in PYTHON_ENV_KEPT
+
+
 def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
-    """Each key of ``env`` that is not NAME: a one-line string, number or bool."""
-    return [(f"{where}.{key}", "expected NAME: a one-line string, number or bool") for key, value in env.items()
-            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value)]
+    """Each key of ``env`` that is not NAME: a one-line string, number or bool, or that is a loader's or
+    interpreter's variable (:func:`loader_variable`)."""
+    return [(f"{where}.{key}", "the dynamic loader's or Python's own variable: it loads code from where it points "
+                               "(rigup sets the server's environment itself); drop it")
+            if loader_variable(str(key)) else (f"{where}.{key}", "expected NAME: a one-line string, number or bool")
+            for key, value in env.items()
+            if loader_variable(str(key)) or not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list))
+            or "\n" in str(value)]
 
 
 def speculative_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:

@@ -115,3 +115,15 @@ def test_t1_host_vars_property(doc):
         tuned = got.get("llama_server_tuned") or {}
         assert isinstance(got, dict) and isinstance(tuned, dict)
         assert all(isinstance(v, dict) and isinstance(v.get("models", {}), dict) for v in tuned.values())
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_BIND_NOW", "PYTHONPATH", "PYTHONSTARTUP",
+                                  "PYTHONHOME", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONBREAKPOINT", "PYTHONWARNINGS"])
+def test_v3_vllm_env_refuses_the_loaders_and_interpreters_variables(name):
+    """V3: vllm_instances.q.env {LD_PRELOAD: /tmp/x.so} was kept: the vLLM server loaded what another user put there."""
+    from rigup.instances.vllm import env_problems
+
+    for where in ("vllm_env", "vllm_instances.q.env"):
+        got = env_problems({name: "/tmp/x.so", "VLLM_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}, where)
+        print(f"{where} {name}: {got}")
+        assert [k for k, _ in got] == [f"{where}.{name}"] and "loader" in got[0][1]
