@@ -30,12 +30,13 @@ if not _sys.flags.dont_write_bytecode:
 # without rigup's inventory), every record pyinfra prints is escaped for the terminal from here on
 # (rigup.text.guard_terminal; pyinfra_cli has set up its log handler before it loads the inventory
 # or a play); rigup.summary.watch covers a handler added later. So is what pyinfra echoes beside
-# its log (each command's output at -vv/-vvv: rigup.text.guard_echo).
+# its log (each command's output at -vv/-vvv), and the colours kept are pyinfra's own
+# (rigup.text.guard_output).
 if "pyinfra_cli" in _sys.modules:
-    from rigup.text import guard_echo as _guard_echo, guard_terminal as _guard_terminal
+    from rigup.text import guard_output as _guard_output, guard_terminal as _guard_terminal
 
     _guard_terminal()
-    _guard_echo()
+    _guard_output()
 
     # issue 47: config.py's TEMP_DIR "." keeps pyinfra's uploads for _sudo out of a predictable
     # /tmp/pyinfra-<sha1>; pyinfra_cli reads config.py from the directory it runs in only, so a run

@@ -9,7 +9,8 @@ pyinfra prints its log records (an OperationError's text, a no-op's line, a host
 are, inside its own colours: :class:`TerminalFilter`, on pyinfra's log handlers from the start of a
 run (:func:`guard_terminal`), escapes each record the same way but for lines, tabs and colours.
 What pyinfra echoes beside its log (a command's output at ``-vv``/``-vvv``: pyinfra.api.output.echo,
-which pyinfra_cli sets to click.echo) is escaped so too (:func:`guard_echo`).
+which pyinfra_cli sets to click.echo) is escaped so too, and the colours kept are only those click.style
+wrote in the run (:func:`guard_output`).
 """
 
 from __future__ import annotations
@@ -48,41 +49,74 @@ def say(line: str, fg: str | None = None) -> None:
     click.echo(click.style(text, fg=fg) if fg else text, err=True)
 
 
-# the SGR parameters of click.style, which pyinfra colours its log with: reset, bold, dim, italic,
-# underline, blink, reverse, strike and their offs, overline, the 16 colours fore and back, default fore
-# and back. A sequence of these only is kept by terminal_text: it changes colours, nothing else.
-SGR_CODES = frozenset({0, 1, 2, 3, 4, 5, 7, 9, 21, 22, 23, 24, 25, 27, 29, 39, 49, 53, 55,
-                       *range(30, 38), *range(40, 48), *range(90, 98), *range(100, 108)})
-_SGR_TEXT = frozenset(str(c) for c in SGR_CODES)   # each as click.style writes it (no leading zero)
-_SGR = re.compile(r"\x1b\[([0-9;]{0,40})m")
-
-
-def _colour(match: re.Match) -> bool:
-    return all(p in _SGR_TEXT for p in match[1].split(";")) if match[1] else True
+# The colour sequences kept are those click.style wrote in this run (pyinfra's format_text and
+# pyinfra_cli's click.style, through :func:`styled` once :func:`guard_output` has run): each text it
+# returned, whole, is remembered (the newest _KEPT), and terminal_text keeps the sequences of such a
+# text only. A host's text reaches a line either inside one (styled escapes it first) or beside it
+# (escaped there, its colour sequences too: no black on black, no conceal); at most it can repeat a
+# styled text pyinfra wrote itself. A lone reset is kept anywhere: it only restores the defaults.
+_STYLED: dict[str, None] = {}
+_KEPT = 4096
+_RESET = "\x1b[0m"
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _escaped(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def _kept(text: str) -> list[tuple[int, int]]:
+    """The spans of ``text`` that :func:`styled` returned (longest first at each colour sequence),
+    and each lone reset."""
+    ends = [m.end() for m in re.finditer(re.escape(_RESET), text)]
+    spans: list[tuple[int, int]] = []
+    for match in _SGR.finditer(text):
+        at = match.start()
+        if spans and at < spans[-1][1]:
+            continue
+        end = next((j for j in reversed(ends) if j > at and text[at:j] in _STYLED), None)
+        if end is None and match[0] == _RESET:
+            end = match.end()
+        if end is not None:
+            spans.append((at, end))
+    return spans
+
+
 def terminal_text(text: str) -> str:
     """``text`` with every character :func:`shown` escapes (C0 and C1 controls, ESC and so every
     escape sequence, DEL, line and paragraph separators, bidirectional controls) escaped as it does,
-    but for newlines, tabs and the colour sequences of :data:`SGR_CODES`; not cut. Text without
-    such a character comes back as it is."""
+    but for newlines, tabs and the colour sequences of a text :func:`styled` returned (and a lone
+    reset); not cut. Text without such a character comes back as it is."""
     if text.isprintable():
         return text
     out, at = [], 0
-    for match in _SGR.finditer(text):
-        if _colour(match):
-            out += [_escaped(text[at:match.start()]), match[0]]
-            at = match.end()
+    for start, end in _kept(text):
+        out += [_escaped(text[at:start]), text[start:end]]
+        at = end
     return "".join(out) + _escaped(text[at:])
+
+
+def styled(text: object, *args, **kwargs) -> str:
+    """click.style of :func:`terminal_text` of ``text`` (a host's line pyinfra colours, escaped),
+    remembered so that :func:`terminal_text` keeps its colours."""
+    out = _click_style(terminal_text(str(text)), *args, **kwargs)
+    _STYLED.pop(out, None)
+    _STYLED[out] = None
+    if len(_STYLED) > _KEPT:
+        del _STYLED[next(iter(_STYLED))]
+    return out
+
+
+def _click_style(text: str, *args, **kwargs) -> str:
+    from click import termui   # here: the GPU scripts import this module with a plain python3
+
+    return termui.style(text, *args, **kwargs)   # click's own, whatever click.style now is
 
 
 class TerminalFilter(logging.Filter):
     """Rewrites a log record's message (and its traceback's text) to :func:`terminal_text` of it:
-    put on a handler, nothing it prints holds a control character beyond pyinfra's own colours."""
+    put on a handler, nothing it prints holds a control character beyond pyinfra's own colours
+    (:func:`styled`'s)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -117,10 +151,15 @@ def _echo(message: object = None, **kwargs) -> None:
                **kwargs)
 
 
-def guard_echo() -> None:
-    """pyinfra's echo (pyinfra.api.output: what a run prints beside its log, as each command's
-    output at -vv/-vvv) through :func:`terminal_text`, where pyinfra_cli has installed one."""
+def guard_output() -> None:
+    """Where pyinfra_cli has installed its output (pyinfra.api.output): its echo (what a run prints
+    beside its log, as each command's output at -vv/-vvv) through :func:`terminal_text`, and its
+    colours, pyinfra's format_text and pyinfra_cli's click.style, through :func:`styled` (the only
+    colours terminal_text keeps). Once: called again, it changes nothing."""
+    import click
     from pyinfra.api import output
 
     if output.is_output_active():
+        click.style = styled
+        output.set_formatter(styled)
         output.set_echo(_echo)

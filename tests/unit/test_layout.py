@@ -158,6 +158,8 @@ REGISTRIES = {
                                   "wrappers append, _record() returns and drops it",
     "rigup/state.py:_read": "(state, host, fact) -> value: read_once and Batch fill it, read_once reads it",
     "rigup/state.py:_wanted": "(state, host) -> facts named by @reading/will_read, read in the next batch",
+    "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
+                             "terminal_text keeps their colours only: process-wide as click.style is",
     "rigup/summary.py:_heard": "host -> pyinfra's warnings and errors (a log handler); report() at exit shows them",
     "rigup/summary.py:_refused": "host -> preflight's refusals (summary.refused); report() at exit",
     "rigup/summary.py:_notes": "host -> notes of the roles (summary.note: a wait, a skip); report() at exit",

@@ -20,15 +20,18 @@ from pathlib import Path
 import click
 from hypothesis import example, given, settings, strategies as st
 
-from rigup.text import SGR_CODES, shown, terminal_text
+from rigup.text import shown, styled, terminal_text
 
 ROOT = Path(__file__).resolve().parents[2]
 OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
 CSI = "\x1b[2J\x1b[H"
-# every colour sequence click.style writes for pyinfra (its colours, bold, dim, underline, reset): kept
-STYLES = sorted({s for fg in ("red", "green", "yellow", "blue", "magenta", "cyan", "white", "black", "bright_red")
-                 for s in re.findall(r"\x1b\[[0-9;]*m", click.style("x", fg=fg, bg=fg, bold=True, dim=True,
-                                                                    underline=True, italic=True, reverse=True))})
+# texts click.style wrote for pyinfra through rigup.text.styled (its colours, bold, dim, underline,
+# reset): their colours kept; the same sequences a host wrote are not
+STYLES = [styled(t, fg=fg, bg=bg, bold=True, dim=True, underline=True, italic=True, reverse=True)
+          for t in ("x", "", "[h1]") for fg in ("red", "green", "black", "bright_red") for bg in (None, fg)]
+# the SGR parameters click.style writes: what _bare removes
+SGR_CODES = frozenset({0, 1, 2, 3, 4, 5, 7, 9, 21, 22, 23, 24, 25, 27, 29, 39, 49, 53, 55,
+                       *range(30, 38), *range(40, 48), *range(90, 98), *range(100, 108)})
 CONTROLS = [chr(c) for c in (*range(0x20), 0x7f, *range(0x80, 0xa0), *range(0x202a, 0x202f), *range(0x2066, 0x206a),
                              0x2028, 0x2029)]
 
@@ -93,7 +96,7 @@ def test_each_character_is_escaped_as_shown_escapes_it():
     for c in CONTROLS:
         if c not in "\n\t":
             assert terminal_text(f"a{c}b") == shown(f"a{c}b"), repr(c)
-    got = terminal_text(f"[h1] {OSC52}{CSI}\x1b[38;5;1m{click.style('ok', 'red')}\n\tnext\u202e\u2028")
+    got = terminal_text(f"[h1] {OSC52}{CSI}\x1b[38;5;1m{styled('ok', 'red')}\n\tnext\u202e\u2028")
     print("escaped:", repr(got))
     assert got == ("[h1] \\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x1b[H\\x1b[38;5;1m\x1b[31mok\x1b[0m\n\tnext"
                    "\\u202e\\u2028")
@@ -107,7 +110,7 @@ HANDLER = """
 import io, json, logging, sys
 import click
 from pyinfra_cli.log import LogFormatter, LogHandler
-from rigup.text import TerminalFilter, guard_terminal
+from rigup.text import TerminalFilter, guard_terminal, styled
 
 class Tty(io.StringIO):
     def isatty(self):
@@ -125,7 +128,8 @@ for guarded in (False, True):
         guard_terminal(logger.name)   # once: a second call adds none
         got["filters"] = sum(isinstance(f, TerminalFilter) for f in handler.filters)
     sys.stderr = tty = Tty()
-    logger.error("%s%s", click.style("[h1] ", bold=True), click.style(sys.argv[1], "red"))
+    style = styled if guarded else click.style   # guarded: pyinfra's colours through rigup.text.styled
+    logger.error("%s%s", style("[h1] ", bold=True), style(sys.argv[1], "red"))
     sys.stderr = sys.__stderr__
     got[str(guarded)] = tty.getvalue()
 print(json.dumps(got))
@@ -169,7 +173,7 @@ def test_a_real_pyinfra_run_escapes_an_operation_error_after_rigup_starts_its_su
 def test_a_commands_output_pyinfra_echoes_at_vvv_is_escaped(tmp_path):
     """round 10, TF1: at -vvv pyinfra prints each command's output through its own echo
     (pyinfra.api.output.echo, click.echo), not its log: a host's OSC 52 and CSI reach the terminal
-    escaped once a play imports rigup (rigup.text.guard_echo), pyinfra's colours kept."""
+    escaped once a play imports rigup (rigup.text.guard_output), pyinfra's colours kept."""
     (tmp_path / "play.py").write_text(
         "import rigup  # noqa: F401\nfrom pyinfra.operations import server\n\n"
         "server.shell(name='host text', commands=[\"printf 'x\\\\033]52;c;ZWNobyBwd25lZA==\\\\007 \\\\033[2J y\\\\n'\"])\n")
@@ -181,3 +185,34 @@ def test_a_commands_output_pyinfra_echoes_at_vvv_is_escaped(tmp_path):
     assert run.returncode == 0 and lines
     assert "\x1b]52" not in out and "\x1b[2J" not in out
     assert "x\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x1b[2J y" in out and "\x1b[1m" in out
+
+
+def test_a_hosts_colour_sequences_are_escaped_only_pyinfras_kept():
+    """round 10, TF3: colour sequences are kept only in a text click.style wrote in this run
+    (rigup.text.styled: pyinfra's format_text and pyinfra_cli's click.style once guarded); a host's
+    (black on black, reverse and blink, even pyinfra's own red) are escaped, beside a styled text or
+    inside one (styled escapes what it is given). A lone reset stays: it only restores the defaults."""
+    host = "disk \x1b[30;40mnot \x1b[0mfull \x1b[7;5mx\x1b[31my\x1b[8m"
+    line = f"{styled('[h1]', bold=True)} {styled(host, 'red')} {host}"
+    got = terminal_text(line)
+    print("host text:", repr(host))
+    print("the line: ", repr(got))
+    quoted = "disk \\x1b[30;40mnot \x1b[0mfull \\x1b[7;5mx\\x1b[31my\\x1b[8m"
+    assert got == f"\x1b[1m[h1]\x1b[0m \x1b[31m{quoted}\x1b[0m {quoted}"
+    assert terminal_text("\x1b[31mred\x1b[0m") == "\\x1b[31mred\x1b[0m"   # not written by styled
+
+
+def test_a_failed_commands_colours_reach_the_terminal_escaped(tmp_path):
+    """round 10, TF3, through pyinfra itself on a pty: a failed command's stderr holding black on
+    black reaches the terminal escaped, pyinfra's own colours around it kept."""
+    (tmp_path / "play.py").write_text(
+        "import rigup  # noqa: F401\nfrom pyinfra.operations import server\n\n"
+        "server.shell(name='fails', commands=[\"printf 'ERROR: disk \\\\033[30;40mnot \\\\033[0mfull\\\\n' >&2; false\"])\n")
+    run, out = _on_a_pty("-y", "@local", str(tmp_path / "play.py"))
+    lines = [ln for ln in out.splitlines() if "ERROR: disk" in ln and ">>>" not in ln]
+    print("rc", run.returncode, "; the error line as the terminal got it:")
+    for ln in lines:
+        print("  ", repr(ln))
+    assert run.returncode != 0 and lines
+    assert "\x1b[30;40m" not in out and all("ERROR: disk \\x1b[30;40mnot \x1b[0mfull" in ln for ln in lines)
+    assert "\x1b[31m" in out and "\x1b[1m@local\x1b[0m" in out   # pyinfra's own colours stay
