@@ -38,6 +38,7 @@ import math
 import os
 import posixpath
 import re
+import stat
 import sys
 import weakref
 from collections.abc import Mapping
@@ -127,6 +128,10 @@ class Form:
             return f"got {value!r}: a llama-bench test is ppN (prompt processing of N tokens) or tgN (generating N), N 1..999999"
         if self.kind == "ip" and not host_ip(value):
             return f"got {value!r}: the IP address of one host (no host name, network, wildcard such as 0.0.0.0 or IPv6 zone)"
+        if self.kind == "file":
+            why = file_problem(value)
+            if why:
+                return f"got {value!r}: {why}"
         if self.kind == "path":
             why = path_problem(value)
             if why:
@@ -208,6 +213,35 @@ def path_problem(path: str) -> str | None:
                 "the directory (or a link) first and root would use theirs; keep it under a directory of root's "
                 "(/opt, /srv, /var/lib)")
     return None
+
+
+def file_problem(path: str) -> str | None:
+    """Why the controller file ``path`` (a [file] key: a source archive built as root, a key, a
+    token) is not one rigup may use, or None: the rule of rigup.boundary.owned (OpenSSH's
+    StrictModes), that no user but you or root could have written it or a directory on its path,
+    checked by the descriptor of the file opened without following a link (round 10, AR1: another
+    user's archive in a 1777 directory was built as root on every host). None for a file not there
+    (one made on first use; a reader that needs it says so)."""
+    if not os.path.lexists(path):
+        return None
+    must = "must be a regular file that only you or root can write"
+    try:
+        parent, name = owned._walk(Path(path), path)
+        try:
+            fd = os.open(name, owned._FILE, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except owned.NotOwned as e:
+        return e.why
+    except OSError as e:
+        return f"{must}: it is a symbolic link (name the file itself)" if os.path.islink(path) else \
+            f"cannot be read on the controller: {e.strerror}"
+    try:
+        st = os.fstat(fd)
+        why = owned._problem(st, path, fd=fd) if stat.S_ISREG(st.st_mode) else "is no regular file"
+    finally:
+        os.close(fd)
+    return f"{must}: it {why}" if why else None
 
 
 # The most an int form takes when it names no upper end (``int 1..``, ``count``): the largest int32,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from functools import lru_cache
 
+from rigup.config import ConfigError, file_problem
 from rigup.templates import render
 from rigup.gpu.plan import build_backend, nvcc_path
 
@@ -55,6 +56,9 @@ def cmake_options(plan: Plan, data: Config) -> list[str]:
 def build_id(data: Config, options: list[str]) -> str:
     """``<ref>-<hash>``: the same source, ref, options and targets give the same id."""
     archive = data["llama_cpp_archive"]
+    why = archive and file_problem(archive)   # its form says so before the run; the reader holds it too
+    if why:
+        raise ConfigError(f"llama_cpp_archive: {why}")
     source = _archive_digest(archive, Path(archive).stat().st_mtime_ns) if archive else data["llama_cpp_source"]
     key = json.dumps([source, data["llama_cpp_ref"], options, data["llama_cpp_targets"]])
     ref = re.sub(r"[^A-Za-z0-9._-]", "_", data["llama_cpp_ref"])[:40]

@@ -203,6 +203,24 @@ def read_manifest(text: str) -> dict[str, str]:
     return out
 
 
+def owned_text(path: Path, where: str) -> str:
+    """The text of the controller file ``path`` that ``where`` names (the manifest, a patch), read
+    only when no other user could have written it or a directory on its path (rigup.boundary.owned):
+    the manifest pins the patches, and root installs the patched tree on every host (round 10, AR1)."""
+    try:
+        path.stat()
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {path}: {e.strerror}") from None
+    try:
+        return owned.read(path, where, limit=PATCH_LIMIT)
+    except owned.NotOwned as e:
+        raise ConfigError(str(e)) from None
+
+
+# The most a patch (or the manifest) may hold: a vLLM fix is far smaller.
+PATCH_LIMIT = 16 << 20
+
+
 def patches(data: Config, root: Path = ROOT) -> list[dict]:
     """The patch series in order: ``[{"name", "sha256", "text"}]``, each checked against the
     manifest on the controller (before any host changes); raises ConfigError naming the key."""
@@ -216,10 +234,7 @@ def patches(data: Config, root: Path = ROOT) -> list[dict]:
     if not manifest_path:
         raise ConfigError("vllm_patch_manifest: required with vllm_patches (a sha256sum file of the patches)")
     manifest_file = Path(manifest_path) if Path(manifest_path).is_absolute() else root / manifest_path
-    try:
-        manifest = read_manifest(manifest_file.read_text())
-    except OSError as e:
-        raise ConfigError(f"vllm_patch_manifest: cannot read {manifest_file}: {e.strerror}") from None
+    manifest = read_manifest(owned_text(manifest_file, "vllm_patch_manifest"))
     out, seen = [], set()
     for i, item in enumerate(listed):
         path = Path(item) if Path(item).is_absolute() else root / item
@@ -227,17 +242,14 @@ def patches(data: Config, root: Path = ROOT) -> list[dict]:
         if name in seen:
             raise ConfigError(f"vllm_patches[{i}]: {name} is listed twice")
         seen.add(name)
-        try:
-            body = path.read_bytes()
-        except OSError as e:
-            raise ConfigError(f"vllm_patches[{i}]: cannot read {path}: {e.strerror}") from None
-        digest = hashlib.sha256(body).hexdigest()
+        text = owned_text(path, f"vllm_patches[{i}]")
+        digest = hashlib.sha256(text.encode()).hexdigest()
         if name not in manifest:
             raise ConfigError(f"vllm_patches[{i}]: {name} is not in the manifest {manifest_file}")
         if manifest[name] != digest:
             raise ConfigError(f"vllm_patches[{i}]: {name} has sha256 {digest}, but the manifest "
                               f"{manifest_file} says {manifest[name]}: refused, nothing changed")
-        out.append({"name": name, "sha256": digest, "text": body.decode()})
+        out.append({"name": name, "sha256": digest, "text": text})
     return out
 
 
