@@ -14,6 +14,10 @@ from hypothesis import given, strategies as st
 from rigup.boundary import numbers
 from roles.balancer import drain
 
+from tests.unit.world import remade
+
+_remade = remade(drain)   # made again after any gevent patch (tests/unit/world.py)
+
 
 def serve(server):
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

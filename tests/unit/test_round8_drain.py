@@ -6,9 +6,14 @@ a malformed status line or a header line over http.client's bound was a tracebac
 import socket
 import threading
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from roles.balancer import drain
+
+from tests.unit.world import remade
+
+_remade = remade(drain)   # made again after any gevent patch (tests/unit/world.py)
 
 
 def answering(payload: bytes) -> int:

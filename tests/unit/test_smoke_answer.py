@@ -11,6 +11,10 @@ import pytest
 
 from roles.llama_cpp import smoke
 
+from tests.unit.world import remade
+
+_remade = remade(smoke)   # made again after any gevent patch (tests/unit/world.py)
+
 
 def answering(code: int, body: bytes, headers: dict | None = None, pause: float = 0):
     class Handler(http.server.BaseHTTPRequestHandler):
