@@ -120,12 +120,24 @@ def homes(models: dict[str, list[str]]) -> dict[str, set[str]]:
 def problems(backends: list[dict]) -> list[str]:
     """Why a backend cannot go into haproxy.cfg as it is (a name, address or port that is not one, a
     backends file not of its form: its ``refused``): the config is written from validated data, and
-    checked again here before it reaches a file."""
+    checked again here before it reaches a file. A backend's name, and a server's name in its backend,
+    given twice is refused here, naming them, not by HAProxy's check of the whole config (round 10 G1:
+    one host's llama_server_instances.g and vllm_instances.g, or a router r's model b beside another
+    host's instance r.b, failed every backend's config)."""
     found = []
+    seen = [b.get("name") for b in backends if "refused" not in b]
+    for name in sorted({n for n in seen if seen.count(n) > 1}, key=str):
+        found.append(f"{name!r}: two backends of that name (an instance's and a router's model: its "
+                     f"NAME.MODEL, or one instance name in both llama_server_instances and vllm_instances): "
+                     "rename one")
     for b in backends:
         if "refused" in b:   # a backends file not of its form (facts.backends_record), named
             found.append(str(b["refused"]))
             continue
+        hosts = [s[0] for s in b["servers"]]
+        for host in sorted({h for h in hosts if hosts.count(h) > 1}, key=str):
+            found.append(f"{b['name']!r}: host {host!r} serves it twice (one instance name in both its "
+                         "llama_server_instances and vllm_instances): rename one")
         names = [b["name"]] + [s[0] for s in b["servers"]]
         addresses = [b["bind"]] + [s[1] for s in b["servers"]]
         ports = [b["port"]] + [s[2] for s in b["servers"]]

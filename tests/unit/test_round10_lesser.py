@@ -127,3 +127,25 @@ def test_v3_vllm_env_refuses_the_loaders_and_interpreters_variables(name):
         got = env_problems({name: "/tmp/x.so", "VLLM_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}, where)
         print(f"{where} {name}: {got}")
         assert [k for k, _ in got] == [f"{where}.{name}"] and "loader" in got[0][1]
+
+
+def test_g1_a_name_given_twice_is_refused_before_haproxy():
+    """G1: llama_server_instances.g and vllm_instances.g on one host made 'server lab1' twice in gateway-g;
+    a router r's model b and another host's instance r.b made two backends gateway-r.b: HAProxy's check
+    failed every gateway's config. problems() refuses both, naming them."""
+    from roles.balancer.config import gateway_backends, problems
+
+    hosts = {"gw": {"balancer_gateway": True},
+             "lab1": {"llama_server_instances": {"g": {"model": "g", "port": 8081}},
+                      "vllm_instances": {"g": {"model": "g", "port": 8082}}}}
+    got = problems(gateway_backends("gw", hosts, "127.0.0.1"))
+    print("one host, both engines:", got)
+    assert any("'gateway-g'" in p and "'lab1'" in p and "twice" in p for p in got)
+    backends = [{"name": "gateway-r.b", "bind": "127.0.0.1", "port": 8081, "servers": [["lab1", "lab1", 8081, False]]},
+                {"name": "gateway-r.b", "bind": "127.0.0.1", "port": 8082, "servers": [["lab2", "lab2", 8082, False]]}]
+    got = problems(backends)
+    print("two backends of one name:", got)
+    assert len(got) == 1 and "'gateway-r.b'" in got[0] and "two backends" in got[0]
+    fine = {"gw": {"balancer_gateway": True}, "lab1": {"llama_server_instances": {"g": {"model": "g", "port": 8081}}},
+            "lab2": {"vllm_instances": {"g": {"model": "g", "port": 8082}}}}
+    assert problems(gateway_backends("gw", fine, "127.0.0.1")) == []
