@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from io import BytesIO
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -68,7 +69,7 @@ from roles.llama_cpp import artifact, handover
 from roles.llama_cpp.build import build_log, build_stamp, built, switched
 from roles.llama_cpp.checks import CHECKS
 from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
-from roles.llama_cpp.script import build_id, cmake_options, render_build_script
+from roles.llama_cpp.script import archive_bytes, build_id, cmake_options, render_build_script
 
 __all__ = ["apply", "proven", "CHECKS", "BUILD_PACKAGES", "plan_lines", "plan_reads"]
 
@@ -124,8 +125,7 @@ def apply(plan: Plan, data: Config):
     archive = None
     if data["llama_cpp_archive"]:
         archive = f"{dir}/src-{build_id(data, options)}.tar.gz"
-        files.put(name="Upload the llama.cpp source archive", src=data["llama_cpp_archive"],
-                  dest=archive)
+        files.put(name="Upload the llama.cpp source archive", src=BytesIO(archive_bytes(data)), dest=archive)
     build = built(name=f"Build llama.cpp {data['llama_cpp_ref']} ({build_backend(plan, data)})", dir=dir,
                   build_id=ident, script=render_build_script(data, options, archive),
                   _timeout=data["llama_cpp_build_timeout"])

@@ -65,10 +65,26 @@ def build_id(data: Config, options: list[str]) -> str:
     return f"{ref}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=2)
+def _archive_bytes(archive: str, mtime_ns: int) -> bytes:
+    """The archive's bytes, read once per run for every host (``mtime_ns``: a rewritten archive is read
+    again): those hashed into the build id are those uploaded (:func:`archive_bytes`), so a file swapped
+    between the two is never built under the other's id (round 10 AR1)."""
+    return Path(archive).read_bytes()
+
+
 def _archive_digest(archive: str, mtime_ns: int) -> str:
-    """The archive's sha256, read once per run for every host (``mtime_ns``: a rewritten archive is read again)."""
-    return hashlib.sha256(Path(archive).read_bytes()).hexdigest()
+    """The archive's sha256 (:func:`_archive_bytes`)."""
+    return hashlib.sha256(_archive_bytes(archive, mtime_ns)).hexdigest()
+
+
+def archive_bytes(data: Config) -> bytes:
+    """``llama_cpp_archive``'s bytes as :func:`build_id` hashed them (its check first)."""
+    archive = data["llama_cpp_archive"]
+    why = file_problem(archive)
+    if why:
+        raise ConfigError(f"llama_cpp_archive: {why}")
+    return _archive_bytes(archive, Path(archive).stat().st_mtime_ns)
 
 
 def render_build_script(data: Config, options: list[str], archive_on_host: str | None = None) -> str:
