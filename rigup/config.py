@@ -609,6 +609,21 @@ def config_of(host) -> Config:
     return cfg
 
 
+def peer_value(data: Mapping, key: str) -> Any:
+    """``data[key]`` of another host (a peer, read by this host's role on a run that may not configure
+    it: ``--limit gw``) when of its form (:class:`Form`), else ConfigError naming the host and the key:
+    a peer's ``rigup_maintenance: "false"`` was true on a gateway, its ``rpc_worker_port: "٥٠٠٥٢"``
+    50052 on an RPC head (issue 61, round 10 G3); its own configure refuses it as well."""
+    var = declared().get(key)
+    value = data.get(key, var.default if var is not None else None)   # a Config holds every default
+    why = var.form.problem(value) if var is not None else f"{key} is not declared"
+    if why:
+        host = getattr(data, "name", None)
+        raise ConfigError(f"{f'host {host}: ' if host else ''}{key}: expected {var.form.text if var else '?'}, {why}: "
+                          "fix it in that host's host_vars or group_vars")
+    return value
+
+
 def fleet_data(host) -> dict[str, Config]:
     """Every host of ``host``'s inventory: its :class:`Config` by name, made once per run and
     shared by every host's play. The roles that read other hosts' settings (peers, gateways, RPC

@@ -46,8 +46,10 @@ def address(name: str, data: dict) -> str:
 
 def port(data: dict) -> int:
     """The RPC port of a worker (``rpc_worker_port``, roles/rpc_worker/defaults.yml: every host's
-    data holds it through group_vars all)."""
-    return int(data["rpc_worker_port"])
+    data holds it through group_vars all), typed: a head-only run configures no worker (round 10 G3:
+    ``True`` was port 1, ``"٥٠٠٥٢"`` 50052); ConfigError naming the worker and the key."""
+    from rigup.config import peer_value   # here: roles/llama_server/command.py imports this module without pyinfra
+    return peer_value(data, "rpc_worker_port")
 
 
 def endpoint(name: str, data: dict) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rigup.boundary.formats import haproxy_address, haproxy_word
-from rigup.config import ADDRESS, NAME
+from rigup.config import ADDRESS, NAME, peer_value
 from rigup.contract import llama_server
 from rigup.instances import every
 from rigup.templates import render
@@ -71,11 +71,13 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     sets: dict[str, dict[str, list[str]]] = {}   # a router's models (llama-server's also): model -> its hosts
     pins: dict[tuple[str, str, str], int] = {}   # (instance, host, model) -> the port of a pinned model's server
     for host_name, data in sorted(hosts.items()):
-        if host_name == me or data.get("balancer_gateway"):
+        # a peer's settings typed (ConfigError naming it): a run limited to the gateway configures no peer
+        if host_name == me or peer_value(data, "balancer_gateway"):
             continue
         address = data.get("ssh_hostname") or host_name
+        maintenance = peer_value(data, "rigup_maintenance")
         for var, name, inst in every(data):
-            found.setdefault(name, []).append([host_name, address, inst["port"], bool(data.get("rigup_maintenance"))])
+            found.setdefault(name, []).append([host_name, address, inst["port"], maintenance])
             if fleet_key and inst["api_key"]:
                 keyed.add(name)
             if var == "llama_server_instances" and inst["also"]:
@@ -87,7 +89,7 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
     for name, servers in sorted(found.items()):
         ports = [s[2] for s in servers]
         port = min(set(ports), key=lambda p: (-ports.count(p), p))
-        allow = set.intersection(*(set(hosts[s[0]].get("llama_server_allow") or ()) for s in servers))
+        allow = set.intersection(*(set(peer_value(hosts[s[0]], "llama_server_allow") or ()) for s in servers))
         out.append({"name": f"gateway-{name}", "bind": bind, "port": port, "servers": servers,
                     "key": name in keyed, "allow": sorted(allow)})
         # a model pinned by a host is loaded there always: its home, and not one the router's models share

@@ -19,6 +19,7 @@ import json
 
 import yaml
 
+from rigup.config import peer_value
 from rigup.contract import llama_server
 from rigup.instances.llama_server import normalised
 from rigup.gate import endpoint
@@ -113,14 +114,16 @@ def targets(me: str, fleet: list[tuple[str, dict]]) -> dict[str, list[dict]]:
     and ``instance`` HOST/NAME. A host that binds loopback is scraped only by its own Prometheus."""
     node, llama = [], []
     for name, data in sorted(fleet):
-        if not data.get("metrics_enabled"):
+        # each peer's settings typed (ConfigError naming it): a monitoring host's run configures no peer
+        # (round 10 G3: a metrics_address '10.0.0.9/x?y=' became the target '10.0.0.9/x?y=:9100')
+        if not peer_value(data, "metrics_enabled"):
             continue
-        address = bind_address(name, data, "metrics_address")
+        address = peer_value(data, "metrics_address") or inventory_address(name, data)
         if bind_scope(address) == "loopback" and name != me:
             continue
         host = url_host(address)
-        node.append({"targets": [f"{host}:{data['metrics_node_exporter_port']}"], "labels": {"host": name}})
-        llama += [{"targets": [f"{host}:{data['metrics_relay_port']}"],
+        node.append({"targets": [f"{host}:{peer_value(data, 'metrics_node_exporter_port')}"], "labels": {"host": name}})
+        llama += [{"targets": [f"{host}:{peer_value(data, 'metrics_relay_port')}"],
                    "labels": {"host": name, "llama_instance": inst, "instance": f"{name}/{inst}",
                               "__metrics_path__": f"/metrics/{inst}"}} for inst in llama_instances(data)]
     return {NODE_TARGETS: node, LLAMA_TARGETS: llama}

@@ -83,7 +83,6 @@ ALLOWED = {
     ("rigup/progress.py", "start_command"): (2, CALLER),
     ("rigup/refusal.py", "watts_text"): (1, FORMAT),
     ("rigup/roll.py", "batches"): (1, REGEX),
-    ("rigup/rpc.py", "port"): (1, CONFIG),
     ("rigup/throughput.py", "_rate"): (1, TYPED),
     ("rigup/throughput.py", "figure"): (2, COPY),
     ("rigup/throughput.py", "listener_may_read"): (2, REGEX),

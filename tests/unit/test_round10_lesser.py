@@ -149,3 +149,48 @@ def test_g1_a_name_given_twice_is_refused_before_haproxy():
     fine = {"gw": {"balancer_gateway": True}, "lab1": {"llama_server_instances": {"g": {"model": "g", "port": 8081}}},
             "lab2": {"vllm_instances": {"g": {"model": "g", "port": 8082}}}}
     assert problems(gateway_backends("gw", fine, "127.0.0.1")) == []
+
+
+def test_g3_a_peers_settings_are_read_typed_naming_the_peer_and_key():
+    """G3: a gateway-, monitor- or head-only run read peers' settings raw: rigup_maintenance "false" was
+    true, balancer_gateway "no" a gateway, metrics_address '10.0.0.9/x?y=' a target, rpc_worker_port
+    '٥٠٠٥٢' 50052 and True 1. Each is a ConfigError naming the host and the key now."""
+    from rigup import rpc
+    from rigup.config import Config, ConfigError
+    from roles.balancer.config import gateway_backends
+    from roles.metrics.prometheus import targets
+
+    g = {"llama_server_instances": {"g": {"model": "g", "port": 8081}}}
+    cases = [("rigup_maintenance", "false", lambda d: gateway_backends("gw", {"gw": {"balancer_gateway": True}, "lab1": d}, "0.0.0.0")),
+             ("balancer_gateway", "no", lambda d: gateway_backends("gw", {"gw": {"balancer_gateway": True}, "lab1": d}, "0.0.0.0")),
+             ("llama_server_allow", "slots", lambda d: gateway_backends("gw", {"gw": {"balancer_gateway": True}, "lab1": d}, "0.0.0.0")),
+             ("metrics_address", "10.0.0.9/x?y=", lambda d: targets("mon", [("lab1", d)])),
+             ("metrics_node_exporter_port", "9100", lambda d: targets("mon", [("lab1", d)])),
+             ("rpc_worker_port", "\u0665\u0660\u0660\u0665\u0662", lambda d: rpc.port(d)),
+             ("rpc_worker_port", True, lambda d: rpc.port(d))]
+    for key, value, read in cases:
+        with pytest.raises(ConfigError) as e:
+            read(Config("lab1", {**g, "ssh_hostname": "10.0.0.2", key: value}))
+        print(f"{key}: {value!r}: {e.value}")
+        assert "host lab1" in str(e.value) and key in str(e.value)
+    ok = Config("lab1", {**g, "ssh_hostname": "10.0.0.2", "rpc_worker_port": 50052, "rigup_maintenance": False})
+    assert rpc.port(ok) == 50052 and rpc.endpoint("lab1", ok) == "10.0.0.2:50052"
+    assert gateway_backends("gw", {"gw": {"balancer_gateway": True}, "lab1": ok}, "0.0.0.0")[0]["servers"] == \
+        [["lab1", "10.0.0.2", 8081, False]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(["rigup_maintenance", "balancer_gateway", "llama_server_allow", "metrics_address",
+                            "metrics_relay_port", "rpc_worker_port"]),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True), st.text(max_size=8),
+                       st.lists(st.sampled_from(["slots", "x", 1]), max_size=2)))
+def test_g3_peer_value_property(key, value):
+    """Any value of a peer's key: peer_value returns it where its form takes it, else ConfigError naming host and key."""
+    from rigup.config import Config, ConfigError, declared, peer_value
+    form = declared()[key].form
+    try:
+        got = peer_value(Config("lab1", {key: value}), key)
+    except ConfigError as e:
+        assert form.problem(value) and "host lab1" in str(e) and key in str(e)
+    else:
+        assert form.problem(value) is None and got is value
