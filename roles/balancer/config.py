@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rigup.boundary.formats import haproxy_address, haproxy_word
-from rigup.config import ADDRESS, NAME, peer_value
+from rigup.config import ADDRESS, NAME, ConfigError, peer_value
 from rigup.contract import llama_server
-from rigup.instances import every
+from rigup.instances import every, left_out
 from rigup.templates import render
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ def gateway_backends(me: str, hosts: dict[str, dict], bind: str, fleet_key: bool
             continue
         address = data.get("ssh_hostname") or host_name
         maintenance = peer_value(data, "rigup_maintenance")
+        for key, why in left_out(data)[:1]:   # an instance every() leaves out (a port "8081"): not dropped unsaid
+            raise ConfigError(f"host {host_name}: {key}: {why}: fix it in that host's host_vars or group_vars")
         for var, name, inst in every(data):
             found.setdefault(name, []).append([host_name, address, inst["port"], maintenance])
             if fleet_key and inst["api_key"]:

@@ -194,3 +194,15 @@ def test_g3_peer_value_property(key, value):
         assert form.problem(value) and "host lab1" in str(e) and key in str(e)
     else:
         assert form.problem(value) is None and got is value
+
+
+def test_g3_a_peers_instance_not_of_its_form_is_named_not_dropped():
+    """G3: a peer's instance port "8081" (text) was left out of every backend without a word."""
+    from rigup.config import Config, ConfigError
+    from roles.balancer.config import gateway_backends
+
+    peer = Config("lab1", {"llama_server_instances": {"g": {"model": "g", "port": "8081"}}})
+    with pytest.raises(ConfigError) as e:
+        gateway_backends("gw", {"gw": {"balancer_gateway": True}, "lab1": peer}, "0.0.0.0")
+    print(f"port '8081': {e.value}")
+    assert "host lab1" in str(e.value) and "llama_server_instances.g" in str(e.value)
