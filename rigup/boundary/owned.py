@@ -267,12 +267,12 @@ def directory(path: str | Path, where: str, make: bool = False) -> Path:
     return path
 
 
-def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT) -> str:
-    """The text of the file ``path`` (``~`` expanded; at most ``limit`` bytes, UTF-8), opened without
-    following a link and checked by its descriptor: a regular file that only its owner (you or
-    root) can write, on a path of such directories; ``secret``: that no one else may read either.
-    Else :class:`NotOwned` naming ``where`` (FileNotFoundError's message too: the callers that take
-    a missing file as none check ``exists()`` first)."""
+def opened(path: str | Path, where: str, secret: bool = False) -> int:
+    """A descriptor of the file ``path`` (``~`` expanded), opened without following a link and checked
+    by it: a regular file that only its owner (you or root) can write, on a path of such directories;
+    ``secret``: that no one else may read either. Else :class:`NotOwned` naming ``where``
+    (FileNotFoundError's message too: the callers that take a missing file as none check ``exists()``
+    first). The caller closes it."""
     path = Path(os.path.expanduser(str(path)))
     must = ("must be a regular file of yours that no one else may read" if secret
             else "must be a regular file that only you or root can write")
@@ -296,15 +296,34 @@ def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT)
         if why:
             raise NotOwned(where, f"{path} {must}: it {why}")
         os.set_blocking(f, True)
-        data = os.read(f, limit + 1)
+    except BaseException:
+        os.close(f)
+        raise
+    return f
+
+
+def read_bytes(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT) -> bytes:
+    """The bytes of the file ``path`` (at most ``limit``), read through :func:`opened`'s descriptor:
+    what was checked is what is read."""
+    f = opened(path, where, secret)
+    try:
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(f, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
     finally:
         os.close(f)
-    if len(data) > limit:
-        raise NotOwned(where, f"{path} holds more than {limit} bytes")
+    if size > limit:
+        raise NotOwned(where, f"{os.path.expanduser(str(path))} holds more than {limit} bytes")
+    return b"".join(chunks)
+
+
+def read(path: str | Path, where: str, secret: bool = False, limit: int = LIMIT) -> str:
+    """The text of the file ``path`` (UTF-8; :func:`read_bytes`); else :class:`NotOwned` naming ``where``."""
     try:
-        return data.decode()
+        return read_bytes(path, where, secret, limit).decode()
     except UnicodeDecodeError:
-        raise NotOwned(where, f"{path} is not UTF-8 text") from None
+        raise NotOwned(where, f"{os.path.expanduser(str(path))} is not UTF-8 text") from None
 
 
 def _made(path: Path, where: str) -> tuple[int, str]:
@@ -467,6 +486,12 @@ CROSSINGS = (
              "rigup/boundary/owned.py:read",
              "rigup/secrets.py:controller_token, roles/vllm/command.py:netrc_text, rigup/config.py:load_yaml, "
              "roles/model_fetch/hub.py:token, roles/model_fetch/checks.py:check_endpoint"),
+    Crossing("a file named by configuration that rigup uploads or only checks (llama.cpp's source archive; any "
+             "[file] key's form)", "its owner, and whoever can write a directory on its path",
+             "rigup/boundary/owned.py:read_bytes", "roles/llama_cpp/script.py:_archive_bytes"),
+    Crossing("a file named by configuration, checked by its descriptor (a [file] key's form)",
+             "its owner, and whoever can write a directory on its path",
+             "rigup/boundary/owned.py:opened", "rigup/config.py:file_problem"),
     Crossing("a directory named by configuration (the artifact cache, the site directory)",
              "its owner, and whoever can write a directory on its path",
              "rigup/boundary/owned.py:directory", "roles/llama_cpp/artifact.py:cache_dir, rigup/config.py:site_dir"),

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from functools import lru_cache
 
-from rigup.config import ConfigError, file_problem
+from rigup.boundary import owned
+from rigup.config import ConfigError
 from rigup.templates import render
 from rigup.gpu.plan import build_backend, nvcc_path
 
@@ -56,35 +57,43 @@ def cmake_options(plan: Plan, data: Config) -> list[str]:
 def build_id(data: Config, options: list[str]) -> str:
     """``<ref>-<hash>``: the same source, ref, options and targets give the same id."""
     archive = data["llama_cpp_archive"]
-    why = archive and file_problem(archive)   # its form says so before the run; the reader holds it too
-    if why:
-        raise ConfigError(f"llama_cpp_archive: {why}")
-    source = _archive_digest(archive, Path(archive).stat().st_mtime_ns) if archive else data["llama_cpp_source"]
+    source = _archive_digest(archive, _stamp(archive)) if archive else data["llama_cpp_source"]
     key = json.dumps([source, data["llama_cpp_ref"], options, data["llama_cpp_targets"]])
     ref = re.sub(r"[^A-Za-z0-9._-]", "_", data["llama_cpp_ref"])[:40]
     return f"{ref}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
+ARCHIVE_MAX = 1 << 30   # a llama.cpp source archive is tens of MiB
+
+
+def _stamp(archive: str) -> tuple[int, int, int]:
+    """The archive file's inode, change and modification times: any write, chmod or chown reads it again."""
+    st = Path(archive).stat()
+    return st.st_ino, st.st_ctime_ns, st.st_mtime_ns
+
+
 @lru_cache(maxsize=2)
-def _archive_bytes(archive: str, mtime_ns: int) -> bytes:
-    """The archive's bytes, read once per run for every host (``mtime_ns``: a rewritten archive is read
-    again): those hashed into the build id are those uploaded (:func:`archive_bytes`), so a file swapped
-    between the two is never built under the other's id (round 10 AR1)."""
-    return Path(archive).read_bytes()
+def _archive_bytes(archive: str, stamp: tuple[int, int, int]) -> bytes:
+    """The archive's bytes, read once per run for every host (``stamp``: :func:`_stamp`; a rewritten,
+    chmod'ed or chown'ed archive is read again) through the controller-file rule's own descriptor (rigup.boundary.owned: no link, only you
+    or root could have written it or a directory above it; round 10 AR1: another user's archive in a
+    1777 directory was built as root on every host): what is checked is what is hashed into the build
+    id and uploaded (:func:`archive_bytes`)."""
+    try:
+        return owned.read_bytes(archive, "llama_cpp_archive", limit=ARCHIVE_MAX)
+    except owned.NotOwned as e:
+        raise ConfigError(f"llama_cpp_archive: {e.why}") from None
 
 
-def _archive_digest(archive: str, mtime_ns: int) -> str:
+@lru_cache(maxsize=2)
+def _archive_digest(archive: str, stamp: tuple[int, int, int]) -> str:
     """The archive's sha256 (:func:`_archive_bytes`)."""
-    return hashlib.sha256(_archive_bytes(archive, mtime_ns)).hexdigest()
+    return hashlib.sha256(_archive_bytes(archive, stamp)).hexdigest()
 
 
 def archive_bytes(data: Config) -> bytes:
-    """``llama_cpp_archive``'s bytes as :func:`build_id` hashed them (its check first)."""
-    archive = data["llama_cpp_archive"]
-    why = file_problem(archive)
-    if why:
-        raise ConfigError(f"llama_cpp_archive: {why}")
-    return _archive_bytes(archive, Path(archive).stat().st_mtime_ns)
+    """``llama_cpp_archive``'s bytes as :func:`build_id` hashed them."""
+    return _archive_bytes(data["llama_cpp_archive"], _stamp(data["llama_cpp_archive"]))
 
 
 def render_build_script(data: Config, options: list[str], archive_on_host: str | None = None) -> str:
