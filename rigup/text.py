@@ -20,11 +20,16 @@ import logging
 import re
 
 
+def _visible(c: str) -> str:
+    """One character as the terminal gets it: itself when printable, else its escape (``\\x1b``)."""
+    return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+
+
 def shown(text: object, limit: int = 200) -> str:
     """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters
     (escapes counted as shown: ``\\x1b`` is 4), then how many characters of ``text`` were left out."""
     raw = str(text)
-    pieces = [c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in raw[:limit]]
+    pieces = [_visible(c) for c in raw[:limit]]
     kept = len(list(itertools.takewhile(limit.__ge__, itertools.accumulate(map(len, pieces)))))
     return "".join(pieces[:kept]) + (f"... ({len(raw) - kept} more characters)" if kept < len(raw) else "")
 
@@ -62,7 +67,7 @@ _SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _escaped(text: str) -> str:
-    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+    return "".join(c if c in "\n\t" else _visible(c) for c in text)
 
 
 def _kept(text: str) -> list[tuple[int, int]]:
