@@ -624,8 +624,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 block = fh.read(min(1 << 20, left, cut["after"] - sent if cut else left))
                 if not block:
                     break
-                self.wfile.write(block)
-                STATS.add(who, len(block))
+                self._counted(who, block)
                 sent += len(block)
                 left -= len(block)
                 if STATS.bps:
@@ -636,6 +635,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             fh.close()
+
+    def _counted(self, who: str, block: bytes) -> None:
+        """Send ``block``, counting each part the kernel took as it is taken: a client gone
+        mid-block has still been sent (and kept, in its socket) what went before, so counting
+        only whole blocks undercounted what a rebooted host had received."""
+        view = memoryview(block)
+        while view:
+            n = self.connection.send(view)
+            STATS.add(who, n)
+            view = view[n:]
 
     def _trickle(self, fh, left: int, bps: int) -> None:
         """Send ``left`` bytes of ``fh`` a byte at a time, ``bps`` bytes a second (hostile: a
