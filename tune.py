@@ -74,7 +74,7 @@ for kind, owner, path in unsafe:
         "the tuner only root's own files may be, never what another user placed; fix: remove it (rm -rf on "
         "the host follows no link), then run tune.py again", fg="red")
 if unsafe:
-    summary.refused(host.name, [f"{len(unsafe)} path(s) in {d} not root's own"])
+    summary.refused(host, [f"{len(unsafe)} path(s) in {d} not root's own"])
     host.state.fail_hosts({host})
 
 
@@ -218,7 +218,7 @@ if todo and not unsafe and not refusals:
         sweep(name, argv, gpu_layers, key, served, ctx, parallel, **where)
 
 if refusals:   # fails closed for this host alone: none of its sweeps runs
-    summary.refused(host.name, refusals)
+    summary.refused(host, refusals)
     host.state.fail_hosts({host})
 elif stale:   # the others swept first; then the host fails, naming each instance not swept
     def not_swept(found=tuple(stale)):

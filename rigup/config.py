@@ -39,9 +39,8 @@ import os
 import posixpath
 import re
 import sys
-import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -51,6 +50,7 @@ import yaml
 from pyinfra.api.exceptions import PyinfraError
 
 from rigup import playfile, yamlfile
+from rigup import run as run_state
 from rigup.boundary import owned
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip, host_name   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
@@ -537,24 +537,9 @@ def once(data: Mapping, key, build):
     return data._derived[key]
 
 
-@dataclass
-class _Run:
-    """What a run knows of its hosts' configurations: the roles' resolvers, each host's Config."""
-    resolvers: tuple = ()
-    configs: dict = field(default_factory=dict)
-    fleet: dict | None = None
-
-
-# pyinfra state -> the run's configurations (config_of, fleet_data): made once per run
-_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _run(host) -> _Run:
-    key = getattr(host, "state", None) or host.inventory   # a host of a bare Inventory (tests): its own
-    run = _RUNS.get(key)
-    if run is None:
-        run = _RUNS[key] = _Run()
-    return run
+def _run(host):
+    """``host``'s run (rigup/run.py): the roles' resolvers, each host's Config, the fleet's."""
+    return run_state.host_run(host)
 
 
 def configure(host, roles=()) -> Config:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from rigup import summary
+from rigup import run as run_state, summary
 from rigup.refusal import Refusal
 from rigup.text import say
 
@@ -28,7 +28,6 @@ RUN_DIR = "/run/rigup"
 GRACE_S = 5    # seconds a waiter waits before a renewed lease refuses it (sshd may be ending a run)
 LEASE_S = 60   # seconds without a renewal after which a holder lets go
 RENEW_S = 10   # seconds between renewals
-_held: dict[str, object] = {}  # host name -> the open channel that holds its lock
 
 
 def holder_command(owner: str, sudo: bool = False, lease: int = LEASE_S, run_dir: str = RUN_DIR) -> str:
@@ -87,7 +86,7 @@ def again(host) -> Refusal | None:
     """Take ``host``'s lock again after it rebooted in this run (roles/nvidia_driver): the lock file
     (/run) and the channel that held it went with the old boot. None when taken; else the refusal
     (another controller took it while the host was down)."""
-    channel = _held.pop(host.name, None)
+    channel = run_state.host_run(host).locks.pop(host.name, None)
     if channel is not None:
         channel.close()
     return hold(host)
@@ -108,7 +107,8 @@ def hold(host) -> Refusal | None:
     host is not reached over SSH, or this is a --dry run, which changes nothing); else the refusal
     naming who holds it, or saying the lock gave no answer."""
     client = getattr(host.connector, "client", None)
-    if client is None or "--dry" in sys.argv or host.name in _held:
+    held = run_state.host_run(host).locks   # host -> the open channel that holds its lock
+    if client is None or "--dry" in sys.argv or host.name in held:
         return None
     owner = (f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()}, since "
              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
@@ -123,11 +123,11 @@ def hold(host) -> Refusal | None:
         return Refusal("the converge lock gave no answer", f"{RUN_DIR}/converge.flock said nothing within {wait} s",
                        "see that the host is not overloaded, then run again", "lock")
     if answer.startswith(b"locked"):
-        _held[host.name] = channel
+        held[host.name] = channel
         renew(channel)
         took = answer.decode(errors="replace").strip().partition("; took it from ")[2]
         if took:
-            summary.note(host.name, f"took the converge lock from {took}")
+            summary.note(host, f"took the converge lock from {took}")
             say(f"[{host.name}] took the converge lock from {took}")
         return None
     text = answer.decode(errors="replace")

@@ -50,7 +50,7 @@ from pyinfra.operations import files as _files
 from pyinfra.operations import python as _python
 from pyinfra.operations import systemd as _systemd
 
-from rigup import summary
+from rigup import run as run_state, summary
 from rigup.text import shown
 
 
@@ -79,7 +79,6 @@ class Call:
     context: tuple                  # (in_deploy, deploy name, deploy kwargs, deploy data) when it was made
 
 
-_recording: dict[str, list[Call]] = {}     # host name -> the calls of the step being recorded
 
 
 def _context() -> tuple:
@@ -108,7 +107,7 @@ def recorded(op):
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        recording = _recording.get(host.name)
+        recording = run_state.host_run(host).recording.get(host.name)
         if recording is None:
             return op(*args, **kwargs)
         planned = Planned()
@@ -189,7 +188,8 @@ def _register(step_index: int, calls: list[Call]) -> None:
 def _record(step, plan, cfg) -> list[Call]:
     """``step(plan, cfg)`` with its operation calls recorded. An operation that bypassed the recording
     (a pyinfra operation called directly) would run before every recorded one: refused, naming it."""
-    _recording[host.name] = []
+    recording = run_state.host_run(host).recording   # host -> the calls of the step being recorded
+    recording[host.name] = []
     registered = len(host.op_hash_order)
     try:
         inner = getattr(step, "_inner", None)    # a role's @deploy function
@@ -206,9 +206,9 @@ def _record(step, plan, cfg) -> list[Call]:
             raise PyinfraError(f"{getattr(step, '__module__', step)}: {', '.join(names)} bypassed rigup.probe: "
                                "declare rigup's operations with rigup.probe.operation and call pyinfra's "
                                "through rigup.probe (systemd, python, files)")
-        return _recording[host.name]
+        return recording[host.name]
     finally:
-        del _recording[host.name]
+        del recording[host.name]
 
 
 def converge(steps: list, plan, cfg, names: list[str]) -> None:
@@ -234,7 +234,7 @@ def converge(steps: list, plan, cfg, names: list[str]) -> None:
         roles = len({n.split(".")[0] for n in names})
         text = f"every role converged ({roles} roles, {len(names)} steps, {checked} operations checked, none to run)"
         host.log(shown(text, 4000))
-        summary.converged_without_operations(host.name, text)
+        summary.converged_without_operations(host, text)
         return
     what = next(c for c in recorded_steps[first] if c.planned.change).kwargs.get("name") or "an operation"
     done = f"nothing to do in {', '.join(names[:first])} ({checked} operations checked); " if first else ""

@@ -212,7 +212,7 @@ def waits_for_unlock(role: str, names, plan: dict, data: dict) -> str | None:
     why = unlock_wait(plan, data) if names else None
     if why:
         say(f"    [{host.name}] {role}: {', '.join(sorted(names))}: {why}")
-        summary.note(host.name, f"{role} {', '.join(sorted(names))}: waits for the unlocked VRAM (cold power-off, "
+        summary.note(host, f"{role} {', '.join(sorted(names))}: waits for the unlocked VRAM (cold power-off, "
                                 "then converge again)")
     return why
 

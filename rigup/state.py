@@ -20,22 +20,24 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.state import StateStage
 
-_read: dict[tuple, object] = {}
-_wanted: dict[tuple, dict[tuple, tuple]] = {}   # (state, host) -> {fact key: (fact, kwargs)}, not read yet
+from rigup import run as run_state
+
 
 
 def _fact_key(fact, kwargs: dict) -> tuple:
     return fact.__module__, fact.__name__, repr(sorted(kwargs.items()))
 
 
-def _host_key() -> tuple:
-    return id(host.state), host.name
+def _run():
+    """This run's facts read (``facts``: (host, operations run, fact) -> value) and named to read
+    (``wanted``: host -> {fact key: (fact, kwargs)}, not read yet): rigup/run.py."""
+    return run_state.host_run(host)
 
 
 def will_read(fact, **kwargs) -> None:
     """An operation of this host will read ``fact`` with ``kwargs`` (through :func:`read_once`):
     the next read that misses reads it in the same round trip."""
-    _wanted.setdefault(_host_key(), {})[_fact_key(fact, kwargs)] = (fact, kwargs)
+    _run().wanted.setdefault(host.name, {})[_fact_key(fact, kwargs)] = (fact, kwargs)
 
 
 def reading(fact, *same: str, **renamed: str):
@@ -63,7 +65,7 @@ def reading(fact, *same: str, **renamed: str):
 
 def _now() -> tuple:
     """This host at this point of the run: how many of its operations have run commands."""
-    return (*_host_key(), sum(1 for op in host.state.ops[host].values() if op.operation_meta.executed))
+    return (host.name, sum(1 for op in host.state.ops[host].values() if op.operation_meta.executed))
 
 
 def known(fact, value, **kwargs) -> None:
@@ -72,8 +74,9 @@ def known(fact, value, **kwargs) -> None:
     before an operation runs commands on the host, takes a copy from here instead of a round trip."""
     if host.state.current_stage in (StateStage.Prepare, StateStage.Execute):
         key = _fact_key(fact, kwargs)
-        _read[_now() + key] = copy.deepcopy(value)
-        _wanted.get(_host_key(), {}).pop(key, None)
+        run = _run()
+        run.facts[_now() + key] = copy.deepcopy(value)
+        run.wanted.get(host.name, {}).pop(key, None)
 
 
 def read_once(fact, **kwargs):
@@ -83,19 +86,19 @@ def read_once(fact, **kwargs):
     that misses also reads every fact named by :func:`will_read` and not read yet."""
     if host.state.current_stage not in (StateStage.Prepare, StateStage.Execute):
         return host.get_fact(fact, **kwargs)
-    base = _now()
-    wanted = _wanted.setdefault(_host_key(), {})
+    base, run = _now(), _run()
+    read, wanted = run.facts, run.wanted.setdefault(host.name, {})
     key = _fact_key(fact, kwargs)
     wanted.pop(key, None)
-    if base + key not in _read:
-        reads = [(key, (fact, kwargs))] + [(k, v) for k, v in wanted.items() if base + k not in _read]
+    if base + key not in read:
+        reads = [(key, (fact, kwargs))] + [(k, v) for k, v in wanted.items() if base + k not in read]
         if len(reads) > 1:
             # a batch that fails as a whole leaves each fact to be read alone, as pyinfra would
             for k, value in host.get_fact(Batch, reads=[v for _, v in reads], _ignore_errors=True).items():
-                _read[base + reads[k][0]] = value
-        if base + key not in _read:    # alone, or its command failed in the batch: pyinfra's own read and errors
-            _read[base + key] = host.get_fact(fact, **kwargs)
-    return _read[base + key]
+                read[base + reads[k][0]] = value
+        if base + key not in read:    # alone, or its command failed in the batch: pyinfra's own read and errors
+            read[base + key] = host.get_fact(fact, **kwargs)
+    return read[base + key]
 
 
 class Batch(FactBase):

@@ -116,7 +116,7 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
             text = (f"trap {run['remedy']} ({trap.get('ref')}): {run.get('first')}; with {flags} it answered, "
                     f"so the llama-server instances here run with {flags}")
             host.log_styled(shown(text, 4000), fg="yellow", log_func=logger.warning)
-            summary.note(host.name, f"trap {run['remedy']}: {flags}")
+            summary.note(host, f"trap {run['remedy']}: {flags}")
     compared = doc.get("compare") or {}
     if compared.get("ratio") is not None:
         figures = (f"{compared['ratio']:.2f}x the current build's decode ({_rates(compared['new_tps'])} against "
@@ -125,7 +125,7 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
             return _failed(host, spec, build_id, [], f"{figures}, beyond llama_cpp_slower_tolerance "
                            f"{compared.get('tolerance')}", kept, what="is slower than the current build:")
         say(f"    [{host.name}] llama.cpp build {build_id}: {figures}")
-        summary.note(host.name, f"llama.cpp {build_id}: {compared['ratio']:.2f}x current's decode")
+        summary.note(host, f"llama.cpp {build_id}: {compared['ratio']:.2f}x current's decode")
     elif compared.get("skipped") or compared.get("reason"):
         if not compared.get("ok"):
             return failed([], compared.get("reason", "its speed was not measured"))
@@ -168,7 +168,7 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
     if state["current"] == target:
         met = state["smokes"].get(target.split("/", 1)[-1]) or {}
         if met.get("ok") and met.get("traps"):
-            summary.note(host.name, f"trap {', '.join(met['traps'])}: {' '.join(met.get('server_args') or [])}")
+            summary.note(host, f"trap {', '.join(met['traps'])}: {' '.join(met.get('server_args') or [])}")
         if state.get("switching"):   # a switch cut short, said in the plan (plan_lines): its mark goes
             yield f"rm -f {q(mark)}"
             return

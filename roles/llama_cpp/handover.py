@@ -158,7 +158,7 @@ def _receive(state, host, dir, build_id, key, cache, script, systemd, timeout, i
         return True
     text = f"llama.cpp {build_id}: refused the artifact {key}{' from ' + origin if origin else ''}: {why}; compiling here"
     host.log_styled(shown(text), fg="yellow", log_func=logger.warning)
-    summary.note(host.name, f"llama.cpp artifact refused ({why[:80]}); compiled")
+    summary.note(host, f"llama.cpp artifact refused ({why[:80]}); compiled")
     return _compiled(host, dir, build_id, script, systemd, timeout, install)
 
 

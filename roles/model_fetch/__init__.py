@@ -428,7 +428,7 @@ def apply(plan: Plan, data: Config):
         for _, key, why in refused:
             say(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red")
         _refused[host.name] = len(refused)
-        summary.refused(host.name, [f"{key} ({why.split(': ', 1)[0].split('; ', 1)[0]})" for _, key, why in refused])
+        summary.refused(host, [f"{key} ({why.split(': ', 1)[0].split('; ', 1)[0]})" for _, key, why in refused])
         host.state.fail_hosts({host})
         return
     bin_dir = f"{data['rigup_prefix']}/bin"
@@ -476,7 +476,7 @@ def apply(plan: Plan, data: Config):
     for p in plans:
         note = "" if p in waiting else pending_note(p, facts["models"].get(p.name) or {})
         if note:
-            summary.note(host.name, note)
+            summary.note(host, note)
     if waiting:
         _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
 

@@ -154,6 +154,6 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
         say(f"    {refusal.line(host.name)}", fg="red")
     if found:
         _refused[host.name] = len(found)
-        summary.refused(host.name, [f"{r.what}" for r in found])
+        summary.refused(host, [f"{r.what}" for r in found])
         host.state.fail_hosts({host})
     return plan

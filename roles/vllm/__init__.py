@@ -283,7 +283,7 @@ def _install(shared: Shared, wanted: dict, units: dict) -> Shared | None:
         why = (f"vllm: vllm_git_commit {data['vllm_git_commit']} is expanded with git on the host, which roles/base "
                "installs in this run: converge again to install vLLM")
         say(f"    [{host.name}] {why}")
-        summary.note(host.name, why)
+        summary.note(host, why)
         return None
     series = cmd.patches(data)
     stamp = cmd.stamp(the_pin, series, data)

@@ -146,25 +146,16 @@ def registries(module: ast.Module) -> set[str]:
 # Run object, or go). A new one fails here; one that is gone fails until its row is removed: the
 # count only goes down.
 REGISTRIES = {
+    "rigup/run.py:_RUNS": "pyinfra State -> its Run (rigup.run.of): every field of a run's state, each named "
+                          "with who fills and reads it; its at_end hooks print at exit",
     "rigup/bench.py:_results": "bench.py's record() keeps each host's results; report() at exit writes them",
     "rigup/bench.py:_run": "record() sets the output folder and the play's chart once; report() at exit reads them",
-    "rigup/config.py:_RUNS": "pyinfra State -> the run's configurations: _run() fills, config_of/fleet_data read",
     "rigup/fleet.py:_rows": "status.py's record() keeps each host's row; report() at exit renders the table",
     "rigup/fleet.py:_run": "record() keeps the pyinfra State and output format; report() at exit reads them",
     "rigup/fleet.py:_energy": "host -> joules per token from a monitoring host's Prometheus (record_energy); "
                               "report() at exit reads them",
-    "rigup/lock.py:_held": "host -> the open channel holding its run lock: hold() fills, again() pops it",
-    "rigup/probe.py:_recording": "host -> the calls of the step being recorded: _record() opens it, the recorded() "
-                                  "wrappers append, _record() returns and drops it",
-    "rigup/state.py:_read": "(state, host, fact) -> value: read_once and Batch fill it, read_once reads it",
-    "rigup/state.py:_wanted": "(state, host) -> facts named by @reading/will_read, read in the next batch",
     "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
                              "terminal_text keeps their colours only: process-wide as click.style is",
-    "rigup/summary.py:_heard": "host -> pyinfra's warnings and errors (a log handler); report() at exit shows them",
-    "rigup/summary.py:_refused": "host -> preflight's refusals (summary.refused); report() at exit",
-    "rigup/summary.py:_notes": "host -> notes of the roles (summary.note: a wait, a skip); report() at exit",
-    "rigup/summary.py:_quiet": "host -> 'converged without operations' (rigup/probe.py); report() at exit",
-    "rigup/summary.py:_state": "the pyinfra State the summary reports (track); watch() registers report once",
     "roles/llama_cpp/handover.py:_COMPILING": "build key -> the host that compiles it, the first asking "
                                               "(execution order); the others receive from it",
     "roles/llama_cpp/handover.py:_SOURCES": "host -> where its build comes from, decided once (source()); read again by "

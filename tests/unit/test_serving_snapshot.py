@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_host
 
-from rigup import probe, serving
+from rigup import run as run_state, serving
 from rigup import state as state_module
 from rigup.contract.llama_server import PRESET
 from rigup.gpu.plan import hardware_plan
@@ -238,7 +238,7 @@ def walked(engine, plan: dict, d: dict, me: str, role_names: dict) -> list:
     made as preflight makes it: rigup.serving ``serving_plan``), recorded (rigup.probe),
     with ``role_names`` (the role module's names: what it reads of its peers) replaced."""
     module = importlib.import_module(engine.server.__module__)
-    fake = SimpleNamespace(name=me, state=SimpleNamespace(current_deploy_filename=None), loop_position=[],
+    fake = SimpleNamespace(name=me, state=_State(current_deploy_filename=None), loop_position=[],
                            in_deploy=False, current_deploy_name=None, current_deploy_kwargs=None,
                            current_deploy_data=None, inventory=SimpleNamespace(get_host=lambda name: name))
     with pytest.MonkeyPatch.context() as mp, ctx_host.use(fake):
@@ -246,9 +246,16 @@ def walked(engine, plan: dict, d: dict, me: str, role_names: dict) -> list:
             mp.setattr(module, name, value)
         mp.setattr(state_module, "will_read", lambda *a, **k: None)   # no batch: nothing is read
         mp.setattr(serving, "will_read", lambda *a, **k: None)
-        mp.setitem(probe._recording, me, [])
+        recording = run_state.of(fake.state).recording
+        recording[me] = []
         serve(engine, {**plan, "serving": serving_plan([engine], d, plan)}, d)   # as preflight plans it
-        return probe._recording[me]
+        return recording[me]
+
+
+class _State(SimpleNamespace):
+    """A State of the fake host: its run (rigup/run.py) is keyed by it, weakly (by identity)."""
+
+    __hash__ = object.__hash__
 
 
 def _written(kw: dict) -> dict[str, str]:
