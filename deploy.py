@@ -11,16 +11,17 @@ one line for it.
 from pyinfra import host
 
 from rigup import lock, probe, summary
-from rigup.config import configure
+from rigup.config import configure, host_only
 from roles import STEPS, in_order, preflight, steps
 
 summary.track(host.state)
 roles = in_order()
-cfg = configure(host, roles)   # validated, with what the hub says of its models
-refused = lock.hold(host)
-plan = preflight.run(roles, cfg, [refused] if refused else [])
-if host not in host.state.failed_hosts:
-    # Each role's operation calls are recorded and checked against the host's state first: the
-    # roles found converged register no operation; from the first role with a change on, every
-    # call is handed to pyinfra, each ordered by its step and its own lines (rigup/probe.py)
-    probe.converge(steps(), plan, cfg, list(STEPS))
+with host_only(host):   # a configuration error fails this host, named, not the run
+    cfg = configure(host, roles)   # validated, with what the hub says of its models
+    refused = lock.hold(host)
+    plan = preflight.run(roles, cfg, [refused] if refused else [])
+    if host not in host.state.failed_hosts:
+        # Each role's operation calls are recorded and checked against the host's state first: the
+        # roles found converged register no operation; from the first role with a change on, every
+        # call is handed to pyinfra, each ordered by its step and its own lines (rigup/probe.py)
+        probe.converge(steps(), plan, cfg, list(STEPS))

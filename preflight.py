@@ -7,9 +7,9 @@ cannot work. Changes nothing.
 from pyinfra import host
 
 from rigup import summary
-from rigup.config import configure
+from rigup.config import configure, host_only
 from roles import in_order, preflight
 
 summary.track(host.state)
-cfg = configure(host, in_order())
-preflight.run(in_order(), cfg)
+with host_only(host):   # a configuration error fails this host, named, not the run
+    preflight.run(in_order(), configure(host, in_order()))

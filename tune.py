@@ -74,8 +74,7 @@ for kind, owner, path in unsafe:
         "the tuner only root's own files may be, never what another user placed; fix: remove it (rm -rf on "
         "the host follows no link), then run tune.py again", fg="red")
 if unsafe:
-    summary.refused(host, [f"{len(unsafe)} path(s) in {d} not root's own"])
-    host.state.fail_hosts({host})
+    summary.fail(host, [f"{len(unsafe)} path(s) in {d} not root's own"])
 
 
 def sweep(name: str, argv: list[str], gpu_layers: bool, key, served: dict, ctx: int, parallel: int,
@@ -218,8 +217,7 @@ if todo and not unsafe and not refusals:
         sweep(name, argv, gpu_layers, key, served, ctx, parallel, **where)
 
 if refusals:   # fails closed for this host alone: none of its sweeps runs
-    summary.refused(host, refusals)
-    host.state.fail_hosts({host})
+    summary.fail(host, refusals)
 elif stale:   # the others swept first; then the host fails, naming each instance not swept
     def not_swept(found=tuple(stale)):
         raise OperationError("; ".join(found))

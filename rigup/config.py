@@ -40,6 +40,7 @@ import posixpath
 import re
 import sys
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -567,6 +568,24 @@ def configure(host, roles=()) -> Config:
 
 
 check_host = configure   # the plays that read no hub: validation and defaults alone
+
+
+@contextmanager
+def host_only(host):
+    """A play's body for ``host``: a :class:`ConfigError` in it (the host's configuration, or a peer's
+    setting it reads) fails ``host`` alone, each reason named on a line of its own and in the summary,
+    and the run goes on for the other hosts (pyinfra ends the whole run at an exception from any
+    host's play file; with no host left it ends it, as for every failed host)."""
+    from rigup import summary
+    from rigup.text import say
+
+    try:
+        yield
+    except ConfigError as e:
+        head, *reasons = [line.strip() for line in str(e).splitlines() if line.strip()] or ["invalid configuration"]
+        for line in [head, *reasons]:
+            say(f"    [{host.name}] {line}", fg="red")
+        summary.fail(host, reasons or [head])
 
 
 def config_of(host) -> Config:

@@ -53,6 +53,14 @@ def refused(host, reasons: list[str]) -> None:
     run_state.host_run(host).refused[host.name] = reasons
 
 
+def fail(host, reasons: list[str]) -> None:
+    """``host`` refused for ``reasons`` and failed for the rest of the run: the inventory's own Host
+    object, not pyinfra's context proxy (which equals the host only while it is the current host,
+    so a set of failed hosts holding it would hold none later)."""
+    refused(host, reasons)
+    host.state.fail_hosts({host.state.inventory.get_host(host.name)})
+
+
 def converged_without_operations(host, text: str) -> None:
     """Every role of ``host`` was found converged and registered no operation (rigup/probe.py):
     ``text`` says how many were checked."""
