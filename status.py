@@ -47,7 +47,7 @@ if data["prometheus_enabled"]:
     parts["energy"] = fleet.energy_section(
         f"http://{url_host(bind_address(host.name, data, 'prometheus_address'))}:{data['prometheus_port']}")
 found = host.get_fact(fleet.FleetStatus, parts=parts)
-fleet.record_energy(fleet.parse_energy(found.get("energy", [])))
+fleet.record_energy(host.state, fleet.parse_energy(found.get("energy", [])))
 probed = parse_progress(found.get("fetch", []), fetches)
 configured = fleet.served_models(instances)   # a router's pinned model too: its own server, NAME.M
 fleet.record(host.state, fleet.host_row(host.name, found, downloads=[short_progress(n, probed.get(n, {})) for n in models],

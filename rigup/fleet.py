@@ -6,9 +6,9 @@ section's output): the cards (nvidia-smi, bounded), the llama.cpp build that ser
 code at its port, the model revision of its drop-in), the GPU guard's tripped file and its Xid
 state (counts per card and class, suspect cards), and any the play adds (model_fetch's probe for
 the downloads). The ``parse_*`` functions, :func:`host_row` and the renderers are pure
-(tests/unit/test_fleet.py); :func:`record` keeps each host's row and :func:`report` prints them
-all once, at exit, sorted by host name, with a row ``unreachable (reason)`` for each host that
-could not be reached (heard by rigup.summary).
+(tests/unit/test_fleet.py); :func:`record` keeps each host's row on the run (rigup/run.py) and
+:func:`report` prints them all once, at the run's end, sorted by host name, with a row ``unreachable
+(reason)`` for each host that could not be reached (heard by rigup.summary).
 
 The table fits 120 columns for a typical host, what is wrong first: a line above it names the
 hosts that need attention; each host's row is a summary (its cards' total draw / limit and the
@@ -19,7 +19,6 @@ not downloaded. JSON (:func:`render_json`) has every field.
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import re
@@ -30,6 +29,7 @@ import time
 import click
 from pyinfra.api import FactBase
 
+from rigup import run as run_state
 from rigup.contract import llama_server
 from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
@@ -831,42 +831,37 @@ def render_json(rows: list[dict], energy: dict[str, float] | None = None) -> str
 
 
 # ----------------------------------------------------------------------------- the run
-_rows: dict[str, dict] = {}
-_run: dict = {}
-_energy: dict[str, float] = {}
-
-
 def record(state, row: dict, fmt: str) -> None:
-    """Keep ``row`` for the report printed at exit (once, in format ``fmt``: table | json)."""
-    if not _run:
-        atexit.register(report)
-    _run.update(state=state, fmt=fmt)
-    _rows[row["host"]] = row
+    """Keep ``row`` on ``state``'s run (rigup/run.py) for the report printed at its end (once, in
+    format ``fmt``: table | json)."""
+    run = run_state.of(state)
+    run.at_end(report, state)
+    run.report["fmt"] = fmt
+    run.rows[row["host"]] = row
 
 
-def record_energy(figures: dict[str, float]) -> None:
-    """Keep the joules per token a monitoring host's Prometheus has for each host (:func:`parse_energy`);
-    :func:`report` puts each in its host's row."""
-    _energy.update(figures)
+def record_energy(state, figures: dict[str, float]) -> None:
+    """Keep the joules per token a monitoring host's Prometheus has for each host (:func:`parse_energy`)
+    on ``state``'s run; :func:`report` puts each in its host's row."""
+    run_state.of(state).energy.update(figures)
 
 
-def report() -> None:
+def report(state) -> None:
     """Print every host's row: those recorded, and an unreachable row for each host of the run
     that has none (its reason as rigup.summary heard it)."""
     from rigup import summary
 
-    state = _run.get("state")
-    rows = dict(_rows)
-    if state is not None:
-        for host in state.inventory:
-            if host.name not in rows and state.is_host_in_limit(host):
-                line = summary.host_line(state, host)
-                reason = line.split("unreachable: ", 1)[1] if "unreachable: " in line else line.split("] ", 1)[-1]
-                rows[host.name] = unreachable_row(host.name, reason)
+    run = run_state.of(state)
+    rows, energy = dict(run.rows), run.energy
+    for host in state.inventory:
+        if host.name not in rows and state.is_host_in_limit(host):
+            line = summary.host_line(state, host)
+            reason = line.split("unreachable: ", 1)[1] if "unreachable: " in line else line.split("] ", 1)[-1]
+            rows[host.name] = unreachable_row(host.name, reason)
     for name, row in rows.items():
         if row.get("reachable"):
-            row["joules_per_token"] = round(_energy[name], 3) if name in _energy else None
-    if _run.get("fmt") == "json":
-        click.echo(render_json(list(rows.values()), _energy))
+            row["joules_per_token"] = round(energy[name], 3) if name in energy else None
+    if run.report.get("fmt") == "json":
+        click.echo(render_json(list(rows.values()), energy))
     else:
         click.echo(render_table(list(rows.values())))

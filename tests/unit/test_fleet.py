@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
+from pyinfra.api import Config, Inventory, State
 
-from rigup import fleet
+from rigup import fleet, run as run_state
 from rigup.apt import UPDATE_TIMEOUT_S, updated, waiting
 from roles.model_fetch.plan import short_progress
 
@@ -185,6 +186,24 @@ def test_rows_table_and_json():
     assert data["hosts"][1]["cards"][3]["bus"] == "0000:4e:00" and data["hosts"][1]["guard"]["xid"] == {}
     assert data["hosts"][2] == {"host": "rig-03", "reachable": False, "reason": "Could not connect (timed out)"}
 
+
+
+def test_the_rows_are_kept_on_the_run_and_printed_once_at_its_end(capsys):
+    """status.py's rows and energy figures live on the run of its State (rigup/run.py), whose end
+    prints them with an unreachable row for each host of the run that recorded none."""
+    state = State(Inventory((["rig-01", "rig-02", "rig-03"], {})), Config())
+    fleet.record_energy(state, {"rig-02": 0.44123})
+    for fmt in ("table", "json"):   # the last format asked is the report's
+        fleet.record(state, fleet.host_row("rig-02", _found(), downloads=[], maintenance=False, models={}), fmt)
+    fleet.record(state, fleet.host_row("rig-01", {}, downloads=[], maintenance=False, models={}), "json")
+    run = run_state.of(state)
+    assert run.ends == [(fleet.report, state)] and sorted(run.rows) == ["rig-01", "rig-02"]
+    run.ends.clear()   # printed here, not at exit
+    fleet.report(state)
+    data = json.loads(capsys.readouterr().out)
+    assert [h["host"] for h in data["hosts"]] == ["rig-01", "rig-02", "rig-03"]
+    assert data["hosts"][1]["joules_per_token"] == 0.441 and data["joules_per_token"] == {"rig-02": 0.44123}
+    assert data["hosts"][2] == {"host": "rig-03", "reachable": False, "reason": "no reason was logged"}
 
 def _lab_fleet():
     """Four lab hosts as status.py reads them: lab11 typical (8x A100 idle, one instance serving, its

@@ -150,10 +150,6 @@ REGISTRIES = {
                           "with who fills and reads it; its at_end hooks print at exit",
     "rigup/bench.py:_results": "bench.py's record() keeps each host's results; report() at exit writes them",
     "rigup/bench.py:_run": "record() sets the output folder and the play's chart once; report() at exit reads them",
-    "rigup/fleet.py:_rows": "status.py's record() keeps each host's row; report() at exit renders the table",
-    "rigup/fleet.py:_run": "record() keeps the pyinfra State and output format; report() at exit reads them",
-    "rigup/fleet.py:_energy": "host -> joules per token from a monitoring host's Prometheus (record_energy); "
-                              "report() at exit reads them",
     "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
                              "terminal_text keeps their colours only: process-wide as click.style is",
     "roles/llama_cpp/handover.py:_COMPILING": "build key -> the host that compiles it, the first asking "
