@@ -45,5 +45,5 @@ measured = host.get_fact(bench.Throughput, targets=targets, levels=list(data["be
 ready = [r for r in runs if not r.get("error")]
 benched = host.get_fact(bench.LlamaBench, runs=ready, binary=binary, tests=list(data["bench_llama_tests"]),
                         reps=data["bench_llama_reps"], timeout=data["bench_llama_timeout_s"]) if ready else {}
-bench.record(host.name, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched),
+bench.record(host, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched),
              plot=charts.plot)

@@ -20,7 +20,6 @@ which trap it met and that the host's llama.cpp wants a proven build.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import re
@@ -32,7 +31,7 @@ from pathlib import Path
 import click
 from pyinfra.api import FactBase
 
-from rigup import traps
+from rigup import run as run_state, traps
 from rigup.boundary import Unreadable, fields, owned, results
 from rigup.boundary.numbers import number, whole
 from rigup.config import LLAMA_TEST, ROLES_DIR
@@ -400,20 +399,16 @@ def write_reports(results: dict[str, dict], out: Path, plot=None) -> list[Path]:
     return written
 
 
-_results: dict[str, dict] = {}
-_run: dict = {}
-
-
-def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds: float,
+def record(host, data: dict, measured: dict, targets_: list[dict], seconds: float,
            llama: dict[str, list[dict]] | None = None, plot=None) -> None:
-    """Keep ``host``'s results (the sweeps ``measured``, llama-bench's rows ``llama``) for the
-    reports written at exit (``plot``: the play's chart of them, charts.py's), and print its
-    progress line."""
-    if not _run:
-        atexit.register(report)
-        _run["out"] = Path(data["bench_out"]) / datetime.date.today().isoformat()
-        _run["plot"] = plot
-    llama = llama or {}
+    """Keep ``host``'s results (the sweeps ``measured``, llama-bench's rows ``llama``) on its run
+    (rigup/run.py) for the reports written at the run's end (``plot``: the play's chart of them,
+    charts.py's), and print its progress line. ``host``: pyinfra's."""
+    run = run_state.host_run(host)
+    if not run.bench:
+        run.at_end(report, run)
+        run.bench.update(out=Path(data["bench_out"]) / datetime.date.today().isoformat(), plot=plot)
+    host, llama = host.name, llama or {}
 
     def reading(name: str) -> dict:   # Throughput's, read again: what any other caller hands in is typed too
         try:
@@ -426,7 +421,7 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
                              "engine": t["engine"], "url": t["url"], "via": t.get("via"),
                              **({"llama_bench": llama[t["name"]]} if t["name"] in llama else {})}
                  for t in targets_}
-    _results[host] = {"host": host, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "max_tokens": data["bench_max_tokens"],
+    run.results[host] = {"host": host, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "max_tokens": data["bench_max_tokens"],
                       "rounds": data["bench_rounds"], "instances": instances}
     best = {n: max((lv["total_tps"] for lv in i.get("levels", [])), default=0) for n, i in instances.items()}
     ran = "; ".join(f"{n} " + ", ".join(f"{r['test']} {r['tps']:.1f}" if "tps" in r else f"{r['test']} "
@@ -438,10 +433,11 @@ def record(host: str, data: dict, measured: dict, targets_: list[dict], seconds:
         + (f"; llama-bench tok/s: {ran}" if ran else ""))
 
 
-def report() -> None:
-    if _results:
+def report(run) -> None:
+    """The reports of the results kept on ``run`` (:func:`record`), each path said."""
+    if run.results:
         try:
-            for path in write_reports(_results, _run["out"], _run["plot"]):
+            for path in write_reports(run.results, run.bench["out"], run.bench["plot"]):
                 say(f"--> bench: wrote {path}")
         except Unreadable as e:
             say(f"--> bench: no report written: {shown(e.where, 200)}: {shown(e.why, 400)}", fg="red")

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import charts
-from rigup import bench
+from pyinfra.api import Config, Inventory, State
+
+from rigup import bench, run as run_state
 
 DATA = {"llama_server_instances": {"glm": {"model": "m", "port": 8081, "replicas": 2},
                                    "keyed": {"model": "m", "port": 8082, "host": "10.0.0.5", "api_key": True}},
@@ -253,7 +255,7 @@ def test_llama_bench_on_a_shell_crash_retry_and_remedy(tmp_path):
                                                                                       ("tg128", 10.5, None)]
 
 
-def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, monkeypatch, capsys):
+def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, capsys):
     retried_rows = bench.LlamaBench().process(["##llama-bench glm pp512", "##rc 139 60",
                                                "##llama-bench-retry glm pp512", ROW, "##rc 0 60",
                                                "##llama-bench glm tg128", "", "##rc 139 60"])
@@ -271,10 +273,10 @@ def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, m
     assert "| tg128 | llama-bench crashed (SIGSEGV) on tg128 | | | | |" in md
     assert "\n- trap cpu-repack-crash: --repack 0, met by the serving build's smoke inference\n" in md
     assert "\n- trap cpu-repack-crash: --repack 0 after llama-bench crashed (SIGSEGV) on pp512 (https://" in md
-    monkeypatch.setattr(bench, "_run", {"out": tmp_path})       # no report at exit
-    monkeypatch.setattr(bench, "_results", {})
+    rig, run = host("rig-1")
+    run.bench.update(out=tmp_path, plot=None)   # its end set: record() adds no report
     targets = [{"name": n, "engine": "llama-server", "url": "http://127.0.0.1:8081"} for n in ("fixed", "glm")]
-    bench.record("rig-1", {"bench_max_tokens": 64, "bench_rounds": 2}, {"fixed": {"levels": levels(10)}}, targets, 1.0,
+    bench.record(rig, {"bench_max_tokens": 64, "bench_rounds": 2}, {"fixed": {"levels": levels(10)}}, targets, 1.0,
                  {n: llama[n] for n in ("fixed", "glm")})
     line = capsys.readouterr().err.strip()
     with capsys.disabled():
@@ -283,7 +285,7 @@ def test_the_report_and_the_progress_line_say_the_trap_and_the_crash(tmp_path, m
             "smoke inference]; ") in line
     assert "; glm pp512 640.2, tg128 llama-bench crashed (SIGSEGV) on tg128 [trap cpu-repack-crash: --repack 0 " \
            "after llama-bench crashed (SIGSEGV) on pp512 (https://github.com/ggml-org/llama.cpp/issues/20824)" in line
-    saved = json.loads(json.dumps(bench._results["rig-1"]))
+    saved = json.loads(json.dumps(run.results["rig-1"]))
     assert saved["instances"]["fixed"]["llama_bench"][0]["note"].startswith("trap cpu-repack-crash: --repack 0")
 
 
@@ -332,15 +334,21 @@ def test_a_throughput_line_that_does_not_read_is_that_instance_not_measured(tmp_
     assert "Not measured: its measurement does not read" in text and "nan" not in text
 
 
+def host(name: str):
+    """A pyinfra host of a State of its own, and that State's run (rigup/run.py)."""
+    inventory = Inventory(([name], {}))
+    return inventory.get_host(name), run_state.of(State(inventory, Config()))
+
+
 def report(tmp_path, measured: dict) -> str:
-    """bench.record then the reports, as bench.py's run ends: the host's Markdown."""
-    bench._results.clear()
-    bench._run.clear()
+    """bench.record then the reports, as bench.py's run ends (its end hook, here): the host's Markdown."""
+    h, run = host("h")
     target = {"name": "glm", "engine": "llama-server", "url": "http://127.0.0.1:8081", "via": None}
-    bench.record("h", {"bench_out": str(tmp_path), "bench_max_tokens": 8, "bench_rounds": 1}, measured, [target], 1.0, {})
-    [md] = [p for p in bench.write_reports(bench._results, tmp_path) if p.suffix == ".md"]
-    bench._results.clear()
-    return md.read_text()
+    bench.record(h, {"bench_out": str(tmp_path), "bench_max_tokens": 8, "bench_rounds": 1}, measured, [target], 1.0, {})
+    assert run.ends == [(bench.report, run)] and run.bench["out"].parent == tmp_path
+    run.ends.clear()   # written here, not at exit
+    bench.report(run)
+    return (run.bench["out"] / "h.md").read_text()
 
 
 FORGED = ("boom\n\n## x (llama, http://127.0.0.1:8080)\n\n| concurrency | requests | failed | total tok/s | per-request tok/s |"

@@ -148,8 +148,6 @@ def registries(module: ast.Module) -> set[str]:
 REGISTRIES = {
     "rigup/run.py:_RUNS": "pyinfra State -> its Run (rigup.run.of): every field of a run's state, each named "
                           "with who fills and reads it; its at_end hooks print at exit",
-    "rigup/bench.py:_results": "bench.py's record() keeps each host's results; report() at exit writes them",
-    "rigup/bench.py:_run": "record() sets the output folder and the play's chart once; report() at exit reads them",
     "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
                              "terminal_text keeps their colours only: process-wide as click.style is",
     "roles/llama_cpp/handover.py:_COMPILING": "build key -> the host that compiles it, the first asking "
@@ -171,9 +169,6 @@ REGISTRIES = {
     "roles/model_fetch/hub.py:_asked": "the hub's answers per (what, endpoint, repo, revision): _once() asks once "
                                        "per run, the roles' resolve reads",
     "roles/model_fetch/hub.py:calls": "what was asked of the hub, in order (for the tests); _once appends",
-    "roles/preflight/__init__.py:_refused": "host -> preflight's refusal count; _summary() at exit",
-    "roles/preflight/__init__.py:_plans": "host -> its hardware plan: its preflight fills it, plan_of() reads it (an "
-                                         "RPC head's fleet checks), reading a peer's facts when missing",
 }
 
 
