@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import atexit
 from dataclasses import replace
 
 from pyinfra import host
 
-from rigup import summary
+from rigup import run as run_state, summary
 from rigup.boundary import Unreadable
 from rigup.config import Config, fleet_data, source_of
 from rigup.gpu.fabric import fabric_plan
@@ -47,31 +46,27 @@ if TYPE_CHECKING:
 
 __all__ = ["run", "refusals"]
 
-_refused: dict[str, int] = {}
-_plans: dict[str, dict | None] = {}     # each host's hardware plan, read once in the run
-
 
 def plan_of(name: str) -> dict | None:
     """Host ``name``'s hardware plan (an RPC head's VRAM plan needs its workers' GPUs): the one its
-    own preflight read, else read now from its facts (one round trip); None when it cannot be read."""
-    if name not in _plans:
+    own preflight read, else read now from its facts (one round trip); None when it cannot be read.
+    Kept on the run (rigup/run.py ``plans``)."""
+    plans = run_state.host_run(host).plans
+    if name not in plans:
         try:
             other = host.inventory.get_host(name)
             facts = other.get_fact(HardwareFacts, paths=["/"])
-            _plans[name] = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]))
+            plans[name] = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]))
         except Exception as e:      # unreachable: the head is refused, naming the worker
             say(f"    [{host.name}] cannot read the GPUs of {name}: {e}")
-            _plans[name] = None
-    return _plans[name]
+            plans[name] = None
+    return plans[name]
 
 
-def _summary() -> None:
-    if _refused:
-        names = ", ".join(f"{name} ({n} reason{'s' if n > 1 else ''})" for name, n in sorted(_refused.items()))
-        say(f"--> preflight refused {len(_refused)} host(s): {names}", fg="red")
-
-
-atexit.register(_summary)
+def _summary(refused: dict[str, int]) -> None:
+    """The run's last line of preflight: every host it refused, with its count of reasons."""
+    names = ", ".join(f"{name} ({n} reason{'s' if n > 1 else ''})" for name, n in sorted(refused.items()))
+    say(f"--> preflight refused {len(refused)} host(s): {names}", fg="red")
 
 
 def refusals(roles: list[Role], plan: Plan, facts: Facts, data: Config, fleet: Fleet | None = None) -> list[Refusal]:
@@ -133,7 +128,8 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     plan: Plan = dict(hardware_plan(gpus, facts["driver"], facts["cuda_toolkits"], facts.get("cpu")),
                       systemd=facts["systemd"], serving_units=facts.get("serving_units", []), driver_step=step,
                       fabric=fabric, **parts)
-    _plans[host.name] = plan
+    current = run_state.host_run(host)
+    current.plans[host.name] = plan
     fleet = Fleet(host.name, fleet_data(host), plan_of)
     # every serving instance sized, with its servers, once: what the serving roles install, smoke and read,
     # and what their plan lines and refusals below print (made first, so that they read it and size nothing)
@@ -153,7 +149,8 @@ def run(roles: list[Role], data: Config, more: list[Refusal] = ()) -> Plan:
     for refusal in found:
         say(f"    {refusal.line(host.name)}", fg="red")
     if found:
-        _refused[host.name] = len(found)
+        current.refusals[host.name] = len(found)
+        current.at_end(_summary, current.refusals)
         summary.refused(host, [f"{r.what}" for r in found])
         host.state.fail_hosts({host})
     return plan
