@@ -61,7 +61,6 @@ rigup_user and rigup_prefix (roles/base).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import json
 import shlex
@@ -80,7 +79,7 @@ from pyinfra.operations.util import any_changed
 from rigup.text import say
 
 from rigup import files as managed
-from rigup import apt, services, summary
+from rigup import apt, run as run_state, services, summary
 from rigup.gpu.plan import Plan
 from rigup.config import Config, config_of, fleet_data, role_defaults, source_of
 from rigup.models import hub_endpoint
@@ -114,10 +113,6 @@ WARM_PATHS = [WARM_CONFIG, f"/etc/systemd/system/{WARM_SERVICE}", f"/etc/systemd
 # it only when that pid is a rigup-fetch job, never whatever process the file names.
 KILL_JOB = ('pid=$(head -c 16 {lock} | tr -cd 0-9); [ -n "$pid" ] && '
             'case "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null)" in *rigup-fetch*" fetch "*) kill "$pid";; esac')
-_refused: dict[str, int] = {}
-_waiting: dict[str, tuple[list, list]] = {}  # host -> (plans, specs) of the models waited() waits for
-_staging: dict[str, list[dict]] = {}  # host -> specs of the models whose new revision waited() switches to
-_pruning: dict[str, list[dict]] = {}  # host -> specs of the models pruned() may have old revisions to remove
 # The job's unit restarts it after a failure a restart may mend (the hub unreachable past the
 # job's own retries, a crash, a kill -9), RESTART_S apart, at most START_BURST times in
 # START_WINDOW_S; not after one it cannot (exit status PERMANENT: no space, a hub refusal, an
@@ -126,13 +121,9 @@ RESTART_S, START_WINDOW_S, START_BURST = 30, 600, 5
 START_GRACE_S = 30  # a job that neither runs nor wrote progress this long after the start is dead
 
 
-def _summary() -> None:
-    if _refused:
-        names = ", ".join(sorted(_refused))
-        say(f"--> model_fetch refused {len(_refused)} host(s): {names}", fg="red")
-
-
-atexit.register(_summary)
+def _summary(refused: dict[str, int]) -> None:
+    """The run's last line of model_fetch: every host it refused (rigup/run.py ``fetch_refused``)."""
+    say(f"--> model_fetch refused {len(refused)} host(s): {', '.join(sorted(refused))}", fg="red")
 
 
 def _models(data: Config) -> dict:
@@ -427,7 +418,9 @@ def apply(plan: Plan, data: Config):
         origin = source_of(host, "models")
         for _, key, why in refused:
             say(f"    [{host.name}] refused: {key} ({origin}): {why}", fg="red")
-        _refused[host.name] = len(refused)
+        run = run_state.host_run(host)
+        run.fetch_refused[host.name] = len(refused)
+        run.at_end(_summary, run.fetch_refused)
         summary.refused(host, [f"{key} ({why.split(': ', 1)[0].split('; ', 1)[0]})" for _, key, why in refused])
         host.state.fail_hosts({host})
         return
@@ -465,12 +458,13 @@ def apply(plan: Plan, data: Config):
         exported(data, models, script=f"{bin_dir}/rigup-fetch", paths=paths)
         warmed(data, models, script=f"{bin_dir}/rigup-fetch")
     started(name="model_fetch: jobs and share servers started")
-    wanted = {s["name"]: s for s in specs(data, models)}
-    _staging[host.name] = [wanted[p.name] for p in plans
-                           if (facts["models"].get(p.name) or {}).get("where") == wanted[p.name]["stage"]]
+    # what the later steps of this host take from here (rigup/run.py: staging, pruning, waiting)
+    run, wanted = run_state.host_run(host), {s["name"]: s for s in specs(data, models)}
+    staging = run.staging[host.name] = [wanted[p.name] for p in plans
+                                        if (facts["models"].get(p.name) or {}).get("where") == wanted[p.name]["stage"]]
     keep = 1 if data["models_keep_previous"] else 0
-    _pruning[host.name] = _staging[host.name] + [
-        wanted[p.name] for p in plans if wanted[p.name] not in _staging[host.name]
+    run.pruning[host.name] = staging + [
+        wanted[p.name] for p in plans if wanted[p.name] not in staging
         and len((facts["models"].get(p.name) or {}).get("previous") or []) > keep]
     waiting = [p for p in plans if p.action not in ("complete", "switch") and models[p.name]["wait"]]
     for p in plans:
@@ -478,7 +472,7 @@ def apply(plan: Plan, data: Config):
         if note:
             summary.note(host, note)
     if waiting:
-        _waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
+        run.waiting[host.name] = (waiting, [s for s in specs(data, models) if s["name"] in {p.name for p in waiting}])
 
 
 def _now(spec: dict, together: list[dict]) -> dict:
@@ -583,12 +577,13 @@ def waited(plan: Plan, data: Config):
     """Block until the models with ``wait: true`` are complete (their jobs were started by
     :func:`apply`, before the build, so that downloads and the build overlap); then switch the
     models whose new revision is complete to it."""
-    if host.name in _waiting:
-        waiting, wanted = _waiting.pop(host.name)
+    run = run_state.host_run(host)
+    if host.name in run.waiting:
+        waiting, wanted = run.waiting.pop(host.name)
         python.call(name="Wait for " + ", ".join(f"model {p.name}" for p in waiting), function=_wait,
                     plans=waiting, specs=wanted, data=data)
     script = f"{data['rigup_prefix']}/bin/rigup-fetch"
-    staging = _staging.pop(host.name, [])
+    staging = run.staging.pop(host.name, [])
     for spec in staging:
         switched(name=f"Model {spec['name']}: serve revision {spec['revision'][:12]}", spec=spec, script=script,
                  together=staging)
@@ -599,7 +594,7 @@ def pruned(plan: Plan, data: Config):
     """After the serving roles restarted on a new revision: remove the old revisions' directories
     (all, or all but the newest with ``models_keep_previous``)."""
     keep = 1 if data["models_keep_previous"] else 0
-    pruning = _pruning.pop(host.name, [])
+    pruning = run_state.host_run(host).pruning.pop(host.name, [])
     for spec in pruning:
         pruned_revisions(name=f"Model {spec['name']}: old revisions", spec=spec, keep=keep,
                          script=f"{data['rigup_prefix']}/bin/rigup-fetch", together=pruning)

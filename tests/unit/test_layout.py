@@ -154,12 +154,6 @@ REGISTRIES = {
                                               "(execution order); the others receive from it",
     "roles/llama_cpp/handover.py:_SOURCES": "host -> where its build comes from, decided once (source()); read again by "
                                             "source() (forget() clears both, for the tests)",
-    "roles/balancer/drain.py:_until": "host program: the deadline of the wait() under way (wait sets and clears "
-                                      "it); admin() reads it, so no answer outlasts the wait",
-    "roles/model_fetch/__init__.py:_refused": "host -> refused model count, filled in apply; _summary() at exit",
-    "roles/model_fetch/__init__.py:_waiting": "host -> models its apply waits for; waited() pops them",
-    "roles/model_fetch/__init__.py:_staging": "host -> new revisions apply stages; waited() switches them",
-    "roles/model_fetch/__init__.py:_pruning": "host -> models apply may prune; pruned() pops them",
     "roles/model_fetch/fetcher.py:MARKER": "host program: the marker's name, set once from the job's JSON (use_names)",
     "roles/model_fetch/fetcher.py:TOKEN_FILE": "host program: the token's path, set once by use_names",
     "roles/model_fetch/fetcher.py:SHARE_TOKEN_FILE": "host program: the share token's path, set once by use_names",
