@@ -282,6 +282,10 @@ HELD_OFF: dict[str, HeldOff] = {
                     "POST /lora-adapters: one client sets the LoRA adapters' scales for every other (the server's "
                     "global adapters; a request's own \"lora\" field is its own), and GET /lora-adapters names "
                     "their files on the host (issue 61, round 9 I1)"),
+    "control_vectors": HeldOff(("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"), (),
+                               "a control vector read from a file on the host (a path rigup neither fetches nor "
+                               "checks) and added to every layer's output for every client's answers (issue 61, "
+                               "round 11 C4)"),
     "models_admin": HeldOff((), (),
                             "a router's POST /models (downloads a model from the hub onto the host), DELETE /models "
                             "(deletes one), POST /models/load and /models/unload: no flag turns them off; the gateway "

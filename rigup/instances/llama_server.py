@@ -17,7 +17,7 @@ from rigup.contract.llama_server import (FLAGS, HELD_OFF, OTHER, PER_MODEL, PER_
                                         owned, pinned)
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.models import SERVING_KEYS, ServingInstance, flag_values, of_form, owned_flag_problems
-from rigup.models import instances as _entries
+from rigup.models import instances as _entries, models
 from rigup.instances.tuned import mapping, tuned
 
 if TYPE_CHECKING:
@@ -110,14 +110,18 @@ def cors_problems(data: Config) -> list[tuple[str, str]]:
     return found
 
 
-def router_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:
+def router_problems(entry: dict, where: str, declared: dict, valid: dict | None = None) -> list[tuple[str, str]]:
     """Router mode's rules (``also``): every model a key of ``models``, none twice nor the instance's
     own; ``models_max`` at most the models of the set the router loads (its pinned ones aside); one
     server (replicas 1, no rpc_workers); only a model of also pinned (the instance's own is the
     router's: its gate asks it), not every one, and with pinned models ctx set (auto sizes one
-    server to fill the cards)."""
+    server to fill the cards). A model of also whose own entry is wrong (``valid``: the entries of
+    ``models`` of their form) refuses the instance, as its own model's does (round 11 P2: the set's
+    sizing read it and ended the run)."""
     also = entry.get("also") or []
     found = [(f"{where}.also", unknown_reference(m, declared, "models")) for m in also if m not in declared]
+    found += [(f"{where}.also", f"names {m}, whose entry of models is wrong (models.{m}: see its own problem)")
+              for m in also if m in declared and valid is not None and m not in valid]
     if entry.get("sleep_idle_s") is not None and not entry.get("metrics", True):   # the watchdog reads it
         found.append((f"{where}.sleep_idle_s", "needs metrics: true (the watchdog tells a sleeping server from /metrics)"))
     if entry.get("model") in also or len(set(also)) < len(also):
@@ -193,7 +197,7 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, LlamaInst
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where) + \
             held_off_problems(entry["extra_args"], data.get("llama_server_allow") or (), where) + \
-            router_problems(entry, where, data.get("models") or {})
+            router_problems(entry, where, data.get("models") or {}, models(data)[0])
         # a router's per_model tensor_split is its model's -ts in the preset: the instance's own rule
         found += [p for model, own in (entry.get("per_model") or {}).items() if isinstance(own, dict)
                   for p in split_problems(own.get("tensor_split"), f"{where}.per_model.{model}.tensor_split", gpu_count)]
