@@ -148,23 +148,28 @@ def guard_terminal(name: str = "pyinfra") -> None:
             handler.addFilter(TerminalFilter())
 
 
-def _echo(message: object = None, **kwargs) -> None:
-    """click.echo of :func:`terminal_text` of ``message`` (pyinfra's echo, guarded)."""
-    import click
+def _echo(message: object = None, *args, **kwargs) -> None:
+    """click's own echo of :func:`terminal_text` of ``message``: pyinfra's echo, and click.echo itself
+    once :func:`guard_output` has run (pyinfra_cli prints an exception's traceback, the text of a
+    host or a hub among it, with click.echo: round 10 TF2)."""
+    from click import utils   # click's own, whatever click.echo now is
 
-    click.echo(message if message is None else terminal_text(message if isinstance(message, str) else str(message)),
-               **kwargs)
+    if isinstance(message, (bytes, bytearray)):
+        message = bytes(message).decode("utf-8", "replace")
+    utils.echo(message if message is None else terminal_text(message if isinstance(message, str) else str(message)),
+               *args, **kwargs)
 
 
 def guard_output() -> None:
     """Where pyinfra_cli has installed its output (pyinfra.api.output): its echo (what a run prints
     beside its log, as each command's output at -vv/-vvv) through :func:`terminal_text`, and its
     colours, pyinfra's format_text and pyinfra_cli's click.style, through :func:`styled` (the only
-    colours terminal_text keeps). Once: called again, it changes nothing."""
+    colours terminal_text keeps); click.echo through :func:`_echo`. Once: called again, it changes nothing."""
     import click
     from pyinfra.api import output
 
     if output.is_output_active():
         click.style = styled
+        click.echo = _echo
         output.set_formatter(styled)
         output.set_echo(_echo)

@@ -170,6 +170,21 @@ def test_a_real_pyinfra_run_escapes_an_operation_error_after_rigup_starts_its_su
     assert "\x1b[31m" in out   # pyinfra's own colours stay
 
 
+def test_an_unexpected_exceptions_traceback_pyinfra_cli_prints_is_escaped(tmp_path):
+    """round 10, TF2: an exception of a play's own code (a host's or a hub's text in its message) is
+    printed by pyinfra_cli with click.echo, traceback and all, beside its log: escaped now."""
+    (tmp_path / "play.py").write_text(
+        "from pyinfra import host\nfrom rigup import summary\n\nsummary.track(host.state)\n"
+        f"raise ValueError({'hub said: ' + OSC52 + CSI + ' done'!r})\n")
+    run, out = _on_a_pty("-y", "@local", str(tmp_path / "play.py"))
+    lines = [ln for ln in out.splitlines() if "hub said" in ln]
+    print("rc", run.returncode, "; the lines naming the error, as the terminal got them:")
+    for ln in lines:
+        print("  ", repr(ln))
+    assert run.returncode != 0 and lines and "Traceback" in out
+    assert "\x1b]52" not in out and "\x1b[2J" not in out and "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J" in out
+
+
 def test_a_commands_output_pyinfra_echoes_at_vvv_is_escaped(tmp_path):
     """round 10, TF1: at -vvv pyinfra prints each command's output through its own echo
     (pyinfra.api.output.echo, click.echo), not its log: a host's OSC 52 and CSI reach the terminal
