@@ -95,10 +95,36 @@ class Failed(Exception):
 
 
 class Late(Failed):
-    """An admin answer not whole by the deadline of the :func:`wait` under way: that wait's time is up."""
+    """An admin answer not whole by the deadline of the :meth:`Waiting.wait` under way: that wait's time is up."""
 
 
-_until: float | None = None   # the deadline of the wait() under way (monotonic), which no admin answer outlasts
+class Waiting:
+    """The deadline of the :meth:`wait` under way (monotonic; None between waits), which no admin
+    answer nor /health read outlasts: one per run of the program, made by :func:`main` and handed
+    to what reads HAProxy or a server while it waits (issue 64: no state of the module's)."""
+
+    def __init__(self) -> None:
+        self.until: float | None = None
+
+    def wait(self, predicate, seconds: float) -> bool:
+        """Poll ``predicate`` every 0.2 s for at most ``seconds`` (the project would use tenacity;
+        this runs on bare hosts)."""
+        self.until = deadline = time.monotonic() + seconds   # admin() waits for no answer past it
+        try:
+            while not predicate():
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
+            return True
+        except Late:   # an answer cut at the deadline: the time is up, as for one that came too late
+            return False
+        finally:
+            self.until = None
+
+
+def _until(waiting: Waiting | None) -> float:
+    """The deadline of ``waiting``'s wait under way; infinity outside one."""
+    return math.inf if waiting is None or waiting.until is None else waiting.until
 
 
 WHOLE = re.compile(r"0|[1-9][0-9]{0,17}")   # the boundary's whole-number rule, rigup/boundary/numbers.py (a unit test holds them equal)
@@ -112,10 +138,11 @@ def _count(text: str, digits: int = 18) -> int | None:
     return int(text) if len(text) <= digits and WHOLE.fullmatch(text) else None
 
 
-def admin(command: str) -> str:
-    """HAProxy's runtime API answer to ``command``, from a listener of root's (or the helper's own user's) only: HAProxy's master
-    binds the socket as root; /run/haproxy is haproxy's group's to write (Debian's tmpfiles.d), where
-    anything else listening at the path was believed, its Pid and states (issue 61, round 6 DR6)."""
+def admin(command: str, waiting: Waiting | None = None) -> str:
+    """HAProxy's runtime API answer to ``command`` (whole within ``waiting``'s wait under way), from a
+    listener of root's (or the helper's own user's) only: HAProxy's master binds the socket as root;
+    /run/haproxy is haproxy's group's to write (Debian's tmpfiles.d), where anything else listening
+    at the path was believed, its Pid and states (issue 61, round 6 DR6)."""
     try:   # the path's own inode, never a link's target: haproxy's group may plant a link to another root listener
         fd = os.open(SOCKET, os.O_PATH | os.O_NOFOLLOW)   # (issue 61, re-round 6 ND2)
     except OSError as e:
@@ -125,7 +152,7 @@ def admin(command: str) -> str:
         if not S_ISSOCK(st.st_mode) or st.st_uid not in (0, os.geteuid()):
             raise Failed(f"cannot reach HAProxy's admin socket {SOCKET}: not a socket of root's (a link, or another "
                          "user's file): remove it and restart HAProxy")
-        deadline = min(time.monotonic() + ANSWER_S, _until or math.inf)   # for the whole answer, and within a wait's:
+        deadline = min(time.monotonic() + ANSWER_S, _until(waiting))   # for the whole answer, and within a wait's:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # a byte a second held ready past UP_S (round 7 D3)
             s.settimeout(max(deadline - time.monotonic(), 0.001))
             s.connect(f"/proc/self/fd/{fd}")   # the inode just checked
@@ -135,17 +162,17 @@ def admin(command: str) -> str:
                              f"(uid {uid}, pid {pid}): remove it and restart HAProxy")
             s.sendall(command.encode() + b"\n")
             chunks, size = [], 0
-            while chunk := _part(s, deadline, size, command):
+            while chunk := _part(s, deadline, size, command, waiting):
                 chunks.append(chunk)
                 size += len(chunk)
             return b"".join(chunks).decode(errors="replace")
     except OSError as e:   # a timeout too (connect, send): Late at a wait's deadline
-        raise _late_or_failed()(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
+        raise _late_or_failed(waiting)(f"cannot reach HAProxy's admin socket {SOCKET}: {e.strerror or e}") from None
     finally:
         os.close(fd)
 
 
-def _part(s: socket.socket, deadline: float, size: int, command: str) -> bytes:
+def _part(s: socket.socket, deadline: float, size: int, command: str, waiting: Waiting | None) -> bytes:
     """The answer's next bytes (b"": its end), or Failed once it took ANSWER_S or ANSWER_BYTES."""
     left = deadline - time.monotonic()
     try:
@@ -154,13 +181,13 @@ def _part(s: socket.socket, deadline: float, size: int, command: str) -> bytes:
             return s.recv(65536)
     except socket.timeout:
         pass
-    raise _late_or_failed()(f"HAProxy's admin socket {SOCKET}: no whole answer to "
-                            f"{shown(command.split(' ', 1)[0], 40)!r} within {ANSWER_S} s and {ANSWER_BYTES} bytes")
+    raise _late_or_failed(waiting)(f"HAProxy's admin socket {SOCKET}: no whole answer to "
+                                   f"{shown(command.split(' ', 1)[0], 40)!r} within {ANSWER_S} s and {ANSWER_BYTES} bytes")
 
 
-def _late_or_failed() -> type[Failed]:
-    """:class:`Late` once the wait under way is past its deadline, else :class:`Failed`."""
-    return Late if _until is not None and time.monotonic() >= _until else Failed
+def _late_or_failed(waiting: Waiting | None) -> type[Failed]:
+    """:class:`Late` once ``waiting``'s wait under way is past its deadline, else :class:`Failed`."""
+    return Late if time.monotonic() >= _until(waiting) else Failed
 
 
 def reachable() -> bool:
@@ -170,10 +197,10 @@ def reachable() -> bool:
         return False
 
 
-def worker_pid() -> int | None:
+def worker_pid(waiting: Waiting | None = None) -> int | None:
     """The pid of the HAProxy worker answering on the socket (``show info``), None when none does."""
     try:
-        info = admin("show info")
+        info = admin("show info", waiting)
     except Failed:
         return None
     for line in info.splitlines():
@@ -414,7 +441,7 @@ def ready_in_saved_state(backend: str, server: str) -> None:
         write_state("\n".join([version, "# " + " ".join(names)] + [" ".join(r) for r in rows]) + "\n")
 
 
-def reload(mainpid: int) -> None:
+def reload(mainpid: int, waiting: Waiting) -> None:
     """save-state, SIGUSR2 to HAProxy's master ``mainpid``, then the new worker answering (the lock
     held throughout: a change waits for the new worker)."""
     with locked():
@@ -432,24 +459,24 @@ def reload(mainpid: int) -> None:
         # a worker inherits its listeners from the one it replaces: a socket file removed stays away
         # until a restart (so a socket that did not answer before is given a few seconds only)
         seconds = RELOAD_S if old is not None else min(RELOAD_S, 5)
-        if not wait(lambda: worker_pid() not in (None, old), seconds):
+        if not waiting.wait(lambda: worker_pid(waiting) not in (None, old), seconds):
             print(shown(f"rigup-balancer-drain: warning: no new HAProxy worker answered on {SOCKET} within {seconds} s "
                         "of the reload" + ("" if old is not None else " (restart HAProxy to bring the socket back)"), 4000),
                   file=sys.stderr)
 
 
-def stat(backend: str, server: str) -> list[str]:
+def stat(backend: str, server: str, waiting: Waiting | None = None) -> list[str]:
     """The server's row of ``show stat`` ([] when it is not listed)."""
-    for line in admin("show stat").splitlines():
+    for line in admin("show stat", waiting).splitlines():
         cols = line.split(",")
         if cols[:2] == [backend, server] and len(cols) > 17:
             return cols
     return []
 
 
-def in_flight(backend: str, server: str) -> int:
+def in_flight(backend: str, server: str, waiting: Waiting | None = None) -> int:
     """The server's current sessions (``scur`` of ``show stat``); 0 when it is not listed."""
-    cols = stat(backend, server)
+    cols = stat(backend, server, waiting)
     return (_count(cols[4]) or 0) if cols else 0
 
 
@@ -457,14 +484,14 @@ def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def drained(backend: str, server: str, worker: int | None) -> bool:
+def drained(backend: str, server: str, worker: int | None, waiting: Waiting | None = None) -> bool:
     """No request of the server is left running: none at the worker that answers, and the worker
     that took the drain (``worker``), should a reload have replaced it, gone (a worker replaced by a
     reload finishes its requests, unseen by ``show stat``, before it exits)."""
-    now = worker_pid()
+    now = worker_pid(waiting)
     if worker is not None and now != worker and alive(worker):
         return False
-    return in_flight(backend, server) == 0
+    return in_flight(backend, server, waiting) == 0
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -543,15 +570,15 @@ class _Within(urllib.request.HTTPHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(), _Within())
 
 
-def health(url: str, seconds: float = 5) -> int | str:
+def health(url: str, seconds: float = 5, waiting: Waiting | None = None) -> int | str:
     """What ``url`` (a server's /health) answers: its status, or ``no answer (why)``, whole within
-    ``seconds`` and the :func:`wait` under way (a redirect is its own status, never followed). Every
+    ``seconds`` and ``waiting``'s wait under way (a redirect is its own status, never followed). Every
     HTTP read of this program goes through here: a refused connection or a timeout (OSError: URLError
     is one), a malformed status line or a header line over http.client's bound (HTTPException), a URL
     urllib does not take (ValueError) are no answer, never a traceback out of the replica's
     ExecStartPost (issue 61, round 8 D1: ``healthy`` caught OSError alone)."""
     try:
-        with _OPENER.open(url, timeout=max(min(seconds, (_until or math.inf) - time.monotonic()), 0.001)) as r:
+        with _OPENER.open(url, timeout=max(min(seconds, _until(waiting) - time.monotonic()), 0.001)) as r:
             return r.status
     except urllib.error.HTTPError as e:
         e.close()
@@ -560,25 +587,8 @@ def health(url: str, seconds: float = 5) -> int | str:
         return f"no answer ({getattr(e, 'reason', e)})"
 
 
-def healthy(port: int) -> bool:
-    return health(f"http://127.0.0.1:{port}/health") == 200
-
-
-def wait(predicate, seconds: float) -> bool:
-    """Poll ``predicate`` every 0.2 s for at most ``seconds`` (the project would use tenacity;
-    this runs on bare hosts)."""
-    global _until
-    _until = deadline = time.monotonic() + seconds   # admin() waits for no answer past it
-    try:
-        while not predicate():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
-    except Late:   # an answer cut at the deadline: the time is up, as for one that came too late
-        return False
-    finally:
-        _until = None
+def healthy(port: int, waiting: Waiting | None = None) -> bool:
+    return health(f"http://127.0.0.1:{port}/health", waiting=waiting) == 200
 
 
 def checked(*names: str) -> None:
@@ -689,14 +699,14 @@ def _expired(backend: str, server: str) -> bool:
     return True
 
 
-def run(argv: list[str]) -> None:
+def run(argv: list[str], waiting: Waiting) -> None:
     action = argv[0]
     if action == "save-state":
         with locked():
             save_state()
         return
     if action == "reload":
-        reload(int(argv[1]))
+        reload(int(argv[1]), waiting)
         return
     backend = argv[1]
     checked(*argv[1:3])
@@ -719,14 +729,14 @@ def run(argv: list[str]) -> None:
     if action in ("drain", "maint"):
         worker = worker_pid()
         set_state(backend, server, "drain")
-        wait(lambda: drained(backend, server, worker), DRAIN_S)
+        waiting.wait(lambda: drained(backend, server, worker, waiting), DRAIN_S)
         if action == "maint":
             set_state(backend, server, "maint")
             if len(argv) > 3:   # roll.py's lease
                 arm(backend, server, int(argv[3]))
     elif action == "ready":
         if len(argv) > 3:   # a replica's start: its own /health first
-            wait(lambda: healthy(int(argv[3])), HEALTH_S)
+            waiting.wait(lambda: healthy(int(argv[3]), waiting), HEALTH_S)
         set_state(backend, server, "ready")
         if os.path.exists(lease_file(backend, server)):
             disarm(backend, server)
@@ -737,10 +747,10 @@ def run(argv: list[str]) -> None:
         row: list[str] = []   # the last one read: no answer is waited for after UP_S
 
         def up() -> bool:
-            row[:] = stat(backend, server)
+            row[:] = stat(backend, server, waiting)
             return row[17:18] == ["UP"]
 
-        if not wait(up, UP_S):
+        if not waiting.wait(up, UP_S):
             raise Failed(f"{backend}/{server}: not UP {UP_S} s after ready: {(row or ['?'] * 18)[17]}")
     else:
         raise Failed(f"unknown action {action!r}")
@@ -756,7 +766,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        run(argv)
+        run(argv, Waiting())
     except Failed as e:
         print(shown(f"rigup-balancer-drain: {' '.join(argv)}: {e}", 4000), file=sys.stderr)
         return 1

@@ -166,7 +166,7 @@ def test_maint_is_read_back_and_saved(haproxy, capsys):
 def test_drain_and_ready_with_and_without_a_port(haproxy, monkeypatch):
     assert drain.main(["drain", "gateway-gemma", "lab1"]) == 0
     assert flags(haproxy, "lab1") == drain.FDRAIN
-    monkeypatch.setattr(drain, "healthy", lambda port: port == 8081)
+    monkeypatch.setattr(drain, "healthy", lambda port, waiting: port == 8081)
     assert drain.main(["ready", "gateway-gemma", "lab1", "8081"]) == 0
     assert flags(haproxy, "lab1") == 0
     assert drain.main(["maint", "gateway-gemma", "lab1"]) == 0
@@ -270,7 +270,7 @@ def test_a_replica_started_while_haproxy_is_away_is_ready_in_the_saved_state(hap
     assert drain.main(["drain", "gateway-gemma", "lab1"]) == 0
     assert drain.main(["maint", "gateway-gemma", "lab2"]) == 0
     monkeypatch.setattr(drain, "SOCKET", str(tmp_path / "gone.sock"))
-    monkeypatch.setattr(drain, "healthy", lambda port: True)
+    monkeypatch.setattr(drain, "healthy", lambda port, waiting: True)
     assert drain.main(["ready", "gateway-gemma", "lab1", "8081"]) == 1
     assert "cannot reach HAProxy's admin socket" in capsys.readouterr().err
     haproxy.reload(haproxy.config.read_text(), drain.STATE)   # HAProxy's start
@@ -359,7 +359,7 @@ def test_any_admin_answer_reads_or_fails_never_raises(answer):
     """HAProxy's worker's answer (the haproxy user's process) is outside text: whatever it says, each reader
     gives a bounded number, None, or Failed naming it; no ValueError reaches main (a traceback)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(drain, "admin", lambda command: answer)
+        patch.setattr(drain, "admin", lambda command, waiting=None: answer)
         assert drain.worker_pid() is None or 0 <= drain.worker_pid() < 10 ** 18
         assert 0 <= drain.in_flight("b", "s") < 10 ** 18
         for read in (lambda: drain.admin_state("b", "s"), lambda: drain.parse_states(answer)):
@@ -388,7 +388,8 @@ def test_an_answer_drip_fed_fails_within_its_deadline(tmp_path, monkeypatch, cap
     monkeypatch.setattr(drain, "SOCKET", str(sock))
     try:   # within a wait (ready's UP_S, drain's DRAIN_S): no answer outlasts it, and the wait's time is up
         start = time.monotonic()
-        assert drain.wait(lambda: drain.admin("show stat") == "", 1) is False and drain._until is None
+        waiting = drain.Waiting()
+        assert waiting.wait(lambda: drain.admin("show stat", waiting) == "", 1) is False and waiting.until is None
         assert time.monotonic() - start < 2
         monkeypatch.setattr(drain, "ANSWER_S", 1)
         start = time.monotonic()
@@ -523,9 +524,9 @@ def test_a_name_is_checked_before_anything_reaches_the_runtime_api(haproxy, caps
 def test_any_name_out_of_name_is_refused(name):
     assume(not drain.NAME.fullmatch(name))
     with pytest.raises(drain.Failed, match="not a backend or server name"):
-        drain.run(["release", name])
+        drain.run(["release", name], drain.Waiting())
     with pytest.raises(drain.Failed, match="not a backend or server name"):
-        drain.run(["drain", "gateway-gemma", name])
+        drain.run(["drain", "gateway-gemma", name], drain.Waiting())
 
 
 def _listen_as_nobody(path: Path, answer: str) -> subprocess.Popen:

@@ -85,7 +85,8 @@ def test_a_trickled_header_ends_at_the_waits_deadline():
     server = serve(socketserver.ThreadingTCPServer(("127.0.0.1", 0), Trickle))
     try:
         start = time.monotonic()
-        ok = drain.wait(lambda: drain.healthy(server.server_address[1]), 2)
+        waiting = drain.Waiting()
+        ok = waiting.wait(lambda: drain.healthy(server.server_address[1], waiting), 2)
         took = time.monotonic() - start
         start = time.monotonic()
         alone = drain.health(f"http://127.0.0.1:{server.server_address[1]}/health", seconds=1)

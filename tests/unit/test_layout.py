@@ -154,8 +154,6 @@ REGISTRIES = {
                                               "(execution order); the others receive from it",
     "roles/llama_cpp/handover.py:_SOURCES": "host -> where its build comes from, decided once (source()); read again by "
                                             "source() (forget() clears both, for the tests)",
-    "roles/balancer/drain.py:_until": "host program: the deadline of the wait() under way (wait sets and clears "
-                                      "it); admin() reads it, so no answer outlasts the wait",
     "roles/model_fetch/fetcher.py:MARKER": "host program: the marker's name, set once from the job's JSON (use_names)",
     "roles/model_fetch/fetcher.py:TOKEN_FILE": "host program: the token's path, set once by use_names",
     "roles/model_fetch/fetcher.py:SHARE_TOKEN_FILE": "host program: the share token's path, set once by use_names",
