@@ -41,6 +41,9 @@ import json
 import os
 from pathlib import Path
 
+from pyinfra.context import ctx_state
+
+from rigup import run as run_state
 from rigup.boundary import owned
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import gguf_figures, hub_listing
@@ -61,8 +64,6 @@ GIB = 1 << 30
 HEAD_BYTES = (1 << 20, 16 << 20, 64 << 20)
 TIMEOUT_S = 20
 CACHE_FORMAT = 2   # 2: listings with their hashes (those kept by 1 had none: asked again)
-_asked: dict[tuple, object] = {}   # (what, endpoint, repo, revision[, path]) -> answer or exception
-calls: list[tuple] = []            # what was asked of the hub this run, in order (for the tests)
 
 
 def token(data: Config) -> str | None:
@@ -94,6 +95,14 @@ def _kept(key: tuple) -> Path | None:
     return root / (hashlib.sha256(json.dumps([CACHE_FORMAT, *key]).encode()).hexdigest() + ".json")
 
 
+def _run() -> run_state.Run:
+    """The run that asks (rigup/run.py: the State pyinfra runs): its ``hub_answers``, (what,
+    endpoint, repo, revision[, path]) -> answer or exception, and ``hub_calls``, what was asked of
+    the hub, in order. Outside a pyinfra run, a run of this question alone."""
+    state = ctx_state.get()
+    return run_state.of(state) if state is not None else run_state.Run()
+
+
 def _once(key: tuple, ask, current=None):
     """``ask()``, asked once per run for ``key`` (once ever for a commit's listing or header: a
     no-op converge asks the hub nothing); an exception is remembered and raised again. The kept
@@ -102,29 +111,31 @@ def _once(key: tuple, ask, current=None):
     for which ``current(answer)`` is false (kept before rigup read more of it) is asked again,
     and used still when the hub fails."""
     kept, older = _kept(key), None
+    run = _run()
+    answers = run.hub_answers
     try:
-        if key not in _asked and kept and os.path.lexists(kept):
+        if key not in answers and kept and os.path.lexists(kept):
             try:
-                _asked[key] = loads(owned.read(kept, "the hub's answers kept on the controller"), kept)
+                answers[key] = loads(owned.read(kept, "the hub's answers kept on the controller"), kept)
             except owned.NotOwned:
                 raise
             except ValueError:   # Unreadable too: nested too deep, a key twice
                 pass   # not JSON (a write cut short): asked again
-            if current and key in _asked and not current(_asked[key]):
-                older = _asked.pop(key)
-        if key not in _asked:
-            calls.append(key)
+            if current and key in answers and not current(answers[key]):
+                older = answers.pop(key)
+        if key not in answers:
+            run.hub_calls.append(key)
             try:
-                _asked[key] = ask()
+                answers[key] = ask()
             except Exception as e:  # noqa: BLE001 - any failure of the hub is a reason to show
-                _asked[key] = e if older is None else older
-            if kept and not isinstance(_asked[key], Exception):
-                owned.write(kept, json.dumps(_asked[key]), "the hub's answers kept on the controller")
+                answers[key] = e if older is None else older
+            if kept and not isinstance(answers[key], Exception):
+                owned.write(kept, json.dumps(answers[key]), "the hub's answers kept on the controller")
     except owned.NotOwned as e:
         raise HubRefused(f"{e}; refused") from None
-    if isinstance(_asked[key], Exception):
-        raise _asked[key]
-    return _asked[key]
+    if isinstance(answers[key], Exception):
+        raise answers[key]
+    return answers[key]
 
 
 def _api(endpoint: str, secret: str | None):

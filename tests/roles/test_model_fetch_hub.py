@@ -16,6 +16,7 @@ from rigup.config import Config
 from rigup.models import models
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as controller
+from tests.runs import own_run
 
 pytestmark = pytest.mark.lab
 
@@ -50,11 +51,12 @@ def hub():
 
 
 @pytest.fixture(autouse=True)
-def fresh_run(monkeypatch, tmp_path):
-    """Each test is one controller run: nothing asked or recorded yet, nothing kept from before."""
+def run(monkeypatch, tmp_path):
+    """Each test is one controller run (tests/runs.py, rigup/run.py: the hub's answers and calls):
+    nothing asked or recorded yet, nothing kept from before."""
     monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "cache"))
-    controller._asked.clear()
-    controller.calls.clear()
+    with own_run() as fresh:
+        yield fresh
 
 
 def configured(data: dict) -> Config:
@@ -66,7 +68,7 @@ def requests(lab_hub, what: str) -> int:
     return sum(what in line for line in lab_hub.LOG.read_text().splitlines()) if lab_hub.LOG.exists() else 0
 
 
-def test_branch_tag_size_and_header(hub, monkeypatch):
+def test_branch_tag_size_and_header(hub, monkeypatch, run):
     lab_hub, main, v1 = hub
     monkeypatch.setenv("HF_TOKEN", "hf_lab_token_from_env")
     data = {"hf_endpoint": lab_hub.url(), "models": {
@@ -80,8 +82,8 @@ def test_branch_tag_size_and_header(hub, monkeypatch):
     lines = [line for cfg in hosts for line in controller.lines(cfg)]
     trees = requests(lab_hub, f"/api/models/{REPO}/tree/") - trees
     infos = requests(lab_hub, f"/api/models/{REPO}/revision/") - infos
-    reads = [k for k in controller.calls if k[0] == "gguf"]
-    header_bytes = sum(controller._asked[k]["read_bytes"] for k in reads)
+    reads = [k for k in run.hub_calls if k[0] == "gguf"]
+    header_bytes = sum(run.hub_answers[k]["read_bytes"] for k in reads)
     print(*lines[:4], sep="\n")
     print(f"hub requests for 4 hosts x 3 models: {infos} revision lookups, {trees} listings, "
           f"{header_bytes} bytes of the {TENSOR + 256}-byte GGUF read for its header")
@@ -131,13 +133,13 @@ def test_what_a_commit_holds_is_asked_once_ever(hub):
     listing and its header are kept on the controller (RIGUP_CACHE_DIR), as a commit never changes."""
     lab_hub, main, _ = hub
     data = {"hf_endpoint": lab_hub.url(), "models": {"c": {"repo": REPO, "revision": main, "include": ["*.gguf"]}}}
-    first_lines = controller.lines(configured(data))
-    first = sorted(k[0] for k in controller.calls)
-    controller._asked.clear()
-    controller.calls.clear()
-    cfg = configured(data)
-    lines = controller.lines(cfg)
-    print(f"\nfirst run asked the hub {first}; the next run {controller.calls}")
-    assert first == ["gguf", "tree"] and controller.calls == [] and lines == first_lines
+    with own_run() as first_run:
+        first_lines = controller.lines(configured(data))
+    first = sorted(k[0] for k in first_run.hub_calls)
+    with own_run() as next_run:
+        cfg = configured(data)
+        lines = controller.lines(cfg)
+    print(f"\nfirst run asked the hub {first}; the next run {next_run.hub_calls}")
+    assert first == ["gguf", "tree"] and next_run.hub_calls == [] and lines == first_lines
     entries, problems = models(cfg)
     assert problems == [] and entries["c"]["size_gib"] and entries["c"]["gguf"]["layers"] == 22

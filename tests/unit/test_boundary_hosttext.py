@@ -24,6 +24,7 @@ from roles.model_fetch import hub as hub_module
 from roles.model_fetch.facts import parse_probe, parse_progress
 from roles.model_fetch.fetcher import Progress
 from roles.model_fetch.plan import progress_line, short_progress
+from tests.runs import fresh_run  # noqa: F401 (a fixture: a test of its own run)
 
 SETTINGS = settings(max_examples=60, deadline=1000)
 # text as hosts print it: control characters, newlines, quotes, digits of other scripts
@@ -219,9 +220,8 @@ def test_the_chat_template_is_a_bool_or_not_known_and_a_stamp_kept_before_still_
             gguf_figures(dict(figures, chat_template=bad), "m.gguf")
 
 
-def test_a_kept_header_with_a_bool_layer_count_refuses_the_model(tmp_path, monkeypatch):
+def test_a_kept_header_with_a_bool_layer_count_refuses_the_model(tmp_path, monkeypatch, fresh_run):
     monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(hub_module, "_asked", {})
     key = ("gguf", "http://hub.test", "org/x", "a" * 40, "m.gguf")
     kept = hub_module._kept(key)
     kept.parent.mkdir(parents=True)

@@ -9,6 +9,7 @@ from rigup.gguf import GGUFRefused, kv_figures, metadata, split_problem
 from roles.model_fetch import hub as hub_module
 from roles.model_fetch.hub import HubRefused
 from tests.lab.hub import gguf_bytes
+from tests.runs import own_run
 from tests.unit.test_model_fetch_hub import COMMIT, hub_serving
 
 LLAMA = {"general.architecture": "llama", "llama.block_count": 32, "llama.embedding_length": 32,
@@ -42,9 +43,8 @@ def head_refused(monkeypatch, split: dict, why: str) -> None:
     body = gguf_bytes({"general.architecture": "llama", "llama.block_count": 32, **split}, {})
     endpoint, server = hub_serving(lambda path, ranged: (206, body))
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
-    monkeypatch.setattr(hub_module, "_asked", {})
     try:
-        with pytest.raises(HubRefused, match=why) as e:
+        with own_run(), pytest.raises(HubRefused, match=why) as e:   # a run of its own: nothing asked yet
             hub_module._head(endpoint, "org/x", COMMIT, "m-00001-of-00002.gguf", None, len(body))
     finally:
         server.shutdown()

@@ -160,9 +160,6 @@ REGISTRIES = {
     "roles/model_fetch/fetcher.py:STOP": "host program: threading.Event set by SIGTERM/SIGINT or a failed "
                                          "stream; every stream reads it",
     "roles/model_fetch/fetcher.py:STOP_WHY": "host program: the signal's name (on_signal); the progress line reads it",
-    "roles/model_fetch/hub.py:_asked": "the hub's answers per (what, endpoint, repo, revision): _once() asks once "
-                                       "per run, the roles' resolve reads",
-    "roles/model_fetch/hub.py:calls": "what was asked of the hub, in order (for the tests); _once appends",
 }
 
 

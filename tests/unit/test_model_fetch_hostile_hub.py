@@ -16,6 +16,7 @@ import pytest
 from rigup.models import first_gguf, hub_endpoint, hub_key, models
 from roles.model_fetch import fetcher
 from roles.model_fetch import hub as hub_module
+from tests.runs import own_run
 from rigup.boundary.core import Unreadable
 from rigup.boundary.hosttext import gguf_figures
 from rigup.gguf import GGUFRefused, kv_figures, metadata
@@ -29,9 +30,9 @@ GOOD = {"path": "m.gguf", "size": 10, "oid": "1" * 40, "sha256": "b" * 64}
 
 @pytest.fixture(autouse=True)
 def no_hub_facts():
-    hub_module._asked.clear()
-    yield
-    hub_module._asked.clear()
+    """Each test its own run (tests/runs.py): no answer of the hub kept from another."""
+    with own_run():
+        yield
 
 
 # ------------------------------------------------------------------ the commit a hub answers

@@ -14,6 +14,7 @@ from roles.model_fetch import hub as hub_module
 from tests.unit.hosts import answered
 from rigup.gguf import GGUFRefused, Incomplete, kv_figures, metadata
 from tests.lab.hub import _gguf_str, gguf_bytes
+from tests.runs import fresh_run  # noqa: F401 (a fixture: each test its own run)
 
 COMMIT = "1a2b" + "0" * 36
 LLAMA_KV = {"general.architecture": "llama", "llama.block_count": 22, "llama.embedding_length": 2048,
@@ -143,11 +144,10 @@ def test_a_token_file_another_user_could_write_or_read_is_refused_naming_the_key
     assert "not a key" in refused[0].why and "/etc/x" not in refused[0].why
 
 
-def test_entries_that_need_no_hub_are_not_asked():
-    hub_module.calls.clear()
+def test_entries_that_need_no_hub_are_not_asked(fresh_run):
     d = data(revision=COMMIT, size_gib=1.0, family="glm-5.3-flash")
     assert hub_module.resolve(d) == {} and hub_module.lines(answered(d, resolve=hub_module.resolve)) == []
-    assert hub_module.calls == []
+    assert fresh_run.hub_calls == []
 
 
 def test_token_from_the_hf_auth_login_store(tmp_path):
@@ -167,13 +167,11 @@ def test_token_from_the_hf_auth_login_store(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 @pytest.mark.parametrize("what", ["read", "write"])
-def test_the_hubs_answers_are_kept_only_where_no_other_user_can_write(tmp_path, monkeypatch, what):
+def test_the_hubs_answers_are_kept_only_where_no_other_user_can_write(tmp_path, monkeypatch, what, fresh_run):
     """The red team's 5 and 6 (issue 61): a hub cache directory of nobody's, 0777, holding figures
     that would size VRAM with 1 layer and no KV (read), or a link planted at the old temporary
     name (write): the model is refused naming the directory and the fix; nothing is written through."""
     monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(hub_module, "_asked", {})
-    monkeypatch.setattr(hub_module, "calls", [])
     victim = tmp_path / "victim"
     victim.write_text("operator's file\n")
     commit = "ab" * 20
@@ -197,7 +195,7 @@ def test_the_hubs_answers_are_kept_only_where_no_other_user_can_write(tmp_path, 
         call()
     print(e.value)
     assert "the hub's answers kept on the controller" in str(e.value) and "owned by nobody" in str(e.value)
-    assert victim.read_text() == "operator's file\n" and (key in hub_module.calls) == (what == "write")
+    assert victim.read_text() == "operator's file\n" and (key in fresh_run.hub_calls) == (what == "write")
 
 
 # ------------------------------------------------------------------ the chat template (issue 63)
@@ -241,7 +239,7 @@ def hub_serving(answer):
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
-def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monkeypatch):
+def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monkeypatch, fresh_run):
     """The template comes after the tokenizer's arrays: the next rung of HEAD_BYTES is asked for until
     the header is read whole, at most the last rung; a header longer than that: not known."""
     from tests.unit.test_gguf_header import tokenizer
@@ -259,7 +257,6 @@ def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monk
     endpoint, server = hub_serving(answer)
     monkeypatch.setattr(hub_module, "HEAD_BYTES", (4096, 1 << 20, 2 << 20))
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
-    monkeypatch.setattr(hub_module, "_asked", {})
     try:
         got = {name: hub_module._head(endpoint, "org/x", COMMIT, f"{name}.gguf", None, len(files[f"/{name}"]))
                for name in ("with", "without", "long")}
@@ -271,7 +268,8 @@ def test_the_header_is_read_past_the_tokenizer_to_find_the_template_bounded(monk
     assert got["with"]["layers"] == 80 and asked == [4096, 1 << 20, 4096, 1 << 20, 4096, 1 << 20, 2 << 20]
 
 
-def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used_if_the_hub_fails(tmp_path, monkeypatch):
+def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used_if_the_hub_fails(tmp_path, monkeypatch,
+                                                                                                   fresh_run):
     """A stamp of the hub cache from before issue 63 has no chat_template: the header is asked again
     (so that a model without one is named), the new stamp kept; with the hub down, the old figures
     still size the model (the template not known)."""
@@ -279,8 +277,6 @@ def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used
 
     body = tokenizer(2000, None)
     monkeypatch.setenv("RIGUP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(hub_module, "_asked", {})
-    monkeypatch.setattr(hub_module, "calls", [])
     old = {"architecture": "llama", "layers": 80, "kv_gib_per_1k_tokens": 0.3, "context_length": None, "read_bytes": 1}
     endpoint, server = hub_serving(lambda path, ranged: (200, body))
     key = ("gguf", endpoint, "org/x", COMMIT, "m.gguf")
@@ -293,21 +289,21 @@ def test_figures_kept_before_the_template_was_read_are_asked_again_once_and_used
         server.shutdown()
         server.server_close()
     assert got["chat_template"] is False and json.loads(kept.read_text())["chat_template"] is False
-    assert hub_module.calls == [key]
-    hub_module._asked.clear()
+    assert fresh_run.hub_calls == [key]
+    fresh_run.hub_answers.clear()
     assert hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))["chat_template"] is False
-    assert hub_module.calls == [key]   # the new stamp is current: not asked again
+    assert fresh_run.hub_calls == [key]   # the new stamp is current: not asked again
     kept.write_text(json.dumps(old))   # the old stamp again, and the hub gone
-    hub_module._asked.clear()
+    fresh_run.hub_answers.clear()
     got = hub_module._head(endpoint, "org/x", COMMIT, "m.gguf", None, len(body))
-    assert got["layers"] == 80 and got["chat_template"] is None and hub_module.calls == [key, key]
+    assert got["layers"] == 80 and got["chat_template"] is None and fresh_run.hub_calls == [key, key]
 
 
 LAB_GEMMA = "/var/cache/rigup-lab/models/gemma-3-270m-q4_k_m.gguf"   # tests/lab/models.py, where the lab ran
 
 
 @pytest.mark.skipif(not os.path.exists(LAB_GEMMA), reason="the lab's Gemma 270M is not cached on this machine")
-def test_the_labs_gemma_270m_has_no_chat_template_and_is_named(monkeypatch):
+def test_the_labs_gemma_270m_has_no_chat_template_and_is_named(monkeypatch, fresh_run):
     """The model issue 63 saw answer nonsense through the OpenAI client: its header (6.2 MiB, the
     tokenizer's 262k tokens) read whole from the second rung, no tokenizer.chat_template."""
     with open(LAB_GEMMA, "rb") as f:
@@ -319,7 +315,6 @@ def test_the_labs_gemma_270m_has_no_chat_template_and_is_named(monkeypatch):
 
     endpoint, server = hub_serving(answer)
     monkeypatch.setattr(hub_module, "_kept", lambda key: None)
-    monkeypatch.setattr(hub_module, "_asked", {})
     try:
         got = hub_module._head(endpoint, "rigup-lab/gemma-3-270m-GGUF", COMMIT, "g.gguf", None, os.path.getsize(LAB_GEMMA))
     finally:
