@@ -17,7 +17,7 @@ from io import BytesIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand
 
-from rigup import progress, summary
+from rigup import progress, run as run_state, summary
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
 from rigup.probe import operation
@@ -26,25 +26,22 @@ from roles.llama_cpp import artifact
 from roles.llama_cpp.build import build_log, build_stamp
 from roles.llama_cpp.facts import BUILD_UNIT
 
-# artifact key -> the host compiling it in this run: the first host of the inventory that needs it
-# (deploy.py runs each host's plan in inventory order); a later host of the same key receives it
-_COMPILING: dict[str, str] = {}
-_SOURCES: dict[str, dict] = {}
-
 
 def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
-    """Where host ``name``'s build ``ident`` comes from, decided once per host and run:
-    ``{"how": "have"}`` (built here already), ``{"how": "compile", "why"}``, or ``{"how":
-    "receive", "key", "from", "size", "cached"}`` (``from``: the host that compiled it)."""
-    if name in _SOURCES and _SOURCES[name].get("ident") == ident:
-        return _SOURCES[name]
-    found = _source(name, data, state, ident, runtime)
+    """Where host ``name``'s build ``ident`` comes from, decided once per host and run (kept on the
+    run of the State pyinfra runs, rigup/run.py ``sources``): ``{"how": "have"}`` (built here
+    already), ``{"how": "compile", "why"}``, or ``{"how": "receive", "key", "from", "size",
+    "cached"}`` (``from``: the host that compiled it)."""
+    run = run_state.now()
+    if name in run.sources and run.sources[name].get("ident") == ident:
+        return run.sources[name]
+    found = _source(run, name, data, state, ident, runtime)
     stamp = (state.get("unreadable") or {}).get(ident)   # roles/llama_cpp/facts.py: built there, its stamp bad
-    _SOURCES[name] = {**found, "ident": ident, **({"stamp": stamp} if stamp else {})}
-    return _SOURCES[name]
+    run.sources[name] = {**found, "ident": ident, **({"stamp": stamp} if stamp else {})}
+    return run.sources[name]
 
 
-def _source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
+def _source(run, name: str, data, state: dict, ident: str, runtime: dict) -> dict:
     if ident in state["builds"]:
         return {"how": "have"}
     if not data["llama_cpp_handover"]:
@@ -61,9 +58,10 @@ def _source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
     if doc:
         return {"how": "receive", "key": key, "from": doc.get("host"), "size": doc.get("size"),
                 "cached": artifact.tarball(cache, key).exists()}
-    if _COMPILING.get(key, name) != name:
-        return {"how": "receive", "key": key, "from": _COMPILING[key], "size": None, "cached": False}
-    _COMPILING[key] = name
+    # the host compiling it in this run: the first that needs it (rigup/run.py ``compiling``); a
+    # later host of the same key receives it
+    if run.compiling.setdefault(key, name) != name:
+        return {"how": "receive", "key": key, "from": run.compiling[key], "size": None, "cached": False}
     other = [r for r in artifact.records(cache) if r.get("build_id") == ident]
     reasons = [f"{r.get('host')}'s build cannot run here: {artifact.missing(r.get('runtime') or {}, runtime)}"
                for r in other if artifact.missing(r.get("runtime") or {}, runtime)]
@@ -249,9 +247,3 @@ def _compiled(host, dir: str, build_id: str, script: str, systemd: bool, timeout
     progress.waited(label=f"llama.cpp build {build_id}", unit=BUILD_UNIT, log=build_log(dir, build_id),
                     done=progress.exists(build_stamp(dir, build_id)), systemd=systemd, timeout=timeout)
     return True
-
-
-def forget() -> None:
-    """Forget the choices of this run (tests)."""
-    _COMPILING.clear()
-    _SOURCES.clear()

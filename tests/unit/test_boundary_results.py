@@ -19,6 +19,7 @@ from rigup import fleet
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable
 from rigup.contract.llama_server import SWEPT
+from tests.runs import own_run
 
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "rig-07:/var/lib/rigup/tuner/out/g.json"
@@ -371,15 +372,14 @@ def test_a_bad_stamp_makes_that_build_unknown_and_crashes_no_preflight(tmp_path,
     assert sorted(state["unreadable"]) == ["b1", "half-4", "list-5", "nan-3", "other-2"]
     assert "another build" in state["unreadable"]["other-2"]
     # preflight's plan lines of the host: its build (b1) is unknown, so compiled, and the line says why
-    handover.forget()
     monkeypatch.setattr(llama_cpp, "read_once", lambda fact, **kw: state)
     monkeypatch.setattr(llama_cpp, "host", SimpleNamespace(name="lab1"))
     monkeypatch.setattr(llama_cpp, "build_id", lambda d, options: "b1")
     d = data(llama_cpp_ref="c" * 40, llama_cpp_artifacts=str(tmp_path / "cache"))
-    lines = llama_cpp.plan_lines(host("a100")[0], d)
+    with own_run():   # the run's choices (rigup/run.py): this test's own
+        lines = llama_cpp.plan_lines(host("a100")[0], d)
     said = next(ln for ln in lines if ln.startswith("llama.cpp b1:"))
     assert "compile" in said and "its stamp here did not read" in said, lines
-    handover.forget()
 
 
 def test_an_artifact_record_out_of_bounds_is_no_record_and_the_host_compiles_saying_why(tmp_path):
@@ -395,15 +395,14 @@ def test_an_artifact_record_out_of_bounds_is_no_record_and_the_host_compiles_say
         found, why = artifact.checked_record(str(cache), KEY)
         assert found is None and f"controller:{cache}/{KEY}.json" in why and field.split("_")[0] in why, (field, why)
     assert artifact.checked_record(str(cache), "fedcba9876543210") == (None, None)     # none: nothing to say
-    handover.forget()
     data = {"llama_cpp_handover": True, "llama_cpp_archive": None, "llama_cpp_source": "https://example.invalid/l.git",
             "llama_cpp_ref": "c" * 40, "llama_cpp_artifacts": str(cache)}
     rt = {"os": "debian 12", "glibc": "2.36", "machine": "x86_64", "toolkit": None, "cpu_flags": None}
     key = artifact.key("b1", "c" * 40, rt)
     (cache / f"{key}.json").write_text(json.dumps({**doc, "key": key, "sha256": "not a sha"}))
-    got = handover.source("lab2", data, {"builds": {}}, "b1", rt)
+    with own_run():   # the run's choices (rigup/run.py): this test's own
+        got = handover.source("lab2", data, {"builds": {}}, "b1", rt)
     assert got["how"] == "compile" and "its record is unreadable" in got["why"] and "sha256" in got["why"]
-    handover.forget()
 
 
 # ----------------------------------------------------------------------------- C8: -mg and -ts of the host's GPUs

@@ -150,10 +150,6 @@ REGISTRIES = {
                           "with who fills and reads it; its at_end hooks print at exit",
     "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
                              "terminal_text keeps their colours only: process-wide as click.style is",
-    "roles/llama_cpp/handover.py:_COMPILING": "build key -> the host that compiles it, the first asking "
-                                              "(execution order); the others receive from it",
-    "roles/llama_cpp/handover.py:_SOURCES": "host -> where its build comes from, decided once (source()); read again by "
-                                            "source() (forget() clears both, for the tests)",
     "roles/model_fetch/fetcher.py:MARKER": "host program: the marker's name, set once from the job's JSON (use_names)",
     "roles/model_fetch/fetcher.py:TOKEN_FILE": "host program: the token's path, set once by use_names",
     "roles/model_fetch/fetcher.py:SHARE_TOKEN_FILE": "host program: the share token's path, set once by use_names",

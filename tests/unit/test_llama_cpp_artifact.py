@@ -132,18 +132,28 @@ def test_a_ref_resolves_to_its_commit_from_the_controller(tmp_path):
 
 
 # ----------------------------------------------------------------------------- where a host's build comes from
+from pyinfra.api import Config, Inventory, State  # noqa: E402
+
 from roles.llama_cpp import handover  # noqa: E402
+from tests.runs import own_run  # noqa: E402
 
 COMMIT = "c" * 40
 RT = artifact.runtime(STATE, FLAGS, [], None)
 
 
+def lab_run(names=("lab1", "lab2", "lab3", "lab4")):
+    """A run of these hosts (tests/runs.py), each reached: its choices start empty and end with the test."""
+    state = State(Inventory((list(names), {})), Config())
+    for h in state.inventory:
+        state.activate_host(h)
+    return own_run(state)
+
+
 @pytest.fixture
 def data(tmp_path):
-    handover.forget()
-    yield {"llama_cpp_handover": True, "llama_cpp_archive": None, "llama_cpp_source": "https://example.invalid/l.git",
-           "llama_cpp_ref": COMMIT, "llama_cpp_artifacts": str(tmp_path / "cache")}
-    handover.forget()
+    with lab_run():
+        yield {"llama_cpp_handover": True, "llama_cpp_archive": None, "llama_cpp_source": "https://example.invalid/l.git",
+               "llama_cpp_ref": COMMIT, "llama_cpp_artifacts": str(tmp_path / "cache")}
 
 
 def _state(*builds):
