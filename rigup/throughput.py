@@ -27,6 +27,7 @@ import math
 import os
 import pwd
 import re
+import socket
 import sys
 import threading
 import time
@@ -135,8 +136,71 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-# no proxy either: the servers measured are the host's own
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+class _Deadline(socket.socket):
+    """A socket whose every send and receive waits no later than its ``deadline`` (monotonic), so
+    that ``timeout`` bounds a whole answer, its status line and headers too: a socket's own
+    timeout bounds each read only, and a server trickling a header line every 3 s held a 2-s wait
+    18 s (round 9 D3). TimeoutError (an OSError) once the deadline has passed."""
+
+    deadline = math.inf
+
+    def _left(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was not whole by its deadline")
+        self.settimeout(left)
+
+    def recv_into(self, *args, **kwargs):
+        self._left()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        self._left()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args, **kwargs):
+        self._left()
+        return super().sendall(*args, **kwargs)
+
+
+def _connected(address: tuple, timeout: float, source=None, deadline: float = math.inf) -> _Deadline:
+    """A :class:`_Deadline` socket connected to ``address`` (host, port), by the deadline."""
+    failed: OSError = OSError(f"{address[0]!r} resolves to no address")
+    for family, kind, proto, _, where in socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM):
+        sock = _Deadline(family, kind, proto)
+        sock.deadline = min(deadline, time.monotonic() + timeout)
+        try:
+            sock._left()
+            sock.connect(where)
+            return sock
+        except OSError as e:
+            sock.close()
+            failed = e
+    raise failed
+
+
+class _WholeRead(http.client.HTTPConnection):
+    """An HTTP connection whose ``timeout`` bounds the whole exchange (:class:`_Deadline`), from its
+    start: the connect, the request, the status line, the headers and the body."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        deadline = time.monotonic() + (self.timeout if isinstance(self.timeout, (int, float)) else 60)
+        self._create_connection = lambda address, timeout, source=None: _connected(address, timeout, source,
+                                                                                  deadline)
+
+
+class _Within(urllib.request.HTTPHandler):
+    """http:// through :class:`_WholeRead`: the opener's ``timeout`` is the answer's, whole."""
+
+    def http_open(self, req):
+        return self.do_open(_WholeRead, req)
+
+
+# no redirect, no proxy (the servers measured are the host's own), each answer whole by its timeout, its
+# status line and headers too: every HTTP read of the watchdog, the metrics relay, bench.py's and tune.py's
+# runs goes through this opener (tests/unit/test_no_redirect.py)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(), _Within())
 
 
 MAX_ANSWER = 4 << 20   # bytes: a completion of a few hundred tokens is a few KiB
@@ -144,15 +208,18 @@ MAX_ANSWER = 4 << 20   # bytes: a completion of a few hundred tokens is a few Ki
 
 def bounded_read(answer, deadline: float) -> bytes:
     """The whole body of ``answer``, read by pieces, at most :data:`MAX_ANSWER` bytes and until
-    ``deadline`` (time.monotonic()): the socket's timeout bounds each piece only, so a server that
-    drips a never-ending chunked answer would hold the check forever (issue 47). TimeoutError (an
-    OSError) past the deadline, ValueError past the size, http.client.IncompleteRead for an answer
-    cut off (as ``read()`` raises it)."""
+    ``deadline`` (time.monotonic(): the opener's, whose socket ends a read at it, :class:`_Deadline`),
+    so that a server that drips a never-ending chunked answer never holds the check (issue 47).
+    TimeoutError (an OSError) past the deadline, naming the bytes read, ValueError past the size,
+    http.client.IncompleteRead for an answer cut off (as ``read()`` raises it)."""
     pieces, size = [], 0
     while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the answer was still coming at its deadline ({size} bytes read)")
-        piece = answer.read1(65536)
+        try:
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            piece = answer.read1(65536)
+        except TimeoutError:
+            raise TimeoutError(f"the answer was still coming at its deadline ({size} bytes read)") from None
         if not piece:
             if getattr(answer, "length", None):   # the connection closed before its Content-Length: cut off
                 raise http.client.IncompleteRead(b"".join(pieces), answer.length)

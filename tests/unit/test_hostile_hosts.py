@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rigup import fleet
+from rigup import fleet, throughput
 from rigup.fleet import parse_cards, parse_serving
 from rigup.gpu.catalogue import version_tuple
 from rigup.gpu.driver import branch_of, driver_step
@@ -22,6 +22,9 @@ from rigup.boundary.numbers import number
 from roles.gpu_guard import guard
 from tests.unit.hosts import data, host, refusals
 from tests.unit.test_nvidia_driver import DEBIAN
+from tests.unit.world import remade
+
+_remade = remade(throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
 
 HOSTILE = {"5000 digits": "9" * 5000, "19 digits": "1" * 19, "inf": "inf", "1e400": "1e400", "nan": "nan",
            "Arabic-Indic digits": "١٢٣", "a superscript": "²", "hex": "0x1f4", "an escape": "3\x1b[2J"}

@@ -1,9 +1,11 @@
 """Issue 47: a server that a host-side client sends an API key to redirects to another origin (a
 second port of 127.0.0.1): the watchdog's and bench's completion (rigup/throughput.py) and the
 metrics relay (roles/metrics/relay.py) fail on the redirect, and the other origin sees no request
-with the key. Real HTTP servers on loopback."""
+with the key; and (issue 61) each answer is whole by its timeout, a status line and headers
+trickled past it too. Real HTTP servers on loopback."""
 
 import http.server
+import socketserver
 import threading
 import time
 import urllib.request
@@ -12,6 +14,10 @@ import pytest
 
 from rigup import throughput
 from roles.metrics import relay
+
+from tests.unit.world import remade
+
+_remade = remade(throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
 
 KEY = "sk-lab-0123456789abcdef"
 
@@ -153,6 +159,52 @@ def test_the_relay_ends_a_dripping_or_huge_metrics_answer_naming_why(monkeypatch
         instance.shutdown()
 
 
+class Trickle(socketserver.BaseRequestHandler):
+    """A status line, then a header line every 0.3 s for 6 s (each well within a socket's per-read
+    timeout), then a 200's end."""
+
+    def handle(self):
+        self.request.recv(65536)
+        try:
+            self.request.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(20):
+                time.sleep(0.3)
+                self.request.sendall(b"X-a: b\r\n")
+            self.request.sendall(b"Content-Length: 0\r\n\r\n")
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def trickle():
+    """The URL of a :class:`Trickle` server."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_measurings_reads_end_at_their_timeout_while_headers_trickle(trickle):
+    """throughput's completion, /metrics and /models reads (the watchdog's, bench's): a server
+    trickling its headers is cut at the read's timeout, not each header line's."""
+    took = {}
+    for name, read in (("completion", lambda: throughput.completion(trickle, KEY, timeout=1)),
+                       ("server_figures", lambda: throughput.server_figures(trickle, KEY, timeout=1)),
+                       ("model_statuses", lambda: throughput.model_statuses(trickle, KEY, timeout=1))):
+        start = time.monotonic()
+        try:
+            got = read()
+        except OSError as e:
+            got = f"{type(e).__name__}: {e}"
+        took[name] = (round(time.monotonic() - start, 1), got)
+    print(f"\nheaders trickled 0.3 s apart for 6 s, each read's timeout 1 s: {took}")
+    assert took["completion"][1].startswith("TimeoutError")
+    assert took["server_figures"][1] is None and took["model_statuses"][1] is None
+    assert all(seconds < 2 for seconds, _ in took.values())
+
+
 # Every HTTP read of rigup's, in a host program or the controller (rigup/, roles/, the top-level
 # programs), goes through the one opener that follows no redirect and bounds the whole answer, its
 # status line and headers too, by its timeout (issue 61, round 9 D2/D3: rigup-balancer-drain's
@@ -169,8 +221,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "roles/balancer/drain.py"
 SHARED = ("_NoRedirect", "_Deadline", "_connected", "_WholeRead", "_Within")
 NOT_YET = {
-    "rigup/throughput.py": "its _NoRedirect opener bounds the body by bounded_read's deadline, the status line and "
-                           "headers by the socket's per-read timeout only (another helper's file in round 9)",
     "roles/metrics/relay.py": "its _NoRedirect opener bounds the body by the scrape's deadline, the status line and "
                               "headers by the socket's per-read timeout only (another helper's file in round 9)",
     "rigup/tune.py": "_healthy's urlopen of the sweep's own loopback server (follows a redirect; per-read timeout; "

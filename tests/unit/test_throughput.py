@@ -18,6 +18,10 @@ from hypothesis import given, settings, strategies as st
 from rigup import throughput
 from rigup.boundary.numbers import number
 
+from tests.unit.world import remade
+
+_remade = remade(throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
+
 # numbers as text and as JSON values, hostile ones among them
 NUMERIC = st.sampled_from(list("0123456789+-.eE_ \t\n\r\x0b\x0c\x85\xa0\u2003\u2028\u0661\u00b2"))
 VALUES = st.one_of(st.text(NUMERIC, max_size=22), st.text(max_size=8), st.integers(-10**20, 10**20), st.floats(),

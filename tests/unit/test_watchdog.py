@@ -23,6 +23,10 @@ from rigup import gate, throughput
 from roles.watchdog import unit_timeout_s, watchdog_config, watched
 from roles.watchdog import watchdog as wd
 
+from tests.unit.world import remade
+
+_remade = remade(throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
+
 STUB = Path(__file__).resolve().parents[1] / "lab" / "engine_stub.py"
 DATA = {"watchdog_interval_s": 300, "watchdog_bad_checks": 3, "watchdog_max_tokens": 32, "watchdog_timeout_s": 60,
         "watchdog_grace_s": 300, "rigup_maintenance": False, "rigup_state_dir": "/var/lib/rigup",
