@@ -5,7 +5,8 @@
 Installed by rigup (roles/metrics) as RIGUP_PREFIX/bin/rigup-metrics-relay and run by
 rigup-metrics-relay.service as the service user (who may read the instances' API keys).
 Standard library only (it runs on bare hosts), and rigup/throughput.py, installed beside it as
-``rigup_throughput.py`` (its key rule, :func:`listener_may_read`, is that file's: one function).
+``rigup_throughput.py`` (its key rule, :func:`listener_may_read`, and the opener of every HTTP
+read are that file's: one of each).
 
 ``GET /metrics/NAME`` fetches instance NAME's /metrics at its own bind address (loopback by
 default), sending its API key as a bearer token when it has one (read from its key file at each
@@ -154,17 +155,6 @@ def bearer(path: str | None) -> dict:
         return {"Authorization": f"Bearer {f.read().strip()}"}
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: the instance's /metrics has no reason to send one, and following it
-    would carry the instance's key to another origin (issue 47)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-
-
 def left(deadline: float, what: str) -> float:
     """The seconds left to the scrape's ``deadline`` (monotonic) for ``what``; TimeoutError (an
     OSError: 503) when none are."""
@@ -175,19 +165,13 @@ def left(deadline: float, what: str) -> float:
 
 
 def body(response, deadline: float) -> bytes:
-    """``response``'s body, at most :data:`MAX_BODY` bytes and until ``deadline`` (monotonic):
-    the socket's timeout bounds each read only, and an instance that drips its answer would hold a
-    thread of the relay forever; each read waits at most the time left. ValueError beyond either.
-    (rigup/throughput.py has the same bound; the relay is installed alone, with the standard library only.)"""
+    """``response``'s body, at most :data:`MAX_BODY` bytes and until ``deadline`` (monotonic: the
+    opener's, whose socket ends a read at it, TimeoutError: 503), so that an instance that drips its
+    answer never holds a thread of the relay. ValueError beyond either."""
     got = bytearray()
-    # the response's socket (http.client's file of it), to wait each read no later than the deadline
-    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if deadline - time.monotonic() <= 0:
             raise ValueError(f"was still answering after the scrape's {TIMEOUT_S:g} s ({len(got)} bytes)")
-        if sock is not None:
-            sock.settimeout(remaining)
         piece = response.read1(65536)
         if not piece:
             return bytes(got)
@@ -289,7 +273,10 @@ def labelled(text: str, model: str | None, seen: set[str]) -> list[str]:
     return out
 
 
-# the key rule of the watchdog and of bench.py's and tune.py's runs, one function (rigup/throughput.py's)
+# the key rule of the watchdog and of bench.py's and tune.py's runs, one function (rigup/throughput.py's);
+# their opener too, throughput._OPENER, for every HTTP read of the relay's: no redirect followed (an
+# instance's key never goes to another origin, issue 47), no proxy, each answer whole by its timeout, its
+# status line and headers too (tests/unit/test_no_redirect.py)
 listener_may_read = throughput.listener_may_read
 
 
@@ -309,7 +296,7 @@ def fetch(inst: dict, path: str, deadline: float | None = None) -> bytes:
     all its fetches: :func:`left`, :func:`body`; none: TIMEOUT_S from now); HTTPError, ValueError or
     OSError as urllib raises them."""
     deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
-    with _OPENER.open(keyed(inst, path), timeout=left(deadline, path)) as response:
+    with throughput._OPENER.open(keyed(inst, path), timeout=left(deadline, path)) as response:
         return body(response, deadline)
 
 
@@ -406,7 +393,7 @@ def queue_lines(queue: dict | None, deadline: float | None = None) -> list[str]:
         return []
     deadline = time.monotonic() + TIMEOUT_S if deadline is None else deadline
     try:
-        with _OPENER.open(queue["stats"], timeout=left(deadline, "HAProxy's stats")) as response:
+        with throughput._OPENER.open(queue["stats"], timeout=left(deadline, "HAProxy's stats")) as response:
             rows = body(response, deadline).decode(errors="replace").splitlines()
     except (OSError, ValueError):
         return []
@@ -468,10 +455,14 @@ class Swaps:
                 m["unloads"] += 1
 
     def follow(self) -> None:
-        """The stream, line by line (each bounded), until it ends or fails."""
-        with _OPENER.open(keyed(self.inst, "/models/sse"), timeout=self.IDLE_S) as response:
+        """The stream, line by line (each bounded), until it ends or fails: its status line and
+        headers within IDLE_S, and each line within IDLE_S of the one before (the opener's deadline,
+        moved on: the stream lasts as long as the router)."""
+        with throughput._OPENER.open(keyed(self.inst, "/models/sse"), timeout=self.IDLE_S) as response:
             self.up = True
+            sock = response.fp.raw._sock   # the opener's socket (http.client's file of it), its deadline
             while line := response.readline(65536):
+                sock.deadline = time.monotonic() + self.IDLE_S
                 if not line.endswith(b"\n"):   # longer than the bound: left out whole, to its end (its tail
                     while (rest := response.readline(65536)) and not rest.endswith(b"\n"):   # is no event: R9)
                         pass

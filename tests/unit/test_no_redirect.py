@@ -205,6 +205,75 @@ def test_the_measurings_reads_end_at_their_timeout_while_headers_trickle(trickle
     assert all(seconds < 2 for seconds, _ in took.values())
 
 
+def test_the_relay_answers_503_at_its_scrapes_bound_while_headers_trickle(trickle, monkeypatch):
+    monkeypatch.setattr(relay, "TIMEOUT_S", 1)
+    front = serve(relay.handler({"instances": {"t": {"url": trickle}}}, {"127.0.0.1"}))
+    try:
+        start = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"http://127.0.0.1:{front.server_port}/metrics/t", timeout=10)
+        took = time.monotonic() - start
+        text = failed.value.read().decode()
+    finally:
+        front.shutdown()
+    print(f"\nrelay of an instance trickling its headers (scrape bound 1 s): HTTP {failed.value.code} "
+          f"after {took:.1f} s: {text.strip()}")
+    assert failed.value.code == 503 and "within the scrape's 1 s" in text and took < 2.5
+
+
+def sse(lines: list[bytes], pause: float):
+    """A router whose /models/sse sends ``lines`` ``pause`` s apart, each its own event, then holds."""
+
+    class Router(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for line in lines:
+                    time.sleep(pause)
+                    self.wfile.write(line + b"\n\n")
+                    self.wfile.flush()
+                time.sleep(30)
+            except OSError:
+                pass
+
+    return Router
+
+
+def test_the_relays_event_stream_lives_on_its_lines_and_ends_on_silence_or_trickled_headers(trickle, monkeypatch):
+    """The follower of a router's /models/sse (relay.Swaps.follow): its headers trickled past
+    IDLE_S end it; a stream whose events come within IDLE_S of each other is followed past IDLE_S
+    (the opener's deadline moved on at each line), and ended once it is silent IDLE_S."""
+    monkeypatch.setattr(relay.Swaps, "IDLE_S", 1)
+    swaps = relay.Swaps({"url": trickle, "models": ["a"]})
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        swaps.follow()
+    cut = time.monotonic() - start
+    events = [b'data: {"model": "a", "data": {"status": "unloaded"}}'] * 5
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), sse(events, 0.5))
+    router.daemon_threads = True   # its handler holds the stream open 30 s: never waited for
+    threading.Thread(target=router.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    swaps = relay.Swaps({"url": f"http://127.0.0.1:{router.server_port}", "models": ["a"]})
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            swaps.follow()
+        took = time.monotonic() - start
+    finally:
+        router.shutdown()
+        router.server_close()
+    print(f"\nIDLE_S 1: trickled headers cut after {cut:.1f} s; 5 events 0.5 s apart, then silence: "
+          f"{swaps.models['a']['unloads']} counted, ended after {took:.1f} s")
+    assert cut < 2 and swaps.models["a"]["unloads"] == 5 and 3 < took < 4.5
+
+
 # Every HTTP read of rigup's, in a host program or the controller (rigup/, roles/, the top-level
 # programs), goes through the one opener that follows no redirect and bounds the whole answer, its
 # status line and headers too, by its timeout (issue 61, round 9 D2/D3: rigup-balancer-drain's
@@ -221,8 +290,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "roles/balancer/drain.py"
 SHARED = ("_NoRedirect", "_Deadline", "_connected", "_WholeRead", "_Within")
 NOT_YET = {
-    "roles/metrics/relay.py": "its _NoRedirect opener bounds the body by the scrape's deadline, the status line and "
-                              "headers by the socket's per-read timeout only (another helper's file in round 9)",
     "rigup/tune.py": "_healthy's urlopen of the sweep's own loopback server (follows a redirect; per-read timeout; "
                      "another helper's file in round 9)",
     "roles/model_fetch/fetcher.py": "the hub answers a file with a redirect to its CDN by design (the token "

@@ -10,6 +10,10 @@ import urllib.request
 
 from roles.metrics import relay
 
+from tests.unit.world import remade
+
+_remade = remade(relay.throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
+
 
 def serving(handler_class):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
