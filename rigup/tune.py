@@ -44,7 +44,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 def beside(name: str, tree: str, me: str):
@@ -257,13 +256,16 @@ def _vram_mib() -> int | None:
 
 
 def _healthy(port: int, proc: subprocess.Popen, timeout: float) -> str | None:
-    """None once /health answers 200; else why not (the process ended, or the timeout)."""
+    """None once /health answers 200; else why not (the process ended, or the timeout). Asked through
+    rigup/throughput.py's opener, as every completion of the sweep: a redirect is no 200, and each
+    answer is whole within 5 s and the time left, its status line and headers too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"exited with status {proc.returncode} before answering"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            with throughput._OPENER.open(f"http://127.0.0.1:{port}/health",
+                                         timeout=max(min(5, deadline - time.monotonic()), 0.001)) as answer:
                 if answer.status == 200:
                     return None
         except OSError:

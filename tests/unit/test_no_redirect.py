@@ -1,18 +1,19 @@
 """Issue 47: a server that a host-side client sends an API key to redirects to another origin (a
-second port of 127.0.0.1): the watchdog's and bench's completion (rigup/throughput.py) and the
-metrics relay (roles/metrics/relay.py) fail on the redirect, and the other origin sees no request
-with the key; and (issue 61) each answer is whole by its timeout, a status line and headers
-trickled past it too. Real HTTP servers on loopback."""
+second port of 127.0.0.1): the watchdog's and bench's completion (rigup/throughput.py), the
+metrics relay (roles/metrics/relay.py) and the tuner's wait for its server (rigup/tune.py) fail on
+the redirect, and the other origin sees no request with the key; and (issue 61) each answer is
+whole by its timeout, a status line and headers trickled past it too. Real HTTP servers on loopback."""
 
 import http.server
 import socketserver
+import subprocess
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from rigup import throughput
+from rigup import throughput, tune
 from roles.metrics import relay
 
 from tests.unit.world import remade
@@ -274,6 +275,28 @@ def test_the_relays_event_stream_lives_on_its_lines_and_ends_on_silence_or_trick
     assert cut < 2 and swaps.models["a"]["unloads"] == 5 and 3 < took < 4.5
 
 
+@pytest.fixture
+def server_process():
+    """A process standing for the tuner's llama-server (alive while _healthy waits)."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_the_tuners_wait_for_its_server_follows_no_redirect_and_ends_while_headers_trickle(
+        origins, trickle, server_process):
+    url, seen = origins
+    redirected = tune._healthy(int(url.rpartition(":")[2]), server_process, 1)
+    start = time.monotonic()
+    trickled = tune._healthy(int(trickle.rpartition(":")[2]), server_process, 1)
+    took = time.monotonic() - start
+    print(f"\nthe tuner's wait (1 s) on a /health 302 to another origin's 200: {redirected!r}, the other "
+          f"origin saw {len(seen)} request(s); on trickled headers: {trickled!r} after {took:.1f} s")
+    assert redirected == "no /health 200 in 1 s" and seen == []
+    assert trickled == "no /health 200 in 1 s" and took < 3   # one 1-s read, one 0.5-s pause
+
+
 # Every HTTP read of rigup's, in a host program or the controller (rigup/, roles/, the top-level
 # programs), goes through the one opener that follows no redirect and bounds the whole answer, its
 # status line and headers too, by its timeout (issue 61, round 9 D2/D3: rigup-balancer-drain's
@@ -290,8 +313,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "roles/balancer/drain.py"
 SHARED = ("_NoRedirect", "_Deadline", "_connected", "_WholeRead", "_Within")
 NOT_YET = {
-    "rigup/tune.py": "_healthy's urlopen of the sweep's own loopback server (follows a redirect; per-read timeout; "
-                     "another helper's file in round 9)",
     "roles/model_fetch/fetcher.py": "the hub answers a file with a redirect to its CDN by design (the token "
                                     "unredirected); each stream has its own stall and size bounds",
 }
