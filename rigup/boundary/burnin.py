@@ -50,6 +50,15 @@ FIGURES = {("vram", "mib"): (int, 0, 1 << 24), ("vram", "total_mib"): (int, 0, 1
            ("soak", "temp_max_c"): (float, -100, 300), ("soak", "power_max_w"): (float, 0, 1e5)}
 
 
+# The sizes of a test: none of them 0 in a believed pass (a VRAM test of 0 MiB tested nothing: round 11 B1)
+RAN = (("vram", "mib"), ("vram", "patterns"), ("pcie", "gbps"), ("compute", "checked"), ("soak", "samples"),
+       ("soak", "seconds"))
+# schema 2's GEMM and power (rigup-burnin's record beside its figures): their numbers typed as FIGURES'
+SCHEMA2 = {("gemm", "tflops"): (float, 0, 1e7), ("gemm", "repeats"): (int, 0, 1 << 40),
+           ("gemm", "differ"): (int, 0, 1 << 40), ("power", "mean_w"): (float, 0, 1e5),
+           ("power", "cap_w"): (float, 0, 1e5), ("power", "ratio"): (float, 0, 1e3), ("power", "samples"): (int, 0, 1 << 40)}
+
+
 class Records(NamedTuple):
     """What a file of records says: ``cards``, card id -> its record (believed: a failure, or a
     pass with its level, time, key and figures), known fields typed and the others kept;
@@ -125,14 +134,24 @@ def _cleared(value: object, field: str) -> dict | None:
     return cleared if cleared["at"] is not None else None
 
 
-def _fault(figures: dict) -> str | None:
-    """What figures of a ``passed`` record say failed, or None."""
+def _fault(rec: dict) -> str | None:
+    """What a ``passed`` record's own figures say failed, or None: each judgment of rigup-burnin's
+    ``judge`` that needs no threshold the record lacks (schema 2's GEMM repeats that differ and its
+    error, an Xid during the soak, a worse health reading, a failed DCGM diag: round 11 B1)."""
+    figures, gemm = rec["figures"] or {}, rec.get("gemm") if isinstance(rec.get("gemm"), dict) else {}
     for name in ("error", "hung", "lost"):
         if figures.get(name):
             return name
     for section, name, what in (("vram", "mismatches", "VRAM mismatches"), ("compute", "wrong", "wrong answers")):
         part = figures.get(section)
         if isinstance(part, dict) and (part.get(name) or 0) > 0:
+            return what
+    if (gemm.get("differ") or 0) > 0 or gemm.get("error"):
+        return "GEMM repeats that differ" if (gemm.get("differ") or 0) > 0 else "a GEMM error"
+    for section, name, what in (("soak", "xids", "an Xid during the soak"), ("health", "worse", "a worse health reading"),
+                                ("dcgm", "failed", "a failed DCGM diag")):
+        part = figures.get(section)
+        if isinstance(part, dict) and part.get(name):
             return what
     return None
 
@@ -162,6 +181,12 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
     rec["key"] = _optional(rec, "key", _key, field)
     rec["figures"] = _optional(rec, "figures", _figures, field)
     rec["cleared"] = _optional(rec, "cleared", _cleared, field)
+    for (section, name), (kind, lo, hi) in SCHEMA2.items():
+        part = rec.get(section)
+        if part is not None and not isinstance(part, dict):
+            raise Unreadable(f"{field}.{section}", f"not a mapping: {str(part)[:60]!r}")
+        if part and part.get(name) is not None:
+            part[name] = required(part[name], f"{field}.{section}.{name}", kind, lo, hi)
     if rec["cleared"] and rec["at"] is not None and rec["cleared"]["at"] < rec["at"]:
         rec["cleared"] = None   # a clearing older than the run it would clear (re-round 6 NB5): a new failure
     for name, item in rec.items():
@@ -174,13 +199,16 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
     # rigup-burnin's key holds the driver and the memory at least (the cap is null where nvidia-smi has
     # none), its figures one of FIGURES' measures: one of them, or {"soak": {}}, was believed (re-round 6 NB1, NB2)
     key = all((rec["key"] or {}).get(name) is not None for name in ("driver", "memory_mib"))
-    ran = any(isinstance(part, dict) and part.get(name) is not None
-              for section, name in FIGURES for part in [(rec["figures"] or {}).get(section)])
+    parts = [(name, part) for section, name in FIGURES for part in [(rec["figures"] or {}).get(section)]
+             if isinstance(part, dict)]
+    ran = any(part.get(name) is not None for name, part in parts) and \
+        not any(part.get(name) == 0 for section, name in RAN for part in [(rec["figures"] or {}).get(section)]
+                if isinstance(part, dict))
     lacks = [what for what, has in (("level", rec.get("level")), ("finished time", rec["at"]),
                                     ("key", key), ("figures", ran)) if not has]
     if lacks:
         return rec, f"a pass without its {', '.join(lacks)}: not believed"
-    fault = _fault(rec["figures"]) or ("failures" if rec["failed"] else None)
+    fault = _fault(rec) or ("failures" if rec["failed"] else None)
     return rec, f"a pass whose own record names {fault}: not believed" if fault else None
 
 

@@ -38,3 +38,42 @@ def test_c4_a_control_vector_is_held_off_until_allowed(args):
     print(args, "->", refused)
     assert [p for p, _ in refused] == ["llama_server_instances.x.extra_args"] and "control_vectors" in refused[0][1]
     assert allowed == []
+
+
+def _pass(**over) -> dict:
+    rec = {"schema": 2, "passed": True, "level": "quick", "at": 1.7e9, "failed": [],
+           "key": {"driver": "550.54", "memory_mib": 81920},
+           "figures": {"vram": {"mib": 60000, "patterns": 1, "mismatches": 0}, "compute": {"checked": 1000, "wrong": 0}},
+           "gemm": {"load": "cublas", "repeats": 5, "differ": 0, "tflops": 300.0}, "power": {"mean_w": 390.0, "ratio": 0.97}}
+    for key, value in over.items():
+        section, _, name = key.partition("__")
+        if name:
+            rec.setdefault(section, {})[name] = value
+        else:
+            rec["figures"][section] = value
+    return rec
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"gemm__differ": 3}, "GEMM repeats that differ"), ({"gemm__error": "GEMM: digest differs"}, "a GEMM error"),
+    ({"soak": {"samples": 40, "xids": [79]}}, "an Xid during the soak"), ({"health": {"worse": ["row remaps"]}}, "a worse health reading"),
+    ({"dcgm": {"failed": ["memory"]}}, "a failed DCGM diag"), ({"vram": {"mib": 0}}, "without its figures"),
+    ({"gemm__differ": "3"}, "GEMM repeats that differ"), ({"gemm__tflops": float("nan")}, "unreadable")])
+def test_b1_a_pass_whose_own_schema_2_figures_name_a_fault_is_not_believed(over, why):
+    """B1: a record marked passed whose gemm said 3 of 5 repeats differed (or a 0-MiB VRAM test) was
+    believed: rigup-burnin's judge fails those, so the pass was written by hand."""
+    import json
+
+    from rigup.boundary import burnin
+    from rigup.boundary.core import Unreadable
+
+    good = burnin.records(json.dumps({"GPU-1": _pass()}), "h:burnin.json")
+    assert "GPU-1" in good.cards and not good.untested
+    try:
+        got = burnin.records(json.dumps({"GPU-1": _pass(**over)}, allow_nan=True), "h:burnin.json")
+    except Unreadable as e:
+        print(over, "-> unreadable:", e)
+        assert why == "unreadable"
+        return
+    print(over, "->", got.untested)
+    assert "GPU-1" not in got.cards and why in got.untested["GPU-1"]
