@@ -94,9 +94,6 @@ from contextlib import contextmanager
 from http.client import HTTPException
 
 WORK = ".rigup-fetch"
-# The completion marker's file name and the hub token's path are defined once, in rigup/names.py:
-# the role passes them in every spec, job and share configuration (use_names).
-MARKER = TOKEN_FILE = SHARE_TOKEN_FILE = ""
 CHUNK = 1 << 20
 CHECKPOINT = 16 << 20      # a checkpoint every 16 MiB of a stream ...
 CHECKPOINT_S = 5.0         # ... or every 5 s, whichever comes first: what a crash may lose
@@ -360,25 +357,44 @@ def expected_hash(entry: dict) -> str | None:
     return entry.get("sha256") or entry.get("oid")
 
 
-def use_names(doc: dict) -> None:
-    """Take the marker's name and the token's path from the role's JSON (``marker``, ``token_file``)."""
-    global MARKER, TOKEN_FILE, SHARE_TOKEN_FILE
-    MARKER, TOKEN_FILE, SHARE_TOKEN_FILE = doc["marker"], doc["token_file"], doc.get("share_token_file", "")
+class Run:
+    """One run of rigup-fetch, made in :func:`main` and passed to what needs it (issue 64: no
+    module-level state): the names the role passes in every spec, job and share configuration
+    (:meth:`named`: the completion marker's file name, the hub token's and the share token's paths,
+    defined once in rigup/names.py), and the stop every stream reads (``stop``), set by SIGTERM or
+    SIGINT (:meth:`on_signal`, which keeps the signal's name in ``why``) or by a stream's failure."""
 
+    def __init__(self):
+        self.marker = self.token_file = self.share_token_file = ""
+        self.stop = threading.Event()
+        self.why: list[str] = []
 
-def read_token(name: str = "hf-token") -> str | None:
-    """A token: the unit's credential ``name`` (LoadCredential), or its root-only file (a job run
-    as root without systemd): the hub's (``hf-token``) or the fleet's share token (``share-token``)."""
-    own = TOKEN_FILE if name == "hf-token" else SHARE_TOKEN_FILE
-    for path in (os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "/nonexistent"), name), own):
-        try:
-            with open(path) as fh:
-                token = fh.read().strip()
-            if token:
-                return token
-        except OSError:
-            pass
-    return None
+    def named(self, doc: dict) -> Run:
+        """The marker's name and the tokens' paths from the role's JSON (``marker``, ``token_file``,
+        ``share_token_file``)."""
+        self.marker, self.token_file, self.share_token_file = (doc["marker"], doc["token_file"],
+                                                               doc.get("share_token_file", ""))
+        return self
+
+    def read_token(self, name: str = "hf-token") -> str | None:
+        """A token: the unit's credential ``name`` (LoadCredential), or its root-only file (a job run
+        as root without systemd): the hub's (``hf-token``) or the fleet's share token (``share-token``)."""
+        own = self.token_file if name == "hf-token" else self.share_token_file
+        for path in (os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "/nonexistent"), name), own):
+            try:
+                with open(path) as fh:
+                    token = fh.read().strip()
+                if token:
+                    return token
+            except OSError:
+                pass
+        return None
+
+    def on_signal(self, signum, _frame) -> None:
+        """SIGTERM/SIGINT (``systemctl stop``, a clean reboot, Ctrl-C): every stream checkpoints its
+        part and ends; the job exits 0."""
+        self.why.append(signal.Signals(signum).name)
+        self.stop.set()
 
 
 class HubError(Exception):
@@ -663,13 +679,13 @@ def what_is(path: str, kind: str, owners: tuple = ()) -> str | None:
             if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else "a device")
 
 
-def planted(where: str) -> list[list[str]]:
+def planted(where: str, marker: str) -> list[list[str]]:
     """[path, what it is] for each name rigup uses in the model directory ``where`` (the marker,
     the job's directory and its files) that holds something rigup never makes there (a symlink,
     a FIFO, a directory in a file's place): whoever can write there (the rigup user) planted it.
     ``where`` itself may be root's link (a revision switch) and nothing else but a directory;
     what is inside is root's or the directory's owner's (whoever else owns a name there could
-    replace it)."""
+    replace it). ``marker``: the completion marker's file name."""
     found = []
     try:
         st = os.lstat(where)
@@ -679,7 +695,7 @@ def planted(where: str) -> list[list[str]]:
         return [[where, f"{what_is(where, 'd')} (owner uid {st.st_uid})"]]
     owners = (0, os.stat(where).st_uid)
     work = os.path.join(where, WORK)
-    names = [(os.path.join(where, MARKER), "f"), (work, "d")]
+    names = [(os.path.join(where, marker), "f"), (work, "d")]
     if what_is(work, "d", owners) is None and os.path.isdir(work):
         names += [(os.path.join(work, n), "f") for n in ("job.json", "progress.json", "state.json", "lock")]
         names += [(os.path.join(work, n), "d") for n in ("parts", "ckpt")]
@@ -729,17 +745,17 @@ def unsafe_parent(dest: str) -> str | None:
     return _unsafe_chain(parent) or _unsafe_chain(os.path.realpath(parent))
 
 
-def probe_one(spec: dict, token: str | None) -> dict:
+def probe_one(spec: dict, token: str | None, marker_name: str) -> dict:
     dest = spec["dest"]
-    current = marker_of(read_json(os.path.join(dest, MARKER)))   # one that does not read: none (fetched again)
+    current = marker_of(read_json(os.path.join(dest, marker_name)))   # one that does not read: none (fetched again)
     where = spec["stage"] if staged(spec, current) else dest
     work = os.path.join(where, WORK)
     job = read_json(os.path.join(work, "job.json"))
     out = {"name": spec["name"], "dest": dest, "where": where, "running": lock_held(where),
-           "marker": marker_of(read_json(os.path.join(where, MARKER))),
+           "marker": marker_of(read_json(os.path.join(where, marker_name))),
            "progress": read_json(os.path.join(work, "progress.json")),
            "job": job if isinstance(job, dict) else None, "damaged": [], "previous": revisions(spec),
-           "planted": planted(dest) + (planted(where) if where != dest else []),
+           "planted": planted(dest, marker_name) + (planted(where, marker_name) if where != dest else []),
            "unsafe_parent": unsafe_parent(dest)}
     if where != dest:
         out["serving"] = current
@@ -789,16 +805,16 @@ def reusable(dest: str, entry: dict) -> str | None:
     return None
 
 
-def probe(spec_b64: str) -> int:
+def probe(run: Run, spec_b64: str) -> int:
     """Every model's state, each read as the owner of its directory (:func:`as_owner`), with the
     hub token read first (root's file)."""
     specs = json.loads(base64.b64decode(spec_b64))
     if specs:
-        use_names(specs[0])
-    token = read_token()
+        run.named(specs[0])
+    token = run.read_token()
     for spec in specs:
         try:
-            result = as_owner(spec["dest"], probe_one, spec, token)
+            result = as_owner(spec["dest"], probe_one, spec, token, run.marker)
         except Exception as e:  # one model's surprise must not hide the others
             result = {"name": spec.get("name"), "probe_error": f"{type(e).__name__}: {e}"}
         print("##rigup-model " + json.dumps(result, separators=(",", ":")))
@@ -837,17 +853,6 @@ def log(message: str) -> None:
     """A line to the journal (or job.log); never an error of its own (job.log on a full disk)."""
     with _suppress():
         print(shown(message, 4000), file=sys.stderr)
-
-
-STOP = threading.Event()      # set by SIGTERM/SIGINT or by a stream's failure: every stream ends
-STOP_WHY: list[str] = []
-
-
-def on_signal(signum, _frame) -> None:
-    """SIGTERM/SIGINT (``systemctl stop``, a clean reboot, Ctrl-C): every stream checkpoints its
-    part and ends; the job exits 0."""
-    STOP_WHY.append(signal.Signals(signum).name)
-    STOP.set()
 
 
 class Progress:
@@ -967,7 +972,7 @@ def range_problem(value, start: int, size: int) -> str | None:
     return None
 
 
-def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_path: str,
+def receive(run: Run, url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_path: str,
             progress: Progress, stall: float, stall_bytes: int = STALL_MIN_BYTES, retries: int | None = None):
     """Append ``entry``'s bytes from ``written`` on to ``fh`` and ``h``; return (h, written).
 
@@ -1020,7 +1025,7 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
                     window, in_window = time.monotonic(), 0
                     need = min(stall_bytes, size - written)
                     while written < size:
-                        if STOP.is_set():
+                        if run.stop.is_set():
                             raise Stopped()
                         block = resp.read1(min(CHUNK, size - written))
                         if not block:
@@ -1067,7 +1072,7 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
             progress.resumed(f"{path}: {why}; resumed from {human(written)} with Range in {delay:.1f} s "
                              f"(retry {failures}/{retries}"
                              + (f", {restarts} restart(s) from zero: the hub ignores Range)" if restarts else ")"))
-            if STOP.wait(delay):
+            if run.stop.wait(delay):
                 raise Stopped()
     except BaseException:
         with _suppress(LocalError):
@@ -1079,11 +1084,11 @@ def receive(url: str, token: str | None, entry: dict, fh, h, written: int, ckpt_
     return h, written
 
 
-def hash_prefix(fh, n: int, h):
+def hash_prefix(run: Run, fh, n: int, h):
     """``h`` updated with the first ``n`` bytes of ``fh`` (a part being resumed)."""
     fh.seek(0)
     while n:
-        if STOP.is_set():
+        if run.stop.is_set():
             raise Stopped()
         block = fh.read(min(CHUNK, n))
         if not block:
@@ -1093,9 +1098,9 @@ def hash_prefix(fh, n: int, h):
     return h
 
 
-def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str | None) -> str:
+def fetch_file(run: Run, job: dict, entry: dict, dest: str, progress: Progress, token: str | None) -> str:
     """Download ``entry`` into its part, verify it, move it into place; return its hash."""
-    if STOP.is_set():
+    if run.stop.is_set():
         raise Stopped()
     path = entry["path"]
     parts, ckpts = os.path.join(dest, WORK, "parts"), os.path.join(dest, WORK, "ckpt")
@@ -1113,11 +1118,11 @@ def fetch_file(job: dict, entry: dict, dest: str, progress: Progress, token: str
         have = resume_point(part, ckpt_path, entry["size"])
         with open(part, "ab+") as fh:
             fh.truncate(have)
-            h = hash_prefix(fh, have, hasher(entry))
+            h = hash_prefix(run, fh, have, hasher(entry))
             if have or entry["size"] > CHECKPOINT:  # what is here is on disk, in this boot (a file
                 checkpoint(fh, ckpt_path, have)   # smaller than that is cheaper to fetch again)
             progress.add(have, network=False)
-            h, written = receive(url, token, entry, fh, h, have, ckpt_path, progress, stall,
+            h, written = receive(run, url, token, entry, fh, h, have, ckpt_path, progress, stall,
                                  stall_bytes, retries)
         digest = h.hexdigest()
         want = expected_hash(entry)
@@ -1150,17 +1155,17 @@ class _suppress:
         return exc[0] is not None and issubclass(exc[0], self.kinds)
 
 
-def hash_file(path: str, entry: dict) -> str:
+def hash_file(run: Run, path: str, entry: dict) -> str:
     h = hasher(entry)
     with open(path, "rb") as fh:
         while block := fh.read(CHUNK):
-            if STOP.is_set():
+            if run.stop.is_set():
                 raise Stopped()
             h.update(block)
     return h.hexdigest()
 
 
-def wait_for_peer(job: dict, progress: Progress, token) -> None:
+def wait_for_peer(run: Run, job: dict, progress: Progress, token) -> None:
     """A peer serves a model only once it is complete there: wait for its marker."""
     url = f"{job['source'].rstrip('/')}/rigup/complete/{job['repo']}/{job['revision']}"
     deadline = time.monotonic() + job.get("peer_wait", 86400)
@@ -1180,7 +1185,7 @@ def wait_for_peer(job: dict, progress: Progress, token) -> None:
                             f"complete within {job.get('peer_wait')} s", permanent=False)
         progress.state, progress.detail = "waiting", f"waiting for peer {job['source']} to complete"
         progress.write()
-        if STOP.wait(5):
+        if run.stop.wait(5):
             raise Stopped()
 
 
@@ -1226,9 +1231,9 @@ def clean_work(work: str, wanted: set[str]) -> None:
                     os.unlink(inside(top, full))
 
 
-def fetch(job_path: str) -> int:
+def fetch(run: Run, job_path: str) -> int:
     job = read_json(job_path)
-    use_names(job)
+    run.named(job)
     dest = job["dest"]
     work = inside(dest, os.path.join(dest, WORK))
     os.makedirs(os.path.join(work, "parts"), exist_ok=True)
@@ -1242,8 +1247,8 @@ def fetch(job_path: str) -> int:
     lock.write(f"{os.getpid()}\n")  # what the role kills to stop a job that is not a systemd unit
     lock.flush()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    token = read_token("share-token" if job.get("peer") else "hf-token")  # a peer wants the fleet's token
+        signal.signal(sig, run.on_signal)
+    token = run.read_token("share-token" if job.get("peer") else "hf-token")  # a peer wants the fleet's token
     files = job["files"]
     total = sum(f["size"] for f in files)
     progress = Progress(os.path.join(work, "progress.json"), total, 0, job["source"])
@@ -1259,7 +1264,7 @@ def fetch(job_path: str) -> int:
             raise JobFailed(f"the job's listing: {bad[0][0]!r}: {bad[0][1]}")
         wanted = {f["path"] for f in files}
         with _suppress():
-            os.unlink(os.path.join(dest, MARKER))
+            os.unlink(os.path.join(dest, run.marker))
         clean_work(work, wanted)
         # huggingface_hub's own leftovers
         shutil.rmtree(inside(dest, os.path.join(dest, ".cache", "huggingface", "download")), ignore_errors=True)
@@ -1275,7 +1280,7 @@ def fetch(job_path: str) -> int:
                 continue
             state.pop(entry["path"], None)
             if os.path.exists(final):
-                if os.path.getsize(final) == entry["size"] and hash_file(final, entry) == expected_hash(entry):
+                if os.path.getsize(final) == entry["size"] and hash_file(run, final, entry) == expected_hash(entry):
                     st = os.stat(final)
                     state[entry["path"]] = [st.st_size, st.st_mtime_ns, expected_hash(entry)]
                     progress.add(entry["size"], network=False)
@@ -1289,13 +1294,13 @@ def fetch(job_path: str) -> int:
             todo.append(entry)
         write_json(state_path, state, fsync=True)
         if todo and job.get("peer"):
-            wait_for_peer(job, progress, token)
+            wait_for_peer(run, job, progress, token)
         progress.state, progress.detail = "running", ""
         progress.write()
         state_lock = threading.Lock()
 
         def one(entry):
-            digest = fetch_file(job, entry, dest, progress, token)
+            digest = fetch_file(run, job, entry, dest, progress, token)
             st = os.stat(os.path.join(dest, entry["path"]))
             with state_lock:
                 state[entry["path"]] = [st.st_size, st.st_mtime_ns, digest]
@@ -1310,11 +1315,11 @@ def fetch(job_path: str) -> int:
                 except Stopped:
                     pass
                 except Exception as e:  # the others checkpoint and end; the first failure is the reason
-                    STOP.set()
+                    run.stop.set()
                     first = first or e
         if first:
             raise first
-        if STOP.is_set():
+        if run.stop.is_set():
             raise Stopped()
         missing = shard_problems(wanted)
         if missing:
@@ -1325,14 +1330,14 @@ def fetch(job_path: str) -> int:
                     if fh.read(4) != b"GGUF":
                         raise JobFailed(f"{entry['path']}: not a GGUF file (no GGUF magic)")
         write_json(state_path, state, fsync=True)
-        write_json(os.path.join(dest, MARKER), {
+        write_json(os.path.join(dest, run.marker), {
             "repo": job["repo"], "revision": job["revision"], "files": sorted(wanted), "bytes": total},
             fsync=True)
         progress.state, progress.detail = "complete", ""
         return 0
     except Stopped:
         progress.state = "stopped"
-        progress.detail = f"stopped by {STOP_WHY[0] if STOP_WHY else 'a signal'}; parts checkpointed"
+        progress.detail = f"stopped by {run.why[0] if run.why else 'a signal'}; parts checkpointed"
         return 0
     except Exception as e:
         progress.error, permanent = failure(e, dest, progress)
@@ -1347,7 +1352,8 @@ def fetch(job_path: str) -> int:
 # ------------------------------------------------------------------------------ share (fetch_from)
 
 class ShareHandler(http.server.BaseHTTPRequestHandler):
-    """Serves completed models (their marker's files only) with Range, for peers' jobs."""
+    """Serves completed models (their marker's files only) with Range, for peers' jobs; the run's
+    names are its server's (``self.server.run``, :class:`_Server`)."""
 
     protocol_version = "HTTP/1.1"
     config_path = ""
@@ -1361,12 +1367,13 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
         (:func:`marker_of`), or names no repo, revision or files, is no model served (said once)."""
         config = read_json(self.config_path, {})
         out = {}
+        name = self.server.run.marker
         for dest in config.get("dests", []):
-            marker = marker_of(read_json(os.path.join(dest, MARKER)))
+            marker = marker_of(read_json(os.path.join(dest, name)))
             if marker is None or not {"repo", "revision", "files"} <= marker.keys():
-                if os.path.exists(os.path.join(dest, MARKER)) and dest not in self.unread:
+                if os.path.exists(os.path.join(dest, name)) and dest not in self.unread:
                     self.unread.add(dest)
-                    sys.stderr.write(shown(f"{dest}/{MARKER} does not read as a marker: not served", 4000) + "\n")
+                    sys.stderr.write(shown(f"{dest}/{name} does not read as a marker: not served", 4000) + "\n")
                 continue
             if not lock_held(dest):
                 out[(marker["repo"], marker["revision"])] = (dest, set(marker["files"]))
@@ -1385,7 +1392,7 @@ class ShareHandler(http.server.BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self):
-        expected = read_token("share-token")
+        expected = self.server.run.read_token("share-token")
         given = self.headers.get("Authorization", "")
         if not expected or not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
             return self._send(401, b"a peer of this fleet sends its share token\n")
@@ -1428,12 +1435,16 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def __init__(self, address, handler, run: Run):
+        super().__init__(address, handler)
+        self.run = run
 
-def share(config_path: str) -> int:
+
+def share(run: Run, config_path: str) -> int:
     config = read_json(config_path)
-    use_names(config)
+    run.named(config)
     ShareHandler.config_path = config_path
-    server = _Server((config["bind"], int(config["port"])), ShareHandler)
+    server = _Server((config["bind"], int(config["port"])), ShareHandler, run)
     server.serve_forever()
     return 0
 
@@ -1514,10 +1525,10 @@ def prune(spec_b64: str) -> int:
 FETCH_STATES = ("absent", "verifying", "waiting", "running", "complete", "stopped", "failed", "dead", "unreadable")
 
 
-def fetch_state(dest: str) -> dict:
+def fetch_state(dest: str, marker_name: str) -> dict:
     """One model's download as the metrics say it: state, bytes, total, updated, error. A marker or
     progress.json that does not read (:func:`marker_of`, :func:`progress_of`) is ``unreadable``."""
-    found = read_json(os.path.join(dest, MARKER))
+    found = read_json(os.path.join(dest, marker_name))
     marker = marker_of(found)
     if marker is not None:
         return {"state": "complete", "bytes": marker.get("bytes", 0), "total": marker.get("bytes", 0)}
@@ -1567,18 +1578,18 @@ def metrics_text(models: dict[str, dict], now: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def metrics(config_path: str) -> int:
+def metrics(run: Run, config_path: str) -> int:
     """Write every model's state to the metrics file, atomically (a dot-file the collector ignores,
     then a rename), when its directory exists (roles/metrics installs the node exporter)."""
     config = read_json(config_path)
-    use_names(config)
+    run.named(config)
     path = config["metrics_file"]
     if not os.path.isdir(os.path.dirname(path)):
         return 0
     states = {}
     for m in config["models"]:
         try:
-            states[m["name"]] = as_owner(m["dest"], fetch_state, m["dest"])
+            states[m["name"]] = as_owner(m["dest"], fetch_state, m["dest"], run.marker)
         except Exception as e:  # one model's directory must not silence the others'
             sys.stderr.write(shown(f"rigup-fetch metrics: {m['name']}: {type(e).__name__}: {e}", 4000) + "\n")
             states[m["name"]] = {"state": "unreadable"}
@@ -1589,15 +1600,15 @@ def metrics(config_path: str) -> int:
 VMTOUCH = "/usr/bin/vmtouch"
 
 
-def warm(config_path: str) -> int:
+def warm(run: Run, config_path: str) -> int:
     """Each warm model's files (its marker's list, each checked inside its directory) read into the
     page cache by vmtouch (``-t``: only the pages not there are read; ``-m``: no size limit), as
     the models' owner (rigup-model-warm.service's User). A model not complete yet is skipped."""
     config = read_json(config_path)
-    use_names(config)
+    run.named(config)
     rc = 0
     for model in config["models"]:
-        marker = read_json(os.path.join(model["dest"], MARKER))
+        marker = read_json(os.path.join(model["dest"], run.marker))
         if marker is None:
             print(shown(f"rigup-fetch warm: {model['name']}: not complete yet, skipped"), flush=True)
             continue
@@ -1613,28 +1624,29 @@ def warm(config_path: str) -> int:
             rc = 1
             continue
         start = time.monotonic()
-        run = subprocess.run([VMTOUCH, "-q", "-t", "-m", "1048576G", "--", *files], capture_output=True, text=True)
+        done = subprocess.run([VMTOUCH, "-q", "-t", "-m", "1048576G", "--", *files], capture_output=True, text=True)
         print(shown(f"rigup-fetch warm: {model['name']}: {len(files)} file(s) in the page cache in "
-                    f"{time.monotonic() - start:.1f} s" if run.returncode == 0 else
-                    f"rigup-fetch warm: {model['name']}: vmtouch exit {run.returncode}: {run.stderr.strip()[:300]}", 4000),
+                    f"{time.monotonic() - start:.1f} s" if done.returncode == 0 else
+                    f"rigup-fetch warm: {model['name']}: vmtouch exit {done.returncode}: {done.stderr.strip()[:300]}", 4000),
               flush=True)
-        rc = rc or (run.returncode != 0)
+        rc = rc or (done.returncode != 0)
     return rc
 
 
 def main(argv: list[str]) -> int:
+    run = Run()   # this run's names and stop, passed to what needs them
     if len(argv) == 2 and argv[0] == "probe":
-        return probe(argv[1])
+        return probe(run, argv[1])
     if len(argv) == 2 and argv[0] == "fetch":
-        return fetch(argv[1])
+        return fetch(run, argv[1])
     if len(argv) == 2 and argv[0] == "share":
-        return share(argv[1])
+        return share(run, argv[1])
     if len(argv) == 2 and argv[0] in ("switch", "prune"):
         return {"switch": switch, "prune": prune}[argv[0]](argv[1])
     if len(argv) == 2 and argv[0] == "metrics":
-        return metrics(argv[1])
+        return metrics(run, argv[1])
     if len(argv) == 2 and argv[0] == "warm":
-        return warm(argv[1])
+        return warm(run, argv[1])
     print(__doc__, file=sys.stderr)
     return 2
 

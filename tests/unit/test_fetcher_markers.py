@@ -102,7 +102,7 @@ def test_F11_a_marker_whose_files_are_no_list_is_skipped_and_the_next_model_warm
     (tmp_path / "cfg.json").write_text(json.dumps({**NAMES, "models": [{"name": "a", "dest": str(tmp_path / "a")},
                                                                        {"name": "b", "dest": str(tmp_path / "b")}]}))
     monkeypatch.setattr(fetcher, "VMTOUCH", "/bin/true")
-    assert fetcher.warm(str(tmp_path / "cfg.json")) == 1
+    assert fetcher.main(["warm", str(tmp_path / "cfg.json")]) == 1
     out = capsys.readouterr().out
     print(out)
     assert "a: its marker does not read (files: not a list of at most 65536), skipped" in out and "b: 1 file(s) in the page cache" in out
@@ -116,9 +116,8 @@ def share(tmp_path, monkeypatch):
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path / "cred"))
     (tmp_path / "o" / MARKER).write_text(json.dumps({"files": ["y"]}))
     (tmp_path / "share.json").write_text(json.dumps({"dests": [str(tmp_path / "o"), str(tmp_path / "m")], **NAMES}))
-    fetcher.use_names(NAMES)
     monkeypatch.setattr(fetcher.ShareHandler, "config_path", str(tmp_path / "share.json"))
-    server = fetcher._Server(("127.0.0.1", 0), fetcher.ShareHandler)
+    server = fetcher._Server(("127.0.0.1", 0), fetcher.ShareHandler, fetcher.Run().named(NAMES))
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def get(path, headers=()):

@@ -106,11 +106,9 @@ def hub():
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     cls.url = f"http://127.0.0.1:{server.server_address[1]}"
-    fetcher.STOP.clear()
     yield cls
     server.shutdown()
     server.server_close()
-    fetcher.STOP.clear()
 
 
 def fetch(hub, tmp_path, **job):
@@ -124,7 +122,7 @@ def fetch(hub, tmp_path, **job):
     progress = fetcher.Progress(str(tmp_path / "progress.json"), SIZE, 0, endpoint)
     start = time.monotonic()
     try:
-        result = fetcher.fetch_file(job, entry, str(dest), progress, None)
+        result = fetcher.fetch_file(fetcher.Run(), job, entry, str(dest), progress, None)
     except fetcher.JobFailed as e:
         result = e
     return time.monotonic() - start, result, progress

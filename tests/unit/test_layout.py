@@ -150,12 +150,6 @@ REGISTRIES = {
                           "with who fills and reads it; its at_end hooks print at exit",
     "rigup/text.py:_STYLED": "the texts click.style wrote in this process (styled fills, the newest 4096); "
                              "terminal_text keeps their colours only: process-wide as click.style is",
-    "roles/model_fetch/fetcher.py:MARKER": "host program: the marker's name, set once from the job's JSON (use_names)",
-    "roles/model_fetch/fetcher.py:TOKEN_FILE": "host program: the token's path, set once by use_names",
-    "roles/model_fetch/fetcher.py:SHARE_TOKEN_FILE": "host program: the share token's path, set once by use_names",
-    "roles/model_fetch/fetcher.py:STOP": "host program: threading.Event set by SIGTERM/SIGINT or a failed "
-                                         "stream; every stream reads it",
-    "roles/model_fetch/fetcher.py:STOP_WHY": "host program: the signal's name (on_signal); the progress line reads it",
 }
 
 

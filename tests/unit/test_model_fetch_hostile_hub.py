@@ -141,7 +141,7 @@ def test_a_listed_name_cannot_collide_with_a_checkpoint():
 def test_the_fetch_job_refuses_an_unhashed_file(tmp_path):
     job = {"dest": str(tmp_path), "source": "http://127.0.0.1:9", "repo": "org/m", "revision": REV}
     with pytest.raises(fetcher.JobFailed, match="no hash"):
-        fetcher.fetch_file(job, dict(GOOD, sha256=None, oid=None), str(tmp_path), None, None)
+        fetcher.fetch_file(fetcher.Run(), job, dict(GOOD, sha256=None, oid=None), str(tmp_path), None, None)
 
 
 def test_a_marker_name_with_a_newline_never_reaches_a_unit():
