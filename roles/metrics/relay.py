@@ -460,7 +460,8 @@ class Swaps:
         moved on: the stream lasts as long as the router)."""
         with throughput._OPENER.open(keyed(self.inst, "/models/sse"), timeout=self.IDLE_S) as response:
             self.up = True
-            sock = response.fp.raw._sock   # the opener's socket (http.client's file of it), its deadline
+            # the opener's socket (http.client's file of it; none once an empty answer is read), its deadline
+            sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
             while line := response.readline(65536):
                 sock.deadline = time.monotonic() + self.IDLE_S
                 if not line.endswith(b"\n"):   # longer than the bound: left out whole, to its end (its tail
