@@ -9,6 +9,7 @@ and abbreviations: rigup/instances/vllm.py checks with them) and the generated d
 from __future__ import annotations
 
 from rigup.contract import MAPS, OWN, Flag, Row, owned_by
+from rigup.contract.llama_server import HeldOff
 
 KEY = MAPS["vllm_instances"]   # VLLM_API_KEY=<key>, made on the host (api_key: true)
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
@@ -42,8 +43,108 @@ BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 # Flags rigup writes from the instance itself: spelling -> the key.
 # --hf-token: the hub token rigup keeps in a root-only file for the fetch; in argv it is in ps, the unit and
 # the journal (issue 61, re-round 4 N38; llama-server's -hft is owned the same way)
+# --uds: a Unix socket in place of --host and --port, where neither the health gate nor HAProxy reaches it
 FIXED: dict[str, str | None] = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
-                                "--hf-token": "model"}
+                                "--hf-token": "model", "--uds": "host"}
+
+# Features of vLLM beyond inference that a shared endpoint holds off until an operator allows them by name
+# (``vllm_allow``), as llama-server's are (rigup/contract/llama_server.py HELD_OFF): every flag (vLLM's
+# argparse also reads ``--flag_name``, ``--flag=value``, ``--flag.key value`` and abbreviations:
+# rigup/instances/vllm.py checks with them) and every variable of vllm_env and an instance's env that turns
+# one on. Read from vLLM's own source (vllm-project/vllm, 2026): vllm/entrypoints/openai/cli_args.py
+# (FrontendArgs, make_arg_parser), vllm/config/model.py (ModelConfig), vllm/config/parallel.py,
+# vllm/config/structured_outputs.py, vllm/config/kv_events.py, vllm/envs.py, vllm/entrypoints/serve/ (the
+# routers) and vllm/utils/argparse_utils.py (FlexibleArgumentParser). A negation (--no-trust-remote-code,
+# --no-enable-lora) turns a feature off and is no spelling of it here. vLLM's --api-key guards /v1, /v2,
+# /inference and /cohere alone (vllm/entrypoints/serve/middleware/authenticate.py): the paths below answer
+# without it.
+HELD_OFF: dict[str, HeldOff] = {
+    # ModelConfig.allowed_local_media_path ("This is a security risk. Should only be enabled in trusted
+    # environments."); vllm/multimodal/utils.py MediaConnector loads a file:// URL under it
+    "local_media": HeldOff(("--allowed-local-media-path",), (),
+                           "a request loads any file under that directory on the host by file:// URL as an "
+                           "image, video or audio input, which the model then describes to that client"),
+    # ModelConfig.trust_remote_code: transformers' AutoConfig/AutoModel/AutoTokenizer with trust_remote_code
+    "remote_code": HeldOff(("--trust-remote-code",), (),
+                           "the model repository's own Python (its configuration_*.py, modeling_*.py, "
+                           "tokenizer code) run on the host as the service user at every start"),
+    # LoRAConfig (--enable-lora) and FrontendArgs.lora_modules (name=path or JSON): the adapters' paths on the
+    # host are each model card's root in GET /v1/models (vllm/entrypoints/openai/models/serving.py)
+    "lora": HeldOff(("--enable-lora", "--lora-modules"), (),
+                    "LoRA adapters loaded from paths on the host, each a model any client may name, and "
+                    "GET /v1/models answers each adapter's path on the host"),
+    # envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING: vllm/entrypoints/serve/lora/api_router.py attaches its routes only
+    # then; VLLM_LORA_RESOLVER_CACHE_DIR and VLLM_LORA_RESOLVER_HF_REPO_LIST: the LoRA resolver plugins
+    "runtime_lora": HeldOff((), ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_LORA_RESOLVER_CACHE_DIR",
+                                 "VLLM_LORA_RESOLVER_HF_REPO_LIST"),
+                            "POST /v1/load_lora_adapter: any client loads an adapter from any path on the host or "
+                            "any hub repository it names into the server every other client shares, and "
+                            "POST /v1/unload_lora_adapter drops one; the resolver variables load an adapter a "
+                            "request names from a directory or hub repositories"),
+    # envs.VLLM_SERVER_DEV_MODE: vllm/entrypoints/serve/dev/ (cache, rlhf, rpc, server_info, sleep), mounted
+    # by register_vllm_dev_api_routers with "SECURITY WARNING: Development endpoints are enabled!"
+    "dev_mode": HeldOff((), ("VLLM_SERVER_DEV_MODE",),
+                        "vLLM's development endpoints, outside the API key's paths: POST /collective_rpc (any "
+                        "method run on every worker), /reset_prefix_cache, /sleep, /wake_up, /pause, "
+                        "/update_weights (one client changes or stops the server for every other) and "
+                        "GET /server_info (the whole configuration)"),
+    # Python imported from a path or module the value names: FrontendArgs.middleware (an import path added to
+    # the app), .tool_parser_plugin and StructuredOutputsConfig.reasoning_parser_plugin (a file imported:
+    # ToolParserManager.import_tool_parser), ModelConfig.logits_processors (class names) and
+    # .logits_processor_pattern (a request's logits_processors matching it are imported by name),
+    # ParallelConfig.worker_cls and .worker_extension_cls, FrontendArgs.log_config_file and
+    # VLLM_LOGGING_CONFIG_PATH (logging.config.dictConfig: a "()" key imports its factory),
+    # VLLM_RUST_FRONTEND_PATH (the binary run as the frontend, with VLLM_USE_RUST_FRONTEND=1)
+    "plugins": HeldOff(("--middleware", "--tool-parser-plugin", "--reasoning-parser-plugin", "--logits-processors",
+                        "--logits-processor-pattern", "--worker-cls", "--worker-extension-cls", "--log-config-file"),
+                       ("VLLM_LOGGING_CONFIG_PATH", "VLLM_RUST_FRONTEND_PATH"),
+                       "code from a path or module the value names, run in the server as the service user "
+                       "(--logits-processor-pattern: a class a request names, imported)"),
+    # make_arg_parser's --config: FlexibleArgumentParser._pull_args_from_config reads a YAML of options
+    "config_file": HeldOff(("--config",), (),
+                           "every option in a YAML file on the host, which rigup does not read: any feature here, "
+                           "a bind or a port of its own"),
+    # FrontendArgs.enable_log_outputs requires enable_log_requests; VLLM_DEBUG_LOG_API_SERVER_RESPONSE:
+    # vllm/entrypoints/serve/middleware/log_response.py
+    "log_prompts": HeldOff(("--enable-log-requests", "--enable-log-outputs"), ("VLLM_DEBUG_LOG_API_SERVER_RESPONSE",),
+                           "every client's prompt (and with --enable-log-outputs its answer; the variable: every "
+                           "response body) in the journal"),
+    # FrontendArgs.enable_prompt_tokens_details: usage.prompt_tokens_details.cached_tokens
+    "cache_details": HeldOff(("--enable-prompt-tokens-details",), (),
+                             "usage.prompt_tokens_details.cached_tokens in every answer: how much of a prompt the "
+                             "prefix cache held, which tells one client whether another sent the same text before"),
+    # FrontendArgs.enable_tokenizer_info_endpoint ("May expose chat templates and other tokenizer configuration")
+    "tokenizer_info": HeldOff(("--enable-tokenizer-info-endpoint",), (),
+                              "GET /tokenizer_info, outside the API key's paths: the chat template and the "
+                              "tokenizer's configuration, any client's"),
+    # FrontendArgs.trust_request_chat_template
+    "request_template": HeldOff(("--trust-request-chat-template",), (),
+                                "a request's own chat_template: Jinja that any client writes, rendered on the host"),
+    # FrontendArgs.tool_server ("WARNING: The `demo` Python tool executes model-generated code in Docker without
+    # network isolation by default")
+    "tool_server": HeldOff(("--tool-server",), (),
+                           "tool servers (host:port) the server calls for a request's tools, or demo: a browser "
+                           "and a Python interpreter that runs model-written code in Docker, with the network"),
+    # KVEventsConfig: endpoint "tcp://*:5557" by default; its BlockStored events carry each block's token ids
+    "kv_events": HeldOff(("--kv-events-config",), (),
+                         "a ZeroMQ publisher (by default tcp://*:5557, every interface, no authentication) of every "
+                         "KV cache block stored, with its token ids: every client's prompt, to anyone who connects"),
+    # ProfilerConfig (--profiler-config) and the older VLLM_TORCH_PROFILER_DIR: vllm/entrypoints/serve/profile/
+    "profiler": HeldOff(("--profiler-config",), ("VLLM_TORCH_PROFILER_DIR",),
+                        "POST /start_profile and /stop_profile, outside the API key's paths: any client runs the "
+                        "torch profiler, whose traces are written into a directory on the host"),
+    # FrontendArgs.allowed_origins (default ["*"]), .allow_credentials, .allowed_methods, .allowed_headers:
+    # Starlette's CORSMiddleware (with "*" and credentials it echoes the Origin, credentials allowed)
+    "cors": HeldOff(("--allowed-origins", "--allow-credentials", "--allowed-methods", "--allowed-headers"), (),
+                    "vLLM's CORS settings by hand; with --allow-credentials and vLLM's default origins (\"*\") any "
+                    "web page a user opens may call the API as that user's browser"),
+}
+
+
+def held_off(allow=(), kind: str = "flags") -> dict[str, str]:
+    """Every flag (``kind="env"``: every variable) of a feature of :data:`HELD_OFF` not in ``allow``
+    -> its feature."""
+    return {s: name for name, f in HELD_OFF.items() if name not in allow for s in getattr(f, kind)}
 
 
 def api_name(name: str, entry: dict) -> str:

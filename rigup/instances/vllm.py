@@ -10,11 +10,11 @@ import re
 from typing import Any
 
 from rigup.contract import doc_line
-from rigup.contract.vllm import FLAGS, OTHER, owned
+from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, held_off, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
-from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, of_form, owned_flag_problems
+from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, flag_values, of_form, owned_flag_problems
 from rigup.models import instances as _entries
 
 
@@ -46,6 +46,37 @@ _INTS = re.compile(r"[0-9]+(,[0-9]+)*")
 # reads --served_model_name and abbreviations such as --serv): flag -> the key.
 OWNED_FLAGS = owned()
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def spelled(args: list) -> list[str]:
+    """extra_args as vLLM's FlexibleArgumentParser reads a ``--`` flag's name: ``_`` is ``-`` and
+    ``--flag.key`` (a JSON option's key, vllm/utils/argparse_utils.py) is ``--flag``, up to its
+    ``=``; the value as given (``--speculative-config.model x`` gives --speculative-config)."""
+    def one(arg: str) -> str:
+        if not arg.startswith("--"):
+            return arg
+        key, sep, value = arg.partition("=")
+        return key.split(".", 1)[0].replace("_", "-") + sep + value
+    return [one(str(a)) for a in args]
+
+
+def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
+    """(``WHERE.extra_args``, why) for each flag of a vLLM feature beyond inference (contract
+    ``HELD_OFF``) that ``allow`` (the host's vllm_allow) does not name, under every spelling
+    vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``)."""
+    held = held_off(allow)
+    return [(f"{where}.extra_args", f"gives {flag}, vLLM's {held[flag]}, off on a shared endpoint "
+             f"({HELD_OFF[held[flag]].opens}): drop it, or add {held[flag]} to vllm_allow")
+            for flag, _ in flag_values(spelled(args), held, abbrev=True)]
+
+
+def held_off_env_problems(env: dict, allow, where: str) -> list[tuple[str, str]]:
+    """(``WHERE.NAME``, why) for each variable of ``env`` (vllm_env, an instance's env) that turns on a
+    vLLM feature beyond inference that ``allow`` does not name, whatever its value."""
+    held = held_off(allow, "env")
+    return [(f"{where}.{name}", f"{name} turns on vLLM's {held[name]}, off on a shared endpoint "
+             f"({HELD_OFF[held[name]].opens}): drop it, or add {held[name]} to vllm_allow")
+            for name in env if name in held]
 
 
 def partition_problem(partition: str, pp: int, layers: int | None) -> str | None:
@@ -119,9 +150,12 @@ def instances(data: Config, gpu_count: int | None = None) -> tuple[dict[str, Vll
 
 
 def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInstance], list[tuple[str, str]]]:
+    allow = data.get("vllm_allow") if isinstance(data.get("vllm_allow"), list) else ()   # else its form refuses it
+
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         gpus_needed = entry["tp"] * entry["pp"]
-        found = owned_flag_problems(entry["extra_args"], OWNED_FLAGS, where, abbrev=True)
+        found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where, abbrev=True) + \
+            held_off_problems(entry["extra_args"], allow, where) + held_off_env_problems(entry["env"], allow, f"{where}.env")
         if str(entry["served_model_name"] or "").startswith("-"):
             found.append((f"{where}.served_model_name", f"{entry['served_model_name']!r} starts with '-': vLLM would "
                                                         "read it as an option"))
@@ -146,7 +180,10 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInsta
                                                f"pp {entry['pp']} = {gpus_needed}"))
         found += speculative_problems(entry, where, data.get("models") or {})
         return found + env_problems(entry["env"], f"{where}.env")
-    return _entries(data, "vllm_instances", VLLM_INSTANCE, problems)
+    found, wrong = _entries(data, "vllm_instances", VLLM_INSTANCE, problems)
+    # vllm_env is read where vLLM serves, and on a Ray node (its workers' environment: roles/vllm/cluster.py)
+    host_env = data.get("vllm_env") if data.get("vllm_instances") or data.get("vllm_ray_role") else None
+    return found, wrong + (held_off_env_problems(host_env, allow, "vllm_env") if isinstance(host_env, dict) else [])
 
 
 def normalised(data: Config) -> dict[str, VllmInstance]:
