@@ -176,7 +176,8 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     monkeypatch.setattr(pyinfra, "host", fake)
     monkeypatch.setattr(config, "configure", lambda h, roles=(): d)
     monkeypatch.setattr(preflight, "run", lambda roles, data: PLAN(data))   # the plan deploy.py's preflight makes
-    monkeypatch.setattr(summary, "refused", lambda name, why: did["refused"].update({name: why}))
+    monkeypatch.setattr(summary, "refused", lambda h, why: did["refused"].update({h.name: why}))
+    monkeypatch.setattr(summary, "fail", lambda h, why: did["refused"].update({h.name: why}) or did["failed"].add(h.name))
     monkeypatch.setattr(rigup.text, "say", lambda text, **kw: did["said"].append(text))
     monkeypatch.setattr(files, "directory", lambda **kw: None)
     monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]) or did.setdefault("specs", {}).update(
