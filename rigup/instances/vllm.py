@@ -101,18 +101,30 @@ PYTHON_ENV_KEPT = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTH
                              "PYTHONIOENCODING", "PYTHONUTF8"})
 
 
+# Where the stack under vLLM loads code from by an environment variable (round 11 V4): NCCL's plugins
+# (NCCL_NET_PLUGIN=/tmp/x.so is dlopened by every worker), the compiled-kernel and module caches whose
+# files are loaded as code (Triton's and Inductor's .so, torch extensions, the hub's remote-code
+# modules), the caches' common root, and the libcuda Triton loads
+CODE_ENV = frozenset({"TRITON_CACHE_DIR", "TRITON_LIBCUDA_PATH", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
+                      "TORCH_EXTENSIONS_DIR", "HF_MODULES_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT",
+                      "CUDA_CACHE_PATH"})
+
+
 def loader_variable(name: str) -> bool:
-    """Whether ``name`` is the dynamic loader's (``LD_*``: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...) or
-    the interpreter's (``PYTHON*`` but :data:`PYTHON_ENV_KEPT`): the server would load code from where
-    it points (round 10 V3: LD_PRELOAD=/tmp/x.so, as tune.py's ServingEnv refuses for llama-server)."""
-    return name.startswith("LD_") or name.startswith("PYTHON") and name not in PYTHON_ENV_KEPT
+    """Whether ``name`` is the dynamic loader's (``LD_*``: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...),
+    the interpreter's (``PYTHON*`` but :data:`PYTHON_ENV_KEPT`), a plugin's (``*_PLUGIN``: NCCL's net,
+    tuner and profiler plugins) or one of :data:`CODE_ENV`: the server would load code from where it
+    points (round 10 V3: LD_PRELOAD=/tmp/x.so, as tune.py's ServingEnv refuses for llama-server)."""
+    return name.startswith("LD_") or name.startswith("PYTHON") and name not in PYTHON_ENV_KEPT or \
+        name.endswith("_PLUGIN") or name in CODE_ENV
 
 
 def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
     """Each key of ``env`` that is not NAME: a one-line string, number or bool, or that is a loader's or
     interpreter's variable (:func:`loader_variable`)."""
-    return [(f"{where}.{key}", "the dynamic loader's or Python's own variable: it loads code from where it points "
-                               "(rigup sets the server's environment itself); drop it")
+    return [(f"{where}.{key}", "the dynamic loader's, Python's, a plugin's or a compiled-code cache's variable: the "
+                               "server loads code from where it points (rigup sets the server's environment itself); "
+                               "drop it")
             if loader_variable(str(key)) else (f"{where}.{key}", "expected NAME: a one-line string, number or bool")
             for key, value in env.items()
             if loader_variable(str(key)) or not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list))

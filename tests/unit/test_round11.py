@@ -77,3 +77,17 @@ def test_b1_a_pass_whose_own_schema_2_figures_name_a_fault_is_not_believed(over,
         return
     print(over, "->", got.untested)
     assert "GPU-1" not in got.cards and why in got.untested["GPU-1"]
+
+
+@pytest.mark.parametrize("name", ["NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                                  "HF_MODULES_CACHE", "XDG_CACHE_HOME", "LD_PRELOAD", "PYTHONPATH"])
+def test_v4_a_vllm_variable_that_loads_code_from_a_path_is_refused(name):
+    """V4: a vLLM instance's env NCCL_NET_PLUGIN=/tmp/evil.so (dlopened by every worker) or
+    TRITON_CACHE_DIR=/tmp/shared (compiled kernels loaded from another user's directory) passed."""
+    from rigup.instances.vllm import instances
+
+    entry = {"model": "m", "port": 8000, "env": {name: "/tmp/shared/x.so"}}
+    found = instances(data(models={"m": MODEL}, vllm_instances={"v": entry}))[1]
+    ok = instances(data(models={"m": MODEL}, vllm_instances={"v": {**entry, "env": {"NCCL_DEBUG": "WARN"}}}))[1]
+    print(name, "->", found)
+    assert [p for p, _ in found] == [f"vllm_instances.v.env.{name}"] and "loads code" in found[0][1] and ok == []
