@@ -40,7 +40,8 @@ class Run:
     refused: dict[str, list[str]] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
     quiet: dict[str, str] = field(default_factory=dict)
-    # roles/preflight: host -> its hardware plan (plan_of reads a peer's), host -> refusal count
+    # roles/preflight: host -> its hardware plan (rigup/peer.py makes a peer's before its own preflight
+    # does: preflight's plan_of, llama_cpp's handover), host -> refusal count
     plans: dict[str, Any] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
     # roles/model_fetch: host -> refused model count, models its apply waits for, revisions it
@@ -52,8 +53,10 @@ class Run:
     pruning: dict[str, Any] = field(default_factory=dict)
     hub_answers: dict[tuple, Any] = field(default_factory=dict)
     hub_calls: list = field(default_factory=list)
-    # roles/llama_cpp/handover.py: build key -> the host that compiles it; host -> its build's source
-    compiling: dict[str, str] = field(default_factory=dict)
+    # roles/llama_cpp/handover.py: host -> the build key it compiles or receives (None: none), its own
+    # choice or worked out by a host after it in the inventory (the first of a key compiles it);
+    # host -> its build's source
+    compiling: dict[str, str | None] = field(default_factory=dict)
     sources: dict[str, Any] = field(default_factory=dict)
     # rigup/fleet.py (status.py): host -> its row, host -> joules per token, the output's settings
     rows: dict[str, Any] = field(default_factory=dict)

@@ -2,6 +2,14 @@
 same key, through the controller's cache (roles/llama_cpp/artifact.py), and the choice, per host,
 of where its build comes from.
 
+Which host compiles a build no host has (no record on the controller) is a rule, not the order
+in which pyinfra's greenlets reach it: of the inventory's hosts in this run (in ``--limit`` and
+reached), in the inventory's order, the first whose build key is the same compiles; the others
+receive from it. A host before this one is read for its key only when this host needs a build it
+has no record of, and only as far as needed: its own choice when it made it already, else its
+configuration, its hardware plan (its preflight's, else read: rigup/peer.py) and, for the same
+build id alone, its builds (one read); each kept on the run (rigup/run.py ``compiling``).
+
 Why through the controller and by hand: pyinfra moves files between the controller and a host
 (``get_file``, ``put_file``), not between hosts, and the expected hash must be the controller's
 own record anyway; no library packs, records and checks a build for this.
@@ -16,15 +24,19 @@ from io import BytesIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand
+from pyinfra.context import ctx_state
 
-from rigup import progress, run as run_state, summary
+from rigup import peer as peers, progress, run as run_state, summary
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
+from rigup.config import config_of
+from rigup.gpu.plan import build_backend
 from rigup.probe import operation
 from rigup.text import say, shown
 from roles.llama_cpp import artifact
 from roles.llama_cpp.build import build_log, build_stamp
-from roles.llama_cpp.facts import BUILD_UNIT
+from roles.llama_cpp.facts import BUILD_UNIT, LlamaCppState
+from roles.llama_cpp.script import build_id, cmake_options
 
 
 def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
@@ -36,6 +48,7 @@ def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
     if name in run.sources and run.sources[name].get("ident") == ident:
         return run.sources[name]
     found = _source(run, name, data, state, ident, runtime)
+    run.compiling[name] = found.get("key")
     stamp = (state.get("unreadable") or {}).get(ident)   # roles/llama_cpp/facts.py: built there, its stamp bad
     run.sources[name] = {**found, "ident": ident, **({"stamp": stamp} if stamp else {})}
     return run.sources[name]
@@ -46,10 +59,7 @@ def _source(run, name: str, data, state: dict, ident: str, runtime: dict) -> dic
         return {"how": "have"}
     if not data["llama_cpp_handover"]:
         return {"how": "compile", "why": "llama_cpp_handover: false"}
-    if data["llama_cpp_archive"]:
-        commit, why = "archive", ""          # the build id holds the archive's sha256
-    else:
-        commit, why = artifact.resolved(data["llama_cpp_source"], data["llama_cpp_ref"])
+    commit, why = _commit(data)
     if commit is None:
         return {"how": "compile", "why": f"the controller could not resolve {data['llama_cpp_ref']}: {why}"}
     key = artifact.key(ident, commit, runtime)
@@ -58,15 +68,60 @@ def _source(run, name: str, data, state: dict, ident: str, runtime: dict) -> dic
     if doc:
         return {"how": "receive", "key": key, "from": doc.get("host"), "size": doc.get("size"),
                 "cached": artifact.tarball(cache, key).exists()}
-    # the host compiling it in this run: the first that needs it (rigup/run.py ``compiling``); a
-    # later host of the same key receives it
-    if run.compiling.setdefault(key, name) != name:
-        return {"how": "receive", "key": key, "from": run.compiling[key], "size": None, "cached": False}
+    first = _compiler(run, name, key, ident)
+    if first != name:
+        return {"how": "receive", "key": key, "from": first, "size": None, "cached": False}
     other = [r for r in artifact.records(cache) if r.get("build_id") == ident]
     reasons = [f"{r.get('host')}'s build cannot run here: {artifact.missing(r.get('runtime') or {}, runtime)}"
                for r in other if artifact.missing(r.get("runtime") or {}, runtime)]
     return {"how": "compile", "key": key, "commit": commit, "runtime": runtime,
             "why": reasons[0] if reasons else f"{key}: {unreadable}" if unreadable else f"no host has {key}"}
+
+
+def _commit(data) -> tuple[str | None, str]:
+    """(the commit the build is of, "") or (None, why the controller could not resolve its ref)."""
+    if data["llama_cpp_archive"]:
+        return "archive", ""          # the build id holds the archive's sha256
+    return artifact.resolved(data["llama_cpp_source"], data["llama_cpp_ref"])
+
+
+def _compiler(run, name: str, key: str, ident: str) -> str:
+    """The host that compiles build ``key`` (id ``ident``) in this run: of the inventory's hosts
+    in ``--limit`` and reached (connected), in the inventory's order, the first whose key is
+    ``key`` (the module docstring); ``name`` when none before it is."""
+    state = ctx_state.get()
+    for peer in getattr(state, "inventory", None) or ():
+        if peer.name == name:
+            break
+        if state.is_host_in_limit(peer) and peer in state.activated_hosts and _key_of(run, peer, ident, name) == key:
+            return peer.name
+    return name
+
+
+def _key_of(run, peer, ident: str, asking: str) -> str | None:
+    """The build key ``peer`` compiles or receives in this run, when its build id is ``ident``
+    (None: another id, its build is there, it hands none over, or it cannot be read): its own
+    choice when made (rigup/run.py ``compiling``), else worked out as its own will be."""
+    if peer.name in run.compiling:
+        return run.compiling[peer.name]
+    data = config_of(peer)
+    if not data["llama_cpp_handover"] or data["llama_cpp_rollback"]:
+        return None
+    try:
+        plan = peers.plan(peer)
+        options = cmake_options(plan, data) if plan is not None else None
+        if options is None or build_id(data, options) != ident:   # unplanned, or another build: nothing more to read
+            return None
+        state = peer.get_fact(LlamaCppState, dir=data["llama_cpp_dir"])
+    except Exception as e:   # noqa: BLE001 - unreachable, or its facts did not read: not the one that compiles
+        say(f"    [{asking}] llama.cpp {ident}: cannot read whether {peer.name} compiles it: {e}")
+        return None
+    commit, _ = _commit(data)
+    toolkit = str(data.get("cuda_version")) if build_backend(plan, data) == "cuda" else None
+    runtime = artifact.runtime(state, (plan.get("cpu") or {}).get("flags") or [], options, toolkit)
+    found = None if ident in state["builds"] or commit is None else artifact.key(ident, commit, runtime)
+    run.compiling[peer.name] = found
+    return found
 
 
 def source_line(ident: str, found: dict) -> str | None:

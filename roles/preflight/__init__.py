@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from pyinfra import host
 
-from rigup import run as run_state, summary
+from rigup import peer, run as run_state, summary
 from rigup.boundary import Unreadable
 from rigup.config import Config, fleet_data, source_of
 from rigup.gpu.fabric import fabric_plan
@@ -49,14 +49,12 @@ __all__ = ["run", "refusals"]
 
 def plan_of(name: str) -> dict | None:
     """Host ``name``'s hardware plan (an RPC head's VRAM plan needs its workers' GPUs): the one its
-    own preflight read, else read now from its facts (one round trip); None when it cannot be read.
-    Kept on the run (rigup/run.py ``plans``)."""
+    own preflight made, else read now from its facts as its preflight reads them (rigup/peer.py);
+    None when it cannot be read. Kept on the run (rigup/run.py ``plans``)."""
     plans = run_state.host_run(host).plans
     if name not in plans:
         try:
-            other = host.inventory.get_host(name)
-            facts = other.get_fact(HardwareFacts, paths=["/"])
-            plans[name] = dict(hardware_plan(facts["gpus"], facts["driver"], facts["cuda_toolkits"]))
+            peer.plan(host.inventory.get_host(name))
         except Exception as e:      # unreachable: the head is refused, naming the worker
             say(f"    [{host.name}] cannot read the GPUs of {name}: {e}")
             plans[name] = None

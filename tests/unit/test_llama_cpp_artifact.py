@@ -133,6 +133,7 @@ def test_a_ref_resolves_to_its_commit_from_the_controller(tmp_path):
 
 # ----------------------------------------------------------------------------- where a host's build comes from
 from pyinfra.api import Config, Inventory, State  # noqa: E402
+from pyinfra.context import ctx_state  # noqa: E402
 
 from roles.llama_cpp import handover  # noqa: E402
 from tests.runs import own_run  # noqa: E402
@@ -141,12 +142,16 @@ COMMIT = "c" * 40
 RT = artifact.runtime(STATE, FLAGS, [], None)
 
 
-def lab_run(names=("lab1", "lab2", "lab3", "lab4")):
-    """A run of these hosts (tests/runs.py), each reached: its choices start empty and end with the test."""
-    state = State(Inventory((list(names), {})), Config())
-    for h in state.inventory:
-        state.activate_host(h)
-    return own_run(state)
+def lab_run(names=("lab1", "lab2", "lab3", "lab4"), data=None):
+    """A run of these hosts (tests/runs.py): its choices start empty and end with the test."""
+    return own_run(State(Inventory((list(names), data or {})), Config()))
+
+
+def reach(*names: str) -> None:
+    """These hosts of the test's run reached, as pyinfra's connect marks them: in this run."""
+    state = ctx_state.get()
+    for name in names:
+        state.activate_host(state.inventory.get_host(name))
 
 
 @pytest.fixture
@@ -161,6 +166,7 @@ def _state(*builds):
 
 
 def test_the_first_host_of_a_key_compiles_and_the_next_ones_receive_its_build(data):
+    reach("lab1", "lab2")
     first = handover.source("lab1", data, _state(), "b1", RT)
     assert first["how"] == "compile" and first["why"] == f"no host has {first['key']}" and first["commit"] == COMMIT
     second = handover.source("lab2", data, _state(), "b1", RT)
@@ -186,6 +192,38 @@ def test_a_recorded_build_is_received_from_the_cache_and_a_cpu_without_its_flags
     less = artifact.runtime(STATE, ["avx", "avx2", "fma"], [], None)
     got = handover.source("lab3", data, _state(), "b1", less)
     assert got["how"] == "compile" and got["why"] == "lab1's build cannot run here: it uses avx512f, which this CPU lacks"
+
+
+def test_the_compiling_host_is_the_first_of_the_inventory_whichever_asks_first(tmp_path):
+    """issue 64: of the hosts of the run with the same key, the first of the inventory compiles,
+    though a later one asks first (pyinfra prepares hosts at once): the later one works its key out
+    from its configuration, its preflight's plan and its builds, read (@local: pyinfra's local
+    connector, a host read for real) and kept on the run; a host not in the run is not counted."""
+    from rigup.config import config_of
+    from rigup.gpu.plan import hardware_plan
+    from roles.llama_cpp.facts import LlamaCppState
+    from roles.llama_cpp.script import build_id, cmake_options
+
+    same = {"llama_cpp_ref": COMMIT, "llama_cpp_dir": str(tmp_path / "llama.cpp"),
+            "llama_cpp_artifacts": str(tmp_path / "cache")}
+    for reached in (True, False):
+        with lab_run(("@local", "lab2"), same) as run:
+            local, lab2 = (ctx_state.get().inventory.get_host(n) for n in ("@local", "lab2"))
+            if reached:
+                reach("@local", "lab2")
+            plan = run.plans["@local"] = dict(hardware_plan([]))   # as its preflight made it: a CPU host
+            data = config_of(lab2)
+            options = cmake_options(plan, data)
+            ident, state = build_id(data, options), local.get_fact(LlamaCppState, dir=same["llama_cpp_dir"])
+            runtime = artifact.runtime(state, [], options, None)    # lab2 is the same machine
+            got = handover.source("lab2", data, state, ident, runtime)
+            print(f"\n@local {'in' if reached else 'not in'} the run, lab2 first: {handover.source_line(ident, got)}")
+            if not reached:
+                assert got["how"] == "compile" and "@local" not in run.compiling
+                continue
+            assert got["how"] == "receive" and got["from"] == "@local" and run.compiling["@local"] == got["key"]
+            first = handover.source("@local", config_of(local), state, ident, runtime)
+            assert first["how"] == "compile" and first["key"] == got["key"]
 
 
 def test_a_ref_the_controller_cannot_resolve_compiles_saying_why(data, tmp_path):
