@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import re
 
 from rigup.config import Config, ConfigError, host_ip
+from rigup.contract import vllm as vllm_contract
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -201,15 +202,21 @@ def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 
 def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in
-    models, tp x pp beyond the GPUs, a pp_partition that does not fit, gpus, env, speculative keys
-    that are not names with one-line values (or a ``model``: the drafter is draft_model's), a
-    served_model_name starting with ``-``, or extra_args giving a flag rigup sets (--host, --port,
-    --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization,
-    --speculative-config, -sc; ``--port=1``, ``--served_model_name`` and abbreviations too); on a host
-    with instances, a vllm_env key that is not NAME: a one-line value (what the env file's writer refuses)."""
     found, wrong = instances(data, _gpu_bound(plan, data))
     return config_refusals(wrong + (env_problems(data.get("vllm_env") or {}, "vllm_env") if found else []))
+
+
+check_config.__doc__ = (   # the held-off features from the contract's table (rigup/contract/vllm.py), as docs/refusals.md shows them
+    "An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in models, tp x pp beyond "
+    "the GPUs, a pp_partition that does not fit, gpus, env (a variable that loads code from a path: the loader's, "
+    "Python's, a plugin's or a compiled-code cache's), speculative keys that are not names with one-line values (or a "
+    "``model``: the drafter is draft_model's), a served_model_name starting with ``-``, or extra_args giving a flag "
+    "rigup sets (--host, --port, --uds, --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization, "
+    "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model`` and "
+    "abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
+    ", ".join(f"{name}: {' '.join((*f.flags, *f.env))}" for name, f in vllm_contract.HELD_OFF.items())
+    + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
+    "(what the env file's writer refuses).")
 
 
 def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
