@@ -15,6 +15,12 @@ import pytest
 
 from roles.metrics import relay
 from roles.watchdog import watchdog
+from tests.unit.world import remade
+
+# made again here: a module before may have remade rigup/throughput.py (its opener's socket, after a gevent
+# patch), and each binds throughput's listener_may_read where it loads (tests/unit/world.py)
+_relay = remade(relay)
+_watchdog = remade(watchdog)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
