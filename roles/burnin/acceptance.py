@@ -931,6 +931,8 @@ class Device:
         path, why = libcuda()
         if path is None:
             raise OSError(why)
+        for first in runtime(path, runtime_names(path))[0]:   # its JIT's, by their checked paths (RUNTIME)
+            ctypes.CDLL(first, mode=ctypes.RTLD_GLOBAL)
         self.lib = lib = ctypes.CDLL(path)
         u64, sz, vp = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
         for name, args in (("cuMemAlloc_v2", [ctypes.POINTER(u64), sz]), ("cuMemFree_v2", [u64]),
@@ -1176,6 +1178,22 @@ DRIVER_DIRS = (f"/usr/lib/{getattr(sys.implementation, '_multiarch', '') or '*-l
 # the dynamic loader, which says where a library's needs resolve (its trace, as ldd's)
 LOADERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1", "/lib/*-linux-gnu/ld-linux*.so.[0-9]",
            "/usr/lib/*-linux-gnu/ld-linux*.so.[0-9]")
+# What libcuda and cuBLAS dlopen BY NAME while they run, which no trace of their DT_NEEDED shows (round 10/11 BU1):
+# the loader searches for each (RUNPATH, LD_LIBRARY_PATH, ld.so.cache with Debian's /usr/local/lib first, its
+# default directories), and another user's file it finds runs its code as root. libcuda: the PTX JIT (every kernel
+# here is PTX) and its compilers (libnvidia-container's list of what libcuda uses), the debugger's and confidential
+# computing's libraries; {v} the driver's version (:func:`runtime_names`). cuBLASLt may compile kernels through NVRTC
+# ({v}: its soname's major). cuBLAS's static CUDA runtime dlopens libcuda.so.1, loaded by path before it (Device).
+# A name none of the loader's places holds is no refusal: libcuda does without it or fails its own way.
+RUNTIME = ("libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so.{v}", "libnvidia-nvvm.so.4",
+           "libnvidia-nvvm.so.{v}", "libnvidia-nvvm70.so.4", "libnvidia-gpucomp.so.{v}",
+           "libnvidia-fatbinaryloader.so.{v}", "libnvidia-tileiras.so.{v}", "libcudadebugger.so.1",
+           "libcudadebugger.so.{v}", "libnvidia-pkcs11.so.{v}", "libnvidia-pkcs11-openssl3.so.{v}")
+CUBLAS_RUNTIME = ("libnvrtc.so.{v}", "libnvJitLink.so.{v}")
+# the JIT's libraries, which every run's PTX needs: those beside libcuda's real path (the driver installs them
+# together) are loaded by that path first, so libcuda's dlopen by soname finds them loaded and searches nothing
+PINNED = ("libnvidia-ptxjitcompiler.", "libnvidia-nvvm", "libnvidia-gpucomp.", "libnvidia-fatbinaryloader.")
+DRIVER_VERSION = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}")
 GEMM_N = 8192            # m = n = k: each GEMM 2 * 8192**3 flops (the field's and gpu-burn's size)
 GEMM_SEEDS = 3           # the seeded operand pairs the soak cycles through: each result digested, compared
 BATCH_S = 1.0            # GPU time a batch takes (the one before digested meanwhile)
@@ -1222,18 +1240,24 @@ def loader() -> str | None:
     return None
 
 
-def needs_alone(path: str) -> str | None:
+def needs_alone(path: str, preload: tuple[str, ...] = ()) -> str | None:
     """None when every library ``path`` needs, as the loader resolves it for this process (RUNPATH,
     LD_LIBRARY_PATH, ld.so.cache, its default directories), passes :func:`alone`; else why not, naming
     the first that does not (or one not found). The loader's trace (LD_TRACE_LOADED_OBJECTS, ldd's) maps
     the libraries and runs none of their code: an ld.so.cache that lists /usr/local/lib (2775 root:staff on Debian) first, or any
-    other directory another user writes, makes no library there one root loads."""
+    other directory another user writes, makes no library there one root loads. ``preload``: paths and names
+    the loader maps first (LD_PRELOAD), a name found where ``path``'s own dlopen would find it (its RUNPATH
+    too), or not at all (no line: the loader says so on stderr and goes on); a name an object mapped before
+    it has as its soname is that object, searched for nowhere, as in the process that loads them."""
     ld = loader()
     if ld is None:
         return f"no dynamic loader where only root writes ({', '.join(LOADERS)}): what {path} needs is not known"
+    env = {**os.environ, "LD_TRACE_LOADED_OBJECTS": "1", "LD_WARN": "yes"}
+    if preload:   # names from RUNTIME and a checked version (no blank, no colon); the process's own kept first
+        env["LD_PRELOAD"] = " ".join([*env.get("LD_PRELOAD", "").split(), *preload])
     try:   # ldd's way: the loader traces (LD_WARN: each need not found is a line too) and runs nothing
         r = subprocess.run([ld, path], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, errors="replace",
-                           stdin=subprocess.DEVNULL, env={**os.environ, "LD_TRACE_LOADED_OBJECTS": "1", "LD_WARN": "yes"})
+                           stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.SubprocessError) as e:
         return f"{ld} {path}: {e}"
     lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
@@ -1247,8 +1271,65 @@ def needs_alone(path: str) -> str | None:
         if "/" in where:
             why = alone(where)[1] if where.startswith("/") else "not an absolute path"
             if why is not None:
-                return f"{path} needs {name}, which the loader finds at {where}: {why}"
+                return f"{path} {'loads' if name in preload else 'needs'} {name}, which the loader finds at {where}: {why}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def runtime_names(path: str) -> tuple[str, ...]:
+    """RUNTIME's names for libcuda at ``path`` (its real path): {v} the driver's version, from its own file
+    name (libcuda.so.580.95.05, as every driver package installs it), else from nvidia-smi; the names with
+    {v} are left out where neither says it."""
+    v = os.path.basename(path).removeprefix("libcuda.so.")
+    if not DRIVER_VERSION.fullmatch(v):
+        rows = query(["driver_version"]) or [{}]
+        v = str(rows[0].get("driver_version") or "")
+    return tuple(n.format(v=v) for n in RUNTIME if "{v}" not in n or DRIVER_VERSION.fullmatch(v))
+
+
+@functools.lru_cache(maxsize=None)
+def runtime(path: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """((the files to load by path before ``path``), None) or ((), why not): each of ``names`` that
+    ``path`` dlopens while it runs found where the loader would find it for that dlopen, after PINNED's
+    files beside ``path`` (its real path's directory) are loaded, each of which and every one found must
+    pass :func:`alone`, their needs too (:func:`needs_alone`, one trace). A PINNED file beside it is
+    loaded first (RTLD_GLOBAL) so that the dlopen by its soname finds it loaded and searches nothing; one
+    another user planted where the search looks (an ld.so.conf directory, LD_LIBRARY_PATH) refuses
+    ``path`` where the search would reach it, naming the file. Before the workers fork."""
+    pinned = []
+    for name in names:
+        here = os.path.join(os.path.dirname(path), name)
+        if name.startswith(PINNED) and os.path.lexists(here):
+            real, why = alone(here)
+            why = why or ("a blank or a colon in its path (LD_PRELOAD, the trace's, splits there)"
+                          if re.search(r"[\s:]", real) else None)
+            if why is not None:
+                return (), f"{path} loads {name} (beside it): {why}"
+            pinned += [real] if real not in pinned else []
+    why = needs_alone(path, (*pinned, *names))
+    return (tuple(pinned), None) if why is None else ((), why)
+
+
+def mapped_refused() -> list[str]:
+    """Each library this process maps (/proc/self/maps) that :func:`alone` refuses, with why: the
+    backstop after a run, naming a library that none of the checks before loading named (one a library
+    dlopened by a name RUNTIME does not list). A file deleted since (an upgrade during the run) is
+    not judged: its path names another file now."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {cols[5].rstrip("\n") for cols in (line.split(None, 5) for line in f) if len(cols) == 6}
+    except OSError as e:
+        return [f"/proc/self/maps: {e.strerror or e}"]
+    return [f"{p}: {why}" for p in sorted(paths) if p.startswith("/") and not p.endswith(" (deleted)")
+            and re.search(r"\.so(\.[0-9.]+)?$", p) and (why := alone(p)[1]) is not None]
+
+
+def backstop(fig: dict) -> None:
+    """A worker's last look: a library mapped that :func:`alone` refuses is the card's error, named."""
+    refused = mapped_refused()
+    if refused:
+        fig["error"] = "; ".join([*filter(None, [fig.get("error")]),
+                                  f"mapped where another user writes (root ran its code): {'; '.join(refused[:8])}"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -1259,7 +1340,9 @@ def cublas_libraries() -> tuple[tuple[str, str], ...]:
     found, skipped = cublas_candidates()
     kept = []
     for path, lt in found:
-        why = needs_alone(lt) or needs_alone(path)
+        major = re.match(r"libcublas\.so\.([0-9]{1,3})\b", os.path.basename(path))
+        names = tuple(n.format(v=major.group(1)) for n in CUBLAS_RUNTIME) if major else ()
+        why = needs_alone(lt) or needs_alone(path) or runtime(lt, names)[1]   # cuBLASLt's dlopen: its RUNPATH
         if why is None:
             kept.append((path, lt))
         else:
@@ -1273,16 +1356,16 @@ def cublas_libraries() -> tuple[tuple[str, str], ...]:
 def libcuda() -> tuple[str | None, str]:
     """(the real path of the driver's libcuda.so.1, "") or (None, why not): the first LIBCUDA in
     LD_LIBRARY_PATH's directories (checked at start: :func:`loader_path_checked`), then DRIVER_DIRS,
-    that :func:`alone` passes and whose needs :func:`needs_alone` passes; loaded by that path, never by
-    its soname through the loader's search (ld.so.cache's /usr/local/lib first on Debian). Before the
-    workers fork."""
+    that :func:`alone` passes and whose needs :func:`needs_alone` passes, and what it dlopens while it
+    runs :func:`runtime` too; loaded by that path, never by its soname through the loader's search
+    (ld.so.cache's /usr/local/lib first on Debian). Before the workers fork."""
     import glob
     tried = []
     dirs = [glob.escape(d) for d in re.split("[:;]", os.environ.get("LD_LIBRARY_PATH", "")) if d.startswith("/")
             and "$" not in d] + list(DRIVER_DIRS)
     for path in [p for d in dirs for p in sorted(glob.glob(os.path.join(d, LIBCUDA)))]:
         real, why = alone(path)
-        why = why or needs_alone(real)
+        why = why or needs_alone(real) or runtime(real, runtime_names(real))[1]
         if why is None:
             return real, ""
         tried.append(why)
@@ -1585,6 +1668,7 @@ def worker(card: dict, opts: dict, conn) -> None:
         fig["error"] = f"libcuda.so.1: {e}"
     except Exception as e:   # noqa: BLE001 - any failure of the test is the card's result, named
         fig["error"] = f"the test failed: {type(e).__name__}: {e}"
+    backstop(fig)
     conn.send(fig)
     conn.close()
 
@@ -1820,6 +1904,7 @@ def pulse_worker(card: dict, opts: dict, start, barrier, conn) -> None:
             fig["cuda_lost"] = e.code
     except Exception as e:   # noqa: BLE001 - a barrier broken by another card, a load that failed: named
         fig["error"] = f"{type(e).__name__}: {e}"
+    backstop(fig)
     if "error" in fig:
         barrier.abort()   # the other cards stop waiting for this one
     conn.send(fig)
