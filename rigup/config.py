@@ -450,7 +450,9 @@ def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
         if isinstance(read, bool) or (isinstance(read, str) and read == text):
             continue                 # true/false, or text pyinfra keeps as it is
         if type(read) is int:
-            if number(text, int) != read:
+            # a control character around the digits (form feed, vertical tab) is a blank to int() and to the
+            # one number parser, and refused by the YAML loader (Hypothesis: '0\x0c')
+            if number(text, int) != read or control_at(text) is not None:
                 found.append((key, f"{key}={text!r}: pyinfra reads it as the number {read}, which rigup does not "
                                    f"take (ASCII digits 0-9 alone, no '_', no leading zero): write {read}, or quote "
                                    f"text (--data '{key}=\"...\"')"))
