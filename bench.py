@@ -30,20 +30,21 @@ from pyinfra import host
 
 import charts
 from rigup import bench
-from rigup.config import check_host
+from rigup.config import check_host, host_only
 
-data = check_host(host)   # the host's configuration (rigup.config.Config)
-current = f"{str(data['llama_cpp_dir']).rstrip('/')}/current"
-binary = f"{current}/bin/llama-bench"
-seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary,
-                     smoke=f"{current}/rigup-smoke.json")
-targets = bench.targets(data, seen["units"])
-runs = bench.llama_runs(data, seen) if data["bench_llama_tests"] else []
-started = time.monotonic()
-measured = host.get_fact(bench.Throughput, targets=targets, levels=list(data["bench_levels"]),
-                         max_tokens=data["bench_max_tokens"], rounds=data["bench_rounds"]) if targets else {}
-ready = [r for r in runs if not r.get("error")]
-benched = host.get_fact(bench.LlamaBench, runs=ready, binary=binary, tests=list(data["bench_llama_tests"]),
-                        reps=data["bench_llama_reps"], timeout=data["bench_llama_timeout_s"]) if ready else {}
-bench.record(host, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched),
-             plot=charts.plot)
+with host_only(host):   # a configuration error fails this host, named, not the run
+    data = check_host(host)   # the host's configuration (rigup.config.Config)
+    current = f"{str(data['llama_cpp_dir']).rstrip('/')}/current"
+    binary = f"{current}/bin/llama-bench"
+    seen = host.get_fact(bench.Serving, markers=sorted(set(bench.model_markers(data).values())), binary=binary,
+                         smoke=f"{current}/rigup-smoke.json")
+    targets = bench.targets(data, seen["units"])
+    runs = bench.llama_runs(data, seen) if data["bench_llama_tests"] else []
+    started = time.monotonic()
+    measured = host.get_fact(bench.Throughput, targets=targets, levels=list(data["bench_levels"]),
+                             max_tokens=data["bench_max_tokens"], rounds=data["bench_rounds"]) if targets else {}
+    ready = [r for r in runs if not r.get("error")]
+    benched = host.get_fact(bench.LlamaBench, runs=ready, binary=binary, tests=list(data["bench_llama_tests"]),
+                            reps=data["bench_llama_reps"], timeout=data["bench_llama_timeout_s"]) if ready else {}
+    bench.record(host, data, measured, targets, time.monotonic() - started, bench.llama_results(runs, benched),
+                 plot=charts.plot)

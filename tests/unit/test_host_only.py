@@ -47,3 +47,21 @@ def test_a_configuration_error_fails_that_host_alone_and_the_others_load(tmp_pat
     assert "failed: ['bad', 'peer'] active: ['good']" in run.stdout
     assert "[bad] invalid configuration for host bad" in run.stderr and "[bad] " in run.stderr
     assert "apt_lock_timeout: expected int" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_every_play_reads_its_configuration_inside_host_only():
+    """Each play at the checkout's top (deploy.py, preflight.py, status.py, bench.py, tune.py) and the
+    lab's plays read a host's configuration (configure, check_host) inside ``with host_only(host):``
+    (round 12: status.py, bench.py and tune.py still ended the run for every host)."""
+    import ast
+
+    plays = sorted(ROOT.glob("*.py"))
+    outside = []
+    for path in plays:
+        tree = ast.parse(path.read_text())
+        inside = {id(n) for w in ast.walk(tree) if isinstance(w, ast.With)
+                  and any("host_only" in ast.unparse(i.context_expr) for i in w.items) for n in ast.walk(w)}
+        outside += [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and ast.unparse(n.func) in ("configure", "check_host") and id(n) not in inside]
+    print("plays:", [p.name for p in plays], "outside host_only:", outside)
+    assert outside == []
