@@ -8,8 +8,9 @@ and abbreviations: rigup/instances/vllm.py checks with them) and the generated d
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from rigup.contract import MAPS, OWN, Flag, Row, owned_by
-from rigup.contract.llama_server import HeldOff
 
 KEY = MAPS["vllm_instances"]   # VLLM_API_KEY=<key>, made on the host (api_key: true)
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
@@ -46,6 +47,19 @@ BY_KEY: dict[str, Flag] = {f.key: f for f in FLAGS}
 # --uds: a Unix socket in place of --host and --port, where neither the health gate nor HAProxy reaches it
 FIXED: dict[str, str | None] = {"--host": "host", "--port": "port", "--api-key": "api_key", "--model": "model",
                                 "--hf-token": "model", "--uds": "host"}
+
+class HeldOff(NamedTuple):
+    """A feature of vLLM beyond inference (rigup/contract/llama_server.py HeldOff's fields, and
+    ``keys``): the keys of vLLM's JSON options that turn it on inside such an option, spelled
+    ``--option.key`` (issue 61, round 12 V8: ``--structured-outputs-config '{"reasoning_parser_plugin":
+    ...}'``, its ``=`` form and ``--structured-outputs-config.reasoning_parser_plugin`` imported a file that
+    --reasoning-parser-plugin is held off for)."""
+
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    opens: str
+    keys: tuple[str, ...] = ()
+
 
 # Features of vLLM beyond inference that a shared endpoint holds off until an operator allows them by name
 # (``vllm_allow``), as llama-server's are (rigup/contract/llama_server.py HELD_OFF): every flag (vLLM's
@@ -99,7 +113,8 @@ HELD_OFF: dict[str, HeldOff] = {
                         "--logits-processor-pattern", "--worker-cls", "--worker-extension-cls", "--log-config-file"),
                        ("VLLM_LOGGING_CONFIG_PATH", "VLLM_RUST_FRONTEND_PATH"),
                        "code from a path or module the value names, run in the server as the service user "
-                       "(--logits-processor-pattern: a class a request names, imported)"),
+                       "(--logits-processor-pattern: a class a request names, imported)",
+                       ("--structured-outputs-config.reasoning_parser_plugin",)),
     # make_arg_parser's --config: FlexibleArgumentParser._pull_args_from_config reads a YAML of options
     "config_file": HeldOff(("--config",), (),
                            "every option in a YAML file on the host, which rigup does not read: any feature here, "
@@ -129,6 +144,14 @@ HELD_OFF: dict[str, HeldOff] = {
     "kv_events": HeldOff(("--kv-events-config",), (),
                          "a ZeroMQ publisher (by default tcp://*:5557, every interface, no authentication) of every "
                          "KV cache block stored, with its token ids: every client's prompt, to anyone who connects"),
+    # KVTransferConfig (--kv-transfer-config: kv_connector_module_path is imported by name, KVConnectorFactory)
+    # and ECTransferConfig (--ec-transfer-config, ec_connector_module_path): connectors such as P2pNcclConnector
+    # (kv_ip, kv_port), NixlConnector (its side channel, VLLM_NIXL_SIDE_CHANNEL_HOST) or Mooncake listen, and send
+    # and receive the KV cache (every client's prompt, as tensors) to and from peers
+    "kv_transfer": HeldOff(("--kv-transfer-config", "--ec-transfer-config"), (),
+                           "a KV connector: a module imported by name (kv_connector_module_path), and a listener "
+                           "that sends every client's KV cache (its prompt) to peers and takes theirs, outside "
+                           "the API key"),
     # ProfilerConfig (--profiler-config) and the older VLLM_TORCH_PROFILER_DIR: vllm/entrypoints/serve/profile/
     "profiler": HeldOff(("--profiler-config",), ("VLLM_TORCH_PROFILER_DIR",),
                         "POST /start_profile and /stop_profile, outside the API key's paths: any client runs the "
@@ -142,8 +165,8 @@ HELD_OFF: dict[str, HeldOff] = {
 
 
 def held_off(allow=(), kind: str = "flags") -> dict[str, str]:
-    """Every flag (``kind="env"``: every variable) of a feature of :data:`HELD_OFF` not in ``allow``
-    -> its feature."""
+    """Every flag (``kind="env"``: every variable; ``"keys"``: every ``--option.key``) of a feature of
+    :data:`HELD_OFF` not in ``allow`` -> its feature."""
     return {s: name for name, f in HELD_OFF.items() if name not in allow for s in getattr(f, kind)}
 
 

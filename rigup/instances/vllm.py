@@ -49,25 +49,57 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def spelled(args: list) -> list[str]:
-    """extra_args as vLLM's FlexibleArgumentParser reads a ``--`` flag's name: ``_`` is ``-`` and
-    ``--flag.key`` (a JSON option's key, vllm/utils/argparse_utils.py) is ``--flag``, up to its
-    ``=``; the value as given (``--speculative-config.model x`` gives --speculative-config)."""
+    """extra_args as vLLM's FlexibleArgumentParser reads a flag's name: after ``--``, ``_`` is ``-``;
+    ``--flag.key`` and ``-f.key`` (a JSON option's key, after one dash too: vllm/utils/argparse_utils.py
+    takes any ``-`` argument with a ``.`` in its name, round 12 V17's ``-sc.model=/x``) are ``--flag``
+    and ``-f``, up to its ``=``; the value as given (``--speculative-config.model x`` gives
+    --speculative-config)."""
     def one(arg: str) -> str:
-        if not arg.startswith("--"):
+        if not arg.startswith("-"):
             return arg
         key, sep, value = arg.partition("=")
-        return key.split(".", 1)[0].replace("_", "-") + sep + value
+        name = key.split(".", 1)[0]
+        return (name.replace("_", "-") if name.startswith("--") else name) + sep + value
     return [one(str(a)) for a in args]
+
+
+def json_keys(args: list, options) -> list[tuple[str, str]]:
+    """(option, key) for each top-level key given to one of ``options`` (JSON options, e.g.
+    ``--structured-outputs-config``) in ``args``, as vLLM reads them: a JSON object after the option
+    or its ``=`` (every key, a repeated one too), or a dotted ``--option.key[+]`` (``=value`` or the
+    next item); abbreviations and ``_`` for ``-`` in the option, either in the key. Text that is no
+    JSON object gives no key (vLLM refuses it)."""
+    import json
+
+    def keys_of(text) -> list[str]:
+        found: list[str] = []
+        try:
+            json.loads(str(text), object_pairs_hook=lambda pairs: found.extend(k for k, _ in pairs) or {})
+        except (ValueError, RecursionError):
+            return []
+        return found
+    out = [(flag, key) for flag, value in flag_values(spelled(args), options, abbrev=True) if value is not None
+           for key in keys_of(value)]
+    for arg in map(str, args):
+        name = arg.partition("=")[0]
+        if arg.startswith("-") and "." in name:
+            option, key = name.split(".")[:2]
+            out += [(flag, key.rstrip("+")) for flag, _ in flag_values(spelled([option]), options, abbrev=True)]
+    return [(flag, key.replace("-", "_")) for flag, key in out]
 
 
 def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     """(``WHERE.extra_args``, why) for each flag of a vLLM feature beyond inference (contract
     ``HELD_OFF``) that ``allow`` (the host's vllm_allow) does not name, under every spelling
-    vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``)."""
-    held = held_off(allow)
-    return [(f"{where}.extra_args", f"gives {flag}, vLLM's {held[flag]}, off on a shared endpoint "
-             f"({HELD_OFF[held[flag]].opens}): drop it, or add {held[flag]} to vllm_allow")
-            for flag, _ in flag_values(spelled(args), held, abbrev=True)]
+    vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``), and each
+    key of a JSON option that turns one on (:func:`json_keys`: --structured-outputs-config's
+    reasoning_parser_plugin, as JSON or dotted)."""
+    held, keys = held_off(allow), held_off(allow, "keys")
+    given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True)]
+    given += [f"{o}.{k}" for o, k in json_keys(args, sorted({key.split(".")[0] for key in keys})) if f"{o}.{k}" in keys]
+    return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
+             f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
+            for flag in given for feature in [held.get(flag) or keys[flag]]]
 
 
 def held_off_env_problems(env: dict, allow, where: str) -> list[tuple[str, str]]:
