@@ -25,6 +25,25 @@ def _visible(c: str) -> str:
     return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
 
 
+# a URL's userinfo (scheme://USERINFO@host): a password in it, or the user of an http(s) URL (a token
+# given as the user, as GitHub's and the hub's are), is a secret; ssh://git@host's user is a login
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#@]*)@")
+
+
+def redacted(text: str) -> str:
+    """``text`` with each URL's secret userinfo as ``***`` (``https://u:TOKEN@h`` -> ``https://u:***@h``,
+    ``https://TOKEN@h`` -> ``https://***@h``): every line for the operator goes through it (:func:`say`),
+    so a refusal quoting a URL never prints its credentials (issue 61, round 12 SEC3); the keys that would
+    hand them to a program (git, pip) are refused besides."""
+    def one(m: re.Match) -> str:
+        scheme, info = m.group(1), m.group(2)
+        user, colon, _ = info.partition(":")
+        if colon:
+            return f"{scheme}://{user}:***@"
+        return f"{scheme}://***@" if scheme.lower() in ("http", "https") and info else m.group(0)
+    return _USERINFO.sub(one, text) if "@" in text else text
+
+
 def shown(text: object, limit: int = 200) -> str:
     """``text`` as it may reach a terminal: one line, escapes visible, at most ``limit`` characters
     (escapes counted as shown: ``\\x1b`` is 4), then how many characters of ``text`` were left out."""
@@ -50,7 +69,7 @@ def say(line: str, fg: str | None = None) -> None:
     around what hosts said, so escaped whole (:func:`shown`, up to 4000 characters)."""
     import click   # here: the GPU scripts import this module with a plain python3
 
-    text = shown(line, 4000)
+    text = shown(redacted(line), 4000)
     click.echo(click.style(text, fg=fg) if fg else text, err=True)
 
 

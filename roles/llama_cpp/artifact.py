@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rigup.boundary import owned, results
 from rigup.boundary.core import Unreadable
+from rigup.text import redacted
 
 # what an artifact may hold: its binaries (one relative link: ggml-rpc-server -> rpc-server, made
 # by the build script), the version the build printed, its stamp
@@ -74,6 +75,8 @@ def resolved(source: str, ref: str) -> tuple[str | None, str]:
     the controller (``git ls-remote``): (commit, "") or (None, why)."""
     if COMMIT.fullmatch(ref):
         return ref, ""
+    if redacted(source) != source:   # never in argv (preflight refuses the key: round 12 SEC2)
+        return None, "llama_cpp_source carries credentials in its URL: not asked"
     try:
         done = subprocess.run(["git", "ls-remote", "--", source, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}"],
                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,

@@ -91,3 +91,27 @@ def test_v4_a_vllm_variable_that_loads_code_from_a_path_is_refused(name):
     ok = instances(data(models={"m": MODEL}, vllm_instances={"v": {**entry, "env": {"NCCL_DEBUG": "WARN"}}}))[1]
     print(name, "->", found)
     assert [p for p, _ in found] == [f"vllm_instances.v.env.{name}"] and "loads code" in found[0][1] and ok == []
+
+
+# ---- round 12 (the same file: each case named by its id in /tmp/redteam/round12.md)
+
+@pytest.mark.parametrize("url", ["https://u:TOKEN@github.com/ggml-org/llama.cpp", "https://TOKEN@github.com/x/y.git",
+                                 "HTTPS://u:p@h/x"])
+def test_sec2_sec3_a_url_with_credentials_is_refused_for_llama_cpp_and_never_printed_or_run(url, capsys):
+    """SEC2: llama_cpp_source https://u:TOKEN@... stood in the controller's git ls-remote and the host's
+    git clone; SEC3: refusals quoted URLs whole, token included. Every line for the operator goes through
+    rigup.text.say, which redacts a URL's credentials (rigup.text.redacted)."""
+    from rigup.text import redacted, say
+    from roles.llama_cpp import artifact
+    from roles.llama_cpp.checks import check_source
+
+    found = check_source({}, {}, data(llama_cpp_source=url, llama_cpp_ref="b8779"))
+    for r in found:
+        say(f"    {r.line('h')}", fg="red")
+    say(f"hf_endpoint: expected an https:// URL, got {url!r}")   # a refusal quoting the URL (SEC3's)
+    said = capsys.readouterr().err
+    print(said)
+    assert "credentials" in [r.check for r in found] and "TOKEN" not in said and ":p@" not in said and "***@" in said
+    assert artifact.resolved(url, "b8779") == (None, "llama_cpp_source carries credentials in its URL: not asked")
+    for plain in ("ssh://git@github.com/x/y", "git@github.com:x/y", "https://github.com/x/y", "file:///srv/a@b"):
+        assert redacted(plain) == plain
