@@ -62,7 +62,12 @@ class LlamaCppState(FactBase):
     links, whether a build unit runs now, whether the host runs systemd, and what a build's
     binaries need of it (OS release, glibc, machine: roles/llama_cpp/artifact.py)."""
 
-    default = dict
+    @staticmethod
+    def default() -> dict:
+        """What pyinfra returns for an empty answer (its stdout empty, or its command failed; rigup's
+        Batch the same): the parsed empty state, every key there (``{}`` ended the whole run with a
+        KeyError in its readers: issue 61, round 12 HO1)."""
+        return parse_state([])
 
     def command(self, dir: str) -> str:
         return (

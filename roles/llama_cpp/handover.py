@@ -29,7 +29,7 @@ from pyinfra.context import ctx_state
 from rigup import peer as peers, progress, run as run_state, summary
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
-from rigup.config import config_of
+from rigup.config import config_of, peer_value, role_defaults
 from rigup.gpu.plan import build_backend
 from rigup.probe import operation
 from rigup.text import say, shown
@@ -55,7 +55,7 @@ def source(name: str, data, state: dict, ident: str, runtime: dict) -> dict:
 
 
 def _source(run, name: str, data, state: dict, ident: str, runtime: dict) -> dict:
-    if ident in state["builds"]:
+    if ident in (state.get("builds") or {}):
         return {"how": "have"}
     if not data["llama_cpp_handover"]:
         return {"how": "compile", "why": "llama_cpp_handover: false"}
@@ -87,15 +87,24 @@ def _commit(data) -> tuple[str | None, str]:
 
 def _compiler(run, name: str, key: str, ident: str) -> str:
     """The host that compiles build ``key`` (id ``ident``) in this run: of the inventory's hosts
-    in ``--limit`` and reached (connected), in the inventory's order, the first whose key is
-    ``key`` (the module docstring); ``name`` when none before it is."""
+    in ``--limit``, reached (connected) and not failed, in the inventory's order, the first whose key is
+    ``key`` (the module docstring); ``name`` when none before it is. A failed host compiles nothing:
+    its own play refused it (rigup.summary ``fail``), or reading its builds failed it (pyinfra fails
+    a host whose fact's command fails); activated_hosts keeps it (issue 61, round 12 HO3)."""
     state = ctx_state.get()
     for peer in getattr(state, "inventory", None) or ():
         if peer.name == name:
             break
-        if state.is_host_in_limit(peer) and peer in state.activated_hosts and _key_of(run, peer, ident, name) == key:
+        counted = state.is_host_in_limit(peer) and peer in state.activated_hosts and peer not in state.failed_hosts
+        if counted and _key_of(run, peer, ident, name) == key:
             return peer.name
     return name
+
+
+# the keys a peer's build key is worked out from, and the rest its own configure checks of the role:
+# read through peer_value, a peer's value not of its form is refused there as in its own play, so it
+# compiles nothing ('llama_cpp_handover: "no"' read as true: issue 61, round 12 HO3)
+PEER_KEYS = (*role_defaults("llama_cpp"), "cuda_version", "cuda_source", "gpu_enabled")
 
 
 def _key_of(run, peer, ident: str, asking: str) -> str | None:
@@ -105,21 +114,25 @@ def _key_of(run, peer, ident: str, asking: str) -> str | None:
     if peer.name in run.compiling:
         return run.compiling[peer.name]
     data = config_of(peer)
-    if not data["llama_cpp_handover"] or data["llama_cpp_rollback"]:
-        return None
     try:
+        for key in PEER_KEYS:
+            peer_value(data, key)       # ConfigError naming the peer and the key
+        if not data["llama_cpp_handover"] or data["llama_cpp_rollback"]:
+            return None
         plan = peers.plan(peer)
         options = cmake_options(plan, data) if plan is not None else None
         if options is None or build_id(data, options) != ident:   # unplanned, or another build: nothing more to read
             return None
         state = peer.get_fact(LlamaCppState, dir=data["llama_cpp_dir"])
+        if peer in ctx_state.get().failed_hosts:    # its command failed: pyinfra failed it, the default read
+            return None
     except Exception as e:   # noqa: BLE001 - unreachable, or its facts did not read: not the one that compiles
         say(f"    [{asking}] llama.cpp {ident}: cannot read whether {peer.name} compiles it: {e}")
         return None
     commit, _ = _commit(data)
     toolkit = str(data.get("cuda_version")) if build_backend(plan, data) == "cuda" else None
     runtime = artifact.runtime(state, (plan.get("cpu") or {}).get("flags") or [], options, toolkit)
-    found = None if ident in state["builds"] or commit is None else artifact.key(ident, commit, runtime)
+    found = None if ident in (state.get("builds") or {}) or commit is None else artifact.key(ident, commit, runtime)
     run.compiling[peer.name] = found
     return found
 

@@ -204,7 +204,8 @@ def test_the_compiling_host_is_the_first_of_the_inventory_whichever_asks_first(t
     from roles.llama_cpp.facts import LlamaCppState
     from roles.llama_cpp.script import build_id, cmake_options
 
-    same = {"llama_cpp_ref": COMMIT, "llama_cpp_dir": str(tmp_path / "llama.cpp"),
+    # llama_cpp_dir: of root's, as a peer's is read (peer_value; a /tmp path is refused), never made
+    same = {"llama_cpp_ref": COMMIT, "llama_cpp_dir": "/opt/rigup-test-absent/llama.cpp",
             "llama_cpp_artifacts": str(tmp_path / "cache")}
     for reached in (True, False):
         with lab_run(("@local", "lab2"), same) as run:
