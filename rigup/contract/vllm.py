@@ -33,7 +33,7 @@ OTHER: tuple[Row, ...] = (
     Row("pp_partition", "str or null", None, "VLLM_PP_LAYER_PARTITION: layers per stage, e.g. '13,11,11,10'"),
     Row("layers", "int 1.. or null", None, "num_hidden_layers: pp_partition must sum to it"),
     Row("gpus", "str or null", None, "CUDA_VISIBLE_DEVICES, e.g. '0,1,2,3' (default: all)"),
-    Row("env", "map", {}, "more environment for this instance"),
+    Row("env", "map", {}, "more environment for this instance: variables that tune only (vllm_env's rule)"),
     Row("replicas", "count 1..1024", 1, "auto or N: servers of tp x pp GPUs each (rigup-vllm@NAME-K) behind roles/balancer"),
     Row("gpus_per_replica", "count or null", None, "auto or N: a replica's GPUs, which are tp x pp (null: tp x pp)"),
     Row("draft_model", "str or null", None, "a key of models: the drafter, whose dest is --speculative-config's model"),

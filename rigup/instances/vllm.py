@@ -126,41 +126,94 @@ def partition_problem(partition: str, pp: int, layers: int | None) -> str | None
     return None
 
 
-# the Python interpreter's variables the server may be given: none of them loads code or names a path
-# to load from (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONINSPECT, PYTHONUSERBASE, PYTHONBREAKPOINT,
-# PYTHONPYCACHEPREFIX, PYTHONWARNINGS (a category is imported)... do, as the loader's LD_* do)
-PYTHON_ENV_KEPT = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
-                             "PYTHONIOENCODING", "PYTHONUTF8"})
+# An instance's env and vllm_env take only variables that tune (issue 61, round 12 V11/V12): an allow-list,
+# where rounds 10 and 11 kept a deny-list (LD_*, PYTHON*, *_PLUGIN, the compiled-code caches) that each round
+# outgrew: the stack under vLLM (glibc, Python, OpenSSL, the compilers its JIT builds run, Triton, Inductor,
+# FlashInfer, NCCL, the hub) reads more variables naming code or a place to load it from than a list keeps up
+# with (round 12: HOME, TMPDIR, PATH, GCONV_PATH, OPENSSL_CONF, NCCL_CONF_FILE, CC, CUDA_HOME, TRITON_PTXAS_PATH,
+# TRITON_CACHE_MANAGER...). A name is taken when it is one of TUNING; or of a family that tunes (TUNING_FAMILIES:
+# VLLM_, NCCL_, CUDA_, TORCH_NCCL_) and none of its words names a place, a program or code (PLACE_WORDS: NCCL_CONF_FILE,
+# NCCL_NET_PLUGIN, CUDA_HOME, CUDA_CACHE_PATH, VLLM_NCCL_SO_PATH, VLLM_CACHE_ROOT are not); or, outside every
+# family the stack reads (STACK_FAMILIES) and the platform's own names (PLATFORM, and any one-word name that holds
+# a place word: CLASSPATH), a name none of whose words is a place: a patched vLLM's own knob
+# (DSV4_LOGITS_ROW_CHUNK, docs/cmp170hx.md), which nothing but that patch reads. vLLM's held-off variables
+# (contract HELD_OFF) are vllm_allow's to open; secrets (SECRET_WORDS: VLLM_API_KEY, HF_TOKEN) check_open_without_key's.
+TUNING = frozenset({
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM",
+    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET",
+    "HF_XET_HIGH_PERFORMANCE", "NVIDIA_TF32_OVERRIDE", "GLOO_SOCKET_IFNAME", "TORCH_CUDA_ARCH_LIST",
+    "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_COMPILE_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_CPP_LOG_LEVEL",
+    "TORCH_DISTRIBUTED_DEBUG", "TRITON_PRINT_AUTOTUNING", "VLLM_DISABLE_COMPILE_CACHE", "CUDA_CACHE_DISABLE",
+    # Python's that load nothing (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONWARNINGS ... do)
+    "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8"})
+TUNING_FAMILIES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_NCCL_")
+STACK_FAMILIES = (
+    "LD_", "PYTHON", "GCONV_", "OPENSSL_", "SSL_", "CURL_", "REQUESTS_", "GIT_", "BASH_", "MALLOC_", "GLIBC_", "LC_",
+    "XDG_", "TORCH", "PYTORCH_", "TRITON_", "HF_", "HUGGINGFACE_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
+    "SAFETENSORS_", "FLASHINFER_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GLOO_", "NVIDIA_", "NV_", "NVCC_",
+    "CUBLAS", "CUDNN_", "CUFILE_", "NVTE_", "UCX_", "NVSHMEM_", "NIXL_", "RAY_", "DG_", "DEEP_", "XLA_", "TF_", "JAX_",
+    "NUMBA_", "CUPY_", "OUTLINES_", "XGRAMMAR_", "TIKTOKEN_", "CMAKE_", "UV_", "PIP_", "VIRTUAL_ENV", "CONDA_", "S3_",
+    "AWS_", "HTTP_", "HTTPS_", "NO_PROXY", "ALL_PROXY", "SYSTEMD_", "DBUS_", "MODELSCOPE_", "MASTER_", "OMPI_", "PMIX_",
+    "MPI", "ZMQ_", "NODE_", "JAVA_", "PERL", "RUBY", "GEM_", "LUA_", "TCL", "TK_", "KRB5", "GNUTLS_", "NSS_", "LOCAL_RANK")
+# glibc's, the shell's and the toolchain's names of one word (glibc's unsecvars.h among them)
+PLATFORM = frozenset({
+    "HOME", "PATH", "TMPDIR", "TMP", "TEMP", "TEMPDIR", "SHELL", "ENV", "IFS", "PS4", "CDPATH", "CC", "CXX", "CPP", "FC",
+    "LD", "AR", "AS", "NM", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDLIBS", "LIBS", "MAKEFLAGS", "MFLAGS",
+    "TERM", "TERMINFO", "TERMCAP", "LANG", "LANGUAGE", "LOCPATH", "NLSPATH", "TZ", "TZDIR", "HOSTALIASES",
+    "LOCALDOMAIN", "USER", "LOGNAME", "MAIL", "EDITOR", "VISUAL", "PAGER", "BROWSER", "DISPLAY", "MAGIC", "RANK",
+    "PWD", "OLDPWD", "MANPATH", "INFOPATH", "CLASSPATH", "NETRC", "CURLOPT", "WORLD_SIZE", "LISTEN_FDS", "LISTEN_PID",
+    "NOTIFY_SOCKET", "INVOCATION_ID", "CREDENTIALS_DIRECTORY", "RUNTIME_DIRECTORY", "STATE_DIRECTORY",
+    "CACHE_DIRECTORY", "LOGS_DIRECTORY", "CONFIGURATION_DIRECTORY", "DO_NOT_TRACK_FILE"})
+PLACE_WORDS = frozenset({
+    "HOME", "PATH", "PATHS", "DIR", "DIRS", "DIRECTORY", "ROOT", "FILE", "FILES", "PLUGIN", "PLUGINS", "MODULE",
+    "MODULES", "LIB", "LIBS", "LIBRARY", "SO", "DLL", "BIN", "EXE", "EXECUTABLE", "CMD", "COMMAND", "PROGRAM", "SHELL",
+    "COMPILER", "CLS", "CLASS", "MANAGER", "FACTORY", "HOOK", "HOOKS", "IMPORT", "PRELOAD", "LOCATION", "PREFIX",
+    "CONF", "CONFIG", "CFG", "RC", "URL", "URI", "ENDPOINT", "SERVER", "TMPDIR", "TEMP", "TMP"})
+# the end of a name that is a place too (VLLM_ASSETS_CACHE, HF_MODULES_CACHE): CACHE elsewhere tunes (VLLM_DISABLE_COMPILE_CACHE)
+PLACE_ENDS = ("_CACHE",)
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH"})
 
 
-# Where the stack under vLLM loads code from by an environment variable (round 11 V4): NCCL's plugins
-# (NCCL_NET_PLUGIN=/tmp/x.so is dlopened by every worker), the compiled-kernel and module caches whose
-# files are loaded as code (Triton's and Inductor's .so, torch extensions, the hub's remote-code
-# modules), the caches' common root, and the libcuda Triton loads
-CODE_ENV = frozenset({"TRITON_CACHE_DIR", "TRITON_LIBCUDA_PATH", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
-                      "TORCH_EXTENSIONS_DIR", "HF_MODULES_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT",
-                      "CUDA_CACHE_PATH"})
+def secret_variable(name: str) -> bool:
+    """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
+    *_TOKEN, *_KEY, *_SECRET...): typed into the configuration it passes through every run's output, and the
+    env file is one rigup writes for the service (issue 61, round 12 V14)."""
+    return bool(SECRET_WORDS & set(name.upper().split("_")))
 
 
-def loader_variable(name: str) -> bool:
-    """Whether ``name`` is the dynamic loader's (``LD_*``: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...),
-    the interpreter's (``PYTHON*`` but :data:`PYTHON_ENV_KEPT`), a plugin's (``*_PLUGIN``: NCCL's net,
-    tuner and profiler plugins) or one of :data:`CODE_ENV`: the server would load code from where it
-    points (round 10 V3: LD_PRELOAD=/tmp/x.so, as tune.py's ServingEnv refuses for llama-server)."""
-    return name.startswith("LD_") or name.startswith("PYTHON") and name not in PYTHON_ENV_KEPT or \
-        name.endswith("_PLUGIN") or name in CODE_ENV
+def tunes(name: str) -> bool:
+    """Whether an instance's env or vllm_env may give ``name`` (the allow-list above), judged in upper case
+    (libcurl and Python's urllib read http_proxy too)."""
+    name = name.upper()
+    words = set(name.split("_"))
+    if name in TUNING:
+        return True
+    if words & PLACE_WORDS or name.endswith(PLACE_ENDS) or name in PLATFORM:
+        return False
+    if name.startswith(TUNING_FAMILIES):
+        return True
+    if name.startswith(STACK_FAMILIES):
+        return False
+    return "_" in name or not any(w in name for w in PLACE_WORDS if len(w) > 2)
 
 
 def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
-    """Each key of ``env`` that is not NAME: a one-line string, number or bool, or that is a loader's or
-    interpreter's variable (:func:`loader_variable`)."""
-    return [(f"{where}.{key}", "the dynamic loader's, Python's, a plugin's or a compiled-code cache's variable: the "
-                               "server loads code from where it points (rigup sets the server's environment itself); "
-                               "drop it")
-            if loader_variable(str(key)) else (f"{where}.{key}", "expected NAME: a one-line string, number or bool")
+    """Each key of ``env`` that is not NAME: a one-line string, number or bool, or that rigup does not let
+    tune the server (:func:`tunes`); vLLM's held-off variables (vllm_allow opens them) and secrets
+    (check_open_without_key) are refused by their own checks."""
+    held = held_off(kind="env")
+    return [(f"{where}.{key}", "expected NAME: a one-line string, number or bool")
+            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value) else
+            (f"{where}.{key}", f"{key} is not a variable rigup lets tune vLLM: the loader, Python, NCCL, Triton, the "
+                               "compilers or another library under vLLM loads code or files from where such a variable "
+                               "points, and rigup sets the server's HOME, caches and PATH itself; drop it (what tunes: "
+                               "VLLM_*, NCCL_*, CUDA_*, TORCH_NCCL_* naming no path, file, plugin or program, "
+                               "OMP_NUM_THREADS, PYTORCH_CUDA_ALLOC_CONF, ...: rigup/instances/vllm.py TUNING; a "
+                               "patched vLLM's own knob of two words or more, none a place, passes)")
             for key, value in env.items()
-            if loader_variable(str(key)) or not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list))
-            or "\n" in str(value)]
+            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value)
+            or str(key) not in held and not secret_variable(str(key)) and not tunes(str(key))]
 
 
 def speculative_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:

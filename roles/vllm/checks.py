@@ -2,7 +2,8 @@
 and the ports its instances take.
 
     check_config    an entry of vllm_instances that is wrong, by key path
-    check_open_without_key  bound beyond loopback without an API key, or VLLM_API_KEY typed into env
+    check_open_without_key  bound beyond loopback without an API key, or a secret (VLLM_API_KEY, HF_TOKEN,
+                    *_TOKEN, *_KEY...) typed into env or vllm_env
     check_pin       vLLM not pinned to an exact version or a commit of a git URL that git reads as
                     one (a short commit: exactly one of the repository, expanded on the host); a
                     patch series that does not match its sha256 manifest on the controller; extra
@@ -36,7 +37,7 @@ from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, 
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
 from roles.vllm.facts import VllmCommit
-from rigup.instances.vllm import ENV_NAME, VllmInstance, env_problems, instances
+from rigup.instances.vllm import ENV_NAME, VllmInstance, env_problems, instances, secret_variable
 
 if TYPE_CHECKING:
     from rigup.gpu.facts import Facts
@@ -203,20 +204,25 @@ def check_replicas(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     found, wrong = instances(data, _gpu_bound(plan, data))
-    return config_refusals(wrong + (env_problems(data.get("vllm_env") or {}, "vllm_env") if found else []))
+    return config_refusals(wrong + (env_problems(data.get("vllm_env") or {}, "vllm_env")
+                                    if found or data.get("vllm_ray_role") else []))
 
 
 check_config.__doc__ = (   # the held-off features from the contract's table (rigup/contract/vllm.py), as docs/refusals.md shows them
     "An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in models, tp x pp beyond "
-    "the GPUs, a pp_partition that does not fit, gpus, env (a variable that loads code from a path: the loader's, "
-    "Python's, a plugin's or a compiled-code cache's), speculative keys that are not names with one-line values (or a "
+    "the GPUs, a pp_partition that does not fit, gpus, env (a variable rigup does not let tune vLLM: an "
+    "allow-list of VLLM_*, NCCL_*, CUDA_*, TORCH_NCCL_* naming no path, file, plugin or program, OMP_NUM_THREADS, "
+    "PYTORCH_CUDA_ALLOC_CONF... and a patched vLLM's own knobs; HOME, TMPDIR, PATH, LD_*, PYTHONPATH, CUDA_HOME, "
+    "NCCL_CONF_FILE... refused), speculative keys that are not names with one-line values (or a "
     "``model``: the drafter is draft_model's), a served_model_name starting with ``-``, or extra_args giving a flag "
     "rigup sets (--host, --port, --uds, --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization, "
-    "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model`` and "
-    "abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
+    "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model``, "
+    "``-sc.model`` and abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
     ", ".join(f"{name}: {' '.join((*f.flags, *f.env))}" for name, f in vllm_contract.HELD_OFF.items())
+    + "; inside a JSON option: " + ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items()
+                                              if f.keys)
     + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
-    "(what the env file's writer refuses).")
+    "or one that does not tune (what the env file's writer refuses).")
 
 
 def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -252,13 +258,19 @@ def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
-    ::0) without api_key, or VLLM_API_KEY typed into env."""
+    ::0) without api_key, or a secret typed into env or vllm_env: VLLM_API_KEY, the hub's token
+    (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN), any *_TOKEN, *_KEY, *_SECRET, *_PASSWORD."""
     found = serving_exposure("vllm_instances", _instances(plan, data))
+    host_env = data.get("vllm_env") if isinstance(data.get("vllm_env"), dict) else {}
     for name, inst in _instances(plan, data).items():
-        if "VLLM_API_KEY" in inst["env"] or "VLLM_API_KEY" in (data.get("vllm_env") or {}):
-            why = "a key typed into the configuration passes through every run's output, and the gate cannot read it"
-            fix = f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)"
-            found.append(Refusal(f"vllm_instances.{name}: VLLM_API_KEY in env", why, fix, "open_without_key"))
+        for key in sorted({str(k) for k in (*inst["env"], *host_env) if secret_variable(str(k))}):
+            why = "a secret typed into the configuration passes through every run's output, and the env file is one " \
+                  "rigup writes for the service" + (", which the gate cannot read" if key == "VLLM_API_KEY" else "")
+            fix = (f"remove it and set vllm_instances.{name}.api_key: true (a key made on the host)" if key == "VLLM_API_KEY"
+                   else "remove it: the hub's token goes in model_fetch_hf_token_src (a root-only file for the fetch; "
+                        "the server reads the fetched model's directory)" if key.upper().startswith(("HF_", "HUGGING"))
+                   else "remove it: rigup passes vLLM no secret but its API key (api_key: true)")
+            found.append(Refusal(f"vllm_instances.{name}: {key} in env", why, fix, "open_without_key"))
     return found
 
 

@@ -18,7 +18,7 @@ from rigup.contract.vllm import DROPIN, FLAGS, KEY, api_name
 from rigup.templates import render
 from rigup.text import shown
 from rigup.units import replica_inst, replica_name, visible_devices
-from rigup.instances.vllm import VllmInstance, env_problems, partition_problem
+from rigup.instances.vllm import VllmInstance, env_problems, partition_problem, secret_variable
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -302,7 +302,9 @@ def env_vars(name: str, inst: VllmInstance, data: Config, plan: Plan) -> dict[st
         env["VLLM_HOST_IP"] = data["vllm_host_ip"]
     for where, extra in (("vllm_env", data.get("vllm_env") or {}),
                          (f"vllm_instances.{name}.env", inst.get("env") or {})):
-        for key, why in env_problems(extra, where):
+        for key, why in env_problems(extra, where) + [(f"{where}.{k}", "a secret typed into the configuration: "
+                                                       "rigup writes none into the env file") for k in extra
+                                                      if secret_variable(str(k))]:
             raise ConfigError(f"{key}: {why}")
         env.update((str(key), _value(value)) for key, value in extra.items())
     return env

@@ -98,3 +98,102 @@ def test_v9_preflight_refuses_it_naming_the_key_path():
              vllm_instances={"a": {"model": "m", "port": 8000, "extra_args": ["--kv-transfer-config", "{}"]}})
     (r,) = only(refusals(plan, facts, d), "config")
     assert r.what == f"{WHERE}.extra_args" and "kv_transfer" in r.why
+
+
+# -- V14: a secret typed into env ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_ID_TOKEN", "hf_token",
+                                  "OPENAI_API_KEY", "S3_SECRET_ACCESS_KEY", "MY_PASSWORD"])
+@pytest.mark.parametrize("where", ["env", "vllm_env"])
+def test_v14_a_secret_in_env_or_vllm_env_is_refused_as_vllm_api_key_is(name, where):
+    """HF_TOKEN in env was written to /etc/rigup/vllm/x.env while VLLM_API_KEY was refused: the hub's token
+    has its own root-only file (model_fetch_hf_token_src); huggingface_hub reads HF_TOKEN,
+    HUGGING_FACE_HUB_TOKEN and HF_OIDC_ID_TOKEN (HF_HUB_TOKEN is read by nothing)."""
+    plan, facts = host("h100")
+    inst = {"model": "m", "port": 8000, **({"env": {name: "hf_" + "a" * 34}} if where == "env" else {})}
+    d = data(models={"m": {**MODEL, "size_gib": 1.0}}, vllm_instances={"a": inst},
+             **({"vllm_env": {name: "hf_" + "a" * 34}} if where == "vllm_env" else {}))
+    (r,) = only(refusals(plan, facts, d), "open_without_key")   # once, by its own check (not config's too)
+    assert r.what == f"{WHERE}: {name} in env" and "every run's output" in r.why and r.fix.startswith("remove it")
+    if name.upper().startswith("HF_"):
+        assert "model_fetch_hf_token_src" in r.fix
+
+
+def test_v14_the_env_files_writer_refuses_a_secret_too():
+    from rigup.config import ConfigError
+    from rigup.config import role_defaults
+    from roles.vllm import command as cmd
+
+    inst = {"tp": 1, "pp": 1, "pp_partition": None, "gpus": None, "env": {"HF_TOKEN": "hf_x"}}
+    with pytest.raises(ConfigError, match="vllm_instances.a.env.HF_TOKEN: a secret"):
+        cmd.env_vars("a", inst, role_defaults("vllm"), {})
+
+
+# -- V11, V12: the environment an instance may be given is an allow-list ------------------------
+
+# what rigup's tests, docs (docs/cmp170hx.md), group_vars and the field notes (/work/shared/notes) give
+USED = ["VLLM_LOGGING_LEVEL", "VLLM_X", "X_QUOTED", "DEBUG", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "DSV4_LOGITS_ROW_CHUNK",
+        "VLLM_STUB_LOAD_SECONDS", "VLLM_USE_BREAKABLE_CUDAGRAPH", "VLLM_GLM5_DISABLE", "VLLM_ENGINE_READY_TIMEOUT_S",
+        "NCCL_ALGO", "NCCL_PROTO", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_NVLS_ENABLE",
+        "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "VLLM_HOST_IP",
+        "VLLM_PP_LAYER_PARTITION", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER",
+        "HF_XET_HIGH_PERFORMANCE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF",
+        "TOKENIZERS_PARALLELISM", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "NVIDIA_TF32_OVERRIDE",
+        "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_ATTENTION_BACKEND", "VLLM_DISABLE_COMPILE_CACHE", "PYTHONUNBUFFERED",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_USE_V1", "VLLM_WORKER_MULTIPROC_METHOD"]
+# round 12's V11 and V12, and their kin: each loads code or files from where it points, or sends somewhere
+REFUSED = ["HOME", "TMPDIR", "TMP", "PATH", "GCONV_PATH", "OPENSSL_CONF", "OPENSSL_MODULES", "NCCL_CONF_FILE",
+           "TRITON_PTXAS_PATH", "CC", "CXX", "TRITON_CACHE_MANAGER", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_WORKSPACE_BASE",
+           "HF_HOME", "HF_ENDPOINT", "TORCH_HOME", "CUDA_CACHE_PATH", "CUDA_INJECTION64_PATH", "CUDA_MPS_PIPE_DIRECTORY",
+           "NCCL_NET_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_TOPO_FILE", "VLLM_NCCL_SO_PATH", "VLLM_CUDART_SO_PATH",
+           "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_ASSETS_CACHE", "VLLM_PLUGINS",
+           "VLLM_USAGE_STATS_SERVER", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONWARNINGS", "XDG_CACHE_HOME",
+           "XDG_CONFIG_HOME", "http_proxy", "HTTPS_PROXY", "BASH_ENV", "ENV", "CLASSPATH", "SOMELIB_PLUGIN_PATH",
+           "MY_CACHE_DIR", "TRITON_LIBCUDA_PATH", "TORCH_EXTENSIONS_DIR", "HF_MODULES_CACHE", "TORCHINDUCTOR_CACHE_DIR",
+           "TRITON_CACHE_DIR", "TRITON_HOME", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSH_COMMAND", "NODE_OPTIONS",
+           "MALLOC_CONF", "LOCPATH", "NLSPATH", "HOSTALIASES"]
+
+
+@pytest.mark.parametrize("name", USED)
+def test_v11_what_rigups_tests_docs_and_notes_give_is_taken(name):
+    assert problems(env={name: "1"}, host_env={name: "1"}) == []
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_v11_v12_anything_else_is_refused_in_env_and_vllm_env_naming_the_key_and_the_fix(name):
+    """HOME=/tmp/shared (Triton's ~/.triton/cache, NCCL's ~/.nccl.conf), PATH (the JIT's compilers),
+    GCONV_PATH, OPENSSL_CONF, NCCL_CONF_FILE, CC, CUDA_HOME... passed the deny-list of rounds 10-11."""
+    from rigup.instances.vllm import env_problems
+
+    (path, why), = [p for p in problems(env={name: "/tmp/shared/x"}) if p[0] != f"{WHERE}.extra_args"]
+    assert path == f"{WHERE}.env.{name}" and "loads code" in why and "drop it" in why
+    plan, facts = host("h100")
+    d = data(models={"m": {**MODEL, "size_gib": 1.0}}, vllm_instances={"a": {"model": "m", "port": 8000}},
+             vllm_env={name: "/tmp/shared/x"})
+    assert [r.what for r in only(refusals(plan, facts, d), "config")] == [f"vllm_env.{name}"]
+    assert env_problems({name: "x"}, "vllm_env") == [(f"vllm_env.{name}", why)]
+
+
+def test_v12_a_ray_workers_vllm_env_is_checked_at_preflight_too():
+    """vllm_env is a Ray node's environment too (roles/vllm/cluster.py): a worker has no instance."""
+    plan, facts = host("h100")
+    d = data(vllm_ray_role="worker", vllm_ray_head="h", vllm_ray_version="2.52.1", vllm_env={"PATH": "/tmp/shared"})
+    assert [r.what for r in only(refusals(plan, facts, d), "config")] == ["vllm_env.PATH"]
+
+
+def test_v11_the_env_files_writer_applies_the_same_list():
+    from rigup.config import ConfigError, role_defaults
+    from roles.vllm import command as cmd
+
+    inst = {"tp": 1, "pp": 1, "pp_partition": None, "gpus": None, "env": {"NCCL_DEBUG": "WARN"}}
+    assert cmd.env_vars("a", inst, role_defaults("vllm"), {})["NCCL_DEBUG"] == "WARN"
+    with pytest.raises(ConfigError, match="vllm_env.GCONV_PATH: GCONV_PATH is not a variable rigup lets tune"):
+        cmd.env_vars("a", inst, {**role_defaults("vllm"), "vllm_env": {"GCONV_PATH": "/tmp/shared"}}, {})
+
+
+def test_v4_round_11s_names_stay_refused_and_held_off_ones_stay_vllm_allows():
+    for name in ("NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_MODULES_CACHE",
+                 "XDG_CACHE_HOME", "LD_PRELOAD", "PYTHONPATH"):
+        assert [p for p, _ in problems(env={name: "/x"})] == [f"{WHERE}.env.{name}"]
+    for name, feature in contract.held_off(kind="env").items():   # VLLM_TORCH_PROFILER_DIR: a place, but profiler's
+        assert problems(allow=[feature], env={name: "/x"}, host_env={name: "/x"}) == []
