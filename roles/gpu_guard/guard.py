@@ -684,12 +684,17 @@ def running_units(config: dict) -> list[str] | None:
     return [u for u in listed.split() if u.endswith(".service")] if rc is not None else None
 
 
-def stop_serving(config: dict) -> tuple[list[str], str]:
-    """Stop the serving units: (the ones that were running, all the patterns when systemctl did not
-    say; the same as text, with a note when the stop did not end in time)."""
-    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+def serving_running(config: dict) -> list[str]:
+    """The serving units running now (all the patterns when systemctl does not say)."""
     running = running_units(config)
-    running = list(units) if running is None else running
+    return list(config.get("units", ["rigup-llama@*", "rigup-vllm@*"])) if running is None else running
+
+
+def stop_serving(config: dict, running: list[str] | None = None) -> tuple[list[str], str]:
+    """Stop the serving units: (the ones that were running (``running``, when known), all the patterns
+    when systemctl did not say; the same as text, with a note when the stop did not end in time)."""
+    units = config.get("units", ["rigup-llama@*", "rigup-vllm@*"])
+    running = serving_running(config) if running is None else running
     if running and run_bounded(["systemctl", "stop", *units], SYSTEMCTL_TIMEOUT_S)[0] is None:
         return running, ", ".join(running) + f" (still stopping after {SYSTEMCTL_TIMEOUT_S} s; systemd goes on)"
     return running, ", ".join(running)
@@ -1094,13 +1099,16 @@ def check(config: dict) -> int:
 def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: str | None = None) -> int:
     """Trip at once for an Xid event (no debounce: the kernel said so) and, when ``trip["reboot"]``,
     count the reboot and reboot the host."""
-    stopped, units = stop_serving(config)
+    # on record before any unit stops, as a debounced trip is: whoever sees the servers go (a gateway, an
+    # operator) finds why, and a clear in between cannot be undone by a record written after it
+    stopped = serving_running(config)
     record = {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": trip["reason"],
               "samples": "the fabric's state" if trip.get("fabric") else "an Xid event", "stopped": stopped,
               "cards": len(cards), **({"fabric": True} if trip.get("fabric") else {})}
     if trip["reboot"]:
         record["reboot_boot"] = boot_id()
     save(config["tripped_file"], record)
+    _, units = stop_serving(config, stopped)
     write_metrics(config, metrics_text(cards, [], True, config, now,
                                        read_xid_state(config) if config.get("xid") else None, fabric))
     log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
