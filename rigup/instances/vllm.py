@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any
 
+from rigup.boundary.core import Unreadable, loads
 from rigup.contract import doc_line
 from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, held_off, owned
 from rigup.config import Config, once
@@ -63,29 +64,31 @@ def spelled(args: list) -> list[str]:
     return [one(str(a)) for a in args]
 
 
-def json_keys(args: list, options) -> list[tuple[str, str]]:
-    """(option, key) for each top-level key given to one of ``options`` (JSON options, e.g.
-    ``--structured-outputs-config``) in ``args``, as vLLM reads them: a JSON object after the option
-    or its ``=`` (every key, a repeated one too), or a dotted ``--option.key[+]`` (``=value`` or the
-    next item); abbreviations and ``_`` for ``-`` in the option, either in the key. Text that is no
-    JSON object gives no key (vLLM refuses it)."""
-    import json
+def json_keys(args: list, keys) -> list[str]:
+    """Each of ``keys`` (``--option.key``: a key of a JSON option, e.g.
+    ``--structured-outputs-config.reasoning_parser_plugin``) that ``args`` give, as vLLM reads them: a
+    JSON object after the option or its ``=``, or a dotted ``--option.key[+]`` (``=value`` or the next
+    item); abbreviations and ``_`` for ``-`` in the option, either in the key. The object is read
+    through rigup's JSON boundary (rigup.boundary.core.loads): text it refuses that vLLM's json.loads
+    would take (a key given twice, NaN) gives each of the option's keys its text names; other text
+    that is no JSON object gives none (vLLM refuses it)."""
+    options = sorted({key.split(".")[0] for key in keys})
 
-    def keys_of(text) -> list[str]:
-        found: list[str] = []
+    def given(flag: str, text: str) -> list[str]:
         try:
-            json.loads(str(text), object_pairs_hook=lambda pairs: found.extend(k for k, _ in pairs) or {})
-        except (ValueError, RecursionError):
-            return []
-        return found
-    out = [(flag, key) for flag, value in flag_values(spelled(args), options, abbrev=True) if value is not None
-           for key in keys_of(value)]
+            value = loads(text, f"{flag}'s JSON")
+        except Unreadable:
+            return [k for k in keys if k.startswith(f"{flag}.") and k.split(".")[1] in text.replace("-", "_")]
+        return [f"{flag}.{k.replace('-', '_')}" for k in value] if isinstance(value, dict) else []
+    out = [k for flag, value in flag_values(spelled(args), options, abbrev=True) if value is not None
+           for k in given(flag, str(value))]
     for arg in map(str, args):
         name = arg.partition("=")[0]
         if arg.startswith("-") and "." in name:
             option, key = name.split(".")[:2]
-            out += [(flag, key.rstrip("+")) for flag, _ in flag_values(spelled([option]), options, abbrev=True)]
-    return [(flag, key.replace("-", "_")) for flag, key in out]
+            out += [f"{flag}.{key.rstrip('+').replace('-', '_')}"
+                    for flag, _ in flag_values(spelled([option]), options, abbrev=True)]
+    return [k for k in out if k in keys]
 
 
 def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
@@ -96,7 +99,7 @@ def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     reasoning_parser_plugin, as JSON or dotted)."""
     held, keys = held_off(allow), held_off(allow, "keys")
     given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True)]
-    given += [f"{o}.{k}" for o, k in json_keys(args, sorted({key.split(".")[0] for key in keys})) if f"{o}.{k}" in keys]
+    given += json_keys(args, keys)
     return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
              f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
             for flag in given for feature in [held.get(flag) or keys[flag]]]

@@ -66,7 +66,8 @@ def test_v8_a_held_off_key_inside_a_json_option_is_refused_under_every_spelling(
     ["--structured-outputs-config", '{"backend": "xgrammar", "reasoning_parser": "deepseek_r1"}'],
     ["--structured-outputs-config.backend=guidance"], ["--structured-outputs-config", "not json"],
     ["--structured-outputs-config", '["reasoning_parser_plugin"]'], ["--structured-outputs-config", "[" * 5000],
-    ["--structured-outputs-config"]])
+    ["--structured-outputs-config"],
+    ["--structured-outputs-config", '{"backend": "auto", "backend": "xgrammar", "x": NaN}']])   # the boundary's refusal
 def test_v8_the_options_other_keys_and_text_that_is_no_object_pass(args):
     assert problems(extra_args=args) == []
 
