@@ -75,14 +75,15 @@ SERVING_KEYS: dict[str, Key] = {r.key: Key(r.form, r.default, r.doc) for r in SE
 _FLAG = re.compile(r"(\S*?)(=|\s+|$)(.*)", re.S)   # an item of extra_args: flag, "=" or blanks, value
 
 
-def flag_values(args: list[str], flags, abbrev: bool = False) -> list[tuple[str, str | None]]:
+def flag_values(args: list[str], flags, abbrev: bool = False, exact=frozenset()) -> list[tuple[str, str | None]]:
     """(flag, value) for each of ``flags`` in ``args`` (extra_args), in order, spelled ``-sm row``
     (two items), ``--split-mode=row`` or ``-sm row`` (one item); value None when none follows.
-    ``abbrev``: as vLLM's argparse reads them too, ``--served_model_name`` and ``--serv``."""
+    ``abbrev``: as vLLM's argparse reads them too, ``--served_model_name`` and ``--serv``; but a flag
+    of ``exact`` (the program's own, which argparse takes as it is) is no abbreviation of a longer one."""
     found = []
     for i, arg in enumerate(args):
         head, sep, tail = _FLAG.fullmatch(str(arg)).groups()
-        if abbrev and head.startswith("--") and head not in flags:
+        if abbrev and head.startswith("--") and head not in flags and "--" + head[2:].replace("_", "-") not in exact:
             head = "--" + head[2:].replace("_", "-")
             head = head if head in flags else next((f for f in flags if len(head) > 3 and f.startswith(head)), head)
         if head in flags:
@@ -90,13 +91,14 @@ def flag_values(args: list[str], flags, abbrev: bool = False) -> list[tuple[str,
     return found
 
 
-def owned_flag_problems(args: list[str], owned: dict, where: str, abbrev: bool = False) -> list[tuple[str, str]]:
+def owned_flag_problems(args: list[str], owned: dict, where: str, abbrev: bool = False,
+                        exact=frozenset()) -> list[tuple[str, str]]:
     """(``WHERE.extra_args``, why) for each flag of ``owned`` (flag -> the key rigup sets it from;
     None: the instance's name) given in ``args``: the last one given wins, so it would undo what
     rigup set and checked (the bind, the port, the model, the key)."""
     return [(f"{where}.extra_args", f"gives {flag}, which rigup sets from "
              + (f"{where}.{owned[flag]}: drop it from extra_args and set {owned[flag]}" if owned[flag] else
-                "the instance's name: drop it from extra_args")) for flag, _ in flag_values(args, owned, abbrev)]
+                "the instance's name: drop it from extra_args")) for flag, _ in flag_values(args, owned, abbrev, exact)]
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")

@@ -170,6 +170,13 @@ def held_off(allow=(), kind: str = "flags") -> dict[str, str]:
     return {s: name for name, f in HELD_OFF.items() if name not in allow for s in getattr(f, kind)}
 
 
+# vLLM's own flags that start another checked flag's name (argparse takes a flag given whole as it is,
+# never as an abbreviation): `--reasoning-parser deepseek_r1` is no `--reasoning-parser-plugin`. Each
+# read from vllm/entrypoints/openai/cli_args.py and vllm/engine/arg_utils.py.
+OWN_FLAGS = frozenset({"--reasoning-parser", "--tool-call-parser", "--enable-lora", "--config-format", "--model-impl",
+                       "--enable-log-requests", "--lora-modules", "--kv-transfer-config"})
+
+
 def api_name(name: str, entry: dict) -> str:
     """The model's name in the API of instance ``name`` (what a client sends as "model"): its
     served_model_name, else the instance's name."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from rigup.boundary.core import Unreadable, loads
 from rigup.contract import doc_line
-from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, held_off, owned
+from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, held_off, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
@@ -80,14 +80,14 @@ def json_keys(args: list, keys) -> list[str]:
         except Unreadable:
             return [k for k in keys if k.startswith(f"{flag}.") and k.split(".")[1] in text.replace("-", "_")]
         return [f"{flag}.{k.replace('-', '_')}" for k in value] if isinstance(value, dict) else []
-    out = [k for flag, value in flag_values(spelled(args), options, abbrev=True) if value is not None
+    out = [k for flag, value in flag_values(spelled(args), options, abbrev=True, exact=OWN_FLAGS) if value is not None
            for k in given(flag, str(value))]
     for arg in map(str, args):
         name = arg.partition("=")[0]
         if arg.startswith("-") and "." in name:
             option, key = name.split(".")[:2]
             out += [f"{flag}.{key.rstrip('+').replace('-', '_')}"
-                    for flag, _ in flag_values(spelled([option]), options, abbrev=True)]
+                    for flag, _ in flag_values(spelled([option]), options, abbrev=True, exact=OWN_FLAGS)]
     return [k for k in out if k in keys]
 
 
@@ -98,7 +98,7 @@ def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     key of a JSON option that turns one on (:func:`json_keys`: --structured-outputs-config's
     reasoning_parser_plugin, as JSON or dotted)."""
     held, keys = held_off(allow), held_off(allow, "keys")
-    given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True)]
+    given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True, exact=OWN_FLAGS)]
     given += json_keys(args, keys)
     return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
              f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
@@ -254,7 +254,7 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInsta
 
     def problems(entry: dict, where: str, model) -> list[tuple[str, str]]:
         gpus_needed = entry["tp"] * entry["pp"]
-        found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where, abbrev=True) + \
+        found = owned_flag_problems(spelled(entry["extra_args"]), OWNED_FLAGS, where, abbrev=True, exact=OWN_FLAGS) + \
             held_off_problems(entry["extra_args"], allow, where) + held_off_env_problems(entry["env"], allow, f"{where}.env")
         if str(entry["served_model_name"] or "").startswith("-"):
             found.append((f"{where}.served_model_name", f"{entry['served_model_name']!r} starts with '-': vLLM would "

@@ -115,3 +115,16 @@ def test_sec2_sec3_a_url_with_credentials_is_refused_for_llama_cpp_and_never_pri
     assert artifact.resolved(url, "b8779") == (None, "llama_cpp_source carries credentials in its URL: not asked")
     for plain in ("ssh://git@github.com/x/y", "git@github.com:x/y", "https://github.com/x/y", "file:///srv/a@b"):
         assert redacted(plain) == plain
+
+
+@pytest.mark.parametrize("args, refused", [(["--reasoning-parser", "deepseek_r1"], False), (["--reasoning_parser=x"], False),
+                                           (["--reasoning-parser-plugin", "/x.py"], True), (["--reasoning-parser-p", "/x.py"], True),
+                                           (["--tool-call-parser", "hermes"], False)])
+def test_a_vllm_flag_given_whole_is_no_abbreviation_of_a_longer_held_one(args, refused):
+    """vLLM's argparse takes a flag given whole as it is: --reasoning-parser (a reasoning model's common
+    flag) was refused as an abbreviation of the held-off --reasoning-parser-plugin."""
+    from rigup.instances.vllm import instances
+
+    found = instances(data(models={"m": MODEL}, vllm_instances={"v": {"model": "m", "port": 8000, "extra_args": args}}))[1]
+    print(args, "->", found)
+    assert bool(found) == refused
