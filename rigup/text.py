@@ -25,23 +25,36 @@ def _visible(c: str) -> str:
     return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
 
 
-# a URL's userinfo (scheme://USERINFO@host): a password in it, or the user of an http(s) URL (a token
-# given as the user, as GitHub's and the hub's are), is a secret; ssh://git@host's user is a login
-_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#@]*)@")
+# A URL's secrets (issue 61, rounds 12-13 SEC3, SEC5-SEC8): its userinfo (scheme://USERINFO@host, up to
+# the authority's last '@': a login may hold one; //USERINFO@host without a scheme; the scp form
+# user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's (a token given as
+# the user, as GitHub's and the hub's are; ssh://git@host's user is a login); and a query parameter
+# named for a secret (?access_token=, &sig=, &X-Amz-Signature=)
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+./:-])(?:([A-Za-z][A-Za-z0-9+.-]*):)?//([^\s/?#]*)@")
+_SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
+_QUERY = re.compile(r"([?&][A-Za-z0-9_.-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.-]*=)[^&\s#]*",
+                    re.IGNORECASE)
+_SSH = ("ssh", "git+ssh", "ssh+git", "sftp")
 
 
 def redacted(text: str) -> str:
-    """``text`` with each URL's secret userinfo as ``***`` (``https://u:TOKEN@h`` -> ``https://u:***@h``,
-    ``https://TOKEN@h`` -> ``https://***@h``): every line for the operator goes through it (:func:`say`),
-    so a refusal quoting a URL never prints its credentials (issue 61, round 12 SEC3); the keys that would
-    hand them to a program (git, pip) are refused besides."""
+    """``text`` with each URL's secrets as ``***`` (``https://u:TOKEN@h`` -> ``https://u:***@h``,
+    ``https://TOKEN@h`` -> ``https://***@h``, ``?access_token=T`` -> ``?access_token=***``): every line for
+    the operator goes through it (:func:`say`), so a refusal quoting a URL never prints its credentials;
+    the keys that would hand them to a program (git, pip) are refused besides."""
+    if "@" not in text and "=" not in text:
+        return text
+
     def one(m: re.Match) -> str:
-        scheme, info = m.group(1), m.group(2)
-        user, colon, _ = info.partition(":")
+        scheme, info = m.group(1) or "", m.group(2)
+        lead = f"{scheme}://" if scheme else "//"
+        user, colon, _ = info.rpartition(":") if ":" in info else (info, "", "")
         if colon:
-            return f"{scheme}://{user}:***@"
-        return f"{scheme}://***@" if scheme.lower() in ("http", "https") and info else m.group(0)
-    return _USERINFO.sub(one, text) if "@" in text else text
+            return f"{lead}{user}:***@"
+        return f"{lead}***@" if info and scheme.lower() not in _SSH else m.group(0)
+    text = _USERINFO.sub(one, text)
+    text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
+    return _QUERY.sub(lambda m: f"{m.group(1)}***", text)
 
 
 def shown(text: object, limit: int = 200) -> str:

@@ -29,6 +29,7 @@ import re
 
 from rigup.config import Config, ConfigError, host_ip
 from rigup.contract import vllm as vllm_contract
+from rigup.text import redacted
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -142,24 +143,12 @@ def recipe_lines(data: Config, found: dict | None) -> list[str]:
 
 
 def credentialed(data: Config) -> list[str]:
-    """The keys whose URL carries credentials (``https://user:token@host/...``): vllm_git_url and
-    any of vllm_pip_args (``--index-url=...``, ``--extra-index-url ...``)."""
-    from urllib.parse import urlsplit
-
-    found = []
-    for key, text in (("vllm_git_url", data.get("vllm_git_url")),
-                      *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or []))):
-        for word in str(text or "").replace("=", " ").split():
-            try:
-                parts = urlsplit(word) if "://" in word else None
-                secret = parts and (parts.password is not None or
-                                    (parts.scheme.lower() in ("http", "https") and parts.username is not None))
-            except ValueError:
-                secret = "@" in word
-            if secret:     # a token as the user of an http(s) URL, or any password (ssh://git@ is a login)
-                found.append(key)
-                break
-    return found
+    """The keys whose URL carries credentials (``https://user:token@host/...``, a token as any scheme's
+    login but ssh's, ``?access_token=``: what rigup.text.redacted hides): vllm_git_url and any of
+    vllm_pip_args (``--index-url=...``, ``git+https://TOKEN@...``: round 13 SEC6)."""
+    return [key for key, text in (("vllm_git_url", data.get("vllm_git_url")),
+                                  *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or [])))
+            if redacted(str(text or "")) != str(text or "")]
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

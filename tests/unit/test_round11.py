@@ -128,3 +128,34 @@ def test_a_vllm_flag_given_whole_is_no_abbreviation_of_a_longer_held_one(args, r
     found = instances(data(models={"m": MODEL}, vllm_instances={"v": {"model": "m", "port": 8000, "extra_args": args}}))[1]
     print(args, "->", found)
     assert bool(found) == refused
+
+
+# ---- round 13 (/tmp/redteam/round13.md)
+
+@pytest.mark.parametrize("url, secret", [
+    ("https://me@corp:TOKEN@hub/x", "TOKEN"), ("git+https://TOKEN@github.com/x", "TOKEN"), ("ftp://TOKEN@h/x", "TOKEN"),
+    ("s3://TOKEN@bucket/x", "TOKEN"), ("git:TOKEN@host:path", "TOKEN"), ("//u:TOKEN@host/x", "TOKEN"),
+    ("https://h/x?access_token=TOKEN&a=1", "TOKEN"), ("https://h/x?X-Amz-Signature=TOKEN", "TOKEN")])
+def test_sec5_to_sec8_every_url_form_of_a_secret_is_redacted_and_refused(url, secret, capsys):
+    """SEC5-SEC8: a login holding '@', a bare login of another scheme than http(s), the scp form with a
+    password, a scheme-less //user:pass@, a secret query parameter: printed whole by say(), and the pip
+    argument git+https://TOKEN@ reached pip's argv."""
+    from rigup.text import say
+    from roles.llama_cpp.checks import check_source
+    from roles.vllm.checks import credentialed
+
+    say(f"refused: got {url!r}")
+    said = capsys.readouterr().err
+    print(said.strip())
+    assert secret not in said and "***" in said
+    assert credentialed(data(vllm_pip_args=[url])) == ["vllm_pip_args[0]"]
+    assert "credentials" in [r.check for r in check_source({}, {}, data(llama_cpp_source=url, llama_cpp_ref="b8779"))]
+
+
+@pytest.mark.parametrize("plain", ["ssh://git@github.com/x/y", "git@github.com:x/y", "https://github.com/x/y",
+                                   "file:///srv/a@b", "user@host", "https://h/x?a=b@c", "--extra-index-url=https://h/simple"])
+def test_a_url_without_a_secret_comes_back_as_it_is(plain):
+    from rigup.text import redacted
+    from roles.vllm.checks import credentialed
+
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
