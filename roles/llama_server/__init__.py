@@ -151,7 +151,10 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, argv: list
     remedy = [f for f in found["remedy"] if f not in inst["extra_args"]]   # a trap the build's smoke avoided
     inst = {**inst, "extra_args": [*inst["extra_args"], *remedy]} if remedy else inst
     revisions = {key: (found_marker or {}).get("revision") for key, (_, found_marker) in wanted.items()}
-    preset = preset_text(name, inst, paths, revisions) if inst["also"] else None   # router mode: the set's preset
+    try:   # router mode: the set's preset; a model file's name it cannot hold (a hub's '#', ';', '[') fails this host
+        preset = preset_text(name, inst, paths, revisions) if inst["also"] else None
+    except ValueError as e:   # (round 13 SV1: a ValueError here ended the run for every host)
+        raise OperationError(str(e)) from None
     digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
     command = [*filled(argv, model_file=model_path, rpc=",".join(rpc)), *remedy]   # extra_args, then the remedy
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),

@@ -159,3 +159,23 @@ def test_a_url_without_a_secret_comes_back_as_it_is(plain):
     from roles.vllm.checks import credentialed
 
     assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+def test_sv1_a_preset_the_hubs_file_name_cannot_hold_fails_that_host_not_the_run():
+    """SV1: a hub GGUF named 'm#1.gguf' (or ';', '[') passes the listing and the marker; preset_text refuses
+    its path (ValueError), and inside the server's operation pyinfra ended the run for every host at anything
+    but a PyinfraError: the operation turns it into an OperationError (that host failed, named). Held on the
+    syntax tree: every call of preset_text in the role's operations is inside such a try."""
+    import ast
+    from pathlib import Path
+
+    from roles.llama_server.command import preset_text
+
+    with pytest.raises(ValueError, match="cannot hold"):
+        preset_text("r", {"model": "a", "also": ["b"], "per_model": {}}, {"a": "/srv/a/a.gguf", "b": "/srv/b/m#1.gguf"}, {})
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "roles/llama_server/__init__.py").read_text())
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+               and any(ast.unparse(h.type) == "ValueError" and "OperationError" in ast.unparse(h) for h in t.handlers)
+               for stmt in t.body for n in ast.walk(stmt)}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "preset_text"]
+    assert calls and all(id(c) in guarded for c in calls)
