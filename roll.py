@@ -167,10 +167,10 @@ def main(argv: list[str]) -> int:
     data = {h.name: {**role_defaults("base"), **role_defaults("balancer"), **h.data.dict()} for h in inv}
     limit = roll.limiter(inv)
     dry = "--dry" in args
-    hosts = roll.serving_hosts(data)
-    first = data[hosts[0]] if hosts else {}
-    try:   # every number of the roll read before anything is drained: a bad one ends it here, named
-        plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if data[h].get("burnin_pulse")})
+    try:   # every number and flag of the roll read before anything is drained: a bad one ends it here, named
+        hosts = roll.serving_hosts(data)
+        first = data[hosts[0]] if hosts else {}
+        plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if roll.flag(h, data[h], "burnin_pulse")})
         lease, max_fail = roll.settings(data, hosts)
     except ValueError as e:
         print(shown(f"roll.py: {inventory}: {e}", 4000), file=sys.stderr)

@@ -179,11 +179,23 @@ def limiter(inventory):
     return limit
 
 
+def flag(name: str, data: dict, key: str) -> bool:
+    """Host ``name``'s ``key`` (a bool setting) read typed, as its play reads it: ValueError naming the host
+    and the key for a value not of its form (round 13 RO1: ``rigup_maintenance: "false"`` was true here by
+    truthiness, and the host silently left out of the roll, while its plays refuse the value)."""
+    from rigup.config import ConfigError, peer_value
+
+    try:
+        return bool(peer_value(data, key))
+    except ConfigError as e:
+        raise ValueError(f"host {name}: {e}") from None
+
+
 def serving_hosts(hosts: dict[str, dict]) -> list[str]:
     """The hosts that roll (``hosts``: name -> data, inventory order): those serving an instance,
-    gateways and hosts in maintenance (rigup_maintenance) excepted."""
-    return [name for name, data in hosts.items() if not data.get("balancer_gateway") and not data.get("rigup_maintenance")
-            and any(data.get(var) for var in MAPS)]
+    gateways and hosts in maintenance (rigup_maintenance) excepted; ValueError for a setting not of its form."""
+    return [name for name, data in hosts.items() if not flag(name, data, "balancer_gateway")
+            and not flag(name, data, "rigup_maintenance") and any(data.get(var) for var in MAPS)]
 
 
 def batches(names: list[str], batch, alone=frozenset()) -> list[list[str]]:

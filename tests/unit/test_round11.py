@@ -179,3 +179,17 @@ def test_sv1_a_preset_the_hubs_file_name_cannot_hold_fails_that_host_not_the_run
                for stmt in t.body for n in ast.walk(stmt)}
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "preset_text"]
     assert calls and all(id(c) in guarded for c in calls)
+
+
+@pytest.mark.parametrize("key", ["rigup_maintenance", "balancer_gateway", "burnin_pulse"])
+def test_ro1_a_roll_reads_its_hosts_flags_typed(key):
+    """RO1: roll.py read rigup_maintenance, balancer_gateway and burnin_pulse by truthiness: "false" was true,
+    and the host silently left out of the roll while its plays refuse the value."""
+    from rigup import roll
+
+    serving = {"llama_server_instances": {"g": {"model": "g", "port": 8081}}}
+    hosts = {"lab1": {**serving}, "lab2": {**serving, key: "false"}}
+    with pytest.raises(ValueError, match=f"host lab2: {key}: expected bool"):
+        roll.serving_hosts(hosts) if key != "burnin_pulse" else roll.flag("lab2", hosts["lab2"], key)
+    assert roll.serving_hosts({"lab1": serving, "lab2": {**serving, key: False}}) == ["lab1", "lab2"]
+    assert roll.flag("lab1", {}, key) is False
