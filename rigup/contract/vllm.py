@@ -106,15 +106,24 @@ HELD_OFF: dict[str, HeldOff] = {
     # the app), .tool_parser_plugin and StructuredOutputsConfig.reasoning_parser_plugin (a file imported:
     # ToolParserManager.import_tool_parser), ModelConfig.logits_processors (class names) and
     # .logits_processor_pattern (a request's logits_processors matching it are imported by name),
-    # ParallelConfig.worker_cls and .worker_extension_cls, FrontendArgs.log_config_file and
-    # VLLM_LOGGING_CONFIG_PATH (logging.config.dictConfig: a "()" key imports its factory),
+    # ParallelConfig.worker_cls and .worker_extension_cls, SchedulerConfig.scheduler_cls (resolve_obj_by_qualname;
+    # ParallelConfig.distributed_executor_backend too, when it is a class path: CODE_VALUES),
+    # CompilationConfig.backend (a qualname imported; --compilation-config, -O) and .cache_dir (compiled
+    # artifacts loaded from there: rigup's are under VLLM_CACHE_ROOT, whose variable is refused) and
+    # .debug_dump_path (written there), FrontendArgs.log_config_file
+    # and VLLM_LOGGING_CONFIG_PATH (logging.config.dictConfig: a "()" key imports its factory),
     # VLLM_RUST_FRONTEND_PATH (the binary run as the frontend, with VLLM_USE_RUST_FRONTEND=1)
     "plugins": HeldOff(("--middleware", "--tool-parser-plugin", "--reasoning-parser-plugin", "--logits-processors",
-                        "--logits-processor-pattern", "--worker-cls", "--worker-extension-cls", "--log-config-file"),
+                        "--logits-processor-pattern", "--worker-cls", "--worker-extension-cls", "--scheduler-cls",
+                        "--log-config-file"),
                        ("VLLM_LOGGING_CONFIG_PATH", "VLLM_RUST_FRONTEND_PATH"),
                        "code from a path or module the value names, run in the server as the service user "
-                       "(--logits-processor-pattern: a class a request names, imported)",
-                       ("--structured-outputs-config.reasoning_parser_plugin",)),
+                       "(--logits-processor-pattern: a class a request names, imported; --compilation-config's "
+                       "cache_dir: compiled code loaded from that directory, debug_dump_path: the compiled graphs "
+                       "written into it, in place of rigup's own cache)",
+                       ("--structured-outputs-config.reasoning_parser_plugin", "--compilation-config.backend",
+                        "-O.backend", "--compilation-config.cache_dir", "-O.cache_dir",
+                        "--compilation-config.debug_dump_path", "-O.debug_dump_path")),
     # make_arg_parser's --config: FlexibleArgumentParser._pull_args_from_config reads a YAML of options
     "config_file": HeldOff(("--config",), (),
                            "every option in a YAML file on the host, which rigup does not read: any feature here, "
@@ -161,7 +170,15 @@ HELD_OFF: dict[str, HeldOff] = {
     "cors": HeldOff(("--allowed-origins", "--allow-credentials", "--allowed-methods", "--allowed-headers"), (),
                     "vLLM's CORS settings by hand; with --allow-credentials and vLLM's default origins (\"*\") any "
                     "web page a user opens may call the API as that user's browser"),
+    # ModelConfig.enable_prompt_embeds: a request's prompt_embeds (base64) read with torch.load (CVE-2025-62164)
+    "prompt_embeds": HeldOff(("--enable-prompt-embeds",), (),
+                             "a request's prompt_embeds: any client's base64 tensor read with torch.load in the server"),
 }
+
+
+# Flags whose value is a plain name vLLM knows, or else a class path it imports (Executor.get_class:
+# resolve_obj_by_qualname): flag -> the feature a dotted value is. ``--distributed-executor-backend ray`` stays.
+CODE_VALUES: dict[str, str] = {"--distributed-executor-backend": "plugins"}
 
 
 def held_off(allow=(), kind: str = "flags") -> dict[str, str]:

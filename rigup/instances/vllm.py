@@ -11,7 +11,7 @@ from typing import Any
 
 from rigup.boundary.core import Unreadable, loads
 from rigup.contract import doc_line
-from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, held_off, owned
+from rigup.contract.vllm import CODE_VALUES, FLAGS, HELD_OFF, OTHER, OWN_FLAGS, held_off, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
@@ -96,13 +96,16 @@ def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     ``HELD_OFF``) that ``allow`` (the host's vllm_allow) does not name, under every spelling
     vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``), and each
     key of a JSON option that turns one on (:func:`json_keys`: --structured-outputs-config's
-    reasoning_parser_plugin, as JSON or dotted)."""
+    reasoning_parser_plugin, as JSON or dotted), and a flag of ``CODE_VALUES`` given a class path
+    (``--distributed-executor-backend mod.Cls``; ``ray`` and ``mp`` are no code)."""
     held, keys = held_off(allow), held_off(allow, "keys")
+    code = {flag: feature for flag, feature in CODE_VALUES.items() if feature not in allow}
     given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True, exact=OWN_FLAGS)]
     given += json_keys(args, keys)
+    given += [flag for flag, value in flag_values(spelled(args), code, abbrev=True, exact=OWN_FLAGS) if "." in str(value)]
     return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
              f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
-            for flag in given for feature in [held.get(flag) or keys[flag]]]
+            for flag in given for feature in [held.get(flag) or keys.get(flag) or code[flag]]]
 
 
 def held_off_env_problems(env: dict, allow, where: str) -> list[tuple[str, str]]:
@@ -143,9 +146,9 @@ def partition_problem(partition: str, pp: int, layers: int | None) -> str | None
 # (contract HELD_OFF) are vllm_allow's to open; secrets (SECRET_WORDS: VLLM_API_KEY, HF_TOKEN) check_open_without_key's.
 TUNING = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM",
-    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DISABLE_TELEMETRY",
+    "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DISABLE_TELEMETRY",
     "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET",
-    "HF_XET_HIGH_PERFORMANCE", "NVIDIA_TF32_OVERRIDE", "GLOO_SOCKET_IFNAME", "TORCH_CUDA_ARCH_LIST",
+    "HF_XET_HIGH_PERFORMANCE", "NVIDIA_TF32_OVERRIDE", "TORCH_CUDA_ARCH_LIST",
     "TORCHINDUCTOR_COMPILE_THREADS", "TORCH_COMPILE_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_CPP_LOG_LEVEL",
     "TORCH_DISTRIBUTED_DEBUG", "TRITON_PRINT_AUTOTUNING", "VLLM_DISABLE_COMPILE_CACHE", "CUDA_CACHE_DISABLE",
     # Python's that load nothing (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONWARNINGS ... do)
@@ -158,7 +161,10 @@ STACK_FAMILIES = (
     "CUBLAS", "CUDNN_", "CUFILE_", "NVTE_", "UCX_", "NVSHMEM_", "NIXL_", "RAY_", "DG_", "DEEP_", "XLA_", "TF_", "JAX_",
     "NUMBA_", "CUPY_", "OUTLINES_", "XGRAMMAR_", "TIKTOKEN_", "CMAKE_", "UV_", "PIP_", "VIRTUAL_ENV", "CONDA_", "S3_",
     "AWS_", "HTTP_", "HTTPS_", "NO_PROXY", "ALL_PROXY", "SYSTEMD_", "DBUS_", "MODELSCOPE_", "MASTER_", "OMPI_", "PMIX_",
-    "MPI", "ZMQ_", "NODE_", "JAVA_", "PERL", "RUBY", "GEM_", "LUA_", "TCL", "TK_", "KRB5", "GNUTLS_", "NSS_", "LOCAL_RANK")
+    "MPI", "ZMQ_", "NODE_", "JAVA_", "PERL", "RUBY", "GEM_", "LUA_", "TCL", "TK_", "KRB5", "GNUTLS_", "NSS_", "LOCAL_RANK",
+    # the media and OpenCL loaders (cv2's video); ccache's compiler check (a command), coverage's start file,
+    # matplotlib's backend (module://: imported)
+    "OCL_", "OPENCV_", "LIBVA_", "VK_", "MESA_", "EGL_", "__EGL_", "__GLX_", "CCACHE_", "COVERAGE_", "MPL")
 # glibc's, the shell's and the toolchain's names of one word (glibc's unsecvars.h among them)
 PLATFORM = frozenset({
     "HOME", "PATH", "TMPDIR", "TMP", "TEMP", "TEMPDIR", "SHELL", "ENV", "IFS", "PS4", "CDPATH", "CC", "CXX", "CPP", "FC",
@@ -172,16 +178,32 @@ PLACE_WORDS = frozenset({
     "HOME", "PATH", "PATHS", "DIR", "DIRS", "DIRECTORY", "ROOT", "FILE", "FILES", "PLUGIN", "PLUGINS", "MODULE",
     "MODULES", "LIB", "LIBS", "LIBRARY", "SO", "DLL", "BIN", "EXE", "EXECUTABLE", "CMD", "COMMAND", "PROGRAM", "SHELL",
     "COMPILER", "CLS", "CLASS", "MANAGER", "FACTORY", "HOOK", "HOOKS", "IMPORT", "PRELOAD", "LOCATION", "PREFIX",
-    "CONF", "CONFIG", "CFG", "RC", "URL", "URI", "ENDPOINT", "SERVER", "TMPDIR", "TEMP", "TMP"})
+    "CONF", "CONFIG", "CFG", "RC", "URL", "URI", "ENDPOINT", "SERVER", "TMPDIR", "TEMP", "TMP",
+    # a loader's list of libraries (OCL_ICD_FILENAMES, OCL_ICD_VENDORS), a library or driver by name
+    # (OPENCV_OPENCL_RUNTIME, LIBVA_DRIVER_NAME), a logging stream (VLLM_LOGGING_STREAM: ext://module imports)
+    "FILENAME", "FILENAMES", "VENDORS", "RUNTIME", "DRIVER", "DRIVERS", "STREAM"})
 # the end of a name that is a place too (VLLM_ASSETS_CACHE, HF_MODULES_CACHE): CACHE elsewhere tunes (VLLM_DISABLE_COMPILE_CACHE)
 PLACE_ENDS = ("_CACHE",)
-SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH"})
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
+                          "BEARER", "CREDENTIALS", "AUTH"})
+# The variables roles/vllm/command.py env_vars writes for an instance -> the key that sets it (None: rigup's own:
+# the server's home and caches, the offline hub, no usage stats). Given again in env or vllm_env it would win over
+# what rigup checked (issue 61, round 13 V28: CUDA_VISIBLE_DEVICES served a card the burn-in quarantined).
+RIGUP_SETS: dict[str, str | None] = {
+    "CUDA_VISIBLE_DEVICES": "vllm_instances.NAME.gpus (and the burn-in's accepted cards)",
+    "CUDA_DEVICE_ORDER": "vllm_instances.NAME.gpus", "VLLM_PP_LAYER_PARTITION": "vllm_instances.NAME.pp_partition",
+    "NCCL_P2P_DISABLE": "vllm_nccl_p2p_disable", "NCCL_NVLS_ENABLE": "vllm_nccl_nvls_enable",
+    "NCCL_IB_DISABLE": "vllm_nccl_ib_disable", "NCCL_SOCKET_IFNAME": "vllm_socket_ifname",
+    "GLOO_SOCKET_IFNAME": "vllm_socket_ifname", "VLLM_HOST_IP": "vllm_host_ip",
+    **dict.fromkeys(("HOME", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_OFFLINE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR",
+                     "TORCHINDUCTOR_CACHE_DIR", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"))}
 
 
 def secret_variable(name: str) -> bool:
     """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
-    *_TOKEN, *_KEY, *_SECRET...): typed into the configuration it passes through every run's output, and the
-    env file is one rigup writes for the service (issue 61, round 12 V14)."""
+    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER...): typed into the configuration
+    it passes through every run's output, and the env file is one rigup writes for the service (issue 61,
+    round 12 V14; round 13 V22 the other spellings)."""
     return bool(SECRET_WORDS & set(name.upper().split("_")))
 
 
@@ -202,21 +224,26 @@ def tunes(name: str) -> bool:
 
 
 def env_problems(env: dict, where: str) -> list[tuple[str, str]]:
-    """Each key of ``env`` that is not NAME: a one-line string, number or bool, or that rigup does not let
-    tune the server (:func:`tunes`); vLLM's held-off variables (vllm_allow opens them) and secrets
-    (check_open_without_key) are refused by their own checks."""
+    """Each key of ``env`` that is not NAME: a one-line string, number or bool, that rigup sets for the
+    instance itself (:data:`RIGUP_SETS`), or that rigup does not let tune the server (:func:`tunes`);
+    vLLM's held-off variables (vllm_allow opens them) and secrets (check_open_without_key) are refused by
+    their own checks."""
     held = held_off(kind="env")
-    return [(f"{where}.{key}", "expected NAME: a one-line string, number or bool")
-            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value) else
-            (f"{where}.{key}", f"{key} is not a variable rigup lets tune vLLM: the loader, Python, NCCL, Triton, the "
-                               "compilers or another library under vLLM loads code or files from where such a variable "
-                               "points, and rigup sets the server's HOME, caches and PATH itself; drop it (what tunes: "
-                               "VLLM_*, NCCL_*, CUDA_*, TORCH_NCCL_* naming no path, file, plugin or program, "
-                               "OMP_NUM_THREADS, PYTORCH_CUDA_ALLOC_CONF, ...: rigup/instances/vllm.py TUNING; a "
-                               "patched vLLM's own knob of two words or more, none a place, passes)")
-            for key, value in env.items()
-            if not ENV_NAME.fullmatch(str(key)) or isinstance(value, (dict, list)) or "\n" in str(value)
-            or str(key) not in held and not secret_variable(str(key)) and not tunes(str(key))]
+
+    def why(key: str, value) -> str | None:
+        if not ENV_NAME.fullmatch(key) or isinstance(value, (dict, list)) or "\n" in str(value):
+            return "expected NAME: a one-line string, number or bool"
+        if key.upper() in RIGUP_SETS:
+            return f"{key} is one rigup sets for the instance: " + \
+                (f"set {RIGUP_SETS[key.upper()]} in its place" if RIGUP_SETS[key.upper()] else "drop it")
+        if key in held or secret_variable(key) or tunes(key):
+            return None
+        return (f"{key} is not a variable rigup lets tune vLLM: the loader, Python, NCCL, Triton, the compilers or "
+                "another library under vLLM loads code or files from where such a variable points, and rigup sets "
+                "the server's HOME, caches and PATH itself; drop it (what tunes: VLLM_*, NCCL_*, CUDA_*, TORCH_NCCL_* "
+                "naming no path, file, plugin or program, OMP_NUM_THREADS, PYTORCH_CUDA_ALLOC_CONF, ...: "
+                "rigup/instances/vllm.py TUNING; a patched vLLM's own knob of two words or more, none a place, passes)")
+    return [(f"{where}.{key}", problem) for key, value in env.items() if (problem := why(str(key), value))]
 
 
 def speculative_problems(entry: dict, where: str, declared: dict) -> list[tuple[str, str]]:

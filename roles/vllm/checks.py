@@ -199,7 +199,9 @@ def check_config(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 
 check_config.__doc__ = (   # the held-off features from the contract's table (rigup/contract/vllm.py), as docs/refusals.md shows them
     "An entry of vllm_instances that is wrong: its name, a key, a model or draft_model not in models, tp x pp beyond "
-    "the GPUs, a pp_partition that does not fit, gpus, env (a variable rigup does not let tune vLLM: an "
+    "the GPUs, a pp_partition that does not fit, gpus, env (a variable rigup sets from a key: CUDA_VISIBLE_DEVICES "
+    "from gpus, VLLM_PP_LAYER_PARTITION from pp_partition, the NCCL knobs, VLLM_HOST_IP, HOME and the caches; or one "
+    "rigup does not let tune vLLM: an "
     "allow-list of VLLM_*, NCCL_*, CUDA_*, TORCH_NCCL_* naming no path, file, plugin or program, OMP_NUM_THREADS, "
     "PYTORCH_CUDA_ALLOC_CONF... and a patched vLLM's own knobs; HOME, TMPDIR, PATH, LD_*, PYTHONPATH, CUDA_HOME, "
     "NCCL_CONF_FILE... refused), speculative keys that are not names with one-line values (or a "
@@ -208,6 +210,7 @@ check_config.__doc__ = (   # the held-off features from the contract's table (ri
     "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model``, "
     "``-sc.model`` and abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
     ", ".join(f"{name}: {' '.join((*f.flags, *f.env))}" for name, f in vllm_contract.HELD_OFF.items())
+    + "".join(f"; {flag} given a class path: {feature}" for flag, feature in vllm_contract.CODE_VALUES.items())
     + "; inside a JSON option: " + ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items()
                                               if f.keys)
     + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
