@@ -484,6 +484,17 @@ def save(path: str, value) -> None:
     replace(path, json.dumps(value), mode=None)
 
 
+def kept(path: str, value) -> str | None:
+    """:func:`save`, or why it could not (a full or read-only disk, its directory a file). A check goes
+    on without the file: a trip still stops the serving units (fail closed) and says why; a save that
+    raised ended the check in a traceback before the stop, the units serving (issue 61, round 13 GG1)."""
+    try:
+        save(path, value)
+    except OSError as e:
+        return f"cannot write {path}: {e.strerror or e}"
+    return None
+
+
 def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
     """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
     link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
@@ -960,7 +971,9 @@ def xid_check(config: dict, cards: list[dict], lost: list[str], now: float) -> t
     if stop:
         log(2, f"rigup-gpu-guard: stopping {', '.join(stop)} (on a suspect card; rigup-gpu-guard status){systemctl('stop', stop)}")
     if json.dumps(state, sort_keys=True) != before:   # on disk: written only when it changed, not every check
-        save(path, state)
+        problem = kept(path, state)
+        if problem:   # this check's triage still acts; the next reads the lines again
+            log(3, f"rigup-gpu-guard: {problem}")
     return state, trip
 
 
@@ -1057,7 +1070,10 @@ def check(config: dict) -> int:
         if stopped:
             log(2, f"rigup-gpu-guard: tripped ({tripped}); stopped {stopped}, which started while tripped")
             if set(running) - set(record.get("stopped") or []):   # started again when cleared
-                save(tripped, {**record, "stopped": sorted(set(running) | set(record.get("stopped") or []))})
+                problem = kept(tripped, {**record, "stopped": sorted(set(running) | set(record.get("stopped") or []))})
+                if problem:
+                    log(3, f"rigup-gpu-guard: {problem}")
+                    return 1
         return 0
     now = time.time()
     looked = fabric if fabric and known else None   # CUDA cannot run on this board now, by this look
@@ -1076,7 +1092,9 @@ def check(config: dict) -> int:
     history = keep(samples_of(load(config["samples_file"], [])), config, now)
     history.append({"t": now, "cards": every, "lost": lost, **({"fabric": looked} if looked else {})})
     history[-1]["bad"] = evaluate(history, config, now)
-    save(config["samples_file"], history)
+    unsaved = kept(config["samples_file"], history)
+    if unsaved:   # judged on this sample all the same
+        log(3, f"rigup-gpu-guard: {unsaved}")
     reason, count = debounced(history, config)
     write_metrics(config, metrics_text(cards, lost, reason is not None, config, now, xid_state, fabric))
     bad, of = debounce_of(config)
@@ -1087,13 +1105,19 @@ def check(config: dict) -> int:
                    "(a new driver is installed, the old module still loaded)")
         if history[-1]["bad"]:
             log(4, f"rigup-gpu-guard: bad sample ({samples}; trips at {bad} of {of}): {history[-1]['bad']}")
-        return 0
-    save(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)), "reason": reason,
-                   "samples": samples})
+        return 1 if unsaved else 0
+    problem = kept(tripped, {"t": now, "time": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now)),
+                             "reason": reason, "samples": samples})
     _, stopped = stop_serving(config)
     log(2, f"rigup-gpu-guard: TRIPPED: {reason}; stopped serving units: {stopped or 'none running'}; "
-           f"{samples}; they stay stopped until an operator runs rigup-gpu-guard clear")
-    return 0
+           f"{samples}; " + (unrecorded(problem) if problem else
+                             "they stay stopped until an operator runs rigup-gpu-guard clear"))
+    return 1 if problem or unsaved else 0
+
+
+def unrecorded(problem: str) -> str:
+    """The trip's journal words when its record could not be written (:func:`kept`)."""
+    return f"its record is not written ({problem}): nothing holds them stopped, a converge or a boot starts them"
 
 
 def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: str | None = None) -> int:
@@ -1107,18 +1131,26 @@ def trip_now(config: dict, trip: dict, cards: list[dict], now: float, fabric: st
               "cards": len(cards), **({"fabric": True} if trip.get("fabric") else {})}
     if trip["reboot"]:
         record["reboot_boot"] = boot_id()
-    save(config["tripped_file"], record)
+    problem = kept(config["tripped_file"], record)
+    uncounted = None
+    if trip["reboot"] and not problem:   # counted before it: a count that cannot be kept bounds no reboot
+        path = config["xid"]["reboots_file"]
+        day, count = reboots_today(path, now)
+        uncounted = kept(path, {"day": day, "count": count + 1})
     _, units = stop_serving(config, stopped)
     write_metrics(config, metrics_text(cards, [], True, config, now,
                                        read_xid_state(config) if config.get("xid") else None, fabric))
+    # no reboot without both records: the units would start at boot with no trip on file, or the day's count unkept
     log(2, f"rigup-gpu-guard: TRIPPED: {trip['reason']}; stopped serving units: {units or 'none running'}; "
-           + ("rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
+           + (("not rebooting; " if trip["reboot"] else "") + unrecorded(problem) if problem else
+              f"not rebooting (the day's reboots are not counted: {uncounted}); they stay stopped until an operator "
+              "runs rigup-gpu-guard clear" if uncounted else
+              "rebooting the host (gpu_guard_xid_reboot)" if trip["reboot"] else
               "they stay stopped until the fabric is back (a converge starts the fabric manager)" if trip.get("fabric")
               else "they stay stopped until an operator runs rigup-gpu-guard clear"))
+    if problem or uncounted:
+        return 1
     if trip["reboot"]:
-        path = config["xid"]["reboots_file"]
-        day, count = reboots_today(path, now)
-        save(path, {"day": day, "count": count + 1})
         time.sleep(1)   # the lines above reach journald and are on disk before the shutdown begins
         run_bounded(["journalctl", "--sync"], JOURNAL_TIMEOUT_S)
         run_bounded(["systemctl", "reboot"], SYSTEMCTL_TIMEOUT_S)
