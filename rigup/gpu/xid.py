@@ -54,12 +54,14 @@ def catalogue() -> dict[int, dict]:
 
 
 def card_key(bus_id: str) -> str:
-    """``00000000:2B:00.0`` or ``0000:2b:00`` -> ``0000:2b:00`` (domain of 4, bus, device), the part
-    of a bus id an Xid line carries."""
+    """``00000000:2B:00.0`` or ``0000:2b:00`` -> ``0000:2b:00`` (domain, bus, device), the part of a
+    bus id an Xid line carries. The domain is whole, at least 4 digits as the kernel prints it: a VMD
+    domain's ``00010000:2B:00.0`` (nvidia-smi) and ``PCI:10000:2b:00`` (the driver) are ``10000:2b:00``,
+    not domain 0's card (its last 4 digits made them one: issue 61, round 13 XD6)."""
     m = re.fullmatch(BUS, bus_id.strip())
     if not m:
         raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    return f"{m.group(1)[-4:]}:{m.group(2)}:{m.group(3)}".lower()
+    return f"{m.group(1).lstrip('0').rjust(4, '0')}:{m.group(2)}:{m.group(3)}".lower()
 
 
 def events(lines: list[str], known: dict[int, dict]) -> list[dict]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rigup.gpu import xid
 from roles.gpu_guard import guard as G
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
@@ -101,3 +102,22 @@ def test_a_full_disk_still_trips_closed_and_exits_1_without_a_traceback(host):
     assert (host / "bin" / "stop").exists() and not (host / "tripped.json").exists()
     assert "<3>rigup-gpu-guard: cannot write " + str(host / "samples.json") + ": File too large" in done.stdout
     assert "TRIPPED: telemetry lost" in done.stdout and "its record is not written" in done.stdout
+
+
+@pytest.mark.parametrize("smi, line, key", [
+    ("00000000:2B:00.0", "NVRM: Xid (PCI:0000:2b:00): 79, pid=1, GPU has fallen off the bus.", "0000:2b:00"),
+    ("00010000:2B:00.0", "NVRM: Xid (PCI:10000:2b:00): 79, pid=1, GPU has fallen off the bus.", "10000:2b:00"),
+    ("0000ABCD:2B:00.0", "NVRM: Xid (abcd:2b:00): 13, Graphics Exception", "abcd:2b:00"),
+])
+def test_the_xid_key_keeps_the_whole_pci_domain(smi, line, key):
+    """XD6: the key was the domain's last 4 digits: VMD's domain 10000 and domain 0000 were one card, an
+    Xid of one acted on the other's units. nvidia-smi's bus id (the guard's sample), sysfs's name and the
+    driver's line give one key; domains 0000 and 10000 two."""
+    assert xid.card_key(smi) == G.card_key_of({"bus_id": smi}) == key
+    assert xid.card_key(key + ".0") == key   # sysfs's device name (nvidia_pci_cards)
+    assert [e["card"] for e in xid.events([line], {})] == [key]
+
+
+def test_domains_0000_and_10000_are_two_cards():
+    assert xid.card_key("00010000:2B:00.0") != xid.card_key("00000000:2B:00.0")
+    assert len({xid.card_key(b) for b in ("10000:2b:00", "00010000:2b:00", "0000:2b:00", "00000000:2b:00")}) == 2
