@@ -1311,17 +1311,36 @@ def runtime(path: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], str | N
 
 
 def mapped_refused() -> list[str]:
-    """Each library this process maps (/proc/self/maps) that :func:`alone` refuses, with why: the
-    backstop after a run, naming a library that none of the checks before loading named (one a library
-    dlopened by a name RUNTIME does not list). A file deleted since (an upgrade during the run) is
-    not judged: its path names another file now."""
+    """Each file this process maps executable (/proc/self/maps) that :func:`alone` refuses, with why: the
+    backstop after a run, naming code that none of the checks before loading named (a library dlopened
+    by a name RUNTIME does not list). Every executable file mapping, whatever its name (round 13 BU3: one
+    named evil.bin or libx.so.1a was not judged); a file deleted since it was mapped (an upgrade during
+    the run, or a library that removed itself once loaded) is judged by the mapped inode itself
+    (/proc/self/map_files, root's): root's own and written by no one else, or refused."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            paths = {cols[5].rstrip("\n") for cols in (line.split(None, 5) for line in f) if len(cols) == 6}
+            maps = [(cols[0], cols[5].rstrip("\n")) for cols in (line.split(None, 5) for line in f)
+                    if len(cols) == 6 and "x" in cols[1] and cols[5].startswith("/")]
     except OSError as e:
         return [f"/proc/self/maps: {e.strerror or e}"]
-    return [f"{p}: {why}" for p in sorted(paths) if p.startswith("/") and not p.endswith(" (deleted)")
-            and re.search(r"\.so(\.[0-9.]+)?$", p) and (why := alone(p)[1]) is not None]
+    out, seen = [], set()
+    for span, path in maps:
+        if path in seen:
+            continue
+        seen.add(path)
+        if path.endswith(" (deleted)"):
+            try:
+                st = os.stat(f"/proc/self/map_files/{span}")
+            except OSError as e:
+                out.append(f"{path}: its mapped file cannot be read ({e.strerror or e})")
+                continue
+            why = None if st.st_uid == 0 and not st.st_mode & 0o022 else \
+                f"a deleted file of uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}"
+        else:
+            why = alone(path)[1]
+        if why is not None:
+            out.append(f"{path}: {why}")
+    return sorted(out)
 
 
 def backstop(fig: dict) -> None:

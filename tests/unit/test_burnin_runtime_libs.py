@@ -193,3 +193,19 @@ def test_the_backstop_names_a_mapped_library_another_user_writes_and_nothing_on_
     why = f"{lib}: {staff} is 2775: writable by its group or others"
     assert r.stdout.splitlines() == [
         "[]", str([why]), f"CUDA error 100; mapped where another user writes (root ran its code): {why}"], r.stderr
+
+
+def test_the_backstop_judges_every_executable_mapping_whatever_its_name_and_a_deleted_one_by_its_inode(tree):
+    """Round 13 BU3: the backstop judged only paths ending in .so[.N]: another user's library named evil.bin
+    (or libx.so.1a), or one removed once loaded, was not named. Now every executable file mapping is judged,
+    a deleted one by the mapped inode (/proc/self/map_files): root's own and written by no one else, or named."""
+    staff = staff_dir(tree / "staff")
+    odd = built(staff / "evil.bin")
+    gone = built(staff / "libgone.so")
+    os.chown(gone, NOBODY, NOBODY)
+    code = (f"ctypes.CDLL({str(odd)!r}); ctypes.CDLL({str(gone)!r}); os.unlink({str(gone)!r}); "
+            "print(A.mapped_refused())")
+    r = in_namespace(code, cache_of(tree))
+    print(r.stdout, r.stderr)
+    out = r.stdout.strip()
+    assert f"{odd}: {staff} is 2775" in out and f"{gone} (deleted): a deleted file of uid {NOBODY}" in out, r.stderr
