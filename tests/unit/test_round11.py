@@ -90,7 +90,8 @@ def test_v4_a_vllm_variable_that_loads_code_from_a_path_is_refused(name):
     found = instances(data(models={"m": MODEL}, vllm_instances={"v": entry}))[1]
     ok = instances(data(models={"m": MODEL}, vllm_instances={"v": {**entry, "env": {"NCCL_DEBUG": "WARN"}}}))[1]
     print(name, "->", found)
-    assert [p for p, _ in found] == [f"vllm_instances.v.env.{name}"] and "loads code" in found[0][1] and ok == []
+    assert [p for p, _ in found] == [f"vllm_instances.v.env.{name}"] and ok == []
+    assert "loads code" in found[0][1] or "one rigup sets" in found[0][1]   # a cache rigup sets itself (round 13 V28)
 
 
 # ---- round 12 (the same file: each case named by its id in /tmp/redteam/round12.md)
