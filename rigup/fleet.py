@@ -86,12 +86,12 @@ for d in /etc/systemd/system/rigup-llama@*.service.d /etc/systemd/system/rigup-v
   bind=$(grep -o -e '--host[= ][^ ]*' "$f" 2>/dev/null | head -n 1 | cut -c8- | tr -cd '0-9A-Za-z.:-')
   case $bind in ''|0.0.0.0|::) bind=127.0.0.1;; *:*) bind="[$bind]";; esac
   code=; [ -z "$port" ] || code=$(curl -s -o /dev/null -m 2 --noproxy '*' -w '%{http_code}' "http://$bind:$port/health" 2>/dev/null)
-  echo "@@ $u"; echo "active=$(systemctl is-active "$u" 2>/dev/null)"; echo "port=$port"; echo "health=$code"
-  echo "revision=$(sed -n 's/^# .*, model \([^ ,]*\)$/\1/p' "$f" 2>/dev/null | head -n 1)"
+  printf '%s\n' "@@ $u" "active=$(systemctl is-active "$u" 2>/dev/null)" "port=$port" "health=$code"
+  printf '%s\n' "revision=$(sed -n 's/^# .*, model \([^ ,]*\)$/\1/p' "$f" 2>/dev/null | head -n 1)"
   if [ -n "$port" ] && grep -q -e '--models-preset' "$f" 2>/dev/null; then
     kf=$(grep -o -e '--api-key-file[= ][^ ]*' "$f" | head -n 1 | cut -c16- | tr -d "'\"")
     hdr=; [ -n "$kf" ] && [ -r "$kf" ] && own "$u" "$port" && hdr="Authorization: Bearer $(head -n 1 "$kf" | tr -cd '\041-\176')"
-    echo "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -H @- "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
+    printf '%s\n' "models=$(printf '%s\n' "$hdr" | curl -s -m 2 --noproxy '*' -H @- "http://$bind:$port/models" 2>/dev/null | head -c 1048576 \
       | tr -d '\n' | grep -o -e '"id": *"[^"]*"' -e '"value": *"[^"]*"' | tr -d '" ' | paste -s -d, - | head -c 4096)"
   fi
 done; true"""
@@ -132,7 +132,7 @@ def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
     text = f"if [ -e {q} ]; then echo tripped; head -c 4096 {q} | tr -d '\\n' | sed 's/^/|/'; echo; fi"
     if xid_state_file:
         x = shlex.quote(xid_state_file)
-        text += (f"\nif [ -e {x} ]; then echo {shlex.quote(XID_MARK)}; echo \"boot=$(cat {BOOT_ID} 2>/dev/null)\"; "
+        text += (f"\nif [ -e {x} ]; then echo {shlex.quote(XID_MARK)}; printf '%s\\n' \"boot=$(cat {BOOT_ID} 2>/dev/null)\"; "
                  f"head -c {XID_MAX_BYTES} {x} | tr -d '\\n' | sed 's/^/|/'; echo; fi")
     return text
 

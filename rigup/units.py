@@ -74,18 +74,26 @@ def configured(template: str, backend_prefix: str, backends_dir: str) -> str:
     """Shell that prints ``units=`` (the instances of ``template`` rigup configured: their drop-in
     directories) and ``backends=`` (the balancer's backends files ``PREFIX-*.json`` in
     ``backends_dir``)."""
-    return (f"echo units=$(cd /etc/systemd/system && ls -d {template}@*.service.d 2>/dev/null "
-            f"| sed 's/^{template}@//; s/[.]service[.]d$//'); "
-            f"echo backends=$(cd {shlex.quote(backends_dir)} 2>/dev/null && ls {backend_prefix}-*.json 2>/dev/null "
-            "| sed 's/[.]json$//')")
+    return (keyed("units", f"cd /etc/systemd/system && ls -d {template}@*.service.d 2>/dev/null "
+                  f"| sed 's/^{template}@//; s/[.]service[.]d$//' | paste -s -d ' ' -") + "; "
+            + keyed("backends", f"cd {shlex.quote(backends_dir)} 2>/dev/null && ls {backend_prefix}-*.json 2>/dev/null "
+                    "| sed 's/[.]json$//' | paste -s -d ' ' -"))
+
+
+def keyed(key: str, command: str) -> str:
+    """Shell that prints ``key=`` and ``command``'s output as one line: printf, never echo, for a
+    fact's output (issue 61, round 13 UN1, FP1, ST5). pyinfra runs commands with ``sh -c``, dash
+    on Debian and Ubuntu, whose echo turns a ``\\n`` in a file's text into a line of root's output
+    (a forged ``key=`` or ``@@`` section); quoted, the text is neither split nor globbed."""
+    return f"printf '%s\\n' {shlex.quote(key + '=')}\"$({command})\""
 
 
 def unit_state(path: str, unit: str) -> list[str]:
     """Shell lines that print a unit's state as ``key=value`` lines: ``unit`` (its file's sha256,
     empty when absent), ``active`` and ``enabled`` (systemctl's words)."""
-    return [f"echo unit=$(sha256sum {shlex.quote(path)} 2>/dev/null | cut -c1-64)",
-            f"echo active=$(systemctl is-active {shlex.quote(unit)} 2>/dev/null)",
-            f"echo enabled=$(systemctl is-enabled {shlex.quote(unit)} 2>/dev/null)"]
+    return [keyed("unit", f"sha256sum {shlex.quote(path)} 2>/dev/null | cut -c1-64"),
+            keyed("active", f"systemctl is-active {shlex.quote(unit)} 2>/dev/null"),
+            keyed("enabled", f"systemctl is-enabled {shlex.quote(unit)} 2>/dev/null")]
 
 
 def systemd_split(line: str) -> list[str]:
@@ -126,12 +134,12 @@ def instance_probe(name: str, unit: str, files: dict[str, str], marker: str, key
     first)."""
     q = shlex.quote
     lines = [f"echo {q('@@ ' + name)}"]
-    lines += [f"echo {k}=$(sha256sum {q(path)} 2>/dev/null | cut -c1-64)" for k, path in files.items()]
-    lines += [f"echo key=$(test -s {q(key)} && sha256sum {q(key)} | cut -c1-64)"] if key else []
-    lines += [f"echo active=$(systemctl is-active {unit} 2>/dev/null)",
-              f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null)",
-              f"echo marker=$({read_file(marker.rsplit('/', 1)[0], marker, 8 << 20)} | tr -d '\\n')"]
-    lines += [f"echo {q('marker.' + m)}=$({read_file(path.rsplit('/', 1)[0], path, 8 << 20)} | tr -d '\\n')"
+    lines += [keyed(k, f"sha256sum {q(path)} 2>/dev/null | cut -c1-64") for k, path in files.items()]
+    lines += [keyed("key", f"test -s {q(key)} && sha256sum {q(key)} | cut -c1-64")] if key else []
+    lines += [keyed("active", f"systemctl is-active {unit} 2>/dev/null"),
+              keyed("enabled", f"systemctl is-enabled {unit} 2>/dev/null"),
+              keyed("marker", f"{read_file(marker.rsplit('/', 1)[0], marker, 8 << 20)} | tr -d '\\n'")]
+    lines += [keyed("marker." + m, f"{read_file(path.rsplit('/', 1)[0], path, 8 << 20)} | tr -d '\\n'")
               for m, path in sorted((also or {}).items())]
     return "; ".join(lines)
 

@@ -71,9 +71,9 @@ class LlamaCppState(FactBase):
 
     def command(self, dir: str) -> str:
         return (
-            f"d={shlex.quote(dir)}; echo current=$(readlink \"$d/current\" 2>/dev/null); "
-            'echo previous=$(readlink "$d/previous" 2>/dev/null); '
-            'echo switching=$(head -c 300 "$d/switching" 2>/dev/null | head -n 1); '
+            f"d={shlex.quote(dir)}; printf '%s\\n' \"current=$(readlink \"$d/current\" 2>/dev/null)\" "
+            '"previous=$(readlink "$d/previous" 2>/dev/null)" '
+            '"switching=$(head -c 300 "$d/switching" 2>/dev/null | head -n 1)"; '
             # a received build that failed its smoke is kept aside as builds/<id>.refused: not a build
             'for f in "$d"/builds/*/rigup-build.json; do case "$f" in *.refused/*) continue;; esac; '
             '[ -f "$f" ] && [ ! -L "$f" ] && '
@@ -81,10 +81,10 @@ class LlamaCppState(FactBase):
             'for f in "$d"/builds/*/rigup-smoke.json; do case "$f" in *.refused/*) continue;; esac; '
             '[ -f "$f" ] && [ ! -L "$f" ] && '
             'printf "smoke=%s %s\\n" "$(basename "$(dirname "$f")")" "$(tr -d \'\\n\' < "$f")"; done; '
-            f"echo building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null); "
+            f"printf '%s\\n' \"building=$(systemctl is-active {BUILD_UNIT} 2>/dev/null)\"; "
             "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0; "
-            "echo os=$(. /etc/os-release 2>/dev/null; echo \"$ID $VERSION_ID\"); "
-            "echo glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2); echo machine=$(uname -m)"
+            "printf '%s\\n' \"os=$(. /etc/os-release 2>/dev/null; printf '%s %s' \"$ID\" \"$VERSION_ID\")\" "
+            "\"glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)\" \"machine=$(uname -m)\""
         )
 
     def process(self, output: list[str]) -> dict:

@@ -56,7 +56,7 @@ class LlamaServerState(FactBase):
             probes.append(instance_probe(unit, f"rigup-llama@{unit}.service", files, marker, key=KEY.format(key_of),
                                          also=also))
         link = shlex.quote(build_link)
-        return (f"{FUNCTIONS}; echo build=$(readlink {link} 2>/dev/null); "
+        return (f"{FUNCTIONS}; printf 'build=%s\\n' \"$(readlink {link} 2>/dev/null)\"; "
                 f"printf 'smoke=%s\\n' \"$(cat {link}/rigup-smoke.json 2>/dev/null | tr -d '\\n')\"; "
                 + listed + "; ".join(probes + ["true"]))
 

@@ -22,7 +22,7 @@ from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import download_progress
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
-from rigup.units import parse_instances
+from rigup.units import keyed, parse_instances
 
 SCRIPT = Path(__file__).with_name("fetcher.py")
 WORK = ".rigup-fetch"  # fetcher.py WORK: the job's files under a model's dest
@@ -41,7 +41,7 @@ def probe_command(specs: list[dict]) -> str:
     blob = base64.b64encode(json.dumps(specs, separators=(",", ":")).encode()).decode()
     return (
         "[ -d /run/systemd/system ] && echo '##rigup-systemd 1' || echo '##rigup-systemd 0'; "
-        f"echo \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
+        f"printf '%s\\n' \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
         f"{{ [ -e {SHARE_LOCK} ] && ! flock -n {SHARE_LOCK} true; }} 2>/dev/null && echo active)\"; "
         "[ -x /usr/bin/python3 ] || { echo '##rigup-nopython'; exit 0; }; "
         f"/usr/bin/python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
@@ -121,8 +121,8 @@ def progress_command(specs: list[dict]) -> str:
             pick += (f"; [ -d {q(spec['stage'])} ] && ! {read_file(dest, marker_path(dest))} | grep -qsF {wanted} "
                      f"&& d={q(spec['stage'])}")
         out += [f"echo {q('@@ ' + spec['name'])}", pick,
-                f"echo \"marker=$({READ} \"$d\" \"$d/{MARKER}\" 1048576 | tr -d '\\n')\"",
-                f"echo \"progress=$({READ} \"$d\" \"$d/{WORK}/progress.json\" 65536 | tr -d '\\n')\"",
+                keyed("marker", f"{READ} \"$d\" \"$d/{MARKER}\" 1048576 | tr -d '\\n'"),
+                keyed("progress", f"{READ} \"$d\" \"$d/{WORK}/progress.json\" 65536 | tr -d '\\n'"),
                 f"if [ -f \"$d/{WORK}/lock\" ] && [ ! -L \"$d/{WORK}/lock\" ] && ! {AS_OWNER} \"$d\" timeout -k 1 5 "
                 f"flock -n -s \"$d/{WORK}/lock\" true 2>/dev/null; then echo running=1; fi"]
     return "; ".join(out) + "; true"

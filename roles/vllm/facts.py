@@ -6,7 +6,7 @@ from pyinfra.api import FactBase
 
 from rigup.names import BALANCER_DIR
 from rigup.nofollow import FUNCTIONS
-from rigup.units import configured, instance_probe, parse_instances
+from rigup.units import configured, instance_probe, keyed, parse_instances
 from roles.vllm.command import DROPIN, ENV_FILE, KEY_FILE, STAMP
 
 
@@ -27,7 +27,7 @@ class VllmState(FactBase):
     def command(self, pin_dir: str, instances: dict) -> str:
         """``instances``: unit -> [marker, the instance whose key it uses (NAME, or NAME-K), its
         drafter's marker or None] (the drafter's marker is read as ``draft``: its sha256)."""
-        stamp = f"echo stamp=$(cat {shlex.quote(pin_dir + '/' + STAMP)} 2>/dev/null | tr -d '\\n')"
+        stamp = keyed("stamp", f"cat {shlex.quote(pin_dir + '/' + STAMP)} 2>/dev/null | tr -d '\\n'")
         return "; ".join([FUNCTIONS, stamp, configured("rigup-vllm", "vllm", BALANCER_DIR)] + [
             instance_probe(unit, f"rigup-vllm@{unit}.service",
                            {"dropin": DROPIN.format(unit), "env": ENV_FILE.format(unit),
@@ -69,7 +69,7 @@ class VllmCommit(FactBase):
                 f"git -C \"$d/repo\" rev-parse --disambiguate={q(prefix)} 2>/dev/null "
                 "| git -C \"$d/repo\" cat-file --batch-check='%(objecttype) %(objectname)' "
                 "| sed -n 's/^commit /commit=/p'; "
-                "else echo fetched=no; echo \"error=$(grep -m 1 -e '^fatal:' -e '^error:' \"$d/err\" || tail -n 1 \"$d/err\")\"; fi; "
+                "else echo fetched=no; printf '%s\\n' \"error=$(grep -m 1 -e '^fatal:' -e '^error:' \"$d/err\" || tail -n 1 \"$d/err\")\"; fi; "
                 "rm -rf \"$d\"; fi")
 
     def process(self, output: list[str]) -> dict:

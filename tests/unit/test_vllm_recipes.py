@@ -161,7 +161,7 @@ def test_a_drafter_goes_into_the_speculative_config_and_its_marker_is_waited_for
     assert f"model {REV}, drafter {'ab' * 6}" in text
     assert '--speculative-config "{\\"method\\":\\"dflash\\",\\"model\\":\\"/srv/models/drafter\\"' in text
     probe = VllmState().command("/opt/rigup/vllm/p", {"q": ["/m/.rigup-complete.json", "q", draft["marker"]]})
-    assert f"echo draft=$(sha256sum {draft['marker']}" in probe
+    assert f"printf '%s\\n' draft=\"$(sha256sum {draft['marker']}" in probe
     assert parse_state(["@@ q", "draft="])["instances"]["q"]["draft"] is None
 
 
