@@ -92,6 +92,7 @@ from rigup.contract.llama_server import PRESET, api_model
 from rigup.secrets import bearer, written
 from rigup.serving import MODEL_FILE, RPC, Engine, Served, Shared, filled, serve, unit_running
 from rigup.state import read_once, reading
+from rigup.text import shown
 from roles.llama_server.checks import CHECKS, FLEET_CHECKS, fleet_plan_lines, plan_lines, ports
 from roles.llama_server.command import (KEY, NO_CACHE, backend_name, dropin_text, fronted, preset_text, queue_limits,
                                        queued, render, servers)
@@ -154,7 +155,7 @@ def instance(unit_name: str, instance_name: str, inst: LlamaInstance, argv: list
     try:   # router mode: the set's preset; a model file's name it cannot hold (a hub's '#', ';', '[') fails this host
         preset = preset_text(name, inst, paths, revisions) if inst["also"] else None
     except ValueError as e:   # (round 13 SV1: a ValueError here ended the run for every host)
-        raise OperationError(str(e)) from None
+        raise OperationError(shown(str(e), 4000)) from None
     digest = hashlib.sha256(preset.encode()).hexdigest() if preset else None
     command = [*filled(argv, model_file=model_path, rpc=",".join(rpc)), *remedy]   # extra_args, then the remedy
     text = dropin_text(name, inst, binary, model_path, found["build"] or "none", unit_sha, marker.get("revision"),
