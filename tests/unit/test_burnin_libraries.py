@@ -106,7 +106,11 @@ def test_libcuda_is_loaded_by_the_path_the_driver_installed_never_by_its_soname(
 def in_namespace(code: str, cache: Path, library_path: str = "") -> subprocess.CompletedProcess:
     """``code`` in a new python whose loader reads ``cache`` as /etc/ld.so.cache (a private mount
     namespace: the machine's own cache is untouched)."""
-    prelude = f"import os, sys, ctypes; sys.path.insert(0, {str(ROOT)!r}); from roles.burnin import acceptance as A; "
+    # the program alone, as a host runs it (not through the roles package, whose imports would map the
+    # controller's venv: a checkout under /tmp maps .so files of a 1777 directory, which the backstop names)
+    prelude = (f"import os, sys, ctypes, importlib.util; spec = importlib.util.spec_from_file_location('acceptance', "
+               f"{str(ROOT / 'roles/burnin/acceptance.py')!r}); A = importlib.util.module_from_spec(spec); "
+               "sys.modules['acceptance'] = A; spec.loader.exec_module(A); ")
     script = f"mount --bind {cache} /etc/ld.so.cache && exec \"$0\" -c \"$1\""
     return subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, prelude + code], capture_output=True,
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": library_path})
