@@ -28,11 +28,12 @@ def _visible(c: str) -> str:
 # A URL's secrets (issue 61, rounds 12-13 SEC3, SEC5-SEC8): its userinfo (scheme://USERINFO@host, up to
 # the authority's last '@': a login may hold one; //USERINFO@host without a scheme; the scp form
 # user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's (a token given as
-# the user, as GitHub's and the hub's are; ssh://git@host's user is a login); and a query parameter
-# named for a secret (?access_token=, &sig=, &X-Amz-Signature=)
-_USERINFO = re.compile(r"(?<![A-Za-z0-9+./:-])(?:([A-Za-z][A-Za-z0-9+.-]*):)?//([^\s/?#]*)@")
+# the user, as GitHub's and the hub's are; ssh://git@host's user is a login), glued to what precedes it
+# too (pip's -ihttps://..., key:https://...: round 14 SEC9, SEC10); and a parameter named for a secret
+# after ?, &, # or ; (?access_token=, #access_token=, ;token=, &X-Amz-Signature=)
+_USERINFO = re.compile(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)([^\s/?#]*)@")
 _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
-_QUERY = re.compile(r"([?&][A-Za-z0-9_.-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.-]*=)[^&\s#]*",
+_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.%-]*=)[^&;\s#]*",
                     re.IGNORECASE)
 _SSH = ("ssh", "git+ssh", "ssh+git", "sftp")
 

@@ -136,7 +136,10 @@ def test_a_vllm_flag_given_whole_is_no_abbreviation_of_a_longer_held_one(args, r
 @pytest.mark.parametrize("url, secret", [
     ("https://me@corp:TOKEN@hub/x", "TOKEN"), ("git+https://TOKEN@github.com/x", "TOKEN"), ("ftp://TOKEN@h/x", "TOKEN"),
     ("s3://TOKEN@bucket/x", "TOKEN"), ("git:TOKEN@host:path", "TOKEN"), ("//u:TOKEN@host/x", "TOKEN"),
-    ("https://h/x?access_token=TOKEN&a=1", "TOKEN"), ("https://h/x?X-Amz-Signature=TOKEN", "TOKEN")])
+    ("https://h/x?access_token=TOKEN&a=1", "TOKEN"), ("https://h/x?X-Amz-Signature=TOKEN", "TOKEN"),
+    # round 14 SEC9, SEC10, SEC12: glued to a flag or a key; after # or ;
+    ("-ihttps://u:TOKEN@host/simple", "TOKEN"), ("url:https://u:TOKEN@h/x", "TOKEN"),
+    ("https://h/x#access_token=TOKEN", "TOKEN"), ("https://h/x;token=TOKEN", "TOKEN")])
 def test_sec5_to_sec8_every_url_form_of_a_secret_is_redacted_and_refused(url, secret, capsys):
     """SEC5-SEC8: a login holding '@', a bare login of another scheme than http(s), the scp form with a
     password, a scheme-less //user:pass@, a secret query parameter: printed whole by say(), and the pip
@@ -154,6 +157,7 @@ def test_sec5_to_sec8_every_url_form_of_a_secret_is_redacted_and_refused(url, se
 
 
 @pytest.mark.parametrize("plain", ["ssh://git@github.com/x/y", "git@github.com:x/y", "https://github.com/x/y",
+                                   "git+https://github.com/org/repo@v1.2#egg=x",
                                    "file:///srv/a@b", "user@host", "https://h/x?a=b@c", "--extra-index-url=https://h/simple"])
 def test_a_url_without_a_secret_comes_back_as_it_is(plain):
     from rigup.text import redacted
