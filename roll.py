@@ -49,7 +49,7 @@ from pathlib import Path
 
 from rigup import inventory as inventories
 from rigup import roll
-from rigup.config import role_defaults
+from rigup.config import ConfigError, role_defaults
 from rigup.names import balancer_drain
 from rigup.text import shown, shown_lines
 from roles.balancer.config import gateway_backends
@@ -172,7 +172,10 @@ def main(argv: list[str]) -> int:
         first = data[hosts[0]] if hosts else {}
         plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if roll.flag(h, data[h], "burnin_pulse")})
         lease, max_fail = roll.settings(data, hosts)
-    except ValueError as e:
+        # each gateway's backends, its peers' settings read typed (a peer's port as text: ConfigError, round 14 RO2)
+        gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
+                    for name, d in data.items() if roll.flag(name, d, "balancer_gateway")}
+    except (ValueError, ConfigError) as e:
         print(shown(f"roll.py: {inventory}: {e}", 4000), file=sys.stderr)
         return 2
     journal = roll.journal_path()
@@ -199,8 +202,6 @@ def main(argv: list[str]) -> int:
         user's), else None."""
         return None if dry else roll.note(journal, {"pid": os.getpid(), "started": started, "at": time.time(),
                                                      "inventory": inventory, "batch": batch, "step": name})
-    gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))
-                for name, d in data.items() if d.get("balancer_gateway")}
     done, failed, unknown, halted, strayed, stopped = [], {}, {}, {}, {}, None
     for i, batch in enumerate(plan):
         if len(failed) > max_fail:

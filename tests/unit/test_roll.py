@@ -215,12 +215,12 @@ def forker_ends():
     close_all()
 
 
-def roll_with(tmp_path, scenario: dict, *args: str) -> tuple[dict, str]:
+def roll_with(tmp_path, scenario: dict, *args: str, inventory: str = INVENTORY) -> tuple[dict, str]:
     import json
 
     from tests.converge import ROOT
 
-    (tmp_path / "fleet.py").write_text(INVENTORY)
+    (tmp_path / "fleet.py").write_text(inventory)
     log = tmp_path / "log.json"
     run = forked(DRIVER_IMPORTS, DRIVER, ["-c", str(ROOT), json.dumps(scenario), str(log), str(tmp_path / "fleet.py"),
                                          "-y", *args],
@@ -358,3 +358,14 @@ def test_every_rolled_hosts_setting_is_read_and_one_roll_has_one():
             roll.settings(data, ["a", "b"])
         print(e.value)
         assert said in str(e.value)
+
+
+def test_a_peers_port_as_text_ends_the_roll_before_anything_is_drained_naming_it(tmp_path):
+    """Round 14 RO2: a peer whose instance port is text ("8081"), in an inventory with a gateway, ended
+    roll.py in a traceback (the gateways' backends were read after the up-front checks, and their
+    ConfigError was not caught): now a line naming the host and the key, exit 2, nothing drained."""
+    bad = INVENTORY.replace('"port": 8081}}})', '"port": 8081 if n != 2 else "8081"}}})')
+    result, out = roll_with(tmp_path, {}, inventory=bad)
+    print(out[-600:])
+    assert result["code"] == 2 and result["calls"] == [] and "Traceback" not in out
+    assert "rig2" in out and "llama_server_instances.gemma" in out
