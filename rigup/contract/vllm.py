@@ -110,7 +110,9 @@ HELD_OFF: dict[str, HeldOff] = {
     # ParallelConfig.distributed_executor_backend too, when it is a class path: CODE_VALUES),
     # CompilationConfig.backend (a qualname imported; --compilation-config, -O) and .cache_dir (compiled
     # artifacts loaded from there: rigup's are under VLLM_CACHE_ROOT, whose variable is refused) and
-    # .debug_dump_path (written there), FrontendArgs.log_config_file
+    # .debug_dump_path (written there), .inductor_passes (a pass name -> a function's qualname, imported) and
+    # .inductor_compile_config (torch inductor's own config: trace.debug_dir written, cpp.cxx the compiler run),
+    # FrontendArgs.log_config_file
     # and VLLM_LOGGING_CONFIG_PATH (logging.config.dictConfig: a "()" key imports its factory),
     # VLLM_RUST_FRONTEND_PATH (the binary run as the frontend, with VLLM_USE_RUST_FRONTEND=1)
     "plugins": HeldOff(("--middleware", "--tool-parser-plugin", "--reasoning-parser-plugin", "--logits-processors",
@@ -120,10 +122,13 @@ HELD_OFF: dict[str, HeldOff] = {
                        "code from a path or module the value names, run in the server as the service user "
                        "(--logits-processor-pattern: a class a request names, imported; --compilation-config's "
                        "cache_dir: compiled code loaded from that directory, debug_dump_path: the compiled graphs "
-                       "written into it, in place of rigup's own cache)",
-                       ("--structured-outputs-config.reasoning_parser_plugin", "--compilation-config.backend",
-                        "-O.backend", "--compilation-config.cache_dir", "-O.cache_dir",
-                        "--compilation-config.debug_dump_path", "-O.debug_dump_path")),
+                       "written into it, in place of rigup's own cache; inductor_passes: functions imported by "
+                       "name; inductor_compile_config: torch inductor's settings, the compiler it runs (cpp.cxx) "
+                       "and where it writes (trace.debug_dir))",
+                       ("--structured-outputs-config.reasoning_parser_plugin",
+                        *(f"{o}.{k}" for o in ("--compilation-config", "-O")
+                          for k in ("backend", "cache_dir", "debug_dump_path", "inductor_passes",
+                                    "inductor_compile_config")))),
     # make_arg_parser's --config: FlexibleArgumentParser._pull_args_from_config reads a YAML of options
     "config_file": HeldOff(("--config",), (),
                            "every option in a YAML file on the host, which rigup does not read: any feature here, "

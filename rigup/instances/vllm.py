@@ -181,7 +181,14 @@ PLACE_WORDS = frozenset({
     "CONF", "CONFIG", "CFG", "RC", "URL", "URI", "ENDPOINT", "SERVER", "TMPDIR", "TEMP", "TMP",
     # a loader's list of libraries (OCL_ICD_FILENAMES, OCL_ICD_VENDORS), a library or driver by name
     # (OPENCV_OPENCL_RUNTIME, LIBVA_DRIVER_NAME), a logging stream (VLLM_LOGGING_STREAM: ext://module imports)
-    "FILENAME", "FILENAMES", "VENDORS", "RUNTIME", "DRIVER", "DRIVERS", "STREAM"})
+    "FILENAME", "FILENAMES", "VENDORS", "RUNTIME", "DRIVER", "DRIVERS", "STREAM",
+    # a listener's or a peer's address (NCCL_RAS_ADDR: NCCL's RAS listener; VLLM_DP_MASTER_IP, VLLM_PORT)
+    "ADDR", "ADDRESS", "IP", "HOST", "HOSTNAME", "PORT"})
+# of a tuning family, yet each opens something (issue 61, round 14 V34): VLLM_ALLOW_INSECURE_SERIALIZATION lets
+# vLLM's processes send each other pickles (code run on load); VLLM_TRACE_FUNCTION writes a trace of every call
+# under the temporary directory's vllm/ (/tmp), which another user can make first (the unit has no PrivateTmp);
+# VLLM_USE_MODELSCOPE fetches models from ModelScope's hub, past rigup's model_fetch and the offline hub it sets
+DENIED = frozenset({"VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_TRACE_FUNCTION", "VLLM_USE_MODELSCOPE"})
 # the end of a name that is a place too (VLLM_ASSETS_CACHE, HF_MODULES_CACHE): CACHE elsewhere tunes (VLLM_DISABLE_COMPILE_CACHE)
 PLACE_ENDS = ("_CACHE",)
 SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
@@ -214,7 +221,7 @@ def tunes(name: str) -> bool:
     words = set(name.split("_"))
     if name in TUNING:
         return True
-    if words & PLACE_WORDS or name.endswith(PLACE_ENDS) or name in PLATFORM:
+    if words & PLACE_WORDS or name.endswith(PLACE_ENDS) or name in PLATFORM or name in DENIED:
         return False
     if name.startswith(TUNING_FAMILIES):
         return True

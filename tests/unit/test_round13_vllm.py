@@ -134,3 +134,32 @@ def test_v28_preflight_refuses_vllm_env_giving_cuda_visible_devices():
              vllm_env={"CUDA_VISIBLE_DEVICES": "3"})
     (r,) = only(refusals(plan, facts, d), "config")
     assert r.what == "vllm_env.CUDA_VISIBLE_DEVICES" and "gpus" in str(r)
+
+
+# -- round 14 V29, V30: --compilation-config's (-O's) inductor_passes and inductor_compile_config ----
+
+@pytest.mark.parametrize("key", ["inductor_passes", "inductor_compile_config"])
+@pytest.mark.parametrize("spelling", [lambda k: ["--compilation-config", '{"%s": {"p": "evil_mod.f"}}' % k],
+                                      lambda k: ["-O", '{"%s": {"cpp.cxx": ["/tmp/shared/cc"]}}' % k],
+                                      lambda k: ['-O={"%s": {}}' % k],
+                                      lambda k: ["--compilation_config", '{"level": 3, "%s": {}}' % k],
+                                      lambda k: [f"-O.{k}", '{"p": "evil_mod.f"}'],
+                                      lambda k: [f"--compilation-config.{k.replace('_', '-')}={{}}"]])
+def test_v29_v30_inductor_passes_and_compile_config_are_held_off_with_plugins(key, spelling):
+    """inductor_passes maps a pass to a function vLLM imports by qualname; inductor_compile_config is torch
+    inductor's own settings (cpp.cxx: the compiler run; trace.debug_dir: written there)."""
+    args = spelling(key)
+    found = extra_args(["--enforce-eager", *args])
+    assert found and all(f".{key}, vLLM's plugins" in w for w in found), found
+    assert extra_args(args, allow=["plugins"]) == []
+
+
+# -- round 14 V34: variables naming an address, and three that open something -------------------------
+
+@pytest.mark.parametrize("name", ["NCCL_RAS_ADDR", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT", "VLLM_PORT",
+                                  "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+                                  "VLLM_TRACE_FUNCTION", "VLLM_USE_MODELSCOPE", "vllm_trace_function"])
+def test_v34_an_address_or_a_variable_that_opens_something_is_refused_in_env_and_vllm_env(name):
+    found = problems(env={name: "1"}) + env_problems({name: "1"}, "vllm_env")
+    assert [p for p, _ in found] == [f"{WHERE}.env.{name}", f"vllm_env.{name}"], found
+    assert all("is not a variable rigup lets tune vLLM" in why for _, why in found)
