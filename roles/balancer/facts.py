@@ -75,8 +75,8 @@ class BalancerState(FactBase):
             "echo enabled=$(systemctl is-enabled haproxy 2>/dev/null)",
             "echo missing=$(for p in " + " ".join(PACKAGES) + "; do dpkg-query -W -f='${Status}\\n' $p 2>/dev/null "
             "| grep -q 'ok installed' || echo $p; done)",
-            f"for f in {q(BALANCER_DIR)}/*.json; do [ -f \"$f\" ] && echo \"backend=$(basename \"$f\" .json) "
-            "$(tr -d '\\n' < \"$f\")\"; done; true"])
+            f"for f in {q(BALANCER_DIR)}/*.json; do [ -f \"$f\" ] && printf '%s\\n' \"backend=$(basename \"$f\" .json) "
+            "$(tr -d '\\n' < \"$f\")\"; done; true"])   # printf, never echo of a file's text (round 14 E2)
 
     def process(self, output: list[str]) -> dict:
         out: dict = {"backends": {}}

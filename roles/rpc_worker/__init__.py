@@ -32,7 +32,7 @@ from rigup.config import Config, fleet_data, role_defaults
 from rigup.names import guard_file
 from rigup.rpc import RPC_UNIT, address, heads_of
 from rigup.state import read_once, reading
-from rigup.units import service_commands, unit_state
+from rigup.units import keyed, service_commands, unit_state
 from roles.rpc_worker.checks import CHECKS, FLEET_CHECKS, ports
 from roles.rpc_worker.command import FIREWALL, TABLE, firewall_text, unit_text
 
@@ -54,9 +54,9 @@ class RpcWorkerState(FactBase):
     def command(self, build_link: str) -> str:
         q = shlex.quote
         return "; ".join([*unit_state(UNIT, RPC_UNIT),
-                          f"echo firewall=$(sha256sum {q(FIREWALL)} 2>/dev/null | cut -c1-64)",
+                          keyed("firewall", f"sha256sum {q(FIREWALL)} 2>/dev/null | cut -c1-64"),
                           f"nft list table inet {TABLE} >/dev/null 2>&1 && echo loaded=1 || echo loaded=",
-                          f"echo build=$(readlink {q(build_link)} 2>/dev/null)"])
+                          keyed("build", f"readlink {q(build_link)} 2>/dev/null")])   # printf: round 14 E1
 
     def process(self, output: list[str]) -> dict:
         found = dict(line.partition("=")[::2] for line in output if "=" in line)

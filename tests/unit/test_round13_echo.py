@@ -92,6 +92,8 @@ def test_a_models_id_with_backslash_n_forges_no_health():
     assert [(r["name"], r["active"], r["port"], r["health"]) for r in rows] == [("r", "failed", port, 503)]
 
 
+from roles.rpc_worker import RpcWorkerState  # noqa: E402
+
 ECHOED = re.compile(r"\becho\b[^;|&\n]*\$")   # echo of an expansion: a variable or a command's output
 
 
@@ -101,7 +103,26 @@ ECHOED = re.compile(r"\becho\b[^;|&\n]*\$")   # echo of an expansion: a variable
     progress_command([{"name": "m", "dest": "/m", "repo": "o/m", "revision": "a" * 40, "stage": "/s"}]),
     probe_command([]).split("<<")[0], fleet.SERVING, fleet.guard_section("/t", "/x"),
     VllmState().command("/pin", {"a": ["/m/marker", "a", "/d/marker"]}), VllmCommit().command("https://h/r", "abc1234"),
-    LlamaCppState().command("/l"), LlamaServerState().command({"a": ["/m/marker", "a", {"o": "/o"}]}, "/l/current")])
+    LlamaCppState().command("/l"), LlamaServerState().command({"a": ["/m/marker", "a", {"o": "/o"}]}, "/l/current"),
+    RpcWorkerState().command("/l/current")])   # round 14 E1: its build link's text
 def test_no_fact_command_echoes_what_it_read(command):
     """The rule the fixes follow: in these facts' commands, only constants are echoed."""
     assert not ECHOED.findall(command.replace(FUNCTIONS, ""))
+
+
+def test_e1_e2_a_link_or_backends_file_holding_a_newline_forges_no_line():
+    """Round 14 E1, E2: the RPC worker's build link and the balancer's backends file were echoed: under
+    dash a '\\n' in their text was a forged loaded=1 / active=active line."""
+    import tempfile
+    from pathlib import Path
+
+    from roles.balancer.facts import BalancerState
+
+    with tempfile.TemporaryDirectory() as d:
+        link = Path(d) / "current"
+        link.symlink_to("/opt/x\\nloaded=1")
+        out = dash(RpcWorkerState().command(str(link)))
+        print(out)
+        assert [ln for ln in out if ln.startswith("loaded=")] == ["loaded="] and "build=/opt/x\\nloaded=1" in out
+    command = BalancerState().command("/usr/local/bin/rigup-balancer-drain")
+    assert "printf '%s\\n' \"backend=" in command and not re.search(r"echo \\\"backend=", command)
