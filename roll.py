@@ -169,8 +169,7 @@ def main(argv: list[str]) -> int:
     dry = "--dry" in args
     try:   # every number and flag of the roll read before anything is drained: a bad one ends it here, named
         hosts = roll.serving_hosts(data)
-        first = data[hosts[0]] if hosts else {}
-        plan = roll.batches(hosts, first.get("rigup_batch", 1), {h for h in hosts if roll.flag(h, data[h], "burnin_pulse")})
+        plan = roll.batches(hosts, roll.batch_of(data, hosts), {h for h in hosts if roll.flag(h, data[h], "burnin_pulse")})
         lease, max_fail = roll.settings(data, hosts)
         # each gateway's backends, its peers' settings read typed (a peer's port as text: ConfigError, round 14 RO2)
         gateways = {name: (balancer_drain(d), gateway_backends(name, data, d["balancer_gateway_bind"]))

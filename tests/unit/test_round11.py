@@ -198,3 +198,13 @@ def test_ro1_a_roll_reads_its_hosts_flags_typed(key):
         roll.serving_hosts(hosts) if key != "burnin_pulse" else roll.flag("lab2", hosts["lab2"], key)
     assert roll.serving_hosts({"lab1": serving, "lab2": {**serving, key: False}}) == ["lab1", "lab2"]
     assert roll.flag("lab1", {}, key) is False
+
+
+def test_ro3_a_roll_reads_rigup_batch_from_every_host():
+    """Round 14 RO3: roll.py read rigup_batch from the first host only: another host's bad value was ignored."""
+    from rigup import roll
+
+    with pytest.raises(ValueError, match="rigup_batch: the hosts of one roll set it apart .*lab2: '2m'"):
+        roll.batch_of({"lab1": {"rigup_batch": 2}, "lab2": {"rigup_batch": "2m"}}, ["lab1", "lab2"])
+    assert roll.batch_of({"lab1": {"rigup_batch": "50%"}, "lab2": {"rigup_batch": "50%"}}, ["lab1", "lab2"]) == "50%"
+    assert roll.batch_of({"lab1": {}}, ["lab1"]) == 1 and roll.batch_of({}, []) == 1
