@@ -540,11 +540,6 @@ def once(data: Mapping, key, build):
     return data._derived[key]
 
 
-def _run(host):
-    """``host``'s run (rigup/run.py): the roles' resolvers, each host's Config, the fleet's."""
-    return run_state.host_run(host)
-
-
 def configure(host, roles=()) -> Config:
     """Validate ``host``'s merged data (raise ConfigError listing every problem with its file),
     give the host the default of every variable its data lacks (an inventory that does not use
@@ -562,7 +557,7 @@ def configure(host, roles=()) -> Config:
     for name, var in declared().items():
         if name not in data:
             setattr(host.data, name, var.default)
-    run = _run(host)
+    run = run_state.host_run(host)   # the roles' resolvers, each host's Config, the fleet's (rigup/run.py)
     resolvers = tuple(r.resolve for r in roles if r.resolve)
     if resolvers and not run.resolvers:
         run.resolvers = resolvers
@@ -593,7 +588,7 @@ def host_only(host):
 def config_of(host) -> Config:
     """``host``'s :class:`Config` for this run (a peer's too: made when first read, with its
     defaults, whether or not its own play ran yet)."""
-    run = _run(host)
+    run = run_state.host_run(host)   # the roles' resolvers, each host's Config, the fleet's (rigup/run.py)
     cfg = run.configs.get(host.name)
     if cfg is None:
         defaults = {name: var.default for name, var in declared().items()}
@@ -621,7 +616,7 @@ def fleet_data(host) -> dict[str, Config]:
     shared by every host's play. The roles that read other hosts' settings (peers, gateways, RPC
     groups, Prometheus's targets) take it from here: each making every host's dict was N dicts
     for each of N hosts, N squared a run (a million for 1,000 hosts)."""
-    run = _run(host)
+    run = run_state.host_run(host)   # the roles' resolvers, each host's Config, the fleet's (rigup/run.py)
     if run.fleet is None:
         run.fleet = {h.name: config_of(h) for h in host.inventory}
     return run.fleet
