@@ -172,6 +172,28 @@ def inventory(tmp_path_factory):
 
 
 @contextlib.contextmanager
+def frozen(pid: int):
+    """The process ``pid`` and every process under it stopped (SIGSTOP) for the block, then
+    continued: the roll and its pyinfra stand still, so what the gateway shows meanwhile is the
+    roll's doing, not a race with its next step."""
+    def under(parent: int) -> list[int]:
+        kids = []
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            with contextlib.suppress(OSError):
+                kids += [int(k) for k in (task / "children").read_text().split()]
+        return kids + [g for k in kids for g in under(k)]
+    pids = [pid, *under(pid)]
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield pids
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
+
+@contextlib.contextmanager
 def client(lab):
     """A client looping through the gateway, and the gateway's pool sampled, for the block; then
     {"result": the client's counts, "out": per sample, the servers not UP}."""
@@ -195,7 +217,8 @@ def client(lab):
 def roll(lab, inventory: str, *args: str, on_line=None, env: dict = ENV) -> dict:
     """./roll.py INVENTORY -y ARGS while a client loops through the gateway and the pool is sampled;
     ``on_line(line)`` is called for each line the roll prints (a callable it returns runs in a
-    thread of its own). The roll's code and output, the client's result, per sample the hosts out."""
+    thread of its own, given the roll's process). The roll's code and output, the client's result,
+    per sample the hosts out."""
     threads, lines = [], []
     with client(lab) as seen:
         start = time.monotonic()
@@ -205,7 +228,7 @@ def roll(lab, inventory: str, *args: str, on_line=None, env: dict = ENV) -> dict
             lines.append(line)
             action = on_line(line) if on_line else None
             if action:
-                threads.append(threading.Thread(target=action, daemon=True))
+                threads.append(threading.Thread(target=action, args=(proc,), daemon=True))
                 threads[-1].start()
         code = proc.wait(timeout=1500)
         seconds = time.monotonic() - start
@@ -296,7 +319,7 @@ def test_a_drain_it_cannot_verify_stops_the_roll(rack, inventory):
 
     def remove_socket(line):
         if line.startswith("--> rigup roll: batch 2/"):
-            return lambda: on_host(lab, GATEWAY, f"rm -f {SOCKET}")
+            return lambda _proc: on_host(lab, GATEWAY, f"rm -f {SOCKET}")
         return None
     try:
         rolled = roll(lab, inventory, *data(int(ctx)), on_line=remove_socket)
@@ -323,24 +346,25 @@ def test_a_host_named_like_a_group_rolls_alone_and_a_gateway_reload_keeps_its_dr
     """Through the inventory named lab2.py, every host is converged alone, picked by its name (-c
     2048 everywhere: lab1 is unchanged, still taken out and back). While lab2 is out of the pool
     (drained, then maint) the gateway's HAProxy is reloaded (systemctl reload: the drop-in's
-    ExecReload saves the servers' state first); its new worker keeps lab2 out until the roll puts
-    it back ready. The gateway serves nothing itself. (Where lab2 serves -c 2048 already, as when
+    ExecReload saves the servers' state first) with the roll stopped (SIGSTOP) meanwhile; its new
+    worker keeps lab2 out until the roll, continued, puts it back ready. The gateway serves nothing itself. (Where lab2 serves -c 2048 already, as when
     this test runs alone, the roll goes to 1024: lab2's converge must change it, or it could be
     back before the reload's samples.)"""
     lab = rack
     seen = {}
     ctx = "1024" if ctx_served(lab, "lab2") == "2048" else "2048"
 
-    def reload_while_lab2_is_out():
+    def reload_while_lab2_is_out(proc):
         start = time.monotonic()
         while not pool(lab).get("lab2", "UP").startswith(("DRAIN", "MAINT")):
             assert time.monotonic() - start < 300, "lab2 never went out of the pool"
             time.sleep(0.2)
-        seen["before"], seen["worker"] = pool(lab), worker(lab)
-        on_host(lab, GATEWAY, "systemctl reload haproxy")
-        seen["after"], seen["new worker"] = pool(lab), worker(lab)
-        time.sleep(3)   # health checks of the new worker run
-        seen["later"] = pool(lab)
+        with frozen(proc.pid):   # the roll waits: it cannot put lab2 back while the new worker is sampled
+            seen["before"], seen["worker"] = pool(lab), worker(lab)
+            on_host(lab, GATEWAY, "systemctl reload haproxy")
+            seen["after"], seen["new worker"] = pool(lab), worker(lab)
+            time.sleep(3)   # health checks of the new worker run
+            seen["later"] = pool(lab)
 
     rolled = roll(lab, inventory, *data(int(ctx)),
                   on_line=lambda line: reload_while_lab2_is_out if line.startswith("--> rigup roll: batch 2/") else None)
