@@ -30,8 +30,14 @@ def _visible(c: str) -> str:
 # user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's (a token given as
 # the user, as GitHub's and the hub's are; ssh://git@host's user is a login), glued to what precedes it
 # too (pip's -ihttps://..., key:https://...: round 14 SEC9, SEC10); and a parameter named for a secret
-# after ?, &, # or ; (?access_token=, #access_token=, ;token=, &X-Amz-Signature=)
-_USERINFO = re.compile(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)([^\s/?#]*)@")
+# after ?, &, # or ; (?access_token=, #access_token=, ;token=, &X-Amz-Signature=). A password may hold an
+# unencoded '/', '?' or '#' (base64 tokens hold '/': round 14 SEC11), which ends the authority as a URL
+# parser reads it: in USER:X where X is no port (digits up to /?# or the end: host:8443/o/r@v1 is pip's
+# git ref), the userinfo runs to the last '@' before the next whitespace (a password may hold '@' too:
+# u:pw@h/p@ref shows as u:***@ref), the password all after the login's first ':'. A bare login holding
+# '/' is left: //TOKEN/x@ref cannot be told from //host/o/r@ref.
+_USERINFO = re.compile(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"
+                       r"([^\s/?#:\[\]]*:(?![0-9]*(?:[/?#]|\s|$))\S*|[^\s/?#]*)@")
 _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
 _QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.%-]*=)[^&;\s#]*",
                     re.IGNORECASE)
@@ -49,7 +55,7 @@ def redacted(text: str) -> str:
     def one(m: re.Match) -> str:
         scheme, info = m.group(1) or "", m.group(2)
         lead = f"{scheme}://" if scheme else "//"
-        user, colon, _ = info.rpartition(":") if ":" in info else (info, "", "")
+        user, colon, _ = info.partition(":") if ":" in info else (info, "", "")
         if colon:
             return f"{lead}{user}:***@"
         return f"{lead}***@" if info and scheme.lower() not in _SSH else m.group(0)

@@ -1,0 +1,69 @@
+"""Issue 61, round 14 SEC11 (/tmp/redteam/round14/round14.md): a URL password holding an unencoded '/', '?'
+or '#' (base64 tokens hold '/') ended the userinfo rigup.text.redacted looked for, so say() printed it whole
+and vllm's credentialed() let it reach pip's argv. Now after USER: and no port the userinfo runs to the last
+'@' before the next whitespace; a host:port and pip's git ref after it (host:8443/o/r@v1) stay as they are."""
+import string
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup.text import redacted, say
+from roles.vllm.checks import credentialed
+from tests.unit.hosts import data
+
+S = "SeCrEt9"
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https://u:ab/{S}@h/simple", "https://u:***@h/simple"), (f"https://u:{S}?x@h/", "https://u:***@h/"),
+    (f"https://u:{S}#x@h/", "https://u:***@h/"), (f"--index-url=https://u:a/{S}@h/simple", "--index-url=https://u:***@h/simple"),
+    (f"-ihttps://u:{S}/+=@pypi.corp/simple", "-ihttps://u:***@pypi.corp/simple"),
+    (f"git+https://u:{S}/x@github.com/o/r@v1", "git+https://u:***@v1"),            # up to the last '@'
+    (f"https://u:p:{S}@h", "https://u:***@h"),                                       # a ':' in the password
+    (f"https://me@corp:{S}/x@hub/y", "https://me@corp:***@hub/y"),
+    (f"url:https://u:{S}/y@h/x and more", "url:https://u:***@h/x and more")])
+def test_sec11_a_password_holding_slash_query_or_fragment_is_redacted_and_refused(url, shown, capsys):
+    say(f"refused: got {url}")
+    said = capsys.readouterr().err
+    print(said.strip())
+    assert redacted(url) == shown and S not in said
+    assert credentialed(data(vllm_pip_args=[url])) == ["vllm_pip_args[0]"]
+
+
+@pytest.mark.parametrize("plain", [
+    "git+https://gitlab.corp:8443/o/r@v1.2#egg=x", "https://h:8443/x@y", "https://h:/x@y", "https://[::1]:8/x@y",
+    "https://github.com/o/r@v1", "https://h/a:b/c@d", "https://h/x?a=b:c@d", "https://h:8443?x@y", "https://h:8443#x@y"])
+def test_a_port_and_a_git_ref_after_it_are_no_password(plain):
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+PRINTABLE = "".join(c for c in string.printable if not c.isspace())
+HOST = st.from_regex(r"[a-z][a-z0-9.-]{0,20}", fullmatch=True)
+TAIL = st.text(alphabet=PRINTABLE.replace("=", "").replace(":", ""), max_size=20)   # no secret parameter, no scp form
+
+
+@settings(max_examples=300, deadline=None)
+@given(scheme=st.sampled_from(["https", "http", "git+https", "HTTPS", "s3", "ftp"]),
+       user=st.from_regex(r"[A-Za-z0-9._~-]{1,12}", fullmatch=True),
+       password=st.text(alphabet=PRINTABLE, min_size=1, max_size=30), host=HOST, tail=TAIL,
+       lead=st.sampled_from(["", "-i", "--index-url=", "url:", "see "]))
+def test_any_password_without_whitespace_is_never_shown(scheme, user, password, host, tail, lead):
+    """Any password (printable, no whitespace: '/', '?', '#', '@' and ':' among them) whose first
+    character is no digit (a digit then '/' is read as a port: host:8443/o/r@v1) is hidden, whatever
+    follows the host, and the URL is refused as credentials."""
+    start, rest = f"{lead}{scheme}://{user}:", f"@{host}/{tail}"
+    url = f"{start}Z{password}{rest}"
+    out = redacted(url)
+    assert out.startswith(f"{start}***@") and rest.endswith(out[len(start) + 3:])   # all of the password hidden
+    assert credentialed(data(vllm_pip_args=[url])) == ["vllm_pip_args[0]"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(scheme=st.sampled_from(["https", "git+https", "ssh"]), host=HOST,
+       port=st.one_of(st.just(""), st.from_regex(r":[0-9]{0,5}", fullmatch=True)),
+       path=st.text(alphabet=PRINTABLE.replace("=", ""), max_size=30).filter(lambda p: "//" not in f"/{p}"))
+def test_a_url_without_userinfo_comes_back_as_it_is(scheme, host, port, path):
+    """host[:port] then any path, query or fragment ('@' and ':' in it: a git ref, an e-mail) is no secret
+    (a '//' in it would start a scheme-less URL, //TOKEN@host)."""
+    url = f"{scheme}://{host}{port}/{path}"
+    assert redacted(url) == url and credentialed(data(vllm_pip_args=[url])) == []
