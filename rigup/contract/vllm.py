@@ -107,7 +107,7 @@ HELD_OFF: dict[str, HeldOff] = {
     # ToolParserManager.import_tool_parser), ModelConfig.logits_processors (class names) and
     # .logits_processor_pattern (a request's logits_processors matching it are imported by name),
     # ParallelConfig.worker_cls and .worker_extension_cls, SchedulerConfig.scheduler_cls (resolve_obj_by_qualname;
-    # ParallelConfig.distributed_executor_backend too, when it is a class path: CODE_VALUES),
+    # ParallelConfig.distributed_executor_backend too, when it is a class path: WORD_VALUES),
     # CompilationConfig.backend (a qualname imported; --compilation-config, -O) and .cache_dir (compiled
     # artifacts loaded from there: rigup's are under VLLM_CACHE_ROOT, whose variable is refused) and
     # .debug_dump_path (written there), .inductor_passes (a pass name -> a function's qualname, imported) and
@@ -178,12 +178,30 @@ HELD_OFF: dict[str, HeldOff] = {
     # ModelConfig.enable_prompt_embeds: a request's prompt_embeds (base64) read with torch.load (CVE-2025-62164)
     "prompt_embeds": HeldOff(("--enable-prompt-embeds",), (),
                              "a request's prompt_embeds: any client's base64 tensor read with torch.load in the server"),
+    # Files on the host named by their path (issue 61, round 14 V32): ModelConfig.tokenizer, .hf_config_path and
+    # .generation_config (a folder: WORD_VALUES), LoadConfig.download_dir and model_loader_extra_config's
+    # TensorizerConfig keys (tensorizer_uri, tensorizer_dir, lora_dir: weights and adapters; encryption_keyfile),
+    # FrontendArgs.chat_template (vllm/entrypoints/chat_utils.py opens the value as a path first, and only when
+    # that fails reads it as the template itself), .ssl_keyfile, .ssl_certfile, .ssl_ca_certs (vLLM's own TLS)
+    "files": HeldOff(("--tokenizer", "--hf-config-path", "--download-dir", "--chat-template", "--ssl-keyfile",
+                      "--ssl-certfile", "--ssl-ca-certs"), (),
+                     "files on the host trusted by their path, which rigup neither fetched nor checked (another "
+                     "user's, where they may write them): the tokenizer, the model's configuration and generation "
+                     "defaults, weights (--download-dir; --load-format tensorizer's tensorizer_uri), the chat "
+                     "template every prompt is rendered through, the TLS key and certificates; rigup serves the "
+                     "model it fetched and checked, with that model's own files",
+                     tuple(f"--model-loader-extra-config.{k}"
+                           for k in ("tensorizer_uri", "tensorizer_dir", "lora_dir", "encryption_keyfile"))),
 }
 
 
-# Flags whose value is a plain name vLLM knows, or else a class path it imports (Executor.get_class:
-# resolve_obj_by_qualname): flag -> the feature a dotted value is. ``--distributed-executor-backend ray`` stays.
-CODE_VALUES: dict[str, str] = {"--distributed-executor-backend": "plugins"}
+# Flags whose value is a word vLLM knows (the pattern), or else opens a feature: flag -> (the feature, the
+# words, what any other value is). --distributed-executor-backend: a class path imported (Executor.get_class:
+# resolve_obj_by_qualname; ray and mp stay); --generation-config: the folder its generation_config.json is read
+# from (auto, the model's own, and vllm, none, stay).
+WORD_VALUES: dict[str, tuple[str, str, str]] = {
+    "--distributed-executor-backend": ("plugins", r"[^.]*", "a class path"),
+    "--generation-config": ("files", r"auto|vllm", "a folder's path")}
 
 
 def held_off(allow=(), kind: str = "flags") -> dict[str, str]:

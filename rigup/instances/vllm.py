@@ -11,7 +11,7 @@ from typing import Any
 
 from rigup.boundary.core import Unreadable, loads
 from rigup.contract import doc_line
-from rigup.contract.vllm import CODE_VALUES, FLAGS, HELD_OFF, OTHER, OWN_FLAGS, held_off, owned
+from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, WORD_VALUES, held_off, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
@@ -96,13 +96,15 @@ def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     ``HELD_OFF``) that ``allow`` (the host's vllm_allow) does not name, under every spelling
     vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``), and each
     key of a JSON option that turns one on (:func:`json_keys`: --structured-outputs-config's
-    reasoning_parser_plugin, as JSON or dotted), and a flag of ``CODE_VALUES`` given a class path
-    (``--distributed-executor-backend mod.Cls``; ``ray`` and ``mp`` are no code)."""
+    reasoning_parser_plugin, as JSON or dotted), and a flag of ``WORD_VALUES`` given other than a word
+    vLLM knows (``--distributed-executor-backend mod.Cls``: ``ray`` and ``mp`` are no code;
+    ``--generation-config /a/folder``: ``auto`` and ``vllm`` name no file)."""
     held, keys = held_off(allow), held_off(allow, "keys")
-    code = {flag: feature for flag, feature in CODE_VALUES.items() if feature not in allow}
+    code = {flag: feature for flag, (feature, _, _) in WORD_VALUES.items() if feature not in allow}
     given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True, exact=OWN_FLAGS)]
     given += json_keys(args, keys)
-    given += [flag for flag, value in flag_values(spelled(args), code, abbrev=True, exact=OWN_FLAGS) if "." in str(value)]
+    given += [flag for flag, value in flag_values(spelled(args), code, abbrev=True, exact=OWN_FLAGS)
+              if not re.fullmatch(WORD_VALUES[flag][1], str(value))]
     return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
              f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
             for flag in given for feature in [held.get(flag) or keys.get(flag) or code[flag]]]

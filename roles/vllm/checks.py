@@ -210,7 +210,7 @@ check_config.__doc__ = (   # the held-off features from the contract's table (ri
     "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model``, "
     "``-sc.model`` and abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
     ", ".join(f"{name}: {' '.join((*f.flags, *f.env))}" for name, f in vllm_contract.HELD_OFF.items())
-    + "".join(f"; {flag} given a class path: {feature}" for flag, feature in vllm_contract.CODE_VALUES.items())
+    + "".join(f"; {flag} given {what}: {feature}" for flag, (feature, _, what) in vllm_contract.WORD_VALUES.items())
     + "; inside a JSON option: " + ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items()
                                               if f.keys)
     + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "

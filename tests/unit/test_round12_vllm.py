@@ -75,8 +75,10 @@ def test_v8_the_options_other_keys_and_text_that_is_no_object_pass(args):
 def test_v8_the_table_spells_each_key_as_an_option_and_its_key():
     keys = contract.held_off(kind="keys")
     compilation = ("backend", "cache_dir", "debug_dump_path", "inductor_passes", "inductor_compile_config")
-    assert keys == dict.fromkeys(("--structured-outputs-config.reasoning_parser_plugin",
-                                  *(f"{o}.{k}" for k in compilation for o in ("--compilation-config", "-O"))), "plugins")
+    tensorizer = ("tensorizer_uri", "tensorizer_dir", "lora_dir", "encryption_keyfile")   # round 14 V32
+    assert keys == {**dict.fromkeys(("--structured-outputs-config.reasoning_parser_plugin",
+                                     *(f"{o}.{k}" for k in compilation for o in ("--compilation-config", "-O"))), "plugins"),
+                    **dict.fromkeys((f"--model-loader-extra-config.{k}" for k in tensorizer), "files")}
     assert all(k.split(".")[0] not in contract.held_off() for k in keys)
 
 

@@ -106,7 +106,7 @@ def test_an_allow_that_is_no_list_opens_nothing():
 @pytest.mark.parametrize("args", [
     ["--no-trust-remote-code"], ["--no-enable-lora"], ["--no-enable-log-requests"], ["--disable-log-requests"],
     ["--config-format", "hf"], ["--allowed-media-domains", "example.com"], ["--max-log-len", "10"],
-    ["--lora-dtype", "auto"], ["--enable-lora-bias"], ["--chat-template", "chatml"], ["--enable-prefix-caching"],
+    ["--lora-dtype", "auto"], ["--enable-lora-bias"], ["--chat-template-content-format", "openai"], ["--enable-prefix-caching"],
     ["--max_model_len=8192"], ["--compilation-config.level", "3"], ["-O3"], ["--enforce-eager"], ["--kv-cache-dtype", "fp8"]])
 def test_negations_and_inference_flags_pass(args):
     assert problems(extra_args=args) == []
