@@ -166,10 +166,11 @@ HELD_OFF: dict[str, HeldOff] = {
                            "a KV connector: a module imported by name (kv_connector_module_path), and a listener "
                            "that sends every client's KV cache (its prompt) to peers and takes theirs, outside "
                            "the API key"),
-    # ProfilerConfig (--profiler-config) and the older VLLM_TORCH_PROFILER_DIR: vllm/entrypoints/serve/profile/
-    "profiler": HeldOff(("--profiler-config",), ("VLLM_TORCH_PROFILER_DIR",),
+    # ProfilerConfig (--profiler-config) and the older VLLM_TORCH_PROFILER_DIR and VLLM_TORCH_CUDA_PROFILE (the
+    # CUDA profiler: the same routes, round 14 V34): vllm/entrypoints/serve/profile/api_router.py attach_router
+    "profiler": HeldOff(("--profiler-config",), ("VLLM_TORCH_PROFILER_DIR", "VLLM_TORCH_CUDA_PROFILE"),
                         "POST /start_profile and /stop_profile, outside the API key's paths: any client runs the "
-                        "torch profiler, whose traces are written into a directory on the host"),
+                        "torch profiler, whose traces are written into a directory on the host (or CUDA's)"),
     # FrontendArgs.allowed_origins (default ["*"]), .allow_credentials, .allowed_methods, .allowed_headers:
     # Starlette's CORSMiddleware (with "*" and credentials it echoes the Origin, credentials allowed)
     "cors": HeldOff(("--allowed-origins", "--allow-credentials", "--allowed-methods", "--allowed-headers"), (),

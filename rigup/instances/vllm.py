@@ -187,10 +187,17 @@ PLACE_WORDS = frozenset({
     # a listener's or a peer's address (NCCL_RAS_ADDR: NCCL's RAS listener; VLLM_DP_MASTER_IP, VLLM_PORT)
     "ADDR", "ADDRESS", "IP", "HOST", "HOSTNAME", "PORT"})
 # of a tuning family, yet each opens something (issue 61, round 14 V34): VLLM_ALLOW_INSECURE_SERIALIZATION lets
-# vLLM's processes send each other pickles (code run on load); VLLM_TRACE_FUNCTION writes a trace of every call
-# under the temporary directory's vllm/ (/tmp), which another user can make first (the unit has no PrivateTmp);
-# VLLM_USE_MODELSCOPE fetches models from ModelScope's hub, past rigup's model_fetch and the offline hub it sets
-DENIED = frozenset({"VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_TRACE_FUNCTION", "VLLM_USE_MODELSCOPE"})
+# vLLM's processes send each other pickles (code run on load); VLLM_TRACE_FUNCTION writes a line for every
+# function call into the temporary directory's vllm/, without bound (the unit's PrivateTmp keeps it from other
+# users, not from filling the disk); VLLM_USE_MODELSCOPE fetches models from ModelScope's hub, past rigup's
+# model_fetch and the offline hub it sets; VLLM_ENABLE_RESPONSES_API_STORE keeps every Responses API answer in
+# the server's memory, never dropped (vllm/envs.py: "will cause a memory leak"), each read back by its id;
+# NCCL_COMM_ID puts NCCL's bootstrap root, a listener rank 0 opens, at the address it names, with NCCL's fixed
+# magic in place of a random one (bootstrap.cc); NCCL_RAS_ENABLE switches NCCL's RAS subsystem, a listener in
+# every rank (NCCL_RAS_ADDR, by default localhost:28028) answering the job's state: NCCL 2.24 and later run it
+# by default, so refusing the name keeps NCCL's default, as refusing its address does
+DENIED = frozenset({"VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_TRACE_FUNCTION", "VLLM_USE_MODELSCOPE",
+                    "VLLM_ENABLE_RESPONSES_API_STORE", "NCCL_COMM_ID", "NCCL_RAS_ENABLE"})
 # the end of a name that is a place too (VLLM_ASSETS_CACHE, HF_MODULES_CACHE): CACHE elsewhere tunes (VLLM_DISABLE_COMPILE_CACHE)
 PLACE_ENDS = ("_CACHE",)
 SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
