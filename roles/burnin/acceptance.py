@@ -1183,7 +1183,8 @@ LOADERS = ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1", "/lib/*-
 # default directories), and another user's file it finds runs its code as root. libcuda: the PTX JIT (every kernel
 # here is PTX) and its compilers (libnvidia-container's list of what libcuda uses), the debugger's and confidential
 # computing's libraries; {v} the driver's version (:func:`runtime_names`). cuBLASLt may compile kernels through NVRTC
-# ({v}: its soname's major). cuBLAS's static CUDA runtime dlopens libcuda.so.1, loaded by path before it (Device).
+# ({v}: its soname's major), and libnvrtc in turn its builtins, libnvrtc-builtins.so.MAJOR.MINOR (round 13 BU2:
+# :func:`nvrtc_builtins`). cuBLAS's static CUDA runtime dlopens libcuda.so.1, loaded by path before it (Device).
 # A name none of the loader's places holds is no refusal: libcuda does without it or fails its own way.
 RUNTIME = ("libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so.{v}", "libnvidia-nvvm.so.4",
            "libnvidia-nvvm.so.{v}", "libnvidia-nvvm70.so.4", "libnvidia-gpucomp.so.{v}",
@@ -1191,8 +1192,12 @@ RUNTIME = ("libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so.{v}", "
            "libcudadebugger.so.{v}", "libnvidia-pkcs11.so.{v}", "libnvidia-pkcs11-openssl3.so.{v}")
 CUBLAS_RUNTIME = ("libnvrtc.so.{v}", "libnvJitLink.so.{v}")
 # the JIT's libraries, which every run's PTX needs: those beside libcuda's real path (the driver installs them
-# together) are loaded by that path first, so libcuda's dlopen by soname finds them loaded and searches nothing
-PINNED = ("libnvidia-ptxjitcompiler.", "libnvidia-nvvm", "libnvidia-gpucomp.", "libnvidia-fatbinaryloader.")
+# together) are loaded by that path first, so libcuda's dlopen by soname finds them loaded and searches nothing;
+# NVRTC's builtins likewise beside libnvrtc's real path (the toolkit and the wheel install them together)
+PINNED = ("libnvidia-ptxjitcompiler.", "libnvidia-nvvm", "libnvidia-gpucomp.", "libnvidia-fatbinaryloader.",
+          "libnvrtc-builtins.")
+NVRTC = re.compile(r"libnvrtc\.so\.([0-9]{1,4})(?:\.([0-9]{1,4})(?:\.[0-9]{1,6})*)?")   # libnvrtc.so.12(.4.127)
+NVRTC_BUILTINS = re.compile(r"libnvrtc-builtins\.so\.[0-9]{1,4}\.[0-9]{1,4}")
 DRIVER_VERSION = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}")
 GEMM_N = 8192            # m = n = k: each GEMM 2 * 8192**3 flops (the field's and gpu-burn's size)
 GEMM_SEEDS = 3           # the seeded operand pairs the soak cycles through: each result digested, compared
@@ -1240,39 +1245,50 @@ def loader() -> str | None:
     return None
 
 
+def traced(path: str, preload: tuple[str, ...] = ()) -> tuple[list[tuple[str, str]], str | None]:
+    """([(each library the loader maps for ``path`` and ``preload``, where it finds it: a path or "not
+    found")], None), or ([], why not): the loader's trace (LD_TRACE_LOADED_OBJECTS, ldd's: it maps the
+    libraries and runs none of their code; LD_WARN: each need not found is a line too). ``preload``: as
+    :func:`needs_alone`'s."""
+    ld = loader()
+    if ld is None:
+        return [], f"no dynamic loader where only root writes ({', '.join(LOADERS)}): what {path} needs is not known"
+    env = {**os.environ, "LD_TRACE_LOADED_OBJECTS": "1", "LD_WARN": "yes"}
+    if preload:   # names from RUNTIME and a checked version (no blank, no colon); the process's own kept first
+        env["LD_PRELOAD"] = " ".join([*env.get("LD_PRELOAD", "").split(), *preload])
+    try:
+        r = subprocess.run([ld, path], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, errors="replace",
+                           stdin=subprocess.DEVNULL, env=env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return [], f"{ld} {path}: {e}"
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    if r.returncode != 0 or not lines:
+        return [], f"{ld} {path}: {(r.stderr or r.stdout).strip()[:200] or f'exit {r.returncode}'}"
+    found = []
+    for line in lines:
+        name, arrow, where = line.partition(" => ")
+        found.append((name, (where if arrow else name).rsplit(" (0x", 1)[0].strip()))
+    return found, None
+
+
 def needs_alone(path: str, preload: tuple[str, ...] = ()) -> str | None:
     """None when every library ``path`` needs, as the loader resolves it for this process (RUNPATH,
     LD_LIBRARY_PATH, ld.so.cache, its default directories), passes :func:`alone`; else why not, naming
-    the first that does not (or one not found). The loader's trace (LD_TRACE_LOADED_OBJECTS, ldd's) maps
-    the libraries and runs none of their code: an ld.so.cache that lists /usr/local/lib (2775 root:staff on Debian) first, or any
+    the first that does not (or one not found). The loader's trace (:func:`traced`) maps the libraries and
+    runs none of their code: an ld.so.cache that lists /usr/local/lib (2775 root:staff on Debian) first, or any
     other directory another user writes, makes no library there one root loads. ``preload``: paths and names
     the loader maps first (LD_PRELOAD), a name found where ``path``'s own dlopen would find it (its RUNPATH
     too), or not at all (no line: the loader says so on stderr and goes on); a name an object mapped before
     it has as its soname is that object, searched for nowhere, as in the process that loads them."""
-    ld = loader()
-    if ld is None:
-        return f"no dynamic loader where only root writes ({', '.join(LOADERS)}): what {path} needs is not known"
-    env = {**os.environ, "LD_TRACE_LOADED_OBJECTS": "1", "LD_WARN": "yes"}
-    if preload:   # names from RUNTIME and a checked version (no blank, no colon); the process's own kept first
-        env["LD_PRELOAD"] = " ".join([*env.get("LD_PRELOAD", "").split(), *preload])
-    try:   # ldd's way: the loader traces (LD_WARN: each need not found is a line too) and runs nothing
-        r = subprocess.run([ld, path], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, errors="replace",
-                           stdin=subprocess.DEVNULL, env=env)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"{ld} {path}: {e}"
-    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
-    if r.returncode != 0 or not lines:
-        return f"{ld} {path}: {(r.stderr or r.stdout).strip()[:200] or f'exit {r.returncode}'}"
-    for line in lines:
-        name, arrow, where = line.partition(" => ")
-        where = (where if arrow else name).rsplit(" (0x", 1)[0].strip()
+    found, why = traced(path, preload)
+    for name, where in found:
         if where == "not found":
             return f"{path} needs {name}, which the loader does not find"
         if "/" in where:
-            why = alone(where)[1] if where.startswith("/") else "not an absolute path"
-            if why is not None:
-                return f"{path} {'loads' if name in preload else 'needs'} {name}, which the loader finds at {where}: {why}"
-    return None
+            refused = alone(where)[1] if where.startswith("/") else "not an absolute path"
+            if refused is not None:
+                return f"{path} {'loads' if name in preload else 'needs'} {name}, which the loader finds at {where}: {refused}"
+    return why
 
 
 @functools.lru_cache(maxsize=None)
@@ -1288,26 +1304,48 @@ def runtime_names(path: str) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def runtime(path: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+def runtime(path: str, names: tuple[str, ...], beside: str = "") -> tuple[tuple[str, ...], str | None]:
     """((the files to load by path before ``path``), None) or ((), why not): each of ``names`` that
     ``path`` dlopens while it runs found where the loader would find it for that dlopen, after PINNED's
-    files beside ``path`` (its real path's directory) are loaded, each of which and every one found must
-    pass :func:`alone`, their needs too (:func:`needs_alone`, one trace). A PINNED file beside it is
-    loaded first (RTLD_GLOBAL) so that the dlopen by its soname finds it loaded and searches nothing; one
-    another user planted where the search looks (an ld.so.conf directory, LD_LIBRARY_PATH) refuses
-    ``path`` where the search would reach it, naming the file. Before the workers fork."""
+    files beside ``path`` (its real path's directory; ``beside``: another, libnvrtc's for its builtins) are
+    loaded, each of which and every one found must pass :func:`alone`, their needs too (:func:`needs_alone`,
+    one trace). A PINNED file beside it is loaded first (RTLD_GLOBAL) so that the dlopen by its soname finds
+    it loaded and searches nothing; one another user planted where the search looks (an ld.so.conf
+    directory, LD_LIBRARY_PATH) refuses ``path`` where the search would reach it, naming the file. Before
+    the workers fork."""
     pinned = []
     for name in names:
-        here = os.path.join(os.path.dirname(path), name)
+        here = os.path.join(beside or os.path.dirname(path), name)
         if name.startswith(PINNED) and os.path.lexists(here):
             real, why = alone(here)
             why = why or ("a blank or a colon in its path (LD_PRELOAD, the trace's, splits there)"
                           if re.search(r"[\s:]", real) else None)
             if why is not None:
-                return (), f"{path} loads {name} (beside it): {why}"
+                return (), f"{path} loads {name} ({f'beside {beside}' if beside else 'beside it'}): {why}"
             pinned += [real] if real not in pinned else []
     why = needs_alone(path, (*pinned, *names))
     return (tuple(pinned), None) if why is None else ((), why)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_builtins(lt: str, names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """((the names of NVRTC's builtins), the directory of libnvrtc's real path), or ((), "") where ``lt``'s
+    dlopen of ``names`` finds no libnvrtc: libnvrtc dlopens libnvrtc-builtins.so.MAJOR.MINOR by soname while
+    it compiles (round 13 BU2), MAJOR.MINOR from the real file name of the libnvrtc the loader finds
+    (libnvrtc.so.12.4.127 -> libnvrtc-builtins.so.12.4, as the toolkit installs it), else those of its
+    major beside it (a wheel's file is libnvrtc.so.12 itself): :func:`runtime` loads one beside libnvrtc
+    by its path first, and refuses one another user put where the search looks."""
+    import glob
+    where = next((w for n, w in traced(lt, names)[0] if NVRTC.fullmatch(n) and w.startswith("/")), "")
+    real = os.path.realpath(where) if where else ""
+    version = NVRTC.fullmatch(os.path.basename(real))
+    if version is None:
+        return (), ""
+    here = os.path.dirname(real)
+    if version[2] is not None:
+        return (f"libnvrtc-builtins.so.{version[1]}.{version[2]}",), here
+    found = glob.glob(os.path.join(glob.escape(here), f"libnvrtc-builtins.so.{version[1]}.*"))
+    return tuple(sorted(n for n in map(os.path.basename, found) if NVRTC_BUILTINS.fullmatch(n))), here
 
 
 def mapped_refused() -> list[str]:
@@ -1352,18 +1390,21 @@ def backstop(fig: dict) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def cublas_libraries() -> tuple[tuple[str, str], ...]:
-    """:func:`cublas_candidates`'s libraries whose every need passes :func:`needs_alone` too, each one
-    skipped named on stderr once: called before the workers fork (they inherit the answer), not once
-    per card."""
+def cublas_libraries() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """:func:`cublas_candidates`'s libraries (each with NVRTC's builtins to load by path first) whose every
+    need passes :func:`needs_alone` too, and what they dlopen (:func:`runtime`, NVRTC's builtins:
+    :func:`nvrtc_builtins`), each one skipped named on stderr once: called before the workers fork (they
+    inherit the answer), not once per card."""
     found, skipped = cublas_candidates()
     kept = []
     for path, lt in found:
         major = re.match(r"libcublas\.so\.([0-9]{1,3})\b", os.path.basename(path))
         names = tuple(n.format(v=major.group(1)) for n in CUBLAS_RUNTIME) if major else ()
         why = needs_alone(lt) or needs_alone(path) or runtime(lt, names)[1]   # cuBLASLt's dlopen: its RUNPATH
+        builtins, here = nvrtc_builtins(lt, names) if why is None else ((), "")
+        first, why = runtime(lt, (*names, *builtins), here) if builtins else ((), why)
         if why is None:
-            kept.append((path, lt))
+            kept.append((path, lt, first))
         else:
             skipped.append(f"rigup-burnin: cuBLAS {path} skipped: {why} (root loads no library another user can replace)")
     for why in skipped:
@@ -1394,10 +1435,12 @@ def libcuda() -> tuple[str | None, str]:
 
 def find_cublas() -> tuple[ctypes.CDLL | None, str]:
     """(the library, its real path) or (None, why not): the first of :func:`cublas_libraries` that
-    loads, its libcublasLt beside it loaded first (global)."""
+    loads, NVRTC's builtins (by their checked paths) and its libcublasLt beside it loaded first (global)."""
     tried = []
-    for path, lt in cublas_libraries():
+    for path, lt, first in cublas_libraries():
         try:
+            for pinned in first:
+                ctypes.CDLL(pinned, mode=ctypes.RTLD_GLOBAL)
             ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
             lib = ctypes.CDLL(path)
             lib.cublasCreate_v2   # noqa: B018 - a library without it is not cuBLAS

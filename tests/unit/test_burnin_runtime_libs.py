@@ -157,23 +157,32 @@ def test_a_jit_beside_libcuda_linking_to_another_users_file_refuses_libcuda(tree
     assert not (tree / "ran").exists()
 
 
+def cublas_pair(tree: Path) -> tuple[Path, Path, Path, str]:
+    """cuBLAS and its libcublasLt (of soname 13) in a directory of root's, and rigup-burnin's look for them:
+    (cuBLAS, cuBLASLt, the code printing what find_cublas found)."""
+    good = tree / "cuda"
+    good.mkdir()
+    return built(good / "libcublas.so.13"), built(good / "libcublasLt.so.13"), \
+        f"A.CUBLAS_DIRS = ({str(good)!r},); print(A.find_cublas()[1])"
+
+
+def skipped(cublas: Path, lt: Path, name: str, planted: Path) -> list[str]:
+    """rigup-burnin's line for a cuBLAS whose cuBLASLt loads ``name``, found in ``planted``'s 2775 directory."""
+    return [f"rigup-burnin: cuBLAS {cublas} skipped: {lt} loads {name}, which the loader finds at {planted}: "
+            f"{planted.parent} is 2775: writable by its group or others {SKIPPED}"]
+
+
 def test_a_cublas_whose_nvrtc_the_cache_finds_in_a_staff_directory_is_skipped(tree):
     """cuBLASLt may dlopen NVRTC (libnvrtc.so.<its major>) by soname: one another user put where
     ld.so.cache looks skips that cuBLAS, named; the same file root's alone is no reason."""
     staff = staff_dir(tree / "usr-local-lib")
     nvrtc = built(staff / "libnvrtc.so.13", soname="libnvrtc.so.13")
     os.chown(nvrtc, NOBODY, NOBODY)
-    good = tree / "cuda"
-    good.mkdir()
-    cublas = built(good / "libcublas.so.13")
-    lt = built(good / "libcublasLt.so.13")
+    cublas, lt, code = cublas_pair(tree)
     cache = cache_of(tree, staff)
-    code = f"A.CUBLAS_DIRS = ({str(good)!r},); print(A.find_cublas()[1])"
     r = in_namespace(code, cache)
     print(f"rigup-burnin: {r.stdout}{r.stderr}")
-    assert r.stderr.splitlines() == [
-        f"rigup-burnin: cuBLAS {cublas} skipped: {lt} loads libnvrtc.so.13, which the loader finds at {nvrtc}: "
-        f"{staff} is 2775: writable by its group or others {SKIPPED}"]
+    assert r.stderr.splitlines() == skipped(cublas, lt, "libnvrtc.so.13", nvrtc)
     staff.chmod(0o755)
     os.chown(staff, 0, 0)
     os.chown(nvrtc, 0, 0)
@@ -209,3 +218,75 @@ def test_the_backstop_judges_every_executable_mapping_whatever_its_name_and_a_de
     print(r.stdout, r.stderr)
     out = r.stdout.strip()
     assert f"{odd}: {staff} is 2775" in out and f"{gone} (deleted): a deleted file of uid {NOBODY}" in out, r.stderr
+
+
+# -- round 13 BU2: libnvrtc dlopens its builtins, libnvrtc-builtins.so.MAJOR.MINOR, by soname -----------------
+
+BUILTINS = "libnvrtc-builtins.so.13.0"
+
+
+def nvrtc(where: Path) -> Path:
+    """NVRTC's stand-in as the toolkit installs it: libnvrtc.so.13.0.48 (soname libnvrtc.so.13, and that link
+    beside it), whose constructor dlopens BUILTINS by soname, as libnvrtc does while it compiles."""
+    src = where / "nvrtc.c"
+    src.write_text('#include <dlfcn.h>\n__attribute__((constructor)) static void compiles(void) '
+                   f'{{ dlopen("{BUILTINS}", RTLD_NOW | RTLD_GLOBAL); }}\n')
+    real = where / "libnvrtc.so.13.0.48"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvrtc.so.13", "-o", str(real), str(src), "-ldl"],
+                   check=True)
+    src.unlink()
+    (where / "libnvrtc.so.13").symlink_to(real.name)
+    return where / "libnvrtc.so.13"
+
+
+def test_bu2_nvrtcs_builtins_another_user_planted_refuse_that_cublas_and_those_beside_libnvrtc_are_loaded_by_path(tree):
+    """Round 13 BU2: NVRTC's builtins were no name rigup-burnin checked. Root's libnvrtc (ld.so.cache finds
+    it, a 0755 directory) dlopens libnvrtc-builtins.so.13.0 by soname, which the cache finds in a 2775 staff
+    directory, nobody's file. The hole first: loading libnvrtc runs the planted constructor. rigup-burnin
+    works the name out from libnvrtc's real file (libnvrtc.so.13.0.48), skips that cuBLAS naming the file,
+    and runs nothing; with root's builtins beside libnvrtc, they are loaded by their path before cuBLASLt,
+    and libnvrtc's dlopen by soname finds them loaded: the planted one never runs."""
+    ran = tree / "ran"
+    staff = staff_dir(tree / "usr-local-lib")
+    evil = built(staff / BUILTINS, mark=ran, soname=BUILTINS)
+    os.chown(evil, NOBODY, NOBODY)
+    home = tree / "nvrtc"
+    home.mkdir()
+    link = nvrtc(home)
+    cublas, lt, find = cublas_pair(tree)
+    cache = cache_of(tree, staff, home)
+    plain = in_namespace(f"ctypes.CDLL({str(link)!r})", cache)
+    print(f"a plain load of libnvrtc: constructors run {ran.read_text().split()} {plain.stderr}")
+    assert ran.read_text().split() == [str(evil)], plain.stderr
+    ran.unlink()
+    r = in_namespace(find, cache)
+    print(f"rigup-burnin: {r.stdout}{r.stderr}")
+    assert r.stderr.splitlines() == skipped(cublas, lt, BUILTINS, evil)
+    assert r.stdout.startswith("no cuBLAS") and not ran.exists()
+    theirs = built(home / BUILTINS, mark=ran, soname=BUILTINS)
+    # then cuBLASLt's dlopen of libnvrtc, whose own dlopen of its builtins by soname finds the ones loaded by path
+    r = in_namespace(f"{find}; ctypes.CDLL({str(link)!r}); print(sorted({{l.split(None, 5)[5].strip() "
+                     "for l in open('/proc/self/maps') if 'builtins' in l}))", cache)
+    print(f"NVRTC's builtins beside libnvrtc: {r.stdout}{r.stderr}")
+    assert r.stdout.splitlines() == [str(cublas), str([str(theirs)])] and r.stderr == "", r.stderr
+    assert ran.read_text().split() == [str(theirs)]
+
+
+def test_bu2_the_builtins_version_comes_from_libnvrtcs_real_file_or_what_lies_beside_a_wheels(tree, monkeypatch):
+    """libnvrtc.so.13 -> libnvrtc.so.13.0.48 (the toolkit): libnvrtc-builtins.so.13.0; a wheel's file is
+    libnvrtc.so.12 itself, and its builtins (libnvrtc-builtins.so.12.4) lie beside it; no libnvrtc: none."""
+    home, wheel = tree / "nvrtc", tree / "wheel"
+    home.mkdir()
+    wheel.mkdir()
+    nvrtc(home)
+    built(wheel / "libnvrtc.so.12", soname="libnvrtc.so.12")
+    built(wheel / "libnvrtc-builtins.so.12.4", soname="libnvrtc-builtins.so.12.4")
+    (wheel / "libnvrtc-builtins.so.12.4.x").write_text("not one")   # no MAJOR.MINOR: not a name libnvrtc asks
+    lt = built(tree / "libcublasLt.so.13")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{home}:{wheel}")
+    acceptance.nvrtc_builtins.cache_clear()
+    try:
+        got = [acceptance.nvrtc_builtins(str(lt), (f"libnvrtc.so.{v}",)) for v in (13, 12, 11)]
+    finally:
+        acceptance.nvrtc_builtins.cache_clear()
+    assert got == [((BUILTINS,), str(home)), (("libnvrtc-builtins.so.12.4",), str(wheel)), ((), "")]
