@@ -34,6 +34,7 @@ raises :class:`ConfigError` naming the file, the key and the expected form.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import posixpath
@@ -425,6 +426,21 @@ def data_pairs(args: list[str]) -> list[tuple[str, str]]:
     return [(k, v) for k, _, v in (p.partition("=") for p in opts.get("data") or ())]
 
 
+def cli_value(text: str) -> Any:
+    """A ``--data key=value`` value as pyinfra's CLI reads it: true/false (any case), an int,
+    JSON, else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def data_texts(args: list[str]) -> dict[str, str]:
     """``{key: its text}`` of the ``--data`` pairs (:func:`data_pairs`), the last of a key given
     twice winning, as pyinfra keeps it."""
@@ -439,7 +455,6 @@ def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
     ``5_0_0`` and ``٥٠٠`` (another script's digits) as 500, where the YAML loader refuses the one and
     reads the other as text (issue 61); then ``json.loads``, which keeps the last of a key given twice
     where the YAML loader refuses it (rerun 2 N34). Only the command line's text shows either."""
-    from rigup.inventory import cli_value   # pyinfra's reading of a --data value (inventory imports this module)
 
     found = []
     for key, text in data_pairs(args):

@@ -18,7 +18,6 @@ since pyinfra would read it and the two would see different data.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,24 +25,9 @@ from typing import Any
 from pyinfra.api import Inventory
 
 from rigup.boundary import Unreadable, fields
-from rigup.config import ConfigError, data_texts
+from rigup.config import ConfigError, cli_value, data_texts
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli_value(text: str) -> Any:
-    """A ``--data key=value`` value as pyinfra's CLI reads it: true/false (any case), an int,
-    JSON, else the text itself."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def overrides(args: list[str]) -> dict[str, Any]:

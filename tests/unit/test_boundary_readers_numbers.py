@@ -77,7 +77,7 @@ ALLOWED = {
     ("rigup/gpu/xid.py", "events"): (2, REGEX),
     ("rigup/instances/vllm.py", "_family_layers"): (1, TYPED),
     ("rigup/instances/vllm.py", "partition_problem"): (1, REGEX),
-    ("rigup/inventory.py", "cli_value"): (1, CLI),
+    ("rigup/config.py", "cli_value"): (1, CLI),
     ("rigup/models.py", "first_gguf"): (1, REGEX),
     ("rigup/nofollow.py", "read_file"): (1, CALLER),
     ("rigup/progress.py", "start_command"): (2, CALLER),

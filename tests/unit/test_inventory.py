@@ -231,9 +231,10 @@ def test_all_group_takes_the_files_globals_and_groups_of_pyinfras_forms(tmp_path
 
 
 def test_data_values_are_read_as_pyinfras_cli_reads_them():
-    """rigup.inventory.cli_value against pyinfra_cli's own parse (in a process of its own: importing
+    """rigup.config.cli_value against pyinfra_cli's own parse (in a process of its own: importing
     pyinfra_cli patches the standard library with gevent)."""
-    from rigup.inventory import cli_value, overrides
+    from rigup.config import cli_value
+    from rigup.inventory import overrides
 
     values = ["true", "False", "7", "-3", "1.5", '{"a": [1, "x"]}', "[1, 2]", "null", "abc", "", "0x10", "25%"]
     code = "import json, sys; from pyinfra_cli.util import parse_cli_arg; print(json.dumps([parse_cli_arg(v) for v in json.loads(sys.argv[1])]))"
