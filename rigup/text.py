@@ -27,21 +27,31 @@ def _visible(c: str) -> str:
 
 # A URL's secrets (issue 61, rounds 12-13 SEC3, SEC5-SEC8): its userinfo (scheme://USERINFO@host, up to
 # the authority's last '@': a login may hold one; //USERINFO@host without a scheme; the scp form
-# user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's (a token given as
-# the user, as GitHub's and the hub's are; ssh://git@host's user is a login), glued to what precedes it
-# too (pip's -ihttps://..., key:https://...: round 14 SEC9, SEC10); and a parameter named for a secret
-# after ?, &, # or ; (?access_token=, #access_token=, ;token=, &X-Amz-Signature=). A password may hold an
-# unencoded '/', '?' or '#' (base64 tokens hold '/': round 14 SEC11), which ends the authority as a URL
-# parser reads it: in USER:X where X is no port (digits up to /?# or the end: host:8443/o/r@v1 is pip's
-# git ref), the userinfo runs to the last '@' before the next whitespace (a password may hold '@' too:
-# u:pw@h/p@ref shows as u:***@ref), the password all after the login's first ':'. A bare login holding
-# '/' is left: //TOKEN/x@ref cannot be told from //host/o/r@ref.
-_USERINFO = re.compile(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"
-                       r"([^\s/?#:\[\]]*:(?![0-9]*(?:[/?#]|\s|$))\S*|[^\s/?#]*)@")
+# user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's and file's (a token
+# given as the user, as GitHub's and the hub's are; ssh://git@host's user is a login; a file URL carries
+# none: git+file:///repo@v1 is pip's ref), glued to what precedes it too (pip's -ihttps://..., key:https://...:
+# round 14 SEC9, SEC10), after any number of slashes (https:/u:T@h, https:///u:T@h: round 15 S15d; no
+# parser reads those as credentials, but the token would stand in argv and logs), where a word starts or an
+# option glued to it (-ihttps:/...), never inside a URL (host.corp:/x@y is a host and a path); and a
+# parameter named for a secret after ?, &, # or ; (?access_token=, #access_token=, ;token=,
+# &X-Amz-Signature=). A password may hold an unencoded '/', '?' or '#' (base64 tokens hold '/': round 14
+# SEC11), which ends the authority as a URL parser reads it, so whether X in A:X... is a port or a password
+# is told by A (round 15 S15a): A is a HOST when it holds a '.' (gitlab.corp, 10.0.0.1, me@corp.com) or is
+# localhost ([::1] is never read as a login), and then digits up to /?# or the end are its port
+# (gitlab.corp:8443/o/r@v1 is pip's git ref); any other A (a bare word: u, user, oauth2) is a LOGIN and X
+# its password, digits or not (u:1234/TOKEN@h; a host of one word, with a port and an '@' after it, is
+# written with its domain). The userinfo runs to the last '@' before the next whitespace (a password may
+# hold '@' too: u:pw@h/p@ref shows as u:***@ref), the password all after the login's first ':'. A bare
+# login holding '/' is left: //TOKEN/x@ref cannot be told from //host/o/r@ref.
+_PART = r"[^\s/?#:\[\]]*"   # what stands before the authority's first ':'
+_HOST = rf"(?:{_PART}\.{_PART}|(?i:localhost))"
+_USERINFO = re.compile(r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
+                       r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):/+)"   # scheme:/, :///
+                       rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*|[^\s/?#]*)@")
 _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
 _QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.%-]*=)[^&;\s#]*",
                     re.IGNORECASE)
-_SSH = ("ssh", "git+ssh", "ssh+git", "sftp")
+_PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 
 
 def redacted(text: str) -> str:
@@ -53,12 +63,11 @@ def redacted(text: str) -> str:
         return text
 
     def one(m: re.Match) -> str:
-        scheme, info = m.group(1) or "", m.group(2)
-        lead = f"{scheme}://" if scheme else "//"
+        lead, scheme, info = m.group(1), m.group(2) or m.group(3) or "", m.group(4)
         user, colon, _ = info.partition(":") if ":" in info else (info, "", "")
         if colon:
             return f"{lead}{user}:***@"
-        return f"{lead}***@" if info and scheme.lower() not in _SSH else m.group(0)
+        return f"{lead}***@" if info and scheme.lower() not in _PLAIN_LOGIN else m.group(0)
     text = _USERINFO.sub(one, text)
     text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
     return _QUERY.sub(lambda m: f"{m.group(1)}***", text)

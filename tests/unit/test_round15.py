@@ -1,0 +1,57 @@
+"""Issue 61, round 15 (/tmp/redteam/round15.md): URL credentials rigup.text.redacted left whole, so
+credentialed() let them reach pip's argv, a unit's ExecStart or an env file.
+S15a: a password of digits then '/', '?' or '#' (u:1234/TOKEN@h) was read as a port. S15d: a scheme with
+one slash or three (https:/u:T@h, https:///u:T@h)."""
+
+import pytest
+
+from rigup.text import redacted
+from roles.vllm.checks import credentialed
+from tests.unit.hosts import data
+
+S = "S3cr3t"
+
+
+def hidden_and_refused(url: str) -> str:
+    out = redacted(url)
+    assert S not in out, out
+    assert credentialed(data(vllm_pip_args=[url])) == ["vllm_pip_args[0]"]
+    return out
+
+
+# -- S15a: a LOGIN (a bare word) takes a password whatever it starts with; a HOST (a '.', localhost) a port --
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https://u:1234/{S}@pypi.corp/simple", "https://u:***@pypi.corp/simple"),
+    (f"https://u:9?{S}@h/simple", "https://u:***@h/simple"), (f"https://u:77#{S}@h/x", "https://u:***@h/x"),
+    (f"--index-url=https://u:0/{S}@h/simple", "--index-url=https://u:***@h/simple"),
+    (f"git+https://u:8/{S}@h/o/r.git@v1", "git+https://u:***@v1"),
+    (f"https://oauth2:1/{S}@gitlab.corp/o/r", "https://oauth2:***@gitlab.corp/o/r"),
+    ("https://user:123456@h/simple", "https://user:***@h/simple")])   # a PIN: all digits, nothing after
+def test_s15a_digits_after_a_logins_colon_are_a_password(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", [
+    "git+https://gitlab.corp:8443/o/r@v1", "https://localhost:8443/o/r@v1", "https://LocalHost:1/x@y",
+    "https://10.0.0.1:8443/x@y", "https://[::1]:8/x@y", "https://pypi.corp:443?x@y", "https://h.corp:8080#a@b"])
+def test_s15a_digits_after_a_hosts_colon_are_its_port(plain):
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+# -- S15d: any number of slashes after the scheme, where a word or a glued option starts --------------
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https:///u:{S}@h/s", "https:///u:***@h/s"), (f"https:/u:{S}@h/s", "https:/u:***@h/s"),
+    (f"https:////u:{S}@h", "https:////u:***@h"), (f"-ihttps:/u:{S}@h", "-ihttps:/u:***@h"),
+    (f"--index-url=https:///u:{S}@h", "--index-url=https:///u:***@h"), (f"https:///{S}@h/s", "https:///***@h/s"),
+    (f"key:https:/u:{S}@h", "key:https:/u:***@h")])
+def test_s15d_a_scheme_with_one_slash_or_three_still_has_a_userinfo(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", [
+    "https://h.corp:/x@y", "https://my-host.corp:/x@y", "file:///repo@v1", "git+file:///srv/r@v1",
+    "https://h.corp/a/b-c:/d@e", "ssh:///git@h"])
+def test_s15d_inside_a_url_or_in_a_file_url_nothing_is_a_login(plain):
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
