@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from urllib.parse import unquote
 
 
 def _visible(c: str) -> str:
@@ -49,8 +50,11 @@ _USERINFO = re.compile(r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # sche
                        r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):/+)"   # scheme:/, :///
                        rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*|[^\s/?#]*)@")
 _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
-_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%-]*(?:token|key|secret|passw|pwd|sig|auth|credential)[A-Za-z0-9_.%-]*=)[^&;\s#]*",
-                    re.IGNORECASE)
+# A parameter is named for a secret by its name percent-decoded, as the server reads it (?%74oken=: round 15
+# S15f): one holding a word below, or named pass or pw (db_pass=, user-pw=), or code (OAuth's authorization
+# code, a secret for as long as it lives; country_code=, encode= are no secret)
+_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%+-]*=)[^&;\s#]*")
+_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|(?:^|[_.-])(?:pass|pw)$|^code$", re.I)
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 
 
@@ -70,7 +74,8 @@ def redacted(text: str) -> str:
         return f"{lead}***@" if info and scheme.lower() not in _PLAIN_LOGIN else m.group(0)
     text = _USERINFO.sub(one, text)
     text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
-    return _QUERY.sub(lambda m: f"{m.group(1)}***", text)
+    return _QUERY.sub(lambda m: f"{m.group(1)}***" if _SECRET_NAME.search(unquote(m.group(1)[1:-1])) else m.group(0),
+                      text)
 
 
 def shown(text: object, limit: int = 200) -> str:

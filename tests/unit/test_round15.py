@@ -55,3 +55,21 @@ def test_s15d_a_scheme_with_one_slash_or_three_still_has_a_userinfo(url, shown):
     "https://h.corp/a/b-c:/d@e", "ssh:///git@h"])
 def test_s15d_inside_a_url_or_in_a_file_url_nothing_is_a_login(plain):
     assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+# -- S15f: a parameter's name as the server reads it (percent-decoded); pass, pw and OAuth's code --------
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https://h/s?pass={S}", "https://h/s?pass=***"), (f"https://h/s?pw={S}&a=1", "https://h/s?pw=***&a=1"),
+    (f"https://h/s?%74oken={S}", "https://h/s?%74oken=***"), (f"https://h/s?x=1&%70%61%73%73={S}", "https://h/s?x=1&%70%61%73%73=***"),
+    (f"https://h/cb?code={S}&state=x", "https://h/cb?code=***&state=x"), (f"https://h/?db_pass={S}", "https://h/?db_pass=***"),
+    (f"https://h/?user-pw={S}", "https://h/?user-pw=***"), (f"https://h/?API%5FKEY={S}", "https://h/?API%5FKEY=***")])
+def test_s15f_a_secret_parameter_by_its_decoded_name(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", [
+    "https://h/s?encode=utf8&country_code=de&bypass=1&zipcode=1", "https://h/s?passive=1&codec=h264",
+    "rigup-llama@gemma.service: Main process exited, code=dumped, status=11/SEGV", "https://h/s?%63ode2=x"])
+def test_s15f_names_that_only_hold_those_words_are_no_secret(plain):
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
