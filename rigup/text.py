@@ -48,14 +48,20 @@ _PART = r"[^\s/?#:\[\]]*"   # what stands before the authority's first ':'
 _HOST = rf"(?:{_PART}\.{_PART}|(?i:localhost))"
 _USERINFO = re.compile(r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
                        r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):/+)"   # scheme:/, :///
-                       rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*|[^\s/?#]*)@")
-_SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)")
+                       rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*|[^\s/?#]*)@", re.ASCII)
+_SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)", re.ASCII)
 # A parameter is named for a secret by its name percent-decoded, as the server reads it (?%74oken=: round 15
 # S15f): one holding a word below, or named pass or pw (db_pass=, user-pw=), or code (OAuth's authorization
 # code, a secret for as long as it lives; country_code=, encode= are no secret)
-_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%+-]*=)[^&;\s#]*")
+_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%+-]*=)[^&;\s#]*", re.ASCII)
 _SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|(?:^|[_.-])(?:pass|pw)$|^code$", re.I)
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
+# A URL parser drops an ASCII tab, CR or LF wherever it stands (WHATWG; Python's urlsplit, so pip: round 15
+# S15h): https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip. redacted() reads such a URL (from its scheme:/ or //
+# up to the next other whitespace) with them dropped; carries_credentials() refuses any text holding one.
+# Only ASCII whitespace ends a userinfo or a value: a no-break space is part of the password pip sends.
+_DROPPED = str.maketrans("", "", "\t\r\n")
+_SPAN = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:/|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
 
 
 def redacted(text: str) -> str:
@@ -66,6 +72,23 @@ def redacted(text: str) -> str:
     if "@" not in text and "=" not in text:
         return text
 
+    def joined(m: re.Match) -> str:   # as the URL parser reads it, when that hides something
+        url = m.group(0).translate(_DROPPED)
+        return hidden if (hidden := _hidden(url)) != url else m.group(0)
+    return _hidden(_SPAN.sub(joined, text))
+
+
+def carries_credentials(text: object) -> bool:
+    """Whether ``text``, handed to a program (git, pip, a server as a flag's value or a variable), would
+    carry credentials: :func:`redacted` hides some of it, or it holds a tab, CR or LF, which a URL parser
+    drops (the URL the program reads is not the one shown). One rule for every key refused so: vllm_git_url,
+    vllm_pip_args, llama_cpp_source."""
+    text = str(text)
+    return redacted(text) != text or text != text.translate(_DROPPED)
+
+
+def _hidden(text: str) -> str:
+    """:func:`redacted` of ``text`` read as it stands."""
     def one(m: re.Match) -> str:
         lead, scheme, info = m.group(1), m.group(2) or m.group(3) or "", m.group(4)
         user, colon, _ = info.partition(":") if ":" in info else (info, "", "")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rigup.boundary import owned, results
 from rigup.boundary.core import Unreadable
-from rigup.text import redacted
+from rigup.text import carries_credentials
 
 # what an artifact may hold: its binaries (one relative link: ggml-rpc-server -> rpc-server, made
 # by the build script), the version the build printed, its stamp
@@ -75,7 +75,7 @@ def resolved(source: str, ref: str) -> tuple[str | None, str]:
     the controller (``git ls-remote``): (commit, "") or (None, why)."""
     if COMMIT.fullmatch(ref):
         return ref, ""
-    if redacted(source) != source:   # never in argv (preflight refuses the key: round 12 SEC2)
+    if carries_credentials(source):   # never in argv (preflight refuses the key: round 12 SEC2)
         return None, "llama_cpp_source carries credentials in its URL: not asked"
     try:
         done = subprocess.run(["git", "ls-remote", "--", source, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}"],

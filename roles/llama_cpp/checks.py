@@ -11,7 +11,7 @@ import re
 
 from rigup.config import GIT_URL
 from rigup.refusal import Refusal, config_refusals
-from rigup.text import redacted
+from rigup.text import carries_credentials
 
 if TYPE_CHECKING:
     from rigup.gpu.plan import Plan
@@ -33,7 +33,7 @@ def check_source(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
         found.append(("llama_cpp_source", f"expected a git URL (https://, ssh://, file:// or user@host:path), "
                                           f"got {source!r}"))
     refusals = config_refusals(found)
-    if redacted(source) != source:   # round 12 SEC2: https://user:TOKEN@ (or a token as the user)
+    if carries_credentials(source):   # round 12 SEC2: https://user:TOKEN@ (or a token as the user)
         refusals.append(Refusal("llama_cpp_source carries credentials in its URL",
                                 "they would stand in git's argv on the controller (ls-remote) and on the host "
                                 "(clone, remote set-url: any local user reads them in ps), in the build script and "

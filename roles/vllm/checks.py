@@ -29,7 +29,7 @@ import re
 
 from rigup.config import Config, ConfigError, host_ip
 from rigup.contract import vllm as vllm_contract
-from rigup.text import redacted
+from rigup.text import carries_credentials
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -144,16 +144,17 @@ def recipe_lines(data: Config, found: dict | None) -> list[str]:
 
 def credentialed(data: Config) -> list[str]:
     """The keys whose URL carries credentials (``https://user:token@host/...``, a token as any scheme's
-    login but ssh's, ``?access_token=``: what rigup.text.redacted hides): vllm_git_url and any of
-    vllm_pip_args (``--index-url=...``, ``git+https://TOKEN@...``: round 13 SEC6)."""
+    login but ssh's, ``?access_token=``, a tab or line break a URL parser drops: rigup.text.carries_credentials):
+    vllm_git_url and any of vllm_pip_args (``--index-url=...``, ``git+https://TOKEN@...``: round 13 SEC6)."""
     return [key for key, text in (("vllm_git_url", data.get("vllm_git_url")),
                                   *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or [])))
-            if redacted(str(text or "")) != str(text or "")]
+            if carries_credentials(text or "")]
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """Credentials in vllm_git_url or vllm_pip_args would stand in git's and pip's argv, the plan, the
-    install stamp and logs (issue 47): refused, before anything changes or is printed."""
+    install stamp and logs (issue 47): refused, before anything changes or is printed; a tab or line
+    break in one too (a URL parser drops it: https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip)."""
     keys = credentialed(data)
     found = [Refusal(f"{', '.join(keys)} carries credentials in its URL",
                      "they would appear in git's and pip's argv (any local user reads them in ps), in the plan, "

@@ -1,11 +1,12 @@
 """Issue 61, round 15 (/tmp/redteam/round15.md): URL credentials rigup.text.redacted left whole, so
 credentialed() let them reach pip's argv, a unit's ExecStart or an env file.
 S15a: a password of digits then '/', '?' or '#' (u:1234/TOKEN@h) was read as a port. S15d: a scheme with
-one slash or three (https:/u:T@h, https:///u:T@h)."""
+one slash or three (https:/u:T@h, https:///u:T@h). S15f: ?%74oken=, ?pass=, ?pw=, ?code=. S15h: a tab inside
+a URL, which Python's urlsplit (pip's) drops, and a no-break space in a password."""
 
 import pytest
 
-from rigup.text import redacted
+from rigup.text import carries_credentials, redacted
 from roles.vllm.checks import credentialed
 from tests.unit.hosts import data
 
@@ -61,8 +62,10 @@ def test_s15d_inside_a_url_or_in_a_file_url_nothing_is_a_login(plain):
 
 @pytest.mark.parametrize("url, shown", [
     (f"https://h/s?pass={S}", "https://h/s?pass=***"), (f"https://h/s?pw={S}&a=1", "https://h/s?pw=***&a=1"),
-    (f"https://h/s?%74oken={S}", "https://h/s?%74oken=***"), (f"https://h/s?x=1&%70%61%73%73={S}", "https://h/s?x=1&%70%61%73%73=***"),
-    (f"https://h/cb?code={S}&state=x", "https://h/cb?code=***&state=x"), (f"https://h/?db_pass={S}", "https://h/?db_pass=***"),
+    (f"https://h/s?%74oken={S}", "https://h/s?%74oken=***"),
+    (f"https://h/s?x=1&%70%61%73%73={S}", "https://h/s?x=1&%70%61%73%73=***"),
+    (f"https://h/cb?code={S}&state=x", "https://h/cb?code=***&state=x"),
+    (f"https://h/?db_pass={S}", "https://h/?db_pass=***"),
     (f"https://h/?user-pw={S}", "https://h/?user-pw=***"), (f"https://h/?API%5FKEY={S}", "https://h/?API%5FKEY=***")])
 def test_s15f_a_secret_parameter_by_its_decoded_name(url, shown):
     assert hidden_and_refused(url) == shown
@@ -73,3 +76,22 @@ def test_s15f_a_secret_parameter_by_its_decoded_name(url, shown):
     "rigup-llama@gemma.service: Main process exited, code=dumped, status=11/SEGV", "https://h/s?%63ode2=x"])
 def test_s15f_names_that_only_hold_those_words_are_no_secret(plain):
     assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+# -- S15h: a tab, CR or LF inside a URL (a URL parser drops them); a no-break space in a password ---------
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https://u:ab\t{S}@h/s", "https://u:***@h/s"), (f"https://u:ab\r\n{S}@h/s", "https://u:***@h/s"),
+    (f"https://{S}\t@h/s", "https://***@h/s"), (f"https://h/s?to\tken={S}", "https://h/s?token=***"),
+    (f"--index-url=https://u:a\n{S}@h", "--index-url=https://u:***@h"),
+    (f"https://u:ab\u00a0{S}@h/s", "https://u:***@h/s"), (f"https://h/?token=ab\u2028{S}", "https://h/?token=***")])
+def test_s15h_a_url_is_read_as_its_parser_reads_it(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", ["a\tb", "https://h/x\tmore@text", "line one\nhttps://h.corp/x@y"])
+def test_s15h_text_whose_url_hides_nothing_is_kept_as_it_is_but_refused_in_a_programs_argument(plain):
+    """redacted() keeps each tab and line break where dropping them would hide nothing; a key handed to a
+    program refuses them whatever they stand in."""
+    assert redacted(plain) == plain and carries_credentials(plain)
+    assert credentialed(data(vllm_pip_args=[plain])) == ["vllm_pip_args[0]"]
