@@ -22,6 +22,7 @@ from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
+from rigup.text import carries_credentials
 
 
 class ModelEntry(TypedDict):
@@ -99,6 +100,22 @@ def owned_flag_problems(args: list[str], owned: dict, where: str, abbrev: bool =
     return [(f"{where}.extra_args", f"gives {flag}, which rigup sets from "
              + (f"{where}.{owned[flag]}: drop it from extra_args and set {owned[flag]}" if owned[flag] else
                 "the instance's name: drop it from extra_args")) for flag, _ in flag_values(args, owned, abbrev, exact)]
+
+
+def credential_problems(value, where: str) -> list[tuple[str, str]]:
+    """(key path, why) for each string in ``value`` (a serving instance, vllm_env) that carries credentials
+    (rigup.text.carries_credentials: a URL's password or token, a secret parameter, a tab or line break):
+    an extra_args value (``--otlp-traces-endpoint http://u:TOKEN@collector``, ``--model-url ...?token=``)
+    stands in the server's command line (ps, the unit, the journal), a variable in its env file, either in
+    the plan (issue 61, round 15 V48)."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in credential_problems(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")]
+    return [(where, "carries credentials (a URL's user:password@ or token@, a secret parameter such as ?token=, "
+                    "or a tab or line break, which a URL parser drops): they would stand in the server's command "
+                    "line or environment, which any local user reads in ps or the unit, the plan and the journal; "
+                    "give the URL without them")] if isinstance(value, str) and carries_credentials(value) else []
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -232,7 +249,8 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None,
               raw: dict | None = None) -> tuple[dict, list[tuple[str, str]]]:
     """The entries of the serving map ``var`` (``llama_server_instances``, ``vllm_instances``),
     normalised against ``schema``, and (key path, problem) for each wrong one: an unknown or
-    mistyped key, a ``model`` that is not a key of ``models``, or what ``entry_problems(entry,
+    mistyped key, a ``model`` that is not a key of ``models``, a value that carries credentials
+    (:func:`credential_problems`), or what ``entry_problems(entry,
     where, model)`` finds (the role's own rules; ``model`` is the valid entry of ``models`` or
     None). An entry with a problem, or whose model has one, is left out of the result. ``raw``:
     the entries to read instead of ``data[var]`` (llama_server's, with the tuned flags laid over)."""
@@ -246,6 +264,7 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None,
         model = entry.get("model")
         if model is not None and model not in declared:
             found.append((f"{where}.model", unknown_reference(model, declared, "models")))
+        found += [] if found else credential_problems(entry, where)
         if entry_problems is not None and not found:
             found += entry_problems(entry, where, valid.get(model))
         problems += found

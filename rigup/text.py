@@ -82,7 +82,8 @@ def carries_credentials(text: object) -> bool:
     """Whether ``text``, handed to a program (git, pip, a server as a flag's value or a variable), would
     carry credentials: :func:`redacted` hides some of it, or it holds a tab, CR or LF, which a URL parser
     drops (the URL the program reads is not the one shown). One rule for every key refused so: vllm_git_url,
-    vllm_pip_args, llama_cpp_source."""
+    vllm_pip_args, vllm_install_env, vllm_ray_args, llama_cpp_source, and every value of a serving instance
+    (extra_args, env) and of vllm_env (rigup.models.credential_problems)."""
     text = str(text)
     return redacted(text) != text or text != text.translate(_DROPPED)
 

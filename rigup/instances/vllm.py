@@ -15,7 +15,8 @@ from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, WORD_VALUES, 
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
-from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, flag_values, of_form, owned_flag_problems
+from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, credential_problems, flag_values, of_form, \
+    owned_flag_problems
 from rigup.models import instances as _entries
 
 
@@ -326,7 +327,8 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInsta
     found, wrong = _entries(data, "vllm_instances", VLLM_INSTANCE, problems)
     # vllm_env is read where vLLM serves, and on a Ray node (its workers' environment: roles/vllm/cluster.py)
     host_env = data.get("vllm_env") if data.get("vllm_instances") or data.get("vllm_ray_role") else None
-    return found, wrong + (held_off_env_problems(host_env, allow, "vllm_env") if isinstance(host_env, dict) else [])
+    return found, wrong + (held_off_env_problems(host_env, allow, "vllm_env") + credential_problems(host_env, "vllm_env")
+                           if isinstance(host_env, dict) else [])
 
 
 def normalised(data: Config) -> dict[str, VllmInstance]:

@@ -159,7 +159,8 @@ check_config.__doc__ = (   # the flags from the contract's table (rigup/contract
     + "; ``--port=1`` and ``--api_key_file`` too), or a flag of llama-server's features beyond inference that "
     "llama_server_allow does not name (" + ", ".join(
         f"{name}: {' '.join(f.flags)}" for name, f in contract.HELD_OFF.items() if f.flags)
-    + "); llama_server_cors_origins that is not one origin.")
+    + "), or a value that carries credentials (https://user:token@..., ?token=...: in extra_args it would stand in "
+    "the server's command line); llama_server_cors_origins that is not one origin.")
 
 
 def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

@@ -145,20 +145,26 @@ def recipe_lines(data: Config, found: dict | None) -> list[str]:
 def credentialed(data: Config) -> list[str]:
     """The keys whose URL carries credentials (``https://user:token@host/...``, a token as any scheme's
     login but ssh's, ``?access_token=``, a tab or line break a URL parser drops: rigup.text.carries_credentials):
-    vllm_git_url and any of vllm_pip_args (``--index-url=...``, ``git+https://TOKEN@...``: round 13 SEC6)."""
+    vllm_git_url, any of vllm_pip_args (``--index-url=...``, ``git+https://TOKEN@...``: round 13 SEC6), of
+    vllm_install_env's values (UV_INDEX_URL, PIP_EXTRA_INDEX_URL) and of vllm_ray_args. The instances'
+    extra_args and env, and vllm_env, are rigup.models.credential_problems' (check_config)."""
+    env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
     return [key for key, text in (("vllm_git_url", data.get("vllm_git_url")),
-                                  *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or [])))
+                                  *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or [])),
+                                  *((f"vllm_install_env.{k}", v) for k, v in env.items()),
+                                  *((f"vllm_ray_args[{i}]", a) for i, a in enumerate(data.get("vllm_ray_args") or [])))
             if carries_credentials(text or "")]
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
-    """Credentials in vllm_git_url or vllm_pip_args would stand in git's and pip's argv, the plan, the
-    install stamp and logs (issue 47): refused, before anything changes or is printed; a tab or line
-    break in one too (a URL parser drops it: https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip)."""
+    """Credentials in vllm_git_url, vllm_pip_args, vllm_install_env or vllm_ray_args would stand in git's,
+    pip's or ray's argv or the install script, the plan, the install stamp and logs (issue 47): refused,
+    before anything changes or is printed; a tab or line break in one too (a URL parser drops it:
+    https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip)."""
     keys = credentialed(data)
     found = [Refusal(f"{', '.join(keys)} carries credentials in its URL",
-                     "they would appear in git's and pip's argv (any local user reads them in ps), in the plan, "
-                     "the install stamp and logs",
+                     "they would appear in git's, pip's or ray's argv or the install script (any local user reads "
+                     "them in ps), in the plan, the install stamp and logs",
                      "give the URL without them, and the credentials in a netrc file on the controller "
                      "('machine HOST login USER password TOKEN', mode 0600) named by vllm_netrc_src: rigup puts it "
                      "in a root-only file on the host, which git, pip and uv read", "credentials")] if keys else []
@@ -215,7 +221,8 @@ check_config.__doc__ = (   # the held-off features from the contract's table (ri
     + "; inside a JSON option: " + ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items()
                                               if f.keys)
     + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
-    "or one that does not tune (what the env file's writer refuses).")
+    "or one that does not tune (what the env file's writer refuses); a value of an instance (extra_args, env) or of "
+    "vllm_env that carries credentials (https://user:token@..., ?token=...).")
 
 
 def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

@@ -2,13 +2,17 @@
 credentialed() let them reach pip's argv, a unit's ExecStart or an env file.
 S15a: a password of digits then '/', '?' or '#' (u:1234/TOKEN@h) was read as a port. S15d: a scheme with
 one slash or three (https:/u:T@h, https:///u:T@h). S15f: ?%74oken=, ?pass=, ?pw=, ?code=. S15h: a tab inside
-a URL, which Python's urlsplit (pip's) drops, and a no-break space in a password."""
+a URL, which Python's urlsplit (pip's) drops, and a no-break space in a password. V48: a URL with credentials
+as a vLLM instance's extra_args value or env value (llama-server's extra_args passed them too, but under a
+flag rigup owns)."""
 
 import pytest
 
+from rigup.instances.llama_server import instances as llama_instances
 from rigup.text import carries_credentials, redacted
 from roles.vllm.checks import credentialed
-from tests.unit.hosts import data
+from tests.unit.hosts import data, host, refusals
+from tests.unit.test_round12_vllm import MODEL, WHERE, problems
 
 S = "S3cr3t"
 
@@ -95,3 +99,45 @@ def test_s15h_text_whose_url_hides_nothing_is_kept_as_it_is_but_refused_in_a_pro
     program refuses them whatever they stand in."""
     assert redacted(plain) == plain and carries_credentials(plain)
     assert credentialed(data(vllm_pip_args=[plain])) == ["vllm_pip_args[0]"]
+
+
+# -- V48: every value of a serving instance, and of vllm_env, by the same rule ----------------------------
+
+@pytest.mark.parametrize("args, at", [
+    (["--otlp-traces-endpoint", f"http://u:{S}@collector:4317"], 1),
+    ([f"--otlp-traces-endpoint=http://collector:4317/?token={S}"], 0),
+    (["--enforce-eager", "--otlp-traces-endpoint", f"grpc://{S}@collector"], 2)])
+def test_v48_a_vllm_extra_args_value_with_credentials_is_refused_naming_the_instance_and_item(args, at):
+    found = problems(extra_args=args)
+    assert [p for p, _ in found] == [f"{WHERE}.extra_args[{at}]"], found
+    assert "carries credentials" in found[0][1] and S not in found[0][1]
+    plan, facts = host("a100")
+    lines = [r.line("h") for r in refusals(plan, facts, data(models={"m": MODEL}, vllm_instances={
+        "a": {"model": "m", "port": 8000, "extra_args": args}}))]
+    assert any(f"{WHERE}.extra_args[{at}]: carries credentials" in line for line in lines) and S not in str(lines)
+
+
+def test_v48_env_and_vllm_env_values_with_credentials_are_refused():
+    found = problems(env={"MY_KNOB_URL2": f"https://u:{S}@h"}, host_env={"OTHER_KNOB": f"https://h/?token={S}",
+                                                                     "KNOB_TAB": "a\tb"})
+    assert {p for p, why in found if "carries credentials" in why} == {
+        f"{WHERE}.env.MY_KNOB_URL2", "vllm_env.OTHER_KNOB", "vllm_env.KNOB_TAB"}, found
+
+
+def test_v48_llama_server_extra_args_by_the_same_rule():
+    d = {"models": {"m": {**MODEL, "include": ["*.gguf"]}},
+         "llama_server_instances": {"a": {"model": "m", "port": 8081, "extra_args": ["--api-prefix", f"http://u:{S}@h"]}}}
+    assert [p for p, why in llama_instances(d)[1] if "carries credentials" in why] == [
+        "llama_server_instances.a.extra_args[1]"]
+
+
+@pytest.mark.parametrize("key, value", [("vllm_install_env", {"UV_INDEX_URL": f"https://u:{S}@pypi.corp/simple"}),
+                                        ("vllm_ray_args", ["--x", f"https://h/?token={S}"])])
+def test_v48_the_installs_environment_and_rays_args_by_the_same_rule(key, value):
+    assert [k for k in credentialed(data(**{key: value})) if k.startswith(key)]
+
+
+@pytest.mark.parametrize("args", [["--otlp-traces-endpoint", "http://collector.corp:4317"],
+                                  ["--otlp-traces-endpoint", "grpc://collector:4317"], ["--max-model-len", "8192"]])
+def test_v48_a_url_without_credentials_passes(args):
+    assert problems(extra_args=args) == []
