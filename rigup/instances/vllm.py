@@ -50,16 +50,28 @@ OWNED_FLAGS = owned()
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+# vLLM's options of one letter that take a value (-O: --compilation-config, or --optimization-level in later
+# releases; -q: --quantization): argparse reads one glued to its value, -OVALUE, as -O VALUE (round 15 V42:
+# -O{"backend": "mod.f"} imported the backend). Options of more letters (-tp, -sc) take no glued value.
+GLUED = ("-O", "-q")
+
+
+def unglued(arg: str) -> str:
+    """``arg`` with a one-letter option glued to its value (``-O{...}``, ``-O3``) as ``-O={...}``; any
+    other as it is (``-O.key=v``, ``-O=3`` and ``-tp`` among them)."""
+    return f"{arg[:2]}={arg[2:]}" if arg[:2] in GLUED and arg[2:3] not in ("", "=", ".") else arg
+
+
 def spelled(args: list) -> list[str]:
     """extra_args as vLLM's FlexibleArgumentParser reads a flag's name: after ``--``, ``_`` is ``-``;
     ``--flag.key`` and ``-f.key`` (a JSON option's key, after one dash too: vllm/utils/argparse_utils.py
     takes any ``-`` argument with a ``.`` in its name, round 12 V17's ``-sc.model=/x``) are ``--flag``
-    and ``-f``, up to its ``=``; the value as given (``--speculative-config.model x`` gives
-    --speculative-config)."""
+    and ``-f``, up to its ``=``; ``-OVALUE`` is ``-O=VALUE`` (:func:`unglued`); the value as given
+    (``--speculative-config.model x`` gives --speculative-config)."""
     def one(arg: str) -> str:
         if not arg.startswith("-"):
             return arg
-        key, sep, value = arg.partition("=")
+        key, sep, value = unglued(arg).partition("=")
         name = key.split(".", 1)[0]
         return (name.replace("_", "-") if name.startswith("--") else name) + sep + value
     return [one(str(a)) for a in args]
@@ -83,7 +95,7 @@ def json_keys(args: list, keys) -> list[str]:
         return [f"{flag}.{k.replace('-', '_')}" for k in value] if isinstance(value, dict) else []
     out = [k for flag, value in flag_values(spelled(args), options, abbrev=True, exact=OWN_FLAGS) if value is not None
            for k in given(flag, str(value))]
-    for arg in map(str, args):
+    for arg in map(unglued, map(str, args)):
         name = arg.partition("=")[0]
         if arg.startswith("-") and "." in name:
             option, key = name.split(".")[:2]

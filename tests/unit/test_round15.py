@@ -1,10 +1,10 @@
-"""Issue 61, round 15 (/tmp/redteam/round15.md): URL credentials rigup.text.redacted left whole, so
-credentialed() let them reach pip's argv, a unit's ExecStart or an env file.
-S15a: a password of digits then '/', '?' or '#' (u:1234/TOKEN@h) was read as a port. S15d: a scheme with
-one slash or three (https:/u:T@h, https:///u:T@h). S15f: ?%74oken=, ?pass=, ?pw=, ?code=. S15h: a tab inside
-a URL, which Python's urlsplit (pip's) drops, and a no-break space in a password. V48: a URL with credentials
-as a vLLM instance's extra_args value or env value (llama-server's extra_args passed them too, but under a
-flag rigup owns)."""
+"""Issue 61, round 15 (/tmp/redteam/round15.md). Secrets rigup.text.redacted left whole, so that nothing
+refused them before pip's argv, a unit's ExecStart or an env file: S15a, a password of digits then '/', '?'
+or '#' (u:1234/TOKEN@h) read as a port; S15d, a scheme with one slash or three (https:/u:T@h); S15f,
+?%74oken=, ?pass=, ?pw=, ?code=; S15h, a tab inside a URL (Python's urlsplit, so pip, drops it) or a no-break
+space in a password; V48, a URL with credentials as a value of a serving instance (vLLM's extra_args and env;
+llama-server's extra_args too, under a flag rigup does not own). V42: a held-off key inside a glued
+-O{"backend": "mod.f"}, which argparse reads as -O VALUE."""
 
 import pytest
 
@@ -126,7 +126,8 @@ def test_v48_env_and_vllm_env_values_with_credentials_are_refused():
 
 def test_v48_llama_server_extra_args_by_the_same_rule():
     d = {"models": {"m": {**MODEL, "include": ["*.gguf"]}},
-         "llama_server_instances": {"a": {"model": "m", "port": 8081, "extra_args": ["--api-prefix", f"http://u:{S}@h"]}}}
+         "llama_server_instances": {"a": {"model": "m", "port": 8081,
+                                          "extra_args": ["--api-prefix", f"http://u:{S}@h"]}}}
     assert [p for p, why in llama_instances(d)[1] if "carries credentials" in why] == [
         "llama_server_instances.a.extra_args[1]"]
 
@@ -140,4 +141,23 @@ def test_v48_the_installs_environment_and_rays_args_by_the_same_rule(key, value)
 @pytest.mark.parametrize("args", [["--otlp-traces-endpoint", "http://collector.corp:4317"],
                                   ["--otlp-traces-endpoint", "grpc://collector:4317"], ["--max-model-len", "8192"]])
 def test_v48_a_url_without_credentials_passes(args):
+    assert problems(extra_args=args) == []
+
+
+# -- V42: a one-letter option glued to its value (argparse reads -OVALUE as -O VALUE) ------------------
+
+@pytest.mark.parametrize("args, key", [
+    (['-O{"backend": "evil_mod.f"}'], "-O.backend"), (['-O{"backend":"evil_mod.f"}'], "-O.backend"),
+    (['-O{"cache_dir": "/tmp/shared/c"}'], "-O.cache_dir"),
+    (['-O{"inductor_passes": {"p": "evil.f"}}'], "-O.inductor_passes"),
+    (['-O{"mode": 3, "debug_dump_path": "/tmp/d"}'], "-O.debug_dump_path")])
+def test_v42_a_glued_compilation_config_is_read_as_its_json(args, key):
+    found = problems(extra_args=args)
+    assert len(found) == 1 and f"gives {key}, vLLM's plugins" in found[0][1], found
+    assert problems(extra_args=args, allow=["plugins"]) == []
+
+
+@pytest.mark.parametrize("args", [["-O0"], ["-O1"], ["-O2"], ["-O3"], ["-O=3"], ['-O{"level": 3}'], ["-Odecode"],
+                                  ["-qfp8"], ["-q", "awq"], ["-O.level=3"]])
+def test_v42_optimization_levels_and_other_glued_values_pass(args):
     assert problems(extra_args=args) == []
