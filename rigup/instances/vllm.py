@@ -213,8 +213,11 @@ DENIED = frozenset({"VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_TRACE_FUNCTION", 
                     "VLLM_ENABLE_RESPONSES_API_STORE", "NCCL_COMM_ID", "NCCL_RAS_ENABLE"})
 # the end of a name that is a place too (VLLM_ASSETS_CACHE, HF_MODULES_CACHE): CACHE elsewhere tunes (VLLM_DISABLE_COMPILE_CACHE)
 PLACE_ENDS = ("_CACHE",)
+# HEADER(S): request headers a client sends, an Authorization among them (OTEL_EXPORTER_OTLP_HEADERS,
+# OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer ...", read by the exporter --otlp-traces-endpoint
+# turns on: round 15 V47)
 SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
-                          "BEARER", "CREDENTIALS", "AUTH"})
+                          "BEARER", "CREDENTIALS", "AUTH", "HEADER", "HEADERS"})
 # The variables roles/vllm/command.py env_vars writes for an instance -> the key that sets it (None: rigup's own:
 # the server's home and caches, the offline hub, no usage stats). Given again in env or vllm_env it would win over
 # what rigup checked (issue 61, round 13 V28: CUDA_VISIBLE_DEVICES served a card the burn-in quarantined).
@@ -230,7 +233,7 @@ RIGUP_SETS: dict[str, str | None] = {
 
 def secret_variable(name: str) -> bool:
     """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
-    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER...): typed into the configuration
+    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER, *_HEADERS...): typed into the configuration
     it passes through every run's output, and the env file is one rigup writes for the service (issue 61,
     round 12 V14; round 13 V22 the other spellings)."""
     return bool(SECRET_WORDS & set(name.upper().split("_")))

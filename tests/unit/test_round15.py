@@ -3,7 +3,8 @@ refused them before pip's argv, a unit's ExecStart or an env file: S15a, a passw
 or '#' (u:1234/TOKEN@h) read as a port; S15d, a scheme with one slash or three (https:/u:T@h); S15f,
 ?%74oken=, ?pass=, ?pw=, ?code=; S15h, a tab inside a URL (Python's urlsplit, so pip, drops it) or a no-break
 space in a password; V48, a URL with credentials as a value of a serving instance (vLLM's extra_args and env;
-llama-server's extra_args too, under a flag rigup does not own). V42: a held-off key inside a glued
+llama-server's extra_args too, under a flag rigup does not own); V47, OTEL_EXPORTER_OTLP_HEADERS (an
+Authorization) in env or vllm_env. V42: a held-off key inside a glued
 -O{"backend": "mod.f"}, which argparse reads as -O VALUE."""
 
 import pytest
@@ -161,3 +162,23 @@ def test_v42_a_glued_compilation_config_is_read_as_its_json(args, key):
                                   ["-qfp8"], ["-q", "awq"], ["-O.level=3"]])
 def test_v42_optimization_levels_and_other_glued_values_pass(args):
     assert problems(extra_args=args) == []
+
+
+# -- V47: request headers (an Authorization) in env or vllm_env are a secret ---------------------------------
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                                  "otel_exporter_otlp_traces_headers", "MY_PROXY_HEADER"])
+@pytest.mark.parametrize("where", ["env", "vllm_env"])
+def test_v47_headers_in_env_or_vllm_env_are_refused_as_a_secret(name, where):
+    entry = {"model": "m", "port": 8000, **({"env": {name: "Authorization=Bearer S3cr3t"}} if where == "env" else {})}
+    plan, facts = host("a100")
+    lines = [r.line("h") for r in refusals(plan, facts, data(
+        models={"m": MODEL}, vllm_instances={"a": entry},
+        **({"vllm_env": {name: "Authorization=Bearer S3cr3t"}} if where == "vllm_env" else {})))]
+    assert any(f"vllm_instances.a: {name} in env" in line and "passes through every run's output" in line
+               for line in lines), lines
+    assert S not in str(lines)
+
+
+def test_v47_the_exporters_other_variables_still_tune():
+    assert problems(env={"OTEL_SERVICE_NAME": "vllm-a", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}) == []
