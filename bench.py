@@ -20,7 +20,7 @@ inference met the CPU repack trap (``current/rigup-smoke.json``: ``cpu-repack-cr
 on one of the trap's signals while repacking runs once more with ``--repack 0``, and the report
 names the trap and asks for a rebuilt, proven llama.cpp on the host. A progress line per host; at the
 end, on the controller, ``bench_out/<date>/<host>.md`` and ``.json`` and ``fleet.png`` (tok/s
-against concurrency, one line per host and instance; rigup/bench.py, drawn by charts.py). Nothing
+against concurrency, one line per host and instance; plays/bench.py, drawn by plays/charts.py). Nothing
 on the hosts changes but a temporary copy of the script, removed after the run.
 """
 
@@ -28,8 +28,7 @@ import time
 
 from pyinfra import host
 
-import charts
-from rigup import bench
+from plays import bench, charts
 from rigup.config import check_host, host_only
 
 with host_only(host):   # a configuration error fails this host, named, not the run

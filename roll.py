@@ -15,7 +15,7 @@ roles gate a restarted instance on /health and one real completion); then the ho
 converged are put back ``ready`` and must be UP at every gateway before the next batch.
 
 Each host is picked by its exact inventory name: the ``--limit`` pattern is one pyinfra cannot
-read as a group (rigup.roll.limit_pattern), and the hosts it picks are checked against the batch
+read as a group (plays.roll.limit_pattern), and the hosts it picks are checked against the batch
 before pyinfra runs. A host is done only when its own line of rigup's summary (the end of the
 play) says converged or unchanged; one pyinfra says nothing of is unknown and stops the roll (it
 stays out of the pools), as does a summary that speaks of hosts outside the batch. A host that
@@ -47,8 +47,7 @@ import threading
 import time
 from pathlib import Path
 
-from rigup import inventory as inventories
-from rigup import roll
+from plays import inventory as inventories, roll
 from rigup.config import ConfigError, role_defaults
 from rigup.names import balancer_drain
 from rigup.text import shown, shown_lines

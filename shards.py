@@ -10,13 +10,13 @@ CPU s a host for a no-op converge, tests/bench/results/*-fleet.md): on a fleet o
 wait for the controller. Here the hosts (the inventory's, or those ``--limit`` picks, as pyinfra
 reads it) are dealt round-robin in inventory order into ``-j`` shards (default: the controller's
 cores), and each shard runs ``pyinfra -y INVENTORY PLAY --limit ...`` with the other arguments,
-each host picked by its exact name (rigup.roll.limiter). Each host is in one shard only, so each
+each host picked by its exact name (plays.roll.limiter). Each host is in one shard only, so each
 holds its own hosts' converge locks (rigup/lock.py) and a failure stays in its shard.
 
 When all have ended: each shard's output (deploy.py and other plays), then one summary: rigup's
 line for every host (what happened to it, rigup/summary.py), in inventory order, and the exit code
 is the worst of the shards'. For status.py the shards answer in JSON and one table is printed
-(rigup/fleet.py: hosts in name order, what needs attention first), or the JSON with
+(plays/fleet.py: hosts in name order, what needs attention first), or the JSON with
 ``--data status_format=json``.
 """
 
@@ -31,8 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rigup import fleet, roll
-from rigup import inventory as inventories
+from plays import fleet, inventory as inventories, roll
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.numbers import whole
 from rigup.text import shown, shown_lines

@@ -10,7 +10,7 @@ models; a model it pins, its own server NAME.M), the models
 downloaded of those configured, the GPU guard (tripped or not) and rigup_maintenance, and the
 host's joules per generated token while it generates (read from the monitoring hosts' Prometheus,
 rigup:host_joules_per_token, when the inventory has one); in 120
-columns for a typical host (rigup/fleet.py). What is wrong comes first: a line above the table
+columns for a typical host (plays/fleet.py). What is wrong comes first: a line above the table
 names the hosts that need attention, and under a host's row, indented, each card that needs
 attention (its PCIe link downtrained, Xid events this boot by class, suspect, telemetry lost: the
 GPU guard's Xid state; quarantined by its burn-in, roles/burnin), the guard's reason when tripped and each model not downloaded (progress
@@ -20,7 +20,7 @@ or failure, as roles/model_fetch reads them). A host that cannot be reached is a
 
 from pyinfra import host
 
-from rigup import fleet
+from plays import fleet
 from rigup.config import check_host, host_only
 from rigup.models import models as model_entries
 from rigup.names import burnin_file, guard_file, xid_file

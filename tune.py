@@ -8,15 +8,15 @@ as the host's data for you to commit; the next converge serves with them.
 The sweep starts from the serving plan, as a converge of deploy.py makes it (roles/preflight runs
 first and prints it; a host it refuses sweeps nothing): each instance's sized context and slots,
 its flags, its cards. The host's installed server is read only to be compared with the plan's
-(rigup.tuning ``differences``: its drop-in's command line and cards, a router's preset): an
+(plays.tuning ``differences``: its drop-in's command line and cards, a router's preset): an
 instance whose unit is missing or differs is refused before any change on the host, naming what
 differs ("installed -c 4096, the plan's -c 8192": converge deploy.py first), its host failing at
 the end, and the others are swept.
 
 For each instance of llama_server_instances with one server (replicas: 1), and each model of a router (also)
-in turn, loaded alone (the server its router would start for it: rigup.tuning ``model_argv``; a pinned
+in turn, loaded alone (the server its router would start for it: plays.tuning ``model_argv``; a pinned
 model's own server), the router's (or the pinned server's) unit stopped meanwhile: a job on the host
-(rigup.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
+(plays.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
 rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
 bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
 --n-cpu-moe down until it does not fit; --parallel; --cache-ram 0; on several GPUs the split mode,
@@ -41,8 +41,8 @@ from pyinfra import host
 from pyinfra.api import OperationError
 from pyinfra.operations import files, python, server
 
-import charts
-from rigup import nofollow, progress, summary, tuning
+from plays import charts, tuning
+from rigup import nofollow, progress, summary
 from rigup.boundary.core import Unreadable
 from rigup.config import configure, host_only
 from rigup.contract import llama_server
@@ -82,7 +82,7 @@ with host_only(host):   # a configuration error fails this host, named, not the 
               stop: str | None = None, router: str | None = None, model: str | None = None) -> None:
         """The operations of one sweep, ``name`` (an instance, or ``router``'s ``model``, whose job
         stops the unit ``stop``) of ``ctx`` and ``parallel`` (the plan's): its spec, its job, the wait,
-        and what it found kept (rigup.tuning.record)."""
+        and what it found kept (plays.tuning.record)."""
         spec = tuning.spec(name, argv, data, gpu_layers, key, served, ctx=ctx, parallel=parallel)
         files.put(name=f"tune.py: {name}'s spec", src=io.StringIO(json.dumps(spec, indent=1)),
                   dest=f"{d}/{name}.spec.json", user="root", group=user, mode="640")
@@ -127,7 +127,7 @@ with host_only(host):   # a configuration error fails this host, named, not the 
 
 
     def as_planned(name: str, s, srv: dict, label: str) -> tuple[list[str], dict] | None:
-        """(the installed ExecStart, :class:`rigup.tuning.ServingEnv`) of server ``srv`` of instance
+        """(the installed ExecStart, :class:`plays.tuning.ServingEnv`) of server ``srv`` of instance
         ``name`` (``s``: its plan), when that is the plan's: its drop-in as roles/llama_server writes it
         (command.py ``argv``, with the host's own parts as installed: the model's file, a build's
         remedies), its cards; else None, ``label``'s sweep refused (not read, or not the plan's)."""
@@ -152,7 +152,7 @@ with host_only(host):   # a configuration error fails this host, named, not the 
 
 
     def preset_as_planned(name: str, router: dict, label: str) -> dict | None:
-        """Router ``name``'s preset as the host holds it (:class:`rigup.tuning.Preset`'s sections), when
+        """Router ``name``'s preset as the host holds it (:class:`plays.tuning.Preset`'s sections), when
         it is the plan's (command.py ``preset_text`` of its server ``router``, each model's file as
         installed where it is under the model's directory); else None, said."""
         preset = host.get_fact(tuning.Preset, instance=name)

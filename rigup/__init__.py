@@ -1,17 +1,35 @@
-"""rigup's library: what every role may use and no role owns.
+"""rigup's library: what every role may use and no role owns. The plays' engines are not here
+(plays/: status.py's report, roll.py's batches and inventory reader, bench.py's and tune.py's pieces,
+the charts); nothing here imports from plays/.
 
-- ``config``: role defaults, YAML group_vars, the form language, validation of a host's data
+- ``config``: role defaults, YAML group_vars, the form language, validation of a host's data;
+  ``entries``: the forms of nested entries; ``yamlfile``: YAML read strictly
+- ``role``: the record each role declares (``Role``); ``run``: a run's state, in one object
 - ``contract``: one contract per serving engine (every instance key in one table, each serving
   map's key file); standard library only
 - ``instances``: each serving engine's entry form and its instances, normalised, tuned and
   checked: the one shape of an instance, read by the engines' roles, the serving plan, the
-  metrics, the watchdog, ``rpc``, ``bench``, the balancer and status.py (``every``: both engines')
-- ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan
+  metrics, the watchdog, ``rpc``, plays/bench.py, the balancer and status.py (``every``: both engines')
+- ``serving``: the serving plan (``serving_plan``) and the walk every serving engine takes (``serve``)
+- ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan; ``cuda``: the CUDA
+  toolkit's packages by source; ``gguf``: a GGUF file's header
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)
-- ``refusal``: the refusal type preflight prints, and helpers to word refusals
-- ``templates``, ``state``, ``files``, ``apt``, ``units``, ``gate``: rendering, reading host state
-  once, managed files, apt, systemd instance probes and quoting, the serving health gate
+- ``refusal``: the refusal type preflight prints, and helpers to word refusals; ``traps``: the
+  catalogues of known traps
+- ``boundary``: the one boundary for what crosses in from outside (numbers, fields, JSON records,
+  formats written); ``nofollow``: how root reads what the rigup user can write, and where;
+  ``text``: text from outside made safe for the terminal, and every line for the operator (``say``)
+- ``templates``, ``state``, ``files``, ``apt``, ``services``, ``units``, ``gate``: rendering, reading
+  host state once, managed files, apt, running services, systemd instance probes and quoting, the
+  serving health gate; ``probe``: a converged role costs no pyinfra operation; ``playfile``: the
+  play file pyinfra runs, for ``inspect``
+- ``lock``: one controller at a time per host; ``progress``: long work as a background job whose
+  progress the converge prints; ``summary``: one line per host at a play's end
+- ``peer``: another host of the run, as its own preflight plans it; ``rpc``: llama.cpp RPC across
+  hosts; ``firewall``: nftables allow-lists; ``secrets``: API keys made on the host, files sent on stdin
+- host programs, standard library only, sent to hosts: ``throughput`` (tokens per second of an
+  endpoint: the watchdog, the metrics relay, bench.py), ``tune`` (tune.py's sweep on the host)
 
 Roles (``roles/<role>/``) import from here, never from each other.
 """

@@ -155,7 +155,7 @@ class Form:
 # user@host:path; roles/vllm takes fewer (no http:// or git://).
 GIT_URL = re.compile(r"(https?|git|ssh|file)://[A-Za-z0-9_.\[/][^\s'\"\\;`$]*"
                      r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9_.-]*:[A-Za-z0-9_.~/][^\s'\"\\;`$]*")
-# A llama-bench test (bench.py): ppN or tgN, N tokens (rigup.bench.llama_bench_args reads it).
+# A llama-bench test (bench.py): ppN or tgN, N tokens (plays.bench.llama_bench_args reads it).
 LLAMA_TEST = re.compile(r"(pp|tg)([1-9][0-9]{0,5})")
 # A batch of hosts: a count (an int >= 1) or a share of them ("25%": 1% to 100%).
 BATCH = re.compile(r"([1-9][0-9]?|100)%")

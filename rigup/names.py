@@ -59,7 +59,7 @@ def gate_record(data: dict, unit: str) -> str:
 
 GUARD_SERVICE = "rigup-gpu-guard.service"   # the GPU guard's oneshot check (roles/gpu_guard; its timer starts it)
 GUARD_TIMER = "rigup-gpu-guard.timer"
-# the other watchers status.py names when they are down (rigup/fleet.py WATCHERS; roles/metrics, roles/watchdog)
+# the other watchers status.py names when they are down (plays/fleet.py WATCHERS; roles/metrics, roles/watchdog)
 RELAY_UNIT = "rigup-metrics-relay.service"
 WATCHDOG_SERVICE, WATCHDOG_TIMER = "rigup-watchdog.service", "rigup-watchdog.timer"
 

@@ -79,13 +79,13 @@ PLACES: tuple[Place, ...] = (
           "no-follow, non-blocking, a regular file only; llama-server itself runs as the rigup user"),
     Place("status.py's download progress", "roles/model_fetch/facts.py:progress_command",
           "head, grep, flock as above", "read_file; flock as its owner under a 5 s timeout"),
-    Place("bench.py's marker and llama-bench", "rigup/bench.py:LlamaBench",
+    Place("bench.py's marker and llama-bench", "plays/bench.py:LlamaBench",
           "tr < marker; llama-bench (root) opens the model file through any link",
           "read_file; llama-bench as the owner of the model's directory"),
     Place("cuda_toolkit's keyring", "roles/cuda_toolkit/__init__.py:keyring",
           "/tmp/cuda-keyring.deb: a fixed name in /tmp, written by curl, then dpkg -i",
           "a directory of its own (mktemp -d)"),
-    Place("tune.py's scripts, each spec, log and done marker; the sweep's result", "rigup/tuning.py:Unsafe, tune.py:keep",
+    Place("tune.py's scripts, each spec, log and done marker; the sweep's result", "plays/tuning.py:Unsafe, tune.py:keep",
           "its directory was the rigup user's: the spec uploaded through a link (a root file overwritten, handed "
           "to the user), `: > log` truncating, `touch done` creating any file; cat of the result",
           "rigup_state_dir/tuner, root's (root:rigup 0750); anything there not root's regular file refused, named, "

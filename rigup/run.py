@@ -58,11 +58,11 @@ class Run:
     # host -> its build's source
     compiling: dict[str, str | None] = field(default_factory=dict)
     sources: dict[str, Any] = field(default_factory=dict)
-    # rigup/fleet.py (status.py): host -> its row, host -> joules per token, the output's settings
+    # plays/fleet.py (status.py): host -> its row, host -> joules per token, the output's settings
     rows: dict[str, Any] = field(default_factory=dict)
     energy: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
-    # rigup/bench.py (bench.py): host -> its results, the output folder and chart
+    # plays/bench.py (bench.py): host -> its results, the output folder and chart
     results: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)
     # what prints at the end, newest first

@@ -366,7 +366,7 @@ def listener_may_read(url: str, key_file: str) -> bool:
     readable by any user) is owned by a user who may read ``key_file`` already: root, its owner, or one
     its mode lets read it (its group's members); False when none listens or either cannot be read. A
     key goes only to such a listener (issue 61, round 5 C1: a serving unit down, the guard's trip or a
-    restart loop, left its port to any local user, who collected the key). rigup/fleet.py's SERVING has
+    restart loop, left its port to any local user, who collected the key). plays/fleet.py's SERVING has
     the shell's rule; the watchdog and the metrics relay use this one (this file installed beside each)."""
     try:
         parts = urllib.parse.urlsplit(url)

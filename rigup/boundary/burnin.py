@@ -214,7 +214,7 @@ def _record(value: object, field: str) -> tuple[dict, str | None]:
 
 def due(rec: dict, every_days, now: float) -> tuple[int, str] | None:
     """The one re-acceptance rule (``burnin_every_days``; issue 65; roles/burnin/quarantine.py and
-    rigup/fleet.py both call it): a believed pass is due again when its run finished more than
+    plays/fleet.py both call it): a believed pass is due again when its run finished more than
     ``every_days`` days before ``now``, or when it is dated after ``now`` by more than
     :data:`SKEW_S` (a host's clock ahead, or a hand edit: no past run, else never due before
     :data:`AT_MAX`). ``(days since the run, why)``, or None when not due."""
@@ -358,11 +358,11 @@ def _pulse_doubt(rec: dict) -> str | None:
 CROSSINGS = (
     Crossing("rigup-burnin's records of a host's cards (rigup_state_dir/burnin.json)",
              "the host (rigup-burnin as root; root by hand)", "rigup/boundary/burnin.py:records",
-             "roles/burnin/facts.py:parse_burnin_state, rigup/fleet.py:parse_burnin, "
+             "roles/burnin/facts.py:parse_burnin_state, plays/fleet.py:parse_burnin, "
              "roles/burnin/__init__.py:judged, roles/burnin/quarantine.py:sort_cards, roles/preflight/__init__.py:run"),
     Crossing("the controller's copy of a host's burn-in records ($RIGUP_CACHE_DIR/burnin/HOST.json)",
              "rigup on the controller (roles/burnin: kept), the operator's user",
-             "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, rigup/fleet.py:burnin_part, "
+             "rigup/boundary/burnin.py:cached", "roles/burnin/__init__.py:judged, plays/fleet.py:burnin_part, "
              "roles/burnin/fleetwide.py:other_copies"),
     Crossing("rigup-burnin's pulse record of a host's power delivery (rigup_state_dir/burnin-pulse.json)",
              "the host (rigup-burnin pulse as root; root by hand)", "rigup/boundary/burnin.py:pulse",

@@ -180,11 +180,11 @@ CROSSINGS = (
     Crossing("a path a listing names (a hub's files, an artifact's members)", "the hub, a peer",
              "rigup/boundary/fields.py:inside", "roles/model_fetch/hub.py:checked_files"),
     Crossing("an inventory host's name, read with its file (roll.py, shards.py)", "the operator",
-             "rigup/boundary/fields.py:host_name", "rigup/inventory.py:read"),
+             "rigup/boundary/fields.py:host_name", "plays/inventory.py:read"),
     Crossing("an inventory host's name that names a file on the controller (the burn-in copy, tune.py's "
              "host_vars, bench's reports, the llama.cpp hand-over's part files)", "the operator",
              "rigup/boundary/fields.py:host_file",
-             "rigup/names.py:burnin_copy, rigup/tuning.py:write_host_vars, rigup/bench.py:write_reports, "
+             "rigup/names.py:burnin_copy, plays/tuning.py:write_host_vars, plays/bench.py:write_reports, "
              "roles/llama_cpp/handover.py:_pack, roles/llama_cpp/handover.py:_fetched"),
 )
 

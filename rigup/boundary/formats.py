@@ -257,7 +257,7 @@ CROSSINGS = (
              "roles/llama_server/command.py:dropin_text, roles/vllm/command.py:dropin_text, "
              "roles/rpc_worker/command.py:unit_text"),
     Crossing("host_vars written by tune.py (llama_server_tuned)", "rigup", "rigup/boundary/formats.py:yaml_text",
-             "rigup/tuning.py:write_host_vars"),
+             "plays/tuning.py:write_host_vars"),
     Crossing("a label value of the Prometheus exposition (a model, a card's bus id, a unit); each host "
              "program carries its own copy, held equal to this one by tests", "rigup's host programs",
              "rigup/boundary/formats.py:prom_label",

@@ -100,7 +100,7 @@ def required(value: object, where: str, kind: type = float, lo: float | None = N
 CROSSINGS = (
     Crossing("a number a host printed (nvidia-smi, sysfs, a curl code, a journal line)", "the host",
              "rigup/boundary/numbers.py:number",
-             "rigup/gpu/facts.py:parse_gpus, rigup/fleet.py:parse_cards, rigup/fleet.py:parse_serving, "
+             "rigup/gpu/facts.py:parse_gpus, plays/fleet.py:parse_cards, plays/fleet.py:parse_serving, "
              "rigup/gpu/fabric.py:parse_nvlinks"),
     Crossing("the port of a web origin in configuration (llama_server_cors_origins)", "the operator",
              "rigup/boundary/numbers.py:whole", "rigup/instances/llama_server.py:cors_problems"),

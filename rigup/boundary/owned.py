@@ -500,7 +500,7 @@ CROSSINGS = (
              "rigup on the controller, and whoever can write a directory on its path",
              "rigup/boundary/owned.py:write",
              "roles/model_fetch/hub.py:_once, roles/burnin/__init__.py:kept, roles/llama_cpp/artifact.py:kept, "
-             "rigup/tuning.py:write_host_vars, rigup/tuning.py:record, rigup/bench.py:write_reports"),
+             "plays/tuning.py:write_host_vars, plays/tuning.py:record, plays/bench.py:write_reports"),
     Crossing("an API key or token in a file on the controller (fleet_api_key_src, model_fetch_share_token_src, "
              "model_fetch_hf_token_src)",
              "the operator", "rigup/boundary/owned.py:key", "rigup/secrets.py:controller_token, roles/model_fetch/hub.py:token"),

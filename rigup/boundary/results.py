@@ -479,14 +479,14 @@ def roll_journal(value: Any, where: str) -> dict:
 
 CROSSINGS = (
     Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (rigup/tune.py)",
-             "rigup/boundary/results.py:sweep", "rigup/tuning.py:record, tune.py:sweep"),
+             "rigup/boundary/results.py:sweep", "plays/tuning.py:record, tune.py:sweep"),
     Crossing("rigup/throughput.py's sweep line (bench.py's Throughput fact)",
              "the host (its python3, the servers measured)", "rigup/boundary/results.py:throughput",
-             "rigup/bench.py:Throughput"),
+             "plays/bench.py:Throughput"),
     Crossing("llama-bench's JSON of one test (bench.py's LlamaBench fact)", "the host (llama-bench as the model's owner)",
-             "rigup/boundary/results.py:llama_bench", "rigup/bench.py:llama_bench_row"),
+             "rigup/boundary/results.py:llama_bench", "plays/bench.py:llama_bench_row"),
     Crossing("a model's completion marker (<dest>/.rigup-complete.json)", "the rigup user (the fetch job)",
-             "rigup/boundary/results.py:marker", "rigup/bench.py:Serving, roles/model_fetch/facts.py:read_markers, "
+             "rigup/boundary/results.py:marker", "plays/bench.py:Serving, roles/model_fetch/facts.py:read_markers, "
              "rigup/units.py:parse_instances"),
     Crossing("the cmpunlocker role's stamp (rigup_state_dir/cmpunlocker.json: an object, else none)",
              "root on the host (roles/cmpunlocker)", "rigup/boundary/core.py:loads",
@@ -502,5 +502,5 @@ CROSSINGS = (
              "rigup/boundary/results.py:artifact_record", "roles/llama_cpp/artifact.py:checked_record"),
     Crossing("roll.py's journal of the roll in progress ($RIGUP_CACHE_DIR/roll.json)",
              "the controller (roll.py, the operator's user)", "rigup/boundary/results.py:roll_journal",
-             "rigup/roll.py:left_behind"),
+             "plays/roll.py:left_behind"),
 )

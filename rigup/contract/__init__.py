@@ -6,7 +6,7 @@ tables with them, and tests/gpu loads them with a plain python3.
 
 - here: the keys every serving entry has (:data:`SERVING`) and each engine's map and key file
   (:data:`MAPS`); the instances themselves, normalised, are rigup/instances/'s (``every``: both
-  engines', for the balancer, rigup/bench.py and status.py)
+  engines', for the balancer, plays/bench.py and status.py)
 - ``llama_server``: llama.cpp's llama-server (roles/llama_server): its rows, and its instances' key files
   (:func:`~rigup.contract.llama_server.key_file`); the instances themselves, normalised and
   tuned, are rigup/instances/'s

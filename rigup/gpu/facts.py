@@ -114,7 +114,7 @@ def parse_gpus(lines: list[str]) -> list[dict]:
     row of a card whose index is no number, or whose UUID or PCI bus id (each an argv word and a
     key later: ``nvidia-smi -i``, a burn-in record) is not one (rigup.boundary.fields ``gpu_uuid``,
     ``pci_bus_id``; ``[N/A]`` is None): a lying host's ``/../``, quote or escape sequence is no card
-    of ours (rigup/fleet.py counts such a line as not understood). A figure outside its
+    of ours (plays/fleet.py counts such a line as not understood). A figure outside its
     :data:`BOUNDS` is None. A row naming a card again (its index, UUID or bus id in an earlier row)
     is skipped too: nvidia-smi prints each card once, and one card listed three times is not three
     cards to size and pin.

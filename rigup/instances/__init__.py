@@ -3,14 +3,14 @@ its contract's rows (rigup/contract/), the rules its values follow, and ``instan
 host's entries normalised (every key, its default filled in), tuned and checked, with problems by
 key path. The engines' roles (roles/llama_server, roles/vllm), rigup/serving.py's plan and the
 readers beyond them (the metrics, the watchdog, rigup/rpc.py: llama-server's ``normalised``; the
-balancer, rigup/bench.py and status.py: both engines', :func:`every`) read the one shape from
+balancer, plays/bench.py and status.py: both engines', :func:`every`) read the one shape from
 here, so no reader imports a role.
 
 - ``llama_server``: ``llama_server_instances`` (:class:`~rigup.instances.llama_server.LlamaInstance`)
 - ``tuned``: ``llama_server_tuned``, the flags tune.py measured, laid over the instances
 - ``vllm``: ``vllm_instances`` (:class:`~rigup.instances.vllm.VllmInstance`)
 
-Not shipped to hosts (the contracts are: rigup/tuning.py), so not bound to the standard library.
+Not shipped to hosts (the contracts are: plays/tuning.py), so not bound to the standard library.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def _laid(data: Config) -> tuple[dict, list[tuple[str, str]]]:
 
 def normalised(data: Config) -> dict[str, LlamaInstance]:
     """The host's llama-server instances for the readers beyond the role (the metrics, the
-    watchdog, rigup/rpc.py, and through :func:`rigup.instances.every` the balancer, rigup/bench.py
+    watchdog, rigup/rpc.py, and through :func:`rigup.instances.every` the balancer, plays/bench.py
     and status.py), by name in order: :func:`instances`' shape
     (normalised, tuned; ctx and parallel may still be ``auto``: the serving plan sizes them),
     each entry of its own form. The rules across entries and ``models`` are :func:`instances`'

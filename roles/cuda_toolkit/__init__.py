@@ -144,7 +144,7 @@ def env_paths(data: Config) -> dict[str, str]:
 
 def unit_env(plan: Plan, data: Config) -> str | None:
     """The text of /etc/rigup/cuda.env that :func:`apply` writes for the host, or None where it writes
-    none (no CUDA build): tune.py compares the host's with it (rigup.tuning ``differences``)."""
+    none (no CUDA build): tune.py compares the host's with it (plays.tuning ``differences``)."""
     return render("cuda_toolkit.env.j2", **env_paths(data)) if build_backend(plan, data) == "cuda" else None
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import charts
+from plays import charts
 from tests.roles.watch_lab import run_play, serve_stub, unserve_stub
 from tests.unit.test_bench import count_colours
 

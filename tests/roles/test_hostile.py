@@ -76,7 +76,7 @@ TARGETS = ["/etc/shadow", "/root/rigup-target", "/root/rigup-target-dir"]   # wh
 READERS = """import json
 import click
 from pyinfra import host
-from rigup.bench import Serving
+from plays.bench import Serving
 from roles.llama_server.facts import LlamaServerState
 from roles.preflight.facts import PathBytes
 m = "{dest}/.rigup-complete.json"

@@ -152,7 +152,7 @@ def test_a_router_is_tuned_a_model_at_a_time_and_the_next_converge_serves_each_w
     the converge after changes nothing. A sweep that kept the baseline (flags {}) is checked for its
     entry only."""
     from rigup.contract.llama_server import preset_values
-    from rigup.tuning import preset_sections
+    from plays.tuning import preset_sections
     from tests.roles.test_router import LAB_VARS
 
     host = restored

@@ -1,6 +1,6 @@
 """Python code run as a process of its own would be (its argv, environment, stdin /dev/null, its
 output captured), forked from a process that imported what it needs once: for the unit tests whose
-runs are mostly imports (pyinfra_cli's, rigup.inventory's: some 0.7 s of CPU each). The forking
+runs are mostly imports (pyinfra_cli's, plays.inventory's: some 0.7 s of CPU each). The forking
 process never runs one itself, so each child starts from the imports alone, as a fresh one would."""
 
 import json

@@ -1,4 +1,4 @@
-"""bench.py's pieces without hosts (rigup/bench.py): the instances it measures, its command on a
+"""bench.py's pieces without hosts (plays/bench.py): the instances it measures, its command on a
 host (everything quoted), the fact's parsing, and the reports: Markdown, JSON and the fleet's
 PNG, read back (size, not blank, one line per host in its colour)."""
 
@@ -8,10 +8,10 @@ import shlex
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import charts
 from pyinfra.api import Config, Inventory, State
 
-from rigup import bench, run as run_state
+from plays import bench, charts
+from rigup import run as run_state
 
 DATA = {"llama_server_instances": {"glm": {"model": "m", "port": 8081, "replicas": 2},
                                    "keyed": {"model": "m", "port": 8082, "host": "10.0.0.5", "api_key": True}},

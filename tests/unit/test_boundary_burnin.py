@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup import fleet
+from plays import fleet
 from rigup.boundary import Unreadable, burnin
 from rigup.names import burnin_copy
 from roles.burnin import judged

@@ -390,7 +390,7 @@ class _Router(BaseHTTPRequestHandler):
     ('k"\\ k\nheader = "X-Evil: 1"', 'Bearer k"\\k'),
 ])
 def test_a_routers_key_reaches_curl_as_one_header_never_as_its_config(tmp_path, key, header):
-    from rigup import fleet
+    from plays import fleet
     server = HTTPServer(("127.0.0.1", 0), _Router)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -422,7 +422,7 @@ def test_a_routers_key_reaches_curl_as_one_header_never_as_its_config(tmp_path, 
 def _serving(tmp_path, active: str, main_pid: int) -> list:
     """SERVING's run by sh with a unit ``active`` whose MainPID is ``main_pid`` (a ``systemctl`` stand-in),
     its router's port held by this process; the Authorization headers the listener was sent."""
-    from rigup import fleet
+    from plays import fleet
     server = HTTPServer(("127.0.0.1", 0), _Router)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

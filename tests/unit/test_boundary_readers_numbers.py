@@ -61,7 +61,7 @@ ALLOWED = {
     ("rigup/apt.py", "lock_timeout"): (1, CONFIG),
     ("rigup/apt.py", "waiting"): (1, CALLER),
     ("rigup/config.py", "parse_form"): (2, OWN),
-    ("rigup/fleet.py", "parse_loads"): (1, TYPED),
+    ("plays/fleet.py", "parse_loads"): (1, TYPED),
     ("rigup/gate.py", "journal_exit"): (1, REGEX),
     ("rigup/gate.py", "measured_tps"): (1, TYPED),
     ("rigup/gguf.py", "split_problem"): (1, REGEX),
@@ -82,7 +82,7 @@ ALLOWED = {
     ("rigup/nofollow.py", "read_file"): (1, CALLER),
     ("rigup/progress.py", "start_command"): (2, CALLER),
     ("rigup/refusal.py", "watts_text"): (1, FORMAT),
-    ("rigup/roll.py", "batches"): (1, REGEX),
+    ("plays/roll.py", "batches"): (1, REGEX),
     ("rigup/throughput.py", "_rate"): (1, TYPED),
     ("rigup/throughput.py", "figure"): (2, COPY),
     ("rigup/throughput.py", "listener_may_read"): (2, REGEX),
@@ -92,7 +92,7 @@ ALLOWED = {
     ("rigup/tune.py", "spec_levels"): (1, SPEC),
     ("rigup/tune.py", "stages"): (2, SPEC),
     ("rigup/tune.py", "tune"): (2, SPEC),
-    ("rigup/tuning.py", "spec"): (4, CONFIG),
+    ("plays/tuning.py", "spec"): (4, CONFIG),
     ("rigup/units.py", "narrow"): (2, REGEX),
     ("rigup/units.py", "replica_port"): (1, SPEC),
     ("roles/balancer/drain.py", "_count"): (1, COPY),
@@ -237,7 +237,7 @@ def calls() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
     readers fed a bare strip's or split's text}) over rigup/, roles/, inventory/ and the plays, outside rigup/boundary/."""
     converts: dict[tuple[str, str], int] = {}
     strips: dict[tuple[str, str], int] = {}
-    sources = [p for d in ("rigup", "roles", "inventory") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
+    sources = [p for d in ("rigup", "roles", "plays", "inventory") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
     for path in sorted(sources):
         rel = str(path.relative_to(ROOT))
         if rel.startswith("rigup/boundary/"):

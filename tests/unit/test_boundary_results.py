@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pyinfra.api import OperationError
 
-from rigup import fleet
+from plays import fleet
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable
 from rigup.contract.llama_server import SWEPT
@@ -187,7 +187,7 @@ def test_a_sweep_missing_a_field_or_not_json_is_refused_and_one_without_schema_i
             results.sweep(text, WHERE)
     # why it stopped is a server's log line, escapes and all: read, and escaped where it is shown
     stopped = results.sweep(replaced(RESULT, ("stopped",), "\x1b[31mout of memory\r\n"), WHERE)
-    from rigup import tuning
+    from plays import tuning
     assert "\\x1b[31mout of memory\\r\\n" in tuning.markdown("rig-07", "g", stopped)
     old = results.sweep({k: v for k, v in RESULT.items() if k != "schema"} | {"extra": {"kept": 1}}, WHERE)
     assert old["extra"] == {"kept": 1} and old["best"]["argv"] == ["/b/llama-server"]
@@ -316,7 +316,7 @@ def test_the_build_scripts_stamp_reads_back():
     "not json",
 ])
 def test_a_bad_sweep_result_writes_no_host_vars_and_fails_that_host(tmp_path, capsys, bad):
-    from rigup import tuning
+    from plays import tuning
     with pytest.raises(OperationError, match="nothing written"):
         tuning.record("rig-07", "g", bad, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], where=WHERE)
     assert not (tmp_path / "host_vars").exists() and not (tmp_path / "tune_out").exists()
@@ -326,7 +326,7 @@ def test_a_bad_sweep_result_writes_no_host_vars_and_fails_that_host(tmp_path, ca
 def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path):
     import yaml
 
-    from rigup import tuning
+    from plays import tuning
     text = json.dumps(replaced(RESULT, ("best", "flags", "ctx"), "16384"))   # digits as text: typed as a number
     tuning.record("rig-07", "g", text, {"_rigup_site": str(tmp_path)}, ["/b/llama-server"], "b1", where=WHERE)
     entry = yaml.safe_load((tmp_path / "host_vars" / "rig-07.yml").read_text())["llama_server_tuned"]["g"]
@@ -337,7 +337,7 @@ def test_a_good_sweep_result_as_text_writes_typed_host_vars(tmp_path):
 def test_a_sweep_is_kept_only_where_no_other_user_can_write(tmp_path, capsys):
     """host_vars/ of nobody's, 0777, a link planted at the old temporary name: the host fails
     naming the directory (rigup.boundary.owned.write); nothing is written through the link."""
-    from rigup import tuning
+    from plays import tuning
     victim = tmp_path / "victim"
     victim.write_text("operator's file\n")
     (tmp_path / "host_vars").mkdir()
@@ -421,7 +421,7 @@ def on_gpus(flags: dict) -> dict:
 ])
 def test_a_sweeps_main_gpu_or_tensor_split_the_host_has_no_gpus_for_is_refused(flags, gpus, why):
     """Round 2 of issue 61, C8: a best main_gpu 255 and tensor_split '0,0,0' passed the reader into
-    host_vars on a host of 1 GPU (the sweep's spec knows its GPUs: rigup.tuning.record hands them over)."""
+    host_vars on a host of 1 GPU (the sweep's spec knows its GPUs: plays.tuning.record hands them over)."""
     with pytest.raises(Unreadable, match=why) as e:
         results.sweep(on_gpus(flags), WHERE, gpus)
     print(f"\n{e.value}")
@@ -435,7 +435,7 @@ def test_a_sweeps_split_over_the_hosts_gpus_reads():
 
 def test_a_sweep_whose_main_gpu_the_host_has_not_writes_no_host_vars(tmp_path, capsys):
     """C8 at the call site: tune.py hands the spec's GPUs to tuning.record."""
-    from rigup import tuning
+    from plays import tuning
     with pytest.raises(OperationError, match="nothing written"):
         tuning.record("rig-07", "g", on_gpus({"main_gpu": 255}), {"_rigup_site": str(tmp_path)}, ["/b/llama-server"],
                       where=WHERE, gpus=1)

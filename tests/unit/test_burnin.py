@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rigup import fleet
+from plays import fleet
 from rigup.gpu.plan import hardware_plan
 from rigup.names import BURNIN_TESTING
 from roles.burnin import acceptance

@@ -7,7 +7,7 @@ import time
 
 from hypothesis import given, settings, strategies as st
 
-from rigup import fleet
+from plays import fleet
 from rigup.boundary import burnin
 from roles.burnin.acceptance import HISTORY, history
 from roles.burnin.facts import parse_burnin_state
@@ -94,7 +94,7 @@ def test_a_pass_dated_in_the_future_is_due_now_in_the_plan_and_in_status():
 
 
 def test_the_plan_and_status_share_one_due_rule():
-    """Issue 65: roles/burnin/quarantine.py overdue and rigup/fleet.py _due call
+    """Issue 65: roles/burnin/quarantine.py overdue and plays/fleet.py _due call
     rigup.boundary.burnin.due and agree on every age (before, at and after the limit, and ahead)."""
     for days in (-2, -1.1, -0.5, 0, 27.9, 28.1, 30, 400):   # status reads the clock itself: no edge to the second
         r = {**rec(0, days)}

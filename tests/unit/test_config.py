@@ -406,7 +406,7 @@ def test_data_pairs_are_pyinfras_in_its_order(items):
     the pairs pyinfra's CLI reads, in its order, the survivor of a key given twice its survivor, and
     refuses a number if any of its pairs is one (an overridden one too)."""
     from pyinfra_cli.cli import _set_override_data
-    from rigup.inventory import overrides
+    from plays.inventory import overrides
     args, pairs = [], []
     for joined, (key, value), words in items:
         args += ([f"--data={key}={value}"] if joined else ["--data", f"{key}={value}"]) + words

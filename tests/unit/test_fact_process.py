@@ -46,7 +46,7 @@ KNOWN = {
 def facts() -> dict[str, tuple[type, Path]]:
     """Every FactBase subclass defined in rigup/ and roles/, by ``path:name``."""
     found = {}
-    for base in ("rigup", "roles"):
+    for base in ("rigup", "roles", "plays"):
         for path in sorted((ROOT / base).rglob("*.py")):
             if "FactBase" not in path.read_text():
                 continue
@@ -61,7 +61,7 @@ FACTS = facts()
 
 
 def test_the_facts_are_found():
-    assert len(FACTS) >= 30 and "rigup/tuning.py:ServingEnv" in FACTS and "rigup/bench.py:Serving" in FACTS
+    assert len(FACTS) >= 30 and "plays/tuning.py:ServingEnv" in FACTS and "plays/bench.py:Serving" in FACTS
     assert NEEDS_COMMAND | set(KNOWN) <= set(FACTS), "an entry of NEEDS_COMMAND or KNOWN names no fact"
 
 

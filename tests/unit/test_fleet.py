@@ -1,4 +1,4 @@
-"""rigup/fleet.py (status.py's view): the parsers on captured text, the rows, the table and JSON,
+"""plays/fleet.py (status.py's view): the parsers on captured text, the rows, the table and JSON,
 the GPU guard's Xid state read defensively, the table in 120 columns with what is wrong first, and
 the status command run by a real shell on fake drop-ins, a fake tripped file and Xid state."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 from pyinfra.api import Config, Inventory, State
 
-from rigup import fleet, run as run_state
+from plays import fleet
+from rigup import run as run_state
 from rigup.apt import UPDATE_TIMEOUT_S, updated, waiting
 from roles.model_fetch.plan import short_progress
 

@@ -144,7 +144,7 @@ def test_a_link_below_its_maximum_generation_counts_only_under_load(capsys):
     """Cards idle at Gen1: a card's generation is judged only while it is at least LOADED_PERCENT busy.
     Below its maximum then, it is kept in the state (this boot's), logged once and exported; a
     loaded sample at its maximum takes it away; status.py shows it as DOWNTRAINED."""
-    from rigup import fleet
+    from plays import fleet
 
     line = ("{i}, GPU-{i}, 00000000:{b}:00.0, 0x20B210DE, 61.0, 400.0, 39, 10, 1410, {u}, {g}, 16, 4, 16")
     cards, lost = guard.parse_sample([line.format(i=0, b="07", u=3, g=1), line.format(i=1, b="0F", u=97, g=3),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup import bench
+from plays import bench
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
 from rigup.names import burnin_copy
@@ -68,7 +68,7 @@ PATH_BUILDERS_ALLOWED = {
     ("rigup/config.py", "group_files"): "a group's name: a Python identifier of the inventory file",
     ("rigup/config.py", "host_vars"): "only read (host_vars/NAME.yml of the repository and the site), never written; "
                                       "pyinfra's names such as @local read no file",
-    ("rigup/tuning.py", "_record"): "write_host_vars(host) checks the name first, before either file is written",
+    ("plays/tuning.py", "_record"): "write_host_vars(host) checks the name first, before either file is written",
 }
 
 
@@ -78,7 +78,7 @@ def test_every_file_name_built_from_a_host_name_is_checked_in_its_function():
     import ast
 
     root = Path(__file__).resolve().parents[2]
-    files = [p for d in ("rigup", "roles") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    files = [p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     unchecked = set()
 
     def hosty(value) -> bool:
@@ -141,7 +141,7 @@ def test_an_inventory_hosts_name_is_printable_one_word_or_refused_naming_it(valu
 
 def test_an_inventory_with_a_host_named_by_escapes_or_a_path_is_refused_naming_the_file_and_host(tmp_path):
     """Round 5 G8: a host '../../etc' with an OSC sequence was read as any other by roll.py and shards.py."""
-    from rigup import inventory
+    from plays import inventory
     from rigup.config import ConfigError
     path = tmp_path / "inv.py"
     for name in ("../../etc\x1b]0;x\x07", "a\u202eb", "two words"):

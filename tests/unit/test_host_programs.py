@@ -16,7 +16,7 @@ ALLOWED = {"rigup/gpu/xid.py": {"yaml"},            # catalogue(): on the contro
 
 
 def marked() -> set[str]:
-    return {str(p.relative_to(ROOT)) for d in ("rigup", "roles") for p in (ROOT / d).rglob("*.py")
+    return {str(p.relative_to(ROOT)) for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")
             if MARK in "".join(p.read_text().splitlines(keepends=True)[:3])}
 
 
@@ -58,7 +58,7 @@ def test_each_host_program_imports_the_standard_library_and_the_other_host_progr
 # any name is never followed), copied into each program that writes a file and held equal here.
 # Every other open for writing is one of these, each with the reason its directory is safe to it:
 WRITES_ELSEWHERE = {
-    ("rigup/tune.py", "measure"): "a point's log in the tuner's directory (rigup/tuning.py workdir: root's, 0750); "
+    ("rigup/tune.py", "measure"): "a point's log in the tuner's directory (plays/tuning.py workdir: root's, 0750); "
                                   "tune.py refuses the host before any run where anything there is not root's own file",
     ("rigup/tune.py", "write"): "RESULT.tmp beside RESULT in the same root-only tuner directory (tune.py's Unsafe check)",
     ("roles/llama_cpp/smoke.py", "attempt"): "the build's smoke.log in llama_cpp_dir/builds/ID: root's, made by "

@@ -2,7 +2,7 @@
 problem in its own row. Numbers a host prints are read with bounds (rigup/text.py ``number``:
 ASCII digits, at most 18 before the point, finite): a 5000-digit power draw, ``inf``, ``1e400``,
 ``nan``, Arabic-Indic or superscript digits become "unknown" for that field; the card, the row and
-the other cards stay. The readers: status.py's row (rigup/fleet.py host_row and the table), the
+the other cards stay. The readers: status.py's row (plays/fleet.py host_row and the table), the
 driver plan (rigup/gpu/facts.py parse_driver, rigup/gpu/driver.py driver_step, preflight's
 refusals) and the GPU guard's judgement (roles/gpu_guard/guard.py parse_sample, evaluate). Each
 case prints what it produced."""
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rigup import fleet, throughput
-from rigup.fleet import parse_cards, parse_serving
+from plays import fleet
+from plays.fleet import parse_cards, parse_serving
+from rigup import throughput
 from rigup.gpu.catalogue import version_tuple
 from rigup.gpu.driver import branch_of, driver_step
 from rigup.gpu.facts import GPU_FIELDS, parse_driver, parse_free_disk, parse_gpus

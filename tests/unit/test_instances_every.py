@@ -1,12 +1,12 @@
 """issue 64, the instance's one shape: both engines' instances as the readers beyond their roles
-read them (rigup.instances ``every``: the balancer, rigup/bench.py, status.py), and what
-status.py says of an entry that is not of its form (rigup/fleet.py ``configured``)."""
+read them (rigup.instances ``every``: the balancer, plays/bench.py, status.py), and what
+status.py says of an entry that is not of its form (plays/fleet.py ``configured``)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from rigup import fleet
+from plays import fleet
 from rigup.instances import every, left_out
 from rigup.instances.llama_server import normalised as llama_normalised
 from rigup.instances.vllm import normalised as vllm_normalised

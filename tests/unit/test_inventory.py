@@ -30,8 +30,8 @@ def no_site(monkeypatch):
     monkeypatch.delenv(config.SITE_ENV, raising=False)
 
 
-# pyinfra's CLI and rigup.inventory each imported once per module (most of a run's CPU), their runs
-# forked from it (tests/unit/forker.py); two such processes: rigup.inventory's reader is never run
+# pyinfra's CLI and plays.inventory each imported once per module (most of a run's CPU), their runs
+# forked from it (tests/unit/forker.py); two such processes: plays.inventory's reader is never run
 # where pyinfra_cli's import patched the standard library
 @pytest.fixture(scope="module", autouse=True)
 def forkers_end():
@@ -44,9 +44,9 @@ def pyinfra(inventory, *args: str) -> subprocess.CompletedProcess:
                   [str(PYINFRA), str(inventory), *args])
 
 
-# rigup.inventory.read (roll.py's and shards.py's reader), in a process of its own as pyinfra's is
+# plays.inventory.read (roll.py's and shards.py's reader), in a process of its own as pyinfra's is
 OURS = """import json, sys
-from rigup import inventory
+from plays import inventory
 inv = inventory.read(sys.argv[1], inventory.overrides(sys.argv[2:]))
 print(json.dumps({h.name: [list(h.groups), h.data.dict()] for h in inv}, default=str))
 """
@@ -54,12 +54,12 @@ print(json.dumps({h.name: [list(h.groups), h.data.dict()] for h in inv}, default
 
 def debug_inventory(inventory, *args: str) -> dict[str, tuple[list[str], dict]]:
     """{host: (its groups in pyinfra's order, its merged data)}, as debug-inventory prints them;
-    checked to be what rigup.inventory.read gives, with the same arguments."""
+    checked to be what plays.inventory.read gives, with the same arguments."""
     done = pyinfra(inventory, "debug-inventory", *args)
     output = done.stdout + done.stderr   # pyinfra prints the inventory on stderr
     assert done.returncode == 0, output
     theirs = {name: (groups.split(", "), json.loads(data)) for name, groups, data in HOST.findall(output)}
-    ours = forked("from rigup import inventory", OURS, ["-c", str(inventory), *args])
+    ours = forked("from plays import inventory", OURS, ["-c", str(inventory), *args])
     assert ours.returncode == 0, ours.stderr
     assert {n: (g, d) for n, (g, d) in json.loads(ours.stdout).items()} == theirs
     return theirs
@@ -234,7 +234,7 @@ def test_data_values_are_read_as_pyinfras_cli_reads_them():
     """rigup.config.cli_value against pyinfra_cli's own parse (in a process of its own: importing
     pyinfra_cli patches the standard library with gevent)."""
     from rigup.config import cli_value
-    from rigup.inventory import overrides
+    from plays.inventory import overrides
 
     values = ["true", "False", "7", "-3", "1.5", '{"a": [1, "x"]}', "[1, 2]", "null", "abc", "", "0x10", "25%"]
     code = "import json, sys; from pyinfra_cli.util import parse_cli_arg; print(json.dumps([parse_cli_arg(v) for v in json.loads(sys.argv[1])]))"
@@ -246,7 +246,7 @@ def test_data_values_are_read_as_pyinfras_cli_reads_them():
 
 
 def test_a_group_data_directory_or_a_file_that_is_no_inventory_is_refused_naming_it(tmp_path):
-    from rigup.inventory import read
+    from plays.inventory import read
 
     path = inventory(tmp_path, "two", 'a100 = ["h1"]')
     assert [h.name for h in read(path)] == ["h1"]

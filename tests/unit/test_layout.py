@@ -1,5 +1,5 @@
 """Where code lives (issue 64): ``rigup/`` is the roles' library, and what only a play needs lives
-beside the plays. Read from the syntax tree of every module, never by importing it."""
+in ``plays/``. Read from the syntax tree of every module, never by importing it."""
 
 from __future__ import annotations
 
@@ -30,13 +30,28 @@ def imported(module: ast.Module) -> set[str]:
     return found
 
 
-def test_no_module_of_rigup_imports_matplotlib():
-    """The plays' charts (charts.py, beside bench.py and tune.py, which hand them to rigup/bench.py
-    and rigup/tuning.py) are the only code that draws: the library never needs matplotlib."""
-    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup")
+def test_no_module_of_rigup_or_roles_imports_matplotlib():
+    """The plays' charts (plays/charts.py: bench.py and tune.py hand them to plays/bench.py and
+    plays/tuning.py) are the only code that draws: the library and the roles never need matplotlib."""
+    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles")
                    if any(m.split(".")[0] == "matplotlib" for m in imported(tree(p))))
     assert found == []
-    assert "matplotlib" in imported(tree(ROOT / "charts.py"))
+    assert "matplotlib" in imported(tree(ROOT / "plays/charts.py"))
+
+
+def test_the_library_and_the_roles_never_import_the_plays_engines():
+    """plays/ holds code only a play needs (plays/__init__.py): rigup/ and roles/ never import from it."""
+    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles")
+                   if any(m.split(".")[0] == "plays" for m in imported(tree(p))))
+    assert found == []
+
+
+def test_the_library_docstring_names_all_of_it():
+    """rigup/__init__.py's docstring names each module and package of the library (``name``)."""
+    doc = ast.get_docstring(tree(ROOT / "rigup" / "__init__.py"))
+    parts = {p.stem for p in (ROOT / "rigup").glob("*.py") if p.stem != "__init__"} \
+        | {p.parent.name for p in (ROOT / "rigup").glob("*/__init__.py")}
+    assert len(parts) > 30 and sorted(n for n in parts if f"``{n}``" not in doc) == []
 
 
 # -- module-level registries ---------------------------------------------------------------------
@@ -154,9 +169,10 @@ REGISTRIES = {
 
 
 def test_module_registries():
-    """Every module of rigup/ and roles/ read for its module-level registries (:func:`registries`):
+    """Every module of rigup/, roles/ and plays/ read for its module-level registries (:func:`registries`):
     exactly REGISTRIES, each with a line saying who fills and who reads it."""
-    found = {f"{p.relative_to(ROOT)}:{name}" for p in modules("rigup", "roles") for name in registries(tree(p))}
+    found = {f"{p.relative_to(ROOT)}:{name}" for p in modules("rigup", "roles", "plays")
+             for name in registries(tree(p))}
     new, gone = sorted(found - set(REGISTRIES)), sorted(set(REGISTRIES) - found)
     assert not new, f"new module-level registries (keep run state in the run's object, not a module): {new}"
     assert not gone, f"gone: remove their rows from REGISTRIES: {gone}"

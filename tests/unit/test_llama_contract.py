@@ -105,7 +105,7 @@ def test_no_code_outside_the_role_and_the_contract_reads_the_instances_raw():
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     raw = re.compile(r"""\b(?:data|d)\s*(?:\.get\(|\[)\s*["']llama_server_instances["']""")
-    files = [p for p in [*root.glob("*.py"), *root.glob("rigup/**/*.py"), *root.glob("roles/**/*.py")]
+    files = [p for p in [*root.glob("*.py"), *(p for d in ("rigup", "roles", "plays") for p in root.glob(f"{d}/**/*.py"))]
              if not any(p.is_relative_to(root / d) for d in ("roles/llama_server", "rigup/contract", "rigup/instances"))]
     found = [f"{p.relative_to(root)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
              if raw.search(line)]

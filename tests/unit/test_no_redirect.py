@@ -323,7 +323,7 @@ NOT_YET = {
 
 
 def _sources(root: Path) -> list[Path]:
-    return sorted([*(root / "rigup").rglob("*.py"), *(root / "roles").rglob("*.py"), *root.glob("*.py")])
+    return sorted([p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py")))
 
 
 def _named(node: ast.AST) -> str:

@@ -37,7 +37,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("rigup/services.py", "running", "noop"): (2, CONFIG),
     ("rigup/serving.py", "retired", "noop"): (1, CONFIG),
     ("rigup/serving.py", "unit_running", "noop"): (2, CONFIG + " (its callers' unit names)"),
-    ("rigup/tuning.py", "_record", "raise"): (2, "rigup.boundary's Unreadable: each host value in it as !r"),
+    ("plays/tuning.py", "_record", "raise"): (2, "rigup.boundary's Unreadable: each host value in it as !r"),
     ("rigup/units.py", "service_commands", "noop"): (1, CONFIG + " (its callers' unit and peer names)"),
     ("roles/balancer/__init__.py", "balanced", "noop"): (1, "a count of backends"),
     ("roles/balancer/__init__.py", "balanced", "raise"): (1, "the backends' names and addresses as repr"),
@@ -66,7 +66,7 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("roles/vllm/__init__.py", "install", "noop"): (1, CONFIG),
     ("roles/vllm/__init__.py", "instance", "noop"): (2, CONFIG + "; the unlock's wait: MiB counts"),
     ("roles/vllm/cluster.py", "installed", "noop"): (1, CONFIG + " (vllm_ray_version)"),
-    ("tune.py", "not_swept", "raise"): (1, "rigup.tuning differences: each installed value through shown"),
+    ("tune.py", "not_swept", "raise"): (1, "plays.tuning differences: each installed value through shown"),
 }
 SHOWN = ("shown", "shown_lines")
 
@@ -80,7 +80,7 @@ def unshown(root: Path = ROOT) -> dict[tuple[str, str, str], list[int]]:
     """(path, innermost function, kind) -> the lines of its texts not through shown, in ``root``'s
     rigup/, roles/ and plays (its own *.py)."""
     found: dict[tuple[str, str, str], list[int]] = {}
-    files = [*(root / "rigup").rglob("*.py"), *(root / "roles").rglob("*.py"), *root.glob("*.py")]
+    files = [p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     for path in files:
         tree = ast.parse(path.read_text(), str(path))
         rel = str(path.relative_to(root))

@@ -22,7 +22,7 @@ ALLOWED = {
 
 def uses() -> dict[str, int]:
     """{path: calls of CALLS} in rigup/, roles/ and the plays, outside rigup/boundary/."""
-    sources = [p for d in ("rigup", "roles") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
+    sources = [p for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
     found: dict[str, int] = {}
     for path in sources:
         rel = str(path.relative_to(ROOT))

@@ -124,7 +124,7 @@ def test_each_template_runs_python3_isolated():
 
 
 def python_files() -> list[Path]:
-    return [p for d in ("rigup", "roles") for p in sorted((ROOT / d).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
+    return [p for d in ("rigup", "roles", "plays") for p in sorted((ROOT / d).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
 
 
 @functools.cache
@@ -194,7 +194,7 @@ def test_each_python3_command_rigup_runs_on_a_host_is_isolated():
 
 
 def test_each_host_program_run_by_its_path_starts_isolated():
-    programs = sorted(str(p.relative_to(ROOT)) for d in ("rigup", "roles") for p in (ROOT / d).rglob("*.py")
+    programs = sorted(str(p.relative_to(ROOT)) for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")
                       if MARK in "".join(p.read_text().splitlines(keepends=True)[:3]))
     lines = {p: (ROOT / p).read_text().splitlines()[0] for p in programs}
     wrong = {p: first for p, first in lines.items()

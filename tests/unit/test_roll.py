@@ -1,4 +1,4 @@
-"""rigup/roll.py: which hosts roll, their batches, what a batch's converge said of each host."""
+"""plays/roll.py: which hosts roll, their batches, what a batch's converge said of each host."""
 
 import fnmatch
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rigup import roll
+from plays import roll
 from rigup.config import declared
 from tests.unit.forker import close_all, forked
 
@@ -134,7 +134,7 @@ print(json.dumps([sorted(h.name for h in _get_inventory_pattern_matches(inventor
 def test_limit_reads_like_pyinfra_and_a_host_named_like_a_group_is_picked_alone():
     """pyinfra 3.10's own resolution (pyinfra_cli.cli, in a process of its own: its import patches
     the standard library with gevent) of ``--limit lab2`` when a group is named lab2: the group,
-    three hosts; rigup.roll.limited says the same, and limit_pattern picks lab2 alone."""
+    three hosts; plays.roll.limited says the same, and limit_pattern picks lab2 alone."""
     import json
     import subprocess
     import sys

@@ -1,5 +1,5 @@
 """Issue 65: roll.py and its pyinfra die together, and the next roll names what a dead one left
-(rigup/roll.py's journal, read by rigup/boundary/results.py roll_journal; roll.py dies_with_parent)."""
+(plays/roll.py's journal, read by rigup/boundary/results.py roll_journal; roll.py dies_with_parent)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup import roll
+from plays import roll
 from rigup.boundary import Unreadable, results
 
 ROOT = Path(__file__).resolve().parents[2]

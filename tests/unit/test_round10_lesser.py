@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pyinfra.api.exceptions import InventoryError
 
-from rigup import fleet
+from plays import fleet
 from rigup.boundary.numbers import whole
 
 
@@ -66,7 +66,7 @@ def test_i1_vagrant_port_property(port):
 def test_t1_tunes_host_vars_file_is_refused_naming_the_file_and_key(tmp_path, text, key):
     """T1: write_host_vars gave a TypeError after the sweep (llama_server_tuned: [1]) or replaced a file
     that is a list; now tuning.host_vars refuses it naming the file and key, and nothing is written."""
-    from rigup import tuning
+    from plays import tuning
     from rigup.boundary.core import Unreadable
 
     (tmp_path / "host_vars").mkdir()
@@ -102,7 +102,7 @@ def test_t1_host_vars_property(doc):
 
     import yaml
 
-    from rigup import tuning
+    from plays import tuning
     from rigup.boundary.core import Unreadable
     with tempfile.TemporaryDirectory() as site:
         (Path(site) / "host_vars").mkdir()

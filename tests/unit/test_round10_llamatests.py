@@ -1,10 +1,10 @@
 """Round 10, B4: bench_llama_tests takes ppN and tgN alone (the ``llamatest`` form), refused before
-the run naming the key; rigup.bench's fact command never raises on one that got past (a
+the run naming the key; plays.bench's fact command never raises on one that got past (a
 ValueError inside host.get_fact ended bench.py for every host)."""
 
 import pytest
 
-from rigup import bench
+from plays import bench
 from rigup.config import declared, problems
 
 RUN = {"name": "g", "dest": "/srv/models/g", "model": "/srv/models/g/g.gguf", "ngl": 99}

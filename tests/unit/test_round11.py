@@ -190,7 +190,7 @@ def test_sv1_a_preset_the_hubs_file_name_cannot_hold_fails_that_host_not_the_run
 def test_ro1_a_roll_reads_its_hosts_flags_typed(key):
     """RO1: roll.py read rigup_maintenance, balancer_gateway and burnin_pulse by truthiness: "false" was true,
     and the host silently left out of the roll while its plays refuse the value."""
-    from rigup import roll
+    from plays import roll
 
     serving = {"llama_server_instances": {"g": {"model": "g", "port": 8081}}}
     hosts = {"lab1": {**serving}, "lab2": {**serving, key: "false"}}
@@ -202,7 +202,7 @@ def test_ro1_a_roll_reads_its_hosts_flags_typed(key):
 
 def test_ro3_a_roll_reads_rigup_batch_from_every_host():
     """Round 14 RO3: roll.py read rigup_batch from the first host only: another host's bad value was ignored."""
-    from rigup import roll
+    from plays import roll
 
     with pytest.raises(ValueError, match="rigup_batch: the hosts of one roll set it apart .*lab2: '2m'"):
         roll.batch_of({"lab1": {"rigup_batch": 2}, "lab2": {"rigup_batch": "2m"}}, ["lab1", "lab2"])

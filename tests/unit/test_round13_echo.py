@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from rigup import fleet
+from plays import fleet
 from rigup.nofollow import FUNCTIONS
 from rigup.units import configured, instance_probe, parse_instances, unit_state
 from roles.llama_cpp.facts import LlamaCppState

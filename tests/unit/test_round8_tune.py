@@ -15,7 +15,7 @@ import subprocess
 
 from hypothesis import given, settings, strategies as st
 
-from rigup import tuning
+from plays import tuning
 from rigup.boundary.core import Unreadable
 from rigup.templates import render
 from tests.unit.test_tune_round7b import OWN, WANT, cuda_text, dropin

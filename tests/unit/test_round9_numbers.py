@@ -138,7 +138,7 @@ def test_the_class_sites_the_guard_found_read_ascii_blanks_alone():
     """The widened guard (test_boundary_readers_numbers) found a bare strip or split before the rule in
     fleet's serving lines, gate's signal, the catalogue's compute capability and versions, the NVLink
     speeds, and int() of systemctl's text in the watchdog: each now reads "\\x85"-bearing text as no number."""
-    from rigup.fleet import parse_serving
+    from plays.fleet import parse_serving
     from rigup.gpu import fabric
     from rigup.gpu.catalogue import parse_cc, version_tuple
     from roles.watchdog import watchdog

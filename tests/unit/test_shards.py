@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import shards
-from rigup import fleet
+from plays import fleet
 
 
 def test_arguments_jobs_and_limits():

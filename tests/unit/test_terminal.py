@@ -34,7 +34,7 @@ LEVELS = {"debug", "info", "warning", "warn", "error", "exception", "critical", 
 
 @functools.cache
 def sources() -> dict[str, ast.Module]:
-    files = [p for d in ("rigup", "roles") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / p for p in PLAYS]
+    files = [p for d in ("rigup", "roles", "plays") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / p for p in PLAYS]
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text(), str(p)) for p in files}
 
 

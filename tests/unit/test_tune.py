@@ -178,7 +178,7 @@ def test_the_drop_ins_execstart_reads_back_as_the_arguments_it_was_written_from(
     """issue 47: the sweep reads the instance's ExecStart= (roles/llama_server's drop-in, written by
     rigup.boundary.formats.systemd_quote); a '%' or '$' in an argument is doubled there for systemd, and must
     reach the sweep's servers single."""
-    from rigup.tuning import ExecStart
+    from plays.tuning import ExecStart
     from rigup.boundary.formats import systemd_quote
     argv = ["/opt/rigup/llama.cpp/current/bin/llama-server", "-m", "/srv/models/m/a b.gguf", "--alias", "g",
             "--chat-template-kwargs", '{"budget": "50%", "x": "$HOME"}', "--api-key-file", "/etc/rigup/k;ey"]
@@ -191,7 +191,7 @@ def test_environment_lines_keep_a_dollar_and_read_back_as_written():
     """issue 47: Environment= expands specifiers (``%`` doubled) but not variables ("$ has no
     special meaning", systemd.exec): a ``$`` written doubled there reached the server doubled. The
     drop-ins' Environment= words (rigup.boundary.formats.systemd_env) read back by the sweep (ServingEnv)."""
-    from rigup.tuning import ServingEnv
+    from plays.tuning import ServingEnv
     from rigup.boundary.formats import systemd_env
     env = {"CUDA_VISIBLE_DEVICES": "1,0", "PROMPT": 'say "$HOME" at 50%', "P": "a\\b;c"}
     words = [systemd_env(k, v) for k, v in env.items()]

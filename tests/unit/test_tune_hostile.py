@@ -1,4 +1,4 @@
-"""What tune.py reads on a host before it sweeps (rigup/tuning.py's facts, ``spec`` and
+"""What tune.py reads on a host before it sweeps (plays/tuning.py's facts, ``spec`` and
 ``model_argv``; rigup/tune.py ``_count``), as a hostile or hand-edited host gives it (round 2 of
 issue 61: C1, C3, J3, J5, J6). Each case is the round's reproduction; a record that does not read
 refuses that host alone (the play's load-time code raises nothing: pyinfra ends the run for every
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup import tune, tuning
+from plays import tuning
+from rigup import tune
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import systemd_env
 from rigup.contract.llama_server import written_env
@@ -61,7 +62,7 @@ def test_a_drop_in_line_with_an_unclosed_quote_is_unreadable_not_raised():
 def test_a_preset_value_with_blanks_stays_one_word_of_the_models_argv():
     """J3: a router's preset 'ctx-size = 4096 --host 0.0.0.0' became one argv word '-c' '4096 --host
     0.0.0.0' (spec's int() raised in tune.py's load-time code; the preset is now compared with the
-    plan's first, rigup/tuning.py preset_differences)."""
+    plan's first, plays/tuning.py preset_differences)."""
     secs = tuning.preset_sections(["[a]", "model = /srv/a.gguf", "ctx-size = 4096 --host 0.0.0.0"], "p")
     alone, why = tuning.model_argv(["/opt/llama-server", "--models-preset", "/p.ini"], secs, "a")
     assert why == "" and alone[-2:] == ["-c", "4096 --host 0.0.0.0"]

@@ -1,11 +1,11 @@
 """tune.py sweeps from the serving plan (issue 64): the host's installed server is read only to be
-compared with the plan's (rigup/tuning.py ``differences``, ``preset_differences``); an instance
+compared with the plan's (plays/tuning.py ``differences``, ``preset_differences``); an instance
 whose unit is missing or differs is refused, naming the difference. The plan's argv is built by
 roles/llama_server/command.py ``argv``, as the converge writes the drop-in."""
 
 from hypothesis import given, settings, strategies as st
 
-from rigup import tuning
+from plays import tuning
 from rigup.serving import serving_plan
 from roles.llama_server import LLAMA
 from roles.llama_server.command import argv, preset_text

@@ -11,7 +11,7 @@ import subprocess
 
 from hypothesis import given, settings, strategies as st
 
-from rigup import tuning
+from plays import tuning
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import systemd_quote
 from rigup.contract.llama_server import DROPIN

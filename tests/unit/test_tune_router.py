@@ -1,4 +1,4 @@
-"""tune.py on a router (issue 63): each model of the set swept alone (rigup/tuning.py ``model_argv``:
+"""tune.py on a router (issue 63): each model of the set swept alone (plays/tuning.py ``model_argv``:
 the server its router would start for it), its result kept under the router's ``models`` in
 ``llama_server_tuned`` (rigup/instances/tuned.py), laid over that model's ``per_model`` on the
 next converge; a tuned model no longer of the set is ignored with a plan line, a malformed entry
@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from rigup import tuning
+from plays import tuning
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
 from rigup.contract import llama_server as contract

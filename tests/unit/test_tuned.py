@@ -1,5 +1,5 @@
 """llama_server_tuned (rigup/instances/tuned.py), host_vars (rigup.config) and tune.py's pieces on
-the controller (rigup/tuning.py): what a sweep found becomes the host's data, and the converge's."""
+the controller (plays/tuning.py): what a sweep found becomes the host's data, and the converge's."""
 
 import tempfile
 from pathlib import Path
@@ -7,10 +7,9 @@ from pathlib import Path
 import yaml
 from hypothesis import given, settings, strategies as st
 
-import charts
+from plays import charts, tuning
+from rigup import config
 from rigup.boundary.core import Unreadable
-
-from rigup import config, tuning
 from roles.llama_server.command import argv
 from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, data
@@ -135,7 +134,7 @@ def test_the_sweeps_servers_get_the_units_environment_and_its_gpus():
 
 
 def test_status_says_how_much_faster_the_tuned_flags_were():
-    from rigup.fleet import serving_cell, tuned_text
+    from plays.fleet import serving_cell, tuned_text
     assert tuned_text(tuning.entry(RESULT, None)) == "tuned 1.80x at 4 concurrent" and tuned_text(None) is None
     row = {"serving": [{"name": "g", "active": "active", "port": 8081, "health": 200, "model": "m@dc8aac109665",
                         "tuned": "tuned 1.80x at 4 concurrent"}]}

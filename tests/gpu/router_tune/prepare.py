@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rigup import config, tuning
+from plays import tuning
+from rigup import config
 from roles.llama_server.command import argv, preset_text
 from rigup.instances.llama_server import instances
 from tests.unit.hosts import REV, data

@@ -1,5 +1,5 @@
 """Issue 63 on a GPU (not part of the repository): tune.py's sweep of each model of a router, alone,
-from the command lines rigup/tuning.py model_argv made on the controller (.gpu/router-tune.json);
+from the command lines plays/tuning.py model_argv made on the controller (.gpu/router-tune.json);
 then (serve) the router as the next converge writes it with the tuned flags (.gpu/router-tuned.json)."""
 import json, os, shutil, signal, subprocess, sys, time, urllib.request
 from pathlib import Path

@@ -6,7 +6,7 @@ The measuring itself is rigup/throughput.py (standard library, no pyinfra): sent
 :class:`Throughput`, run there with the host's python3, one JSON line per instance back.
 Reports (:func:`write_reports`), in ``bench_out/<date>/``: ``<host>.md`` and ``<host>.json`` per
 host, and ``fleet.png``: total tok/s against concurrency, one line per host and instance, drawn by
-the chart the play hands to :func:`record` (charts.py's ``plot``, with matplotlib, which rigup/
+the chart the play hands to :func:`record` (plays/charts.py's ``plot``, with matplotlib, which rigup/
 never imports).
 
 llama-bench (:class:`LlamaBench`) runs on the host too, one process per test, each after the other:
@@ -34,7 +34,7 @@ from pyinfra.api import FactBase
 from rigup import run as run_state, traps
 from rigup.boundary import Unreadable, fields, owned, results
 from rigup.boundary.numbers import number, whole
-from rigup.config import LLAMA_TEST, ROLES_DIR
+from rigup.config import LLAMA_TEST, ROLES_DIR, ROOT
 from rigup.contract import MAPS, llama_server
 from rigup.contract.vllm import api_name
 from rigup.instances import every
@@ -45,7 +45,7 @@ from rigup.names import marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
 from rigup.text import say, shown
 
-THROUGHPUT = Path(__file__).with_name("throughput.py")
+THROUGHPUT = ROOT / "rigup" / "throughput.py"   # a host program of the library, sent by Throughput
 SCRIPT_WORD = '"$t"'      # throughput.py's temporary copy on the host, in Throughput's command
 # The trap whose remedy is --no-repack (llama-bench: --repack 0), from the llama_cpp role's catalogue.
 REPACK = next(t for t in traps.load(ROLES_DIR / "llama_cpp" / "traps.yml") if t.remedy.value == "--no-repack")
@@ -382,7 +382,7 @@ def markdown(host: str, result: dict) -> str:
 
 
 def write_reports(results: dict[str, dict], out: Path, plot=None) -> list[Path]:
-    """Each host's Markdown and JSON, and the fleet's PNG drawn by ``plot`` (charts.py's: left out,
+    """Each host's Markdown and JSON, and the fleet's PNG drawn by ``plot`` (plays/charts.py's: left out,
     saying so, without matplotlib; None: none)."""
     written = []
     for host, result in sorted(results.items()):
@@ -403,7 +403,7 @@ def record(host, data: dict, measured: dict, targets_: list[dict], seconds: floa
            llama: dict[str, list[dict]] | None = None, plot=None) -> None:
     """Keep ``host``'s results (the sweeps ``measured``, llama-bench's rows ``llama``) on its run
     (rigup/run.py) for the reports written at the run's end (``plot``: the play's chart of them,
-    charts.py's), and print its progress line. ``host``: pyinfra's."""
+    plays/charts.py's), and print its progress line. ``host``: pyinfra's."""
     run = run_state.host_run(host)
     if not run.bench:
         run.at_end(report, run)

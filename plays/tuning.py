@@ -654,7 +654,7 @@ def record(host: str, name: str, result, data: dict, argv: list[str], build: str
     missing a field writes nothing (:class:`OperationError` naming ``where``, the host and its
     file: that host fails alone); then ``host_vars/<host>.yml`` (under the site directory when
     there is one) gains its entry, ``tune_out/<date>/<host>-<name>.md`` its table (and ``.png``
-    its plot, drawn by ``plot``: the play's chart, charts.py's; None: none); a line says what it
+    its plot, drawn by ``plot``: the play's chart, plays/charts.py's; None: none); a line says what it
     found. With ``model``: router ``name``'s model, its entry under the router's ``models`` and its
     files ``<host>-<name>-<model>``. ``gpus``: the GPUs the sweep's servers saw (its spec's), which
     bound its ``main_gpu`` and ``tensor_split``."""
@@ -688,7 +688,7 @@ def _record(host: str, name: str, stem: str, result, data: dict, build: str | No
     except Unreadable as e:   # a directory or host_vars file another user could write: nothing trusted there
         say(f"    [{host}] tune {name}: {shown(e.where, 200)}: {shown(e.why, 400)}; not kept", fg="red")
         raise OperationError(f"tune {name}: {e}") from None
-    try:   # the play's chart (charts.py): one line per point, tok/s against the levels
+    try:   # the play's chart (plays/charts.py): one line per point, tok/s against the levels
         if plot:
             plot({host: {"instances": points}}, out / f"{host}-{stem}.png", f"tune.py: {host} {name}, each point")
     except ImportError:

@@ -1,7 +1,7 @@
 """The charts of the plays that draw one (not a play): bench.py's ``fleet.png`` and tune.py's plot of
 each sweep, total tok/s against concurrency, one line per series. matplotlib (requirements-dev.txt)
 is imported when a chart is drawn, and only here: rigup/ is the roles' library and never imports
-it. The plays hand :func:`plot` to their engines (rigup/bench.py ``record``, rigup/tuning.py
+it. The plays hand :func:`plot` to their engines (plays/bench.py ``record``, plays/tuning.py
 ``record``), which leave a chart out, saying so, where matplotlib is missing (ImportError)."""
 
 from __future__ import annotations
