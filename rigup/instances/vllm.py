@@ -348,7 +348,7 @@ def _instances(data: Config, gpu_count: int | None) -> tuple[dict[str, VllmInsta
 
 def normalised(data: Config) -> dict[str, VllmInstance]:
     """The host's vLLM instances for the readers beyond the role (through
-    :func:`rigup.instances.every`: the balancer, rigup/bench.py, status.py), by name in order:
+    :func:`rigup.instances.every`: the balancer, plays/bench.py, status.py), by name in order:
     :func:`instances`' shape, each entry of its own form (the rules across entries and ``models``
     are :func:`instances`', which preflight checks). Made once per run for a host's configuration
     (rigup.config.once): read it, never change it."""
