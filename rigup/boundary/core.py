@@ -1,6 +1,7 @@
 """What every reader and writer of the boundary shares: :class:`Unreadable` (a record or value from
 outside that does not parse, naming where), :class:`Crossing` (one row of the boundary's table) and
-:func:`loads`, the boundary's one JSON parser of a record from outside."""
+:func:`loads`, the boundary's one JSON parser of a record from outside, and :func:`keys_as_read`, the keys a
+program that reads with json.loads takes from a value handed to it."""
 
 from __future__ import annotations
 
@@ -57,3 +58,22 @@ def loads(text: str | bytes, where: str) -> Any:
         return json.loads(text, object_pairs_hook=_once, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise Unreadable(where, f"not JSON ({str(e)[:200] or type(e).__name__})") from None
+
+
+def keys_as_read(text: str, where: str) -> list[str]:
+    """Every key of every object in JSON ``text``, at every depth and each time it is given, as json.loads
+    reads them (a key given twice: the last kept; ``\\u0065``: ``e``; NaN taken): what a program that reads
+    a value with json.loads takes from it (vLLM's JSON options: issue 61, round 16 V49, a held key spelled
+    ``back\\u0065nd`` beside a key given twice, which :func:`loads` refuses), for a caller that judges each
+    key. Text json.loads refuses, and nesting deeper than Python's stack, are :class:`Unreadable` naming
+    ``where``: the caller refuses it whole, never searching the text."""
+    found: list[str] = []
+
+    def pairs(items: list) -> dict:
+        found.extend(str(key) for key, _ in items)
+        return dict(items)
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, RecursionError) as e:
+        raise Unreadable(where, f"not JSON ({str(e)[:200] or type(e).__name__})") from None
+    return found

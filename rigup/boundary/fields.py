@@ -168,7 +168,7 @@ CROSSINGS = (
     Crossing("a name from configuration (a model's or instance's key, a user)", "the operator",
              "rigup/boundary/fields.py:name", "rigup/config.py:Form"),
     Crossing("a JSON value of a vLLM option in an instance's extra_args (--structured-outputs-config ...)",
-             "the operator", "rigup/boundary/core.py:loads", "rigup/instances/vllm.py:json_keys"),
+             "the operator", "rigup/boundary/core.py:keys_as_read", "rigup/instances/vllm.py:json_keys"),
     Crossing("an inventory address or a configured IP that becomes a bind or an allow-list entry", "the operator",
              "rigup/boundary/fields.py:host_ip",
              "rigup/config.py:Form, rigup/rpc.py:ip_problem, roles/vllm/checks.py:check_host_ip, "

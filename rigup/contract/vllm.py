@@ -3,7 +3,7 @@ the instance's other keys (:data:`OTHER`) and the flags rigup writes from the in
 (:data:`FIXED`), as rigup/contract/llama_server.py is llama-server's. Made from them: the entry form
 of ``vllm_instances`` (rigup/instances/vllm.py), the command line's flags (roles/vllm/command.py
 ``argv``), the flags extra_args may not give again (vLLM's argparse also takes ``--served_model_name``
-and abbreviations: rigup/instances/vllm.py checks with them) and the generated docs.
+and abbreviations: rigup/instances/vllm.py checks with them; short options: :data:`SHORT`) and the generated docs.
 """
 
 from __future__ import annotations
@@ -15,15 +15,30 @@ from rigup.contract import MAPS, OWN, Flag, Row, owned_by
 KEY = MAPS["vllm_instances"]   # VLLM_API_KEY=<key>, made on the host (api_key: true)
 DROPIN = "/etc/systemd/system/rigup-vllm@{}.service.d/rigup.conf"
 
+# vLLM's short options of the long ones rigup judges (vllm/engine/arg_utils.py: add_argument("--compilation-config",
+# "-cc", ...), "--speculative-config", "-sc", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp"):
+# short -> long. -O was --compilation-config's until --optimization-level took it, and rigup reads it as the
+# former, the stricter. A row here spells every key and flag of its long option (issue 61, round 16 V50: -cc's
+# backend passed where --compilation-config's and -O's were refused), and argparse takes a prefix of one too
+# (-c for -cc, -s for -sc: rigup/instances/vllm.py spelled()).
+SHORT: dict[str, str] = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+                         "-sc": "--speculative-config", "-cc": "--compilation-config", "-O": "--compilation-config"}
+
+
+def spellings(option: str) -> tuple[str, ...]:
+    """``option`` and its short options (:data:`SHORT`)."""
+    return (option, *(s for s, long in SHORT.items() if long == option))
+
+
 # In the order the command line gives them (a new row goes last: no drop-in changes for the order).
 FLAGS: tuple[Flag, ...] = (
-    Flag("tp", "int 1..", 1, ("--tensor-parallel-size", "-tp"), "GPUs each layer is split over (tensor parallel)"),
-    Flag("pp", "int 1..", 1, ("--pipeline-parallel-size", "-pp"), "pipeline stages the layers are split into"),
+    Flag("tp", "int 1..", 1, spellings("--tensor-parallel-size"), "GPUs each layer is split over (tensor parallel)"),
+    Flag("pp", "int 1..", 1, spellings("--pipeline-parallel-size"), "pipeline stages the layers are split into"),
     Flag("gpu_memory_utilization", "float 0.05..1", 0.9, ("--gpu-memory-utilization",),
          "the share of each GPU's memory vLLM takes"),
     Flag("served_model_name", "str or null", None, ("--served-model-name",),
          "the model's name in the API (default: the instance's name)"),
-    Flag("speculative", "map", {}, ("--speculative-config", "-sc"),
+    Flag("speculative", "map", {}, spellings("--speculative-config"),
          "--speculative-config's other keys, e.g. {method: dflash, num_speculative_tokens: 7} (its model is "
          "draft_model's dest)", write=OWN),
 )
@@ -126,7 +141,7 @@ HELD_OFF: dict[str, HeldOff] = {
                        "name; inductor_compile_config: torch inductor's settings, the compiler it runs (cpp.cxx) "
                        "and where it writes (trace.debug_dir))",
                        ("--structured-outputs-config.reasoning_parser_plugin",
-                        *(f"{o}.{k}" for o in ("--compilation-config", "-O")
+                        *(f"{o}.{k}" for o in spellings("--compilation-config")
                           for k in ("backend", "cache_dir", "debug_dump_path", "inductor_passes",
                                     "inductor_compile_config")))),
     # make_arg_parser's --config: FlexibleArgumentParser._pull_args_from_config reads a YAML of options

@@ -9,9 +9,9 @@ import math
 import re
 from typing import Any
 
-from rigup.boundary.core import Unreadable, loads
+from rigup.boundary.core import Unreadable, keys_as_read
 from rigup.contract import doc_line
-from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, WORD_VALUES, held_off, owned
+from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, SHORT, WORD_VALUES, held_off, owned
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
@@ -62,46 +62,74 @@ def unglued(arg: str) -> str:
     return f"{arg[:2]}={arg[2:]}" if arg[:2] in GLUED and arg[2:3] not in ("", "=", ".") else arg
 
 
+def short(name: str) -> str:
+    """A single-dash option's name as argparse reads it: a short option as it is; a prefix of vLLM's short
+    options (contract ``SHORT``) as the one it starts (``-c``: ``-cc``, ``-s``: ``-sc``; argparse takes a unique
+    prefix of a single-dash option, and where vLLM has two that it starts it refuses the command anyway)."""
+    if name.startswith("--") or len(name) < 2 or name in SHORT:
+        return name
+    starts = [s for s in SHORT if s.startswith(name)]
+    return starts[0] if len(starts) == 1 else name
+
+
 def spelled(args: list) -> list[str]:
     """extra_args as vLLM's FlexibleArgumentParser reads a flag's name: after ``--``, ``_`` is ``-``;
     ``--flag.key`` and ``-f.key`` (a JSON option's key, after one dash too: vllm/utils/argparse_utils.py
     takes any ``-`` argument with a ``.`` in its name, round 12 V17's ``-sc.model=/x``) are ``--flag``
-    and ``-f``, up to its ``=``; ``-OVALUE`` is ``-O=VALUE`` (:func:`unglued`); the value as given
-    (``--speculative-config.model x`` gives --speculative-config)."""
+    and ``-f``, up to its ``=``; ``-OVALUE`` is ``-O=VALUE`` (:func:`unglued`); a prefix of a short
+    option is that option (:func:`short`); the value as given (``--speculative-config.model x`` gives
+    --speculative-config)."""
     def one(arg: str) -> str:
         if not arg.startswith("-"):
             return arg
         key, sep, value = unglued(arg).partition("=")
-        name = key.split(".", 1)[0]
+        name = short(key.split(".", 1)[0])
         return (name.replace("_", "-") if name.startswith("--") else name) + sep + value
     return [one(str(a)) for a in args]
 
 
-def json_keys(args: list, keys) -> list[str]:
+# A value of a JSON option that is no JSON yet names no key either: -O3, -Odecode (the optimisation level)
+_WORD = re.compile(r"[A-Za-z0-9_.+-]*", re.ASCII)
+
+
+def json_keys(args: list, keys) -> tuple[list[str], list[str]]:
     """Each of ``keys`` (``--option.key``: a key of a JSON option, e.g.
     ``--structured-outputs-config.reasoning_parser_plugin``) that ``args`` give, as vLLM reads them: a
-    JSON object after the option or its ``=``, or a dotted ``--option.key[+]`` (``=value`` or the next
-    item); abbreviations and ``_`` for ``-`` in the option, either in the key. The object is read
-    through rigup's JSON boundary (rigup.boundary.core.loads): text it refuses that vLLM's json.loads
-    would take (a key given twice, NaN) gives each of the option's keys its text names; other text
-    that is no JSON object gives none (vLLM refuses it)."""
+    JSON object after the option or its ``=``, read as vLLM's json.loads reads it (a key given twice, a
+    ``\\u`` escape: rigup.boundary.core.keys_as_read), each key at every depth judged; or a dotted
+    ``--option.key[.key...][+]`` (``=value`` or the next item: each part judged, and the keys of a value
+    that is a JSON object); abbreviations, short options and ``_`` for ``-`` in the option, either in the
+    key. And each such option whose value json.loads does not read and which is no plain word (``-O3``):
+    rigup cannot tell what vLLM (or an older one's literal_eval) takes from it, so it is refused whole
+    (issue 61, round 16 V49: rigup searched the raw text, where ``back\\u0065nd`` never stands)."""
     options = sorted({key.split(".")[0] for key in keys})
 
-    def given(flag: str, text: str) -> list[str]:
+    def named(flag: str, found) -> list[str]:
+        return [f"{flag}.{k.rstrip('+').replace('-', '_')}" for k in found]
+
+    items = [unglued(str(a)) for a in args]
+    dotted = [a.startswith("-") and "." in a.partition("=")[0] for a in items]
+    out, unread = [], []
+    for flag, value in flag_values(spelled([a if not d else "" for a, d in zip(items, dotted)]), options,
+                                   abbrev=True, exact=OWN_FLAGS):
+        if value is None:
+            continue
         try:
-            value = loads(text, f"{flag}'s JSON")
+            out += named(flag, keys_as_read(str(value), f"{flag}'s JSON"))
         except Unreadable:
-            return [k for k in keys if k.startswith(f"{flag}.") and k.split(".")[1] in text.replace("-", "_")]
-        return [f"{flag}.{k.replace('-', '_')}" for k in value] if isinstance(value, dict) else []
-    out = [k for flag, value in flag_values(spelled(args), options, abbrev=True, exact=OWN_FLAGS) if value is not None
-           for k in given(flag, str(value))]
-    for arg in map(unglued, map(str, args)):
-        name = arg.partition("=")[0]
-        if arg.startswith("-") and "." in name:
-            option, key = name.split(".")[:2]
-            out += [f"{flag}.{key.rstrip('+').replace('-', '_')}"
-                    for flag, _ in flag_values(spelled([option]), options, abbrev=True, exact=OWN_FLAGS)]
-    return [k for k in out if k in keys]
+            unread += [] if _WORD.fullmatch(str(value)) else [flag]
+    for i, arg in enumerate(items):
+        name, sep, value = arg.partition("=")
+        if dotted[i]:
+            option, *path = name.split(".")
+            value = value if sep else items[i + 1] if i + 1 < len(items) else ""
+            try:
+                inside = keys_as_read(value, "a dotted value")
+            except Unreadable:
+                inside = []   # vLLM takes it as a string (or a number: 80g)
+            out += [k for flag, _ in flag_values(spelled([option]), options, abbrev=True, exact=OWN_FLAGS)
+                    for k in named(flag, path + inside)]
+    return [k for k in out if k in keys], unread
 
 
 def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
@@ -109,18 +137,28 @@ def held_off_problems(args: list, allow, where: str) -> list[tuple[str, str]]:
     ``HELD_OFF``) that ``allow`` (the host's vllm_allow) does not name, under every spelling
     vLLM's argparse reads (:func:`spelled`, and abbreviations such as ``--trust-remote``), and each
     key of a JSON option that turns one on (:func:`json_keys`: --structured-outputs-config's
-    reasoning_parser_plugin, as JSON or dotted), and a flag of ``WORD_VALUES`` given other than a word
+    reasoning_parser_plugin, as JSON or dotted; such an option whose value rigup cannot read as vLLM
+    does), and a flag of ``WORD_VALUES`` given other than a word
     vLLM knows (``--distributed-executor-backend mod.Cls``: ``ray`` and ``mp`` are no code;
     ``--generation-config /a/folder``: ``auto`` and ``vllm`` name no file)."""
     held, keys = held_off(allow), held_off(allow, "keys")
     code = {flag: feature for flag, (feature, _, _) in WORD_VALUES.items() if feature not in allow}
     given = [flag for flag, _ in flag_values(spelled(args), held, abbrev=True, exact=OWN_FLAGS)]
-    given += json_keys(args, keys)
+    named, unread = json_keys(args, keys)
+    given += named
     given += [flag for flag, value in flag_values(spelled(args), code, abbrev=True, exact=OWN_FLAGS)
               if not re.fullmatch(WORD_VALUES[flag][1], str(value))]
-    return [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
-             f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
-            for flag in given for feature in [held.get(flag) or keys.get(flag) or code[flag]]]
+    found = [(f"{where}.extra_args", f"gives {flag}, vLLM's {feature}, off on a shared endpoint "
+              f"({HELD_OFF[feature].opens}): drop it, or add {feature} to vllm_allow")
+             for flag in given for feature in [held.get(flag) or keys.get(flag) or code[flag]]]
+    for flag in unread:
+        inside = sorted(k for k in keys if k.startswith(f"{flag}."))
+        features = sorted({keys[k] for k in inside})
+        found.append((f"{where}.extra_args", f"gives {flag} a value that is no JSON as vLLM reads it (json.loads) "
+                      f"nor a plain word, so rigup cannot tell whether it sets {', '.join(inside)} (vLLM's "
+                      f"{' and '.join(features)}, off on a shared endpoint): give {flag} a JSON object, or add "
+                      f"{' and '.join(features)} to vllm_allow"))
+    return found
 
 
 def held_off_env_problems(env: dict, allow, where: str) -> list[tuple[str, str]]:

@@ -215,12 +215,12 @@ check_config.__doc__ = (   # the held-off features from the contract's table (ri
     "``model``: the drafter is draft_model's), a served_model_name starting with ``-``, or extra_args giving a flag "
     "rigup sets (--host, --port, --uds, --api-key, --model, --served-model-name, -tp, -pp, --gpu-memory-utilization, "
     "--speculative-config, -sc; ``--port=1``, ``--served_model_name``, ``--speculative-config.model``, "
-    "``-sc.model`` and abbreviations too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
+    "``-sc.model``, abbreviations and prefixes of short options, -s, too); a flag or variable of vLLM's features beyond inference that vllm_allow does not name (" +
     ", ".join(f"{name}: {' '.join((*f.flags, *f.env))}" for name, f in vllm_contract.HELD_OFF.items())
     + "".join(f"; {flag} given {what}: {feature}" for flag, (feature, _, what) in vllm_contract.WORD_VALUES.items())
-    + "; inside a JSON option: " + ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items()
-                                              if f.keys)
-    + "), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
+    + "; inside a JSON option, at any depth, its keys read as vLLM's json.loads reads them: " +
+    ", ".join(f"{name}: {' '.join(f.keys)}" for name, f in vllm_contract.HELD_OFF.items() if f.keys)
+    + "; such an option given text json.loads does not read), in extra_args, env or vllm_env; on a host with instances, a vllm_env key that is not NAME: a one-line value "
     "or one that does not tune (what the env file's writer refuses); a value of an instance (extra_args, env) or of "
     "vllm_env that carries credentials (https://user:token@..., ?token=...).")
 

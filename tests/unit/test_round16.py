@@ -1,0 +1,133 @@
+"""Issue 61, round 16 (/tmp/redteam/round16.md). V50: vLLM's short option -cc (--compilation-config's)
+and a prefix of a short one (-c, -s) were no spelling rigup read; V49: a JSON option's key as vLLM's
+json.loads reads it (a key given twice beside a ``\\u``-escaped held key), where rigup searched the raw text."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rigup.boundary.core import Unreadable, keys_as_read
+from rigup.contract import vllm as contract
+from tests.unit.hosts import data, host, refusals
+from tests.unit.test_round12_vllm import MODEL, WHERE, problems
+
+S = "S3cr3t"
+
+
+def plugins(args) -> list[str]:
+    """The refusals of ``args`` (an instance's extra_args), each checked to name vLLM's plugins and to
+    pass once vllm_allow names plugins."""
+    found = [why for path, why in problems(extra_args=args) if path == f"{WHERE}.extra_args"]
+    assert found and all("plugins" in why for why in found), (args, found)
+    assert problems(extra_args=args, allow=["plugins"]) == [], args
+    return found
+
+
+# -- V50: every short option of a judged option, and a prefix of one, is that option -----------------
+
+@pytest.mark.parametrize("args, key", [
+    (["-cc", '{"backend": "evil_mod.f"}'], "-cc.backend"), (["-cc.backend=evil_mod.f"], "-cc.backend"),
+    (['-cc={"cache_dir": "/tmp/x"}'], "-cc.cache_dir"), (["-cc.inductor_passes.p=evil.f"], "-cc.inductor_passes"),
+    (["-cc.debug_dump_path", "/tmp/d"], "-cc.debug_dump_path"),
+    (["-c", '{"backend": "evil_mod.f"}'], "-cc.backend"), (["-c.cache_dir=/tmp/x"], "-cc.cache_dir")])
+def test_v50_compilation_configs_short_option_and_its_prefix_hold_its_keys(args, key):
+    assert any(f"gives {key}, vLLM's plugins" in why for why in plugins(args))
+
+
+@pytest.mark.parametrize("args, flag", [(["-s", '{"model": "/tmp/x"}'], "-sc"), (["-s.model=/tmp/x"], "-sc"),
+                                        (["-t", "2"], "-tp"), (["-p=2"], "-pp")])
+def test_v50_a_prefix_of_an_owned_short_option_is_that_option(args, flag):
+    assert any(f"gives {flag}, which rigup sets" in why for _, why in problems(extra_args=args)), args
+
+
+def test_v50_the_contract_spells_each_judged_option_with_its_short_ones():
+    keys = contract.held_off(kind="keys")
+    for short, long in contract.SHORT.items():
+        assert short in contract.spellings(long)
+        held = {k.split(".", 1)[1] for k in keys if k.startswith(f"{long}.")}
+        assert held == {k.split(".", 1)[1] for k in keys if k.startswith(f"{short}.")}, short
+        if long in contract.owned():
+            assert short in contract.owned(), short
+
+
+@pytest.mark.parametrize("args", [["-cc", '{"mode": 3}'], ["-cc.mode=3"], ["-ac", '{"backend": "FLASH_ATTN"}'],
+                                  ["-O3"], ["-Odecode"], ["-O", "3"], ["-q", "fp8"], ["-cc", '{"pass_config": {}}']])
+def test_v50_other_keys_and_options_still_pass(args):
+    assert problems(extra_args=args) == []
+
+
+def test_v50_through_every_check_of_the_roles():
+    plan, facts = host("a100")
+    lines = [r.line("h") for r in refusals(plan, facts, data(models={"m": MODEL}, vllm_instances={
+        "a": {"model": "m", "port": 8000, "extra_args": ["-cc", '{"backend": "evil_mod.f"}']}}))]
+    assert any("gives -cc.backend, vLLM's plugins" in line for line in lines), lines
+
+
+# -- V49: a JSON value's keys as vLLM's json.loads reads them, at every depth; text it refuses, refused -----
+
+@pytest.mark.parametrize("args, key", [
+    (['-O{"mode": 3, "mode": 3, "back\\u0065nd": "evil_mod.f"}'], "-O.backend"),
+    (["--compilation-config", '{"mode": 3, "mode": 3, "c\\u0061che_dir": "/tmp/x"}'], "--compilation-config.cache_dir"),
+    (["-O", '{"mode": 3, "mode": 3, "inductor\\u005fpasses": {"p": "evil.f"}}'], "-O.inductor_passes"),
+    (["--compilation_config", '{"backend": "inductor", "back\\u0065nd": "evil.f"}'], "--compilation-config.backend"),
+    (["--structured-outputs-config", '{"backend": "auto", "backend": "auto", "reasoning\\u005fparser_plugin": "/p.py"}'],
+     "--structured-outputs-config.reasoning_parser_plugin"),
+    (["-cc", '{"backend": NaN, "backend": "evil.f", "x": 1e400}'], "-cc.backend")])
+def test_v49_a_key_given_twice_or_escaped_is_read_as_json_loads_reads_it(args, key):
+    assert any(f"gives {key}, vLLM's plugins" in why for why in plugins(args))
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--model-loader-extra-config", '{"tensorizer_config": {"tensorizer_uri": "/x"}}'],
+     "--model-loader-extra-config.tensorizer_uri"),
+    (["--model-loader-extra-config.tensorizer_config.tensorizer_dir=/x"], "--model-loader-extra-config.tensorizer_dir"),
+    (["--model-loader-extra-config.tensorizer_config", '{"lora_dir": "/x"}'], "--model-loader-extra-config.lora_dir")])
+def test_v49_every_depth_and_every_part_of_a_dotted_key_is_judged(args, key):
+    found = [why for _, why in problems(extra_args=args)]
+    assert any(f"gives {key}, vLLM's files" in why for why in found), found
+    assert problems(extra_args=args, allow=["files"]) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["--structured-outputs-config", "not json"], ["--structured-outputs-config", "[" * 5000],
+    ["-cc", "{'backend': 'evil.f'}"], ['-O{"back" "end": "evil.f"}'], ["--compilation-config", '{"backend": "x",}']])
+def test_v49_a_value_json_loads_does_not_read_is_refused_whole(args):
+    """Never a search of the raw text: an older vLLM read -O with ast.literal_eval (single quotes, adjacent
+    strings), and what rigup cannot read as vLLM does it cannot judge."""
+    found = plugins(args)
+    assert any("no JSON as vLLM reads it" in why for why in found), found
+
+
+def test_v49_keys_as_read_collects_every_key_as_json_loads_reads_it():
+    assert sorted(keys_as_read('{"a": 1, "a": {"b\\u0065": [{"c": NaN}]}}', "x")) == ["a", "a", "be", "c"]
+    assert keys_as_read("3", "x") == [] and keys_as_read('["backend"]', "x") == []
+    for text in ("not json", "[" * 100000, "{'a': 1}"):
+        with pytest.raises(Unreadable):
+            keys_as_read(text, "x")
+
+
+def _keys(value) -> list[str]:
+    if isinstance(value, dict):
+        return [*value, *(k for v in value.values() for k in _keys(v))]
+    return [k for v in value for k in _keys(v)] if isinstance(value, list) else []
+
+
+_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                       max_leaves=12)
+
+
+@settings(max_examples=80, deadline=1000)
+@given(_values, st.booleans())
+def test_v49_keys_as_read_gives_every_key_at_every_depth(value, ascii_only):
+    assert sorted(keys_as_read(json.dumps(value, ensure_ascii=ascii_only), "x")) == sorted(_keys(value))
+
+
+@settings(max_examples=80, deadline=1000)
+@given(st.text(max_size=40))
+def test_v49_keys_as_read_any_text_gives_keys_or_unreadable(text):
+    try:
+        assert all(isinstance(k, str) for k in keys_as_read(text, "x"))
+    except Unreadable as e:
+        assert e.where == "x"
