@@ -31,37 +31,56 @@ def _visible(c: str) -> str:
 # user:PASSWORD@host:path): a password in it, or a bare login of any scheme but ssh's and file's (a token
 # given as the user, as GitHub's and the hub's are; ssh://git@host's user is a login; a file URL carries
 # none: git+file:///repo@v1 is pip's ref), glued to what precedes it too (pip's -ihttps://..., key:https://...:
-# round 14 SEC9, SEC10), after any number of slashes (https:/u:T@h, https:///u:T@h: round 15 S15d; no
-# parser reads those as credentials, but the token would stand in argv and logs), where a word starts or an
-# option glued to it (-ihttps:/...), never inside a URL (host.corp:/x@y is a host and a path); and a
-# parameter named for a secret after ?, &, # or ; (?access_token=, #access_token=, ;token=,
-# &X-Amz-Signature=). A password may hold an unencoded '/', '?' or '#' (base64 tokens hold '/': round 14
-# SEC11), which ends the authority as a URL parser reads it, so whether X in A:X... is a port or a password
-# is told by A (round 15 S15a): A is a HOST when it holds a '.' (gitlab.corp, 10.0.0.1, me@corp.com) or is
-# localhost ([::1] is never read as a login), and then digits up to /?# or the end are its port
-# (gitlab.corp:8443/o/r@v1 is pip's git ref); any other A (a bare word: u, user, oauth2) is a LOGIN and X
-# its password, digits or not (u:1234/TOKEN@h; a host of one word, with a port and an '@' after it, is
-# written with its domain). The userinfo runs to the last '@' before the next whitespace (a password may
-# hold '@' too: u:pw@h/p@ref shows as u:***@ref), the password all after the login's first ':'. A bare
-# login holding '/' is left: //TOKEN/x@ref cannot be told from //host/o/r@ref.
+# round 14 SEC9, SEC10), after any number of slashes or backslashes (https:/u:T@h, https:///u:T@h: round 15
+# S15d; https:\\u:T@h, https:\/u:T@h: round 16 S16c, WHATWG's parsers read '\' as '/'; Python's does not, but
+# the token would stand in argv and logs), where a word starts or an option glued to it (-ihttps:/...), never
+# inside a URL (host.corp:/x@y is a host and a path); and a parameter named for a secret after ?, &, # or ;
+# (?access_token=, #access_token=, ;token=, &X-Amz-Signature=). A password may hold an unencoded '/', '?' or '#'
+# (base64 tokens hold '/': round 14 SEC11), which ends the authority as a URL parser reads it, so whether X in
+# A:X... is a port or a password is told by A (round 15 S15a): A is a HOST when it holds a '.' (gitlab.corp,
+# 10.0.0.1, me@corp.com) or is localhost ([::1] is never read as a login), and then digits up to /?# or the end
+# are its port (gitlab.corp:8443/o/r@v1 is pip's git ref); any other A (a bare word: u, user, oauth2) is a LOGIN
+# and X its password, digits or not (u:1234/TOKEN@h; a host of one word, with a port and an '@' after it, is
+# written with its domain). But a login may hold a '.' too (john.doe:1234/TOKEN@pypi.corp: round 16 S16a): after
+# HOST:DIGITS and a '/', '?' or '#', an '@' before a part that is host-like (_AT_HOST: localhost, an IPv4 or
+# IPv6 address, or a dotted name whose last part starts with a letter: pypi.corp, bücher.de) ends a userinfo;
+# one before anything else is a ref (gitlab.corp:8443/o/r@v1, @v1.2, @main stay). The price: a git ref whose
+# last dotted part starts with a letter (@v2.x, @feature.fix) after a HOST:PORT URL is read as a host, the URL
+# as credentials, and refused. The userinfo runs to the last '@' before the next whitespace (a password may hold
+# '@' too: u:pw@h/p@ref shows as u:***@ref), the password all after the login's first ':'; within an authority
+# as a URL parser reads it (up to the first '/', '?' or '#'), a space, \v or \f does not end it (urlsplit keeps
+# them: https://u:correct horse TOKEN@pypi.corp has the password 'correct horse TOKEN': round 16 S16b), so there
+# it runs to the authority's last '@' (but a HOST:DIGITS before the blank is a port and prose after it; prose
+# after a login's password or a bare word, with no '/' before an '@' on the same line, is hidden with it). A bare login holding '/' is left: //TOKEN/x@ref cannot be told from //host/o/r@ref.
 _PART = r"[^\s/?#:\[\]]*"   # what stands before the authority's first ':'
 _HOST = rf"(?:{_PART}\.{_PART}|(?i:localhost))"
-_USERINFO = re.compile(r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
-                       r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):/+)"   # scheme:/, :///
-                       rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*|[^\s/?#]*)@", re.ASCII)
+_LABEL = r"[^\s/\\?#:@.\[\]]+"
+_AT_HOST = (rf"(?:(?i:localhost)|\[|[0-9]{{1,3}}(?:\.[0-9]{{1,3}}){{3}}|(?:{_LABEL}\.)+(?![0-9-]){_LABEL})"
+            r"(?=[:/\\?#]|\s|$)")
+_LEAD = (r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
+         r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):[/\\]+)")   # scheme:/, :///, :\\
+_USERINFO = re.compile(_LEAD + rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*"
+                               rf"|{_HOST}:[0-9]*[/?#]\S*(?=@{_AT_HOST})|[^\s/?#]*)@", re.ASCII)
+# a URL's authority as its parser reads it (up to its first '/', '?' or '#'), blanks included
+_AUTHORITY = re.compile(_LEAD + r"([^/?#\t\r\n]*)", re.ASCII)
+_BLANKS = re.compile(r"[ \x0b\x0c]")
+_PORT = re.compile(rf"{_HOST}:[0-9]*[ \x0b\x0c]", re.ASCII)   # HOST:PORT, then prose (https://10.0.0.1:8000 is down)
 _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za-z0-9.-]+:)", re.ASCII)
 # A parameter is named for a secret by its name percent-decoded, as the server reads it (?%74oken=: round 15
-# S15f): one holding a word below, or named pass or pw (db_pass=, user-pw=), or code (OAuth's authorization
-# code, a secret for as long as it lives; country_code=, encode= are no secret)
-_QUERY = re.compile(r"([?&#;][A-Za-z0-9_.%+-]*=)[^&;\s#]*", re.ASCII)
-_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|(?:^|[_.-])(?:pass|pw)$|^code$", re.I)
+# S15f): any name up to its '=' (?auth[token]=, ?x:token=: round 16 S16d) holding a word below, or jwt, bearer or
+# session(id) as a word of its own (?jwt=, ?bearer=, ?session_id=; round 16 S16d), or named pass or pw (db_pass=,
+# user-pw=), or code (OAuth's authorization code, a secret for as long as it lives; country_code=, encode= are
+# no secret)
+_QUERY = re.compile(r"([?&#;][^=&;#\s]*=)[^&;\s#]*", re.ASCII)
+_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|(?<![a-z])(?:jwt|bearer|session(?:id)?)"
+                          r"(?![a-z])|(?:^|[^a-z0-9])(?:pass|pw)$|^code$", re.I)
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 # A URL parser drops an ASCII tab, CR or LF wherever it stands (WHATWG; Python's urlsplit, so pip: round 15
 # S15h): https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip. redacted() reads such a URL (from its scheme:/ or //
 # up to the next other whitespace) with them dropped; carries_credentials() refuses any text holding one.
-# Only ASCII whitespace ends a userinfo or a value: a no-break space is part of the password pip sends.
+# A no-break space is part of the password pip sends, as a space, \v and \f are (_AUTHORITY).
 _DROPPED = str.maketrans("", "", "\t\r\n")
-_SPAN = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:/|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
+_SPAN = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:[/\\]|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
 
 
 def redacted(text: str) -> str:
@@ -90,12 +109,21 @@ def carries_credentials(text: object) -> bool:
 
 def _hidden(text: str) -> str:
     """:func:`redacted` of ``text`` read as it stands."""
-    def one(m: re.Match) -> str:
-        lead, scheme, info = m.group(1), m.group(2) or m.group(3) or "", m.group(4)
+    def hidden(lead: str, scheme: str, info: str) -> str | None:
         user, colon, _ = info.partition(":") if ":" in info else (info, "", "")
         if colon:
             return f"{lead}{user}:***@"
-        return f"{lead}***@" if info and scheme.lower() not in _PLAIN_LOGIN else m.group(0)
+        return f"{lead}***@" if info and scheme.lower() not in _PLAIN_LOGIN else None
+
+    def one(m: re.Match) -> str:
+        return hidden(m.group(1), m.group(2) or m.group(3) or "", m.group(4)) or m.group(0)
+
+    def blanks(m: re.Match) -> str:   # a URL's userinfo holding a space, \v or \f: to the authority's last '@'
+        scheme, (info, at, host) = m.group(2) or m.group(3), m.group(4).rpartition("@")
+        found = hidden(m.group(1), scheme, info) if scheme and at and _BLANKS.search(info) \
+            and not _PORT.match(info) else None
+        return found + host if found else m.group(0)
+    text = _AUTHORITY.sub(blanks, text)
     text = _USERINFO.sub(one, text)
     text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
     return _QUERY.sub(lambda m: f"{m.group(1)}***" if _SECRET_NAME.search(unquote(m.group(1)[1:-1])) else m.group(0),

@@ -1,6 +1,9 @@
 """Issue 61, round 16 (/tmp/redteam/round16.md). V50: vLLM's short option -cc (--compilation-config's)
 and a prefix of a short one (-c, -s) were no spelling rigup read; V49: a JSON option's key as vLLM's
-json.loads reads it (a key given twice beside a ``\\u``-escaped held key), where rigup searched the raw text."""
+json.loads reads it (a key given twice beside a ``\\u``-escaped held key), where rigup searched the raw text.
+S16a-S16d: secrets rigup.text left whole: a dotted login whose password starts with digits and '/'
+(john.doe:1234/TOKEN@pypi.corp), blanks inside a userinfo (urlsplit keeps them), backslashes after the
+scheme, query names beyond the name class or the word list (?auth[token]=, ?jwt=)."""
 
 import json
 
@@ -9,10 +12,11 @@ from hypothesis import given, settings, strategies as st
 
 from rigup.boundary.core import Unreadable, keys_as_read
 from rigup.contract import vllm as contract
+from rigup.text import redacted
+from roles.vllm.checks import credentialed
 from tests.unit.hosts import data, host, refusals
 from tests.unit.test_round12_vllm import MODEL, WHERE, problems
-
-S = "S3cr3t"
+from tests.unit.test_round15 import S, hidden_and_refused
 
 
 def plugins(args) -> list[str]:
@@ -131,3 +135,70 @@ def test_v49_keys_as_read_any_text_gives_keys_or_unreadable(text):
         assert all(isinstance(k, str) for k in keys_as_read(text, "x"))
     except Unreadable as e:
         assert e.where == "x"
+
+
+# -- S16a-S16d: rigup.text ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https://john.doe:1234/{S}@pypi.corp/simple", "https://john.doe:***@pypi.corp/simple"),
+    (f"--index-url=https://first.last:0/{S}@pypi.corp/simple", "--index-url=https://first.last:***@pypi.corp/simple"),
+    (f"https://john.doe:/{S}@pypi.corp", "https://john.doe:***@pypi.corp"),
+    (f"https://a.b:12?{S}@10.0.0.1:8443/s", "https://a.b:***@10.0.0.1:8443/s"),
+    (f"https://a.b:12#{S}@localhost/s", "https://a.b:***@localhost/s"),
+    (f"https://a.b:12/{S}@[::1]/s", "https://a.b:***@[::1]/s"), (f"https://a.b:1/{S}@bücher.de", "https://a.b:***@bücher.de")])
+def test_s16a_a_dotted_login_before_an_at_and_a_host_is_a_userinfo(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", [
+    "git+https://gitlab.corp:8443/o/r@v1", "git+https://gitlab.corp:8443/o/r@v1.2.3#egg=x",
+    "https://h.corp:443/x@h", "https://LOCALHOST:1234/x@h", "https://[::1]:8080/x@h", "https://10.0.0.1:8443/x@y",
+    "git+https://gitlab.corp:8443/o/r@release/v1.2", "https://h.corp:8443/o/r@2.0"])
+def test_s16a_a_ref_after_a_hosts_port_stays(plain):
+    """The rule's other side: after '@' a word with no '.', or one whose last dotted part starts with a
+    digit (v1.2.3), is a ref; the price is a ref such as v2.x, read as a host (rigup/text.py)."""
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"--index-url=https://u:correct horse {S}@pypi.corp/simple", "--index-url=https://u:***@pypi.corp/simple"),
+    (f"https://u:ab\x0b{S}@h/s", "https://u:***@h/s"), (f"https://u:ab\x0c{S}@h/s", "https://u:***@h/s"),
+    (f"https://john.doe:a {S}@pypi.corp", "https://john.doe:***@pypi.corp"), (f"https://x {S}@h/s", "https://***@h/s"),
+    (f"refused: https://u:p w{S}@h/s and more", "refused: https://u:***@h/s and more")])
+def test_s16b_a_blank_inside_a_userinfo_does_not_end_it(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("plain", [
+    "https://10.0.0.1:8000 is down; mail admin@corp.com", "https://h.corp/x y@z", "ssh://git user@h/r",
+    "see https://h.corp/a b and c@d", "a // b c@d"])
+def test_s16b_blanks_outside_an_authority_or_after_a_port_are_prose(plain):
+    assert redacted(plain) == plain
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"https:\\\\u:{S}@h/s", "https:\\\\u:***@h/s"), (f"https:\\/u:{S}@h/s", "https:\\/u:***@h/s"),
+    (f"http:/\\u:{S}@h", "http:/\\u:***@h"), (f"--index-url=https:\\\\{S}@h", "--index-url=https:\\\\***@h")])
+def test_s16c_backslashes_after_the_scheme_are_its_slashes(url, shown):
+    assert hidden_and_refused(url) == shown
+
+
+@pytest.mark.parametrize("name", ["jwt", "bearer", "session", "session_id", "auth[token]", "x:token", "my.jwt", "x:pw",
+                                  "X-Session", "sessionid"])
+def test_s16d_a_secret_parameter_by_any_name_up_to_its_equals(name):
+    assert hidden_and_refused(f"https://h/s?a=1&{name}={S}") == f"https://h/s?a=1&{name}=***"
+
+
+@pytest.mark.parametrize("name", ["encode", "country_code", "bypass", "zipcode", "passive", "codec", "sessions_max",
+                                  "obsessive", "jwtx", "a[b]", "x:y"])
+def test_s16d_names_that_only_hold_those_words_still_show(name):
+    plain = f"https://h/s?{name}=1"
+    assert redacted(plain) == plain and credentialed(data(vllm_pip_args=[plain])) == []
+
+
+def test_s16_through_every_check_of_the_roles():
+    plan, facts = host("a100")
+    for url in (f"--index-url=https://u:correct horse {S}@pypi.corp/simple",
+                f"--index-url=https://john.doe:1234/{S}@pypi.corp/simple"):
+        lines = [r.line("h") for r in refusals(plan, facts, data(vllm_pip_args=[url]))]
+        assert any("vllm_pip_args[0] carries credentials" in line for line in lines) and S not in str(lines), lines
