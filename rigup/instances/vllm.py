@@ -254,8 +254,13 @@ PLACE_ENDS = ("_CACHE",)
 # HEADER(S): request headers a client sends, an Authorization among them (OTEL_EXPORTER_OTLP_HEADERS,
 # OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer ...", read by the exporter --otlp-traces-endpoint
 # turns on: round 15 V47)
+# PWD (MYSQL_PWD: MySQL's clients' password), CREDENTIAL(S), COOKIE(S), JWT: round 16 V52
 SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
-                          "BEARER", "CREDENTIALS", "AUTH", "HEADER", "HEADERS"})
+                          "BEARER", "CREDENTIAL", "CREDENTIALS", "AUTH", "HEADER", "HEADERS", "PWD", "COOKIE", "COOKIES",
+                          "JWT"})
+# a secret word glued to the word before it, at a name's end (PGPASSWORD, APITOKEN, X_ACCESSTOKEN: round 16 V52);
+# only these: KEY glued is MONKEY and TURKEY as often as APIKEY
+SECRET_ENDS = ("TOKEN", "PASSWORD", "PASSWD", "SECRET", "APIKEY", "ACCESSKEY")
 # The variables roles/vllm/command.py env_vars writes for an instance -> the key that sets it (None: rigup's own:
 # the server's home and caches, the offline hub, no usage stats). Given again in env or vllm_env it would win over
 # what rigup checked (issue 61, round 13 V28: CUDA_VISIBLE_DEVICES served a card the burn-in quarantined).
@@ -271,10 +276,13 @@ RIGUP_SETS: dict[str, str | None] = {
 
 def secret_variable(name: str) -> bool:
     """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
-    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER, *_HEADERS...): typed into the configuration
-    it passes through every run's output, and the env file is one rigup writes for the service (issue 61,
-    round 12 V14; round 13 V22 the other spellings)."""
-    return bool(SECRET_WORDS & set(name.upper().split("_")))
+    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER, *_HEADERS, *_PWD, *_COOKIE, *_JWT...,
+    and a name ending in TOKEN, PASSWORD, PASSWD, SECRET, APIKEY or ACCESSKEY glued: PGPASSWORD, APITOKEN): typed into
+    the configuration it passes through every run's output, and the env file is one rigup writes for the service
+    (issue 61, round 12 V14; round 13 V22 the other spellings; round 16 V52). The platform's own names are none
+    (PWD: the working directory, refused as the platform's)."""
+    name = name.upper()
+    return name not in PLATFORM and (bool(SECRET_WORDS & set(name.split("_"))) or name.endswith(SECRET_ENDS))
 
 
 def tunes(name: str) -> bool:

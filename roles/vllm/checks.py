@@ -259,8 +259,9 @@ def check_pin(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
 def check_open_without_key(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
     """An instance bound beyond loopback (its host: another address, a wildcard such as 0.0.0.0,
     ::0) without api_key, or a secret typed into env or vllm_env: VLLM_API_KEY, the hub's token
-    (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN), any *_TOKEN, *_KEY, *_SECRET, *_PASSWORD, and
-    request headers (OTEL_EXPORTER_OTLP_HEADERS: an Authorization, any *_HEADERS)."""
+    (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN), any *_TOKEN, *_KEY, *_SECRET, *_PASSWORD, *_PWD,
+    *_CREDENTIAL, *_COOKIE, *_JWT, a name ending in TOKEN, PASSWORD, SECRET or APIKEY glued (PGPASSWORD,
+    APITOKEN), and request headers (OTEL_EXPORTER_OTLP_HEADERS: an Authorization, any *_HEADERS)."""
     found = serving_exposure("vllm_instances", _instances(plan, data))
     host_env = data.get("vllm_env") if isinstance(data.get("vllm_env"), dict) else {}
     for name, inst in _instances(plan, data).items():

@@ -3,7 +3,8 @@ and a prefix of a short one (-c, -s) were no spelling rigup read; V49: a JSON op
 json.loads reads it (a key given twice beside a ``\\u``-escaped held key), where rigup searched the raw text.
 S16a-S16d: secrets rigup.text left whole: a dotted login whose password starts with digits and '/'
 (john.doe:1234/TOKEN@pypi.corp), blanks inside a userinfo (urlsplit keeps them), backslashes after the
-scheme, query names beyond the name class or the word list (?auth[token]=, ?jwt=)."""
+scheme, query names beyond the name class or the word list (?auth[token]=, ?jwt=). V52: secret variable
+names with the word glued (PGPASSWORD, APITOKEN) or not on the list (MYSQL_PWD, X_JWT)."""
 
 import json
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from rigup.boundary.core import Unreadable, keys_as_read
 from rigup.contract import vllm as contract
+from rigup.instances.vllm import TUNING, secret_variable, tunes
 from rigup.text import redacted
 from roles.vllm.checks import credentialed
 from tests.unit.hosts import data, host, refusals
@@ -202,3 +204,32 @@ def test_s16_through_every_check_of_the_roles():
                 f"--index-url=https://john.doe:1234/{S}@pypi.corp/simple"):
         lines = [r.line("h") for r in refusals(plan, facts, data(vllm_pip_args=[url]))]
         assert any("vllm_pip_args[0] carries credentials" in line for line in lines) and S not in str(lines), lines
+
+
+# -- V52: secret variable names in env and vllm_env ----------------------------------------------------------
+
+SECRETS = ["MYSQL_PWD", "PGPASSWORD", "DB_CREDENTIAL", "APITOKEN", "X_ACCESSTOKEN", "SESSION_COOKIE", "X_JWT",
+           "AWS_SECRETACCESSKEY", "MY_APIKEY", "pgpassword", "MY_COOKIES"]
+
+
+@pytest.mark.parametrize("name", SECRETS)
+@pytest.mark.parametrize("where", ["env", "vllm_env"])
+def test_v52_a_secret_word_glued_or_new_is_refused_as_a_secret(name, where):
+    assert secret_variable(name)
+    entry = {"model": "m", "port": 8000, **({"env": {name: S}} if where == "env" else {})}
+    plan, facts = host("a100")
+    lines = [r.line("h") for r in refusals(plan, facts, data(models={"m": MODEL}, vllm_instances={"a": entry},
+                                                             **({"vllm_env": {name: S}} if where == "vllm_env" else {})))]
+    assert any(f"vllm_instances.a: {name} in env" in line for line in lines) and S not in str(lines), lines
+
+
+@pytest.mark.parametrize("name", ["MONKEY_PATCH", "TURKEY", "VLLM_MAX_TOKENS", "DSV4_LOGITS_ROW_CHUNK", "OLDPWD_X",
+                                  "VLLM_KEYBOARD_X", *sorted(TUNING)])
+def test_v52_tuning_names_are_no_secret(name):
+    assert not secret_variable(name)
+
+
+def test_v52_pwd_alone_is_the_working_directory_refused_as_the_platforms():
+    assert not secret_variable("PWD") and not tunes("PWD")
+    assert [why for _, why in problems(env={"PWD": "/tmp"})] and not [
+        why for _, why in problems(env={"PWD": "/tmp"}) if "secret" in why]
