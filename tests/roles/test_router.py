@@ -236,7 +236,7 @@ def one(i):
     start = time.monotonic()
     try:
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                    {"Content-Type": "application/json"}), timeout=300) as r:
+                                    {"Content-Type": "application/json"}), timeout=120) as r:
             by = json.load(r).get("model")
             out.append({"code": r.status, "ok": by == models[i % 2], "s": time.monotonic() - start})
     except urllib.error.HTTPError as e:
@@ -261,6 +261,8 @@ def test_a_bounded_queue_serves_what_it_holds_and_answers_429_beyond(lab, duo):
     again = converge("inventory/lab.py", "--limit", name, *data(models, queued))
     owners = on_host(lab, name, f"ss -Htlnp 'sport = :{PORT}' | grep -o 'users:((\"[a-z-]*' | sort -u; "
                                 f"ss -Htlnp 'sport = :{PORT + 1}' | grep -o 'users:((\"[a-z-]*' | sort -u")
+    # the router's event stream through the queue: refused (it would hold a slot for as long as it lasts)
+    sse = on_host(lab, name, f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{PORT}/models/sse || true")
     on_host(lab, name, f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF")
     results = {}
     for n in (20, 40):
@@ -273,9 +275,17 @@ def test_a_bounded_queue_serves_what_it_holds_and_answers_429_beyond(lab, duo):
                       "longest_wait_s": round(max((r["s"] for r in got if r["code"] == 200), default=-1), 2),
                       "errors": [r for r in got if r["code"] not in (200, 429)][:3]}
     print(f"\nqueue 20: converge {run.seconds:.1f} s, again {again.totals['changed']} changed; listeners {owners.split()}; "
-          f"20 concurrent: {results[20]}; 40 at once: {results[40]}")
+          f"GET /models/sse through the queue: {sse}; 20 concurrent: {results[20]}; 40 at once: {results[40]}")
+    if results[20]["answered"] < 20:   # who held the router's one slot (a stall seen 3 times in CI, never alone)
+        print(on_host(lab, name, "for a in $(ss -Htlnp | grep haproxy | grep -o '127.0.0.1:[0-9]*'); do "
+                                 "curl -s -m 5 \"http://$a/stats;csv\" | grep -i duo; done; "
+                                 f"echo '-- connections to the router (:{PORT + 1})'; ss -Htnp state established "
+                                 f"'( dport = :{PORT + 1} )'; echo '-- its models'; curl -s -m 5 http://127.0.0.1:{PORT + 1}/models; "
+                                 "echo; journalctl -q --no-pager -n 25 -u rigup-llama@duo -u rigup-metrics-relay -u haproxy "
+                                 "-u rigup-watchdog || true"))
     assert again.totals["changed"] == 0, again.changed_operations()
     assert owners.split() == ['users:(("haproxy', 'users:(("llama-server']
+    assert sse == "403", sse
     assert results[20]["answered"] == results[20]["right_model"] == 20 and results[20]["errors"] == []
     assert results[40]["429"] >= 1 and results[40]["retry_after"] == ["5"] and results[40]["errors"] == []
     assert results[40]["answered"] == results[40]["right_model"] == 40 - results[40]["429"] >= 20

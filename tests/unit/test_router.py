@@ -102,10 +102,11 @@ def test_a_routers_queue_puts_haproxy_on_its_port_with_a_bound():
     print(text[text.index("frontend llama-x"):])
     for line in ('http-request return status 429 content-type text/plain string "queue full" hdr Retry-After 5 '
                  "if { queue(llama-x) ge 20 }", "http-after-response set-header Retry-After 5 if { status 503 }",
-                 "timeout queue 600s", "server x 127.0.0.1:8082 check maxconn 2\n"):
+                 "timeout queue 600s", "server x 127.0.0.1:8082 check maxconn 2\n",
+                 "http-request deny deny_status 403 if { path,url_dec -m sub /models/sse }", "    option abortonclose\n"):
         assert line in text, line
     plain = haproxy_cfg([{k: v for k, v in backend.items() if k not in ("slots", "queue", "wait_s")}], data())
-    assert "429" not in plain and "maxconn" not in plain and "timeout queue 600s" not in plain
+    assert "429" not in plain and "maxconn" not in plain and "timeout queue 600s" not in plain and "/models/sse" not in plain and "abortonclose" not in plain
     _, problems_ = instances(router(also=[], queue=5))
     assert ("llama_server_instances.x.queue", "router mode only: give also, the other models of the set") in problems_
 
