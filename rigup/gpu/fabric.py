@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from rigup.boundary.core import Unreadable
+from rigup.boundary.fields import pci_bus_id
 from rigup.boundary.numbers import number, whole
 
 SERVICE = "nvidia-fabricmanager.service"
@@ -33,9 +35,18 @@ MANAGER_COMMAND = ("dpkg-query -W -f='fm ${Package} ${Version} ${db:Status-Abbre
 
 
 def parse_nvswitches(lines: list[str]) -> list[str]:
-    """rigup.gpu.facts PCI_COMMAND's lines (``BUS DEVICE CLASS``) -> the NVSwitches' bus ids, in order."""
-    return sorted(p[0] for p in (line.split() for line in lines)
-                  if len(p) == 3 and p[2].lower().startswith(NVSWITCH_CLASS))
+    """rigup.gpu.facts PCI_COMMAND's lines (``BUS DEVICE CLASS``) -> the NVSwitches' bus ids, in order. A
+    line whose bus is no PCI bus id (:func:`rigup.boundary.fields.pci_bus_id`) is skipped, as parse_pci
+    skips a card's: sysfs names every device by one, and the guard keys each switch's SXid lines by it
+    (issue 61, round 16 FX16: ``\\x1b[31mNOTABUS 0x10de 0x068000`` reached xid.card_key, whose ValueError
+    ended the gpu_guard role with a traceback)."""
+    def bus(text: str) -> str | None:
+        try:
+            return pci_bus_id(text, "an NVSwitch's sysfs name")
+        except Unreadable:
+            return None
+    return sorted(b for p in (line.split() for line in lines)
+                  if len(p) == 3 and p[2].lower().startswith(NVSWITCH_CLASS) and (b := bus(p[0])))
 
 
 def parse_manager(lines: list[str]) -> dict:

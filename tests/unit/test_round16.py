@@ -233,3 +233,17 @@ def test_v52_pwd_alone_is_the_working_directory_refused_as_the_platforms():
     assert not secret_variable("PWD") and not tunes("PWD")
     assert [why for _, why in problems(env={"PWD": "/tmp"})] and not [
         why for _, why in problems(env={"PWD": "/tmp"}) if "secret" in why]
+
+
+# -- FX16: an NVSwitch line whose bus is no bus id --------------------------------------------------------------
+
+def test_fx16_an_nvswitch_line_without_a_bus_id_is_skipped_and_the_guard_plans():
+    from rigup.gpu.fabric import fabric_plan, parse_nvswitches
+    from roles.gpu_guard import guard_config
+
+    lines = ["0000:01:00.0 0x10de 0x030200", "\x1b[31mNOTABUS 0x10de 0x068000", "0000:0a:00.0 0x10de 0x068000",
+             "0000:0b:00 0x10de 0x068000", "../../x 0x10de 0x068000", "0000:0c:00.0 0x10de 0x068000 extra"]
+    assert parse_nvswitches(lines) == ["0000:0a:00.0"]
+    plan, _ = host("a100")
+    plan = {**plan, "fabric": fabric_plan(parse_nvswitches(lines), [], None)}
+    assert guard_config(data(gpu_guard_xid_enabled=True), plan)["fabric"]["switches"] == ["0000:0a:00"]
