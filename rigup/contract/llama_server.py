@@ -336,6 +336,12 @@ def api_model(name: str, entry: dict) -> str:
     return entry["model"] if entry.get("also") else name
 
 
+def queued(entry: dict) -> bool:
+    """A router with a bounded queue (``also`` and ``queue``): HAProxy (roles/balancer) on its port,
+    the router behind it on port + 1 (llama_server's units and the metrics relay read it alike)."""
+    return bool(entry.get("also")) and entry.get("queue") is not None
+
+
 def pinned(entry: dict) -> dict[str, int]:
     """A router's pinned models (``per_model: {M: {pinned: true}}``, models of ``also``), each ->
     the port of its own server: the instance's port + 2 + i, i its place among the pinned in

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rigup.boundary.formats import ini_comment, ini_line, ini_section, systemd_env, systemd_quote, unit_comment
 from rigup.contract import llama_server as contract
+from rigup.contract.llama_server import queued   # the rule is the contract's: the metrics relay reads it too
 from rigup.rpc import wait_argv
 from rigup.templates import render
 from rigup.units import main_first, replica_inst, replica_name, visible_devices
@@ -75,11 +76,6 @@ def preset_text(name: str, inst: LlamaInstance, paths: dict[str, str], revisions
         startup = key == inst["model"] or (own.get(key) or {}).get("load_on_startup")
         out += (["load-on-startup = true"] if startup else []) + lines(own.get(key) or {}, f"{key}'s")
     return "\n".join(out) + "\n"
-
-
-def queued(inst: LlamaInstance) -> bool:
-    """A router with a bounded queue (``also`` and ``queue``): HAProxy on its port, the router behind it."""
-    return bool(inst.get("also")) and inst.get("queue") is not None
 
 
 def fronted(inst: LlamaInstance, srv: list[dict]) -> bool:

@@ -69,7 +69,7 @@ def llama_instances(data: Config) -> dict[str, dict]:
         if not inst["metrics"]:
             continue
         pins, key = llama_server.pinned(inst), llama_server.key_file(name, inst)
-        found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not queued(inst) else
+        found[name] = {"url": endpoint(inst["host"] or "127.0.0.1", inst["port"]) if not llama_server.queued(inst) else
                        # a queued router itself, behind HAProxy on 127.0.0.1:port+1 (the contract's queue row): the
                        # relay's event stream never holds one of the slots the queue hands out
                        endpoint("127.0.0.1", inst["port"] + 1), "key": key,
@@ -77,16 +77,11 @@ def llama_instances(data: Config) -> dict[str, dict]:
                           if inst.get("also") else {}),   # a router's set: its pinned models are not its to load
                        **({"queue": {"stats": f"http://127.0.0.1:{data['balancer_stats_port']}/stats;csv",
                                      "backend": llama_server.BACKEND.format(name), "limit": inst["queue"]}}
-                          if queued(inst) else {})}   # HAProxy holds its queue
+                          if llama_server.queued(inst) else {})}   # HAProxy holds its queue
         found.update({llama_server.PINNED_UNIT.format(name, m): {"url": endpoint(inst["host"] or "127.0.0.1", port),
                                                                  "key": key, "model": m}
                       for m, port in pins.items()})
     return found
-
-
-def queued(inst: dict) -> bool:
-    """A router with a bounded queue: HAProxy (roles/balancer) on its port, the router on port+1."""
-    return bool(inst.get("also")) and inst.get("queue") is not None
 
 
 def monitors(fleet: list[tuple[str, dict]]) -> list[str]:
