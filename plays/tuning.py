@@ -38,9 +38,7 @@ from rigup.contract import llama_server as contract
 from rigup.contract.llama_server import DROPIN, PRESET
 
 SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
-           "rigup_gguf.py": ROOT / "rigup" / "gguf.py",
-           "rigup_llama_contract.py": ROOT / "rigup" / "contract" / "llama_server.py",
-           "rigup_contract.py": ROOT / "rigup" / "contract" / "__init__.py"}
+           "rigup_gguf.py": ROOT / "rigup" / "gguf.py"}
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
           "# (rigup/instances/tuned.py). Commit it; the next converge serves with them. Remove an\n"
           "# entry to go back to the instance's own keys.\n")
@@ -548,7 +546,8 @@ class Unsafe(FactBase):
 def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None, *,
          ctx: int, parallel: int) -> dict:
     """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart, found
-    the plan's: :func:`differences`), with ``served`` (:class:`ServingEnv`: the unit's environment
+    the plan's: :func:`differences`), with the swept flags' spellings from the contract (``flags``: no
+    host holds the contract), with ``served`` (:class:`ServingEnv`: the unit's environment
     and GPU count). ``ctx`` and ``parallel``: the serving plan's (rigup.serving ``serving_plan``: the
     instance sized, a router's model with its own ``per_model``), whole numbers of at least 1 by the
     schema; never read back from the host's text (a drop-in's ``--parallel 0`` divided by zero)."""
@@ -558,7 +557,8 @@ def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None
             "max_parallel": int(data["llama_server_tune_max_parallel"]), "gpu": gpu,
             "budget_s": int(data["llama_server_tune_budget_s"]), "max_tokens": int(data["llama_server_tune_max_tokens"]),
             "rounds": 1, "key_file": key_file, "logs": outdir(data), "env": (served or {}).get("env") or {},
-            "gpus": max(1, int((served or {}).get("gpus") or 1))}
+            "gpus": max(1, int((served or {}).get("gpus") or 1)),
+            "flags": {key: list(names) for key, names in contract.spellings(contract.SWEPT).items()}}
 
 
 def job(name: str, data: dict, instance: str | None = None) -> tuple[str, str, str, str]:

@@ -107,9 +107,9 @@ PLACES: tuple[Place, ...] = (
           "destination; a run whose TEMP_DIR is not '.' (from outside the checkout: config.py unread) is "
           "refused when it imports rigup"),
     Place("a host program's import of the one beside it (root runs the guard, the relay, the watchdog, the "
-          "burn-in, the sweep; the contract beside them)",
+          "burn-in, the sweep)",
           "roles/burnin/acceptance.py:beside, roles/gpu_guard/guard.py:beside, roles/metrics/relay.py:beside, "
-          "roles/watchdog/watchdog.py:beside, rigup/tune.py:beside, rigup/contract/llama_server.py:beside",
+          "roles/watchdog/watchdog.py:beside, rigup/tune.py:beside",
           "sys.path inserts and importlib by path: a link, a FIFO or a file another user could write was run "
           "(round 8)", "opened O_NOFOLLOW|O_NONBLOCK and run only as a regular file of root's (or the running "
           "user's) that no group or other user may write; else ImportError naming the file"),

@@ -2,14 +2,16 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
 sweep, one setting at a time, each point a real llama-server answering real completions at the
-instance's target concurrency. Python 3 standard library only (and rigup/throughput.py, rigup/gguf.py and
-rigup/contract/llama_server.py, installed next to it as ``rigup_throughput.py``, ``rigup_gguf.py``
-and ``rigup_llama_contract.py``): tune.py (the play) sends them to a host and runs this as a
-background job; tests/gpu/check.py runs it with a plain python3 on a GPU machine.
+instance's target concurrency. Python 3 standard library only (and rigup/throughput.py and rigup/gguf.py,
+installed next to it as ``rigup_throughput.py`` and ``rigup_gguf.py``): tune.py (the play) sends them
+to a host and runs this as a background job; tests/gpu/check.py runs it with a plain python3 on a GPU
+machine.
 
     python3 tune.py SPEC.json RESULT.json      # RESULT is rewritten after every point
 
-SPEC: ``argv`` (the server's command line as its unit runs it), ``port`` (the tuner's own
+SPEC: ``argv`` (the server's command line as its unit runs it), ``flags`` (llama-server's spellings
+of each flag the sweep sets, the first written, by key: rigup/contract/llama_server.py ``spellings``
+of its swept rows, written by plays/tuning.py ``spec``), ``port`` (the tuner's own
 loopback port, replacing the instance's), ``concurrency`` (the instance's target), ``slot_tokens``
 (the context each slot keeps: the instance's ctx / parallel), ``max_parallel``, ``gpu`` (layers on
 GPUs: flash attention, batch sizes and KV cache types are swept), ``budget_s``; optional
@@ -99,18 +101,15 @@ def beside(name: str, tree: str, me: str):
     return module
 
 
-# on a host: rigup_throughput.py, rigup_gguf.py and rigup_llama_contract.py next to this file (tune.py, the
-# play, sends them), each read by its path; in the source tree (unit tests, tests/gpu/check.py) rigup's modules
+# on a host: rigup_throughput.py and rigup_gguf.py next to this file (tune.py, the play, sends them), each
+# read by its path; in the source tree (unit tests, tests/gpu/check.py) rigup's modules
 gguf = beside("rigup_gguf.py", "rigup/gguf.py", "rigup/tune.py")
-contract = beside("rigup_llama_contract.py", "rigup/contract/llama_server.py", "rigup/tune.py")
 throughput = beside("rigup_throughput.py", "rigup/throughput.py", "rigup/tune.py")
-if gguf is None or contract is None or throughput is None:
-    print("rigup_tune.py: rigup_gguf.py, rigup_llama_contract.py or rigup_throughput.py is not beside it "
-          "(tune.py sends the four): not run", file=sys.stderr)
+if gguf is None or throughput is None:
+    print("rigup_tune.py: rigup_gguf.py or rigup_throughput.py is not beside it (tune.py sends the three): not run",
+          file=sys.stderr)
     raise SystemExit(2)
 
-# llama-server's spellings of the flags the sweep sets (the contract's rows with ``sweep``); the first is written
-FLAGS = contract.spellings(contract.SWEPT)
 BATCHES = ((2048, 512), (4096, 1024), (1024, 256))   # llama.cpp's default pair first
 GAIN = 1.03
 # what llama-server's log says when a point cannot serve as asked
@@ -119,10 +118,10 @@ NO_GPU = "no usable GPU found"
 HEAD_BYTES = 8 << 20   # a GGUF header's metadata, its vocabulary skipped (rigup.gguf partial)
 
 
-def with_flags(argv: list[str], flags: dict) -> list[str]:
-    """``argv`` with each of ``flags`` (FLAGS' keys: a value, or None to drop it) set once, every
-    other spelling of it removed; ``--flag=value`` forms too."""
-    out, spellings = [], {s: key for key, names in FLAGS.items() for s in names if key in flags}
+def with_flags(argv: list[str], flags: dict, table: dict) -> list[str]:
+    """``argv`` with each of ``flags`` (``table``'s keys, the spec's ``flags``: a value, or None to drop
+    it) set once, every other spelling of it removed; ``--flag=value`` forms too."""
+    out, spellings = [], {s: key for key, names in table.items() for s in names if key in flags}
     skip = False
     for i, arg in enumerate(argv):
         if skip:
@@ -135,13 +134,28 @@ def with_flags(argv: list[str], flags: dict) -> list[str]:
         out.append(arg)
     for key, value in flags.items():
         if value is not None:
-            out += [FLAGS[key][0], str(value)]
+            out += [table[key][0], str(value)]
     return out
 
 
-def flags_of(argv: list[str]) -> dict:
-    """The FLAGS' values ``argv`` gives (the last one wins), as strings, by key."""
-    found, names = {}, {s: key for key, spellings in FLAGS.items() for s in spellings}
+def spec_flags(spec: dict) -> dict[str, tuple[str, ...]]:
+    """The spec's ``flags``: key -> its spellings, each an option (``-`` first), ``port`` and ``host``
+    among them. ValueError, naming what is wrong, for any other (a spec an older tune.py wrote has
+    none: its sweep is not run)."""
+    table = spec.get("flags")
+    if not isinstance(table, dict) or not {"port", "host"} <= set(table):
+        raise ValueError("the spec's flags are not a table with port and host (tune.py writes them: tune again)")
+    for key, names in table.items():
+        if not (isinstance(names, list) and names
+                and all(isinstance(n, str) and n.startswith("-") and n.lstrip("-") and "=" not in n and n.isascii()
+                        and n.isprintable() and " " not in n for n in names)):
+            raise ValueError(f"the spec's flags: {str(key)[:40]!r} is not a list of options")
+    return {key: tuple(names) for key, names in table.items()}
+
+
+def flags_of(argv: list[str], table: dict) -> dict:
+    """The values ``argv`` gives of ``table``'s flags (the last one wins), as strings, by key."""
+    found, names = {}, {s: key for key, spellings in table.items() for s in spellings}
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         if name in names and (eq or i + 1 < len(argv)):
@@ -326,8 +340,9 @@ def measure(spec: dict, argv: list[str], log: Path) -> dict:
 def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure) -> dict:
     """Run the sweep of ``spec`` (module docstring); ``write(result)`` after every point.
     ``measure_point(spec, argv, log)`` measures one point (:func:`measure`)."""
-    argv = with_flags(list(spec["argv"]), {"port": spec["port"], "host": "127.0.0.1"})
-    base = flags_of(argv)
+    table = spec_flags(spec)
+    argv = with_flags(list(spec["argv"]), {"port": spec["port"], "host": "127.0.0.1"}, table)
+    base = flags_of(argv, table)
     logs = logs or Path(spec.get("logs") or "/tmp")
     gain, budget = float(spec.get("gain", GAIN)), float(spec["budget_s"])
     started = time.monotonic()
@@ -341,8 +356,8 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
         """Measure the best flags with ``change``: whether it became the best (None: a command
         line already measured, not measured again)."""
         flags = {**best_flags, **change}
-        point = {"stage": stage, "flags": flags, "argv": with_flags(argv, flags)}
-        key = frozenset(flags_of(point["argv"]).items())
+        point = {"stage": stage, "flags": flags, "argv": with_flags(argv, flags, table)}
+        key = frozenset(flags_of(point["argv"], table).items())
         if key in measured:
             return None
         measured.add(key)

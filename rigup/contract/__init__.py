@@ -1,8 +1,7 @@
-# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """One contract per serving engine: every instance key, in one table per engine, and what is made
 from it (the entry form, the command line, the flags extra_args may not give again, what the tuner
-sweeps, the docs). Standard library only: the programs that run on hosts (rigup/tune.py) ship the
-tables with them, and tests/gpu loads them with a plain python3.
+sweeps, the docs). Standard library only: tests/gpu loads them with a plain python3. No host runs
+them: the tuner gets the swept flags' spellings in its spec (plays/tuning.py ``spec``).
 
 - here: the keys every serving entry has (:data:`SERVING`) and each engine's map and key file
   (:data:`MAPS`); the instances themselves, normalised, are rigup/instances/'s (``every``: both

@@ -1,4 +1,3 @@
-# rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """llama-server's contract: one row per instance key that becomes a flag (:data:`FLAGS`), and the
 flags rigup writes from the instance itself (:data:`FIXED`). Everything else is made from them:
 the entry form of ``llama_server_instances`` (rigup/instances/llama_server.py), the command line
@@ -17,77 +16,16 @@ A row: ``key`` (the instance key), ``form`` (rigup/config.py's form language), `
 ``since`` (where the flag first appeared in llama.cpp, for the reader: a build's own ``--help``
 is what is checked).
 
-Standard library only (and rigup/contract/__init__.py): rigup/tune.py runs on hosts with both
-installed next to it as ``rigup_llama_contract.py`` and ``rigup_contract.py``.
+Standard library only (and rigup/contract/__init__.py): tests/gpu imports it with a plain python3.
+The tuner on a host reads none of it: plays/tuning.py writes the swept rows' spellings into its
+spec (``flags``).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-
-def beside(name: str, tree: str, me: str):
-    """The module of the host program ``name`` that its role installs next to this one, read by that
-    file's path; else, where this program is ``me`` of a source tree (the controller, unit tests,
-    tests/gpu), the tree's file ``tree`` as its package module (imported as the rest of the tree is);
-    else None (the caller names the file and ends). The file beside it is run only when it is a
-    regular file, not a link, owned by root or by whoever runs this, that neither its group nor others
-    may write: never code another user could have written, nor a module of that name from wherever
-    sys.path finds one (round 8 R1: a rigup_xid.py in the prefix's parent ran as root). Raises
-    ImportError, naming the file and why, for one that is there but not so. One function, copied
-    into each host program that imports another (tests/unit/test_host_programs.py)."""
-    import importlib
-    import os
-    import stat
-    import sys
-    import types
-    mine = os.path.abspath(__file__)
-    path, module_name = os.path.join(os.path.dirname(mine), name), name.removesuffix(".py")
-    top = mine[:-len(me) - 1] if mine.endswith(os.sep + me) else None
-    if top is not None and not os.path.lexists(path):   # the source tree: its package's module
-        if not os.path.isfile(os.path.join(top, tree)):
-            return None
-        if top not in sys.path:
-            sys.path.insert(0, top)
-        module = importlib.import_module(tree.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
-        if os.path.abspath(getattr(module, "__file__", None) or "") != os.path.join(top, tree):
-            raise ImportError(f"{module.__name__} is {getattr(module, '__file__', None)}, not {os.path.join(top, tree)}")
-        return module
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:   # ELOOP: a link
-        raise ImportError(f"{path} is not run: {'a link' if os.path.islink(path) else e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            raise ImportError(f"{path} is not run: {stat.filemode(st.st_mode)}, uid {st.st_uid} (only a regular "
-                              f"file of root's or this user's, that no group or other user may write)")
-        source = f.read()
-    if module_name not in sys.modules:
-        module = sys.modules[module_name] = types.ModuleType(module_name)
-        module.__file__ = path
-        try:
-            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
-        except BaseException:
-            del sys.modules[module_name]
-            raise
-    module = sys.modules[module_name]
-    if os.path.abspath(getattr(module, "__file__", None) or "") != path:
-        raise ImportError(f"{module_name} is {getattr(module, '__file__', None)}, not {path}")
-    return module
-
-
-# rigup/contract/__init__.py: the package on the controller; on a host, rigup_contract.py next to this file
-# (rigup_llama_contract.py, beside rigup/tune.py), read by its path
-_contract = beside("rigup_contract.py", "rigup/contract/__init__.py", "rigup/contract/llama_server.py")
-if _contract is None:
-    raise ImportError("rigup_contract.py is not beside rigup_llama_contract.py (tune.py sends the two)")
-ALSO, MAPS, OWNED, PAIR, SWITCH, VALUE = (_contract.ALSO, _contract.MAPS, _contract.OWNED, _contract.PAIR,
-                                          _contract.SWITCH, _contract.VALUE)
-Flag, Row, doc_line, flag_args, owned_by = (_contract.Flag, _contract.Row, _contract.doc_line, _contract.flag_args,
-                                            _contract.owned_by)
+from rigup.contract import ALSO, MAPS, OWNED, PAIR, SWITCH, VALUE, Flag, Row, doc_line, flag_args, owned_by
 
 # the files of an instance NAME on a host (roles/llama_server writes them; tune.py, the metrics,
 # the watchdog and bench.py read them): .format(NAME)

@@ -10,7 +10,7 @@ here, so no reader imports a role.
 - ``tuned``: ``llama_server_tuned``, the flags tune.py measured, laid over the instances
 - ``vllm``: ``vllm_instances`` (:class:`~rigup.instances.vllm.VllmInstance`)
 
-Not shipped to hosts (the contracts are: plays/tuning.py), so not bound to the standard library.
+Not shipped to hosts, so not bound to the standard library.
 """
 
 from __future__ import annotations

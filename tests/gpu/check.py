@@ -73,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.gpu.standalone import ROOT, load  # noqa: E402  (pyinfra stood in where it is missing)
 
 from rigup.config import role_defaults  # noqa: E402
+from rigup.contract.llama_server import SWEPT, spellings  # noqa: E402
 from rigup.entries import normalise  # noqa: E402
 from rigup.gpu.facts import hardware_command, parse_hardware  # noqa: E402
 from rigup.gpu.plan import format_plan, hardware_plan  # noqa: E402
@@ -409,6 +410,7 @@ def cmd_bench(args) -> None:
 TUNE_LEVELS = (1, 8, 16, 32)
 TUNE_REPEATS = 3
 TUNE_PORT = 8184
+TUNE_FLAGS = spellings(SWEPT)   # the spec's flags (plays/tuning.py spec): the swept flags' spellings
 
 
 def plan_instance(plan: dict, model: Path) -> tuple[dict, str]:
@@ -456,7 +458,8 @@ def cmd_tune(args) -> None:
     spec = {"argv": inst_argv(bindir, model, build, inst), "port": TUNE_PORT, "concurrency": max(levels),
             "levels": levels, "slot_tokens": inst["ctx"] // inst["parallel"], "max_parallel": 32,
             "gpu": True, "budget_s": args.budget, "max_tokens": 400 if args.ngl is None else 100, "rounds": 1,
-            "env": {"NCCL_NVLS_ENABLE": "0"}, "gpus": len(plan.get("cards", [])) or 1}
+            "env": {"NCCL_NVLS_ENABLE": "0"}, "gpus": len(plan.get("cards", [])) or 1,
+            "flags": {k: list(v) for k, v in TUNE_FLAGS.items()}}
     logs = args.work / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -526,10 +529,10 @@ def cmd_admission(args) -> None:
     model = args.work / MODEL_FILE
     inst, why = plan_instance(plan, model)
     port, levels = TUNE_PORT + 1, (16, 32)
-    tuned = tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port, "flash_attn": "on"})
-    configs = {"tuned (-fa on)": tuned, "tuned with --cache-ram 0": tune.with_flags(tuned, {"cache_ram": 0}),
+    tuned = tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port, "flash_attn": "on"}, TUNE_FLAGS)
+    configs = {"tuned (-fa on)": tuned, "tuned with --cache-ram 0": tune.with_flags(tuned, {"cache_ram": 0}, TUNE_FLAGS),
                "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
-                                                                               {"port": port})}
+                                                                               {"port": port}, TUNE_FLAGS)}
 
     servers, mean = side_by_side(configs, port, levels, args.out / "admission")
     t, off, reports = (mean[k] for k in configs)
@@ -568,10 +571,10 @@ def cmd_compare(args) -> None:
     server = str(bindir / "llama-server")
     port = TUNE_PORT + 1
     configs = {
-        "tuned (rigup/tune.py)": tune.with_flags(tuned["best"]["argv"], {"port": port}),
-        "rigup's defaults (from the plan)": tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port}),
+        "tuned (rigup/tune.py)": tune.with_flags(tuned["best"]["argv"], {"port": port}, TUNE_FLAGS),
+        "rigup's defaults (from the plan)": tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port}, TUNE_FLAGS),
         "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
-                                                                        {"port": port}),
+                                                                        {"port": port}, TUNE_FLAGS),
         "llama.cpp's defaults": [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
     }
 

@@ -18,7 +18,7 @@ from pyinfra.api import OperationError
 from plays import fleet
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable
-from rigup.contract.llama_server import SWEPT
+from rigup.contract.llama_server import SWEPT, spellings
 from tests.runs import own_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,8 @@ def test_the_readers_know_every_flag_the_sweep_sets():
 def test_a_sweep_written_by_rigup_tune_reads_back():
     from rigup import tune
     spec = {"argv": ["/b/llama-server", "-c", "8192", "-np", "2"], "port": 18080, "concurrency": 4, "slot_tokens": 4096,
-            "max_parallel": 8, "gpu": True, "gpus": 2, "budget_s": 900, "layers": 40}
+            "max_parallel": 8, "gpu": True, "gpus": 2, "budget_s": 900, "layers": 40,
+            "flags": {k: list(v) for k, v in spellings(SWEPT).items()}}
     n = iter(range(1, 1000))
 
     def measured(spec, argv, log):

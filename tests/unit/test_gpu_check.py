@@ -76,7 +76,7 @@ from rigup import tune
 facts, plan = check.facts_and_plan()
 inst, why = check.plan_instance(plan, check.SMOKE_TINY)
 argv = check.inst_argv(WORK / 'bin', check.SMOKE_TINY, {'id': 'b1'}, inst)
-print('tune', why, ' '.join(tune.with_flags(argv, {'port': check.TUNE_PORT, 'cache_ram': 0})[1:]))
+print('tune', why, ' '.join(tune.with_flags(argv, {'port': check.TUNE_PORT, 'cache_ram': 0}, check.TUNE_FLAGS)[1:]))
 print('goals', check.compare_goals(json.loads(Path('tests/gpu/results/2026-12-02-h200-tune.json').read_text())))
 """,
     "check.py health, report": """

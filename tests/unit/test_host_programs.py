@@ -40,7 +40,7 @@ def test_each_host_program_imports_the_standard_library_and_the_other_host_progr
     programs = marked()
     # each program by its package module and by the name it has next to another on a host (rigup_NAME)
     own = {p[:-3].replace("/", ".").removesuffix(".__init__") for p in programs}
-    own |= {f"rigup_{Path(p).stem}" for p in programs} | {"rigup_contract", "rigup_llama_contract", "rigup_xid"}
+    own |= {f"rigup_{Path(p).stem}" for p in programs}
     wrong = {}
     for p in sorted(programs):
         outside = {m for m in imports(ROOT / p) if m.split(".")[0] not in sys.stdlib_module_names
@@ -141,7 +141,7 @@ def test_the_writer_is_one_function_copied_into_each_host_program_that_writes():
 # 61, round 8 R1: four spellings, one of which ran a rigup_xid.py from the prefix's parent as root): one
 # function, copied into each, by that file's path, never through sys.path.
 IMPORTS_ANOTHER = {"roles/burnin/acceptance.py", "roles/gpu_guard/guard.py", "roles/metrics/relay.py",
-                   "roles/watchdog/watchdog.py", "rigup/tune.py", "rigup/contract/llama_server.py"}
+                   "roles/watchdog/watchdog.py", "rigup/tune.py"}
 
 
 def copies_of(function: str) -> dict[str, str]:
@@ -153,7 +153,7 @@ def test_a_host_program_imports_another_through_the_one_beside_and_never_through
     copies = copies_of("beside")
     print(f"beside() in {sorted(copies)}: {len(set(copies.values()))} text(s)")
     assert IMPORTS_ANOTHER <= set(copies) and len(set(copies.values())) == 1, "the copies of beside() differ"
-    own = {f"rigup_{Path(p).stem}" for p in marked()} | {"rigup_contract", "rigup_llama_contract", "rigup_xid", "rigup"}
+    own = {f"rigup_{Path(p).stem}" for p in marked()} | {"rigup"}
     other_ways = {}
     for p in sorted(marked()):
         tree = ast.parse((ROOT / p).read_text())

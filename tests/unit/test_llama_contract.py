@@ -76,10 +76,19 @@ def test_extra_args_may_give_a_flag_again_only_by_its_policy(key, spelling):
 
 
 def test_the_tuner_the_tuned_keys_and_the_smoke_read_the_same_rows():
+    import json
+    from plays import tuning
     from rigup import tune
     swept = {f.key for f in contract.FLAGS if f.sweep}
-    assert set(FLAG_KEYS) == swept and set(tune.FLAGS) == swept | {"port", "host"}
-    assert all(tune.FLAGS[k] == ROWS[k].spellings for k in swept)
+    # the tuner gets the spellings in its spec (no host holds the contract), through JSON, and reads them
+    spec = json.loads(json.dumps(tuning.spec("x", ["/b/llama-server"], data(), True, None, ctx=8192, parallel=2)))
+    table = tune.spec_flags(spec)
+    assert set(FLAG_KEYS) == swept and set(table) == swept | {"port", "host"}
+    assert all(table[k] == ROWS[k].spellings for k in swept)
+    # every key the sweep sets (each stage, on several GPUs with part of the model in host RAM) is one of them
+    base = {"ngl": "12", "n_cpu_moe": "8"}
+    keys = {k for s in tune.stages({**spec, "gpus": 2, "layers": 32}, base) for d in s for c in d for k in c}
+    assert keys <= swept and keys, keys - swept
     # the smoke (a host program, standalone) sets these itself: the instance's are dropped
     own = {s for k in ("ctx", "parallel", "metrics") for s in ROWS[k].spellings} | set(contract.FIXED) - set(contract.DOWNLOADS)
     assert own <= set(smoke._OWN), own - set(smoke._OWN)

@@ -5,6 +5,7 @@ tests/gpu/check.py tune)."""
 import pytest
 
 from rigup import tune
+from rigup.contract import llama_server as contract
 from roles.llama_server.command import argv as unit_argv
 from rigup.instances.llama_server import instances
 from tests.lab.hub import gguf_bytes
@@ -12,8 +13,9 @@ from tests.unit.hosts import REV, data
 
 ARGV = ["/b/llama-server", "-m", "/m.gguf", "--alias", "g", "--host", "0.0.0.0", "--port", "8081", "-c", "8192",
         "--parallel", "1", "-ngl", "99", "-fa", "auto", "--jinja"]
+FLAGS = contract.spellings(contract.SWEPT)   # the spec's flags, as plays/tuning.py spec writes them
 SPEC = {"argv": ARGV, "port": 18081, "concurrency": 8, "slot_tokens": 8192, "max_parallel": 32, "gpu": True,
-        "budget_s": 600}
+        "budget_s": 600, "flags": {k: list(v) for k, v in FLAGS.items()}}
 
 
 def table(figures: dict, default: float = 100.0, failing=()):
@@ -21,7 +23,7 @@ def table(figures: dict, default: float = 100.0, failing=()):
     seen = []
 
     def measure(spec, argv, log):
-        f = tune.flags_of(argv)
+        f = tune.flags_of(argv, FLAGS)
         key = (int(f["parallel"]), f.get("flash_attn"), f.get("batch"), f.get("cache_type_k"))
         seen.append(key)
         if key in failing:
@@ -31,10 +33,10 @@ def table(figures: dict, default: float = 100.0, failing=()):
 
 
 def test_flags_are_set_once_in_every_spelling():
-    argv = tune.with_flags(ARGV + ["--ctx-size=4096", "-np", "3"], {"ctx": 65536, "parallel": 8, "port": 1})
+    argv = tune.with_flags(ARGV + ["--ctx-size=4096", "-np", "3"], {"ctx": 65536, "parallel": 8, "port": 1}, FLAGS)
     assert argv.count("-c") == 1 and "--ctx-size=4096" not in argv and "-np" not in argv
-    assert tune.flags_of(argv) == {"ctx": "65536", "parallel": "8", "port": "1", "host": "0.0.0.0", "flash_attn": "auto", "ngl": "99"}
-    assert tune.with_flags(ARGV, {"flash_attn": None})[-1] == "--jinja" and "-fa" not in tune.with_flags(ARGV, {"flash_attn": None})
+    assert tune.flags_of(argv, FLAGS) == {"ctx": "65536", "parallel": "8", "port": "1", "host": "0.0.0.0", "flash_attn": "auto", "ngl": "99"}
+    assert tune.with_flags(ARGV, {"flash_attn": None}, FLAGS)[-1] == "--jinja" and "-fa" not in tune.with_flags(ARGV, {"flash_attn": None}, FLAGS)
 
 
 def test_slots_grow_while_they_gain_then_the_gpu_flags_are_tried():
@@ -64,7 +66,7 @@ def test_a_change_that_spells_the_baselines_own_flags_is_not_measured_again():
     """The instance already serves 2 slots of 4,096 (as the lab's does) at a target of 4: the
     halving direction's 2 is the baseline itself, skipped (on the lab it was measured twice,
     8.5 and 24.2 tok/s, and the noise won); 1 is tried."""
-    argv = tune.with_flags(ARGV, {"ctx": 8192, "parallel": 2})
+    argv = tune.with_flags(ARGV, {"ctx": 8192, "parallel": 2}, FLAGS)
     figures = {(2, "auto", None, None): 100, (4, "auto", None, None): 90, (1, "auto", None, None): 60}
     measure, seen = table(figures)
     result = tune.tune({**SPEC, "argv": argv, "concurrency": 4, "slot_tokens": 4096, "gpu": False},
@@ -106,13 +108,13 @@ def test_a_points_figure_is_the_geometric_mean_of_its_levels(levels, want):
 def test_the_parallel_stage_starts_at_the_highest_level():
     assert tune.parallel_directions(32, 32) == [[32], [16, 8, 4, 2, 1]]
     assert tune.parallel_directions(64, 32)[0] == [32]
-    stages = tune.stages({**SPEC, "levels": [1, 8, 16, 32]}, tune.flags_of(ARGV))
+    stages = tune.stages({**SPEC, "levels": [1, 8, 16, 32]}, tune.flags_of(ARGV, FLAGS))
     assert stages[1][0][0] == {"parallel": 32, "ctx": 262144}
 
 
 def test_the_host_ram_prompt_cache_off_is_kept_when_it_gains_and_the_flag_reaches_the_unit():
     def measure(spec, argv, log):
-        f = tune.flags_of(argv)
+        f = tune.flags_of(argv, FLAGS)
         return {"status": "ok", "tps": 330.0 if f.get("cache_ram") == "0" else 230.0}
     result = tune.tune({**SPEC, "gpu": False, "max_parallel": 8}, measure_point=measure)
     assert result["best"]["flags"] == {"cache_ram": 0} and "-cram" in result["best"]["argv"]
@@ -129,7 +131,7 @@ def offloaded(fit: int, layers: int = 32):
     seen = []
 
     def measure(spec, argv, log):
-        f = tune.flags_of(argv)
+        f = tune.flags_of(argv, FLAGS)
         ngl = min(int(f.get("ngl", 99)), layers + 1) - int(f.get("n_cpu_moe", 0))
         seen.append(ngl)
         if ngl > fit:
@@ -142,7 +144,7 @@ def test_a_partial_offload_climbs_in_eighths_of_the_models_layers_until_it_does_
     model = tmp_path / "m.gguf"   # the header the tuner reads the layer count from (-m)
     model.write_bytes(gguf_bytes({"general.architecture": "llama", "llama.block_count": 32}, {}))
     measure, seen = offloaded(fit=26)
-    argv = tune.with_flags(ARGV, {"ngl": 12})
+    argv = tune.with_flags(ARGV, {"ngl": 12}, FLAGS)
     spec = {**SPEC, "argv": argv[:argv.index("-m") + 1] + [str(model)] + argv[argv.index("-m") + 2:],
             "max_parallel": 1, "concurrency": 1}
     result = tune.tune(spec, measure_point=measure)
@@ -158,20 +160,20 @@ def test_a_partial_offload_climbs_in_eighths_of_the_models_layers_until_it_does_
 
 def test_moe_experts_come_onto_the_gpus_until_they_do_not_fit_and_a_whole_model_skips_the_stage():
     measure, seen = offloaded(fit=30)
-    spec = {**SPEC, "argv": tune.with_flags(ARGV, {"n_cpu_moe": 20}), "layers": 32, "max_parallel": 1, "concurrency": 1}
-    assert tune.stages(spec, tune.flags_of(spec["argv"]))[1] == [[{"n_cpu_moe": n} for n in (16, 12, 8, 4, 0)]]
+    spec = {**SPEC, "argv": tune.with_flags(ARGV, {"n_cpu_moe": 20}, FLAGS), "layers": 32, "max_parallel": 1, "concurrency": 1}
+    assert tune.stages(spec, tune.flags_of(spec["argv"], FLAGS))[1] == [[{"n_cpu_moe": n} for n in (16, 12, 8, 4, 0)]]
     result = tune.tune(spec, measure_point=measure)
     assert result["best"]["flags"]["n_cpu_moe"] == 4   # 33 - 0 > 30 does not fit
-    assert all("ngl" not in c for s in tune.stages({**SPEC, "layers": 32}, tune.flags_of(ARGV)) for d in s for c in d)
+    assert all("ngl" not in c for s in tune.stages({**SPEC, "layers": 32}, tune.flags_of(ARGV, FLAGS)) for d in s for c in d)
 
 
 def test_several_gpus_try_the_other_split_mode_each_card_with_less_and_each_main_gpu():
-    stages = tune.stages({**SPEC, "gpus": 2}, tune.flags_of(ARGV + ["-sm", "layer"]))
+    stages = tune.stages({**SPEC, "gpus": 2}, tune.flags_of(ARGV + ["-sm", "layer"], FLAGS))
     split = [s for s in stages if any("split_mode" in c or "tensor_split" in c for d in s for c in d)]
     assert split == [[[{"split_mode": "row"}]], [[{"tensor_split": "3,4"}], [{"tensor_split": "4,3"}]],
                      [[{"split_mode": "row", "main_gpu": 1}]]]
-    assert not [s for s in tune.stages(SPEC, tune.flags_of(ARGV)) if any("tensor_split" in c for d in s for c in d)]
-    assert tune.with_flags(ARGV, {"tensor_split": "3,4", "main_gpu": 1})[-4:] == ["-ts", "3,4", "-mg", "1"]
+    assert not [s for s in tune.stages(SPEC, tune.flags_of(ARGV, FLAGS)) if any("tensor_split" in c for d in s for c in d)]
+    assert tune.with_flags(ARGV, {"tensor_split": "3,4", "main_gpu": 1}, FLAGS)[-4:] == ["-ts", "3,4", "-mg", "1"]
 
 
 def test_the_drop_ins_execstart_reads_back_as_the_arguments_it_was_written_from():

@@ -22,6 +22,7 @@ from tests.unit.hosts import REV, data, host
 
 MODELS = {"a": {"repo": "org/a-GGUF", "revision": REV, "size_gib": 3.0},
           "b": {"repo": "org/b-GGUF", "revision": REV, "size_gib": 3.3}}
+FLAGS = contract.spellings(contract.SWEPT)   # the spec's flags (plays/tuning.py spec)
 PATHS = {"a": "/srv/models/a/a.gguf", "b": "/srv/models/b/b-00001-of-00002.gguf"}
 RESULT = {"concurrency": 4, "levels": [4], "spent_s": 61.0, "stopped": None, "ratio": 1.5,
           "baseline": {"flags": {}, "tps": 50.0, "status": "ok"},
@@ -58,14 +59,14 @@ def test_each_model_is_swept_as_the_server_its_router_would_start_for_it():
         print(f"{m}: {' '.join(got)}")
         assert why == "" and got[:3] == [routed[0], "-m", PATHS[m]]
         assert not any(a.startswith("--models-") for a in got) and "load-on-startup" not in " ".join(got)
-    a, b = flags_of(alone["a"][0]), flags_of(alone["b"][0])
+    a, b = flags_of(alone["a"][0], FLAGS), flags_of(alone["b"][0], FLAGS)
     assert (a["ctx"], a["parallel"], a["cache_type_k"]) == ("8192", "2", "f16") and "--jinja" in alone["a"][0]
     assert (b["ctx"], b["parallel"], b["cache_type_k"]) == ("16384", "2", "q8_0") and "--no-jinja" in alone["b"][0]
     assert "--jinja" not in alone["b"][0]
     # as a server of b alone: every flag the contract writes, the same values
     mine, _ = instances(router(jinja=True, also=[], models_max=1, ctx=16384, cache_type_k="q8_0", model="b"))
     single = argv("x", {**mine["x"], "jinja": False}, routed[0], PATHS["b"])
-    assert {k: v for k, v in flags_of(single).items() if k not in ("port", "host")} == \
+    assert {k: v for k, v in flags_of(single, FLAGS).items() if k not in ("port", "host")} == \
         {k: v for k, v in b.items() if k not in ("port", "host")}
 
 
@@ -132,7 +133,7 @@ def test_the_next_converge_serves_each_model_with_its_own_flags():
         "[b]", f"model = {PATHS['b']}", "ctx-size = 8192", "flash-attn = on", "cache-type-k = q8_0"]
     # and what the next sweep starts for a: the tuned flags are its baseline
     alone, _ = tuning.model_argv(routed, tuning.preset_sections(text.splitlines(), "p"), "a")
-    assert (flags_of(alone)["ctx"], flags_of(alone)["parallel"]) == ("32768", "4")
+    assert (flags_of(alone, FLAGS)["ctx"], flags_of(alone, FLAGS)["parallel"]) == ("32768", "4")
 
 
 def test_a_tuned_model_no_longer_of_the_set_is_ignored_with_a_plan_line():
