@@ -28,6 +28,7 @@ from rigup import yamlfile
 from rigup.boundary.numbers import whole
 
 CATALOGUE_FILE = Path(__file__).resolve().with_name("catalogue.yml")
+XID_FILE = CATALOGUE_FILE.with_name("xid.yml")
 QUIRKS = ("fp8", "fma_throttled", "needs_unlock")
 
 
@@ -270,3 +271,9 @@ def family_of(model: dict, path: Path = MODELS_FILE) -> dict | None:
         if any(m in repo for m in fam["match"]):
             return copy.deepcopy(fam)
     return None
+
+
+def xid_codes() -> dict[int, dict]:
+    """The Xid catalogue (rigup/gpu/xid.yml): {code: {"class", "action", "meaning"}}, what
+    rigup/gpu/xid.py ``events`` classifies by (the guard gets it in its config: no host reads YAML)."""
+    return {int(code): dict(entry) for code, entry in yamlfile.safe_load(XID_FILE.read_text()).items()}

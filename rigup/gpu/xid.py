@@ -1,8 +1,9 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """NVIDIA Xid events from the kernel log: each ``NVRM: Xid`` line attributed to a card by its PCI
 bus id and classified from the catalogue (rigup/gpu/xid.yml: class and action per code, with
-NVIDIA's meaning). Pure functions and standard library only, so the GPU guard (a standalone
-script on the host) and tests/gpu/check.py (the real card's log) use the same parser.
+NVIDIA's meaning; read on the controller by rigup/gpu/catalogue.py ``xid_codes``, the guard gets it
+in its config). Pure functions and standard library only, so the GPU guard (a standalone script on
+the host) and tests/gpu/check.py (the real card's log) use the same parser.
 
 The driver writes ``NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, name=python3, GPU has fallen off
 the bus.``; older drivers leave out ``PCI:`` (``NVRM: Xid (0000:01:00): 3, ...``). The id names
@@ -20,9 +21,7 @@ counted. They are events of the switch's bus id, class ``nvswitch``.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-CATALOGUE_FILE = Path(__file__).with_name("xid.yml")
 BUS = r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?"
 # the driver's line shape only, from its start (issue 47: a line matched anywhere in a message let
 # other text that quotes one, a process name, a device's, count as an Xid): the message itself, or
@@ -44,13 +43,6 @@ UNKNOWN = {"class": "unknown", "action": "log", "meaning": "not in rigup's catal
 JOURNAL_MATCH = {"kernel": "_TRANSPORT=kernel", "lab": "SYSLOG_IDENTIFIER=rigup-lab-kernel"}
 KERNEL_LOG_COMMAND = ("journalctl -k -o short-monotonic --no-pager 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' "
                       "|| dmesg 2>/dev/null | grep -E 'NVRM: Xid|: SXid [(]' || true")
-
-
-def catalogue() -> dict[int, dict]:
-    """The catalogue: {code: {"class", "action", "meaning"}} (PyYAML, where rigup runs)."""
-    import yaml
-
-    return {int(code): dict(entry) for code, entry in yaml.safe_load(CATALOGUE_FILE.read_text()).items()}
 
 
 def card_key(bus_id: str) -> str:

@@ -59,7 +59,7 @@ from pyinfra.operations.util import any_changed
 from rigup import files, services, yamlfile
 from rigup.config import Config, role_defaults
 from rigup.gpu import xid
-from rigup.gpu.catalogue import cards as catalogue_cards
+from rigup.gpu.catalogue import cards as catalogue_cards, xid_codes
 from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import BURNIN_TESTING, GPU_METRICS, GUARD_SERVICE, GUARD_TIMER, burnin_file, guard_file, xid_file
@@ -119,7 +119,7 @@ def guard_config(data: Config, plan: Plan | None = None) -> dict:
 @lru_cache(maxsize=None)
 def xid_catalogue() -> dict[str, dict]:
     """rigup/gpu/xid.yml as the guard's file holds it ({"code": entry}), parsed once per run."""
-    return {str(code): entry for code, entry in sorted(xid.catalogue().items())}
+    return {str(code): entry for code, entry in sorted(xid_codes().items())}
 
 
 def xid_config(data: Config) -> dict:

@@ -1248,6 +1248,7 @@ def cmd_health(args) -> None:
     generation is not judged) and the kernel log's Xid events per card (rigup.gpu.xid, from the
     journal or dmesg, as the guard reads them); writes OUT/health.json. Reads only."""
     from rigup.gpu import xid
+    from rigup.gpu.catalogue import xid_codes
     from rigup.gpu.plan import link_state
 
     before = gpu_settings()
@@ -1261,7 +1262,7 @@ def cmd_health(args) -> None:
                       "gen_gpumax": gpu_max, "gen_hostmax": host_max})
     log = sh(xid.KERNEL_LOG_COMMAND)
     nvrm = sh("(journalctl -k --no-pager 2>/dev/null || dmesg 2>/dev/null) | grep -c 'NVRM' || true").strip()
-    found = xid.events(log.splitlines(), xid.catalogue())
+    found = xid.events(log.splitlines(), xid_codes())
     after = gpu_settings()
     result = {"cards": cards, "kernel_log_nvrm_lines": int(nvrm or 0), "xid_events": found,
               "xid_counts": xid.counts(found), "settings_before": before, "settings_after": after}

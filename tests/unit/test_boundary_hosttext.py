@@ -17,6 +17,7 @@ from rigup.boundary import hosttext
 from rigup.boundary.hosttext import MAX_BYTES, download_progress, gguf_figures, hub_listing
 from rigup.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
 from rigup.gpu import xid
+from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.facts import parse_cpu, parse_listening_ports
 from rigup.progress import progress_text
 from roles.gpu_guard import guard
@@ -262,7 +263,7 @@ def test_an_xid_code_is_plain_decimal_or_no_event(before, code, after):
     """The kernel prints Xid codes as plain decimal; ``0079`` read as 79 tripped a drain."""
     # one journal line each (the journal's lines hold no newline: a line that did is no event)
     line = f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, {after}".replace("\n", " ")
-    found = xid.events([before, line], xid.catalogue())
+    found = xid.events([before, line], xid_codes())
     codes = [e["code"] for e in found if e["line"] == line]
     assert codes == ([int(code)] if code in ("79", "0", "13") else [])
     assert all(type(e["code"]) is int and 0 <= e["code"] < 10**5 for e in found)

@@ -82,8 +82,9 @@ print('goals', check.compare_goals(json.loads(Path('tests/gpu/results/2026-12-02
     "check.py health, report": """
 import check
 from rigup.gpu import xid
+from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.plan import link_state
-print('health', link_state(4, 4, 16, 16), len(xid.catalogue()))
+print('health', link_state(4, 4, 16, 16), len(xid_codes()))
 assert check.cmd_report and check.markdown and check._guard().QUERY
 """,
     "check.py router, pinned": """

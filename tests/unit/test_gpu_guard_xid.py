@@ -5,6 +5,7 @@ lab host, with the journal and systemd: tests/roles/test_gpu_guard.py."""
 import json
 
 from rigup.gpu import xid
+from rigup.gpu.catalogue import xid_codes
 from roles.gpu_guard import guard
 from roles.gpu_guard import xid_config
 from tests.unit.hosts import data
@@ -114,7 +115,7 @@ def test_fifty_application_faults_in_one_check_restart_a_unit_once():
 def test_the_config_carries_the_catalogue_and_the_lab_reads_only_its_own_identifier():
     c = xid_config(data(rigup_state_dir="/var/lib/rigup/"))
     assert c["catalogue"]["79"]["action"] == "drain_host" and c["match"] == "_TRANSPORT=kernel"
-    assert c["state_file"] == "/var/lib/rigup/gpu-guard-xid.json" and len(c["catalogue"]) == len(xid.catalogue())
+    assert c["state_file"] == "/var/lib/rigup/gpu-guard-xid.json" and len(c["catalogue"]) == len(xid_codes())
     assert xid_config(data(gpu_guard_xid_source="lab"))["match"] == "SYSLOG_IDENTIFIER=rigup-lab-kernel"
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from rigup.gpu import xid
+from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.plan import link_state
 
 LOG = [
@@ -17,7 +18,7 @@ LOG = [
 
 
 def test_every_xid_line_is_attributed_to_its_card_and_classified():
-    found = xid.events(LOG, xid.catalogue())
+    found = xid.events(LOG, xid_codes())
     assert [(e["card"], e["code"], e["class"], e["action"]) for e in found] == [
         ("0000:01:00", 3, "unknown", "log"), ("0000:2b:00", 79, "bus", "drain_host"),
         ("0000:08:00", 31, "application", "restart"), ("0000:08:00", 13, "application", "restart"),
@@ -25,7 +26,7 @@ def test_every_xid_line_is_attributed_to_its_card_and_classified():
     assert found[1]["text"] == "GPU has fallen off the bus." and found[1]["line"] == LOG[1]
     assert xid.counts(found) == {"0000:01:00": {"unknown": 1}, "0000:2b:00": {"bus": 1},
                                  "0000:08:00": {"application": 2}, "0000:c3:00": {"memory": 1}}
-    assert xid.events([], xid.catalogue()) == []          # the H200's log: no Xid line is a valid answer
+    assert xid.events([], xid_codes()) == []          # the H200's log: no Xid line is a valid answer
 
 
 @pytest.mark.parametrize("line", [
@@ -36,9 +37,9 @@ def test_every_xid_line_is_attributed_to_its_card_and_classified():
 ])
 def test_an_xid_quoted_inside_another_message_is_not_an_xid(line):
     """Issue 47: only the driver's own line shape, from the message's start (behind a log prefix)."""
-    assert xid.events([line], xid.catalogue()) == []
+    assert xid.events([line], xid_codes()) == []
     assert xid.events(["[  269.517039] rig kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."],
-                      xid.catalogue())[0]["code"] == 79     # journalctl -k -o short-monotonic's own prefix
+                      xid_codes())[0]["code"] == 79     # journalctl -k -o short-monotonic's own prefix
 
 
 def test_bus_ids_of_nvidia_smi_and_of_the_log_name_the_same_card():
@@ -48,7 +49,7 @@ def test_bus_ids_of_nvidia_smi_and_of_the_log_name_the_same_card():
 
 
 def test_the_catalogue_is_well_formed():
-    known = xid.catalogue()
+    known = xid_codes()
     assert {8, 13, 31, 43, 48, 63, 74, 79, 94, 95, 119} <= set(known)
     for code, entry in known.items():
         assert entry["class"] in ("application", "memory", "bus", "driver"), code

@@ -11,8 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "# rigup: runs on hosts"
 # imports beyond the standard library, and why
-ALLOWED = {"rigup/gpu/xid.py": {"yaml"},            # catalogue(): on the controller only (the guard gets the codes in its config)
-           "roles/vllm/ray_wait.py": {"ray._raylet"}}  # runs in Ray's own venv, with Ray's client of its GCS
+ALLOWED = {"roles/vllm/ray_wait.py": {"ray._raylet"}}  # runs in Ray's own venv, with Ray's client of its GCS
 
 
 def marked() -> set[str]:
