@@ -13,6 +13,7 @@ hold their own checks; their rows are here, beside the controller's readers.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable
@@ -109,21 +110,21 @@ def gguf_figures(figures: object, where: str) -> dict:
     return out
 
 
-def hub_listing(files: object, where: str, allow_unhashed: bool = False) -> list[dict]:
+def hub_listing(files: object, where: str, problems: Callable[[object], list[tuple[str, str]]]) -> list[dict]:
     """A hub's tree listing (roles/model_fetch/fetcher.py ``hub_files``: ``[{path, size, oid,
-    sha256}]``, fresh or kept between runs) as typed entries: fetcher.py's rules first (those the
-    host's fetcher holds too: a path's characters, rigup's own names, a size that is a JSON int, 64
-    hex of a sha256, 40 of a git blob id, a path listed twice), then each path relative and inside
-    the model's directory (:func:`rigup.boundary.fields.inside`) and each size a whole number of
-    bytes within :data:`MAX_BYTES`; :class:`Unreadable` naming ``where`` and the paths otherwise."""
-    from roles.model_fetch.fetcher import listing_problems
-
-    bad = listing_problems(files, allow_unhashed)
+    sha256}]``, fresh or kept between runs) as typed entries: ``problems(files)`` first, the (path,
+    why) of each thing its owner refuses (roles/model_fetch passes fetcher.py's ``listing_problems``,
+    the rules the host's fetcher holds too: a list of objects, a path's characters, rigup's own
+    names, a size that is a JSON int, 64 hex of a sha256, 40 of a git blob id, a path listed twice;
+    a parameter, so the library imports no role), then each path relative and inside the model's
+    directory (:func:`rigup.boundary.fields.inside`) and each size a whole number of bytes within
+    :data:`MAX_BYTES`; :class:`Unreadable` naming ``where`` and the paths otherwise."""
+    bad = problems(files)
     if bad:
         more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise Unreadable(where, "; ".join(f"{path[:120]!r}: {why}" for path, why in bad[:3]) + more)
     out = []
-    for f in files:   # a list of objects now (listing_problems)
+    for f in files:   # a list of objects now (problems)
         path = fields.inside(f["path"], f"{where}: {f['path'][:120]!r}")
         size = json_whole(f["size"], MAX_BYTES)
         if size is None:

@@ -50,7 +50,7 @@ from rigup.boundary.hosttext import gguf_figures, hub_listing
 from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
-from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, select
+from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
 from rigup.gguf import GGUFRefused, chat_template, header, kv_figures, split_problem, unsized
 
 if TYPE_CHECKING:
@@ -178,7 +178,8 @@ def checked_files(files, endpoint: str, repo: str, commit: str, allow_unhashed: 
     path inside the model's directory); else HubRefused naming the hub, the repo and the first
     offending paths."""
     try:   # fresh or kept between runs: read the same way
-        return hub_listing(files, f"the hub at {endpoint} lists in {repo}@{commit[:12]}", allow_unhashed)
+        return hub_listing(files, f"the hub at {endpoint} lists in {repo}@{commit[:12]}",
+                           lambda f: listing_problems(f, allow_unhashed))
     except Unreadable as e:
         raise HubRefused(f"{e}; refused") from None
 

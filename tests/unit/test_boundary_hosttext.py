@@ -23,7 +23,7 @@ from rigup.progress import progress_text
 from roles.gpu_guard import guard
 from roles.model_fetch import hub as hub_module
 from roles.model_fetch.facts import parse_probe, parse_progress
-from roles.model_fetch.fetcher import Progress
+from roles.model_fetch.fetcher import Progress, listing_problems
 from roles.model_fetch.plan import progress_line, short_progress
 from tests.runs import fresh_run  # noqa: F401 (a fixture: a test of its own run)
 
@@ -242,7 +242,7 @@ PATHS = st.one_of(TEXT, st.sampled_from(["a/../b", "/etc/x", "./m", "a//b", "a\n
 @given(st.lists(st.fixed_dictionaries({"path": PATHS, "size": NUMBERS, "oid": st.sampled_from(["1" * 40, None, 5]),
                                        "sha256": st.sampled_from(["b" * 64, "B" * 64, "x", None])}), max_size=4) | JSON)
 def test_every_listed_path_stays_inside_its_directory(files):
-    for f in read(hub_listing, files, "the hub lists") or []:
+    for f in read(hub_listing, files, "the hub lists", listing_problems) or []:
         parts = f["path"].split("/")
         assert not f["path"].startswith("/") and ".." not in parts and "" not in parts
         assert not any(ord(c) < 32 or ord(c) == 127 for c in f["path"])
@@ -252,7 +252,7 @@ def test_every_listed_path_stays_inside_its_directory(files):
 
 def test_a_size_beyond_any_disk_is_refused():
     with pytest.raises(Unreadable, match="over"):
-        hub_listing([dict(ENTRY, size=1 << 70)], "the hub lists")
+        hub_listing([dict(ENTRY, size=1 << 70)], "the hub lists", listing_problems)
 
 
 # ---------------------------------------------------------------- Xid lines, build logs, sysfs, the guard

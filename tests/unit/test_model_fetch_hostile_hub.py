@@ -448,7 +448,7 @@ def test_rigups_own_names_are_refused_in_any_case_and_include_stays_inside():
     from rigup.boundary.hosttext import hub_listing
     for path in (".RIGUP-FETCH/progress.json", ".Rigup-complete.json", ".CACHE/HuggingFace/x"):
         with pytest.raises(Unreadable, match="rigup's own|huggingface_hub's own"):
-            hub_listing([{"path": path, "size": 1, "oid": None, "sha256": "a" * 64}], "hub")
+            hub_listing([{"path": path, "size": 1, "oid": None, "sha256": "a" * 64}], "hub", fetcher.listing_problems)
     for pattern in ("../../etc/*", "/etc/*", "a/../b"):
         _, problems = models({"models": {"m": {"repo": "org/m-GGUF", "revision": REV, "include": ["*.gguf", pattern]}}})
         assert problems == [("models.m.include[1]", f"{pattern!r}: an absolute pattern or one with a '..' part "
