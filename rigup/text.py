@@ -72,7 +72,8 @@ _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za
 # user-pw=), or code (OAuth's authorization code, a secret for as long as it lives; country_code=, encode= are
 # no secret)
 _QUERY = re.compile(r"([?&#;][^=&;#\s]*=)[^&;\s#]*", re.ASCII)
-_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|(?<![a-z])(?:jwt|bearer|session(?:id)?)"
+_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|hmac|"
+                          r"(?<![a-z])(?:jwt|bearer|session(?:id)?|otp|ticket)"
                           r"(?![a-z])|(?:^|[^a-z0-9])(?:pass|pw)$|^code$", re.I)
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 # A URL parser drops an ASCII tab, CR or LF wherever it stands (WHATWG; Python's urlsplit, so pip: round 15

@@ -257,10 +257,13 @@ PLACE_ENDS = ("_CACHE",)
 # PWD (MYSQL_PWD: MySQL's clients' password), CREDENTIAL(S), COOKIE(S), JWT: round 16 V52
 SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
                           "BEARER", "CREDENTIAL", "CREDENTIALS", "AUTH", "HEADER", "HEADERS", "PWD", "COOKIE", "COOKIES",
-                          "JWT"})
+                          "JWT", "AUTHORIZATION"})
 # a secret word glued to the word before it, at a name's end (PGPASSWORD, APITOKEN, X_ACCESSTOKEN: round 16 V52);
 # only these: KEY glued is MONKEY and TURKEY as often as APIKEY
 SECRET_ENDS = ("TOKEN", "PASSWORD", "PASSWD", "SECRET", "APIKEY", "ACCESSKEY")
+# a word or name numbered (DB_PASSWORD2, TOKEN1) or in the plural (X_SECRETS, API_PASSWORDS, X_APIKEYS: round 17 S17b)
+# is still one; not TOKENS, a count (VLLM_MAX_TOKENS)
+PLURALS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "ACCESSKEY")
 # The variables roles/vllm/command.py env_vars writes for an instance -> the key that sets it (None: rigup's own:
 # the server's home and caches, the offline hub, no usage stats). Given again in env or vllm_env it would win over
 # what rigup checked (issue 61, round 13 V28: CUDA_VISIBLE_DEVICES served a card the burn-in quarantined).
@@ -277,12 +280,22 @@ RIGUP_SETS: dict[str, str | None] = {
 def secret_variable(name: str) -> bool:
     """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
     *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER, *_HEADERS, *_PWD, *_COOKIE, *_JWT...,
-    and a name ending in TOKEN, PASSWORD, PASSWD, SECRET, APIKEY or ACCESSKEY glued: PGPASSWORD, APITOKEN): typed into
-    the configuration it passes through every run's output, and the env file is one rigup writes for the service
-    (issue 61, round 12 V14; round 13 V22 the other spellings; round 16 V52). The platform's own names are none
-    (PWD: the working directory, refused as the platform's)."""
+    and a name ending in TOKEN, PASSWORD, PASSWD, SECRET, APIKEY or ACCESSKEY glued: PGPASSWORD, APITOKEN; each
+    numbered or plural too: TOKEN1, X_SECRETS; AUTHORIZATION): typed into the configuration it passes through every
+    run's output, and the env file is one rigup writes for the service (issue 61, round 12 V14; round 13 V22 the
+    other spellings; round 16 V52; round 17 S17b). The platform's own names are none (PWD: the working directory,
+    refused as the platform's)."""
     name = name.upper()
-    return name not in PLATFORM and (bool(SECRET_WORDS & set(name.split("_"))) or name.endswith(SECRET_ENDS))
+    if name in PLATFORM:
+        return False
+    return any(form in SECRET_WORDS for word in name.split("_") for form in _forms(word)) or \
+        any(form.endswith(SECRET_ENDS) for form in _forms(name))
+
+
+def _forms(word: str) -> set[str]:
+    """``word`` and, numbered or plural, its singular (PASSWORD2 -> PASSWORD, SECRETS -> SECRET: :data:`PLURALS`)."""
+    word = word.rstrip("0123456789")
+    return {word, word[:-1]} if word.endswith("S") and word[:-1].endswith(PLURALS) else {word}
 
 
 def tunes(name: str) -> bool:

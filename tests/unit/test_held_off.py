@@ -278,26 +278,32 @@ def test_haproxy_reads_the_rules_and_answers_403_for_each_path_held_off():
             b = {"name": "llama-x", "bind": "127.0.0.1", "port": port, "allow": allow,
                  "servers": [["x", "127.0.0.1", backend.server_address[1]]]}
             text = haproxy_cfg([b], data(balancer_stats_port=free_port(), balancer_check_interval_ms=100))
-            with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
-                f.write(text)
-                f.flush()
-                check = subprocess.run(["haproxy", "-c", "-f", f.name], capture_output=True, text=True, timeout=30)
-                assert check.returncode == 0, check.stdout + check.stderr
-                f.seek(0)
-                f.truncate()
-                f.write(runnable(text))
-                f.flush()
-                proc = subprocess.Popen(["haproxy", "-db", "-f", f.name], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
-                try:
-                    seen[bool(allow)] = [(m, p, status(m, f"http://127.0.0.1:{port}{p}")) for m, p, _ in REQUESTS]
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=10)
+            seen[bool(allow)] = through_haproxy(text, port, REQUESTS)
     finally:
         backend.shutdown()
     assert seen[False] == REQUESTS
     assert seen[True] == [(m, p, 200) for m, p, _ in REQUESTS]
+
+
+def through_haproxy(text: str, port: int, requests: list) -> list:
+    """``text`` (a rendered haproxy.cfg) read by ``haproxy -c``, then served by the real HAProxy: each of
+    ``requests`` (method, path, ...) sent to ``port``, as (method, path, status)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
+        f.write(text)
+        f.flush()
+        check = subprocess.run(["haproxy", "-c", "-f", f.name], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stdout + check.stderr
+        f.seek(0)
+        f.truncate()
+        f.write(runnable(text))
+        f.flush()
+        proc = subprocess.Popen(["haproxy", "-db", "-f", f.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            return [(m, p, status(m, f"http://127.0.0.1:{port}{p}")) for m, p, *_ in requests]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def status(method: str, url: str) -> int:
