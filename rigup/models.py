@@ -264,9 +264,10 @@ def instances(data: dict, var: str, schema: dict[str, Key], entry_problems=None,
         model = entry.get("model")
         if model is not None and model not in declared:
             found.append((f"{where}.model", unknown_reference(model, declared, "models")))
-        found += [] if found else credential_problems(entry, where)
-        if entry_problems is not None and not found:
-            found += entry_problems(entry, where, valid.get(model))
+        carried = [] if found else credential_problems(entry, where)
+        if entry_problems is not None and not found:   # the role's own refusals too: a held-off or owned flag
+            found += entry_problems(entry, where, valid.get(model))   # whose value holds a secret is both
+        found += carried
         problems += found
         if not found and model in valid:
             out[name] = entry

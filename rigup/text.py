@@ -72,9 +72,56 @@ _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za
 # user-pw=), or code (OAuth's authorization code, a secret for as long as it lives; country_code=, encode= are
 # no secret)
 _QUERY = re.compile(r"([?&#;][^=&;#\s]*=)[^&;\s#]*", re.ASCII)
-_SECRET_NAME = re.compile(r"token|key|secret|passw|pwd|sig|auth|credential|hmac|"
+_SECRET_NAME = re.compile(r"token|key|secret|passw|passcode|pwd|sig|auth|credential|hmac|saml|verifier|cookie|"
                           r"(?<![a-z])(?:jwt|bearer|session(?:id)?|otp|ticket)"
                           r"(?![a-z])|(?:^|[^a-z0-9])(?:pass|pw)$|^code$", re.I)
+# The words that name a secret, one list (issue 61, rounds 12-18): a variable's name (rigup.instances.vllm
+# secret_variable), a NAME=VALUE, "NAME": "VALUE" or --NAME VALUE inside a value (redacted) is one when a word of
+# its name (split at anything not a letter or digit and where camelCase turns), numbered or plural (PASSWORD2,
+# APIKEYV2, SECRETS), is below or ends in one of SECRET_ENDS glued (PGPASSWORD, X_PRIVATEKEY). A query
+# parameter's name is read wider (_SECRET_NAME, a word inside another: hiding its value costs nothing; a
+# variable or a flag refused for MONKEY or --tokenizer would).
+SECRET_WORDS = frozenset({
+    "token", "key", "keys", "apikey", "secret", "password", "passwd", "pass", "passphrase", "passcode", "pat", "pw",
+    "pwd", "bearer", "credential", "credentials", "auth", "authz", "authorization", "header", "headers", "cookie",
+    "cookies", "jwt", "hmac", "sig", "signature", "otp", "ticket", "session", "sessionid", "sessid", "phpsessid",
+    "jsessionid"})
+SECRET_ENDS = ("token", "password", "passwd", "secret", "apikey", "accesskey", "secretkey", "privatekey", "signingkey",
+               "masterkey", "encryptionkey", "sessionid", "sessid", "signature", "hmac", "passcode", "passphrase")
+# a plural of these is still one; not TOKENS, a count (VLLM_MAX_TOKENS, --max-num-batched-tokens)
+_PLURALS = ("secret", "password", "passwd", "passphrase", "apikey", "accesskey", "secretkey", "privatekey",
+            "signature", "credential", "cookie", "accesstoken", "refreshtoken", "idtoken")
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_NUMBERED = re.compile(r"v?[0-9]+$")
+# inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
+# "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
+# credentials and a Bearer or Basic token written out (round 18 S18b)
+_ASSIGNED = re.compile(r"(?<![^\s,;&{(])(-{0,2}[A-Za-z_][\w.-]*\s*=\s*)([^\s,;&]+)", re.ASCII)
+_JSON_KEY = re.compile(r'("([^"\\]{1,64})"\s*:\s*)"((?:[^"\\]|\\.)*)"')
+_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
+_HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
+# (a token holds a digit, a sign or both cases: "basic configuration", "a bearer of news" are prose)
+_TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[a-z][A-Z]|[A-Z][a-z]))[\w.~+/=-]{4,})"
+                    r"|(?<![\w-])((?i:basic)\s+)"
+                    r"((?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]|[A-Z][a-z]))[A-Za-z0-9+/]{8,}={0,2})(?![\w/+=])")
+_FLAG_SECRETS = ("key", "apikey", "token", "password", "passwd", "pass", "passphrase", "secret", "pwd", "pw", "passcode")
+_PATHS = ("file", "files", "path", "dir")   # --ssl-key-file /etc/x.pem names a file, not its secret
+
+
+def secret_name(name: str) -> bool:
+    """Whether ``name`` (a variable's, a parameter's, a flag's, a JSON key) names a secret by the words above."""
+    for word in _WORD.findall(_CAMEL.sub("_", str(name))):
+        word = _NUMBERED.sub("", word.lower())
+        forms = {word, word[:-1]} if word.endswith("s") and word[:-1].endswith(_PLURALS) else {word}
+        if any(f in SECRET_WORDS or f.endswith(SECRET_ENDS) for f in forms):
+            return True
+    return False
+
+
+def query_secret_name(name: str) -> bool:
+    """Whether a query parameter ``name`` (percent-decoded) names a secret: the wider reading (_SECRET_NAME)."""
+    return bool(_SECRET_NAME.search(name)) or secret_name(name)
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 # A URL parser drops an ASCII tab, CR or LF wherever it stands (WHATWG; Python's urlsplit, so pip: round 15
 # S15h): https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip. redacted() reads such a URL (from its scheme:/ or //
@@ -89,8 +136,6 @@ def redacted(text: str) -> str:
     ``https://TOKEN@h`` -> ``https://***@h``, ``?access_token=T`` -> ``?access_token=***``): every line for
     the operator goes through it (:func:`say`), so a refusal quoting a URL never prints its credentials;
     the keys that would hand them to a program (git, pip) are refused besides."""
-    if "@" not in text and "=" not in text:
-        return text
 
     def joined(m: re.Match) -> str:   # as the URL parser reads it, when that hides something
         url = m.group(0).translate(_DROPPED)
@@ -127,8 +172,25 @@ def _hidden(text: str) -> str:
     text = _AUTHORITY.sub(blanks, text)
     text = _USERINFO.sub(one, text)
     text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
-    return _QUERY.sub(lambda m: f"{m.group(1)}***" if _SECRET_NAME.search(unquote(m.group(1)[1:-1])) else m.group(0),
+    text = _QUERY.sub(lambda m: f"{m.group(1)}***" if query_secret_name(unquote(m.group(1)[1:-1])) else m.group(0),
                       text)
+    text = _HEADER.sub(lambda m: f"{m.group(1)}***", text)
+    text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
+    text = _ASSIGNED.sub(lambda m: f"{m.group(1)}***" if m.group(2) != "***" and _named_secret(m.group(1).rstrip(" =\t"))
+                         else m.group(0), text)
+    text = _JSON_KEY.sub(lambda m: f'{m.group(1)}"***"' if secret_name(m.group(2)) and m.group(3) else m.group(0), text)
+    return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if _named_secret(m.group(1)) and m.group(3) != "***"
+                           else m.group(0), text)
+
+
+def _named_secret(name: str) -> bool:
+    """A setting's name (Password, db_pass) naming a secret, not a file that holds one; a flag's (--api-key,
+    --hf-token, --ssl-keyfile-password) by its last word alone: --cors-credentials, --auth-mode, --key-file
+    name a feature or a file."""
+    words = _WORD.findall(name.lower())
+    if not words or words[-1] in _PATHS:
+        return False
+    return secret_name(words[-1]) and words[-1] in _FLAG_SECRETS if name.startswith("-") else secret_name(name)
 
 
 def shown(text: object, limit: int = 200) -> str:

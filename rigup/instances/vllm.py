@@ -15,6 +15,7 @@ from rigup.contract.vllm import FLAGS, HELD_OFF, OTHER, OWN_FLAGS, SHORT, WORD_V
 from rigup.config import Config, once
 from rigup.entries import Key, unknown_reference
 from rigup.gpu.catalogue import family_of
+from rigup.text import query_secret_name, secret_name
 from rigup.models import ModelEntry, SERVING_KEYS, ServingInstance, credential_problems, flag_values, of_form, \
     owned_flag_problems
 from rigup.models import instances as _entries
@@ -196,7 +197,7 @@ def partition_problem(partition: str, pp: int, layers: int | None) -> str | None
 # family the stack reads (STACK_FAMILIES) and the platform's own names (PLATFORM, and any one-word name that holds
 # a place word: CLASSPATH), a name none of whose words is a place: a patched vLLM's own knob
 # (DSV4_LOGITS_ROW_CHUNK, docs/cmp170hx.md), which nothing but that patch reads. vLLM's held-off variables
-# (contract HELD_OFF) are vllm_allow's to open; secrets (SECRET_WORDS: VLLM_API_KEY, HF_TOKEN) check_open_without_key's.
+# (contract HELD_OFF) are vllm_allow's to open; secrets (secret_variable: VLLM_API_KEY, HF_TOKEN) check_open_without_key's.
 TUNING = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM",
     "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DISABLE_TELEMETRY",
@@ -255,15 +256,6 @@ PLACE_ENDS = ("_CACHE",)
 # OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer ...", read by the exporter --otlp-traces-endpoint
 # turns on: round 15 V47)
 # PWD (MYSQL_PWD: MySQL's clients' password), CREDENTIAL(S), COOKIE(S), JWT: round 16 V52
-SECRET_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "PAT",
-                          "BEARER", "CREDENTIAL", "CREDENTIALS", "AUTH", "HEADER", "HEADERS", "PWD", "COOKIE", "COOKIES",
-                          "JWT", "AUTHORIZATION"})
-# a secret word glued to the word before it, at a name's end (PGPASSWORD, APITOKEN, X_ACCESSTOKEN: round 16 V52);
-# only these: KEY glued is MONKEY and TURKEY as often as APIKEY
-SECRET_ENDS = ("TOKEN", "PASSWORD", "PASSWD", "SECRET", "APIKEY", "ACCESSKEY")
-# a word or name numbered (DB_PASSWORD2, TOKEN1) or in the plural (X_SECRETS, API_PASSWORDS, X_APIKEYS: round 17 S17b)
-# is still one; not TOKENS, a count (VLLM_MAX_TOKENS)
-PLURALS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "ACCESSKEY")
 # The variables roles/vllm/command.py env_vars writes for an instance -> the key that sets it (None: rigup's own:
 # the server's home and caches, the offline hub, no usage stats). Given again in env or vllm_env it would win over
 # what rigup checked (issue 61, round 13 V28: CUDA_VISIBLE_DEVICES served a card the burn-in quarantined).
@@ -278,24 +270,18 @@ RIGUP_SETS: dict[str, str | None] = {
 
 
 def secret_variable(name: str) -> bool:
-    """Whether ``name`` holds a secret (VLLM_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_OIDC_ID_TOKEN, any
-    *_TOKEN, *_KEY(S), *_APIKEY, *_SECRET, *_PAT, *_PASS(PHRASE), *_BEARER, *_HEADERS, *_PWD, *_COOKIE, *_JWT...,
-    and a name ending in TOKEN, PASSWORD, PASSWD, SECRET, APIKEY or ACCESSKEY glued: PGPASSWORD, APITOKEN; each
-    numbered or plural too: TOKEN1, X_SECRETS; AUTHORIZATION): typed into the configuration it passes through every
-    run's output, and the env file is one rigup writes for the service (issue 61, round 12 V14; round 13 V22 the
-    other spellings; round 16 V52; round 17 S17b). The platform's own names are none (PWD: the working directory,
-    refused as the platform's)."""
+    """Whether ``name`` holds a secret: typed into the configuration it passes through every run's output, and the
+    env file is one rigup writes for the service (issue 61, round 12 V14; round 13 V22 the other spellings; rounds
+    16-18: glued, numbered, plural). A name of the tuning families (VLLM_, NCCL_, CUDA_, TORCH_NCCL_) by the words
+    of rigup.text.secret_name, the one list (VLLM_API_KEY, HF_TOKEN, *_PASSWORD2, X_PRIVATEKEY, *_HEADERS,
+    AUTHORIZATION; VLLM_MAX_TOKENS and VLLM_KEYBOARD_X are none); any other name, which no part of vLLM reads,
+    by the wider rule of a query parameter's (a secret's word inside another: MONKEY_PATCH and OLDPWD_X are
+    refused, the price of closing the spellings no list ends). TUNING's names and the platform's are none (PWD:
+    the working directory, refused as the platform's)."""
     name = name.upper()
-    if name in PLATFORM:
+    if name in PLATFORM or name in TUNING:
         return False
-    return any(form in SECRET_WORDS for word in name.split("_") for form in _forms(word)) or \
-        any(form.endswith(SECRET_ENDS) for form in _forms(name))
-
-
-def _forms(word: str) -> set[str]:
-    """``word`` and, numbered or plural, its singular (PASSWORD2 -> PASSWORD, SECRETS -> SECRET: :data:`PLURALS`)."""
-    word = word.rstrip("0123456789")
-    return {word, word[:-1]} if word.endswith("S") and word[:-1].endswith(PLURALS) else {word}
+    return secret_name(name) if name.startswith(TUNING_FAMILIES) else query_secret_name(name)
 
 
 def tunes(name: str) -> bool:

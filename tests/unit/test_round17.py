@@ -70,7 +70,7 @@ def test_s17b_a_secret_numbered_or_plural_is_refused_as_a_secret_in_env(name):
     assert any(f"vllm_instances.a: {name} in env" in line for line in lines) and S not in str(lines), lines
 
 
-@pytest.mark.parametrize("name", ["VLLM_MAX_TOKENS", "MAX_TOKENS2", "GPT2_X", "NCCL_P2P_LEVEL", "VLLM_KEYBOARDS",
+@pytest.mark.parametrize("name", ["VLLM_MAX_TOKENS", "VLLM_MAX_TOKENS2", "GPT2_X", "NCCL_P2P_LEVEL", "VLLM_KEYBOARDS",
                                   *sorted(TUNING)])
 def test_s17b_counts_and_tuning_names_are_no_secret(name):
     assert not secret_variable(name)
