@@ -4,7 +4,7 @@
     pyinfra inventory/mine.py bench.py --data bench_levels='[1,2,4]' --data bench_max_tokens=64
 
 For each host (in parallel), each instance of llama_server_instances and vllm_instances is
-measured on the host itself (rigup/throughput.py, sent there and run with its python3: endpoints
+measured on the host itself (shipped/throughput.py, sent there and run with its python3: endpoints
 on loopback are reached, API keys are read where they live and never leave the host): one warm-up
 completion, then at each concurrency level of ``bench_levels`` that many clients sending
 ``bench_rounds`` completions of ``bench_max_tokens`` tokens each; total and per-request tok/s. An

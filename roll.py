@@ -25,7 +25,7 @@ not converged and not started, and why the roll stopped; the exit code is 0 only
 is done. ``--dry`` converges nothing and touches no gateway (each batch's plan is printed).
 Each batch's drain carries a lease (``rigup_drain_lease_s``, 120 s), renewed every third of it
 while the batch converges: a roll that dies stops renewing it, and each gateway puts the host back
-by itself once the lease lapsed and the host answers /health (roles/balancer/drain.py expire); the
+by itself once the lease lapsed and the host answers /health (roles/balancer/shipped/drain.py expire); the
 units a burn-in stopped on the host start again after the same lease (roles/burnin accepted).
 While it runs, roll.py keeps a journal (``$RIGUP_CACHE_DIR/roll.json``: its pid, the batch and the
 step); its pyinfra dies with it (even by SIGKILL). A roll that finds the journal of one that died

@@ -17,7 +17,7 @@ For each instance of llama_server_instances with one server (replicas: 1), and e
 in turn, loaded alone (the server its router would start for it: plays.tuning ``model_argv``; a pinned
 model's own server), the router's (or the pinned server's) unit stopped meanwhile: a job on the host
 (plays.tuning ``job``: a transient unit, so that it outlives the SSH session) stops its unit, runs
-rigup/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
+plays/shipped/tune.py as the rigup user, with the unit's environment (its GPUs, CUDA's libraries): a
 bounded sweep from the instance as it is (on GPUs with part of the model in host RAM, -ngl up or
 --n-cpu-moe down until it does not fit; --parallel; --cache-ram 0; on several GPUs the split mode,
 -ts and -mg; on GPUs -fa, batch sizes and a q8_0 KV cache), each point a real server answering
@@ -46,6 +46,7 @@ from rigup import nofollow, progress, summary
 from rigup.boundary.core import Unreadable
 from rigup.config import configure, host_only
 from rigup.contract import llama_server
+from rigup.files import program, program_paths
 from rigup.models import models
 from rigup.names import marker_path
 from rigup.text import say
@@ -212,8 +213,9 @@ with host_only(host):   # a configuration error fails this host, named, not the 
         files.directory(name="tune.py: the old directory (the rigup user's)", path=tuning.old_workdir(data), present=False)
         files.directory(name="tune.py: its directory", path=d, user="root", group=user, mode="750")
         files.directory(name="tune.py: the sweep's own directory", path=out, user=user, group=user, mode="750")
-        for script, source in tuning.SCRIPTS.items():
-            files.put(name=f"tune.py: {script}", src=str(source), dest=f"{d}/{script}", mode="644")
+        tuner = f"{d}/rigup_tune.py"
+        program(tuning.TUNER, tuner, program_paths(tuner, tuning.TUNER_BESIDE), name="tune.py: rigup_tune.py",
+                beside=tuning.TUNER_BESIDE, mode="644")
         for name, argv, gpu_layers, key, served, ctx, parallel, where in todo:
             sweep(name, argv, gpu_layers, key, served, ctx, parallel, **where)
 

@@ -8,4 +8,6 @@ play needs. rigup/ is the roles' library and never imports from here; roles neve
 - ``bench``: bench.py's facts (the throughput sweep, llama-bench, the serving markers) and its reports
 - ``tuning``: tune.py's sweep spec, its job on the host, the installed unit compared, the result kept
 - ``charts``: bench.py's and tune.py's charts, the only code that imports matplotlib
+- ``shipped``: what the plays send to hosts: ``tune``, the flag sweep (tune.py installs it as
+  rigup_tune.py, with shipped/throughput.py and shipped/gguf.py beside it)
 """

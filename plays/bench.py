@@ -1,8 +1,8 @@
 """bench.py's pieces on the controller: what it measures on a host (each serving instance's
-endpoint, with rigup/throughput.py run there, so that endpoints bound to loopback are reached
+endpoint, with shipped/throughput.py run there, so that endpoints bound to loopback are reached
 and API keys are read where they live) and the reports it writes at the end of the run.
 
-The measuring itself is rigup/throughput.py (standard library, no pyinfra): sent to the host by
+The measuring itself is shipped/throughput.py (standard library, no pyinfra): sent to the host by
 :class:`Throughput`, run there with the host's python3, one JSON line per instance back.
 Reports (:func:`write_reports`), in ``bench_out/<date>/``: ``<host>.md`` and ``<host>.json`` per
 host, and ``fleet.png``: total tok/s against concurrency, one line per host and instance, drawn by
@@ -34,9 +34,10 @@ from pyinfra.api import FactBase
 from rigup import run as run_state, traps
 from rigup.boundary import Unreadable, fields, owned, results
 from rigup.boundary.numbers import number, whole
-from rigup.config import LLAMA_TEST, ROLES_DIR, ROOT
+from rigup.config import LLAMA_TEST, ROLES_DIR
 from rigup.contract import MAPS, llama_server
 from rigup.contract.vllm import api_name
+from rigup.files import program_text
 from rigup.instances import every
 from rigup.instances.llama_server import normalised
 from rigup.gate import STOPS, endpoint, signal_name
@@ -45,7 +46,7 @@ from rigup.names import marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, read_file
 from rigup.text import say, shown
 
-THROUGHPUT = ROOT / "rigup" / "throughput.py"   # a host program of the library, sent by Throughput
+THROUGHPUT = "shipped/throughput.py"   # a shared host module, sent by Throughput
 SCRIPT_WORD = '"$t"'      # throughput.py's temporary copy on the host, in Throughput's command
 # The trap whose remedy is --no-repack (llama-bench: --repack 0), from the llama_cpp role's catalogue.
 REPACK = next(t for t in traps.load(ROLES_DIR / "llama_cpp" / "traps.yml") if t.remedy.value == "--no-repack")
@@ -105,12 +106,12 @@ def sweep_command(target: dict, levels: list[int], max_tokens: int, rounds: int,
 
 
 class Throughput(FactBase):
-    """``{instance: sweep}`` of the host's ``targets`` (rigup/throughput.py's JSON: levels, or error)."""
+    """``{instance: sweep}`` of the host's ``targets`` (shipped/throughput.py's JSON: levels, or error)."""
 
     def command(self, targets: list[dict], levels: list[int], max_tokens: int, rounds: int) -> str:
         runs = "; ".join(f"echo {shlex.quote('##rigup-bench ' + t['name'])}; "
                          f"{sweep_command(t, levels, max_tokens, rounds, SCRIPT_WORD)}" for t in targets)
-        return (f"t=$(mktemp) && cat > \"$t\" <<'RIGUP_BENCH_EOF'\n{THROUGHPUT.read_text()}\nRIGUP_BENCH_EOF\n"
+        return (f"t=$(mktemp) && cat > \"$t\" <<'RIGUP_BENCH_EOF'\n{program_text(THROUGHPUT)}\nRIGUP_BENCH_EOF\n"
                 f"{runs or 'true'}; rm -f \"$t\"")
 
     def process(self, output: list[str]) -> dict[str, dict]:
@@ -164,7 +165,7 @@ class Serving(FactBase):
 
 
 def smoke_remedy(text: str | None) -> dict:
-    """What a passed smoke inference of the serving build recorded (roles/llama_cpp/smoke.py's
+    """What a passed smoke inference of the serving build recorded (roles/llama_cpp/shipped/smoke.py's
     rigup-smoke.json): ``{"traps": [id], "server_args": [flag]}``. Only trap ids and bare
     ``--flags`` count; no file, a half-written one, a failed smoke or anything malformed is none."""
     try:

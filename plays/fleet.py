@@ -34,7 +34,7 @@ from rigup.contract import llama_server
 from rigup.gpu.catalogue import card_for
 from rigup.gpu.plan import link_state
 from rigup.gpu.facts import GPU_QUERY, parse_gpus, sections
-from rigup.gpu.xid import card_key
+from shipped.xid import card_key
 from rigup.boundary import Unreadable, burnin
 from rigup.boundary.core import loads   # every JSON a host or Prometheus gave: RecursionError too
 from rigup.boundary.numbers import json_whole, number, whole
@@ -124,7 +124,7 @@ def build_section(llama_cpp_dir: str) -> str:
 
 
 def guard_section(tripped_file: str, xid_state_file: str | None = None) -> str:
-    """``tripped`` and the file's JSON (roles/gpu_guard/guard.py) while the guard is tripped; then,
+    """``tripped`` and the file's JSON (roles/gpu_guard/shipped/guard.py) while the guard is tripped; then,
     when ``xid_state_file`` exists, :data:`XID_MARK`, ``boot=<this boot's id>`` and its JSON (at most
     :data:`XID_MAX_BYTES`). Each file on one line behind ``|``, as the burn-in section's: a file's line is
     never a marker (round 5 C4: a tripped file holding ``##rigup-status:gpus`` ended the section)."""
@@ -146,7 +146,7 @@ def energy_section(url: str) -> str:
 
 
 def loads_section(relay: str, routers: list[str]) -> str:
-    """Each router instance's loads as the host's metrics relay counts them (roles/metrics/relay.py,
+    """Each router instance's loads as the host's metrics relay counts them (roles/metrics/shipped/relay.py,
     from the router's /models/sse): ``@@ NAME``, then its ``rigup_router_model_loads_total`` and
     ``rigup_router_model_last_load_seconds`` lines (:func:`parse_loads`). ``relay``: its base URL."""
     return "\n".join(f"echo {shlex.quote('@@ ' + name)}; curl -s -m 2 --noproxy '*' "
@@ -208,7 +208,7 @@ class FleetStatus(FactBase):
 
 # ----------------------------------------------------------------------------- parsers
 def _key(bus_id) -> str | None:
-    """``00000000:4E:00.0`` -> ``0000:4e:00`` (rigup.gpu.xid.card_key, as the guard's Xid state names
+    """``00000000:4E:00.0`` -> ``0000:4e:00`` (shipped.xid.card_key, as the guard's Xid state names
     cards); None when it is not a bus id."""
     try:
         return card_key(bus_id)
@@ -414,13 +414,13 @@ def _counts(value) -> dict[str, int]:
 
 
 def xid_cards(state, boot: str = "") -> dict:
-    """The guard's Xid state (roles/gpu_guard/guard.py: ``{"boot", "cards": {card: {"counts",
+    """The guard's Xid state (roles/gpu_guard/shipped/guard.py: ``{"boot", "cards": {card: {"counts",
     "recent", "suspect", "link"}}, ...}``) -> ``{card key: {"counts": {class: n}, "suspect": bool, "since":
     str | None}}`` (and ``"slow_link": "Gen3 of Gen4 under load"`` for a link the guard found below
     its maximum under load), read defensively: what has the wrong type is left out, never an error. Counts
     recorded in another boot than ``boot`` (the host's, when known) are left out: the guard starts
     them again at its next check; a suspect card stays suspect, and a suspect mark that does not read
-    (``{}``, ``"yes"``, ``0``) is still one, as the guard holds it (roles/gpu_guard/guard.py
+    (``{}``, ``"yes"``, ``0``) is still one, as the guard holds it (roles/gpu_guard/shipped/guard.py
     suspect_of: its units stay stopped; rerun2's N12), its time unknown."""
     cards = state.get("cards") if isinstance(state, dict) else None
     if not isinstance(cards, dict):

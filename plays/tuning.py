@@ -1,11 +1,11 @@
 """tune.py's pieces on the controller: each llama-server instance's sweep spec (its sized context
 and slots from the serving plan, the command line its drop-in runs once that is the plan's:
-:func:`differences`), the job that runs rigup/tune.py on the host, and the result written as the
+:func:`differences`), the job that runs plays/shipped/tune.py on the host, and the result written as the
 host's data, ``host_vars/<host>.yml`` (``llama_server_tuned``, rigup/instances/tuned.py), for the
 operator to commit; the next converge serves with it.
 
 The job (a transient unit, so that it outlives the SSH session) stops the instance's unit, runs
-rigup/tune.py as the rigup user on a loopback port of its own, starts the unit again whatever the
+plays/shipped/tune.py as the rigup user on a loopback port of its own, starts the unit again whatever the
 sweep did, and marks its end; ``rigup.progress.waited`` prints its progress per host.
 
 A router (``also``) is swept a model at a time, each loaded alone: the server its router would
@@ -37,8 +37,8 @@ from rigup.units import systemd_env_split, systemd_split
 from rigup.contract import llama_server as contract
 from rigup.contract.llama_server import DROPIN, PRESET
 
-SCRIPTS = {"rigup_tune.py": ROOT / "rigup" / "tune.py", "rigup_throughput.py": ROOT / "rigup" / "throughput.py",
-           "rigup_gguf.py": ROOT / "rigup" / "gguf.py"}
+TUNER = "plays/shipped/tune.py"   # rigup_tune.py in the tuner's directory, and the modules it imports beside it
+TUNER_BESIDE = ("shipped/throughput.py", "shipped/gguf.py")
 HEADER = ("# Written by tune.py: the llama-server flags measured fastest on this host, per instance\n"
           "# (rigup/instances/tuned.py). Commit it; the next converge serves with them. Remove an\n"
           "# entry to go back to the instance's own keys.\n")
@@ -545,7 +545,7 @@ class Unsafe(FactBase):
 
 def spec(name: str, argv: list[str], data: dict, gpu: bool, key_file: str | None, served: dict | None = None, *,
          ctx: int, parallel: int) -> dict:
-    """rigup/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart, found
+    """plays/shipped/tune.py's SPEC for instance ``name`` served by ``argv`` (its drop-in's ExecStart, found
     the plan's: :func:`differences`), with the swept flags' spellings from the contract (``flags``: no
     host holds the contract), with ``served`` (:class:`ServingEnv`: the unit's environment
     and GPU count). ``ctx`` and ``parallel``: the serving plan's (rigup.serving ``serving_plan``: the

@@ -12,7 +12,7 @@ the charts); nothing here imports from plays/.
   metrics, the watchdog, ``rpc``, plays/bench.py, the balancer and status.py (``every``: both engines')
 - ``serving``: the serving plan (``serving_plan``) and the walk every serving engine takes (``serve``)
 - ``gpu``: GPU facts, the card and model catalogues, the pure hardware plan; ``cuda``: the CUDA
-  toolkit's packages by source; ``gguf``: a GGUF file's header
+  toolkit's packages by source
 - ``models``: the ``models`` map (entry form, defaults, dest) and what serving reads of a model
 - ``names``: paths and names several roles agree on (completion marker, guard file, hub token)
 - ``refusal``: the refusal type preflight prints, and helpers to word refusals; ``traps``: the
@@ -28,10 +28,11 @@ the charts); nothing here imports from plays/.
   progress the converge prints; ``summary``: one line per host at a play's end
 - ``peer``: another host of the run, as its own preflight plans it; ``rpc``: llama.cpp RPC across
   hosts; ``firewall``: nftables allow-lists; ``secrets``: API keys made on the host, files sent on stdin
-- host programs, standard library only, sent to hosts: ``throughput`` (tokens per second of an
-  endpoint: the watchdog, the metrics relay, bench.py), ``tune`` (tune.py's sweep on the host)
 
-Roles (``roles/<role>/``) import from here, never from each other.
+Nothing here is sent to a host: the programs that run on hosts live in ``shipped/`` folders (each
+role's, plays/shipped/ and the top-level shipped/ for the modules several share: docs/layout.md),
+installed or sent by ``files`` (``program``, ``program_text``). Roles (``roles/<role>/``) import
+from here, never from each other.
 """
 
 import sys as _sys

@@ -10,14 +10,17 @@ compares what it wants with that, writing only what differs.
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from io import StringIO
+from pathlib import PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import FactBase
 from rigup.probe import operation
 from pyinfra.operations import files
 
+from rigup.config import ROOT
 from rigup.state import read_once, reading
 
 
@@ -113,3 +116,43 @@ def absent(dest: str, paths: list[str]):
         host.noop(f"{dest} is not there")
         return
     yield f"rm -f {shlex.quote(dest)}"
+
+
+# a host program's file: in its owner's shipped/ folder (a role's, the plays'), or the top-level shipped/
+SHIPPED = re.compile(r"(?:roles/[a-z][a-z0-9_]*/|plays/)?shipped/[a-z][a-z0-9_]*\.py")
+
+
+def program_text(path: str) -> str:
+    """The text of host program ``path`` (from the checkout's root) as it is installed or sent: the
+    one reader of a file of a shipped/ folder (tests/unit/test_host_programs.py holds that nothing
+    else reads one). ValueError for any other path: nothing else is shipped."""
+    if not SHIPPED.fullmatch(path):
+        raise ValueError(f"{path} is no host program (a file of a shipped/ folder)")
+    return (ROOT / path).read_text()
+
+
+def beside_name(path: str) -> str:
+    """``shipped/xid.py`` -> ``rigup_xid.py``: the name a program's ``beside`` asks for."""
+    return f"rigup_{PurePosixPath(path).stem}.py"
+
+
+def program_paths(dest: str, beside: tuple[str, ...] = ()) -> list[str]:
+    """``dest`` and the files :func:`program` puts beside it, for the role's ``paths``."""
+    folder = dest.rsplit("/", 1)[0]
+    return [dest, *(f"{folder}/{beside_name(b)}" for b in beside)]
+
+
+def program(path: str, dest: str, paths: list[str], *, name: str, beside: tuple[str, ...] = (),
+            mode: str = "755") -> list:
+    """Install host program ``path`` at ``dest`` (root's, ``mode``) and each module of ``beside`` next to it
+    as :func:`beside_name` (root's 0644: a program's beside() runs no file another user could write), each
+    through :func:`managed` on the role's ``paths`` (read once with its other files). The
+    operations, the program's first (for ``_if=any_changed``)."""
+    missing = [p for p in program_paths(dest, beside) if p not in paths]
+    if missing:   # managed() would KeyError at converge time only: said on the controller, at once
+        raise ValueError(f"{name}: {missing} not among the role's paths")
+    ops = [managed(name=name, dest=dest, text=program_text(path), paths=paths, mode=mode)]
+    for module, at in zip(beside, program_paths(dest, beside)[1:]):
+        ops.append(managed(name=f"{name}: {beside_name(module)} beside it ({module})", dest=at,
+                           text=program_text(module), paths=paths, mode="644"))
+    return ops

@@ -76,13 +76,13 @@ def xid_file(data: dict) -> str:
 
 
 def burnin_file(data: dict) -> str:
-    """rigup-burnin's records, per card UUID (roles/burnin/acceptance.py):
+    """rigup-burnin's records, per card UUID (roles/burnin/shipped/acceptance.py):
     ``{rigup_state_dir}/burnin.json``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin.json"
 
 
 def burnin_pulse_file(data: dict) -> str:
-    """rigup-burnin pulse's record of the host's power delivery (roles/burnin/acceptance.py):
+    """rigup-burnin pulse's record of the host's power delivery (roles/burnin/shipped/acceptance.py):
     ``{rigup_state_dir}/burnin-pulse.json``."""
     return f"{str(data['rigup_state_dir']).rstrip('/')}/burnin-pulse.json"
 

@@ -57,7 +57,7 @@ PLACES: tuple[Place, ...] = (
           "the link removed (safe); flock creates a missing target (O_CREAT), a FIFO blocks the converge",
           "by the rigup user; with systemd `systemctl stop` alone; the lock read only in root's own directory "
           "(no systemd)"),
-    Place("the probe's reads of a model's directory", "roles/model_fetch/fetcher.py:probe",
+    Place("the probe's reads of a model's directory", "roles/model_fetch/shipped/fetcher.py:probe",
           "marker, job/progress/state JSON and the lock read through links (root-only JSON in the fact's "
           "output); a FIFO hangs it", "as its owner, every open no-follow and non-blocking; each plant named, and "
           "the host refused (plan.py planted_problems)"),
@@ -66,15 +66,15 @@ PLACES: tuple[Place, ...] = (
           "read_file; du reads no file and follows no link below its argument"),
     Place("the serving roles' marker reads", "rigup/units.py:instance_probe, roles/llama_server/facts.py:LlamaServerState, roles/vllm/facts.py:VllmState",
           "cat of the marker: a FIFO hangs, a link puts root-only text in the output", "read_file"),
-    Place("rigup-model-metrics (a root timer)", "roles/model_fetch/fetcher.py:metrics",
+    Place("rigup-model-metrics (a root timer)", "roles/model_fetch/shipped/fetcher.py:metrics",
           "the same reads; a FIFO hangs each run to TimeoutStartSec (60 s), no metrics",
           "as its owner, non-blocking (1 s)"),
-    Place("rigup-fetch prune (root)", "roles/model_fetch/fetcher.py:prune",
+    Place("rigup-fetch prune (root)", "roles/model_fetch/shipped/fetcher.py:prune",
           "opens each old revision's lock (a FIFO hangs); rmtree was safe already",
           "revisions listed as their owner; rmtree never follows a link"),
-    Place("rigup-fetch switch (root)", "roles/model_fetch/fetcher.py:switch", "renames in root's directory only (safe)",
+    Place("rigup-fetch switch (root)", "roles/model_fetch/shipped/fetcher.py:switch", "renames in root's directory only (safe)",
           "unchanged"),
-    Place("the llama.cpp smoke (root)", "roles/llama_cpp/smoke.py:model_of",
+    Place("the llama.cpp smoke (root)", "roles/llama_cpp/shipped/smoke.py:model_of",
           "opens the marker: a FIFO hangs the smoke to its timeout, the host fails",
           "no-follow, non-blocking, a regular file only; llama-server itself runs as the rigup user"),
     Place("status.py's download progress", "roles/model_fetch/facts.py:progress_command",
@@ -93,9 +93,9 @@ PLACES: tuple[Place, ...] = (
           "(read_file); the old tune/ removed"),
     Place("the host programs' files: the textfile collector's metrics, the watchdog's and the guard's state, "
           "the fetcher's JSON, rigup-burnin's records and metrics, rigup-balancer-drain's server state (in "
-          "/run/haproxy, the haproxy group's) and leases", "roles/watchdog/watchdog.py:replace, "
-          "roles/gpu_guard/guard.py:replace, roles/model_fetch/fetcher.py:replace, roles/burnin/acceptance.py:replace, "
-          "roles/balancer/drain.py:replace",
+          "/run/haproxy, the haproxy group's) and leases", "roles/watchdog/shipped/watchdog.py:replace, "
+          "roles/gpu_guard/shipped/guard.py:replace, roles/model_fetch/shipped/fetcher.py:replace, roles/burnin/shipped/acceptance.py:replace, "
+          "roles/balancer/shipped/drain.py:replace",
           "open('.NAME.PID.tmp', 'w') beside the target: a link the directory's owner planted there (the node "
           "exporter's textfile directory, another user's) was followed: root's file overwritten, made 0644 (issue 61)",
           "a random dot-name opened O_CREAT|O_EXCL|O_NOFOLLOW (another on EEXIST), fchmod'ed, renamed over the "
@@ -108,8 +108,8 @@ PLACES: tuple[Place, ...] = (
           "refused when it imports rigup"),
     Place("a host program's import of the one beside it (root runs the guard, the relay, the watchdog, the "
           "burn-in, the sweep)",
-          "roles/burnin/acceptance.py:beside, roles/gpu_guard/guard.py:beside, roles/metrics/relay.py:beside, "
-          "roles/watchdog/watchdog.py:beside, rigup/tune.py:beside",
+          "roles/burnin/shipped/acceptance.py:beside, roles/gpu_guard/shipped/guard.py:beside, roles/metrics/shipped/relay.py:beside, "
+          "roles/watchdog/shipped/watchdog.py:beside, plays/shipped/tune.py:beside",
           "sys.path inserts and importlib by path: a link, a FIFO or a file another user could write was run "
           "(round 8)", "opened O_NOFOLLOW|O_NONBLOCK and run only as a regular file of root's (or the running "
           "user's) that no group or other user may write; else ImportError naming the file"),

@@ -1,5 +1,5 @@
 """rigup-burnin's records, read whole or refused (issue 61): the host's file of records per card
-UUID (``rigup_state_dir/burnin.json``, written by roles/burnin/acceptance.py as root, and by anyone
+UUID (``rigup_state_dir/burnin.json``, written by roles/burnin/shipped/acceptance.py as root, and by anyone
 root on the host by hand) and the controller's copy of it (``$RIGUP_CACHE_DIR/burnin/HOST.json``,
 rigup.names.burnin_copy, that roles/burnin keeps at each preflight).
 

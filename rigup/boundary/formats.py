@@ -261,8 +261,8 @@ CROSSINGS = (
     Crossing("a label value of the Prometheus exposition (a model, a card's bus id, a unit); each host "
              "program carries its own copy, held equal to this one by tests", "rigup's host programs",
              "rigup/boundary/formats.py:prom_label",
-             "roles/gpu_guard/guard.py:escaped, roles/metrics/relay.py:label, roles/model_fetch/fetcher.py:label, "
-             "roles/burnin/acceptance.py:label, roles/watchdog/watchdog.py:label"),
+             "roles/gpu_guard/shipped/guard.py:escaped, roles/metrics/shipped/relay.py:label, roles/model_fetch/shipped/fetcher.py:label, "
+             "roles/burnin/shipped/acceptance.py:label, roles/watchdog/shipped/watchdog.py:label"),
     Crossing("a name or an address in haproxy.cfg (a backend, a server, a model of a router's set)", "rigup",
              "rigup/boundary/formats.py:haproxy_word", "roles/balancer/config.py:haproxy_cfg"),
     Crossing("an address in haproxy.cfg (a backend's bind, a server's inventory address and port)", "the operator",

@@ -6,7 +6,7 @@ sizing refuses the model naming the file and the field).
 
 Numbers go through :mod:`rigup.boundary.numbers`, names and paths through
 :mod:`rigup.boundary.fields`. The host programs that read such text themselves (the Xid lines in
-rigup/gpu/xid.py, the GGUF bytes in rigup/gguf.py) run with the standard library alone, so they
+shipped/xid.py, the GGUF bytes in shipped/gguf.py) run with the standard library alone, so they
 hold their own checks; their rows are here, beside the controller's readers.
 """
 
@@ -37,7 +37,7 @@ def _text(record: dict, key: str, where: str) -> str | None:
 
 
 def download_progress(record: object, where: str) -> dict | None:
-    """A model's ``.rigup-fetch/progress.json`` (roles/model_fetch/fetcher.py ``Progress``), as the
+    """A model's ``.rigup-fetch/progress.json`` (roles/model_fetch/shipped/fetcher.py ``Progress``), as the
     JSON it parsed to: None for no record, else ``{"state", "bytes", "total", "rate", "eta",
     "error", "detail", "source"}`` typed (whole bytes, a rate and an ETA of finite non-negative
     numbers, a lowercase state word, text escaped and cut; the bytes done at most the total where
@@ -67,19 +67,19 @@ def download_progress(record: object, where: str) -> dict | None:
     return out
 
 
-KV_MIN = 1e-4   # GiB of KV cache per 1k tokens, the least rigup/gguf.py writes but 0 (it rounds to 4 places)
+KV_MIN = 1e-4   # GiB of KV cache per 1k tokens, the least shipped/gguf.py writes but 0 (it rounds to 4 places)
 
 
 def gguf_figures(figures: object, where: str) -> dict:
-    """The figures of a GGUF header (rigup/gguf.py ``kv_figures``, fresh or kept between runs in
+    """The figures of a GGUF header (shipped/gguf.py ``kv_figures``, fresh or kept between runs in
     the hub's cache) that size a model's VRAM: ``{"architecture", "layers", "kv_gib_per_1k_tokens",
     "context_length", "read_bytes", "chat_template"}`` with the layer count a whole number (none:
     refused, rigup cannot size the model), the KV size a JSON number, 0 or :data:`KV_MIN`..1e9, or None
     where the header has none (each figure a JSON number, never text); ``chat_template`` a bool
-    (rigup/gguf.py ``chat_template``), or None: not known (the header longer than the bytes read, or
+    (shipped/gguf.py ``chat_template``), or None: not known (the header longer than the bytes read, or
     figures kept before rigup read it: still read); :class:`Unreadable` naming ``where`` (the file)
     and the field otherwise."""
-    from rigup.gguf import MAX_CONTEXT, MAX_LAYERS
+    from shipped.gguf import MAX_CONTEXT, MAX_LAYERS
 
     if not isinstance(figures, dict):
         raise Unreadable(where, f"not the header's figures: {type(figures).__name__}")
@@ -92,12 +92,12 @@ def gguf_figures(figures: object, where: str) -> dict:
         out[key] = None if value is None else json_whole(value, hi)
         if value is not None and out[key] is None:
             raise Unreadable(f"{where}: {key}", f"not a whole number 0..{hi}: {str(value)[:40]!r}")
-    if not out["layers"]:   # kept before rigup refused a header it cannot size (rigup/gguf.py unsized, figures)
+    if not out["layers"]:   # kept before rigup refused a header it cannot size (shipped/gguf.py unsized, figures)
         raise Unreadable(f"{where}: layers", f"{'no layer count' if out['layers'] is None else '0 layers'}: rigup "
                          "cannot size the model (llama.cpp's loader needs it)")
     kv = figures.get("kv_gib_per_1k_tokens")
     # a JSON number, as the counts are JSON ints ("0.5" was read, "8192" refused), 0 (no KV cache) or at least
-    # KV_MIN: what rigup/gguf.py's round(.., 4) gives (5e-324 sized int(inf) slots: a traceback, round 7 S1)
+    # KV_MIN: what shipped/gguf.py's round(.., 4) gives (5e-324 sized int(inf) slots: a traceback, round 7 S1)
     rate = number(kv, float, 0, 1e9) if type(kv) in (int, float) else None
     if kv is not None and (rate is None or 0 < rate < KV_MIN):
         raise Unreadable(f"{where}: kv_gib_per_1k_tokens", f"not 0 or a JSON number in {KV_MIN}..1e9: {str(kv)[:40]!r}")
@@ -111,7 +111,7 @@ def gguf_figures(figures: object, where: str) -> dict:
 
 
 def hub_listing(files: object, where: str, problems: Callable[[object], list[tuple[str, str]]]) -> list[dict]:
-    """A hub's tree listing (roles/model_fetch/fetcher.py ``hub_files``: ``[{path, size, oid,
+    """A hub's tree listing (roles/model_fetch/shipped/fetcher.py ``hub_files``: ``[{path, size, oid,
     sha256}]``, fresh or kept between runs) as typed entries: ``problems(files)`` first, the (path,
     why) of each thing its owner refuses (roles/model_fetch passes fetcher.py's ``listing_problems``,
     the rules the host's fetcher holds too: a list of objects, a path's characters, rigup's own
@@ -147,7 +147,7 @@ CROSSINGS = (
              "roles/cmpunlocker/facts.py:parse_unlock_state"),
     Crossing("llama.cpp's current and previous links as readlink printed them (builds/<id>, else none)",
              "root on the host", "roles/llama_cpp/facts.py:build_link", "roles/llama_cpp/facts.py:parse_state"),
-    Crossing("a llama.cpp build's smoke result line (roles/llama_cpp/smoke.py's JSON on its output)",
+    Crossing("a llama.cpp build's smoke result line (roles/llama_cpp/shipped/smoke.py's JSON on its output)",
              "root on the host (smoke.py), its servers", "rigup/boundary/core.py:loads",
              "roles/llama_cpp/build.py:_smoked"),
     Crossing("a balancer backends file as a host printed it (/etc/rigup/balancer/NAME.json, one line each)",
@@ -160,17 +160,17 @@ CROSSINGS = (
     Crossing("a hub's file listing (paths, sizes, sha256, git blob ids)", "the hub, the hub cache",
              "rigup/boundary/hosttext.py:hub_listing", "roles/model_fetch/hub.py:checked_files"),
     Crossing("the bytes of a GGUF header (its keys' types and values)", "the hub, the model's file on a host",
-             "rigup/gguf.py:figures", "roles/model_fetch/hub.py:_head, rigup/tune.py:model_layers"),
+             "shipped/gguf.py:figures", "roles/model_fetch/hub.py:_head, plays/shipped/tune.py:model_layers"),
     Crossing("an Xid or SXid line of the kernel log (plain decimal codes, ASCII)", "the kernel (the lab: its stand-in)",
-             "rigup/gpu/xid.py:events", "roles/gpu_guard/guard.py:triage"),
+             "shipped/xid.py:events", "roles/gpu_guard/shipped/guard.py:triage"),
     Crossing("the GPU guard's Xid state (XID_STATE: counts and suspect marks per card, links, the journal's cursor)",
-             "root (the guard; by hand, or an older guard)", "roles/gpu_guard/guard.py:xid_state_of",
-             "roles/gpu_guard/guard.py:read_xid_state, roles/gpu_guard/guard.py:main"),
+             "root (the guard; by hand, or an older guard)", "roles/gpu_guard/shipped/guard.py:xid_state_of",
+             "roles/gpu_guard/shipped/guard.py:read_xid_state, roles/gpu_guard/shipped/guard.py:main"),
     Crossing("the GPU guard's samples (SAMPLES: each check's time, cards' draws, lost telemetry, verdict)",
-             "root (the guard; by hand)", "roles/gpu_guard/guard.py:samples_of", "roles/gpu_guard/guard.py:check"),
+             "root (the guard; by hand)", "roles/gpu_guard/shipped/guard.py:samples_of", "roles/gpu_guard/shipped/guard.py:check"),
     Crossing("the GPU guard's tripped record (its reason, time, the units it stopped, the boot it rebooted from)",
-             "root (the guard; by hand)", "roles/gpu_guard/guard.py:tripped_of",
-             "roles/gpu_guard/guard.py:check, roles/gpu_guard/guard.py:main"),
+             "root (the guard; by hand)", "roles/gpu_guard/shipped/guard.py:tripped_of",
+             "roles/gpu_guard/shipped/guard.py:check, roles/gpu_guard/shipped/guard.py:main"),
     Crossing("a build or install log's progress line (make, ninja, pip)", "the host (the build's output)",
              "rigup/progress.py:progress_text", "rigup/progress.py:waited"),
     Crossing("a count sysfs or /proc printed (CPU topology, MemTotal, a listening port, free disk)", "the host",

@@ -112,7 +112,7 @@ CROSSINGS = (
     Crossing("a figure a serving instance answers (a completion's usage.completion_tokens, /metrics' "
              "llamacpp:tokens_predicted_total) or nvidia-smi prints to the guard (a draw, a temperature); each host "
              "program carries its own copy of the rule, held to this one by tests", "the server, the host",
-             "rigup/boundary/numbers.py:number", "rigup/throughput.py:figure, roles/gpu_guard/guard.py:reading"),
+             "rigup/boundary/numbers.py:number", "shipped/throughput.py:figure, roles/gpu_guard/shipped/guard.py:reading"),
     Crossing("shares per GPU (tensor_split: an instance's, a router model's, a sweep's point), read by llama.cpp's "
              "std::stof", "the operator, the rigup user (a sweep's result)", "rigup/boundary/numbers.py:shares",
              "rigup/instances/llama_server.py:split_problems, rigup/boundary/results.py:_shares"),

@@ -1,16 +1,16 @@
 """Typed readers of what the tuner and the llama.cpp builds leave behind (issue 61, classes 2 and 3):
 
-- a sweep's result (rigup/tune.py's RESULT, written by the rigup user on the host): it becomes the
+- a sweep's result (plays/shipped/tune.py's RESULT, written by the rigup user on the host): it becomes the
   host's data (``host_vars/<host>.yml``, ``llama_server_tuned``), so every field that reaches it is
   typed and bounded before anything is written (:func:`sweep`);
 - a build's stamp (``builds/<id>/rigup-build.json``, templates/llama_cpp-build.sh.j2): a bad one
   makes that build unknown on that host, never a crash of the run (:func:`stamp`);
-- a build's smoke result (``builds/<id>/rigup-smoke.json``, roles/llama_cpp/smoke.py): a bad one
+- a build's smoke result (``builds/<id>/rigup-smoke.json``, roles/llama_cpp/shipped/smoke.py): a bad one
   makes that build's smoke unknown (smoked again), never a crash (:func:`smoke`);
 - the controller's record of an artifact in ``llama_cpp_artifacts`` (roles/llama_cpp/artifact.py):
   the hash a receiving host must match and the host that offers it (:func:`artifact_record`);
 - roll.py's journal of the roll in progress: what a roll killed midway left (:func:`roll_journal`);
-- what bench.py reads back from a host: rigup/throughput.py's line (:func:`throughput`), llama-bench's
+- what bench.py reads back from a host: shipped/throughput.py's line (:func:`throughput`), llama-bench's
   JSON (:func:`llama_bench`) and a model's completion marker (:func:`marker`): one that does not read
   is that instance or model not measured, never a crash of the run.
 
@@ -34,14 +34,14 @@ SCHEMA = 1   # the format of the records these readers read and rigup writes
 
 INT32 = 2**31 - 1     # llama.cpp reads its integer flags with std::stoi
 TPS_MAX = 1e7         # tok/s: far above what a whole host's GPUs generate
-TPS_FLOOR = 0.01      # tok/s: the least non-zero figure rigup/tune.py score() gives (2 places)
+TPS_FLOOR = 0.01      # tok/s: the least non-zero figure plays/shipped/tune.py score() gives (2 places)
 SECONDS_MAX = 1e7     # a sweep's or a build's seconds (115 days)
 LEVEL_MAX = 65536     # a concurrency level of the sweep's client
 LIST_MAX = 4096       # the points of a sweep, the levels of a point, the CPU flags of a runtime
 TEXT_MAX = 2000       # a free text field (why a sweep stopped, a compiler's version line)
 SIZE_MAX = 1 << 40    # an artifact's bytes
 
-# the sweep's statuses of a point (rigup/tune.py measure)
+# the sweep's statuses of a point (plays/shipped/tune.py measure)
 STATUSES = ("ok", "no-fit", "crash", "cpu-fallback", "failed-requests", "timeout")
 # a build's resolved commit: a git object id, or "archive" (llama_cpp_archive)
 COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|archive")
@@ -165,7 +165,7 @@ def _shares(value: Any, where: str) -> str:
 
 def _on_gpus(doc: dict, where: str, gpus: int) -> None:
     """Every point's ``main_gpu`` one of the ``gpus`` the sweep's servers see, and its
-    ``tensor_split`` at most one share per GPU: rigup/tune.py sets them only so (split_stages); a
+    ``tensor_split`` at most one share per GPU: plays/shipped/tune.py sets them only so (split_stages); a
     main GPU 255 on a host of one card was written into host_vars as measured."""
     chosen = [("best", doc["best"]), ("baseline", doc["baseline"])]
     for name, point in [*((f"points[{i}]", p) for i, p in enumerate(doc["points"])), *chosen]:
@@ -201,7 +201,7 @@ def _point(value: Any, where: str) -> dict:
                                   "levels": (_list(_level, 64), False)})
     if point["status"] == "ok" and point.get("tps") is None:
         raise Unreadable(where, "a point that served has no tps")
-    # rigup/tune.py score() rounds to 2 places: a measured tps is 0 or at least 0.01, so a best
+    # plays/shipped/tune.py score() rounds to 2 places: a measured tps is 0 or at least 0.01, so a best
     # over a baseline is finite (5e-324 made it inf: 'tuned infx')
     if point.get("tps") is not None and 0 < point["tps"] < TPS_FLOOR:
         raise Unreadable(f"{where}.tps", f"{point['tps']} tok/s: neither 0 nor at least {TPS_FLOOR} as the tuner measures")
@@ -246,7 +246,7 @@ def sweep(value: Any, where: str, gpus: int | None = None) -> dict:
 
 def _agrees(doc: dict, where: str) -> None:
     """A sweep's best is one of its measured points, and its ratio the one its best and baseline
-    give; else :class:`Unreadable`. rigup/tune.py makes the best a point that served and rounds
+    give; else :class:`Unreadable`. plays/shipped/tune.py makes the best a point that served and rounds
     the ratio to 3 places; a best no point measured (ctx 131072 at 500 tok/s among points all at
     ctx 4096 and 10 tok/s) would be written into host_vars as measured. A ratio that disagrees is
     refused, not replaced by the reader's own: the record is then not what the tuner wrote, and
@@ -262,7 +262,7 @@ def _agrees(doc: dict, where: str) -> None:
         return   # a sweep written while running, or whose baseline served nothing
     if best is None or baseline is None or not baseline["tps"]:
         raise Unreadable(f"{where}: ratio", f"{ratio} with no best and baseline tok/s to give one")
-    if abs(ratio - best["tps"] / baseline["tps"]) > 0.0005 + 1e-9 * ratio:   # rigup/tune.py rounds to 3 places
+    if abs(ratio - best["tps"] / baseline["tps"]) > 0.0005 + 1e-9 * ratio:   # plays/shipped/tune.py rounds to 3 places
         raise Unreadable(f"{where}: ratio", f"{ratio}, while the best's {best['tps']} tok/s over the baseline's "
                                             f"{baseline['tps']} is {best['tps'] / baseline['tps']:.3f}")
 
@@ -283,7 +283,7 @@ def _cell(limit: int) -> Callable[[Any, str], str]:
 
 
 def _measured(value: Any, where: str) -> dict:
-    """One level of rigup/throughput.py's sweep (its ``level``), its tok/s backed by its counts: a
+    """One level of shipped/throughput.py's sweep (its ``level``), its tok/s backed by its counts: a
     rate above 0 needs a request answered and tokens (requests 0, tokens 0 and 9999999 tok/s was
     read as measured: rerun 2 of issue 61, N4), and its total tok/s is its tokens over its seconds
     as throughput.py gives them (seconds rounded to 3 places, tok/s to 2)."""
@@ -307,7 +307,7 @@ def _measured(value: Any, where: str) -> dict:
 
 
 def throughput(value: Any, where: str) -> dict:
-    """rigup/throughput.py's line (``sweep``: JSON text or what it parsed to) as ``{"levels": [level]}``
+    """shipped/throughput.py's line (``sweep``: JSON text or what it parsed to) as ``{"levels": [level]}``
     (each level's counts whole, its tok/s finite within 0..:data:`TPS_MAX`) or ``{"error": why it
     measured nothing}``; or :class:`Unreadable` naming ``where`` and the field. Only those two keys
     are returned: the line's others (``url``...) never stand over what the controller knows."""
@@ -342,7 +342,7 @@ FILES_MAX = 1 << 16   # the files of one model repository
 
 
 def marker(value: Any, where: str) -> dict:
-    """A model's completion marker (``<dest>/.rigup-complete.json``, roles/model_fetch/fetcher.py
+    """A model's completion marker (``<dest>/.rigup-complete.json``, roles/model_fetch/shipped/fetcher.py
     writes it as the rigup user: JSON text or what it parsed to): ``files`` relative paths that stay
     in the model's directory (rigup.boundary.fields.inside), ``repo`` and ``revision`` text,
     ``bytes`` whole; or :class:`Unreadable` naming ``where`` and the field (that model is then not
@@ -386,7 +386,7 @@ def stamp(value: Any, where: str, build: str | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- a build's smoke result
 def smoke(value: Any, where: str) -> dict:
-    """A build's smoke result (roles/llama_cpp/smoke.py's ``builds/<id>/rigup-smoke.json``, JSON
+    """A build's smoke result (roles/llama_cpp/shipped/smoke.py's ``builds/<id>/rigup-smoke.json``, JSON
     text or what it parsed to): ``ok`` a bool, ``key`` the spec's key (16 hex digits), ``seconds``
     finite, ``traps`` trap ids and ``server_args`` bare ``--flags`` (they reach the instances'
     units), ``runs`` maps, ``compare`` a map whose ``ok`` is a bool and ``ratio`` finite; or
@@ -478,9 +478,9 @@ def roll_journal(value: Any, where: str) -> dict:
 
 
 CROSSINGS = (
-    Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (rigup/tune.py)",
+    Crossing("a sweep's result (tune_out's JSON on the host)", "the rigup user (plays/shipped/tune.py)",
              "rigup/boundary/results.py:sweep", "plays/tuning.py:record, tune.py:sweep"),
-    Crossing("rigup/throughput.py's sweep line (bench.py's Throughput fact)",
+    Crossing("shipped/throughput.py's sweep line (bench.py's Throughput fact)",
              "the host (its python3, the servers measured)", "rigup/boundary/results.py:throughput",
              "plays/bench.py:Throughput"),
     Crossing("llama-bench's JSON of one test (bench.py's LlamaBench fact)", "the host (llama-bench as the model's owner)",
@@ -494,7 +494,7 @@ CROSSINGS = (
     Crossing("a llama.cpp build's stamp (builds/<id>/rigup-build.json)", "root on the host (the build script)",
              "rigup/boundary/results.py:stamp", "roles/llama_cpp/facts.py:parse_state"),
     Crossing("a llama.cpp build's smoke result (builds/<id>/rigup-smoke.json)",
-             "root on the host (roles/llama_cpp/smoke.py), its servers running as the rigup user",
+             "root on the host (roles/llama_cpp/shipped/smoke.py), its servers running as the rigup user",
              "rigup/boundary/results.py:smoke", "roles/llama_cpp/facts.py:parse_state, rigup/traps.py:load, "
              "roles/llama_server/facts.py:remedy_flags"),
     Crossing("the controller's record of a build artifact (llama_cpp_artifacts/<key>.json)",

@@ -4,7 +4,7 @@ the entry form of ``llama_server_instances`` (rigup/instances/llama_server.py), 
 (roles/llama_server/command.py :func:`args`), the flags extra_args may not give again (policy
 ``owned``; ``also``: extra_args may give it again, the last one wins, and preflight's checks read
 that one), what tune.py sweeps (``sweep``) and how it spells it (:func:`spellings`), the keys of
-``llama_server_tuned``, the smoke's check of a new build's ``--help`` (roles/llama_cpp/smoke.py:
+``llama_server_tuned``, the smoke's check of a new build's ``--help`` (roles/llama_cpp/shipped/smoke.py:
 a flag the build does not know fails the host, naming it) and the generated docs.
 
 Adding a valued llama-server flag: a row here and a test, then ``make docs``.

@@ -275,5 +275,5 @@ def family_of(model: dict, path: Path = MODELS_FILE) -> dict | None:
 
 def xid_codes() -> dict[int, dict]:
     """The Xid catalogue (rigup/gpu/xid.yml): {code: {"class", "action", "meaning"}}, what
-    rigup/gpu/xid.py ``events`` classifies by (the guard gets it in its config: no host reads YAML)."""
+    shipped/xid.py ``events`` classifies by (the guard gets it in its config: no host reads YAML)."""
     return {int(code): dict(entry) for code, entry in yamlfile.safe_load(XID_FILE.read_text()).items()}

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import OperationError, StringCommand, deploy
@@ -47,6 +46,7 @@ from tenacity import RetryError, retry, retry_if_result, stop_after_delay, wait_
 from rigup.gpu.plan import Plan
 from rigup.config import Config, config_of, fleet_data, role_defaults
 from rigup.gate import endpoint
+from rigup.files import program_text
 from rigup.names import balancer_drain
 from rigup.secrets import fleet_api_key, written
 from rigup.state import read_once, reading
@@ -57,7 +57,7 @@ from roles.balancer.facts import CONFIG, BalancerState
 
 __all__ = ["apply", "CHECKS", "ports"]
 
-DRAIN_SOURCE = (Path(__file__).parent / "drain.py").read_text()
+DRAIN_SOURCE = program_text("roles/balancer/shipped/drain.py")   # rigup-balancer-drain, compared by its sha
 
 
 def _sha(text: str) -> str:

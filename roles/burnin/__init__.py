@@ -1,8 +1,8 @@
 """roles/burnin: accept a card before it serves; leave a card that fails out of serving.
 
 What it does to a host with GPUs, systemd and ``burnin_enabled: true`` (nothing elsewhere):
-- installs ``rigup_prefix/bin/rigup-burnin`` (roles/burnin/acceptance.py, standard library and
-  the CUDA driver API through ctypes; beside it ``rigup_xid.py``, rigup/gpu/xid.py, as the GPU guard
+- installs ``rigup_prefix/bin/rigup-burnin`` (roles/burnin/shipped/acceptance.py, standard library and
+  the CUDA driver API through ctypes; beside it ``rigup_xid.py``, shipped/xid.py, as the GPU guard
   has it): the operator's ``rigup-burnin status``, ``run --level
   long``, ``clear UUID``;
 - runs it, after gpu_power (the soak runs at the cap it set) and cmpunlocker (the unlocked memory
@@ -60,19 +60,19 @@ from pyinfra.api import deploy
 from rigup import files
 from rigup.boundary import Unreadable, burnin, owned
 from rigup.config import Config, role_defaults
-from rigup.gpu import xid
+from shipped import xid
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.lock import RUN_DIR
 from rigup.names import BURNIN_METRICS, burnin_copy, burnin_file, burnin_pulse_file
 from rigup.probe import operation
 from rigup.role import Role
 from roles.burnin import fleetwide
-from roles.burnin.acceptance import TESTING, quarantined
+from roles.burnin.shipped.acceptance import TESTING, quarantined
 from roles.burnin.checks import CHECKS
 from roles.burnin.facts import BurninState
 from roles.burnin.quarantine import lines, named, serving, sort_cards
 
-HERE = Path(__file__).resolve().parent
+XID = ("shipped/xid.py",)   # rigup-burnin's Xid parser, installed beside it
 LEASE_UNIT = "rigup-burnin-lease.service"
 LAPSED = f"{RUN_DIR}/burnin-lapsed"   # what a lapsed lease did, for the next converge to say (then removed)
 # the SSH session the operation runs in (the nearest sshd above it: the kernel ends it when the
@@ -255,11 +255,8 @@ def apply(plan: Plan, data: Config):
         return
     part = plan.get("burnin") or {}
     script = f"{data['rigup_prefix']}/bin/rigup-burnin"
-    parser = f"{data['rigup_prefix']}/bin/rigup_xid.py"   # the Xid parser it imports, as the guard's (the same file)
-    files.managed(name="burnin: rigup-burnin", dest=script, paths=[script, parser], mode="755",
-                  text=(HERE / "acceptance.py").read_text())
-    files.managed(name="burnin: its Xid parser", dest=parser, paths=[script, parser], mode="644",
-                  text=Path(xid.__file__).read_text())
+    paths = files.program_paths(script, XID)   # the Xid parser it imports, as the guard's (the same file)
+    files.program("roles/burnin/shipped/acceptance.py", script, paths, name="burnin: rigup-burnin", beside=XID)
     if part.get("lapsed"):   # said in the plan (quarantine.lines): once
         forgotten(name="burnin: the lapsed lease's note said", path=LAPSED)
     if part.get("clear"):

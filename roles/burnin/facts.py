@@ -10,7 +10,7 @@ from pyinfra.api import FactBase
 from rigup.boundary import Unreadable, burnin
 from rigup.gpu.facts import sections
 from rigup.text import shown
-from roles.burnin.acceptance import UNITS, unit_devices
+from roles.burnin.shipped.acceptance import UNITS, unit_devices
 
 MARK = "##rigup-burnin:"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rigup.boundary import Unreadable, burnin
-from roles.burnin.acceptance import sibling_key
+from roles.burnin.shipped.acceptance import sibling_key
 from roles.burnin.quarantine import named
 
 PLAIN = (str, int, float, type(None))

@@ -28,7 +28,7 @@ import time
 
 from rigup.boundary import burnin
 from rigup.text import shown
-from roles.burnin.acceptance import quarantined
+from roles.burnin.shipped.acceptance import quarantined
 
 CAP_SLACK_W = 0.5
 

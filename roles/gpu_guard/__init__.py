@@ -2,7 +2,7 @@
 
 What it does to a host with GPUs and systemd (nothing on a CPU-only host, with gpu_enabled false,
 or without systemd, where there are no serving units to stop):
-- installs ``rigup_prefix/bin/rigup-gpu-guard`` (roles/gpu_guard/guard.py, standard library) and
+- installs ``rigup_prefix/bin/rigup-gpu-guard`` (roles/gpu_guard/shipped/guard.py, standard library) and
   ``/etc/rigup/gpu-guard.json``: the window, the serving units, and the thresholds of every card
   the catalogue knows, by PCI id (roles/gpu_guard/thresholds.yml per card class, overridden by
   ``gpu_guard_thresholds``);
@@ -58,16 +58,17 @@ from pyinfra.operations.util import any_changed
 
 from rigup import files, services, yamlfile
 from rigup.config import Config, role_defaults
-from rigup.gpu import xid
+from shipped import xid
 from rigup.gpu.catalogue import cards as catalogue_cards, xid_codes
 from rigup.gpu.fabric import SERVICE as FABRIC_SERVICE
 from rigup.gpu.plan import Plan, gpu_host
 from rigup.names import BURNIN_TESTING, GPU_METRICS, GUARD_SERVICE, GUARD_TIMER, burnin_file, guard_file, xid_file
 from rigup.templates import render
 from roles.gpu_guard.checks import CHECKS
-from roles.gpu_guard.guard import unit_timeout_s
+from roles.gpu_guard.shipped.guard import unit_timeout_s
 
 HERE = Path(__file__).resolve().parent
+XID = ("shipped/xid.py",)   # the guard's Xid parser, installed beside it
 CONFIG = "/etc/rigup/gpu-guard.json"
 SAMPLES = "/run/rigup/gpu-guard-samples.json"
 SERVICE, TIMER = GUARD_SERVICE, GUARD_TIMER
@@ -110,7 +111,7 @@ def guard_config(data: Config, plan: Plan | None = None) -> dict:
         # the cards rigup-burnin tests or quarantined: not judged (guard.py set_aside)
         **({"burnin": {"results": burnin_file(data), "testing": BURNIN_TESTING}} if data.get("burnin_enabled") else {}),
         # an NVSwitch board: the fabric is judged each check (guard.py fabric_problem); its switches'
-        # SXid events are this host's (rigup/gpu/xid.py)
+        # SXid events are this host's (shipped/xid.py)
         **({"fabric": {"service": FABRIC_SERVICE, "switches": [xid.card_key(b) for b in fabric.get("buses") or []]}}
            if (fabric := (plan or {}).get("fabric") or {}).get("nvswitches") else {}),
     }
@@ -152,13 +153,9 @@ def apply(plan: Plan, data: Config):
         services.running(name=f"gpu_guard: stop {TIMER}", unit=TIMER, units=[TIMER], enabled=False)
         return
     script = f"{data['rigup_prefix']}/bin/rigup-gpu-guard"
-    parser = f"{data['rigup_prefix']}/bin/rigup_xid.py"   # the guard imports it from its own directory
     service_path, timer_path = f"/etc/systemd/system/{SERVICE}", f"/etc/systemd/system/{TIMER}"
-    paths = [script, parser, CONFIG, service_path, timer_path]
-    files.managed(name="gpu_guard: the guard", dest=script, paths=paths, mode="755",
-                  text=(HERE / "guard.py").read_text())
-    files.managed(name="gpu_guard: its Xid parser", dest=parser, paths=paths, mode="644",
-                  text=Path(xid.__file__).read_text())
+    paths = [*files.program_paths(script, XID), CONFIG, service_path, timer_path]   # the guard imports rigup_xid.py beside it
+    files.program("roles/gpu_guard/shipped/guard.py", script, paths, name="gpu_guard: the guard", beside=XID)
     files.managed(name=f"gpu_guard: {CONFIG}", dest=CONFIG, paths=paths,
                   text=json.dumps(guard_config(data, plan), indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"gpu_guard: {SERVICE}", dest=service_path, paths=paths,

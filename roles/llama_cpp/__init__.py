@@ -148,7 +148,7 @@ def remedies(plan: Plan) -> list[dict]:
 
 
 def smoke_spec(plan: Plan, data: Config) -> dict | None:
-    """What roles/llama_cpp/smoke.py gets (less the paths of the build), with ``key``: a hash of
+    """What roles/llama_cpp/shipped/smoke.py gets (less the paths of the build), with ``key``: a hash of
     it, so that a build proven with the same spec is not tried again; None with llama_cpp_smoke off."""
     if not data.get("llama_cpp_smoke", True):
         return None

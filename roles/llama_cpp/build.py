@@ -13,6 +13,7 @@ from pyinfra.operations import files
 
 from rigup import summary
 from rigup.boundary.core import loads
+from rigup.files import program_text
 from rigup.progress import start_command
 from rigup.state import read_once, reading
 from rigup.text import say, shown, shown_lines
@@ -50,7 +51,7 @@ def build_stamp(dir: str, build_id: str) -> str:
     return f"{dir}/builds/{build_id}/rigup-build.json"
 
 
-SMOKE_SCRIPT = Path(__file__).with_name("smoke.py")
+SMOKE = "roles/llama_cpp/shipped/smoke.py"   # sent with a smoke only: rigup-smoke.py in the build directory
 SMOKE_MODEL = Path(__file__).with_name("smoke.gguf")
 
 
@@ -63,7 +64,7 @@ def smoke_paths(dir: str, build_id: str) -> dict:
 
 
 def smoked(state, host, build_id: str, spec: dict, current: str | None, timeout: int) -> bool:
-    """Run the smoke inference of ``build_id`` on the host (roles/llama_cpp/smoke.py): True when it
+    """Run the smoke inference of ``build_id`` on the host (roles/llama_cpp/shipped/smoke.py): True when it
     answered (naming a trap that a remedy worked around); else log the log's last lines, then the
     reason (the signal, the model, current kept: the run's summary quotes the last lines), and
     False, which fails the host. A build received from another host (roles/llama_cpp/handover.py)
@@ -152,7 +153,7 @@ def _failed(host, spec: dict, build_id: str, tail: list[str], reason: str, kept:
 @operation()
 def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: int = 600):
     """Point ``dir/current`` at ``target`` (``builds/<id>``) unless it already does; the build it
-    pointed at becomes ``previous``. With ``smoke`` (the spec of roles/llama_cpp/smoke.py, less
+    pointed at becomes ``previous``. With ``smoke`` (the spec of roles/llama_cpp/shipped/smoke.py, less
     the paths), the new build must first answer a smoke inference, unless it already did with the
     same spec: a build that crashes, hangs or answers nothing is not switched to (the host fails;
     current, and so every instance, stays as it was). ``target="previous"`` rolls back: current
@@ -187,7 +188,7 @@ def switched(dir: str, target: str, smoke: dict | None = None, smoke_timeout: in
                 spec["compare"] = {**spec["compare"], "bin": f"{dir}/builds/{serving}/bin"}
             else:
                 spec.pop("compare", None)
-            yield from files.put._inner(src=str(SMOKE_SCRIPT), dest=spec["script"], mode="644")
+            yield from files.put._inner(src=StringIO(program_text(SMOKE)), dest=spec["script"], mode="644")
             yield from files.put._inner(src=str(SMOKE_MODEL), dest=spec["tiny"], mode="644")
             yield FunctionCommand(smoked, (build_id, spec, state["current"], smoke_timeout), {})
     if state["current"] and not rollback:

@@ -24,7 +24,7 @@ def parse_state(lines: list[str]) -> dict:
     building: bool, systemd: bool, os, glibc, machine}`` (``current``, ``previous``: ``builds/<id>`` or
     None, :func:`build_link`; a stamp: as rigup.boundary.results
     ``stamp`` read it, its id its directory's name; ``unreadable``: the builds whose stamp did not
-    read, unknown here, so built again or received; a smoke result: roles/llama_cpp/smoke.py's
+    read, unknown here, so built again or received; a smoke result: roles/llama_cpp/shipped/smoke.py's
     JSON as rigup.boundary.results ``smoke`` read it, a build whose result does not read having
     none (smoked again); ``switching``: the build a switch cut short was switching to (its mark,
     roles/llama_cpp/build.py ``switched``) or None; ``os``: "debian 12", ``glibc``: "2.36", ``machine``: "x86_64", each None when unknown)."""

@@ -1,4 +1,4 @@
-"""The tiny GGUF that a new llama.cpp build answers with before it serves (roles/llama_cpp/smoke.py),
+"""The tiny GGUF that a new llama.cpp build answers with before it serves (roles/llama_cpp/shipped/smoke.py),
 when the served model is not on the host yet (or is too large to load twice).
 
 A llama-architecture model with random weights (a fixed seed, so the file is the same on every

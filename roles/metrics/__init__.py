@@ -7,8 +7,8 @@ What it does to a host with systemd (nothing without: preflight refuses Promethe
   never listens on every interface): ``metrics_address`` (null: the host's inventory address, or
   127.0.0.1 when it has none) port ``metrics_node_exporter_port``, and its textfile directory
   (rigup.names.TEXTFILE_DIR), where roles/gpu_guard's guard writes every card's metrics
-  (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/relay.py, standard library,
-  and beside it ``rigup_throughput.py``, rigup/throughput.py, whose key rule it uses, as the watchdog's)
+  (rigup.names.GPU_METRICS); ``rigup-metrics-relay`` (roles/metrics/shipped/relay.py, standard library,
+  and beside it ``rigup_throughput.py``, shipped/throughput.py, whose key rule it uses, as the watchdog's)
   on the same address, port ``metrics_relay_port``: GET /metrics/NAME answers llama-server
   instance NAME's /metrics (GET /metrics/NAME.M: the server of a model M its router pins, labelled
   ``model``), fetched on the host with its API key (which never leaves the host),
@@ -54,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -77,8 +76,7 @@ from roles.metrics.prometheus import bind_address, config_files, relay_config, u
 
 __all__ = ["apply", "CHECKS", "FLEET_CHECKS", "ports"]
 
-HERE = Path(__file__).resolve().parent
-THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
+THROUGHPUT = ("shipped/throughput.py",)   # the relay's key rule, installed beside it
 NODE_DEFAULT, PROM_DEFAULT = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
 RELAY_CONFIG, RELAY = "/etc/rigup/metrics-relay.json", RELAY_UNIT
 RELAY_UNIT = f"/etc/systemd/system/{RELAY}"
@@ -119,8 +117,8 @@ def checked_config(texts: dict[str, str]):
 def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
     """The node exporter and the relay, each restarted only when its files changed."""
     script = f"{data['rigup_prefix']}/bin/rigup-metrics-relay"
-    beside = f"{data['rigup_prefix']}/bin/rigup_throughput.py"   # the relay imports its key rule (as the watchdog)
-    paths = [NODE_DEFAULT, TEXTFILE_DIR, script, RELAY_CONFIG, RELAY_UNIT, beside]
+    # the relay imports its key rule from the file beside it (as the watchdog)
+    paths = [NODE_DEFAULT, TEXTFILE_DIR, *files.program_paths(script, THROUGHPUT), RELAY_CONFIG, RELAY_UNIT]
     args = files.managed(name=f"metrics: {NODE_DEFAULT}", dest=NODE_DEFAULT, paths=paths,
                          text=render("metrics-node-exporter.default.j2", textfile_dir=TEXTFILE_DIR,
                                      listen=listen(data, "metrics_address", "metrics_node_exporter_port")))
@@ -132,15 +130,13 @@ def exporters(data: Config, fleet: list[tuple[str, dict]]) -> None:
     systemd.service(name="metrics: restart prometheus-node-exporter (new arguments)",
                     service="prometheus-node-exporter", restarted=True, _if=args.did_change)
     relay = [
-        files.managed(name="metrics: the relay", dest=script, paths=paths, mode="755", text=(HERE / "relay.py").read_text()),
+        *files.program("roles/metrics/shipped/relay.py", script, paths, name="metrics: the relay", beside=THROUGHPUT),
         files.managed(name=f"metrics: {RELAY_CONFIG}", dest=RELAY_CONFIG, paths=paths,
                       text=json.dumps(relay_config(host.name, data, fleet), indent=1, sort_keys=True) + "\n"),
-        files.managed(name=f"metrics: {RELAY}", dest=RELAY_UNIT, paths=paths,
-                      text=render("metrics-relay.service.j2", user=data["rigup_user"], script=script,
-                                  config=RELAY_CONFIG)),
-        files.managed(name="metrics: the relay's key rule (rigup/throughput.py)", dest=beside, paths=paths,
-                      text=THROUGHPUT.read_text())]
-    systemd.daemon_reload(name="metrics: systemd daemon-reload", _if=relay[2].did_change)
+        unit := files.managed(name=f"metrics: {RELAY}", dest=RELAY_UNIT, paths=paths,
+                              text=render("metrics-relay.service.j2", user=data["rigup_user"], script=script,
+                                          config=RELAY_CONFIG))]
+    systemd.daemon_reload(name="metrics: systemd daemon-reload", _if=unit.did_change)
     services.running(name=f"metrics: run {RELAY}", unit=RELAY, units=["prometheus-node-exporter", RELAY])
     systemd.service(name=f"metrics: restart {RELAY} (changed)", service=RELAY, restarted=True, _if=any_changed(*relay))
 

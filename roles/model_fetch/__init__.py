@@ -19,7 +19,7 @@ What it does to a host:
   that the disk and VRAM checks of every role judge the model; a hostile answer there (a commit
   that is not 40 hex, an unsafe or duplicate path, a compressed listing or header, a next page
   on another origin) refuses the model, before anything changes;
-- installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/fetcher.py, standard library);
+- installs ``rigup_prefix/bin/rigup-fetch`` (roles/model_fetch/shipped/fetcher.py, standard library);
   puts the hub token at ``/etc/rigup/hf-token`` (root, 0600): ``model_fetch_hf_token_src``, else
   ``HF_TOKEN`` or the ``hf auth login`` store of the controller; removes it when there is none
   (``hf_endpoint_insecure``, the source dropped, no models);
@@ -91,9 +91,9 @@ from rigup.templates import render
 from rigup.secrets import controller_token, secret_file
 from rigup.state import read_once
 from roles.model_fetch.checks import CHECKS
-from roles.model_fetch.facts import (SCRIPT, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
+from roles.model_fetch.facts import (FETCHER, SHARE_LOCK, SHARE_UNIT, ModelFetchState, parse_probe, probe_command,
                                      unit_name)
-from roles.model_fetch.fetcher import PERMANENT
+from roles.model_fetch.shipped.fetcher import PERMANENT
 from roles.model_fetch.hub import lines as hub_lines
 from roles.model_fetch.hub import resolve, token
 from roles.model_fetch.plan import ModelPlan, human, pending_note, plan_model, progress_line
@@ -431,8 +431,7 @@ def apply(plan: Plan, data: Config):
     paths = [bin_dir, f"{bin_dir}/rigup-fetch", f"{bin_dir}/rigup-share", TOKEN_PATH] + (
         ["/etc/rigup", SHARE_TOKEN, *METRICS_PATHS] if etc else [])
     managed.directory(name=f"Directory {bin_dir}", path=bin_dir, paths=paths)
-    managed.managed(name="Install rigup-fetch", dest=f"{bin_dir}/rigup-fetch", paths=paths, mode="755",
-                    text=SCRIPT.read_text())
+    managed.program(FETCHER, f"{bin_dir}/rigup-fetch", paths, name="Install rigup-fetch")
     if etc:
         managed.directory(name="Directory /etc/rigup", path="/etc/rigup", paths=paths)
     if hub_token:
@@ -447,8 +446,7 @@ def apply(plan: Plan, data: Config):
                 plan=p, data=data, systemd=facts["systemd"])
     dests = [m["dest"] for m in models.values() if (m["repo"], m["revision"]) in share_for]
     if dests:
-        managed.managed(name="Install rigup-share", dest=f"{bin_dir}/rigup-share", paths=paths, mode="755",
-                        text=SCRIPT.read_text())   # fetcher.py whole: its own #!/usr/bin/python3 -sES
+        managed.program(FETCHER, f"{bin_dir}/rigup-share", paths, name="Install rigup-share")   # fetcher.py whole
         shared(name="Serve completed models to peers", dests=dests, data=data, systemd=facts["systemd"],
                bind=_peer_address(host.name), active=facts["share_active"])
     elif facts["share_active"]:

@@ -1,6 +1,6 @@
 """What the model downloads on a host are at, read in one round trip.
 
-:class:`ModelFetchState` runs ``rigup-fetch probe`` (roles/model_fetch/fetcher.py, sent inline:
+:class:`ModelFetchState` runs ``rigup-fetch probe`` (roles/model_fetch/shipped/fetcher.py, sent inline:
 the host needs only python3) for every model at once. For each model it reads the completion
 marker, the job's progress and whether a job holds the model's lock; for a model not complete it
 also asks the hub for the file list (sizes, hashes) and reads the free disk where the model goes.
@@ -13,18 +13,18 @@ import base64
 import json
 import re
 import shlex
-from pathlib import Path
 
 from pyinfra.api import FactBase
 
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.hosttext import download_progress
+from rigup.files import program_text
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
 from rigup.units import keyed, parse_instances
 
-SCRIPT = Path(__file__).with_name("fetcher.py")
+FETCHER = "roles/model_fetch/shipped/fetcher.py"   # installed as rigup-fetch and rigup-share, sent here inline
 WORK = ".rigup-fetch"  # fetcher.py WORK: the job's files under a model's dest
 UNIT_PREFIX = "rigup-fetch-"
 SHARE_UNIT = "rigup-share"
@@ -44,7 +44,7 @@ def probe_command(specs: list[dict]) -> str:
         f"printf '%s\\n' \"##rigup-share $(systemctl is-active {SHARE_UNIT} 2>/dev/null || "
         f"{{ [ -e {SHARE_LOCK} ] && ! flock -n {SHARE_LOCK} true; }} 2>/dev/null && echo active)\"; "
         "[ -x /usr/bin/python3 ] || { echo '##rigup-nopython'; exit 0; }; "
-        f"/usr/bin/python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{SCRIPT.read_text()}\nRIGUP_FETCH_EOF"
+        f"/usr/bin/python3 -s -E -S - probe {blob} <<'RIGUP_FETCH_EOF'\n{program_text(FETCHER)}\nRIGUP_FETCH_EOF"
     )
 
 

@@ -50,8 +50,8 @@ from rigup.boundary.hosttext import gguf_figures, hub_listing
 from rigup.entries import normalise
 from rigup.models import MODEL, ModelEntry, _HEX40, first_gguf, hub_endpoint, hub_key
 from rigup.gpu.catalogue import family_of
-from roles.model_fetch.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
-from rigup.gguf import GGUFRefused, chat_template, header, kv_figures, split_problem, unsized
+from roles.model_fetch.shipped.fetcher import HOSTILE_CODES, HubError, hub_files, listing_problems, select
+from shipped.gguf import GGUFRefused, chat_template, header, kv_figures, split_problem, unsized
 
 if TYPE_CHECKING:
     from rigup.config import Config

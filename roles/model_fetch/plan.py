@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from rigup.names import HF_TOKEN, MARKER
 from rigup.text import shown
-from roles.model_fetch.fetcher import human, listing_problems, select, shard_problems
+from roles.model_fetch.shipped.fetcher import human, listing_problems, select, shard_problems
 
 if TYPE_CHECKING:
     from rigup.models import ModelEntry

@@ -102,7 +102,7 @@ from rigup.probe import python
 from rigup import apt, firewall, progress, summary
 from rigup.gpu.plan import Plan
 from rigup.config import Config, ConfigError, fleet_data, role_defaults
-from rigup.files import absent, directory, managed
+from rigup.files import absent, directory, managed, program
 from rigup.names import guard_file
 from rigup.names import marker_path as completion_marker
 from rigup.secrets import bearer, secret_file, written
@@ -193,7 +193,7 @@ def instance(unit_name: str, instance_name: str, inst: VllmInstance, argv: list[
 
 def _ray_node(data: Config, plan: Plan, fleet: dict, venv: str, script: str, paths: list[str]):
     """Ray in ``venv`` and this host's Ray node (roles/vllm/cluster.py), its wait ``script`` with it."""
-    managed(name="vllm Ray wait script", dest=script, paths=paths, mode="755", text=cluster.WAIT_SCRIPT.read_text())
+    program("roles/vllm/shipped/ray_wait.py", script, paths, name="vllm Ray wait script")
     cluster.installed(name=f"vllm: ray=={data['vllm_ray_version']} in {venv}", venv=venv,
                       version=str(data["vllm_ray_version"]))
     ip = cluster.node_ip(host.name, data)

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 RAY_UNIT = "rigup-ray.service"
 UNIT = f"/etc/systemd/system/{RAY_UNIT}"
-WAIT_SCRIPT = Path(__file__).with_name("ray_wait.py")
 FIREWALL, TABLE = "/etc/rigup/ray.nft", "rigup_ray"
 # The `ray start` flags of the ports pinned at vllm_ray_node_port, +1, ... in this order.
 # No --ray-client-server-port: the Ray client server needs ray[client] (`ray start` refuses the

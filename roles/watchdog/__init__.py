@@ -4,8 +4,8 @@
 start on a real completion, and this keeps checking after the start. What it does to a host with
 systemd and ``llama_server_instances`` (nothing elsewhere; the timer is stopped and disabled once
 no instance is watched, or with ``watchdog_enabled: false``):
-- installs ``rigup_prefix/bin/rigup-watchdog`` (roles/watchdog/watchdog.py, standard library) and
-  beside it ``rigup_throughput.py`` (rigup/throughput.py, the measuring bench.py also uses), and
+- installs ``rigup_prefix/bin/rigup-watchdog`` (roles/watchdog/shipped/watchdog.py, standard library) and
+  beside it ``rigup_throughput.py`` (shipped/throughput.py, the measuring bench.py also uses), and
   ``/etc/rigup/watchdog.json``: each watched instance's URL, key file and floor, the checks, the
   reboot policy and ``rigup_maintenance``;
 - a router (``also``) only with its own ``min_tokens_per_s``, timed on the model it has loaded
@@ -48,7 +48,6 @@ min_tokens_per_s), rigup_maintenance, rigup_prefix and rigup_state_dir (roles/ba
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -64,10 +63,9 @@ from rigup.instances.llama_server import normalised
 from rigup.gate import endpoint
 from rigup.names import WATCHDOG_METRICS, WATCHDOG_SERVICE, WATCHDOG_TIMER, gate_record
 from rigup.templates import render
-from roles.watchdog.watchdog import COMMAND_TIMEOUT_S
+from roles.watchdog.shipped.watchdog import COMMAND_TIMEOUT_S
 
-HERE = Path(__file__).resolve().parent
-THROUGHPUT = HERE.parent.parent / "rigup" / "throughput.py"
+THROUGHPUT = ("shipped/throughput.py",)   # the watchdog's measuring, installed beside it
 CONFIG = "/etc/rigup/watchdog.json"
 SERVICE, TIMER = WATCHDOG_SERVICE, WATCHDOG_TIMER
 
@@ -135,11 +133,8 @@ def apply(plan: Plan, data: Config):
     bin_dir = f"{data['rigup_prefix']}/bin"
     script, service_path, timer_path = f"{bin_dir}/rigup-watchdog", f"/etc/systemd/system/{SERVICE}", \
         f"/etc/systemd/system/{TIMER}"
-    paths = [script, f"{bin_dir}/rigup_throughput.py", CONFIG, service_path, timer_path]
-    files.managed(name="watchdog: the watchdog", dest=script, paths=paths, mode="755",
-                  text=(HERE / "watchdog.py").read_text())
-    files.managed(name="watchdog: its measuring (rigup/throughput.py)", dest=f"{bin_dir}/rigup_throughput.py",
-                  paths=paths, text=THROUGHPUT.read_text())
+    paths = [*files.program_paths(script, THROUGHPUT), CONFIG, service_path, timer_path]
+    files.program("roles/watchdog/shipped/watchdog.py", script, paths, name="watchdog: the watchdog", beside=THROUGHPUT)
     files.managed(name=f"watchdog: {CONFIG}", dest=CONFIG, paths=paths,
                   text=json.dumps(config, indent=1, sort_keys=True) + "\n")
     service = files.managed(name=f"watchdog: {SERVICE}", dest=service_path, paths=paths,

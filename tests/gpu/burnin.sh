@@ -27,7 +27,7 @@ run() {
     name=$1 level=$2; shift 2
     t0=$(date +%s.%N)
     rc=0
-    python3 roles/burnin/acceptance.py run --level "$level" --results "$work/records.json" --metrics "$work/burnin.prom" \
+    python3 roles/burnin/shipped/acceptance.py run --level "$level" --results "$work/records.json" --metrics "$work/burnin.prom" \
         --json "$out/$name.json" --testing "$work/testing.json" "$@" || rc=$?
     t1=$(date +%s.%N)
     echo "== $name ($level level): exit $rc, $(python3 -c "print(round($t1 - $t0, 1))") s" | tee -a "$out/times.txt"
@@ -41,7 +41,7 @@ done
 if [ -n "${BURNIN_PULSE:-}" ]; then   # the pulse of the host's power delivery: every card at once, 4 Hz
     t0=$(date +%s.%N)
     rc=0
-    python3 roles/burnin/acceptance.py pulse --seconds "$BURNIN_PULSE" --hz 4 --results "$work/records.json" \
+    python3 roles/burnin/shipped/acceptance.py pulse --seconds "$BURNIN_PULSE" --hz 4 --results "$work/records.json" \
         --pulse-results "$out/pulse.json" --metrics "$work/burnin.prom" --testing "$work/testing.json" \
         --samples "$out/pulse-samples.json" || rc=$?
     t1=$(date +%s.%N)

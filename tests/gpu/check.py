@@ -8,10 +8,10 @@ a GPU; it prints the settings before and after to prove it.
     python3 tests/gpu/check.py build  --archive .gpu/llama.cpp.tar.gz --work /root/rigup-gpu
     python3 tests/gpu/check.py model  --work /root/rigup-gpu
     python3 tests/gpu/check.py serve  --work /root/rigup-gpu --out DIR
-    python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # rigup/throughput.py vs check.py
-    python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/smoke.py, 5 runs
+    python3 tests/gpu/check.py bench  --work /root/rigup-gpu --out DIR   # shipped/throughput.py vs check.py
+    python3 tests/gpu/check.py smoke  --work /root/rigup-gpu --out DIR   # roles/llama_cpp/shipped/smoke.py, 5 runs
     python3 tests/gpu/check.py health --out DIR    # PCIe links and the kernel log's Xid events, read only
-    python3 tests/gpu/check.py tune   --work /root/rigup-gpu --out DIR   # rigup/tune.py from rigup's defaults
+    python3 tests/gpu/check.py tune   --work /root/rigup-gpu --out DIR   # plays/shipped/tune.py from rigup's defaults
     python3 tests/gpu/check.py compare --work /root/rigup-gpu --out DIR  # tuned vs the others, issue 28's goals
     python3 tests/gpu/check.py slower --work /root/rigup-gpu --out DIR   # a new build no slower (issue 51)
 
@@ -21,7 +21,7 @@ shape, not on weight values); `serve` runs llama-bench, then llama-server three 
 flags that roles/llama_server renders into its unit's ExecStart, with llama.cpp's defaults, and
 with the seeds' hand flags, each under 1, 4 and 8 concurrent chat requests of 400 tokens.
 
-`smoke` runs the role's smoke inference (roles/llama_cpp/smoke.py, as a python3 subprocess, one
+`smoke` runs the role's smoke inference (roles/llama_cpp/shipped/smoke.py, as a python3 subprocess, one
 spec per run, the remedies of roles/llama_cpp/traps.yml that the CPU's flags admit, as the role
 gives them) with the built binaries: the tiny smoke model (roles/llama_cpp/smoke.gguf, Q4_0) with
 ``-ngl 99`` on the GPU; the tiny model on the CPU alone (``-ngl 0``, ``CUDA_VISIBLE_DEVICES=``:
@@ -82,7 +82,7 @@ from rigup.gpu.plan import format_plan, hardware_plan  # noqa: E402
 script = load("roles/llama_cpp/script.py")
 build_id, cmake_options, render_build_script = script.build_id, script.cmake_options, script.render_build_script
 server_command = load("roles/llama_server/command.py")
-smoke = load("roles/llama_cpp/smoke.py")   # for server_args: the flags smoke.py keeps of a run's args
+smoke = load("roles/llama_cpp/shipped/smoke.py")   # for server_args: the flags smoke.py keeps of a run's args
 dropin_text = server_command.dropin_text
 
 SETTINGS = ("power.limit,power.default_limit,persistence_mode,ecc.mode.current,compute_mode,"
@@ -243,8 +243,8 @@ def chat(port: int, tokens: int, model: str = "bench") -> dict:
 
 @functools.cache
 def _guard():
-    """roles/gpu_guard/guard.py, the guard as it runs on a host (standard library only)."""
-    return load("roles/gpu_guard/guard.py")
+    """roles/gpu_guard/shipped/guard.py, the guard as it runs on a host (standard library only)."""
+    return load("roles/gpu_guard/shipped/guard.py")
 
 
 class Power:
@@ -352,12 +352,12 @@ REPEATS = 4
 
 
 def cmd_bench(args) -> None:
-    """bench.py's measuring (rigup/throughput.py) against check.py's own, on one llama-server
+    """bench.py's measuring (shipped/throughput.py) against check.py's own, on one llama-server
     started from the role's ExecStart: at 1, 4 and 8 concurrent requests of 400 tokens, each
     REPEATS times in turn (check.py first, then throughput.py first, ...); fails beyond 5%. Joules per
     generated token (every card's draw integrated over check.py's runs, :class:`Power`) next to
     tok/s."""
-    from rigup import throughput
+    from shipped import throughput
 
     build = json.loads((args.work / "build.json").read_text())
     bindir = args.work / "llama.cpp" / "builds" / build["id"] / "bin"
@@ -417,7 +417,7 @@ def plan_instance(plan: dict, model: Path) -> tuple[dict, str]:
     """RECIPE without ctx and parallel, as rigup sizes them from this machine's plan
     (roles/llama_server/replicas.py ``sized``, the model's own GGUF header for its KV cache per
     token and trained context), and the plan's words."""
-    replicas, gguf = load("roles/llama_server/replicas.py"), load("rigup/gguf.py")
+    replicas, gguf = load("roles/llama_server/replicas.py"), load("shipped/gguf.py")
     with model.open("rb") as f:
         head = f.read(4 << 20)
     figures = gguf.kv_figures(gguf.metadata(head, lambda k: not k.startswith("tokenizer."), partial=True))
@@ -438,11 +438,11 @@ def inst_argv(bindir: Path, model: Path, build: dict, inst: dict) -> list[str]:
 
 
 def cmd_tune(args) -> None:
-    """rigup/tune.py on this machine: from rigup's defaults for the plan (ctx and parallel sized
+    """plays/shipped/tune.py on this machine: from rigup's defaults for the plan (ctx and parallel sized
     from the VRAM), target 32 concurrent, each point measured at 1, 8, 16 and 32 concurrent chats
     of 400 tokens (its figure: the geometric mean), within --budget seconds. Writes
     WORK/tune.json (and OUT/tune.json)."""
-    from rigup import tune
+    from plays.shipped import tune
 
     before = gpu_settings()
     facts, plan = facts_and_plan()
@@ -482,7 +482,7 @@ def cmd_tune(args) -> None:
     rows = [f"| {p['flags'] or 'the start'} | {p['status']} | {p.get('tps', '-')} | {p.get('vram_mib', '-')} | "
             f"{p.get('ready_s', '-')} |" for p in result["points"]]
     (args.out / "tune.md").write_text(
-        f"# rigup/tune.py on {facts['gpus'][0].get('name', 'a GPU') if facts.get('gpus') else 'this machine'}, "
+        f"# plays/shipped/tune.py on {facts['gpus'][0].get('name', 'a GPU') if facts.get('gpus') else 'this machine'}, "
         f"{time.strftime('%Y-%m-%d')}\n\n{MODEL_FILE} ({result.get('layers')} layers), at {levels} concurrent chats "
         f"of {spec['max_tokens']} tokens; {why}.\n\nBest: {result['best'] and result['best']['flags']}, {result['ratio']}x the start; "
         f"{len(result['points'])} points in {result['spent_s']} s; {result['stopped'] or 'sweep complete'}.\n\n"
@@ -520,7 +520,7 @@ def cmd_admission(args) -> None:
     each new task on a used slot first saves that slot's KV state to host RAM, in the main loop)
     and with --cache-ram 0, against the reports' recipe; at 16 and 32 concurrent chats of 400
     tokens, TUNE_REPEATS times each. Writes OUT/<date>-h200-admission.{json,md}."""
-    from rigup import tune
+    from plays.shipped import tune
 
     before = gpu_settings()
     facts, plan = facts_and_plan()
@@ -559,7 +559,7 @@ def cmd_compare(args) -> None:
     reports' recipe (-c 65536 --parallel 8) and llama.cpp's own defaults: each served once, at 1,
     8, 16 and 32 concurrent chats of 400 tokens, TUNE_REPEATS times each; the issue's goals
     judged. Writes OUT/<date>-h200-tune.json and .md."""
-    from rigup import tune
+    from plays.shipped import tune
 
     before = gpu_settings()
     facts, plan = facts_and_plan()
@@ -571,7 +571,7 @@ def cmd_compare(args) -> None:
     server = str(bindir / "llama-server")
     port = TUNE_PORT + 1
     configs = {
-        "tuned (rigup/tune.py)": tune.with_flags(tuned["best"]["argv"], {"port": port}, TUNE_FLAGS),
+        "tuned (plays/shipped/tune.py)": tune.with_flags(tuned["best"]["argv"], {"port": port}, TUNE_FLAGS),
         "rigup's defaults (from the plan)": tune.with_flags(inst_argv(bindir, model, build, inst), {"port": port}, TUNE_FLAGS),
         "the reports' recipe (-c 65536 --parallel 8)": tune.with_flags(inst_argv(bindir, model, build, RECIPE),
                                                                         {"port": port}, TUNE_FLAGS),
@@ -835,7 +835,7 @@ def write_compare(doc: dict, out: Path) -> None:
              f"Model: {model['file']} (an 8B-shaped F16 GGUF, {model['bytes'] / 2**30:.1f} GiB); chats of 400 "
              f"tokens; total tok/s, the mean of {TUNE_REPEATS} runs each; one server per row, started as shown.", "",
              f"rigup's defaults for this plan: {doc['plan_defaults']}", "",
-             f"Tuned (rigup/tune.py, {len(tune_doc['points'])} points in {tune_doc['spent_s']} s, each at "
+             f"Tuned (plays/shipped/tune.py, {len(tune_doc['points'])} points in {tune_doc['spent_s']} s, each at "
              f"{', '.join(map(str, TUNE_LEVELS))} concurrent): {tune_doc['best_flags']}, {tune_doc['ratio']}x rigup's "
              "defaults by its figure (the geometric mean over the levels).", "",
              "| flags | " + " | ".join(f"{n} concurrent" for n in TUNE_LEVELS) + " | VRAM used MiB |",
@@ -895,7 +895,7 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SMOKE_SCRIPT = ROOT / "roles" / "llama_cpp" / "smoke.py"
+SMOKE_SCRIPT = ROOT / "roles" / "llama_cpp" / "shipped" / "smoke.py"
 SMOKE_TINY = ROOT / "roles" / "llama_cpp" / "smoke.gguf"
 SMOKE_TRAPS = ROOT / "roles" / "llama_cpp" / "traps.yml"
 CPU_MODEL_MAX_BYTES = 20 * 10**9      # the big model on the CPU alone only up to this (it answers slowly)
@@ -979,7 +979,7 @@ def link_model(model: Path, folder: Path) -> Path:
 
 def smoke_run(name: str, model: Path | None, hidden: bool, args: list[str], bindir: Path, work: Path,
               remedies: list[dict], timeout: int, compare: dict | None = None) -> dict:
-    """One spec of roles/llama_cpp/smoke.py with one run: ``model`` (None: the tiny one) with
+    """One spec of roles/llama_cpp/shipped/smoke.py with one run: ``model`` (None: the tiny one) with
     ``args``; ``hidden``: CUDA_VISIBLE_DEVICES empty in its environment (the CPU alone); with
     ``compare`` (smoke.py's ``{bin, tolerance, rounds}``), its speed against that build too."""
     folder = work / "smoke" / name
@@ -1064,7 +1064,7 @@ def smoke_markdown(r: dict) -> str:
 
 
 def cmd_smoke(args) -> None:
-    """roles/llama_cpp/smoke.py against the build (or ``--bin``): see the module docstring."""
+    """roles/llama_cpp/shipped/smoke.py against the build (or ``--bin``): see the module docstring."""
     args.work = args.work.resolve()      # smoke.py starts llama-server in /: every path absolute
     gpu = not args.cpu_only and gpu_present()
     before = gpu_settings() if gpu_present() else None
@@ -1170,7 +1170,7 @@ def slow_archive(base: Path, work: Path) -> Path:
 
 
 def cmd_slower(args) -> None:
-    """issue 51's no-slower comparison (roles/llama_cpp/smoke.py's ``compare``, as the role runs it
+    """issue 51's no-slower comparison (roles/llama_cpp/shipped/smoke.py's ``compare``, as the role runs it
     before ``current`` switches) on this machine: the build against itself (equal: it must pass)
     and the lab's tag lab-slow-decode (every generated token takes 5x its time; made from --archive with
     tests/lab/sources.py's patch and built first into WORK/slow) against the build (it must be refused, with its ratio), with the
@@ -1218,7 +1218,7 @@ def cmd_slower(args) -> None:
     stem = out / f"{doc['date']}-slower"
     Path(f"{stem}.json").write_text(json.dumps(doc, indent=2))
     lines = [f"# No slower: a new build's decode against the serving one's ({doc['gpu_name'] or 'CPU'}, {doc['date']})",
-             "", "roles/llama_cpp/smoke.py's comparison, as the role runs it before `current` switches: server "
+             "", "roles/llama_cpp/shipped/smoke.py's comparison, as the role runs it before `current` switches: server "
              f"sessions interleaved new, current ({against['rounds']} pairs), the best of 2 completions of "
              f"{smoke.MEASURE_PREDICT} tokens each; tolerance {against['tolerance']}. Base: tag lab-base "
              f"(build {base_build['id']}); slow: tag lab-slow-decode (every generated token takes 5x its time; build "
@@ -1245,9 +1245,9 @@ LINK_FIELDS = ("index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.li
 
 def cmd_health(args) -> None:
     """Every card's PCIe link against its maxima (rigup.gpu.plan.link_state; idle, so the
-    generation is not judged) and the kernel log's Xid events per card (rigup.gpu.xid, from the
+    generation is not judged) and the kernel log's Xid events per card (shipped.xid, from the
     journal or dmesg, as the guard reads them); writes OUT/health.json. Reads only."""
-    from rigup.gpu import xid
+    from shipped import xid
     from rigup.gpu.catalogue import xid_codes
     from rigup.gpu.plan import link_state
 

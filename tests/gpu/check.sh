@@ -1,7 +1,7 @@
 #!/bin/sh
 # rigup on a real NVIDIA machine with no network (e.g. the lent H200): build llama.cpp with the
 # llama_cpp role's own script for the plan's archs, make a random-weight 8B-shaped GGUF, run the
-# role's smoke inference (roles/llama_cpp/smoke.py on the GPU and on the CPU alone, with and
+# role's smoke inference (roles/llama_cpp/shipped/smoke.py on the GPU and on the CPU alone, with and
 # without weight repacking: check.py smoke), then measure llama-bench and llama-server with
 # roles/llama_server's flags against hand-started llama-server. It only READS GPU settings (and
 # prints them before and after).

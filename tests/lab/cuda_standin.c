@@ -1,5 +1,5 @@
 /* The lab's stand-in for libcuda.so.1 (the CUDA driver API): the calls rigup-burnin makes
- * (roles/burnin/acceptance.py), answered for the simulated cards of tests/lab/nvidia_smi.py.
+ * (roles/burnin/shipped/acceptance.py), answered for the simulated cards of tests/lab/nvidia_smi.py.
  *
  * Built by the lab (tests/lab/lab.py cuda_standin) and installed on GPU-profile hosts as
  * /usr/local/lib/libcuda.so.1, so that rigup-burnin's ctypes code runs as written. What it

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from rigup.names import HF_TOKEN, MARKER
-from roles.model_fetch import fetcher
+from roles.model_fetch.shipped import fetcher
 from tests.conftest import on_host
 from tests.converge import ROOT, pyinfra
 from tests.roles.test_model_fetch import BIG, converge, marker, model, progress, wait_for

@@ -16,16 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rigup.files import beside_name, program_text
 from tests.conftest import on_host
 from tests.converge import ROOT, converge, pyinfra
 
 pytestmark = pytest.mark.lab
+THROUGHPUT = "shipped/throughput.py"   # the relay's and the watchdog's key rule, beside each
 LAB_VARS = yaml.safe_load((ROOT / "group_vars/lab.yml").read_text())
 SMOKE = ROOT / "roles/llama_cpp/smoke.gguf"
 PORT = 8091
 
 
-# the relay's Swaps (roles/metrics/relay.py, beside it) following the router while ARGV[2:] are asked in turn
+# the relay's Swaps (roles/metrics/shipped/relay.py, beside it) following the router while ARGV[2:] are asked in turn
 SWAPS = """import json, sys, threading, time, urllib.request
 import relay
 inst = json.loads(sys.argv[1])
@@ -112,9 +114,9 @@ def test_the_metrics_relay_reads_the_loaded_model_and_loads_none(lab, duo):
     nothing (the other model stays unloaded)."""
     name = duo[0]
     complete(lab, name, "tiny")   # the state it reads, set up here: tiny loaded, gemma-270m evicted (models_max 1)
-    relay, measuring = (ROOT / "roles/metrics/relay.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    relay, measuring = program_text("roles/metrics/shipped/relay.py"), program_text(THROUGHPUT)
     on_host(lab, name, f"cat > /root/relay.py <<'EOF'\n{relay}\nEOF\n"      # with its key rule beside it, as installed
-                       f"cat > /root/rigup_throughput.py <<'EOF'\n{measuring}\nEOF")
+                       f"cat > /root/{beside_name(THROUGHPUT)} <<'EOF'\n{measuring}\nEOF")
     inst = json.dumps({"url": f"http://127.0.0.1:{PORT}", "key": None, "models": ["gemma-270m", "tiny"]})
     text = on_host(lab, name, "cd /root && python3 -c 'import json, sys, relay; "
                               f"sys.stdout.write(relay.router_metrics(json.loads(sys.argv[1])).decode())' '{inst}'")
@@ -161,7 +163,7 @@ def test_a_warm_model_is_read_into_the_page_cache(lab, duo):
 
 
 def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
-    """The throughput watchdog (roles/watchdog/watchdog.py, run on the host as its timer runs it)
+    """The throughput watchdog (roles/watchdog/shipped/watchdog.py, run on the host as its timer runs it)
     with the router as watchdog_config makes it for a router with its own floor: it times the
     model loaded after the alternation (tiny) and asks for no other (gemma-270m stays unloaded)."""
     from roles.watchdog import watchdog_config
@@ -175,9 +177,9 @@ def test_the_watchdog_times_the_loaded_model_and_loads_none(lab, duo):
                               "rigup_watchdog_max_reboots": 1})
     assert config["instances"]["duo"]["models"] == ["gemma-270m", "tiny"]
     config["metrics_file"] = "/root/wd/rigup_watchdog.prom"
-    program, measuring = (ROOT / "roles/watchdog/watchdog.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    program, measuring = program_text("roles/watchdog/shipped/watchdog.py"), program_text(THROUGHPUT)
     on_host(lab, name, f"mkdir -p /root/wd && cat > /root/wd/watchdog.py <<'EOF'\n{program}\nEOF\n"
-                       f"cat > /root/wd/rigup_throughput.py <<'EOF'\n{measuring}\nEOF\n"
+                       f"cat > /root/wd/{beside_name(THROUGHPUT)} <<'EOF'\n{measuring}\nEOF\n"
                        f"cat > /root/wd/config.json <<'EOF'\n{json.dumps(config)}\nEOF")
     log = on_host(lab, name, "cd /root/wd && python3 watchdog.py --config config.json check 2>&1")
     listed = json.loads(on_host(lab, name, f"curl -s http://127.0.0.1:{PORT}/models"))

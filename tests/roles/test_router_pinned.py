@@ -262,7 +262,7 @@ def test_the_watchdog_asks_the_pinned_server_and_restarts_it_when_wedged(lab, du
     assert config["instances"]["duo"]["models"] == ROUTED
     config["instances"] = {"duo.tiny-p": config["instances"]["duo.tiny-p"]}   # the router is not this test's
     config["metrics_file"] = "/root/wdp/rigup_watchdog.prom"
-    program, measuring = (ROOT / "roles/watchdog/watchdog.py").read_text(), (ROOT / "rigup/throughput.py").read_text()
+    program, measuring = (ROOT / "roles/watchdog/shipped/watchdog.py").read_text(), (ROOT / "shipped/throughput.py").read_text()
     on_host(lab, name, f"mkdir -p /root/wdp && cat > /root/wdp/watchdog.py <<'EOF'\n{program}\nEOF\n"
                        f"cat > /root/wdp/rigup_throughput.py <<'EOF'\n{measuring}\nEOF\n"
                        f"cat > /root/wdp/config.json <<'EOF'\n{json.dumps(config)}\nEOF")

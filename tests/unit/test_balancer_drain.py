@@ -1,4 +1,4 @@
-"""roles/balancer/drain.py (rigup-balancer-drain) against a fake HAProxy: a unix socket server in
+"""roles/balancer/shipped/drain.py (rigup-balancer-drain) against a fake HAProxy: a unix socket server in
 the test answering the runtime API's lines the helper sends (show info, show servers state
 [BACKEND], show stat, set server B/S state X, disable frontend), and a reload that loads the
 server-state file as HAProxy 2.6 does (its srv_admin_state, srv_op_state and srv_port: the port in
@@ -20,7 +20,8 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from rigup.config import role_defaults
-from roles.balancer import config, drain
+from roles.balancer import config
+from roles.balancer.shipped import drain
 
 FIELDS = ("be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
           "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "

@@ -18,8 +18,8 @@ from roles.burnin import judged
 from roles.burnin.checks import check_records
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, serving, sort_cards
-from roles.burnin import acceptance
-from roles.gpu_guard import guard
+from roles.burnin.shipped import acceptance
+from roles.gpu_guard.shipped import guard
 
 WHERE = "lab1:/var/lib/rigup/burnin.json"
 DATA = {"burnin_level": "standard", "burnin_after_change": "quick", "burnin_retest": False, "burnin_clear": []}

@@ -29,13 +29,13 @@ from rigup.boundary import formats
 from rigup.boundary.fields import CONTROL, NAME, one_host
 from rigup.units import systemd_env_split, systemd_split
 from roles.balancer.config import haproxy_cfg
-from roles.burnin import acceptance
-from roles.gpu_guard import guard
+from roles.burnin.shipped import acceptance
+from roles.gpu_guard.shipped import guard
 from roles.llama_server.command import preset_text
 from rigup.instances.llama_server import instances
-from roles.metrics import relay
-from roles.model_fetch import fetcher
-from roles.watchdog import watchdog
+from roles.metrics.shipped import relay
+from roles.model_fetch.shipped import fetcher
+from roles.watchdog.shipped import watchdog
 from tests.unit.hosts import REV, data
 
 # what has meaning in one format or another, mixed with any text
@@ -304,9 +304,9 @@ def exposition(text: str) -> list[tuple[str, dict[str, str], str]]:
     return samples
 
 
-COPIES = {"roles/gpu_guard/guard.py:escaped": guard.escaped, "roles/metrics/relay.py:label": relay.label,
-          "roles/model_fetch/fetcher.py:label": fetcher.label, "roles/burnin/acceptance.py:label": acceptance.label,
-          "roles/watchdog/watchdog.py:label": watchdog.label}
+COPIES = {"roles/gpu_guard/shipped/guard.py:escaped": guard.escaped, "roles/metrics/shipped/relay.py:label": relay.label,
+          "roles/model_fetch/shipped/fetcher.py:label": fetcher.label, "roles/burnin/shipped/acceptance.py:label": acceptance.label,
+          "roles/watchdog/shipped/watchdog.py:label": watchdog.label}
 
 
 @FAST
@@ -356,7 +356,7 @@ SERVER_LABELS = st.dictionaries(st.sampled_from(["model", "slot", "a", "__x"]), 
                                                       + "}" if s[1] else "") + " " + s[2])), max_size=6),
        model=TEXT)
 def test_the_relays_labelled_samples_are_one_exposition_with_its_model_alone(lines, model):
-    """roles/metrics/relay.py labelled, held to the exposition's own reading (a newline alone ends a line; one
+    """roles/metrics/shipped/relay.py labelled, held to the exposition's own reading (a newline alone ends a line; one
     label of a name per sample): whatever a server's /metrics holds, the relay's text parses, and each
     sample's model is the relay's (round 2 of issue 61, items 27 and 28)."""
     out = relay.labelled("\n".join(lines) + "\n", model, set())

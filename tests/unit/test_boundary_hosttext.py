@@ -15,15 +15,15 @@ from hypothesis import given, settings, strategies as st
 from rigup.boundary.core import Unreadable
 from rigup.boundary import hosttext
 from rigup.boundary.hosttext import MAX_BYTES, download_progress, gguf_figures, hub_listing
-from rigup.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
-from rigup.gpu import xid
+from shipped.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
+from shipped import xid
 from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.facts import parse_cpu, parse_listening_ports
 from rigup.progress import progress_text
-from roles.gpu_guard import guard
+from roles.gpu_guard.shipped import guard
 from roles.model_fetch import hub as hub_module
 from roles.model_fetch.facts import parse_probe, parse_progress
-from roles.model_fetch.fetcher import Progress, listing_problems
+from roles.model_fetch.shipped.fetcher import Progress, listing_problems
 from roles.model_fetch.plan import progress_line, short_progress
 from tests.runs import fresh_run  # noqa: F401 (a fixture: a test of its own run)
 
@@ -181,7 +181,7 @@ def test_kept_figures_are_typed_or_unreadable_naming_the_file(figures):
 def test_the_kv_figure_is_a_json_number_0_or_one_gguf_writes(kv, got):
     """Round 7 S1, S2: 5e-324 (finite, in 0..1e9) sized int(inf) slots, a traceback for the run; the JSON string
     "0.5" was a number where context_length's "8192" is refused. A figure is a JSON number, 0 (no KV cache) or
-    at least KV_MIN (rigup/gguf.py rounds to 4 places)."""
+    at least KV_MIN (shipped/gguf.py rounds to 4 places)."""
     figures = {"architecture": "llama", "layers": 32, "kv_gib_per_1k_tokens": kv}
     if got is None:
         with pytest.raises(Unreadable, match="m.gguf: kv_gib_per_1k_tokens"):

@@ -49,11 +49,11 @@ OPEN = ("OPEN (round 9, class 3): text from outside reaches int()/a number reade
 
 # the rule's copies in host programs: (path, function) -> the test that holds it to numbers.number
 COPIES = {
-    ("rigup/throughput.py", "figure"): "tests/unit/test_throughput.py::test_figure_is_numbers_number",
-    ("roles/gpu_guard/guard.py", "reading"): "tests/unit/test_gpu_guard.py::test_a_reading_is_numbers_number_unsigned",
-    ("roles/burnin/acceptance.py", "_num"): "tests/unit/test_burnin_round9.py::test_h3_num_is_the_boundarys_number_or_a_hex_word",
-    ("roles/metrics/relay.py", "whole"): "tests/unit/test_boundary_readers_numbers.py::test_the_relays_whole_is_numbers_whole",
-    ("roles/balancer/drain.py", "_count"): "tests/unit/test_boundary_readers_numbers.py::test_drains_count_is_numbers_whole",
+    ("shipped/throughput.py", "figure"): "tests/unit/test_throughput.py::test_figure_is_numbers_number",
+    ("roles/gpu_guard/shipped/guard.py", "reading"): "tests/unit/test_gpu_guard.py::test_a_reading_is_numbers_number_unsigned",
+    ("roles/burnin/shipped/acceptance.py", "_num"): "tests/unit/test_burnin_round9.py::test_h3_num_is_the_boundarys_number_or_a_hex_word",
+    ("roles/metrics/shipped/relay.py", "whole"): "tests/unit/test_boundary_readers_numbers.py::test_the_relays_whole_is_numbers_whole",
+    ("roles/balancer/shipped/drain.py", "_count"): "tests/unit/test_boundary_readers_numbers.py::test_drains_count_is_numbers_whole",
 }
 
 # (path, function) -> (int()/float() calls allowed, why)
@@ -64,17 +64,17 @@ ALLOWED = {
     ("plays/fleet.py", "parse_loads"): (1, TYPED),
     ("rigup/gate.py", "journal_exit"): (1, REGEX),
     ("rigup/gate.py", "measured_tps"): (1, TYPED),
-    ("rigup/gguf.py", "split_problem"): (1, REGEX),
+    ("shipped/gguf.py", "split_problem"): (1, REGEX),
     ("rigup/gpu/catalogue.py", "cuda_version"): (1, REGEX),
     ("rigup/gpu/catalogue.py", "driver_branches"): (1, OWN),
+    ("rigup/gpu/catalogue.py", "xid_codes"): (1, OWN),
     ("rigup/gpu/catalogue.py", "version_tuple"): (1, REGEX),
     ("rigup/gpu/driver.py", "branch_of"): (1, REGEX),
     ("rigup/gpu/driver.py", "driver_step"): (3, CONFIG),
     ("rigup/gpu/facts.py", "_hex"): (1, REGEX),
     ("rigup/gpu/facts.py", "parse_listening_ports"): (1, REGEX),
     ("rigup/gpu/plan.py", "_card_plan"): (1, SPEC),
-    ("rigup/gpu/xid.py", "catalogue"): (1, OWN),
-    ("rigup/gpu/xid.py", "events"): (2, REGEX),
+    ("shipped/xid.py", "events"): (2, REGEX),
     ("rigup/instances/vllm.py", "_family_layers"): (1, TYPED),
     ("rigup/instances/vllm.py", "partition_problem"): (1, REGEX),
     ("rigup/config.py", "cli_value"): (1, CLI),
@@ -83,40 +83,40 @@ ALLOWED = {
     ("rigup/progress.py", "start_command"): (2, CALLER),
     ("rigup/refusal.py", "watts_text"): (1, FORMAT),
     ("plays/roll.py", "batches"): (1, REGEX),
-    ("rigup/throughput.py", "_rate"): (1, TYPED),
-    ("rigup/throughput.py", "figure"): (2, COPY),
-    ("rigup/throughput.py", "listener_may_read"): (2, REGEX),
-    ("rigup/throughput.py", "main"): (1, ARGV),
-    ("rigup/throughput.py", "server_figures"): (1, TYPED),
-    ("rigup/tune.py", "measure"): (4, SPEC),
-    ("rigup/tune.py", "spec_levels"): (1, SPEC),
-    ("rigup/tune.py", "stages"): (2, SPEC),
-    ("rigup/tune.py", "tune"): (2, SPEC),
+    ("shipped/throughput.py", "_rate"): (1, TYPED),
+    ("shipped/throughput.py", "figure"): (2, COPY),
+    ("shipped/throughput.py", "listener_may_read"): (2, REGEX),
+    ("shipped/throughput.py", "main"): (1, ARGV),
+    ("shipped/throughput.py", "server_figures"): (1, TYPED),
+    ("plays/shipped/tune.py", "measure"): (4, SPEC),
+    ("plays/shipped/tune.py", "spec_levels"): (1, SPEC),
+    ("plays/shipped/tune.py", "stages"): (2, SPEC),
+    ("plays/shipped/tune.py", "tune"): (2, SPEC),
     ("plays/tuning.py", "spec"): (4, CONFIG),
     ("rigup/units.py", "narrow"): (2, REGEX),
     ("rigup/units.py", "replica_port"): (1, SPEC),
-    ("roles/balancer/drain.py", "_count"): (1, COPY),
-    ("roles/balancer/drain.py", "_expired"): (1, TYPED),
-    ("roles/balancer/drain.py", "run"): (4, ARGV),
+    ("roles/balancer/shipped/drain.py", "_count"): (1, COPY),
+    ("roles/balancer/shipped/drain.py", "_expired"): (1, TYPED),
+    ("roles/balancer/shipped/drain.py", "run"): (4, ARGV),
     ("roles/burnin/__init__.py", "accepted"): (1, CONFIG),
-    ("roles/burnin/acceptance.py", "_num"): (3, COPY),
-    ("roles/burnin/acceptance.py", "expected_mib"): (1, REGEX),
-    ("roles/burnin/acceptance.py", "finite"): (1, JSONHOOK),
-    ("roles/burnin/acceptance.py", "pcie_allowed_gbps"): (2, TYPED),
-    ("roles/burnin/acceptance.py", "write_metrics"): (1, TYPED),
-    ("roles/burnin/acceptance.py", "xid_since"): (1, TYPED),
+    ("roles/burnin/shipped/acceptance.py", "_num"): (3, COPY),
+    ("roles/burnin/shipped/acceptance.py", "expected_mib"): (1, REGEX),
+    ("roles/burnin/shipped/acceptance.py", "finite"): (1, JSONHOOK),
+    ("roles/burnin/shipped/acceptance.py", "pcie_allowed_gbps"): (2, TYPED),
+    ("roles/burnin/shipped/acceptance.py", "write_metrics"): (1, TYPED),
+    ("roles/burnin/shipped/acceptance.py", "xid_since"): (1, TYPED),
     ("roles/burnin/quarantine.py", "key_change"): (2, TYPED),
     ("roles/burnin/quarantine.py", "pulse_part"): (1, CONFIG),
-    ("roles/gpu_guard/guard.py", "after_reboot"): (1, SPEC),
-    ("roles/gpu_guard/guard.py", "debounce_of"): (2, SPEC),
-    ("roles/gpu_guard/guard.py", "evaluate"): (1, SPEC),
-    ("roles/gpu_guard/guard.py", "keep"): (3, SPEC),
-    ("roles/gpu_guard/guard.py", "links_under_load"): (6, TYPED),
-    ("roles/gpu_guard/guard.py", "metrics_text"): (1, TYPED),
-    ("roles/gpu_guard/guard.py", "number"): (3, FORMAT),
-    ("roles/gpu_guard/guard.py", "parse_sample"): (1, REGEX),
-    ("roles/gpu_guard/guard.py", "reading"): (1, COPY),
-    ("roles/gpu_guard/guard.py", "triage"): (4, SPEC),
+    ("roles/gpu_guard/shipped/guard.py", "after_reboot"): (1, SPEC),
+    ("roles/gpu_guard/shipped/guard.py", "debounce_of"): (2, SPEC),
+    ("roles/gpu_guard/shipped/guard.py", "evaluate"): (1, SPEC),
+    ("roles/gpu_guard/shipped/guard.py", "keep"): (3, SPEC),
+    ("roles/gpu_guard/shipped/guard.py", "links_under_load"): (6, TYPED),
+    ("roles/gpu_guard/shipped/guard.py", "metrics_text"): (1, TYPED),
+    ("roles/gpu_guard/shipped/guard.py", "number"): (3, FORMAT),
+    ("roles/gpu_guard/shipped/guard.py", "parse_sample"): (1, REGEX),
+    ("roles/gpu_guard/shipped/guard.py", "reading"): (1, COPY),
+    ("roles/gpu_guard/shipped/guard.py", "triage"): (4, SPEC),
     ("roles/gpu_power/checks.py", "check_psu_budget"): (1, TYPED),
     ("roles/gpu_power/policy.py", "_same"): (2, TYPED),
     ("roles/gpu_power/policy.py", "_w"): (1, FORMAT),
@@ -124,28 +124,28 @@ ALLOWED = {
     ("roles/gpu_power/policy.py", "config_lines"): (1, TYPED),
     ("roles/gpu_power/policy.py", "parse_clocks"): (4, REGEX),
     ("roles/gpu_power/policy.py", "power_plan"): (2, TYPED),
-    ("roles/llama_cpp/smoke.py", "_decode_rate"): (1, TYPED),
-    ("roles/llama_cpp/smoke.py", "attempt"): (1, SPEC),
-    ("roles/llama_cpp/smoke.py", "compare"): (2, SPEC),
-    ("roles/llama_cpp/smoke.py", "first_gguf"): (1, REGEX),
-    ("roles/llama_cpp/smoke.py", "model_of"): (1, SPEC),
-    ("roles/llama_cpp/smoke.py", "set_bytes"): (1, REGEX),
+    ("roles/llama_cpp/shipped/smoke.py", "_decode_rate"): (1, TYPED),
+    ("roles/llama_cpp/shipped/smoke.py", "attempt"): (1, SPEC),
+    ("roles/llama_cpp/shipped/smoke.py", "compare"): (2, SPEC),
+    ("roles/llama_cpp/shipped/smoke.py", "first_gguf"): (1, REGEX),
+    ("roles/llama_cpp/shipped/smoke.py", "model_of"): (1, SPEC),
+    ("roles/llama_cpp/shipped/smoke.py", "set_bytes"): (1, REGEX),
     ("roles/llama_cpp/smoke_model.py", "vocab"): (2, TYPED),
     ("roles/llama_server/command.py", "queue_limits"): (4, SPEC),
-    ("roles/metrics/relay.py", "_finite"): (1, JSONHOOK),
-    ("roles/metrics/relay.py", "lines"): (1, TYPED),
-    ("roles/metrics/relay.py", "queue_lines"): (1, SPEC),
-    ("roles/metrics/relay.py", "sample"): (2, REGEX),
-    ("roles/metrics/relay.py", "whole"): (1, COPY),
-    ("roles/model_fetch/fetcher.py", "do_GET"): (1, REGEX),
-    ("roles/model_fetch/fetcher.py", "fetch"): (1, SPEC),
-    ("roles/model_fetch/fetcher.py", "fetch_file"): (1, SPEC),
-    ("roles/model_fetch/fetcher.py", "metrics_text"): (1, SPEC),
-    ("roles/model_fetch/fetcher.py", "prune"): (1, SPEC),
-    ("roles/model_fetch/fetcher.py", "range_problem"): (3, REGEX),
-    ("roles/model_fetch/fetcher.py", "resume_point"): (1, SPEC),
-    ("roles/model_fetch/fetcher.py", "shard_problems"): (2, REGEX),
-    ("roles/model_fetch/fetcher.py", "share"): (1, SPEC),
+    ("roles/metrics/shipped/relay.py", "_finite"): (1, JSONHOOK),
+    ("roles/metrics/shipped/relay.py", "lines"): (1, TYPED),
+    ("roles/metrics/shipped/relay.py", "queue_lines"): (1, SPEC),
+    ("roles/metrics/shipped/relay.py", "sample"): (2, REGEX),
+    ("roles/metrics/shipped/relay.py", "whole"): (1, COPY),
+    ("roles/model_fetch/shipped/fetcher.py", "do_GET"): (1, REGEX),
+    ("roles/model_fetch/shipped/fetcher.py", "fetch"): (1, SPEC),
+    ("roles/model_fetch/shipped/fetcher.py", "fetch_file"): (1, SPEC),
+    ("roles/model_fetch/shipped/fetcher.py", "metrics_text"): (1, SPEC),
+    ("roles/model_fetch/shipped/fetcher.py", "prune"): (1, SPEC),
+    ("roles/model_fetch/shipped/fetcher.py", "range_problem"): (3, REGEX),
+    ("roles/model_fetch/shipped/fetcher.py", "resume_point"): (1, SPEC),
+    ("roles/model_fetch/shipped/fetcher.py", "shard_problems"): (2, REGEX),
+    ("roles/model_fetch/shipped/fetcher.py", "share"): (1, SPEC),
     ("roles/model_fetch/plan.py", "duration"): (1, TYPED),
     ("roles/nvidia_driver/__init__.py", "apply"): (1, CONFIG),
     ("roles/nvidia_driver/__init__.py", "fabric_ready"): (2, CALLER),
@@ -164,19 +164,19 @@ ALLOWED = {
     ("roles/vllm/cluster.py", "node_ports"): (5, CONFIG),
     ("roles/vllm/cluster.py", "port_flags"): (3, CONFIG),
     ("roles/vllm/cluster.py", "unit_text"): (1, CONFIG),
-    ("roles/vllm/ray_wait.py", "alive_nodes"): (1, ARGV),
-    ("roles/vllm/ray_wait.py", "main"): (1, ARGV),
+    ("roles/vllm/shipped/ray_wait.py", "alive_nodes"): (1, ARGV),
+    ("roles/vllm/shipped/ray_wait.py", "main"): (1, ARGV),
     ("roles/watchdog/__init__.py", "watched"): (1, SPEC),
-    ("roles/watchdog/watchdog.py", "gate_record"): (2, TYPED),
-    ("roles/watchdog/watchdog.py", "metrics_text"): (1, SPEC),
-    ("roles/watchdog/watchdog.py", "servers"): (1, REGEX),
+    ("roles/watchdog/shipped/watchdog.py", "gate_record"): (2, TYPED),
+    ("roles/watchdog/shipped/watchdog.py", "metrics_text"): (1, SPEC),
+    ("roles/watchdog/shipped/watchdog.py", "servers"): (1, REGEX),
     ("tune.py", "sweep"): (1, CONFIG),
 }
 
 # (path, function) -> (bare strips or splits feeding a number reader allowed, why)
 STRIPPED = {
     ("rigup/config.py", "parse_form"): (2, OWN),
-    ("rigup/throughput.py", "listener_may_read"): (2, PROC),
+    ("shipped/throughput.py", "listener_may_read"): (2, PROC),
 }
 
 
@@ -237,7 +237,7 @@ def calls() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
     readers fed a bare strip's or split's text}) over rigup/, roles/, inventory/ and the plays, outside rigup/boundary/."""
     converts: dict[tuple[str, str], int] = {}
     strips: dict[tuple[str, str], int] = {}
-    sources = [p for d in ("rigup", "roles", "plays", "inventory") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
+    sources = [p for d in ("rigup", "roles", "plays", "shipped", "inventory") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
     for path in sorted(sources):
         rel = str(path.relative_to(ROOT))
         if rel.startswith("rigup/boundary/"):
@@ -313,7 +313,7 @@ WHOLE_TEXT = st.one_of(st.text(st.sampled_from(list("0123456789+-._e \t\r\n\x0b\
 @settings(max_examples=300, deadline=None)
 @given(text=WHOLE_TEXT)
 def test_the_relays_whole_is_numbers_whole(text):
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     assert relay.whole(text) == whole(text), text
 
 
@@ -322,7 +322,7 @@ def test_the_relays_whole_is_numbers_whole(text):
 def test_drains_count_is_numbers_whole(text):
     """drain's _count takes no blanks at all (its callers give it a cell): where it reads a number,
     the boundary reads the same one."""
-    from roles.balancer import drain
+    from roles.balancer.shipped import drain
     got = drain._count(text)
     assert got is None or got == whole(text), text
     assert got == whole(text) or text != text.strip(" \t\r\n\f\v"), text

@@ -91,7 +91,7 @@ def test_the_readers_know_every_flag_the_sweep_sets():
 
 
 def test_a_sweep_written_by_rigup_tune_reads_back():
-    from rigup import tune
+    from plays.shipped import tune
     spec = {"argv": ["/b/llama-server", "-c", "8192", "-np", "2"], "port": 18080, "concurrency": 4, "slot_tokens": 4096,
             "max_parallel": 8, "gpu": True, "gpus": 2, "budget_s": 900, "layers": 40,
             "flags": {k: list(v) for k, v in spellings(SWEPT).items()}}
@@ -151,7 +151,7 @@ def test_a_best_no_point_measured_or_a_ratio_its_best_and_baseline_do_not_give_i
         assert e.value.where == f"{WHERE}: ratio"
     with pytest.raises(Unreadable, match="no best and baseline"):
         results.sweep({**doc, "baseline": None, "ratio": 1.0}, WHERE)
-    # rigup/tune.py's rounding to 3 places, and a sweep still running (no ratio yet), read
+    # plays/shipped/tune.py's rounding to 3 places, and a sweep still running (no ratio yet), read
     assert results.sweep(RESULT, WHERE)["ratio"] == 1.8
     thirds = {**RESULT, "points": [{**BASE, "tps": 30.0}, POINT], "baseline": {**BASE, "tps": 30.0}, "ratio": 3.0}
     assert results.sweep(thirds, WHERE)["ratio"] == 3.0
@@ -261,7 +261,7 @@ def test_any_text_is_refused_or_read(text):
         read_or_refused(reader, text, *args)
 
 
-# a smoke result as roles/llama_cpp/smoke.py writes it (run's fields abridged)
+# a smoke result as roles/llama_cpp/shipped/smoke.py writes it (run's fields abridged)
 SMOKE = {"key": "0123456789abcdef", "ok": True, "seconds": 12.5, "runs": [{"name": "tiny", "ok": True, "tokens": 8}],
          "traps": ["cpu-repack-crash"], "server_args": ["--no-repack"],
          "compare": {"ok": True, "ratio": 1.02, "new_tps": [10.2], "current_tps": [10.0]}}
@@ -469,8 +469,8 @@ MARKER = {"repo": "org/a-GGUF", "revision": "c" * 40, "files": ["a.gguf", "UD-Q4
 
 
 def test_what_throughput_py_writes_reads_back():
-    """The line rigup/throughput.py prints (its main) reads as its levels alone."""
-    from rigup import throughput
+    """The line shipped/throughput.py prints (its main) reads as its levels alone."""
+    from shipped import throughput
     assert results.throughput(json.dumps(LINE), WHERE) == {"levels": [LEVEL]}
     assert results.throughput({"url": "u", "error": "URLError: refused"}, WHERE) == {"error": "URLError: refused"}
     lv = throughput.level("http://127.0.0.1:9", 1, None, 8, 1, 1)
@@ -525,7 +525,7 @@ def test_a_level_claiming_tok_s_its_counts_do_not_give_is_refused(level):
 @given(tokens=st.integers(0, 10**6), raw=st.floats(0.0006, 1e5), requests=st.integers(1, 4096),
        per_request=st.floats(0, 1e6))
 def test_a_level_as_throughput_py_writes_it_reads_back(tokens, raw, requests, per_request):
-    """What rigup/throughput.py's level() gives (its seconds rounded to 3 places, total tok/s its tokens
+    """What shipped/throughput.py's level() gives (its seconds rounded to 3 places, total tok/s its tokens
     over the unrounded seconds, to 2) reads back, however the rounding falls."""
     level = {"concurrency": 1, "requests": requests, "failed": 0, "errors": [], "tokens": tokens,
              "seconds": round(raw, 3), "total_tps": round(tokens / raw, 2),

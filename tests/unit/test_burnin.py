@@ -15,11 +15,11 @@ import pytest
 from plays import fleet
 from rigup.gpu.plan import hardware_plan
 from rigup.names import BURNIN_TESTING
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from roles.burnin.checks import check_clear, check_named
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, serving, sort_cards
-from roles.gpu_guard.guard import parse_sample
+from roles.gpu_guard.shipped.guard import parse_sample
 from tests.unit.test_burnin_cublas import alone_scratch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def blas(sim):
 def burnin(sim, *args, env=None):
     tmp, env = sim[0], env or sim[1]
     prelude = "import sys, runpy; sys.modules['pyinfra'] = None; sys.argv = ['rigup-burnin'] + sys.argv[1:]; " \
-              f"runpy.run_path({str(ROOT / 'roles/burnin/acceptance.py')!r}, run_name='__main__')"
+              f"runpy.run_path({str(ROOT / 'roles/burnin/shipped/acceptance.py')!r}, run_name='__main__')"
     return subprocess.run([sys.executable, "-c", prelude, *args, "--results", str(tmp / "records.json")],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -236,7 +236,7 @@ def test_the_guard_leaves_a_quarantined_card_alone(tmp_path):
 def test_the_guard_counts_the_draw_of_cards_under_test_against_the_psu_budget():
     """Issue 62: a card under a burn-in soak draws its cap from the same supply: the guard judges
     it not (no temperature or draw limit), yet its draw joins the sum against gpu_psu_watts."""
-    from roles.gpu_guard.guard import evaluate
+    from roles.gpu_guard.shipped.guard import evaluate
     config = {"window_s": 10, "psu_watts": 900, "default": {"temp_c": 50, "draw_w": 300}}
     rows = ["0, GPU-a, 00000000:07:00.0, 0x20B210DE, 250.00, 400.00, 45",
             "1, GPU-b, 00000000:0F:00.0, 0x20B210DE, 700.00, 700.00, 88"]   # b: under test, hot, at its cap

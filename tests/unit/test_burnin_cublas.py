@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 
 NOBODY = 65534
 # a real shared object (the loader reads each one's needs before rigup-burnin loads it): the system's libm

@@ -1,6 +1,6 @@
 """Issue 65's re-acceptance on a schedule (burnin_every_days): a card whose last passing run is
 older is due (the plan, status.py), tested again at burnin_level where nothing serves from it or
-in a roll, and its record keeps the runs before (roles/burnin/acceptance.py history)."""
+in a roll, and its record keeps the runs before (roles/burnin/shipped/acceptance.py history)."""
 
 import json
 import time
@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from plays import fleet
 from rigup.boundary import burnin
-from roles.burnin.acceptance import HISTORY, history
+from roles.burnin.shipped.acceptance import HISTORY, history
 from roles.burnin.facts import parse_burnin_state
 from roles.burnin.quarantine import lines, sort_cards
 

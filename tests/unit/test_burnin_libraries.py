@@ -1,4 +1,4 @@
-"""Issue 61, round 8's items left on rigup-burnin's CUDA libraries (roles/burnin/acceptance.py), which it
+"""Issue 61, round 8's items left on rigup-burnin's CUDA libraries (roles/burnin/shipped/acceptance.py), which it
 loads with ctypes as root:
 
 - libcublasLt is required beside libcublas (llama.cpp's CUDA build links both): a cuBLAS without it is
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from tests.unit.test_burnin_cublas import ELF, NOBODY, alone_scratch, library, staff_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_libcuda_is_loaded_by_the_path_the_driver_installed_never_by_its_soname(
     assert got == (str(real), "")
     assert refused == (None, f"not loaded: {staff} is 2775: writable by its group or others {SKIPPED}")
     assert none == (None, f"not found in {tree / 'none'} (the driver installs it)")
-    bare = [ast.unparse(n) for n in ast.walk(ast.parse((ROOT / "roles/burnin/acceptance.py").read_text()))
+    bare = [ast.unparse(n) for n in ast.walk(ast.parse((ROOT / "roles/burnin/shipped/acceptance.py").read_text()))
             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("CDLL") and n.args
             and isinstance(n.args[0], ast.Constant)]
     print(f"CDLL of a constant name: {bare}")
@@ -109,7 +109,7 @@ def in_namespace(code: str, cache: Path, library_path: str = "") -> subprocess.C
     # the program alone, as a host runs it (not through the roles package, whose imports would map the
     # controller's venv: a checkout under /tmp maps .so files of a 1777 directory, which the backstop names)
     prelude = (f"import os, sys, ctypes, importlib.util; spec = importlib.util.spec_from_file_location('acceptance', "
-               f"{str(ROOT / 'roles/burnin/acceptance.py')!r}); A = importlib.util.module_from_spec(spec); "
+               f"{str(ROOT / 'roles/burnin/shipped/acceptance.py')!r}); A = importlib.util.module_from_spec(spec); "
                "sys.modules['acceptance'] = A; spec.loader.exec_module(A); ")
     script = f"mount --bind {cache} /etc/ld.so.cache && exec \"$0\" -c \"$1\""
     return subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, prelude + code], capture_output=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from tests.unit.test_burnin_cublas import NOBODY, alone_scratch, staff_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def tree():
 
 def child(code: str, library_path: str) -> subprocess.CompletedProcess:
     """``code`` in a new python (the loader's LD_LIBRARY_PATH is the one it starts with)."""
-    prelude = f"import os, sys, ctypes; sys.path.insert(0, {str(ROOT)!r}); from roles.burnin import acceptance as A; "
+    prelude = f"import os, sys, ctypes; sys.path.insert(0, {str(ROOT)!r}); from roles.burnin.shipped import acceptance as A; "
     return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": library_path})
 
@@ -122,7 +122,7 @@ def test_the_installed_program_starts_again_once(tree):
     staff = staff_dir(tree / "staff")
     good = tree / "good"   # not the tree itself: its staff/ under it refuses it too (round 9 LH1)
     good.mkdir()
-    r = subprocess.run([sys.executable, str(ROOT / "roles/burnin/acceptance.py"), "status", "--results",
+    r = subprocess.run([sys.executable, str(ROOT / "roles/burnin/shipped/acceptance.py"), "status", "--results",
                         str(tree / "none.json")], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": f"{staff}:{good}"})
     assert r.returncode == 0 and len(r.stderr.splitlines()) == 1 and "left out" in r.stderr, r.stderr

@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 
 PROGRAM = acceptance.__file__
 U = [f"GPU-{i:08d}-0000-0000-0000-000000000001" for i in range(2)]
@@ -147,7 +147,7 @@ def test_a_record_reads_here_exactly_when_the_controller_reads_it_and_is_quarant
     controller's (rigup/boundary/burnin.py) read the same records and refuse the same ones; where
     both read, ``quarantined`` (one rule, the GPU guard's copy too) says the same of each."""
     from rigup.boundary import Unreadable, burnin as controller
-    from roles.gpu_guard import guard
+    from roles.gpu_guard.shipped import guard
     text = json.dumps({uuid: rec})
     try:
         theirs = controller.records(text, "h:f")

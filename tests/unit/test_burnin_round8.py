@@ -1,4 +1,4 @@
-"""Round 8 of issue 61 on rigup-burnin (roles/burnin/acceptance.py) and its lease (roles/burnin/__init__.py).
+"""Round 8 of issue 61 on rigup-burnin (roles/burnin/shipped/acceptance.py) and its lease (roles/burnin/__init__.py).
 
 L1: the LD_LIBRARY_PATH check ran in ``__main__``, after the module's imports had mapped libffi (ctypes),
 libcrypto (hashlib), libbz2 and liblzma (shutil) through the unchecked path: another user's libffi.so.8
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from tests.unit.test_burnin_cublas import NOBODY, alone_scratch, staff_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +49,8 @@ def planted(out: Path, mark: Path, body: str = "", version_map: str = "") -> Pat
 
 def installed(where: Path) -> Path:
     """rigup-burnin as roles/burnin installs it: the program, rigup_xid.py beside it."""
-    (where / "rigup-burnin").write_text((ROOT / "roles/burnin/acceptance.py").read_text())
-    (where / "rigup_xid.py").write_text((ROOT / "rigup/gpu/xid.py").read_text())
+    (where / "rigup-burnin").write_text((ROOT / "roles/burnin/shipped/acceptance.py").read_text())
+    (where / "rigup_xid.py").write_text((ROOT / "shipped/xid.py").read_text())
     return where / "rigup-burnin"
 
 
@@ -99,7 +99,7 @@ def test_l1_only_modules_built_into_the_interpreter_come_before_the_check():
     interpreter has built in (posix, _sre, _stat, itertools): no library mapped, wherever it runs."""
     import ast
     import sys
-    tree = ast.parse((ROOT / "roles/burnin/acceptance.py").read_text())
+    tree = ast.parse((ROOT / "roles/burnin/shipped/acceptance.py").read_text())
     before = []
     for node in tree.body:
         if isinstance(node, ast.If) and "loader_path_checked" in ast.unparse(node):
@@ -226,7 +226,7 @@ DECOY = "import os, sys; print('decoy ran as uid', os.getuid(), file=sys.stderr)
 @pytest.mark.parametrize("flags", [["-sES"], []])
 def test_r1_the_xid_parser_is_read_from_beside_the_program_only(tmp_path, flags):
     """Installed as roles/burnin installs it (PREFIX/bin) but without rigup_xid.py beside it (a converge cut
-    between the two files): decoys in the prefix's parent (round 8 R1: /opt), a rigup package there, in the
+    between the two files): decoys in the prefix's parent (round 8 R1: /opt), a shipped package there, in the
     current directory and on PYTHONPATH are never imported; the program ends naming the file. With the file
     beside it, and a rigup_xid/ package beside that, the file is the one read (by its path)."""
     bin_ = tmp_path / "opt/rigup/bin"
@@ -236,14 +236,14 @@ def test_r1_the_xid_parser_is_read_from_beside_the_program_only(tmp_path, flags)
     for where in (tmp_path / "opt", tmp_path / "cwd", tmp_path / "pp"):
         where.mkdir(exist_ok=True)
         (where / "rigup_xid.py").write_text(DECOY)
-        (where / "rigup/gpu").mkdir(parents=True)
-        (where / "rigup/gpu/xid.py").write_text(DECOY)
+        (where / "shipped").mkdir(parents=True)
+        (where / "shipped/xid.py").write_text(DECOY)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "pp")}
     r = subprocess.run([PYTHON, *flags, str(program), "--help"], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path / "cwd", env=env)
     assert (r.returncode, r.stderr) == (2, "rigup-burnin: rigup_xid.py is not beside it (roles/burnin installs the two): "
                                            "not run\n")
-    (bin_ / "rigup_xid.py").write_text((ROOT / "rigup/gpu/xid.py").read_text())
+    (bin_ / "rigup_xid.py").write_text((ROOT / "shipped/xid.py").read_text())
     (bin_ / "rigup_xid").mkdir()
     (bin_ / "rigup_xid/__init__.py").write_text(DECOY)
     r = subprocess.run([PYTHON, *flags, str(program), "status", "--results", str(tmp_path / "none.json")],
@@ -252,8 +252,8 @@ def test_r1_the_xid_parser_is_read_from_beside_the_program_only(tmp_path, flags)
 
 
 def test_r1_the_source_tree_reads_its_own_file():
-    """In the source tree (the controller imports the module; tests/gpu runs the file) rigup/gpu/xid.py."""
-    assert acceptance.xid_lines.__file__ == str(ROOT / "rigup/gpu/xid.py")
+    """In the source tree (the controller imports the module; tests/gpu runs the file) shipped/xid.py."""
+    assert acceptance.xid_lines.__file__ == str(ROOT / "shipped/xid.py")
 
 
 # ---------------------------------------------------------------- W1: the lease's watcher signals only the burn-in's group

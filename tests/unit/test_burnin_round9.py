@@ -1,4 +1,4 @@
-"""Round 9 of issue 61 on rigup-burnin (roles/burnin/acceptance.py).
+"""Round 9 of issue 61 on rigup-burnin (roles/burnin/shipped/acceptance.py).
 
 H3: nvidia-smi's cells were read with int() and float(): "٣" was 3, "1_0" 10, "0350" 350 and "1.0e999"
 inf (a card's memory.total inf: its time bound inf, burnin.json's Infinity). _num is now
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rigup.boundary.numbers import number
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from tests.unit.test_burnin_cublas import NOBODY, alone_scratch
 from tests.unit.test_burnin_round8 import planted
 

@@ -1,4 +1,4 @@
-"""rigup-burnin's soak rules, pure (roles/burnin/acceptance.py): the mean draw in the soak's window
+"""rigup-burnin's soak rules, pure (roles/burnin/shipped/acceptance.py): the mean draw in the soak's window
 against the cap in force, the verdicts on watts and repeated digests, the comparison of sibling
 cards (a digest other than the majority's, a slow card flagged or quarantined), the random
 operands' values; arbitrary samples and records never raise."""
@@ -7,7 +7,7 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 
 OPTS = {"pcie_min_ratio": 0.25, "throttle_max": 0.25, "power_min_ratio": 0.9, "slow_flag_ratio": 0.9,
         "slow_quarantine_ratio": 0.8}

@@ -1,4 +1,4 @@
-"""Issue 61, round 10/11 BU1 on rigup-burnin (roles/burnin/acceptance.py), which loads libcuda as root: libcuda
+"""Issue 61, round 10/11 BU1 on rigup-burnin (roles/burnin/shipped/acceptance.py), which loads libcuda as root: libcuda
 dlopens more libraries BY SONAME while it runs (libnvidia-ptxjitcompiler.so.1 for its PTX JIT, which every
 kernel of rigup-burnin needs; libnvidia-nvvm.so.4, libnvidia-gpucomp.so.<driver>...), which no trace of its
 DT_NEEDED shows: the loader's search for them (ld.so.cache, Debian's /usr/local/lib first) could answer with
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.burnin import acceptance
+from roles.burnin.shipped import acceptance
 from tests.unit.test_burnin_cublas import NOBODY, alone_scratch, staff_dir
 from tests.unit.test_burnin_libraries import SKIPPED, built, in_namespace
 

@@ -188,7 +188,7 @@ def test_every_problem_is_listed_at_once():
 @pytest.fixture
 def project(tmp_path):
     """A copy of the project whose group_vars a test may break."""
-    for part in ("rigup", "roles", "group_vars", "templates", "deploy.py", "config.py"):
+    for part in ("rigup", "roles", "shipped", "group_vars", "templates", "deploy.py", "config.py"):
         src = ROOT / part
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
     (tmp_path / "inventory").mkdir()

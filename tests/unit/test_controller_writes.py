@@ -25,7 +25,7 @@ def _mode(call: ast.Call, at: int) -> object:
 
 
 def makers() -> set[tuple[str, str]]:
-    files = [p for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
+    files = [p for d in ("rigup", "roles", "plays", "shipped") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
     found = set()
     for path in files:
         text, rel = path.read_text(), str(path.relative_to(ROOT))

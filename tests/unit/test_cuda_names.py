@@ -9,7 +9,7 @@ N2: /usr/bin/nvcc -> nobody's link in a 1777 directory -> root's nvcc was a tool
 is read only after the directory holding it was walked, so a link another user may repoint is refused.
 7b X1: a ``..`` in a link's target left a directory never walked (root's /usr/bin/nvcc ->
 /home/eve/x/../../../opt/cuda/bin/nvcc, x eve's: she may make x a link): each directory is walked before the
-chain goes up from it, as roles/burnin/acceptance.py's ``alone()`` does (the property below holds the two equal).
+chain goes up from it, as roles/burnin/shipped/acceptance.py's ``alone()`` does (the property below holds the two equal).
 
 Each case runs the real CUDA_COMMAND on this machine's shell over a scratch tree (its /usr/local/cuda* glob
 moved there). Trees the walk should accept are made under /root (root's alone up to /), hence as root only.
@@ -264,8 +264,8 @@ def x1_tree(home: Path) -> None:
 def test_the_chain_passes_a_name_exactly_where_alone_does(home, data, relative):
     """Root's /usr/bin/nvcc -> a wander through root's and nobody's directories and links (down, ``.``,
     ``..``), then back up to the nvcc: a toolkit by that name under dash and bash exactly where
-    roles/burnin/acceptance.py's ``alone()`` (every part checked, in Python) passes the name, else refused."""
-    from roles.burnin.acceptance import alone
+    roles/burnin/shipped/acceptance.py's ``alone()`` (every part checked, in Python) passes the name, else refused."""
+    from roles.burnin.shipped.acceptance import alone
 
     x1_tree(home)
     parts: list[str] = []

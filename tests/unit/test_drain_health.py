@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from rigup.boundary import numbers
-from roles.balancer import drain
+from roles.balancer.shipped import drain
 
 from tests.unit.world import remade
 

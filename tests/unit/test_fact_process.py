@@ -46,7 +46,7 @@ KNOWN = {
 def facts() -> dict[str, tuple[type, Path]]:
     """Every FactBase subclass defined in rigup/ and roles/, by ``path:name``."""
     found = {}
-    for base in ("rigup", "roles", "plays"):
+    for base in ("rigup", "roles", "plays", "shipped"):
         for path in sorted((ROOT / base).rglob("*.py")):
             if "FactBase" not in path.read_text():
                 continue

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 from rigup.boundary import fields, results
 from rigup.boundary.hosttext import download_progress
 from rigup.names import HF_TOKEN, MARKER
-from roles.model_fetch import fetcher
+from roles.model_fetch.shipped import fetcher
 from roles.model_fetch.facts import parse_probe
 from roles.model_fetch.plan import plan_model, progress_line
 

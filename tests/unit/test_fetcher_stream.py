@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from roles.model_fetch import fetcher
+from roles.model_fetch.shipped import fetcher
 
 REV = "a" * 40
 SIZE = 256 << 10

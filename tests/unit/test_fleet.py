@@ -109,7 +109,7 @@ SUSPECT = {"since": "2026-12-02 06:40:00 +0000", "line": "NVRM: Xid (PCI:0000:4e
 
 
 def xid_state(**cards):
-    """The guard's Xid state file (roles/gpu_guard/guard.py) with ``cards`` (bus: counts or suspect)."""
+    """The guard's Xid state file (roles/gpu_guard/shipped/guard.py) with ``cards`` (bus: counts or suspect)."""
     return {"boot": "boot-1", "cursor": "s=1", "events": [],
             "cards": {bus: {"counts": {}, "recent": [], "suspect": None, **card} for bus, card in cards.items()}}
 

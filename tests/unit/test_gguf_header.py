@@ -1,4 +1,4 @@
-"""A GGUF header rigup sizes VRAM from (rigup/gguf.py), as llama.cpp's loader would take it (issue 61,
+"""A GGUF header rigup sizes VRAM from (shipped/gguf.py), as llama.cpp's loader would take it (issue 61,
 second round): a key given twice is refused (llama.cpp refuses the file; the last one would size
 VRAM for 1 layer of 80), and no divisor or width is 0 (``head_count`` 0 sized the KV cache at 0 GiB),
 but for a model that says it has no attention."""
@@ -8,7 +8,7 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup.gguf import GGUFRefused, kv_figures, metadata
+from shipped.gguf import GGUFRefused, kv_figures, metadata
 
 LLAMA = [("general.architecture", "llama"), ("llama.block_count", 80), ("llama.attention.head_count", 32),
          ("llama.attention.head_count_kv", 8), ("llama.embedding_length", 4096)]
@@ -111,7 +111,7 @@ def test_a_layer_without_kv_heads_has_no_attention_heads(layers):
 
 # ---------------------------------------------------------------- the chat template (issue 63)
 
-from rigup.gguf import CHAT_TEMPLATE, chat_template, header as read_header  # noqa: E402
+from shipped.gguf import CHAT_TEMPLATE, chat_template, header as read_header  # noqa: E402
 
 
 def tokenizer(count: int, template: str | None) -> bytes:
@@ -231,7 +231,7 @@ def test_a_header_rigup_cannot_size_is_named_why():
     """Round 1 of issue 61, C10/C05: an architecture LLAMA whose keys are llama.*, or a string of
     2^63 bytes before block_count, gave layers and KV None: the plan said "KV cache not counted"
     for a file llama.cpp will not load. unsized says why; roles/model_fetch/hub.py refuses it."""
-    from rigup.gguf import unsized
+    from shipped.gguf import unsized
 
     key = lambda k: struct.pack("<Q", len(k)) + k.encode()   # noqa: E731
     u32 = lambda k, v: key(k) + struct.pack("<II", 4, v)   # noqa: E731

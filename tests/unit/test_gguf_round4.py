@@ -5,7 +5,7 @@ the shards its name says (G13). Each is refused, naming the keys."""
 
 import pytest
 
-from rigup.gguf import GGUFRefused, kv_figures, metadata, split_problem
+from shipped.gguf import GGUFRefused, kv_figures, metadata, split_problem
 from roles.model_fetch import hub as hub_module
 from roles.model_fetch.hub import HubRefused
 from tests.lab.hub import gguf_bytes

@@ -68,11 +68,11 @@ import check
 argv = check.role_argv(WORK / 'bin', WORK / check.MODEL_FILE, {'id': 'b1'})
 assert argv[0] == str(WORK / 'bin' / 'llama-server') and '--parallel' in argv, argv
 print('serve', ' '.join(argv[1:]))
-from rigup import throughput
+from shipped import throughput
 """,
     "check.py tune, compare, admission": """
 import check
-from rigup import tune
+from plays.shipped import tune
 facts, plan = check.facts_and_plan()
 inst, why = check.plan_instance(plan, check.SMOKE_TINY)
 argv = check.inst_argv(WORK / 'bin', check.SMOKE_TINY, {'id': 'b1'}, inst)
@@ -81,7 +81,7 @@ print('goals', check.compare_goals(json.loads(Path('tests/gpu/results/2026-12-02
 """,
     "check.py health, report": """
 import check
-from rigup.gpu import xid
+from shipped import xid
 from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.plan import link_state
 print('health', link_state(4, 4, 16, 16), len(xid_codes()))

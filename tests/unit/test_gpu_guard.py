@@ -1,4 +1,4 @@
-"""The guard's debounce, history and bounded nvidia-smi call (roles/gpu_guard/guard.py), on
+"""The guard's debounce, history and bounded nvidia-smi call (roles/gpu_guard/shipped/guard.py), on
 hand-made samples and the simulated nvidia-smi (tests/lab/nvidia_smi.py) run as a real process."""
 
 import json
@@ -15,7 +15,7 @@ from rigup.boundary.numbers import number
 from rigup.config import group_vars
 from roles.gpu_guard import guard_config
 from roles.gpu_guard.checks import check_debounce
-from roles.gpu_guard.guard import debounced, evaluate, keep, parse_sample, read_cards, reading, run_bounded, unit_timeout_s
+from roles.gpu_guard.shipped.guard import debounced, evaluate, keep, parse_sample, read_cards, reading, run_bounded, unit_timeout_s
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 CONFIG = {"window_s": 10, "interval_s": 2, "smi_timeout_s": 3, "debounce": {"bad": 2, "of": 3},
@@ -138,7 +138,7 @@ def test_an_nvswitch_fabric_down_drains_at_its_second_look_and_clears_when_it_is
     reads Completed/Success, the next check clears the trip (an operator need not) and starts the
     serving units whose start its condition skipped meanwhile (a boot while tripped). A host without
     NVSwitch reads nothing of it. The lab's nvidia-smi (hgx-h100) and a systemctl stand-in."""
-    from roles.gpu_guard import guard
+    from roles.gpu_guard.shipped import guard
 
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(json.loads((LAB / "gpu_profiles.json").read_text())["hgx-h100"]))
@@ -226,7 +226,7 @@ def test_one_slow_fabric_manager_answer_drains_nothing(tmp_path, monkeypatch, ca
     one that says inactive) between good ones drains nothing: each look alone is logged and shown
     (rigup_gpu_fabric_up 0); two in a row drain the host; a good answer between two bad ones starts
     the count again. Each check's verdict printed."""
-    from roles.gpu_guard import guard
+    from roles.gpu_guard.shipped import guard
 
     answers = ["active", "slow", "active", "inactive", "active", "slow", "slow"]
     config = fabric_host(tmp_path, monkeypatch, answers)
@@ -253,7 +253,7 @@ def test_an_nvswitch_hosts_cards_and_fabric_are_read_in_one_call(tmp_path, monke
     the cards' fabric registration too (no second call); the stand-in's HGX cards read In
     Progress until its fabric manager runs at the driver's version; the metrics say whether the
     fabric carries CUDA (rigup_gpu_fabric_up), on such a host only."""
-    from roles.gpu_guard.guard import metrics_text
+    from roles.gpu_guard.shipped.guard import metrics_text
     profile = json.loads((LAB / "gpu_profiles.json").read_text())["hgx-h100"]
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     ready = tmp_path / "fabric-ready"
@@ -303,7 +303,7 @@ def test_a_cell_with_a_unicode_blank_is_lost_telemetry():
     cards, lost = parse_sample(["0, GPU-a, 00000000:4E:00.0, 0x20B010DE, 350\x85, 300, 85"], 0)
     print(f"draw '350\\x85' -> cards {[(c['draw'], c['temp']) for c in cards]}; lost {lost}")
     assert [c["draw"] for c in cards] == [None] and "reads power.draw" in lost[0]
-    from roles.gpu_guard.guard import parse_journal
+    from roles.gpu_guard.shipped.guard import parse_journal
     stamps = ["1700000000500000", "\u0661\u0667", "1_700", "1e400", "017", 1700]
     got = [t for t, _ in parse_journal("\n".join(json.dumps({"__REALTIME_TIMESTAMP": v, "MESSAGE": "m"}) for v in stamps))[0]]
     print(f"journal stamps {stamps!r} -> {got}")
@@ -321,7 +321,7 @@ def test_a_signed_or_zero_padded_draw_or_temperature_is_lost_telemetry():
 
 
 # ----------------------------------------------------------------------------- the guard's own records (issue 61)
-from roles.gpu_guard import guard as G   # noqa: E402 (the module, for monkeypatching its journal and boot)
+from roles.gpu_guard.shipped import guard as G   # noqa: E402 (the module, for monkeypatching its journal and boot)
 from rigup.boundary.fields import PCI_BUS_ID   # noqa: E402
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -438,7 +438,7 @@ def test_the_guards_quarantine_rule_is_rigup_burnins():
     """One rule, two copies (each host program ships alone): their bodies held equal."""
     import ast
     import inspect
-    from roles.burnin import acceptance
+    from roles.burnin.shipped import acceptance
 
     def body(f):
         node = ast.parse(inspect.getsource(f)).body[0]

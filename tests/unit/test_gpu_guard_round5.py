@@ -1,5 +1,5 @@
 """The GPU guard's round 5 cases (issue 61): its samples, its trip's record and its own config read
-as the check needs them (roles/gpu_guard/guard.py, a host program)."""
+as the check needs them (roles/gpu_guard/shipped/guard.py, a host program)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 from hypothesis import given, settings, strategies as st
 
-from roles.gpu_guard import guard
-from roles.gpu_guard.guard import evaluate, keep, parse_sample, samples_of
+from roles.gpu_guard.shipped import guard
+from roles.gpu_guard.shipped.guard import evaluate, keep, parse_sample, samples_of
 
 
 def test_two_rows_of_one_uuid_are_lost_telemetry_never_averaged():

@@ -1,12 +1,12 @@
-"""The GPU guard's Xid triage (roles/gpu_guard/guard.py): the journal's JSON, the units' cards,
+"""The GPU guard's Xid triage (roles/gpu_guard/shipped/guard.py): the journal's JSON, the units' cards,
 and what each class of event does, with the serving units and systemctl given as functions. On a
 lab host, with the journal and systemd: tests/roles/test_gpu_guard.py."""
 
 import json
 
-from rigup.gpu import xid
+from shipped import xid
 from rigup.gpu.catalogue import xid_codes
-from roles.gpu_guard import guard
+from roles.gpu_guard.shipped import guard
 from roles.gpu_guard import xid_config
 from tests.unit.hosts import data
 

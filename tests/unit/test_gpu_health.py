@@ -1,8 +1,8 @@
-"""rigup/gpu/xid.py on kernel log lines as drivers write them, and rigup.gpu.plan.link_state."""
+"""shipped/xid.py on kernel log lines as drivers write them, and rigup.gpu.plan.link_state."""
 
 import pytest
 
-from rigup.gpu import xid
+from shipped import xid
 from rigup.gpu.catalogue import xid_codes
 from rigup.gpu.plan import link_state
 

@@ -9,7 +9,7 @@ from roles.cmpunlocker.steps import config_problems, installer_args, next_step, 
 from rigup.gpu.facts import parse_gpus
 from roles.gpu_guard import guard_config
 from roles.gpu_guard.checks import threshold_problems
-from roles.gpu_guard.guard import evaluate, parse_sample
+from roles.gpu_guard.shipped.guard import evaluate, parse_sample
 from roles.gpu_power.facts import parse_applied
 from roles.gpu_power.policy import card_named, commands, config_lines, format_plan, parse_clocks, power_plan
 from rigup.config import group_vars

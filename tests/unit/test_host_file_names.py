@@ -78,7 +78,7 @@ def test_every_file_name_built_from_a_host_name_is_checked_in_its_function():
     import ast
 
     root = Path(__file__).resolve().parents[2]
-    files = [p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    files = [p for d in ("rigup", "roles", "plays", "shipped") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     unchecked = set()
 
     def hosty(value) -> bool:

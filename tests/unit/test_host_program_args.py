@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from roles.balancer import drain
+from roles.balancer.shipped import drain
 
 
 @pytest.mark.parametrize("argv", [["reload", "x"], ["reload", "٣"], ["reload", "²"], ["reload", "0"], ["reload", "1"],

@@ -1,5 +1,5 @@
 """The records the host programs read and the files they write (issue 61, second red team, items
-6-13, 29, 30): roles/watchdog/watchdog.py's gate record, reboots file and state file, each read by
+6-13, 29, 30): roles/watchdog/shipped/watchdog.py's gate record, reboots file and state file, each read by
 one typed reader in bounds (a record that does not read: the program's safe choice), the guard's
 and the fetcher's JSON loads under any text, and the one writer each program carries (``replace``:
 a random temp name opened O_EXCL|O_NOFOLLOW, then a rename), never writing through a link another
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rigup.boundary.numbers import number
-from roles.gpu_guard import guard
-from roles.model_fetch import fetcher
-from roles.watchdog import watchdog as wd
+from roles.gpu_guard.shipped import guard
+from roles.model_fetch.shipped import fetcher
+from roles.watchdog.shipped import watchdog as wd
 
 DEEP = "[" * 200000 + "]" * 200000
 NUMBERS = st.one_of(st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),

@@ -4,7 +4,7 @@ ASCII digits, at most 18 before the point, finite): a 5000-digit power draw, ``i
 ``nan``, Arabic-Indic or superscript digits become "unknown" for that field; the card, the row and
 the other cards stay. The readers: status.py's row (plays/fleet.py host_row and the table), the
 driver plan (rigup/gpu/facts.py parse_driver, rigup/gpu/driver.py driver_step, preflight's
-refusals) and the GPU guard's judgement (roles/gpu_guard/guard.py parse_sample, evaluate). Each
+refusals) and the GPU guard's judgement (roles/gpu_guard/shipped/guard.py parse_sample, evaluate). Each
 case prints what it produced."""
 
 import json
@@ -15,12 +15,12 @@ import pytest
 
 from plays import fleet
 from plays.fleet import parse_cards, parse_serving
-from rigup import throughput
+from shipped import throughput
 from rigup.gpu.catalogue import version_tuple
 from rigup.gpu.driver import branch_of, driver_step
 from rigup.gpu.facts import GPU_FIELDS, parse_driver, parse_free_disk, parse_gpus
 from rigup.boundary.numbers import number
-from roles.gpu_guard import guard
+from roles.gpu_guard.shipped import guard
 from tests.unit.hosts import data, host, refusals
 from tests.unit.test_nvidia_driver import DEBIAN
 from tests.unit.world import remade
@@ -88,10 +88,10 @@ def test_an_absurd_driver_version_is_no_version(version):
 
 
 def test_the_guards_check_judges_every_good_card_past_a_malformed_line():
-    """roles/gpu_guard/guard.py parse_sample (the host's python3): a line with a superscript index,
+    """roles/gpu_guard/shipped/guard.py parse_sample (the host's python3): a line with a superscript index,
     an ``inf`` draw, a ``nan`` temperature, 5000 digits: that card's problem, named; the next card
     read and judged."""
-    from roles.gpu_guard.guard import parse_sample
+    from roles.gpu_guard.shipped.guard import parse_sample
 
     good = "1, GPU-b, 00000000:0F:00.0, 0x20B210DE, 100.00, 400.00, 40"
     lines = ["², GPU-a, 00000000:07:00.0, 0x20B210DE, 100.00, 400.00, 40",
@@ -105,12 +105,12 @@ def test_the_guards_check_judges_every_good_card_past_a_malformed_line():
 
 @pytest.mark.parametrize("reported", ["Infinity", "NaN", "1e308", "-5", "true"])
 def test_a_servers_absurd_own_rate_gives_way_to_the_measured_one(reported):
-    """rigup/throughput.py (the watchdog's and bench's completion) against a real loopback server
+    """shipped/throughput.py (the watchdog's and bench's completion) against a real loopback server
     whose timings.predicted_per_second is absurd: the wall-clock rate stands, finite."""
     import http.server
     import threading
 
-    from rigup import throughput
+    from shipped import throughput
 
     body = ('{"choices": [{"message": {"content": "eight words of text a real answer would hold"}}], '
             '"usage": {"completion_tokens": 8}, "timings": {"predicted_per_second": %s}}' % reported).encode()

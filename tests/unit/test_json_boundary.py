@@ -26,7 +26,7 @@ def calls(path: Path) -> list[int]:
 
 def test_outside_json_is_parsed_by_the_boundary():
     found = {}
-    for path in sorted([p for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))):
+    for path in sorted([p for d in ("rigup", "roles", "plays", "shipped") for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))):
         rel = str(path.relative_to(ROOT))
         if rel.startswith("rigup/boundary/") or MARK in "".join(path.read_text().splitlines(keepends=True)[:3]):
             continue
@@ -43,15 +43,15 @@ def test_outside_json_is_parsed_by_the_boundary():
 # list only goes down (round 4 W1: rigup-watchdog's reader of an HTTP error body caught ValueError alone,
 # so a server answering 3000 '[' was "the check failed", never a bad check, never restarted).
 HOST_ALLOWED = {
-    ("rigup/tune.py", "main"): "the sweep's spec, written by tune.py (the play)",
-    ("roles/burnin/acceptance.py", "dcgm"): "dcgmi's JSON (NVIDIA's tool, run as root)",
-    ("roles/gpu_guard/guard.py", "parse_journal"): "journalctl -o json: journald's own flat objects",
-    ("roles/llama_cpp/smoke.py", "main"): "its spec from the role (argv or root's file)",
-    ("roles/metrics/relay.py", "main"): "its configuration, root's file written by roles/metrics",
-    ("roles/model_fetch/fetcher.py", "probe"): "the role's spec in argv (base64)",
-    ("roles/model_fetch/fetcher.py", "switch"): "the role's spec in argv (base64)",
-    ("roles/model_fetch/fetcher.py", "prune"): "the role's spec in argv (base64)",
-    ("roles/model_fetch/fetcher.py", "as_owner"): "its own child's answer on a pipe (json.dump of a value read "
+    ("plays/shipped/tune.py", "main"): "the sweep's spec, written by tune.py (the play)",
+    ("roles/burnin/shipped/acceptance.py", "dcgm"): "dcgmi's JSON (NVIDIA's tool, run as root)",
+    ("roles/gpu_guard/shipped/guard.py", "parse_journal"): "journalctl -o json: journald's own flat objects",
+    ("roles/llama_cpp/shipped/smoke.py", "main"): "its spec from the role (argv or root's file)",
+    ("roles/metrics/shipped/relay.py", "main"): "its configuration, root's file written by roles/metrics",
+    ("roles/model_fetch/shipped/fetcher.py", "probe"): "the role's spec in argv (base64)",
+    ("roles/model_fetch/shipped/fetcher.py", "switch"): "the role's spec in argv (base64)",
+    ("roles/model_fetch/shipped/fetcher.py", "prune"): "the role's spec in argv (base64)",
+    ("roles/model_fetch/shipped/fetcher.py", "as_owner"): "its own child's answer on a pipe (json.dump of a value read "
                                                   "within the stack)",
 }
 CATCHES = {"RecursionError", "Exception", "BaseException", "RuntimeError"}
@@ -60,7 +60,7 @@ CATCHES = {"RecursionError", "Exception", "BaseException", "RuntimeError"}
 def host_bare_calls() -> set[tuple[str, str]]:
     """(file, function) of each json.load(s) in a host program outside a try that catches RecursionError."""
     found = set()
-    for path in sorted(p for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")):
+    for path in sorted(p for d in ("rigup", "roles", "plays", "shipped") for p in (ROOT / d).rglob("*.py")):
         text = path.read_text()
         if MARK not in "".join(text.splitlines(keepends=True)[:3]):
             continue

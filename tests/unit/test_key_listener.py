@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from roles.metrics import relay
-from roles.watchdog import watchdog
+from roles.metrics.shipped import relay
+from roles.watchdog.shipped import watchdog
 from tests.unit.world import remade
 
-# made again here: a module before may have remade rigup/throughput.py (its opener's socket, after a gevent
+# made again here: a module before may have remade shipped/throughput.py (its opener's socket, after a gevent
 # patch), and each binds throughput's listener_may_read where it loads (tests/unit/world.py)
 _relay = remade(relay)
 _watchdog = remade(watchdog)
@@ -38,27 +38,27 @@ def nobodys_listener() -> tuple[subprocess.Popen, int]:
 
 
 def test_the_relay_and_the_watchdog_use_the_one_function():
-    """One key rule: rigup/throughput.py's, which roles/metrics and roles/watchdog install beside their
+    """One key rule: shipped/throughput.py's, which roles/metrics and roles/watchdog install beside their
     scripts (the relay had a copy of its own, held equal here before)."""
-    from rigup import throughput
+    from shipped import throughput
     assert relay.listener_may_read is throughput.listener_may_read is watchdog.listener_may_read
-    assert not [n for n in ast.parse((ROOT / "roles/metrics/relay.py").read_text()).body
+    assert not [n for n in ast.parse((ROOT / "roles/metrics/shipped/relay.py").read_text()).body
                 if isinstance(n, ast.FunctionDef) and n.name == "listener_may_read"]
 
 
-@pytest.mark.parametrize("program, source", [("rigup-metrics-relay", "roles/metrics/relay.py"),
-                                             ("rigup-watchdog", "roles/watchdog/watchdog.py")])
+@pytest.mark.parametrize("program, source", [("rigup-metrics-relay", "roles/metrics/shipped/relay.py"),
+                                             ("rigup-watchdog", "roles/watchdog/shipped/watchdog.py")])
 def test_the_relay_and_watchdog_on_a_host_import_the_file_installed_beside_it_only(tmp_path, program, source):
     """As roles/metrics and roles/watchdog install them (RIGUP_PREFIX/bin: the program and
     rigup_throughput.py), run as their units run them (python3 -s -E -S) and plainly: with the file
     beside it the program starts and reads its configuration (absent here); without it, it does not
-    start, naming the file, even where a ``rigup`` package with a throughput module is on sys.path
+    start, naming the file, even where a ``shipped`` package with a throughput module is on sys.path
     (round 7's R3: the fallback imported whatever site directory had one)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / program
     script.write_text((ROOT / source).read_text())
-    decoy = tmp_path / "site" / "rigup"
+    decoy = tmp_path / "site" / "shipped"
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("")
     (decoy / "throughput.py").write_text(f"open({str(tmp_path / 'decoy-ran')!r}, 'w').close()\n")
@@ -70,7 +70,7 @@ def test_the_relay_and_watchdog_on_a_host_import_the_file_installed_beside_it_on
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
                               env=env).stdout
     alone = [start(), start("-s", "-E", "-S")]
-    (bin_dir / "rigup_throughput.py").write_text((ROOT / "rigup/throughput.py").read_text())
+    (bin_dir / "rigup_throughput.py").write_text((ROOT / "shipped/throughput.py").read_text())
     beside = [start(), start("-s", "-E", "-S")]
     print(f"alone: {[a.strip().splitlines()[-1] for a in alone]}; beside: {[b.strip().splitlines()[-1] for b in beside]}")
     assert all(a.strip() == f"{program}: rigup_throughput.py is not beside it "
@@ -119,11 +119,11 @@ def test_roots_own_listener_gets_the_key_and_no_listener_none(tmp_path):
 
 
 def test_throughputs_sweep_sends_no_key_to_another_users_listener(tmp_path, capsys):
-    """bench.py's and tune.py's runs (rigup/throughput.py sweep --key-file): a port held by a process of
+    """bench.py's and tune.py's runs (shipped/throughput.py sweep --key-file): a port held by a process of
     a user who may not read the key file ends the sweep before any request (it sent the key to it)."""
     import json
 
-    from rigup import throughput
+    from shipped import throughput
     key = tmp_path / "k.key"
     key.write_text("SECRET-KEY\n")
     key.chmod(0o600)
@@ -146,5 +146,5 @@ def test_the_relay_and_the_watchdog_carry_one_import_of_the_key_rule():
         start = text.index("# The measuring and the key rule")
         return (text[start:text.index("raise SystemExit(2)", start)].replace(program, "PROGRAM")
                 .replace(source.rsplit("/", 1)[1], "FILE").replace(role, "ROLE"))
-    relay = block("roles/metrics/relay.py", "metrics", "rigup-metrics-relay").replace("not started", "not run")
-    assert relay == block("roles/watchdog/watchdog.py", "watchdog", "rigup-watchdog")
+    relay = block("roles/metrics/shipped/relay.py", "metrics", "rigup-metrics-relay").replace("not started", "not run")
+    assert relay == block("roles/watchdog/shipped/watchdog.py", "watchdog", "rigup-watchdog")

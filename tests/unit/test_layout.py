@@ -33,7 +33,7 @@ def imported(module: ast.Module) -> set[str]:
 def test_no_module_of_rigup_or_roles_imports_matplotlib():
     """The plays' charts (plays/charts.py: bench.py and tune.py hand them to plays/bench.py and
     plays/tuning.py) are the only code that draws: the library and the roles never need matplotlib."""
-    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles")
+    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles", "shipped")
                    if any(m.split(".")[0] == "matplotlib" for m in imported(tree(p))))
     assert found == []
     assert "matplotlib" in imported(tree(ROOT / "plays/charts.py"))
@@ -41,7 +41,7 @@ def test_no_module_of_rigup_or_roles_imports_matplotlib():
 
 def test_the_library_and_the_roles_never_import_the_plays_engines():
     """plays/ holds code only a play needs (plays/__init__.py): rigup/ and roles/ never import from it."""
-    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles")
+    found = sorted(str(p.relative_to(ROOT)) for p in modules("rigup", "roles", "shipped")
                    if any(m.split(".")[0] == "plays" for m in imported(tree(p))))
     assert found == []
 
@@ -171,7 +171,7 @@ REGISTRIES = {
 def test_module_registries():
     """Every module of rigup/, roles/ and plays/ read for its module-level registries (:func:`registries`):
     exactly REGISTRIES, each with a line saying who fills and who reads it."""
-    found = {f"{p.relative_to(ROOT)}:{name}" for p in modules("rigup", "roles", "plays")
+    found = {f"{p.relative_to(ROOT)}:{name}" for p in modules("rigup", "roles", "plays", "shipped")
              for name in registries(tree(p))}
     new, gone = sorted(found - set(REGISTRIES)), sorted(set(REGISTRIES) - found)
     assert not new, f"new module-level registries (keep run state in the run's object, not a module): {new}"

@@ -1,5 +1,5 @@
 """roles/metrics's pure parts (roles/metrics/prometheus.py, checks.py) and the guard's metrics
-file (roles/gpu_guard/guard.py metrics_text), on plain data."""
+file (roles/gpu_guard/shipped/guard.py metrics_text), on plain data."""
 
 import http.server
 import json
@@ -19,8 +19,8 @@ from rigup.refusal import Fleet
 from roles.metrics import allow, promote_command
 from roles.metrics.checks import check_addresses, check_allow_lists, check_systemd, ports
 from roles.metrics.prometheus import config_files, inventory_address, relay_config, targets
-from roles.gpu_guard.guard import metrics_text, parse_sample
-from roles.metrics import relay as _relay
+from roles.gpu_guard.shipped.guard import metrics_text, parse_sample
+from roles.metrics.shipped import relay as _relay
 from tests.unit.world import remade
 
 _remade = remade(_relay.throughput)   # its opener's socket made again after any gevent patch (tests/unit/world.py)
@@ -155,7 +155,7 @@ def test_a_routers_models_are_scraped_labelled_and_never_loaded_by_a_scrape():
     """issue 49: a router instance (also) is relayed as its set's models: each loaded one's /metrics
     with autoload=false, labelled model (HELP and TYPE once), and rigup_router_model_loaded. The
     relay against a real router on a lab host: tests/roles/test_router.py."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     d = {**FLEET[1][1], "llama_server_instances": {"duo": {"model": "a", "also": ["b"], "port": 8091}}}
     assert relay_config("rig-2", d, FLEET)["instances"]["duo"]["models"] == ["a", "b"]
     text = "# HELP llamacpp:tokens_predicted_total Tokens\n# TYPE llamacpp:tokens_predicted_total counter\n" \
@@ -171,7 +171,7 @@ def test_a_routers_loads_are_counted_from_its_event_stream():
     """issue 49: the relay follows the router's /models/sse: per model the loads it completed, their
     seconds from loading to loaded, the last one's, the unloads; a load whose start it did not see
     counts without seconds; a model not of the set and an event without a status change nothing."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     swaps = relay.Swaps({"url": "http://127.0.0.1:1", "models": ["a", "b"]})
     for t, model, status in ((0, "a", "loaded"), (10, "a", "unloaded"), (10, "b", "loading"), (13.5, "b", "loaded"),
                              (20, "b", "unloaded"), (20, "a", "loading"), (22, "a", "loaded"), (23, "x", "loading")):
@@ -195,7 +195,7 @@ def test_a_queued_routers_waiting_requests_come_from_haproxys_stats():
     import http.server
     import threading
 
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     csv = ("# pxname,svname,qcur,qmax,scur\nllama-duo,duo-0,0,0,1\nllama-duo,BACKEND,3,7,1\n"
            "llama-other,BACKEND,9,9,0\n")
 
@@ -251,7 +251,7 @@ def test_a_servers_own_model_label_and_a_line_separator_in_a_value_are_relayed_a
     {model="m",model="other"}, which fails Prometheus's whole scrape of the relay (item 27); now its
     own is server_model (rerun 2, N16: dropped, it made two series one); a label
     value holding U+2028 was split there by str.splitlines, where Prometheus reads one line (item 28)."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     text = 'llamacpp:requests{model="other",slot="0"} 5\nllamacpp:busy{why="a\u2028b\x85c"} 1\n'
     got = relay.labelled(text, "m", set())
     print(f"{text!r} -> {got!r}")
@@ -263,7 +263,7 @@ def test_the_relay_passes_on_llama_servers_own_metrics_only():
     """issue 61 (red team item 22): a server's /metrics naming rigup_gpu_guard_tripped or up was
     relayed (with a model label for a router): another exporter's series, forged. Now only the
     llamacpp: names, on a router's path and on a plain instance's."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     forged = ('# HELP llamacpp:requests n\n# TYPE llamacpp:requests counter\nllamacpp:requests 5\n'
               '# HELP rigup_gpu_guard_tripped x\n# TYPE up gauge\nrigup_gpu_guard_tripped 0\nup{job="node"} 1\n'
               ' llamacpp:x 1\nllamacpp:y 2\rup 1\n# EOF\n')
@@ -300,7 +300,7 @@ def test_a_sample_prometheus_would_refuse_is_left_out_not_relayed():
     """Round 3 of issue 61, items 9-11: a value out of a float's range (1e400), a timestamp past int64
     and a reserved label ({__name__="up"}: the name twice) were relayed, and each fails Prometheus's
     whole scrape of the relay. NaN, +Inf and -Inf as the text format spells them are kept."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     for line in ("llamacpp:x 1e400", "llamacpp:x -1e400", "llamacpp:x Inf", "llamacpp:x -NaN", "llamacpp:x 1 9999999999999999999",
                  "llamacpp:x 1 -9999999999999999999", 'llamacpp:x{__name__="up"} 1', 'llamacpp:x{slot="0",__x="y"} 1',
                  "llamacpp:x \u0663", "llamacpp:x 1 \u0661\u0662"):
@@ -317,7 +317,7 @@ def test_a_sample_prometheus_would_refuse_is_left_out_not_relayed():
 def test_haproxys_queue_figures_in_other_digits_are_no_figures():
     """Round 3 of issue 61, item 12: qcur '²' and qmax '٣' passed str.isdigit and were written as
     'rigup_router_queue_waiting ²', which fails the relay's whole scrape."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     for csv, want in (("# pxname,svname,qcur,qmax\nr,BACKEND,\u00b2,\u0663\n", []),
                       ("# pxname,svname,qcur,qmax\nr,BACKEND,\uff13,1\n", []),
                       ("# pxname,svname,qcur,qmax\nr,BACKEND,2,03\n", []),
@@ -348,7 +348,7 @@ def test_haproxys_queue_figures_in_other_digits_are_no_figures():
 def test_the_relays_whole_number_rule_is_rigup_boundary_numbers_whole(text):
     """The relay carries its own copy (a host program: standard library only); held to the boundary's."""
     from rigup.boundary.numbers import whole
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     assert relay.whole(text) == whole(text)
 
 
@@ -397,7 +397,7 @@ def test_the_relays_bound_holds_per_scrape_not_per_fetch(monkeypatch):
     1 s (TIMEOUT_S, 10 s on a host; three models took 12 s there): the scrape ends within the bound,
     answered 503 naming it, not after 1.2 s with 200; a router whose models answer in time is
     relayed whole; the HAProxy stats' fetch shares the same deadline."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     monkeypatch.setattr(relay, "TIMEOUT_S", 1.0)
     slow, slow_url = slow_router(["a", "b", "c"], delay=0.4)
     fast, fast_url = slow_router(["a", "b", "c"], delay=0.05)
@@ -445,7 +445,7 @@ def test_a_router_event_that_is_not_an_object_does_not_end_its_follower():
 def followed(events: list[bytes], done) -> tuple[bool, list[str]]:
     """Model a's follower (relay.Swaps) on a router sending ``events``, once ``done(its counts)`` (or
     2 s): whether its thread lives, and its sample lines."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     router, url = slow_router(["a"], events=events, hold=5.0)
     swaps = relay.Swaps({"url": url, "models": ["a"]})
     swaps.start()
@@ -480,7 +480,7 @@ def test_a_pinned_servers_samples_of_two_models_stay_two_series():
     Prometheus refuses. Its own model label is now server_model where it names another model, dropped
     where it names this one; a series given already, or a sample with a server_model of its own, is
     left out."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     text = ('# HELP llamacpp:tokens_predicted_total n\n# TYPE llamacpp:tokens_predicted_total counter\n'
             'llamacpp:tokens_predicted_total{model="other"} 5\nllamacpp:tokens_predicted_total{model="third"} 7\n'
             'llamacpp:kv{model="x",slot="1"} 1\nllamacpp:busy 1\nllamacpp:busy{model="tiny"} 2\n'
@@ -504,7 +504,7 @@ def test_a_pinned_servers_relayed_samples_are_each_series_once_and_keep_their_ow
     labelled model="tiny" (a plain server's, model None: as written, R2), and two of its series are never
     made one: a sample is left out only where its series (model dropped when it is "tiny") came before,
     or where it has a server_model label of its own (the relay's name for its model label)."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     text = "".join(f"{n}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value}\n"
                    for n, labels, value in lines)
     got = relay.labelled(text, model, set())
@@ -520,7 +520,7 @@ def test_a_dead_follower_thread_is_shown_down(monkeypatch):
     """issue 65: rigup_router_events_up is 1 only while the follower thread lives and follows: a
     thread ended by anything (here SystemExit inside the stream, which no except of its own takes)
     shows 0, whatever it had set."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     swaps = relay.Swaps({"url": "http://127.0.0.1:1", "models": ["a"]})
 
     def dies():
@@ -555,7 +555,7 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
     /metrics/NAME.M, its samples labelled model M (as a router's models'; its own model label
     server_model), a Prometheus target of its own (llama_instance NAME.M); the router's scrape no longer
     lists it as an unloaded model of its set."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     router = {"model": "a", "also": ["b", "p"], "port": 8091, "api_key": True, "per_model": {"p": {"pinned": True}}}
     d = {**FLEET[1][1], "llama_server_instances": {"duo": router}}
     key = "/etc/rigup/llama-server/duo.key"
@@ -598,7 +598,7 @@ def test_a_routers_pinned_model_is_relayed_as_a_server_of_its_own():
 def test_a_sample_line_reads_in_linear_time():
     """Round 1 of issue 61, F05/F11: a value of 8000 digits then 'x' took the sample regex ~8 s (its
     digits split two ways), holding the GIL from the relay's other scrapes; 40000 took ~150 s."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     for text in ("llamacpp:x " + "1" * 40000 + "x\n", "llamacpp:x " + "1" * 4000 + "x\n" * 2000,
                  "llamacpp:x 1." + "1" * 3000 + "e" + "1" * 1000 + "x\n", 'llamacpp:x{a="' + "1" * 4000 + '"} 1 ' + " " * 40 + "x\n"):
         started = time.monotonic()
@@ -638,7 +638,7 @@ def test_a_routers_models_of_another_shape_is_a_502_not_a_scrape_left_unanswered
     """Round 1 of issue 61, F01-F04 (and G01's model listed twice): a list, a status that is text,
     an id that is a list, nesting deeper than Python's stack each ended the handler's thread; the
     scrape's connection closed with no answer and a traceback in the journal."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
     router.body = body
     cfg = {"instances": {"r": {"url": f"http://127.0.0.1:{router.server_port}", "models": ["m"], "key": None}}}
@@ -664,7 +664,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 @given(JSON, st.sampled_from(["", "{", '{"a": 1, "a": 2}', "NaN", "[" * 5000, "1e400", "-Infinity"]))
 def test_the_relays_models_reader_answers_or_refuses_and_its_json_is_the_boundarys(doc, extra):
     from rigup.boundary.core import Unreadable, loads
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     try:
         got = relay.model_statuses(doc)
     except ValueError:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rigup.names import HF_TOKEN, MARKER, revision_dir
-from roles.model_fetch import fetcher
+from roles.model_fetch.shipped import fetcher
 from roles.model_fetch.facts import parse_probe, unit_name
 from roles.model_fetch.plan import human, pending_note, plan_model, progress_line
 

@@ -70,7 +70,7 @@ def test_the_warm_pass_reads_each_complete_models_files_through_vmtouch(tmp_path
     directory); a model not complete yet is skipped; a marker naming a path outside is refused."""
     import json
 
-    from roles.model_fetch import fetcher
+    from roles.model_fetch.shipped import fetcher
     calls = tmp_path / "calls"
     vmtouch = tmp_path / "vmtouch"
     vmtouch.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")

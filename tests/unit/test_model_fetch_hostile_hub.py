@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from rigup.models import first_gguf, hub_endpoint, hub_key, models
-from roles.model_fetch import fetcher
+from roles.model_fetch.shipped import fetcher
 from roles.model_fetch import hub as hub_module
 from tests.runs import own_run
 from rigup.boundary.core import Unreadable
 from rigup.boundary.hosttext import gguf_figures
-from rigup.gguf import GGUFRefused, kv_figures, metadata
+from shipped.gguf import GGUFRefused, kv_figures, metadata
 from roles.model_fetch.plan import plan_model
 from tests.unit.hosts import answered
 

@@ -12,7 +12,7 @@ from rigup.models import hub_endpoint, hub_key, models
 from roles.llama_server.replicas import need_gib
 from roles.model_fetch import hub as hub_module
 from tests.unit.hosts import answered
-from rigup.gguf import GGUFRefused, Incomplete, kv_figures, metadata
+from shipped.gguf import GGUFRefused, Incomplete, kv_figures, metadata
 from tests.lab.hub import _gguf_str, gguf_bytes
 from tests.runs import fresh_run  # noqa: F401 (a fixture: each test its own run)
 

@@ -1,6 +1,6 @@
 """Issue 47: a server that a host-side client sends an API key to redirects to another origin (a
-second port of 127.0.0.1): the watchdog's and bench's completion (rigup/throughput.py), the
-metrics relay (roles/metrics/relay.py) and the tuner's wait for its server (rigup/tune.py) fail on
+second port of 127.0.0.1): the watchdog's and bench's completion (shipped/throughput.py), the
+metrics relay (roles/metrics/shipped/relay.py) and the tuner's wait for its server (plays/shipped/tune.py) fail on
 the redirect, and the other origin sees no request with the key; and (issue 61) each answer is
 whole by its timeout, a status line and headers trickled past it too. Real HTTP servers on loopback."""
 
@@ -13,8 +13,9 @@ import urllib.request
 
 import pytest
 
-from rigup import throughput, tune
-from roles.metrics import relay
+from plays.shipped import tune
+from shipped import throughput
+from roles.metrics.shipped import relay
 
 from tests.unit.world import remade
 
@@ -310,10 +311,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = "roles/balancer/drain.py"
+REFERENCE = "roles/balancer/shipped/drain.py"
 SHARED = ("_NoRedirect", "_Deadline", "_connected", "_WholeRead", "_Within")
 NOT_YET = {
-    "roles/model_fetch/fetcher.py": "its hub and the hub's CDN are https (huggingface.co), which _Within (http_open) "
+    "roles/model_fetch/shipped/fetcher.py": "its hub and the hub's CDN are https (huggingface.co), which _Within (http_open) "
                                     "does not open and _Deadline cannot bound (TLS wraps its socket in an SSLSocket "
                                     "that reads the descriptor itself); a file's stream lasts hours, bounded by "
                                     "its stall window (bytes per stall_s between one-recv reads), never by a "
@@ -323,7 +324,7 @@ NOT_YET = {
 
 
 def _sources(root: Path) -> list[Path]:
-    return sorted([p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py")))
+    return sorted([p for d in ("rigup", "roles", "plays", "shipped") for p in (root / d).rglob("*.py")] + list(root.glob("*.py")))
 
 
 def _named(node: ast.AST) -> str:
@@ -397,8 +398,7 @@ def test_every_http_read_goes_through_the_one_whole_read_opener_that_follows_no_
 def test_the_guard_finds_urlopen_a_redirecting_opener_and_an_open_without_its_timeout(tmp_path):
     """The guard on a program written the old way: each use named."""
     (tmp_path / "rigup").mkdir()
-    (tmp_path / "roles").mkdir()
-    (tmp_path / "roles" / "balancer").mkdir()
+    (tmp_path / REFERENCE).parent.mkdir(parents=True)
     (tmp_path / REFERENCE).write_text((ROOT / REFERENCE).read_text())
     (tmp_path / "rigup" / "old.py").write_text(
         "import urllib.request, http.client\n"

@@ -18,8 +18,9 @@ import pytest
 
 from rigup.names import HF_TOKEN, MARKER
 from rigup.nofollow import FUNCTIONS, read_file
-from roles.llama_cpp import smoke
-from roles.model_fetch import fetcher, job_written
+from roles.llama_cpp.shipped import smoke
+from roles.model_fetch import job_written
+from roles.model_fetch.shipped import fetcher
 from roles.model_fetch.facts import parse_probe
 from roles.model_fetch.plan import plan_model
 
@@ -269,7 +270,7 @@ def test_the_table_is_held_to_the_code():
             text = (root / path).read_text()
             assert re.search(rf"^\s*(def|class) {name}\b|^\s*(config\.)?{name} = ", text, re.M), ref
             named.add(path)
-    sources = [p for d in ("roles", "rigup", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    sources = [p for d in ("roles", "rigup", "plays", "shipped") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     users = {str(p.relative_to(root)) for p in sources if p.name != "nofollow.py"
              and re.search(r"rigup\.nofollow|import nofollow|O_NOFOLLOW|\brunuser\b|\bsetpriv\b|TEMP_DIR", p.read_text())}
     checks_only = {"roles/model_fetch/checks.py"}   # refuses a dest; reads nothing on a host

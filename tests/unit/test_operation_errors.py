@@ -80,7 +80,7 @@ def unshown(root: Path = ROOT) -> dict[tuple[str, str, str], list[int]]:
     """(path, innermost function, kind) -> the lines of its texts not through shown, in ``root``'s
     rigup/, roles/ and plays (its own *.py)."""
     found: dict[tuple[str, str, str], list[int]] = {}
-    files = [p for d in ("rigup", "roles", "plays") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
+    files = [p for d in ("rigup", "roles", "plays", "shipped") for p in (root / d).rglob("*.py")] + list(root.glob("*.py"))
     for path in files:
         tree = ast.parse(path.read_text(), str(path))
         rel = str(path.relative_to(root))

@@ -124,7 +124,7 @@ def test_each_template_runs_python3_isolated():
 
 
 def python_files() -> list[Path]:
-    return [p for d in ("rigup", "roles", "plays") for p in sorted((ROOT / d).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
+    return [p for d in ("rigup", "roles", "plays", "shipped") for p in sorted((ROOT / d).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
 
 
 @functools.cache
@@ -194,7 +194,7 @@ def test_each_python3_command_rigup_runs_on_a_host_is_isolated():
 
 
 def test_each_host_program_run_by_its_path_starts_isolated():
-    programs = sorted(str(p.relative_to(ROOT)) for d in ("rigup", "roles", "plays") for p in (ROOT / d).rglob("*.py")
+    programs = sorted(str(p.relative_to(ROOT)) for d in ("rigup", "roles", "plays", "shipped") for p in (ROOT / d).rglob("*.py")
                       if MARK in "".join(p.read_text().splitlines(keepends=True)[:3]))
     lines = {p: (ROOT / p).read_text().splitlines()[0] for p in programs}
     wrong = {p: first for p, first in lines.items()
@@ -214,7 +214,7 @@ def test_no_python_shebang_is_written_in_code_but_the_isolated_one():
 
 # what an install's text= or src= may be made of to be evaluated here (a file's text, a part of it)
 METHODS = {"read_text", "split", "rsplit", "splitlines", "replace", "strip", "lstrip", "join", "with_name", "getvalue"}
-MAKERS = {"str", "Path", "StringIO"}
+MAKERS = {"str", "Path", "StringIO", "program_text"}
 
 
 def plain(node: ast.AST) -> bool:
@@ -235,16 +235,24 @@ def plain(node: ast.AST) -> bool:
 
 
 def installed() -> dict[str, str]:
-    """Each file a role installs whose content the code fixes (``text=`` or ``src=`` of a call, or a
-    name bound to a file's ``read_text()``, evaluated in its module): where it is (file:line and the
-    operation's or the name) -> the text."""
+    """Each file a role installs whose content the code fixes (``text=`` or ``src=`` of a call, a
+    program of rigup/files.py's ``program``, or a name bound to a file's ``read_text()`` or to a
+    ``program_text``, evaluated in its module): where it is (file:line and the operation's or the
+    name) -> the text."""
+    from rigup.files import program_text
     out = {}
     for path in [p for p in python_files() if p.is_relative_to(ROOT / "roles") or p.is_relative_to(ROOT / "rigup")]:
         tree, module = parsed(path), None
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                given = [ast.keyword("text", node.value)] if any(   # DRAIN_SOURCE = (...).read_text()
-                    isinstance(n, ast.Attribute) and n.attr == "read_text" for n in ast.walk(node.value)) else []
+                given = [ast.keyword("text", node.value)] if any(   # DRAIN_SOURCE = program_text(...)
+                    isinstance(n, ast.Attribute) and n.attr == "read_text" or isinstance(n, ast.Name) and n.id == "program_text"
+                    for n in ast.walk(node.value)) else []
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "program" \
+                    and node.args:   # rigup/files.py program(PATH, ..., beside=B): the texts of PATH and of B's modules
+                given = [ast.keyword("text", ast.fix_missing_locations(ast.copy_location(
+                    ast.Call(ast.Name("program_text", ast.Load()), [node.args[0]], []), node)))]
+                given += [k for k in node.keywords if k.arg == "beside"]
             else:
                 given = [k for k in node.keywords if k.arg in ("text", "src")] if isinstance(node, ast.Call) else []
             for k in given:
@@ -253,8 +261,13 @@ def installed() -> dict[str, str]:
                 if module is None:
                     module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
                 try:
-                    value = eval(compile(ast.Expression(k.value), str(path), "eval"), vars(module))
+                    value = eval(compile(ast.Expression(k.value), str(path), "eval"),
+                                 {**vars(module), "program_text": program_text})
                 except Exception:   # noqa: BLE001 - a name of the function's own: not fixed by the code
+                    continue
+                if k.arg == "beside":   # the modules program() puts beside it
+                    for module in value:
+                        out[f"{path.relative_to(ROOT)}:{node.lineno} {module}"] = program_text(module)
                     continue
                 if isinstance(value, io.StringIO):
                     value = value.getvalue()
@@ -282,11 +295,11 @@ def test_each_host_program_starts_isolated_as_its_role_installs_it():
 # arguments that start them and end at once (some on a configuration this machine lacks): each
 # imports what it needs under -s -E -S
 INSTALLED = {
-    "rigup-watchdog": ("roles/watchdog/watchdog.py", {"rigup_throughput.py": "rigup/throughput.py"}, ["--help"]),
-    "rigup-metrics-relay": ("roles/metrics/relay.py", {"rigup_throughput.py": "rigup/throughput.py"}, ["--help"]),
-    "rigup-gpu-guard": ("roles/gpu_guard/guard.py", {"rigup_xid.py": "rigup/gpu/xid.py"}, ["--config", "/none", "check"]),
-    "rigup-fetch": ("roles/model_fetch/fetcher.py", {}, ["--help"]),
-    "rigup-burnin": ("roles/burnin/acceptance.py", {"rigup_xid.py": "rigup/gpu/xid.py"}, ["--help"]),
+    "rigup-watchdog": ("roles/watchdog/shipped/watchdog.py", {"rigup_throughput.py": "shipped/throughput.py"}, ["--help"]),
+    "rigup-metrics-relay": ("roles/metrics/shipped/relay.py", {"rigup_throughput.py": "shipped/throughput.py"}, ["--help"]),
+    "rigup-gpu-guard": ("roles/gpu_guard/shipped/guard.py", {"rigup_xid.py": "shipped/xid.py"}, ["--config", "/none", "check"]),
+    "rigup-fetch": ("roles/model_fetch/shipped/fetcher.py", {}, ["--help"]),
+    "rigup-burnin": ("roles/burnin/shipped/acceptance.py", {"rigup_xid.py": "shipped/xid.py"}, ["--help"]),
 }
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 
-from roles.metrics import relay
+from roles.metrics.shipped import relay
 
 from tests.unit.world import remade
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rigup.gpu import xid
-from roles.gpu_guard import guard as G
+from shipped import xid
+from roles.gpu_guard.shipped import guard as G
 
 LAB = Path(__file__).resolve().parents[1] / "lab"
 UNIT = "rigup-llama@m.service"

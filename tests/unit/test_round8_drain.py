@@ -1,4 +1,4 @@
-"""Issue 61, round 8 D1: rigup-balancer-drain's HTTP reads (roles/balancer/drain.py ``health``, which
+"""Issue 61, round 8 D1: rigup-balancer-drain's HTTP reads (roles/balancer/shipped/drain.py ``health``, which
 ``healthy`` and ``_expired`` both use) take any answer of a replica's port as a status or "no answer":
 a malformed status line or a header line over http.client's bound was a traceback out of ``main()``
 (which catches Failed alone), failing the replica's ExecStartPost."""
@@ -9,7 +9,7 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from roles.balancer import drain
+from roles.balancer.shipped import drain
 
 from tests.unit.world import remade
 

@@ -141,7 +141,7 @@ def test_the_class_sites_the_guard_found_read_ascii_blanks_alone():
     from plays.fleet import parse_serving
     from rigup.gpu import fabric
     from rigup.gpu.catalogue import parse_cc, version_tuple
-    from roles.watchdog import watchdog
+    from roles.watchdog.shipped import watchdog
     served = parse_serving(["@@ rigup-llama@g.service", "port=8080\x85", "health=200\u2028"])[0]
     links = fabric.parse_nvlinks(["nvl GPU 0: X (UUID: GPU-x)", "nvl \t Link 0: 25\x85 GB/s", "nvl \t Link 1: 25  GB/s"])
     got = {"port": served["port"], "health": served["health"], "cc": parse_cc("8.0\x85"), "version": version_tuple("580.1\x85"),

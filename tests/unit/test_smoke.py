@@ -1,4 +1,4 @@
-"""roles/llama_cpp/smoke.py, the host-side smoke inference, against stand-in llama-servers (a few
+"""roles/llama_cpp/shipped/smoke.py, the host-side smoke inference, against stand-in llama-servers (a few
 lines of Python that serve /health and /completion, then answer, crash or hang as told), and the
 tiny model it falls back to."""
 
@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from roles.llama_cpp import smoke, smoke_model
+from roles.llama_cpp import smoke_model
+from roles.llama_cpp.shipped import smoke
 from roles.llama_server.facts import remedy_flags
 
 # a stand-in llama-server: its behaviour comes from SMOKE_MODE in the environment (crash, hang, empty,

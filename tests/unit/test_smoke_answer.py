@@ -1,4 +1,4 @@
-"""The build smoke's one HTTP read (roles/llama_cpp/smoke.py _request, run as root on a loopback
+"""The build smoke's one HTTP read (roles/llama_cpp/shipped/smoke.py _request, run as root on a loopback
 server it started): an answer nested past Python's stack, one too large or a redirect is no JSON
 answer, never a RecursionError out of the smoke (issue 61, round 9 S1); the whole answer, its
 headers too, within the timeout. Real HTTP servers on loopback."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from roles.llama_cpp import smoke
+from roles.llama_cpp.shipped import smoke
 
 from tests.unit.world import remade
 

@@ -1,4 +1,4 @@
-"""The llama.cpp build's smoke (roles/llama_cpp/smoke.py, run as root) picks the served model only
+"""The llama.cpp build's smoke (roles/llama_cpp/shipped/smoke.py, run as root) picks the served model only
 from a marker whose size is a JSON int, as the boundary's marker reader takes it (issue 61, round 4's
 note on F1's class): ``"1_000"``, ``true``, ``1.5`` and nesting past Python's stack (which raised
 RecursionError out of the smoke) give the tiny model instead; and only where the files themselves,
@@ -12,7 +12,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.llama_cpp import smoke
+from roles.llama_cpp.shipped import smoke
 
 SPEC = {"tiny": "/opt/tiny.gguf", "max_model_bytes": 1 << 40}
 

@@ -34,7 +34,7 @@ LEVELS = {"debug", "info", "warning", "warn", "error", "exception", "critical", 
 
 @functools.cache
 def sources() -> dict[str, ast.Module]:
-    files = [p for d in ("rigup", "roles", "plays") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / p for p in PLAYS]
+    files = [p for d in ("rigup", "roles", "plays", "shipped") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / p for p in PLAYS]
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text(), str(p)) for p in files}
 
 
@@ -211,8 +211,8 @@ def host_copies() -> dict[str, object]:
 
 
 def test_the_host_programs_that_print_have_their_copy():
-    assert {"roles/gpu_guard/guard.py", "roles/metrics/relay.py", "roles/watchdog/watchdog.py",
-            "roles/burnin/acceptance.py", "roles/model_fetch/fetcher.py"} <= set(host_copies()), sorted(host_copies())
+    assert {"roles/gpu_guard/shipped/guard.py", "roles/metrics/shipped/relay.py", "roles/watchdog/shipped/watchdog.py",
+            "roles/burnin/shipped/acceptance.py", "roles/model_fetch/shipped/fetcher.py"} <= set(host_copies()), sorted(host_copies())
     # the check trusts these names: each definition is rigup.text's or a host program's copy tested below
     defined = {f"{path}:{node.name}" for path, tree in sources().items() for node in ast.walk(tree)
                if isinstance(node, ast.FunctionDef) and node.name in ESCAPING and path != "rigup/text.py"}

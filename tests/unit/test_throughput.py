@@ -1,4 +1,4 @@
-"""rigup/throughput.py's reading of what a server answers (issue 61): a completion's
+"""shipped/throughput.py's reading of what a server answers (issue 61): a completion's
 usage.completion_tokens and /metrics' llamacpp:tokens_predicted_total through rigup.boundary.numbers's
 rule, carried in the file (it ships alone to hosts: the watchdog's rigup_throughput.py, bench.py's copy)
 and held here to numbers.number; each red-team case against a real loopback server."""
@@ -15,7 +15,7 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rigup import throughput
+from shipped import throughput
 from rigup.boundary.numbers import number
 
 from tests.unit.world import remade
@@ -161,7 +161,7 @@ def test_a_routers_models_read_as_statuses_or_none_as_the_relay_reads_them(url, 
     (true only for JSON true), exit_code a whole number or None; or None; never raises. Rerun 2 of
     issue 61, N30: None exactly where the metrics relay's reader refuses it ({"data": "abc"} and {}
     read as no model loaded: the watchdog judged nothing), the same statuses where it reads them."""
-    from roles.metrics import relay
+    from roles.metrics.shipped import relay
     Answers.body = json.dumps(listed).encode()
     got = throughput.model_statuses(url, timeout=5)
     try:
@@ -225,7 +225,7 @@ DEEP = b"[" * 100000 + b"]" * 100000
 
 def test_a_routers_models_nested_deep_is_none_not_a_recursion_error(url):
     """I1: /models nested 100000 deep raised RecursionError out of model_statuses (the sweep of
-    rigup/tune.py ended in a traceback; its completion caught only OSError, ValueError, KeyError)."""
+    plays/shipped/tune.py ended in a traceback; its completion caught only OSError, ValueError, KeyError)."""
     Answers.body = DEEP
     assert throughput.model_statuses(url, timeout=5) is None
 
@@ -295,7 +295,7 @@ JSON_TEXT = st.one_of(st.text(max_size=60), st.sampled_from(['{"a": 1, "a": 2}',
 @settings(max_examples=200, deadline=1000)
 @given(JSON_TEXT)
 def test_the_copys_loads_is_the_boundarys(text):
-    """rigup/throughput.py ships alone: its loads is rigup.boundary.core.loads by hand, held equal here
+    """shipped/throughput.py ships alone: its loads is rigup.boundary.core.loads by hand, held equal here
     (but for NaN, Infinity and 1e400, which it reads: see its docstring)."""
     from rigup.boundary.core import Unreadable, loads
     try:

@@ -1,10 +1,10 @@
-"""rigup/tune.py's sweep, with each point's figure given by a table instead of a server (the
+"""plays/shipped/tune.py's sweep, with each point's figure given by a table instead of a server (the
 measuring itself, a real llama-server, runs on the lab and on the H200: tests/roles/test_tune.py,
 tests/gpu/check.py tune)."""
 
 import pytest
 
-from rigup import tune
+from plays.shipped import tune
 from rigup.contract import llama_server as contract
 from roles.llama_server.command import argv as unit_argv
 from rigup.instances.llama_server import instances

@@ -1,5 +1,5 @@
 """What tune.py reads on a host before it sweeps (plays/tuning.py's facts, ``spec`` and
-``model_argv``; rigup/tune.py ``_count``), as a hostile or hand-edited host gives it (round 2 of
+``model_argv``; plays/shipped/tune.py ``_count``), as a hostile or hand-edited host gives it (round 2 of
 issue 61: C1, C3, J3, J5, J6). Each case is the round's reproduction; a record that does not read
 refuses that host alone (the play's load-time code raises nothing: pyinfra ends the run for every
 host on an exception there, tests at the end)."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from plays import tuning
-from rigup import tune
+from plays.shipped import tune
 from rigup.boundary.core import Unreadable
 from rigup.boundary.formats import systemd_env
 from rigup.contract.llama_server import written_env
@@ -156,6 +156,7 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     from pyinfra.operations import files, python, server
 
     from rigup import config, summary
+    import rigup.files
     import rigup.text
 
     from roles import preflight
@@ -183,6 +184,8 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     monkeypatch.setattr(files, "directory", lambda **kw: None)
     monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]) or did.setdefault("specs", {}).update(
         {kw["dest"]: json.loads(kw["src"].getvalue())} if kw["dest"].endswith(".spec.json") else {}))
+    # the tuner and the modules beside it (rigup.files.program: managed files, read on the host)
+    monkeypatch.setattr(rigup.files, "program", lambda path, dest, paths, **kw: did["put"].extend(paths))
     monkeypatch.setattr(server, "shell", lambda **kw: None)
     monkeypatch.setattr(python, "call", lambda **kw: did["calls"].append(kw["name"]))
     runpy.run_path(str(ROOT / "tune.py"))

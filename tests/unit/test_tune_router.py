@@ -12,7 +12,7 @@ from plays import tuning
 from rigup.boundary import fields
 from rigup.boundary.core import Unreadable
 from rigup.contract import llama_server as contract
-from rigup.tune import flags_of
+from plays.shipped.tune import flags_of
 from roles.llama_server import ROLE
 from roles.llama_server.checks import check_config
 from roles.llama_server.command import argv, preset_text

@@ -1,5 +1,5 @@
 """roles/watchdog without hosts: its configuration from llama_server_instances, the k-in-a-row
-judgement, the servers of an instance (replicas), the metrics text, and rigup/throughput.py
+judgement, the servers of an instance (replicas), the metrics text, and shipped/throughput.py
 against the engine stand-in (tests/lab/engine_stub.py) on loopback."""
 
 import http.client
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from rigup import gate, throughput
+from rigup import gate
+from shipped import throughput
 from roles.watchdog import unit_timeout_s, watchdog_config, watched
-from roles.watchdog import watchdog as wd
+from roles.watchdog.shipped import watchdog as wd
 
 from tests.unit.world import remade
 
@@ -347,7 +348,7 @@ def engines():
 
 
 def test_the_engine_stubs_faults_are_samples_not_exceptions(engines):
-    """What each faulty answer is to the measuring (rigup/throughput.py raises; a cut-off answer
+    """What each faulty answer is to the measuring (shipped/throughput.py raises; a cut-off answer
     is http.client.IncompleteRead, not an OSError) and to the watchdog: one sample."""
     config = {"max_tokens": 8, "timeout_s": 5}
     with pytest.raises(ValueError, match="^usage.completion_tokens is not a whole number"):   # null: no count
@@ -537,7 +538,7 @@ def test_sigterm_while_systemctl_hangs_saves_the_state(engines, tmp_path, monkey
     host.config["command_timeout_s"] = 60
     (tmp_path / "config.json").write_text(json.dumps(host.config))
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, str(root / "roles/watchdog/watchdog.py"), "--config",
+    proc = subprocess.Popen([sys.executable, str(root / "roles/watchdog/shipped/watchdog.py"), "--config",
                              str(tmp_path / "config.json"), "check"], env={**os.environ, "PYTHONPATH": str(root)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for _ in range(200):

@@ -7,7 +7,7 @@ import urllib.error
 
 import pytest
 
-from roles.watchdog import watchdog
+from roles.watchdog.shipped import watchdog
 
 
 @pytest.mark.parametrize("body", [b"[" * 3000, b"{" * 50000, b'{"error": {"message": "Loading model"}}'])

@@ -1,6 +1,6 @@
 """What the roles declare they make on a host, read from their source (no host, no pyinfra run):
-every call of rigup.files' ``managed`` and ``directory``, pyinfra's ``files.put`` (inside an
-operation), base's ``system_user``, rigup.services' ``running`` and rigup.apt's ``installed``,
+every call of rigup.files' ``managed``, ``program`` (the program and each module beside it, as
+the ``managed`` calls it makes) and ``directory``, pyinfra's ``files.put`` (inside an operation), base's ``system_user``, rigup.services' ``running`` and rigup.apt's ``installed``,
 with its arguments evaluated against a host's data and the module's own names, a name the same
 function assigned before the call, and the items of a comprehension the call is in.
 
@@ -54,7 +54,7 @@ class Declared:
 
 def _calls() -> dict:
     """The callables read, by identity -> what they declare."""
-    return {files.managed: "file", files.directory: "dir", pyinfra_files.put._inner: "file",
+    return {files.managed: "file", files.program: "program", files.directory: "dir", pyinfra_files.put._inner: "file",
             system_user: "user", services.running: "service", apt.installed: "packages"}
 
 
@@ -158,6 +158,17 @@ class _Reader:
         args.update({k.arg: _eval(k.value, env) for k in call.keywords if k.arg})
         args.update({name: _eval(a, env) for name, a in zip(params, call.args)})
         kind = next(v for c, v in self.calls.items() if c is target)
+        if kind == "program":   # rigup.files.program: a managed file each, the program's mode, the others' 0644
+            where, beside = f"{self.path}:{call.lineno}", args["beside"]
+            if args["dest"] is UNKNOWN or beside is UNKNOWN:
+                self.found.append(Declared("file", {"dest": UNKNOWN, "mode": args["mode"]}, where))
+                return
+            for i, dest in enumerate(files.program_paths(args["dest"], beside)):
+                name = args["name"] if not i or args["name"] is UNKNOWN else \
+                    f"{args['name']}: {files.beside_name(beside[i - 1])} beside it ({beside[i - 1]})"
+                self.found.append(Declared("file", {"dest": dest, "name": name, "mode": "644" if i else args["mode"],
+                                                    "user": "root", "group": "root"}, where))
+            return
         self.found.append(Declared(kind, args, f"{self.path}:{call.lineno}"))
 
 

@@ -35,7 +35,7 @@ if step == "sweep":
         path = OUT / f"x-{m}.spec.json"
         path.write_text(json.dumps(spec, indent=1))
         started = time.monotonic()
-        r = subprocess.run([sys.executable, "rigup/tune.py", str(path), str(OUT / f"x-{m}.json")],
+        r = subprocess.run([sys.executable, "plays/shipped/tune.py", str(path), str(OUT / f"x-{m}.json")],
                            env={**os.environ, "PYTHONPATH": "."}, timeout=260)
         print(f"model {m}: rc {r.returncode} in {time.monotonic() - started:.0f} s", flush=True)
 else:

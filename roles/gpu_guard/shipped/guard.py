@@ -25,7 +25,7 @@ disk: a reboot does not clear it. ``rigup-gpu-guard clear`` does, and ``status``
 Xid triage (``xid`` in the config): each check also reads the kernel's new ``NVRM: Xid`` lines
 from the journal (``journalctl -o json`` from the cursor it kept, this boot's lines on the first
 run; the kernel's own transport, which no local process can write), attributes each to a card by
-its PCI bus id (rigup_xid.py, rigup/gpu/xid.py in the repository) and acts by the catalogue's
+its PCI bus id (rigup_xid.py, shipped/xid.py in the repository) and acts by the catalogue's
 action for its code, logging the Xid line with what it did:
 - ``restart`` (the application on the card faulted): restarts the serving units on that card
   (CUDA_VISIBLE_DEVICES of the unit; a unit without it has every card) that started before it;
@@ -43,7 +43,7 @@ checks in a row say not, the guard trips, naming it (the host drained as for ``d
 look alone (a ``systemctl is-active`` slower than its timeout) is logged, shown in the metrics and
 kept in SAMPLES (``fabric``), never acted on. It clears itself at the first check that finds the
 fabric back (a converge starts the fabric manager and clears it too).
-Its switches' SXid events (rigup/gpu/xid.py) are triaged with the Xid lines: a fatal one drains the
+Its switches' SXid events (shipped/xid.py) are triaged with the Xid lines: a fatal one drains the
 host (``drain_host``), a non-fatal one is logged and counted per switch.
 The counts per card and class (and the suspect cards) are in XID_STATE (on disk) and the metrics;
 the counts start again at each boot (a reboot is the cards' recovery); suspect stays until clear.
@@ -339,7 +339,7 @@ def set_aside(config: dict) -> set[str]:
 def quarantined(rec: dict | None) -> bool:
     """A record that failed and that the operator did not clear; a record whose ``passed`` is not
     true or false, or whose ``cleared`` is not a mapping (rigup-burnin writes ``{"at", "by"}``), does
-    not read and counts as quarantined too: fail closed. rigup-burnin's rule (roles/burnin/acceptance.py;
+    not read and counts as quarantined too: fail closed. rigup-burnin's rule (roles/burnin/shipped/acceptance.py;
     the controller reads records through it), copied here (a host program ships alone; a unit test
     holds the two equal)."""
     if not rec:
@@ -672,11 +672,11 @@ def beside(name: str, tree: str, me: str):
     return module
 
 
-# The Xid line parser, rigup/gpu/xid.py: rigup_xid.py beside this program (roles/gpu_guard installs the
+# The Xid line parser, shipped/xid.py: rigup_xid.py beside this program (roles/gpu_guard installs the
 # two), read by that file's path. Without it (or refused: a file another user could write) the Xid triage
 # is off and the power and thermal checks go on: the guard never stops guarding for it.
 try:
-    xid_lines = beside("rigup_xid.py", "rigup/gpu/xid.py", "roles/gpu_guard/guard.py")
+    xid_lines = beside("rigup_xid.py", "shipped/xid.py", "roles/gpu_guard/shipped/guard.py")
 except ImportError as refused:
     xid_lines = None
     print(shown(f"<4>rigup-gpu-guard: the Xid triage is off: {refused}", 4000), flush=True)

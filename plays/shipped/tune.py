@@ -2,7 +2,7 @@
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """The fastest llama-server flags for one instance on the host it runs on, measured: a bounded
 sweep, one setting at a time, each point a real llama-server answering real completions at the
-instance's target concurrency. Python 3 standard library only (and rigup/throughput.py and rigup/gguf.py,
+instance's target concurrency. Python 3 standard library only (and shipped/throughput.py and shipped/gguf.py,
 installed next to it as ``rigup_throughput.py`` and ``rigup_gguf.py``): tune.py (the play) sends them
 to a host and runs this as a background job; tests/gpu/check.py runs it with a plain python3 on a GPU
 machine.
@@ -103,8 +103,8 @@ def beside(name: str, tree: str, me: str):
 
 # on a host: rigup_throughput.py and rigup_gguf.py next to this file (tune.py, the play, sends them), each
 # read by its path; in the source tree (unit tests, tests/gpu/check.py) rigup's modules
-gguf = beside("rigup_gguf.py", "rigup/gguf.py", "rigup/tune.py")
-throughput = beside("rigup_throughput.py", "rigup/throughput.py", "rigup/tune.py")
+gguf = beside("rigup_gguf.py", "shipped/gguf.py", "plays/shipped/tune.py")
+throughput = beside("rigup_throughput.py", "shipped/throughput.py", "plays/shipped/tune.py")
 if gguf is None or throughput is None:
     print("rigup_tune.py: rigup_gguf.py or rigup_throughput.py is not beside it (tune.py sends the three): not run",
           file=sys.stderr)
@@ -115,7 +115,7 @@ GAIN = 1.03
 # what llama-server's log says when a point cannot serve as asked
 NO_FIT = ("out of memory", "failed to allocate", "cudaMalloc failed", "unable to allocate")
 NO_GPU = "no usable GPU found"
-HEAD_BYTES = 8 << 20   # a GGUF header's metadata, its vocabulary skipped (rigup.gguf partial)
+HEAD_BYTES = 8 << 20   # a GGUF header's metadata, its vocabulary skipped (shipped.gguf partial)
 
 
 def with_flags(argv: list[str], flags: dict, table: dict) -> list[str]:
@@ -271,7 +271,7 @@ def _vram_mib() -> int | None:
 
 def _healthy(port: int, proc: subprocess.Popen, timeout: float) -> str | None:
     """None once /health answers 200; else why not (the process ended, or the timeout). Asked through
-    rigup/throughput.py's opener, as every completion of the sweep: a redirect is no 200, and each
+    shipped/throughput.py's opener, as every completion of the sweep: a redirect is no 200, and each
     answer is whole within 5 s and the time left, its status line and headers too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,7 +4,7 @@ whose family rigup/gpu/models.yml does not know (its layer count and its KV cach
 Pure, standard library only: tested on bytes (tests/unit/test_model_fetch_hub.py,
 tests/unit/test_gguf_header.py); roles/model_fetch/hub.py fetches the bytes with an HTTP Range
 request on the controller (and whether the model has a chat template, :func:`chat_template`: its key
-comes after the tokenizer's arrays, which are skipped, never built), and rigup/tune.py (on a host,
+comes after the tokenizer's arrays, which are skipped, never built), and plays/shipped/tune.py (on a host,
 as rigup_gguf.py) reads the layer count of the model it serves.
 
 The layout (llama.cpp ``ggml/src/gguf.cpp``, version 2 and 3): ``GGUF``, version u32, tensor

@@ -266,7 +266,7 @@ def model_statuses(url: str, key: str | None = None, timeout: float = 10) -> dic
     ``{"value": its status ("loaded", "loading", "unloaded"...), "failed": whether its last load
     failed (llama-server's ``failed``, true only), "exit_code": that load's exit code, a whole
     number or None}``; None when /models cannot be read or is of any other shape, as the metrics
-    relay's reader refuses it (roles/metrics/relay.py model_statuses; tests/unit/test_throughput.py
+    relay's reader refuses it (roles/metrics/shipped/relay.py model_statuses; tests/unit/test_throughput.py
     holds the two equal): data no list (``{"data": "abc"}`` and ``{}`` read as no model loaded, so
     the watchdog judged nothing), a model that is no map with a text id, a status neither a map nor
     null, its value no text, a model listed twice. Reading it loads nothing."""

@@ -3,7 +3,7 @@
 """rigup-burnin: accept a card before it serves, and keep what it found per card, by UUID.
 
 Installed by roles/burnin as RIGUP_PREFIX/bin/rigup-burnin; on the GPU machine run as
-``python3 roles/burnin/acceptance.py run --level standard --json OUT`` (tests/gpu/burnin.sh).
+``python3 roles/burnin/shipped/acceptance.py run --level standard --json OUT`` (tests/gpu/burnin.sh).
 
     rigup-burnin run --level quick|standard|long [--cards UUID,...] [--results FILE] [--json FILE]
                      [--soak-s S] [--patterns N] [--vram-fraction F] [--pcie-min-ratio R]
@@ -307,7 +307,7 @@ def beside(name: str, tree: str, me: str):
     return module
 
 
-xid_lines = beside("rigup_xid.py", "rigup/gpu/xid.py", "roles/burnin/acceptance.py")   # the Xid line parser
+xid_lines = beside("rigup_xid.py", "shipped/xid.py", "roles/burnin/shipped/acceptance.py")   # the Xid line parser
 if xid_lines is None:
     print("rigup-burnin: rigup_xid.py is not beside it (roles/burnin installs the two): not run", file=sys.stderr)
     raise SystemExit(2)
@@ -1774,7 +1774,7 @@ def time_bound(opts: dict, mib: int) -> float:
 
 def xid_since(since: float, match: str | None, buses: dict[str, str]) -> dict[str, list[int]]:
     """The Xid codes the kernel logged for each card (by uuid) since ``since``: the journal's lines
-    of ``match`` (rigup/gpu/xid.py JOURNAL_MATCH; default the kernel's), read by the guard's parser."""
+    of ``match`` (shipped/xid.py JOURNAL_MATCH; default the kernel's), read by the guard's parser."""
     if not shutil.which("journalctl"):
         return {}
     rc, out = run_bounded(["journalctl", "-o", "cat", "--no-pager", f"--since=@{int(since)}",

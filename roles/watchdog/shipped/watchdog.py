@@ -1,7 +1,7 @@
 #!/usr/bin/python3 -sES
 # rigup: runs on hosts (standard library only, and the other host programs: tests/unit/test_host_programs.py)
 """rigup-watchdog: the host side of roles/watchdog, run by rigup-watchdog.timer. Python 3
-standard library only (it runs on bare hosts); the measuring is rigup/throughput.py, installed
+standard library only (it runs on bare hosts); the measuring is shipped/throughput.py, installed
 next to this script as rigup_throughput.py.
 
     rigup-watchdog --config /etc/rigup/watchdog.json check
@@ -116,10 +116,10 @@ def beside(name: str, tree: str, me: str):
     return module
 
 
-# The measuring and the key rule, rigup/throughput.py: on a host installed beside this program as
+# The measuring and the key rule, shipped/throughput.py: on a host installed beside this program as
 # rigup_throughput.py (roles/watchdog installs the two), read by that file's path (beside); in the source
 # tree (unit tests) rigup's own module; else this program does not run.
-throughput = beside("rigup_throughput.py", "rigup/throughput.py", "roles/watchdog/watchdog.py")
+throughput = beside("rigup_throughput.py", "shipped/throughput.py", "roles/watchdog/shipped/watchdog.py")
 if throughput is None:
     print("rigup-watchdog: rigup_throughput.py is not beside it (roles/watchdog installs the two): not run", file=sys.stderr)
     raise SystemExit(2)
@@ -152,7 +152,7 @@ def log(priority: int, text: str) -> None:
 # a record may be ahead of this clock (another writer's, a clock stepped back) before it is refused.
 MAX_RECORD = 1 << 20
 SKEW_S = 300
-# A server's tok/s, at most (rigup/throughput.py's bound on a server's own figure).
+# A server's tok/s, at most (shipped/throughput.py's bound on a server's own figure).
 MAX_TPS = 1e7
 MAX_COUNT = 10 ** 12
 _UNIT = re.compile(r"rigup-llama@[A-Za-z0-9_.:-]{1,200}\.service")
@@ -187,7 +187,7 @@ def read_record(path: str):
 
 
 def figure(value, lo: float, hi: float, where: str) -> float | int:
-    """A number of a record: rigup/throughput.py's figure (a JSON int or float, never a bool, finite,
+    """A number of a record: shipped/throughput.py's figure (a JSON int or float, never a bool, finite,
     within ``lo``..``hi``; the boundary's rule, tests/unit/test_host_records.py), never text."""
     got = None if isinstance(value, str) else throughput.figure(value, lo, hi)
     if got is None:
@@ -420,7 +420,7 @@ def failure(e: BaseException, config: dict) -> tuple[str, str]:
     return "bad", f"the check failed: {type(e).__name__}: {e}"
 
 
-listener_may_read = throughput.listener_may_read   # rigup/throughput.py's, installed beside
+listener_may_read = throughput.listener_may_read   # shipped/throughput.py's, installed beside
 
 
 def _key(inst: dict, server: dict) -> str | None:

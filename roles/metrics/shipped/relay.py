@@ -4,7 +4,7 @@
 
 Installed by rigup (roles/metrics) as RIGUP_PREFIX/bin/rigup-metrics-relay and run by
 rigup-metrics-relay.service as the service user (who may read the instances' API keys).
-Standard library only (it runs on bare hosts), and rigup/throughput.py, installed beside it as
+Standard library only (it runs on bare hosts), and shipped/throughput.py, installed beside it as
 ``rigup_throughput.py`` (its key rule, :func:`listener_may_read`, and the opener of every HTTP
 read are that file's: one of each).
 
@@ -110,10 +110,10 @@ def beside(name: str, tree: str, me: str):
     return module
 
 
-# The measuring and the key rule, rigup/throughput.py: on a host installed beside this program as
+# The measuring and the key rule, shipped/throughput.py: on a host installed beside this program as
 # rigup_throughput.py (roles/metrics installs the two), read by that file's path (beside); in the source
 # tree (unit tests) rigup's own module; else this program does not run.
-throughput = beside("rigup_throughput.py", "rigup/throughput.py", "roles/metrics/relay.py")
+throughput = beside("rigup_throughput.py", "shipped/throughput.py", "roles/metrics/shipped/relay.py")
 if throughput is None:
     print("rigup-metrics-relay: rigup_throughput.py is not beside it (roles/metrics installs the two): not started", file=sys.stderr)
     raise SystemExit(2)
@@ -273,7 +273,7 @@ def labelled(text: str, model: str | None, seen: set[str]) -> list[str]:
     return out
 
 
-# the key rule of the watchdog and of bench.py's and tune.py's runs, one function (rigup/throughput.py's);
+# the key rule of the watchdog and of bench.py's and tune.py's runs, one function (shipped/throughput.py's);
 # their opener too, throughput._OPENER, for every HTTP read of the relay's: no redirect followed (an
 # instance's key never goes to another origin, issue 47), no proxy, each answer whole by its timeout, its
 # status line and headers too (tests/unit/test_no_redirect.py)

@@ -1,0 +1,1 @@
+"""What roles/watchdog installs on hosts (standard library only: docs/layout.md, "Programs that run on hosts")."""
