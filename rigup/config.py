@@ -54,6 +54,7 @@ from pyinfra.api.exceptions import PyinfraError
 from rigup import playfile, yamlfile
 from rigup import run as run_state
 from rigup.boundary import owned
+from rigup.text import secret_name
 from rigup.boundary.core import Unreadable, loads
 from rigup.boundary.fields import ADDRESS, NAME, PATH_CHARS, control_at, host_ip, host_name   # noqa: F401  (NAME, ADDRESS, host_ip: the names config's callers import)
 from rigup.boundary.numbers import number
@@ -85,6 +86,16 @@ class Form:
     item: Form | None = None
     nullable: bool = False
     text: str = ""
+
+    def problem_of(self, key: str, value: Any) -> str | None:
+        """:meth:`problem` of ``key``'s ``value``, the value not quoted where the key names a secret (an api_key
+        given the key itself, a *_token_src given the token: round 19 S19c, S19d)."""
+        why = self.problem(value)
+        a_path = self.kind in ("file", "path") and isinstance(value, str) and value.startswith("/")   # where, not what
+        if why and not a_path and secret_name(str(key).rsplit(".", 1)[-1]):
+            size = f" of {len(value)} characters" if isinstance(value, str) else ""
+            return f"got a {type(value).__name__}{size}, not shown: the key names a secret"
+        return why
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` does not have this form, or None when it does."""
@@ -500,7 +511,7 @@ def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
             found.append((key, f"unknown key {key!r}{hint}; rigup's variables are declared in "
                                "roles/*/defaults.yml"))
             continue
-        why = var.form.problem(value)
+        why = var.form.problem_of(key, value)
         if why:
             found.append((key, f"{key}: expected {var.form.text}, {why}"))
     return found
@@ -618,7 +629,7 @@ def peer_value(data: Mapping, key: str) -> Any:
     50052 on an RPC head (issue 61, round 10 G3); its own configure refuses it as well."""
     var = declared().get(key)
     value = data.get(key, var.default if var is not None else None)   # a Config holds every default
-    why = var.form.problem(value) if var is not None else f"{key} is not declared"
+    why = var.form.problem_of(key, value) if var is not None else f"{key} is not declared"
     if why:
         host = getattr(data, "name", None)
         raise ConfigError(f"{f'host {host}: ' if host else ''}{key}: expected {var.form.text if var else '?'}, {why}: "

@@ -49,7 +49,7 @@ def normalise(entry: Any, schema: dict[str, Key], where: str, name: Any = _UNNAM
             problems.append((f"{where}.{key}", f"unknown key{hint}; known keys: {', '.join(schema)}"))
             continue
         form = parse_form(schema[key].form)
-        why = form.problem(value)
+        why = form.problem_of(key, value)
         if why:
             problems.append((f"{where}.{key}", f"expected {form.text}, {why}"))
         else:

@@ -57,7 +57,9 @@ _HOST = rf"(?:{_PART}\.{_PART}|(?i:localhost))"
 _LABEL = r"[^\s/\\?#:@.\[\]]+"
 _AT_HOST = (rf"(?:(?i:localhost)|\[|[0-9]{{1,3}}(?:\.[0-9]{{1,3}}){{3}}|(?:{_LABEL}\.)+(?![0-9-]){_LABEL})"
             r"(?=[:/\\?#]|\s|$)")
-_LEAD = (r"((?:([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
+# (a scheme starts where a run of its characters does: tried inside a long run, each start read the run to its end,
+# and redacted took 16 s for 40k letters: round 19 R19a)
+_LEAD = (r"((?:(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*):)?(?<!/)//(?!/)"   # scheme://, //: glued to anything
          r"|(?:(?<![\w+./@%~-])|(?<=(?<!\S)-))([A-Za-z][A-Za-z0-9+.-]*):[/\\]+)")   # scheme:/, :///, :\\
 _USERINFO = re.compile(_LEAD + rf"((?:{_HOST}:(?![0-9]*(?:[/?#]|\s|$))|(?!{_HOST}:){_PART}:)\S*"
                                rf"|{_HOST}:[0-9]*[/?#]\S*(?=@{_AT_HOST})|[^\s/?#]*)@", re.ASCII)
@@ -86,8 +88,10 @@ SECRET_WORDS = frozenset({
     "pwd", "bearer", "credential", "credentials", "auth", "authz", "authorization", "header", "headers", "cookie",
     "cookies", "jwt", "hmac", "sig", "signature", "otp", "ticket", "session", "sessionid", "sessid", "phpsessid",
     "jsessionid"})
-SECRET_ENDS = ("token", "password", "passwd", "secret", "apikey", "accesskey", "secretkey", "privatekey", "signingkey",
-               "masterkey", "encryptionkey", "sessionid", "sessid", "signature", "hmac", "passcode", "passphrase")
+SECRET_ENDS = ("accesstoken", "apitoken", "authtoken", "refreshtoken", "idtoken", "hftoken", "sessiontoken",
+               "bearertoken", "securitytoken", "password", "passwd", "secret", "apikey", "accesskey", "secretkey",
+               "privatekey", "signingkey", "masterkey", "encryptionkey", "sessionid", "sessid", "signature", "hmac",
+               "passcode", "passphrase")   # (not TOKEN glued to anything: TIKTOKEN is a library)
 # a plural of these is still one; not TOKENS, a count (VLLM_MAX_TOKENS, --max-num-batched-tokens)
 _PLURALS = ("secret", "password", "passwd", "passphrase", "apikey", "accesskey", "secretkey", "privatekey",
             "signature", "credential", "cookie", "accesstoken", "refreshtoken", "idtoken")
@@ -97,16 +101,28 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![^\s,;&{(])(-{0,2}[A-Za-z_][\w.-]*\s*=\s*)([^\s,;&]+)", re.ASCII)
-_JSON_KEY = re.compile(r'("([^"\\]{1,64})"\s*:\s*)"((?:[^"\\]|\\.)*)"')
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=([^\s,;&'\"\])}]+))", re.ASCII)
+_JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
 # (a token holds a digit, a sign or both cases: "basic configuration", "a bearer of news" are prose)
 _TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[a-z][A-Z]|[A-Z][a-z]))[\w.~+/=-]{4,})"
                     r"|(?<![\w-])((?i:basic)\s+)"
                     r"((?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]|[A-Z][a-z]))[A-Za-z0-9+/]{8,}={0,2})(?![\w/+=])")
-_FLAG_SECRETS = ("key", "apikey", "token", "password", "passwd", "pass", "passphrase", "secret", "pwd", "pw", "passcode")
-_PATHS = ("file", "files", "path", "dir")   # --ssl-key-file /etc/x.pem names a file, not its secret
+# A name inside a value (a setting, a JSON key, a flag) names a secret by its last word or two (round 19: the
+# model's own tokens, bos_token, add_bos_token, eos_token_id, and a JSON "key" are no secret; a flag's
+# credentials, --allow-credentials, a feature): a word below, or a pair of _VALUE_PAIRS, or the whole name
+# "token"; a name ending in file, path or dir names where a secret is, not the secret (--ssl-key-file).
+_VALUE_WORDS = frozenset({"password", "passwd", "pwd", "pw", "pass", "passphrase", "passcode", "secret", "apikey",
+                          "jwt", "hmac", "signature", "sessionid", "sessid", "phpsessid", "jsessionid", "otp", "bearer",
+                          "cookie", "accesstoken", "apitoken", "authtoken", "refreshtoken", "idtoken", "hftoken",
+                          "secretkey", "privatekey", "accesskey", "clientsecret"})
+_VALUE_PAIRS = frozenset({("api", "key"), ("access", "token"), ("auth", "token"), ("refresh", "token"),
+                          ("id", "token"), ("bearer", "token"), ("hf", "token"), ("api", "token"), ("secret", "key"),
+                          ("private", "key"), ("access", "key"), ("session", "token"), ("security", "token"),
+                          ("client", "secret"), ("session", "id"), ("signing", "key"), ("master", "key"),
+                          ("encryption", "key")})
+_PATHS = ("file", "files", "path", "dir")
 
 
 def secret_name(name: str) -> bool:
@@ -128,7 +144,7 @@ _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a b
 # up to the next other whitespace) with them dropped; carries_credentials() refuses any text holding one.
 # A no-break space is part of the password pip sends, as a space, \v and \f are (_AUTHORITY).
 _DROPPED = str.maketrans("", "", "\t\r\n")
-_SPAN = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:[/\\]|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
+_SPAN = re.compile(r"(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:[/\\]|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
 
 
 def redacted(text: str) -> str:
@@ -140,7 +156,7 @@ def redacted(text: str) -> str:
     def joined(m: re.Match) -> str:   # as the URL parser reads it, when that hides something
         url = m.group(0).translate(_DROPPED)
         return hidden if (hidden := _hidden(url)) != url else m.group(0)
-    return _hidden(_SPAN.sub(joined, text))
+    return _hidden(_SPAN.sub(joined, text) if text != text.translate(_DROPPED) else text)
 
 
 def carries_credentials(text: object) -> bool:
@@ -176,21 +192,33 @@ def _hidden(text: str) -> str:
                       text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}***", text)
     text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
-    text = _ASSIGNED.sub(lambda m: f"{m.group(1)}***" if m.group(2) != "***" and _named_secret(m.group(1).rstrip(" =\t"))
-                         else m.group(0), text)
-    text = _JSON_KEY.sub(lambda m: f'{m.group(1)}"***"' if secret_name(m.group(2)) and m.group(3) else m.group(0), text)
+    text = _assigned(text)
+    text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
+                         if m.group(5) and m.group(5) != "***" and _named_secret(m.group(2)) else m.group(0), text)
     return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if _named_secret(m.group(1)) and m.group(3) != "***"
                            else m.group(0), text)
 
 
+def _assigned(text: str) -> str:
+    """``text`` with the value of each NAME=VALUE, NAME: VALUE or NAME => VALUE whose name is a secret's as ``***``
+    (a name not one is passed over, its value read again as a name: db:password=S)."""
+    out, last = [], 0
+    for m in _ASSIGNED.finditer(text):
+        name, sep, value = m.groups()
+        # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
+        if m.start() >= last and value != "***" and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
+            out += [text[last:m.end()], "***"]
+            last = m.end() + len(value)
+    return "".join(out) + text[last:]
+
+
 def _named_secret(name: str) -> bool:
-    """A setting's name (Password, db_pass) naming a secret, not a file that holds one; a flag's (--api-key,
-    --hf-token, --ssl-keyfile-password) by its last word alone: --cors-credentials, --auth-mode, --key-file
-    name a feature or a file."""
-    words = _WORD.findall(name.lower())
+    """A name inside a value (Password, db_pass, --api-key, "api_key") naming a secret: by its last word or two."""
+    words = [_NUMBERED.sub("", w.lower()) for w in _WORD.findall(_CAMEL.sub("_", name))]
     if not words or words[-1] in _PATHS:
         return False
-    return secret_name(words[-1]) and words[-1] in _FLAG_SECRETS if name.startswith("-") else secret_name(name)
+    last = words[-1][:-1] if words[-1].endswith("s") and words[-1][:-1] in _VALUE_WORDS else words[-1]
+    return last in _VALUE_WORDS or tuple(words[-2:]) in _VALUE_PAIRS or words == ["token"]
 
 
 def shown(text: object, limit: int = 200) -> str:

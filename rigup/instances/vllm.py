@@ -207,7 +207,7 @@ TUNING = frozenset({
     "TORCH_DISTRIBUTED_DEBUG", "TRITON_PRINT_AUTOTUNING", "VLLM_DISABLE_COMPILE_CACHE", "CUDA_CACHE_DISABLE",
     # Python's that load nothing (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONWARNINGS ... do)
     "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8"})
-TUNING_FAMILIES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_NCCL_")
+TUNING_FAMILIES = ("VLLM_", "NCCL_", "CUDA_", "TORCH_NCCL_", "UCX_")
 STACK_FAMILIES = (
     "LD_", "PYTHON", "GCONV_", "OPENSSL_", "SSL_", "CURL_", "REQUESTS_", "GIT_", "BASH_", "MALLOC_", "GLIBC_", "LC_",
     "XDG_", "TORCH", "PYTORCH_", "TRITON_", "HF_", "HUGGINGFACE_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
@@ -272,7 +272,7 @@ RIGUP_SETS: dict[str, str | None] = {
 def secret_variable(name: str) -> bool:
     """Whether ``name`` holds a secret: typed into the configuration it passes through every run's output, and the
     env file is one rigup writes for the service (issue 61, round 12 V14; round 13 V22 the other spellings; rounds
-    16-18: glued, numbered, plural). A name of the tuning families (VLLM_, NCCL_, CUDA_, TORCH_NCCL_) by the words
+    16-19: glued, numbered, plural). A name of the tuning families (VLLM_, NCCL_, CUDA_, TORCH_NCCL_, UCX_) by the words
     of rigup.text.secret_name, the one list (VLLM_API_KEY, HF_TOKEN, *_PASSWORD2, X_PRIVATEKEY, *_HEADERS,
     AUTHORIZATION; VLLM_MAX_TOKENS and VLLM_KEYBOARD_X are none); any other name, which no part of vLLM reads,
     by the wider rule of a query parameter's (a secret's word inside another: MONKEY_PATCH and OLDPWD_X are
@@ -281,7 +281,8 @@ def secret_variable(name: str) -> bool:
     name = name.upper()
     if name in PLATFORM or name in TUNING:
         return False
-    return secret_name(name) if name.startswith(TUNING_FAMILIES) else query_secret_name(name)
+    # (TIKTOKEN_ is OpenAI's tokenizer library's: TIKTOKEN_ENCODINGS_BASE, vLLM's offline gpt-oss encodings)
+    return secret_name(name) if name.startswith(TUNING_FAMILIES) else query_secret_name(name.replace("TIKTOKEN", "TIK"))
 
 
 def tunes(name: str) -> bool:

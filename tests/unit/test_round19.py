@@ -1,0 +1,80 @@
+"""Issue 61, round 19 (an independent hostile round against 158b508): its five, and its false refusals.
+
+- R19a: redacted took quadratic time on a long run of a URL scheme's characters (16 s for 40k letters; a 30k
+  env value cost preflight 93 s): a scheme is tried only where such a run starts, the tab/CR/LF reading only
+  where the text holds one.
+- S19a, S19b: a secret inside a value behind a quote, a bracket, a pipe or a colon; NAME: VALUE, NAME => VALUE,
+  single-quoted keys (a Python dict), X-Api-Key: S.
+- S19c, S19d: a key naming a secret given the secret itself (api_key: sk-live-..., a *_token_src given the
+  token): refused without quoting it (rigup.config Form.problem_of).
+- False refusals: the model's own tokens (bos_token, add_bos_token=bool:false, eos_token_id), a JSON "key",
+  "EOS token = 2", UCX_IB_PKEY and TIKTOKEN_ENCODINGS_BASE were read as secrets: a name inside a value is a
+  secret's by its last word or two (rigup.text _named_secret), TOKEN glued is one only after a secret's word."""
+
+import time
+
+import pytest
+
+from rigup.config import problems as config_problems
+from rigup.instances.vllm import secret_variable
+from rigup.text import carries_credentials, redacted
+from tests.unit.hosts import data, host, refusals
+from tests.unit.test_round12_vllm import MODEL
+from tests.unit.test_round15 import S
+
+
+@pytest.mark.parametrize("text", ["a" * 40000, "x=" + "a" * 40000, "a." * 20000, "//" * 20000 + "\t",
+                                  ("https://" + "a" * 50 + ":") * 300 + "\t"])
+def test_r19a_redacted_reads_a_long_text_in_linear_time(text):
+    start = time.monotonic()
+    redacted(text)
+    took = time.monotonic() - start
+    print(f"{text[:8]!r}... {len(text)} characters: {took:.3f} s")
+    assert took < 1.0
+
+
+@pytest.mark.parametrize("value, shown", [
+    (f'"Password={S};Server=db"', '"Password=***;Server=db"'), (f"'password={S}'", "'password=***'"),
+    (f"[password={S}]", "[password=***]"), (f"a|password={S}", "a|password=***"), (f"db:password={S}", "db:password=***"),
+    (f"password: {S}", "password: ***"), (f"X-Api-Key: {S}", "X-Api-Key: ***"), (f"{{'password': '{S}'}}", "{'password': '***'}"),
+    (f"token:{S}", "token:***"), (f"password => {S}", "password => ***"), (f"x=1 password={S} y=2", "x=1 password=*** y=2")])
+def test_s19ab_a_secret_inside_a_value_in_more_spellings_is_hidden_and_refused(value, shown):
+    assert redacted(value) == shown
+    assert carries_credentials(value)
+
+
+@pytest.mark.parametrize("value", ["tokenizer.ggml.add_bos_token=bool:false", "tokenizer.ggml.eos_token_id=int:2",
+                                   '{"bos_token": "<s>"}', '{"pad_token": "<pad>", "eos_token": "</s>"}',
+                                   '{"key": "value"}', "EOS token = 2", "host: db", "time: 12:30",
+                                   "--allow-credentials", "https://pypi.corp:8443/simple"])
+def test_r19_false_refusals_a_model_token_or_a_plain_key_is_no_secret(value):
+    assert redacted(value) == value and not carries_credentials(value)
+
+
+@pytest.mark.parametrize("name", ["UCX_IB_PKEY", "TIKTOKEN_RS_CACHE_DIR", "TIKTOKEN_ENCODINGS_BASE", "NCCL_IB_PKEY"])
+def test_r19_false_refusals_these_variables_are_no_secret(name):
+    assert not secret_variable(name)
+
+
+@pytest.mark.parametrize("key, value", [("model_fetch_hf_token_src", "hf_" + S), ("fleet_api_key", "sk-live-" + S),
+                                        ("model_fetch_hf_token_src", {"token": S}), ("fleet_api_key_src", [S])])
+def test_s19d_a_secret_given_for_its_file_or_flag_is_refused_unquoted(key, value):
+    found = config_problems({key: value})
+    print(found)
+    assert [k for k, _ in found] == [key] and S not in str(found) and "not shown: the key names a secret" in found[0][1]
+
+
+def test_s19d_a_path_of_a_secret_is_still_quoted_with_its_reason():
+    found = config_problems({"fleet_api_key_src": "relative/key"})
+    assert found and "not shown" in found[0][1]     # not a path: maybe the key itself
+    found = config_problems({"fleet_api_key_src": "/etc/../x/../key"})
+    assert not found or "/etc/../x/../key" in found[0][1]
+
+
+@pytest.mark.parametrize("engine", ["vllm_instances", "llama_server_instances"])
+def test_s19c_an_instances_api_key_given_the_key_is_refused_unquoted(engine):
+    plan, facts = host("a100")
+    entry = {"model": "m", "port": 8000, "api_key": "sk-live-" + S}
+    lines = [r.line("h") for r in refusals(plan, facts, data(models={"m": MODEL}, **{engine: {"a": entry}}))]
+    print(lines)
+    assert any(f"{engine}.a.api_key: expected bool" in line for line in lines) and S not in str(lines)
