@@ -376,6 +376,13 @@ def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure
         spec = {**spec, "layers": model_layers(argv)}
     result["layers"] = spec.get("layers")
     plan, n = stages(spec, base), 0
+    # every key a stage sets must have its spellings in the spec's table (a spec written by hand or by another
+    # rigup: a KeyError mid-sweep, after the baseline served, was round 18 T18a)
+    missing = sorted({key for directions in plan for direction in directions for change in direction
+                      for key in change} - set(table))
+    if missing:
+        raise ValueError(f"the spec's flags have no spellings for {', '.join(map(str, missing))} (tune.py writes "
+                         "them: tune again)")
     while n < len(plan):
         directions, gained = plan[n], False
         for direction in directions:

@@ -78,3 +78,16 @@ def test_s19c_an_instances_api_key_given_the_key_is_refused_unquoted(engine):
     lines = [r.line("h") for r in refusals(plan, facts, data(models={"m": MODEL}, **{engine: {"a": entry}}))]
     print(lines)
     assert any(f"{engine}.a.api_key: expected bool" in line for line in lines) and S not in str(lines)
+
+
+# -- T18a (round 18): a sweep spec's flags table without a key a stage sets ----------------------------------
+
+@pytest.mark.parametrize("dropped", ["parallel", "batch", "flash_attn"])
+def test_t18a_a_spec_without_a_stages_spellings_is_refused_before_anything_is_measured(dropped):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC, table
+    measure, seen = table({})
+    spec = {**SPEC, "flags": {k: v for k, v in SPEC["flags"].items() if k != dropped}}
+    with pytest.raises(ValueError, match=f"no spellings for .*{dropped}"):
+        tune.tune(spec, measure_point=measure, logs=None)
+    assert seen == []
