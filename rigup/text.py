@@ -101,7 +101,8 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=([^\s,;&'\"\])}]+))", re.ASCII)
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&'\"\])}])", re.ASCII)
+_ASSIGNED_VALUE = re.compile(r"[^\s,;&'\"\])}]+")   # read only after a secret's name: x=ax=ax=a... stays linear
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
@@ -185,9 +186,10 @@ def _hidden(text: str) -> str:
         found = hidden(m.group(1), scheme, info) if scheme and at and _BLANKS.search(info) \
             and not _PORT.match(info) else None
         return found + host if found else m.group(0)
-    text = _AUTHORITY.sub(blanks, text)
-    text = _USERINFO.sub(one, text)
-    text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
+    if "@" in text:   # (each reads a userinfo up to an '@': without one, a long text costs them nothing)
+        text = _AUTHORITY.sub(blanks, text)
+        text = _USERINFO.sub(one, text)
+        text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
     text = _QUERY.sub(lambda m: f"{m.group(1)}***" if query_secret_name(unquote(m.group(1)[1:-1])) else m.group(0),
                       text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}***", text)
@@ -204,11 +206,13 @@ def _assigned(text: str) -> str:
     (a name not one is passed over, its value read again as a name: db:password=S)."""
     out, last = [], 0
     for m in _ASSIGNED.finditer(text):
-        name, sep, value = m.groups()
+        name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
-        if m.start() >= last and value != "***" and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
-            out += [text[last:m.end()], "***"]
-            last = m.end() + len(value)
+        if m.start() >= last and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
+            value = _ASSIGNED_VALUE.match(text, m.end()).group(0)
+            if value != "***":
+                out += [text[last:m.end()], "***"]
+                last = m.end() + len(value)
     return "".join(out) + text[last:]
 
 

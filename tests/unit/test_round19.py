@@ -23,14 +23,21 @@ from tests.unit.test_round12_vllm import MODEL
 from tests.unit.test_round15 import S
 
 
-@pytest.mark.parametrize("text", ["a" * 40000, "x=" + "a" * 40000, "a." * 20000, "//" * 20000 + "\t",
-                                  ("https://" + "a" * 50 + ":") * 300 + "\t"])
-def test_r19a_redacted_reads_a_long_text_in_linear_time(text):
-    start = time.monotonic()
-    redacted(text)
-    took = time.monotonic() - start
-    print(f"{text[:8]!r}... {len(text)} characters: {took:.3f} s")
-    assert took < 1.0
+@pytest.mark.parametrize("unit", ["a", "x=a", "a.", "//", "https://" + "a" * 50 + ":"])
+def test_r19a_redacted_reads_a_long_text_in_linear_time(unit):
+    """A ratio measured in one run, not a timed test: 4 times the text takes about 4 times as long (quadratic:
+    16 times); the best of three each, so a busy machine's pause does not decide it."""
+    def took(n: int) -> float:
+        text = unit * (n // len(unit)) + "\t"
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            redacted(text)
+            best = min(best, time.perf_counter() - start)
+        return best
+    small, large = took(50000), took(200000)
+    print(f"{unit[:8]!r}: 50k {small:.4f} s, 200k {large:.4f} s, ratio {large / small:.1f}")
+    assert large / small < 10
 
 
 @pytest.mark.parametrize("value, shown", [
