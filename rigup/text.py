@@ -87,11 +87,10 @@ SECRET_WORDS = frozenset({
     "token", "key", "keys", "apikey", "secret", "password", "passwd", "pass", "passphrase", "passcode", "pat", "pw",
     "pwd", "bearer", "credential", "credentials", "auth", "authz", "authorization", "header", "headers", "cookie",
     "cookies", "jwt", "hmac", "sig", "signature", "otp", "ticket", "session", "sessionid", "sessid", "phpsessid",
-    "jsessionid"})
-SECRET_ENDS = ("accesstoken", "apitoken", "authtoken", "refreshtoken", "idtoken", "hftoken", "sessiontoken",
-               "bearertoken", "securitytoken", "password", "passwd", "secret", "apikey", "accesskey", "secretkey",
+    "jsessionid", "creds", "privkey", "psk"})
+SECRET_ENDS = ("token", "password", "passwd", "secret", "apikey", "accesskey", "secretkey",
                "privatekey", "signingkey", "masterkey", "encryptionkey", "sessionid", "sessid", "signature", "hmac",
-               "passcode", "passphrase")   # (not TOKEN glued to anything: TIKTOKEN is a library)
+               "passcode", "passphrase", "privkey")
 # a plural of these is still one; not TOKENS, a count (VLLM_MAX_TOKENS, --max-num-batched-tokens)
 _PLURALS = ("secret", "password", "passwd", "passphrase", "apikey", "accesskey", "secretkey", "privatekey",
             "signature", "credential", "cookie", "accesstoken", "refreshtoken", "idtoken")
@@ -101,8 +100,9 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&'\"\])}])", re.ASCII)
-_ASSIGNED_VALUE = re.compile(r"[^\s,;&'\"\])}]+")   # read only after a secret's name: x=ax=ax=a... stays linear
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&\])}])", re.ASCII)
+# read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
+_ASSIGNED_VALUE = re.compile(r'"([^"\n]*)"|\'([^\'\n]*)\'|([^\s,;&\'"\])}]+)')
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
@@ -115,6 +115,7 @@ _TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[
 # credentials, --allow-credentials, a feature): a word below, or a pair of _VALUE_PAIRS, or the whole name
 # "token"; a name ending in file, path or dir names where a secret is, not the secret (--ssl-key-file).
 _VALUE_WORDS = frozenset({"password", "passwd", "pwd", "pw", "pass", "passphrase", "passcode", "secret", "apikey",
+                          "creds", "privkey", "psk",
                           "jwt", "hmac", "signature", "sessionid", "sessid", "phpsessid", "jsessionid", "otp", "bearer",
                           "cookie", "accesstoken", "apitoken", "authtoken", "refreshtoken", "idtoken", "hftoken",
                           "secretkey", "privatekey", "accesskey", "clientsecret"})
@@ -124,6 +125,9 @@ _VALUE_PAIRS = frozenset({("api", "key"), ("access", "token"), ("auth", "token")
                           ("client", "secret"), ("session", "id"), ("signing", "key"), ("master", "key"),
                           ("encryption", "key")})
 _PATHS = ("file", "files", "path", "dir")
+# a token's word before which a token is the model's, not a secret (bos_token, add_bos_token, max_token)
+_MODEL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "fim", "start", "end", "add",
+                           "prefix", "suffix", "middle", "max", "num", "special", "image", "audio", "video", "stop"})
 
 
 def secret_name(name: str) -> bool:
@@ -131,7 +135,7 @@ def secret_name(name: str) -> bool:
     for word in _WORD.findall(_CAMEL.sub("_", str(name))):
         word = _NUMBERED.sub("", word.lower())
         forms = {word, word[:-1]} if word.endswith("s") and word[:-1].endswith(_PLURALS) else {word}
-        if any(f in SECRET_WORDS or f.endswith(SECRET_ENDS) for f in forms):
+        if any(f in SECRET_WORDS or f.endswith(SECRET_ENDS) and f != "tiktoken" for f in forms):   # (a library)
             return True
     return False
 
@@ -145,6 +149,11 @@ _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a b
 # up to the next other whitespace) with them dropped; carries_credentials() refuses any text holding one.
 # A no-break space is part of the password pip sends, as a space, \v and \f are (_AUTHORITY).
 _DROPPED = str.maketrans("", "", "\t\r\n")
+# A run of over 2048 characters without a blank is no URL or setting an operator reads, and the readers below
+# would take time growing with its square (round 20 R20a: 40k characters of '?' or '//a:' took 5 s, 200k minutes):
+# redacted shows its length instead, and carries_credentials refuses it (rigup.models.credential_problems says so).
+LONG_RUN = 2048
+_LONG_RUN = re.compile(rf"(?<!\S)\S{{{LONG_RUN + 1},}}")
 _SPAN = re.compile(r"(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:[/\\]|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
 
 
@@ -153,6 +162,8 @@ def redacted(text: str) -> str:
     ``https://TOKEN@h`` -> ``https://***@h``, ``?access_token=T`` -> ``?access_token=***``): every line for
     the operator goes through it (:func:`say`), so a refusal quoting a URL never prints its credentials;
     the keys that would hand them to a program (git, pip) are refused besides."""
+
+    text = _LONG_RUN.sub(lambda m: f"[{len(m.group(0))} characters without a blank, not shown]", text)
 
     def joined(m: re.Match) -> str:   # as the URL parser reads it, when that hides something
         url = m.group(0).translate(_DROPPED)
@@ -209,10 +220,15 @@ def _assigned(text: str) -> str:
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
         if m.start() >= last and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
-            value = _ASSIGNED_VALUE.match(text, m.end()).group(0)
-            if value != "***":
-                out += [text[last:m.end()], "***"]
-                last = m.end() + len(value)
+            value = _ASSIGNED_VALUE.match(text, m.end())
+            inner = next((g for g in value.groups() if g is not None), "") if value else ""
+            # (KEY: then a word in lower case is rigup's own sentence, "api_key: expected bool", not a secret)
+            prose = ":" in sep and sep[-1:].isspace() and value and value.lastindex == 3 and inner.isalpha() \
+                and inner.islower()
+            if value and inner and inner != "***" and not prose:
+                at = value.start(value.lastindex)
+                out += [text[last:at], "***"]
+                last = value.end(value.lastindex)
     return "".join(out) + text[last:]
 
 
@@ -222,6 +238,8 @@ def _named_secret(name: str) -> bool:
     if not words or words[-1] in _PATHS:
         return False
     last = words[-1][:-1] if words[-1].endswith("s") and words[-1][:-1] in _VALUE_WORDS else words[-1]
+    if last == "token" and len(words) > 1:   # GITHUB_TOKEN, NPM_TOKEN, hub_token (round 20 S20a); not bos_token
+        return words[-2] not in _MODEL_TOKENS
     return last in _VALUE_WORDS or tuple(words[-2:]) in _VALUE_PAIRS or words == ["token"]
 
 

@@ -272,7 +272,11 @@ def opened(path: str | Path, where: str, secret: bool = False) -> int:
     by it: a regular file that only its owner (you or root) can write, on a path of such directories;
     ``secret``: that no one else may read either. Else :class:`NotOwned` naming ``where``
     (FileNotFoundError's message too: the callers that take a missing file as none check ``exists()``
-    first). The caller closes it."""
+    first). The caller closes it. A secret's file named by no path (``hf_...``: the secret given for its
+    file) is refused without quoting it (issue 61, round 19 S19d)."""
+    if secret and not str(path).startswith(("/", "~")):
+        raise NotOwned(where, f"expected the path of the file that holds the secret, got {len(str(path))} characters "
+                              "that are no path (not shown: they may be the secret itself)")
     path = Path(os.path.expanduser(str(path)))
     must = ("must be a regular file of yours that no one else may read" if secret
             else "must be a regular file that only you or root can write")

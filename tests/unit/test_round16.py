@@ -26,7 +26,8 @@ def plugins(args) -> list[str]:
     pass once vllm_allow names plugins."""
     found = [why for path, why in problems(extra_args=args) if path == f"{WHERE}.extra_args"]
     assert found and all("plugins" in why for why in found), (args, found)
-    assert problems(extra_args=args, allow=["plugins"]) == [], args
+    # (a run of over 2048 characters without a blank, "[" * 100000, is refused besides: round 20 R20a)
+    assert [p for p in problems(extra_args=args, allow=["plugins"]) if "without a blank" not in p[1]] == [], args
     return found
 
 

@@ -1,0 +1,77 @@
+"""Issue 61, round 20 (an independent hostile round against 7ce19a7): what it found in the readers of secrets.
+
+- S20a (a regression of round 19's narrower names): a quoted value (PASSWORD="S", api_key='S') and a token's
+  name outside the pairs (GITHUB_TOKEN, NPM_TOKEN, SLACK_BOT_TOKEN, hub_token): hidden and refused again; the
+  model's own tokens (bos_token, add_bos_token, max_token) stay shown.
+- R20a: redacted's readers took time growing with the square of a run without a blank (40k of '?' 5 s, 200k
+  minutes): a run of over 2048 characters is shown as its length, read by none of them, and refused as a value.
+- S20b: VLLM_GHTOKEN, UCX_GITTOKEN (TOKEN glued: a secret again, TIKTOKEN aside), VLLM_CREDS, UCX_TLS_PRIVKEY,
+  NCCL_PSK.
+- S19d (left by round 19): a secret's file key given the secret itself was quoted by the file reader
+  (rigup/boundary/owned.py opened): refused without it."""
+
+import time
+
+import pytest
+
+from rigup.boundary.owned import NotOwned, read
+from rigup.instances.vllm import secret_variable
+from rigup.text import carries_credentials, redacted
+
+S = "S3cr3tXX"
+
+
+@pytest.mark.parametrize("value, shown", [
+    (f'PASSWORD="{S}"', 'PASSWORD="***"'), (f"api_key='{S}'", "api_key='***'"), (f'password = "{S}"', 'password = "***"'),
+    (f'--api-key="{S}"', '--api-key="***"'), (f'HF_TOKEN="hf_{S}"', 'HF_TOKEN="***"'), (f"GITHUB_TOKEN={S}", "GITHUB_TOKEN=***"),
+    (f"NPM_TOKEN={S}", "NPM_TOKEN=***"), (f"SLACK_BOT_TOKEN={S}", "SLACK_BOT_TOKEN=***"), (f"hub_token={S}", "hub_token=***"),
+    (f'"github_token": "{S}"', '"github_token": "***"'), (f"--github-token {S}", "--github-token ***")])
+def test_s20a_a_quoted_value_and_a_tokens_name_are_hidden_and_refused(value, shown):
+    assert redacted(value) == shown and carries_credentials(value)
+
+
+@pytest.mark.parametrize("value", ["add_bos_token=bool:false", '{"bos_token": "<s>"}', "max_token=5", 'x="a b"',
+                                   "EOS token = 2", '{"eos_token": "</s>", "pad_token": "<pad>"}'])
+def test_s20a_the_models_own_tokens_stay_shown(value):
+    assert redacted(value) == value and not carries_credentials(value)
+
+
+@pytest.mark.parametrize("text", ["?" * 200000, "//a:" * 50000, "\n" + "/" * 200000, "a=" * 100000,
+                                  "https:/" + "\\" * 200000, "a_" * 100000 + "@"])
+def test_r20a_a_long_run_without_a_blank_is_shown_as_its_length_and_refused(text):
+    start = time.perf_counter()
+    out = redacted(text)
+    took = time.perf_counter() - start
+    print(f"{text[:6]!r}... {len(text)} characters: {took:.2f} s -> {out[:60]!r}")
+    assert "characters without a blank, not shown" in out and len(out) < 100
+    assert carries_credentials(text)
+
+
+def test_r20a_a_run_of_2048_is_read_as_before():
+    url = "https://u:" + S + "@h/" + "x" * 2000
+    assert redacted(url) == "https://u:***@h/" + "x" * 2000
+
+
+@pytest.mark.parametrize("name", ["VLLM_GHTOKEN", "UCX_GITTOKEN", "VLLM_CREDS", "UCX_TLS_PRIVKEY", "NCCL_PSK"])
+def test_s20b_these_variables_are_secrets(name):
+    assert secret_variable(name)
+
+
+@pytest.mark.parametrize("name", ["TIKTOKEN_ENCODINGS_BASE", "VLLM_X_TIKTOKEN", "UCX_IB_PKEY", "VLLM_MAX_TOKENS"])
+def test_s20b_these_are_not(name):
+    assert not secret_variable(name)
+
+
+@pytest.mark.parametrize("value", ["hf_" + S, S, "sk-live-" + S])
+def test_s19d_a_secret_given_for_its_file_is_refused_unquoted(value):
+    with pytest.raises(NotOwned) as e:
+        read(value, "model_fetch_hf_token_src", secret=True)
+    print(e.value)
+    assert S not in str(e.value) and "model_fetch_hf_token_src" in str(e.value)
+
+
+@pytest.mark.parametrize("line", ["fleet_api_key: expected bool, got a str of 11 characters",
+                                  "vllm_instances.a.api_key: expected bool", "api_key: remove it from extra_args"])
+def test_rigups_own_sentences_about_a_secrets_key_stay_whole(line):
+    """Round 20 saw "fleet_api_key: *** bool": KEY: then a word in lower case is rigup's sentence."""
+    assert redacted(line) == line
