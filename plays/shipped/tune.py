@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import signal
 import subprocess
@@ -138,6 +139,26 @@ def with_flags(argv: list[str], flags: dict, table: dict) -> list[str]:
     return out
 
 
+NOT_SWEPT = frozenset({"-m", "--model", "-mu", "--model-url", "-hf", "--hf-repo", "--api-key", "--api-key-file", "--alias",
+                       "-a"})
+# the spec's numbers: JSON numbers (no text, bool, NaN or infinity), within these bounds (round 20 T20a: 1e400 an
+# OverflowError, "٤٠٩٦" read as 4096, a budget of NaN or true)
+NUMBERS = {"layers": (0, 10**6), "gpus": (1, 1024), "slot_tokens": (1, 10**8), "max_parallel": (1, 4096),
+           "port": (1, 65535), "ready_timeout_s": (1, 86400), "max_tokens": (1, 10**6), "rounds": (1, 1000),
+           "gain": (0, 100), "budget_s": (0, 10**7), "concurrency": (1, 4096)}
+
+
+def spec_numbers(spec: dict) -> None:
+    """ValueError, naming the key, for a number of the spec that is not one (:data:`NUMBERS`, ``levels``)."""
+    for key, (low, high) in NUMBERS.items():
+        values = [spec[key]] if key in spec and spec[key] is not None else []
+        if key == "concurrency" and isinstance(spec.get("levels"), list):
+            values += spec["levels"]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+                raise ValueError(f"the spec's {key}: {str(v)[:40]!r} is not a number from {low} to {high}")
+
+
 def spec_flags(spec: dict) -> dict[str, tuple[str, ...]]:
     """The spec's ``flags``: key -> its spellings, each an option (``-`` first), ``port`` and ``host``
     among them. ValueError, naming what is wrong, for any other (a spec an older tune.py wrote has
@@ -145,7 +166,13 @@ def spec_flags(spec: dict) -> dict[str, tuple[str, ...]]:
     table = spec.get("flags")
     if not isinstance(table, dict) or not {"port", "host"} <= set(table):
         raise ValueError("the spec's flags are not a table with port and host (tune.py writes them: tune again)")
+    owner: dict = {}
     for key, names in table.items():
+        # one spelling, one key; and none of the options that choose what is served or where (round 20 T20b:
+        # ctx: ["--port"] started the server elsewhere than measured, parallel: ["-m"] dropped the model)
+        for name in names if isinstance(names, list) else ():
+            if owner.setdefault(name, key) != key or name in NOT_SWEPT:
+                raise ValueError(f"the spec's flags: {str(name)[:40]!r} is given for {str(key)[:40]!r} too")
         if not (isinstance(names, list) and names
                 and all(isinstance(n, str) and n.startswith("-") and n.lstrip("-") and "=" not in n and n.isascii()
                         and n.isprintable() and " " not in n for n in names)):
@@ -340,6 +367,7 @@ def measure(spec: dict, argv: list[str], log: Path) -> dict:
 def tune(spec: dict, write=None, logs: Path | None = None, measure_point=measure) -> dict:
     """Run the sweep of ``spec`` (module docstring); ``write(result)`` after every point.
     ``measure_point(spec, argv, log)`` measures one point (:func:`measure`)."""
+    spec_numbers(spec)
     table = spec_flags(spec)
     argv = with_flags(list(spec["argv"]), {"port": spec["port"], "host": "127.0.0.1"}, table)
     base = flags_of(argv, table)
@@ -429,7 +457,11 @@ def main(argv: list[str]) -> int:
         tmp.write_text(json.dumps(result, indent=1))
         os.replace(tmp, out)
 
-    result = tune(spec, write, logs=out.parent)
+    try:
+        result = tune(spec, write, logs=out.parent)
+    except ValueError as e:   # a spec rigup did not write (spec_numbers, spec_flags): one line, not a traceback
+        print(f"rigup_tune: {e}", file=sys.stderr)
+        return 2
     best = result["best"]
     print(json.dumps({"ratio": result["ratio"], "best": best and best["flags"], "tps": best and best["tps"],
                       "points": len(result["points"]), "stopped": result["stopped"]}))

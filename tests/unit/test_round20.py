@@ -75,3 +75,35 @@ def test_s19d_a_secret_given_for_its_file_is_refused_unquoted(value):
 def test_rigups_own_sentences_about_a_secrets_key_stay_whole(line):
     """Round 20 saw "fleet_api_key: *** bool": KEY: then a word in lower case is rigup's sentence."""
     assert redacted(line) == line
+
+
+# -- T20a, T20b: the tuner's spec: its numbers, and its flags table ------------------------------------------------
+
+@pytest.mark.parametrize("key, value", [("slot_tokens", 1e400), ("slot_tokens", "٤٠٩٦"), ("concurrency", " 5"),
+                                        ("budget_s", float("nan")), ("budget_s", True), ("port", 70000),
+                                        ("levels", [1, "2"])])
+def test_t20a_a_spec_number_that_is_none_is_refused_naming_it(key, value):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC, table
+    measure, seen = table({})
+    with pytest.raises(ValueError, match=f"the spec's {'concurrency' if key == 'levels' else key}"):
+        tune.tune({**SPEC, key: value}, measure_point=measure, logs=None)
+    assert seen == []
+
+
+@pytest.mark.parametrize("flags", [{"ctx": ["--port"]}, {"parallel": ["-m"]}, {"batch": ["-c"]},
+                                   {"ubatch": ["--api-key"]}])
+def test_t20b_a_spelling_of_another_key_or_of_what_is_served_is_refused(flags):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    with pytest.raises(ValueError, match="is given for"):
+        tune.spec_flags({**SPEC, "flags": {**SPEC["flags"], **flags}})
+
+
+def test_t20a_the_tuner_says_one_line_for_a_spec_it_refuses(tmp_path, capsys):
+    import json
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    (tmp_path / "spec.json").write_text(json.dumps({**SPEC, "budget_s": "soon"}))
+    assert tune.main([str(tmp_path / "spec.json"), str(tmp_path / "out.json")]) == 2
+    assert capsys.readouterr().err.strip() == "rigup_tune: the spec's budget_s: 'soon' is not a number from 0 to 10000000"
