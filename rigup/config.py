@@ -469,6 +469,7 @@ def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
 
     found = []
     for key, text in data_pairs(args):
+        secret = secret_name(key)    # its value never quoted (round 20 S20d: a token of digits with a leading zero)
         try:
             read = cli_value(text)   # to say what pyinfra made of the text
         except RecursionError:       # json.loads past Python's stack: pyinfra ends in a traceback
@@ -479,14 +480,16 @@ def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
             # a control character around the digits (form feed, vertical tab) is a blank to int() and to the
             # one number parser, and refused by the YAML loader (Hypothesis: '0\x0c')
             if number(text, int) != read or control_at(text) is not None:
-                found.append((key, f"{key}={text!r}: pyinfra reads it as the number {read}, which rigup does not "
-                                   f"take (ASCII digits 0-9 alone, no '_', no leading zero): write {read}, or quote "
-                                   f"text (--data '{key}=\"...\"')"))
+                found.append((key, f"{key}={'(not shown: the key names a secret)' if secret else repr(text)}: pyinfra "
+                                   f"reads it as {'a number' if secret else f'the number {read}'}, which rigup does not "
+                                   f"take (ASCII digits 0-9 alone, no '_', no leading zero): write "
+                                   f"{'it so' if secret else read}, or quote text (--data '{key}=\"...\"')"))
             continue
         try:
             loads(text, key)
         except Unreadable as e:
-            found.append((key, f"{key}={shown(text, 80)}: pyinfra reads it as JSON, which rigup does not take "
+            found.append((key, f"{key}={'(not shown)' if secret else shown(text, 80)}: pyinfra reads it as JSON, "
+                               "which rigup does not take "
                                f"({e.why.removeprefix('not JSON (').removesuffix(')')}): give each key once, "
                                "no NaN or Infinity"))
     return found

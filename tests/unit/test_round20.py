@@ -107,3 +107,13 @@ def test_t20a_the_tuner_says_one_line_for_a_spec_it_refuses(tmp_path, capsys):
     (tmp_path / "spec.json").write_text(json.dumps({**SPEC, "budget_s": "soon"}))
     assert tune.main([str(tmp_path / "spec.json"), str(tmp_path / "out.json")]) == 2
     assert capsys.readouterr().err.strip() == "rigup_tune: the spec's budget_s: 'soon' is not a number from 0 to 10000000"
+
+
+# -- S20d: a --data value of a secret's key that pyinfra reads as a number or JSON --------------------------------
+
+@pytest.mark.parametrize("text", ["0123456789", '{"a": "' + S + '", "a": 1}'])
+def test_s20d_a_data_value_of_a_secrets_key_is_refused_unquoted(text):
+    from rigup.config import data_number_problems
+    found = data_number_problems(["--data", f"model_fetch_hf_token_src={text}"])
+    print(found)
+    assert [k for k, _ in found] == ["model_fetch_hf_token_src"] and text not in str(found) and S not in str(found)
