@@ -22,7 +22,7 @@ from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
-from rigup.text import LONG_RUN, carries_credentials
+from rigup.text import LONG_RUN, carries_credentials, long_run
 
 
 class ModelEntry(TypedDict):
@@ -112,7 +112,7 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
         return [p for key, item in value.items() for p in credential_problems(item, f"{where}.{key}")]
     if isinstance(value, list):
         return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")]
-    if isinstance(value, str) and any(len(run) > LONG_RUN for run in value.split()):
+    if isinstance(value, str) and long_run(value):
         return [(where, f"holds a run of over {LONG_RUN} characters without a blank, which rigup does not read for "
                         "credentials (round 20 R20a: its readers' time grows with the run's square): split it")]
     return [(where, "carries credentials (a URL's user:password@ or token@, a secret parameter such as ?token=, "

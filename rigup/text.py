@@ -73,7 +73,7 @@ _SCP = re.compile(r"(?<![A-Za-z0-9+./:@-])([A-Za-z0-9._-]+):([^\s@/:]+)@(?=[A-Za
 # session(id) as a word of its own (?jwt=, ?bearer=, ?session_id=; round 16 S16d), or named pass or pw (db_pass=,
 # user-pw=), or code (OAuth's authorization code, a secret for as long as it lives; country_code=, encode= are
 # no secret)
-_QUERY = re.compile(r"([?&#;][^=&;#\s]*=)[^&;\s#]*", re.ASCII)
+_QUERY = re.compile(r"([?&#;][^=&;#?\s]*=)[^&;\s#]*", re.ASCII)   # (no "?" in a name: "?" * n read each from each)
 _SECRET_NAME = re.compile(r"token|key|secret|passw|passcode|pwd|sig|auth|credential|hmac|saml|verifier|cookie|"
                           r"(?<![a-z])(?:jwt|bearer|session(?:id)?|otp|ticket)"
                           r"(?![a-z])|(?:^|[^a-z0-9])(?:pass|pw)$|^code$", re.I)
@@ -100,9 +100,9 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&\])}])", re.ASCII)
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?![/\d]))\s*)(?=[^\s,;&\])}])", re.ASCII)
 # read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
-_ASSIGNED_VALUE = re.compile(r'"([^"\n]*)"|\'([^\'\n]*)\'|([^\s,;&\'"\])}]+)')
+_ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
@@ -125,9 +125,12 @@ _VALUE_PAIRS = frozenset({("api", "key"), ("access", "token"), ("auth", "token")
                           ("client", "secret"), ("session", "id"), ("signing", "key"), ("master", "key"),
                           ("encryption", "key")})
 _PATHS = ("file", "files", "path", "dir")
+# the words rigup's own sentences put after "KEY: " (api_key: expected bool): no secret's value (round 21 S21a: any
+# lower-case word was one, and "password: letmein" was shown)
+_PROSE = frozenset({"expected", "got", "remove", "holds", "give", "set", "not", "must", "is", "a", "an", "the",
+                    "unknown", "missing", "refused", "only", "needs", "carries", "true", "false", "none", "null"})
 # a token's word before which a token is the model's, not a secret (bos_token, add_bos_token, max_token)
-_MODEL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "fim", "start", "end", "add",
-                           "prefix", "suffix", "middle", "max", "num", "special", "image", "audio", "video", "stop"})
+_MODEL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "fim", "max", "num"})
 
 
 def secret_name(name: str) -> bool:
@@ -153,7 +156,12 @@ _DROPPED = str.maketrans("", "", "\t\r\n")
 # would take time growing with its square (round 20 R20a: 40k characters of '?' or '//a:' took 5 s, 200k minutes):
 # redacted shows its length instead, and carries_credentials refuses it (rigup.models.credential_problems says so).
 LONG_RUN = 2048
-_LONG_RUN = re.compile(rf"(?<!\S)\S{{{LONG_RUN + 1},}}")
+_LONG_RUN = re.compile(rf"(?<![^ \t\n\r\x0b\x0c])[^ \t\n\r\x0b\x0c]{{{LONG_RUN + 1},}}")   # (ASCII blanks: the readers')
+
+
+def long_run(text: str) -> bool:
+    """Whether ``text`` holds a run of over :data:`LONG_RUN` characters without an ASCII blank."""
+    return _LONG_RUN.search(text) is not None
 _SPAN = re.compile(r"(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:[/\\]|//)\S*[\t\r\n][\S\t\r\n]*", re.ASCII)
 
 
@@ -167,6 +175,8 @@ def redacted(text: str) -> str:
 
     def joined(m: re.Match) -> str:   # as the URL parser reads it, when that hides something
         url = m.group(0).translate(_DROPPED)
+        if len(url) > LONG_RUN:   # joined, a run the readers would take the square of its length on (round 21 R21a)
+            return f"[{len(m.group(0))} characters without a blank, not shown]"
         return hidden if (hidden := _hidden(url)) != url else m.group(0)
     return _hidden(_SPAN.sub(joined, text) if text != text.translate(_DROPPED) else text)
 
@@ -223,8 +233,8 @@ def _assigned(text: str) -> str:
             value = _ASSIGNED_VALUE.match(text, m.end())
             inner = next((g for g in value.groups() if g is not None), "") if value else ""
             # (KEY: then a word in lower case is rigup's own sentence, "api_key: expected bool", not a secret)
-            prose = ":" in sep and sep[-1:].isspace() and value and value.lastindex == 3 and inner.isalpha() \
-                and inner.islower()
+            prose = ":" in sep and sep[-1:].isspace() and value and value.lastindex == 3 and inner in _PROSE
+            prose = prose or ":" in sep and "." in name   # a dotted host's port or path (https://a.pw:/), not NAME:
             if value and inner and inner != "***" and not prose:
                 at = value.start(value.lastindex)
                 out += [text[last:at], "***"]

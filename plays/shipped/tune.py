@@ -170,7 +170,7 @@ def spec_flags(spec: dict) -> dict[str, tuple[str, ...]]:
     for key, names in table.items():
         # one spelling, one key; and none of the options that choose what is served or where (round 20 T20b:
         # ctx: ["--port"] started the server elsewhere than measured, parallel: ["-m"] dropped the model)
-        for name in names if isinstance(names, list) else ():
+        for name in names if isinstance(names, list) and all(isinstance(n, str) for n in names) else ():
             if owner.setdefault(name, key) != key or name in NOT_SWEPT:
                 raise ValueError(f"the spec's flags: {str(name)[:40]!r} is given for {str(key)[:40]!r} too")
         if not (isinstance(names, list) and names
@@ -449,7 +449,6 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    spec = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
 
     def write(result: dict) -> None:
@@ -458,9 +457,14 @@ def main(argv: list[str]) -> int:
         os.replace(tmp, out)
 
     try:
+        spec = json.loads(Path(argv[0]).read_text())
         result = tune(spec, write, logs=out.parent)
-    except ValueError as e:   # a spec rigup did not write (spec_numbers, spec_flags): one line, not a traceback
-        print(f"rigup_tune: {e}", file=sys.stderr)
+    # a spec rigup did not write (not JSON, a key missing, a value of another type; spec_numbers, spec_flags): one
+    # line, not a traceback (round 21 T21a)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        why = f"the spec has no {e}" if isinstance(e, KeyError) else f"the spec: {type(e).__name__}: {e}" \
+            if not isinstance(e, ValueError) else str(e)
+        print(json.dumps({"refused": why[:500]}), file=sys.stderr)   # (data: json.dumps escapes what the spec held)
         return 2
     best = result["best"]
     print(json.dumps({"ratio": result["ratio"], "best": best and best["flags"], "tps": best and best["tps"],

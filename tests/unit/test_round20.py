@@ -106,7 +106,7 @@ def test_t20a_the_tuner_says_one_line_for_a_spec_it_refuses(tmp_path, capsys):
     from tests.unit.test_tune import SPEC
     (tmp_path / "spec.json").write_text(json.dumps({**SPEC, "budget_s": "soon"}))
     assert tune.main([str(tmp_path / "spec.json"), str(tmp_path / "out.json")]) == 2
-    assert capsys.readouterr().err.strip() == "rigup_tune: the spec's budget_s: 'soon' is not a number from 0 to 10000000"
+    assert json.loads(capsys.readouterr().err) == {"refused": "the spec's budget_s: 'soon' is not a number from 0 to 10000000"}
 
 
 # -- S20d: a --data value of a secret's key that pyinfra reads as a number or JSON --------------------------------
@@ -117,3 +117,51 @@ def test_s20d_a_data_value_of_a_secrets_key_is_refused_unquoted(text):
     found = data_number_problems(["--data", f"model_fetch_hf_token_src={text}"])
     print(found)
     assert [k for k, _ in found] == ["model_fetch_hf_token_src"] and text not in str(found) and S not in str(found)
+
+
+# -- round 21 (against 996033c): what its fixes of round 20 left or broke -------------------------------------------
+
+@pytest.mark.parametrize("spec", [{"flags": {"ctx": [["-c"]]}}, {"argv": None}, {"budget_s": None, "drop": "budget_s"},
+                                  "a list", "not json"])
+def test_t21a_the_tuner_says_one_line_for_any_spec_it_cannot_read(spec, tmp_path, capsys):
+    import json
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    if spec == "not json":
+        text = "{not json"
+    elif spec == "a list":
+        text = json.dumps([SPEC])
+    else:
+        whole = {**SPEC, **{k: v for k, v in spec.items() if k != "drop"}}
+        whole.pop(spec.get("drop"), None)
+        text = json.dumps(whole)
+    (tmp_path / "spec.json").write_text(text)
+    assert tune.main([str(tmp_path / "spec.json"), str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert err.count("\n") == 1 and "Traceback" not in err and set(json.loads(err)) == {"refused"}
+
+
+@pytest.mark.parametrize("unit", ["?" * 2048 + "\u00a0", "//\n", "?" * 2000 + "\n"])
+def test_r21a_no_blank_that_the_readers_do_not_take_for_one_lets_a_long_run_through(unit):
+    """A ratio in one run (4x the text: about 4x the time, best of three; round 21's were quadratic: 16x)."""
+    def took(n: int) -> float:
+        text = unit * max(1, n // len(unit))
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            redacted(text)
+            best = min(best, time.perf_counter() - start)
+        return best
+    small, large = took(20000), took(80000)
+    print(f"{unit[:6]!r}: 20k {small:.4f} s, 80k {large:.4f} s, ratio {large / small:.1f}")
+    assert large / small < 10
+
+
+@pytest.mark.parametrize("value, shown", [("password: letmein", "password: ***"), ("api_key: letmein", "api_key: ***"),
+                                          ('PASSWORD="letmeinx9', 'PASSWORD="***'),
+                                          ('password="a\\"S3cr3t" x=1', 'password="***" x=1'),
+                                          ("DOCKER_IMAGE_TOKEN=abc", "DOCKER_IMAGE_TOKEN=***"),
+                                          ("CI_STOP_TOKEN=abc", "CI_STOP_TOKEN=***"), ('"audio_token": "X"', '"audio_token": "***"')])
+def test_s21_secrets_round_21_saw_shown_are_hidden(value, shown):
+    assert redacted(value) == shown
