@@ -144,18 +144,9 @@ def test_t21a_the_tuner_says_one_line_for_any_spec_it_cannot_read(spec, tmp_path
 
 @pytest.mark.parametrize("unit", ["?" * 2048 + "\u00a0", "//\n", "?" * 2000 + "\n"])
 def test_r21a_no_blank_that_the_readers_do_not_take_for_one_lets_a_long_run_through(unit):
-    """A ratio in one run (4x the text: about 4x the time, best of three; round 21's were quadratic: 16x)."""
-    def took(n: int) -> float:
-        text = unit * max(1, n // len(unit))
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            redacted(text)
-            best = min(best, time.perf_counter() - start)
-        return best
-    small, large = took(20000), took(80000)
-    print(f"{unit[:6]!r}: 20k {small:.4f} s, 80k {large:.4f} s, ratio {large / small:.1f}")
-    assert large / small < 10
+    """A ratio in one run (round 21's were quadratic: 16x)."""
+    from tests.unit.test_round19 import redaction_ratio
+    assert redaction_ratio(unit, 20000) < 10
 
 
 @pytest.mark.parametrize("value, shown", [("password: letmein", "password: ***"), ("api_key: letmein", "api_key: ***"),
