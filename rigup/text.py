@@ -232,7 +232,7 @@ def _assigned(text: str) -> str:
         if m.start() >= last and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
             value = _ASSIGNED_VALUE.match(text, m.end())
             inner = next((g for g in value.groups() if g is not None), "") if value else ""
-            # (KEY: then a word in lower case is rigup's own sentence, "api_key: expected bool", not a secret)
+            # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
             prose = ":" in sep and sep[-1:].isspace() and value and value.lastindex == 3 and inner in _PROSE
             prose = prose or ":" in sep and "." in name   # a dotted host's port or path (https://a.pw:/), not NAME:
             if value and inner and inner != "***" and not prose:
