@@ -41,7 +41,9 @@ def redaction_ratio(unit: str, n: int, tail: str = "") -> float:
         return best
     small, large = took(n), took(4 * n)
     print(f"{unit[:8]!r}: {n} {small:.4f} s, {4 * n} {large:.4f} s, ratio {large / small:.1f}")
-    return large / small
+    # (under 50 ms for 4n characters nothing grows with their square that a ratio of such small times would show:
+    # there, a busy machine's scheduling is all the ratio measures)
+    return large / small if large > 0.05 else 1.0
 
 
 @pytest.mark.parametrize("value, shown", [
