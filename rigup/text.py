@@ -144,8 +144,11 @@ def secret_name(name: str) -> bool:
 
 
 def query_secret_name(name: str) -> bool:
-    """Whether a query parameter ``name`` (percent-decoded) names a secret: the wider reading (_SECRET_NAME)."""
-    return bool(_SECRET_NAME.search(name)) or secret_name(name)
+    """Whether a query parameter ``name`` (percent-decoded) names a secret: the wider reading (_SECRET_NAME; TIKTOKEN,
+    OpenAI's tokenizer library, is no token: TIKTOKEN_ENCODINGS_BASE, vLLM's offline gpt-oss encodings)."""
+    return bool(_SECRET_NAME.search(re.sub("tiktoken", "", name, flags=re.I))) or secret_name(name)
+
+
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
 # A URL parser drops an ASCII tab, CR or LF wherever it stands (WHATWG; Python's urlsplit, so pip: round 15
 # S15h): https://u:ab<TAB>TOKEN@h is u:abTOKEN to pip. redacted() reads such a URL (from its scheme:/ or //

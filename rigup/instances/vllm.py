@@ -281,8 +281,7 @@ def secret_variable(name: str) -> bool:
     name = name.upper()
     if name in PLATFORM or name in TUNING:
         return False
-    # (TIKTOKEN_ is OpenAI's tokenizer library's: TIKTOKEN_ENCODINGS_BASE, vLLM's offline gpt-oss encodings)
-    return secret_name(name) if name.startswith(TUNING_FAMILIES) else query_secret_name(name.replace("TIKTOKEN", "TIK"))
+    return secret_name(name) if name.startswith(TUNING_FAMILIES) else query_secret_name(name)
 
 
 def tunes(name: str) -> bool:
