@@ -119,6 +119,9 @@ class Form:
             "count": value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value >= 1,
             "llamatest": isinstance(value, str),
         }[self.kind]
+        if not kind_ok and isinstance(value, (list, dict)):
+            # a container by its size, never its items (round 21 S20d: vllm_env given a list quoted the token in it)
+            return f"got a {type(value).__name__} of {len(value)} item{'s' * (len(value) != 1)}"
         if not kind_ok:
             hint = ""
             if self.kind in ("str", "name", "path", "file") and isinstance(value, (int, float)):
@@ -495,6 +498,18 @@ def data_number_problems(args: list[str]) -> list[tuple[str, str]]:
     return found
 
 
+# how rigup spells a variable: lower-case words, a word with a digit short (gen2, p2p, sha256, gpu0)
+_VARIABLE_SPELLING = re.compile(r"(?=.{1,64}$)(?:[a-z]{1,16}|(?=[a-z0-9]*[0-9])[a-z0-9]{1,6})(?:_(?:[a-z]{1,16}|[0-9a-z]{1,6}))*")
+
+
+def shown_key(key: Any) -> str:
+    """An unknown key as an error quotes it: quoted where spelled as a rigup variable is, else by its
+    length (round 21 S20d: a token given as a key name, ``hf_AbCd...``, was quoted)."""
+    if isinstance(key, str) and _VARIABLE_SPELLING.fullmatch(key):
+        return repr(key)
+    return f"of {len(str(key))} characters, spelled as no rigup variable is (not shown)"
+
+
 def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, message) for every unknown key and every value not of its declared form."""
     found = []
@@ -511,7 +526,7 @@ def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         if var is None:
             close = difflib.get_close_matches(key, variables, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            found.append((key, f"unknown key {key!r}{hint}; rigup's variables are declared in "
+            found.append((key, f"unknown key {shown_key(key)}{hint}; rigup's variables are declared in "
                                "roles/*/defaults.yml"))
             continue
         why = var.form.problem_of(key, value)

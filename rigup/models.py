@@ -12,6 +12,7 @@ Config pins each entry with it, so that every role reads the same entry.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from functools import lru_cache
@@ -113,12 +114,36 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
     if isinstance(value, list):
         return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")]
     if isinstance(value, str) and long_run(value):
+        pieces = _json_pieces(value)
+        if pieces is not None:   # minified JSON (llama-server's --json-schema, vLLM's --hf-overrides): each pair read alone
+            return [p for piece in pieces for p in credential_problems(piece, f"{where} (JSON)")]
         return [(where, f"holds a run of over {LONG_RUN} characters without a blank, which rigup does not read for "
-                        "credentials (round 20 R20a: its readers' time grows with the run's square): split it")]
+                        "credentials (round 20 R20a: its readers' time grows with the run's square): split it, or name "
+                        "a file (llama-server's --json-schema-file)")]
     return [(where, "carries credentials (a URL's user:password@ or token@, a secret parameter such as ?token=, "
                     "or a tab or line break, which a URL parser drops): they would stand in the server's command "
                     "line or environment, which any local user reads in ps or the unit, the plan and the journal; "
                     "give the URL without them")] if isinstance(value, str) and carries_credentials(value) else []
+
+
+def _json_pieces(text: str) -> list[str] | None:
+    """Each scalar of ``text`` read as a JSON object or array, as JSON text with its key where it has one
+    (``{"password": "S"}`` read as the pair it is), so that each piece is read for credentials alone, within
+    the long-run bound (round 21 F21: a minified --json-schema of 3,325 characters was refused as a run);
+    None for text that is no such document, or nested deeper than Python recurses."""
+    def pieces(value) -> list[str]:
+        if isinstance(value, dict):
+            return [p for key, item in value.items()
+                    for p in (pieces(item) + [json.dumps(key)] if isinstance(item, (dict, list))
+                              else [json.dumps({key: item})])]
+        if isinstance(value, list):
+            return [p for item in value for p in (pieces(item) if isinstance(item, (dict, list)) else [json.dumps(item)])]
+        return [json.dumps(value)]
+    try:
+        parsed = json.loads(text)
+        return pieces(parsed) if isinstance(parsed, (dict, list)) else None
+    except (ValueError, RecursionError):
+        return None
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")

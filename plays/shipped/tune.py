@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import os
 import signal
 import subprocess
@@ -139,44 +138,57 @@ def with_flags(argv: list[str], flags: dict, table: dict) -> list[str]:
     return out
 
 
-NOT_SWEPT = frozenset({"-m", "--model", "-mu", "--model-url", "-hf", "--hf-repo", "--api-key", "--api-key-file", "--alias",
-                       "-a"})
+# The spellings the sweep may write, by key: an allow-list (round 21 T21b: a deny-list let `--hf-token`, `--log-file`,
+# `--slot-save-path` or `--PORT` be named as a swept flag). rigup/contract/llama_server.py's swept rows are the home of
+# these; no host holds the contract, so the spec carries them and this program takes only spellings of this table
+# (tests/unit/test_tune.py holds the two equal).
+SPELLINGS = {"ctx": ("-c", "--ctx-size"), "parallel": ("--parallel", "-np"), "ngl": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+             "flash_attn": ("-fa", "--flash-attn"), "split_mode": ("-sm", "--split-mode"), "batch": ("-b", "--batch-size"),
+             "ubatch": ("-ub", "--ubatch-size"), "cache_type_k": ("-ctk", "--cache-type-k"),
+             "cache_type_v": ("-ctv", "--cache-type-v"), "cache_ram": ("-cram", "--cache-ram"),
+             "n_cpu_moe": ("--n-cpu-moe", "-ncmoe"), "main_gpu": ("-mg", "--main-gpu"),
+             "tensor_split": ("-ts", "--tensor-split"), "port": ("--port",), "host": ("--host",)}
 # the spec's numbers: JSON numbers (no text, bool, NaN or infinity), within these bounds (round 20 T20a: 1e400 an
-# OverflowError, "٤٠٩٦" read as 4096, a budget of NaN or true)
+# OverflowError, "٤٠٩٦" read as 4096, a budget of NaN or true); whole numbers but for these two (round 21 T21b: a port
+# of 8080.5 was written to the command line)
 NUMBERS = {"layers": (0, 10**6), "gpus": (1, 1024), "slot_tokens": (1, 10**8), "max_parallel": (1, 4096),
            "port": (1, 65535), "ready_timeout_s": (1, 86400), "max_tokens": (1, 10**6), "rounds": (1, 1000),
            "gain": (0, 100), "budget_s": (0, 10**7), "concurrency": (1, 4096)}
+FRACTIONS = frozenset({"gain", "budget_s", "ready_timeout_s"})
 
 
 def spec_numbers(spec: dict) -> None:
-    """ValueError, naming the key, for a number of the spec that is not one (:data:`NUMBERS`, ``levels``)."""
+    """ValueError, naming the key, for a number of the spec that is not one (:data:`NUMBERS`, ``levels``),
+    or for an ``argv`` that is not a list of text, an ``env`` not a map of text to text."""
     for key, (low, high) in NUMBERS.items():
         values = [spec[key]] if key in spec and spec[key] is not None else []
         if key == "concurrency" and isinstance(spec.get("levels"), list):
             values += spec["levels"]
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-                raise ValueError(f"the spec's {key}: {str(v)[:40]!r} is not a number from {low} to {high}")
+            # (no isfinite: a NaN is within no bounds, and 10**400, a JSON whole number, is no float)
+            if isinstance(v, bool) or not isinstance(v, int if key not in FRACTIONS else (int, float)) \
+                    or not low <= v <= high:
+                kind = "number" if key in FRACTIONS else "whole number"
+                raise ValueError(f"the spec's {key}: {str(v)[:40]!r} is not a {kind} from {low} to {high}")
+    argv, env = spec.get("argv"), spec.get("env") or {}
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ValueError("the spec's argv is not a list of words")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ValueError("the spec's env is not a map of names to text")
 
 
 def spec_flags(spec: dict) -> dict[str, tuple[str, ...]]:
-    """The spec's ``flags``: key -> its spellings, each an option (``-`` first), ``port`` and ``host``
-    among them. ValueError, naming what is wrong, for any other (a spec an older tune.py wrote has
-    none: its sweep is not run)."""
+    """The spec's ``flags``: key -> its spellings, ``port`` and ``host`` among them, each a spelling
+    :data:`SPELLINGS` has for that key. ValueError, naming what is wrong, for any other (a spec an
+    older tune.py wrote has none: its sweep is not run)."""
     table = spec.get("flags")
     if not isinstance(table, dict) or not {"port", "host"} <= set(table):
         raise ValueError("the spec's flags are not a table with port and host (tune.py writes them: tune again)")
-    owner: dict = {}
     for key, names in table.items():
-        # one spelling, one key; and none of the options that choose what is served or where (round 20 T20b:
-        # ctx: ["--port"] started the server elsewhere than measured, parallel: ["-m"] dropped the model)
-        for name in names if isinstance(names, list) and all(isinstance(n, str) for n in names) else ():
-            if owner.setdefault(name, key) != key or name in NOT_SWEPT:
-                raise ValueError(f"the spec's flags: {str(name)[:40]!r} is given for {str(key)[:40]!r} too")
-        if not (isinstance(names, list) and names
-                and all(isinstance(n, str) and n.startswith("-") and n.lstrip("-") and "=" not in n and n.isascii()
-                        and n.isprintable() and " " not in n for n in names)):
-            raise ValueError(f"the spec's flags: {str(key)[:40]!r} is not a list of options")
+        allowed = SPELLINGS.get(key, ()) if isinstance(key, str) else ()
+        if not (isinstance(names, list) and names and all(isinstance(n, str) and n in allowed for n in names)):
+            raise ValueError(f"the spec's flags: {str(key)[:40]!r} is not a list of the spellings the tuner sweeps "
+                             f"it by ({', '.join(allowed) or 'none: not a swept flag'})")
     return {key: tuple(names) for key, names in table.items()}
 
 

@@ -12,6 +12,8 @@
 
 import time
 
+import json
+
 import pytest
 
 from rigup.boundary.owned import NotOwned, read
@@ -96,7 +98,7 @@ def test_t20a_a_spec_number_that_is_none_is_refused_naming_it(key, value):
 def test_t20b_a_spelling_of_another_key_or_of_what_is_served_is_refused(flags):
     from plays.shipped import tune
     from tests.unit.test_tune import SPEC
-    with pytest.raises(ValueError, match="is given for"):
+    with pytest.raises(ValueError, match="is not a list of the spellings the tuner sweeps it by"):
         tune.spec_flags({**SPEC, "flags": {**SPEC["flags"], **flags}})
 
 
@@ -156,3 +158,67 @@ def test_r21a_no_blank_that_the_readers_do_not_take_for_one_lets_a_long_run_thro
                                           ("CI_STOP_TOKEN=abc", "CI_STOP_TOKEN=***"), ('"audio_token": "X"', '"audio_token": "***"')])
 def test_s21_secrets_round_21_saw_shown_are_hidden(value, shown):
     assert redacted(value) == shown
+
+
+# -- T21b (round 21): the sweep's spellings an allow-list; whole numbers where the server takes one; argv and env typed
+
+@pytest.mark.parametrize("change", [{"flags": {"ctx": ["--hf-token"]}}, {"flags": {"ctx": ["-hft"]}},
+                                    {"flags": {"batch": ["--log-file"]}}, {"flags": {"ubatch": ["--slot-save-path"]}},
+                                    {"flags": {"ngl": ["-md"]}}, {"flags": {"parallel": ["--models-dir"]}},
+                                    {"flags": {"port": ["--PORT"]}}, {"flags": {"hf_token": ["--hf-token"]}},
+                                    {"port": 8080.5}, {"rounds": 2.5}, {"concurrency": 4.0}, {"port": 10 ** 400},
+                                    {"argv": "llama-server -m x"}, {"argv": ["llama-server", 5]}, {"argv": []},
+                                    {"env": {"X": 5}}, {"env": ["X"]}])
+def test_t21b_a_spec_naming_another_flag_or_a_number_of_another_kind_is_refused_before_anything_runs(change):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC, table
+    measure, seen = table({})
+    spec = {**SPEC, **change, "flags": {**SPEC["flags"], **change.get("flags", {})}}
+    with pytest.raises(ValueError, match="the spec's") as refused:
+        tune.tune(spec, measure_point=measure, logs=None)
+    print(change, "->", refused.value)
+    assert seen == []
+
+
+def test_t21b_the_contracts_spec_is_taken_whole_and_a_fraction_where_the_tuner_takes_one():
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    tune.spec_numbers({**SPEC, "gain": 1.05, "budget_s": 0.5, "ready_timeout_s": 2.5})
+    assert tune.spec_flags(SPEC) == {k: tuple(v) for k, v in SPEC["flags"].items()}
+
+
+# -- S20d leftovers (round 21): a token given as a key's name, a list given for a map ----------------------------
+
+@pytest.mark.parametrize("data", [{"hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123": 1}, {"hf_abcdefghijklmnopqrstu0123": 1},
+                                  {"vllm_env": ["HF_TOKEN", S]}, {"llama_server_tune_levels": {"a": S}}])
+def test_s20d_an_unknown_key_or_a_container_is_reported_without_its_text(data):
+    from rigup.config import problems
+    found = [message for _, message in problems(data)]   # (the key: configure names its file, not the key)
+    print(found)
+    assert found and S not in str(found) and "hf_AbCd" not in str(found) and "u0123" not in str(found)
+
+
+def test_s20d_a_misspelt_variable_is_still_quoted_with_its_likely_name():
+    from rigup.config import problems
+    assert problems({"llama_server_instancse": {}}) == [("llama_server_instancse", "unknown key 'llama_server_instancse' "
+                                                         "(did you mean 'llama_server_instances'?); rigup's variables are "
+                                                         "declared in roles/*/defaults.yml")]
+
+
+# -- F21 (round 21, a false refusal): a minified JSON value over the long-run bound is read piece by piece -----------
+
+SCHEMA = json.dumps({"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(200)}},
+                    separators=(",", ":"))
+
+
+@pytest.mark.parametrize("schema, refused", [(SCHEMA, False), (SCHEMA[:-2] + '},"p":{"password":"' + S + '"}}', True),
+                                             (SCHEMA[:-2] + '},"u":"https://u:' + S + '@h/"}}', True),
+                                             (SCHEMA[:-2] + '},"x":"' + "x" * 3000 + '"}}', True),
+                                             (SCHEMA[:-1], True), ("[" * 5000 + "]" * 5000, True)])
+def test_f21_a_minified_json_schema_is_served_and_a_secret_or_a_long_run_inside_it_refused(schema, refused):
+    from rigup.instances.llama_server import instances
+    from tests.unit.hosts import data, glm_llama
+    found, problems = instances(data(**glm_llama(extra_args=["--json-schema", schema])))
+    print(len(schema), problems)
+    assert bool(problems) == refused and S not in str(problems)
+    assert refused or found["glm"]["extra_args"][-1] == schema

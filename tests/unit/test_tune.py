@@ -32,6 +32,11 @@ def table(figures: dict, default: float = 100.0, failing=()):
     return measure, seen
 
 
+def test_the_tuners_allow_list_is_the_contracts_swept_spellings():
+    """plays/shipped/tune.py takes only the spellings it holds (no host holds the contract): both change together."""
+    assert tune.SPELLINGS == FLAGS
+
+
 def test_flags_are_set_once_in_every_spelling():
     argv = tune.with_flags(ARGV + ["--ctx-size=4096", "-np", "3"], {"ctx": 65536, "parallel": 8, "port": 1}, FLAGS)
     assert argv.count("-c") == 1 and "--ctx-size=4096" not in argv and "-np" not in argv
