@@ -214,6 +214,9 @@ with host_only(host):   # a configuration error fails this host, named, not the 
         files.directory(name="tune.py: its directory", path=d, user="root", group=user, mode="750")
         files.directory(name="tune.py: the sweep's own directory", path=out, user=user, group=user, mode="750")
         tuner = f"{d}/rigup_tune.py"
+        for stale_copy in ("rigup_contract.py", "rigup_llama_contract.py"):   # what an older rigup sent (issue 64: no more)
+            files.file(name=f"tune.py: no {stale_copy} (the contracts stay on the controller)", path=f"{d}/{stale_copy}",
+                       present=False)
         program(tuning.TUNER, tuner, program_paths(tuner, tuning.TUNER_BESIDE), name="tune.py: rigup_tune.py",
                 beside=tuning.TUNER_BESIDE, mode="644")
         for name, argv, gpu_layers, key, served, ctx, parallel, where in todo:

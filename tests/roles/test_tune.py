@@ -111,6 +111,9 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
     before = targets(lab, host)
     on_host(lab, host, f"install -d -o rigup -g rigup -m 750 {STATE}/tune && "
                        f"{AS_RIGUP} ln -sfn {TARGETS[3]} {STATE}/tune/gemma.spec.json")
+    # what a tuner of an older rigup was sent beside it (the contracts, issue 64): removed
+    on_host(lab, host, f"install -d -o root -g rigup -m 750 {STATE}/tuner && touch {STATE}/tuner/rigup_contract.py "
+                       f"{STATE}/tuner/rigup_llama_contract.py")
     converge("inventory/lab.py", "--limit", host, *ONE_SLOT)
     run = pyinfra("inventory/lab.py", "tune.py", "--limit", host, *ONE_SLOT, *TUNE, env=env, timeout=900)
     said = [ln.strip() for ln in run.output.splitlines() if f"[{host}] tune gemma:" in ln]
@@ -122,12 +125,13 @@ def test_a_sweep_finds_flags_at_least_as_fast_and_the_next_converge_serves_with_
     assert tuned["build"] and tuned["build"].startswith("lab-base-")   # the drop-in's build
     assert on_host(lab, host, "systemctl is-active rigup-llama@gemma").strip() == "active"
     modes = on_host(lab, host, f"stat -c '%U:%G %a' {STATE}/tuner {STATE}/tuner/out {STATE}/tuner/gemma.spec.json; "
-                               f"test -e {STATE}/tune || echo gone").strip().split("\n")
+                               f"test -e {STATE}/tune || echo gone; ls {STATE}/tuner/*contract* 2>/dev/null || "
+                               "echo gone").strip().split("\n")
     # root's directory now: the rigup user can place nothing there, and reads its spec
     denied = lab.ssh(host, f"{AS_RIGUP} ln -s {TARGETS[4]} {STATE}/tuner/gemma.log.new")
-    print(f"tuner: {modes[:3]}, the old directory {modes[3]}; a link by the rigup user: "
+    print(f"tuner: {modes[:3]}, the old directory {modes[3]}, an older rigup's contracts {modes[4]}; a link by the rigup user: "
           f"{denied.stderr.strip() or denied.returncode}")
-    assert modes == ["root:rigup 750", "rigup:rigup 750", "root:rigup 640", "gone"] and denied.returncode != 0
+    assert modes == ["root:rigup 750", "rigup:rigup 750", "root:rigup 640", "gone", "gone"] and denied.returncode != 0
     assert targets(lab, host) == before
     applied = converge("inventory/lab.py", "--limit", host, *ONE_SLOT, env=env)
     dropin = on_host(lab, host, "grep ^ExecStart=. /etc/systemd/system/rigup-llama@gemma.service.d/rigup.conf")
