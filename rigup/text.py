@@ -100,9 +100,15 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?![/0-9]))\s*)(?=[^\s,;&\])}])", re.ASCII)
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&\])}])", re.ASCII)
 # read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
 _ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
+# NAME: VALUE unquoted, as YAML reads a plain value: to the end of its line, or a " #" comment (round 22 S22c:
+# "password: correct horse" hid "correct" alone)
+_PLAIN_VALUE = re.compile(r"[^\s'\"](?:[^\n#]|(?<!\s)#)*?(?=\s*(?:\s#|$))", re.M)
+# a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
+# (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
+_SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
@@ -127,8 +133,9 @@ _VALUE_PAIRS = frozenset({("api", "key"), ("access", "token"), ("auth", "token")
 _PATHS = ("file", "files", "path", "dir")
 # the words rigup's own sentences put after "KEY: " (api_key: expected bool): no secret's value (round 21 S21a: any
 # lower-case word was one, and "password: letmein" was shown)
-_PROSE = frozenset({"expected", "got", "remove", "holds", "give", "set", "not", "must", "is", "a", "an", "the",
-                    "unknown", "missing", "refused", "only", "needs", "carries", "true", "false", "none", "null"})
+# (round 22 S22c: no article, "password: the S"; a secret after one of these words is the price of rigup's messages)
+_PROSE = frozenset({"expected", "got", "remove", "holds", "give", "not", "must", "unknown", "missing", "refused", "only",
+                    "needs", "carries"})
 # a token's word before which a token is the model's, not a secret (bos_token, add_bos_token, max_token)
 _MODEL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "fim", "max", "num"})
 
@@ -146,7 +153,8 @@ def secret_name(name: str) -> bool:
 def query_secret_name(name: str) -> bool:
     """Whether a query parameter ``name`` (percent-decoded) names a secret: the wider reading (_SECRET_NAME; TIKTOKEN,
     OpenAI's tokenizer library, is no token: TIKTOKEN_ENCODINGS_BASE, vLLM's offline gpt-oss encodings)."""
-    return bool(_SECRET_NAME.search(re.sub("tiktoken", "", name, flags=re.I))) or secret_name(name)
+    # (only as the name's first word: round 22, access_tiktoken was read as access_)
+    return bool(_SECRET_NAME.search(re.sub(r"^tiktoken(?![a-z0-9])", "", name, flags=re.I))) or secret_name(name)
 
 
 _PLAIN_LOGIN = ("ssh", "git+ssh", "ssh+git", "sftp", "file", "git+file")   # a bare login there is no token
@@ -220,29 +228,48 @@ def _hidden(text: str) -> str:
     text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
     text = _assigned(text)
     text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
-                         if m.group(5) and m.group(5) != "***" and _named_secret(m.group(2)) else m.group(0), text)
+                         if m.group(5) and m.group(5) != "***" and _named_secret(m.group(2))
+                         and not _special_token(m.group(2), m.group(5)) else m.group(0), text)
     return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if _named_secret(m.group(1)) and m.group(3) != "***"
                            else m.group(0), text)
 
 
 def _assigned(text: str) -> str:
     """``text`` with the value of each NAME=VALUE, NAME: VALUE or NAME => VALUE whose name is a secret's as ``***``
-    (a name not one is passed over, its value read again as a name: db:password=S)."""
+    (a name not one is passed over, its value read again as a name: db:password=S). A host's NAME:PORT in a URL
+    (after '//' or '@') is no assignment; NAME: then a value unquoted is hidden to its line's end, as YAML reads it."""
     out, last = [], 0
     for m in _ASSIGNED.finditer(text):
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
-        if m.start() >= last and _named_secret(name) and (name != "token" or not sep[:1].isspace()):
-            value = _ASSIGNED_VALUE.match(text, m.end())
-            inner = next((g for g in value.groups() if g is not None), "") if value else ""
+        if m.start() < last or not _named_secret(name) or name == "token" and sep[:1].isspace():
+            continue
+        colon = ":" in sep
+        if colon and text[max(0, m.start() - 1):m.start()] in ("/", "@"):   # https://a.pw:8080/, u@db.token:5432
+            continue
+        value = _ASSIGNED_VALUE.match(text, m.end())
+        if colon and sep[-1:].isspace() and value and value.lastindex == 3:
             # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
-            prose = ":" in sep and sep[-1:].isspace() and value and value.lastindex == 3 and inner in _PROSE
-            prose = prose or ":" in sep and "." in name   # a dotted host's port or path (https://a.pw:/), not NAME:
-            if value and inner and inner != "***" and not prose:
-                at = value.start(value.lastindex)
-                out += [text[last:at], "***"]
-                last = value.end(value.lastindex)
+            if value.group(3) in _PROSE:
+                continue
+            value = _PLAIN_VALUE.match(text, m.end()) or value
+        inner = (next((g for g in value.groups() if g is not None), "") if value.re is _ASSIGNED_VALUE
+                 else value.group(0)) if value else ""
+        if not inner or inner == "***" or _special_token(name, inner):
+            continue
+        at, end = (value.start(value.lastindex), value.end(value.lastindex)) if value.re is _ASSIGNED_VALUE \
+            else value.span()
+        out += [text[last:at], "***"]
+        last = end
     return "".join(out) + text[last:]
+
+
+def _special_token(name: str, value: str) -> bool:
+    """Whether ``value`` is a model's special token given to a name ending in token, none of a credential's
+    (image_token: <image>; not access_token, hf_token, a bare token)."""
+    words = [w.lower() for w in _WORD.findall(_CAMEL.sub("_", name))]
+    return _SPECIAL_TOKEN.fullmatch(value) is not None and len(words) > 1 and words[-1] == "token" \
+        and tuple(words[-2:]) not in _VALUE_PAIRS and words[-2] not in _VALUE_WORDS
 
 
 def _named_secret(name: str) -> bool:
@@ -281,7 +308,9 @@ def say(line: str, fg: str | None = None) -> None:
     around what hosts said, so escaped whole (:func:`shown`, up to 4000 characters)."""
     import click   # here: the GPU scripts import this module with a plain python3
 
-    text = shown(redacted(line), 4000)
+    # (its first 8000 characters read, of which 4000 are shown: a host's line of megabytes is read in linear time,
+    # yet seconds of it; round 22 R22a)
+    text = shown(redacted(line[:8000]), 4000) + (f" (a line of {len(line)} characters)" if len(line) > 8000 else "")
     click.echo(click.style(text, fg=fg) if fg else text, err=True)
 
 

@@ -344,10 +344,13 @@ def _stop(proc: subprocess.Popen) -> None:
 def measure(spec: dict, argv: list[str], log: Path) -> dict:
     """One point: start ``argv``, wait for /health, warm up, measure at the concurrency, stop.
     ``status``: ok, no-fit, crash, cpu-fallback, failed-requests or timeout."""
-    port, key = int(spec["port"]), throughput.read_key(spec.get("key_file"))
-    env = {**os.environ, **(spec.get("env") or {})}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    port, env = int(spec["port"]), {**os.environ, **(spec.get("env") or {})}
+    try:   # (a key file gone, a server not installed: a point that did not start, with why; round 22 T22a)
+        key = throughput.read_key(spec.get("key_file"))
+        with open(log, "w") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    except (OSError, ValueError) as e:
+        return {"status": "crash", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     started, point = time.monotonic(), {}
     try:
         why = _healthy(port, proc, float(spec.get("ready_timeout_s", 600)))
@@ -473,7 +476,8 @@ def main(argv: list[str]) -> int:
         result = tune(spec, write, logs=out.parent)
     # a spec rigup did not write (not JSON, a key missing, a value of another type; spec_numbers, spec_flags): one
     # line, not a traceback (round 21 T21a)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    # (OSError: the spec's file unreadable; RecursionError: JSON nested deeper than Python reads, round 22 T22a)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as e:
         why = f"the spec has no {e}" if isinstance(e, KeyError) else f"the spec: {type(e).__name__}: {e}" \
             if not isinstance(e, ValueError) else str(e)
         print(json.dumps({"refused": why[:500]}), file=sys.stderr)   # (data: json.dumps escapes what the spec held)

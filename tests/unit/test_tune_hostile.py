@@ -182,6 +182,7 @@ def play(monkeypatch, facts: dict[str, list[str]], **inst):
     monkeypatch.setattr(summary, "fail", lambda h, why: did["refused"].update({h.name: why}) or did["failed"].add(h.name))
     monkeypatch.setattr(rigup.text, "say", lambda text, **kw: did["said"].append(text))
     monkeypatch.setattr(files, "directory", lambda **kw: None)
+    monkeypatch.setattr(files, "file", lambda **kw: did.setdefault("absent", []).append(kw["path"]))
     monkeypatch.setattr(files, "put", lambda **kw: did["put"].append(kw["dest"]) or did.setdefault("specs", {}).update(
         {kw["dest"]: json.loads(kw["src"].getvalue())} if kw["dest"].endswith(".spec.json") else {}))
     # the tuner and the modules beside it (rigup.files.program: managed files, read on the host)

@@ -1,0 +1,81 @@
+"""Issue 61, round 22 (an independent hostile round against cde52b1): what it found, and a false refusal.
+
+- S22a, S22b (regressions of round 21's fixes): a dotted NAME: VALUE (spring.datasource.password: S) and NAME: then
+  a digit or '/' (password:1S, HF_TOKEN:/S) were never read as assignments; a URL's HOST:PORT is told apart by
+  where it stands (after '//' or '@'), not by its dots or its digits.
+- S22c: NAME: then a value of several words hid its first word alone; an article let the value through (password:
+  the S). A plain value is hidden to its line's end, as YAML reads it; rigup's own sentences start with a verb.
+- the TIKTOKEN exemption read ``access_tiktoken`` as ``access_``: only a name starting with it is exempt.
+- F22 (a false refusal of round 21's narrower model tokens): a special token's text given to a name ending in
+  token (vLLM's --hf-overrides '{"image_token": "<image>"}') is no secret.
+- T22a (a crash): plays/shipped/tune.py answered a spec file gone, a key file gone or a server not installed with a
+  traceback: a point that did not start, or one line of JSON.
+- R22a: say() reads a line's first 8000 characters (it shows 4000): a host's line of megabytes costs no seconds."""
+
+import json
+
+import pytest
+
+from rigup.text import carries_credentials, query_secret_name, redacted
+
+S = "S3cr3tXX"
+
+
+@pytest.mark.parametrize("value, shown", [
+    (f"spring.datasource.password: {S}", "spring.datasource.password: ***"), (f"db.password: {S}", "db.password: ***"),
+    (f"hub.token: {S}", "hub.token: ***"), (f"app.secret_key: {S}", "app.secret_key: ***"), (f"--hf.token: {S}", "--hf.token: ***"),
+    (f"password:1{S}", "password:***"), (f"api_key:0x{S}", "api_key:***"), (f"HF_TOKEN:/{S}", "HF_TOKEN:***"),
+    (f"password:/{S}/+=", "password:***"), (f"password: the {S}", "password: ***"), (f"secret: a {S}", "secret: ***"),
+    (f"password: correct horse {S}", "password: ***"), (f"password: {S} # the bastion's", "password: *** # the bastion's"),
+    (f"&access_tiktoken={S}", "&access_tiktoken=***"), (f"HF_TOKEN=<{S}>", "HF_TOKEN=***"),
+    (f'access_token: "<{S}>"', 'access_token: "***"')])
+def test_s22_a_secret_after_a_dotted_name_a_digit_or_an_article_is_hidden_and_refused(value, shown):
+    print(value, "->", redacted(value))
+    assert redacted(value) == shown and carries_credentials(value)
+
+
+@pytest.mark.parametrize("value", [
+    "https://a.pw:8080/x", "https://a.pw:/", "https://db.token:5432/x", "api_key: expected bool, got 'x'",
+    "llama_server_instances.g.api_key: must be a file", '{"image_token": "<image>"}', '{"audio_token": "<|AUDIO|>"}',
+    '{"video_token": "<video>"}', '{"start_token": "<s>"}', "stop_token: </s>", "image_token: <image>",
+    "TIKTOKEN_ENCODINGS_BASE=/srv/tiktoken", "time: 12:30", "host: db"])
+def test_f22_a_hosts_port_rigups_own_sentence_and_a_models_special_token_stay_shown(value):
+    assert redacted(value) == value and not carries_credentials(value)
+
+
+def test_tiktoken_is_exempt_as_a_names_first_word_only():
+    assert not query_secret_name("TIKTOKEN_ENCODINGS_BASE") and query_secret_name("access_tiktoken")
+
+
+@pytest.mark.parametrize("case", ["no spec", "deep", "no key file", "no server", "empty argv"])
+def test_t22a_the_tuner_answers_what_it_cannot_open_with_a_line_or_a_point_never_a_traceback(case, tmp_path, capsys):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    spec = tmp_path / "spec.json"
+    if case == "deep":
+        spec.write_text("[" * 100000 + "]" * 100000)
+    elif case != "no spec":
+        change = {"no key file": {"key_file": str(tmp_path / "gone.key")},
+                  "no server": {"argv": [str(tmp_path / "llama-server"), "-m", "/m.gguf"]},
+                  "empty argv": {"argv": []}}[case]
+        spec.write_text(json.dumps({**SPEC, **change, "budget_s": 5, "ready_timeout_s": 1, "logs": str(tmp_path)}))
+    rc = tune.main([str(spec), str(tmp_path / "out.json")])
+    err = capsys.readouterr().err
+    print(case, rc, err.strip()[:200])
+    if case in ("no spec", "deep", "empty argv"):
+        assert rc == 2 and "refused" in json.loads(err)
+    else:   # the baseline did not start: said in the result, the sweep stops
+        result = json.loads((tmp_path / "out.json").read_text())
+        assert rc == 1 and result["points"][0]["status"] == "crash" and "does not serve here" in result["stopped"]
+
+
+def test_r22a_say_reads_a_lines_first_8000_characters(capsys):
+    import time
+    from rigup.text import say
+    line = "." * 2000 + " "
+    start = time.perf_counter()
+    say(line * 500)   # a million characters
+    took = time.perf_counter() - start
+    out = capsys.readouterr().err
+    print(f"say of {len(line) * 500} characters: {took:.3f} s, {len(out)} shown")
+    assert out.rstrip().endswith("(a line of 1000500 characters)") and len(out) < 4200
