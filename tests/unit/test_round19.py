@@ -28,11 +28,11 @@ def test_r19a_redacted_reads_a_long_text_in_linear_time(unit):
     assert redaction_ratio(unit, 50000, tail="\t") < 10
 
 
-def redaction_ratio(unit: str, n: int, tail: str = "") -> float:
+def redaction_ratio(unit: str, n: int, tail: str = "", head: str = "") -> float:
     """How much longer redacted takes on 4n characters of ``unit`` than on n: a ratio measured in one run, not a
     timed test (linear: about 4; quadratic: 16); the best of three each, so a busy machine's pause does not decide."""
     def took(size: int) -> float:
-        text = unit * max(1, size // len(unit)) + tail
+        text = head + unit * max(1, size // len(unit)) + tail
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()

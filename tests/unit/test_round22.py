@@ -79,3 +79,11 @@ def test_r22a_say_reads_a_lines_first_8000_characters(capsys):
     out = capsys.readouterr().err
     print(f"say of {len(line) * 500} characters: {took:.3f} s, {len(out)} shown")
     assert out.rstrip().endswith("(a line of 1000500 characters)") and len(out) < 4200
+
+
+@pytest.mark.parametrize("head, unit", [("password: x", " "), ("password: x", " \t"), ("", "password: x "),
+                                        ("", "password: expected "), ("", "image_token: <a> "), ("password: x", " a#")])
+def test_r22_a_plain_values_end_is_found_in_time_growing_with_the_text(head, unit):
+    """(a pattern with a lookahead over blanks took 5 s for 16k spaces: quadratic; a ratio in one run, not a timed test)"""
+    from tests.unit.test_round19 import redaction_ratio
+    assert redaction_ratio(unit, 16000, "y", head) < 9
