@@ -23,7 +23,7 @@ from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
-from rigup.text import LONG_RUN, carries_credentials, long_run
+from rigup.text import LONG_RUN, carries_credentials, long_run, named_secret
 
 
 class ModelEntry(TypedDict):
@@ -113,35 +113,50 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
         return [p for key, item in value.items() for p in credential_problems(item, f"{where}.{key}")]
     if isinstance(value, list):
         return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")]
-    if isinstance(value, str) and long_run(value):
-        pieces = _json_pieces(value)
-        if pieces is not None:   # minified JSON (llama-server's --json-schema, vLLM's --hf-overrides): each pair read alone
-            return [p for piece in pieces for p in credential_problems(piece, f"{where} (JSON)")]
+    if not isinstance(value, str):
+        return []
+    pieces = _json_pieces(value)   # a JSON document (--json-schema, --hf-overrides): each scalar with its key, too
+    if pieces is not None:
+        found = [p for piece in pieces for p in _text_problems(piece, f"{where} (JSON)")]
+        return found[:1] or ([] if long_run(value) else _text_problems(value, where))
+    return _text_problems(value, where)
+
+
+def _text_problems(text: str, where: str) -> list[tuple[str, str]]:
+    """:func:`credential_problems` of one text, read as it stands."""
+    if long_run(text):
         return [(where, f"holds a run of over {LONG_RUN} characters without a blank, which rigup does not read for "
                         "credentials (round 20 R20a: its readers' time grows with the run's square): split it, or name "
                         "a file (llama-server's --json-schema-file)")]
     return [(where, "carries credentials (a URL's user:password@ or token@, a secret parameter such as ?token=, "
                     "or a tab or line break, which a URL parser drops): they would stand in the server's command "
                     "line or environment, which any local user reads in ps or the unit, the plan and the journal; "
-                    "give the URL without them")] if isinstance(value, str) and carries_credentials(value) else []
+                    "give the URL without them")] if carries_credentials(text) else []
+
+
+class _Pairs(list):
+    """A JSON object as its pairs, duplicates kept (json.loads keeps a duplicate key's last value)."""
 
 
 def _json_pieces(text: str) -> list[str] | None:
     """Each scalar of ``text`` read as a JSON object or array, as JSON text with its key where it has one
-    (``{"password": "S"}`` read as the pair it is), so that each piece is read for credentials alone, within
-    the long-run bound (round 21 F21: a minified --json-schema of 3,325 characters was refused as a run);
-    None for text that is no such document, or nested deeper than Python recurses."""
-    def pieces(value) -> list[str]:
-        if isinstance(value, dict):
-            return [p for key, item in value.items()
-                    for p in (pieces(item) + [json.dumps(key)] if isinstance(item, (dict, list))
-                              else [json.dumps({key: item})])]
+    (``{"password": "S"}`` read as the pair it is; under a key that names a secret, that key: ``{"password":
+    ["S"]}`` is ``{"password": "S"}``, round 23 J23a), each duplicate pair, and each key alone, so that each
+    piece is read for credentials alone, within the long-run bound (round 21 F21: a minified --json-schema of
+    3,325 characters was refused as a run); None for text that is no such document, or nested deeper than
+    Python recurses."""
+    def pieces(value, key) -> list[str]:
+        if isinstance(value, _Pairs):
+            return [p for k, item in value for p in pieces(item, key if key is not None and named_secret(key) else k)] \
+                + [json.dumps(k) for k, _ in value]
         if isinstance(value, list):
-            return [p for item in value for p in (pieces(item) if isinstance(item, (dict, list)) else [json.dumps(item)])]
-        return [json.dumps(value)]
+            return [p for item in value for p in pieces(item, key)]
+        return [json.dumps({key: value}) if key is not None else json.dumps(value)]
+    if not text.lstrip().startswith(("{", "[")):
+        return None
     try:
-        parsed = json.loads(text)
-        return pieces(parsed) if isinstance(parsed, (dict, list)) else None
+        parsed = json.loads(text, object_pairs_hook=_Pairs)
+        return pieces(parsed, None) if isinstance(parsed, list) else None
     except (ValueError, RecursionError):
         return None
 

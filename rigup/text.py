@@ -102,16 +102,26 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # credentials and a Bearer or Basic token written out (round 18 S18b)
 _ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&\])}])", re.ASCII)
 # read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
-_ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
+_ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
 # NAME: VALUE unquoted, as YAML reads a plain value: to the end of its line, or a " #" comment (round 22 S22c:
 # "password: correct horse" hid "correct" alone); found by str.find, not a pattern (one with a lookahead over
 # blanks took 5 s for 16k spaces)
 _COMMENT = re.compile(r"[ \t]#")
+_HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
+# a plain value that is no secret: YAML's booleans and null, one digit (use_auth_token: true, hf_token: null,
+# HF_HUB_DISABLE_TOKEN: 1: round 23 F23)
+_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])")
 # a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 _FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
+# a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
+# YAML's "- --api-key" then "- S" (round 23 S23d)
+_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"]?)(--?[A-Za-z][\w-]*)\1((?:[ \t]*,[ \t]*|[ \t]*\n[ \t]*-[ \t]+)(['"]?))"""
+                         r"""(?!-)([^\s'"]+)""", re.ASCII)
+# curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
+_USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=)([^\s:]*):(\S+)", re.ASCII)
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
 # (a token holds a digit, a sign or both cases: "basic configuration", "a bearer of news" are prose)
 _TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[a-z][A-Z]|[A-Z][a-z]))[\w.~+/=-]{4,})"
@@ -229,9 +239,12 @@ def _hidden(text: str) -> str:
     text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
     text = _assigned(text)
     text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
-                         if m.group(5) and m.group(5) != "***" and _named_secret(m.group(2))
+                         if m.group(5) and m.group(5) != "***" and named_secret(m.group(2))
                          and not _special_token(m.group(2), m.group(5)) else m.group(0), text)
-    return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if _named_secret(m.group(1)) and m.group(3) != "***"
+    text = _USER_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}:***", text)
+    text = _FLAG_ITEMS.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}***"
+                           if named_secret(m.group(2)) and m.group(5) != "***" else m.group(0), text)
+    return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if named_secret(m.group(1)) and m.group(3) != "***"
                            else m.group(0), text)
 
 
@@ -243,19 +256,25 @@ def _assigned(text: str) -> str:
     for m in _ASSIGNED.finditer(text):
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
-        if m.start() < last or not _named_secret(name) or name == "token" and sep[:1].isspace():
+        if m.start() < last or not named_secret(name) or name == "token" and sep[:1].isspace():
             continue
         colon = ":" in sep
-        if colon and text[max(0, m.start() - 1):m.start()] in ("/", "@"):   # https://a.pw:8080/, u@db.token:5432
+        # a URL's HOST:PORT (https://a.pw:8080/, u@db.token:5432): inside an authority, the colon glued, then digits
+        # to a '/', a blank or the end, or a '/' (round 23 S23c: any NAME: after '/' or '@' was let through)
+        if sep == ":" and (text.endswith("//", 0, m.start()) or text.endswith("@", 0, m.start())) \
+                and _HOST_PORT.match(text, m.end()):
             continue
         value = _ASSIGNED_VALUE.match(text, m.end())
         if colon and sep[-1:].isspace() and value and value.lastindex == 3:
             # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
             if value.group(3) in _PROSE:
                 continue
-            at, end = m.end(), text.find("\n", m.end()) % (len(text) + 1)   # (no newline: the text's end)
+            at, end = m.end(), _line_end(text, m.end())
             comment = _COMMENT.search(text, at, end)
             end = at + len(text[at:comment.start() if comment else end].rstrip())
+            if _NO_SECRET.fullmatch(text[at:end]) or text[at:end] == "***":
+                continue
+            end = _deeper_lines(text, m.start(), end)
         elif value:
             at, end = value.start(value.lastindex), value.end(value.lastindex)
         inner = text[at:end] if value else ""
@@ -266,6 +285,27 @@ def _assigned(text: str) -> str:
     return "".join(out) + text[last:]
 
 
+def _line_end(text: str, at: int) -> int:
+    """Where the line holding ``at`` ends (its newline, or the text's end)."""
+    end = text.find("\n", at)
+    return len(text) if end < 0 else end
+
+
+def _deeper_lines(text: str, key: int, end: int) -> int:
+    """``end``, moved over the lines after it indented deeper than the line of ``key`` (a YAML value folded
+    or in a block, ``password: |`` then its lines: round 23 S23a)."""
+    start = text.rfind("\n", 0, key) + 1
+    indent = len(text[start:key]) - len(text[start:key].lstrip(" "))
+    at = _line_end(text, end)
+    while at < len(text):
+        line_end = _line_end(text, at + 1)
+        line = text[at + 1:line_end]
+        if not line.strip() or len(line) - len(line.lstrip(" ")) <= indent:
+            break
+        end = at = line_end
+    return end
+
+
 def _special_token(name: str, value: str) -> bool:
     """Whether ``value`` is a model's special token given to a name ending in token, none of a credential's
     (image_token: <image>; not access_token, hf_token, a bare token)."""
@@ -274,7 +314,7 @@ def _special_token(name: str, value: str) -> bool:
         and tuple(words[-2:]) not in _VALUE_PAIRS and words[-2] not in _VALUE_WORDS
 
 
-def _named_secret(name: str) -> bool:
+def named_secret(name: str) -> bool:
     """A name inside a value (Password, db_pass, --api-key, "api_key") naming a secret: by its last word or two."""
     words = [_NUMBERED.sub("", w.lower()) for w in _WORD.findall(_CAMEL.sub("_", name))]
     if not words or words[-1] in _PATHS:

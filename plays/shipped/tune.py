@@ -170,6 +170,8 @@ def spec_numbers(spec: dict) -> None:
                     or not low <= v <= high:
                 kind = "number" if key in FRACTIONS else "whole number"
                 raise ValueError(f"the spec's {key}: {str(v)[:40]!r} is not a {kind} from {low} to {high}")
+    if spec.get("levels") is not None and not isinstance(spec["levels"], list):   # (round 23 T23a: "12" read as 1, 2)
+        raise ValueError("the spec's levels are not a list of whole numbers")
     argv, env = spec.get("argv"), spec.get("env") or {}
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise ValueError("the spec's argv is not a list of words")

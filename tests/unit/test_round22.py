@@ -1,4 +1,5 @@
-"""Issue 61, round 22 (an independent hostile round against cde52b1): what it found, and a false refusal.
+"""Issue 61, rounds 22 and 23 (independent hostile rounds against cde52b1 and e8d3824): what they found, and false
+refusals.
 
 - S22a, S22b (regressions of round 21's fixes): a dotted NAME: VALUE (spring.datasource.password: S) and NAME: then
   a digit or '/' (password:1S, HF_TOKEN:/S) were never read as assignments; a URL's HOST:PORT is told apart by
@@ -10,7 +11,12 @@
   token (vLLM's --hf-overrides '{"image_token": "<image>"}') is no secret.
 - T22a (a crash): plays/shipped/tune.py answered a spec file gone, a key file gone or a server not installed with a
   traceback: a point that did not start, or one line of JSON.
-- R22a: say() reads a line's first 8000 characters (it shows 4000): a host's line of megabytes costs no seconds."""
+- R22a: say() reads a line's first 8000 characters (it shows 4000): a host's line of megabytes costs no seconds.
+- Round 23: S23a a YAML value folded or in a block (password: |) hidden over its deeper lines; S23b YAML's doubled
+  quote; S23c (my regression of S22a) a URL's HOST:PORT is one inside an authority, the colon glued, then a port,
+  not any NAME: after '/' or '@'; S23d a flag and its value as two list items, curl's -u USER:PASSWORD; J23a a JSON
+  secret's key carried down to the scalars under it, each duplicate pair read; J23b a long JSON string refused once,
+  not re-read as JSON; T23a the tuner's levels a list; F23 YAML's booleans and null, one digit: no secret."""
 
 import json
 
@@ -82,8 +88,53 @@ def test_r22a_say_reads_a_lines_first_8000_characters(capsys):
 
 
 @pytest.mark.parametrize("head, unit", [("password: x", " "), ("password: x", " \t"), ("", "password: x "),
-                                        ("", "password: expected "), ("", "image_token: <a> "), ("password: x", " a#")])
+                                        ("", "password: expected "), ("", "image_token: <a> "), ("password: x", " a#"),
+                                        ("password: x\n", "  y\n"), ("", "password: |\n  a\n"), ("", "'--api-key', "),
+                                        ("", "- --api-key\n"), ("", "-u a:"), ("", "  password: ***\n")])
 def test_r22_a_plain_values_end_is_found_in_time_growing_with_the_text(head, unit):
     """(a pattern with a lookahead over blanks took 5 s for 16k spaces: quadratic; a ratio in one run, not a timed test)"""
     from tests.unit.test_round19 import redaction_ratio
     assert redaction_ratio(unit, 16000, "y", head) < 9
+
+
+# -- round 23 (against e8d3824): what round 22's fixes left ------------------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    (f"password: |\n  {S}\nnext: 1", "password: ***\nnext: 1"), (f"api_key: >-\n  {S}\n  more\nuser: x", "api_key: ***\nuser: x"),
+    (f"password: abc\n  {S}", "password: ***"), (f"password: 'pa''{S}'", "password: '***'"),
+    (f"db_password='it''s{S}'", "db_password='***'"), (f"//password: {S}", "//password: ***"), (f"//api_key:{S}", "//api_key:***"),
+    (f"/etc/rig/HF_TOKEN: {S}", "/etc/rig/HF_TOKEN: ***"), (f"GET /v1/api_key:{S} HTTP/1.1", "GET /v1/api_key:*** HTTP/1.1"),
+    (f"deploy@password:{S}", "deploy@password:***"), (f"['--api-key', '{S}']", "['--api-key', '***']"),
+    (f'["--api-key", "{S}"]', '["--api-key", "***"]'), (f"- --api-key\n- {S}", "- --api-key\n- ***"),
+    (f"curl -u admin:{S} http://h/", "curl -u admin:*** http://h/")])
+def test_s23_a_yaml_block_a_doubled_quote_a_path_before_the_name_list_items_and_curls_user_are_hidden(value, shown):
+    print(repr(value), "->", repr(redacted(value)))
+    assert redacted(value) == shown and carries_credentials(value)
+
+
+@pytest.mark.parametrize("value", ["use_auth_token: true", "hf_token: null", "api_key: none", "token: false",
+                                   "HF_HUB_DISABLE_TOKEN: 1", "runuser -u rigup -- python3", "['--port', '8080']",
+                                   "https://a.pw:8080/x", "https://a.pw:/", "http://db.token:5432/x"])
+def test_f23_yamls_booleans_and_null_a_digit_a_login_and_a_hosts_port_stay_shown(value):
+    assert redacted(value) == value and not carries_credentials(value)
+
+
+PAD = ",".join(f'"k{i}":"v{i}"' for i in range(400))   # a value of over 2048 characters without a blank
+
+
+@pytest.mark.parametrize("document", ['{"password":["%s"],%s}' % (S, PAD), '{"password":{"value":"%s"},%s}' % (S, PAD),
+                                      '{"password":"%s","password":null,%s}' % (S, PAD), '{"password":["%s"]}' % S,
+                                      '{"pattern":"%s",%s}' % ("x" * 3000, PAD)])
+def test_j23_a_secrets_key_over_a_list_or_map_a_duplicate_pair_and_a_long_string_are_refused_once(document):
+    from rigup.models import credential_problems
+    found = credential_problems(document, "extra_args[1]")
+    print(len(document), found)
+    assert len(found) == 1 and found[0][0] == "extra_args[1] (JSON)" and S not in str(found)
+
+
+@pytest.mark.parametrize("levels", ["12", {"8": 1}, "٥"])
+def test_t23a_the_tuners_levels_are_a_list(levels):
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    with pytest.raises(ValueError, match="levels are not a list"):
+        tune.spec_numbers({**SPEC, "levels": levels})
