@@ -18,6 +18,7 @@ import re
 from functools import lru_cache
 from typing import NotRequired, TypedDict
 
+from rigup.boundary.core import Unreadable, loads
 from rigup.config import once
 from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
@@ -134,30 +135,26 @@ def _text_problems(text: str, where: str) -> list[tuple[str, str]]:
                     "give the URL without them")] if carries_credentials(text) else []
 
 
-class _Pairs(list):
-    """A JSON object as its pairs, duplicates kept (json.loads keeps a duplicate key's last value)."""
-
-
 def _json_pieces(text: str) -> list[str] | None:
     """Each scalar of ``text`` read as a JSON object or array, as JSON text with its key where it has one
     (``{"password": "S"}`` read as the pair it is; under a key that names a secret, that key: ``{"password":
-    ["S"]}`` is ``{"password": "S"}``, round 23 J23a), each duplicate pair, and each key alone, so that each
-    piece is read for credentials alone, within the long-run bound (round 21 F21: a minified --json-schema of
-    3,325 characters was refused as a run); None for text that is no such document, or nested deeper than
-    Python recurses."""
+    ["S"]}`` is ``{"password": "S"}``, round 23 J23a), and each key alone, so that each piece is read for
+    credentials alone, within the long-run bound (round 21 F21: a minified --json-schema of 3,325 characters
+    was refused as a run); None for text that is no such document (rigup.boundary.core.loads: a key given twice,
+    NaN, nesting deeper than Python recurses: then the text is read whole, or refused as a run)."""
     def pieces(value, key) -> list[str]:
-        if isinstance(value, _Pairs):
-            return [p for k, item in value for p in pieces(item, key if key is not None and named_secret(key) else k)] \
-                + [json.dumps(k) for k, _ in value]
+        if isinstance(value, dict):
+            return [p for k, item in value.items()
+                    for p in pieces(item, key if key is not None and named_secret(key) else k)] + list(map(json.dumps, value))
         if isinstance(value, list):
             return [p for item in value for p in pieces(item, key)]
         return [json.dumps({key: value}) if key is not None else json.dumps(value)]
     if not text.lstrip().startswith(("{", "[")):
         return None
     try:
-        parsed = json.loads(text, object_pairs_hook=_Pairs)
-        return pieces(parsed, None) if isinstance(parsed, list) else None
-    except (ValueError, RecursionError):
+        parsed = loads(text, "a value")
+        return pieces(parsed, None) if isinstance(parsed, (dict, list)) else None
+    except (Unreadable, RecursionError):
         return None
 
 

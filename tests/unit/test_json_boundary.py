@@ -43,7 +43,6 @@ def test_outside_json_is_parsed_by_the_boundary():
 # list only goes down (round 4 W1: rigup-watchdog's reader of an HTTP error body caught ValueError alone,
 # so a server answering 3000 '[' was "the check failed", never a bad check, never restarted).
 HOST_ALLOWED = {
-    ("plays/shipped/tune.py", "main"): "the sweep's spec, written by tune.py (the play)",
     ("roles/burnin/shipped/acceptance.py", "dcgm"): "dcgmi's JSON (NVIDIA's tool, run as root)",
     ("roles/gpu_guard/shipped/guard.py", "parse_journal"): "journalctl -o json: journald's own flat objects",
     ("roles/llama_cpp/shipped/smoke.py", "main"): "its spec from the role (argv or root's file)",
