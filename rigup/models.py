@@ -137,17 +137,19 @@ def _text_problems(text: str, where: str) -> list[tuple[str, str]]:
 
 def _json_pieces(text: str) -> list[str] | None:
     """Each scalar of ``text`` read as a JSON object or array, as JSON text with its key where it has one
-    (``{"password": "S"}`` read as the pair it is; under a key that names a secret, that key: ``{"password":
-    ["S"]}`` is ``{"password": "S"}``, round 23 J23a), and each key alone, so that each piece is read for
+    (``{"password": "S"}`` read as the pair it is; a list's items with the key over the list: ``{"password":
+    ["S"]}`` is ``{"password": "S"}``, round 23 J23a; a number under a secret's key as text), and each key alone, so that each piece is read for
     credentials alone, within the long-run bound (round 21 F21: a minified --json-schema of 3,325 characters
     was refused as a run); None for text that is no such document (rigup.boundary.core.loads: a key given twice,
     NaN, nesting deeper than Python recurses: then the text is read whole, or refused as a run)."""
     def pieces(value, key) -> list[str]:
-        if isinstance(value, dict):
-            return [p for k, item in value.items()
-                    for p in pieces(item, key if key is not None and named_secret(key) else k)] + list(map(json.dumps, value))
+        if isinstance(value, dict):   # (a map's own keys name what is under them: a JSON Schema's "password":
+            # {"type": "string"} is no secret; round 24 F24a)
+            return [p for k, item in value.items() for p in pieces(item, k)] + list(map(json.dumps, value))
         if isinstance(value, list):
             return [p for item in value for p in pieces(item, key)]
+        if key is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and named_secret(key):
+            value = str(value)   # a number given for a secret is one (round 24 J24a: {"api_key": 84731122903})
         return [json.dumps({key: value}) if key is not None else json.dumps(value)]
     if not text.lstrip().startswith(("{", "[")):
         return None

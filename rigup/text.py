@@ -100,7 +100,7 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # inside a value: NAME=VALUE where a name may stand (Password=S;Server=db, host=db password=S, --api-key=S),
 # "NAME": "VALUE" (JSON), --NAME VALUE (one value holding both: '--api-key S'), an Authorization header's
 # credentials and a Bearer or Basic token written out (round 18 S18b)
-_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;&\])}])", re.ASCII)
+_ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;\])}])", re.ASCII)
 # read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
 _ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
 # NAME: VALUE unquoted, as YAML reads a plain value: to the end of its line, or a " #" comment (round 22 S22c:
@@ -115,13 +115,20 @@ _NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])")
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
-_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+)(?!-)(\S+)", re.ASCII)
+# "NAME": [ ... ] a list of no list or map under a secret's key (round 24 J24b: {"password": ["S"]})
+_JSON_LIST = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*\[)([^\[\]{}]+)(?=\])""")
+_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+(?:\\\n[ \t]*)?)(?!-)(\S+)", re.ASCII)   # (\ newline: S24d)
 # a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
 # YAML's "- --api-key" then "- S" (round 23 S23d)
-_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"]?)(--?[A-Za-z][\w-]*)\1((?:[ \t]*,[ \t]*|[ \t]*\n[ \t]*-[ \t]+)(['"]?))"""
-                         r"""(?!-)([^\s'"]+)""", re.ASCII)
+# (quoted alike, or YAML's items: round 24 G24a, rigup's own "gives --api-key, which rigup sets" was cut; S24c an
+# argv printed one item a line)
+_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*\1)(?!-)([^\s'"]+)(?=\1)"""
+                         r"""|(?<![^\n])([ \t]*-[ \t]+)(--?[A-Za-z][\w-]*)([ \t]*\n[ \t]*-[ \t]+)(?!-)(\S+)""", re.ASCII)
 # curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
-_USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=)([^\s:]*):(\S+)", re.ASCII)
+_USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-u)(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)
+# a private key written out, to its end or the next one's start (round 24 S24g: no name before it)
+_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)(?:(?!-----BEGIN )[\s\S])*?"
+                          r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|(?=-----BEGIN )|$(?![\s\S]))")
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
 # (a token holds a digit, a sign or both cases: "basic configuration", "a bearer of news" are prose)
 _TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[a-z][A-Z]|[A-Z][a-z]))[\w.~+/=-]{4,})"
@@ -236,14 +243,17 @@ def _hidden(text: str) -> str:
     text = _QUERY.sub(lambda m: f"{m.group(1)}***" if query_secret_name(unquote(m.group(1)[1:-1])) else m.group(0),
                       text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}***", text)
+    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}***{m.group(2)}", text) if "PRIVATE KEY-----" in text else text
     text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
     text = _assigned(text)
     text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
                          if m.group(5) and m.group(5) != "***" and named_secret(m.group(2))
                          and not _special_token(m.group(2), m.group(5)) else m.group(0), text)
-    text = _USER_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}:***", text)
-    text = _FLAG_ITEMS.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}***"
-                           if named_secret(m.group(2)) and m.group(5) != "***" else m.group(0), text)
+    text = _USER_FLAG.sub(lambda m: m.group(0) if (m.group(3) + m.group(4)).isdigit()   # (-u 1000:1000: uid:gid)
+                          else f"{m.group(1)}{m.group(2)}{m.group(3)}:***", text)
+    text = _FLAG_ITEMS.sub(_flag_item, text)
+    text = _JSON_LIST.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}***"
+                          if named_secret(m.group(2)) and m.group(4).strip() not in ("", "***") else m.group(0), text)
     return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if named_secret(m.group(1)) and m.group(3) != "***"
                            else m.group(0), text)
 
@@ -252,7 +262,7 @@ def _assigned(text: str) -> str:
     """``text`` with the value of each NAME=VALUE, NAME: VALUE or NAME => VALUE whose name is a secret's as ``***``
     (a name not one is passed over, its value read again as a name: db:password=S). A host's NAME:PORT in a URL
     (after '//' or '@') is no assignment; NAME: then a value unquoted is hidden to its line's end, as YAML reads it."""
-    out, last = [], 0
+    out, last, known_end = [], 0, -1
     for m in _ASSIGNED.finditer(text):
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
@@ -265,24 +275,37 @@ def _assigned(text: str) -> str:
                 and _HOST_PORT.match(text, m.end()):
             continue
         value = _ASSIGNED_VALUE.match(text, m.end())
-        if colon and sep[-1:].isspace() and value and value.lastindex == 3:
+        if colon and sep[-1:].isspace() and (value is None or value.lastindex == 3):
             # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
-            if value.group(3) in _PROSE:
+            if value and value.group(3) in _PROSE:
                 continue
-            at, end = m.end(), _line_end(text, m.end())
+            if m.end() > known_end:   # (each line's end found once: round 24 R24a, a line of 'password: a #')
+                known_end = _line_end(text, m.end())
+            at, end = m.end(), known_end
             comment = _COMMENT.search(text, at, end)
             end = at + len(text[at:comment.start() if comment else end].rstrip())
-            if _NO_SECRET.fullmatch(text[at:end]) or text[at:end] == "***":
+            if _NO_SECRET.fullmatch(text[at:end]) or text[at:end] in ("***", ""):
                 continue
             end = _deeper_lines(text, m.start(), end)
+            value = True   # (a YAML anchor or tag first: password: &pw S, round 24 S24b)
         elif value:
             at, end = value.start(value.lastindex), value.end(value.lastindex)
+            if value.lastindex < 3 and value.group(0)[-1:] not in "\"'":   # a quote not closed on its line (S24a)
+                end = _deeper_lines(text, m.start(), end)
         inner = text[at:end] if value else ""
         if not inner or inner == "***" or _special_token(name, inner):
             continue
         out += [text[last:at], "***"]
         last = end
     return "".join(out) + text[last:]
+
+
+def _flag_item(m: re.Match) -> str:
+    """A :data:`_FLAG_ITEMS` match with the value of a flag naming a secret as ``***``."""
+    lead, flag, gap, value = m.group(1, 2, 3, 4) if m.group(2) else m.group(5, 6, 7, 8)
+    if not named_secret(flag) or value == "***":
+        return m.group(0)
+    return f"{lead}{flag}{lead}{gap}***" if m.group(2) else f"{lead}{flag}{gap}***"
 
 
 def _line_end(text: str, at: int) -> int:
@@ -293,16 +316,19 @@ def _line_end(text: str, at: int) -> int:
 
 def _deeper_lines(text: str, key: int, end: int) -> int:
     """``end``, moved over the lines after it indented deeper than the line of ``key`` (a YAML value folded
-    or in a block, ``password: |`` then its lines: round 23 S23a)."""
+    or in a block, ``password: |`` then its lines: round 23 S23a), and the blank lines between them (round 24
+    S24a); any blank counts as indentation."""
     start = text.rfind("\n", 0, key) + 1
-    indent = len(text[start:key]) - len(text[start:key].lstrip(" "))
+    indent = len(text[start:key]) - len(text[start:key].lstrip())
     at = _line_end(text, end)
     while at < len(text):
         line_end = _line_end(text, at + 1)
         line = text[at + 1:line_end]
-        if not line.strip() or len(line) - len(line.lstrip(" ")) <= indent:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
             break
-        end = at = line_end
+        if line.strip():
+            end = line_end
+        at = line_end
     return end
 
 
@@ -322,7 +348,8 @@ def named_secret(name: str) -> bool:
     last = words[-1][:-1] if words[-1].endswith("s") and words[-1][:-1] in _VALUE_WORDS else words[-1]
     if last == "token" and len(words) > 1:   # GITHUB_TOKEN, NPM_TOKEN, hub_token (round 20 S20a); not bos_token
         return words[-2] not in _MODEL_TOKENS
-    return last in _VALUE_WORDS or tuple(words[-2:]) in _VALUE_PAIRS or words == ["token"]
+    pair = (*words[-2:-1], words[-1][:-1] if words[-1].endswith("s") else words[-1])   # (api_keys: round 24 J24b)
+    return last in _VALUE_WORDS or tuple(words[-2:]) in _VALUE_PAIRS or pair in _VALUE_PAIRS or words == ["token"]
 
 
 def shown(text: object, limit: int = 200) -> str:

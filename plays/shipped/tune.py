@@ -160,11 +160,9 @@ FRACTIONS = frozenset({"gain", "budget_s", "ready_timeout_s"})
 def spec_numbers(spec: dict) -> None:
     """ValueError, naming the key, for a number of the spec that is not one (:data:`NUMBERS`, ``levels``),
     or for an ``argv`` that is not a list of text, an ``env`` not a map of text to text."""
-    for key, (low, high) in NUMBERS.items():
-        values = [spec[key]] if key in spec and spec[key] is not None else []
-        if key == "concurrency" and isinstance(spec.get("levels"), list):
-            values += spec["levels"]
-        for v in values:
+    levels = spec.get("levels") if isinstance(spec.get("levels"), list) else []
+    for key, (low, high) in [*NUMBERS.items(), ("levels", NUMBERS["concurrency"])]:   # (levels: concurrencies)
+        for v in levels if key == "levels" else [spec[key]] if key in spec and spec[key] is not None else []:
             # (no isfinite: a NaN is within no bounds, and 10**400, a JSON whole number, is no float)
             if isinstance(v, bool) or not isinstance(v, int if key not in FRACTIONS else (int, float)) \
                     or not low <= v <= high:

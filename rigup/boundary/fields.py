@@ -169,6 +169,9 @@ CROSSINGS = (
              "rigup/boundary/fields.py:name", "rigup/config.py:Form"),
     Crossing("a JSON value of a vLLM option in an instance's extra_args (--structured-outputs-config ...)",
              "the operator", "rigup/boundary/core.py:keys_as_read", "rigup/instances/vllm.py:json_keys"),
+    Crossing("a JSON value in a serving instance's extra_args or env, read for credentials piece by piece "
+             "(llama-server's --json-schema, vLLM's --hf-overrides)", "the operator", "rigup/boundary/core.py:loads",
+             "rigup/models.py:_json_pieces"),
     Crossing("an inventory address or a configured IP that becomes a bind or an allow-list entry", "the operator",
              "rigup/boundary/fields.py:host_ip",
              "rigup/config.py:Form, rigup/rpc.py:ip_problem, roles/vllm/checks.py:check_host_ip, "

@@ -16,7 +16,12 @@ refusals.
   quote; S23c (my regression of S22a) a URL's HOST:PORT is one inside an authority, the colon glued, then a port,
   not any NAME: after '/' or '@'; S23d a flag and its value as two list items, curl's -u USER:PASSWORD; J23a a JSON
   secret's key carried down to the scalars under it, each duplicate pair read; J23b a long JSON string refused once,
-  not re-read as JSON; T23a the tuner's levels a list; F23 YAML's booleans and null, one digit: no secret."""
+  not re-read as JSON; T23a the tuner's levels a list; F23 YAML's booleans and null, one digit: no secret.
+- Round 24: S24a a quoted value continued, blank lines and tabs in a YAML block; S24b a YAML anchor or tag first;
+  S24c/G24a a flag's list items quoted alike over lines (rigup's "gives --api-key, which" no longer cut); S24d a
+  shell continuation; S24f curl -uUSER:PASS; S24g a private key block; J24a a number under a secret's key; J24b a
+  secret's list in text, plural pairs (api_keys); F24a (my regression of J23a) a map's own keys name what is under
+  them, so a JSON Schema's "password" property is served; R24a a line's end found once; T24a levels named."""
 
 import json
 
@@ -90,7 +95,9 @@ def test_r22a_say_reads_a_lines_first_8000_characters(capsys):
 @pytest.mark.parametrize("head, unit", [("password: x", " "), ("password: x", " \t"), ("", "password: x "),
                                         ("", "password: expected "), ("", "image_token: <a> "), ("password: x", " a#"),
                                         ("password: x\n", "  y\n"), ("", "password: |\n  a\n"), ("", "'--api-key', "),
-                                        ("", "- --api-key\n"), ("", "-u a:"), ("", "  password: ***\n")])
+                                        ("", "- --api-key\n"), ("", "-u a:"), ("", "  password: ***\n"),
+                                        ("", "password: a #"), ("", "-----BEGIN RSA PRIVATE KEY-----\n"),
+                                        ("password: |\n", "\n"), ("", '"password": ['), ("", "'--api-key',\n")])
 def test_r22_a_plain_values_end_is_found_in_time_growing_with_the_text(head, unit):
     """(a pattern with a lookahead over blanks took 5 s for 16k spaces: quadratic; a ratio in one run, not a timed test)"""
     from tests.unit.test_round19 import redaction_ratio
@@ -122,7 +129,7 @@ def test_f23_yamls_booleans_and_null_a_digit_a_login_and_a_hosts_port_stay_shown
 PAD = ",".join(f'"k{i}":"v{i}"' for i in range(400))   # a value of over 2048 characters without a blank
 
 
-@pytest.mark.parametrize("document", ['{"password":["%s"],%s}' % (S, PAD), '{"password":{"value":"%s"},%s}' % (S, PAD),
+@pytest.mark.parametrize("document", ['{"password":["%s"],%s}' % (S, PAD), '{"api_key":84731122903,%s}' % PAD,
                                       '{"password":"%s","password":null,%s}' % (S, PAD), '{"password":["%s"]}' % S,
                                       '{"pattern":"%s",%s}' % ("x" * 3000, PAD)])
 def test_j23_a_secrets_key_over_a_list_or_map_a_duplicate_pair_and_a_long_string_are_refused_once(document):
@@ -138,3 +145,43 @@ def test_t23a_the_tuners_levels_are_a_list(levels):
     from tests.unit.test_tune import SPEC
     with pytest.raises(ValueError, match="levels are not a list"):
         tune.spec_numbers({**SPEC, "levels": levels})
+
+
+
+# -- round 24 (against d1533e8): what round 23's fixes left or broke -----------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    (f'password: "abc\n  {S}"', 'password: "***'), (f"password: |\n  a\n\n  {S}\nnext: 1", "password: ***\nnext: 1"),
+    (f"password:\t|\n\t{S}", "password:\t***"), (f"password: &pw {S}", "password: ***"), (f"password: !!str {S}", "password: ***"),
+    (f'[\n  "--api-key",\n  "{S}"\n]', '[\n  "--api-key",\n  "***"\n]'), (f"--api-key \\\n  {S}", "--api-key \\\n  ***"),
+    (f"curl -uadmin:{S} http://h", "curl -uadmin:*** http://h"), (f'{{"password": ["{S}"]}}', '{"password": [***]}'),
+    (f'{{"api_keys":["{S}"]}}', '{"api_keys":[***]}'), (f"password: a # x password: {S} # y", "password: *** # x password: *** # y"),
+    (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{S}\n-----END OPENSSH PRIVATE KEY-----",
+     "-----BEGIN OPENSSH PRIVATE KEY-----***-----END OPENSSH PRIVATE KEY-----")])
+def test_s24_a_yaml_value_over_lines_an_anchor_a_flag_over_lines_and_a_secrets_list_are_hidden(value, shown):
+    print(repr(value), "->", repr(redacted(value)))
+    assert redacted(value) == shown and carries_credentials(value)
+
+
+@pytest.mark.parametrize("value", ["gives --api-key, which rigup sets", "docker run -u 1000:1000 x", "-ub 512",
+                                   '{"usage": {"prompt_tokens": 5, "total_tokens": 9}}', '{"stop": ["</s>"]}'])
+def test_g24a_rigups_own_sentence_a_uid_and_a_models_usage_stay_shown(value):
+    assert redacted(value) == value and not carries_credentials(value)
+
+
+@pytest.mark.parametrize("pad", ["", "," + PAD])
+def test_f24a_a_json_schema_with_a_password_property_is_served(pad):
+    """(a map's own keys name what is under them: the price, {"password": {"value": S}} is read as value: S)"""
+    from rigup.instances.llama_server import instances
+    from tests.unit.hosts import data, glm_llama
+    schema = ('{"type":"object","properties":{"password":{"type":"string","minLength":8},"token":{"$ref":"#/defs/t"},'
+              '"api_key":{"type":"string"}}%s}' % pad)
+    found, problems = instances(data(**glm_llama(extra_args=["--json-schema", schema])))
+    assert not problems and found["glm"]["extra_args"][-1] == schema
+
+
+def test_t24a_a_tuner_level_out_of_bounds_is_named_as_a_level():
+    from plays.shipped import tune
+    from tests.unit.test_tune import SPEC
+    with pytest.raises(ValueError, match="the spec's levels: '0'"):
+        tune.spec_numbers({**SPEC, "levels": [4, 0]})
