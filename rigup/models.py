@@ -24,7 +24,7 @@ from rigup.contract import SERVING
 from rigup.entries import Key, normalise, unknown_reference
 from rigup.gpu.catalogue import family_keys, family_of
 from rigup.names import revision_dir
-from rigup.text import LONG_RUN, carries_credentials, long_run, named_secret
+from rigup.text import LONG_RUN, carries_credentials, long_run, named_secret, special_token
 
 
 class ModelEntry(TypedDict):
@@ -112,8 +112,11 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
     the plan (issue 61, round 15 V48)."""
     if isinstance(value, dict):
         return [p for key, item in value.items() for p in credential_problems(item, f"{where}.{key}")]
-    if isinstance(value, list):
-        return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")]
+    if isinstance(value, list):   # each item, and each flag with the item after it (round 25 V25a: ["--x-password", S])
+        pairs = [(f"{where}[{i + 1}]", f"is the value of {a[:40]}, a flag named for a secret: it would stand in the "
+                  "server's command line, which any local user reads in ps or the unit, the plan and the journal")
+                 for i, (a, b) in enumerate(zip(value, value[1:])) if secret_flag(a) and isinstance(b, str)]
+        return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")] + pairs
     if not isinstance(value, str):
         return []
     pieces = _json_pieces(value)   # a JSON document (--json-schema, --hf-overrides): each scalar with its key, too
@@ -121,6 +124,12 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
         found = [p for piece in pieces for p in _text_problems(piece, f"{where} (JSON)")]
         return found[:1] or ([] if long_run(value) else _text_problems(value, where))
     return _text_problems(value, where)
+
+
+def secret_flag(arg) -> bool:
+    """Whether ``arg`` is a flag named for a secret that takes its value as the next item (``--redis-password``,
+    ``--api-key``; not ``--api-key=S``, one item, read as text)."""
+    return isinstance(arg, str) and arg.startswith("-") and "=" not in arg and named_secret(arg)
 
 
 def _text_problems(text: str, where: str) -> list[tuple[str, str]]:
@@ -148,7 +157,8 @@ def _json_pieces(text: str) -> list[str] | None:
             return [p for k, item in value.items() for p in pieces(item, k)] + list(map(json.dumps, value))
         if isinstance(value, list):
             return [p for item in value for p in pieces(item, key)]
-        if key is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and named_secret(key):
+        if key is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and named_secret(key) \
+                and not special_token(key, "<id>"):   # (image_token: 151655 is a token's id: round 25 F25a)
             value = str(value)   # a number given for a secret is one (round 24 J24a: {"api_key": 84731122903})
         return [json.dumps({key: value}) if key is not None else json.dumps(value)]
     if not text.lstrip().startswith(("{", "[")):

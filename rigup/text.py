@@ -110,25 +110,27 @@ _COMMENT = re.compile(r"[ \t]#")
 _HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
 # a plain value that is no secret: YAML's booleans and null, one digit (use_auth_token: true, hf_token: null,
 # HF_HUB_DISABLE_TOKEN: 1: round 23 F23)
-_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])")
+_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=[,;)]|\s\())")   # (true, or ...)
 # a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 # "NAME": [ ... ] a list of no list or map under a secret's key (round 24 J24b: {"password": ["S"]})
 _JSON_LIST = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*\[)([^\[\]{}]+)(?=\])""")
-_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]+(?:\\\n[ \t]*)?)(?!-)(\S+)", re.ASCII)   # (\ newline: S24d)
+_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!-)(\S+)", re.ASCII)   # (\ newline: S24d)
 # a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
 # YAML's "- --api-key" then "- S" (round 23 S23d)
 # (quoted alike, or YAML's items: round 24 G24a, rigup's own "gives --api-key, which rigup sets" was cut; S24c an
 # argv printed one item a line)
-_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*\1)(?!-)([^\s'"]+)(?=\1)"""
-                         r"""|(?<![^\n])([ \t]*-[ \t]+)(--?[A-Za-z][\w-]*)([ \t]*\n[ \t]*-[ \t]+)(?!-)(\S+)""", re.ASCII)
+# (round 25 S25c: YAML's flow list [--api-key, S] and quoted items; S25d: a value in its own quotes, ["--x", "it's"])
+_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*(['"]))(?!-)((?:(?!\4)[^\n\\])+)(?=\4)"""
+                         r"""|(?<![^\n])([ \t]*-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\n[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
+                         r"""|(?<=[\[,])([ \t]*)(--?[A-Za-z][\w-]*)([ \t]*,[ \t]*)(?!-)([^\s,\]'"]+)""", re.ASCII)
 # curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
-_USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-u)(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)
+_USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-[uU])(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)
 # a private key written out, to its end or the next one's start (round 24 S24g: no name before it)
-_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)(?:(?!-----BEGIN )[\s\S])*?"
-                          r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|(?=-----BEGIN )|$(?![\s\S]))")
+_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)(?:(?!-----BEGIN )[\s\S])*?"
+                          r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|(?=-----BEGIN )|$(?![\s\S]))")
 _HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate)\s+)?)(\S+)")
 # (a token holds a digit, a sign or both cases: "basic configuration", "a bearer of news" are prose)
 _TOKEN = re.compile(r"(?<![\w-])((?i:bearer)\s+)((?=[\w.~+/=-]*(?:[0-9._~+/=-]|[a-z][A-Z]|[A-Z][a-z]))[\w.~+/=-]{4,})"
@@ -153,7 +155,7 @@ _PATHS = ("file", "files", "path", "dir")
 # lower-case word was one, and "password: letmein" was shown)
 # (round 22 S22c: no article, "password: the S"; a secret after one of these words is the price of rigup's messages)
 _PROSE = frozenset({"expected", "got", "remove", "holds", "give", "not", "must", "unknown", "missing", "refused", "only",
-                    "needs", "carries"})
+                    "needs", "carries", "drop", "set"})
 # a token's word before which a token is the model's, not a secret (bos_token, add_bos_token, max_token)
 _MODEL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "eom", "fim", "max", "num"})
 
@@ -240,15 +242,15 @@ def _hidden(text: str) -> str:
         text = _AUTHORITY.sub(blanks, text)
         text = _USERINFO.sub(one, text)
         text = _SCP.sub(lambda m: f"{m.group(1)}:***@", text)
-    text = _QUERY.sub(lambda m: f"{m.group(1)}***" if query_secret_name(unquote(m.group(1)[1:-1])) else m.group(0),
-                      text)
+    text = _QUERY.sub(lambda m: f"{m.group(1)}***" if query_secret_name(unquote(m.group(1)[1:-1]))
+                      and m.group(0)[len(m.group(1)):].strip(",.") else m.group(0), text)   # (?token=, or: prose)
     text = _HEADER.sub(lambda m: f"{m.group(1)}***", text)
-    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}***{m.group(2)}", text) if "PRIVATE KEY-----" in text else text
+    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}***{m.group(2)}", text) if "PRIVATE KEY" in text else text
     text = _TOKEN.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(3)}***", text)
     text = _assigned(text)
     text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
                          if m.group(5) and m.group(5) != "***" and named_secret(m.group(2))
-                         and not _special_token(m.group(2), m.group(5)) else m.group(0), text)
+                         and not special_token(m.group(2), m.group(5)) else m.group(0), text)
     text = _USER_FLAG.sub(lambda m: m.group(0) if (m.group(3) + m.group(4)).isdigit()   # (-u 1000:1000: uid:gid)
                           else f"{m.group(1)}{m.group(2)}{m.group(3)}:***", text)
     text = _FLAG_ITEMS.sub(_flag_item, text)
@@ -262,7 +264,7 @@ def _assigned(text: str) -> str:
     """``text`` with the value of each NAME=VALUE, NAME: VALUE or NAME => VALUE whose name is a secret's as ``***``
     (a name not one is passed over, its value read again as a name: db:password=S). A host's NAME:PORT in a URL
     (after '//' or '@') is no assignment; NAME: then a value unquoted is hidden to its line's end, as YAML reads it."""
-    out, last, known_end = [], 0, -1
+    out, last, line = [], 0, (0, -1)   # (the bounds of the line last read: found once a line, round 24-25 R24a/R25a)
     for m in _ASSIGNED.finditer(text):
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
@@ -279,21 +281,24 @@ def _assigned(text: str) -> str:
             # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
             if value and value.group(3) in _PROSE:
                 continue
-            if m.end() > known_end:   # (each line's end found once: round 24 R24a, a line of 'password: a #')
-                known_end = _line_end(text, m.end())
-            at, end = m.end(), known_end
+            if m.end() > line[1]:
+                line = (text.rfind("\n", 0, m.start()) + 1, _line_end(text, m.end()))
+            at, end = m.end(), line[1]
             comment = _COMMENT.search(text, at, end)
             end = at + len(text[at:comment.start() if comment else end].rstrip())
-            if _NO_SECRET.fullmatch(text[at:end]) or text[at:end] in ("***", ""):
+            if _NO_SECRET.match(text[at:end]) or text[at:end] in ("***", ""):
                 continue
-            end = _deeper_lines(text, m.start(), end)
+            end = _deeper_lines(text, line, end)
             value = True   # (a YAML anchor or tag first: password: &pw S, round 24 S24b)
         elif value:
             at, end = value.start(value.lastindex), value.end(value.lastindex)
-            if value.lastindex < 3 and value.group(0)[-1:] not in "\"'":   # a quote not closed on its line (S24a)
-                end = _deeper_lines(text, m.start(), end)
+            if value.lastindex < 3 and value.end() == _line_end(text, value.end()) \
+                    and (len(value.group(0)) < 2 or value.group(0)[-1] != value.group(0)[0]):
+                # a quote not closed on its line: to its closing quote, or the text's end (rounds 24-25 S24a, S25a)
+                close = text.find(value.group(0)[0], value.end())
+                end = close if close >= 0 else len(text)
         inner = text[at:end] if value else ""
-        if not inner or inner == "***" or _special_token(name, inner):
+        if not inner or inner == "***" or special_token(name, inner):
             continue
         out += [text[last:at], "***"]
         last = end
@@ -302,7 +307,8 @@ def _assigned(text: str) -> str:
 
 def _flag_item(m: re.Match) -> str:
     """A :data:`_FLAG_ITEMS` match with the value of a flag naming a secret as ``***``."""
-    lead, flag, gap, value = m.group(1, 2, 3, 4) if m.group(2) else m.group(5, 6, 7, 8)
+    lead, flag, gap, value = m.group(1, 2, 3, 5) if m.group(2) else m.group(6, 7, 8, 9) if m.group(7) \
+        else m.group(10, 11, 12, 13)
     if not named_secret(flag) or value == "***":
         return m.group(0)
     return f"{lead}{flag}{lead}{gap}***" if m.group(2) else f"{lead}{flag}{gap}***"
@@ -314,25 +320,24 @@ def _line_end(text: str, at: int) -> int:
     return len(text) if end < 0 else end
 
 
-def _deeper_lines(text: str, key: int, end: int) -> int:
-    """``end``, moved over the lines after it indented deeper than the line of ``key`` (a YAML value folded
-    or in a block, ``password: |`` then its lines: round 23 S23a), and the blank lines between them (round 24
-    S24a); any blank counts as indentation."""
-    start = text.rfind("\n", 0, key) + 1
-    indent = len(text[start:key]) - len(text[start:key].lstrip())
-    at = _line_end(text, end)
+def _deeper_lines(text: str, line: tuple[int, int], end: int) -> int:
+    """``end``, moved over the lines after ``line`` (its start and end) indented deeper than it (a YAML value
+    folded or in a block, ``password: |`` then its lines: round 23 S23a), and the blank lines between them (round
+    24 S24a); any blank counts as indentation."""
+    indent = len(text[line[0]:line[1]]) - len(text[line[0]:line[1]].lstrip())
+    at = line[1]
     while at < len(text):
         line_end = _line_end(text, at + 1)
-        line = text[at + 1:line_end]
-        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+        following = text[at + 1:line_end]
+        if following.strip() and len(following) - len(following.lstrip()) <= indent:
             break
-        if line.strip():
+        if following.strip():
             end = line_end
         at = line_end
     return end
 
 
-def _special_token(name: str, value: str) -> bool:
+def special_token(name: str, value: str) -> bool:
     """Whether ``value`` is a model's special token given to a name ending in token, none of a credential's
     (image_token: <image>; not access_token, hf_token, a bare token)."""
     words = [w.lower() for w in _WORD.findall(_CAMEL.sub("_", name))]

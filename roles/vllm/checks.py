@@ -33,7 +33,7 @@ from rigup.text import carries_credentials
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
-from rigup.models import models
+from rigup.models import models, secret_flag
 from rigup.refusal import Fleet, Port, Refusal, config_refusals, needs_systemd, serving_exposure, serving_ports
 from rigup.units import had_replicas, replica_port
 from roles.vllm import command
@@ -149,11 +149,17 @@ def credentialed(data: Config) -> list[str]:
     vllm_install_env's values (UV_INDEX_URL, PIP_EXTRA_INDEX_URL) and of vllm_ray_args. The instances'
     extra_args and env, and vllm_env, are rigup.models.credential_problems' (check_config)."""
     env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
-    return [key for key, text in (("vllm_git_url", data.get("vllm_git_url")),
-                                  *((f"vllm_pip_args[{i}]", a) for i, a in enumerate(data.get("vllm_pip_args") or [])),
-                                  *((f"vllm_install_env.{k}", v) for k, v in env.items()),
-                                  *((f"vllm_ray_args[{i}]", a) for i, a in enumerate(data.get("vllm_ray_args") or [])))
-            if carries_credentials(text or "")]
+
+    def argv(key: str) -> list[tuple[str, str]]:   # each item, and each flag with the item after it (round 25 V25a:
+        items = [str(a) for a in data.get(key) or []]   # ["--redis-password", S] was two items, each read alone)
+        return [(f"{key}[{i}]", a) for i, a in enumerate(items)] + \
+            [(f"{key}[{i + 1}]", f"{a}={b}") for i, (a, b) in enumerate(zip(items, items[1:])) if secret_flag(a)]
+    return list(dict.fromkeys(
+        [key for key, text in (("vllm_git_url", data.get("vllm_git_url")), *argv("vllm_pip_args"),
+                               *((f"vllm_install_env.{k}", v) for k, v in env.items()), *argv("vllm_ray_args"))
+         if carries_credentials(text or "")]
+        # a variable named for a secret, whatever its value (round 25 V25b: UV_INDEX_PRIVATE_PASSWORD)
+        + [f"vllm_install_env.{k}" for k in env if secret_variable(str(k))]))
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

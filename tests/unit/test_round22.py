@@ -151,7 +151,7 @@ def test_t23a_the_tuners_levels_are_a_list(levels):
 # -- round 24 (against d1533e8): what round 23's fixes left or broke -----------------------------------------------
 
 @pytest.mark.parametrize("value, shown", [
-    (f'password: "abc\n  {S}"', 'password: "***'), (f"password: |\n  a\n\n  {S}\nnext: 1", "password: ***\nnext: 1"),
+    (f'password: "abc\n  {S}"', 'password: "***"'), (f"password: |\n  a\n\n  {S}\nnext: 1", "password: ***\nnext: 1"),
     (f"password:\t|\n\t{S}", "password:\t***"), (f"password: &pw {S}", "password: ***"), (f"password: !!str {S}", "password: ***"),
     (f'[\n  "--api-key",\n  "{S}"\n]', '[\n  "--api-key",\n  "***"\n]'), (f"--api-key \\\n  {S}", "--api-key \\\n  ***"),
     (f"curl -uadmin:{S} http://h", "curl -uadmin:*** http://h"), (f'{{"password": ["{S}"]}}', '{"password": [***]}'),
@@ -185,3 +185,60 @@ def test_t24a_a_tuner_level_out_of_bounds_is_named_as_a_level():
     from tests.unit.test_tune import SPEC
     with pytest.raises(ValueError, match="the spec's levels: '0'"):
         tune.spec_numbers({**SPEC, "levels": [4, 0]})
+
+
+# -- round 25 (against 57cd15e): what round 24's fixes left or broke -----------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    (f"[--port, 8080, --api-key, {S}]", "[--port, 8080, --api-key, ***]"), (f'- "--api-key"\n- "{S}"', '- "--api-key"\n- "***"'),
+    (f'["--password", "pa\'ss{S}"]', '["--password", "***"]'), (f"['--api-key', \"it's{S}\"]", "['--api-key', \"***\"]"),
+    (f"curl -Uproxy:{S}", "curl -Uproxy:***"), (f"--api-key\\\n{S}", "--api-key\\\n***"), (f"--api-key \\\r\n{S}", "--api-key \\\r\n***"),
+    (f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n{S}\n-----END PGP PRIVATE KEY BLOCK-----",
+     "-----BEGIN PGP PRIVATE KEY BLOCK-----***-----END PGP PRIVATE KEY BLOCK-----"),
+    (f'password: "ab\'\n  {S}"', 'password: "***"'), (f'HF_TOKEN="abc\n{S}"\nX=1', 'HF_TOKEN="***"\nX=1')])
+def test_s25_a_flow_list_a_quote_inside_a_value_curls_proxy_user_a_continuation_and_a_pgp_key_are_hidden(value, shown):
+    print(repr(value), "->", repr(redacted(value)))
+    assert redacted(value) == shown and carries_credentials(value)
+
+
+@pytest.mark.parametrize("line", [
+    "set vllm_instances.a.api_key: true, or host: 127.0.0.1",
+    "remove it and set vllm_instances.x.api_key: true (a key made on the host)",
+    "llama_server_instances.g.extra_args: gives --api-key, which rigup sets from llama_server_instances.g.api_key: "
+    "drop it from extra_args and set api_key", "a secret parameter such as ?token=, or a tab or line break",
+    "['--port', '8080']", "[--port, 8080]", "docker run -U 1000:1000 x"])
+def test_g25a_rigups_own_sentences_come_through_say_unchanged(line, capsys):
+    from rigup.text import say
+    say(line)
+    assert capsys.readouterr().err.rstrip("\n") == line
+
+
+def test_g25a_every_configuration_error_comes_through_say_unchanged():
+    from rigup.config import declared, problems
+    lines = [f"group_vars/all.yml: {message}" for name in declared() for wrong in ([1], {"a": 1}, "x y", 3.5, True, None)
+             for _, message in problems({name: wrong})]
+    garbled = [line for line in lines if redacted(line) != line]
+    print(f"{len(lines)} messages, {len(garbled)} garbled: {garbled[:3]}")
+    assert lines and not garbled
+
+
+@pytest.mark.parametrize("key", ["image_token", "video_token", "boi_token", "vision_start_token", "think_end_token",
+                                 "decoder_start_token"])
+def test_f25a_a_number_under_a_models_token_key_is_its_id(key):
+    from rigup.models import credential_problems
+    assert credential_problems(json.dumps({key: 151655, "text_config": {key: 7}}), "x") == []
+
+
+@pytest.mark.parametrize("args", [["--redis-password", S], ["--block", "--redis-password", S]])
+def test_v25a_a_secret_flag_and_its_value_as_two_items_are_refused(args):
+    from roles.vllm.checks import credentialed
+    from rigup.models import credential_problems
+    assert credentialed({"vllm_ray_args": args}) and credentialed({"vllm_pip_args": args})
+    assert credential_problems(args, "vllm_instances.a.extra_args")
+    assert not credentialed({"vllm_ray_args": ["--num-gpus", "8"]})
+
+
+def test_v25b_an_install_variable_named_for_a_secret_is_refused_whatever_its_value():
+    from roles.vllm.checks import credentialed
+    assert credentialed({"vllm_install_env": {"UV_INDEX_PRIVATE_PASSWORD": "x"}}) == ["vllm_install_env.UV_INDEX_PRIVATE_PASSWORD"]
+    assert credentialed({"vllm_install_env": {"UV_INDEX_URL": "https://pypi.example/simple"}}) == []
