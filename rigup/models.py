@@ -113,7 +113,7 @@ def credential_problems(value, where: str) -> list[tuple[str, str]]:
     if isinstance(value, dict):
         return [p for key, item in value.items() for p in credential_problems(item, f"{where}.{key}")]
     if isinstance(value, list):   # each item, and each flag with the item after it (round 25 V25a: ["--x-password", S])
-        pairs = [(f"{where}[{i + 1}]", f"is the value of {a[:40]}, a flag named for a secret: it would stand in the "
+        pairs = [(f"{where}[{i + 1}]", f"is the value of {a[:40]}, a flag named for a secret, and would stand in the "
                   "server's command line, which any local user reads in ps or the unit, the plan and the journal")
                  for i, (a, b) in enumerate(zip(value, value[1:])) if secret_flag(a) and isinstance(b, str)]
         return [p for i, item in enumerate(value) for p in credential_problems(item, f"{where}[{i}]")] + pairs

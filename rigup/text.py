@@ -107,25 +107,30 @@ _ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|
 # "password: correct horse" hid "correct" alone); found by str.find, not a pattern (one with a lookahead over
 # blanks took 5 s for 16k spaces)
 _COMMENT = re.compile(r"[ \t]#")
+# the rest of a quoted value not closed on its line, to its closing quote (\" in double quotes, '' in single) or the end
+_CLOSE = {'"': re.compile(r'(?:[^"\\]|\\[\s\S])*("|\Z)'), "'": re.compile(r"(?:[^']|'')*('(?!')|\Z)")}
 _HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
 # a plain value that is no secret: YAML's booleans and null, one digit (use_auth_token: true, hf_token: null,
 # HF_HUB_DISABLE_TOKEN: 1: round 23 F23)
-_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=[,;)]|\s\())")   # (true, or ...)
+# (then the end, or prose: "true, or host: ...", "true (a key made ...)"; not "1;S" or "no,S": round 26 S26a)
+_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=[,;)]\s|\s\(|\)$))")
 # a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 # "NAME": [ ... ] a list of no list or map under a secret's key (round 24 J24b: {"password": ["S"]})
 _JSON_LIST = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*\[)([^\[\]{}]+)(?=\])""")
-_FLAG_VALUE = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!-)(\S+)", re.ASCII)   # (\ newline: S24d)
+_FLAG_VALUE = re.compile(r"(?<![^\s'\"])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!['\"]?-)(\S+)",
+                         re.ASCII)   # ("--api-key" "S" in a unit's ExecStart: round 26 S26e)   # (\ newline: S24d)
 # a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
 # YAML's "- --api-key" then "- S" (round 23 S23d)
 # (quoted alike, or YAML's items: round 24 G24a, rigup's own "gives --api-key, which rigup sets" was cut; S24c an
 # argv printed one item a line)
 # (round 25 S25c: YAML's flow list [--api-key, S] and quoted items; S25d: a value in its own quotes, ["--x", "it's"])
-_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*(['"]))(?!-)((?:(?!\4)[^\n\\])+)(?=\4)"""
+# (round 26: S26c a flow list over lines, a quoted value in one; S26d a value holding a backslash or an escaped quote)
+_FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*(['"]))(?!-)((?:(?!\4)[^\n\\]|\\.)+)(?=\4)"""
                          r"""|(?<![^\n])([ \t]*-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\n[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
-                         r"""|(?<=[\[,])([ \t]*)(--?[A-Za-z][\w-]*)([ \t]*,[ \t]*)(?!-)([^\s,\]'"]+)""", re.ASCII)
+                         r"""|(?<=[\[,])(\s*)(--?[A-Za-z][\w-]*)(\s*,\s*['"]?)(?!-)([^\s,\]'"]+)""", re.ASCII)
 # curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
 _USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-[uU])(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)
 # a private key written out, to its end or the next one's start (round 24 S24g: no name before it)
@@ -256,7 +261,7 @@ def _hidden(text: str) -> str:
     text = _FLAG_ITEMS.sub(_flag_item, text)
     text = _JSON_LIST.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}***"
                           if named_secret(m.group(2)) and m.group(4).strip() not in ("", "***") else m.group(0), text)
-    return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if named_secret(m.group(1)) and m.group(3) != "***"
+    return _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}***" if named_secret(m.group(1)) and m.group(3).strip("\"'") != "***"
                            else m.group(0), text)
 
 
@@ -295,8 +300,8 @@ def _assigned(text: str) -> str:
             if value.lastindex < 3 and value.end() == _line_end(text, value.end()) \
                     and (len(value.group(0)) < 2 or value.group(0)[-1] != value.group(0)[0]):
                 # a quote not closed on its line: to its closing quote, or the text's end (rounds 24-25 S24a, S25a)
-                close = text.find(value.group(0)[0], value.end())
-                end = close if close >= 0 else len(text)
+                close = _CLOSE[value.group(0)[0]].match(text, value.end())   # (its escapes honoured: round 26 S26b)
+                end = close.end() - len(close.group(1))
         inner = text[at:end] if value else ""
         if not inner or inner == "***" or special_token(name, inner):
             continue
@@ -335,6 +340,11 @@ def _deeper_lines(text: str, line: tuple[int, int], end: int) -> int:
             end = line_end
         at = line_end
     return end
+
+
+def no_secret_value(text: str) -> bool:
+    """Whether ``text`` is no secret's value whatever its name: a YAML boolean or null, or one digit (a switch)."""
+    return _NO_SECRET.fullmatch(text.strip()) is not None
 
 
 def special_token(name: str, value: str) -> bool:

@@ -29,7 +29,7 @@ import re
 
 from rigup.config import Config, ConfigError, host_ip
 from rigup.contract import vllm as vllm_contract
-from rigup.text import carries_credentials
+from rigup.text import carries_credentials, named_secret, no_secret_value
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -150,16 +150,22 @@ def credentialed(data: Config) -> list[str]:
     extra_args and env, and vllm_env, are rigup.models.credential_problems' (check_config)."""
     env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
 
-    def argv(key: str) -> list[tuple[str, str]]:   # each item, and each flag with the item after it (round 25 V25a:
-        items = [str(a) for a in data.get(key) or []]   # ["--redis-password", S] was two items, each read alone)
-        return [(f"{key}[{i}]", a) for i, a in enumerate(items)] + \
-            [(f"{key}[{i + 1}]", f"{a}={b}") for i, (a, b) in enumerate(zip(items, items[1:])) if secret_flag(a)]
-    return list(dict.fromkeys(
-        [key for key, text in (("vllm_git_url", data.get("vllm_git_url")), *argv("vllm_pip_args"),
-                               *((f"vllm_install_env.{k}", v) for k, v in env.items()), *argv("vllm_ray_args"))
-         if carries_credentials(text or "")]
-        # a variable named for a secret, whatever its value (round 25 V25b: UV_INDEX_PRIVATE_PASSWORD)
-        + [f"vllm_install_env.{k}" for k in env if secret_variable(str(k))]))
+    def argv(key: str) -> list[tuple[str, str]]:
+        return [(f"{key}[{i}]", str(a)) for i, a in enumerate(data.get(key) or [])]
+    return [key for key, text in (("vllm_git_url", data.get("vllm_git_url")), *argv("vllm_pip_args"),
+                                  *((f"vllm_install_env.{k}", v) for k, v in env.items()), *argv("vllm_ray_args"))
+            if carries_credentials(text or "")]
+
+
+def named_secrets(data: dict) -> list[str]:
+    """The items of vllm_pip_args and vllm_ray_args that are the value of a flag named for a secret
+    (``["--redis-password", S]``: round 25 V25a), and the variables of vllm_install_env named for one whose
+    value is more than a switch (UV_INDEX_PRIVATE_PASSWORD: round 25 V25b; HF_HUB_DISABLE_IMPLICIT_TOKEN: 1
+    and UV_KEYRING_PROVIDER, the keyring's route, are none: round 26 F26a)."""
+    env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
+    items = [f"{key}[{i + 1}]" for key in ("vllm_pip_args", "vllm_ray_args")
+             for i, (a, _) in enumerate(zip(data.get(key) or [], (data.get(key) or [])[1:])) if secret_flag(a)]
+    return items + [f"vllm_install_env.{k}" for k, v in env.items() if named_secret(str(k)) and not no_secret_value(str(v))]
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
@@ -174,6 +180,12 @@ def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:
                      "give the URL without them, and the credentials in a netrc file on the controller "
                      "('machine HOST login USER password TOKEN', mode 0600) named by vllm_netrc_src: rigup puts it "
                      "in a root-only file on the host, which git, pip and uv read", "credentials")] if keys else []
+    named = named_secrets(data)
+    found += [Refusal(f"{', '.join(named)} is a secret, by the name it is given under",
+                      "it would appear in pip's or ray's argv or the install script (any local user reads them in ps), "
+                      "in the plan, the install stamp and logs",
+                      "give an index's credentials in a netrc file (vllm_netrc_src) or uv's keyring "
+                      "(UV_KEYRING_PROVIDER), and ray's password nowhere in the configuration", "credentials")] if named else []
     if _instances(plan, data) or data.get("vllm_ray_role"):
         try:
             command.netrc_text(data)

@@ -21,7 +21,10 @@ refusals.
   S24c/G24a a flag's list items quoted alike over lines (rigup's "gives --api-key, which" no longer cut); S24d a
   shell continuation; S24f curl -uUSER:PASS; S24g a private key block; J24a a number under a secret's key; J24b a
   secret's list in text, plural pairs (api_keys); F24a (my regression of J23a) a map's own keys name what is under
-  them, so a JSON Schema's "password" property is served; R24a a line's end found once; T24a levels named."""
+  them, so a JSON Schema's "password" property is served; R24a a line's end found once; T24a levels named.
+- Rounds 25, 26: V25a a flag named for a secret and its value as two items; V25b, F26a an install variable named for
+  a secret unless a switch; G25a, G26a rigup's own sentences through say() whole; F25a a model token's id; S25*, S26*
+  in the tables below. Every spelling a round found hidden is one row of an S2N_HIDDEN table, all held by one test."""
 
 import json
 
@@ -32,17 +35,15 @@ from rigup.text import carries_credentials, query_secret_name, redacted
 S = "S3cr3tXX"
 
 
-@pytest.mark.parametrize("value, shown", [
+# a secret after a dotted name a digit or an article is hidden and refused
+S22_HIDDEN = [
     (f"spring.datasource.password: {S}", "spring.datasource.password: ***"), (f"db.password: {S}", "db.password: ***"),
     (f"hub.token: {S}", "hub.token: ***"), (f"app.secret_key: {S}", "app.secret_key: ***"), (f"--hf.token: {S}", "--hf.token: ***"),
     (f"password:1{S}", "password:***"), (f"api_key:0x{S}", "api_key:***"), (f"HF_TOKEN:/{S}", "HF_TOKEN:***"),
     (f"password:/{S}/+=", "password:***"), (f"password: the {S}", "password: ***"), (f"secret: a {S}", "secret: ***"),
     (f"password: correct horse {S}", "password: ***"), (f"password: {S} # the bastion's", "password: *** # the bastion's"),
     (f"&access_tiktoken={S}", "&access_tiktoken=***"), (f"HF_TOKEN=<{S}>", "HF_TOKEN=***"),
-    (f'access_token: "<{S}>"', 'access_token: "***"')])
-def test_s22_a_secret_after_a_dotted_name_a_digit_or_an_article_is_hidden_and_refused(value, shown):
-    print(value, "->", redacted(value))
-    assert redacted(value) == shown and carries_credentials(value)
+    (f'access_token: "<{S}>"', 'access_token: "***"')]
 
 
 @pytest.mark.parametrize("value", [
@@ -106,17 +107,15 @@ def test_r22_a_plain_values_end_is_found_in_time_growing_with_the_text(head, uni
 
 # -- round 23 (against e8d3824): what round 22's fixes left ------------------------------------------------------
 
-@pytest.mark.parametrize("value, shown", [
+# a yaml block a doubled quote a path before the name list items and curls user are hidden
+S23_HIDDEN = [
     (f"password: |\n  {S}\nnext: 1", "password: ***\nnext: 1"), (f"api_key: >-\n  {S}\n  more\nuser: x", "api_key: ***\nuser: x"),
     (f"password: abc\n  {S}", "password: ***"), (f"password: 'pa''{S}'", "password: '***'"),
     (f"db_password='it''s{S}'", "db_password='***'"), (f"//password: {S}", "//password: ***"), (f"//api_key:{S}", "//api_key:***"),
     (f"/etc/rig/HF_TOKEN: {S}", "/etc/rig/HF_TOKEN: ***"), (f"GET /v1/api_key:{S} HTTP/1.1", "GET /v1/api_key:*** HTTP/1.1"),
     (f"deploy@password:{S}", "deploy@password:***"), (f"['--api-key', '{S}']", "['--api-key', '***']"),
     (f'["--api-key", "{S}"]', '["--api-key", "***"]'), (f"- --api-key\n- {S}", "- --api-key\n- ***"),
-    (f"curl -u admin:{S} http://h/", "curl -u admin:*** http://h/")])
-def test_s23_a_yaml_block_a_doubled_quote_a_path_before_the_name_list_items_and_curls_user_are_hidden(value, shown):
-    print(repr(value), "->", repr(redacted(value)))
-    assert redacted(value) == shown and carries_credentials(value)
+    (f"curl -u admin:{S} http://h/", "curl -u admin:*** http://h/")]
 
 
 @pytest.mark.parametrize("value", ["use_auth_token: true", "hf_token: null", "api_key: none", "token: false",
@@ -150,17 +149,15 @@ def test_t23a_the_tuners_levels_are_a_list(levels):
 
 # -- round 24 (against d1533e8): what round 23's fixes left or broke -----------------------------------------------
 
-@pytest.mark.parametrize("value, shown", [
+# a yaml value over lines an anchor a flag over lines and a secrets list are hidden
+S24_HIDDEN = [
     (f'password: "abc\n  {S}"', 'password: "***"'), (f"password: |\n  a\n\n  {S}\nnext: 1", "password: ***\nnext: 1"),
     (f"password:\t|\n\t{S}", "password:\t***"), (f"password: &pw {S}", "password: ***"), (f"password: !!str {S}", "password: ***"),
     (f'[\n  "--api-key",\n  "{S}"\n]', '[\n  "--api-key",\n  "***"\n]'), (f"--api-key \\\n  {S}", "--api-key \\\n  ***"),
     (f"curl -uadmin:{S} http://h", "curl -uadmin:*** http://h"), (f'{{"password": ["{S}"]}}', '{"password": [***]}'),
     (f'{{"api_keys":["{S}"]}}', '{"api_keys":[***]}'), (f"password: a # x password: {S} # y", "password: *** # x password: *** # y"),
     (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{S}\n-----END OPENSSH PRIVATE KEY-----",
-     "-----BEGIN OPENSSH PRIVATE KEY-----***-----END OPENSSH PRIVATE KEY-----")])
-def test_s24_a_yaml_value_over_lines_an_anchor_a_flag_over_lines_and_a_secrets_list_are_hidden(value, shown):
-    print(repr(value), "->", repr(redacted(value)))
-    assert redacted(value) == shown and carries_credentials(value)
+     "-----BEGIN OPENSSH PRIVATE KEY-----***-----END OPENSSH PRIVATE KEY-----")]
 
 
 @pytest.mark.parametrize("value", ["gives --api-key, which rigup sets", "docker run -u 1000:1000 x", "-ub 512",
@@ -189,16 +186,14 @@ def test_t24a_a_tuner_level_out_of_bounds_is_named_as_a_level():
 
 # -- round 25 (against 57cd15e): what round 24's fixes left or broke -----------------------------------------------
 
-@pytest.mark.parametrize("value, shown", [
+# a flow list a quote inside a value curls proxy user a continuation and a pgp key are hidden
+S25_HIDDEN = [
     (f"[--port, 8080, --api-key, {S}]", "[--port, 8080, --api-key, ***]"), (f'- "--api-key"\n- "{S}"', '- "--api-key"\n- "***"'),
     (f'["--password", "pa\'ss{S}"]', '["--password", "***"]'), (f"['--api-key', \"it's{S}\"]", "['--api-key', \"***\"]"),
     (f"curl -Uproxy:{S}", "curl -Uproxy:***"), (f"--api-key\\\n{S}", "--api-key\\\n***"), (f"--api-key \\\r\n{S}", "--api-key \\\r\n***"),
     (f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n{S}\n-----END PGP PRIVATE KEY BLOCK-----",
      "-----BEGIN PGP PRIVATE KEY BLOCK-----***-----END PGP PRIVATE KEY BLOCK-----"),
-    (f'password: "ab\'\n  {S}"', 'password: "***"'), (f'HF_TOKEN="abc\n{S}"\nX=1', 'HF_TOKEN="***"\nX=1')])
-def test_s25_a_flow_list_a_quote_inside_a_value_curls_proxy_user_a_continuation_and_a_pgp_key_are_hidden(value, shown):
-    print(repr(value), "->", repr(redacted(value)))
-    assert redacted(value) == shown and carries_credentials(value)
+    (f'password: "ab\'\n  {S}"', 'password: "***"'), (f'HF_TOKEN="abc\n{S}"\nX=1', 'HF_TOKEN="***"\nX=1')]
 
 
 @pytest.mark.parametrize("line", [
@@ -231,14 +226,42 @@ def test_f25a_a_number_under_a_models_token_key_is_its_id(key):
 
 @pytest.mark.parametrize("args", [["--redis-password", S], ["--block", "--redis-password", S]])
 def test_v25a_a_secret_flag_and_its_value_as_two_items_are_refused(args):
-    from roles.vllm.checks import credentialed
+    from roles.vllm.checks import named_secrets
     from rigup.models import credential_problems
-    assert credentialed({"vllm_ray_args": args}) and credentialed({"vllm_pip_args": args})
+    assert named_secrets({"vllm_ray_args": args}) and named_secrets({"vllm_pip_args": args})
     assert credential_problems(args, "vllm_instances.a.extra_args")
-    assert not credentialed({"vllm_ray_args": ["--num-gpus", "8"]})
+    assert not named_secrets({"vllm_ray_args": ["--num-gpus", "8"]})
 
 
-def test_v25b_an_install_variable_named_for_a_secret_is_refused_whatever_its_value():
-    from roles.vllm.checks import credentialed
-    assert credentialed({"vllm_install_env": {"UV_INDEX_PRIVATE_PASSWORD": "x"}}) == ["vllm_install_env.UV_INDEX_PRIVATE_PASSWORD"]
-    assert credentialed({"vllm_install_env": {"UV_INDEX_URL": "https://pypi.example/simple"}}) == []
+def test_v25b_f26a_an_install_variable_named_for_a_secret_is_refused_unless_a_switch():
+    from roles.vllm.checks import named_secrets
+    env = {"UV_INDEX_PRIVATE_PASSWORD": "x", "HF_TOKEN": "abc", "UV_KEYRING_PROVIDER": "subprocess",
+           "PIP_KEYRING_PROVIDER": "import", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "UV_INDEX_URL": "https://pypi.example/simple"}
+    assert named_secrets({"vllm_install_env": env}) == ["vllm_install_env.UV_INDEX_PRIVATE_PASSWORD", "vllm_install_env.HF_TOKEN"]
+
+
+# -- round 26 (against 3729edd): what round 25's fixes left or broke -----------------------------------------------
+
+# a digit before a secret, an escaped close, a flow list over lines and a quoted flag
+S26_HIDDEN = [
+    (f"password: 1;{S}", "password: ***"), (f"password: 7,{S}", "password: ***"), (f"HF_TOKEN: no,{S}", "HF_TOKEN: ***"),
+    (f'password: "ab\n  c\\"{S}"', 'password: "***"'), (f"password: 'ab\n  c''{S}'", "password: '***'"),
+    (f"[--port, 8080,\n  --api-key, {S}]", "[--port, 8080,\n  --api-key, ***]"), (f'[--api-key, "{S}"]', '[--api-key, "***"]'),
+    (f'["--password", "C:\\\\{S}"]', '["--password", "***"]'), (f'ExecStart=/x "--api-key" "{S}"', 'ExecStart=/x "--api-key" ***'),
+    (f"'--api-key' '{S}'", "'--api-key' ***")]
+
+
+def test_v26a_g26a_the_refusals_of_a_secret_flags_value_come_through_say_whole():
+    from rigup.config import problems
+    from rigup.models import credential_problems
+    lines = [f"{where}: {why}" for where, why in credential_problems(["--redis-password", S, "--x", "http://u:p@h/"], "x")]
+    lines += [f"group_vars/all.yml: {message}" for _, message in problems({"vllm_ray_args": f"--redis-password {S}"})]
+    print(lines)
+    assert len(lines) == 3 and all(S not in redacted(line) for line in lines)
+    assert all(redacted(line) == line for line in lines if S not in line)
+
+
+@pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN)
+def test_a_secret_in_each_spelling_the_rounds_found_is_hidden_and_refused(value, shown):
+    print(repr(value), "->", repr(redacted(value)))
+    assert redacted(value) == shown and carries_credentials(value)
