@@ -107,6 +107,7 @@ _ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|
 # "password: correct horse" hid "correct" alone); found by str.find, not a pattern (one with a lookahead over
 # blanks took 5 s for 16k spaces)
 _COMMENT = re.compile(r"[ \t]#")
+_DIGITS = re.compile(r"[0-9]+")
 # the rest of a quoted value not closed on its line, to its closing quote (\" in double quotes, '' in single) or the end
 _CLOSE = {'"': re.compile(r'(?:[^"\\]|\\[\s\S])*("|\Z)'), "'": re.compile(r"(?:[^']|'')*('(?!')|\Z)")}
 _HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
@@ -256,7 +257,7 @@ def _hidden(text: str) -> str:
     text = _JSON_KEY.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}***{m.group(4)}"
                          if m.group(5) and m.group(5) != "***" and named_secret(m.group(2))
                          and not special_token(m.group(2), m.group(5)) else m.group(0), text)
-    text = _USER_FLAG.sub(lambda m: m.group(0) if (m.group(3) + m.group(4)).isdigit()   # (-u 1000:1000: uid:gid)
+    text = _USER_FLAG.sub(lambda m: m.group(0) if _DIGITS.fullmatch(m.group(3) + m.group(4))   # (-u 1000:1000: uid:gid)
                           else f"{m.group(1)}{m.group(2)}{m.group(3)}:***", text)
     text = _FLAG_ITEMS.sub(_flag_item, text)
     text = _JSON_LIST.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}***"
