@@ -109,12 +109,14 @@ _ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|
 _COMMENT = re.compile(r"[ \t]#")
 _DIGITS = re.compile(r"[0-9]+")
 # the rest of a quoted value not closed on its line, to its closing quote (\" in double quotes, '' in single) or the end
-_CLOSE = {'"': re.compile(r'(?:[^"\\]|\\[\s\S])*("|\Z)'), "'": re.compile(r"(?:[^']|'')*('(?!')|\Z)")}
+# (a lone backslash at the end reads as the end: round 27 S27a, my round 26 pattern matched nothing there and raised)
+_CLOSE = {'"': re.compile(r'(?:[^"\\]|\\[\s\S])*\\?("|\Z)'), "'": re.compile(r"(?:[^']|'')*('(?!')|\Z)")}
 _HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
 # a plain value that is no secret: YAML's booleans and null, one digit (use_auth_token: true, hf_token: null,
 # HF_HUB_DISABLE_TOKEN: 1: round 23 F23)
 # (then the end, or prose: "true, or host: ...", "true (a key made ...)"; not "1;S" or "no,S": round 26 S26a)
-_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=[,;)]\s|\s\(|\)$))")
+# (round 27 S27b: "7, S" was let through: only rigup's own shapes, "true, or host: ...", "true (a key ...)", "true)")
+_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=, or |\)$))|(?i:true|false)(?= \()")
 # a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
@@ -302,7 +304,7 @@ def _assigned(text: str) -> str:
                     and (len(value.group(0)) < 2 or value.group(0)[-1] != value.group(0)[0]):
                 # a quote not closed on its line: to its closing quote, or the text's end (rounds 24-25 S24a, S25a)
                 close = _CLOSE[value.group(0)[0]].match(text, value.end())   # (its escapes honoured: round 26 S26b)
-                end = close.end() - len(close.group(1))
+                end = close.end() - len(close.group(1)) if close else len(text)
         inner = text[at:end] if value else ""
         if not inner or inner == "***" or special_token(name, inner):
             continue

@@ -160,12 +160,16 @@ def credentialed(data: Config) -> list[str]:
 def named_secrets(data: dict) -> list[str]:
     """The items of vllm_pip_args and vllm_ray_args that are the value of a flag named for a secret
     (``["--redis-password", S]``: round 25 V25a), and the variables of vllm_install_env named for one whose
-    value is more than a switch (UV_INDEX_PRIVATE_PASSWORD: round 25 V25b; HF_HUB_DISABLE_IMPLICIT_TOKEN: 1
-    and UV_KEYRING_PROVIDER, the keyring's route, are none: round 26 F26a)."""
+    value is more than a switch (UV_INDEX_PRIVATE_PASSWORD: round 25 V25b; HF_HUB_DISABLE_IMPLICIT_TOKEN: 1,
+    UV_KEYRING_PROVIDER, the keyring's route, and HF_TOKEN_PATH are none: round 26 F26a)."""
     env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
     items = [f"{key}[{i + 1}]" for key in ("vllm_pip_args", "vllm_ray_args")
              for i, (a, _) in enumerate(zip(data.get(key) or [], (data.get(key) or [])[1:])) if secret_flag(a)]
-    return items + [f"vllm_install_env.{k}" for k, v in env.items() if named_secret(str(k)) and not no_secret_value(str(v))]
+    # (the wide rule of a name no part of vLLM reads, secret_variable: REDISCLI_AUTH, GITHUB_PAT, SSHPASS; round 27
+    # S27c; a name ending in PROVIDER, PATH, FILE or DIR names how or where, not the secret)
+    return items + [f"vllm_install_env.{k}" for k, v in env.items()
+                    if (secret_variable(str(k)) or named_secret(str(k))) and not no_secret_value(str(v))
+                    and not str(k).upper().endswith(("PROVIDER", "PATH", "FILE", "DIR"))]
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

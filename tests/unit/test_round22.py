@@ -261,7 +261,31 @@ def test_v26a_g26a_the_refusals_of_a_secret_flags_value_come_through_say_whole()
     assert all(redacted(line) == line for line in lines if S not in line)
 
 
-@pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN)
+# -- round 27 (against 38dfded): what round 26's fixes left or broke -----------------------------------------------
+
+# an unclosed quote then a line ending in a backslash (S27a: my round 26 pattern raised there), a digit or a switch
+# word, then a blank and the secret (S27b)
+S27_HIDDEN = [
+    ('password: "ab\n\\', 'password: "***'), (f'HF_TOKEN: "{S}\nPATH=C:\\bin\\', 'HF_TOKEN: "***'),
+    (f"password: 7, {S}", "password: ***"), (f"password: on; {S}", "password: ***"), (f"password: 9 ({S}", "password: ***"),
+    (f"password: 4) {S}", "password: ***")]
+
+
+def test_s27a_say_of_an_unclosed_quote_and_a_trailing_backslash_raises_nothing(capsys):
+    from rigup.text import say
+    say(f'HF_TOKEN: "{S}\nPATH=C:\\bin\\')
+    assert S not in capsys.readouterr().err
+
+
+def test_s27c_install_variables_by_the_wide_rule_and_not_where_or_how():
+    from roles.vllm.checks import named_secrets
+    env = {k: "x" for k in ["REDISCLI_AUTH", "GITHUB_PAT", "PIP_AUTH", "UV_KEYRING_PROVIDER", "HF_TOKEN_PATH", "MAX_JOBS",
+                            "NETRC", "SSL_CERT_FILE"]}
+    assert named_secrets({"vllm_install_env": {**env, "HF_HUB_DISABLE_IMPLICIT_TOKEN": "TRUE"}}) == [
+        "vllm_install_env.REDISCLI_AUTH", "vllm_install_env.GITHUB_PAT", "vllm_install_env.PIP_AUTH"]
+
+
+@pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN + S27_HIDDEN)
 def test_a_secret_in_each_spelling_the_rounds_found_is_hidden_and_refused(value, shown):
     print(repr(value), "->", repr(redacted(value)))
     assert redacted(value) == shown and carries_credentials(value)
