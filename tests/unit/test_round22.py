@@ -29,6 +29,7 @@ refusals.
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rigup.text import carries_credentials, query_secret_name, redacted
 
@@ -289,3 +290,25 @@ def test_s27c_install_variables_by_the_wide_rule_and_not_where_or_how():
 def test_a_secret_in_each_spelling_the_rounds_found_is_hidden_and_refused(value, shown):
     print(repr(value), "->", repr(redacted(value)))
     assert redacted(value) == shown and carries_credentials(value)
+
+
+# -- every reader of rigup/text.py over texts made of the pieces the rounds' findings were made of ----------------
+
+PIECES = ["password", "api_key", "HF_TOKEN", "--api-key", "-u", "token", "image_token", "S3cr3tXX", "1", "true", "a",
+          ":", ": ", "=", "=>", " ", "\t", "\n", "\n  ", "\r\n", '"', "'", "\\", ",", ", ", ";", "#", " #", "[", "]", "{",
+          "}", "- ", "|", ">-", "&pw ", "!!str ", "//", "@", "?", "&", "<s>", "-----BEGIN RSA PRIVATE KEY-----", "(", ")"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40).map("".join))
+def test_the_readers_raise_nothing_on_any_text_of_the_rounds_pieces(text):
+    """(round 27 S27a: an unclosed quote, then a line ending in a backslash, raised in redacted, say and preflight:
+    my round 26 pattern; a property over the syntax the rounds used, not one row each)"""
+    from rigup.models import credential_problems
+    from rigup.text import long_run, named_secret, query_secret_name, secret_name, shown
+    out = redacted(text)
+    assert isinstance(carries_credentials(text), bool) and isinstance(out, str) and isinstance(shown(out), str)
+    credential_problems([text, text], "x")
+    for word in text.split():
+        secret_name(word), query_secret_name(word), named_secret(word)
+    long_run(text)
