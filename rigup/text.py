@@ -102,7 +102,8 @@ _NUMBERED = re.compile(r"v?[0-9]+$")
 # credentials and a Bearer or Basic token written out (round 18 S18b)
 _ASSIGNED = re.compile(r"(?<![\w.-])(-{0,2}[A-Za-z_][\w.-]*)(\s*(?:=>?|:(?!//))\s*)(?=[^\s,;\])}])", re.ASCII)
 # read only after a secret's name (x=ax=ax=a... stays linear); a quoted value inside its quotes (round 20 S20a)
-_ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)|\'((?:[^\'\\\n]|\'\'|\\.)*)(?:\'|$)|([^\s,;&\'"\])}]+)', re.M)
+_ASSIGNED_VALUE = re.compile(r'"((?:[^"\\\n]|\\.)*\\?)(?:"|$)|\'((?:[^\'\\\n]|\'\'|\\.)*\\?)(?:\'|$)|([^\s,;&\'"\])}]+)',
+                             re.M)   # (a lone backslash before the line's end is the value's: round 25 S25b, HF_TOKEN="S\)
 # NAME: VALUE unquoted, as YAML reads a plain value: to the end of its line, or a " #" comment (round 22 S22c:
 # "password: correct horse" hid "correct" alone); found by str.find, not a pattern (one with a lookahead over
 # blanks took 5 s for 16k spaces)
@@ -123,7 +124,7 @@ _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 # "NAME": [ ... ] a list of no list or map under a secret's key (round 24 J24b: {"password": ["S"]})
 _JSON_LIST = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*\[)([^\[\]{}]+)(?=\])""")
-_FLAG_VALUE = re.compile(r"(?<![^\s'\"])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!['\"]?-)(\S+)",
+_FLAG_VALUE = re.compile(r"(?<![^\s'\"(\[,])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!['\"]?-)(\S+)",
                          re.ASCII)   # ("--api-key" "S" in a unit's ExecStart: round 26 S26e)   # (\ newline: S24d)
 # a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
 # YAML's "- --api-key" then "- S" (round 23 S23d)
@@ -132,7 +133,7 @@ _FLAG_VALUE = re.compile(r"(?<![^\s'\"])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\
 # (round 25 S25c: YAML's flow list [--api-key, S] and quoted items; S25d: a value in its own quotes, ["--x", "it's"])
 # (round 26: S26c a flow list over lines, a quoted value in one; S26d a value holding a backslash or an escaped quote)
 _FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*(['"]))(?!-)((?:(?!\4)[^\n\\]|\\.)+)(?=\4)"""
-                         r"""|(?<![^\n])([ \t]*-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\n[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
+                         r"""|(?<!\S)([ \t]*-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\n[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
                          r"""|(?<=[\[,])(\s*)(--?[A-Za-z][\w-]*)(\s*,\s*['"]?)(?!-)([^\s,\]'"]+)""", re.ASCII)
 # curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
 _USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-[uU])(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)

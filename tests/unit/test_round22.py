@@ -312,3 +312,44 @@ def test_the_readers_raise_nothing_on_any_text_of_the_rounds_pieces(text):
     for word in text.split():
         secret_name(word), query_secret_name(word), named_secret(word)
     long_run(text)
+
+
+# -- every way of writing NAME SEP VALUE the rounds used, in every surrounding and before every ending: none shown --
+
+NAMES = ["password", "api_key", "HF_TOKEN", "--api-key", "db.password", "secret", "access_token", "PASSWORD", "apiKey",
+         "x-api-key"]
+SEPARATORS = [":", ": ", "=", " = ", "=>", ": '", ': "', "='", '="', " : ", ":\t"]
+BEFORE = ["", " ", "\n", "x ", "a: 1\n", "  ", "- ", "[", "{", "(", ", ", "; ", "# ", "//", "@", '"', "'", "\\", "|"]
+AFTER = ["", " ", "\n", ",", ";", " x", "\nnext: 1", "'", '"', "]", "}", ")", "&a=1", "#", " # c", "\\", "\\\n"]
+
+
+def test_no_secret_written_as_name_separator_value_is_shown_in_any_surrounding():
+    """All 35,530 combinations, each redacted (round 25 S25b, HF_TOKEN="S\\ at a line's end, was the last shape shown;
+    a NAME, a blank and a VALUE is no assignment: the price of prose, "the password is")."""
+    import itertools
+    value = "Zq7wK9pX"
+    shown_in = [text for before, name, sep, after in itertools.product(BEFORE, NAMES, SEPARATORS, AFTER)
+                if value in redacted(text := before + name + sep + value + after)]
+    print(f"{len(BEFORE) * len(NAMES) * len(SEPARATORS) * len(AFTER)} texts, the value shown in {len(shown_in)}: {shown_in[:5]}")
+    assert not shown_in
+
+
+FLAGS = ["--api-key", "--hf-token", "--redis-password", "--password", "--secret", "--access-token"]
+FLAG_FORMS = ["{f} {v}", "{f}={v}", "['{f}', '{v}']", '["{f}", "{v}"]', "- {f}\n- {v}", "[{f}, {v}]", '"{f}" "{v}"',
+              "{f} \\\n  {v}", "'{f}' '{v}'", '["{f}",\n  "{v}"]', "[--port, 1, {f}, {v}]", '- "{f}"\n- "{v}"', "{f}  {v}",
+              "{f}\t{v}", '{f}="{v}"', "{f}='{v}'"]
+FLAG_BEFORE = ["", " ", "\n", "x ", "ExecStart=/b ", "(", "  ", "# "]
+FLAG_AFTER = ["", " ", "\n", " --port 1", ",", ")", "]", " x"]
+
+
+def test_no_secret_flags_value_is_shown_in_any_of_its_forms():
+    """A flag named for a secret and its value, in every form the rounds wrote it (an argv, its Python or JSON repr,
+    YAML's items or flow list, a unit's quoted words, a shell continuation), in every surrounding (rounds 23-27); a
+    YAML item after '(' on its line is no YAML."""
+    import itertools
+    value = "Zq7wK9pX"
+    texts = [before + form.format(f=flag, v=value) + after for before, flag, form, after
+             in itertools.product(FLAG_BEFORE, FLAGS, FLAG_FORMS, FLAG_AFTER) if not (before == "(" and form.startswith("-"))]
+    shown_in = [text for text in texts if value in redacted(text)]
+    print(f"{len(texts)} texts, the value shown in {len(shown_in)}: {shown_in[:5]}")
+    assert not shown_in
