@@ -117,15 +117,21 @@ _HOST_PORT = re.compile(r"[0-9]*(?:[/?#\s]|$)")
 # HF_HUB_DISABLE_TOKEN: 1: round 23 F23)
 # (then the end, or prose: "true, or host: ...", "true (a key made ...)"; not "1;S" or "no,S": round 26 S26a)
 # (round 27 S27b: "7, S" was let through: only rigup's own shapes, "true, or host: ...", "true (a key ...)", "true)")
-_NO_SECRET = re.compile(r"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:$|(?=, or |\)$))|(?i:true|false)(?= \()")
+_VALUE_END = r"(?=[ \t\r]*(?:\n|\Z|[ \t]#))"   # (a plain value's end: its line's, or a comment's)
+_NO_SECRET = re.compile(rf"(?i:true|false|yes|no|on|off|null|none|~|[0-9])(?:{_VALUE_END}|(?=, or |\){_VALUE_END}))"
+                        r"|(?i:true|false)(?= \()")
+_HIDDEN_ALREADY = re.compile(rf"\*\*\*{_VALUE_END}")
 # a model's special token's text (<image>, <|AUDIO|>, </s>) as the value of a name ending in token: no secret
 # (round 22 F22: vLLM's --hf-overrides '{"image_token": "<image>"}' was refused)
 _SPECIAL_TOKEN = re.compile(r"</?\|?[A-Za-z0-9_.:|/ -]{1,40}\|?>")
 _JSON_KEY = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*)(["'])((?:(?!\4)[^\\]|\\.)*)\4""")
 # "NAME": [ ... ] a list of no list or map under a secret's key (round 24 J24b: {"password": ["S"]})
 _JSON_LIST = re.compile(r"""(["'])([^"'\\]{1,64})\1(\s*:\s*\[)([^\[\]{}]+)(?=\])""")
-_FLAG_VALUE = re.compile(r"(?<![^\s'\"(\[,])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!['\"]?-)(\S+)",
-                         re.ASCII)   # ("--api-key" "S" in a unit's ExecStart: round 26 S26e)   # (\ newline: S24d)
+_FLAG_VALUE = re.compile(r"(?<![\w.-])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t]*\\\r?\n[ \t]*|[ \t]+)(?!['\"]?-)"
+                         r"(\"[^\"\n]{0,256}\"|'[^'\n]{0,256}'|\S+)", re.ASCII)
+# ("--api-key" "S" in a unit's ExecStart: round 26 S26e; \ newline: S24d; after '=' or ':', VLLM_ARGS=--api-key S:
+# round 28 S28a; a quoted value holding a blank, --api-key "correct horse": S28c, bounded so that an unclosed quote
+# repeated costs no square)
 # a flag and its value as two items of a list: ['--api-key', 'S'] (Python's repr of an argv), ["--api-key", "S"],
 # YAML's "- --api-key" then "- S" (round 23 S23d)
 # (quoted alike, or YAML's items: round 24 G24a, rigup's own "gives --api-key, which rigup sets" was cut; S24c an
@@ -133,7 +139,7 @@ _FLAG_VALUE = re.compile(r"(?<![^\s'\"(\[,])(['\"]?--?[A-Za-z][\w-]*['\"]?)([ \t
 # (round 25 S25c: YAML's flow list [--api-key, S] and quoted items; S25d: a value in its own quotes, ["--x", "it's"])
 # (round 26: S26c a flow list over lines, a quoted value in one; S26d a value holding a backslash or an escaped quote)
 _FLAG_ITEMS = re.compile(r"""(?<![\w-])(['"])(--?[A-Za-z][\w-]*)\1([ \t]*,\s*(['"]))(?!-)((?:(?!\4)[^\n\\]|\\.)+)(?=\4)"""
-                         r"""|(?<!\S)([ \t]*-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\n[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
+                         r"""|(?<!\S)(-[ \t]+['"]?)(--?[A-Za-z][\w-]*)(['"]?[ \t]*\r?\n(?:[ \t]*\r?\n)*[ \t]*-[ \t]+['"]?)(?!-)([^\s'"]+)"""
                          r"""|(?<=[\[,])(\s*)(--?[A-Za-z][\w-]*)(\s*,\s*['"]?)(?!-)([^\s,\]'"]+)""", re.ASCII)
 # curl's -u/--user and --proxy-user USER:PASSWORD (round 23 S23d: a host's ps line)
 _USER_FLAG = re.compile(r"(?<!\S)(-u|--user|--proxy-user|-U)([ \t]+|=|(?<=-[uU])(?=[A-Za-z0-9_]))([^\s:]*):(\S+)", re.ASCII)
@@ -290,19 +296,20 @@ def _assigned(text: str) -> str:
             # (KEY: then one of rigup's own words is its sentence, "api_key: expected bool", not a secret: _PROSE)
             if value and value.group(3) in _PROSE:
                 continue
+            # (judged at its start, before its line is read: a line of values let through, "password: 7, or ..."
+            # repeated, read each to the line's end, round 28 Q28b)
+            if _NO_SECRET.match(text, m.end()) or _HIDDEN_ALREADY.match(text, m.end()):
+                continue
             if m.end() > line[1]:
                 line = (text.rfind("\n", 0, m.start()) + 1, _line_end(text, m.end()))
             at, end = m.end(), line[1]
             comment = _COMMENT.search(text, at, end)
             end = at + len(text[at:comment.start() if comment else end].rstrip())
-            if _NO_SECRET.match(text[at:end]) or text[at:end] in ("***", ""):
-                continue
             end = _deeper_lines(text, line, end)
             value = True   # (a YAML anchor or tag first: password: &pw S, round 24 S24b)
         elif value:
             at, end = value.start(value.lastindex), value.end(value.lastindex)
-            if value.lastindex < 3 and value.end() == _line_end(text, value.end()) \
-                    and (len(value.group(0)) < 2 or value.group(0)[-1] != value.group(0)[0]):
+            if value.lastindex < 3 and (len(value.group(0)) < 2 or value.group(0)[-1] != value.group(0)[0]):
                 # a quote not closed on its line: to its closing quote, or the text's end (rounds 24-25 S24a, S25a)
                 close = _CLOSE[value.group(0)[0]].match(text, value.end())   # (its escapes honoured: round 26 S26b)
                 end = close.end() - len(close.group(1)) if close else len(text)

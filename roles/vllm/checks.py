@@ -29,7 +29,7 @@ import re
 
 from rigup.config import Config, ConfigError, host_ip
 from rigup.contract import vllm as vllm_contract
-from rigup.text import carries_credentials, named_secret, no_secret_value
+from rigup.text import carries_credentials, no_secret_value, secret_name
 from rigup.gpu.driver import driver_for_checks
 from rigup.gpu.catalogue import family_of, min_driver_for_cuda, newest_cuda_for_driver, version_tuple
 from rigup.gpu.plan import Plan, cards_gib_text, gpu_count, gpu_host, unlock_wait, vram_cards
@@ -165,11 +165,23 @@ def named_secrets(data: dict) -> list[str]:
     env = data.get("vllm_install_env") if isinstance(data.get("vllm_install_env"), dict) else {}
     items = [f"{key}[{i + 1}]" for key in ("vllm_pip_args", "vllm_ray_args")
              for i, (a, _) in enumerate(zip(data.get(key) or [], (data.get(key) or [])[1:])) if secret_flag(a)]
-    # (the wide rule of a name no part of vLLM reads, secret_variable: REDISCLI_AUTH, GITHUB_PAT, SSHPASS; round 27
-    # S27c; a name ending in PROVIDER, PATH, FILE or DIR names how or where, not the secret)
-    return items + [f"vllm_install_env.{k}" for k, v in env.items()
-                    if (secret_variable(str(k)) or named_secret(str(k))) and not no_secret_value(str(v))
-                    and not str(k).upper().endswith(("PROVIDER", "PATH", "FILE", "DIR"))]
+    return items + [f"vllm_install_env.{k}" for k, v in env.items() if _secret_install_variable(str(k), str(v))]
+
+
+# a name for where or how a secret is, and the values that say so (round 28: SSH_AUTH_SOCK, PYTHON_KEYRING_BACKEND,
+# UV_KEYRING_PROVIDER, HF_TOKEN_PATH kept; HF_TOKEN_PATH: S, HF_TOKEN_PROVIDER: S refused, S28d)
+_WHERE = {"path": r"[/~].*", "file": r"[/~].*", "dir": r"[/~].*", "sock": r"[/~].*", "socket": r"[/~].*",
+          "provider": r"auto|disabled|import|subprocess", "backend": r"[A-Za-z_]+(?:\.[A-Za-z_]+)+"}
+
+
+def _secret_install_variable(name: str, value: str) -> bool:
+    """Whether vllm_install_env's ``name`` holds a secret: a word of its name is a secret's (rigup.text.secret_name:
+    REDISCLI_AUTH, GITHUB_PAT, PIP_AUTH, round 27 S27c), its value no switch (HF_HUB_DISABLE_IMPLICIT_TOKEN: 1), and
+    its last word no :data:`_WHERE` given such a value; GIT_CONFIG_KEY_<n> is git's name of a setting."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", name)]
+    where = _WHERE.get(words[-1] if words else "")
+    return secret_name(name) and not no_secret_value(value) and not re.fullmatch(r"GIT_CONFIG_KEY_[0-9]+", name) \
+        and not (where and re.fullmatch(where, value.strip()))
 
 
 def check_credentials(plan: Plan, facts: Facts, data: Config) -> list[Refusal]:

@@ -99,7 +99,8 @@ def test_r22a_say_reads_a_lines_first_8000_characters(capsys):
                                         ("password: x\n", "  y\n"), ("", "password: |\n  a\n"), ("", "'--api-key', "),
                                         ("", "- --api-key\n"), ("", "-u a:"), ("", "  password: ***\n"),
                                         ("", "password: a #"), ("", "-----BEGIN RSA PRIVATE KEY-----\n"),
-                                        ("password: |\n", "\n"), ("", '"password": ['), ("", "'--api-key',\n")])
+                                        ("password: |\n", "\n"), ("", '"password": ['), ("", "'--api-key',\n"),
+                                        ("", " "), ("", "\t"), ("", "password: 7, or "), ("", '--api-key "'), ("", "- ")])
 def test_r22_a_plain_values_end_is_found_in_time_growing_with_the_text(head, unit):
     """(a pattern with a lookahead over blanks took 5 s for 16k spaces: quadratic; a ratio in one run, not a timed test)"""
     from tests.unit.test_round19 import redaction_ratio
@@ -282,11 +283,31 @@ def test_s27c_install_variables_by_the_wide_rule_and_not_where_or_how():
     from roles.vllm.checks import named_secrets
     env = {k: "x" for k in ["REDISCLI_AUTH", "GITHUB_PAT", "PIP_AUTH", "UV_KEYRING_PROVIDER", "HF_TOKEN_PATH", "MAX_JOBS",
                             "NETRC", "SSL_CERT_FILE"]}
+    env["HF_TOKEN_PATH"] = "/root/.cache/huggingface/token"   # (where, given a path: round 28 S28d)
     assert named_secrets({"vllm_install_env": {**env, "HF_HUB_DISABLE_IMPLICIT_TOKEN": "TRUE"}}) == [
         "vllm_install_env.REDISCLI_AUTH", "vllm_install_env.GITHUB_PAT", "vllm_install_env.PIP_AUTH"]
 
 
-@pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN + S27_HIDDEN)
+# -- round 28 (against 949245f): Q28a (a square, my regression: every blank of a run started a YAML item) and Q28b
+# are in the ratio test above; S28a a flag after '=' or ':', S28b YAML items over CRLF or a blank line, S28c a quoted
+# value holding a blank
+S28_HIDDEN = [
+    (f"VLLM_ARGS=--api-key {S}", "VLLM_ARGS=--api-key ***"), (f"Environment=ARGS=--api-key {S}", "Environment=ARGS=--api-key ***"),
+    (f"- --api-key\r\n- {S}", "- --api-key\r\n- ***"), (f"- --api-key\n\n- {S}", "- --api-key\n\n- ***"),
+    (f'ExecStart=/x --api-key "correct {S}"', "ExecStart=/x --api-key ***")]
+
+
+def test_s28d_f28_install_variables_for_where_or_how_a_secret_is_kept_only_with_such_a_value():
+    from roles.vllm.checks import named_secrets
+    kept = {"SSH_AUTH_SOCK": "/run/user/0/ssh-agent.sock", "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
+            "GIT_AUTHOR_NAME": "rigup", "GIT_CONFIG_KEY_0": "url.https://x/.insteadOf", "UV_KEYRING_PROVIDER": "subprocess",
+            "HF_TOKEN_PATH": "/root/.hf/token", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
+    refused = {"GIT_PASSWORD_PATH": S, "HF_TOKEN_PROVIDER": S, "HF_TOKEN_DIR": S}
+    assert named_secrets({"vllm_install_env": {**kept, **refused}}) == [f"vllm_install_env.{k}" for k in refused]
+
+
+@pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN + S27_HIDDEN
+                         + S28_HIDDEN)
 def test_a_secret_in_each_spelling_the_rounds_found_is_hidden_and_refused(value, shown):
     print(repr(value), "->", repr(redacted(value)))
     assert redacted(value) == shown and carries_credentials(value)
