@@ -374,3 +374,11 @@ def test_no_secret_flags_value_is_shown_in_any_of_its_forms():
     shown_in = [text for text in texts if value in redacted(text)]
     print(f"{len(texts)} texts, the value shown in {len(shown_in)}: {shown_in[:5]}")
     assert not shown_in
+
+
+@pytest.mark.parametrize("piece", PIECES + ["password: a ", "- --api-key\n", '"--api-key", "', "[--api-key, "])
+def test_every_piece_repeated_is_read_in_time_growing_with_the_text(piece):
+    """(round 28 Q28a: a run of blanks took the square of its length, my regression; each piece the property reads,
+    repeated to 16k and 64k characters: a ratio in one run, not a timed test)"""
+    from tests.unit.test_round19 import redaction_ratio
+    assert redaction_ratio(piece, 16000) < 9
