@@ -305,6 +305,8 @@ def _assigned(text: str) -> str:
             at, end = m.end(), line[1]
             comment = _COMMENT.search(text, at, end)
             end = at + len(text[at:comment.start() if comment else end].rstrip())
+            if end - at <= 48 and special_token(name, text[at:end]):   # (before its deeper lines are read: a line of
+                continue   # them, each followed by blank lines, read those once each, round 29 Q29a)
             end = _deeper_lines(text, line, end)
             value = True   # (a YAML anchor or tag first: password: &pw S, round 24 S24b)
         elif value:

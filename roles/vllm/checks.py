@@ -170,7 +170,8 @@ def named_secrets(data: dict) -> list[str]:
 
 # a name for where or how a secret is, and the values that say so (round 28: SSH_AUTH_SOCK, PYTHON_KEYRING_BACKEND,
 # UV_KEYRING_PROVIDER, HF_TOKEN_PATH kept; HF_TOKEN_PATH: S, HF_TOKEN_PROVIDER: S refused, S28d)
-_WHERE = {"path": r"[/~].*", "file": r"[/~].*", "dir": r"[/~].*", "sock": r"[/~].*", "socket": r"[/~].*",
+_PATH = r"(?:/|~/|\.{1,2}/|\$\{?[A-Z_][A-Z0-9_]*\}?/)\S*"   # (./token, $HOME/.cache/...: round 29; no blank in it)
+_WHERE = {"path": _PATH, "file": _PATH, "dir": _PATH, "sock": _PATH, "socket": _PATH,
           "provider": r"auto|disabled|import|subprocess", "backend": r"[A-Za-z_]+(?:\.[A-Za-z_]+)+"}
 
 

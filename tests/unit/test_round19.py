@@ -28,22 +28,28 @@ def test_r19a_redacted_reads_a_long_text_in_linear_time(unit):
     assert redaction_ratio(unit, 50000, tail="\t") < 10
 
 
-def redaction_ratio(unit: str, n: int, tail: str = "", head: str = "") -> float:
+def redaction_ratio(unit: str, n: int, tail: str = "", head: str = "", then: str = "") -> float:
     """How much longer redacted takes on 4n characters of ``unit`` than on n: a ratio measured in one run, not a
     timed test (linear: about 4; quadratic: 16); the best of three each, so a busy machine's pause does not decide."""
     def took(size: int) -> float:
-        text = head + unit * max(1, size // len(unit)) + tail
+        half = 2 if then else 1   # (``then``: a second piece, repeated after the first, each half the text)
+        text = head + unit * max(1, size // half // len(unit)) + then * (size // 2 // len(then) if then else 0) + tail
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
             redacted(text)
             best = min(best, time.perf_counter() - start)
         return best
-    small, large = took(n), took(4 * n)
-    print(f"{unit[:8]!r}: {n} {small:.4f} s, {4 * n} {large:.4f} s, ratio {large / small:.1f}")
-    # (under 50 ms for 4n characters nothing grows with their square that a ratio of such small times would show:
-    # there, a busy machine's scheduling is all the ratio measures)
-    return large / small if large > 0.05 else 1.0
+    def ratio() -> float:
+        small, large = took(n), took(4 * n)
+        print(f"{unit[:8]!r}: {n} {small:.4f} s, {4 * n} {large:.4f} s, ratio {large / small:.1f}")
+        # (under 50 ms for 4n characters nothing grows with their square that a ratio of such small times would show:
+        # there, a busy machine's scheduling is all the ratio measures)
+        return large / small if large > 0.05 else 1.0
+    # (over 6, measured again and the lower kept: a square stays near 16 both times, a pause of the machine's does not;
+    # CI runs three lanes on two cores)
+    first = ratio()
+    return min(first, ratio()) if first > 6 else first
 
 
 @pytest.mark.parametrize("value, shown", [

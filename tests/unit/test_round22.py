@@ -382,3 +382,11 @@ def test_every_piece_repeated_is_read_in_time_growing_with_the_text(piece):
     repeated to 16k and 64k characters: a ratio in one run, not a timed test)"""
     from tests.unit.test_round19 import redaction_ratio
     assert redaction_ratio(piece, 16000) < 9
+
+
+@pytest.mark.parametrize("unit, then", [("foo_token: <s> # ", "\n"), ("foo_token: <s> # ", "  \n"), ("image_token: <s>", "\n"),
+                                        ("password: 1 # ", "\n  \n")])
+def test_q29a_a_line_of_let_through_values_then_blank_lines_is_read_in_time_growing_with_the_text(unit, then):
+    """(round 29 Q29a: each let-through value read every blank line after its line, 7.5 s at 64 kB)"""
+    from tests.unit.test_round19 import redaction_ratio
+    assert redaction_ratio(unit, 16000, then=then) < 9
