@@ -301,8 +301,9 @@ def test_s28d_f28_install_variables_for_where_or_how_a_secret_is_kept_only_with_
     from roles.vllm.checks import named_secrets
     kept = {"SSH_AUTH_SOCK": "/run/user/0/ssh-agent.sock", "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
             "GIT_AUTHOR_NAME": "rigup", "GIT_CONFIG_KEY_0": "url.https://x/.insteadOf", "UV_KEYRING_PROVIDER": "subprocess",
-            "HF_TOKEN_PATH": "/root/.hf/token", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
-    refused = {"GIT_PASSWORD_PATH": S, "HF_TOKEN_PROVIDER": S, "HF_TOKEN_DIR": S}
+            "HF_TOKEN_PATH": "/root/.hf/token", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+            "A_TOKEN_PATH": "$HOME/.cache/huggingface/token", "B_TOKEN_FILE": "./token"}   # (round 29)
+    refused = {"GIT_PASSWORD_PATH": S, "HF_TOKEN_PROVIDER": S, "HF_TOKEN_DIR": S, "C_TOKEN_PATH": f"/x {S}", "D_TOKEN_PATH": f"~{S}"}
     assert named_secrets({"vllm_install_env": {**kept, **refused}}) == [f"vllm_install_env.{k}" for k in refused]
 
 
