@@ -279,7 +279,9 @@ def _assigned(text: str) -> str:
     """``text`` with the value of each NAME=VALUE, NAME: VALUE or NAME => VALUE whose name is a secret's as ``***``
     (a name not one is passed over, its value read again as a name: db:password=S). A host's NAME:PORT in a URL
     (after '//' or '@') is no assignment; NAME: then a value unquoted is hidden to its line's end, as YAML reads it."""
-    out, last, line = [], 0, (0, -1)   # (the bounds of the line last read: found once a line, round 24-25 R24a/R25a)
+    # (the bounds of the line last read, and where its deeper lines end: found once a line, rounds 24-30 R24a, R25a,
+    # Q29a, Q30a: each read again per value took the square of a line of values)
+    out, last, line, deeper = [], 0, (0, -1), 0
     for m in _ASSIGNED.finditer(text):
         name, sep = m.groups()
         # (a bare "token" glued to its sign only: "EOS token = 2" is llama.cpp's log of the model's tokens)
@@ -302,12 +304,16 @@ def _assigned(text: str) -> str:
                 continue
             if m.end() > line[1]:
                 line = (text.rfind("\n", 0, m.start()) + 1, _line_end(text, m.end()))
+                deeper = _deeper_lines(text, line, line[1])
             at, end = m.end(), line[1]
             comment = _COMMENT.search(text, at, end)
-            end = at + len(text[at:comment.start() if comment else end].rstrip())
-            if end - at <= 48 and special_token(name, text[at:end]):   # (before its deeper lines are read: a line of
-                continue   # them, each followed by blank lines, read those once each, round 29 Q29a)
-            end = _deeper_lines(text, line, end)
+            end = comment.start() if comment else end
+            while end > at and text[end - 1] in " \t\r":
+                end -= 1
+            # (a special token alone on its line; folded over deeper lines it is a value's first word: round 30 S30a)
+            if deeper == line[1] and end - at <= 48 and special_token(name, text[at:end]):
+                continue
+            end = deeper if deeper > line[1] else end
             value = True   # (a YAML anchor or tag first: password: &pw S, round 24 S24b)
         elif value:
             at, end = value.start(value.lastindex), value.end(value.lastindex)
@@ -316,7 +322,7 @@ def _assigned(text: str) -> str:
                 close = _CLOSE[value.group(0)[0]].match(text, value.end())   # (its escapes honoured: round 26 S26b)
                 end = close.end() - len(close.group(1)) if close else len(text)
         inner = text[at:end] if value else ""
-        if not inner or inner == "***" or special_token(name, inner):
+        if not inner or inner == "***" or inner.startswith("***@") or special_token(name, inner):   # (***@: a URL's, hidden)
             continue
         out += [text[last:at], "***"]
         last = end

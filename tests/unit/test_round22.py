@@ -307,8 +307,15 @@ def test_s28d_f28_install_variables_for_where_or_how_a_secret_is_kept_only_with_
     assert named_secrets({"vllm_install_env": {**kept, **refused}}) == [f"vllm_install_env.{k}" for k in refused]
 
 
+# -- round 30 (against d4605fa): S30a (my regression of Q29a's fix) a special token folded over deeper lines is a
+# value's first word
+S30_HIDDEN = [(f"github_token: {first}\n  {S}", "github_token: ***") for first in ("<s>", "</s>", "<|endoftext|>", "<pad>")] + [
+    (f"github_token: <s>\n\n  {S}", "github_token: ***"), (f"github_token: <s>\r\n  {S}", "github_token: ***"),
+    (f"github_token: <s>\n\t{S}", "github_token: ***"), (f"github_token: <s> # c\n  {S}", "github_token: ***")]
+
+
 @pytest.mark.parametrize("value, shown", S22_HIDDEN + S23_HIDDEN + S24_HIDDEN + S25_HIDDEN + S26_HIDDEN + S27_HIDDEN
-                         + S28_HIDDEN)
+                         + S28_HIDDEN + S30_HIDDEN)
 def test_a_secret_in_each_spelling_the_rounds_found_is_hidden_and_refused(value, shown):
     print(repr(value), "->", repr(redacted(value)))
     assert redacted(value) == shown and carries_credentials(value)
@@ -386,7 +393,8 @@ def test_every_piece_repeated_is_read_in_time_growing_with_the_text(piece):
 
 
 @pytest.mark.parametrize("unit, then", [("foo_token: <s> # ", "\n"), ("foo_token: <s> # ", "  \n"), ("image_token: <s>", "\n"),
-                                        ("password: 1 # ", "\n  \n")])
+                                        ("password: 1 # ", "\n  \n"), ("password: # ", "  \n"), ("password:  #x ", "  \n"),
+                                        ("foo_token: <" + "ab " * 13 + "> # ", "\n")])   # (round 30 Q30a)
 def test_q29a_a_line_of_let_through_values_then_blank_lines_is_read_in_time_growing_with_the_text(unit, then):
     """(round 29 Q29a: each let-through value read every blank line after its line, 7.5 s at 64 kB)"""
     from tests.unit.test_round19 import redaction_ratio
