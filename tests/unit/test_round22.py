@@ -394,7 +394,8 @@ def test_every_piece_repeated_is_read_in_time_growing_with_the_text(piece):
 
 @pytest.mark.parametrize("unit, then", [("foo_token: <s> # ", "\n"), ("foo_token: <s> # ", "  \n"), ("image_token: <s>", "\n"),
                                         ("password: 1 # ", "\n  \n"), ("password: # ", "  \n"), ("password:  #x ", "  \n"),
-                                        ("foo_token: <" + "ab " * 13 + "> # ", "\n")])   # (round 30 Q30a)
+                                        ("foo_token: <" + "ab " * 13 + "> # ", "\n"), ("password: ***@ ", "\n"),
+                                        ("api_key: ***@x ", "\n")])   # (round 30 Q30a, round 31 Q31a)
 def test_q29a_a_line_of_let_through_values_then_blank_lines_is_read_in_time_growing_with_the_text(unit, then):
     """(round 29 Q29a: each let-through value read every blank line after its line, 7.5 s at 64 kB)"""
     from tests.unit.test_round19 import redaction_ratio
