@@ -305,7 +305,7 @@ def _assigned(text: str) -> str:
                 continue
             if m.end() > line[1]:
                 line = (text.rfind("\n", 0, m.start()) + 1, _line_end(text, m.end()))
-                deeper = _deeper_lines(text, line, line[1])
+                deeper = _deeper_lines(text, line)
             at, end = m.end(), line[1]
             comment = _COMMENT.search(text, at, end)
             end = comment.start() if comment else end
@@ -345,12 +345,12 @@ def _line_end(text: str, at: int) -> int:
     return len(text) if end < 0 else end
 
 
-def _deeper_lines(text: str, line: tuple[int, int], end: int) -> int:
-    """``end``, moved over the lines after ``line`` (its start and end) indented deeper than it (a YAML value
-    folded or in a block, ``password: |`` then its lines: round 23 S23a), and the blank lines between them (round
-    24 S24a); any blank counts as indentation."""
+def _deeper_lines(text: str, line: tuple[int, int]) -> int:
+    """Where the lines after ``line`` (its start and end) indented deeper than it end, or ``line``'s end without
+    any (a YAML value folded or in a block, ``password: |`` then its lines: round 23 S23a), over the blank lines
+    between them (round 24 S24a); any blank counts as indentation."""
     indent = len(text[line[0]:line[1]]) - len(text[line[0]:line[1]].lstrip())
-    at = line[1]
+    at = end = line[1]
     while at < len(text):
         line_end = _line_end(text, at + 1)
         following = text[at + 1:line_end]
