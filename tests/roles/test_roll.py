@@ -61,7 +61,9 @@ REBOOT_S = 2    # nvidia_driver_reboot_delay (5 by default): a lab host is back 
 SETTLE_S = 1    # the client and the sampler run this long before a block and after it
 POLL_S = 0.5    # wait_pool's poll of the gateway's stats page
 LEASE_S = 15    # rigup_drain_lease_s of the roll killed mid-burn-in (120 by default): its host back by itself after it
-KILLED_LEASE_S = 10   # that of the roll killed midway of lab1's converge: the kill comes about 2 s after the drain
+KILLED_LEASE_S = 20   # that of the roll killed midway of lab1's converge: the kill comes about 2 s after the drain;
+                      # each renewal is a pyinfra exec at the gateway, which under CI's three lanes on 2 cores took
+                      # over 6.7 s: a lease of 10 s (renewed at 3.3 s) lapsed before the kill
 PAUSE_S = 0.3   # the client's pause between its requests (load.py's 7th argument): a request back to back kept one
                 # of the machine's 2 cores busy for every roll, and a request every ~0.5 s still finds each window
 
