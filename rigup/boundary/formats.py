@@ -79,10 +79,11 @@ def ini_line(key: str, value: object, what: str) -> str:
 
 
 def ini_section(name: str, what: str) -> str:
-    """``[name]``, a section of a llama.cpp preset (a model's key, or ``*``): printable, no bracket,
-    no comment character, no blank at its ends; else a ValueError."""
+    """``[name]``, a model's section of a llama.cpp preset: printable, no bracket, no comment character,
+    no blank at its ends (a no-break space either), not ``*`` (the global section, written by its caller as
+    it is: round 32 P32a); else a ValueError."""
     text = one_line(name, what)
-    if not text or INI_BREAKS.search(text) or text != text.strip(" \t"):
+    if not text or INI_BREAKS.search(text) or text != text.strip() or text == "*":
         raise _refused(what, "not a preset section name", text)
     return f"[{text}]"
 

@@ -37,6 +37,7 @@ TOP_FILES = ("version.txt", "rigup-build.json")
 BIN_NAME = re.compile(r"bin/[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 LINK_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_BYTES = 4 << 30          # unpacked: llama.cpp's CUDA binaries for every arch stay far below
+TRAILER_BYTES = 1 << 20     # zero blocks after an archive's end: GNU tar pads to 10 KiB records
 KEY = results.KEY
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -172,6 +173,12 @@ def unsafe(path: Path) -> str | None:
                 total += m.size
                 if total > MAX_BYTES:
                     return f"it unpacks to more than {MAX_BYTES >> 30} GiB"
+            # where tarfile stopped, only the end's zero blocks and padding: tarfile stops at a header whose
+            # checksum is wrong, GNU tar skips it and unpacks what follows (round 32 A32a)
+            tar.fileobj.seek(tar.offset)
+            rest = tar.fileobj.read(TRAILER_BYTES + 1)
+            if len(rest) > TRAILER_BYTES or rest.strip(b"\0"):
+                return "it holds more after its last readable member than the end of an archive (a broken header?)"
     except (OSError, tarfile.TarError, EOFError) as e:
         return f"it is no .tar.gz ({type(e).__name__})"
     return None if total else "it holds no file"

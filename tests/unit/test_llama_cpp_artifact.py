@@ -1,6 +1,7 @@
 """roles/llama_cpp/artifact.py: the key of a build handed between hosts, what a receiving host must
 have, the controller's record, and what an artifact may hold (hostile archives refused)."""
 
+import gzip
 import io
 import json
 import subprocess
@@ -91,6 +92,25 @@ def test_an_artifact_holding_what_a_build_does_not_is_refused(tmp_path, hostile,
     found = artifact.unsafe(path)
     print(f"\nrefused: {found}")
     assert found and why in found
+
+
+def test_a_member_behind_a_header_tarfile_stops_at_is_refused(tmp_path):
+    """Round 32 A32a: a second header with a wrong checksum ends Python's reading there, while GNU tar skips
+    it and unpacks the member after it: what follows the last member read is refused unless it is the end's
+    zero blocks."""
+    raw = bytearray(_tar(GOOD))
+    plain = bytearray(gzip.decompress(bytes(raw)))
+    hidden = _tar({"bin/llama-server": b"planted"})
+    second = 512 + 512     # the first member's header and its one block of data
+    plain[second + 148:second + 156] = b"0000000\0"      # a wrong checksum on the second header
+    path = tmp_path / "a.tar.gz"
+    path.write_bytes(gzip.compress(bytes(plain[:second]) + bytes(plain[second:second + 512]) +
+                                   gzip.decompress(hidden)))
+    found = artifact.unsafe(path)
+    print(f"\nrefused: {found}")
+    assert found and "more after its last readable member" in found
+    path.write_bytes(gzip.compress(gzip.decompress(bytes(raw)) + b"\0" * 20480))   # padding only: accepted
+    assert artifact.unsafe(path) is None
 
 
 def test_a_build_as_the_host_packs_it_is_accepted(tmp_path):

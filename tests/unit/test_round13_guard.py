@@ -121,3 +121,19 @@ def test_the_xid_key_keeps_the_whole_pci_domain(smi, line, key):
 def test_domains_0000_and_10000_are_two_cards():
     assert xid.card_key("00010000:2B:00.0") != xid.card_key("00000000:2B:00.0")
     assert len({xid.card_key(b) for b in ("10000:2b:00", "00010000:2b:00", "0000:2b:00", "00000000:2b:00")}) == 2
+
+
+def test_clear_with_a_directory_in_place_of_its_trip_file_says_so_and_stays_tripped(host, capsys):
+    """Round 32 G32a: ``clear`` removed the trip file with os.remove: a directory there (only root makes one in
+    the guard's state directory: a broken host) ended it in an IsADirectoryError traceback. Now one line, exit 1,
+    the trip and the samples left as they were."""
+    tripped = host / "tripped.json"
+    tripped.mkdir()
+    (host / "samples.json").write_text("[]")
+    path = host / "guard.json"
+    path.write_text(json.dumps(config_of(host, str(tripped))))
+    assert G.main(["--config", str(path), "clear"]) == 1
+    err = capsys.readouterr().err
+    print("said:", err.strip())
+    assert err.count("\n") == 1 and f"not cleared: cannot remove {tripped}: Is a directory" in err
+    assert tripped.is_dir() and (host / "samples.json").exists()

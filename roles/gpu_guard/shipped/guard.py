@@ -495,6 +495,20 @@ def kept(path: str, value) -> str | None:
     return None
 
 
+def discarded(*paths: str) -> str | None:
+    """Remove each of ``paths`` that is there, or say why one could not be (a directory in its place:
+    round 32 G32a, ``clear`` ended in a traceback); the guard's files are root's, so this is a broken
+    host, not an attack, and the caller says it and stays tripped."""
+    for path in paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            return f"cannot remove {path}: {e.strerror or e}"
+    return None
+
+
 def replace(path: str, text: str, mode: int | None = 0o644, fsync: bool = False) -> None:
     """Write ``path`` atomically: a new temp file beside it (a random dot-name, O_EXCL|O_NOFOLLOW: a
     link or file another user planted in the directory is never opened), chmod'ed to ``mode`` (None:
@@ -983,7 +997,10 @@ def after_reboot(config: dict, record: dict, cards: list[dict], lost: list[str])
     if not record.get("reboot_boot") or record["reboot_boot"] == boot_id() or lost or \
             len(cards) < int(record.get("cards", 0)):
         return False
-    os.remove(config["tripped_file"])
+    problem = discarded(config["tripped_file"])
+    if problem:
+        log(3, f"rigup-gpu-guard: not cleared after the reboot: {problem}")
+        return False
     units = resumed(config, record)
     log(5, f"rigup-gpu-guard: cleared after the reboot for {record.get('reason')}: all {len(cards)} cards answer; "
            f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
@@ -1050,13 +1067,13 @@ def check(config: dict) -> int:
     if os.path.exists(tripped):
         record = tripped_of(load(tripped, None))
         if record.get("fabric") and known and not fabric:   # back: serve again
-            for f in (tripped, config["samples_file"]):   # as clear: a look before the trip never counts again
-                if os.path.exists(f):
-                    os.remove(f)
-            units = resumed(config, record)
-            log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: "
-                   f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
-            return 0
+            problem = discarded(tripped, config["samples_file"])   # as clear: a look before the trip never counts again
+            if not problem:
+                units = resumed(config, record)
+                log(5, f"rigup-gpu-guard: the NVSwitch fabric is back (was: {record.get('reason')}); cleared: "
+                       f"starting {', '.join(units) or 'no unit'}{systemctl('start', units)}")
+                return 0
+            log(3, f"rigup-gpu-guard: the NVSwitch fabric is back but the trip stays: {problem}")
         # after its reboot, an NVSwitch host serves again only once its fabric is up too
         if record.get("reboot_boot") and record["reboot_boot"] != boot_id() and \
                 known and not fabric:
@@ -1205,9 +1222,10 @@ def main(argv: list[str]) -> int:
                            if link else ""), 4000))
         return 3 if state or any(c["suspect"] for c in xid["cards"].values()) else 0
     if command == "clear":
-        for f in (tripped, config["samples_file"]):
-            if os.path.exists(f):
-                os.remove(f)
+        problem = discarded(tripped, config["samples_file"])
+        if problem:
+            print(shown(f"rigup-gpu-guard: not cleared: {problem}", 4000), file=sys.stderr)
+            return 1
         suspect = sorted(k for k, c in xid["cards"].items() if c["suspect"])
         for card in xid["cards"].values():
             card["suspect"], card["recent"] = None, []
