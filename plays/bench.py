@@ -166,18 +166,14 @@ class Serving(FactBase):
 
 def smoke_remedy(text: str | None) -> dict:
     """What a passed smoke inference of the serving build recorded (roles/llama_cpp/shipped/smoke.py's
-    rigup-smoke.json): ``{"traps": [id], "server_args": [flag]}``. Only trap ids and bare
-    ``--flags`` count; no file, a half-written one, a failed smoke or anything malformed is none."""
+    rigup-smoke.json, through its one reader rigup.boundary.results.smoke): ``{"traps": [id],
+    "server_args": [flag]}``; no file, a half-written one, a failed smoke or a record that does not read
+    (a trap id or flag of another shape among them) is none."""
     try:
-        doc = json.loads(text or "")
-    except (ValueError, RecursionError):
-        doc = None
-    passed = isinstance(doc, dict) and doc.get("ok") is True
-
-    def kept(key: str, pattern: re.Pattern) -> list[str]:
-        values = doc.get(key) if passed else None
-        return [v for v in values if isinstance(v, str) and pattern.fullmatch(v)] if isinstance(values, list) else []
-    return {"traps": kept("traps", traps.ID), "server_args": kept("server_args", traps.REMEDY_FLAG)}
+        doc = results.smoke(text or "", "rigup-smoke.json")
+    except Unreadable:
+        doc = {"ok": False}
+    return {key: doc.get(key, []) if doc["ok"] else [] for key in ("traps", "server_args")}
 
 
 def repack_remedy(smoke: dict) -> bool:

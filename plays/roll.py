@@ -261,11 +261,12 @@ def settings(data: dict[str, dict], hosts: list[str]) -> tuple[int, int]:
 def said(output: str) -> dict[str, str]:
     """Each host's line of rigup.summary's block (the last one in ``output``): name -> what it says
     ("converged (3 changed)", "failed at OP: why", ...)."""
-    text = _ANSI.sub("", output)
-    if SUMMARY not in text:
-        return {}
+    lines = _ANSI.sub("", output).splitlines()
+    # the header alone on its line, as rigup.summary prints it: a host's own output echoed by pyinfra
+    # ("[h1] --> rigup: what happened to each host", then "[h1] converged (2 changed)") is no block (round 33 R33a)
+    heads = [i for i, line in enumerate(lines) if line.rstrip() == SUMMARY]
     found = {}
-    for line in text[text.rindex(SUMMARY) + len(SUMMARY):].splitlines():
+    for line in lines[heads[-1] + 1:] if heads else []:
         match = _LINE.match(line)
         if match:
             found[match.group(1)] = match.group(2).strip()

@@ -389,7 +389,8 @@ def smoke(value: Any, where: str) -> dict:
     """A build's smoke result (roles/llama_cpp/shipped/smoke.py's ``builds/<id>/rigup-smoke.json``, JSON
     text or what it parsed to): ``ok`` a bool, ``key`` the spec's key (16 hex digits), ``seconds``
     finite, ``traps`` trap ids and ``server_args`` bare ``--flags`` (they reach the instances'
-    units), ``runs`` maps, ``compare`` a map whose ``ok`` is a bool and ``ratio`` finite; or
+    units), ``runs`` maps whose ``ok`` is a bool and figures numbers, ``compare`` a map whose ``ok`` is
+    a bool and figures finite; or
     :class:`Unreadable` naming ``where`` and the field (the build's smoke is then unknown: run again)."""
     def flag(pattern: re.Pattern, what: str) -> Callable[[Any, str], str]:
         return lambda v, w: fields.matched(pattern, v, w, what)
@@ -399,17 +400,29 @@ def smoke(value: Any, where: str) -> dict:
             raise Unreadable(w, f"not a map: {type(v).__name__}")
         return v
 
+    seconds = _optional(lambda v, w: _float(v, w, 0, SECONDS_MAX))
+    rates = _list(lambda v, w: _float(v, w, 0, TPS_MAX), 64)
+    trap = flag(TRAP_ID, "a trap's id (roles/llama_cpp/traps.yml)")
+
     def compared(v: Any, w: str) -> dict:
-        return _typed(a_map(v, w), w, {"ok": (_bool, False),
-                                       "ratio": (_optional(lambda x, y: _float(x, y, 0, TPS_MAX)), False)})
+        return _typed(a_map(v, w), w, {"ok": (_bool, False), "ratio": (_optional(lambda x, y: _float(x, y, 0, TPS_MAX)), False),
+                                       "new_tps": (rates, False), "current_tps": (rates, False),
+                                       "rounds": (_whole(1, 10**6), False), "tolerance": (lambda x, y: _float(x, y, 0, 1), False),
+                                       "skipped": (_prose, False), "reason": (_prose, False)})
+
+    def run(v: Any, w: str) -> dict:   # each printed by the controller (roles/llama_cpp/build.py _smoked; round 33 S33a)
+        return _typed(a_map(v, w), w, {"ok": (_bool, True), "name": (_prose, False), "model": (_prose, False),
+                                       "reason": (_prose, False), "tail": (_list(_prose, 200), False),
+                                       "tokens": (_whole(0, INT32), False), "seconds": (seconds, False),
+                                       "remedy": (_optional(trap), False), "first": (_prose, False)})
 
     return _typed(_record(value, where), where, {
         "ok": (_bool, True),
         "key": (_optional(flag(KEY, "a smoke spec's key (16 hex digits)")), False),
-        "seconds": (_optional(lambda v, w: _float(v, w, 0, SECONDS_MAX)), False),
-        "traps": (_list(flag(TRAP_ID, "a trap's id (roles/llama_cpp/traps.yml)")), False),
+        "seconds": (seconds, False),
+        "traps": (_list(trap), False),
         "server_args": (_list(flag(REMEDY_FLAG, "a bare --flag")), False),
-        "runs": (_list(a_map), False),
+        "runs": (_list(run), False),
         "compare": (_optional(compared), False),
     })
 

@@ -12,7 +12,8 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files
 
 from rigup import summary
-from rigup.boundary.core import loads
+from rigup.boundary import results
+from rigup.boundary.core import Unreadable
 from rigup.files import program_text
 from rigup.progress import start_command
 from rigup.state import read_once, reading
@@ -99,12 +100,11 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
     def failed(tail: list[str], reason: str) -> bool:
         return _failed(host, spec, build_id, tail, reason, kept)
 
-    try:   # the host's output: not JSON, nested too deep (Unreadable) or no object is no result
-        doc = loads(lines[-1], "the smoke's result")
-        if not isinstance(doc, dict) or not isinstance(doc.get("runs", []), list):
-            raise ValueError("not the smoke's result")
-    except (IndexError, ValueError):
-        return failed((lines + list(output.stderr_lines))[-15:], "it gave no result")
+    try:   # the host's output through its one reader: not JSON, nested too deep or a field mistyped is no result
+        doc = results.smoke(lines[-1], "the smoke's result")
+    except (IndexError, Unreadable) as e:
+        why = f": {e}" if isinstance(e, Unreadable) else ""
+        return failed((lines + list(output.stderr_lines))[-15:], f"it gave no result{why}")
     for run in doc.get("runs", []):
         model = "the tiny smoke model" if run.get("model") == spec["tiny"] else run.get("model")
         if not run.get("ok"):
@@ -130,7 +130,7 @@ def _smoked(state, host, build_id: str, spec: dict, current: str | None, timeout
     elif compared.get("skipped") or compared.get("reason"):
         if not compared.get("ok"):
             return failed([], compared.get("reason", "its speed was not measured"))
-        say(f"    [{host.name}] llama.cpp build {build_id}: not compared ({compared['skipped']})")
+        say(f"    [{host.name}] llama.cpp build {build_id}: not compared ({compared.get('skipped') or compared['reason']})")
     return bool(doc.get("ok")) or failed([], "it did not pass")
 
 

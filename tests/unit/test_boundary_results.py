@@ -283,6 +283,17 @@ def test_any_value_in_a_smoke_result_is_refused_or_typed(field, value):
     ({**SMOKE, "server_args": ["--no-repack", "--host=0.0.0.0"]}, "server_args[1]: not a bare --flag"),
     ({**SMOKE, "compare": {"ok": True, "ratio": -1}}, "compare: ratio: not a finite number"),
     ({k: v for k, v in SMOKE.items() if k != "ok"}, "no ok"),
+    # round 33 S33a: the shapes that ended roles/llama_cpp/build.py _smoked in a traceback (it read the runs and
+    # the comparison itself), each a host's failed smoke now, naming the field
+    ({**SMOKE, "runs": ["x"]}, "runs[0]: not a map"),
+    ({**SMOKE, "runs": [None]}, "runs[0]: not a map"),
+    ({**SMOKE, "runs": [{"name": "tiny", "tokens": 8}]}, "runs[0]: no ok"),
+    ({**SMOKE, "runs": [{"ok": True, "tokens": "eight"}]}, "runs[0]: tokens: not a whole number"),
+    ({**SMOKE, "compare": [1]}, "compare: not a map"),
+    ({**SMOKE, "compare": {"ok": True, "ratio": "fast"}}, "compare: ratio: not a finite number"),
+    ({**SMOKE, "compare": {"ok": True, "ratio": 1.0, "new_tps": 5}}, "compare: new_tps: not a list"),
+    ({**SMOKE, "compare": {"ok": True, "ratio": 1.0, "new_tps": ["x"]}}, "compare: new_tps[0]: not a finite number"),
+    ({**SMOKE, "compare": {"ok": True, "reason": 7}}, "compare: reason: not text"),
 ])
 def test_a_bad_smoke_result_is_that_builds_smoke_unknown_and_crashes_no_plan(bad, why, monkeypatch):
     import roles.llama_cpp as llama_cpp

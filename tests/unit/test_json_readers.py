@@ -14,21 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (file, function) -> why it parses JSON itself; move one to the boundary and take it off the list
 ALLOWED = {
     ("rigup/config.py", "cli_value"): "the operator's own --data value on the command line, as pyinfra reads it",
-    ("roles/model_fetch/hub.py", "_once"): "the hub's answers rigup kept itself, read through owned.read; checked "
-                                          "by hub.py's checked_files afterwards",
-    ("rigup/gate.py", "gate"): "a completion's answer: only whether it holds text is used, any other shape is a "
-                               "failed gate (ValueError, KeyError, IndexError, TypeError caught)",
     # not yet through the boundary: second readers left of round 3 (named so that the list only shrinks)
-    ("plays/bench.py", "smoke_remedy"): "rigup-smoke.json, item by item (trap ids, bare flags): decides only "
-                                        "llama-bench's --repack 0; to go through results.smoke",
-    ("plays/bench.py", "llama_bench_row"): "llama-bench's JSON row; to go through results.llama_bench",
-    ("plays/bench.py", "Throughput.process"): "throughput.py's line; to go through results.throughput",
-    ("plays/bench.py", "Serving.process"): "a model's completion marker; to go through results.marker",
-    ("roles/cmpunlocker/facts.py", "parse_unlock_state"): "the unlock stamp rigup writes as root; a reader to add",
-    ("roles/llama_cpp/build.py", "_smoked"): "smoke.py's result on its stdout (the same record as "
-                                             "rigup-smoke.json); to go through results.smoke",
-    ("roles/balancer/facts.py", "BalancerState.process"): "the balancer's backends files rigup writes as root; "
-                                                          "a reader to add",
 }
 
 

@@ -67,6 +67,11 @@ def test_a_host_without_its_own_line_is_unknown_whatever_the_exit_code():
     assert roll.outcomes(early, ["lab3", "lab1"], 0) == {
         "lab3": ("unknown", "pyinfra's output has no result line for it (pyinfra exited 0)"), "lab1": ("done", "unchanged")}
     assert roll.outcomes("--> rigup: what happened to each host\n    [lab1] Success\n", ["lab1"], 0)["lab1"][0] == "unknown"
+    # round 33 R33a: a host's own output, echoed by pyinfra behind its name, is no summary block: with rigup's own
+    # block missing (pyinfra killed), the host is unknown, not done
+    echoed = "[lab1] --> rigup: what happened to each host\n[lab1] converged (2 changed)\n"
+    assert roll.outcomes(echoed, ["lab1"], 1)["lab1"][0] == "unknown"
+    assert roll.outcomes(echoed + SAID, ["lab1"], 1)["lab1"] == ("done", "converged (3 changed)")
 
 
 def test_dry_runs_print_no_summary():

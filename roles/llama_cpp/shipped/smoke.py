@@ -334,7 +334,8 @@ def attempt(spec: dict, model: str, args: list[str], log: str, env: dict | None 
                                                            "temperature": 0, "ignore_eos": True,
                                                            "cache_prompt": False}, left)
                 tokens = doc.get("tokens_predicted") if isinstance(doc, dict) else None
-                result["tokens"] = tokens if isinstance(tokens, int) else 0
+                # (a bool is no count: true was one token, round 33 S33c)
+                result["tokens"] = tokens if type(tokens) is int and tokens >= 0 else 0
                 if code != 200:
                     result["reason"] = f"the completion answered HTTP {code}"
                 elif result["tokens"] < 1:
