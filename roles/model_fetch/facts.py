@@ -18,7 +18,7 @@ from pyinfra.api import FactBase
 
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable, loads
-from rigup.boundary.hosttext import download_progress
+from rigup.boundary.hosttext import download_progress, model_probe
 from rigup.files import program_text
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
@@ -68,11 +68,18 @@ def parse_probe(lines: list[str]) -> dict:
                 # the model named as rigup-fetch prints it (its name first), its record unreadable
                 named = _NAMED.match(line[len("##rigup-model "):])
                 if named:
-                    out["models"][named[1]] = {"name": named[1], "progress": None, "unreadable": str(e)}
+                    # (refused by the plan naming why: it planned as if nothing were there, round 34)
+                    out["models"][named[1]] = {"name": named[1], "progress": None, "unreadable": str(e),
+                                               "probe_error": str(e)}
                 continue
             # the host's python3 prints it: a name that is not text (a list) is no model of the specs
             if isinstance(state, dict) and isinstance(state.get("name"), str):
-                out["models"][state["name"]] = read_markers(read_progress(state, f"model {state['name']}: progress.json"))
+                name = state["name"]
+                try:   # a field the plan reads mistyped: that model refused, naming it (round 34 M34a)
+                    state = model_probe(state, f"model {name}: the probe's line")
+                except Unreadable as e:
+                    state = {"name": name, "probe_error": str(e)}
+                out["models"][name] = read_markers(read_progress(state, f"model {name}: progress.json"))
     return out
 
 

@@ -212,3 +212,37 @@ def test_status_reads_the_marker_as_the_probe_does():
     got = [parse_progress(["@@ m", f"marker={json.dumps(m)}", "progress="], [spec])["m"]["complete"] for m in (good, bad)]
     print(got)
     assert got == [True, False]
+
+
+# round 34 M34a: each field of the probe's line that the plan reads, mistyped (the red team's shapes): the model
+# refused naming the field; before, each raised inside the plan, and the run ended for every host
+FORGED = [("damaged", [1, 2]), ("damaged", {"a": 1}), ("planted", 5), ("planted", ["abc"]), ("have_bytes", "x"),
+          ("free_bytes", "lots"), ("reusable", [1]), ("reusable", {"m.gguf": "x"}), ("hub_error", "boom"),
+          ("hub_error", {"message": 5}), ("hub_error", {"status": "404", "message": "x"}), ("complete", "yes"),
+          ("where", ["/srv"]), ("free_bytes", 1e400), ("have_bytes", True)]
+
+
+@pytest.mark.parametrize("field, value", FORGED)
+def test_a_mistyped_field_of_the_probe_refuses_that_model_naming_it(field, value):
+    line = "##rigup-model " + json.dumps({"name": "m", "dest": "/srv/m", "where": "/srv/m", "complete": False,
+                                          "have_bytes": 0, "free_bytes": 10, field: value})
+    state = parse_probe([line])["models"]["m"]
+    got = plan_model("m", {"repo": "o/m", "revision": REV, "include": [], "dest": "/srv/m"}, state,
+                     endpoint="x", source="x", peer=None, workers=1, peer_wait=1)
+    print(field, value, "->", got.action, got.problems)
+    why = "the probe's model line: not JSON (Infinity" if value == 1e400 else f"model m: the probe's line: {field}"
+    assert got.action == "refused" and why in got.problems[0][1]
+
+
+@settings(max_examples=80, deadline=2000)
+@given(st.dictionaries(st.sampled_from(sorted({f for f, _ in FORGED} | {"staged", "running", "previous", "unsafe_parent",
+                                                                        "probe_error", "hub_files"})),
+                       st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                               max_size=3), max_leaves=8)))
+def test_any_probe_line_is_planned_or_refused_never_a_traceback(fields):
+    line = "##rigup-model " + json.dumps({"name": "m", "dest": "/srv/m", **fields}, allow_nan=True)
+    state = parse_probe([line])["models"].get("m")
+    got = plan_model("m", {"repo": "o/m", "revision": REV, "include": [], "dest": "/srv/m"}, state or {},
+                     endpoint="x", source="x", peer=None, workers=1, peer_wait=1)
+    assert got.action in ("refused", "complete", "switch", "start", "running", "restart") and got.line.isprintable()
