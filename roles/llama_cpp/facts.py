@@ -51,7 +51,8 @@ def parse_state(lines: list[str]) -> dict:
         elif key == "systemd":
             state["systemd"] = value == "1"
         elif key == "switching":   # roles/llama_cpp/build.py switched's mark: a switch cut short
-            state["switching"] = " ".join(value.split())[:200] or None
+            # (builds/<id> as switched writes it; other text is a mark of no build rigup names: round 35)
+            state["switching"] = build_link(value.strip()) or ("a build its mark does not name" if value.strip() else None)
         elif key in ("os", "glibc", "machine"):
             state[key] = " ".join(value.split())[:64] or None
     return state

@@ -73,3 +73,13 @@ def test_a_refused_received_build_kept_aside_is_no_build(tmp_path):
     out = subprocess.run(["bash", "-c", LlamaCppState().command(str(tmp_path))], capture_output=True, text=True)
     state = parse_state(out.stdout.splitlines())
     assert list(state["builds"]) == ["a-1"] and list(state["smokes"]) == ["a-1"], state
+
+
+def test_a_switch_mark_names_a_build_as_rigup_writes_it_or_none():
+    """Round 35: the mark of a switch cut short was any text the host printed (shown escaped in the plan); it is
+    builds/<id> as switched writes it, else a mark of no build rigup names (the plan still says a switch was cut
+    short, and the next switch removes the mark)."""
+    from roles.llama_cpp.facts import parse_state
+    assert parse_state(["switching=builds/b12-abc"])["switching"] == "builds/b12-abc"
+    assert parse_state(["switching=builds/../../etc \x1b[2J"])["switching"] == "a build its mark does not name"
+    assert parse_state(["switching="])["switching"] is None and parse_state([])["switching"] is None
