@@ -162,10 +162,10 @@ def model_probe(record: object, where: str) -> dict:
             raise Unreadable(at, f"not a whole number of bytes: {str(value)[:40]!r}")
         return got
 
-    def pair(value: object, at: str) -> tuple:
+    def pair(value: object, at: str) -> list:
         if not isinstance(value, list) or len(value) != 2:
             raise Unreadable(at, f"not a (path, what) pair: {str(value)[:40]!r}")
-        return text(value[0], f"{at}[0]"), text(value[1], f"{at}[1]")
+        return [text(value[0], f"{at}[0]"), text(value[1], f"{at}[1]")]
 
     def error(value: object, at: str) -> dict:
         status, code = items(value, at, dict).get("status"), value.get("code")

@@ -79,6 +79,28 @@ def test_status_and_the_converge_show_any_progress_record_never_a_traceback(reco
     assert progress_line("m", probed["models"]["m"]).isprintable()
 
 
+PROBED = ("running", "complete", "staged", "dest", "where", "unsafe_parent", "probe_error", "damaged", "previous",
+          "planted", "have_bytes", "free_bytes", "hub_error", "reusable")
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(PROBED), JSON, max_size=5))
+def test_a_probe_line_is_typed_or_refused_naming_its_field(fields):
+    """hosttext.model_probe (round 34 M34a): each field the plan reads is of its type, or Unreadable names it."""
+    try:
+        got = hosttext.model_probe({"name": "m", **fields}, "model m")
+    except Unreadable as e:
+        assert any(str(e).startswith(f"model m: {key}") for key in fields), e
+        return
+    for key in ("running", "complete", "staged"):
+        assert got.get(key) is None or type(got[key]) is bool
+    for key in ("have_bytes", "free_bytes"):
+        assert got.get(key) is None or (type(got[key]) is int and 0 <= got[key] <= MAX_BYTES)
+    assert all(isinstance(p, str) for p in got.get("damaged") or [])
+    assert all(len(p) == 2 and all(isinstance(x, str) for x in p) for p in got.get("planted") or [])
+    assert all(type(n) is int for n in (got.get("reusable") or {}).values())
+
+
 def test_a_total_written_as_text_is_unreadable_for_that_model_alone():
     spec = {"name": "m", "dest": "/srv/models/m", "repo": "org/m", "revision": "a" * 40}
     other = dict(spec, name="n", dest="/srv/models/n")

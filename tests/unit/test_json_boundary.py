@@ -12,7 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "# rigup: runs on hosts"
 ALLOWED = {
-    "plays/bench.py": "smoke_remedy catches RecursionError beside ValueError; its other JSON is rigup's own",
     "rigup/config.py": "cli_value: the operator's own --data value on their command line, as pyinfra's CLI reads it",
 }
 
