@@ -61,9 +61,12 @@ REBOOT_S = 2    # nvidia_driver_reboot_delay (5 by default): a lab host is back 
 SETTLE_S = 1    # the client and the sampler run this long before a block and after it
 POLL_S = 0.5    # wait_pool's poll of the gateway's stats page
 LEASE_S = 15    # rigup_drain_lease_s of the roll killed mid-burn-in (120 by default): its host back by itself after it
-KILLED_LEASE_S = 20   # that of the roll killed midway of lab1's converge: the kill comes about 2 s after the drain;
-                      # each renewal is a pyinfra exec at the gateway, which under CI's three lanes on 2 cores took
-                      # over 6.7 s: a lease of 10 s (renewed at 3.3 s) lapsed before the kill
+KILLED_LEASE_S = 45   # that of the roll killed midway of lab1's converge: the kill comes a second after the test sees
+                      # the drain. Each renewal is a pyinfra exec at the gateway, and this test's look at the pool an
+                      # SSH command: under CI's three lanes on 2 cores a 10 s lease lapsed before the kill (renewed at
+                      # 3.3 s, landed past 10 s), and once a 20 s one (the kill found lab1 back, mid-converge): the
+                      # lease now outlasts both; the test prints how long before the kill the gateway armed it
+LEASES = "/run/rigup/drain-leases"   # roles/balancer/shipped/drain.py: {"until": epoch s, ...} per leased server
 PAUSE_S = 0.3   # the client's pause between its requests (load.py's 7th argument): a request back to back kept one
                 # of the machine's 2 cores busy for every roll, and a request every ~0.5 s still finds each window
 
@@ -502,10 +505,14 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
         assert time.monotonic() - start < 120 and first.poll() is None, pool(lab)
         time.sleep(POLL_S)
     time.sleep(1)   # lab1's converge under way
+    # when the gateway last armed or renewed lab1's lease (until - lease), by its own clock, read at the kill
+    lease = on_host(lab, GATEWAY, f"cat {LEASES}/*-lab1-lease.json 2>/dev/null; echo; date +%s").strip().splitlines()
     pyinfras = children_of(first.pid)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     killed = time.monotonic()
+    armed = (f"{int(lease[-1]) - (json.loads(lease[0])['until'] - KILLED_LEASE_S)} s before the kill"
+             if len(lease) == 2 and lease[0].startswith("{") else f"not read ({lease})")
     while any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z" for p in pyinfras):
         assert time.monotonic() - killed < 10, f"roll.py's pyinfra {pyinfras} outlived it"
         time.sleep(0.1)
@@ -525,7 +532,7 @@ def test_a_roll_killed_midway_takes_its_pyinfra_along_and_the_next_roll_names_wh
         second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     finally:
         journal.unlink(missing_ok=True)
-    print(f"roll.py killed: its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; lab1 back by its "
+    print(f"roll.py killed (lab1's lease last armed {armed}): its pyinfra {pyinfras} gone after {gone:.1f} s; pool then {left}; lab1 back by its "
           f"lease ({KILLED_LEASE_S} s) after {back:.1f} s: {said.strip()[-300:]}; the next roll: "
           f"{named[:1]}; a roll while another runs: exit {second.returncode}: {second.stderr.strip()[-200:]}")
     assert pyinfras and left["lab1"].startswith("MAINT") and back < KILLED_LEASE_S + 60
