@@ -133,71 +133,7 @@ def hub_listing(files: object, where: str, problems: Callable[[object], list[tup
     return out
 
 
-def model_probe(record: object, where: str) -> dict:
-    """One model's line of the fetch probe (roles/model_fetch/shipped/fetcher.py ``probe_one``, or
-    ``probe``'s ``probe_error``), its fields the plan reads typed: the switches true or false, paths and
-    messages text, byte counts whole within :data:`MAX_BYTES`, ``damaged`` and ``previous`` lists of
-    paths, ``planted`` (path, what) pairs, ``reusable`` path -> bytes, ``hub_error`` a status, a code and
-    a message; the others (marker, serving, progress, job, hub_files) are their own readers'. Else
-    :class:`Unreadable` naming the field (round 34 M34a: a list for ``damaged`` or text for
-    ``free_bytes`` raised inside the plan, and the run ended for every host)."""
-    if not isinstance(record, dict) or not isinstance(record.get("name"), str):
-        raise Unreadable(where, "not an object with a model's name")
-    limit = 4096
-
-    def text(value: object, at: str) -> str:
-        if not isinstance(value, str) or len(value) > limit:
-            raise Unreadable(at, f"not text of at most {limit} characters: {str(value)[:40]!r}")
-        return value
-
-    def items(value: object, at: str, kind: type = list) -> list | dict:
-        if not isinstance(value, kind) or len(value) > limit:
-            raise Unreadable(at, f"not {'a list' if kind is list else 'an object'} of at most {limit}: "
-                                 f"{str(value)[:40]!r}")
-        return value
-
-    def size(value: object, at: str) -> int:
-        got = json_whole(value, MAX_BYTES)
-        if got is None:
-            raise Unreadable(at, f"not a whole number of bytes: {str(value)[:40]!r}")
-        return got
-
-    def pair(value: object, at: str) -> list:
-        if not isinstance(value, list) or len(value) != 2:
-            raise Unreadable(at, f"not a (path, what) pair: {str(value)[:40]!r}")
-        return [text(value[0], f"{at}[0]"), text(value[1], f"{at}[1]")]
-
-    def error(value: object, at: str) -> dict:
-        status, code = items(value, at, dict).get("status"), value.get("code")
-        if status is not None and json_whole(status, 999) is None:
-            raise Unreadable(f"{at}.status", f"not an HTTP status: {str(status)[:40]!r}")
-        return {"status": status, "code": None if code is None else text(code, f"{at}.code"),
-                "message": text(value.get("message", ""), f"{at}.message")}
-
-    def switch(value: object, at: str) -> bool:
-        if type(value) is not bool:
-            raise Unreadable(at, f"not true or false: {str(value)[:40]!r}")
-        return value
-
-    readers: dict[str, Callable[[object, str], object]] = {
-        "running": switch, "complete": switch, "staged": switch, "dest": text, "where": text,
-        "unsafe_parent": text, "probe_error": text, "hub_error": error, "have_bytes": size, "free_bytes": size,
-        "damaged": lambda v, at: [text(x, f"{at}[{i}]") for i, x in enumerate(items(v, at))],
-        "previous": lambda v, at: [text(x, f"{at}[{i}]") for i, x in enumerate(items(v, at))],
-        "planted": lambda v, at: [pair(x, f"{at}[{i}]") for i, x in enumerate(items(v, at))],
-        "reusable": lambda v, at: {text(k, at): size(n, f"{at}.{k[:60]}") for k, n in items(v, at, dict).items()}}
-
-    out = dict(record)
-    for key, read in readers.items():
-        if record.get(key) is not None:
-            out[key] = read(record[key], f"{where}: {key}")
-    return out
-
-
 CROSSINGS = (
-    Crossing("a model's line of the fetch probe (switches, paths, byte counts, what the hub answered)",
-             "the host (rigup-fetch probe as the owner of each model's directory)",
-             "rigup/boundary/hosttext.py:model_probe", "roles/model_fetch/facts.py:parse_probe"),
     Crossing("a model download's progress.json (bytes, total, rate, state, error)",
              "the host (the fetch job, or whoever can write the model's directory)",
              "rigup/boundary/hosttext.py:download_progress",

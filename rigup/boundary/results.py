@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from rigup.boundary import fields
 from rigup.boundary.core import Crossing, Unreadable, loads
+from rigup.boundary.hosttext import MAX_BYTES as MODEL_BYTES
 from rigup.boundary.numbers import SHARES as TENSOR_SPLIT, json_whole, number, shares
 from rigup.contract.llama_server import CACHE_TYPES
 
@@ -357,6 +358,46 @@ def marker(value: Any, where: str) -> dict:
     })
 
 
+def _map(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Unreadable(where, f"not a map: {type(value).__name__}")
+    return value
+
+
+# ----------------------------------------------------------------------------- a model's probe line
+def model_probe(value: Any, where: str) -> dict:
+    """One model's line of the fetch probe (roles/model_fetch/shipped/fetcher.py ``probe_one``, or
+    ``probe``'s ``probe_error``), the fields the plan reads typed: the switches true or false, paths
+    text, byte counts JSON whole numbers within :data:`MODEL_BYTES`, ``damaged`` and ``previous``
+    lists, ``planted`` (path, what) pairs, ``reusable`` path -> bytes, ``hub_error`` a status, a code
+    and its message; the others (marker, serving, progress, job, hub_files) are their own readers'.
+    Else :class:`Unreadable` naming the field (round 34 M34a: a list for ``damaged`` or text for
+    ``free_bytes`` raised inside the plan, and the run ended for every host)."""
+    doc = _map(value, where)
+    if not isinstance(doc.get("name"), str):
+        raise Unreadable(where, "no model's name")
+    flag, path, said = _optional(_bool), _optional(lambda v, w: _text(v, w, 4096)), _optional(_prose)
+    size = _json_int(0, MODEL_BYTES)
+
+    def pair(v: Any, w: str) -> list:
+        if not isinstance(v, list) or len(v) != 2:
+            raise Unreadable(w, f"not a (path, what) pair: {str(v)[:40]!r}")
+        return [_prose(v[0], f"{w}[0]"), _prose(v[1], f"{w}[1]")]
+
+    def error(v: Any, w: str) -> dict:
+        return _typed(_map(v, w), w, {"status": (_optional(_json_int(0, 999)), False),
+                                      "code": (_optional(lambda x, y: _text(x, y, 64)), False), "message": (_prose, True)})
+
+    return _typed(doc, where, {
+        "running": (flag, False), "complete": (flag, False), "staged": (flag, False),
+        "dest": (path, False), "where": (path, False), "unsafe_parent": (said, False), "probe_error": (said, False),
+        "have_bytes": (_optional(size), False), "free_bytes": (_optional(size), False),
+        "damaged": (_optional(_list(_prose)), False), "previous": (_optional(_list(_prose)), False),
+        "planted": (_optional(_list(pair)), False), "hub_error": (_optional(error), False),
+        "reusable": (_optional(lambda v, w: {k: size(n, f"{w}.{k[:60]}") for k, n in _map(v, w).items()}), False),
+    })
+
+
 def _json_int(lo: int, hi: int) -> Callable[[Any, str], int]:
     def read(value: Any, where: str) -> int:
         got = json_whole(value, hi, lo)
@@ -395,23 +436,18 @@ def smoke(value: Any, where: str) -> dict:
     def flag(pattern: re.Pattern, what: str) -> Callable[[Any, str], str]:
         return lambda v, w: fields.matched(pattern, v, w, what)
 
-    def a_map(v: Any, w: str) -> dict:
-        if not isinstance(v, dict):
-            raise Unreadable(w, f"not a map: {type(v).__name__}")
-        return v
-
     seconds = _optional(lambda v, w: _float(v, w, 0, SECONDS_MAX))
     rates = _list(lambda v, w: _float(v, w, 0, TPS_MAX), 64)
     trap = flag(TRAP_ID, "a trap's id (roles/llama_cpp/traps.yml)")
 
     def compared(v: Any, w: str) -> dict:
-        return _typed(a_map(v, w), w, {"ok": (_bool, False), "ratio": (_optional(lambda x, y: _float(x, y, 0, TPS_MAX)), False),
+        return _typed(_map(v, w), w, {"ok": (_bool, False), "ratio": (_optional(lambda x, y: _float(x, y, 0, TPS_MAX)), False),
                                        "new_tps": (rates, False), "current_tps": (rates, False),
                                        "rounds": (_whole(1, 10**6), False), "tolerance": (lambda x, y: _float(x, y, 0, 1), False),
                                        "skipped": (_prose, False), "reason": (_prose, False)})
 
     def run(v: Any, w: str) -> dict:   # each printed by the controller (roles/llama_cpp/build.py _smoked; round 33 S33a)
-        return _typed(a_map(v, w), w, {"ok": (_bool, True), "name": (_prose, False), "model": (_prose, False),
+        return _typed(_map(v, w), w, {"ok": (_bool, True), "name": (_prose, False), "model": (_prose, False),
                                        "reason": (_prose, False), "tail": (_list(_prose, 200), False),
                                        "tokens": (_whole(0, INT32), False), "seconds": (seconds, False),
                                        "remedy": (_optional(trap), False), "first": (_prose, False)})
@@ -498,6 +534,9 @@ CROSSINGS = (
              "plays/bench.py:Throughput"),
     Crossing("llama-bench's JSON of one test (bench.py's LlamaBench fact)", "the host (llama-bench as the model's owner)",
              "rigup/boundary/results.py:llama_bench", "plays/bench.py:llama_bench_row"),
+    Crossing("a model's line of the fetch probe (switches, paths, byte counts, what the hub answered)",
+             "the host (rigup-fetch probe as the owner of each model's directory)",
+             "rigup/boundary/results.py:model_probe", "roles/model_fetch/facts.py:parse_probe"),
     Crossing("a model's completion marker (<dest>/.rigup-complete.json)", "the rigup user (the fetch job)",
              "rigup/boundary/results.py:marker", "plays/bench.py:Serving, roles/model_fetch/facts.py:read_markers, "
              "rigup/units.py:parse_instances"),

@@ -18,7 +18,7 @@ from pyinfra.api import FactBase
 
 from rigup.boundary import results
 from rigup.boundary.core import Unreadable, loads
-from rigup.boundary.hosttext import download_progress, model_probe
+from rigup.boundary.hosttext import download_progress
 from rigup.files import program_text
 from rigup.names import MARKER, marker_path
 from rigup.nofollow import AS_OWNER, FUNCTIONS, READ, read_file
@@ -76,7 +76,7 @@ def parse_probe(lines: list[str]) -> dict:
             if isinstance(state, dict) and isinstance(state.get("name"), str):
                 name = state["name"]
                 try:   # a field the plan reads mistyped: that model refused, naming it (round 34 M34a)
-                    state = model_probe(state, f"model {name}: the probe's line")
+                    state = results.model_probe(state, f"model {name}: the probe's line")
                 except Unreadable as e:
                     state = {"name": name, "probe_error": str(e)}
                 out["models"][name] = read_markers(read_progress(state, f"model {name}: progress.json"))

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rigup.boundary.core import Unreadable
-from rigup.boundary import hosttext
+from rigup.boundary import hosttext, results
 from rigup.boundary.hosttext import MAX_BYTES, download_progress, gguf_figures, hub_listing
 from shipped.gguf import GGUFRefused, MAX_LAYERS, kv_figures, metadata
 from shipped import xid
@@ -86,9 +86,9 @@ PROBED = ("running", "complete", "staged", "dest", "where", "unsafe_parent", "pr
 @SETTINGS
 @given(st.dictionaries(st.sampled_from(PROBED), JSON, max_size=5))
 def test_a_probe_line_is_typed_or_refused_naming_its_field(fields):
-    """hosttext.model_probe (round 34 M34a): each field the plan reads is of its type, or Unreadable names it."""
+    """results.model_probe (round 34 M34a): each field the plan reads is of its type, or Unreadable names it."""
     try:
-        got = hosttext.model_probe({"name": "m", **fields}, "model m")
+        got = results.model_probe({"name": "m", **fields}, "model m")
     except Unreadable as e:
         assert any(str(e).startswith(f"model m: {key}") for key in fields), e
         return
